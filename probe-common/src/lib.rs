@@ -1,0 +1,245 @@
+//! Types shared by clb-probe's eBPF programs and its userspace agent.
+//!
+//! Every struct here crosses the kernel/user boundary through a map or the ring buffer, so each
+//! is `#[repr(C)]`, has explicit padding (no implicit holes, no `bool`, no `Option`), and its size
+//! is pinned by a compile-time assertion: a change on one side that the other does not see fails
+//! the build instead of corrupting events.
+#![no_std]
+
+use core::mem::size_of;
+
+/// What the node's address sets say an address is. Stored as the LPM tries' value.
+pub mod tag {
+    /// Not in any set (never stored; the lookup missed).
+    pub const NONE: u8 = 0;
+    /// An address of any interface of the node (NIC, bridges, veth ends).
+    pub const NODE: u8 = 1;
+    /// An address bound on the VIP interface (kube-ipvs0): a ClusterIP or an LB VIP.
+    pub const VIP: u8 = 2;
+    /// A local pod: a route to a non-NIC device (veth /32, a bridge subnet), or `--pod-cidr`.
+    pub const POD: u8 = 3;
+    /// Number of tags, for array sizing.
+    pub const COUNT: usize = 4;
+}
+
+/// Kinds of records on the ring buffer.
+pub mod kind {
+    /// NIC ingress packet whose source is one of the node's own (node, vip or pod).
+    pub const SUSPECT: u8 = 1;
+    /// `kfree_skb` of a suspect packet, or of a packet addressed to a bound VIP.
+    pub const DROP: u8 = 2;
+}
+
+/// Indices of the per-CPU `STATS` array.
+pub mod stat {
+    /// Events not sent because the per-CPU per-second budget was spent.
+    pub const BUDGET_SUPPRESSED: u32 = 0;
+    /// Events not sent because the ring buffer was full.
+    pub const RINGBUF_FULL: u32 = 1;
+    /// Events not sent because the same flow was reported within the dedup window.
+    pub const DEDUP_SUPPRESSED: u32 = 2;
+    /// Events written to the ring buffer.
+    pub const EMITTED: u32 = 3;
+    /// Un-SNATed pod egress flows recorded in `EGRESS_FLOWS`.
+    pub const EGRESS_RECORDED: u32 = 4;
+    /// Drops seen on the `kfree_skb` tracepoint that matched (suspect source or VIP destination).
+    pub const DROPS_MATCHED: u32 = 5;
+    /// Number of slots.
+    pub const COUNT: u32 = 8;
+}
+
+/// Address family, as stored in records (not the kernel's AF_* numbers, to keep them one byte).
+pub mod family {
+    pub const V4: u8 = 4;
+    pub const V6: u8 = 6;
+}
+
+/// The value of the address LPM tries (`LOCAL_V4`, `LOCAL_V6`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AddrValue {
+    /// One of [`tag`].
+    pub tag: u8,
+    pub _pad: [u8; 3],
+}
+
+/// Key of the per-CPU suspect counters: exact counts by interface, source tag and protocol.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SuspectKey {
+    pub ifindex: u32,
+    /// One of [`tag`].
+    pub tag: u8,
+    /// IP protocol number (6 TCP, 17 UDP, 1 ICMP, ...).
+    pub proto: u8,
+    pub _pad: [u8; 2],
+}
+
+/// Key of the per-CPU drop counters: drops of matched packets by kernel reason and match.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct DropKey {
+    /// The kernel's `enum skb_drop_reason` value (numbers differ between kernels).
+    pub reason: u32,
+    /// Source tag of the dropped packet, or [`tag::NONE`] when only its destination matched.
+    pub src_tag: u8,
+    /// Destination tag of the dropped packet.
+    pub dst_tag: u8,
+    pub _pad: [u8; 2],
+}
+
+/// Key of the LRU map of un-SNATed pod egress flows (TCP SYNs and UDP), seen on NIC egress.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct EgressKey {
+    /// Pod source address; IPv4 in the first 4 bytes, rest zero.
+    pub addr: [u8; 16],
+    /// Source port, host byte order.
+    pub port: u16,
+    pub proto: u8,
+    /// One of [`family`].
+    pub family: u8,
+}
+
+/// Value of the egress LRU map: where the pod went, and when (CLOCK_MONOTONIC ns).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EgressValue {
+    pub daddr: [u8; 16],
+    /// Destination port, host byte order.
+    pub dport: u16,
+    pub _pad: [u8; 2],
+    pub ifindex: u32,
+    pub ts_ns: u64,
+}
+
+/// A flow as deduplicated in the kernel: the event kind plus the 5-tuple.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FlowKey {
+    pub saddr: [u8; 16],
+    pub daddr: [u8; 16],
+    pub sport: u16,
+    pub dport: u16,
+    pub proto: u8,
+    pub family: u8,
+    /// One of [`kind`].
+    pub kind: u8,
+    pub _pad: u8,
+}
+
+/// Per-CPU event budget: at most `budget` events per one-second window on each CPU.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Budget {
+    pub window_start_ns: u64,
+    pub used: u64,
+}
+
+/// One ring-buffer record. Fixed size; alignment 8 (the ring buffer allows at most 8).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PacketEvent {
+    /// CLOCK_MONOTONIC ns (`bpf_ktime_get_ns`).
+    pub ts_ns: u64,
+    /// Drop site (kernel text address) for [`kind::DROP`]; 0 otherwise.
+    pub location: u64,
+    pub saddr: [u8; 16],
+    pub daddr: [u8; 16],
+    /// Interface the packet was seen on (tc) or arrived on (`skb_iif`, drops).
+    pub ifindex: u32,
+    /// `enum skb_drop_reason` value for drops; 0 otherwise.
+    pub reason: u32,
+    /// Inode number of the network namespace of the drop; 0 when unknown.
+    pub netns: u32,
+    /// Host byte order.
+    pub sport: u16,
+    /// Host byte order.
+    pub dport: u16,
+    /// One of [`kind`].
+    pub kind: u8,
+    /// Tag of the source address.
+    pub src_tag: u8,
+    /// Tag of the destination address.
+    pub dst_tag: u8,
+    pub proto: u8,
+    /// One of [`family`].
+    pub family: u8,
+    /// TCP flags byte (FIN=0x01 SYN=0x02 RST=0x04 PSH=0x08 ACK=0x10), 0 for other protocols.
+    pub tcp_flags: u8,
+    pub _pad: [u8; 2],
+}
+
+/// Offsets into kernel structs, read from the running kernel's BTF by the agent and passed to
+/// the `kfree_skb` program as a global: aya-ebpf has no CO-RE field relocations, and these
+/// offsets differ between kernels.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelOffsets {
+    pub skb_head: u32,
+    pub skb_network_header: u32,
+    pub skb_dev: u32,
+    pub skb_iif: u32,
+    pub dev_nd_net: u32,
+    pub net_ns_inum: u32,
+    /// 1 when the offsets above were filled in; the drop program does nothing otherwise.
+    pub valid: u32,
+    pub _pad: u32,
+}
+
+/// Tunables passed to the programs as globals at load time.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProbeConfig {
+    /// A flow already reported is not reported again within this many ns.
+    pub dedup_ns: u64,
+    /// Events per second per CPU before the budget suppresses.
+    pub events_per_sec: u64,
+    /// Ring buffer fill (bytes) past which a submit wakes the reader; below it the reader polls.
+    pub wakeup_bytes: u64,
+    /// Inode of the agent's network namespace; drops in other namespaces are ignored. 0 = all.
+    pub netns_ino: u32,
+    /// `SKB_CONSUMED`'s value on this kernel (not a drop), or u32::MAX when the kernel has none.
+    pub reason_consumed: u32,
+}
+
+impl Default for ProbeConfig {
+    fn default() -> Self {
+        Self {
+            dedup_ns: 1_000_000_000,
+            events_per_sec: 256,
+            wakeup_bytes: 64 * size_of::<PacketEvent>() as u64,
+            netns_ino: 0,
+            reason_consumed: u32::MAX,
+        }
+    }
+}
+
+// Sizes are part of the contract between the two halves: pin them.
+const _: () = assert!(size_of::<AddrValue>() == 4);
+const _: () = assert!(size_of::<SuspectKey>() == 8);
+const _: () = assert!(size_of::<DropKey>() == 8);
+const _: () = assert!(size_of::<EgressKey>() == 20);
+const _: () = assert!(size_of::<EgressValue>() == 32);
+const _: () = assert!(size_of::<FlowKey>() == 40);
+const _: () = assert!(size_of::<Budget>() == 16);
+const _: () = assert!(size_of::<PacketEvent>() == 72);
+const _: () = assert!(core::mem::align_of::<PacketEvent>() <= 8);
+const _: () = assert!(size_of::<KernelOffsets>() == 32);
+const _: () = assert!(size_of::<ProbeConfig>() == 32);
+
+#[cfg(feature = "user")]
+mod pod {
+    use super::*;
+    // SAFETY: all of these are repr(C), Copy, have explicit padding and no invalid bit patterns.
+    unsafe impl aya::Pod for AddrValue {}
+    unsafe impl aya::Pod for SuspectKey {}
+    unsafe impl aya::Pod for DropKey {}
+    unsafe impl aya::Pod for EgressKey {}
+    unsafe impl aya::Pod for EgressValue {}
+    unsafe impl aya::Pod for FlowKey {}
+    unsafe impl aya::Pod for Budget {}
+    unsafe impl aya::Pod for PacketEvent {}
+    unsafe impl aya::Pod for KernelOffsets {}
+    unsafe impl aya::Pod for ProbeConfig {}
+}

@@ -1,0 +1,513 @@
+//! clb-probe's kernel half.
+//!
+//! - `clb_ingress` (tc/tcx, NIC ingress): a packet whose *source* is one of the node's own
+//!   addresses (node, bound VIP, local pod) is a suspect: counted exactly, evented once per flow.
+//! - `clb_egress` (tc/tcx, NIC egress): TCP SYNs and UDP packets that leave the node with a pod
+//!   source (so after POSTROUTING, i.e. not SNATed) are remembered in an LRU map, so a hairpin
+//!   coming back can be tied to the VIP the pod called.
+//! - `clb_kfree_skb` (tp_btf, raw tracepoint as fallback): kernel drops of suspect packets and of
+//!   packets addressed to bound VIPs, with the kernel's reason and drop site.
+//!
+//! Hot path rule: an ordinary packet costs a header parse and one LPM lookup, and is returned
+//! unchanged. Programs never change a verdict (they return TC_ACT_UNSPEC / TCX_NEXT).
+#![no_std]
+#![no_main]
+
+use aya_ebpf::{
+    bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP, TC_ACT_UNSPEC},
+    helpers::{bpf_ktime_get_ns, bpf_probe_read_kernel},
+    macros::{btf_tracepoint, classifier, map, raw_tracepoint},
+    maps::{
+        LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf,
+        lpm_trie::Key as LpmKey,
+    },
+    programs::{BtfTracePointContext, RawTracePointContext, TcContext},
+    Global,
+};
+use probe_common::{
+    AddrValue, Budget, DropKey, EgressKey, EgressValue, FlowKey, KernelOffsets, PacketEvent,
+    ProbeConfig, SuspectKey, family, kind, stat, tag,
+};
+
+#[unsafe(no_mangle)]
+static CONFIG: Global<ProbeConfig> = Global::new(ProbeConfig {
+    dedup_ns: 1_000_000_000,
+    events_per_sec: 256,
+    wakeup_bytes: 64 * 72,
+    netns_ino: 0,
+    reason_consumed: u32::MAX,
+});
+
+#[unsafe(no_mangle)]
+static OFFSETS: Global<KernelOffsets> = Global::new(KernelOffsets {
+    skb_head: 0,
+    skb_network_header: 0,
+    skb_dev: 0,
+    skb_iif: 0,
+    dev_nd_net: 0,
+    net_ns_inum: 0,
+    valid: 0,
+    _pad: 0,
+});
+
+/// The node's own IPv4 addresses and prefixes, tagged (userspace keeps it in sync).
+#[map]
+static LOCAL_V4: LpmTrie<[u8; 4], AddrValue> = LpmTrie::with_max_entries(16384, 0);
+/// The node's own IPv6 addresses and prefixes, tagged.
+#[map]
+static LOCAL_V6: LpmTrie<[u8; 16], AddrValue> = LpmTrie::with_max_entries(16384, 0);
+
+/// Ifindexes of the monitored NICs (value unused): a drop of a local-source packet counts
+/// only when the packet came in through one of them.
+#[map]
+static NICS: aya_ebpf::maps::HashMap<u32, u32> = aya_ebpf::maps::HashMap::with_max_entries(64, 0);
+
+/// Exact suspect counters by (ifindex, tag, proto).
+#[map]
+static SUSPECTS: PerCpuHashMap<SuspectKey, u64> = PerCpuHashMap::with_max_entries(1024, 0);
+/// Exact counters of matched drops by (reason, tags).
+#[map]
+static DROPS: PerCpuHashMap<DropKey, u64> = PerCpuHashMap::with_max_entries(1024, 0);
+/// Pipeline counters, see `probe_common::stat`.
+#[map]
+static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(stat::COUNT, 0);
+/// Per-CPU event budget window.
+#[map]
+static BUDGET: PerCpuArray<Budget> = PerCpuArray::with_max_entries(1, 0);
+
+/// Un-SNATed pod egress flows: (pod addr, sport, proto) -> (dst, dport, time).
+#[map]
+static EGRESS_FLOWS: LruHashMap<EgressKey, EgressValue> = LruHashMap::with_max_entries(65536, 0);
+/// Last report time of each flow, for in-kernel deduplication.
+#[map]
+static RECENT: LruHashMap<FlowKey, u64> = LruHashMap::with_max_entries(16384, 0);
+
+/// Events to userspace (suspects and drops only; never ordinary packets).
+#[map]
+static EVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
+
+const ETH_HLEN: usize = 14;
+const ETH_P_IP: u16 = 0x0800;
+const ETH_P_IPV6: u16 = 0x86DD;
+const IPPROTO_TCP: u8 = 6;
+const IPPROTO_UDP: u8 = 17;
+const TCP_SYN: u8 = 0x02;
+const TCP_ACK: u8 = 0x10;
+
+/// A parsed packet: addresses (IPv4 in the first 4 bytes), ports and flags.
+#[derive(Default)]
+struct Packet {
+    family: u8,
+    proto: u8,
+    tcp_flags: u8,
+    saddr: [u8; 16],
+    daddr: [u8; 16],
+    sport: u16,
+    dport: u16,
+}
+
+#[inline(always)]
+fn ptr_at<T>(ctx: &TcContext, offset: usize) -> Option<*const T> {
+    let start = ctx.data();
+    let end = ctx.data_end();
+    if start + offset + core::mem::size_of::<T>() > end {
+        return None;
+    }
+    Some((start + offset) as *const T)
+}
+
+/// Reads ports and TCP flags at `l4` (direct packet access). Missing L4 (fragments, short
+/// packets) leaves them zero: the addresses alone still classify the packet.
+#[inline(always)]
+fn parse_l4(ctx: &TcContext, l4: usize, pkt: &mut Packet) {
+    if pkt.proto != IPPROTO_TCP && pkt.proto != IPPROTO_UDP {
+        return;
+    }
+    if let Some(ports) = ptr_at::<[u8; 4]>(ctx, l4) {
+        let p = unsafe { *ports };
+        pkt.sport = u16::from_be_bytes([p[0], p[1]]);
+        pkt.dport = u16::from_be_bytes([p[2], p[3]]);
+    }
+    if pkt.proto == IPPROTO_TCP {
+        if let Some(flags) = ptr_at::<u8>(ctx, l4 + 13) {
+            pkt.tcp_flags = unsafe { *flags };
+        }
+    }
+}
+
+/// Parses Ethernet + IPv4/IPv6 (fixed header) by direct packet access.
+#[inline(always)]
+fn parse(ctx: &TcContext) -> Option<Packet> {
+    let ethertype = u16::from_be(unsafe { *ptr_at::<u16>(ctx, 12)? });
+    let mut pkt = Packet::default();
+    match ethertype {
+        ETH_P_IP => {
+            let vihl = unsafe { *ptr_at::<u8>(ctx, ETH_HLEN)? };
+            let ihl = ((vihl & 0x0f) as usize) * 4;
+            pkt.family = family::V4;
+            pkt.proto = unsafe { *ptr_at::<u8>(ctx, ETH_HLEN + 9)? };
+            let addrs = unsafe { *ptr_at::<[u8; 8]>(ctx, ETH_HLEN + 12)? };
+            pkt.saddr[..4].copy_from_slice(&addrs[..4]);
+            pkt.daddr[..4].copy_from_slice(&addrs[4..]);
+            // Non-first fragments carry no L4 header.
+            let frag = u16::from_be(unsafe { *ptr_at::<u16>(ctx, ETH_HLEN + 6)? }) & 0x1fff;
+            if frag == 0 && ihl >= 20 {
+                parse_l4(ctx, ETH_HLEN + ihl, &mut pkt);
+            }
+        }
+        ETH_P_IPV6 => {
+            pkt.family = family::V6;
+            pkt.proto = unsafe { *ptr_at::<u8>(ctx, ETH_HLEN + 6)? };
+            pkt.saddr = unsafe { *ptr_at::<[u8; 16]>(ctx, ETH_HLEN + 8)? };
+            pkt.daddr = unsafe { *ptr_at::<[u8; 16]>(ctx, ETH_HLEN + 24)? };
+            // Extension headers are not walked: such packets classify by address only.
+            parse_l4(ctx, ETH_HLEN + 40, &mut pkt);
+        }
+        _ => return None,
+    }
+    Some(pkt)
+}
+
+/// The tag of an address, by one LPM lookup in the family's trie.
+#[inline(always)]
+fn lookup_tag(fam: u8, addr: &[u8; 16]) -> u8 {
+    if fam == family::V4 {
+        let key = LpmKey::new(32, [addr[0], addr[1], addr[2], addr[3]]);
+        LOCAL_V4.get(&key).map(|v| v.tag).unwrap_or(tag::NONE)
+    } else {
+        let key = LpmKey::new(128, *addr);
+        LOCAL_V6.get(&key).map(|v| v.tag).unwrap_or(tag::NONE)
+    }
+}
+
+#[inline(always)]
+fn stat_add(index: u32) {
+    if let Some(slot) = STATS.get_ptr_mut(index) {
+        unsafe { *slot += 1 };
+    }
+}
+
+/// Per-CPU counter in a hash map: exact without atomics (tc and tracepoint programs do not
+/// nest on one CPU for the same map slot; an insert race across CPUs is impossible per-CPU).
+#[inline(always)]
+fn count<K>(map: &PerCpuHashMap<K, u64>, key: &K) {
+    match map.get_ptr_mut(key) {
+        Some(v) => unsafe { *v += 1 },
+        None => {
+            let _ = map.insert(key, &1, 0);
+        }
+    }
+}
+
+/// Deduplication and budget: true when an event for `flow` may leave the kernel now.
+#[inline(always)]
+fn may_emit(flow: &FlowKey, now: u64, cfg: &ProbeConfig) -> bool {
+    if let Some(last) = RECENT.get_ptr_mut(flow) {
+        if now.wrapping_sub(unsafe { *last }) < cfg.dedup_ns {
+            stat_add(stat::DEDUP_SUPPRESSED);
+            return false;
+        }
+    }
+    let Some(budget) = BUDGET.get_ptr_mut(0) else {
+        return false;
+    };
+    let budget = unsafe { &mut *budget };
+    if now.wrapping_sub(budget.window_start_ns) >= 1_000_000_000 {
+        budget.window_start_ns = now;
+        budget.used = 0;
+    }
+    if budget.used >= cfg.events_per_sec {
+        stat_add(stat::BUDGET_SUPPRESSED);
+        return false;
+    }
+    budget.used += 1;
+    // Only flows that were actually emitted enter RECENT, so a suppressed flow gets its event
+    // as soon as budget is back.
+    let _ = RECENT.insert(flow, &now, 0);
+    true
+}
+
+#[inline(always)]
+fn emit(ev: PacketEvent, cfg: &ProbeConfig) {
+    // Wake the reader only when a batch has built up; it polls on a short timer otherwise.
+    // Waking per record costs an IPI per packet (see PERFORMANCE.md).
+    let flags = if EVENTS.query(BPF_RB_AVAIL_DATA as u64) >= cfg.wakeup_bytes {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    } as u64;
+    match EVENTS.reserve::<PacketEvent>(0) {
+        Some(mut entry) => {
+            entry.write(ev);
+            entry.submit(flags);
+            stat_add(stat::EMITTED);
+        }
+        None => stat_add(stat::RINGBUF_FULL),
+    }
+}
+
+#[classifier]
+pub fn clb_ingress(ctx: TcContext) -> i32 {
+    let Some(pkt) = parse(&ctx) else {
+        return TC_ACT_UNSPEC;
+    };
+    let src_tag = lookup_tag(pkt.family, &pkt.saddr);
+    if src_tag == tag::NONE {
+        return TC_ACT_UNSPEC;
+    }
+    on_suspect(&ctx, &pkt, src_tag);
+    TC_ACT_UNSPEC
+}
+
+#[inline(never)]
+fn on_suspect(ctx: &TcContext, pkt: &Packet, src_tag: u8) {
+    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    count(
+        &SUSPECTS,
+        &SuspectKey {
+            ifindex,
+            tag: src_tag,
+            proto: pkt.proto,
+            _pad: [0; 2],
+        },
+    );
+    let cfg = CONFIG.load();
+    let now = unsafe { bpf_ktime_get_ns() };
+    let flow = FlowKey {
+        saddr: pkt.saddr,
+        daddr: pkt.daddr,
+        sport: pkt.sport,
+        dport: pkt.dport,
+        proto: pkt.proto,
+        family: pkt.family,
+        kind: kind::SUSPECT,
+        _pad: 0,
+    };
+    if !may_emit(&flow, now, &cfg) {
+        return;
+    }
+    emit(
+        PacketEvent {
+            ts_ns: now,
+            location: 0,
+            saddr: pkt.saddr,
+            daddr: pkt.daddr,
+            ifindex,
+            reason: 0,
+            netns: 0,
+            sport: pkt.sport,
+            dport: pkt.dport,
+            kind: kind::SUSPECT,
+            src_tag,
+            dst_tag: lookup_tag(pkt.family, &pkt.daddr),
+            proto: pkt.proto,
+            family: pkt.family,
+            tcp_flags: pkt.tcp_flags,
+            _pad: [0; 2],
+        },
+        &cfg,
+    );
+}
+
+#[classifier]
+pub fn clb_egress(ctx: TcContext) -> i32 {
+    let Some(pkt) = parse(&ctx) else {
+        return TC_ACT_UNSPEC;
+    };
+    // Cheap first check: only connection openers matter (TCP SYN without ACK, UDP).
+    let opener = match pkt.proto {
+        IPPROTO_TCP => pkt.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN,
+        IPPROTO_UDP => true,
+        _ => false,
+    };
+    if !opener || lookup_tag(pkt.family, &pkt.saddr) != tag::POD {
+        return TC_ACT_UNSPEC;
+    }
+    let key = EgressKey {
+        addr: pkt.saddr,
+        port: pkt.sport,
+        proto: pkt.proto,
+        family: pkt.family,
+    };
+    // UDP: keep the first packet's time, so the window starts at the flow's start.
+    if pkt.proto == IPPROTO_UDP && unsafe { EGRESS_FLOWS.get(&key) }.is_some() {
+        return TC_ACT_UNSPEC;
+    }
+    let value = EgressValue {
+        daddr: pkt.daddr,
+        dport: pkt.dport,
+        _pad: [0; 2],
+        ifindex: unsafe { (*ctx.skb.skb).ifindex },
+        ts_ns: unsafe { bpf_ktime_get_ns() },
+    };
+    if EGRESS_FLOWS.insert(&key, &value, 0).is_ok() {
+        stat_add(stat::EGRESS_RECORDED);
+    }
+    TC_ACT_UNSPEC
+}
+
+#[inline(always)]
+fn read<T>(base: *const u8, offset: u32) -> Option<T> {
+    unsafe { bpf_probe_read_kernel(base.add(offset as usize) as *const T).ok() }
+}
+
+/// Parses the IP header of a dropped skb through `skb->head + skb->network_header`.
+#[inline(always)]
+fn parse_skb(skb: *const u8, off: &KernelOffsets) -> Option<Packet> {
+    let head: *const u8 = read(skb, off.skb_head)?;
+    let nh: u16 = read(skb, off.skb_network_header)?;
+    // network_header is ~0 when unset.
+    if nh == u16::MAX || head.is_null() {
+        return None;
+    }
+    let ip = unsafe { head.add(nh as usize) };
+    let first: u8 = read(ip, 0)?;
+    let mut pkt = Packet::default();
+    let l4_off: u32 = match first >> 4 {
+        4 => {
+            pkt.family = family::V4;
+            pkt.proto = read(ip, 9)?;
+            let addrs: [u8; 8] = read(ip, 12)?;
+            pkt.saddr[..4].copy_from_slice(&addrs[..4]);
+            pkt.daddr[..4].copy_from_slice(&addrs[4..]);
+            let frag = u16::from_be(read::<u16>(ip, 6)?) & 0x1fff;
+            if frag != 0 {
+                return Some(pkt);
+            }
+            ((first & 0x0f) as u32) * 4
+        }
+        6 => {
+            pkt.family = family::V6;
+            pkt.proto = read(ip, 6)?;
+            pkt.saddr = read(ip, 8)?;
+            pkt.daddr = read(ip, 24)?;
+            40
+        }
+        _ => return None,
+    };
+    if pkt.proto == IPPROTO_TCP || pkt.proto == IPPROTO_UDP {
+        let ports: [u8; 4] = read(ip, l4_off)?;
+        pkt.sport = u16::from_be_bytes([ports[0], ports[1]]);
+        pkt.dport = u16::from_be_bytes([ports[2], ports[3]]);
+        if pkt.proto == IPPROTO_TCP {
+            pkt.tcp_flags = read(ip, l4_off + 13).unwrap_or(0);
+        }
+    }
+    Some(pkt)
+}
+
+/// Common body of the tp_btf and raw tracepoint programs: both get (skb, location, reason).
+#[inline(always)]
+fn on_kfree_skb(skb: *const u8, location: u64, reason: u32) {
+    let cfg = CONFIG.load();
+    if reason == cfg.reason_consumed || skb.is_null() {
+        return;
+    }
+    let off = OFFSETS.load();
+    if off.valid == 0 {
+        return;
+    }
+    let Some(pkt) = parse_skb(skb, &off) else {
+        return;
+    };
+    let src_tag = lookup_tag(pkt.family, &pkt.saddr);
+    let dst_tag = lookup_tag(pkt.family, &pkt.daddr);
+    if src_tag == tag::NONE && dst_tag != tag::VIP {
+        return;
+    }
+    // Same addresses in another namespace (a lab's pods, other containers) are not ours.
+    let mut netns = 0u32;
+    if let Some(dev) = read::<*const u8>(skb, off.skb_dev) {
+        if !dev.is_null() {
+            if let Some(net) = read::<*const u8>(dev, off.dev_nd_net) {
+                if !net.is_null() {
+                    netns = read(net, off.net_ns_inum).unwrap_or(0);
+                }
+            }
+        }
+    }
+    if cfg.netns_ino != 0 && netns != cfg.netns_ino {
+        return;
+    }
+    let iif: u32 = read(skb, off.skb_iif).unwrap_or(0);
+    // A local-source packet matters only when it came in through a monitored NIC: the node's
+    // own outbound packets (iif 0) carry node sources legitimately.
+    let src_relevant = src_tag != tag::NONE && unsafe { NICS.get(&iif) }.is_some();
+    if !src_relevant && dst_tag != tag::VIP {
+        return;
+    }
+    let src_tag = if src_relevant { src_tag } else { tag::NONE };
+    stat_add(stat::DROPS_MATCHED);
+    count(
+        &DROPS,
+        &DropKey {
+            reason,
+            src_tag,
+            dst_tag,
+            _pad: [0; 2],
+        },
+    );
+    let now = unsafe { bpf_ktime_get_ns() };
+    let flow = FlowKey {
+        saddr: pkt.saddr,
+        daddr: pkt.daddr,
+        sport: pkt.sport,
+        dport: pkt.dport,
+        proto: pkt.proto,
+        family: pkt.family,
+        kind: kind::DROP,
+        _pad: 0,
+    };
+    if !may_emit(&flow, now, &cfg) {
+        return;
+    }
+    emit(
+        PacketEvent {
+            ts_ns: now,
+            location,
+            saddr: pkt.saddr,
+            daddr: pkt.daddr,
+            ifindex: iif,
+            reason,
+            netns,
+            sport: pkt.sport,
+            dport: pkt.dport,
+            kind: kind::DROP,
+            src_tag,
+            dst_tag,
+            proto: pkt.proto,
+            family: pkt.family,
+            tcp_flags: pkt.tcp_flags,
+            _pad: [0; 2],
+        },
+        &cfg,
+    );
+}
+
+#[btf_tracepoint(function = "kfree_skb")]
+pub fn clb_kfree_skb(ctx: BtfTracePointContext) -> i32 {
+    let skb: *const u8 = ctx.arg(0);
+    let location: u64 = ctx.arg(1);
+    let reason: u32 = ctx.arg(2);
+    on_kfree_skb(skb, location, reason);
+    0
+}
+
+#[raw_tracepoint(tracepoint = "kfree_skb")]
+pub fn clb_kfree_skb_raw(ctx: RawTracePointContext) -> i32 {
+    let skb: *const u8 = ctx.arg(0);
+    let location: u64 = ctx.arg(1);
+    let reason: u32 = ctx.arg(2);
+    on_kfree_skb(skb, location, reason);
+    0
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

@@ -1,0 +1,160 @@
+//! Domain events: what the kernel reported, in userspace types.
+//!
+//! `kernel::reader` turns ring-buffer records (`probe_common::PacketEvent`) into these; the
+//! correlator consumes only these (never the raw records), so it can be tested on recorded
+//! streams from any kernel.
+
+use std::net::IpAddr;
+
+use serde::{Deserialize, Serialize};
+
+/// What the node's address sets say an address is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum Tag {
+    /// An address of an interface of the node.
+    Node,
+    /// An address bound on the VIP interface (kube-ipvs0).
+    Vip,
+    /// A local pod address.
+    Pod,
+}
+
+impl Tag {
+    pub fn from_raw(raw: u8) -> Option<Tag> {
+        match raw {
+            probe_common::tag::NODE => Some(Tag::Node),
+            probe_common::tag::VIP => Some(Tag::Vip),
+            probe_common::tag::POD => Some(Tag::Pod),
+            _ => None,
+        }
+    }
+
+    pub fn to_raw(self) -> u8 {
+        match self {
+            Tag::Node => probe_common::tag::NODE,
+            Tag::Vip => probe_common::tag::VIP,
+            Tag::Pod => probe_common::tag::POD,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tag::Node => "node",
+            Tag::Vip => "vip",
+            Tag::Pod => "pod",
+        }
+    }
+
+    pub const ALL: [Tag; 3] = [Tag::Node, Tag::Vip, Tag::Pod];
+}
+
+/// IP protocol of a packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Proto {
+    Tcp,
+    Udp,
+    Icmp,
+    Other(u8),
+}
+
+impl Proto {
+    pub fn from_raw(raw: u8) -> Proto {
+        match raw {
+            6 => Proto::Tcp,
+            17 => Proto::Udp,
+            1 | 58 => Proto::Icmp,
+            n => Proto::Other(n),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Proto::Tcp => "tcp",
+            Proto::Udp => "udp",
+            Proto::Icmp => "icmp",
+            Proto::Other(_) => "other",
+        }
+    }
+}
+
+/// TCP flag bits as carried in `Packet::tcp_flags`.
+pub mod tcp_flags {
+    pub const FIN: u8 = 0x01;
+    pub const SYN: u8 = 0x02;
+    pub const RST: u8 = 0x04;
+    pub const ACK: u8 = 0x10;
+}
+
+/// The packet a kernel event is about.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Packet {
+    pub src: IpAddr,
+    pub dst: IpAddr,
+    pub sport: u16,
+    pub dport: u16,
+    pub proto: Proto,
+    /// TCP flags byte (see [`tcp_flags`]); 0 for other protocols.
+    pub tcp_flags: u8,
+    pub src_tag: Option<Tag>,
+    pub dst_tag: Option<Tag>,
+}
+
+/// A kernel drop reason: the running kernel's number and its name from the kernel's BTF
+/// (`enum skb_drop_reason`), without the `SKB_DROP_REASON_` prefix.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct DropReason {
+    pub code: u32,
+    pub name: String,
+}
+
+/// An event out of the kernel. `ts_ns` is CLOCK_MONOTONIC (the kernel's `bpf_ktime_get_ns`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum KernelEvent {
+    /// A packet with one of the node's own addresses as source arrived on a NIC.
+    Suspect {
+        ts_ns: u64,
+        /// Interface name (the NIC it arrived on).
+        nic: String,
+        packet: Packet,
+    },
+    /// The kernel dropped a suspect packet, or a packet addressed to a bound VIP.
+    Drop {
+        ts_ns: u64,
+        /// Interface the packet arrived on (`skb_iif`), when known.
+        iface: Option<String>,
+        packet: Packet,
+        reason: DropReason,
+        /// Drop site as `symbol+0xoff` from /proc/kallsyms, when resolvable.
+        location: Option<String>,
+    },
+}
+
+impl KernelEvent {
+    pub fn ts_ns(&self) -> u64 {
+        match self {
+            KernelEvent::Suspect { ts_ns, .. } | KernelEvent::Drop { ts_ns, .. } => *ts_ns,
+        }
+    }
+
+    pub fn packet(&self) -> &Packet {
+        match self {
+            KernelEvent::Suspect { packet, .. } | KernelEvent::Drop { packet, .. } => packet,
+        }
+    }
+}
+
+/// A pod's connection opener that left the node without SNAT (from the `EGRESS_FLOWS` map).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EgressRecord {
+    pub src: IpAddr,
+    pub sport: u16,
+    pub dst: IpAddr,
+    pub dport: u16,
+    pub proto: Proto,
+    /// CLOCK_MONOTONIC ns when the opener left.
+    pub ts_ns: u64,
+    pub nic: String,
+}

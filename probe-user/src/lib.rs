@@ -1,0 +1,11 @@
+//! clb-probe's userspace: kernel events -> correlation -> sinks.
+//!
+//! - [`kernel`]: the only module that touches aya: load, attach, read events and counters;
+//! - [`state`]: readers of kernel state (addresses, conntrack, iptables, IPVS);
+//! - [`event`]: the domain events the kernel reports;
+//! - [`correlate`]: pure logic that turns events + state into confirmed loopback events;
+//! - [`sink`]: where confirmed events and counters go (JSON lines, metrics, live view).
+
+pub mod correlate;
+pub mod event;
+pub mod state;

@@ -1,0 +1,101 @@
+//! Readers of kernel state, one module per source. Each returns plain data (the types below),
+//! so the correlator can be fed recorded snapshots in tests.
+//!
+//! - `addrs`: interface addresses and routes (rtnetlink), shared with the datapath's sync;
+//! - `conntrack`: ctnetlink lookups: was a flow SNATed, what happened to it;
+//! - `iptables`: kube-proxy's nat rules (`iptables-save -t nat`, nft and legacy backends);
+//! - `ipvs`: IPVS virtual services over generic netlink (absent on kernels without IPVS).
+
+use std::net::IpAddr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::event::Proto;
+
+pub mod addrs;
+pub mod conntrack;
+pub mod iptables;
+pub mod ipvs;
+
+/// Where a service table came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ServiceSource {
+    Ipvs,
+    Iptables,
+}
+
+/// A VIP:port that something on the node serves (an IPVS virtual service, or a kube-proxy
+/// `KUBE-SERVICES` rule for a ClusterIP / external / load-balancer IP).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceEntry {
+    pub vip: IpAddr,
+    pub port: u16,
+    pub proto: Proto,
+    /// `namespace/name:port` when the rules say it (kube-proxy's rule comments), else None.
+    pub service: Option<String>,
+    /// Real servers (IPVS) or endpoints (KUBE-SEP DNAT targets), as `ip:port`.
+    pub backends: Vec<String>,
+}
+
+/// A NodePort, with whether `externalTrafficPolicy: Local` rules apply to it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodePortEntry {
+    pub port: u16,
+    pub proto: Proto,
+    pub service: Option<String>,
+    /// kube-proxy installed `externalTrafficPolicy: Local` handling for it (KUBE-XLB-* / KUBE-EXT
+    /// chains without masquerade): traffic keeps its client source and goes only to local pods.
+    pub local_only: bool,
+}
+
+/// The node's service table and masquerade configuration, from one reader.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceTable {
+    pub source: Option<ServiceSource>,
+    pub services: Vec<ServiceEntry>,
+    pub nodeports: Vec<NodePortEntry>,
+    /// Masquerade rules found for traffic leaving the node (`-j MASQUERADE` / `KUBE-POSTROUTING`
+    /// with a mark, CNI masquerade chains), as the rule text, for evidence.
+    pub masquerade_rules: Vec<String>,
+}
+
+impl ServiceTable {
+    /// The service serving `vip:port/proto`, if any.
+    pub fn serves(&self, vip: IpAddr, port: u16, proto: Proto) -> Option<&ServiceEntry> {
+        self.services
+            .iter()
+            .find(|s| s.vip == vip && s.port == port && s.proto == proto)
+    }
+
+    pub fn nodeport(&self, port: u16, proto: Proto) -> Option<&NodePortEntry> {
+        self.nodeports
+            .iter()
+            .find(|n| n.port == port && n.proto == proto)
+    }
+}
+
+/// One direction of a conntrack tuple.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Tuple {
+    pub src: IpAddr,
+    pub dst: IpAddr,
+    pub sport: u16,
+    pub dport: u16,
+    pub proto: Proto,
+}
+
+/// A conntrack entry, reduced to what proves or disproves a loopback.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConntrackEntry {
+    pub orig: Tuple,
+    pub reply: Tuple,
+    /// IPS_SRC_NAT: the connection's source was rewritten (SNAT / masquerade).
+    pub snat: bool,
+    /// IPS_DST_NAT: the destination was rewritten (DNAT: NodePort, ClusterIP).
+    pub dnat: bool,
+    /// IPS_SEEN_REPLY: a packet came back in the reply direction.
+    pub seen_reply: bool,
+    /// TCP state name as conntrack reports it (`SYN_SENT`, `ESTABLISHED`, `CLOSE`, ...).
+    pub tcp_state: Option<String>,
+}

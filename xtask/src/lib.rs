@@ -1,0 +1,1 @@
+//! Developer and CI tasks for clb-probe; the lab is a library so the integration tests share it.
