@@ -64,7 +64,7 @@ pub async fn read() -> Result<ServiceTable, IptablesError> {
 ///
 /// `iptables-save -t nat` must work (its failure is the error). `ip6tables-save` and the other
 /// backend are best effort: their failures are logged and skipped. The legacy backend is only
-/// asked when the kernel already has a legacy nat table (`/proc/net/ip_tables_names`), because
+/// asked when the kernel already has a legacy nat table (`/proc/thread-self/net/ip_tables_names`), because
 /// `iptables-legacy-save -t nat` would otherwise load the legacy nat module as a side effect.
 pub fn read_blocking() -> Result<ServiceTable, IptablesError> {
     let v4 = run("iptables-save", &["-t", "nat"])?;
@@ -76,8 +76,14 @@ pub fn read_blocking() -> Result<ServiceTable, IptablesError> {
 
     let mut extra: Vec<(&str, Option<&str>)> = vec![("ip6tables-save", None)];
     if default_is_nft {
-        extra.push(("iptables-legacy-save", Some("/proc/net/ip_tables_names")));
-        extra.push(("ip6tables-legacy-save", Some("/proc/net/ip6_tables_names")));
+        extra.push((
+            "iptables-legacy-save",
+            Some("/proc/thread-self/net/ip_tables_names"),
+        ));
+        extra.push((
+            "ip6tables-legacy-save",
+            Some("/proc/thread-self/net/ip6_tables_names"),
+        ));
     } else {
         extra.push(("iptables-nft-save", None));
         extra.push(("ip6tables-nft-save", None));
@@ -750,6 +756,61 @@ mod tests {
             parse_rule(r#"-A X -m comment --comment "say \"hi\" -j NOPE" -j MASQUERADE"#).unwrap();
         assert_eq!(r.comment.as_deref(), Some(r#"say "hi" -j NOPE"#));
         assert_eq!(r.target.as_deref(), Some("MASQUERADE"));
+    }
+
+    /// `read_blocking` in a scratch namespace holding the lab ruleset (root only).
+    #[test]
+    fn read_in_namespace() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipping: needs root");
+            return;
+        }
+        if !command_exists("iptables-restore") || !command_exists("ip") {
+            eprintln!("skipping: needs ip and iptables-restore");
+            return;
+        }
+        struct Ns(String);
+        impl Drop for Ns {
+            fn drop(&mut self) {
+                let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+            }
+        }
+        let ns = Ns(format!("clbtest-ipt-{}", std::process::id()));
+        assert!(
+            Command::new("ip")
+                .args(["netns", "add", &ns.0])
+                .status()
+                .unwrap()
+                .success()
+        );
+        let rules = std::fs::read_to_string(format!("{DATA}lab-kube-proxy.rules")).unwrap();
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &ns.0, "iptables-restore"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(rules.as_bytes())
+            .unwrap();
+        assert!(child.wait().unwrap().success());
+
+        let path = format!("/run/netns/{}", ns.0);
+        let table = std::thread::spawn(move || {
+            use std::os::fd::AsRawFd;
+            let f = std::fs::File::open(path).unwrap();
+            // SAFETY: a valid namespace fd; only this thread changes namespace.
+            assert_eq!(unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) }, 0);
+            read_blocking()
+        })
+        .join()
+        .unwrap()
+        .unwrap();
+        assert_eq!(table, fixture("lab-capture-v4.txt"));
     }
 
     #[test]
