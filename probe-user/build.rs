@@ -4,7 +4,8 @@ use aya_build::{Package, Toolchain};
 fn main() -> anyhow::Result<()> {
     // With AYA_BUILD_SKIP=1 (unit tests and tools that never load programs) aya-build writes
     // nothing; leave an empty object so the crate still compiles, and the loader says so.
-    let skip = std::env::var("AYA_BUILD_SKIP").is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"));
+    let skip =
+        std::env::var("AYA_BUILD_SKIP").is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"));
     if skip {
         let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?).join("probe");
         if !out.exists() {
@@ -32,5 +33,7 @@ fn main() -> anyhow::Result<()> {
         }],
         Toolchain::default(),
     )
-    .context("building the eBPF programs (run `cargo xtask setup` if bpf-linker or rust-src is missing)")
+    .context(
+        "building the eBPF programs (run `cargo xtask setup` if bpf-linker or rust-src is missing)",
+    )
 }

@@ -8,4 +8,5 @@
 
 pub mod correlate;
 pub mod event;
+pub mod kernel;
 pub mod state;

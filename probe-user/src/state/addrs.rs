@@ -1,1 +1,477 @@
-//! TODO
+//! The node's own addresses, from rtnetlink: what the datapath's tries hold.
+//!
+//! [`read`] dumps links, addresses and routes of the current network namespace into a
+//! [`NodeState`]; [`classify`] (pure) turns that into tagged prefixes ([`AddressSets`]):
+//! - every address on the VIP interface (`kube-ipvs0`) -> *vip*;
+//! - every other interface address -> *node* (IPv6 link-local excluded: per-link, never routed);
+//! - main-table routes through a pod-facing device (veth, bridge, netkit; no gateway) and every
+//!   `--pod-cidr` -> *pod*.
+//!
+//! On overlap the more specific tag wins: vip over node over pod.
+
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+};
+
+use futures::TryStreamExt as _;
+use netlink_packet_route::{
+    address::AddressAttribute,
+    link::{InfoKind, LinkAttribute, LinkInfo},
+    route::{RouteAddress, RouteAttribute, RouteType},
+};
+use rtnetlink::{Handle, RouteMessageBuilder};
+use serde::Serialize;
+
+use crate::event::Tag;
+
+/// An IP prefix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct Prefix {
+    pub addr: IpAddr,
+    pub len: u8,
+}
+
+impl Prefix {
+    pub fn host(addr: IpAddr) -> Self {
+        let len = if addr.is_ipv4() { 32 } else { 128 };
+        Self { addr, len }
+    }
+
+    /// Parses `a.b.c.d/n`, `x::/n` or a bare address.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let (addr, len) = match s.split_once('/') {
+            Some((a, l)) => (a, Some(l)),
+            None => (s, None),
+        };
+        let addr: IpAddr = addr
+            .parse()
+            .map_err(|_| format!("{s:?} is not an IP address or CIDR"))?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let len = match len {
+            Some(l) => l
+                .parse::<u8>()
+                .ok()
+                .filter(|l| *l <= max)
+                .ok_or_else(|| format!("{s:?}: prefix length must be 0..={max}"))?,
+            None => max,
+        };
+        Ok(Self { addr, len })
+    }
+
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        match (self.addr, ip) {
+            (IpAddr::V4(p), IpAddr::V4(a)) => {
+                let mask = u32::MAX.checked_shl(32 - self.len as u32).unwrap_or(0);
+                u32::from(p) & mask == u32::from(a) & mask
+            }
+            (IpAddr::V6(p), IpAddr::V6(a)) => {
+                let mask = u128::MAX.checked_shl(128 - self.len as u32).unwrap_or(0);
+                u128::from(p) & mask == u128::from(a) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+impl std::fmt::Display for Prefix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.addr, self.len)
+    }
+}
+
+/// A link as rtnetlink reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Link {
+    pub index: u32,
+    pub name: String,
+    /// `veth`, `bridge`, `dummy`, ... (IFLA_INFO_KIND); None for physical devices.
+    pub kind: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AddrEntry {
+    pub ifindex: u32,
+    pub addr: IpAddr,
+    pub prefix_len: u8,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RouteEntry {
+    pub dst: Prefix,
+    pub oif: Option<u32>,
+    pub gateway: Option<IpAddr>,
+    /// Main table (254) and unicast only are read.
+    pub table: u32,
+}
+
+/// A raw dump of the namespace's links, addresses and main-table routes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeState {
+    pub links: Vec<Link>,
+    pub addrs: Vec<AddrEntry>,
+    pub routes: Vec<RouteEntry>,
+}
+
+/// What the operator told us.
+#[derive(Clone, Debug, Default)]
+pub struct AddrConfig {
+    /// `--nic`; empty = interfaces that carry a default route.
+    pub nics: Vec<String>,
+    /// `--vip-iface`.
+    pub vip_iface: String,
+    /// `--pod-cidr`.
+    pub pod_cidrs: Vec<Prefix>,
+}
+
+/// The classification the datapath enforces.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct AddressSets {
+    pub prefixes: BTreeMap<Prefix, Tag>,
+    /// Monitored NICs: (name, ifindex). A configured NIC that does not exist is absent here.
+    pub nics: Vec<(String, u32)>,
+    /// The VIP interface, when it exists now.
+    pub vip_iface: Option<(String, u32)>,
+}
+
+impl AddressSets {
+    pub fn count(&self, tag: Tag) -> usize {
+        self.prefixes.values().filter(|t| **t == tag).count()
+    }
+
+    /// The tag of an address by longest prefix (what the kernel's trie answers).
+    pub fn lookup(&self, ip: IpAddr) -> Option<Tag> {
+        self.prefixes
+            .iter()
+            .filter(|(p, _)| p.contains(ip))
+            .max_by_key(|(p, _)| p.len)
+            .map(|(_, t)| *t)
+    }
+}
+
+/// Link kinds that face pods or containers on this node.
+const POD_LINK_KINDS: &[&str] = &["veth", "bridge", "netkit"];
+
+fn is_v6_link_local(ip: IpAddr) -> bool {
+    matches!(ip, IpAddr::V6(a) if (a.segments()[0] & 0xffc0) == 0xfe80)
+}
+
+fn tag_rank(tag: Tag) -> u8 {
+    match tag {
+        Tag::Vip => 3,
+        Tag::Node => 2,
+        Tag::Pod => 1,
+    }
+}
+
+/// Pure classification of a dump; see the module docs for the rules.
+pub fn classify(state: &NodeState, cfg: &AddrConfig) -> AddressSets {
+    let by_index: BTreeMap<u32, &Link> = state.links.iter().map(|l| (l.index, l)).collect();
+    let vip_iface = state
+        .links
+        .iter()
+        .find(|l| l.name == cfg.vip_iface)
+        .map(|l| (l.name.clone(), l.index));
+    let nics: Vec<(String, u32)> = if cfg.nics.is_empty() {
+        let mut v: Vec<(String, u32)> = state
+            .routes
+            .iter()
+            .filter(|r| r.dst.len == 0)
+            .filter_map(|r| by_index.get(&r.oif?))
+            .map(|l| (l.name.clone(), l.index))
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    } else {
+        cfg.nics
+            .iter()
+            .filter_map(|n| state.links.iter().find(|l| &l.name == n))
+            .map(|l| (l.name.clone(), l.index))
+            .collect()
+    };
+
+    let mut prefixes: BTreeMap<Prefix, Tag> = BTreeMap::new();
+    let mut put = |p: Prefix, tag: Tag| {
+        let e = prefixes.entry(p).or_insert(tag);
+        if tag_rank(tag) > tag_rank(*e) {
+            *e = tag;
+        }
+    };
+    for a in &state.addrs {
+        if is_v6_link_local(a.addr) {
+            continue;
+        }
+        let tag = if vip_iface.as_ref().is_some_and(|(_, i)| *i == a.ifindex) {
+            Tag::Vip
+        } else {
+            Tag::Node
+        };
+        put(Prefix::host(a.addr), tag);
+    }
+    let skip: Vec<u32> = nics
+        .iter()
+        .map(|(_, i)| *i)
+        .chain(vip_iface.iter().map(|(_, i)| *i))
+        .collect();
+    for r in &state.routes {
+        let Some(oif) = r.oif else { continue };
+        if r.gateway.is_some() || r.dst.len == 0 || skip.contains(&oif) {
+            continue;
+        }
+        let pod_facing = by_index
+            .get(&oif)
+            .and_then(|l| l.kind.as_deref())
+            .is_some_and(|k| POD_LINK_KINDS.contains(&k));
+        if pod_facing && !is_v6_link_local(r.dst.addr) {
+            put(r.dst, Tag::Pod);
+        }
+    }
+    for p in &cfg.pod_cidrs {
+        put(*p, Tag::Pod);
+    }
+    AddressSets {
+        prefixes,
+        nics,
+        vip_iface,
+    }
+}
+
+/// Dumps links, addresses and main-table unicast routes of the current network namespace.
+pub async fn read(handle: &Handle) -> Result<NodeState, rtnetlink::Error> {
+    let mut state = NodeState::default();
+    let mut links = handle.link().get().execute();
+    while let Some(msg) = links.try_next().await? {
+        let mut name = None;
+        let mut kind = None;
+        for attr in &msg.attributes {
+            match attr {
+                LinkAttribute::IfName(n) => name = Some(n.clone()),
+                LinkAttribute::LinkInfo(infos) => {
+                    for info in infos {
+                        if let LinkInfo::Kind(k) = info {
+                            kind = Some(info_kind_name(k));
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        if let Some(name) = name {
+            state.links.push(Link {
+                index: msg.header.index,
+                name,
+                kind,
+            });
+        }
+    }
+    let mut addrs = handle.address().get().execute();
+    while let Some(msg) = addrs.try_next().await? {
+        // IFA_LOCAL is the interface's own address (differs from IFA_ADDRESS on p2p links).
+        let local = msg.attributes.iter().find_map(|a| match a {
+            AddressAttribute::Local(ip) => Some(*ip),
+            _ => None,
+        });
+        let address = msg.attributes.iter().find_map(|a| match a {
+            AddressAttribute::Address(ip) => Some(*ip),
+            _ => None,
+        });
+        if let Some(addr) = local.or(address) {
+            state.addrs.push(AddrEntry {
+                ifindex: msg.header.index,
+                addr,
+                prefix_len: msg.header.prefix_len,
+            });
+        }
+    }
+    for request in [
+        RouteMessageBuilder::<Ipv4Addr>::new().build(),
+        RouteMessageBuilder::<Ipv6Addr>::new().build(),
+    ] {
+        let mut routes = handle.route().get(request).execute();
+        while let Some(msg) = routes.try_next().await? {
+            let mut table = msg.header.table as u32;
+            let mut dst = None;
+            let mut oif = None;
+            let mut gateway = None;
+            for attr in &msg.attributes {
+                match attr {
+                    RouteAttribute::Table(t) => table = *t,
+                    RouteAttribute::Destination(a) => dst = route_ip(a),
+                    RouteAttribute::Oif(i) => oif = Some(*i),
+                    RouteAttribute::Gateway(a) => gateway = route_ip(a),
+                    _ => {}
+                }
+            }
+            if table != 254 || msg.header.kind != RouteType::Unicast {
+                continue;
+            }
+            let v4 = msg.header.address_family == netlink_packet_route::AddressFamily::Inet;
+            let addr = dst.unwrap_or(if v4 {
+                IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+            } else {
+                IpAddr::V6(Ipv6Addr::UNSPECIFIED)
+            });
+            state.routes.push(RouteEntry {
+                dst: Prefix {
+                    addr,
+                    len: msg.header.destination_prefix_length,
+                },
+                oif,
+                gateway,
+                table,
+            });
+        }
+    }
+    Ok(state)
+}
+
+fn route_ip(a: &RouteAddress) -> Option<IpAddr> {
+    match a {
+        RouteAddress::Inet(v4) => Some(IpAddr::V4(*v4)),
+        RouteAddress::Inet6(v6) => Some(IpAddr::V6(*v6)),
+        _ => None,
+    }
+}
+
+fn info_kind_name(k: &InfoKind) -> String {
+    match k {
+        InfoKind::Veth => "veth".into(),
+        InfoKind::Bridge => "bridge".into(),
+        InfoKind::Dummy => "dummy".into(),
+        InfoKind::Ifb => "ifb".into(),
+        InfoKind::Other(s) => s.clone(),
+        other => format!("{other:?}").to_lowercase(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    /// The lab node: eth0 (NIC), kube-ipvs0 (VIP), two pod veths with /32 routes.
+    fn lab_node() -> NodeState {
+        let link = |index, name: &str, kind: Option<&str>| Link {
+            index,
+            name: name.into(),
+            kind: kind.map(Into::into),
+        };
+        let addr = |ifindex, a: &str, prefix_len| AddrEntry {
+            ifindex,
+            addr: ip(a),
+            prefix_len,
+        };
+        let route = |dst: &str, oif, gw: Option<&str>| RouteEntry {
+            dst: Prefix::parse(dst).unwrap(),
+            oif: Some(oif),
+            gateway: gw.map(ip),
+            table: 254,
+        };
+        NodeState {
+            links: vec![
+                link(1, "lo", None),
+                link(2, "eth0", Some("veth")),
+                link(3, "kube-ipvs0", Some("bridge")),
+                link(4, "vpod-a", Some("veth")),
+                link(5, "vpod-b", Some("veth")),
+            ],
+            addrs: vec![
+                addr(1, "127.0.0.1", 8),
+                addr(2, "198.18.0.2", 24),
+                addr(2, "fe80::1", 64),
+                addr(3, "203.0.113.10", 32),
+                addr(3, "198.18.100.10", 32),
+                addr(4, "198.19.1.1", 32),
+            ],
+            routes: vec![
+                route("0.0.0.0/0", 2, Some("198.18.0.1")),
+                route("198.18.0.0/24", 2, None),
+                route("198.19.1.10/32", 4, None),
+                route("198.19.1.11/32", 5, None),
+            ],
+        }
+    }
+
+    fn cfg() -> AddrConfig {
+        AddrConfig {
+            nics: vec![],
+            vip_iface: "kube-ipvs0".into(),
+            pod_cidrs: vec![],
+        }
+    }
+
+    #[test]
+    fn classifies_the_lab_node() {
+        let sets = classify(&lab_node(), &cfg());
+        assert_eq!(sets.nics, vec![("eth0".to_string(), 2)]);
+        assert_eq!(sets.vip_iface, Some(("kube-ipvs0".to_string(), 3)));
+        assert_eq!(sets.lookup(ip("203.0.113.10")), Some(Tag::Vip));
+        assert_eq!(sets.lookup(ip("198.18.100.10")), Some(Tag::Vip));
+        assert_eq!(sets.lookup(ip("198.18.0.2")), Some(Tag::Node));
+        assert_eq!(sets.lookup(ip("198.19.1.1")), Some(Tag::Node));
+        assert_eq!(sets.lookup(ip("198.19.1.10")), Some(Tag::Pod));
+        assert_eq!(sets.lookup(ip("198.19.1.11")), Some(Tag::Pod));
+        // The NIC's subnet and the gateway are other hosts, not us.
+        assert_eq!(sets.lookup(ip("198.18.0.1")), None);
+        assert_eq!(sets.lookup(ip("198.51.100.10")), None);
+        assert_eq!(sets.lookup(ip("fe80::1")), None);
+        assert_eq!(sets.count(Tag::Vip), 2);
+        assert_eq!(sets.count(Tag::Pod), 2);
+    }
+
+    #[test]
+    fn explicit_nics_and_pod_cidrs() {
+        let mut c = cfg();
+        c.nics = vec!["eth0".into(), "nonexistent0".into()];
+        c.pod_cidrs = vec![Prefix::parse("10.244.0.0/16").unwrap()];
+        let sets = classify(&lab_node(), &c);
+        assert_eq!(sets.nics, vec![("eth0".to_string(), 2)]);
+        assert_eq!(sets.lookup(ip("10.244.3.7")), Some(Tag::Pod));
+    }
+
+    #[test]
+    fn vip_wins_over_node_and_node_over_pod() {
+        let mut st = lab_node();
+        // The same address on the NIC and on kube-ipvs0.
+        st.addrs.push(AddrEntry {
+            ifindex: 2,
+            addr: ip("203.0.113.10"),
+            prefix_len: 32,
+        });
+        // A pod route covering a node address.
+        st.routes.push(RouteEntry {
+            dst: Prefix::parse("198.19.1.1/32").unwrap(),
+            oif: Some(4),
+            gateway: None,
+            table: 254,
+        });
+        let sets = classify(&st, &cfg());
+        assert_eq!(sets.lookup(ip("203.0.113.10")), Some(Tag::Vip));
+        assert_eq!(sets.lookup(ip("198.19.1.1")), Some(Tag::Node));
+    }
+
+    #[test]
+    fn missing_vip_interface_is_not_an_error() {
+        let mut st = lab_node();
+        st.links.retain(|l| l.name != "kube-ipvs0");
+        st.addrs.retain(|a| a.ifindex != 3);
+        let sets = classify(&st, &cfg());
+        assert_eq!(sets.vip_iface, None);
+        assert_eq!(sets.count(Tag::Vip), 0);
+    }
+
+    #[test]
+    fn prefix_parsing_and_containment() {
+        assert!(Prefix::parse("10.0.0.0/33").is_err());
+        assert!(Prefix::parse("bogus").is_err());
+        let p = Prefix::parse("2001:db8::/32").unwrap();
+        assert!(p.contains(ip("2001:db8:1::5")));
+        assert!(!p.contains(ip("2001:db9::5")));
+        assert!(!p.contains(ip("10.0.0.1")));
+        assert!(Prefix::parse("0.0.0.0/0").unwrap().contains(ip("1.2.3.4")));
+    }
+}

@@ -99,3 +99,30 @@ pub struct ConntrackEntry {
     /// TCP state name as conntrack reports it (`SYN_SENT`, `ESTABLISHED`, `CLOSE`, ...).
     pub tcp_state: Option<String>,
 }
+
+/// The node's service table: IPVS when the kernel has it and it holds services (IPVS mode),
+/// else kube-proxy's iptables rules. The iptables masquerade rules and NodePorts are kept in
+/// both cases: IPVS mode still programs them in the nat table. Blocking (runs commands).
+pub fn read_services() -> anyhow::Result<ServiceTable> {
+    let iptables = iptables::read_blocking();
+    let ipvs = ipvs::read()?;
+    match (ipvs, iptables) {
+        (Some(mut table), Ok(ipt)) if !table.services.is_empty() => {
+            // Names come from kube-proxy's rule comments when iptables knows the same VIP:port.
+            for svc in &mut table.services {
+                if let Some(named) = ipt.serves(svc.vip, svc.port, svc.proto) {
+                    svc.service = named.service.clone();
+                }
+            }
+            table.nodeports = ipt.nodeports;
+            table.masquerade_rules = ipt.masquerade_rules;
+            Ok(table)
+        }
+        (Some(table), Err(e)) if !table.services.is_empty() => {
+            tracing::debug!(error = %e, "iptables unreadable; IPVS only");
+            Ok(table)
+        }
+        (_, Ok(ipt)) => Ok(ipt),
+        (_, Err(e)) => Err(e.into()),
+    }
+}

@@ -1,0 +1,202 @@
+//! What the running kernel's BTF tells us: struct offsets for the drop program and the names of
+//! `enum skb_drop_reason`. Nothing here is baked for one kernel: reason numbers and offsets
+//! change between versions (6.1 has no `SKB_CONSUMED`; `IP_LOCAL_SOURCE` is 89 on 6.18).
+
+use std::{collections::BTreeMap, path::Path};
+
+use btf_rs::{Btf, Type};
+use probe_common::KernelOffsets;
+
+use super::KernelError;
+
+pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
+
+/// The kernel facts the agent needs from BTF.
+#[derive(Clone, Debug, Default)]
+pub struct KernelBtf {
+    pub offsets: KernelOffsets,
+    /// `enum skb_drop_reason` value -> name without the `SKB_DROP_REASON_` prefix.
+    pub drop_reasons: DropReasons,
+}
+
+/// Drop reason names of the running kernel.
+#[derive(Clone, Debug, Default)]
+pub struct DropReasons {
+    names: BTreeMap<u32, String>,
+}
+
+impl DropReasons {
+    pub fn from_pairs(pairs: impl IntoIterator<Item = (u32, String)>) -> Self {
+        Self {
+            names: pairs.into_iter().collect(),
+        }
+    }
+
+    /// The name of a reason, or `UNKNOWN_<n>` for a value this kernel's BTF does not list.
+    pub fn name(&self, code: u32) -> String {
+        self.names
+            .get(&code)
+            .cloned()
+            .unwrap_or_else(|| format!("UNKNOWN_{code}"))
+    }
+
+    /// The value of a named reason on this kernel, if it has one.
+    pub fn code(&self, name: &str) -> Option<u32> {
+        self.names
+            .iter()
+            .find_map(|(code, n)| (n == name).then_some(*code))
+    }
+
+    pub fn len(&self) -> usize {
+        self.names.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.names.is_empty()
+    }
+}
+
+impl KernelBtf {
+    /// Reads the running kernel's BTF (`/sys/kernel/btf/vmlinux`).
+    pub fn load() -> Result<Self, KernelError> {
+        Self::from_file(Path::new(VMLINUX_BTF))
+    }
+
+    pub fn from_file(path: &Path) -> Result<Self, KernelError> {
+        if !path.exists() {
+            return Err(KernelError::MissingBtf {
+                path: path.display().to_string(),
+            });
+        }
+        let btf = Btf::from_file(path).map_err(|e| KernelError::Btf {
+            what: format!("parsing {}", path.display()),
+            detail: e.to_string(),
+        })?;
+        let off = |ty: &str, path: &[&str]| -> Result<u32, KernelError> {
+            member_offset(&btf, ty, path).ok_or_else(|| KernelError::Btf {
+                what: format!("finding {ty}.{}", path.join(".")),
+                detail: "not in this kernel's BTF".into(),
+            })
+        };
+        let offsets = KernelOffsets {
+            skb_head: off("sk_buff", &["head"])?,
+            skb_network_header: off("sk_buff", &["network_header"])?,
+            skb_dev: off("sk_buff", &["dev"])?,
+            skb_iif: off("sk_buff", &["skb_iif"])?,
+            dev_nd_net: off("net_device", &["nd_net", "net"])?,
+            net_ns_inum: off("net", &["ns", "inum"])?,
+            valid: 1,
+            _pad: 0,
+        };
+        Ok(Self {
+            offsets,
+            drop_reasons: drop_reasons(&btf),
+        })
+    }
+}
+
+/// Names of `enum skb_drop_reason`, prefix stripped. Empty on kernels without it (< 5.17).
+fn drop_reasons(btf: &Btf) -> DropReasons {
+    let Ok(types) = btf.resolve_types_by_name("skb_drop_reason") else {
+        return DropReasons::default();
+    };
+    let mut names = BTreeMap::new();
+    for ty in types {
+        if let Type::Enum(e) = ty {
+            for m in &e.members {
+                if let Ok(name) = btf.resolve_name(m) {
+                    let short = name.strip_prefix("SKB_DROP_REASON_").unwrap_or(&name);
+                    names.insert(m.val(), short.to_string());
+                }
+            }
+        }
+    }
+    DropReasons { names }
+}
+
+/// Byte offset of `path` (a chain of member names) inside struct `ty`, descending through
+/// anonymous structs and unions (sk_buff keeps most fields in anonymous groups).
+fn member_offset(btf: &Btf, ty: &str, path: &[&str]) -> Option<u32> {
+    let root = btf
+        .resolve_types_by_name(ty)
+        .ok()?
+        .into_iter()
+        .find(|t| matches!(t, Type::Struct(_)))?;
+    let mut current = root;
+    let mut total_bits = 0u32;
+    for name in path {
+        let Type::Struct(s) = &current else {
+            return None;
+        };
+        let (bits, member_ty) = find_member(btf, s, name)?;
+        total_bits += bits;
+        current = strip_modifiers(btf, member_ty)?;
+    }
+    total_bits.is_multiple_of(8).then_some(total_bits / 8)
+}
+
+/// Finds `name` in a struct or union, recursing into anonymous members. Returns the bit offset
+/// and the member's type.
+fn find_member(btf: &Btf, s: &btf_rs::Struct, name: &str) -> Option<(u32, Type)> {
+    for m in &s.members {
+        let member_name = btf.resolve_name(m).unwrap_or_default();
+        let member_ty = btf.resolve_chained_type(m).ok()?;
+        if member_name == name {
+            return Some((m.bit_offset(), member_ty));
+        }
+        if member_name.is_empty()
+            && let Some(Type::Struct(inner) | Type::Union(inner)) = strip_modifiers(btf, member_ty)
+            && let Some((bits, ty)) = find_member(btf, &inner, name)
+        {
+            return Some((m.bit_offset() + bits, ty));
+        }
+    }
+    None
+}
+
+/// Follows typedefs and qualifiers to the underlying type.
+fn strip_modifiers(btf: &Btf, mut ty: Type) -> Option<Type> {
+    loop {
+        ty = match &ty {
+            Type::Typedef(t) => btf.resolve_chained_type(t).ok()?,
+            Type::Const(t) => btf.resolve_chained_type(t).ok()?,
+            Type::Volatile(t) => btf.resolve_chained_type(t).ok()?,
+            Type::Restrict(t) => btf.resolve_chained_type(t).ok()?,
+            Type::TypeTag(t) => btf.resolve_chained_type(t).ok()?,
+            _ => return Some(ty),
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Reads this machine's BTF: the fields the drop program needs exist and are sane.
+    #[test]
+    fn reads_running_kernel_btf() {
+        if !Path::new(VMLINUX_BTF).exists() {
+            eprintln!("skipping: no {VMLINUX_BTF}");
+            return;
+        }
+        let k = KernelBtf::load().expect("BTF");
+        let o = k.offsets;
+        assert_eq!(o.valid, 1);
+        // sk_buff.dev sits in the first cache line; head and network_header much later.
+        assert!(o.skb_dev < 64, "{o:?}");
+        assert!(
+            o.skb_head > o.skb_dev && o.skb_network_header > o.skb_dev,
+            "{o:?}"
+        );
+        assert!(k.drop_reasons.len() > 10);
+        assert!(k.drop_reasons.code("NOT_SPECIFIED").is_some());
+        assert!(k.drop_reasons.code("NO_SOCKET").is_some());
+        assert!(k.drop_reasons.name(u32::MAX).starts_with("UNKNOWN_"));
+    }
+
+    #[test]
+    fn missing_btf_is_a_clear_error() {
+        let err = KernelBtf::from_file(Path::new("/nonexistent/vmlinux")).unwrap_err();
+        assert!(err.to_string().contains("/nonexistent/vmlinux"), "{err}");
+    }
+}

@@ -1,0 +1,97 @@
+//! The only module that touches aya: load the programs, attach them, read their maps.
+//!
+//! Ownership (no `Mutex<Ebpf>`): [`Probe`] owns the programs and their links and lives in the
+//! node-sync task, which attaches and detaches as interfaces come and go. The maps the other
+//! tasks need are taken out of the `Ebpf` at load time and handed over:
+//! the ring buffer to [`reader`], the address tries to the node sync, the counters to
+//! [`counters::Counters`] (read at scrape time), the egress LRU to [`counters::EgressTable`].
+
+pub mod btf;
+pub mod counters;
+pub mod kallsyms;
+pub mod probe;
+pub mod reader;
+
+pub use btf::{DropReasons, KernelBtf};
+pub use probe::{AddressMaps, Features, Probe, ProbeSettings};
+
+/// Errors at the kernel boundary, each naming what failed and what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    #[error(
+        "missing capabilities {missing}: run as root, or grant {missing} (the DaemonSet adds them)"
+    )]
+    MissingCapability { missing: String },
+    #[error("no kernel BTF at {path}: clb-probe needs a kernel built with CONFIG_DEBUG_INFO_BTF=y")]
+    MissingBtf { path: String },
+    #[error("kernel BTF: {what}: {detail}")]
+    Btf { what: String, detail: String },
+    #[error("this build has no eBPF programs (built with AYA_BUILD_SKIP): rebuild without it")]
+    NoPrograms,
+    #[error("loading the eBPF programs: {0}")]
+    Load(#[from] aya::EbpfError),
+    #[error("eBPF program {program}: {source}")]
+    Program {
+        program: &'static str,
+        #[source]
+        source: aya::programs::ProgramError,
+    },
+    #[error("eBPF map {map}: {detail}")]
+    Map { map: &'static str, detail: String },
+    #[error("unknown interface {name:?}: it does not exist in this network namespace")]
+    UnknownInterface { name: String },
+    #[error("attaching to {iface} ({direction}): {source}")]
+    Attach {
+        iface: String,
+        direction: &'static str,
+        #[source]
+        source: aya::programs::ProgramError,
+    },
+}
+
+/// Linux capability numbers we need (linux/capability.h).
+const CAP_NET_ADMIN: u32 = 12;
+const CAP_SYS_ADMIN: u32 = 21;
+const CAP_PERFMON: u32 = 38;
+const CAP_BPF: u32 = 39;
+
+/// Checks the effective capabilities before touching the kernel, so a missing one is named
+/// instead of surfacing as an EPERM from deep inside a load.
+pub fn check_capabilities() -> Result<(), KernelError> {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or(0);
+    let has = |cap: u32| eff & (1u64 << cap) != 0;
+    let mut missing = Vec::new();
+    // CAP_SYS_ADMIN covers BPF and PERFMON on every kernel; BPF + PERFMON alone need >= 5.8.
+    if !has(CAP_SYS_ADMIN) {
+        if !has(CAP_BPF) {
+            missing.push("CAP_BPF");
+        }
+        if !has(CAP_PERFMON) {
+            missing.push("CAP_PERFMON");
+        }
+    }
+    if !has(CAP_NET_ADMIN) {
+        missing.push("CAP_NET_ADMIN");
+    }
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(KernelError::MissingCapability {
+            missing: missing.join(", "),
+        })
+    }
+}
+
+/// Inode of the calling thread's network namespace: the drop program ignores other namespaces.
+pub fn current_netns_inode() -> u32 {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::metadata("/proc/thread-self/ns/net")
+        .or_else(|_| std::fs::metadata("/proc/self/ns/net"))
+        .map(|m| m.ino() as u32)
+        .unwrap_or(0)
+}

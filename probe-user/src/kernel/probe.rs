@@ -1,0 +1,376 @@
+//! Loading the programs and attaching them to interfaces.
+
+use std::{collections::HashMap, fmt};
+
+use aya::{
+    Ebpf, EbpfLoader, include_bytes_aligned,
+    maps::{HashMap as BpfHashMap, LpmTrie, MapData, RingBuf},
+    programs::{
+        BtfTracePoint, RawTracePoint, SchedClassifier, TcAttachType,
+        links::LinkOrder,
+        tc::{self, NlOptions, SchedClassifierLink, TcAttachOptions},
+    },
+    util::KernelVersion,
+};
+use probe_common::{AddrValue, ProbeConfig};
+use tracing::{debug, info, warn};
+
+use super::{KernelBtf, KernelError, counters::Counters, counters::EgressTable};
+
+static PROGRAMS: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/probe"));
+
+const INGRESS: &str = "clb_ingress";
+const EGRESS: &str = "clb_egress";
+const KFREE_SKB_BTF: &str = "clb_kfree_skb";
+const KFREE_SKB_RAW: &str = "clb_kfree_skb_raw";
+
+/// Load-time settings.
+#[derive(Clone, Debug)]
+pub struct ProbeSettings {
+    pub config: ProbeConfig,
+    /// Enable the programs' aya-log debug lines (off: the statements cost one global check).
+    pub ebpf_log: bool,
+}
+
+/// How programs are attached on this kernel; shown in the live view and logs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TcMode {
+    /// tcx links (kernel >= 6.6): detach when the agent's fds close, even on SIGKILL.
+    Tcx,
+    /// cls_bpf under a clsact qdisc (older kernels): removed by name on start and exit.
+    Netlink,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DropHook {
+    TpBtf,
+    RawTracepoint,
+    /// No drop visibility (the kernel refused both hooks): suspects are still counted.
+    None,
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Features {
+    pub tc_mode: TcMode,
+    pub drop_hook: DropHook,
+    pub kernel: String,
+    pub drop_reasons: usize,
+}
+
+impl fmt::Display for Features {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "kernel {}, tc via {:?}, drops via {:?}, {} drop reasons",
+            self.kernel, self.tc_mode, self.drop_hook, self.drop_reasons
+        )
+    }
+}
+
+/// The maps the node sync writes: address tries and the monitored NIC set.
+pub struct AddressMaps {
+    pub v4: LpmTrie<MapData, [u8; 4], AddrValue>,
+    pub v6: LpmTrie<MapData, [u8; 16], AddrValue>,
+    pub nics: BpfHashMap<MapData, u32, u32>,
+}
+
+/// Links of one interface; dropping them detaches.
+struct IfaceLinks {
+    ifindex: u32,
+    _ingress: SchedClassifierLink,
+    _egress: SchedClassifierLink,
+}
+
+/// The loaded programs and their attachments.
+pub struct Probe {
+    ebpf: Ebpf,
+    features: Features,
+    links: HashMap<String, IfaceLinks>,
+}
+
+/// Everything taken out of the loaded object, for the tasks that own it.
+pub struct Loaded {
+    pub probe: Probe,
+    pub ring: RingBuf<MapData>,
+    pub addresses: AddressMaps,
+    pub counters: Counters,
+    pub egress: EgressTable,
+}
+
+fn take<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, KernelError>
+where
+    T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>,
+{
+    let map = ebpf.take_map(name).ok_or(KernelError::Map {
+        map: name,
+        detail: "missing from the object".into(),
+    })?;
+    T::try_from(map).map_err(|e| KernelError::Map {
+        map: name,
+        detail: e.to_string(),
+    })
+}
+
+impl Probe {
+    /// Loads the programs with this kernel's offsets and tunables, and hooks `kfree_skb`.
+    pub fn load(settings: &ProbeSettings, kbtf: &KernelBtf) -> Result<Loaded, KernelError> {
+        if PROGRAMS.is_empty() {
+            return Err(KernelError::NoPrograms);
+        }
+        raise_memlock();
+        let btf = aya::Btf::from_sys_fs().map_err(|e| KernelError::Btf {
+            what: "loading /sys/kernel/btf/vmlinux for aya".into(),
+            detail: e.to_string(),
+        })?;
+        // aya-log's kernel side defaults to every level on: turn it off unless asked.
+        let level: u8 = if settings.ebpf_log {
+            aya_log::Level::Debug as u8
+        } else {
+            0
+        };
+        let mut ebpf = EbpfLoader::new()
+            .btf(Some(&btf))
+            .override_global("CONFIG", &settings.config, true)
+            .override_global("OFFSETS", &kbtf.offsets, true)
+            .override_global(aya_log::LEVEL, &level, false)
+            .load(PROGRAMS)?;
+        if settings.ebpf_log {
+            match aya_log::EbpfLogger::init(&mut ebpf) {
+                Ok(logger) => std::mem::forget(logger),
+                Err(e) => warn!(error = %e, "eBPF logging unavailable"),
+            }
+        }
+        for name in [INGRESS, EGRESS] {
+            let prog: &mut SchedClassifier = program(&mut ebpf, name)?;
+            prog.load().map_err(|source| KernelError::Program {
+                program: name,
+                source,
+            })?;
+        }
+        let drop_hook = hook_kfree_skb(&mut ebpf, &btf);
+        let kernel = KernelVersion::current()
+            .map(|v| v.to_string())
+            .unwrap_or_else(|_| "unknown".into());
+        let tc_mode = if KernelVersion::current().is_ok_and(|v| v >= KernelVersion::new(6, 6, 0)) {
+            TcMode::Tcx
+        } else {
+            TcMode::Netlink
+        };
+        if tc_mode == TcMode::Netlink {
+            info!("kernel {kernel} has no tcx (needs 6.6): attaching through a clsact qdisc");
+        }
+        let features = Features {
+            tc_mode,
+            drop_hook,
+            kernel,
+            drop_reasons: kbtf.drop_reasons.len(),
+        };
+        let ring = take(&mut ebpf, "EVENTS")?;
+        let addresses = AddressMaps {
+            v4: take(&mut ebpf, "LOCAL_V4")?,
+            v6: take(&mut ebpf, "LOCAL_V6")?,
+            nics: take(&mut ebpf, "NICS")?,
+        };
+        let counters = Counters {
+            suspects: take(&mut ebpf, "SUSPECTS")?,
+            drops: take(&mut ebpf, "DROPS")?,
+            stats: take(&mut ebpf, "STATS")?,
+        };
+        let egress = EgressTable {
+            map: take(&mut ebpf, "EGRESS_FLOWS")?,
+        };
+        Ok(Loaded {
+            probe: Probe {
+                ebpf,
+                features,
+                links: HashMap::new(),
+            },
+            ring,
+            addresses,
+            counters,
+            egress,
+        })
+    }
+
+    pub fn features(&self) -> &Features {
+        &self.features
+    }
+
+    /// Interfaces with programs attached, and their ifindex.
+    pub fn attached(&self) -> Vec<(String, u32)> {
+        let mut v: Vec<_> = self
+            .links
+            .iter()
+            .map(|(n, l)| (n.clone(), l.ifindex))
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Attaches ingress and egress programs to `iface` (whose current index is `ifindex`).
+    /// Re-attaches when the interface was recreated under the same name.
+    pub fn attach(&mut self, iface: &str, ifindex: u32) -> Result<(), KernelError> {
+        if self.links.get(iface).is_some_and(|l| l.ifindex == ifindex) {
+            return Ok(());
+        }
+        // A stale entry (the interface was deleted and recreated) detaches on drop.
+        self.links.remove(iface);
+        let mode = self.features.tc_mode;
+        let ingress = attach_one(&mut self.ebpf, INGRESS, iface, TcAttachType::Ingress, mode)?;
+        let egress = attach_one(&mut self.ebpf, EGRESS, iface, TcAttachType::Egress, mode)?;
+        info!(iface, ifindex, ?mode, "attached");
+        self.links.insert(
+            iface.to_string(),
+            IfaceLinks {
+                ifindex,
+                _ingress: ingress,
+                _egress: egress,
+            },
+        );
+        Ok(())
+    }
+
+    /// Drops the links of an interface that went away (detach errors are expected then).
+    pub fn forget(&mut self, iface: &str) {
+        if self.links.remove(iface).is_some() {
+            info!(iface, "interface gone: links dropped");
+        }
+    }
+
+    /// Detaches everything. Also done by Drop; explicit for ordered shutdown.
+    pub fn detach_all(&mut self) {
+        let names: Vec<String> = self.links.keys().cloned().collect();
+        self.links.clear();
+        if self.features.tc_mode == TcMode::Netlink {
+            for name in names {
+                remove_netlink_filters(&name);
+            }
+        }
+    }
+}
+
+impl Drop for Probe {
+    fn drop(&mut self) {
+        self.detach_all();
+    }
+}
+
+fn program<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut T, KernelError>
+where
+    &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+{
+    let prog = ebpf.program_mut(name).ok_or(KernelError::Map {
+        map: name,
+        detail: "program missing from the object".into(),
+    })?;
+    prog.try_into().map_err(|source| KernelError::Program {
+        program: name,
+        source,
+    })
+}
+
+fn attach_one(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+    iface: &str,
+    direction: TcAttachType,
+    mode: TcMode,
+) -> Result<SchedClassifierLink, KernelError> {
+    let dir = match direction {
+        TcAttachType::Ingress => "ingress",
+        _ => "egress",
+    };
+    let prog: &mut SchedClassifier = program(ebpf, name)?;
+    let options = match mode {
+        // First in the chain, so a later program's verdict cannot hide packets from us.
+        TcMode::Tcx => TcAttachOptions::TcxOrder(LinkOrder::first()),
+        TcMode::Netlink => {
+            match tc::qdisc_add_clsact(iface) {
+                Ok(()) => {}
+                Err(tc::TcError::AlreadyAttached) => {}
+                Err(tc::TcError::IoError(e)) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => {
+                    return Err(KernelError::Attach {
+                        iface: iface.into(),
+                        direction: dir,
+                        source: e.into(),
+                    });
+                }
+            }
+            // A previous agent killed with SIGKILL leaves its cls_bpf filters: remove ours.
+            let _ = tc::qdisc_detach_program(iface, direction, name);
+            TcAttachOptions::Netlink(NlOptions::default())
+        }
+    };
+    let id = prog
+        .attach_with_options(iface, direction, options)
+        .map_err(|source| KernelError::Attach {
+            iface: iface.into(),
+            direction: dir,
+            source,
+        })?;
+    prog.take_link(id).map_err(|source| KernelError::Attach {
+        iface: iface.into(),
+        direction: dir,
+        source,
+    })
+}
+
+fn remove_netlink_filters(iface: &str) {
+    for (name, dir) in [
+        (INGRESS, TcAttachType::Ingress),
+        (EGRESS, TcAttachType::Egress),
+    ] {
+        if let Err(e) = tc::qdisc_detach_program(iface, dir, name) {
+            debug!(iface, name, error = %e, "no filter to remove");
+        }
+    }
+}
+
+/// tp_btf first (needs BTF only: works where tracefs is not mounted, e.g. under
+/// `ip netns exec`), then a raw tracepoint, then none.
+fn hook_kfree_skb(ebpf: &mut Ebpf, btf: &aya::Btf) -> DropHook {
+    let tp_btf = (|| -> Result<(), KernelError> {
+        let prog: &mut BtfTracePoint = program(ebpf, KFREE_SKB_BTF)?;
+        prog.load("kfree_skb", btf)
+            .and_then(|()| prog.attach().map(|_| ()))
+            .map_err(|source| KernelError::Program {
+                program: KFREE_SKB_BTF,
+                source,
+            })
+    })();
+    match tp_btf {
+        Ok(()) => return DropHook::TpBtf,
+        Err(e) => warn!(error = %e, "tp_btf/kfree_skb unavailable; trying a raw tracepoint"),
+    }
+    let raw = (|| -> Result<(), KernelError> {
+        let prog: &mut RawTracePoint = program(ebpf, KFREE_SKB_RAW)?;
+        prog.load()
+            .and_then(|()| prog.attach("kfree_skb").map(|_| ()))
+            .map_err(|source| KernelError::Program {
+                program: KFREE_SKB_RAW,
+                source,
+            })
+    })();
+    match raw {
+        Ok(()) => DropHook::RawTracepoint,
+        Err(e) => {
+            warn!(error = %e, "no kfree_skb hook: kernel drops will not be seen");
+            DropHook::None
+        }
+    }
+}
+
+/// Kernels before 5.11 charge BPF memory to RLIMIT_MEMLOCK.
+fn raise_memlock() {
+    let rlim = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: setrlimit with a valid struct.
+    if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &rlim) } != 0 {
+        debug!("could not raise RLIMIT_MEMLOCK (fine on kernels with memcg accounting)");
+    }
+}

@@ -1,0 +1,234 @@
+//! The ring buffer reader: records -> [`KernelEvent`]s on a bounded channel.
+//!
+//! The programs submit without waking us unless a batch has built up (waking per record costs
+//! an IPI per packet), so the reader polls on a short timer as well as on readiness.
+
+use std::{
+    collections::HashMap,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    sync::{
+        Arc, RwLock,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use aya::maps::{MapData, RingBuf};
+use probe_common::{PacketEvent, family, kind};
+use tokio::{io::unix::AsyncFd, sync::mpsc};
+use tracing::warn;
+
+use super::{DropReasons, kallsyms::Kallsyms};
+use crate::event::{DropReason, KernelEvent, Packet, Proto, Tag};
+
+/// How often the reader drains the ring without a wake-up; bounds detection latency.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(50);
+
+/// ifindex -> name, kept current by the node sync.
+pub type IfNames = Arc<RwLock<HashMap<u32, String>>>;
+
+pub fn ifname(names: &IfNames, ifindex: u32) -> String {
+    names
+        .read()
+        .ok()
+        .and_then(|m| m.get(&ifindex).cloned())
+        .unwrap_or_else(|| format!("if{ifindex}"))
+}
+
+/// Decodes raw records with this kernel's reason names and symbols.
+pub struct Decoder {
+    pub reasons: DropReasons,
+    pub kallsyms: Kallsyms,
+    pub ifnames: IfNames,
+}
+
+pub fn addr_from(fam: u8, bytes: [u8; 16]) -> IpAddr {
+    if fam == family::V4 {
+        IpAddr::V4(Ipv4Addr::new(bytes[0], bytes[1], bytes[2], bytes[3]))
+    } else {
+        IpAddr::V6(Ipv6Addr::from(bytes))
+    }
+}
+
+pub fn addr_bytes(addr: IpAddr) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    match addr {
+        IpAddr::V4(a) => out[..4].copy_from_slice(&a.octets()),
+        IpAddr::V6(a) => out = a.octets(),
+    }
+    out
+}
+
+impl Decoder {
+    /// Turns one record into a domain event; None for a record of unknown kind.
+    pub fn decode(&self, raw: &PacketEvent) -> Option<KernelEvent> {
+        let packet = Packet {
+            src: addr_from(raw.family, raw.saddr),
+            dst: addr_from(raw.family, raw.daddr),
+            sport: raw.sport,
+            dport: raw.dport,
+            proto: Proto::from_raw(raw.proto),
+            tcp_flags: raw.tcp_flags,
+            src_tag: Tag::from_raw(raw.src_tag),
+            dst_tag: Tag::from_raw(raw.dst_tag),
+        };
+        match raw.kind {
+            kind::SUSPECT => Some(KernelEvent::Suspect {
+                ts_ns: raw.ts_ns,
+                nic: ifname(&self.ifnames, raw.ifindex),
+                packet,
+            }),
+            kind::DROP => Some(KernelEvent::Drop {
+                ts_ns: raw.ts_ns,
+                iface: (raw.ifindex != 0).then(|| ifname(&self.ifnames, raw.ifindex)),
+                packet,
+                reason: DropReason {
+                    code: raw.reason,
+                    name: self.reasons.name(raw.reason),
+                },
+                location: self.kallsyms.resolve(raw.location),
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// Counts events the userspace queue had no room for (the correlator fell behind).
+#[derive(Debug, Default)]
+pub struct ReaderStats {
+    pub read: AtomicU64,
+    pub queue_full: AtomicU64,
+}
+
+/// Drains the ring buffer into `tx` until `tx` closes. Never blocks on a full queue: the
+/// kernel counters stay exact, and the excess is counted in `stats.queue_full`.
+pub async fn run(
+    ring: RingBuf<MapData>,
+    decoder: Decoder,
+    tx: mpsc::Sender<KernelEvent>,
+    stats: Arc<ReaderStats>,
+) -> std::io::Result<()> {
+    // SAFETY: the ring buffer's map fd is owned by `ring`, which the AsyncFd owns until it
+    // is dropped; aya never swaps the fd under it.
+    let mut fd = unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }?;
+    let mut tick = tokio::time::interval(POLL_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            guard = fd.readable_mut() => {
+                let mut guard = guard?;
+                drain(guard.get_inner_mut(), &decoder, &tx, &stats);
+                guard.clear_ready();
+            }
+            _ = tick.tick() => {
+                drain(fd.get_mut(), &decoder, &tx, &stats);
+            }
+            () = tx.closed() => return Ok(()),
+        }
+    }
+}
+
+fn drain(
+    ring: &mut RingBuf<MapData>,
+    decoder: &Decoder,
+    tx: &mpsc::Sender<KernelEvent>,
+    stats: &ReaderStats,
+) {
+    while let Some(item) = ring.next() {
+        if item.len() < std::mem::size_of::<PacketEvent>() {
+            warn!(len = item.len(), "short ring buffer record");
+            continue;
+        }
+        // SAFETY: length checked; the record is a PacketEvent written by our program.
+        let raw: PacketEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+        drop(item);
+        stats.read.fetch_add(1, Ordering::Relaxed);
+        if let Some(ev) = decoder.decode(&raw)
+            && tx.try_send(ev).is_err()
+        {
+            stats.queue_full.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decoder() -> Decoder {
+        let mut names = HashMap::new();
+        names.insert(2, "eth0".to_string());
+        Decoder {
+            reasons: DropReasons::from_pairs([(89, "IP_LOCAL_SOURCE".to_string())]),
+            kallsyms: Kallsyms::parse("ffffffff81a00000 t ip_rcv_finish_core.constprop.0\n"),
+            ifnames: Arc::new(RwLock::new(names)),
+        }
+    }
+
+    #[test]
+    fn decodes_a_drop_record() {
+        let mut raw = PacketEvent {
+            kind: kind::DROP,
+            family: family::V4,
+            proto: 6,
+            reason: 89,
+            ifindex: 2,
+            location: 0xffffffff81a001ab,
+            sport: 40000,
+            dport: 30080,
+            src_tag: probe_common::tag::VIP,
+            tcp_flags: 0x02,
+            ..Default::default()
+        };
+        raw.saddr[..4].copy_from_slice(&[203, 0, 113, 10]);
+        raw.daddr[..4].copy_from_slice(&[198, 18, 0, 2]);
+        let KernelEvent::Drop {
+            iface,
+            packet,
+            reason,
+            location,
+            ..
+        } = decoder().decode(&raw).unwrap()
+        else {
+            panic!("not a drop");
+        };
+        assert_eq!(iface.as_deref(), Some("eth0"));
+        assert_eq!(packet.src, "203.0.113.10".parse::<IpAddr>().unwrap());
+        assert_eq!(packet.dst, "198.18.0.2".parse::<IpAddr>().unwrap());
+        assert_eq!((packet.sport, packet.dport), (40000, 30080));
+        assert_eq!(packet.src_tag, Some(Tag::Vip));
+        assert_eq!(packet.dst_tag, None);
+        assert_eq!(reason.name, "IP_LOCAL_SOURCE");
+        assert_eq!(
+            location.as_deref(),
+            Some("ip_rcv_finish_core.constprop.0+0x1ab")
+        );
+    }
+
+    #[test]
+    fn unknown_kind_and_ifindex_are_handled() {
+        let raw = PacketEvent {
+            kind: 99,
+            ..Default::default()
+        };
+        assert!(decoder().decode(&raw).is_none());
+        let raw = PacketEvent {
+            kind: kind::SUSPECT,
+            family: family::V6,
+            ifindex: 7,
+            ..Default::default()
+        };
+        let ev = decoder().decode(&raw).unwrap();
+        assert!(matches!(ev, KernelEvent::Suspect { ref nic, .. } if nic == "if7"));
+        assert!(ev.packet().src.is_ipv6());
+    }
+
+    #[test]
+    fn address_bytes_round_trip() {
+        for a in ["198.18.0.2", "2001:db8::1"] {
+            let ip: IpAddr = a.parse().unwrap();
+            let fam = if ip.is_ipv4() { family::V4 } else { family::V6 };
+            assert_eq!(addr_from(fam, addr_bytes(ip)), ip);
+        }
+    }
+}
