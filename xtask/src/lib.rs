@@ -1,1 +1,3 @@
 //! Developer and CI tasks for clb-probe; the lab is a library so the integration tests share it.
+
+pub mod vm;

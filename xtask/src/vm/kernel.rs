@@ -1,0 +1,658 @@
+//! The guest's kernel and tools: Debian packages *downloaded* (`apt-get download`) and unpacked
+//! (`dpkg -x`) into a cache folder, never installed on the host.
+//!
+//! The unpacked tree is the guest's package layer: an overlayfs lower layer above the host's
+//! `/`. Debian's root is merged-/usr, so `bin`, `sbin` and `lib` are folded into `usr/` and
+//! `depmod` runs on `usr/lib/modules` (with the unpacked kmod, so the host needs none).
+//!
+//! Pinning: [`KERNEL_PACKAGE`] at [`KERNEL_VERSION`] is what the tier tests against. Debian's
+//! archive keeps only the newest build of each package name, so once a pinned ABI is superseded it
+//! cannot be downloaded any more. A machine that has it cached keeps using it; a machine that
+//! has not falls back to the newest `linux-image-6.1.*` that `linux-image-amd64` depends on,
+//! with a loud warning naming the constants to update (results must not change silently, but a
+//! Debian point release must not break CI either).
+
+use std::{
+    collections::{BTreeSet, HashMap, HashSet},
+    os::unix::process::CommandExt as _,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context as _, bail};
+
+/// The pinned kernel image package (update together with [`KERNEL_VERSION`]).
+pub const KERNEL_PACKAGE: &str = "linux-image-6.1.0-56-amd64";
+/// The pinned Debian version of [`KERNEL_PACKAGE`].
+pub const KERNEL_VERSION: &str = "6.1.192-2";
+/// A fallback kernel must belong to this series.
+const KERNEL_SERIES: &str = "linux-image-6.1.";
+/// The meta package that names the current image package.
+const KERNEL_META: &str = "linux-image-amd64";
+
+/// What the guest needs beyond the host's userland (the package layer shadows the host's copy,
+/// so these are there even when the host lacks them). Their dependencies are added unless the
+/// host has them installed.
+pub const GUEST_PACKAGES: &[&str] = &[
+    "kmod",
+    "ipvsadm",
+    "iptables",
+    "libip4tc2",
+    "libip6tc2",
+    "libxtables12",
+    "libnftnl11",
+    "libmnl0",
+    "libnetfilter-conntrack3",
+    "libnfnetlink0",
+    "conntrack",
+    "bpftool",
+    "iproute2",
+];
+
+/// Bump when the layout of a cache entry changes, so old entries are rebuilt.
+const CACHE_FORMAT: u32 = 1;
+
+/// One kernel, unpacked and ready to boot.
+#[derive(Debug, Clone)]
+pub struct Kernel {
+    /// e.g. `linux-image-6.1.0-56-amd64`.
+    pub package: String,
+    /// e.g. `6.1.192-2`.
+    pub version: String,
+    /// `uname -r` of the guest, e.g. `6.1.0-56-amd64`.
+    pub release: String,
+    /// The bzImage.
+    pub vmlinuz: PathBuf,
+    /// The package layer (contains `usr/`), exported to the guest as its own 9p share.
+    pub root: PathBuf,
+}
+
+/// `linux-image-6.1.0-56-amd64` -> `6.1.0-56-amd64`.
+pub fn release_of(package: &str) -> Option<&str> {
+    package
+        .strip_prefix("linux-image-")
+        .filter(|r| r.chars().next().is_some_and(|c| c.is_ascii_digit()))
+}
+
+/// The cache root: `$CLB_VM_CACHE`, else `$XDG_CACHE_HOME/clb-probe/vm`, else
+/// `~/.cache/clb-probe/vm`. Outside the target dir so `cargo clean` keeps the 400 MB.
+pub fn cache_root() -> PathBuf {
+    if let Some(d) = std::env::var_os("CLB_VM_CACHE") {
+        return PathBuf::from(d);
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            std::env::var_os("HOME")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from("/root"))
+                .join(".cache")
+        });
+    base.join("clb-probe/vm")
+}
+
+fn entry_dir(cache: &Path, package: &str, version: &str) -> PathBuf {
+    cache.join(format!("{package}_{version}"))
+}
+
+fn complete_stamp(dir: &Path) -> PathBuf {
+    dir.join("complete")
+}
+
+fn is_complete(dir: &Path) -> bool {
+    std::fs::read_to_string(complete_stamp(dir))
+        .is_ok_and(|s| s.lines().next() == Some(&format!("format {CACHE_FORMAT}")))
+}
+
+fn kernel_at(dir: &Path, package: &str, version: &str) -> anyhow::Result<Kernel> {
+    let release = release_of(package)
+        .with_context(|| format!("{package} is not a linux-image-<release> package"))?;
+    Ok(Kernel {
+        package: package.to_string(),
+        version: version.to_string(),
+        release: release.to_string(),
+        vmlinuz: dir.join("vmlinuz"),
+        root: dir.join("root"),
+    })
+}
+
+/// The pinned kernel (or the fallback, see the module doc) with the guest packages, from the
+/// cache or downloaded into it.
+pub fn ensure(cache: &Path) -> anyhow::Result<Kernel> {
+    let pinned = entry_dir(cache, KERNEL_PACKAGE, KERNEL_VERSION);
+    if is_complete(&pinned) {
+        return kernel_at(&pinned, KERNEL_PACKAGE, KERNEL_VERSION);
+    }
+    std::fs::create_dir_all(cache)
+        .with_context(|| format!("creating the VM cache {}", cache.display()))?;
+    let (package, version) = choose_kernel()?;
+    let dir = entry_dir(cache, &package, &version);
+    if !is_complete(&dir) {
+        build_entry(&dir, &package, &version)?;
+    }
+    kernel_at(&dir, &package, &version)
+}
+
+fn say(msg: &str) {
+    eprintln!("vm: {msg}");
+}
+
+fn output(cmd: &mut Command) -> anyhow::Result<String> {
+    let out = cmd
+        .output()
+        .with_context(|| format!("failed to start {cmd:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// `Candidate:` of `apt-cache policy <pkg>`; None when apt knows no candidate.
+pub fn parse_policy_candidate(policy: &str) -> Option<String> {
+    policy
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Candidate:"))
+        .map(str::trim)
+        .filter(|v| !v.is_empty() && *v != "(none)")
+        .map(str::to_string)
+}
+
+/// All versions of the package apt can download (`apt-cache policy`'s version table).
+pub fn parse_policy_versions(policy: &str) -> Vec<String> {
+    let mut in_table = false;
+    let mut versions = Vec::new();
+    for line in policy.lines() {
+        if line.trim() == "Version table:" {
+            in_table = true;
+            continue;
+        }
+        if !in_table {
+            continue;
+        }
+        // "     6.1.192-2 500" or " *** 6.1.192-2 500"; source lines have 8+ spaces and a URL.
+        let t = line.trim_start().trim_start_matches("*** ");
+        let mut it = t.split_whitespace();
+        if let (Some(v), Some(prio)) = (it.next(), it.next())
+            && it.next().is_none()
+            && prio.parse::<i32>().is_ok()
+        {
+            versions.push(v.to_string());
+        }
+    }
+    versions
+}
+
+fn policy(package: &str) -> anyhow::Result<String> {
+    output(Command::new("apt-cache").args(["policy", package]))
+}
+
+fn apt_update() -> anyhow::Result<()> {
+    say("apt-get update (the package lists do not know the packages the VM needs)");
+    output(Command::new("apt-get").args(["update", "-qq"]))
+        .map(drop)
+        .context("apt-get update failed: check the machine's package sources")
+}
+
+/// The pinned kernel when apt can download it, else the newest 6.1 image (loudly).
+fn choose_kernel() -> anyhow::Result<(String, String)> {
+    let mut updated = false;
+    loop {
+        let versions = parse_policy_versions(&policy(KERNEL_PACKAGE).unwrap_or_default());
+        if versions.iter().any(|v| v == KERNEL_VERSION) {
+            return Ok((KERNEL_PACKAGE.to_string(), KERNEL_VERSION.to_string()));
+        }
+        if updated {
+            break;
+        }
+        apt_update()?;
+        updated = true;
+    }
+    let deps = output(Command::new("apt-cache").args(["depends", KERNEL_META]))?;
+    let image = parse_depends(&deps)
+        .remove(KERNEL_META)
+        .unwrap_or_default()
+        .into_iter()
+        .flatten()
+        .map(|d| d.name)
+        .find(|n| n.starts_with(KERNEL_SERIES))
+        .with_context(|| {
+            format!(
+                "the pinned kernel {KERNEL_PACKAGE}={KERNEL_VERSION} is not downloadable and \
+                 {KERNEL_META} names no {KERNEL_SERIES}* image: update KERNEL_PACKAGE and \
+                 KERNEL_VERSION in xtask/src/vm/kernel.rs"
+            )
+        })?;
+    let version = parse_policy_candidate(&policy(&image)?)
+        .with_context(|| format!("apt has no candidate for {image}"))?;
+    let bar = "!".repeat(78);
+    eprintln!(
+        "{bar}\nvm: WARNING: the pinned kernel {KERNEL_PACKAGE}={KERNEL_VERSION} is no longer \
+         downloadable;\nvm: WARNING: falling back to {image}={version}. Results may differ: \
+         update KERNEL_PACKAGE\nvm: WARNING: and KERNEL_VERSION in xtask/src/vm/kernel.rs to \
+         pin it.\n{bar}"
+    );
+    Ok((image, version))
+}
+
+/// One alternative of a dependency: a package, or a virtual package and its providers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dep {
+    pub name: String,
+    pub virtual_: bool,
+    pub providers: Vec<String>,
+}
+
+/// `apt-cache depends` output: package -> its Depends/PreDepends groups (alternatives OR'ed).
+/// Other relations (Recommends, Suggests, Breaks, ...) are skipped.
+pub fn parse_depends(text: &str) -> HashMap<String, Vec<Vec<Dep>>> {
+    let mut map: HashMap<String, Vec<Vec<Dep>>> = HashMap::new();
+    let mut current: Option<String> = None;
+    // The group being built, and whether its last alternative was followed by `|`.
+    let mut group: Vec<Dep> = Vec::new();
+    let mut open = false;
+    // Whether the last relation line was a dependency (providers lines attach to it).
+    let mut last_was_dep = false;
+    let flush = |map: &mut HashMap<String, Vec<Vec<Dep>>>,
+                 current: &Option<String>,
+                 group: &mut Vec<Dep>| {
+        if let Some(p) = current
+            && !group.is_empty()
+        {
+            map.entry(p.clone())
+                .or_default()
+                .push(std::mem::take(group));
+        }
+        group.clear();
+    };
+    for line in text.lines() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        if !line.starts_with(' ') {
+            flush(&mut map, &current, &mut group);
+            open = false;
+            last_was_dep = false;
+            let name = strip_arch(line.trim()).to_string();
+            map.entry(name.clone()).or_default();
+            current = Some(name);
+            continue;
+        }
+        if line.starts_with("    ") {
+            // A provider of the virtual package on the previous line.
+            if last_was_dep && let Some(d) = group.last_mut() {
+                d.providers.push(strip_arch(line.trim()).to_string());
+            }
+            continue;
+        }
+        let alt = line.starts_with(" |");
+        let rel = line.trim_start_matches([' ', '|']);
+        let Some((kind, name)) = rel.split_once(':') else {
+            continue;
+        };
+        if kind != "Depends" && kind != "PreDepends" {
+            if !open {
+                flush(&mut map, &current, &mut group);
+            }
+            open = false;
+            last_was_dep = false;
+            continue;
+        }
+        if !open {
+            flush(&mut map, &current, &mut group);
+        }
+        let name = name.trim();
+        let virtual_ = name.starts_with('<') && name.ends_with('>');
+        let name = strip_arch(name.trim_start_matches('<').trim_end_matches('>'));
+        group.push(Dep {
+            name: name.to_string(),
+            virtual_,
+            providers: Vec::new(),
+        });
+        open = alt;
+        last_was_dep = true;
+    }
+    flush(&mut map, &current, &mut group);
+    map
+}
+
+fn strip_arch(name: &str) -> &str {
+    name.split(':').next().unwrap_or(name)
+}
+
+/// Packages (and what they provide) installed on the host.
+fn host_installed() -> anyhow::Result<HashSet<String>> {
+    let out = output(Command::new("dpkg-query").args([
+        "-W",
+        "-f",
+        "${Package}\t${Status}\t${Provides}\n",
+    ]))?;
+    Ok(parse_installed(&out))
+}
+
+/// `dpkg-query -W -f '${Package}\t${Status}\t${Provides}\n'` -> installed names and provides.
+pub fn parse_installed(text: &str) -> HashSet<String> {
+    let mut set = HashSet::new();
+    for line in text.lines() {
+        let mut f = line.split('\t');
+        let (Some(pkg), Some(status)) = (f.next(), f.next()) else {
+            continue;
+        };
+        if !status.ends_with(" installed") || status.contains("not-installed") {
+            continue;
+        }
+        set.insert(strip_arch(pkg).to_string());
+        for p in f.next().unwrap_or_default().split(',') {
+            let p = p.split_whitespace().next().unwrap_or_default();
+            if !p.is_empty() {
+                set.insert(strip_arch(p).to_string());
+            }
+        }
+    }
+    set
+}
+
+/// The packages to download: `wanted` plus every dependency neither in the set nor
+/// satisfied by `installed` (first alternative, first provider of a virtual one).
+pub fn closure(
+    wanted: &[&str],
+    installed: &HashSet<String>,
+    mut depends: impl FnMut(&[String]) -> anyhow::Result<HashMap<String, Vec<Vec<Dep>>>>,
+) -> anyhow::Result<BTreeSet<String>> {
+    let mut chosen: BTreeSet<String> = wanted.iter().map(|s| s.to_string()).collect();
+    let mut todo: Vec<String> = chosen.iter().cloned().collect();
+    while !todo.is_empty() {
+        let deps = depends(&todo)?;
+        let mut next = Vec::new();
+        for pkg in &todo {
+            for group in deps.get(pkg).map(Vec::as_slice).unwrap_or_default() {
+                let have = |n: &str| chosen.contains(n) || installed.contains(n);
+                let satisfied = group
+                    .iter()
+                    .any(|d| have(&d.name) || d.providers.iter().any(|p| have(p)));
+                if satisfied {
+                    continue;
+                }
+                let pick = group.iter().find_map(|d| {
+                    if d.virtual_ {
+                        d.providers.first().cloned()
+                    } else {
+                        Some(d.name.clone())
+                    }
+                });
+                if let Some(p) = pick
+                    && chosen.insert(p.clone())
+                {
+                    next.push(p);
+                }
+            }
+        }
+        todo = next;
+    }
+    Ok(chosen)
+}
+
+fn apt_depends(pkgs: &[String]) -> anyhow::Result<HashMap<String, Vec<Vec<Dep>>>> {
+    let out = output(
+        Command::new("apt-cache")
+            .args([
+                "depends",
+                "--no-recommends",
+                "--no-suggests",
+                "--no-conflicts",
+                "--no-breaks",
+                "--no-replaces",
+                "--no-enhances",
+            ])
+            .args(pkgs),
+    )?;
+    Ok(parse_depends(&out))
+}
+
+/// Downloads, unpacks and prepares one cache entry (in `<dir>.tmp`, renamed when complete).
+fn build_entry(dir: &Path, package: &str, version: &str) -> anyhow::Result<()> {
+    let release = release_of(package).context("kernel package name")?;
+    let tmp = dir.with_extension("tmp");
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp)?;
+    }
+    let debs = tmp.join("debs");
+    let root = tmp.join("root");
+    std::fs::create_dir_all(&debs)?;
+    std::fs::create_dir_all(&root)?;
+
+    let installed = host_installed().unwrap_or_default();
+    let mut apt_failed_once = false;
+    let guest = loop {
+        match closure(GUEST_PACKAGES, &installed, apt_depends) {
+            Ok(g) => break g,
+            Err(e) if !apt_failed_once => {
+                say(&format!("apt-cache depends failed ({e:#}); updating"));
+                apt_update()?;
+                apt_failed_once = true;
+            }
+            Err(e) => return Err(e),
+        }
+    };
+    let mut specs = vec![format!("{package}={version}")];
+    specs.extend(guest.iter().cloned());
+    say(&format!("downloading {}", specs.join(" ")));
+    let mut cmd = Command::new("apt-get");
+    cmd.arg("download").arg("-qq").current_dir(&debs);
+    if crate_is_root() {
+        // apt's _apt sandbox user cannot write into root's cache folder.
+        cmd.args(["-o", "APT::Sandbox::User=root"]);
+    }
+    output(cmd.args(&specs)).context("apt-get download of the VM packages failed")?;
+
+    for deb in std::fs::read_dir(&debs)? {
+        let deb = deb?.path();
+        output(Command::new("dpkg").arg("-x").arg(&deb).arg(&root))
+            .with_context(|| format!("unpacking {}", deb.display()))?;
+    }
+    fold_usr(&root)?;
+
+    // The kernel image and config live beside the layer, not in it.
+    let boot = root.join("boot");
+    std::fs::rename(boot.join(format!("vmlinuz-{release}")), tmp.join("vmlinuz"))
+        .context("the kernel package has no boot/vmlinuz-<release>")?;
+    let _ = std::fs::rename(boot.join(format!("config-{release}")), tmp.join("config"));
+    std::fs::remove_dir_all(&boot)?;
+    if !root.join("usr/lib/modules").join(release).is_dir() {
+        bail!("the kernel package has no lib/modules/{release}");
+    }
+    depmod(&root, release)?;
+    std::fs::remove_dir_all(&debs)?;
+    std::fs::write(
+        tmp.join("packages.txt"),
+        specs.iter().map(|s| format!("{s}\n")).collect::<String>(),
+    )?;
+    std::fs::write(complete_stamp(&tmp), format!("format {CACHE_FORMAT}\n"))?;
+    if dir.exists() {
+        std::fs::remove_dir_all(dir)?;
+    }
+    std::fs::rename(&tmp, dir)?;
+    say(&format!("cached in {}", dir.display()));
+    Ok(())
+}
+
+fn crate_is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Moves `src`'s entries into `dst`, merging folders; `src` is removed.
+fn merge_into(src: &Path, dst: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dst)?;
+    for e in std::fs::read_dir(src)? {
+        let e = e?;
+        let to = dst.join(e.file_name());
+        let ft = e.file_type()?;
+        match std::fs::symlink_metadata(&to) {
+            Ok(m) if m.is_dir() && ft.is_dir() => merge_into(&e.path(), &to)?,
+            Ok(m) => {
+                if m.is_dir() {
+                    std::fs::remove_dir_all(&to)?;
+                } else {
+                    std::fs::remove_file(&to)?;
+                }
+                std::fs::rename(e.path(), &to)?;
+            }
+            Err(_) => std::fs::rename(e.path(), &to)?,
+        }
+    }
+    std::fs::remove_dir(src)?;
+    Ok(())
+}
+
+/// Merged-/usr: `bin`, `sbin`, `lib*` of the unpacked packages go under `usr/`.
+fn fold_usr(root: &Path) -> anyhow::Result<()> {
+    for d in ["bin", "sbin", "lib", "lib32", "lib64", "libx32"] {
+        let src = root.join(d);
+        if std::fs::symlink_metadata(&src).is_ok_and(|m| m.is_dir()) {
+            merge_into(&src, &root.join("usr").join(d))
+                .with_context(|| format!("folding {d}/ into usr/"))?;
+        }
+    }
+    Ok(())
+}
+
+/// Runs the unpacked kmod under another name (its `depmod`/`modprobe` links are absolute).
+pub fn kmod(root: &Path, as_name: &str) -> Command {
+    let mut cmd = Command::new(root.join("usr/bin/kmod"));
+    cmd.arg0(as_name);
+    let libdir = root.join("usr/lib/x86_64-linux-gnu");
+    if libdir.join("libkmod.so.2").exists() {
+        cmd.env("LD_LIBRARY_PATH", libdir);
+    }
+    cmd
+}
+
+fn depmod(root: &Path, release: &str) -> anyhow::Result<()> {
+    output(
+        kmod(root, "depmod")
+            .arg("-b")
+            .arg(root.join("usr"))
+            .arg(release),
+    )
+    .map(drop)
+    .context("depmod on the unpacked modules failed")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DEPENDS: &str = "\
+ipvsadm
+  Depends: lsb-base
+    sysvinit-utils
+  Depends: libc6
+  Depends: libnl-3-200
+  Depends: libnl-genl-3-200
+  Depends: libpopt0
+  Recommends: kmod
+linux-image-amd64
+  Depends: linux-image-6.1.0-56-amd64
+foo
+ |Depends: bar
+  Depends: baz
+  Depends: <awk>
+    mawk
+    gawk
+  PreDepends: python3:any
+  Suggests: quux
+";
+
+    #[test]
+    fn parses_apt_cache_depends() {
+        let m = parse_depends(DEPENDS);
+        let ipvsadm = &m["ipvsadm"];
+        assert_eq!(ipvsadm.len(), 5);
+        assert_eq!(ipvsadm[0][0].name, "lsb-base");
+        assert_eq!(ipvsadm[0][0].providers, ["sysvinit-utils"]);
+        assert_eq!(ipvsadm[4][0].name, "libpopt0");
+        assert_eq!(
+            m["linux-image-amd64"][0][0].name,
+            "linux-image-6.1.0-56-amd64"
+        );
+        let foo = &m["foo"];
+        assert_eq!(foo.len(), 3, "{foo:?}");
+        let names: Vec<_> = foo[0].iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(names, ["bar", "baz"]);
+        assert!(foo[1][0].virtual_);
+        assert_eq!(foo[1][0].name, "awk");
+        assert_eq!(foo[1][0].providers, ["mawk", "gawk"]);
+        assert_eq!(foo[2][0].name, "python3");
+    }
+
+    #[test]
+    fn closure_adds_only_missing_dependencies() {
+        let installed: HashSet<String> = ["libc6", "libnl-3-200", "sysvinit-utils"]
+            .into_iter()
+            .map(String::from)
+            .collect();
+        let got = closure(&["ipvsadm"], &installed, |pkgs| {
+            let mut m = parse_depends(DEPENDS);
+            m.retain(|k, _| pkgs.contains(k));
+            Ok(m)
+        })
+        .unwrap();
+        let got: Vec<_> = got.into_iter().collect();
+        assert_eq!(got, ["ipvsadm", "libnl-genl-3-200", "libpopt0"]);
+    }
+
+    #[test]
+    fn closure_picks_first_alternative_and_first_provider() {
+        let got = closure(&["foo"], &HashSet::new(), |pkgs| {
+            let mut m = parse_depends(DEPENDS);
+            m.retain(|k, _| pkgs.contains(k));
+            Ok(m)
+        })
+        .unwrap();
+        let got: Vec<_> = got.into_iter().collect();
+        assert_eq!(got, ["bar", "foo", "mawk", "python3"]);
+    }
+
+    #[test]
+    fn parses_apt_cache_policy() {
+        let p = "\
+linux-image-6.1.0-56-amd64:
+  Installed: (none)
+  Candidate: 6.1.192-2
+  Version table:
+ *** 6.1.192-2 500
+        500 http://deb.debian.org/debian-security bookworm-security/main amd64 Packages
+     6.1.176-1 500
+        500 http://deb.debian.org/debian bookworm/main amd64 Packages
+";
+        assert_eq!(parse_policy_candidate(p).as_deref(), Some("6.1.192-2"));
+        assert_eq!(parse_policy_versions(p), ["6.1.192-2", "6.1.176-1"]);
+        assert_eq!(parse_policy_candidate("x:\n  Candidate: (none)\n"), None);
+        assert!(parse_policy_versions("").is_empty());
+    }
+
+    #[test]
+    fn parses_dpkg_query() {
+        let s = parse_installed(
+            "libc6\tinstall ok installed\t\n\
+             mawk\tinstall ok installed\tawk\n\
+             kmod\tunknown ok not-installed\t\n\
+             libssl3:amd64\tinstall ok installed\tlibssl (= 3), foo\n",
+        );
+        for n in ["libc6", "mawk", "awk", "libssl3", "libssl", "foo"] {
+            assert!(s.contains(n), "{n}");
+        }
+        assert!(!s.contains("kmod"));
+    }
+
+    #[test]
+    fn release_from_package() {
+        assert_eq!(release_of(KERNEL_PACKAGE), Some("6.1.0-56-amd64"));
+        assert_eq!(release_of("linux-image-amd64"), None);
+        assert!(KERNEL_PACKAGE.starts_with(KERNEL_SERIES));
+    }
+}

@@ -1,0 +1,351 @@
+//! `cargo xtask vm-test`: the VM test tier. Boots a stock Debian 6.1 kernel under QEMU (software
+//! emulation unless the CPU has real VT-x/AMD-V) and runs one shell command inside it, as root, in
+//! one boot; its output and exit code come back to the host.
+//!
+//! The guest's root is the host's `/` (shared read-only over 9p, so host-built binaries run
+//! unchanged: same glibc, same paths), under the unpacked Debian packages the host lacks
+//! (kernel modules, kmod, ipvsadm, ...; see [`kernel`]), under a tmpfs that takes the writes. The
+//! command runs with the workspace as its working directory; a writable 9p share at `/clb-vm` in
+//! the guest carries the command script in and `output.log` / `rc` out. Facts and reasons:
+//! shared/VM-TIER.md.
+//!
+//! Running a host-built integration test binary inside:
+//! `cargo xtask vm-test --env RUST_LOG=debug -c 'target/debug/deps/integration-abc123 --test-threads=1'`
+//! (build it first with `cargo test --no-run`; any path under the host's `/` works).
+
+mod initramfs;
+mod kernel;
+mod qemu;
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+
+pub use kernel::{KERNEL_PACKAGE, KERNEL_VERSION};
+pub use qemu::Ending;
+
+/// The default command's script: the IPVS smoke scenario that proves the tier works.
+pub const SMOKE: &str = include_str!("smoke.sh");
+const STAGE2: &str = include_str!("stage2.sh");
+
+/// Debian packages the host needs for the VM tier, with the command each provides (for
+/// `setup::apt`).
+pub fn host_packages() -> &'static [(&'static str, &'static str)] {
+    &[
+        ("qemu-system-x86", "qemu-system-x86_64"),
+        ("busybox-static", "busybox"),
+    ]
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct VmArgs {
+    /// Shell command (bash) run as root inside the guest, in the workspace folder (the host's
+    /// path, shared read-only with a throwaway writable layer). Default: the IPVS smoke scenario.
+    #[arg(long, short = 'c')]
+    pub command: Option<String>,
+    /// Environment variable for the command, KEY=VALUE (repeatable).
+    #[arg(long = "env", short = 'e', value_name = "KEY=VALUE")]
+    pub env: Vec<String>,
+    /// Keep the run folder (console log, output, initramfs) and print where it is.
+    #[arg(long)]
+    pub keep: bool,
+    /// Hard limit on the whole boot; QEMU is killed after it.
+    #[arg(long, default_value_t = 900, value_name = "SECONDS")]
+    pub timeout: u64,
+}
+
+impl Default for VmArgs {
+    fn default() -> Self {
+        Self {
+            command: None,
+            env: Vec::new(),
+            keep: false,
+            timeout: 900,
+        }
+    }
+}
+
+/// What one boot produced.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// `uname -r` of the guest kernel.
+    pub kernel_release: String,
+    /// The command's exit code (None when the guest never ran it to the end).
+    pub exit_code: Option<i32>,
+    /// How QEMU ended.
+    pub ending: Ending,
+    /// The command's combined stdout and stderr.
+    pub output: String,
+    /// The whole serial console.
+    pub console_log: PathBuf,
+}
+
+/// The workspace root (the guest's working directory).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// Single-quotes `s` for sh/bash.
+pub fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// The guest's `cmd.sh`: exports, `cd` into the workspace, then the command.
+pub fn command_script(command: &str, env: &[String], cwd: &Path) -> anyhow::Result<String> {
+    let mut s = String::from("# written by cargo xtask vm-test\n");
+    for kv in env {
+        let (k, v) = kv
+            .split_once('=')
+            .with_context(|| format!("--env {kv:?} is not KEY=VALUE"))?;
+        if k.is_empty()
+            || k.starts_with(|c: char| c.is_ascii_digit())
+            || !k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        {
+            bail!("--env {kv:?}: {k:?} is not a variable name");
+        }
+        s.push_str(&format!("export {k}={}\n", shell_quote(v)));
+    }
+    s.push_str(&format!(
+        "cd {} || exit {}\n",
+        shell_quote(&cwd.display().to_string()),
+        qemu::INFRA_FAILURE
+    ));
+    s.push_str(command);
+    s.push('\n');
+    Ok(s)
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn have(cmd: &str) -> bool {
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .unwrap_or_default()
+        .into_iter()
+        .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/sbin")])
+        .any(|d| d.join(cmd).is_file())
+}
+
+/// Installs the host packages of [`host_packages`] whose command is missing.
+fn ensure_host_packages() -> anyhow::Result<()> {
+    let missing: Vec<&str> = host_packages()
+        .iter()
+        .filter(|(_, c)| !have(c))
+        .map(|(p, _)| *p)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    if !is_root() {
+        bail!(
+            "the VM tier needs {missing:?}: run `sudo cargo xtask setup` or apt-get install them"
+        );
+    }
+    eprintln!("vm: installing {missing:?}");
+    let install = || {
+        Command::new("apt-get")
+            .args(["install", "-y", "-qq", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()
+    };
+    if !install()?.success() {
+        Command::new("apt-get").args(["update", "-qq"]).status()?;
+        if !install()?.success() {
+            bail!("apt-get install {missing:?} failed");
+        }
+    }
+    Ok(())
+}
+
+/// Boots the guest once and runs `args.command` (or the smoke scenario) in it.
+pub fn boot(args: &VmArgs) -> anyhow::Result<Outcome> {
+    let kernel = kernel::ensure(&kernel::cache_root())?;
+    let run_dir = std::env::temp_dir().join(format!("clb-vm-{}", std::process::id()));
+    if run_dir.exists() {
+        std::fs::remove_dir_all(&run_dir)?;
+    }
+    let results = run_dir.join("results");
+    std::fs::create_dir_all(&results).with_context(|| format!("creating {}", results.display()))?;
+    let outcome = boot_in(args, &kernel, &run_dir, &results);
+    if !args.keep {
+        let _ = std::fs::remove_dir_all(&run_dir);
+    }
+    outcome
+}
+
+fn boot_in(
+    args: &VmArgs,
+    kernel: &kernel::Kernel,
+    run_dir: &Path,
+    results: &Path,
+) -> anyhow::Result<Outcome> {
+    let initrd = run_dir.join("initramfs.cpio");
+    initramfs::build(kernel, &initrd)?;
+    let command = match &args.command {
+        Some(c) => c.clone(),
+        None => {
+            std::fs::write(results.join("smoke.sh"), SMOKE)?;
+            "bash /clb-vm/smoke.sh".to_string()
+        }
+    };
+    std::fs::write(
+        results.join("cmd.sh"),
+        command_script(&command, &args.env, &workspace_root())?,
+    )?;
+    std::fs::write(results.join("stage2.sh"), STAGE2)?;
+    let boot = qemu::Boot {
+        accel: qemu::detect_accel(),
+        kernel: kernel.vmlinuz.clone(),
+        initrd,
+        cmdline: qemu::kernel_cmdline(&[]),
+        pkgs: kernel.root.clone(),
+        results: results.to_path_buf(),
+        memory: "1G",
+        cpus: 2,
+    };
+    eprintln!(
+        "vm: booting {} ({}={}) with {:?}",
+        kernel.release, kernel.package, kernel.version, boot.accel
+    );
+    // With --keep the log outlives the run folder's results share; it sits beside it.
+    let console_log = run_dir.join("console.log");
+    let ending = qemu::run(&boot, &console_log, Duration::from_secs(args.timeout))?;
+    let exit_code = std::fs::read_to_string(results.join("rc"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .or(match ending {
+            Ending::Reported(c) if c != qemu::INFRA_FAILURE => Some(c),
+            _ => None,
+        });
+    let output = std::fs::read_to_string(results.join("output.log")).unwrap_or_default();
+    Ok(Outcome {
+        kernel_release: kernel.release.clone(),
+        exit_code,
+        ending,
+        output,
+        console_log,
+    })
+}
+
+/// `cargo xtask vm-test`: boot, run, print PASS/FAIL; errors when the command did not exit 0.
+pub fn run(args: &VmArgs) -> anyhow::Result<()> {
+    let start = Instant::now();
+    ensure_host_packages()?;
+    let timeout = args.timeout;
+    let keep = VmArgs {
+        keep: true,
+        ..args.clone()
+    };
+    // Keep the run folder while deciding, so a failure can point at the console log.
+    let outcome = boot(&keep)?;
+    let run_dir = outcome
+        .console_log
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    let secs = start.elapsed().as_secs_f64();
+    println!(
+        "vm-test: kernel {} ({KERNEL_PACKAGE}={KERNEL_VERSION} pinned), {secs:.1} s",
+        outcome.kernel_release
+    );
+    let verdict = match (outcome.exit_code, &outcome.ending) {
+        (Some(0), _) => Ok(()),
+        (Some(c), _) => Err(format!("the command exited {c}")),
+        (None, Ending::Timeout) => Err(format!("timed out after {timeout} s; qemu was killed")),
+        (None, Ending::Reported(c)) if *c == qemu::INFRA_FAILURE => {
+            Err("the guest could not set up its root (see the vm-init lines above)".into())
+        }
+        (None, e) => Err(format!(
+            "the guest ended without reporting an exit code ({e:?}): kernel panic or init died"
+        )),
+    };
+    match verdict {
+        Ok(()) => {
+            println!("vm-test: PASS");
+            if args.keep {
+                eprintln!("vm: kept the run folder {}", run_dir.display());
+            } else {
+                let _ = std::fs::remove_dir_all(&run_dir);
+            }
+            Ok(())
+        }
+        Err(why) => {
+            println!("vm-test: FAIL: {why}");
+            bail!(
+                "vm-test failed: {why}; console log kept in {}",
+                outcome.console_log.display()
+            )
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quotes_for_the_shell() {
+        assert_eq!(shell_quote("a b"), "'a b'");
+        assert_eq!(shell_quote("it's"), r"'it'\''s'");
+        assert_eq!(shell_quote(""), "''");
+    }
+
+    #[test]
+    fn command_script_exports_and_cds() {
+        let s = command_script(
+            "target/debug/deps/it-123 --test-threads=1",
+            &["RUST_LOG=debug".into(), "X=a'b c".into()],
+            Path::new("/work/main"),
+        )
+        .unwrap();
+        assert_eq!(
+            s,
+            "# written by cargo xtask vm-test\n\
+             export RUST_LOG='debug'\n\
+             export X='a'\\''b c'\n\
+             cd '/work/main' || exit 125\n\
+             target/debug/deps/it-123 --test-threads=1\n"
+        );
+        assert!(command_script("true", &["NOEQUALS".into()], Path::new("/")).is_err());
+        assert!(command_script("true", &["1X=1".into()], Path::new("/")).is_err());
+        assert!(command_script("true", &["A-B=1".into()], Path::new("/")).is_err());
+    }
+
+    #[test]
+    fn host_packages_name_their_commands() {
+        let cmds: Vec<_> = host_packages().iter().map(|(_, c)| *c).collect();
+        assert_eq!(cmds, ["qemu-system-x86_64", "busybox"]);
+    }
+
+    #[test]
+    fn smoke_script_checks_what_the_tier_promises() {
+        for needle in [
+            "uname -r",
+            "modprobe ip_vs ip_vs_rr dummy",
+            "ipvsadm -Ln",
+            "/sys/kernel/btf/vmlinux",
+            "SKB_DROP_REASON_",
+        ] {
+            assert!(SMOKE.contains(needle), "{needle}");
+        }
+    }
+
+    /// Boots the real VM (slow under TCG, needs root and the Debian archive):
+    /// `cargo test -p xtask vm::tests::smoke_boot -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn smoke_boot() {
+        run(&VmArgs::default()).unwrap();
+    }
+}

@@ -1,0 +1,288 @@
+//! Running QEMU: accelerator choice, the command line, the console echo and log, the hard
+//! timeout, and decoding what the guest reported.
+
+use std::{
+    io::{BufRead as _, BufReader, Write as _},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+
+/// Prefix of every guest console line echoed on the host.
+pub const ECHO_PREFIX: &str = "vm| ";
+
+/// The exit code stage 1 reports when it cannot run the command at all.
+pub const INFRA_FAILURE: i32 = 125;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Accel {
+    Kvm,
+    Tcg,
+}
+
+/// KVM only on real VT-x/AMD-V: a nested PVM backend (`kvm-pvm` in dmesg, no vmx/svm) makes
+/// QEMU fail with MSR assertions, so everything else is software emulation.
+pub fn choose_accel(cpuinfo: &str, dmesg: &str, dev_kvm: bool) -> Accel {
+    let hw = cpuinfo
+        .lines()
+        .filter(|l| l.starts_with("flags"))
+        .any(|l| l.split_whitespace().any(|f| f == "vmx" || f == "svm"));
+    if dev_kvm && hw && !dmesg.contains("kvm-pvm") && !dmesg.contains("kvm_pvm") {
+        Accel::Kvm
+    } else {
+        Accel::Tcg
+    }
+}
+
+/// The accelerator for this machine (`CLB_VM_ACCEL=tcg|kvm` overrides).
+pub fn detect_accel() -> Accel {
+    match std::env::var("CLB_VM_ACCEL").as_deref() {
+        Ok("kvm") => return Accel::Kvm,
+        Ok("tcg") => return Accel::Tcg,
+        _ => {}
+    }
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let dmesg = Command::new("dmesg")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    let pvm_module = Path::new("/sys/module/kvm_pvm").exists();
+    let dmesg = if pvm_module {
+        format!("{dmesg}\nkvm-pvm")
+    } else {
+        dmesg
+    };
+    choose_accel(&cpuinfo, &dmesg, Path::new("/dev/kvm").exists())
+}
+
+/// The guest kernel's command line.
+pub fn kernel_cmdline(extra: &[&str]) -> String {
+    let mut args = vec![
+        "console=ttyS0",
+        "rdinit=/init",
+        // A dead PID 1 reboots at once, and -no-reboot turns that into qemu exiting.
+        "panic=-1",
+        "oops=panic",
+        "quiet",
+        "loglevel=4",
+        // Cheaper syscalls under software emulation; nothing here tests speculation.
+        "mitigations=off",
+        "8250.nr_uarts=1",
+    ];
+    args.extend_from_slice(extra);
+    args.join(" ")
+}
+
+/// Everything one boot needs.
+#[derive(Debug, Clone)]
+pub struct Boot {
+    pub accel: Accel,
+    pub kernel: PathBuf,
+    pub initrd: PathBuf,
+    pub cmdline: String,
+    /// Exported read-only as `pkgs` (the package layer).
+    pub pkgs: PathBuf,
+    /// Exported read-write as `results`.
+    pub results: PathBuf,
+    pub memory: &'static str,
+    pub cpus: u32,
+}
+
+/// qemu-system-x86_64's arguments for `boot`.
+pub fn qemu_args(boot: &Boot) -> Vec<String> {
+    let mut a: Vec<String> = Vec::new();
+    let mut push = |s: &str| a.push(s.to_string());
+    match boot.accel {
+        Accel::Kvm => {
+            push("-accel");
+            push("kvm");
+            push("-cpu");
+            push("host");
+        }
+        Accel::Tcg => {
+            push("-accel");
+            push("tcg,thread=multi");
+            push("-cpu");
+            push("max");
+        }
+    }
+    for s in [
+        "-m",
+        boot.memory,
+        "-smp",
+        &boot.cpus.to_string(),
+        "-nographic",
+        "-no-reboot",
+        "-nic",
+        "none",
+        "-kernel",
+    ] {
+        push(s);
+    }
+    a.push(boot.kernel.display().to_string());
+    a.push("-initrd".into());
+    a.push(boot.initrd.display().to_string());
+    a.push("-append".into());
+    a.push(boot.cmdline.clone());
+    let share = |path: &Path, tag: &str, ro: bool| {
+        format!(
+            "local,path={},mount_tag={tag},security_model=none,{}multidevs=remap",
+            path.display(),
+            if ro { "readonly=on," } else { "" }
+        )
+    };
+    for (path, tag, ro) in [
+        (Path::new("/"), "host", true),
+        (boot.pkgs.as_path(), "pkgs", true),
+        (boot.results.as_path(), "results", false),
+    ] {
+        a.push("-virtfs".into());
+        a.push(share(path, tag, ro));
+    }
+    a.push("-device".into());
+    a.push("isa-debug-exit,iobase=0xf4,iosize=0x04".into());
+    a
+}
+
+/// How the boot ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ending {
+    /// The guest reported this exit code through isa-debug-exit.
+    Reported(i32),
+    /// QEMU exited 0: the guest powered off or rebooted (panic) without reporting.
+    NoReport,
+    /// QEMU itself failed (bad arguments, missing accelerator, ...).
+    QemuError(i32),
+    /// QEMU was killed by a signal.
+    Signal,
+    /// The hard timeout fired and QEMU was killed.
+    Timeout,
+}
+
+/// Decodes QEMU's exit status: isa-debug-exit makes it exit with `value << 1 | 1`.
+pub fn decode_exit(code: Option<i32>) -> Ending {
+    match code {
+        None => Ending::Signal,
+        Some(0) => Ending::NoReport,
+        Some(c) if c & 1 == 1 => Ending::Reported(c >> 1),
+        Some(c) => Ending::QemuError(c),
+    }
+}
+
+/// Boots, echoes the console (prefixed) and writes it to `log`; kills QEMU after `timeout`.
+pub fn run(boot: &Boot, log: &Path, timeout: Duration) -> anyhow::Result<Ending> {
+    let args = qemu_args(boot);
+    let mut child = Command::new("qemu-system-x86_64")
+        .args(&args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting qemu-system-x86_64 (install qemu-system-x86: cargo xtask setup)")?;
+    let mut logf =
+        std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+    let stdout = child.stdout.take().context("qemu stdout")?;
+    let stderr = child.stderr.take().context("qemu stderr")?;
+    let echo = std::thread::spawn(move || {
+        let mut reader = BufReader::new(stdout);
+        let mut line = Vec::new();
+        let mut out = std::io::stdout();
+        while reader.read_until(b'\n', &mut line).unwrap_or(0) > 0 {
+            let text = String::from_utf8_lossy(&line);
+            let text = text.trim_end_matches(['\n', '\r']);
+            let _ = writeln!(logf, "{text}");
+            let _ = writeln!(out, "{ECHO_PREFIX}{text}");
+            line.clear();
+        }
+        let _ = logf.flush();
+    });
+    let err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut BufReader::new(stderr), &mut s);
+        s
+    });
+    let start = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait()? {
+            break Some(st);
+        }
+        if start.elapsed() >= timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let _ = echo.join();
+    let stderr = err.join().unwrap_or_default();
+    let Some(status) = status else {
+        return Ok(Ending::Timeout);
+    };
+    let ending = decode_exit(status.code());
+    if let Ending::QemuError(c) = ending {
+        bail!(
+            "qemu-system-x86_64 failed with exit code {c}: {}",
+            stderr.trim()
+        );
+    }
+    if !stderr.trim().is_empty() {
+        eprintln!("vm: qemu said: {}", stderr.trim());
+    }
+    Ok(ending)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decodes_isa_debug_exit() {
+        assert_eq!(decode_exit(Some(1)), Ending::Reported(0));
+        assert_eq!(decode_exit(Some(3)), Ending::Reported(1));
+        assert_eq!(decode_exit(Some(251)), Ending::Reported(125));
+        assert_eq!(decode_exit(Some(0)), Ending::NoReport);
+        assert_eq!(decode_exit(Some(2)), Ending::QemuError(2));
+        assert_eq!(decode_exit(None), Ending::Signal);
+    }
+
+    #[test]
+    fn accel_only_on_real_virtualisation() {
+        let vmx = "processor: 0\nflags\t\t: fpu vme vmx sse\n";
+        let none = "flags\t\t: fpu vme sse\n";
+        assert_eq!(choose_accel(vmx, "", true), Accel::Kvm);
+        assert_eq!(choose_accel(vmx, "", false), Accel::Tcg);
+        assert_eq!(choose_accel(none, "", true), Accel::Tcg);
+        assert_eq!(choose_accel(vmx, "[0.1] kvm-pvm: loaded", true), Accel::Tcg);
+    }
+
+    #[test]
+    fn cmdline_and_args() {
+        let c = kernel_cmdline(&["clb.test=1"]);
+        assert!(c.starts_with("console=ttyS0 rdinit=/init panic=-1"));
+        assert!(c.ends_with(" clb.test=1"));
+        let boot = Boot {
+            accel: Accel::Tcg,
+            kernel: "/c/vmlinuz".into(),
+            initrd: "/r/initramfs.cpio".into(),
+            cmdline: c,
+            pkgs: "/c/root".into(),
+            results: "/r/results".into(),
+            memory: "1G",
+            cpus: 2,
+        };
+        let a = qemu_args(&boot).join(" ");
+        assert!(a.starts_with("-accel tcg,thread=multi -cpu max -m 1G -smp 2 -nographic"));
+        assert!(a.contains(
+            "-virtfs local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap"
+        ));
+        assert!(a.contains(
+            "local,path=/c/root,mount_tag=pkgs,security_model=none,readonly=on,multidevs=remap"
+        ));
+        assert!(
+            a.contains("local,path=/r/results,mount_tag=results,security_model=none,multidevs=")
+        );
+        assert!(a.ends_with("-device isa-debug-exit,iobase=0xf4,iosize=0x04"));
+    }
+}
