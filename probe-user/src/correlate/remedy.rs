@@ -1,0 +1,146 @@
+//! Remedies, one option a line, specific to the confirmed cause. Written from the vendor
+//! notes in `shared/reference/` (summarized, not quoted).
+
+use std::net::IpAddr;
+
+use super::report::{Layer, Outcome, sock};
+use crate::event::Proto;
+
+/// LB health checks from the VIP, dropped because the VIP is a local address.
+pub(crate) fn healthcheck_blackhole(vip: IpAddr, node_port: u16) -> Vec<String> {
+    vec![
+        format!(
+            "Cause: the LB health-checks this node from its own VIP {vip}, and {vip} is bound on \
+             kube-ipvs0 here (kube-proxy in IPVS mode binds LoadBalancer ingress IPs so in-cluster \
+             calls short-circuit), so the kernel discards every check to NodePort {node_port} as a \
+             packet with a local (martian) source."
+        ),
+        "Have the LB send health checks from a source range that is not a VIP (a provider \
+         option: a dedicated health-check source range, e.g. turned on together with the \
+         provider's prevent-loopback Service annotation)."
+            .to_string(),
+        "Or stop binding the LB ingress IP on kube-ipvs0 (a kube-proxy build or Service \
+         annotation that publishes the LB as a hostname / skips the local binding, or \
+         status.loadBalancer.ingress[].ipMode: Proxy on Kubernetes versions that support it); \
+         in-cluster calls to the VIP then really go to the LB, so check for hairpin loopback \
+         afterwards."
+            .to_string(),
+        "Do not read the LB's health status as fine: when every check fails the LB treats all \
+         backends as alive, which hides this until a backend really fails and still gets \
+         traffic."
+            .to_string(),
+    ]
+}
+
+/// Inputs that select the hairpin remedy.
+pub(crate) struct HairpinCause<'a> {
+    pub pod: IpAddr,
+    pub vip: IpAddr,
+    pub vip_port: u16,
+    pub node: IpAddr,
+    pub node_port: u16,
+    pub layer: Layer,
+    pub outcome: Outcome,
+    pub drop_reason: Option<&'a str>,
+    /// The NodePort has `externalTrafficPolicy: Local` rules.
+    pub local_only: bool,
+    pub service: Option<&'a str>,
+    pub masquerade_rules: usize,
+}
+
+/// A pod's un-SNATed call to the LB VIP that the LB sent back to the same node.
+pub(crate) fn hairpin(c: &HairpinCause<'_>) -> Vec<String> {
+    let svc = c.service.unwrap_or("the Service");
+    let mut out = vec![format!(
+        "Cause: pod {} called the LB at {} and left the node without SNAT; the LB keeps the \
+         client address and picked this same node ({}) as backend, so the request looped back \
+         and the reply cannot return through the LB.",
+        c.pod,
+        sock(c.vip, c.vip_port),
+        sock(c.node, c.node_port)
+    )];
+    if c.local_only {
+        out.push(format!(
+            "NodePort {} ({svc}) uses externalTrafficPolicy: Local; its Local rules on this node \
+             let pod traffic to the LB leave unmasqueraded, which is why the pod address reached \
+             the LB (the same call from a cluster using Cluster policy is SNATed and the LB avoids \
+             the calling node).",
+            c.node_port
+        ));
+        out.push(format!(
+            "Set externalTrafficPolicy: Cluster on {svc} if the client source IP need not be \
+             preserved."
+        ));
+        out.push(format!(
+            "Or keep Local and add pod anti-affinity so callers never run on a node hosting \
+             {svc}'s backends (with Local the LB only sends to nodes that have backends)."
+        ));
+    }
+    out.push(format!(
+        "Call {svc} by its cluster DNS name (<name>.<namespace>.svc.cluster.local) or ClusterIP \
+         instead of the LB VIP {}; if callers are tied to a domain name, rewrite that name in \
+         cluster DNS (CoreDNS rewrite) to the Service or to an in-cluster ingress controller.",
+        c.vip
+    ));
+    out.push(format!(
+        "Masquerade (SNAT) pod traffic to the LB to the node IP ({} masquerade rule(s) found \
+         on this node): the LB then sees the node as the source and will not send the request back \
+         to it.",
+        c.masquerade_rules
+    ));
+    out.push(
+        "Or make the LB source-NAT toward backends (layer 7: the LB's SNAT/keepalive option, \
+         client IP then in X-Forwarded-For), or enable the provider's prevent-loopback option."
+            .to_string(),
+    );
+    out.push(match c.layer {
+        Layer::L7 => "Symptom to expect (layer 7): the LB gives up on this node after about 4 s \
+                      and retries another one, so requests are slow rather than failed; on a \
+                      one-node cluster they fail."
+            .to_string(),
+        Layer::L4 => "Symptom to expect (layer 4): the LB does not retry another node, so \
+                      connections hang or break intermittently; on a one-node cluster they \
+                      always fail."
+            .to_string(),
+    });
+    if c.outcome == Outcome::Dropped && c.drop_reason == Some("IP_RPFILTER") {
+        out.push(
+            "Relaxing rp_filter does not fix this: the packet would then reach the backend and \
+             the pod would reset the asymmetric reply instead."
+                .to_string(),
+        );
+    }
+    out
+}
+
+/// A VIP bound on kube-ipvs0 called on a port nothing on the node serves.
+pub(crate) fn vip_port_unserved(
+    vip: IpAddr,
+    port: u16,
+    proto: Proto,
+    owner: Option<&str>,
+) -> Vec<String> {
+    let owner = owner.map_or_else(|| "a Service".to_string(), str::to_string);
+    let refusal = match proto {
+        Proto::Udp => "answers with ICMP port unreachable",
+        _ => "answers with a TCP RST (connection refused)",
+    };
+    vec![
+        format!(
+            "Cause: {vip} is bound on kube-ipvs0 because {owner} uses it on other ports, so calls from this node \
+             or its pods to {} never leave the node and never reach the LB listener; nothing \
+             here serves port {port}/{}, so the kernel {refusal}.",
+            sock(vip, port),
+            proto.as_str()
+        ),
+        format!("If port {port} belongs to the cluster, add it to the Service's ports."),
+        "If the listener belongs to something outside the cluster, give it its own LB or \
+         address, separate from the one the Service uses."
+            .to_string(),
+        "Or keep kube-proxy from binding the LB address locally (provider annotation that \
+         publishes a hostname instead of the IP, or ipMode: Proxy), which sends in-cluster \
+         calls to the real LB and can then hairpin; or have in-cluster callers use another \
+         address for that listener."
+            .to_string(),
+    ]
+}

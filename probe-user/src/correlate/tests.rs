@@ -1,0 +1,972 @@
+//! Unit tests: every rule, its healthy twin, both event orders, aggregation, throttling,
+//! expiry and bounded memory.
+
+use std::net::IpAddr;
+
+use super::*;
+use crate::state::{NodePortEntry, ServiceEntry};
+
+const MS: u64 = 1_000_000;
+const S: u64 = 1_000 * MS;
+
+const LB_VIP: &str = "192.0.2.10"; // bound on kube-ipvs0 (blackhole / unserved)
+const EXT_VIP: &str = "203.0.113.80"; // LB VIP not bound locally (hairpin)
+const NODE: &str = "198.18.0.2";
+const POD: &str = "198.18.1.5";
+const POD_B: &str = "198.18.1.6";
+const CLIENT: &str = "198.51.100.7"; // outside the cluster
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn pkt(src: &str, sport: u16, dst: &str, dport: u16, st: Option<Tag>, dt: Option<Tag>) -> Packet {
+    Packet {
+        src: ip(src),
+        dst: ip(dst),
+        sport,
+        dport,
+        proto: Proto::Tcp,
+        tcp_flags: tcp_flags::SYN,
+        src_tag: st,
+        dst_tag: dt,
+    }
+}
+
+fn hc(sport: u16) -> Packet {
+    pkt(LB_VIP, sport, NODE, 30080, Some(Tag::Vip), Some(Tag::Node))
+}
+
+fn hp(sport: u16, dport: u16) -> Packet {
+    pkt(POD, sport, NODE, dport, Some(Tag::Pod), Some(Tag::Node))
+}
+
+fn suspect(ts: u64, p: &Packet) -> KernelEvent {
+    KernelEvent::Suspect {
+        ts_ns: ts,
+        nic: "eth0".into(),
+        packet: p.clone(),
+    }
+}
+
+fn drop_ev(ts: u64, p: &Packet, name: &str, code: u32, loc: Option<&str>) -> KernelEvent {
+    KernelEvent::Drop {
+        ts_ns: ts,
+        iface: Some("eth0".into()),
+        packet: p.clone(),
+        reason: DropReason {
+            code,
+            name: name.into(),
+        },
+        location: loc.map(Into::into),
+    }
+}
+
+fn local_source(ts: u64, p: &Packet) -> KernelEvent {
+    drop_ev(
+        ts,
+        p,
+        "IP_LOCAL_SOURCE",
+        89,
+        Some("ip_rcv_finish_core+0x2d5"),
+    )
+}
+
+fn egress(sport: u16, dst: &str, dport: u16, ts: u64) -> EgressRecord {
+    EgressRecord {
+        src: ip(POD),
+        sport,
+        dst: ip(dst),
+        dport,
+        proto: Proto::Tcp,
+        ts_ns: ts,
+        nic: "eth0".into(),
+    }
+}
+
+fn table() -> ServiceTable {
+    ServiceTable {
+        source: Some(ServiceSource::Ipvs),
+        services: vec![ServiceEntry {
+            vip: ip(LB_VIP),
+            port: 80,
+            proto: Proto::Tcp,
+            service: Some("default/web:http".into()),
+            backends: vec!["198.18.1.20:8080".into()],
+        }],
+        nodeports: vec![
+            NodePortEntry {
+                port: 30080,
+                proto: Proto::Tcp,
+                service: Some("default/web:http".into()),
+                local_only: false,
+            },
+            NodePortEntry {
+                port: 30081,
+                proto: Proto::Tcp,
+                service: Some("shop/cart:http".into()),
+                local_only: true,
+            },
+        ],
+        masquerade_rules: vec![
+            "-A KUBE-POSTROUTING -m mark --mark 0x4000/0x4000 -j MASQUERADE".into(),
+        ],
+    }
+}
+
+fn corr() -> Correlator {
+    let mut c = Correlator::new(CorrelatorConfig::default());
+    c.set_services(table());
+    c
+}
+
+fn reports(outs: &[Output]) -> Vec<Report> {
+    outs.iter()
+        .filter_map(|o| match o {
+            Output::Report(r) => Some(r.clone()),
+            Output::Query(_) => None,
+        })
+        .collect()
+}
+
+fn queries(outs: &[Output]) -> Vec<Query> {
+    outs.iter()
+        .filter_map(|o| match o {
+            Output::Query(q) => Some(q.clone()),
+            Output::Report(_) => None,
+        })
+        .collect()
+}
+
+fn only_query(outs: &[Output]) -> Query {
+    let q = queries(outs);
+    assert_eq!(q.len(), 1, "expected one query in {outs:?}");
+    assert!(reports(outs).is_empty(), "unexpected report in {outs:?}");
+    q[0].clone()
+}
+
+fn only_report(outs: &[Output]) -> Report {
+    let r = reports(outs);
+    assert_eq!(r.len(), 1, "expected one report in {outs:?}");
+    r[0].clone()
+}
+
+fn invariants(c: &Correlator) {
+    let s = c.stats();
+    assert_eq!(
+        s.suspects_seen.total(),
+        s.suspects_confirmed + s.suspects_unconfirmed + s.pending_suspects,
+        "suspect accounting: {s:#?}"
+    );
+    assert_eq!(
+        s.drops_seen,
+        s.drops_confirming + s.drops_unmatched + s.pending_drops,
+        "drop accounting: {s:#?}"
+    );
+    assert!(s.pending as usize <= c.config().max_pending);
+}
+
+fn has_line(lines: &[String], needle: &str) -> bool {
+    lines.iter().any(|l| l.contains(needle))
+}
+
+fn ct(orig: Tuple, snat: bool, state: Option<&str>) -> ConntrackEntry {
+    let reply = Tuple {
+        src: orig.dst,
+        dst: orig.src,
+        sport: orig.dport,
+        dport: orig.sport,
+        proto: orig.proto,
+    };
+    ConntrackEntry {
+        orig,
+        reply,
+        snat,
+        dnat: false,
+        seen_reply: false,
+        tcp_state: state.map(Into::into),
+    }
+}
+
+// ----- healthcheck_blackhole -------------------------------------------------------------------
+
+#[test]
+fn blackhole_drop_alone_confirms() {
+    let mut c = corr();
+    let r = only_report(&c.ingest(local_source(S, &hc(41000))));
+    let e = &r.event;
+    assert!(r.is_new && r.write_json);
+    assert_eq!(e.kind, LoopbackKind::HealthcheckBlackhole);
+    assert_eq!(e.src, ip(LB_VIP));
+    assert_eq!(e.dst, ip(NODE));
+    assert_eq!(e.dst_port, 30080);
+    assert_eq!(e.vip, Some(ip(LB_VIP)));
+    assert_eq!(e.vip_port, None);
+    assert_eq!(e.drop_reason.as_deref(), Some("IP_LOCAL_SOURCE"));
+    assert_eq!(e.outcome, Outcome::Dropped);
+    assert_eq!(e.snat, SnatState::Unknown);
+    assert_eq!(e.service.as_deref(), Some("default/web"));
+    assert_eq!(e.nic.as_deref(), Some("eth0"));
+    assert_eq!(e.count, 1);
+    assert!(has_line(&e.evidence, "kfree_skb"));
+    assert!(has_line(
+        &e.evidence,
+        "NodePort 30080/tcp belongs to default/web"
+    ));
+    assert!(has_line(&e.remedy, "kube-ipvs0"));
+    assert!(has_line(&e.remedy, "health checks from a source range"));
+    assert!(has_line(&e.remedy, "all backends as alive"));
+    invariants(&c);
+    assert_eq!(c.stats().confirmed.healthcheck_blackhole, 1);
+}
+
+#[test]
+fn blackhole_suspect_then_drop() {
+    let mut c = corr();
+    assert!(c.ingest(suspect(S, &hc(41000))).is_empty());
+    assert_eq!(c.stats().pending_suspects, 1);
+    let r = only_report(&c.ingest(local_source(S + 50_000, &hc(41000))));
+    assert!(has_line(&r.event.evidence, "tc ingress on eth0"));
+    c.tick(10 * S);
+    let s = c.stats();
+    assert_eq!((s.suspects_confirmed, s.suspects_unconfirmed), (1, 0));
+    invariants(&c);
+}
+
+#[test]
+fn blackhole_drop_then_suspect() {
+    let mut c = corr();
+    let r = only_report(&c.ingest(local_source(S, &hc(41000))));
+    assert!(!has_line(&r.event.evidence, "tc ingress"));
+    assert!(c.ingest(suspect(S + 10_000, &hc(41000))).is_empty());
+    c.tick(10 * S);
+    let s = c.stats();
+    assert_eq!((s.suspects_confirmed, s.suspects_unconfirmed), (1, 0));
+    assert_eq!(s.confirmed.healthcheck_blackhole, 1);
+    // The late suspect's evidence is in the aggregate, seen on the next repeat.
+    let r2 = only_report(&c.ingest(local_source(11 * S, &hc(41001))));
+    assert_eq!(r2.event.count, 2);
+    invariants(&c);
+}
+
+#[test]
+fn blackhole_debian61_not_specified_at_route_input() {
+    let mut c = corr();
+    let p = hc(41000);
+    let r = only_report(&c.ingest(drop_ev(
+        S,
+        &p,
+        "NOT_SPECIFIED",
+        1,
+        Some("ip_rcv_finish_core.constprop.0+0x1ab"),
+    )));
+    assert_eq!(r.event.drop_reason.as_deref(), Some("NOT_SPECIFIED"));
+    assert!(has_line(&r.event.evidence, "route-input site"));
+    invariants(&c);
+}
+
+#[test]
+fn blackhole_unspecific_drop_elsewhere_is_not_confirmed() {
+    let mut c = corr();
+    let p = hc(41000);
+    assert!(c.ingest(suspect(S, &p)).is_empty());
+    assert!(
+        c.ingest(drop_ev(
+            S + 1,
+            &p,
+            "NOT_SPECIFIED",
+            1,
+            Some("sk_stream_kill_queues+0x50")
+        ))
+        .is_empty()
+    );
+    assert!(
+        c.ingest(drop_ev(S + 2, &p, "NOT_SPECIFIED", 1, None))
+            .is_empty()
+    );
+    assert!(
+        c.ingest(drop_ev(S + 3, &p, "NETFILTER_DROP", 7, None))
+            .is_empty()
+    );
+    c.tick(10 * S);
+    let s = c.stats();
+    assert_eq!(s.confirmed, KindCounts::default());
+    assert_eq!((s.suspects_unconfirmed, s.drops_unmatched), (1, 3));
+    invariants(&c);
+}
+
+#[test]
+fn blackhole_suspect_alone_is_only_counted() {
+    let mut c = corr();
+    assert!(c.ingest(suspect(S, &hc(41000))).is_empty());
+    assert!(c.tick(S + 2 * S - 1).is_empty());
+    assert_eq!(c.stats().pending_suspects, 1);
+    assert!(c.tick(S + 2 * S + 1).is_empty());
+    let s = c.stats();
+    assert_eq!(
+        (s.suspects_seen.vip, s.suspects_unconfirmed, s.pending),
+        (1, 1, 0)
+    );
+    invariants(&c);
+}
+
+#[test]
+fn blackhole_drop_without_iface_waits_for_suspect() {
+    let mut c = corr();
+    let p = hc(41000);
+    let mut d = local_source(S, &p);
+    if let KernelEvent::Drop { iface, .. } = &mut d {
+        *iface = None;
+    }
+    assert!(c.ingest(d.clone()).is_empty());
+    let r = only_report(&c.ingest(suspect(S + 1000, &p)));
+    assert_eq!(r.event.nic.as_deref(), Some("eth0"));
+    invariants(&c);
+    // Without a suspect it stays unconfirmed.
+    let mut c = corr();
+    assert!(c.ingest(d).is_empty());
+    assert!(c.tick(10 * S).is_empty());
+    assert_eq!(c.stats().drops_unmatched, 1);
+    invariants(&c);
+}
+
+#[test]
+fn blackhole_suspect_outside_pair_window_does_not_pair() {
+    let mut c = corr();
+    assert!(c.ingest(suspect(S, &hc(41000))).is_empty());
+    let r = only_report(&c.ingest(local_source(S + 3 * S, &hc(41000))));
+    assert!(!has_line(&r.event.evidence, "tc ingress"));
+}
+
+// ----- aggregation and the JSON throttle --------------------------------------------------------
+
+#[test]
+fn repeats_aggregate_and_json_is_throttled() {
+    let mut c = corr();
+    let mut got = Vec::new();
+    for (i, t) in [0, S, 2 * S, 10 * S, 11 * S, 21 * S].iter().enumerate() {
+        let r = only_report(&c.ingest(local_source(S + t, &hc(41000 + i as u16))));
+        got.push((r.event.count, r.is_new, r.write_json));
+        assert_eq!(r.event.src_port, 41000 + i as u16);
+        assert_eq!(r.event.first_seen_ns, S);
+        assert_eq!(r.event.last_seen_ns, S + t);
+    }
+    assert_eq!(
+        got,
+        vec![
+            (1, true, true),
+            (2, false, false),
+            (3, false, false),
+            (4, false, true), // 10 s after the first line
+            (5, false, false),
+            (6, false, true),
+        ]
+    );
+    assert_eq!(c.stats().confirmed.healthcheck_blackhole, 6);
+    assert_eq!(c.stats().aggregates, 1);
+}
+
+#[test]
+fn different_nodeports_are_different_aggregates() {
+    let mut c = corr();
+    let a = only_report(&c.ingest(local_source(S, &hc(41000))));
+    let mut p = hc(41001);
+    p.dport = 30081;
+    let b = only_report(&c.ingest(local_source(S + 1, &p)));
+    assert!(a.is_new && b.is_new);
+    assert_ne!(a.event.key, b.event.key);
+    assert_eq!(b.event.service.as_deref(), Some("shop/cart"));
+}
+
+#[test]
+fn aggregates_expire_and_are_bounded() {
+    let cfg = CorrelatorConfig {
+        max_aggregates: 2,
+        aggregate_ttl_ns: 60 * S,
+        ..Default::default()
+    };
+    let mut c = Correlator::new(cfg);
+    c.set_services(table());
+    for port in [30001, 30002, 30003] {
+        let mut p = hc(41000);
+        p.dport = port;
+        assert!(only_report(&c.ingest(local_source(S + u64::from(port), &p))).is_new);
+    }
+    assert_eq!(c.stats().aggregates, 2);
+    assert_eq!(c.stats().aggregates_evicted, 1);
+    c.tick(200 * S);
+    assert_eq!(c.stats().aggregates, 0);
+    let r = only_report(&c.ingest(local_source(201 * S, &hc(41000))));
+    assert!(r.is_new && r.event.count == 1);
+}
+
+#[test]
+fn event_json_contract() {
+    let mut c = corr();
+    let r = only_report(&c.ingest(local_source(S, &hc(41000))));
+    let v = serde_json::to_value(&r.event).unwrap();
+    for k in [
+        "kind",
+        "src",
+        "src_port",
+        "dst",
+        "dst_port",
+        "vip",
+        "vip_port",
+        "proto",
+        "drop_reason",
+        "snat",
+        "outcome",
+        "count",
+        "evidence",
+        "remedy",
+        "first_seen_ns",
+        "last_seen_ns",
+        "nic",
+        "service",
+        "layer",
+    ] {
+        assert!(v.get(k).is_some(), "missing key {k} in {v}");
+    }
+    assert_eq!(v["kind"], "healthcheck_blackhole");
+    assert_eq!(v["snat"], "unknown");
+    assert_eq!(v["outcome"], "dropped");
+    assert_eq!(v["proto"], "tcp");
+    assert_eq!(v["vip_port"], serde_json::Value::Null);
+    assert_eq!(v["layer"], serde_json::Value::Null);
+    assert_eq!(v["src"], LB_VIP);
+    let back: LoopbackEvent = serde_json::from_value(v).unwrap();
+    assert_eq!(back, r.event);
+}
+
+// ----- hairpin ---------------------------------------------------------------------------------
+
+/// Drives a hairpin suspect through the egress and SNAT look-ups.
+fn hairpin_to_settling(c: &mut Correlator, ts: u64, p: &Packet, records: Vec<EgressRecord>) {
+    let q = only_query(&c.ingest(suspect(ts, p)));
+    let Query::Egress { id, src } = q else {
+        panic!("expected an egress query, got {q:?}");
+    };
+    assert_eq!(src, p.src);
+    let q = only_query(&c.answer(Answer::Egress { id, records }));
+    let Query::Conntrack { id, tuple } = q else {
+        panic!("expected a conntrack query, got {q:?}");
+    };
+    assert_eq!(tuple.src, p.src);
+    let entry = ct(tuple, false, Some("SYN_SENT"));
+    assert!(
+        c.answer(Answer::Conntrack {
+            id,
+            entry: Some(entry)
+        })
+        .is_empty()
+    );
+}
+
+#[test]
+fn hairpin_l4_dropped_by_rpfilter_local_policy() {
+    let mut c = corr();
+    let p = hp(40001, 30081);
+    let t0 = 5 * S;
+    hairpin_to_settling(
+        &mut c,
+        t0,
+        &p,
+        vec![egress(40001, EXT_VIP, 80, t0 - 2 * MS)],
+    );
+    let r = only_report(&c.ingest(drop_ev(t0 + 50_000, &p, "IP_RPFILTER", 16, None)));
+    let e = &r.event;
+    assert_eq!(e.kind, LoopbackKind::Hairpin);
+    assert_eq!(e.layer, Some(Layer::L4));
+    assert_eq!((e.src, e.src_port), (ip(POD), 40001));
+    assert_eq!((e.dst, e.dst_port), (ip(NODE), 30081));
+    assert_eq!((e.vip, e.vip_port), (Some(ip(EXT_VIP)), Some(80)));
+    assert_eq!(e.snat, SnatState::No);
+    assert_eq!(e.outcome, Outcome::Dropped);
+    assert_eq!(e.drop_reason.as_deref(), Some("IP_RPFILTER"));
+    assert_eq!(e.service.as_deref(), Some("shop/cart"));
+    assert!(has_line(&e.evidence, "EGRESS_FLOWS"));
+    assert!(has_line(&e.evidence, "conntrack (egress flow)"));
+    assert!(has_line(&e.evidence, "externalTrafficPolicy: Local"));
+    assert!(has_line(&e.remedy, "externalTrafficPolicy: Cluster"));
+    assert!(has_line(&e.remedy, "anti-affinity"));
+    assert!(has_line(&e.remedy, "layer 4"));
+    assert!(has_line(&e.remedy, "rp_filter"));
+    let s = c.stats();
+    assert_eq!((s.suspects_confirmed, s.drops_confirming), (1, 1));
+    assert_eq!(s.confirmed.hairpin, 1);
+    invariants(&c);
+}
+
+#[test]
+fn hairpin_drop_before_suspect() {
+    let mut c = corr();
+    let p = hp(40001, 30081);
+    let t0 = 5 * S;
+    assert!(
+        c.ingest(drop_ev(
+            t0,
+            &p,
+            "IP_RPFILTER",
+            16,
+            Some("ip_rcv_finish_core+0x1")
+        ))
+        .is_empty()
+    );
+    assert_eq!(c.stats().pending_drops, 1);
+    let q = only_query(&c.ingest(suspect(t0 + 1000, &p)));
+    let Query::Egress { id, .. } = q else {
+        panic!()
+    };
+    let q = only_query(&c.answer(Answer::Egress {
+        id,
+        records: vec![egress(40001, EXT_VIP, 80, t0 - MS)],
+    }));
+    let r = only_report(&c.answer(Answer::Conntrack {
+        id: q.id(),
+        entry: None,
+    }));
+    assert_eq!(r.event.outcome, Outcome::Dropped);
+    assert!(has_line(&r.event.evidence, "no entry for the egress flow"));
+    invariants(&c);
+}
+
+#[test]
+fn hairpin_l7_reset_generic_remedy() {
+    let mut c = corr();
+    let p = hp(52000, 30080);
+    let t0 = 5 * S;
+    hairpin_to_settling(
+        &mut c,
+        t0,
+        &p,
+        vec![egress(41000, EXT_VIP, 443, t0 - 30 * MS)],
+    );
+    assert!(c.tick(t0 + S).is_empty());
+    let q = only_query(&c.tick(t0 + 1_500 * MS));
+    let Query::Conntrack { id, tuple } = q else {
+        panic!()
+    };
+    assert_eq!(tuple, tuple_of(&p));
+    let mut e = ct(tuple, false, Some("CLOSE"));
+    e.dnat = true;
+    e.seen_reply = true;
+    let r = only_report(&c.answer(Answer::Conntrack { id, entry: Some(e) }));
+    let e = &r.event;
+    assert_eq!(e.layer, Some(Layer::L7));
+    assert_eq!(e.outcome, Outcome::Reset);
+    assert_eq!((e.vip, e.vip_port), (Some(ip(EXT_VIP)), Some(443)));
+    assert_eq!(e.drop_reason, None);
+    assert!(has_line(&e.evidence, "state CLOSE"));
+    assert!(!has_line(&e.remedy, "externalTrafficPolicy"));
+    assert!(has_line(&e.remedy, "DNS name"));
+    assert!(has_line(&e.remedy, "Masquerade"));
+    assert!(has_line(&e.remedy, "about 4 s"));
+    invariants(&c);
+}
+
+#[test]
+fn hairpin_no_reply_and_unanswered_outcome() {
+    let mut c = corr();
+    let p = hp(52000, 30080);
+    hairpin_to_settling(
+        &mut c,
+        5 * S,
+        &p,
+        vec![egress(52000, EXT_VIP, 80, 5 * S - MS)],
+    );
+    let q = only_query(&c.tick(7 * S));
+    let r = only_report(&c.answer(Answer::Conntrack {
+        id: q.id(),
+        entry: Some(ct(tuple_of(&p), false, Some("SYN_RECV"))),
+    }));
+    assert_eq!(r.event.outcome, Outcome::NoReply);
+
+    // Unanswered: no_reply once the query expires.
+    let p2 = hp(52001, 30080);
+    hairpin_to_settling(
+        &mut c,
+        20 * S,
+        &p2,
+        vec![egress(52001, EXT_VIP, 80, 20 * S - MS)],
+    );
+    let _q = only_query(&c.tick(22 * S));
+    assert!(c.tick(26 * S).is_empty());
+    let r = only_report(&c.tick(28 * S));
+    assert_eq!(r.event.outcome, Outcome::NoReply);
+    assert_eq!(r.event.count, 2);
+    assert!(has_line(&r.event.evidence, "not answered"));
+    assert_eq!(c.stats().queries_expired, 1);
+    invariants(&c);
+}
+
+#[test]
+fn hairpin_drop_during_settle_wins() {
+    let mut c = corr();
+    let p = hp(40001, 30080);
+    hairpin_to_settling(
+        &mut c,
+        5 * S,
+        &p,
+        vec![egress(40001, EXT_VIP, 80, 5 * S - MS)],
+    );
+    let r = only_report(&c.ingest(drop_ev(5 * S + S, &p, "IP_RPFILTER", 16, None)));
+    assert_eq!(r.event.outcome, Outcome::Dropped);
+    // Nothing further for that flow.
+    assert!(c.tick(20 * S).is_empty());
+    invariants(&c);
+}
+
+#[test]
+fn l4_preferred_and_l7_takes_latest_non_local() {
+    let mut c = corr();
+    // A pod-to-pod packet teaches the correlator that POD_B is local.
+    c.learn(&pkt(POD_B, 1, NODE, 2, Some(Tag::Pod), Some(Tag::Node)));
+    let t0 = 50 * S;
+    let f = |sport| Flow {
+        seq: 0,
+        ts: t0,
+        nic: "eth0".into(),
+        packet: hp(sport, 30080),
+        n_suspects: 1,
+        stage: Stage::AwaitEgress,
+        drop: None,
+        n_drops: 0,
+        egress: None,
+        evidence: vec![],
+    };
+    let recs = vec![
+        egress(40001, EXT_VIP, 80, t0 - 5 * S),
+        egress(40002, "203.0.113.81", 443, t0 - 2 * S),
+        egress(40003, POD_B, 8080, t0 - S), // local pod: not an LB
+        egress(40004, NODE, 30080, t0 - S / 2), // the node itself
+        egress(40005, "203.0.113.82", 80, t0 + 1), // after the suspect
+        egress(40006, "203.0.113.83", 80, t0 - 11 * S), // outside l7_window
+    ];
+    let m = c.match_egress(&f(40001), &recs).unwrap();
+    assert_eq!((m.layer, m.record.sport), (Layer::L4, 40001));
+    let m = c.match_egress(&f(50000), &recs).unwrap();
+    assert_eq!((m.layer, m.record.dst), (Layer::L7, ip("203.0.113.81")));
+    // Only local / out-of-window records: no match.
+    assert!(c.match_egress(&f(50000), &recs[2..]).is_none());
+    // A same-port record out of the window is not layer 4.
+    let m = c.match_egress(&f(40006), &recs).unwrap();
+    assert_eq!(m.layer, Layer::L7);
+    // Protocol must match.
+    let mut udp = egress(40001, EXT_VIP, 80, t0 - MS);
+    udp.proto = Proto::Udp;
+    assert!(c.match_egress(&f(40001), &[udp]).is_none());
+}
+
+#[test]
+fn healthy_snated_egress_is_not_hairpin() {
+    let mut c = corr();
+    let p = hp(40001, 30080);
+    let q = only_query(&c.ingest(suspect(5 * S, &p)));
+    let q = only_query(&c.answer(Answer::Egress {
+        id: q.id(),
+        records: vec![egress(40001, EXT_VIP, 80, 5 * S - MS)],
+    }));
+    let Query::Conntrack { id, tuple } = q else {
+        panic!()
+    };
+    assert!(
+        c.answer(Answer::Conntrack {
+            id,
+            entry: Some(ct(tuple, true, Some("SYN_SENT")))
+        })
+        .is_empty()
+    );
+    assert!(
+        c.ingest(drop_ev(5 * S + 1, &p, "IP_RPFILTER", 16, None))
+            .is_empty()
+    );
+    assert!(c.tick(30 * S).is_empty());
+    let s = c.stats();
+    assert_eq!(s.confirmed, KindCounts::default());
+    assert_eq!((s.hairpin_snat_seen, s.suspects_unconfirmed), (1, 1));
+    invariants(&c);
+}
+
+#[test]
+fn healthy_no_egress_record_is_not_hairpin() {
+    let mut c = corr();
+    let q = only_query(&c.ingest(suspect(5 * S, &hp(40001, 30080))));
+    assert!(
+        c.answer(Answer::Egress {
+            id: q.id(),
+            records: vec![]
+        })
+        .is_empty()
+    );
+    assert!(c.tick(30 * S).is_empty());
+    let s = c.stats();
+    assert_eq!(
+        (s.hairpin_no_egress, s.suspects_unconfirmed, s.pending),
+        (1, 1, 0)
+    );
+    invariants(&c);
+}
+
+#[test]
+fn healthy_ordinary_pod_traffic_is_not_hairpin() {
+    let mut c = corr();
+    // The pod's only un-SNATed egress went to another pod / the node: not through an LB.
+    c.learn(&pkt(POD_B, 1, NODE, 2, Some(Tag::Pod), Some(Tag::Node)));
+    let q = only_query(&c.ingest(suspect(5 * S, &hp(50000, 30080))));
+    assert!(
+        c.answer(Answer::Egress {
+            id: q.id(),
+            records: vec![egress(41000, POD_B, 8080, 5 * S - MS)]
+        })
+        .is_empty()
+    );
+    // A pod packet dropped for an unrelated reason, with no suspect.
+    let other = pkt(POD, 1234, NODE, 22, Some(Tag::Pod), Some(Tag::Node));
+    assert!(
+        c.ingest(drop_ev(6 * S, &other, "TCP_CSUM", 4, None))
+            .is_empty()
+    );
+    assert!(c.tick(30 * S).is_empty());
+    assert_eq!(c.stats().confirmed, KindCounts::default());
+    assert_eq!(c.stats().drops_unmatched, 1);
+    invariants(&c);
+}
+
+#[test]
+fn healthy_outside_client_through_nodeport() {
+    let mut c = corr();
+    // An outside client's packets carry no local tag; if one is dropped it confirms nothing.
+    let p = pkt(CLIENT, 50000, NODE, 30080, None, Some(Tag::Node));
+    assert!(c.ingest(suspect(S, &p)).is_empty());
+    assert!(
+        c.ingest(drop_ev(S + 1, &p, "NO_SOCKET", 3, None))
+            .is_empty()
+    );
+    assert!(
+        c.ingest(drop_ev(S + 2, &p, "IP_LOCAL_SOURCE", 89, None))
+            .is_empty()
+    );
+    // A node-sourced suspect has no rule either.
+    let n = pkt(NODE, 1, NODE, 30080, Some(Tag::Node), Some(Tag::Node));
+    assert!(c.ingest(suspect(S + 3, &n)).is_empty());
+    c.tick(30 * S);
+    let s = c.stats();
+    assert_eq!(s.confirmed, KindCounts::default());
+    assert_eq!((s.suspects_seen.untagged, s.suspects_seen.node), (1, 1));
+    assert_eq!(s.suspects_unconfirmed, 2);
+    invariants(&c);
+}
+
+#[test]
+fn egress_query_is_shared_and_may_be_answered_late() {
+    let mut c = corr();
+    let a = hp(50000, 30080);
+    let b = hp(50001, 30080);
+    let q = only_query(&c.ingest(suspect(5 * S, &a)));
+    // Another suspect of the same pod and an unrelated event arrive before the answer.
+    assert!(c.ingest(suspect(5 * S + MS, &b)).is_empty());
+    assert!(c.ingest(suspect(5 * S + 2 * MS, &a)).is_empty()); // retransmit: folded in
+    let outs = c.answer(Answer::Egress {
+        id: q.id(),
+        records: vec![egress(41000, EXT_VIP, 443, 5 * S - 10 * MS)],
+    });
+    let qs = queries(&outs);
+    assert_eq!(qs.len(), 2);
+    for q in qs {
+        let Query::Conntrack { id, tuple } = q else {
+            panic!()
+        };
+        c.answer(Answer::Conntrack {
+            id,
+            entry: Some(ct(tuple, false, None)),
+        });
+    }
+    let outs = c.tick(7 * S);
+    let qs = queries(&outs);
+    assert_eq!(qs.len(), 2);
+    let mut n = Vec::new();
+    for q in qs {
+        let r = only_report(&c.answer(Answer::Conntrack {
+            id: q.id(),
+            entry: None,
+        }));
+        n.push((r.event.count, r.is_new));
+    }
+    assert_eq!(n, vec![(1, true), (2, false)]);
+    assert_eq!(c.stats().suspects_confirmed, 3);
+    invariants(&c);
+}
+
+#[test]
+fn unanswered_egress_query_expires_and_late_answer_is_stale() {
+    let mut c = corr();
+    let q = only_query(&c.ingest(suspect(5 * S, &hp(50000, 30080))));
+    assert!(c.tick(9 * S).is_empty());
+    assert_eq!(c.stats().pending, 1);
+    assert!(c.tick(11 * S).is_empty());
+    let s = c.stats().clone();
+    assert_eq!(
+        (s.queries_expired, s.pending, s.hairpin_no_egress),
+        (1, 0, 1)
+    );
+    assert!(
+        c.answer(Answer::Egress {
+            id: q.id(),
+            records: vec![egress(50000, EXT_VIP, 80, 5 * S - 1)]
+        })
+        .is_empty()
+    );
+    assert_eq!(c.stats().answers_stale, 1);
+    assert!(c.queries.is_empty() && c.egress_inflight.is_empty() && c.flows.is_empty());
+    invariants(&c);
+}
+
+// ----- vip_port_unserved -----------------------------------------------------------------------
+
+fn to_vip(port: u16, proto: Proto) -> Packet {
+    let mut p = pkt(POD, 45000, LB_VIP, port, Some(Tag::Pod), Some(Tag::Vip));
+    p.proto = proto;
+    p
+}
+
+#[test]
+fn unserved_vip_port_refused() {
+    let mut c = corr();
+    let r = only_report(&c.ingest(drop_ev(S, &to_vip(443, Proto::Tcp), "NO_SOCKET", 3, None)));
+    let e = &r.event;
+    assert_eq!(e.kind, LoopbackKind::VipPortUnserved);
+    assert_eq!((e.vip, e.vip_port), (Some(ip(LB_VIP)), Some(443)));
+    assert_eq!(e.outcome, Outcome::Refused);
+    assert_eq!(e.service.as_deref(), Some("default/web"));
+    assert!(has_line(&e.evidence, "no entry for 192.0.2.10:443/tcp"));
+    assert!(has_line(&e.evidence, "served on 80/tcp (default/web:http)"));
+    assert!(has_line(&e.remedy, "add it to the Service's ports"));
+    assert!(has_line(&e.remedy, "its own LB"));
+    // Another client, same port: same aggregate.
+    let mut p = to_vip(443, Proto::Tcp);
+    p.src = ip(POD_B);
+    let r = only_report(&c.ingest(drop_ev(2 * S, &p, "NO_SOCKET", 3, None)));
+    assert_eq!((r.event.count, r.event.src), (2, ip(POD_B)));
+    invariants(&c);
+}
+
+#[test]
+fn unserved_udp_says_port_unreachable() {
+    let mut c = corr();
+    let r = only_report(&c.ingest(drop_ev(S, &to_vip(53, Proto::Udp), "NO_SOCKET", 3, None)));
+    assert_eq!(r.event.outcome, Outcome::Refused);
+    assert!(has_line(&r.event.evidence, "ICMP port unreachable"));
+    assert!(has_line(&r.event.remedy, "ICMP port unreachable"));
+}
+
+#[test]
+fn served_vip_port_is_not_reported() {
+    let mut c = corr();
+    assert!(
+        c.ingest(drop_ev(S, &to_vip(80, Proto::Tcp), "NO_SOCKET", 3, None))
+            .is_empty()
+    );
+    // Not a no-socket reason: nothing either.
+    assert!(
+        c.ingest(drop_ev(
+            S,
+            &to_vip(443, Proto::Tcp),
+            "NETFILTER_DROP",
+            7,
+            None
+        ))
+        .is_empty()
+    );
+    assert_eq!(c.stats().confirmed, KindCounts::default());
+    invariants(&c);
+}
+
+#[test]
+fn unserved_without_service_table_still_confirms() {
+    let mut c = Correlator::new(CorrelatorConfig::default());
+    let r = only_report(&c.ingest(drop_ev(S, &to_vip(443, Proto::Tcp), "NO_SOCKET", 2, None)));
+    assert!(has_line(
+        &r.event.evidence,
+        "no service table was available"
+    ));
+    assert_eq!(r.event.service, None);
+}
+
+// ----- bounded memory ---------------------------------------------------------------------------
+
+#[test]
+fn flood_of_spoofed_pod_suspects_stays_bounded() {
+    let cfg = CorrelatorConfig {
+        max_pending: 1024,
+        ..Default::default()
+    };
+    let max = cfg.max_pending;
+    let mut c = Correlator::new(cfg);
+    c.set_services(table());
+    let mut queries_out = Vec::new();
+    let n: u64 = 100_000;
+    for i in 0..n {
+        let src = IpAddr::from([198, 18 + (i >> 16) as u8, (i >> 8) as u8, i as u8]);
+        let p = Packet {
+            src,
+            ..hp((i % 60_000) as u16 + 1024, 30080)
+        };
+        let outs = c.ingest(suspect(S + i * 1_000, &p));
+        queries_out.extend(queries(&outs));
+        assert!(c.stats().pending as usize <= max);
+        assert!(c.queries.len() <= max && c.egress_inflight.len() <= max);
+    }
+    let s = c.stats().clone();
+    assert_eq!(s.suspects_seen.pod, n);
+    assert_eq!(s.pending as usize, max);
+    assert_eq!(s.pending_overflow, n - max as u64);
+    assert_eq!(s.suspects_unconfirmed, n - max as u64);
+    assert_eq!(queries_out.len(), max);
+    invariants(&c);
+    // The agent answers every query with nothing: all resolved, nothing reported.
+    for q in queries_out {
+        assert!(
+            c.answer(Answer::Egress {
+                id: q.id(),
+                records: vec![]
+            })
+            .is_empty()
+        );
+    }
+    c.tick(60 * S);
+    let s = c.stats();
+    assert_eq!((s.pending, s.suspects_unconfirmed), (0, n));
+    assert_eq!(s.confirmed, KindCounts::default());
+    invariants(&c);
+}
+
+#[test]
+fn flood_of_vip_suspects_and_drops_stays_bounded() {
+    let cfg = CorrelatorConfig {
+        max_pending: 512,
+        ..Default::default()
+    };
+    let mut c = Correlator::new(cfg);
+    c.set_services(table());
+    for i in 0..100_000u64 {
+        let p = hc((i % 60_000) as u16);
+        let p = Packet {
+            dport: 1 + (i / 60_000) as u16,
+            ..p
+        };
+        // Spaced over 10 s so the windows also expire while flooding.
+        c.ingest(suspect(S + i * 100_000, &p));
+        let mut d = pkt(POD, i as u16, NODE, 9, Some(Tag::Pod), Some(Tag::Node));
+        d.dport = (i >> 16) as u16;
+        c.ingest(drop_ev(S + i * 100_000, &d, "TCP_CSUM", 4, None));
+        assert!(c.stats().pending <= 512);
+    }
+    invariants(&c);
+    c.tick(100 * S);
+    let s = c.stats();
+    assert_eq!(s.pending, 0);
+    assert_eq!(s.suspects_unconfirmed, 100_000);
+    assert_eq!(s.drops_unmatched, 100_000);
+    invariants(&c);
+}
