@@ -1,0 +1,117 @@
+//! The lab's TCP client: connects from inside a namespace (a thread that `setns`es into it).
+
+use std::fs::File;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use socket2::{Domain, Protocol, Socket, Type};
+
+use super::Outcome;
+
+/// One connection attempt and what came of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attempt {
+    pub outcome: Outcome,
+    /// The server's answer line when `outcome` is `Ok` (names the server that answered).
+    pub answer: Option<String>,
+    /// The client's local address (to find the flow in tcpdump / conntrack).
+    pub local: Option<SocketAddrV4>,
+    pub elapsed: Duration,
+}
+
+/// Connects from network namespace `ns` (optionally bound to `src`) to `dst`, sends one line and
+/// reads the answer. `timeout` bounds the connect and, separately, the answer.
+pub fn connect_in(
+    ns: &str,
+    src: Option<Ipv4Addr>,
+    dst: SocketAddrV4,
+    timeout: Duration,
+) -> Result<Attempt> {
+    let path = format!("/run/netns/{ns}");
+    let netns = File::open(&path).with_context(|| format!("opening {path} (is the lab up?)"))?;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // SAFETY: setns on a valid fd; CLONE_NEWNET only affects this (scoped) thread.
+            let rc = unsafe { libc::setns(netns.as_raw_fd(), libc::CLONE_NEWNET) };
+            if rc != 0 {
+                bail!("setns({path}): {}", std::io::Error::last_os_error());
+            }
+            connect_here(src, dst, timeout)
+        })
+        .join()
+        .map_err(|_| anyhow!("client thread panicked"))?
+    })
+}
+
+fn classify(e: &std::io::Error) -> Option<Outcome> {
+    match e.raw_os_error() {
+        Some(libc::ECONNREFUSED) => return Some(Outcome::Refused),
+        Some(libc::ECONNRESET) | Some(libc::EPIPE) => return Some(Outcome::Reset),
+        Some(libc::ETIMEDOUT) => return Some(Outcome::Timeout),
+        _ => {}
+    }
+    matches!(e.kind(), ErrorKind::TimedOut | ErrorKind::WouldBlock).then_some(Outcome::Timeout)
+}
+
+/// Connects in the calling thread's namespace.
+pub fn connect_here(
+    src: Option<Ipv4Addr>,
+    dst: SocketAddrV4,
+    timeout: Duration,
+) -> Result<Attempt> {
+    let start = Instant::now();
+    let sock = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP)).context("socket")?;
+    if let Some(src) = src {
+        sock.bind(&SocketAddr::from(SocketAddrV4::new(src, 0)).into())
+            .with_context(|| format!("bind {src}"))?;
+    }
+    let done = |outcome, answer, sock: &Socket| Attempt {
+        outcome,
+        answer,
+        local: sock.local_addr().ok().and_then(|a| a.as_socket_ipv4()),
+        elapsed: start.elapsed(),
+    };
+    if let Err(e) = sock.connect_timeout(&SocketAddr::from(dst).into(), timeout) {
+        return match classify(&e) {
+            Some(o) => Ok(done(o, None, &sock)),
+            None => Err(anyhow!("connect {dst}: {e}")),
+        };
+    }
+    let mut stream: std::net::TcpStream = sock.try_clone().context("dup socket")?.into();
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    if let Err(e) = stream.write_all(b"hello from clb-lab\n") {
+        return match classify(&e) {
+            Some(o) => Ok(done(o, None, &sock)),
+            None => Err(anyhow!("send to {dst}: {e}")),
+        };
+    }
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 256];
+    loop {
+        match stream.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => {
+                buf.extend_from_slice(&chunk[..n]);
+                if buf.contains(&b'\n') {
+                    break;
+                }
+            }
+            Err(e) => {
+                return match classify(&e) {
+                    Some(o) => Ok(done(o, None, &sock)),
+                    None => Err(anyhow!("read from {dst}: {e}")),
+                };
+            }
+        }
+    }
+    if buf.is_empty() {
+        // Closed without a word: not a served connection.
+        return Ok(done(Outcome::Reset, None, &sock));
+    }
+    let answer = String::from_utf8_lossy(&buf).trim().to_string();
+    Ok(done(Outcome::Ok, Some(answer), &sock))
+}

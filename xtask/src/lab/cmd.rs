@@ -1,0 +1,156 @@
+//! Running the lab's commands: every failure names the command and its stderr.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use anyhow::{Context, Result, bail};
+
+fn show(argv: &[&str]) -> String {
+    argv.iter()
+        .map(|a| {
+            if a.is_empty() || a.contains(char::is_whitespace) {
+                format!("'{a}'")
+            } else {
+                (*a).to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn finish(argv: &[&str], out: std::process::Output) -> Result<String> {
+    if !out.status.success() {
+        bail!(
+            "`{}` failed ({}): {}",
+            show(argv),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Runs `argv`, returns its stdout; an error names the command, its status and stderr.
+pub(crate) fn run(argv: &[&str]) -> Result<String> {
+    let out = Command::new(argv[0])
+        .args(&argv[1..])
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("cannot start `{}`", show(argv)))?;
+    finish(argv, out)
+}
+
+/// Runs `argv` with `input` on its stdin.
+pub(crate) fn run_stdin(argv: &[&str], input: &str) -> Result<String> {
+    let mut child = Command::new(argv[0])
+        .args(&argv[1..])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("cannot start `{}`", show(argv)))?;
+    child
+        .stdin
+        .take()
+        .expect("stdin is piped")
+        .write_all(input.as_bytes())
+        .with_context(|| format!("writing stdin of `{}`", show(argv)))?;
+    let out = child
+        .wait_with_output()
+        .with_context(|| format!("waiting for `{}`", show(argv)))?;
+    finish(argv, out).with_context(|| format!("input was:\n{input}"))
+}
+
+/// Runs `argv` with stdin/stdout null and stderr to a file, for commands that leave a daemon
+/// behind (a pipe would be inherited by the daemon and never reach EOF).
+pub(crate) fn run_detached(argv: &[&str]) -> Result<()> {
+    let mut err = tempfile_for_stderr()?;
+    let status = Command::new(argv[0])
+        .args(&argv[1..])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(err.try_clone()?)
+        .status()
+        .with_context(|| format!("cannot start `{}`", show(argv)))?;
+    if !status.success() {
+        use std::io::{Read, Seek};
+        let mut text = String::new();
+        err.rewind()?;
+        err.read_to_string(&mut text)?;
+        bail!("`{}` failed ({status}): {}", show(argv), text.trim());
+    }
+    Ok(())
+}
+
+/// An anonymous (already unlinked) file for a child's stderr.
+fn tempfile_for_stderr() -> Result<std::fs::File> {
+    let dir = std::env::temp_dir();
+    let path = dir.join(format!(
+        "clb-lab-stderr-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)
+        .with_context(|| format!("creating {}", path.display()))?;
+    std::fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
+    Ok(f)
+}
+
+/// True when `argv` exits 0 (for `iptables -C` style checks).
+pub(crate) fn succeeds(argv: &[&str]) -> bool {
+    Command::new(argv[0])
+        .args(&argv[1..])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// `ip -n <ns> <args>`.
+pub(crate) fn ip(ns: &str, args: &[&str]) -> Result<String> {
+    let mut argv = vec!["ip", "-n", ns];
+    argv.extend_from_slice(args);
+    run(&argv)
+}
+
+/// `ip netns exec <ns> <args>`.
+pub(crate) fn exec(ns: &str, args: &[&str]) -> Result<String> {
+    let mut argv = vec!["ip", "netns", "exec", ns];
+    argv.extend_from_slice(args);
+    run(&argv)
+}
+
+/// `ip netns exec <ns> sysctl -q -w k=v ...`.
+pub(crate) fn sysctl(ns: &str, settings: &[String]) -> Result<()> {
+    let mut argv = vec!["ip", "netns", "exec", ns, "sysctl", "-q", "-w"];
+    argv.extend(settings.iter().map(String::as_str));
+    run(&argv).map(drop)
+}
+
+/// `ip netns exec <ns> sysctl -n <key>`, parsed as a number.
+pub(crate) fn sysctl_read(ns: &str, key: &str) -> Result<i64> {
+    let out = exec(ns, &["sysctl", "-n", key])?;
+    out.trim()
+        .parse()
+        .with_context(|| format!("sysctl {key} in {ns} printed {out:?}"))
+}
+
+/// `iptables -w <args>` inside `ns`.
+pub(crate) fn iptables(ns: &str, args: &[&str]) -> Result<String> {
+    let mut argv = vec!["iptables", "-w"];
+    argv.extend_from_slice(args);
+    exec(ns, &argv)
+}
+
+/// Whether `iptables -w <args>` succeeds inside `ns` (`-C` checks).
+pub(crate) fn iptables_ok(ns: &str, args: &[&str]) -> bool {
+    let mut argv = vec!["ip", "netns", "exec", ns, "iptables", "-w"];
+    argv.extend_from_slice(args);
+    succeeds(&argv)
+}

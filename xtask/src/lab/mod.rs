@@ -1,0 +1,652 @@
+//! The network-namespace lab: a Kubernetes node, a cloud LB, another node, two pods and an
+//! outside client, wired so that the three load-balancer loopback failures of DOMAIN.md (and
+//! their healthy twins) happen for real.
+//!
+//! Nothing touches the host's namespace: every veth is created inside a lab namespace, and all
+//! addresses come from ranges reserved for tests and documentation. Deleting the namespaces (after
+//! killing the servers in them) removes everything, which is what [`Lab::down`] and the rollback of
+//! a failed [`Lab::up`] do.
+
+mod client;
+mod cmd;
+mod net;
+
+use std::fmt;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+
+pub use client::{Attempt, connect_here, connect_in};
+pub use net::{SERVERS, UP_STEPS};
+
+/// Every lab namespace's name starts with this.
+pub const PREFIX: &str = "clb-";
+/// The Kubernetes node.
+pub const NS_NODE: &str = "clb-node";
+/// The cloud load balancer.
+pub const NS_LB: &str = "clb-lb";
+/// Another node (the LB's other backend; also hosts the outside backend of VIP:443).
+pub const NS_PEER: &str = "clb-peer";
+/// Pod A on the node: the in-cluster client.
+pub const NS_POD_A: &str = "clb-pod-a";
+/// Pod B on the node: the endpoint of `default/web`.
+pub const NS_POD_B: &str = "clb-pod-b";
+/// A client outside the cluster, behind the LB.
+pub const NS_CLIENT: &str = "clb-client";
+/// All lab namespaces, in creation order.
+pub const NAMESPACES: [&str; 6] = [NS_NODE, NS_LB, NS_PEER, NS_POD_A, NS_POD_B, NS_CLIENT];
+
+/// The node's NIC (inside `clb-node`).
+pub const NODE_NIC: &str = "eth0";
+/// The kube-ipvs0 stand-in (a bridge with no ports) inside `clb-node`.
+pub const KUBE_IPVS0: &str = "kube-ipvs0";
+pub const NODE_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
+pub const LB_NODE_SIDE_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
+pub const PEER_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 1, 2);
+pub const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 10);
+pub const POD_A_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 1, 10);
+pub const POD_B_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 1, 11);
+/// The node-side address of the pod veths (the pods' onlink gateway).
+pub const POD_GW_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 1, 1);
+pub const POD_CIDR: &str = "198.19.1.0/24";
+/// kube-proxy's `--cluster-cidr`.
+pub const CLUSTER_CIDR: &str = "198.19.0.0/16";
+/// ClusterIP of `default/web`.
+pub const CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 100, 10);
+/// The LB VIP (LoadBalancer ingress IP of `default/web`).
+pub const VIP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 10);
+pub const SERVICE_PORT: u16 = 80;
+/// A listener of the same LB that belongs to something outside the cluster.
+pub const VIP_UNSERVED_PORT: u16 = 443;
+pub const NODE_PORT: u16 = 30080;
+pub const POD_PORT: u16 = 8080;
+/// Where the LB sends VIP:443 (a server on the peer).
+pub const PEER_TLS_PORT: u16 = 30443;
+/// kube-proxy's chains for `default/web:http` (real kube-proxy hashes).
+pub const KUBE_SVC_CHAIN: &str = "KUBE-SVC-CDGGSHYLG3RE2FKL";
+pub const KUBE_EXT_CHAIN: &str = "KUBE-EXT-CDGGSHYLG3RE2FKL";
+pub const KUBE_SEP_CHAIN: &str = "KUBE-SEP-4DRJRB6QQEGQJZEC";
+/// The lab's pod-egress masquerade chain (nat POSTROUTING jumps to it; variant `masquerade`).
+pub const MASQ_CHAIN: &str = "CLB-LAB-MASQ";
+/// Environment hook: make `up` fail right after the named step (see [`UP_STEPS`]).
+pub const FAIL_AFTER_ENV: &str = "CLB_LAB_FAIL_AFTER";
+/// Default client connect (and answer) timeout.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// One switchable property of the node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum)]
+pub enum Variant {
+    /// The VIP is bound to kube-ipvs0 and served locally for port 80 (IPVS-mode behaviour).
+    VipBound,
+    /// Strict reverse-path filtering on the node (all and eth0).
+    RpFilter,
+    /// Pod egress to eth0 is masqueraded to the node IP (chain CLB-LAB-MASQ).
+    Masquerade,
+}
+
+impl Variant {
+    pub const ALL: [Variant; 3] = [Variant::VipBound, Variant::RpFilter, Variant::Masquerade];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Variant::VipBound => "vip-bound",
+            Variant::RpFilter => "rp-filter",
+            Variant::Masquerade => "masquerade",
+        }
+    }
+}
+
+impl fmt::Display for Variant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The state of every [`Variant`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Variants {
+    pub vip_bound: bool,
+    pub rp_filter: bool,
+    pub masquerade: bool,
+}
+
+impl Default for Variants {
+    /// vip-bound on, rp-filter off, masquerade off.
+    fn default() -> Self {
+        Variants {
+            vip_bound: true,
+            rp_filter: false,
+            masquerade: false,
+        }
+    }
+}
+
+impl Variants {
+    pub fn get(&self, v: Variant) -> bool {
+        match v {
+            Variant::VipBound => self.vip_bound,
+            Variant::RpFilter => self.rp_filter,
+            Variant::Masquerade => self.masquerade,
+        }
+    }
+
+    pub fn with(mut self, v: Variant, on: bool) -> Self {
+        match v {
+            Variant::VipBound => self.vip_bound = on,
+            Variant::RpFilter => self.rp_filter = on,
+            Variant::Masquerade => self.masquerade = on,
+        }
+        self
+    }
+}
+
+impl fmt::Display for Variants {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let words: Vec<String> = Variant::ALL
+            .iter()
+            .map(|v| format!("{v}={}", if self.get(*v) { "on" } else { "off" }))
+            .collect();
+        f.write_str(&words.join(" "))
+    }
+}
+
+/// What a TCP client saw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// Connected and the server answered.
+    Ok,
+    /// The connect got a RST (ECONNREFUSED).
+    Refused,
+    /// The connection was reset (or closed without an answer).
+    Reset,
+    /// No answer within the timeout.
+    Timeout,
+}
+
+impl Outcome {
+    pub fn name(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Refused => "refused",
+            Outcome::Reset => "reset",
+            Outcome::Timeout => "timeout",
+        }
+    }
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The failures and their healthy twins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum)]
+pub enum Scenario {
+    /// Failure 1: LB health check from the VIP to a node that binds the VIP.
+    HealthcheckBlackhole,
+    /// Twin of 1: the VIP is not bound.
+    HealthcheckOk,
+    /// Failure 2: pod A -> VIP:80, the LB sends it back to the node, the reply bypasses the LB.
+    Hairpin,
+    /// Failure 2 with strict rp_filter on the node.
+    HairpinRpfilter,
+    /// Twin of 2: pod egress masqueraded, the LB sends it to the peer.
+    HairpinSnat,
+    /// Failure 3: pod A -> VIP:443 while the VIP is bound for port 80 only.
+    VipPortUnserved,
+    /// Twin of 3: pod A -> VIP:80, served locally by the KUBE-SERVICES rule.
+    VipPortServed,
+    /// Twin: an outside client through the LB (VIP not bound).
+    OutsideClient,
+    /// An outside client through the LB while the node binds the VIP (still fine).
+    OutsideClientVipBound,
+    /// Twin: pod A -> pod B directly.
+    PodToPod,
+}
+
+/// How a scenario drives its traffic, and what it must come to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScenarioSpec {
+    /// The variants set before the traffic.
+    pub variants: Variants,
+    /// Namespace the client runs in.
+    pub from_ns: &'static str,
+    /// Source address the client binds (None: the kernel chooses).
+    pub src: Option<Ipv4Addr>,
+    pub dst: SocketAddrV4,
+    pub expected: Outcome,
+    /// One line on what happens.
+    pub what: &'static str,
+}
+
+impl Scenario {
+    pub const ALL: [Scenario; 10] = [
+        Scenario::HealthcheckBlackhole,
+        Scenario::HealthcheckOk,
+        Scenario::Hairpin,
+        Scenario::HairpinRpfilter,
+        Scenario::HairpinSnat,
+        Scenario::VipPortUnserved,
+        Scenario::VipPortServed,
+        Scenario::OutsideClient,
+        Scenario::OutsideClientVipBound,
+        Scenario::PodToPod,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::HealthcheckBlackhole => "healthcheck-blackhole",
+            Scenario::HealthcheckOk => "healthcheck-ok",
+            Scenario::Hairpin => "hairpin",
+            Scenario::HairpinRpfilter => "hairpin-rpfilter",
+            Scenario::HairpinSnat => "hairpin-snat",
+            Scenario::VipPortUnserved => "vip-port-unserved",
+            Scenario::VipPortServed => "vip-port-served",
+            Scenario::OutsideClient => "outside-client",
+            Scenario::OutsideClientVipBound => "outside-client-vip-bound",
+            Scenario::PodToPod => "pod-to-pod",
+        }
+    }
+
+    pub fn spec(self) -> ScenarioSpec {
+        let off = Variants {
+            vip_bound: false,
+            rp_filter: false,
+            masquerade: false,
+        };
+        let bound = off.with(Variant::VipBound, true);
+        let vip80 = SocketAddrV4::new(VIP, SERVICE_PORT);
+        let nodeport = SocketAddrV4::new(NODE_IP, NODE_PORT);
+        let s = |variants, from_ns, src, dst, expected, what| ScenarioSpec {
+            variants,
+            from_ns,
+            src,
+            dst,
+            expected,
+            what,
+        };
+        match self {
+            Scenario::HealthcheckBlackhole => s(
+                bound,
+                NS_LB,
+                Some(VIP),
+                nodeport,
+                Outcome::Timeout,
+                "LB health check VIP -> node:30080; the node owns the VIP: martian source, dropped",
+            ),
+            Scenario::HealthcheckOk => s(
+                off,
+                NS_LB,
+                Some(VIP),
+                nodeport,
+                Outcome::Ok,
+                "LB health check VIP -> node:30080; VIP not bound: served by pod-b",
+            ),
+            Scenario::Hairpin => s(
+                off,
+                NS_POD_A,
+                None,
+                vip80,
+                Outcome::Timeout,
+                "pod-a -> VIP:80, LB DNATs back to node:30080 keeping the pod source; the reply \
+                 comes from node:30080 straight to pod-a, which RSTs it; the SYN is retried",
+            ),
+            Scenario::HairpinRpfilter => s(
+                off.with(Variant::RpFilter, true),
+                NS_POD_A,
+                None,
+                vip80,
+                Outcome::Timeout,
+                "as hairpin, but the node's strict rp_filter drops the looped SYN on eth0",
+            ),
+            Scenario::HairpinSnat => s(
+                off.with(Variant::Masquerade, true),
+                NS_POD_A,
+                None,
+                vip80,
+                Outcome::Ok,
+                "pod-a -> VIP:80 masqueraded to the node IP; the LB's guard sends it to the peer",
+            ),
+            Scenario::VipPortUnserved => s(
+                bound,
+                NS_POD_A,
+                None,
+                SocketAddrV4::new(VIP, VIP_UNSERVED_PORT),
+                Outcome::Refused,
+                "pod-a -> VIP:443; the VIP is local and nothing serves 443: the node answers RST",
+            ),
+            Scenario::VipPortServed => s(
+                bound,
+                NS_POD_A,
+                None,
+                vip80,
+                Outcome::Ok,
+                "pod-a -> VIP:80, DNATed on the node by KUBE-SERVICES to pod-b",
+            ),
+            Scenario::OutsideClient => s(
+                off,
+                NS_CLIENT,
+                None,
+                vip80,
+                Outcome::Ok,
+                "outside client -> VIP:80 -> LB -> node:30080 -> pod-b",
+            ),
+            Scenario::OutsideClientVipBound => s(
+                bound,
+                NS_CLIENT,
+                None,
+                vip80,
+                Outcome::Ok,
+                "outside client through the LB while the node binds the VIP: the packets carry \
+                 neither the VIP as source nor a local source, so nothing loops",
+            ),
+            Scenario::PodToPod => s(
+                off,
+                NS_POD_A,
+                None,
+                SocketAddrV4::new(POD_B_IP, POD_PORT),
+                Outcome::Ok,
+                "pod-a -> pod-b:8080 on the same node",
+            ),
+        }
+    }
+}
+
+impl fmt::Display for Scenario {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Scenario {
+    type Err = anyhow::Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        Scenario::ALL
+            .into_iter()
+            .find(|sc| sc.name() == s)
+            .with_context(|| format!("unknown scenario {s:?}"))
+    }
+}
+
+/// The result of one scenario run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Report {
+    pub scenario: Scenario,
+    pub expected: Outcome,
+    pub attempt: Attempt,
+}
+
+impl Report {
+    pub fn outcome(&self) -> Outcome {
+        self.attempt.outcome
+    }
+
+    pub fn as_expected(&self) -> bool {
+        self.attempt.outcome == self.expected
+    }
+}
+
+impl fmt::Display for Report {
+    /// `<scenario>: <outcome> (expected <outcome>)`
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: {} (expected {})",
+            self.scenario, self.attempt.outcome, self.expected
+        )
+    }
+}
+
+/// Options of [`Lab::up_with`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UpOptions {
+    /// Fail (and roll back) right after this step of [`UP_STEPS`]; for tests.
+    pub fail_after: Option<String>,
+}
+
+impl UpOptions {
+    /// Reads [`FAIL_AFTER_ENV`].
+    pub fn from_env() -> Self {
+        UpOptions {
+            fail_after: std::env::var(FAIL_AFTER_ENV).ok().filter(|s| !s.is_empty()),
+        }
+    }
+}
+
+/// What `status` found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Status {
+    /// Every lab namespace and whether it exists.
+    pub namespaces: Vec<(String, bool)>,
+    /// `(namespace, "iface state addr...")` for the namespaces that exist.
+    pub addresses: Vec<(String, Vec<String>)>,
+    /// The variants, when the node exists.
+    pub variants: Option<Variants>,
+    /// Whether the KUBE-SERVICES rule for VIP:80 is present (goes with vip-bound).
+    pub vip_rule: Option<bool>,
+    /// `(namespace, port, listening)` for every lab server.
+    pub servers: Vec<(String, u16, bool)>,
+}
+
+impl Status {
+    /// Every namespace exists.
+    pub fn is_up(&self) -> bool {
+        self.namespaces.iter().all(|(_, p)| *p)
+    }
+
+    /// No namespace exists.
+    pub fn is_down(&self) -> bool {
+        self.namespaces.iter().all(|(_, p)| !*p)
+    }
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = if self.is_up() {
+            "up"
+        } else if self.is_down() {
+            "down"
+        } else {
+            "partial (run `cargo xtask lab down`)"
+        };
+        writeln!(f, "lab: {state}")?;
+        for (ns, present) in &self.namespaces {
+            writeln!(f, "  {ns}: {}", if *present { "present" } else { "absent" })?;
+            if let Some((_, addrs)) = self.addresses.iter().find(|(n, _)| n == ns) {
+                for a in addrs {
+                    writeln!(f, "      {a}")?;
+                }
+            }
+        }
+        if let Some(v) = &self.variants {
+            write!(f, "variants: {v}")?;
+            match self.vip_rule {
+                Some(r) if r != v.vip_bound => {
+                    writeln!(f, " (INCONSISTENT: KUBE-SERVICES VIP:80 rule present={r})")?
+                }
+                _ => writeln!(f)?,
+            }
+        }
+        for (ns, port, up) in &self.servers {
+            writeln!(
+                f,
+                "server {ns}:{port}: {}",
+                if *up { "listening" } else { "not running" }
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Whether this process runs as root (the lab needs it).
+pub fn is_root() -> bool {
+    // SAFETY: geteuid never fails.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// A handle on the lab (the lab itself lives in the namespaces; this holds client settings).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lab {
+    /// Client connect timeout (and answer timeout).
+    pub timeout: Duration,
+}
+
+impl Default for Lab {
+    fn default() -> Self {
+        Lab {
+            timeout: DEFAULT_TIMEOUT,
+        }
+    }
+}
+
+impl Lab {
+    /// A handle on a lab that is (or will be) up, without touching anything.
+    pub fn attach() -> Lab {
+        Lab::default()
+    }
+
+    /// Builds the lab with the given variants (honours [`FAIL_AFTER_ENV`]). On failure
+    /// everything it made is removed and the error returned.
+    pub fn up(variants: &Variants) -> Result<Lab> {
+        Lab::up_with(variants, &UpOptions::from_env())
+    }
+
+    /// [`Lab::up`] with explicit options.
+    pub fn up_with(variants: &Variants, opts: &UpOptions) -> Result<Lab> {
+        if !is_root() {
+            bail!("the lab needs root (network namespaces, iptables)");
+        }
+        let mut created = Vec::new();
+        match net::build(variants, opts, &mut created) {
+            Ok(()) => Ok(Lab::default()),
+            Err(e) => match net::remove_namespaces(&created) {
+                Ok(()) => Err(e.context("lab up failed; everything it made was removed")),
+                Err(rb) => {
+                    Err(e.context(format!("lab up failed, and so did the rollback: {rb:#}")))
+                }
+            },
+        }
+    }
+
+    /// Kills the lab's processes and deletes its namespaces (and with them every veth, address
+    /// and rule). Idempotent; works on a partial lab.
+    pub fn down() -> Result<()> {
+        net::remove_namespaces(&NAMESPACES)
+    }
+
+    /// What exists now.
+    pub fn status() -> Result<Status> {
+        let have = net::existing_namespaces()?;
+        let present = |ns: &str| have.iter().any(|h| h == ns);
+        let mut st = Status {
+            namespaces: NAMESPACES
+                .iter()
+                .map(|n| (n.to_string(), present(n)))
+                .collect(),
+            addresses: Vec::new(),
+            variants: None,
+            vip_rule: None,
+            servers: Vec::new(),
+        };
+        for ns in NAMESPACES.iter().filter(|n| present(n)) {
+            st.addresses.push((ns.to_string(), net::addresses(ns)?));
+        }
+        if present(NS_NODE) {
+            st.variants = net::read_variants().ok();
+            st.vip_rule = Some(net::vip_rule_present());
+        }
+        for (ns, port, _) in SERVERS {
+            let up = present(ns) && net::listening(ns, *port)?;
+            st.servers.push((ns.to_string(), *port, up));
+        }
+        Ok(st)
+    }
+
+    /// The variants as the node has them now.
+    pub fn variants(&self) -> Result<Variants> {
+        net::require_up()?;
+        net::read_variants()
+    }
+
+    /// Turns one variant on or off.
+    pub fn set(&self, variant: Variant, on: bool) -> Result<()> {
+        net::require_up()?;
+        net::set_variant(variant, on).with_context(|| format!("setting {variant} {on}"))
+    }
+
+    /// Sets every variant.
+    pub fn set_all(&self, variants: &Variants) -> Result<()> {
+        net::require_up()?;
+        net::set_variants(variants)
+    }
+
+    /// One TCP attempt from inside `ns` (bound to `src` if given), with this lab's timeout.
+    pub fn connect(&self, ns: &str, src: Option<Ipv4Addr>, dst: SocketAddrV4) -> Result<Attempt> {
+        connect_in(ns, src, dst, self.timeout)
+    }
+
+    /// Sets the scenario's variants, drives its traffic once, reports.
+    pub fn run(&self, scenario: Scenario) -> Result<Report> {
+        let spec = scenario.spec();
+        self.set_all(&spec.variants)?;
+        let attempt = self
+            .connect(spec.from_ns, spec.src, spec.dst)
+            .with_context(|| format!("scenario {scenario}"))?;
+        Ok(Report {
+            scenario,
+            expected: spec.expected,
+            attempt,
+        })
+    }
+
+    /// [`Lab::run`], the outcome only.
+    pub fn traffic(&self, scenario: Scenario) -> Result<Outcome> {
+        Ok(self.run(scenario)?.outcome())
+    }
+}
+
+/// Brings the lab up (after removing any leftover) and tears it down on drop, also when the
+/// test holding it panics.
+#[derive(Debug)]
+pub struct LabGuard {
+    lab: Lab,
+}
+
+impl LabGuard {
+    /// `Lab::down()` then `Lab::up(variants)`.
+    pub fn up(variants: &Variants) -> Result<LabGuard> {
+        LabGuard::up_with(variants, &UpOptions::default())
+    }
+
+    pub fn up_with(variants: &Variants, opts: &UpOptions) -> Result<LabGuard> {
+        Lab::down().context("removing a leftover lab")?;
+        Ok(LabGuard {
+            lab: Lab::up_with(variants, opts)?,
+        })
+    }
+}
+
+impl std::ops::Deref for LabGuard {
+    type Target = Lab;
+
+    fn deref(&self) -> &Lab {
+        &self.lab
+    }
+}
+
+impl std::ops::DerefMut for LabGuard {
+    fn deref_mut(&mut self) -> &mut Lab {
+        &mut self.lab
+    }
+}
+
+impl Drop for LabGuard {
+    fn drop(&mut self) {
+        if let Err(e) = Lab::down() {
+            eprintln!("clb-lab: teardown failed: {e:#}");
+        }
+    }
+}

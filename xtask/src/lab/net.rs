@@ -1,0 +1,519 @@
+//! Building, reading and tearing down the namespaces.
+
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use super::cmd::{
+    exec, ip, iptables, iptables_ok, run, run_detached, run_stdin, sysctl, sysctl_read,
+};
+use super::*;
+
+/// The steps of `up`, in order (names accepted by [`UpOptions::fail_after`]).
+pub const UP_STEPS: &[&str] = &[
+    "namespaces",
+    "links",
+    "addresses",
+    "sysctls",
+    "kube-proxy",
+    "lb",
+    "variants",
+    "servers",
+];
+
+/// A server the lab runs: (namespace, port, name it answers with).
+pub const SERVERS: &[(&str, u16, &str)] = &[
+    (NS_POD_B, POD_PORT, "pod-b web 198.19.1.11:8080"),
+    (NS_PEER, NODE_PORT, "peer node 198.18.1.2:30080"),
+    (NS_PEER, PEER_TLS_PORT, "outside backend 198.18.1.2:30443"),
+];
+
+/// Interfaces of each namespace (besides `lo`), for per-interface sysctls and `status`.
+const IFACES: &[(&str, &[&str])] = &[
+    (NS_NODE, &[NODE_NIC, "vpod-a", "vpod-b", KUBE_IPVS0]),
+    (NS_LB, &["vnode", "vpeer", "vclient"]),
+    (NS_PEER, &["eth0"]),
+    (NS_POD_A, &["eth0"]),
+    (NS_POD_B, &["eth0"]),
+    (NS_CLIENT, &["eth0"]),
+];
+
+// A tiny threaded TCP server: reads one line, answers with its name, closes.
+const SERVER_PY: &str = r#"
+import socket, sys, threading
+name, port = sys.argv[2], int(sys.argv[3])
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", port))
+s.listen(128)
+def serve(c):
+    try:
+        c.settimeout(3)
+        c.recv(256)
+        c.sendall(("ok from %s\n" % name).encode())
+    except Exception:
+        pass
+    finally:
+        c.close()
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+"#;
+
+pub(crate) fn existing_namespaces() -> Result<Vec<String>> {
+    Ok(run(&["ip", "netns", "list"])?
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_string)
+        .collect())
+}
+
+pub(crate) fn require_up() -> Result<()> {
+    let have = existing_namespaces()?;
+    let missing: Vec<_> = NAMESPACES
+        .iter()
+        .filter(|n| !have.iter().any(|h| h == *n))
+        .collect();
+    if !missing.is_empty() {
+        bail!("the lab is not up (missing namespaces {missing:?}); run `cargo xtask lab up`");
+    }
+    Ok(())
+}
+
+fn pids_in(ns: &str) -> Result<Vec<i32>> {
+    Ok(run(&["ip", "netns", "pids", ns])?
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect())
+}
+
+/// Kills every process in `ns`, waits until they are gone, deletes the namespace.
+fn remove_namespace(ns: &str) -> Result<()> {
+    let me = std::process::id() as i32;
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let pids: Vec<i32> = pids_in(ns)?.into_iter().filter(|p| *p != me).collect();
+        if pids.is_empty() {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("processes {pids:?} in netns {ns} survive SIGKILL");
+        }
+        for pid in pids {
+            // SAFETY: plain kill(2).
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        sleep(Duration::from_millis(50));
+    }
+    run(&["ip", "netns", "del", ns]).map(drop)
+}
+
+/// Removes the given namespaces (those that exist), reporting every failure.
+pub(crate) fn remove_namespaces(names: &[&str]) -> Result<()> {
+    let have = existing_namespaces()?;
+    let mut errors = Vec::new();
+    for ns in names.iter().rev() {
+        if have.iter().any(|h| h == ns)
+            && let Err(e) = remove_namespace(ns)
+        {
+            errors.push(format!("{e:#}"));
+        }
+    }
+    if !errors.is_empty() {
+        bail!("lab teardown incomplete: {}", errors.join("; "));
+    }
+    Ok(())
+}
+
+fn checkpoint(step: &str, opts: &UpOptions) -> Result<()> {
+    if opts.fail_after.as_deref() == Some(step) {
+        bail!("injected failure after step `{step}` ({FAIL_AFTER_ENV})");
+    }
+    Ok(())
+}
+
+/// Builds the lab; every namespace it creates is pushed to `created` (for the rollback).
+pub(crate) fn build(v: &Variants, opts: &UpOptions, created: &mut Vec<&'static str>) -> Result<()> {
+    if let Some(step) = &opts.fail_after
+        && !UP_STEPS.contains(&step.as_str())
+    {
+        bail!("{FAIL_AFTER_ENV}={step}: unknown step; steps are {UP_STEPS:?}");
+    }
+    // namespaces
+    for ns in NAMESPACES {
+        run(&["ip", "netns", "add", ns]).with_context(|| format!("creating namespace {ns}"))?;
+        created.push(ns);
+        // Defaults first, so interfaces made later inherit them (IPv4 devconf is otherwise
+        // inherited from the host's).
+        sysctl(
+            ns,
+            &[
+                "net.ipv4.conf.default.rp_filter=0".into(),
+                "net.ipv4.conf.all.rp_filter=0".into(),
+                "net.ipv4.conf.default.send_redirects=0".into(),
+                "net.ipv4.conf.all.send_redirects=0".into(),
+                "net.ipv4.conf.lo.rp_filter=0".into(),
+                "net.ipv4.ip_forward=0".into(),
+            ],
+        )?;
+        ip(ns, &["link", "set", "lo", "up"])?;
+    }
+    checkpoint("namespaces", opts)?;
+
+    // links: every veth is created inside a lab namespace with its peer put straight into the
+    // other one, so nothing ever appears in the host's namespace.
+    let veth = |a: &str, a_if: &str, b: &str, b_if: &str| {
+        ip(
+            a,
+            &[
+                "link", "add", a_if, "type", "veth", "peer", "name", b_if, "netns", b,
+            ],
+        )
+    };
+    veth(NS_LB, "vnode", NS_NODE, NODE_NIC)?;
+    veth(NS_LB, "vpeer", NS_PEER, "eth0")?;
+    veth(NS_LB, "vclient", NS_CLIENT, "eth0")?;
+    veth(NS_NODE, "vpod-a", NS_POD_A, "eth0")?;
+    veth(NS_NODE, "vpod-b", NS_POD_B, "eth0")?;
+    // kube-ipvs0 stand-in: a bridge with no ports, left DOWN like kube-proxy leaves its dummy;
+    // addresses on it still get their `local` routes in table local.
+    ip(NS_NODE, &["link", "add", KUBE_IPVS0, "type", "bridge"])?;
+    checkpoint("links", opts)?;
+
+    // addresses and routes
+    let addr = |ns: &str, dev: &str, cidr: &str| -> Result<()> {
+        ip(ns, &["addr", "add", cidr, "dev", dev])?;
+        ip(ns, &["link", "set", dev, "up"]).map(drop)
+    };
+    addr(NS_LB, "vnode", "198.18.0.1/24")?;
+    addr(NS_LB, "vpeer", "198.18.1.1/24")?;
+    addr(NS_LB, "vclient", "198.51.100.1/24")?;
+    addr(NS_LB, "lo", "203.0.113.10/32")?;
+    // Pod IPs are routable in the "VPC" (that is what lets the hairpin happen at all).
+    ip(NS_LB, &["route", "add", POD_CIDR, "via", "198.18.0.2"])?;
+    addr(NS_NODE, NODE_NIC, "198.18.0.2/24")?;
+    ip(NS_NODE, &["route", "add", "default", "via", "198.18.0.1"])?;
+    for (dev, pod_ns, pod_ip) in [
+        ("vpod-a", NS_POD_A, "198.19.1.10"),
+        ("vpod-b", NS_POD_B, "198.19.1.11"),
+    ] {
+        addr(NS_NODE, dev, "198.19.1.1/32")?;
+        ip(NS_NODE, &["route", "add", pod_ip, "dev", dev])?;
+        addr(pod_ns, "eth0", &format!("{pod_ip}/32"))?;
+        ip(
+            pod_ns,
+            &[
+                "route",
+                "add",
+                "default",
+                "via",
+                "198.19.1.1",
+                "dev",
+                "eth0",
+                "onlink",
+            ],
+        )?;
+    }
+    addr(NS_PEER, "eth0", "198.18.1.2/24")?;
+    ip(NS_PEER, &["route", "add", "default", "via", "198.18.1.1"])?;
+    addr(NS_CLIENT, "eth0", "198.51.100.10/24")?;
+    ip(
+        NS_CLIENT,
+        &["route", "add", "default", "via", "198.51.100.1"],
+    )?;
+    // The LB's health checks come from the VIP; its ARP for the node would be martian on a node
+    // that binds the VIP, so the LB knows the node's MAC statically.
+    let mac = exec(NS_NODE, &["cat", "/sys/class/net/eth0/address"])?;
+    ip(
+        NS_LB,
+        &[
+            "neigh",
+            "replace",
+            "198.18.0.2",
+            "lladdr",
+            mac.trim(),
+            "dev",
+            "vnode",
+            "nud",
+            "permanent",
+        ],
+    )?;
+    checkpoint("addresses", opts)?;
+
+    // sysctls
+    for (ns, ifaces) in IFACES {
+        let forward = matches!(*ns, NS_NODE | NS_LB);
+        let mut s = vec![format!("net.ipv4.ip_forward={}", u8::from(forward))];
+        for i in ifaces.iter().chain(&["all", "lo"]) {
+            s.push(format!("net.ipv4.conf.{i}.rp_filter=0"));
+            s.push(format!("net.ipv4.conf.{i}.send_redirects=0"));
+        }
+        if *ns == NS_NODE {
+            s.push("net.ipv4.conf.all.log_martians=1".into());
+        }
+        sysctl(ns, &s)?;
+    }
+    checkpoint("sysctls", opts)?;
+
+    run_stdin(
+        &[
+            "ip",
+            "netns",
+            "exec",
+            NS_NODE,
+            "iptables-restore",
+            "-w",
+            "--noflush",
+        ],
+        &kube_proxy_rules(),
+    )
+    .context("loading kube-proxy rules into clb-node")?;
+    checkpoint("kube-proxy", opts)?;
+
+    run_stdin(
+        &[
+            "ip",
+            "netns",
+            "exec",
+            NS_LB,
+            "iptables-restore",
+            "-w",
+            "--noflush",
+        ],
+        &lb_rules(),
+    )
+    .context("loading the LB's rules into clb-lb")?;
+    checkpoint("lb", opts)?;
+
+    set_variants(v)?;
+    checkpoint("variants", opts)?;
+
+    for (ns, port, name) in SERVERS {
+        start_server(ns, *port, name)?;
+    }
+    for (ns, port, _) in SERVERS {
+        wait_listening(ns, *port)?;
+    }
+    checkpoint("servers", opts)?;
+    Ok(())
+}
+
+/// kube-proxy (iptables mode) nat rules for `default/web` port `http`, as kube-proxy writes them.
+/// The chain hashes are kube-proxy's own: base32(sha256("default/web:http" + "tcp"))[:16], and
+/// for the endpoint chain the same with "198.19.1.11:8080" appended.
+fn kube_proxy_rules() -> String {
+    format!(
+        r#"*nat
+:KUBE-SERVICES - [0:0]
+:KUBE-NODEPORTS - [0:0]
+:KUBE-POSTROUTING - [0:0]
+:KUBE-MARK-MASQ - [0:0]
+:{svc} - [0:0]
+:{ext} - [0:0]
+:{sep} - [0:0]
+:{masq} - [0:0]
+-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
+-A OUTPUT -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
+-A POSTROUTING -m comment --comment "kubernetes postrouting rules" -j KUBE-POSTROUTING
+-A POSTROUTING -m comment --comment "clb-lab: pod egress masquerade (variant masquerade)" -j {masq}
+-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000
+-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN
+-A KUBE-POSTROUTING -j MARK --set-xmark 0x4000/0x0
+-A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE --random-fully
+-A KUBE-SERVICES -d 198.18.100.10/32 -p tcp -m comment --comment "default/web:http cluster IP" -m tcp --dport 80 -j {svc}
+-A KUBE-SERVICES -m comment --comment "kubernetes service nodeports; NOTE: this must be the last rule in this chain" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS
+-A KUBE-NODEPORTS -p tcp -m comment --comment "default/web:http" -m tcp --dport 30080 -j {ext}
+-A {ext} -m comment --comment "masquerade traffic for default/web:http external destinations" -j KUBE-MARK-MASQ
+-A {ext} -j {svc}
+-A {svc} ! -s {cluster_cidr} -d 198.18.100.10/32 -p tcp -m comment --comment "default/web:http cluster IP" -m tcp --dport 80 -j KUBE-MARK-MASQ
+-A {svc} -m comment --comment "default/web:http -> 198.19.1.11:8080" -j {sep}
+-A {sep} -s 198.19.1.11/32 -m comment --comment "default/web:http" -j KUBE-MARK-MASQ
+-A {sep} -p tcp -m comment --comment "default/web:http" -m tcp -j DNAT --to-destination 198.19.1.11:8080
+COMMIT
+"#,
+        svc = KUBE_SVC_CHAIN,
+        ext = KUBE_EXT_CHAIN,
+        sep = KUBE_SEP_CHAIN,
+        masq = MASQ_CHAIN,
+        cluster_cidr = CLUSTER_CIDR,
+    )
+}
+
+/// The cloud LB: DNAT without SNAT, with the guard that never sends a request back to the node
+/// that is its source.
+fn lb_rules() -> String {
+    r#"*nat
+:CLB-LB-VIP - [0:0]
+-A PREROUTING -d 203.0.113.10/32 -m comment --comment "clb-lab: LB listeners on the VIP" -j CLB-LB-VIP
+-A CLB-LB-VIP -s 198.18.0.2/32 -p tcp -m tcp --dport 80 -m comment --comment "listener 80: never back to the source node" -j DNAT --to-destination 198.18.1.2:30080
+-A CLB-LB-VIP -p tcp -m tcp --dport 80 -m comment --comment "listener 80 -> node NodePort, client IP kept" -j DNAT --to-destination 198.18.0.2:30080
+-A CLB-LB-VIP -p tcp -m tcp --dport 443 -m comment --comment "listener 443 -> outside backend" -j DNAT --to-destination 198.18.1.2:30443
+COMMIT
+"#
+    .to_string()
+}
+
+/// The KUBE-SERVICES rule that serves the VIP:80 locally (what binding the VIP to kube-ipvs0
+/// gives IPVS mode; kube-proxy's iptables mode writes it for a LB ingress IP).
+const VIP_RULE: &[&str] = &[
+    "-d",
+    "203.0.113.10/32",
+    "-p",
+    "tcp",
+    "-m",
+    "comment",
+    "--comment",
+    "default/web:http loadbalancer IP",
+    "-m",
+    "tcp",
+    "--dport",
+    "80",
+    "-j",
+    KUBE_EXT_CHAIN,
+];
+
+const MASQ_RULE: &[&str] = &[
+    "-s",
+    POD_CIDR,
+    "-o",
+    NODE_NIC,
+    "-m",
+    "comment",
+    "--comment",
+    "clb-lab: pod egress masquerade",
+    "-j",
+    "MASQUERADE",
+];
+
+fn rule_args<'a>(op: &'a str, chain: &'a str, spec: &[&'a str]) -> Vec<&'a str> {
+    let mut a = vec!["-t", "nat", op, chain];
+    a.extend_from_slice(spec);
+    a
+}
+
+fn has_rule(chain: &str, spec: &[&str]) -> bool {
+    iptables_ok(NS_NODE, &rule_args("-C", chain, spec))
+}
+
+fn ensure_rule(chain: &str, spec: &[&str], on: bool, insert_first: bool) -> Result<()> {
+    let present = has_rule(chain, spec);
+    if on && !present {
+        let args = if insert_first {
+            let mut a = vec!["-t", "nat", "-I", chain, "1"];
+            a.extend_from_slice(spec);
+            a
+        } else {
+            rule_args("-A", chain, spec)
+        };
+        iptables(NS_NODE, &args)?;
+    }
+    if !on {
+        while has_rule(chain, spec) {
+            iptables(NS_NODE, &rule_args("-D", chain, spec))?;
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn set_variant(variant: Variant, on: bool) -> Result<()> {
+    match variant {
+        Variant::VipBound => {
+            let bound = vip_address_bound()?;
+            if on && !bound {
+                ip(
+                    NS_NODE,
+                    &["addr", "add", "203.0.113.10/32", "dev", KUBE_IPVS0],
+                )?;
+            } else if !on && bound {
+                ip(
+                    NS_NODE,
+                    &["addr", "del", "203.0.113.10/32", "dev", KUBE_IPVS0],
+                )?;
+            }
+            ensure_rule("KUBE-SERVICES", VIP_RULE, on, true)
+        }
+        Variant::RpFilter => {
+            let v = u8::from(on);
+            sysctl(
+                NS_NODE,
+                &[
+                    format!("net.ipv4.conf.all.rp_filter={v}"),
+                    format!("net.ipv4.conf.{NODE_NIC}.rp_filter={v}"),
+                ],
+            )
+        }
+        Variant::Masquerade => ensure_rule(MASQ_CHAIN, MASQ_RULE, on, false),
+    }
+}
+
+pub(crate) fn set_variants(v: &Variants) -> Result<()> {
+    set_variant(Variant::VipBound, v.vip_bound)?;
+    set_variant(Variant::RpFilter, v.rp_filter)?;
+    set_variant(Variant::Masquerade, v.masquerade)
+}
+
+fn vip_address_bound() -> Result<bool> {
+    let out = ip(NS_NODE, &["-4", "-o", "addr", "show", "dev", KUBE_IPVS0])?;
+    Ok(out.contains("203.0.113.10/32"))
+}
+
+pub(crate) fn read_variants() -> Result<Variants> {
+    let all = sysctl_read(NS_NODE, "net.ipv4.conf.all.rp_filter")?;
+    let nic = sysctl_read(NS_NODE, &format!("net.ipv4.conf.{NODE_NIC}.rp_filter"))?;
+    Ok(Variants {
+        vip_bound: vip_address_bound()?,
+        // Linux uses max(all, iface): 1 is strict, 2 loose.
+        rp_filter: all.max(nic) == 1,
+        masquerade: has_rule(MASQ_CHAIN, MASQ_RULE),
+    })
+}
+
+pub(crate) fn vip_rule_present() -> bool {
+    has_rule("KUBE-SERVICES", VIP_RULE)
+}
+
+fn start_server(ns: &str, port: u16, name: &str) -> Result<()> {
+    // `setsid -f` forks: the server is nobody's child here, lives on after the CLI exits, and is
+    // found again by `ip netns pids` on `down`.
+    let port = port.to_string();
+    let argv = [
+        "ip",
+        "netns",
+        "exec",
+        ns,
+        "setsid",
+        "-f",
+        "python3",
+        "-c",
+        SERVER_PY,
+        "clb-lab-server",
+        name,
+        &port,
+    ];
+    run_detached(&argv).with_context(|| format!("starting the server {name} in {ns}"))
+}
+
+pub(crate) fn listening(ns: &str, port: u16) -> Result<bool> {
+    let out = exec(ns, &["ss", "-Hltn", &format!("sport = :{port}")])?;
+    Ok(!out.trim().is_empty())
+}
+
+fn wait_listening(ns: &str, port: u16) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !listening(ns, port)? {
+        if Instant::now() > deadline {
+            bail!("no server listens on port {port} in {ns} 5 s after starting it");
+        }
+        sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+pub(crate) fn addresses(ns: &str) -> Result<Vec<String>> {
+    Ok(ip(ns, &["-4", "-br", "addr", "show"])?
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .filter(|l| !l.is_empty())
+        .collect())
+}
