@@ -14,15 +14,12 @@
 #![no_main]
 
 use aya_ebpf::{
+    Global,
     bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP, TC_ACT_UNSPEC},
     helpers::{bpf_ktime_get_ns, bpf_probe_read_kernel},
     macros::{btf_tracepoint, classifier, map, raw_tracepoint},
-    maps::{
-        LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf,
-        lpm_trie::Key as LpmKey,
-    },
+    maps::{LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf, lpm_trie::Key as LpmKey},
     programs::{BtfTracePointContext, RawTracePointContext, TcContext},
-    Global,
 };
 use probe_common::{
     AddrValue, Budget, DropKey, EgressKey, EgressValue, FlowKey, KernelOffsets, PacketEvent,
@@ -52,10 +49,10 @@ static OFFSETS: Global<KernelOffsets> = Global::new(KernelOffsets {
 
 /// The node's own IPv4 addresses and prefixes, tagged (userspace keeps it in sync).
 #[map]
-static LOCAL_V4: LpmTrie<[u8; 4], AddrValue> = LpmTrie::with_max_entries(16384, 0);
+static LOCAL_V4: LpmTrie<u32, AddrValue> = LpmTrie::with_max_entries(16384, 0);
 /// The node's own IPv6 addresses and prefixes, tagged.
 #[map]
-static LOCAL_V6: LpmTrie<[u8; 16], AddrValue> = LpmTrie::with_max_entries(16384, 0);
+static LOCAL_V6: LpmTrie<[u32; 4], AddrValue> = LpmTrie::with_max_entries(16384, 0);
 
 /// Ifindexes of the monitored NICs (value unused): a drop of a local-source packet counts
 /// only when the packet came in through one of them.
@@ -94,16 +91,25 @@ const IPPROTO_UDP: u8 = 17;
 const TCP_SYN: u8 = 0x02;
 const TCP_ACK: u8 = 0x10;
 
-/// A parsed packet: addresses (IPv4 in the first 4 bytes), ports and flags.
+/// A parsed packet: addresses as raw network-order words (IPv4 in the first word), ports and
+/// flags. Words, not byte arrays: LLVM scalarizes byte arrays into one spilled stack slot per
+/// byte, which blows the verifier's 512-byte stack.
 #[derive(Default)]
 struct Packet {
     family: u8,
     proto: u8,
     tcp_flags: u8,
-    saddr: [u8; 16],
-    daddr: [u8; 16],
+    saddr: [u32; 4],
+    daddr: [u32; 4],
     sport: u16,
     dport: u16,
+}
+
+/// Our 16-byte address layout as words, for the records shared with userspace.
+#[inline(always)]
+fn bytes(words: [u32; 4]) -> [u8; 16] {
+    // SAFETY: same size, any bit pattern is valid.
+    unsafe { core::mem::transmute(words) }
 }
 
 #[inline(always)]
@@ -146,9 +152,8 @@ fn parse(ctx: &TcContext) -> Option<Packet> {
             let ihl = ((vihl & 0x0f) as usize) * 4;
             pkt.family = family::V4;
             pkt.proto = unsafe { *ptr_at::<u8>(ctx, ETH_HLEN + 9)? };
-            let addrs = unsafe { *ptr_at::<[u8; 8]>(ctx, ETH_HLEN + 12)? };
-            pkt.saddr[..4].copy_from_slice(&addrs[..4]);
-            pkt.daddr[..4].copy_from_slice(&addrs[4..]);
+            pkt.saddr[0] = unsafe { *ptr_at::<u32>(ctx, ETH_HLEN + 12)? };
+            pkt.daddr[0] = unsafe { *ptr_at::<u32>(ctx, ETH_HLEN + 16)? };
             // Non-first fragments carry no L4 header.
             let frag = u16::from_be(unsafe { *ptr_at::<u16>(ctx, ETH_HLEN + 6)? }) & 0x1fff;
             if frag == 0 && ihl >= 20 {
@@ -158,8 +163,8 @@ fn parse(ctx: &TcContext) -> Option<Packet> {
         ETH_P_IPV6 => {
             pkt.family = family::V6;
             pkt.proto = unsafe { *ptr_at::<u8>(ctx, ETH_HLEN + 6)? };
-            pkt.saddr = unsafe { *ptr_at::<[u8; 16]>(ctx, ETH_HLEN + 8)? };
-            pkt.daddr = unsafe { *ptr_at::<[u8; 16]>(ctx, ETH_HLEN + 24)? };
+            pkt.saddr = unsafe { *ptr_at::<[u32; 4]>(ctx, ETH_HLEN + 8)? };
+            pkt.daddr = unsafe { *ptr_at::<[u32; 4]>(ctx, ETH_HLEN + 24)? };
             // Extension headers are not walked: such packets classify by address only.
             parse_l4(ctx, ETH_HLEN + 40, &mut pkt);
         }
@@ -170,9 +175,9 @@ fn parse(ctx: &TcContext) -> Option<Packet> {
 
 /// The tag of an address, by one LPM lookup in the family's trie.
 #[inline(always)]
-fn lookup_tag(fam: u8, addr: &[u8; 16]) -> u8 {
+fn lookup_tag(fam: u8, addr: &[u32; 4]) -> u8 {
     if fam == family::V4 {
-        let key = LpmKey::new(32, [addr[0], addr[1], addr[2], addr[3]]);
+        let key = LpmKey::new(32, addr[0]);
         LOCAL_V4.get(&key).map(|v| v.tag).unwrap_or(tag::NONE)
     } else {
         let key = LpmKey::new(128, *addr);
@@ -227,8 +232,21 @@ fn may_emit(flow: &FlowKey, now: u64, cfg: &ProbeConfig) -> bool {
     true
 }
 
+/// Writes one record straight into the ring buffer (no stack copy: the verifier's 512-byte
+/// stack limit is shared by every frame).
 #[inline(always)]
-fn emit(ev: PacketEvent, cfg: &ProbeConfig) {
+fn emit(
+    cfg: &ProbeConfig,
+    pkt: &Packet,
+    kind_: u8,
+    src_tag: u8,
+    dst_tag: u8,
+    ifindex: u32,
+    reason: u32,
+    location: u64,
+    netns: u32,
+    now: u64,
+) {
     // Wake the reader only when a batch has built up; it polls on a short timer otherwise.
     // Waking per record costs an IPI per packet (see PERFORMANCE.md).
     let flags = if EVENTS.query(BPF_RB_AVAIL_DATA as u64) >= cfg.wakeup_bytes {
@@ -236,13 +254,45 @@ fn emit(ev: PacketEvent, cfg: &ProbeConfig) {
     } else {
         BPF_RB_NO_WAKEUP
     } as u64;
-    match EVENTS.reserve::<PacketEvent>(0) {
-        Some(mut entry) => {
-            entry.write(ev);
-            entry.submit(flags);
-            stat_add(stat::EMITTED);
-        }
-        None => stat_add(stat::RINGBUF_FULL),
+    let Some(mut entry) = EVENTS.reserve::<PacketEvent>(0) else {
+        stat_add(stat::RINGBUF_FULL);
+        return;
+    };
+    let ev = entry.as_mut_ptr();
+    // SAFETY: `ev` points at a reserved, exclusively owned record; every field is written.
+    unsafe {
+        (*ev).ts_ns = now;
+        (*ev).location = location;
+        (*ev).saddr = bytes(pkt.saddr);
+        (*ev).daddr = bytes(pkt.daddr);
+        (*ev).ifindex = ifindex;
+        (*ev).reason = reason;
+        (*ev).netns = netns;
+        (*ev).sport = pkt.sport;
+        (*ev).dport = pkt.dport;
+        (*ev).kind = kind_;
+        (*ev).src_tag = src_tag;
+        (*ev).dst_tag = dst_tag;
+        (*ev).proto = pkt.proto;
+        (*ev).family = pkt.family;
+        (*ev).tcp_flags = pkt.tcp_flags;
+        (*ev)._pad = [0; 2];
+    }
+    entry.submit(flags);
+    stat_add(stat::EMITTED);
+}
+
+#[inline(always)]
+fn flow_of(pkt: &Packet, kind_: u8) -> FlowKey {
+    FlowKey {
+        saddr: bytes(pkt.saddr),
+        daddr: bytes(pkt.daddr),
+        sport: pkt.sport,
+        dport: pkt.dport,
+        proto: pkt.proto,
+        family: pkt.family,
+        kind: kind_,
+        _pad: 0,
     }
 }
 
@@ -273,39 +323,21 @@ fn on_suspect(ctx: &TcContext, pkt: &Packet, src_tag: u8) {
     );
     let cfg = CONFIG.load();
     let now = unsafe { bpf_ktime_get_ns() };
-    let flow = FlowKey {
-        saddr: pkt.saddr,
-        daddr: pkt.daddr,
-        sport: pkt.sport,
-        dport: pkt.dport,
-        proto: pkt.proto,
-        family: pkt.family,
-        kind: kind::SUSPECT,
-        _pad: 0,
-    };
-    if !may_emit(&flow, now, &cfg) {
+    if !may_emit(&flow_of(pkt, kind::SUSPECT), now, &cfg) {
         return;
     }
+    let dst_tag = lookup_tag(pkt.family, &pkt.daddr);
     emit(
-        PacketEvent {
-            ts_ns: now,
-            location: 0,
-            saddr: pkt.saddr,
-            daddr: pkt.daddr,
-            ifindex,
-            reason: 0,
-            netns: 0,
-            sport: pkt.sport,
-            dport: pkt.dport,
-            kind: kind::SUSPECT,
-            src_tag,
-            dst_tag: lookup_tag(pkt.family, &pkt.daddr),
-            proto: pkt.proto,
-            family: pkt.family,
-            tcp_flags: pkt.tcp_flags,
-            _pad: [0; 2],
-        },
         &cfg,
+        pkt,
+        kind::SUSPECT,
+        src_tag,
+        dst_tag,
+        ifindex,
+        0,
+        0,
+        0,
+        now,
     );
 }
 
@@ -324,7 +356,7 @@ pub fn clb_egress(ctx: TcContext) -> i32 {
         return TC_ACT_UNSPEC;
     }
     let key = EgressKey {
-        addr: pkt.saddr,
+        addr: bytes(pkt.saddr),
         port: pkt.sport,
         proto: pkt.proto,
         family: pkt.family,
@@ -334,7 +366,7 @@ pub fn clb_egress(ctx: TcContext) -> i32 {
         return TC_ACT_UNSPEC;
     }
     let value = EgressValue {
-        daddr: pkt.daddr,
+        daddr: bytes(pkt.daddr),
         dport: pkt.dport,
         _pad: [0; 2],
         ifindex: unsafe { (*ctx.skb.skb).ifindex },
@@ -367,9 +399,8 @@ fn parse_skb(skb: *const u8, off: &KernelOffsets) -> Option<Packet> {
         4 => {
             pkt.family = family::V4;
             pkt.proto = read(ip, 9)?;
-            let addrs: [u8; 8] = read(ip, 12)?;
-            pkt.saddr[..4].copy_from_slice(&addrs[..4]);
-            pkt.daddr[..4].copy_from_slice(&addrs[4..]);
+            pkt.saddr[0] = read(ip, 12)?;
+            pkt.daddr[0] = read(ip, 16)?;
             let frag = u16::from_be(read::<u16>(ip, 6)?) & 0x1fff;
             if frag != 0 {
                 return Some(pkt);
@@ -448,39 +479,20 @@ fn on_kfree_skb(skb: *const u8, location: u64, reason: u32) {
         },
     );
     let now = unsafe { bpf_ktime_get_ns() };
-    let flow = FlowKey {
-        saddr: pkt.saddr,
-        daddr: pkt.daddr,
-        sport: pkt.sport,
-        dport: pkt.dport,
-        proto: pkt.proto,
-        family: pkt.family,
-        kind: kind::DROP,
-        _pad: 0,
-    };
-    if !may_emit(&flow, now, &cfg) {
+    if !may_emit(&flow_of(&pkt, kind::DROP), now, &cfg) {
         return;
     }
     emit(
-        PacketEvent {
-            ts_ns: now,
-            location,
-            saddr: pkt.saddr,
-            daddr: pkt.daddr,
-            ifindex: iif,
-            reason,
-            netns,
-            sport: pkt.sport,
-            dport: pkt.dport,
-            kind: kind::DROP,
-            src_tag,
-            dst_tag,
-            proto: pkt.proto,
-            family: pkt.family,
-            tcp_flags: pkt.tcp_flags,
-            _pad: [0; 2],
-        },
         &cfg,
+        &pkt,
+        kind::DROP,
+        src_tag,
+        dst_tag,
+        iif,
+        reason,
+        location,
+        netns,
+        now,
     );
 }
 

@@ -6,7 +6,9 @@
 //! - [`correlate`]: pure logic that turns events + state into confirmed loopback events;
 //! - [`sink`]: where confirmed events and counters go (JSON lines, metrics, live view).
 
+pub mod agent;
 pub mod correlate;
 pub mod event;
 pub mod kernel;
+pub mod sink;
 pub mod state;

@@ -1,1 +1,114 @@
-fn main() {}
+//! `probe`: clb-probe's command line. Exit codes: 0 ok, 1 runtime failure, 2 usage error.
+
+use std::{path::PathBuf, process::ExitCode, time::Duration};
+
+use clap::{Parser, Subcommand, ValueEnum};
+use clb_probe::{
+    agent::{self, AgentConfig},
+    state::addrs::{AddrConfig, Prefix},
+};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "probe",
+    version,
+    about = "Finds and proves load-balancer loopback on Kubernetes nodes (eBPF)"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the node agent (the DaemonSet's command): attach, watch, correlate, report.
+    Agent(AgentArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct AgentArgs {
+    /// NIC to watch (repeatable). Default: the interfaces that carry a default route.
+    #[arg(long = "nic", env = "CLB_PROBE_NIC", value_delimiter = ',')]
+    nics: Vec<String>,
+    /// Interface holding bound ClusterIPs / LB VIPs (kube-proxy IPVS mode's dummy).
+    #[arg(long, env = "CLB_PROBE_VIP_IFACE", default_value = "kube-ipvs0")]
+    vip_iface: String,
+    /// Local pod CIDR (repeatable), in addition to the pod routes learned from the node.
+    #[arg(long = "pod-cidr", env = "CLB_PROBE_POD_CIDR", value_delimiter = ',', value_parser = parse_prefix)]
+    pod_cidrs: Vec<Prefix>,
+    /// Write confirmed loopback events as JSON lines to PATH (`-` = stdout).
+    #[arg(long, env = "CLB_PROBE_EVENTS", value_name = "PATH|-")]
+    events: Option<PathBuf>,
+    /// Record every kernel event as JSON lines to PATH, for replay through the correlator.
+    #[arg(long, env = "CLB_PROBE_RECORD", value_name = "PATH")]
+    record: Option<PathBuf>,
+    /// Log format on stderr.
+    #[arg(long, env = "CLB_PROBE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    /// Turn on the eBPF programs' debug log lines (aya-log).
+    #[arg(long, env = "CLB_PROBE_EBPF_LOG")]
+    ebpf_log: bool,
+    /// Seconds between re-reads of the service table (IPVS / kube-proxy iptables rules).
+    #[arg(long, env = "CLB_PROBE_SERVICES_EVERY", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
+    services_every: u64,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+fn parse_prefix(s: &str) -> Result<Prefix, String> {
+    Prefix::parse(s)
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("CLB_PROBE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Agent(args) => {
+            init_logging(args.log_format);
+            let cfg = AgentConfig {
+                addr: AddrConfig {
+                    nics: args.nics,
+                    vip_iface: args.vip_iface,
+                    pod_cidrs: args.pod_cidrs,
+                },
+                events: args.events,
+                record: args.record,
+                ebpf_log: args.ebpf_log,
+                services_every: Duration::from_secs(args.services_every),
+            };
+            let rt = match tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => return fail(&anyhow::anyhow!("starting the runtime: {e}")),
+            };
+            match rt.block_on(agent::run(cfg)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => fail(&e),
+            }
+        }
+    }
+}
+
+/// One clear line on stderr, exit 1.
+fn fail(e: &anyhow::Error) -> ExitCode {
+    eprintln!("probe: error: {e:#}");
+    ExitCode::from(1)
+}

@@ -252,6 +252,9 @@ struct DropInfo {
     iface: Option<String>,
     reason: DropReason,
     location: Option<String>,
+    /// The destination the kernel saw at the drop, when kube-proxy's DNAT had already
+    /// rewritten it (the packet then carries the pre-DNAT destination of its suspect).
+    dnat_to: Option<(IpAddr, u16)>,
 }
 
 /// A drop kept for pairing with a later suspect of the same tuple.
@@ -483,12 +486,14 @@ impl Correlator {
                 reason,
                 location,
             } => {
-                let info = DropInfo {
+                let mut info = DropInfo {
                     ts: ts_ns,
                     iface,
                     reason,
                     location,
+                    dnat_to: None,
                 };
+                let packet = self.undo_dnat(packet, &mut info);
                 self.on_drop(info, packet, &mut out)
             }
         }
@@ -728,6 +733,39 @@ impl Correlator {
     }
 
     // ----- drops ------------------------------------------------------------------------------
+
+    /// kube-proxy's NodePort DNAT runs in PREROUTING, before the route lookup that drops
+    /// local-source and rp_filter packets: such a drop carries the DNAT target as destination,
+    /// its suspect (seen at tc ingress, before netfilter) the NodePort the LB sent to. When no
+    /// pending suspect or flow has the drop's exact tuple, pair it by source (address, port,
+    /// protocol) within the pair window, and give it the suspect's destination back.
+    fn undo_dnat(&self, mut packet: Packet, info: &mut DropInfo) -> Packet {
+        let t = tuple_of(&packet);
+        if self.vip_suspects.contains_key(&t) || self.flows.contains_key(&t) {
+            return packet;
+        }
+        let same_source =
+            |k: &Tuple| k.src == t.src && k.sport == t.sport && k.proto == t.proto && k.sport != 0;
+        let found = self
+            .vip_suspects
+            .iter()
+            .filter(|(k, v)| same_source(k) && self.within(v.ts, info.ts))
+            .map(|(_, v)| &v.packet)
+            .chain(
+                self.flows
+                    .iter()
+                    .filter(|(k, f)| same_source(k) && self.within(f.ts, info.ts))
+                    .map(|(_, f)| &f.packet),
+            )
+            .next();
+        if let Some(seen) = found {
+            info.dnat_to = Some((packet.dst, packet.dport));
+            packet.dst = seen.dst;
+            packet.dport = seen.dport;
+            packet.dst_tag = seen.dst_tag;
+        }
+        packet
+    }
 
     fn on_drop(&mut self, info: DropInfo, packet: Packet, out: &mut Vec<Output>) {
         self.stats.drops_seen += 1;
@@ -1475,9 +1513,12 @@ fn suspect_line(ts: u64, nic: &str, p: &Packet) -> String {
 
 fn drop_line(d: &DropInfo, t: &Tuple) -> String {
     format!(
-        "kfree_skb at {}: {} dropped{}, reason {} (code {}){}",
+        "kfree_skb at {}: {}{} dropped{}, reason {} (code {}){}",
         fmt_ts(d.ts),
         fmt_tuple(t),
+        d.dnat_to
+            .map(|(ip, port)| format!(" (already DNATed to {ip}:{port} by the NodePort rules)"))
+            .unwrap_or_default(),
         d.iface
             .as_deref()
             .map(|i| format!(" after arriving on {i}"))

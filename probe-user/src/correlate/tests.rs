@@ -970,3 +970,62 @@ fn flood_of_vip_suspects_and_drops_stays_bounded() {
     assert_eq!(s.drops_unmatched, 100_000);
     invariants(&c);
 }
+
+/// As recorded in the lab on 6.18: the NodePort DNAT ran before the local-source drop, so the
+/// drop names the endpoint (a pod) while the suspect names the NodePort.
+#[test]
+fn blackhole_drop_after_nodeport_dnat_pairs_with_its_suspect_by_source() {
+    let mut c = corr();
+    let seen = hc(35787);
+    let mut dnated = seen.clone();
+    dnated.dst = ip("10.244.1.5");
+    dnated.dport = 8080;
+    dnated.dst_tag = Some(Tag::Pod);
+    assert!(c.ingest(suspect(S, &seen)).is_empty());
+    let r = only_report(&c.ingest(local_source(S + 50_000, &dnated)));
+    let e = &r.event;
+    assert_eq!(e.kind, LoopbackKind::HealthcheckBlackhole);
+    assert_eq!(
+        (e.dst, e.dst_port),
+        (ip(NODE), 30080),
+        "the NodePort, not the endpoint"
+    );
+    assert!(has_line(&e.evidence, "tc ingress on eth0"));
+    assert!(has_line(&e.evidence, "already DNATed to 10.244.1.5:8080"));
+    let s = c.stats();
+    assert_eq!((s.suspects_confirmed, s.pending_suspects), (1, 0));
+    invariants(&c);
+}
+
+#[test]
+fn hairpin_rpfilter_drop_after_nodeport_dnat_is_the_flows_outcome() {
+    let mut c = corr();
+    let p = hp(40001, 30081);
+    let t0 = 5 * S;
+    hairpin_to_settling(
+        &mut c,
+        t0,
+        &p,
+        vec![egress(40001, EXT_VIP, 80, t0 - 2 * MS)],
+    );
+    let mut dnated = p.clone();
+    dnated.dst = ip("10.244.1.5");
+    dnated.dport = 8080;
+    let r = only_report(&c.ingest(drop_ev(t0 + 50_000, &dnated, "IP_RPFILTER", 16, None)));
+    assert_eq!(r.event.outcome, Outcome::Dropped);
+    assert_eq!((r.event.dst, r.event.dst_port), (ip(NODE), 30081));
+    invariants(&c);
+}
+
+#[test]
+fn a_drop_from_another_source_port_is_not_paired() {
+    let mut c = corr();
+    assert!(c.ingest(suspect(S, &hc(35787))).is_empty());
+    let mut other = hc(35788);
+    other.dst = ip("10.244.1.5");
+    other.dport = 8080;
+    let r = only_report(&c.ingest(local_source(S + 50_000, &other)));
+    // Confirmed from the drop alone, with the destination the kernel saw.
+    assert_eq!(r.event.dst_port, 8080);
+    assert_eq!(c.stats().pending_suspects, 1);
+}

@@ -1,0 +1,222 @@
+//! `probe agent`: wires kernel -> events -> correlation -> sinks.
+//!
+//! Tasks: the ring-buffer reader (kernel events onto a bounded queue), the node sync (addresses
+//! and attachments), the service-table refresher, and the correlation loop, which is the only
+//! owner of the [`Correlator`] and answers its queries (egress map, conntrack).
+
+pub mod nodesync;
+pub mod shared;
+
+use std::{
+    path::PathBuf,
+    sync::{Arc, RwLock},
+    time::Duration,
+};
+
+use anyhow::Context as _;
+use tokio::{
+    signal::unix::{SignalKind, signal},
+    sync::{mpsc, watch},
+};
+use tracing::{info, warn};
+
+use crate::{
+    correlate::{Answer, Correlator, CorrelatorConfig, Output, Query},
+    event::KernelEvent,
+    kernel::{
+        self, KernelBtf, Probe, ProbeSettings,
+        counters::EgressTable,
+        reader::{self, Decoder, IfNames, ReaderStats},
+    },
+    sink::{Sinks, json::JsonLines},
+    state::{self, addrs::AddrConfig},
+};
+use nodesync::{NodeStatus, NodeSync};
+
+/// Everything `probe agent` was told.
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    pub addr: AddrConfig,
+    /// `--events`: where confirmed events go as JSON lines (`-` = stdout).
+    pub events: Option<PathBuf>,
+    /// `--record`: every kernel event as JSON lines, for replaying through the correlator.
+    pub record: Option<PathBuf>,
+    pub ebpf_log: bool,
+    /// How often the service table (IPVS / iptables) is re-read.
+    pub services_every: Duration,
+}
+
+/// Runs until SIGINT/SIGTERM. Every exit path detaches: the probe is owned by the node-sync
+/// task, which detaches before it returns, and by Drop if anything unwinds.
+pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
+    kernel::check_capabilities()?;
+    let kbtf = KernelBtf::load()?;
+    let (rt_conn, rt_handle, _) =
+        rtnetlink::new_connection().context("opening an rtnetlink socket")?;
+    tokio::spawn(rt_conn);
+
+    // Fail on a mistyped interface before anything is loaded or attached.
+    let node = state::addrs::read(&rt_handle)
+        .await
+        .context("reading interfaces over rtnetlink")?;
+    for nic in &cfg.addr.nics {
+        if !node.links.iter().any(|l| &l.name == nic) {
+            return Err(kernel::KernelError::UnknownInterface { name: nic.clone() }.into());
+        }
+    }
+    let sets = state::addrs::classify(&node, &cfg.addr);
+    if sets.nics.is_empty() {
+        anyhow::bail!(
+            "no NIC to watch: no interface carries a default route here; name one with --nic"
+        );
+    }
+
+    let mut settings = ProbeSettings {
+        config: probe_common::ProbeConfig::default(),
+        ebpf_log: cfg.ebpf_log,
+    };
+    settings.config.netns_ino = kernel::current_netns_inode();
+    settings.config.reason_consumed = kbtf.drop_reasons.code("SKB_CONSUMED").unwrap_or(u32::MAX);
+    let loaded = Probe::load(&settings, &kbtf)?;
+    info!(features = %loaded.probe.features(), "programs loaded");
+
+    let ifnames: IfNames = Arc::new(RwLock::new(Default::default()));
+    let (status_tx, status_rx) = watch::channel(NodeStatus::default());
+    let mut sync = NodeSync::new(
+        loaded.probe,
+        loaded.addresses,
+        cfg.addr.clone(),
+        ifnames.clone(),
+        status_tx,
+    );
+    let sets = sync.sync(&rt_handle).await?;
+    info!(
+        nics = ?sets.nics,
+        vip_iface = ?sets.vip_iface,
+        prefixes = sets.prefixes.len(),
+        "attached and address sets loaded"
+    );
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let sync_task = tokio::spawn(sync.run(rt_handle.clone(), stop_rx.clone()));
+
+    let (ev_tx, ev_rx) = mpsc::channel::<KernelEvent>(4096);
+    let reader_stats = Arc::new(ReaderStats::default());
+    let decoder = Decoder {
+        reasons: kbtf.drop_reasons.clone(),
+        kallsyms: kernel::kallsyms::Kallsyms::load(),
+        ifnames: ifnames.clone(),
+    };
+    let reader_task = tokio::spawn(reader::run(
+        loaded.ring,
+        decoder,
+        ev_tx,
+        reader_stats.clone(),
+    ));
+
+    let mut sinks = Sinks::default();
+    if let Some(path) = &cfg.events {
+        sinks.json = Some(JsonLines::open(path)?);
+    }
+    if let Some(path) = &cfg.record {
+        sinks.record = Some(JsonLines::open(path)?);
+    }
+
+    let result = correlate_loop(CorrelateLoop {
+        events: ev_rx,
+        egress: loaded.egress,
+        ifnames,
+        sinks,
+        status: status_rx,
+        services_every: cfg.services_every,
+    })
+    .await;
+
+    // Orderly shutdown: stop the sync task (it detaches), then the reader.
+    let _ = stop_tx.send(true);
+    match tokio::time::timeout(Duration::from_secs(5), sync_task).await {
+        Ok(Ok(Ok(()))) => {}
+        Ok(Ok(Err(e))) => warn!(error = %e, "node sync ended with an error"),
+        Ok(Err(e)) => warn!(error = %e, "node sync task failed"),
+        Err(_) => warn!("node sync did not stop in 5 s"),
+    }
+    reader_task.abort();
+    drop(loaded.counters);
+    result
+}
+
+struct CorrelateLoop {
+    events: mpsc::Receiver<KernelEvent>,
+    egress: EgressTable,
+    ifnames: IfNames,
+    sinks: Sinks,
+    status: watch::Receiver<NodeStatus>,
+    services_every: Duration,
+}
+
+async fn correlate_loop(mut l: CorrelateLoop) -> anyhow::Result<()> {
+    let mut correlator = Correlator::new(CorrelatorConfig::default());
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    let mut services_tick = tokio::time::interval(l.services_every);
+    let (answer_tx, mut answer_rx) = mpsc::channel::<Answer>(1024);
+    let _ = &l.status;
+    loop {
+        let outputs = tokio::select! {
+            ev = l.events.recv() => {
+                let Some(ev) = ev else { anyhow::bail!("the kernel event reader stopped") };
+                l.sinks.record(&ev);
+                correlator.ingest(ev)
+            }
+            Some(answer) = answer_rx.recv() => correlator.answer(answer),
+            _ = tick.tick() => correlator.tick(monotonic_ns()),
+            _ = services_tick.tick() => {
+                match tokio::task::spawn_blocking(state::read_services).await? {
+                    Ok(table) => correlator.set_services(table),
+                    Err(e) => warn!(error = %e, "reading the service table"),
+                }
+                Vec::new()
+            }
+            _ = sigterm.recv() => { info!("SIGTERM: shutting down"); return Ok(()); }
+            _ = sigint.recv() => { info!("SIGINT: shutting down"); return Ok(()); }
+        };
+        for out in outputs {
+            match out {
+                Output::Report(report) => l.sinks.report(&report),
+                Output::Query(query) => answer_query(query, &l.egress, &l.ifnames, &answer_tx),
+            }
+        }
+    }
+}
+
+/// Answers a correlator query: the egress map synchronously (a bounded map read), conntrack
+/// on the blocking pool (a netlink round trip).
+fn answer_query(query: Query, egress: &EgressTable, ifnames: &IfNames, tx: &mpsc::Sender<Answer>) {
+    match query {
+        Query::Egress { id, src } => {
+            let records = egress.by_source(src, |i| reader::ifname(ifnames, i));
+            let _ = tx.try_send(Answer::Egress { id, records });
+        }
+        Query::Conntrack { id, tuple } => {
+            let tx = tx.clone();
+            tokio::task::spawn_blocking(move || {
+                let entry = state::conntrack::lookup(&tuple).unwrap_or_else(|e| {
+                    warn!(error = %e, "conntrack lookup");
+                    None
+                });
+                let _ = tx.blocking_send(Answer::Conntrack { id, entry });
+            });
+        }
+    }
+}
+
+/// CLOCK_MONOTONIC in ns: the clock of the kernel's `bpf_ktime_get_ns`.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid pointer to a timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}

@@ -1,0 +1,231 @@
+//! Keeps the kernel in step with the node: address tries, the NIC set, and attachments.
+//!
+//! Any rtnetlink link/address/route notification triggers a full re-read (debounced), a pure
+//! classification and a diff against what the maps hold: simpler and more robust than applying
+//! individual notifications, and cheap (a node has hundreds of addresses, not millions).
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+    time::Duration,
+};
+
+use aya::maps::lpm_trie::Key;
+use futures::StreamExt as _;
+use probe_common::AddrValue;
+use rtnetlink::{Handle, MulticastGroup};
+use serde::Serialize;
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+use crate::{
+    event::Tag,
+    kernel::{AddressMaps, Features, Probe, reader::IfNames},
+    state::addrs::{self, AddrConfig, AddressSets, Prefix},
+};
+
+/// What the node looks like to the probe now; published to the metrics and the live view.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct NodeStatus {
+    pub attached: Vec<(String, u32)>,
+    pub nics: Vec<String>,
+    pub vip_iface: String,
+    pub vip_iface_present: bool,
+    pub vips: Vec<IpAddr>,
+    pub set_sizes: BTreeMap<String, usize>,
+    pub features: Option<Features>,
+    /// True once programs are attached and the address sets are loaded.
+    pub ready: bool,
+}
+
+pub struct NodeSync {
+    probe: Probe,
+    maps: AddressMaps,
+    cfg: AddrConfig,
+    in_maps: BTreeMap<Prefix, Tag>,
+    nics_in_map: BTreeSet<u32>,
+    ifnames: IfNames,
+    status: watch::Sender<NodeStatus>,
+}
+
+/// Debounce for bursts of notifications (kube-proxy adds hundreds of addresses at once).
+const DEBOUNCE: Duration = Duration::from_millis(100);
+
+impl NodeSync {
+    pub fn new(
+        probe: Probe,
+        maps: AddressMaps,
+        cfg: AddrConfig,
+        ifnames: IfNames,
+        status: watch::Sender<NodeStatus>,
+    ) -> Self {
+        Self {
+            probe,
+            maps,
+            cfg,
+            in_maps: BTreeMap::new(),
+            nics_in_map: BTreeSet::new(),
+            ifnames,
+            status,
+        }
+    }
+
+    /// One full sync: read, classify, write maps, attach.
+    pub async fn sync(&mut self, handle: &Handle) -> anyhow::Result<AddressSets> {
+        let state = addrs::read(handle).await?;
+        if let Ok(mut names) = self.ifnames.write() {
+            *names = state
+                .links
+                .iter()
+                .map(|l| (l.index, l.name.clone()))
+                .collect();
+        }
+        let sets = addrs::classify(&state, &self.cfg);
+        self.apply_prefixes(&sets.prefixes)?;
+        self.apply_attachments(&sets)?;
+        self.publish(&sets);
+        Ok(sets)
+    }
+
+    fn apply_prefixes(&mut self, want: &BTreeMap<Prefix, Tag>) -> anyhow::Result<()> {
+        let stale: Vec<Prefix> = self
+            .in_maps
+            .iter()
+            .filter(|(p, t)| want.get(p) != Some(t))
+            .map(|(p, _)| *p)
+            .collect();
+        for p in stale {
+            let res = match p.addr {
+                IpAddr::V4(a) => self.maps.v4.remove(&Key::new(p.len as u32, a.octets())),
+                IpAddr::V6(a) => self.maps.v6.remove(&Key::new(p.len as u32, a.octets())),
+            };
+            if let Err(e) = res {
+                debug!(prefix = %p, error = %e, "remove");
+            }
+            self.in_maps.remove(&p);
+        }
+        for (p, tag) in want {
+            if self.in_maps.get(p) == Some(tag) {
+                continue;
+            }
+            let value = AddrValue {
+                tag: tag.to_raw(),
+                _pad: [0; 3],
+            };
+            match p.addr {
+                IpAddr::V4(a) => {
+                    self.maps
+                        .v4
+                        .insert(&Key::new(p.len as u32, a.octets()), value, 0)?
+                }
+                IpAddr::V6(a) => {
+                    self.maps
+                        .v6
+                        .insert(&Key::new(p.len as u32, a.octets()), value, 0)?
+                }
+            }
+            self.in_maps.insert(*p, *tag);
+        }
+        Ok(())
+    }
+
+    fn apply_attachments(&mut self, sets: &AddressSets) -> anyhow::Result<()> {
+        let want: BTreeMap<String, u32> = sets
+            .nics
+            .iter()
+            .cloned()
+            .chain(sets.vip_iface.iter().cloned())
+            .collect();
+        for (name, _) in self.probe.attached() {
+            if !want.contains_key(&name) {
+                self.probe.forget(&name);
+            }
+        }
+        for (name, ifindex) in &want {
+            self.probe.attach(name, *ifindex)?;
+        }
+        let nic_indexes: BTreeSet<u32> = sets.nics.iter().map(|(_, i)| *i).collect();
+        for gone in self.nics_in_map.difference(&nic_indexes) {
+            let _ = self.maps.nics.remove(gone);
+        }
+        for new in nic_indexes.difference(&self.nics_in_map) {
+            self.maps.nics.insert(new, 1, 0)?;
+        }
+        self.nics_in_map = nic_indexes;
+        for configured in &self.cfg.nics {
+            if !sets.nics.iter().any(|(n, _)| n == configured) {
+                warn!(
+                    iface = configured,
+                    "configured NIC is absent; will attach when it appears"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn publish(&self, sets: &AddressSets) {
+        let set_sizes = Tag::ALL
+            .iter()
+            .map(|t| (t.as_str().to_string(), sets.count(*t)))
+            .collect();
+        let vips = sets
+            .prefixes
+            .iter()
+            .filter(|(_, t)| **t == Tag::Vip)
+            .map(|(p, _)| p.addr)
+            .collect();
+        self.status.send_modify(|s| {
+            s.attached = self.probe.attached();
+            s.nics = sets.nics.iter().map(|(n, _)| n.clone()).collect();
+            s.vip_iface = self.cfg.vip_iface.clone();
+            s.vip_iface_present = sets.vip_iface.is_some();
+            s.vips = vips;
+            s.set_sizes = set_sizes;
+            s.features = Some(self.probe.features().clone());
+            s.ready = !sets.nics.is_empty();
+        });
+    }
+
+    /// Follows rtnetlink notifications until `stop` fires; then detaches everything.
+    pub async fn run(
+        mut self,
+        handle: Handle,
+        mut stop: watch::Receiver<bool>,
+    ) -> anyhow::Result<()> {
+        let (conn, _mc_handle, mut messages) = rtnetlink::new_multicast_connection(&[
+            MulticastGroup::Link,
+            MulticastGroup::Ipv4Ifaddr,
+            MulticastGroup::Ipv6Ifaddr,
+            MulticastGroup::Ipv4Route,
+            MulticastGroup::Ipv6Route,
+        ])?;
+        let conn_task = tokio::spawn(conn);
+        // Anything may have changed between the first sync and the subscription, so the loop
+        // starts with a sync.
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(DEBOUNCE) => {}
+                _ = stop.changed() => break,
+            }
+            // Swallow the rest of the burst.
+            while let Ok(Some(_)) =
+                tokio::time::timeout(Duration::from_millis(1), messages.next()).await
+            {}
+            match self.sync(&handle).await {
+                Ok(sets) => debug!(prefixes = sets.prefixes.len(), "resynced"),
+                Err(e) => warn!(error = %e, "resync failed; retrying on the next change"),
+            }
+            tokio::select! {
+                msg = messages.next() => if msg.is_none() {
+                    warn!("rtnetlink notifications ended; resyncing every second");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                },
+                _ = stop.changed() => break,
+            }
+        }
+        conn_task.abort();
+        self.probe.detach_all();
+        info!("detached from all interfaces");
+        Ok(())
+    }
+}

@@ -1,0 +1,41 @@
+//! Where confirmed events and kernel events go: JSON lines now; metrics and the live view
+//! subscribe to the same reports.
+
+pub mod json;
+
+use tracing::info;
+
+use crate::{correlate::Report, event::KernelEvent};
+
+/// The fan-out of the correlation loop.
+#[derive(Default)]
+pub struct Sinks {
+    /// `--events`: confirmed loopback events.
+    pub json: Option<json::JsonLines>,
+    /// `--record`: raw kernel events, replayable through the correlator.
+    pub record: Option<json::JsonLines>,
+}
+
+impl Sinks {
+    pub fn report(&mut self, report: &Report) {
+        if report.is_new {
+            info!(
+                kind = report.event.kind.as_str(),
+                src = %report.event.src,
+                dst = %report.event.dst,
+                "confirmed loopback"
+            );
+        }
+        if report.write_json
+            && let Some(out) = &mut self.json
+        {
+            out.write(&report.event);
+        }
+    }
+
+    pub fn record(&mut self, ev: &KernelEvent) {
+        if let Some(out) = &mut self.record {
+            out.write(ev);
+        }
+    }
+}
