@@ -48,10 +48,19 @@ struct AgentArgs {
     /// Turn on the eBPF programs' debug log lines (aya-log).
     #[arg(long, env = "CLB_PROBE_EBPF_LOG")]
     ebpf_log: bool,
+    /// Serve Prometheus metrics, /healthz and /readyz on ADDR:PORT.
+    #[arg(long, env = "CLB_PROBE_METRICS_ADDR", value_name = "ADDR:PORT")]
+    metrics_addr: Option<std::net::SocketAddr>,
+    /// Live-view socket for `probe watch` and `probe events`.
+    #[arg(long, env = "CLB_PROBE_SOCKET", default_value = DEFAULT_SOCKET)]
+    socket: PathBuf,
     /// Seconds between re-reads of the service table (IPVS / kube-proxy iptables rules).
     #[arg(long, env = "CLB_PROBE_SERVICES_EVERY", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
     services_every: u64,
 }
+
+/// Where the agent listens for `probe watch` / `probe events` by default.
+const DEFAULT_SOCKET: &str = "/run/clb-probe/probe.sock";
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum LogFormat {
@@ -90,6 +99,8 @@ fn main() -> ExitCode {
                 record: args.record,
                 ebpf_log: args.ebpf_log,
                 services_every: Duration::from_secs(args.services_every),
+                metrics_addr: args.metrics_addr,
+                socket: Some(args.socket),
             };
             let rt = match tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)

@@ -16,7 +16,7 @@ use std::{
 use anyhow::Context as _;
 use tokio::{
     signal::unix::{SignalKind, signal},
-    sync::{mpsc, watch},
+    sync::{broadcast, mpsc, watch},
 };
 use tracing::{info, warn};
 
@@ -32,6 +32,7 @@ use crate::{
     state::{self, addrs::AddrConfig},
 };
 use nodesync::{NodeStatus, NodeSync};
+use shared::Shared;
 
 /// Everything `probe agent` was told.
 #[derive(Clone, Debug)]
@@ -44,6 +45,10 @@ pub struct AgentConfig {
     pub ebpf_log: bool,
     /// How often the service table (IPVS / iptables) is re-read.
     pub services_every: Duration,
+    /// `--metrics-addr`: Prometheus `/metrics`, `/healthz`, `/readyz`.
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// `--socket`: the live-view socket `probe watch` and `probe events` connect to.
+    pub socket: Option<PathBuf>,
 }
 
 /// Runs until SIGINT/SIGTERM. Every exit path detaches: the probe is owned by the node-sync
@@ -70,6 +75,19 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
             "no NIC to watch: no interface carries a default route here; name one with --nic"
         );
     }
+    // Bind the surfaces before touching the kernel: a port in use fails with nothing attached.
+    let metrics_listener = match cfg.metrics_addr {
+        Some(addr) => Some(std::net::TcpListener::bind(addr).with_context(|| {
+            format!(
+                "--metrics-addr {addr}: cannot listen (in use, or not an address of this namespace)"
+            )
+        })?),
+        None => None,
+    };
+    let live_listener = match &cfg.socket {
+        Some(path) => Some(crate::sink::live::bind(path)?),
+        None => None,
+    };
 
     let mut settings = ProbeSettings {
         config: probe_common::ProbeConfig::default(),
@@ -113,6 +131,31 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         reader_stats.clone(),
     ));
 
+    let shared = Shared {
+        status: status_rx,
+        counters: Arc::new(loaded.counters),
+        reader: reader_stats,
+        drop_reasons: Arc::new(kbtf.drop_reasons.clone()),
+        reports: broadcast::channel(1024).0,
+        confirmed: Default::default(),
+        correlator: Default::default(),
+        version: env!("CARGO_PKG_VERSION"),
+    };
+    let mut surfaces = Vec::new();
+    if let Some(listener) = metrics_listener {
+        info!(addr = ?listener.local_addr().ok(), "serving /metrics, /healthz, /readyz");
+        surfaces.push(tokio::spawn(crate::sink::metrics::serve(
+            listener,
+            shared.clone(),
+        )));
+    }
+    if let Some(listener) = live_listener {
+        surfaces.push(tokio::spawn(crate::sink::live::serve(
+            listener,
+            shared.clone(),
+        )));
+    }
+
     let mut sinks = Sinks::default();
     if let Some(path) = &cfg.events {
         sinks.json = Some(JsonLines::open(path)?);
@@ -126,10 +169,16 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         egress: loaded.egress,
         ifnames,
         sinks,
-        status: status_rx,
+        shared,
         services_every: cfg.services_every,
     })
     .await;
+    for task in surfaces {
+        task.abort();
+    }
+    if let Some(path) = &cfg.socket {
+        let _ = std::fs::remove_file(path);
+    }
 
     // Orderly shutdown: stop the sync task (it detaches), then the reader.
     let _ = stop_tx.send(true);
@@ -140,7 +189,6 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         Err(_) => warn!("node sync did not stop in 5 s"),
     }
     reader_task.abort();
-    drop(loaded.counters);
     result
 }
 
@@ -149,7 +197,7 @@ struct CorrelateLoop {
     egress: EgressTable,
     ifnames: IfNames,
     sinks: Sinks,
-    status: watch::Receiver<NodeStatus>,
+    shared: Shared,
     services_every: Duration,
 }
 
@@ -160,7 +208,6 @@ async fn correlate_loop(mut l: CorrelateLoop) -> anyhow::Result<()> {
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     let mut services_tick = tokio::time::interval(l.services_every);
     let (answer_tx, mut answer_rx) = mpsc::channel::<Answer>(1024);
-    let _ = &l.status;
     loop {
         let outputs = tokio::select! {
             ev = l.events.recv() => {
@@ -169,7 +216,12 @@ async fn correlate_loop(mut l: CorrelateLoop) -> anyhow::Result<()> {
                 correlator.ingest(ev)
             }
             Some(answer) = answer_rx.recv() => correlator.answer(answer),
-            _ = tick.tick() => correlator.tick(monotonic_ns()),
+            _ = tick.tick() => {
+                if let Ok(mut stats) = l.shared.correlator.lock() {
+                    stats.clone_from(correlator.stats());
+                }
+                correlator.tick(monotonic_ns())
+            }
             _ = services_tick.tick() => {
                 match tokio::task::spawn_blocking(state::read_services).await? {
                     Ok(table) => correlator.set_services(table),
@@ -182,7 +234,10 @@ async fn correlate_loop(mut l: CorrelateLoop) -> anyhow::Result<()> {
         };
         for out in outputs {
             match out {
-                Output::Report(report) => l.sinks.report(&report),
+                Output::Report(report) => {
+                    l.sinks.report(&report);
+                    l.shared.publish(report);
+                }
                 Output::Query(query) => answer_query(query, &l.egress, &l.ifnames, &answer_tx),
             }
         }

@@ -2,6 +2,8 @@
 //! subscribe to the same reports.
 
 pub mod json;
+pub mod live;
+pub mod metrics;
 
 use tracing::info;
 
