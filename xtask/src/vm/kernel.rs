@@ -61,10 +61,93 @@ pub struct Kernel {
     pub version: String,
     /// `uname -r` of the guest, e.g. `6.1.0-56-amd64`.
     pub release: String,
-    /// The bzImage.
-    pub vmlinuz: PathBuf,
+    /// What QEMU boots: the decompressed ELF `vmlinux` (PVH entry, skips the decompressor,
+    /// about 4 s faster under TCG) or, when it cannot be extracted, the bzImage.
+    pub image: PathBuf,
     /// The package layer (contains `usr/`), exported to the guest as its own 9p share.
     pub root: PathBuf,
+}
+
+/// The compressed kernel inside a bzImage: its byte range and the command that decompresses it.
+/// The boot protocol header gives `setup_sects` (0x1f1), `payload_offset` (0x248) and
+/// `payload_length` (0x24c); the payload ends with the decompressed size (le32).
+pub fn bzimage_payload(bz: &[u8]) -> Option<(std::ops::Range<usize>, &'static str, u32)> {
+    if bz.get(0x202..0x206)? != b"HdrS" {
+        return None;
+    }
+    let setup_sects = match *bz.get(0x1f1)? {
+        0 => 4,
+        n => n as usize,
+    };
+    let le32 = |o: usize| {
+        bz.get(o..o + 4)
+            .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+    };
+    let start = (setup_sects + 1) * 512 + le32(0x248)? as usize;
+    let end = start.checked_add(le32(0x24c)? as usize)?;
+    let payload = bz.get(start..end)?;
+    let size = le32(end - 4)?;
+    let tool = if payload.starts_with(b"\xfd7zXZ\x00") {
+        "xz"
+    } else if payload.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
+        "zstd"
+    } else if payload.starts_with(&[0x1f, 0x8b]) {
+        "gzip"
+    } else {
+        return None;
+    };
+    Some((start..end, tool, size))
+}
+
+/// Decompresses the bzImage's payload into an ELF vmlinux.
+fn extract_vmlinux(bzimage: &Path, out: &Path) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let bz = std::fs::read(bzimage)?;
+    let (range, tool, size) =
+        bzimage_payload(&bz).context("not a bzImage with an xz/zstd/gzip payload")?;
+    let mut args = vec!["-dc"];
+    if tool == "xz" {
+        // The payload ends with the size word, which xz would take for a second stream.
+        args.push("--single-stream");
+    }
+    let mut child = Command::new(tool)
+        .args(&args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::fs::File::create(out)?)
+        .spawn()
+        .with_context(|| format!("starting {tool}"))?;
+    let mut stdin = child.stdin.take().context("stdin")?;
+    let data = bz[range].to_vec();
+    let feeder = std::thread::spawn(move || stdin.write_all(&data));
+    let status = child.wait()?;
+    let _ = feeder.join();
+    let got = std::fs::metadata(out)?.len();
+    let mut magic = [0u8; 4];
+    std::io::Read::read_exact(&mut std::fs::File::open(out)?, &mut magic)?;
+    if !status.success() || got != u64::from(size) || &magic != b"\x7fELF" {
+        bail!("{tool} gave {got} bytes (want {size}), exit {status}");
+    }
+    Ok(())
+}
+
+/// `dir/vmlinux`, extracted once from `dir/vmlinuz`; the bzImage when that fails.
+fn boot_image(dir: &Path) -> PathBuf {
+    let vmlinux = dir.join("vmlinux");
+    let vmlinuz = dir.join("vmlinuz");
+    if vmlinux.is_file() {
+        return vmlinux;
+    }
+    let tmp = dir.join("vmlinux.tmp");
+    match extract_vmlinux(&vmlinuz, &tmp).and_then(|()| Ok(std::fs::rename(&tmp, &vmlinux)?)) {
+        Ok(()) => vmlinux,
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            say(&format!(
+                "could not extract vmlinux ({e:#}); booting the bzImage (slower)"
+            ));
+            vmlinuz
+        }
+    }
 }
 
 /// `linux-image-6.1.0-56-amd64` -> `6.1.0-56-amd64`.
@@ -111,7 +194,7 @@ fn kernel_at(dir: &Path, package: &str, version: &str) -> anyhow::Result<Kernel>
         package: package.to_string(),
         version: version.to_string(),
         release: release.to_string(),
-        vmlinuz: dir.join("vmlinuz"),
+        image: boot_image(dir),
         root: dir.join("root"),
     })
 }
@@ -647,6 +730,22 @@ linux-image-6.1.0-56-amd64:
             assert!(s.contains(n), "{n}");
         }
         assert!(!s.contains("kmod"));
+    }
+
+    #[test]
+    fn finds_the_bzimage_payload() {
+        let mut bz = vec![0u8; 5 * 512 + 64];
+        bz[0x1f1] = 4;
+        bz[0x202..0x206].copy_from_slice(b"HdrS");
+        bz[0x248..0x24c].copy_from_slice(&16u32.to_le_bytes());
+        bz[0x24c..0x250].copy_from_slice(&12u32.to_le_bytes());
+        let start = 5 * 512 + 16;
+        bz[start..start + 6].copy_from_slice(b"\xfd7zXZ\x00");
+        bz[start + 8..start + 12].copy_from_slice(&4242u32.to_le_bytes());
+        assert_eq!(bzimage_payload(&bz), Some((start..start + 12, "xz", 4242)));
+        bz[start] = 0;
+        assert_eq!(bzimage_payload(&bz), None);
+        assert_eq!(bzimage_payload(b"\x7fELF"), None);
     }
 
     #[test]

@@ -206,7 +206,7 @@ fn boot_in(
     std::fs::write(results.join("stage2.sh"), STAGE2)?;
     let boot = qemu::Boot {
         accel: qemu::detect_accel(),
-        kernel: kernel.vmlinuz.clone(),
+        kernel: kernel.image.clone(),
         initrd,
         cmdline: qemu::kernel_cmdline(&[]),
         pkgs: kernel.root.clone(),

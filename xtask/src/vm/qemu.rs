@@ -22,6 +22,30 @@ pub enum Accel {
     Tcg,
 }
 
+/// A console line without terminal control sequences (SeaBIOS clears the screen) or `\r`.
+pub fn clean_console(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            // CSI runs to a final byte in @..~; other escapes (ESC c: reset) are two characters.
+            '\x1b' => {
+                if chars.next() == Some('[') {
+                    for c in chars.by_ref() {
+                        if ('@'..='~').contains(&c) {
+                            break;
+                        }
+                    }
+                }
+            }
+            '\t' => out.push(c),
+            c if c.is_control() => {}
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 /// KVM only on real VT-x/AMD-V: a nested PVM backend (`kvm-pvm` in dmesg, no vmx/svm) makes
 /// QEMU fail with MSR assertions, so everything else is software emulation.
 pub fn choose_accel(cpuinfo: &str, dmesg: &str, dev_kvm: bool) -> Accel {
@@ -190,8 +214,7 @@ pub fn run(boot: &Boot, log: &Path, timeout: Duration) -> anyhow::Result<Ending>
         let mut line = Vec::new();
         let mut out = std::io::stdout();
         while reader.read_until(b'\n', &mut line).unwrap_or(0) > 0 {
-            let text = String::from_utf8_lossy(&line);
-            let text = text.trim_end_matches(['\n', '\r']);
+            let text = clean_console(&String::from_utf8_lossy(&line));
             let _ = writeln!(logf, "{text}");
             let _ = writeln!(out, "{ECHO_PREFIX}{text}");
             line.clear();
@@ -236,6 +259,15 @@ pub fn run(boot: &Boot, log: &Path, timeout: Duration) -> anyhow::Result<Ending>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cleans_console_lines() {
+        assert_eq!(
+            clean_console("\x1bc\x1b[?7l\x1b[2J\x1b[0mSeaBIOS (version 1.16)\r\n"),
+            "SeaBIOS (version 1.16)"
+        );
+        assert_eq!(clean_console("a\tb"), "a\tb");
+    }
 
     #[test]
     fn decodes_isa_debug_exit() {
