@@ -208,12 +208,43 @@ pub fn ensure(cache: &Path) -> anyhow::Result<Kernel> {
     }
     std::fs::create_dir_all(cache)
         .with_context(|| format!("creating the VM cache {}", cache.display()))?;
+    // One builder at a time (two CI jobs on one machine); the lock goes with the file.
+    let _lock = lock(&cache.join("lock"))?;
+    if is_complete(&pinned) {
+        return kernel_at(&pinned, KERNEL_PACKAGE, KERNEL_VERSION);
+    }
     let (package, version) = choose_kernel()?;
     let dir = entry_dir(cache, &package, &version);
     if !is_complete(&dir) {
         build_entry(&dir, &package, &version)?;
     }
     kernel_at(&dir, &package, &version)
+}
+
+fn lock(path: &Path) -> anyhow::Result<std::fs::File> {
+    use std::os::fd::AsRawFd as _;
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    // SAFETY: flock on a descriptor we own; it is released when the file is closed.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        say(&format!(
+            "waiting for another run that fills {}",
+            path.display()
+        ));
+        // SAFETY: as above.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            bail!(
+                "locking {}: {}",
+                path.display(),
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+    Ok(f)
 }
 
 fn say(msg: &str) {

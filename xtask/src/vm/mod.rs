@@ -38,6 +38,8 @@ pub fn host_packages() -> &'static [(&'static str, &'static str)] {
     &[
         ("qemu-system-x86", "qemu-system-x86_64"),
         ("busybox-static", "busybox"),
+        // Decompresses the kernel for a direct (PVH) boot; without it the bzImage boots slower.
+        ("xz-utils", "xz"),
     ]
 }
 
@@ -53,6 +55,11 @@ pub struct VmArgs {
     /// Keep the run folder (console log, output, initramfs) and print where it is.
     #[arg(long)]
     pub keep: bool,
+    /// Use this host folder as the guest's writable `/clb-vm` share (created if missing) and keep
+    /// it: the command's `output.log` and `rc`, plus whatever the command writes to
+    /// `$CLB_VM_RESULTS`. Default: a throwaway folder.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
     /// Hard limit on the whole boot; QEMU is killed after it.
     #[arg(long, default_value_t = 900, value_name = "SECONDS")]
     pub timeout: u64,
@@ -64,6 +71,7 @@ impl Default for VmArgs {
             command: None,
             env: Vec::new(),
             keep: false,
+            out: None,
             timeout: 900,
         }
     }
@@ -97,9 +105,15 @@ pub fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
-/// The guest's `cmd.sh`: exports, `cd` into the workspace, then the command.
+/// Where the writable results share is mounted in the guest.
+pub const GUEST_RESULTS: &str = "/clb-vm";
+
+/// The guest's `cmd.sh`: exports (`CLB_VM=1`, `CLB_VM_RESULTS`, then the caller's), `cd` into
+/// the workspace, then the command.
 pub fn command_script(command: &str, env: &[String], cwd: &Path) -> anyhow::Result<String> {
-    let mut s = String::from("# written by cargo xtask vm-test\n");
+    let mut s = format!(
+        "# written by cargo xtask vm-test\nexport CLB_VM=1 CLB_VM_RESULTS={GUEST_RESULTS}\n"
+    );
     for kv in env {
         let (k, v) = kv
             .split_once('=')
@@ -175,7 +189,11 @@ pub fn boot(args: &VmArgs) -> anyhow::Result<Outcome> {
     if run_dir.exists() {
         std::fs::remove_dir_all(&run_dir)?;
     }
-    let results = run_dir.join("results");
+    let results = match &args.out {
+        Some(d) => std::path::absolute(d)?,
+        None => run_dir.join("results"),
+    };
+    std::fs::create_dir_all(&run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
     std::fs::create_dir_all(&results).with_context(|| format!("creating {}", results.display()))?;
     let outcome = boot_in(args, &kernel, &run_dir, &results);
     if !args.keep {
@@ -190,6 +208,10 @@ fn boot_in(
     run_dir: &Path,
     results: &Path,
 ) -> anyhow::Result<Outcome> {
+    // An --out folder may hold an earlier run's verdict.
+    for stale in ["rc", "output.log"] {
+        let _ = std::fs::remove_file(results.join(stale));
+    }
     let initrd = run_dir.join("initramfs.cpio");
     initramfs::build(kernel, &initrd)?;
     let command = match &args.command {
@@ -312,6 +334,7 @@ mod tests {
         assert_eq!(
             s,
             "# written by cargo xtask vm-test\n\
+             export CLB_VM=1 CLB_VM_RESULTS=/clb-vm\n\
              export RUST_LOG='debug'\n\
              export X='a'\\''b c'\n\
              cd '/work/main' || exit 125\n\
@@ -325,7 +348,7 @@ mod tests {
     #[test]
     fn host_packages_name_their_commands() {
         let cmds: Vec<_> = host_packages().iter().map(|(_, c)| *c).collect();
-        assert_eq!(cmds, ["qemu-system-x86_64", "busybox"]);
+        assert_eq!(cmds, ["qemu-system-x86_64", "busybox", "xz"]);
     }
 
     #[test]
