@@ -481,6 +481,39 @@ impl fmt::Display for Status {
     }
 }
 
+/// What of a lab is left on this machine: lab namespaces, lab servers (by their command line) and
+/// lab interfaces in the host's namespace (there should never be any). Empty after `down`.
+pub fn leftovers() -> Result<Vec<String>> {
+    let mut left: Vec<String> = net::existing_namespaces()?
+        .into_iter()
+        .filter(|n| NAMESPACES.contains(&n.as_str()))
+        .map(|n| format!("namespace {n}"))
+        .collect();
+    for entry in std::fs::read_dir("/proc")
+        .context("reading /proc")?
+        .flatten()
+    {
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        if cmdline
+            .split(|b| *b == 0)
+            .any(|arg| arg == net::SERVER_TAG.as_bytes())
+        {
+            left.push(format!("process {}", entry.file_name().to_string_lossy()));
+        }
+    }
+    let host_links = cmd::run(&["ip", "-o", "link", "show"])?;
+    for line in host_links.lines() {
+        let name = line.split(':').nth(1).unwrap_or("").trim();
+        let name = name.split('@').next().unwrap_or("");
+        if net::LAB_LINKS.contains(&name) {
+            left.push(format!("host interface {name}"));
+        }
+    }
+    Ok(left)
+}
+
 /// Whether this process runs as root (the lab needs it).
 pub fn is_root() -> bool {
     // SAFETY: geteuid never fails.
@@ -608,23 +641,60 @@ impl Lab {
     }
 }
 
+/// The lock file that serializes users of the (one, fixed) lab across processes.
+pub const LOCK_PATH: &str = "/run/clb-lab.lock";
+
+/// An exclusive hold on the lab (flock on [`LOCK_PATH`]), released on drop. Tests in different
+/// binaries (or threads) that use the lab take it, so they wait for each other instead of
+/// tearing down each other's lab. [`LabGuard`] holds one.
+#[derive(Debug)]
+pub struct LabLock {
+    _file: std::fs::File,
+}
+
+impl LabLock {
+    /// Blocks until the lab is free.
+    pub fn acquire() -> Result<LabLock> {
+        use std::os::fd::AsRawFd;
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(LOCK_PATH)
+            .with_context(|| format!("opening {LOCK_PATH}"))?;
+        loop {
+            // SAFETY: flock on a valid fd.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
+                return Ok(LabLock { _file: file });
+            }
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                bail!("flock {LOCK_PATH}: {e}");
+            }
+        }
+    }
+}
+
 /// Brings the lab up (after removing any leftover) and tears it down on drop, also when the
-/// test holding it panics.
+/// test holding it panics. Holds a [`LabLock`] from before `up` until after the teardown.
 #[derive(Debug)]
 pub struct LabGuard {
     lab: Lab,
+    _lock: LabLock,
 }
 
 impl LabGuard {
-    /// `Lab::down()` then `Lab::up(variants)`.
+    /// Takes the [`LabLock`], then `Lab::down()` and `Lab::up(variants)`.
     pub fn up(variants: &Variants) -> Result<LabGuard> {
         LabGuard::up_with(variants, &UpOptions::default())
     }
 
     pub fn up_with(variants: &Variants, opts: &UpOptions) -> Result<LabGuard> {
+        let lock = LabLock::acquire()?;
         Lab::down().context("removing a leftover lab")?;
         Ok(LabGuard {
             lab: Lab::up_with(variants, opts)?,
+            _lock: lock,
         })
     }
 }

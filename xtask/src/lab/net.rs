@@ -29,6 +29,12 @@ pub const SERVERS: &[(&str, u16, &str)] = &[
     (NS_PEER, PEER_TLS_PORT, "outside backend 198.18.1.2:30443"),
 ];
 
+/// The argument that marks a lab server's command line.
+pub(crate) const SERVER_TAG: &str = "clb-lab-server";
+
+/// Interface names the lab creates (only ever inside lab namespaces).
+pub(crate) const LAB_LINKS: &[&str] = &["vnode", "vpeer", "vclient", "vpod-a", "vpod-b"];
+
 /// Interfaces of each namespace (besides `lo`), for per-interface sysctls and `status`.
 const IFACES: &[(&str, &[&str])] = &[
     (NS_NODE, &[NODE_NIC, "vpod-a", "vpod-b", KUBE_IPVS0]),
