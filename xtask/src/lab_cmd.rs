@@ -65,6 +65,11 @@ enum Action {
 }
 
 pub fn run(args: LabArgs) -> Result<ExitCode> {
+    // Wait for a test (or another CLI) that is using the lab; `status` and `scenarios` only read.
+    let _lock = match args.action {
+        Action::Status | Action::Scenarios => None,
+        _ => Some(lab::LabLock::acquire()?),
+    };
     match args.action {
         Action::Up {
             vip_bound,
