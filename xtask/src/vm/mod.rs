@@ -82,6 +82,8 @@ impl Default for VmArgs {
 pub struct Outcome {
     /// `uname -r` of the guest kernel.
     pub kernel_release: String,
+    /// The kernel package booted, `name=version` (the pinned one unless it fell back).
+    pub kernel_package: String,
     /// The command's exit code (None when the guest never ran it to the end).
     pub exit_code: Option<i32>,
     /// How QEMU ended.
@@ -126,9 +128,10 @@ pub fn command_script(command: &str, env: &[String], cwd: &Path) -> anyhow::Resu
         }
         s.push_str(&format!("export {k}={}\n", shell_quote(v)));
     }
+    let ws = shell_quote(&cwd.display().to_string());
     s.push_str(&format!(
-        "cd {} || exit {}\n",
-        shell_quote(&cwd.display().to_string()),
+        "cd {ws} || {{ echo \"vm-test: the workspace \"{ws}\" is not visible in the \
+         guest\"; exit {}; }}\n",
         qemu::INFRA_FAILURE
     ));
     s.push_str(command);
@@ -226,6 +229,13 @@ fn boot_in(
         command_script(&command, &args.env, &workspace_root())?,
     )?;
     std::fs::write(results.join("stage2.sh"), STAGE2)?;
+    std::fs::write(
+        results.join("vm.env"),
+        format!(
+            "CLB_VM_WORKSPACE={}\n",
+            shell_quote(&workspace_root().display().to_string())
+        ),
+    )?;
     let boot = qemu::Boot {
         accel: qemu::detect_accel(),
         kernel: kernel.image.clone(),
@@ -253,6 +263,7 @@ fn boot_in(
     let output = std::fs::read_to_string(results.join("output.log")).unwrap_or_default();
     Ok(Outcome {
         kernel_release: kernel.release.clone(),
+        kernel_package: format!("{}={}", kernel.package, kernel.version),
         exit_code,
         ending,
         output,
@@ -278,8 +289,8 @@ pub fn run(args: &VmArgs) -> anyhow::Result<()> {
         .unwrap_or_default();
     let secs = start.elapsed().as_secs_f64();
     println!(
-        "vm-test: kernel {} ({KERNEL_PACKAGE}={KERNEL_VERSION} pinned), {secs:.1} s",
-        outcome.kernel_release
+        "vm-test: kernel {} ({}; pinned {KERNEL_PACKAGE}={KERNEL_VERSION}), {secs:.1} s",
+        outcome.kernel_release, outcome.kernel_package
     );
     let verdict = match (outcome.exit_code, &outcome.ending) {
         (Some(0), _) => Ok(()),
@@ -337,7 +348,8 @@ mod tests {
              export CLB_VM=1 CLB_VM_RESULTS=/clb-vm\n\
              export RUST_LOG='debug'\n\
              export X='a'\\''b c'\n\
-             cd '/work/main' || exit 125\n\
+             cd '/work/main' || { echo \"vm-test: the workspace \"'/work/main'\" is not \
+             visible in the guest\"; exit 125; }\n\
              target/debug/deps/it-123 --test-threads=1\n"
         );
         assert!(command_script("true", &["NOEQUALS".into()], Path::new("/")).is_err());

@@ -22,8 +22,14 @@ ln -sf /proc/self/fd /dev/fd
 ln -sf /proc/self/fd/0 /dev/stdin
 ln -sf /proc/self/fd/1 /dev/stdout
 ln -sf /proc/self/fd/2 /dev/stderr
-mount -t tmpfs tmpfs /tmp
-mount -t tmpfs tmpfs /run
+# Fresh /tmp and /run (the host's /run/netns must not leak in), unless the workspace is there.
+. "$R/vm.env"
+for d in /tmp /run; do
+	case "$CLB_VM_WORKSPACE/" in
+	"$d"/*) ;;
+	*) mount -t tmpfs tmpfs "$d" ;;
+	esac
+done
 mount -t bpf bpf /sys/fs/bpf
 mount -t tracefs tracefs /sys/kernel/tracing
 mount -t debugfs debugfs /sys/kernel/debug
