@@ -624,7 +624,13 @@ impl Lab {
     /// Sets the scenario's variants, drives its traffic once, reports.
     pub fn run(&self, scenario: Scenario) -> Result<Report> {
         let spec = scenario.spec();
+        let before = self.variants()?;
         self.set_all(&spec.variants)?;
+        if before != spec.variants {
+            // A node changes its addresses and rules long before traffic uses them; give
+            // observers (the agent's address sync debounces 100 ms) the same head start.
+            std::thread::sleep(SETTLE);
+        }
         let attempt = self
             .connect(spec.from_ns, spec.src, spec.dst)
             .with_context(|| format!("scenario {scenario}"))?;
@@ -642,7 +648,11 @@ impl Lab {
 }
 
 /// The lock file that serializes users of the (one, fixed) lab across processes.
-pub const LOCK_PATH: &str = "/run/clb-lab.lock";
+/// (`/run/clb-lab.lock` itself is left to people who wrap whole test runs in `flock`.)
+pub const LOCK_PATH: &str = "/run/clb-lab.guard.lock";
+
+/// How long [`Lab::run`] waits after changing variants before it drives traffic.
+pub const SETTLE: Duration = Duration::from_millis(400);
 
 /// An exclusive hold on the lab (flock on [`LOCK_PATH`]), released on drop. Tests in different
 /// binaries (or threads) that use the lab take it, so they wait for each other instead of
