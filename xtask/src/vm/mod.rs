@@ -12,6 +12,8 @@
 //! Running a host-built integration test binary inside:
 //! `cargo xtask vm-test --env RUST_LOG=debug -c 'target/debug/deps/integration-abc123 --test-threads=1'`
 //! (build it first with `cargo test --no-run`; any path under the host's `/` works).
+//! In the guest `CLB_VM=1` and `CLB_VM_RESULTS=/clb-vm` are set; files written there come back
+//! to the host folder given with `--out`. Everything else the guest writes is thrown away.
 
 mod initramfs;
 mod kernel;
