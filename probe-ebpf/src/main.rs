@@ -134,10 +134,10 @@ fn parse_l4(ctx: &TcContext, l4: usize, pkt: &mut Packet) {
         pkt.sport = u16::from_be_bytes([p[0], p[1]]);
         pkt.dport = u16::from_be_bytes([p[2], p[3]]);
     }
-    if pkt.proto == IPPROTO_TCP {
-        if let Some(flags) = ptr_at::<u8>(ctx, l4 + 13) {
-            pkt.tcp_flags = unsafe { *flags };
-        }
+    if pkt.proto == IPPROTO_TCP
+        && let Some(flags) = ptr_at::<u8>(ctx, l4 + 13)
+    {
+        pkt.tcp_flags = unsafe { *flags };
     }
 }
 
@@ -199,7 +199,7 @@ fn count<K>(map: &PerCpuHashMap<K, u64>, key: &K) {
     match map.get_ptr_mut(key) {
         Some(v) => unsafe { *v += 1 },
         None => {
-            let _ = map.insert(key, &1, 0);
+            let _ = map.insert(key, 1, 0);
         }
     }
 }
@@ -207,11 +207,11 @@ fn count<K>(map: &PerCpuHashMap<K, u64>, key: &K) {
 /// Deduplication and budget: true when an event for `flow` may leave the kernel now.
 #[inline(always)]
 fn may_emit(flow: &FlowKey, now: u64, cfg: &ProbeConfig) -> bool {
-    if let Some(last) = RECENT.get_ptr_mut(flow) {
-        if now.wrapping_sub(unsafe { *last }) < cfg.dedup_ns {
-            stat_add(stat::DEDUP_SUPPRESSED);
-            return false;
-        }
+    if let Some(last) = RECENT.get_ptr_mut(flow)
+        && now.wrapping_sub(unsafe { *last }) < cfg.dedup_ns
+    {
+        stat_add(stat::DEDUP_SUPPRESSED);
+        return false;
     }
     let Some(budget) = BUDGET.get_ptr_mut(0) else {
         return false;
@@ -228,17 +228,13 @@ fn may_emit(flow: &FlowKey, now: u64, cfg: &ProbeConfig) -> bool {
     budget.used += 1;
     // Only flows that were actually emitted enter RECENT, so a suppressed flow gets its event
     // as soon as budget is back.
-    let _ = RECENT.insert(flow, &now, 0);
+    let _ = RECENT.insert(flow, now, 0);
     true
 }
 
-/// Writes one record straight into the ring buffer (no stack copy: the verifier's 512-byte
-/// stack limit is shared by every frame).
-#[inline(always)]
-fn emit(
-    cfg: &ProbeConfig,
-    pkt: &Packet,
-    kind_: u8,
+/// What a record says beyond the packet itself.
+struct Meta {
+    kind: u8,
     src_tag: u8,
     dst_tag: u8,
     ifindex: u32,
@@ -246,7 +242,12 @@ fn emit(
     location: u64,
     netns: u32,
     now: u64,
-) {
+}
+
+/// Writes one record straight into the ring buffer (no stack copy: the verifier's 512-byte
+/// stack limit is shared by every frame).
+#[inline(always)]
+fn emit(cfg: &ProbeConfig, pkt: &Packet, m: Meta) {
     // Wake the reader only when a batch has built up; it polls on a short timer otherwise.
     // Waking per record costs an IPI per packet (see PERFORMANCE.md).
     let flags = if EVENTS.query(BPF_RB_AVAIL_DATA as u64) >= cfg.wakeup_bytes {
@@ -261,18 +262,18 @@ fn emit(
     let ev = entry.as_mut_ptr();
     // SAFETY: `ev` points at a reserved, exclusively owned record; every field is written.
     unsafe {
-        (*ev).ts_ns = now;
-        (*ev).location = location;
+        (*ev).ts_ns = m.now;
+        (*ev).location = m.location;
         (*ev).saddr = bytes(pkt.saddr);
         (*ev).daddr = bytes(pkt.daddr);
-        (*ev).ifindex = ifindex;
-        (*ev).reason = reason;
-        (*ev).netns = netns;
+        (*ev).ifindex = m.ifindex;
+        (*ev).reason = m.reason;
+        (*ev).netns = m.netns;
         (*ev).sport = pkt.sport;
         (*ev).dport = pkt.dport;
-        (*ev).kind = kind_;
-        (*ev).src_tag = src_tag;
-        (*ev).dst_tag = dst_tag;
+        (*ev).kind = m.kind;
+        (*ev).src_tag = m.src_tag;
+        (*ev).dst_tag = m.dst_tag;
         (*ev).proto = pkt.proto;
         (*ev).family = pkt.family;
         (*ev).tcp_flags = pkt.tcp_flags;
@@ -330,14 +331,16 @@ fn on_suspect(ctx: &TcContext, pkt: &Packet, src_tag: u8) {
     emit(
         &cfg,
         pkt,
-        kind::SUSPECT,
-        src_tag,
-        dst_tag,
-        ifindex,
-        0,
-        0,
-        0,
-        now,
+        Meta {
+            kind: kind::SUSPECT,
+            src_tag,
+            dst_tag,
+            ifindex,
+            reason: 0,
+            location: 0,
+            netns: 0,
+            now,
+        },
     );
 }
 
@@ -362,7 +365,7 @@ pub fn clb_egress(ctx: TcContext) -> i32 {
         family: pkt.family,
     };
     // UDP: keep the first packet's time, so the window starts at the flow's start.
-    if pkt.proto == IPPROTO_UDP && unsafe { EGRESS_FLOWS.get(&key) }.is_some() {
+    if pkt.proto == IPPROTO_UDP && unsafe { EGRESS_FLOWS.get(key) }.is_some() {
         return TC_ACT_UNSPEC;
     }
     let value = EgressValue {
@@ -372,7 +375,7 @@ pub fn clb_egress(ctx: TcContext) -> i32 {
         ifindex: unsafe { (*ctx.skb.skb).ifindex },
         ts_ns: unsafe { bpf_ktime_get_ns() },
     };
-    if EGRESS_FLOWS.insert(&key, &value, 0).is_ok() {
+    if EGRESS_FLOWS.insert(key, value, 0).is_ok() {
         stat_add(stat::EGRESS_RECORDED);
     }
     TC_ACT_UNSPEC
@@ -448,14 +451,12 @@ fn on_kfree_skb(skb: *const u8, location: u64, reason: u32) {
     }
     // Same addresses in another namespace (a lab's pods, other containers) are not ours.
     let mut netns = 0u32;
-    if let Some(dev) = read::<*const u8>(skb, off.skb_dev) {
-        if !dev.is_null() {
-            if let Some(net) = read::<*const u8>(dev, off.dev_nd_net) {
-                if !net.is_null() {
-                    netns = read(net, off.net_ns_inum).unwrap_or(0);
-                }
-            }
-        }
+    if let Some(dev) = read::<*const u8>(skb, off.skb_dev)
+        && !dev.is_null()
+        && let Some(net) = read::<*const u8>(dev, off.dev_nd_net)
+        && !net.is_null()
+    {
+        netns = read(net, off.net_ns_inum).unwrap_or(0);
     }
     if cfg.netns_ino != 0 && netns != cfg.netns_ino {
         return;
@@ -463,7 +464,7 @@ fn on_kfree_skb(skb: *const u8, location: u64, reason: u32) {
     let iif: u32 = read(skb, off.skb_iif).unwrap_or(0);
     // A local-source packet matters only when it came in through a monitored NIC: the node's
     // own outbound packets (iif 0) carry node sources legitimately.
-    let src_relevant = src_tag != tag::NONE && unsafe { NICS.get(&iif) }.is_some();
+    let src_relevant = src_tag != tag::NONE && unsafe { NICS.get(iif) }.is_some();
     if !src_relevant && dst_tag != tag::VIP {
         return;
     }
@@ -485,14 +486,16 @@ fn on_kfree_skb(skb: *const u8, location: u64, reason: u32) {
     emit(
         &cfg,
         &pkt,
-        kind::DROP,
-        src_tag,
-        dst_tag,
-        iif,
-        reason,
-        location,
-        netns,
-        now,
+        Meta {
+            kind: kind::DROP,
+            src_tag,
+            dst_tag,
+            ifindex: iif,
+            reason,
+            location,
+            netns,
+            now,
+        },
     );
 }
 

@@ -15,6 +15,14 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Install what the build and tests need (Debian packages, nightly rust-src, bpf-linker).
+    Setup,
+    /// The README's test command: lint, unit tests, then the root-only integration tests.
+    Test(xtask::testrun::TestArgs),
+    /// The README's run command: the lab, the agent on its node, the failures driven and shown.
+    Demo,
+    /// Boot a stock Debian kernel with real IPVS under QEMU and run a command in it.
+    VmTest(xtask::vm::VmArgs),
     /// The network-namespace lab that reproduces the loopback failures (needs root).
     Lab(lab_cmd::LabArgs),
     /// One TCP attempt from inside a lab namespace; prints ok, refused, reset or timeout.
@@ -25,6 +33,10 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Setup => xtask::setup::all().map(|()| ExitCode::SUCCESS),
+        Command::Test(args) => xtask::testrun::run(&args).map(|()| ExitCode::SUCCESS),
+        Command::Demo => xtask::demo::run().map(|()| ExitCode::SUCCESS),
+        Command::VmTest(args) => xtask::vm::run(&args).map(|()| ExitCode::SUCCESS),
         Command::Lab(args) => lab_cmd::run(args),
         Command::LabClient(args) => lab_cmd::client(args),
     };

@@ -54,6 +54,12 @@ pub struct AgentConfig {
 /// Runs until SIGINT/SIGTERM. Every exit path detaches: the probe is owned by the node-sync
 /// task, which detaches before it returns, and by Drop if anything unwinds.
 pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
+    // Signals first: a SIGTERM that lands while we load and attach must still end in an
+    // orderly detach, not the default action.
+    let signals = Signals {
+        term: signal(SignalKind::terminate())?,
+        int: signal(SignalKind::interrupt())?,
+    };
     kernel::check_capabilities()?;
     let kbtf = KernelBtf::load()?;
     let (rt_conn, rt_handle, _) =
@@ -171,6 +177,7 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         sinks,
         shared,
         services_every: cfg.services_every,
+        signals,
     })
     .await;
     for task in surfaces {
@@ -199,12 +206,16 @@ struct CorrelateLoop {
     sinks: Sinks,
     shared: Shared,
     services_every: Duration,
+    signals: Signals,
+}
+
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
 }
 
 async fn correlate_loop(mut l: CorrelateLoop) -> anyhow::Result<()> {
     let mut correlator = Correlator::new(CorrelatorConfig::default());
-    let mut sigterm = signal(SignalKind::terminate())?;
-    let mut sigint = signal(SignalKind::interrupt())?;
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     let mut services_tick = tokio::time::interval(l.services_every);
     let (answer_tx, mut answer_rx) = mpsc::channel::<Answer>(1024);
@@ -229,8 +240,8 @@ async fn correlate_loop(mut l: CorrelateLoop) -> anyhow::Result<()> {
                 }
                 Vec::new()
             }
-            _ = sigterm.recv() => { info!("SIGTERM: shutting down"); return Ok(()); }
-            _ = sigint.recv() => { info!("SIGINT: shutting down"); return Ok(()); }
+            _ = l.signals.term.recv() => { info!("SIGTERM: shutting down"); return Ok(()); }
+            _ = l.signals.int.recv() => { info!("SIGINT: shutting down"); return Ok(()); }
         };
         for out in outputs {
             match out {

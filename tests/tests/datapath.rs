@@ -1,0 +1,314 @@
+//! The kernel half, end to end on the real kernel: the real programs loaded by the real agent
+//! in the lab's node namespace, real packets from the lab, observed through the agent's
+//! recorded kernel events and, independently, through bpftool reading the maps.
+//!
+//! Root only (each test prints a skip line otherwise). Run one at a time: they share the lab.
+
+use std::{net::SocketAddrV4, time::Duration};
+
+use probe_tests::agent::{
+    Agent, our_loaded_programs, our_tc_links, percpu_map_sum, require_root, sh, wait_for,
+};
+use serde_json::Value;
+use xtask::lab::{self, LabGuard, Outcome, Scenario, Variants};
+
+const WAIT: Duration = Duration::from_secs(10);
+
+fn lab_up(variants: Variants) -> LabGuard {
+    LabGuard::up(&variants).expect("lab up")
+}
+
+fn agent() -> Agent {
+    Agent::start(lab::NS_NODE, &["--nic", lab::NODE_NIC])
+}
+
+fn s(v: &Value, path: &[&str]) -> String {
+    let mut cur = v;
+    for p in path {
+        cur = &cur[*p];
+    }
+    match cur {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn is_type(r: &Value, t: &str) -> bool {
+    r["type"] == t
+}
+
+/// SUSPECTS key: ifindex u32, tag u8, proto u8, pad.
+fn suspects_of_tag(tag: u8) -> u64 {
+    percpu_map_sum("SUSPECTS", |k| k.len() >= 5 && k[4] == tag)
+}
+
+#[test]
+fn vip_source_on_the_nic_is_counted_evented_and_its_drop_has_the_reason() {
+    if !require_root("vip_source") {
+        return;
+    }
+    let lab = lab_up(Variants::default());
+    let agent = agent();
+    assert_eq!(
+        lab.traffic(Scenario::HealthcheckBlackhole).unwrap(),
+        Outcome::Timeout
+    );
+    let vip = lab::VIP.to_string();
+    agent.wait_record("suspect with a vip source on eth0", WAIT, |rs| {
+        rs.iter()
+            .find(|r| {
+                is_type(r, "suspect")
+                    && s(r, &["packet", "src"]) == vip
+                    && s(r, &["packet", "src_tag"]) == "vip"
+                    && s(r, &["nic"]) == lab::NODE_NIC
+                    && s(r, &["packet", "dport"]) == lab::NODE_PORT.to_string()
+            })
+            .cloned()
+    });
+    let drop = agent.wait_record("its kernel drop", WAIT, |rs| {
+        rs.iter()
+            .find(|r| is_type(r, "drop") && s(r, &["packet", "src"]) == vip)
+            .cloned()
+    });
+    assert_eq!(s(&drop, &["reason", "name"]), "IP_LOCAL_SOURCE", "{drop:#}");
+    assert_eq!(s(&drop, &["iface"]), lab::NODE_NIC);
+    assert!(suspects_of_tag(probe_common::tag::VIP) >= 1);
+    assert_eq!(suspects_of_tag(probe_common::tag::POD), 0);
+}
+
+#[test]
+fn hairpin_pod_source_is_evented_and_tied_to_the_pods_egress_record() {
+    if !require_root("hairpin_pod_source") {
+        return;
+    }
+    let lab = lab_up(Variants::default());
+    let agent = agent();
+    let outcome = lab.traffic(Scenario::Hairpin).unwrap();
+    assert_ne!(outcome, Outcome::Ok);
+    let pod = lab::POD_A_IP.to_string();
+    let suspect = agent.wait_record("suspect with a pod source", WAIT, |rs| {
+        rs.iter()
+            .find(|r| {
+                is_type(r, "suspect")
+                    && s(r, &["packet", "src"]) == pod
+                    && s(r, &["packet", "src_tag"]) == "pod"
+            })
+            .cloned()
+    });
+    assert_eq!(s(&suspect, &["packet", "dst"]), lab::NODE_IP.to_string());
+    assert_eq!(
+        s(&suspect, &["packet", "dport"]),
+        lab::NODE_PORT.to_string()
+    );
+    let sport: u16 = s(&suspect, &["packet", "sport"]).parse().unwrap();
+    // The pod's SYN left the NIC un-SNATed: EGRESS_FLOWS has (pod, sport) -> VIP:80.
+    let dump = sh(&["bpftool", "-j", "map", "dump", "name", "EGRESS_FLOWS"]);
+    let entries: Value = serde_json::from_str(&dump).unwrap();
+    let found = entries.as_array().unwrap().iter().find(|e| {
+        let key = probe_tests::agent::hex_bytes(e.get("key"));
+        key.len() >= 20
+            && key[..4] == lab::POD_A_IP.octets()
+            && u16::from_le_bytes([key[16], key[17]]) == sport
+    });
+    let entry = found.unwrap_or_else(|| panic!("no egress record for {pod}:{sport} in {dump}"));
+    let value = probe_tests::agent::hex_bytes(entry.get("value"));
+    assert_eq!(value[..4], lab::VIP.octets(), "egress record's destination");
+    assert_eq!(
+        u16::from_le_bytes([value[16], value[17]]),
+        lab::SERVICE_PORT
+    );
+}
+
+#[test]
+fn ordinary_packets_produce_no_events_and_no_suspect_counts() {
+    if !require_root("ordinary_packets") {
+        return;
+    }
+    let lab = lab_up(Variants::default().with(lab::Variant::VipBound, false));
+    let agent = agent();
+    // 10,000 ICMP echoes from the outside client to the node (through the LB), plus ordinary
+    // TCP through the LB and between pods.
+    sh(&[
+        "ip",
+        "netns",
+        "exec",
+        lab::NS_CLIENT,
+        "ping",
+        "-q",
+        "-f",
+        "-c",
+        "10000",
+        "-W",
+        "1",
+        &lab::NODE_IP.to_string(),
+    ]);
+    for scenario in [
+        Scenario::OutsideClient,
+        Scenario::PodToPod,
+        Scenario::HealthcheckOk,
+    ] {
+        assert_eq!(lab.traffic(scenario).unwrap(), Outcome::Ok, "{scenario}");
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        agent.records().is_empty(),
+        "events for ordinary traffic: {:#?}",
+        agent.records()
+    );
+    for tag in [
+        probe_common::tag::NODE,
+        probe_common::tag::VIP,
+        probe_common::tag::POD,
+    ] {
+        assert_eq!(suspects_of_tag(tag), 0, "suspect count for tag {tag}");
+    }
+}
+
+#[test]
+fn address_changes_after_start_are_followed_and_kube_ipvs0_is_reattached() {
+    if !require_root("address_changes") {
+        return;
+    }
+    let lab = lab_up(Variants::default());
+    let mut agent = agent();
+    let vip2 = std::net::Ipv4Addr::new(203, 0, 113, 20);
+    let node_port = SocketAddrV4::new(lab::NODE_IP, lab::NODE_PORT);
+    // The LB can send from the new VIP too.
+    sh(&[
+        "ip",
+        "-n",
+        lab::NS_LB,
+        "addr",
+        "add",
+        &format!("{vip2}/32"),
+        "dev",
+        "lo",
+    ]);
+
+    let from_vip2 = |agent: &Agent| {
+        agent
+            .records()
+            .iter()
+            .filter(|r| is_type(r, "suspect") && s(r, &["packet", "src"]) == vip2.to_string())
+            .count()
+    };
+
+    // Added after start: matched on the next packet, within a second.
+    sh(&[
+        "ip",
+        "-n",
+        lab::NS_NODE,
+        "addr",
+        "add",
+        &format!("{vip2}/32"),
+        "dev",
+        lab::KUBE_IPVS0,
+    ]);
+    std::thread::sleep(Duration::from_secs(1));
+    lab.connect(lab::NS_LB, Some(vip2), node_port).unwrap();
+    wait_for("suspect from the new VIP", WAIT, || {
+        (from_vip2(&agent) >= 1).then_some(())
+    })
+    .unwrap_or_else(|| panic!("new VIP not matched: {:#?}", agent.records()));
+
+    // Removed: no longer matched (the node now answers it like any other client).
+    sh(&[
+        "ip",
+        "-n",
+        lab::NS_NODE,
+        "addr",
+        "del",
+        &format!("{vip2}/32"),
+        "dev",
+        lab::KUBE_IPVS0,
+    ]);
+    std::thread::sleep(Duration::from_secs(1));
+    let before = from_vip2(&agent);
+    let attempt = lab.connect(lab::NS_LB, Some(vip2), node_port).unwrap();
+    assert_eq!(attempt.outcome, Outcome::Ok);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(from_vip2(&agent), before, "a removed VIP is still matched");
+
+    // kube-proxy recreates kube-ipvs0: re-attached, its VIP matched again.
+    sh(&["ip", "-n", lab::NS_NODE, "link", "del", lab::KUBE_IPVS0]);
+    sh(&[
+        "ip",
+        "-n",
+        lab::NS_NODE,
+        "link",
+        "add",
+        lab::KUBE_IPVS0,
+        "type",
+        "bridge",
+    ]);
+    sh(&[
+        "ip",
+        "-n",
+        lab::NS_NODE,
+        "addr",
+        "add",
+        &format!("{}/32", lab::VIP),
+        "dev",
+        lab::KUBE_IPVS0,
+    ]);
+    wait_for("re-attached on the new kube-ipvs0", WAIT, || {
+        (agent.count_log("attached iface=\"kube-ipvs0\"") >= 2).then_some(())
+    })
+    .unwrap_or_else(|| panic!("kube-ipvs0 not re-attached:\n{}", agent.log.join("\n")));
+    // Still exactly one ingress and one egress link per interface (the old ones went away).
+    assert_eq!(our_tc_links().len(), 4, "{:?}", our_tc_links());
+    std::thread::sleep(Duration::from_millis(300));
+    let suspects_before = suspects_of_tag(probe_common::tag::VIP);
+    assert_eq!(
+        lab.traffic(Scenario::HealthcheckBlackhole).unwrap(),
+        Outcome::Timeout
+    );
+    wait_for("VIP matched after the recreate", WAIT, || {
+        (suspects_of_tag(probe_common::tag::VIP) > suspects_before).then_some(())
+    })
+    .expect("VIP source counted after kube-ipvs0 was recreated");
+    assert!(agent.stop().success());
+}
+
+#[test]
+fn nothing_stays_attached_after_exit_sigterm_or_sigkill() {
+    if !require_root("nothing_stays_attached") {
+        return;
+    }
+    let _lab = lab_up(Variants::default());
+
+    let mut a = agent();
+    assert_eq!(
+        our_tc_links().len(),
+        4,
+        "ingress+egress on eth0 and kube-ipvs0"
+    );
+    let status = a.stop();
+    assert!(status.success(), "SIGTERM exit status {status}");
+    assert_eq!(our_tc_links(), Vec::<String>::new());
+
+    let mut b = agent();
+    b.kill();
+    // tcx links and programs go with the process's fds; the kernel frees them shortly after.
+    let gone = wait_for("programs released after SIGKILL", WAIT, || {
+        (our_tc_links().is_empty() && our_loaded_programs().is_empty()).then_some(())
+    });
+    assert!(
+        gone.is_some(),
+        "left after SIGKILL: {:?} / {:?}",
+        our_tc_links(),
+        our_loaded_programs()
+    );
+
+    // A restart after SIGKILL attaches cleanly and exits cleanly.
+    let mut c = agent();
+    assert_eq!(our_tc_links().len(), 4);
+    assert!(c.stop().success());
+    assert_eq!(our_tc_links(), Vec::<String>::new());
+    assert!(
+        wait_for("unloaded", WAIT, || our_loaded_programs()
+            .is_empty()
+            .then_some(()))
+        .is_some()
+    );
+}

@@ -1,0 +1,210 @@
+//! `cargo xtask demo`: the README's "run it". Setup if needed, build, bring the lab up, start
+//! the agent on the lab node, drive every failure and its healthy twin, and show what the agent
+//! confirmed. The lab is torn down on every exit, Ctrl-C included.
+
+use std::{
+    io::{BufRead as _, BufReader, IsTerminal as _},
+    process::{Child, Command, Stdio},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        mpsc,
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+
+use crate::{
+    lab::{self, LabGuard, Scenario, Variants},
+    setup, testrun,
+};
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+/// Ctrl-C and SIGTERM only set a flag: the demo stops at the next step and unwinds normally,
+/// so the lab guard and the agent are cleaned up.
+fn trap_signals() {
+    // SAFETY: the handler only stores to an atomic.
+    unsafe {
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+    }
+}
+
+fn check_interrupt() -> anyhow::Result<()> {
+    if INTERRUPTED.load(Ordering::SeqCst) {
+        bail!("interrupted");
+    }
+    Ok(())
+}
+
+/// The agent, stopped with SIGTERM on drop.
+struct AgentChild(Child);
+
+impl Drop for AgentChild {
+    fn drop(&mut self) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if self.0.try_wait().ok().flatten().is_some() {
+                return;
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Scenarios the demo drives, failures first, each followed by its healthy twin.
+const SCENARIOS: &[Scenario] = &[
+    Scenario::HealthcheckBlackhole,
+    Scenario::HealthcheckOk,
+    Scenario::Hairpin,
+    Scenario::HairpinRpfilter,
+    Scenario::HairpinSnat,
+    Scenario::VipPortUnserved,
+    Scenario::VipPortServed,
+    Scenario::OutsideClient,
+    Scenario::PodToPod,
+];
+
+pub fn run() -> anyhow::Result<()> {
+    if !setup::is_root() {
+        bail!("the demo builds network namespaces and loads eBPF: run it as root");
+    }
+    setup::ensure()?;
+    trap_signals();
+    let root = testrun::workspace_root();
+    eprintln!("demo: building the probe");
+    let status = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+        .args(["build", "--quiet", "-p", "probe-user"])
+        .current_dir(&root)
+        .status()?;
+    if !status.success() {
+        bail!("building probe-user failed");
+    }
+    check_interrupt()?;
+    eprintln!("demo: bringing the lab up");
+    let lab = LabGuard::up(&Variants::default())?;
+    let probe = root.join("target/debug/probe");
+
+    eprintln!("demo: starting `probe agent` in {}", lab::NS_NODE);
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", lab::NS_NODE])
+        .arg(&probe)
+        .args(["agent", "--nic", lab::NODE_NIC, "--events", "-"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting the agent")?;
+    let (events_tx, events_rx) = mpsc::channel::<String>();
+    let stdout = child.stdout.take().expect("piped");
+    thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = events_tx.send(line);
+        }
+    });
+    let (log_tx, log_rx) = mpsc::channel::<String>();
+    let stderr = child.stderr.take().expect("piped");
+    thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = log_tx.send(line);
+        }
+    });
+    let mut agent = AgentChild(child);
+    wait_ready(&mut agent, &log_rx)?;
+
+    for scenario in SCENARIOS {
+        check_interrupt()?;
+        let report = lab.run(*scenario)?;
+        println!("demo: {report}");
+        thread::sleep(Duration::from_millis(300));
+        print_events(&events_rx, Duration::from_millis(10));
+    }
+    eprintln!("demo: waiting for the last confirmations (hairpin outcomes settle in ~2 s)");
+    print_events(&events_rx, Duration::from_secs(3));
+    if std::io::stdout().is_terminal() {
+        eprintln!(
+            "demo: done. The lab is torn down now; `cargo xtask lab up` keeps one for exploring."
+        );
+    }
+    drop(agent);
+    drop(lab);
+    Ok(())
+}
+
+fn wait_ready(agent: &mut AgentChild, log: &mpsc::Receiver<String>) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut seen = Vec::new();
+    while Instant::now() < deadline {
+        check_interrupt()?;
+        match log.recv_timeout(Duration::from_millis(100)) {
+            Ok(line) => {
+                eprintln!("  agent| {line}");
+                let ready = line.contains("attached and address sets loaded");
+                seen.push(line);
+                if ready {
+                    // Keep echoing the agent's log in the background.
+                    return Ok(());
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                if let Some(status) = agent.0.try_wait()? {
+                    bail!("the agent exited ({status}) before it was ready");
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => bail!("the agent closed its log"),
+        }
+    }
+    bail!("the agent was not ready within 60 s:\n{}", seen.join("\n"))
+}
+
+/// Prints confirmed events (one JSON object per line from the agent) as they come, briefly.
+fn print_events(rx: &mpsc::Receiver<String>, wait: Duration) {
+    let deadline = Instant::now() + wait;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left.max(Duration::from_millis(1))) {
+            Ok(line) => println!("{}", pretty(&line)),
+            Err(_) => {
+                if Instant::now() >= deadline {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// One readable line per confirmed event, then its JSON.
+fn pretty(line: &str) -> String {
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+        return line.to_string();
+    };
+    let s = |k: &str| {
+        v.get(k)
+            .map(|x| x.to_string().trim_matches('"').to_string())
+            .unwrap_or_default()
+    };
+    format!(
+        "CONFIRMED {kind}: {src}:{sport} -> {dst}:{dport} vip={vip}:{vport} reason={reason} snat={snat} outcome={outcome} count={count}\n  {line}",
+        kind = s("kind"),
+        src = s("src"),
+        sport = s("src_port"),
+        dst = s("dst"),
+        dport = s("dst_port"),
+        vip = s("vip"),
+        vport = s("vip_port"),
+        reason = s("drop_reason"),
+        snat = s("snat"),
+        outcome = s("outcome"),
+        count = s("count"),
+    )
+}

@@ -1,0 +1,262 @@
+//! `cargo xtask setup`: everything the build and the tests need on a fresh machine.
+//! Idempotent: each step checks first and says what it does; a failing step stops with what
+//! to do about it.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context as _, bail};
+
+/// Debian packages and the command each provides (checked before installing).
+const PACKAGES: &[(&str, &str)] = &[
+    ("iproute2", "ip"),
+    ("iptables", "iptables"),
+    ("ipset", "ipset"),
+    ("conntrack", "conntrack"),
+    ("bpftool", "bpftool"),
+    ("tcpdump", "tcpdump"),
+    ("tmux", "tmux"),
+    ("procps", "sysctl"),
+    ("kmod", "modprobe"),
+    ("iputils-ping", "ping"),
+];
+
+/// bpf-linker release that links LLVM dynamically (see shared/TOOLCHAIN.md).
+const BPF_LINKER_VERSION: &str = "0.13.0";
+
+pub fn say(step: &str) {
+    eprintln!("setup: {step}");
+}
+
+fn have(cmd: &str) -> bool {
+    which(cmd).is_some()
+}
+
+pub fn which(cmd: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/sbin")])
+        .map(|d| d.join(cmd))
+        .find(|p| p.is_file())
+}
+
+fn run(cmd: &mut Command) -> anyhow::Result<()> {
+    let status = cmd
+        .status()
+        .with_context(|| format!("failed to start {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed with {status}");
+    }
+    Ok(())
+}
+
+fn output(cmd: &mut Command) -> anyhow::Result<String> {
+    let out = cmd
+        .output()
+        .with_context(|| format!("failed to start {cmd:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Installs Debian packages whose command is missing. `extra` adds (package, command) pairs
+/// that only some tasks need (e.g. qemu for the VM tier).
+pub fn apt(extra: &[(&str, &str)]) -> anyhow::Result<()> {
+    let missing: Vec<&str> = PACKAGES
+        .iter()
+        .chain(extra)
+        .filter(|(_, cmd)| !have(cmd))
+        .map(|(pkg, _)| *pkg)
+        .collect();
+    if missing.is_empty() {
+        say("Debian packages: all present");
+        return Ok(());
+    }
+    if !is_root() {
+        bail!(
+            "missing Debian packages {missing:?}: run `sudo cargo xtask setup` (or apt-get install them)"
+        );
+    }
+    say(&format!("installing Debian packages {missing:?}"));
+    run(Command::new("apt-get").args(["update", "-qq"]))
+        .context("apt-get update failed: check the machine's package sources")?;
+    run(Command::new("apt-get")
+        .args(["install", "-y", "-qq", "--no-install-recommends"])
+        .args(&missing)
+        .env("DEBIAN_FRONTEND", "noninteractive"))
+    .context("apt-get install failed")?;
+    Ok(())
+}
+
+fn nightly_sysroot() -> anyhow::Result<PathBuf> {
+    let s = output(Command::new("rustc").args(["+nightly", "--print", "sysroot"]))
+        .context("no nightly toolchain: run `rustup toolchain install nightly`")?;
+    Ok(PathBuf::from(s.trim()))
+}
+
+/// The nightly toolchain with rust-src (the eBPF build uses `-Z build-std=core`).
+pub fn nightly() -> anyhow::Result<()> {
+    if nightly_sysroot().is_err() {
+        say("installing the nightly toolchain");
+        run(Command::new("rustup").args([
+            "toolchain",
+            "install",
+            "nightly",
+            "--profile",
+            "minimal",
+        ]))?;
+    }
+    let sysroot = nightly_sysroot()?;
+    if !sysroot.join("lib/rustlib/src/rust/library/core").is_dir() {
+        say("adding rust-src to the nightly toolchain");
+        run(Command::new("rustup").args([
+            "component",
+            "add",
+            "rust-src",
+            "--toolchain",
+            "nightly",
+        ]))
+        .context("rustup component add rust-src failed")?;
+    }
+    // clippy for the eBPF crate (linted on its own target with the nightly).
+    if !Command::new("cargo")
+        .args(["+nightly", "clippy", "--version"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        say("adding clippy to the nightly toolchain");
+        run(Command::new("rustup").args(["component", "add", "clippy", "--toolchain", "nightly"]))
+            .context("rustup component add clippy failed")?;
+    }
+    say("nightly rust-src and clippy: present");
+    Ok(())
+}
+
+fn cargo_bin() -> PathBuf {
+    let home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| home().join(".cargo"));
+    home.join("bin")
+}
+
+fn home() -> PathBuf {
+    std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/root"))
+}
+
+/// bpf-linker, linked against the nightly's own libLLVM (the linker must speak the same LLVM
+/// as rustc's bitcode). The LLVM prefix lives under ~/.local/share so its rpath stays valid.
+pub fn bpf_linker() -> anyhow::Result<()> {
+    let linker = cargo_bin().join("bpf-linker");
+    let sysroot = nightly_sysroot()?;
+    let lib_dir = sysroot.join("lib");
+    let llvm = std::fs::read_dir(&lib_dir)
+        .with_context(|| format!("reading {}", lib_dir.display()))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .find(|n| n.starts_with("libLLVM.so."))
+        .with_context(|| format!("no libLLVM.so.* in {}", lib_dir.display()))?;
+    // libLLVM.so.22.1-rust-1.97.0-nightly -> 22
+    let major = llvm
+        .trim_start_matches("libLLVM.so.")
+        .split('.')
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    let stamp = home().join(".local/share/clb-probe/bpf-linker.llvm");
+    if linker.is_file()
+        && std::fs::read_to_string(&stamp).is_ok_and(|s| s.trim() == llvm)
+        && Command::new(&linker)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    {
+        say(&format!("bpf-linker: present, linked to {llvm}"));
+        return Ok(());
+    }
+    let prefix = home().join(".local/share/clb-probe/llvm");
+    let prefix_lib = prefix.join("lib");
+    std::fs::create_dir_all(&prefix_lib)?;
+    for name in ["libLLVM.so".to_string(), llvm.clone()] {
+        let link = prefix_lib.join(&name);
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(lib_dir.join(&llvm), &link)
+            .with_context(|| format!("symlinking {}", link.display()))?;
+    }
+    say(&format!(
+        "building bpf-linker {BPF_LINKER_VERSION} against {llvm} (about a minute)"
+    ));
+    run(Command::new("cargo")
+        .args(["+nightly", "install", "--force", "bpf-linker"])
+        .args(["--version", BPF_LINKER_VERSION])
+        .args(["--no-default-features", "--features"])
+        .arg(format!("llvm-{major}"))
+        .env("LLVM_PREFIX", &prefix))
+    .context("building bpf-linker failed (see the cargo output above)")?;
+    std::fs::write(&stamp, &llvm)?;
+    Ok(())
+}
+
+fn is_mounted(path: &str) -> bool {
+    std::fs::read_to_string("/proc/self/mounts")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split_whitespace().nth(1) == Some(path))
+}
+
+/// bpffs and tracefs: not needed by the agent itself (it pins nothing and hooks through BTF),
+/// but bpftool and the tests' leak checks read them.
+pub fn mounts() -> anyhow::Result<()> {
+    for (fs, path) in [("bpf", "/sys/fs/bpf"), ("tracefs", "/sys/kernel/tracing")] {
+        if is_mounted(path) {
+            continue;
+        }
+        if !is_root() {
+            say(&format!("{path} is not mounted (needs root); skipping"));
+            continue;
+        }
+        say(&format!("mounting {fs} on {path}"));
+        if !Path::new(path).is_dir() {
+            std::fs::create_dir_all(path)?;
+        }
+        run(Command::new("mount").args(["-t", fs, fs, path]))?;
+    }
+    Ok(())
+}
+
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// True when everything `setup` provides is already there (cheap checks only).
+pub fn is_complete() -> bool {
+    PACKAGES.iter().all(|(_, c)| have(c))
+        && nightly_sysroot().is_ok_and(|s| s.join("lib/rustlib/src/rust/library/core").is_dir())
+        && cargo_bin().join("bpf-linker").is_file()
+}
+
+pub fn all() -> anyhow::Result<()> {
+    apt(&[])?;
+    nightly()?;
+    bpf_linker()?;
+    mounts()?;
+    say("done");
+    Ok(())
+}
+
+/// Runs setup only when something is missing, so the README's two commands work alone.
+pub fn ensure() -> anyhow::Result<()> {
+    if is_complete() {
+        return mounts();
+    }
+    say("something the build needs is missing: running setup first");
+    all()
+}

@@ -1,0 +1,94 @@
+//! `cargo xtask test`: the README's test command, and exactly what CI runs.
+//!
+//! 1. setup when something is missing; 2. format and lint gates; 3. unit tests (no root);
+//! 4. the root-only integration tests against the lab and the real kernel, one at a time
+//!    (they share the lab's fixed namespaces), or a clear skip line when not root.
+
+use std::{path::PathBuf, process::Command};
+
+use anyhow::{Context as _, bail};
+
+use crate::setup;
+
+fn cargo() -> Command {
+    Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+}
+
+fn step(name: &str, cmd: &mut Command) -> anyhow::Result<()> {
+    eprintln!("test: {name}");
+    let status = cmd
+        .status()
+        .with_context(|| format!("failed to start {cmd:?}"))?;
+    if !status.success() {
+        bail!("{name} failed ({status})");
+    }
+    Ok(())
+}
+
+pub fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct TestArgs {
+    /// Skip the fmt/clippy gates (they also run in CI).
+    #[arg(long)]
+    pub no_lint: bool,
+    /// Only the unit tests (no root, no kernel).
+    #[arg(long)]
+    pub unit_only: bool,
+    /// Passed to the integration test binary (a test name filter).
+    pub filter: Option<String>,
+}
+
+pub fn run(args: &TestArgs) -> anyhow::Result<()> {
+    setup::ensure()?;
+    let root = workspace_root();
+    std::env::set_current_dir(&root)?;
+    if !args.no_lint {
+        step(
+            "cargo fmt --check",
+            cargo().args(["fmt", "--all", "--", "--check"]),
+        )?;
+        step(
+            "cargo clippy -D warnings",
+            cargo().args([
+                "clippy",
+                "--workspace",
+                "--all-targets",
+                "--",
+                "-D",
+                "warnings",
+            ]),
+        )?;
+    }
+    step("unit tests", cargo().args(["test", "--workspace"]))?;
+    if args.unit_only {
+        return Ok(());
+    }
+    if !setup::is_root() {
+        eprintln!(
+            "test: SKIPPING the integration tests: they need root (network namespaces, eBPF). \
+             Run `sudo -E cargo xtask test`."
+        );
+        return Ok(());
+    }
+    step(
+        "build the probe binary",
+        cargo().args(["build", "-p", "probe-user"]),
+    )?;
+    let probe = root.join("target/debug/probe");
+    let mut cmd = cargo();
+    cmd.args(["test", "-p", "probe-tests", "--", "--test-threads=1"])
+        .env("CLB_PROBE_BIN", &probe);
+    if let Some(f) = &args.filter {
+        cmd.arg(f);
+    }
+    step(
+        "integration tests (root, real kernel, lab namespaces)",
+        &mut cmd,
+    )
+}
