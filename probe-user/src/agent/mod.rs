@@ -114,6 +114,14 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         status_tx,
     );
     let sets = sync.sync(&rt_handle).await?;
+    // The service table before we say ready, so the first events are named and judged.
+    let services = match tokio::task::spawn_blocking(state::read_services).await? {
+        Ok(table) => table,
+        Err(e) => {
+            warn!(error = %e, "reading the service table; retrying every {:?}", cfg.services_every);
+            Default::default()
+        }
+    };
     info!(
         nics = ?sets.nics,
         vip_iface = ?sets.vip_iface,
@@ -177,6 +185,7 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         sinks,
         shared,
         services_every: cfg.services_every,
+        services,
         signals,
     })
     .await;
@@ -206,6 +215,7 @@ struct CorrelateLoop {
     sinks: Sinks,
     shared: Shared,
     services_every: Duration,
+    services: state::ServiceTable,
     signals: Signals,
 }
 
@@ -216,8 +226,10 @@ struct Signals {
 
 async fn correlate_loop(mut l: CorrelateLoop) -> anyhow::Result<()> {
     let mut correlator = Correlator::new(CorrelatorConfig::default());
+    correlator.set_services(std::mem::take(&mut l.services));
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     let mut services_tick = tokio::time::interval(l.services_every);
+    services_tick.tick().await; // the first tick is immediate: the table was just read
     let (answer_tx, mut answer_rx) = mpsc::channel::<Answer>(1024);
     loop {
         let outputs = tokio::select! {

@@ -323,6 +323,10 @@ pub struct Correlator {
     next_seq: u64,
     last_sweep: u64,
     vip_suspects: HashMap<Tuple, VipSuspect>,
+    /// NodePort DNAT translations seen when a drop paired with its suspect: (endpoint, port,
+    /// proto) -> the node address and NodePort the LB sent to. Lets a drop whose suspect the
+    /// kernel deduplicated (a SYN retransmit) still be named by its NodePort. Bounded.
+    dnat_seen: HashMap<(IpAddr, u16, Proto), (IpAddr, u16)>,
     drops: HashMap<Tuple, RecentDrop>,
     flows: HashMap<Tuple, Flow>,
     queries: HashMap<u64, PendingQuery>,
@@ -439,6 +443,7 @@ impl Correlator {
             next_seq: 0,
             last_sweep: 0,
             vip_suspects: HashMap::new(),
+            dnat_seen: HashMap::new(),
             drops: HashMap::new(),
             flows: HashMap::new(),
             queries: HashMap::new(),
@@ -739,7 +744,7 @@ impl Correlator {
     /// its suspect (seen at tc ingress, before netfilter) the NodePort the LB sent to. When no
     /// pending suspect or flow has the drop's exact tuple, pair it by source (address, port,
     /// protocol) within the pair window, and give it the suspect's destination back.
-    fn undo_dnat(&self, mut packet: Packet, info: &mut DropInfo) -> Packet {
+    fn undo_dnat(&mut self, mut packet: Packet, info: &mut DropInfo) -> Packet {
         let t = tuple_of(&packet);
         if self.vip_suspects.contains_key(&t) || self.flows.contains_key(&t) {
             return packet;
@@ -758,11 +763,23 @@ impl Correlator {
                     .map(|(_, f)| &f.packet),
             )
             .next();
+        let post = (packet.dst, packet.dport, packet.proto);
         if let Some(seen) = found {
             info.dnat_to = Some((packet.dst, packet.dport));
+            if self.dnat_seen.len() < self.cfg.max_known_addrs || self.dnat_seen.contains_key(&post)
+            {
+                self.dnat_seen.insert(post, (seen.dst, seen.dport));
+            }
             packet.dst = seen.dst;
             packet.dport = seen.dport;
             packet.dst_tag = seen.dst_tag;
+        } else if packet.src_tag == Some(Tag::Vip)
+            && let Some((dst, dport)) = self.dnat_seen.get(&post).copied()
+        {
+            info.dnat_to = Some((packet.dst, packet.dport));
+            packet.dst = dst;
+            packet.dport = dport;
+            packet.dst_tag = Some(Tag::Node);
         }
         packet
     }

@@ -1029,3 +1029,26 @@ fn a_drop_from_another_source_port_is_not_paired() {
     assert_eq!(r.event.dst_port, 8080);
     assert_eq!(c.stats().pending_suspects, 1);
 }
+
+/// A SYN retransmit whose suspect the kernel deduplicated still lands in the NodePort's
+/// aggregate, through the translation learned from the first pairing.
+#[test]
+fn a_retransmit_without_its_suspect_reuses_the_learned_dnat() {
+    let mut c = corr();
+    let seen = hc(35787);
+    let mut dnated = seen.clone();
+    dnated.dst = ip("10.244.1.5");
+    dnated.dport = 8080;
+    dnated.dst_tag = Some(Tag::Pod);
+    c.ingest(suspect(S, &seen));
+    let first = only_report(&c.ingest(local_source(S + 50_000, &dnated)));
+    // One second later the retransmit's drop arrives alone.
+    let second = only_report(&c.ingest(local_source(2 * S, &dnated)));
+    assert_eq!(first.event.key, second.event.key);
+    assert_eq!(second.event.count, 2);
+    assert_eq!(second.event.dst_port, 30080);
+    assert!(
+        !second.write_json,
+        "a repeat within 10 s is not written again"
+    );
+}

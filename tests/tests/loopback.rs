@@ -1,0 +1,193 @@
+//! Confirmed loopback events end to end: the lab drives each failure and each healthy twin, the
+//! real agent (real programs, real kernel, real conntrack and iptables) writes its JSON events,
+//! and each failure must yield exactly its kind with the right fields, each twin nothing.
+//!
+//! Root only (each test prints a skip line otherwise). One at a time: they share the lab.
+
+use std::time::Duration;
+
+use probe_tests::agent::{Agent, require_root};
+use serde_json::Value;
+use xtask::lab::{self, LabGuard, Outcome, Scenario, Variants};
+
+/// Long enough for the hairpin's settle window and its conntrack answer.
+const SETTLE: Duration = Duration::from_secs(4);
+const WAIT: Duration = Duration::from_secs(10);
+
+fn run(scenario: Scenario) -> (Outcome, Agent) {
+    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    let agent = Agent::start(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    let outcome = lab.traffic(scenario).expect("traffic");
+    std::thread::sleep(SETTLE);
+    // Keep the lab until the agent has had its say.
+    let _ = agent.events();
+    drop(lab);
+    (outcome, agent)
+}
+
+fn only_event(agent: &Agent, kind: &str) -> Value {
+    let events = agent.wait_event(kind, WAIT, |es| (!es.is_empty()).then(|| es.to_vec()));
+    assert!(
+        events.iter().all(|e| e["kind"] == kind),
+        "expected only {kind} events, got {events:#?}"
+    );
+    let e = events[0].clone();
+    for key in [
+        "kind",
+        "src",
+        "src_port",
+        "dst",
+        "dst_port",
+        "vip",
+        "vip_port",
+        "proto",
+        "drop_reason",
+        "snat",
+        "outcome",
+        "count",
+        "evidence",
+        "remedy",
+    ] {
+        assert!(e.get(key).is_some(), "missing key {key} in {e:#}");
+    }
+    assert!(e["count"].as_u64().unwrap() >= 1);
+    assert!(!e["evidence"].as_array().unwrap().is_empty());
+    assert!(!e["remedy"].as_array().unwrap().is_empty());
+    e
+}
+
+fn no_events(scenario: Scenario) {
+    let (outcome, agent) = run(scenario);
+    assert_eq!(outcome, Outcome::Ok, "{scenario} should succeed");
+    assert!(
+        agent.events().is_empty(),
+        "{scenario}: healthy traffic reported as loopback: {:#?}",
+        agent.events()
+    );
+}
+
+#[test]
+fn healthcheck_blackhole_is_confirmed_with_the_vip_nodeport_and_reason() {
+    if !require_root("healthcheck_blackhole") {
+        return;
+    }
+    let (outcome, agent) = run(Scenario::HealthcheckBlackhole);
+    assert_eq!(outcome, Outcome::Timeout);
+    let e = only_event(&agent, "healthcheck_blackhole");
+    assert_eq!(e["src"], lab::VIP.to_string());
+    assert_eq!(e["vip"], lab::VIP.to_string());
+    assert_eq!(e["dst"], lab::NODE_IP.to_string());
+    assert_eq!(e["dst_port"], lab::NODE_PORT);
+    assert_eq!(e["drop_reason"], "IP_LOCAL_SOURCE");
+    assert_eq!(e["outcome"], "dropped");
+    assert_eq!(e["proto"], "tcp");
+    assert_eq!(e["nic"], lab::NODE_NIC);
+    assert_eq!(e["service"], "default/web");
+}
+
+#[test]
+fn hairpin_is_confirmed_with_the_vip_it_called_and_its_reset() {
+    if !require_root("hairpin") {
+        return;
+    }
+    let (outcome, agent) = run(Scenario::Hairpin);
+    assert_eq!(outcome, Outcome::Timeout);
+    let e = only_event(&agent, "hairpin");
+    assert_eq!(e["src"], lab::POD_A_IP.to_string());
+    assert_eq!(e["vip"], lab::VIP.to_string());
+    assert_eq!(e["vip_port"], lab::SERVICE_PORT);
+    assert_eq!(e["dst"], lab::NODE_IP.to_string());
+    assert_eq!(e["dst_port"], lab::NODE_PORT);
+    assert_eq!(e["snat"], "no");
+    assert_eq!(e["layer"], "l4");
+    // The node answered the pod directly; the pod reset that answer (conntrack: CLOSE).
+    assert_eq!(e["outcome"], "reset");
+    assert_eq!(e["drop_reason"], Value::Null);
+}
+
+#[test]
+fn hairpin_under_strict_rp_filter_is_confirmed_as_dropped() {
+    if !require_root("hairpin_rpfilter") {
+        return;
+    }
+    let (outcome, agent) = run(Scenario::HairpinRpfilter);
+    assert_eq!(outcome, Outcome::Timeout);
+    let e = only_event(&agent, "hairpin");
+    assert_eq!(e["src"], lab::POD_A_IP.to_string());
+    assert_eq!(e["vip"], lab::VIP.to_string());
+    assert_eq!(e["vip_port"], lab::SERVICE_PORT);
+    assert_eq!(e["dst_port"], lab::NODE_PORT);
+    assert_eq!(e["outcome"], "dropped");
+    assert_eq!(e["drop_reason"], "IP_RPFILTER");
+}
+
+#[test]
+fn vip_port_unserved_is_confirmed_with_the_port_and_no_socket() {
+    if !require_root("vip_port_unserved") {
+        return;
+    }
+    let (outcome, agent) = run(Scenario::VipPortUnserved);
+    assert_eq!(outcome, Outcome::Refused);
+    let e = only_event(&agent, "vip_port_unserved");
+    assert_eq!(e["src"], lab::POD_A_IP.to_string());
+    assert_eq!(e["vip"], lab::VIP.to_string());
+    assert_eq!(e["vip_port"], lab::VIP_UNSERVED_PORT);
+    assert_eq!(e["dst_port"], lab::VIP_UNSERVED_PORT);
+    assert_eq!(e["drop_reason"], "NO_SOCKET");
+    assert_eq!(e["outcome"], "refused");
+}
+
+#[test]
+fn healthy_twin_healthcheck_with_unbound_vip_reports_nothing() {
+    if require_root("twin_healthcheck_ok") {
+        no_events(Scenario::HealthcheckOk);
+    }
+}
+
+#[test]
+fn healthy_twin_snated_egress_reports_nothing() {
+    if require_root("twin_hairpin_snat") {
+        no_events(Scenario::HairpinSnat);
+    }
+}
+
+#[test]
+fn healthy_twin_served_vip_port_reports_nothing() {
+    if require_root("twin_vip_port_served") {
+        no_events(Scenario::VipPortServed);
+    }
+}
+
+#[test]
+fn healthy_twin_outside_client_through_the_lb_reports_nothing() {
+    if require_root("twin_outside_client") {
+        no_events(Scenario::OutsideClient);
+    }
+}
+
+#[test]
+fn healthy_twin_pod_to_pod_reports_nothing() {
+    if require_root("twin_pod_to_pod") {
+        no_events(Scenario::PodToPod);
+    }
+}
+
+/// Repeats aggregate: five health checks are one event whose count grows, written once.
+#[test]
+fn repeated_health_checks_aggregate_into_one_event() {
+    if !require_root("repeated_health_checks") {
+        return;
+    }
+    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    let agent = Agent::start(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    for _ in 0..3 {
+        assert_eq!(
+            lab.traffic(Scenario::HealthcheckBlackhole).unwrap(),
+            Outcome::Timeout
+        );
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let events = agent.events();
+    assert_eq!(events.len(), 1, "one JSON line within 10 s: {events:#?}");
+    assert_eq!(events[0]["kind"], "healthcheck_blackhole");
+}
