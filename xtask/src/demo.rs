@@ -188,10 +188,9 @@ fn pretty(line: &str) -> String {
     let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
         return line.to_string();
     };
-    let s = |k: &str| {
-        v.get(k)
-            .map(|x| x.to_string().trim_matches('"').to_string())
-            .unwrap_or_default()
+    let s = |k: &str| match v.get(k) {
+        None | Some(serde_json::Value::Null) => "-".to_string(),
+        Some(x) => x.to_string().trim_matches('"').to_string(),
     };
     format!(
         "CONFIRMED {kind}: {src}:{sport} -> {dst}:{dport} vip={vip}:{vport} reason={reason} snat={snat} outcome={outcome} count={count}\n  {line}",
