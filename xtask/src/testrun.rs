@@ -25,6 +25,62 @@ fn step(name: &str, cmd: &mut Command) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Totals over every `cargo test` run, for one closing line CI can read.
+#[derive(Debug, Default)]
+pub struct Totals {
+    pub passed: u64,
+    pub failed: u64,
+    pub ignored: u64,
+}
+
+impl Totals {
+    /// Adds a libtest summary line (`test result: ok. 5 passed; 0 failed; 1 ignored; ...`).
+    pub fn add_line(&mut self, line: &str) {
+        let Some(rest) = line.trim().strip_prefix("test result:") else {
+            return;
+        };
+        for part in rest.split(';') {
+            let words: Vec<&str> = part.split_whitespace().collect();
+            let (Some(n), Some(what)) = (
+                words
+                    .iter()
+                    .rev()
+                    .nth(1)
+                    .and_then(|n| n.parse::<u64>().ok()),
+                words.last(),
+            ) else {
+                continue;
+            };
+            match *what {
+                "passed" => self.passed += n,
+                "failed" => self.failed += n,
+                "ignored" => self.ignored += n,
+                _ => {}
+            }
+        }
+    }
+}
+
+/// Runs a `cargo test`, echoing its output, and adds its summaries to `totals`.
+fn test_step(name: &str, cmd: &mut Command, totals: &mut Totals) -> anyhow::Result<()> {
+    use std::io::{BufRead as _, BufReader};
+    eprintln!("test: {name}");
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .with_context(|| format!("failed to start {cmd:?}"))?;
+    let stdout = child.stdout.take().expect("piped");
+    for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+        println!("{line}");
+        totals.add_line(&line);
+    }
+    let status = child.wait()?;
+    if !status.success() {
+        bail!("{name} failed ({status})");
+    }
+    Ok(())
+}
+
 pub fn workspace_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .parent()
@@ -89,7 +145,17 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
     }
     // The default members: probe-common, probe-user (incl. the correlator's recorded
     // streams), xtask. No root needed.
-    step("unit tests", cargo().arg("test"))?;
+    let mut totals = Totals::default();
+    let result = suites(args, &root, &mut totals);
+    println!(
+        "summary: {} passed, {} failed, {} skipped",
+        totals.passed, totals.failed, totals.ignored
+    );
+    result
+}
+
+fn suites(args: &TestArgs, root: &std::path::Path, totals: &mut Totals) -> anyhow::Result<()> {
+    test_step("unit tests", cargo().arg("test"), totals)?;
     if args.unit_only {
         return Ok(());
     }
@@ -106,13 +172,37 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
     )?;
     let probe = root.join("target/debug/probe");
     let mut cmd = cargo();
-    cmd.args(["test", "-p", "probe-tests", "--", "--test-threads=1"])
-        .env("CLB_PROBE_BIN", &probe);
+    cmd.args([
+        "test",
+        "-p",
+        "probe-tests",
+        "--tests",
+        "--",
+        "--test-threads=1",
+    ])
+    .env("CLB_PROBE_BIN", &probe);
     if let Some(f) = &args.filter {
         cmd.arg(f);
     }
-    step(
+    test_step(
         "integration tests (root, real kernel, lab namespaces)",
         &mut cmd,
+        totals,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Totals;
+
+    #[test]
+    fn sums_libtest_summaries() {
+        let mut t = Totals::default();
+        t.add_line("test result: ok. 71 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 1.38s");
+        t.add_line(
+            "test result: FAILED. 3 passed; 2 failed; 0 ignored; 0 measured; 5 filtered out",
+        );
+        t.add_line("running 5 tests");
+        assert_eq!((t.passed, t.failed, t.ignored), (74, 2, 1));
+    }
 }
