@@ -64,8 +64,19 @@ pub(crate) fn run_stdin(argv: &[&str], input: &str) -> Result<String> {
 /// Runs `argv` with stdin/stdout null and stderr to a file, for commands that leave a daemon
 /// behind (a pipe would be inherited by the daemon and never reach EOF).
 pub(crate) fn run_detached(argv: &[&str]) -> Result<()> {
+    use std::os::unix::process::CommandExt as _;
     let mut err = tempfile_for_stderr()?;
-    let status = Command::new(argv[0])
+    let mut cmd = Command::new(argv[0]);
+    // The server outlives us: it must not inherit our descriptors beyond stdio (a caller's
+    // `flock` on a lock file would otherwise stay held by the server until `lab down`).
+    // SAFETY: close_range is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+            Ok(())
+        });
+    }
+    let status = cmd
         .args(&argv[1..])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
