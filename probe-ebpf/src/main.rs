@@ -14,7 +14,7 @@
 #![no_main]
 
 use aya_ebpf::{
-    Global,
+    EbpfContext, Global,
     bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP, TC_ACT_UNSPEC},
     helpers::{bpf_ktime_get_ns, bpf_probe_read_kernel},
     macros::{btf_tracepoint, classifier, map, raw_tracepoint},
@@ -432,7 +432,7 @@ fn parse_skb(skb: *const u8, off: &KernelOffsets) -> Option<Packet> {
 
 /// Common body of the tp_btf and raw tracepoint programs: both get (skb, location, reason).
 #[inline(always)]
-fn on_kfree_skb(skb: *const u8, location: u64, reason: u32) {
+fn on_kfree_skb<C: EbpfContext>(ctx: &C, skb: *const u8, location: u64, reason: u32) {
     let cfg = CONFIG.load();
     if reason == cfg.reason_consumed || skb.is_null() {
         return;
@@ -470,6 +470,15 @@ fn on_kfree_skb(skb: *const u8, location: u64, reason: u32) {
     }
     let src_tag = if src_relevant { src_tag } else { tag::NONE };
     stat_add(stat::DROPS_MATCHED);
+    // Off unless the agent runs with --ebpf-log (then one global check per matched drop).
+    aya_log_ebpf::debug!(
+        ctx,
+        "matched drop: reason {} src_tag {} dst_tag {} iif {}",
+        reason,
+        src_tag,
+        dst_tag,
+        iif
+    );
     count(
         &DROPS,
         &DropKey {
@@ -504,7 +513,7 @@ pub fn clb_kfree_skb(ctx: BtfTracePointContext) -> i32 {
     let skb: *const u8 = ctx.arg(0);
     let location: u64 = ctx.arg(1);
     let reason: u32 = ctx.arg(2);
-    on_kfree_skb(skb, location, reason);
+    on_kfree_skb(&ctx, skb, location, reason);
     0
 }
 
@@ -513,7 +522,7 @@ pub fn clb_kfree_skb_raw(ctx: RawTracePointContext) -> i32 {
     let skb: *const u8 = ctx.arg(0);
     let location: u64 = ctx.arg(1);
     let reason: u32 = ctx.arg(2);
-    on_kfree_skb(skb, location, reason);
+    on_kfree_skb(&ctx, skb, location, reason);
     0
 }
 

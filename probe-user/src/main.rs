@@ -72,9 +72,13 @@ fn parse_prefix(s: &str) -> Result<Prefix, String> {
     Prefix::parse(s)
 }
 
-fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("CLB_PROBE_LOG")
+fn init_logging(format: LogFormat, ebpf_log: bool) {
+    let mut filter = tracing_subscriber::EnvFilter::try_from_env("CLB_PROBE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    if ebpf_log {
+        // The programs' aya-log lines carry the eBPF crate's target (`probe`).
+        filter = filter.add_directive("probe=debug".parse().expect("static directive"));
+    }
     // Colour only on a terminal: logs collected by the kubelet or a test stay plain text.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -90,7 +94,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Agent(args) => {
-            init_logging(args.log_format);
+            init_logging(args.log_format, args.ebpf_log);
             let cfg = AgentConfig {
                 addr: AddrConfig {
                     nics: args.nics,

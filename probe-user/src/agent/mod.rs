@@ -138,6 +138,9 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         kallsyms: kernel::kallsyms::Kallsyms::load(),
         ifnames: ifnames.clone(),
     };
+    if let Some(logger) = loaded.logger {
+        tokio::spawn(kernel::probe::run_logger(logger));
+    }
     let reader_task = tokio::spawn(reader::run(
         loaded.ring,
         decoder,

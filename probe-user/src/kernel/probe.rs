@@ -97,6 +97,23 @@ pub struct Loaded {
     pub addresses: AddressMaps,
     pub counters: Counters,
     pub egress: EgressTable,
+    /// The programs' aya-log records (`--ebpf-log`), forwarded to `tracing` by [`run_logger`].
+    pub logger: Option<EbpfLogger>,
+}
+
+pub type EbpfLogger = aya_log::EbpfLogger<&'static dyn log::Log>;
+
+/// Forwards the programs' log records to the `log` facade (bridged into `tracing`).
+pub async fn run_logger(logger: EbpfLogger) -> std::io::Result<()> {
+    // SAFETY: the logger owns its ring buffer's fd for as long as the AsyncFd owns the logger.
+    let mut fd = unsafe {
+        tokio::io::unix::AsyncFd::register_with_interest(logger, tokio::io::Interest::READABLE)
+    }?;
+    loop {
+        let mut guard = fd.readable_mut().await?;
+        guard.get_inner_mut().flush();
+        guard.clear_ready();
+    }
 }
 
 fn take<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, KernelError>
@@ -136,12 +153,13 @@ impl Probe {
             .override_global("OFFSETS", &kbtf.offsets, true)
             .override_global(aya_log::LEVEL, &level, false)
             .load(PROGRAMS)?;
-        if settings.ebpf_log {
-            match aya_log::EbpfLogger::init(&mut ebpf) {
-                Ok(logger) => std::mem::forget(logger),
-                Err(e) => warn!(error = %e, "eBPF logging unavailable"),
-            }
-        }
+        let logger = if settings.ebpf_log {
+            aya_log::EbpfLogger::init(&mut ebpf)
+                .map_err(|e| warn!(error = %e, "eBPF logging unavailable"))
+                .ok()
+        } else {
+            None
+        };
         for name in [INGRESS, EGRESS] {
             let prog: &mut SchedClassifier = program(&mut ebpf, name)?;
             prog.load().map_err(|source| KernelError::Program {
@@ -191,6 +209,7 @@ impl Probe {
             addresses,
             counters,
             egress,
+            logger,
         })
     }
 
