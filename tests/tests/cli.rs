@@ -1,0 +1,160 @@
+//! Bad input gets one clear line, the documented exit code, and nothing half-done.
+
+use std::{
+    net::TcpListener,
+    process::{Command, Output},
+};
+
+use probe_tests::agent::{our_loaded_programs, our_tc_links, probe_bin, require_root};
+use xtask::lab::{self, LabGuard, Variants};
+
+fn probe_in(netns: Option<&str>, args: &[&str]) -> Output {
+    let mut cmd = match netns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns]).arg(probe_bin());
+            c
+        }
+        None => Command::new(probe_bin()),
+    };
+    cmd.args(args)
+        .env("CLB_PROBE_LOG", "warn")
+        .output()
+        .expect("run probe")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// The last stderr line is the error, and it says what to do.
+fn error_line(o: &Output) -> String {
+    stderr(o)
+        .lines()
+        .rfind(|l| !l.trim().is_empty())
+        .unwrap_or_default()
+        .to_string()
+}
+
+fn nothing_attached() {
+    assert!(
+        our_tc_links().is_empty(),
+        "left attached: {:?}",
+        our_tc_links()
+    );
+    assert!(
+        our_loaded_programs().is_empty(),
+        "left loaded: {:?}",
+        our_loaded_programs()
+    );
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    for args in [
+        &["agent", "--bogus"][..],
+        &["agent", "--pod-cidr", "10.0.0.0/33"],
+        &["agent", "--metrics-addr", "not-an-address"],
+        &["agent", "--log-format", "xml"],
+        &["frobnicate"],
+    ] {
+        let o = probe_in(None, args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains("error:"), "{args:?}: {}", stderr(&o));
+    }
+}
+
+#[test]
+fn unknown_interface_is_named_and_nothing_is_attached() {
+    if !require_root("unknown_interface") {
+        return;
+    }
+    let _lab = LabGuard::up(&Variants::default()).expect("lab up");
+    let o = probe_in(
+        Some(lab::NS_NODE),
+        &[
+            "agent",
+            "--nic",
+            "nosuch0",
+            "--socket",
+            "/tmp/clb-cli-test.sock",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let line = error_line(&o);
+    assert!(line.contains("unknown interface \"nosuch0\""), "{line}");
+    nothing_attached();
+}
+
+#[test]
+fn metrics_port_in_use_fails_before_anything_is_attached() {
+    if !require_root("port_in_use") {
+        return;
+    }
+    let _lab = LabGuard::up(&Variants::default()).expect("lab up");
+    // Hold a port inside the node namespace from a thread that entered it.
+    let ns = std::fs::File::open(format!("/run/netns/{}", lab::NS_NODE)).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let holder = std::thread::spawn(move || {
+        use std::os::fd::AsRawFd;
+        // SAFETY: setns on this thread only.
+        assert_eq!(
+            unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) },
+            0
+        );
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        tx.send(l.local_addr().unwrap().port()).unwrap();
+        let _ = done_rx.recv();
+        drop(l);
+    });
+    let port = rx.recv().unwrap();
+    let addr = format!("127.0.0.1:{port}");
+    let o = probe_in(
+        Some(lab::NS_NODE),
+        &[
+            "agent",
+            "--nic",
+            lab::NODE_NIC,
+            "--metrics-addr",
+            &addr,
+            "--socket",
+            "/tmp/clb-cli-test.sock",
+        ],
+    );
+    done_tx.send(()).unwrap();
+    holder.join().unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let line = error_line(&o);
+    assert!(
+        line.contains(&addr) && line.contains("cannot listen"),
+        "{line}"
+    );
+    nothing_attached();
+}
+
+#[test]
+fn without_root_the_missing_capabilities_are_named() {
+    if !require_root("without_root") {
+        return;
+    }
+    // Drop to nobody with no capabilities.
+    let o = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+        ])
+        .arg(probe_bin())
+        .args(["agent", "--socket", "/tmp/clb-cli-test-nobody.sock"])
+        .output()
+        .expect("setpriv");
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let line = error_line(&o);
+    assert!(line.contains("missing capabilities"), "{line}");
+    for cap in ["CAP_BPF", "CAP_PERFMON", "CAP_NET_ADMIN"] {
+        assert!(line.contains(cap), "{cap} not named: {line}");
+    }
+    nothing_attached();
+}
