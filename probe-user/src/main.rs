@@ -45,6 +45,10 @@ struct AgentArgs {
     /// Log format on stderr.
     #[arg(long, env = "CLB_PROBE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
+    /// How to attach to interfaces: tcx links (kernel >= 6.6) or cls_bpf under a clsact qdisc.
+    /// Default: tcx where the kernel has it.
+    #[arg(long, env = "CLB_PROBE_TC_MODE", value_enum)]
+    tc_mode: Option<clb_probe::kernel::probe::TcMode>,
     /// Turn on the eBPF programs' debug log lines (aya-log).
     #[arg(long, env = "CLB_PROBE_EBPF_LOG")]
     ebpf_log: bool,
@@ -104,6 +108,7 @@ fn main() -> ExitCode {
                 events: args.events,
                 record: args.record,
                 ebpf_log: args.ebpf_log,
+                tc_mode: args.tc_mode,
                 services_every: Duration::from_secs(args.services_every),
                 metrics_addr: args.metrics_addr,
                 socket: Some(args.socket),

@@ -312,3 +312,88 @@ fn nothing_stays_attached_after_exit_sigterm_or_sigkill() {
         .is_some()
     );
 }
+
+/// tc filters and qdiscs on `dev` inside the node namespace, as `tc` prints them.
+fn tc_state(dev: &str) -> (String, String) {
+    let filters = ["ingress", "egress"]
+        .iter()
+        .map(|hook| {
+            sh(&[
+                "ip",
+                "netns",
+                "exec",
+                lab::NS_NODE,
+                "tc",
+                "filter",
+                "show",
+                "dev",
+                dev,
+                hook,
+            ])
+        })
+        .collect::<Vec<_>>()
+        .join("");
+    let qdiscs = sh(&[
+        "ip",
+        "netns",
+        "exec",
+        lab::NS_NODE,
+        "tc",
+        "qdisc",
+        "show",
+        "dev",
+        dev,
+    ]);
+    (filters, qdiscs)
+}
+
+/// The pre-6.6 path, forced on this kernel: cls_bpf under a clsact qdisc the agent adds. It
+/// must still see packets, and leave neither filter nor qdisc behind, also after a SIGKILL
+/// followed by a restart.
+#[test]
+fn clsact_fallback_sees_packets_and_leaves_nothing_behind() {
+    if !require_root("clsact_fallback") {
+        return;
+    }
+    let lab = lab_up(Variants::default());
+    let args = ["--nic", lab::NODE_NIC, "--tc-mode", "netlink"];
+    let mut a = Agent::start(lab::NS_NODE, &args);
+    let (filters, qdiscs) = tc_state(lab::NODE_NIC);
+    assert!(
+        filters.contains("clb_ingress") && filters.contains("clb_egress"),
+        "{filters}"
+    );
+    assert!(qdiscs.contains("clsact"), "{qdiscs}");
+    assert!(our_tc_links().is_empty(), "no tcx links in netlink mode");
+    assert_eq!(
+        lab.traffic(Scenario::HealthcheckBlackhole).unwrap(),
+        Outcome::Timeout
+    );
+    a.wait_record("suspect seen through cls_bpf", WAIT, |rs| {
+        rs.iter()
+            .find(|r| is_type(r, "suspect") && s(r, &["packet", "src_tag"]) == "vip")
+            .cloned()
+    });
+    assert!(a.stop().success());
+    let (filters, qdiscs) = tc_state(lab::NODE_NIC);
+    assert!(!filters.contains("clb_"), "filters left: {filters}");
+    assert!(!qdiscs.contains("clsact"), "qdisc left: {qdiscs}");
+
+    // SIGKILL leaves cls_bpf filters (they are not tied to our fds) ...
+    let mut b = Agent::start(lab::NS_NODE, &args);
+    b.kill();
+    let (filters, _) = tc_state(lab::NODE_NIC);
+    assert!(filters.contains("clb_ingress"), "{filters}");
+    // ... which the next agent removes, adopting the orphaned qdisc, and cleans up at exit.
+    let mut c = Agent::start(lab::NS_NODE, &args);
+    let (filters, _) = tc_state(lab::NODE_NIC);
+    assert_eq!(
+        filters.matches("name clb_ingress").count(),
+        1,
+        "one filter, not two: {filters}"
+    );
+    assert!(c.stop().success());
+    let (filters, qdiscs) = tc_state(lab::NODE_NIC);
+    assert!(!filters.contains("clb_"), "filters left: {filters}");
+    assert!(!qdiscs.contains("clsact"), "qdisc left: {qdiscs}");
+}

@@ -43,6 +43,8 @@ pub struct AgentConfig {
     /// `--record`: every kernel event as JSON lines, for replaying through the correlator.
     pub record: Option<PathBuf>,
     pub ebpf_log: bool,
+    /// `--tc-mode`: None = by kernel version.
+    pub tc_mode: Option<kernel::probe::TcMode>,
     /// How often the service table (IPVS / iptables) is re-read.
     pub services_every: Duration,
     /// `--metrics-addr`: Prometheus `/metrics`, `/healthz`, `/readyz`.
@@ -98,6 +100,7 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
     let mut settings = ProbeSettings {
         config: probe_common::ProbeConfig::default(),
         ebpf_log: cfg.ebpf_log,
+        tc_mode: cfg.tc_mode,
     };
     settings.config.netns_ino = kernel::current_netns_inode();
     settings.config.reason_consumed = kbtf.drop_reasons.code("SKB_CONSUMED").unwrap_or(u32::MAX);

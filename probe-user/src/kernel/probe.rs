@@ -30,10 +30,12 @@ pub struct ProbeSettings {
     pub config: ProbeConfig,
     /// Enable the programs' aya-log debug lines (off: the statements cost one global check).
     pub ebpf_log: bool,
+    /// Force an attach mode; None = tcx on kernels >= 6.6, netlink clsact before.
+    pub tc_mode: Option<TcMode>,
 }
 
 /// How programs are attached on this kernel; shown in the live view and logs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum TcMode {
     /// tcx links (kernel >= 6.6): detach when the agent's fds close, even on SIGKILL.
@@ -88,6 +90,9 @@ pub struct Probe {
     ebpf: Ebpf,
     features: Features,
     links: HashMap<String, IfaceLinks>,
+    /// clsact qdiscs this agent added (netlink mode): removed again on exit. One that existed
+    /// before (another tool's, or a SIGKILLed agent's) is left alone.
+    created_clsact: std::collections::BTreeSet<String>,
 }
 
 /// Everything taken out of the loaded object, for the tasks that own it.
@@ -171,13 +176,20 @@ impl Probe {
         let kernel = KernelVersion::current()
             .map(|v| v.to_string())
             .unwrap_or_else(|_| "unknown".into());
-        let tc_mode = if KernelVersion::current().is_ok_and(|v| v >= KernelVersion::new(6, 6, 0)) {
-            TcMode::Tcx
-        } else {
-            TcMode::Netlink
-        };
+        let tc_mode = settings.tc_mode.unwrap_or(
+            if KernelVersion::current().is_ok_and(|v| v >= KernelVersion::new(6, 6, 0)) {
+                TcMode::Tcx
+            } else {
+                TcMode::Netlink
+            },
+        );
         if tc_mode == TcMode::Netlink {
-            info!("kernel {kernel} has no tcx (needs 6.6): attaching through a clsact qdisc");
+            let why = if settings.tc_mode.is_some() {
+                "as configured (--tc-mode netlink)"
+            } else {
+                "this kernel has no tcx (needs 6.6)"
+            };
+            info!("kernel {kernel}: attaching through a clsact qdisc: {why}");
         }
         let features = Features {
             tc_mode,
@@ -204,6 +216,7 @@ impl Probe {
                 ebpf,
                 features,
                 links: HashMap::new(),
+                created_clsact: Default::default(),
             },
             ring,
             addresses,
@@ -237,6 +250,15 @@ impl Probe {
         // A stale entry (the interface was deleted and recreated) detaches on drop.
         self.links.remove(iface);
         let mode = self.features.tc_mode;
+        if mode == TcMode::Netlink {
+            let created = add_clsact(iface)?;
+            // A previous agent killed with SIGKILL leaves its cls_bpf filters (and the qdisc
+            // it added): remove ours, and adopt the qdisc when nothing else uses it.
+            let stale = remove_netlink_filters(iface);
+            if created || (stale && !has_tc_filters(iface)) {
+                self.created_clsact.insert(iface.to_string());
+            }
+        }
         let ingress = attach_one(&mut self.ebpf, INGRESS, iface, TcAttachType::Ingress, mode)?;
         let egress = attach_one(&mut self.ebpf, EGRESS, iface, TcAttachType::Egress, mode)?;
         info!(iface, ifindex, ?mode, "attached");
@@ -265,6 +287,9 @@ impl Probe {
         if self.features.tc_mode == TcMode::Netlink {
             for name in names {
                 remove_netlink_filters(&name);
+            }
+            for iface in std::mem::take(&mut self.created_clsact) {
+                remove_clsact(&iface);
             }
         }
     }
@@ -305,23 +330,7 @@ fn attach_one(
     let options = match mode {
         // First in the chain, so a later program's verdict cannot hide packets from us.
         TcMode::Tcx => TcAttachOptions::TcxOrder(LinkOrder::first()),
-        TcMode::Netlink => {
-            match tc::qdisc_add_clsact(iface) {
-                Ok(()) => {}
-                Err(tc::TcError::AlreadyAttached) => {}
-                Err(tc::TcError::IoError(e)) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-                Err(e) => {
-                    return Err(KernelError::Attach {
-                        iface: iface.into(),
-                        direction: dir,
-                        source: e.into(),
-                    });
-                }
-            }
-            // A previous agent killed with SIGKILL leaves its cls_bpf filters: remove ours.
-            let _ = tc::qdisc_detach_program(iface, direction, name);
-            TcAttachOptions::Netlink(NlOptions::default())
-        }
+        TcMode::Netlink => TcAttachOptions::Netlink(NlOptions::default()),
     };
     let id = prog
         .attach_with_options(iface, direction, options)
@@ -337,15 +346,73 @@ fn attach_one(
     })
 }
 
-fn remove_netlink_filters(iface: &str) {
+/// Adds a clsact qdisc; true when we created it, false when one was there already.
+fn add_clsact(iface: &str) -> Result<bool, KernelError> {
+    match tc::qdisc_add_clsact(iface) {
+        Ok(()) => Ok(true),
+        Err(tc::TcError::AlreadyAttached) => Ok(false),
+        Err(e) if is_already_exists(&e) => Ok(false),
+        Err(e) => Err(KernelError::Attach {
+            iface: iface.into(),
+            direction: "clsact qdisc",
+            source: e.into(),
+        }),
+    }
+}
+
+/// EEXIST, wherever aya wrapped it (a netlink error carries it as its source).
+fn is_already_exists(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<std::io::Error>()
+            && (io.kind() == std::io::ErrorKind::AlreadyExists
+                || io.raw_os_error() == Some(libc::EEXIST))
+        {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
+}
+
+/// Removes a clsact qdisc we added (aya has no qdisc delete; iproute2's `tc` does it).
+fn remove_clsact(iface: &str) {
+    match std::process::Command::new("tc")
+        .args(["qdisc", "del", "dev", iface, "clsact"])
+        .output()
+    {
+        Ok(o) if o.status.success() => debug!(iface, "removed our clsact qdisc"),
+        Ok(o) => {
+            warn!(iface, stderr = %String::from_utf8_lossy(&o.stderr).trim(), "removing our clsact qdisc")
+        }
+        Err(e) => warn!(iface, error = %e, "running tc to remove our clsact qdisc"),
+    }
+}
+
+/// Removes our cls_bpf filters (by program name) from `iface`; true when any was found.
+fn remove_netlink_filters(iface: &str) -> bool {
+    let mut found = false;
     for (name, dir) in [
         (INGRESS, TcAttachType::Ingress),
         (EGRESS, TcAttachType::Egress),
     ] {
-        if let Err(e) = tc::qdisc_detach_program(iface, dir, name) {
-            debug!(iface, name, error = %e, "no filter to remove");
+        match tc::qdisc_detach_program(iface, dir, name) {
+            Ok(()) => found = true,
+            Err(e) => debug!(iface, name, error = %e, "no filter to remove"),
         }
     }
+    found
+}
+
+/// Whether any tc filter (anyone's) is left on the clsact hooks of `iface`.
+fn has_tc_filters(iface: &str) -> bool {
+    ["ingress", "egress"].iter().any(|hook| {
+        std::process::Command::new("tc")
+            .args(["filter", "show", "dev", iface, hook])
+            .output()
+            // Unknown state: assume someone else's filters, keep the qdisc.
+            .map_or(true, |o| !o.status.success() || !o.stdout.is_empty())
+    })
 }
 
 /// tp_btf first (needs BTF only: works where tracefs is not mounted, e.g. under
