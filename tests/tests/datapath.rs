@@ -397,3 +397,149 @@ fn clsact_fallback_sees_packets_and_leaves_nothing_behind() {
     assert!(!filters.contains("clb_"), "filters left: {filters}");
     assert!(!qdiscs.contains("clsact"), "qdisc left: {qdiscs}");
 }
+
+/// Two namespaces of this test's own, removed on drop (also on panic).
+struct V6Pair;
+
+const V6_A: &str = "clbv6-node";
+const V6_B: &str = "clbv6-peer";
+
+impl V6Pair {
+    fn up() -> V6Pair {
+        let _ = V6Pair::down();
+        let pair = V6Pair;
+        for cmd in [
+            vec!["ip", "netns", "add", V6_A],
+            vec!["ip", "netns", "add", V6_B],
+            vec![
+                "ip", "-n", V6_A, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0",
+                "netns", V6_B,
+            ],
+            vec![
+                "ip",
+                "-n",
+                V6_A,
+                "link",
+                "add",
+                "kube-ipvs0",
+                "type",
+                "bridge",
+            ],
+            vec![
+                "ip",
+                "-n",
+                V6_A,
+                "addr",
+                "add",
+                "2001:db8::1/64",
+                "dev",
+                "eth0",
+                "nodad",
+            ],
+            vec![
+                "ip",
+                "-n",
+                V6_A,
+                "addr",
+                "add",
+                "2001:db8:ffff::10/128",
+                "dev",
+                "kube-ipvs0",
+                "nodad",
+            ],
+            vec!["ip", "-n", V6_A, "link", "set", "eth0", "up"],
+            vec!["ip", "-n", V6_A, "link", "set", "lo", "up"],
+            vec![
+                "ip",
+                "-n",
+                V6_A,
+                "route",
+                "add",
+                "default",
+                "via",
+                "2001:db8::2",
+            ],
+            vec![
+                "ip",
+                "-n",
+                V6_B,
+                "addr",
+                "add",
+                "2001:db8::2/64",
+                "dev",
+                "eth0",
+                "nodad",
+            ],
+            vec![
+                "ip",
+                "-n",
+                V6_B,
+                "addr",
+                "add",
+                "2001:db8:ffff::10/128",
+                "dev",
+                "lo",
+            ],
+            vec!["ip", "-n", V6_B, "link", "set", "eth0", "up"],
+            vec!["ip", "-n", V6_B, "link", "set", "lo", "up"],
+        ] {
+            sh(&cmd);
+        }
+        pair
+    }
+
+    fn down() -> Option<()> {
+        for ns in [V6_A, V6_B] {
+            let _ = std::process::Command::new("ip")
+                .args(["netns", "del", ns])
+                .stderr(std::process::Stdio::null())
+                .status();
+        }
+        Some(())
+    }
+}
+
+impl Drop for V6Pair {
+    fn drop(&mut self) {
+        V6Pair::down();
+    }
+}
+
+/// The IPv6 path of the programs and the v6 trie: a packet from the node's own (VIP) IPv6
+/// address arriving on the NIC is a suspect tagged vip; an ordinary v6 packet is not.
+#[test]
+fn ipv6_vip_source_is_matched_and_ordinary_v6_is_not() {
+    if !require_root("ipv6_vip_source") {
+        return;
+    }
+    let _pair = V6Pair::up();
+    let agent = Agent::start(V6_A, &["--nic", "eth0"]);
+    let send = |src: &str| {
+        let script = format!(
+            "import socket; s=socket.socket(socket.AF_INET6, socket.SOCK_DGRAM); \
+             s.bind(('{src}', 0)); s.sendto(b'x', ('2001:db8::1', 9999))"
+        );
+        sh(&["ip", "netns", "exec", V6_B, "python3", "-c", &script]);
+    };
+    send("2001:db8::2");
+    send("2001:db8:ffff::10");
+    let suspect = agent.wait_record("v6 suspect", WAIT, |rs| {
+        rs.iter().find(|r| is_type(r, "suspect")).cloned()
+    });
+    assert_eq!(s(&suspect, &["packet", "src"]), "2001:db8:ffff::10");
+    assert_eq!(s(&suspect, &["packet", "src_tag"]), "vip");
+    assert_eq!(s(&suspect, &["packet", "dst_tag"]), "node");
+    assert_eq!(s(&suspect, &["packet", "proto"]), "udp");
+    assert_eq!(s(&suspect, &["packet", "dport"]), "9999");
+    std::thread::sleep(Duration::from_millis(300));
+    let suspects: Vec<_> = agent
+        .records()
+        .into_iter()
+        .filter(|r| is_type(r, "suspect"))
+        .collect();
+    assert_eq!(
+        suspects.len(),
+        1,
+        "the ordinary v6 packet is not a suspect: {suspects:#?}"
+    );
+}
