@@ -21,6 +21,8 @@ const PACKAGES: &[(&str, &str)] = &[
     ("procps", "sysctl"),
     ("kmod", "modprobe"),
     ("iputils-ping", "ping"),
+    // promtool checks the metrics exposition; the server scrapes the agent in a test.
+    ("prometheus", "promtool"),
 ];
 
 /// bpf-linker release that links LLVM dynamically (see shared/TOOLCHAIN.md).

@@ -1,0 +1,168 @@
+//! The Prometheus surface end to end: the real agent in the lab's node namespace, the three
+//! failures driven, `/metrics`, `/readyz` read over HTTP inside the namespace, and a real
+//! Prometheus server (Debian's `prometheus`, on the namespace's loopback) scraping it and
+//! answering a query for each kind.
+
+use std::{
+    io::{Read as _, Write as _},
+    net::TcpStream,
+    os::fd::AsRawFd as _,
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use probe_tests::agent::{Agent, require_root, tempdir::TempDir, wait_for};
+use xtask::lab::{self, LabGuard, Outcome, Scenario, Variants};
+
+const METRICS: &str = "127.0.0.1:19966";
+const PROMETHEUS: &str = "127.0.0.1:19090";
+
+/// One HTTP GET from inside `netns` (a thread that entered it); (status, body).
+fn get_in(netns: &str, addr: &str, path: &str) -> Option<(u16, String)> {
+    let ns = std::fs::File::open(format!("/run/netns/{netns}")).ok()?;
+    let (addr, path) = (addr.to_string(), path.to_string());
+    std::thread::spawn(move || {
+        // SAFETY: setns on this thread only.
+        if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            return None;
+        }
+        let mut s = TcpStream::connect(&addr).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
+        let mut buf = String::new();
+        s.read_to_string(&mut buf).ok()?;
+        let status = buf.split_whitespace().nth(1)?.parse().ok()?;
+        let body = buf.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
+        Some((status, body))
+    })
+    .join()
+    .ok()?
+}
+
+/// A Prometheus server, killed on drop.
+struct Prometheus(Child, #[allow(dead_code)] TempDir);
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_prometheus(netns: &str) -> Option<Prometheus> {
+    if Command::new("prometheus")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("skipping the Prometheus scrape: `prometheus` not installed");
+        return None;
+    }
+    let dir = TempDir::new("prometheus");
+    let config = dir.path().join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: clb-probe\n    static_configs:\n      - targets: ['{METRICS}']\n"
+        ),
+    )
+    .unwrap();
+    let child = Command::new("ip")
+        .args(["netns", "exec", netns, "prometheus"])
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.path().join("data").display()
+        ))
+        .arg(format!("--web.listen-address={PROMETHEUS}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start prometheus");
+    Some(Prometheus(child, dir))
+}
+
+#[test]
+fn failures_show_in_metrics_and_a_real_prometheus_scrapes_them() {
+    if !require_root("metrics") {
+        return;
+    }
+    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    let agent = Agent::start(
+        lab::NS_NODE,
+        &["--nic", lab::NODE_NIC, "--metrics-addr", METRICS],
+    );
+    let (status, body) = get_in(lab::NS_NODE, METRICS, "/readyz").expect("readyz");
+    assert_eq!((status, body.trim()), (200, "ready"));
+    assert_eq!(get_in(lab::NS_NODE, METRICS, "/healthz").unwrap().0, 200);
+    assert_eq!(get_in(lab::NS_NODE, METRICS, "/nope").unwrap().0, 404);
+    let prometheus = start_prometheus(lab::NS_NODE);
+
+    for (scenario, outcome) in [
+        (Scenario::HealthcheckBlackhole, Outcome::Timeout),
+        (Scenario::Hairpin, Outcome::Timeout),
+        (Scenario::VipPortUnserved, Outcome::Refused),
+    ] {
+        assert_eq!(lab.traffic(scenario).unwrap(), outcome, "{scenario}");
+    }
+    agent.wait_event("three kinds confirmed", Duration::from_secs(10), |es| {
+        let kinds: std::collections::BTreeSet<_> =
+            es.iter().filter_map(|e| e["kind"].as_str()).collect();
+        (kinds.len() == 3).then_some(())
+    });
+
+    let (status, text) = get_in(lab::NS_NODE, METRICS, "/metrics").expect("metrics");
+    assert_eq!(status, 200);
+    for needle in [
+        "clbprobe_loopback_events_total{kind=\"healthcheck_blackhole\",vip=\"203.0.113.10\",port=\"\"}",
+        "clbprobe_loopback_events_total{kind=\"hairpin\",vip=\"203.0.113.10\",port=\"80\"}",
+        "clbprobe_loopback_events_total{kind=\"vip_port_unserved\",vip=\"203.0.113.10\",port=\"443\"}",
+        "clbprobe_suspect_packets_total{nic=\"eth0\",source=\"vip\"}",
+        "clbprobe_suspect_packets_total{nic=\"eth0\",source=\"pod\"}",
+        "clbprobe_kernel_drops_total{reason=\"IP_LOCAL_SOURCE\"}",
+        "clbprobe_kernel_drops_total{reason=\"NO_SOCKET\"}",
+        "clbprobe_events_suppressed_total{stage=\"budget\"}",
+        "clbprobe_local_addresses{set=\"vip\"} 1",
+        "clbprobe_build_info{",
+        "clbprobe_ready 1",
+    ] {
+        assert!(text.contains(needle), "missing {needle:?} in\n{text}");
+    }
+    // Counters, not gauges, and positive where traffic happened.
+    let value = |prefix: &str| -> f64 {
+        text.lines()
+            .find(|l| l.starts_with(prefix))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    };
+    assert!(value("clbprobe_suspect_packets_total{nic=\"eth0\",source=\"vip\"}") >= 1.0);
+    assert!(value("clbprobe_kernel_drops_total{reason=\"IP_LOCAL_SOURCE\"}") >= 1.0);
+
+    let Some(_prometheus) = prometheus else {
+        return;
+    };
+    let kinds = wait_for(
+        "prometheus has all three kinds",
+        Duration::from_secs(60),
+        || {
+            let (status, body) = get_in(
+                lab::NS_NODE,
+                PROMETHEUS,
+                "/api/v1/query?query=clbprobe_loopback_events_total",
+            )?;
+            if status != 200 {
+                return None;
+            }
+            let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+            let kinds: std::collections::BTreeSet<String> = v["data"]["result"]
+                .as_array()?
+                .iter()
+                .filter_map(|r| r["metric"]["kind"].as_str().map(String::from))
+                .collect();
+            (kinds.len() == 3).then_some(kinds)
+        },
+    )
+    .expect("Prometheus scraped clbprobe_loopback_events_total for each kind");
+    assert!(kinds.contains("hairpin") && kinds.contains("vip_port_unserved"));
+}
