@@ -12,3 +12,4 @@ pub mod event;
 pub mod kernel;
 pub mod sink;
 pub mod state;
+pub mod watch;

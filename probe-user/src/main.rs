@@ -23,6 +23,30 @@ struct Cli {
 enum Command {
     /// Run the node agent (the DaemonSet's command): attach, watch, correlate, report.
     Agent(AgentArgs),
+    /// Live terminal view of the local agent (a plain snapshot when not on a terminal).
+    Watch(WatchArgs),
+    /// Follow the local agent's confirmed events as JSON lines.
+    Events(EventsArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct WatchArgs {
+    /// The agent's live-view socket.
+    #[arg(long, env = "CLB_PROBE_SOCKET", default_value = DEFAULT_SOCKET)]
+    socket: PathBuf,
+    /// Print one plain snapshot and exit.
+    #[arg(long)]
+    once: bool,
+}
+
+#[derive(clap::Args, Debug)]
+struct EventsArgs {
+    /// The agent's live-view socket.
+    #[arg(long, env = "CLB_PROBE_SOCKET", default_value = DEFAULT_SOCKET)]
+    socket: PathBuf,
+    /// Print the aggregates confirmed before connecting first.
+    #[arg(long)]
+    all: bool,
 }
 
 #[derive(clap::Args, Debug)]
@@ -94,9 +118,26 @@ fn init_logging(format: LogFormat, ebpf_log: bool) {
     }
 }
 
+/// A small runtime for the socket clients.
+fn client(f: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return fail(&anyhow::anyhow!("starting the runtime: {e}")),
+    };
+    match rt.block_on(f) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(&e),
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Watch(args) => client(clb_probe::watch::watch(&args.socket, args.once)),
+        Command::Events(args) => client(clb_probe::watch::events(&args.socket, args.all)),
         Command::Agent(args) => {
             init_logging(args.log_format, args.ebpf_log);
             let cfg = AgentConfig {

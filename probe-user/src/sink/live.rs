@@ -1,21 +1,118 @@
 //! The live-view socket: `probe watch` and `probe events` connect here.
+//!
+//! Protocol: JSON lines from the agent to the client, nothing the other way.
+//! - on connect: `{"type":"snapshot","snapshot":{...}}` (node, status, counters, drops by
+//!   reason, correlator stats, the latest confirmed aggregates);
+//! - then `{"type":"report","event":{...},"is_new":bool}` for every report (a new confirmation
+//!   or a repeat; `event` is the same object `probe agent --events` writes);
+//! - and a fresh snapshot every second.
+//!
+//! A client that falls behind gets a snapshot instead of the reports it missed; a client that
+//! goes away never affects the agent. The socket is root-only (mode 0600).
 
-use std::path::Path;
+use std::{os::unix::fs::PermissionsExt as _, path::Path, sync::Arc, time::Duration};
 
-use crate::agent::shared::Shared;
+use serde::{Deserialize, Serialize};
+use tokio::{
+    io::AsyncWriteExt as _,
+    net::{UnixListener, UnixStream},
+    sync::broadcast,
+};
+use tracing::debug;
 
-/// Binds the unix socket (replacing a stale one left by a killed agent).
-pub fn bind(path: &Path) -> anyhow::Result<tokio::net::UnixListener> {
-    let _ = std::fs::remove_file(path);
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
+use crate::{
+    agent::shared::{Shared, Snapshot},
+    correlate::{LoopbackEvent, Report},
+};
+
+/// One line of the protocol.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Message {
+    Snapshot {
+        snapshot: serde_json::Value,
+    },
+    Report {
+        event: Box<LoopbackEvent>,
+        is_new: bool,
+    },
+}
+
+impl Message {
+    fn snapshot(s: &Snapshot) -> Self {
+        Message::Snapshot {
+            snapshot: serde_json::to_value(s).unwrap_or_default(),
+        }
     }
-    Ok(tokio::net::UnixListener::bind(path)?)
+
+    fn report(r: &Report) -> Self {
+        Message::Report {
+            event: Box::new(r.event.clone()),
+            is_new: r.is_new,
+        }
+    }
+}
+
+/// Binds the unix socket (replacing a stale one left by a killed agent), root-only.
+pub fn bind(path: &Path) -> anyhow::Result<UnixListener> {
+    use anyhow::Context as _;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let _ = std::fs::remove_file(path);
+    let listener = UnixListener::bind(path)
+        .with_context(|| format!("--socket {}: cannot listen", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
 }
 
 /// Serves connected clients until the task is aborted.
-pub async fn serve(listener: tokio::net::UnixListener, shared: Shared) -> anyhow::Result<()> {
-    let _ = (listener, shared);
-    std::future::pending::<()>().await;
-    Ok(())
+pub async fn serve(listener: UnixListener, shared: Shared) -> anyhow::Result<()> {
+    loop {
+        let (stream, _) = listener.accept().await?;
+        let shared = shared.clone();
+        let reports = shared.reports.subscribe();
+        tokio::spawn(async move {
+            if let Err(e) = client(stream, shared, reports).await {
+                debug!(error = %e, "live-view client went away");
+            }
+        });
+    }
+}
+
+async fn send(stream: &mut UnixStream, msg: &Message) -> std::io::Result<()> {
+    let mut line = serde_json::to_vec(msg).map_err(std::io::Error::other)?;
+    line.push(b'\n');
+    stream.write_all(&line).await
+}
+
+async fn client(
+    mut stream: UnixStream,
+    shared: Shared,
+    mut reports: broadcast::Receiver<Arc<Report>>,
+) -> std::io::Result<()> {
+    send(&mut stream, &Message::snapshot(&shared.snapshot())).await?;
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.tick().await;
+    loop {
+        let msg = tokio::select! {
+            r = reports.recv() => match r {
+                Ok(report) => Message::report(&report),
+                Err(broadcast::error::RecvError::Lagged(_)) => Message::snapshot(&shared.snapshot()),
+                Err(broadcast::error::RecvError::Closed) => return Ok(()),
+            },
+            _ = tick.tick() => Message::snapshot(&shared.snapshot()),
+        };
+        send(&mut stream, &msg).await?;
+    }
+}
+
+/// Connects to the agent's socket, or explains what to do when none is there.
+pub async fn connect(path: &Path) -> anyhow::Result<UnixStream> {
+    UnixStream::connect(path).await.map_err(|e| {
+        anyhow::anyhow!(
+            "no agent is listening on {} ({e}): start one with `probe agent` (as root), or point --socket at its socket",
+            path.display()
+        )
+    })
 }

@@ -1,0 +1,340 @@
+//! The view model of `probe watch`, built from the protocol's JSON (pure; unit-tested).
+
+use std::collections::{BTreeMap, VecDeque};
+
+use serde_json::Value;
+
+/// One confirmed aggregate as the view shows it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Row {
+    pub key: String,
+    pub kind: String,
+    pub vip: String,
+    pub port: String,
+    pub count: u64,
+    pub outcome: String,
+    pub flow: String,
+    pub reason: String,
+    pub evidence: Vec<String>,
+    pub remedy: Vec<String>,
+    /// Events per second over the recent snapshots (client-side).
+    pub rate: f64,
+}
+
+impl Row {
+    pub fn from_event(e: &Value) -> Row {
+        let s = |k: &str| match &e[k] {
+            Value::Null => "-".to_string(),
+            Value::String(s) => s.clone(),
+            v => v.to_string(),
+        };
+        let lines = |k: &str| {
+            e[k].as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|l| l.as_str().map(String::from))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        Row {
+            key: s("key"),
+            kind: s("kind"),
+            vip: s("vip"),
+            port: s("vip_port"),
+            count: e["count"].as_u64().unwrap_or(0),
+            outcome: s("outcome"),
+            flow: format!(
+                "{}:{} -> {}:{}",
+                s("src"),
+                s("src_port"),
+                s("dst"),
+                s("dst_port")
+            ),
+            reason: s("drop_reason"),
+            evidence: lines("evidence"),
+            remedy: lines("remedy"),
+            rate: 0.0,
+        }
+    }
+
+    fn matches(&self, filter: &str) -> bool {
+        filter.is_empty()
+            || [&self.kind, &self.vip, &self.flow]
+                .iter()
+                .any(|f| f.contains(filter))
+    }
+}
+
+/// Everything on the screen.
+#[derive(Clone, Debug, Default)]
+pub struct Model {
+    pub node: String,
+    pub nics: String,
+    pub vip_iface: String,
+    pub sets: String,
+    pub kernel: String,
+    pub features: String,
+    pub suspects: BTreeMap<String, u64>,
+    pub drops: BTreeMap<String, u64>,
+    pub rows: Vec<Row>,
+    /// Recent reports, newest first: (kind, flow, vip:port, outcome).
+    pub recent: VecDeque<String>,
+    pub selected: usize,
+    pub paused: bool,
+    pub filter: String,
+    pub help: bool,
+    /// Counts of each aggregate at the last snapshots, for rates: (key -> [(t, count)]).
+    history: BTreeMap<String, VecDeque<(f64, u64)>>,
+}
+
+/// How many recent reports the list keeps.
+const RECENT: usize = 100;
+/// Rate window, seconds.
+const RATE_WINDOW: f64 = 10.0;
+
+impl Model {
+    pub fn from_snapshot(snap: &Value) -> Model {
+        let mut m = Model::default();
+        m.apply_snapshot(snap, 0.0);
+        m
+    }
+
+    /// Applies a snapshot taken at `t` seconds (client clock) and recomputes rates.
+    pub fn apply_snapshot(&mut self, snap: &Value, t: f64) {
+        let st = &snap["status"];
+        let str_of = |v: &Value| v.as_str().unwrap_or("-").to_string();
+        self.node = str_of(&snap["node"]);
+        self.nics = st["nics"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_str)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            })
+            .unwrap_or_default();
+        self.vip_iface = format!(
+            "{} ({})",
+            str_of(&st["vip_iface"]),
+            if st["vip_iface_present"].as_bool().unwrap_or(false) {
+                "present"
+            } else {
+                "absent"
+            }
+        );
+        self.sets = ["vip", "node", "pod"]
+            .iter()
+            .map(|k| format!("{k} {}", st["set_sizes"][k].as_u64().unwrap_or(0)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let f = &st["features"];
+        self.kernel = str_of(&f["kernel"]);
+        self.features = format!(
+            "tc via {}, drops via {}",
+            str_of(&f["tc_mode"]),
+            str_of(&f["drop_hook"])
+        );
+        self.suspects.clear();
+        for s in snap["counters"]["suspects"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            // (ifindex, tag, proto, count)
+            if let (Some(tag), Some(n)) = (s[1].as_str(), s[3].as_u64()) {
+                *self.suspects.entry(tag.to_string()).or_insert(0) += n;
+            }
+        }
+        self.drops = snap["drops_by_reason"]
+            .as_object()
+            .map(|o| {
+                o.iter()
+                    .map(|(k, v)| (k.clone(), v.as_u64().unwrap_or(0)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut rows: Vec<Row> = snap["confirmed"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(Row::from_event)
+            .collect();
+        rows.sort_by(|a, b| (&a.kind, &a.vip, &a.port).cmp(&(&b.kind, &b.vip, &b.port)));
+        for row in &mut rows {
+            let h = self.history.entry(row.key.clone()).or_default();
+            h.push_back((t, row.count));
+            while h.front().is_some_and(|(t0, _)| t - t0 > RATE_WINDOW) {
+                h.pop_front();
+            }
+            row.rate = match (h.front(), h.back()) {
+                (Some((t0, c0)), Some((t1, c1))) if t1 > t0 => (c1 - c0) as f64 / (t1 - t0),
+                _ => 0.0,
+            };
+        }
+        self.rows = rows;
+        self.selected = self.selected.min(self.visible().len().saturating_sub(1));
+    }
+
+    pub fn apply_report(&mut self, event: &Value, is_new: bool) {
+        let r = Row::from_event(event);
+        self.recent.push_front(format!(
+            "{} {:<22} {} vip {}:{} {}",
+            if is_new { "NEW" } else { "   " },
+            r.kind,
+            r.flow,
+            r.vip,
+            r.port,
+            r.outcome
+        ));
+        self.recent.truncate(RECENT);
+    }
+
+    /// Rows that pass the filter.
+    pub fn visible(&self) -> Vec<&Row> {
+        self.rows
+            .iter()
+            .filter(|r| r.matches(&self.filter))
+            .collect()
+    }
+
+    pub fn select_next(&mut self) {
+        let n = self.visible().len();
+        if n > 0 {
+            self.selected = (self.selected + 1).min(n - 1);
+        }
+    }
+
+    pub fn select_prev(&mut self) {
+        self.selected = self.selected.saturating_sub(1);
+    }
+
+    pub fn selected_row(&self) -> Option<&Row> {
+        self.visible().get(self.selected).copied()
+    }
+
+    pub fn header_lines(&self) -> Vec<String> {
+        vec![
+            format!(
+                "clb-probe on {}   kernel {}   {}",
+                self.node, self.kernel, self.features
+            ),
+            format!(
+                "NICs: {}   VIP interface: {}   address sets: {}",
+                self.nics, self.vip_iface, self.sets
+            ),
+            format!(
+                "suspect packets: {}   drops: {}",
+                join_counts(&self.suspects),
+                join_counts(&self.drops)
+            ),
+        ]
+    }
+}
+
+fn join_counts(m: &BTreeMap<String, u64>) -> String {
+    if m.is_empty() {
+        return "none".into();
+    }
+    m.iter()
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The plain-text snapshot (`probe watch --once`, or stdout not a terminal).
+pub fn plain(m: &Model) -> String {
+    let mut out = String::new();
+    for l in m.header_lines() {
+        out.push_str(&l);
+        out.push('\n');
+    }
+    out.push('\n');
+    if m.rows.is_empty() {
+        out.push_str("no confirmed loopback events\n");
+        return out;
+    }
+    out.push_str(&format!(
+        "{:<22} {:<16} {:<5} {:>6}  {:<9} {:<16} FLOW\n",
+        "KIND", "VIP", "PORT", "COUNT", "OUTCOME", "REASON"
+    ));
+    for r in &m.rows {
+        out.push_str(&format!(
+            "{:<22} {:<16} {:<5} {:>6}  {:<9} {:<16} {}\n",
+            r.kind, r.vip, r.port, r.count, r.outcome, r.reason, r.flow
+        ));
+    }
+    for r in &m.rows {
+        out.push_str(&format!("\n{} {}:{}\n  evidence:\n", r.kind, r.vip, r.port));
+        for e in &r.evidence {
+            out.push_str(&format!("    - {e}\n"));
+        }
+        out.push_str("  remedy:\n");
+        for e in &r.remedy {
+            out.push_str(&format!("    - {e}\n"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snap(count: u64) -> Value {
+        serde_json::json!({
+            "node": "node-1",
+            "status": {
+                "nics": ["eth0"], "vip_iface": "kube-ipvs0", "vip_iface_present": true,
+                "set_sizes": {"vip": 1, "node": 4, "pod": 2},
+                "features": {"kernel": "6.18.44", "tc_mode": "tcx", "drop_hook": "tp_btf"}
+            },
+            "counters": {"suspects": [[2, "vip", "tcp", 3], [2, "pod", "tcp", 2]]},
+            "drops_by_reason": {"IP_LOCAL_SOURCE": 2},
+            "confirmed": [
+                {"key": "a", "kind": "vip_port_unserved", "vip": "203.0.113.10", "vip_port": 443,
+                 "count": count, "outcome": "refused", "src": "198.19.1.10", "src_port": 1,
+                 "dst": "203.0.113.10", "dst_port": 443, "drop_reason": "NO_SOCKET",
+                 "evidence": ["kfree_skb ..."], "remedy": ["serve the port"]},
+                {"key": "b", "kind": "healthcheck_blackhole", "vip": "203.0.113.10",
+                 "vip_port": null, "count": 1, "outcome": "dropped", "src": "203.0.113.10",
+                 "src_port": 2, "dst": "198.18.0.2", "dst_port": 30080,
+                 "drop_reason": "IP_LOCAL_SOURCE", "evidence": [], "remedy": []}
+            ]
+        })
+    }
+
+    #[test]
+    fn plain_snapshot_has_header_rows_evidence_and_remedy() {
+        let text = plain(&Model::from_snapshot(&snap(3)));
+        for needle in [
+            "clb-probe on node-1",
+            "kube-ipvs0 (present)",
+            "address sets: vip 1, node 4, pod 2",
+            "suspect packets: pod 2, vip 3",
+            "IP_LOCAL_SOURCE 2",
+            "healthcheck_blackhole  203.0.113.10     -",
+            "vip_port_unserved      203.0.113.10     443",
+            "- serve the port",
+        ] {
+            assert!(text.contains(needle), "missing {needle:?} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn rates_filter_and_selection() {
+        let mut m = Model::from_snapshot(&snap(3));
+        m.apply_snapshot(&snap(13), 5.0);
+        let unserved = m.rows.iter().find(|r| r.key == "a").unwrap();
+        assert!((unserved.rate - 2.0).abs() < 1e-9, "{}", unserved.rate);
+        assert_eq!(m.visible().len(), 2);
+        m.select_next();
+        m.select_next();
+        assert_eq!(m.selected, 1, "selection stops at the last row");
+        m.filter = "unserved".into();
+        assert_eq!(m.visible().len(), 1);
+        m.apply_snapshot(&snap(13), 6.0);
+        assert_eq!(m.selected, 0, "selection clamped to the filtered rows");
+        assert_eq!(m.selected_row().unwrap().kind, "vip_port_unserved");
+    }
+}
