@@ -62,6 +62,9 @@ impl Drop for AgentChild {
     }
 }
 
+/// The live-view socket of the demo's agent.
+const DEMO_SOCKET: &str = "/run/clb-probe/demo.sock";
+
 /// Scenarios the demo drives, failures first, each followed by its healthy twin.
 const SCENARIOS: &[Scenario] = &[
     Scenario::HealthcheckBlackhole,
@@ -99,7 +102,8 @@ pub fn run() -> anyhow::Result<()> {
     let mut child = Command::new("ip")
         .args(["netns", "exec", lab::NS_NODE])
         .arg(&probe)
-        .args(["agent", "--nic", lab::NODE_NIC, "--events", "-"])
+        .args(["agent", "--nic", lab::NODE_NIC, "--events", "-", "--socket"])
+        .arg(DEMO_SOCKET)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -131,7 +135,16 @@ pub fn run() -> anyhow::Result<()> {
     }
     eprintln!("demo: waiting for the last confirmations (hairpin outcomes settle in ~2 s)");
     print_events(&events_rx, Duration::from_secs(3));
-    if std::io::stdout().is_terminal() {
+    if std::io::stdout().is_terminal() && std::io::stdin().is_terminal() {
+        eprintln!("demo: opening the live view (`probe watch`); q quits and tears the lab down");
+        thread::sleep(Duration::from_secs(2));
+        let status = Command::new(&probe)
+            .args(["watch", "--socket", DEMO_SOCKET])
+            .status()
+            .context("starting probe watch")?;
+        if !status.success() {
+            eprintln!("demo: probe watch ended with {status}");
+        }
         eprintln!(
             "demo: done. The lab is torn down now; `cargo xtask lab up` keeps one for exploring."
         );

@@ -91,6 +91,8 @@ async fn run_loop(
                     },
                     Input::Normal => match key.code {
                         KeyCode::Char('q') => return Ok(()),
+                        // Raw mode turns Ctrl-C into a key, not a signal.
+                        KeyCode::Char('c') if key.modifiers.contains(event::KeyModifiers::CONTROL) => return Ok(()),
                         KeyCode::Down | KeyCode::Char('j') => model.select_next(),
                         KeyCode::Up | KeyCode::Char('k') => model.select_prev(),
                         KeyCode::Char('p') => model.paused = !model.paused,
