@@ -16,7 +16,11 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Install what the build and tests need (Debian packages, nightly rust-src, bpf-linker).
-    Setup,
+    Setup {
+        /// Only the build toolchain (nightly rust-src, bpf-linker): for the image build.
+        #[arg(long)]
+        toolchain_only: bool,
+    },
     /// The README's test command: lint, unit tests, then the root-only integration tests.
     Test(xtask::testrun::TestArgs),
     /// The README's run command: the lab, the agent on its node, the failures driven and shown.
@@ -33,7 +37,12 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Setup => xtask::setup::all().map(|()| ExitCode::SUCCESS),
+        Command::Setup { toolchain_only } => if toolchain_only {
+            xtask::setup::toolchain()
+        } else {
+            xtask::setup::all()
+        }
+        .map(|()| ExitCode::SUCCESS),
         Command::Test(args) => xtask::testrun::run(&args).map(|()| ExitCode::SUCCESS),
         Command::Demo => xtask::demo::run().map(|()| ExitCode::SUCCESS),
         Command::VmTest(args) => xtask::vm::run(&args).map(|()| ExitCode::SUCCESS),

@@ -241,17 +241,60 @@ pub fn is_root() -> bool {
 /// True when everything `setup` provides is already there (cheap checks only).
 pub fn is_complete() -> bool {
     PACKAGES.iter().all(|(_, c)| have(c))
+        && PYTHON_TOOLS.iter().all(|(_, bin)| venv_bin(bin).is_file())
         && nightly_sysroot().is_ok_and(|s| s.join("lib/rustlib/src/rust/library/core").is_dir())
         && cargo_bin().join("bpf-linker").is_file()
 }
 
+/// Python tools the deployment checks use, pinned, in a venv of their own (PyPI).
+const PYTHON_TOOLS: &[(&str, &str)] = &[
+    ("yamllint==1.38.0", "yamllint"),
+    ("kubernetes-validate==1.37.0", "kubernetes-validate"),
+];
+
+fn venv_dir() -> PathBuf {
+    home().join(".local/share/clb-probe/venv")
+}
+
+/// A command installed in setup's Python venv.
+pub fn venv_bin(name: &str) -> PathBuf {
+    venv_dir().join("bin").join(name)
+}
+
+/// yamllint and kubernetes-validate for the manifest checks.
+pub fn python_tools() -> anyhow::Result<()> {
+    if PYTHON_TOOLS.iter().all(|(_, bin)| venv_bin(bin).is_file()) {
+        say("python tools (yamllint, kubernetes-validate): present");
+        return Ok(());
+    }
+    say("installing yamllint and kubernetes-validate into a venv");
+    if !venv_bin("pip").is_file() {
+        run(Command::new("python3")
+            .arg("-m")
+            .arg("venv")
+            .arg(venv_dir()))
+        .context("python3 -m venv failed (Debian: apt-get install python3-venv)")?;
+    }
+    run(Command::new(venv_bin("pip"))
+        .args(["install", "-q", "--disable-pip-version-check"])
+        .args(PYTHON_TOOLS.iter().map(|(spec, _)| *spec)))
+    .context("pip install of the manifest checkers failed")
+}
+
+/// Everything: the build toolchain, the test tools, the mounts.
 pub fn all() -> anyhow::Result<()> {
     apt(&[])?;
-    nightly()?;
-    bpf_linker()?;
+    toolchain()?;
+    python_tools()?;
     mounts()?;
     say("done");
     Ok(())
+}
+
+/// Only what building the agent needs (the container image's build stage).
+pub fn toolchain() -> anyhow::Result<()> {
+    nightly()?;
+    bpf_linker()
 }
 
 /// Runs setup only when something is missing, so the README's two commands work alone.
