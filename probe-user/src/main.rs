@@ -27,6 +27,9 @@ enum Command {
     Watch(WatchArgs),
     /// Follow the local agent's confirmed events as JSON lines.
     Events(EventsArgs),
+    /// Print the service table the agent judges against (IPVS or kube-proxy's iptables
+    /// rules, of this network namespace) as JSON.
+    Services,
 }
 
 #[derive(clap::Args, Debug)]
@@ -138,6 +141,16 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Watch(args) => client(clb_probe::watch::watch(&args.socket, args.once)),
         Command::Events(args) => client(clb_probe::watch::events(&args.socket, args.all)),
+        Command::Services => match clb_probe::state::read_services() {
+            Ok(table) => match serde_json::to_string_pretty(&table) {
+                Ok(text) => {
+                    println!("{text}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(&e.into()),
+            },
+            Err(e) => fail(&e),
+        },
         Command::Agent(args) => {
             init_logging(args.log_format, args.ebpf_log);
             let cfg = AgentConfig {
