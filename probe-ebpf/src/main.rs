@@ -47,12 +47,24 @@ static OFFSETS: Global<KernelOffsets> = Global::new(KernelOffsets {
     _pad: 0,
 });
 
-/// The node's own IPv4 addresses and prefixes, tagged (userspace keeps it in sync).
+/// The node's own IPv4 host addresses (/32), tagged: one hash lookup answers most packets.
+#[map]
+static HOSTS_V4: aya_ebpf::maps::HashMap<u32, AddrValue> =
+    aya_ebpf::maps::HashMap::with_max_entries(16384, 0);
+/// The node's own IPv6 host addresses (/128), tagged.
+#[map]
+static HOSTS_V6: aya_ebpf::maps::HashMap<[u32; 4], AddrValue> =
+    aya_ebpf::maps::HashMap::with_max_entries(16384, 0);
+/// The node's own IPv4 prefixes shorter than /32 (pod CIDRs, bridge subnets), tagged.
 #[map]
 static LOCAL_V4: LpmTrie<u32, AddrValue> = LpmTrie::with_max_entries(16384, 0);
-/// The node's own IPv6 addresses and prefixes, tagged.
+/// The node's own IPv6 prefixes shorter than /128, tagged.
 #[map]
 static LOCAL_V6: LpmTrie<[u32; 4], AddrValue> = LpmTrie::with_max_entries(16384, 0);
+/// Number of prefixes in LOCAL_V4 (index 0) and LOCAL_V6 (index 1): a trie with none is not
+/// looked up, so a node without pod CIDRs pays one hash lookup per packet.
+#[map]
+static TRIE_SIZES: aya_ebpf::maps::Array<u32> = aya_ebpf::maps::Array::with_max_entries(2, 0);
 
 /// Ifindexes of the monitored NICs (value unused): a drop of a local-source packet counts
 /// only when the packet came in through one of them.
@@ -174,15 +186,28 @@ fn parse(ctx: &TcContext) -> Option<Packet> {
 }
 
 /// The tag of an address, by one LPM lookup in the family's trie.
+/// Longest-prefix semantics in two steps: a host address (the longest prefix there is) in the
+/// hash, else the trie of shorter prefixes, only when it holds any.
 #[inline(always)]
 fn lookup_tag(fam: u8, addr: &[u32; 4]) -> u8 {
     if fam == family::V4 {
-        let key = LpmKey::new(32, addr[0]);
-        LOCAL_V4.get(&key).map(|v| v.tag).unwrap_or(tag::NONE)
+        if let Some(v) = unsafe { HOSTS_V4.get(addr[0]) } {
+            return v.tag;
+        }
+        if TRIE_SIZES.get(0).is_some_and(|n| *n > 0) {
+            let key = LpmKey::new(32, addr[0]);
+            return LOCAL_V4.get(&key).map(|v| v.tag).unwrap_or(tag::NONE);
+        }
     } else {
-        let key = LpmKey::new(128, *addr);
-        LOCAL_V6.get(&key).map(|v| v.tag).unwrap_or(tag::NONE)
+        if let Some(v) = unsafe { HOSTS_V6.get(addr) } {
+            return v.tag;
+        }
+        if TRIE_SIZES.get(1).is_some_and(|n| *n > 0) {
+            let key = LpmKey::new(128, *addr);
+            return LOCAL_V6.get(&key).map(|v| v.tag).unwrap_or(tag::NONE);
+        }
     }
+    tag::NONE
 }
 
 #[inline(always)]
@@ -441,15 +466,8 @@ fn on_kfree_skb<C: EbpfContext>(ctx: &C, skb: *const u8, location: u64, reason: 
     if off.valid == 0 {
         return;
     }
-    let Some(pkt) = parse_skb(skb, &off) else {
-        return;
-    };
-    let src_tag = lookup_tag(pkt.family, &pkt.saddr);
-    let dst_tag = lookup_tag(pkt.family, &pkt.daddr);
-    if src_tag == tag::NONE && dst_tag != tag::VIP {
-        return;
-    }
-    // Same addresses in another namespace (a lab's pods, other containers) are not ours.
+    // Cheapest filter first: every namespace's drops (each pod's) hit this hook, and the
+    // namespace costs three reads where parsing and two lookups cost more.
     let mut netns = 0u32;
     if let Some(dev) = read::<*const u8>(skb, off.skb_dev)
         && !dev.is_null()
@@ -459,6 +477,14 @@ fn on_kfree_skb<C: EbpfContext>(ctx: &C, skb: *const u8, location: u64, reason: 
         netns = read(net, off.net_ns_inum).unwrap_or(0);
     }
     if cfg.netns_ino != 0 && netns != cfg.netns_ino {
+        return;
+    }
+    let Some(pkt) = parse_skb(skb, &off) else {
+        return;
+    };
+    let src_tag = lookup_tag(pkt.family, &pkt.saddr);
+    let dst_tag = lookup_tag(pkt.family, &pkt.daddr);
+    if src_tag == tag::NONE && dst_tag != tag::VIP {
         return;
     }
     let iif: u32 = read(skb, off.skb_iif).unwrap_or(0);

@@ -95,11 +95,7 @@ impl NodeSync {
             .map(|(p, _)| *p)
             .collect();
         for p in stale {
-            let res = match p.addr {
-                IpAddr::V4(a) => self.maps.v4.remove(&Key::new(p.len as u32, a.octets())),
-                IpAddr::V6(a) => self.maps.v6.remove(&Key::new(p.len as u32, a.octets())),
-            };
-            if let Err(e) = res {
+            if let Err(e) = self.remove_prefix(p) {
                 debug!(prefix = %p, error = %e, "remove");
             }
             self.in_maps.remove(&p);
@@ -112,21 +108,46 @@ impl NodeSync {
                 tag: tag.to_raw(),
                 _pad: [0; 3],
             };
-            match p.addr {
-                IpAddr::V4(a) => {
-                    self.maps
-                        .v4
-                        .insert(&Key::new(p.len as u32, a.octets()), value, 0)?
-                }
-                IpAddr::V6(a) => {
-                    self.maps
-                        .v6
-                        .insert(&Key::new(p.len as u32, a.octets()), value, 0)?
-                }
-            }
+            self.insert_prefix(*p, value)?;
             self.in_maps.insert(*p, *tag);
         }
+        // The programs skip a trie with no prefixes: keep its size current.
+        for (index, v4) in [(0u32, true), (1u32, false)] {
+            let n = self
+                .in_maps
+                .keys()
+                .filter(|p| p.addr.is_ipv4() == v4 && !p.is_host())
+                .count() as u32;
+            self.maps.trie_sizes.set(index, n, 0)?;
+        }
         Ok(())
+    }
+
+    /// Host addresses go to the hash, shorter prefixes to the trie.
+    fn insert_prefix(&mut self, p: Prefix, value: AddrValue) -> Result<(), aya::maps::MapError> {
+        match (p.addr, p.is_host()) {
+            (IpAddr::V4(a), true) => self.maps.hosts_v4.insert(a.octets(), value, 0),
+            (IpAddr::V6(a), true) => self.maps.hosts_v6.insert(a.octets(), value, 0),
+            (IpAddr::V4(a), false) => {
+                self.maps
+                    .v4
+                    .insert(&Key::new(p.len as u32, a.octets()), value, 0)
+            }
+            (IpAddr::V6(a), false) => {
+                self.maps
+                    .v6
+                    .insert(&Key::new(p.len as u32, a.octets()), value, 0)
+            }
+        }
+    }
+
+    fn remove_prefix(&mut self, p: Prefix) -> Result<(), aya::maps::MapError> {
+        match (p.addr, p.is_host()) {
+            (IpAddr::V4(a), true) => self.maps.hosts_v4.remove(&a.octets()),
+            (IpAddr::V6(a), true) => self.maps.hosts_v6.remove(&a.octets()),
+            (IpAddr::V4(a), false) => self.maps.v4.remove(&Key::new(p.len as u32, a.octets())),
+            (IpAddr::V6(a), false) => self.maps.v6.remove(&Key::new(p.len as u32, a.octets())),
+        }
     }
 
     fn apply_attachments(&mut self, sets: &AddressSets) -> anyhow::Result<()> {

@@ -71,10 +71,14 @@ impl fmt::Display for Features {
     }
 }
 
-/// The maps the node sync writes: address tries and the monitored NIC set.
+/// The maps the node sync writes: host-address hashes, prefix tries, the tries' sizes, and
+/// the monitored NIC set.
 pub struct AddressMaps {
+    pub hosts_v4: BpfHashMap<MapData, [u8; 4], AddrValue>,
+    pub hosts_v6: BpfHashMap<MapData, [u8; 16], AddrValue>,
     pub v4: LpmTrie<MapData, [u8; 4], AddrValue>,
     pub v6: LpmTrie<MapData, [u8; 16], AddrValue>,
+    pub trie_sizes: aya::maps::Array<MapData, u32>,
     pub nics: BpfHashMap<MapData, u32, u32>,
 }
 
@@ -199,6 +203,9 @@ impl Probe {
         };
         let ring = take(&mut ebpf, "EVENTS")?;
         let addresses = AddressMaps {
+            hosts_v4: take(&mut ebpf, "HOSTS_V4")?,
+            hosts_v6: take(&mut ebpf, "HOSTS_V6")?,
+            trie_sizes: take(&mut ebpf, "TRIE_SIZES")?,
             v4: take(&mut ebpf, "LOCAL_V4")?,
             v6: take(&mut ebpf, "LOCAL_V6")?,
             nics: take(&mut ebpf, "NICS")?,

@@ -59,6 +59,11 @@ impl Prefix {
         Ok(Self { addr, len })
     }
 
+    /// A single address (/32 or /128).
+    pub fn is_host(&self) -> bool {
+        self.len == if self.addr.is_ipv4() { 32 } else { 128 }
+    }
+
     pub fn contains(&self, ip: IpAddr) -> bool {
         match (self.addr, ip) {
             (IpAddr::V4(p), IpAddr::V4(a)) => {
