@@ -96,6 +96,9 @@ pub struct TestArgs {
     /// Only the unit tests (no root, no kernel).
     #[arg(long)]
     pub unit_only: bool,
+    /// Skip the VM tier (Debian's 6.1 kernel under QEMU).
+    #[arg(long)]
+    pub no_vm: bool,
     /// Passed to the integration test binary (a test name filter).
     pub filter: Option<String>,
 }
@@ -188,7 +191,32 @@ fn suites(args: &TestArgs, root: &std::path::Path, totals: &mut Totals) -> anyho
         "integration tests (root, real kernel, lab namespaces)",
         &mut cmd,
         totals,
-    )
+    )?;
+    if args.no_vm {
+        eprintln!("test: SKIPPING the VM tier (--no-vm)");
+        return Ok(());
+    }
+    // The older-kernel tier: Debian's 6.1 kernel under QEMU, the lab and the agent inside,
+    // with the binaries built above (the guest sees the workspace at the same path).
+    step(
+        "build xtask for the VM tier",
+        cargo().args(["build", "-p", "xtask"]),
+    )?;
+    eprintln!("test: VM tier (Debian 6.1 kernel under QEMU: clsact, older drop reasons)");
+    let vm = crate::vm::VmArgs {
+        command: Some("bash xtask/src/vm/older-kernel.sh".into()),
+        ..Default::default()
+    };
+    match crate::vm::run(&vm) {
+        Ok(()) => {
+            totals.passed += 1;
+            Ok(())
+        }
+        Err(e) => {
+            totals.failed += 1;
+            Err(e.context("the VM tier failed"))
+        }
+    }
 }
 
 #[cfg(test)]
