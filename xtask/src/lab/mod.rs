@@ -2,6 +2,13 @@
 //! outside client, wired so that the three load-balancer loopback failures of DOMAIN.md (and
 //! their healthy twins) happen for real.
 //!
+//! Two kube-proxy modes ([`KubeProxyMode`], chosen by [`MODE_ENV`]): `iptables` (the default,
+//! works on any kernel: kube-ipvs0 is a bridge with no ports standing in for kube-proxy's dummy,
+//! services are kube-proxy's iptables-mode nat rules) and `ipvs` (a real `dummy` kube-ipvs0
+//! holding the ClusterIP and, vip-bound, the VIP; IPVS virtual services made with `ipvsadm` as
+//! kube-proxy's IPVS mode makes them, plus its ipsets and nat rules; needs a kernel with IPVS
+//! and `dummy`, i.e. the VM tier).
+//!
 //! Nothing touches the host's namespace: every veth is created inside a lab namespace, and all
 //! addresses come from ranges reserved for tests and documentation. Deleting the namespaces (after
 //! killing the servers in them) removes everything, which is what [`Lab::down`] and the rollback of
@@ -39,7 +46,8 @@ pub const NAMESPACES: [&str; 6] = [NS_NODE, NS_LB, NS_PEER, NS_POD_A, NS_POD_B, 
 
 /// The node's NIC (inside `clb-node`).
 pub const NODE_NIC: &str = "eth0";
-/// The kube-ipvs0 stand-in (a bridge with no ports) inside `clb-node`.
+/// kube-ipvs0 inside `clb-node`: a bridge with no ports in iptables mode, a real `dummy` (left
+/// down, like kube-proxy leaves it) in IPVS mode.
 pub const KUBE_IPVS0: &str = "kube-ipvs0";
 pub const NODE_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
 pub const LB_NODE_SIDE_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
@@ -69,10 +77,78 @@ pub const KUBE_EXT_CHAIN: &str = "KUBE-EXT-CDGGSHYLG3RE2FKL";
 pub const KUBE_SEP_CHAIN: &str = "KUBE-SEP-4DRJRB6QQEGQJZEC";
 /// The lab's pod-egress masquerade chain (nat POSTROUTING jumps to it; variant `masquerade`).
 pub const MASQ_CHAIN: &str = "CLB-LAB-MASQ";
+/// Environment: the kube-proxy mode of [`Lab::up`] / [`LabGuard::up`], `iptables` (default) or
+/// `ipvs`.
+pub const MODE_ENV: &str = "CLB_LAB_MODE";
+/// IPVS mode: the scheduler of every virtual service (kube-proxy's default).
+pub const IPVS_SCHEDULER: &str = "rr";
 /// Environment hook: make `up` fail right after the named step (see [`UP_STEPS`]).
 pub const FAIL_AFTER_ENV: &str = "CLB_LAB_FAIL_AFTER";
 /// Default client connect (and answer) timeout.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How kube-proxy programs the node's services.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, clap::ValueEnum)]
+pub enum KubeProxyMode {
+    /// kube-proxy's iptables mode (nat rules with DNAT); kube-ipvs0 is a bridge stand-in that
+    /// only holds the VIP when it is bound. Works on any kernel.
+    #[default]
+    Iptables,
+    /// kube-proxy's IPVS mode: a `dummy` kube-ipvs0 with the ClusterIP (and the VIP when
+    /// bound), IPVS virtual services (`-m` masquerade to pod-b), kube-proxy's ipsets and nat
+    /// rules. Needs IPVS and `dummy` in the kernel (the VM tier).
+    Ipvs,
+}
+
+impl KubeProxyMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            KubeProxyMode::Iptables => "iptables",
+            KubeProxyMode::Ipvs => "ipvs",
+        }
+    }
+
+    /// [`MODE_ENV`]: unset or empty is iptables; anything but `iptables`/`ipvs` is an error.
+    pub fn from_env() -> Result<KubeProxyMode> {
+        match std::env::var(MODE_ENV) {
+            Ok(v) => KubeProxyMode::parse(&v),
+            Err(std::env::VarError::NotPresent) => Ok(KubeProxyMode::Iptables),
+            Err(e) => bail!("{MODE_ENV}: {e}"),
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<KubeProxyMode> {
+        match s.trim() {
+            "" | "iptables" => Ok(KubeProxyMode::Iptables),
+            "ipvs" => Ok(KubeProxyMode::Ipvs),
+            other => bail!("{MODE_ENV}={other:?}: the lab's modes are `iptables` and `ipvs`"),
+        }
+    }
+
+    /// The IPVS virtual services the lab creates in this mode (each `-m` to pod-b:8080):
+    /// ClusterIP:80, NodeIP:30080, and VIP:80 while the VIP is bound. None in iptables mode.
+    pub fn virtual_services(self, vip_bound: bool) -> Vec<SocketAddrV4> {
+        match self {
+            KubeProxyMode::Iptables => Vec::new(),
+            KubeProxyMode::Ipvs => {
+                let mut v = vec![
+                    SocketAddrV4::new(CLUSTER_IP, SERVICE_PORT),
+                    SocketAddrV4::new(NODE_IP, NODE_PORT),
+                ];
+                if vip_bound {
+                    v.push(SocketAddrV4::new(VIP, SERVICE_PORT));
+                }
+                v
+            }
+        }
+    }
+}
+
+impl fmt::Display for KubeProxyMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
 
 /// One switchable property of the node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum)]
@@ -425,7 +501,10 @@ pub struct Status {
     pub addresses: Vec<(String, Vec<String>)>,
     /// The variants, when the node exists.
     pub variants: Option<Variants>,
-    /// Whether the KUBE-SERVICES rule for VIP:80 is present (goes with vip-bound).
+    /// The kube-proxy mode, when the node exists.
+    pub mode: Option<KubeProxyMode>,
+    /// Whether VIP:80 is served locally (goes with vip-bound): the KUBE-SERVICES rule in
+    /// iptables mode, the IPVS virtual service in IPVS mode.
     pub vip_rule: Option<bool>,
     /// `(namespace, port, listening)` for every lab server.
     pub servers: Vec<(String, u16, bool)>,
@@ -461,12 +540,17 @@ impl fmt::Display for Status {
                 }
             }
         }
+        if let Some(m) = &self.mode {
+            writeln!(f, "kube-proxy mode: {m}")?;
+        }
         if let Some(v) = &self.variants {
             write!(f, "variants: {v}")?;
+            let what = match self.mode {
+                Some(KubeProxyMode::Ipvs) => "IPVS virtual service VIP:80",
+                _ => "KUBE-SERVICES VIP:80 rule",
+            };
             match self.vip_rule {
-                Some(r) if r != v.vip_bound => {
-                    writeln!(f, " (INCONSISTENT: KUBE-SERVICES VIP:80 rule present={r})")?
-                }
+                Some(r) if r != v.vip_bound => writeln!(f, " (INCONSISTENT: {what} present={r})")?,
                 _ => writeln!(f)?,
             }
         }
@@ -541,19 +625,28 @@ impl Lab {
         Lab::default()
     }
 
-    /// Builds the lab with the given variants (honours [`FAIL_AFTER_ENV`]). On failure
-    /// everything it made is removed and the error returned.
+    /// Builds the lab with the given variants (honours [`FAIL_AFTER_ENV`] and [`MODE_ENV`]).
+    /// On failure everything it made is removed and the error returned.
     pub fn up(variants: &Variants) -> Result<Lab> {
         Lab::up_with(variants, &UpOptions::from_env())
     }
 
-    /// [`Lab::up`] with explicit options.
+    /// [`Lab::up`] with explicit options (the mode from [`MODE_ENV`]).
     pub fn up_with(variants: &Variants, opts: &UpOptions) -> Result<Lab> {
+        Lab::up_in(KubeProxyMode::from_env()?, variants, opts)
+    }
+
+    /// [`Lab::up_with`] in an explicit kube-proxy mode. IPVS mode fails before creating
+    /// anything when the kernel lacks IPVS or `dummy` (or `ipvsadm`/`ipset` are missing).
+    pub fn up_in(mode: KubeProxyMode, variants: &Variants, opts: &UpOptions) -> Result<Lab> {
         if !is_root() {
             bail!("the lab needs root (network namespaces, iptables)");
         }
+        if mode == KubeProxyMode::Ipvs {
+            net::require_ipvs_support()?;
+        }
         let mut created = Vec::new();
-        match net::build(variants, opts, &mut created) {
+        match net::build(mode, variants, opts, &mut created) {
             Ok(()) => Ok(Lab::default()),
             Err(e) => match net::remove_namespaces(&created) {
                 Ok(()) => Err(e.context("lab up failed; everything it made was removed")),
@@ -580,6 +673,7 @@ impl Lab {
                 .map(|n| (n.to_string(), present(n)))
                 .collect(),
             addresses: Vec::new(),
+            mode: None,
             variants: None,
             vip_rule: None,
             servers: Vec::new(),
@@ -588,6 +682,7 @@ impl Lab {
             st.addresses.push((ns.to_string(), net::addresses(ns)?));
         }
         if present(NS_NODE) {
+            st.mode = net::node_mode().ok();
             st.variants = net::read_variants().ok();
             st.vip_rule = Some(net::vip_rule_present());
         }
@@ -596,6 +691,12 @@ impl Lab {
             st.servers.push((ns.to_string(), *port, up));
         }
         Ok(st)
+    }
+
+    /// The kube-proxy mode of the lab that is up (from kube-ipvs0's link type).
+    pub fn mode(&self) -> Result<KubeProxyMode> {
+        net::require_up()?;
+        net::node_mode()
     }
 
     /// The variants as the node has them now.
@@ -694,16 +795,22 @@ pub struct LabGuard {
 }
 
 impl LabGuard {
-    /// Takes the [`LabLock`], then `Lab::down()` and `Lab::up(variants)`.
+    /// Takes the [`LabLock`], then `Lab::down()` and `Lab::up(variants)` in the mode of
+    /// [`MODE_ENV`] (iptables unless it says `ipvs`).
     pub fn up(variants: &Variants) -> Result<LabGuard> {
         LabGuard::up_with(variants, &UpOptions::default())
     }
 
     pub fn up_with(variants: &Variants, opts: &UpOptions) -> Result<LabGuard> {
+        LabGuard::up_in(KubeProxyMode::from_env()?, variants, opts)
+    }
+
+    /// [`LabGuard::up_with`] in an explicit kube-proxy mode.
+    pub fn up_in(mode: KubeProxyMode, variants: &Variants, opts: &UpOptions) -> Result<LabGuard> {
         let lock = LabLock::acquire()?;
         Lab::down().context("removing a leftover lab")?;
         Ok(LabGuard {
-            lab: Lab::up_with(variants, opts)?,
+            lab: Lab::up_in(mode, variants, opts)?,
             _lock: lock,
         })
     }

@@ -139,8 +139,63 @@ fn checkpoint(step: &str, opts: &UpOptions) -> Result<()> {
     Ok(())
 }
 
+/// IPVS mode's kernel and tool requirements, checked before anything is made: loads `ip_vs`,
+/// `ip_vs_rr`, `dummy`, `ip_set` and `xt_set` when `modprobe` can, then fails with one message
+/// naming everything that is missing.
+pub(crate) fn require_ipvs_support() -> Result<()> {
+    let _ = std::process::Command::new("modprobe")
+        .args(["-a", "-q", "ip_vs", "ip_vs_rr", "dummy", "ip_set", "xt_set"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status();
+    let mut missing = Vec::new();
+    // Once ip_vs is loaded (or built in), every namespace has /proc/net/ip_vs.
+    if !std::path::Path::new("/proc/net/ip_vs").exists() {
+        missing.push("the kernel's IPVS (ip_vs: no /proc/net/ip_vs)");
+    }
+    if !std::path::Path::new("/sys/module/dummy").exists() {
+        missing.push("the kernel's `dummy` link driver");
+    }
+    for tool in ["ipvsadm", "ipset"] {
+        if !super::cmd::succeeds(&["sh", "-c", &format!("command -v {tool}")]) {
+            missing.push(if tool == "ipvsadm" {
+                "the `ipvsadm` command"
+            } else {
+                "the `ipset` command"
+            });
+        }
+    }
+    if !missing.is_empty() {
+        let release = run(&["uname", "-r"]).unwrap_or_default();
+        bail!(
+            "{MODE_ENV}=ipvs: this machine lacks {} (kernel {}). The IPVS-mode lab runs in the \
+             VM tier (`cargo xtask vm-test`, Debian's kernel with IPVS and dummy); use the \
+             iptables mode here",
+            missing.join(", "),
+            release.trim()
+        );
+    }
+    Ok(())
+}
+
+/// The node's kube-proxy mode, from kube-ipvs0's link type (a dummy only in IPVS mode).
+pub(crate) fn node_mode() -> Result<KubeProxyMode> {
+    let out = ip(NS_NODE, &["-d", "-o", "link", "show", "dev", KUBE_IPVS0])?;
+    Ok(if out.split_whitespace().any(|w| w == "dummy") {
+        KubeProxyMode::Ipvs
+    } else {
+        KubeProxyMode::Iptables
+    })
+}
+
 /// Builds the lab; every namespace it creates is pushed to `created` (for the rollback).
-pub(crate) fn build(v: &Variants, opts: &UpOptions, created: &mut Vec<&'static str>) -> Result<()> {
+pub(crate) fn build(
+    mode: KubeProxyMode,
+    v: &Variants,
+    opts: &UpOptions,
+    created: &mut Vec<&'static str>,
+) -> Result<()> {
     if let Some(step) = &opts.fail_after
         && !UP_STEPS.contains(&step.as_str())
     {
@@ -182,9 +237,14 @@ pub(crate) fn build(v: &Variants, opts: &UpOptions, created: &mut Vec<&'static s
     veth(NS_LB, "vclient", NS_CLIENT, "eth0")?;
     veth(NS_NODE, "vpod-a", NS_POD_A, "eth0")?;
     veth(NS_NODE, "vpod-b", NS_POD_B, "eth0")?;
-    // kube-ipvs0 stand-in: a bridge with no ports, left DOWN like kube-proxy leaves its dummy;
-    // addresses on it still get their `local` routes in table local.
-    ip(NS_NODE, &["link", "add", KUBE_IPVS0, "type", "bridge"])?;
+    // kube-ipvs0: in iptables mode a stand-in, a bridge with no ports, left DOWN like
+    // kube-proxy leaves its dummy (addresses on it still get their `local` routes in table
+    // local); in IPVS mode the real thing, a dummy, also left down.
+    let kind = match mode {
+        KubeProxyMode::Iptables => "bridge",
+        KubeProxyMode::Ipvs => "dummy",
+    };
+    ip(NS_NODE, &["link", "add", KUBE_IPVS0, "type", kind])?;
     checkpoint("links", opts)?;
 
     // addresses and routes
@@ -199,6 +259,19 @@ pub(crate) fn build(v: &Variants, opts: &UpOptions, created: &mut Vec<&'static s
     // Pod IPs are routable in the "VPC" (that is what lets the hairpin happen at all).
     ip(NS_LB, &["route", "add", POD_CIDR, "via", "198.18.0.2"])?;
     addr(NS_NODE, NODE_NIC, "198.18.0.2/24")?;
+    if mode == KubeProxyMode::Ipvs {
+        // kube-proxy binds every ClusterIP to kube-ipvs0 (and leaves the link down).
+        ip(
+            NS_NODE,
+            &[
+                "addr",
+                "add",
+                &format!("{CLUSTER_IP}/32"),
+                "dev",
+                KUBE_IPVS0,
+            ],
+        )?;
+    }
     ip(NS_NODE, &["route", "add", "default", "via", "198.18.0.1"])?;
     for (dev, pod_ns, pod_ip) in [
         ("vpod-a", NS_POD_A, "198.19.1.10"),
@@ -257,24 +330,66 @@ pub(crate) fn build(v: &Variants, opts: &UpOptions, created: &mut Vec<&'static s
         }
         if *ns == NS_NODE {
             s.push("net.ipv4.conf.all.log_martians=1".into());
+            if mode == KubeProxyMode::Ipvs {
+                // What kube-proxy's IPVS mode sets: conntrack for IPVS connections (iptables
+                // masquerade of IPVS-NATed packets needs it), and ARP only for addresses of the
+                // asking interface (so kube-ipvs0's addresses are never announced).
+                for k in [
+                    "net.ipv4.vs.conntrack=1",
+                    "net.ipv4.vs.conn_reuse_mode=0",
+                    "net.ipv4.vs.expire_nodest_conn=1",
+                    "net.ipv4.vs.expire_quiescent_template=1",
+                    "net.ipv4.conf.all.arp_ignore=1",
+                    "net.ipv4.conf.all.arp_announce=2",
+                ] {
+                    s.push(k.into());
+                }
+            }
         }
         sysctl(ns, &s)?;
     }
     checkpoint("sysctls", opts)?;
 
-    run_stdin(
-        &[
-            "ip",
-            "netns",
-            "exec",
-            NS_NODE,
-            "iptables-restore",
-            "-w",
-            "--noflush",
-        ],
-        &kube_proxy_rules(),
-    )
-    .context("loading kube-proxy rules into clb-node")?;
+    match mode {
+        KubeProxyMode::Iptables => {
+            run_stdin(
+                &[
+                    "ip",
+                    "netns",
+                    "exec",
+                    NS_NODE,
+                    "iptables-restore",
+                    "-w",
+                    "--noflush",
+                ],
+                &kube_proxy_rules(),
+            )
+            .context("loading kube-proxy rules into clb-node")?;
+        }
+        KubeProxyMode::Ipvs => {
+            run_stdin(
+                &["ip", "netns", "exec", NS_NODE, "ipset", "restore"],
+                &kube_proxy_ipsets(),
+            )
+            .context("loading kube-proxy's ipsets into clb-node")?;
+            run_stdin(
+                &[
+                    "ip",
+                    "netns",
+                    "exec",
+                    NS_NODE,
+                    "iptables-restore",
+                    "-w",
+                    "--noflush",
+                ],
+                &kube_proxy_ipvs_rules(),
+            )
+            .context("loading kube-proxy's IPVS-mode rules into clb-node")?;
+            for vs in KubeProxyMode::Ipvs.virtual_services(false) {
+                ipvs_service(vs, true)?;
+            }
+        }
+    }
     checkpoint("kube-proxy", opts)?;
 
     run_stdin(
@@ -292,7 +407,7 @@ pub(crate) fn build(v: &Variants, opts: &UpOptions, created: &mut Vec<&'static s
     .context("loading the LB's rules into clb-lb")?;
     checkpoint("lb", opts)?;
 
-    set_variants(v)?;
+    set_variants_in(mode, v)?;
     checkpoint("variants", opts)?;
 
     for (ns, port, name) in SERVERS {
@@ -344,6 +459,91 @@ COMMIT
         masq = MASQ_CHAIN,
         cluster_cidr = CLUSTER_CIDR,
     )
+}
+
+/// kube-proxy's IPVS-mode ipsets for `default/web` (what `ipset save` shows on such a node):
+/// ClusterIP,proto:port; LB ingress IPs (filled while the VIP is bound); NodePorts; and the
+/// endpoint-to-itself hairpin set.
+fn kube_proxy_ipsets() -> String {
+    format!(
+        "create KUBE-CLUSTER-IP hash:ip,port family inet hashsize 1024 maxelem 65536\n\
+         add KUBE-CLUSTER-IP {CLUSTER_IP},tcp:{SERVICE_PORT}\n\
+         create {LB_SET} hash:ip,port family inet hashsize 1024 maxelem 65536\n\
+         create KUBE-NODE-PORT-TCP bitmap:port range 0-65535\n\
+         add KUBE-NODE-PORT-TCP {NODE_PORT}\n\
+         create KUBE-LOOP-BACK hash:ip,port,ip family inet hashsize 1024 maxelem 65536\n\
+         add KUBE-LOOP-BACK {POD_B_IP},tcp:{POD_PORT},{POD_B_IP}\n"
+    )
+}
+
+/// The ipset of LB ingress IPs (kube-proxy IPVS mode).
+const LB_SET: &str = "KUBE-LOAD-BALANCER";
+
+/// kube-proxy (IPVS mode) nat rules, as kube-proxy 1.30 writes them (`iptables-save -t nat`
+/// of such a node, trimmed to what `default/web` uses), plus the lab's masquerade chain. No
+/// DNAT: IPVS rewrites the destination at LOCAL_IN; these rules only mark what must be
+/// masqueraded on the way out.
+fn kube_proxy_ipvs_rules() -> String {
+    format!(
+        r#"*nat
+:KUBE-SERVICES - [0:0]
+:KUBE-POSTROUTING - [0:0]
+:KUBE-MARK-MASQ - [0:0]
+:KUBE-NODE-PORT - [0:0]
+:KUBE-LOAD-BALANCER - [0:0]
+:{masq} - [0:0]
+-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
+-A OUTPUT -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
+-A POSTROUTING -m comment --comment "kubernetes postrouting rules" -j KUBE-POSTROUTING
+-A POSTROUTING -m comment --comment "clb-lab: pod egress masquerade (variant masquerade)" -j {masq}
+-A KUBE-LOAD-BALANCER -j KUBE-MARK-MASQ
+-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000
+-A KUBE-NODE-PORT -p tcp -m comment --comment "Kubernetes nodeport TCP port for masquerade purpose" -m set --match-set KUBE-NODE-PORT-TCP dst -j KUBE-MARK-MASQ
+-A KUBE-POSTROUTING -m comment --comment "Kubernetes endpoints dst ip:port, source ip for solving hairpin purpose" -m set --match-set KUBE-LOOP-BACK dst,dst,src -j MASQUERADE
+-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN
+-A KUBE-POSTROUTING -j MARK --set-xmark 0x4000/0x0
+-A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE --random-fully
+-A KUBE-SERVICES ! -s {cluster_cidr} -m comment --comment "Kubernetes service cluster ip + port for masquerade purpose" -m set --match-set KUBE-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ
+-A KUBE-SERVICES -m comment --comment "Kubernetes service lb portal" -m set --match-set {lb} dst,dst -j KUBE-LOAD-BALANCER
+-A KUBE-SERVICES -m addrtype --dst-type LOCAL -j KUBE-NODE-PORT
+-A KUBE-SERVICES -m set --match-set KUBE-CLUSTER-IP dst,dst -j ACCEPT
+-A KUBE-SERVICES -m set --match-set {lb} dst,dst -j ACCEPT
+COMMIT
+"#,
+        masq = MASQ_CHAIN,
+        lb = LB_SET,
+        cluster_cidr = CLUSTER_CIDR,
+    )
+}
+
+/// Adds (or deletes) the IPVS virtual service `vs` (scheduler rr) with pod-b:8080 as its one
+/// masqueraded real server, as kube-proxy does (`ipvsadm -A -t ... -s rr; -a ... -m`).
+fn ipvs_service(vs: SocketAddrV4, on: bool) -> Result<()> {
+    let vs = vs.to_string();
+    if on {
+        exec(NS_NODE, &["ipvsadm", "-A", "-t", &vs, "-s", IPVS_SCHEDULER])?;
+        let rs = format!("{POD_B_IP}:{POD_PORT}");
+        exec(
+            NS_NODE,
+            &["ipvsadm", "-a", "-t", &vs, "-r", &rs, "-m", "-w", "1"],
+        )
+        .map(drop)
+    } else {
+        exec(NS_NODE, &["ipvsadm", "-D", "-t", &vs]).map(drop)
+    }
+}
+
+fn ipvs_has_service(vs: SocketAddrV4) -> bool {
+    super::cmd::succeeds(&[
+        "ip",
+        "netns",
+        "exec",
+        NS_NODE,
+        "ipvsadm",
+        "-Ln",
+        "-t",
+        &vs.to_string(),
+    ])
 }
 
 /// The cloud LB: DNAT without SNAT, with the guard that never sends a request back to the node
@@ -423,7 +623,27 @@ fn ensure_rule(chain: &str, spec: &[&str], on: bool, insert_first: bool) -> Resu
 }
 
 pub(crate) fn set_variant(variant: Variant, on: bool) -> Result<()> {
+    set_variant_in(node_mode()?, variant, on)
+}
+
+fn set_variant_in(mode: KubeProxyMode, variant: Variant, on: bool) -> Result<()> {
     match variant {
+        Variant::VipBound if mode == KubeProxyMode::Ipvs => {
+            let bound = vip_address_bound()?;
+            let cidr = format!("{VIP}/32");
+            if on && !bound {
+                ip(NS_NODE, &["addr", "add", &cidr, "dev", KUBE_IPVS0])?;
+            } else if !on && bound {
+                ip(NS_NODE, &["addr", "del", &cidr, "dev", KUBE_IPVS0])?;
+            }
+            let vs = SocketAddrV4::new(VIP, SERVICE_PORT);
+            if on != ipvs_has_service(vs) {
+                ipvs_service(vs, on)?;
+            }
+            let entry = format!("{VIP},tcp:{SERVICE_PORT}");
+            let op = if on { "add" } else { "del" };
+            exec(NS_NODE, &["ipset", op, "-exist", LB_SET, &entry]).map(drop)
+        }
         Variant::VipBound => {
             let bound = vip_address_bound()?;
             if on && !bound {
@@ -454,9 +674,13 @@ pub(crate) fn set_variant(variant: Variant, on: bool) -> Result<()> {
 }
 
 pub(crate) fn set_variants(v: &Variants) -> Result<()> {
-    set_variant(Variant::VipBound, v.vip_bound)?;
-    set_variant(Variant::RpFilter, v.rp_filter)?;
-    set_variant(Variant::Masquerade, v.masquerade)
+    set_variants_in(node_mode()?, v)
+}
+
+fn set_variants_in(mode: KubeProxyMode, v: &Variants) -> Result<()> {
+    set_variant_in(mode, Variant::VipBound, v.vip_bound)?;
+    set_variant_in(mode, Variant::RpFilter, v.rp_filter)?;
+    set_variant_in(mode, Variant::Masquerade, v.masquerade)
 }
 
 fn vip_address_bound() -> Result<bool> {
@@ -475,8 +699,13 @@ pub(crate) fn read_variants() -> Result<Variants> {
     })
 }
 
+/// VIP:80 served locally: the KUBE-SERVICES rule (iptables mode) or the IPVS virtual
+/// service (IPVS mode).
 pub(crate) fn vip_rule_present() -> bool {
-    has_rule("KUBE-SERVICES", VIP_RULE)
+    match node_mode() {
+        Ok(KubeProxyMode::Ipvs) => ipvs_has_service(SocketAddrV4::new(VIP, SERVICE_PORT)),
+        _ => has_rule("KUBE-SERVICES", VIP_RULE),
+    }
 }
 
 fn start_server(ns: &str, port: u16, name: &str) -> Result<()> {
