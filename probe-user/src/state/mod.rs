@@ -116,13 +116,40 @@ pub fn read_services() -> anyhow::Result<ServiceTable> {
             }
             table.nodeports = ipt.nodeports;
             table.masquerade_rules = ipt.masquerade_rules;
+            add_ipvs_nodeports(&mut table);
             Ok(table)
         }
-        (Some(table), Err(e)) if !table.services.is_empty() => {
+        (Some(mut table), Err(e)) if !table.services.is_empty() => {
             tracing::debug!(error = %e, "iptables unreadable; IPVS only");
+            add_ipvs_nodeports(&mut table);
             Ok(table)
         }
         (_, Ok(ipt)) => Ok(ipt),
         (_, Err(e)) => Err(e.into()),
+    }
+}
+
+/// kube-proxy's default `--service-node-port-range`.
+pub const NODEPORT_RANGE: std::ops::RangeInclusive<u16> = 30000..=32767;
+
+/// IPVS mode has no per-Service NodePort rules in the nat table (one ipset,
+/// `KUBE-NODE-PORT-TCP`, marks them all): a NodePort is a virtual service on a port of the
+/// NodePort range. Each one the iptables rules did not name is added (unnamed, Cluster policy).
+pub fn add_ipvs_nodeports(table: &mut ServiceTable) {
+    let found: Vec<(u16, Proto)> = table
+        .services
+        .iter()
+        .filter(|s| NODEPORT_RANGE.contains(&s.port))
+        .map(|s| (s.port, s.proto))
+        .collect();
+    for (port, proto) in found {
+        if table.nodeport(port, proto).is_none() {
+            table.nodeports.push(NodePortEntry {
+                port,
+                proto,
+                service: None,
+                local_only: false,
+            });
+        }
     }
 }
