@@ -373,3 +373,65 @@ pub fn hex_bytes(v: Option<&Value>) -> Vec<u8> {
         })
         .unwrap_or_default()
 }
+
+/// Whether this kernel has tcx (>= 6.6): the agent attaches through tcx links there, through
+/// cls_bpf filters under clsact otherwise (which outlive a SIGKILLed agent).
+pub fn kernel_has_tcx() -> bool {
+    let release = sh(&["uname", "-r"]);
+    let mut nums = release
+        .trim()
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|n| n.parse::<u32>().ok());
+    let (major, minor) = (nums.next().unwrap_or(0), nums.next().unwrap_or(0));
+    (major, minor) >= (6, 6)
+}
+
+/// Our programs attached to a tc hook, either way: tcx links ([`our_tc_links`]) plus cls_bpf
+/// filters named `clb_*` (`bpftool net`, which lists clsact filters of the namespace it runs
+/// in: run in every named namespace and the current one).
+pub fn our_tc_attachments() -> Vec<String> {
+    let mut found = our_tc_links();
+    let names = Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    let mut runs: Vec<Vec<String>> = vec![vec!["bpftool".into(), "-j".into(), "net".into()]];
+    for ns in names.lines().filter_map(|l| l.split_whitespace().next()) {
+        runs.push(
+            ["ip", "netns", "exec", ns, "bpftool", "-j", "net"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+        );
+    }
+    for argv in runs {
+        let Ok(out) = Command::new(&argv[0]).args(&argv[1..]).output() else {
+            continue;
+        };
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        for per_ns in v.as_array().into_iter().flatten() {
+            for f in per_ns
+                .get("tc")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                if let Some(name) = f.get("name").and_then(Value::as_str)
+                    && name.starts_with("clb_")
+                {
+                    found.push(name.to_string());
+                }
+            }
+        }
+    }
+    found
+}
+
+/// A kernel drop of a local-source packet as this kernel reports it: `IP_LOCAL_SOURCE` where
+/// the kernel has that reason (6.18 here), else (6.1 and older) `NOT_SPECIFIED` at the
+/// route-input site `ip_rcv_finish_core*` (compiler suffixes such as `.constprop.0`).
+pub fn is_local_source_drop(reason: &str, location: &str) -> bool {
+    reason == "IP_LOCAL_SOURCE"
+        || (reason == "NOT_SPECIFIED" && location.starts_with("ip_rcv_finish_core"))
+}

@@ -179,14 +179,16 @@ pub(crate) fn require_ipvs_support() -> Result<()> {
     Ok(())
 }
 
-/// The node's kube-proxy mode, from kube-ipvs0's link type (a dummy only in IPVS mode).
+/// The node's kube-proxy mode, from its nat table: only the IPVS mode's rules have the
+/// `KUBE-NODE-PORT` chain (kube-ipvs0's link type is no proof: tests recreate it).
 pub(crate) fn node_mode() -> Result<KubeProxyMode> {
-    let out = ip(NS_NODE, &["-d", "-o", "link", "show", "dev", KUBE_IPVS0])?;
-    Ok(if out.split_whitespace().any(|w| w == "dummy") {
-        KubeProxyMode::Ipvs
-    } else {
-        KubeProxyMode::Iptables
-    })
+    Ok(
+        if iptables_ok(NS_NODE, &["-t", "nat", "-S", "KUBE-NODE-PORT"]) {
+            KubeProxyMode::Ipvs
+        } else {
+            KubeProxyMode::Iptables
+        },
+    )
 }
 
 /// Builds the lab; every namespace it creates is pushed to `created` (for the rollback).

@@ -2,6 +2,15 @@
 //! emulation unless the CPU has real VT-x/AMD-V) and runs one shell command inside it, as root, in
 //! one boot; its output and exit code come back to the host.
 //!
+//! Without `-c` it runs **the suite** ([`suite`]): the test binaries are built on the host
+//! (`cargo build -p probe-user -p xtask`, `cargo test -p probe-tests --no-run`, `cargo test -p
+//! probe-user --lib --no-run`, all with `--message-format=json` to find the executables, in
+//! cargo's target dir: `CARGO_TARGET_DIR` if set, else the workspace's `target/`), then one boot
+//! runs the IPVS generic-netlink reader against real IPVS, the VM-only `ipvs` test, and the
+//! `datapath` and `loopback` tests against the IPVS-mode lab (`CLB_LAB_MODE=ipvs`), plus the
+//! iptables-mode older-kernel script when the binaries are the workspace's own. `--smoke` runs
+//! the short IPVS smoke scenario instead.
+//!
 //! The guest's root is the host's `/` (shared read-only over 9p, so host-built binaries run
 //! unchanged: same glibc, same paths), under the unpacked Debian packages the host lacks
 //! (kernel modules, kmod, ipvsadm, ...; see [`kernel`]), under a tmpfs that takes the writes. The
@@ -18,6 +27,7 @@
 mod initramfs;
 mod kernel;
 mod qemu;
+pub mod suite;
 
 use std::{
     path::{Path, PathBuf},
@@ -48,9 +58,13 @@ pub fn host_packages() -> &'static [(&'static str, &'static str)] {
 #[derive(clap::Args, Debug, Clone)]
 pub struct VmArgs {
     /// Shell command (bash) run as root inside the guest, in the workspace folder (the host's
-    /// path, shared read-only with a throwaway writable layer). Default: the IPVS smoke scenario.
-    #[arg(long, short = 'c')]
+    /// path, shared read-only with a throwaway writable layer). Default: the suite (test
+    /// binaries built on the host first; see the module doc).
+    #[arg(long, short = 'c', conflicts_with = "smoke")]
     pub command: Option<String>,
+    /// Run the short IPVS smoke scenario instead of the suite.
+    #[arg(long)]
+    pub smoke: bool,
     /// Environment variable for the command, KEY=VALUE (repeatable).
     #[arg(long = "env", short = 'e', value_name = "KEY=VALUE")]
     pub env: Vec<String>,
@@ -62,8 +76,9 @@ pub struct VmArgs {
     /// `$CLB_VM_RESULTS`. Default: a throwaway folder.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
-    /// Hard limit on the whole boot; QEMU is killed after it.
-    #[arg(long, default_value_t = 900, value_name = "SECONDS")]
+    /// Hard limit on the whole boot; QEMU is killed after it (the suite takes about 20 min
+    /// under TCG on 2 cores).
+    #[arg(long, default_value_t = 1800, value_name = "SECONDS")]
     pub timeout: u64,
 }
 
@@ -71,10 +86,11 @@ impl Default for VmArgs {
     fn default() -> Self {
         Self {
             command: None,
+            smoke: false,
             env: Vec::new(),
             keep: false,
             out: None,
-            timeout: 900,
+            timeout: 1800,
         }
     }
 }
@@ -221,9 +237,14 @@ fn boot_in(
     initramfs::build(kernel, &initrd)?;
     let command = match &args.command {
         Some(c) => c.clone(),
-        None => {
+        None if args.smoke => {
             std::fs::write(results.join("smoke.sh"), SMOKE)?;
             "bash /clb-vm/smoke.sh".to_string()
+        }
+        None => {
+            let bins = suite::build(&workspace_root())?;
+            std::fs::write(results.join("suite.sh"), suite::script(&bins))?;
+            "bash /clb-vm/suite.sh".to_string()
         }
     };
     std::fs::write(
@@ -275,6 +296,11 @@ fn boot_in(
 
 /// `cargo xtask vm-test`: boot, run, print PASS/FAIL; errors when the command did not exit 0.
 pub fn run(args: &VmArgs) -> anyhow::Result<()> {
+    run_with_output(args).map(drop)
+}
+
+/// [`run`], returning what the boot produced (its output carries the libtest summaries).
+pub fn run_with_output(args: &VmArgs) -> anyhow::Result<Outcome> {
     let start = Instant::now();
     ensure_host_packages()?;
     let timeout = args.timeout;
@@ -313,7 +339,7 @@ pub fn run(args: &VmArgs) -> anyhow::Result<()> {
             } else {
                 let _ = std::fs::remove_dir_all(&run_dir);
             }
-            Ok(())
+            Ok(outcome)
         }
         Err(why) => {
             println!("vm-test: FAIL: {why}");
@@ -378,11 +404,15 @@ mod tests {
         }
     }
 
-    /// Boots the real VM (slow under TCG, needs root and the Debian archive):
+    /// Boots the real VM (needs root and the Debian archive):
     /// `cargo test -p xtask vm::tests::smoke_boot -- --ignored --nocapture`.
     #[test]
     #[ignore]
     fn smoke_boot() {
-        run(&VmArgs::default()).unwrap();
+        run(&VmArgs {
+            smoke: true,
+            ..VmArgs::default()
+        })
+        .unwrap();
     }
 }

@@ -1,0 +1,333 @@
+//! The VM tier's own test: kube-proxy's IPVS mode for real (a `dummy` kube-ipvs0, IPVS virtual
+//! services, kube-proxy's ipsets and nat rules) on the VM's older kernel, with the real agent
+//! reading IPVS over generic netlink as its service table. Each failure must be confirmed, each
+//! healthy twin must stay silent.
+//!
+//! Runs only inside `cargo xtask vm-test` (`CLB_VM` set; it prints a skip line elsewhere).
+//! Prints the kernel, `ipvsadm -Ln` and each scenario's verdict. With `CLB_VM_RESULTS` set it
+//! also writes what it saw there (`streams/<name>/`: the agent's recorded kernel events, the
+//! service table, the egress records the agent looked up, the confirmed events) for
+//! `probe-user/tests/data/streams/`.
+
+use std::{path::PathBuf, time::Duration};
+
+use probe_tests::agent::{Agent, hex_bytes, is_local_source_drop, probe_bin, require_root, sh};
+use serde_json::Value;
+use xtask::lab::{self, KubeProxyMode, LabGuard, Outcome, Scenario, UpOptions, Variants};
+
+/// Long enough for the hairpin's settle window and its conntrack answer.
+const SETTLE: Duration = Duration::from_secs(4);
+const WAIT: Duration = Duration::from_secs(15);
+
+fn in_vm(test: &str) -> bool {
+    if std::env::var_os("CLB_VM").is_none() {
+        eprintln!("skipping {test}: VM tier only (real IPVS and dummy); run `cargo xtask vm-test`");
+        return false;
+    }
+    require_root(test)
+}
+
+/// On a kernel without IPVS or `dummy` (this machine's), the IPVS-mode lab refuses to start,
+/// says why and where to run it, and makes nothing.
+#[test]
+fn ipvs_mode_fails_clearly_without_ipvs() {
+    if std::env::var_os("CLB_VM").is_some() || !require_root("ipvs_mode_fails_clearly") {
+        return;
+    }
+    if std::path::Path::new("/proc/net/ip_vs").exists()
+        && std::path::Path::new("/sys/module/dummy").exists()
+    {
+        eprintln!("skipping ipvs_mode_fails_clearly: this kernel has IPVS and dummy");
+        return;
+    }
+    let before = lab::leftovers().unwrap();
+    let err = lab::Lab::up_in(
+        KubeProxyMode::Ipvs,
+        &Variants::default(),
+        &UpOptions::default(),
+    )
+    .expect_err("no IPVS here");
+    let msg = format!("{err:#}");
+    eprintln!("{msg}");
+    assert!(msg.contains("CLB_LAB_MODE=ipvs"), "{msg}");
+    assert!(msg.contains("vm-test"), "{msg}");
+    assert!(msg.contains("IPVS") || msg.contains("dummy"), "{msg}");
+    assert_eq!(lab::leftovers().unwrap(), before, "nothing made");
+}
+
+/// Where this run's recordings go (`$CLB_VM_RESULTS/streams`), if anywhere.
+fn results_dir() -> Option<PathBuf> {
+    std::env::var_os("CLB_VM_RESULTS").map(|d| PathBuf::from(d).join("streams"))
+}
+
+fn write_jsonl(path: &std::path::Path, rows: &[Value]) {
+    let text: String = rows.iter().map(|r| format!("{r}\n")).collect();
+    std::fs::write(path, text).unwrap();
+}
+
+/// EGRESS_FLOWS as `EgressRecord`s (key: addr[16] port u16 proto family; value: daddr[16]
+/// dport u16 pad[2] ifindex u32 ts_ns u64), IPv4 only.
+fn egress_records() -> Vec<Value> {
+    let dump = sh(&["bpftool", "-j", "map", "dump", "name", "EGRESS_FLOWS"]);
+    let entries: Value = serde_json::from_str(&dump).unwrap_or(Value::Null);
+    let ip = |b: &[u8]| format!("{}.{}.{}.{}", b[0], b[1], b[2], b[3]);
+    entries
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| {
+            let k = hex_bytes(e.get("key"));
+            let v = hex_bytes(e.get("value"));
+            if k.len() < 20 || v.len() < 32 {
+                return None;
+            }
+            Some(serde_json::json!({
+                "src": ip(&k[..4]),
+                "sport": u16::from_le_bytes([k[16], k[17]]),
+                "dst": ip(&v[..4]),
+                "dport": u16::from_le_bytes([v[16], v[17]]),
+                "proto": if k[18] == 6 { "tcp" } else { "udp" },
+                "ts_ns": u64::from_le_bytes(v[24..32].try_into().unwrap()),
+                "nic": lab::NODE_NIC,
+            }))
+        })
+        .collect()
+}
+
+/// `probe services` in the node namespace: the service table the agent reads.
+fn services_json() -> String {
+    let probe = probe_bin();
+    sh(&[
+        "ip",
+        "netns",
+        "exec",
+        lab::NS_NODE,
+        probe.to_str().unwrap(),
+        "services",
+    ])
+}
+
+struct Run<'a> {
+    agent: &'a Agent,
+    lab: &'a LabGuard,
+    services: String,
+    failures: Vec<String>,
+}
+
+impl Run<'_> {
+    /// Drives `scenario`; returns the new confirmed events and the new kernel records.
+    fn drive(&mut self, scenario: Scenario) -> (Outcome, Vec<Value>, Vec<Value>) {
+        let (events_before, records_before) =
+            (self.agent.events().len(), self.agent.records().len());
+        let report = self.lab.run(scenario).expect("traffic");
+        std::thread::sleep(SETTLE);
+        let events = self.agent.events()[events_before..].to_vec();
+        let records = self.agent.records()[records_before..].to_vec();
+        if report.outcome() != report.expected {
+            self.failures.push(format!("{report}"));
+        }
+        (report.outcome(), events, records)
+    }
+
+    fn failure(&mut self, scenario: Scenario, name: &str, kind: &str, check: impl Fn(&Value)) {
+        let (outcome, mut events, mut records) = self.drive(scenario);
+        if events.is_empty() {
+            // The agent may still be deciding (the hairpin waits for its conntrack answer).
+            std::thread::sleep(WAIT);
+            events = self.agent.events();
+            events.retain(|e| e["kind"] == kind);
+            records = self.agent.records();
+        }
+        let verdict = match events.as_slice() {
+            [e] if e["kind"] == kind => {
+                check(e);
+                format!(
+                    "confirmed {kind} ({} at {}, outcome {}, service {})",
+                    e["drop_reason"], e["drop_location"], e["outcome"], e["service"]
+                )
+            }
+            other => {
+                self.failures.push(format!(
+                    "{scenario}: expected one {kind}, got {}",
+                    serde_json::to_string_pretty(other).unwrap()
+                ));
+                "NOT CONFIRMED".to_string()
+            }
+        };
+        println!("ipvs-vm: {scenario}: client {outcome}; {verdict}");
+        if let Some(dir) = results_dir() {
+            let dir = dir.join(name);
+            std::fs::create_dir_all(&dir).unwrap();
+            write_jsonl(&dir.join("events.jsonl"), &records);
+            write_jsonl(&dir.join("confirmed.jsonl"), &events);
+            std::fs::write(dir.join("services.json"), &self.services).unwrap();
+            let answers = serde_json::json!({ "egress": egress_records(), "conntrack": [] });
+            std::fs::write(
+                dir.join("answers.json"),
+                serde_json::to_string_pretty(&answers).unwrap(),
+            )
+            .unwrap();
+        }
+    }
+
+    fn twin(&mut self, scenario: Scenario) {
+        let (outcome, events, _) = self.drive(scenario);
+        let verdict = if events.is_empty() {
+            "no event".to_string()
+        } else {
+            self.failures.push(format!(
+                "{scenario}: healthy twin reported: {}",
+                serde_json::to_string_pretty(&events).unwrap()
+            ));
+            format!("WRONGLY REPORTED {} event(s)", events.len())
+        };
+        println!("ipvs-vm: {scenario} (twin): client {outcome}; {verdict}");
+    }
+}
+
+/// IPVS as the service table: health-check blackhole (NodePort named from IPVS), hairpin
+/// (pod -> unbound VIP -> back through the LB; and under strict rp_filter), unserved VIP port
+/// (no virtual service for VIP:443), each confirmed once; every twin silent.
+#[test]
+fn ipvs_mode_failures_are_confirmed_and_twins_are_silent() {
+    if !in_vm("ipvs_mode_failures") {
+        return;
+    }
+    println!("ipvs-vm: kernel {}", sh(&["uname", "-r"]).trim());
+    let lab = LabGuard::up_in(
+        KubeProxyMode::Ipvs,
+        &Variants::default(),
+        &UpOptions::default(),
+    )
+    .expect("IPVS-mode lab up");
+    assert_eq!(lab.mode().unwrap(), KubeProxyMode::Ipvs);
+    let exec = |args: &[&str]| {
+        let mut v = vec!["ip", "netns", "exec", lab::NS_NODE];
+        v.extend_from_slice(args);
+        sh(&v)
+    };
+    println!("ipvs-vm: ipvsadm -Ln:\n{}", exec(&["ipvsadm", "-Ln"]));
+    let link = exec(&["ip", "-d", "link", "show", lab::KUBE_IPVS0]);
+    assert!(link.contains("dummy"), "{link}");
+    let services = services_json();
+    let table: Value = serde_json::from_str(&services).expect("probe services prints JSON");
+    assert_eq!(
+        table["source"], "ipvs",
+        "service table from IPVS: {table:#}"
+    );
+    let served: Vec<String> = table["services"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| format!("{}:{}", s["vip"].as_str().unwrap(), s["port"]))
+        .collect();
+    for vs in KubeProxyMode::Ipvs.virtual_services(true) {
+        assert!(
+            served.contains(&vs.to_string()),
+            "{vs} in {served:?}: {table:#}"
+        );
+    }
+
+    let agent = Agent::start(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    let mut run = Run {
+        agent: &agent,
+        lab: &lab,
+        services,
+        failures: Vec::new(),
+    };
+
+    run.failure(
+        Scenario::HealthcheckBlackhole,
+        "healthcheck-blackhole",
+        "healthcheck_blackhole",
+        |e| {
+            assert_eq!(e["src"], lab::VIP.to_string());
+            assert_eq!(e["dst"], lab::NODE_IP.to_string());
+            assert_eq!(e["dst_port"], lab::NODE_PORT);
+            assert_eq!(e["outcome"], "dropped");
+            assert!(
+                is_local_source_drop(
+                    e["drop_reason"].as_str().unwrap_or_default(),
+                    e["drop_location"].as_str().unwrap_or_default()
+                ),
+                "{e:#}"
+            );
+            let ev = e["evidence"].to_string();
+            assert!(
+                ev.contains("service table (IPVS): NodePort 30080/tcp"),
+                "{e:#}"
+            );
+        },
+    );
+    run.twin(Scenario::HealthcheckOk);
+    run.twin(Scenario::OutsideClientVipBound);
+
+    run.failure(
+        Scenario::VipPortUnserved,
+        "vip-port-unserved",
+        "vip_port_unserved",
+        |e| {
+            assert_eq!(e["vip"], lab::VIP.to_string());
+            assert_eq!(e["vip_port"], lab::VIP_UNSERVED_PORT);
+            assert_eq!(e["drop_reason"], "NO_SOCKET");
+            assert_eq!(e["outcome"], "refused");
+            let ev = e["evidence"].to_string();
+            assert!(ev.contains("(IPVS)"), "judged on the IPVS table: {e:#}");
+        },
+    );
+    run.twin(Scenario::VipPortServed);
+
+    run.failure(
+        Scenario::HairpinRpfilter,
+        "hairpin-rpfilter",
+        "hairpin",
+        |e| {
+            assert_eq!(e["src"], lab::POD_A_IP.to_string());
+            assert_eq!(e["vip"], lab::VIP.to_string());
+            assert_eq!(e["vip_port"], lab::SERVICE_PORT);
+            assert_eq!(e["dst_port"], lab::NODE_PORT);
+            assert_eq!(e["snat"], "no");
+            assert_eq!(e["outcome"], "dropped");
+            assert_eq!(e["drop_reason"], "IP_RPFILTER");
+        },
+    );
+    run.twin(Scenario::HairpinSnat);
+    run.twin(Scenario::OutsideClient);
+    run.twin(Scenario::PodToPod);
+    let failures = std::mem::take(&mut run.failures);
+    drop(run);
+    drop(agent);
+    drop(lab);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The plain hairpin (no rp_filter) in IPVS mode, with its own agent: the looping SYN gets
+/// through, IPVS answers the pod straight from the node, the pod resets that answer.
+#[test]
+fn ipvs_mode_hairpin_is_confirmed() {
+    if !in_vm("ipvs_mode_hairpin") {
+        return;
+    }
+    let lab = LabGuard::up_in(
+        KubeProxyMode::Ipvs,
+        &Variants::default(),
+        &UpOptions::default(),
+    )
+    .expect("IPVS-mode lab up");
+    let agent = Agent::start(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    let mut run = Run {
+        agent: &agent,
+        lab: &lab,
+        services: services_json(),
+        failures: Vec::new(),
+    };
+    run.failure(Scenario::Hairpin, "hairpin", "hairpin", |e| {
+        assert_eq!(e["src"], lab::POD_A_IP.to_string());
+        assert_eq!(e["vip"], lab::VIP.to_string());
+        assert_eq!(e["dst_port"], lab::NODE_PORT);
+        assert_eq!(e["snat"], "no");
+        assert_eq!(e["layer"], "l4");
+    });
+    let failures = std::mem::take(&mut run.failures);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

@@ -1,0 +1,211 @@
+//! The VM tier's default command: test binaries built on the host, run in one boot against the
+//! IPVS-mode lab.
+//!
+//! The guest sees the host's `/` at the same paths, so the executables cargo names (absolute
+//! paths in its JSON messages) run there unchanged, as long as the target dir is not under
+//! `/tmp` or `/run` (fresh tmpfs in the guest).
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+};
+
+use anyhow::{Context as _, bail};
+
+use super::shell_quote;
+
+/// The integration test files (tests/tests/*.rs) run in the VM, in this order.
+pub const TEST_FILES: &[&str] = &["ipvs", "datapath", "loopback"];
+/// The probe-user unit tests run in the VM (they need real IPVS).
+pub const UNIT_FILTER: &str = "state::ipvs";
+
+/// What the suite runs, all built on the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bins {
+    /// The agent (`CLB_PROBE_BIN`).
+    pub probe: PathBuf,
+    /// probe-user's unit-test executable.
+    pub unit: PathBuf,
+    /// (test file, executable), in [`TEST_FILES`] order.
+    pub tests: Vec<(String, PathBuf)>,
+    /// The iptables-mode older-kernel script runs too (it uses the workspace's own
+    /// `target/debug` binaries: only when those are the ones just built).
+    pub older_kernel: bool,
+}
+
+fn cargo() -> Command {
+    Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+}
+
+/// One built artifact: (package name, target name, target kinds, executable).
+pub type Artifact = (String, String, Vec<String>, PathBuf);
+
+/// Runs a cargo command with `--message-format=json`; returns (package name, target name,
+/// target kinds, executable) of every artifact with an executable.
+fn artifacts(root: &Path, args: &[&str]) -> anyhow::Result<Vec<Artifact>> {
+    eprintln!("vm: cargo {}", args.join(" "));
+    let out = cargo()
+        .args(args)
+        .arg("--message-format=json")
+        .current_dir(root)
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("starting cargo {}", args.join(" ")))?;
+    if !out.status.success() {
+        bail!("cargo {} failed ({})", args.join(" "), out.status);
+    }
+    Ok(parse_artifacts(&String::from_utf8_lossy(&out.stdout)))
+}
+
+/// The compiler artifacts with an executable in cargo's JSON messages.
+pub fn parse_artifacts(json_lines: &str) -> Vec<Artifact> {
+    json_lines
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|m| m["reason"] == "compiler-artifact")
+        .filter_map(|m| {
+            let exe = m["executable"].as_str()?;
+            let package = m["package_id"].as_str().unwrap_or_default();
+            // "path+file:///work/main/tests#probe-tests@0.1.0", "path+file:///w/probe-user#0.1.0"
+            // (the folder is the name) or the older "probe-tests 0.1.0 (...)".
+            let name = match package.rsplit_once('#') {
+                Some((_, r)) if r.contains('@') => r.split('@').next().unwrap_or(r),
+                Some((url, _)) => url.rsplit('/').next().unwrap_or(url),
+                None => package.split(' ').next().unwrap_or(package),
+            }
+            .to_string();
+            let kinds = m["target"]["kind"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|k| k.as_str().map(String::from))
+                .collect();
+            Some((
+                name,
+                m["target"]["name"].as_str()?.to_string(),
+                kinds,
+                PathBuf::from(exe),
+            ))
+        })
+        .collect()
+}
+
+/// Builds everything the suite runs.
+pub fn build(root: &Path) -> anyhow::Result<Bins> {
+    let built = artifacts(root, &["build", "-p", "probe-user", "-p", "xtask"])?;
+    let probe = built
+        .iter()
+        .find(|(_, t, k, _)| t == "probe" && k.iter().any(|k| k == "bin"))
+        .map(|a| a.3.clone())
+        .context("cargo built no `probe` binary")?;
+    let unit = artifacts(root, &["test", "-p", "probe-user", "--lib", "--no-run"])?
+        .into_iter()
+        .find(|(p, _, k, _)| p == "probe-user" && k.iter().any(|k| k == "lib"))
+        .map(|a| a.3)
+        .context("cargo built no probe-user unit-test executable")?;
+    let all = artifacts(root, &["test", "-p", "probe-tests", "--tests", "--no-run"])?;
+    let mut tests = Vec::new();
+    for file in TEST_FILES {
+        let exe = all
+            .iter()
+            .find(|(p, t, k, _)| p == "probe-tests" && t == file && k.iter().any(|k| k == "test"))
+            .map(|a| a.3.clone())
+            .with_context(|| format!("cargo built no test executable for tests/tests/{file}.rs"))?;
+        tests.push((file.to_string(), exe));
+    }
+    let older_kernel = root.join("xtask/src/vm/older-kernel.sh").is_file()
+        && probe == root.join("target/debug/probe");
+    Ok(Bins {
+        probe,
+        unit,
+        tests,
+        older_kernel,
+    })
+}
+
+/// The guest script: every part runs (one failing does not stop the rest), the exit code says
+/// whether all passed, and each part's wall time is printed.
+pub fn script(b: &Bins) -> String {
+    let q = |p: &Path| shell_quote(&p.display().to_string());
+    let mut s = String::from(
+        "# the VM suite, written by cargo xtask vm-test\n\
+         set -u\n\
+         failed=()\n\
+         part() {\n\
+         \tlocal name=$1; shift\n\
+         \tlocal t0=$SECONDS\n\
+         \techo \"=== vm-suite: $name\"\n\
+         \tif \"$@\"; then\n\
+         \t\techo \"=== vm-suite: $name: ok ($((SECONDS - t0)) s)\"\n\
+         \telse\n\
+         \t\techo \"=== vm-suite: $name: FAILED ($((SECONDS - t0)) s)\"\n\
+         \t\tfailed+=(\"$name\")\n\
+         \tfi\n\
+         }\n\
+         echo \"=== vm-suite: kernel $(uname -r)\"\n\
+         modprobe -a ip_vs ip_vs_rr dummy ip_set xt_set 2>/dev/null\n",
+    );
+    s.push_str(&format!("export CLB_PROBE_BIN={}\n", q(&b.probe)));
+    s.push_str(&format!(
+        "part 'IPVS generic-netlink reader (real IPVS)' {} {UNIT_FILTER} --test-threads=1\n",
+        q(&b.unit)
+    ));
+    for (file, exe) in &b.tests {
+        s.push_str(&format!(
+            "CLB_LAB_MODE=ipvs part 'tests/{file}.rs (IPVS-mode lab)' {} --test-threads=1\n",
+            q(exe)
+        ));
+    }
+    if b.older_kernel {
+        s.push_str(
+            "part 'older-kernel.sh (iptables-mode lab)' bash xtask/src/vm/older-kernel.sh\n",
+        );
+    } else {
+        s.push_str(
+            "echo '=== vm-suite: skipping older-kernel.sh: it runs target/debug binaries, \
+             and this build went elsewhere (CARGO_TARGET_DIR)'\n",
+        );
+    }
+    s.push_str(
+        "if [ ${#failed[@]} -eq 0 ]; then echo '=== vm-suite: all passed'; exit 0; fi\n\
+         echo \"=== vm-suite: FAILED: ${failed[*]}\"\n\
+         exit 1\n",
+    );
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_executables_in_cargo_json() {
+        let json = r#"{"reason":"compiler-artifact","package_id":"path+file:///work/main/tests#probe-tests@0.1.0","target":{"kind":["test"],"name":"ipvs"},"executable":"/t/debug/deps/ipvs-1"}
+{"reason":"compiler-artifact","package_id":"path+file:///work/main/probe-user#0.1.0","target":{"kind":["bin"],"name":"probe"},"executable":"/t/debug/probe"}
+{"reason":"compiler-artifact","package_id":"serde 1.0.0 (registry+https://github.com/rust-lang/crates.io-index)","target":{"kind":["lib"],"name":"serde"},"executable":null}
+{"reason":"build-finished","success":true}"#;
+        let a = parse_artifacts(json);
+        assert_eq!(a.len(), 2);
+        assert_eq!(a[0].0, "probe-tests");
+        assert_eq!(a[0].1, "ipvs");
+        assert_eq!(a[0].3, PathBuf::from("/t/debug/deps/ipvs-1"));
+        assert_eq!(a[1].0, "probe-user");
+        assert_eq!(a[1].1, "probe");
+    }
+
+    #[test]
+    fn script_runs_every_part_in_ipvs_mode() {
+        let b = Bins {
+            probe: "/t/probe".into(),
+            unit: "/t/clb_probe-1".into(),
+            tests: vec![("ipvs".into(), "/t/ipvs-1".into())],
+            older_kernel: false,
+        };
+        let s = script(&b);
+        assert!(s.contains("export CLB_PROBE_BIN='/t/probe'"));
+        assert!(s.contains("'/t/clb_probe-1' state::ipvs --test-threads=1"));
+        assert!(s.contains("CLB_LAB_MODE=ipvs part 'tests/ipvs.rs (IPVS-mode lab)' '/t/ipvs-1'"));
+        assert!(s.contains("skipping older-kernel.sh"));
+        assert!(s.ends_with("exit 1\n"));
+    }
+}
