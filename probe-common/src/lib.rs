@@ -110,8 +110,15 @@ pub struct EgressValue {
     pub dport: u16,
     pub _pad: [u8; 2],
     pub ifindex: u32,
+    /// The flow's first opener (kept across SYN retransmits and further UDP datagrams).
     pub ts_ns: u64,
+    /// The latest opener of the same flow.
+    pub last_ns: u64,
 }
+
+/// An `EGRESS_FLOWS` entry idle this long is a new flow when its tuple opens again (the
+/// source port reused for the same destination): its first time starts over.
+pub const EGRESS_IDLE_NS: u64 = 30_000_000_000;
 
 /// A flow as deduplicated in the kernel: the event kind plus the 5-tuple.
 #[repr(C)]
@@ -220,7 +227,7 @@ const _: () = assert!(size_of::<AddrValue>() == 4);
 const _: () = assert!(size_of::<SuspectKey>() == 8);
 const _: () = assert!(size_of::<DropKey>() == 8);
 const _: () = assert!(size_of::<EgressKey>() == 20);
-const _: () = assert!(size_of::<EgressValue>() == 32);
+const _: () = assert!(size_of::<EgressValue>() == 40);
 const _: () = assert!(size_of::<FlowKey>() == 40);
 const _: () = assert!(size_of::<Budget>() == 16);
 const _: () = assert!(size_of::<PacketEvent>() == 72);

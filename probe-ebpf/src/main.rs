@@ -22,8 +22,8 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, RawTracePointContext, TcContext},
 };
 use probe_common::{
-    AddrValue, Budget, DropKey, EgressKey, EgressValue, FlowKey, KernelOffsets, PacketEvent,
-    ProbeConfig, SuspectKey, family, kind, stat, tag,
+    AddrValue, Budget, DropKey, EGRESS_IDLE_NS, EgressKey, EgressValue, FlowKey, KernelOffsets,
+    PacketEvent, ProbeConfig, SuspectKey, family, kind, stat, tag,
 };
 
 #[unsafe(no_mangle)]
@@ -389,16 +389,29 @@ pub fn clb_egress(ctx: TcContext) -> i32 {
         proto: pkt.proto,
         family: pkt.family,
     };
-    // UDP: keep the first packet's time, so the window starts at the flow's start.
-    if pkt.proto == IPPROTO_UDP && unsafe { EGRESS_FLOWS.get(key) }.is_some() {
-        return TC_ACT_UNSPEC;
+    let now = unsafe { bpf_ktime_get_ns() };
+    // The same opener again (a SYN retransmit, the next UDP datagram): keep the first
+    // packet's time, so the record says when the flow started, and only move `last_ns`.
+    // The agent matches a hairpin suspect against the first time: a retransmit must not
+    // make the egress look later than the suspect it caused.
+    if let Some(v) = EGRESS_FLOWS.get_ptr_mut(key) {
+        let v = unsafe { &mut *v };
+        // SAFETY: `daddr` is the first field of an 8-aligned struct; compare it as words
+        // (byte arrays cost one stack slot per byte in BPF).
+        let seen: [u32; 4] = unsafe { core::ptr::read(v.daddr.as_ptr().cast()) };
+        if seen == pkt.daddr && v.dport == pkt.dport && now.wrapping_sub(v.last_ns) < EGRESS_IDLE_NS
+        {
+            v.last_ns = now;
+            return TC_ACT_UNSPEC;
+        }
     }
     let value = EgressValue {
         daddr: bytes(pkt.daddr),
         dport: pkt.dport,
         _pad: [0; 2],
         ifindex: unsafe { (*ctx.skb.skb).ifindex },
-        ts_ns: unsafe { bpf_ktime_get_ns() },
+        ts_ns: now,
+        last_ns: now,
     };
     if EGRESS_FLOWS.insert(key, value, 0).is_ok() {
         stat_add(stat::EGRESS_RECORDED);

@@ -154,7 +154,19 @@ pub struct EgressRecord {
     pub dst: IpAddr,
     pub dport: u16,
     pub proto: Proto,
-    /// CLOCK_MONOTONIC ns when the opener left.
+    /// CLOCK_MONOTONIC ns when the flow's first opener left (a SYN retransmit or the next
+    /// UDP datagram does not move it).
     pub ts_ns: u64,
+    /// When the latest opener of the same flow left (absent: only the first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_ns: Option<u64>,
     pub nic: String,
+}
+
+impl EgressRecord {
+    /// The latest opener of this flow that left no later than `t` (`None`: the flow started
+    /// after `t`). A flow still sending after `t` was sending at `t`.
+    pub fn latest_by(&self, t: u64) -> Option<u64> {
+        (self.ts_ns <= t).then(|| self.last_ns.unwrap_or(self.ts_ns).clamp(self.ts_ns, t))
+    }
 }

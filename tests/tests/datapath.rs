@@ -122,6 +122,16 @@ fn hairpin_pod_source_is_evented_and_tied_to_the_pods_egress_record() {
         u16::from_le_bytes([value[16], value[17]]),
         lab::SERVICE_PORT
     );
+    // The client waited past the SYN retransmit: the record keeps the first SYN's time
+    // (before the suspect it caused) and moves only its latest time.
+    let word = |at: usize| u64::from_le_bytes(value[at..at + 8].try_into().unwrap());
+    let (first, last) = (word(24), word(32));
+    let suspect_ts = suspect["ts_ns"].as_u64().unwrap();
+    assert!(first <= suspect_ts, "first {first} > suspect {suspect_ts}");
+    assert!(
+        last > first,
+        "the retransmit did not move last_ns: {first} {last}"
+    );
 }
 
 #[test]

@@ -18,7 +18,7 @@ use tokio::{
     signal::unix::{SignalKind, signal},
     sync::{broadcast, mpsc, watch},
 };
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::{
     correlate::{Answer, Correlator, CorrelatorConfig, Output, Query},
@@ -234,8 +234,13 @@ async fn correlate_loop(mut l: CorrelateLoop) -> anyhow::Result<()> {
     let mut correlator = Correlator::new(CorrelatorConfig::default());
     correlator.set_services(std::mem::take(&mut l.services));
     let mut tick = tokio::time::interval(Duration::from_millis(250));
-    let mut services_tick = tokio::time::interval(l.services_every);
-    services_tick.tick().await; // the first tick is immediate: the table was just read
+    // The service table is re-read off this loop: iptables-save and the IPVS dump can take a
+    // second on a busy node, and events must not wait behind them (the egress map moves on).
+    let (services_tx, mut services_rx) = mpsc::channel::<state::ServiceTable>(1);
+    let _services_task = AbortOnDrop(tokio::spawn(refresh_services(
+        l.services_every,
+        services_tx,
+    )));
     let (answer_tx, mut answer_rx) = mpsc::channel::<Answer>(1024);
     loop {
         let outputs = tokio::select! {
@@ -251,11 +256,8 @@ async fn correlate_loop(mut l: CorrelateLoop) -> anyhow::Result<()> {
                 }
                 correlator.tick(monotonic_ns())
             }
-            _ = services_tick.tick() => {
-                match tokio::task::spawn_blocking(state::read_services).await? {
-                    Ok(table) => correlator.set_services(table),
-                    Err(e) => warn!(error = %e, "reading the service table"),
-                }
+            Some(table) = services_rx.recv() => {
+                correlator.set_services(table);
                 Vec::new()
             }
             _ = l.signals.term.recv() => { info!("SIGTERM: shutting down"); return Ok(()); }
@@ -273,12 +275,42 @@ async fn correlate_loop(mut l: CorrelateLoop) -> anyhow::Result<()> {
     }
 }
 
+/// Aborts a background task when the loop that owns it returns, however it returns.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Re-reads the service table every `every` (the first read happened at start) and hands
+/// each table to the correlation loop.
+async fn refresh_services(every: Duration, tx: mpsc::Sender<state::ServiceTable>) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await; // immediate: the table was just read
+    loop {
+        tick.tick().await;
+        match tokio::task::spawn_blocking(state::read_services).await {
+            Ok(Ok(table)) => {
+                if tx.send(table).await.is_err() {
+                    return;
+                }
+            }
+            Ok(Err(e)) => warn!(error = %e, "reading the service table"),
+            Err(e) => warn!(error = %e, "the service table reader failed"),
+        }
+    }
+}
+
 /// Answers a correlator query: the egress map synchronously (a bounded map read), conntrack
 /// on the blocking pool (a netlink round trip).
 fn answer_query(query: Query, egress: &EgressTable, ifnames: &IfNames, tx: &mpsc::Sender<Answer>) {
     match query {
         Query::Egress { id, src } => {
             let records = egress.by_source(src, |i| reader::ifname(ifnames, i));
+            debug!(%src, ?records, "egress records");
             let _ = tx.try_send(Answer::Egress { id, records });
         }
         Query::Conntrack { id, tuple } => {

@@ -23,7 +23,8 @@
 //!   protocol; else layer 7: the latest record of the same protocol sent at most `l7_window_ns`
 //!   before the suspect whose destination is not a node or pod address (the suspect's own
 //!   destination, or any address seen tagged `Node`/`Pod` in kernel events). Both must have
-//!   left no later than the suspect and at most `l7_window_ns` before it. No record: not
+//!   started no later than the suspect and sent their latest opener (a record keeps its
+//!   first and latest time: SYN retransmits refresh it) at most `l7_window_ns` before it. No record: not
 //!   confirmed. Then [`Query::Conntrack`] of the egress tuple: an entry with SNAT means the
 //!   flow was NATed after all (not confirmed; counted in `hairpin_snat_seen`); otherwise
 //!   `snat` = no and the entry (or its absence) is evidence. Outcome: a `Drop` of the
@@ -1216,29 +1217,28 @@ impl Correlator {
 
     fn match_egress(&self, f: &Flow, records: &[EgressRecord]) -> Option<EgressMatch> {
         let p = &f.packet;
-        let in_window = |r: &&EgressRecord| {
-            r.src == p.src
-                && r.proto == p.proto
-                && r.ts_ns <= f.ts
-                && f.ts - r.ts_ns <= self.cfg.l7_window_ns
+        // (record, its latest opener by the suspect's time) for records of this pod and
+        // protocol that had left by then, within the window.
+        let candidates = || {
+            records
+                .iter()
+                .filter(|r| r.src == p.src && r.proto == p.proto)
+                .filter_map(|r| Some((r, r.latest_by(f.ts)?)))
+                .filter(|(_, at)| f.ts - at <= self.cfg.l7_window_ns)
         };
-        if let Some(r) = records
-            .iter()
-            .filter(in_window)
-            .filter(|r| r.sport == p.sport)
-            .max_by_key(|r| r.ts_ns)
+        if let Some((r, _)) = candidates()
+            .filter(|(r, _)| r.sport == p.sport)
+            .max_by_key(|(_, at)| *at)
         {
             return Some(EgressMatch {
                 record: r.clone(),
                 layer: Layer::L4,
             });
         }
-        records
-            .iter()
-            .filter(in_window)
-            .filter(|r| r.dst != p.dst && r.dst != r.src && !self.known_local.contains(&r.dst))
-            .max_by_key(|r| r.ts_ns)
-            .map(|r| EgressMatch {
+        candidates()
+            .filter(|(r, _)| r.dst != p.dst && r.dst != r.src && !self.known_local.contains(&r.dst))
+            .max_by_key(|(_, at)| *at)
+            .map(|(r, _)| EgressMatch {
                 record: r.clone(),
                 layer: Layer::L7,
             })

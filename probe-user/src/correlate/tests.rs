@@ -80,6 +80,7 @@ fn egress(sport: u16, dst: &str, dport: u16, ts: u64) -> EgressRecord {
         dport,
         proto: Proto::Tcp,
         ts_ns: ts,
+        last_ns: None,
         nic: "eth0".into(),
     }
 }
@@ -495,6 +496,68 @@ fn hairpin_l4_dropped_by_rpfilter_local_policy() {
     let s = c.stats();
     assert_eq!((s.suspects_confirmed, s.drops_confirming), (1, 1));
     assert_eq!(s.confirmed.hairpin, 1);
+    invariants(&c);
+}
+
+/// The look-up ran after the pod's SYN retransmit refreshed the record (a busy agent reads
+/// the suspect late): the record's first time still precedes the suspect, so it matches.
+#[test]
+fn hairpin_egress_refreshed_by_a_retransmit_after_the_suspect_still_matches() {
+    let mut c = corr();
+    let p = hp(40001, 30081);
+    let t0 = 5 * S;
+    let mut record = egress(40001, EXT_VIP, 80, t0 - 2 * MS);
+    record.last_ns = Some(t0 + S);
+    hairpin_to_settling(&mut c, t0, &p, vec![record]);
+    let r = only_report(&c.ingest(drop_ev(t0 + 50_000, &p, "IP_RPFILTER", 16, None)));
+    assert_eq!(r.event.layer, Some(Layer::L4));
+    assert_eq!(r.event.vip, Some(ip(EXT_VIP)));
+    invariants(&c);
+}
+
+/// A flow that started after the suspect did not cause it, whatever its latest time.
+#[test]
+fn hairpin_egress_that_started_after_the_suspect_does_not_match() {
+    let mut c = corr();
+    let p = hp(40001, 30081);
+    let t0 = 5 * S;
+    let q = only_query(&c.ingest(suspect(t0, &p)));
+    let mut record = egress(40001, EXT_VIP, 80, t0 + MS);
+    record.last_ns = Some(t0 + S);
+    assert!(
+        c.answer(Answer::Egress {
+            id: q.id(),
+            records: vec![record]
+        })
+        .is_empty()
+    );
+    assert_eq!(c.stats().hairpin_no_egress, 1);
+    invariants(&c);
+}
+
+/// A long-running flow (UDP) whose first datagram is older than the window but whose latest
+/// is within it still explains the suspect.
+#[test]
+fn hairpin_egress_window_counts_from_the_latest_opener() {
+    let mut c = corr();
+    let p = hp(40001, 30081);
+    let t0 = 60 * S;
+    let mut record = egress(40001, EXT_VIP, 80, S);
+    record.last_ns = Some(t0 - MS);
+    hairpin_to_settling(&mut c, t0, &p, vec![record.clone()]);
+    let r = only_report(&c.ingest(drop_ev(t0 + 50_000, &p, "IP_RPFILTER", 16, None)));
+    assert_eq!(r.event.kind, LoopbackKind::Hairpin);
+    // Without the latest time the same record is out of the window.
+    let mut c = corr();
+    record.last_ns = None;
+    let q = only_query(&c.ingest(suspect(t0, &p)));
+    assert!(
+        c.answer(Answer::Egress {
+            id: q.id(),
+            records: vec![record]
+        })
+        .is_empty()
+    );
     invariants(&c);
 }
 

@@ -101,6 +101,7 @@ impl EgressTable {
                 dport: v.dport,
                 proto: Proto::from_raw(k.proto),
                 ts_ns: v.ts_ns,
+                last_ns: (v.last_ns > v.ts_ns).then_some(v.last_ns),
                 nic: nic_name(v.ifindex),
             })
             .collect()
