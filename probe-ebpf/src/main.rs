@@ -134,49 +134,69 @@ fn ptr_at<T>(ctx: &TcContext, offset: usize) -> Option<*const T> {
     Some((start + offset) as *const T)
 }
 
-/// Reads ports and TCP flags at `l4` (direct packet access). Missing L4 (fragments, short
-/// packets) leaves them zero: the addresses alone still classify the packet.
+/// Reads a `T` at `offset`: direct packet access when the bytes are in the skb's linear part
+/// (nearly always), else `bpf_skb_load_bytes`. A sender or driver can hand over an skb whose
+/// linear part holds only the Ethernet header (trafgen's PF_PACKET ring does; so can NICs
+/// that split headers): without the fallback such packets would pass unclassified.
 #[inline(always)]
-fn parse_l4(ctx: &TcContext, l4: usize, pkt: &mut Packet) {
-    if pkt.proto != IPPROTO_TCP && pkt.proto != IPPROTO_UDP {
-        return;
-    }
-    if let Some(ports) = ptr_at::<[u8; 4]>(ctx, l4) {
-        let p = unsafe { *ports };
-        pkt.sport = u16::from_be_bytes([p[0], p[1]]);
-        pkt.dport = u16::from_be_bytes([p[2], p[3]]);
-    }
-    if pkt.proto == IPPROTO_TCP
-        && let Some(flags) = ptr_at::<u8>(ctx, l4 + 13)
-    {
-        pkt.tcp_flags = unsafe { *flags };
+fn field<T: Copy>(ctx: &TcContext, offset: usize) -> Option<T> {
+    match ptr_at::<T>(ctx, offset) {
+        Some(p) => Some(unsafe { *p }),
+        None => ctx.load::<T>(offset).ok(),
     }
 }
 
-/// Parses Ethernet + IPv4/IPv6 (fixed header) by direct packet access.
+/// Reads ports and TCP flags at `l4`. Missing L4 (fragments, short packets) leaves them
+/// zero: the addresses alone still classify the packet. One read per header: fewer bounds
+/// checks, and no 1-byte reads (LLVM folds their `p + 1 > end` into `p >= end`, which the
+/// verifier does not accept for a variable offset).
+#[inline(always)]
+fn parse_l4(ctx: &TcContext, l4: usize, pkt: &mut Packet) {
+    match pkt.proto {
+        IPPROTO_TCP => {
+            if let Some(h) = field::<[u8; 14]>(ctx, l4) {
+                pkt.sport = u16::from_be_bytes([h[0], h[1]]);
+                pkt.dport = u16::from_be_bytes([h[2], h[3]]);
+                pkt.tcp_flags = h[13];
+            }
+        }
+        IPPROTO_UDP => {
+            if let Some(h) = field::<[u8; 4]>(ctx, l4) {
+                pkt.sport = u16::from_be_bytes([h[0], h[1]]);
+                pkt.dport = u16::from_be_bytes([h[2], h[3]]);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Parses Ethernet + IPv4/IPv6 (fixed header), each header in one read.
 #[inline(always)]
 fn parse(ctx: &TcContext) -> Option<Packet> {
-    let ethertype = u16::from_be(unsafe { *ptr_at::<u16>(ctx, 12)? });
+    let ethertype = u16::from_be(field::<u16>(ctx, 12)?);
     let mut pkt = Packet::default();
     match ethertype {
         ETH_P_IP => {
-            let vihl = unsafe { *ptr_at::<u8>(ctx, ETH_HLEN)? };
-            let ihl = ((vihl & 0x0f) as usize) * 4;
+            // Words as they lie in memory (network order); bytes by position.
+            let h = field::<[u32; 5]>(ctx, ETH_HLEN)?;
+            let (w0, w1, w2) = (h[0].to_le_bytes(), h[1].to_le_bytes(), h[2].to_le_bytes());
+            let ihl = ((w0[0] & 0x0f) as usize) * 4;
             pkt.family = family::V4;
-            pkt.proto = unsafe { *ptr_at::<u8>(ctx, ETH_HLEN + 9)? };
-            pkt.saddr[0] = unsafe { *ptr_at::<u32>(ctx, ETH_HLEN + 12)? };
-            pkt.daddr[0] = unsafe { *ptr_at::<u32>(ctx, ETH_HLEN + 16)? };
+            pkt.proto = w2[1];
+            pkt.saddr[0] = h[3];
+            pkt.daddr[0] = h[4];
             // Non-first fragments carry no L4 header.
-            let frag = u16::from_be(unsafe { *ptr_at::<u16>(ctx, ETH_HLEN + 6)? }) & 0x1fff;
+            let frag = u16::from_be_bytes([w1[2], w1[3]]) & 0x1fff;
             if frag == 0 && ihl >= 20 {
                 parse_l4(ctx, ETH_HLEN + ihl, &mut pkt);
             }
         }
         ETH_P_IPV6 => {
+            let h = field::<[u32; 10]>(ctx, ETH_HLEN)?;
             pkt.family = family::V6;
-            pkt.proto = unsafe { *ptr_at::<u8>(ctx, ETH_HLEN + 6)? };
-            pkt.saddr = unsafe { *ptr_at::<[u32; 4]>(ctx, ETH_HLEN + 8)? };
-            pkt.daddr = unsafe { *ptr_at::<[u32; 4]>(ctx, ETH_HLEN + 24)? };
+            pkt.proto = h[1].to_le_bytes()[2];
+            pkt.saddr = [h[2], h[3], h[4], h[5]];
+            pkt.daddr = [h[6], h[7], h[8], h[9]];
             // Extension headers are not walked: such packets classify by address only.
             parse_l4(ctx, ETH_HLEN + 40, &mut pkt);
         }
