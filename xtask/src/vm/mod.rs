@@ -6,9 +6,12 @@
 //! (`cargo build -p probe-user -p xtask`, `cargo test -p probe-tests --no-run`, `cargo test -p
 //! probe-user --lib --no-run`, all with `--message-format=json` to find the executables, in
 //! cargo's target dir: `CARGO_TARGET_DIR` if set, else the workspace's `target/`), then one boot
-//! runs the IPVS generic-netlink reader against real IPVS, the VM-only `ipvs` test, and the
-//! `datapath` and `loopback` tests against the IPVS-mode lab (`CLB_LAB_MODE=ipvs`), plus the
-//! iptables-mode older-kernel script when the binaries are the workspace's own. `--smoke` runs
+//! runs the IPVS generic-netlink reader against real IPVS, the VM-only `ipvs` test (every
+//! failure and twin in the IPVS-mode lab, with IPVS as the service table), and the `datapath`
+//! tests against the IPVS-mode lab (`CLB_LAB_MODE=ipvs`: clsact attach and detach, 6.1's drop
+//! reasons), plus the iptables-mode older-kernel script when the binaries are the workspace's
+//! own. `loopback.rs` stays on the host: in the VM it repeated what `ipvs.rs` asserts, at
+//! 400 s of emulated CPU. `--smoke` runs
 //! the short IPVS smoke scenario instead.
 //!
 //! The guest's root is the host's `/` (shared read-only over 9p, so host-built binaries run

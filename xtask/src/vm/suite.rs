@@ -15,7 +15,9 @@ use anyhow::{Context as _, bail};
 use super::shell_quote;
 
 /// The integration test files (tests/tests/*.rs) run in the VM, in this order.
-pub const TEST_FILES: &[&str] = &["ipvs", "datapath", "loopback"];
+/// (`loopback` is not here: `ipvs` drives the same failures and twins in the IPVS-mode lab
+/// with the same assertions, in two lab start-ups instead of ten.)
+pub const TEST_FILES: &[&str] = &["ipvs", "datapath"];
 /// The probe-user unit tests run in the VM (they need real IPVS).
 pub const UNIT_FILTER: &str = "state::ipvs";
 
