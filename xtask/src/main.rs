@@ -27,6 +27,9 @@ enum Command {
     Demo,
     /// Boot a stock Debian kernel with real IPVS under QEMU and run a command in it.
     VmTest(xtask::vm::VmArgs),
+    /// Measure what the probe costs (datapath, per-packet, flood, latency, footprint) side by
+    /// side in one run and write BENCHMARKS.md (needs root).
+    Bench(xtask::bench::BenchArgs),
     /// The network-namespace lab that reproduces the loopback failures (needs root).
     Lab(lab_cmd::LabArgs),
     /// One TCP attempt from inside a lab namespace; prints ok, refused, reset or timeout.
@@ -43,6 +46,7 @@ fn main() -> ExitCode {
             xtask::setup::all()
         }
         .map(|()| ExitCode::SUCCESS),
+        Command::Bench(args) => xtask::bench::run(&args).map(|()| ExitCode::SUCCESS),
         Command::Test(args) => xtask::testrun::run(&args).map(|()| ExitCode::SUCCESS),
         Command::Demo => xtask::demo::run().map(|()| ExitCode::SUCCESS),
         Command::VmTest(args) => xtask::vm::run(&args).map(|()| ExitCode::SUCCESS),

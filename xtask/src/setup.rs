@@ -23,6 +23,9 @@ const PACKAGES: &[(&str, &str)] = &[
     ("iputils-ping", "ping"),
     // promtool checks the metrics exposition; the server scrapes the agent in a test.
     ("prometheus", "promtool"),
+    // `cargo xtask bench`: packet generator, TCP stream.
+    ("netsniff-ng", "trafgen"),
+    ("iperf3", "iperf3"),
 ];
 
 /// bpf-linker release that links LLVM dynamically (see shared/TOOLCHAIN.md).

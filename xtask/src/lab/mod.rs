@@ -15,8 +15,8 @@
 //! a failed [`Lab::up`] do.
 
 mod client;
-mod cmd;
-mod net;
+pub(crate) mod cmd;
+pub(crate) mod net;
 
 use std::fmt;
 use std::net::{Ipv4Addr, SocketAddrV4};

@@ -1,0 +1,638 @@
+//! `cargo xtask bench`: what the probe costs, measured side by side in one run, written to
+//! `BENCHMARKS.md` with the kernel, CPU and date.
+//!
+//! Everything runs in the bench's own two namespaces ([`net`]): a sender and a "node" joined
+//! by a veth pair, the node forwarding ordinary traffic into an ifb sink. The agent is the
+//! release build, started and stopped by the bench like the DaemonSet would (tcx attach,
+//! address sets from the node namespace, `--pod-cidr` so the ordinary path pays the trie
+//! look-up a real node pays).
+//!
+//! 1. **Datapath overhead**: packets/s into the sink (64-byte UDP from trafgen, one sender
+//!    CPU) and TCP throughput (iperf3), with nothing attached, with the agent, and with
+//!    `tcpdump` on the same NIC filtering for local sources. Each round measures the three
+//!    one after the other; ratios are per round, quoted as median (min–max).
+//! 2. **Per-packet cost**: `kernel.bpf_stats_enabled=1` for short separate windows (the stats
+//!    cost time themselves, so never while a rate is measured): run_time_ns / run_cnt of each
+//!    program on ordinary packets, on suspects only, and on a TCP stream.
+//! 3. **Spoofed flood**: trafgen sends VIP- and node-source UDP (random ports: every packet a
+//!    new flow) as fast as one CPU can for `--flood-secs`; agent CPU and RSS each second,
+//!    `/metrics` fetched each second, then the kernel's exact suspect count against the
+//!    packets the NIC received, and events emitted against suppressed.
+//! 4. **Detection latency**: `--latency-events` health-check SYNs from the VIP to distinct
+//!    NodePorts (distinct aggregates, so each is written); from the kernel's drop timestamp
+//!    (the agent's `--record` stream) to the confirmed line arriving on the agent's stdout.
+//! 5. **Footprint**: time to ready, RSS idle and under the flood, map memory.
+//!
+//! No figure is asserted on: benchmarks report, tests assert. `--quick` is a smoke run of a
+//! few seconds per part (it writes `target/bench-quick.md` unless `--out` says otherwise).
+
+mod net;
+pub mod report;
+mod tools;
+
+use std::{
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+
+use self::{
+    net::BenchNet,
+    report::{Table, median, percentile, ratios, spread},
+    tools::{Agent, RawSender, pause},
+};
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// Rounds of the side-by-side comparisons (each: nothing, agent, tcpdump).
+    #[arg(long, default_value_t = 5)]
+    pub rounds: usize,
+    /// Seconds each rate is measured over.
+    #[arg(long, default_value_t = 5)]
+    pub secs: u64,
+    /// Seconds of the spoofed flood.
+    #[arg(long, default_value_t = 30)]
+    pub flood_secs: u64,
+    /// Health-check drops timed for the detection latency.
+    #[arg(long, default_value_t = 250)]
+    pub latency_events: usize,
+    /// A smoke run: one round, one-second windows, a 3 s flood, 20 latency events.
+    #[arg(long)]
+    pub quick: bool,
+    /// Where the Markdown goes (default: BENCHMARKS.md, or target/bench-quick.md with --quick).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+impl BenchArgs {
+    fn effective(&self) -> BenchArgs {
+        let mut a = self.clone();
+        if self.quick {
+            a.rounds = 1;
+            a.secs = 1;
+            a.flood_secs = 3;
+            a.latency_events = 20;
+        }
+        a
+    }
+}
+
+/// Port of the agent's `/metrics` inside the bench node namespace.
+const METRICS_PORT: u16 = 19977;
+/// After a generator starts, before a window opens (queues fill, rates settle).
+const WARMUP: Duration = Duration::from_millis(500);
+
+pub fn run(args: &BenchArgs) -> Result<()> {
+    let args = args.effective();
+    if !crate::lab::is_root() {
+        bail!("cargo xtask bench needs root (namespaces, eBPF, bpf_stats): run it with sudo");
+    }
+    for (cmd, pkg) in [
+        ("trafgen", "netsniff-ng"),
+        ("iperf3", "iperf3"),
+        ("tcpdump", "tcpdump"),
+        ("bpftool", "bpftool"),
+    ] {
+        if crate::setup::which(cmd).is_none() {
+            bail!("`{cmd}` is missing (Debian package {pkg}): run `cargo xtask setup`");
+        }
+    }
+    let root = crate::vm::workspace_root();
+    let probe = build_agent(&root)?;
+    let work = root.join("target/bench");
+    std::fs::create_dir_all(&work)?;
+    tools::install_stop_handler();
+    let stats_before = read_sysctl("kernel.bpf_stats_enabled").unwrap_or_else(|_| "0".into());
+
+    let result = (|| -> Result<Vec<Table>> {
+        let net = BenchNet::up()?;
+        eprintln!(
+            "bench: namespaces up; {} round(s) of {} s windows",
+            args.rounds, args.secs
+        );
+        let mut tables = Vec::new();
+        let (overhead, cost, startups, idle_rss) = datapath(&args, &net, &probe, &work)?;
+        tables.push(overhead);
+        tables.push(cost);
+        let flood = flood(&args, &net, &probe, &work)?;
+        tables.push(flood.table);
+        tables.push(latency(&args, &probe, &work)?);
+        tables.push(footprint(
+            &startups,
+            &idle_rss,
+            &flood.peak_rss_kb,
+            flood.map_bytes,
+        ));
+        Ok(tables)
+    })();
+    let _ = write_sysctl("kernel.bpf_stats_enabled", &stats_before);
+    let tables = result?;
+
+    let doc = document(&args, &tables);
+    println!("{doc}");
+    let out = args.out.clone().unwrap_or_else(|| {
+        if args.quick {
+            root.join("target/bench-quick.md")
+        } else {
+            root.join("BENCHMARKS.md")
+        }
+    });
+    std::fs::write(&out, &doc).with_context(|| format!("writing {}", out.display()))?;
+    eprintln!("bench: written to {}", out.display());
+    Ok(())
+}
+
+fn build_agent(root: &Path) -> Result<PathBuf> {
+    eprintln!("bench: cargo build --release -p probe-user");
+    let status = std::process::Command::new(std::env::var_os("CARGO").unwrap_or("cargo".into()))
+        .args(["build", "--release", "-p", "probe-user", "--bin", "probe"])
+        .current_dir(root)
+        .status()
+        .context("running cargo build")?;
+    if !status.success() {
+        bail!("building the release agent failed ({status})");
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    Ok(target.join("release/probe"))
+}
+
+fn read_sysctl(key: &str) -> Result<String> {
+    Ok(crate::lab::cmd::run(&["sysctl", "-n", key])?
+        .trim()
+        .to_string())
+}
+
+fn write_sysctl(key: &str, value: &str) -> Result<()> {
+    crate::lab::cmd::run(&["sysctl", "-q", "-w", &format!("{key}={value}")]).map(drop)
+}
+
+fn document(args: &BenchArgs, tables: &[Table]) -> String {
+    let kernel = crate::lab::cmd::run(&["uname", "-r"]).unwrap_or_default();
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, m)| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into());
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let date = crate::lab::cmd::run(&["date", "-u", "+%Y-%m-%d %H:%M UTC"]).unwrap_or_default();
+    let mut s = String::from(
+        "# clb-probe benchmarks\n\n\
+         Written by `sudo cargo xtask bench` (see `xtask/src/bench/mod.rs` for what each part\n\
+         does). Every ratio is measured against its baseline in the same run, one round at a\n\
+         time; figures are median (min–max, n = samples).\n\n",
+    );
+    s.push_str(&format!(
+        "- kernel: {}\n- CPU: {cpu} ({cpus} CPUs)\n- date: {}\n- rounds: {}, window: {} s, flood: {} s, latency events: {}{}\n\n",
+        kernel.trim(),
+        date.trim(),
+        args.rounds,
+        args.secs,
+        args.flood_secs,
+        args.latency_events,
+        if args.quick { " (--quick smoke run: figures are indicative only)" } else { "" },
+    ));
+    for t in tables {
+        s.push_str(&t.markdown());
+        s.push('\n');
+    }
+    s
+}
+
+/// Packets/s into the sink over one window, with `trafgen` sending `config`.
+fn udp_rate(net: &BenchNet, config: &Path, secs: u64) -> Result<f64> {
+    let mut sender = tools::trafgen(config)?;
+    pause(WARMUP)?;
+    let (p0, t0) = (net.sink_packets()?, Instant::now());
+    pause(Duration::from_secs(secs))?;
+    let (p1, t1) = (net.sink_packets()?, Instant::now());
+    sender.check_running()?;
+    sender.stop();
+    Ok((p1 - p0) as f64 / (t1 - t0).as_secs_f64())
+}
+
+/// Gbit/s of one iperf3 TCP run.
+fn tcp_rate(secs: u64) -> Result<f64> {
+    let _server = tools::iperf3_server()?;
+    Ok(tools::iperf3_client(secs)? / 1e9)
+}
+
+/// Average ns per run of each of our programs while `f` runs with bpf_stats on.
+fn ns_per_run(f: impl FnOnce() -> Result<()>) -> Result<Vec<(String, f64, u64)>> {
+    write_sysctl("kernel.bpf_stats_enabled", "1")?;
+    let before = tools::prog_stats()?;
+    let r = f();
+    let after = tools::prog_stats();
+    write_sysctl("kernel.bpf_stats_enabled", "0")?;
+    r?;
+    let after = after?;
+    let mut out = Vec::new();
+    for (name, t1, c1) in after {
+        let (t0, c0) = before
+            .iter()
+            .find(|(n, ..)| *n == name)
+            .map_or((0, 0), |(_, t, c)| (*t, *c));
+        if c1 > c0 {
+            out.push((name, (t1 - t0) as f64 / (c1 - c0) as f64, c1 - c0));
+        }
+    }
+    Ok(out)
+}
+
+#[derive(Default)]
+struct Series {
+    base: Vec<f64>,
+    probe: Vec<f64>,
+    tcpdump: Vec<f64>,
+}
+
+impl Series {
+    /// One table row; rates shown times `scale` in `unit`, ratios as measured.
+    fn row(&self, case: &str, unit: &str, scale: f64, digits: usize) -> Vec<String> {
+        let shown = |v: &[f64]| {
+            let v: Vec<f64> = v.iter().map(|x| x * scale).collect();
+            format!("{} {unit}", spread(&v, digits))
+        };
+        vec![
+            case.to_string(),
+            shown(&self.base),
+            shown(&self.probe),
+            spread(&ratios(&self.probe, &self.base), 3),
+            shown(&self.tcpdump),
+            spread(&ratios(&self.tcpdump, &self.base), 3),
+        ]
+    }
+}
+
+/// Part 1 and 2; also the agent's startup times and idle RSS of each round.
+fn datapath(
+    args: &BenchArgs,
+    net: &BenchNet,
+    probe: &Path,
+    work: &Path,
+) -> Result<(Table, Table, Vec<f64>, Vec<f64>)> {
+    let ordinary = work.join("ordinary.trafgen");
+    let mixed = work.join("suspects-1pct.trafgen");
+    let suspects = work.join("suspects-only.trafgen");
+    std::fs::write(&ordinary, tools::trafgen_config(net, 1, None))?;
+    std::fs::write(&mixed, tools::trafgen_config(net, 99, Some(net::NODE_IP)))?;
+    std::fs::write(&suspects, tools::trafgen_config(net, 0, Some(net::VIP)))?;
+
+    let (mut udp, mut udp_mixed, mut tcp) =
+        (Series::default(), Series::default(), Series::default());
+    let mut costs: Vec<(String, String, f64, u64)> = Vec::new();
+    let (mut startups, mut idle_rss) = (Vec::new(), Vec::new());
+    let secs = args.secs;
+    for round in 1..=args.rounds {
+        eprintln!("bench: round {round}/{}: nothing attached", args.rounds);
+        udp.base.push(udp_rate(net, &ordinary, secs)?);
+        udp_mixed.base.push(udp_rate(net, &mixed, secs)?);
+        tcp.base.push(tcp_rate(secs)?);
+
+        eprintln!("bench: round {round}/{}: agent attached", args.rounds);
+        let agent = Agent::start(probe, work, METRICS_PORT)?;
+        startups.push(agent.startup.as_secs_f64() * 1e3);
+        pause(Duration::from_secs(1))?;
+        idle_rss.push(tools::proc_usage(agent.pid())?.1 as f64 / 1024.0);
+        udp.probe.push(udp_rate(net, &ordinary, secs)?);
+        udp_mixed.probe.push(udp_rate(net, &mixed, secs)?);
+        tcp.probe.push(tcp_rate(secs)?);
+        // Per-packet cost, in windows of their own.
+        let window = Duration::from_secs(secs.min(2));
+        for (case, config) in [("ordinary UDP", &ordinary), ("suspects only", &suspects)] {
+            for (name, ns, runs) in ns_per_run(|| {
+                let mut g = tools::trafgen(config)?;
+                pause(window)?;
+                g.stop();
+                Ok(())
+            })? {
+                costs.push((case.to_string(), name, ns, runs));
+            }
+        }
+        for (name, ns, runs) in ns_per_run(|| tcp_rate(secs.min(2)).map(drop))? {
+            costs.push(("TCP stream".to_string(), name, ns, runs));
+        }
+        drop(agent);
+
+        eprintln!("bench: round {round}/{}: tcpdump", args.rounds);
+        let dump = tools::tcpdump()?;
+        udp.tcpdump.push(udp_rate(net, &ordinary, secs)?);
+        udp_mixed.tcpdump.push(udp_rate(net, &mixed, secs)?);
+        tcp.tcpdump.push(tcp_rate(secs)?);
+        drop(dump);
+    }
+
+    let mut overhead = Table::new(
+        "1. Datapath overhead",
+        &[
+            "traffic",
+            "nothing attached",
+            "agent attached",
+            "agent / nothing",
+            "tcpdump (local-source filter)",
+            "tcpdump / nothing",
+        ],
+    );
+    overhead.note = format!(
+        "Through a veth NIC into a forwarding sink. UDP: 64-byte frames from trafgen on one \
+         CPU, packets/s reaching the sink; \"1% suspects\" adds one node-source frame per 99 \
+         ordinary ones (dropped by the kernel as local-source, so the agent's drop program and \
+         events run too). TCP: one iperf3 stream, Gbit/s. tcpdump: `tcpdump -i {nic} -w \
+         /dev/null 'src host {node} or src host {vip}'`. Target: agent / nothing >= 0.98 on \
+         ordinary traffic.",
+        nic = net::NODE_IF,
+        node = net::NODE_IP,
+        vip = net::VIP,
+    );
+    overhead.row(udp.row("64-byte UDP, ordinary", "kpps", 1e-3, 1));
+    overhead.row(udp_mixed.row("64-byte UDP, 1% suspects", "kpps", 1e-3, 1));
+    overhead.row(tcp.row("TCP stream (iperf3)", "Gbit/s", 1.0, 2));
+
+    let mut cost = Table::new(
+        "2. Per-packet cost in the kernel",
+        &["traffic", "program", "ns per run", "runs"],
+    );
+    cost.note = "`kernel.bpf_stats_enabled=1` (run_time_ns / run_cnt) in windows of their own, \
+                 one per round. On a VM each run also pays the two clock reads the stats take. \
+                 Target: ordinary packets under 50 ns."
+        .to_string();
+    let mut keys: Vec<(String, String)> = costs
+        .iter()
+        .map(|(c, n, ..)| (c.clone(), n.clone()))
+        .collect();
+    keys.dedup();
+    keys.sort();
+    keys.dedup();
+    for (case, name) in keys {
+        let of = |c: &&(String, String, f64, u64)| c.0 == case && c.1 == name;
+        let ns: Vec<f64> = costs.iter().filter(of).map(|c| c.2).collect();
+        let runs: u64 = costs.iter().filter(of).map(|c| c.3).sum();
+        cost.row(vec![case, name, spread(&ns, 1), runs.to_string()]);
+    }
+    Ok((overhead, cost, startups, idle_rss))
+}
+
+struct FloodResult {
+    table: Table,
+    peak_rss_kb: Vec<f64>,
+    map_bytes: u64,
+}
+
+/// Part 3.
+fn flood(args: &BenchArgs, net: &BenchNet, probe: &Path, work: &Path) -> Result<FloodResult> {
+    eprintln!("bench: spoofed flood, {} s", args.flood_secs);
+    let config = work.join("flood.trafgen");
+    // VIP- and node-source frames in turn, random ports: each packet a new flow.
+    let mut text = tools::trafgen_config(net, 0, Some(net::VIP));
+    text.push_str(&tools::trafgen_config(net, 0, Some(net::NODE_IP)));
+    std::fs::write(&config, text)?;
+    let agent = Agent::start(probe, work, METRICS_PORT)?;
+    pause(Duration::from_secs(1))?;
+    let (map_bytes, _) = tools::map_memory()?;
+    let m0 = agent.metrics().context("/metrics before the flood")?;
+    let (rx0, tx0) = (net.nic_rx_packets()?, net.tx_packets()?);
+    let hz = tools::clock_ticks_per_sec() as f64;
+    let (mut cpu, mut rss) = (Vec::new(), Vec::new());
+    let (mut scrapes_ok, mut scrapes) = (0u32, 0u32);
+    let mut sender = tools::trafgen(&config)?;
+    let (mut ticks, _, _) = tools::proc_usage(agent.pid())?;
+    let mut t = Instant::now();
+    for _ in 0..args.flood_secs {
+        pause(Duration::from_secs(1))?;
+        let (now_ticks, now_rss, _) = tools::proc_usage(agent.pid())?;
+        let dt = t.elapsed().as_secs_f64();
+        cpu.push((now_ticks - ticks) as f64 / hz / dt * 100.0);
+        rss.push(now_rss as f64 / 1024.0);
+        (ticks, t) = (now_ticks, Instant::now());
+        scrapes += 1;
+        scrapes_ok += u32::from(agent.metrics().is_some());
+    }
+    sender.check_running()?;
+    sender.stop();
+    // The agent keeps reading what the flood left in the ring; counters are exact already.
+    pause(Duration::from_secs(2))?;
+    let (rx1, tx1) = (net.nic_rx_packets()?, net.tx_packets()?);
+    let m1 = agent
+        .metrics()
+        .context("/metrics after the flood: the agent stopped answering")?;
+    // Kept for whoever wants the raw figures behind the table.
+    std::fs::write(work.join("flood-metrics-before.txt"), &m0)?;
+    std::fs::write(work.join("flood-metrics-after.txt"), &m1)?;
+    let (_, _, hwm) = tools::proc_usage(agent.pid())?;
+    let delta = |fam: &str, want: &[(&str, &str)]| {
+        tools::metric_sum(&m1, fam, want).saturating_sub(tools::metric_sum(&m0, fam, want))
+    };
+    let nic = [("nic", net::NODE_IF)];
+    let counted = delta("clbprobe_suspect_packets_total", &nic);
+    let (sent, received) = (tx1 - tx0, rx1 - rx0);
+    let read = delta("clbprobe_kernel_events_read_total", &[]);
+    let stages = ["dedup", "budget", "ringbuf", "queue"];
+    let suppressed: Vec<(String, u64)> = stages
+        .iter()
+        .map(|s| {
+            (
+                s.to_string(),
+                delta("clbprobe_events_suppressed_total", &[("stage", s)]),
+            )
+        })
+        .collect();
+    let drops = delta("clbprobe_kernel_drops_total", &[]);
+    drop(agent);
+
+    let secs = args.flood_secs as f64;
+    let mut table = Table::new("3. Spoofed flood", &["measure", "value"]);
+    table.note = format!(
+        "trafgen on one CPU sends VIP-source ({vip}) and node-source ({node}) UDP frames in \
+         turn, random ports (each packet a new flow), for {s} s into the probed NIC; the kernel \
+         drops them all as local-source. Per-second samples of the agent; counters from its \
+         `/metrics` before and after.",
+        vip = net::VIP,
+        node = net::NODE_IP,
+        s = args.flood_secs,
+    );
+    let row = |t: &mut Table, k: &str, v: String| t.row(vec![k.to_string(), v]);
+    row(
+        &mut table,
+        "packets sent (sender NIC)",
+        format!("{sent} ({:.0} pps)", sent as f64 / secs),
+    );
+    row(
+        &mut table,
+        "packets received (probed NIC)",
+        received.to_string(),
+    );
+    row(
+        &mut table,
+        "suspects counted by the kernel program",
+        format!(
+            "{counted} ({})",
+            if counted == received {
+                "exact: equals packets received"
+            } else {
+                "MISMATCH"
+            }
+        ),
+    );
+    row(
+        &mut table,
+        "their drops counted (all reasons)",
+        drops.to_string(),
+    );
+    row(&mut table, "events read by the agent", read.to_string());
+    for (stage, n) in &suppressed {
+        row(
+            &mut table,
+            &format!("events suppressed: {stage}"),
+            n.to_string(),
+        );
+    }
+    row(
+        &mut table,
+        "events read / suspects",
+        format!("{:.5}", read as f64 / counted.max(1) as f64),
+    );
+    row(
+        &mut table,
+        "agent CPU, % of one core (per second)",
+        spread(&cpu, 1),
+    );
+    row(
+        &mut table,
+        "agent RSS during the flood, MiB",
+        spread(&rss, 1),
+    );
+    row(
+        &mut table,
+        "agent peak RSS (VmHWM), MiB",
+        format!("{:.1}", hwm as f64 / 1024.0),
+    );
+    row(
+        &mut table,
+        "`/metrics` answered during the flood",
+        format!("{scrapes_ok}/{scrapes}, and after it: yes"),
+    );
+    Ok(FloodResult {
+        table,
+        peak_rss_kb: vec![hwm as f64 / 1024.0],
+        map_bytes,
+    })
+}
+
+/// Part 4.
+fn latency(args: &BenchArgs, probe: &Path, work: &Path) -> Result<Table> {
+    let n = args.latency_events;
+    eprintln!("bench: detection latency, {n} health-check drops");
+    let agent = Agent::start(probe, work, METRICS_PORT)?;
+    pause(Duration::from_secs(1))?;
+    let sender = RawSender::new(net::NS_TX)?;
+    let first_port = 30000u16;
+    for i in 0..n as u16 {
+        // Each to its own NodePort: its own aggregate, so each confirmed event is written.
+        sender.syn(net::VIP, 40000 + i, net::NODE_IP, first_port + i)?;
+        // Well under the kernel's per-CPU event budget.
+        pause(Duration::from_millis(15))?;
+    }
+    pause(Duration::from_secs(2))?;
+    let lines = agent.events.lock().map(|v| v.clone()).unwrap_or_default();
+    let record = std::fs::read_to_string(&agent.record).unwrap_or_default();
+    drop(agent);
+    let mut drop_ts = std::collections::HashMap::new();
+    for l in record.lines() {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(l) else {
+            continue;
+        };
+        if v["type"] == "drop"
+            && let (Some(port), Some(ts)) = (v["packet"]["dport"].as_u64(), v["ts_ns"].as_u64())
+        {
+            drop_ts.entry(port).or_insert(ts);
+        }
+    }
+    let mut ms = Vec::new();
+    for (at, line) in &lines {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if v["kind"] != "healthcheck_blackhole" {
+            continue;
+        }
+        if let Some(ts) = v["dst_port"].as_u64().and_then(|p| drop_ts.get(&p)) {
+            ms.push(at.saturating_sub(*ts) as f64 / 1e6);
+        }
+    }
+    let mut table = Table::new("4. Detection latency", &["measure", "value"]);
+    table.note = format!(
+        "{n} TCP SYNs from the bound VIP to the node, 15 ms apart, each to its own port; from \
+         the kernel's drop timestamp to the confirmed `healthcheck_blackhole` line arriving on \
+         the agent's stdout (`--events -`). The agent's ring-buffer reader polls every 50 ms \
+         (no wake-up per record, see PERFORMANCE.md), which bounds the median."
+    );
+    table.row(vec![
+        "events confirmed / sent".into(),
+        format!("{}/{n}", ms.len()),
+    ]);
+    table.row(vec!["median, ms".into(), format!("{:.1}", median(&ms))]);
+    table.row(vec![
+        "p99, ms".into(),
+        format!("{:.1}", percentile(&ms, 99.0)),
+    ]);
+    table.row(vec![
+        "min – max, ms".into(),
+        format!(
+            "{:.1} – {:.1}",
+            percentile(&ms, 0.0),
+            percentile(&ms, 100.0)
+        ),
+    ]);
+    Ok(table)
+}
+
+/// Part 5.
+fn footprint(startups: &[f64], idle_rss: &[f64], peak_rss: &[f64], map_bytes: u64) -> Table {
+    let mut t = Table::new("5. Footprint", &["measure", "value"]);
+    t.note = "Startup: from spawning the agent to `/readyz` answering 200 (programs loaded and \
+              attached, address sets loaded, service table read). Map memory: `bytes_memlock` \
+              of every map our programs use, as bpftool reports it."
+        .to_string();
+    t.row(vec!["startup to ready, ms".into(), spread(startups, 0)]);
+    t.row(vec![
+        "RSS idle (1 s after ready), MiB".into(),
+        spread(idle_rss, 1),
+    ]);
+    t.row(vec![
+        "peak RSS under the flood, MiB".into(),
+        spread(peak_rss, 1),
+    ]);
+    t.row(vec![
+        "map memory, MiB".into(),
+        format!("{:.1}", map_bytes as f64 / (1024.0 * 1024.0)),
+    ]);
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quick_is_short() {
+        let a = BenchArgs {
+            rounds: 5,
+            secs: 5,
+            flood_secs: 30,
+            latency_events: 250,
+            quick: true,
+            out: None,
+        }
+        .effective();
+        assert_eq!(
+            (a.rounds, a.secs, a.flood_secs, a.latency_events),
+            (1, 1, 3, 20)
+        );
+    }
+}
