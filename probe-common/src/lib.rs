@@ -31,6 +31,35 @@ pub mod kind {
 }
 
 /// Indices of the per-CPU `STATS` array.
+/// The IPv4 prefilter in front of the host hash and the prefix trie: a bitmap (an array map
+/// of [`prefilter::WORDS`] u64 words, which the verifier inlines into plain loads) that says
+/// "certainly not local" for nearly every ordinary packet, so it pays no hash or trie
+/// look-up. Bits are a superset: a set bit only means "look it up".
+///
+/// `raw` is the address's four bytes as they lie in the packet, read as a little-endian u32
+/// (what a BPF program on bpfel loads; `u32::from_le_bytes(octets)` in userspace).
+pub mod prefilter {
+    /// u64 words in the map: [`NET_BITS`] bits for /16 networks, as many for host hashes.
+    pub const WORDS: u32 = 2048;
+    /// Bits 0..65536: the /16 networks some shorter-than-/32 prefix (pod CIDR, bridge subnet)
+    /// overlaps; bits 65536..: host addresses by hash.
+    pub const NET_BITS: u32 = 65536;
+    /// Fibonacci hashing multiplier (2^32 / golden ratio).
+    const K: u32 = 0x9E37_79B1;
+
+    /// The bit of the /16 network holding `raw` (its first two octets).
+    #[inline(always)]
+    pub fn net_bit(raw: u32) -> u32 {
+        raw & 0xffff
+    }
+
+    /// The bit of host address `raw`.
+    #[inline(always)]
+    pub fn host_bit(raw: u32) -> u32 {
+        NET_BITS + (raw.wrapping_mul(K) >> 16)
+    }
+}
+
 pub mod stat {
     /// Events not sent because the per-CPU per-second budget was spent.
     pub const BUDGET_SUPPRESSED: u32 = 0;

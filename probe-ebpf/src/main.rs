@@ -23,7 +23,7 @@ use aya_ebpf::{
 };
 use probe_common::{
     AddrValue, Budget, DropKey, EGRESS_IDLE_NS, EgressKey, EgressValue, FlowKey, KernelOffsets,
-    PacketEvent, ProbeConfig, SuspectKey, family, kind, stat, tag,
+    PacketEvent, ProbeConfig, SuspectKey, family, kind, prefilter, stat, tag,
 };
 
 #[unsafe(no_mangle)]
@@ -61,8 +61,13 @@ static LOCAL_V4: LpmTrie<u32, AddrValue> = LpmTrie::with_max_entries(16384, 0);
 /// The node's own IPv6 prefixes shorter than /128, tagged.
 #[map]
 static LOCAL_V6: LpmTrie<[u32; 4], AddrValue> = LpmTrie::with_max_entries(16384, 0);
-/// Number of prefixes in LOCAL_V4 (index 0) and LOCAL_V6 (index 1): a trie with none is not
-/// looked up, so a node without pod CIDRs pays one hash lookup per packet.
+/// The IPv4 prefilter bitmap (see `probe_common::prefilter`): one or two plain loads decide
+/// that an ordinary packet's address is not local, before any hash or trie look-up.
+#[map]
+static PREFILTER_V4: aya_ebpf::maps::Array<u64> =
+    aya_ebpf::maps::Array::with_max_entries(prefilter::WORDS, 0);
+/// Number of prefixes in LOCAL_V4 (index 0) and LOCAL_V6 (index 1): the IPv6 trie is not
+/// looked up when empty (IPv4 has the prefilter, whose network bits are all clear then).
 #[map]
 static TRIE_SIZES: aya_ebpf::maps::Array<u32> = aya_ebpf::maps::Array::with_max_entries(2, 0);
 
@@ -170,11 +175,13 @@ fn parse_l4(ctx: &TcContext, l4: usize, pkt: &mut Packet) {
     }
 }
 
-/// Parses Ethernet + IPv4/IPv6 (fixed header), each header in one read.
+/// Parses Ethernet + IPv4/IPv6 (fixed header), in one read; returns the packet (no ports
+/// yet) and the L4 header's offset (0: none to read, a non-first fragment).
 #[inline(always)]
-fn parse(ctx: &TcContext) -> Option<Packet> {
+fn parse_l3(ctx: &TcContext) -> Option<(Packet, usize)> {
     let ethertype = u16::from_be(field::<u16>(ctx, 12)?);
     let mut pkt = Packet::default();
+    let mut l4 = 0;
     match ethertype {
         ETH_P_IP => {
             // Words as they lie in memory (network order); bytes by position.
@@ -188,7 +195,7 @@ fn parse(ctx: &TcContext) -> Option<Packet> {
             // Non-first fragments carry no L4 header.
             let frag = u16::from_be_bytes([w1[2], w1[3]]) & 0x1fff;
             if frag == 0 && ihl >= 20 {
-                parse_l4(ctx, ETH_HLEN + ihl, &mut pkt);
+                l4 = ETH_HLEN + ihl;
             }
         }
         ETH_P_IPV6 => {
@@ -198,24 +205,45 @@ fn parse(ctx: &TcContext) -> Option<Packet> {
             pkt.saddr = [h[2], h[3], h[4], h[5]];
             pkt.daddr = [h[6], h[7], h[8], h[9]];
             // Extension headers are not walked: such packets classify by address only.
-            parse_l4(ctx, ETH_HLEN + 40, &mut pkt);
+            l4 = ETH_HLEN + 40;
         }
         _ => return None,
+    }
+    Some((pkt, l4))
+}
+
+/// [`parse_l3`] and the ports and TCP flags.
+#[inline(always)]
+fn parse(ctx: &TcContext) -> Option<Packet> {
+    let (mut pkt, l4) = parse_l3(ctx)?;
+    if l4 != 0 {
+        parse_l4(ctx, l4, &mut pkt);
     }
     Some(pkt)
 }
 
-/// The tag of an address, by one LPM lookup in the family's trie.
-/// Longest-prefix semantics in two steps: a host address (the longest prefix there is) in the
-/// hash, else the trie of shorter prefixes, only when it holds any.
+/// Whether bit `i` of the IPv4 prefilter is set.
+#[inline(always)]
+fn prefilter_bit(i: u32) -> bool {
+    PREFILTER_V4
+        .get(i >> 6)
+        .is_some_and(|w| (*w >> (i & 63)) & 1 == 1)
+}
+
+/// The tag of an address. Longest-prefix semantics in two steps: a host address (the longest
+/// prefix there is) in the hash, else the trie of shorter prefixes. IPv4 asks the prefilter
+/// first: each look-up runs only when its bit says it could hit.
 #[inline(always)]
 fn lookup_tag(fam: u8, addr: &[u32; 4]) -> u8 {
     if fam == family::V4 {
-        if let Some(v) = unsafe { HOSTS_V4.get(addr[0]) } {
+        let raw = addr[0];
+        if prefilter_bit(prefilter::host_bit(raw))
+            && let Some(v) = unsafe { HOSTS_V4.get(raw) }
+        {
             return v.tag;
         }
-        if TRIE_SIZES.get(0).is_some_and(|n| *n > 0) {
-            let key = LpmKey::new(32, addr[0]);
+        if prefilter_bit(prefilter::net_bit(raw)) {
+            let key = LpmKey::new(32, raw);
             return LOCAL_V4.get(&key).map(|v| v.tag).unwrap_or(tag::NONE);
         }
     } else {
@@ -344,12 +372,16 @@ fn flow_of(pkt: &Packet, kind_: u8) -> FlowKey {
 
 #[classifier]
 pub fn clb_ingress(ctx: TcContext) -> i32 {
-    let Some(pkt) = parse(&ctx) else {
+    // The ordinary path: the addresses, the prefilter, out. Ports only for suspects.
+    let Some((mut pkt, l4)) = parse_l3(&ctx) else {
         return TC_ACT_UNSPEC;
     };
     let src_tag = lookup_tag(pkt.family, &pkt.saddr);
     if src_tag == tag::NONE {
         return TC_ACT_UNSPEC;
+    }
+    if l4 != 0 {
+        parse_l4(&ctx, l4, &mut pkt);
     }
     on_suspect(&ctx, &pkt, src_tag);
     TC_ACT_UNSPEC

@@ -20,7 +20,7 @@ use tracing::{debug, info, warn};
 
 use crate::{
     event::Tag,
-    kernel::{AddressMaps, Features, Probe, reader::IfNames},
+    kernel::{AddressMaps, Features, Probe, prefilter, reader::IfNames},
     state::addrs::{self, AddrConfig, AddressSets, Prefix},
 };
 
@@ -43,6 +43,8 @@ pub struct NodeSync {
     maps: AddressMaps,
     cfg: AddrConfig,
     in_maps: BTreeMap<Prefix, Tag>,
+    /// The prefilter words last written.
+    prefilter: Vec<u64>,
     nics_in_map: BTreeSet<u32>,
     ifnames: IfNames,
     status: watch::Sender<NodeStatus>,
@@ -64,6 +66,8 @@ impl NodeSync {
             maps,
             cfg,
             in_maps: BTreeMap::new(),
+            // The map starts zeroed.
+            prefilter: vec![0; probe_common::prefilter::WORDS as usize],
             nics_in_map: BTreeSet::new(),
             ifnames,
             status,
@@ -119,6 +123,15 @@ impl NodeSync {
                 .filter(|p| p.addr.is_ipv4() == v4 && !p.is_host())
                 .count() as u32;
             self.maps.trie_sizes.set(index, n, 0)?;
+        }
+        // The prefilter last: bits for new addresses are set once their entries exist, bits
+        // of removed ones cleared after their entries went (a set bit only means "look up").
+        let words = prefilter::words(self.in_maps.keys());
+        for (i, (new, old)) in words.iter().zip(self.prefilter.iter_mut()).enumerate() {
+            if new != old {
+                self.maps.prefilter_v4.set(i as u32, *new, 0)?;
+                *old = *new;
+            }
         }
         Ok(())
     }

@@ -9,6 +9,7 @@
 pub mod btf;
 pub mod counters;
 pub mod kallsyms;
+pub mod prefilter;
 pub mod probe;
 pub mod reader;
 

@@ -79,6 +79,8 @@ pub struct AddressMaps {
     pub v4: LpmTrie<MapData, [u8; 4], AddrValue>,
     pub v6: LpmTrie<MapData, [u8; 16], AddrValue>,
     pub trie_sizes: aya::maps::Array<MapData, u32>,
+    /// The IPv4 prefilter bitmap (see [`super::prefilter`]).
+    pub prefilter_v4: aya::maps::Array<MapData, u64>,
     pub nics: BpfHashMap<MapData, u32, u32>,
 }
 
@@ -206,6 +208,7 @@ impl Probe {
             hosts_v4: take(&mut ebpf, "HOSTS_V4")?,
             hosts_v6: take(&mut ebpf, "HOSTS_V6")?,
             trie_sizes: take(&mut ebpf, "TRIE_SIZES")?,
+            prefilter_v4: take(&mut ebpf, "PREFILTER_V4")?,
             v4: take(&mut ebpf, "LOCAL_V4")?,
             v6: take(&mut ebpf, "LOCAL_V6")?,
             nics: take(&mut ebpf, "NICS")?,
