@@ -555,6 +555,37 @@ pub fn prog_stats() -> Result<Vec<(String, u64, u64)>> {
         .collect())
 }
 
+/// Average ns per run of our program `name` over `repeat` runs of `frame` through
+/// BPF_PROG_TEST_RUN (`bpftool prog run`): the program alone, on its live maps, without the
+/// rest of the stack or the clock reads bpf_stats adds.
+pub fn test_run(name: &str, frame: &[u8], repeat: u32, dir: &Path) -> Result<f64> {
+    let input = dir.join(format!("{name}.frame"));
+    std::fs::write(&input, frame)?;
+    let out = crate::lab::cmd::run(&[
+        "bpftool",
+        "prog",
+        "run",
+        "name",
+        name,
+        "data_in",
+        &input.display().to_string(),
+        "repeat",
+        &repeat.to_string(),
+    ])?;
+    // "Return value: 0, duration (average): 45ns"
+    out.split("duration (average):")
+        .nth(1)
+        .and_then(|r| r.trim().trim_end_matches("ns").trim().parse::<f64>().ok())
+        .with_context(|| format!("no duration in bpftool prog run output: {out}"))
+}
+
+/// An Ethernet frame around `ip` (addresses are not looked at by a test run).
+pub fn ether(ip: &[u8]) -> Vec<u8> {
+    let mut f = vec![0x02, 0, 0, 0, 0, 0x02, 0x02, 0, 0, 0, 0, 0x01, 0x08, 0x00];
+    f.extend_from_slice(ip);
+    f
+}
+
 /// Bytes of kernel memory held by the maps of our programs (`bytes_memlock`, each map once).
 pub fn map_memory() -> Result<(u64, usize)> {
     let progs = crate::lab::cmd::run(&["bpftool", "-j", "prog", "show"])?;
