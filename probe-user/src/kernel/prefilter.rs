@@ -6,6 +6,9 @@ use std::net::IpAddr;
 
 use probe_common::prefilter::{NET_BITS, WORDS, host_bit, net_bit};
 
+// Network bits and host bits split the map in two halves.
+const _: () = assert!(NET_BITS * 2 == WORDS * 64);
+
 use crate::state::addrs::Prefix;
 
 /// The bitmap's words for `prefixes` (IPv6 ones are ignored: IPv6 goes straight to its hash
@@ -30,7 +33,6 @@ pub fn words<'a>(prefixes: impl IntoIterator<Item = &'a Prefix>) -> Vec<u64> {
             set(net_bit(u32::from_le_bytes([hi, lo, 0, 0])));
         }
     }
-    debug_assert!(NET_BITS * 2 == WORDS * 64);
     w
 }
 
