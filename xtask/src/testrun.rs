@@ -101,6 +101,9 @@ pub struct TestArgs {
     /// Skip the VM tier (Debian's 6.1 kernel under QEMU).
     #[arg(long)]
     pub no_vm: bool,
+    /// Skip the benchmark smoke run (`cargo xtask bench --quick`, figures not asserted).
+    #[arg(long)]
+    pub no_bench: bool,
     /// Passed to the integration test binary (a test name filter).
     pub filter: Option<String>,
 }
@@ -194,6 +197,29 @@ fn suites(args: &TestArgs, root: &std::path::Path, totals: &mut Totals) -> anyho
         &mut cmd,
         totals,
     )?;
+    if args.no_bench {
+        eprintln!("test: SKIPPING the benchmark smoke run (--no-bench)");
+    } else {
+        // Keeps `cargo xtask bench` working (trafgen, iperf3, tcpdump, bpftool prog run, the
+        // flood, the latency run) without asserting on any figure: benchmarks report, tests
+        // assert. Written to target/bench-quick.md.
+        eprintln!("test: benchmark smoke run (cargo xtask bench --quick)");
+        let quick = crate::bench::BenchArgs {
+            rounds: 1,
+            secs: 1,
+            flood_secs: 3,
+            latency_events: 20,
+            quick: true,
+            out: None,
+        };
+        match crate::bench::run(&quick) {
+            Ok(()) => totals.passed += 1,
+            Err(e) => {
+                totals.failed += 1;
+                return Err(e.context("the benchmark smoke run failed"));
+            }
+        }
+    }
     if args.no_vm {
         eprintln!("test: SKIPPING the VM tier (--no-vm)");
         return Ok(());
@@ -201,8 +227,8 @@ fn suites(args: &TestArgs, root: &std::path::Path, totals: &mut Totals) -> anyho
     // The VM tier (root only, like everything after the unit tests; we are root here): Debian's
     // pinned 6.1 kernel under QEMU, one boot. `vm-test`'s default command builds the test
     // binaries on the host (cargo's target dir) and runs, inside: the IPVS generic-netlink
-    // reader against real IPVS, tests/ipvs.rs, datapath.rs and loopback.rs against the
-    // IPVS-mode lab, and the iptables-mode older-kernel script. Its libtest summaries count.
+    // reader against real IPVS, tests/ipvs.rs and datapath.rs against the IPVS-mode lab, and
+    // the iptables-mode older-kernel script. Its libtest summaries count.
     eprintln!(
         "test: VM tier (Debian 6.1 kernel under QEMU: real IPVS, clsact, older drop reasons)"
     );

@@ -114,18 +114,26 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             args.rounds, args.secs
         );
         let mut tables = Vec::new();
-        let (overhead, cost, startups, idle_rss) = datapath(&args, &net, &probe, &work)?;
+        let mut summary = Vec::new();
+        let (overhead, cost, startups, idle_rss) =
+            datapath(&args, &net, &probe, &work, &mut summary)?;
         tables.push(overhead);
         tables.push(cost);
-        let flood = flood(&args, &net, &probe, &work)?;
+        let flood = flood(&args, &net, &probe, &work, &mut summary)?;
         tables.push(flood.table);
-        tables.push(latency(&args, &probe, &work)?);
+        tables.push(latency(&args, &probe, &work, &mut summary)?);
         tables.push(footprint(
             &startups,
             &idle_rss,
             &flood.peak_rss_kb,
             flood.map_bytes,
         ));
+        let mut head = Table::new("Summary", &["what", "figure"]);
+        head.note = "Each line from the tables below; \"target\" is the issue's.".to_string();
+        for (what, figure) in summary {
+            head.row(vec![what, figure]);
+        }
+        tables.insert(0, head);
         Ok(tables)
     })();
     let _ = write_sysctl("kernel.bpf_stats_enabled", &stats_before);
@@ -247,6 +255,56 @@ fn ns_per_run(f: impl FnOnce() -> Result<()>) -> Result<Vec<(String, f64, u64)>>
     Ok(out)
 }
 
+#[derive(Debug, Clone, Copy)]
+enum Mode {
+    Nothing,
+    Agent,
+    Tcpdump,
+}
+
+/// Part 2's windows, with the agent attached: bpf_stats on live traffic, then test runs.
+fn per_packet_costs(
+    ordinary: &Path,
+    suspects: &Path,
+    secs: u64,
+    work: &Path,
+    costs: &mut Vec<(String, String, f64, u64)>,
+) -> Result<()> {
+    let window = Duration::from_secs(secs.min(2));
+    for (case, config) in [("ordinary UDP", ordinary), ("suspects only", suspects)] {
+        for (name, ns, runs) in ns_per_run(|| {
+            let mut g = tools::trafgen(config)?;
+            pause(window)?;
+            g.stop();
+            Ok(())
+        })? {
+            costs.push((case.to_string(), name, ns, runs));
+        }
+    }
+    for (name, ns, runs) in ns_per_run(|| tcp_rate(secs.min(2)).map(drop))? {
+        costs.push(("TCP stream".to_string(), name, ns, runs));
+    }
+    // The classifier alone (BPF_PROG_TEST_RUN), on the same live maps.
+    let ordinary_syn = tools::ether(&tools::tcp_syn(net::TX_IP, 40000, net::SINK_DST, 80));
+    let suspect_syn = tools::ether(&tools::tcp_syn(net::VIP, 40000, net::NODE_IP, 30080));
+    for (case, frame) in [
+        ("test run: ordinary SYN", &ordinary_syn),
+        (
+            "test run: VIP-source SYN (repeats deduplicated)",
+            &suspect_syn,
+        ),
+    ] {
+        let ns = tools::test_run("clb_ingress", frame, TEST_RUN_REPEAT, work)?;
+        costs.push((
+            case.to_string(),
+            "clb_ingress".into(),
+            ns,
+            u64::from(TEST_RUN_REPEAT),
+        ));
+    }
+    Ok(())
+}
+
 #[derive(Default)]
 struct Series {
     base: Vec<f64>,
@@ -255,6 +313,14 @@ struct Series {
 }
 
 impl Series {
+    fn of(&mut self, mode: Mode) -> &mut Vec<f64> {
+        match mode {
+            Mode::Nothing => &mut self.base,
+            Mode::Agent => &mut self.probe,
+            Mode::Tcpdump => &mut self.tcpdump,
+        }
+    }
+
     /// One table row; rates shown times `scale` in `unit`, ratios as measured.
     fn row(&self, case: &str, unit: &str, scale: f64, digits: usize) -> Vec<String> {
         let shown = |v: &[f64]| {
@@ -278,6 +344,7 @@ fn datapath(
     net: &BenchNet,
     probe: &Path,
     work: &Path,
+    summary: &mut Vec<(String, String)>,
 ) -> Result<(Table, Table, Vec<f64>, Vec<f64>)> {
     let ordinary = work.join("ordinary.trafgen");
     let mixed = work.join("suspects-1pct.trafgen");
@@ -291,61 +358,37 @@ fn datapath(
     let mut costs: Vec<(String, String, f64, u64)> = Vec::new();
     let (mut startups, mut idle_rss) = (Vec::new(), Vec::new());
     let secs = args.secs;
-    for round in 1..=args.rounds {
-        eprintln!("bench: round {round}/{}: nothing attached", args.rounds);
-        udp.base.push(udp_rate(net, &ordinary, secs)?);
-        udp_mixed.base.push(udp_rate(net, &mixed, secs)?);
-        tcp.base.push(tcp_rate(secs)?);
-
-        eprintln!("bench: round {round}/{}: agent attached", args.rounds);
-        let agent = Agent::start(probe, work, METRICS_PORT)?;
-        startups.push(agent.startup.as_secs_f64() * 1e3);
-        pause(Duration::from_secs(1))?;
-        idle_rss.push(tools::proc_usage(agent.pid())?.1 as f64 / 1024.0);
-        udp.probe.push(udp_rate(net, &ordinary, secs)?);
-        udp_mixed.probe.push(udp_rate(net, &mixed, secs)?);
-        tcp.probe.push(tcp_rate(secs)?);
-        // Per-packet cost, in windows of their own.
-        let window = Duration::from_secs(secs.min(2));
-        for (case, config) in [("ordinary UDP", &ordinary), ("suspects only", &suspects)] {
-            for (name, ns, runs) in ns_per_run(|| {
-                let mut g = tools::trafgen(config)?;
-                pause(window)?;
-                g.stop();
-                Ok(())
-            })? {
-                costs.push((case.to_string(), name, ns, runs));
+    // The three set-ups in a different order each round (rotating), so a drift of the
+    // machine's speed during a round (steal time on a shared host) does not favour one.
+    const MODES: [Mode; 3] = [Mode::Nothing, Mode::Agent, Mode::Tcpdump];
+    for round in 0..args.rounds {
+        for k in 0..MODES.len() {
+            let mode = MODES[(round + k) % MODES.len()];
+            eprintln!("bench: round {}/{}: {mode:?}", round + 1, args.rounds);
+            // Whatever this mode attaches lives until the end of this block.
+            let agent = match mode {
+                Mode::Agent => {
+                    let agent = Agent::start(probe, work, METRICS_PORT)?;
+                    startups.push(agent.startup.as_secs_f64() * 1e3);
+                    pause(Duration::from_secs(1))?;
+                    idle_rss.push(tools::proc_usage(agent.pid())?.1 as f64 / 1024.0);
+                    Some(agent)
+                }
+                _ => None,
+            };
+            let dump = match mode {
+                Mode::Tcpdump => Some(tools::tcpdump()?),
+                _ => None,
+            };
+            udp.of(mode).push(udp_rate(net, &ordinary, secs)?);
+            udp_mixed.of(mode).push(udp_rate(net, &mixed, secs)?);
+            tcp.of(mode).push(tcp_rate(secs)?);
+            if agent.is_some() {
+                per_packet_costs(&ordinary, &suspects, secs, work, &mut costs)?;
             }
+            drop(dump);
+            drop(agent);
         }
-        for (name, ns, runs) in ns_per_run(|| tcp_rate(secs.min(2)).map(drop))? {
-            costs.push(("TCP stream".to_string(), name, ns, runs));
-        }
-        // The classifier alone (BPF_PROG_TEST_RUN), on the same live maps.
-        let ordinary_syn = tools::ether(&tools::tcp_syn(net::TX_IP, 40000, net::SINK_DST, 80));
-        let suspect_syn = tools::ether(&tools::tcp_syn(net::VIP, 40000, net::NODE_IP, 30080));
-        for (case, frame) in [
-            ("test run: ordinary SYN", &ordinary_syn),
-            (
-                "test run: VIP-source SYN (repeats deduplicated)",
-                &suspect_syn,
-            ),
-        ] {
-            let ns = tools::test_run("clb_ingress", frame, TEST_RUN_REPEAT, work)?;
-            costs.push((
-                case.to_string(),
-                "clb_ingress".into(),
-                ns,
-                u64::from(TEST_RUN_REPEAT),
-            ));
-        }
-        drop(agent);
-
-        eprintln!("bench: round {round}/{}: tcpdump", args.rounds);
-        let dump = tools::tcpdump()?;
-        udp.tcpdump.push(udp_rate(net, &ordinary, secs)?);
-        udp_mixed.tcpdump.push(udp_rate(net, &mixed, secs)?);
-        tcp.tcpdump.push(tcp_rate(secs)?);
-        drop(dump);
     }
 
     let mut overhead = Table::new(
@@ -385,6 +428,46 @@ fn datapath(
          repeats) of one frame through the attached program and its live maps: the program \
          alone. Target: ordinary packets under 50 ns."
     );
+    let met = |ok: bool| if ok { "met" } else { "NOT met" };
+    let ratio = ratios(&udp.probe, &udp.base);
+    let alone: Vec<f64> = costs
+        .iter()
+        .filter(|c| c.0 == "test run: ordinary SYN")
+        .map(|c| c.2)
+        .collect();
+    let path_ns = 1e9 / median(&udp.base);
+    summary.push((
+        "ordinary 64-byte UDP, agent / nothing (target >= 0.98)".into(),
+        format!(
+            "{:.3}: {}; per-round spread {} on this machine; from the program's own cost \
+             ({:.1} ns on a {:.0} ns packet path) {:.3} is expected",
+            median(&ratio),
+            met(median(&ratio) >= 0.98),
+            spread(&ratio, 3),
+            median(&alone),
+            path_ns,
+            path_ns / (path_ns + median(&alone)),
+        ),
+    ));
+    summary.push((
+        "ordinary packet, ns per run of clb_ingress (target < 50)".into(),
+        format!(
+            "{:.1} alone (test run): {}; {:.1} on live traffic with bpf_stats' clock reads",
+            median(&alone),
+            met(median(&alone) < 50.0),
+            median(
+                &costs
+                    .iter()
+                    .filter(|c| c.0 == "ordinary UDP" && c.1 == "clb_ingress")
+                    .map(|c| c.2)
+                    .collect::<Vec<_>>()
+            ),
+        ),
+    ));
+    summary.push((
+        "tcpdump on the same NIC, / nothing (ordinary UDP)".into(),
+        format!("{:.3}", median(&ratios(&udp.tcpdump, &udp.base))),
+    ));
     let mut keys: Vec<(String, String)> = costs
         .iter()
         .map(|(c, n, ..)| (c.clone(), n.clone()))
@@ -408,7 +491,13 @@ struct FloodResult {
 }
 
 /// Part 3.
-fn flood(args: &BenchArgs, net: &BenchNet, probe: &Path, work: &Path) -> Result<FloodResult> {
+fn flood(
+    args: &BenchArgs,
+    net: &BenchNet,
+    probe: &Path,
+    work: &Path,
+    summary: &mut Vec<(String, String)>,
+) -> Result<FloodResult> {
     eprintln!("bench: spoofed flood, {} s", args.flood_secs);
     let config = work.join("flood.trafgen");
     // VIP- and node-source frames in turn, random ports: each packet a new flow.
@@ -540,6 +629,21 @@ fn flood(args: &BenchArgs, net: &BenchNet, probe: &Path, work: &Path) -> Result<
         "`/metrics` answered during the flood",
         format!("{scrapes_ok}/{scrapes}, and after it: yes"),
     );
+    summary.push((
+        format!("spoofed flood, {} s", args.flood_secs),
+        format!(
+            "{sent} packets, {} counted by the kernel ({}); agent CPU {:.1}% of a core \
+             (median), peak RSS {:.1} MiB; /metrics answered {scrapes_ok}/{scrapes}",
+            counted,
+            if counted == received {
+                "exact"
+            } else {
+                "MISMATCH"
+            },
+            median(&cpu),
+            hwm as f64 / 1024.0,
+        ),
+    ));
     Ok(FloodResult {
         table,
         peak_rss_kb: vec![hwm as f64 / 1024.0],
@@ -548,7 +652,12 @@ fn flood(args: &BenchArgs, net: &BenchNet, probe: &Path, work: &Path) -> Result<
 }
 
 /// Part 4.
-fn latency(args: &BenchArgs, probe: &Path, work: &Path) -> Result<Table> {
+fn latency(
+    args: &BenchArgs,
+    probe: &Path,
+    work: &Path,
+    summary: &mut Vec<(String, String)>,
+) -> Result<Table> {
     let n = args.latency_events;
     eprintln!("bench: detection latency, {n} health-check drops");
     let agent = Agent::start(probe, work, METRICS_PORT)?;
@@ -588,6 +697,15 @@ fn latency(args: &BenchArgs, probe: &Path, work: &Path) -> Result<Table> {
             ms.push(at.saturating_sub(*ts) as f64 / 1e6);
         }
     }
+    summary.push((
+        "detection latency, drop to JSON line".into(),
+        format!(
+            "median {:.1} ms, p99 {:.1} ms ({}/{n} confirmed)",
+            median(&ms),
+            percentile(&ms, 99.0),
+            ms.len()
+        ),
+    ));
     let mut table = Table::new("4. Detection latency", &["measure", "value"]);
     table.note = format!(
         "{n} TCP SYNs from the bound VIP to the node, 15 ms apart, each to its own port; from \
