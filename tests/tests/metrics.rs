@@ -4,40 +4,15 @@
 //! answering a query for each kind.
 
 use std::{
-    io::{Read as _, Write as _},
-    net::TcpStream,
-    os::fd::AsRawFd as _,
     process::{Child, Command, Stdio},
     time::Duration,
 };
 
 use probe_tests::agent::{Agent, require_root, tempdir::TempDir, wait_for};
-use xtask::lab::{self, LabGuard, Outcome, Scenario, Variants};
+use xtask::lab::{self, LabGuard, Outcome, Scenario, Variants, http_get_in};
 
 const METRICS: &str = "127.0.0.1:19966";
 const PROMETHEUS: &str = "127.0.0.1:19090";
-
-/// One HTTP GET from inside `netns` (a thread that entered it); (status, body).
-fn get_in(netns: &str, addr: &str, path: &str) -> Option<(u16, String)> {
-    let ns = std::fs::File::open(format!("/run/netns/{netns}")).ok()?;
-    let (addr, path) = (addr.to_string(), path.to_string());
-    std::thread::spawn(move || {
-        // SAFETY: setns on this thread only.
-        if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-            return None;
-        }
-        let mut s = TcpStream::connect(&addr).ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-        write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
-        let mut buf = String::new();
-        s.read_to_string(&mut buf).ok()?;
-        let status = buf.split_whitespace().nth(1)?.parse().ok()?;
-        let body = buf.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
-        Some((status, body))
-    })
-    .join()
-    .ok()?
-}
 
 /// A Prometheus server, killed on drop.
 struct Prometheus(Child, #[allow(dead_code)] TempDir);
@@ -92,10 +67,13 @@ fn failures_show_in_metrics_and_a_real_prometheus_scrapes_them() {
         lab::NS_NODE,
         &["--nic", lab::NODE_NIC, "--metrics-addr", METRICS],
     );
-    let (status, body) = get_in(lab::NS_NODE, METRICS, "/readyz").expect("readyz");
+    let (status, body) = http_get_in(lab::NS_NODE, METRICS, "/readyz").expect("readyz");
     assert_eq!((status, body.trim()), (200, "ready"));
-    assert_eq!(get_in(lab::NS_NODE, METRICS, "/healthz").unwrap().0, 200);
-    assert_eq!(get_in(lab::NS_NODE, METRICS, "/nope").unwrap().0, 404);
+    assert_eq!(
+        http_get_in(lab::NS_NODE, METRICS, "/healthz").unwrap().0,
+        200
+    );
+    assert_eq!(http_get_in(lab::NS_NODE, METRICS, "/nope").unwrap().0, 404);
     let prometheus = start_prometheus(lab::NS_NODE);
 
     for (scenario, outcome) in [
@@ -111,7 +89,7 @@ fn failures_show_in_metrics_and_a_real_prometheus_scrapes_them() {
         (kinds.len() == 3).then_some(())
     });
 
-    let (status, text) = get_in(lab::NS_NODE, METRICS, "/metrics").expect("metrics");
+    let (status, text) = http_get_in(lab::NS_NODE, METRICS, "/metrics").expect("metrics");
     assert_eq!(status, 200);
     for needle in [
         "clbprobe_loopback_events_total{kind=\"healthcheck_blackhole\",vip=\"203.0.113.10\",port=\"\"}",
@@ -146,7 +124,7 @@ fn failures_show_in_metrics_and_a_real_prometheus_scrapes_them() {
         "prometheus has all three kinds",
         Duration::from_secs(60),
         || {
-            let (status, body) = get_in(
+            let (status, body) = http_get_in(
                 lab::NS_NODE,
                 PROMETHEUS,
                 "/api/v1/query?query=clbprobe_loopback_events_total",

@@ -90,16 +90,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     if !crate::lab::is_root() {
         bail!("cargo xtask bench needs root (namespaces, eBPF, bpf_stats): run it with sudo");
     }
-    for (cmd, pkg) in [
-        ("trafgen", "netsniff-ng"),
-        ("iperf3", "iperf3"),
-        ("tcpdump", "tcpdump"),
-        ("bpftool", "bpftool"),
-    ] {
-        if crate::setup::which(cmd).is_none() {
-            bail!("`{cmd}` is missing (Debian package {pkg}): run `cargo xtask setup`");
-        }
-    }
+    // trafgen, iperf3, tcpdump, bpftool: setup's packages; installs what is missing.
+    crate::setup::ensure()?;
     let root = crate::vm::workspace_root();
     let probe = build_agent(&root)?;
     let work = root.join("target/bench");
@@ -125,7 +117,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         tables.push(footprint(
             &startups,
             &idle_rss,
-            &flood.peak_rss_kb,
+            &flood.peak_rss_mib,
             flood.map_bytes,
         ));
         let mut head = Table::new("Summary", &["what", "figure"]);
@@ -472,7 +464,6 @@ fn datapath(
         .iter()
         .map(|(c, n, ..)| (c.clone(), n.clone()))
         .collect();
-    keys.dedup();
     keys.sort();
     keys.dedup();
     for (case, name) in keys {
@@ -486,7 +477,7 @@ fn datapath(
 
 struct FloodResult {
     table: Table,
-    peak_rss_kb: Vec<f64>,
+    peak_rss_mib: Vec<f64>,
     map_bytes: u64,
 }
 
@@ -506,7 +497,7 @@ fn flood(
     std::fs::write(&config, text)?;
     let agent = Agent::start(probe, work, METRICS_PORT)?;
     pause(Duration::from_secs(1))?;
-    let (map_bytes, _) = tools::map_memory()?;
+    let map_bytes = tools::map_memory()?;
     let m0 = agent.metrics().context("/metrics before the flood")?;
     let (rx0, tx0) = (net.nic_rx_packets()?, net.tx_packets()?);
     let hz = tools::clock_ticks_per_sec() as f64;
@@ -646,7 +637,7 @@ fn flood(
     ));
     Ok(FloodResult {
         table,
-        peak_rss_kb: vec![hwm as f64 / 1024.0],
+        peak_rss_mib: vec![hwm as f64 / 1024.0],
         map_bytes,
     })
 }

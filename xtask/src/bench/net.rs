@@ -36,12 +36,11 @@ impl BenchNet {
     pub fn up() -> Result<BenchNet> {
         // A previous run killed hard leaves its namespaces: start clean.
         remove_namespaces(&[NS_TX, NS_NODE]).context("removing a previous bench's namespaces")?;
-        let net = BenchNet {
+        // From here on, drop removes whatever was made.
+        let mut net = BenchNet {
             node_mac: String::new(),
             tx_mac: String::new(),
         };
-        // From here on, drop removes whatever was made.
-        let mut net = net;
         build().context("building the bench namespaces")?;
         net.node_mac = mac(NS_NODE, NODE_IF)?;
         net.tx_mac = mac(NS_TX, TX_IF)?;

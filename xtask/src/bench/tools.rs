@@ -3,9 +3,9 @@
 //! reaped on drop.
 
 use std::{
-    io::{BufRead as _, BufReader, Read as _, Write as _},
-    net::{Ipv4Addr, TcpStream},
-    os::{fd::AsRawFd as _, unix::process::CommandExt as _},
+    io::{BufRead as _, BufReader},
+    net::Ipv4Addr,
+    os::unix::process::CommandExt as _,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::{
@@ -194,7 +194,7 @@ impl Agent {
                     std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default()
                 )
             })?;
-            if let Some((200, _)) = http_get(net::NS_NODE, &addr, "/readyz") {
+            if let Some((200, _)) = crate::lab::http_get_in(net::NS_NODE, &addr, "/readyz") {
                 break;
             }
             if t0.elapsed() > Duration::from_secs(60) {
@@ -213,7 +213,7 @@ impl Agent {
 
     pub fn metrics(&self) -> Option<String> {
         let addr = format!("127.0.0.1:{}", self.metrics_port);
-        match http_get(net::NS_NODE, &addr, "/metrics") {
+        match crate::lab::http_get_in(net::NS_NODE, &addr, "/metrics") {
             Some((200, body)) => Some(body),
             _ => None,
         }
@@ -223,32 +223,6 @@ impl Agent {
     pub fn pid(&self) -> i32 {
         self.proc.pid()
     }
-}
-
-/// One HTTP GET from inside `netns` (a thread that entered it); (status, body).
-pub fn http_get(netns: &str, addr: &str, path: &str) -> Option<(u16, String)> {
-    let ns = std::fs::File::open(format!("/run/netns/{netns}")).ok()?;
-    let (addr, path) = (addr.to_string(), path.to_string());
-    std::thread::spawn(move || {
-        // SAFETY: setns on this short-lived thread only.
-        if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-            return None;
-        }
-        let mut s = TcpStream::connect(&addr).ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-        write!(
-            s,
-            "GET {path} HTTP/1.0\r\nHost: {addr}\r\nAccept: text/plain\r\n\r\n"
-        )
-        .ok()?;
-        let mut text = String::new();
-        s.read_to_string(&mut text).ok()?;
-        let status = text.split_whitespace().nth(1)?.parse().ok()?;
-        let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
-        Some((status, body))
-    })
-    .join()
-    .ok()?
 }
 
 /// Sum of a metric family's samples whose labels contain every `want` pair.
@@ -363,7 +337,7 @@ pub fn iperf3_server() -> Result<Proc> {
     )?;
     // Until it listens.
     let end = Instant::now() + Duration::from_secs(5);
-    while !super::super::lab::net::listening(net::NS_NODE, 5201)? {
+    while !crate::lab::net::listening(net::NS_NODE, 5201)? {
         if Instant::now() > end {
             bail!("iperf3 server not listening after 5 s");
         }
@@ -437,21 +411,14 @@ pub struct RawSender {
 
 impl RawSender {
     pub fn new(ns: &str) -> Result<RawSender> {
-        let nsf = std::fs::File::open(format!("/run/netns/{ns}"))?;
-        let fd = std::thread::spawn(move || {
-            // SAFETY: setns on this thread only; the socket is created in that namespace.
-            unsafe {
-                if libc::setns(nsf.as_raw_fd(), libc::CLONE_NEWNET) != 0 {
-                    return -1;
-                }
-                libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_RAW)
+        let fd = crate::lab::in_netns(ns, || {
+            // SAFETY: plain socket(2); the descriptor is owned by the RawSender from here.
+            let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_RAW) };
+            if fd < 0 {
+                bail!("raw socket in {ns}: {}", std::io::Error::last_os_error());
             }
-        })
-        .join()
-        .map_err(|_| anyhow::anyhow!("raw socket thread panicked"))?;
-        if fd < 0 {
-            bail!("raw socket in {ns}: {}", std::io::Error::last_os_error());
-        }
+            Ok(fd)
+        })?;
         Ok(RawSender { fd })
     }
 
@@ -534,23 +501,29 @@ pub fn tcp_syn(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16) -> Vec<u8> 
     ip
 }
 
-/// (run_time_ns, run_cnt) of each of our programs by name, from `bpftool prog show`
-/// (needs `kernel.bpf_stats_enabled=1` to move).
-pub fn prog_stats() -> Result<Vec<(String, u64, u64)>> {
+/// Our loaded programs (name `clb_*`), as `bpftool -j prog show` describes them.
+fn our_progs() -> Result<Vec<serde_json::Value>> {
     let out = crate::lab::cmd::run(&["bpftool", "-j", "prog", "show"])?;
     let v: serde_json::Value = serde_json::from_str(&out).context("bpftool -j prog show")?;
     Ok(v.as_array()
         .into_iter()
         .flatten()
-        .filter_map(|p| {
-            let name = p["name"].as_str()?;
-            name.starts_with("clb_").then(|| {
-                (
-                    name.to_string(),
-                    p["run_time_ns"].as_u64().unwrap_or(0),
-                    p["run_cnt"].as_u64().unwrap_or(0),
-                )
-            })
+        .filter(|p| p["name"].as_str().is_some_and(|n| n.starts_with("clb_")))
+        .cloned()
+        .collect())
+}
+
+/// (name, run_time_ns, run_cnt) of each of our programs (needs
+/// `kernel.bpf_stats_enabled=1` to move).
+pub fn prog_stats() -> Result<Vec<(String, u64, u64)>> {
+    Ok(our_progs()?
+        .iter()
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap_or_default().to_string(),
+                p["run_time_ns"].as_u64().unwrap_or(0),
+                p["run_cnt"].as_u64().unwrap_or(0),
+            )
         })
         .collect())
 }
@@ -587,14 +560,9 @@ pub fn ether(ip: &[u8]) -> Vec<u8> {
 }
 
 /// Bytes of kernel memory held by the maps of our programs (`bytes_memlock`, each map once).
-pub fn map_memory() -> Result<(u64, usize)> {
-    let progs = crate::lab::cmd::run(&["bpftool", "-j", "prog", "show"])?;
-    let progs: serde_json::Value = serde_json::from_str(&progs)?;
-    let mut ids: Vec<u64> = progs
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|p| p["name"].as_str().is_some_and(|n| n.starts_with("clb_")))
+pub fn map_memory() -> Result<u64> {
+    let mut ids: Vec<u64> = our_progs()?
+        .iter()
         .flat_map(|p| {
             p["map_ids"]
                 .as_array()
@@ -608,14 +576,13 @@ pub fn map_memory() -> Result<(u64, usize)> {
     ids.dedup();
     let maps = crate::lab::cmd::run(&["bpftool", "-j", "map", "show"])?;
     let maps: serde_json::Value = serde_json::from_str(&maps)?;
-    let bytes = maps
+    Ok(maps
         .as_array()
         .into_iter()
         .flatten()
         .filter(|m| m["id"].as_u64().is_some_and(|i| ids.contains(&i)))
         .map(|m| m["bytes_memlock"].as_u64().unwrap_or(0))
-        .sum();
-    Ok((bytes, ids.len()))
+        .sum())
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 
 use std::fs::File;
 use std::io::{ErrorKind, Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
@@ -22,14 +22,9 @@ pub struct Attempt {
     pub elapsed: Duration,
 }
 
-/// Connects from network namespace `ns` (optionally bound to `src`) to `dst`, sends one line and
-/// reads the answer. `timeout` bounds the connect and, separately, the answer.
-pub fn connect_in(
-    ns: &str,
-    src: Option<Ipv4Addr>,
-    dst: SocketAddrV4,
-    timeout: Duration,
-) -> Result<Attempt> {
+/// Runs `f` on a thread that has entered network namespace `ns` (`/run/netns/<ns>`), and
+/// returns what it returned. Sockets made there stay in that namespace wherever they are used.
+pub fn in_netns<T: Send>(ns: &str, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
     let path = format!("/run/netns/{ns}");
     let netns = File::open(&path).with_context(|| format!("opening {path} (is the lab up?)"))?;
     std::thread::scope(|s| {
@@ -39,11 +34,45 @@ pub fn connect_in(
             if rc != 0 {
                 bail!("setns({path}): {}", std::io::Error::last_os_error());
             }
-            connect_here(src, dst, timeout)
+            f()
         })
         .join()
-        .map_err(|_| anyhow!("client thread panicked"))?
+        .map_err(|_| anyhow!("thread in netns {ns} panicked"))?
     })
+}
+
+/// Connects from network namespace `ns` (optionally bound to `src`) to `dst`, sends one line and
+/// reads the answer. `timeout` bounds the connect and, separately, the answer.
+pub fn connect_in(
+    ns: &str,
+    src: Option<Ipv4Addr>,
+    dst: SocketAddrV4,
+    timeout: Duration,
+) -> Result<Attempt> {
+    in_netns(ns, || connect_here(src, dst, timeout))
+}
+
+/// One HTTP/1.0 GET of `path` from `addr` (`ip:port`) inside network namespace `ns`:
+/// (status, body), or None when nothing answered in time.
+pub fn http_get_in(ns: &str, addr: &str, path: &str) -> Option<(u16, String)> {
+    in_netns(ns, || {
+        let mut s = TcpStream::connect(addr)?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+        let mut text = String::new();
+        s.read_to_string(&mut text)?;
+        let status = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .context("no HTTP status")?;
+        let body = text
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .context("no HTTP body")?;
+        Ok((status, body))
+    })
+    .ok()
 }
 
 fn classify(e: &std::io::Error) -> Option<Outcome> {

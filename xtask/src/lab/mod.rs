@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
-pub use client::{Attempt, connect_here, connect_in};
+pub use client::{Attempt, connect_here, connect_in, http_get_in, in_netns};
 pub use net::{SERVERS, UP_STEPS};
 
 /// Every lab namespace's name starts with this.
