@@ -352,44 +352,34 @@ pub(crate) fn build(
     }
     checkpoint("sysctls", opts)?;
 
-    match mode {
-        KubeProxyMode::Iptables => {
-            run_stdin(
-                &[
-                    "ip",
-                    "netns",
-                    "exec",
-                    NS_NODE,
-                    "iptables-restore",
-                    "-w",
-                    "--noflush",
-                ],
-                &kube_proxy_rules(),
-            )
-            .context("loading kube-proxy rules into clb-node")?;
-        }
+    // kube-proxy's nat rules for the mode (IPVS mode's rules match on its ipsets: those first).
+    let rules = match mode {
+        KubeProxyMode::Iptables => kube_proxy_rules(),
         KubeProxyMode::Ipvs => {
             run_stdin(
                 &["ip", "netns", "exec", NS_NODE, "ipset", "restore"],
                 &kube_proxy_ipsets(),
             )
             .context("loading kube-proxy's ipsets into clb-node")?;
-            run_stdin(
-                &[
-                    "ip",
-                    "netns",
-                    "exec",
-                    NS_NODE,
-                    "iptables-restore",
-                    "-w",
-                    "--noflush",
-                ],
-                &kube_proxy_ipvs_rules(),
-            )
-            .context("loading kube-proxy's IPVS-mode rules into clb-node")?;
-            for vs in KubeProxyMode::Ipvs.virtual_services(false) {
-                ipvs_service(vs, true)?;
-            }
+            kube_proxy_ipvs_rules()
+        }
+    };
+    run_stdin(
+        &[
+            "ip",
+            "netns",
+            "exec",
+            NS_NODE,
+            "iptables-restore",
+            "-w",
+            "--noflush",
+        ],
+        &rules,
+    )
+    .with_context(|| format!("loading kube-proxy's {mode:?}-mode rules into clb-node"))?;
+    if mode == KubeProxyMode::Ipvs {
+        for vs in KubeProxyMode::Ipvs.virtual_services(false) {
+            ipvs_service(vs, true)?;
         }
     }
     checkpoint("kube-proxy", opts)?;
