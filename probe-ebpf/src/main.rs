@@ -66,10 +66,10 @@ static LOCAL_V6: LpmTrie<[u32; 4], AddrValue> = LpmTrie::with_max_entries(16384,
 #[map]
 static PREFILTER_V4: aya_ebpf::maps::Array<u64> =
     aya_ebpf::maps::Array::with_max_entries(prefilter::WORDS, 0);
-/// Number of prefixes in LOCAL_V4 (index 0) and LOCAL_V6 (index 1): the IPv6 trie is not
-/// looked up when empty (IPv4 has the prefilter, whose network bits are all clear then).
+/// Number of prefixes in LOCAL_V6: the IPv6 trie is not looked up when empty (IPv4 needs no
+/// such count: the prefilter's network bits are all clear then).
 #[map]
-static TRIE_SIZES: aya_ebpf::maps::Array<u32> = aya_ebpf::maps::Array::with_max_entries(2, 0);
+static TRIE_V6_SIZE: aya_ebpf::maps::Array<u32> = aya_ebpf::maps::Array::with_max_entries(1, 0);
 
 /// Ifindexes of the monitored NICs (value unused): a drop of a local-source packet counts
 /// only when the packet came in through one of them.
@@ -250,7 +250,7 @@ fn lookup_tag(fam: u8, addr: &[u32; 4]) -> u8 {
         if let Some(v) = unsafe { HOSTS_V6.get(addr) } {
             return v.tag;
         }
-        if TRIE_SIZES.get(1).is_some_and(|n| *n > 0) {
+        if TRIE_V6_SIZE.get(0).is_some_and(|n| *n > 0) {
             let key = LpmKey::new(128, *addr);
             return LOCAL_V6.get(&key).map(|v| v.tag).unwrap_or(tag::NONE);
         }

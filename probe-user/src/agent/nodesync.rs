@@ -115,15 +115,13 @@ impl NodeSync {
             self.insert_prefix(*p, value)?;
             self.in_maps.insert(*p, *tag);
         }
-        // The programs skip a trie with no prefixes: keep its size current.
-        for (index, v4) in [(0u32, true), (1u32, false)] {
-            let n = self
-                .in_maps
-                .keys()
-                .filter(|p| p.addr.is_ipv4() == v4 && !p.is_host())
-                .count() as u32;
-            self.maps.trie_sizes.set(index, n, 0)?;
-        }
+        // The programs skip the IPv6 trie when it is empty: keep its size current.
+        let v6_prefixes = self
+            .in_maps
+            .keys()
+            .filter(|p| p.addr.is_ipv6() && !p.is_host())
+            .count() as u32;
+        self.maps.trie_v6_size.set(0, v6_prefixes, 0)?;
         // The prefilter last: bits for new addresses are set once their entries exist, bits
         // of removed ones cleared after their entries went (a set bit only means "look up").
         let words = prefilter::words(self.in_maps.keys());

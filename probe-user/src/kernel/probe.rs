@@ -71,14 +71,15 @@ impl fmt::Display for Features {
     }
 }
 
-/// The maps the node sync writes: host-address hashes, prefix tries, the tries' sizes, and
-/// the monitored NIC set.
+/// The maps the node sync writes: host-address hashes, prefix tries, the IPv6 trie's size,
+/// the IPv4 prefilter, and the monitored NIC set.
 pub struct AddressMaps {
     pub hosts_v4: BpfHashMap<MapData, [u8; 4], AddrValue>,
     pub hosts_v6: BpfHashMap<MapData, [u8; 16], AddrValue>,
     pub v4: LpmTrie<MapData, [u8; 4], AddrValue>,
     pub v6: LpmTrie<MapData, [u8; 16], AddrValue>,
-    pub trie_sizes: aya::maps::Array<MapData, u32>,
+    /// Number of prefixes in the IPv6 trie.
+    pub trie_v6_size: aya::maps::Array<MapData, u32>,
     /// The IPv4 prefilter bitmap (see [`super::prefilter`]).
     pub prefilter_v4: aya::maps::Array<MapData, u64>,
     pub nics: BpfHashMap<MapData, u32, u32>,
@@ -207,7 +208,7 @@ impl Probe {
         let addresses = AddressMaps {
             hosts_v4: take(&mut ebpf, "HOSTS_V4")?,
             hosts_v6: take(&mut ebpf, "HOSTS_V6")?,
-            trie_sizes: take(&mut ebpf, "TRIE_SIZES")?,
+            trie_v6_size: take(&mut ebpf, "TRIE_V6_SIZE")?,
             prefilter_v4: take(&mut ebpf, "PREFILTER_V4")?,
             v4: take(&mut ebpf, "LOCAL_V4")?,
             v6: take(&mut ebpf, "LOCAL_V6")?,
