@@ -464,6 +464,21 @@ fn hairpin_to_settling(c: &mut Correlator, ts: u64, p: &Packet, records: Vec<Egr
     );
 }
 
+/// Drives a hairpin suspect whose egress look-up finds `records` none of which explains it:
+/// nothing is reported, and the candidate is counted as having no egress.
+fn hairpin_without_egress(c: &mut Correlator, ts: u64, p: &Packet, records: Vec<EgressRecord>) {
+    let before = c.stats().hairpin_no_egress;
+    let q = only_query(&c.ingest(suspect(ts, p)));
+    assert!(
+        c.answer(Answer::Egress {
+            id: q.id(),
+            records
+        })
+        .is_empty()
+    );
+    assert_eq!(c.stats().hairpin_no_egress, before + 1);
+}
+
 #[test]
 fn hairpin_l4_dropped_by_rpfilter_local_policy() {
     let mut c = corr();
@@ -521,17 +536,9 @@ fn hairpin_egress_that_started_after_the_suspect_does_not_match() {
     let mut c = corr();
     let p = hp(40001, 30081);
     let t0 = 5 * S;
-    let q = only_query(&c.ingest(suspect(t0, &p)));
     let mut record = egress(40001, EXT_VIP, 80, t0 + MS);
     record.last_ns = Some(t0 + S);
-    assert!(
-        c.answer(Answer::Egress {
-            id: q.id(),
-            records: vec![record]
-        })
-        .is_empty()
-    );
-    assert_eq!(c.stats().hairpin_no_egress, 1);
+    hairpin_without_egress(&mut c, t0, &p, vec![record]);
     invariants(&c);
 }
 
@@ -550,14 +557,7 @@ fn hairpin_egress_window_counts_from_the_latest_opener() {
     // Without the latest time the same record is out of the window.
     let mut c = corr();
     record.last_ns = None;
-    let q = only_query(&c.ingest(suspect(t0, &p)));
-    assert!(
-        c.answer(Answer::Egress {
-            id: q.id(),
-            records: vec![record]
-        })
-        .is_empty()
-    );
+    hairpin_without_egress(&mut c, t0, &p, vec![record]);
     invariants(&c);
 }
 
@@ -754,14 +754,7 @@ fn healthy_snated_egress_is_not_hairpin() {
 #[test]
 fn healthy_no_egress_record_is_not_hairpin() {
     let mut c = corr();
-    let q = only_query(&c.ingest(suspect(5 * S, &hp(40001, 30080))));
-    assert!(
-        c.answer(Answer::Egress {
-            id: q.id(),
-            records: vec![]
-        })
-        .is_empty()
-    );
+    hairpin_without_egress(&mut c, 5 * S, &hp(40001, 30080), vec![]);
     assert!(c.tick(30 * S).is_empty());
     let s = c.stats();
     assert_eq!(
