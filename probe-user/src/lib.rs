@@ -2,6 +2,7 @@
 //!
 //! - [`kernel`]: the only module that touches aya: load, attach, read events and counters;
 //! - [`state`]: readers of kernel state (addresses, conntrack, iptables, IPVS);
+//! - [`netlink`]: the one netlink request/dump helper the readers and the clsact fallback share;
 //! - [`event`]: the domain events the kernel reports;
 //! - [`correlate`]: pure logic that turns events + state into confirmed loopback events;
 //! - [`sink`]: where confirmed events and counters go (JSON lines, metrics, live view).
@@ -10,6 +11,7 @@ pub mod agent;
 pub mod correlate;
 pub mod event;
 pub mod kernel;
+pub mod netlink;
 pub mod sink;
 pub mod state;
 pub mod watch;

@@ -478,6 +478,101 @@ fn clsact_fallback_sees_packets_and_leaves_nothing_behind() {
     assert!(!qdiscs.contains("clsact"), "qdisc left: {qdiscs}");
 }
 
+/// Runs `tc` inside the node namespace (the test's own tool: the agent never runs it).
+fn node_tc(args: &[&str]) -> String {
+    let mut argv = vec!["ip", "netns", "exec", lab::NS_NODE, "tc"];
+    argv.extend_from_slice(args);
+    sh(&argv)
+}
+
+/// Another tool's filters on the NIC's clsact hooks: a u32 on each hook (this kernel has
+/// neither matchall nor gact) and, on ingress, a classic-BPF cls_bpf carrying our very handle
+/// (0xc1b) but not our program.
+fn add_foreign_filters() {
+    let nic = lab::NODE_NIC;
+    for hook in ["ingress", "egress"] {
+        node_tc(&[
+            "filter", "add", "dev", nic, hook, "pref", "100", "u32", "match", "u32", "0", "0",
+            "classid", "1:1",
+        ]);
+    }
+    node_tc(&[
+        "filter",
+        "add",
+        "dev",
+        nic,
+        "ingress",
+        "pref",
+        "200",
+        "handle",
+        "0xc1b",
+        "bpf",
+        "bytecode",
+        "1,6 0 0 0",
+    ]);
+}
+
+fn assert_foreign_filters_intact() {
+    for hook in ["ingress", "egress"] {
+        let filters = node_tc(&["filter", "show", "dev", lab::NODE_NIC, hook]);
+        assert!(
+            filters.contains("pref 100 u32"),
+            "foreign u32 lost on {hook}: {filters}"
+        );
+        if hook == "ingress" {
+            assert!(
+                filters.contains("handle 0xc1b not_in_hw bytecode"),
+                "foreign cls_bpf lost: {filters}"
+            );
+        }
+    }
+}
+
+/// The clsact path leaves other tools' filters alone: at exit it removes only its own filters
+/// (program name and handle), keeps a qdisc it added while others use it, and a restart after
+/// SIGKILL removes the orphaned filters, again only ours.
+#[test]
+fn clsact_fallback_keeps_foreign_filters() {
+    if !require_root("clsact_foreign_filters") {
+        return;
+    }
+    let _lab = lab_up(Variants::default());
+    let args = ["--nic", lab::NODE_NIC, "--tc-mode", "netlink"];
+
+    // The agent adds the qdisc; another tool then adds filters to it.
+    let mut a = Agent::start(lab::NS_NODE, &args);
+    add_foreign_filters();
+    assert!(a.stop().success());
+    let (filters, qdiscs) = tc_state(lab::NODE_NIC);
+    assert!(!filters.contains("clb_"), "filters left: {filters}");
+    assert_foreign_filters_intact();
+    assert!(
+        qdiscs.contains("clsact"),
+        "a qdisc in use removed: {qdiscs}"
+    );
+
+    // The qdisc is the other tool's now: SIGKILL leaves our filters beside theirs ...
+    let mut b = Agent::start(lab::NS_NODE, &args);
+    b.kill();
+    let (filters, _) = tc_state(lab::NODE_NIC);
+    assert!(filters.contains("clb_ingress"), "{filters}");
+    // ... the next agent removes only the orphans, and at exit only its own.
+    let mut c = Agent::start(lab::NS_NODE, &args);
+    let (filters, _) = tc_state(lab::NODE_NIC);
+    assert_eq!(
+        filters.matches("name clb_ingress").count(),
+        1,
+        "one filter, not two: {filters}"
+    );
+    assert_foreign_filters_intact();
+    assert!(c.stop().success());
+    let (filters, qdiscs) = tc_state(lab::NODE_NIC);
+    assert!(!filters.contains("clb_"), "filters left: {filters}");
+    assert_foreign_filters_intact();
+    assert!(qdiscs.contains("clsact"), "{qdiscs}");
+    node_tc(&["qdisc", "del", "dev", lab::NODE_NIC, "clsact"]);
+}
+
 /// Two namespaces of this test's own, removed on drop (also on panic).
 struct V6Pair;
 

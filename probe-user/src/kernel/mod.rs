@@ -12,6 +12,7 @@ pub mod kallsyms;
 pub mod prefilter;
 pub mod probe;
 pub mod reader;
+pub mod tc;
 
 pub use btf::{DropReasons, KernelBtf};
 pub use probe::{AddressMaps, Features, Probe, ProbeSettings};

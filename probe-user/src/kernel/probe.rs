@@ -8,14 +8,19 @@ use aya::{
     programs::{
         BtfTracePoint, RawTracePoint, SchedClassifier, TcAttachType,
         links::LinkOrder,
-        tc::{self, NlOptions, SchedClassifierLink, TcAttachOptions},
+        tc::{self, NlOptions, SchedClassifierLink, TcAttachOptions, TcHandle},
     },
     util::KernelVersion,
 };
 use probe_common::{AddrValue, ProbeConfig};
 use tracing::{debug, info, warn};
 
-use super::{KernelBtf, KernelError, counters::Counters, counters::EgressTable};
+use super::{
+    KernelBtf, KernelError,
+    counters::Counters,
+    counters::EgressTable,
+    tc::{self as tc_netlink, Hook},
+};
 
 static PROGRAMS: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/probe"));
 
@@ -40,7 +45,8 @@ pub struct ProbeSettings {
 pub enum TcMode {
     /// tcx links (kernel >= 6.6): detach when the agent's fds close, even on SIGKILL.
     Tcx,
-    /// cls_bpf under a clsact qdisc (older kernels): removed by name on start and exit.
+    /// cls_bpf under a clsact qdisc (older kernels): ours (by name and handle) removed on start
+    /// and exit, the qdisc only when the agent added it and nothing else uses it.
     Netlink,
 }
 
@@ -97,9 +103,10 @@ pub struct Probe {
     ebpf: Ebpf,
     features: Features,
     links: HashMap<String, IfaceLinks>,
-    /// clsact qdiscs this agent added (netlink mode): removed again on exit. One that existed
-    /// before (another tool's, or a SIGKILLed agent's) is left alone.
-    created_clsact: std::collections::BTreeSet<String>,
+    /// clsact qdiscs this agent added (netlink mode), by interface name, with their ifindex:
+    /// removed again on exit when no filter is left on them. One that existed before (another
+    /// tool's) is left alone; a SIGKILLed agent's is adopted.
+    created_clsact: std::collections::BTreeMap<String, u32>,
 }
 
 /// Everything taken out of the loaded object, for the tasks that own it.
@@ -265,9 +272,11 @@ impl Probe {
             let created = add_clsact(iface)?;
             // A previous agent killed with SIGKILL leaves its cls_bpf filters (and the qdisc
             // it added): remove ours, and adopt the qdisc when nothing else uses it.
-            let stale = remove_netlink_filters(iface);
-            if created || (stale && !has_tc_filters(iface)) {
-                self.created_clsact.insert(iface.to_string());
+            let stale = remove_our_filters(iface, ifindex);
+            if created || (stale && !has_tc_filters(iface, ifindex)) {
+                self.created_clsact.insert(iface.to_string(), ifindex);
+            } else {
+                self.created_clsact.remove(iface);
             }
         }
         let ingress = attach_one(&mut self.ebpf, INGRESS, iface, TcAttachType::Ingress, mode)?;
@@ -289,18 +298,26 @@ impl Probe {
         if self.links.remove(iface).is_some() {
             info!(iface, "interface gone: links dropped");
         }
+        // Its qdisc went with it.
+        self.created_clsact.remove(iface);
     }
 
     /// Detaches everything. Also done by Drop; explicit for ordered shutdown.
     pub fn detach_all(&mut self) {
-        let names: Vec<String> = self.links.keys().cloned().collect();
+        let attached: Vec<(String, u32)> = self
+            .links
+            .iter()
+            .map(|(n, l)| (n.clone(), l.ifindex))
+            .collect();
+        // Dropping a netlink link deletes exactly its filter (priority and handle).
         self.links.clear();
         if self.features.tc_mode == TcMode::Netlink {
-            for name in names {
-                remove_netlink_filters(&name);
+            // A drop that failed (aya does not say) leaves a filter: remove it by identity.
+            for (name, ifindex) in attached {
+                remove_our_filters(&name, ifindex);
             }
-            for iface in std::mem::take(&mut self.created_clsact) {
-                remove_clsact(&iface);
+            for (iface, ifindex) in std::mem::take(&mut self.created_clsact) {
+                remove_clsact_if_unused(&iface, ifindex);
             }
         }
     }
@@ -341,7 +358,12 @@ fn attach_one(
     let options = match mode {
         // First in the chain, so a later program's verdict cannot hide packets from us.
         TcMode::Tcx => TcAttachOptions::TcxOrder(LinkOrder::first()),
-        TcMode::Netlink => TcAttachOptions::Netlink(NlOptions::default()),
+        // Our handle marks the filter as ours (see kernel::tc); the kernel picks a priority
+        // before every filter already on the hook.
+        TcMode::Netlink => TcAttachOptions::Netlink(NlOptions {
+            handle: TcHandle::from(tc_netlink::OUR_HANDLE),
+            ..NlOptions::default()
+        }),
     };
     let id = prog
         .attach_with_options(iface, direction, options)
@@ -386,43 +408,52 @@ fn is_already_exists(e: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
-/// Removes a clsact qdisc we added (aya has no qdisc delete; iproute2's `tc` does it).
-fn remove_clsact(iface: &str) {
-    match std::process::Command::new("tc")
-        .args(["qdisc", "del", "dev", iface, "clsact"])
-        .output()
-    {
-        Ok(o) if o.status.success() => debug!(iface, "removed our clsact qdisc"),
-        Ok(o) => {
-            warn!(iface, stderr = %String::from_utf8_lossy(&o.stderr).trim(), "removing our clsact qdisc")
-        }
-        Err(e) => warn!(iface, error = %e, "running tc to remove our clsact qdisc"),
+/// Removes the clsact qdisc we added to `iface`, unless a filter (anyone's) is left on it.
+fn remove_clsact_if_unused(iface: &str, ifindex: u32) {
+    if has_tc_filters(iface, ifindex) {
+        info!(iface, "clsact qdisc kept: other filters use it");
+        return;
+    }
+    match tc_netlink::delete_clsact(ifindex) {
+        Ok(()) => debug!(iface, "removed our clsact qdisc"),
+        Err(e) => warn!(iface, error = %e, "removing our clsact qdisc"),
     }
 }
 
-/// Removes our cls_bpf filters (by program name) from `iface`; true when any was found.
-fn remove_netlink_filters(iface: &str) -> bool {
+/// Removes our cls_bpf filters (our program name and handle) from `iface`, this agent's or a
+/// SIGKILLed one's; true when any was found. Anyone else's filters stay.
+fn remove_our_filters(iface: &str, ifindex: u32) -> bool {
     let mut found = false;
-    for (name, dir) in [
-        (INGRESS, TcAttachType::Ingress),
-        (EGRESS, TcAttachType::Egress),
-    ] {
-        match tc::qdisc_detach_program(iface, dir, name) {
-            Ok(()) => found = true,
-            Err(e) => debug!(iface, name, error = %e, "no filter to remove"),
+    for (hook, name) in [(Hook::Ingress, INGRESS), (Hook::Egress, EGRESS)] {
+        let filters = match tc_netlink::filters(ifindex, hook) {
+            Ok(f) => f,
+            Err(e) => {
+                debug!(iface, ?hook, error = %e, "listing tc filters");
+                continue;
+            }
+        };
+        for f in filters.iter().filter(|f| f.is_ours(name)) {
+            found = true;
+            match tc_netlink::delete_filter(ifindex, f) {
+                Ok(()) => debug!(iface, name, priority = f.priority(), "removed our filter"),
+                Err(e) => warn!(iface, name, error = %e, "removing our tc filter"),
+            }
         }
     }
     found
 }
 
 /// Whether any tc filter (anyone's) is left on the clsact hooks of `iface`.
-fn has_tc_filters(iface: &str) -> bool {
-    ["ingress", "egress"].iter().any(|hook| {
-        std::process::Command::new("tc")
-            .args(["filter", "show", "dev", iface, hook])
-            .output()
-            // Unknown state: assume someone else's filters, keep the qdisc.
-            .map_or(true, |o| !o.status.success() || !o.stdout.is_empty())
+fn has_tc_filters(iface: &str, ifindex: u32) -> bool {
+    Hook::BOTH.iter().any(|&hook| {
+        tc_netlink::filters(ifindex, hook).map_or_else(
+            |e| {
+                // Unknown state: assume someone else's filters, keep the qdisc.
+                debug!(iface, ?hook, error = %e, "listing tc filters");
+                true
+            },
+            |f| !f.is_empty(),
+        )
     })
 }
 

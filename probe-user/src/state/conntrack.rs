@@ -1,9 +1,9 @@
 //! ctnetlink lookups: was a flow SNATed, what happened to it.
 //!
 //! Messages are encoded and decoded with `netlink-packet-netfilter`'s conntrack types; the
-//! socket is a plain blocking `NETLINK_NETFILTER` socket, so every call works in the network
-//! namespace of the calling thread (the agent runs inside `ip netns exec`; tests enter a scratch
-//! namespace with `setns` on a dedicated thread). From async code wrap the calls in
+//! request goes through [`crate::netlink`] (a plain blocking `NETLINK_NETFILTER` socket), so
+//! every call works in the network namespace of the calling thread (the agent runs inside
+//! `ip netns exec`; tests enter a scratch namespace with `setns` on a dedicated thread). From async code wrap the calls in
 //! `tokio::task::spawn_blocking` (or use [`lookup_async`] / [`dump_by_source_async`]).
 //!
 //! - [`lookup`]: one exact `IPCTNL_MSG_CT_GET` by original tuple; `None` when the kernel says
@@ -13,15 +13,9 @@
 //! - [`parse_messages`]: the pure decoder from raw netlink bytes to [`ConntrackEntry`]s, used by
 //!   both and by the tests on captured kernel replies.
 
-use std::io;
 use std::net::IpAddr;
-use std::os::fd::AsRawFd;
-use std::time::Duration;
 
-use netlink_packet_core::{
-    NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkBuffer, NetlinkHeader, NetlinkMessage,
-    NetlinkPayload,
-};
+use netlink_packet_core::{NetlinkBuffer, NetlinkMessage, NetlinkPayload};
 use netlink_packet_netfilter::conntrack::{
     ConntrackAttribute, ConntrackMessage, IPTuple, ProtoInfo, ProtoInfoTCP, ProtoTuple, Protocol,
     Tuple as CtTuple,
@@ -29,9 +23,10 @@ use netlink_packet_netfilter::conntrack::{
 use netlink_packet_netfilter::{
     NetfilterHeader, NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily,
 };
-use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_NETFILTER};
+use netlink_sys::protocols::NETLINK_NETFILTER;
 
 use crate::event::Proto;
+use crate::netlink::{self, NetlinkError};
 use crate::state::{ConntrackEntry, Tuple};
 
 /// conntrack status bits (uapi `nf_conntrack_common.h`).
@@ -39,37 +34,22 @@ pub const IPS_SEEN_REPLY: u32 = 1 << 1;
 pub const IPS_SRC_NAT: u32 = 1 << 4;
 pub const IPS_DST_NAT: u32 = 1 << 5;
 
-/// How long one receive may wait for the kernel before the call fails.
-const RECV_TIMEOUT: Duration = Duration::from_secs(5);
-/// Large enough for any single netlink datagram the kernel sends for a ctnetlink dump.
-const RECV_BUF: usize = 256 * 1024;
-
 /// Why a ctnetlink call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ConntrackError {
-    /// Opening, sending on or receiving from the netlink socket failed.
-    #[error("ctnetlink {op}: {source}")]
-    Socket {
-        op: &'static str,
-        #[source]
-        source: io::Error,
-    },
-    /// The kernel answered the request with an error (e.g. EPERM without CAP_NET_ADMIN).
-    #[error("ctnetlink {op} refused by the kernel: {source}")]
-    Kernel {
-        op: &'static str,
-        #[source]
-        source: io::Error,
-    },
+    /// The socket failed, or the kernel answered with an error (e.g. EPERM without
+    /// CAP_NET_ADMIN).
+    #[error(transparent)]
+    Netlink(#[from] NetlinkError),
     /// The reply could not be decoded.
-    #[error("ctnetlink {op}: undecodable reply: {detail}")]
+    #[error("{op}: undecodable reply: {detail}")]
     Decode { op: &'static str, detail: String },
     /// The tuple cannot be looked up exactly (conntrack needs ports, or ICMP id/type/code).
     #[error("conntrack lookup of {0:?} flows is not supported")]
     Unsupported(Proto),
     /// The blocking task did not complete.
     #[error("conntrack task failed: {0}")]
-    Join(String),
+    Join(#[from] tokio::task::JoinError),
 }
 
 /// The conntrack entry whose original tuple is exactly `tuple`, in the calling thread's network
@@ -96,19 +76,15 @@ pub fn lookup(tuple: &Tuple) -> Result<Option<ConntrackEntry>, ConntrackError> {
             ProtoTuple::DestinationPort(tuple.dport),
         ]),
     ])];
-    let op = "get";
+    let op = "conntrack get";
     match request(
         op,
         family_of(tuple.src),
         ConntrackMessage::Get(attrs),
-        NLM_F_REQUEST | NLM_F_ACK,
+        false,
     ) {
         Ok(raw) => Ok(parse_all(op, &raw)?.into_iter().next()),
-        Err(ConntrackError::Kernel { source, .. })
-            if source.raw_os_error() == Some(libc::ENOENT) =>
-        {
-            Ok(None)
-        }
+        Err(ConntrackError::Netlink(e)) if e.kernel_errno() == Some(libc::ENOENT) => Ok(None),
         Err(e) => Err(e),
     }
 }
@@ -134,21 +110,17 @@ pub fn dump_family(v6: bool) -> Result<Vec<ConntrackEntry>, ConntrackError> {
 /// [`lookup`] on tokio's blocking pool. The pool's threads share the process's network
 /// namespace, so this is only right when the whole process runs in the target namespace.
 pub async fn lookup_async(tuple: Tuple) -> Result<Option<ConntrackEntry>, ConntrackError> {
-    tokio::task::spawn_blocking(move || lookup(&tuple))
-        .await
-        .map_err(|e| ConntrackError::Join(e.to_string()))?
+    tokio::task::spawn_blocking(move || lookup(&tuple)).await?
 }
 
 /// [`dump_by_source`] on tokio's blocking pool (same namespace caveat as [`lookup_async`]).
 pub async fn dump_by_source_async(src: IpAddr) -> Result<Vec<ConntrackEntry>, ConntrackError> {
-    tokio::task::spawn_blocking(move || dump_by_source(src))
-        .await
-        .map_err(|e| ConntrackError::Join(e.to_string()))?
+    tokio::task::spawn_blocking(move || dump_by_source(src)).await?
 }
 
 fn dump(family: NetfilterProtoFamily) -> Result<Vec<ConntrackEntry>, ConntrackError> {
     let raw = dump_raw(family)?;
-    parse_all("dump", &raw)
+    parse_all("conntrack dump", &raw)
 }
 
 /// The raw reply bytes of a full dump of one family (all datagrams, concatenated: a sequence of
@@ -156,10 +128,10 @@ fn dump(family: NetfilterProtoFamily) -> Result<Vec<ConntrackEntry>, ConntrackEr
 #[doc(hidden)]
 pub fn dump_raw(family: NetfilterProtoFamily) -> Result<Vec<u8>, ConntrackError> {
     request(
-        "dump",
+        "conntrack dump",
         family,
         ConntrackMessage::Get(vec![]),
-        NLM_F_REQUEST | NLM_F_DUMP,
+        true,
     )
 }
 
@@ -176,117 +148,18 @@ fn parse_all(op: &'static str, raw: &[u8]) -> Result<Vec<ConntrackEntry>, Conntr
 }
 
 /// Sends one ctnetlink request and collects the raw reply messages until the request is
-/// complete (`NLMSG_DONE` for a dump, the ACK or error for a plain request).
+/// complete (`NLMSG_DONE` for a dump, the ACK for a plain request).
 fn request(
     op: &'static str,
     family: NetfilterProtoFamily,
     msg: ConntrackMessage,
-    flags: u16,
+    dump: bool,
 ) -> Result<Vec<u8>, ConntrackError> {
-    let sock_err =
-        |what: &'static str| move |source: io::Error| ConntrackError::Socket { op: what, source };
-    let mut socket = Socket::new(NETLINK_NETFILTER).map_err(sock_err("socket"))?;
-    socket.bind_auto().map_err(sock_err("bind"))?;
-    socket
-        .connect(&SocketAddr::new(0, 0))
-        .map_err(sock_err("connect"))?;
-    set_recv_timeout(&socket, RECV_TIMEOUT).map_err(sock_err("setsockopt"))?;
-
-    let seq: u32 = 1;
-    let mut header = NetlinkHeader::default();
-    header.flags = flags;
-    header.sequence_number = seq;
-    let mut packet = NetlinkMessage::new(
-        header,
-        NetlinkPayload::from(NetfilterMessage::new(
-            NetfilterHeader::new(family, 0, 0),
-            msg,
-        )),
-    );
-    packet.finalize();
-    let mut buf = vec![0u8; packet.buffer_len()];
-    packet.serialize(&mut buf);
-    socket.send(&buf, 0).map_err(sock_err("send"))?;
-
-    let dump = flags & NLM_F_DUMP == NLM_F_DUMP;
-    let mut out = Vec::new();
-    let mut rx = vec![0u8; RECV_BUF];
-    loop {
-        let n = socket.recv(&mut &mut rx[..], 0).map_err(sock_err("recv"))?;
-        if n == 0 {
-            return Err(ConntrackError::Decode {
-                op,
-                detail: "socket closed before the reply was complete".into(),
-            });
-        }
-        let datagram = &rx[..n];
-        let mut offset = 0;
-        while offset + 16 <= datagram.len() {
-            let nl = NetlinkBuffer::new(&datagram[offset..]);
-            let len = nl.length() as usize;
-            if len < 16 || offset + len > datagram.len() {
-                return Err(ConntrackError::Decode {
-                    op,
-                    detail: format!("bad netlink message length {len} at offset {offset}"),
-                });
-            }
-            let (msg_type, msg_seq) = (nl.message_type(), nl.sequence_number());
-            let bytes = &datagram[offset..offset + len];
-            offset += (len + 3) & !3;
-            if msg_seq != seq {
-                continue;
-            }
-            match msg_type {
-                NLMSG_DONE => {
-                    out.extend_from_slice(bytes);
-                    return Ok(out);
-                }
-                NLMSG_ERROR => {
-                    // struct nlmsgerr: i32 error, then the request's header.
-                    let code = bytes
-                        .get(16..20)
-                        .map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
-                        .unwrap_or(0);
-                    if code == 0 {
-                        if !dump {
-                            return Ok(out);
-                        }
-                        continue;
-                    }
-                    return Err(ConntrackError::Kernel {
-                        op,
-                        source: io::Error::from_raw_os_error(-code),
-                    });
-                }
-                _ => out.extend_from_slice(bytes),
-            }
-        }
-    }
-}
-
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
-
-fn set_recv_timeout(socket: &Socket, timeout: Duration) -> io::Result<()> {
-    let tv = libc::timeval {
-        tv_sec: timeout.as_secs() as libc::time_t,
-        tv_usec: timeout.subsec_micros() as libc::suseconds_t,
-    };
-    // SAFETY: a valid socket fd and a correctly sized timeval.
-    let rc = unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&tv as *const libc::timeval).cast(),
-            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    let packet = NetlinkMessage::from(NetfilterMessage::new(
+        NetfilterHeader::new(family, 0, 0),
+        msg,
+    ));
+    Ok(netlink::request(NETLINK_NETFILTER, op, packet, dump)?)
 }
 
 /// Decodes a sequence of netlink messages (ctnetlink replies, as received) into conntrack
@@ -428,7 +301,10 @@ pub fn tcp_state_name(state: u8) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io;
+    use std::os::fd::AsRawFd;
     use std::process::{Command, Stdio};
+    use std::time::Duration;
 
     const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/conntrack/");
 

@@ -1,10 +1,12 @@
 //! IPVS virtual services of the current network namespace, over generic netlink.
 //!
 //! The `IPVS` generic-netlink family (what `ipvsadm` itself talks): resolve the family id with
-//! `CTRL_CMD_GETFAMILY`, dump `IPVS_CMD_GET_SERVICE` for the virtual services (address family,
-//! protocol, address, port, firewall mark, scheduler), then one `IPVS_CMD_GET_DEST` dump per
-//! service for its real servers. Everything runs in the network namespace of the calling
-//! thread (the agent runs inside `ip netns exec`).
+//! the controller's `CTRL_CMD_GETFAMILY`, dump `IPVS_CMD_GET_SERVICE` for the virtual services
+//! (address family, protocol, address, port, firewall mark, scheduler), then one
+//! `IPVS_CMD_GET_DEST` dump per service for its real servers. Framing and the controller are
+//! `netlink-packet-generic`'s; the IPVS commands and attributes ([`IpvsMessage`]) are ours (no
+//! kept crate has them); requests go through [`crate::netlink`]. Everything runs in the network
+//! namespace of the calling thread (the agent runs inside `ip netns exec`).
 //!
 //! On a kernel without IPVS [`read`] answers `Ok(None)` (and says so once in the log): the
 //! caller then uses kube-proxy's iptables rules. "Without IPVS" includes `ip_vs` built as a
@@ -17,26 +19,28 @@
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
-use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_GENERIC};
+use netlink_packet_core::{
+    DecodeError, DefaultNla, Emitable, ErrorContext, NLMSG_DONE, NLMSG_ERROR, NetlinkBuffer,
+    NetlinkMessage, NetlinkPayload, Nla, NlaBuffer, NlasIterator, Parseable, ParseableParametrized,
+    emit_u16, emit_u16_be, emit_u32, parse_string, parse_u16, parse_u16_be, parse_u32,
+};
+use netlink_packet_generic::{
+    GenlFamily, GenlHeader, GenlMessage,
+    ctrl::{GenlCtrl, GenlCtrlCmd, nlas::GenlCtrlAttrs},
+};
+use netlink_sys::protocols::NETLINK_GENERIC;
 
 use super::{ServiceEntry, ServiceSource, ServiceTable};
 use crate::event::Proto;
+use crate::netlink::{self, Connection, FramingError, NetlinkError};
 
 /// Present in every network namespace once `ip_vs` is loaded (or built in).
 pub const PROC_IP_VS: &str = "/proc/net/ip_vs";
 /// The generic-netlink family name (`IPVS_GENL_NAME`).
 pub const FAMILY: &str = "IPVS";
 const IPVS_GENL_VERSION: u8 = 1;
-
-// uapi linux/genetlink.h
-const GENL_ID_CTRL: u16 = 0x10;
-const CTRL_CMD_GETFAMILY: u8 = 3;
-const CTRL_ATTR_FAMILY_ID: u16 = 1;
-const CTRL_ATTR_FAMILY_NAME: u16 = 2;
 
 // uapi linux/ip_vs.h
 const IPVS_CMD_NEW_SERVICE: u8 = 1;
@@ -58,20 +62,37 @@ const IPVS_DEST_ATTR_WEIGHT: u16 = 4;
 const IPVS_DEST_ATTR_ADDR_FAMILY: u16 = 11;
 const IP_VS_CONN_F_FWD_MASK: u32 = 0x7;
 
-// uapi linux/netlink.h
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
-const NLM_F_REQUEST: u16 = 1;
-const NLM_F_ACK: u16 = 4;
-const NLM_F_DUMP: u16 = 0x300;
-const NLA_F_NESTED: u16 = 1 << 15;
-const NLA_TYPE_MASK: u16 = !(NLA_F_NESTED | (1 << 14));
-
 const AF_INET: u16 = libc::AF_INET as u16;
 const AF_INET6: u16 = libc::AF_INET6 as u16;
 
-const RECV_TIMEOUT: Duration = Duration::from_secs(5);
-const RECV_BUF: usize = 256 * 1024;
+/// Why reading IPVS failed.
+#[derive(Debug, thiserror::Error)]
+pub enum IpvsError {
+    /// The socket failed, or the kernel refused a request.
+    #[error(transparent)]
+    Netlink(#[from] NetlinkError),
+    /// A captured reply carries the kernel's refusal (what [`NetlinkError::Kernel`] is live).
+    #[error("IPVS {what}: the kernel refused: {source}")]
+    Kernel {
+        what: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error("IPVS {what}: {source}")]
+    Framing {
+        what: &'static str,
+        #[source]
+        source: FramingError,
+    },
+    #[error("IPVS {what}: undecodable message: {source}")]
+    Decode {
+        what: &'static str,
+        #[source]
+        source: DecodeError,
+    },
+    #[error("IPVS: fewer destination dumps ({dumps}) than services that have destinations")]
+    MissingDests { dumps: usize },
+}
 
 /// A virtual service as the kernel reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -115,9 +136,6 @@ impl Forward {
 /// A virtual service with its real servers.
 pub type ServiceWithDests = (IpvsService, Vec<IpvsDest>);
 
-/// One netlink message of a buffer: (type, sequence, the whole message's bytes).
-type RawMessage<'a> = (u16, u32, &'a [u8]);
-
 /// A real server of a virtual service.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct IpvsDest {
@@ -145,7 +163,7 @@ fn say_absent(why: &str) {
 }
 
 /// The IPVS table, or None when this kernel (or namespace) has no IPVS.
-pub fn read() -> io::Result<Option<ServiceTable>> {
+pub fn read() -> Result<Option<ServiceTable>, IpvsError> {
     let Some(services) = read_services()? else {
         return Ok(None);
     };
@@ -153,23 +171,27 @@ pub fn read() -> io::Result<Option<ServiceTable>> {
 }
 
 /// Every virtual service with its real servers, or None without IPVS.
-pub fn read_services() -> io::Result<Option<Vec<ServiceWithDests>>> {
+pub fn read_services() -> Result<Option<Vec<ServiceWithDests>>, IpvsError> {
     let Some(cap) = capture()? else {
         return Ok(None);
     };
-    decode_capture(&cap).map(Some).map_err(io::Error::other)
+    decode_capture(&cap).map(Some)
 }
 
 /// Decodes a [`Capture`] (what [`read_services`] does with live replies).
-pub fn decode_capture(cap: &Capture) -> Result<Vec<ServiceWithDests>, String> {
+pub fn decode_capture(cap: &Capture) -> Result<Vec<ServiceWithDests>, IpvsError> {
     let services = parse_services(&cap.services)?;
     let mut out = Vec::with_capacity(services.len());
     let mut dests = cap.dests.iter();
     for svc in services {
-        let d = if svc.addr.is_some() || svc.fwmark != 0 {
+        let d = if has_dests(&svc) {
             match dests.next() {
                 Some(bytes) => parse_dests(bytes)?,
-                None => return Err("fewer destination dumps than services".into()),
+                None => {
+                    return Err(IpvsError::MissingDests {
+                        dumps: cap.dests.len(),
+                    });
+                }
             }
         } else {
             Vec::new()
@@ -179,62 +201,72 @@ pub fn decode_capture(cap: &Capture) -> Result<Vec<ServiceWithDests>, String> {
     Ok(out)
 }
 
+/// An address service or a firewall-mark service (anything else cannot be asked for).
+fn has_dests(svc: &IpvsService) -> bool {
+    svc.addr.is_some() || svc.fwmark != 0
+}
+
+/// A generic-netlink request of family `family_id` (`NetlinkMessage::finalize` writes it as
+/// the message type).
+fn genl<F: GenlFamily + Emitable + std::fmt::Debug>(
+    payload: F,
+    family_id: u16,
+) -> NetlinkMessage<GenlMessage<F>> {
+    let mut message = GenlMessage::from_payload(payload);
+    message.set_resolved_family_id(family_id);
+    NetlinkMessage::from(message)
+}
+
+/// The controller's `CTRL_CMD_GETFAMILY` request for `name`.
+fn family_request(name: &str) -> NetlinkMessage<GenlMessage<GenlCtrl>> {
+    genl(
+        GenlCtrl {
+            cmd: GenlCtrlCmd::GetFamily,
+            nlas: vec![GenlCtrlAttrs::FamilyName(name.to_string())],
+        },
+        0,
+    )
+}
+
 /// Talks to the kernel: the raw replies of one read, or None without IPVS.
-pub fn capture() -> io::Result<Option<Capture>> {
+pub fn capture() -> Result<Option<Capture>, IpvsError> {
     if !std::path::Path::new(PROC_IP_VS).exists() {
         say_absent(&format!(
             "no {PROC_IP_VS} (the kernel has no IPVS, or ip_vs is not loaded)"
         ));
         return Ok(None);
     }
-    let sock = open()?;
-    let mut cap = Capture::default();
-    let mut name = FAMILY.as_bytes().to_vec();
-    name.push(0);
-    let req = message(
-        GENL_ID_CTRL,
-        NLM_F_REQUEST | NLM_F_ACK,
-        1,
-        CTRL_CMD_GETFAMILY,
-        1,
-        &attr(CTRL_ATTR_FAMILY_NAME, &name),
-    );
-    cap.family = match transact(&sock, &req, 1, false) {
+    let mut conn = Connection::open(NETLINK_GENERIC, "IPVS")?;
+    let family_reply = match conn.request("IPVS family lookup", family_request(FAMILY), false) {
         Ok(b) => b,
-        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+        Err(e) if e.kernel_errno() == Some(libc::ENOENT) => {
             say_absent("the kernel has no IPVS generic-netlink family");
             return Ok(None);
         }
-        Err(e) => return Err(e),
+        Err(e) => return Err(e.into()),
     };
-    let Some(family) = parse_family_id(&cap.family).map_err(io::Error::other)? else {
+    let Some(family) = parse_family_id(&family_reply)? else {
         say_absent("the kernel named no IPVS family id");
         return Ok(None);
     };
-    let req = message(
-        family,
-        NLM_F_REQUEST | NLM_F_DUMP,
-        2,
-        IPVS_CMD_GET_SERVICE,
-        IPVS_GENL_VERSION,
-        &[],
-    );
-    cap.services = transact(&sock, &req, 2, true)?;
-    let services = parse_services(&cap.services).map_err(io::Error::other)?;
-    for (i, svc) in services.iter().enumerate() {
-        if svc.addr.is_none() && svc.fwmark == 0 {
-            continue;
-        }
-        let seq = 3 + i as u32;
-        let req = message(
-            family,
-            NLM_F_REQUEST | NLM_F_DUMP,
-            seq,
-            IPVS_CMD_GET_DEST,
-            IPVS_GENL_VERSION,
-            &attr_nested(IPVS_CMD_ATTR_SERVICE, &service_key(svc)),
-        );
-        cap.dests.push(transact(&sock, &req, seq, true)?);
+    let mut cap = Capture {
+        family: family_reply,
+        services: conn.request(
+            "IPVS service dump",
+            genl(IpvsMessage::get_services(), family),
+            true,
+        )?,
+        dests: Vec::new(),
+    };
+    for svc in parse_services(&cap.services)?
+        .iter()
+        .filter(|s| has_dests(s))
+    {
+        cap.dests.push(conn.request(
+            "IPVS destination dump",
+            genl(IpvsMessage::get_dests(svc), family),
+            true,
+        )?);
     }
     Ok(Some(cap))
 }
@@ -273,177 +305,423 @@ fn socket_string(ip: IpAddr, port: u16) -> String {
     }
 }
 
-// ----- encoding ---------------------------------------------------------------------------------
+// ----- messages ---------------------------------------------------------------------------------
 
-fn align4(n: usize) -> usize {
-    (n + 3) & !3
+/// An IPVS generic-netlink message: a command and its attributes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IpvsMessage {
+    pub cmd: u8,
+    pub attrs: Vec<IpvsAttr>,
 }
 
-fn attr(kind: u16, payload: &[u8]) -> Vec<u8> {
-    let len = 4 + payload.len();
-    let mut v = Vec::with_capacity(align4(len));
-    v.extend_from_slice(&(len as u16).to_ne_bytes());
-    v.extend_from_slice(&kind.to_ne_bytes());
-    v.extend_from_slice(payload);
-    v.resize(align4(len), 0);
-    v
-}
-
-fn attr_nested(kind: u16, inner: &[u8]) -> Vec<u8> {
-    attr(kind | NLA_F_NESTED, inner)
-}
-
-/// nlmsghdr + genlmsghdr + attributes.
-fn message(family: u16, flags: u16, seq: u32, cmd: u8, version: u8, attrs: &[u8]) -> Vec<u8> {
-    let len = 16 + 4 + attrs.len();
-    let mut v = Vec::with_capacity(len);
-    v.extend_from_slice(&(len as u32).to_ne_bytes());
-    v.extend_from_slice(&family.to_ne_bytes());
-    v.extend_from_slice(&flags.to_ne_bytes());
-    v.extend_from_slice(&seq.to_ne_bytes());
-    v.extend_from_slice(&0u32.to_ne_bytes());
-    v.extend_from_slice(&[cmd, version, 0, 0]);
-    v.extend_from_slice(attrs);
-    v
-}
-
-/// What identifies a service in a `GET_DEST` request: AF + protocol + address + port, or
-/// AF + firewall mark.
-fn service_key(svc: &IpvsService) -> Vec<u8> {
-    let mut v = attr(IPVS_SVC_ATTR_AF, &svc.af.to_ne_bytes());
-    match svc.addr {
-        Some(addr) => {
-            let mut raw = [0u8; 16];
-            match addr {
-                IpAddr::V4(a) => raw[..4].copy_from_slice(&a.octets()),
-                IpAddr::V6(a) => raw.copy_from_slice(&a.octets()),
-            }
-            v.extend(attr(IPVS_SVC_ATTR_PROTOCOL, &svc.protocol.to_ne_bytes()));
-            v.extend(attr(IPVS_SVC_ATTR_ADDR, &raw));
-            v.extend(attr(IPVS_SVC_ATTR_PORT, &svc.port.to_be_bytes()));
+impl IpvsMessage {
+    fn get_services() -> IpvsMessage {
+        IpvsMessage {
+            cmd: IPVS_CMD_GET_SERVICE,
+            attrs: Vec::new(),
         }
-        None => v.extend(attr(IPVS_SVC_ATTR_FWMARK, &svc.fwmark.to_ne_bytes())),
     }
-    v
-}
 
-// ----- socket -----------------------------------------------------------------------------------
-
-fn open() -> io::Result<Socket> {
-    let mut sock = Socket::new(NETLINK_GENERIC)?;
-    sock.bind_auto()?;
-    sock.connect(&SocketAddr::new(0, 0))?;
-    let tv = libc::timeval {
-        tv_sec: RECV_TIMEOUT.as_secs() as libc::time_t,
-        tv_usec: 0,
-    };
-    // SAFETY: a valid socket fd and a correctly sized timeval.
-    let rc = unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&tv as *const libc::timeval).cast(),
-            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(sock)
-}
-
-/// Sends `req` and returns the raw reply messages of sequence `seq` up to and including
-/// `NLMSG_DONE` (a dump) or the ACK (a plain request); a kernel error becomes an io::Error.
-fn transact(sock: &Socket, req: &[u8], seq: u32, dump: bool) -> io::Result<Vec<u8>> {
-    sock.send(req, 0)?;
-    let mut out = Vec::new();
-    let mut rx = vec![0u8; RECV_BUF];
-    loop {
-        let n = sock.recv(&mut &mut rx[..], 0)?;
-        if n == 0 {
-            return Err(io::Error::other("netlink socket closed mid-reply"));
-        }
-        for (kind, msg_seq, bytes) in messages(&rx[..n]).map_err(io::Error::other)? {
-            if msg_seq != seq {
-                continue;
-            }
-            out.extend_from_slice(bytes);
-            match kind {
-                NLMSG_DONE => return Ok(out),
-                NLMSG_ERROR => {
-                    let code = error_code(bytes);
-                    if code != 0 {
-                        return Err(io::Error::from_raw_os_error(-code));
-                    }
-                    if !dump {
-                        return Ok(out);
-                    }
+    /// What identifies a service in a `GET_DEST` request: AF + protocol + address + port, or
+    /// AF + firewall mark.
+    fn get_dests(svc: &IpvsService) -> IpvsMessage {
+        let mut key = vec![ServiceAttr::Af(svc.af)];
+        match svc.addr {
+            Some(addr) => {
+                let mut raw = vec![0u8; 16];
+                match addr {
+                    IpAddr::V4(a) => raw[..4].copy_from_slice(&a.octets()),
+                    IpAddr::V6(a) => raw.copy_from_slice(&a.octets()),
                 }
-                _ => {}
+                key.push(ServiceAttr::Protocol(svc.protocol));
+                key.push(ServiceAttr::Addr(raw));
+                key.push(ServiceAttr::Port(svc.port));
             }
+            None => key.push(ServiceAttr::Fwmark(svc.fwmark)),
         }
+        IpvsMessage {
+            cmd: IPVS_CMD_GET_DEST,
+            attrs: vec![IpvsAttr::Service(key)],
+        }
+    }
+}
+
+impl GenlFamily for IpvsMessage {
+    fn family_name() -> &'static str {
+        FAMILY
+    }
+
+    fn command(&self) -> u8 {
+        self.cmd
+    }
+
+    fn version(&self) -> u8 {
+        IPVS_GENL_VERSION
+    }
+}
+
+impl Emitable for IpvsMessage {
+    fn buffer_len(&self) -> usize {
+        self.attrs.as_slice().buffer_len()
+    }
+
+    fn emit(&self, buffer: &mut [u8]) {
+        self.attrs.as_slice().emit(buffer)
+    }
+}
+
+impl ParseableParametrized<[u8], GenlHeader> for IpvsMessage {
+    fn parse_with_param(buf: &[u8], header: GenlHeader) -> Result<Self, DecodeError> {
+        Ok(IpvsMessage {
+            cmd: header.cmd,
+            attrs: parse_nlas(buf, |nla| IpvsAttr::parse(nla))?,
+        })
+    }
+}
+
+fn parse_nlas<T>(
+    buf: &[u8],
+    parse: impl Fn(&NlaBuffer<&[u8]>) -> Result<T, DecodeError>,
+) -> Result<Vec<T>, DecodeError> {
+    NlasIterator::new(buf)
+        .map(|nla| nla.and_then(|nla| parse(&nla)))
+        .collect()
+}
+
+/// `IPVS_CMD_ATTR_*`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum IpvsAttr {
+    Service(Vec<ServiceAttr>),
+    Dest(Vec<DestAttr>),
+    Other(DefaultNla),
+}
+
+/// `IPVS_SVC_ATTR_*` (the ones the probe reads or sends).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ServiceAttr {
+    Af(u16),
+    Protocol(u16),
+    /// `union nf_inet_addr`: 16 bytes, read as [`ServiceAttr::Af`] says.
+    Addr(Vec<u8>),
+    /// Host order here; network order on the wire.
+    Port(u16),
+    Fwmark(u32),
+    SchedName(String),
+    Other(DefaultNla),
+}
+
+/// `IPVS_DEST_ATTR_*` (the ones the probe reads).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DestAttr {
+    Addr(Vec<u8>),
+    /// Host order here; network order on the wire.
+    Port(u16),
+    FwdMethod(u32),
+    Weight(u32),
+    AddrFamily(u16),
+    Other(DefaultNla),
+}
+
+impl Nla for IpvsAttr {
+    fn value_len(&self) -> usize {
+        match self {
+            IpvsAttr::Service(a) => a.as_slice().buffer_len(),
+            IpvsAttr::Dest(a) => a.as_slice().buffer_len(),
+            IpvsAttr::Other(o) => o.value_len(),
+        }
+    }
+
+    fn kind(&self) -> u16 {
+        match self {
+            IpvsAttr::Service(_) => IPVS_CMD_ATTR_SERVICE,
+            IpvsAttr::Dest(_) => IPVS_CMD_ATTR_DEST,
+            IpvsAttr::Other(o) => o.kind(),
+        }
+    }
+
+    fn is_nested(&self) -> bool {
+        !matches!(self, IpvsAttr::Other(_))
+    }
+
+    fn emit_value(&self, buffer: &mut [u8]) {
+        match self {
+            IpvsAttr::Service(a) => a.as_slice().emit(buffer),
+            IpvsAttr::Dest(a) => a.as_slice().emit(buffer),
+            IpvsAttr::Other(o) => o.emit_value(buffer),
+        }
+    }
+}
+
+impl<'a, T: AsRef<[u8]> + ?Sized> Parseable<NlaBuffer<&'a T>> for IpvsAttr {
+    fn parse(buf: &NlaBuffer<&'a T>) -> Result<Self, DecodeError> {
+        let value = buf.value();
+        Ok(match buf.kind() {
+            IPVS_CMD_ATTR_SERVICE => IpvsAttr::Service(
+                parse_nlas(value, |nla| ServiceAttr::parse(nla))
+                    .context("IPVS_CMD_ATTR_SERVICE")?,
+            ),
+            IPVS_CMD_ATTR_DEST => IpvsAttr::Dest(
+                parse_nlas(value, |nla| DestAttr::parse(nla)).context("IPVS_CMD_ATTR_DEST")?,
+            ),
+            _ => IpvsAttr::Other(DefaultNla::parse(buf)?),
+        })
+    }
+}
+
+impl Nla for ServiceAttr {
+    fn value_len(&self) -> usize {
+        match self {
+            ServiceAttr::Af(_) | ServiceAttr::Protocol(_) | ServiceAttr::Port(_) => 2,
+            ServiceAttr::Fwmark(_) => 4,
+            ServiceAttr::Addr(a) => a.len(),
+            ServiceAttr::SchedName(n) => n.len() + 1,
+            ServiceAttr::Other(o) => o.value_len(),
+        }
+    }
+
+    fn kind(&self) -> u16 {
+        match self {
+            ServiceAttr::Af(_) => IPVS_SVC_ATTR_AF,
+            ServiceAttr::Protocol(_) => IPVS_SVC_ATTR_PROTOCOL,
+            ServiceAttr::Addr(_) => IPVS_SVC_ATTR_ADDR,
+            ServiceAttr::Port(_) => IPVS_SVC_ATTR_PORT,
+            ServiceAttr::Fwmark(_) => IPVS_SVC_ATTR_FWMARK,
+            ServiceAttr::SchedName(_) => IPVS_SVC_ATTR_SCHED_NAME,
+            ServiceAttr::Other(o) => o.kind(),
+        }
+    }
+
+    fn emit_value(&self, buffer: &mut [u8]) {
+        // The buffer is exactly value_len() long: the emits cannot fail.
+        match self {
+            ServiceAttr::Af(v) | ServiceAttr::Protocol(v) => {
+                let _ = emit_u16(buffer, *v);
+            }
+            ServiceAttr::Port(v) => {
+                let _ = emit_u16_be(buffer, *v);
+            }
+            ServiceAttr::Fwmark(v) => {
+                let _ = emit_u32(buffer, *v);
+            }
+            ServiceAttr::Addr(a) => buffer.copy_from_slice(a),
+            ServiceAttr::SchedName(n) => {
+                buffer[..n.len()].copy_from_slice(n.as_bytes());
+                buffer[n.len()] = 0;
+            }
+            ServiceAttr::Other(o) => o.emit_value(buffer),
+        }
+    }
+}
+
+impl<'a, T: AsRef<[u8]> + ?Sized> Parseable<NlaBuffer<&'a T>> for ServiceAttr {
+    fn parse(buf: &NlaBuffer<&'a T>) -> Result<Self, DecodeError> {
+        let v = buf.value();
+        Ok(match buf.kind() {
+            IPVS_SVC_ATTR_AF => ServiceAttr::Af(parse_u16(v).context("IPVS_SVC_ATTR_AF")?),
+            IPVS_SVC_ATTR_PROTOCOL => {
+                ServiceAttr::Protocol(parse_u16(v).context("IPVS_SVC_ATTR_PROTOCOL")?)
+            }
+            IPVS_SVC_ATTR_ADDR => ServiceAttr::Addr(v.to_vec()),
+            IPVS_SVC_ATTR_PORT => ServiceAttr::Port(parse_u16_be(v).context("IPVS_SVC_ATTR_PORT")?),
+            IPVS_SVC_ATTR_FWMARK => {
+                ServiceAttr::Fwmark(parse_u32(v).context("IPVS_SVC_ATTR_FWMARK")?)
+            }
+            IPVS_SVC_ATTR_SCHED_NAME => {
+                ServiceAttr::SchedName(parse_string(v).context("IPVS_SVC_ATTR_SCHED_NAME")?)
+            }
+            _ => ServiceAttr::Other(DefaultNla::parse(buf)?),
+        })
+    }
+}
+
+impl Nla for DestAttr {
+    fn value_len(&self) -> usize {
+        match self {
+            DestAttr::Port(_) | DestAttr::AddrFamily(_) => 2,
+            DestAttr::FwdMethod(_) | DestAttr::Weight(_) => 4,
+            DestAttr::Addr(a) => a.len(),
+            DestAttr::Other(o) => o.value_len(),
+        }
+    }
+
+    fn kind(&self) -> u16 {
+        match self {
+            DestAttr::Addr(_) => IPVS_DEST_ATTR_ADDR,
+            DestAttr::Port(_) => IPVS_DEST_ATTR_PORT,
+            DestAttr::FwdMethod(_) => IPVS_DEST_ATTR_FWD_METHOD,
+            DestAttr::Weight(_) => IPVS_DEST_ATTR_WEIGHT,
+            DestAttr::AddrFamily(_) => IPVS_DEST_ATTR_ADDR_FAMILY,
+            DestAttr::Other(o) => o.kind(),
+        }
+    }
+
+    fn emit_value(&self, buffer: &mut [u8]) {
+        // The buffer is exactly value_len() long: the emits cannot fail.
+        match self {
+            DestAttr::Addr(a) => buffer.copy_from_slice(a),
+            DestAttr::Port(v) => {
+                let _ = emit_u16_be(buffer, *v);
+            }
+            DestAttr::AddrFamily(v) => {
+                let _ = emit_u16(buffer, *v);
+            }
+            DestAttr::FwdMethod(v) | DestAttr::Weight(v) => {
+                let _ = emit_u32(buffer, *v);
+            }
+            DestAttr::Other(o) => o.emit_value(buffer),
+        }
+    }
+}
+
+impl<'a, T: AsRef<[u8]> + ?Sized> Parseable<NlaBuffer<&'a T>> for DestAttr {
+    fn parse(buf: &NlaBuffer<&'a T>) -> Result<Self, DecodeError> {
+        let v = buf.value();
+        Ok(match buf.kind() {
+            IPVS_DEST_ATTR_ADDR => DestAttr::Addr(v.to_vec()),
+            IPVS_DEST_ATTR_PORT => DestAttr::Port(parse_u16_be(v).context("IPVS_DEST_ATTR_PORT")?),
+            IPVS_DEST_ATTR_FWD_METHOD => {
+                DestAttr::FwdMethod(parse_u32(v).context("IPVS_DEST_ATTR_FWD_METHOD")?)
+            }
+            IPVS_DEST_ATTR_WEIGHT => {
+                DestAttr::Weight(parse_u32(v).context("IPVS_DEST_ATTR_WEIGHT")?)
+            }
+            IPVS_DEST_ATTR_ADDR_FAMILY => {
+                DestAttr::AddrFamily(parse_u16(v).context("IPVS_DEST_ATTR_ADDR_FAMILY")?)
+            }
+            _ => DestAttr::Other(DefaultNla::parse(buf)?),
+        })
     }
 }
 
 // ----- decoding ---------------------------------------------------------------------------------
 
-/// Splits a buffer into netlink messages: (type, sequence, bytes of the whole message).
-fn messages(buf: &[u8]) -> Result<Vec<RawMessage<'_>>, String> {
+/// The generic-netlink messages of a reply, decoded as `F`, up to `NLMSG_DONE`; a kernel
+/// error in the stream fails the decode.
+fn genl_messages<F>(bytes: &[u8], what: &'static str) -> Result<Vec<GenlMessage<F>>, IpvsError>
+where
+    F: ParseableParametrized<[u8], GenlHeader> + std::fmt::Debug,
+{
     let mut out = Vec::new();
-    let mut off = 0;
-    while off + 16 <= buf.len() {
-        let len = u32::from_ne_bytes(buf[off..off + 4].try_into().unwrap()) as usize;
-        if len < 16 || off + len > buf.len() {
-            return Err(format!("bad netlink message length {len} at offset {off}"));
+    for msg in netlink::split(bytes).map_err(|source| IpvsError::Framing { what, source })? {
+        match NetlinkBuffer::new(msg).message_type() {
+            NLMSG_DONE => break,
+            NLMSG_ERROR => {
+                if let Some(source) = netlink::kernel_error(msg) {
+                    return Err(IpvsError::Kernel { what, source });
+                }
+            }
+            _ => {
+                let decoded = NetlinkMessage::<GenlMessage<F>>::deserialize(msg)
+                    .map_err(|source| IpvsError::Decode { what, source })?;
+                if let NetlinkPayload::InnerMessage(m) = decoded.payload {
+                    out.push(m);
+                }
+            }
         }
-        let kind = u16::from_ne_bytes([buf[off + 4], buf[off + 5]]);
-        let seq = u32::from_ne_bytes(buf[off + 8..off + 12].try_into().unwrap());
-        out.push((kind, seq, &buf[off..off + len]));
-        off += align4(len);
-    }
-    if off < buf.len() {
-        return Err(format!(
-            "{} trailing bytes at offset {off}: a truncated message",
-            buf.len() - off
-        ));
     }
     Ok(out)
 }
 
-/// `struct nlmsgerr`'s error (0 is an ACK).
-fn error_code(msg: &[u8]) -> i32 {
-    msg.get(16..20)
-        .map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
-        .unwrap_or(0)
+/// The family id in a `CTRL_CMD_GETFAMILY` reply (None when the reply names none).
+pub fn parse_family_id(bytes: &[u8]) -> Result<Option<u16>, IpvsError> {
+    Ok(genl_messages::<GenlCtrl>(bytes, "family lookup")?
+        .into_iter()
+        .filter(|m| m.payload.cmd == GenlCtrlCmd::NewFamily)
+        .flat_map(|m| m.payload.nlas)
+        .find_map(|a| match a {
+            GenlCtrlAttrs::FamilyId(id) => Some(id),
+            _ => None,
+        }))
 }
 
-/// Attributes of a buffer: (type without flags, payload). Stops at a malformed one.
-fn attrs(buf: &[u8]) -> Vec<(u16, &[u8])> {
+/// The payloads of command `cmd` in a dump.
+fn ipvs_messages(bytes: &[u8], cmd: u8, what: &'static str) -> Result<Vec<IpvsAttr>, IpvsError> {
+    Ok(genl_messages::<IpvsMessage>(bytes, what)?
+        .into_iter()
+        .filter(|m| m.payload.cmd == cmd)
+        .flat_map(|m| m.payload.attrs)
+        .collect())
+}
+
+/// The services of an `IPVS_CMD_GET_SERVICE` dump. A service without an address family is
+/// skipped.
+pub fn parse_services(bytes: &[u8]) -> Result<Vec<IpvsService>, IpvsError> {
     let mut out = Vec::new();
-    let mut off = 0;
-    while off + 4 <= buf.len() {
-        let len = u16::from_ne_bytes([buf[off], buf[off + 1]]) as usize;
-        let kind = u16::from_ne_bytes([buf[off + 2], buf[off + 3]]) & NLA_TYPE_MASK;
-        if len < 4 || off + len > buf.len() {
-            break;
+    for attr in ipvs_messages(bytes, IPVS_CMD_NEW_SERVICE, "service dump")? {
+        let IpvsAttr::Service(attrs) = attr else {
+            continue;
+        };
+        let (mut af, mut protocol, mut raw_addr, mut port, mut fwmark, mut scheduler) =
+            (None, 0, None, 0, 0, String::new());
+        for a in attrs {
+            match a {
+                ServiceAttr::Af(v) => af = Some(v),
+                ServiceAttr::Protocol(v) => protocol = v,
+                ServiceAttr::Addr(v) => raw_addr = Some(v),
+                ServiceAttr::Port(v) => port = v,
+                ServiceAttr::Fwmark(v) => fwmark = v,
+                ServiceAttr::SchedName(v) => scheduler = v,
+                ServiceAttr::Other(_) => {}
+            }
         }
-        out.push((kind, &buf[off + 4..off + len]));
-        off += align4(len);
+        let Some(af) = af else {
+            continue;
+        };
+        let addr = if fwmark == 0 {
+            raw_addr.and_then(|b| inet_addr(af, &b))
+        } else {
+            None
+        };
+        out.push(IpvsService {
+            af,
+            protocol,
+            addr,
+            port,
+            fwmark,
+            scheduler,
+        });
     }
-    out
+    Ok(out)
 }
 
-fn u16_ne(b: &[u8]) -> Option<u16> {
-    Some(u16::from_ne_bytes(b.get(..2)?.try_into().ok()?))
-}
-
-fn u32_ne(b: &[u8]) -> Option<u32> {
-    Some(u32::from_ne_bytes(b.get(..4)?.try_into().ok()?))
-}
-
-fn port_be(b: &[u8]) -> Option<u16> {
-    Some(u16::from_be_bytes(b.get(..2)?.try_into().ok()?))
+/// The real servers of an `IPVS_CMD_GET_DEST` dump. The address family is the destination's
+/// own (`IPVS_DEST_ATTR_ADDR_FAMILY`, kernels since 4.x) or else taken from the address.
+pub fn parse_dests(bytes: &[u8]) -> Result<Vec<IpvsDest>, IpvsError> {
+    let mut out = Vec::new();
+    for attr in ipvs_messages(bytes, IPVS_CMD_NEW_DEST, "destination dump")? {
+        let IpvsAttr::Dest(attrs) = attr else {
+            continue;
+        };
+        let (mut raw_addr, mut af, mut port, mut forward, mut weight) = (None, None, 0, 0, 0);
+        for a in attrs {
+            match a {
+                DestAttr::Addr(v) => raw_addr = Some(v),
+                DestAttr::AddrFamily(v) => af = Some(v),
+                DestAttr::Port(v) => port = v,
+                DestAttr::FwdMethod(v) => forward = v,
+                DestAttr::Weight(v) => weight = v,
+                DestAttr::Other(_) => {}
+            }
+        }
+        let Some(raw) = raw_addr else {
+            continue;
+        };
+        let af = af.unwrap_or(if raw.get(4..).is_none_or(|b| b.iter().all(|b| *b == 0)) {
+            AF_INET
+        } else {
+            AF_INET6
+        });
+        let Some(addr) = inet_addr(af, &raw) else {
+            continue;
+        };
+        out.push(IpvsDest {
+            addr,
+            port,
+            forward: Forward::from_flags(forward),
+            weight,
+        });
+    }
+    Ok(out)
 }
 
 /// `union nf_inet_addr` (16 bytes) read as `af`.
@@ -459,122 +737,10 @@ fn inet_addr(af: u16, b: &[u8]) -> Option<IpAddr> {
     }
 }
 
-/// The generic-netlink payload (after nlmsghdr and genlmsghdr) of each data message with
-/// command `cmd`; a kernel error in the stream is returned as its errno.
-fn payloads(bytes: &[u8], cmd: u8) -> Result<Vec<&[u8]>, String> {
-    let mut out = Vec::new();
-    for (kind, _, msg) in messages(bytes)? {
-        match kind {
-            NLMSG_DONE => break,
-            NLMSG_ERROR => {
-                let code = error_code(msg);
-                if code != 0 {
-                    return Err(format!(
-                        "kernel error: {}",
-                        io::Error::from_raw_os_error(-code)
-                    ));
-                }
-            }
-            _ if msg.len() >= 20 && msg[16] == cmd => out.push(&msg[20..]),
-            _ => {}
-        }
-    }
-    Ok(out)
-}
-
-/// The family id in a `CTRL_CMD_GETFAMILY` reply (None when the reply names none).
-pub fn parse_family_id(bytes: &[u8]) -> Result<Option<u16>, String> {
-    // The controller answers with CTRL_CMD_NEWFAMILY (1).
-    for p in payloads(bytes, 1)? {
-        if let Some((_, id)) = attrs(p)
-            .into_iter()
-            .find(|(k, _)| *k == CTRL_ATTR_FAMILY_ID)
-        {
-            return Ok(u16_ne(id));
-        }
-    }
-    Ok(None)
-}
-
-/// The services of an `IPVS_CMD_GET_SERVICE` dump. A service message the decoder cannot read
-/// (no address family) is skipped.
-pub fn parse_services(bytes: &[u8]) -> Result<Vec<IpvsService>, String> {
-    let mut out = Vec::new();
-    for p in payloads(bytes, IPVS_CMD_NEW_SERVICE)? {
-        for (kind, nested) in attrs(p) {
-            if kind != IPVS_CMD_ATTR_SERVICE {
-                continue;
-            }
-            let a = attrs(nested);
-            let get = |k: u16| a.iter().find(|(t, _)| *t == k).map(|(_, v)| *v);
-            let Some(af) = get(IPVS_SVC_ATTR_AF).and_then(u16_ne) else {
-                continue;
-            };
-            let fwmark = get(IPVS_SVC_ATTR_FWMARK).and_then(u32_ne).unwrap_or(0);
-            let addr = if fwmark == 0 {
-                get(IPVS_SVC_ATTR_ADDR).and_then(|b| inet_addr(af, b))
-            } else {
-                None
-            };
-            out.push(IpvsService {
-                af,
-                protocol: get(IPVS_SVC_ATTR_PROTOCOL).and_then(u16_ne).unwrap_or(0),
-                addr,
-                port: get(IPVS_SVC_ATTR_PORT).and_then(port_be).unwrap_or(0),
-                fwmark,
-                scheduler: get(IPVS_SVC_ATTR_SCHED_NAME)
-                    .map(|b| {
-                        String::from_utf8_lossy(b)
-                            .trim_end_matches('\0')
-                            .to_string()
-                    })
-                    .unwrap_or_default(),
-            });
-        }
-    }
-    Ok(out)
-}
-
-/// The real servers of an `IPVS_CMD_GET_DEST` dump. The address family is the destination's
-/// own (`IPVS_DEST_ATTR_ADDR_FAMILY`, kernels since 4.x) or else taken from the address length.
-pub fn parse_dests(bytes: &[u8]) -> Result<Vec<IpvsDest>, String> {
-    let mut out = Vec::new();
-    for p in payloads(bytes, IPVS_CMD_NEW_DEST)? {
-        for (kind, nested) in attrs(p) {
-            if kind != IPVS_CMD_ATTR_DEST {
-                continue;
-            }
-            let a = attrs(nested);
-            let get = |k: u16| a.iter().find(|(t, _)| *t == k).map(|(_, v)| *v);
-            let Some(raw) = get(IPVS_DEST_ATTR_ADDR) else {
-                continue;
-            };
-            let af = get(IPVS_DEST_ATTR_ADDR_FAMILY).and_then(u16_ne).unwrap_or(
-                if raw[4..].iter().all(|b| *b == 0) {
-                    AF_INET
-                } else {
-                    AF_INET6
-                },
-            );
-            let Some(addr) = inet_addr(af, raw) else {
-                continue;
-            };
-            out.push(IpvsDest {
-                addr,
-                port: get(IPVS_DEST_ATTR_PORT).and_then(port_be).unwrap_or(0),
-                forward: Forward::from_flags(
-                    get(IPVS_DEST_ATTR_FWD_METHOD).and_then(u32_ne).unwrap_or(0),
-                ),
-                weight: get(IPVS_DEST_ATTR_WEIGHT).and_then(u32_ne).unwrap_or(0),
-            });
-        }
-    }
-    Ok(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::AsRawFd;
     use std::path::{Path, PathBuf};
     use std::process::Command;
 
@@ -711,7 +877,10 @@ mod tests {
         );
         // The controller's answer for a family that does not exist: ENOENT.
         let err = parse_family_id(&fixture("family-enoent.bin")).unwrap_err();
-        assert!(err.contains("No such file"), "{err}");
+        assert!(
+            matches!(&err, IpvsError::Kernel { source, .. } if source.raw_os_error() == Some(libc::ENOENT)),
+            "{err}"
+        );
     }
 
     #[test]
@@ -734,10 +903,30 @@ mod tests {
             fwmark: 0,
             scheduler: "rr".into(),
         };
-        let key = service_key(&svc);
-        let a = attrs(&key);
+        let mut m = genl(IpvsMessage::get_dests(&svc), 0x20);
+        m.finalize();
+        let mut bytes = vec![0u8; m.buffer_len()];
+        m.serialize(&mut bytes);
         assert_eq!(
-            a.iter().map(|(k, _)| *k).collect::<Vec<_>>(),
+            u32::from_ne_bytes(bytes[..4].try_into().unwrap()) as usize,
+            bytes.len()
+        );
+        assert_eq!(u16::from_ne_bytes([bytes[4], bytes[5]]), 0x20, "family id");
+        assert_eq!(bytes[16], IPVS_CMD_GET_DEST);
+        assert_eq!(bytes[17], IPVS_GENL_VERSION);
+        // One nested IPVS_CMD_ATTR_SERVICE holding the key: AF, protocol, address, port
+        // (network order), as ipvsadm sends it.
+        let outer = NlaBuffer::new(&bytes[20..]);
+        assert_eq!(outer.kind(), IPVS_CMD_ATTR_SERVICE);
+        assert!(outer.nested_flag());
+        let key: Vec<(u16, Vec<u8>)> = NlasIterator::new(outer.value())
+            .map(|n| {
+                let n = n.unwrap();
+                (n.kind(), n.value().to_vec())
+            })
+            .collect();
+        assert_eq!(
+            key.iter().map(|(k, _)| *k).collect::<Vec<_>>(),
             vec![
                 IPVS_SVC_ATTR_AF,
                 IPVS_SVC_ATTR_PROTOCOL,
@@ -745,21 +934,35 @@ mod tests {
                 IPVS_SVC_ATTR_PORT
             ]
         );
-        assert_eq!(a[2].1[..4], [203, 0, 113, 10]);
-        assert_eq!(a[3].1, [0, 80]);
-        let m = message(
-            0x20,
-            NLM_F_REQUEST | NLM_F_DUMP,
-            7,
-            IPVS_CMD_GET_DEST,
-            1,
-            &key,
-        );
+        assert_eq!(key[2].1[..4], [203, 0, 113, 10]);
+        assert_eq!(key[2].1.len(), 16);
+        assert_eq!(key[3].1, [0, 80]);
+        // The firewall-mark key, and the message decodes back to what was sent.
+        let fwm = IpvsService {
+            addr: None,
+            fwmark: 7,
+            port: 0,
+            ..svc
+        };
+        let msg = IpvsMessage::get_dests(&fwm);
+        let mut buf = vec![0u8; msg.buffer_len()];
+        msg.emit(&mut buf);
+        let back = IpvsMessage::parse_with_param(
+            &buf,
+            GenlHeader {
+                cmd: IPVS_CMD_GET_DEST,
+                version: IPVS_GENL_VERSION,
+            },
+        )
+        .unwrap();
+        assert_eq!(back, msg);
         assert_eq!(
-            u32::from_ne_bytes(m[..4].try_into().unwrap()) as usize,
-            m.len()
+            back.attrs,
+            vec![IpvsAttr::Service(vec![
+                ServiceAttr::Af(AF_INET),
+                ServiceAttr::Fwmark(7)
+            ])]
         );
-        assert_eq!(m[16], IPVS_CMD_GET_DEST);
     }
 
     fn vm_root() -> bool {
@@ -892,20 +1095,27 @@ mod tests {
                 assert_eq!(unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) }, 0);
                 let cap = capture().unwrap().expect("IPVS present");
                 let table = read().unwrap().expect("IPVS present");
-                // An unknown family: the controller's ENOENT, raw.
-                let sock = open().unwrap();
-                let req = message(
-                    GENL_ID_CTRL,
-                    NLM_F_REQUEST | NLM_F_ACK,
-                    9,
-                    CTRL_CMD_GETFAMILY,
-                    1,
-                    &attr(CTRL_ATTR_FAMILY_NAME, b"CLB_NO_SUCH\0"),
-                );
-                sock.send(&req, 0).unwrap();
+                // An unknown family: the controller's ENOENT, raw (the helper would turn it
+                // into an error).
+                let mut sock = netlink_sys::Socket::new(NETLINK_GENERIC).unwrap();
+                sock.bind_auto().unwrap();
+                let mut req = family_request("CLB_NO_SUCH");
+                req.header.flags = netlink_packet_core::NLM_F_REQUEST;
+                req.header.sequence_number = 9;
+                req.finalize();
+                let mut tx = vec![0u8; req.buffer_len()];
+                req.serialize(&mut tx);
+                sock.send_to(&tx, &netlink_sys::SocketAddr::new(0, 0), 0)
+                    .unwrap();
                 let mut rx = vec![0u8; 4096];
                 let n = sock.recv(&mut &mut rx[..], 0).unwrap();
                 let enoent = rx[..n].to_vec();
+                // The same through the reader's own path: "no such family", typed.
+                let mut conn = Connection::open(NETLINK_GENERIC, "test").unwrap();
+                let refused = conn
+                    .request("test", family_request("CLB_NO_SUCH"), false)
+                    .unwrap_err();
+                assert_eq!(refused.kernel_errno(), Some(libc::ENOENT), "{refused}");
                 // Empty table: flush, then dump again.
                 sh(&["ipvsadm", "-C"]);
                 let empty = capture().unwrap().expect("IPVS present");

@@ -1,0 +1,283 @@
+//! One blocking netlink request/dump helper for every reader and the clsact fallback:
+//! ctnetlink (`state::conntrack`), generic netlink (`state::ipvs`) and rtnetlink TC messages
+//! (`kernel::tc`). Messages are built and parsed with the `netlink-packet-*` crates; this
+//! module only sends one request and collects its reply, however many datagrams it spans.
+//!
+//! The socket is a plain blocking one, so every call works in the network namespace of the
+//! calling thread (the agent runs inside `ip netns exec`; tests `setns` a dedicated thread).
+//! Replies come back as the raw bytes of their messages, concatenated as received: the decoders
+//! are pure functions of those bytes, and test fixtures are captured replies.
+
+use std::io;
+use std::os::fd::AsRawFd;
+use std::time::Duration;
+
+use netlink_packet_core::{
+    NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, NetlinkBuffer, NetlinkMessage,
+    NetlinkSerializable,
+};
+use netlink_sys::{Socket, SocketAddr};
+
+/// How long one receive may wait for the kernel before the request fails.
+const RECV_TIMEOUT: Duration = Duration::from_secs(5);
+/// Large enough for any single datagram the kernel sends in a dump.
+const RECV_BUF: usize = 256 * 1024;
+const HEADER_LEN: usize = 16;
+
+/// Why a netlink request failed. `op` names the request (e.g. "conntrack dump").
+#[derive(Debug, thiserror::Error)]
+pub enum NetlinkError {
+    /// Opening, sending on or receiving from the socket failed.
+    #[error("netlink {op}: {call}: {source}")]
+    Socket {
+        op: &'static str,
+        call: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    /// The kernel answered with an error (`NLMSG_ERROR`, or an error in `NLMSG_DONE`).
+    #[error("netlink {op}: the kernel refused: {source}")]
+    Kernel {
+        op: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    /// The reply is not a sequence of whole netlink messages.
+    #[error("netlink {op}: malformed reply: {source}")]
+    Framing {
+        op: &'static str,
+        #[source]
+        source: FramingError,
+    },
+}
+
+impl NetlinkError {
+    /// The errno of a kernel refusal (`ENOENT`, `EPERM`, ...), if that is what this is.
+    pub fn kernel_errno(&self) -> Option<i32> {
+        match self {
+            NetlinkError::Kernel { source, .. } => source.raw_os_error(),
+            _ => None,
+        }
+    }
+}
+
+/// A buffer that does not split into whole netlink messages.
+#[derive(Debug, thiserror::Error)]
+pub enum FramingError {
+    #[error("bad netlink message length {len} at offset {offset}")]
+    BadLength { len: usize, offset: usize },
+    #[error("{trailing} trailing bytes at offset {offset}: a truncated message")]
+    Truncated { trailing: usize, offset: usize },
+    #[error("the socket closed before the reply was complete")]
+    Closed,
+}
+
+/// A blocking netlink socket of one protocol, for one request after another.
+pub struct Connection {
+    socket: Socket,
+    seq: u32,
+}
+
+impl Connection {
+    /// Opens a socket of `protocol` (`netlink_sys::protocols::NETLINK_*`) in the calling
+    /// thread's network namespace.
+    pub fn open(protocol: isize, op: &'static str) -> Result<Connection, NetlinkError> {
+        let err = |call| move |source| NetlinkError::Socket { op, call, source };
+        let mut socket = Socket::new(protocol).map_err(err("socket"))?;
+        socket.bind_auto().map_err(err("bind"))?;
+        socket
+            .connect(&SocketAddr::new(0, 0))
+            .map_err(err("connect"))?;
+        set_recv_timeout(&socket, RECV_TIMEOUT).map_err(err("setsockopt"))?;
+        Ok(Connection { socket, seq: 0 })
+    }
+
+    /// Sends `msg` as a request and returns its reply: every message up to `NLMSG_DONE`
+    /// (with `dump`) or up to the ACK (without: the request asks for one), the last included.
+    /// A kernel error anywhere in the reply fails the request.
+    pub fn request<T>(
+        &mut self,
+        op: &'static str,
+        mut msg: NetlinkMessage<T>,
+        dump: bool,
+    ) -> Result<Vec<u8>, NetlinkError>
+    where
+        T: NetlinkSerializable,
+    {
+        self.seq = self.seq.wrapping_add(1);
+        let seq = self.seq;
+        msg.header.flags |= NLM_F_REQUEST | if dump { NLM_F_DUMP } else { NLM_F_ACK };
+        msg.header.sequence_number = seq;
+        msg.finalize();
+        let mut tx = vec![0u8; msg.buffer_len()];
+        msg.serialize(&mut tx);
+        let sock_err = |call| move |source| NetlinkError::Socket { op, call, source };
+        self.socket.send(&tx, 0).map_err(sock_err("send"))?;
+
+        let mut out = Vec::new();
+        let mut rx = vec![0u8; RECV_BUF];
+        loop {
+            let n = self
+                .socket
+                .recv(&mut &mut rx[..], 0)
+                .map_err(sock_err("recv"))?;
+            if n == 0 {
+                return Err(NetlinkError::Framing {
+                    op,
+                    source: FramingError::Closed,
+                });
+            }
+            let datagram =
+                split(&rx[..n]).map_err(|source| NetlinkError::Framing { op, source })?;
+            for bytes in datagram {
+                let header = NetlinkBuffer::new(bytes);
+                if header.sequence_number() != seq {
+                    continue;
+                }
+                out.extend_from_slice(bytes);
+                match header.message_type() {
+                    NLMSG_DONE | NLMSG_ERROR => {
+                        if let Some(source) = kernel_error(bytes) {
+                            return Err(NetlinkError::Kernel { op, source });
+                        }
+                        // An ACK inside a dump (some families send one first) is not its end.
+                        if header.message_type() == NLMSG_DONE || !dump {
+                            return Ok(out);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+}
+
+/// Sends one request on a fresh socket of `protocol`: see [`Connection::request`].
+pub fn request<T>(
+    protocol: isize,
+    op: &'static str,
+    msg: NetlinkMessage<T>,
+    dump: bool,
+) -> Result<Vec<u8>, NetlinkError>
+where
+    T: NetlinkSerializable,
+{
+    Connection::open(protocol, op)?.request(op, msg, dump)
+}
+
+/// Splits a buffer into whole netlink messages (each with its header); the last may lack its
+/// alignment padding.
+pub fn split(buf: &[u8]) -> Result<Vec<&[u8]>, FramingError> {
+    let mut out = Vec::new();
+    let mut offset = 0;
+    while offset + HEADER_LEN <= buf.len() {
+        let len = NetlinkBuffer::new(&buf[offset..]).length() as usize;
+        if len < HEADER_LEN || offset + len > buf.len() {
+            return Err(FramingError::BadLength { len, offset });
+        }
+        out.push(&buf[offset..offset + len]);
+        offset += (len + 3) & !3;
+    }
+    if offset < buf.len() {
+        return Err(FramingError::Truncated {
+            trailing: buf.len() - offset,
+            offset,
+        });
+    }
+    Ok(out)
+}
+
+/// The error an `NLMSG_ERROR` or `NLMSG_DONE` message carries (None for an ACK or a clean end).
+pub fn kernel_error(message: &[u8]) -> Option<io::Error> {
+    let code = message
+        .get(HEADER_LEN..HEADER_LEN + 4)
+        .map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+        .unwrap_or(0);
+    (code < 0).then(|| io::Error::from_raw_os_error(-code))
+}
+
+fn set_recv_timeout(socket: &Socket, timeout: Duration) -> io::Result<()> {
+    let tv = libc::timeval {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_usec: timeout.subsec_micros() as libc::suseconds_t,
+    };
+    // SAFETY: a valid socket fd and a correctly sized timeval.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(kind: u16, seq: u32, payload: &[u8]) -> Vec<u8> {
+        let len = HEADER_LEN + payload.len();
+        let mut v = Vec::new();
+        v.extend_from_slice(&(len as u32).to_ne_bytes());
+        v.extend_from_slice(&kind.to_ne_bytes());
+        v.extend_from_slice(&0u16.to_ne_bytes());
+        v.extend_from_slice(&seq.to_ne_bytes());
+        v.extend_from_slice(&0u32.to_ne_bytes());
+        v.extend_from_slice(payload);
+        while v.len() % 4 != 0 {
+            v.push(0);
+        }
+        v
+    }
+
+    #[test]
+    fn splits_whole_messages_and_refuses_cut_ones() {
+        let mut buf = message(0x20, 1, &[1, 2, 3, 4, 5]);
+        buf.extend(message(NLMSG_DONE, 1, &0i32.to_ne_bytes()));
+        let parts = split(&buf).unwrap();
+        assert_eq!(parts.len(), 2);
+        assert_eq!(
+            parts[0].len(),
+            21,
+            "length from the header, padding left out"
+        );
+        assert!(split(&[]).unwrap().is_empty());
+        assert!(matches!(
+            split(&buf[..buf.len() - 2]),
+            Err(FramingError::BadLength { .. })
+        ));
+        assert!(matches!(
+            split(&buf[..30]),
+            Err(FramingError::Truncated { trailing: 6, .. })
+        ));
+        assert!(matches!(
+            split(&[0xff; 40]),
+            Err(FramingError::BadLength { .. })
+        ));
+    }
+
+    #[test]
+    fn kernel_errors_in_error_and_done_messages() {
+        let ack = message(NLMSG_ERROR, 1, &0i32.to_ne_bytes());
+        assert!(kernel_error(&ack).is_none());
+        let enoent = message(NLMSG_ERROR, 1, &(-libc::ENOENT).to_ne_bytes());
+        assert_eq!(
+            kernel_error(&enoent).and_then(|e| e.raw_os_error()),
+            Some(libc::ENOENT)
+        );
+        let interrupted = message(NLMSG_DONE, 1, &(-libc::EINTR).to_ne_bytes());
+        assert_eq!(
+            kernel_error(&interrupted).and_then(|e| e.raw_os_error()),
+            Some(libc::EINTR)
+        );
+        // Linux allows an NLMSG_DONE without a payload.
+        assert!(kernel_error(&message(NLMSG_DONE, 1, &[])).is_none());
+    }
+}
