@@ -11,9 +11,23 @@
 
 use std::{path::PathBuf, time::Duration};
 
-use probe_tests::agent::{Agent, hex_bytes, is_local_source_drop, probe_bin, require_root, sh};
+use probe_tests::agent::{
+    Agent, hex_bytes, is_local_source_drop, our_loaded_programs, our_tc_attachments, probe_bin,
+    require_root, sh, wait_for,
+};
 use serde_json::Value;
 use xtask::lab::{self, KubeProxyMode, LabGuard, Outcome, Scenario, UpOptions, Variants};
+
+/// A line on the test's real stdout, not libtest's capture: each kernel's run shows its
+/// `ipvsadm -Ln` and verdicts also when the tests pass (the agent's own log stays captured).
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, $($arg)*);
+        let _ = out.flush();
+    }};
+}
 
 /// Long enough for the hairpin's settle window and its conntrack answer.
 const SETTLE: Duration = Duration::from_secs(4);
@@ -168,7 +182,7 @@ impl Run<'_> {
                 "NOT CONFIRMED".to_string()
             }
         };
-        println!("ipvs-vm: {scenario}: client {outcome}; {verdict}");
+        say!("ipvs-vm: {scenario}: client {outcome}; {verdict}");
         if let Some(dir) = results_dir() {
             let dir = dir.join(name);
             std::fs::create_dir_all(&dir).unwrap();
@@ -195,8 +209,47 @@ impl Run<'_> {
             ));
             format!("WRONGLY REPORTED {} aggregate(s)", events.len())
         };
-        println!("ipvs-vm: {scenario} (twin): client {outcome}; {verdict}");
+        say!("ipvs-vm: {scenario} (twin): client {outcome}; {verdict}");
     }
+}
+
+/// What the agent left after its exit (it was stopped with SIGTERM): our programs attached or
+/// loaded, a clsact qdisc on the node's NIC. Programs are freed shortly after their last fd
+/// closes, so this waits a little for them.
+fn left_behind() -> Vec<String> {
+    let gone = wait_for("programs freed", Duration::from_secs(10), || {
+        (our_tc_attachments().is_empty() && our_loaded_programs().is_empty()).then_some(())
+    });
+    let qdiscs = sh(&[
+        "ip",
+        "netns",
+        "exec",
+        lab::NS_NODE,
+        "tc",
+        "qdisc",
+        "show",
+        "dev",
+        lab::NODE_NIC,
+    ]);
+    let clsact = qdiscs.contains("clsact");
+    say!(
+        "ipvs-vm: after the agent's exit: attached {:?}, loaded {:?}, clsact on {}: {clsact}",
+        our_tc_attachments(),
+        our_loaded_programs(),
+        lab::NODE_NIC
+    );
+    let mut failures = Vec::new();
+    if gone.is_none() {
+        failures.push(format!(
+            "left after exit: attached {:?}, loaded {:?}",
+            our_tc_attachments(),
+            our_loaded_programs()
+        ));
+    }
+    if clsact {
+        failures.push(format!("the agent's clsact qdisc is left: {qdiscs}"));
+    }
+    failures
 }
 
 /// IPVS as the service table: health-check blackhole (NodePort named from IPVS), hairpin
@@ -207,7 +260,7 @@ fn ipvs_mode_failures_are_confirmed_and_twins_are_silent() {
     if !in_vm("ipvs_mode_failures") {
         return;
     }
-    println!("ipvs-vm: kernel {}", sh(&["uname", "-r"]).trim());
+    say!("ipvs-vm: kernel {}", sh(&["uname", "-r"]).trim());
     let lab = LabGuard::up_in(
         KubeProxyMode::Ipvs,
         &Variants::default(),
@@ -220,7 +273,7 @@ fn ipvs_mode_failures_are_confirmed_and_twins_are_silent() {
         v.extend_from_slice(args);
         sh(&v)
     };
-    println!("ipvs-vm: ipvsadm -Ln:\n{}", exec(&["ipvsadm", "-Ln"]));
+    say!("ipvs-vm: ipvsadm -Ln:\n{}", exec(&["ipvsadm", "-Ln"]));
     let link = exec(&["ip", "-d", "link", "show", lab::KUBE_IPVS0]);
     assert!(link.contains("dummy"), "{link}");
     let services = services_json();
@@ -308,9 +361,10 @@ fn ipvs_mode_failures_are_confirmed_and_twins_are_silent() {
     run.twin(Scenario::HairpinSnat);
     run.twin(Scenario::OutsideClient);
     run.twin(Scenario::PodToPod);
-    let failures = std::mem::take(&mut run.failures);
+    let mut failures = std::mem::take(&mut run.failures);
     drop(run);
     drop(agent);
+    failures.extend(left_behind());
     drop(lab);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
