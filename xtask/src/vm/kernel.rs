@@ -162,7 +162,9 @@ fn extract_vmlinux(bzimage: &Path, out: &Path) -> anyhow::Result<()> {
         .spawn()
         .with_context(|| format!("starting {tool}"))?;
     let mut stdin = child.stdin.take().context("stdin")?;
-    let data = bz[range].to_vec();
+    // The payload ends with the decompressed size (le32), which is no part of the compressed
+    // stream: zstd fails on it as trailing garbage (trixie's kernel is zstd-compressed).
+    let data = bz[range.start..range.end.saturating_sub(4).max(range.start)].to_vec();
     let feeder = std::thread::spawn(move || stdin.write_all(&data));
     let status = child.wait()?;
     let _ = feeder.join();

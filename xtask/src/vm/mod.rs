@@ -73,6 +73,10 @@ pub struct VmArgs {
     /// Run the short IPVS smoke scenario instead of the suite.
     #[arg(long)]
     pub smoke: bool,
+    /// Only download and unpack the selected kernels into the cache; boot nothing (keeps
+    /// downloads out of a shared VM lock).
+    #[arg(long, conflicts_with_all = ["command", "smoke"])]
+    pub fetch_only: bool,
     /// Environment variable for the command, KEY=VALUE (repeatable).
     #[arg(long = "env", short = 'e', value_name = "KEY=VALUE")]
     pub env: Vec<String>,
@@ -96,6 +100,7 @@ impl Default for VmArgs {
             kernel: "all".into(),
             command: None,
             smoke: false,
+            fetch_only: false,
             env: Vec::new(),
             keep: false,
             out: None,
@@ -363,6 +368,16 @@ pub fn verdict(runs: &[KernelRun]) -> anyhow::Result<()> {
 /// kernel boots, also after one failed; the suite's binaries are built once for all.
 pub fn run_with_output(args: &VmArgs) -> anyhow::Result<Vec<KernelRun>> {
     let kernels = kernels_of(&args.kernel)?;
+    if args.fetch_only {
+        for spec in kernels {
+            let k = kernel::ensure(&kernel::cache_root(), spec)?;
+            println!(
+                "vm-test: {} cached: {}={} ({})",
+                spec.name, k.package, k.version, k.release
+            );
+        }
+        return Ok(Vec::new());
+    }
     ensure_host_packages()?;
     let bins = if args.command.is_none() && !args.smoke {
         Some(suite::build(&workspace_root())?)
