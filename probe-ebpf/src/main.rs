@@ -521,6 +521,8 @@ fn parse_skb(skb: *const u8, off: &KernelOffsets) -> Option<Packet> {
 }
 
 /// Common body of the tp_btf and raw tracepoint programs: both get (skb, location, reason).
+/// Kernels before 5.17 pass no reason: their variants give 0 (`SKB_NOT_DROPPED_YET` where the
+/// enum exists, never a real drop's reason) and userspace classifies by the drop site.
 #[inline(always)]
 fn on_kfree_skb<C: EbpfContext>(ctx: &C, skb: *const u8, location: u64, reason: u32) {
     let cfg = CONFIG.load();
@@ -614,6 +616,26 @@ pub fn clb_kfree_skb_raw(ctx: RawTracePointContext) -> i32 {
     let location: u64 = ctx.arg(1);
     let reason: u32 = ctx.arg(2);
     on_kfree_skb(&ctx, skb, location, reason);
+    0
+}
+
+// The two-argument tracepoint of kernels before 5.17 (skb, location): the verifier refuses a
+// program that reads an argument the tracepoint does not have, so each hook has a variant
+// that reads only two. The agent loads the one the running kernel's BTF prototype fits.
+
+#[btf_tracepoint(function = "kfree_skb")]
+pub fn clb_kfree_skb_site(ctx: BtfTracePointContext) -> i32 {
+    let skb: *const u8 = ctx.arg(0);
+    let location: u64 = ctx.arg(1);
+    on_kfree_skb(&ctx, skb, location, 0);
+    0
+}
+
+#[raw_tracepoint(tracepoint = "kfree_skb")]
+pub fn clb_kfree_skb_site_raw(ctx: RawTracePointContext) -> i32 {
+    let skb: *const u8 = ctx.arg(0);
+    let location: u64 = ctx.arg(1);
+    on_kfree_skb(&ctx, skb, location, 0);
     0
 }
 

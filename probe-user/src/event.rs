@@ -109,6 +109,17 @@ pub struct DropReason {
     pub name: String,
 }
 
+impl DropReason {
+    /// The name of a drop on a kernel whose `kfree_skb` passes no reason (< 5.17): only the
+    /// drop site tells what happened there.
+    pub const UNREPORTED: &'static str = "UNREPORTED";
+
+    /// Whether the kernel gave a reason at all.
+    pub fn is_reported(&self) -> bool {
+        self.name != Self::UNREPORTED
+    }
+}
+
 /// An event out of the kernel. `ts_ns` is CLOCK_MONOTONIC (the kernel's `bpf_ktime_get_ns`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]

@@ -11,9 +11,23 @@
 
 use std::{path::PathBuf, time::Duration};
 
-use probe_tests::agent::{Agent, hex_bytes, is_local_source_drop, probe_bin, require_root, sh};
+use probe_tests::agent::{
+    Agent, hex_bytes, is_local_source_drop, our_loaded_programs, our_tc_attachments, probe_bin,
+    require_root, sh, wait_for,
+};
 use serde_json::Value;
 use xtask::lab::{self, KubeProxyMode, LabGuard, Outcome, Scenario, UpOptions, Variants};
+
+/// A line on the test's real stdout, not libtest's capture: each kernel's run shows its
+/// `ipvsadm -Ln` and verdicts also when the tests pass (the agent's own log stays captured).
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, $($arg)*);
+        let _ = out.flush();
+    }};
+}
 
 /// Long enough for the hairpin's settle window and its conntrack answer.
 const SETTLE: Duration = Duration::from_secs(4);
@@ -114,47 +128,61 @@ struct Run<'a> {
     failures: Vec<String>,
 }
 
+/// The aggregates `after` has that `before` had not, by `key` (the latest line of each). An
+/// aggregate is written again, with a higher count, when its repeats span more than 10 s
+/// (SYN retransmits on a loaded machine): a repeat line of an earlier scenario's aggregate
+/// may land in any later scenario's window, so scenarios are judged by new keys, not lines.
+fn new_aggregates(before: &[Value], after: &[Value]) -> Vec<Value> {
+    let old: std::collections::HashSet<&Value> = before.iter().map(|e| &e["key"]).collect();
+    let mut fresh: Vec<Value> = Vec::new();
+    for e in after.iter().filter(|e| !old.contains(&e["key"])) {
+        match fresh.iter_mut().find(|f| f["key"] == e["key"]) {
+            Some(f) => *f = e.clone(),
+            None => fresh.push(e.clone()),
+        }
+    }
+    fresh
+}
+
 impl Run<'_> {
-    /// Drives `scenario`; returns the new confirmed events and the new kernel records.
-    fn drive(&mut self, scenario: Scenario) -> (Outcome, Vec<Value>, Vec<Value>) {
-        let (events_before, records_before) =
-            (self.agent.events().len(), self.agent.records().len());
+    /// Drives `scenario`; returns the aggregates it added and the new kernel records.
+    fn drive(&mut self, scenario: Scenario) -> (Outcome, Vec<Value>, Vec<Value>, Vec<Value>) {
+        let (events_before, records_before) = (self.agent.events(), self.agent.records().len());
         let report = self.lab.run(scenario).expect("traffic");
         std::thread::sleep(SETTLE);
-        let events = self.agent.events()[events_before..].to_vec();
+        let events = new_aggregates(&events_before, &self.agent.events());
         let records = self.agent.records()[records_before..].to_vec();
         if report.outcome() != report.expected {
             self.failures.push(format!("{report}"));
         }
-        (report.outcome(), events, records)
+        (report.outcome(), events, records, events_before)
     }
 
     fn failure(&mut self, scenario: Scenario, name: &str, kind: &str, check: impl Fn(&Value)) {
-        let (outcome, mut events, mut records) = self.drive(scenario);
+        let (outcome, mut events, mut records, before) = self.drive(scenario);
         if events.is_empty() {
             // The agent may still be deciding (the hairpin waits for its conntrack answer).
             std::thread::sleep(WAIT);
-            events = self.agent.events();
-            events.retain(|e| e["kind"] == kind);
+            events = new_aggregates(&before, &self.agent.events());
             records = self.agent.records();
         }
         let verdict = match events.as_slice() {
             [e] if e["kind"] == kind => {
                 check(e);
                 format!(
-                    "confirmed {kind} ({} at {}, outcome {}, service {})",
-                    e["drop_reason"], e["drop_location"], e["outcome"], e["service"]
+                    "confirmed {kind} ({} at {}, outcome {}, service {}, count {})",
+                    e["drop_reason"], e["drop_location"], e["outcome"], e["service"], e["count"]
                 )
             }
             other => {
                 self.failures.push(format!(
-                    "{scenario}: expected one {kind}, got {}",
+                    "{scenario}: expected one new {kind} aggregate, got {}",
                     serde_json::to_string_pretty(other).unwrap()
                 ));
                 "NOT CONFIRMED".to_string()
             }
         };
-        println!("ipvs-vm: {scenario}: client {outcome}; {verdict}");
+        say!("ipvs-vm: {scenario}: client {outcome}; {verdict}");
         if let Some(dir) = results_dir() {
             let dir = dir.join(name);
             std::fs::create_dir_all(&dir).unwrap();
@@ -171,7 +199,7 @@ impl Run<'_> {
     }
 
     fn twin(&mut self, scenario: Scenario) {
-        let (outcome, events, _) = self.drive(scenario);
+        let (outcome, events, _, _) = self.drive(scenario);
         let verdict = if events.is_empty() {
             "no event".to_string()
         } else {
@@ -179,10 +207,49 @@ impl Run<'_> {
                 "{scenario}: healthy twin reported: {}",
                 serde_json::to_string_pretty(&events).unwrap()
             ));
-            format!("WRONGLY REPORTED {} event(s)", events.len())
+            format!("WRONGLY REPORTED {} aggregate(s)", events.len())
         };
-        println!("ipvs-vm: {scenario} (twin): client {outcome}; {verdict}");
+        say!("ipvs-vm: {scenario} (twin): client {outcome}; {verdict}");
     }
+}
+
+/// What the agent left after its exit (it was stopped with SIGTERM): our programs attached or
+/// loaded, a clsact qdisc on the node's NIC. Programs are freed shortly after their last fd
+/// closes, so this waits a little for them.
+fn left_behind() -> Vec<String> {
+    let gone = wait_for("programs freed", Duration::from_secs(10), || {
+        (our_tc_attachments().is_empty() && our_loaded_programs().is_empty()).then_some(())
+    });
+    let qdiscs = sh(&[
+        "ip",
+        "netns",
+        "exec",
+        lab::NS_NODE,
+        "tc",
+        "qdisc",
+        "show",
+        "dev",
+        lab::NODE_NIC,
+    ]);
+    let clsact = qdiscs.contains("clsact");
+    say!(
+        "ipvs-vm: after the agent's exit: attached {:?}, loaded {:?}, clsact on {}: {clsact}",
+        our_tc_attachments(),
+        our_loaded_programs(),
+        lab::NODE_NIC
+    );
+    let mut failures = Vec::new();
+    if gone.is_none() {
+        failures.push(format!(
+            "left after exit: attached {:?}, loaded {:?}",
+            our_tc_attachments(),
+            our_loaded_programs()
+        ));
+    }
+    if clsact {
+        failures.push(format!("the agent's clsact qdisc is left: {qdiscs}"));
+    }
+    failures
 }
 
 /// IPVS as the service table: health-check blackhole (NodePort named from IPVS), hairpin
@@ -193,7 +260,7 @@ fn ipvs_mode_failures_are_confirmed_and_twins_are_silent() {
     if !in_vm("ipvs_mode_failures") {
         return;
     }
-    println!("ipvs-vm: kernel {}", sh(&["uname", "-r"]).trim());
+    say!("ipvs-vm: kernel {}", sh(&["uname", "-r"]).trim());
     let lab = LabGuard::up_in(
         KubeProxyMode::Ipvs,
         &Variants::default(),
@@ -206,7 +273,7 @@ fn ipvs_mode_failures_are_confirmed_and_twins_are_silent() {
         v.extend_from_slice(args);
         sh(&v)
     };
-    println!("ipvs-vm: ipvsadm -Ln:\n{}", exec(&["ipvsadm", "-Ln"]));
+    say!("ipvs-vm: ipvsadm -Ln:\n{}", exec(&["ipvsadm", "-Ln"]));
     let link = exec(&["ip", "-d", "link", "show", lab::KUBE_IPVS0]);
     assert!(link.contains("dummy"), "{link}");
     let services = services_json();
@@ -294,9 +361,10 @@ fn ipvs_mode_failures_are_confirmed_and_twins_are_silent() {
     run.twin(Scenario::HairpinSnat);
     run.twin(Scenario::OutsideClient);
     run.twin(Scenario::PodToPod);
-    let failures = std::mem::take(&mut run.failures);
+    let mut failures = std::mem::take(&mut run.failures);
     drop(run);
     drop(agent);
+    failures.extend(left_behind());
     drop(lab);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

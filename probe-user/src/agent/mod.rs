@@ -62,6 +62,7 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         term: signal(SignalKind::terminate())?,
         int: signal(SignalKind::interrupt())?,
     };
+    kernel::check_kernel_version()?;
     kernel::check_capabilities()?;
     let kbtf = KernelBtf::load()?;
     let (rt_conn, rt_handle, _) =

@@ -1,7 +1,7 @@
 //! Drop-reason and drop-site classification. Reason numbers differ between kernels, so
 //! everything here matches names (from the kernel's BTF) and symbols only.
 
-use crate::event::DropReason;
+use crate::event::{DropReason, Tag};
 
 /// Symbol prefixes of the IPv4 route-input path, where an older kernel drops a packet with a
 /// local (martian) source without a specific reason (Debian 6.1: `NOT_SPECIFIED` at
@@ -52,6 +52,44 @@ pub(crate) fn local_source_drop(
         Some(LocalSourceDrop::Named)
     } else if reason.name == "NOT_SPECIFIED" && is_route_input_site(location) {
         Some(LocalSourceDrop::UnspecifiedAtRouteInput)
+    } else {
+        None
+    }
+}
+
+/// Symbols of the transport receive paths, where a kernel drops a packet nobody listens for
+/// (`tcp_v4_rcv`, `__udp4_lib_rcv` and their IPv6 twins; underscores are stripped).
+pub(crate) const NO_SOCKET_SITES: [&str; 4] =
+    ["tcp_v4_rcv", "udp4_lib_rcv", "tcp_v6_rcv", "udp6_lib_rcv"];
+
+/// Where netfilter drops a packet (a DROP or REJECT verdict).
+pub(crate) const NETFILTER_SITES: [&str; 1] = ["nf_hook_slow"];
+
+/// The reason a kernel without drop reasons (< 5.17: `kfree_skb` passes only the skb and the
+/// site) would have named, judged by the drop site; None when the site says nothing we use.
+/// On the route-input path the source's tag tells a local source (`node`/`vip`: the kernel
+/// owns that address) from a failed reverse-path check (`pod`: routed to the pod's veth, not
+/// the NIC it came in on); both need the packet to have come in through a NIC.
+pub(crate) fn reason_from_site(
+    location: Option<&str>,
+    src_tag: Option<Tag>,
+    from_nic: bool,
+) -> Option<&'static str> {
+    let sym = site_symbol(location?);
+    if sym.is_empty() {
+        return None;
+    }
+    if is_route_input_site(location) {
+        return match (src_tag, from_nic) {
+            (Some(Tag::Node | Tag::Vip), true) => Some("IP_LOCAL_SOURCE"),
+            (Some(Tag::Pod), true) => Some("IP_RPFILTER"),
+            _ => None,
+        };
+    }
+    if NO_SOCKET_SITES.contains(&sym) {
+        Some("NO_SOCKET")
+    } else if NETFILTER_SITES.contains(&sym) {
+        Some("NETFILTER_DROP")
     } else {
         None
     }
@@ -119,6 +157,51 @@ mod tests {
         );
         assert_eq!(local_source_drop(&r("IP_RPFILTER"), None), None);
         assert_eq!(local_source_drop(&r("NETFILTER_DROP"), None), None);
+    }
+
+    #[test]
+    fn reasons_from_drop_sites() {
+        let rf = reason_from_site;
+        // Debian 5.10: a health check from a bound VIP, dropped on the route-input path.
+        assert_eq!(
+            rf(
+                Some("ip_rcv_finish_core.constprop.0+0x1ab"),
+                Some(Tag::Vip),
+                true
+            ),
+            Some("IP_LOCAL_SOURCE")
+        );
+        assert_eq!(
+            rf(Some("ip_route_input_slow+0x50"), Some(Tag::Node), true),
+            Some("IP_LOCAL_SOURCE")
+        );
+        // A pod's source coming back through the NIC: the reverse-path check.
+        assert_eq!(
+            rf(Some("ip_rcv_finish_core.isra.0+0x9"), Some(Tag::Pod), true),
+            Some("IP_RPFILTER")
+        );
+        // Route-input drops of packets that did not come in through a NIC, or whose source is
+        // not ours, say nothing.
+        assert_eq!(
+            rf(Some("ip_rcv_finish_core+0x9"), Some(Tag::Vip), false),
+            None
+        );
+        assert_eq!(rf(Some("ip_rcv_finish_core+0x9"), None, true), None);
+        for site in [
+            "tcp_v4_rcv+0x7a",
+            "__udp4_lib_rcv+0x3f2",
+            "tcp_v6_rcv+0x1",
+            "__udp6_lib_rcv.cold+0x2",
+        ] {
+            assert_eq!(rf(Some(site), None, true), Some("NO_SOCKET"), "{site}");
+        }
+        assert_eq!(
+            rf(Some("nf_hook_slow+0xa5"), Some(Tag::Vip), true),
+            Some("NETFILTER_DROP")
+        );
+        assert_eq!(rf(Some("sk_stream_kill_queues+0x50"), None, true), None);
+        assert_eq!(rf(Some("tcp_v4_rcv_other+0x1"), None, true), None);
+        assert_eq!(rf(None, Some(Tag::Vip), true), None);
     }
 
     #[test]

@@ -102,8 +102,16 @@ pub(super) fn suspect_line(ts: u64, nic: &str, p: &Packet) -> String {
 }
 
 pub(super) fn drop_line(d: &DropInfo, t: &Tuple) -> String {
+    let reason = if d.inferred {
+        format!(
+            "{} (inferred from the drop site: this kernel's kfree_skb reports no reason)",
+            d.reason.name
+        )
+    } else {
+        format!("{} (code {})", d.reason.name, d.reason.code)
+    };
     format!(
-        "kfree_skb at {}: {}{} dropped{}, reason {} (code {}){}",
+        "kfree_skb at {}: {}{} dropped{}, reason {}{}",
         fmt_ts(d.ts),
         fmt_tuple(t),
         d.dnat_to
@@ -113,8 +121,7 @@ pub(super) fn drop_line(d: &DropInfo, t: &Tuple) -> String {
             .as_deref()
             .map(|i| format!(" after arriving on {i}"))
             .unwrap_or_default(),
-        d.reason.name,
-        d.reason.code,
+        reason,
         d.location
             .as_deref()
             .map(|l| format!(" at {l}"))
@@ -129,6 +136,12 @@ pub(super) fn local_source_line(info: &DropInfo, src: IpAddr) -> String {
             "reason NOT_SPECIFIED at the route-input site {}: kernels without the \
              IP_*_SOURCE reasons drop a local (martian) source there unnamed; the source \
              {} is tagged vip, so this is a local-source drop",
+            info.location.as_deref().unwrap_or("?"),
+            src
+        ),
+        _ if info.inferred => format!(
+            "no drop reason on this kernel, but the drop site {} is the route-input path and \
+             the source {} is tagged vip (bound on the VIP interface): a local-source drop",
             info.location.as_deref().unwrap_or("?"),
             src
         ),

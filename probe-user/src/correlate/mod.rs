@@ -41,6 +41,13 @@
 //!   all it still confirms, and says so in the evidence.
 //! - Anything else is counted in [`CorrelatorStats`], never reported.
 //!
+//! Kernels without drop reasons (< 5.17) report every drop as `UNREPORTED` with its site:
+//! on ingest such a drop is named from its site (route-input path: `IP_LOCAL_SOURCE` for a
+//! `node`/`vip` source that came in through a NIC, `IP_RPFILTER` for a `pod` source;
+//! `tcp_v4_rcv`, `__udp4_lib_rcv` and their IPv6 twins: `NO_SOCKET`; `nf_hook_slow`:
+//! `NETFILTER_DROP`), then judged by the rules above like a named drop; its evidence says the
+//! reason was inferred from the site.
+//!
 //! Aggregation: see [`AggregateKey`]. Every confirmation, new or repeat, is a
 //! [`Output::Report`]; `write_json` is false for a repeat within `json_repeat_ns` of the
 //! aggregate's last written line.
@@ -260,6 +267,8 @@ struct DropInfo {
     /// The destination the kernel saw at the drop, when kube-proxy's DNAT had already
     /// rewritten it (the packet then carries the pre-DNAT destination of its suspect).
     dnat_to: Option<(IpAddr, u16)>,
+    /// `reason` was inferred from the drop site: the kernel reported none (< 5.17).
+    inferred: bool,
 }
 
 /// A drop kept for pairing with a later suspect of the same tuple.
@@ -382,7 +391,20 @@ impl Correlator {
                     reason,
                     location,
                     dnat_to: None,
+                    inferred: false,
                 };
+                // A kernel without drop reasons: name the drop by its site, so every rule
+                // below judges it like a newer kernel's named drop (the evidence says so).
+                if !info.reason.is_reported()
+                    && let Some(name) = drop_reason::reason_from_site(
+                        info.location.as_deref(),
+                        packet.src_tag,
+                        info.iface.is_some(),
+                    )
+                {
+                    info.reason.name = name.to_string();
+                    info.inferred = true;
+                }
                 let packet = self.undo_dnat(packet, &mut info);
                 self.on_drop(info, packet, &mut out)
             }

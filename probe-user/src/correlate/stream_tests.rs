@@ -79,6 +79,9 @@ fn recorded_streams() {
         "debian6.1-healthcheck-blackhole",
         "debian6.1-hairpin-l4-rpfilter",
         "debian6.1-vip-port-unserved",
+        "debian5.10-ipvs-recorded-healthcheck-blackhole",
+        "debian5.10-ipvs-recorded-hairpin-rpfilter",
+        "debian5.10-ipvs-recorded-vip-port-unserved",
     ] {
         assert!(names.iter().any(|n| n == must), "stream {must} is missing");
     }

@@ -1108,3 +1108,100 @@ fn a_retransmit_without_its_suspect_reuses_the_learned_dnat() {
         "a repeat within 10 s is not written again"
     );
 }
+
+// Kernels without drop reasons (< 5.17, e.g. Debian 5.10): every drop is `UNREPORTED` with
+// its site, and the site names it.
+
+fn unreported(ts: u64, p: &Packet, site: &str) -> KernelEvent {
+    drop_ev(ts, p, DropReason::UNREPORTED, 0, Some(site))
+}
+
+#[test]
+fn no_reason_kernel_blackhole_by_route_input_site() {
+    let mut c = corr();
+    let p = hc(41000);
+    assert!(c.ingest(suspect(S, &p)).is_empty());
+    let r = only_report(&c.ingest(unreported(
+        S + 1,
+        &p,
+        "ip_rcv_finish_core.constprop.0+0x1b7",
+    )));
+    let e = &r.event;
+    assert_eq!(e.kind, LoopbackKind::HealthcheckBlackhole);
+    assert_eq!(e.drop_reason.as_deref(), Some("IP_LOCAL_SOURCE"));
+    assert_eq!(
+        e.drop_location.as_deref(),
+        Some("ip_rcv_finish_core.constprop.0+0x1b7")
+    );
+    assert!(has_line(&e.evidence, "inferred from the drop site"));
+    assert!(has_line(&e.evidence, "no drop reason on this kernel"));
+    invariants(&c);
+}
+
+#[test]
+fn no_reason_kernel_hairpin_rpfilter_by_site_and_pod_source() {
+    let mut c = corr();
+    let p = hp(40001, 30081);
+    let t0 = 5 * S;
+    hairpin_to_settling(
+        &mut c,
+        t0,
+        &p,
+        vec![egress(40001, EXT_VIP, 80, t0 - 2 * MS)],
+    );
+    let r = only_report(&c.ingest(unreported(t0 + 50_000, &p, "ip_rcv_finish_core+0x2d5")));
+    let e = &r.event;
+    assert_eq!(e.kind, LoopbackKind::Hairpin);
+    assert_eq!(e.outcome, Outcome::Dropped);
+    assert_eq!(e.drop_reason.as_deref(), Some("IP_RPFILTER"));
+    assert!(has_line(
+        &e.evidence,
+        "IP_RPFILTER (inferred from the drop site"
+    ));
+    invariants(&c);
+}
+
+#[test]
+fn no_reason_kernel_unserved_by_transport_site() {
+    for (proto, site) in [
+        (Proto::Tcp, "tcp_v4_rcv+0x9f"),
+        (Proto::Udp, "__udp4_lib_rcv+0x5c1"),
+    ] {
+        let mut c = corr();
+        let r = only_report(&c.ingest(unreported(S, &to_vip(443, proto), site)));
+        assert_eq!(r.event.kind, LoopbackKind::VipPortUnserved, "{site}");
+        assert_eq!(r.event.drop_reason.as_deref(), Some("NO_SOCKET"));
+        assert!(has_line(&r.event.evidence, "inferred from the drop site"));
+        // The served port's twin (the table serves 80/tcp): the same site, nothing reported.
+        if proto == Proto::Tcp {
+            assert!(
+                c.ingest(unreported(S + 1, &to_vip(80, proto), site))
+                    .is_empty()
+            );
+        }
+        invariants(&c);
+    }
+}
+
+#[test]
+fn no_reason_kernel_other_sites_confirm_nothing() {
+    let mut c = corr();
+    let p = hc(41000);
+    assert!(c.ingest(suspect(S, &p)).is_empty());
+    for (i, site) in [
+        "sk_stream_kill_queues+0x50",
+        "nf_hook_slow+0xa5",
+        "tcp_v4_rcv+0x9f",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        assert!(
+            c.ingest(unreported(S + 1 + i as u64, &p, site)).is_empty(),
+            "{site}"
+        );
+    }
+    c.tick(10 * S);
+    assert_eq!(c.stats().confirmed, KindCounts::default());
+    invariants(&c);
+}

@@ -8,6 +8,7 @@ use btf_rs::{Btf, Type};
 use probe_common::KernelOffsets;
 
 use super::KernelError;
+use crate::event::DropReason;
 
 pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 
@@ -17,6 +18,10 @@ pub struct KernelBtf {
     pub offsets: KernelOffsets,
     /// `enum skb_drop_reason` value -> name without the `SKB_DROP_REASON_` prefix.
     pub drop_reasons: DropReasons,
+    /// Arguments of the `kfree_skb` tracepoint (its `btf_trace_kfree_skb` prototype without
+    /// the leading `void *`): 2 before 5.17 (skb, location), 3 or more with the reason.
+    /// None when the BTF does not describe it.
+    pub kfree_skb_args: Option<usize>,
 }
 
 /// Drop reason names of the running kernel.
@@ -32,8 +37,12 @@ impl DropReasons {
         }
     }
 
-    /// The name of a reason, or `UNKNOWN_<n>` for a value this kernel's BTF does not list.
+    /// The name of a reason, or `UNKNOWN_<n>` for a value this kernel's BTF does not list, or
+    /// [`DropReason::UNREPORTED`] on a kernel without drop reasons (< 5.17).
     pub fn name(&self, code: u32) -> String {
+        if self.names.is_empty() {
+            return DropReason::UNREPORTED.to_string();
+        }
         self.names
             .get(&code)
             .cloned()
@@ -57,6 +66,15 @@ impl DropReasons {
 }
 
 impl KernelBtf {
+    /// Whether the `kfree_skb` tracepoint passes a drop reason (kernels >= 5.17). Unknown
+    /// prototypes count as "yes" when the kernel has the reason enum.
+    pub fn kfree_skb_has_reason(&self) -> bool {
+        match self.kfree_skb_args {
+            Some(n) => n >= 3,
+            None => !self.drop_reasons.is_empty(),
+        }
+    }
+
     /// Reads the running kernel's BTF (`/sys/kernel/btf/vmlinux`).
     pub fn load() -> Result<Self, KernelError> {
         Self::from_file(Path::new(VMLINUX_BTF))
@@ -91,7 +109,26 @@ impl KernelBtf {
         Ok(Self {
             offsets,
             drop_reasons: drop_reasons(&btf),
+            kfree_skb_args: tracepoint_args(&btf, "kfree_skb"),
         })
+    }
+}
+
+/// Number of arguments a tracepoint passes its programs: the parameters of its
+/// `btf_trace_<name>` typedef (a pointer to a function prototype whose first parameter is the
+/// tracepoint's own `void *` data).
+fn tracepoint_args(btf: &Btf, name: &str) -> Option<usize> {
+    let ty = btf
+        .resolve_types_by_name(&format!("btf_trace_{name}"))
+        .ok()?
+        .into_iter()
+        .find(|t| matches!(t, Type::Typedef(_)))?;
+    let Type::Ptr(ptr) = strip_modifiers(btf, ty)? else {
+        return None;
+    };
+    match strip_modifiers(btf, btf.resolve_chained_type(&ptr).ok()?)? {
+        Type::FuncProto(proto) => proto.parameters.len().checked_sub(1),
+        _ => None,
     }
 }
 
@@ -192,6 +229,9 @@ mod tests {
         assert!(k.drop_reasons.code("NOT_SPECIFIED").is_some());
         assert!(k.drop_reasons.code("NO_SOCKET").is_some());
         assert!(k.drop_reasons.name(u32::MAX).starts_with("UNKNOWN_"));
+        // 6.18: (skb, location, reason, rx_sk).
+        assert!(k.kfree_skb_args.is_some_and(|n| n >= 3), "{k:?}");
+        assert!(k.kfree_skb_has_reason());
     }
 
     #[test]

@@ -24,6 +24,11 @@ pub enum KernelError {
         "missing capabilities {missing}: run as root, or grant {missing} (the DaemonSet adds them)"
     )]
     MissingCapability { missing: String },
+    #[error(
+        "kernel {kernel} is too old: clb-probe needs Linux {MIN_KERNEL} or newer (BPF ring \
+         buffer, CAP_BPF); run it on a newer node kernel"
+    )]
+    KernelTooOld { kernel: String },
     #[error("no kernel BTF at {path}: clb-probe needs a kernel built with CONFIG_DEBUG_INFO_BTF=y")]
     MissingBtf { path: String },
     #[error("kernel BTF: {what}: {detail}")]
@@ -49,6 +54,36 @@ pub enum KernelError {
         #[source]
         source: aya::programs::ProgramError,
     },
+}
+
+/// The oldest kernel the agent runs on: the BPF ring buffer and CAP_BPF came in 5.8.
+pub const MIN_KERNEL: &str = "5.8";
+
+/// Refuses kernels older than [`MIN_KERNEL`] in one clear line, before anything is loaded.
+/// A vendor kernel that reports an older version but has the ring buffer (a backport) passes.
+pub fn check_kernel_version() -> Result<(), KernelError> {
+    use aya::util::KernelVersion;
+    let Ok(v) = KernelVersion::current() else {
+        return Ok(());
+    };
+    kernel_supported(v >= KernelVersion::new(5, 8, 0), &v.to_string(), || {
+        aya::sys::is_map_supported(aya::maps::MapType::RingBuf).unwrap_or(false)
+    })
+}
+
+/// [`check_kernel_version`]'s decision: `ring_buffer` is asked only below 5.8.
+pub fn kernel_supported(
+    at_least_5_8: bool,
+    release: &str,
+    ring_buffer: impl FnOnce() -> bool,
+) -> Result<(), KernelError> {
+    if at_least_5_8 || ring_buffer() {
+        Ok(())
+    } else {
+        Err(KernelError::KernelTooOld {
+            kernel: release.to_string(),
+        })
+    }
 }
 
 /// Linux capability numbers we need (linux/capability.h).
@@ -96,4 +131,24 @@ pub fn current_netns_inode() -> u32 {
         .or_else(|_| std::fs::metadata("/proc/self/ns/net"))
         .map(|m| m.ino() as u32)
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernels_below_5_8_are_refused_in_one_line() {
+        assert!(kernel_supported(true, "6.1.0", || unreachable!()).is_ok());
+        // 5.4 without a ring buffer: refused, naming the minimum.
+        let err = kernel_supported(false, "5.4.0", || false).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains("5.4.0") && msg.contains("5.8 or newer"),
+            "{msg}"
+        );
+        assert!(!msg.contains('\n'), "{msg}");
+        // A 4.18 vendor kernel with the ring buffer backported runs.
+        assert!(kernel_supported(false, "4.18.0", || true).is_ok());
+    }
 }

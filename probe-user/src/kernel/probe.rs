@@ -28,6 +28,9 @@ const INGRESS: &str = "clb_ingress";
 const EGRESS: &str = "clb_egress";
 const KFREE_SKB_BTF: &str = "clb_kfree_skb";
 const KFREE_SKB_RAW: &str = "clb_kfree_skb_raw";
+/// The two-argument variants (skb, location) for kernels before 5.17.
+const KFREE_SKB_SITE_BTF: &str = "clb_kfree_skb_site";
+const KFREE_SKB_SITE_RAW: &str = "clb_kfree_skb_site_raw";
 
 /// Load-time settings.
 #[derive(Clone, Debug)]
@@ -63,6 +66,9 @@ pub enum DropHook {
 pub struct Features {
     pub tc_mode: TcMode,
     pub drop_hook: DropHook,
+    /// Whether the drop hook gets the kernel's reason (>= 5.17); without it drops are
+    /// classified by their site.
+    pub drop_reason_arg: bool,
     pub kernel: String,
     pub drop_reasons: usize,
 }
@@ -71,8 +77,16 @@ impl fmt::Display for Features {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "kernel {}, tc via {:?}, drops via {:?}, {} drop reasons",
-            self.kernel, self.tc_mode, self.drop_hook, self.drop_reasons
+            "kernel {}, tc via {:?}, drops via {:?} ({}), {} drop reasons",
+            self.kernel,
+            self.tc_mode,
+            self.drop_hook,
+            if self.drop_reason_arg {
+                "with the reason"
+            } else {
+                "no reason argument: classified by drop site"
+            },
+            self.drop_reasons
         )
     }
 }
@@ -186,7 +200,8 @@ impl Probe {
                 source,
             })?;
         }
-        let drop_hook = hook_kfree_skb(&mut ebpf, &btf);
+        let drop_reason_arg = kbtf.kfree_skb_has_reason();
+        let drop_hook = hook_kfree_skb(&mut ebpf, &btf, drop_reason_arg);
         let kernel = KernelVersion::current()
             .map(|v| v.to_string())
             .unwrap_or_else(|_| "unknown".into());
@@ -208,6 +223,7 @@ impl Probe {
         let features = Features {
             tc_mode,
             drop_hook,
+            drop_reason_arg,
             kernel,
             drop_reasons: kbtf.drop_reasons.len(),
         };
@@ -458,14 +474,20 @@ fn has_tc_filters(iface: &str, ifindex: u32) -> bool {
 }
 
 /// tp_btf first (needs BTF only: works where tracefs is not mounted, e.g. under
-/// `ip netns exec`), then a raw tracepoint, then none.
-fn hook_kfree_skb(ebpf: &mut Ebpf, btf: &aya::Btf) -> DropHook {
+/// `ip netns exec`), then a raw tracepoint, then none. `with_reason` picks the variants that
+/// read the reason argument (the tracepoint has it, >= 5.17) or the two-argument ones.
+fn hook_kfree_skb(ebpf: &mut Ebpf, btf: &aya::Btf, with_reason: bool) -> DropHook {
+    let (btf_name, raw_name) = if with_reason {
+        (KFREE_SKB_BTF, KFREE_SKB_RAW)
+    } else {
+        (KFREE_SKB_SITE_BTF, KFREE_SKB_SITE_RAW)
+    };
     let tp_btf = (|| -> Result<(), KernelError> {
-        let prog: &mut BtfTracePoint = program(ebpf, KFREE_SKB_BTF)?;
+        let prog: &mut BtfTracePoint = program(ebpf, btf_name)?;
         prog.load("kfree_skb", btf)
             .and_then(|()| prog.attach().map(|_| ()))
             .map_err(|source| KernelError::Program {
-                program: KFREE_SKB_BTF,
+                program: btf_name,
                 source,
             })
     })();
@@ -474,11 +496,11 @@ fn hook_kfree_skb(ebpf: &mut Ebpf, btf: &aya::Btf) -> DropHook {
         Err(e) => warn!(error = %e, "tp_btf/kfree_skb unavailable; trying a raw tracepoint"),
     }
     let raw = (|| -> Result<(), KernelError> {
-        let prog: &mut RawTracePoint = program(ebpf, KFREE_SKB_RAW)?;
+        let prog: &mut RawTracePoint = program(ebpf, raw_name)?;
         prog.load()
             .and_then(|()| prog.attach("kfree_skb").map(|_| ()))
             .map_err(|source| KernelError::Program {
-                program: KFREE_SKB_RAW,
+                program: raw_name,
                 source,
             })
     })();

@@ -120,6 +120,35 @@ fn busybox() -> anyhow::Result<Vec<u8>> {
     bail!("no busybox on the host: install busybox-static (cargo xtask setup)")
 }
 
+/// A module's bytes and file name, decompressed when the kernel ships it compressed (trixie's
+/// `.ko.xz`): busybox's insmod takes plain ELF only.
+fn read_module(path: &Path, file: &str) -> anyhow::Result<(String, Vec<u8>)> {
+    let tool = if file.ends_with(".ko.xz") {
+        "xz"
+    } else if file.ends_with(".ko.zst") {
+        "zstd"
+    } else if file.ends_with(".ko.gz") {
+        "gzip"
+    } else {
+        let data = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+        return Ok((file.to_string(), data));
+    };
+    let out = std::process::Command::new(tool)
+        .arg("-dc")
+        .arg(path)
+        .output()
+        .with_context(|| format!("starting {tool} for {}", path.display()))?;
+    if !out.status.success() {
+        bail!(
+            "{tool} -dc {}: {}",
+            path.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let plain = file.rsplit_once('.').map_or(file, |(base, _)| base);
+    Ok((plain.to_string(), out.stdout))
+}
+
 /// Builds the initramfs for `kernel` into `out`.
 pub fn build(kernel: &Kernel, out: &Path) -> anyhow::Result<()> {
     let show = kernel::kmod(&kernel.root, "modprobe")
@@ -135,8 +164,9 @@ pub fn build(kernel: &Kernel, out: &Path) -> anyhow::Result<()> {
             String::from_utf8_lossy(&show.stderr).trim()
         );
     }
-    let modules = parse_show_depends(&String::from_utf8_lossy(&show.stdout));
-    if modules.is_empty() {
+    let listing = String::from_utf8_lossy(&show.stdout);
+    let modules = parse_show_depends(&listing);
+    if modules.is_empty() && !listing.contains("builtin") {
         bail!("modprobe --show-depends listed no module for {BOOT_MODULES:?}");
     }
 
@@ -153,13 +183,12 @@ pub fn build(kernel: &Kernel, out: &Path) -> anyhow::Result<()> {
     let mut order = String::new();
     for (i, m) in modules.iter().enumerate() {
         let path = Path::new(m);
-        let name = format!(
-            "{i:02}-{}",
-            path.file_name()
-                .context("module path without a file name")?
-                .to_string_lossy()
-        );
-        let data = std::fs::read(path).with_context(|| format!("reading {m}"))?;
+        let file = path
+            .file_name()
+            .context("module path without a file name")?
+            .to_string_lossy();
+        let (file, data) = read_module(path, &file)?;
+        let name = format!("{i:02}-{file}");
         cpio.file(&format!("modules/{name}"), 0o644, &data);
         order.push_str(&name);
         order.push('\n');

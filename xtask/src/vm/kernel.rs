@@ -1,16 +1,22 @@
-//! The guest's kernel and tools: Debian packages *downloaded* (`apt-get download`) and unpacked
-//! (`dpkg -x`) into a cache folder, never installed on the host.
+//! The guests' kernels and tools: Debian packages *downloaded* (`apt-get download`) and
+//! unpacked (`dpkg -x`) into a cache folder, never installed on the host.
 //!
 //! The unpacked tree is the guest's package layer: an overlayfs lower layer above the host's
 //! `/`. Debian's root is merged-/usr, so `bin`, `sbin` and `lib` are folded into `usr/` and
 //! `depmod` runs on `usr/lib/modules` (with the unpacked kmod, so the host needs none).
 //!
-//! Pinning: [`KERNEL_PACKAGE`] at [`KERNEL_VERSION`] is what the tier tests against. Debian's
-//! archive keeps only the newest build of each package name, so once a pinned ABI is superseded it
-//! cannot be downloaded any more. A machine that has it cached keeps using it; a machine that
-//! has not falls back to the newest `linux-image-6.1.*` that `linux-image-amd64` depends on,
-//! with a loud warning naming the constants to update (results must not change silently, but a
-//! Debian point release must not break CI either).
+//! The kernels ([`KERNELS`]) come from their own Debian suites (bullseye 5.10, bookworm 6.1,
+//! trixie 6.12) on the mirror this machine's apt already uses, through a private apt
+//! configuration per suite (its own sources list, lists and cache folders under the VM cache):
+//! the system's apt state is never touched. The tools (kmod, ipvsadm, iptables, bpftool, ...)
+//! stay this machine's release, from its own apt.
+//!
+//! Pinning: each [`KernelSpec`] names a package and version. Debian's archive keeps only the
+//! newest build of each package name, so once a pinned ABI is superseded it cannot be
+//! downloaded any more. A machine that has it cached keeps using it; a machine that has not
+//! falls back to the newest image of the same series that the suite's `linux-image-amd64`
+//! depends on, with a loud warning naming the constants to update (results must not change
+//! silently, but a Debian point release must not break CI either).
 
 use std::{
     collections::{BTreeSet, HashMap, HashSet},
@@ -21,13 +27,52 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-/// The pinned kernel image package (update together with [`KERNEL_VERSION`]).
-pub const KERNEL_PACKAGE: &str = "linux-image-6.1.0-56-amd64";
-/// The pinned Debian version of [`KERNEL_PACKAGE`].
-pub const KERNEL_VERSION: &str = "6.1.192-2";
-/// A fallback kernel must belong to this series.
-const KERNEL_SERIES: &str = "linux-image-6.1.";
-/// The meta package that names the current image package.
+/// One kernel of the VM matrix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelSpec {
+    /// What `--kernel` calls it, e.g. `5.10`.
+    pub name: &'static str,
+    /// The Debian suite that ships it.
+    pub suite: &'static str,
+    /// The pinned image package (update together with `version`).
+    pub package: &'static str,
+    /// The pinned Debian version of `package`.
+    pub version: &'static str,
+    /// A fallback image must start with this.
+    pub series: &'static str,
+}
+
+/// The kernels the VM tier proves, oldest first.
+pub const KERNELS: &[KernelSpec] = &[
+    KernelSpec {
+        name: "5.10",
+        suite: "bullseye",
+        package: "linux-image-5.10.0-46-amd64",
+        version: "5.10.262-1",
+        series: "linux-image-5.10.",
+    },
+    KernelSpec {
+        name: "6.1",
+        suite: "bookworm",
+        package: "linux-image-6.1.0-56-amd64",
+        version: "6.1.192-2",
+        series: "linux-image-6.1.",
+    },
+    KernelSpec {
+        name: "6.12",
+        suite: "trixie",
+        package: "linux-image-6.12.117+deb13-amd64",
+        version: "6.12.117-1",
+        series: "linux-image-6.12.",
+    },
+];
+
+/// The kernel of [`KERNELS`] called `name`.
+pub fn spec(name: &str) -> Option<&'static KernelSpec> {
+    KERNELS.iter().find(|k| k.name == name)
+}
+
+/// The meta package that names a suite's current image package.
 const KERNEL_META: &str = "linux-image-amd64";
 
 /// What the guest needs beyond the host's userland (the package layer shadows the host's copy,
@@ -117,7 +162,9 @@ fn extract_vmlinux(bzimage: &Path, out: &Path) -> anyhow::Result<()> {
         .spawn()
         .with_context(|| format!("starting {tool}"))?;
     let mut stdin = child.stdin.take().context("stdin")?;
-    let data = bz[range].to_vec();
+    // The payload ends with the decompressed size (le32), which is no part of the compressed
+    // stream: zstd fails on it as trailing garbage (trixie's kernel is zstd-compressed).
+    let data = bz[range.start..range.end.saturating_sub(4).max(range.start)].to_vec();
     let feeder = std::thread::spawn(move || stdin.write_all(&data));
     let status = child.wait()?;
     let _ = feeder.join();
@@ -199,24 +246,25 @@ fn kernel_at(dir: &Path, package: &str, version: &str) -> anyhow::Result<Kernel>
     })
 }
 
-/// The pinned kernel (or the fallback, see the module doc) with the guest packages, from the
-/// cache or downloaded into it.
-pub fn ensure(cache: &Path) -> anyhow::Result<Kernel> {
-    let pinned = entry_dir(cache, KERNEL_PACKAGE, KERNEL_VERSION);
+/// The kernel `spec` pins (or the fallback, see the module doc) with the guest packages, from
+/// the cache or downloaded into it.
+pub fn ensure(cache: &Path, spec: &KernelSpec) -> anyhow::Result<Kernel> {
+    let pinned = entry_dir(cache, spec.package, spec.version);
     if is_complete(&pinned) {
-        return kernel_at(&pinned, KERNEL_PACKAGE, KERNEL_VERSION);
+        return kernel_at(&pinned, spec.package, spec.version);
     }
     std::fs::create_dir_all(cache)
         .with_context(|| format!("creating the VM cache {}", cache.display()))?;
     // One builder at a time (two CI jobs on one machine); the lock goes with the file.
     let _lock = lock(&cache.join("lock"))?;
     if is_complete(&pinned) {
-        return kernel_at(&pinned, KERNEL_PACKAGE, KERNEL_VERSION);
+        return kernel_at(&pinned, spec.package, spec.version);
     }
-    let (package, version) = choose_kernel()?;
+    let apt = SuiteApt::new(cache, spec.suite)?;
+    let (package, version) = choose_kernel(&apt, spec)?;
     let dir = entry_dir(cache, &package, &version);
     if !is_complete(&dir) {
-        build_entry(&dir, &package, &version)?;
+        build_entry(&dir, &apt, &package, &version)?;
     }
     kernel_at(&dir, &package, &version)
 }
@@ -300,10 +348,6 @@ pub fn parse_policy_versions(policy: &str) -> Vec<String> {
     versions
 }
 
-fn policy(package: &str) -> anyhow::Result<String> {
-    output(Command::new("apt-cache").args(["policy", package]))
-}
-
 fn apt_update() -> anyhow::Result<()> {
     say("apt-get update (the package lists do not know the packages the VM needs)");
     output(Command::new("apt-get").args(["update", "-qq"]))
@@ -311,43 +355,142 @@ fn apt_update() -> anyhow::Result<()> {
         .context("apt-get update failed: check the machine's package sources")
 }
 
-/// The pinned kernel when apt can download it, else the newest 6.1 image (loudly).
-fn choose_kernel() -> anyhow::Result<(String, String)> {
+/// A private apt configuration for one Debian suite on this machine's mirror: its own sources
+/// list, lists and archive folders under the VM cache; the system's apt state stays as it is.
+pub struct SuiteApt {
+    dir: PathBuf,
+    suite: String,
+}
+
+/// The Debian mirrors this machine's apt uses: (main archive, security archive), from
+/// `apt-get indextargets --format '$(ORIGIN) $(REPO_URI) $(CODENAME)'` (`Debian
+/// http://deb.debian.org/debian/ bookworm`, `Debian http://deb.debian.org/debian-security/
+/// bookworm-security`, ...); other origins (third-party repositories) are skipped.
+pub fn parse_mirrors(indextargets: &str) -> (Option<String>, Option<String>) {
+    let mut main = None;
+    let mut security = None;
+    for line in indextargets.lines() {
+        let mut it = line.split_whitespace();
+        let (Some("Debian"), Some(uri), Some(codename)) = (it.next(), it.next(), it.next()) else {
+            continue;
+        };
+        let uri = uri.trim_end_matches('/').to_string();
+        if codename.ends_with("-security") {
+            security.get_or_insert(uri);
+        } else if !codename.contains('-') {
+            main.get_or_insert(uri);
+        }
+    }
+    (main, security)
+}
+
+/// The sources list of `suite` on those mirrors.
+pub fn suite_sources(suite: &str, main: &str, security: Option<&str>) -> String {
+    let mut s = format!("deb {main} {suite} main\n");
+    if let Some(sec) = security {
+        s.push_str(&format!("deb {sec} {suite}-security main\n"));
+    }
+    s
+}
+
+impl SuiteApt {
+    fn new(cache: &Path, suite: &str) -> anyhow::Result<Self> {
+        let dir = cache.join("apt").join(suite);
+        let targets = output(Command::new("apt-get").args([
+            "indextargets",
+            "--format",
+            "$(ORIGIN) $(REPO_URI) $(CODENAME)",
+        ]))
+        .unwrap_or_default();
+        let (main, security) = parse_mirrors(&targets);
+        let main = main.context(
+            "this machine's apt names no Debian archive (apt-get indextargets): the VM tier \
+             downloads its kernels from the mirror apt uses",
+        )?;
+        for d in ["lists/partial", "archives/partial"] {
+            std::fs::create_dir_all(dir.join(d))?;
+        }
+        std::fs::write(
+            dir.join("sources.list"),
+            suite_sources(suite, &main, security.as_deref()),
+        )?;
+        Ok(Self {
+            dir,
+            suite: suite.to_string(),
+        })
+    }
+
+    /// `apt-get`/`apt-cache` with this suite's configuration.
+    fn command(&self, program: &str) -> Command {
+        let mut cmd = Command::new(program);
+        let d = |sub: &str| self.dir.join(sub).display().to_string();
+        for (k, v) in [
+            ("Dir::Etc::SourceList", d("sources.list")),
+            ("Dir::Etc::SourceParts", "/dev/null".to_string()),
+            ("Dir::State::Lists", d("lists")),
+            ("Dir::Cache", self.dir.display().to_string()),
+            ("Dir::Cache::archives", d("archives")),
+            ("Dir::Cache::pkgcache", String::new()),
+            ("Dir::Cache::srcpkgcache", String::new()),
+        ] {
+            cmd.arg("-o").arg(format!("{k}={v}"));
+        }
+        if crate_is_root() {
+            // apt's _apt sandbox user cannot write into root's cache folder.
+            cmd.args(["-o", "APT::Sandbox::User=root"]);
+        }
+        cmd
+    }
+
+    fn update(&self) -> anyhow::Result<()> {
+        say(&format!("apt-get update ({} lists, private)", self.suite));
+        output(self.command("apt-get").args(["update", "-qq"]))
+            .map(drop)
+            .with_context(|| format!("apt-get update of the {} lists failed", self.suite))
+    }
+
+    fn policy(&self, package: &str) -> String {
+        output(self.command("apt-cache").args(["policy", package])).unwrap_or_default()
+    }
+}
+
+/// The pinned kernel when apt can download it, else the newest image of its series (loudly).
+fn choose_kernel(apt: &SuiteApt, spec: &KernelSpec) -> anyhow::Result<(String, String)> {
     let mut updated = false;
     loop {
-        let versions = parse_policy_versions(&policy(KERNEL_PACKAGE).unwrap_or_default());
-        if versions.iter().any(|v| v == KERNEL_VERSION) {
-            return Ok((KERNEL_PACKAGE.to_string(), KERNEL_VERSION.to_string()));
+        let versions = parse_policy_versions(&apt.policy(spec.package));
+        if versions.iter().any(|v| v == spec.version) {
+            return Ok((spec.package.to_string(), spec.version.to_string()));
         }
         if updated {
             break;
         }
-        apt_update()?;
+        apt.update()?;
         updated = true;
     }
-    let deps = output(Command::new("apt-cache").args(["depends", KERNEL_META]))?;
+    let deps = output(apt.command("apt-cache").args(["depends", KERNEL_META]))?;
     let image = parse_depends(&deps)
         .remove(KERNEL_META)
         .unwrap_or_default()
         .into_iter()
         .flatten()
         .map(|d| d.name)
-        .find(|n| n.starts_with(KERNEL_SERIES))
+        .find(|n| n.starts_with(spec.series))
         .with_context(|| {
             format!(
-                "the pinned kernel {KERNEL_PACKAGE}={KERNEL_VERSION} is not downloadable and \
-                 {KERNEL_META} names no {KERNEL_SERIES}* image: update KERNEL_PACKAGE and \
-                 KERNEL_VERSION in xtask/src/vm/kernel.rs"
+                "the pinned kernel {}={} is not downloadable and {}'s {KERNEL_META} names no \
+                 {}* image: update KERNELS in xtask/src/vm/kernel.rs",
+                spec.package, spec.version, spec.suite, spec.series
             )
         })?;
-    let version = parse_policy_candidate(&policy(&image)?)
+    let version = parse_policy_candidate(&apt.policy(&image))
         .with_context(|| format!("apt has no candidate for {image}"))?;
     let bar = "!".repeat(78);
     eprintln!(
-        "{bar}\nvm: WARNING: the pinned kernel {KERNEL_PACKAGE}={KERNEL_VERSION} is no longer \
-         downloadable;\nvm: WARNING: falling back to {image}={version}. Results may differ: \
-         update KERNEL_PACKAGE\nvm: WARNING: and KERNEL_VERSION in xtask/src/vm/kernel.rs to \
-         pin it.\n{bar}"
+        "{bar}\nvm: WARNING: the pinned kernel {}={} is no longer downloadable;\nvm: WARNING: \
+         falling back to {image}={version}. Results may differ: update KERNELS\nvm: WARNING: \
+         in xtask/src/vm/kernel.rs to pin it.\n{bar}",
+        spec.package, spec.version
     );
     Ok((image, version))
 }
@@ -527,7 +670,7 @@ fn apt_depends(pkgs: &[String]) -> anyhow::Result<HashMap<String, Vec<Vec<Dep>>>
 }
 
 /// Downloads, unpacks and prepares one cache entry (in `<dir>.tmp`, renamed when complete).
-fn build_entry(dir: &Path, package: &str, version: &str) -> anyhow::Result<()> {
+fn build_entry(dir: &Path, apt: &SuiteApt, package: &str, version: &str) -> anyhow::Result<()> {
     let release = release_of(package).context("kernel package name")?;
     let tmp = dir.with_extension("tmp");
     if tmp.exists() {
@@ -551,16 +694,28 @@ fn build_entry(dir: &Path, package: &str, version: &str) -> anyhow::Result<()> {
             Err(e) => return Err(e),
         }
     };
-    let mut specs = vec![format!("{package}={version}")];
-    specs.extend(guest.iter().cloned());
-    say(&format!("downloading {}", specs.join(" ")));
+    let kernel = format!("{package}={version}");
+    say(&format!("downloading {kernel} ({})", apt.suite));
+    output(
+        apt.command("apt-get")
+            .args(["download", "-qq", &kernel])
+            .current_dir(&debs),
+    )
+    .with_context(|| format!("apt-get download of {kernel} failed"))?;
+    let specs: Vec<String> = std::iter::once(kernel.clone())
+        .chain(guest.iter().cloned())
+        .collect();
+    say(&format!(
+        "downloading {}",
+        guest.iter().cloned().collect::<Vec<_>>().join(" ")
+    ));
     let mut cmd = Command::new("apt-get");
     cmd.arg("download").arg("-qq").current_dir(&debs);
     if crate_is_root() {
         // apt's _apt sandbox user cannot write into root's cache folder.
         cmd.args(["-o", "APT::Sandbox::User=root"]);
     }
-    output(cmd.args(&specs)).context("apt-get download of the VM packages failed")?;
+    output(cmd.args(&guest)).context("apt-get download of the VM's tools failed")?;
 
     for deb in std::fs::read_dir(&debs)? {
         let deb = deb?.path();
@@ -781,8 +936,40 @@ linux-image-6.1.0-56-amd64:
 
     #[test]
     fn release_from_package() {
-        assert_eq!(release_of(KERNEL_PACKAGE), Some("6.1.0-56-amd64"));
+        assert_eq!(
+            release_of("linux-image-6.1.0-56-amd64"),
+            Some("6.1.0-56-amd64")
+        );
+        assert_eq!(
+            release_of("linux-image-6.12.117+deb13-amd64"),
+            Some("6.12.117+deb13-amd64")
+        );
         assert_eq!(release_of("linux-image-amd64"), None);
-        assert!(KERNEL_PACKAGE.starts_with(KERNEL_SERIES));
+        for k in KERNELS {
+            assert!(k.package.starts_with(k.series), "{k:?}");
+            assert!(release_of(k.package).is_some(), "{k:?}");
+            assert_eq!(spec(k.name), Some(k));
+        }
+        assert_eq!(spec("4.19"), None);
+    }
+
+    #[test]
+    fn private_sources_on_this_machines_mirror() {
+        let targets = "Google https://packages.example/apt cloud-sdk\n\
+                       Debian http://deb.debian.org/debian-security/ bookworm-security\n\
+                       Debian http://deb.debian.org/debian/ bookworm\n\
+                       Debian http://deb.debian.org/debian/ bookworm-updates\n";
+        let (main, sec) = parse_mirrors(targets);
+        assert_eq!(main.as_deref(), Some("http://deb.debian.org/debian"));
+        assert_eq!(
+            sec.as_deref(),
+            Some("http://deb.debian.org/debian-security")
+        );
+        assert_eq!(
+            suite_sources("trixie", main.as_deref().unwrap(), sec.as_deref()),
+            "deb http://deb.debian.org/debian trixie main\n\
+             deb http://deb.debian.org/debian-security trixie-security main\n"
+        );
+        assert_eq!(parse_mirrors(""), (None, None));
     }
 }

@@ -1,18 +1,19 @@
-//! `cargo xtask vm-test`: the VM test tier. Boots a stock Debian 6.1 kernel under QEMU (software
-//! emulation unless the CPU has real VT-x/AMD-V) and runs one shell command inside it, as root, in
-//! one boot; its output and exit code come back to the host.
+//! `cargo xtask vm-test`: the VM test tier. Boots stock Debian kernels under QEMU (software
+//! emulation unless the CPU has real VT-x/AMD-V), one boot per kernel (`--kernel 5.10|6.1|6.12|
+//! all`, see [`kernel::KERNELS`]), and runs one shell command inside each, as root; its output
+//! and exit code come back to the host.
 //!
-//! Without `-c` it runs **the suite** ([`suite`]): the test binaries are built on the host
+//! Without `-c` it runs **the suite** ([`suite`]): the test binaries are built on the host once
 //! (`cargo build -p probe-user -p xtask`, `cargo test -p probe-tests --no-run`, `cargo test -p
 //! probe-user --lib --no-run`, all with `--message-format=json` to find the executables, in
-//! cargo's target dir: `CARGO_TARGET_DIR` if set, else the workspace's `target/`), then one boot
-//! runs the IPVS generic-netlink reader against real IPVS, the VM-only `ipvs` test (every
-//! failure and twin in the IPVS-mode lab, with IPVS as the service table), and the `datapath`
-//! tests against the IPVS-mode lab (`CLB_LAB_MODE=ipvs`: clsact attach and detach, 6.1's drop
-//! reasons), plus the iptables-mode older-kernel script when the binaries are the workspace's
-//! own. `loopback.rs` stays on the host: in the VM it repeated what `ipvs.rs` asserts, at
-//! 400 s of emulated CPU. `--smoke` runs
-//! the short IPVS smoke scenario instead.
+//! cargo's target dir: `CARGO_TARGET_DIR` if set, else the workspace's `target/`), then each
+//! kernel's boot runs the IPVS generic-netlink reader against real IPVS and the VM-only `ipvs`
+//! test (every failure and twin in the IPVS-mode lab, with IPVS as the service table, that
+//! kernel's reasons or drop sites). The 6.1 boot ([`suite::FULL_KERNEL`]) also runs the
+//! `datapath` tests against the IPVS-mode lab (`CLB_LAB_MODE=ipvs`: clsact attach and detach)
+//! and the iptables-mode older-kernel script when the binaries are the workspace's own.
+//! `loopback.rs` stays on the host: in the VM it repeated what `ipvs.rs` asserts, at 400 s of
+//! emulated CPU. `--smoke` runs the short IPVS smoke scenario instead.
 //!
 //! The guest's root is the host's `/` (shared read-only over 9p, so host-built binaries run
 //! unchanged: same glibc, same paths), under the unpacked Debian packages the host lacks
@@ -40,7 +41,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-pub use kernel::{KERNEL_PACKAGE, KERNEL_VERSION};
+pub use kernel::{KERNELS, KernelSpec};
 pub use qemu::Ending;
 
 /// The default command's script: the IPVS smoke scenario that proves the tier works.
@@ -60,6 +61,10 @@ pub fn host_packages() -> &'static [(&'static str, &'static str)] {
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct VmArgs {
+    /// Which kernel to boot: 5.10 (bullseye), 6.1 (bookworm), 6.12 (trixie), or all three,
+    /// one boot each.
+    #[arg(long, default_value = "all", value_parser = ["5.10", "6.1", "6.12", "all"])]
+    pub kernel: String,
     /// Shell command (bash) run as root inside the guest, in the workspace folder (the host's
     /// path, shared read-only with a throwaway writable layer). Default: the suite (test
     /// binaries built on the host first; see the module doc).
@@ -68,6 +73,10 @@ pub struct VmArgs {
     /// Run the short IPVS smoke scenario instead of the suite.
     #[arg(long)]
     pub smoke: bool,
+    /// Only download and unpack the selected kernels into the cache; boot nothing (keeps
+    /// downloads out of a shared VM lock).
+    #[arg(long, conflicts_with_all = ["command", "smoke"])]
+    pub fetch_only: bool,
     /// Environment variable for the command, KEY=VALUE (repeatable).
     #[arg(long = "env", short = 'e', value_name = "KEY=VALUE")]
     pub env: Vec<String>,
@@ -76,11 +85,11 @@ pub struct VmArgs {
     pub keep: bool,
     /// Use this host folder as the guest's writable `/clb-vm` share (created if missing) and keep
     /// it: the command's `output.log` and `rc`, plus whatever the command writes to
-    /// `$CLB_VM_RESULTS`. Default: a throwaway folder.
+    /// `$CLB_VM_RESULTS` (a subfolder per kernel when several boot). Default: a throwaway folder.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
-    /// Hard limit on the whole boot; QEMU is killed after it (the suite takes about 20 min
-    /// under TCG on 2 cores).
+    /// Hard limit on each boot; QEMU is killed after it (the 6.1 suite takes about 8 min under
+    /// TCG on 2 cores, the others less).
     #[arg(long, default_value_t = 1800, value_name = "SECONDS")]
     pub timeout: u64,
 }
@@ -88,8 +97,10 @@ pub struct VmArgs {
 impl Default for VmArgs {
     fn default() -> Self {
         Self {
+            kernel: "all".into(),
             command: None,
             smoke: false,
+            fetch_only: false,
             env: Vec::new(),
             keep: false,
             out: None,
@@ -101,6 +112,8 @@ impl Default for VmArgs {
 /// What one boot produced.
 #[derive(Debug, Clone)]
 pub struct Outcome {
+    /// The matrix name of the kernel (`5.10`, `6.1`, `6.12`).
+    pub kernel_name: &'static str,
     /// `uname -r` of the guest kernel.
     pub kernel_release: String,
     /// The kernel package booted, `name=version` (the pinned one unless it fell back).
@@ -206,20 +219,37 @@ fn ensure_host_packages() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Boots the guest once and runs `args.command` (or the smoke scenario) in it.
-pub fn boot(args: &VmArgs) -> anyhow::Result<Outcome> {
-    let kernel = kernel::ensure(&kernel::cache_root())?;
-    let run_dir = std::env::temp_dir().join(format!("clb-vm-{}", std::process::id()));
+/// The kernels `--kernel` selects.
+pub fn kernels_of(choice: &str) -> anyhow::Result<Vec<&'static KernelSpec>> {
+    if choice == "all" {
+        return Ok(KERNELS.iter().collect());
+    }
+    kernel::spec(choice).map(|k| vec![k]).with_context(|| {
+        let names: Vec<_> = KERNELS.iter().map(|k| k.name).collect();
+        format!("--kernel {choice:?}: not one of {names:?} or \"all\"")
+    })
+}
+
+/// Boots `spec`'s kernel once and runs `args.command`, the smoke scenario, or the suite built
+/// in `bins`; `out` is the results folder (None: a throwaway one).
+pub fn boot(
+    args: &VmArgs,
+    spec: &'static KernelSpec,
+    bins: Option<&suite::Bins>,
+    out: Option<&Path>,
+) -> anyhow::Result<Outcome> {
+    let kernel = kernel::ensure(&kernel::cache_root(), spec)?;
+    let run_dir = std::env::temp_dir().join(format!("clb-vm-{}-{}", std::process::id(), spec.name));
     if run_dir.exists() {
         std::fs::remove_dir_all(&run_dir)?;
     }
-    let results = match &args.out {
+    let results = match out {
         Some(d) => std::path::absolute(d)?,
         None => run_dir.join("results"),
     };
     std::fs::create_dir_all(&run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
     std::fs::create_dir_all(&results).with_context(|| format!("creating {}", results.display()))?;
-    let outcome = boot_in(args, &kernel, &run_dir, &results);
+    let outcome = boot_in(args, spec, bins, &kernel, &run_dir, &results);
     if !args.keep {
         let _ = std::fs::remove_dir_all(&run_dir);
     }
@@ -228,6 +258,8 @@ pub fn boot(args: &VmArgs) -> anyhow::Result<Outcome> {
 
 fn boot_in(
     args: &VmArgs,
+    spec: &'static KernelSpec,
+    bins: Option<&suite::Bins>,
     kernel: &kernel::Kernel,
     run_dir: &Path,
     results: &Path,
@@ -245,8 +277,8 @@ fn boot_in(
             "bash /clb-vm/smoke.sh".to_string()
         }
         None => {
-            let bins = suite::build(&workspace_root())?;
-            std::fs::write(results.join("suite.sh"), suite::script(&bins))?;
+            let bins = bins.context("the suite's binaries were not built")?;
+            std::fs::write(results.join("suite.sh"), suite::script(bins, spec))?;
             "bash /clb-vm/suite.sh".to_string()
         }
     };
@@ -288,6 +320,7 @@ fn boot_in(
         });
     let output = std::fs::read_to_string(results.join("output.log")).unwrap_or_default();
     Ok(Outcome {
+        kernel_name: spec.name,
         kernel_release: kernel.release.clone(),
         kernel_package: format!("{}={}", kernel.package, kernel.version),
         exit_code,
@@ -297,22 +330,117 @@ fn boot_in(
     })
 }
 
-/// `cargo xtask vm-test`: boot, run, print PASS/FAIL; errors when the command did not exit 0.
+/// `cargo xtask vm-test`: boot each kernel, run, print PASS/FAIL per kernel; errors when a
+/// command did not exit 0.
 pub fn run(args: &VmArgs) -> anyhow::Result<()> {
-    run_with_output(args).map(drop)
+    let runs = run_with_output(args)?;
+    verdict(&runs)
 }
 
-/// [`run`], returning what the boot produced (its output carries the libtest summaries).
-pub fn run_with_output(args: &VmArgs) -> anyhow::Result<Outcome> {
-    let start = Instant::now();
+/// One kernel's boot: what it produced (None when it could not boot), its verdict and time.
+#[derive(Debug)]
+pub struct KernelRun {
+    pub kernel: &'static KernelSpec,
+    pub outcome: Option<Outcome>,
+    pub verdict: Result<(), String>,
+    pub secs: f64,
+}
+
+/// Ok when every kernel passed, else an error naming the ones that did not.
+pub fn verdict(runs: &[KernelRun]) -> anyhow::Result<()> {
+    let failed: Vec<String> = runs
+        .iter()
+        .filter_map(|r| {
+            r.verdict
+                .as_ref()
+                .err()
+                .map(|why| format!("{}: {why}", r.kernel.name))
+        })
+        .collect();
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        bail!("vm-test failed on {}", failed.join("; "))
+    }
+}
+
+/// [`run`], returning each boot (their output carries the libtest summaries). Every selected
+/// kernel boots, also after one failed; the suite's binaries are built once for all.
+pub fn run_with_output(args: &VmArgs) -> anyhow::Result<Vec<KernelRun>> {
+    let kernels = kernels_of(&args.kernel)?;
+    if args.fetch_only {
+        for spec in kernels {
+            let k = kernel::ensure(&kernel::cache_root(), spec)?;
+            println!(
+                "vm-test: {} cached: {}={} ({})",
+                spec.name, k.package, k.version, k.release
+            );
+        }
+        return Ok(Vec::new());
+    }
     ensure_host_packages()?;
+    let bins = if args.command.is_none() && !args.smoke {
+        Some(suite::build(&workspace_root())?)
+    } else {
+        None
+    };
+    let mut runs = Vec::new();
+    for spec in kernels.iter().copied() {
+        let out = args.out.as_ref().map(|d| {
+            if kernels.len() > 1 {
+                d.join(spec.name)
+            } else {
+                d.clone()
+            }
+        });
+        let start = Instant::now();
+        let (outcome, verdict) = match boot_one(args, spec, bins.as_ref(), out.as_deref()) {
+            Ok((o, v)) => (Some(o), v),
+            Err(e) => (None, Err(format!("{e:#}"))),
+        };
+        let secs = start.elapsed().as_secs_f64();
+        match &verdict {
+            Ok(()) => println!("vm-test: kernel {}: PASS ({secs:.0} s)", spec.name),
+            Err(why) => println!("vm-test: kernel {}: FAIL ({secs:.0} s): {why}", spec.name),
+        }
+        runs.push(KernelRun {
+            kernel: spec,
+            outcome,
+            verdict,
+            secs,
+        });
+    }
+    if runs.len() > 1 {
+        for r in &runs {
+            println!(
+                "vm-test: {:>5} {}: {} in {:.0} s",
+                r.kernel.name,
+                r.outcome
+                    .as_ref()
+                    .map_or("(no boot)", |o| o.kernel_release.as_str()),
+                if r.verdict.is_ok() { "PASS" } else { "FAIL" },
+                r.secs
+            );
+        }
+    }
+    Ok(runs)
+}
+
+/// One kernel: boot, decide, keep the run folder of a failure.
+fn boot_one(
+    args: &VmArgs,
+    spec: &'static KernelSpec,
+    bins: Option<&suite::Bins>,
+    out: Option<&Path>,
+) -> anyhow::Result<(Outcome, Result<(), String>)> {
+    let start = Instant::now();
     let timeout = args.timeout;
     let keep = VmArgs {
         keep: true,
         ..args.clone()
     };
     // Keep the run folder while deciding, so a failure can point at the console log.
-    let outcome = boot(&keep)?;
+    let outcome = boot(&keep, spec, bins, out)?;
     let run_dir = outcome
         .console_log
         .parent()
@@ -320,8 +448,8 @@ pub fn run_with_output(args: &VmArgs) -> anyhow::Result<Outcome> {
         .unwrap_or_default();
     let secs = start.elapsed().as_secs_f64();
     println!(
-        "vm-test: kernel {} ({}; pinned {KERNEL_PACKAGE}={KERNEL_VERSION}), {secs:.1} s",
-        outcome.kernel_release, outcome.kernel_package
+        "vm-test: kernel {} ({}; pinned {}={}), {secs:.1} s",
+        outcome.kernel_release, outcome.kernel_package, spec.package, spec.version
     );
     let verdict = match (outcome.exit_code, &outcome.ending) {
         (Some(0), _) => Ok(()),
@@ -334,24 +462,21 @@ pub fn run_with_output(args: &VmArgs) -> anyhow::Result<Outcome> {
             "the guest ended without reporting an exit code ({e:?}): kernel panic or init died"
         )),
     };
-    match verdict {
+    let verdict = match verdict {
         Ok(()) => {
-            println!("vm-test: PASS");
             if args.keep {
                 eprintln!("vm: kept the run folder {}", run_dir.display());
             } else {
                 let _ = std::fs::remove_dir_all(&run_dir);
             }
-            Ok(outcome)
+            Ok(())
         }
-        Err(why) => {
-            println!("vm-test: FAIL: {why}");
-            bail!(
-                "vm-test failed: {why}; console log kept in {}",
-                outcome.console_log.display()
-            )
-        }
-    }
+        Err(why) => Err(format!(
+            "{why}; console log kept in {}",
+            outcome.console_log.display()
+        )),
+    };
+    Ok((outcome, verdict))
 }
 
 #[cfg(test)]
@@ -389,6 +514,14 @@ mod tests {
     }
 
     #[test]
+    fn kernel_choice() {
+        let all: Vec<_> = kernels_of("all").unwrap().iter().map(|k| k.name).collect();
+        assert_eq!(all, ["5.10", "6.1", "6.12"]);
+        assert_eq!(kernels_of("6.12").unwrap()[0].suite, "trixie");
+        assert!(kernels_of("4.19").is_err());
+    }
+
+    #[test]
     fn host_packages_name_their_commands() {
         let cmds: Vec<_> = host_packages().iter().map(|(_, c)| *c).collect();
         assert_eq!(cmds, ["qemu-system-x86_64", "busybox", "xz"]);
@@ -414,6 +547,7 @@ mod tests {
     fn smoke_boot() {
         run(&VmArgs {
             smoke: true,
+            kernel: "6.1".into(),
             ..VmArgs::default()
         })
         .unwrap();

@@ -32,10 +32,13 @@ else
 	echo "smoke: FAILED: no /sys/kernel/btf/vmlinux"
 	failures=$((failures + 1))
 fi
-reasons=$(bpftool btf dump file /sys/kernel/btf/vmlinux format c | grep -c SKB_DROP_REASON_)
+# Drop reasons (>= 5.17) or, before them, the two-argument kfree_skb tracepoint (skb, location).
+btf=$(bpftool btf dump file /sys/kernel/btf/vmlinux format c)
+reasons=$(grep -c SKB_DROP_REASON_ <<<"$btf")
 echo "smoke: SKB_DROP_REASON_ lines in BTF: ${reasons:-0}"
-if [ "${reasons:-0}" -le 0 ]; then
-	echo "smoke: FAILED: no SKB_DROP_REASON_ in the kernel's BTF"
+echo "smoke: kfree_skb prototype: $(grep -m1 'btf_trace_kfree_skb)' <<<"$btf")"
+if [ "${reasons:-0}" -le 0 ] && ! grep -q 'btf_trace_kfree_skb)' <<<"$btf"; then
+	echo "smoke: FAILED: neither SKB_DROP_REASON_ nor the kfree_skb tracepoint in the kernel's BTF"
 	failures=$((failures + 1))
 fi
 echo "smoke: $failures failure(s)"

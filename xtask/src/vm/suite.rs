@@ -1,5 +1,5 @@
-//! The VM tier's default command: test binaries built on the host, run in one boot against the
-//! IPVS-mode lab.
+//! The VM tier's default command: test binaries built on the host, run in one boot per kernel
+//! against the IPVS-mode lab.
 //!
 //! The guest sees the host's `/` at the same paths, so the executables cargo names (absolute
 //! paths in its JSON messages) run there unchanged, as long as the target dir is not under
@@ -12,12 +12,18 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use super::shell_quote;
+use super::{KernelSpec, shell_quote};
 
-/// The integration test files (tests/tests/*.rs) run in the VM, in this order.
-/// (`loopback` is not here: `ipvs` drives the same failures and twins in the IPVS-mode lab
-/// with the same assertions, in two lab start-ups instead of ten.)
+/// The integration test files (tests/tests/*.rs) run in the VM, in this order: `ipvs` on every
+/// kernel (the whole binary, so new tests there run everywhere), the rest on
+/// [`FULL_KERNEL`] only. (`loopback` is not here: `ipvs` drives the same failures and twins in
+/// the IPVS-mode lab with the same assertions, in two lab start-ups instead of ten.)
 pub const TEST_FILES: &[&str] = &["ipvs", "datapath"];
+/// The test files every kernel runs; the others of [`TEST_FILES`] run on [`FULL_KERNEL`].
+pub const EVERY_KERNEL: &[&str] = &["ipvs"];
+/// The kernel that runs the whole suite (datapath on clsact, the iptables-mode script): the
+/// datapath tests do not depend on the kernel's drop reasons, and each boot costs minutes.
+pub const FULL_KERNEL: &str = "6.1";
 /// The probe-user unit tests run in the VM (they need real IPVS).
 pub const UNIT_FILTER: &str = "state::ipvs";
 
@@ -125,9 +131,10 @@ pub fn build(root: &Path) -> anyhow::Result<Bins> {
     })
 }
 
-/// The guest script: every part runs (one failing does not stop the rest), the exit code says
-/// whether all passed, and each part's wall time is printed.
-pub fn script(b: &Bins) -> String {
+/// The guest script for `kernel`: every part runs (one failing does not stop the rest), the
+/// exit code says whether all passed, and each part's wall time is printed.
+pub fn script(b: &Bins, kernel: &KernelSpec) -> String {
+    let full = kernel.name == FULL_KERNEL;
     let q = |p: &Path| shell_quote(&p.display().to_string());
     let mut s = String::from(
         "# the VM suite, written by cargo xtask vm-test\n\
@@ -153,12 +160,19 @@ pub fn script(b: &Bins) -> String {
         q(&b.unit)
     ));
     for (file, exe) in &b.tests {
+        if !full && !EVERY_KERNEL.contains(&file.as_str()) {
+            continue;
+        }
         s.push_str(&format!(
             "CLB_LAB_MODE=ipvs part 'tests/{file}.rs (IPVS-mode lab)' {} --test-threads=1\n",
             q(exe)
         ));
     }
-    if b.older_kernel {
+    if !full {
+        s.push_str(&format!(
+            "echo '=== vm-suite: datapath.rs and older-kernel.sh run on the {FULL_KERNEL} boot'\n"
+        ));
+    } else if b.older_kernel {
         s.push_str(
             "part 'older-kernel.sh (iptables-mode lab)' bash xtask/src/vm/older-kernel.sh\n",
         );
@@ -200,14 +214,27 @@ mod tests {
         let b = Bins {
             probe: "/t/probe".into(),
             unit: "/t/clb_probe-1".into(),
-            tests: vec![("ipvs".into(), "/t/ipvs-1".into())],
+            tests: vec![
+                ("ipvs".into(), "/t/ipvs-1".into()),
+                ("datapath".into(), "/t/datapath-1".into()),
+            ],
             older_kernel: false,
         };
-        let s = script(&b);
+        let six_one = crate::vm::kernel::spec("6.1").unwrap();
+        let s = script(&b, six_one);
         assert!(s.contains("export CLB_PROBE_BIN='/t/probe'"));
         assert!(s.contains("'/t/clb_probe-1' state::ipvs --test-threads=1"));
         assert!(s.contains("CLB_LAB_MODE=ipvs part 'tests/ipvs.rs (IPVS-mode lab)' '/t/ipvs-1'"));
+        assert!(s.contains("'/t/datapath-1'"));
         assert!(s.contains("skipping older-kernel.sh"));
         assert!(s.ends_with("exit 1\n"));
+        // The other kernels: the IPVS reader and every ipvs.rs test, not the datapath suite.
+        for name in ["5.10", "6.12"] {
+            let s = script(&b, crate::vm::kernel::spec(name).unwrap());
+            assert!(s.contains("'/t/clb_probe-1' state::ipvs"), "{name}");
+            assert!(s.contains("'/t/ipvs-1' --test-threads=1"), "{name}");
+            assert!(!s.contains("/t/datapath-1"), "{name}");
+            assert!(!s.contains("older-kernel.sh'"), "{name}");
+        }
     }
 }
