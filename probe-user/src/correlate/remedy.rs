@@ -119,9 +119,14 @@ pub(crate) fn vip_port_unserved(
     port: u16,
     proto: Proto,
     owner: Option<&str>,
+    filtered: bool,
 ) -> Vec<String> {
     let owner = owner.map_or_else(|| "a Service".to_string(), str::to_string);
     let refusal = match proto {
+        _ if filtered => {
+            "rejects it: kube-proxy's KUBE-IPVS-FILTER answers with ICMP port unreachable \
+             (connection refused)"
+        }
         Proto::Udp => "answers with ICMP port unreachable",
         _ => "answers with a TCP RST (connection refused)",
     };
@@ -141,6 +146,29 @@ pub(crate) fn vip_port_unserved(
          publishes a hostname instead of the IP, or ipMode: Proxy), which sends in-cluster \
          calls to the real LB and can then hairpin; or have in-cluster callers use another \
          address for that listener."
+            .to_string(),
+    ]
+}
+
+/// A packet sourced from a LB VIP, forwarded between nodes that both bind the VIP.
+pub(crate) fn vip_as_source(vip: IpAddr, dst: IpAddr, dst_port: u16) -> Vec<String> {
+    vec![
+        format!(
+            "Cause: another node called the LB IP {vip} from its host network; {vip} is bound on \
+             that node's kube-ipvs0, so the kernel picked {vip} itself as the source; the Service \
+             has externalTrafficPolicy: Local and that node has no local endpoint, so IPVS \
+             forwarded the call to {} here without SNAT; this node binds {vip} too and drops \
+             every packet from it as a local (martian) source. The caller times out.",
+            sock(dst, dst_port)
+        ),
+        "Call the Service by its cluster DNS name or ClusterIP from inside the cluster, not the \
+         LB IP (internal access to the LB IP is what picks the VIP as source)."
+            .to_string(),
+        "Or set internalTrafficPolicy / move such callers to nodes with a local endpoint, so \
+         in-cluster calls are not forwarded to another node."
+            .to_string(),
+        "Or set externalTrafficPolicy: Cluster on the Service: IPVS then masquerades the \
+         forwarded call to the node IP (the client source IP is no longer preserved)."
             .to_string(),
     ]
 }
