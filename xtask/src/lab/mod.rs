@@ -159,16 +159,33 @@ pub enum Variant {
     RpFilter,
     /// Pod egress to eth0 is masqueraded to the node IP (chain CLB-LAB-MASQ).
     Masquerade,
+    /// kube-proxy >= 1.25's IPVS access filter: filter chain `KUBE-IPVS-FILTER` (jumped from
+    /// INPUT) and its ipsets, as kube-proxy writes them; REJECTs new connections to a
+    /// kube-ipvs0 address on a port no service uses. Works in both modes (the iptables mode
+    /// gets the ipsets it lacks).
+    IpvsFilter,
+    /// The peer node binds the VIP too (kube-ipvs0 on every node) and calls from it, and the
+    /// LB's subnet does not validate sources (`accept_local` on its peer side), as a VPC does
+    /// not: a call from the peer with the VIP as source reaches the node.
+    PeerVipBound,
 }
 
 impl Variant {
-    pub const ALL: [Variant; 3] = [Variant::VipBound, Variant::RpFilter, Variant::Masquerade];
+    pub const ALL: [Variant; 5] = [
+        Variant::VipBound,
+        Variant::RpFilter,
+        Variant::Masquerade,
+        Variant::IpvsFilter,
+        Variant::PeerVipBound,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Variant::VipBound => "vip-bound",
             Variant::RpFilter => "rp-filter",
             Variant::Masquerade => "masquerade",
+            Variant::IpvsFilter => "ipvs-filter",
+            Variant::PeerVipBound => "peer-vip-bound",
         }
     }
 }
@@ -185,15 +202,19 @@ pub struct Variants {
     pub vip_bound: bool,
     pub rp_filter: bool,
     pub masquerade: bool,
+    pub ipvs_filter: bool,
+    pub peer_vip_bound: bool,
 }
 
 impl Default for Variants {
-    /// vip-bound on, rp-filter off, masquerade off.
+    /// vip-bound on, everything else off.
     fn default() -> Self {
         Variants {
             vip_bound: true,
             rp_filter: false,
             masquerade: false,
+            ipvs_filter: false,
+            peer_vip_bound: false,
         }
     }
 }
@@ -204,6 +225,8 @@ impl Variants {
             Variant::VipBound => self.vip_bound,
             Variant::RpFilter => self.rp_filter,
             Variant::Masquerade => self.masquerade,
+            Variant::IpvsFilter => self.ipvs_filter,
+            Variant::PeerVipBound => self.peer_vip_bound,
         }
     }
 
@@ -212,6 +235,8 @@ impl Variants {
             Variant::VipBound => self.vip_bound = on,
             Variant::RpFilter => self.rp_filter = on,
             Variant::Masquerade => self.masquerade = on,
+            Variant::IpvsFilter => self.ipvs_filter = on,
+            Variant::PeerVipBound => self.peer_vip_bound = on,
         }
         self
     }
@@ -280,6 +305,16 @@ pub enum Scenario {
     OutsideClientVipBound,
     /// Twin: pod A -> pod B directly.
     PodToPod,
+    /// Failure 3 under kube-proxy >= 1.25's IPVS access filter: KUBE-IPVS-FILTER REJECTs
+    /// pod A -> VIP:443.
+    VipPortUnservedFiltered,
+    /// Twin: pod A -> VIP:80 with the access filter (the VIP:port is a service: RETURN).
+    VipPortServedFiltered,
+    /// VIP as source: the peer (a node with the VIP bound, ETP Local, no local endpoint)
+    /// forwards a host-network call to the LB IP to pod B without SNAT; the node drops it.
+    VipAsSource,
+    /// Twin: the same call masqueraded to the peer's IP (ETP Cluster).
+    VipAsSourceSnat,
 }
 
 /// How a scenario drives its traffic, and what it must come to.
@@ -298,7 +333,7 @@ pub struct ScenarioSpec {
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 10] = [
+    pub const ALL: [Scenario; 14] = [
         Scenario::HealthcheckBlackhole,
         Scenario::HealthcheckOk,
         Scenario::Hairpin,
@@ -309,6 +344,10 @@ impl Scenario {
         Scenario::OutsideClient,
         Scenario::OutsideClientVipBound,
         Scenario::PodToPod,
+        Scenario::VipPortUnservedFiltered,
+        Scenario::VipPortServedFiltered,
+        Scenario::VipAsSource,
+        Scenario::VipAsSourceSnat,
     ];
 
     pub fn name(self) -> &'static str {
@@ -323,6 +362,10 @@ impl Scenario {
             Scenario::OutsideClient => "outside-client",
             Scenario::OutsideClientVipBound => "outside-client-vip-bound",
             Scenario::PodToPod => "pod-to-pod",
+            Scenario::VipPortUnservedFiltered => "vip-port-unserved-filtered",
+            Scenario::VipPortServedFiltered => "vip-port-served-filtered",
+            Scenario::VipAsSource => "vip-as-source",
+            Scenario::VipAsSourceSnat => "vip-as-source-snat",
         }
     }
 
@@ -331,6 +374,8 @@ impl Scenario {
             vip_bound: false,
             rp_filter: false,
             masquerade: false,
+            ipvs_filter: false,
+            peer_vip_bound: false,
         };
         let bound = off.with(Variant::VipBound, true);
         let vip80 = SocketAddrV4::new(VIP, SERVICE_PORT);
@@ -425,6 +470,40 @@ impl Scenario {
                 SocketAddrV4::new(POD_B_IP, POD_PORT),
                 Outcome::Ok,
                 "pod-a -> pod-b:8080 on the same node",
+            ),
+            Scenario::VipPortUnservedFiltered => s(
+                bound.with(Variant::IpvsFilter, true),
+                NS_POD_A,
+                None,
+                SocketAddrV4::new(VIP, VIP_UNSERVED_PORT),
+                Outcome::Refused,
+                "pod-a -> VIP:443 under kube-proxy's IPVS access filter: KUBE-IPVS-FILTER \
+                 REJECTs it (ICMP port unreachable)",
+            ),
+            Scenario::VipPortServedFiltered => s(
+                bound.with(Variant::IpvsFilter, true),
+                NS_POD_A,
+                None,
+                vip80,
+                Outcome::Ok,
+                "pod-a -> VIP:80 under the IPVS access filter: VIP:80 is a service, served",
+            ),
+            Scenario::VipAsSource => s(
+                bound.with(Variant::PeerVipBound, true),
+                NS_PEER,
+                Some(VIP),
+                SocketAddrV4::new(POD_B_IP, POD_PORT),
+                Outcome::Timeout,
+                "the peer binds the VIP too and forwards a call to the LB IP to pod-b unSNATed \
+                 (ETP Local, no local endpoint): source = VIP, the node drops it as martian",
+            ),
+            Scenario::VipAsSourceSnat => s(
+                bound.with(Variant::PeerVipBound, true),
+                NS_PEER,
+                None,
+                SocketAddrV4::new(POD_B_IP, POD_PORT),
+                Outcome::Ok,
+                "the same call masqueraded to the peer's IP (ETP Cluster): pod-b answers",
             ),
         }
     }
