@@ -280,3 +280,13 @@ fn vip_as_source_from_the_peer_times_out() {
 fn snated_call_from_the_peer_reaches_pod_b() {
     scenario(Scenario::VipAsSourceSnat, Outcome::Ok, Some("pod-b"));
 }
+
+#[test]
+fn vip_as_source_from_the_node_times_out() {
+    scenario(Scenario::VipAsSourceOut, Outcome::Timeout, None);
+}
+
+#[test]
+fn etp_cluster_call_from_the_node_reaches_the_peer_pod() {
+    scenario(Scenario::VipAsSourceOutCluster, Outcome::Ok, Some("peer"));
+}

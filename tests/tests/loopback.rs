@@ -311,3 +311,37 @@ fn healthy_twin_snated_call_from_the_peer_reports_nothing() {
     assert_eq!(outcome, Outcome::Ok);
     assert!(agent.events().is_empty(), "{:#?}", agent.events());
 }
+
+/// The sending side of `vip_as_source`: the node's own call to the LB IP (ETP Local, endpoint
+/// only on the peer) leaves eth0 with the VIP as source.
+#[test]
+fn vip_as_source_is_confirmed_on_the_sending_node() {
+    if !require_root("vip_as_source_out") {
+        return;
+    }
+    let (outcome, agent) = run_in_variants(Scenario::VipAsSourceOut);
+    assert_eq!(outcome, Outcome::Timeout);
+    let e = only_event(&agent, "vip_as_source");
+    assert_eq!(e["src"], lab::VIP.to_string());
+    assert_eq!(e["vip"], lab::VIP.to_string());
+    assert_eq!(e["dst"], lab::PEER_POD_IP.to_string());
+    assert_eq!(e["dst_port"], lab::NODE_PORT);
+    assert_eq!(e["outcome"], "no_reply");
+    assert_eq!(e["nic"], lab::NODE_NIC);
+    assert_eq!(e["drop_reason"], Value::Null);
+    assert!(
+        e["evidence"].to_string().contains("tc egress on eth0"),
+        "{e:#}"
+    );
+    assert!(e["remedy"].to_string().contains("on this node"), "{e:#}");
+}
+
+#[test]
+fn healthy_twin_etp_cluster_call_from_the_node_reports_nothing() {
+    if !require_root("twin_vip_as_source_out_cluster") {
+        return;
+    }
+    let (outcome, agent) = run_in_variants(Scenario::VipAsSourceOutCluster);
+    assert_eq!(outcome, Outcome::Ok);
+    assert!(agent.events().is_empty(), "{:#?}", agent.events());
+}

@@ -80,6 +80,8 @@ const SCENARIOS: &[Scenario] = &[
     Scenario::VipPortServedFiltered,
     Scenario::VipAsSource,
     Scenario::VipAsSourceSnat,
+    Scenario::VipAsSourceOut,
+    Scenario::VipAsSourceOutCluster,
 ];
 
 pub fn run() -> anyhow::Result<()> {

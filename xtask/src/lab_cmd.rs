@@ -39,7 +39,7 @@ enum Action {
         #[arg(long, value_enum, default_value = "off")]
         ipvs_filter: OnOff,
         #[arg(long, value_enum, default_value = "off")]
-        peer_vip_bound: OnOff,
+        peer_node: OnOff,
     },
     /// Kill the lab's servers and delete its namespaces (idempotent).
     Down,
@@ -80,14 +80,14 @@ pub fn run(args: LabArgs) -> Result<ExitCode> {
             rp_filter,
             masquerade,
             ipvs_filter,
-            peer_vip_bound,
+            peer_node,
         } => {
             let v = Variants {
                 vip_bound: vip_bound.into(),
                 rp_filter: rp_filter.into(),
                 masquerade: masquerade.into(),
                 ipvs_filter: ipvs_filter.into(),
-                peer_vip_bound: peer_vip_bound.into(),
+                peer_node: peer_node.into(),
             };
             Lab::down()?;
             Lab::up(&v)?;

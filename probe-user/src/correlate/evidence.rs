@@ -143,6 +143,20 @@ pub(super) fn local_source_line(info: &DropInfo, src: IpAddr) -> String {
     }
 }
 
+/// A TCP SYN that left `nic` with a bound VIP as source.
+pub(super) fn vip_egress_line(ts: u64, nic: &str, p: &Packet) -> String {
+    format!(
+        "tc egress on {nic} at {}: {}{} left with source {}, a VIP bound on this node's VIP \
+         interface: a call to the LB IP from this node, forwarded to another node without SNAT; \
+         that node binds the VIP too (kube-proxy IPVS mode binds LB IPs on every node) and drops \
+         it as a local source",
+        fmt_ts(ts),
+        fmt_tuple(&tuple_of(p)),
+        fmt_flags(p),
+        p.src
+    )
+}
+
 /// Why a dropped `Vip`-source packet is no health check: where it was going.
 pub(super) fn destination_line(p: &Packet, services: &ServiceTable) -> String {
     let to = sock(p.dst, p.dport);

@@ -46,7 +46,8 @@
 //!   is no health check: not a node address, or a node address on a port that is neither a
 //!   NodePort of the service table nor in the NodePort range (a healthCheckNodePort). Without
 //!   a service table every port of a node address counts as a health check. `vip` = the
-//!   packet's source.
+//!   packet's source. Sending side: a `VipEgress` (a TCP SYN that left a NIC with a bound VIP
+//!   as source) confirms alone; outcome `no_reply` (the receiving node drops it).
 //! - Anything else is counted in [`CorrelatorStats`], never reported.
 //!
 //! Aggregation: see [`AggregateKey`]. Every confirmation, new or repeat, is a
@@ -255,6 +256,8 @@ pub struct CorrelatorStats {
     pub answers_stale: u64,
     pub aggregates: u64,
     pub aggregates_evicted: u64,
+    /// TCP SYNs seen leaving a NIC with a bound VIP as source (each confirms `vip_as_source`).
+    pub vip_egress_seen: u64,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -378,6 +381,9 @@ impl Correlator {
         match ev {
             KernelEvent::Suspect { ts_ns, nic, packet } => {
                 self.on_suspect(ts_ns, nic, packet, &mut out)
+            }
+            KernelEvent::VipEgress { ts_ns, nic, packet } => {
+                self.on_vip_egress(ts_ns, &nic, &packet, &mut out)
             }
             KernelEvent::Drop {
                 ts_ns,

@@ -2,6 +2,9 @@
 //! that VIP (kube-proxy IPVS mode, externalTrafficPolicy: Local, a host-network call to the LB
 //! IP on a node without a local endpoint; reference 003, the ACK analysis).
 //!
+//! Sending side: a TCP SYN leaving a NIC with a bound VIP as source (`KernelEvent::VipEgress`)
+//! confirms alone: no node sends from a VIP bound on its kube-ipvs0 except through this.
+//!
 //! Receiving side: a `Vip`-source packet to a destination that is not a NodePort of this node
 //! (a pod, or another port), dropped for a local source. The health-check test is
 //! [`Correlator::is_health_check`]; everything else that `blackhole.rs` would confirm lands
@@ -10,8 +13,9 @@
 use super::{
     AggregateKey, Correlator, DropInfo, LoopbackEvent, Outcome, Output,
     blackhole::VipSuspect,
-    evidence::{destination_line, drop_line, local_source_line, suspect_line},
-    remedy, tuple_of,
+    evidence::{destination_line, drop_line, local_source_line, suspect_line, vip_egress_line},
+    remedy::{self, VipSourceSide},
+    tuple_of,
 };
 use crate::event::Packet;
 
@@ -48,11 +52,49 @@ impl Correlator {
             drop_reason: Some(info.reason.name.clone()),
             drop_location: info.location.clone(),
             evidence,
-            remedy: remedy::vip_as_source(packet.src, packet.dst, packet.dport),
+            remedy: remedy::vip_as_source(
+                packet.src,
+                packet.dst,
+                packet.dport,
+                VipSourceSide::Receiving,
+            ),
             nic,
             ..LoopbackEvent::new(&key, packet, info.ts, Outcome::Dropped)
         };
         self.stats.confirmed.vip_as_source += 1;
         self.report_vip_source_drop(packet, info, suspect.as_ref(), key, event, out);
+    }
+
+    /// Sending side: a TCP SYN left `nic` with a bound VIP as source.
+    pub(super) fn on_vip_egress(
+        &mut self,
+        ts: u64,
+        nic: &str,
+        packet: &Packet,
+        out: &mut Vec<Output>,
+    ) {
+        self.stats.vip_egress_seen += 1;
+        let mut evidence = vec![vip_egress_line(ts, nic, packet)];
+        self.vip_served_evidence(packet.src, &mut evidence);
+        let key = AggregateKey::VipAsSource {
+            vip: packet.src,
+            dst: packet.dst,
+            dst_port: packet.dport,
+            proto: packet.proto,
+        };
+        let event = LoopbackEvent {
+            vip: Some(packet.src),
+            evidence,
+            remedy: remedy::vip_as_source(
+                packet.src,
+                packet.dst,
+                packet.dport,
+                VipSourceSide::Sending,
+            ),
+            nic: Some(nic.to_string()),
+            ..LoopbackEvent::new(&key, packet, ts, Outcome::NoReply)
+        };
+        self.stats.confirmed.vip_as_source += 1;
+        out.push(Output::Report(self.record(key, event, ts)));
     }
 }

@@ -71,6 +71,14 @@ pub const NODE_PORT: u16 = 30080;
 pub const POD_PORT: u16 = 8080;
 /// Where the LB sends VIP:443 (a server on the peer).
 pub const PEER_TLS_PORT: u16 = 30443;
+/// Variant `peer-node`: a pod on the peer, the only endpoint of the node's VIP:8443 / :8444.
+pub const PEER_POD_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 2, 10);
+pub const PEER_POD_CIDR: &str = "198.19.2.0/24";
+/// Variant `peer-node`: VIP port of an externalTrafficPolicy Local service without a local
+/// endpoint (forwarded to [`PEER_POD_IP`] unSNATed).
+pub const VIP_ETP_LOCAL_PORT: u16 = 8443;
+/// Variant `peer-node`: the same with externalTrafficPolicy Cluster (masqueraded).
+pub const VIP_ETP_CLUSTER_PORT: u16 = 8444;
 /// kube-proxy's chains for `default/web:http` (real kube-proxy hashes).
 pub const KUBE_SVC_CHAIN: &str = "KUBE-SVC-CDGGSHYLG3RE2FKL";
 pub const KUBE_EXT_CHAIN: &str = "KUBE-EXT-CDGGSHYLG3RE2FKL";
@@ -167,7 +175,7 @@ pub enum Variant {
     /// The peer node binds the VIP too (kube-ipvs0 on every node) and calls from it, and the
     /// LB's subnet does not validate sources (`accept_local` on its peer side), as a VPC does
     /// not: a call from the peer with the VIP as source reaches the node.
-    PeerVipBound,
+    PeerNode,
 }
 
 impl Variant {
@@ -176,7 +184,7 @@ impl Variant {
         Variant::RpFilter,
         Variant::Masquerade,
         Variant::IpvsFilter,
-        Variant::PeerVipBound,
+        Variant::PeerNode,
     ];
 
     pub fn name(self) -> &'static str {
@@ -185,7 +193,7 @@ impl Variant {
             Variant::RpFilter => "rp-filter",
             Variant::Masquerade => "masquerade",
             Variant::IpvsFilter => "ipvs-filter",
-            Variant::PeerVipBound => "peer-vip-bound",
+            Variant::PeerNode => "peer-node",
         }
     }
 }
@@ -203,7 +211,7 @@ pub struct Variants {
     pub rp_filter: bool,
     pub masquerade: bool,
     pub ipvs_filter: bool,
-    pub peer_vip_bound: bool,
+    pub peer_node: bool,
 }
 
 impl Default for Variants {
@@ -214,7 +222,7 @@ impl Default for Variants {
             rp_filter: false,
             masquerade: false,
             ipvs_filter: false,
-            peer_vip_bound: false,
+            peer_node: false,
         }
     }
 }
@@ -226,7 +234,7 @@ impl Variants {
             Variant::RpFilter => self.rp_filter,
             Variant::Masquerade => self.masquerade,
             Variant::IpvsFilter => self.ipvs_filter,
-            Variant::PeerVipBound => self.peer_vip_bound,
+            Variant::PeerNode => self.peer_node,
         }
     }
 
@@ -236,7 +244,7 @@ impl Variants {
             Variant::RpFilter => self.rp_filter = on,
             Variant::Masquerade => self.masquerade = on,
             Variant::IpvsFilter => self.ipvs_filter = on,
-            Variant::PeerVipBound => self.peer_vip_bound = on,
+            Variant::PeerNode => self.peer_node = on,
         }
         self
     }
@@ -315,6 +323,12 @@ pub enum Scenario {
     VipAsSource,
     /// Twin: the same call masqueraded to the peer's IP (ETP Cluster).
     VipAsSourceSnat,
+    /// VIP as source, sending side: a host-network call on the node to VIP:8443 (ETP Local, no
+    /// local endpoint) leaves unSNATed with the VIP as source to the pod on the peer, which
+    /// binds the VIP and drops it.
+    VipAsSourceOut,
+    /// Twin: the node calls VIP:8444 (ETP Cluster): masqueraded, the peer's pod answers.
+    VipAsSourceOutCluster,
 }
 
 /// How a scenario drives its traffic, and what it must come to.
@@ -333,7 +347,7 @@ pub struct ScenarioSpec {
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 14] = [
+    pub const ALL: [Scenario; 16] = [
         Scenario::HealthcheckBlackhole,
         Scenario::HealthcheckOk,
         Scenario::Hairpin,
@@ -348,6 +362,8 @@ impl Scenario {
         Scenario::VipPortServedFiltered,
         Scenario::VipAsSource,
         Scenario::VipAsSourceSnat,
+        Scenario::VipAsSourceOut,
+        Scenario::VipAsSourceOutCluster,
     ];
 
     pub fn name(self) -> &'static str {
@@ -366,6 +382,8 @@ impl Scenario {
             Scenario::VipPortServedFiltered => "vip-port-served-filtered",
             Scenario::VipAsSource => "vip-as-source",
             Scenario::VipAsSourceSnat => "vip-as-source-snat",
+            Scenario::VipAsSourceOut => "vip-as-source-out",
+            Scenario::VipAsSourceOutCluster => "vip-as-source-out-cluster",
         }
     }
 
@@ -375,7 +393,7 @@ impl Scenario {
             rp_filter: false,
             masquerade: false,
             ipvs_filter: false,
-            peer_vip_bound: false,
+            peer_node: false,
         };
         let bound = off.with(Variant::VipBound, true);
         let vip80 = SocketAddrV4::new(VIP, SERVICE_PORT);
@@ -489,7 +507,7 @@ impl Scenario {
                 "pod-a -> VIP:80 under the IPVS access filter: VIP:80 is a service, served",
             ),
             Scenario::VipAsSource => s(
-                bound.with(Variant::PeerVipBound, true),
+                bound.with(Variant::PeerNode, true),
                 NS_PEER,
                 Some(VIP),
                 SocketAddrV4::new(POD_B_IP, POD_PORT),
@@ -498,12 +516,30 @@ impl Scenario {
                  (ETP Local, no local endpoint): source = VIP, the node drops it as martian",
             ),
             Scenario::VipAsSourceSnat => s(
-                bound.with(Variant::PeerVipBound, true),
+                bound.with(Variant::PeerNode, true),
                 NS_PEER,
                 None,
                 SocketAddrV4::new(POD_B_IP, POD_PORT),
                 Outcome::Ok,
                 "the same call masqueraded to the peer's IP (ETP Cluster): pod-b answers",
+            ),
+            Scenario::VipAsSourceOut => s(
+                bound.with(Variant::PeerNode, true),
+                NS_NODE,
+                None,
+                SocketAddrV4::new(VIP, VIP_ETP_LOCAL_PORT),
+                Outcome::Timeout,
+                "the node calls VIP:8443 (ETP Local, endpoint only on the peer): it leaves with \
+                 the VIP as source, unSNATed; the peer binds the VIP and drops it as martian",
+            ),
+            Scenario::VipAsSourceOutCluster => s(
+                bound.with(Variant::PeerNode, true),
+                NS_NODE,
+                None,
+                SocketAddrV4::new(VIP, VIP_ETP_CLUSTER_PORT),
+                Outcome::Ok,
+                "the node calls VIP:8444 (ETP Cluster): masqueraded to the node IP, the peer's \
+                 pod answers",
             ),
         }
     }

@@ -621,7 +621,7 @@ pub(crate) fn set_variant(variant: Variant, on: bool) -> Result<()> {
 fn set_variant_in(mode: KubeProxyMode, variant: Variant, on: bool) -> Result<()> {
     match variant {
         Variant::IpvsFilter => set_ipvs_filter(mode, on),
-        Variant::PeerVipBound => set_peer_vip_bound(on),
+        Variant::PeerNode => set_peer_node(on),
         Variant::VipBound if mode == KubeProxyMode::Ipvs => {
             let bound = vip_address_bound()?;
             let cidr = format!("{VIP}/32");
@@ -676,7 +676,7 @@ fn set_variants_in(mode: KubeProxyMode, v: &Variants) -> Result<()> {
     set_variant_in(mode, Variant::RpFilter, v.rp_filter)?;
     set_variant_in(mode, Variant::Masquerade, v.masquerade)?;
     set_variant_in(mode, Variant::IpvsFilter, v.ipvs_filter)?;
-    set_variant_in(mode, Variant::PeerVipBound, v.peer_vip_bound)
+    set_variant_in(mode, Variant::PeerNode, v.peer_node)
 }
 
 fn vip_address_bound() -> Result<bool> {
@@ -693,7 +693,7 @@ pub(crate) fn read_variants() -> Result<Variants> {
         rp_filter: all.max(nic) == 1,
         masquerade: has_rule(MASQ_CHAIN, MASQ_RULE),
         ipvs_filter: ipvs_filter_present(),
-        peer_vip_bound: peer_vip_bound()?,
+        peer_node: peer_node()?,
     })
 }
 
@@ -801,23 +801,82 @@ COMMIT
     Ok(())
 }
 
-/// The peer binds the VIP (on its `lo`), and the LB accepts local-source packets from the
-/// peer's side (a VPC does not validate sources the way a Linux router does).
-fn set_peer_vip_bound(on: bool) -> Result<()> {
-    let bound = peer_vip_bound()?;
-    let cidr = format!("{VIP}/32");
+/// The lab's chain (nat OUTPUT) standing in for IPVS's virtual services VIP:8443 (ETP Local,
+/// no local endpoint: forwarded unSNATed) and VIP:8444 (ETP Cluster: marked for kube-proxy's
+/// masquerade) to the pod on the peer.
+pub const ETP_CHAIN: &str = "CLB-LAB-ETP";
+
+/// The peer is a second node: it binds the VIP (on its `lo`) and hosts a pod
+/// ([`PEER_POD_IP`], answered by its NodePort server) that is the only endpoint of the node's
+/// VIP:8443 / VIP:8444 ([`ETP_CHAIN`]); the LB routes the peer's pods and accepts
+/// local-source packets from both nodes (a VPC does not validate sources the way a Linux
+/// router does).
+fn set_peer_node(on: bool) -> Result<()> {
+    let bound = peer_node()?;
+    let vip = format!("{VIP}/32");
+    let pod = format!("{PEER_POD_IP}/32");
     if on && !bound {
-        ip(NS_PEER, &["addr", "add", &cidr, "dev", "lo"])?;
+        ip(NS_PEER, &["addr", "add", &vip, "dev", "lo"])?;
+        ip(NS_PEER, &["addr", "add", &pod, "dev", "lo"])?;
+        ip(
+            NS_LB,
+            &["route", "replace", PEER_POD_CIDR, "via", "198.18.1.2"],
+        )?;
+        let to = format!("{PEER_POD_IP}:{NODE_PORT}");
+        let rules = format!(
+            r#"*nat
+:{ETP_CHAIN} - [0:0]
+-A OUTPUT -m comment --comment "clb-lab: ETP services with their endpoint on the peer (variant peer-node)" -j {ETP_CHAIN}
+-A {ETP_CHAIN} -d {VIP}/32 -p tcp -m tcp --dport {VIP_ETP_CLUSTER_PORT} -m comment --comment "ETP Cluster: masquerade" -j KUBE-MARK-MASQ
+-A {ETP_CHAIN} -d {VIP}/32 -p tcp -m tcp --dport {VIP_ETP_LOCAL_PORT} -m comment --comment "ETP Local, no local endpoint" -j DNAT --to-destination {to}
+-A {ETP_CHAIN} -d {VIP}/32 -p tcp -m tcp --dport {VIP_ETP_CLUSTER_PORT} -m comment --comment "ETP Cluster" -j DNAT --to-destination {to}
+COMMIT
+"#
+        );
+        run_stdin(
+            &[
+                "ip",
+                "netns",
+                "exec",
+                NS_NODE,
+                "iptables-restore",
+                "-w",
+                "--noflush",
+            ],
+            &rules,
+        )
+        .context("loading the peer-node rules into clb-node")?;
     } else if !on && bound {
-        ip(NS_PEER, &["addr", "del", &cidr, "dev", "lo"])?;
+        ip(NS_PEER, &["addr", "del", &vip, "dev", "lo"])?;
+        ip(NS_PEER, &["addr", "del", &pod, "dev", "lo"])?;
+        ip(NS_LB, &["route", "del", PEER_POD_CIDR])?;
+        let jump = [
+            "-t",
+            "nat",
+            "-D",
+            "OUTPUT",
+            "-m",
+            "comment",
+            "--comment",
+            "clb-lab: ETP services with their endpoint on the peer (variant peer-node)",
+            "-j",
+            ETP_CHAIN,
+        ];
+        while iptables_ok(NS_NODE, &jump) {}
+        iptables(NS_NODE, &["-t", "nat", "-F", ETP_CHAIN])?;
+        iptables(NS_NODE, &["-t", "nat", "-X", ETP_CHAIN])?;
     }
+    let v = u8::from(on);
     sysctl(
         NS_LB,
-        &[format!("net.ipv4.conf.vpeer.accept_local={}", u8::from(on))],
+        &[
+            format!("net.ipv4.conf.vpeer.accept_local={v}"),
+            format!("net.ipv4.conf.vnode.accept_local={v}"),
+        ],
     )
 }
 
-fn peer_vip_bound() -> Result<bool> {
+fn peer_node() -> Result<bool> {
     let out = ip(NS_PEER, &["-4", "-o", "addr", "show", "dev", "lo"])?;
     Ok(out.contains(&format!("{VIP}/32")))
 }

@@ -225,3 +225,33 @@ fn a_late_suspect_folds_into_its_vip_as_source_event() {
     assert_eq!((s.suspects_confirmed, s.pending_suspects), (1, 0));
     invariants(&c);
 }
+
+/// The sending side: a SYN that left a NIC with a bound VIP as source confirms alone, once per
+/// aggregate (retransmits and new source ports count).
+#[test]
+fn a_vip_source_syn_leaving_a_nic_is_vip_as_source() {
+    let mut c = corr();
+    let remote_pod = "198.18.7.20";
+    let egress = |ts: u64, sport: u16| KernelEvent::VipEgress {
+        ts_ns: ts,
+        nic: "eth0".into(),
+        packet: pkt(LB_VIP, sport, remote_pod, 8080, Some(Tag::Vip), None),
+    };
+    let first = only_report(&c.ingest(egress(S, 41000)));
+    let e = &first.event;
+    assert_eq!(e.kind, LoopbackKind::VipAsSource);
+    assert_eq!((e.src, e.vip), (ip(LB_VIP), Some(ip(LB_VIP))));
+    assert_eq!((e.dst, e.dst_port), (ip(remote_pod), 8080));
+    assert_eq!(e.outcome, Outcome::NoReply);
+    assert_eq!(e.nic.as_deref(), Some("eth0"));
+    assert!(has_line(&e.evidence, "tc egress on eth0"));
+    assert!(has_line(&e.remedy, "on this node"));
+    let second = only_report(&c.ingest(egress(2 * S, 41001)));
+    assert_eq!(
+        (second.event.key.as_str(), second.event.count),
+        (e.key.as_str(), 2)
+    );
+    let s = c.stats();
+    assert_eq!((s.vip_egress_seen, s.confirmed.vip_as_source), (2, 2));
+    invariants(&c);
+}
