@@ -28,6 +28,8 @@ pub mod kind {
     pub const SUSPECT: u8 = 1;
     /// `kfree_skb` of a suspect packet, or of a packet addressed to a bound VIP.
     pub const DROP: u8 = 2;
+    /// NIC egress TCP SYN whose source is a bound VIP (`vip_as_source`, sending side).
+    pub const VIP_EGRESS: u8 = 3;
 }
 
 /// Indices of the per-CPU `STATS` array.

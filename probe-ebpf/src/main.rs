@@ -421,6 +421,33 @@ fn on_suspect(ctx: &TcContext, pkt: &Packet, src_tag: u8) {
     );
 }
 
+/// A TCP SYN leaving a NIC with a bound VIP as source: a call to the LB IP forwarded to
+/// another node without SNAT. Never on an ordinary packet's path (only VIP-source openers get
+/// here); deduplicated and budgeted like every event. TCP only: a UDP service on a VIP
+/// answers from the VIP, which is no opener of ours.
+#[inline(never)]
+fn on_vip_egress(ctx: &TcContext, pkt: &Packet) {
+    let cfg = CONFIG.load();
+    let now = unsafe { bpf_ktime_get_ns() };
+    if !may_emit(&flow_of(pkt, kind::VIP_EGRESS), now, &cfg) {
+        return;
+    }
+    emit(
+        &cfg,
+        pkt,
+        Meta {
+            kind: kind::VIP_EGRESS,
+            src_tag: tag::VIP,
+            dst_tag: lookup_tag(pkt.family, &pkt.daddr),
+            ifindex: unsafe { (*ctx.skb.skb).ifindex },
+            reason: 0,
+            location: 0,
+            netns: 0,
+            now,
+        },
+    );
+}
+
 #[classifier]
 pub fn clb_egress(ctx: TcContext) -> i32 {
     let Some(pkt) = parse(&ctx) else {
@@ -432,7 +459,15 @@ pub fn clb_egress(ctx: TcContext) -> i32 {
         IPPROTO_UDP => true,
         _ => false,
     };
-    if !opener || lookup_tag(pkt.family, &pkt.saddr) != tag::POD {
+    if !opener {
+        return TC_ACT_UNSPEC;
+    }
+    let src_tag = lookup_tag(pkt.family, &pkt.saddr);
+    if src_tag == tag::VIP && pkt.proto == IPPROTO_TCP {
+        on_vip_egress(&ctx, &pkt);
+        return TC_ACT_UNSPEC;
+    }
+    if src_tag != tag::POD {
         return TC_ACT_UNSPEC;
     }
     let key = EgressKey {

@@ -141,18 +141,30 @@ pub enum KernelEvent {
         /// Drop site as `symbol+0xoff` from /proc/kallsyms, when resolvable.
         location: Option<String>,
     },
+    /// A TCP SYN left a NIC with a bound VIP as its source (appended: older recordings stay
+    /// readable).
+    VipEgress {
+        ts_ns: u64,
+        /// Interface name (the NIC it left through).
+        nic: String,
+        packet: Packet,
+    },
 }
 
 impl KernelEvent {
     pub fn ts_ns(&self) -> u64 {
         match self {
-            KernelEvent::Suspect { ts_ns, .. } | KernelEvent::Drop { ts_ns, .. } => *ts_ns,
+            KernelEvent::Suspect { ts_ns, .. }
+            | KernelEvent::Drop { ts_ns, .. }
+            | KernelEvent::VipEgress { ts_ns, .. } => *ts_ns,
         }
     }
 
     pub fn packet(&self) -> &Packet {
         match self {
-            KernelEvent::Suspect { packet, .. } | KernelEvent::Drop { packet, .. } => packet,
+            KernelEvent::Suspect { packet, .. }
+            | KernelEvent::Drop { packet, .. }
+            | KernelEvent::VipEgress { packet, .. } => packet,
         }
     }
 }

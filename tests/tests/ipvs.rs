@@ -399,3 +399,42 @@ fn ipvs_mode_hairpin_is_confirmed() {
     let failures = std::mem::take(&mut run.failures);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// kube-proxy >= 1.25's IPVS access filter for real (variant `ipvs-filter`: `KUBE-IPVS-FILTER`
+/// and its ipsets beside real IPVS): the unserved VIP port is REJECTed (NETFILTER_DROP) and
+/// still confirmed as `vip_port_unserved`; the served port passes the filter.
+#[test]
+fn ipvs_mode_access_filter_unserved_port_is_confirmed() {
+    if !in_vm("ipvs_mode_access_filter") {
+        return;
+    }
+    let lab = LabGuard::up_in(
+        KubeProxyMode::Ipvs,
+        &Scenario::VipPortUnservedFiltered.spec().variants,
+        &UpOptions::default(),
+    )
+    .expect("IPVS-mode lab up");
+    // The agent's first read of the service table sees the filter chain.
+    let agent = Agent::start(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    let mut run = Run {
+        agent: &agent,
+        lab: &lab,
+        services: services_json(),
+        failures: Vec::new(),
+    };
+    run.failure(
+        Scenario::VipPortUnservedFiltered,
+        "vip-port-unserved-filtered",
+        "vip_port_unserved",
+        |e| {
+            assert_eq!(e["vip"], lab::VIP.to_string());
+            assert_eq!(e["vip_port"], lab::VIP_UNSERVED_PORT);
+            assert_eq!(e["outcome"], "refused");
+            let ev = e["evidence"].to_string();
+            assert!(ev.contains("chain KUBE-IPVS-FILTER"), "{e:#}");
+        },
+    );
+    run.twin(Scenario::VipPortServedFiltered);
+    let failures = std::mem::take(&mut run.failures);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

@@ -123,6 +123,7 @@ fn up_then_down_leaves_nothing() {
         vip_bound: false,
         rp_filter: true,
         masquerade: true,
+        ..Variants::default()
     };
     Lab::up(&v).expect("lab up");
     let st = Lab::status().unwrap();
@@ -258,4 +259,34 @@ fn host_nat_rules() -> String {
         .output()
         .unwrap();
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn vip_port_unserved_under_the_ipvs_access_filter_is_refused() {
+    scenario(Scenario::VipPortUnservedFiltered, Outcome::Refused, None);
+}
+
+#[test]
+fn vip_port_served_under_the_ipvs_access_filter() {
+    scenario(Scenario::VipPortServedFiltered, Outcome::Ok, Some("pod-b"));
+}
+
+#[test]
+fn vip_as_source_from_the_peer_times_out() {
+    scenario(Scenario::VipAsSource, Outcome::Timeout, None);
+}
+
+#[test]
+fn snated_call_from_the_peer_reaches_pod_b() {
+    scenario(Scenario::VipAsSourceSnat, Outcome::Ok, Some("pod-b"));
+}
+
+#[test]
+fn vip_as_source_from_the_node_times_out() {
+    scenario(Scenario::VipAsSourceOut, Outcome::Timeout, None);
+}
+
+#[test]
+fn etp_cluster_call_from_the_node_reaches_the_peer_pod() {
+    scenario(Scenario::VipAsSourceOutCluster, Outcome::Ok, Some("peer"));
 }

@@ -225,3 +225,123 @@ fn repeated_health_checks_aggregate_into_one_event() {
         assert!(pair[1]["count"].as_u64() > pair[0]["count"].as_u64());
     }
 }
+
+/// [`run`] with the lab brought up in the scenario's own variants, so the agent's first read
+/// of the service table (its access filter included) already sees them.
+fn run_in_variants(scenario: Scenario) -> (Outcome, Agent) {
+    let lab = LabGuard::up(&scenario.spec().variants).expect("lab up");
+    let agent = Agent::start(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    let outcome = lab.traffic(scenario).expect("traffic");
+    std::thread::sleep(SETTLE);
+    let _ = agent.events();
+    drop(lab);
+    (outcome, agent)
+}
+
+/// kube-proxy >= 1.25 (IPVS mode) REJECTs the unserved VIP port in `KUBE-IPVS-FILTER`: the
+/// packet dies as NETFILTER_DROP, not NO_SOCKET, and is still `vip_port_unserved`.
+#[test]
+fn vip_port_unserved_is_confirmed_from_the_ipvs_access_filter_reject() {
+    if !require_root("vip_port_unserved_filtered") {
+        return;
+    }
+    let (outcome, agent) = run_in_variants(Scenario::VipPortUnservedFiltered);
+    assert_eq!(outcome, Outcome::Refused);
+    let e = only_event(&agent, "vip_port_unserved");
+    assert_eq!(e["src"], lab::POD_A_IP.to_string());
+    assert_eq!(e["vip"], lab::VIP.to_string());
+    assert_eq!(e["vip_port"], lab::VIP_UNSERVED_PORT);
+    assert_eq!(e["drop_reason"], "NETFILTER_DROP");
+    assert_eq!(e["outcome"], "refused");
+    let evidence = e["evidence"].to_string();
+    assert!(evidence.contains("chain KUBE-IPVS-FILTER"), "{e:#}");
+    assert!(evidence.contains("-j REJECT"), "{e:#}");
+    assert!(
+        e["remedy"].to_string().contains("KUBE-IPVS-FILTER"),
+        "{e:#}"
+    );
+}
+
+#[test]
+fn healthy_twin_served_vip_port_under_the_ipvs_access_filter_reports_nothing() {
+    if !require_root("twin_vip_port_served_filtered") {
+        return;
+    }
+    let (outcome, agent) = run_in_variants(Scenario::VipPortServedFiltered);
+    assert_eq!(outcome, Outcome::Ok);
+    assert!(agent.events().is_empty(), "{:#?}", agent.events());
+}
+
+/// The receiving side of `vip_as_source`: a packet from the VIP to a pod of this node (no
+/// NodePort: no health check), dropped as a local source.
+#[test]
+fn vip_as_source_is_confirmed_on_the_receiving_node_and_is_no_health_check() {
+    if !require_root("vip_as_source") {
+        return;
+    }
+    let (outcome, agent) = run_in_variants(Scenario::VipAsSource);
+    assert_eq!(outcome, Outcome::Timeout);
+    let e = only_event(&agent, "vip_as_source");
+    assert_eq!(e["src"], lab::VIP.to_string());
+    assert_eq!(e["vip"], lab::VIP.to_string());
+    assert_eq!(e["dst"], lab::POD_B_IP.to_string());
+    assert_eq!(e["dst_port"], lab::POD_PORT);
+    assert_eq!(e["outcome"], "dropped");
+    assert_eq!(e["nic"], lab::NODE_NIC);
+    assert!(
+        is_local_source_drop(
+            e["drop_reason"].as_str().unwrap_or_default(),
+            e["drop_location"].as_str().unwrap_or_default()
+        ),
+        "{e:#}"
+    );
+    let evidence = e["evidence"].to_string();
+    assert!(evidence.contains("is a pod of this node"), "{e:#}");
+    let remedy = e["remedy"].to_string();
+    assert!(remedy.contains("externalTrafficPolicy: Local"), "{e:#}");
+    assert!(remedy.contains("internalTrafficPolicy"), "{e:#}");
+}
+
+#[test]
+fn healthy_twin_snated_call_from_the_peer_reports_nothing() {
+    if !require_root("twin_vip_as_source_snat") {
+        return;
+    }
+    let (outcome, agent) = run_in_variants(Scenario::VipAsSourceSnat);
+    assert_eq!(outcome, Outcome::Ok);
+    assert!(agent.events().is_empty(), "{:#?}", agent.events());
+}
+
+/// The sending side of `vip_as_source`: the node's own call to the LB IP (ETP Local, endpoint
+/// only on the peer) leaves eth0 with the VIP as source.
+#[test]
+fn vip_as_source_is_confirmed_on_the_sending_node() {
+    if !require_root("vip_as_source_out") {
+        return;
+    }
+    let (outcome, agent) = run_in_variants(Scenario::VipAsSourceOut);
+    assert_eq!(outcome, Outcome::Timeout);
+    let e = only_event(&agent, "vip_as_source");
+    assert_eq!(e["src"], lab::VIP.to_string());
+    assert_eq!(e["vip"], lab::VIP.to_string());
+    assert_eq!(e["dst"], lab::PEER_POD_IP.to_string());
+    assert_eq!(e["dst_port"], lab::NODE_PORT);
+    assert_eq!(e["outcome"], "no_reply");
+    assert_eq!(e["nic"], lab::NODE_NIC);
+    assert_eq!(e["drop_reason"], Value::Null);
+    assert!(
+        e["evidence"].to_string().contains("tc egress on eth0"),
+        "{e:#}"
+    );
+    assert!(e["remedy"].to_string().contains("on this node"), "{e:#}");
+}
+
+#[test]
+fn healthy_twin_etp_cluster_call_from_the_node_reports_nothing() {
+    if !require_root("twin_vip_as_source_out_cluster") {
+        return;
+    }
+    let (outcome, agent) = run_in_variants(Scenario::VipAsSourceOutCluster);
+    assert_eq!(outcome, Outcome::Ok);
+    assert!(agent.events().is_empty(), "{:#?}", agent.events());
+}

@@ -76,6 +76,12 @@ const SCENARIOS: &[Scenario] = &[
     Scenario::VipPortServed,
     Scenario::OutsideClient,
     Scenario::PodToPod,
+    Scenario::VipPortUnservedFiltered,
+    Scenario::VipPortServedFiltered,
+    Scenario::VipAsSource,
+    Scenario::VipAsSourceSnat,
+    Scenario::VipAsSourceOut,
+    Scenario::VipAsSourceOutCluster,
 ];
 
 pub fn run() -> anyhow::Result<()> {
@@ -102,7 +108,10 @@ pub fn run() -> anyhow::Result<()> {
     let mut child = Command::new("ip")
         .args(["netns", "exec", lab::NS_NODE])
         .arg(&probe)
-        .args(["agent", "--nic", lab::NODE_NIC, "--events", "-", "--socket"])
+        // The service table every second: a scenario's variant (the IPVS access filter) is in
+        // the agent's table before its traffic.
+        .args(["agent", "--nic", lab::NODE_NIC, "--services-every", "1"])
+        .args(["--events", "-", "--socket"])
         .arg(DEMO_SOCKET)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -128,6 +137,11 @@ pub fn run() -> anyhow::Result<()> {
 
     for scenario in SCENARIOS {
         check_interrupt()?;
+        let variants = scenario.spec().variants;
+        if lab.variants()? != variants {
+            lab.set_all(&variants)?;
+            thread::sleep(Duration::from_millis(1500));
+        }
         let report = lab.run(*scenario)?;
         println!("demo: {report}");
         thread::sleep(Duration::from_millis(300));

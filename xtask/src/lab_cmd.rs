@@ -36,6 +36,10 @@ enum Action {
         rp_filter: OnOff,
         #[arg(long, value_enum, default_value = "off")]
         masquerade: OnOff,
+        #[arg(long, value_enum, default_value = "off")]
+        ipvs_filter: OnOff,
+        #[arg(long, value_enum, default_value = "off")]
+        peer_node: OnOff,
     },
     /// Kill the lab's servers and delete its namespaces (idempotent).
     Down,
@@ -75,11 +79,15 @@ pub fn run(args: LabArgs) -> Result<ExitCode> {
             vip_bound,
             rp_filter,
             masquerade,
+            ipvs_filter,
+            peer_node,
         } => {
             let v = Variants {
                 vip_bound: vip_bound.into(),
                 rp_filter: rp_filter.into(),
                 masquerade: masquerade.into(),
+                ipvs_filter: ipvs_filter.into(),
+                peer_node: peer_node.into(),
             };
             Lab::down()?;
             Lab::up(&v)?;

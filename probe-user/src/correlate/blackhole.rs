@@ -1,11 +1,16 @@
-//! `healthcheck_blackhole`: a VIP-source packet on NIC ingress dropped as a local source.
+//! `healthcheck_blackhole`: a VIP-source packet on NIC ingress to a NodePort (or
+//! healthCheckNodePort) of a node address, dropped as a local source. The same drop to any
+//! other destination is `vip_as_source` (see `vip_as_source.rs`).
 
 use super::{
     AggregateKey, Correlator, DropInfo, LoopbackEvent, Outcome, Output, RecentDrop, SnatState,
-    evidence::{drop_line, local_source_line, suspect_line},
+    evidence::{drop_line, local_source_line, suspect_line, table_missing},
     remedy, tuple_of,
 };
-use crate::{event::Packet, state::Tuple};
+use crate::{
+    event::{Packet, Tag},
+    state::{NODEPORT_RANGE, Tuple},
+};
 
 /// A `Vip`-source suspect waiting for its drop.
 pub(super) struct VipSuspect {
@@ -115,6 +120,10 @@ impl Correlator {
         suspect: Option<VipSuspect>,
         out: &mut Vec<Output>,
     ) {
+        if !self.is_health_check(packet) {
+            self.confirm_vip_as_source(packet, info, suspect, out);
+            return;
+        }
         let t = tuple_of(packet);
         let mut evidence = Vec::new();
         if let Some(s) = &suspect {
@@ -145,9 +154,35 @@ impl Correlator {
             service: svc,
             ..LoopbackEvent::new(&key, packet, info.ts, Outcome::Dropped)
         };
-        self.stats.suspects_confirmed += suspect.as_ref().map_or(0, |s| s.n);
-        self.stats.drops_confirming += 1;
         self.stats.confirmed.healthcheck_blackhole += 1;
+        self.report_vip_source_drop(packet, info, suspect.as_ref(), key, event, out);
+    }
+
+    /// A health check: the destination is a node address and the port a NodePort of the
+    /// service table, or one of the NodePort range it does not list (a healthCheckNodePort:
+    /// kube-proxy allocates those there and serves them from its own socket, not from rules).
+    /// Without a service table, any port of a node address.
+    pub(super) fn is_health_check(&self, p: &Packet) -> bool {
+        p.dst_tag == Some(Tag::Node)
+            && (table_missing(&self.services)
+                || self.services.nodeport(p.dport, p.proto).is_some()
+                || NODEPORT_RANGE.contains(&p.dport))
+    }
+
+    /// Counts, keeps the drop (a suspect arriving after it folds into this event) and records
+    /// a confirmed local-source drop of a `Vip`-source packet.
+    pub(super) fn report_vip_source_drop(
+        &mut self,
+        packet: &Packet,
+        info: DropInfo,
+        suspect: Option<&VipSuspect>,
+        key: AggregateKey,
+        event: LoopbackEvent,
+        out: &mut Vec<Output>,
+    ) {
+        let t = tuple_of(packet);
+        self.stats.suspects_confirmed += suspect.map_or(0, |s| s.n);
+        self.stats.drops_confirming += 1;
         let ts = info.ts;
         // Keep the drop so a suspect arriving after it folds into this event.
         if !self.drops.contains_key(&t) && self.pending_len() < self.cfg.max_pending {

@@ -95,6 +95,14 @@ pub(crate) fn reason_from_site(
     }
 }
 
+/// Netfilter dropped it: `NETFILTER_DROP`, or `NOT_SPECIFIED` at `nf_hook_slow` (kernels
+/// before the netfilter reason).
+pub(crate) fn is_netfilter_drop(reason: &DropReason, location: Option<&str>) -> bool {
+    reason.name == "NETFILTER_DROP"
+        || (reason.name == "NOT_SPECIFIED"
+            && location.is_some_and(|l| NETFILTER_SITES.contains(&site_symbol(l))))
+}
+
 /// No socket for the packet (`NO_SOCKET`, and any future reason with that in its name).
 pub(crate) fn is_no_socket(reason: &DropReason) -> bool {
     reason.name.contains("NO_SOCKET")

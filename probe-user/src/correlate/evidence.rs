@@ -11,7 +11,10 @@ use super::{
 };
 use crate::{
     event::{EgressRecord, Packet, Proto, Tag, tcp_flags},
-    state::{ConntrackEntry, NodePortEntry, ServiceSource, ServiceTable, Tuple},
+    state::{
+        ConntrackEntry, NodePortEntry, ServiceSource, ServiceTable, Tuple,
+        iptables::ACCESS_FILTER_CHAIN,
+    },
 };
 
 /// `12.345678901s` (monotonic).
@@ -153,8 +156,48 @@ pub(super) fn local_source_line(info: &DropInfo, src: IpAddr) -> String {
     }
 }
 
-/// What the kernel answers a connection to an unserved port with.
-pub(super) fn refusal_line(proto: Proto) -> String {
+/// A TCP SYN that left `nic` with a bound VIP as source.
+pub(super) fn vip_egress_line(ts: u64, nic: &str, p: &Packet) -> String {
+    format!(
+        "tc egress on {nic} at {}: {}{} left with source {}, a VIP bound on this node's VIP \
+         interface: a call to the LB IP from this node, forwarded to another node without SNAT; \
+         that node binds the VIP too (kube-proxy IPVS mode binds LB IPs on every node) and drops \
+         it as a local source",
+        fmt_ts(ts),
+        fmt_tuple(&tuple_of(p)),
+        fmt_flags(p),
+        p.src
+    )
+}
+
+/// Why a dropped `Vip`-source packet is no health check: where it was going.
+pub(super) fn destination_line(p: &Packet, services: &ServiceTable) -> String {
+    let to = sock(p.dst, p.dport);
+    let what = match p.dst_tag {
+        Some(Tag::Pod) => format!("{to} is a pod of this node"),
+        Some(Tag::Vip) => format!("{to} is a VIP bound on this node"),
+        Some(Tag::Node) => format!(
+            "{to} is a node address, and {}/{} is no NodePort in the service table ({})",
+            p.dport,
+            p.proto.as_str(),
+            source_name(services)
+        ),
+        None => format!("{to} is no address of this node"),
+    };
+    format!(
+        "destination {what}: not a health check; a packet from the VIP to it was forwarded by          another node that binds the VIP (a call to the LB IP, not SNATed)"
+    )
+}
+
+/// What the kernel answers a connection to an unserved port with (`filtered`: kube-proxy's
+/// access filter REJECTed it).
+pub(super) fn refusal_line(proto: Proto, filtered: bool) -> String {
+    if filtered {
+        return format!(
+            "{}: the REJECT answers with ICMP port unreachable (connection refused)",
+            proto.as_str().to_uppercase()
+        );
+    }
     match proto {
         Proto::Udp => {
             "UDP: the kernel answers an unserved port with ICMP port unreachable".to_string()
@@ -314,6 +357,25 @@ impl Correlator {
                 packet.dst,
                 served.join(", ")
             ));
+        }
+    }
+
+    /// kube-proxy's IPVS access filter, named with its REJECT rule(s).
+    pub(super) fn access_filter_evidence(&self, evidence: &mut Vec<String>) {
+        evidence.push(format!(
+            "netfilter dropped it in the filter table's INPUT: kube-proxy's IPVS access filter \
+             (chain {ACCESS_FILTER_CHAIN}, kube-proxy >= 1.25) REJECTs new connections to a \
+             kube-ipvs0 address (ipset KUBE-IPVS-IPS) unless the ip,port is a service \
+             (ipsets KUBE-LOAD-BALANCER, KUBE-CLUSTER-IP, KUBE-EXTERNAL-IP, ...)"
+        ));
+        for r in self
+            .services
+            .access_filter
+            .iter()
+            .filter(|r| r.contains("REJECT"))
+            .take(2)
+        {
+            evidence.push(format!("filter rule: {r}"));
         }
     }
 

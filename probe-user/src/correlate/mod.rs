@@ -38,7 +38,16 @@
 //! - **`vip_port_unserved`**: a `Drop` with `dst_tag` `Vip`, a reason containing `NO_SOCKET`,
 //!   TCP or UDP, for a VIP:port the service table does not serve. Outcome `refused` (a TCP
 //!   RST; for UDP an ICMP port unreachable, said in the evidence). With no service table at
-//!   all it still confirms, and says so in the evidence.
+//!   all it still confirms, and says so in the evidence. Also a `NETFILTER_DROP` (or
+//!   `NOT_SPECIFIED` at `nf_hook_slow`) of such a packet when kube-proxy's IPVS access filter
+//!   chain `KUBE-IPVS-FILTER` exists (it REJECTs with ICMP port unreachable; named in the
+//!   evidence).
+//! - **`vip_as_source`**: what would confirm `healthcheck_blackhole`, for a destination that
+//!   is no health check: not a node address, or a node address on a port that is neither a
+//!   NodePort of the service table nor in the NodePort range (a healthCheckNodePort). Without
+//!   a service table every port of a node address counts as a health check. `vip` = the
+//!   packet's source. Sending side: a `VipEgress` (a TCP SYN that left a NIC with a bound VIP
+//!   as source) confirms alone; outcome `no_reply` (the receiving node drops it).
 //! - Anything else is counted in [`CorrelatorStats`], never reported.
 //!
 //! Kernels without drop reasons (< 5.17) report every drop as `UNREPORTED` with its site:
@@ -75,6 +84,7 @@ mod stream_tests;
 #[cfg(test)]
 mod tests;
 mod unserved;
+mod vip_as_source;
 
 use std::{
     collections::{HashMap, HashSet, VecDeque},
@@ -215,6 +225,7 @@ pub struct KindCounts {
     pub healthcheck_blackhole: u64,
     pub hairpin: u64,
     pub vip_port_unserved: u64,
+    pub vip_as_source: u64,
 }
 
 /// Counters. Invariants (checked by the tests):
@@ -252,6 +263,8 @@ pub struct CorrelatorStats {
     pub answers_stale: u64,
     pub aggregates: u64,
     pub aggregates_evicted: u64,
+    /// TCP SYNs seen leaving a NIC with a bound VIP as source (each confirms `vip_as_source`).
+    pub vip_egress_seen: u64,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -377,6 +390,9 @@ impl Correlator {
         match ev {
             KernelEvent::Suspect { ts_ns, nic, packet } => {
                 self.on_suspect(ts_ns, nic, packet, &mut out)
+            }
+            KernelEvent::VipEgress { ts_ns, nic, packet } => {
+                self.on_vip_egress(ts_ns, &nic, &packet, &mut out)
             }
             KernelEvent::Drop {
                 ts_ns,

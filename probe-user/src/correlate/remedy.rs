@@ -119,9 +119,14 @@ pub(crate) fn vip_port_unserved(
     port: u16,
     proto: Proto,
     owner: Option<&str>,
+    filtered: bool,
 ) -> Vec<String> {
     let owner = owner.map_or_else(|| "a Service".to_string(), str::to_string);
     let refusal = match proto {
+        _ if filtered => {
+            "rejects it: kube-proxy's KUBE-IPVS-FILTER answers with ICMP port unreachable \
+             (connection refused)"
+        }
         Proto::Udp => "answers with ICMP port unreachable",
         _ => "answers with a TCP RST (connection refused)",
     };
@@ -141,6 +146,53 @@ pub(crate) fn vip_port_unserved(
          publishes a hostname instead of the IP, or ipMode: Proxy), which sends in-cluster \
          calls to the real LB and can then hairpin; or have in-cluster callers use another \
          address for that listener."
+            .to_string(),
+    ]
+}
+
+/// Which node saw a `vip_as_source` packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum VipSourceSide {
+    /// This node received it (and dropped it as a local source).
+    Receiving,
+    /// This node sent it (a SYN left a NIC with a bound VIP as source).
+    Sending,
+}
+
+/// A packet sourced from a LB VIP, forwarded between nodes that both bind the VIP.
+pub(crate) fn vip_as_source(
+    vip: IpAddr,
+    dst: IpAddr,
+    dst_port: u16,
+    side: VipSourceSide,
+) -> Vec<String> {
+    let to = sock(dst, dst_port);
+    let cause = match side {
+        VipSourceSide::Receiving => format!(
+            "Cause: another node called the LB IP {vip} from its host network; {vip} is bound on \
+             that node's kube-ipvs0, so the kernel picked {vip} itself as the source; the Service \
+             has externalTrafficPolicy: Local and that node has no local endpoint, so IPVS \
+             forwarded the call to {to} here without SNAT; this node binds {vip} too and drops \
+             every packet from it as a local (martian) source. The caller times out."
+        ),
+        VipSourceSide::Sending => format!(
+            "Cause: a host-network caller on this node called the LB IP {vip}, which is bound on \
+             kube-ipvs0 here, so the kernel picked {vip} itself as the source; the Service has \
+             externalTrafficPolicy: Local and this node has no local endpoint, so IPVS \
+             forwarded the call to {to} on another node without SNAT; that node binds {vip} \
+             too and drops it as a local (martian) source. The caller times out."
+        ),
+    };
+    vec![
+        cause,
+        "Call the Service by its cluster DNS name or ClusterIP from inside the cluster, not the \
+         LB IP (internal access to the LB IP is what picks the VIP as source)."
+            .to_string(),
+        "Or set internalTrafficPolicy / move such callers to nodes with a local endpoint, so \
+         in-cluster calls are not forwarded to another node."
+            .to_string(),
+        "Or set externalTrafficPolicy: Cluster on the Service: IPVS then masquerades the \
+         forwarded call to the node IP (the client source IP is no longer preserved)."
             .to_string(),
     ]
 }

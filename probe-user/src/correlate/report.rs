@@ -20,6 +20,10 @@ pub enum LoopbackKind {
     Hairpin,
     /// A VIP bound on kube-ipvs0 was called on a port nothing on the node serves.
     VipPortUnserved,
+    /// A packet whose source is a LB VIP went from one node to a pod (or a non-NodePort
+    /// port) of another node that binds the same VIP: a host-network call to the LB IP,
+    /// forwarded without SNAT (externalTrafficPolicy: Local, no local endpoint).
+    VipAsSource,
 }
 
 impl LoopbackKind {
@@ -28,6 +32,7 @@ impl LoopbackKind {
             LoopbackKind::HealthcheckBlackhole => "healthcheck_blackhole",
             LoopbackKind::Hairpin => "hairpin",
             LoopbackKind::VipPortUnserved => "vip_port_unserved",
+            LoopbackKind::VipAsSource => "vip_as_source",
         }
     }
 }
@@ -74,6 +79,8 @@ pub enum Layer {
 ///   ports are ignored: every connection of the pod through the LB uses new ones.
 /// - `vip_port_unserved`: (VIP, port, proto). The client and its port are ignored: the
 ///   failure is the port, whoever calls it (the event shows the latest client).
+/// - `vip_as_source`: (VIP = packet source, destination address and port, proto). The source
+///   port is ignored: every call uses a new one.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum AggregateKey {
     HealthcheckBlackhole {
@@ -96,6 +103,12 @@ pub enum AggregateKey {
         port: u16,
         proto: Proto,
     },
+    VipAsSource {
+        vip: IpAddr,
+        dst: IpAddr,
+        dst_port: u16,
+        proto: Proto,
+    },
 }
 
 impl AggregateKey {
@@ -104,6 +117,7 @@ impl AggregateKey {
             AggregateKey::HealthcheckBlackhole { .. } => LoopbackKind::HealthcheckBlackhole,
             AggregateKey::Hairpin { .. } => LoopbackKind::Hairpin,
             AggregateKey::VipPortUnserved { .. } => LoopbackKind::VipPortUnserved,
+            AggregateKey::VipAsSource { .. } => LoopbackKind::VipAsSource,
         }
     }
 }
@@ -153,6 +167,17 @@ impl fmt::Display for AggregateKey {
                 f,
                 "vip_port_unserved/{}/{}",
                 sock(*vip, *port),
+                proto.as_str()
+            ),
+            AggregateKey::VipAsSource {
+                vip,
+                dst,
+                dst_port,
+                proto,
+            } => write!(
+                f,
+                "vip_as_source/{vip}->{}/{}",
+                sock(*dst, *dst_port),
                 proto.as_str()
             ),
         }

@@ -6,6 +6,9 @@ use std::net::IpAddr;
 use super::*;
 use crate::state::{NodePortEntry, ServiceEntry};
 
+/// Field variants (issue 10): the IPVS access filter, `vip_as_source`, health checks only.
+mod field;
+
 const MS: u64 = 1_000_000;
 const S: u64 = 1_000 * MS;
 
@@ -112,6 +115,7 @@ fn table() -> ServiceTable {
         masquerade_rules: vec![
             "-A KUBE-POSTROUTING -m mark --mark 0x4000/0x4000 -j MASQUERADE".into(),
         ],
+        access_filter: Vec::new(),
     }
 }
 
@@ -1080,9 +1084,12 @@ fn a_drop_from_another_source_port_is_not_paired() {
     let mut other = hc(35788);
     other.dst = ip("10.244.1.5");
     other.dport = 8080;
+    other.dst_tag = Some(Tag::Pod);
     let r = only_report(&c.ingest(local_source(S + 50_000, &other)));
-    // Confirmed from the drop alone, with the destination the kernel saw.
+    // Confirmed from the drop alone, with the destination the kernel saw: a VIP-source packet
+    // to a pod is no health check (another node forwarded a call to the LB IP).
     assert_eq!(r.event.dst_port, 8080);
+    assert_eq!(r.event.kind, LoopbackKind::VipAsSource);
     assert_eq!(c.stats().pending_suspects, 1);
 }
 

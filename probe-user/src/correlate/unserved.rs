@@ -1,24 +1,33 @@
-//! `vip_port_unserved`: a packet to a bound VIP refused because nothing serves that port.
+//! `vip_port_unserved`: a packet to a bound VIP refused because nothing serves that port: no
+//! socket (`NO_SOCKET`), or kube-proxy's IPVS access filter (`KUBE-IPVS-FILTER`, kube-proxy
+//! >= 1.25 in IPVS mode: `NETFILTER_DROP` at `nf_hook_slow`, after an ICMP port unreachable).
 
 use super::{
     AggregateKey, Correlator, DropInfo, LoopbackEvent, Outcome, Output,
-    drop_reason::is_no_socket,
+    drop_reason::{is_netfilter_drop, is_no_socket},
     evidence::{drop_line, refusal_line, service_name},
     remedy, tuple_of,
 };
 use crate::event::{Packet, Proto, Tag};
 
 impl Correlator {
-    /// A drop to a bound VIP for no socket, TCP or UDP, on a port the service table does not
-    /// serve.
+    /// A drop to a bound VIP for no socket (or by kube-proxy's IPVS access filter), TCP or
+    /// UDP, on a port the service table does not serve.
     pub(super) fn is_unserved_drop(&self, packet: &Packet, info: &DropInfo) -> bool {
         packet.dst_tag == Some(Tag::Vip)
-            && is_no_socket(&info.reason)
+            && (is_no_socket(&info.reason) || self.is_access_filter_drop(info))
             && matches!(packet.proto, Proto::Tcp | Proto::Udp)
             && self
                 .services
                 .serves(packet.dst, packet.dport, packet.proto)
                 .is_none()
+    }
+
+    /// Netfilter dropped it and kube-proxy's `KUBE-IPVS-FILTER` chain exists: the filter
+    /// REJECTed it (any other netfilter drop of a VIP packet is not ours to name).
+    fn is_access_filter_drop(&self, info: &DropInfo) -> bool {
+        !self.services.access_filter.is_empty()
+            && is_netfilter_drop(&info.reason, info.location.as_deref())
     }
 
     pub(super) fn confirm_unserved(
@@ -35,8 +44,12 @@ impl Correlator {
             .iter()
             .find(|s| s.vip == packet.dst)
             .map(|s| s.service.clone());
+        let filtered = !is_no_socket(&info.reason) && self.is_access_filter_drop(&info);
+        if filtered {
+            self.access_filter_evidence(&mut evidence);
+        }
         self.unserved_table_evidence(packet, &mut evidence);
-        evidence.push(refusal_line(packet.proto));
+        evidence.push(refusal_line(packet.proto, filtered));
         let owner_name = owner.flatten().map(|s| service_name(&s));
         let key = AggregateKey::VipPortUnserved {
             vip: packet.dst,
@@ -54,6 +67,7 @@ impl Correlator {
                 packet.dport,
                 packet.proto,
                 owner_name.as_deref(),
+                filtered,
             ),
             nic: info.iface.clone(),
             service: owner_name,

@@ -88,6 +88,11 @@ impl Decoder {
                 },
                 location: self.kallsyms.resolve(raw.location),
             }),
+            kind::VIP_EGRESS => Some(KernelEvent::VipEgress {
+                ts_ns: raw.ts_ns,
+                nic: ifname(&self.ifnames, raw.ifindex),
+                packet,
+            }),
             _ => None,
         }
     }

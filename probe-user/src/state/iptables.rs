@@ -111,7 +111,37 @@ pub fn read_blocking() -> Result<ServiceTable, IptablesError> {
             Err(e) => tracing::debug!(error = %e, "skipping {cmd}"),
         }
     }
+    table.access_filter = read_access_filter();
     Ok(table)
+}
+
+/// kube-proxy's IPVS access filter chain (filter table, jumped from INPUT; kube-proxy >= 1.25
+/// in IPVS mode): REJECTs new connections to kube-ipvs0 addresses on ports no service uses.
+pub const ACCESS_FILTER_CHAIN: &str = "KUBE-IPVS-FILTER";
+
+/// The rules of [`ACCESS_FILTER_CHAIN`] in `iptables -S` or `iptables-save` text.
+pub fn parse_access_filter(text: &str) -> Vec<String> {
+    let prefix = format!("-A {ACCESS_FILTER_CHAIN} ");
+    text.lines()
+        .map(|l| strip_counters(l.trim()))
+        .filter(|l| l.starts_with(&prefix))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Reads [`ACCESS_FILTER_CHAIN`] (one chain, not the whole filter table). A missing chain or
+/// a failing command is no filter.
+fn read_access_filter() -> Vec<String> {
+    match run(
+        "iptables",
+        &["-w", "-t", "filter", "-S", ACCESS_FILTER_CHAIN],
+    ) {
+        Ok(text) => parse_access_filter(&text),
+        Err(e) => {
+            tracing::trace!(error = %e, "no {ACCESS_FILTER_CHAIN}");
+            Vec::new()
+        }
+    }
 }
 
 fn command_exists(cmd: &str) -> bool {
@@ -629,6 +659,19 @@ mod tests {
                 "-A KUBE-POSTROUTING -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE --random-fully",
             ]
         );
+    }
+
+    #[test]
+    fn access_filter_rules_from_either_listing() {
+        for text in [
+            "-N KUBE-IPVS-FILTER\n-A KUBE-IPVS-FILTER -m set --match-set KUBE-LOAD-BALANCER dst,dst -j RETURN\n-A KUBE-IPVS-FILTER -m conntrack --ctstate NEW -m set --match-set KUBE-IPVS-IPS dst -j REJECT --reject-with icmp-port-unreachable\n",
+            "*filter\n:KUBE-IPVS-FILTER - [0:0]\n-A INPUT -j KUBE-IPVS-FILTER\n[3:180] -A KUBE-IPVS-FILTER -m set --match-set KUBE-LOAD-BALANCER dst,dst -j RETURN\n-A KUBE-IPVS-FILTER -m conntrack --ctstate NEW -m set --match-set KUBE-IPVS-IPS dst -j REJECT --reject-with icmp-port-unreachable\nCOMMIT\n",
+        ] {
+            let rules = parse_access_filter(text);
+            assert_eq!(rules.len(), 2, "{rules:?}");
+            assert!(rules[1].ends_with("icmp-port-unreachable"), "{rules:?}");
+        }
+        assert!(parse_access_filter("-A INPUT -j ACCEPT\n").is_empty());
     }
 
     #[test]

@@ -58,6 +58,10 @@ pub struct ServiceTable {
     /// Masquerade rules found for traffic leaving the node (`-j MASQUERADE` / `KUBE-POSTROUTING`
     /// with a mark, CNI masquerade chains), as the rule text, for evidence.
     pub masquerade_rules: Vec<String>,
+    /// kube-proxy's IPVS access filter (>= 1.25): the rules of chain `KUBE-IPVS-FILTER` in the
+    /// filter table, as text; empty when the chain does not exist.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub access_filter: Vec<String>,
 }
 
 impl ServiceTable {
@@ -116,6 +120,7 @@ pub fn read_services() -> anyhow::Result<ServiceTable> {
             }
             table.nodeports = ipt.nodeports;
             table.masquerade_rules = ipt.masquerade_rules;
+            table.access_filter = ipt.access_filter;
             add_ipvs_nodeports(&mut table);
             Ok(table)
         }

@@ -71,6 +71,14 @@ pub const NODE_PORT: u16 = 30080;
 pub const POD_PORT: u16 = 8080;
 /// Where the LB sends VIP:443 (a server on the peer).
 pub const PEER_TLS_PORT: u16 = 30443;
+/// Variant `peer-node`: a pod on the peer, the only endpoint of the node's VIP:8443 / :8444.
+pub const PEER_POD_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 2, 10);
+pub const PEER_POD_CIDR: &str = "198.19.2.0/24";
+/// Variant `peer-node`: VIP port of an externalTrafficPolicy Local service without a local
+/// endpoint (forwarded to [`PEER_POD_IP`] unSNATed).
+pub const VIP_ETP_LOCAL_PORT: u16 = 8443;
+/// Variant `peer-node`: the same with externalTrafficPolicy Cluster (masqueraded).
+pub const VIP_ETP_CLUSTER_PORT: u16 = 8444;
 /// kube-proxy's chains for `default/web:http` (real kube-proxy hashes).
 pub const KUBE_SVC_CHAIN: &str = "KUBE-SVC-CDGGSHYLG3RE2FKL";
 pub const KUBE_EXT_CHAIN: &str = "KUBE-EXT-CDGGSHYLG3RE2FKL";
@@ -159,16 +167,33 @@ pub enum Variant {
     RpFilter,
     /// Pod egress to eth0 is masqueraded to the node IP (chain CLB-LAB-MASQ).
     Masquerade,
+    /// kube-proxy >= 1.25's IPVS access filter: filter chain `KUBE-IPVS-FILTER` (jumped from
+    /// INPUT) and its ipsets, as kube-proxy writes them; REJECTs new connections to a
+    /// kube-ipvs0 address on a port no service uses. Works in both modes (the iptables mode
+    /// gets the ipsets it lacks).
+    IpvsFilter,
+    /// The peer node binds the VIP too (kube-ipvs0 on every node) and calls from it, and the
+    /// LB's subnet does not validate sources (`accept_local` on its peer side), as a VPC does
+    /// not: a call from the peer with the VIP as source reaches the node.
+    PeerNode,
 }
 
 impl Variant {
-    pub const ALL: [Variant; 3] = [Variant::VipBound, Variant::RpFilter, Variant::Masquerade];
+    pub const ALL: [Variant; 5] = [
+        Variant::VipBound,
+        Variant::RpFilter,
+        Variant::Masquerade,
+        Variant::IpvsFilter,
+        Variant::PeerNode,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Variant::VipBound => "vip-bound",
             Variant::RpFilter => "rp-filter",
             Variant::Masquerade => "masquerade",
+            Variant::IpvsFilter => "ipvs-filter",
+            Variant::PeerNode => "peer-node",
         }
     }
 }
@@ -185,15 +210,19 @@ pub struct Variants {
     pub vip_bound: bool,
     pub rp_filter: bool,
     pub masquerade: bool,
+    pub ipvs_filter: bool,
+    pub peer_node: bool,
 }
 
 impl Default for Variants {
-    /// vip-bound on, rp-filter off, masquerade off.
+    /// vip-bound on, everything else off.
     fn default() -> Self {
         Variants {
             vip_bound: true,
             rp_filter: false,
             masquerade: false,
+            ipvs_filter: false,
+            peer_node: false,
         }
     }
 }
@@ -204,6 +233,8 @@ impl Variants {
             Variant::VipBound => self.vip_bound,
             Variant::RpFilter => self.rp_filter,
             Variant::Masquerade => self.masquerade,
+            Variant::IpvsFilter => self.ipvs_filter,
+            Variant::PeerNode => self.peer_node,
         }
     }
 
@@ -212,6 +243,8 @@ impl Variants {
             Variant::VipBound => self.vip_bound = on,
             Variant::RpFilter => self.rp_filter = on,
             Variant::Masquerade => self.masquerade = on,
+            Variant::IpvsFilter => self.ipvs_filter = on,
+            Variant::PeerNode => self.peer_node = on,
         }
         self
     }
@@ -280,6 +313,22 @@ pub enum Scenario {
     OutsideClientVipBound,
     /// Twin: pod A -> pod B directly.
     PodToPod,
+    /// Failure 3 under kube-proxy >= 1.25's IPVS access filter: KUBE-IPVS-FILTER REJECTs
+    /// pod A -> VIP:443.
+    VipPortUnservedFiltered,
+    /// Twin: pod A -> VIP:80 with the access filter (the VIP:port is a service: RETURN).
+    VipPortServedFiltered,
+    /// VIP as source: the peer (a node with the VIP bound, ETP Local, no local endpoint)
+    /// forwards a host-network call to the LB IP to pod B without SNAT; the node drops it.
+    VipAsSource,
+    /// Twin: the same call masqueraded to the peer's IP (ETP Cluster).
+    VipAsSourceSnat,
+    /// VIP as source, sending side: a host-network call on the node to VIP:8443 (ETP Local, no
+    /// local endpoint) leaves unSNATed with the VIP as source to the pod on the peer, which
+    /// binds the VIP and drops it.
+    VipAsSourceOut,
+    /// Twin: the node calls VIP:8444 (ETP Cluster): masqueraded, the peer's pod answers.
+    VipAsSourceOutCluster,
 }
 
 /// How a scenario drives its traffic, and what it must come to.
@@ -298,7 +347,7 @@ pub struct ScenarioSpec {
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 10] = [
+    pub const ALL: [Scenario; 16] = [
         Scenario::HealthcheckBlackhole,
         Scenario::HealthcheckOk,
         Scenario::Hairpin,
@@ -309,6 +358,12 @@ impl Scenario {
         Scenario::OutsideClient,
         Scenario::OutsideClientVipBound,
         Scenario::PodToPod,
+        Scenario::VipPortUnservedFiltered,
+        Scenario::VipPortServedFiltered,
+        Scenario::VipAsSource,
+        Scenario::VipAsSourceSnat,
+        Scenario::VipAsSourceOut,
+        Scenario::VipAsSourceOutCluster,
     ];
 
     pub fn name(self) -> &'static str {
@@ -323,6 +378,12 @@ impl Scenario {
             Scenario::OutsideClient => "outside-client",
             Scenario::OutsideClientVipBound => "outside-client-vip-bound",
             Scenario::PodToPod => "pod-to-pod",
+            Scenario::VipPortUnservedFiltered => "vip-port-unserved-filtered",
+            Scenario::VipPortServedFiltered => "vip-port-served-filtered",
+            Scenario::VipAsSource => "vip-as-source",
+            Scenario::VipAsSourceSnat => "vip-as-source-snat",
+            Scenario::VipAsSourceOut => "vip-as-source-out",
+            Scenario::VipAsSourceOutCluster => "vip-as-source-out-cluster",
         }
     }
 
@@ -331,6 +392,8 @@ impl Scenario {
             vip_bound: false,
             rp_filter: false,
             masquerade: false,
+            ipvs_filter: false,
+            peer_node: false,
         };
         let bound = off.with(Variant::VipBound, true);
         let vip80 = SocketAddrV4::new(VIP, SERVICE_PORT);
@@ -425,6 +488,58 @@ impl Scenario {
                 SocketAddrV4::new(POD_B_IP, POD_PORT),
                 Outcome::Ok,
                 "pod-a -> pod-b:8080 on the same node",
+            ),
+            Scenario::VipPortUnservedFiltered => s(
+                bound.with(Variant::IpvsFilter, true),
+                NS_POD_A,
+                None,
+                SocketAddrV4::new(VIP, VIP_UNSERVED_PORT),
+                Outcome::Refused,
+                "pod-a -> VIP:443 under kube-proxy's IPVS access filter: KUBE-IPVS-FILTER \
+                 REJECTs it (ICMP port unreachable)",
+            ),
+            Scenario::VipPortServedFiltered => s(
+                bound.with(Variant::IpvsFilter, true),
+                NS_POD_A,
+                None,
+                vip80,
+                Outcome::Ok,
+                "pod-a -> VIP:80 under the IPVS access filter: VIP:80 is a service, served",
+            ),
+            Scenario::VipAsSource => s(
+                bound.with(Variant::PeerNode, true),
+                NS_PEER,
+                Some(VIP),
+                SocketAddrV4::new(POD_B_IP, POD_PORT),
+                Outcome::Timeout,
+                "the peer binds the VIP too and forwards a call to the LB IP to pod-b unSNATed \
+                 (ETP Local, no local endpoint): source = VIP, the node drops it as martian",
+            ),
+            Scenario::VipAsSourceSnat => s(
+                bound.with(Variant::PeerNode, true),
+                NS_PEER,
+                None,
+                SocketAddrV4::new(POD_B_IP, POD_PORT),
+                Outcome::Ok,
+                "the same call masqueraded to the peer's IP (ETP Cluster): pod-b answers",
+            ),
+            Scenario::VipAsSourceOut => s(
+                bound.with(Variant::PeerNode, true),
+                NS_NODE,
+                None,
+                SocketAddrV4::new(VIP, VIP_ETP_LOCAL_PORT),
+                Outcome::Timeout,
+                "the node calls VIP:8443 (ETP Local, endpoint only on the peer): it leaves with \
+                 the VIP as source, unSNATed; the peer binds the VIP and drops it as martian",
+            ),
+            Scenario::VipAsSourceOutCluster => s(
+                bound.with(Variant::PeerNode, true),
+                NS_NODE,
+                None,
+                SocketAddrV4::new(VIP, VIP_ETP_CLUSTER_PORT),
+                Outcome::Ok,
+                "the node calls VIP:8444 (ETP Cluster): masqueraded to the node IP, the peer's \
+                 pod answers",
             ),
         }
     }

@@ -620,6 +620,8 @@ pub(crate) fn set_variant(variant: Variant, on: bool) -> Result<()> {
 
 fn set_variant_in(mode: KubeProxyMode, variant: Variant, on: bool) -> Result<()> {
     match variant {
+        Variant::IpvsFilter => set_ipvs_filter(mode, on),
+        Variant::PeerNode => set_peer_node(on),
         Variant::VipBound if mode == KubeProxyMode::Ipvs => {
             let bound = vip_address_bound()?;
             let cidr = format!("{VIP}/32");
@@ -672,7 +674,9 @@ pub(crate) fn set_variants(v: &Variants) -> Result<()> {
 fn set_variants_in(mode: KubeProxyMode, v: &Variants) -> Result<()> {
     set_variant_in(mode, Variant::VipBound, v.vip_bound)?;
     set_variant_in(mode, Variant::RpFilter, v.rp_filter)?;
-    set_variant_in(mode, Variant::Masquerade, v.masquerade)
+    set_variant_in(mode, Variant::Masquerade, v.masquerade)?;
+    set_variant_in(mode, Variant::IpvsFilter, v.ipvs_filter)?;
+    set_variant_in(mode, Variant::PeerNode, v.peer_node)
 }
 
 fn vip_address_bound() -> Result<bool> {
@@ -688,7 +692,193 @@ pub(crate) fn read_variants() -> Result<Variants> {
         // Linux uses max(all, iface): 1 is strict, 2 loose.
         rp_filter: all.max(nic) == 1,
         masquerade: has_rule(MASQ_CHAIN, MASQ_RULE),
+        ipvs_filter: ipvs_filter_present(),
+        peer_node: peer_node()?,
     })
+}
+
+/// kube-proxy's IPVS access filter chain (filter table).
+pub const IPVS_FILTER_CHAIN: &str = "KUBE-IPVS-FILTER";
+
+/// The ipsets of the access filter that IPVS mode does not already have (destroyed when the
+/// variant goes off).
+const IPVS_FILTER_SETS: &[&str] = &[
+    "KUBE-IPVS-IPS",
+    "KUBE-EXTERNAL-IP",
+    "KUBE-EXTERNAL-IP-LOCAL",
+    "KUBE-HEALTH-CHECK-NODE-PORT",
+];
+
+/// The ipsets of the access filter that the iptables mode lacks and IPVS mode has (made with
+/// the lab's services when the variant goes on in iptables mode).
+const IPVS_MODE_SETS: &[&str] = &[LB_SET, "KUBE-CLUSTER-IP"];
+
+fn ipvs_filter_present() -> bool {
+    iptables_ok(NS_NODE, &["-t", "filter", "-S", IPVS_FILTER_CHAIN])
+}
+
+/// The ipsets and rules kube-proxy (>= 1.25, IPVS mode) writes for its access filter: every
+/// kube-ipvs0 address in KUBE-IPVS-IPS; RETURN for a service ip,port (LB, ClusterIP,
+/// external IPs) or a healthCheckNodePort; REJECT any other new connection to those
+/// addresses. In iptables mode the service sets are made here with the lab's services.
+fn set_ipvs_filter(mode: KubeProxyMode, on: bool) -> Result<()> {
+    let present = ipvs_filter_present();
+    if on && !present {
+        let mut sets = String::new();
+        if mode == KubeProxyMode::Iptables {
+            sets += &format!(
+                "create {LB_SET} hash:ip,port family inet hashsize 1024 maxelem 65536\n\
+                 add {LB_SET} {VIP},tcp:{SERVICE_PORT}\n\
+                 create KUBE-CLUSTER-IP hash:ip,port family inet hashsize 1024 maxelem 65536\n\
+                 add KUBE-CLUSTER-IP {CLUSTER_IP},tcp:{SERVICE_PORT}\n"
+            );
+        }
+        sets += &format!(
+            "create KUBE-EXTERNAL-IP hash:ip,port family inet hashsize 1024 maxelem 65536\n\
+             create KUBE-EXTERNAL-IP-LOCAL hash:ip,port family inet hashsize 1024 maxelem 65536\n\
+             create KUBE-HEALTH-CHECK-NODE-PORT bitmap:port range 0-65535\n\
+             create KUBE-IPVS-IPS hash:ip family inet hashsize 1024 maxelem 65536\n\
+             add KUBE-IPVS-IPS {CLUSTER_IP}\n\
+             add KUBE-IPVS-IPS {VIP}\n"
+        );
+        run_stdin(
+            &["ip", "netns", "exec", NS_NODE, "ipset", "-exist", "restore"],
+            &sets,
+        )
+        .context("loading the IPVS access filter's ipsets")?;
+        let rules = format!(
+            r#"*filter
+:{chain} - [0:0]
+-A INPUT -m comment --comment "kubernetes ipvs access filter" -j {chain}
+-A {chain} -m set --match-set {LB_SET} dst,dst -j RETURN
+-A {chain} -m set --match-set KUBE-CLUSTER-IP dst,dst -j RETURN
+-A {chain} -m set --match-set KUBE-EXTERNAL-IP dst,dst -j RETURN
+-A {chain} -m set --match-set KUBE-EXTERNAL-IP-LOCAL dst,dst -j RETURN
+-A {chain} -m set --match-set KUBE-HEALTH-CHECK-NODE-PORT dst -j RETURN
+-A {chain} -m conntrack --ctstate NEW -m set --match-set KUBE-IPVS-IPS dst -j REJECT --reject-with icmp-port-unreachable
+COMMIT
+"#,
+            chain = IPVS_FILTER_CHAIN
+        );
+        run_stdin(
+            &[
+                "ip",
+                "netns",
+                "exec",
+                NS_NODE,
+                "iptables-restore",
+                "-w",
+                "--noflush",
+            ],
+            &rules,
+        )
+        .context("loading the IPVS access filter rules")?;
+    }
+    if !on && present {
+        let jump = [
+            "-t",
+            "filter",
+            "-D",
+            "INPUT",
+            "-m",
+            "comment",
+            "--comment",
+            "kubernetes ipvs access filter",
+            "-j",
+            IPVS_FILTER_CHAIN,
+        ];
+        while iptables_ok(NS_NODE, &jump) {}
+        iptables(NS_NODE, &["-t", "filter", "-F", IPVS_FILTER_CHAIN])?;
+        iptables(NS_NODE, &["-t", "filter", "-X", IPVS_FILTER_CHAIN])?;
+        let mut sets = IPVS_FILTER_SETS.to_vec();
+        if mode == KubeProxyMode::Iptables {
+            sets.extend_from_slice(IPVS_MODE_SETS);
+        }
+        for set in sets {
+            exec(NS_NODE, &["ipset", "destroy", set])?;
+        }
+    }
+    Ok(())
+}
+
+/// The lab's chain (nat OUTPUT) standing in for IPVS's virtual services VIP:8443 (ETP Local,
+/// no local endpoint: forwarded unSNATed) and VIP:8444 (ETP Cluster: marked for kube-proxy's
+/// masquerade) to the pod on the peer.
+pub const ETP_CHAIN: &str = "CLB-LAB-ETP";
+
+/// The peer is a second node: it binds the VIP (on its `lo`) and hosts a pod
+/// ([`PEER_POD_IP`], answered by its NodePort server) that is the only endpoint of the node's
+/// VIP:8443 / VIP:8444 ([`ETP_CHAIN`]); the LB routes the peer's pods and accepts
+/// local-source packets from both nodes (a VPC does not validate sources the way a Linux
+/// router does).
+fn set_peer_node(on: bool) -> Result<()> {
+    let bound = peer_node()?;
+    let vip = format!("{VIP}/32");
+    let pod = format!("{PEER_POD_IP}/32");
+    if on && !bound {
+        ip(NS_PEER, &["addr", "add", &vip, "dev", "lo"])?;
+        ip(NS_PEER, &["addr", "add", &pod, "dev", "lo"])?;
+        ip(
+            NS_LB,
+            &["route", "replace", PEER_POD_CIDR, "via", "198.18.1.2"],
+        )?;
+        let to = format!("{PEER_POD_IP}:{NODE_PORT}");
+        let rules = format!(
+            r#"*nat
+:{ETP_CHAIN} - [0:0]
+-A OUTPUT -m comment --comment "clb-lab: ETP services with their endpoint on the peer (variant peer-node)" -j {ETP_CHAIN}
+-A {ETP_CHAIN} -d {VIP}/32 -p tcp -m tcp --dport {VIP_ETP_CLUSTER_PORT} -m comment --comment "ETP Cluster: masquerade" -j KUBE-MARK-MASQ
+-A {ETP_CHAIN} -d {VIP}/32 -p tcp -m tcp --dport {VIP_ETP_LOCAL_PORT} -m comment --comment "ETP Local, no local endpoint" -j DNAT --to-destination {to}
+-A {ETP_CHAIN} -d {VIP}/32 -p tcp -m tcp --dport {VIP_ETP_CLUSTER_PORT} -m comment --comment "ETP Cluster" -j DNAT --to-destination {to}
+COMMIT
+"#
+        );
+        run_stdin(
+            &[
+                "ip",
+                "netns",
+                "exec",
+                NS_NODE,
+                "iptables-restore",
+                "-w",
+                "--noflush",
+            ],
+            &rules,
+        )
+        .context("loading the peer-node rules into clb-node")?;
+    } else if !on && bound {
+        ip(NS_PEER, &["addr", "del", &vip, "dev", "lo"])?;
+        ip(NS_PEER, &["addr", "del", &pod, "dev", "lo"])?;
+        ip(NS_LB, &["route", "del", PEER_POD_CIDR])?;
+        let jump = [
+            "-t",
+            "nat",
+            "-D",
+            "OUTPUT",
+            "-m",
+            "comment",
+            "--comment",
+            "clb-lab: ETP services with their endpoint on the peer (variant peer-node)",
+            "-j",
+            ETP_CHAIN,
+        ];
+        while iptables_ok(NS_NODE, &jump) {}
+        iptables(NS_NODE, &["-t", "nat", "-F", ETP_CHAIN])?;
+        iptables(NS_NODE, &["-t", "nat", "-X", ETP_CHAIN])?;
+    }
+    let v = u8::from(on);
+    sysctl(
+        NS_LB,
+        &[
+            format!("net.ipv4.conf.vpeer.accept_local={v}"),
+            format!("net.ipv4.conf.vnode.accept_local={v}"),
+        ],
+    )
+}
+
+fn peer_node() -> Result<bool> {
+    let out = ip(NS_PEER, &["-4", "-o", "addr", "show", "dev", "lo"])?;
+    Ok(out.contains(&format!("{VIP}/32")))
 }
 
 /// VIP:80 served locally: the KUBE-SERVICES rule (iptables mode) or the IPVS virtual
