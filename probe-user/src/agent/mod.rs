@@ -80,7 +80,7 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
     let sets = state::addrs::classify(&node, &cfg.addr);
     if sets.nics.is_empty() {
         anyhow::bail!(
-            "no NIC to watch: no interface carries a default route here; name one with --nic"
+            "no NIC to watch: no physical interface and none with a default route in any routing table here; name one with --nic"
         );
     }
     // Bind the surfaces before touching the kernel: a port in use fails with nothing attached.
