@@ -454,19 +454,30 @@ COMMIT
 }
 
 /// kube-proxy's IPVS-mode ipsets for `default/web` (what `ipset save` shows on such a node):
-/// ClusterIP,proto:port; LB ingress IPs (filled while the VIP is bound); NodePorts; and the
-/// endpoint-to-itself hairpin set.
+/// ClusterIP,proto:port; LB ingress IPs (kube-proxy lists every one, bound or not); NodePorts;
+/// the endpoint-to-itself hairpin set; and, `default/web` having externalTrafficPolicy Local,
+/// its NodePort and LB ingress in the `-LOCAL` sets (whose rules RETURN before
+/// KUBE-MARK-MASQ: pod traffic to the LB IP leaves unmasqueraded, reference 002).
 fn kube_proxy_ipsets() -> String {
     format!(
         "create KUBE-CLUSTER-IP hash:ip,port family inet hashsize 1024 maxelem 65536\n\
          add KUBE-CLUSTER-IP {CLUSTER_IP},tcp:{SERVICE_PORT}\n\
          create {LB_SET} hash:ip,port family inet hashsize 1024 maxelem 65536\n\
+         add {LB_SET} {VIP},tcp:{SERVICE_PORT}\n\
          create KUBE-NODE-PORT-TCP bitmap:port range 0-65535\n\
          add KUBE-NODE-PORT-TCP {NODE_PORT}\n\
          create KUBE-LOOP-BACK hash:ip,port,ip family inet hashsize 1024 maxelem 65536\n\
-         add KUBE-LOOP-BACK {POD_B_IP},tcp:{POD_PORT},{POD_B_IP}\n"
+         add KUBE-LOOP-BACK {POD_B_IP},tcp:{POD_PORT},{POD_B_IP}\n\
+         create {LB_LOCAL_SET} hash:ip,port family inet hashsize 1024 maxelem 65536\n\
+         add {LB_LOCAL_SET} {VIP},tcp:{SERVICE_PORT}\n\
+         create {NODE_PORT_LOCAL_SET} bitmap:port range 0-65535\n\
+         add {NODE_PORT_LOCAL_SET} {NODE_PORT}\n"
     )
 }
+
+/// IPVS mode's sets of LB ingress IP:ports and NodePorts with externalTrafficPolicy Local.
+pub const LB_LOCAL_SET: &str = "KUBE-LOAD-BALANCER-LOCAL";
+pub const NODE_PORT_LOCAL_SET: &str = "KUBE-NODE-PORT-LOCAL-TCP";
 
 /// The ipset of LB ingress IPs (kube-proxy IPVS mode).
 const LB_SET: &str = "KUBE-LOAD-BALANCER";
@@ -488,8 +499,10 @@ fn kube_proxy_ipvs_rules() -> String {
 -A OUTPUT -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
 -A POSTROUTING -m comment --comment "kubernetes postrouting rules" -j KUBE-POSTROUTING
 -A POSTROUTING -m comment --comment "clb-lab: pod egress masquerade (variant masquerade)" -j {masq}
--A KUBE-LOAD-BALANCER -j KUBE-MARK-MASQ
+-A KUBE-LOAD-BALANCER -m comment --comment "Kubernetes service load balancer ip + port with externalTrafficPolicy=local" -m set --match-set {lb_local} dst,dst -j RETURN
+-A KUBE-LOAD-BALANCER -m comment --comment "mark MASQ for external traffic policy not local" -j KUBE-MARK-MASQ
 -A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000
+-A KUBE-NODE-PORT -p tcp -m comment --comment "Kubernetes nodeport TCP port with externalTrafficPolicy=local" -m set --match-set {np_local} dst -j RETURN
 -A KUBE-NODE-PORT -p tcp -m comment --comment "Kubernetes nodeport TCP port for masquerade purpose" -m set --match-set KUBE-NODE-PORT-TCP dst -j KUBE-MARK-MASQ
 -A KUBE-POSTROUTING -m comment --comment "Kubernetes endpoints dst ip:port, source ip for solving hairpin purpose" -m set --match-set KUBE-LOOP-BACK dst,dst,src -j MASQUERADE
 -A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN
@@ -504,6 +517,8 @@ COMMIT
 "#,
         masq = MASQ_CHAIN,
         lb = LB_SET,
+        lb_local = LB_LOCAL_SET,
+        np_local = NODE_PORT_LOCAL_SET,
         cluster_cidr = CLUSTER_CIDR,
     )
 }
@@ -628,13 +643,13 @@ fn set_variant_in(mode: KubeProxyMode, variant: Variant, on: bool) -> Result<()>
             } else if !on && bound {
                 ip(NS_NODE, &["addr", "del", &cidr, "dev", KUBE_IPVS0])?;
             }
+            // The LB ingress stays in KUBE-LOAD-BALANCER either way (kube-proxy lists it
+            // whether or not it binds it).
             let vs = SocketAddrV4::new(VIP, SERVICE_PORT);
             if on != ipvs_has_service(vs) {
                 ipvs_service(vs, on)?;
             }
-            let entry = format!("{VIP},tcp:{SERVICE_PORT}");
-            let op = if on { "add" } else { "del" };
-            exec(NS_NODE, &["ipset", op, "-exist", LB_SET, &entry]).map(drop)
+            Ok(())
         }
         Variant::VipBound => {
             let bound = vip_address_bound()?;
