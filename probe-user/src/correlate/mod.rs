@@ -49,15 +49,25 @@
 //! together never exceed `max_pending`; beyond it new ones are counted (`pending_overflow`,
 //! and as unconfirmed / unmatched) and dropped. Aggregates are capped at `max_aggregates`
 //! (least recently seen evicted) and forgotten after `aggregate_ttl_ns` without a repeat.
+//!
+//! Layout: this file is the facade (ingest/answer/tick, config, stats) and the dispatch; one
+//! file per kind (`blackhole`, `hairpin`, `unserved`), each an `impl Correlator` block with its
+//! rule; `aggregate` (recording, eviction, the one `LoopbackEvent` constructor), `evidence`
+//! (every evidence line), `drop_reason` (drop reason and drop site classification), `remedy`.
 
+mod aggregate;
+mod blackhole;
+mod drop_reason;
+mod evidence;
+mod hairpin;
 mod remedy;
 pub mod replay;
 mod report;
-mod rules;
 #[cfg(test)]
 mod stream_tests;
 #[cfg(test)]
 mod tests;
+mod unserved;
 
 use std::{
     collections::{HashMap, HashSet, VecDeque},
@@ -66,15 +76,17 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
+#[cfg(test)]
+use self::hairpin::Stage;
 pub use self::report::{AggregateKey, Layer, LoopbackEvent, LoopbackKind, Outcome, SnatState};
 use self::{
-    remedy::HairpinCause,
-    report::sock,
-    rules::{LocalSourceDrop, is_no_socket, local_source_drop},
+    aggregate::Aggregate, blackhole::VipSuspect, drop_reason::local_source_drop, hairpin::Flow,
 };
+#[cfg(test)]
+use crate::{event::tcp_flags, state::ServiceSource};
 use crate::{
-    event::{DropReason, EgressRecord, KernelEvent, Packet, Proto, Tag, tcp_flags},
-    state::{ConntrackEntry, ServiceSource, ServiceTable, Tuple},
+    event::{DropReason, EgressRecord, KernelEvent, Packet, Proto, Tag},
+    state::{ConntrackEntry, ServiceTable, Tuple},
 };
 
 const MS: u64 = 1_000_000;
@@ -238,14 +250,6 @@ pub struct CorrelatorStats {
 // ---------------------------------------------------------------------------------------------
 // Internal state
 
-/// A `Vip`-source suspect waiting for its drop.
-struct VipSuspect {
-    ts: u64,
-    nic: String,
-    packet: Packet,
-    n: u64,
-}
-
 /// A drop, as evidence.
 #[derive(Clone)]
 struct DropInfo {
@@ -266,39 +270,6 @@ struct RecentDrop {
     confirmed: Option<AggregateKey>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Stage {
-    /// Waiting for the egress answer.
-    AwaitEgress,
-    /// Waiting for conntrack of the egress tuple (query id).
-    AwaitSnat(u64),
-    /// Egress proven; waiting for a drop until the settle time.
-    Settling,
-    /// Waiting for conntrack of the hairpin tuple (query id).
-    AwaitOutcome(u64),
-}
-
-struct EgressMatch {
-    record: EgressRecord,
-    layer: Layer,
-}
-
-/// A hairpin candidate (a `Pod`-source suspect), keyed by its 5-tuple.
-struct Flow {
-    seq: u64,
-    ts: u64,
-    nic: String,
-    packet: Packet,
-    /// Suspects of this tuple folded in (retransmits).
-    n_suspects: u64,
-    stage: Stage,
-    drop: Option<DropInfo>,
-    n_drops: u64,
-    egress: Option<EgressMatch>,
-    /// Evidence gathered after the egress match (conntrack of the egress flow).
-    evidence: Vec<String>,
-}
-
 enum QueryCtx {
     Egress { src: IpAddr, flows: Vec<Tuple> },
     Snat { flow: Tuple },
@@ -308,11 +279,6 @@ enum QueryCtx {
 struct PendingQuery {
     issued: u64,
     ctx: QueryCtx,
-}
-
-struct Aggregate {
-    event: LoopbackEvent,
-    last_json_ns: u64,
 }
 
 /// See the [module documentation](self).
@@ -350,88 +316,6 @@ fn tuple_of(p: &Packet) -> Tuple {
         dport: p.dport,
         proto: p.proto,
     }
-}
-
-fn egress_tuple(r: &EgressRecord) -> Tuple {
-    Tuple {
-        src: r.src,
-        dst: r.dst,
-        sport: r.sport,
-        dport: r.dport,
-        proto: r.proto,
-    }
-}
-
-/// `12.345678901s` (monotonic).
-fn fmt_ts(ns: u64) -> String {
-    format!("{}.{:09}s", ns / SEC, ns % SEC)
-}
-
-fn fmt_tuple(t: &Tuple) -> String {
-    format!(
-        "{} -> {}/{}",
-        sock(t.src, t.sport),
-        sock(t.dst, t.dport),
-        t.proto.as_str()
-    )
-}
-
-fn fmt_flags(p: &Packet) -> String {
-    if p.proto != Proto::Tcp {
-        return String::new();
-    }
-    let names = [
-        (tcp_flags::SYN, "SYN"),
-        (tcp_flags::ACK, "ACK"),
-        (tcp_flags::FIN, "FIN"),
-        (tcp_flags::RST, "RST"),
-    ];
-    let set: Vec<&str> = names
-        .iter()
-        .filter(|(bit, _)| p.tcp_flags & bit != 0)
-        .map(|(_, n)| *n)
-        .collect();
-    if set.is_empty() {
-        String::new()
-    } else {
-        format!(" [{}]", set.join(","))
-    }
-}
-
-fn fmt_entry(e: &ConntrackEntry) -> String {
-    format!(
-        "orig {}, reply {}, {}, {}, {}{}",
-        fmt_tuple(&e.orig),
-        fmt_tuple(&e.reply),
-        if e.snat { "SRC_NAT" } else { "no SRC_NAT" },
-        if e.dnat { "DST_NAT" } else { "no DST_NAT" },
-        if e.seen_reply {
-            "SEEN_REPLY"
-        } else {
-            "no SEEN_REPLY"
-        },
-        e.tcp_state
-            .as_deref()
-            .map(|s| format!(", state {s}"))
-            .unwrap_or_default()
-    )
-}
-
-/// `namespace/name` out of the service table's `namespace/name:port`.
-fn service_name(s: &str) -> String {
-    s.split(':').next().unwrap_or(s).to_string()
-}
-
-fn source_name(t: &ServiceTable) -> &'static str {
-    match t.source {
-        Some(ServiceSource::Ipvs) => "IPVS",
-        Some(ServiceSource::Iptables) => "kube-proxy iptables rules",
-        None => "unknown source",
-    }
-}
-
-fn table_missing(t: &ServiceTable) -> bool {
-    t.source.is_none() && t.services.is_empty() && t.nodeports.is_empty()
 }
 
 impl Correlator {
@@ -628,116 +512,6 @@ impl Correlator {
         }
     }
 
-    fn on_vip_suspect(&mut self, ts: u64, nic: String, packet: Packet, out: &mut Vec<Output>) {
-        let t = tuple_of(&packet);
-        if let Some(d) = self.drops.get(&t)
-            && self.within(d.info.ts, ts)
-        {
-            if let Some(key) = d.confirmed.clone() {
-                // The drop came first and already confirmed: fold the suspect in as evidence.
-                self.stats.suspects_confirmed += 1;
-                let line = suspect_line(ts, &nic, &packet);
-                if let Some(agg) = self.aggregates.get_mut(&key)
-                    && !agg.event.evidence.contains(&line)
-                {
-                    agg.event.evidence.insert(0, line);
-                }
-                return;
-            }
-            // A drop without an interface waited for this suspect.
-            if let Some(d) = self.drops.remove(&t) {
-                self.held_drops -= 1;
-                let s = VipSuspect {
-                    ts,
-                    nic,
-                    packet,
-                    n: 1,
-                };
-                self.confirm_blackhole(&d.packet, d.info, Some(s), out);
-                return;
-            }
-        }
-        if let Some(s) = self.vip_suspects.get_mut(&t) {
-            s.n += 1;
-            self.held_suspects += 1;
-            return;
-        }
-        if !self.has_room() {
-            self.stats.suspects_unconfirmed += 1;
-            return;
-        }
-        self.vip_suspects.insert(
-            t,
-            VipSuspect {
-                ts,
-                nic,
-                packet,
-                n: 1,
-            },
-        );
-        self.held_suspects += 1;
-    }
-
-    fn on_pod_suspect(&mut self, ts: u64, nic: String, packet: Packet, out: &mut Vec<Output>) {
-        let t = tuple_of(&packet);
-        if let Some(f) = self.flows.get_mut(&t) {
-            f.n_suspects += 1;
-            self.held_suspects += 1;
-            return;
-        }
-        // A drop of this tuple that came first.
-        let early_drop = match self.drops.get(&t) {
-            Some(d) if d.confirmed.is_none() && self.within(d.info.ts, ts) => {
-                self.drops.remove(&t).map(|d| d.info)
-            }
-            _ => None,
-        };
-        if early_drop.is_none() && !self.has_room() {
-            self.stats.suspects_unconfirmed += 1;
-            return;
-        }
-        // An early drop moves from `drops` into the flow: `held_drops` is unchanged.
-        let n_drops = u64::from(early_drop.is_some());
-        self.held_suspects += 1;
-        let seq = self.next_seq;
-        self.next_seq += 1;
-        self.flows.insert(
-            t.clone(),
-            Flow {
-                seq,
-                ts,
-                nic,
-                packet,
-                n_suspects: 1,
-                stage: Stage::AwaitEgress,
-                drop: early_drop,
-                n_drops,
-                egress: None,
-                evidence: Vec::new(),
-            },
-        );
-        let src = t.src;
-        match self.egress_inflight.get(&src).copied() {
-            Some(id) => {
-                if let Some(PendingQuery {
-                    ctx: QueryCtx::Egress { flows, .. },
-                    ..
-                }) = self.queries.get_mut(&id)
-                {
-                    flows.push(t);
-                }
-            }
-            None => {
-                let id = self.new_query(QueryCtx::Egress {
-                    src,
-                    flows: vec![t],
-                });
-                self.egress_inflight.insert(src, id);
-                out.push(Output::Query(Query::Egress { id, src }));
-            }
-        }
-    }
-
     // ----- drops ------------------------------------------------------------------------------
 
     /// kube-proxy's NodePort DNAT runs in PREROUTING, before the route lookup that drops
@@ -792,560 +566,39 @@ impl Correlator {
         if packet.src_tag == Some(Tag::Vip)
             && local_source_drop(&info.reason, info.location.as_deref()).is_some()
         {
-            let suspect = match self.vip_suspects.get(&t) {
-                Some(s) if self.within(s.ts, info.ts) => self.vip_suspects.remove(&t),
-                _ => None,
-            };
-            if let Some(s) = &suspect {
-                self.held_suspects -= s.n;
-            }
-            if info.iface.is_none() && suspect.is_none() {
-                // Nothing says which interface it came in on: wait for the suspect.
-                if self.has_room() {
-                    self.drops.insert(
-                        t,
-                        RecentDrop {
-                            info,
-                            packet,
-                            confirmed: None,
-                        },
-                    );
-                    self.held_drops += 1;
-                } else {
-                    self.stats.drops_unmatched += 1;
-                }
-                return;
-            }
-            self.confirm_blackhole(&packet, info, suspect, out);
+            self.on_vip_source_drop(t, info, packet, out);
             return;
         }
 
-        if packet.dst_tag == Some(Tag::Vip)
-            && is_no_socket(&info.reason)
-            && matches!(packet.proto, Proto::Tcp | Proto::Udp)
-            && self
-                .services
-                .serves(packet.dst, packet.dport, packet.proto)
-                .is_none()
-        {
+        if self.is_unserved_drop(&packet, &info) {
             self.confirm_unserved(&packet, info, out);
             return;
         }
 
-        if let Some(f) = self.flows.get_mut(&t) {
-            f.n_drops += 1;
-            self.held_drops += 1;
-            if f.drop.is_none() {
-                f.drop = Some(info);
-            }
-            if matches!(f.stage, Stage::Settling | Stage::AwaitOutcome(_)) {
-                if let Stage::AwaitOutcome(id) = f.stage {
-                    self.queries.remove(&id);
-                }
-                self.confirm_hairpin(&t, Outcome::Dropped, Vec::new(), out);
-            }
+        if self.flows.contains_key(&t) {
+            self.on_flow_drop(&t, info, out);
             return;
         }
 
-        if packet.src_tag == Some(Tag::Pod) && !self.drops.contains_key(&t) && self.has_room() {
-            // May be a hairpin whose suspect is still on its way.
-            self.drops.insert(
-                t,
-                RecentDrop {
-                    info,
-                    packet,
-                    confirmed: None,
-                },
-            );
-            self.held_drops += 1;
+        if self.hold_pod_drop(&t, info, packet) {
             return;
         }
         self.stats.drops_unmatched += 1;
-    }
-
-    // ----- confirmations ----------------------------------------------------------------------
-
-    fn confirm_blackhole(
-        &mut self,
-        packet: &Packet,
-        info: DropInfo,
-        suspect: Option<VipSuspect>,
-        out: &mut Vec<Output>,
-    ) {
-        let t = tuple_of(packet);
-        let mut evidence = Vec::new();
-        if let Some(s) = &suspect {
-            evidence.push(suspect_line(s.ts, &s.nic, &s.packet));
-        }
-        evidence.push(drop_line(&info, &t));
-        match local_source_drop(&info.reason, info.location.as_deref()) {
-            Some(LocalSourceDrop::UnspecifiedAtRouteInput) => evidence.push(format!(
-                "reason NOT_SPECIFIED at the route-input site {}: kernels without the \
-                 IP_*_SOURCE reasons drop a local (martian) source there unnamed; the source \
-                 {} is tagged vip, so this is a local-source drop",
-                info.location.as_deref().unwrap_or("?"),
-                packet.src
-            )),
-            _ => evidence.push(format!(
-                "reason {}: source validation failed because {} is a local address of this \
-                 node (tagged vip: bound on the VIP interface)",
-                info.reason.name, packet.src
-            )),
-        }
-        let svc = self.nodeport_evidence(packet, &mut evidence);
-        self.vip_served_evidence(packet.src, &mut evidence);
-        let nic = info
-            .iface
-            .clone()
-            .or_else(|| suspect.as_ref().map(|s| s.nic.clone()));
-        let key = AggregateKey::HealthcheckBlackhole {
-            vip: packet.src,
-            node: packet.dst,
-            node_port: packet.dport,
-            proto: packet.proto,
-        };
-        let event = LoopbackEvent {
-            kind: LoopbackKind::HealthcheckBlackhole,
-            key: key.to_string(),
-            src: packet.src,
-            src_port: packet.sport,
-            dst: packet.dst,
-            dst_port: packet.dport,
-            vip: Some(packet.src),
-            vip_port: None,
-            proto: packet.proto,
-            drop_reason: Some(info.reason.name.clone()),
-            drop_location: info.location.clone(),
-            snat: SnatState::Unknown,
-            outcome: Outcome::Dropped,
-            count: 0,
-            evidence,
-            remedy: remedy::healthcheck_blackhole(packet.src, packet.dport),
-            first_seen_ns: info.ts,
-            last_seen_ns: info.ts,
-            nic,
-            service: svc,
-            layer: None,
-        };
-        self.stats.suspects_confirmed += suspect.as_ref().map_or(0, |s| s.n);
-        self.stats.drops_confirming += 1;
-        self.stats.confirmed.healthcheck_blackhole += 1;
-        let ts = info.ts;
-        // Keep the drop so a suspect arriving after it folds into this event.
-        if !self.drops.contains_key(&t) && self.pending_len() < self.cfg.max_pending {
-            self.drops.insert(
-                t,
-                RecentDrop {
-                    info,
-                    packet: packet.clone(),
-                    confirmed: Some(key.clone()),
-                },
-            );
-        }
-        out.push(Output::Report(self.record(key, event, ts)));
-    }
-
-    fn confirm_unserved(&mut self, packet: &Packet, info: DropInfo, out: &mut Vec<Output>) {
-        let t = tuple_of(packet);
-        let mut evidence = vec![drop_line(&info, &t)];
-        let owner = self
-            .services
-            .services
-            .iter()
-            .find(|s| s.vip == packet.dst)
-            .map(|s| s.service.clone());
-        if table_missing(&self.services) {
-            evidence.push(format!(
-                "no service table was available (no IPVS services or kube-proxy rules read): \
-                 could not check who serves {}; confirmed from the drop alone",
-                packet.dst
-            ));
-        } else {
-            evidence.push(format!(
-                "service table ({}): no entry for {}/{}",
-                source_name(&self.services),
-                sock(packet.dst, packet.dport),
-                packet.proto.as_str()
-            ));
-            let served: Vec<String> = self
-                .services
-                .services
-                .iter()
-                .filter(|s| s.vip == packet.dst)
-                .map(|s| {
-                    format!(
-                        "{}/{}{}",
-                        s.port,
-                        s.proto.as_str(),
-                        s.service
-                            .as_deref()
-                            .map(|n| format!(" ({n})"))
-                            .unwrap_or_default()
-                    )
-                })
-                .collect();
-            if !served.is_empty() {
-                evidence.push(format!(
-                    "service table: {} is served on {}",
-                    packet.dst,
-                    served.join(", ")
-                ));
-            }
-        }
-        evidence.push(match packet.proto {
-            Proto::Udp => {
-                "UDP: the kernel answers an unserved port with ICMP port unreachable".to_string()
-            }
-            _ => {
-                "TCP: the kernel answers an unserved port with RST (connection refused)".to_string()
-            }
-        });
-        let owner_name = owner.flatten().map(|s| service_name(&s));
-        let key = AggregateKey::VipPortUnserved {
-            vip: packet.dst,
-            port: packet.dport,
-            proto: packet.proto,
-        };
-        let event = LoopbackEvent {
-            kind: LoopbackKind::VipPortUnserved,
-            key: key.to_string(),
-            src: packet.src,
-            src_port: packet.sport,
-            dst: packet.dst,
-            dst_port: packet.dport,
-            vip: Some(packet.dst),
-            vip_port: Some(packet.dport),
-            proto: packet.proto,
-            drop_reason: Some(info.reason.name.clone()),
-            drop_location: info.location.clone(),
-            snat: SnatState::Unknown,
-            outcome: Outcome::Refused,
-            count: 0,
-            evidence,
-            remedy: remedy::vip_port_unserved(
-                packet.dst,
-                packet.dport,
-                packet.proto,
-                owner_name.as_deref(),
-            ),
-            first_seen_ns: info.ts,
-            last_seen_ns: info.ts,
-            nic: info.iface.clone(),
-            service: owner_name,
-            layer: None,
-        };
-        self.stats.drops_confirming += 1;
-        self.stats.confirmed.vip_port_unserved += 1;
-        out.push(Output::Report(self.record(key, event, info.ts)));
-    }
-
-    /// Reports the hairpin flow `t` (egress already matched) and forgets it.
-    fn confirm_hairpin(
-        &mut self,
-        t: &Tuple,
-        outcome: Outcome,
-        extra: Vec<String>,
-        out: &mut Vec<Output>,
-    ) {
-        let Some(f) = self.flows.remove(t) else {
-            return;
-        };
-        self.held_suspects -= f.n_suspects;
-        self.held_drops -= f.n_drops;
-        let Some(m) = f.egress else {
-            // Not reachable: only flows with an egress match get here.
-            self.stats.suspects_unconfirmed += f.n_suspects;
-            self.stats.drops_unmatched += f.n_drops;
-            return;
-        };
-        let p = &f.packet;
-        let mut evidence = vec![
-            format!(
-                "EGRESS_FLOWS: {} left {} at {} without SNAT (pod {} calling the LB)",
-                fmt_tuple(&egress_tuple(&m.record)),
-                m.record.nic,
-                fmt_ts(m.record.ts_ns),
-                m.record.src
-            ),
-            suspect_line(f.ts, &f.nic, p),
-            match m.layer {
-                Layer::L4 => format!(
-                    "layer 4: same source port {} {} ms after the egress: the LB forwarded the \
-                     pod's own connection back to this node",
-                    p.sport,
-                    f.ts.saturating_sub(m.record.ts_ns) / MS
-                ),
-                Layer::L7 => format!(
-                    "layer 7: new connection from the same pod {} ms after its latest egress \
-                     to {}: the LB proxied the request back to this node",
-                    f.ts.saturating_sub(m.record.ts_ns) / MS,
-                    sock(m.record.dst, m.record.dport)
-                ),
-            },
-        ];
-        evidence.extend(f.evidence);
-        if let Some(d) = &f.drop {
-            evidence.push(drop_line(d, t));
-        }
-        evidence.extend(extra);
-        let np = self.services.nodeport(p.dport, p.proto).cloned();
-        match &np {
-            Some(n) => evidence.push(format!(
-                "service table ({}): NodePort {}/{} belongs to {}{}",
-                source_name(&self.services),
-                n.port,
-                n.proto.as_str(),
-                n.service.as_deref().unwrap_or("an unnamed Service"),
-                if n.local_only {
-                    " with externalTrafficPolicy: Local rules (no masquerade)"
-                } else {
-                    ""
-                }
-            )),
-            None if table_missing(&self.services) => {
-                evidence.push("no service table was available".to_string())
-            }
-            None => evidence.push(format!(
-                "service table ({}): no NodePort {}/{}",
-                source_name(&self.services),
-                p.dport,
-                p.proto.as_str()
-            )),
-        }
-        if self.services.masquerade_rules.is_empty() {
-            evidence.push("nat table: no masquerade rule for pod egress found".to_string());
-        } else {
-            for r in self.services.masquerade_rules.iter().take(3) {
-                evidence.push(format!(
-                    "nat rule: {r} (did not apply to this flow: it left unSNATed)"
-                ));
-            }
-        }
-        let service = np
-            .as_ref()
-            .and_then(|n| n.service.as_deref())
-            .map(service_name);
-        let drop_reason = f.drop.as_ref().map(|d| d.reason.name.clone());
-        let remedy = remedy::hairpin(&HairpinCause {
-            pod: p.src,
-            vip: m.record.dst,
-            vip_port: m.record.dport,
-            node: p.dst,
-            node_port: p.dport,
-            layer: m.layer,
-            outcome,
-            drop_reason: drop_reason.as_deref(),
-            local_only: np.as_ref().is_some_and(|n| n.local_only),
-            service: service.as_deref(),
-            masquerade_rules: self.services.masquerade_rules.len(),
-        });
-        let key = AggregateKey::Hairpin {
-            layer: m.layer,
-            pod: p.src,
-            vip: m.record.dst,
-            vip_port: m.record.dport,
-            node: p.dst,
-            node_port: p.dport,
-            proto: p.proto,
-        };
-        let event = LoopbackEvent {
-            kind: LoopbackKind::Hairpin,
-            key: key.to_string(),
-            src: p.src,
-            src_port: p.sport,
-            dst: p.dst,
-            dst_port: p.dport,
-            vip: Some(m.record.dst),
-            vip_port: Some(m.record.dport),
-            proto: p.proto,
-            drop_reason,
-            drop_location: f.drop.as_ref().and_then(|d| d.location.clone()),
-            snat: SnatState::No,
-            outcome,
-            count: 0,
-            evidence,
-            remedy,
-            first_seen_ns: f.ts,
-            last_seen_ns: f.ts,
-            nic: Some(f.nic.clone()),
-            service,
-            layer: Some(m.layer),
-        };
-        self.stats.suspects_confirmed += f.n_suspects;
-        self.stats.drops_confirming += f.n_drops;
-        self.stats.confirmed.hairpin += 1;
-        out.push(Output::Report(self.record(key, event, f.ts)));
-    }
-
-    /// Drops a hairpin candidate without confirming it.
-    fn dismiss_flow(&mut self, t: &Tuple) {
-        if let Some(f) = self.flows.remove(t) {
-            self.held_suspects -= f.n_suspects;
-            self.held_drops -= f.n_drops;
-            self.stats.suspects_unconfirmed += f.n_suspects;
-            self.stats.drops_unmatched += f.n_drops;
-            if let Stage::AwaitSnat(id) | Stage::AwaitOutcome(id) = f.stage {
-                self.queries.remove(&id);
-            }
-        }
-    }
-
-    // ----- hairpin steps ----------------------------------------------------------------------
-
-    /// The egress answer for flow `t` (`None`: the query expired).
-    fn on_egress(&mut self, t: &Tuple, records: Option<&[EgressRecord]>, out: &mut Vec<Output>) {
-        let Some(f) = self.flows.get(t) else {
-            return;
-        };
-        if f.stage != Stage::AwaitEgress {
-            return;
-        }
-        let m = records.and_then(|r| self.match_egress(f, r));
-        let Some(m) = m else {
-            self.stats.hairpin_no_egress += 1;
-            self.dismiss_flow(t);
-            return;
-        };
-        let et = egress_tuple(&m.record);
-        let id = self.new_query(QueryCtx::Snat { flow: t.clone() });
-        if let Some(f) = self.flows.get_mut(t) {
-            f.egress = Some(m);
-            f.stage = Stage::AwaitSnat(id);
-        }
-        out.push(Output::Query(Query::Conntrack { id, tuple: et }));
-    }
-
-    fn match_egress(&self, f: &Flow, records: &[EgressRecord]) -> Option<EgressMatch> {
-        let p = &f.packet;
-        // (record, its latest opener by the suspect's time) for records of this pod and
-        // protocol that had left by then, within the window.
-        let candidates = || {
-            records
-                .iter()
-                .filter(|r| r.src == p.src && r.proto == p.proto)
-                .filter_map(|r| Some((r, r.latest_by(f.ts)?)))
-                .filter(|(_, at)| f.ts - at <= self.cfg.l7_window_ns)
-        };
-        if let Some((r, _)) = candidates()
-            .filter(|(r, _)| r.sport == p.sport)
-            .max_by_key(|(_, at)| *at)
-        {
-            return Some(EgressMatch {
-                record: r.clone(),
-                layer: Layer::L4,
-            });
-        }
-        candidates()
-            .filter(|(r, _)| r.dst != p.dst && r.dst != r.src && !self.known_local.contains(&r.dst))
-            .max_by_key(|(_, at)| *at)
-            .map(|(r, _)| EgressMatch {
-                record: r.clone(),
-                layer: Layer::L7,
-            })
-    }
-
-    /// Conntrack of the egress tuple (`None`: the query expired).
-    fn on_snat(&mut self, t: &Tuple, entry: Option<Option<ConntrackEntry>>, out: &mut Vec<Output>) {
-        let Some(f) = self.flows.get_mut(t) else {
-            return;
-        };
-        let et = f.egress.as_ref().map(|m| egress_tuple(&m.record));
-        match entry {
-            Some(Some(e)) if e.snat => {
-                // SNAT happened after all: the LB saw the node, not the pod.
-                self.stats.hairpin_snat_seen += 1;
-                self.dismiss_flow(t);
-                return;
-            }
-            Some(Some(e)) => f
-                .evidence
-                .push(format!("conntrack (egress flow): {}", fmt_entry(&e))),
-            Some(None) => f.evidence.push(format!(
-                "conntrack: no entry for the egress flow {}",
-                et.as_ref().map(fmt_tuple).unwrap_or_default()
-            )),
-            None => f
-                .evidence
-                .push("conntrack look-up of the egress flow was not answered".to_string()),
-        }
-        f.stage = Stage::Settling;
-        self.advance(t, out);
-    }
-
-    /// Egress proven: report a drop now, or ask conntrack once the settle time has passed.
-    fn advance(&mut self, t: &Tuple, out: &mut Vec<Output>) {
-        let Some(f) = self.flows.get(t) else {
-            return;
-        };
-        if f.stage != Stage::Settling {
-            return;
-        }
-        if f.drop.is_some() {
-            self.confirm_hairpin(t, Outcome::Dropped, Vec::new(), out);
-        } else if self.now >= f.ts.saturating_add(self.cfg.hairpin_settle_ns) {
-            let id = self.new_query(QueryCtx::Outcome { flow: t.clone() });
-            if let Some(f) = self.flows.get_mut(t) {
-                f.stage = Stage::AwaitOutcome(id);
-            }
-            out.push(Output::Query(Query::Conntrack {
-                id,
-                tuple: t.clone(),
-            }));
-        }
-    }
-
-    /// Conntrack of the hairpin tuple (`None`: the query expired).
-    fn on_outcome(
-        &mut self,
-        t: &Tuple,
-        entry: Option<Option<ConntrackEntry>>,
-        out: &mut Vec<Output>,
-    ) {
-        let (outcome, line) = match entry {
-            Some(Some(e)) if e.tcp_state.as_deref() == Some("CLOSE") => (
-                Outcome::Reset,
-                format!(
-                    "conntrack (hairpin flow): {}: the pod answered the reply that came from the \
-                     node instead of the VIP with RST",
-                    fmt_entry(&e)
-                ),
-            ),
-            Some(Some(e)) => (
-                Outcome::NoReply,
-                format!(
-                    "conntrack (hairpin flow): {}: no usable reply reached the pod",
-                    fmt_entry(&e)
-                ),
-            ),
-            Some(None) => (
-                Outcome::NoReply,
-                format!("conntrack: no entry for the hairpin flow {}", fmt_tuple(t)),
-            ),
-            None => (
-                Outcome::NoReply,
-                "conntrack look-up of the hairpin flow was not answered".to_string(),
-            ),
-        };
-        self.confirm_hairpin(t, outcome, vec![line], out);
     }
 
     // ----- time -------------------------------------------------------------------------------
 
     fn expire(&mut self, now: u64, out: &mut Vec<Output>) {
         self.last_sweep = now;
+        self.expire_vip_suspects(now);
+        self.expire_drops(now);
+        self.expire_queries(now, out);
+        self.expire_flows(now, out);
+        self.expire_aggregates(now);
+    }
+
+    fn expire_drops(&mut self, now: u64) {
         let pw = self.cfg.pair_window_ns;
-
-        let mut n_unconf = 0;
-        self.vip_suspects.retain(|_, s| {
-            let keep = s.ts.saturating_add(pw) >= now;
-            if !keep {
-                n_unconf += s.n;
-            }
-            keep
-        });
-        self.stats.suspects_unconfirmed += n_unconf;
-        self.held_suspects -= n_unconf;
-
         let mut n_unmatched = 0;
         self.drops.retain(|_, d| {
             let keep = d.info.ts.saturating_add(pw) >= now;
@@ -1356,8 +609,10 @@ impl Correlator {
         });
         self.stats.drops_unmatched += n_unmatched;
         self.held_drops -= n_unmatched;
+    }
 
-        // Expired queries, oldest first.
+    /// Expired queries, oldest first.
+    fn expire_queries(&mut self, now: u64, out: &mut Vec<Output>) {
         let qt = self.cfg.query_timeout_ns;
         let mut expired: Vec<u64> = self
             .queries
@@ -1382,169 +637,5 @@ impl Correlator {
                 QueryCtx::Outcome { flow } => self.on_outcome(&flow, None, out),
             }
         }
-
-        // Settled flows, and a safety net for flows stuck longer than any path allows.
-        let settle = self.cfg.hairpin_settle_ns;
-        let max_age = settle
-            .saturating_add(pw)
-            .saturating_add(qt.saturating_mul(3))
-            .saturating_add(SEC);
-        let mut due: Vec<(u64, Tuple, bool)> = self
-            .flows
-            .iter()
-            .filter_map(|(t, f)| {
-                if f.ts.saturating_add(max_age) < now {
-                    Some((f.seq, t.clone(), true))
-                } else if f.stage == Stage::Settling && f.ts.saturating_add(settle) <= now {
-                    Some((f.seq, t.clone(), false))
-                } else {
-                    None
-                }
-            })
-            .collect();
-        due.sort_unstable_by_key(|(seq, _, _)| *seq);
-        for (_, t, stuck) in due {
-            if stuck {
-                self.dismiss_flow(&t);
-            } else {
-                self.advance(&t, out);
-            }
-        }
-
-        let ttl = self.cfg.aggregate_ttl_ns;
-        self.aggregates
-            .retain(|_, a| a.event.last_seen_ns.saturating_add(ttl) >= now);
     }
-
-    // ----- aggregation ------------------------------------------------------------------------
-
-    fn record(&mut self, key: AggregateKey, mut event: LoopbackEvent, ts: u64) -> Report {
-        if let Some(agg) = self.aggregates.get_mut(&key) {
-            let first = agg.event.first_seen_ns.min(ts);
-            let last = agg.event.last_seen_ns.max(ts);
-            event.count = agg.event.count + 1;
-            event.first_seen_ns = first;
-            event.last_seen_ns = last;
-            let write_json = ts >= agg.last_json_ns.saturating_add(self.cfg.json_repeat_ns);
-            if write_json {
-                agg.last_json_ns = ts;
-            }
-            agg.event = event.clone();
-            return Report {
-                event,
-                is_new: false,
-                write_json,
-            };
-        }
-        if self.aggregates.len() >= self.cfg.max_aggregates.max(1)
-            && let Some(oldest) = self
-                .aggregates
-                .iter()
-                .min_by_key(|(_, a)| a.event.last_seen_ns)
-                .map(|(k, _)| k.clone())
-        {
-            self.aggregates.remove(&oldest);
-            self.stats.aggregates_evicted += 1;
-        }
-        event.count = 1;
-        self.aggregates.insert(
-            key,
-            Aggregate {
-                event: event.clone(),
-                last_json_ns: ts,
-            },
-        );
-        Report {
-            event,
-            is_new: true,
-            write_json: true,
-        }
-    }
-
-    // ----- evidence helpers -------------------------------------------------------------------
-
-    /// Adds the NodePort's service table entry to `evidence`; returns the Service name.
-    fn nodeport_evidence(&self, p: &Packet, evidence: &mut Vec<String>) -> Option<String> {
-        if table_missing(&self.services) {
-            evidence.push("no service table was available".to_string());
-            return None;
-        }
-        match self.services.nodeport(p.dport, p.proto) {
-            Some(n) => {
-                evidence.push(format!(
-                    "service table ({}): NodePort {}/{} belongs to {}",
-                    source_name(&self.services),
-                    n.port,
-                    n.proto.as_str(),
-                    n.service.as_deref().unwrap_or("an unnamed Service")
-                ));
-                n.service.as_deref().map(service_name)
-            }
-            None => {
-                evidence.push(format!(
-                    "service table ({}): no NodePort {}/{}",
-                    source_name(&self.services),
-                    p.dport,
-                    p.proto.as_str()
-                ));
-                None
-            }
-        }
-    }
-
-    fn vip_served_evidence(&self, vip: IpAddr, evidence: &mut Vec<String>) {
-        for s in self
-            .services
-            .services
-            .iter()
-            .filter(|s| s.vip == vip)
-            .take(3)
-        {
-            evidence.push(format!(
-                "service table: {}/{} is a virtual service{} (the LB VIP is handled locally)",
-                sock(s.vip, s.port),
-                s.proto.as_str(),
-                s.service
-                    .as_deref()
-                    .map(|n| format!(" of {n}"))
-                    .unwrap_or_default()
-            ));
-        }
-    }
-}
-
-fn suspect_line(ts: u64, nic: &str, p: &Packet) -> String {
-    format!(
-        "tc ingress on {nic} at {}: {}{}, source tagged {}",
-        fmt_ts(ts),
-        fmt_tuple(&tuple_of(p)),
-        fmt_flags(p),
-        match p.src_tag {
-            Some(Tag::Vip) => "vip (bound on the VIP interface: a local address)",
-            Some(Tag::Pod) => "pod (a pod on this node)",
-            Some(Tag::Node) => "node",
-            None => "nothing",
-        }
-    )
-}
-
-fn drop_line(d: &DropInfo, t: &Tuple) -> String {
-    format!(
-        "kfree_skb at {}: {}{} dropped{}, reason {} (code {}){}",
-        fmt_ts(d.ts),
-        fmt_tuple(t),
-        d.dnat_to
-            .map(|(ip, port)| format!(" (already DNATed to {ip}:{port} by the NodePort rules)"))
-            .unwrap_or_default(),
-        d.iface
-            .as_deref()
-            .map(|i| format!(" after arriving on {i}"))
-            .unwrap_or_default(),
-        d.reason.name,
-        d.reason.code,
-        d.location
-            .as_deref()
-            .map(|l| format!(" at {l}"))
-            .unwrap_or_default()
-    )
 }

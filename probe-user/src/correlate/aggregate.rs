@@ -1,0 +1,99 @@
+//! Aggregation: every confirmation lands in its [`AggregateKey`]'s aggregate (count, first and
+//! last time, JSON throttling); least recently seen aggregates are evicted at the bound and
+//! forgotten after the TTL.
+
+use super::{AggregateKey, Correlator, LoopbackEvent, Outcome, Report, SnatState};
+use crate::event::Packet;
+
+pub(super) struct Aggregate {
+    pub(super) event: LoopbackEvent,
+    pub(super) last_json_ns: u64,
+}
+
+impl LoopbackEvent {
+    /// The event for one occurrence of `key`, from the packet the kernel saw at `ts`: kind,
+    /// key and addresses filled in, `count` 0 (set by [`Correlator::record`]), `snat` unknown,
+    /// everything optional empty. Rules set the rest with struct update syntax.
+    pub(super) fn new(key: &AggregateKey, p: &Packet, ts: u64, outcome: Outcome) -> Self {
+        LoopbackEvent {
+            kind: key.kind(),
+            key: key.to_string(),
+            src: p.src,
+            src_port: p.sport,
+            dst: p.dst,
+            dst_port: p.dport,
+            vip: None,
+            vip_port: None,
+            proto: p.proto,
+            drop_reason: None,
+            drop_location: None,
+            snat: SnatState::Unknown,
+            outcome,
+            count: 0,
+            evidence: Vec::new(),
+            remedy: Vec::new(),
+            first_seen_ns: ts,
+            last_seen_ns: ts,
+            nic: None,
+            service: None,
+            layer: None,
+        }
+    }
+}
+
+impl Correlator {
+    pub(super) fn record(
+        &mut self,
+        key: AggregateKey,
+        mut event: LoopbackEvent,
+        ts: u64,
+    ) -> Report {
+        if let Some(agg) = self.aggregates.get_mut(&key) {
+            let first = agg.event.first_seen_ns.min(ts);
+            let last = agg.event.last_seen_ns.max(ts);
+            event.count = agg.event.count + 1;
+            event.first_seen_ns = first;
+            event.last_seen_ns = last;
+            let write_json = ts >= agg.last_json_ns.saturating_add(self.cfg.json_repeat_ns);
+            if write_json {
+                agg.last_json_ns = ts;
+            }
+            agg.event = event.clone();
+            return Report {
+                event,
+                is_new: false,
+                write_json,
+            };
+        }
+        if self.aggregates.len() >= self.cfg.max_aggregates.max(1)
+            && let Some(oldest) = self
+                .aggregates
+                .iter()
+                .min_by_key(|(_, a)| a.event.last_seen_ns)
+                .map(|(k, _)| k.clone())
+        {
+            self.aggregates.remove(&oldest);
+            self.stats.aggregates_evicted += 1;
+        }
+        event.count = 1;
+        self.aggregates.insert(
+            key,
+            Aggregate {
+                event: event.clone(),
+                last_json_ns: ts,
+            },
+        );
+        Report {
+            event,
+            is_new: true,
+            write_json: true,
+        }
+    }
+
+    /// Forgets aggregates without a repeat for `aggregate_ttl_ns`.
+    pub(super) fn expire_aggregates(&mut self, now: u64) {
+        let ttl = self.cfg.aggregate_ttl_ns;
+        self.aggregates
+            .retain(|_, a| a.event.last_seen_ns.saturating_add(ttl) >= now);
+    }
+}

@@ -1,0 +1,180 @@
+//! `healthcheck_blackhole`: a VIP-source packet on NIC ingress dropped as a local source.
+
+use super::{
+    AggregateKey, Correlator, DropInfo, LoopbackEvent, Outcome, Output, RecentDrop, SnatState,
+    evidence::{drop_line, local_source_line, suspect_line},
+    remedy, tuple_of,
+};
+use crate::{event::Packet, state::Tuple};
+
+/// A `Vip`-source suspect waiting for its drop.
+pub(super) struct VipSuspect {
+    pub(super) ts: u64,
+    pub(super) nic: String,
+    pub(super) packet: Packet,
+    pub(super) n: u64,
+}
+
+impl Correlator {
+    pub(super) fn on_vip_suspect(
+        &mut self,
+        ts: u64,
+        nic: String,
+        packet: Packet,
+        out: &mut Vec<Output>,
+    ) {
+        let t = tuple_of(&packet);
+        if let Some(d) = self.drops.get(&t)
+            && self.within(d.info.ts, ts)
+        {
+            if let Some(key) = d.confirmed.clone() {
+                // The drop came first and already confirmed: fold the suspect in as evidence.
+                self.stats.suspects_confirmed += 1;
+                let line = suspect_line(ts, &nic, &packet);
+                if let Some(agg) = self.aggregates.get_mut(&key)
+                    && !agg.event.evidence.contains(&line)
+                {
+                    agg.event.evidence.insert(0, line);
+                }
+                return;
+            }
+            // A drop without an interface waited for this suspect.
+            if let Some(d) = self.drops.remove(&t) {
+                self.held_drops -= 1;
+                let s = VipSuspect {
+                    ts,
+                    nic,
+                    packet,
+                    n: 1,
+                };
+                self.confirm_blackhole(&d.packet, d.info, Some(s), out);
+                return;
+            }
+        }
+        if let Some(s) = self.vip_suspects.get_mut(&t) {
+            s.n += 1;
+            self.held_suspects += 1;
+            return;
+        }
+        if !self.has_room() {
+            self.stats.suspects_unconfirmed += 1;
+            return;
+        }
+        self.vip_suspects.insert(
+            t,
+            VipSuspect {
+                ts,
+                nic,
+                packet,
+                n: 1,
+            },
+        );
+        self.held_suspects += 1;
+    }
+
+    /// A local-source drop of a `Vip`-source packet: confirms with its suspect, or alone when
+    /// it names its interface; otherwise waits for the suspect.
+    pub(super) fn on_vip_source_drop(
+        &mut self,
+        t: Tuple,
+        info: DropInfo,
+        packet: Packet,
+        out: &mut Vec<Output>,
+    ) {
+        let suspect = match self.vip_suspects.get(&t) {
+            Some(s) if self.within(s.ts, info.ts) => self.vip_suspects.remove(&t),
+            _ => None,
+        };
+        if let Some(s) = &suspect {
+            self.held_suspects -= s.n;
+        }
+        if info.iface.is_none() && suspect.is_none() {
+            // Nothing says which interface it came in on: wait for the suspect.
+            if self.has_room() {
+                self.drops.insert(
+                    t,
+                    RecentDrop {
+                        info,
+                        packet,
+                        confirmed: None,
+                    },
+                );
+                self.held_drops += 1;
+            } else {
+                self.stats.drops_unmatched += 1;
+            }
+            return;
+        }
+        self.confirm_blackhole(&packet, info, suspect, out);
+    }
+
+    pub(super) fn confirm_blackhole(
+        &mut self,
+        packet: &Packet,
+        info: DropInfo,
+        suspect: Option<VipSuspect>,
+        out: &mut Vec<Output>,
+    ) {
+        let t = tuple_of(packet);
+        let mut evidence = Vec::new();
+        if let Some(s) = &suspect {
+            evidence.push(suspect_line(s.ts, &s.nic, &s.packet));
+        }
+        evidence.push(drop_line(&info, &t));
+        evidence.push(local_source_line(&info, packet.src));
+        let svc = self.nodeport_evidence(packet, &mut evidence);
+        self.vip_served_evidence(packet.src, &mut evidence);
+        let nic = info
+            .iface
+            .clone()
+            .or_else(|| suspect.as_ref().map(|s| s.nic.clone()));
+        let key = AggregateKey::HealthcheckBlackhole {
+            vip: packet.src,
+            node: packet.dst,
+            node_port: packet.dport,
+            proto: packet.proto,
+        };
+        let event = LoopbackEvent {
+            vip: Some(packet.src),
+            drop_reason: Some(info.reason.name.clone()),
+            drop_location: info.location.clone(),
+            snat: SnatState::Unknown,
+            evidence,
+            remedy: remedy::healthcheck_blackhole(packet.src, packet.dport),
+            nic,
+            service: svc,
+            ..LoopbackEvent::new(&key, packet, info.ts, Outcome::Dropped)
+        };
+        self.stats.suspects_confirmed += suspect.as_ref().map_or(0, |s| s.n);
+        self.stats.drops_confirming += 1;
+        self.stats.confirmed.healthcheck_blackhole += 1;
+        let ts = info.ts;
+        // Keep the drop so a suspect arriving after it folds into this event.
+        if !self.drops.contains_key(&t) && self.pending_len() < self.cfg.max_pending {
+            self.drops.insert(
+                t,
+                RecentDrop {
+                    info,
+                    packet: packet.clone(),
+                    confirmed: Some(key.clone()),
+                },
+            );
+        }
+        out.push(Output::Report(self.record(key, event, ts)));
+    }
+
+    /// Forgets `Vip`-source suspects whose drop did not come within the pair window.
+    pub(super) fn expire_vip_suspects(&mut self, now: u64) {
+        let pw = self.cfg.pair_window_ns;
+        let mut n_unconf = 0;
+        self.vip_suspects.retain(|_, s| {
+            let keep = s.ts.saturating_add(pw) >= now;
+            if !keep {
+                n_unconf += s.n;
+            }
+            keep
+        });
+        self.stats.suspects_unconfirmed += n_unconf;
+        self.held_suspects -= n_unconf;
+    }
+}

@@ -1,0 +1,353 @@
+//! Evidence: every line a confirmed event carries, one fact per line.
+
+use std::net::IpAddr;
+
+use super::{
+    Correlator, DropInfo, Layer, MS, SEC,
+    drop_reason::{LocalSourceDrop, local_source_drop},
+    hairpin::egress_tuple,
+    report::sock,
+    tuple_of,
+};
+use crate::{
+    event::{EgressRecord, Packet, Proto, Tag, tcp_flags},
+    state::{ConntrackEntry, NodePortEntry, ServiceSource, ServiceTable, Tuple},
+};
+
+/// `12.345678901s` (monotonic).
+pub(super) fn fmt_ts(ns: u64) -> String {
+    format!("{}.{:09}s", ns / SEC, ns % SEC)
+}
+
+pub(super) fn fmt_tuple(t: &Tuple) -> String {
+    format!(
+        "{} -> {}/{}",
+        sock(t.src, t.sport),
+        sock(t.dst, t.dport),
+        t.proto.as_str()
+    )
+}
+
+pub(super) fn fmt_flags(p: &Packet) -> String {
+    if p.proto != Proto::Tcp {
+        return String::new();
+    }
+    let names = [
+        (tcp_flags::SYN, "SYN"),
+        (tcp_flags::ACK, "ACK"),
+        (tcp_flags::FIN, "FIN"),
+        (tcp_flags::RST, "RST"),
+    ];
+    let set: Vec<&str> = names
+        .iter()
+        .filter(|(bit, _)| p.tcp_flags & bit != 0)
+        .map(|(_, n)| *n)
+        .collect();
+    if set.is_empty() {
+        String::new()
+    } else {
+        format!(" [{}]", set.join(","))
+    }
+}
+
+pub(super) fn fmt_entry(e: &ConntrackEntry) -> String {
+    format!(
+        "orig {}, reply {}, {}, {}, {}{}",
+        fmt_tuple(&e.orig),
+        fmt_tuple(&e.reply),
+        if e.snat { "SRC_NAT" } else { "no SRC_NAT" },
+        if e.dnat { "DST_NAT" } else { "no DST_NAT" },
+        if e.seen_reply {
+            "SEEN_REPLY"
+        } else {
+            "no SEEN_REPLY"
+        },
+        e.tcp_state
+            .as_deref()
+            .map(|s| format!(", state {s}"))
+            .unwrap_or_default()
+    )
+}
+
+/// `namespace/name` out of the service table's `namespace/name:port`.
+pub(super) fn service_name(s: &str) -> String {
+    s.split(':').next().unwrap_or(s).to_string()
+}
+
+pub(super) fn source_name(t: &ServiceTable) -> &'static str {
+    match t.source {
+        Some(ServiceSource::Ipvs) => "IPVS",
+        Some(ServiceSource::Iptables) => "kube-proxy iptables rules",
+        None => "unknown source",
+    }
+}
+
+pub(super) fn table_missing(t: &ServiceTable) -> bool {
+    t.source.is_none() && t.services.is_empty() && t.nodeports.is_empty()
+}
+
+pub(super) fn suspect_line(ts: u64, nic: &str, p: &Packet) -> String {
+    format!(
+        "tc ingress on {nic} at {}: {}{}, source tagged {}",
+        fmt_ts(ts),
+        fmt_tuple(&tuple_of(p)),
+        fmt_flags(p),
+        match p.src_tag {
+            Some(Tag::Vip) => "vip (bound on the VIP interface: a local address)",
+            Some(Tag::Pod) => "pod (a pod on this node)",
+            Some(Tag::Node) => "node",
+            None => "nothing",
+        }
+    )
+}
+
+pub(super) fn drop_line(d: &DropInfo, t: &Tuple) -> String {
+    format!(
+        "kfree_skb at {}: {}{} dropped{}, reason {} (code {}){}",
+        fmt_ts(d.ts),
+        fmt_tuple(t),
+        d.dnat_to
+            .map(|(ip, port)| format!(" (already DNATed to {ip}:{port} by the NodePort rules)"))
+            .unwrap_or_default(),
+        d.iface
+            .as_deref()
+            .map(|i| format!(" after arriving on {i}"))
+            .unwrap_or_default(),
+        d.reason.name,
+        d.reason.code,
+        d.location
+            .as_deref()
+            .map(|l| format!(" at {l}"))
+            .unwrap_or_default()
+    )
+}
+
+/// Why the drop of a packet from `src` (tagged vip) is a local-source drop.
+pub(super) fn local_source_line(info: &DropInfo, src: IpAddr) -> String {
+    match local_source_drop(&info.reason, info.location.as_deref()) {
+        Some(LocalSourceDrop::UnspecifiedAtRouteInput) => format!(
+            "reason NOT_SPECIFIED at the route-input site {}: kernels without the \
+             IP_*_SOURCE reasons drop a local (martian) source there unnamed; the source \
+             {} is tagged vip, so this is a local-source drop",
+            info.location.as_deref().unwrap_or("?"),
+            src
+        ),
+        _ => format!(
+            "reason {}: source validation failed because {} is a local address of this \
+             node (tagged vip: bound on the VIP interface)",
+            info.reason.name, src
+        ),
+    }
+}
+
+/// What the kernel answers a connection to an unserved port with.
+pub(super) fn refusal_line(proto: Proto) -> String {
+    match proto {
+        Proto::Udp => {
+            "UDP: the kernel answers an unserved port with ICMP port unreachable".to_string()
+        }
+        _ => "TCP: the kernel answers an unserved port with RST (connection refused)".to_string(),
+    }
+}
+
+/// The pod's un-SNATed egress to the LB.
+pub(super) fn egress_line(r: &EgressRecord) -> String {
+    format!(
+        "EGRESS_FLOWS: {} left {} at {} without SNAT (pod {} calling the LB)",
+        fmt_tuple(&egress_tuple(r)),
+        r.nic,
+        fmt_ts(r.ts_ns),
+        r.src
+    )
+}
+
+/// How the hairpin suspect (`p`, seen at `ts`) was tied to the egress record.
+pub(super) fn layer_line(layer: Layer, ts: u64, r: &EgressRecord, p: &Packet) -> String {
+    match layer {
+        Layer::L4 => format!(
+            "layer 4: same source port {} {} ms after the egress: the LB forwarded the \
+             pod's own connection back to this node",
+            p.sport,
+            ts.saturating_sub(r.ts_ns) / MS
+        ),
+        Layer::L7 => format!(
+            "layer 7: new connection from the same pod {} ms after its latest egress \
+             to {}: the LB proxied the request back to this node",
+            ts.saturating_sub(r.ts_ns) / MS,
+            sock(r.dst, r.dport)
+        ),
+    }
+}
+
+/// Conntrack of the egress flow `et` (`entry` None: not answered; Some(None): no entry).
+pub(super) fn egress_ct_line(et: Option<&Tuple>, entry: Option<&Option<ConntrackEntry>>) -> String {
+    match entry {
+        Some(Some(e)) => format!("conntrack (egress flow): {}", fmt_entry(e)),
+        Some(None) => format!(
+            "conntrack: no entry for the egress flow {}",
+            et.map(fmt_tuple).unwrap_or_default()
+        ),
+        None => "conntrack look-up of the egress flow was not answered".to_string(),
+    }
+}
+
+/// Conntrack of the hairpin flow `t`: what became of it.
+pub(super) fn outcome_line(t: &Tuple, entry: Option<&Option<ConntrackEntry>>) -> String {
+    match entry {
+        Some(Some(e)) if e.tcp_state.as_deref() == Some("CLOSE") => format!(
+            "conntrack (hairpin flow): {}: the pod answered the reply that came from the \
+             node instead of the VIP with RST",
+            fmt_entry(e)
+        ),
+        Some(Some(e)) => format!(
+            "conntrack (hairpin flow): {}: no usable reply reached the pod",
+            fmt_entry(e)
+        ),
+        Some(None) => format!("conntrack: no entry for the hairpin flow {}", fmt_tuple(t)),
+        None => "conntrack look-up of the hairpin flow was not answered".to_string(),
+    }
+}
+
+impl Correlator {
+    /// Adds the NodePort's service table entry to `evidence`; returns the Service name.
+    pub(super) fn nodeport_evidence(
+        &self,
+        p: &Packet,
+        evidence: &mut Vec<String>,
+    ) -> Option<String> {
+        if table_missing(&self.services) {
+            evidence.push("no service table was available".to_string());
+            return None;
+        }
+        match self.services.nodeport(p.dport, p.proto) {
+            Some(n) => {
+                evidence.push(format!(
+                    "service table ({}): NodePort {}/{} belongs to {}",
+                    source_name(&self.services),
+                    n.port,
+                    n.proto.as_str(),
+                    n.service.as_deref().unwrap_or("an unnamed Service")
+                ));
+                n.service.as_deref().map(service_name)
+            }
+            None => {
+                evidence.push(format!(
+                    "service table ({}): no NodePort {}/{}",
+                    source_name(&self.services),
+                    p.dport,
+                    p.proto.as_str()
+                ));
+                None
+            }
+        }
+    }
+
+    pub(super) fn vip_served_evidence(&self, vip: IpAddr, evidence: &mut Vec<String>) {
+        for s in self
+            .services
+            .services
+            .iter()
+            .filter(|s| s.vip == vip)
+            .take(3)
+        {
+            evidence.push(format!(
+                "service table: {}/{} is a virtual service{} (the LB VIP is handled locally)",
+                sock(s.vip, s.port),
+                s.proto.as_str(),
+                s.service
+                    .as_deref()
+                    .map(|n| format!(" of {n}"))
+                    .unwrap_or_default()
+            ));
+        }
+    }
+
+    /// The service table's view of an unserved VIP:port (or that there was no table).
+    pub(super) fn unserved_table_evidence(&self, packet: &Packet, evidence: &mut Vec<String>) {
+        if table_missing(&self.services) {
+            evidence.push(format!(
+                "no service table was available (no IPVS services or kube-proxy rules read): \
+                 could not check who serves {}; confirmed from the drop alone",
+                packet.dst
+            ));
+            return;
+        }
+        evidence.push(format!(
+            "service table ({}): no entry for {}/{}",
+            source_name(&self.services),
+            sock(packet.dst, packet.dport),
+            packet.proto.as_str()
+        ));
+        let served: Vec<String> = self
+            .services
+            .services
+            .iter()
+            .filter(|s| s.vip == packet.dst)
+            .map(|s| {
+                format!(
+                    "{}/{}{}",
+                    s.port,
+                    s.proto.as_str(),
+                    s.service
+                        .as_deref()
+                        .map(|n| format!(" ({n})"))
+                        .unwrap_or_default()
+                )
+            })
+            .collect();
+        if !served.is_empty() {
+            evidence.push(format!(
+                "service table: {} is served on {}",
+                packet.dst,
+                served.join(", ")
+            ));
+        }
+    }
+
+    /// The hairpin's NodePort in the service table (with its `externalTrafficPolicy: Local`
+    /// rules), or its absence; returns the entry.
+    pub(super) fn hairpin_nodeport_evidence(
+        &self,
+        p: &Packet,
+        evidence: &mut Vec<String>,
+    ) -> Option<NodePortEntry> {
+        let np = self.services.nodeport(p.dport, p.proto).cloned();
+        match &np {
+            Some(n) => evidence.push(format!(
+                "service table ({}): NodePort {}/{} belongs to {}{}",
+                source_name(&self.services),
+                n.port,
+                n.proto.as_str(),
+                n.service.as_deref().unwrap_or("an unnamed Service"),
+                if n.local_only {
+                    " with externalTrafficPolicy: Local rules (no masquerade)"
+                } else {
+                    ""
+                }
+            )),
+            None if table_missing(&self.services) => {
+                evidence.push("no service table was available".to_string())
+            }
+            None => evidence.push(format!(
+                "service table ({}): no NodePort {}/{}",
+                source_name(&self.services),
+                p.dport,
+                p.proto.as_str()
+            )),
+        }
+        np
+    }
+
+    /// The masquerade rules that did not apply to an un-SNATed egress (at most three).
+    pub(super) fn masquerade_evidence(&self, evidence: &mut Vec<String>) {
+        if self.services.masquerade_rules.is_empty() {
+            evidence.push("nat table: no masquerade rule for pod egress found".to_string());
+        } else {
+            for r in self.services.masquerade_rules.iter().take(3) {
+                evidence.push(format!(
+                    "nat rule: {r} (did not apply to this flow: it left unSNATed)"
+                ));
+            }
+        }
+    }
+}

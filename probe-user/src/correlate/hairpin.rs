@@ -1,0 +1,407 @@
+//! `hairpin`: a pod-source packet on NIC ingress tied to that pod's un-SNATed egress to the
+//! LB. The state machine per candidate flow: egress answer -> conntrack of the egress flow
+//! (SNAT?) -> settle (a drop, or conntrack of the looping flow) -> report.
+
+use super::{
+    AggregateKey, Correlator, DropInfo, Layer, LoopbackEvent, Outcome, Output, PendingQuery, Query,
+    QueryCtx, RecentDrop, SEC, SnatState,
+    evidence::{
+        drop_line, egress_ct_line, egress_line, layer_line, outcome_line, service_name,
+        suspect_line,
+    },
+    remedy::{self, HairpinCause},
+    tuple_of,
+};
+use crate::{
+    event::{EgressRecord, Packet, Tag},
+    state::{ConntrackEntry, Tuple},
+};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Stage {
+    /// Waiting for the egress answer.
+    AwaitEgress,
+    /// Waiting for conntrack of the egress tuple (query id).
+    AwaitSnat(u64),
+    /// Egress proven; waiting for a drop until the settle time.
+    Settling,
+    /// Waiting for conntrack of the hairpin tuple (query id).
+    AwaitOutcome(u64),
+}
+
+pub(super) struct EgressMatch {
+    pub(super) record: EgressRecord,
+    pub(super) layer: Layer,
+}
+
+/// A hairpin candidate (a `Pod`-source suspect), keyed by its 5-tuple.
+pub(super) struct Flow {
+    pub(super) seq: u64,
+    pub(super) ts: u64,
+    pub(super) nic: String,
+    pub(super) packet: Packet,
+    /// Suspects of this tuple folded in (retransmits).
+    pub(super) n_suspects: u64,
+    pub(super) stage: Stage,
+    pub(super) drop: Option<DropInfo>,
+    pub(super) n_drops: u64,
+    pub(super) egress: Option<EgressMatch>,
+    /// Evidence gathered after the egress match (conntrack of the egress flow).
+    pub(super) evidence: Vec<String>,
+}
+
+pub(super) fn egress_tuple(r: &EgressRecord) -> Tuple {
+    Tuple {
+        src: r.src,
+        dst: r.dst,
+        sport: r.sport,
+        dport: r.dport,
+        proto: r.proto,
+    }
+}
+
+impl Correlator {
+    pub(super) fn on_pod_suspect(
+        &mut self,
+        ts: u64,
+        nic: String,
+        packet: Packet,
+        out: &mut Vec<Output>,
+    ) {
+        let t = tuple_of(&packet);
+        if let Some(f) = self.flows.get_mut(&t) {
+            f.n_suspects += 1;
+            self.held_suspects += 1;
+            return;
+        }
+        // A drop of this tuple that came first.
+        let early_drop = match self.drops.get(&t) {
+            Some(d) if d.confirmed.is_none() && self.within(d.info.ts, ts) => {
+                self.drops.remove(&t).map(|d| d.info)
+            }
+            _ => None,
+        };
+        if early_drop.is_none() && !self.has_room() {
+            self.stats.suspects_unconfirmed += 1;
+            return;
+        }
+        // An early drop moves from `drops` into the flow: `held_drops` is unchanged.
+        let n_drops = u64::from(early_drop.is_some());
+        self.held_suspects += 1;
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.flows.insert(
+            t.clone(),
+            Flow {
+                seq,
+                ts,
+                nic,
+                packet,
+                n_suspects: 1,
+                stage: Stage::AwaitEgress,
+                drop: early_drop,
+                n_drops,
+                egress: None,
+                evidence: Vec::new(),
+            },
+        );
+        let src = t.src;
+        match self.egress_inflight.get(&src).copied() {
+            Some(id) => {
+                if let Some(PendingQuery {
+                    ctx: QueryCtx::Egress { flows, .. },
+                    ..
+                }) = self.queries.get_mut(&id)
+                {
+                    flows.push(t);
+                }
+            }
+            None => {
+                let id = self.new_query(QueryCtx::Egress {
+                    src,
+                    flows: vec![t],
+                });
+                self.egress_inflight.insert(src, id);
+                out.push(Output::Query(Query::Egress { id, src }));
+            }
+        }
+    }
+
+    /// A drop of a hairpin candidate's tuple: its outcome, reported at once when the egress
+    /// is already proven.
+    pub(super) fn on_flow_drop(&mut self, t: &Tuple, info: DropInfo, out: &mut Vec<Output>) {
+        let Some(f) = self.flows.get_mut(t) else {
+            return;
+        };
+        f.n_drops += 1;
+        self.held_drops += 1;
+        if f.drop.is_none() {
+            f.drop = Some(info);
+        }
+        if matches!(f.stage, Stage::Settling | Stage::AwaitOutcome(_)) {
+            if let Stage::AwaitOutcome(id) = f.stage {
+                self.queries.remove(&id);
+            }
+            self.confirm_hairpin(t, Outcome::Dropped, Vec::new(), out);
+        }
+    }
+
+    /// Keeps a drop of a `Pod`-source packet: it may be a hairpin whose suspect is still on
+    /// its way. False when it was not kept.
+    pub(super) fn hold_pod_drop(&mut self, t: &Tuple, info: DropInfo, packet: Packet) -> bool {
+        if packet.src_tag == Some(Tag::Pod) && !self.drops.contains_key(t) && self.has_room() {
+            self.drops.insert(
+                t.clone(),
+                RecentDrop {
+                    info,
+                    packet,
+                    confirmed: None,
+                },
+            );
+            self.held_drops += 1;
+            return true;
+        }
+        false
+    }
+
+    /// Reports the hairpin flow `t` (egress already matched) and forgets it.
+    pub(super) fn confirm_hairpin(
+        &mut self,
+        t: &Tuple,
+        outcome: Outcome,
+        extra: Vec<String>,
+        out: &mut Vec<Output>,
+    ) {
+        let Some(f) = self.flows.remove(t) else {
+            return;
+        };
+        self.held_suspects -= f.n_suspects;
+        self.held_drops -= f.n_drops;
+        let Some(m) = f.egress else {
+            // Not reachable: only flows with an egress match get here.
+            self.stats.suspects_unconfirmed += f.n_suspects;
+            self.stats.drops_unmatched += f.n_drops;
+            return;
+        };
+        let p = &f.packet;
+        let mut evidence = vec![
+            egress_line(&m.record),
+            suspect_line(f.ts, &f.nic, p),
+            layer_line(m.layer, f.ts, &m.record, p),
+        ];
+        evidence.extend(f.evidence);
+        if let Some(d) = &f.drop {
+            evidence.push(drop_line(d, t));
+        }
+        evidence.extend(extra);
+        let np = self.hairpin_nodeport_evidence(p, &mut evidence);
+        self.masquerade_evidence(&mut evidence);
+        let service = np
+            .as_ref()
+            .and_then(|n| n.service.as_deref())
+            .map(service_name);
+        let drop_reason = f.drop.as_ref().map(|d| d.reason.name.clone());
+        let remedy = remedy::hairpin(&HairpinCause {
+            pod: p.src,
+            vip: m.record.dst,
+            vip_port: m.record.dport,
+            node: p.dst,
+            node_port: p.dport,
+            layer: m.layer,
+            outcome,
+            drop_reason: drop_reason.as_deref(),
+            local_only: np.as_ref().is_some_and(|n| n.local_only),
+            service: service.as_deref(),
+            masquerade_rules: self.services.masquerade_rules.len(),
+        });
+        let key = AggregateKey::Hairpin {
+            layer: m.layer,
+            pod: p.src,
+            vip: m.record.dst,
+            vip_port: m.record.dport,
+            node: p.dst,
+            node_port: p.dport,
+            proto: p.proto,
+        };
+        let event = LoopbackEvent {
+            vip: Some(m.record.dst),
+            vip_port: Some(m.record.dport),
+            drop_reason,
+            drop_location: f.drop.as_ref().and_then(|d| d.location.clone()),
+            snat: SnatState::No,
+            evidence,
+            remedy,
+            nic: Some(f.nic.clone()),
+            service,
+            layer: Some(m.layer),
+            ..LoopbackEvent::new(&key, p, f.ts, outcome)
+        };
+        self.stats.suspects_confirmed += f.n_suspects;
+        self.stats.drops_confirming += f.n_drops;
+        self.stats.confirmed.hairpin += 1;
+        out.push(Output::Report(self.record(key, event, f.ts)));
+    }
+
+    /// Drops a hairpin candidate without confirming it.
+    pub(super) fn dismiss_flow(&mut self, t: &Tuple) {
+        if let Some(f) = self.flows.remove(t) {
+            self.held_suspects -= f.n_suspects;
+            self.held_drops -= f.n_drops;
+            self.stats.suspects_unconfirmed += f.n_suspects;
+            self.stats.drops_unmatched += f.n_drops;
+            if let Stage::AwaitSnat(id) | Stage::AwaitOutcome(id) = f.stage {
+                self.queries.remove(&id);
+            }
+        }
+    }
+
+    // ----- hairpin steps ----------------------------------------------------------------------
+
+    /// The egress answer for flow `t` (`None`: the query expired).
+    pub(super) fn on_egress(
+        &mut self,
+        t: &Tuple,
+        records: Option<&[EgressRecord]>,
+        out: &mut Vec<Output>,
+    ) {
+        let Some(f) = self.flows.get(t) else {
+            return;
+        };
+        if f.stage != Stage::AwaitEgress {
+            return;
+        }
+        let m = records.and_then(|r| self.match_egress(f, r));
+        let Some(m) = m else {
+            self.stats.hairpin_no_egress += 1;
+            self.dismiss_flow(t);
+            return;
+        };
+        let et = egress_tuple(&m.record);
+        let id = self.new_query(QueryCtx::Snat { flow: t.clone() });
+        if let Some(f) = self.flows.get_mut(t) {
+            f.egress = Some(m);
+            f.stage = Stage::AwaitSnat(id);
+        }
+        out.push(Output::Query(Query::Conntrack { id, tuple: et }));
+    }
+
+    pub(super) fn match_egress(&self, f: &Flow, records: &[EgressRecord]) -> Option<EgressMatch> {
+        let p = &f.packet;
+        // (record, its latest opener by the suspect's time) for records of this pod and
+        // protocol that had left by then, within the window.
+        let candidates = || {
+            records
+                .iter()
+                .filter(|r| r.src == p.src && r.proto == p.proto)
+                .filter_map(|r| Some((r, r.latest_by(f.ts)?)))
+                .filter(|(_, at)| f.ts - at <= self.cfg.l7_window_ns)
+        };
+        if let Some((r, _)) = candidates()
+            .filter(|(r, _)| r.sport == p.sport)
+            .max_by_key(|(_, at)| *at)
+        {
+            return Some(EgressMatch {
+                record: r.clone(),
+                layer: Layer::L4,
+            });
+        }
+        candidates()
+            .filter(|(r, _)| r.dst != p.dst && r.dst != r.src && !self.known_local.contains(&r.dst))
+            .max_by_key(|(_, at)| *at)
+            .map(|(r, _)| EgressMatch {
+                record: r.clone(),
+                layer: Layer::L7,
+            })
+    }
+
+    /// Conntrack of the egress tuple (`None`: the query expired).
+    pub(super) fn on_snat(
+        &mut self,
+        t: &Tuple,
+        entry: Option<Option<ConntrackEntry>>,
+        out: &mut Vec<Output>,
+    ) {
+        let Some(f) = self.flows.get_mut(t) else {
+            return;
+        };
+        if let Some(Some(e)) = &entry
+            && e.snat
+        {
+            // SNAT happened after all: the LB saw the node, not the pod.
+            self.stats.hairpin_snat_seen += 1;
+            self.dismiss_flow(t);
+            return;
+        }
+        let et = f.egress.as_ref().map(|m| egress_tuple(&m.record));
+        f.evidence.push(egress_ct_line(et.as_ref(), entry.as_ref()));
+        f.stage = Stage::Settling;
+        self.advance(t, out);
+    }
+
+    /// Egress proven: report a drop now, or ask conntrack once the settle time has passed.
+    pub(super) fn advance(&mut self, t: &Tuple, out: &mut Vec<Output>) {
+        let Some(f) = self.flows.get(t) else {
+            return;
+        };
+        if f.stage != Stage::Settling {
+            return;
+        }
+        if f.drop.is_some() {
+            self.confirm_hairpin(t, Outcome::Dropped, Vec::new(), out);
+        } else if self.now >= f.ts.saturating_add(self.cfg.hairpin_settle_ns) {
+            let id = self.new_query(QueryCtx::Outcome { flow: t.clone() });
+            if let Some(f) = self.flows.get_mut(t) {
+                f.stage = Stage::AwaitOutcome(id);
+            }
+            out.push(Output::Query(Query::Conntrack {
+                id,
+                tuple: t.clone(),
+            }));
+        }
+    }
+
+    /// Conntrack of the hairpin tuple (`None`: the query expired).
+    pub(super) fn on_outcome(
+        &mut self,
+        t: &Tuple,
+        entry: Option<Option<ConntrackEntry>>,
+        out: &mut Vec<Output>,
+    ) {
+        let outcome = match &entry {
+            Some(Some(e)) if e.tcp_state.as_deref() == Some("CLOSE") => Outcome::Reset,
+            _ => Outcome::NoReply,
+        };
+        let line = outcome_line(t, entry.as_ref());
+        self.confirm_hairpin(t, outcome, vec![line], out);
+    }
+
+    /// Settled flows, and a safety net for flows stuck longer than any path allows.
+    pub(super) fn expire_flows(&mut self, now: u64, out: &mut Vec<Output>) {
+        let settle = self.cfg.hairpin_settle_ns;
+        let max_age = settle
+            .saturating_add(self.cfg.pair_window_ns)
+            .saturating_add(self.cfg.query_timeout_ns.saturating_mul(3))
+            .saturating_add(SEC);
+        let mut due: Vec<(u64, Tuple, bool)> = self
+            .flows
+            .iter()
+            .filter_map(|(t, f)| {
+                if f.ts.saturating_add(max_age) < now {
+                    Some((f.seq, t.clone(), true))
+                } else if f.stage == Stage::Settling && f.ts.saturating_add(settle) <= now {
+                    Some((f.seq, t.clone(), false))
+                } else {
+                    None
+                }
+            })
+            .collect();
+        due.sort_unstable_by_key(|(seq, _, _)| *seq);
+        for (_, t, stuck) in due {
+            if stuck {
+                self.dismiss_flow(&t);
+            } else {
+                self.advance(&t, out);
+            }
+        }
+    }
+}

@@ -1,0 +1,66 @@
+//! `vip_port_unserved`: a packet to a bound VIP refused because nothing serves that port.
+
+use super::{
+    AggregateKey, Correlator, DropInfo, LoopbackEvent, Outcome, Output,
+    drop_reason::is_no_socket,
+    evidence::{drop_line, refusal_line, service_name},
+    remedy, tuple_of,
+};
+use crate::event::{Packet, Proto, Tag};
+
+impl Correlator {
+    /// A drop to a bound VIP for no socket, TCP or UDP, on a port the service table does not
+    /// serve.
+    pub(super) fn is_unserved_drop(&self, packet: &Packet, info: &DropInfo) -> bool {
+        packet.dst_tag == Some(Tag::Vip)
+            && is_no_socket(&info.reason)
+            && matches!(packet.proto, Proto::Tcp | Proto::Udp)
+            && self
+                .services
+                .serves(packet.dst, packet.dport, packet.proto)
+                .is_none()
+    }
+
+    pub(super) fn confirm_unserved(
+        &mut self,
+        packet: &Packet,
+        info: DropInfo,
+        out: &mut Vec<Output>,
+    ) {
+        let t = tuple_of(packet);
+        let mut evidence = vec![drop_line(&info, &t)];
+        let owner = self
+            .services
+            .services
+            .iter()
+            .find(|s| s.vip == packet.dst)
+            .map(|s| s.service.clone());
+        self.unserved_table_evidence(packet, &mut evidence);
+        evidence.push(refusal_line(packet.proto));
+        let owner_name = owner.flatten().map(|s| service_name(&s));
+        let key = AggregateKey::VipPortUnserved {
+            vip: packet.dst,
+            port: packet.dport,
+            proto: packet.proto,
+        };
+        let event = LoopbackEvent {
+            vip: Some(packet.dst),
+            vip_port: Some(packet.dport),
+            drop_reason: Some(info.reason.name.clone()),
+            drop_location: info.location.clone(),
+            evidence,
+            remedy: remedy::vip_port_unserved(
+                packet.dst,
+                packet.dport,
+                packet.proto,
+                owner_name.as_deref(),
+            ),
+            nic: info.iface.clone(),
+            service: owner_name,
+            ..LoopbackEvent::new(&key, packet, info.ts, Outcome::Refused)
+        };
+        self.stats.drops_confirming += 1;
+        self.stats.confirmed.vip_port_unserved += 1;
+        out.push(Output::Report(self.record(key, event, info.ts)));
+    }
+}
