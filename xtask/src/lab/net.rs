@@ -381,6 +381,7 @@ pub(crate) fn build(
         for vs in KubeProxyMode::Ipvs.virtual_services(false) {
             ipvs_service(vs, true)?;
         }
+        ipvs_udp_nodeport()?;
     }
     checkpoint("kube-proxy", opts)?;
 
@@ -405,8 +406,14 @@ pub(crate) fn build(
     for (ns, port, name) in SERVERS {
         start_server(ns, *port, name)?;
     }
+    for (ns, port, name) in super::UDP_SERVERS {
+        start_udp_server(ns, *port, name)?;
+    }
     for (ns, port, _) in SERVERS {
         wait_listening(ns, *port)?;
+    }
+    for (ns, port, _) in super::UDP_SERVERS {
+        wait_udp_bound(ns, *port)?;
     }
     checkpoint("servers", opts)?;
     Ok(())
@@ -426,6 +433,9 @@ fn kube_proxy_rules() -> String {
 :{ext} - [0:0]
 :{sep} - [0:0]
 :{masq} - [0:0]
+:KUBE-EXT-CLBLABDNSUDP0001 - [0:0]
+:KUBE-SVC-CLBLABDNSUDP0001 - [0:0]
+:KUBE-SEP-CLBLABDNSUDP0001 - [0:0]
 -A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
 -A OUTPUT -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
 -A POSTROUTING -m comment --comment "kubernetes postrouting rules" -j KUBE-POSTROUTING
@@ -443,6 +453,11 @@ fn kube_proxy_rules() -> String {
 -A {svc} -m comment --comment "default/web:http -> 198.19.1.11:8080" -j {sep}
 -A {sep} -s 198.19.1.11/32 -m comment --comment "default/web:http" -j KUBE-MARK-MASQ
 -A {sep} -p tcp -m comment --comment "default/web:http" -m tcp -j DNAT --to-destination 198.19.1.11:8080
+-A KUBE-NODEPORTS -p udp -m comment --comment "default/dns:dns" -m udp --dport 30053 -j KUBE-EXT-CLBLABDNSUDP0001
+-A KUBE-EXT-CLBLABDNSUDP0001 -m comment --comment "masquerade traffic for default/dns:dns external destinations" -j KUBE-MARK-MASQ
+-A KUBE-EXT-CLBLABDNSUDP0001 -j KUBE-SVC-CLBLABDNSUDP0001
+-A KUBE-SVC-CLBLABDNSUDP0001 -m comment --comment "default/dns:dns -> 198.19.1.11:5353" -j KUBE-SEP-CLBLABDNSUDP0001
+-A KUBE-SEP-CLBLABDNSUDP0001 -p udp -m comment --comment "default/dns:dns" -m udp -j DNAT --to-destination 198.19.1.11:5353
 COMMIT
 "#,
         svc = KUBE_SVC_CHAIN,
@@ -540,6 +555,19 @@ fn ipvs_service(vs: SocketAddrV4, on: bool) -> Result<()> {
     }
 }
 
+/// IPVS mode: `default/dns`'s UDP NodePort, a UDP virtual service on the node IP with
+/// pod-b:5353 as its masqueraded real server.
+fn ipvs_udp_nodeport() -> Result<()> {
+    let vs = SocketAddrV4::new(NODE_IP, NODE_PORT_UDP).to_string();
+    let rs = format!("{POD_B_IP}:{POD_UDP_PORT}");
+    exec(NS_NODE, &["ipvsadm", "-A", "-u", &vs, "-s", IPVS_SCHEDULER])?;
+    exec(
+        NS_NODE,
+        &["ipvsadm", "-a", "-u", &vs, "-r", &rs, "-m", "-w", "1"],
+    )
+    .map(drop)
+}
+
 fn ipvs_has_service(vs: SocketAddrV4) -> bool {
     super::cmd::succeeds(&[
         "ip",
@@ -562,6 +590,9 @@ fn lb_rules() -> String {
 -A CLB-LB-VIP -s 198.18.0.2/32 -p tcp -m tcp --dport 80 -m comment --comment "listener 80: never back to the source node" -j DNAT --to-destination 198.18.1.2:30080
 -A CLB-LB-VIP -p tcp -m tcp --dport 80 -m comment --comment "listener 80 -> node NodePort, client IP kept" -j DNAT --to-destination 198.18.0.2:30080
 -A CLB-LB-VIP -p tcp -m tcp --dport 443 -m comment --comment "listener 443 -> outside backend" -j DNAT --to-destination 198.18.1.2:30443
+-A CLB-LB-VIP -p tcp -m tcp --dport 8081 -m comment --comment "listener 8081 -> node NodePort, client IP kept, no source-node guard" -j DNAT --to-destination 198.18.0.2:30080
+-A CLB-LB-VIP -p tcp -m tcp --dport 8082 -m comment --comment "listener 8082 -> pod-b directly (LB to pod), client IP kept" -j DNAT --to-destination 198.19.1.11:8080
+-A CLB-LB-VIP -p udp -m udp --dport 53 -m comment --comment "listener 53/udp -> node UDP NodePort, client IP kept" -j DNAT --to-destination 198.18.0.2:30053
 COMMIT
 "#
     .to_string()
@@ -734,6 +765,39 @@ fn start_server(ns: &str, port: u16, name: &str) -> Result<()> {
         &port,
     ];
     run_detached(&argv).with_context(|| format!("starting the server {name} in {ns}"))
+}
+
+fn start_udp_server(ns: &str, port: u16, name: &str) -> Result<()> {
+    let port = port.to_string();
+    let argv = [
+        "ip",
+        "netns",
+        "exec",
+        ns,
+        "setsid",
+        "-f",
+        "python3",
+        "-c",
+        super::udp::UDP_SERVER_PY,
+        SERVER_TAG,
+        name,
+        &port,
+    ];
+    run_detached(&argv).with_context(|| format!("starting the UDP server {name} in {ns}"))
+}
+
+fn wait_udp_bound(ns: &str, port: u16) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while exec(ns, &["ss", "-Hlun", &format!("sport = :{port}")])?
+        .trim()
+        .is_empty()
+    {
+        if Instant::now() > deadline {
+            bail!("no UDP server on port {port} in {ns} 5 s after starting it");
+        }
+        sleep(Duration::from_millis(50));
+    }
+    Ok(())
 }
 
 pub(crate) fn listening(ns: &str, port: u16) -> Result<bool> {
