@@ -76,6 +76,12 @@ const SCENARIOS: &[Scenario] = &[
     Scenario::VipPortServed,
     Scenario::OutsideClient,
     Scenario::PodToPod,
+    Scenario::HairpinNodeSourced,
+    Scenario::NodeToLbGuarded,
+    Scenario::HairpinLbToPod,
+    Scenario::OutsideClientLbToPod,
+    Scenario::HairpinUdp,
+    Scenario::OutsideClientUdp,
 ];
 
 pub fn run() -> anyhow::Result<()> {
