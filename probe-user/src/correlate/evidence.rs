@@ -342,10 +342,14 @@ impl Correlator {
                 n.port,
                 n.proto.as_str(),
                 n.service.as_deref().unwrap_or("an unnamed Service"),
-                if n.local_only {
-                    " with externalTrafficPolicy: Local rules (no masquerade)"
-                } else {
-                    ""
+                match (n.local_only, self.services.source) {
+                    (true, Some(ServiceSource::Ipvs)) => format!(
+                        " with externalTrafficPolicy: Local (in ipset KUBE-NODE-PORT-LOCAL-{}: \
+                         kube-proxy RETURNs before KUBE-MARK-MASQ, no masquerade)",
+                        n.proto.as_str().to_ascii_uppercase()
+                    ),
+                    (true, _) => " with externalTrafficPolicy: Local rules (no masquerade)".into(),
+                    (false, _) => String::new(),
                 }
             )),
             None if table_missing(&self.services) => {

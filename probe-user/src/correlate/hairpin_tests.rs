@@ -329,3 +329,23 @@ fn conntrack_failure_is_unknown_not_no_entry() {
     assert_eq!(c.stats().conntrack_failures, 2);
     invariants(&c);
 }
+
+/// In IPVS mode Local shows as ipset membership: the evidence names the set and why it means
+/// no masquerade, and the remedy says Local is the cause.
+#[test]
+fn ipvs_local_nodeport_names_its_ipset() {
+    let mut c = corr();
+    let t0 = 5 * S;
+    let p = hp(40001, 30081);
+    hairpin_to_settling(&mut c, t0, &p, vec![egress(40001, EXT_VIP, 80, t0 - MS)]);
+    let r = only_report(&c.ingest(drop_ev(t0 + MS, &p, "IP_RPFILTER", 16, None)));
+    let e = &r.event;
+    assert!(
+        has_line(&e.evidence, "ipset KUBE-NODE-PORT-LOCAL-TCP"),
+        "{e:#?}"
+    );
+    assert!(
+        has_line(&e.remedy, "uses externalTrafficPolicy: Local"),
+        "{e:#?}"
+    );
+}
