@@ -71,7 +71,8 @@ pub mod stat {
     pub const DEDUP_SUPPRESSED: u32 = 2;
     /// Events written to the ring buffer.
     pub const EMITTED: u32 = 3;
-    /// Un-SNATed pod egress flows recorded in `EGRESS_FLOWS`.
+    /// Egress openers recorded in `EGRESS_FLOWS` (un-SNATed pod flows, node TCP openers to
+    /// non-local addresses).
     pub const EGRESS_RECORDED: u32 = 4;
     /// Drops seen on the `kfree_skb` tracepoint that matched (suspect source or VIP destination).
     pub const DROPS_MATCHED: u32 = 5;
@@ -119,11 +120,12 @@ pub struct DropKey {
     pub _pad: [u8; 2],
 }
 
-/// Key of the LRU map of un-SNATed pod egress flows (TCP SYNs and UDP), seen on NIC egress.
+/// Key of the LRU map of egress openers seen on NIC egress: un-SNATed pod flows (TCP SYNs and
+/// UDP) and the node's own TCP SYNs to non-local addresses.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct EgressKey {
-    /// Pod source address; IPv4 in the first 4 bytes, rest zero.
+    /// Source address (a pod, or the node); IPv4 in the first 4 bytes, rest zero.
     pub addr: [u8; 16],
     /// Source port, host byte order.
     pub port: u16,

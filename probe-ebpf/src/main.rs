@@ -3,8 +3,9 @@
 //! - `clb_ingress` (tc/tcx, NIC ingress): a packet whose *source* is one of the node's own
 //!   addresses (node, bound VIP, local pod) is a suspect: counted exactly, evented once per flow.
 //! - `clb_egress` (tc/tcx, NIC egress): TCP SYNs and UDP packets that leave the node with a pod
-//!   source (so after POSTROUTING, i.e. not SNATed) are remembered in an LRU map, so a hairpin
-//!   coming back can be tied to the VIP the pod called.
+//!   source (so after POSTROUTING, i.e. not SNATed), and TCP SYNs with a node source to a
+//!   non-local address, are remembered in an LRU map, so a hairpin coming back can be tied to
+//!   the VIP the pod (or the node) called.
 //! - `clb_kfree_skb` (tp_btf, raw tracepoint as fallback): kernel drops of suspect packets and of
 //!   packets addressed to bound VIPs, with the kernel's reason and drop site.
 //!
@@ -89,7 +90,8 @@ static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(stat::COUNT, 0);
 #[map]
 static BUDGET: PerCpuArray<Budget> = PerCpuArray::with_max_entries(1, 0);
 
-/// Un-SNATed pod egress flows: (pod addr, sport, proto) -> (dst, dport, time).
+/// Un-SNATed pod egress flows and the node's own TCP openers to non-local addresses:
+/// (source addr, sport, proto) -> (dst, dport, time).
 #[map]
 static EGRESS_FLOWS: LruHashMap<EgressKey, EgressValue> = LruHashMap::with_max_entries(65536, 0);
 /// Last report time of each flow, for in-kernel deduplication.
@@ -448,6 +450,21 @@ fn on_vip_egress(ctx: &TcContext, pkt: &Packet) {
     );
 }
 
+/// Whether an opener leaving a NIC is remembered in `EGRESS_FLOWS`: a pod source (not
+/// SNATed), or the node's own address calling a non-local destination with a TCP SYN (a
+/// host-network client, or pod traffic masqueraded to the node IP: a node-sourced loop comes
+/// back with the node's IP as source). Node UDP is left out: it includes overlay encapsulation
+/// (VXLAN, Geneve) at packet rate. The caller looked the source up once;
+/// node SYNs pay a second look-up (the destination).
+#[inline(always)]
+fn records_egress(src_tag: u8, pkt: &Packet) -> bool {
+    match src_tag {
+        tag::POD => true,
+        tag::NODE => pkt.proto == IPPROTO_TCP && lookup_tag(pkt.family, &pkt.daddr) == tag::NONE,
+        _ => false,
+    }
+}
+
 #[classifier]
 pub fn clb_egress(ctx: TcContext) -> i32 {
     let Some(pkt) = parse(&ctx) else {
@@ -462,12 +479,13 @@ pub fn clb_egress(ctx: TcContext) -> i32 {
     if !opener {
         return TC_ACT_UNSPEC;
     }
+    // One look-up of the source for nearly every opener, a second only for node SYNs.
     let src_tag = lookup_tag(pkt.family, &pkt.saddr);
     if src_tag == tag::VIP && pkt.proto == IPPROTO_TCP {
         on_vip_egress(&ctx, &pkt);
         return TC_ACT_UNSPEC;
     }
-    if src_tag != tag::POD {
+    if !records_egress(src_tag, &pkt) {
         return TC_ACT_UNSPEC;
     }
     let key = EgressKey {

@@ -54,7 +54,8 @@ struct EventsArgs {
 
 #[derive(clap::Args, Debug)]
 struct AgentArgs {
-    /// NIC to watch (repeatable). Default: the interfaces that carry a default route.
+    /// NIC to watch (repeatable). Default: every non-virtual interface plus every interface
+    /// with a default route in any routing table.
     #[arg(long = "nic", env = "CLB_PROBE_NIC", value_delimiter = ',')]
     nics: Vec<String>,
     /// Interface holding bound ClusterIPs / LB VIPs (kube-proxy IPVS mode's dummy).

@@ -78,6 +78,11 @@ impl Agent {
     /// Starts `probe agent` in `netns` with `--events` and `--record` files, plus `extra`
     /// arguments, and waits until it reports attached (or fails).
     pub fn start(netns: &str, extra: &[&str]) -> Agent {
+        Agent::start_with_env(netns, extra, &[])
+    }
+
+    /// [`Agent::start`] with extra environment variables (the agent's test hooks).
+    pub fn start_with_env(netns: &str, extra: &[&str], env: &[(&str, &str)]) -> Agent {
         let dir = tempdir::TempDir::new("agent");
         let mut child = Command::new("ip")
             .args(["netns", "exec", netns])
@@ -89,6 +94,7 @@ impl Agent {
             .arg(dir.path().join("record.jsonl"))
             .args(extra)
             .env("CLB_PROBE_LOG", "info,clb_probe=debug")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

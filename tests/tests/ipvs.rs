@@ -395,6 +395,15 @@ fn ipvs_mode_hairpin_is_confirmed() {
         assert_eq!(e["dst_port"], lab::NODE_PORT);
         assert_eq!(e["snat"], "no");
         assert_eq!(e["layer"], "l4");
+        // default/web has externalTrafficPolicy Local in the IPVS-mode lab (its NodePort in
+        // KUBE-NODE-PORT-LOCAL-TCP): that is why the pod's call to the LB left unmasqueraded.
+        let ev = e["evidence"].to_string();
+        assert!(ev.contains("externalTrafficPolicy: Local"), "{e:#}");
+        let remedy = e["remedy"].to_string();
+        assert!(
+            remedy.contains("externalTrafficPolicy: Local") && remedy.contains("Cluster"),
+            "{e:#}"
+        );
     });
     let failures = std::mem::take(&mut run.failures);
     assert!(failures.is_empty(), "{}", failures.join("\n"));

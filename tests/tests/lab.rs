@@ -290,3 +290,37 @@ fn vip_as_source_from_the_node_times_out() {
 fn etp_cluster_call_from_the_node_reaches_the_peer_pod() {
     scenario(Scenario::VipAsSourceOutCluster, Outcome::Ok, Some("peer"));
 }
+
+/// The hairpin variants and their twins (issue 10, item 4), in one lab: each comes to its
+/// outcome, answered by the server it names.
+#[test]
+fn hairpin_variants_and_their_twins() {
+    if !root() {
+        return;
+    }
+    {
+        let lab = LabGuard::up(&Variants::default()).expect("lab up");
+        for (sc, expected, answered_by) in [
+            (Scenario::HairpinNodeSourced, Outcome::Timeout, None),
+            (Scenario::NodeToLbGuarded, Outcome::Ok, Some("peer node")),
+            (Scenario::HairpinLbToPod, Outcome::Timeout, None),
+            (
+                Scenario::OutsideClientLbToPod,
+                Outcome::Ok,
+                Some("pod-b web"),
+            ),
+            (Scenario::HairpinUdp, Outcome::Timeout, None),
+            (Scenario::OutsideClientUdp, Outcome::Ok, Some("pod-b dns")),
+        ] {
+            assert_eq!(sc.spec().expected, expected, "{sc}");
+            let report = lab.run(sc).expect("scenario runs");
+            eprintln!("{report} {:?}", report.attempt);
+            assert_eq!(report.outcome(), expected, "{report}");
+            if let Some(who) = answered_by {
+                let answer = report.attempt.answer.clone().unwrap_or_default();
+                assert!(answer.contains(who), "{sc}: answered by {answer:?}");
+            }
+        }
+    }
+    assert_clean();
+}

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use probe_tests::agent::{Agent, is_local_source_drop, require_root};
 use serde_json::Value;
-use xtask::lab::{self, LabGuard, Outcome, Scenario, Variants};
+use xtask::lab::{self, LabGuard, Outcome, Scenario, Variants, http_get_in};
 
 /// Long enough for the hairpin's settle window and its conntrack answer.
 const SETTLE: Duration = Duration::from_secs(4);
@@ -344,4 +344,148 @@ fn healthy_twin_etp_cluster_call_from_the_node_reports_nothing() {
     let (outcome, agent) = run_in_variants(Scenario::VipAsSourceOutCluster);
     assert_eq!(outcome, Outcome::Ok);
     assert!(agent.events().is_empty(), "{:#?}", agent.events());
+}
+
+// ----- hairpin variants (issue 10, items 4 and 5) ----------------------------------------------
+
+/// Where the agent serves /metrics inside the node namespace (its own namespace: no clash).
+const METRICS: &str = "127.0.0.1:9977";
+
+/// [`run`] with /metrics on; returns the outcome, the agent, and `clbprobe_loopback_events_total`
+/// summed over `kind` (every report counts, repeats included) read before the lab goes.
+fn run_counted(scenario: Scenario, kind: &str) -> (Outcome, Agent, u64) {
+    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    let agent = Agent::start(
+        lab::NS_NODE,
+        &["--nic", lab::NODE_NIC, "--metrics-addr", METRICS],
+    );
+    let outcome = lab.traffic(scenario).expect("traffic");
+    std::thread::sleep(SETTLE);
+    let _ = agent.events();
+    let (_, body) = http_get_in(lab::NS_NODE, METRICS, "/metrics").expect("/metrics");
+    let prefix = format!("clbprobe_loopback_events_total{{kind=\"{kind}\"");
+    let total = body
+        .lines()
+        .filter(|l| l.starts_with(&prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum();
+    drop(lab);
+    (outcome, agent, total)
+}
+
+fn evidence(e: &Value) -> String {
+    e["evidence"].to_string()
+}
+
+/// The node itself calls the LB on a listener without the source-node guard: the request
+/// comes back with the node's own IP as source and is dropped as a local source. Kind
+/// `hairpin`, node-sourced.
+#[test]
+fn hairpin_node_sourced_is_confirmed_dropped_as_local_source() {
+    if !require_root("hairpin_node_sourced") {
+        return;
+    }
+    let (outcome, agent) = run(Scenario::HairpinNodeSourced);
+    assert_eq!(outcome, Outcome::Timeout);
+    let e = only_event(&agent, "hairpin");
+    assert_eq!(e["src"], lab::NODE_IP.to_string());
+    assert_eq!(e["vip"], lab::VIP.to_string());
+    assert_eq!(e["vip_port"], lab::VIP_NO_GUARD_PORT);
+    assert_eq!(e["dst"], lab::NODE_IP.to_string());
+    assert_eq!(e["dst_port"], lab::NODE_PORT);
+    assert_eq!(e["layer"], "l4");
+    assert_eq!(e["snat"], "no");
+    assert_eq!(e["outcome"], "dropped");
+    assert!(
+        is_local_source_drop(
+            e["drop_reason"].as_str().unwrap_or_default(),
+            e["drop_location"].as_str().unwrap_or_default()
+        ),
+        "{e:#}"
+    );
+    assert!(evidence(&e).contains("node-sourced"), "{e:#}");
+    assert!(e["remedy"].to_string().contains("does not avoid"), "{e:#}");
+}
+
+/// The LB targets pod-b directly (no NodePort); pod-a's call comes back to the node with
+/// pod-a as source and pod-b as destination; pod-b answers pod-a straight, which resets it.
+#[test]
+fn hairpin_lb_to_pod_is_confirmed_with_the_pod_as_destination() {
+    if !require_root("hairpin_lb_to_pod") {
+        return;
+    }
+    let (outcome, agent) = run(Scenario::HairpinLbToPod);
+    assert_eq!(outcome, Outcome::Timeout);
+    let e = only_event(&agent, "hairpin");
+    assert_eq!(e["src"], lab::POD_A_IP.to_string());
+    assert_eq!(e["dst"], lab::POD_B_IP.to_string());
+    assert_eq!(e["dst_port"], lab::POD_PORT);
+    assert_eq!(e["vip"], lab::VIP.to_string());
+    assert_eq!(e["vip_port"], lab::VIP_TO_POD_PORT);
+    assert_eq!(e["snat"], "no");
+    assert_eq!(e["outcome"], "reset");
+    assert!(evidence(&e).contains("straight to the local pod"), "{e:#}");
+}
+
+/// The hairpin over UDP: pod-a's datagram to VIP:53 comes back to the node's UDP NodePort;
+/// the answer comes from the node, not the VIP.
+#[test]
+fn hairpin_udp_is_confirmed() {
+    if !require_root("hairpin_udp") {
+        return;
+    }
+    let (outcome, agent) = run(Scenario::HairpinUdp);
+    assert_eq!(outcome, Outcome::Timeout);
+    let e = only_event(&agent, "hairpin");
+    assert_eq!(e["proto"], "udp");
+    assert_eq!(e["src"], lab::POD_A_IP.to_string());
+    assert_eq!(e["vip"], lab::VIP.to_string());
+    assert_eq!(e["vip_port"], lab::VIP_UDP_PORT);
+    assert_eq!(e["dst"], lab::NODE_IP.to_string());
+    assert_eq!(e["dst_port"], lab::NODE_PORT_UDP);
+    assert_eq!(e["snat"], "no");
+    assert_eq!(e["outcome"], "no_reply");
+}
+
+/// One failed connect (the SYN and its retransmit, each dropped by rp_filter) is one
+/// confirmation: the exposed total, which counts every report, stays at 1.
+#[test]
+fn a_failed_connect_and_its_retransmits_count_once() {
+    if !require_root("hairpin_counts_once") {
+        return;
+    }
+    let (outcome, agent, total) = run_counted(Scenario::HairpinRpfilter, "hairpin");
+    assert_eq!(outcome, Outcome::Timeout);
+    let drops = agent
+        .records()
+        .iter()
+        .filter(|r| r["type"] == "drop")
+        .count();
+    let e = only_event(&agent, "hairpin");
+    assert_eq!(e["drop_reason"], "IP_RPFILTER");
+    assert_eq!(
+        total, 1,
+        "reports for one connect attempt ({drops} drop records)"
+    );
+}
+
+#[test]
+fn healthy_twin_node_through_the_guarded_listener_reports_nothing() {
+    if require_root("twin_node_to_lb_guarded") {
+        no_events(Scenario::NodeToLbGuarded);
+    }
+}
+
+#[test]
+fn healthy_twin_outside_client_to_pod_through_the_lb_reports_nothing() {
+    if require_root("twin_outside_client_lb_to_pod") {
+        no_events(Scenario::OutsideClientLbToPod);
+    }
+}
+
+#[test]
+fn healthy_twin_outside_client_udp_reports_nothing() {
+    if require_root("twin_outside_client_udp") {
+        no_events(Scenario::OutsideClientUdp);
+    }
 }

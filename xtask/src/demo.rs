@@ -82,6 +82,12 @@ const SCENARIOS: &[Scenario] = &[
     Scenario::VipAsSourceSnat,
     Scenario::VipAsSourceOut,
     Scenario::VipAsSourceOutCluster,
+    Scenario::HairpinNodeSourced,
+    Scenario::NodeToLbGuarded,
+    Scenario::HairpinLbToPod,
+    Scenario::OutsideClientLbToPod,
+    Scenario::HairpinUdp,
+    Scenario::OutsideClientUdp,
 ];
 
 pub fn run() -> anyhow::Result<()> {

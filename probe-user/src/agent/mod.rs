@@ -4,6 +4,7 @@
 //! and attachments), the service-table refresher, and the correlation loop, which is the only
 //! owner of the [`Correlator`] and answers its queries (egress map, conntrack).
 
+pub mod capability;
 pub mod nodesync;
 pub mod shared;
 
@@ -31,6 +32,7 @@ use crate::{
     sink::{Sinks, json::JsonLines},
     state::{self, addrs::AddrConfig},
 };
+use capability::{Capabilities, Capability};
 use nodesync::{NodeStatus, NodeSync};
 use shared::Shared;
 
@@ -81,7 +83,7 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
     let sets = state::addrs::classify(&node, &cfg.addr);
     if sets.nics.is_empty() {
         anyhow::bail!(
-            "no NIC to watch: no interface carries a default route here; name one with --nic"
+            "no NIC to watch: no physical interface and none with a default route in any routing table here; name one with --nic"
         );
     }
     // Bind the surfaces before touching the kernel: a port in use fails with nothing attached.
@@ -107,6 +109,14 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
     settings.config.reason_consumed = kbtf.drop_reasons.code("SKB_CONSUMED").unwrap_or(u32::MAX);
     let loaded = Probe::load(&settings, &kbtf)?;
     info!(features = %loaded.probe.features(), "programs loaded");
+    let capabilities = Arc::new(Capabilities::default());
+    if loaded.probe.features().drop_hook == kernel::probe::DropHook::None {
+        capabilities.set(
+            Capability::DropHook,
+            false,
+            "tp_btf and raw tracepoint refused",
+        );
+    }
 
     let ifnames: IfNames = Arc::new(RwLock::new(Default::default()));
     let (status_tx, status_rx) = watch::channel(NodeStatus::default());
@@ -137,9 +147,16 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
 
     let (ev_tx, ev_rx) = mpsc::channel::<KernelEvent>(4096);
     let reader_stats = Arc::new(ReaderStats::default());
+    let kallsyms = kernel::kallsyms::Kallsyms::load();
+    if kallsyms.is_empty() {
+        let restrict = std::fs::read_to_string("/proc/sys/kernel/kptr_restrict")
+            .map(|s| format!("kernel.kptr_restrict={}", s.trim()))
+            .unwrap_or_else(|e| format!("kptr_restrict unreadable: {e}"));
+        capabilities.set(Capability::DropSites, false, &restrict);
+    }
     let decoder = Decoder {
         reasons: kbtf.drop_reasons.clone(),
-        kallsyms: kernel::kallsyms::Kallsyms::load(),
+        kallsyms,
         ifnames: ifnames.clone(),
     };
     if let Some(logger) = loaded.logger {
@@ -160,6 +177,7 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         reports: broadcast::channel(1024).0,
         confirmed: Default::default(),
         correlator: Default::default(),
+        capabilities,
         version: env!("CARGO_PKG_VERSION"),
     };
     let mut surfaces = Vec::new();
@@ -270,7 +288,13 @@ async fn correlate_loop(mut l: CorrelateLoop) -> anyhow::Result<()> {
                     l.sinks.report(&report);
                     l.shared.publish(report);
                 }
-                Output::Query(query) => answer_query(query, &l.egress, &l.ifnames, &answer_tx),
+                Output::Query(query) => answer_query(
+                    query,
+                    &l.egress,
+                    &l.ifnames,
+                    &l.shared.capabilities,
+                    &answer_tx,
+                ),
             }
         }
     }
@@ -306,8 +330,15 @@ async fn refresh_services(every: Duration, tx: mpsc::Sender<state::ServiceTable>
 }
 
 /// Answers a correlator query: the egress map synchronously (a bounded map read), conntrack
-/// on the blocking pool (a netlink round trip).
-fn answer_query(query: Query, egress: &EgressTable, ifnames: &IfNames, tx: &mpsc::Sender<Answer>) {
+/// on the blocking pool (a netlink round trip). A failed conntrack look-up is answered as a
+/// failure (not as "no entry") and flips the conntrack capability (one WARN).
+fn answer_query(
+    query: Query,
+    egress: &EgressTable,
+    ifnames: &IfNames,
+    caps: &Arc<Capabilities>,
+    tx: &mpsc::Sender<Answer>,
+) {
     match query {
         Query::Egress { id, src } => {
             let records = egress.by_source(src, |i| reader::ifname(ifnames, i));
@@ -316,15 +347,35 @@ fn answer_query(query: Query, egress: &EgressTable, ifnames: &IfNames, tx: &mpsc
         }
         Query::Conntrack { id, tuple } => {
             let tx = tx.clone();
+            let caps = caps.clone();
             tokio::task::spawn_blocking(move || {
-                let entry = state::conntrack::lookup(&tuple).unwrap_or_else(|e| {
-                    warn!(error = %e, "conntrack lookup");
-                    None
-                });
-                let _ = tx.blocking_send(Answer::Conntrack { id, entry });
+                let answer = match lookup_conntrack(&tuple) {
+                    Ok(entry) => {
+                        caps.set(Capability::Conntrack, true, "");
+                        Answer::Conntrack { id, entry }
+                    }
+                    Err(error) => {
+                        debug!(%error, "conntrack lookup");
+                        caps.set(Capability::Conntrack, false, &error);
+                        Answer::ConntrackFailed { id, error }
+                    }
+                };
+                let _ = tx.blocking_send(answer);
             });
         }
     }
+}
+
+/// Environment hook for tests: conntrack look-ups fail with this error instead of running
+/// (a conntrack failure cannot be provoked reliably in a lab namespace).
+pub const CONNTRACK_FAIL_ENV: &str = "CLB_PROBE_TEST_CONNTRACK_ERROR";
+
+/// One conntrack look-up; errors as text (the correlator only reports them).
+fn lookup_conntrack(tuple: &state::Tuple) -> Result<Option<state::ConntrackEntry>, String> {
+    if let Some(injected) = std::env::var_os(CONNTRACK_FAIL_ENV) {
+        return Err(injected.to_string_lossy().into_owned());
+    }
+    state::conntrack::lookup(tuple).map_err(|e| e.to_string())
 }
 
 /// CLOCK_MONOTONIC in ns: the clock of the kernel's `bpf_ktime_get_ns`.

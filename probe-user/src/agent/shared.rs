@@ -9,7 +9,7 @@ use std::{
 use serde::Serialize;
 use tokio::sync::{broadcast, watch};
 
-use super::nodesync::NodeStatus;
+use super::{capability::Capabilities, nodesync::NodeStatus};
 use crate::{
     correlate::{CorrelatorStats, LoopbackEvent, Report},
     kernel::{
@@ -34,6 +34,8 @@ pub struct Shared {
     /// Latest state of each confirmed aggregate (by its key), for a surface that connects late.
     pub confirmed: Arc<Mutex<BTreeMap<String, LoopbackEvent>>>,
     pub correlator: Arc<Mutex<CorrelatorStats>>,
+    /// What can be confirmed on this node (`clbprobe_capability`).
+    pub capabilities: Arc<Capabilities>,
     pub version: &'static str,
 }
 
@@ -49,6 +51,8 @@ pub struct Snapshot {
     pub events_read: u64,
     pub correlator: CorrelatorStats,
     pub confirmed: Vec<LoopbackEvent>,
+    /// (capability, available).
+    pub capabilities: Vec<(String, bool)>,
 }
 
 impl Shared {
@@ -78,6 +82,7 @@ impl Shared {
                 .map(|s| s.clone())
                 .unwrap_or_default(),
             confirmed,
+            capabilities: self.capabilities.snapshot(),
         }
     }
 

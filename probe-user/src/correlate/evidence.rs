@@ -5,7 +5,7 @@ use std::net::IpAddr;
 use super::{
     Correlator, DropInfo, Layer, MS, SEC,
     drop_reason::{LocalSourceDrop, local_source_drop},
-    hairpin::egress_tuple,
+    hairpin::{CtAnswer, egress_tuple},
     report::sock,
     tuple_of,
 };
@@ -207,13 +207,28 @@ pub(super) fn refusal_line(proto: Proto, filtered: bool) -> String {
 }
 
 /// The pod's un-SNATed egress to the LB.
-pub(super) fn egress_line(r: &EgressRecord) -> String {
+pub(super) fn egress_line(r: &EgressRecord, node_sourced: bool) -> String {
     format!(
-        "EGRESS_FLOWS: {} left {} at {} without SNAT (pod {} calling the LB)",
+        "EGRESS_FLOWS: {} left {} at {} without SNAT ({} {} calling the LB)",
         fmt_tuple(&egress_tuple(r)),
         r.nic,
         fmt_ts(r.ts_ns),
+        if node_sourced {
+            "the node's own address"
+        } else {
+            "pod"
+        },
         r.src
+    )
+}
+
+/// What makes a hairpin node-sourced.
+pub(super) fn node_sourced_line(p: &Packet) -> String {
+    format!(
+        "node-sourced: the looping packet's source {} is this node's own address (a \
+         host-network client, or pod traffic masqueraded to the node IP); the LB kept it and \
+         sent the request back to its source, where it is a local (martian) source",
+        p.src
     )
 }
 
@@ -236,31 +251,39 @@ pub(super) fn layer_line(layer: Layer, ts: u64, r: &EgressRecord, p: &Packet) ->
 }
 
 /// Conntrack of the egress flow `et` (`entry` None: not answered; Some(None): no entry).
-pub(super) fn egress_ct_line(et: Option<&Tuple>, entry: Option<&Option<ConntrackEntry>>) -> String {
-    match entry {
-        Some(Some(e)) => format!("conntrack (egress flow): {}", fmt_entry(e)),
-        Some(None) => format!(
+pub(super) fn egress_ct_line(et: Option<&Tuple>, ct: &CtAnswer) -> String {
+    match ct {
+        CtAnswer::Found(e) => format!("conntrack (egress flow): {}", fmt_entry(e)),
+        CtAnswer::Missing => format!(
             "conntrack: no entry for the egress flow {}",
             et.map(fmt_tuple).unwrap_or_default()
         ),
-        None => "conntrack look-up of the egress flow was not answered".to_string(),
+        CtAnswer::Failed(error) => format!(
+            "conntrack look-up of the egress flow failed ({error}): whether it was SNATed \
+             cannot be confirmed (snat unknown)"
+        ),
+        CtAnswer::Expired => "conntrack look-up of the egress flow was not answered".to_string(),
     }
 }
 
 /// Conntrack of the hairpin flow `t`: what became of it.
-pub(super) fn outcome_line(t: &Tuple, entry: Option<&Option<ConntrackEntry>>) -> String {
-    match entry {
-        Some(Some(e)) if e.tcp_state.as_deref() == Some("CLOSE") => format!(
+pub(super) fn outcome_line(t: &Tuple, ct: &CtAnswer) -> String {
+    match ct {
+        CtAnswer::Found(e) if e.tcp_state.as_deref() == Some("CLOSE") => format!(
             "conntrack (hairpin flow): {}: the pod answered the reply that came from the \
              node instead of the VIP with RST",
             fmt_entry(e)
         ),
-        Some(Some(e)) => format!(
+        CtAnswer::Found(e) => format!(
             "conntrack (hairpin flow): {}: no usable reply reached the pod",
             fmt_entry(e)
         ),
-        Some(None) => format!("conntrack: no entry for the hairpin flow {}", fmt_tuple(t)),
-        None => "conntrack look-up of the hairpin flow was not answered".to_string(),
+        CtAnswer::Missing => format!("conntrack: no entry for the hairpin flow {}", fmt_tuple(t)),
+        CtAnswer::Failed(error) => format!(
+            "conntrack look-up of the hairpin flow failed ({error}): whether the caller was \
+             reset cannot be confirmed"
+        ),
+        CtAnswer::Expired => "conntrack look-up of the hairpin flow was not answered".to_string(),
     }
 }
 
@@ -394,10 +417,14 @@ impl Correlator {
                 n.port,
                 n.proto.as_str(),
                 n.service.as_deref().unwrap_or("an unnamed Service"),
-                if n.local_only {
-                    " with externalTrafficPolicy: Local rules (no masquerade)"
-                } else {
-                    ""
+                match (n.local_only, self.services.source) {
+                    (true, Some(ServiceSource::Ipvs)) => format!(
+                        " with externalTrafficPolicy: Local (in ipset KUBE-NODE-PORT-LOCAL-{}: \
+                         kube-proxy RETURNs before KUBE-MARK-MASQ, no masquerade)",
+                        n.proto.as_str().to_ascii_uppercase()
+                    ),
+                    (true, _) => " with externalTrafficPolicy: Local rules (no masquerade)".into(),
+                    (false, _) => String::new(),
                 }
             )),
             None if table_missing(&self.services) => {

@@ -1,21 +1,72 @@
 //! `hairpin`: a pod-source packet on NIC ingress tied to that pod's un-SNATed egress to the
 //! LB. The state machine per candidate flow: egress answer -> conntrack of the egress flow
 //! (SNAT?) -> settle (a drop, or conntrack of the looping flow) -> report.
+//!
+//! Variants, all kind `hairpin`: the LB sends the loop to a NodePort of this node (the classic
+//! case), or straight to a pod on this node (VPC-CNI style "LB to pod": the destination is a
+//! local pod, no NodePort); TCP or UDP; and **node-sourced**: the looping packet's source is
+//! the node's own address (a host-network client, or pod traffic masqueraded to the node IP,
+//! through an LB that keeps client addresses and lacks the guard against sending a request
+//! back to its source). The node-sourced loop is the same failure (a connection to the LB
+//! that the LB returns to its caller) with the same evidence chain, so it keeps the kind and
+//! says "node-sourced" in its evidence and remedy rather than becoming a kind of its own.
+//!
+//! No false pairing: the suspect must go to a node address with a NodePort (any node address
+//! when no service table is known) or to a local pod; the egress record's destination must
+//! not be local; a layer-4 egress flow that conntrack shows answered, or a looping flow that
+//! got established, is no failure; and one failed connect (a SYN and its retransmits) is
+//! confirmed once: later suspects and drops of the same source address and port within
+//! [`RETRY_GAP_NS`] of the previous one fold into it.
 
 use super::{
     AggregateKey, Correlator, DropInfo, Layer, LoopbackEvent, Outcome, Output, PendingQuery, Query,
     QueryCtx, RecentDrop, SEC, SnatState,
     evidence::{
-        drop_line, egress_ct_line, egress_line, layer_line, outcome_line, service_name,
-        suspect_line,
+        drop_line, egress_ct_line, egress_line, layer_line, node_sourced_line, outcome_line,
+        service_name, suspect_line,
     },
     remedy::{self, HairpinCause},
     tuple_of,
 };
 use crate::{
-    event::{EgressRecord, Packet, Tag},
+    event::{EgressRecord, Packet, Proto, Tag},
     state::{ConntrackEntry, Tuple},
 };
+
+/// The longest gap between a TCP SYN and its next retransmit (Linux doubles from 1 s: 1, 2,
+/// 4, ..., 64 s), with slack: a suspect of a confirmed source address and port within this
+/// long of the previous one is a retransmit of the same connect attempt.
+pub(super) const RETRY_GAP_NS: u64 = 70 * SEC;
+
+/// A confirmed connect attempt, remembered to fold its retransmits in.
+pub(super) struct Attempt {
+    pub(super) last_ns: u64,
+}
+
+/// What a conntrack look-up came to.
+pub(super) enum CtAnswer {
+    Found(ConntrackEntry),
+    /// The kernel has no such entry.
+    Missing,
+    /// The look-up failed (netlink error, no permission): distinct from "no entry".
+    Failed(String),
+    /// Not answered within the query timeout.
+    Expired,
+}
+
+impl From<Option<ConntrackEntry>> for CtAnswer {
+    fn from(e: Option<ConntrackEntry>) -> Self {
+        e.map_or(CtAnswer::Missing, CtAnswer::Found)
+    }
+}
+
+/// TCP states after a completed handshake: the connection was answered.
+fn answered(e: &ConntrackEntry) -> bool {
+    matches!(
+        e.tcp_state.as_deref(),
+        Some("ESTABLISHED" | "FIN_WAIT" | "CLOSE_WAIT" | "LAST_ACK" | "TIME_WAIT")
+    )
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Stage {
@@ -48,6 +99,8 @@ pub(super) struct Flow {
     pub(super) egress: Option<EgressMatch>,
     /// Evidence gathered after the egress match (conntrack of the egress flow).
     pub(super) evidence: Vec<String>,
+    /// The conntrack look-up of the egress flow failed: SNAT cannot be confirmed either way.
+    pub(super) snat_unknown: bool,
 }
 
 pub(super) fn egress_tuple(r: &EgressRecord) -> Tuple {
@@ -72,6 +125,15 @@ impl Correlator {
         if let Some(f) = self.flows.get_mut(&t) {
             f.n_suspects += 1;
             self.held_suspects += 1;
+            return;
+        }
+        if self.fold_confirmed_attempt(&packet, ts) {
+            self.stats.suspects_confirmed += 1;
+            return;
+        }
+        if !self.is_lb_backend(&packet) {
+            self.stats.hairpin_not_a_backend += 1;
+            self.stats.suspects_unconfirmed += 1;
             return;
         }
         // A drop of this tuple that came first.
@@ -103,6 +165,7 @@ impl Correlator {
                 n_drops,
                 egress: None,
                 evidence: Vec::new(),
+                snat_unknown: false,
             },
         );
         let src = t.src;
@@ -146,10 +209,61 @@ impl Correlator {
         }
     }
 
-    /// Keeps a drop of a `Pod`-source packet: it may be a hairpin whose suspect is still on
-    /// its way. False when it was not kept.
+    /// Whether a looping packet went where an LB sends its backends' traffic: a node address
+    /// with a NodePort (any node address when the service table is unknown), or a local pod
+    /// (an LB that targets pods directly). Anything else is no LB backend.
+    fn is_lb_backend(&self, p: &Packet) -> bool {
+        match p.dst_tag {
+            Some(Tag::Pod) => true,
+            Some(Tag::Node) => {
+                super::evidence::table_missing(&self.services)
+                    || self.services.nodeport(p.dport, p.proto).is_some()
+            }
+            _ => false,
+        }
+    }
+
+    /// A suspect or drop of a connect attempt already confirmed (a SYN retransmit, matched by
+    /// source address, port and protocol, since the drop may carry the DNATed destination):
+    /// true when folded in (the caller counts it as confirming).
+    pub(super) fn fold_confirmed_attempt(&mut self, p: &Packet, ts: u64) -> bool {
+        let key = (p.src, p.sport, p.proto);
+        match self.confirmed_attempts.get_mut(&key) {
+            Some(a) if p.sport != 0 && ts.saturating_sub(a.last_ns) <= RETRY_GAP_NS => {
+                a.last_ns = a.last_ns.max(ts);
+                self.stats.hairpin_retries_folded += 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Remembers a confirmed attempt (bounded: the oldest goes first when full).
+    fn remember_attempt(&mut self, p: &Packet, ts: u64) {
+        if p.sport == 0 || !matches!(p.proto, Proto::Tcp | Proto::Udp) {
+            return;
+        }
+        let key = (p.src, p.sport, p.proto);
+        if !self.confirmed_attempts.contains_key(&key)
+            && self.confirmed_attempts.len() >= self.cfg.max_pending.max(1)
+            && let Some(oldest) = self
+                .confirmed_attempts
+                .iter()
+                .min_by_key(|(_, a)| a.last_ns)
+                .map(|(k, _)| *k)
+        {
+            self.confirmed_attempts.remove(&oldest);
+        }
+        self.confirmed_attempts.insert(key, Attempt { last_ns: ts });
+    }
+
+    /// Keeps a drop of a `Pod`- or `Node`-source packet: it may be a hairpin whose suspect is
+    /// still on its way. False when it was not kept.
     pub(super) fn hold_pod_drop(&mut self, t: &Tuple, info: DropInfo, packet: Packet) -> bool {
-        if packet.src_tag == Some(Tag::Pod) && !self.drops.contains_key(t) && self.has_room() {
+        if matches!(packet.src_tag, Some(Tag::Pod | Tag::Node))
+            && !self.drops.contains_key(t)
+            && self.has_room()
+        {
             self.drops.insert(
                 t.clone(),
                 RecentDrop {
@@ -184,11 +298,22 @@ impl Correlator {
             return;
         };
         let p = &f.packet;
+        let node_sourced = p.src_tag == Some(Tag::Node);
         let mut evidence = vec![
-            egress_line(&m.record),
+            egress_line(&m.record, node_sourced),
             suspect_line(f.ts, &f.nic, p),
             layer_line(m.layer, f.ts, &m.record, p),
         ];
+        if node_sourced {
+            evidence.push(node_sourced_line(p));
+        }
+        if p.dst_tag == Some(Tag::Pod) {
+            evidence.push(format!(
+                "the LB sent the request straight to the local pod {} (an LB that targets \
+                 pods, VPC-CNI style), not to a NodePort",
+                super::report::sock(p.dst, p.dport)
+            ));
+        }
         evidence.extend(f.evidence);
         if let Some(d) = &f.drop {
             evidence.push(drop_line(d, t));
@@ -201,7 +326,7 @@ impl Correlator {
             .and_then(|n| n.service.as_deref())
             .map(service_name);
         let drop_reason = f.drop.as_ref().map(|d| d.reason.name.clone());
-        let remedy = remedy::hairpin(&HairpinCause {
+        let mut remedy = remedy::hairpin(&HairpinCause {
             pod: p.src,
             vip: m.record.dst,
             vip_port: m.record.dport,
@@ -214,6 +339,12 @@ impl Correlator {
             service: service.as_deref(),
             masquerade_rules: self.services.masquerade_rules.len(),
         });
+        if node_sourced {
+            remedy = remedy::node_sourced_hairpin(p.src, m.record.dst, m.record.dport);
+        }
+        if p.dst_tag == Some(Tag::Pod) {
+            remedy.push(remedy::lb_to_pod_hint());
+        }
         let key = AggregateKey::Hairpin {
             layer: m.layer,
             pod: p.src,
@@ -228,7 +359,11 @@ impl Correlator {
             vip_port: Some(m.record.dport),
             drop_reason,
             drop_location: f.drop.as_ref().and_then(|d| d.location.clone()),
-            snat: SnatState::No,
+            snat: if f.snat_unknown {
+                SnatState::Unknown
+            } else {
+                SnatState::No
+            },
             evidence,
             remedy,
             nic: Some(f.nic.clone()),
@@ -239,6 +374,7 @@ impl Correlator {
         self.stats.suspects_confirmed += f.n_suspects;
         self.stats.drops_confirming += f.n_drops;
         self.stats.confirmed.hairpin += 1;
+        self.remember_attempt(p, f.ts);
         out.push(Output::Report(self.record(key, event, f.ts)));
     }
 
@@ -289,10 +425,12 @@ impl Correlator {
         let p = &f.packet;
         // (record, its latest opener by the suspect's time) for records of this pod and
         // protocol that had left by then, within the window.
+        // The record's destination must be the LB: never this node's own address or pod.
         let candidates = || {
             records
                 .iter()
                 .filter(|r| r.src == p.src && r.proto == p.proto)
+                .filter(|r| r.dst != p.dst && r.dst != r.src && !self.known_local.contains(&r.dst))
                 .filter_map(|r| Some((r, r.latest_by(f.ts)?)))
                 .filter(|(_, at)| f.ts - at <= self.cfg.l7_window_ns)
         };
@@ -306,7 +444,6 @@ impl Correlator {
             });
         }
         candidates()
-            .filter(|(r, _)| r.dst != p.dst && r.dst != r.src && !self.known_local.contains(&r.dst))
             .max_by_key(|(_, at)| *at)
             .map(|(r, _)| EgressMatch {
                 record: r.clone(),
@@ -314,26 +451,33 @@ impl Correlator {
             })
     }
 
-    /// Conntrack of the egress tuple (`None`: the query expired).
-    pub(super) fn on_snat(
-        &mut self,
-        t: &Tuple,
-        entry: Option<Option<ConntrackEntry>>,
-        out: &mut Vec<Output>,
-    ) {
+    /// Conntrack of the egress tuple.
+    pub(super) fn on_snat(&mut self, t: &Tuple, ct: CtAnswer, out: &mut Vec<Output>) {
         let Some(f) = self.flows.get_mut(t) else {
             return;
         };
-        if let Some(Some(e)) = &entry
-            && e.snat
-        {
-            // SNAT happened after all: the LB saw the node, not the pod.
-            self.stats.hairpin_snat_seen += 1;
-            self.dismiss_flow(t);
-            return;
+        let l4 = f.egress.as_ref().is_some_and(|m| m.layer == Layer::L4);
+        match &ct {
+            CtAnswer::Found(e) if e.snat => {
+                // SNAT happened after all: the LB saw the node, not the pod.
+                self.stats.hairpin_snat_seen += 1;
+                self.dismiss_flow(t);
+                return;
+            }
+            CtAnswer::Found(e) if l4 && (e.seen_reply || answered(e)) => {
+                // The LB answered the very connection: it did not loop (or not fatally).
+                self.stats.hairpin_answered += 1;
+                self.dismiss_flow(t);
+                return;
+            }
+            CtAnswer::Failed(_) => {
+                f.snat_unknown = true;
+                self.stats.conntrack_failures += 1;
+            }
+            _ => {}
         }
         let et = f.egress.as_ref().map(|m| egress_tuple(&m.record));
-        f.evidence.push(egress_ct_line(et.as_ref(), entry.as_ref()));
+        f.evidence.push(egress_ct_line(et.as_ref(), &ct));
         f.stage = Stage::Settling;
         self.advance(t, out);
     }
@@ -360,18 +504,23 @@ impl Correlator {
         }
     }
 
-    /// Conntrack of the hairpin tuple (`None`: the query expired).
-    pub(super) fn on_outcome(
-        &mut self,
-        t: &Tuple,
-        entry: Option<Option<ConntrackEntry>>,
-        out: &mut Vec<Output>,
-    ) {
-        let outcome = match &entry {
-            Some(Some(e)) if e.tcp_state.as_deref() == Some("CLOSE") => Outcome::Reset,
+    /// Conntrack of the hairpin tuple.
+    pub(super) fn on_outcome(&mut self, t: &Tuple, ct: CtAnswer, out: &mut Vec<Output>) {
+        let outcome = match &ct {
+            CtAnswer::Found(e) if answered(e) => {
+                // The looping connection got established after all: no failure.
+                self.stats.hairpin_answered += 1;
+                self.dismiss_flow(t);
+                return;
+            }
+            CtAnswer::Found(e) if e.tcp_state.as_deref() == Some("CLOSE") => Outcome::Reset,
+            CtAnswer::Failed(_) => {
+                self.stats.conntrack_failures += 1;
+                Outcome::NoReply
+            }
             _ => Outcome::NoReply,
         };
-        let line = outcome_line(t, entry.as_ref());
+        let line = outcome_line(t, &ct);
         self.confirm_hairpin(t, outcome, vec![line], out);
     }
 

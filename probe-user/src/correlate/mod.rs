@@ -18,7 +18,11 @@
 //!   in either order, adds its evidence (and supplies the NIC when the drop has none; such a
 //!   drop waits `pair_window_ns` for its suspect). Service from the NodePort. Outcome
 //!   `dropped`; `vip` = the packet's source, `vip_port` null, `snat` unknown.
-//! - **`hairpin`**: a `Suspect` whose `src_tag` is `Pod`. The correlator asks for the pod's
+//! - **`hairpin`**: a `Suspect` whose `src_tag` is `Pod` (or `Node`: the node-sourced loop)
+//!   going to a node address with a NodePort (any node address without a service table) or
+//!   to a local pod (an LB that targets pods); see `hairpin.rs` for the variants and the
+//!   rules against false pairing (local egress destinations, answered connections, one
+//!   confirmation per connect attempt). The correlator asks for the source's
 //!   un-SNATed egress ([`Query::Egress`]). Layer 4: a record with the suspect's source port and
 //!   protocol; else layer 7: the latest record of the same protocol sent at most `l7_window_ns`
 //!   before the suspect whose destination is not a node or pod address (the suspect's own
@@ -27,7 +31,8 @@
 //!   first and latest time: SYN retransmits refresh it) at most `l7_window_ns` before it. No record: not
 //!   confirmed. Then [`Query::Conntrack`] of the egress tuple: an entry with SNAT means the
 //!   flow was NATed after all (not confirmed; counted in `hairpin_snat_seen`); otherwise
-//!   `snat` = no and the entry (or its absence) is evidence. Outcome: a `Drop` of the
+//!   `snat` = no and the entry (or its absence) is evidence; a failed look-up
+//!   ([`Answer::ConntrackFailed`]) gives `snat` = unknown and says so. Outcome: a `Drop` of the
 //!   suspect's 5-tuple (before the report is emitted; either order, within `pair_window_ns`
 //!   when it comes first) gives `dropped` with its reason; else once `hairpin_settle_ns` has
 //!   passed since the suspect, [`Query::Conntrack`] of the suspect's tuple: TCP state `CLOSE`
@@ -76,6 +81,8 @@ mod blackhole;
 mod drop_reason;
 mod evidence;
 mod hairpin;
+#[cfg(test)]
+mod hairpin_tests;
 mod remedy;
 pub mod replay;
 mod report;
@@ -97,7 +104,10 @@ use serde::{Deserialize, Serialize};
 use self::hairpin::Stage;
 pub use self::report::{AggregateKey, Layer, LoopbackEvent, LoopbackKind, Outcome, SnatState};
 use self::{
-    aggregate::Aggregate, blackhole::VipSuspect, drop_reason::local_source_drop, hairpin::Flow,
+    aggregate::Aggregate,
+    blackhole::VipSuspect,
+    drop_reason::local_source_drop,
+    hairpin::{CtAnswer, Flow},
 };
 #[cfg(test)]
 use crate::{event::tcp_flags, state::ServiceSource};
@@ -202,6 +212,12 @@ pub enum Answer {
         id: u64,
         entry: Option<ConntrackEntry>,
     },
+    /// The conntrack look-up failed (a netlink error, not "no entry"): what it would have
+    /// confirmed is reported as unknown.
+    ConntrackFailed {
+        id: u64,
+        error: String,
+    },
 }
 
 /// Suspects seen, by source tag.
@@ -257,6 +273,17 @@ pub struct CorrelatorStats {
     pub hairpin_snat_seen: u64,
     /// Hairpin candidates dismissed because no egress record matched (or no answer came).
     pub hairpin_no_egress: u64,
+    /// Hairpin candidates dismissed because the suspect went to neither a NodePort of a
+    /// node address nor a local pod (no LB backend).
+    pub hairpin_not_a_backend: u64,
+    /// Hairpin candidates dismissed because conntrack showed the connection answered
+    /// (layer-4 egress flow with a reply, or the looping flow established): no failure.
+    pub hairpin_answered: u64,
+    /// Suspects and drops of an already confirmed connect attempt (SYN retransmits), folded
+    /// into its confirmation instead of counting it again.
+    pub hairpin_retries_folded: u64,
+    /// Conntrack look-ups that failed (not "no entry"): SNAT or outcome reported unknown.
+    pub conntrack_failures: u64,
     pub queries_issued: u64,
     pub queries_expired: u64,
     /// Answers to unknown (expired or already answered) queries.
@@ -318,6 +345,9 @@ pub struct Correlator {
     dnat_seen: HashMap<(IpAddr, u16, Proto), (IpAddr, u16)>,
     drops: HashMap<Tuple, RecentDrop>,
     flows: HashMap<Tuple, Flow>,
+    /// Connect attempts already confirmed as hairpins, by source (address, port, protocol):
+    /// their retransmits fold in instead of counting again. Bounded by `max_pending`.
+    confirmed_attempts: HashMap<(IpAddr, u16, Proto), hairpin::Attempt>,
     queries: HashMap<u64, PendingQuery>,
     /// Egress query in flight per source address (shared by its flows).
     egress_inflight: HashMap<IpAddr, u64>,
@@ -353,6 +383,7 @@ impl Correlator {
             dnat_seen: HashMap::new(),
             drops: HashMap::new(),
             flows: HashMap::new(),
+            confirmed_attempts: HashMap::new(),
             queries: HashMap::new(),
             egress_inflight: HashMap::new(),
             aggregates: HashMap::new(),
@@ -433,7 +464,9 @@ impl Correlator {
     pub fn answer(&mut self, answer: Answer) -> Vec<Output> {
         let mut out = Vec::new();
         let id = match &answer {
-            Answer::Egress { id, .. } | Answer::Conntrack { id, .. } => *id,
+            Answer::Egress { id, .. }
+            | Answer::Conntrack { id, .. }
+            | Answer::ConntrackFailed { id, .. } => *id,
         };
         let Some(q) = self.queries.remove(&id) else {
             self.stats.answers_stale += 1;
@@ -447,10 +480,16 @@ impl Correlator {
                 }
             }
             (QueryCtx::Snat { flow }, Answer::Conntrack { entry, .. }) => {
-                self.on_snat(&flow, Some(entry), &mut out);
+                self.on_snat(&flow, CtAnswer::from(entry), &mut out);
             }
             (QueryCtx::Outcome { flow }, Answer::Conntrack { entry, .. }) => {
-                self.on_outcome(&flow, Some(entry), &mut out);
+                self.on_outcome(&flow, CtAnswer::from(entry), &mut out);
+            }
+            (QueryCtx::Snat { flow }, Answer::ConntrackFailed { error, .. }) => {
+                self.on_snat(&flow, CtAnswer::Failed(error), &mut out);
+            }
+            (QueryCtx::Outcome { flow }, Answer::ConntrackFailed { error, .. }) => {
+                self.on_outcome(&flow, CtAnswer::Failed(error), &mut out);
             }
             (ctx, _) => {
                 // Wrong answer type for the id: keep waiting for the right one.
@@ -544,8 +583,10 @@ impl Correlator {
         }
         match packet.src_tag {
             Some(Tag::Vip) => self.on_vip_suspect(ts, nic, packet, out),
-            Some(Tag::Pod) => self.on_pod_suspect(ts, nic, packet, out),
-            // No rule uses node-source or untagged suspects: counted only.
+            // A node source is the node-sourced loop (a host-network or masqueraded caller
+            // through an LB that keeps client addresses): the hairpin rule, node-sourced.
+            Some(Tag::Pod | Tag::Node) => self.on_pod_suspect(ts, nic, packet, out),
+            // No rule uses untagged suspects: counted only.
             _ => self.stats.suspects_unconfirmed += 1,
         }
     }
@@ -618,6 +659,11 @@ impl Correlator {
             return;
         }
 
+        if self.fold_confirmed_attempt(&packet, info.ts) {
+            self.stats.drops_confirming += 1;
+            return;
+        }
+
         if self.hold_pod_drop(&t, info, packet) {
             return;
         }
@@ -671,8 +717,8 @@ impl Correlator {
                         self.on_egress(&t, None, out);
                     }
                 }
-                QueryCtx::Snat { flow } => self.on_snat(&flow, None, out),
-                QueryCtx::Outcome { flow } => self.on_outcome(&flow, None, out),
+                QueryCtx::Snat { flow } => self.on_snat(&flow, CtAnswer::Expired, out),
+                QueryCtx::Outcome { flow } => self.on_outcome(&flow, CtAnswer::Expired, out),
             }
         }
     }

@@ -196,3 +196,35 @@ pub(crate) fn vip_as_source(
             .to_string(),
     ]
 }
+/// A node-sourced loop: the node's own address called the LB, which kept it as source and
+/// sent the request back to this node.
+pub(crate) fn node_sourced_hairpin(node: IpAddr, vip: IpAddr, vip_port: u16) -> Vec<String> {
+    vec![
+        format!(
+            "Cause: this node ({node}), a host-network client or pod traffic masqueraded to the \
+             node IP, called the LB at {}; the LB keeps the client address and picked this same \
+             node as backend, so the request came back with the node's own address as source \
+             and the kernel discards it as a local (martian) source.",
+            sock(vip, vip_port)
+        ),
+        "SNAT to the node IP does not avoid this one: the source already is the node. The LB's \
+         guard against sending a request back to its source node avoids it where the LB has \
+         it; this LB did not apply it (a listener or LB type without that guard)."
+            .to_string(),
+        format!(
+            "Call the Service by its cluster DNS name or ClusterIP instead of the LB VIP {vip} \
+             from host-network workloads and from this node."
+        ),
+        "Or make the LB source-NAT toward backends (layer 7: the LB's SNAT/keepalive option), \
+         or enable the provider's prevent-loopback option."
+            .to_string(),
+    ]
+}
+
+/// The LB targets pods directly (VPC-CNI style): NodePort-level fixes do not apply.
+pub(crate) fn lb_to_pod_hint() -> String {
+    "The LB targets pods directly (no NodePort): externalTrafficPolicy does not change its \
+     choice of backend; keep callers off the nodes that host the Service's pods (pod \
+     anti-affinity), or call the Service in-cluster."
+        .to_string()
+}

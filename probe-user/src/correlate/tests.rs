@@ -9,21 +9,28 @@ use crate::state::{NodePortEntry, ServiceEntry};
 /// Field variants (issue 10): the IPVS access filter, `vip_as_source`, health checks only.
 mod field;
 
-const MS: u64 = 1_000_000;
-const S: u64 = 1_000 * MS;
+pub(super) const MS: u64 = 1_000_000;
+pub(super) const S: u64 = 1_000 * MS;
 
-const LB_VIP: &str = "192.0.2.10"; // bound on kube-ipvs0 (blackhole / unserved)
-const EXT_VIP: &str = "203.0.113.80"; // LB VIP not bound locally (hairpin)
-const NODE: &str = "198.18.0.2";
-const POD: &str = "198.18.1.5";
-const POD_B: &str = "198.18.1.6";
-const CLIENT: &str = "198.51.100.7"; // outside the cluster
+pub(super) const LB_VIP: &str = "192.0.2.10"; // bound on kube-ipvs0 (blackhole / unserved)
+pub(super) const EXT_VIP: &str = "203.0.113.80"; // LB VIP not bound locally (hairpin)
+pub(super) const NODE: &str = "198.18.0.2";
+pub(super) const POD: &str = "198.18.1.5";
+pub(super) const POD_B: &str = "198.18.1.6";
+pub(super) const CLIENT: &str = "198.51.100.7"; // outside the cluster
 
-fn ip(s: &str) -> IpAddr {
+pub(super) fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
-fn pkt(src: &str, sport: u16, dst: &str, dport: u16, st: Option<Tag>, dt: Option<Tag>) -> Packet {
+pub(super) fn pkt(
+    src: &str,
+    sport: u16,
+    dst: &str,
+    dport: u16,
+    st: Option<Tag>,
+    dt: Option<Tag>,
+) -> Packet {
     Packet {
         src: ip(src),
         dst: ip(dst),
@@ -40,11 +47,11 @@ fn hc(sport: u16) -> Packet {
     pkt(LB_VIP, sport, NODE, 30080, Some(Tag::Vip), Some(Tag::Node))
 }
 
-fn hp(sport: u16, dport: u16) -> Packet {
+pub(super) fn hp(sport: u16, dport: u16) -> Packet {
     pkt(POD, sport, NODE, dport, Some(Tag::Pod), Some(Tag::Node))
 }
 
-fn suspect(ts: u64, p: &Packet) -> KernelEvent {
+pub(super) fn suspect(ts: u64, p: &Packet) -> KernelEvent {
     KernelEvent::Suspect {
         ts_ns: ts,
         nic: "eth0".into(),
@@ -52,7 +59,13 @@ fn suspect(ts: u64, p: &Packet) -> KernelEvent {
     }
 }
 
-fn drop_ev(ts: u64, p: &Packet, name: &str, code: u32, loc: Option<&str>) -> KernelEvent {
+pub(super) fn drop_ev(
+    ts: u64,
+    p: &Packet,
+    name: &str,
+    code: u32,
+    loc: Option<&str>,
+) -> KernelEvent {
     KernelEvent::Drop {
         ts_ns: ts,
         iface: Some("eth0".into()),
@@ -65,7 +78,7 @@ fn drop_ev(ts: u64, p: &Packet, name: &str, code: u32, loc: Option<&str>) -> Ker
     }
 }
 
-fn local_source(ts: u64, p: &Packet) -> KernelEvent {
+pub(super) fn local_source(ts: u64, p: &Packet) -> KernelEvent {
     drop_ev(
         ts,
         p,
@@ -75,7 +88,7 @@ fn local_source(ts: u64, p: &Packet) -> KernelEvent {
     )
 }
 
-fn egress(sport: u16, dst: &str, dport: u16, ts: u64) -> EgressRecord {
+pub(super) fn egress(sport: u16, dst: &str, dport: u16, ts: u64) -> EgressRecord {
     EgressRecord {
         src: ip(POD),
         sport,
@@ -88,7 +101,7 @@ fn egress(sport: u16, dst: &str, dport: u16, ts: u64) -> EgressRecord {
     }
 }
 
-fn table() -> ServiceTable {
+pub(super) fn table() -> ServiceTable {
     ServiceTable {
         source: Some(ServiceSource::Ipvs),
         services: vec![ServiceEntry {
@@ -119,13 +132,13 @@ fn table() -> ServiceTable {
     }
 }
 
-fn corr() -> Correlator {
+pub(super) fn corr() -> Correlator {
     let mut c = Correlator::new(CorrelatorConfig::default());
     c.set_services(table());
     c
 }
 
-fn reports(outs: &[Output]) -> Vec<Report> {
+pub(super) fn reports(outs: &[Output]) -> Vec<Report> {
     outs.iter()
         .filter_map(|o| match o {
             Output::Report(r) => Some(r.clone()),
@@ -134,7 +147,7 @@ fn reports(outs: &[Output]) -> Vec<Report> {
         .collect()
 }
 
-fn queries(outs: &[Output]) -> Vec<Query> {
+pub(super) fn queries(outs: &[Output]) -> Vec<Query> {
     outs.iter()
         .filter_map(|o| match o {
             Output::Query(q) => Some(q.clone()),
@@ -143,20 +156,20 @@ fn queries(outs: &[Output]) -> Vec<Query> {
         .collect()
 }
 
-fn only_query(outs: &[Output]) -> Query {
+pub(super) fn only_query(outs: &[Output]) -> Query {
     let q = queries(outs);
     assert_eq!(q.len(), 1, "expected one query in {outs:?}");
     assert!(reports(outs).is_empty(), "unexpected report in {outs:?}");
     q[0].clone()
 }
 
-fn only_report(outs: &[Output]) -> Report {
+pub(super) fn only_report(outs: &[Output]) -> Report {
     let r = reports(outs);
     assert_eq!(r.len(), 1, "expected one report in {outs:?}");
     r[0].clone()
 }
 
-fn invariants(c: &Correlator) {
+pub(super) fn invariants(c: &Correlator) {
     let s = c.stats();
     assert_eq!(
         s.suspects_seen.total(),
@@ -171,11 +184,11 @@ fn invariants(c: &Correlator) {
     assert!(s.pending as usize <= c.config().max_pending);
 }
 
-fn has_line(lines: &[String], needle: &str) -> bool {
+pub(super) fn has_line(lines: &[String], needle: &str) -> bool {
     lines.iter().any(|l| l.contains(needle))
 }
 
-fn ct(orig: Tuple, snat: bool, state: Option<&str>) -> ConntrackEntry {
+pub(super) fn ct(orig: Tuple, snat: bool, state: Option<&str>) -> ConntrackEntry {
     let reply = Tuple {
         src: orig.dst,
         dst: orig.src,
@@ -447,7 +460,12 @@ fn event_json_contract() {
 // ----- hairpin ---------------------------------------------------------------------------------
 
 /// Drives a hairpin suspect through the egress and SNAT look-ups.
-fn hairpin_to_settling(c: &mut Correlator, ts: u64, p: &Packet, records: Vec<EgressRecord>) {
+pub(super) fn hairpin_to_settling(
+    c: &mut Correlator,
+    ts: u64,
+    p: &Packet,
+    records: Vec<EgressRecord>,
+) {
     let q = only_query(&c.ingest(suspect(ts, p)));
     let Query::Egress { id, src } = q else {
         panic!("expected an egress query, got {q:?}");
@@ -470,7 +488,12 @@ fn hairpin_to_settling(c: &mut Correlator, ts: u64, p: &Packet, records: Vec<Egr
 
 /// Drives a hairpin suspect whose egress look-up finds `records` none of which explains it:
 /// nothing is reported, and the candidate is counted as having no egress.
-fn hairpin_without_egress(c: &mut Correlator, ts: u64, p: &Packet, records: Vec<EgressRecord>) {
+pub(super) fn hairpin_without_egress(
+    c: &mut Correlator,
+    ts: u64,
+    p: &Packet,
+    records: Vec<EgressRecord>,
+) {
     let before = c.stats().hairpin_no_egress;
     let q = only_query(&c.ingest(suspect(ts, p)));
     assert!(
@@ -701,6 +724,7 @@ fn l4_preferred_and_l7_takes_latest_non_local() {
         n_drops: 0,
         egress: None,
         evidence: vec![],
+        snat_unknown: false,
     };
     let recs = vec![
         egress(40001, EXT_VIP, 80, t0 - 5 * S),
@@ -807,9 +831,17 @@ fn healthy_outside_client_through_nodeport() {
         c.ingest(drop_ev(S + 2, &p, "IP_LOCAL_SOURCE", 89, None))
             .is_empty()
     );
-    // A node-sourced suspect has no rule either.
+    // A node-sourced suspect is a hairpin candidate (the node-sourced loop): without an
+    // egress record of the node's own it confirms nothing.
     let n = pkt(NODE, 1, NODE, 30080, Some(Tag::Node), Some(Tag::Node));
-    assert!(c.ingest(suspect(S + 3, &n)).is_empty());
+    let q = only_query(&c.ingest(suspect(S + 3, &n)));
+    assert!(
+        c.answer(Answer::Egress {
+            id: q.id(),
+            records: vec![]
+        })
+        .is_empty()
+    );
     c.tick(30 * S);
     let s = c.stats();
     assert_eq!(s.confirmed, KindCounts::default());

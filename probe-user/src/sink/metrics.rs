@@ -58,6 +58,11 @@ struct SetLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CapabilityLabels {
+    name: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildLabels {
     version: String,
     kernel: String,
@@ -110,6 +115,8 @@ pub struct MetricsInput {
     pub unconfirmed_suspects: u64,
     pub pending: u64,
     pub events_read: u64,
+    /// (capability, available).
+    pub capabilities: Vec<(String, bool)>,
 }
 
 impl MetricsInput {
@@ -165,6 +172,7 @@ impl MetricsInput {
             unconfirmed_suspects: snap.correlator.suspects_unconfirmed,
             pending: snap.correlator.pending,
             events_read: snap.events_read,
+            capabilities: snap.capabilities.clone(),
         }
     }
 }
@@ -251,6 +259,17 @@ pub fn render(input: &MetricsInput) -> String {
         })
         .set(1);
     reg.register("build_info", "Build and kernel of this agent", build);
+
+    let caps = Family::<CapabilityLabels, Gauge>::default();
+    for (name, available) in &input.capabilities {
+        caps.get_or_create(&CapabilityLabels { name: name.clone() })
+            .set(i64::from(*available));
+    }
+    reg.register(
+        "capability",
+        "1 when the agent can confirm what this needs (drop_hook, drop_sites, conntrack), 0 when it cannot (said once in the log)",
+        caps,
+    );
 
     let gauge = |v: u64| {
         let g = Gauge::<i64>::default();
@@ -423,6 +442,7 @@ mod tests {
             unconfirmed_suspects: 1,
             pending: 0,
             events_read: 9,
+            capabilities: vec![("drop_hook".into(), true), ("drop_sites".into(), false)],
         }
     }
 
@@ -438,6 +458,8 @@ mod tests {
             "clbprobe_local_addresses{set=\"vip\"} 2",
             "clbprobe_build_info{version=\"0.1.0\",kernel=\"6.18.44\"} 1",
             "clbprobe_ready 1",
+            "clbprobe_capability{name=\"drop_hook\"} 1",
+            "clbprobe_capability{name=\"drop_sites\"} 0",
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }

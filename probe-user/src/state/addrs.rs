@@ -8,6 +8,11 @@
 //!   `--pod-cidr` -> *pod*.
 //!
 //! On overlap the more specific tag wins: vip over node over pod.
+//!
+//! Without `--nic`, the monitored NICs are every non-virtual interface (no link kind: a
+//! physical or SR-IOV device; `lo` excluded) plus every interface that carries a default route
+//! in *any* routing table: secondary ENIs (AWS VPC CNI, TKE VPC-CNI, Alibaba Terway) carry pod
+//! traffic through per-ENI tables chosen by `ip rule`, and have no default route in main.
 
 use std::{
     collections::BTreeMap,
@@ -106,11 +111,11 @@ pub struct RouteEntry {
     pub dst: Prefix,
     pub oif: Option<u32>,
     pub gateway: Option<IpAddr>,
-    /// Main table (254) and unicast only are read.
+    /// Unicast routes of every table are read; pods come from the main table (254) only.
     pub table: u32,
 }
 
-/// A raw dump of the namespace's links, addresses and main-table routes.
+/// A raw dump of the namespace's links, addresses and unicast routes (all tables).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NodeState {
     pub links: Vec<Link>,
@@ -121,7 +126,8 @@ pub struct NodeState {
 /// What the operator told us.
 #[derive(Clone, Debug, Default)]
 pub struct AddrConfig {
-    /// `--nic`; empty = interfaces that carry a default route.
+    /// `--nic`; empty = every non-virtual interface plus every interface with a default route
+    /// in any routing table (see the module docs).
     pub nics: Vec<String>,
     /// `--vip-iface`.
     pub vip_iface: String,
@@ -154,6 +160,9 @@ impl AddressSets {
     }
 }
 
+/// The main routing table's id.
+const MAIN_TABLE: u32 = 254;
+
 /// Link kinds that face pods or containers on this node.
 const POD_LINK_KINDS: &[&str] = &["veth", "bridge", "netkit"];
 
@@ -178,11 +187,18 @@ pub fn classify(state: &NodeState, cfg: &AddrConfig) -> AddressSets {
         .find(|l| l.name == cfg.vip_iface)
         .map(|l| (l.name.clone(), l.index));
     let nics: Vec<(String, u32)> = if cfg.nics.is_empty() {
-        let mut v: Vec<(String, u32)> = state
+        let physical = state
+            .links
+            .iter()
+            .filter(|l| l.kind.is_none() && l.name != "lo");
+        let default_route = state
             .routes
             .iter()
             .filter(|r| r.dst.len == 0)
-            .filter_map(|r| by_index.get(&r.oif?))
+            .filter_map(|r| by_index.get(&r.oif?).copied());
+        let mut v: Vec<(String, u32)> = physical
+            .chain(default_route)
+            .filter(|l| Some(l.index) != vip_iface.as_ref().map(|(_, i)| *i))
             .map(|l| (l.name.clone(), l.index))
             .collect();
         v.sort();
@@ -219,7 +235,7 @@ pub fn classify(state: &NodeState, cfg: &AddrConfig) -> AddressSets {
         .map(|(_, i)| *i)
         .chain(vip_iface.iter().map(|(_, i)| *i))
         .collect();
-    for r in &state.routes {
+    for r in state.routes.iter().filter(|r| r.table == MAIN_TABLE) {
         let Some(oif) = r.oif else { continue };
         if r.gateway.is_some() || r.dst.len == 0 || skip.contains(&oif) {
             continue;
@@ -242,7 +258,7 @@ pub fn classify(state: &NodeState, cfg: &AddrConfig) -> AddressSets {
     }
 }
 
-/// Dumps links, addresses and main-table unicast routes of the current network namespace.
+/// Dumps links, addresses and unicast routes (every table) of the current network namespace.
 pub async fn read(handle: &Handle) -> Result<NodeState, rtnetlink::Error> {
     let mut state = NodeState::default();
     let mut links = handle.link().get().execute();
@@ -308,7 +324,7 @@ pub async fn read(handle: &Handle) -> Result<NodeState, rtnetlink::Error> {
                     _ => {}
                 }
             }
-            if table != 254 || msg.header.kind != RouteType::Unicast {
+            if msg.header.kind != RouteType::Unicast {
                 continue;
             }
             let v4 = msg.header.address_family == netlink_packet_route::AddressFamily::Inet;
@@ -426,6 +442,99 @@ mod tests {
         assert_eq!(sets.lookup(ip("fe80::1")), None);
         assert_eq!(sets.count(Tag::Vip), 2);
         assert_eq!(sets.count(Tag::Pod), 2);
+    }
+
+    /// Default NICs: which interfaces a node's shape makes monitored without `--nic`. Each row:
+    /// extra links, extra routes (dst, oif, table), the expected NIC names.
+    #[test]
+    fn default_nics_by_node_shape() {
+        type Row = (
+            &'static str,
+            Vec<(u32, &'static str, Option<&'static str>)>,
+            Vec<(&'static str, u32, u32)>,
+            Vec<&'static str>,
+        );
+        let rows: Vec<Row> = vec![
+            (
+                "the lab: eth0 (a veth) has main's default route",
+                vec![],
+                vec![],
+                vec!["eth0"],
+            ),
+            (
+                "secondary ENI: a default route only in its per-ENI table",
+                vec![(6, "eth1", Some("veth"))],
+                vec![("0.0.0.0/0", 6, 2)],
+                vec!["eth0", "eth1"],
+            ),
+            (
+                "IPv6 default route in a per-ENI table",
+                vec![(6, "eth1", Some("veth"))],
+                vec![("::/0", 6, 10001)],
+                vec!["eth0", "eth1"],
+            ),
+            (
+                "a physical device without any route is still a NIC",
+                vec![(6, "ens5", None)],
+                vec![],
+                vec!["eth0", "ens5"],
+            ),
+            (
+                "a virtual device without a default route is not",
+                vec![(6, "cni0", Some("bridge")), (7, "flannel.1", Some("vxlan"))],
+                vec![("10.244.0.0/16", 7, 254)],
+                vec!["eth0"],
+            ),
+            (
+                "a non-default route in another table does not make a NIC",
+                vec![(6, "eth1", Some("veth"))],
+                vec![("198.18.7.0/24", 6, 2)],
+                vec!["eth0"],
+            ),
+        ];
+        for (what, links, routes, want) in rows {
+            let mut st = lab_node();
+            for (index, name, kind) in links {
+                st.links.push(Link {
+                    index,
+                    name: name.into(),
+                    kind: kind.map(Into::into),
+                });
+            }
+            for (dst, oif, table) in routes {
+                st.routes.push(RouteEntry {
+                    dst: Prefix::parse(dst).unwrap(),
+                    oif: Some(oif),
+                    gateway: None,
+                    table,
+                });
+            }
+            let mut got: Vec<String> = classify(&st, &cfg())
+                .nics
+                .into_iter()
+                .map(|(n, _)| n)
+                .collect();
+            got.sort();
+            let mut want: Vec<String> = want.into_iter().map(String::from).collect();
+            want.sort();
+            assert_eq!(got, want, "{what}");
+        }
+    }
+
+    #[test]
+    fn pods_come_from_the_main_table_only() {
+        let mut st = lab_node();
+        // A per-ENI table's route to a pod-facing veth (policy routing for the pod's replies)
+        // must not tag anything beyond what main says.
+        st.routes.push(RouteEntry {
+            dst: Prefix::parse("198.19.9.0/24").unwrap(),
+            oif: Some(4),
+            gateway: None,
+            table: 2,
+        });
+        let sets = classify(&st, &cfg());
+        assert_eq!(sets.lookup(ip("198.19.9.5")), None);
+        assert_eq!(sets.lookup(ip("198.19.1.10")), Some(Tag::Pod));
     }
 
     #[test]

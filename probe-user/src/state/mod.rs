@@ -4,6 +4,7 @@
 //! - `addrs`: interface addresses and routes (rtnetlink), shared with the datapath's sync;
 //! - `conntrack`: ctnetlink lookups: was a flow SNATed, what happened to it;
 //! - `iptables`: kube-proxy's nat rules (`iptables-save -t nat`, nft and legacy backends);
+//! - `ipset`: kube-proxy's IPVS-mode ipsets naming externalTrafficPolicy Local NodePorts;
 //! - `ipvs`: IPVS virtual services over generic netlink (absent on kernels without IPVS).
 
 use std::net::IpAddr;
@@ -14,6 +15,7 @@ use crate::event::Proto;
 
 pub mod addrs;
 pub mod conntrack;
+pub mod ipset;
 pub mod iptables;
 pub mod ipvs;
 
@@ -122,11 +124,13 @@ pub fn read_services() -> anyhow::Result<ServiceTable> {
             table.masquerade_rules = ipt.masquerade_rules;
             table.access_filter = ipt.access_filter;
             add_ipvs_nodeports(&mut table);
+            ipset::mark_local_nodeports(&mut table);
             Ok(table)
         }
         (Some(mut table), Err(e)) if !table.services.is_empty() => {
             tracing::debug!(error = %e, "iptables unreadable; IPVS only");
             add_ipvs_nodeports(&mut table);
+            ipset::mark_local_nodeports(&mut table);
             Ok(table)
         }
         (_, Ok(ipt)) => Ok(ipt),

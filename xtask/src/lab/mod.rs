@@ -17,6 +17,7 @@
 mod client;
 pub(crate) mod cmd;
 pub(crate) mod net;
+mod udp;
 
 use std::fmt;
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -26,6 +27,7 @@ use anyhow::{Context, Result, bail};
 
 pub use client::{Attempt, connect_here, connect_in, http_get_in, in_netns};
 pub use net::{SERVERS, UP_STEPS};
+pub use udp::{UDP_SERVERS, udp_exchange_in};
 
 /// Every lab namespace's name starts with this.
 pub const PREFIX: &str = "clb-";
@@ -79,6 +81,17 @@ pub const PEER_POD_CIDR: &str = "198.19.2.0/24";
 pub const VIP_ETP_LOCAL_PORT: u16 = 8443;
 /// Variant `peer-node`: the same with externalTrafficPolicy Cluster (masqueraded).
 pub const VIP_ETP_CLUSTER_PORT: u16 = 8444;
+/// A listener of the LB without its guard against sending a request back to the node it came
+/// from (-> node:30080, client address kept): the node-sourced loop.
+pub const VIP_NO_GUARD_PORT: u16 = 8081;
+/// A listener of the LB that targets the pod directly (VPC-CNI style, -> pod-b:8080).
+pub const VIP_TO_POD_PORT: u16 = 8082;
+/// The LB's UDP listener (-> node's UDP NodePort, client address kept).
+pub const VIP_UDP_PORT: u16 = 53;
+/// `default/dns`'s UDP NodePort on the node.
+pub const NODE_PORT_UDP: u16 = 30053;
+/// pod-b's UDP server (the endpoint of `default/dns`).
+pub const POD_UDP_PORT: u16 = 5353;
 /// kube-proxy's chains for `default/web:http` (real kube-proxy hashes).
 pub const KUBE_SVC_CHAIN: &str = "KUBE-SVC-CDGGSHYLG3RE2FKL";
 pub const KUBE_EXT_CHAIN: &str = "KUBE-EXT-CDGGSHYLG3RE2FKL";
@@ -329,6 +342,21 @@ pub enum Scenario {
     VipAsSourceOut,
     /// Twin: the node calls VIP:8444 (ETP Cluster): masqueraded, the peer's pod answers.
     VipAsSourceOutCluster,
+    /// Failure 2, node-sourced: the node itself -> VIP:8081 (a listener without the guard),
+    /// back to node:30080 with the node's own IP as source: dropped as a local source.
+    HairpinNodeSourced,
+    /// Twin: the node itself -> VIP:80 (the guarded listener): the LB picks the peer.
+    NodeToLbGuarded,
+    /// Failure 2, LB straight to a pod (VPC-CNI style): pod A -> VIP:8082 -> pod B:8080 on
+    /// the same node; pod B's answer goes straight to pod A, which resets it.
+    HairpinLbToPod,
+    /// Twin: an outside client -> VIP:8082 -> pod B.
+    OutsideClientLbToPod,
+    /// Failure 2 over UDP: pod A -> VIP:53/udp -> node:30053/udp -> pod B; the answer comes
+    /// from the node, not the VIP: the pod's resolver never sees it.
+    HairpinUdp,
+    /// Twin: an outside client -> VIP:53/udp -> node:30053 -> pod B, answered.
+    OutsideClientUdp,
 }
 
 /// How a scenario drives its traffic, and what it must come to.
@@ -347,7 +375,7 @@ pub struct ScenarioSpec {
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 16] = [
+    pub const ALL: [Scenario; 22] = [
         Scenario::HealthcheckBlackhole,
         Scenario::HealthcheckOk,
         Scenario::Hairpin,
@@ -364,7 +392,18 @@ impl Scenario {
         Scenario::VipAsSourceSnat,
         Scenario::VipAsSourceOut,
         Scenario::VipAsSourceOutCluster,
+        Scenario::HairpinNodeSourced,
+        Scenario::NodeToLbGuarded,
+        Scenario::HairpinLbToPod,
+        Scenario::OutsideClientLbToPod,
+        Scenario::HairpinUdp,
+        Scenario::OutsideClientUdp,
     ];
+
+    /// Scenarios whose client speaks UDP (one datagram, one answer).
+    pub fn udp(self) -> bool {
+        matches!(self, Scenario::HairpinUdp | Scenario::OutsideClientUdp)
+    }
 
     pub fn name(self) -> &'static str {
         match self {
@@ -384,6 +423,12 @@ impl Scenario {
             Scenario::VipAsSourceSnat => "vip-as-source-snat",
             Scenario::VipAsSourceOut => "vip-as-source-out",
             Scenario::VipAsSourceOutCluster => "vip-as-source-out-cluster",
+            Scenario::HairpinNodeSourced => "hairpin-node-sourced",
+            Scenario::NodeToLbGuarded => "node-to-lb-guarded",
+            Scenario::HairpinLbToPod => "hairpin-lb-to-pod",
+            Scenario::OutsideClientLbToPod => "outside-client-lb-to-pod",
+            Scenario::HairpinUdp => "hairpin-udp",
+            Scenario::OutsideClientUdp => "outside-client-udp",
         }
     }
 
@@ -540,6 +585,58 @@ impl Scenario {
                 Outcome::Ok,
                 "the node calls VIP:8444 (ETP Cluster): masqueraded to the node IP, the peer's \
                  pod answers",
+            ),
+            Scenario::HairpinNodeSourced => s(
+                off,
+                NS_NODE,
+                None,
+                SocketAddrV4::new(VIP, VIP_NO_GUARD_PORT),
+                Outcome::Timeout,
+                "node -> VIP:8081, a listener without the source-node guard: the LB sends it back \
+                 to node:30080 with the node's own IP as source; dropped as a local source",
+            ),
+            Scenario::NodeToLbGuarded => s(
+                off,
+                NS_NODE,
+                None,
+                vip80,
+                Outcome::Ok,
+                "node -> VIP:80: the LB's guard never sends a request back to its source node; \
+                 the peer answers",
+            ),
+            Scenario::HairpinLbToPod => s(
+                off,
+                NS_POD_A,
+                None,
+                SocketAddrV4::new(VIP, VIP_TO_POD_PORT),
+                Outcome::Timeout,
+                "pod-a -> VIP:8082, an LB listener that targets pod-b directly: back on the node \
+                 with pod-a as source; pod-b answers pod-a straight, which RSTs it",
+            ),
+            Scenario::OutsideClientLbToPod => s(
+                off,
+                NS_CLIENT,
+                None,
+                SocketAddrV4::new(VIP, VIP_TO_POD_PORT),
+                Outcome::Ok,
+                "outside client -> VIP:8082 -> pod-b:8080",
+            ),
+            Scenario::HairpinUdp => s(
+                off,
+                NS_POD_A,
+                None,
+                SocketAddrV4::new(VIP, VIP_UDP_PORT),
+                Outcome::Timeout,
+                "pod-a -> VIP:53/udp -> node:30053/udp keeping the pod source; pod-b's answer \
+                 comes from node:30053, not the VIP: the pod's socket never takes it",
+            ),
+            Scenario::OutsideClientUdp => s(
+                off,
+                NS_CLIENT,
+                None,
+                SocketAddrV4::new(VIP, VIP_UDP_PORT),
+                Outcome::Ok,
+                "outside client -> VIP:53/udp -> node:30053/udp -> pod-b:5353",
             ),
         }
     }
@@ -847,9 +944,12 @@ impl Lab {
             // observers (the agent's address sync debounces 100 ms) the same head start.
             std::thread::sleep(SETTLE);
         }
-        let attempt = self
-            .connect(spec.from_ns, spec.src, spec.dst)
-            .with_context(|| format!("scenario {scenario}"))?;
+        let attempt = if scenario.udp() {
+            udp_exchange_in(spec.from_ns, spec.src, spec.dst, self.timeout)
+        } else {
+            self.connect(spec.from_ns, spec.src, spec.dst)
+        }
+        .with_context(|| format!("scenario {scenario}"))?;
         Ok(Report {
             scenario,
             expected: spec.expected,

@@ -381,6 +381,7 @@ pub(crate) fn build(
         for vs in KubeProxyMode::Ipvs.virtual_services(false) {
             ipvs_service(vs, true)?;
         }
+        ipvs_udp_nodeport()?;
     }
     checkpoint("kube-proxy", opts)?;
 
@@ -405,8 +406,14 @@ pub(crate) fn build(
     for (ns, port, name) in SERVERS {
         start_server(ns, *port, name)?;
     }
+    for (ns, port, name) in super::UDP_SERVERS {
+        start_udp_server(ns, *port, name)?;
+    }
     for (ns, port, _) in SERVERS {
         wait_listening(ns, *port)?;
+    }
+    for (ns, port, _) in super::UDP_SERVERS {
+        wait_udp_bound(ns, *port)?;
     }
     checkpoint("servers", opts)?;
     Ok(())
@@ -426,6 +433,9 @@ fn kube_proxy_rules() -> String {
 :{ext} - [0:0]
 :{sep} - [0:0]
 :{masq} - [0:0]
+:KUBE-EXT-CLBLABDNSUDP0001 - [0:0]
+:KUBE-SVC-CLBLABDNSUDP0001 - [0:0]
+:KUBE-SEP-CLBLABDNSUDP0001 - [0:0]
 -A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
 -A OUTPUT -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
 -A POSTROUTING -m comment --comment "kubernetes postrouting rules" -j KUBE-POSTROUTING
@@ -443,6 +453,11 @@ fn kube_proxy_rules() -> String {
 -A {svc} -m comment --comment "default/web:http -> 198.19.1.11:8080" -j {sep}
 -A {sep} -s 198.19.1.11/32 -m comment --comment "default/web:http" -j KUBE-MARK-MASQ
 -A {sep} -p tcp -m comment --comment "default/web:http" -m tcp -j DNAT --to-destination 198.19.1.11:8080
+-A KUBE-NODEPORTS -p udp -m comment --comment "default/dns:dns" -m udp --dport 30053 -j KUBE-EXT-CLBLABDNSUDP0001
+-A KUBE-EXT-CLBLABDNSUDP0001 -m comment --comment "masquerade traffic for default/dns:dns external destinations" -j KUBE-MARK-MASQ
+-A KUBE-EXT-CLBLABDNSUDP0001 -j KUBE-SVC-CLBLABDNSUDP0001
+-A KUBE-SVC-CLBLABDNSUDP0001 -m comment --comment "default/dns:dns -> 198.19.1.11:5353" -j KUBE-SEP-CLBLABDNSUDP0001
+-A KUBE-SEP-CLBLABDNSUDP0001 -p udp -m comment --comment "default/dns:dns" -m udp -j DNAT --to-destination 198.19.1.11:5353
 COMMIT
 "#,
         svc = KUBE_SVC_CHAIN,
@@ -454,19 +469,30 @@ COMMIT
 }
 
 /// kube-proxy's IPVS-mode ipsets for `default/web` (what `ipset save` shows on such a node):
-/// ClusterIP,proto:port; LB ingress IPs (filled while the VIP is bound); NodePorts; and the
-/// endpoint-to-itself hairpin set.
+/// ClusterIP,proto:port; LB ingress IPs (kube-proxy lists every one, bound or not); NodePorts;
+/// the endpoint-to-itself hairpin set; and, `default/web` having externalTrafficPolicy Local,
+/// its NodePort and LB ingress in the `-LOCAL` sets (whose rules RETURN before
+/// KUBE-MARK-MASQ: pod traffic to the LB IP leaves unmasqueraded, reference 002).
 fn kube_proxy_ipsets() -> String {
     format!(
         "create KUBE-CLUSTER-IP hash:ip,port family inet hashsize 1024 maxelem 65536\n\
          add KUBE-CLUSTER-IP {CLUSTER_IP},tcp:{SERVICE_PORT}\n\
          create {LB_SET} hash:ip,port family inet hashsize 1024 maxelem 65536\n\
+         add {LB_SET} {VIP},tcp:{SERVICE_PORT}\n\
          create KUBE-NODE-PORT-TCP bitmap:port range 0-65535\n\
          add KUBE-NODE-PORT-TCP {NODE_PORT}\n\
          create KUBE-LOOP-BACK hash:ip,port,ip family inet hashsize 1024 maxelem 65536\n\
-         add KUBE-LOOP-BACK {POD_B_IP},tcp:{POD_PORT},{POD_B_IP}\n"
+         add KUBE-LOOP-BACK {POD_B_IP},tcp:{POD_PORT},{POD_B_IP}\n\
+         create {LB_LOCAL_SET} hash:ip,port family inet hashsize 1024 maxelem 65536\n\
+         add {LB_LOCAL_SET} {VIP},tcp:{SERVICE_PORT}\n\
+         create {NODE_PORT_LOCAL_SET} bitmap:port range 0-65535\n\
+         add {NODE_PORT_LOCAL_SET} {NODE_PORT}\n"
     )
 }
+
+/// IPVS mode's sets of LB ingress IP:ports and NodePorts with externalTrafficPolicy Local.
+pub const LB_LOCAL_SET: &str = "KUBE-LOAD-BALANCER-LOCAL";
+pub const NODE_PORT_LOCAL_SET: &str = "KUBE-NODE-PORT-LOCAL-TCP";
 
 /// The ipset of LB ingress IPs (kube-proxy IPVS mode).
 const LB_SET: &str = "KUBE-LOAD-BALANCER";
@@ -488,8 +514,10 @@ fn kube_proxy_ipvs_rules() -> String {
 -A OUTPUT -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
 -A POSTROUTING -m comment --comment "kubernetes postrouting rules" -j KUBE-POSTROUTING
 -A POSTROUTING -m comment --comment "clb-lab: pod egress masquerade (variant masquerade)" -j {masq}
--A KUBE-LOAD-BALANCER -j KUBE-MARK-MASQ
+-A KUBE-LOAD-BALANCER -m comment --comment "Kubernetes service load balancer ip + port with externalTrafficPolicy=local" -m set --match-set {lb_local} dst,dst -j RETURN
+-A KUBE-LOAD-BALANCER -m comment --comment "mark MASQ for external traffic policy not local" -j KUBE-MARK-MASQ
 -A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000
+-A KUBE-NODE-PORT -p tcp -m comment --comment "Kubernetes nodeport TCP port with externalTrafficPolicy=local" -m set --match-set {np_local} dst -j RETURN
 -A KUBE-NODE-PORT -p tcp -m comment --comment "Kubernetes nodeport TCP port for masquerade purpose" -m set --match-set KUBE-NODE-PORT-TCP dst -j KUBE-MARK-MASQ
 -A KUBE-POSTROUTING -m comment --comment "Kubernetes endpoints dst ip:port, source ip for solving hairpin purpose" -m set --match-set KUBE-LOOP-BACK dst,dst,src -j MASQUERADE
 -A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN
@@ -504,6 +532,8 @@ COMMIT
 "#,
         masq = MASQ_CHAIN,
         lb = LB_SET,
+        lb_local = LB_LOCAL_SET,
+        np_local = NODE_PORT_LOCAL_SET,
         cluster_cidr = CLUSTER_CIDR,
     )
 }
@@ -523,6 +553,19 @@ fn ipvs_service(vs: SocketAddrV4, on: bool) -> Result<()> {
     } else {
         exec(NS_NODE, &["ipvsadm", "-D", "-t", &vs]).map(drop)
     }
+}
+
+/// IPVS mode: `default/dns`'s UDP NodePort, a UDP virtual service on the node IP with
+/// pod-b:5353 as its masqueraded real server.
+fn ipvs_udp_nodeport() -> Result<()> {
+    let vs = SocketAddrV4::new(NODE_IP, NODE_PORT_UDP).to_string();
+    let rs = format!("{POD_B_IP}:{POD_UDP_PORT}");
+    exec(NS_NODE, &["ipvsadm", "-A", "-u", &vs, "-s", IPVS_SCHEDULER])?;
+    exec(
+        NS_NODE,
+        &["ipvsadm", "-a", "-u", &vs, "-r", &rs, "-m", "-w", "1"],
+    )
+    .map(drop)
 }
 
 fn ipvs_has_service(vs: SocketAddrV4) -> bool {
@@ -547,6 +590,9 @@ fn lb_rules() -> String {
 -A CLB-LB-VIP -s 198.18.0.2/32 -p tcp -m tcp --dport 80 -m comment --comment "listener 80: never back to the source node" -j DNAT --to-destination 198.18.1.2:30080
 -A CLB-LB-VIP -p tcp -m tcp --dport 80 -m comment --comment "listener 80 -> node NodePort, client IP kept" -j DNAT --to-destination 198.18.0.2:30080
 -A CLB-LB-VIP -p tcp -m tcp --dport 443 -m comment --comment "listener 443 -> outside backend" -j DNAT --to-destination 198.18.1.2:30443
+-A CLB-LB-VIP -p tcp -m tcp --dport 8081 -m comment --comment "listener 8081 -> node NodePort, client IP kept, no source-node guard" -j DNAT --to-destination 198.18.0.2:30080
+-A CLB-LB-VIP -p tcp -m tcp --dport 8082 -m comment --comment "listener 8082 -> pod-b directly (LB to pod), client IP kept" -j DNAT --to-destination 198.19.1.11:8080
+-A CLB-LB-VIP -p udp -m udp --dport 53 -m comment --comment "listener 53/udp -> node UDP NodePort, client IP kept" -j DNAT --to-destination 198.18.0.2:30053
 COMMIT
 "#
     .to_string()
@@ -630,13 +676,13 @@ fn set_variant_in(mode: KubeProxyMode, variant: Variant, on: bool) -> Result<()>
             } else if !on && bound {
                 ip(NS_NODE, &["addr", "del", &cidr, "dev", KUBE_IPVS0])?;
             }
+            // The LB ingress stays in KUBE-LOAD-BALANCER either way (kube-proxy lists it
+            // whether or not it binds it).
             let vs = SocketAddrV4::new(VIP, SERVICE_PORT);
             if on != ipvs_has_service(vs) {
                 ipvs_service(vs, on)?;
             }
-            let entry = format!("{VIP},tcp:{SERVICE_PORT}");
-            let op = if on { "add" } else { "del" };
-            exec(NS_NODE, &["ipset", op, "-exist", LB_SET, &entry]).map(drop)
+            Ok(())
         }
         Variant::VipBound => {
             let bound = vip_address_bound()?;
@@ -909,6 +955,39 @@ fn start_server(ns: &str, port: u16, name: &str) -> Result<()> {
         &port,
     ];
     run_detached(&argv).with_context(|| format!("starting the server {name} in {ns}"))
+}
+
+fn start_udp_server(ns: &str, port: u16, name: &str) -> Result<()> {
+    let port = port.to_string();
+    let argv = [
+        "ip",
+        "netns",
+        "exec",
+        ns,
+        "setsid",
+        "-f",
+        "python3",
+        "-c",
+        super::udp::UDP_SERVER_PY,
+        SERVER_TAG,
+        name,
+        &port,
+    ];
+    run_detached(&argv).with_context(|| format!("starting the UDP server {name} in {ns}"))
+}
+
+fn wait_udp_bound(ns: &str, port: u16) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while exec(ns, &["ss", "-Hlun", &format!("sport = :{port}")])?
+        .trim()
+        .is_empty()
+    {
+        if Instant::now() > deadline {
+            bail!("no UDP server on port {port} in {ns} 5 s after starting it");
+        }
+        sleep(Duration::from_millis(50));
+    }
+    Ok(())
 }
 
 pub(crate) fn listening(ns: &str, port: u16) -> Result<bool> {

@@ -1,0 +1,153 @@
+//! kube-proxy's IPVS-mode ipsets that say `externalTrafficPolicy: Local`, from `ipset save`.
+//!
+//! IPVS mode has no per-Service chains: a Service with Local policy shows only as set members.
+//! `KUBE-NODE-PORT-LOCAL-TCP` / `-UDP` (bitmap:port) hold its NodePorts and
+//! `KUBE-LOAD-BALANCER-LOCAL` (hash:ip,port) its LB ingress IP:port; the nat rules that use
+//! them `RETURN` before `KUBE-MARK-MASQ`, so traffic to them (pod traffic to the LB IP
+//! included) leaves without masquerade, which is how a pod's call to its own LB loops (reference
+//! 002, Local vs Cluster). [`parse_save`] is pure; [`mark_local_nodeports`] runs `ipset save`.
+
+use std::{collections::BTreeMap, process::Command};
+
+use crate::{event::Proto, state::ServiceTable};
+
+/// The sets of NodePorts with externalTrafficPolicy Local, by protocol.
+pub const NODE_PORT_LOCAL_SETS: [(&str, Proto); 2] = [
+    ("KUBE-NODE-PORT-LOCAL-TCP", Proto::Tcp),
+    ("KUBE-NODE-PORT-LOCAL-UDP", Proto::Udp),
+];
+
+/// Set name -> members (the entry as `ipset save` writes it, options such as `comment` cut).
+/// Pure and total: lines it does not understand are skipped.
+pub fn parse_save(text: &str) -> BTreeMap<String, Vec<String>> {
+    let mut sets: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        match (words.next(), words.next(), words.next()) {
+            (Some("create"), Some(name), _) => {
+                sets.entry(name.to_string()).or_default();
+            }
+            (Some("add"), Some(name), Some(entry)) => {
+                sets.entry(name.to_string())
+                    .or_default()
+                    .push(entry.to_string());
+            }
+            _ => {}
+        }
+    }
+    sets
+}
+
+/// NodePorts kube-proxy put in its Local sets.
+pub fn local_nodeports(sets: &BTreeMap<String, Vec<String>>) -> Vec<(u16, Proto)> {
+    NODE_PORT_LOCAL_SETS
+        .iter()
+        .flat_map(|(name, proto)| {
+            sets.get(*name)
+                .into_iter()
+                .flatten()
+                .filter_map(move |m| Some((m.parse::<u16>().ok()?, *proto)))
+        })
+        .collect()
+}
+
+/// Sets `local_only` on every NodePort of `table` that is in a Local set.
+pub fn apply_local_nodeports(table: &mut ServiceTable, local: &[(u16, Proto)]) {
+    for n in &mut table.nodeports {
+        if local.contains(&(n.port, n.proto)) {
+            n.local_only = true;
+        }
+    }
+}
+
+/// Reads the ipsets of the calling thread's network namespace (`ipset save`) and marks the
+/// Local NodePorts of an IPVS-mode table. Blocking. Without `ipset` (or its module) the table
+/// stays as it is: the hairpin then names no policy, which is said at debug level.
+pub fn mark_local_nodeports(table: &mut ServiceTable) {
+    match Command::new("ipset").arg("save").output() {
+        Ok(out) if out.status.success() => {
+            let sets = parse_save(&String::from_utf8_lossy(&out.stdout));
+            apply_local_nodeports(table, &local_nodeports(&sets));
+        }
+        Ok(out) => tracing::debug!(
+            stderr = %String::from_utf8_lossy(&out.stderr).trim(),
+            "ipset save failed; externalTrafficPolicy Local not read from ipsets"
+        ),
+        Err(e) => {
+            tracing::debug!(error = %e, "cannot run ipset; externalTrafficPolicy Local not read")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::NodePortEntry;
+
+    /// `ipset save` of sets made as kube-proxy makes them (captured on this project's kernel).
+    const CAPTURE: &str = include_str!("../../tests/data/ipset/lab-etp-local-save.txt");
+
+    #[test]
+    fn parses_the_capture() {
+        let sets = parse_save(CAPTURE);
+        assert_eq!(sets["KUBE-NODE-PORT-TCP"], ["30080", "30090"]);
+        assert_eq!(sets["KUBE-LOAD-BALANCER-LOCAL"], ["203.0.113.10,tcp:80"]);
+        assert_eq!(sets["KUBE-NODE-PORT-LOCAL-UDP"], ["30053"]);
+        let mut local = local_nodeports(&sets);
+        local.sort_by_key(|(p, _)| *p);
+        assert_eq!(
+            local,
+            [
+                (30053, Proto::Udp),
+                (30080, Proto::Tcp),
+                (30081, Proto::Tcp),
+                (30082, Proto::Tcp)
+            ]
+        );
+    }
+
+    #[test]
+    fn marks_only_local_nodeports_of_their_protocol() {
+        let np = |port, proto| NodePortEntry {
+            port,
+            proto,
+            service: None,
+            local_only: false,
+        };
+        let mut table = ServiceTable {
+            nodeports: vec![
+                np(30080, Proto::Tcp),
+                np(30090, Proto::Tcp),
+                np(30080, Proto::Udp),
+                np(30053, Proto::Udp),
+            ],
+            ..ServiceTable::default()
+        };
+        apply_local_nodeports(&mut table, &local_nodeports(&parse_save(CAPTURE)));
+        let local: Vec<(u16, Proto, bool)> = table
+            .nodeports
+            .iter()
+            .map(|n| (n.port, n.proto, n.local_only))
+            .collect();
+        assert_eq!(
+            local,
+            [
+                (30080, Proto::Tcp, true),
+                (30090, Proto::Tcp, false),
+                (30080, Proto::Udp, false),
+                (30053, Proto::Udp, true),
+            ]
+        );
+    }
+
+    #[test]
+    fn garbage_and_truncation_never_panic() {
+        for cut in 0..CAPTURE.len() {
+            if CAPTURE.is_char_boundary(cut) {
+                let _ = local_nodeports(&parse_save(&CAPTURE[..cut]));
+            }
+        }
+        let sets = parse_save("add\ncreate\nadd KUBE-NODE-PORT-LOCAL-TCP notaport\n☃ add x");
+        assert!(local_nodeports(&sets).is_empty());
+    }
+}
