@@ -200,11 +200,12 @@ impl Probe {
                 source,
             })?;
         }
+        let drop_reason_arg = kbtf.kfree_skb_has_reason();
         // The test hook stands in for a kernel that refuses both (tests/tests/capability.rs).
         let drop_hook = if std::env::var_os(NO_DROP_HOOK_ENV).is_some() {
             DropHook::None
         } else {
-            hook_kfree_skb(&mut ebpf, &btf, kbtf.kfree_skb_has_reason())
+            hook_kfree_skb(&mut ebpf, &btf, drop_reason_arg)
         };
         let kernel = KernelVersion::current()
             .map(|v| v.to_string())
