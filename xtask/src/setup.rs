@@ -32,6 +32,8 @@ const PACKAGES: &[(&str, &str)] = &[
     // `cargo xtask image` and the image test.
     ("buildah", "buildah"),
     ("podman", "podman"),
+    // crun (podman's default) cannot run on a hybrid cgroup hierarchy; runc can.
+    ("runc", "runc"),
 ];
 
 /// bpf-linker release that links LLVM dynamically (see shared/TOOLCHAIN.md).
