@@ -236,7 +236,14 @@ pub fn build(binary: &Path, tag: &str) -> anyhow::Result<String> {
             "org.opencontainers.image.title=clb-probe",
             &ctr,
         ]))?;
+        let previous =
+            output(Command::new("podman").args(["image", "inspect", "--format", "{{.Id}}", tag]))
+                .ok();
         output(Command::new("buildah").args(["commit", "--quiet", &ctr, tag]))?;
+        // The image this tag named before would stay behind untagged, build after build.
+        if let Some(id) = previous {
+            let _ = Command::new("podman").args(["rmi", &id]).output();
+        }
         Ok(())
     })();
     let _ = Command::new("buildah").args(["rm", &ctr]).output();
