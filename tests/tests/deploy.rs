@@ -149,7 +149,8 @@ fn the_values_schema_rejects_bad_values() {
     }
     let dir = tempdir("schema");
     for (name, bad, needle) in [
-        ("cap", "capabilities: [BPF, SYS_ADMIN]\n", "capabilities"),
+        ("cap", "capabilities: [CAP_BPF]\n", "capabilities"),
+        ("cap-case", "capabilities: [bpf]\n", "capabilities"),
         ("log", "logFormat: xml\n", "logFormat"),
         ("port", "metrics: {port: 99999}\n", "port"),
         ("typo", "nic: [eth0]\n", "nic"),
