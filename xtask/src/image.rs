@@ -4,9 +4,9 @@
 //! `dpkg -x` unpacks them), the release binary is added, and buildah commits the image to
 //! local storage (`podman run localhost/clb-probe:<version>`).
 //!
-//! Cached for CI: the rootfs tarball is keyed by the resolved package versions, and the
-//! image carries a label of its inputs (rootfs key + binary hash), so an unchanged build
-//! commits nothing and downloads nothing.
+//! Cached for CI: the rootfs tarball (in ~/.local/share/clb-probe/image, which a fresh clone
+//! reuses) is keyed by the resolved package versions, and the image carries a label of its
+//! inputs (rootfs key + binary hash), so an unchanged build downloads and commits nothing.
 
 use std::{
     path::{Path, PathBuf},
@@ -48,8 +48,9 @@ pub fn default_tag() -> String {
     format!("localhost/clb-probe:{}", env!("CARGO_PKG_VERSION"))
 }
 
+/// Outside the work tree, like setup's venv: a fresh clone (CI) reuses it.
 fn cache_dir() -> PathBuf {
-    workspace_root().join("target/image")
+    setup::home().join(".local/share/clb-probe/image")
 }
 
 fn output(cmd: &mut Command) -> anyhow::Result<String> {

@@ -158,7 +158,7 @@ fn cargo_bin() -> PathBuf {
     home.join("bin")
 }
 
-fn home() -> PathBuf {
+pub fn home() -> PathBuf {
     std::env::var_os("HOME")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/root"))
