@@ -89,6 +89,8 @@ fn apt(archives: &Path, status: &Path) -> Command {
     .arg(format!("-o=Dir::State::status={}", status.display()))
     .arg(format!("-o=Dir::Cache::archives={}", archives.display()))
     .arg("-o=Debug::NoLocking=1")
+    // Our cache is root's: apt's _apt sandbox user could not write it.
+    .arg("-o=APT::Sandbox::User=root")
     .args(PACKAGES)
     .env("DEBIAN_FRONTEND", "noninteractive");
     cmd
