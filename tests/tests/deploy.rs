@@ -1,13 +1,18 @@
-//! The deployment is checked like code: yamllint, the Kubernetes schema (kubernetes-validate,
-//! strict, pinned version), promtool for the alert rules, and this project's own policy (no
-//! `privileged`, only the capabilities the agent needs). No root needed.
+//! The deployment is checked like code. The Helm chart (`deploy/helm/clb-probe`) is rendered
+//! and linted with Helm's own library (helm-python-sdk) for the default values and every
+//! values file in its `ci/` folder; every rendered object is validated with
+//! kubernetes-validate (strict, pinned Kubernetes) or, for the Prometheus Operator kinds,
+//! against the operator's API schemas (npm @kubernetes-models/prometheus-operator). The plain
+//! manifests are the chart rendered (`cargo xtask manifests`), the alert rules pass
+//! `promtool test rules`, and the DaemonSet follows this project's policy (not privileged,
+//! only the capabilities the agent needs). No root needed.
 
 use std::{
     path::{Path, PathBuf},
     process::Command,
 };
 
-use xtask::setup::venv_bin;
+use xtask::{chart, setup::venv_bin};
 
 /// The Kubernetes version the manifests are validated against.
 const KUBERNETES: &str = "1.30.0";
@@ -16,11 +21,11 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-fn manifests() -> Vec<PathBuf> {
-    ["namespace.yaml", "serviceaccount.yaml", "daemonset.yaml"]
-        .iter()
-        .map(|f| repo().join("deploy").join(f))
-        .collect()
+fn tempdir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("clb-deploy-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
 }
 
 /// Runs a checker; None (with a skip line) when it is not installed.
@@ -41,11 +46,178 @@ fn check(bin: PathBuf, args: &[&str], files: &[PathBuf]) -> Option<(bool, String
     Some((out.status.success(), text))
 }
 
+fn chart_tools() -> bool {
+    let ok = chart::available()
+        && venv_bin("kubernetes-validate").is_file()
+        && xtask::setup::node_prefix()
+            .join("node_modules/@kubernetes-models/prometheus-operator")
+            .is_dir();
+    if !ok {
+        eprintln!("skipping: chart tools not installed (cargo xtask setup installs them)");
+    }
+    ok
+}
+
+fn kubernetes_validate(files: &[PathBuf]) -> (bool, String) {
+    check(
+        venv_bin("kubernetes-validate"),
+        &["--strict", "-k", KUBERNETES],
+        files,
+    )
+    .expect("kubernetes-validate installed")
+}
+
+fn is_prometheus_operator(file: &Path) -> bool {
+    std::fs::read_to_string(file)
+        .unwrap()
+        .contains("\"apiVersion\": \"monitoring.coreos.com/")
+}
+
+/// Renders with `values`, validates every object; returns the rendered stream.
+fn render_and_validate(values: Option<&Path>) -> String {
+    let what = values.map_or("default values".into(), |v| v.display().to_string());
+    chart::lint(values).unwrap_or_else(|e| panic!("helm lint ({what}):\n{e:#}"));
+    let stream = chart::render(values).unwrap_or_else(|e| panic!("helm template ({what}):\n{e:#}"));
+    let dir = tempdir("render");
+    let files = chart::split(&stream, &dir).unwrap();
+    let (operator, core): (Vec<PathBuf>, Vec<PathBuf>) =
+        files.into_iter().partition(|f| is_prometheus_operator(f));
+    let (ok, text) = kubernetes_validate(&core);
+    assert!(ok, "kubernetes-validate ({what}):\n{text}\n{stream}");
+    if !operator.is_empty() {
+        chart::validate_prometheus_operator(&operator)
+            .unwrap_or_else(|e| panic!("Prometheus Operator schema ({what}):\n{e:#}"));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    stream
+}
+
 #[test]
-fn manifests_pass_yamllint() {
+fn the_chart_renders_lints_and_validates_for_every_ci_values_file() {
+    if !chart_tools() {
+        return;
+    }
+    let default = render_and_validate(None);
+    // Off by default: the Prometheus Operator objects, the dashboard, RBAC, the kube flags
+    // (the agent does not have them yet) and the namespace (Helm's --create-namespace).
+    for absent in [
+        "kind: PodMonitor",
+        "kind: PrometheusRule",
+        "grafana_dashboard",
+        "kind: ClusterRole",
+        "kind: Namespace",
+        "--kube-",
+    ] {
+        assert!(!default.contains(absent), "{absent} rendered by default");
+    }
+    assert!(default.contains("automountServiceAccountToken: false"));
+
+    let values = chart::ci_values();
+    assert!(values.len() >= 3, "ci/ values files: {values:?}");
+    for v in &values {
+        let stream = render_and_validate(Some(v));
+        if v.ends_with("all-on-values.yaml") {
+            for present in [
+                "kind: Namespace",
+                "kind: ClusterRole\n",
+                "kind: ClusterRoleBinding",
+                "kind: PodMonitor",
+                "kind: PrometheusRule",
+                "grafana_dashboard: \"1\"",
+                "release: kube-prometheus-stack",
+                "alert: LoadBalancerLoopbackConfirmed",
+                "alert: ClbProbeNotReady",
+                "alert: ClbProbeEventsShed",
+                "- --nic=eth1",
+                "- --pod-cidr=10.244.1.0/24",
+                "- --kube-attribution",
+                "- --kube-events",
+                "automountServiceAccountToken: true",
+                "containerPort: 9100",
+                "\"uid\": \"clb-probe\"",
+            ] {
+                assert!(stream.contains(present), "{present} missing from\n{stream}");
+            }
+        }
+    }
+}
+
+#[test]
+fn the_values_schema_rejects_bad_values() {
+    if !chart_tools() {
+        return;
+    }
+    let dir = tempdir("schema");
+    for (name, bad, needle) in [
+        ("cap", "capabilities: [CAP_BPF]\n", "capabilities"),
+        ("cap-case", "capabilities: [bpf]\n", "capabilities"),
+        ("log", "logFormat: xml\n", "logFormat"),
+        ("port", "metrics: {port: 99999}\n", "port"),
+        ("typo", "nic: [eth0]\n", "nic"),
+    ] {
+        let file = dir.join(format!("{name}.yaml"));
+        std::fs::write(&file, bad).unwrap();
+        let err = chart::render(Some(&file)).expect_err(bad);
+        assert!(format!("{err:#}").contains(needle), "{bad}: {err:#}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_plain_manifests_are_the_chart_rendered() {
+    if !chart_tools() {
+        return;
+    }
+    let want = chart::plain_manifests_text().unwrap();
+    let have = std::fs::read_to_string(chart::plain_manifests()).unwrap();
+    assert!(
+        want == have,
+        "deploy/clb-probe.yaml is stale: run `cargo xtask manifests`"
+    );
+}
+
+#[test]
+fn a_broken_object_fails_its_schema() {
+    if !chart_tools() {
+        return;
+    }
+    let dir = tempdir("broken");
+    let files = chart::split(
+        &chart::render(Some(&chart::chart_dir().join("ci/all-on-values.yaml"))).unwrap(),
+        &dir,
+    )
+    .unwrap();
+    let daemonset = files
+        .iter()
+        .find(|f| f.to_string_lossy().contains("DaemonSet"))
+        .unwrap();
+    let text = std::fs::read_to_string(daemonset).unwrap();
+    std::fs::write(daemonset, text.replace("\"containers\"", "\"containerz\"")).unwrap();
+    let (ok, out) = kubernetes_validate(std::slice::from_ref(daemonset));
+    assert!(!ok, "a misspelt DaemonSet field passed:\n{out}");
+    let monitor = files
+        .iter()
+        .find(|f| f.to_string_lossy().contains("PodMonitor"))
+        .unwrap();
+    let text = std::fs::read_to_string(monitor).unwrap();
+    std::fs::write(monitor, text.replace("\"15s\"", "\"15 seconds\"")).unwrap();
+    let err = chart::validate_prometheus_operator(std::slice::from_ref(monitor))
+        .expect_err("a PodMonitor with a bad interval passed");
+    assert!(format!("{err:#}").contains("interval"), "{err:#}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn manifests_and_rules_pass_yamllint() {
     let config = repo().join(".yamllint");
-    let mut files = manifests();
-    files.push(repo().join("deploy/alerts.rules.yml"));
+    let mut files = vec![
+        chart::plain_manifests(),
+        chart::chart_dir().join("files/alerts.rules.yml"),
+        chart::chart_dir().join("values.yaml"),
+        chart::chart_dir().join("Chart.yaml"),
+        repo().join("deploy/alerts.test.yml"),
+    ];
+    files.extend(chart::ci_values());
     if let Some((ok, text)) = check(
         venv_bin("yamllint"),
         &["--strict", "-c", config.to_str().unwrap()],
@@ -55,48 +227,72 @@ fn manifests_pass_yamllint() {
     }
 }
 
+/// Every alert fires on its failure and stays silent otherwise (deploy/alerts.test.yml).
 #[test]
-fn manifests_validate_against_the_kubernetes_schema_and_a_broken_one_does_not() {
-    let Some((ok, text)) = check(
-        venv_bin("kubernetes-validate"),
-        &["--strict", "-k", KUBERNETES],
-        &manifests(),
-    ) else {
-        return;
-    };
-    assert!(ok, "kubernetes-validate:\n{text}");
-    // The checker can fail: a misspelt field is rejected.
-    let dir = std::env::temp_dir().join(format!("clb-deploy-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let broken = dir.join("daemonset.yaml");
-    let text = std::fs::read_to_string(repo().join("deploy/daemonset.yaml")).unwrap();
-    std::fs::write(&broken, text.replace("containers:", "containerz:")).unwrap();
-    let (ok, out) = check(
-        venv_bin("kubernetes-validate"),
-        &["--strict", "-k", KUBERNETES],
-        &[broken],
-    )
-    .unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
-    assert!(!ok, "a broken DaemonSet passed:\n{out}");
-}
-
-#[test]
-fn alert_rules_pass_promtool() {
+fn alert_rules_pass_promtool_check_and_unit_tests() {
     let Some(promtool) = xtask::setup::which("promtool") else {
         eprintln!("skipping: promtool not installed (cargo xtask setup installs it)");
         return;
     };
-    let rules = repo().join("deploy/alerts.rules.yml");
-    let (ok, text) = check(promtool, &["check", "rules"], &[rules]).unwrap();
-    assert!(ok, "promtool:\n{text}");
+    let rules = chart::chart_dir().join("files/alerts.rules.yml");
+    let (ok, text) = check(promtool.clone(), &["check", "rules"], &[rules]).unwrap();
+    assert!(ok, "promtool check rules:\n{text}");
+    let (ok, text) = check(
+        promtool,
+        &["test", "rules"],
+        &[repo().join("deploy/alerts.test.yml")],
+    )
+    .unwrap();
+    assert!(
+        ok && text.contains("SUCCESS"),
+        "promtool test rules:\n{text}"
+    );
+}
+
+/// The Grafana dashboard: valid JSON with the structure Grafana's dashboard model requires
+/// (no JSON schema for it can be had offline): unique panel ids, grid positions, each data
+/// panel on the `${datasource}` variable with at least one PromQL target.
+#[test]
+fn the_dashboard_is_well_formed() {
+    let text = std::fs::read_to_string(chart::chart_dir().join("files/dashboard.json")).unwrap();
+    let dash: serde_json::Value = serde_json::from_str(&text).expect("dashboard JSON");
+    assert_eq!(dash["uid"], "clb-probe");
+    assert!(dash["schemaVersion"].as_u64().unwrap() >= 36);
+    let vars: Vec<&str> = dash["templating"]["list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v["name"].as_str())
+        .collect();
+    assert_eq!(vars, ["datasource", "instance"]);
+    let panels = dash["panels"].as_array().unwrap();
+    let mut ids = std::collections::BTreeSet::new();
+    let mut exprs = 0;
+    for p in panels {
+        assert!(ids.insert(p["id"].as_u64().unwrap()), "duplicate id: {p}");
+        for k in ["h", "w", "x", "y"] {
+            assert!(p["gridPos"][k].is_u64(), "gridPos.{k}: {p}");
+        }
+        if p["type"] == "row" {
+            continue;
+        }
+        assert_eq!(p["datasource"]["uid"], "${datasource}", "{p}");
+        let targets = p["targets"].as_array().unwrap();
+        assert!(!targets.is_empty(), "{p}");
+        for t in targets {
+            let expr = t["expr"].as_str().unwrap();
+            assert!(expr.contains("instance=~\"$instance\""), "{expr}");
+            exprs += 1;
+        }
+    }
+    assert!(exprs >= 9, "{exprs} queries");
 }
 
 /// Not privileged; exactly the capabilities the agent needs; read-only root; host network;
 /// every node; probes on the metrics port; NODE_NAME from the downward API.
 #[test]
 fn daemonset_follows_the_security_policy() {
-    let ds = std::fs::read_to_string(repo().join("deploy/daemonset.yaml")).unwrap();
+    let ds = std::fs::read_to_string(chart::plain_manifests()).unwrap();
     assert!(ds.contains("privileged: false") && !ds.contains("privileged: true"));
     assert!(ds.contains("allowPrivilegeEscalation: false"));
     assert!(ds.contains("readOnlyRootFilesystem: true"));
@@ -105,7 +301,7 @@ fn daemonset_follows_the_security_policy() {
         .lines()
         .skip_while(|l| !l.trim_start().starts_with("add:"))
         .skip(1)
-        .take_while(|l| !l.trim_start().starts_with("resources:"))
+        .take_while(|l| l.trim_start().starts_with("- "))
         .filter_map(|l| l.trim().strip_prefix("- "))
         .collect();
     assert_eq!(

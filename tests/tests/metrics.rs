@@ -143,4 +143,58 @@ fn failures_show_in_metrics_and_a_real_prometheus_scrapes_them() {
     )
     .expect("Prometheus scraped clbprobe_loopback_events_total for each kind");
     assert!(kinds.contains("hairpin") && kinds.contains("vip_port_unserved"));
+    dashboard_panels_have_data();
+}
+
+/// Every query of the Grafana dashboard (the chart's files/dashboard.json), with its
+/// variables set to "every agent" and a 1 m rate window, returns series from this
+/// Prometheus after the lab drove the failures: each panel has data.
+fn dashboard_panels_have_data() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../deploy/helm/clb-probe/files/dashboard.json");
+    let dash: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let targets = dash["panels"].as_array().unwrap().iter().flat_map(|p| {
+        p["targets"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .map(move |t| (p["title"].clone(), t))
+    });
+    let mut checked = 0;
+    for (title, target) in targets {
+        let expr = target["expr"]
+            .as_str()
+            .unwrap()
+            .replace("$instance", ".+")
+            .replace("$__rate_interval", "1m");
+        let encoded: String = expr
+            .bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                    (b as char).to_string()
+                }
+                _ => format!("%{b:02X}"),
+            })
+            .collect();
+        let series = wait_for(&format!("{title}: {expr}"), Duration::from_secs(30), || {
+            let (status, body) = http_get_in(
+                lab::NS_NODE,
+                PROMETHEUS,
+                &format!("/api/v1/query?query={encoded}"),
+            )?;
+            assert_eq!(status, 200, "{expr}: {body}");
+            let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+            let n = v["data"]["result"].as_array()?.len();
+            (n > 0).then_some(n)
+        });
+        assert!(
+            series.is_some(),
+            "dashboard panel {title} has no data: {expr}"
+        );
+        checked += 1;
+    }
+    eprintln!("dashboard: {checked} panel queries returned series");
+    assert!(checked >= 9);
 }

@@ -1,7 +1,9 @@
 //! Developer and CI tasks for clb-probe; the lab is a library so the integration tests share it.
 
 pub mod bench;
+pub mod chart;
 pub mod demo;
+pub mod image;
 pub mod lab;
 pub mod setup;
 pub mod testrun;

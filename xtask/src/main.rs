@@ -30,6 +30,11 @@ enum Command {
     /// Measure what the probe costs (datapath, per-packet, flood, latency, footprint) side by
     /// side in one run and write BENCHMARKS.md (needs root).
     Bench(xtask::bench::BenchArgs),
+    /// Render the Helm chart into the plain manifests (deploy/clb-probe.yaml).
+    Manifests,
+    /// Build the container image (Debian rootfs from the Debian mirror + the release agent)
+    /// with buildah into local storage, as localhost/clb-probe:<version> (needs root).
+    Image(xtask::image::ImageArgs),
     /// The network-namespace lab that reproduces the loopback failures (needs root).
     Lab(lab_cmd::LabArgs),
     /// One TCP attempt from inside a lab namespace; prints ok, refused, reset or timeout.
@@ -50,6 +55,8 @@ fn main() -> ExitCode {
         Command::Test(args) => xtask::testrun::run(&args).map(|()| ExitCode::SUCCESS),
         Command::Demo => xtask::demo::run().map(|()| ExitCode::SUCCESS),
         Command::VmTest(args) => xtask::vm::run(&args).map(|()| ExitCode::SUCCESS),
+        Command::Manifests => xtask::chart::write_manifests().map(|()| ExitCode::SUCCESS),
+        Command::Image(args) => xtask::image::run(&args).map(|()| ExitCode::SUCCESS),
         Command::Lab(args) => lab_cmd::run(args),
         Command::LabClient(args) => lab_cmd::client(args),
     };

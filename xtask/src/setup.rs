@@ -26,6 +26,14 @@ const PACKAGES: &[(&str, &str)] = &[
     // `cargo xtask bench`: packet generator, TCP stream.
     ("netsniff-ng", "trafgen"),
     ("iperf3", "iperf3"),
+    // The Prometheus Operator schema check (npm package, see `node_models`).
+    ("nodejs", "node"),
+    ("npm", "npm"),
+    // `cargo xtask image` and the image test.
+    ("buildah", "buildah"),
+    ("podman", "podman"),
+    // crun (podman's default) cannot run on a hybrid cgroup hierarchy; runc can.
+    ("runc", "runc"),
 ];
 
 /// bpf-linker release that links LLVM dynamically (see shared/TOOLCHAIN.md).
@@ -150,7 +158,7 @@ fn cargo_bin() -> PathBuf {
     home.join("bin")
 }
 
-fn home() -> PathBuf {
+pub fn home() -> PathBuf {
     std::env::var_os("HOME")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/root"))
@@ -245,6 +253,8 @@ pub fn is_root() -> bool {
 pub fn is_complete() -> bool {
     PACKAGES.iter().all(|(_, c)| have(c))
         && PYTHON_TOOLS.iter().all(|(_, bin)| venv_bin(bin).is_file())
+        && venv_has_module("helm_python")
+        && node_prefix().join(NODE_MODELS.1).is_dir()
         && nightly_sysroot().is_ok_and(|s| s.join("lib/rustlib/src/rust/library/core").is_dir())
         && cargo_bin().join("bpf-linker").is_file()
 }
@@ -264,13 +274,54 @@ pub fn venv_bin(name: &str) -> PathBuf {
     venv_dir().join("bin").join(name)
 }
 
-/// yamllint and kubernetes-validate for the manifest checks.
-pub fn python_tools() -> anyhow::Result<()> {
-    if PYTHON_TOOLS.iter().all(|(_, bin)| venv_bin(bin).is_file()) {
-        say("python tools (yamllint, kubernetes-validate): present");
+/// Helm's own library for Python (libhelm_c, no helm binary): renders and lints the chart.
+const HELM_PYTHON: &str = "helm-python-sdk==0.2.2";
+
+/// Whether setup's venv has a Python module (a package directory in its site-packages).
+pub fn venv_has_module(module: &str) -> bool {
+    std::fs::read_dir(venv_dir().join("lib"))
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .any(|e| e.path().join("site-packages").join(module).is_dir())
+        })
+        .unwrap_or(false)
+}
+
+/// The Prometheus Operator's API schemas, compiled to validators (npm; generated from the
+/// operator's Go API types), and where they land under `node_prefix()`.
+const NODE_MODELS: (&str, &str) = (
+    "@kubernetes-models/prometheus-operator@6.0.0",
+    "node_modules/@kubernetes-models/prometheus-operator",
+);
+
+/// Where setup installs npm packages (`npm install --prefix`).
+pub fn node_prefix() -> PathBuf {
+    home().join(".local/share/clb-probe/node")
+}
+
+/// The Prometheus Operator schemas for the chart's PodMonitor and PrometheusRule.
+pub fn node_models() -> anyhow::Result<()> {
+    if node_prefix().join(NODE_MODELS.1).is_dir() {
+        say("npm Prometheus Operator schemas: present");
         return Ok(());
     }
-    say("installing yamllint and kubernetes-validate into a venv");
+    say(&format!("installing {} (npm)", NODE_MODELS.0));
+    std::fs::create_dir_all(node_prefix())?;
+    run(Command::new("npm")
+        .args(["install", "--no-audit", "--no-fund", "--silent", "--prefix"])
+        .arg(node_prefix())
+        .arg(NODE_MODELS.0))
+    .context("npm install of the Prometheus Operator schemas failed")
+}
+
+/// yamllint, kubernetes-validate and Helm's library for the manifest checks.
+pub fn python_tools() -> anyhow::Result<()> {
+    if PYTHON_TOOLS.iter().all(|(_, bin)| venv_bin(bin).is_file()) && venv_has_module("helm_python")
+    {
+        say("python tools (yamllint, kubernetes-validate, helm-python-sdk): present");
+        return Ok(());
+    }
+    say("installing yamllint, kubernetes-validate and helm-python-sdk into a venv");
     if !venv_bin("pip").is_file() {
         run(Command::new("python3")
             .arg("-m")
@@ -280,7 +331,8 @@ pub fn python_tools() -> anyhow::Result<()> {
     }
     run(Command::new(venv_bin("pip"))
         .args(["install", "-q", "--disable-pip-version-check"])
-        .args(PYTHON_TOOLS.iter().map(|(spec, _)| *spec)))
+        .args(PYTHON_TOOLS.iter().map(|(spec, _)| *spec))
+        .arg(HELM_PYTHON))
     .context("pip install of the manifest checkers failed")
 }
 
@@ -289,6 +341,7 @@ pub fn all() -> anyhow::Result<()> {
     apt(&[])?;
     toolchain()?;
     python_tools()?;
+    node_models()?;
     mounts()?;
     say("done");
     Ok(())

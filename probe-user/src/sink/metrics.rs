@@ -17,12 +17,16 @@ use std::{
 };
 
 use prometheus_client::{
-    encoding::{EncodeLabelSet, text::encode},
+    encoding::{
+        EncodeLabelSet,
+        text::{encode_eof, encode_registry},
+    },
     metrics::{counter::Counter, family::Family, gauge::Gauge},
     registry::Registry,
 };
 use tokio::sync::broadcast;
 
+use super::process::ProcessStats;
 use crate::{
     agent::shared::{Shared, Snapshot},
     correlate::LoopbackEvent,
@@ -103,6 +107,8 @@ impl EventTotals {
 pub struct MetricsInput {
     pub version: String,
     pub kernel: String,
+    /// The agent process (CPU, memory, fds): the standard unprefixed `process_*` families.
+    pub process: Option<ProcessStats>,
     pub events: Vec<((String, String, String), u64)>,
     /// (nic, source tag) -> packets.
     pub suspects: Vec<(String, String, u64)>,
@@ -144,6 +150,7 @@ impl MetricsInput {
                 .as_ref()
                 .map(|f| f.kernel.clone())
                 .unwrap_or_default(),
+            process: super::process::read(),
             events: events.totals.iter().map(|(k, v)| (k.clone(), *v)).collect(),
             suspects: suspects
                 .into_iter()
@@ -308,8 +315,57 @@ pub fn render(input: &MetricsInput) -> String {
     );
 
     let mut out = String::new();
-    encode(&mut out, &reg).expect("writing to a String cannot fail");
+    encode_registry(&mut out, &reg).expect("writing to a String cannot fail");
+    if let Some(p) = &input.process {
+        encode_registry(&mut out, &process_registry(p)).expect("writing to a String");
+    }
+    encode_eof(&mut out).expect("writing to a String cannot fail");
     out
+}
+
+/// The standard `process_*` families (no prefix).
+fn process_registry(p: &ProcessStats) -> Registry {
+    use std::sync::atomic::AtomicU64;
+    let mut reg = Registry::default();
+    let counter = Counter::<f64, AtomicU64>::default();
+    counter.inc_by(p.cpu_seconds);
+    reg.register(
+        "process_cpu_seconds",
+        "Total user and system CPU time spent in seconds",
+        counter,
+    );
+    for (name, help, value) in [
+        (
+            "process_resident_memory_bytes",
+            "Resident memory size in bytes",
+            p.resident_bytes as f64,
+        ),
+        (
+            "process_virtual_memory_bytes",
+            "Virtual memory size in bytes",
+            p.virtual_bytes as f64,
+        ),
+        (
+            "process_open_fds",
+            "Number of open file descriptors",
+            p.open_fds as f64,
+        ),
+        (
+            "process_max_fds",
+            "Maximum number of open file descriptors",
+            p.max_fds as f64,
+        ),
+        (
+            "process_start_time_seconds",
+            "Start time of the process since unix epoch in seconds",
+            p.start_time_seconds,
+        ),
+    ] {
+        let gauge = Gauge::<f64, AtomicU64>::default();
+        gauge.set(value);
+        reg.register(name, help, gauge);
+    }
+    reg
 }
 
 /// The classic Prometheus text format (0.0.4) from the OpenMetrics text: counters are named
@@ -422,6 +478,11 @@ mod tests {
         MetricsInput {
             version: "0.1.0".into(),
             kernel: "6.18.44".into(),
+            process: Some(ProcessStats {
+                cpu_seconds: 1.5,
+                resident_bytes: 20 << 20,
+                ..ProcessStats::default()
+            }),
             events: vec![
                 (
                     (

@@ -4,6 +4,7 @@
 pub mod json;
 pub mod live;
 pub mod metrics;
+pub mod process;
 
 use tracing::info;
 
