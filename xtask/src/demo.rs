@@ -78,7 +78,20 @@ const SCENARIOS: &[Scenario] = &[
     Scenario::PodToPod,
 ];
 
-pub fn run() -> anyhow::Result<()> {
+/// `cargo xtask demo` options.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct DemoArgs {
+    /// kube-proxy's mode in the lab (default: `CLB_LAB_MODE`, else iptables). `ipvs` needs a
+    /// kernel with IPVS and `dummy` (the VM tier's); in `nftables` no LB IP is bound, so only
+    /// the hairpin can happen.
+    #[arg(long, value_enum)]
+    pub mode: Option<lab::KubeProxyMode>,
+    /// Then add the lab's dual-stack layer and drive the failures over IPv6 (iptables mode).
+    #[arg(long)]
+    pub ipv6: bool,
+}
+
+pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
     if !setup::is_root() {
         bail!("the demo builds network namespaces and loads eBPF: run it as root");
     }
@@ -95,7 +108,17 @@ pub fn run() -> anyhow::Result<()> {
     }
     check_interrupt()?;
     eprintln!("demo: bringing the lab up");
-    let lab = LabGuard::up(&Variants::default())?;
+    let mode = match args.mode {
+        Some(m) => m,
+        None => lab::KubeProxyMode::from_env()?,
+    };
+    eprintln!("demo: kube-proxy mode {mode}");
+    if args.ipv6 && mode != lab::KubeProxyMode::Iptables {
+        bail!(
+            "--ipv6: the dual-stack lab is built in kube-proxy's iptables mode (--mode iptables)"
+        );
+    }
+    let lab = LabGuard::up_in(mode, &Variants::default(), &Default::default())?;
     let probe = root.join("target/debug/probe");
 
     eprintln!("demo: starting `probe agent` in {}", lab::NS_NODE);
@@ -132,6 +155,17 @@ pub fn run() -> anyhow::Result<()> {
         println!("demo: {report}");
         thread::sleep(Duration::from_millis(300));
         print_events(&events_rx, Duration::from_millis(10));
+    }
+    if args.ipv6 {
+        eprintln!("demo: adding the dual-stack layer (2001:db8::/32)");
+        lab.add_ipv6()?;
+        for scenario in lab::v6::Scenario6::ALL {
+            check_interrupt()?;
+            let (outcome, expected) = lab.run6(scenario)?;
+            println!("demo: ipv6 {scenario:?}: {outcome} (expected {expected})");
+            thread::sleep(Duration::from_millis(300));
+            print_events(&events_rx, Duration::from_millis(10));
+        }
     }
     eprintln!("demo: waiting for the last confirmations (hairpin outcomes settle in ~2 s)");
     print_events(&events_rx, Duration::from_secs(3));

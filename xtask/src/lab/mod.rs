@@ -18,6 +18,7 @@ mod client;
 pub(crate) mod cmd;
 pub(crate) mod net;
 pub mod nft;
+pub mod v6;
 
 use std::fmt;
 use std::net::{Ipv4Addr, SocketAddrV4};
