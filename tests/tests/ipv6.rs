@@ -122,3 +122,76 @@ fn ipv6_served_vip_port_reports_nothing() {
     let agent = run(Scenario6::VipPortServed);
     assert!(agent.events().is_empty(), "{:#?}", agent.events());
 }
+
+/// The JSON contract, `probe events`, `probe watch --once` and `/metrics` carry the IPv6 VIP
+/// as it is (no mapping to IPv4, no truncation in the view or the labels).
+#[test]
+fn ipv6_addresses_reach_events_watch_and_metrics_unchanged() {
+    use std::io::{BufRead as _, BufReader};
+    use std::process::{Command, Stdio};
+
+    if !require_root("ipv6_surfaces") {
+        return;
+    }
+    const METRICS: &str = "127.0.0.1:19967";
+    let lab = LabGuard::up_in(
+        lab::KubeProxyMode::Iptables,
+        &Variants::default(),
+        &Default::default(),
+    )
+    .expect("lab up");
+    lab.add_ipv6().expect("dual-stack layer");
+    let socket = std::env::temp_dir().join(format!("clb-ipv6-test-{}.sock", std::process::id()));
+    let socket_arg = socket.to_str().unwrap().to_string();
+    let agent = Agent::start(
+        lab::NS_NODE,
+        &[
+            "--nic",
+            lab::NODE_NIC,
+            "--socket",
+            &socket_arg,
+            "--metrics-addr",
+            METRICS,
+        ],
+    );
+    let (outcome, expected) = lab.run6(Scenario6::HealthcheckBlackhole).expect("traffic");
+    assert_eq!(outcome, expected);
+    let e = only_event(&agent, "healthcheck_blackhole");
+    let vip6 = v6::VIP6.to_string();
+    assert_eq!(e["vip"], vip6.as_str());
+
+    let mut events = Command::new(probe_tests::agent::probe_bin())
+        .args(["events", "--all", "--socket", &socket_arg])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("probe events");
+    let line = BufReader::new(events.stdout.take().unwrap())
+        .lines()
+        .map_while(Result::ok)
+        .find(|l| l.contains("healthcheck_blackhole"));
+    let _ = events.kill();
+    let _ = events.wait();
+    let v: Value = serde_json::from_str(&line.expect("probe events printed the event")).unwrap();
+    assert_eq!((&v["src"], &v["vip"]), (&e["src"], &e["vip"]));
+    assert_eq!(v["dst"], v6::NODE_IP6.to_string());
+
+    let once = Command::new(probe_tests::agent::probe_bin())
+        .args(["watch", "--once", "--socket", &socket_arg])
+        .output()
+        .unwrap();
+    assert!(once.status.success());
+    let text = String::from_utf8_lossy(&once.stdout);
+    assert!(text.contains(&vip6), "{text}");
+
+    let (status, metrics) = lab::http_get_in(lab::NS_NODE, METRICS, "/metrics").expect("metrics");
+    assert_eq!(status, 200);
+    let line = metrics
+        .lines()
+        .find(|l| {
+            l.starts_with("clbprobe_loopback_events_total{") && l.contains("healthcheck_blackhole")
+        })
+        .unwrap_or_else(|| panic!("{metrics}"));
+    assert!(line.contains(&format!("vip=\"{vip6}\"")), "{line}");
+    drop(agent);
+    drop(lab);
+}
