@@ -92,6 +92,18 @@ pub struct DemoArgs {
 }
 
 pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
+    let mode = match args.mode {
+        Some(m) => m,
+        None => lab::KubeProxyMode::from_env()?,
+    };
+    if args.ipv6 && mode != lab::KubeProxyMode::Iptables {
+        // A usage error: clap's format and exit code 2, before anything is built.
+        clap::Error::raw(
+            clap::error::ErrorKind::ArgumentConflict,
+            "--ipv6: the dual-stack lab is built in kube-proxy's iptables mode (--mode iptables)\n",
+        )
+        .exit();
+    }
     if !setup::is_root() {
         bail!("the demo builds network namespaces and loads eBPF: run it as root");
     }
@@ -107,17 +119,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
         bail!("building probe-user failed");
     }
     check_interrupt()?;
-    eprintln!("demo: bringing the lab up");
-    let mode = match args.mode {
-        Some(m) => m,
-        None => lab::KubeProxyMode::from_env()?,
-    };
-    eprintln!("demo: kube-proxy mode {mode}");
-    if args.ipv6 && mode != lab::KubeProxyMode::Iptables {
-        bail!(
-            "--ipv6: the dual-stack lab is built in kube-proxy's iptables mode (--mode iptables)"
-        );
-    }
+    eprintln!("demo: bringing the lab up (kube-proxy mode {mode})");
     let lab = LabGuard::up_in(mode, &Variants::default(), &Default::default())?;
     let probe = root.join("target/debug/probe");
 
@@ -239,14 +241,19 @@ fn pretty(line: &str) -> String {
         None | Some(serde_json::Value::Null) => "-".to_string(),
         Some(x) => x.to_string().trim_matches('"').to_string(),
     };
+    // IPv6 addresses in brackets before a port, as in a URL.
+    let host = |k: &str| {
+        let a = s(k);
+        if a.contains(':') { format!("[{a}]") } else { a }
+    };
     format!(
         "CONFIRMED {kind}: {src}:{sport} -> {dst}:{dport} vip={vip}:{vport} reason={reason} snat={snat} outcome={outcome} count={count}\n  {line}",
         kind = s("kind"),
-        src = s("src"),
+        src = host("src"),
         sport = s("src_port"),
-        dst = s("dst"),
+        dst = host("dst"),
         dport = s("dst_port"),
-        vip = s("vip"),
+        vip = host("vip"),
         vport = s("vip_port"),
         reason = s("drop_reason"),
         snat = s("snat"),
