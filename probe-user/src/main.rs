@@ -27,8 +27,8 @@ enum Command {
     Watch(WatchArgs),
     /// Follow the local agent's confirmed events as JSON lines.
     Events(EventsArgs),
-    /// Print the service table the agent judges against (IPVS or kube-proxy's iptables
-    /// rules, of this network namespace) as JSON.
+    /// Print the service table the agent judges against (IPVS, or kube-proxy's nftables
+    /// tables or iptables rules, of this network namespace) as JSON.
     Services,
 }
 

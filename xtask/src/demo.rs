@@ -90,7 +90,32 @@ const SCENARIOS: &[Scenario] = &[
     Scenario::OutsideClientUdp,
 ];
 
-pub fn run() -> anyhow::Result<()> {
+/// `cargo xtask demo` options.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct DemoArgs {
+    /// kube-proxy's mode in the lab (default: `CLB_LAB_MODE`, else iptables). `ipvs` needs a
+    /// kernel with IPVS and `dummy` (the VM tier's); in `nftables` no LB IP is bound, so only
+    /// the hairpin can happen.
+    #[arg(long, value_enum)]
+    pub mode: Option<lab::KubeProxyMode>,
+    /// Then add the lab's dual-stack layer and drive the failures over IPv6 (iptables mode).
+    #[arg(long)]
+    pub ipv6: bool,
+}
+
+pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
+    let mode = match args.mode {
+        Some(m) => m,
+        None => lab::KubeProxyMode::from_env()?,
+    };
+    if args.ipv6 && mode != lab::KubeProxyMode::Iptables {
+        // A usage error: clap's format and exit code 2, before anything is built.
+        clap::Error::raw(
+            clap::error::ErrorKind::ArgumentConflict,
+            "--ipv6: the dual-stack lab is built in kube-proxy's iptables mode (--mode iptables)\n",
+        )
+        .exit();
+    }
     if !setup::is_root() {
         bail!("the demo builds network namespaces and loads eBPF: run it as root");
     }
@@ -106,8 +131,8 @@ pub fn run() -> anyhow::Result<()> {
         bail!("building probe-user failed");
     }
     check_interrupt()?;
-    eprintln!("demo: bringing the lab up");
-    let lab = LabGuard::up(&Variants::default())?;
+    eprintln!("demo: bringing the lab up (kube-proxy mode {mode})");
+    let lab = LabGuard::up_in(mode, &Variants::default(), &Default::default())?;
     let probe = root.join("target/debug/probe");
 
     eprintln!("demo: starting `probe agent` in {}", lab::NS_NODE);
@@ -152,6 +177,17 @@ pub fn run() -> anyhow::Result<()> {
         println!("demo: {report}");
         thread::sleep(Duration::from_millis(300));
         print_events(&events_rx, Duration::from_millis(10));
+    }
+    if args.ipv6 {
+        eprintln!("demo: adding the dual-stack layer (2001:db8::/32)");
+        lab.add_ipv6()?;
+        for scenario in lab::v6::Scenario6::ALL {
+            check_interrupt()?;
+            let (outcome, expected) = lab.run6(scenario)?;
+            println!("demo: ipv6 {scenario:?}: {outcome} (expected {expected})");
+            thread::sleep(Duration::from_millis(300));
+            print_events(&events_rx, Duration::from_millis(10));
+        }
     }
     eprintln!("demo: waiting for the last confirmations (hairpin outcomes settle in ~2 s)");
     print_events(&events_rx, Duration::from_secs(3));
@@ -225,14 +261,19 @@ fn pretty(line: &str) -> String {
         None | Some(serde_json::Value::Null) => "-".to_string(),
         Some(x) => x.to_string().trim_matches('"').to_string(),
     };
+    // IPv6 addresses in brackets before a port, as in a URL.
+    let host = |k: &str| {
+        let a = s(k);
+        if a.contains(':') { format!("[{a}]") } else { a }
+    };
     format!(
         "CONFIRMED {kind}: {src}:{sport} -> {dst}:{dport} vip={vip}:{vport} reason={reason} snat={snat} outcome={outcome} count={count}\n  {line}",
         kind = s("kind"),
-        src = s("src"),
+        src = host("src"),
         sport = s("src_port"),
-        dst = s("dst"),
+        dst = host("dst"),
         dport = s("dst_port"),
-        vip = s("vip"),
+        vip = host("vip"),
         vport = s("vip_port"),
         reason = s("drop_reason"),
         snat = s("snat"),

@@ -19,8 +19,9 @@ use crate::{setup, testrun::workspace_root};
 
 /// Debian packages whose tools the agent runs (`Command::new` in probe-user): iptables
 /// (`iptables-save` and its `-legacy`/`-nft` variants, `ip6tables-save`: kube-proxy's rules)
-/// and iproute2 (`tc`: removes a clsact qdisc it added on kernels without tcx).
-const PACKAGES: &[&str] = &["iptables", "iproute2"];
+/// nftables (`nft -j`: kube-proxy's nftables-mode tables) and ipset (`ipset save`: IPVS mode's
+/// externalTrafficPolicy Local sets).
+const PACKAGES: &[&str] = &["iptables", "nftables", "ipset"];
 
 /// In the closure only for maintainer scripts, which an unpacked rootfs never runs.
 const SCRIPT_ONLY: &[&str] = &["debconf"];

@@ -24,7 +24,7 @@ enum Command {
     /// The README's test command: lint, unit tests, then the root-only integration tests.
     Test(xtask::testrun::TestArgs),
     /// The README's run command: the lab, the agent on its node, the failures driven and shown.
-    Demo,
+    Demo(xtask::demo::DemoArgs),
     /// Boot a stock Debian kernel with real IPVS under QEMU and run a command in it.
     VmTest(xtask::vm::VmArgs),
     /// Measure what the probe costs (datapath, per-packet, flood, latency, footprint) side by
@@ -53,7 +53,7 @@ fn main() -> ExitCode {
         .map(|()| ExitCode::SUCCESS),
         Command::Bench(args) => xtask::bench::run(&args).map(|()| ExitCode::SUCCESS),
         Command::Test(args) => xtask::testrun::run(&args).map(|()| ExitCode::SUCCESS),
-        Command::Demo => xtask::demo::run().map(|()| ExitCode::SUCCESS),
+        Command::Demo(args) => xtask::demo::run(&args).map(|()| ExitCode::SUCCESS),
         Command::VmTest(args) => xtask::vm::run(&args).map(|()| ExitCode::SUCCESS),
         Command::Manifests => xtask::chart::write_manifests().map(|()| ExitCode::SUCCESS),
         Command::Image(args) => xtask::image::run(&args).map(|()| ExitCode::SUCCESS),

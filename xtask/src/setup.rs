@@ -14,6 +14,8 @@ const PACKAGES: &[(&str, &str)] = &[
     ("iproute2", "ip"),
     ("iptables", "iptables"),
     ("ipset", "ipset"),
+    // kube-proxy's nftables mode in the lab, and the probe's nftables reader.
+    ("nftables", "nft"),
     ("conntrack", "conntrack"),
     ("bpftool", "bpftool"),
     ("tcpdump", "tcpdump"),

@@ -273,6 +273,7 @@ async fn correlate_loop(mut l: CorrelateLoop) -> anyhow::Result<()> {
                 if let Ok(mut stats) = l.shared.correlator.lock() {
                     stats.clone_from(correlator.stats());
                 }
+                correlator.set_nics(l.shared.status.borrow().nics.clone());
                 correlator.tick(monotonic_ns())
             }
             Some(table) = services_rx.recv() => {

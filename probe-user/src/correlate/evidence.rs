@@ -81,6 +81,7 @@ pub(super) fn source_name(t: &ServiceTable) -> &'static str {
     match t.source {
         Some(ServiceSource::Ipvs) => "IPVS",
         Some(ServiceSource::Iptables) => "kube-proxy iptables rules",
+        Some(ServiceSource::Nftables) => "kube-proxy nftables tables",
         None => "unknown source",
     }
 }

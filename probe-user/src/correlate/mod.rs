@@ -53,6 +53,9 @@
 //!   a service table every port of a node address counts as a health check. `vip` = the
 //!   packet's source. Sending side: a `VipEgress` (a TCP SYN that left a NIC with a bound VIP
 //!   as source) confirms alone; outcome `no_reply` (the receiving node drops it).
+//!   Not for a TCP reply (ACK set) to a VIP, nor an opener from outside through a NIC
+//!   (`vip_reply.rs`): a reply that pairs with a VIP-source suspect is the health-check black
+//!   hole as IPv6 shows it (no martian check: the node's answer to the VIP dies locally).
 //! - Anything else is counted in [`CorrelatorStats`], never reported.
 //!
 //! Kernels without drop reasons (< 5.17) report every drop as `UNREPORTED` with its site:
@@ -92,6 +95,7 @@ mod stream_tests;
 mod tests;
 mod unserved;
 mod vip_as_source;
+mod vip_reply;
 
 use std::{
     collections::{HashMap, HashSet, VecDeque},
@@ -339,6 +343,8 @@ pub struct Correlator {
     next_seq: u64,
     last_sweep: u64,
     vip_suspects: HashMap<Tuple, VipSuspect>,
+    /// Monitored NICs (see `vip_reply`).
+    nics: Vec<String>,
     /// NodePort DNAT translations seen when a drop paired with its suspect: (endpoint, port,
     /// proto) -> the node address and NodePort the LB sent to. Lets a drop whose suspect the
     /// kernel deduplicated (a SYN retransmit) still be named by its NodePort. Bounded.
@@ -380,6 +386,7 @@ impl Correlator {
             next_seq: 0,
             last_sweep: 0,
             vip_suspects: HashMap::new(),
+            nics: Vec::new(),
             dnat_seen: HashMap::new(),
             drops: HashMap::new(),
             flows: HashMap::new(),
@@ -649,6 +656,15 @@ impl Correlator {
             return;
         }
 
+        // Replies to a VIP and outside openers are never vip_port_unserved (vip_reply.rs).
+        if self.is_reply_to_vip(&packet, &info) {
+            self.on_reply_to_vip(packet, info, out);
+            return;
+        }
+        if self.is_outside_opener(&packet, &info) {
+            self.stats.drops_unmatched += 1;
+            return;
+        }
         if self.is_unserved_drop(&packet, &info) {
             self.confirm_unserved(&packet, info, out);
             return;

@@ -5,7 +5,8 @@
 //! - `conntrack`: ctnetlink lookups: was a flow SNATed, what happened to it;
 //! - `iptables`: kube-proxy's nat rules (`iptables-save -t nat`, nft and legacy backends);
 //! - `ipset`: kube-proxy's IPVS-mode ipsets naming externalTrafficPolicy Local NodePorts;
-//! - `ipvs`: IPVS virtual services over generic netlink (absent on kernels without IPVS).
+//! - `ipvs`: IPVS virtual services over generic netlink (absent on kernels without IPVS);
+//! - `nftables`: kube-proxy's nftables-mode tables (`nft -j list table ip|ip6 kube-proxy`).
 
 use std::net::IpAddr;
 
@@ -18,6 +19,7 @@ pub mod conntrack;
 pub mod ipset;
 pub mod iptables;
 pub mod ipvs;
+pub mod nftables;
 
 /// Where a service table came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -25,6 +27,8 @@ pub mod ipvs;
 pub enum ServiceSource {
     Ipvs,
     Iptables,
+    /// kube-proxy's nftables mode (tables `ip kube-proxy` / `ip6 kube-proxy`).
+    Nftables,
 }
 
 /// A VIP:port that something on the node serves (an IPVS virtual service, or a kube-proxy
@@ -107,7 +111,8 @@ pub struct ConntrackEntry {
 }
 
 /// The node's service table: IPVS when the kernel has it and it holds services (IPVS mode),
-/// else kube-proxy's iptables rules. The iptables masquerade rules and NodePorts are kept in
+/// else kube-proxy's nftables tables when they hold services (nftables mode), else
+/// kube-proxy's iptables rules. The iptables masquerade rules and NodePorts are kept in
 /// both cases: IPVS mode still programs them in the nat table. Blocking (runs commands).
 pub fn read_services() -> anyhow::Result<ServiceTable> {
     let iptables = iptables::read_blocking();
@@ -133,8 +138,27 @@ pub fn read_services() -> anyhow::Result<ServiceTable> {
             ipset::mark_local_nodeports(&mut table);
             Ok(table)
         }
-        (_, Ok(ipt)) => Ok(ipt),
-        (_, Err(e)) => Err(e.into()),
+        (_, iptables) => match nftables::read_blocking() {
+            // nftables mode: its services and NodePorts; masquerade rules from both (a CNI's
+            // masquerade chain may still live in iptables).
+            Ok(Some(mut nft)) if !nft.services.is_empty() || !nft.nodeports.is_empty() => {
+                if let Ok(ipt) = iptables {
+                    for m in ipt.masquerade_rules {
+                        if !nft.masquerade_rules.contains(&m) {
+                            nft.masquerade_rules.push(m);
+                        }
+                    }
+                }
+                Ok(nft)
+            }
+            Err(e) if iptables.is_err() => Err(e.into()),
+            other => {
+                if let Err(e) = other {
+                    tracing::debug!(error = %e, "kube-proxy's nftables tables unreadable");
+                }
+                Ok(iptables?)
+            }
+        },
     }
 }
 

@@ -2,7 +2,7 @@
 
 use std::fs::File;
 use std::io::{ErrorKind, Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
@@ -91,10 +91,21 @@ pub fn connect_here(
     dst: SocketAddrV4,
     timeout: Duration,
 ) -> Result<Attempt> {
+    connect_any(src.map(IpAddr::V4), SocketAddr::V4(dst), timeout)
+}
+
+/// [`connect_here`] for either family (the dual-stack lab). `Attempt::local` is set for IPv4
+/// only.
+pub fn connect_any(src: Option<IpAddr>, dst: SocketAddr, timeout: Duration) -> Result<Attempt> {
     let start = Instant::now();
-    let sock = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP)).context("socket")?;
+    let domain = if dst.is_ipv6() {
+        Domain::IPV6
+    } else {
+        Domain::IPV4
+    };
+    let sock = Socket::new(domain, Type::STREAM, Some(Protocol::TCP)).context("socket")?;
     if let Some(src) = src {
-        sock.bind(&SocketAddr::from(SocketAddrV4::new(src, 0)).into())
+        sock.bind(&SocketAddr::new(src, 0).into())
             .with_context(|| format!("bind {src}"))?;
     }
     let done = |outcome, answer, sock: &Socket| Attempt {
@@ -103,7 +114,7 @@ pub fn connect_here(
         local: sock.local_addr().ok().and_then(|a| a.as_socket_ipv4()),
         elapsed: start.elapsed(),
     };
-    if let Err(e) = sock.connect_timeout(&SocketAddr::from(dst).into(), timeout) {
+    if let Err(e) = sock.connect_timeout(&dst.into(), timeout) {
         return match classify(&e) {
             Some(o) => Ok(done(o, None, &sock)),
             None => Err(anyhow!("connect {dst}: {e}")),

@@ -182,13 +182,13 @@ pub(crate) fn require_ipvs_support() -> Result<()> {
 /// The node's kube-proxy mode, from its nat table: only the IPVS mode's rules have the
 /// `KUBE-NODE-PORT` chain (kube-ipvs0's link type is no proof: tests recreate it).
 pub(crate) fn node_mode() -> Result<KubeProxyMode> {
-    Ok(
-        if iptables_ok(NS_NODE, &["-t", "nat", "-S", "KUBE-NODE-PORT"]) {
-            KubeProxyMode::Ipvs
-        } else {
-            KubeProxyMode::Iptables
-        },
-    )
+    Ok(if super::nft::present() {
+        KubeProxyMode::Nftables
+    } else if iptables_ok(NS_NODE, &["-t", "nat", "-S", "KUBE-NODE-PORT"]) {
+        KubeProxyMode::Ipvs
+    } else {
+        KubeProxyMode::Iptables
+    })
 }
 
 /// Builds the lab; every namespace it creates is pushed to `created` (for the rollback).
@@ -242,11 +242,15 @@ pub(crate) fn build(
     // kube-ipvs0: in iptables mode a stand-in, a bridge with no ports, left DOWN like
     // kube-proxy leaves its dummy (addresses on it still get their `local` routes in table
     // local); in IPVS mode the real thing, a dummy, also left down.
+    // kube-proxy's nftables mode makes no such interface.
     let kind = match mode {
-        KubeProxyMode::Iptables => "bridge",
-        KubeProxyMode::Ipvs => "dummy",
+        KubeProxyMode::Iptables => Some("bridge"),
+        KubeProxyMode::Ipvs => Some("dummy"),
+        KubeProxyMode::Nftables => None,
     };
-    ip(NS_NODE, &["link", "add", KUBE_IPVS0, "type", kind])?;
+    if let Some(kind) = kind {
+        ip(NS_NODE, &["link", "add", KUBE_IPVS0, "type", kind])?;
+    }
     checkpoint("links", opts)?;
 
     // addresses and routes
@@ -326,7 +330,11 @@ pub(crate) fn build(
     for (ns, ifaces) in IFACES {
         let forward = matches!(*ns, NS_NODE | NS_LB);
         let mut s = vec![format!("net.ipv4.ip_forward={}", u8::from(forward))];
-        for i in ifaces.iter().chain(&["all", "lo"]) {
+        for i in ifaces
+            .iter()
+            .filter(|i| !(mode == KubeProxyMode::Nftables && **i == KUBE_IPVS0))
+            .chain(&["all", "lo"])
+        {
             s.push(format!("net.ipv4.conf.{i}.rp_filter=0"));
             s.push(format!("net.ipv4.conf.{i}.send_redirects=0"));
         }
@@ -355,6 +363,11 @@ pub(crate) fn build(
     // kube-proxy's nat rules for the mode (IPVS mode's rules match on its ipsets: those first).
     let rules = match mode {
         KubeProxyMode::Iptables => kube_proxy_rules(),
+        KubeProxyMode::Nftables => {
+            super::nft::load()?;
+            // The lab's own pod-egress masquerade chain stays in iptables (as a CNI's would).
+            lab_masq_chain()
+        }
         KubeProxyMode::Ipvs => {
             run_stdin(
                 &["ip", "netns", "exec", NS_NODE, "ipset", "restore"],
@@ -465,6 +478,16 @@ COMMIT
         sep = KUBE_SEP_CHAIN,
         masq = MASQ_CHAIN,
         cluster_cidr = CLUSTER_CIDR,
+    )
+}
+
+/// The lab's pod-egress masquerade chain alone (nftables mode: kube-proxy's rules are in
+/// nftables, a CNI's masquerade often still in iptables).
+fn lab_masq_chain() -> String {
+    format!(
+        "*nat\n:{masq} - [0:0]\n-A POSTROUTING -m comment --comment \"clb-lab: pod egress \
+         masquerade (variant masquerade)\" -j {masq}\nCOMMIT\n",
+        masq = MASQ_CHAIN
     )
 }
 
@@ -668,6 +691,9 @@ fn set_variant_in(mode: KubeProxyMode, variant: Variant, on: bool) -> Result<()>
     match variant {
         Variant::IpvsFilter => set_ipvs_filter(mode, on),
         Variant::PeerNode => set_peer_node(on),
+        Variant::VipBound if mode == KubeProxyMode::Nftables => {
+            super::nft::set_lb_ip_short_circuited(on)
+        }
         Variant::VipBound if mode == KubeProxyMode::Ipvs => {
             let bound = vip_address_bound()?;
             let cidr = format!("{VIP}/32");
@@ -733,8 +759,13 @@ fn vip_address_bound() -> Result<bool> {
 pub(crate) fn read_variants() -> Result<Variants> {
     let all = sysctl_read(NS_NODE, "net.ipv4.conf.all.rp_filter")?;
     let nic = sysctl_read(NS_NODE, &format!("net.ipv4.conf.{NODE_NIC}.rp_filter"))?;
+    let vip_bound = if super::nft::present() {
+        super::nft::lb_ip_short_circuited()
+    } else {
+        vip_address_bound()?
+    };
     Ok(Variants {
-        vip_bound: vip_address_bound()?,
+        vip_bound,
         // Linux uses max(all, iface): 1 is strict, 2 loose.
         rp_filter: all.max(nic) == 1,
         masquerade: has_rule(MASQ_CHAIN, MASQ_RULE),
@@ -932,6 +963,7 @@ fn peer_node() -> Result<bool> {
 pub(crate) fn vip_rule_present() -> bool {
     match node_mode() {
         Ok(KubeProxyMode::Ipvs) => ipvs_has_service(SocketAddrV4::new(VIP, SERVICE_PORT)),
+        Ok(KubeProxyMode::Nftables) => super::nft::lb_ip_short_circuited(),
         _ => has_rule("KUBE-SERVICES", VIP_RULE),
     }
 }

@@ -1,0 +1,557 @@
+//! kube-proxy's nftables mode: the tables `ip kube-proxy` and `ip6 kube-proxy`, read as
+//! libnftables JSON (`nft -j list table <family> kube-proxy`).
+//!
+//! [`parse_nft_json`] is pure. It reads what kube-proxy (>= 1.29, GA in 1.33) writes:
+//!
+//! - the verdict map `service-ips` (`addr . proto . port : goto <chain>`): one [`ServiceEntry`]
+//!   per element; the target is `service-<HASH>-<ns>/<name>/<proto>/<port>` for a ClusterIP,
+//!   `external-<HASH>-...` for an external or load-balancer IP. kube-proxy leaves a LB IP out
+//!   of this map when its Service says `ipMode: Proxy` (or the LB is published as a hostname):
+//!   then in-cluster calls to it really go to the LB;
+//! - backends: the `dnat to` targets of the `endpoint-...` chains reachable from that chain
+//!   (through the `numgen ... vmap` and `goto`s);
+//! - the verdict map `service-nodeports` (`proto . port : goto external-...`): one
+//!   [`NodePortEntry`] each. `local_only` (externalTrafficPolicy: Local) is read from the
+//!   `external-` chain the way kube-proxy writes it: `Cluster` masquerades everything
+//!   (an unconditional `jump mark-for-masquerade`) then goes to `service-...`; `Local`
+//!   short-circuits pod and local traffic ("short-circuit pod traffic", "masquerade local
+//!   traffic": `fib saddr type local jump mark-for-masquerade`) and goes to `local-...`;
+//! - every rule with a `masquerade` statement (kube-proxy's `masquerading` chain), as
+//!   `nftables <family> kube-proxy chain <chain>: masquerade <flags>`, for evidence.
+//!
+//! Service names come from the chain names (`default/web/tcp/http` -> `default/web:http`).
+//!
+//! [`read_blocking`] runs `nft`. A node without the `nft` command or without kube-proxy's
+//! tables has no nftables service table (`Ok(None)`): kube-proxy is then in another mode.
+
+use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use serde_json::Value;
+
+use super::{NodePortEntry, ServiceEntry, ServiceSource, ServiceTable, iptables};
+use crate::event::Proto;
+
+/// kube-proxy's table name (in both the `ip` and the `ip6` family).
+pub const TABLE: &str = "kube-proxy";
+/// The families kube-proxy writes a table in.
+pub const FAMILIES: [&str; 2] = ["ip", "ip6"];
+/// The verdict map of ClusterIPs, external IPs and LB IPs.
+pub const SERVICE_IPS: &str = "service-ips";
+/// The verdict map of NodePorts.
+pub const SERVICE_NODEPORTS: &str = "service-nodeports";
+/// The chain every masquerade decision jumps to.
+pub const MARK_FOR_MASQUERADE: &str = "mark-for-masquerade";
+
+static SAID_NO_NFT: AtomicBool = AtomicBool::new(false);
+
+/// Why kube-proxy's tables could not be read (they exist, `nft` failed on them).
+#[derive(Debug, thiserror::Error)]
+pub enum NftError {
+    #[error("`{command}` failed ({status}): {stderr}")]
+    Failed {
+        command: String,
+        status: String,
+        stderr: String,
+    },
+    #[error("`{command}` printed JSON this reader does not understand: {why}")]
+    Json { command: String, why: String },
+}
+
+/// kube-proxy's nftables tables of the calling thread's network namespace, merged over both
+/// families, or None when neither table exists (or `nft` is not installed). Blocking.
+pub fn read_blocking() -> Result<Option<ServiceTable>, NftError> {
+    let mut table: Option<ServiceTable> = None;
+    for family in FAMILIES {
+        let args = ["-j", "list", "table", family, TABLE];
+        let command = format!("nft {}", args.join(" "));
+        let out = match Command::new("nft").args(args).output() {
+            Ok(out) => out,
+            Err(e) => {
+                if !SAID_NO_NFT.swap(true, Ordering::Relaxed) {
+                    tracing::info!(
+                        "nftables: cannot run `nft` ({e}); kube-proxy's nftables mode is not read"
+                    );
+                }
+                return Ok(None);
+            }
+        };
+        if !out.status.success() {
+            let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
+            // No such table: kube-proxy is not in nftables mode for this family.
+            if stderr.contains("No such file or directory") {
+                continue;
+            }
+            return Err(NftError::Failed {
+                command,
+                status: out.status.to_string(),
+                stderr,
+            });
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        let parsed = parse_nft_json(&text).map_err(|why| NftError::Json {
+            command: command.clone(),
+            why,
+        })?;
+        match &mut table {
+            Some(t) => iptables::merge(t, parsed),
+            None => table = Some(parsed),
+        }
+    }
+    Ok(table)
+}
+
+/// A rule of the table: its chain, expressions and comment.
+struct Rule<'a> {
+    chain: &'a str,
+    family: &'a str,
+    expr: &'a [Value],
+    comment: Option<&'a str>,
+}
+
+/// Parses `nft -j list table <family> kube-proxy` (or `nft -j list ruleset`: objects of other
+/// tables are ignored). Fails only when the text is not libnftables JSON; anything inside it
+/// that is not shaped as kube-proxy writes it is skipped.
+pub fn parse_nft_json(text: &str) -> Result<ServiceTable, String> {
+    let doc: Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    let objects = doc
+        .get("nftables")
+        .and_then(Value::as_array)
+        .ok_or("no `nftables` array")?;
+    let mut rules: Vec<Rule<'_>> = Vec::new();
+    let mut maps: HashMap<&str, &[Value]> = HashMap::new();
+    for o in objects {
+        if let Some(r) = o.get("rule") {
+            if r.get("table").and_then(Value::as_str) != Some(TABLE) {
+                continue;
+            }
+            let (Some(chain), Some(expr)) = (
+                r.get("chain").and_then(Value::as_str),
+                r.get("expr").and_then(Value::as_array),
+            ) else {
+                continue;
+            };
+            rules.push(Rule {
+                chain,
+                family: r.get("family").and_then(Value::as_str).unwrap_or("ip"),
+                expr,
+                comment: r.get("comment").and_then(Value::as_str),
+            });
+        } else if let Some(m) = o.get("map") {
+            if m.get("table").and_then(Value::as_str) != Some(TABLE) {
+                continue;
+            }
+            if let (Some(name), Some(elem)) = (
+                m.get("name").and_then(Value::as_str),
+                m.get("elem").and_then(Value::as_array),
+            ) {
+                maps.insert(name, elem.as_slice());
+            }
+        }
+    }
+    let chains = Chains::new(&rules);
+    let mut table = ServiceTable {
+        source: Some(ServiceSource::Nftables),
+        ..ServiceTable::default()
+    };
+
+    for elem in maps.get(SERVICE_IPS).copied().unwrap_or_default() {
+        let Some((key, target)) = map_element(elem) else {
+            continue;
+        };
+        let [addr, proto, port] = key.as_slice() else {
+            continue;
+        };
+        let (Some(vip), Some(proto), Some(port)) = (
+            addr.as_str().and_then(|a| a.parse::<IpAddr>().ok()),
+            parse_proto(proto),
+            parse_port(port),
+        ) else {
+            continue;
+        };
+        let entry = ServiceEntry {
+            vip,
+            port,
+            proto,
+            service: service_name(target),
+            backends: chains.backends(target),
+        };
+        iptables::merge(
+            &mut table,
+            ServiceTable {
+                services: vec![entry],
+                ..ServiceTable::default()
+            },
+        );
+    }
+
+    for elem in maps.get(SERVICE_NODEPORTS).copied().unwrap_or_default() {
+        let Some((key, target)) = map_element(elem) else {
+            continue;
+        };
+        let [proto, port] = key.as_slice() else {
+            continue;
+        };
+        let (Some(proto), Some(port)) = (parse_proto(proto), parse_port(port)) else {
+            continue;
+        };
+        iptables::merge(
+            &mut table,
+            ServiceTable {
+                nodeports: vec![NodePortEntry {
+                    port,
+                    proto,
+                    service: service_name(target),
+                    local_only: chains.local_only(target),
+                }],
+                ..ServiceTable::default()
+            },
+        );
+    }
+
+    for r in &rules {
+        if let Some(m) = r.expr.iter().find_map(|e| e.get("masquerade")) {
+            let flags = match m.get("flags") {
+                Some(Value::String(f)) => format!(" {f}"),
+                Some(Value::Array(fs)) => fs
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .map(|f| format!(" {f}"))
+                    .collect(),
+                _ => String::new(),
+            };
+            let text = format!(
+                "nftables {} {TABLE} chain {}: masquerade{flags}{}",
+                r.family,
+                r.chain,
+                r.comment
+                    .map(|c| format!(" comment \"{c}\""))
+                    .unwrap_or_default()
+            );
+            if !table.masquerade_rules.contains(&text) {
+                table.masquerade_rules.push(text);
+            }
+        }
+    }
+    Ok(table)
+}
+
+/// A verdict-map element `[{"concat": [key...]}, {"goto": {"target": chain}}]` (the key may
+/// carry a comment: `{"elem": {"val": {"concat": ...}, "comment": ...}}`).
+fn map_element(elem: &Value) -> Option<(Vec<Value>, &str)> {
+    let [key, verdict] = elem.as_array()?.as_slice() else {
+        return None;
+    };
+    let key = key.get("elem").and_then(|e| e.get("val")).unwrap_or(key);
+    let parts = key.get("concat")?.as_array()?.clone();
+    Some((parts, jump_target(verdict)?))
+}
+
+/// The chain of a `goto`/`jump` verdict.
+fn jump_target(v: &Value) -> Option<&str> {
+    ["goto", "jump"]
+        .iter()
+        .find_map(|k| v.get(k)?.get("target")?.as_str())
+}
+
+fn parse_proto(v: &Value) -> Option<Proto> {
+    match v {
+        Value::String(s) => match s.as_str() {
+            "tcp" => Some(Proto::Tcp),
+            "udp" => Some(Proto::Udp),
+            "sctp" => Some(Proto::Other(132)),
+            other => other.parse::<u8>().ok().map(Proto::from_raw),
+        },
+        Value::Number(n) => n
+            .as_u64()
+            .and_then(|n| u8::try_from(n).ok())
+            .map(Proto::from_raw),
+        _ => None,
+    }
+}
+
+fn parse_port(v: &Value) -> Option<u16> {
+    match v {
+        Value::Number(n) => n.as_u64().and_then(|n| u16::try_from(n).ok()),
+        Value::String(s) => s.parse().ok(),
+        _ => None,
+    }
+}
+
+/// `service-SUSTUHLJ-default/web/tcp/http` (or `external-`, `local-`) -> `default/web:http`.
+fn service_name(chain: &str) -> Option<String> {
+    let (_kind, rest) = chain.split_once('-')?;
+    let (_hash, name) = rest.split_once('-')?;
+    let name = name.split("__").next()?;
+    let [ns, svc, _proto, port] = name.split('/').collect::<Vec<_>>()[..] else {
+        return None;
+    };
+    Some(format!("{ns}/{svc}:{port}"))
+}
+
+struct Chains<'a> {
+    by_name: HashMap<&'a str, Vec<&'a Rule<'a>>>,
+}
+
+impl<'a> Chains<'a> {
+    fn new(rules: &'a [Rule<'a>]) -> Self {
+        let mut by_name: HashMap<&str, Vec<&Rule<'_>>> = HashMap::new();
+        for r in rules {
+            by_name.entry(r.chain).or_default().push(r);
+        }
+        Chains { by_name }
+    }
+
+    fn rules(&self, chain: &str) -> &[&'a Rule<'a>] {
+        self.by_name.get(chain).map(Vec::as_slice).unwrap_or(&[])
+    }
+
+    /// `dnat to` targets reachable from `chain` (as `ip:port`, IPv6 as `[ip]:port`).
+    fn backends(&self, chain: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut seen = HashSet::new();
+        self.collect(chain, &mut seen, &mut out);
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    fn collect(&self, chain: &str, seen: &mut HashSet<String>, out: &mut Vec<String>) {
+        if chain == MARK_FOR_MASQUERADE || !seen.insert(chain.to_string()) {
+            return;
+        }
+        for r in self.rules(chain) {
+            for e in r.expr {
+                let mut targets = Vec::new();
+                walk(e, &mut |v| {
+                    if let Some(t) = jump_target(v) {
+                        targets.push(t.to_string());
+                    }
+                    if let Some(d) = v.get("dnat")
+                        && let Some(addr) = d.get("addr").and_then(Value::as_str)
+                    {
+                        let port = d.get("port").and_then(parse_port);
+                        out.push(match (addr.parse::<IpAddr>(), port) {
+                            (Ok(IpAddr::V6(a)), Some(p)) => format!("[{a}]:{p}"),
+                            (_, Some(p)) => format!("{addr}:{p}"),
+                            (_, None) => addr.to_string(),
+                        });
+                    }
+                });
+                for t in targets {
+                    self.collect(&t, seen, out);
+                }
+            }
+        }
+    }
+
+    /// The `external-` chain `chain` has kube-proxy's `externalTrafficPolicy: Local` shape:
+    /// no unconditional masquerade, and the Local rules (a `local-` chain, or the
+    /// "masquerade local traffic" short-circuit).
+    fn local_only(&self, chain: &str) -> bool {
+        if !chain.starts_with("external-") {
+            return false;
+        }
+        let rules = self.rules(chain);
+        let unconditional_masq = rules
+            .iter()
+            .any(|r| r.expr.len() == 1 && jump_target(&r.expr[0]) == Some(MARK_FOR_MASQUERADE));
+        if unconditional_masq {
+            return false;
+        }
+        rules.iter().any(|r| {
+            r.comment.is_some_and(|c| {
+                c.starts_with("masquerade local traffic") || c.starts_with("short-circuit")
+            }) || r
+                .expr
+                .iter()
+                .filter_map(jump_target)
+                .any(|t| t.starts_with("local-"))
+        })
+    }
+}
+
+/// Calls `f` on `v` and every value nested in it.
+fn walk(v: &Value, f: &mut impl FnMut(&Value)) {
+    f(v);
+    match v {
+        Value::Array(a) => a.iter().for_each(|x| walk(x, f)),
+        Value::Object(o) => o.values().for_each(|x| walk(x, f)),
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/nftables/");
+
+    fn fixture(name: &str) -> ServiceTable {
+        let text = std::fs::read_to_string(format!("{DATA}{name}")).expect("fixture");
+        parse_nft_json(&text).expect("parses")
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    /// The lab's `ip kube-proxy` table (xtask's nftables mode), captured with nft 1.0.6.
+    #[test]
+    fn lab_capture() {
+        let t = fixture("lab-ip.json");
+        assert_eq!(t.source, Some(ServiceSource::Nftables));
+        assert_eq!(t.services.len(), 1, "{t:#?}");
+        let web = t.serves(ip("198.18.100.10"), 80, Proto::Tcp).unwrap();
+        assert_eq!(web.service.as_deref(), Some("default/web:http"));
+        assert_eq!(web.backends, ["198.19.1.11:8080"]);
+        // The LB IP is not in service-ips (ipMode: Proxy): not served on the node.
+        assert!(t.serves(ip("203.0.113.10"), 80, Proto::Tcp).is_none());
+        let np = t.nodeport(30080, Proto::Tcp).unwrap();
+        assert_eq!(np.service.as_deref(), Some("default/web:http"));
+        assert!(
+            !np.local_only,
+            "Cluster policy: unconditional mark-for-masquerade"
+        );
+        assert_eq!(
+            t.masquerade_rules,
+            ["nftables ip kube-proxy chain masquerading: masquerade fully-random"]
+        );
+    }
+
+    /// externalTrafficPolicy: Local, a LB IP, UDP, two endpoints, the older `fib daddr type
+    /// local` NodePort rule.
+    #[test]
+    fn etp_local_capture() {
+        let t = fixture("etp-local-ip.json");
+        assert_eq!(t.services.len(), 3);
+        let cip = t.serves(ip("10.96.40.7"), 443, Proto::Tcp).unwrap();
+        assert_eq!(cip.service.as_deref(), Some("shop/api:https"));
+        assert_eq!(cip.backends, ["10.244.1.5:8443", "10.244.2.9:8443"]);
+        let lb = t.serves(ip("192.0.2.44"), 443, Proto::Tcp).unwrap();
+        assert_eq!(lb.service.as_deref(), Some("shop/api:https"));
+        // external -> service (pod / local traffic) and local (the rest): every endpoint.
+        assert_eq!(lb.backends, ["10.244.1.5:8443", "10.244.2.9:8443"]);
+        let dns = t.serves(ip("10.96.0.10"), 53, Proto::Udp).unwrap();
+        assert_eq!(dns.service.as_deref(), Some("kube-system/kube-dns:dns"));
+        assert_eq!(dns.backends, ["10.244.1.3:53"]);
+        assert!(t.serves(ip("10.96.0.10"), 53, Proto::Tcp).is_none());
+        let np = t.nodeport(31443, Proto::Tcp).unwrap();
+        assert!(np.local_only);
+        assert_eq!(np.service.as_deref(), Some("shop/api:https"));
+    }
+
+    #[test]
+    fn ipv6_table_and_merge() {
+        let v6 = fixture("dualstack-ip6.json");
+        let web = v6.serves(ip("2001:db8:96::10"), 80, Proto::Tcp).unwrap();
+        assert_eq!(web.service.as_deref(), Some("default/web:http"));
+        assert_eq!(web.backends, ["[2001:db8:19:1::11]:8080"]);
+        assert_eq!(
+            v6.masquerade_rules,
+            ["nftables ip6 kube-proxy chain masquerading: masquerade fully-random"]
+        );
+        let mut t = fixture("lab-ip.json");
+        iptables::merge(&mut t, v6);
+        assert_eq!(t.services.len(), 2);
+        assert_eq!(t.nodeports.len(), 1, "one NodePort for both families");
+        assert_eq!(t.masquerade_rules.len(), 2);
+        assert_eq!(t.source, Some(ServiceSource::Nftables));
+    }
+
+    #[test]
+    fn names_from_chains() {
+        assert_eq!(
+            service_name("external-SUSTUHLJ-default/web/tcp/http").as_deref(),
+            Some("default/web:http")
+        );
+        assert_eq!(
+            service_name("endpoint-3BP42DYS-default/web/tcp/http__2001.db8.19.1..11/8080")
+                .as_deref(),
+            Some("default/web:http")
+        );
+        assert_eq!(service_name("masquerading"), None);
+        assert_eq!(service_name("service-TRUNCATED-a/b..."), None);
+    }
+
+    #[test]
+    fn other_json_is_skipped_and_garbage_is_an_error() {
+        assert!(parse_nft_json("not json").is_err());
+        assert!(parse_nft_json("{}").is_err());
+        let t = parse_nft_json(r#"{"nftables": [{"map": {"table": "other", "name": "service-ips", "elem": [[{"concat": ["10.0.0.1", "tcp", 80]}, {"goto": {"target": "x"}}]]}}]}"#).unwrap();
+        assert!(t.services.is_empty());
+        let odd = r#"{"nftables": [
+            {"map": {"table": "kube-proxy", "name": "service-ips", "elem": [
+                [{"concat": ["10.0.0.1", "tcp"]}, {"goto": {"target": "x"}}],
+                [{"concat": ["nope", "tcp", 80]}, {"goto": {"target": "x"}}],
+                [{"concat": ["10.0.0.2", "tcp", 99999]}, {"goto": {"target": "x"}}],
+                [{"concat": ["10.0.0.3", "tcp", 80]}, {"drop": null}],
+                [{"elem": {"val": {"concat": ["10.0.0.4", 6, 80]}, "comment": "a/b:c"}}, {"goto": {"target": "service-AAAAAAAA-a/b/tcp/c"}}],
+                "junk", 7, null]}},
+            {"rule": {"table": "kube-proxy", "chain": "service-AAAAAAAA-a/b/tcp/c", "expr": [{"goto": {"target": "service-AAAAAAAA-a/b/tcp/c"}}]}},
+            {"rule": {"table": "kube-proxy", "chain": "y"}}
+        ]}"#;
+        let t = parse_nft_json(odd).unwrap();
+        assert_eq!(t.services.len(), 1, "{t:#?}");
+        assert_eq!(t.services[0].vip, ip("10.0.0.4"));
+        assert_eq!(t.services[0].service.as_deref(), Some("a/b:c"));
+        assert!(t.services[0].backends.is_empty(), "a goto loop ends");
+        // Every prefix of a real capture: an error or a table, never a panic.
+        let text = std::fs::read_to_string(format!("{DATA}lab-ip.json")).unwrap();
+        for cut in (0..text.len()).step_by(11) {
+            let _ = parse_nft_json(&text[..cut]);
+        }
+    }
+
+    /// `read_blocking` in a scratch namespace holding the dual-stack fixture ruleset (root and
+    /// `nft` only): both families, merged.
+    #[test]
+    fn read_in_namespace() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 || Command::new("nft").arg("--version").output().is_err()
+        {
+            eprintln!("skipping: needs root and nft");
+            return;
+        }
+        struct Ns(String);
+        impl Drop for Ns {
+            fn drop(&mut self) {
+                let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+            }
+        }
+        let ns = Ns(format!("clbtest-nft-{}", std::process::id()));
+        assert!(
+            Command::new("ip")
+                .args(["netns", "add", &ns.0])
+                .status()
+                .unwrap()
+                .success()
+        );
+        let path = format!("/run/netns/{}", ns.0);
+        let read = |path: String| {
+            std::thread::spawn(move || {
+                use std::os::fd::AsRawFd;
+                let f = std::fs::File::open(path).unwrap();
+                // SAFETY: a valid namespace fd; only this thread changes namespace.
+                assert_eq!(unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) }, 0);
+                read_blocking()
+            })
+            .join()
+            .unwrap()
+        };
+        assert!(read(path.clone()).unwrap().is_none(), "no tables: no table");
+        assert!(
+            Command::new("ip")
+                .args(["netns", "exec", &ns.0, "nft", "-f"])
+                .arg(format!("{DATA}etp-local.nft"))
+                .status()
+                .unwrap()
+                .success()
+        );
+        let mut want = fixture("etp-local-ip.json");
+        iptables::merge(&mut want, fixture("dualstack-ip6.json"));
+        assert_eq!(read(path).unwrap().unwrap(), want);
+    }
+}

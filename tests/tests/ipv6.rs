@@ -1,0 +1,197 @@
+//! The failures over IPv6 on this kernel, in the dual-stack lab (kube-proxy's iptables mode
+//! with its ip6tables side, addresses from 2001:db8::/32): each is driven for real and must
+//! come out as its kind with its IPv6 evidence, addresses carried unchanged in the JSON.
+//!
+//! IPv6 has no martian-source check: the LB's check from a bound VIP is answered and the
+//! node's SYN-ACK dies locally as NO_SOCKET: still `healthcheck_blackhole`, never
+//! `vip_port_unserved` on the LB's ephemeral port.
+//!
+//! Root only. One at a time: they share the lab.
+
+use std::time::Duration;
+
+use probe_tests::agent::{Agent, require_root};
+use serde_json::Value;
+use xtask::lab::v6::{self, Scenario6};
+use xtask::lab::{self, LabGuard, Variants};
+
+const SETTLE: Duration = Duration::from_secs(4);
+const WAIT: Duration = Duration::from_secs(10);
+
+fn run(scenario: Scenario6) -> Agent {
+    let lab = LabGuard::up_in(
+        lab::KubeProxyMode::Iptables,
+        &Variants::default(),
+        &Default::default(),
+    )
+    .expect("lab up");
+    lab.add_ipv6().expect("dual-stack layer");
+    let agent = Agent::start(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    let (outcome, expected) = lab.run6(scenario).expect("traffic");
+    assert_eq!(outcome, expected, "{scenario:?} over IPv6");
+    std::thread::sleep(SETTLE);
+    let _ = agent.events();
+    drop(lab);
+    agent
+}
+
+fn only_event(agent: &Agent, kind: &str) -> Value {
+    let events = agent.wait_event(kind, WAIT, |es| (!es.is_empty()).then(|| es.to_vec()));
+    assert!(
+        events.iter().all(|e| e["kind"] == kind),
+        "expected only {kind} events, got {events:#?}"
+    );
+    events[0].clone()
+}
+
+fn evidence(e: &Value) -> String {
+    e["evidence"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l.as_str().unwrap_or_default().to_string())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn ipv6_healthcheck_blackhole_is_the_reply_dropped_locally_not_an_unserved_port() {
+    if !require_root("ipv6_healthcheck_blackhole") {
+        return;
+    }
+    let agent = run(Scenario6::HealthcheckBlackhole);
+    let e = only_event(&agent, "healthcheck_blackhole");
+    assert_eq!(e["src"], v6::VIP6.to_string());
+    assert_eq!(e["vip"], v6::VIP6.to_string());
+    assert_eq!(e["dst"], v6::NODE_IP6.to_string());
+    assert_eq!(e["dst_port"], lab::NODE_PORT);
+    assert_eq!(e["drop_reason"], "NO_SOCKET");
+    assert_eq!(e["outcome"], "dropped");
+    assert_eq!(e["nic"], lab::NODE_NIC);
+    let ev = evidence(&e);
+    assert!(
+        ev.contains(&format!("tc ingress on {}", lab::NODE_NIC)),
+        "{ev}"
+    );
+    assert!(ev.contains("IPv6 has no martian-source check"), "{ev}");
+}
+
+#[test]
+fn ipv6_healthcheck_twin_with_unbound_vip_reports_nothing() {
+    if !require_root("ipv6_healthcheck_ok") {
+        return;
+    }
+    let agent = run(Scenario6::HealthcheckOk);
+    assert!(agent.events().is_empty(), "{:#?}", agent.events());
+}
+
+#[test]
+fn ipv6_hairpin_is_confirmed() {
+    if !require_root("ipv6_hairpin") {
+        return;
+    }
+    let agent = run(Scenario6::Hairpin);
+    let e = only_event(&agent, "hairpin");
+    assert_eq!(e["src"], v6::POD_A_IP6.to_string());
+    assert_eq!(e["vip"], v6::VIP6.to_string());
+    assert_eq!(e["vip_port"], lab::SERVICE_PORT);
+    assert_eq!(e["dst"], v6::NODE_IP6.to_string());
+    assert_eq!(e["dst_port"], lab::NODE_PORT);
+    assert_eq!(e["snat"], "no");
+}
+
+#[test]
+fn ipv6_vip_port_unserved_is_confirmed() {
+    if !require_root("ipv6_vip_port_unserved") {
+        return;
+    }
+    let agent = run(Scenario6::VipPortUnserved);
+    let e = only_event(&agent, "vip_port_unserved");
+    assert_eq!(e["src"], v6::POD_A_IP6.to_string());
+    assert_eq!(e["vip"], v6::VIP6.to_string());
+    assert_eq!(e["vip_port"], lab::VIP_UNSERVED_PORT);
+    assert_eq!(e["drop_reason"], "NO_SOCKET");
+    assert_eq!(e["outcome"], "refused");
+}
+
+#[test]
+fn ipv6_served_vip_port_reports_nothing() {
+    if !require_root("ipv6_vip_port_served") {
+        return;
+    }
+    let agent = run(Scenario6::VipPortServed);
+    assert!(agent.events().is_empty(), "{:#?}", agent.events());
+}
+
+/// The JSON contract, `probe events`, `probe watch --once` and `/metrics` carry the IPv6 VIP
+/// as it is (no mapping to IPv4, no truncation in the view or the labels).
+#[test]
+fn ipv6_addresses_reach_events_watch_and_metrics_unchanged() {
+    use std::io::{BufRead as _, BufReader};
+    use std::process::{Command, Stdio};
+
+    if !require_root("ipv6_surfaces") {
+        return;
+    }
+    const METRICS: &str = "127.0.0.1:19967";
+    let lab = LabGuard::up_in(
+        lab::KubeProxyMode::Iptables,
+        &Variants::default(),
+        &Default::default(),
+    )
+    .expect("lab up");
+    lab.add_ipv6().expect("dual-stack layer");
+    let socket = std::env::temp_dir().join(format!("clb-ipv6-test-{}.sock", std::process::id()));
+    let socket_arg = socket.to_str().unwrap().to_string();
+    let agent = Agent::start(
+        lab::NS_NODE,
+        &[
+            "--nic",
+            lab::NODE_NIC,
+            "--socket",
+            &socket_arg,
+            "--metrics-addr",
+            METRICS,
+        ],
+    );
+    let (outcome, expected) = lab.run6(Scenario6::HealthcheckBlackhole).expect("traffic");
+    assert_eq!(outcome, expected);
+    let e = only_event(&agent, "healthcheck_blackhole");
+    let vip6 = v6::VIP6.to_string();
+    assert_eq!(e["vip"], vip6.as_str());
+
+    let mut events = Command::new(probe_tests::agent::probe_bin())
+        .args(["events", "--all", "--socket", &socket_arg])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("probe events");
+    let line = BufReader::new(events.stdout.take().unwrap())
+        .lines()
+        .map_while(Result::ok)
+        .find(|l| l.contains("healthcheck_blackhole"));
+    let _ = events.kill();
+    let _ = events.wait();
+    let v: Value = serde_json::from_str(&line.expect("probe events printed the event")).unwrap();
+    assert_eq!((&v["src"], &v["vip"]), (&e["src"], &e["vip"]));
+    assert_eq!(v["dst"], v6::NODE_IP6.to_string());
+
+    let once = Command::new(probe_tests::agent::probe_bin())
+        .args(["watch", "--once", "--socket", &socket_arg])
+        .output()
+        .unwrap();
+    assert!(once.status.success());
+    let text = String::from_utf8_lossy(&once.stdout);
+    assert!(text.contains(&vip6), "{text}");
+
+    let (status, metrics) = lab::http_get_in(lab::NS_NODE, METRICS, "/metrics").expect("metrics");
+    assert_eq!(status, 200);
+    let line = metrics
+        .lines()
+        .find(|l| {
+            l.starts_with("clbprobe_loopback_events_total{") && l.contains("healthcheck_blackhole")
+        })
+        .unwrap_or_else(|| panic!("{metrics}"));
+    assert!(line.contains(&format!("vip=\"{vip6}\"")), "{line}");
+    drop(agent);
+    drop(lab);
+}

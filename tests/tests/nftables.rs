@@ -1,0 +1,188 @@
+//! kube-proxy's nftables mode (`CLB_LAB_MODE=nftables` semantics, whatever the environment
+//! says): the lab's node holds kube-proxy's `ip kube-proxy` table and binds no LB IP. The
+//! hairpin happens when the LB IP is not short-circuited (`ipMode: Proxy`, a LB published as
+//! a hostname: not in `service-ips`) and is confirmed with evidence naming the nftables
+//! objects; the failures that need a bound VIP cannot happen, and the agent stays silent.
+//!
+//! Root only (each test prints a skip line otherwise). One at a time: they share the lab.
+
+use std::process::Command;
+use std::time::Duration;
+
+use probe_tests::agent::{Agent, probe_bin, require_root};
+use serde_json::Value;
+use xtask::lab::{self, KubeProxyMode, LabGuard, Outcome, Scenario, Variants};
+
+const SETTLE: Duration = Duration::from_secs(4);
+const WAIT: Duration = Duration::from_secs(10);
+
+fn lab_up() -> LabGuard {
+    LabGuard::up_in(
+        KubeProxyMode::Nftables,
+        &Variants::default(),
+        &Default::default(),
+    )
+    .expect("lab up (nftables mode)")
+}
+
+/// Drives `scenario` with the agent on the node; asserts the client's outcome.
+fn run(scenario: Scenario) -> Agent {
+    let lab = lab_up();
+    assert_eq!(lab.mode().unwrap(), KubeProxyMode::Nftables);
+    let agent = Agent::start(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    let report = lab.run(scenario).expect("traffic");
+    assert_eq!(
+        report.outcome(),
+        scenario.expected_in(KubeProxyMode::Nftables),
+        "{report}"
+    );
+    std::thread::sleep(SETTLE);
+    let _ = agent.events();
+    drop(lab);
+    agent
+}
+
+fn only_event(agent: &Agent, kind: &str) -> Value {
+    let events = agent.wait_event(kind, WAIT, |es| (!es.is_empty()).then(|| es.to_vec()));
+    assert!(
+        events.iter().all(|e| e["kind"] == kind),
+        "expected only {kind} events, got {events:#?}"
+    );
+    events[0].clone()
+}
+
+fn evidence(e: &Value) -> String {
+    e["evidence"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l.as_str().unwrap_or_default().to_string())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn nftables_service_table_is_read_from_kube_proxys_table() {
+    if !require_root("nftables_service_table") {
+        return;
+    }
+    let lab = lab_up();
+    let services = |lab: &LabGuard| -> Value {
+        let _ = lab;
+        let out = Command::new("ip")
+            .args(["netns", "exec", lab::NS_NODE])
+            .arg(probe_bin())
+            .arg("services")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let t = services(&lab);
+    assert_eq!(t["source"], "nftables", "{t:#}");
+    let has = |t: &Value, vip: &str, port: u64| {
+        t["services"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["vip"] == vip && s["port"] == port)
+    };
+    assert!(has(&t, &lab::CLUSTER_IP.to_string(), 80), "{t:#}");
+    // vip-bound (ipMode: VIP): the LB IP is in service-ips.
+    assert!(has(&t, &lab::VIP.to_string(), 80), "{t:#}");
+    let np = &t["nodeports"][0];
+    assert_eq!(np["port"], lab::NODE_PORT);
+    assert_eq!(np["service"], "default/web:http");
+    assert_eq!(np["local_only"], false);
+    assert!(
+        t["masquerade_rules"]
+            .to_string()
+            .contains("nftables ip kube-proxy chain masquerading: masquerade fully-random"),
+        "{t:#}"
+    );
+    // ipMode: Proxy: the element is gone, and so is the LB IP from the table.
+    lab.set(lab::Variant::VipBound, false).unwrap();
+    let t = services(&lab);
+    assert!(!has(&t, &lab::VIP.to_string(), 80), "{t:#}");
+    assert!(has(&t, &lab::CLUSTER_IP.to_string(), 80), "{t:#}");
+}
+
+#[test]
+fn nftables_hairpin_is_confirmed_with_the_nftables_objects_as_evidence() {
+    if !require_root("nftables_hairpin") {
+        return;
+    }
+    let agent = run(Scenario::Hairpin);
+    let e = only_event(&agent, "hairpin");
+    assert_eq!(e["src"], lab::POD_A_IP.to_string());
+    assert_eq!(e["vip"], lab::VIP.to_string());
+    assert_eq!(e["vip_port"], lab::SERVICE_PORT);
+    assert_eq!(e["dst_port"], lab::NODE_PORT);
+    assert_eq!(e["snat"], "no");
+    assert_eq!(e["outcome"], "reset");
+    assert_eq!(e["service"], "default/web");
+    let ev = evidence(&e);
+    assert!(
+        ev.contains("service table (kube-proxy nftables tables): NodePort 30080/tcp belongs to default/web:http"),
+        "{ev}"
+    );
+    assert!(
+        ev.contains("nftables ip kube-proxy chain masquerading: masquerade fully-random"),
+        "{ev}"
+    );
+}
+
+#[test]
+fn nftables_hairpin_under_strict_rp_filter_is_confirmed_as_dropped() {
+    if !require_root("nftables_hairpin_rpfilter") {
+        return;
+    }
+    let agent = run(Scenario::HairpinRpfilter);
+    let e = only_event(&agent, "hairpin");
+    assert_eq!(e["outcome"], "dropped");
+    assert_eq!(e["drop_reason"], "IP_RPFILTER");
+}
+
+/// What cannot happen in nftables mode (no LB IP is bound), and the healthy twins: the client
+/// gets its answer and the agent reports nothing.
+fn silent(scenario: Scenario) {
+    let agent = run(scenario);
+    assert_eq!(
+        scenario.expected_in(KubeProxyMode::Nftables),
+        Outcome::Ok,
+        "{scenario}"
+    );
+    assert!(
+        agent.events().is_empty(),
+        "{scenario} in nftables mode: {:#?}",
+        agent.events()
+    );
+}
+
+#[test]
+fn nftables_healthcheck_from_the_lb_ip_is_answered_nothing_reported() {
+    if require_root("nftables_healthcheck") {
+        silent(Scenario::HealthcheckBlackhole);
+    }
+}
+
+#[test]
+fn nftables_unserved_lb_port_reaches_the_lb_nothing_reported() {
+    if require_root("nftables_vip_port_unserved") {
+        silent(Scenario::VipPortUnserved);
+    }
+}
+
+#[test]
+fn nftables_short_circuited_lb_ip_and_twins_report_nothing() {
+    if !require_root("nftables_twins") {
+        return;
+    }
+    for s in [
+        Scenario::VipPortServed,
+        Scenario::HairpinSnat,
+        Scenario::OutsideClient,
+    ] {
+        silent(s);
+    }
+}

@@ -1,0 +1,216 @@
+//! kube-proxy's nftables mode for the lab: the table `ip kube-proxy` as kube-proxy (1.33)
+//! writes it for `default/web` port `http` (chain hashes are kube-proxy's own:
+//! base32(sha256("default/web/tcp/http"))[:8], and for the endpoint the same with
+//! "__198.19.1.11/8080" appended), loaded with `nft -f`.
+//!
+//! No LB IP is bound anywhere in this mode (kube-proxy's nftables mode binds nothing). The
+//! `vip-bound` variant means here what `ipMode: VIP` (the default) means to kube-proxy: the LB
+//! IP is an element of `service-ips`, so in-cluster calls to it are DNATed on the node (short-
+//! circuited). Off, it is left out, as kube-proxy does for `ipMode: Proxy` or a LB published
+//! as a hostname: in-cluster calls then really go to the LB.
+
+use anyhow::{Context, Result};
+
+use super::cmd::{exec, run_stdin, succeeds};
+use super::{NS_NODE, SERVICE_PORT, VIP};
+
+/// kube-proxy's table name (family `ip`).
+pub const NFT_TABLE: &str = "kube-proxy";
+/// The `external-` chain of `default/web:http` (LB IPs and the NodePort go through it).
+pub const NFT_EXTERNAL_CHAIN: &str = "external-SUSTUHLJ-default/web/tcp/http";
+/// The `service-` chain of `default/web:http` (its ClusterIP).
+pub const NFT_SERVICE_CHAIN: &str = "service-SUSTUHLJ-default/web/tcp/http";
+
+/// The table, as `nft -f` input.
+pub(crate) fn kube_proxy_table() -> String {
+    KUBE_PROXY_NFT.to_string()
+}
+
+const KUBE_PROXY_NFT: &str = r#"table ip kube-proxy {
+	comment "rules for kube-proxy"
+	set cluster-ips {
+		type ipv4_addr
+		comment "Active ClusterIPs"
+		elements = { 198.18.100.10 }
+	}
+	set nodeport-ips {
+		type ipv4_addr
+		comment "IPs that accept NodePort traffic"
+		elements = { 198.18.0.2 }
+	}
+	map no-endpoint-services {
+		type ipv4_addr . inet_proto . inet_service : verdict
+		comment "vmap to drop or reject packets to services with no endpoints"
+	}
+	map no-endpoint-nodeports {
+		type inet_proto . inet_service : verdict
+		comment "vmap to drop or reject packets to service nodeports with no endpoints"
+	}
+	map firewall-ips {
+		type ipv4_addr . inet_proto . inet_service : verdict
+		comment "destinations that are subject to LoadBalancerSourceRanges"
+	}
+	map service-ips {
+		type ipv4_addr . inet_proto . inet_service : verdict
+		comment "ClusterIP, ExternalIP and LoadBalancer IP traffic"
+		elements = { 198.18.100.10 . tcp . 80 : goto service-SUSTUHLJ-default/web/tcp/http }
+	}
+	map service-nodeports {
+		type inet_proto . inet_service : verdict
+		comment "NodePort traffic"
+		elements = { tcp . 30080 : goto external-SUSTUHLJ-default/web/tcp/http }
+	}
+	chain filter-prerouting {
+		type filter hook prerouting priority -110; policy accept;
+		ct state new jump firewall-check
+	}
+	chain filter-input {
+		type filter hook input priority -110; policy accept;
+		ct state new jump nodeport-endpoints-check
+		ct state new jump service-endpoints-check
+	}
+	chain filter-forward {
+		type filter hook forward priority -110; policy accept;
+		ct state new jump service-endpoints-check
+		ct state new jump cluster-ips-check
+	}
+	chain filter-output {
+		type filter hook output priority -110; policy accept;
+		ct state new jump service-endpoints-check
+		ct state new jump firewall-check
+	}
+	chain filter-output-post-dnat {
+		type filter hook output priority -90; policy accept;
+		ct state new jump cluster-ips-check
+	}
+	chain nat-prerouting {
+		type nat hook prerouting priority dstnat; policy accept;
+		jump services
+	}
+	chain nat-output {
+		type nat hook output priority -100; policy accept;
+		jump services
+	}
+	chain nat-postrouting {
+		type nat hook postrouting priority srcnat; policy accept;
+		jump masquerading
+	}
+	chain cluster-ips-check {
+		ip daddr @cluster-ips reject comment "Reject traffic to invalid ports of ClusterIPs"
+	}
+	chain firewall-check {
+		ip daddr . meta l4proto . th dport vmap @firewall-ips
+	}
+	chain nodeport-endpoints-check {
+		ip daddr @nodeport-ips meta l4proto . th dport vmap @no-endpoint-nodeports
+	}
+	chain service-endpoints-check {
+		ip daddr . meta l4proto . th dport vmap @no-endpoint-services
+	}
+	chain reject-chain {
+		comment "helper for @no-endpoint-services / @no-endpoint-nodeports"
+		reject
+	}
+	chain mark-for-masquerade {
+		meta mark set meta mark | 0x00004000
+	}
+	chain masquerading {
+		meta mark & 0x00004000 == 0x00000000 return
+		meta mark set meta mark ^ 0x00004000
+		masquerade fully-random
+	}
+	chain services {
+		ip daddr . meta l4proto . th dport vmap @service-ips
+		ip daddr @nodeport-ips meta l4proto . th dport vmap @service-nodeports
+	}
+	chain service-SUSTUHLJ-default/web/tcp/http {
+		ip daddr 198.18.100.10 tcp dport 80 ip saddr != 198.19.0.0/16 jump mark-for-masquerade
+		numgen random mod 1 vmap { 0 : goto endpoint-DNOLUD2M-default/web/tcp/http__198.19.1.11/8080 }
+	}
+	chain external-SUSTUHLJ-default/web/tcp/http {
+		jump mark-for-masquerade
+		goto service-SUSTUHLJ-default/web/tcp/http
+	}
+	chain endpoint-DNOLUD2M-default/web/tcp/http__198.19.1.11/8080 {
+		ip saddr 198.19.1.11 jump mark-for-masquerade
+		meta l4proto tcp dnat to 198.19.1.11:8080
+	}
+}
+"#;
+
+/// Loads the table into the node.
+pub(crate) fn load() -> Result<()> {
+    run_stdin(
+        &["ip", "netns", "exec", NS_NODE, "nft", "-f", "-"],
+        &kube_proxy_table(),
+    )
+    .context("loading kube-proxy's nftables table into clb-node")
+    .map(drop)
+}
+
+/// Whether the node has kube-proxy's nftables table (the lab is in nftables mode).
+pub(crate) fn present() -> bool {
+    succeeds(&[
+        "ip", "netns", "exec", NS_NODE, "nft", "list", "table", "ip", NFT_TABLE,
+    ])
+}
+
+fn lb_element() -> String {
+    format!("{{ {VIP} . tcp . {SERVICE_PORT} : goto {NFT_EXTERNAL_CHAIN} }}")
+}
+
+/// Whether the LB IP is an element of `service-ips` (short-circuited, `ipMode: VIP`).
+pub(crate) fn lb_ip_short_circuited() -> bool {
+    let key = format!("{{ {VIP} . tcp . {SERVICE_PORT} }}");
+    succeeds(&[
+        "ip",
+        "netns",
+        "exec",
+        NS_NODE,
+        "nft",
+        "get",
+        "element",
+        "ip",
+        NFT_TABLE,
+        "service-ips",
+        &key,
+    ])
+}
+
+/// Adds or removes the LB IP's `service-ips` element.
+pub(crate) fn set_lb_ip_short_circuited(on: bool) -> Result<()> {
+    if on == lb_ip_short_circuited() {
+        return Ok(());
+    }
+    if on {
+        let elem = lb_element();
+        exec(
+            NS_NODE,
+            &[
+                "nft",
+                "add",
+                "element",
+                "ip",
+                NFT_TABLE,
+                "service-ips",
+                &elem,
+            ],
+        )
+        .map(drop)
+    } else {
+        let key = format!("{{ {VIP} . tcp . {SERVICE_PORT} }}");
+        exec(
+            NS_NODE,
+            &[
+                "nft",
+                "delete",
+                "element",
+                "ip",
+                NFT_TABLE,
+                "service-ips",
+                &key,
+            ],
+        )
+        .map(drop)
+    }
+}
