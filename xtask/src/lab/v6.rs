@@ -232,8 +232,7 @@ impl Lab {
         let (bound, ns, src, dst, expected) = scenario.spec();
         self.set_all(&Variants {
             vip_bound: false,
-            rp_filter: false,
-            masquerade: false,
+            ..Variants::default()
         })?;
         self.set_vip6_bound(bound)?;
         std::thread::sleep(SETTLE);
