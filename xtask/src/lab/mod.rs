@@ -17,8 +17,8 @@
 mod client;
 pub(crate) mod cmd;
 pub(crate) mod net;
-mod udp;
 pub mod nft;
+mod udp;
 pub mod v6;
 
 use std::fmt;
