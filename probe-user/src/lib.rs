@@ -9,6 +9,8 @@
 pub mod agent;
 pub mod correlate;
 pub mod event;
+#[cfg(test)]
+mod fuzz_tests;
 pub mod kernel;
 pub mod sink;
 pub mod state;

@@ -30,6 +30,9 @@ enum Command {
     /// Measure what the probe costs (datapath, per-packet, flood, latency, footprint) side by
     /// side in one run and write BENCHMARKS.md (needs root).
     Bench(xtask::bench::BenchArgs),
+    /// Faults and hostile load against the real agent (SIGKILL under a flood, hostile HTTP
+    /// clients, capability drops, fuzzed parsers); writes RELIABILITY.md (needs root).
+    Chaos(xtask::chaos::ChaosArgs),
     /// The network-namespace lab that reproduces the loopback failures (needs root).
     Lab(lab_cmd::LabArgs),
     /// One TCP attempt from inside a lab namespace; prints ok, refused, reset or timeout.
@@ -47,6 +50,7 @@ fn main() -> ExitCode {
         }
         .map(|()| ExitCode::SUCCESS),
         Command::Bench(args) => xtask::bench::run(&args).map(|()| ExitCode::SUCCESS),
+        Command::Chaos(args) => xtask::chaos::run(&args).map(|()| ExitCode::SUCCESS),
         Command::Test(args) => xtask::testrun::run(&args).map(|()| ExitCode::SUCCESS),
         Command::Demo => xtask::demo::run().map(|()| ExitCode::SUCCESS),
         Command::VmTest(args) => xtask::vm::run(&args).map(|()| ExitCode::SUCCESS),

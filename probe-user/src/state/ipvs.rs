@@ -550,7 +550,7 @@ pub fn parse_dests(bytes: &[u8]) -> Result<Vec<IpvsDest>, String> {
                 continue;
             };
             let af = get(IPVS_DEST_ATTR_ADDR_FAMILY).and_then(u16_ne).unwrap_or(
-                if raw[4..].iter().all(|b| *b == 0) {
+                if raw.get(4..).unwrap_or_default().iter().all(|b| *b == 0) {
                     AF_INET
                 } else {
                     AF_INET6
