@@ -334,7 +334,8 @@ fn the_socket_path_is_never_destroyed_or_hijacked() {
 }
 
 /// Defects 6 and 7 (usage part): conflicting interfaces and impossible pod CIDRs are usage
-/// errors (exit 2) that say why.
+/// errors (exit 2) that say why. Run without capabilities (as nobody when we are root): a
+/// regression then fails on the capability check instead of attaching to this host's NICs.
 #[test]
 fn wrong_interfaces_and_pod_cidrs_are_usage_errors() {
     for (args, says) in [
@@ -354,7 +355,24 @@ fn wrong_interfaces_and_pod_cidrs_are_usage_errors() {
         let mut full = vec!["agent"];
         full.extend_from_slice(args);
         full.extend(["--socket", "/tmp/clb-reliability-usage.sock"]);
-        let o = probe_run(None, &full, Duration::from_secs(20));
+        let mut cmd = Command::new("setpriv");
+        cmd.args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+        ])
+        .arg(probe_bin());
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            cmd = Command::new(probe_bin());
+        }
+        let o = cmd
+            .args(&full)
+            .env("CLB_PROBE_LOG", "info")
+            .stdin(Stdio::null())
+            .output()
+            .expect("run probe");
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
         assert!(stderr(&o).contains(says), "{args:?}: {}", stderr(&o));
     }
