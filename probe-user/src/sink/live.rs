@@ -85,7 +85,7 @@ pub fn bind(path: &Path) -> anyhow::Result<(UnixListener, SocketFile)> {
         Err(e) => bail!("--socket {shown}: {e}"),
         Ok(m) if m.file_type().is_socket() => match std::os::unix::net::UnixStream::connect(path) {
             Ok(_) => bail!(
-                "--socket {shown}: another agent is serving on it; refusing to take it over                  (stop that agent, or choose another --socket)"
+                "--socket {shown}: another agent is serving on it; refusing to take it over (stop that agent, or choose another --socket)"
             ),
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
                 std::fs::remove_file(path)
@@ -94,7 +94,7 @@ pub fn bind(path: &Path) -> anyhow::Result<(UnixListener, SocketFile)> {
             Err(e) => bail!("--socket {shown}: an existing socket that cannot be checked ({e})"),
         },
         Ok(m) => bail!(
-            "--socket {shown}: exists and is not a socket ({}); refusing to replace it:              remove it or choose another --socket",
+            "--socket {shown}: exists and is not a socket ({}); refusing to replace it: remove it or choose another --socket",
             if m.is_dir() { "a directory" } else { "a file" }
         ),
     }
