@@ -377,6 +377,9 @@ pub async fn serve(
             }
         })
     };
+    // The last rendering and when: a flood of scrapes costs at most one rendering (kernel
+    // counters read, registry encoded) per RENDER_REUSE, so `/healthz` keeps its share.
+    let cache: Mutex<Option<(std::time::Instant, String)>> = Mutex::new(None);
     let route = move |path: &str, headers: &hyper::HeaderMap| -> super::http::Reply {
         match path {
             "/metrics" => {
@@ -384,12 +387,21 @@ pub async fn serve(
                     .get_all(hyper::header::ACCEPT)
                     .iter()
                     .any(|v| v.to_str().is_ok_and(|v| v.contains("openmetrics")));
-                let snap = shared.snapshot();
-                let input = totals
-                    .lock()
-                    .map(|t| MetricsInput::from_snapshot(&snap, &t, shared.version))
-                    .unwrap_or_default();
-                let text = render(&input);
+                let mut cached = cache.lock().unwrap_or_else(|e| e.into_inner());
+                let text = match &*cached {
+                    Some((at, text)) if at.elapsed() < RENDER_REUSE => text.clone(),
+                    _ => {
+                        let snap = shared.snapshot();
+                        let input = totals
+                            .lock()
+                            .map(|t| MetricsInput::from_snapshot(&snap, &t, shared.version))
+                            .unwrap_or_default();
+                        let text = render(&input);
+                        *cached = Some((std::time::Instant::now(), text.clone()));
+                        text
+                    }
+                };
+                drop(cached);
                 if wants_openmetrics {
                     (
                         StatusCode::OK,
@@ -425,6 +437,9 @@ pub async fn serve(
     feed.abort();
     result
 }
+
+/// How long one `/metrics` rendering is served again (scrapers come every 10 s or more).
+pub const RENDER_REUSE: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// `/readyz`: ready once programs are attached and the address sets loaded; the body names
 /// what health-check detection still waits for (an absent VIP interface does not make the
