@@ -10,6 +10,8 @@
 pub mod agent;
 pub mod correlate;
 pub mod event;
+#[cfg(test)]
+mod fuzz_tests;
 pub mod kernel;
 pub mod netlink;
 pub mod sink;

@@ -62,7 +62,7 @@ struct AgentArgs {
     #[arg(long, env = "CLB_PROBE_VIP_IFACE", default_value = "kube-ipvs0")]
     vip_iface: String,
     /// Local pod CIDR (repeatable), in addition to the pod routes learned from the node.
-    #[arg(long = "pod-cidr", env = "CLB_PROBE_POD_CIDR", value_delimiter = ',', value_parser = parse_prefix)]
+    #[arg(long = "pod-cidr", env = "CLB_PROBE_POD_CIDR", value_delimiter = ',', value_parser = parse_pod_cidr)]
     pod_cidrs: Vec<Prefix>,
     /// Write confirmed loopback events as JSON lines to PATH (`-` = stdout).
     #[arg(long, env = "CLB_PROBE_EVENTS", value_name = "PATH|-")]
@@ -92,7 +92,7 @@ struct AgentArgs {
 }
 
 /// Where the agent listens for `probe watch` / `probe events` by default.
-const DEFAULT_SOCKET: &str = "/run/clb-probe/probe.sock";
+const DEFAULT_SOCKET: &str = clb_probe::sink::live::DEFAULT_SOCKET;
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum LogFormat {
@@ -100,8 +100,12 @@ enum LogFormat {
     Json,
 }
 
-fn parse_prefix(s: &str) -> Result<Prefix, String> {
-    Prefix::parse(s)
+fn parse_pod_cidr(s: &str) -> Result<Prefix, String> {
+    let p = Prefix::parse(s)?;
+    match agent::checks::pod_cidr_error(&p) {
+        Some(e) => Err(e),
+        None => Ok(p),
+    }
 }
 
 fn init_logging(format: LogFormat, ebpf_log: bool) {
@@ -153,6 +157,12 @@ fn main() -> ExitCode {
             Err(e) => fail(&e),
         },
         Command::Agent(args) => {
+            if let Some(e) = agent::checks::interface_error(&args.nics, &args.vip_iface) {
+                use clap::CommandFactory as _;
+                Cli::command()
+                    .error(clap::error::ErrorKind::ValueValidation, e)
+                    .exit();
+            }
             init_logging(args.log_format, args.ebpf_log);
             let cfg = AgentConfig {
                 addr: AddrConfig {
@@ -176,7 +186,11 @@ fn main() -> ExitCode {
                 Ok(rt) => rt,
                 Err(e) => return fail(&anyhow::anyhow!("starting the runtime: {e}")),
             };
-            match rt.block_on(agent::run(cfg)) {
+            let result = rt.block_on(agent::run(cfg));
+            // Blocking work still running (a conntrack look-up, a service-table read) must not
+            // hold the exit: everything attached is already detached.
+            rt.shutdown_timeout(Duration::from_millis(500));
+            match result {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => fail(&e),
             }

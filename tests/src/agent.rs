@@ -93,6 +93,14 @@ impl Agent {
             .arg("--record")
             .arg(dir.path().join("record.jsonl"))
             .args(extra)
+            // A socket of its own unless the test names one: the default path is refused
+            // while another agent (another test, on this shared machine) serves it.
+            .args(
+                (!extra.contains(&"--socket"))
+                    .then(|| ["--socket".into(), dir.path().join("probe.sock")])
+                    .into_iter()
+                    .flatten(),
+            )
             .env("CLB_PROBE_LOG", "info,clb_probe=debug")
             .envs(env.iter().copied())
             .stdin(Stdio::null())

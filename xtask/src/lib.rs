@@ -1,6 +1,7 @@
 //! Developer and CI tasks for clb-probe; the lab is a library so the integration tests share it.
 
 pub mod bench;
+pub mod chaos;
 pub mod chart;
 pub mod demo;
 pub mod image;

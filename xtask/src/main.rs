@@ -35,6 +35,9 @@ enum Command {
     /// Build the container image (Debian rootfs from the Debian mirror + the release agent)
     /// with buildah into local storage, as localhost/clb-probe:<version> (needs root).
     Image(xtask::image::ImageArgs),
+    /// Faults and hostile load against the real agent (SIGKILL under a flood, hostile HTTP
+    /// clients, capability drops, fuzzed parsers); writes RELIABILITY.md (needs root).
+    Chaos(xtask::chaos::ChaosArgs),
     /// The network-namespace lab that reproduces the loopback failures (needs root).
     Lab(lab_cmd::LabArgs),
     /// One TCP attempt from inside a lab namespace; prints ok, refused, reset or timeout.
@@ -52,6 +55,7 @@ fn main() -> ExitCode {
         }
         .map(|()| ExitCode::SUCCESS),
         Command::Bench(args) => xtask::bench::run(&args).map(|()| ExitCode::SUCCESS),
+        Command::Chaos(args) => xtask::chaos::run(&args).map(|()| ExitCode::SUCCESS),
         Command::Test(args) => xtask::testrun::run(&args).map(|()| ExitCode::SUCCESS),
         Command::Demo(args) => xtask::demo::run(&args).map(|()| ExitCode::SUCCESS),
         Command::VmTest(args) => xtask::vm::run(&args).map(|()| ExitCode::SUCCESS),

@@ -104,6 +104,9 @@ pub struct TestArgs {
     /// Skip the benchmark smoke run (`cargo xtask bench --quick`, figures not asserted).
     #[arg(long)]
     pub no_bench: bool,
+    /// Skip the chaos smoke run (`cargo xtask chaos --quick`, figures not asserted).
+    #[arg(long)]
+    pub no_chaos: bool,
     /// Passed to the integration test binary (a test name filter).
     pub filter: Option<String>,
 }
@@ -197,6 +200,24 @@ fn suites(args: &TestArgs, root: &std::path::Path, totals: &mut Totals) -> anyho
         &mut cmd,
         totals,
     )?;
+    if args.no_chaos {
+        eprintln!("test: SKIPPING the chaos smoke run (--no-chaos)");
+    } else {
+        // SIGKILL under a flood, hostile HTTP clients, capability drops, fuzzed parsers: the
+        // short version (a couple of minutes; written to target/chaos-quick.md).
+        eprintln!("test: chaos smoke run (cargo xtask chaos --quick)");
+        let quick = crate::chaos::ChaosArgs {
+            quick: true,
+            out: None,
+        };
+        match crate::chaos::run(&quick) {
+            Ok(()) => totals.passed += 1,
+            Err(e) => {
+                totals.failed += 1;
+                return Err(e.context("the chaos smoke run failed"));
+            }
+        }
+    }
     if args.no_bench {
         eprintln!("test: SKIPPING the benchmark smoke run (--no-bench)");
     } else {

@@ -5,6 +5,8 @@
 //! owner of the [`Correlator`] and answers its queries (egress map, conntrack).
 
 pub mod capability;
+pub mod checks;
+pub mod instance;
 pub mod nodesync;
 pub mod shared;
 
@@ -66,6 +68,10 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
     };
     kernel::check_kernel_version()?;
     kernel::check_capabilities()?;
+    // Held until run() returns, after everything is detached.
+    let _instance = AbortOnDrop(tokio::spawn(
+        instance::InstanceLock::acquire(u64::from(kernel::current_netns_inode()))?.serve(),
+    ));
     let kbtf = KernelBtf::load()?;
     let (rt_conn, rt_handle, _) =
         rtnetlink::new_connection().context("opening an rtnetlink socket")?;
@@ -86,6 +92,9 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
             "no NIC to watch: no physical interface and none with a default route in any routing table here; name one with --nic"
         );
     }
+    for warning in checks::pod_cidr_warnings(&cfg.addr.pod_cidrs, &node, &sets.nics) {
+        warn!("{warning}");
+    }
     // Bind the surfaces before touching the kernel: a port in use fails with nothing attached.
     let metrics_listener = match cfg.metrics_addr {
         Some(addr) => Some(std::net::TcpListener::bind(addr).with_context(|| {
@@ -95,10 +104,21 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         })?),
         None => None,
     };
-    let live_listener = match &cfg.socket {
-        Some(path) => Some(crate::sink::live::bind(path)?),
-        None => None,
+    let (live_listener, socket_file) = match &cfg.socket {
+        Some(path) => {
+            let (listener, file) = crate::sink::live::bind(path)?;
+            (Some(listener), Some(file))
+        }
+        None => (None, None),
     };
+    // Outputs too: a path that cannot be written fails here, with nothing attached.
+    let mut sinks = Sinks::default();
+    if let Some(path) = &cfg.events {
+        sinks.json = Some(JsonLines::open(path).context("--events")?);
+    }
+    if let Some(path) = &cfg.record {
+        sinks.record = Some(JsonLines::open(path).context("--record")?);
+    }
 
     let mut settings = ProbeSettings {
         config: probe_common::ProbeConfig::default(),
@@ -180,28 +200,23 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         capabilities,
         version: env!("CARGO_PKG_VERSION"),
     };
-    let mut surfaces = Vec::new();
-    if let Some(listener) = metrics_listener {
+    let metrics_task = metrics_listener.map(|listener| {
         info!(addr = ?listener.local_addr().ok(), "serving /metrics, /healthz, /readyz");
-        surfaces.push(tokio::spawn(crate::sink::metrics::serve(
+        let mut stop = stop_rx.clone();
+        tokio::spawn(crate::sink::metrics::serve(
             listener,
             shared.clone(),
-        )));
-    }
-    if let Some(listener) = live_listener {
-        surfaces.push(tokio::spawn(crate::sink::live::serve(
-            listener,
-            shared.clone(),
-        )));
-    }
-
-    let mut sinks = Sinks::default();
-    if let Some(path) = &cfg.events {
-        sinks.json = Some(JsonLines::open(path)?);
-    }
-    if let Some(path) = &cfg.record {
-        sinks.record = Some(JsonLines::open(path)?);
-    }
+            async move {
+                let _ = stop.wait_for(|stop| *stop).await;
+            },
+        ))
+    });
+    let live_task = live_listener.map(|listener| {
+        let shared = shared.clone();
+        AbortOnDrop(tokio::spawn(async move {
+            let _ = crate::sink::live::serve(listener, shared).await;
+        }))
+    });
 
     let result = correlate_loop(CorrelateLoop {
         events: ev_rx,
@@ -214,15 +229,19 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         signals,
     })
     .await;
-    for task in surfaces {
-        task.abort();
-    }
-    if let Some(path) = &cfg.socket {
-        let _ = std::fs::remove_file(path);
-    }
-
-    // Orderly shutdown: stop the sync task (it detaches), then the reader.
+    // Orderly shutdown: stop the surfaces and the sync task (it detaches), then the reader.
     let _ = stop_tx.send(true);
+    drop(live_task);
+    if let Some(task) = metrics_task
+        && tokio::time::timeout(Duration::from_secs(1), task)
+            .await
+            .is_err()
+    {
+        warn!("the metrics server did not stop in 1 s");
+    }
+    if let Some(file) = socket_file {
+        file.remove();
+    }
     match tokio::time::timeout(Duration::from_secs(5), sync_task).await {
         Ok(Ok(Ok(()))) => {}
         Ok(Ok(Err(e))) => warn!(error = %e, "node sync ended with an error"),

@@ -48,6 +48,8 @@ pub struct NodeSync {
     nics_in_map: BTreeSet<u32>,
     ifnames: IfNames,
     status: watch::Sender<NodeStatus>,
+    /// Whether `--vip-iface` existed at the last sync (None before the first): said on change.
+    vip_iface_seen: Option<bool>,
 }
 
 /// Debounce for bursts of notifications (kube-proxy adds hundreds of addresses at once).
@@ -71,6 +73,7 @@ impl NodeSync {
             nics_in_map: BTreeSet::new(),
             ifnames,
             status,
+            vip_iface_seen: None,
         }
     }
 
@@ -85,6 +88,7 @@ impl NodeSync {
                 .collect();
         }
         let sets = addrs::classify(&state, &self.cfg);
+        self.say_vip_iface(sets.vip_iface.is_some());
         self.apply_prefixes(&sets.prefixes)?;
         self.apply_attachments(&sets)?;
         self.publish(&sets);
@@ -193,6 +197,24 @@ impl NodeSync {
             }
         }
         Ok(())
+    }
+
+    /// An absent VIP interface turns health-check detection off until it appears: a WARN
+    /// when it is (or goes) missing, a line when it comes back (`clbprobe_vip_interface_present`
+    /// follows it too).
+    fn say_vip_iface(&mut self, present: bool) {
+        let iface = self.cfg.vip_iface.as_str();
+        match (self.vip_iface_seen, present) {
+            (Some(before), now) if before == now => {}
+            (_, false) => warn!(
+                iface,
+                "VIP interface absent: health-check blackholes cannot be detected until it \
+                 appears (normal with kube-proxy in iptables mode); waiting for it"
+            ),
+            (Some(false), true) => info!(iface, "VIP interface appeared; its VIPs are watched"),
+            (_, true) => {}
+        }
+        self.vip_iface_seen = Some(present);
     }
 
     fn publish(&self, sets: &AddressSets) {

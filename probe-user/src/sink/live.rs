@@ -53,17 +53,75 @@ impl Message {
     }
 }
 
-/// Binds the unix socket (replacing a stale one left by a killed agent), root-only.
-pub fn bind(path: &Path) -> anyhow::Result<UnixListener> {
-    use anyhow::Context as _;
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+/// Where the agent listens by default; its directory is the only one the agent creates.
+pub const DEFAULT_SOCKET: &str = "/run/clb-probe/probe.sock";
+
+/// The socket file this agent created: removed at exit only if it is still that file.
+pub struct SocketFile {
+    path: std::path::PathBuf,
+    dev_ino: (u64, u64),
+}
+
+impl SocketFile {
+    pub fn remove(self) {
+        use std::os::unix::fs::MetadataExt as _;
+        if std::fs::symlink_metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == self.dev_ino) {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
-    let _ = std::fs::remove_file(path);
-    let listener = UnixListener::bind(path)
-        .with_context(|| format!("--socket {}: cannot listen", path.display()))?;
+}
+
+/// Binds the unix socket, root-only. An existing file at `path` is replaced only when it is a
+/// stale socket (one that refuses connections: left by a killed agent); a live socket (another
+/// agent serving) or anything that is not a socket is refused. Only the default directory is
+/// created; any other `--socket` directory must exist.
+pub fn bind(path: &Path) -> anyhow::Result<(UnixListener, SocketFile)> {
+    use std::os::unix::fs::{DirBuilderExt as _, FileTypeExt as _, MetadataExt as _};
+
+    use anyhow::{Context as _, bail};
+    let shown = path.display();
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => bail!("--socket {shown}: {e}"),
+        Ok(m) if m.file_type().is_socket() => match std::os::unix::net::UnixStream::connect(path) {
+            Ok(_) => bail!(
+                "--socket {shown}: another agent is serving on it; refusing to take it over (stop that agent, or choose another --socket)"
+            ),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                std::fs::remove_file(path)
+                    .with_context(|| format!("--socket {shown}: removing the stale socket"))?;
+            }
+            Err(e) => bail!("--socket {shown}: an existing socket that cannot be checked ({e})"),
+        },
+        Ok(m) => bail!(
+            "--socket {shown}: exists and is not a socket ({}); refusing to replace it: remove it or choose another --socket",
+            if m.is_dir() { "a directory" } else { "a file" }
+        ),
+    }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
+        && !dir.exists()
+    {
+        if Some(dir) != Path::new(DEFAULT_SOCKET).parent() {
+            bail!(
+                "--socket {shown}: directory {} does not exist (only {} is created)",
+                dir.display(),
+                Path::new(DEFAULT_SOCKET).parent().unwrap_or(dir).display()
+            );
+        }
+        std::fs::DirBuilder::new()
+            .mode(0o755)
+            .create(dir)
+            .with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let listener =
+        UnixListener::bind(path).with_context(|| format!("--socket {shown}: cannot listen"))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-    Ok(listener)
+    let m = std::fs::symlink_metadata(path)?;
+    let file = SocketFile {
+        path: path.to_path_buf(),
+        dev_ino: (m.dev(), m.ino()),
+    };
+    Ok((listener, file))
 }
 
 /// Serves connected clients until the task is aborted.

@@ -16,6 +16,7 @@ use std::{
     sync::{Arc, Mutex},
 };
 
+use hyper::StatusCode;
 use prometheus_client::{
     encoding::{
         EncodeLabelSet,
@@ -28,7 +29,10 @@ use tokio::sync::broadcast;
 
 use super::process::ProcessStats;
 use crate::{
-    agent::shared::{Shared, Snapshot},
+    agent::{
+        nodesync::NodeStatus,
+        shared::{Shared, Snapshot},
+    },
     correlate::LoopbackEvent,
     event::Tag,
 };
@@ -76,13 +80,30 @@ struct BuildLabels {
 #[derive(Debug, Default)]
 pub struct EventTotals {
     totals: BTreeMap<(String, String, String), u64>,
-    /// Last cumulative count seen per aggregate key.
-    last: HashMap<String, u64>,
+    /// Last cumulative count seen per aggregate key, and when (a sequence number).
+    last: HashMap<String, (u64, u64)>,
+    /// The keys of `last` by sequence number: the least recently reported first.
+    by_age: BTreeMap<u64, String>,
+    seq: u64,
 }
+
+/// Aggregates whose last count is remembered. Above the correlator's own bound (1024 by
+/// default), evicting the least recently reported: an aggregate forgotten here has been evicted
+/// by the correlator too, so its next report restarts at 1 and is counted from there.
+/// (Forgetting an aggregate that is still live would count its whole total again.)
+pub const EVENT_TOTALS_KEYS: usize = 4096;
 
 impl EventTotals {
     pub fn add(&mut self, e: &LoopbackEvent) {
-        let prev = self.last.insert(e.key.clone(), e.count).unwrap_or(0);
+        self.seq += 1;
+        let prev = match self.last.insert(e.key.clone(), (e.count, self.seq)) {
+            Some((count, seq)) => {
+                self.by_age.remove(&seq);
+                count
+            }
+            None => 0,
+        };
+        self.by_age.insert(self.seq, e.key.clone());
         // An aggregate evicted and re-created restarts at 1: count it from there.
         let delta = if e.count >= prev {
             e.count - prev
@@ -95,9 +116,11 @@ impl EventTotals {
             e.vip_port.map(|p| p.to_string()).unwrap_or_default(),
         );
         *self.totals.entry(labels).or_insert(0) += delta;
-        // Bound the bookkeeping like the correlator bounds its aggregates.
-        if self.last.len() > 4096 {
-            self.last.clear();
+        while self.last.len() > EVENT_TOTALS_KEYS {
+            let Some((_, oldest)) = self.by_age.pop_first() else {
+                break;
+            };
+            self.last.remove(&oldest);
         }
     }
 }
@@ -118,6 +141,8 @@ pub struct MetricsInput {
     pub set_sizes: Vec<(String, u64)>,
     pub attached_interfaces: u64,
     pub ready: bool,
+    /// Whether `--vip-iface` exists (health-check detection waits for it otherwise).
+    pub vip_iface_present: bool,
     pub unconfirmed_suspects: u64,
     pub pending: u64,
     pub events_read: u64,
@@ -176,6 +201,7 @@ impl MetricsInput {
                 .collect(),
             attached_interfaces: snap.status.attached.len() as u64,
             ready: snap.status.ready,
+            vip_iface_present: snap.status.vip_iface_present,
             unconfirmed_suspects: snap.correlator.suspects_unconfirmed,
             pending: snap.correlator.pending,
             events_read: snap.events_read,
@@ -294,6 +320,11 @@ pub fn render(input: &MetricsInput) -> String {
         gauge(u64::from(input.ready)),
     );
     reg.register(
+        "vip_interface_present",
+        "1 when the --vip-iface interface exists (health-check blackholes are detected only then)",
+        gauge(u64::from(input.vip_iface_present)),
+    );
+    reg.register(
         "correlator_pending",
         "Suspects, drops and hairpin candidates awaiting confirmation",
         gauge(input.pending),
@@ -395,9 +426,13 @@ pub fn to_prometheus_text(openmetrics: &str) -> String {
     out
 }
 
-/// Serves HTTP on an already bound listener until the task is aborted (the HTTP server runs
-/// on a thread of its own; scrapes are rare and cheap).
-pub async fn serve(listener: std::net::TcpListener, shared: Shared) -> anyhow::Result<()> {
+/// Serves `/metrics`, `/healthz` and `/readyz` on an already bound listener until `stop`
+/// resolves (see [`super::http`] for the connection bounds).
+pub async fn serve(
+    listener: std::net::TcpListener,
+    shared: Shared,
+    stop: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
     let totals = Arc::new(Mutex::new(EventTotals::default()));
     let mut reports = shared.reports.subscribe();
     let feed = {
@@ -417,57 +452,88 @@ pub async fn serve(listener: std::net::TcpListener, shared: Shared) -> anyhow::R
             }
         })
     };
-    let server = tiny_http::Server::from_listener(listener, None)
-        .map_err(|e| anyhow::anyhow!("metrics server: {e}"))?;
-    let result = tokio::task::spawn_blocking(move || {
-        for request in server.incoming_requests() {
-            let wants_openmetrics = request
-                .headers()
-                .iter()
-                .any(|h| h.field.equiv("Accept") && h.value.as_str().contains("openmetrics"));
-            let (status, body, content_type) = match request.url() {
-                "/metrics" => {
-                    let snap = shared.snapshot();
-                    let input = totals
-                        .lock()
-                        .map(|t| MetricsInput::from_snapshot(&snap, &t, shared.version))
-                        .unwrap_or_default();
-                    let text = render(&input);
-                    if wants_openmetrics {
-                        (
-                            200,
-                            text,
-                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                        )
-                    } else {
-                        (
-                            200,
-                            to_prometheus_text(&text),
-                            "text/plain; version=0.0.4; charset=utf-8",
-                        )
+    // The last rendering and when: a flood of scrapes costs at most one rendering (kernel
+    // counters read, registry encoded) per RENDER_REUSE, so `/healthz` keeps its share.
+    let cache: Mutex<Option<(std::time::Instant, String)>> = Mutex::new(None);
+    let route = move |path: &str, headers: &hyper::HeaderMap| -> super::http::Reply {
+        match path {
+            "/metrics" => {
+                let wants_openmetrics = headers
+                    .get_all(hyper::header::ACCEPT)
+                    .iter()
+                    .any(|v| v.to_str().is_ok_and(|v| v.contains("openmetrics")));
+                let mut cached = cache.lock().unwrap_or_else(|e| e.into_inner());
+                let text = match &*cached {
+                    Some((at, text)) if at.elapsed() < RENDER_REUSE => text.clone(),
+                    _ => {
+                        let snap = shared.snapshot();
+                        let input = totals
+                            .lock()
+                            .map(|t| MetricsInput::from_snapshot(&snap, &t, shared.version))
+                            .unwrap_or_default();
+                        let text = render(&input);
+                        *cached = Some((std::time::Instant::now(), text.clone()));
+                        text
                     }
+                };
+                drop(cached);
+                if wants_openmetrics {
+                    (
+                        StatusCode::OK,
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        text,
+                    )
+                } else {
+                    (
+                        StatusCode::OK,
+                        "text/plain; version=0.0.4; charset=utf-8",
+                        to_prometheus_text(&text),
+                    )
                 }
-                "/healthz" => (200, "ok\n".to_string(), "text/plain"),
-                "/readyz" => {
-                    if shared.status.borrow().ready {
-                        (200, "ready\n".to_string(), "text/plain")
-                    } else {
-                        (503, "not ready: attaching\n".to_string(), "text/plain")
-                    }
-                }
-                _ => (404, "not found\n".to_string(), "text/plain"),
-            };
-            let header =
-                tiny_http::Header::from_bytes("Content-Type", content_type).expect("static header");
-            let response = tiny_http::Response::from_string(body)
-                .with_status_code(status)
-                .with_header(header);
-            let _ = request.respond(response);
+            }
+            "/healthz" => (StatusCode::OK, "text/plain", "ok\n".to_string()),
+            "/readyz" => {
+                let (ready, body) = readiness(&shared.status.borrow());
+                let status = if ready {
+                    StatusCode::OK
+                } else {
+                    StatusCode::SERVICE_UNAVAILABLE
+                };
+                (status, "text/plain", body)
+            }
+            _ => (
+                StatusCode::NOT_FOUND,
+                "text/plain",
+                "not found\n".to_string(),
+            ),
         }
-    })
-    .await;
+    };
+    let result = super::http::serve(listener, route, stop).await;
     feed.abort();
-    result.map_err(|e| anyhow::anyhow!("metrics server thread: {e}"))
+    result
+}
+
+/// How long one `/metrics` rendering is served again (scrapers come every 10 s or more).
+pub const RENDER_REUSE: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// `/readyz`: ready once programs are attached and the address sets loaded; the body names
+/// what health-check detection still waits for (an absent VIP interface does not make the
+/// agent unready: the other detections work, and the interface may appear later).
+pub fn readiness(status: &NodeStatus) -> (bool, String) {
+    if !status.ready {
+        return (false, "not ready: attaching\n".to_string());
+    }
+    if status.vip_iface_present {
+        (true, "ready\n".to_string())
+    } else {
+        (
+            true,
+            format!(
+                "ready; VIP interface {:?} absent: health-check blackholes are not detected until it appears\n",
+                status.vip_iface
+            ),
+        )
+    }
 }
 
 #[cfg(test)]
@@ -500,6 +566,7 @@ mod tests {
             set_sizes: vec![("vip".into(), 2), ("node".into(), 4), ("pod".into(), 2)],
             attached_interfaces: 2,
             ready: true,
+            vip_iface_present: true,
             unconfirmed_suspects: 1,
             pending: 0,
             events_read: 9,
@@ -521,6 +588,7 @@ mod tests {
             "clbprobe_ready 1",
             "clbprobe_capability{name=\"drop_hook\"} 1",
             "clbprobe_capability{name=\"drop_sites\"} 0",
+            "clbprobe_vip_interface_present 1",
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }
@@ -557,11 +625,9 @@ mod tests {
         );
     }
 
-    #[test]
-    fn event_totals_follow_cumulative_counts_and_never_go_back() {
-        let mut t = EventTotals::default();
+    fn sample_event() -> LoopbackEvent {
         let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
-        let mut e = LoopbackEvent {
+        LoopbackEvent {
             kind: crate::correlate::LoopbackKind::VipPortUnserved,
             key: "vip_port_unserved/203.0.113.10:443/tcp".into(),
             src: ip("198.19.1.10"),
@@ -583,7 +649,13 @@ mod tests {
             nic: None,
             service: None,
             layer: None,
-        };
+        }
+    }
+
+    #[test]
+    fn event_totals_follow_cumulative_counts_and_never_go_back() {
+        let mut t = EventTotals::default();
+        let mut e = sample_event();
         e.count = 1;
         t.add(&e);
         e.count = 4; // three repeats whose reports were missed
@@ -592,5 +664,27 @@ mod tests {
         t.add(&e);
         let total: u64 = t.totals.values().sum();
         assert_eq!(total, 5);
+    }
+
+    /// More aggregates than the table remembers, each reported again right after the next one
+    /// is created (as a live aggregate is): every occurrence counted exactly once.
+    #[test]
+    fn event_totals_stay_exact_past_the_bookkeeping_bound() {
+        let mut t = EventTotals::default();
+        let mut e = sample_event();
+        let n = 3 * EVENT_TOTALS_KEYS as u64;
+        for i in 0..n {
+            e.key = format!("vip_port_unserved/203.0.113.10:{i}/tcp");
+            e.count = 1;
+            t.add(&e);
+            if i > 0 {
+                e.key = format!("vip_port_unserved/203.0.113.10:{}/tcp", i - 1);
+                e.count = 2;
+                t.add(&e);
+            }
+        }
+        let total: u64 = t.totals.values().sum();
+        assert_eq!(total, n + (n - 1));
+        assert!(t.last.len() <= EVENT_TOTALS_KEYS && t.by_age.len() == t.last.len());
     }
 }

@@ -1,6 +1,7 @@
 //! Where confirmed events and kernel events go: JSON lines now; metrics and the live view
 //! subscribe to the same reports.
 
+pub mod http;
 pub mod json;
 pub mod live;
 pub mod metrics;

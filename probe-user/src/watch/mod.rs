@@ -17,14 +17,23 @@ use tokio::io::{AsyncBufReadExt as _, BufReader};
 use crate::sink::live;
 
 /// `probe events`: one JSON object per confirmed report, flushed per line. With `all`, the
-/// aggregates confirmed before we connected come first.
+/// aggregates confirmed before we connected come first. When whoever reads our stdout goes
+/// away (`probe events | head -1`), it ends at once, quietly, with success.
 pub async fn events(socket: &Path, all: bool) -> anyhow::Result<()> {
     let stream = live::connect(socket).await?;
     let mut lines = BufReader::new(stream).lines();
+    let reader_gone = stdout_reader_gone();
+    tokio::pin!(reader_gone);
     let mut first = true;
     let mut out = std::io::stdout().lock();
-    while let Some(line) = lines.next_line().await? {
+    loop {
+        let line = tokio::select! {
+            line = lines.next_line() => line?,
+            () = &mut reader_gone => return Ok(()),
+        };
+        let Some(line) = line else { break };
         let msg: Value = serde_json::from_str(&line)?;
+        let mut text = String::new();
         match msg["type"].as_str() {
             Some("snapshot") if first && all => {
                 for e in msg["snapshot"]["confirmed"]
@@ -32,16 +41,57 @@ pub async fn events(socket: &Path, all: bool) -> anyhow::Result<()> {
                     .into_iter()
                     .flatten()
                 {
-                    writeln!(out, "{e}")?;
+                    text.push_str(&format!("{e}\n"));
                 }
             }
-            Some("report") => writeln!(out, "{}", msg["event"])?,
+            Some("report") => text.push_str(&format!("{}\n", msg["event"])),
             _ => {}
         }
-        out.flush()?;
         first = false;
+        match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
+            Err(e) => return Err(e.into()),
+        }
     }
     anyhow::bail!("the agent closed the connection")
+}
+
+/// Resolves when stdout is a pipe or socket whose reader has gone (POLLERR / POLLHUP on the
+/// write end); never for a terminal or a file. Waits on a thread of its own: the process exits
+/// without waiting for it.
+async fn stdout_reader_gone() {
+    use std::os::fd::AsRawFd as _;
+    let fd = std::io::stdout().as_raw_fd();
+    // SAFETY: fstat on our own stdout into a zeroed stat.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    let is_pipe = unsafe { libc::fstat(fd, &mut st) } == 0
+        && matches!(st.st_mode & libc::S_IFMT, libc::S_IFIFO | libc::S_IFSOCK);
+    if !is_pipe {
+        return std::future::pending().await;
+    }
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    std::thread::spawn(move || {
+        loop {
+            let mut pfd = libc::pollfd {
+                fd,
+                events: 0,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            let rc = unsafe { libc::poll(&mut pfd, 1, -1) };
+            if rc > 0 && pfd.revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0 {
+                let _ = tx.send(());
+                return;
+            }
+            if rc < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+                return; // cannot tell: the write error will say it
+            }
+        }
+    });
+    if rx.await.is_err() {
+        std::future::pending::<()>().await;
+    }
 }
 
 /// `probe watch`.

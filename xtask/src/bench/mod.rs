@@ -26,9 +26,9 @@
 //! No figure is asserted on: benchmarks report, tests assert. `--quick` is a smoke run of a
 //! few seconds per part (it writes `target/bench-quick.md` unless `--out` says otherwise).
 
-mod net;
+pub(crate) mod net;
 pub mod report;
-mod tools;
+pub(crate) mod tools;
 
 use std::{
     path::{Path, PathBuf},
