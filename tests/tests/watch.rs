@@ -148,7 +148,9 @@ fn events_watch_once_and_the_live_view_in_a_terminal() {
     tmux.wait_for("PAUSED");
     tmux.cmd(&["send-keys", "-t", "watch", "p"]);
     tmux.cmd(&["send-keys", "-t", "watch", "/", "unserved", "Enter"]);
-    let screen = tmux.wait_for("filter: unserved");
+    // The table's title, not the input line: "filter: unserved_" shows while typing, before
+    // Enter applies the filter.
+    let screen = tmux.wait_for("(filter: unserved)");
     let table: String = screen
         .lines()
         .skip_while(|l| !l.contains("confirmed loopback"))
