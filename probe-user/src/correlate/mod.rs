@@ -92,11 +92,14 @@ pub use self::report::{AggregateKey, Layer, LoopbackEvent, LoopbackKind, Outcome
 use self::{
     aggregate::Aggregate, blackhole::VipSuspect, drop_reason::local_source_drop, hairpin::Flow,
 };
-#[cfg(test)]
-use crate::{event::tcp_flags, state::ServiceSource};
 use crate::{
-    event::{DropReason, EgressRecord, KernelEvent, Packet, Proto, Tag},
+    event::{DropReason, EgressRecord, KernelEvent, Packet, Tag},
     state::{ConntrackEntry, ServiceTable, Tuple},
+};
+#[cfg(test)]
+use crate::{
+    event::{Proto, tcp_flags},
+    state::ServiceSource,
 };
 
 const MS: u64 = 1_000_000;
@@ -303,10 +306,12 @@ pub struct Correlator {
     next_seq: u64,
     last_sweep: u64,
     vip_suspects: HashMap<Tuple, VipSuspect>,
-    /// NodePort DNAT translations seen when a drop paired with its suspect: (endpoint, port,
-    /// proto) -> the node address and NodePort the LB sent to. Lets a drop whose suspect the
-    /// kernel deduplicated (a SYN retransmit) still be named by its NodePort. Bounded.
-    dnat_seen: HashMap<(IpAddr, u16, Proto), (IpAddr, u16)>,
+    /// NodePort DNAT translations seen when a drop paired with its suspect: the drop's tuple
+    /// (source, source port, endpoint, port, proto) -> the node address and NodePort the LB sent to. Lets a
+    /// drop whose suspect the kernel deduplicated (a SYN retransmit of the same flow) still be
+    /// named by its NodePort; another flow to the same endpoint (a VIP-source call to the pod)
+    /// is not rewritten. Bounded.
+    dnat_seen: HashMap<Tuple, (IpAddr, u16)>,
     drops: HashMap<Tuple, RecentDrop>,
     flows: HashMap<Tuple, Flow>,
     queries: HashMap<u64, PendingQuery>,
@@ -554,7 +559,7 @@ impl Correlator {
                     .map(|(_, f)| &f.packet),
             )
             .next();
-        let post = (packet.dst, packet.dport, packet.proto);
+        let post = t.clone();
         if let Some(seen) = found {
             info.dnat_to = Some((packet.dst, packet.dport));
             if self.dnat_seen.len() < self.cfg.max_known_addrs || self.dnat_seen.contains_key(&post)
