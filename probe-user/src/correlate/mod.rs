@@ -345,10 +345,12 @@ pub struct Correlator {
     vip_suspects: HashMap<Tuple, VipSuspect>,
     /// Monitored NICs (see `vip_reply`).
     nics: Vec<String>,
-    /// NodePort DNAT translations seen when a drop paired with its suspect: (endpoint, port,
-    /// proto) -> the node address and NodePort the LB sent to. Lets a drop whose suspect the
-    /// kernel deduplicated (a SYN retransmit) still be named by its NodePort. Bounded.
-    dnat_seen: HashMap<(IpAddr, u16, Proto), (IpAddr, u16)>,
+    /// NodePort DNAT translations seen when a drop paired with its suspect: the drop's tuple
+    /// (source, source port, endpoint, port, proto) -> the node address and NodePort the LB sent to. Lets a
+    /// drop whose suspect the kernel deduplicated (a SYN retransmit of the same flow) still be
+    /// named by its NodePort; another flow to the same endpoint (a VIP-source call to the pod)
+    /// is not rewritten. Bounded.
+    dnat_seen: HashMap<Tuple, (IpAddr, u16)>,
     drops: HashMap<Tuple, RecentDrop>,
     flows: HashMap<Tuple, Flow>,
     /// Connect attempts already confirmed as hairpins, by source (address, port, protocol):
@@ -624,7 +626,7 @@ impl Correlator {
                     .map(|(_, f)| &f.packet),
             )
             .next();
-        let post = (packet.dst, packet.dport, packet.proto);
+        let post = t.clone();
         if let Some(seen) = found {
             info.dnat_to = Some((packet.dst, packet.dport));
             if self.dnat_seen.len() < self.cfg.max_known_addrs || self.dnat_seen.contains_key(&post)

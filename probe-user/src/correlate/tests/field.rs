@@ -255,3 +255,30 @@ fn a_vip_source_syn_leaving_a_nic_is_vip_as_source() {
     assert_eq!((s.vip_egress_seen, s.confirmed.vip_as_source), (2, 2));
     invariants(&c);
 }
+
+/// Seen in the demo: after a health check taught the NodePort DNAT to pod B, a VIP-source call
+/// to pod B from another node (its retransmit's suspect deduplicated) must stay
+/// `vip_as_source`, not be rewritten into the health check's NodePort.
+#[test]
+fn a_learned_nodeport_dnat_applies_only_to_its_own_flow() {
+    let mut c = corr();
+    let check = hc(35787);
+    let mut dnated = check.clone();
+    dnated.dst = ip(POD_B);
+    dnated.dport = 8080;
+    dnated.dst_tag = Some(Tag::Pod);
+    c.ingest(suspect(S, &check));
+    let r = only_report(&c.ingest(local_source(S + MS, &dnated)));
+    assert_eq!(r.event.kind, LoopbackKind::HealthcheckBlackhole);
+    // Another flow from the VIP to the same endpoint, its drop alone.
+    let mut call = dnated.clone();
+    call.sport = 46507;
+    let r = only_report(&c.ingest(local_source(5 * S, &call)));
+    assert_eq!(r.event.kind, LoopbackKind::VipAsSource);
+    assert_eq!((r.event.dst, r.event.dst_port), (ip(POD_B), 8080));
+    // The health check's own retransmit still lands in its NodePort aggregate.
+    let r = only_report(&c.ingest(local_source(6 * S, &dnated)));
+    assert_eq!(r.event.kind, LoopbackKind::HealthcheckBlackhole);
+    assert_eq!(r.event.dst_port, 30080);
+    invariants(&c);
+}
