@@ -62,8 +62,10 @@ pub(crate) fn local_source_drop(
 pub(crate) const NO_SOCKET_SITES: [&str; 4] =
     ["tcp_v4_rcv", "udp4_lib_rcv", "tcp_v6_rcv", "udp6_lib_rcv"];
 
-/// Where netfilter drops a packet (a DROP or REJECT verdict).
-pub(crate) const NETFILTER_SITES: [&str; 1] = ["nf_hook_slow"];
+/// Where netfilter drops a packet (a DROP or REJECT verdict): the hook loop, or the table
+/// walk itself where the kernel frees the packet there (seen on Debian 6.1:
+/// `nft_do_chain`).
+pub(crate) const NETFILTER_SITES: [&str; 3] = ["nf_hook_slow", "nft_do_chain", "ipt_do_table"];
 
 /// The reason a kernel without drop reasons (< 5.17: `kfree_skb` passes only the skb and the
 /// site) would have named, judged by the drop site; None when the site says nothing we use.
