@@ -447,3 +447,56 @@ fn ipvs_mode_access_filter_unserved_port_is_confirmed() {
     let failures = std::mem::take(&mut run.failures);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// The hairpin variants in IPVS mode (issue 10, item 4), one agent: node-sourced through the
+/// LB listener without the source-node guard (IPVS NodePort), LB straight to pod-b, UDP
+/// through an IPVS UDP NodePort; each twin silent. On 6.1 the node-sourced drop is
+/// `NOT_SPECIFIED` at the route-input site.
+#[test]
+fn ipvs_mode_hairpin_variants_are_confirmed_and_twins_are_silent() {
+    if !in_vm("ipvs_mode_hairpin_variants") {
+        return;
+    }
+    let lab = LabGuard::up_in(
+        KubeProxyMode::Ipvs,
+        &Variants::default(),
+        &UpOptions::default(),
+    )
+    .expect("IPVS-mode lab up");
+    let agent = Agent::start(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    let mut run = Run {
+        agent: &agent,
+        lab: &lab,
+        services: services_json(),
+        failures: Vec::new(),
+    };
+    run.failure(
+        Scenario::HairpinNodeSourced,
+        "hairpin-node-sourced",
+        "hairpin",
+        |e| {
+            assert_eq!(e["src"], lab::NODE_IP.to_string());
+            assert_eq!(e["vip_port"], lab::VIP_NO_GUARD_PORT);
+            assert_eq!(e["outcome"], "dropped");
+            assert!(e["evidence"].to_string().contains("node-sourced"), "{e:#}");
+        },
+    );
+    run.twin(Scenario::NodeToLbGuarded);
+    run.failure(
+        Scenario::HairpinLbToPod,
+        "hairpin-lb-to-pod",
+        "hairpin",
+        |e| {
+            assert_eq!(e["dst"], lab::POD_B_IP.to_string());
+            assert_eq!(e["vip_port"], lab::VIP_TO_POD_PORT);
+        },
+    );
+    run.twin(Scenario::OutsideClientLbToPod);
+    run.failure(Scenario::HairpinUdp, "hairpin-udp", "hairpin", |e| {
+        assert_eq!(e["proto"], "udp");
+        assert_eq!(e["dst_port"], lab::NODE_PORT_UDP);
+    });
+    run.twin(Scenario::OutsideClientUdp);
+    let failures = std::mem::take(&mut run.failures);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
