@@ -50,6 +50,8 @@ pub struct NodeSync {
     status: watch::Sender<NodeStatus>,
     /// Whether `--vip-iface` existed at the last sync (None before the first): said on change.
     vip_iface_seen: Option<bool>,
+    /// Configured NICs already said absent: one WARN per absence, not one per resync.
+    nics_said_absent: BTreeSet<String>,
 }
 
 /// Debounce for bursts of notifications (kube-proxy adds hundreds of addresses at once).
@@ -74,6 +76,7 @@ impl NodeSync {
             ifnames,
             status,
             vip_iface_seen: None,
+            nics_said_absent: BTreeSet::new(),
         }
     }
 
@@ -189,7 +192,9 @@ impl NodeSync {
         }
         self.nics_in_map = nic_indexes;
         for configured in &self.cfg.nics {
-            if !sets.nics.iter().any(|(n, _)| n == configured) {
+            if sets.nics.iter().any(|(n, _)| n == configured) {
+                self.nics_said_absent.remove(configured);
+            } else if self.nics_said_absent.insert(configured.clone()) {
                 warn!(
                     iface = configured,
                     "configured NIC is absent; will attach when it appears"

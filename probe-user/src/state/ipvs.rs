@@ -611,8 +611,15 @@ where
                 }
             }
             _ => {
-                let decoded = NetlinkMessage::<GenlMessage<F>>::deserialize(msg)
-                    .map_err(|source| IpvsError::Decode { what, source })?;
+                // netlink-packet-generic 0.5 indexes some nested attributes unchecked (a
+                // one-byte flip in a CTRL reply made it panic under fuzzing): a reply it
+                // cannot decode is a decode error here, not a crashed agent.
+                let decoded =
+                    std::panic::catch_unwind(|| NetlinkMessage::<GenlMessage<F>>::deserialize(msg))
+                        .unwrap_or_else(|_| {
+                            Err(DecodeError::from("malformed attribute (decoder panicked)"))
+                        })
+                        .map_err(|source| IpvsError::Decode { what, source })?;
                 if let NetlinkPayload::InnerMessage(m) = decoded.payload {
                     out.push(m);
                 }
