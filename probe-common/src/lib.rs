@@ -32,36 +32,119 @@ pub mod kind {
     pub const VIP_EGRESS: u8 = 3;
 }
 
-/// Indices of the per-CPU `STATS` array.
 /// The IPv4 prefilter in front of the host hash and the prefix trie: a bitmap (an array map
 /// of [`prefilter::WORDS`] u64 words, which the verifier inlines into plain loads) that says
 /// "certainly not local" for nearly every ordinary packet, so it pays no hash or trie
 /// look-up. Bits are a superset: a set bit only means "look it up".
 ///
+/// Three regions: host addresses (/32) by hash; two bits per /16 network ([`prefilter::net16`]:
+/// nothing local in it, a prefix longer than /16 inside it, or covered by a /16 or shorter
+/// prefix); and, for the /16s of the second kind, their /24s by hash. Other nodes' pods in the
+/// local pod CIDR's /16 (10.244.2.x beside 10.244.1.0/24) are then answered by three loads
+/// instead of a trie walk.
+///
 /// `raw` is the address's four bytes as they lie in the packet, read as a little-endian u32
 /// (what a BPF program on bpfel loads; `u32::from_le_bytes(octets)` in userspace).
 pub mod prefilter {
-    /// u64 words in the map: [`NET_BITS`] bits for /16 networks, as many for host hashes.
-    pub const WORDS: u32 = 2048;
-    /// Bits 0..65536: the /16 networks some shorter-than-/32 prefix (pod CIDR, bridge subnet)
-    /// overlaps; bits 65536..: host addresses by hash.
-    pub const NET_BITS: u32 = 65536;
+    /// u64 words in the map: 2^16 host bits, 2^17 /16 bits (two each), 2^16 /24 bits.
+    pub const WORDS: u32 = 4096;
+    /// Bits 0..HOST_BITS: host addresses by hash.
+    pub const HOST_BITS: u32 = 65536;
+    /// Word of the first /16 pair: 32 /16s per word, two bits each.
+    pub const NET16_WORD: u32 = HOST_BITS / 64;
+    /// First bit of the /24 region.
+    pub const NET24_FIRST: u32 = HOST_BITS * 3;
+    /// Bits of the /24 region.
+    pub const NET24_BITS: u32 = 65536;
     /// Fibonacci hashing multiplier (2^32 / golden ratio).
     const K: u32 = 0x9E37_79B1;
 
-    /// The bit of the /16 network holding `raw` (its first two octets).
-    #[inline(always)]
-    pub fn net_bit(raw: u32) -> u32 {
-        raw & 0xffff
+    /// What a /16 network's two bits say.
+    pub mod net16 {
+        /// No prefix shorter than /32 overlaps it.
+        pub const NONE: u64 = 0;
+        /// Only prefixes longer than /16 lie in it: ask the /24 bit.
+        pub const PARTIAL: u64 = 1;
+        /// A /16 or shorter prefix covers it: look it up (bit 1; PARTIAL may be set as well).
+        pub const COVERED: u64 = 2;
     }
 
     /// The bit of host address `raw`.
     #[inline(always)]
     pub fn host_bit(raw: u32) -> u32 {
-        NET_BITS + (raw.wrapping_mul(K) >> 16)
+        raw.wrapping_mul(K) >> 16
+    }
+
+    /// The /16 network of `raw` (its first two octets, as a number: 10.244 is 0x0af4).
+    #[inline(always)]
+    pub fn net16(raw: u32) -> u32 {
+        ((raw & 0xff) << 8) | ((raw >> 8) & 0xff)
+    }
+
+    /// The word holding the two bits of `net16`, and their shift in it.
+    #[inline(always)]
+    pub fn net16_slot(net16: u32) -> (u32, u32) {
+        (NET16_WORD + (net16 >> 5), (net16 & 31) * 2)
+    }
+
+    /// The bit of the /24 network holding `raw` (its first three octets), by hash.
+    #[inline(always)]
+    pub fn net24_bit(raw: u32) -> u32 {
+        NET24_FIRST + ((raw & 0x00ff_ffff).wrapping_mul(K) >> 16)
+    }
+
+    // The regions fill the map exactly.
+    const _: () = assert!(NET24_FIRST + NET24_BITS == WORDS * 64);
+    const _: () = assert!(NET16_WORD * 64 + 65536 * 2 == NET24_FIRST);
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        fn raw(o: [u8; 4]) -> u32 {
+            u32::from_le_bytes(o)
+        }
+
+        #[test]
+        fn each_address_maps_into_its_own_region() {
+            // A spread of addresses, every octet value in every position.
+            for i in 0..=255u32 {
+                for o in [
+                    [i as u8, 0, 0, 0],
+                    [1, i as u8, 255, 3],
+                    [10, 244, i as u8, 9],
+                ] {
+                    let a = raw(o);
+                    assert!(host_bit(a) < HOST_BITS);
+                    let (word, shift) = net16_slot(net16(a));
+                    assert!((NET16_WORD..NET24_FIRST / 64).contains(&word) && shift < 64);
+                    assert_eq!(shift % 2, 0);
+                    assert!((NET24_FIRST..WORDS * 64).contains(&net24_bit(a)));
+                }
+            }
+        }
+
+        #[test]
+        fn networks_are_the_leading_octets() {
+            assert_eq!(net16(raw([10, 244, 1, 7])), 0x0af4);
+            assert_eq!(net16(raw([255, 1, 0, 0])), 0xff01);
+            // Every address of a /24 shares its bit; the /16's pair is shared by its /24s.
+            let bit = net24_bit(raw([10, 244, 1, 0]));
+            assert!((0..=255).all(|d| net24_bit(raw([10, 244, 1, d])) == bit));
+            assert_ne!(net24_bit(raw([10, 244, 2, 0])), bit);
+            assert_eq!(
+                net16_slot(net16(raw([10, 244, 1, 0]))),
+                net16_slot(net16(raw([10, 244, 200, 9])))
+            );
+            // Adjacent /16s: neighbouring pairs of one word.
+            let (w0, s0) = net16_slot(0x0af4);
+            let (w1, s1) = net16_slot(0x0af5);
+            assert_eq!((w0, s0 + 2), (w1, s1));
+        }
     }
 }
 
+/// Indices of the per-CPU `STATS` array.
 pub mod stat {
     /// Events not sent because the per-CPU per-second budget was spent.
     pub const BUDGET_SUPPRESSED: u32 = 0;

@@ -232,9 +232,27 @@ fn prefilter_bit(i: u32) -> bool {
         .is_some_and(|w| (*w >> (i & 63)) & 1 == 1)
 }
 
+/// The two prefilter bits of the /16 network holding `raw` (see `prefilter::net16`).
+#[inline(always)]
+fn prefilter_net16(raw: u32) -> u64 {
+    let (word, shift) = prefilter::net16_slot(prefilter::net16(raw));
+    PREFILTER_V4.get(word).map_or(0, |w| (*w >> shift) & 3)
+}
+
+/// Whether the IPv4 trie could hold a prefix covering `raw`: the /16's bits, then, for a /16
+/// holding only longer prefixes, the /24's.
+#[inline(always)]
+fn may_be_in_trie(raw: u32) -> bool {
+    match prefilter_net16(raw) {
+        prefilter::net16::NONE => false,
+        prefilter::net16::PARTIAL => prefilter_bit(prefilter::net24_bit(raw)),
+        _ => true,
+    }
+}
+
 /// The tag of an address. Longest-prefix semantics in two steps: a host address (the longest
 /// prefix there is) in the hash, else the trie of shorter prefixes. IPv4 asks the prefilter
-/// first: each look-up runs only when its bit says it could hit.
+/// first: each look-up runs only when its bits say it could hit.
 #[inline(always)]
 fn lookup_tag(fam: u8, addr: &[u32; 4]) -> u8 {
     if fam == family::V4 {
@@ -244,7 +262,7 @@ fn lookup_tag(fam: u8, addr: &[u32; 4]) -> u8 {
         {
             return v.tag;
         }
-        if prefilter_bit(prefilter::net_bit(raw)) {
+        if may_be_in_trie(raw) {
             let key = LpmKey::new(32, raw);
             return LOCAL_V4.get(&key).map(|v| v.tag).unwrap_or(tag::NONE);
         }
