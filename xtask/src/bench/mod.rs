@@ -22,10 +22,12 @@
 //!    NodePorts (distinct aggregates, so each is written); from the kernel's drop timestamp
 //!    (the agent's `--record` stream) to the confirmed line arriving on the agent's stdout.
 //! 5. **Footprint**: time to ready, RSS idle and under the flood, map memory.
+//! 6. **Traffic classes** ([`classes`]): ns per ordinary packet by class, test run and live.
 //!
 //! No figure is asserted on: benchmarks report, tests assert. `--quick` is a smoke run of a
 //! few seconds per part (it writes `target/bench-quick.md` unless `--out` says otherwise).
 
+mod classes;
 pub(crate) mod net;
 pub mod report;
 pub(crate) mod tools;
@@ -107,6 +109,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         );
         let mut tables = Vec::new();
         let mut summary = Vec::new();
+        // Part 6 alone, e.g. to compare two builds (with CLB_BENCH_AGENT) quickly.
+        if std::env::var_os("CLB_BENCH_CLASSES_ONLY").is_some() {
+            tables.push(classes::classes(&args, &net, &probe, &work, &mut summary)?);
+            return Ok(tables);
+        }
         let (overhead, cost, startups, idle_rss) =
             datapath(&args, &net, &probe, &work, &mut summary)?;
         tables.push(overhead);
@@ -120,6 +127,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             &flood.peak_rss_mib,
             flood.map_bytes,
         ));
+        tables.push(classes::classes(&args, &net, &probe, &work, &mut summary)?);
         let mut head = Table::new("Summary", &["what", "figure"]);
         head.note = "Each line from the tables below; \"target\" is the issue's.".to_string();
         for (what, figure) in summary {
@@ -146,6 +154,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
 }
 
 fn build_agent(root: &Path) -> Result<PathBuf> {
+    // Another build of the agent, e.g. a baseline to compare with.
+    if let Some(p) = std::env::var_os("CLB_BENCH_AGENT") {
+        return Ok(PathBuf::from(p));
+    }
     eprintln!("bench: cargo build --release -p probe-user");
     let status = std::process::Command::new(std::env::var_os("CARGO").unwrap_or("cargo".into()))
         .args(["build", "--release", "-p", "probe-user", "--bin", "probe"])
