@@ -40,6 +40,8 @@ pub struct ProbeSettings {
     pub ebpf_log: bool,
     /// Force an attach mode; None = tcx on kernels >= 6.6, netlink clsact before.
     pub tc_mode: Option<TcMode>,
+    /// Map capacities (the agent's flags).
+    pub sizes: super::sizing::MapSizes,
 }
 
 /// How programs are attached on this kernel; shown in the live view and logs.
@@ -180,12 +182,14 @@ impl Probe {
         } else {
             0
         };
-        let mut ebpf = EbpfLoader::new()
+        let mut loader = EbpfLoader::new();
+        loader
             .btf(Some(&btf))
             .override_global("CONFIG", &settings.config, true)
             .override_global("OFFSETS", &kbtf.offsets, true)
-            .override_global(aya_log::LEVEL, &level, false)
-            .load(PROGRAMS)?;
+            .override_global(aya_log::LEVEL, &level, false);
+        settings.sizes.apply(&mut loader);
+        let mut ebpf = loader.load(PROGRAMS)?;
         let logger = if settings.ebpf_log {
             aya_log::EbpfLogger::init(&mut ebpf)
                 .map_err(|e| warn!(error = %e, "eBPF logging unavailable"))
