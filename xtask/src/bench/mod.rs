@@ -26,7 +26,9 @@
 //! No figure is asserted on: benchmarks report, tests assert. `--quick` is a smoke run of a
 //! few seconds per part (it writes `target/bench-quick.md` unless `--out` says otherwise).
 
+pub(crate) mod footprint;
 pub(crate) mod net;
+pub(crate) mod ratio;
 pub mod report;
 pub(crate) mod tools;
 
@@ -57,6 +59,19 @@ pub struct BenchArgs {
     /// Health-check drops timed for the detection latency.
     #[arg(long, default_value_t = 250)]
     pub latency_events: usize,
+    /// Cycles of the paired throughput ratio (each: a nothing, an agent, a tcpdump window).
+    #[arg(long, default_value_t = 60)]
+    pub cycles: usize,
+    /// Milliseconds of each paired-ratio window.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(100..))]
+    pub window_ms: u64,
+    /// Agent starts timed for the footprint (startup, idle RSS).
+    #[arg(long, default_value_t = 5)]
+    pub starts: usize,
+    /// Run only these parts (default: all); a partial run writes target/bench-partial.md
+    /// unless --out says otherwise.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub only: Vec<Part>,
     /// A smoke run: one round, one-second windows, a 3 s flood, 20 latency events.
     #[arg(long)]
     pub quick: bool,
@@ -73,9 +88,28 @@ impl BenchArgs {
             a.secs = 1;
             a.flood_secs = 3;
             a.latency_events = 20;
+            a.cycles = 4;
+            a.window_ms = 300;
+            a.starts = 2;
         }
         a
     }
+
+    fn runs(&self, part: Part) -> bool {
+        self.only.is_empty() || self.only.contains(&part)
+    }
+}
+
+/// The parts of the bench, for `--only`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Part {
+    /// 1 and 2: the round-by-round comparison and the per-packet cost.
+    Datapath,
+    /// 1b: the paired-window throughput ratio with its bootstrap interval.
+    Ratio,
+    Flood,
+    Latency,
+    Footprint,
 }
 
 /// Port of the agent's `/metrics` inside the bench node namespace.
@@ -107,19 +141,42 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         );
         let mut tables = Vec::new();
         let mut summary = Vec::new();
-        let (overhead, cost, startups, idle_rss) =
-            datapath(&args, &net, &probe, &work, &mut summary)?;
-        tables.push(overhead);
-        tables.push(cost);
-        let flood = flood(&args, &net, &probe, &work, &mut summary)?;
-        tables.push(flood.table);
-        tables.push(latency(&args, &probe, &work, &mut summary)?);
-        tables.push(footprint(
-            &startups,
-            &idle_rss,
-            &flood.peak_rss_mib,
-            flood.map_bytes,
-        ));
+        let (mut startups, mut idle_rss) = (Vec::new(), Vec::new());
+        if args.runs(Part::Datapath) {
+            let (overhead, cost, s, r) = datapath(&args, &net, &probe, &work, &mut summary)?;
+            tables.push(overhead);
+            tables.push(cost);
+            (startups, idle_rss) = (s, r);
+        }
+        if args.runs(Part::Ratio) {
+            let plan = ratio::Plan {
+                cycles: args.cycles,
+                window: Duration::from_millis(args.window_ms),
+            };
+            tables.push(ratio::measure(
+                &plan,
+                &net,
+                &probe,
+                &work,
+                METRICS_PORT,
+                &mut summary,
+            )?);
+        }
+        let mut peak_rss = Vec::new();
+        if args.runs(Part::Flood) {
+            let flood = flood(&args, &net, &probe, &work, &mut summary)?;
+            tables.push(flood.table);
+            peak_rss = flood.peak_rss_mib;
+        }
+        if args.runs(Part::Latency) {
+            tables.push(latency(&args, &probe, &work, &mut summary)?);
+        }
+        if args.runs(Part::Footprint) {
+            let mut starts = footprint::starts(args.starts, &probe, &work, METRICS_PORT)?;
+            starts.startup_ms.extend(startups);
+            starts.idle_rss_mib.extend(idle_rss);
+            tables.push(footprint::table(&starts, &peak_rss, &mut summary));
+        }
         let mut head = Table::new("Summary", &["what", "figure"]);
         head.note = "Each line from the tables below; \"target\" is the issue's.".to_string();
         for (what, figure) in summary {
@@ -134,7 +191,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let doc = document(&args, &tables);
     println!("{doc}");
     let out = args.out.clone().unwrap_or_else(|| {
-        if args.quick {
+        if !args.only.is_empty() {
+            root.join("target/bench-partial.md")
+        } else if args.quick {
             root.join("target/bench-quick.md")
         } else {
             root.join("BENCHMARKS.md")
@@ -146,6 +205,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
 }
 
 fn build_agent(root: &Path) -> Result<PathBuf> {
+    // A before/after comparison runs a binary built elsewhere (e.g. the previous commit's).
+    if let Some(path) = std::env::var_os("CLB_BENCH_PROBE") {
+        eprintln!("bench: using CLB_BENCH_PROBE={}", path.to_string_lossy());
+        return Ok(PathBuf::from(path));
+    }
     eprintln!("bench: cargo build --release -p probe-user");
     let status = std::process::Command::new(std::env::var_os("CARGO").unwrap_or("cargo".into()))
         .args(["build", "--release", "-p", "probe-user", "--bin", "probe"])
@@ -478,7 +542,6 @@ fn datapath(
 struct FloodResult {
     table: Table,
     peak_rss_mib: Vec<f64>,
-    map_bytes: u64,
 }
 
 /// Part 3.
@@ -497,7 +560,6 @@ fn flood(
     std::fs::write(&config, text)?;
     let agent = Agent::start(probe, work, METRICS_PORT)?;
     pause(Duration::from_secs(1))?;
-    let map_bytes = tools::map_memory()?;
     let m0 = agent.metrics().context("/metrics before the flood")?;
     let (rx0, tx0) = (net.nic_rx_packets()?, net.tx_packets()?);
     let hz = tools::clock_ticks_per_sec() as f64;
@@ -638,7 +700,6 @@ fn flood(
     Ok(FloodResult {
         table,
         peak_rss_mib: vec![hwm as f64 / 1024.0],
-        map_bytes,
     })
 }
 
@@ -724,29 +785,6 @@ fn latency(
     Ok(table)
 }
 
-/// Part 5.
-fn footprint(startups: &[f64], idle_rss: &[f64], peak_rss: &[f64], map_bytes: u64) -> Table {
-    let mut t = Table::new("5. Footprint", &["measure", "value"]);
-    t.note = "Startup: from spawning the agent to `/readyz` answering 200 (programs loaded and \
-              attached, address sets loaded, service table read). Map memory: `bytes_memlock` \
-              of every map our programs use, as bpftool reports it."
-        .to_string();
-    t.row(vec!["startup to ready, ms".into(), spread(startups, 0)]);
-    t.row(vec![
-        "RSS idle (1 s after ready), MiB".into(),
-        spread(idle_rss, 1),
-    ]);
-    t.row(vec![
-        "peak RSS under the flood, MiB".into(),
-        spread(peak_rss, 1),
-    ]);
-    t.row(vec![
-        "map memory, MiB".into(),
-        format!("{:.1}", map_bytes as f64 / (1024.0 * 1024.0)),
-    ]);
-    t
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -758,6 +796,10 @@ mod tests {
             secs: 5,
             flood_secs: 30,
             latency_events: 250,
+            cycles: 60,
+            window_ms: 1000,
+            starts: 5,
+            only: vec![Part::Ratio],
             quick: true,
             out: None,
         }
@@ -766,5 +808,7 @@ mod tests {
             (a.rounds, a.secs, a.flood_secs, a.latency_events),
             (1, 1, 3, 20)
         );
+        assert_eq!((a.cycles, a.window_ms, a.starts), (4, 300, 2));
+        assert!(a.runs(Part::Ratio) && !a.runs(Part::Datapath));
     }
 }
