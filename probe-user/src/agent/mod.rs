@@ -85,6 +85,10 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         .spawn(kernel::kallsyms::Kallsyms::load)
         .context("starting the kallsyms reader")?;
     let services_read = tokio::task::spawn_blocking(state::read_services);
+    let aya_btf = std::thread::Builder::new()
+        .name("btf".into())
+        .spawn(kernel::probe::parse_btf_for_aya)
+        .context("starting the BTF reader")?;
     let kbtf = KernelBtf::load()?;
     steps.mark("kernel-btf");
     let (rt_conn, rt_handle, _) =
@@ -143,7 +147,14 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
     settings.config.netns_ino = kernel::current_netns_inode();
     settings.config.reason_consumed = kbtf.drop_reasons.code("SKB_CONSUMED").unwrap_or(u32::MAX);
     steps.mark("interfaces");
-    let loaded = Probe::load(&settings, &kbtf)?;
+    let aya_btf = aya_btf.join().unwrap_or_else(|_| {
+        Err(kernel::KernelError::Btf {
+            what: "parsing /sys/kernel/btf/vmlinux for aya".into(),
+            detail: "the parsing thread panicked".into(),
+        })
+    });
+    steps.mark("btf-wait");
+    let loaded = Probe::load_with_btf(&settings, &kbtf, aya_btf)?;
     steps.mark("load");
     info!(features = %loaded.probe.features(), "programs loaded");
     let capabilities = Arc::new(Capabilities::default());
@@ -233,6 +244,10 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
     });
     steps.mark("serve");
     info!("{}", steps.line());
+    // Parsing BTF twice and loading the object peak at several times the steady heap; glibc
+    // keeps what was freed below the top of its heaps until asked. Once, after startup.
+    // SAFETY: malloc_trim only releases free memory back to the kernel.
+    unsafe { libc::malloc_trim(0) };
     let live_task = live_listener.map(|listener| {
         let shared = shared.clone();
         AbortOnDrop(tokio::spawn(async move {

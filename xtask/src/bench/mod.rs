@@ -11,6 +11,9 @@
 //!    CPU) and TCP throughput (iperf3), with nothing attached, with the agent, and with
 //!    `tcpdump` on the same NIC filtering for local sources. Each round measures the three
 //!    one after the other; ratios are per round, quoted as median (min–max).
+//!    1b. **Paired ratio** ([`ratio`]): many short windows (nothing, agent, tcpdump) under one
+//!    continuous stream, the agent toggled by a tcx link of its own programs; the median ratio
+//!    with a bootstrap 95% interval and a verdict against 0.98.
 //! 2. **Per-packet cost**: `kernel.bpf_stats_enabled=1` for short separate windows (the stats
 //!    cost time themselves, so never while a rate is measured): run_time_ns / run_cnt of each
 //!    program on ordinary packets, on suspects only, and on a TCP stream.
@@ -21,7 +24,13 @@
 //! 4. **Detection latency**: `--latency-events` health-check SYNs from the VIP to distinct
 //!    NodePorts (distinct aggregates, so each is written); from the kernel's drop timestamp
 //!    (the agent's `--record` stream) to the confirmed line arriving on the agent's stdout.
-//! 5. **Footprint**: time to ready, RSS idle and under the flood, map memory.
+//! 5. **Footprint** ([`footprint`]): agent starts of their own: time to ready and its steps,
+//!    idle RSS, each map's memory; peak RSS under the flood.
+//!
+//! `--only ratio,footprint` runs some parts (written to target/bench-partial.md by default);
+//! `CLB_BENCH_PROBE=<path>` benches a prebuilt agent (e.g. the previous commit's, for a
+//! before/after). Runs share fixed namespace names: one bench at a time on a machine (wrap it
+//! in `flock /run/clb-bench.lock` where several people bench).
 //!
 //! No figure is asserted on: benchmarks report, tests assert. `--quick` is a smoke run of a
 //! few seconds per part (it writes `target/bench-quick.md` unless `--out` says otherwise).
