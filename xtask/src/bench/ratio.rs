@@ -506,6 +506,18 @@ pub fn measure(
                 }
             }
         }
+        // Per cycle, for whoever wants to see the windows behind the medians.
+        eprintln!(
+            "bench: cycle {i}: {:?}: nothing {:.0}/{:.0}, agent {:.0}/{:.0}, tcpdump {:.0}/{:.0} \
+             (packets/s / per CPU-second)",
+            cycle_order(i),
+            b.0,
+            b.1,
+            a.0,
+            a.1,
+            d.0,
+            d.1
+        );
         base.push(b.0);
         with_agent.push(a.0);
         with_dump.push(d.0);
