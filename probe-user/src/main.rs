@@ -5,6 +5,7 @@ use std::{path::PathBuf, process::ExitCode, time::Duration};
 use clap::{Parser, Subcommand, ValueEnum};
 use clb_probe::{
     agent::{self, AgentConfig},
+    kernel::sizing,
     state::addrs::{AddrConfig, Prefix},
 };
 
@@ -89,6 +90,41 @@ struct AgentArgs {
     /// Seconds between re-reads of the service table (IPVS / kube-proxy iptables rules).
     #[arg(long, env = "CLB_PROBE_SERVICES_EVERY", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
     services_every: u64,
+    #[command(flatten)]
+    map_sizes: MapSizeArgs,
+}
+
+/// Kernel map capacities (README, "Map sizing"); each range-checked, exit 2 outside it.
+#[derive(clap::Args, Debug)]
+struct MapSizeArgs {
+    /// Pod connections leaving without SNAT kept as evidence (EGRESS_FLOWS, LRU).
+    #[arg(long, env = "CLB_PROBE_EGRESS_FLOWS", default_value = "65536", value_parser = |s: &str| sizing::parse_count(s, sizing::EGRESS_FLOWS_RANGE))]
+    egress_flows: u32,
+    /// Entries of each address set: node addresses, bound VIPs, pod routes
+    /// (HOSTS_V4/V6 hashes, LOCAL_V4/V6 tries).
+    #[arg(long, env = "CLB_PROBE_ADDRESS_ENTRIES", default_value = "16384", value_parser = |s: &str| sizing::parse_count(s, sizing::ADDRESSES_RANGE))]
+    address_entries: u32,
+    /// Flows the kernel remembers for event deduplication (RECENT, LRU).
+    #[arg(long, env = "CLB_PROBE_DEDUP_FLOWS", default_value = "16384", value_parser = |s: &str| sizing::parse_count(s, sizing::DEDUP_FLOWS_RANGE))]
+    dedup_flows: u32,
+    /// Keys of each exact counter map (SUSPECTS, DROPS).
+    #[arg(long, env = "CLB_PROBE_COUNTER_KEYS", default_value = "1024", value_parser = |s: &str| sizing::parse_count(s, sizing::COUNTER_KEYS_RANGE))]
+    counter_keys: u32,
+    /// Kernel event ring buffer in KiB, a power of two (EVENTS).
+    #[arg(long = "ringbuf-kib", env = "CLB_PROBE_RINGBUF_KIB", default_value = "256", value_parser = sizing::parse_ringbuf_kib)]
+    ringbuf_bytes: u32,
+}
+
+impl MapSizeArgs {
+    fn sizes(&self) -> sizing::MapSizes {
+        sizing::MapSizes {
+            egress_flows: self.egress_flows,
+            addresses: self.address_entries,
+            dedup_flows: self.dedup_flows,
+            counter_keys: self.counter_keys,
+            ringbuf_bytes: self.ringbuf_bytes,
+        }
+    }
 }
 
 /// Where the agent listens for `probe watch` / `probe events` by default.
@@ -177,6 +213,7 @@ fn main() -> ExitCode {
                 services_every: Duration::from_secs(args.services_every),
                 metrics_addr: args.metrics_addr,
                 socket: Some(args.socket),
+                map_sizes: args.map_sizes.sizes(),
             };
             let rt = match tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)

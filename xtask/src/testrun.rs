@@ -230,6 +230,10 @@ fn suites(args: &TestArgs, root: &std::path::Path, totals: &mut Totals) -> anyho
             secs: 1,
             flood_secs: 3,
             latency_events: 20,
+            cycles: 4,
+            window_ms: 300,
+            starts: 2,
+            only: Vec::new(),
             quick: true,
             out: None,
         };

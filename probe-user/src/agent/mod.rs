@@ -9,6 +9,7 @@ pub mod checks;
 pub mod instance;
 pub mod nodesync;
 pub mod shared;
+pub mod startup;
 
 use std::{
     path::PathBuf,
@@ -55,11 +56,14 @@ pub struct AgentConfig {
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// `--socket`: the live-view socket `probe watch` and `probe events` connect to.
     pub socket: Option<PathBuf>,
+    /// `--egress-flows`, `--address-entries`, ...: the kernel maps' capacities.
+    pub map_sizes: kernel::sizing::MapSizes,
 }
 
 /// Runs until SIGINT/SIGTERM. Every exit path detaches: the probe is owned by the node-sync
 /// task, which detaches before it returns, and by Drop if anything unwinds.
 pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
+    let mut steps = startup::StartupSteps::default();
     // Signals first: a SIGTERM that lands while we load and attach must still end in an
     // orderly detach, not the default action.
     let signals = Signals {
@@ -72,7 +76,21 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
     let _instance = AbortOnDrop(tokio::spawn(
         instance::InstanceLock::acquire(u64::from(kernel::current_netns_inode()))?.serve(),
     ));
+    steps.mark("checks");
+    // Off the path to ready, in parallel with BTF parsing and program loading (both CPU-bound
+    // on this thread): the symbol table, awaited when the reader starts, and the service
+    // table, awaited before ready (it shells out to iptables-save/nft on some nodes).
+    let kallsyms_thread = std::thread::Builder::new()
+        .name("kallsyms".into())
+        .spawn(kernel::kallsyms::Kallsyms::load)
+        .context("starting the kallsyms reader")?;
+    let services_read = tokio::task::spawn_blocking(state::read_services);
+    let aya_btf = std::thread::Builder::new()
+        .name("btf".into())
+        .spawn(kernel::probe::parse_btf_for_aya)
+        .context("starting the BTF reader")?;
     let kbtf = KernelBtf::load()?;
+    steps.mark("kernel-btf");
     let (rt_conn, rt_handle, _) =
         rtnetlink::new_connection().context("opening an rtnetlink socket")?;
     tokio::spawn(rt_conn);
@@ -124,10 +142,20 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         config: probe_common::ProbeConfig::default(),
         ebpf_log: cfg.ebpf_log,
         tc_mode: cfg.tc_mode,
+        sizes: cfg.map_sizes,
     };
     settings.config.netns_ino = kernel::current_netns_inode();
     settings.config.reason_consumed = kbtf.drop_reasons.code("SKB_CONSUMED").unwrap_or(u32::MAX);
-    let loaded = Probe::load(&settings, &kbtf)?;
+    steps.mark("interfaces");
+    let aya_btf = aya_btf.join().unwrap_or_else(|_| {
+        Err(kernel::KernelError::Btf {
+            what: "parsing /sys/kernel/btf/vmlinux for aya".into(),
+            detail: "the parsing thread panicked".into(),
+        })
+    });
+    steps.mark("btf-wait");
+    let loaded = Probe::load_with_btf(&settings, &kbtf, aya_btf)?;
+    steps.mark("load");
     info!(features = %loaded.probe.features(), "programs loaded");
     let capabilities = Arc::new(Capabilities::default());
     if loaded.probe.features().drop_hook == kernel::probe::DropHook::None {
@@ -148,14 +176,16 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         status_tx,
     );
     let sets = sync.sync(&rt_handle).await?;
+    steps.mark("attach");
     // The service table before we say ready, so the first events are named and judged.
-    let services = match tokio::task::spawn_blocking(state::read_services).await? {
+    let services = match services_read.await? {
         Ok(table) => table,
         Err(e) => {
             warn!(error = %e, "reading the service table; retrying every {:?}", cfg.services_every);
             Default::default()
         }
     };
+    steps.mark("services");
     info!(
         nics = ?sets.nics,
         vip_iface = ?sets.vip_iface,
@@ -167,13 +197,14 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
 
     let (ev_tx, ev_rx) = mpsc::channel::<KernelEvent>(4096);
     let reader_stats = Arc::new(ReaderStats::default());
-    let kallsyms = kernel::kallsyms::Kallsyms::load();
+    let kallsyms = kallsyms_thread.join().unwrap_or_default();
     if kallsyms.is_empty() {
         let restrict = std::fs::read_to_string("/proc/sys/kernel/kptr_restrict")
             .map(|s| format!("kernel.kptr_restrict={}", s.trim()))
             .unwrap_or_else(|e| format!("kptr_restrict unreadable: {e}"));
         capabilities.set(Capability::DropSites, false, &restrict);
     }
+    steps.mark("kallsyms");
     let decoder = Decoder {
         reasons: kbtf.drop_reasons.clone(),
         kallsyms,
@@ -211,6 +242,12 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
             },
         ))
     });
+    steps.mark("serve");
+    info!("{}", steps.line());
+    // Parsing BTF twice and loading the object peak at several times the steady heap; glibc
+    // keeps what was freed below the top of its heaps until asked. Once, after startup.
+    // SAFETY: malloc_trim only releases free memory back to the kernel.
+    unsafe { libc::malloc_trim(0) };
     let live_task = live_listener.map(|listener| {
         let shared = shared.clone();
         AbortOnDrop(tokio::spawn(async move {

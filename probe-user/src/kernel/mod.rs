@@ -12,6 +12,7 @@ pub mod kallsyms;
 pub mod prefilter;
 pub mod probe;
 pub mod reader;
+pub mod sizing;
 pub mod tc;
 
 pub use btf::{DropReasons, KernelBtf};

@@ -40,6 +40,8 @@ pub struct ProbeSettings {
     pub ebpf_log: bool,
     /// Force an attach mode; None = tcx on kernels >= 6.6, netlink clsact before.
     pub tc_mode: Option<TcMode>,
+    /// Map capacities (the agent's flags).
+    pub sizes: super::sizing::MapSizes,
 }
 
 /// How programs are attached on this kernel; shown in the live view and logs.
@@ -166,26 +168,35 @@ where
 impl Probe {
     /// Loads the programs with this kernel's offsets and tunables, and hooks `kfree_skb`.
     pub fn load(settings: &ProbeSettings, kbtf: &KernelBtf) -> Result<Loaded, KernelError> {
+        Self::load_with_btf(settings, kbtf, parse_btf_for_aya())
+    }
+
+    /// [`Probe::load`] with aya's parse of the kernel BTF done elsewhere (the agent does it in
+    /// parallel with its own BTF reading: the two parses are most of the time to ready).
+    pub fn load_with_btf(
+        settings: &ProbeSettings,
+        kbtf: &KernelBtf,
+        btf: Result<aya::Btf, KernelError>,
+    ) -> Result<Loaded, KernelError> {
         if PROGRAMS.is_empty() {
             return Err(KernelError::NoPrograms);
         }
         raise_memlock();
-        let btf = aya::Btf::from_sys_fs().map_err(|e| KernelError::Btf {
-            what: "loading /sys/kernel/btf/vmlinux for aya".into(),
-            detail: e.to_string(),
-        })?;
+        let btf = btf?;
         // aya-log's kernel side defaults to every level on: turn it off unless asked.
         let level: u8 = if settings.ebpf_log {
             aya_log::Level::Debug as u8
         } else {
             0
         };
-        let mut ebpf = EbpfLoader::new()
+        let mut loader = EbpfLoader::new();
+        loader
             .btf(Some(&btf))
             .override_global("CONFIG", &settings.config, true)
             .override_global("OFFSETS", &kbtf.offsets, true)
-            .override_global(aya_log::LEVEL, &level, false)
-            .load(PROGRAMS)?;
+            .override_global(aya_log::LEVEL, &level, false);
+        settings.sizes.apply(&mut loader);
+        let mut ebpf = loader.load(PROGRAMS)?;
         let logger = if settings.ebpf_log {
             aya_log::EbpfLogger::init(&mut ebpf)
                 .map_err(|e| warn!(error = %e, "eBPF logging unavailable"))
@@ -521,6 +532,14 @@ fn hook_kfree_skb(ebpf: &mut Ebpf, btf: &aya::Btf, with_reason: bool) -> DropHoo
             DropHook::None
         }
     }
+}
+
+/// The kernel's BTF as aya needs it for relocations and tp_btf.
+pub fn parse_btf_for_aya() -> Result<aya::Btf, KernelError> {
+    aya::Btf::from_sys_fs().map_err(|e| KernelError::Btf {
+        what: "loading /sys/kernel/btf/vmlinux for aya".into(),
+        detail: e.to_string(),
+    })
 }
 
 /// Kernels before 5.11 charge BPF memory to RLIMIT_MEMLOCK.

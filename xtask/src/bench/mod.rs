@@ -11,6 +11,9 @@
 //!    CPU) and TCP throughput (iperf3), with nothing attached, with the agent, and with
 //!    `tcpdump` on the same NIC filtering for local sources. Each round measures the three
 //!    one after the other; ratios are per round, quoted as median (min–max).
+//!    1b. **Paired ratio** ([`ratio`]): many short windows (nothing, agent, tcpdump) under one
+//!    continuous stream, the agent toggled by a tcx link of its own programs; the median ratio
+//!    with a bootstrap 95% interval and a verdict against 0.98.
 //! 2. **Per-packet cost**: `kernel.bpf_stats_enabled=1` for short separate windows (the stats
 //!    cost time themselves, so never while a rate is measured): run_time_ns / run_cnt of each
 //!    program on ordinary packets, on suspects only, and on a TCP stream.
@@ -21,14 +24,22 @@
 //! 4. **Detection latency**: `--latency-events` health-check SYNs from the VIP to distinct
 //!    NodePorts (distinct aggregates, so each is written); from the kernel's drop timestamp
 //!    (the agent's `--record` stream) to the confirmed line arriving on the agent's stdout.
-//! 5. **Footprint**: time to ready, RSS idle and under the flood, map memory.
+//! 5. **Footprint** ([`footprint`]): agent starts of their own: time to ready and its steps,
+//!    idle RSS, each map's memory; peak RSS under the flood.
 //! 6. **Traffic classes** ([`classes`]): ns per ordinary packet by class, test run and live.
+//!
+//! `--only ratio,footprint` runs some parts (written to target/bench-partial.md by default);
+//! `CLB_BENCH_PROBE=<path>` benches a prebuilt agent (e.g. the previous commit's, for a
+//! before/after). Runs share fixed namespace names: one bench at a time on a machine (wrap it
+//! in `flock /run/clb-bench.lock` where several people bench).
 //!
 //! No figure is asserted on: benchmarks report, tests assert. `--quick` is a smoke run of a
 //! few seconds per part (it writes `target/bench-quick.md` unless `--out` says otherwise).
 
 mod classes;
+pub(crate) mod footprint;
 pub(crate) mod net;
+pub(crate) mod ratio;
 pub mod report;
 pub(crate) mod tools;
 
@@ -59,6 +70,19 @@ pub struct BenchArgs {
     /// Health-check drops timed for the detection latency.
     #[arg(long, default_value_t = 250)]
     pub latency_events: usize,
+    /// Cycles of the paired throughput ratio (each: a nothing, an agent, a tcpdump window).
+    #[arg(long, default_value_t = 60)]
+    pub cycles: usize,
+    /// Milliseconds of each paired-ratio window.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(100..))]
+    pub window_ms: u64,
+    /// Agent starts timed for the footprint (startup, idle RSS).
+    #[arg(long, default_value_t = 5)]
+    pub starts: usize,
+    /// Run only these parts (default: all); a partial run writes target/bench-partial.md
+    /// unless --out says otherwise.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub only: Vec<Part>,
     /// A smoke run: one round, one-second windows, a 3 s flood, 20 latency events.
     #[arg(long)]
     pub quick: bool,
@@ -75,9 +99,30 @@ impl BenchArgs {
             a.secs = 1;
             a.flood_secs = 3;
             a.latency_events = 20;
+            a.cycles = 4;
+            a.window_ms = 300;
+            a.starts = 2;
         }
         a
     }
+
+    fn runs(&self, part: Part) -> bool {
+        self.only.is_empty() || self.only.contains(&part)
+    }
+}
+
+/// The parts of the bench, for `--only`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Part {
+    /// 1 and 2: the round-by-round comparison and the per-packet cost.
+    Datapath,
+    /// 1b: the paired-window throughput ratio with its bootstrap interval.
+    Ratio,
+    Flood,
+    Latency,
+    Footprint,
+    /// 6: ns per ordinary packet by traffic class, test run and live.
+    Classes,
 }
 
 /// Port of the agent's `/metrics` inside the bench node namespace.
@@ -109,25 +154,45 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         );
         let mut tables = Vec::new();
         let mut summary = Vec::new();
-        // Part 6 alone, e.g. to compare two builds (with CLB_BENCH_AGENT) quickly.
-        if std::env::var_os("CLB_BENCH_CLASSES_ONLY").is_some() {
-            tables.push(classes::classes(&args, &net, &probe, &work, &mut summary)?);
-            return Ok(tables);
+        let (mut startups, mut idle_rss) = (Vec::new(), Vec::new());
+        if args.runs(Part::Datapath) {
+            let (overhead, cost, s, r) = datapath(&args, &net, &probe, &work, &mut summary)?;
+            tables.push(overhead);
+            tables.push(cost);
+            (startups, idle_rss) = (s, r);
         }
-        let (overhead, cost, startups, idle_rss) =
-            datapath(&args, &net, &probe, &work, &mut summary)?;
-        tables.push(overhead);
-        tables.push(cost);
-        let flood = flood(&args, &net, &probe, &work, &mut summary)?;
-        tables.push(flood.table);
-        tables.push(latency(&args, &probe, &work, &mut summary)?);
-        tables.push(footprint(
-            &startups,
-            &idle_rss,
-            &flood.peak_rss_mib,
-            flood.map_bytes,
-        ));
-        tables.push(classes::classes(&args, &net, &probe, &work, &mut summary)?);
+        if args.runs(Part::Ratio) {
+            let plan = ratio::Plan {
+                cycles: args.cycles,
+                window: Duration::from_millis(args.window_ms),
+            };
+            tables.push(ratio::measure(
+                &plan,
+                &net,
+                &probe,
+                &work,
+                METRICS_PORT,
+                &mut summary,
+            )?);
+        }
+        let mut peak_rss = Vec::new();
+        if args.runs(Part::Flood) {
+            let flood = flood(&args, &net, &probe, &work, &mut summary)?;
+            tables.push(flood.table);
+            peak_rss = flood.peak_rss_mib;
+        }
+        if args.runs(Part::Latency) {
+            tables.push(latency(&args, &probe, &work, &mut summary)?);
+        }
+        if args.runs(Part::Footprint) {
+            let mut starts = footprint::starts(args.starts, &probe, &work, METRICS_PORT)?;
+            starts.startup_ms.extend(startups);
+            starts.idle_rss_mib.extend(idle_rss);
+            tables.push(footprint::table(&starts, &peak_rss, &mut summary));
+        }
+        if args.runs(Part::Classes) {
+            tables.push(classes::classes(&args, &net, &probe, &work, &mut summary)?);
+        }
         let mut head = Table::new("Summary", &["what", "figure"]);
         head.note = "Each line from the tables below; \"target\" is the issue's.".to_string();
         for (what, figure) in summary {
@@ -142,7 +207,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let doc = document(&args, &tables);
     println!("{doc}");
     let out = args.out.clone().unwrap_or_else(|| {
-        if args.quick {
+        if !args.only.is_empty() {
+            root.join("target/bench-partial.md")
+        } else if args.quick {
             root.join("target/bench-quick.md")
         } else {
             root.join("BENCHMARKS.md")
@@ -154,9 +221,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
 }
 
 fn build_agent(root: &Path) -> Result<PathBuf> {
-    // Another build of the agent, e.g. a baseline to compare with.
-    if let Some(p) = std::env::var_os("CLB_BENCH_AGENT") {
-        return Ok(PathBuf::from(p));
+    // A before/after comparison runs a binary built elsewhere (e.g. the previous commit's).
+    if let Some(path) = std::env::var_os("CLB_BENCH_PROBE") {
+        eprintln!("bench: using CLB_BENCH_PROBE={}", path.to_string_lossy());
+        return Ok(PathBuf::from(path));
     }
     eprintln!("bench: cargo build --release -p probe-user");
     let status = std::process::Command::new(std::env::var_os("CARGO").unwrap_or("cargo".into()))
@@ -490,7 +558,6 @@ fn datapath(
 struct FloodResult {
     table: Table,
     peak_rss_mib: Vec<f64>,
-    map_bytes: u64,
 }
 
 /// Part 3.
@@ -509,7 +576,6 @@ fn flood(
     std::fs::write(&config, text)?;
     let agent = Agent::start(probe, work, METRICS_PORT)?;
     pause(Duration::from_secs(1))?;
-    let map_bytes = tools::map_memory()?;
     let m0 = agent.metrics().context("/metrics before the flood")?;
     let (rx0, tx0) = (net.nic_rx_packets()?, net.tx_packets()?);
     let hz = tools::clock_ticks_per_sec() as f64;
@@ -650,7 +716,6 @@ fn flood(
     Ok(FloodResult {
         table,
         peak_rss_mib: vec![hwm as f64 / 1024.0],
-        map_bytes,
     })
 }
 
@@ -736,29 +801,6 @@ fn latency(
     Ok(table)
 }
 
-/// Part 5.
-fn footprint(startups: &[f64], idle_rss: &[f64], peak_rss: &[f64], map_bytes: u64) -> Table {
-    let mut t = Table::new("5. Footprint", &["measure", "value"]);
-    t.note = "Startup: from spawning the agent to `/readyz` answering 200 (programs loaded and \
-              attached, address sets loaded, service table read). Map memory: `bytes_memlock` \
-              of every map our programs use, as bpftool reports it."
-        .to_string();
-    t.row(vec!["startup to ready, ms".into(), spread(startups, 0)]);
-    t.row(vec![
-        "RSS idle (1 s after ready), MiB".into(),
-        spread(idle_rss, 1),
-    ]);
-    t.row(vec![
-        "peak RSS under the flood, MiB".into(),
-        spread(peak_rss, 1),
-    ]);
-    t.row(vec![
-        "map memory, MiB".into(),
-        format!("{:.1}", map_bytes as f64 / (1024.0 * 1024.0)),
-    ]);
-    t
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -770,6 +812,10 @@ mod tests {
             secs: 5,
             flood_secs: 30,
             latency_events: 250,
+            cycles: 60,
+            window_ms: 1000,
+            starts: 5,
+            only: vec![Part::Ratio],
             quick: true,
             out: None,
         }
@@ -778,5 +824,7 @@ mod tests {
             (a.rounds, a.secs, a.flood_secs, a.latency_events),
             (1, 1, 3, 20)
         );
+        assert_eq!((a.cycles, a.window_ms, a.starts), (4, 300, 2));
+        assert!(a.runs(Part::Ratio) && !a.runs(Part::Datapath));
     }
 }

@@ -141,9 +141,14 @@ pub struct Agent {
 
 impl Agent {
     pub fn start(probe: &Path, dir: &Path, metrics_port: u16) -> Result<Agent> {
+        Self::start_with_log(probe, dir, metrics_port, "warn")
+    }
+
+    /// [`Agent::start`] with `CLB_PROBE_LOG` set to `log` (its stderr goes to `agent.log`).
+    pub fn start_with_log(probe: &Path, dir: &Path, metrics_port: u16, log: &str) -> Result<Agent> {
         let record = dir.join("record.jsonl");
         let _ = std::fs::remove_file(&record);
-        let log = std::fs::File::create(dir.join("agent.log"))?;
+        let log_file = std::fs::File::create(dir.join("agent.log"))?;
         let addr = format!("127.0.0.1:{metrics_port}");
         let socket = dir.join("agent.sock");
         let t0 = Instant::now();
@@ -170,10 +175,10 @@ impl Agent {
                     &socket.display().to_string(),
                 ],
             )
-            .env("CLB_PROBE_LOG", "warn")
+            .env("CLB_PROBE_LOG", log)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(log),
+            .stderr(log_file),
         )?;
         let events = Arc::new(Mutex::new(Vec::new()));
         let stdout = proc.child.stdout.take().context("agent stdout")?;
@@ -557,32 +562,6 @@ pub fn ether(ip: &[u8]) -> Vec<u8> {
     let mut f = vec![0x02, 0, 0, 0, 0, 0x02, 0x02, 0, 0, 0, 0, 0x01, 0x08, 0x00];
     f.extend_from_slice(ip);
     f
-}
-
-/// Bytes of kernel memory held by the maps of our programs (`bytes_memlock`, each map once).
-pub fn map_memory() -> Result<u64> {
-    let mut ids: Vec<u64> = our_progs()?
-        .iter()
-        .flat_map(|p| {
-            p["map_ids"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default()
-                .into_iter()
-                .filter_map(|i| i.as_u64())
-        })
-        .collect();
-    ids.sort_unstable();
-    ids.dedup();
-    let maps = crate::lab::cmd::run(&["bpftool", "-j", "map", "show"])?;
-    let maps: serde_json::Value = serde_json::from_str(&maps)?;
-    Ok(maps
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|m| m["id"].as_u64().is_some_and(|i| ids.contains(&i)))
-        .map(|m| m["bytes_memlock"].as_u64().unwrap_or(0))
-        .sum())
 }
 
 #[cfg(test)]

@@ -1,0 +1,726 @@
+//! The throughput ratio, resolved: many short windows with the agent's programs attached,
+//! with nothing, and with tcpdump, in rotating order under one continuous trafgen stream;
+//! the median of the per-cycle ratios with a seeded bootstrap 95% interval, and a verdict
+//! against the 0.98 target that says why when it cannot decide.
+//!
+//! Why it is built this way (the honest part):
+//! - The agent is started once and stays running for the whole series: its threads, its ring
+//!   reader and its `kfree_skb` hook are there in every window, "nothing" included. What a
+//!   window toggles is exactly the per-packet cost: whether the agent's own loaded
+//!   `clb_ingress`/`clb_egress` (its programs, its live maps) run on the NIC's tcx hooks.
+//!   The agent's links are detached once, before the first window; after that the bench holds
+//!   a tcx link of the same programs and creates/closes it between windows (one syscall each),
+//!   so neither a load, a verification nor an agent start ever falls inside a window. The
+//!   agent's userspace cost on idle ordinary traffic is polling a ring every 50 ms (measured
+//!   in the flood part: ~1% of a core under a flood), so what is left out is nothing the
+//!   per-packet question depends on.
+//! - tcpdump cannot be toggled without a restart: it is started before its window (the window
+//!   opens once it prints "listening on" and a settle pause has passed) and stopped after.
+//! - trafgen runs through the whole series; a window is the sink's packet counter read twice
+//!   from /proc/<pid>/net/dev (a file read, no process spawned).
+//! - The machine is shared (other builds run on the same two CPUs): the speed drifts from one
+//!   second to the next. Adjacent windows see nearly the same drift, so each cycle's ratio
+//!   cancels most of it; the median of many ratios and its bootstrap interval say how well.
+
+use std::{
+    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+
+use super::{
+    net::{self, BenchNet},
+    report::{Table, median, spread},
+    tools::{self, Agent, pause},
+};
+
+/// The issue's target for agent / nothing.
+pub const TARGET: f64 = 0.98;
+/// Resamples of the bootstrap; the seed makes the interval reproducible from the data.
+const RESAMPLES: usize = 10_000;
+const SEED: u64 = 0x5eed_c1b0_0098;
+/// After a toggle, before a window opens.
+const SETTLE: Duration = Duration::from_millis(150);
+
+/// A small deterministic generator (splitmix64): the bootstrap needs reproducibility, not
+/// cryptographic quality, and no dependency.
+pub struct SplitMix64(u64);
+
+impl SplitMix64 {
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n` (n > 0; the modulo bias is negligible for the sizes used here).
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+}
+
+/// The median of paired ratios with its percentile-bootstrap interval.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Estimate {
+    pub median: f64,
+    pub lo: f64,
+    pub hi: f64,
+    pub n: usize,
+}
+
+impl Estimate {
+    pub fn width(&self) -> f64 {
+        self.hi - self.lo
+    }
+}
+
+/// Median of `ratios` and the 2.5th–97.5th percentiles of the medians of `resamples`
+/// resamples (with replacement, same size), drawn from a generator seeded with `seed`.
+/// None when there is nothing to estimate from.
+pub fn bootstrap_median(ratios: &[f64], resamples: usize, seed: u64) -> Option<Estimate> {
+    if ratios.is_empty() || resamples == 0 {
+        return None;
+    }
+    let mut rng = SplitMix64::new(seed);
+    let mut sample = vec![0.0; ratios.len()];
+    let mut medians = Vec::with_capacity(resamples);
+    for _ in 0..resamples {
+        for s in sample.iter_mut() {
+            *s = ratios[rng.below(ratios.len())];
+        }
+        medians.push(median(&sample));
+    }
+    Some(Estimate {
+        median: median(ratios),
+        lo: super::report::percentile(&medians, 2.5),
+        hi: super::report::percentile(&medians, 97.5),
+        n: ratios.len(),
+    })
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// The whole interval is at or above the target.
+    Met,
+    /// The whole interval is below the target.
+    Refuted,
+    /// The interval holds the target.
+    NotResolved,
+}
+
+/// The verdict on `est` against `target` and one sentence saying why, with the interval's
+/// width against `resolution` (the difference the measurement is asked to tell apart) and,
+/// when unresolved, roughly how many windows would narrow it to that (width ~ 1/sqrt(n)).
+pub fn judge(est: &Estimate, target: f64, resolution: f64) -> (Verdict, String) {
+    let width = est.width();
+    let interval = format!(
+        "95% interval {:.3}–{:.3} (width {:.3}, n={})",
+        est.lo, est.hi, width, est.n
+    );
+    if est.lo >= target {
+        (
+            Verdict::Met,
+            format!("met: {interval} lies at or above {target:.2}"),
+        )
+    } else if est.hi < target {
+        (
+            Verdict::Refuted,
+            format!("refuted: {interval} lies below {target:.2}"),
+        )
+    } else if width > resolution {
+        let needed = (est.n as f64 * (width / resolution).powi(2)).ceil();
+        (
+            Verdict::NotResolved,
+            format!(
+                "not resolved: {interval} holds {target:.2} and is wider than the {:.0}% to \
+                 resolve; ~{needed:.0} windows of this noise would narrow it to {resolution:.2}",
+                resolution * 100.0
+            ),
+        )
+    } else {
+        (
+            Verdict::NotResolved,
+            format!(
+                "not resolved: {interval} is narrower than {:.0}% but holds {target:.2}: the \
+                 ratio is within {:.3} of the target either way",
+                resolution * 100.0,
+                width
+            ),
+        )
+    }
+}
+
+/// What a window measures with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Arm {
+    Nothing,
+    Agent,
+    Tcpdump,
+}
+
+const ARMS: [Arm; 3] = [Arm::Nothing, Arm::Agent, Arm::Tcpdump];
+
+/// The order of the three windows in cycle `i`: each arm takes each position equally often,
+/// and each follows each other arm equally often (rotations, then their reversals).
+fn cycle_order(i: usize) -> [Arm; 3] {
+    let r = i % 3;
+    let mut o = [ARMS[r], ARMS[(r + 1) % 3], ARMS[(r + 2) % 3]];
+    if (i / 3) % 2 == 1 {
+        o.reverse();
+    }
+    o
+}
+
+// bpf(2) commands and tcx attach types (linux/bpf.h; the build host's headers predate tcx).
+const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
+const BPF_LINK_CREATE: libc::c_long = 28;
+const BPF_LINK_GET_FD_BY_ID: libc::c_long = 30;
+const BPF_LINK_DETACH: libc::c_long = 34;
+
+fn bpf(cmd: libc::c_long, attr: &mut [u32; 16]) -> std::io::Result<OwnedFd> {
+    // SAFETY: a zero-initialised bpf_attr of 64 bytes; the kernel reads only what `cmd` uses.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            attr.as_mut_ptr(),
+            std::mem::size_of_val(attr) as u32,
+        )
+    };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: every command used here returns a new descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(rc as i32) })
+}
+
+/// A tcx link of the agent, as its fdinfo describes it.
+#[derive(Debug, Clone, Copy)]
+struct TcxLink {
+    link_id: u32,
+    prog_id: u32,
+    ifindex: u32,
+    attach_type: u32,
+}
+
+/// The tcx links the agent process `pid` holds (from /proc/<pid>/fdinfo: exactly this agent's,
+/// whatever other agents run on the machine).
+fn agent_tcx_links(pid: i32) -> Result<Vec<TcxLink>> {
+    let mut links = Vec::new();
+    for entry in std::fs::read_dir(format!("/proc/{pid}/fdinfo"))? {
+        let Ok(text) = std::fs::read_to_string(entry?.path()) else {
+            continue;
+        };
+        let field = |key: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(key))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse::<u32>().ok())
+        };
+        let is_tcx = text
+            .lines()
+            .any(|l| l.starts_with("link_type:") && l.contains("tcx"));
+        if let (true, Some(link_id), Some(prog_id), Some(ifindex), Some(attach_type)) = (
+            is_tcx,
+            field("link_id:"),
+            field("prog_id:"),
+            field("ifindex:"),
+            field("attach_type:"),
+        ) {
+            links.push(TcxLink {
+                link_id,
+                prog_id,
+                ifindex,
+                attach_type,
+            });
+        }
+    }
+    Ok(links)
+}
+
+/// The agent's programs on the NIC, switched on and off by the bench: created as tcx links
+/// of the bench (closing the descriptor detaches, also when the bench dies).
+struct Toggle {
+    /// (program fd, ifindex, attach type) of each hook.
+    progs: Vec<(OwnedFd, u32, u32)>,
+    links: Vec<OwnedFd>,
+}
+
+impl Toggle {
+    /// Takes over the agent's tcx links: the same programs on the same hooks, from now on
+    /// attached by us.
+    fn take_over(agent_pid: i32) -> Result<Toggle> {
+        let found = agent_tcx_links(agent_pid)?;
+        // Every interface it attached to (the NIC, and the VIP interface): "nothing" means
+        // none of its classifiers anywhere.
+        if found.is_empty() {
+            bail!("the agent holds no tcx link: the paired ratio needs tcx (kernel >= 6.6)");
+        }
+        let mut progs = Vec::new();
+        for l in found {
+            let mut attr = [0u32; 16];
+            attr[0] = l.prog_id;
+            let prog = bpf(BPF_PROG_GET_FD_BY_ID, &mut attr)
+                .with_context(|| format!("program id {}", l.prog_id))?;
+            let mut attr = [0u32; 16];
+            attr[0] = l.link_id;
+            let link = bpf(BPF_LINK_GET_FD_BY_ID, &mut attr)
+                .with_context(|| format!("link id {}", l.link_id))?;
+            let mut attr = [0u32; 16];
+            attr[0] = link.as_raw_fd() as u32;
+            bpf_plain(BPF_LINK_DETACH, &mut attr)
+                .with_context(|| format!("detaching the agent's link {}", l.link_id))?;
+            progs.push((prog, l.ifindex, l.attach_type));
+        }
+        Ok(Toggle {
+            progs,
+            links: Vec::new(),
+        })
+    }
+
+    fn on(&mut self) -> Result<()> {
+        if !self.links.is_empty() {
+            return Ok(());
+        }
+        let specs: Vec<(i32, u32, u32)> = self
+            .progs
+            .iter()
+            .map(|(fd, i, t)| (fd.as_raw_fd(), *i, *t))
+            .collect();
+        // The ifindex is the node namespace's: create the links from a thread inside it.
+        self.links = crate::lab::in_netns(net::NS_NODE, move || {
+            specs
+                .iter()
+                .map(|&(prog, ifindex, attach_type)| {
+                    let mut attr = [0u32; 16];
+                    (attr[0], attr[1], attr[2]) = (prog as u32, ifindex, attach_type);
+                    bpf(BPF_LINK_CREATE, &mut attr).context("tcx link create")
+                })
+                .collect::<Result<Vec<_>>>()
+        })?;
+        Ok(())
+    }
+
+    fn off(&mut self) {
+        self.links.clear();
+    }
+}
+
+/// bpf(2) commands that return 0 on success must not be wrapped as a descriptor.
+fn bpf_plain(cmd: libc::c_long, attr: &mut [u32; 16]) -> std::io::Result<()> {
+    // SAFETY: as in `bpf`.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            attr.as_mut_ptr(),
+            std::mem::size_of_val(attr) as u32,
+        )
+    };
+    if rc < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Received packets of `dev` in the network namespace of process `pid` (/proc/<pid>/net/dev).
+fn rx_packets(pid: i32, dev: &str) -> Result<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/net/dev"))?;
+    net_dev_rx_packets(&text, dev).with_context(|| format!("no {dev} in /proc/{pid}/net/dev"))
+}
+
+/// The receive packet count of `dev` in /proc/net/dev text (bytes come first, then packets).
+fn net_dev_rx_packets(text: &str, dev: &str) -> Option<u64> {
+    text.lines().find_map(|l| {
+        let (name, rest) = l.split_once(':')?;
+        (name.trim() == dev).then(|| rest.split_whitespace().nth(1)?.parse::<u64>().ok())?
+    })
+}
+
+/// The processes of group `pgid` (trafgen and its workers).
+fn group_pids(pgid: i32) -> Result<Vec<i32>> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc")? {
+        let Some(pid) = entry?
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // Fields after "(comm)": state, ppid, pgrp, ...
+        let pgrp = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(2)?.parse::<i32>().ok());
+        if pgrp == Some(pgid) {
+            pids.push(pid);
+        }
+    }
+    Ok(pids)
+}
+
+/// CPU time spent on the sending path so far, ns: the run time of trafgen's threads (`pids`)
+/// plus the irq and softirq time of the CPUs they last ran on (the forwarding runs in softirq
+/// on the sending CPU; with irq time accounting it is not the task's; trafgen pins its
+/// worker). Packets per CPU-second of this is the rate the path
+/// would reach on a core of its own: the share of the CPU the scheduler grants trafgen on a
+/// shared machine drops out, the cost of each packet stays.
+fn path_cpu_ns(pids: &[i32]) -> Result<u64> {
+    let mut ns = 0u64;
+    let mut cpus = Vec::new();
+    for pid in pids {
+        if let Some(cpu) = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                // "processor" is field 39; fields after "(comm)" start at field 3.
+                s.rsplit_once(')')?
+                    .1
+                    .split_whitespace()
+                    .nth(36)?
+                    .parse::<usize>()
+                    .ok()
+            })
+            && !cpus.contains(&cpu)
+        {
+            cpus.push(cpu);
+        }
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            continue;
+        };
+        for task in tasks.flatten() {
+            if let Ok(s) = std::fs::read_to_string(task.path().join("schedstat")) {
+                ns += s
+                    .split_whitespace()
+                    .next()
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or(0);
+            }
+        }
+    }
+    let stat = std::fs::read_to_string("/proc/stat")?;
+    for cpu in cpus {
+        ns += irq_softirq_ns(
+            &stat,
+            &format!("cpu{cpu} "),
+            super::tools::clock_ticks_per_sec(),
+        )
+        .with_context(|| format!("no cpu{cpu} line in /proc/stat"))?;
+    }
+    Ok(ns)
+}
+
+/// irq + softirq time of the /proc/stat line starting with `cpu` ("cpu " for all, "cpu0 "),
+/// ns.
+fn irq_softirq_ns(stat: &str, cpu: &str, hz: u64) -> Option<u64> {
+    let line = stat.lines().find(|l| l.starts_with(cpu))?;
+    let f: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq ...
+    Some((f.get(5)? + f.get(6)?) * 1_000_000_000 / hz.max(1))
+}
+
+/// The paired series' settings.
+pub struct Plan {
+    pub cycles: usize,
+    pub window: Duration,
+}
+
+/// Runs the series with the release agent `probe` and returns its table; pushes the summary
+/// lines.
+pub fn measure(
+    plan: &Plan,
+    net: &BenchNet,
+    probe: &Path,
+    work: &Path,
+    metrics_port: u16,
+    summary: &mut Vec<(String, String)>,
+) -> Result<Table> {
+    eprintln!(
+        "bench: paired ratio, {} cycles of 3 x {} ms",
+        plan.cycles,
+        plan.window.as_millis()
+    );
+    let ordinary = work.join("ordinary.trafgen");
+    std::fs::write(&ordinary, tools::trafgen_config(net, 1, None))?;
+    let agent = Agent::start(probe, work, metrics_port)?;
+    let pid = agent.pid();
+    let mut toggle = Toggle::take_over(pid)?;
+    let mut sender = tools::trafgen(&ordinary)?;
+    pause(Duration::from_millis(500))?;
+    let senders = group_pids(sender.pid())?;
+    let (mut base, mut with_agent, mut with_dump) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut base_cpu, mut agent_cpu, mut dump_cpu) = (Vec::new(), Vec::new(), Vec::new());
+    // (packets/s, packets per CPU-second of the path) of one window.
+    let window = || -> Result<(f64, f64)> {
+        pause(SETTLE)?;
+        let (p0, c0, t0) = (
+            rx_packets(pid, net::SINK_IF)?,
+            path_cpu_ns(&senders)?,
+            Instant::now(),
+        );
+        pause(plan.window)?;
+        let (p1, c1, t1) = (
+            rx_packets(pid, net::SINK_IF)?,
+            path_cpu_ns(&senders)?,
+            Instant::now(),
+        );
+        let packets = (p1 - p0) as f64;
+        Ok((
+            packets / (t1 - t0).as_secs_f64(),
+            packets / ((c1.saturating_sub(c0)).max(1) as f64 / 1e9),
+        ))
+    };
+    for i in 0..plan.cycles {
+        let (mut b, mut a, mut d) = ((0.0, 0.0), (0.0, 0.0), (0.0, 0.0));
+        for arm in cycle_order(i) {
+            match arm {
+                Arm::Nothing => {
+                    toggle.off();
+                    b = window()?;
+                }
+                Arm::Agent => {
+                    toggle.on()?;
+                    a = window()?;
+                    toggle.off();
+                }
+                Arm::Tcpdump => {
+                    toggle.off();
+                    let dump = tools::tcpdump()?;
+                    d = window()?;
+                    drop(dump);
+                }
+            }
+        }
+        // Per cycle, for whoever wants to see the windows behind the medians.
+        eprintln!(
+            "bench: cycle {i}: {:?}: nothing {:.0}/{:.0}, agent {:.0}/{:.0}, tcpdump {:.0}/{:.0} \
+             (packets/s / per CPU-second)",
+            cycle_order(i),
+            b.0,
+            b.1,
+            a.0,
+            a.1,
+            d.0,
+            d.1
+        );
+        base.push(b.0);
+        with_agent.push(a.0);
+        with_dump.push(d.0);
+        base_cpu.push(b.1);
+        agent_cpu.push(a.1);
+        dump_cpu.push(d.1);
+        if (i + 1) % 10 == 0 {
+            eprintln!("bench: paired ratio: {}/{} cycles", i + 1, plan.cycles);
+        }
+    }
+    sender.check_running()?;
+    sender.stop();
+    toggle.off();
+    drop(toggle);
+    drop(agent);
+
+    let agent_ratios = super::report::ratios(&with_agent, &base);
+    let dump_ratios = super::report::ratios(&with_dump, &base);
+    let agent_cpu_ratios = super::report::ratios(&agent_cpu, &base_cpu);
+    let dump_cpu_ratios = super::report::ratios(&dump_cpu, &base_cpu);
+    let resolution = 1.0 - TARGET;
+    let mut table = Table::new(
+        "1b. Throughput ratio, paired windows",
+        &[
+            "set-up",
+            "rate (kpps)",
+            "ratio to nothing, median",
+            "bootstrap 95% interval",
+            "ratios, p25–p75",
+            "verdict vs 0.98",
+        ],
+    );
+    table.note = format!(
+        "64-byte ordinary UDP from one continuous trafgen stream; {n} cycles of three {w} ms \
+         windows (nothing, agent, tcpdump) in rotating order, {settle} ms settle after each \
+         switch. The agent runs through the whole series; what a window switches is whether \
+         its own loaded clb_ingress/clb_egress run on {nic}'s tcx hooks (the bench detaches \
+         the agent's links once and then creates/closes a tcx link of the same programs \
+         between windows: no load, no start inside a window). tcpdump is started before its \
+         window and stopped after. Ratio per cycle (same cycle's nothing window); median with \
+         a percentile bootstrap ({RESAMPLES} resamples, fixed seed). The machine is shared \
+         with other builds while this runs: the paired design is what cancels their drift.",
+        n = plan.cycles,
+        w = plan.window.as_millis(),
+        settle = SETTLE.as_millis(),
+        nic = net::NODE_IF,
+    );
+    let kpps = |v: &[f64]| spread(&v.iter().map(|x| x / 1e3).collect::<Vec<_>>(), 1);
+    let path_ns = 1e9 / median(&base_cpu);
+    for (rate, b) in [("packets/s", &base), ("packets per CPU-second", &base_cpu)] {
+        table.row(vec![
+            format!("nothing, {rate}"),
+            kpps(b),
+            "1".into(),
+            "".into(),
+            "".into(),
+            "".into(),
+        ]);
+    }
+    for (name, rates, ratios) in [
+        ("agent, packets/s", &with_agent, &agent_ratios),
+        (
+            "tcpdump (local-source filter), packets/s",
+            &with_dump,
+            &dump_ratios,
+        ),
+        (
+            "agent, packets per CPU-second",
+            &agent_cpu,
+            &agent_cpu_ratios,
+        ),
+        (
+            "tcpdump (local-source filter), packets per CPU-second",
+            &dump_cpu,
+            &dump_cpu_ratios,
+        ),
+    ] {
+        let Some(est) = bootstrap_median(ratios, RESAMPLES, SEED) else {
+            continue;
+        };
+        let (_, why) = judge(&est, TARGET, resolution);
+        table.row(vec![
+            name.into(),
+            kpps(rates),
+            format!("{:.3}", est.median),
+            format!("{:.3}–{:.3}", est.lo, est.hi),
+            format!(
+                "{:.3}–{:.3}",
+                super::report::percentile(ratios, 25.0),
+                super::report::percentile(ratios, 75.0)
+            ),
+            why.clone(),
+        ]);
+        summary.push((
+            format!("ordinary UDP, {name} / nothing, paired windows (target >= 0.98)"),
+            format!("{:.3}, {why}", est.median),
+        ));
+    }
+    table.note.push_str(&format!(
+        " \"Packets per CPU-second\": packets over the CPU time the sending path used in the \
+         window (trafgen's threads' run time plus the irq and softirq time of the CPU it \
+         runs on, where the forwarding runs): the rate on a core of its own, so the share of the CPU the \
+         scheduler gives trafgen on a busy machine drops out and the per-packet cost stays \
+         (here {path_ns:.0} ns of path per packet with nothing attached). Packets/s is the \
+         plain rate, at the mercy of that share."
+    ));
+    Ok(table)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn est(median: f64, lo: f64, hi: f64) -> Estimate {
+        Estimate {
+            median,
+            lo,
+            hi,
+            n: 60,
+        }
+    }
+
+    #[test]
+    fn bootstrap_is_seeded_and_brackets_the_median() {
+        let mut rng = SplitMix64::new(7);
+        let ratios: Vec<f64> = (0..60)
+            .map(|_| 0.95 + (rng.below(1000) as f64) / 10_000.0)
+            .collect();
+        let a = bootstrap_median(&ratios, 2000, 1).unwrap();
+        let b = bootstrap_median(&ratios, 2000, 1).unwrap();
+        assert_eq!(a, b, "same seed, same interval");
+        assert!(a.lo <= a.median && a.median <= a.hi, "{a:?}");
+        assert!(a.lo >= 0.95 && a.hi <= 1.05, "{a:?}");
+        assert_eq!(a.n, 60);
+        // Constant data: a zero-width interval on the value.
+        let c = bootstrap_median(&[0.97; 10], 500, 3).unwrap();
+        assert_eq!((c.median, c.lo, c.hi), (0.97, 0.97, 0.97));
+        assert!(bootstrap_median(&[], 500, 3).is_none());
+    }
+
+    #[test]
+    fn more_windows_narrow_the_interval() {
+        let mut rng = SplitMix64::new(11);
+        let mut draw = |n: usize| -> Vec<f64> {
+            (0..n)
+                .map(|_| 0.9 + (rng.below(2000) as f64) / 10_000.0)
+                .collect()
+        };
+        let few = bootstrap_median(&draw(8), 4000, 5).unwrap();
+        let many = bootstrap_median(&draw(400), 4000, 5).unwrap();
+        assert!(many.width() < few.width() / 2.0, "{few:?} {many:?}");
+    }
+
+    #[test]
+    fn verdicts_follow_the_interval() {
+        assert_eq!(judge(&est(0.99, 0.985, 0.995), 0.98, 0.02).0, Verdict::Met);
+        assert_eq!(judge(&est(0.98, 0.98, 0.99), 0.98, 0.02).0, Verdict::Met);
+        assert_eq!(
+            judge(&est(0.95, 0.94, 0.97), 0.98, 0.02).0,
+            Verdict::Refuted
+        );
+        let (v, why) = judge(&est(0.97, 0.90, 1.02), 0.98, 0.02);
+        assert_eq!(v, Verdict::NotResolved);
+        // Width 0.12 vs 0.02: 36 times the windows (60 -> 2160).
+        assert!(
+            why.contains("wider than the 2%") && why.contains("~2160"),
+            "{why}"
+        );
+        let (v, why) = judge(&est(0.98, 0.975, 0.985), 0.98, 0.02);
+        assert_eq!(v, Verdict::NotResolved);
+        assert!(why.contains("narrower than 2%"), "{why}");
+    }
+
+    #[test]
+    fn irq_and_softirq_columns_in_ns() {
+        let stat = "cpu  100 0 50 900 0 3 7 2 0 0\ncpu0 50 0 25 450 0 1 3 1 0 0\n";
+        // (3 + 7) ticks at 100 Hz.
+        assert_eq!(irq_softirq_ns(stat, "cpu ", 100), Some(100_000_000));
+        assert_eq!(irq_softirq_ns(stat, "cpu0 ", 100), Some(40_000_000));
+        assert_eq!(irq_softirq_ns(stat, "cpu1 ", 100), None);
+    }
+
+    #[test]
+    fn cycles_balance_positions() {
+        let mut first = [0usize; 3];
+        for i in 0..6 {
+            let o = cycle_order(i);
+            first[ARMS.iter().position(|a| *a == o[0]).unwrap()] += 1;
+            let mut s = o.to_vec();
+            s.sort_by_key(|a| ARMS.iter().position(|b| b == a));
+            assert_eq!(s, ARMS.to_vec(), "each arm once per cycle");
+        }
+        assert_eq!(first, [2, 2, 2]);
+    }
+
+    #[test]
+    fn reads_rx_packets_of_one_device() {
+        let text = "Inter-|   Receive    |  Transmit\n \
+                    face |bytes packets errs|bytes packets\n    \
+                    lo: 10 1 0 0 0 0 0 0 10 1 0 0 0 0 0 0\n  \
+                    sink0: 1234 56 0 0 0 0 0 0 99 7 0 0 0 0 0 0\n";
+        assert_eq!(net_dev_rx_packets(text, "sink0"), Some(56));
+        assert_eq!(net_dev_rx_packets(text, "lo"), Some(1));
+        assert_eq!(net_dev_rx_packets(text, "nic0"), None);
+    }
+}
