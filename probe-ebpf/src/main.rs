@@ -543,7 +543,7 @@ fn index_egress_source(key: &EgressKey) {
         _pad: [0; 3],
     };
     let slot = EgressSourceFlows::slot(key.port, key.proto);
-    if let Some(ring) = EGRESS_SOURCES.get_ptr_mut(&source) {
+    if let Some(ring) = EGRESS_SOURCES.get_ptr_mut(source) {
         // SAFETY: a valid pointer into the map's value, for this program run.
         let ring = unsafe { &mut *ring };
         let i = ring.next as usize & (EGRESS_SOURCE_SLOTS - 1);
@@ -558,7 +558,7 @@ fn index_egress_source(key: &EgressKey) {
         flows: [0; EGRESS_SOURCE_SLOTS],
     };
     ring.flows[0] = slot;
-    let _ = EGRESS_SOURCES.insert(&source, &ring, 0);
+    let _ = EGRESS_SOURCES.insert(source, ring, 0);
 }
 
 #[inline(always)]

@@ -148,6 +148,26 @@ impl EgressTable {
         out
     }
 
+    /// Writes one record the way `clb_egress` writes a new flow: the flow, then its slot in
+    /// its source's ring (for tests and benchmarks that fill a table from userspace).
+    pub fn record(
+        &mut self,
+        key: EgressKey,
+        value: EgressValue,
+    ) -> Result<(), aya::maps::MapError> {
+        self.map.insert(key, value, 0)?;
+        let source = EgressSourceKey {
+            addr: key.addr,
+            family: key.family,
+            _pad: [0; 3],
+        };
+        let mut ring = self.sources.get(&source, 0).unwrap_or_default();
+        ring.flows[ring.next as usize % ring.flows.len()] =
+            EgressSourceFlows::slot(key.port, key.proto);
+        ring.next = ring.next.wrapping_add(1);
+        self.sources.insert(source, ring, 0)
+    }
+
     /// Every recorded opener of `src` by walking the whole table (the look-up before the
     /// index; kept to check [`EgressTable::by_source`] and to measure what it saves). The
     /// table is read in batches of [`EGRESS_BATCH`] entries per syscall
@@ -275,8 +295,6 @@ fn egress_record(
 mod tests {
     use std::net::{IpAddr, Ipv4Addr};
 
-    use probe_common::EGRESS_SOURCE_SLOTS;
-
     use super::*;
 
     fn is_root() -> bool {
@@ -317,14 +335,7 @@ mod tests {
             last_ns: ts_ns + u64::from(port % 3),
             ..Default::default()
         };
-        table.map.insert(key, value, 0).expect("inserting a flow");
-        let mut ring = table.sources.get(&source, 0).unwrap_or_default();
-        ring.flows[ring.next as usize % EGRESS_SOURCE_SLOTS] = EgressSourceFlows::slot(port, proto);
-        ring.next += 1;
-        table
-            .sources
-            .insert(source, ring, 0)
-            .expect("indexing a flow");
+        table.record(key, value).expect("recording a flow");
     }
 
     fn real_table(flows: u32, sources: u32) -> EgressTable {

@@ -28,6 +28,7 @@
 
 pub(crate) mod net;
 pub mod report;
+pub mod storm;
 pub(crate) mod tools;
 
 use std::{
@@ -60,6 +61,10 @@ pub struct BenchArgs {
     /// A smoke run: one round, one-second windows, a 3 s flood, 20 latency events.
     #[arg(long)]
     pub quick: bool,
+    /// Only section 6, correlation at scale (no namespaces, no agent): written to
+    /// target/bench-storm.md unless --out says otherwise.
+    #[arg(long)]
+    pub storm_only: bool,
     /// Where the Markdown goes (default: BENCHMARKS.md, or target/bench-quick.md with --quick).
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -90,9 +95,19 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     if !crate::lab::is_root() {
         bail!("cargo xtask bench needs root (namespaces, eBPF, bpf_stats): run it with sudo");
     }
+    let root = crate::vm::workspace_root();
+    if args.storm_only {
+        let table = storm::correlation_at_scale(&root, args.quick, &mut Vec::new())?;
+        let out = args
+            .out
+            .clone()
+            .unwrap_or(root.join("target/bench-storm.md"));
+        std::fs::write(&out, table.markdown())?;
+        println!("{}", table.markdown());
+        return Ok(());
+    }
     // trafgen, iperf3, tcpdump, bpftool: setup's packages; installs what is missing.
     crate::setup::ensure()?;
-    let root = crate::vm::workspace_root();
     let probe = build_agent(&root)?;
     let work = root.join("target/bench");
     std::fs::create_dir_all(&work)?;
@@ -114,6 +129,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let flood = flood(&args, &net, &probe, &work, &mut summary)?;
         tables.push(flood.table);
         tables.push(latency(&args, &probe, &work, &mut summary)?);
+        tables.push(storm::correlation_at_scale(
+            &root,
+            args.quick,
+            &mut summary,
+        )?);
         tables.push(footprint(
             &startups,
             &idle_rss,
@@ -759,6 +779,7 @@ mod tests {
             flood_secs: 30,
             latency_events: 250,
             quick: true,
+            storm_only: false,
             out: None,
         }
         .effective();

@@ -141,6 +141,16 @@ pub struct Agent {
 
 impl Agent {
     pub fn start(probe: &Path, dir: &Path, metrics_port: u16) -> Result<Agent> {
+        Agent::start_with_env(probe, dir, metrics_port, &[])
+    }
+
+    /// [`Agent::start`] with extra environment (the agent's `CLB_PROBE_*` settings).
+    pub fn start_with_env(
+        probe: &Path,
+        dir: &Path,
+        metrics_port: u16,
+        env: &[(&str, &str)],
+    ) -> Result<Agent> {
         let record = dir.join("record.jsonl");
         let _ = std::fs::remove_file(&record);
         let log = std::fs::File::create(dir.join("agent.log"))?;
@@ -171,6 +181,7 @@ impl Agent {
                 ],
             )
             .env("CLB_PROBE_LOG", "warn")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log),
