@@ -11,7 +11,7 @@
 //!   the agent's loop: the correlator, egress queries answered from the map, conntrack
 //!   answered "no entry" at once (the netlink round trip is not part of this figure).
 //!
-//! Prints one JSON object. Options: `--secs S` `--rate R` `--pods P` `--walk` (the storm
+//! The loop stops 3 s after the storm at the latest. Prints one JSON object. Options: `--secs S` `--rate R` `--pods P` `--walk` (the storm
 //! answers egress queries with the walk: the "before" figure) `--samples N`.
 
 use std::{
@@ -213,7 +213,10 @@ fn main() {
     let cpu0 = thread_cpu_ns();
     let wall = Instant::now();
     let mut last_tick = Instant::now();
-    while let Ok(ev) = rx.recv() {
+    // The loop stops 3 s after the storm at the latest (the walk never catches up); what is
+    // still queued then is counted as not processed.
+    let stop_at = Duration::from_secs_f64(secs + 3.0);
+    while let Ok(ev) = rx.recv_timeout(stop_at.saturating_sub(wall.elapsed())) {
         max_depth = max_depth.max(depth.fetch_sub(1, Ordering::Relaxed));
         events += 1;
         let mut pending = correlator.ingest(ev);
@@ -243,6 +246,7 @@ fn main() {
     }
     let loop_wall = wall.elapsed().as_secs_f64();
     let loop_cpu = (thread_cpu_ns() - cpu0) as f64 / 1e9;
+    let unprocessed = rx.try_iter().count();
     let (sent, send_wall) = sender.join().expect("sender");
     let stats = correlator.stats();
     println!(
@@ -256,6 +260,7 @@ fn main() {
             "suspects_sent": sent,
             "send_secs": send_wall.as_secs_f64(),
             "events_processed": events,
+            "events_unprocessed_at_stop": unprocessed,
             "events_lost_queue_full": lost.load(Ordering::Relaxed),
             "reports": reports,
             "hairpin_confirmations": hairpins,

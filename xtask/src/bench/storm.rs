@@ -126,6 +126,19 @@ pub fn correlation_at_scale(
         0,
     );
     row(&mut t, "suspects sent", "suspects_sent", 0);
+    row(
+        &mut t,
+        "events processed (suspects + drops)",
+        "events_processed",
+        0,
+    );
+    row(&mut t, "hairpin confirmations", "hairpin_confirmations", 0);
+    row(
+        &mut t,
+        "suspects with no egress match (answer too late or none)",
+        "hairpin_no_egress",
+        0,
+    );
     summary.push((
         "egress match per suspect, full 65,536-entry table (keyed vs walk)".to_string(),
         format!(
