@@ -1,7 +1,7 @@
 //! Correlation at scale, measured (run by `cargo xtask bench`; needs root for the BPF maps).
 //!
 //! A full 65,536-entry egress table in real kernel maps (`EGRESS_FLOWS` and its per-source
-//! index, created here with the agent's sizes), then:
+//! index, created here as LRU hashes with the agent's sizes), then:
 //! - per-suspect egress match time: the keyed look-up ([`EgressTable::by_source`]) against
 //!   the walk of the whole table it replaced ([`EgressTable::by_source_walk`]);
 //! - a hairpin storm: a sender thread plays the kernel (records each pod's new egress flow in
@@ -102,6 +102,42 @@ fn reopen(table: &EgressTable) -> EgressTable {
     }
 }
 
+/// An LRU hash map like the kernel's (aya creates standalone maps as plain hashes, which
+/// refuse new keys once full: the storm's new flows must evict the oldest, as in the agent).
+fn lru_hash<K: aya::Pod, V: aya::Pod>(max_entries: u32) -> BpfHashMap<MapData, K, V> {
+    use std::os::fd::{FromRawFd as _, OwnedFd};
+    const BPF_MAP_CREATE: libc::c_long = 0;
+    const BPF_MAP_TYPE_LRU_HASH: u32 = 9;
+    // `struct bpf_attr`'s map-create head (map_type, key_size, value_size, max_entries,
+    // map_flags), the rest zero.
+    let mut attr = [0u32; 32];
+    attr[..5].copy_from_slice(&[
+        BPF_MAP_TYPE_LRU_HASH,
+        size_of::<K>() as u32,
+        size_of::<V>() as u32,
+        max_entries,
+        0,
+    ]);
+    // SAFETY: a zeroed bpf_attr of sufficient size with the create fields set.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_MAP_CREATE,
+            attr.as_mut_ptr(),
+            size_of_val(&attr) as u32,
+        )
+    };
+    assert!(
+        fd >= 0,
+        "creating an LRU hash map (root?): {}",
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: a new descriptor owned from here.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    BpfHashMap::try_from(Map::LruHashMap(MapData::from_fd(fd).expect("map")))
+        .expect("an LRU hash map")
+}
+
 fn percentile(v: &mut [f64], p: f64) -> f64 {
     v.sort_by(f64::total_cmp);
     v.get(((v.len() as f64 - 1.0) * p).round() as usize)
@@ -117,8 +153,8 @@ fn main() {
     let walk = std::env::args().any(|a| a == "--walk");
 
     let mut table = EgressTable {
-        map: BpfHashMap::create(TABLE, 0).expect("creating EGRESS_FLOWS (root?)"),
-        sources: BpfHashMap::create(SOURCES, 0).expect("creating EGRESS_SOURCES"),
+        map: lru_hash(TABLE),
+        sources: lru_hash(SOURCES),
     };
     // Fill: every pod's flows round-robin until the table is full (65 or 66 per pod).
     let t0 = now_ns();
