@@ -1,8 +1,8 @@
 //! 6. **Correlation at scale**: a full 65,536-entry egress table (real kernel maps) and a
 //!    hairpin storm of 10,000 suspects/s from 1,000 pod addresses through the agent's
-//!    correlation logic (`probe-user/examples/correlation_storm.rs`, release build): the
-//!    per-suspect egress match time with the keyed look-up against the walk of the whole table
-//!    it replaced, and the storm's confirmations/s, correlation-loop CPU and queue depth with
+//!    correlation logic (`probe-user/examples/correlation_storm.rs`; release build, debug with
+//!    `--quick`): the per-suspect egress match time with the keyed look-up against the walk of
+//!    the whole table it replaced, and the storm's confirmations/s, correlation-loop CPU and queue depth with
 //!    each. The walk's storm is shorter: it cannot keep up, the queue is full after a second.
 
 use std::path::Path;
@@ -12,12 +12,12 @@ use anyhow::{Context as _, Result, bail};
 use super::report::{Table, spread};
 
 /// One run of the example: its JSON object.
-fn storm(root: &Path, args: &[&str]) -> Result<serde_json::Value> {
+fn storm(root: &Path, profile: &str, args: &[&str]) -> Result<serde_json::Value> {
     let cargo = std::env::var_os("CARGO").unwrap_or("cargo".into());
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| root.join("target"));
-    let out = std::process::Command::new(target.join("release/examples/correlation_storm"))
+    let out = std::process::Command::new(target.join(profile).join("examples/correlation_storm"))
         .args(args)
         .output()
         .with_context(|| format!("running correlation_storm (built with {cargo:?})"))?;
@@ -30,17 +30,22 @@ fn storm(root: &Path, args: &[&str]) -> Result<serde_json::Value> {
     serde_json::from_slice(&out.stdout).context("correlation_storm's output")
 }
 
-fn build(root: &Path) -> Result<()> {
-    eprintln!("bench: cargo build --release -p probe-user --example correlation_storm");
+/// Builds the example: release for figures; `--quick` (CI's smoke run) takes the debug build,
+/// whose dev-dependencies the tests have already built.
+fn build(root: &Path, release: bool) -> Result<()> {
+    eprintln!("bench: cargo build -p probe-user --example correlation_storm (release: {release})");
+    let mut args = vec![
+        "build",
+        "-p",
+        "probe-user",
+        "--example",
+        "correlation_storm",
+    ];
+    if release {
+        args.push("--release");
+    }
     let status = std::process::Command::new(std::env::var_os("CARGO").unwrap_or("cargo".into()))
-        .args([
-            "build",
-            "--release",
-            "-p",
-            "probe-user",
-            "--example",
-            "correlation_storm",
-        ])
+        .args(args)
         .current_dir(root)
         .status()
         .context("running cargo build")?;
@@ -56,14 +61,27 @@ pub fn correlation_at_scale(
     quick: bool,
     summary: &mut Vec<(String, String)>,
 ) -> Result<Table> {
-    build(root)?;
-    let (rounds, secs, walk_secs) = if quick { (1, "1", "1") } else { (5, "5", "2") };
+    build(root, !quick)?;
+    let profile = if quick { "debug" } else { "release" };
+    let (rounds, secs, walk_secs, samples) = if quick {
+        (1, "1", "1", "20")
+    } else {
+        (5, "5", "2", "200")
+    };
     let mut runs = Vec::new();
     for round in 0..rounds {
         eprintln!("bench: correlation storm, round {}/{rounds}", round + 1);
-        runs.push(storm(root, &["--secs", secs, "--samples", "200"])?);
+        runs.push(storm(
+            root,
+            profile,
+            &["--secs", secs, "--samples", samples],
+        )?);
     }
-    let walk = storm(root, &["--secs", walk_secs, "--samples", "20", "--walk"])?;
+    let walk = storm(
+        root,
+        profile,
+        &["--secs", walk_secs, "--samples", "20", "--walk"],
+    )?;
     let field = |v: &[serde_json::Value], k: &str| -> Vec<f64> {
         v.iter().filter_map(|r| r[k].as_f64()).collect()
     };
@@ -79,7 +97,7 @@ pub fn correlation_at_scale(
         "A full 65,536-entry egress table (1,000 pods, 65-66 flows each) in real kernel maps; a \
          hairpin storm of 10,000 suspects/s (each a new egress flow recorded in the map, then \
          its suspect and drop) through the agent's correlator, egress queries answered from the \
-         map, conntrack answered at once (`probe-user/examples/correlation_storm.rs`, release \
+         map, conntrack answered at once (`probe-user/examples/correlation_storm.rs`, {profile} \
          build). Keyed: {rounds} round(s) of {secs} s, median (min–max) over rounds; the \
          walk: one {walk_secs} s run (it falls behind at once). Per-suspect times: median and \
          p99 of each round's samples. The machine is shared (2 CPUs, other builds running): \
