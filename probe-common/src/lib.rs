@@ -232,6 +232,37 @@ pub struct EgressValue {
     pub last_ns: u64,
 }
 
+/// Key of the per-source index of `EGRESS_FLOWS` (`EGRESS_SOURCES`): a source address.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct EgressSourceKey {
+    /// IPv4 in the first 4 bytes, rest zero.
+    pub addr: [u8; 16],
+    /// One of [`family`].
+    pub family: u8,
+    pub _pad: [u8; 3],
+}
+
+/// Flows remembered per source in `EGRESS_SOURCES` (a power of two: the slot is masked).
+pub const EGRESS_SOURCE_SLOTS: usize = 16;
+
+/// Value of `EGRESS_SOURCES`: the latest [`EGRESS_SOURCE_SLOTS`] `EGRESS_FLOWS` keys recorded
+/// for one source, as a ring. A slot is `port << 8 | proto` (0 = empty: proto is never 0).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EgressSourceFlows {
+    /// Records written so far; the next one goes to slot `next % EGRESS_SOURCE_SLOTS`.
+    pub next: u32,
+    pub flows: [u32; EGRESS_SOURCE_SLOTS],
+}
+
+impl EgressSourceFlows {
+    /// The slot of a flow: source port and protocol.
+    pub const fn slot(port: u16, proto: u8) -> u32 {
+        ((port as u32) << 8) | proto as u32
+    }
+}
+
 /// An `EGRESS_FLOWS` entry idle this long is a new flow when its tuple opens again (the
 /// source port reused for the same destination): its first time starts over.
 pub const EGRESS_IDLE_NS: u64 = 30_000_000_000;
@@ -344,6 +375,8 @@ const _: () = assert!(size_of::<SuspectKey>() == 8);
 const _: () = assert!(size_of::<DropKey>() == 8);
 const _: () = assert!(size_of::<EgressKey>() == 20);
 const _: () = assert!(size_of::<EgressValue>() == 40);
+const _: () = assert!(size_of::<EgressSourceKey>() == 20);
+const _: () = assert!(size_of::<EgressSourceFlows>() == 68);
 const _: () = assert!(size_of::<FlowKey>() == 40);
 const _: () = assert!(size_of::<Budget>() == 16);
 const _: () = assert!(size_of::<PacketEvent>() == 72);
@@ -360,6 +393,8 @@ mod pod {
     unsafe impl aya::Pod for DropKey {}
     unsafe impl aya::Pod for EgressKey {}
     unsafe impl aya::Pod for EgressValue {}
+    unsafe impl aya::Pod for EgressSourceKey {}
+    unsafe impl aya::Pod for EgressSourceFlows {}
     unsafe impl aya::Pod for FlowKey {}
     unsafe impl aya::Pod for Budget {}
     unsafe impl aya::Pod for PacketEvent {}

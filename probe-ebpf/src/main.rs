@@ -94,6 +94,12 @@ static BUDGET: PerCpuArray<Budget> = PerCpuArray::with_max_entries(1, 0);
 /// (source addr, sport, proto) -> (dst, dport, time).
 #[map]
 static EGRESS_FLOWS: LruHashMap<EgressKey, EgressValue> = LruHashMap::with_max_entries(65536, 0);
+/// Per-source index of `EGRESS_FLOWS`: source address -> its latest recorded flows, so the
+/// agent answers a suspect with a keyed look-up instead of walking 65,536 entries. Sized in
+/// sources (the node's pods and addresses), not flows; LRU: the source silent longest goes.
+#[map]
+static EGRESS_SOURCES: LruHashMap<probe_common::EgressSourceKey, probe_common::EgressSourceFlows> =
+    LruHashMap::with_max_entries(8192, 0);
 /// Last report time of each flow, for in-kernel deduplication.
 #[map]
 static RECENT: LruHashMap<FlowKey, u64> = LruHashMap::with_max_entries(16384, 0);
@@ -538,8 +544,39 @@ pub fn clb_egress(ctx: TcContext) -> i32 {
     };
     if EGRESS_FLOWS.insert(key, value, 0).is_ok() {
         stat_add(stat::EGRESS_RECORDED);
+        index_egress_source(&key);
     }
     TC_ACT_UNSPEC
+}
+
+/// Adds a new `EGRESS_FLOWS` record to its source's ring in `EGRESS_SOURCES`: one more map
+/// update per new record (never per packet). Two CPUs recording the same source at once may
+/// both write one slot; the agent then misses the older of the two flows (never a wrong one).
+#[inline(always)]
+fn index_egress_source(key: &EgressKey) {
+    use probe_common::{EGRESS_SOURCE_SLOTS, EgressSourceFlows, EgressSourceKey};
+    let source = EgressSourceKey {
+        addr: key.addr,
+        family: key.family,
+        _pad: [0; 3],
+    };
+    let slot = EgressSourceFlows::slot(key.port, key.proto);
+    if let Some(ring) = EGRESS_SOURCES.get_ptr_mut(source) {
+        // SAFETY: a valid pointer into the map's value, for this program run.
+        let ring = unsafe { &mut *ring };
+        let i = ring.next as usize & (EGRESS_SOURCE_SLOTS - 1);
+        if let Some(s) = ring.flows.get_mut(i) {
+            *s = slot;
+        }
+        ring.next = ring.next.wrapping_add(1);
+        return;
+    }
+    let mut ring = EgressSourceFlows {
+        next: 1,
+        flows: [0; EGRESS_SOURCE_SLOTS],
+    };
+    ring.flows[0] = slot;
+    let _ = EGRESS_SOURCES.insert(source, ring, 0);
 }
 
 #[inline(always)]

@@ -208,6 +208,7 @@ fn suites(args: &TestArgs, root: &std::path::Path, totals: &mut Totals) -> anyho
         eprintln!("test: chaos smoke run (cargo xtask chaos --quick)");
         let quick = crate::chaos::ChaosArgs {
             quick: true,
+            scale_only: false,
             out: None,
         };
         match crate::chaos::run(&quick) {
@@ -235,6 +236,7 @@ fn suites(args: &TestArgs, root: &std::path::Path, totals: &mut Totals) -> anyho
             starts: 2,
             only: Vec::new(),
             quick: true,
+            storm_only: false,
             out: None,
         };
         match crate::bench::run(&quick) {

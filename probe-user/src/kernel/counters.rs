@@ -3,7 +3,9 @@
 use std::net::IpAddr;
 
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap};
-use probe_common::{DropKey, EgressKey, EgressValue, SuspectKey, stat};
+use probe_common::{
+    DropKey, EgressKey, EgressSourceFlows, EgressSourceKey, EgressValue, SuspectKey, stat,
+};
 
 use crate::event::{EgressRecord, Proto, Tag};
 
@@ -80,10 +82,28 @@ impl Counters {
     }
 }
 
-/// The LRU map of un-SNATed pod egress openers.
+/// The LRU map of un-SNATed pod egress openers, and its per-source index.
+///
+/// A pod suspect's egress match is a keyed look-up, never a walk: the kernel keeps, beside
+/// `EGRESS_FLOWS` ((source, sport, proto) -> opener), `EGRESS_SOURCES` (source -> the latest
+/// [`probe_common::EGRESS_SOURCE_SLOTS`] flow keys it recorded), written in the same place a new record is
+/// written (one more update per new flow, none per packet). [`EgressTable::by_source`] reads
+/// the index and then each flow: at most 1 + 16 look-ups whatever the table holds (measured in
+/// `cargo xtask bench`, correlation at scale: the 16-syscall batched walk of a full table it
+/// replaces cost milliseconds per suspect). Chosen over keying the flow map by source (a
+/// fixed array per source would cap every pod's flows, and the per-flow retransmit refresh
+/// would have to scan it) and over a userspace index (the records never leave the kernel).
+///
+/// The bound: a source's flows older than its latest 16 records are not answered. The
+/// correlator matches a suspect against the opener that caused it, which left the node one LB
+/// round trip earlier; a pod would have to open 16 more flows in that time for it to drop out.
+/// [`EgressTable::by_source_walk`] (the former walk) answers exactly the same when a source
+/// has no more than 16 flows in the table (tested on a full real map).
 pub struct EgressTable {
     /// An LRU hash in the kernel; aya reads it as a plain hash map.
     pub map: BpfHashMap<MapData, EgressKey, EgressValue>,
+    /// `EGRESS_SOURCES`, the per-source index (an LRU hash too).
+    pub sources: BpfHashMap<MapData, EgressSourceKey, EgressSourceFlows>,
 }
 
 /// Entries per `BPF_MAP_LOOKUP_BATCH` call: a full 65,536-entry table in 16 syscalls (a hash
@@ -91,37 +111,90 @@ pub struct EgressTable {
 const EGRESS_BATCH: usize = 4096;
 
 impl EgressTable {
-    /// Every recorded opener of `src` (read only for pod suspects). The table is read in
-    /// batches of [`EGRESS_BATCH`] entries per syscall (`BPF_MAP_LOOKUP_BATCH`, Linux 5.6+)
-    /// rather than two syscalls per entry: a full 65,536-entry table costs 16 syscalls, not
-    /// 131,072. Kernels without batch look-ups fall back to the per-entry walk.
+    /// Every recorded opener of `src` the index still names (read only for pod suspects),
+    /// oldest first: one look-up of the index, one per flow in it.
     pub fn by_source(&self, src: IpAddr, nic_name: impl Fn(u32) -> String) -> Vec<EgressRecord> {
-        let want = crate::kernel::reader::addr_bytes(src);
-        let record = |(k, v): (EgressKey, EgressValue)| EgressRecord {
-            src,
-            sport: k.port,
-            dst: crate::kernel::reader::addr_from(k.family, v.daddr),
-            dport: v.dport,
-            proto: Proto::from_raw(k.proto),
-            ts_ns: v.ts_ns,
-            last_ns: (v.last_ns > v.ts_ns).then_some(v.last_ns),
-            nic: nic_name(v.ifindex),
+        let addr = crate::kernel::reader::addr_bytes(src);
+        let family = if src.is_ipv4() {
+            probe_common::family::V4
+        } else {
+            probe_common::family::V6
         };
+        let source = EgressSourceKey {
+            addr,
+            family,
+            _pad: [0; 3],
+        };
+        let Ok(ring) = self.sources.get(&source, 0) else {
+            return Vec::new();
+        };
+        let mut slots: Vec<u32> = ring.flows.iter().copied().filter(|s| *s != 0).collect();
+        slots.sort_unstable();
+        slots.dedup();
+        let mut out: Vec<EgressRecord> = slots
+            .into_iter()
+            .filter_map(|slot| {
+                let key = EgressKey {
+                    addr,
+                    port: (slot >> 8) as u16,
+                    proto: slot as u8,
+                    family,
+                };
+                let value = self.map.get(&key, 0).ok()?;
+                Some(egress_record(src, &key, &value, &nic_name))
+            })
+            .collect();
+        out.sort_by_key(|r| (r.ts_ns, r.sport));
+        out
+    }
+
+    /// Writes one record the way `clb_egress` writes a new flow: the flow, then its slot in
+    /// its source's ring (for tests and benchmarks that fill a table from userspace).
+    pub fn record(
+        &mut self,
+        key: EgressKey,
+        value: EgressValue,
+    ) -> Result<(), aya::maps::MapError> {
+        self.map.insert(key, value, 0)?;
+        let source = EgressSourceKey {
+            addr: key.addr,
+            family: key.family,
+            _pad: [0; 3],
+        };
+        let mut ring = self.sources.get(&source, 0).unwrap_or_default();
+        ring.flows[ring.next as usize % ring.flows.len()] =
+            EgressSourceFlows::slot(key.port, key.proto);
+        ring.next = ring.next.wrapping_add(1);
+        self.sources.insert(source, ring, 0)
+    }
+
+    /// Every recorded opener of `src` by walking the whole table (the look-up before the
+    /// index; kept to check [`EgressTable::by_source`] and to measure what it saves). The
+    /// table is read in batches of [`EGRESS_BATCH`] entries per syscall
+    /// (`BPF_MAP_LOOKUP_BATCH`, Linux 5.6+); kernels without them walk entry by entry.
+    pub fn by_source_walk(
+        &self,
+        src: IpAddr,
+        nic_name: impl Fn(u32) -> String,
+    ) -> Vec<EgressRecord> {
+        let want = crate::kernel::reader::addr_bytes(src);
         let mut out = Vec::new();
-        match self.for_each_batch(|k, v| {
+        let result = self.for_each_batch(|k, v| {
             if k.addr == want {
-                out.push(record((*k, *v)));
+                out.push(egress_record(src, k, v, &nic_name));
             }
-        }) {
-            Ok(_) => out,
-            Err(_) => self
+        });
+        if result.is_err() {
+            out = self
                 .map
                 .iter()
                 .flatten()
                 .filter(|(k, _)| k.addr == want)
-                .map(record)
-                .collect(),
+                .map(|(k, v)| egress_record(src, &k, &v, &nic_name))
+                .collect();
         }
+        out.sort_by_key(|r| (r.ts_ns, r.sport));
+        out
     }
 
     /// Calls `f` on every entry, [`EGRESS_BATCH`] entries per syscall; the number of
@@ -199,6 +272,25 @@ impl EgressTable {
     }
 }
 
+/// One `EGRESS_FLOWS` entry as the correlator reads it.
+fn egress_record(
+    src: IpAddr,
+    k: &EgressKey,
+    v: &EgressValue,
+    nic_name: &impl Fn(u32) -> String,
+) -> EgressRecord {
+    EgressRecord {
+        src,
+        sport: k.port,
+        dst: crate::kernel::reader::addr_from(k.family, v.daddr),
+        dport: v.dport,
+        proto: Proto::from_raw(k.proto),
+        ts_ns: v.ts_ns,
+        last_ns: (v.last_ns > v.ts_ns).then_some(v.last_ns),
+        nic: nic_name(v.ifindex),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::net::{IpAddr, Ipv4Addr};
@@ -208,6 +300,119 @@ mod tests {
     fn is_root() -> bool {
         // SAFETY: geteuid has no preconditions.
         unsafe { libc::geteuid() == 0 }
+    }
+
+    fn source_key(addr: IpAddr) -> EgressSourceKey {
+        EgressSourceKey {
+            addr: crate::kernel::reader::addr_bytes(addr),
+            family: if addr.is_ipv4() {
+                probe_common::family::V4
+            } else {
+                probe_common::family::V6
+            },
+            _pad: [0; 3],
+        }
+    }
+
+    /// Records a flow the way `clb_egress` does: the flow, then its slot in the source's ring.
+    fn record(table: &mut EgressTable, src: IpAddr, port: u16, proto: u8, ts_ns: u64) {
+        let source = source_key(src);
+        let key = EgressKey {
+            addr: source.addr,
+            port,
+            proto,
+            family: source.family,
+        };
+        let dst = match src {
+            IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::new(203, 0, 113, port as u8)),
+            IpAddr::V6(_) => "2001:db8::443".parse().expect("an address"),
+        };
+        let value = EgressValue {
+            daddr: crate::kernel::reader::addr_bytes(dst),
+            dport: 443,
+            ifindex: 1,
+            ts_ns,
+            last_ns: ts_ns + u64::from(port % 3),
+            ..Default::default()
+        };
+        table.record(key, value).expect("recording a flow");
+    }
+
+    fn real_table(flows: u32, sources: u32) -> EgressTable {
+        EgressTable {
+            map: BpfHashMap::create(flows, 0).expect("creating a BPF hash map"),
+            sources: BpfHashMap::create(sources, 0).expect("creating a BPF hash map"),
+        }
+    }
+
+    /// A full 65,536-entry table in real kernel maps (4,095 IPv4 pods and one IPv6 pod, 16
+    /// flows each, TCP and UDP, some rings wrapped): the keyed look-up answers
+    /// exactly what the walk of the whole table answers, for every sampled source.
+    #[test]
+    fn keyed_egress_lookup_answers_what_the_walk_answers() {
+        if !is_root() {
+            eprintln!("skipped: needs root (creates BPF maps)");
+            return;
+        }
+        let mut table = real_table(65_536, 8192);
+        let pod = |n: u32| IpAddr::V4(Ipv4Addr::from(0x0af4_0000 + n));
+        let v6: IpAddr = "fd00:10:244::7".parse().expect("an address");
+        let sources: Vec<IpAddr> = (1..4096).map(pod).chain([v6]).collect();
+        let mut ts = 0;
+        for (n, src) in sources.iter().enumerate() {
+            // Some sources recorded a flow before (its port opened again since, to a new
+            // destination): their ring has wrapped once.
+            if n % 7 == 0 {
+                ts += 1;
+                record(&mut table, *src, 40_015, 6, ts);
+            }
+            for port in 0..16u16 {
+                ts += 1;
+                let proto = if port % 4 == 0 { 17 } else { 6 };
+                record(&mut table, *src, 40_000 + port, proto, ts);
+            }
+        }
+        let mut seen = 0;
+        table
+            .for_each_batch(|_, _| seen += 1)
+            .expect("batch look-up");
+        assert_eq!(seen, 65_536, "the table is full");
+        let nic = |i: u32| format!("nic{i}");
+        for src in sources.iter().step_by(97).chain([&v6]) {
+            let keyed = table.by_source(*src, nic);
+            assert_eq!(keyed.len(), 16, "{src}");
+            assert_eq!(keyed, table.by_source_walk(*src, nic), "{src}");
+        }
+        let absent = IpAddr::V4(Ipv4Addr::new(10, 245, 0, 1));
+        assert!(table.by_source(absent, nic).is_empty());
+        assert!(table.by_source_walk(absent, nic).is_empty());
+    }
+
+    /// The bound: a source with more flows than the ring holds is answered with its latest
+    /// 16 (each exactly as the walk reads it), never with another source's flows; a flow
+    /// recorded twice (its port reused) is answered once, as it is now.
+    #[test]
+    fn keyed_egress_lookup_answers_a_busy_source_with_its_latest_flows() {
+        if !is_root() {
+            eprintln!("skipped: needs root (creates BPF maps)");
+            return;
+        }
+        let mut table = real_table(1024, 64);
+        let busy = IpAddr::V4(Ipv4Addr::new(10, 244, 1, 9));
+        let quiet = IpAddr::V4(Ipv4Addr::new(10, 244, 1, 10));
+        for port in 0..40u16 {
+            record(&mut table, busy, 50_000 + port, 6, u64::from(port) + 1);
+        }
+        record(&mut table, quiet, 50_001, 6, 100);
+        record(&mut table, quiet, 50_001, 6, 101);
+        let walk = table.by_source_walk(busy, |_| String::new());
+        let keyed = table.by_source(busy, |_| String::new());
+        assert_eq!(walk.len(), 40);
+        assert_eq!(keyed, walk[24..]);
+        let quiet_flows = table.by_source(quiet, |_| String::new());
+        assert_eq!(quiet_flows, table.by_source_walk(quiet, |_| String::new()));
+        assert_eq!(quiet_flows.len(), 1);
+        assert_eq!(quiet_flows[0].ts_ns, 101);
     }
 
     /// A full 65,536-entry table (256 pods x 256 ports) in a real kernel hash map: a pod's
@@ -241,14 +446,17 @@ mod tests {
                 map.insert(key, value, 0).expect("inserting");
             }
         }
-        let table = EgressTable { map };
+        let table = EgressTable {
+            map,
+            sources: BpfHashMap::create(16, 0).expect("creating a BPF hash map"),
+        };
         let mut seen = 0;
         let calls = table
             .for_each_batch(|_, _| seen += 1)
             .expect("batch look-up");
         assert_eq!(seen, 65_536);
         assert!(calls <= 17, "{calls} syscalls for a full table");
-        let records = table.by_source(pod(77), |_| "nic0".into());
+        let records = table.by_source_walk(pod(77), |_| "nic0".into());
         assert_eq!(records.len(), 256);
         let mut ports: Vec<u16> = records.iter().map(|r| r.sport).collect();
         ports.sort_unstable();
@@ -259,7 +467,7 @@ mod tests {
             && r.ts_ns == u64::from(r.sport - 30_000)));
         assert!(
             table
-                .by_source(IpAddr::V4(Ipv4Addr::new(10, 244, 2, 1)), |_| String::new())
+                .by_source_walk(IpAddr::V4(Ipv4Addr::new(10, 244, 2, 1)), |_| String::new())
                 .is_empty()
         );
     }

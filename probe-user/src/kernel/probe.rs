@@ -260,6 +260,7 @@ impl Probe {
         };
         let egress = EgressTable {
             map: take(&mut ebpf, "EGRESS_FLOWS")?,
+            sources: take(&mut ebpf, "EGRESS_SOURCES")?,
         };
         Ok(Loaded {
             probe: Probe {

@@ -41,6 +41,7 @@ pub(crate) mod footprint;
 pub(crate) mod net;
 pub(crate) mod ratio;
 pub mod report;
+pub mod storm;
 pub(crate) mod tools;
 
 use std::{
@@ -86,6 +87,10 @@ pub struct BenchArgs {
     /// A smoke run: one round, one-second windows, a 3 s flood, 20 latency events.
     #[arg(long)]
     pub quick: bool,
+    /// Only section 6, correlation at scale (no namespaces, no agent): written to
+    /// target/bench-storm.md unless --out says otherwise.
+    #[arg(long)]
+    pub storm_only: bool,
     /// Where the Markdown goes (default: BENCHMARKS.md, or target/bench-quick.md with --quick).
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -121,6 +126,8 @@ pub enum Part {
     Flood,
     Latency,
     Footprint,
+    /// Correlation at scale (a full egress table, a hairpin storm; no namespaces).
+    Storm,
     /// 6: ns per ordinary packet by traffic class, test run and live.
     Classes,
 }
@@ -137,9 +144,19 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     if !crate::lab::is_root() {
         bail!("cargo xtask bench needs root (namespaces, eBPF, bpf_stats): run it with sudo");
     }
+    let root = crate::vm::workspace_root();
+    if args.storm_only {
+        let table = storm::correlation_at_scale(&root, args.quick, &mut Vec::new())?;
+        let out = args
+            .out
+            .clone()
+            .unwrap_or(root.join("target/bench-storm.md"));
+        std::fs::write(&out, table.markdown())?;
+        println!("{}", table.markdown());
+        return Ok(());
+    }
     // trafgen, iperf3, tcpdump, bpftool: setup's packages; installs what is missing.
     crate::setup::ensure()?;
-    let root = crate::vm::workspace_root();
     let probe = build_agent(&root)?;
     let work = root.join("target/bench");
     std::fs::create_dir_all(&work)?;
@@ -183,6 +200,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         }
         if args.runs(Part::Latency) {
             tables.push(latency(&args, &probe, &work, &mut summary)?);
+        }
+        if args.runs(Part::Storm) {
+            tables.push(storm::correlation_at_scale(&root, args.quick, &mut summary)?);
         }
         if args.runs(Part::Footprint) {
             let mut starts = footprint::starts(args.starts, &probe, &work, METRICS_PORT)?;
@@ -817,6 +837,7 @@ mod tests {
             starts: 5,
             only: vec![Part::Ratio],
             quick: true,
+            storm_only: false,
             out: None,
         }
         .effective();

@@ -141,11 +141,32 @@ pub struct Agent {
 
 impl Agent {
     pub fn start(probe: &Path, dir: &Path, metrics_port: u16) -> Result<Agent> {
-        Self::start_with_log(probe, dir, metrics_port, "warn")
+        Self::start_with(probe, dir, metrics_port, "warn", &[])
     }
 
     /// [`Agent::start`] with `CLB_PROBE_LOG` set to `log` (its stderr goes to `agent.log`).
     pub fn start_with_log(probe: &Path, dir: &Path, metrics_port: u16, log: &str) -> Result<Agent> {
+        Self::start_with(probe, dir, metrics_port, log, &[])
+    }
+
+    /// [`Agent::start`] with extra environment (the agent's `CLB_PROBE_*` settings).
+    pub fn start_with_env(
+        probe: &Path,
+        dir: &Path,
+        metrics_port: u16,
+        env: &[(&str, &str)],
+    ) -> Result<Agent> {
+        Self::start_with(probe, dir, metrics_port, "warn", env)
+    }
+
+    /// The agent with `CLB_PROBE_LOG=log` and extra environment `env`.
+    pub fn start_with(
+        probe: &Path,
+        dir: &Path,
+        metrics_port: u16,
+        log: &str,
+        env: &[(&str, &str)],
+    ) -> Result<Agent> {
         let record = dir.join("record.jsonl");
         let _ = std::fs::remove_file(&record);
         let log_file = std::fs::File::create(dir.join("agent.log"))?;
@@ -176,6 +197,7 @@ impl Agent {
                 ],
             )
             .env("CLB_PROBE_LOG", log)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log_file),
