@@ -1,7 +1,9 @@
 //! The ring buffer reader: records -> [`KernelEvent`]s on a bounded channel.
 //!
-//! The programs submit without waking us unless a batch has built up (waking per record costs
-//! an IPI per packet), so the reader polls on a short timer as well as on readiness.
+//! The programs submit without waking us (waking per record costs an IPI per packet) except
+//! for records that can confirm an event (drops), within a per-CPU wake-up budget, and when a
+//! batch has built up. So the reader drains on readiness, which is what bounds detection
+//! latency, and on a slower timer as a backstop for what was left without a wake-up.
 
 use std::{
     collections::HashMap,
@@ -21,7 +23,8 @@ use tracing::warn;
 use super::{DropReasons, kallsyms::Kallsyms};
 use crate::event::{DropReason, KernelEvent, Packet, Proto, Tag};
 
-/// How often the reader drains the ring without a wake-up; bounds detection latency.
+/// How often the reader drains the ring without a wake-up: the latency bound of records the
+/// kernel left without one (suspects, and drops past the wake-up budget under a flood).
 pub const POLL_INTERVAL: Duration = Duration::from_millis(50);
 
 /// ifindex -> name, kept current by the node sync.
@@ -122,8 +125,10 @@ pub async fn run(
         tokio::select! {
             guard = fd.readable_mut() => {
                 let mut guard = guard?;
-                drain(guard.get_inner_mut(), &decoder, &tx, &stats);
+                // Readiness is cleared before draining: a wake-up that lands during the drain
+                // stays pending, never lost between the last record read and the clear.
                 guard.clear_ready();
+                drain(guard.get_inner_mut(), &decoder, &tx, &stats);
             }
             _ = tick.tick() => {
                 drain(fd.get_mut(), &decoder, &tx, &stats);
