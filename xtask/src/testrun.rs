@@ -232,6 +232,8 @@ fn suites(args: &TestArgs, root: &std::path::Path, totals: &mut Totals) -> anyho
             latency_events: 20,
             quick: true,
             out: None,
+            detect: false,
+            baseline_agent: None,
         };
         match crate::bench::run(&quick) {
             Ok(()) => totals.passed += 1,

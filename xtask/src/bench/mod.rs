@@ -26,6 +26,7 @@
 //! No figure is asserted on: benchmarks report, tests assert. `--quick` is a smoke run of a
 //! few seconds per part (it writes `target/bench-quick.md` unless `--out` says otherwise).
 
+pub(crate) mod detect;
 pub(crate) mod net;
 pub mod report;
 pub(crate) mod tools;
@@ -63,6 +64,13 @@ pub struct BenchArgs {
     /// Where the Markdown goes (default: BENCHMARKS.md, or target/bench-quick.md with --quick).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Only detection latency and the flood's cost, repeated `--rounds` times (see
+    /// `detect.rs`); written to target/bench-detect.md unless `--out` says otherwise.
+    #[arg(long)]
+    pub detect: bool,
+    /// With `--detect`: another agent binary measured in alternating rounds (before/after).
+    #[arg(long, requires = "detect")]
+    pub baseline_agent: Option<PathBuf>,
 }
 
 impl BenchArgs {
@@ -100,6 +108,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let stats_before = read_sysctl("kernel.bpf_stats_enabled").unwrap_or_else(|_| "0".into());
 
     let result = (|| -> Result<Vec<Table>> {
+        if args.detect {
+            return detect::run(&args, &probe, &work);
+        }
         let net = BenchNet::up()?;
         eprintln!(
             "bench: namespaces up; {} round(s) of {} s windows",
@@ -134,7 +145,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let doc = document(&args, &tables);
     println!("{doc}");
     let out = args.out.clone().unwrap_or_else(|| {
-        if args.quick {
+        if args.detect {
+            root.join("target/bench-detect.md")
+        } else if args.quick {
             root.join("target/bench-quick.md")
         } else {
             root.join("BENCHMARKS.md")
@@ -760,6 +773,8 @@ mod tests {
             latency_events: 250,
             quick: true,
             out: None,
+            detect: false,
+            baseline_agent: None,
         }
         .effective();
         assert_eq!(
