@@ -164,6 +164,11 @@ fn one_round(
     }
 
     let (idle, under) = latencies(&record, &lines);
+    // The raw figures behind the table, for whoever wants the distribution.
+    std::fs::write(
+        work.join(format!("detect-latencies-{}.txt", probe_label(probe))),
+        format!("idle ms: {idle:?}\nunder the flood ms: {under:?}\n"),
+    )?;
     f.idle_median.push(median(&idle));
     f.idle_p99.push(percentile(&idle, 99.0));
     f.idle_confirmed.push(idle.len() as f64 / f64::from(n));
@@ -174,6 +179,12 @@ fn one_round(
     f.flood_confirmed
         .push(under.len() as f64 / f64::from(sent_under_flood.max(1)));
     Ok(())
+}
+
+fn probe_label(probe: &Path) -> String {
+    probe
+        .file_name()
+        .map_or("agent".into(), |n| n.to_string_lossy().into_owned())
 }
 
 /// Drop timestamp to JSON line, ms, of the idle and the under-flood health-check SYNs.
