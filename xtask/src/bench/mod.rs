@@ -714,8 +714,9 @@ fn latency(
     table.note = format!(
         "{n} TCP SYNs from the bound VIP to the node, 15 ms apart, each to its own port; from \
          the kernel's drop timestamp to the confirmed `healthcheck_blackhole` line arriving on \
-         the agent's stdout (`--events -`). The agent's ring-buffer reader polls every 50 ms \
-         (no wake-up per record, see PERFORMANCE.md), which bounds the median."
+         the agent's stdout (`--events -`). Drop records wake the agent's ring-buffer reader \
+         (budgeted per CPU, never one per record under a flood, see PERFORMANCE.md); other \
+         records wait for its timer."
     );
     table.row(vec![
         "events confirmed / sent".into(),
