@@ -159,6 +159,12 @@ pub mod stat {
     pub const EGRESS_RECORDED: u32 = 4;
     /// Drops seen on the `kfree_skb` tracepoint that matched (suspect source or VIP destination).
     pub const DROPS_MATCHED: u32 = 5;
+    /// Records that woke the reader at once: confirming records (drops) while the reader had
+    /// caught up, within the per-CPU wake-up budget (`ProbeConfig::wakeups_per_sec`).
+    pub const WAKEUPS: u32 = 6;
+    /// Confirming records submitted without a wake-up because the per-CPU wake-up budget was
+    /// spent: the reader's backstop timer or the batch threshold picks them up.
+    pub const WAKEUP_BUDGET_SUPPRESSED: u32 = 7;
     /// Number of slots.
     pub const COUNT: u32 = 8;
 }
@@ -282,12 +288,14 @@ pub struct FlowKey {
     pub _pad: u8,
 }
 
-/// Per-CPU event budget: at most `budget` events per one-second window on each CPU.
+/// Per-CPU event budget: at most `budget` events per one-second window on each CPU, and at
+/// most `wakeups_per_sec` immediate reader wake-ups in the same window.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Budget {
     pub window_start_ns: u64,
     pub used: u64,
+    pub wakeups: u64,
 }
 
 /// One ring-buffer record. Fixed size; alignment 8 (the ring buffer allows at most 8).
@@ -351,6 +359,9 @@ pub struct ProbeConfig {
     pub events_per_sec: u64,
     /// Ring buffer fill (bytes) past which a submit wakes the reader; below it the reader polls.
     pub wakeup_bytes: u64,
+    /// Immediate reader wake-ups per second per CPU for confirming records (drops): each costs
+    /// an inter-processor interrupt on the dropping CPU, so a flood cannot buy one per record.
+    pub wakeups_per_sec: u64,
     /// Inode of the agent's network namespace; drops in other namespaces are ignored. 0 = all.
     pub netns_ino: u32,
     /// `SKB_CONSUMED`'s value on this kernel (not a drop), or u32::MAX when the kernel has none.
@@ -363,6 +374,7 @@ impl Default for ProbeConfig {
             dedup_ns: 1_000_000_000,
             events_per_sec: 256,
             wakeup_bytes: 64 * size_of::<PacketEvent>() as u64,
+            wakeups_per_sec: 100,
             netns_ino: 0,
             reason_consumed: u32::MAX,
         }
@@ -378,11 +390,11 @@ const _: () = assert!(size_of::<EgressValue>() == 40);
 const _: () = assert!(size_of::<EgressSourceKey>() == 20);
 const _: () = assert!(size_of::<EgressSourceFlows>() == 68);
 const _: () = assert!(size_of::<FlowKey>() == 40);
-const _: () = assert!(size_of::<Budget>() == 16);
+const _: () = assert!(size_of::<Budget>() == 24);
 const _: () = assert!(size_of::<PacketEvent>() == 72);
 const _: () = assert!(core::mem::align_of::<PacketEvent>() <= 8);
 const _: () = assert!(size_of::<KernelOffsets>() == 32);
-const _: () = assert!(size_of::<ProbeConfig>() == 32);
+const _: () = assert!(size_of::<ProbeConfig>() == 40);
 
 #[cfg(feature = "user")]
 mod pod {

@@ -16,7 +16,10 @@
 
 use aya_ebpf::{
     EbpfContext, Global,
-    bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP, TC_ACT_UNSPEC},
+    bindings::{
+        BPF_RB_AVAIL_DATA, BPF_RB_CONS_POS, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP, BPF_RB_PROD_POS,
+        TC_ACT_UNSPEC,
+    },
     helpers::{bpf_ktime_get_ns, bpf_probe_read_kernel},
     macros::{btf_tracepoint, classifier, map, raw_tracepoint},
     maps::{LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf, lpm_trie::Key as LpmKey},
@@ -32,6 +35,7 @@ static CONFIG: Global<ProbeConfig> = Global::new(ProbeConfig {
     dedup_ns: 1_000_000_000,
     events_per_sec: 256,
     wakeup_bytes: 64 * 72,
+    wakeups_per_sec: 100,
     netns_ino: 0,
     reason_consumed: u32::MAX,
 });
@@ -107,6 +111,12 @@ static RECENT: LruHashMap<FlowKey, u64> = LruHashMap::with_max_entries(16384, 0)
 /// Events to userspace (suspects and drops only; never ordinary packets).
 #[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
+/// Ring producer position + 1 at the last immediate wake-up (0: none yet). While the reader's
+/// consumer position has not passed it, that wake-up is still being served and another one
+/// would only cost an interrupt. Shared by all CPUs: a race costs one wake-up too many or
+/// leaves a record to the reader's backstop timer, never a record.
+#[map]
+static WAKE_POS: aya_ebpf::maps::Array<u64> = aya_ebpf::maps::Array::with_max_entries(1, 0);
 
 const ETH_HLEN: usize = 14;
 const ETH_P_IP: u16 = 0x0800;
@@ -319,6 +329,7 @@ fn may_emit(flow: &FlowKey, now: u64, cfg: &ProbeConfig) -> bool {
     if now.wrapping_sub(budget.window_start_ns) >= 1_000_000_000 {
         budget.window_start_ns = now;
         budget.used = 0;
+        budget.wakeups = 0;
     }
     if budget.used >= cfg.events_per_sec {
         stat_add(stat::BUDGET_SUPPRESSED);
@@ -329,6 +340,31 @@ fn may_emit(flow: &FlowKey, now: u64, cfg: &ProbeConfig) -> bool {
     // as soon as budget is back.
     let _ = RECENT.insert(flow, now, 0);
     true
+}
+
+/// Submit flags of a confirming record (a drop: the suspect it pairs with is already in the
+/// ring, so waking now delivers both): an immediate wake-up unless one is still being served,
+/// at most `wakeups_per_sec` per CPU per budget window (`may_emit` just opened it if due).
+#[inline(always)]
+fn confirming_wakeup(cfg: &ProbeConfig) -> u64 {
+    let Some(wake_pos) = WAKE_POS.get_ptr_mut(0) else {
+        return BPF_RB_NO_WAKEUP as u64;
+    };
+    if EVENTS.query(BPF_RB_CONS_POS as u64) < unsafe { *wake_pos } {
+        return BPF_RB_NO_WAKEUP as u64;
+    }
+    let Some(budget) = BUDGET.get_ptr_mut(0) else {
+        return BPF_RB_NO_WAKEUP as u64;
+    };
+    let budget = unsafe { &mut *budget };
+    if budget.wakeups >= cfg.wakeups_per_sec {
+        stat_add(stat::WAKEUP_BUDGET_SUPPRESSED);
+        return BPF_RB_NO_WAKEUP as u64;
+    }
+    budget.wakeups += 1;
+    unsafe { *wake_pos = EVENTS.query(BPF_RB_PROD_POS as u64) + 1 };
+    stat_add(stat::WAKEUPS);
+    BPF_RB_FORCE_WAKEUP as u64
 }
 
 /// What a record says beyond the packet itself.
@@ -347,13 +383,16 @@ struct Meta {
 /// stack limit is shared by every frame).
 #[inline(always)]
 fn emit(cfg: &ProbeConfig, pkt: &Packet, m: Meta) {
-    // Wake the reader only when a batch has built up; it polls on a short timer otherwise.
-    // Waking per record costs an IPI per packet (see PERFORMANCE.md).
+    // Waking the reader per record costs an IPI per packet (see PERFORMANCE.md): wake it when
+    // a batch has built up, or for a record that can confirm an event, else leave the record
+    // to the reader's backstop timer.
     let flags = if EVENTS.query(BPF_RB_AVAIL_DATA as u64) >= cfg.wakeup_bytes {
-        BPF_RB_FORCE_WAKEUP
+        BPF_RB_FORCE_WAKEUP as u64
+    } else if m.kind == kind::DROP {
+        confirming_wakeup(cfg)
     } else {
-        BPF_RB_NO_WAKEUP
-    } as u64;
+        BPF_RB_NO_WAKEUP as u64
+    };
     let Some(mut entry) = EVENTS.reserve::<PacketEvent>(0) else {
         stat_add(stat::RINGBUF_FULL);
         return;

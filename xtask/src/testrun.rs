@@ -238,6 +238,8 @@ fn suites(args: &TestArgs, root: &std::path::Path, totals: &mut Totals) -> anyho
             quick: true,
             storm_only: false,
             out: None,
+            detect: false,
+            baseline_agent: None,
         };
         match crate::bench::run(&quick) {
             Ok(()) => totals.passed += 1,

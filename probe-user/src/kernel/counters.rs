@@ -29,6 +29,9 @@ pub struct CounterSnapshot {
     pub emitted: u64,
     pub egress_recorded: u64,
     pub drops_matched: u64,
+    /// Immediate reader wake-ups by confirming records, and those the wake-up budget refused.
+    pub wakeups: u64,
+    pub wakeup_budget_suppressed: u64,
 }
 
 impl CounterSnapshot {
@@ -78,6 +81,8 @@ impl Counters {
         snap.emitted = stat(stat::EMITTED);
         snap.egress_recorded = stat(stat::EGRESS_RECORDED);
         snap.drops_matched = stat(stat::DROPS_MATCHED);
+        snap.wakeups = stat(stat::WAKEUPS);
+        snap.wakeup_budget_suppressed = stat(stat::WAKEUP_BUDGET_SUPPRESSED);
         snap
     }
 }

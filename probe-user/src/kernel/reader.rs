@@ -1,7 +1,9 @@
 //! The ring buffer reader: records -> [`KernelEvent`]s on a bounded channel.
 //!
-//! The programs submit without waking us unless a batch has built up (waking per record costs
-//! an IPI per packet), so the reader polls on a short timer as well as on readiness.
+//! The programs submit without waking us (waking per record costs an IPI per packet) except
+//! for records that can confirm an event (drops), within a per-CPU wake-up budget, and when a
+//! batch has built up. So the reader drains on readiness, which is what bounds detection
+//! latency, and on a slower timer as a backstop for what was left without a wake-up.
 
 use std::{
     collections::HashMap,
@@ -21,8 +23,14 @@ use tracing::warn;
 use super::{DropReasons, kallsyms::Kallsyms};
 use crate::event::{DropReason, KernelEvent, Packet, Proto, Tag};
 
-/// How often the reader drains the ring without a wake-up; bounds detection latency.
+/// How often the reader drains the ring without a wake-up while it is quiet: the latency bound
+/// of records the kernel left without one when nothing else is arriving.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(50);
+/// How soon the reader drains again after a drain that found records: under a flood the
+/// kernel's wake-up budget runs out, and this bounds the latency of what it left unannounced
+/// (a timer in the agent, no interrupt on the packet's CPU). Back to [`POLL_INTERVAL`] after
+/// a drain that found nothing.
+pub const BUSY_POLL_INTERVAL: Duration = Duration::from_millis(5);
 
 /// ifindex -> name, kept current by the node sync.
 pub type IfNames = Arc<RwLock<HashMap<u32, String>>>;
@@ -116,20 +124,27 @@ pub async fn run(
     // SAFETY: the ring buffer's map fd is owned by `ring`, which the AsyncFd owns until it
     // is dropped; aya never swaps the fd under it.
     let mut fd = unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }?;
-    let mut tick = tokio::time::interval(POLL_INTERVAL);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut next_poll = tokio::time::Instant::now() + POLL_INTERVAL;
     loop {
-        tokio::select! {
+        let read = tokio::select! {
             guard = fd.readable_mut() => {
                 let mut guard = guard?;
-                drain(guard.get_inner_mut(), &decoder, &tx, &stats);
+                // Readiness is cleared before draining: a wake-up that lands during the drain
+                // stays pending, never lost between the last record read and the clear.
                 guard.clear_ready();
+                drain(guard.get_inner_mut(), &decoder, &tx, &stats)
             }
-            _ = tick.tick() => {
-                drain(fd.get_mut(), &decoder, &tx, &stats);
-            }
+            () = tokio::time::sleep_until(next_poll) => drain(fd.get_mut(), &decoder, &tx, &stats),
             () = tx.closed() => return Ok(()),
-        }
+        };
+        let now = tokio::time::Instant::now();
+        next_poll = if read > 0 {
+            now + BUSY_POLL_INTERVAL
+        } else if next_poll <= now {
+            now + POLL_INTERVAL
+        } else {
+            next_poll
+        };
     }
 }
 
@@ -138,7 +153,8 @@ fn drain(
     decoder: &Decoder,
     tx: &mpsc::Sender<KernelEvent>,
     stats: &ReaderStats,
-) {
+) -> usize {
+    let mut read = 0;
     while let Some(item) = ring.next() {
         if item.len() < std::mem::size_of::<PacketEvent>() {
             warn!(len = item.len(), "short ring buffer record");
@@ -147,6 +163,7 @@ fn drain(
         // SAFETY: length checked; the record is a PacketEvent written by our program.
         let raw: PacketEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
         drop(item);
+        read += 1;
         stats.read.fetch_add(1, Ordering::Relaxed);
         if let Some(ev) = decoder.decode(&raw)
             && tx.try_send(ev).is_err()
@@ -154,6 +171,7 @@ fn drain(
             stats.queue_full.fetch_add(1, Ordering::Relaxed);
         }
     }
+    read
 }
 
 #[cfg(test)]

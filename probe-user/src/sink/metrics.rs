@@ -146,6 +146,10 @@ pub struct MetricsInput {
     pub unconfirmed_suspects: u64,
     pub pending: u64,
     pub events_read: u64,
+    /// Immediate reader wake-ups by confirming records; confirming records the per-CPU wake-up
+    /// budget left to the reader's timer.
+    pub reader_wakeups: u64,
+    pub reader_wakeups_suppressed: u64,
     /// (capability, available).
     pub capabilities: Vec<(String, bool)>,
 }
@@ -205,6 +209,8 @@ impl MetricsInput {
             unconfirmed_suspects: snap.correlator.suspects_unconfirmed,
             pending: snap.correlator.pending,
             events_read: snap.events_read,
+            reader_wakeups: c.wakeups,
+            reader_wakeups_suppressed: c.wakeup_budget_suppressed,
             capabilities: snap.capabilities.clone(),
         }
     }
@@ -343,6 +349,16 @@ pub fn render(input: &MetricsInput) -> String {
         "kernel_events_read",
         "Records read from the kernel ring buffer",
         counter(input.events_read),
+    );
+    reg.register(
+        "kernel_reader_wakeups",
+        "Immediate ring buffer reader wake-ups by records that can confirm an event",
+        counter(input.reader_wakeups),
+    );
+    reg.register(
+        "kernel_reader_wakeups_suppressed",
+        "Confirming records left to the reader's timer: the per-CPU wake-up budget was spent",
+        counter(input.reader_wakeups_suppressed),
     );
 
     let mut out = String::new();
@@ -570,6 +586,8 @@ mod tests {
             unconfirmed_suspects: 1,
             pending: 0,
             events_read: 9,
+            reader_wakeups: 4,
+            reader_wakeups_suppressed: 1,
             capabilities: vec![("drop_hook".into(), true), ("drop_sites".into(), false)],
         }
     }
@@ -589,6 +607,8 @@ mod tests {
             "clbprobe_capability{name=\"drop_hook\"} 1",
             "clbprobe_capability{name=\"drop_sites\"} 0",
             "clbprobe_vip_interface_present 1",
+            "clbprobe_kernel_reader_wakeups_total 4",
+            "clbprobe_kernel_reader_wakeups_suppressed_total 1",
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }

@@ -37,6 +37,7 @@
 //! few seconds per part (it writes `target/bench-quick.md` unless `--out` says otherwise).
 
 mod classes;
+pub(crate) mod detect;
 pub(crate) mod footprint;
 pub(crate) mod net;
 pub(crate) mod ratio;
@@ -87,13 +88,20 @@ pub struct BenchArgs {
     /// A smoke run: one round, one-second windows, a 3 s flood, 20 latency events.
     #[arg(long)]
     pub quick: bool,
-    /// Only section 6, correlation at scale (no namespaces, no agent): written to
+    /// Only section 7, correlation at scale (no namespaces, no agent): written to
     /// target/bench-storm.md unless --out says otherwise.
     #[arg(long)]
     pub storm_only: bool,
     /// Where the Markdown goes (default: BENCHMARKS.md, or target/bench-quick.md with --quick).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Only detection latency and the flood's cost, repeated `--rounds` times (see
+    /// `detect.rs`); written to target/bench-detect.md unless `--out` says otherwise.
+    #[arg(long)]
+    pub detect: bool,
+    /// With `--detect`: another agent binary measured in alternating rounds (before/after).
+    #[arg(long, requires = "detect")]
+    pub baseline_agent: Option<PathBuf>,
 }
 
 impl BenchArgs {
@@ -164,6 +172,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let stats_before = read_sysctl("kernel.bpf_stats_enabled").unwrap_or_else(|_| "0".into());
 
     let result = (|| -> Result<Vec<Table>> {
+        if args.detect {
+            return detect::run(&args, &probe, &work);
+        }
         let net = BenchNet::up()?;
         eprintln!(
             "bench: namespaces up; {} round(s) of {} s windows",
@@ -201,9 +212,6 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         if args.runs(Part::Latency) {
             tables.push(latency(&args, &probe, &work, &mut summary)?);
         }
-        if args.runs(Part::Storm) {
-            tables.push(storm::correlation_at_scale(&root, args.quick, &mut summary)?);
-        }
         if args.runs(Part::Footprint) {
             let mut starts = footprint::starts(args.starts, &probe, &work, METRICS_PORT)?;
             starts.startup_ms.extend(startups);
@@ -212,6 +220,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         }
         if args.runs(Part::Classes) {
             tables.push(classes::classes(&args, &net, &probe, &work, &mut summary)?);
+        }
+        if args.runs(Part::Storm) {
+            tables.push(storm::correlation_at_scale(&root, args.quick, &mut summary)?);
         }
         let mut head = Table::new("Summary", &["what", "figure"]);
         head.note = "Each line from the tables below; \"target\" is the issue's.".to_string();
@@ -227,7 +238,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let doc = document(&args, &tables);
     println!("{doc}");
     let out = args.out.clone().unwrap_or_else(|| {
-        if !args.only.is_empty() {
+        if args.detect {
+            root.join("target/bench-detect.md")
+        } else if !args.only.is_empty() {
             root.join("target/bench-partial.md")
         } else if args.quick {
             root.join("target/bench-quick.md")
@@ -798,8 +811,9 @@ fn latency(
     table.note = format!(
         "{n} TCP SYNs from the bound VIP to the node, 15 ms apart, each to its own port; from \
          the kernel's drop timestamp to the confirmed `healthcheck_blackhole` line arriving on \
-         the agent's stdout (`--events -`). The agent's ring-buffer reader polls every 50 ms \
-         (no wake-up per record, see PERFORMANCE.md), which bounds the median."
+         the agent's stdout (`--events -`). Drop records wake the agent's ring-buffer reader \
+         (budgeted per CPU, never one per record under a flood, see PERFORMANCE.md); other \
+         records wait for its timer."
     );
     table.row(vec![
         "events confirmed / sent".into(),
@@ -839,6 +853,8 @@ mod tests {
             quick: true,
             storm_only: false,
             out: None,
+            detect: false,
+            baseline_agent: None,
         }
         .effective();
         assert_eq!(

@@ -86,7 +86,7 @@ pub fn correlation_at_scale(
         v.iter().filter_map(|r| r[k].as_f64()).collect()
     };
     let mut t = Table::new(
-        "6. Correlation at scale",
+        "7. Correlation at scale",
         &[
             "case",
             "keyed look-up (after)",

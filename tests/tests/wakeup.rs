@@ -1,0 +1,137 @@
+//! The reader's wake-up policy end to end: records that can confirm an event (drops) wake the
+//! reader, within a per-CPU budget, and only they do; a flood of spoofed frames leaves the
+//! kernel's counts exact and a health-check blackhole after it is still confirmed. Behaviour
+//! only: how fast is `cargo xtask bench --detect`'s business.
+//!
+//! Root only (a skip line otherwise); shares the lab like the other integration tests.
+
+use std::time::Duration;
+
+use probe_tests::agent::{Agent, require_root, sh, tempdir::TempDir, wait_for};
+use serde_json::Value;
+use xtask::lab::{self, LabGuard, Outcome, Scenario, Variants, http_get_in};
+
+const METRICS: &str = "127.0.0.1:19967";
+const WAIT: Duration = Duration::from_secs(10);
+const FRAMES: u64 = 20_000;
+
+/// One sample of `/metrics` (exact name and labels), 0 when absent.
+fn metric(name: &str) -> u64 {
+    let (_, text) = http_get_in(lab::NS_NODE, METRICS, "/metrics").expect("metrics");
+    text.lines()
+        .find(|l| l.rsplit_once(' ').is_some_and(|(n, _)| n == name))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
+fn drop_records(agent: &Agent) -> u64 {
+    agent
+        .records()
+        .iter()
+        .filter(|r| r["type"] == "drop")
+        .count() as u64
+}
+
+#[test]
+fn confirming_records_wake_the_reader_within_budget_and_survive_a_flood() {
+    if !require_root("wakeup") {
+        return;
+    }
+    if xtask::setup::which("trafgen").is_none() {
+        eprintln!("skipping wakeup: trafgen (netsniff-ng) not installed; run cargo xtask setup");
+        return;
+    }
+    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    let agent = Agent::start(
+        lab::NS_NODE,
+        &["--nic", lab::NODE_NIC, "--metrics-addr", METRICS],
+    );
+    let wakeups = "clbprobe_kernel_reader_wakeups_total";
+    let past_budget = "clbprobe_kernel_reader_wakeups_suppressed_total";
+
+    // A flood of VIP-source frames, each a new flow: every one a suspect and a drop.
+    let mac = |ns: &str, dev: &str| {
+        let out = sh(&["ip", "-n", ns, "-j", "link", "show", dev]);
+        let v: Value = serde_json::from_str(&out).unwrap();
+        v[0]["address"].as_str().unwrap().to_string()
+    };
+    let conf = format!(
+        "{{ eth(da={}, sa={}, type=0x0800), ipv4(saddr={}, daddr={}, ttl=64), \
+         udp(sport=drnd(1024, 65000), dport=drnd(1024, 65000)), fill(0x00, 18) }}\n",
+        mac(lab::NS_NODE, lab::NODE_NIC),
+        mac(lab::NS_LB, "vnode"),
+        lab::VIP,
+        lab::NODE_IP
+    );
+    let dir = TempDir::new("wakeup");
+    let path = dir.path().join("flood.trafgen");
+    std::fs::write(&path, conf).unwrap();
+    let suspects = "clbprobe_suspect_packets_total{nic=\"eth0\",source=\"vip\"}";
+    let suspects_before = metric(suspects);
+    sh(&[
+        "ip",
+        "netns",
+        "exec",
+        lab::NS_LB,
+        "trafgen",
+        "--dev",
+        "vnode",
+        "--conf",
+        path.to_str().unwrap(),
+        "--cpus",
+        "1",
+        "-n",
+        &FRAMES.to_string(),
+        "-q",
+    ]);
+    let counted = wait_for("every flood frame counted", WAIT, || {
+        let n = metric(suspects) - suspects_before;
+        (n >= FRAMES).then_some(n)
+    })
+    .unwrap_or_else(|| metric(suspects) - suspects_before);
+    assert_eq!(counted, FRAMES, "kernel counts stay exact under the flood");
+    // The agent drained what the flood left: records read equal records emitted.
+    wait_for("the ring drained", WAIT, || {
+        let read = metric("clbprobe_kernel_events_read_total");
+        (read > 0 && read == drop_records(&agent) + suspect_records(&agent)).then_some(())
+    });
+    let woken = metric(wakeups);
+    let refused = metric(past_budget);
+    let drops = drop_records(&agent);
+    eprintln!("flood: {drops} drop records, {woken} wake-ups, {refused} past the budget");
+    assert!(metric("clbprobe_events_suppressed_total{stage=\"budget\"}") > 0);
+    assert!(woken >= 1, "a drop record woke the reader");
+    // Only drop records may wake it, at most once each (suspects never do), and far fewer
+    // wake-ups than flood frames.
+    assert!(
+        woken + refused <= drops,
+        "{woken} wake-ups + {refused} past the budget from {drops} drop records"
+    );
+    assert!(woken < FRAMES / 10, "{woken} wake-ups for {FRAMES} frames");
+
+    // After the flood, a health-check blackhole is still confirmed, and its drop woke the
+    // reader (the wake-up budget's window has turned over by the time the SYN retransmits).
+    std::thread::sleep(Duration::from_millis(1100));
+    assert_eq!(
+        lab.traffic(Scenario::HealthcheckBlackhole).unwrap(),
+        Outcome::Timeout
+    );
+    agent.wait_event("the health-check blackhole", WAIT, |es| {
+        es.iter()
+            .find(|e| e["kind"] == "healthcheck_blackhole")
+            .cloned()
+    });
+    assert!(
+        metric(wakeups) > woken,
+        "the blackhole's drop woke the reader"
+    );
+}
+
+fn suspect_records(agent: &Agent) -> u64 {
+    agent
+        .records()
+        .iter()
+        .filter(|r| r["type"] == "suspect")
+        .count() as u64
+}
