@@ -165,6 +165,19 @@ fn hairpin_and_healthcheck_blackhole_carry_pod_and_service_names() {
     let _ = follower.kill();
     let _ = follower.wait();
 
+    // `probe watch` shows the names beside the flow.
+    let once = Command::new(probe_bin())
+        .args(["watch", "--once", "--socket"])
+        .arg(agent.dir.path().join("probe.sock"))
+        .output()
+        .unwrap();
+    assert!(once.status.success());
+    let text = String::from_utf8_lossy(&once.stdout);
+    assert!(
+        text.contains(&format!("[pod {CLIENT_POD}, svc default/web")),
+        "{text}"
+    );
+
     // Only this node's pods are watched, and attribution never writes.
     let requests = api.requests();
     assert!(
