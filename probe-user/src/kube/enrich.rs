@@ -82,26 +82,18 @@ fn find_service<'a>(event: &LoopbackEvent, index: &'a Index) -> Option<&'a Servi
         LoopbackKind::HealthcheckBlackhole => index
             .service_by_node_port(event.dst_port, proto)
             .or_else(|| only(index.services_by_lb_ip(event.src))),
-        // No Service serves the port: name the one(s) that own the VIP.
-        LoopbackKind::VipPortUnserved => by_vip.or_else(|| {
-            event
-                .vip
-                .and_then(|vip| only_or_first(index.services_by_lb_ip(vip)))
-        }),
-        LoopbackKind::VipAsSource => by_vip.or_else(|| {
-            event
-                .vip
-                .and_then(|vip| only_or_first(index.services_by_lb_ip(vip)))
-        }),
+        // No Service serves the port: name the one that owns the VIP (none when several do).
+        LoopbackKind::VipPortUnserved => {
+            by_vip.or_else(|| event.vip.and_then(|vip| only(index.services_by_lb_ip(vip))))
+        }
+        LoopbackKind::VipAsSource => by_vip
+            .or_else(|| index.service_by_node_port(event.dst_port, proto))
+            .or_else(|| event.vip.and_then(|vip| only(index.services_by_lb_ip(vip)))),
     }
 }
 
 fn only(list: Vec<&ServiceFacts>) -> Option<&ServiceFacts> {
     (list.len() == 1).then(|| list[0])
-}
-
-fn only_or_first(list: Vec<&ServiceFacts>) -> Option<&ServiceFacts> {
-    list.into_iter().next()
 }
 
 /// `namespace/name:port-name` as kube-proxy's rule comments spell it (the service table's
@@ -378,6 +370,34 @@ mod tests {
             "{}",
             e.remedy[1]
         );
+    }
+
+    #[test]
+    fn an_lb_ip_shared_by_several_services_names_none_without_a_port() {
+        let mut other = web_service("Cluster");
+        other.metadata.name = Some("dns".into());
+        let ports = other.spec.as_mut().unwrap().ports.as_mut().unwrap();
+        ports[0].port = 53;
+        ports[0].node_port = Some(30053);
+        let index = Index::build(&[], &[web_service("Cluster"), other], &[]);
+        let mut e = event(
+            LoopbackKind::VipAsSource,
+            "203.0.113.10",
+            "10.0.0.7",
+            8080,
+            None,
+        );
+        enrich(&mut e, &index, None);
+        assert_eq!(e.service, None);
+        let mut by_node_port = event(
+            LoopbackKind::VipAsSource,
+            "203.0.113.10",
+            "198.18.1.2",
+            30053,
+            None,
+        );
+        enrich(&mut by_node_port, &index, None);
+        assert_eq!(by_node_port.service.as_deref(), Some("shop/dns:http"));
     }
 
     #[test]

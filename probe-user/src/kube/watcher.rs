@@ -21,6 +21,11 @@ use tracing::{info, warn};
 
 use super::{KubeStatus, index::Index};
 
+/// Whether a watcher event means the store holds a complete list (not a relist in progress).
+fn listed<K>(event: watcher::Event<K>) -> bool {
+    !matches!(event, watcher::Event::Init | watcher::Event::InitApply(_))
+}
+
 /// How long index rebuilds are batched (a relist applies every object at once).
 const REBUILD_EVERY: Duration = Duration::from_millis(200);
 
@@ -52,11 +57,11 @@ async fn run(
     let (pods, pods_writer) = reflector::store::<Pod>();
     let (services, services_writer) = reflector::store::<Service>();
     let (slices, slices_writer) = reflector::store::<EndpointSlice>();
-    let streams: Vec<BoxStream<'static, (usize, Result<(), watcher::Error>)>> = vec![
+    let streams: Vec<BoxStream<'static, (usize, Result<bool, watcher::Error>)>> = vec![
         watcher(Api::<Pod>::all(client.clone()), pod_config)
             .default_backoff()
             .reflect(pods_writer)
-            .map(|r| (0, r.map(drop)))
+            .map(|r| (0, r.map(listed)))
             .boxed(),
         watcher(
             Api::<Service>::all(client.clone()),
@@ -64,7 +69,7 @@ async fn run(
         )
         .default_backoff()
         .reflect(services_writer)
-        .map(|r| (1, r.map(drop)))
+        .map(|r| (1, r.map(listed)))
         .boxed(),
         watcher(
             Api::<EndpointSlice>::all(client),
@@ -72,7 +77,7 @@ async fn run(
         )
         .default_backoff()
         .reflect(slices_writer)
-        .map(|r| (2, r.map(drop)))
+        .map(|r| (2, r.map(listed)))
         .boxed(),
     ];
     let mut events = futures::stream::select_all(streams);
@@ -83,8 +88,9 @@ async fn run(
     loop {
         tokio::select! {
             item = events.next() => match item {
-                Some((source, Ok(()))) => {
-                    healthy[source] = true;
+                Some((source, Ok(listed))) => {
+                    // Healthy once a (re)list is complete: the store holds all of it then.
+                    healthy[source] |= listed;
                     dirty = true;
                 }
                 Some((source, Err(error))) => {
