@@ -23,7 +23,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run the node agent (the DaemonSet's command): attach, watch, correlate, report.
-    Agent(AgentArgs),
+    Agent(Box<AgentArgs>),
     /// Live terminal view of the local agent (a plain snapshot when not on a terminal).
     Watch(WatchArgs),
     /// Follow the local agent's confirmed events as JSON lines.
@@ -90,6 +90,8 @@ struct AgentArgs {
     /// Seconds between re-reads of the service table (IPVS / kube-proxy iptables rules).
     #[arg(long, env = "CLB_PROBE_SERVICES_EVERY", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
     services_every: u64,
+    #[command(flatten)]
+    kube: clb_probe::kube::KubeArgs,
     #[command(flatten)]
     map_sizes: MapSizeArgs,
 }
@@ -193,12 +195,22 @@ fn main() -> ExitCode {
             Err(e) => fail(&e),
         },
         Command::Agent(args) => {
+            let args = *args;
             if let Some(e) = agent::checks::interface_error(&args.nics, &args.vip_iface) {
                 use clap::CommandFactory as _;
                 Cli::command()
                     .error(clap::error::ErrorKind::ValueValidation, e)
                     .exit();
             }
+            let kube = match args.kube.source() {
+                Ok(source) => source,
+                Err(e) => {
+                    use clap::CommandFactory as _;
+                    Cli::command()
+                        .error(clap::error::ErrorKind::ValueValidation, e)
+                        .exit();
+                }
+            };
             init_logging(args.log_format, args.ebpf_log);
             let cfg = AgentConfig {
                 addr: AddrConfig {
@@ -214,6 +226,8 @@ fn main() -> ExitCode {
                 metrics_addr: args.metrics_addr,
                 socket: Some(args.socket),
                 map_sizes: args.map_sizes.sizes(),
+                kube,
+                node_name: args.kube.node_name,
             };
             let rt = match tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)

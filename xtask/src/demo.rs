@@ -135,6 +135,22 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
     let lab = LabGuard::up_in(mode, &Variants::default(), &Default::default())?;
     let probe = root.join("target/debug/probe");
 
+    // A fake Kubernetes API (xtask::kubeapi) with the lab's pods and Services, so the events
+    // carry names: no real API server can run here.
+    let api = crate::kubeapi::FakeApiServer::start_in_netns(lab::NS_NODE)?;
+    for object in crate::kubeapi::fixtures::lab() {
+        api.apply(object);
+    }
+    let kubeconfig = KubeconfigFile(
+        std::env::temp_dir().join(format!("clb-probe-demo-kubeconfig-{}", std::process::id())),
+    );
+    api.write_kubeconfig(&kubeconfig.0)?;
+    eprintln!(
+        "demo: fake Kubernetes API (fixtures: pods, Services, EndpointSlices of the lab) at {} in {}",
+        api.url(),
+        lab::NS_NODE
+    );
+
     eprintln!("demo: starting `probe agent` in {}", lab::NS_NODE);
     let mut child = Command::new("ip")
         .args(["netns", "exec", lab::NS_NODE])
@@ -144,6 +160,9 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
         .args(["agent", "--nic", lab::NODE_NIC, "--services-every", "1"])
         .args(["--events", "-", "--socket"])
         .arg(DEMO_SOCKET)
+        .arg("--kubeconfig")
+        .arg(&kubeconfig.0)
+        .args(["--node-name", "clb-node"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -206,8 +225,18 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
         );
     }
     drop(agent);
+    api.stop();
     drop(lab);
     Ok(())
+}
+
+/// The demo's kubeconfig, removed on every exit.
+struct KubeconfigFile(std::path::PathBuf);
+
+impl Drop for KubeconfigFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 fn wait_ready(agent: &mut AgentChild, log: &mpsc::Receiver<String>) -> anyhow::Result<()> {
@@ -267,7 +296,7 @@ fn pretty(line: &str) -> String {
         if a.contains(':') { format!("[{a}]") } else { a }
     };
     format!(
-        "CONFIRMED {kind}: {src}:{sport} -> {dst}:{dport} vip={vip}:{vport} reason={reason} snat={snat} outcome={outcome} count={count}\n  {line}",
+        "CONFIRMED {kind}: {src}:{sport} -> {dst}:{dport} vip={vip}:{vport} reason={reason} snat={snat} outcome={outcome} count={count} pod={pod} service={service}\n  {line}",
         kind = s("kind"),
         src = host("src"),
         sport = s("src_port"),
@@ -279,5 +308,7 @@ fn pretty(line: &str) -> String {
         snat = s("snat"),
         outcome = s("outcome"),
         count = s("count"),
+        pod = s("client_pod"),
+        service = s("service"),
     )
 }

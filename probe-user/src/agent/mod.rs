@@ -58,6 +58,10 @@ pub struct AgentConfig {
     pub socket: Option<PathBuf>,
     /// `--egress-flows`, `--address-entries`, ...: the kernel maps' capacities.
     pub map_sizes: kernel::sizing::MapSizes,
+    /// Kubernetes attribution: where the API is (None: off).
+    pub kube: Option<crate::kube::KubeSource>,
+    /// `--node-name`: this node's Kubernetes name (events' `node`, the pod watch's selector).
+    pub node_name: Option<String>,
 }
 
 /// Runs until SIGINT/SIGTERM. Every exit path detaches: the probe is owned by the node-sync
@@ -137,6 +141,23 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
     if let Some(path) = &cfg.record {
         sinks.record = Some(JsonLines::open(path).context("--record")?);
     }
+
+    // The Kubernetes client before anything is attached: a broken kubeconfig fails here.
+    let kube_status = Arc::new(crate::kube::KubeStatus::default());
+    let (kube_index, _kube_task) = match &cfg.kube {
+        Some(source) => {
+            let client = crate::kube::connect(source).await?;
+            let (index, task) =
+                crate::kube::watcher::spawn(client, cfg.node_name.clone(), kube_status.clone());
+            (Some(index), Some(AbortOnDrop(task)))
+        }
+        None => {
+            info!(
+                "Kubernetes attribution off (no --kubeconfig, no in-cluster service account, or --kube-attribution off): events name addresses only"
+            );
+            (None, None)
+        }
+    };
 
     let mut settings = ProbeSettings {
         config: probe_common::ProbeConfig::default(),
@@ -229,6 +250,7 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         confirmed: Default::default(),
         correlator: Default::default(),
         capabilities,
+        kube: kube_status,
         version: env!("CARGO_PKG_VERSION"),
     };
     let metrics_task = metrics_listener.map(|listener| {
@@ -264,6 +286,8 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         services_every: cfg.services_every,
         services,
         signals,
+        kube_index,
+        node_name: cfg.node_name.clone(),
     })
     .await;
     // Orderly shutdown: stop the surfaces and the sync task (it detaches), then the reader.
@@ -298,6 +322,9 @@ struct CorrelateLoop {
     services_every: Duration,
     services: state::ServiceTable,
     signals: Signals,
+    /// Kubernetes attribution's latest index (None: attribution off).
+    kube_index: Option<watch::Receiver<Arc<crate::kube::index::Index>>>,
+    node_name: Option<String>,
 }
 
 struct Signals {
@@ -341,7 +368,8 @@ async fn correlate_loop(mut l: CorrelateLoop) -> anyhow::Result<()> {
         };
         for out in outputs {
             match out {
-                Output::Report(report) => {
+                Output::Report(mut report) => {
+                    attribute(&mut report, l.kube_index.as_ref(), l.node_name.as_deref());
                     l.sinks.report(&report);
                     l.shared.publish(report);
                 }
@@ -355,6 +383,16 @@ async fn correlate_loop(mut l: CorrelateLoop) -> anyhow::Result<()> {
             }
         }
     }
+}
+
+/// Names the report's pod, Service and node (the enrichment after the pure correlator).
+fn attribute(
+    report: &mut crate::correlate::Report,
+    index: Option<&watch::Receiver<Arc<crate::kube::index::Index>>>,
+    node: Option<&str>,
+) {
+    let index = index.map(|rx| rx.borrow().clone()).unwrap_or_default();
+    crate::kube::enrich::enrich(&mut report.event, &index, node);
 }
 
 /// Aborts a background task when the loop that owns it returns, however it returns.

@@ -36,6 +36,8 @@ pub struct Shared {
     pub correlator: Arc<Mutex<CorrelatorStats>>,
     /// What can be confirmed on this node (`clbprobe_capability`).
     pub capabilities: Arc<Capabilities>,
+    /// Kubernetes attribution's connection (`clbprobe_kube_connected`).
+    pub kube: Arc<crate::kube::KubeStatus>,
     pub version: &'static str,
 }
 
@@ -53,6 +55,8 @@ pub struct Snapshot {
     pub confirmed: Vec<LoopbackEvent>,
     /// (capability, available).
     pub capabilities: Vec<(String, bool)>,
+    /// Kubernetes attribution has a working API connection.
+    pub kube_connected: bool,
 }
 
 impl Shared {
@@ -83,6 +87,7 @@ impl Shared {
                 .unwrap_or_default(),
             confirmed,
             capabilities: self.capabilities.snapshot(),
+            kube_connected: self.kube.connected(),
         }
     }
 

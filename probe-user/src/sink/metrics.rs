@@ -152,6 +152,7 @@ pub struct MetricsInput {
     pub reader_wakeups_suppressed: u64,
     /// (capability, available).
     pub capabilities: Vec<(String, bool)>,
+    pub kube_connected: bool,
 }
 
 impl MetricsInput {
@@ -212,6 +213,7 @@ impl MetricsInput {
             reader_wakeups: c.wakeups,
             reader_wakeups_suppressed: c.wakeup_budget_suppressed,
             capabilities: snap.capabilities.clone(),
+            kube_connected: snap.kube_connected,
         }
     }
 }
@@ -324,6 +326,11 @@ pub fn render(input: &MetricsInput) -> String {
         "ready",
         "1 when programs are attached and the address sets loaded",
         gauge(u64::from(input.ready)),
+    );
+    reg.register(
+        "kube_connected",
+        "1 when Kubernetes attribution lists and watches pods, Services and EndpointSlices; 0 without API access (events are then not named)",
+        gauge(u64::from(input.kube_connected)),
     );
     reg.register(
         "vip_interface_present",
@@ -589,6 +596,7 @@ mod tests {
             reader_wakeups: 4,
             reader_wakeups_suppressed: 1,
             capabilities: vec![("drop_hook".into(), true), ("drop_sites".into(), false)],
+            kube_connected: false,
         }
     }
 
@@ -606,6 +614,7 @@ mod tests {
             "clbprobe_ready 1",
             "clbprobe_capability{name=\"drop_hook\"} 1",
             "clbprobe_capability{name=\"drop_sites\"} 0",
+            "clbprobe_kube_connected 0",
             "clbprobe_vip_interface_present 1",
             "clbprobe_kernel_reader_wakeups_total 4",
             "clbprobe_kernel_reader_wakeups_suppressed_total 1",
@@ -669,6 +678,8 @@ mod tests {
             nic: None,
             service: None,
             layer: None,
+            client_pod: None,
+            node: None,
         }
     }
 

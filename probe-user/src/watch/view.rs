@@ -45,11 +45,12 @@ impl Row {
             count: e["count"].as_u64().unwrap_or(0),
             outcome: s("outcome"),
             flow: format!(
-                "{}:{} -> {}:{}",
+                "{}:{} -> {}:{}{}",
                 s("src"),
                 s("src_port"),
                 s("dst"),
-                s("dst_port")
+                s("dst_port"),
+                names(e)
             ),
             reason: s("drop_reason"),
             evidence: lines("evidence"),
@@ -63,6 +64,19 @@ impl Row {
             || [&self.kind, &self.vip, &self.flow]
                 .iter()
                 .any(|f| f.contains(filter))
+    }
+}
+
+/// Kubernetes attribution's names of a flow (` [pod ns/name, svc ns/name]`), or nothing.
+fn names(e: &Value) -> String {
+    let names: Vec<String> = [("pod", "client_pod"), ("svc", "service")]
+        .iter()
+        .filter_map(|(label, key)| e[*key].as_str().map(|v| format!("{label} {v}")))
+        .collect();
+    if names.is_empty() {
+        String::new()
+    } else {
+        format!(" [{}]", names.join(", "))
     }
 }
 
@@ -302,6 +316,23 @@ mod tests {
                  "drop_reason": "IP_LOCAL_SOURCE", "evidence": [], "remedy": []}
             ]
         })
+    }
+
+    #[test]
+    fn flows_carry_the_pod_and_service_names_when_known() {
+        let named = serde_json::json!({"kind": "hairpin", "src": "198.19.1.10", "src_port": 1,
+            "dst": "198.18.0.2", "dst_port": 30080, "client_pod": "default/client-1",
+            "service": "default/web:http"});
+        assert_eq!(
+            Row::from_event(&named).flow,
+            "198.19.1.10:1 -> 198.18.0.2:30080 [pod default/client-1, svc default/web:http]"
+        );
+        let bare = serde_json::json!({"kind": "hairpin", "src": "198.19.1.10", "src_port": 1,
+            "dst": "198.18.0.2", "dst_port": 30080});
+        assert_eq!(
+            Row::from_event(&bare).flow,
+            "198.19.1.10:1 -> 198.18.0.2:30080"
+        );
     }
 
     #[test]
