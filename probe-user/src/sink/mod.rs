@@ -3,6 +3,7 @@
 
 pub mod http;
 pub mod json;
+pub mod kube_event_plan;
 pub mod live;
 pub mod metrics;
 pub mod process;
