@@ -14,6 +14,7 @@ pub mod event;
 mod fuzz_tests;
 pub mod kernel;
 pub mod netlink;
+pub mod plugin;
 pub mod sink;
 pub mod state;
 pub mod watch;

@@ -4,6 +4,7 @@
 pub mod http;
 pub mod json;
 pub mod kube_event_plan;
+pub mod kube_events;
 pub mod live;
 pub mod metrics;
 pub mod process;
