@@ -89,6 +89,16 @@ struct AgentArgs {
     /// Seconds between re-reads of the service table (IPVS / kube-proxy iptables rules).
     #[arg(long, env = "CLB_PROBE_SERVICES_EVERY", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
     services_every: u64,
+    /// Write confirmed loopbacks as Kubernetes Events (events.k8s.io/v1, regarding the
+    /// Service, else the Node), when API access exists.
+    #[arg(long, env = "CLB_PROBE_KUBE_EVENTS", value_enum, default_value_t = OnOff::On)]
+    kube_events: OnOff,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum OnOff {
+    On,
+    Off,
 }
 
 /// Where the agent listens for `probe watch` / `probe events` by default.
@@ -177,6 +187,7 @@ fn main() -> ExitCode {
                 services_every: Duration::from_secs(args.services_every),
                 metrics_addr: args.metrics_addr,
                 socket: Some(args.socket),
+                kube_events: args.kube_events == OnOff::On,
             };
             let rt = match tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)

@@ -55,6 +55,8 @@ pub struct AgentConfig {
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// `--socket`: the live-view socket `probe watch` and `probe events` connect to.
     pub socket: Option<PathBuf>,
+    /// `--kube-events`: confirmed loopbacks as Kubernetes Events (when API access exists).
+    pub kube_events: bool,
 }
 
 /// Runs until SIGINT/SIGTERM. Every exit path detaches: the probe is owned by the node-sync
@@ -199,7 +201,16 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         correlator: Default::default(),
         capabilities,
         version: env!("CARGO_PKG_VERSION"),
+        kube_events: Default::default(),
     };
+    // Subscribed before the first report; the writer runs beside the loop, never in it.
+    let _kube_events_task = cfg.kube_events.then(|| {
+        AbortOnDrop(tokio::spawn(crate::sink::kube_events::start(
+            shared::node_name(),
+            shared.reports.subscribe(),
+            shared.kube_events.clone(),
+        )))
+    });
     let metrics_task = metrics_listener.map(|listener| {
         info!(addr = ?listener.local_addr().ok(), "serving /metrics, /healthz, /readyz");
         let mut stop = stop_rx.clone();

@@ -17,6 +17,7 @@ use crate::{
         counters::{CounterSnapshot, Counters},
         reader::ReaderStats,
     },
+    sink::kube_events::KubeEventStats,
 };
 
 /// How many recent confirmed aggregates the live view gets on connect.
@@ -37,6 +38,8 @@ pub struct Shared {
     /// What can be confirmed on this node (`clbprobe_capability`).
     pub capabilities: Arc<Capabilities>,
     pub version: &'static str,
+    /// Kubernetes Events written (`clbprobe_kube_event_writes_total`).
+    pub kube_events: Arc<KubeEventStats>,
 }
 
 /// A point-in-time view for the live view's header and tables.
@@ -53,6 +56,8 @@ pub struct Snapshot {
     pub confirmed: Vec<LoopbackEvent>,
     /// (capability, available).
     pub capabilities: Vec<(String, bool)>,
+    /// Kubernetes Event writes by result.
+    pub kube_event_writes: Vec<(String, u64)>,
 }
 
 impl Shared {
@@ -83,6 +88,7 @@ impl Shared {
                 .unwrap_or_default(),
             confirmed,
             capabilities: self.capabilities.snapshot(),
+            kube_event_writes: self.kube_events.snapshot(),
         }
     }
 

@@ -41,6 +41,9 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often held writes (throttled, rate limited) are looked at.
 const DUE_EVERY: Duration = Duration::from_secs(2);
 
+/// Environment hook for tests: the per-aggregate write window in ms instead of 60 s.
+pub const PER_AGGREGATE_ENV: &str = "CLB_PROBE_TEST_KUBE_EVENTS_EVERY_MS";
+
 /// `clbprobe_kube_event_writes_total{result}`.
 #[derive(Debug, Default)]
 pub struct KubeEventStats {
@@ -77,6 +80,28 @@ fn names(event: &LoopbackEvent) -> Names {
     }
 }
 
+/// `--kube-events on`: connects (kubeconfig from `$KUBECONFIG` or `~/.kube/config`, else the
+/// pod's service account), then writes until the report broadcast closes. Without API access
+/// it says so once and returns: the agent works as without the flag.
+pub async fn start(
+    node: String,
+    reports: broadcast::Receiver<Arc<Report>>,
+    stats: Arc<KubeEventStats>,
+) {
+    let client = match kube::Config::infer().await.map(Client::try_from) {
+        Ok(Ok(client)) => client,
+        Ok(Err(e)) => {
+            warn!(error = %e, "no API client: Kubernetes Events are off");
+            return;
+        }
+        Err(e) => {
+            info!(error = %e, "no API access (no kubeconfig, not in a cluster): Kubernetes Events are off");
+            return;
+        }
+    };
+    run(client, node, reports, stats).await;
+}
+
 /// Runs until the report broadcast closes.
 pub async fn run(
     client: Client,
@@ -84,7 +109,15 @@ pub async fn run(
     mut reports: broadcast::Receiver<Arc<Report>>,
     stats: Arc<KubeEventStats>,
 ) {
-    let mut planner = EventPlanner::new(PlanConfig::default(), &node);
+    let mut cfg = PlanConfig::default();
+    // Test hook: the per-aggregate window (60 s) shortened so a test sees a patch.
+    if let Some(ms) = std::env::var(PER_AGGREGATE_ENV)
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        cfg.per_aggregate = Duration::from_millis(ms);
+    }
+    let mut planner = EventPlanner::new(cfg, &node);
     let mut writer = Writer {
         client,
         stats,

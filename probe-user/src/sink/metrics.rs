@@ -71,6 +71,11 @@ struct CapabilityLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildLabels {
     version: String,
     kernel: String,
@@ -148,6 +153,8 @@ pub struct MetricsInput {
     pub events_read: u64,
     /// (capability, available).
     pub capabilities: Vec<(String, bool)>,
+    /// Kubernetes Event writes: (result, count).
+    pub kube_event_writes: Vec<(String, u64)>,
 }
 
 impl MetricsInput {
@@ -206,6 +213,7 @@ impl MetricsInput {
             pending: snap.correlator.pending,
             events_read: snap.events_read,
             capabilities: snap.capabilities.clone(),
+            kube_event_writes: snap.kube_event_writes.clone(),
         }
     }
 }
@@ -302,6 +310,20 @@ pub fn render(input: &MetricsInput) -> String {
         "capability",
         "1 when the agent can confirm what this needs (drop_hook, drop_sites, conntrack), 0 when it cannot (said once in the log)",
         caps,
+    );
+
+    let kube_writes = Family::<ResultLabels, Counter>::default();
+    for (result, n) in &input.kube_event_writes {
+        kube_writes
+            .get_or_create(&ResultLabels {
+                result: result.clone(),
+            })
+            .inc_by(*n);
+    }
+    reg.register(
+        "kube_event_writes",
+        "Kubernetes Event writes by result: created, patched, failed (403, unreachable), rate_limited (held by the token bucket), dropped (reports missed by the writer)",
+        kube_writes,
     );
 
     let gauge = |v: u64| {
@@ -571,6 +593,7 @@ mod tests {
             pending: 0,
             events_read: 9,
             capabilities: vec![("drop_hook".into(), true), ("drop_sites".into(), false)],
+            kube_event_writes: vec![("created".into(), 1), ("failed".into(), 2)],
         }
     }
 
@@ -589,6 +612,7 @@ mod tests {
             "clbprobe_capability{name=\"drop_hook\"} 1",
             "clbprobe_capability{name=\"drop_sites\"} 0",
             "clbprobe_vip_interface_present 1",
+            "clbprobe_kube_event_writes_total{result=\"failed\"} 2",
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }
