@@ -5,6 +5,7 @@
 //! - [`netlink`]: the one netlink request/dump helper the readers and the clsact fallback share;
 //! - [`event`]: the domain events the kernel reports;
 //! - [`correlate`]: pure logic that turns events + state into confirmed loopback events;
+//! - [`kube`]: Kubernetes attribution (pod and Service names on confirmed events);
 //! - [`sink`]: where confirmed events and counters go (JSON lines, metrics, live view).
 
 pub mod agent;
@@ -13,6 +14,7 @@ pub mod event;
 #[cfg(test)]
 mod fuzz_tests;
 pub mod kernel;
+pub mod kube;
 pub mod netlink;
 pub mod plugin;
 pub mod sink;

@@ -22,7 +22,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run the node agent (the DaemonSet's command): attach, watch, correlate, report.
-    Agent(AgentArgs),
+    Agent(Box<AgentArgs>),
     /// Live terminal view of the local agent (a plain snapshot when not on a terminal).
     Watch(WatchArgs),
     /// Follow the local agent's confirmed events as JSON lines.
@@ -89,8 +89,10 @@ struct AgentArgs {
     /// Seconds between re-reads of the service table (IPVS / kube-proxy iptables rules).
     #[arg(long, env = "CLB_PROBE_SERVICES_EVERY", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
     services_every: u64,
+    #[command(flatten)]
+    kube: clb_probe::kube::KubeArgs,
     /// Write confirmed loopbacks as Kubernetes Events (events.k8s.io/v1, regarding the
-    /// Service, else the Node), when API access exists.
+    /// Service, else the Node) when API access exists (--kubeconfig or in-cluster).
     #[arg(long, env = "CLB_PROBE_KUBE_EVENTS", value_enum, default_value_t = OnOff::On)]
     kube_events: OnOff,
 }
@@ -167,12 +169,33 @@ fn main() -> ExitCode {
             Err(e) => fail(&e),
         },
         Command::Agent(args) => {
+            let args = *args;
             if let Some(e) = agent::checks::interface_error(&args.nics, &args.vip_iface) {
                 use clap::CommandFactory as _;
                 Cli::command()
                     .error(clap::error::ErrorKind::ValueValidation, e)
                     .exit();
             }
+            let kube = match args.kube.source() {
+                Ok(source) => source,
+                Err(e) => {
+                    use clap::CommandFactory as _;
+                    Cli::command()
+                        .error(clap::error::ErrorKind::ValueValidation, e)
+                        .exit();
+                }
+            };
+            // Events use the same API access as attribution, whether or not attribution is on.
+            let kube_events = match args.kube_events {
+                OnOff::Off => None,
+                OnOff::On => clb_probe::kube::KubeArgs {
+                    kube_attribution: clb_probe::kube::Attribution::Auto,
+                    ..args.kube.clone()
+                }
+                .source()
+                .ok()
+                .flatten(),
+            };
             init_logging(args.log_format, args.ebpf_log);
             let cfg = AgentConfig {
                 addr: AddrConfig {
@@ -187,7 +210,9 @@ fn main() -> ExitCode {
                 services_every: Duration::from_secs(args.services_every),
                 metrics_addr: args.metrics_addr,
                 socket: Some(args.socket),
-                kube_events: args.kube_events == OnOff::On,
+                kube,
+                node_name: args.kube.node_name,
+                kube_events,
             };
             let rt = match tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)

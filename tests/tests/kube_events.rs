@@ -10,7 +10,7 @@ use std::{net::SocketAddrV4, time::Duration};
 use probe_tests::agent::{Agent, require_root, wait_for};
 use serde_json::Value;
 use xtask::{
-    kubeapi::FakeApiServer,
+    kubeapi::{FakeApiServer, fixtures},
     lab::{self, LabGuard, Scenario, Variants},
 };
 
@@ -53,20 +53,28 @@ fn setup(
     prepare: impl FnOnce(&FakeApiServer),
 ) -> Setup {
     let lab = LabGuard::up(&Variants::default()).expect("lab up");
-    let api = lab::in_netns(lab::NS_NODE, FakeApiServer::start).expect("fake API server");
+    let api = FakeApiServer::start_in_netns(lab::NS_NODE).expect("fake API server");
+    // The lab's Node, Pods, Services and EndpointSlices: attribution names the Service.
+    for object in fixtures::lab() {
+        api.apply(object);
+    }
     prepare(&api);
     let dir = tempdir::TempDir::new(tag);
     let kubeconfig = dir.path().join("kubeconfig");
     api.write_kubeconfig(&kubeconfig).unwrap();
     let kubeconfig = kubeconfig.to_string_lossy().into_owned();
-    let mut env = vec![
-        ("KUBECONFIG", kubeconfig.as_str()),
-        ("NODE_NAME", NODE_NAME),
-    ];
+    let mut env = vec![];
     if let Some(ms) = every_ms {
         env.push((clb_probe_every_env(), ms));
     }
-    let mut args = vec!["--nic", lab::NODE_NIC];
+    let mut args = vec![
+        "--nic",
+        lab::NODE_NIC,
+        "--kubeconfig",
+        kubeconfig.as_str(),
+        "--node-name",
+        NODE_NAME,
+    ];
     args.extend_from_slice(extra);
     let agent = Agent::start_with_env(lab::NS_NODE, &args, &env);
     Setup {

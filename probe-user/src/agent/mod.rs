@@ -55,8 +55,12 @@ pub struct AgentConfig {
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// `--socket`: the live-view socket `probe watch` and `probe events` connect to.
     pub socket: Option<PathBuf>,
-    /// `--kube-events`: confirmed loopbacks as Kubernetes Events (when API access exists).
-    pub kube_events: bool,
+    /// Kubernetes attribution: where the API is (None: off).
+    pub kube: Option<crate::kube::KubeSource>,
+    /// `--node-name`: this node's Kubernetes name (events' `node`, the pod watch's selector).
+    pub node_name: Option<String>,
+    /// `--kube-events`: where to write Kubernetes Events (None: off, or no API access).
+    pub kube_events: Option<crate::kube::KubeSource>,
 }
 
 /// Runs until SIGINT/SIGTERM. Every exit path detaches: the probe is owned by the node-sync
@@ -121,6 +125,23 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
     if let Some(path) = &cfg.record {
         sinks.record = Some(JsonLines::open(path).context("--record")?);
     }
+
+    // The Kubernetes client before anything is attached: a broken kubeconfig fails here.
+    let kube_status = Arc::new(crate::kube::KubeStatus::default());
+    let (kube_index, _kube_task) = match &cfg.kube {
+        Some(source) => {
+            let client = crate::kube::connect(source).await?;
+            let (index, task) =
+                crate::kube::watcher::spawn(client, cfg.node_name.clone(), kube_status.clone());
+            (Some(index), Some(AbortOnDrop(task)))
+        }
+        None => {
+            info!(
+                "Kubernetes attribution off (no --kubeconfig, no in-cluster service account, or --kube-attribution off): events name addresses only"
+            );
+            (None, None)
+        }
+    };
 
     let mut settings = ProbeSettings {
         config: probe_common::ProbeConfig::default(),
@@ -200,17 +221,25 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         confirmed: Default::default(),
         correlator: Default::default(),
         capabilities,
+        kube: kube_status,
         version: env!("CARGO_PKG_VERSION"),
         kube_events: Default::default(),
     };
     // Subscribed before the first report; the writer runs beside the loop, never in it.
-    let _kube_events_task = cfg.kube_events.then(|| {
-        AbortOnDrop(tokio::spawn(crate::sink::kube_events::start(
-            shared::node_name(),
+    let _kube_events_task = match &cfg.kube_events {
+        Some(source) => Some(AbortOnDrop(tokio::spawn(crate::sink::kube_events::start(
+            source.clone(),
+            cfg.node_name.clone().unwrap_or_else(shared::node_name),
             shared.reports.subscribe(),
             shared.kube_events.clone(),
-        )))
-    });
+        )))),
+        None => {
+            info!(
+                "Kubernetes Events off (--kube-events off, or no --kubeconfig / in-cluster service account)"
+            );
+            None
+        }
+    };
     let metrics_task = metrics_listener.map(|listener| {
         info!(addr = ?listener.local_addr().ok(), "serving /metrics, /healthz, /readyz");
         let mut stop = stop_rx.clone();
@@ -238,6 +267,8 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         services_every: cfg.services_every,
         services,
         signals,
+        kube_index,
+        node_name: cfg.node_name.clone(),
     })
     .await;
     // Orderly shutdown: stop the surfaces and the sync task (it detaches), then the reader.
@@ -272,6 +303,9 @@ struct CorrelateLoop {
     services_every: Duration,
     services: state::ServiceTable,
     signals: Signals,
+    /// Kubernetes attribution's latest index (None: attribution off).
+    kube_index: Option<watch::Receiver<Arc<crate::kube::index::Index>>>,
+    node_name: Option<String>,
 }
 
 struct Signals {
@@ -315,7 +349,8 @@ async fn correlate_loop(mut l: CorrelateLoop) -> anyhow::Result<()> {
         };
         for out in outputs {
             match out {
-                Output::Report(report) => {
+                Output::Report(mut report) => {
+                    attribute(&mut report, l.kube_index.as_ref(), l.node_name.as_deref());
                     l.sinks.report(&report);
                     l.shared.publish(report);
                 }
@@ -329,6 +364,16 @@ async fn correlate_loop(mut l: CorrelateLoop) -> anyhow::Result<()> {
             }
         }
     }
+}
+
+/// Names the report's pod, Service and node (the enrichment after the pure correlator).
+fn attribute(
+    report: &mut crate::correlate::Report,
+    index: Option<&watch::Receiver<Arc<crate::kube::index::Index>>>,
+    node: Option<&str>,
+) {
+    let index = index.map(|rx| rx.borrow().clone()).unwrap_or_default();
+    crate::kube::enrich::enrich(&mut report.event, &index, node);
 }
 
 /// Aborts a background task when the loop that owns it returns, however it returns.

@@ -37,6 +37,8 @@ pub struct Shared {
     pub correlator: Arc<Mutex<CorrelatorStats>>,
     /// What can be confirmed on this node (`clbprobe_capability`).
     pub capabilities: Arc<Capabilities>,
+    /// Kubernetes attribution's connection (`clbprobe_kube_connected`).
+    pub kube: Arc<crate::kube::KubeStatus>,
     pub version: &'static str,
     /// Kubernetes Events written (`clbprobe_kube_event_writes_total`).
     pub kube_events: Arc<KubeEventStats>,
@@ -56,6 +58,8 @@ pub struct Snapshot {
     pub confirmed: Vec<LoopbackEvent>,
     /// (capability, available).
     pub capabilities: Vec<(String, bool)>,
+    /// Kubernetes attribution has a working API connection.
+    pub kube_connected: bool,
     /// Kubernetes Event writes by result.
     pub kube_event_writes: Vec<(String, u64)>,
 }
@@ -88,6 +92,7 @@ impl Shared {
                 .unwrap_or_default(),
             confirmed,
             capabilities: self.capabilities.snapshot(),
+            kube_connected: self.kube.connected(),
             kube_event_writes: self.kube_events.snapshot(),
         }
     }

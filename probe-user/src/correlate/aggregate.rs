@@ -36,6 +36,8 @@ impl LoopbackEvent {
             last_seen_ns: ts,
             nic: None,
             service: None,
+            client_pod: None,
+            node: None,
             layer: None,
         }
     }

@@ -224,4 +224,11 @@ pub struct LoopbackEvent {
     pub service: Option<String>,
     /// `l4` / `l7` for hairpin; null for the other kinds.
     pub layer: Option<Layer>,
+    /// `namespace/name` of the pod that sent the looping packet, from the Kubernetes API
+    /// (attribution); null without API access or when the source is not a pod.
+    #[serde(default)]
+    pub client_pod: Option<String>,
+    /// This node's Kubernetes name (attribution: `--node-name`); null when unknown.
+    #[serde(default)]
+    pub node: Option<String>,
 }

@@ -33,6 +33,8 @@ fn ev(kind: LoopbackKind, key: &str, count: u64) -> LoopbackEvent {
         nic: None,
         service: None,
         layer: None,
+        client_pod: None,
+        node: None,
     }
 }
 

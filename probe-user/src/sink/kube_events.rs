@@ -76,30 +76,23 @@ impl KubeEventStats {
 fn names(event: &LoopbackEvent) -> Names {
     Names {
         service: event.service.clone(),
-        client_pod: None,
+        client_pod: event.client_pod.clone(),
     }
 }
 
-/// `--kube-events on`: connects (kubeconfig from `$KUBECONFIG` or `~/.kube/config`, else the
-/// pod's service account), then writes until the report broadcast closes. Without API access
-/// it says so once and returns: the agent works as without the flag.
+/// `--kube-events on` with API access (`--kubeconfig`, else the pod's service account, as
+/// attribution): writes until the report broadcast closes. A broken configuration is said
+/// once; the agent works as without the flag.
 pub async fn start(
+    source: crate::kube::KubeSource,
     node: String,
     reports: broadcast::Receiver<Arc<Report>>,
     stats: Arc<KubeEventStats>,
 ) {
-    let client = match kube::Config::infer().await.map(Client::try_from) {
-        Ok(Ok(client)) => client,
-        Ok(Err(e)) => {
-            warn!(error = %e, "no API client: Kubernetes Events are off");
-            return;
-        }
-        Err(e) => {
-            info!(error = %e, "no API access (no kubeconfig, not in a cluster): Kubernetes Events are off");
-            return;
-        }
-    };
-    run(client, node, reports, stats).await;
+    match crate::kube::connect(&source).await {
+        Ok(client) => run(client, node, reports, stats).await,
+        Err(e) => warn!(error = %format!("{e:#}"), "no API client: Kubernetes Events are off"),
+    }
 }
 
 /// Runs until the report broadcast closes.

@@ -153,6 +153,7 @@ pub struct MetricsInput {
     pub events_read: u64,
     /// (capability, available).
     pub capabilities: Vec<(String, bool)>,
+    pub kube_connected: bool,
     /// Kubernetes Event writes: (result, count).
     pub kube_event_writes: Vec<(String, u64)>,
 }
@@ -213,6 +214,7 @@ impl MetricsInput {
             pending: snap.correlator.pending,
             events_read: snap.events_read,
             capabilities: snap.capabilities.clone(),
+            kube_connected: snap.kube_connected,
             kube_event_writes: snap.kube_event_writes.clone(),
         }
     }
@@ -340,6 +342,11 @@ pub fn render(input: &MetricsInput) -> String {
         "ready",
         "1 when programs are attached and the address sets loaded",
         gauge(u64::from(input.ready)),
+    );
+    reg.register(
+        "kube_connected",
+        "1 when Kubernetes attribution lists and watches pods, Services and EndpointSlices; 0 without API access (events are then not named)",
+        gauge(u64::from(input.kube_connected)),
     );
     reg.register(
         "vip_interface_present",
@@ -593,6 +600,7 @@ mod tests {
             pending: 0,
             events_read: 9,
             capabilities: vec![("drop_hook".into(), true), ("drop_sites".into(), false)],
+            kube_connected: false,
             kube_event_writes: vec![("created".into(), 1), ("failed".into(), 2)],
         }
     }
@@ -611,6 +619,7 @@ mod tests {
             "clbprobe_ready 1",
             "clbprobe_capability{name=\"drop_hook\"} 1",
             "clbprobe_capability{name=\"drop_sites\"} 0",
+            "clbprobe_kube_connected 0",
             "clbprobe_vip_interface_present 1",
             "clbprobe_kube_event_writes_total{result=\"failed\"} 2",
         ] {
@@ -673,6 +682,8 @@ mod tests {
             nic: None,
             service: None,
             layer: None,
+            client_pod: None,
+            node: None,
         }
     }
 

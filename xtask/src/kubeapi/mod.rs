@@ -39,6 +39,7 @@
 //! ```no_run
 //! use xtask::kubeapi::{FakeApiServer, fixtures};
 //! let api = FakeApiServer::start()?;              // 127.0.0.1, an ephemeral port
+//! // or FakeApiServer::start_in_netns(xtask::lab::NS_NODE)?: 127.0.0.1 inside the lab's node
 //! let _url: String = api.url();                   // "http://127.0.0.1:PORT"
 //! api.write_kubeconfig("/tmp/kubeconfig".as_ref())?; // context "fake", namespace default
 //! for object in fixtures::lab() { api.apply(object); } // the lab's node, pods, services, slices
@@ -105,7 +106,19 @@ pub struct FakeApiServer {
 impl FakeApiServer {
     /// Starts the server on 127.0.0.1 at an ephemeral port, with no objects.
     pub fn start() -> Result<Self> {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").context("bind 127.0.0.1:0")?;
+        Self::serve(std::net::TcpListener::bind("127.0.0.1:0").context("bind 127.0.0.1:0")?)
+    }
+
+    /// [`start`](Self::start), listening on 127.0.0.1 of network namespace `netns`
+    /// (`/run/netns/<netns>`, e.g. the lab's node, where the agent under test runs).
+    pub fn start_in_netns(netns: &str) -> Result<Self> {
+        let listener = crate::lab::in_netns(netns, || {
+            std::net::TcpListener::bind("127.0.0.1:0").context("bind 127.0.0.1:0")
+        })?;
+        Self::serve(listener)
+    }
+
+    fn serve(listener: std::net::TcpListener) -> Result<Self> {
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
         let (changed, _) = tokio::sync::broadcast::channel(1024);

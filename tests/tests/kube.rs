@@ -1,0 +1,255 @@
+//! Kubernetes attribution end to end: the real agent in the lab's node, its real kube client
+//! and reflectors against the fake API server (`xtask::kubeapi`, listening on 127.0.0.1 inside
+//! the node's namespace; it is a fake: no kube-apiserver can be installed here) with fixtures
+//! carrying the lab's addresses. The lab drives real failures; confirmed events must carry
+//! the pod and Service names and the named remedies, and without API access everything must
+//! still work by address.
+//!
+//! Root only (each test prints a skip line otherwise). One at a time: they share the lab.
+
+use std::{
+    io::{BufRead as _, BufReader},
+    process::{Command, Stdio},
+    sync::mpsc,
+    time::Duration,
+};
+
+use probe_tests::agent::{Agent, probe_bin, require_root, tempdir::TempDir, wait_for};
+use serde_json::Value;
+use xtask::kubeapi::{FakeApiServer, fixtures};
+use xtask::lab::{self, LabGuard, Outcome, Scenario, Variants, http_get_in};
+
+const METRICS: &str = "127.0.0.1:19466";
+const WAIT: Duration = Duration::from_secs(15);
+const CLIENT_POD: &str = "default/client-5d8f7c9b6-x2x9q";
+
+/// The fake API server in the node's namespace with `objects`, and an agent using it.
+fn start(
+    objects: Vec<Value>,
+    before_agent: impl FnOnce(&FakeApiServer),
+) -> (FakeApiServer, Agent, TempDir) {
+    let api = FakeApiServer::start_in_netns(lab::NS_NODE).expect("fake API server");
+    for object in objects {
+        api.apply(object);
+    }
+    before_agent(&api);
+    let dir = TempDir::new("kubeconfig");
+    let kubeconfig = dir.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig).unwrap();
+    let agent = Agent::start(
+        lab::NS_NODE,
+        &[
+            "--nic",
+            lab::NODE_NIC,
+            "--metrics-addr",
+            METRICS,
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+            "--node-name",
+            "clb-node",
+            // Attribution only reads; Events (which write) are tests/tests/kube_events.rs's.
+            "--kube-events",
+            "off",
+        ],
+    );
+    (api, agent, dir)
+}
+
+fn event(agent: &Agent, kind: &str) -> Value {
+    agent.wait_event(kind, WAIT, |es| {
+        es.iter().rev().find(|e| e["kind"] == kind).cloned()
+    })
+}
+
+fn remedies(e: &Value) -> Vec<String> {
+    e["remedy"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn metric(name: &str) -> String {
+    let (status, text) = http_get_in(lab::NS_NODE, METRICS, "/metrics").expect("metrics");
+    assert_eq!(status, 200);
+    text.lines()
+        .find(|l| l.starts_with(&format!("{name} ")))
+        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+        .to_owned()
+}
+
+#[test]
+fn hairpin_and_healthcheck_blackhole_carry_pod_and_service_names() {
+    if !require_root("kube_names") {
+        return;
+    }
+    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    let (api, mut agent, _dir) = start(fixtures::lab(), |_| {});
+    agent.wait_log("Kubernetes attribution connected", WAIT);
+    assert_eq!(
+        metric("clbprobe_kube_connected"),
+        "clbprobe_kube_connected 1"
+    );
+
+    // `probe events` follows the live socket from before the traffic.
+    let mut follower = Command::new(probe_bin())
+        .args(["events", "--socket"])
+        .arg(agent.dir.path().join("probe.sock"))
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("probe events");
+    let (tx, rx) = mpsc::channel();
+    let stdout = follower.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    std::thread::sleep(Duration::from_millis(300));
+
+    assert_eq!(lab.traffic(Scenario::Hairpin).unwrap(), Outcome::Timeout);
+    assert_eq!(
+        lab.traffic(Scenario::HealthcheckBlackhole).unwrap(),
+        Outcome::Timeout
+    );
+
+    let hairpin = event(&agent, "hairpin");
+    assert_eq!(hairpin["client_pod"], CLIENT_POD, "{hairpin:#}");
+    assert_eq!(hairpin["node"], "clb-node");
+    assert_eq!(hairpin["src"], lab::POD_A_IP.to_string(), "addresses stay");
+    let named = remedies(&hairpin);
+    assert!(
+        named.iter().any(|r| r.starts_with(&format!(
+            "In pod {CLIENT_POD}: call web.default.svc.cluster.local:80 (Service default/web) instead of the LB address 203.0.113.10:80"
+        ))),
+        "{named:#?}"
+    );
+    assert!(
+        named
+            .iter()
+            .any(|r| r.contains("Service default/web has externalTrafficPolicy: Cluster")),
+        "{named:#?}"
+    );
+    assert!(
+        hairpin["evidence"]
+            .to_string()
+            .contains(&format!("198.19.1.10 is pod {CLIENT_POD}"))
+    );
+
+    let check = event(&agent, "healthcheck_blackhole");
+    assert_eq!(check["node"], "clb-node");
+    assert_eq!(check["client_pod"], Value::Null);
+    let named = remedies(&check);
+    assert!(
+        named.iter().any(|r| r.starts_with(
+            "The LB of Service default/web health-checks its NodePort 30080 (externalTrafficPolicy: Cluster"
+        )),
+        "{named:#?}"
+    );
+    assert!(
+        named
+            .iter()
+            .any(|r| r.contains("203.0.113.10 has ipMode VIP")),
+        "{named:#?}"
+    );
+
+    // The live socket carries the same names.
+    let mut followed = Vec::new();
+    while !followed
+        .iter()
+        .any(|e: &Value| e["kind"] == "hairpin" && e["client_pod"] == CLIENT_POD)
+    {
+        let line = rx
+            .recv_timeout(WAIT)
+            .expect("probe events printed the named hairpin");
+        followed.push(serde_json::from_str(&line).expect("JSON"));
+    }
+    let _ = follower.kill();
+    let _ = follower.wait();
+
+    // Only this node's pods are watched, and attribution never writes.
+    let requests = api.requests();
+    assert!(
+        requests.iter().any(|r| r.path.starts_with("/api/v1/pods?")
+            && r.path.contains("fieldSelector=spec.nodeName%3Dclb-node")),
+        "{requests:#?}"
+    );
+    assert!(requests.iter().all(|r| r.method == "GET"), "{requests:#?}");
+    assert!(agent.stop().success());
+    drop(lab);
+}
+
+#[test]
+fn without_api_access_events_are_confirmed_by_address() {
+    if !require_root("kube_forbidden") {
+        return;
+    }
+    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    let (_api, mut agent, _dir) = start(fixtures::lab(), |api| {
+        for resource in ["pods", "services", "endpointslices"] {
+            api.forbid(resource, "list");
+        }
+    });
+    agent.wait_log("Kubernetes API not usable", WAIT);
+    let (status, _) = http_get_in(lab::NS_NODE, METRICS, "/readyz").expect("readyz");
+    assert_eq!(status, 200, "readiness does not depend on the API");
+
+    assert_eq!(lab.traffic(Scenario::Hairpin).unwrap(), Outcome::Timeout);
+    let hairpin = event(&agent, "hairpin");
+    assert_eq!(hairpin["client_pod"], Value::Null);
+    assert_eq!(hairpin["node"], "clb-node", "the node name needs no API");
+    assert_eq!(hairpin["vip"], lab::VIP.to_string());
+    assert!(
+        !hairpin["evidence"].to_string().contains("Kubernetes API"),
+        "{hairpin:#}"
+    );
+    assert_eq!(
+        metric("clbprobe_kube_connected"),
+        "clbprobe_kube_connected 0"
+    );
+    assert_eq!(agent.count_log("Kubernetes API not usable"), 1, "said once");
+    assert!(agent.stop().success());
+    drop(lab);
+}
+
+#[test]
+fn a_service_added_after_a_410_relist_is_attributed() {
+    if !require_root("kube_410") {
+        return;
+    }
+    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    let without_web: Vec<Value> = fixtures::lab()
+        .into_iter()
+        .filter(|o| o["metadata"]["name"] != "web" && o["metadata"]["name"] != "web-x7k2d")
+        .collect();
+    let (api, mut agent, _dir) = start(without_web, |_| {});
+    agent.wait_log("Kubernetes attribution connected", WAIT);
+    let before = api.requests().len();
+
+    // History compacted under the agent's watches, then the Service appears.
+    api.expire_history();
+    api.apply(fixtures::parse(fixtures::SERVICE_WEB));
+    api.apply(fixtures::parse(fixtures::ENDPOINTSLICE_WEB));
+    wait_for("a relist and reconnect", WAIT, || {
+        (agent.count_log("Kubernetes attribution connected") >= 2).then_some(())
+    })
+    .unwrap_or_else(|| panic!("no reconnect after the 410:\n{}", agent.log.join("\n")));
+    let relists = api.requests()[before..]
+        .iter()
+        .filter(|r| r.path.starts_with("/api/v1/services?") && !r.path.contains("watch="))
+        .count();
+    assert!(relists >= 1, "services relisted after the 410");
+
+    assert_eq!(lab.traffic(Scenario::Hairpin).unwrap(), Outcome::Timeout);
+    let hairpin = event(&agent, "hairpin");
+    assert_eq!(hairpin["client_pod"], CLIENT_POD);
+    assert!(
+        remedies(&hairpin)
+            .iter()
+            .any(|r| r.contains("call web.default.svc.cluster.local:80 (Service default/web)")),
+        "{hairpin:#}"
+    );
+    assert!(agent.stop().success());
+    drop(lab);
+}
