@@ -274,3 +274,31 @@ fn kube_events_off_writes_nothing() {
     assert_eq!(writes(&s.api), (0, 0));
     assert!(clb_events(&s.api).is_empty());
 }
+
+#[test]
+fn a_hairpin_event_regards_the_service_and_relates_the_client_pod() {
+    if !require_root("kube_events_hairpin") {
+        return;
+    }
+    let s = setup("hairpin", &[], None, |_| {});
+    s.lab.traffic(Scenario::Hairpin).expect("traffic");
+    let confirmed = s.agent.wait_event("hairpin", WAIT, |es| {
+        es.iter().find(|e| e["kind"] == "hairpin").cloned()
+    });
+    let event = wait_for("the hairpin's Event", WAIT, || {
+        clb_events(&s.api)
+            .into_iter()
+            .find(|e| e["reason"] == "LoopbackHairpin")
+    })
+    .unwrap_or_else(|| panic!("no LoopbackHairpin Event: {:#?}", clb_events(&s.api)));
+    // Attribution named the client pod (the fake server holds the lab's pods): it is `related`.
+    let pod = confirmed["client_pod"].as_str().expect("client_pod named");
+    let (ns, name) = pod.split_once('/').unwrap();
+    assert_eq!(event["related"]["kind"], "Pod", "{event:#}");
+    assert_eq!(event["related"]["namespace"], ns);
+    assert_eq!(event["related"]["name"], name);
+    if let Some(svc) = confirmed["service"].as_str() {
+        assert_eq!(event["regarding"]["kind"], "Service", "{event:#}");
+        assert_eq!(event["regarding"]["name"], svc.split_once('/').unwrap().1);
+    }
+}
