@@ -16,6 +16,7 @@ mod fuzz_tests;
 pub mod kernel;
 pub mod kube;
 pub mod netlink;
+pub mod plugin;
 pub mod sink;
 pub mod state;
 pub mod watch;

@@ -94,6 +94,10 @@ struct AgentArgs {
     kube: clb_probe::kube::KubeArgs,
     #[command(flatten)]
     map_sizes: MapSizeArgs,
+    /// Write confirmed loopbacks as Kubernetes Events (events.k8s.io/v1, regarding the
+    /// Service, else the Node) when API access exists (--kubeconfig or in-cluster).
+    #[arg(long, env = "CLB_PROBE_KUBE_EVENTS", value_enum, default_value_t = OnOff::On)]
+    kube_events: OnOff,
 }
 
 /// Kernel map capacities (README, "Map sizing"); each range-checked, exit 2 outside it.
@@ -127,6 +131,12 @@ impl MapSizeArgs {
             ringbuf_bytes: self.ringbuf_bytes,
         }
     }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum OnOff {
+    On,
+    Off,
 }
 
 /// Where the agent listens for `probe watch` / `probe events` by default.
@@ -211,6 +221,17 @@ fn main() -> ExitCode {
                         .exit();
                 }
             };
+            // Events use the same API access as attribution, whether or not attribution is on.
+            let kube_events = match args.kube_events {
+                OnOff::Off => None,
+                OnOff::On => clb_probe::kube::KubeArgs {
+                    kube_attribution: clb_probe::kube::Attribution::Auto,
+                    ..args.kube.clone()
+                }
+                .source()
+                .ok()
+                .flatten(),
+            };
             init_logging(args.log_format, args.ebpf_log);
             let cfg = AgentConfig {
                 addr: AddrConfig {
@@ -228,6 +249,7 @@ fn main() -> ExitCode {
                 map_sizes: args.map_sizes.sizes(),
                 kube,
                 node_name: args.kube.node_name,
+                kube_events,
             };
             let rt = match tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)

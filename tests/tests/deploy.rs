@@ -106,10 +106,12 @@ fn the_chart_renders_lints_and_validates_for_every_ci_values_file() {
         "grafana_dashboard",
         "kind: ClusterRole",
         "kind: Namespace",
-        "--kube-",
+        "--kube-attribution",
     ] {
         assert!(!default.contains(absent), "{absent} rendered by default");
     }
+    // The agent's own default, explicit (moot without RBAC: no token, no API access).
+    assert!(default.contains("- --kube-events=on"));
     assert!(default.contains("automountServiceAccountToken: false"));
 
     let values = chart::ci_values();
@@ -131,7 +133,7 @@ fn the_chart_renders_lints_and_validates_for_every_ci_values_file() {
                 "- --nic=eth1",
                 "- --pod-cidr=10.244.1.0/24",
                 "- --kube-attribution",
-                "- --kube-events",
+                "- --kube-events=on",
                 "automountServiceAccountToken: true",
                 "containerPort: 9100",
                 "\"uid\": \"clb-probe\"",

@@ -47,6 +47,9 @@ fn start(
             kubeconfig.to_str().unwrap(),
             "--node-name",
             "clb-node",
+            // Attribution only reads; Events (which write) are tests/tests/kube_events.rs's.
+            "--kube-events",
+            "off",
         ],
     );
     (api, agent, dir)

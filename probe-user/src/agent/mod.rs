@@ -62,6 +62,8 @@ pub struct AgentConfig {
     pub kube: Option<crate::kube::KubeSource>,
     /// `--node-name`: this node's Kubernetes name (events' `node`, the pod watch's selector).
     pub node_name: Option<String>,
+    /// `--kube-events`: where to write Kubernetes Events (None: off, or no API access).
+    pub kube_events: Option<crate::kube::KubeSource>,
 }
 
 /// Runs until SIGINT/SIGTERM. Every exit path detaches: the probe is owned by the node-sync
@@ -252,6 +254,22 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         capabilities,
         kube: kube_status,
         version: env!("CARGO_PKG_VERSION"),
+        kube_events: Default::default(),
+    };
+    // Subscribed before the first report; the writer runs beside the loop, never in it.
+    let _kube_events_task = match &cfg.kube_events {
+        Some(source) => Some(AbortOnDrop(tokio::spawn(crate::sink::kube_events::start(
+            source.clone(),
+            cfg.node_name.clone().unwrap_or_else(shared::node_name),
+            shared.reports.subscribe(),
+            shared.kube_events.clone(),
+        )))),
+        None => {
+            info!(
+                "Kubernetes Events off (--kube-events off, or no --kubeconfig / in-cluster service account)"
+            );
+            None
+        }
     };
     let metrics_task = metrics_listener.map(|listener| {
         info!(addr = ?listener.local_addr().ok(), "serving /metrics, /healthz, /readyz");

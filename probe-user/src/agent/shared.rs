@@ -17,6 +17,7 @@ use crate::{
         counters::{CounterSnapshot, Counters},
         reader::ReaderStats,
     },
+    sink::kube_events::KubeEventStats,
 };
 
 /// How many recent confirmed aggregates the live view gets on connect.
@@ -39,6 +40,8 @@ pub struct Shared {
     /// Kubernetes attribution's connection (`clbprobe_kube_connected`).
     pub kube: Arc<crate::kube::KubeStatus>,
     pub version: &'static str,
+    /// Kubernetes Events written (`clbprobe_kube_event_writes_total`).
+    pub kube_events: Arc<KubeEventStats>,
 }
 
 /// A point-in-time view for the live view's header and tables.
@@ -57,6 +60,8 @@ pub struct Snapshot {
     pub capabilities: Vec<(String, bool)>,
     /// Kubernetes attribution has a working API connection.
     pub kube_connected: bool,
+    /// Kubernetes Event writes by result.
+    pub kube_event_writes: Vec<(String, u64)>,
 }
 
 impl Shared {
@@ -88,6 +93,7 @@ impl Shared {
             confirmed,
             capabilities: self.capabilities.snapshot(),
             kube_connected: self.kube.connected(),
+            kube_event_writes: self.kube_events.snapshot(),
         }
     }
 

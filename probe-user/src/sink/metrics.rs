@@ -71,6 +71,11 @@ struct CapabilityLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildLabels {
     version: String,
     kernel: String,
@@ -153,6 +158,8 @@ pub struct MetricsInput {
     /// (capability, available).
     pub capabilities: Vec<(String, bool)>,
     pub kube_connected: bool,
+    /// Kubernetes Event writes: (result, count).
+    pub kube_event_writes: Vec<(String, u64)>,
 }
 
 impl MetricsInput {
@@ -214,6 +221,7 @@ impl MetricsInput {
             reader_wakeups_suppressed: c.wakeup_budget_suppressed,
             capabilities: snap.capabilities.clone(),
             kube_connected: snap.kube_connected,
+            kube_event_writes: snap.kube_event_writes.clone(),
         }
     }
 }
@@ -310,6 +318,20 @@ pub fn render(input: &MetricsInput) -> String {
         "capability",
         "1 when the agent can confirm what this needs (drop_hook, drop_sites, conntrack), 0 when it cannot (said once in the log)",
         caps,
+    );
+
+    let kube_writes = Family::<ResultLabels, Counter>::default();
+    for (result, n) in &input.kube_event_writes {
+        kube_writes
+            .get_or_create(&ResultLabels {
+                result: result.clone(),
+            })
+            .inc_by(*n);
+    }
+    reg.register(
+        "kube_event_writes",
+        "Kubernetes Event writes by result: created, patched, failed (403, unreachable), rate_limited (held by the token bucket), dropped (reports missed by the writer)",
+        kube_writes,
     );
 
     let gauge = |v: u64| {
@@ -597,6 +619,7 @@ mod tests {
             reader_wakeups_suppressed: 1,
             capabilities: vec![("drop_hook".into(), true), ("drop_sites".into(), false)],
             kube_connected: false,
+            kube_event_writes: vec![("created".into(), 1), ("failed".into(), 2)],
         }
     }
 
@@ -618,6 +641,7 @@ mod tests {
             "clbprobe_vip_interface_present 1",
             "clbprobe_kernel_reader_wakeups_total 4",
             "clbprobe_kernel_reader_wakeups_suppressed_total 1",
+            "clbprobe_kube_event_writes_total{result=\"failed\"} 2",
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }

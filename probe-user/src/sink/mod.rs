@@ -3,6 +3,8 @@
 
 pub mod http;
 pub mod json;
+pub mod kube_event_plan;
+pub mod kube_events;
 pub mod live;
 pub mod metrics;
 pub mod process;

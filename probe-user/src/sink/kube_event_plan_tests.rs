@@ -1,0 +1,300 @@
+//! The planner with an injected clock: create vs patch vs hold, both rate limits, names, notes.
+
+use std::time::{Duration, SystemTime};
+
+use super::*;
+use crate::{
+    correlate::{Outcome, SnatState},
+    event::Proto,
+};
+
+const NODE: &str = "node-a";
+
+fn ev(kind: LoopbackKind, key: &str, count: u64) -> LoopbackEvent {
+    LoopbackEvent {
+        kind,
+        key: key.to_string(),
+        src: "10.244.1.7".parse().unwrap(),
+        src_port: 40000,
+        dst: "198.51.100.20".parse().unwrap(),
+        dst_port: 30080,
+        vip: Some("203.0.113.10".parse().unwrap()),
+        vip_port: Some(80),
+        proto: Proto::Tcp,
+        drop_reason: None,
+        drop_location: None,
+        snat: SnatState::No,
+        outcome: Outcome::NoReply,
+        count,
+        evidence: vec![],
+        remedy: vec!["call web.shop.svc instead of 203.0.113.10".to_string()],
+        first_seen_ns: 1,
+        last_seen_ns: 2,
+        nic: None,
+        service: None,
+        layer: None,
+        client_pod: None,
+        node: None,
+    }
+}
+
+fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+fn wall(s: u64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000 + s)
+}
+
+fn names(service: &str, pod: &str) -> Names {
+    Names {
+        service: Some(service.to_string()),
+        client_pod: Some(pod.to_string()),
+    }
+}
+
+#[test]
+fn first_report_creates_then_repeats_patch_the_series_at_most_once_a_minute() {
+    let mut p = EventPlanner::new(PlanConfig::default(), NODE);
+    let n = names("shop/web", "shop/client-0");
+    let w = p.observe(&ev(LoopbackKind::Hairpin, "k1", 1), &n, secs(0), wall(0));
+    let Ok(Write::Create(doc)) = w else {
+        panic!("{w:?}")
+    };
+    assert_eq!(doc.series, None);
+    assert_eq!(doc.reason, "LoopbackHairpin");
+    assert_eq!(doc.namespace, "shop");
+    assert_eq!(
+        doc.regarding,
+        ObjectRef {
+            kind: "Service",
+            namespace: "shop".into(),
+            name: "web".into()
+        }
+    );
+    assert_eq!(
+        doc.related.as_ref().map(|r| r.name.as_str()),
+        Some("client-0")
+    );
+    assert_eq!(doc.instance, NODE);
+
+    // Repeats within the minute: held, not written.
+    for (i, t) in [1, 10, 59].into_iter().enumerate() {
+        let r = p.observe(
+            &ev(LoopbackKind::Hairpin, "k1", 2 + i as u64),
+            &n,
+            secs(t),
+            wall(t),
+        );
+        assert_eq!(r, Err(Held::Throttled));
+    }
+    assert_eq!(p.pending(), 1);
+    assert!(p.due(secs(59)).is_empty());
+    // The window passes: the held repeat is written as a patch with the latest count.
+    let due = p.due(secs(60));
+    assert_eq!(due.len(), 1);
+    let Write::Patch(doc) = &due[0] else {
+        panic!("{due:?}")
+    };
+    let series = doc.series.expect("a patch carries the series");
+    assert_eq!(series.count, 4);
+    assert_eq!(series.last_observed, wall(59));
+    assert_eq!(doc.event_time, wall(0), "eventTime stays the first write's");
+    assert_eq!(p.pending(), 0);
+    assert!(p.due(secs(200)).is_empty(), "nothing new: nothing written");
+    // Same count again: unchanged.
+    let r = p.observe(
+        &ev(LoopbackKind::Hairpin, "k1", 4),
+        &n,
+        secs(300),
+        wall(300),
+    );
+    assert_eq!(r, Err(Held::Unchanged));
+    // A new repeat after the window: patched at once.
+    let r = p.observe(
+        &ev(LoopbackKind::Hairpin, "k1", 5),
+        &n,
+        secs(301),
+        wall(301),
+    );
+    assert!(matches!(r, Ok(Write::Patch(_))), "{r:?}");
+}
+
+#[test]
+fn a_storm_of_distinct_aggregates_is_bounded_by_the_bucket() {
+    let cfg = PlanConfig::default();
+    let mut p = EventPlanner::new(cfg.clone(), NODE);
+    let mut writes = 0;
+    let mut limited = 0;
+    // 1,000 distinct aggregates within one second.
+    for i in 0..1000 {
+        match p.observe(
+            &ev(LoopbackKind::VipPortUnserved, &format!("k{i}"), 1),
+            &Names::default(),
+            Duration::from_millis(i),
+            wall(0),
+        ) {
+            Ok(_) => writes += 1,
+            Err(Held::RateLimited) => limited += 1,
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+    assert_eq!(writes, cfg.burst);
+    assert_eq!(limited, 1000 - cfg.burst);
+    // Over ten minutes, one write per refill period, oldest first.
+    let mut later = 0;
+    for s in 1..=600 {
+        later += p.due(secs(s)).len() as u32;
+    }
+    assert_eq!(later, 600 / 6);
+    assert_eq!(p.pending(), 1000 - 10 - 100);
+}
+
+#[test]
+fn the_bucket_refills_but_does_not_bank_idle_time_beyond_its_burst() {
+    let cfg = PlanConfig {
+        burst: 2,
+        refill_every: secs(10),
+        ..PlanConfig::default()
+    };
+    let mut p = EventPlanner::new(cfg, NODE);
+    let mut write = |i: u32, t: u64| {
+        p.observe(
+            &ev(LoopbackKind::VipAsSource, &format!("k{i}"), 1),
+            &Names::default(),
+            secs(t),
+            wall(t),
+        )
+        .is_ok()
+    };
+    assert!(write(0, 0) && write(1, 0));
+    assert!(!write(2, 5));
+    assert!(write(3, 10));
+    // Idle for an hour: still only the burst.
+    assert!(write(4, 3600) && write(5, 3600));
+    assert!(!write(6, 3600));
+}
+
+#[test]
+fn without_a_service_the_event_regards_the_node_in_default() {
+    let mut p = EventPlanner::new(PlanConfig::default(), NODE);
+    let e = ev(LoopbackKind::HealthcheckBlackhole, "hc", 3);
+    let Ok(Write::Create(doc)) = p.observe(&e, &Names::default(), secs(0), wall(0)) else {
+        panic!()
+    };
+    assert_eq!(doc.namespace, "default");
+    assert_eq!(doc.regarding.kind, "Node");
+    assert_eq!(doc.regarding.name, NODE);
+    assert_eq!(doc.related, None, "no pod known");
+    assert_eq!(doc.reason, "HealthCheckBlackhole");
+    // Created already repeated: the series goes with the create.
+    assert_eq!(doc.series.map(|s| s.count), Some(3));
+}
+
+#[test]
+fn the_service_table_name_is_used_when_attribution_has_none_and_pods_only_on_hairpins() {
+    let mut e = ev(LoopbackKind::VipPortUnserved, "u", 1);
+    e.service = Some("shop/web".into());
+    let doc = event_doc(&e, &names("bad", "shop/client-0"), NODE, wall(0));
+    assert_eq!(doc.regarding.name, "web", "a malformed name falls back");
+    assert_eq!(doc.related, None, "related is only for a hairpin's client");
+    assert_eq!(doc.reason, "VipPortUnserved");
+}
+
+#[test]
+fn names_are_deterministic_valid_and_distinct() {
+    let a = event_name(
+        NODE,
+        "hairpin/l4/10.0.0.1->203.0.113.10:80",
+        LoopbackKind::Hairpin,
+    );
+    assert_eq!(
+        a,
+        event_name(
+            NODE,
+            "hairpin/l4/10.0.0.1->203.0.113.10:80",
+            LoopbackKind::Hairpin
+        )
+    );
+    assert!(a.starts_with("clb-probe.node-a.hairpin."), "{a}");
+    assert_ne!(
+        a,
+        event_name(
+            NODE,
+            "hairpin/l4/10.0.0.2->203.0.113.10:80",
+            LoopbackKind::Hairpin
+        )
+    );
+    assert_ne!(
+        a,
+        event_name(
+            "node-b",
+            "hairpin/l4/10.0.0.1->203.0.113.10:80",
+            LoopbackKind::Hairpin
+        )
+    );
+    // A pinned value: the hash must not change between releases (restarted agents patch).
+    assert_eq!(
+        event_name("n", "k", LoopbackKind::VipAsSource),
+        format!("clb-probe.n.vip-as-source.{:016x}", fnv1a(b"k"))
+    );
+    assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
+    let long = event_name(&"x".repeat(300), "k", LoopbackKind::Hairpin);
+    assert!(long.len() <= 253, "{}", long.len());
+    let odd = event_name("Node_A.", "k", LoopbackKind::Hairpin);
+    assert!(
+        odd.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.'),
+        "{odd}"
+    );
+}
+
+#[test]
+fn notes_say_cause_and_first_remedy_and_stay_under_1_kib() {
+    let e = ev(LoopbackKind::Hairpin, "k", 1);
+    let n = note(&e);
+    assert!(
+        n.contains("10.244.1.7") && n.contains("203.0.113.10:80"),
+        "{n}"
+    );
+    assert!(
+        n.ends_with("Remedy: call web.shop.svc instead of 203.0.113.10"),
+        "{n}"
+    );
+    let mut long = e.clone();
+    long.remedy = vec!["é".repeat(2000)];
+    let n = note(&long);
+    assert!(n.len() <= NOTE_MAX && n.ends_with('…'), "{}", n.len());
+    assert_eq!(truncate("abc".into(), 3), "abc");
+}
+
+#[test]
+fn reasons_map_back_to_kinds() {
+    for k in [
+        LoopbackKind::HealthcheckBlackhole,
+        LoopbackKind::Hairpin,
+        LoopbackKind::VipPortUnserved,
+        LoopbackKind::VipAsSource,
+    ] {
+        assert_eq!(kind_of_reason(reason(k)), Some(k));
+    }
+    assert_eq!(kind_of_reason("Other"), None);
+}
+
+#[test]
+fn tracked_aggregates_are_bounded() {
+    let cfg = PlanConfig {
+        max_tracked: 3,
+        ..PlanConfig::default()
+    };
+    let mut p = EventPlanner::new(cfg, NODE);
+    for i in 0..10 {
+        let _ = p.observe(
+            &ev(LoopbackKind::VipAsSource, &format!("k{i}"), 1),
+            &Names::default(),
+            secs(i),
+            wall(i),
+        );
+    }
+    assert!(p.tracked.len() <= 3);
+}

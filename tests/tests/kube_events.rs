@@ -1,0 +1,304 @@
+//! `--kube-events`: the real agent on the lab writes confirmed loopbacks as Kubernetes Events
+//! to the in-process fake API server (xtask::kubeapi: the real kube client on the wire, no
+//! kube-apiserver here). The server listens inside the lab node's network namespace, where the
+//! agent runs; its request log counts the writes.
+//!
+//! Root only (each test prints a skip line otherwise). One at a time: they share the lab.
+
+use std::{net::SocketAddrV4, time::Duration};
+
+use probe_tests::agent::{Agent, require_root, wait_for};
+use serde_json::Value;
+use xtask::{
+    kubeapi::{FakeApiServer, fixtures},
+    lab::{self, LabGuard, Scenario, Variants},
+};
+
+const NODE_NAME: &str = "clb-node";
+const WAIT: Duration = Duration::from_secs(20);
+
+/// Dropped in this order: the agent, the server, the lab.
+struct Setup {
+    agent: Agent,
+    api: FakeApiServer,
+    lab: LabGuard,
+    _dir: tempdir::TempDir,
+}
+
+mod tempdir {
+    pub struct TempDir(std::path::PathBuf);
+    impl TempDir {
+        pub fn new(tag: &str) -> Self {
+            let p =
+                std::env::temp_dir().join(format!("clb-kube-events-{tag}-{}", std::process::id()));
+            std::fs::create_dir_all(&p).unwrap();
+            Self(p)
+        }
+        pub fn path(&self) -> &std::path::Path {
+            &self.0
+        }
+    }
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+/// Lab up, the fake API server in the node's namespace, the agent pointed at it.
+fn setup(
+    tag: &str,
+    extra: &[&str],
+    every_ms: Option<&str>,
+    prepare: impl FnOnce(&FakeApiServer),
+) -> Setup {
+    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    let api = FakeApiServer::start_in_netns(lab::NS_NODE).expect("fake API server");
+    // The lab's Node, Pods, Services and EndpointSlices: attribution names the Service.
+    for object in fixtures::lab() {
+        api.apply(object);
+    }
+    prepare(&api);
+    let dir = tempdir::TempDir::new(tag);
+    let kubeconfig = dir.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig).unwrap();
+    let kubeconfig = kubeconfig.to_string_lossy().into_owned();
+    let mut env = vec![];
+    if let Some(ms) = every_ms {
+        env.push((clb_probe_every_env(), ms));
+    }
+    let mut args = vec![
+        "--nic",
+        lab::NODE_NIC,
+        "--kubeconfig",
+        kubeconfig.as_str(),
+        "--node-name",
+        NODE_NAME,
+    ];
+    args.extend_from_slice(extra);
+    let agent = Agent::start_with_env(lab::NS_NODE, &args, &env);
+    Setup {
+        agent,
+        api,
+        lab,
+        _dir: dir,
+    }
+}
+
+/// `CLB_PROBE_TEST_KUBE_EVENTS_EVERY_MS` (probe-user's kube_events::PER_AGGREGATE_ENV).
+fn clb_probe_every_env() -> &'static str {
+    "CLB_PROBE_TEST_KUBE_EVENTS_EVERY_MS"
+}
+
+fn clb_events(api: &FakeApiServer) -> Vec<Value> {
+    api.objects("events")
+        .into_iter()
+        .filter(|e| e["reportingController"] == "clb-probe")
+        .collect()
+}
+
+fn writes(api: &FakeApiServer) -> (usize, usize) {
+    let reqs = api.requests();
+    let n = |m: &str| {
+        reqs.iter()
+            .filter(|r| r.method == m && r.path.contains("/events"))
+            .count()
+    };
+    (n("POST"), n("PATCH"))
+}
+
+fn metric(ns: &str, addr: &str, line_prefix: &str) -> Option<u64> {
+    let (_, body) = lab::http_get_in(ns, addr, "/metrics")?;
+    body.lines()
+        .find(|l| l.starts_with(line_prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[test]
+fn a_confirmed_failure_is_one_event_whose_series_grows() {
+    if !require_root("kube_events_series") {
+        return;
+    }
+    let s = setup("series", &[], Some("1000"), |_| {});
+    s.lab
+        .traffic(Scenario::HealthcheckBlackhole)
+        .expect("traffic");
+    let first = s.agent.wait_event("healthcheck_blackhole", WAIT, |es| {
+        es.iter()
+            .find(|e| e["kind"] == "healthcheck_blackhole")
+            .cloned()
+    });
+    // Repeats, spread beyond the (shortened) per-aggregate window.
+    std::thread::sleep(Duration::from_millis(1500));
+    s.lab
+        .traffic(Scenario::HealthcheckBlackhole)
+        .expect("traffic");
+    let event = wait_for("an Event with a series", WAIT, || {
+        let es = clb_events(&s.api);
+        es.iter()
+            .find(|e| e["series"]["count"].as_u64().unwrap_or(0) >= 2)
+            .cloned()
+    })
+    .unwrap_or_else(|| panic!("no Event with series.count >= 2: {:#?}", clb_events(&s.api)));
+    let all = clb_events(&s.api);
+    assert_eq!(all.len(), 1, "repeats must patch, not create: {all:#?}");
+    assert_eq!(event["type"], "Warning");
+    assert_eq!(event["reason"], "HealthCheckBlackhole");
+    assert_eq!(event["action"], "Detected");
+    assert_eq!(event["reportingInstance"], NODE_NAME);
+    assert!(event["eventTime"].is_string(), "{event:#}");
+    assert!(
+        event["note"]
+            .as_str()
+            .unwrap()
+            .contains(&lab::VIP.to_string()),
+        "{event:#}"
+    );
+    // Regarding the Service the service table named, else the Node (IPVS mode names none).
+    match first["service"].as_str() {
+        Some(svc) => {
+            let (ns, name) = svc.split_once('/').unwrap();
+            assert_eq!(event["regarding"]["kind"], "Service", "{event:#}");
+            assert_eq!(event["regarding"]["name"], name);
+            assert_eq!(event["metadata"]["namespace"], ns);
+        }
+        None => {
+            assert_eq!(event["regarding"]["kind"], "Node", "{event:#}");
+            assert_eq!(event["regarding"]["name"], NODE_NAME);
+            assert_eq!(event["metadata"]["namespace"], "default");
+        }
+    }
+    let (posts, patches) = writes(&s.api);
+    assert_eq!(posts, 1, "one create");
+    assert!(patches >= 1, "repeats patch the series");
+}
+
+#[test]
+fn a_storm_of_distinct_failures_stays_under_the_rate_limit() {
+    if !require_root("kube_events_storm") {
+        return;
+    }
+    let s = setup("storm", &[], None, |_| {});
+    let started = std::time::Instant::now();
+    s.lab.traffic(Scenario::VipPortUnserved).expect("traffic");
+    // 40 distinct aggregates: the VIP called on 40 ports nothing serves.
+    for port in 2001..2041 {
+        let _ = lab::connect_in(
+            lab::NS_POD_A,
+            None,
+            SocketAddrV4::new(lab::VIP, port),
+            Duration::from_millis(500),
+        );
+    }
+    let confirmed = wait_for("the storm confirmed", WAIT, || {
+        let es = s.agent.events();
+        let ports: std::collections::BTreeSet<u64> = es
+            .iter()
+            .filter(|e| e["kind"] == "vip_port_unserved")
+            .filter_map(|e| e["vip_port"].as_u64())
+            .collect();
+        (ports.len() >= 30).then_some(ports.len())
+    })
+    .expect("at least 30 distinct unserved ports confirmed");
+    std::thread::sleep(Duration::from_secs(2));
+    let (posts, patches) = writes(&s.api);
+    // Burst 10, one more token per 6 s (kube_event_plan::PlanConfig::default()).
+    let allowed = 10 + started.elapsed().as_secs() as usize / 6 + 1;
+    assert!(
+        posts + patches <= allowed,
+        "{} writes for {confirmed} aggregates in {:?}: over the limit {allowed}",
+        posts + patches,
+        started.elapsed()
+    );
+    assert!(posts >= 1, "some Events written");
+    assert!(posts + patches < confirmed, "the bucket held some back");
+}
+
+#[test]
+fn denied_events_are_counted_once_logged_and_the_agent_keeps_confirming() {
+    if !require_root("kube_events_forbidden") {
+        return;
+    }
+    let metrics = "127.0.0.1:9977";
+    let mut s = setup("forbidden", &["--metrics-addr", metrics], None, |api| {
+        api.forbid("events", "create");
+        api.forbid("events", "patch");
+    });
+    s.lab
+        .traffic(Scenario::HealthcheckBlackhole)
+        .expect("traffic");
+    s.agent.wait_event("healthcheck_blackhole", WAIT, |es| {
+        es.iter()
+            .find(|e| e["kind"] == "healthcheck_blackhole")
+            .cloned()
+    });
+    s.lab.traffic(Scenario::VipPortUnserved).expect("traffic");
+    s.agent.wait_event("vip_port_unserved", WAIT, |es| {
+        es.iter()
+            .find(|e| e["kind"] == "vip_port_unserved")
+            .cloned()
+    });
+    let failed = wait_for("failed writes counted", WAIT, || {
+        metric(
+            lab::NS_NODE,
+            metrics,
+            "clbprobe_kube_event_writes_total{result=\"failed\"}",
+        )
+        .filter(|n| *n >= 2)
+    });
+    assert!(failed.is_some(), "two denied creates counted as failed");
+    assert!(clb_events(&s.api).is_empty());
+    assert_eq!(
+        s.agent.count_log("cannot write Kubernetes Events"),
+        1,
+        "said once while it keeps failing"
+    );
+}
+
+#[test]
+fn kube_events_off_writes_nothing() {
+    if !require_root("kube_events_off") {
+        return;
+    }
+    let s = setup("off", &["--kube-events", "off"], None, |_| {});
+    s.lab
+        .traffic(Scenario::HealthcheckBlackhole)
+        .expect("traffic");
+    s.agent.wait_event("healthcheck_blackhole", WAIT, |es| {
+        es.iter()
+            .find(|e| e["kind"] == "healthcheck_blackhole")
+            .cloned()
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(writes(&s.api), (0, 0));
+    assert!(clb_events(&s.api).is_empty());
+}
+
+#[test]
+fn a_hairpin_event_regards_the_service_and_relates_the_client_pod() {
+    if !require_root("kube_events_hairpin") {
+        return;
+    }
+    let s = setup("hairpin", &[], None, |_| {});
+    s.lab.traffic(Scenario::Hairpin).expect("traffic");
+    let confirmed = s.agent.wait_event("hairpin", WAIT, |es| {
+        es.iter().find(|e| e["kind"] == "hairpin").cloned()
+    });
+    let event = wait_for("the hairpin's Event", WAIT, || {
+        clb_events(&s.api)
+            .into_iter()
+            .find(|e| e["reason"] == "LoopbackHairpin")
+    })
+    .unwrap_or_else(|| panic!("no LoopbackHairpin Event: {:#?}", clb_events(&s.api)));
+    // Attribution named the client pod (the fake server holds the lab's pods): it is `related`.
+    let pod = confirmed["client_pod"].as_str().expect("client_pod named");
+    let (ns, name) = pod.split_once('/').unwrap();
+    assert_eq!(event["related"]["kind"], "Pod", "{event:#}");
+    assert_eq!(event["related"]["namespace"], ns);
+    assert_eq!(event["related"]["name"], name);
+    if let Some(svc) = confirmed["service"].as_str() {
+        assert_eq!(event["regarding"]["kind"], "Service", "{event:#}");
+        assert_eq!(event["regarding"]["name"], svc.split_once('/').unwrap().1);
+    }
+}

@@ -1,0 +1,323 @@
+//! `kubectl-clb_probe` (the kubectl plugin) against the in-process fake API server
+//! (xtask::kubeapi: the real kube client on the wire), and its krew manifest template.
+//! No root needed: nothing here touches the lab.
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, Output},
+};
+
+use probe_tests::agent::probe_bin;
+use serde_json::{Value, json};
+use xtask::kubeapi::FakeApiServer;
+
+fn plugin_bin() -> PathBuf {
+    probe_bin().with_file_name("kubectl-clb_probe")
+}
+
+struct Api {
+    server: FakeApiServer,
+    dir: PathBuf,
+    kubeconfig: PathBuf,
+}
+
+fn api(tag: &str) -> Api {
+    let server = FakeApiServer::start().expect("fake API server");
+    let dir = std::env::temp_dir().join(format!("clb-plugin-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let kubeconfig = dir.join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    Api {
+        server,
+        dir,
+        kubeconfig,
+    }
+}
+
+impl Drop for Api {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Api {
+    fn run(&self, args: &[&str]) -> Output {
+        self.run_env(args, &[])
+    }
+
+    fn run_env(&self, args: &[&str], env: &[(&str, &std::ffi::OsStr)]) -> Output {
+        Command::new(plugin_bin())
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(args)
+            .env_remove("KUBECONFIG")
+            .envs(env.iter().copied())
+            .output()
+            .expect("run kubectl-clb_probe")
+    }
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// An Event as the agent writes it (and as the API stores it).
+fn clb_event(name: &str, ns: &str, node: &str, reason: &str, last: &str, count: i64) -> Value {
+    let regarding = if ns == "default" {
+        json!({"apiVersion": "v1", "kind": "Node", "name": node})
+    } else {
+        json!({"apiVersion": "v1", "kind": "Service", "namespace": ns, "name": "web"})
+    };
+    json!({
+        "apiVersion": "events.k8s.io/v1", "kind": "Event",
+        "metadata": {"name": name, "namespace": ns},
+        "eventTime": "2026-11-23T01:00:00.000000Z",
+        "series": {"count": count, "lastObservedTime": last},
+        "type": "Warning", "action": "Detected", "reason": reason,
+        "reportingController": "clb-probe", "reportingInstance": node,
+        "note": "cause. Remedy: fix",
+        "regarding": regarding,
+        "related": {"apiVersion": "v1", "kind": "Pod", "namespace": ns, "name": "client-0"},
+    })
+}
+
+#[test]
+fn events_lists_clb_probes_events_newest_first_with_every_column() {
+    let a = api("events");
+    a.server.apply(clb_event(
+        "clb-probe.node-a.hairpin.1",
+        "shop",
+        "node-a",
+        "LoopbackHairpin",
+        "2026-11-23T01:10:00.000000Z",
+        4,
+    ));
+    a.server.apply(clb_event(
+        "clb-probe.node-b.healthcheck-blackhole.2",
+        "default",
+        "node-b",
+        "HealthCheckBlackhole",
+        "2026-11-23T02:10:00.000000Z",
+        9,
+    ));
+    a.server.apply(json!({
+        "apiVersion": "events.k8s.io/v1", "kind": "Event",
+        "metadata": {"name": "kubelet-pulled", "namespace": "shop"},
+        "eventTime": "2026-11-23T03:00:00.000000Z",
+        "reportingController": "kubelet", "reportingInstance": "node-a", "reason": "Pulled",
+    }));
+    let out = a.run(&["events"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(
+        lines.len(),
+        3,
+        "header + clb-probe's two Events only:\n{stdout}"
+    );
+    for col in [
+        "LAST SEEN",
+        "NODE",
+        "KIND",
+        "SERVICE",
+        "CLIENT POD",
+        "COUNT",
+    ] {
+        assert!(lines[0].contains(col), "{stdout}");
+    }
+    assert!(
+        lines[1].contains("node-b") && lines[1].contains("healthcheck_blackhole"),
+        "newest first:\n{stdout}"
+    );
+    assert!(lines[1].trim_end().ends_with('9'), "{stdout}");
+    assert!(
+        lines[2].contains("node-a")
+            && lines[2].contains("hairpin")
+            && lines[2].contains("shop/web")
+            && lines[2].contains("shop/client-0"),
+        "{stdout}"
+    );
+
+    let out = a.run(&["events", "-o", "json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let rows: Vec<Value> = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[0]["node"], "node-b");
+    assert_eq!(rows[0]["count"], 9);
+    assert_eq!(rows[1]["service"], "shop/web");
+    assert_eq!(rows[1]["client_pod"], "shop/client-0");
+    assert_eq!(rows[1]["last_seen"], "2026-11-23T01:10:00Z");
+}
+
+#[test]
+fn an_empty_cluster_says_so_and_exits_0() {
+    let a = api("empty");
+    let out = a.run(&["events"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).starts_with("no loopback events"),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
+#[test]
+fn forbidden_is_one_line_and_exit_1() {
+    let a = api("forbidden");
+    a.server.forbid("events", "list");
+    let out = a.run(&["events"]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("forbidden"), "{stderr}");
+    assert!(out.stdout.is_empty());
+}
+
+#[test]
+fn usage_errors_exit_2_and_an_unreachable_server_exits_1() {
+    let a = api("usage");
+    assert_eq!(a.run(&["nonsense"]).status.code(), Some(2));
+    assert_eq!(a.run(&["watch"]).status.code(), Some(2));
+    assert_eq!(a.run(&["events", "-o", "yaml"]).status.code(), Some(2));
+    let out = Command::new(plugin_bin())
+        .args(["--kubeconfig", "/nonexistent/kubeconfig", "events"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("--kubeconfig"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+fn agent_pod(name: &str, node: &str, phase: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "clb-probe",
+                     "labels": {"app.kubernetes.io/name": "clb-probe"}},
+        "spec": {"nodeName": node, "containers": [{"name": "agent", "image": "clb-probe"}]},
+        "status": {"phase": phase},
+    })
+}
+
+#[test]
+fn watch_finds_the_agent_pod_on_the_node_and_execs_kubectl() {
+    let a = api("watch");
+    a.server
+        .apply(agent_pod("clb-probe-aaaaa", "node-a", "Running"));
+    a.server
+        .apply(agent_pod("clb-probe-bbbbb", "node-b", "Running"));
+    let out = a.run(&["watch", "node-b", "--print-command"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let kc = a.kubeconfig.display().to_string();
+    assert_eq!(
+        text(&out.stdout).trim(),
+        format!(
+            "kubectl --kubeconfig {kc} exec -it -n clb-probe clb-probe-bbbbb -c agent -- probe watch"
+        )
+    );
+
+    // Without --print-command it becomes kubectl: a fake one on PATH records its arguments.
+    let bin = a.dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let fake = bin.join("kubectl");
+    let args_file = a.dir.join("args");
+    std::fs::write(
+        &fake,
+        format!(
+            "#!/bin/sh\nprintf '%s\\n' \"$@\" > {}\nexit 7\n",
+            args_file.display()
+        ),
+    )
+    .unwrap();
+    set_executable(&fake);
+    let path = std::env::join_paths(
+        std::iter::once(bin.clone())
+            .chain(std::env::split_paths(&std::env::var_os("PATH").unwrap())),
+    )
+    .unwrap();
+    let out = a.run_env(&["watch", "node-a"], &[("PATH", &path)]);
+    assert_eq!(
+        out.status.code(),
+        Some(7),
+        "kubectl's exit status is the plugin's"
+    );
+    let args = std::fs::read_to_string(&args_file).unwrap();
+    assert_eq!(
+        args.lines().collect::<Vec<_>>(),
+        [
+            "--kubeconfig",
+            kc.as_str(),
+            "exec",
+            "-it",
+            "-n",
+            "clb-probe",
+            "clb-probe-aaaaa",
+            "-c",
+            "agent",
+            "--",
+            "probe",
+            "watch"
+        ]
+    );
+
+    let out = a.run(&["watch", "node-z"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("no clb-probe agent pod on node node-z"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+fn set_executable(p: &Path) {
+    use std::os::unix::fs::PermissionsExt as _;
+    let mut perm = std::fs::metadata(p).unwrap().permissions();
+    perm.set_mode(0o755);
+    std::fs::set_permissions(p, perm).unwrap();
+}
+
+/// The krew manifest template parses as YAML and has what krew requires, with the binary
+/// name the workspace builds.
+#[test]
+fn the_krew_manifest_template_has_the_required_fields() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/krew/clb-probe.yaml");
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            "import json, sys, yaml; print(json.dumps(yaml.safe_load(open(sys.argv[1]))))",
+        ])
+        .arg(&path)
+        .output();
+    let Some(out) = out.ok().filter(|o| o.status.success()) else {
+        eprintln!("skip: python3 with PyYAML not available");
+        return;
+    };
+    let m: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        m["apiVersion"],
+        "krew.googlecontainertools.github.com/v1alpha2"
+    );
+    assert_eq!(m["kind"], "Plugin");
+    assert_eq!(m["metadata"]["name"], "clb-probe");
+    let spec = &m["spec"];
+    assert_eq!(spec["version"], "v${VERSION}");
+    for key in ["homepage", "shortDescription", "description"] {
+        assert!(spec[key].as_str().is_some_and(|s| !s.is_empty()), "{key}");
+    }
+    let platforms = spec["platforms"].as_array().expect("platforms");
+    assert!(!platforms.is_empty());
+    for p in platforms {
+        assert!(p["selector"]["matchLabels"]["os"].is_string(), "{p:#}");
+        assert!(p["uri"].as_str().unwrap().contains("${VERSION}"), "{p:#}");
+        assert!(
+            p["sha256"].as_str().unwrap().starts_with("${SHA256_"),
+            "{p:#}"
+        );
+        assert_eq!(
+            p["bin"],
+            plugin_bin().file_name().unwrap().to_str().unwrap()
+        );
+    }
+}
