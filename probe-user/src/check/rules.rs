@@ -331,12 +331,17 @@ pub fn hairpin(inp: &Inputs) -> Vec<Finding> {
         .iter()
         .filter(|r| covers_pod_egress(r, &inp.pod_prefixes))
         .collect();
-    let pods = inp
+    // A node has a /32 route per pod: name a few, count the rest.
+    let mut pods = inp
         .pod_prefixes
         .iter()
+        .take(3)
         .map(ToString::to_string)
         .collect::<Vec<_>>()
         .join(", ");
+    if inp.pod_prefixes.len() > 3 {
+        pods.push_str(&format!(" and {} more", inp.pod_prefixes.len() - 3));
+    }
     let no_masq = format!(
         "no masquerade rule covers pod egress from {pods} ({} masquerade rule(s), all for marked \
          or other traffic)",
