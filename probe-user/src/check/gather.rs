@@ -74,7 +74,6 @@ pub fn gather(cfg: &AddrConfig) -> anyhow::Result<Inputs> {
         .collect();
     Ok(Inputs {
         vip_iface: cfg.vip_iface.clone(),
-        vip_iface_present: sets.vip_iface.is_some(),
         bound,
         cluster_ips,
         lb_targets,

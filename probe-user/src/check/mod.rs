@@ -188,9 +188,8 @@ pub struct KernelView {
 /// Everything the rules judge, read once from the node (and, with API access, the Services).
 #[derive(Clone, Debug, Default)]
 pub struct Inputs {
-    /// `--vip-iface`, and whether it exists.
+    /// `--vip-iface`.
     pub vip_iface: String,
-    pub vip_iface_present: bool,
     /// Addresses bound on the VIP interface.
     pub bound: Vec<IpAddr>,
     /// Addresses kube-proxy names as ClusterIPs (ipset `KUBE-CLUSTER-IP`, the API).

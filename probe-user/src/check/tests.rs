@@ -37,7 +37,6 @@ fn served(vip: &str, port: u16) -> ServiceEntry {
 fn lab() -> Inputs {
     Inputs {
         vip_iface: "kube-ipvs0".into(),
-        vip_iface_present: true,
         bound: vec![ip(VIP)],
         cluster_ips: vec![],
         lb_targets: vec![],
