@@ -5,6 +5,7 @@ pub mod chaos;
 pub mod chart;
 pub mod demo;
 pub mod image;
+pub mod kubeapi;
 pub mod lab;
 pub mod setup;
 pub mod testrun;

@@ -1,0 +1,246 @@
+//! A fake Kubernetes API server, in process, for tests and the demo.
+//!
+//! No kube-apiserver can be installed on these machines, so the tests run the **real** kube
+//! client (and kube-runtime's reflectors) against this HTTP server that speaks the API's wire
+//! protocol. It is a fake: no admission, no defaulting, no validation, no auth, one
+//! resourceVersion counter for everything (as etcd has), JSON only. What it does implement is
+//! what a client can observe:
+//!
+//! - `GET /version`; `404` (a Status, reason `NotFound`) for any path or object it does not know.
+//! - Resources: core/v1 `pods`, `services`, `nodes` (cluster-scoped), discovery.k8s.io/v1
+//!   `endpointslices`, events.k8s.io/v1 `events`.
+//! - list (`GET .../pods`, across namespaces or in one), get (`GET .../pods/NAME`), with
+//!   `fieldSelector` (any dotted JSON path: `spec.nodeName=`, `metadata.name=`,
+//!   `reportingController=`; `=`, `==`, `!=`) and `labelSelector` (`k=v`, `k==v`, `k!=v`, `k`,
+//!   `!k`). A list's `metadata.resourceVersion` is the current one; items carry theirs; as the
+//!   real API does, list items have no `kind`/`apiVersion`.
+//! - watch (`?watch=1` or `?watch=true`): HTTP 200, a stream of WatchEvent JSON lines
+//!   (`{"type":"ADDED|MODIFIED|DELETED|BOOKMARK|ERROR","object":...}`). With a
+//!   `resourceVersion` it replays the history after it; without one (or `"0"`) it first sends
+//!   the current objects as ADDED. `allowWatchBookmarks=true` adds a BOOKMARK (object with only
+//!   `kind`, `apiVersion`, `metadata.resourceVersion`) every [`BOOKMARK_INTERVAL`].
+//!   `timeoutSeconds` ends the stream.
+//! - 410 Gone: after [`FakeApiServer::expire_history`], a watch from a resourceVersion older than
+//!   the expiry gets one ERROR event whose object is the Status (code 410, reason `Expired`) and
+//!   the stream ends; a list with such a resourceVersion (not `""`/`"0"`) gets a 410 response.
+//!   kube-runtime's watcher answers both with a relist.
+//! - create (`POST`, 201; 409 AlreadyExists; `metadata.generateName` honoured), patch (`PATCH`;
+//!   `application/merge-patch+json`, `application/strategic-merge-patch+json` and
+//!   `application/apply-patch+yaml` are all applied as a JSON merge patch (RFC 7386), apply
+//!   creates a missing object; `application/json-patch+json` is 415), replace (`PUT`), delete
+//!   (`DELETE`).
+//! - 403 Forbidden, a real-shaped Status, for a (resource, verb) a test denies with
+//!   [`FakeApiServer::forbid`]. Verbs as RBAC names them: `get`, `list`, `watch`, `create`,
+//!   `patch`, `update`, `delete`.
+//!
+//! Test-control API (all blocking, callable from any thread; the server runs on its own thread
+//! with its own tokio runtime):
+//!
+//! ```no_run
+//! use xtask::kubeapi::{FakeApiServer, fixtures};
+//! let api = FakeApiServer::start()?;              // 127.0.0.1, an ephemeral port
+//! let _url: String = api.url();                   // "http://127.0.0.1:PORT"
+//! api.write_kubeconfig("/tmp/kubeconfig".as_ref())?; // context "fake", namespace default
+//! for object in fixtures::lab() { api.apply(object); } // the lab's node, pods, services, slices
+//! api.apply(serde_json::json!({"apiVersion": "v1", "kind": "Service",
+//!     "metadata": {"namespace": "shop", "name": "web"}}));        // create or replace
+//! api.delete("Service", "shop", "web");           // kind or plural resource name
+//! api.forbid("pods", "watch");                     // 403 from now on
+//! api.expire_history();                            // old resourceVersions -> 410
+//! let _services: Vec<serde_json::Value> = api.objects("services");
+//! let _writes = api.requests().iter().filter(|r| r.method == "POST").count();
+//! api.stop();                                      // also on drop
+//! # anyhow::Ok(())
+//! ```
+
+pub mod fixtures;
+mod http;
+mod selector;
+mod store;
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use serde_json::Value;
+
+use store::Store;
+
+/// How often a watch with `allowWatchBookmarks=true` gets a BOOKMARK (the real API: about a
+/// minute; short here so tests see them).
+pub const BOOKMARK_INTERVAL: Duration = Duration::from_secs(1);
+
+/// One request the server received.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    /// `GET`, `POST`, `PATCH`, ...
+    pub method: String,
+    /// Path and query, as sent.
+    pub path: String,
+    /// The `Content-Type` header, if any.
+    pub content_type: Option<String>,
+}
+
+/// State shared between the server thread and the test's handle.
+pub(crate) struct Shared {
+    pub(crate) store: Mutex<Store>,
+    pub(crate) forbidden: Mutex<HashSet<(String, String)>>,
+    pub(crate) requests: Mutex<Vec<Request>>,
+    /// Wakes watches on every change.
+    pub(crate) changed: tokio::sync::broadcast::Sender<()>,
+}
+
+/// The fake API server; see the module documentation.
+pub struct FakeApiServer {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl FakeApiServer {
+    /// Starts the server on 127.0.0.1 at an ephemeral port, with no objects.
+    pub fn start() -> Result<Self> {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").context("bind 127.0.0.1:0")?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let (changed, _) = tokio::sync::broadcast::channel(1024);
+        let shared = Arc::new(Shared {
+            store: Mutex::new(Store::default()),
+            forbidden: Mutex::new(HashSet::new()),
+            requests: Mutex::new(Vec::new()),
+            changed,
+        });
+        let (shutdown, shutdown_rx) = tokio::sync::oneshot::channel();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("tokio runtime for the fake API server")?;
+        let server_shared = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("fake-kube-api".into())
+            .spawn(move || {
+                runtime.block_on(http::serve(listener, server_shared, shutdown_rx));
+            })
+            .context("spawn the fake API server thread")?;
+        Ok(Self {
+            addr,
+            shared,
+            shutdown: Some(shutdown),
+            thread: Some(thread),
+        })
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The listening address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Writes a kubeconfig (context `fake`, namespace `default`, a static bearer token) that
+    /// points at this server.
+    pub fn write_kubeconfig(&self, path: &Path) -> Result<()> {
+        let config = format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: fake\n\
+             clusters:\n- name: fake\n  cluster:\n    server: {url}\n\
+             contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n    namespace: default\n\
+             users:\n- name: fake\n  user:\n    token: fake-token\n",
+            url = self.url()
+        );
+        std::fs::write(path, config).with_context(|| format!("write {}", path.display()))
+    }
+
+    /// Creates or replaces an object (its `kind` picks the resource; cluster-scoped kinds need
+    /// no namespace, namespaced ones default to `default`). Returns it as stored, with its
+    /// new resourceVersion.
+    pub fn apply(&self, object: Value) -> Value {
+        let stored = self
+            .shared
+            .store
+            .lock()
+            .unwrap()
+            .apply(object)
+            .expect("apply: unknown kind");
+        let _ = self.shared.changed.send(());
+        stored
+    }
+
+    /// Deletes an object; `kind` is a kind (`Pod`) or a resource (`pods`). Returns whether it
+    /// existed.
+    pub fn delete(&self, kind: &str, namespace: &str, name: &str) -> bool {
+        let resource = store::resource_of(kind).expect("delete: unknown kind");
+        let existed = self
+            .shared
+            .store
+            .lock()
+            .unwrap()
+            .delete(resource, namespace, name)
+            .is_some();
+        let _ = self.shared.changed.send(());
+        existed
+    }
+
+    /// Answers `verb` on `resource` (e.g. `("pods", "watch")`) with 403 Forbidden from now on.
+    pub fn forbid(&self, resource: &str, verb: &str) {
+        self.shared
+            .forbidden
+            .lock()
+            .unwrap()
+            .insert((resource.to_owned(), verb.to_owned()));
+    }
+
+    /// Lifts every [`forbid`](Self::forbid).
+    pub fn allow_all(&self) {
+        self.shared.forbidden.lock().unwrap().clear();
+    }
+
+    /// Forgets the watch history: a watch or list from any resourceVersion issued so far gets
+    /// 410 Gone. Open watches end with the 410 ERROR event too (as when etcd compacts under a
+    /// lagging watcher).
+    pub fn expire_history(&self) {
+        self.shared.store.lock().unwrap().expire_history();
+        let _ = self.shared.changed.send(());
+    }
+
+    /// The stored objects of a kind or resource, sorted by namespace and name.
+    pub fn objects(&self, kind: &str) -> Vec<Value> {
+        let resource = store::resource_of(kind).expect("objects: unknown kind");
+        self.shared.store.lock().unwrap().objects(resource)
+    }
+
+    /// Every request received so far, in order.
+    pub fn requests(&self) -> Vec<Request> {
+        self.shared.requests.lock().unwrap().clone()
+    }
+
+    /// Stops the server and waits for its thread (open watches are cut).
+    pub fn stop(mut self) {
+        self.shutdown_now();
+    }
+
+    fn shutdown_now(&mut self) {
+        if let Some(shutdown) = self.shutdown.take() {
+            let _ = shutdown.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for FakeApiServer {
+    fn drop(&mut self) {
+        self.shutdown_now();
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,292 @@
+//! The fake server's objects and their change history (one resourceVersion counter, as etcd).
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+
+/// A resource the server knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ResourceInfo {
+    pub resource: &'static str,
+    pub kind: &'static str,
+    /// `v1`, `discovery.k8s.io/v1`, ...
+    pub api_version: &'static str,
+    /// The API group (`""` for core).
+    pub group: &'static str,
+    pub namespaced: bool,
+}
+
+pub(crate) const RESOURCES: [ResourceInfo; 5] = [
+    ResourceInfo {
+        resource: "pods",
+        kind: "Pod",
+        api_version: "v1",
+        group: "",
+        namespaced: true,
+    },
+    ResourceInfo {
+        resource: "services",
+        kind: "Service",
+        api_version: "v1",
+        group: "",
+        namespaced: true,
+    },
+    ResourceInfo {
+        resource: "nodes",
+        kind: "Node",
+        api_version: "v1",
+        group: "",
+        namespaced: false,
+    },
+    ResourceInfo {
+        resource: "endpointslices",
+        kind: "EndpointSlice",
+        api_version: "discovery.k8s.io/v1",
+        group: "discovery.k8s.io",
+        namespaced: true,
+    },
+    ResourceInfo {
+        resource: "events",
+        kind: "Event",
+        api_version: "events.k8s.io/v1",
+        group: "events.k8s.io",
+        namespaced: true,
+    },
+];
+
+/// The resource of a kind (`Pod`) or resource name (`pods`), case-insensitive.
+pub(crate) fn resource_of(kind: &str) -> Option<&'static ResourceInfo> {
+    RESOURCES
+        .iter()
+        .find(|r| r.kind.eq_ignore_ascii_case(kind) || r.resource.eq_ignore_ascii_case(kind))
+}
+
+/// The resource served at an API group/version path and plural name.
+pub(crate) fn resource_at(
+    group: &str,
+    version: &str,
+    resource: &str,
+) -> Option<&'static ResourceInfo> {
+    RESOURCES.iter().find(|r| {
+        let (g, v) = r
+            .api_version
+            .rsplit_once('/')
+            .unwrap_or(("", r.api_version));
+        g == group && v == version && r.resource == resource
+    })
+}
+
+/// One change, as a watch reports it.
+#[derive(Debug, Clone)]
+pub(crate) struct Change {
+    pub resource_version: u64,
+    pub resource: &'static str,
+    /// `ADDED`, `MODIFIED`, `DELETED`.
+    pub kind: &'static str,
+    pub object: Value,
+}
+
+/// Why a write was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum WriteError {
+    AlreadyExists,
+    NotFound,
+    Invalid(String),
+}
+
+type Key = (&'static str, String, String);
+
+#[derive(Default)]
+pub(crate) struct Store {
+    resource_version: u64,
+    objects: BTreeMap<Key, Value>,
+    history: Vec<Change>,
+    /// resourceVersions at or below this are gone from the history (0: none).
+    expired_through: u64,
+    next_uid: u64,
+}
+
+impl Store {
+    pub fn resource_version(&self) -> u64 {
+        self.resource_version
+    }
+
+    /// Whether a client's resourceVersion is too old to watch or list from.
+    pub fn is_expired(&self, resource_version: u64) -> bool {
+        resource_version <= self.expired_through
+    }
+
+    pub fn expire_history(&mut self) {
+        self.expired_through = self.resource_version;
+        // Lists now report a version past the expiry, so a relist's watch is not 410 again.
+        self.resource_version += 1;
+        self.history.clear();
+    }
+
+    /// Changes of `resource` after `since`, or `None` if `since` has expired.
+    pub fn changes_since(&self, resource: &str, since: u64) -> Option<Vec<Change>> {
+        if self.is_expired(since) {
+            return None;
+        }
+        Some(
+            self.history
+                .iter()
+                .filter(|c| c.resource_version > since && c.resource == resource)
+                .cloned()
+                .collect(),
+        )
+    }
+
+    pub fn get(&self, resource: &'static str, namespace: &str, name: &str) -> Option<Value> {
+        self.objects
+            .get(&(resource, namespace.to_owned(), name.to_owned()))
+            .cloned()
+    }
+
+    /// Objects of `resource` (in `namespace` if given), sorted by namespace and name.
+    pub fn list(&self, resource: &str, namespace: Option<&str>) -> Vec<Value> {
+        self.objects
+            .iter()
+            .filter(|((r, ns, _), _)| *r == resource && namespace.is_none_or(|want| want == ns))
+            .map(|(_, object)| object.clone())
+            .collect()
+    }
+
+    pub fn objects(&self, info: &ResourceInfo) -> Vec<Value> {
+        self.list(info.resource, None)
+    }
+
+    /// Creates or replaces from a test: the object's `kind` picks the resource.
+    pub fn apply(&mut self, object: Value) -> Result<Value, WriteError> {
+        let kind = object["kind"].as_str().unwrap_or_default();
+        let info = resource_of(kind)
+            .ok_or_else(|| WriteError::Invalid(format!("unknown kind {kind:?}")))?;
+        let namespace = object["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("default")
+            .to_owned();
+        self.write(info, &namespace, object, WriteMode::Upsert)
+    }
+
+    /// Stores `object` (name from `metadata.name`, or generated from `generateName`).
+    pub fn write(
+        &mut self,
+        info: &'static ResourceInfo,
+        namespace: &str,
+        mut object: Value,
+        mode: WriteMode,
+    ) -> Result<Value, WriteError> {
+        if !object.is_object() {
+            return Err(WriteError::Invalid("the body is not a JSON object".into()));
+        }
+        let namespace = if info.namespaced {
+            namespace.to_owned()
+        } else {
+            String::new()
+        };
+        if !object["metadata"].is_object() {
+            object["metadata"] = json!({});
+        }
+        let name = match object["metadata"]["name"].as_str() {
+            Some(name) if !name.is_empty() => name.to_owned(),
+            _ => match object["metadata"]["generateName"].as_str() {
+                Some(prefix) => {
+                    self.next_uid += 1;
+                    format!("{prefix}{:05x}", self.next_uid)
+                }
+                None => return Err(WriteError::Invalid("metadata.name: Required value".into())),
+            },
+        };
+        let key = (info.resource, namespace.clone(), name.clone());
+        let previous = self.objects.get(&key);
+        match (mode, previous) {
+            (WriteMode::Create, Some(_)) => return Err(WriteError::AlreadyExists),
+            (WriteMode::Replace, None) => return Err(WriteError::NotFound),
+            _ => {}
+        }
+        let (uid, created) = match previous {
+            Some(old) => (
+                old["metadata"]["uid"].clone(),
+                old["metadata"]["creationTimestamp"].clone(),
+            ),
+            None => {
+                self.next_uid += 1;
+                (
+                    json!(format!("00000000-0000-4000-8000-{:012x}", self.next_uid)),
+                    json!("2026-01-01T00:00:00Z"),
+                )
+            }
+        };
+        let change_kind = if previous.is_some() {
+            "MODIFIED"
+        } else {
+            "ADDED"
+        };
+        self.resource_version += 1;
+        object["kind"] = json!(info.kind);
+        object["apiVersion"] = json!(info.api_version);
+        let metadata = &mut object["metadata"];
+        metadata["name"] = json!(name);
+        if info.namespaced {
+            metadata["namespace"] = json!(namespace);
+        } else if let Some(m) = metadata.as_object_mut() {
+            m.remove("namespace");
+        }
+        metadata["uid"] = uid;
+        metadata["creationTimestamp"] = created;
+        metadata["resourceVersion"] = json!(self.resource_version.to_string());
+        self.objects.insert(key, object.clone());
+        self.history.push(Change {
+            resource_version: self.resource_version,
+            resource: info.resource,
+            kind: change_kind,
+            object: object.clone(),
+        });
+        Ok(object)
+    }
+
+    pub fn delete(&mut self, info: &ResourceInfo, namespace: &str, name: &str) -> Option<Value> {
+        let namespace = if info.namespaced { namespace } else { "" };
+        let mut object =
+            self.objects
+                .remove(&(info.resource, namespace.to_owned(), name.to_owned()))?;
+        self.resource_version += 1;
+        object["metadata"]["resourceVersion"] = json!(self.resource_version.to_string());
+        self.history.push(Change {
+            resource_version: self.resource_version,
+            resource: info.resource,
+            kind: "DELETED",
+            object: object.clone(),
+        });
+        Some(object)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WriteMode {
+    /// POST: refuse an existing name.
+    Create,
+    /// PUT: refuse a missing name.
+    Replace,
+    /// A test's apply, or a server-side apply patch.
+    Upsert,
+}
+
+/// RFC 7386 JSON merge patch.
+pub(crate) fn merge_patch(target: &mut Value, patch: &Value) {
+    let Some(patch) = patch.as_object() else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    let target = target.as_object_mut().expect("made an object above");
+    for (key, value) in patch {
+        if value.is_null() {
+            target.remove(key);
+        } else {
+            merge_patch(target.entry(key.clone()).or_insert(Value::Null), value);
+        }
+    }
+}
