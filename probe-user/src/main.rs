@@ -48,6 +48,10 @@ struct CheckArgs {
     /// Print the report as JSON (schema in the README) instead of a table.
     #[arg(long)]
     json: bool,
+    /// Read the Services from the API this kubeconfig names (default: in-cluster when run in
+    /// a pod, else the node alone).
+    #[arg(long, env = "KUBECONFIG", value_name = "PATH")]
+    kubeconfig: Option<PathBuf>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -186,7 +190,8 @@ fn main() -> ExitCode {
                 vip_iface: args.vip_iface,
                 pod_cidrs: args.pod_cidrs,
             };
-            match clb_probe::check::run(&cfg, None) {
+            let api = clb_probe::check::kube::ApiAccess::choose(args.kubeconfig);
+            match clb_probe::check::run(&cfg, &api) {
                 Ok(report) => {
                     if args.json {
                         println!("{}", clb_probe::check::render::json(&report));

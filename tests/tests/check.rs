@@ -180,3 +180,101 @@ fn bad_flags_exit_2_and_print_nothing_else() {
         assert!(String::from_utf8_lossy(&o.stderr).contains("error:"));
     }
 }
+
+/// The Service side through the real kube client against the fake API server (run inside the
+/// lab node's namespace, where `probe check` runs): names, declared ports, a 403.
+#[test]
+fn services_from_the_api_name_the_risks() {
+    use xtask::kubeapi::{FakeApiServer, fixtures};
+    if !require_root("probe check with the API") {
+        return;
+    }
+    if KubeProxyMode::from_env().unwrap() == KubeProxyMode::Nftables {
+        eprintln!("skipping: nftables mode binds no LB IP");
+        return;
+    }
+    let lab = LabGuard::up(&Variants::default().with(Variant::Masquerade, true)).expect("lab up");
+    let api = lab::in_netns(lab::NS_NODE, FakeApiServer::start).expect("fake API server");
+    for object in fixtures::lab() {
+        api.apply(object);
+    }
+    let kubeconfig =
+        std::env::temp_dir().join(format!("clb-check-{}.kubeconfig", std::process::id()));
+    api.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+    let kc = kubeconfig.to_str().unwrap();
+    let run = || {
+        let o = check(&["--json", "--nic", lab::NODE_NIC, "--kubeconfig", kc]);
+        let json: Value = serde_json::from_slice(&o.stdout)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&o.stderr)));
+        (o.status.code().unwrap(), json)
+    };
+    let find = |json: &Value, kind: &str| -> Value {
+        json["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["kind"] == kind)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {kind}: {json:#}"))
+    };
+
+    // default/web as the fixture has it: LB ingress 203.0.113.10 (ipMode VIP), port 80.
+    let (code, json) = run();
+    assert_eq!(code, 1, "{json:#}");
+    let api_line = find(&json, "kube_api");
+    assert_eq!(api_line["severity"], "info", "{api_line:#}");
+    assert!(
+        api_line["summary"]
+            .as_str()
+            .unwrap()
+            .contains("1 LB ingress IP"),
+        "{api_line:#}"
+    );
+    let hc = find(&json, "healthcheck_blackhole");
+    assert!(
+        hc["summary"].as_str().unwrap().contains("default/web"),
+        "{hc:#}"
+    );
+    // default/dns shares the LB IP for 53/udp, which the bound VIP does not serve on the node.
+    let unserved = find(&json, "vip_port_unserved");
+    assert_eq!(unserved["severity"], "risk", "{unserved:#}");
+    let summary = unserved["summary"].as_str().unwrap();
+    assert!(
+        summary.contains("53/udp") && !summary.contains("443/tcp"),
+        "{unserved:#}"
+    );
+
+    // The Service declares 443 too, which nothing on the node serves: a named risk.
+    let mut web = fixtures::lab()
+        .into_iter()
+        .find(|o| o["kind"] == "Service" && o["metadata"]["name"] == "web")
+        .expect("web fixture");
+    web["spec"]["ports"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"name": "https", "protocol": "TCP", "port": 443, "targetPort": 8443, "nodePort": 30443}));
+    api.apply(web);
+    let (_, json) = run();
+    let unserved = find(&json, "vip_port_unserved");
+    assert_eq!(unserved["severity"], "risk", "{unserved:#}");
+    assert!(
+        unserved["summary"].as_str().unwrap().contains("443/tcp"),
+        "{unserved:#}"
+    );
+
+    // RBAC denies the list: a warning, and the node side still judged.
+    api.forbid("services", "list");
+    let (code, json) = run();
+    assert_eq!(code, 1, "{json:#}");
+    let api_line = find(&json, "kube_api");
+    assert_eq!(api_line["severity"], "warn", "{api_line:#}");
+    assert!(
+        api_line["evidence"].to_string().contains("403")
+            || api_line["evidence"].to_string().contains("forbidden"),
+        "{api_line:#}"
+    );
+    assert_eq!(find(&json, "healthcheck_blackhole")["severity"], "risk");
+    let _ = std::fs::remove_file(&kubeconfig);
+    drop(api);
+    drop(lab);
+}

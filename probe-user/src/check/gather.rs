@@ -81,7 +81,7 @@ pub fn gather(cfg: &AddrConfig) -> anyhow::Result<Inputs> {
         services,
         nics,
         kernel: kernel_view(),
-        api: false,
+        api: super::ApiState::NotUsed,
     })
 }
 

@@ -22,6 +22,7 @@ use serde::Serialize;
 use crate::{event::Proto, state::ServiceTable};
 
 pub mod gather;
+pub mod kube;
 pub mod render;
 pub mod rules;
 pub mod services;
@@ -69,6 +70,8 @@ pub enum Kind {
     KptrRestrict,
     /// What the running kernel lets the probe see (tcx vs clsact, drop reasons vs sites, BTF).
     KernelVisibility,
+    /// Whether the Services were read from the Kubernetes API.
+    KubeApi,
 }
 
 impl Kind {
@@ -80,6 +83,7 @@ impl Kind {
             Kind::NicSourceValidation => "nic_source_validation",
             Kind::KptrRestrict => "kptr_restrict",
             Kind::KernelVisibility => "kernel_visibility",
+            Kind::KubeApi => "kube_api",
         }
     }
 }
@@ -202,17 +206,30 @@ pub struct Inputs {
     pub nics: Vec<NicSysctls>,
     pub kernel: KernelView,
     /// Whether Services were read from the API (the Service side of the rules).
-    pub api: bool,
+    pub api: ApiState,
 }
 
-/// Reads the node and judges it. `services`: the API's Services, when API access exists.
-pub fn run(
-    cfg: &crate::state::addrs::AddrConfig,
-    services: Option<&[services::ServiceFacts]>,
-) -> anyhow::Result<Report> {
+/// What became of the API side.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum ApiState {
+    /// No API access configured: the node alone.
+    #[default]
+    NotUsed,
+    /// Services listed: (Services, LB ingress IPs among them).
+    Read { services: usize, lb_ips: usize },
+    /// Configured but failed: why.
+    Failed(String),
+}
+
+/// Reads the node (an error: it cannot be read) and, with API access, the Services (a
+/// failure there is a warning in the report), and judges them.
+pub fn run(cfg: &crate::state::addrs::AddrConfig, api: &kube::ApiAccess) -> anyhow::Result<Report> {
     let mut inputs = gather::gather(cfg)?;
-    if let Some(s) = services {
-        services::merge(&mut inputs, s);
+    if *api != kube::ApiAccess::None {
+        match kube::list_services(api) {
+            Ok(list) => services::merge(&mut inputs, &list),
+            Err(e) => inputs.api = ApiState::Failed(format!("{e:#}")),
+        }
     }
     Ok(Report::new(rules::judge(&inputs)))
 }

@@ -2,7 +2,7 @@
 
 use std::net::IpAddr;
 
-use super::{Finding, Inputs, Kind, LbTarget, NicSysctls, Severity};
+use super::{ApiState, Finding, Inputs, Kind, LbTarget, NicSysctls, Severity};
 use crate::{correlate::remedy, event::Proto, state::addrs::Prefix};
 
 /// Every finding for these inputs.
@@ -14,6 +14,7 @@ pub fn judge(inp: &Inputs) -> Vec<Finding> {
     out.extend(nic_source_validation(inp));
     out.extend(kptr_restrict(inp));
     out.extend(kernel_visibility(inp));
+    out.extend(kube_api(inp));
     out
 }
 
@@ -601,6 +602,43 @@ pub fn kernel_visibility(inp: &Inputs) -> Vec<Finding> {
         kind: Kind::KernelVisibility,
         severity,
         subject: "kernel".into(),
+        summary,
+        evidence,
+        remedy,
+    }]
+}
+
+/// Whether the Service side was judged.
+pub fn kube_api(inp: &Inputs) -> Vec<Finding> {
+    let (severity, summary, evidence, remedy) = match &inp.api {
+        ApiState::NotUsed => (
+            Severity::Info,
+            "no API access configured: judged from the node alone (no Service names, \
+             policies or annotations)"
+                .to_string(),
+            Vec::new(),
+            vec![
+                "Pass --kubeconfig, or run in the cluster (the DaemonSet's service account)."
+                    .into(),
+            ],
+        ),
+        ApiState::Read { services, lb_ips } => (
+            Severity::Info,
+            format!("{services} Service(s) read, {lb_ips} LB ingress IP(s) among them"),
+            Vec::new(),
+            Vec::new(),
+        ),
+        ApiState::Failed(why) => (
+            Severity::Warn,
+            "Services not read: judged from the node alone".to_string(),
+            vec![why.clone()],
+            vec!["Check the kubeconfig / service account and its RBAC (list services).".into()],
+        ),
+    };
+    vec![Finding {
+        kind: Kind::KubeApi,
+        severity,
+        subject: "kubernetes api".into(),
         summary,
         evidence,
         remedy,

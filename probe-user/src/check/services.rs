@@ -95,5 +95,73 @@ pub fn merge(inputs: &mut super::Inputs, services: &[ServiceFacts]) {
     inputs.cluster_ips.extend(cluster_ips);
     inputs.cluster_ips.sort();
     inputs.cluster_ips.dedup();
-    inputs.api = true;
+    let mut lb_ips: Vec<IpAddr> = services
+        .iter()
+        .flat_map(|s| s.ingress.iter().map(|i| i.ip))
+        .collect();
+    lb_ips.sort();
+    lb_ips.dedup();
+    inputs.api = super::ApiState::Read {
+        services: services.len(),
+        lb_ips: lb_ips.len(),
+    };
+}
+
+/// The facts of one API Service (pure). Services without LB ingress IPs still give their
+/// ClusterIPs (which tell a bound ClusterIP from an LB IP on kube-ipvs0).
+pub fn from_api(svc: &k8s_openapi::api::core::v1::Service) -> ServiceFacts {
+    let meta = &svc.metadata;
+    let name = format!(
+        "{}/{}",
+        meta.namespace.as_deref().unwrap_or("default"),
+        meta.name.as_deref().unwrap_or("")
+    );
+    let spec = svc.spec.clone().unwrap_or_default();
+    let ip = |s: &String| s.parse::<IpAddr>().ok();
+    let mut cluster_ips: Vec<IpAddr> = spec.cluster_ips.iter().flatten().filter_map(ip).collect();
+    cluster_ips.extend(spec.cluster_ip.iter().filter_map(ip));
+    cluster_ips.sort();
+    cluster_ips.dedup();
+    let ingress = svc
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|i| {
+            Some(LbIngress {
+                ip: i.ip.as_ref().and_then(ip)?,
+                ip_mode: i.ip_mode.clone(),
+            })
+        })
+        .collect();
+    let ports = spec
+        .ports
+        .iter()
+        .flatten()
+        .filter_map(|p| {
+            Some(ServicePort {
+                port: u16::try_from(p.port).ok()?,
+                proto: match p.protocol.as_deref() {
+                    None | Some("TCP") => Proto::Tcp,
+                    Some("UDP") => Proto::Udp,
+                    // SCTP: not a protocol the probe follows.
+                    Some(_) => return None,
+                },
+                node_port: p.node_port.and_then(|n| u16::try_from(n).ok()),
+            })
+        })
+        .collect();
+    ServiceFacts {
+        name,
+        cluster_ips,
+        ingress,
+        ports,
+        etp_local: spec.external_traffic_policy.as_deref() == Some("Local"),
+        health_check_node_port: spec
+            .health_check_node_port
+            .and_then(|n| u16::try_from(n).ok()),
+        annotations: meta.annotations.clone().unwrap_or_default(),
+    }
 }

@@ -66,7 +66,7 @@ fn lab() -> Inputs {
             kptr_restrict: Some(0),
             kallsyms_readable: true,
         },
-        api: false,
+        api: super::ApiState::NotUsed,
     }
 }
 
@@ -373,4 +373,48 @@ fn the_report_is_sorted_counted_and_rendered() {
     assert_eq!(first["severity"], "risk");
     let clean = Report::new(rules::judge(&masquerade(unbind(lab()))));
     assert_eq!(clean.exit_code(), 0);
+}
+
+/// The fake API server's `default/web` fixture (shaped as the real API returns it).
+const SERVICE_WEB: &str = include_str!("../../../xtask/src/kubeapi/fixtures/service-web.json");
+
+#[test]
+fn api_services_become_facts() {
+    let svc: k8s_openapi::api::core::v1::Service = serde_json::from_str(SERVICE_WEB).unwrap();
+    let facts = services::from_api(&svc);
+    assert_eq!(facts.name, "default/web");
+    assert_eq!(facts.cluster_ips, [ip("198.18.100.10")]);
+    assert_eq!(
+        facts.ingress,
+        [LbIngress {
+            ip: ip(VIP),
+            ip_mode: Some("VIP".into())
+        }]
+    );
+    assert_eq!(
+        facts.ports,
+        [ServicePort {
+            port: 80,
+            proto: Proto::Tcp,
+            node_port: Some(30080)
+        }]
+    );
+    assert!(!facts.etp_local);
+    // ETP Local with a health-check NodePort, ipMode Proxy, TKE's prevent-loopback.
+    let mut v: serde_json::Value = serde_json::from_str(SERVICE_WEB).unwrap();
+    v["spec"]["externalTrafficPolicy"] = "Local".into();
+    v["spec"]["healthCheckNodePort"] = 32000.into();
+    v["status"]["loadBalancer"]["ingress"][0]["ipMode"] = "Proxy".into();
+    v["metadata"]["annotations"]["service.cloud.tencent.com/prevent-loopback"] = "true".into();
+    let facts = services::from_api(&serde_json::from_value(v).unwrap());
+    assert!(facts.etp_local);
+    assert_eq!(facts.health_check_node_port, Some(32000));
+    let (targets, _) = services::targets(&[facts]);
+    assert_eq!(targets.len(), 1);
+    let t = &targets[0];
+    assert!(t.ip_mode_proxy && !t.kube_proxy_masquerades);
+    assert_eq!(
+        t.prevent_loopback,
+        ["service.cloud.tencent.com/prevent-loopback"]
+    );
 }
