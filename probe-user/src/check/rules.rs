@@ -343,11 +343,13 @@ pub fn hairpin(inp: &Inputs) -> Vec<Finding> {
     if inp.pod_prefixes.len() > 3 {
         pods.push_str(&format!(" and {} more", inp.pod_prefixes.len() - 3));
     }
-    let no_masq = format!(
-        "no masquerade rule covers pod egress from {pods} ({} masquerade rule(s), all for marked \
-         or other traffic)",
-        inp.services.masquerade_rules.len()
-    );
+    let no_masq = match inp.services.masquerade_rules.len() {
+        0 => format!("no masquerade rule covers pod egress from {pods} (none found)"),
+        n => format!(
+            "no masquerade rule covers pod egress from {pods} ({n} masquerade rule(s), all for \
+             marked or other traffic)"
+        ),
+    };
     let mut out = Vec::new();
     let mut seen = Vec::new();
     for t in &inp.lb_targets {
@@ -417,7 +419,12 @@ pub fn hairpin(inp: &Inputs) -> Vec<Finding> {
         });
     }
     if out.is_empty() && pod_masq.is_empty() && seen.is_empty() {
-        let mut evidence = vec![no_masq];
+        let mut evidence = vec![
+            no_masq,
+            "masquerade is read from the iptables nat table and kube-proxy's nftables table: a \
+             CNI that masquerades in eBPF (e.g. Cilium) or in its own nftables table is not seen"
+                .to_string(),
+        ];
         for n in inp.services.nodeports.iter().filter(|n| n.local_only) {
             evidence.push(format!(
                 "NodePort {}/{}{} has externalTrafficPolicy: Local rules",
