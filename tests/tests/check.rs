@@ -200,6 +200,14 @@ fn services_from_the_api_name_the_risks() {
     }
     let kubeconfig =
         std::env::temp_dir().join(format!("clb-check-{}.kubeconfig", std::process::id()));
+    /// Removes the kubeconfig also when an assertion fails.
+    struct Remove(std::path::PathBuf);
+    impl Drop for Remove {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let _remove = Remove(kubeconfig.clone());
     api.write_kubeconfig(&kubeconfig).expect("kubeconfig");
     let kc = kubeconfig.to_str().unwrap();
     let run = || {
@@ -274,7 +282,6 @@ fn services_from_the_api_name_the_risks() {
         "{api_line:#}"
     );
     assert_eq!(find(&json, "healthcheck_blackhole")["severity"], "risk");
-    let _ = std::fs::remove_file(&kubeconfig);
     drop(api);
     drop(lab);
 }
