@@ -7,8 +7,10 @@
 //! - [`correlate`]: pure logic that turns events + state into confirmed loopback events;
 //! - [`kube`]: Kubernetes attribution (pod and Service names on confirmed events);
 //! - [`sink`]: where confirmed events and counters go (JSON lines, metrics, live view).
+//! - [`check`]: `probe check`, the node's loopback risks judged from its state (pure rules).
 
 pub mod agent;
+pub mod check;
 pub mod correlate;
 pub mod event;
 #[cfg(test)]

@@ -31,6 +31,28 @@ enum Command {
     /// Print the service table the agent judges against (IPVS, or kube-proxy's nftables
     /// tables or iptables rules, of this network namespace) as JSON.
     Services,
+    /// Judge this node's loopback risks before they fail (exit 0 none, 1 risks found).
+    Check(CheckArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct CheckArgs {
+    /// NIC(s) whose source-validation settings decide drop vs reply (default: as the agent).
+    #[arg(long = "nic", env = "CLB_PROBE_NIC", value_delimiter = ',')]
+    nics: Vec<String>,
+    /// Interface holding bound ClusterIPs / LB VIPs.
+    #[arg(long, env = "CLB_PROBE_VIP_IFACE", default_value = "kube-ipvs0")]
+    vip_iface: String,
+    /// Local pod CIDR (repeatable), in addition to the pod routes learned from the node.
+    #[arg(long = "pod-cidr", env = "CLB_PROBE_POD_CIDR", value_delimiter = ',', value_parser = parse_pod_cidr)]
+    pod_cidrs: Vec<Prefix>,
+    /// Print the report as JSON (schema in the README) instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Read the Services from the API this kubeconfig names (default: in-cluster when run in
+    /// a pod, else the node alone).
+    #[arg(long, env = "KUBECONFIG", value_name = "PATH")]
+    kubeconfig: Option<PathBuf>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -204,6 +226,31 @@ fn main() -> ExitCode {
             },
             Err(e) => fail(&e),
         },
+        Command::Check(args) => {
+            if let Some(e) = agent::checks::interface_error(&args.nics, &args.vip_iface) {
+                use clap::CommandFactory as _;
+                Cli::command()
+                    .error(clap::error::ErrorKind::ValueValidation, e)
+                    .exit();
+            }
+            let cfg = AddrConfig {
+                nics: args.nics,
+                vip_iface: args.vip_iface,
+                pod_cidrs: args.pod_cidrs,
+            };
+            let api = clb_probe::check::kube::ApiAccess::choose(args.kubeconfig);
+            match clb_probe::check::run(&cfg, &api) {
+                Ok(report) => {
+                    if args.json {
+                        println!("{}", clb_probe::check::render::json(&report));
+                    } else {
+                        print!("{}", clb_probe::check::render::table(&report));
+                    }
+                    ExitCode::from(report.exit_code())
+                }
+                Err(e) => fail(&e),
+            }
+        }
         Command::Agent(args) => {
             let args = *args;
             if let Some(e) = agent::checks::interface_error(&args.nics, &args.vip_iface) {

@@ -1,6 +1,7 @@
-//! `cargo xtask demo`: the README's "run it". Setup if needed, build, bring the lab up, start
-//! the agent on the lab node, drive every failure and its healthy twin, and show what the agent
-//! confirmed. The lab is torn down on every exit, Ctrl-C included.
+//! `cargo xtask demo`: the README's "run it". Setup if needed, build, bring the lab up, run
+//! `probe check` on the lab node, start the agent there, drive every failure and its healthy
+//! twin, and show what the agent confirmed. The lab is torn down on every exit, Ctrl-C
+//! included.
 
 use std::{
     io::{BufRead as _, BufReader, IsTerminal as _},
@@ -150,6 +151,25 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
         api.url(),
         lab::NS_NODE
     );
+
+    // The risks first, as an operator would check a node before anything fails (with the
+    // fake API, so the findings name the lab's Services): exit 1 (risks
+    // found) is the expected answer for the lab as it comes up.
+    eprintln!(
+        "demo: `probe check` in {}: the risks before the failures",
+        lab::NS_NODE
+    );
+    let check = Command::new("ip")
+        .args(["netns", "exec", lab::NS_NODE])
+        .arg(&probe)
+        .args(["check", "--nic", lab::NODE_NIC, "--kubeconfig"])
+        .arg(&kubeconfig.0)
+        .status()
+        .context("running probe check")?;
+    if check.code() != Some(1) {
+        eprintln!("demo: probe check ended with {check} (expected 1: risks found)");
+    }
+    check_interrupt()?;
 
     eprintln!("demo: starting `probe agent` in {}", lab::NS_NODE);
     let mut child = Command::new("ip")

@@ -86,7 +86,7 @@ mod evidence;
 mod hairpin;
 #[cfg(test)]
 mod hairpin_tests;
-mod remedy;
+pub(crate) mod remedy;
 pub mod replay;
 mod report;
 #[cfg(test)]

@@ -87,6 +87,15 @@ pub fn kernel_supported(
     }
 }
 
+/// The running kernel's release and whether it has tcx (>= 6.6), the attach default.
+pub fn release_and_tcx() -> (String, bool) {
+    use aya::util::KernelVersion;
+    match KernelVersion::current() {
+        Ok(v) => (v.to_string(), v >= KernelVersion::new(6, 6, 0)),
+        Err(_) => ("unknown".into(), false),
+    }
+}
+
 /// Linux capability numbers we need (linux/capability.h).
 const CAP_NET_ADMIN: u32 = 12;
 const CAP_SYS_ADMIN: u32 = 21;

@@ -222,7 +222,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             tables.push(classes::classes(&args, &net, &probe, &work, &mut summary)?);
         }
         if args.runs(Part::Storm) {
-            tables.push(storm::correlation_at_scale(&root, args.quick, &mut summary)?);
+            tables.push(storm::correlation_at_scale(
+                &root,
+                args.quick,
+                &mut summary,
+            )?);
         }
         let mut head = Table::new("Summary", &["what", "figure"]);
         head.note = "Each line from the tables below; \"target\" is the issue's.".to_string();

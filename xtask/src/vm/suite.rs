@@ -18,7 +18,7 @@ use super::{KernelSpec, shell_quote};
 /// kernel (the whole binary, so new tests there run everywhere), the rest on
 /// [`FULL_KERNEL`] only. (`loopback` is not here: `ipvs` drives the same failures and twins in
 /// the IPVS-mode lab with the same assertions, in two lab start-ups instead of ten.)
-pub const TEST_FILES: &[&str] = &["ipvs", "datapath"];
+pub const TEST_FILES: &[&str] = &["ipvs", "datapath", "check"];
 /// The test files every kernel runs; the others of [`TEST_FILES`] run on [`FULL_KERNEL`].
 pub const EVERY_KERNEL: &[&str] = &["ipvs"];
 /// The kernel that runs the whole suite (datapath on clsact, the iptables-mode script): the

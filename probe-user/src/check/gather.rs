@@ -1,0 +1,182 @@
+//! Reads this node (the calling thread's network namespace) into [`Inputs`], through the
+//! agent's own state readers: rtnetlink addresses and routes ([`addrs`]), the service table
+//! ([`state::read_services`]: IPVS, else kube-proxy's nftables tables, else its iptables
+//! rules), kube-proxy's ipsets ([`ipset::parse_save`]), the source-validation sysctls, and the
+//! kernel's BTF and kallsyms ([`kernel`]).
+
+use std::{net::IpAddr, process::Command};
+
+use anyhow::Context as _;
+
+use super::{Inputs, KernelView, LbTarget, NicSysctls};
+use crate::{
+    event::Proto,
+    kernel::{self, KernelBtf, kallsyms::Kallsyms},
+    state::{
+        self,
+        addrs::{self, AddrConfig},
+        ipset,
+    },
+};
+
+/// kube-proxy's IPVS-mode sets: every LB ingress IP:port, the Local ones, the ClusterIPs.
+pub const LB_SET: &str = "KUBE-LOAD-BALANCER";
+pub const LB_LOCAL_SET: &str = "KUBE-LOAD-BALANCER-LOCAL";
+pub const CLUSTER_IP_SET: &str = "KUBE-CLUSTER-IP";
+
+/// Reads everything; an error means the node could not be read (addresses, service table).
+pub fn gather(cfg: &AddrConfig) -> anyhow::Result<Inputs> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    let node = rt
+        .block_on(async {
+            let (conn, handle, _) = rtnetlink::new_connection()?;
+            tokio::spawn(conn);
+            addrs::read(&handle).await.map_err(anyhow::Error::from)
+        })
+        .context("reading interfaces over rtnetlink")?;
+    for nic in &cfg.nics {
+        if !node.links.iter().any(|l| &l.name == nic) {
+            return Err(kernel::KernelError::UnknownInterface { name: nic.clone() }.into());
+        }
+    }
+    let sets = addrs::classify(&node, cfg);
+    let bound = match &sets.vip_iface {
+        Some((_, index)) => node
+            .addrs
+            .iter()
+            .filter(|a| a.ifindex == *index)
+            .map(|a| a.addr)
+            .collect(),
+        None => Vec::new(),
+    };
+    let pod_prefixes = sets
+        .prefixes
+        .iter()
+        .filter(|(_, t)| **t == crate::event::Tag::Pod)
+        .map(|(p, _)| *p)
+        .collect();
+    let services = state::read_services().context("reading the service table")?;
+    let ipsets = Command::new("ipset")
+        .arg("save")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| ipset::parse_save(&String::from_utf8_lossy(&o.stdout)))
+        .unwrap_or_default();
+    let (lb_targets, cluster_ips) = ipset_targets(&ipsets);
+    let nics = sets
+        .nics
+        .iter()
+        .map(|(name, _)| nic_sysctls(name))
+        .collect();
+    Ok(Inputs {
+        vip_iface: cfg.vip_iface.clone(),
+        bound,
+        cluster_ips,
+        lb_targets,
+        pod_prefixes,
+        services,
+        nics,
+        kernel: kernel_view(),
+        api: super::ApiState::NotUsed,
+    })
+}
+
+/// `ip,proto:port` (an `ipset save` member of a hash:ip,port set).
+fn ip_port(member: &str) -> Option<(IpAddr, Proto, u16)> {
+    let (ip, rest) = member.split_once(',')?;
+    let (proto, port) = rest.split_once(':')?;
+    let proto = match proto {
+        "tcp" => Proto::Tcp,
+        "udp" => Proto::Udp,
+        _ => return None,
+    };
+    Some((ip.parse().ok()?, proto, port.parse().ok()?))
+}
+
+/// LB targets and ClusterIPs from kube-proxy's IPVS-mode sets (pure).
+pub fn ipset_targets(
+    sets: &std::collections::BTreeMap<String, Vec<String>>,
+) -> (Vec<LbTarget>, Vec<IpAddr>) {
+    let members = |name: &str| {
+        sets.get(name)
+            .into_iter()
+            .flatten()
+            .filter_map(|m| ip_port(m))
+            .collect::<Vec<_>>()
+    };
+    let local = members(LB_LOCAL_SET);
+    let targets = members(LB_SET)
+        .into_iter()
+        .chain(local.iter().copied())
+        .map(|(ip, proto, port)| {
+            let is_local = local.contains(&(ip, proto, port));
+            LbTarget {
+                ip,
+                port: Some(port),
+                proto,
+                service: None,
+                etp_local: Some(is_local),
+                ip_mode_proxy: false,
+                health_check_node_port: None,
+                prevent_loopback: Vec::new(),
+                kube_proxy_masquerades: !is_local,
+                source: format!("ipset {}", if is_local { LB_LOCAL_SET } else { LB_SET }),
+            }
+        })
+        .fold(Vec::<LbTarget>::new(), |mut acc, t| {
+            if !acc
+                .iter()
+                .any(|a| (a.ip, a.port, a.proto) == (t.ip, t.port, t.proto))
+            {
+                acc.push(t);
+            }
+            acc
+        });
+    let mut cluster_ips: Vec<IpAddr> = members(CLUSTER_IP_SET)
+        .into_iter()
+        .map(|(ip, _, _)| ip)
+        .collect();
+    cluster_ips.sort();
+    cluster_ips.dedup();
+    (targets, cluster_ips)
+}
+
+fn sysctl(path: &str) -> Option<u8> {
+    std::fs::read_to_string(format!("/proc/sys/{path}"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// A NIC's sysctls combined with `all` the way the kernel combines them: `rp_filter` takes
+/// the max, `accept_local`, `route_localnet` and `log_martians` are on when either is.
+fn nic_sysctls(name: &str) -> NicSysctls {
+    let get = |iface: &str, key: &str| sysctl(&format!("net/ipv4/conf/{iface}/{key}")).unwrap_or(0);
+    let either = |key: &str| get("all", key) != 0 || get(name, key) != 0;
+    NicSysctls {
+        name: name.to_string(),
+        rp_filter: get("all", "rp_filter").max(get(name, "rp_filter")),
+        accept_local: either("accept_local"),
+        route_localnet: either("route_localnet"),
+        log_martians: either("log_martians"),
+    }
+}
+
+fn kernel_view() -> KernelView {
+    let (release, tcx) = kernel::release_and_tcx();
+    let btf = KernelBtf::load();
+    KernelView {
+        release,
+        tcx,
+        drop_reason_arg: btf.as_ref().is_ok_and(KernelBtf::kfree_skb_has_reason),
+        drop_reasons: btf.as_ref().map_or(0, |b| b.drop_reasons.len()),
+        btf_error: btf.err().map(|e| e.to_string()),
+        kptr_restrict: sysctl("kernel/kptr_restrict"),
+        kallsyms_readable: !Kallsyms::load().is_empty(),
+    }
+}

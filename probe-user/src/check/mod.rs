@@ -1,0 +1,235 @@
+//! `probe check`: the risk before the failure. Reads this node (its network namespace) once,
+//! judges what it read with pure rules, and prints one line per finding.
+//!
+//! - [`gather`] reads the node through the same state readers the agent uses (addresses,
+//!   the service table, kube-proxy's ipsets, sysctls, the kernel's BTF and kallsyms);
+//! - [`rules`] turns those [`Inputs`] into [`Finding`]s (pure: no I/O, unit-tested);
+//! - [`render`] prints them as an aligned table or as JSON.
+//!
+//! Exit codes: 0 no finding of severity `risk`; 1 at least one `risk` (the report is printed);
+//! 1 also when the node cannot be read, with one `probe: error: ...` line on stderr and nothing
+//! on stdout (a script tells the two apart by the empty stdout / the `error:` prefix); 2 usage.
+//!
+//! JSON (`--json`, schema version [`SCHEMA_VERSION`]):
+//! `{"schema": 1, "risks": n, "warnings": n, "findings": [{"kind", "severity", "subject",
+//! "summary", "evidence": [..], "remedy": [..]}]}`; `kind` is one of [`Kind`]'s snake_case
+//! names, `severity` one of `risk` | `warn` | `info`. Fields are only ever added.
+
+use std::net::IpAddr;
+
+use serde::Serialize;
+
+use crate::{event::Proto, state::ServiceTable};
+
+pub mod gather;
+pub mod kube;
+pub mod render;
+pub mod rules;
+pub mod services;
+#[cfg(test)]
+mod tests;
+
+/// Version of the JSON output; bumped only if a field changes meaning or goes away.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// How much a finding matters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Severity {
+    /// A loopback failure can happen on this node as it is configured: exit 1.
+    Risk,
+    /// Something that limits what the probe (or this check) can see or conclude.
+    Warn,
+    /// A setting worth knowing (how the kernel decides drop vs reply), no action needed.
+    Info,
+}
+
+impl Severity {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Severity::Risk => "risk",
+            Severity::Warn => "warn",
+            Severity::Info => "info",
+        }
+    }
+}
+
+/// What a finding is about; the names match the agent's event kinds where they predict one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// An LB ingress IP is a local address: the LB's health checks from it are discarded.
+    HealthcheckBlackhole,
+    /// An LB ingress IP is bound locally: in-cluster calls to its other ports are refused.
+    VipPortUnserved,
+    /// Pod egress to an LB leaves without SNAT: the LB can send it back to this node.
+    Hairpin,
+    /// A NIC's `rp_filter` / `accept_local` / `route_localnet` (drop vs reply).
+    NicSourceValidation,
+    /// `kernel.kptr_restrict` hides kernel addresses: drop sites unreadable.
+    KptrRestrict,
+    /// What the running kernel lets the probe see (tcx vs clsact, drop reasons vs sites, BTF).
+    KernelVisibility,
+    /// Whether the Services were read from the Kubernetes API.
+    KubeApi,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::HealthcheckBlackhole => "healthcheck_blackhole",
+            Kind::VipPortUnserved => "vip_port_unserved",
+            Kind::Hairpin => "hairpin",
+            Kind::NicSourceValidation => "nic_source_validation",
+            Kind::KptrRestrict => "kptr_restrict",
+            Kind::KernelVisibility => "kernel_visibility",
+            Kind::KubeApi => "kube_api",
+        }
+    }
+}
+
+/// One finding: what, about which object, why we think so, what to do.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Finding {
+    pub kind: Kind,
+    pub severity: Severity,
+    /// The object: an address, `ip:port/proto`, a NIC, a sysctl, `kernel`.
+    pub subject: String,
+    /// One line, for the table.
+    pub summary: String,
+    pub evidence: Vec<String>,
+    pub remedy: Vec<String>,
+}
+
+/// The whole report.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Report {
+    pub schema: u32,
+    pub risks: usize,
+    pub warnings: usize,
+    pub findings: Vec<Finding>,
+}
+
+impl Report {
+    /// Sorted by severity, then kind, then subject, so output is stable.
+    pub fn new(mut findings: Vec<Finding>) -> Report {
+        findings.sort_by(|a, b| {
+            (a.severity, a.kind, &a.subject).cmp(&(b.severity, b.kind, &b.subject))
+        });
+        let count = |s| findings.iter().filter(|f| f.severity == s).count();
+        Report {
+            schema: SCHEMA_VERSION,
+            risks: count(Severity::Risk),
+            warnings: count(Severity::Warn),
+            findings,
+        }
+    }
+
+    /// 0 without risks, 1 with.
+    pub fn exit_code(&self) -> u8 {
+        u8::from(self.risks > 0)
+    }
+}
+
+/// A NIC's source-validation sysctls, as the kernel applies them (all/ and the NIC's own).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NicSysctls {
+    pub name: String,
+    /// Effective `rp_filter`: max(all, nic); 0 off, 1 strict, 2 loose.
+    pub rp_filter: u8,
+    /// Effective `accept_local`: all OR nic.
+    pub accept_local: bool,
+    /// Effective `route_localnet`: all OR nic.
+    pub route_localnet: bool,
+    /// Effective `log_martians`: all OR nic.
+    pub log_martians: bool,
+}
+
+/// An LB ingress IP (and port, when known) as the node's or the API's state names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LbTarget {
+    pub ip: IpAddr,
+    /// None: the IP is known, its ports are not.
+    pub port: Option<u16>,
+    pub proto: Proto,
+    /// `namespace/name` when known.
+    pub service: Option<String>,
+    /// externalTrafficPolicy Local (kube-proxy's `-LOCAL` sets, or the Service spec);
+    /// None: unknown.
+    pub etp_local: Option<bool>,
+    /// `status.loadBalancer.ingress[].ipMode: Proxy`: kube-proxy neither binds nor
+    /// short-circuits the IP; in-cluster calls really go to the LB.
+    pub ip_mode_proxy: bool,
+    /// The Service's `healthCheckNodePort` (ETP Local), when known.
+    pub health_check_node_port: Option<u16>,
+    /// A provider annotation that keeps the LB from looping back (names of the annotations).
+    pub prevent_loopback: Vec<String>,
+    /// kube-proxy marks pod traffic to it for masquerade (IPVS mode: in `KUBE-LOAD-BALANCER`
+    /// and not in `KUBE-LOAD-BALANCER-LOCAL`).
+    pub kube_proxy_masquerades: bool,
+    /// Where it came from: `ipset KUBE-LOAD-BALANCER`, `service default/web`, ...
+    pub source: String,
+}
+
+/// What the kernel lets the probe see.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KernelView {
+    pub release: String,
+    /// Kernel >= 6.6: tcx links; else clsact qdiscs.
+    pub tcx: bool,
+    /// Why `/sys/kernel/btf/vmlinux` could not be used; None when it was.
+    pub btf_error: Option<String>,
+    /// The `kfree_skb` tracepoint passes a drop reason (>= 5.17).
+    pub drop_reason_arg: bool,
+    /// Number of `enum skb_drop_reason` names.
+    pub drop_reasons: usize,
+    /// `kernel.kptr_restrict`, when readable.
+    pub kptr_restrict: Option<u8>,
+    /// /proc/kallsyms shows addresses to us.
+    pub kallsyms_readable: bool,
+}
+
+/// Everything the rules judge, read once from the node (and, with API access, the Services).
+#[derive(Clone, Debug, Default)]
+pub struct Inputs {
+    /// `--vip-iface`.
+    pub vip_iface: String,
+    /// Addresses bound on the VIP interface.
+    pub bound: Vec<IpAddr>,
+    /// Addresses kube-proxy names as ClusterIPs (ipset `KUBE-CLUSTER-IP`, the API).
+    pub cluster_ips: Vec<IpAddr>,
+    /// LB ingress IPs known from kube-proxy's sets or the API.
+    pub lb_targets: Vec<LbTarget>,
+    /// Pod prefixes of this node (pod routes, `--pod-cidr`).
+    pub pod_prefixes: Vec<crate::state::addrs::Prefix>,
+    pub services: ServiceTable,
+    pub nics: Vec<NicSysctls>,
+    pub kernel: KernelView,
+    /// Whether Services were read from the API (the Service side of the rules).
+    pub api: ApiState,
+}
+
+/// What became of the API side.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum ApiState {
+    /// No API access configured: the node alone.
+    #[default]
+    NotUsed,
+    /// Services listed: (Services, LB ingress IPs among them).
+    Read { services: usize, lb_ips: usize },
+    /// Configured but failed: why.
+    Failed(String),
+}
+
+/// Reads the node (an error: it cannot be read) and, with API access, the Services (a
+/// failure there is a warning in the report), and judges them.
+pub fn run(cfg: &crate::state::addrs::AddrConfig, api: &kube::ApiAccess) -> anyhow::Result<Report> {
+    let mut inputs = gather::gather(cfg)?;
+    if *api != kube::ApiAccess::None {
+        match kube::list_services(api) {
+            Ok(list) => services::merge(&mut inputs, &list),
+            Err(e) => inputs.api = ApiState::Failed(format!("{e:#}")),
+        }
+    }
+    Ok(Report::new(rules::judge(&inputs)))
+}

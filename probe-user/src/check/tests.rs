@@ -1,0 +1,420 @@
+//! The rules of `probe check`, table-driven over node snapshots shaped like the lab's and
+//! like kube-proxy's IPVS mode (no kernel).
+
+use std::{collections::BTreeMap, net::IpAddr};
+
+use super::{
+    Inputs, KernelView, Kind, NicSysctls, Report, Severity, gather, render, rules,
+    services::{self, LbIngress, ServiceFacts, ServicePort},
+};
+use crate::{
+    event::Proto,
+    state::{NodePortEntry, ServiceEntry, ServiceSource, ServiceTable, addrs::Prefix},
+};
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+const VIP: &str = "203.0.113.10";
+const KUBE_MASQ: &str = "-A KUBE-POSTROUTING -m comment --comment \"kubernetes service traffic \
+                         requiring SNAT\" -j MASQUERADE --random-fully";
+const POD_MASQ: &str = "-A CLB-LAB-MASQ -s 198.19.1.0/24 -o eth0 -m comment --comment \"clb-lab: \
+                        pod egress masquerade\" -j MASQUERADE";
+
+fn served(vip: &str, port: u16) -> ServiceEntry {
+    ServiceEntry {
+        vip: ip(vip),
+        port,
+        proto: Proto::Tcp,
+        service: Some("default/web:http".into()),
+        backends: vec!["198.19.1.11:8080".into()],
+    }
+}
+
+/// The lab node in iptables mode: eth0, kube-ipvs0 with the VIP bound and served on 80, a pod
+/// /24, kube-proxy's marked masquerade only, a 6.18 kernel.
+fn lab() -> Inputs {
+    Inputs {
+        vip_iface: "kube-ipvs0".into(),
+        bound: vec![ip(VIP)],
+        cluster_ips: vec![],
+        lb_targets: vec![],
+        pod_prefixes: vec![Prefix::parse("198.19.1.0/24").unwrap()],
+        services: ServiceTable {
+            source: Some(ServiceSource::Iptables),
+            services: vec![served("198.18.100.10", 80), served(VIP, 80)],
+            nodeports: vec![NodePortEntry {
+                port: 30080,
+                proto: Proto::Tcp,
+                service: Some("default/web:http".into()),
+                local_only: false,
+            }],
+            masquerade_rules: vec![KUBE_MASQ.into()],
+            access_filter: vec![],
+        },
+        nics: vec![NicSysctls {
+            name: "eth0".into(),
+            ..Default::default()
+        }],
+        kernel: KernelView {
+            release: "6.18.0".into(),
+            tcx: true,
+            btf_error: None,
+            drop_reason_arg: true,
+            drop_reasons: 130,
+            kptr_restrict: Some(0),
+            kallsyms_readable: true,
+        },
+        api: super::ApiState::NotUsed,
+    }
+}
+
+fn unbind(mut i: Inputs) -> Inputs {
+    i.bound.clear();
+    i.services.services.retain(|s| s.vip != ip(VIP));
+    i
+}
+
+fn masquerade(mut i: Inputs) -> Inputs {
+    i.services.masquerade_rules.push(POD_MASQ.into());
+    i
+}
+
+/// (kind, severity, subject) of every finding that is not info.
+fn verdicts(i: &Inputs) -> Vec<Verdict> {
+    Report::new(rules::judge(i))
+        .findings
+        .into_iter()
+        .filter(|f| f.severity != Severity::Info)
+        .map(|f| (f.kind, f.severity, f.subject))
+        .collect()
+}
+
+/// One expected finding: (kind, severity, subject).
+type Verdict = (Kind, Severity, String);
+
+fn v(kind: Kind, severity: Severity, subject: &str) -> Verdict {
+    (kind, severity, subject.to_string())
+}
+
+/// IPVS mode as kube-proxy leaves it: ClusterIPs bound and in KUBE-CLUSTER-IP, the LB
+/// ingress in KUBE-LOAD-BALANCER (and -LOCAL when externalTrafficPolicy is Local).
+fn ipvs(local: bool, bound: bool) -> Inputs {
+    let mut sets: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    sets.insert(
+        gather::CLUSTER_IP_SET.into(),
+        vec!["198.18.100.10,tcp:80".into()],
+    );
+    sets.insert(gather::LB_SET.into(), vec![format!("{VIP},tcp:80")]);
+    if local {
+        sets.insert(gather::LB_LOCAL_SET.into(), vec![format!("{VIP},tcp:80")]);
+    }
+    let (lb_targets, cluster_ips) = gather::ipset_targets(&sets);
+    let mut i = lab();
+    i.services.source = Some(ServiceSource::Ipvs);
+    i.lb_targets = lb_targets;
+    i.cluster_ips = cluster_ips;
+    i.bound = vec![ip("198.18.100.10")];
+    i.services.services = vec![served("198.18.100.10", 80)];
+    if bound {
+        i.bound.push(ip(VIP));
+        i.services.services.push(served(VIP, 80));
+    }
+    i
+}
+
+#[test]
+fn each_node_state_yields_its_risks_and_only_those() {
+    use Kind::*;
+    use Severity::*;
+    let cases: Vec<(&str, Inputs, Vec<Verdict>)> = vec![
+        (
+            "lab default: VIP bound and served on 80, pods not masqueraded",
+            lab(),
+            vec![
+                v(HealthcheckBlackhole, Risk, VIP),
+                v(Hairpin, Risk, "pod egress"),
+                v(VipPortUnserved, Warn, VIP),
+            ],
+        ),
+        (
+            "VIP not bound (healthcheck-ok twin): no VIP finding",
+            unbind(lab()),
+            vec![v(Hairpin, Risk, "pod egress")],
+        ),
+        (
+            "pods masqueraded (hairpin-snat twin): no hairpin",
+            masquerade(unbind(lab())),
+            vec![],
+        ),
+        (
+            "VIP bound, nothing serves it: every in-cluster call refused",
+            {
+                let mut i = masquerade(lab());
+                i.services.services.retain(|s| s.vip != ip(VIP));
+                i
+            },
+            vec![
+                v(HealthcheckBlackhole, Risk, VIP),
+                v(VipPortUnserved, Risk, VIP),
+            ],
+        ),
+        (
+            "IPVS, Cluster policy, LB IP not bound: kube-proxy marks pod calls: no risk",
+            ipvs(false, false),
+            vec![],
+        ),
+        (
+            "IPVS, Local policy, LB IP not bound (reference 002): hairpin on VIP:80",
+            ipvs(true, false),
+            vec![v(Hairpin, Risk, "203.0.113.10:80/tcp")],
+        ),
+        (
+            "IPVS, Local policy, but the CNI masquerades pod egress: no hairpin",
+            masquerade(ipvs(true, false)),
+            vec![],
+        ),
+        (
+            "IPVS, LB IP bound: ClusterIP ignored, LB IP at risk, served port known",
+            ipvs(false, true),
+            vec![
+                v(HealthcheckBlackhole, Risk, VIP),
+                v(VipPortUnserved, Warn, VIP),
+            ],
+        ),
+        (
+            "a 5.10 kernel with kptr_restrict=2: two blind spots, no risk",
+            {
+                let mut i = masquerade(unbind(lab()));
+                i.kernel = KernelView {
+                    release: "5.10.0".into(),
+                    tcx: false,
+                    btf_error: None,
+                    drop_reason_arg: false,
+                    drop_reasons: 0,
+                    kptr_restrict: Some(2),
+                    kallsyms_readable: false,
+                };
+                i
+            },
+            vec![
+                v(KptrRestrict, Warn, "kernel.kptr_restrict"),
+                v(KernelVisibility, Warn, "kernel"),
+            ],
+        ),
+        (
+            "no pods on the node: no pod egress to judge",
+            {
+                let mut i = unbind(lab());
+                i.pod_prefixes.clear();
+                i
+            },
+            vec![],
+        ),
+    ];
+    for (what, inputs, want) in cases {
+        let mut got = verdicts(&inputs);
+        let mut want = want;
+        got.sort();
+        want.sort();
+        assert_eq!(got, want, "{what}");
+    }
+}
+
+#[test]
+fn the_api_names_services_and_their_settings() {
+    let web = |etp_local: bool, ip_mode: Option<&str>, annotations: &[(&str, &str)]| ServiceFacts {
+        name: "shop/web".into(),
+        cluster_ips: vec![ip("198.18.100.10")],
+        ingress: vec![LbIngress {
+            ip: ip(VIP),
+            ip_mode: ip_mode.map(Into::into),
+        }],
+        ports: vec![
+            ServicePort {
+                port: 80,
+                proto: Proto::Tcp,
+                node_port: Some(30080),
+            },
+            ServicePort {
+                port: 443,
+                proto: Proto::Tcp,
+                node_port: Some(30443),
+            },
+        ],
+        etp_local,
+        health_check_node_port: etp_local.then_some(32000),
+        annotations: annotations
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    };
+    // Bound, 443 declared but not served: a certain vip_port_unserved, named.
+    let mut i = masquerade(lab());
+    services::merge(&mut i, &[web(false, None, &[])]);
+    let r = Report::new(rules::judge(&i));
+    let unserved = r
+        .findings
+        .iter()
+        .find(|f| f.kind == Kind::VipPortUnserved)
+        .unwrap();
+    assert_eq!(unserved.severity, Severity::Risk);
+    assert!(unserved.summary.contains("443/tcp"), "{}", unserved.summary);
+    let hc = r
+        .findings
+        .iter()
+        .find(|f| f.kind == Kind::HealthcheckBlackhole)
+        .unwrap();
+    assert!(hc.summary.contains("shop/web"), "{}", hc.summary);
+
+    // ETP Local, ipMode Proxy (kube-proxy neither binds nor short-circuits), no masquerade:
+    // a hairpin per port, naming the policy.
+    let mut i = unbind(lab());
+    services::merge(&mut i, &[web(true, Some("Proxy"), &[])]);
+    let got = verdicts(&i);
+    assert_eq!(
+        got,
+        vec![
+            v(Kind::Hairpin, Severity::Risk, "203.0.113.10:443/tcp"),
+            v(Kind::Hairpin, Severity::Risk, "203.0.113.10:80/tcp"),
+        ]
+    );
+    let f = &Report::new(rules::judge(&i)).findings[0];
+    assert!(
+        f.evidence
+            .iter()
+            .any(|e| e.contains("externalTrafficPolicy: Local")),
+        "{f:#?}"
+    );
+    assert!(f.remedy[0].contains("externalTrafficPolicy: Cluster on shop/web"));
+
+    // The provider's prevent-loopback annotation turns the risks into warnings.
+    let mut i = unbind(lab());
+    services::merge(
+        &mut i,
+        &[web(
+            true,
+            Some("Proxy"),
+            &[("service.cloud.tencent.com/prevent-loopback", "true")],
+        )],
+    );
+    assert!(verdicts(&i).iter().all(|(_, s, _)| *s == Severity::Warn));
+    assert_eq!(Report::new(rules::judge(&i)).exit_code(), 0);
+}
+
+#[test]
+fn pod_egress_masquerade_is_told_from_marked_and_narrow_rules() {
+    let pods = [Prefix::parse("198.19.1.0/24").unwrap()];
+    for (rule, covers) in [
+        (POD_MASQ, true),
+        (
+            "-A CNI-MASQ ! -d 224.0.0.0/4 -j MASQUERADE --random-fully",
+            true,
+        ),
+        (
+            "-A POSTROUTING -s 198.19.0.0/16 ! -d 198.19.0.0/16 -j MASQUERADE",
+            true,
+        ),
+        (KUBE_MASQ, false),
+        (
+            "-A POSTROUTING -m mark --mark 0x4000/0x4000 -j MASQUERADE",
+            false,
+        ),
+        ("-A POSTROUTING -s 10.0.0.0/8 -j MASQUERADE", false),
+        ("-A POSTROUTING -d 192.0.2.0/24 -j MASQUERADE", false),
+        (
+            "-A KUBE-POSTROUTING -m set --match-set KUBE-LOOP-BACK dst,dst,src -j MASQUERADE",
+            false,
+        ),
+        (
+            "nftables ip kube-proxy chain masquerading: masquerade fully-random",
+            false,
+        ),
+    ] {
+        assert_eq!(rules::covers_pod_egress(rule, &pods), covers, "{rule}");
+    }
+}
+
+#[test]
+fn the_report_is_sorted_counted_and_rendered() {
+    let r = Report::new(rules::judge(&lab()));
+    assert_eq!((r.risks, r.warnings, r.exit_code()), (2, 1, 1));
+    assert!(
+        r.findings
+            .windows(2)
+            .all(|w| w[0].severity <= w[1].severity)
+    );
+    for f in &r.findings {
+        assert!(!f.summary.contains('\n'), "{f:#?}");
+        if f.severity == Severity::Risk {
+            assert!(!f.remedy.is_empty() && !f.evidence.is_empty(), "{f:#?}");
+        }
+    }
+    let table = render::table(&r);
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(lines.len(), r.findings.len() + 2, "{table}");
+    assert!(lines[0].starts_with("SEVERITY  KIND"));
+    // Aligned: every row's summary starts in the header's SUMMARY column.
+    let col = lines[0].find("SUMMARY").unwrap();
+    for (l, f) in lines[1..=r.findings.len()].iter().zip(&r.findings) {
+        assert_eq!(l.find(&f.summary), Some(col), "{table}");
+    }
+    assert!(lines.last().unwrap().starts_with("2 risk(s), 1 warning(s)"));
+    let json: serde_json::Value = serde_json::from_str(&render::json(&r)).unwrap();
+    assert_eq!(json["schema"], 1);
+    assert_eq!(json["risks"], 2);
+    let first = &json["findings"][0];
+    for key in [
+        "kind", "severity", "subject", "summary", "evidence", "remedy",
+    ] {
+        assert!(first.get(key).is_some(), "{key} missing: {first:#}");
+    }
+    assert_eq!(first["severity"], "risk");
+    let clean = Report::new(rules::judge(&masquerade(unbind(lab()))));
+    assert_eq!(clean.exit_code(), 0);
+}
+
+/// The fake API server's `default/web` fixture (shaped as the real API returns it).
+const SERVICE_WEB: &str = include_str!("../../../xtask/src/kubeapi/fixtures/service-web.json");
+
+#[test]
+fn api_services_become_facts() {
+    let svc: k8s_openapi::api::core::v1::Service = serde_json::from_str(SERVICE_WEB).unwrap();
+    let facts = services::from_api(&svc);
+    assert_eq!(facts.name, "default/web");
+    assert_eq!(facts.cluster_ips, [ip("198.18.100.10")]);
+    assert_eq!(
+        facts.ingress,
+        [LbIngress {
+            ip: ip(VIP),
+            ip_mode: Some("VIP".into())
+        }]
+    );
+    assert_eq!(
+        facts.ports,
+        [ServicePort {
+            port: 80,
+            proto: Proto::Tcp,
+            node_port: Some(30080)
+        }]
+    );
+    assert!(!facts.etp_local);
+    // ETP Local with a health-check NodePort, ipMode Proxy, TKE's prevent-loopback.
+    let mut v: serde_json::Value = serde_json::from_str(SERVICE_WEB).unwrap();
+    v["spec"]["externalTrafficPolicy"] = "Local".into();
+    v["spec"]["healthCheckNodePort"] = 32000.into();
+    v["status"]["loadBalancer"]["ingress"][0]["ipMode"] = "Proxy".into();
+    v["metadata"]["annotations"]["service.cloud.tencent.com/prevent-loopback"] = "true".into();
+    let facts = services::from_api(&serde_json::from_value(v).unwrap());
+    assert!(facts.etp_local);
+    assert_eq!(facts.health_check_node_port, Some(32000));
+    let (targets, _) = services::targets(&[facts]);
+    assert_eq!(targets.len(), 1);
+    let t = &targets[0];
+    assert!(t.ip_mode_proxy && !t.kube_proxy_masquerades);
+    assert_eq!(
+        t.prevent_loopback,
+        ["service.cloud.tencent.com/prevent-loopback"]
+    );
+}

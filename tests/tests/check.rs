@@ -1,0 +1,287 @@
+//! `probe check` on the real lab node: each risk the lab sets up is named in `--json` with
+//! exit 1; the twin setup without it (the demo's healthy twins) does not name it; usage
+//! errors exit 2 with nothing on stdout; an unreadable node is one `error:` line, exit 1.
+//!
+//! Root only for the lab tests (they print a skip line otherwise). One lab for the sequence.
+
+use std::process::{Command, Output};
+
+use probe_tests::agent::{probe_bin, require_root};
+use serde_json::Value;
+use xtask::lab::{self, KubeProxyMode, LabGuard, Variant, Variants};
+
+fn check(args: &[&str]) -> Output {
+    Command::new("ip")
+        .args(["netns", "exec", lab::NS_NODE])
+        .arg(probe_bin())
+        .arg("check")
+        .args(args)
+        .output()
+        .expect("run probe check")
+}
+
+/// `probe check --json` in the lab node: (exit code, report).
+fn report() -> (i32, Value) {
+    let o = check(&["--json", "--nic", lab::NODE_NIC]);
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let json: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): {stdout}\nstderr: {}",
+            String::from_utf8_lossy(&o.stderr)
+        )
+    });
+    (o.status.code().expect("exit code"), json)
+}
+
+/// The findings of `kind`, as (severity, subject).
+fn named(json: &Value, kind: &str) -> Vec<(String, String)> {
+    json["findings"]
+        .as_array()
+        .expect("findings")
+        .iter()
+        .filter(|f| f["kind"] == kind)
+        .map(|f| {
+            (
+                f["severity"].as_str().unwrap().to_string(),
+                f["subject"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn each_lab_risk_is_named_and_its_twin_is_not() {
+    if !require_root("probe check on the lab") {
+        return;
+    }
+    let mode = KubeProxyMode::from_env().unwrap();
+    let vip = lab::VIP.to_string();
+    // vip-bound on, masquerade off: the healthcheck black hole, the refused ports of the
+    // bound VIP, and unmasqueraded pod egress (in IPVS mode the bound VIP is served locally,
+    // so the hairpin is judged once it is unbound, below).
+    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    // For the log of a failing run: what a person sees.
+    eprintln!(
+        "{}",
+        String::from_utf8_lossy(&check(&["--nic", lab::NODE_NIC]).stdout)
+    );
+    let (code, json) = report();
+    assert_eq!(code, 1, "{json:#}");
+    assert_eq!(json["schema"], 1);
+    if mode == KubeProxyMode::Nftables {
+        // nftables mode binds no LB IP: nothing for an LB's health check to trip on.
+        assert!(named(&json, "healthcheck_blackhole").is_empty(), "{json:#}");
+    } else {
+        assert_eq!(
+            named(&json, "healthcheck_blackhole"),
+            [("risk".to_string(), vip.clone())],
+            "{json:#}"
+        );
+        let unserved = named(&json, "vip_port_unserved");
+        assert_eq!(unserved.len(), 1, "{json:#}");
+        assert_eq!(unserved[0].1, vip);
+        let hc = json["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["kind"] == "healthcheck_blackhole")
+            .unwrap();
+        assert!(!hc["remedy"].as_array().unwrap().is_empty(), "{hc:#}");
+        assert!(
+            hc["evidence"].to_string().contains("accept_local=0"),
+            "{hc:#}"
+        );
+    }
+    if mode != KubeProxyMode::Ipvs {
+        assert!(!named(&json, "hairpin").is_empty(), "{json:#}");
+    }
+    let nic = named(&json, "nic_source_validation");
+    assert_eq!(nic, [("info".to_string(), lab::NODE_NIC.to_string())]);
+
+    // The healthcheck-ok twin: the VIP is not bound. Pods still leave unmasqueraded.
+    lab.set(Variant::VipBound, false).expect("unbind the VIP");
+    let (code, json) = report();
+    assert!(named(&json, "healthcheck_blackhole").is_empty(), "{json:#}");
+    assert!(named(&json, "vip_port_unserved").is_empty(), "{json:#}");
+    let hairpin = named(&json, "hairpin");
+    assert!(
+        !hairpin.is_empty() && hairpin.iter().all(|(s, _)| s == "risk"),
+        "{json:#}"
+    );
+    assert_eq!(code, 1);
+
+    // The hairpin-snat twin: pod egress masqueraded: no risk left.
+    lab.set(Variant::Masquerade, true).expect("masquerade");
+    let (code, json) = report();
+    assert!(named(&json, "hairpin").is_empty(), "{json:#}");
+    assert_eq!(json["risks"], 0, "{json:#}");
+    assert_eq!(code, 0, "{json:#}");
+
+    // Strict rp_filter shows in the NIC's settings (drop instead of reply).
+    lab.set(Variant::RpFilter, true).expect("rp_filter");
+    let (_, json) = report();
+    let summary = json["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["kind"] == "nic_source_validation")
+        .map(|f| f["summary"].to_string())
+        .unwrap();
+    assert!(summary.contains("rp_filter=1 (strict)"), "{summary}");
+
+    // The table: one line per finding plus the header and the summary line.
+    let o = check(&["--nic", lab::NODE_NIC]);
+    let table = String::from_utf8_lossy(&o.stdout);
+    let findings = json["findings"].as_array().unwrap().len();
+    assert_eq!(table.lines().count(), findings + 2, "{table}");
+    assert!(
+        table.lines().last().unwrap().starts_with("0 risk(s), "),
+        "{table}"
+    );
+    assert_eq!(o.status.code(), Some(0));
+
+    // A node that cannot be read as asked: one error line, exit 1, nothing on stdout.
+    let o = check(&["--json", "--nic", "nosuch0"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        o.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with("probe: error:") && err.contains("nosuch0"),
+        "{err}"
+    );
+    drop(lab);
+}
+
+#[test]
+fn bad_flags_exit_2_and_print_nothing_else() {
+    for args in [
+        &["check", "--bogus"][..],
+        &["check", "--json=yes"],
+        &["check", "--pod-cidr", "10.0.0.1/24"],
+        &["check", "--nic", "lo"],
+        &["check", "--vip-iface", ""],
+    ] {
+        let o = Command::new(probe_bin())
+            .args(args)
+            .output()
+            .expect("run probe");
+        assert_eq!(
+            o.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(o.stdout.is_empty(), "{args:?}");
+        assert!(String::from_utf8_lossy(&o.stderr).contains("error:"));
+    }
+}
+
+/// The Service side through the real kube client against the fake API server (run inside the
+/// lab node's namespace, where `probe check` runs): names, declared ports, a 403.
+#[test]
+fn services_from_the_api_name_the_risks() {
+    use xtask::kubeapi::{FakeApiServer, fixtures};
+    if !require_root("probe check with the API") {
+        return;
+    }
+    if KubeProxyMode::from_env().unwrap() == KubeProxyMode::Nftables {
+        eprintln!("skipping: nftables mode binds no LB IP");
+        return;
+    }
+    let lab = LabGuard::up(&Variants::default().with(Variant::Masquerade, true)).expect("lab up");
+    let api = lab::in_netns(lab::NS_NODE, FakeApiServer::start).expect("fake API server");
+    for object in fixtures::lab() {
+        api.apply(object);
+    }
+    let kubeconfig =
+        std::env::temp_dir().join(format!("clb-check-{}.kubeconfig", std::process::id()));
+    /// Removes the kubeconfig also when an assertion fails.
+    struct Remove(std::path::PathBuf);
+    impl Drop for Remove {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let _remove = Remove(kubeconfig.clone());
+    api.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+    let kc = kubeconfig.to_str().unwrap();
+    let run = || {
+        let o = check(&["--json", "--nic", lab::NODE_NIC, "--kubeconfig", kc]);
+        let json: Value = serde_json::from_slice(&o.stdout)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&o.stderr)));
+        (o.status.code().unwrap(), json)
+    };
+    let find = |json: &Value, kind: &str| -> Value {
+        json["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["kind"] == kind)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {kind}: {json:#}"))
+    };
+
+    // default/web as the fixture has it: LB ingress 203.0.113.10 (ipMode VIP), port 80.
+    let (code, json) = run();
+    assert_eq!(code, 1, "{json:#}");
+    let api_line = find(&json, "kube_api");
+    assert_eq!(api_line["severity"], "info", "{api_line:#}");
+    assert!(
+        api_line["summary"]
+            .as_str()
+            .unwrap()
+            .contains("1 LB ingress IP"),
+        "{api_line:#}"
+    );
+    let hc = find(&json, "healthcheck_blackhole");
+    assert!(
+        hc["summary"].as_str().unwrap().contains("default/web"),
+        "{hc:#}"
+    );
+    // default/dns shares the LB IP for 53/udp, which the bound VIP does not serve on the node.
+    let unserved = find(&json, "vip_port_unserved");
+    assert_eq!(unserved["severity"], "risk", "{unserved:#}");
+    let summary = unserved["summary"].as_str().unwrap();
+    assert!(
+        summary.contains("53/udp") && !summary.contains("443/tcp"),
+        "{unserved:#}"
+    );
+
+    // The Service declares 443 too, which nothing on the node serves: a named risk.
+    let mut web = fixtures::lab()
+        .into_iter()
+        .find(|o| o["kind"] == "Service" && o["metadata"]["name"] == "web")
+        .expect("web fixture");
+    web["spec"]["ports"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"name": "https", "protocol": "TCP", "port": 443, "targetPort": 8443, "nodePort": 30443}));
+    api.apply(web);
+    let (_, json) = run();
+    let unserved = find(&json, "vip_port_unserved");
+    assert_eq!(unserved["severity"], "risk", "{unserved:#}");
+    assert!(
+        unserved["summary"].as_str().unwrap().contains("443/tcp"),
+        "{unserved:#}"
+    );
+
+    // RBAC denies the list: a warning, and the node side still judged.
+    api.forbid("services", "list");
+    let (code, json) = run();
+    assert_eq!(code, 1, "{json:#}");
+    let api_line = find(&json, "kube_api");
+    assert_eq!(api_line["severity"], "warn", "{api_line:#}");
+    assert!(
+        api_line["evidence"].to_string().contains("403")
+            || api_line["evidence"].to_string().contains("forbidden"),
+        "{api_line:#}"
+    );
+    assert_eq!(find(&json, "healthcheck_blackhole")["severity"], "risk");
+    drop(api);
+    drop(lab);
+}
