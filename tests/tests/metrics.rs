@@ -89,8 +89,22 @@ fn failures_show_in_metrics_and_a_real_prometheus_scrapes_them() {
         (kinds.len() == 3).then_some(())
     });
 
-    let (status, text) = http_get_in(lab::NS_NODE, METRICS, "/metrics").expect("metrics");
-    assert_eq!(status, 200);
+    // The metrics sink subscribes to the same reports as the JSON sink but on its own task: a
+    // scrape right after the JSON line may come first, so wait until the three kinds are counted.
+    let scrape = || {
+        let (status, text) = http_get_in(lab::NS_NODE, METRICS, "/metrics").expect("metrics");
+        assert_eq!(status, 200);
+        text
+    };
+    let text = wait_for(
+        "/metrics counts the three kinds",
+        Duration::from_secs(10),
+        || {
+            let text = scrape();
+            (text.matches("clbprobe_loopback_events_total{").count() >= 3).then_some(text)
+        },
+    )
+    .unwrap_or_else(scrape);
     for needle in [
         "clbprobe_loopback_events_total{kind=\"healthcheck_blackhole\",vip=\"203.0.113.10\",port=\"\"}",
         "clbprobe_loopback_events_total{kind=\"hairpin\",vip=\"203.0.113.10\",port=\"80\"}",
