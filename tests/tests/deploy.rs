@@ -98,21 +98,21 @@ fn the_chart_renders_lints_and_validates_for_every_ci_values_file() {
         return;
     }
     let default = render_and_validate(None);
-    // Off by default: the Prometheus Operator objects, the dashboard, RBAC, the kube flags
-    // (the agent does not have them yet) and the namespace (Helm's --create-namespace).
+    // Off by default: the Prometheus Operator objects, the dashboard, the attribution flag
+    // (`auto` is the agent's own default) and the namespace (Helm's --create-namespace).
     for absent in [
         "kind: PodMonitor",
         "kind: PrometheusRule",
         "grafana_dashboard",
-        "kind: ClusterRole",
         "kind: Namespace",
         "--kube-attribution",
     ] {
         assert!(!default.contains(absent), "{absent} rendered by default");
     }
-    // The agent's own default, explicit (moot without RBAC: no token, no API access).
+    // On by default: RBAC and the token, so events carry names and Events are written.
+    assert!(default.contains("kind: ClusterRole\n"));
     assert!(default.contains("- --kube-events=on"));
-    assert!(default.contains("automountServiceAccountToken: false"));
+    assert!(default.contains("automountServiceAccountToken: true"));
 
     let values = chart::ci_values();
     assert!(values.len() >= 3, "ci/ values files: {values:?}");
