@@ -11,7 +11,7 @@ use anyhow::Context as _;
 use k8s_openapi::api::core::v1::Service;
 use kube::{Api, Client, Config, api::ListParams, config::Kubeconfig};
 
-use super::services::{self, ServiceFacts};
+use crate::kube::index::ServiceFacts;
 
 /// Where to find the API.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -63,6 +63,10 @@ pub fn list_services(access: &ApiAccess) -> anyhow::Result<Vec<ServiceFacts>> {
         .await
         .context("listing Services: no answer within 10 s")?
         .context("listing Services")?;
-        Ok(list.items.iter().map(services::from_api).collect())
+        Ok(list
+            .items
+            .iter()
+            .filter_map(ServiceFacts::from_service)
+            .collect())
     })
 }

@@ -1,47 +1,19 @@
 //! The Service side of `probe check`: what the Kubernetes API says about LoadBalancer
-//! Services, as plain data the rules judge. Filled from the API's Service objects (kube-attr's
-//! Service index, when API access exists); the conversion to [`LbTarget`]s is pure.
+//! Services, as the attribution index's [`ServiceFacts`] (one conversion from the API's
+//! objects for the agent and the check); their conversion to [`LbTarget`]s is pure.
 
-use std::{collections::BTreeMap, net::IpAddr};
+use std::net::IpAddr;
 
 use super::LbTarget;
-use crate::event::Proto;
+use crate::{event::Proto, kube::index::ServiceFacts};
 
-/// Provider annotations that keep an LB from looping back to the node (TKE's prevent-loopback;
-/// Alibaba's hostname annotation publishes a hostname, so kube-proxy binds no IP).
-pub const PREVENT_LOOPBACK_ANNOTATIONS: &[&str] = &[
-    "service.cloud.tencent.com/prevent-loopback",
-    "service.beta.kubernetes.io/alibaba-cloud-loadbalancer-hostname",
-];
-
-/// One Service port.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ServicePort {
-    pub port: u16,
-    pub proto: Proto,
-    pub node_port: Option<u16>,
-}
-
-/// One LoadBalancer ingress of a Service.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LbIngress {
-    pub ip: IpAddr,
-    /// `status.loadBalancer.ingress[].ipMode` (`VIP` or `Proxy`), when set.
-    pub ip_mode: Option<String>,
-}
-
-/// What the rules need of one Service.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ServiceFacts {
-    /// `namespace/name`.
-    pub name: String,
-    pub cluster_ips: Vec<IpAddr>,
-    pub ingress: Vec<LbIngress>,
-    pub ports: Vec<ServicePort>,
-    /// `spec.externalTrafficPolicy: Local`.
-    pub etp_local: bool,
-    pub health_check_node_port: Option<u16>,
-    pub annotations: BTreeMap<String, String>,
+/// A Service port's protocol as the probe follows it (SCTP: not followed).
+fn proto(protocol: &str) -> Option<Proto> {
+    match protocol.to_ascii_uppercase().as_str() {
+        "TCP" => Some(Proto::Tcp),
+        "UDP" => Some(Proto::Udp),
+        _ => None,
+    }
 }
 
 /// The LB targets (one per ingress IP and port) and ClusterIPs of these Services.
@@ -50,30 +22,33 @@ pub fn targets(services: &[ServiceFacts]) -> (Vec<LbTarget>, Vec<IpAddr>) {
     let mut cluster_ips = Vec::new();
     for s in services {
         cluster_ips.extend(s.cluster_ips.iter().copied());
-        let guard: Vec<String> = PREVENT_LOOPBACK_ANNOTATIONS
+        // The provider annotations that keep the LB from looping back, when switched on.
+        let guard: Vec<String> = s
+            .loopback_annotations
             .iter()
-            .filter(|a| {
-                s.annotations
-                    .get(**a)
-                    .is_some_and(|v| !v.is_empty() && v != "false")
-            })
-            .map(|a| a.to_string())
+            .filter(|(_, v)| !v.is_empty() && v.as_str() != "false")
+            .map(|(k, _)| k.clone())
             .collect();
+        let etp_local = s.is_etp_local();
         for ing in &s.ingress {
+            let Some(ip) = ing.ip else { continue };
             for p in &s.ports {
+                let Some(proto) = proto(&p.protocol) else {
+                    continue;
+                };
                 targets.push(LbTarget {
-                    ip: ing.ip,
+                    ip,
                     port: Some(p.port),
-                    proto: p.proto,
-                    service: Some(s.name.clone()),
-                    etp_local: Some(s.etp_local),
+                    proto,
+                    service: Some(s.key()),
+                    etp_local: Some(etp_local),
                     ip_mode_proxy: ing.ip_mode.as_deref() == Some("Proxy"),
                     health_check_node_port: s.health_check_node_port,
                     prevent_loopback: guard.clone(),
                     // kube-proxy (iptables / IPVS) marks pod traffic to a Cluster-policy LB IP
                     // it handles; with ipMode Proxy it writes no rule for the IP at all.
-                    kube_proxy_masquerades: !s.etp_local && ing.ip_mode.as_deref() != Some("Proxy"),
-                    source: format!("service {}", s.name),
+                    kube_proxy_masquerades: !etp_local && ing.ip_mode.as_deref() != Some("Proxy"),
+                    source: format!("service {}", s.key()),
                 });
             }
         }
@@ -97,7 +72,7 @@ pub fn merge(inputs: &mut super::Inputs, services: &[ServiceFacts]) {
     inputs.cluster_ips.dedup();
     let mut lb_ips: Vec<IpAddr> = services
         .iter()
-        .flat_map(|s| s.ingress.iter().map(|i| i.ip))
+        .flat_map(|s| s.ingress.iter().filter_map(|i| i.ip))
         .collect();
     lb_ips.sort();
     lb_ips.dedup();
@@ -105,63 +80,4 @@ pub fn merge(inputs: &mut super::Inputs, services: &[ServiceFacts]) {
         services: services.len(),
         lb_ips: lb_ips.len(),
     };
-}
-
-/// The facts of one API Service (pure). Services without LB ingress IPs still give their
-/// ClusterIPs (which tell a bound ClusterIP from an LB IP on kube-ipvs0).
-pub fn from_api(svc: &k8s_openapi::api::core::v1::Service) -> ServiceFacts {
-    let meta = &svc.metadata;
-    let name = format!(
-        "{}/{}",
-        meta.namespace.as_deref().unwrap_or("default"),
-        meta.name.as_deref().unwrap_or("")
-    );
-    let spec = svc.spec.clone().unwrap_or_default();
-    let ip = |s: &String| s.parse::<IpAddr>().ok();
-    let mut cluster_ips: Vec<IpAddr> = spec.cluster_ips.iter().flatten().filter_map(ip).collect();
-    cluster_ips.extend(spec.cluster_ip.iter().filter_map(ip));
-    cluster_ips.sort();
-    cluster_ips.dedup();
-    let ingress = svc
-        .status
-        .as_ref()
-        .and_then(|s| s.load_balancer.as_ref())
-        .and_then(|lb| lb.ingress.as_ref())
-        .into_iter()
-        .flatten()
-        .filter_map(|i| {
-            Some(LbIngress {
-                ip: i.ip.as_ref().and_then(ip)?,
-                ip_mode: i.ip_mode.clone(),
-            })
-        })
-        .collect();
-    let ports = spec
-        .ports
-        .iter()
-        .flatten()
-        .filter_map(|p| {
-            Some(ServicePort {
-                port: u16::try_from(p.port).ok()?,
-                proto: match p.protocol.as_deref() {
-                    None | Some("TCP") => Proto::Tcp,
-                    Some("UDP") => Proto::Udp,
-                    // SCTP: not a protocol the probe follows.
-                    Some(_) => return None,
-                },
-                node_port: p.node_port.and_then(|n| u16::try_from(n).ok()),
-            })
-        })
-        .collect();
-    ServiceFacts {
-        name,
-        cluster_ips,
-        ingress,
-        ports,
-        etp_local: spec.external_traffic_policy.as_deref() == Some("Local"),
-        health_check_node_port: spec
-            .health_check_node_port
-            .and_then(|n| u16::try_from(n).ok()),
-        annotations: meta.annotations.clone().unwrap_or_default(),
-    }
 }

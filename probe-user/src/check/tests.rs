@@ -4,11 +4,11 @@
 use std::{collections::BTreeMap, net::IpAddr};
 
 use super::{
-    Inputs, KernelView, Kind, NicSysctls, Report, Severity, gather, render, rules,
-    services::{self, LbIngress, ServiceFacts, ServicePort},
+    Inputs, KernelView, Kind, NicSysctls, Report, Severity, gather, render, rules, services,
 };
 use crate::{
     event::Proto,
+    kube::index::{LbIngress, ServiceFacts, ServicePort},
     state::{NodePortEntry, ServiceEntry, ServiceSource, ServiceTable, addrs::Prefix},
 };
 
@@ -224,31 +224,33 @@ fn each_node_state_yields_its_risks_and_only_those() {
 
 #[test]
 fn the_api_names_services_and_their_settings() {
-    let web = |etp_local: bool, ip_mode: Option<&str>, annotations: &[(&str, &str)]| ServiceFacts {
-        name: "shop/web".into(),
-        cluster_ips: vec![ip("198.18.100.10")],
-        ingress: vec![LbIngress {
-            ip: ip(VIP),
-            ip_mode: ip_mode.map(Into::into),
-        }],
-        ports: vec![
-            ServicePort {
-                port: 80,
-                proto: Proto::Tcp,
-                node_port: Some(30080),
-            },
-            ServicePort {
-                port: 443,
-                proto: Proto::Tcp,
-                node_port: Some(30443),
-            },
-        ],
-        etp_local,
-        health_check_node_port: etp_local.then_some(32000),
-        annotations: annotations
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
+    let web = |etp_local: bool, ip_mode: Option<&str>, annotations: &[(&str, &str)]| {
+        let port = |port: u16, node_port: u16| ServicePort {
+            name: None,
+            protocol: "TCP".into(),
+            port,
+            node_port: Some(node_port),
+        };
+        ServiceFacts {
+            namespace: "shop".into(),
+            name: "web".into(),
+            service_type: "LoadBalancer".into(),
+            cluster_ips: vec![ip("198.18.100.10")],
+            external_ips: vec![],
+            ingress: vec![LbIngress {
+                ip: Some(ip(VIP)),
+                hostname: None,
+                ip_mode: ip_mode.map(Into::into),
+            }],
+            ports: vec![port(80, 30080), port(443, 30443)],
+            external_traffic_policy: Some(if etp_local { "Local" } else { "Cluster" }.into()),
+            health_check_node_port: etp_local.then_some(32000),
+            loopback_annotations: annotations
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            endpoints: vec![],
+        }
     };
     // Bound, 443 declared but not served: a certain vip_port_unserved, named.
     let mut i = masquerade(lab());
@@ -381,33 +383,34 @@ const SERVICE_WEB: &str = include_str!("../../../xtask/src/kubeapi/fixtures/serv
 #[test]
 fn api_services_become_facts() {
     let svc: k8s_openapi::api::core::v1::Service = serde_json::from_str(SERVICE_WEB).unwrap();
-    let facts = services::from_api(&svc);
-    assert_eq!(facts.name, "default/web");
+    let facts = ServiceFacts::from_service(&svc).unwrap();
+    assert_eq!(facts.key(), "default/web");
     assert_eq!(facts.cluster_ips, [ip("198.18.100.10")]);
     assert_eq!(
         facts.ingress,
         [LbIngress {
-            ip: ip(VIP),
+            ip: Some(ip(VIP)),
+            hostname: None,
             ip_mode: Some("VIP".into())
         }]
     );
     assert_eq!(
-        facts.ports,
-        [ServicePort {
-            port: 80,
-            proto: Proto::Tcp,
-            node_port: Some(30080)
-        }]
+        (
+            facts.ports.len(),
+            facts.ports[0].port,
+            facts.ports[0].node_port
+        ),
+        (1, 80, Some(30080))
     );
-    assert!(!facts.etp_local);
+    assert!(!facts.is_etp_local());
     // ETP Local with a health-check NodePort, ipMode Proxy, TKE's prevent-loopback.
     let mut v: serde_json::Value = serde_json::from_str(SERVICE_WEB).unwrap();
     v["spec"]["externalTrafficPolicy"] = "Local".into();
     v["spec"]["healthCheckNodePort"] = 32000.into();
     v["status"]["loadBalancer"]["ingress"][0]["ipMode"] = "Proxy".into();
     v["metadata"]["annotations"]["service.cloud.tencent.com/prevent-loopback"] = "true".into();
-    let facts = services::from_api(&serde_json::from_value(v).unwrap());
-    assert!(facts.etp_local);
+    let facts = ServiceFacts::from_service(&serde_json::from_value(v).unwrap()).unwrap();
+    assert!(facts.is_etp_local());
     assert_eq!(facts.health_check_node_port, Some(32000));
     let (targets, _) = services::targets(&[facts]);
     assert_eq!(targets.len(), 1);

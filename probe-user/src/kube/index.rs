@@ -277,6 +277,14 @@ impl Index {
     }
 }
 
+impl ServiceFacts {
+    /// The facts of one API Service, without endpoints (`probe check` lists Services once and
+    /// needs no EndpointSlices); None without a namespace or name.
+    pub fn from_service(service: &Service) -> Option<ServiceFacts> {
+        facts(service, &mut HashMap::new())
+    }
+}
+
 fn facts(
     service: &Service,
     endpoints: &mut HashMap<(String, String), Vec<IpAddr>>,
