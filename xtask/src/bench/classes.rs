@@ -139,7 +139,12 @@ pub(crate) fn classes(
                 .with_context(|| format!("the agent has no program {name} loaded"))
         };
         for (i, case) in cases.iter().enumerate() {
-            alone[i].push(test_run(id_of(case.program)?, &case.frame, repeat, work)?);
+            alone[i].push(tools::test_run_prog(
+                &["id", &id_of(case.program)?.to_string()],
+                &case.frame,
+                repeat,
+                work,
+            )?);
         }
         for (i, case) in cases.iter().enumerate() {
             let id = id_of(case.program)?;
@@ -269,28 +274,6 @@ fn with_stats(f: impl FnOnce() -> Result<()>, id: u64) -> Result<(u64, u64)> {
     r?;
     let ((t0, c0), (t1, c1)) = (before?, after?);
     Ok((t1 - t0, c1 - c0))
-}
-
-/// Average ns per run of program `id` over `repeat` test runs of `frame`.
-fn test_run(id: u64, frame: &[u8], repeat: u32, dir: &Path) -> Result<f64> {
-    let input = dir.join("class.frame");
-    std::fs::write(&input, frame)?;
-    let out = crate::lab::cmd::run(&[
-        "bpftool",
-        "prog",
-        "run",
-        "id",
-        &id.to_string(),
-        "data_in",
-        &input.display().to_string(),
-        "repeat",
-        &repeat.to_string(),
-    ])?;
-    // "Return value: 0, duration (average): 45ns"
-    out.split("duration (average):")
-        .nth(1)
-        .and_then(|r| r.trim().trim_end_matches("ns").trim().parse::<f64>().ok())
-        .with_context(|| format!("no duration in bpftool prog run output: {out}"))
 }
 
 /// One iperf3 stream between the sender and the node for `window`; `reverse`: the node sends.

@@ -559,14 +559,19 @@ pub fn prog_stats() -> Result<Vec<(String, u64, u64)>> {
 /// BPF_PROG_TEST_RUN (`bpftool prog run`): the program alone, on its live maps, without the
 /// rest of the stack or the clock reads bpf_stats adds.
 pub fn test_run(name: &str, frame: &[u8], repeat: u32, dir: &Path) -> Result<f64> {
-    let input = dir.join(format!("{name}.frame"));
+    test_run_prog(&["name", name], frame, repeat, dir)
+}
+
+/// [`test_run`] of the program `prog` names to bpftool (`["name", n]` or `["id", n]`).
+pub fn test_run_prog(prog: &[&str; 2], frame: &[u8], repeat: u32, dir: &Path) -> Result<f64> {
+    let input = dir.join(format!("{}.frame", prog[1]));
     std::fs::write(&input, frame)?;
     let out = crate::lab::cmd::run(&[
         "bpftool",
         "prog",
         "run",
-        "name",
-        name,
+        prog[0],
+        prog[1],
         "data_in",
         &input.display().to_string(),
         "repeat",
