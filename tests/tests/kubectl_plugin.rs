@@ -283,17 +283,24 @@ fn set_executable(p: &Path) {
 #[test]
 fn the_krew_manifest_template_has_the_required_fields() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/krew/clb-probe.yaml");
-    let out = Command::new("python3")
+    // Setup's venv has PyYAML (yamllint's dependency): no reliance on the host's python3.
+    if !xtask::setup::venv_has_module("yaml") {
+        eprintln!("skip: setup's venv (PyYAML) is missing: run cargo xtask setup");
+        return;
+    }
+    let out = Command::new(xtask::setup::venv_bin("python3"))
         .args([
             "-c",
             "import json, sys, yaml; print(json.dumps(yaml.safe_load(open(sys.argv[1]))))",
         ])
         .arg(&path)
         .output();
-    let Some(out) = out.ok().filter(|o| o.status.success()) else {
-        eprintln!("skip: python3 with PyYAML not available");
-        return;
-    };
+    let out = out.expect("running setup's venv python3");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let m: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(
         m["apiVersion"],
