@@ -178,9 +178,14 @@ fn parse_pod_cidr(s: &str) -> Result<Prefix, String> {
     }
 }
 
+/// `info`, without the kube client's ERROR line per failed request: while the API is
+/// unreachable the reflectors retry with backoff and each retry would log; the agent's watcher
+/// says it once (`Kubernetes API not usable`) and `clbprobe_kube_connected` shows the state.
+const DEFAULT_LOG_FILTER: &str = "info,kube_client::client::builder=off";
+
 fn init_logging(format: LogFormat, ebpf_log: bool) {
     let mut filter = tracing_subscriber::EnvFilter::try_from_env("CLB_PROBE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER));
     if ebpf_log {
         // The programs' aya-log lines carry the eBPF crate's target (`probe`).
         filter = filter.add_directive("probe=debug".parse().expect("static directive"));
