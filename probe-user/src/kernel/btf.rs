@@ -4,7 +4,7 @@
 
 use std::{collections::BTreeMap, path::Path};
 
-use btf_rs::{Btf, Type};
+use btf_rs::{Backend, Btf, Type};
 use probe_common::KernelOffsets;
 
 use super::KernelError;
@@ -86,10 +86,7 @@ impl KernelBtf {
                 path: path.display().to_string(),
             });
         }
-        let btf = Btf::from_file(path).map_err(|e| KernelError::Btf {
-            what: format!("parsing {}", path.display()),
-            detail: e.to_string(),
-        })?;
+        let btf = open_btf(path)?;
         let off = |ty: &str, path: &[&str]| -> Result<u32, KernelError> {
             member_offset(&btf, ty, path).ok_or_else(|| KernelError::Btf {
                 what: format!("finding {ty}.{}", path.join(".")),
@@ -112,6 +109,41 @@ impl KernelBtf {
             kfree_skb_args: tracepoint_args(&btf, "kfree_skb"),
         })
     }
+}
+
+/// Opens `path` without parsing all of it: btf-rs's mmap backend walks the type section once
+/// and looks names up on demand, so the few look-ups here take a few milliseconds, where its
+/// default backend's full parse (every name hashed) took 226 of the 339 ms to ready
+/// (BENCHMARKS.md, footprint). Older kernels cannot map `/sys/kernel/btf/vmlinux` (kernfs
+/// refuses): the file is then copied into a memfd and that is mapped; nothing is left behind,
+/// the memfd goes with its last reference.
+fn open_btf(path: &Path) -> Result<Btf, KernelError> {
+    let err = |e: &dyn std::fmt::Display| KernelError::Btf {
+        what: format!("parsing {}", path.display()),
+        detail: e.to_string(),
+    };
+    if let Ok(btf) = Btf::from_file_with_backend(path, Backend::Mmap) {
+        return Ok(btf);
+    }
+    let bytes = std::fs::read(path).map_err(|e| err(&e))?;
+    let copy = memfd_with(&bytes).map_err(|e| err(&format!("copying it to a memfd: {e}")))?;
+    let via = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&copy));
+    Btf::from_file_with_backend(&via, Backend::Mmap).map_err(|e| err(&e))
+}
+
+/// An anonymous in-memory file holding `bytes`.
+fn memfd_with(bytes: &[u8]) -> std::io::Result<std::fs::File> {
+    use std::{io::Write as _, os::fd::FromRawFd as _};
+
+    // SAFETY: a NUL-terminated name and valid flags; the returned descriptor is checked and
+    // then owned by the File.
+    let fd = unsafe { libc::memfd_create(c"clb-probe-btf".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut file = unsafe { std::fs::File::from_raw_fd(fd) };
+    file.write_all(bytes)?;
+    Ok(file)
 }
 
 /// Number of arguments a tracepoint passes its programs: the parameters of its
@@ -232,6 +264,26 @@ mod tests {
         // 6.18: (skb, location, reason, rx_sk).
         assert!(k.kfree_skb_args.is_some_and(|n| n >= 3), "{k:?}");
         assert!(k.kfree_skb_has_reason());
+    }
+
+    /// The memfd copy (the path older kernels take) reads the same facts as the direct map.
+    #[test]
+    fn memfd_copy_reads_the_same_btf() {
+        if !Path::new(VMLINUX_BTF).exists() {
+            eprintln!("skipping: no {VMLINUX_BTF}");
+            return;
+        }
+        let direct = KernelBtf::load().expect("BTF");
+        let bytes = std::fs::read(VMLINUX_BTF).expect("reading BTF");
+        let copy = memfd_with(&bytes).expect("memfd");
+        let via = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&copy));
+        let copied = KernelBtf::from_file(Path::new(&via)).expect("BTF from the memfd");
+        assert_eq!(
+            format!("{:?}", direct.offsets),
+            format!("{:?}", copied.offsets)
+        );
+        assert_eq!(direct.drop_reasons.len(), copied.drop_reasons.len());
+        assert_eq!(direct.kfree_skb_args, copied.kfree_skb_args);
     }
 
     #[test]
