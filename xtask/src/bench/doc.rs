@@ -322,4 +322,21 @@ mod tests {
         );
         assert!(doc.contains("## Notes\n\n```\n## not a heading\n```\n\n## 3. Flood"));
     }
+
+    #[test]
+    fn the_repository_file_is_in_this_shape() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../BENCHMARKS.md");
+        let text = std::fs::read_to_string(path).expect("BENCHMARKS.md");
+        // A run that measured nothing rewrites it byte for byte...
+        assert_eq!(splice(&text, &[], &[]), text);
+        // ...and every part's section is there, marked, once.
+        let (_, blocks) = blocks(&text);
+        for key in ["summary", "1", "1b", "2", "3", "4", "5", "6", "7", "8"] {
+            let n = blocks
+                .iter()
+                .filter(|b| b.key.as_deref() == Some(key))
+                .count();
+            assert_eq!(n, 1, "section {key}");
+        }
+    }
 }
