@@ -224,7 +224,7 @@ fn suites(args: &TestArgs, root: &std::path::Path, totals: &mut Totals) -> anyho
     } else {
         // Keeps `cargo xtask bench` working (trafgen, iperf3, tcpdump, bpftool prog run, the
         // flood, the latency run) without asserting on any figure: benchmarks report, tests
-        // assert. Written to target/bench-quick.md.
+        // assert. Spliced into target/bench-quick.md.
         eprintln!("test: benchmark smoke run (cargo xtask bench --quick)");
         let quick = crate::bench::BenchArgs {
             rounds: 1,

@@ -228,7 +228,7 @@ fn table(args: &BenchArgs, agents: &[(String, PathBuf)], figures: &[Figures]) ->
     let mut header = vec!["measure"];
     header.extend(agents.iter().map(|(name, _)| name.as_str()));
     let mut t = Table::new(
-        "Detection latency and the flood's cost (`--detect`)",
+        "8. Detection latency and the flood's cost (`--detect`)",
         &header,
     );
     t.note = format!(

@@ -28,21 +28,27 @@
 //!    idle RSS, each map's memory; peak RSS under the flood.
 //! 6. **Traffic classes** ([`classes`]): ns per ordinary packet by class, test run and live.
 //!
-//! `--only ratio,footprint` runs some parts (written to target/bench-partial.md by default);
-//! `CLB_BENCH_PROBE=<path>` benches a prebuilt agent (e.g. the previous commit's, for a
-//! before/after). Runs share fixed namespace names: one bench at a time on a machine (wrap it
-//! in `flock /run/clb-bench.lock` where several people bench).
+//! The output is spliced section by section ([`doc`]): a run replaces the sections of the parts
+//! it ran (each under a line saying when, with what command, at which commit and on what
+//! machine) and their summary lines, and keeps every other section of `BENCHMARKS.md` as it is.
+//! `--only ratio,footprint` runs some parts; `CLB_BENCH_PROBE=<path>` benches a prebuilt agent (e.g. the previous commit's, for a
+//! before/after). Runs share fixed namespace names: one bench at a time on a machine, so a run
+//! takes `/run/clb-bench.lock` (flock, non-blocking) first and fails at once when another
+//! holds it.
 //!
 //! No figure is asserted on: benchmarks report, tests assert. `--quick` is a smoke run of a
-//! few seconds per part (it writes `target/bench-quick.md` unless `--out` says otherwise).
+//! few seconds per part (spliced into `target/bench-quick.md` unless `--out` says otherwise).
 
 mod classes;
 pub(crate) mod detect;
+mod doc;
 pub(crate) mod footprint;
+mod lock;
 pub(crate) mod net;
 pub(crate) mod ratio;
 pub mod report;
 pub mod storm;
+mod tcx;
 pub(crate) mod tools;
 
 use std::{
@@ -81,22 +87,22 @@ pub struct BenchArgs {
     /// Agent starts timed for the footprint (startup, idle RSS).
     #[arg(long, default_value_t = 5)]
     pub starts: usize,
-    /// Run only these parts (default: all); a partial run writes target/bench-partial.md
-    /// unless --out says otherwise.
+    /// Run only these parts (default: all); their sections of the output are replaced, the
+    /// others kept.
     #[arg(long, value_enum, value_delimiter = ',')]
     pub only: Vec<Part>,
     /// A smoke run: one round, one-second windows, a 3 s flood, 20 latency events.
     #[arg(long)]
     pub quick: bool,
-    /// Only section 7, correlation at scale (no namespaces, no agent): written to
-    /// target/bench-storm.md unless --out says otherwise.
+    /// Only section 7, correlation at scale (no namespaces, no agent).
     #[arg(long)]
     pub storm_only: bool,
-    /// Where the Markdown goes (default: BENCHMARKS.md, or target/bench-quick.md with --quick).
+    /// The Markdown file whose sections this run replaces (default: BENCHMARKS.md, or
+    /// target/bench-quick.md with --quick).
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// Only detection latency and the flood's cost, repeated `--rounds` times (see
-    /// `detect.rs`); written to target/bench-detect.md unless `--out` says otherwise.
+    /// `detect.rs`): section 8.
     #[arg(long)]
     pub detect: bool,
     /// With `--detect`: another agent binary measured in alternating rounds (before/after).
@@ -152,16 +158,20 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     if !crate::lab::is_root() {
         bail!("cargo xtask bench needs root (namespaces, eBPF, bpf_stats): run it with sudo");
     }
+    let _lock = lock::take()?;
     let root = crate::vm::workspace_root();
+    let measured = measured_line(&args, &root);
+    // Each part's summary lines, tagged with its first table's section when it returns.
+    let mut rows: Vec<(String, String, String)> = Vec::new();
+    let tag = |rows: &mut Vec<_>, summary: &mut Vec<(String, String)>, t: &Table| {
+        let key = doc::section_key(&t.title).unwrap_or_default();
+        rows.extend(summary.drain(..).map(|(w, f)| (key.clone(), w, f)));
+    };
     if args.storm_only {
-        let table = storm::correlation_at_scale(&root, args.quick, &mut Vec::new())?;
-        let out = args
-            .out
-            .clone()
-            .unwrap_or(root.join("target/bench-storm.md"));
-        std::fs::write(&out, table.markdown())?;
-        println!("{}", table.markdown());
-        return Ok(());
+        let mut summary = Vec::new();
+        let table = storm::correlation_at_scale(&root, args.quick, &mut summary)?;
+        tag(&mut rows, &mut summary, &table);
+        return write(&args, &root, &measured, &[table], &rows);
     }
     // trafgen, iperf3, tcpdump, bpftool: setup's packages; installs what is missing.
     crate::setup::ensure()?;
@@ -185,6 +195,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let (mut startups, mut idle_rss) = (Vec::new(), Vec::new());
         if args.runs(Part::Datapath) {
             let (overhead, cost, s, r) = datapath(&args, &net, &probe, &work, &mut summary)?;
+            tag(&mut rows, &mut summary, &overhead);
             tables.push(overhead);
             tables.push(cost);
             (startups, idle_rss) = (s, r);
@@ -202,24 +213,29 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 METRICS_PORT,
                 &mut summary,
             )?);
+            tag(&mut rows, &mut summary, &tables[tables.len() - 1]);
         }
         let mut peak_rss = Vec::new();
         if args.runs(Part::Flood) {
             let flood = flood(&args, &net, &probe, &work, &mut summary)?;
+            tag(&mut rows, &mut summary, &flood.table);
             tables.push(flood.table);
             peak_rss = flood.peak_rss_mib;
         }
         if args.runs(Part::Latency) {
             tables.push(latency(&args, &probe, &work, &mut summary)?);
+            tag(&mut rows, &mut summary, &tables[tables.len() - 1]);
         }
         if args.runs(Part::Footprint) {
             let mut starts = footprint::starts(args.starts, &probe, &work, METRICS_PORT)?;
             starts.startup_ms.extend(startups);
             starts.idle_rss_mib.extend(idle_rss);
             tables.push(footprint::table(&starts, &peak_rss, &mut summary));
+            tag(&mut rows, &mut summary, &tables[tables.len() - 1]);
         }
         if args.runs(Part::Classes) {
             tables.push(classes::classes(&args, &net, &probe, &work, &mut summary)?);
+            tag(&mut rows, &mut summary, &tables[tables.len() - 1]);
         }
         if args.runs(Part::Storm) {
             tables.push(storm::correlation_at_scale(
@@ -227,33 +243,51 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 args.quick,
                 &mut summary,
             )?);
+            tag(&mut rows, &mut summary, &tables[tables.len() - 1]);
         }
-        let mut head = Table::new("Summary", &["what", "figure"]);
-        head.note = "Each line from the tables below; \"target\" is the issue's.".to_string();
-        for (what, figure) in summary {
-            head.row(vec![what, figure]);
-        }
-        tables.insert(0, head);
         Ok(tables)
     })();
     let _ = write_sysctl("kernel.bpf_stats_enabled", &stats_before);
     let tables = result?;
+    write(&args, &root, &measured, &tables, &rows)
+}
 
-    let doc = document(&args, &tables);
-    println!("{doc}");
+/// Splices the sections of `tables` and their summary `rows` into the output file (see
+/// [`doc`]): BENCHMARKS.md, or target/bench-quick.md for a smoke run, or `--out`.
+fn write(
+    args: &BenchArgs,
+    root: &Path,
+    measured: &str,
+    tables: &[Table],
+    rows: &[(String, String, String)],
+) -> Result<()> {
+    let sections: Vec<doc::Section> = tables.iter().map(|t| doc::section(t, measured)).collect();
+    for s in &sections {
+        println!("{}\n", s.markdown);
+    }
+    for (k, w, f) in rows {
+        println!("summary ({k}): {w}: {f}");
+    }
     let out = args.out.clone().unwrap_or_else(|| {
-        if args.detect {
-            root.join("target/bench-detect.md")
-        } else if !args.only.is_empty() {
-            root.join("target/bench-partial.md")
-        } else if args.quick {
+        if args.quick {
             root.join("target/bench-quick.md")
         } else {
             root.join("BENCHMARKS.md")
         }
     });
-    std::fs::write(&out, &doc).with_context(|| format!("writing {}", out.display()))?;
-    eprintln!("bench: written to {}", out.display());
+    let old = match std::fs::read_to_string(&out) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", out.display())),
+    };
+    let text = doc::splice(&old, &sections, rows);
+    std::fs::write(&out, text).with_context(|| format!("writing {}", out.display()))?;
+    let keys: Vec<&str> = sections.iter().map(|s| s.key.as_str()).collect();
+    eprintln!(
+        "bench: section(s) {} written to {} (the rest of it kept)",
+        keys.join(", "),
+        out.display()
+    );
     Ok(())
 }
 
@@ -288,8 +322,15 @@ fn write_sysctl(key: &str, value: &str) -> Result<()> {
     crate::lab::cmd::run(&["sysctl", "-q", "-w", &format!("{key}={value}")]).map(drop)
 }
 
-fn document(args: &BenchArgs, tables: &[Table]) -> String {
-    let kernel = crate::lab::cmd::run(&["uname", "-r"]).unwrap_or_default();
+/// The line under each section this run writes: when, with what command, on what machine.
+fn measured_line(args: &BenchArgs, root: &Path) -> String {
+    let run = |argv: &[&str]| {
+        crate::lab::cmd::run(argv)
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    };
+    let kernel = run(&["uname", "-r"]);
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|c| {
@@ -300,28 +341,42 @@ fn document(args: &BenchArgs, tables: &[Table]) -> String {
         })
         .unwrap_or_else(|| "unknown".into());
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let date = crate::lab::cmd::run(&["date", "-u", "+%Y-%m-%d %H:%M UTC"]).unwrap_or_default();
-    let mut s = String::from(
-        "# clb-probe benchmarks\n\n\
-         Written by `sudo cargo xtask bench` (see `xtask/src/bench/mod.rs` for what each part\n\
-         does). Every ratio is measured against its baseline in the same run, one round at a\n\
-         time; figures are median (min–max, n = samples).\n\n",
-    );
-    s.push_str(&format!(
-        "- kernel: {}\n- CPU: {cpu} ({cpus} CPUs)\n- date: {}\n- rounds: {}, window: {} s, flood: {} s, latency events: {}{}\n\n",
-        kernel.trim(),
-        date.trim(),
-        args.rounds,
-        args.secs,
-        args.flood_secs,
-        args.latency_events,
-        if args.quick { " (--quick smoke run: figures are indicative only)" } else { "" },
-    ));
-    for t in tables {
-        s.push_str(&t.markdown());
-        s.push('\n');
-    }
-    s
+    let date = run(&["date", "-u", "+%Y-%m-%d %H:%M UTC"]);
+    let load = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_string))
+        .unwrap_or_else(|| "?".into());
+    let root = root.display().to_string();
+    let commit = run(&["git", "-C", &root, "rev-parse", "--short", "HEAD"]);
+    let dirty = !run(&[
+        "git",
+        "-C",
+        &root,
+        "status",
+        "--porcelain",
+        "--untracked-files=no",
+    ])
+    .is_empty();
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let command = if argv.first().is_some_and(|a| a == "bench") {
+        format!("cargo xtask {}", argv.join(" "))
+    } else {
+        "cargo xtask bench --quick (from cargo xtask test)".to_string()
+    };
+    let agent = std::env::var("CLB_BENCH_PROBE")
+        .map(|p| format!(", agent CLB_BENCH_PROBE={p}"))
+        .unwrap_or_default();
+    format!(
+        "_Measured {date} by `{command}` at {commit}{dirty}{agent}: kernel {kernel}, {cpu} \
+         ({cpus} CPUs), load average {load} at the start{quick}._",
+        commit = if commit.is_empty() { "?" } else { &commit },
+        dirty = if dirty { " (with local changes)" } else { "" },
+        quick = if args.quick {
+            " (--quick smoke run: figures are indicative only)"
+        } else {
+            ""
+        },
+    )
 }
 
 /// Packets/s into the sink over one window, with `trafgen` sending `config`.

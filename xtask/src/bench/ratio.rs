@@ -23,16 +23,16 @@
 //!   cancels most of it; the median of many ratios and its bootstrap interval say how well.
 
 use std::{
-    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
     path::Path,
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result};
 
 use super::{
     net::{self, BenchNet},
     report::{Table, median, spread},
+    tcx::Toggle,
     tools::{self, Agent, pause},
 };
 
@@ -177,159 +177,6 @@ fn cycle_order(i: usize) -> [Arm; 3] {
         o.reverse();
     }
     o
-}
-
-// bpf(2) commands and tcx attach types (linux/bpf.h; the build host's headers predate tcx).
-const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
-const BPF_LINK_CREATE: libc::c_long = 28;
-const BPF_LINK_GET_FD_BY_ID: libc::c_long = 30;
-const BPF_LINK_DETACH: libc::c_long = 34;
-
-fn bpf(cmd: libc::c_long, attr: &mut [u32; 16]) -> std::io::Result<OwnedFd> {
-    // SAFETY: a zero-initialised bpf_attr of 64 bytes; the kernel reads only what `cmd` uses.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd,
-            attr.as_mut_ptr(),
-            std::mem::size_of_val(attr) as u32,
-        )
-    };
-    if rc < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: every command used here returns a new descriptor we own.
-    Ok(unsafe { OwnedFd::from_raw_fd(rc as i32) })
-}
-
-/// A tcx link of the agent, as its fdinfo describes it.
-#[derive(Debug, Clone, Copy)]
-struct TcxLink {
-    link_id: u32,
-    prog_id: u32,
-    ifindex: u32,
-    attach_type: u32,
-}
-
-/// The tcx links the agent process `pid` holds (from /proc/<pid>/fdinfo: exactly this agent's,
-/// whatever other agents run on the machine).
-fn agent_tcx_links(pid: i32) -> Result<Vec<TcxLink>> {
-    let mut links = Vec::new();
-    for entry in std::fs::read_dir(format!("/proc/{pid}/fdinfo"))? {
-        let Ok(text) = std::fs::read_to_string(entry?.path()) else {
-            continue;
-        };
-        let field = |key: &str| {
-            text.lines()
-                .find_map(|l| l.strip_prefix(key))
-                .and_then(|v| v.split_whitespace().next())
-                .and_then(|v| v.parse::<u32>().ok())
-        };
-        let is_tcx = text
-            .lines()
-            .any(|l| l.starts_with("link_type:") && l.contains("tcx"));
-        if let (true, Some(link_id), Some(prog_id), Some(ifindex), Some(attach_type)) = (
-            is_tcx,
-            field("link_id:"),
-            field("prog_id:"),
-            field("ifindex:"),
-            field("attach_type:"),
-        ) {
-            links.push(TcxLink {
-                link_id,
-                prog_id,
-                ifindex,
-                attach_type,
-            });
-        }
-    }
-    Ok(links)
-}
-
-/// The agent's programs on the NIC, switched on and off by the bench: created as tcx links
-/// of the bench (closing the descriptor detaches, also when the bench dies).
-struct Toggle {
-    /// (program fd, ifindex, attach type) of each hook.
-    progs: Vec<(OwnedFd, u32, u32)>,
-    links: Vec<OwnedFd>,
-}
-
-impl Toggle {
-    /// Takes over the agent's tcx links: the same programs on the same hooks, from now on
-    /// attached by us.
-    fn take_over(agent_pid: i32) -> Result<Toggle> {
-        let found = agent_tcx_links(agent_pid)?;
-        // Every interface it attached to (the NIC, and the VIP interface): "nothing" means
-        // none of its classifiers anywhere.
-        if found.is_empty() {
-            bail!("the agent holds no tcx link: the paired ratio needs tcx (kernel >= 6.6)");
-        }
-        let mut progs = Vec::new();
-        for l in found {
-            let mut attr = [0u32; 16];
-            attr[0] = l.prog_id;
-            let prog = bpf(BPF_PROG_GET_FD_BY_ID, &mut attr)
-                .with_context(|| format!("program id {}", l.prog_id))?;
-            let mut attr = [0u32; 16];
-            attr[0] = l.link_id;
-            let link = bpf(BPF_LINK_GET_FD_BY_ID, &mut attr)
-                .with_context(|| format!("link id {}", l.link_id))?;
-            let mut attr = [0u32; 16];
-            attr[0] = link.as_raw_fd() as u32;
-            bpf_plain(BPF_LINK_DETACH, &mut attr)
-                .with_context(|| format!("detaching the agent's link {}", l.link_id))?;
-            progs.push((prog, l.ifindex, l.attach_type));
-        }
-        Ok(Toggle {
-            progs,
-            links: Vec::new(),
-        })
-    }
-
-    fn on(&mut self) -> Result<()> {
-        if !self.links.is_empty() {
-            return Ok(());
-        }
-        let specs: Vec<(i32, u32, u32)> = self
-            .progs
-            .iter()
-            .map(|(fd, i, t)| (fd.as_raw_fd(), *i, *t))
-            .collect();
-        // The ifindex is the node namespace's: create the links from a thread inside it.
-        self.links = crate::lab::in_netns(net::NS_NODE, move || {
-            specs
-                .iter()
-                .map(|&(prog, ifindex, attach_type)| {
-                    let mut attr = [0u32; 16];
-                    (attr[0], attr[1], attr[2]) = (prog as u32, ifindex, attach_type);
-                    bpf(BPF_LINK_CREATE, &mut attr).context("tcx link create")
-                })
-                .collect::<Result<Vec<_>>>()
-        })?;
-        Ok(())
-    }
-
-    fn off(&mut self) {
-        self.links.clear();
-    }
-}
-
-/// bpf(2) commands that return 0 on success must not be wrapped as a descriptor.
-fn bpf_plain(cmd: libc::c_long, attr: &mut [u32; 16]) -> std::io::Result<()> {
-    // SAFETY: as in `bpf`.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd,
-            attr.as_mut_ptr(),
-            std::mem::size_of_val(attr) as u32,
-        )
-    };
-    if rc < 0 {
-        Err(std::io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
 }
 
 /// Received packets of `dev` in the network namespace of process `pid` (/proc/<pid>/net/dev).
