@@ -4,7 +4,8 @@
 //! index, created here as LRU hashes with the agent's sizes), then:
 //! - per-suspect egress match time: the keyed look-up the agent answers with
 //!   ([`EgressTable::by_source_and_keys`]: the source's index plus the exact look-up of the
-//!   suspect's own flow key, here its oldest flow, beyond the index, so both are paid) against
+//!   suspect's own flow key, here its oldest flow, beyond the index: both are paid, whether
+//!   the LRU kept that flow or not) against
 //!   the walk of the whole table it replaced ([`EgressTable::by_source_walk`]);
 //! - a hairpin storm: a sender thread plays the kernel (records each pod's new egress flow in
 //!   the map, then sends its hairpin `Suspect` and the `Drop` of the same 5-tuple into a
@@ -39,7 +40,8 @@ const SOURCES: u32 = 8192;
 const QUEUE: usize = 4096;
 const NODE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 10);
 const LB: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 80);
-/// Every pod's first flow in the filled table (the index holds its latest 16 only).
+/// Every pod's first flow in the filled table (the index holds its latest 16 only; a full
+/// LRU may already have evicted some).
 const OLDEST_PORT: u16 = 10_000;
 
 fn arg<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -181,7 +183,7 @@ fn main() {
                 } else {
                     table.by_source_walk(src, nic)
                 };
-                assert!(records.iter().any(|r| r.sport == OLDEST_PORT), "{src}");
+                assert!(!records.is_empty());
                 start.elapsed().as_secs_f64() * 1e6
             })
             .collect()
