@@ -2,7 +2,10 @@
 //!
 //! A full 65,536-entry egress table in real kernel maps (`EGRESS_FLOWS` and its per-source
 //! index, created here as LRU hashes with the agent's sizes), then:
-//! - per-suspect egress match time: the keyed look-up ([`EgressTable::by_source`]) against
+//! - per-suspect egress match time: the keyed look-up the agent answers with
+//!   ([`EgressTable::by_source_and_keys`]: the source's index plus the exact look-up of the
+//!   suspect's own flow key, here its oldest flow, beyond the index: both are paid, whether
+//!   the LRU kept that flow or not) against
 //!   the walk of the whole table it replaced ([`EgressTable::by_source_walk`]);
 //! - a hairpin storm: a sender thread plays the kernel (records each pod's new egress flow in
 //!   the map, then sends its hairpin `Suspect` and the `Drop` of the same 5-tuple into a
@@ -37,6 +40,9 @@ const SOURCES: u32 = 8192;
 const QUEUE: usize = 4096;
 const NODE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 10);
 const LB: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 80);
+/// Every pod's first flow in the filled table (the index holds its latest 16 only; a full
+/// LRU may already have evicted some).
+const OLDEST_PORT: u16 = 10_000;
 
 fn arg<T: std::str::FromStr>(name: &str, default: T) -> T {
     let args: Vec<String> = std::env::args().collect();
@@ -161,7 +167,7 @@ fn main() {
     for i in 0..TABLE {
         let src = pod(i % pods);
         table
-            .record(key(src, 10_000 + (i / pods) as u16), value(t0))
+            .record(key(src, OLDEST_PORT + (i / pods) as u16), value(t0))
             .expect("filling the table");
     }
     let nic = |_: u32| "eth0".to_string();
@@ -173,7 +179,7 @@ fn main() {
                 let src = pod((i as u32 * 7) % pods);
                 let start = Instant::now();
                 let records = if keyed {
-                    table.by_source(src, nic)
+                    table.by_source_and_keys(src, [(OLDEST_PORT, Proto::Tcp)], nic)
                 } else {
                     table.by_source_walk(src, nic)
                 };
@@ -266,11 +272,12 @@ fn main() {
                     reports += 1;
                     hairpins += u64::from(r.event.kind == LoopbackKind::Hairpin);
                 }
-                Output::Query(Query::Egress { id, src }) => {
+                Output::Query(Query::Egress { id, src, keys }) => {
                     let records = if walk {
                         table.by_source_walk(src, nic)
                     } else {
-                        table.by_source(src, nic)
+                        let keys = keys.iter().map(|k| (k.sport, k.proto));
+                        table.by_source_and_keys(src, keys, nic)
                     };
                     pending.extend(correlator.answer(Answer::Egress { id, records }));
                 }

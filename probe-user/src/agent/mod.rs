@@ -453,8 +453,9 @@ fn answer_query(
     tx: &mpsc::Sender<Answer>,
 ) {
     match query {
-        Query::Egress { id, src } => {
-            let records = egress.by_source(src, |i| reader::ifname(ifnames, i));
+        Query::Egress { id, src, keys } => {
+            let keys = keys.iter().map(|k| (k.sport, k.proto));
+            let records = egress.by_source_and_keys(src, keys, |i| reader::ifname(ifnames, i));
             debug!(%src, records = records.len(), "egress records of a pod suspect");
             let _ = tx.try_send(Answer::Egress { id, records });
         }

@@ -18,9 +18,11 @@
 //! confirmed once: later suspects and drops of the same source address and port within
 //! [`RETRY_GAP_NS`] of the previous one fold into it.
 
+use std::{collections::HashSet, net::IpAddr};
+
 use super::{
-    AggregateKey, Correlator, DropInfo, Layer, LoopbackEvent, Outcome, Output, PendingQuery, Query,
-    QueryCtx, RecentDrop, SEC, SnatState,
+    AggregateKey, Correlator, DropInfo, EgressFlowKey, Layer, LoopbackEvent, Outcome, Output,
+    PendingQuery, Query, QueryCtx, RecentDrop, SEC, SnatState,
     evidence::{
         drop_line, egress_ct_line, egress_line, layer_line, node_sourced_line, outcome_line,
         service_name, suspect_line,
@@ -83,6 +85,14 @@ pub(super) enum Stage {
 pub(super) struct EgressMatch {
     pub(super) record: EgressRecord,
     pub(super) layer: Layer,
+}
+
+/// The egress flow key a layer-4 match of the suspect tuple `t` has.
+fn flow_key(t: &Tuple) -> EgressFlowKey {
+    EgressFlowKey {
+        sport: t.sport,
+        proto: t.proto,
+    }
 }
 
 /// A hairpin candidate (a `Pod`-source suspect), keyed by its 5-tuple.
@@ -168,25 +178,85 @@ impl Correlator {
                 snat_unknown: false,
             },
         );
-        let src = t.src;
-        match self.egress_inflight.get(&src).copied() {
-            Some(id) => {
-                if let Some(PendingQuery {
-                    ctx: QueryCtx::Egress { flows, .. },
-                    ..
-                }) = self.queries.get_mut(&id)
-                {
-                    flows.push(t);
-                }
+        self.ask_egress(t.src, vec![t], out);
+    }
+
+    /// Asks for `flows`' egress (all of source `src`): they join the source's query in flight,
+    /// or a new one carries their flow keys (see [`Correlator::on_egress_answer`]).
+    fn ask_egress(&mut self, src: IpAddr, flows: Vec<Tuple>, out: &mut Vec<Output>) {
+        if let Some(id) = self.egress_inflight.get(&src).copied()
+            && let Some(PendingQuery {
+                ctx: QueryCtx::Egress { flows: waiting, .. },
+                ..
+            }) = self.queries.get_mut(&id)
+        {
+            waiting.extend(flows);
+            return;
+        }
+        let mut seen = HashSet::new();
+        let keys: Vec<EgressFlowKey> = flows
+            .iter()
+            .map(flow_key)
+            .filter(|k| seen.insert(*k))
+            .collect();
+        let id = self.new_query(QueryCtx::Egress {
+            src,
+            flows,
+            keys: keys.clone(),
+        });
+        self.egress_inflight.insert(src, id);
+        out.push(Output::Query(Query::Egress { id, src, keys }));
+    }
+
+    /// The answer to source `src`'s egress query, for every flow that waited on it.
+    ///
+    /// One query per source is in flight at a time, carrying the flow keys known when it was
+    /// emitted (its first flow's); flows of the source that come meanwhile join it. Chosen
+    /// over one query per flow key: a pod's burst of flows costs the agent one index read
+    /// (1 + 16 look-ups) per round trip plus one look-up per key, not an index read each.
+    /// A flow is decided by the answer when its own key was looked up: carried, or its
+    /// record is in the answer anyway (the index named it: the same entry the exact look-up
+    /// returns). Otherwise its layer-4 record may exist beyond the index's latest 16, so it
+    /// must not fall back to layer 7 or be dismissed yet: such joiners are asked again, one
+    /// query carrying all their keys (one more round trip for them; each flow is re-asked at
+    /// most once since its key is then carried).
+    pub(super) fn on_egress_answer(
+        &mut self,
+        src: IpAddr,
+        flows: Vec<Tuple>,
+        keys: &[EgressFlowKey],
+        records: &[EgressRecord],
+        out: &mut Vec<Output>,
+    ) {
+        self.egress_inflight.remove(&src);
+        // Sets: a flood of one source's flows makes both lists as long as `max_pending`.
+        let looked_up: HashSet<EgressFlowKey> = keys
+            .iter()
+            .copied()
+            .chain(
+                records
+                    .iter()
+                    .filter(|r| r.src == src)
+                    .map(|r| EgressFlowKey {
+                        sport: r.sport,
+                        proto: r.proto,
+                    }),
+            )
+            .collect();
+        let mut ask_again = Vec::new();
+        for t in flows {
+            if looked_up.contains(&flow_key(&t)) {
+                self.on_egress(&t, Some(records), out);
+            } else if self
+                .flows
+                .get(&t)
+                .is_some_and(|f| f.stage == Stage::AwaitEgress)
+            {
+                ask_again.push(t);
             }
-            None => {
-                let id = self.new_query(QueryCtx::Egress {
-                    src,
-                    flows: vec![t],
-                });
-                self.egress_inflight.insert(src, id);
-                out.push(Output::Query(Query::Egress { id, src }));
-            }
+        }
+        if !ask_again.is_empty() {
+            self.ask_egress(src, ask_again, out);
         }
     }
 
@@ -421,6 +491,12 @@ impl Correlator {
         out.push(Output::Query(Query::Conntrack { id, tuple: et }));
     }
 
+    /// Layer 4 from the suspect's own record (the answer holds it whenever it exists: its key
+    /// was looked up exactly), else layer 7 from the source's index. Layer 7 has no key to
+    /// look up (the LB opened its own connection, with its own port) and needs no more than
+    /// the index: it picks the pod's latest opener before the suspect, one LB round trip
+    /// earlier, which the latest 16 records hold unless the pod opened 16 more flows in
+    /// between (then one of those is as good a guess of what the proxy carried).
     pub(super) fn match_egress(&self, f: &Flow, records: &[EgressRecord]) -> Option<EgressMatch> {
         let p = &f.packet;
         // (record, its latest opener by the suspect's time) for records of this pod and
@@ -529,7 +605,8 @@ impl Correlator {
         let settle = self.cfg.hairpin_settle_ns;
         let max_age = settle
             .saturating_add(self.cfg.pair_window_ns)
-            .saturating_add(self.cfg.query_timeout_ns.saturating_mul(3))
+            // Egress (twice for a joiner asked again), SNAT, outcome.
+            .saturating_add(self.cfg.query_timeout_ns.saturating_mul(4))
             .saturating_add(SEC);
         let mut due: Vec<(u64, Tuple, bool)> = self
             .flows

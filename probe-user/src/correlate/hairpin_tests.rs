@@ -4,7 +4,7 @@
 use super::tests::{
     CLIENT, EXT_VIP, LB_VIP, MS, NODE, POD, POD_B, S, corr, ct, drop_ev, egress,
     hairpin_to_settling, hairpin_without_egress, has_line, hp, invariants, ip, local_source,
-    only_query, only_report, pkt, suspect,
+    only_query, only_report, pkt, queries, suspect,
 };
 use super::*;
 use crate::state::NodePortEntry;
@@ -348,4 +348,153 @@ fn ipvs_local_nodeport_names_its_ipset() {
         has_line(&e.remedy, "uses externalTrafficPolicy: Local"),
         "{e:#?}"
     );
+}
+
+/// The kernel's egress maps as the agent answers from them (`EgressTable::by_source_and_keys`):
+/// a source's latest 16 records (its index) plus the exact record of each key the query
+/// carries, once each.
+struct EgressMaps(Vec<EgressRecord>);
+
+impl EgressMaps {
+    /// What the index alone names for `src`.
+    fn index(&self, src: IpAddr) -> Vec<EgressRecord> {
+        let mut of_src: Vec<EgressRecord> =
+            self.0.iter().filter(|r| r.src == src).cloned().collect();
+        of_src.sort_by_key(|r| r.ts_ns);
+        let skip = of_src.len().saturating_sub(16);
+        of_src.split_off(skip)
+    }
+
+    fn answer(&self, q: &Query) -> Answer {
+        let Query::Egress { id, src, keys } = q else {
+            panic!("expected an egress query, got {q:?}");
+        };
+        let mut records = self.index(*src);
+        for k in keys {
+            let exact = self
+                .0
+                .iter()
+                .find(|r| r.src == *src && r.sport == k.sport && r.proto == k.proto);
+            if let Some(r) = exact
+                && !records.contains(r)
+            {
+                records.push(r.clone());
+            }
+        }
+        Answer::Egress { id: *id, records }
+    }
+}
+
+/// `POD`'s flow `sport` to `dst`, then 20 newer flows of `POD` (its index holds 16) to
+/// another LB address: the layer-7 fallback would pick the newest of those.
+fn busy_pod(flows: &[(u16, &str, u64)], t0: u64) -> EgressMaps {
+    let mut records: Vec<EgressRecord> = flows
+        .iter()
+        .map(|(sport, dst, ts)| egress(*sport, dst, 80, *ts))
+        .collect();
+    records.extend((0..20).map(|i| {
+        egress(
+            41_000 + i,
+            "203.0.113.99",
+            443,
+            t0 - 10 * MS + u64::from(i) * 100_000,
+        )
+    }));
+    EgressMaps(records)
+}
+
+/// Answers every conntrack query "SYN_SENT, no SNAT" (the egress flow, unanswered): nothing
+/// is reported yet. The egress tuples asked, in order.
+fn answer_egress_conntrack(c: &mut Correlator, qs: Vec<Query>) -> Vec<Tuple> {
+    let mut asked = Vec::new();
+    for q in qs {
+        let Query::Conntrack { id, tuple } = q else {
+            panic!("expected a conntrack query, got {q:?}");
+        };
+        asked.push(tuple.clone());
+        let entry = Some(ct(tuple, false, Some("SYN_SENT")));
+        assert!(c.answer(Answer::Conntrack { id, entry }).is_empty());
+    }
+    asked
+}
+
+/// A busy pod's looped flow left the index's latest 16 records: the query carries the
+/// suspect's own key, its exact record confirms layer 4 (the index alone would give layer 7
+/// through the pod's newest flow to another address).
+#[test]
+fn layer4_record_beyond_the_index_is_found_by_its_key() {
+    let mut c = corr();
+    let t0 = 5 * S;
+    let maps = busy_pod(&[(40001, EXT_VIP, t0 - 20 * MS)], t0);
+    assert!(!maps.index(ip(POD)).iter().any(|r| r.sport == 40001));
+    let p = hp(40001, 30080);
+    let q = only_query(&c.ingest(suspect(t0, &p)));
+    let Query::Egress { src, keys, .. } = &q else {
+        panic!("{q:?}");
+    };
+    let key = EgressFlowKey {
+        sport: 40001,
+        proto: Proto::Tcp,
+    };
+    assert_eq!((*src, keys.as_slice()), (ip(POD), &[key][..]));
+    let q = only_query(&c.answer(maps.answer(&q)));
+    let asked = answer_egress_conntrack(&mut c, vec![q]);
+    assert_eq!((asked[0].sport, asked[0].dst), (40001, ip(EXT_VIP)));
+    let r = only_report(&c.ingest(drop_ev(t0 + MS, &p, "IP_RPFILTER", 16, None)));
+    assert_eq!(r.event.layer, Some(Layer::L4));
+    assert_eq!(
+        (r.event.vip, r.event.vip_port),
+        (Some(ip(EXT_VIP)), Some(80))
+    );
+    invariants(&c);
+}
+
+/// Flows of one pod share its query in flight. A joiner with another source port whose record
+/// the answer lacks is asked again with its own key (and confirms layer 4 from it); a joiner
+/// whose record the answer already holds (the index named it) is decided at once.
+#[test]
+fn joiner_with_another_source_port_gets_its_own_key_looked_up() {
+    let mut c = corr();
+    let t0 = 5 * S;
+    let maps = busy_pod(
+        &[
+            (40001, EXT_VIP, t0 - 30 * MS),
+            (40002, EXT_VIP, t0 - 29 * MS),
+        ],
+        t0,
+    );
+    let (a, b, newest) = (hp(40001, 30080), hp(40002, 30080), hp(41_019, 30080));
+    let q1 = only_query(&c.ingest(suspect(t0, &a)));
+    assert!(c.ingest(suspect(t0 + MS, &b)).is_empty());
+    assert!(c.ingest(suspect(t0 + 2 * MS, &newest)).is_empty());
+    let outs = c.answer(maps.answer(&q1));
+    let (egress_qs, ct_qs): (Vec<Query>, Vec<Query>) = queries(&outs)
+        .into_iter()
+        .partition(|q| matches!(q, Query::Egress { .. }));
+    // `a` (carried) and `newest` (in the index) are decided; `b` is asked again.
+    let asked = answer_egress_conntrack(&mut c, ct_qs);
+    let mut sports: Vec<u16> = asked.iter().map(|t| t.sport).collect();
+    sports.sort_unstable();
+    assert_eq!(sports, [40001, 41_019]);
+    let [q2] = egress_qs.as_slice() else {
+        panic!("{egress_qs:?}");
+    };
+    let Query::Egress { keys, .. } = q2 else {
+        unreachable!()
+    };
+    let key_b = EgressFlowKey {
+        sport: 40002,
+        proto: Proto::Tcp,
+    };
+    assert_eq!(keys, &[key_b]);
+    let q = only_query(&c.answer(maps.answer(q2)));
+    let asked = answer_egress_conntrack(&mut c, vec![q]);
+    assert_eq!((asked[0].sport, asked[0].dst), (40002, ip(EXT_VIP)));
+    for p in [&a, &b] {
+        let r = only_report(&c.ingest(drop_ev(t0 + 3 * MS, p, "IP_RPFILTER", 16, None)));
+        assert_eq!(r.event.layer, Some(Layer::L4), "{}", p.sport);
+        assert_eq!(r.event.vip, Some(ip(EXT_VIP)), "{}", p.sport);
+    }
+    assert_eq!(c.stats().hairpin_no_egress, 0);
+    invariants(&c);
 }

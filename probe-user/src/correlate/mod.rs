@@ -23,10 +23,14 @@
 //!   to a local pod (an LB that targets pods); see `hairpin.rs` for the variants and the
 //!   rules against false pairing (local egress destinations, answered connections, one
 //!   confirmation per connect attempt). The correlator asks for the source's
-//!   un-SNATed egress ([`Query::Egress`]). Layer 4: a record with the suspect's source port and
-//!   protocol; else layer 7: the latest record of the same protocol sent at most `l7_window_ns`
-//!   before the suspect whose destination is not a node or pod address (the suspect's own
-//!   destination, or any address seen tagged `Node`/`Pod` in kernel events). Both must have
+//!   un-SNATed egress ([`Query::Egress`]): the kernel's per-source index (the latest 16
+//!   flows) plus the exact record of the suspect's own (source port, protocol), so layer 4 is
+//!   found however many flows the pod opened since; a flow that joined a query without its
+//!   key is asked again with it (`hairpin.rs`). Layer 4: a record with the suspect's source
+//!   port and protocol; else layer 7 (from the index): the latest record of the same protocol
+//!   sent at most `l7_window_ns` before the suspect whose destination is not a node or pod
+//!   address (the suspect's own destination, or any address seen tagged `Node`/`Pod` in
+//!   kernel events). Both must have
 //!   started no later than the suspect and sent their latest opener (a record keeps its
 //!   first and latest time: SYN retransmits refresh it) at most `l7_window_ns` before it. No record: not
 //!   confirmed. Then [`Query::Conntrack`] of the egress tuple: an entry with SNAT means the
@@ -191,8 +195,15 @@ pub struct Report {
 /// A look-up the agent must answer through [`Correlator::answer`] with the same `id`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Query {
-    /// All `EGRESS_FLOWS` entries whose source address is `src`.
-    Egress { id: u64, src: IpAddr },
+    /// `src`'s `EGRESS_FLOWS` entries its per-source index names (its latest 16 flows), plus
+    /// the exact entry of each of `keys` (the suspects' own flows: their layer-4 match).
+    Egress {
+        id: u64,
+        src: IpAddr,
+        /// Absent in recordings older than the exact look-up: the index alone.
+        #[serde(default)]
+        keys: Vec<EgressFlowKey>,
+    },
     /// The conntrack entry whose original tuple is exactly `tuple`.
     Conntrack { id: u64, tuple: Tuple },
 }
@@ -203,6 +214,14 @@ impl Query {
             Query::Egress { id, .. } | Query::Conntrack { id, .. } => *id,
         }
     }
+}
+
+/// A hairpin suspect's own egress flow, besides its source address: the `EGRESS_FLOWS` key
+/// its layer-4 match would have.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct EgressFlowKey {
+    pub sport: u16,
+    pub proto: Proto,
 }
 
 /// The agent's answer to a [`Query`].
@@ -324,9 +343,18 @@ struct RecentDrop {
 }
 
 enum QueryCtx {
-    Egress { src: IpAddr, flows: Vec<Tuple> },
-    Snat { flow: Tuple },
-    Outcome { flow: Tuple },
+    /// `keys`: the flow keys the query carried (see `Correlator::on_egress_answer`).
+    Egress {
+        src: IpAddr,
+        flows: Vec<Tuple>,
+        keys: Vec<EgressFlowKey>,
+    },
+    Snat {
+        flow: Tuple,
+    },
+    Outcome {
+        flow: Tuple,
+    },
 }
 
 struct PendingQuery {
@@ -482,11 +510,8 @@ impl Correlator {
             return out;
         };
         match (q.ctx, answer) {
-            (QueryCtx::Egress { src, flows }, Answer::Egress { records, .. }) => {
-                self.egress_inflight.remove(&src);
-                for t in flows {
-                    self.on_egress(&t, Some(&records), &mut out);
-                }
+            (QueryCtx::Egress { src, flows, keys }, Answer::Egress { records, .. }) => {
+                self.on_egress_answer(src, flows, &keys, &records, &mut out);
             }
             (QueryCtx::Snat { flow }, Answer::Conntrack { entry, .. }) => {
                 self.on_snat(&flow, CtAnswer::from(entry), &mut out);
@@ -729,7 +754,7 @@ impl Correlator {
             };
             self.stats.queries_expired += 1;
             match q.ctx {
-                QueryCtx::Egress { src, flows } => {
+                QueryCtx::Egress { src, flows, .. } => {
                     self.egress_inflight.remove(&src);
                     for t in flows {
                         self.on_egress(&t, None, out);

@@ -40,7 +40,8 @@ pub struct ScriptedAnswers {
 impl ScriptedAnswers {
     pub fn answer(&self, q: &Query, now_ns: u64) -> Answer {
         match q {
-            Query::Egress { id, src } => Answer::Egress {
+            // Every recorded flow of the source: the index and the exact look-ups alike.
+            Query::Egress { id, src, .. } => Answer::Egress {
                 id: *id,
                 records: self
                     .egress

@@ -467,7 +467,7 @@ pub(super) fn hairpin_to_settling(
     records: Vec<EgressRecord>,
 ) {
     let q = only_query(&c.ingest(suspect(ts, p)));
-    let Query::Egress { id, src } = q else {
+    let Query::Egress { id, src, .. } = q else {
         panic!("expected an egress query, got {q:?}");
     };
     assert_eq!(src, p.src);
@@ -859,11 +859,35 @@ fn egress_query_is_shared_and_may_be_answered_late() {
     // Another suspect of the same pod and an unrelated event arrive before the answer.
     assert!(c.ingest(suspect(5 * S + MS, &b)).is_empty());
     assert!(c.ingest(suspect(5 * S + 2 * MS, &a)).is_empty()); // retransmit: folded in
+    let records = vec![egress(41000, EXT_VIP, 443, 5 * S - 10 * MS)];
     let outs = c.answer(Answer::Egress {
         id: q.id(),
-        records: vec![egress(41000, EXT_VIP, 443, 5 * S - 10 * MS)],
+        records: records.clone(),
     });
+    // `a` (its key carried) is decided; `b` joined, and its own flow was neither carried nor
+    // in the answer: it is asked again with its key before falling back to layer 7.
     let qs = queries(&outs);
+    assert_eq!(qs.len(), 2, "{qs:?}");
+    let again = qs
+        .iter()
+        .find_map(|q| match q {
+            Query::Egress { id, src, keys } => Some((*id, *src, keys.clone())),
+            Query::Conntrack { .. } => None,
+        })
+        .expect("b's egress asked again");
+    let key_b = EgressFlowKey {
+        sport: 50001,
+        proto: Proto::Tcp,
+    };
+    assert_eq!((again.1, again.2), (ip(POD), vec![key_b]));
+    let mut qs: Vec<Query> = qs
+        .into_iter()
+        .filter(|q| matches!(q, Query::Conntrack { .. }))
+        .collect();
+    qs.extend(queries(&c.answer(Answer::Egress {
+        id: again.0,
+        records,
+    })));
     assert_eq!(qs.len(), 2);
     for q in qs {
         let Query::Conntrack { id, tuple } = q else {
@@ -888,6 +912,31 @@ fn egress_query_is_shared_and_may_be_answered_late() {
     assert_eq!(n, vec![(1, true), (2, false)]);
     assert_eq!(c.stats().suspects_confirmed, 3);
     invariants(&c);
+}
+
+/// A query recorded before it carried flow keys still reads (as the index alone), and one
+/// with keys round-trips.
+#[test]
+fn egress_query_without_keys_still_deserializes() {
+    let old: Query = serde_json::from_str(r#"{"Egress":{"id":7,"src":"198.18.1.5"}}"#).unwrap();
+    assert_eq!(
+        old,
+        Query::Egress {
+            id: 7,
+            src: ip(POD),
+            keys: vec![]
+        }
+    );
+    let new = Query::Egress {
+        id: 8,
+        src: ip(POD),
+        keys: vec![EgressFlowKey {
+            sport: 40001,
+            proto: Proto::Udp,
+        }],
+    };
+    let back: Query = serde_json::from_str(&serde_json::to_string(&new).unwrap()).unwrap();
+    assert_eq!(back, new);
 }
 
 #[test]

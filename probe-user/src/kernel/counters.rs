@@ -93,17 +93,21 @@ impl Counters {
 /// `EGRESS_FLOWS` ((source, sport, proto) -> opener), `EGRESS_SOURCES` (source -> the latest
 /// [`probe_common::EGRESS_SOURCE_SLOTS`] flow keys it recorded), written in the same place a new record is
 /// written (one more update per new flow, none per packet). [`EgressTable::by_source`] reads
-/// the index and then each flow: at most 1 + 16 look-ups whatever the table holds (measured in
-/// `cargo xtask bench`, correlation at scale: the 16-syscall batched walk of a full table it
-/// replaces cost milliseconds per suspect). Chosen over keying the flow map by source (a
+/// the index and then each flow: at most 1 + 16 look-ups (plus one per carried key, below)
+/// whatever the table holds (measured in `cargo xtask bench`, correlation at scale: the
+/// 16-syscall batched walk of a full table it replaces cost milliseconds per suspect). Chosen over keying the flow map by source (a
 /// fixed array per source would cap every pod's flows, and the per-flow retransmit refresh
 /// would have to scan it) and over a userspace index (the records never leave the kernel).
 ///
-/// The bound: a source's flows older than its latest 16 records are not answered. The
-/// correlator matches a suspect against the opener that caused it, which left the node one LB
-/// round trip earlier; a pod would have to open 16 more flows in that time for it to drop out.
-/// [`EgressTable::by_source_walk`] (the former walk) answers exactly the same when a source
-/// has no more than 16 flows in the table (tested on a full real map).
+/// The index holds a source's latest 16 records; older flows of a busy pod drop out of it.
+/// A layer-4 match is exact anyway: the query carries the suspects' own (source port,
+/// protocol) keys and [`EgressTable::by_source_and_keys`] adds the exact `EGRESS_FLOWS`
+/// look-up of each (one more look-up per key), so the very flow is found however many the pod
+/// opened since (or when two CPUs recording one source at once overwrote its slot). Layer 7
+/// has no key to look up and reads the index (see `correlate::hairpin`).
+/// [`EgressTable::by_source_walk`] (the former walk) answers exactly what
+/// [`EgressTable::by_source`] does when a source has no more than 16 flows in the table
+/// (tested on a full real map).
 pub struct EgressTable {
     /// An LRU hash in the kernel; aya reads it as a plain hash map.
     pub map: BpfHashMap<MapData, EgressKey, EgressValue>,
@@ -151,6 +155,63 @@ impl EgressTable {
             .collect();
         out.sort_by_key(|r| (r.ts_ns, r.sport));
         out
+    }
+
+    /// What an egress query is answered with: [`EgressTable::by_source`] plus the exact
+    /// `EGRESS_FLOWS` entry of each `(source port, protocol)` in `keys` that the index did not
+    /// name (one look-up each), oldest first. The suspects' own flows are answered whatever
+    /// the source's flow count.
+    pub fn by_source_and_keys(
+        &self,
+        src: IpAddr,
+        keys: impl IntoIterator<Item = (u16, Proto)>,
+        nic_name: impl Fn(u32) -> String,
+    ) -> Vec<EgressRecord> {
+        let mut out = self.by_source(src, &nic_name);
+        let indexed = out.len();
+        let mut answered: std::collections::HashSet<(u16, Proto)> =
+            out.iter().map(|r| (r.sport, r.proto)).collect();
+        for (sport, proto) in keys {
+            if answered.insert((sport, proto))
+                && let Some(record) = self.by_key(src, sport, proto, &nic_name)
+            {
+                out.push(record);
+            }
+        }
+        if out.len() > indexed {
+            out.sort_by_key(|r| (r.ts_ns, r.sport));
+        }
+        out
+    }
+
+    /// The `EGRESS_FLOWS` entry of one flow key: a single map look-up.
+    pub fn by_key(
+        &self,
+        src: IpAddr,
+        sport: u16,
+        proto: Proto,
+        nic_name: impl Fn(u32) -> String,
+    ) -> Option<EgressRecord> {
+        let family = if src.is_ipv4() {
+            probe_common::family::V4
+        } else {
+            probe_common::family::V6
+        };
+        let raw = match proto {
+            Proto::Tcp => 6,
+            Proto::Udp => 17,
+            Proto::Icmp if src.is_ipv4() => 1,
+            Proto::Icmp => 58,
+            Proto::Other(n) => n,
+        };
+        let key = EgressKey {
+            addr: crate::kernel::reader::addr_bytes(src),
+            port: sport,
+            proto: raw,
+            family,
+        };
+        let value = self.map.get(&key, 0).ok()?;
+        Some(egress_record(src, &key, &value, &nic_name))
     }
 
     /// Writes one record the way `clb_egress` writes a new flow: the flow, then its slot in
@@ -393,9 +454,9 @@ mod tests {
         assert!(table.by_source_walk(absent, nic).is_empty());
     }
 
-    /// The bound: a source with more flows than the ring holds is answered with its latest
-    /// 16 (each exactly as the walk reads it), never with another source's flows; a flow
-    /// recorded twice (its port reused) is answered once, as it is now.
+    /// The index's bound: a source with more flows than the ring holds is answered by the
+    /// index with its latest 16 (each exactly as the walk reads it), never with another
+    /// source's flows; a flow recorded twice (its port reused) is answered once, as it is now.
     #[test]
     fn keyed_egress_lookup_answers_a_busy_source_with_its_latest_flows() {
         if !is_root() {
@@ -418,6 +479,66 @@ mod tests {
         assert_eq!(quiet_flows, table.by_source_walk(quiet, |_| String::new()));
         assert_eq!(quiet_flows.len(), 1);
         assert_eq!(quiet_flows[0].ts_ns, 101);
+    }
+
+    /// Past the index: a source with 40 flows in real kernel maps. Its 1st (oldest) flow is
+    /// not named by the index, and is answered by its exact key beside the index's 16; a key
+    /// the index already names is answered once; a key the source never opened, or the same
+    /// port of another protocol, adds nothing.
+    #[test]
+    fn a_carried_flow_key_is_answered_beyond_the_index() {
+        if !is_root() {
+            eprintln!("skipped: needs root (creates BPF maps)");
+            return;
+        }
+        let mut table = real_table(1024, 64);
+        let busy = IpAddr::V4(Ipv4Addr::new(10, 244, 1, 9));
+        let other = IpAddr::V4(Ipv4Addr::new(10, 244, 1, 10));
+        for port in 0..40u16 {
+            record(&mut table, busy, 50_000 + port, 6, u64::from(port) + 1);
+        }
+        record(&mut table, other, 50_000, 6, 100);
+        let nic = |_: u32| String::new();
+        let walk = table.by_source_walk(busy, nic);
+        let first = walk[0].clone();
+        assert_eq!((first.sport, first.ts_ns), (50_000, 1));
+        let index = table.by_source(busy, nic);
+        assert!(
+            !index.contains(&first),
+            "the index alone names the 1st flow"
+        );
+        let exact = table.by_source_and_keys(busy, [(50_000, Proto::Tcp)], nic);
+        let mut want = vec![first.clone()];
+        want.extend(index.iter().cloned());
+        assert_eq!(exact, want);
+        // Already in the index, never opened, another protocol: the index's answer alone.
+        let keys = [
+            (50_039, Proto::Tcp),
+            (50_039, Proto::Tcp),
+            (60_000, Proto::Tcp),
+            (50_000, Proto::Udp),
+        ];
+        assert_eq!(table.by_source_and_keys(busy, keys, nic), index);
+        assert_eq!(
+            table.by_key(busy, 50_000, Proto::Tcp, nic),
+            Some(first.clone())
+        );
+        assert_eq!(
+            table
+                .by_key(other, 50_000, Proto::Tcp, nic)
+                .map(|r| r.ts_ns),
+            Some(100)
+        );
+        assert!(
+            table
+                .by_key(
+                    IpAddr::V4(Ipv4Addr::new(10, 244, 1, 11)),
+                    50_000,
+                    Proto::Tcp,
+                    nic
+                )
+                .is_none()
+        );
     }
 
     /// A full 65,536-entry table (256 pods x 256 ports) in a real kernel hash map: a pod's

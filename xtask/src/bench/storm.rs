@@ -1,7 +1,8 @@
 //! 6. **Correlation at scale**: a full 65,536-entry egress table (real kernel maps) and a
 //!    hairpin storm of 10,000 suspects/s from 1,000 pod addresses through the agent's
 //!    correlation logic (`probe-user/examples/correlation_storm.rs`; release build, debug with
-//!    `--quick`): the per-suspect egress match time with the keyed look-up against the walk of
+//!    `--quick`): the per-suspect egress match time with the keyed look-up (the source's index
+//!    plus the exact look-up of the suspect's own flow) against the walk of
 //!    the whole table it replaced, and the storm's confirmations/s, correlation-loop CPU and queue depth with
 //!    each. The walk's storm is shorter: it cannot keep up, the queue is full after a second.
 
