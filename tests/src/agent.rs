@@ -281,6 +281,18 @@ pub fn wait_for<T>(_what: &str, timeout: Duration, mut f: impl FnMut() -> Option
     }
 }
 
+/// One sample of the `/metrics` served at `addr` in the lab's node namespace, by exact name
+/// and labels (`clbprobe_x_total{a="b"}`); 0 when absent.
+pub fn node_metric(addr: &str, name: &str) -> u64 {
+    let (_, text) =
+        xtask::lab::http_get_in(xtask::lab::NS_NODE, addr, "/metrics").expect("metrics");
+    text.lines()
+        .find(|l| l.rsplit_once(' ').is_some_and(|(n, _)| n == name))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
 /// Runs a command and returns stdout; panics with stderr on failure.
 pub fn sh(args: &[&str]) -> String {
     let out = Command::new(args[0])
