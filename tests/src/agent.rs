@@ -467,6 +467,35 @@ pub fn kernel_has_tcx() -> bool {
     (major, minor) >= (6, 6)
 }
 
+/// Panics naming what the tests' agents left attached or loaded ([`our_tc_attachments`],
+/// [`our_loaded_programs`]).
+pub fn assert_nothing_attached() {
+    assert!(
+        our_tc_attachments().is_empty(),
+        "left attached: {:?}",
+        our_tc_attachments()
+    );
+    assert!(
+        our_loaded_programs().is_empty(),
+        "left loaded: {:?}",
+        our_loaded_programs()
+    );
+}
+
+/// A finished command's stderr, as text.
+pub fn stderr(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// The last non-empty stderr line: where the probe says its error.
+pub fn error_line(o: &std::process::Output) -> String {
+    stderr(o)
+        .lines()
+        .rfind(|l| !l.trim().is_empty())
+        .unwrap_or_default()
+        .to_string()
+}
+
 /// Our programs attached to a tc hook, either way: tcx links ([`our_tc_links`]) plus cls_bpf
 /// filters named `clb_*` in the lab's namespaces (`bpftool net` lists the clsact filters of
 /// the namespace it runs in; the tests' agents attach nowhere else).
