@@ -160,9 +160,12 @@ impl Agent {
         );
     }
 
+    /// The complete lines of a JSON-lines file the agent is writing: a last line without its
+    /// newline is still being written, and is read next time.
     fn read_jsonl(&self, name: &str) -> Vec<Value> {
-        std::fs::read_to_string(self.dir.path().join(name))
-            .unwrap_or_default()
+        let text = std::fs::read_to_string(self.dir.path().join(name)).unwrap_or_default();
+        let complete = text.rfind('\n').map_or("", |end| &text[..end]);
+        complete
             .lines()
             .filter(|l| !l.trim().is_empty())
             .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad JSON line {l:?}: {e}")))
