@@ -146,7 +146,8 @@ pub mod prefilter {
 
 /// Indices of the per-CPU `STATS` array.
 pub mod stat {
-    /// Events not sent because the per-CPU per-second budget was spent.
+    /// Events not sent because their class's per-CPU per-second budget was spent (all
+    /// classes; by class from [`BUDGET_SUPPRESSED_BY_CLASS`]).
     pub const BUDGET_SUPPRESSED: u32 = 0;
     /// Events not sent because the ring buffer was full.
     pub const RINGBUF_FULL: u32 = 1;
@@ -165,8 +166,29 @@ pub mod stat {
     /// Confirming records submitted without a wake-up because the per-CPU wake-up budget was
     /// spent: the reader's backstop timer or the batch threshold picks them up.
     pub const WAKEUP_BUDGET_SUPPRESSED: u32 = 7;
+    /// First of [`crate::budget::CLASSES`] slots: events not sent because the budget of their
+    /// class was spent, at `BUDGET_SUPPRESSED_BY_CLASS + budget::class(kind, src_tag)`.
+    pub const BUDGET_SUPPRESSED_BY_CLASS: u32 = 8;
     /// Number of slots.
-    pub const COUNT: u32 = 8;
+    pub const COUNT: u32 = BUDGET_SUPPRESSED_BY_CLASS + crate::budget::CLASSES as u32;
+}
+
+#[cfg(test)]
+mod budget_tests {
+    use super::{budget, kind, stat, tag};
+
+    #[test]
+    fn every_kind_and_source_has_its_own_class_within_the_slots() {
+        let mut seen = [false; budget::CLASSES];
+        for k in [kind::SUSPECT, kind::DROP, kind::VIP_EGRESS] {
+            for t in [tag::NONE, tag::NODE, tag::VIP, tag::POD] {
+                let c = budget::class(k, t);
+                assert!(c < budget::CLASSES && !seen[c], "class {c} of ({k}, {t})");
+                seen[c] = true;
+            }
+        }
+        assert!(stat::BUDGET_SUPPRESSED_BY_CLASS + budget::CLASSES as u32 <= stat::COUNT);
+    }
 }
 
 /// Address family, as stored in records (not the kernel's AF_* numbers, to keep them one byte).
@@ -288,14 +310,39 @@ pub struct FlowKey {
     pub _pad: u8,
 }
 
-/// Per-CPU event budget: at most `budget` events per one-second window on each CPU, and at
-/// most `wakeups_per_sec` immediate reader wake-ups in the same window.
+/// The event budget's classes: each (record kind, source tag) pair has a budget of its own.
+///
+/// One budget shared first come first served let a flood of one class starve the records
+/// that confirm another: a burst of suspects the node forwards (a hairpin storm, spoofed pod
+/// sources) spent the second before a health check's records later in it, and a single
+/// health check sends no second chance. Per kind alone is not enough: a NodePort health
+/// check's drop carries kube-proxy's DNAT target, and only its VIP-source suspect says which
+/// NodePort it was sent to, so pod-source suspects must not spend the VIP-source ones' share
+/// either (nor pod-source rp_filter drops the VIP-source drops' share). The price is a higher
+/// ceiling: up to 8 x `events_per_sec` records per CPU per second when eight classes flood at
+/// once (suspects: node, vip, pod; drops: node, vip, pod, other; VIP egress: vip).
+pub mod budget {
+    /// Number of class slots: `kind` (1..=3) by source tag (0..=3); slots 0..=3 are unused.
+    pub const CLASSES: usize = 16;
+
+    /// The class of a record: its kind and its source's tag (masked: always in bounds).
+    #[inline(always)]
+    pub const fn class(kind: u8, src_tag: u8) -> usize {
+        (((kind & 3) as usize) << 2) | (src_tag & 3) as usize
+    }
+}
+
+/// Per-CPU event budget: in each one-second window on each CPU, at most
+/// `ProbeConfig::events_per_sec` records of each class ([`budget::class`]), and at most
+/// `wakeups_per_sec` immediate reader wake-ups.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Budget {
     pub window_start_ns: u64,
-    pub used: u64,
-    pub wakeups: u64,
+    /// Records sent in the window, by [`budget::class`].
+    pub used: [u32; budget::CLASSES],
+    pub wakeups: u32,
+    pub _pad: u32,
 }
 
 /// One ring-buffer record. Fixed size; alignment 8 (the ring buffer allows at most 8).
@@ -355,7 +402,8 @@ pub struct KernelOffsets {
 pub struct ProbeConfig {
     /// A flow already reported is not reported again within this many ns.
     pub dedup_ns: u64,
-    /// Events per second per CPU before the budget suppresses.
+    /// Records per second per CPU of each budget class (see [`budget`]) before the budget
+    /// suppresses that class.
     pub events_per_sec: u64,
     /// Ring buffer fill (bytes) past which a submit wakes the reader; below it the reader polls.
     pub wakeup_bytes: u64,
@@ -390,7 +438,7 @@ const _: () = assert!(size_of::<EgressValue>() == 40);
 const _: () = assert!(size_of::<EgressSourceKey>() == 20);
 const _: () = assert!(size_of::<EgressSourceFlows>() == 68);
 const _: () = assert!(size_of::<FlowKey>() == 40);
-const _: () = assert!(size_of::<Budget>() == 24);
+const _: () = assert!(size_of::<Budget>() == 80);
 const _: () = assert!(size_of::<PacketEvent>() == 72);
 const _: () = assert!(core::mem::align_of::<PacketEvent>() <= 8);
 const _: () = assert!(size_of::<KernelOffsets>() == 32);

@@ -27,7 +27,7 @@ use aya_ebpf::{
 };
 use probe_common::{
     AddrValue, Budget, DropKey, EGRESS_IDLE_NS, EgressKey, EgressValue, FlowKey, KernelOffsets,
-    PacketEvent, ProbeConfig, SuspectKey, family, kind, prefilter, stat, tag,
+    PacketEvent, ProbeConfig, SuspectKey, budget, family, kind, prefilter, stat, tag,
 };
 
 #[unsafe(no_mangle)]
@@ -90,7 +90,7 @@ static DROPS: PerCpuHashMap<DropKey, u64> = PerCpuHashMap::with_max_entries(1024
 /// Pipeline counters, see `probe_common::stat`.
 #[map]
 static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(stat::COUNT, 0);
-/// Per-CPU event budget window.
+/// Per-CPU event budget window, a count per class (`probe_common::budget`).
 #[map]
 static BUDGET: PerCpuArray<Budget> = PerCpuArray::with_max_entries(1, 0);
 
@@ -313,9 +313,11 @@ fn count<K>(map: &PerCpuHashMap<K, u64>, key: &K) {
     }
 }
 
-/// Deduplication and budget: true when an event for `flow` may leave the kernel now.
+/// Deduplication and budget: true when an event for `flow` (from a `src_tag` source) may
+/// leave the kernel now. Each (kind, source tag) class spends its own budget (see
+/// `probe_common::budget`): a suspect flood cannot starve a health check's records.
 #[inline(always)]
-fn may_emit(flow: &FlowKey, now: u64, cfg: &ProbeConfig) -> bool {
+fn may_emit(flow: &FlowKey, src_tag: u8, now: u64, cfg: &ProbeConfig) -> bool {
     if let Some(last) = RECENT.get_ptr_mut(flow)
         && now.wrapping_sub(unsafe { *last }) < cfg.dedup_ns
     {
@@ -328,14 +330,21 @@ fn may_emit(flow: &FlowKey, now: u64, cfg: &ProbeConfig) -> bool {
     let budget = unsafe { &mut *budget };
     if now.wrapping_sub(budget.window_start_ns) >= 1_000_000_000 {
         budget.window_start_ns = now;
-        budget.used = 0;
+        budget.used = [0; budget::CLASSES];
         budget.wakeups = 0;
     }
-    if budget.used >= cfg.events_per_sec {
+    // Opaque to the compiler, so the bounds check it cannot prove redundant stays for the
+    // verifier: 5.10's loses the bounds of the class's masked OR and rejects the index.
+    let class = core::hint::black_box(budget::class(flow.kind, src_tag));
+    let Some(used) = budget.used.get_mut(class) else {
+        return false;
+    };
+    if u64::from(*used) >= cfg.events_per_sec {
         stat_add(stat::BUDGET_SUPPRESSED);
+        stat_add(stat::BUDGET_SUPPRESSED_BY_CLASS + class as u32);
         return false;
     }
-    budget.used += 1;
+    *used += 1;
     // Only flows that were actually emitted enter RECENT, so a suppressed flow gets its event
     // as soon as budget is back.
     let _ = RECENT.insert(flow, now, 0);
@@ -357,7 +366,7 @@ fn confirming_wakeup(cfg: &ProbeConfig) -> u64 {
         return BPF_RB_NO_WAKEUP as u64;
     };
     let budget = unsafe { &mut *budget };
-    if budget.wakeups >= cfg.wakeups_per_sec {
+    if u64::from(budget.wakeups) >= cfg.wakeups_per_sec {
         stat_add(stat::WAKEUP_BUDGET_SUPPRESSED);
         return BPF_RB_NO_WAKEUP as u64;
     }
@@ -466,7 +475,7 @@ fn on_suspect(ctx: &TcContext, pkt: &Packet, src_tag: u8) {
     );
     let cfg = CONFIG.load();
     let now = unsafe { bpf_ktime_get_ns() };
-    if !may_emit(&flow_of(pkt, kind::SUSPECT), now, &cfg) {
+    if !may_emit(&flow_of(pkt, kind::SUSPECT), src_tag, now, &cfg) {
         return;
     }
     let dst_tag = lookup_tag(pkt.family, &pkt.daddr);
@@ -494,7 +503,7 @@ fn on_suspect(ctx: &TcContext, pkt: &Packet, src_tag: u8) {
 fn on_vip_egress(ctx: &TcContext, pkt: &Packet) {
     let cfg = CONFIG.load();
     let now = unsafe { bpf_ktime_get_ns() };
-    if !may_emit(&flow_of(pkt, kind::VIP_EGRESS), now, &cfg) {
+    if !may_emit(&flow_of(pkt, kind::VIP_EGRESS), tag::VIP, now, &cfg) {
         return;
     }
     emit(
@@ -729,7 +738,7 @@ fn on_kfree_skb<C: EbpfContext>(ctx: &C, skb: *const u8, location: u64, reason: 
         },
     );
     let now = unsafe { bpf_ktime_get_ns() };
-    if !may_emit(&flow_of(&pkt, kind::DROP), now, &cfg) {
+    if !may_emit(&flow_of(&pkt, kind::DROP), src_tag, now, &cfg) {
         return;
     }
     emit(

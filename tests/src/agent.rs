@@ -160,9 +160,12 @@ impl Agent {
         );
     }
 
+    /// The complete lines of a JSON-lines file the agent is writing: a last line without its
+    /// newline is still being written, and is read next time.
     fn read_jsonl(&self, name: &str) -> Vec<Value> {
-        std::fs::read_to_string(self.dir.path().join(name))
-            .unwrap_or_default()
+        let text = std::fs::read_to_string(self.dir.path().join(name)).unwrap_or_default();
+        let complete = text.rfind('\n').map_or("", |end| &text[..end]);
+        complete
             .lines()
             .filter(|l| !l.trim().is_empty())
             .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad JSON line {l:?}: {e}")))
@@ -281,6 +284,18 @@ pub fn wait_for<T>(_what: &str, timeout: Duration, mut f: impl FnMut() -> Option
     }
 }
 
+/// One sample of the `/metrics` served at `addr` in the lab's node namespace, by exact name
+/// and labels (`clbprobe_x_total{a="b"}`); 0 when absent.
+pub fn node_metric(addr: &str, name: &str) -> u64 {
+    let (_, text) =
+        xtask::lab::http_get_in(xtask::lab::NS_NODE, addr, "/metrics").expect("metrics");
+    text.lines()
+        .find(|l| l.rsplit_once(' ').is_some_and(|(n, _)| n == name))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
 /// Runs a command and returns stdout; panics with stderr on failure.
 pub fn sh(args: &[&str]) -> String {
     let out = Command::new(args[0])
@@ -295,35 +310,102 @@ pub fn sh(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// Names of our programs that are attached through a BPF link to a tc hook (tcx), anywhere.
+/// Runs bpftool with `-j` and parses its JSON (Null when it printed nothing).
+fn bpftool_json(args: &[&str]) -> Value {
+    let out = Command::new("bpftool")
+        .arg("-j")
+        .args(args)
+        .output()
+        .expect("bpftool");
+    serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
+}
+
+/// The inodes of the lab's network namespaces: the only ones the tests' agents run in.
+fn lab_netns_inodes() -> Vec<u64> {
+    use std::os::unix::fs::MetadataExt as _;
+    xtask::lab::NAMESPACES
+        .iter()
+        .filter_map(|ns| std::fs::metadata(format!("/run/netns/{ns}")).ok())
+        .map(|m| m.ino())
+        .collect()
+}
+
+/// The namespace inode a loaded program's agent ran in: `ProbeConfig::netns_ino`, found in the
+/// program's `.rodata` after the defaults' leading fields (the agent sets nothing else
+/// before it). None when it cannot be told.
+fn program_netns(rodata: &[u8]) -> Option<u64> {
+    let c = probe_common::ProbeConfig::default();
+    let prefix: Vec<u8> = [
+        c.dedup_ns,
+        c.events_per_sec,
+        c.wakeup_bytes,
+        c.wakeups_per_sec,
+    ]
+    .iter()
+    .flat_map(|v| v.to_le_bytes())
+    .collect();
+    let at = rodata.windows(prefix.len()).position(|w| w == prefix)? + prefix.len();
+    let ino = rodata.get(at..at + 4)?;
+    Some(u64::from(u32::from_le_bytes(ino.try_into().ok()?)))
+}
+
+/// Loaded `clb_*` programs (id, name) of the tests' agents: those whose agent ran in one of
+/// the lab's namespaces, or whose namespace cannot be told (counted: a leak is never
+/// missed). Another agent on the machine (a developer's, in its own namespace) is not ours.
+fn our_programs() -> Vec<(u64, String)> {
+    let lab = lab_netns_inodes();
+    let map_names: std::collections::HashMap<u64, String> = bpftool_json(&["map", "show"])
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| Some((m.get("id")?.as_u64()?, m.get("name")?.as_str()?.to_string())))
+        .collect();
+    let mut netns_of_map: std::collections::HashMap<u64, Option<u64>> = Default::default();
+    let mut ours = Vec::new();
+    for p in bpftool_json(&["prog", "show"])
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let (Some(id), Some(name)) = (
+            p.get("id").and_then(Value::as_u64),
+            p.get("name").and_then(Value::as_str),
+        ) else {
+            continue;
+        };
+        if !name.starts_with("clb_") {
+            continue;
+        }
+        let rodata = p
+            .get("map_ids")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_u64)
+            .find(|m| map_names.get(m).is_some_and(|n| n.ends_with(".rodata")));
+        let netns = rodata.and_then(|m| {
+            *netns_of_map.entry(m).or_insert_with(|| {
+                let dump = bpftool_json(&["map", "dump", "id", &m.to_string()]);
+                program_netns(&hex_bytes(dump.get(0).and_then(|e| e.get("value"))))
+            })
+        });
+        if netns.is_none_or(|ino| lab.contains(&ino)) {
+            ours.push((id, name.to_string()));
+        }
+    }
+    ours
+}
+
+/// Names of our programs ([`our_programs`]) attached through a BPF link to a tc hook (tcx).
 /// Debian 12's bpftool (7.1) predates tcx: `bpftool net` does not list tcx attachments and
 /// `bpftool link` shows them as type 11 without the device, so links are matched to our
 /// programs by id.
 pub fn our_tc_links() -> Vec<String> {
-    let programs: Value = serde_json::from_slice(
-        &Command::new("bpftool")
-            .args(["-j", "prog", "show"])
-            .output()
-            .expect("bpftool")
-            .stdout,
-    )
-    .unwrap_or(Value::Null);
-    let ours: std::collections::HashMap<u64, String> = programs
-        .as_array()
+    let ours: std::collections::HashMap<u64, String> = our_programs()
         .into_iter()
-        .flatten()
-        .filter_map(|p| Some((p.get("id")?.as_u64()?, p.get("name")?.as_str()?.to_string())))
         .filter(|(_, n)| n == "clb_ingress" || n == "clb_egress")
         .collect();
-    let links: Value = serde_json::from_slice(
-        &Command::new("bpftool")
-            .args(["-j", "link", "show"])
-            .output()
-            .expect("bpftool")
-            .stdout,
-    )
-    .unwrap_or(Value::Null);
-    links
+    bpftool_json(&["link", "show"])
         .as_array()
         .into_iter()
         .flatten()
@@ -331,21 +413,9 @@ pub fn our_tc_links() -> Vec<String> {
         .collect()
 }
 
-/// Our programs still loaded anywhere on the host (`bpftool prog show`).
+/// Our programs ([`our_programs`]) still loaded.
 pub fn our_loaded_programs() -> Vec<String> {
-    let out = Command::new("bpftool")
-        .args(["-j", "prog", "show"])
-        .output()
-        .expect("bpftool");
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-    v.as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|p| p.get("name")?.as_str().map(String::from))
-                .filter(|n| n.starts_with("clb_"))
-                .collect()
-        })
-        .unwrap_or_default()
+    our_programs().into_iter().map(|(_, name)| name).collect()
 }
 
 /// Sum of a per-CPU map's values for keys matching `pred`, read with bpftool
@@ -400,27 +470,45 @@ pub fn kernel_has_tcx() -> bool {
     (major, minor) >= (6, 6)
 }
 
+/// Panics naming what the tests' agents left attached or loaded ([`our_tc_attachments`],
+/// [`our_loaded_programs`]).
+pub fn assert_nothing_attached() {
+    assert!(
+        our_tc_attachments().is_empty(),
+        "left attached: {:?}",
+        our_tc_attachments()
+    );
+    assert!(
+        our_loaded_programs().is_empty(),
+        "left loaded: {:?}",
+        our_loaded_programs()
+    );
+}
+
+/// A finished command's stderr, as text.
+pub fn stderr(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// The last non-empty stderr line: where the probe says its error.
+pub fn error_line(o: &std::process::Output) -> String {
+    stderr(o)
+        .lines()
+        .rfind(|l| !l.trim().is_empty())
+        .unwrap_or_default()
+        .to_string()
+}
+
 /// Our programs attached to a tc hook, either way: tcx links ([`our_tc_links`]) plus cls_bpf
-/// filters named `clb_*` (`bpftool net`, which lists clsact filters of the namespace it runs
-/// in: run in every named namespace and the current one).
+/// filters named `clb_*` in the lab's namespaces (`bpftool net` lists the clsact filters of
+/// the namespace it runs in; the tests' agents attach nowhere else).
 pub fn our_tc_attachments() -> Vec<String> {
     let mut found = our_tc_links();
-    let names = Command::new("ip")
-        .args(["netns", "list"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default();
-    let mut runs: Vec<Vec<String>> = vec![vec!["bpftool".into(), "-j".into(), "net".into()]];
-    for ns in names.lines().filter_map(|l| l.split_whitespace().next()) {
-        runs.push(
-            ["ip", "netns", "exec", ns, "bpftool", "-j", "net"]
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
-        );
-    }
-    for argv in runs {
-        let Ok(out) = Command::new(&argv[0]).args(&argv[1..]).output() else {
+    for ns in xtask::lab::NAMESPACES {
+        let Ok(out) = Command::new("ip")
+            .args(["netns", "exec", ns, "bpftool", "-j", "net"])
+            .output()
+        else {
             continue;
         };
         let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);

@@ -4,3 +4,4 @@
 //! tests share the lab's fixed namespaces).
 
 pub mod agent;
+pub mod trafgen;

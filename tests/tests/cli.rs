@@ -5,7 +5,7 @@ use std::{
     process::{Command, Output},
 };
 
-use probe_tests::agent::{our_loaded_programs, our_tc_links, probe_bin, require_root};
+use probe_tests::agent::{assert_nothing_attached, error_line, probe_bin, require_root, stderr};
 use xtask::lab::{self, LabGuard, Variants};
 
 fn probe_in(netns: Option<&str>, args: &[&str]) -> Output {
@@ -21,32 +21,6 @@ fn probe_in(netns: Option<&str>, args: &[&str]) -> Output {
         .env("CLB_PROBE_LOG", "warn")
         .output()
         .expect("run probe")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-/// The last stderr line is the error, and it says what to do.
-fn error_line(o: &Output) -> String {
-    stderr(o)
-        .lines()
-        .rfind(|l| !l.trim().is_empty())
-        .unwrap_or_default()
-        .to_string()
-}
-
-fn nothing_attached() {
-    assert!(
-        our_tc_links().is_empty(),
-        "left attached: {:?}",
-        our_tc_links()
-    );
-    assert!(
-        our_loaded_programs().is_empty(),
-        "left loaded: {:?}",
-        our_loaded_programs()
-    );
 }
 
 #[test]
@@ -83,7 +57,7 @@ fn unknown_interface_is_named_and_nothing_is_attached() {
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let line = error_line(&o);
     assert!(line.contains("unknown interface \"nosuch0\""), "{line}");
-    nothing_attached();
+    assert_nothing_attached();
 }
 
 #[test]
@@ -130,7 +104,7 @@ fn metrics_port_in_use_fails_before_anything_is_attached() {
         line.contains(&addr) && line.contains("cannot listen"),
         "{line}"
     );
-    nothing_attached();
+    assert_nothing_attached();
 }
 
 #[test]
@@ -156,5 +130,5 @@ fn without_root_the_missing_capabilities_are_named() {
     for cap in ["CAP_BPF", "CAP_PERFMON", "CAP_NET_ADMIN"] {
         assert!(line.contains(cap), "{cap} not named: {line}");
     }
-    nothing_attached();
+    assert_nothing_attached();
 }

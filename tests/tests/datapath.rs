@@ -89,47 +89,20 @@ fn suspects_in_nonlinear_skbs_are_counted_exactly() {
     if !require_root("nonlinear_skbs") {
         return;
     }
-    if xtask::setup::which("trafgen").is_none() {
-        eprintln!(
-            "skipping nonlinear_skbs: trafgen (netsniff-ng) not installed; run cargo xtask setup"
-        );
+    if !probe_tests::trafgen::available("nonlinear_skbs") {
         return;
     }
     let lab = lab_up(Variants::default());
     let agent = agent();
-    let mac = |ns: &str, dev: &str| {
-        let out = sh(&["ip", "-n", ns, "-j", "link", "show", dev]);
-        let v: Value = serde_json::from_str(&out).unwrap();
-        v[0]["address"].as_str().unwrap().to_string()
-    };
-    let conf = format!(
-        "{{ eth(da={}, sa={}, type=0x0800), ipv4(saddr={}, daddr={}, ttl=64), \
-         udp(sport=drnd(1024, 65000), dport=9), fill(0x00, 18) }}\n",
-        mac(lab::NS_NODE, lab::NODE_NIC),
-        mac(lab::NS_LB, "vnode"),
-        lab::VIP,
-        lab::NODE_IP
+    // TX ring mode (the helper's): the non-linear layout under test.
+    probe_tests::trafgen::send_from_lb(
+        &probe_tests::trafgen::ipv4_frame_to_node(
+            lab::VIP,
+            lab::NODE_IP,
+            "udp(sport=drnd(1024, 65000), dport=9), fill(0x00, 18)",
+        ),
+        1000,
     );
-    let dir = probe_tests::agent::tempdir::TempDir::new("nonlinear");
-    let path = dir.path().join("vip.trafgen");
-    std::fs::write(&path, conf).unwrap();
-    // TX ring mode (no --gap): the non-linear layout under test.
-    sh(&[
-        "ip",
-        "netns",
-        "exec",
-        lab::NS_LB,
-        "trafgen",
-        "--dev",
-        "vnode",
-        "--conf",
-        path.to_str().unwrap(),
-        "--cpus",
-        "1",
-        "-n",
-        "1000",
-        "-q",
-    ]);
     let counted = wait_for("1000 VIP suspects counted", WAIT, || {
         let n = suspects_of_tag(probe_common::tag::VIP);
         (n >= 1000).then_some(n)

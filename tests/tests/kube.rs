@@ -226,6 +226,65 @@ fn without_api_access_events_are_confirmed_by_address() {
     drop(lab);
 }
 
+/// kube-runtime restarts a watch after a non-410 error without a word to its consumer (no
+/// relist, no event until an object changes): `clbprobe_kube_connected` must come back with
+/// the restarted watches, not with the next change.
+#[test]
+fn connected_again_when_the_watches_resume_after_a_non_410_error() {
+    if !require_root("kube_rewatch") {
+        return;
+    }
+    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    let (api, mut agent, _dir) = start(fixtures::lab(), |_| {});
+    // The metrics read a snapshot taken every so often: wait for a state, do not sample it.
+    let wait_connected = |want: u8| {
+        let line = format!("clbprobe_kube_connected {want}");
+        wait_for(&line, WAIT, || {
+            (metric("clbprobe_kube_connected") == line).then_some(())
+        })
+    };
+    wait_connected(1).expect("connected");
+    let sources = [
+        "/api/v1/pods?",
+        "/api/v1/services?",
+        "/apis/discovery.k8s.io/v1/endpointslices?",
+    ];
+    let is_watch = |path: &str| path.contains("watch=true") || path.contains("watch=1");
+    wait_for("the three watches open", WAIT, || {
+        let requests = api.requests();
+        sources
+            .iter()
+            .all(|s| {
+                requests
+                    .iter()
+                    .any(|r| r.path.starts_with(s) && is_watch(&r.path))
+            })
+            .then_some(())
+    })
+    .expect("the agent's watches");
+
+    // The watches end (an API server restart) and their restarts are refused (403).
+    let before = api.requests().len();
+    for resource in ["pods", "services", "endpointslices"] {
+        api.forbid(resource, "watch");
+    }
+    api.end_watches();
+    agent.wait_log("Kubernetes API not usable", WAIT);
+    wait_connected(0).expect("disconnected after the 403s");
+
+    // Watches allowed again, nothing changed: only the restarted watches can tell.
+    api.allow_all();
+    wait_connected(1).unwrap_or_else(|| panic!("still disconnected:\n{}", agent.log.join("\n")));
+    assert_eq!(agent.count_log("Kubernetes attribution connected"), 2);
+    let relists = api.requests()[before..]
+        .iter()
+        .filter(|r| sources.iter().any(|s| r.path.starts_with(s)) && !is_watch(&r.path))
+        .count();
+    assert_eq!(relists, 0, "the watches resumed from their versions");
+    assert!(agent.stop().success());
+    drop(lab);
+}
+
 #[test]
 fn a_service_added_after_a_410_relist_is_attributed() {
     if !require_root("kube_410") {

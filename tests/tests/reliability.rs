@@ -13,8 +13,8 @@ use std::{
 };
 
 use probe_tests::agent::{
-    Agent, our_loaded_programs, our_tc_attachments, probe_bin, require_root, tempdir::TempDir,
-    wait_for,
+    Agent, assert_nothing_attached, error_line, our_tc_attachments, probe_bin, require_root,
+    stderr, tempdir::TempDir, wait_for,
 };
 use xtask::lab::{self, LabGuard, Variants, http_get_in, in_netns};
 
@@ -53,32 +53,6 @@ fn probe_run(netns: Option<&str>, args: &[&str], limit: Duration) -> Output {
         std::thread::sleep(Duration::from_millis(50));
     }
     child.wait_with_output().unwrap()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-/// The last stderr line: the error.
-fn error_line(o: &Output) -> String {
-    stderr(o)
-        .lines()
-        .rfind(|l| !l.trim().is_empty())
-        .unwrap_or_default()
-        .to_string()
-}
-
-fn nothing_attached() {
-    assert!(
-        our_tc_attachments().is_empty(),
-        "left attached: {:?}",
-        our_tc_attachments()
-    );
-    assert!(
-        our_loaded_programs().is_empty(),
-        "left loaded: {:?}",
-        our_loaded_programs()
-    );
 }
 
 /// One raw HTTP exchange inside the node namespace: what the server wrote before closing.
@@ -179,7 +153,7 @@ fn healthz_answers_through_misbehaving_clients_and_sigterm_ends_the_agent() {
 
     let status = agent.stop();
     assert!(status.success(), "exit status after SIGTERM: {status}");
-    nothing_attached();
+    assert_nothing_attached();
     assert!(
         !socket.exists(),
         "the agent's own socket is removed at exit"
@@ -252,7 +226,7 @@ fn a_second_agent_in_the_namespace_is_refused_naming_the_first() {
         "the first agent's socket is untouched"
     );
     assert!(first.stop().success());
-    nothing_attached();
+    assert_nothing_attached();
 }
 
 /// Defect 5: `--socket` replaces only a stale socket; a regular file, a directory and a live
@@ -330,7 +304,7 @@ fn the_socket_path_is_never_destroyed_or_hijacked() {
     assert!(std::os::unix::net::UnixStream::connect(&stale).is_ok());
     assert!(agent.stop().success());
     assert!(!stale.exists());
-    nothing_attached();
+    assert_nothing_attached();
 }
 
 /// Defects 6 and 7 (usage part): conflicting interfaces and impossible pod CIDRs are usage
@@ -448,7 +422,7 @@ fn an_absent_vip_interface_is_said_and_waited_for() {
     );
     agent.wait_log("VIP interface appeared", Duration::from_secs(5));
     assert!(agent.stop().success());
-    nothing_attached();
+    assert_nothing_attached();
 }
 
 /// Defect 8: an output that cannot be written fails before any program is loaded.
@@ -479,7 +453,7 @@ fn unwritable_outputs_fail_before_the_kernel_is_touched() {
             "{flag}: loaded before checking the output:\n{}",
             stderr(&o)
         );
-        nothing_attached();
+        assert_nothing_attached();
     }
 }
 

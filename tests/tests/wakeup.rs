@@ -7,22 +7,19 @@
 
 use std::time::Duration;
 
-use probe_tests::agent::{Agent, require_root, sh, tempdir::TempDir, wait_for};
-use serde_json::Value;
-use xtask::lab::{self, LabGuard, Outcome, Scenario, Variants, http_get_in};
+use probe_tests::{
+    agent::{Agent, node_metric, require_root, wait_for},
+    trafgen,
+};
+use xtask::lab::{self, LabGuard, Outcome, Scenario, Variants};
 
 const METRICS: &str = "127.0.0.1:19967";
 const WAIT: Duration = Duration::from_secs(10);
 const FRAMES: u64 = 20_000;
 
-/// One sample of `/metrics` (exact name and labels), 0 when absent.
+/// One sample of the agent's `/metrics` (exact name and labels), 0 when absent.
 fn metric(name: &str) -> u64 {
-    let (_, text) = http_get_in(lab::NS_NODE, METRICS, "/metrics").expect("metrics");
-    text.lines()
-        .find(|l| l.rsplit_once(' ').is_some_and(|(n, _)| n == name))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse::<f64>().ok())
-        .map_or(0, |v| v as u64)
+    node_metric(METRICS, name)
 }
 
 fn drop_records(agent: &Agent) -> u64 {
@@ -38,8 +35,7 @@ fn confirming_records_wake_the_reader_within_budget_and_survive_a_flood() {
     if !require_root("wakeup") {
         return;
     }
-    if xtask::setup::which("trafgen").is_none() {
-        eprintln!("skipping wakeup: trafgen (netsniff-ng) not installed; run cargo xtask setup");
+    if !trafgen::available("wakeup") {
         return;
     }
     let lab = LabGuard::up(&Variants::default()).expect("lab up");
@@ -51,40 +47,16 @@ fn confirming_records_wake_the_reader_within_budget_and_survive_a_flood() {
     let past_budget = "clbprobe_kernel_reader_wakeups_suppressed_total";
 
     // A flood of VIP-source frames, each a new flow: every one a suspect and a drop.
-    let mac = |ns: &str, dev: &str| {
-        let out = sh(&["ip", "-n", ns, "-j", "link", "show", dev]);
-        let v: Value = serde_json::from_str(&out).unwrap();
-        v[0]["address"].as_str().unwrap().to_string()
-    };
-    let conf = format!(
-        "{{ eth(da={}, sa={}, type=0x0800), ipv4(saddr={}, daddr={}, ttl=64), \
-         udp(sport=drnd(1024, 65000), dport=drnd(1024, 65000)), fill(0x00, 18) }}\n",
-        mac(lab::NS_NODE, lab::NODE_NIC),
-        mac(lab::NS_LB, "vnode"),
-        lab::VIP,
-        lab::NODE_IP
-    );
-    let dir = TempDir::new("wakeup");
-    let path = dir.path().join("flood.trafgen");
-    std::fs::write(&path, conf).unwrap();
     let suspects = "clbprobe_suspect_packets_total{nic=\"eth0\",source=\"vip\"}";
     let suspects_before = metric(suspects);
-    sh(&[
-        "ip",
-        "netns",
-        "exec",
-        lab::NS_LB,
-        "trafgen",
-        "--dev",
-        "vnode",
-        "--conf",
-        path.to_str().unwrap(),
-        "--cpus",
-        "1",
-        "-n",
-        &FRAMES.to_string(),
-        "-q",
-    ]);
+    trafgen::send_from_lb(
+        &trafgen::ipv4_frame_to_node(
+            lab::VIP,
+            lab::NODE_IP,
+            "udp(sport=drnd(1024, 65000), dport=drnd(1024, 65000)), fill(0x00, 18)",
+        ),
+        FRAMES,
+    );
     let counted = wait_for("every flood frame counted", WAIT, || {
         let n = metric(suspects) - suspects_before;
         (n >= FRAMES).then_some(n)

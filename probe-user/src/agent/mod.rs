@@ -148,7 +148,7 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
     let kube_status = Arc::new(crate::kube::KubeStatus::default());
     let (kube_index, _kube_task) = match &cfg.kube {
         Some(source) => {
-            let client = crate::kube::connect(source).await?;
+            let client = crate::kube::connect_watched(source, &kube_status).await?;
             let (index, task) =
                 crate::kube::watcher::spawn(client, cfg.node_name.clone(), kube_status.clone());
             (Some(index), Some(AbortOnDrop(task)))

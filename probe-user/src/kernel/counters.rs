@@ -4,7 +4,8 @@ use std::net::IpAddr;
 
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap};
 use probe_common::{
-    DropKey, EgressKey, EgressSourceFlows, EgressSourceKey, EgressValue, SuspectKey, stat,
+    DropKey, EgressKey, EgressSourceFlows, EgressSourceKey, EgressValue, SuspectKey, budget, kind,
+    stat, tag,
 };
 
 use crate::event::{EgressRecord, Proto, Tag};
@@ -24,6 +25,9 @@ pub struct CounterSnapshot {
     /// (reason code, source tag, destination tag) -> drops.
     pub drops: Vec<(u32, Option<Tag>, Option<Tag>, u64)>,
     pub budget_suppressed: u64,
+    /// The same by budget class: (record kind, source tag or `other`) -> events; every class
+    /// the kernel can emit, zeros included (`probe_common::budget`).
+    pub budget_suppressed_by_class: Vec<(&'static str, &'static str, u64)>,
     pub ringbuf_full: u64,
     pub dedup_suppressed: u64,
     pub emitted: u64,
@@ -76,6 +80,14 @@ impl Counters {
                 .unwrap_or(0)
         };
         snap.budget_suppressed = stat(stat::BUDGET_SUPPRESSED);
+        snap.budget_suppressed_by_class = BUDGET_CLASSES
+            .iter()
+            .map(|&(kind, record, src_tag)| {
+                let source = Tag::from_raw(src_tag).map_or("other", Tag::as_str);
+                let slot = stat::BUDGET_SUPPRESSED_BY_CLASS + budget::class(kind, src_tag) as u32;
+                (record, source, stat(slot))
+            })
+            .collect();
         snap.ringbuf_full = stat(stat::RINGBUF_FULL);
         snap.dedup_suppressed = stat(stat::DEDUP_SUPPRESSED);
         snap.emitted = stat(stat::EMITTED);
@@ -86,6 +98,19 @@ impl Counters {
         snap
     }
 }
+
+/// The budget classes the kernel emits: (kind, record name as in `--record`, source tag).
+/// A drop's source tag is `NONE` when only its destination (a bound VIP) matched.
+const BUDGET_CLASSES: [(u8, &str, u8); 8] = [
+    (kind::SUSPECT, "suspect", tag::NODE),
+    (kind::SUSPECT, "suspect", tag::VIP),
+    (kind::SUSPECT, "suspect", tag::POD),
+    (kind::DROP, "drop", tag::NODE),
+    (kind::DROP, "drop", tag::VIP),
+    (kind::DROP, "drop", tag::POD),
+    (kind::DROP, "drop", tag::NONE),
+    (kind::VIP_EGRESS, "vip_egress", tag::VIP),
+];
 
 /// The LRU map of un-SNATed pod egress openers, and its per-source index.
 ///

@@ -23,10 +23,14 @@
 pub mod enrich;
 pub mod index;
 pub mod watcher;
+pub mod watches;
 
 use std::{
     path::PathBuf,
-    sync::atomic::{AtomicBool, Ordering},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
 };
 
 use anyhow::Context as _;
@@ -101,7 +105,24 @@ impl KubeArgs {
 
 /// A client for `source` (reads the kubeconfig or the in-cluster files; sends nothing).
 pub async fn connect(source: &KubeSource) -> anyhow::Result<kube::Client> {
-    let config = match source {
+    kube::Client::try_from(config(source).await?).context("building the Kubernetes client")
+}
+
+/// [`connect`] for [`watcher::spawn`]: the client also counts the watches the API server
+/// accepts into `status` ([`watches`]), so the watcher sees a restarted watch come back.
+pub async fn connect_watched(
+    source: &KubeSource,
+    status: &KubeStatus,
+) -> anyhow::Result<kube::Client> {
+    let builder = kube::client::ClientBuilder::try_from(config(source).await?)
+        .context("building the Kubernetes client")?;
+    Ok(builder
+        .with_layer(&watches::AcceptedLayer(status.watches.clone()))
+        .build())
+}
+
+async fn config(source: &KubeSource) -> anyhow::Result<kube::Config> {
+    Ok(match source {
         KubeSource::Kubeconfig(path) => {
             let kubeconfig = kube::config::Kubeconfig::read_from(path)
                 .with_context(|| format!("--kubeconfig {}", path.display()))?;
@@ -115,14 +136,15 @@ pub async fn connect(source: &KubeSource) -> anyhow::Result<kube::Client> {
         KubeSource::InCluster => {
             kube::Config::incluster().context("in-cluster Kubernetes configuration")?
         }
-    };
-    kube::Client::try_from(config).context("building the Kubernetes client")
+    })
 }
 
 /// Attribution's connection state, for metrics and the log.
 #[derive(Debug, Default)]
 pub struct KubeStatus {
     connected: AtomicBool,
+    /// Watches the API server accepted, counted on the watcher's client.
+    pub watches: Arc<watches::WatchesAccepted>,
 }
 
 impl KubeStatus {

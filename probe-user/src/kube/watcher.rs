@@ -3,7 +3,9 @@
 //!
 //! kube-runtime's watcher relists on a 410 Gone and retries every failure with its default
 //! backoff (exponential, up to about 30 s), so this task never ends on an API error: it marks
-//! the connection down (one log line per transition) and keeps the last index.
+//! the connection down (one log line per transition) and keeps the last index. It is up again
+//! when every source has a complete list and no error since, or its watch was restarted
+//! after the error (which kube-runtime does not report: see `watches`).
 
 use std::{sync::Arc, time::Duration};
 
@@ -29,7 +31,8 @@ fn listed<K>(event: watcher::Event<K>) -> bool {
 /// How long index rebuilds are batched (a relist applies every object at once).
 const REBUILD_EVERY: Duration = Duration::from_millis(200);
 
-const SOURCES: [&str; 3] = ["pods", "services", "endpointslices"];
+/// The watched resources, in the order of the streams below (also `watches`' index).
+pub(super) const SOURCES: [&str; 3] = ["pods", "services", "endpointslices"];
 
 /// Starts the reflectors; the receiver always holds the latest index (empty until the first
 /// lists arrive). The task runs until the handle is aborted or the receivers are dropped.
@@ -82,6 +85,9 @@ async fn run(
     ];
     let mut events = futures::stream::select_all(streams);
     let mut healthy = [false; 3];
+    // Per source, the accepted-watch count at its last error: a higher count means the
+    // watcher restarted that watch since (see `watches`; the store kept its complete list).
+    let mut accepted_at_error: [Option<u64>; 3] = [None; 3];
     let mut dirty = false;
     let mut reported_down = false;
     let mut rebuild = tokio::time::interval(REBUILD_EVERY);
@@ -95,6 +101,7 @@ async fn run(
                 }
                 Some((source, Err(error))) => {
                     healthy[source] = false;
+                    accepted_at_error[source] = Some(status.watches.count(source));
                     if status.set_connected(false) || !reported_down {
                         warn!(
                             %error,
@@ -107,6 +114,14 @@ async fn run(
                 None => return,
             },
             _ = rebuild.tick() => {
+                for (source, at_error) in accepted_at_error.iter_mut().enumerate() {
+                    if at_error.is_some_and(|n| status.watches.count(source) > n) {
+                        *at_error = None;
+                        healthy[source] = true;
+                        // No index change, but the connection is reported below.
+                        dirty = true;
+                    }
+                }
                 if dirty {
                     dirty = false;
                     let index = Index::build(

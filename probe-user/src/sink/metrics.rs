@@ -61,6 +61,12 @@ struct StageLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BudgetClassLabels {
+    record: String,
+    source: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct SetLabels {
     set: String,
 }
@@ -143,6 +149,10 @@ pub struct MetricsInput {
     pub drops_by_reason: Vec<(String, u64)>,
     /// (stage, count).
     pub suppressed: Vec<(String, u64)>,
+    /// The `budget` stage by class, (record kind, source, count): each class has its own
+    /// per-CPU budget, so this says which records were shed (a flood of one class, or the
+    /// drops and VIP-source suspects that confirm a health-check blackhole).
+    pub budget_suppressed_by_class: Vec<(String, String, u64)>,
     pub set_sizes: Vec<(String, u64)>,
     pub attached_interfaces: u64,
     pub ready: bool,
@@ -204,6 +214,11 @@ impl MetricsInput {
                 ("dedup".into(), c.dedup_suppressed),
                 ("queue".into(), snap.userspace_queue_full),
             ],
+            budget_suppressed_by_class: c
+                .budget_suppressed_by_class
+                .iter()
+                .map(|(record, source, n)| (record.to_string(), source.to_string(), *n))
+                .collect(),
             set_sizes: Tag::ALL
                 .iter()
                 .map(|t| {
@@ -287,6 +302,21 @@ pub fn render(input: &MetricsInput) -> String {
         "events_suppressed",
         "Events not delivered: kernel budget, full ring buffer, kernel per-flow dedup, userspace queue",
         suppressed,
+    );
+
+    let by_class = Family::<BudgetClassLabels, Counter>::default();
+    for (record, source, n) in &input.budget_suppressed_by_class {
+        by_class
+            .get_or_create(&BudgetClassLabels {
+                record: record.clone(),
+                source: source.clone(),
+            })
+            .inc_by(*n);
+    }
+    reg.register(
+        "events_budget_suppressed",
+        "Kernel records the per-CPU budget suppressed, by record kind and source (each pair has its own budget)",
+        by_class,
     );
 
     let sets = Family::<SetLabels, Gauge>::default();
@@ -608,6 +638,10 @@ mod tests {
             suspects: vec![("eth0".into(), "vip".into(), 7)],
             drops_by_reason: vec![("IP_LOCAL_SOURCE".into(), 5)],
             suppressed: vec![("budget".into(), 2), ("ringbuf".into(), 0)],
+            budget_suppressed_by_class: vec![
+                ("suspect".into(), "pod".into(), 2),
+                ("drop".into(), "vip".into(), 0),
+            ],
             set_sizes: vec![("vip".into(), 2), ("node".into(), 4), ("pod".into(), 2)],
             attached_interfaces: 2,
             ready: true,
@@ -632,6 +666,8 @@ mod tests {
             "clbprobe_suspect_packets_total{nic=\"eth0\",source=\"vip\"} 7",
             "clbprobe_kernel_drops_total{reason=\"IP_LOCAL_SOURCE\"} 5",
             "clbprobe_events_suppressed_total{stage=\"budget\"} 2",
+            "clbprobe_events_budget_suppressed_total{record=\"suspect\",source=\"pod\"} 2",
+            "clbprobe_events_budget_suppressed_total{record=\"drop\",source=\"vip\"} 0",
             "clbprobe_local_addresses{set=\"vip\"} 2",
             "clbprobe_build_info{version=\"0.1.0\",kernel=\"6.18.44\"} 1",
             "clbprobe_ready 1",

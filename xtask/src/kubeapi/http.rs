@@ -387,6 +387,7 @@ fn watch_stream(shared: Arc<Shared>, target: Target, params: HashMap<String, Str
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     tokio::spawn(async move {
         let mut changed = shared.changed.subscribe();
+        let mut end = shared.end_watches.subscribe();
         let info = target.info;
         let namespace = target.namespace;
         let in_scope = |object: &Value| {
@@ -447,6 +448,7 @@ fn watch_stream(shared: Arc<Shared>, target: Target, params: HashMap<String, Str
             }
             tokio::select! {
                 _ = &mut deadline => return,
+                _ = end.recv() => return,
                 _ = changed.recv() => {}
                 _ = bookmark.tick(), if bookmarks => {
                     let object = json!({

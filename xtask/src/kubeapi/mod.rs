@@ -19,7 +19,7 @@
 //!   `resourceVersion` it replays the history after it; without one (or `"0"`) it first sends
 //!   the current objects as ADDED. `allowWatchBookmarks=true` adds a BOOKMARK (object with only
 //!   `kind`, `apiVersion`, `metadata.resourceVersion`) every [`BOOKMARK_INTERVAL`].
-//!   `timeoutSeconds` ends the stream.
+//!   `timeoutSeconds` ends the stream, and so does [`FakeApiServer::end_watches`].
 //! - 410 Gone: after [`FakeApiServer::expire_history`], a watch from a resourceVersion older than
 //!   the expiry gets one ERROR event whose object is the Status (code 410, reason `Expired`) and
 //!   the stream ends; a list with such a resourceVersion (not `""`/`"0"`) gets a 410 response.
@@ -48,6 +48,7 @@
 //! api.delete("Service", "shop", "web");           // kind or plural resource name
 //! api.forbid("pods", "watch");                     // 403 from now on
 //! api.expire_history();                            // old resourceVersions -> 410
+//! api.end_watches();                               // open watches end; clients re-watch
 //! let _services: Vec<serde_json::Value> = api.objects("services");
 //! let _writes = api.requests().iter().filter(|r| r.method == "POST").count();
 //! api.stop();                                      // also on drop
@@ -93,6 +94,8 @@ pub(crate) struct Shared {
     pub(crate) requests: Mutex<Vec<Request>>,
     /// Wakes watches on every change.
     pub(crate) changed: tokio::sync::broadcast::Sender<()>,
+    /// Ends every open watch ([`FakeApiServer::end_watches`]).
+    pub(crate) end_watches: tokio::sync::broadcast::Sender<()>,
 }
 
 /// The fake API server; see the module documentation.
@@ -122,11 +125,13 @@ impl FakeApiServer {
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
         let (changed, _) = tokio::sync::broadcast::channel(1024);
+        let (end_watches, _) = tokio::sync::broadcast::channel(16);
         let shared = Arc::new(Shared {
             store: Mutex::new(Store::default()),
             forbidden: Mutex::new(HashSet::new()),
             requests: Mutex::new(Vec::new()),
             changed,
+            end_watches,
         });
         let (shutdown, shutdown_rx) = tokio::sync::oneshot::channel();
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -208,6 +213,12 @@ impl FakeApiServer {
             .lock()
             .unwrap()
             .insert((resource.to_owned(), verb.to_owned()));
+    }
+
+    /// Ends every open watch stream (as an API server restart, or a proxy in front of it,
+    /// does): the clients re-watch from their resourceVersion, no relist.
+    pub fn end_watches(&self) {
+        let _ = self.shared.end_watches.send(());
     }
 
     /// Lifts every [`forbid`](Self::forbid).

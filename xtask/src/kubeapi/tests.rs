@@ -296,6 +296,57 @@ fn the_runtime_watcher_relists_after_410_and_sees_later_objects() {
 }
 
 #[test]
+fn ended_watches_are_rewatched_from_their_version_without_a_relist() {
+    runtime().block_on(async {
+        let (api, client, _dir) = setup().await;
+        let services: Api<Service> = Api::all(client);
+        let mut events = watcher(services, watcher::Config::default()).boxed();
+        let watches = |api: &FakeApiServer| {
+            api.requests()
+                .iter()
+                .filter(|r| r.path.starts_with("/api/v1/services?") && r.path.contains("watch="))
+                .count()
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        let (mut ended, mut changed) = (false, false);
+        loop {
+            assert!(tokio::time::Instant::now() < deadline, "no late Service");
+            // The watcher opens its watch only while polled: poll; once the watch is open, end
+            // it; once it is open again, change something (seen through the new watch only).
+            match tokio::time::timeout(Duration::from_millis(50), events.next()).await {
+                Err(_) if !ended && watches(&api) == 1 => {
+                    ended = true;
+                    api.end_watches();
+                }
+                Err(_) if ended && !changed && watches(&api) == 2 => {
+                    changed = true;
+                    let mut late = fixtures::parse(fixtures::SERVICE_WEB);
+                    late["metadata"]["name"] = json!("late");
+                    api.apply(late);
+                }
+                Err(_) => {}
+                Ok(event) => {
+                    if let watcher::Event::Apply(service) = event.unwrap().unwrap()
+                        && service.metadata.name.as_deref() == Some("late")
+                    {
+                        break;
+                    }
+                }
+            }
+        }
+        let lists = api
+            .requests()
+            .iter()
+            .filter(|r| r.path.starts_with("/api/v1/services?") && !r.path.contains("watch="))
+            .count();
+        assert_eq!(
+            lists, 1,
+            "no relist: re-watched from the version after the end"
+        );
+    });
+}
+
+#[test]
 fn forbidden_is_a_real_shaped_403() {
     runtime().block_on(async {
         let (api, client, _dir) = setup().await;
