@@ -599,7 +599,8 @@ pub fn clb_egress(ctx: TcContext) -> i32 {
 
 /// Adds a new `EGRESS_FLOWS` record to its source's ring in `EGRESS_SOURCES`: one more map
 /// update per new record (never per packet). Two CPUs recording the same source at once may
-/// both write one slot; the agent then misses the older of the two flows (never a wrong one).
+/// both write one slot; the index then lacks the older of the two flows (never names a wrong
+/// one), which only a layer-7 guess could notice: a layer-4 match looks its flow up by key.
 #[inline(always)]
 fn index_egress_source(key: &EgressKey) {
     use probe_common::{EGRESS_SOURCE_SLOTS, EgressSourceFlows, EgressSourceKey};
