@@ -75,6 +75,8 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
     if !crate::setup::is_root() {
         bail!("cargo xtask chaos needs root (namespaces, eBPF): run it with sudo -E");
     }
+    // Its rows run in the bench's `clb-bench-*` namespaces: one of either per machine.
+    let _lock = crate::bench::lock::take()?;
     let root = workspace_root();
     // Figures from the release build (what the DaemonSet runs); the smoke run takes the debug
     // build CI has already made.

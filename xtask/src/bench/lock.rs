@@ -33,7 +33,9 @@ pub fn take() -> Result<BenchLock> {
     if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         let err = std::io::Error::last_os_error();
         if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            bail!("another bench is running on this machine (it holds {LOCK_PATH}); wait for it");
+            bail!(
+                "another bench or chaos run is using this machine's clb-bench namespaces (it holds {LOCK_PATH}); wait for it"
+            );
         }
         bail!("flock {LOCK_PATH}: {err}");
     }

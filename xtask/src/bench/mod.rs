@@ -43,7 +43,7 @@ mod classes;
 pub(crate) mod detect;
 mod doc;
 pub(crate) mod footprint;
-mod lock;
+pub(crate) mod lock;
 pub(crate) mod net;
 pub(crate) mod ratio;
 pub mod report;
