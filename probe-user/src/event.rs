@@ -69,6 +69,18 @@ impl Proto {
         }
     }
 
+    /// The IP protocol number, the inverse of [`Proto::from_raw`] (ICMP's depends on the
+    /// family).
+    pub fn to_raw(self, ipv6: bool) -> u8 {
+        match self {
+            Proto::Tcp => 6,
+            Proto::Udp => 17,
+            Proto::Icmp if ipv6 => 58,
+            Proto::Icmp => 1,
+            Proto::Other(n) => n,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Proto::Tcp => "tcp",
@@ -191,5 +203,17 @@ impl EgressRecord {
     /// after `t`). A flow still sending after `t` was sending at `t`.
     pub fn latest_by(&self, t: u64) -> Option<u64> {
         (self.ts_ns <= t).then(|| self.last_ns.unwrap_or(self.ts_ns).clamp(self.ts_ns, t))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Proto;
+
+    #[test]
+    fn protocol_numbers_round_trip() {
+        for (raw, ipv6) in [(6, false), (17, true), (1, false), (58, true), (132, false)] {
+            assert_eq!(Proto::from_raw(raw).to_raw(ipv6), raw);
+        }
     }
 }

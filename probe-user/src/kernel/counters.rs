@@ -149,11 +149,7 @@ impl EgressTable {
     /// oldest first: one look-up of the index, one per flow in it.
     pub fn by_source(&self, src: IpAddr, nic_name: impl Fn(u32) -> String) -> Vec<EgressRecord> {
         let addr = crate::kernel::reader::addr_bytes(src);
-        let family = if src.is_ipv4() {
-            probe_common::family::V4
-        } else {
-            probe_common::family::V6
-        };
+        let family = crate::kernel::reader::family_of(src);
         let source = EgressSourceKey {
             addr,
             family,
@@ -217,23 +213,11 @@ impl EgressTable {
         proto: Proto,
         nic_name: impl Fn(u32) -> String,
     ) -> Option<EgressRecord> {
-        let family = if src.is_ipv4() {
-            probe_common::family::V4
-        } else {
-            probe_common::family::V6
-        };
-        let raw = match proto {
-            Proto::Tcp => 6,
-            Proto::Udp => 17,
-            Proto::Icmp if src.is_ipv4() => 1,
-            Proto::Icmp => 58,
-            Proto::Other(n) => n,
-        };
         let key = EgressKey {
             addr: crate::kernel::reader::addr_bytes(src),
             port: sport,
-            proto: raw,
-            family,
+            proto: proto.to_raw(src.is_ipv6()),
+            family: crate::kernel::reader::family_of(src),
         };
         let value = self.map.get(&key, 0).ok()?;
         Some(egress_record(src, &key, &value, &nic_name))
@@ -396,11 +380,7 @@ mod tests {
     fn source_key(addr: IpAddr) -> EgressSourceKey {
         EgressSourceKey {
             addr: crate::kernel::reader::addr_bytes(addr),
-            family: if addr.is_ipv4() {
-                probe_common::family::V4
-            } else {
-                probe_common::family::V6
-            },
+            family: crate::kernel::reader::family_of(addr),
             _pad: [0; 3],
         }
     }

@@ -58,6 +58,15 @@ pub fn addr_from(fam: u8, bytes: [u8; 16]) -> IpAddr {
     }
 }
 
+/// The record family of an address (`probe_common::family`).
+pub fn family_of(addr: IpAddr) -> u8 {
+    if addr.is_ipv4() {
+        family::V4
+    } else {
+        family::V6
+    }
+}
+
 pub fn addr_bytes(addr: IpAddr) -> [u8; 16] {
     let mut out = [0u8; 16];
     match addr {
@@ -250,8 +259,7 @@ mod tests {
     fn address_bytes_round_trip() {
         for a in ["198.18.0.2", "2001:db8::1"] {
             let ip: IpAddr = a.parse().unwrap();
-            let fam = if ip.is_ipv4() { family::V4 } else { family::V6 };
-            assert_eq!(addr_from(fam, addr_bytes(ip)), ip);
+            assert_eq!(addr_from(family_of(ip), addr_bytes(ip)), ip);
         }
     }
 }
