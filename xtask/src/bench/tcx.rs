@@ -18,7 +18,8 @@ const BPF_LINK_GET_FD_BY_ID: libc::c_long = 30;
 const BPF_LINK_DETACH: libc::c_long = 34;
 const BPF_PROG_TYPE_SCHED_CLS: u32 = 3;
 
-fn bpf(cmd: libc::c_long, attr: &mut [u32; 16]) -> std::io::Result<OwnedFd> {
+/// bpf(2) with a 64-byte `bpf_attr`: its non-negative return value.
+fn bpf_call(cmd: libc::c_long, attr: &mut [u32; 16]) -> std::io::Result<i64> {
     // SAFETY: a zero-initialised bpf_attr of 64 bytes; the kernel reads only what `cmd` uses.
     let rc = unsafe {
         libc::syscall(
@@ -31,26 +32,19 @@ fn bpf(cmd: libc::c_long, attr: &mut [u32; 16]) -> std::io::Result<OwnedFd> {
     if rc < 0 {
         return Err(std::io::Error::last_os_error());
     }
-    // SAFETY: every command used here returns a new descriptor we own.
-    Ok(unsafe { OwnedFd::from_raw_fd(rc as i32) })
+    Ok(rc)
+}
+
+/// A bpf(2) command that returns a new descriptor.
+fn bpf(cmd: libc::c_long, attr: &mut [u32; 16]) -> std::io::Result<OwnedFd> {
+    let fd = bpf_call(cmd, attr)?;
+    // SAFETY: every command used through here returns a new descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
 /// bpf(2) commands that return 0 on success must not be wrapped as a descriptor.
 fn bpf_plain(cmd: libc::c_long, attr: &mut [u32; 16]) -> std::io::Result<()> {
-    // SAFETY: as in `bpf`.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd,
-            attr.as_mut_ptr(),
-            std::mem::size_of_val(attr) as u32,
-        )
-    };
-    if rc < 0 {
-        Err(std::io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
+    bpf_call(cmd, attr).map(drop)
 }
 
 /// The two instructions of the empty classifier: `r0 = -1` (TC_ACT_UNSPEC: tcx goes on as if
