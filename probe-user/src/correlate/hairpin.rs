@@ -20,6 +20,7 @@
 
 use std::{collections::HashSet, net::IpAddr};
 
+use super::aggregate::NewEvent as _;
 use super::{
     AggregateKey, Correlator, DropInfo, EgressFlowKey, Layer, LoopbackEvent, Outcome, Output,
     PendingQuery, Query, QueryCtx, RecentDrop, SEC, SnatState,
