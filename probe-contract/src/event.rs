@@ -144,6 +144,18 @@ pub enum Outcome {
     Refused,
 }
 
+impl Outcome {
+    /// The JSON spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Dropped => "dropped",
+            Outcome::Reset => "reset",
+            Outcome::NoReply => "no_reply",
+            Outcome::Refused => "refused",
+        }
+    }
+}
+
 /// Layer of the LB listener a hairpin went through.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

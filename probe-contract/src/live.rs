@@ -11,7 +11,11 @@ use crate::{
 };
 
 /// A point-in-time view for the live view's header and tables.
+///
+/// `#[serde(default)]` here and on the status and counter structs: a client reads an agent of
+/// another version (a field it does not know is ignored, one the agent does not send is zero).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Snapshot {
     pub node: String,
     pub status: NodeStatus,

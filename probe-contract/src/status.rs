@@ -10,6 +10,7 @@ use crate::event::{Proto, Tag};
 
 /// What the node looks like to the probe now; published to the metrics and the live view.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct NodeStatus {
     pub attached: Vec<(String, u32)>,
     pub nics: Vec<String>,
@@ -34,6 +35,16 @@ pub enum TcMode {
     Netlink,
 }
 
+impl TcMode {
+    /// The JSON spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TcMode::Tcx => "tcx",
+            TcMode::Netlink => "netlink",
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DropHook {
@@ -41,6 +52,17 @@ pub enum DropHook {
     RawTracepoint,
     /// No drop visibility (the kernel refused both hooks): suspects are still counted.
     None,
+}
+
+impl DropHook {
+    /// The JSON spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DropHook::TpBtf => "tp_btf",
+            DropHook::RawTracepoint => "raw_tracepoint",
+            DropHook::None => "none",
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -74,6 +96,7 @@ impl fmt::Display for Features {
 
 /// One summed read of every counter.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct CounterSnapshot {
     /// (ifindex, tag, protocol) -> packets.
     pub suspects: Vec<(u32, Tag, Proto, u64)>,
@@ -106,6 +129,7 @@ impl CounterSnapshot {
 
 /// Suspects seen, by source tag.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct TagCounts {
     pub node: u64,
     pub vip: u64,
@@ -121,6 +145,7 @@ impl TagCounts {
 
 /// Confirmations (reports, repeats included), by kind.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct KindCounts {
     pub healthcheck_blackhole: u64,
     pub hairpin: u64,
@@ -132,6 +157,7 @@ pub struct KindCounts {
 /// `suspects_seen.total() == suspects_confirmed + suspects_unconfirmed + pending_suspects`,
 /// `drops_seen == drops_confirming + drops_unmatched + pending_drops`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct CorrelatorStats {
     pub suspects_seen: TagCounts,
     /// Suspects that are part of a confirmed event.

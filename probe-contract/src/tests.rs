@@ -137,3 +137,39 @@ fn every_kind_has_a_reason_that_names_it_back() {
     }
     assert_eq!(kube_event::kind_of_reason("Pulled"), None);
 }
+
+/// `as_str` (what the live view and the metrics print) is the JSON spelling.
+#[test]
+fn as_str_is_the_json_spelling() {
+    fn same<T: serde::Serialize>(v: T, s: &str) {
+        assert_eq!(serde_json::to_value(v).unwrap(), s);
+    }
+    for k in [
+        LoopbackKind::HealthcheckBlackhole,
+        LoopbackKind::Hairpin,
+        LoopbackKind::VipPortUnserved,
+        LoopbackKind::VipAsSource,
+    ] {
+        same(k, k.as_str());
+    }
+    for o in [
+        Outcome::Dropped,
+        Outcome::Reset,
+        Outcome::NoReply,
+        Outcome::Refused,
+    ] {
+        same(o, o.as_str());
+    }
+    for t in Tag::ALL {
+        same(t, t.as_str());
+    }
+    for m in [TcMode::Tcx, TcMode::Netlink] {
+        same(m, m.as_str());
+    }
+    for h in [DropHook::TpBtf, DropHook::RawTracepoint, DropHook::None] {
+        same(h, h.as_str());
+    }
+    for p in [Proto::Tcp, Proto::Udp, Proto::Icmp] {
+        same(p, p.as_str());
+    }
+}

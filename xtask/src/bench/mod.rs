@@ -57,6 +57,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
+use probe_contract::{LoopbackEvent, LoopbackKind};
 
 use self::{
     net::BenchNet,
@@ -847,13 +848,13 @@ fn latency(
     }
     let mut ms = Vec::new();
     for (at, line) in &lines {
-        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+        let Ok(e) = serde_json::from_str::<LoopbackEvent>(line) else {
             continue;
         };
-        if v["kind"] != "healthcheck_blackhole" {
+        if e.kind != LoopbackKind::HealthcheckBlackhole {
             continue;
         }
-        if let Some(ts) = v["dst_port"].as_u64().and_then(|p| drop_ts.get(&p)) {
+        if let Some(ts) = drop_ts.get(&u64::from(e.dst_port)) {
             ms.push(at.saturating_sub(*ts) as f64 / 1e6);
         }
     }
