@@ -85,6 +85,7 @@
 
 mod aggregate;
 mod blackhole;
+mod conntrack;
 mod drop_reason;
 mod evidence;
 mod hairpin;
@@ -112,10 +113,8 @@ use serde::{Deserialize, Serialize};
 use self::hairpin::Stage;
 pub use self::report::{AggregateKey, Layer, LoopbackEvent, LoopbackKind, Outcome, SnatState};
 use self::{
-    aggregate::Aggregate,
-    blackhole::VipSuspect,
-    drop_reason::local_source_drop,
-    hairpin::{CtAnswer, Flow},
+    aggregate::Aggregate, blackhole::VipSuspect, conntrack::CtAnswer,
+    drop_reason::local_source_drop, hairpin::Flow,
 };
 #[cfg(test)]
 use crate::{event::tcp_flags, state::ServiceSource};
