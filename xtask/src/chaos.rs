@@ -44,7 +44,7 @@ use crate::{
         tools::{Agent, RawSender, metric_sum, pause, proc_usage, trafgen, trafgen_config},
     },
     lab::in_netns,
-    testrun::workspace_root,
+    workspace_root,
 };
 
 #[derive(Debug, Clone, clap::Args)]

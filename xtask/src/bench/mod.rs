@@ -160,7 +160,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         bail!("cargo xtask bench needs root (namespaces, eBPF, bpf_stats): run it with sudo");
     }
     let _lock = lock::take()?;
-    let root = crate::vm::workspace_root();
+    let root = crate::workspace_root();
     let measured = measured_line(&args, &root);
     // Each part's summary lines, tagged with its first table's section when it returns.
     let mut rows: Vec<(String, String, String)> = Vec::new();
