@@ -33,7 +33,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use super::{METRICS_PORT, Row, prog_ids_of};
+use super::{METRICS_PORT, Row, observe::prog_ids_of};
 use crate::bench::{
     net,
     report::percentile,

@@ -1,0 +1,109 @@
+//! Live-view clients that never read or write garbage, while `/healthz` is probed.
+
+use std::{
+    io::Write as _,
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use anyhow::Result;
+
+use crate::{
+    bench::{
+        net::{self},
+        report::percentile,
+        tools::{Agent, proc_usage},
+    },
+    lab::in_netns,
+};
+
+use super::{
+    METRICS_PORT, Row,
+    observe::{get, live_status, proc_threads},
+};
+
+/// Many live-view clients that never read, some writing garbage, while `/healthz` is probed.
+pub(super) fn live_view_clients(
+    probe: &Path,
+    work: &Path,
+    clients: usize,
+    secs: u64,
+) -> Result<Row> {
+    let agent = Agent::start(probe, work, METRICS_PORT)?;
+    let pid = agent.pid();
+    let socket = work.join("agent.sock");
+    let mut held = Vec::new();
+    let mut refused = 0;
+    for i in 0..clients {
+        match std::os::unix::net::UnixStream::connect(&socket) {
+            Ok(mut s) => {
+                if i % 10 == 0 {
+                    let _ = s.set_write_timeout(Some(Duration::from_millis(100)));
+                    let garbage: Vec<u8> = (0..4096u32)
+                        .map(|b| (b.wrapping_mul(2_654_435_761) >> 13) as u8)
+                        .collect();
+                    let _ = s.write_all(&garbage);
+                }
+                held.push(s);
+            }
+            Err(_) => refused += 1,
+        }
+    }
+    let addr = format!("127.0.0.1:{METRICS_PORT}");
+    let (probes, threads, rss) = in_netns(net::NS_NODE, || {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        let mut probes = Vec::new();
+        let (mut threads, mut rss) = (0u64, 0u64);
+        while Instant::now() < deadline {
+            let t = Instant::now();
+            let status = get(&addr, "/healthz", Duration::from_secs(5));
+            probes.push((status, t.elapsed().as_secs_f64() * 1e3));
+            threads = threads.max(proc_threads(pid));
+            rss = rss.max(proc_usage(pid).map(|u| u.1).unwrap_or(0));
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok((probes, threads, rss))
+    })?;
+    // A new client still gets its snapshot while the others are held.
+    let fresh = live_status(&socket).is_some();
+    drop(held);
+    let alive = proc_threads(pid) > 0;
+    drop(agent);
+    let answered: Vec<f64> = probes
+        .iter()
+        .filter(|(s, _)| *s == Some(200))
+        .map(|(_, ms)| *ms)
+        .collect();
+    let missed = probes.len() - answered.len();
+    let over_1s = answered.iter().filter(|ms| **ms > 1000.0).count();
+    let mut problems = Vec::new();
+    if missed > 0 || over_1s > 0 {
+        problems.push(format!(
+            "{missed} /healthz probes unanswered, {over_1s} over 1 s"
+        ));
+    }
+    if !fresh {
+        problems.push("a new live-view client got no snapshot".into());
+    }
+    if !alive {
+        problems.push("the agent died".into());
+    }
+    Ok(Row {
+        fault: format!(
+            "{clients} live-view clients held open for {secs} s, none reading, one in ten writing 4 KiB of garbage"
+        ),
+        checked: "/healthz probed every 100 ms answers 200 within 1 s; a new live-view client still gets its snapshot; agent threads and RSS".into(),
+        figure: format!(
+            "/healthz {} probes: p50 {:.1} ms, max {:.1} ms; {refused} connections refused; agent peak {threads} threads, {} MiB RSS",
+            probes.len(),
+            percentile(&answered, 50.0),
+            answered.iter().copied().fold(0.0, f64::max),
+            rss / 1024,
+        ),
+        verdict: if problems.is_empty() {
+            Ok("nothing lost".into())
+        } else {
+            Err(problems.join("; "))
+        },
+    })
+}
