@@ -1,0 +1,122 @@
+//! Failure 3: an LB ingress IP bound locally answers in-cluster calls only on the ports a
+//! service serves. A risk when a port the Service declares (API, kube-proxy's sets) or every
+//! port is unserved; a warning otherwise (the LB's other listeners are not visible here).
+
+use super::{bound_lb_ips, named, targets_of};
+use crate::{
+    check::{Finding, Inputs, Kind, Severity},
+    correlate::remedy,
+    event::Proto,
+};
+
+fn port_list(ports: &[(u16, Proto)]) -> String {
+    ports
+        .iter()
+        .map(|(p, proto)| format!("{p}/{}", proto.as_str()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Failure 3: an LB ingress IP bound locally answers in-cluster calls only on the ports a
+/// service serves. A risk when a port the Service declares (API, kube-proxy's sets) or every
+/// port is unserved; a warning otherwise (the LB's other listeners are not visible here).
+pub fn vip_port_unserved(inp: &Inputs) -> Vec<Finding> {
+    bound_lb_ips(inp)
+        .into_iter()
+        .map(|ip| {
+            let targets = targets_of(inp, ip);
+            let mut served: Vec<(u16, Proto)> = inp
+                .services
+                .services
+                .iter()
+                .filter(|s| s.vip == ip)
+                .map(|s| (s.port, s.proto))
+                .collect();
+            served.sort_by_key(|(p, proto)| (*p, proto.as_str()));
+            served.dedup();
+            let mut unserved: Vec<(u16, Proto)> = targets
+                .iter()
+                .filter_map(|t| Some((t.port?, t.proto)))
+                .filter(|pp| !served.contains(pp))
+                .collect();
+            unserved.sort_by_key(|(p, proto)| (*p, proto.as_str()));
+            unserved.dedup();
+            let source = inp
+                .services
+                .source
+                .map_or("service table", |s| match s {
+                    crate::state::ServiceSource::Ipvs => "IPVS",
+                    crate::state::ServiceSource::Iptables => "iptables",
+                    crate::state::ServiceSource::Nftables => "nftables",
+                });
+            let mut evidence = vec![if served.is_empty() {
+                format!("{source}: no service for {ip} on any port")
+            } else {
+                format!("{source}: {ip} served on {} only", port_list(&served))
+            }];
+            let filtered = !inp.services.access_filter.is_empty();
+            if filtered {
+                evidence.push(
+                    "KUBE-IPVS-FILTER present: calls to other ports are REJECTed \
+                     (NETFILTER_DROP, connection refused)"
+                        .into(),
+                );
+            }
+            let (severity, summary, port, proto) = if let Some((p, proto)) = unserved.first() {
+                evidence.push(format!(
+                    "declared but unserved: {} (per {})",
+                    port_list(&unserved),
+                    targets
+                        .iter()
+                        .map(|t| t.source.as_str())
+                        .next()
+                        .unwrap_or("kube-proxy")
+                ));
+                (
+                    Severity::Risk,
+                    format!(
+                        "LB IP {ip} is bound locally but {} is not served: in-cluster calls are refused",
+                        port_list(&unserved)
+                    ),
+                    *p,
+                    *proto,
+                )
+            } else if served.is_empty() {
+                (
+                    Severity::Risk,
+                    format!(
+                        "LB IP {ip} is bound locally and no port of it is served: every in-cluster call is refused"
+                    ),
+                    0,
+                    Proto::Tcp,
+                )
+            } else {
+                (
+                    Severity::Warn,
+                    format!(
+                        "LB IP {ip} is bound locally: in-cluster calls to ports other than {} are refused",
+                        port_list(&served)
+                    ),
+                    0,
+                    Proto::Tcp,
+                )
+            };
+            let svc = named(&targets);
+            let owner = (!svc.is_empty()).then_some(svc.as_str());
+            let mut remedy = remedy::vip_port_unserved(ip, port, proto, owner, filtered);
+            remedy.remove(0);
+            if port == 0 {
+                // No single port to name: keep the general options.
+                remedy.remove(0);
+            }
+            Finding {
+                kind: Kind::VipPortUnserved,
+                severity,
+                subject: ip.to_string(),
+                summary,
+                evidence,
+                remedy,
+            }
+        })
+        .collect()
+}
