@@ -173,7 +173,7 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
     let aya_btf = aya_btf.join().unwrap_or_else(|_| {
         Err(kernel::KernelError::Btf {
             what: "parsing /sys/kernel/btf/vmlinux for aya".into(),
-            detail: "the parsing thread panicked".into(),
+            source: "the parsing thread panicked".into(),
         })
     });
     steps.mark("btf-wait");

@@ -90,7 +90,7 @@ impl KernelBtf {
         let off = |ty: &str, path: &[&str]| -> Result<u32, KernelError> {
             member_offset(&btf, ty, path).ok_or_else(|| KernelError::Btf {
                 what: format!("finding {ty}.{}", path.join(".")),
-                detail: "not in this kernel's BTF".into(),
+                source: "not in this kernel's BTF".into(),
             })
         };
         let offsets = KernelOffsets {
@@ -118,17 +118,17 @@ impl KernelBtf {
 /// refuses): the file is then copied into a memfd and that is mapped; nothing is left behind,
 /// the memfd goes with its last reference.
 fn open_btf(path: &Path) -> Result<Btf, KernelError> {
-    let err = |e: &dyn std::fmt::Display| KernelError::Btf {
+    let err = |e: super::BoxError| KernelError::Btf {
         what: format!("parsing {}", path.display()),
-        detail: e.to_string(),
+        source: e,
     };
     if let Ok(btf) = Btf::from_file_with_backend(path, Backend::Mmap) {
         return Ok(btf);
     }
-    let bytes = std::fs::read(path).map_err(|e| err(&e))?;
-    let copy = memfd_with(&bytes).map_err(|e| err(&format!("copying it to a memfd: {e}")))?;
+    let bytes = std::fs::read(path).map_err(|e| err(e.into()))?;
+    let copy = memfd_with(&bytes).map_err(|e| err(format!("copying it to a memfd: {e}").into()))?;
     let via = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&copy));
-    Btf::from_file_with_backend(&via, Backend::Mmap).map_err(|e| err(&e))
+    Btf::from_file_with_backend(&via, Backend::Mmap).map_err(|e| err(e.into()))
 }
 
 /// An anonymous in-memory file holding `bytes`.

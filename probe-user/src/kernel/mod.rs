@@ -18,6 +18,9 @@ pub mod tc;
 pub use btf::{DropReasons, KernelBtf};
 pub use probe::{AddressMaps, Features, Probe, ProbeSettings};
 
+/// An underlying error of any kind, kept as the source of a [`KernelError`].
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 /// Errors at the kernel boundary, each naming what failed and what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum KernelError {
@@ -32,8 +35,13 @@ pub enum KernelError {
     KernelTooOld { kernel: String },
     #[error("no kernel BTF at {path}: clb-probe needs a kernel built with CONFIG_DEBUG_INFO_BTF=y")]
     MissingBtf { path: String },
-    #[error("kernel BTF: {what}: {detail}")]
-    Btf { what: String, detail: String },
+    #[error("kernel BTF: {what}: {source}")]
+    Btf {
+        what: String,
+        /// The parser's or the file's error, or what was not found.
+        #[source]
+        source: BoxError,
+    },
     #[error("this build has no eBPF programs (built with AYA_BUILD_SKIP): rebuild without it")]
     NoPrograms,
     #[error("loading the eBPF programs: {0}")]
@@ -44,8 +52,16 @@ pub enum KernelError {
         #[source]
         source: aya::programs::ProgramError,
     },
-    #[error("eBPF map {map}: {detail}")]
-    Map { map: &'static str, detail: String },
+    #[error("eBPF map {map} is missing from the object: the programs and the agent differ")]
+    MissingMap { map: &'static str },
+    #[error("eBPF program {program} is missing from the object: the programs and the agent differ")]
+    MissingProgram { program: &'static str },
+    #[error("eBPF map {map}: {source}")]
+    Map {
+        map: &'static str,
+        #[source]
+        source: aya::maps::MapError,
+    },
     #[error("unknown interface {name:?}: it does not exist in this network namespace")]
     UnknownInterface { name: String },
     #[error("attaching to {iface} ({direction}): {source}")]

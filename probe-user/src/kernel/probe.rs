@@ -108,14 +108,10 @@ fn take<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, KernelError>
 where
     T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>,
 {
-    let map = ebpf.take_map(name).ok_or(KernelError::Map {
-        map: name,
-        detail: "missing from the object".into(),
-    })?;
-    T::try_from(map).map_err(|e| KernelError::Map {
-        map: name,
-        detail: e.to_string(),
-    })
+    let map = ebpf
+        .take_map(name)
+        .ok_or(KernelError::MissingMap { map: name })?;
+    T::try_from(map).map_err(|source| KernelError::Map { map: name, source })
 }
 
 impl Probe {
@@ -319,10 +315,9 @@ fn program<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut T, K
 where
     &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
 {
-    let prog = ebpf.program_mut(name).ok_or(KernelError::Map {
-        map: name,
-        detail: "program missing from the object".into(),
-    })?;
+    let prog = ebpf
+        .program_mut(name)
+        .ok_or(KernelError::MissingProgram { program: name })?;
     prog.try_into().map_err(|source| KernelError::Program {
         program: name,
         source,
@@ -492,7 +487,7 @@ fn hook_kfree_skb(ebpf: &mut Ebpf, btf: &aya::Btf, with_reason: bool) -> DropHoo
 pub fn parse_btf_for_aya() -> Result<aya::Btf, KernelError> {
     aya::Btf::from_sys_fs().map_err(|e| KernelError::Btf {
         what: "loading /sys/kernel/btf/vmlinux for aya".into(),
-        detail: e.to_string(),
+        source: e.into(),
     })
 }
 

@@ -42,8 +42,12 @@ pub enum ConntrackError {
     #[error(transparent)]
     Netlink(#[from] NetlinkError),
     /// The reply could not be decoded.
-    #[error("{op}: undecodable reply: {detail}")]
-    Decode { op: &'static str, detail: String },
+    #[error("{op}: undecodable reply: {source}")]
+    Decode {
+        op: &'static str,
+        #[source]
+        source: ReplyError,
+    },
     /// The tuple cannot be looked up exactly (conntrack needs ports, or ICMP id/type/code).
     #[error("conntrack lookup of {0:?} flows is not supported")]
     Unsupported(Proto),
@@ -144,7 +148,7 @@ fn family_of(ip: IpAddr) -> NetfilterProtoFamily {
 }
 
 fn parse_all(op: &'static str, raw: &[u8]) -> Result<Vec<ConntrackEntry>, ConntrackError> {
-    parse_messages(raw).map_err(|detail| ConntrackError::Decode { op, detail })
+    parse_messages(raw).map_err(|source| ConntrackError::Decode { op, source })
 }
 
 /// Sends one ctnetlink request and collects the raw reply messages until the request is
@@ -162,18 +166,36 @@ fn request(
     Ok(netlink::request(NETLINK_NETFILTER, op, packet, dump)?)
 }
 
+/// Why a ctnetlink reply could not be read at all: every message that failed, in order.
+#[derive(Debug, thiserror::Error)]
+#[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+pub struct ReplyError(pub Vec<MessageError>);
+
+/// One message of a reply that could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum MessageError {
+    #[error("truncated message at offset {offset}")]
+    Truncated { offset: usize },
+    #[error("message at offset {offset}: {source}")]
+    Undecodable {
+        offset: usize,
+        #[source]
+        source: netlink_packet_core::DecodeError,
+    },
+}
+
 /// Decodes a sequence of netlink messages (ctnetlink replies, as received) into conntrack
 /// entries. Messages that are not conntrack entries (`NLMSG_DONE`, ACKs, other subsystems) are
 /// skipped; an entry message the decoder cannot read is skipped too, and reported in the error
 /// only when nothing at all could be read. Truncated input ends the walk.
-pub fn parse_messages(bytes: &[u8]) -> Result<Vec<ConntrackEntry>, String> {
+pub fn parse_messages(bytes: &[u8]) -> Result<Vec<ConntrackEntry>, ReplyError> {
     let mut entries = Vec::new();
     let mut errors = Vec::new();
     let mut offset = 0;
     while offset + 16 <= bytes.len() {
         let len = NetlinkBuffer::new(&bytes[offset..]).length() as usize;
         if len < 16 || offset + len > bytes.len() {
-            errors.push(format!("truncated message at offset {offset}"));
+            errors.push(MessageError::Truncated { offset });
             break;
         }
         match NetlinkMessage::<NetfilterMessage>::deserialize(&bytes[offset..offset + len]) {
@@ -194,12 +216,12 @@ pub fn parse_messages(bytes: &[u8]) -> Result<Vec<ConntrackEntry>, String> {
                     }
                 }
             }
-            Err(e) => errors.push(format!("message at offset {offset}: {e}")),
+            Err(source) => errors.push(MessageError::Undecodable { offset, source }),
         }
         offset += (len + 3) & !3;
     }
     if entries.is_empty() && !errors.is_empty() {
-        return Err(errors.join("; "));
+        return Err(ReplyError(errors));
     }
     for e in &errors {
         tracing::debug!("ctnetlink: skipped {e}");
