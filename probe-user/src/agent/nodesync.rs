@@ -6,11 +6,9 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::IpAddr,
     time::Duration,
 };
 
-use aya::maps::lpm_trie::Key;
 use futures::StreamExt as _;
 use probe_common::AddrValue;
 use rtnetlink::{Handle, MulticastGroup};
@@ -19,7 +17,7 @@ use tracing::{debug, info, warn};
 
 use crate::{
     event::Tag,
-    kernel::{AddressMaps, Probe, prefilter, reader::IfNames},
+    kernel::{AddressMaps, KernelError, Probe, prefilter, reader::IfNames},
     state::addrs::{self, AddrConfig, AddressSets, Prefix},
 };
 
@@ -115,13 +113,13 @@ impl NodeSync {
             .keys()
             .filter(|p| p.addr.is_ipv6() && !p.is_host())
             .count() as u32;
-        self.maps.trie_v6_size.set(0, v6_prefixes, 0)?;
+        self.maps.set_v6_trie_size(v6_prefixes)?;
         // The prefilter last: bits for new addresses are set once their entries exist, bits
         // of removed ones cleared after their entries went (a set bit only means "look up").
         let words = prefilter::words(self.in_maps.keys());
         for (i, (new, old)) in words.iter().zip(self.prefilter.iter_mut()).enumerate() {
             if new != old {
-                self.maps.prefilter_v4.set(i as u32, *new, 0)?;
+                self.maps.set_prefilter_word(i as u32, *new)?;
                 *old = *new;
             }
         }
@@ -129,30 +127,12 @@ impl NodeSync {
     }
 
     /// Host addresses go to the hash, shorter prefixes to the trie.
-    fn insert_prefix(&mut self, p: Prefix, value: AddrValue) -> Result<(), aya::maps::MapError> {
-        match (p.addr, p.is_host()) {
-            (IpAddr::V4(a), true) => self.maps.hosts_v4.insert(a.octets(), value, 0),
-            (IpAddr::V6(a), true) => self.maps.hosts_v6.insert(a.octets(), value, 0),
-            (IpAddr::V4(a), false) => {
-                self.maps
-                    .v4
-                    .insert(&Key::new(p.len as u32, a.octets()), value, 0)
-            }
-            (IpAddr::V6(a), false) => {
-                self.maps
-                    .v6
-                    .insert(&Key::new(p.len as u32, a.octets()), value, 0)
-            }
-        }
+    fn insert_prefix(&mut self, p: Prefix, value: AddrValue) -> Result<(), KernelError> {
+        self.maps.insert_prefix(p, value)
     }
 
-    fn remove_prefix(&mut self, p: Prefix) -> Result<(), aya::maps::MapError> {
-        match (p.addr, p.is_host()) {
-            (IpAddr::V4(a), true) => self.maps.hosts_v4.remove(&a.octets()),
-            (IpAddr::V6(a), true) => self.maps.hosts_v6.remove(&a.octets()),
-            (IpAddr::V4(a), false) => self.maps.v4.remove(&Key::new(p.len as u32, a.octets())),
-            (IpAddr::V6(a), false) => self.maps.v6.remove(&Key::new(p.len as u32, a.octets())),
-        }
+    fn remove_prefix(&mut self, p: Prefix) -> Result<(), KernelError> {
+        self.maps.remove_prefix(p)
     }
 
     fn apply_attachments(&mut self, sets: &AddressSets) -> anyhow::Result<()> {
@@ -172,10 +152,10 @@ impl NodeSync {
         }
         let nic_indexes: BTreeSet<u32> = sets.nics.iter().map(|(_, i)| *i).collect();
         for gone in self.nics_in_map.difference(&nic_indexes) {
-            let _ = self.maps.nics.remove(gone);
+            let _ = self.maps.remove_nic(*gone);
         }
         for new in nic_indexes.difference(&self.nics_in_map) {
-            self.maps.nics.insert(new, 1, 0)?;
+            self.maps.add_nic(*new)?;
         }
         self.nics_in_map = nic_indexes;
         for configured in &self.cfg.nics {

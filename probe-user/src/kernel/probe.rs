@@ -1,10 +1,10 @@
 //! Loading the programs and attaching them to interfaces.
 
-use std::collections::HashMap;
+use std::{collections::HashMap, net::IpAddr};
 
 use aya::{
     Ebpf, EbpfLoader, include_bytes_aligned,
-    maps::{HashMap as BpfHashMap, LpmTrie, MapData, RingBuf},
+    maps::{HashMap as BpfHashMap, LpmTrie, MapData, RingBuf, lpm_trie::Key},
     programs::{
         BtfTracePoint, RawTracePoint, SchedClassifier, TcAttachType,
         links::LinkOrder,
@@ -21,6 +21,7 @@ use super::{
     counters::EgressTable,
     tc::{self as tc_netlink, Hook},
 };
+use crate::state::addrs::Prefix;
 
 static PROGRAMS: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/probe"));
 
@@ -47,17 +48,92 @@ pub struct ProbeSettings {
 pub use probe_contract::status::{DropHook, Features, TcMode};
 
 /// The maps the node sync writes: host-address hashes, prefix tries, the IPv6 trie's size,
-/// the IPv4 prefilter, and the monitored NIC set.
+/// the IPv4 prefilter, and the monitored NIC set. Written only through its methods, so the
+/// node sync (and anything above `kernel/`) never names an aya type.
 pub struct AddressMaps {
-    pub hosts_v4: BpfHashMap<MapData, [u8; 4], AddrValue>,
-    pub hosts_v6: BpfHashMap<MapData, [u8; 16], AddrValue>,
-    pub v4: LpmTrie<MapData, [u8; 4], AddrValue>,
-    pub v6: LpmTrie<MapData, [u8; 16], AddrValue>,
+    hosts_v4: BpfHashMap<MapData, [u8; 4], AddrValue>,
+    hosts_v6: BpfHashMap<MapData, [u8; 16], AddrValue>,
+    v4: LpmTrie<MapData, [u8; 4], AddrValue>,
+    v6: LpmTrie<MapData, [u8; 16], AddrValue>,
     /// Number of prefixes in the IPv6 trie.
-    pub trie_v6_size: aya::maps::Array<MapData, u32>,
+    trie_v6_size: aya::maps::Array<MapData, u32>,
     /// The IPv4 prefilter bitmap (see [`super::prefilter`]).
-    pub prefilter_v4: aya::maps::Array<MapData, u64>,
-    pub nics: BpfHashMap<MapData, u32, u32>,
+    prefilter_v4: aya::maps::Array<MapData, u64>,
+    nics: BpfHashMap<MapData, u32, u32>,
+}
+
+impl AddressMaps {
+    /// Writes `p` with `value`: host addresses go to the hash, shorter prefixes to the trie.
+    pub fn insert_prefix(&mut self, p: Prefix, value: AddrValue) -> Result<(), KernelError> {
+        match (p.addr, p.is_host()) {
+            (IpAddr::V4(a), true) => self
+                .hosts_v4
+                .insert(a.octets(), value, 0)
+                .map_err(map_err("HOSTS_V4")),
+            (IpAddr::V6(a), true) => self
+                .hosts_v6
+                .insert(a.octets(), value, 0)
+                .map_err(map_err("HOSTS_V6")),
+            (IpAddr::V4(a), false) => self
+                .v4
+                .insert(&Key::new(p.len.into(), a.octets()), value, 0)
+                .map_err(map_err("LOCAL_V4")),
+            (IpAddr::V6(a), false) => self
+                .v6
+                .insert(&Key::new(p.len.into(), a.octets()), value, 0)
+                .map_err(map_err("LOCAL_V6")),
+        }
+    }
+
+    /// Removes `p` from the map [`Self::insert_prefix`] wrote it to.
+    pub fn remove_prefix(&mut self, p: Prefix) -> Result<(), KernelError> {
+        match (p.addr, p.is_host()) {
+            (IpAddr::V4(a), true) => self
+                .hosts_v4
+                .remove(&a.octets())
+                .map_err(map_err("HOSTS_V4")),
+            (IpAddr::V6(a), true) => self
+                .hosts_v6
+                .remove(&a.octets())
+                .map_err(map_err("HOSTS_V6")),
+            (IpAddr::V4(a), false) => self
+                .v4
+                .remove(&Key::new(p.len.into(), a.octets()))
+                .map_err(map_err("LOCAL_V4")),
+            (IpAddr::V6(a), false) => self
+                .v6
+                .remove(&Key::new(p.len.into(), a.octets()))
+                .map_err(map_err("LOCAL_V6")),
+        }
+    }
+
+    /// The number of prefixes in the IPv6 trie (the programs skip the trie when it is 0).
+    pub fn set_v6_trie_size(&mut self, prefixes: u32) -> Result<(), KernelError> {
+        self.trie_v6_size
+            .set(0, prefixes, 0)
+            .map_err(map_err("TRIE_V6_SIZE"))
+    }
+
+    /// Word `index` of the IPv4 prefilter bitmap.
+    pub fn set_prefilter_word(&mut self, index: u32, word: u64) -> Result<(), KernelError> {
+        self.prefilter_v4
+            .set(index, word, 0)
+            .map_err(map_err("PREFILTER_V4"))
+    }
+
+    /// Adds `ifindex` to the monitored NICs.
+    pub fn add_nic(&mut self, ifindex: u32) -> Result<(), KernelError> {
+        self.nics.insert(ifindex, 1, 0).map_err(map_err("NICS"))
+    }
+
+    /// Removes `ifindex` from the monitored NICs.
+    pub fn remove_nic(&mut self, ifindex: u32) -> Result<(), KernelError> {
+        self.nics.remove(&ifindex).map_err(map_err("NICS"))
+    }
+}
+
+fn map_err(map: &'static str) -> impl Fn(aya::maps::MapError) -> KernelError {
+    move |source| KernelError::Map { map, source }
 }
 
 /// Links of one interface; dropping them detaches.
