@@ -31,7 +31,7 @@ use aya::maps::{HashMap as BpfHashMap, Map, MapData};
 use clb_probe::{
     correlate::{Answer, Correlator, CorrelatorConfig, LoopbackKind, Output, Query},
     event::{DropReason, KernelEvent, Packet, Proto, Tag, tcp_flags},
-    kernel::{counters::EgressTable, reader::addr_bytes},
+    kernel::{codec::addr_bytes, counters::EgressTable},
 };
 use probe_common::{EgressKey, EgressValue, family};
 

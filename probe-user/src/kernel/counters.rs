@@ -118,8 +118,8 @@ impl EgressTable {
     /// Every recorded opener of `src` the index still names (read only for pod suspects),
     /// oldest first: one look-up of the index, one per flow in it.
     pub fn by_source(&self, src: IpAddr, nic_name: impl Fn(u32) -> String) -> Vec<EgressRecord> {
-        let addr = crate::kernel::reader::addr_bytes(src);
-        let family = crate::kernel::reader::family_of(src);
+        let addr = crate::kernel::codec::addr_bytes(src);
+        let family = crate::kernel::codec::family_of(src);
         let source = EgressSourceKey {
             addr,
             family,
@@ -184,10 +184,10 @@ impl EgressTable {
         nic_name: impl Fn(u32) -> String,
     ) -> Option<EgressRecord> {
         let key = EgressKey {
-            addr: crate::kernel::reader::addr_bytes(src),
+            addr: crate::kernel::codec::addr_bytes(src),
             port: sport,
             proto: proto.to_raw(src.is_ipv6()),
-            family: crate::kernel::reader::family_of(src),
+            family: crate::kernel::codec::family_of(src),
         };
         let value = self.map.get(&key, 0).ok()?;
         Some(egress_record(src, &key, &value, &nic_name))
@@ -222,7 +222,7 @@ impl EgressTable {
         src: IpAddr,
         nic_name: impl Fn(u32) -> String,
     ) -> Vec<EgressRecord> {
-        let want = crate::kernel::reader::addr_bytes(src);
+        let want = crate::kernel::codec::addr_bytes(src);
         let mut out = Vec::new();
         let result = self.for_each_batch(|k, v| {
             if k.addr == want {
@@ -327,7 +327,7 @@ fn egress_record(
     EgressRecord {
         src,
         sport: k.port,
-        dst: crate::kernel::reader::addr_from(k.family, v.daddr),
+        dst: crate::kernel::codec::addr_from(k.family, v.daddr),
         dport: v.dport,
         proto: Proto::from_raw(k.proto),
         ts_ns: v.ts_ns,
@@ -349,8 +349,8 @@ mod tests {
 
     fn source_key(addr: IpAddr) -> EgressSourceKey {
         EgressSourceKey {
-            addr: crate::kernel::reader::addr_bytes(addr),
-            family: crate::kernel::reader::family_of(addr),
+            addr: crate::kernel::codec::addr_bytes(addr),
+            family: crate::kernel::codec::family_of(addr),
             _pad: [0; 3],
         }
     }
@@ -369,7 +369,7 @@ mod tests {
             IpAddr::V6(_) => "2001:db8::443".parse().expect("an address"),
         };
         let value = EgressValue {
-            daddr: crate::kernel::reader::addr_bytes(dst),
+            daddr: crate::kernel::codec::addr_bytes(dst),
             dport: 443,
             ifindex: 1,
             ts_ns,
@@ -530,13 +530,13 @@ mod tests {
         for n in 0..=255u8 {
             for port in 0..256u16 {
                 let key = EgressKey {
-                    addr: crate::kernel::reader::addr_bytes(pod(n)),
+                    addr: crate::kernel::codec::addr_bytes(pod(n)),
                     port: 30_000 + port,
                     proto: 6,
                     family: probe_common::family::V4,
                 };
                 let value = EgressValue {
-                    daddr: crate::kernel::reader::addr_bytes(IpAddr::V4(Ipv4Addr::new(
+                    daddr: crate::kernel::codec::addr_bytes(IpAddr::V4(Ipv4Addr::new(
                         203, 0, 113, n,
                     ))),
                     dport: 443,

@@ -7,6 +7,7 @@
 //! [`counters::Counters`] (read at scrape time), the egress LRU to [`counters::EgressTable`].
 
 pub mod btf;
+pub mod codec;
 pub mod counters;
 pub mod kallsyms;
 pub mod prefilter;

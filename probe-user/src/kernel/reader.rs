@@ -7,7 +7,6 @@
 
 use std::{
     collections::HashMap,
-    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     sync::{
         Arc, RwLock,
         atomic::{AtomicU64, Ordering},
@@ -16,12 +15,12 @@ use std::{
 };
 
 use aya::maps::{MapData, RingBuf};
-use probe_common::{PacketEvent, family, kind};
+use probe_common::{PacketEvent, kind};
 use tokio::{io::unix::AsyncFd, sync::mpsc};
 use tracing::warn;
 
-use super::{DropReasons, kallsyms::Kallsyms};
-use crate::event::{DropReason, KernelEvent, Packet, Proto, Tag};
+use super::{DropReasons, codec, kallsyms::Kallsyms};
+use crate::event::{DropReason, KernelEvent};
 
 /// How often the reader drains the ring without a wake-up while it is quiet: the latency bound
 /// of records the kernel left without one when nothing else is arriving.
@@ -50,45 +49,10 @@ pub struct Decoder {
     pub ifnames: IfNames,
 }
 
-pub fn addr_from(fam: u8, bytes: [u8; 16]) -> IpAddr {
-    if fam == family::V4 {
-        IpAddr::V4(Ipv4Addr::new(bytes[0], bytes[1], bytes[2], bytes[3]))
-    } else {
-        IpAddr::V6(Ipv6Addr::from(bytes))
-    }
-}
-
-/// The record family of an address (`probe_common::family`).
-pub fn family_of(addr: IpAddr) -> u8 {
-    if addr.is_ipv4() {
-        family::V4
-    } else {
-        family::V6
-    }
-}
-
-pub fn addr_bytes(addr: IpAddr) -> [u8; 16] {
-    let mut out = [0u8; 16];
-    match addr {
-        IpAddr::V4(a) => out[..4].copy_from_slice(&a.octets()),
-        IpAddr::V6(a) => out = a.octets(),
-    }
-    out
-}
-
 impl Decoder {
     /// Turns one record into a domain event; None for a record of unknown kind.
     pub fn decode(&self, raw: &PacketEvent) -> Option<KernelEvent> {
-        let packet = Packet {
-            src: addr_from(raw.family, raw.saddr),
-            dst: addr_from(raw.family, raw.daddr),
-            sport: raw.sport,
-            dport: raw.dport,
-            proto: Proto::from_raw(raw.proto),
-            tcp_flags: raw.tcp_flags,
-            src_tag: Tag::from_raw(raw.src_tag),
-            dst_tag: Tag::from_raw(raw.dst_tag),
-        };
+        let packet = codec::packet(raw);
         match raw.kind {
             kind::SUSPECT => Some(KernelEvent::Suspect {
                 ts_ns: raw.ts_ns,
@@ -185,7 +149,12 @@ fn drain(
 
 #[cfg(test)]
 mod tests {
+    use std::net::IpAddr;
+
+    use probe_common::family;
+
     use super::*;
+    use crate::event::Tag;
 
     fn decoder() -> Decoder {
         let mut names = HashMap::new();
@@ -253,13 +222,5 @@ mod tests {
         let ev = decoder().decode(&raw).unwrap();
         assert!(matches!(ev, KernelEvent::Suspect { ref nic, .. } if nic == "if7"));
         assert!(ev.packet().src.is_ipv6());
-    }
-
-    #[test]
-    fn address_bytes_round_trip() {
-        for a in ["198.18.0.2", "2001:db8::1"] {
-            let ip: IpAddr = a.parse().unwrap();
-            assert_eq!(addr_from(family_of(ip), addr_bytes(ip)), ip);
-        }
     }
 }
