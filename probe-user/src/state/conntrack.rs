@@ -323,8 +323,7 @@ pub fn tcp_state_name(state: u8) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io;
-    use std::os::fd::AsRawFd;
+    use crate::state::test_netns::Netns;
     use std::process::{Command, Stdio};
     use std::time::Duration;
 
@@ -479,50 +478,6 @@ mod tests {
         );
     }
 
-    /// Deletes its namespaces on drop (also when a test panics).
-    struct Netns(Vec<String>);
-
-    impl Netns {
-        fn new(names: &[&str]) -> Netns {
-            let pid = std::process::id();
-            let mut ns = Netns(Vec::new());
-            for n in names {
-                let name = format!("clbtest-ct-{n}-{pid}");
-                sh(&["ip", "netns", "add", &name]);
-                ns.0.push(name);
-            }
-            ns
-        }
-
-        fn exec(&self, i: usize, args: &[&str]) {
-            let mut full = vec!["ip", "netns", "exec", self.0[i].as_str()];
-            full.extend_from_slice(args);
-            sh(&full);
-        }
-
-        /// Runs `f` on a new thread that has entered namespace `i`.
-        fn run_in<T: Send + 'static>(&self, i: usize, f: impl FnOnce() -> T + Send + 'static) -> T {
-            let path = format!("/run/netns/{}", self.0[i]);
-            std::thread::spawn(move || {
-                let file = std::fs::File::open(&path).expect("open netns");
-                // SAFETY: a valid namespace fd; only this thread changes namespace.
-                let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-                assert_eq!(rc, 0, "setns: {}", io::Error::last_os_error());
-                f()
-            })
-            .join()
-            .expect("namespace thread")
-        }
-    }
-
-    impl Drop for Netns {
-        fn drop(&mut self) {
-            for n in &self.0 {
-                let _ = Command::new("ip").args(["netns", "del", n]).status();
-            }
-        }
-    }
-
     fn have(cmd: &str) -> bool {
         Command::new(cmd)
             .arg("--version")
@@ -549,7 +504,7 @@ mod tests {
         if skip() {
             return;
         }
-        let ns = Netns::new(&["node"]);
+        let ns = Netns::new("ct", &["node"]);
         ns.exec(
             0,
             &[
@@ -596,7 +551,7 @@ mod tests {
         assert!(other_src.unwrap().is_empty());
 
         // The host's (or any other) namespace does not see the entry.
-        let elsewhere = Netns::new(&["other"]);
+        let elsewhere = Netns::new("ct", &["other"]);
         let none = elsewhere.run_in(0, move || lookup(&orig));
         assert_eq!(none.unwrap(), None);
     }
@@ -611,8 +566,12 @@ mod tests {
         }
         // client (198.18.0.2) -- router (198.18.0.1 | 198.51.100.1, MASQUERADE, DNAT of
         // 203.0.113.80:80) -- server (198.51.100.2:8080).
-        let ns = Netns::new(&["cli", "rtr", "srv"]);
-        let (c, r, s) = (ns.0[0].clone(), ns.0[1].clone(), ns.0[2].clone());
+        let ns = Netns::new("ct", &["cli", "rtr", "srv"]);
+        let (c, r, s) = (
+            ns.name(0).to_string(),
+            ns.name(1).to_string(),
+            ns.name(2).to_string(),
+        );
         let pid = std::process::id();
         let (vc, vs) = (format!("ctc{pid}"), format!("cts{pid}"));
         sh(&[

@@ -610,6 +610,7 @@ fn merge_service(services: &mut Vec<ServiceEntry>, entry: ServiceEntry) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::test_netns::Netns;
 
     const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/iptables/");
 
@@ -813,23 +814,10 @@ mod tests {
             eprintln!("skipping: needs ip and iptables-restore");
             return;
         }
-        struct Ns(String);
-        impl Drop for Ns {
-            fn drop(&mut self) {
-                let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-            }
-        }
-        let ns = Ns(format!("clbtest-ipt-{}", std::process::id()));
-        assert!(
-            Command::new("ip")
-                .args(["netns", "add", &ns.0])
-                .status()
-                .unwrap()
-                .success()
-        );
+        let ns = Netns::new("ipt", &[""]);
         let rules = std::fs::read_to_string(format!("{DATA}lab-kube-proxy.rules")).unwrap();
         let mut child = Command::new("ip")
-            .args(["netns", "exec", &ns.0, "iptables-restore"])
+            .args(["netns", "exec", ns.name(0), "iptables-restore"])
             .stdin(std::process::Stdio::piped())
             .spawn()
             .unwrap();
@@ -842,17 +830,7 @@ mod tests {
             .unwrap();
         assert!(child.wait().unwrap().success());
 
-        let path = format!("/run/netns/{}", ns.0);
-        let table = std::thread::spawn(move || {
-            use std::os::fd::AsRawFd;
-            let f = std::fs::File::open(path).unwrap();
-            // SAFETY: a valid namespace fd; only this thread changes namespace.
-            assert_eq!(unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) }, 0);
-            read_blocking()
-        })
-        .join()
-        .unwrap()
-        .unwrap();
+        let table = ns.run_in(0, read_blocking).unwrap();
         assert_eq!(table, fixture("lab-capture-v4.txt"));
     }
 

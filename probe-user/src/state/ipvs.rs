@@ -747,7 +747,7 @@ fn inet_addr(af: u16, b: &[u8]) -> Option<IpAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::fd::AsRawFd;
+    use crate::state::test_netns::Netns;
     use std::path::{Path, PathBuf};
     use std::process::Command;
 
@@ -999,15 +999,8 @@ mod tests {
         let _ = Command::new("modprobe")
             .args(["ip_vs", "ip_vs_rr", "ip_vs_wrr"])
             .status();
-        let ns = format!("clbipvs{}", std::process::id());
-        sh(&["ip", "netns", "add", &ns]);
-        struct Del(String);
-        impl Drop for Del {
-            fn drop(&mut self) {
-                let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-            }
-        }
-        let _del = Del(ns.clone());
+        let scratch = Netns::new("ipvs", &[""]);
+        let ns = scratch.name(0).to_string();
         // Real servers must be unicast addresses by the namespace's table local
         // (ip_vs_new_dest: inet_addr_type), which exists once an address does.
         for args in [
@@ -1094,42 +1087,34 @@ mod tests {
         .into_owned();
         eprintln!("ipvsadm -Ln:\n{listing}");
 
-        let path = format!("/run/netns/{ns}");
-        let (cap, table, empty, enoent) = std::thread::scope(|s| {
-            s.spawn(|| {
-                let f = std::fs::File::open(&path).unwrap();
-                // SAFETY: setns on a valid fd; affects only this scoped thread.
-                assert_eq!(unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) }, 0);
-                let cap = capture().unwrap().expect("IPVS present");
-                let table = read().unwrap().expect("IPVS present");
-                // An unknown family: the controller's ENOENT, raw (the helper would turn it
-                // into an error).
-                let mut sock = netlink_sys::Socket::new(NETLINK_GENERIC).unwrap();
-                sock.bind_auto().unwrap();
-                let mut req = family_request("CLB_NO_SUCH");
-                req.header.flags = netlink_packet_core::NLM_F_REQUEST;
-                req.header.sequence_number = 9;
-                req.finalize();
-                let mut tx = vec![0u8; req.buffer_len()];
-                req.serialize(&mut tx);
-                sock.send_to(&tx, &netlink_sys::SocketAddr::new(0, 0), 0)
-                    .unwrap();
-                let mut rx = vec![0u8; 4096];
-                let n = sock.recv(&mut &mut rx[..], 0).unwrap();
-                let enoent = rx[..n].to_vec();
-                // The same through the reader's own path: "no such family", typed.
-                let mut conn = Connection::open(NETLINK_GENERIC, "test").unwrap();
-                let refused = conn
-                    .request("test", family_request("CLB_NO_SUCH"), false)
-                    .unwrap_err();
-                assert_eq!(refused.kernel_errno(), Some(libc::ENOENT), "{refused}");
-                // Empty table: flush, then dump again.
-                sh(&["ipvsadm", "-C"]);
-                let empty = capture().unwrap().expect("IPVS present");
-                (cap, table, empty, enoent)
-            })
-            .join()
-            .unwrap()
+        let (cap, table, empty, enoent) = scratch.run_in(0, || {
+            let cap = capture().unwrap().expect("IPVS present");
+            let table = read().unwrap().expect("IPVS present");
+            // An unknown family: the controller's ENOENT, raw (the helper would turn it
+            // into an error).
+            let mut sock = netlink_sys::Socket::new(NETLINK_GENERIC).unwrap();
+            sock.bind_auto().unwrap();
+            let mut req = family_request("CLB_NO_SUCH");
+            req.header.flags = netlink_packet_core::NLM_F_REQUEST;
+            req.header.sequence_number = 9;
+            req.finalize();
+            let mut tx = vec![0u8; req.buffer_len()];
+            req.serialize(&mut tx);
+            sock.send_to(&tx, &netlink_sys::SocketAddr::new(0, 0), 0)
+                .unwrap();
+            let mut rx = vec![0u8; 4096];
+            let n = sock.recv(&mut &mut rx[..], 0).unwrap();
+            let enoent = rx[..n].to_vec();
+            // The same through the reader's own path: "no such family", typed.
+            let mut conn = Connection::open(NETLINK_GENERIC, "test").unwrap();
+            let refused = conn
+                .request("test", family_request("CLB_NO_SUCH"), false)
+                .unwrap_err();
+            assert_eq!(refused.kernel_errno(), Some(libc::ENOENT), "{refused}");
+            // Empty table: flush, then dump again.
+            sh(&["ipvsadm", "-C"]);
+            let empty = capture().unwrap().expect("IPVS present");
+            (cap, table, empty, enoent)
         });
         let decoded = decode_capture(&cap).unwrap();
         check(&decoded);

@@ -186,3 +186,6 @@ pub fn add_ipvs_nodeports(table: &mut ServiceTable) {
         }
     }
 }
+
+#[cfg(test)]
+pub(crate) mod test_netns;

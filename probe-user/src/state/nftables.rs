@@ -386,6 +386,7 @@ fn walk(v: &Value, f: &mut impl FnMut(&Value)) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::test_netns::Netns;
 
     const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/nftables/");
 
@@ -515,36 +516,14 @@ mod tests {
             eprintln!("skipping: needs root and nft");
             return;
         }
-        struct Ns(String);
-        impl Drop for Ns {
-            fn drop(&mut self) {
-                let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-            }
-        }
-        let ns = Ns(format!("clbtest-nft-{}", std::process::id()));
+        let ns = Netns::new("nft", &[""]);
         assert!(
-            Command::new("ip")
-                .args(["netns", "add", &ns.0])
-                .status()
-                .unwrap()
-                .success()
+            ns.run_in(0, read_blocking).unwrap().is_none(),
+            "no tables: no table"
         );
-        let path = format!("/run/netns/{}", ns.0);
-        let read = |path: String| {
-            std::thread::spawn(move || {
-                use std::os::fd::AsRawFd;
-                let f = std::fs::File::open(path).unwrap();
-                // SAFETY: a valid namespace fd; only this thread changes namespace.
-                assert_eq!(unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) }, 0);
-                read_blocking()
-            })
-            .join()
-            .unwrap()
-        };
-        assert!(read(path.clone()).unwrap().is_none(), "no tables: no table");
         assert!(
             Command::new("ip")
-                .args(["netns", "exec", &ns.0, "nft", "-f"])
+                .args(["netns", "exec", ns.name(0), "nft", "-f"])
                 .arg(format!("{DATA}etp-local.nft"))
                 .status()
                 .unwrap()
@@ -552,6 +531,6 @@ mod tests {
         );
         let mut want = fixture("etp-local-ip.json");
         iptables::merge(&mut want, fixture("dualstack-ip6.json"));
-        assert_eq!(read(path).unwrap().unwrap(), want);
+        assert_eq!(ns.run_in(0, read_blocking).unwrap().unwrap(), want);
     }
 }

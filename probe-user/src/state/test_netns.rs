@@ -1,0 +1,79 @@
+//! Scratch network namespaces for the readers' tests against the real kernel (root only): made
+//! on [`Netns::new`], deleted on drop (also when the test panics), and entered by a dedicated
+//! thread only ([`Netns::run_in`]), so the test's own thread never changes namespace.
+
+use std::{
+    io,
+    os::fd::AsRawFd as _,
+    process::{Command, Stdio},
+};
+
+/// Namespaces `clbtest-<group>-<name>-<pid>`, or `clbtest-<group>-<pid>` for one unnamed.
+pub struct Netns(Vec<String>);
+
+impl Netns {
+    /// One namespace per name in `names` (`&[""]`: one, named by the group alone).
+    pub fn new(group: &str, names: &[&str]) -> Netns {
+        let pid = std::process::id();
+        let mut ns = Netns(Vec::new());
+        for n in names {
+            let name = if n.is_empty() {
+                format!("clbtest-{group}-{pid}")
+            } else {
+                format!("clbtest-{group}-{n}-{pid}")
+            };
+            sh(&["ip", "netns", "add", &name]);
+            ns.0.push(name);
+        }
+        ns
+    }
+
+    /// The name of namespace `i` (for `ip netns exec`).
+    pub fn name(&self, i: usize) -> &str {
+        &self.0[i]
+    }
+
+    /// Runs `args` in namespace `i` (`ip netns exec`); panics with its stderr if it fails.
+    pub fn exec(&self, i: usize, args: &[&str]) {
+        let mut full = vec!["ip", "netns", "exec", self.0[i].as_str()];
+        full.extend_from_slice(args);
+        sh(&full);
+    }
+
+    /// Runs `f` on a new thread that has entered namespace `i`.
+    pub fn run_in<T: Send + 'static>(&self, i: usize, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let path = format!("/run/netns/{}", self.0[i]);
+        std::thread::spawn(move || {
+            let file = std::fs::File::open(&path).expect("open netns");
+            // SAFETY: a valid namespace fd; only this thread changes namespace.
+            let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+            assert_eq!(rc, 0, "setns: {}", io::Error::last_os_error());
+            f()
+        })
+        .join()
+        .expect("namespace thread")
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        for n in &self.0 {
+            let _ = Command::new("ip")
+                .args(["netns", "del", n])
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
+fn sh(args: &[&str]) {
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .expect("spawn");
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
