@@ -14,8 +14,8 @@ use crate::bench::{
 };
 
 use super::{
-    METRICS_PORT, Row,
     observe::{iface_vips, kernel_vips},
+    row::{METRICS_PORT, Row},
 };
 
 /// A storm of `rate` address changes a second on kube-ipvs0 for `secs` s (one `ip -batch` every

@@ -12,8 +12,8 @@ use anyhow::{Context as _, Result};
 use crate::bench::net::{self};
 
 use super::{
-    Row,
     observe::{prog_ids_of, wait_gone},
+    row::Row,
 };
 
 /// The DaemonSet's capabilities (deploy/daemonset.yaml).

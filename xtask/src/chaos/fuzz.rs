@@ -6,7 +6,7 @@ use anyhow::Result;
 
 use crate::workspace_root;
 
-use super::Row;
+use super::row::Row;
 
 /// proptest over every reader's input (probe-user's `fuzz_` tests) with `cases` cases each.
 pub(super) fn fuzz(cases: u32) -> Result<Row> {

@@ -19,8 +19,8 @@ use crate::{
 };
 
 use super::{
-    METRICS_PORT, Row,
     observe::{get, proc_threads},
+    row::{METRICS_PORT, Row},
 };
 
 /// Hostile HTTP clients while `/healthz` is probed.

@@ -18,8 +18,8 @@ use crate::{
 };
 
 use super::{
-    METRICS_PORT, Row,
     observe::{get, live_status, proc_threads},
+    row::{METRICS_PORT, Row},
 };
 
 /// Many live-view clients that never read, some writing garbage, while `/healthz` is probed.

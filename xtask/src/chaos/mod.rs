@@ -24,8 +24,8 @@
 //! run.
 //!
 //! Layout: this file is the runner (build, the rows in order, the report); each row is its own
-//! module returning a `Row`; `observe` holds what several rows check (programs still
-//! loaded, the agent's VIP map, its status, HTTP answers).
+//! module returning a `Row` (`row.rs`); `observe.rs` holds what several rows check (programs
+//! still loaded, the agent's VIP map, its status, HTTP answers). Rows import only those two.
 
 use std::{
     path::{Path, PathBuf},
@@ -43,12 +43,14 @@ mod live_view;
 mod nic_churn;
 mod observe;
 mod reader_stalled;
+mod row;
 mod scale;
 mod sigkill;
 mod vip_bursts;
 mod vip_iface_churn;
 
 use observe::sh;
+use row::Row;
 
 use crate::{
     bench::{net::BenchNet, report::Table},
@@ -66,17 +68,6 @@ pub struct ChaosArgs {
     /// Where the report goes (default: RELIABILITY.md, or target/chaos-quick.md with --quick).
     #[arg(long)]
     pub out: Option<PathBuf>,
-}
-
-const METRICS_PORT: u16 = 19968;
-
-/// One row of the report.
-struct Row {
-    fault: String,
-    checked: String,
-    figure: String,
-    /// Ok("nothing lost") or Err(what was lost / what failed).
-    verdict: Result<String, String>,
 }
 
 pub fn run(args: &ChaosArgs) -> Result<()> {

@@ -13,7 +13,10 @@ use crate::bench::{
     tools::{Agent, metric_sum, pause},
 };
 
-use super::{METRICS_PORT, Row, observe::live_status};
+use super::{
+    observe::live_status,
+    row::{METRICS_PORT, Row},
+};
 
 /// The probed NIC taken down and up, renamed away and back, deleted and re-created (a new veth
 /// pair with the node's address; the sender's end goes with the old one): after each, the NIC is attached

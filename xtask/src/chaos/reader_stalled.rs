@@ -12,7 +12,10 @@ use crate::bench::{
     tools::{Agent, RawSender, pause, proc_usage, trafgen, trafgen_config},
 };
 
-use super::{METRICS_PORT, Row, observe::suspects_vip};
+use super::{
+    observe::suspects_vip,
+    row::{METRICS_PORT, Row},
+};
 
 /// The DaemonSet's memory limit (deploy/helm/clb-probe/values.yaml, `resources.limits`).
 const DAEMONSET_MEMORY_LIMIT_MIB: u64 = 256;

@@ -33,7 +33,10 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use super::{METRICS_PORT, Row, observe::prog_ids_of};
+use super::{
+    observe::prog_ids_of,
+    row::{METRICS_PORT, Row},
+};
 use crate::bench::{
     net,
     report::percentile,

@@ -13,8 +13,8 @@ use crate::bench::{
 };
 
 use super::{
-    METRICS_PORT, Row,
     observe::{prog_ids_of, suspects_vip, wait_gone},
+    row::{METRICS_PORT, Row},
 };
 
 /// SIGKILL mid-flood, then restart under the same flood; then SIGTERM under it.

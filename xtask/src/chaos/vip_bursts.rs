@@ -14,8 +14,8 @@ use crate::bench::{
 };
 
 use super::{
-    METRICS_PORT, Row,
     observe::{iface_vips, kernel_vips},
+    row::{METRICS_PORT, Row},
 };
 
 /// `count` VIPs bound on kube-ipvs0 in bursts of `burst` (one `ip -batch` each), then

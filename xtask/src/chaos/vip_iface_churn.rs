@@ -15,7 +15,10 @@ use crate::bench::{
     tools::{Agent, RawSender, metric_sum},
 };
 
-use super::{METRICS_PORT, Row, observe::live_status};
+use super::{
+    observe::live_status,
+    row::{METRICS_PORT, Row},
+};
 
 /// kube-ipvs0 deleted and re-created (a new ifindex) with its VIP re-bound, `rounds` times; after
 /// each, a health check from the VIP must be confirmed.
