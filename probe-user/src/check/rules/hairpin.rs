@@ -9,7 +9,7 @@
 //! leaves unSNATed is a risk; with none known, unmasqueraded pod egress is one risk for any LB
 //! that keeps client addresses.
 
-use super::prevent_loopback;
+use super::targets::prevent_loopback;
 use crate::{
     check::{Finding, Inputs, Kind, Severity},
     state::addrs::Prefix,

@@ -2,7 +2,7 @@
 
 use std::net::IpAddr;
 
-use super::{bound_lb_ips, named, prevent_loopback, targets_of};
+use super::targets::{bound_lb_ips, named, prevent_loopback, targets_of};
 use crate::{
     check::{Finding, Inputs, Kind, NicSysctls, Severity},
     correlate::remedy,

@@ -2,7 +2,7 @@
 //! service serves. A risk when a port the Service declares (API, kube-proxy's sets) or every
 //! port is unserved; a warning otherwise (the LB's other listeners are not visible here).
 
-use super::{bound_lb_ips, named, targets_of};
+use super::targets::{bound_lb_ips, named, targets_of};
 use crate::{
     check::{Finding, Inputs, Kind, Severity},
     correlate::remedy,
