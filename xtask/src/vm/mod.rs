@@ -28,6 +28,7 @@
 //! In the guest `CLB_VM=1` and `CLB_VM_RESULTS=/clb-vm` are set; files written there come back
 //! to the host folder given with `--out`. Everything else the guest writes is thrown away.
 
+mod apt;
 mod initramfs;
 mod kernel;
 mod qemu;
