@@ -142,10 +142,16 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
     // Outputs too: a path that cannot be written fails here, with nothing attached.
     let mut sinks = Sinks::default();
     if let Some(path) = &cfg.events {
-        sinks.json = Some(JsonLines::open(path, "events").context("--events")?);
+        sinks.json = Some(
+            JsonLines::open(path, "events", crate::sink::json::EVENTS_QUEUE_LINES)
+                .context("--events")?,
+        );
     }
     if let Some(path) = &cfg.record {
-        sinks.record = Some(JsonLines::open(path, "record").context("--record")?);
+        sinks.record = Some(
+            JsonLines::open(path, "record", crate::sink::json::RECORD_QUEUE_LINES)
+                .context("--record")?,
+        );
     }
 
     // The Kubernetes client before anything is attached: a broken kubeconfig fails here.

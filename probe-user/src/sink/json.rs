@@ -2,8 +2,8 @@
 //! scripts and tests as it happens.
 //!
 //! Writers never sit on the correlation path. A line is serialised on the loop and handed to
-//! a thread of its own through a bounded queue ([`QUEUE_LINES`]); when the queue is full (the
-//! reader of `--events -` stopped reading, the disk stalls) the line is dropped and counted
+//! a thread of its own through a bounded queue ([`EVENTS_QUEUE_LINES`], [`RECORD_QUEUE_LINES`]);
+//! when the queue is full (the reader of `--events -` stopped reading, the disk stalls) the line is dropped and counted
 //! (`clbprobe_output_lines_lost_total{output}`), and `clbprobe_output_stalled{output}` says 1
 //! while a write has been waiting for more than [`STALLED_AFTER`]. Detection, metrics and the
 //! live view go on, and SIGTERM is not held: the process exits with the writer still blocked.
@@ -35,8 +35,11 @@ use anyhow::{Context as _, bail};
 use serde::Serialize;
 use tracing::{info, warn};
 
-/// Lines waiting for the writer thread: about a minute of a busy node's events, a few MiB.
-pub const QUEUE_LINES: usize = 4096;
+/// Lines waiting for `--events`' writer: confirmations are few and aggregated, so this is a
+/// long burst (with the pipe's own 64 KiB behind it), about 0.5 MiB.
+pub const EVENTS_QUEUE_LINES: usize = 256;
+/// Lines waiting for `--record`'s writer: every kernel event, so bursts are thousands.
+pub const RECORD_QUEUE_LINES: usize = 4096;
 /// A write blocked this long marks the output stalled.
 pub const STALLED_AFTER: Duration = Duration::from_secs(1);
 
@@ -65,8 +68,8 @@ pub struct JsonLines {
 
 impl JsonLines {
     /// `-` is stdout; anything else a regular file, appended to (see the module doc).
-    /// `output` names it in metrics and logs (`events`, `record`).
-    pub fn open(path: &Path, output: &'static str) -> anyhow::Result<Self> {
+    /// `output` names it in metrics and logs (`events`, `record`); `queue` lines may wait.
+    pub fn open(path: &Path, output: &'static str, queue: usize) -> anyhow::Result<Self> {
         let out = if path.as_os_str() == "-" {
             // A descriptor of our own: a blocked write must not hold the stdout lock.
             File::from(
@@ -78,7 +81,7 @@ impl JsonLines {
             open_file(path)?
         };
         let stats = Arc::new(OutputStats::default());
-        let (tx, rx) = mpsc::sync_channel::<Vec<u8>>(QUEUE_LINES);
+        let (tx, rx) = mpsc::sync_channel::<Vec<u8>>(queue);
         let thread_stats = stats.clone();
         std::thread::Builder::new()
             .name(format!("out-{output}"))
@@ -267,16 +270,22 @@ mod tests {
         std::fs::write(&target, "keep me\n").unwrap();
         let link = d.join("link");
         std::os::unix::fs::symlink(&target, &link).unwrap();
-        let err = JsonLines::open(&link, "events").err().unwrap().to_string();
+        let err = JsonLines::open(&link, "events", 1)
+            .err()
+            .unwrap()
+            .to_string();
         assert!(err.contains("symbolic link"), "{err}");
         assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep me\n");
         let fifo = d.join("fifo");
         let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
         // SAFETY: a valid C string.
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-        let err = JsonLines::open(&fifo, "events").err().unwrap().to_string();
+        let err = JsonLines::open(&fifo, "events", 1)
+            .err()
+            .unwrap()
+            .to_string();
         assert!(err.contains("a FIFO"), "{err}");
-        let err = JsonLines::open(&d, "events").err().unwrap().to_string();
+        let err = JsonLines::open(&d, "events", 1).err().unwrap().to_string();
         assert!(err.contains("a directory"), "{err}");
         let _ = std::fs::remove_dir_all(&d);
     }
@@ -287,13 +296,13 @@ mod tests {
         let p = d.join("events.jsonl");
         // SAFETY: umask has no preconditions (only this test's files are created meanwhile).
         let old = unsafe { libc::umask(0) };
-        let opened = JsonLines::open(&p, "events");
+        let opened = JsonLines::open(&p, "events", 1);
         // SAFETY: as above.
         unsafe { libc::umask(old) };
         let mut out = opened.unwrap();
         out.write(&1);
         drop(out);
-        let mut out = JsonLines::open(&p, "events").unwrap();
+        let mut out = JsonLines::open(&p, "events", 1).unwrap();
         out.write(&2);
         drop(out);
         let text = wait_until(|| {
@@ -317,7 +326,7 @@ mod tests {
             (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1]))
         };
         let stats = Arc::new(OutputStats::default());
-        let (tx, rx) = mpsc::sync_channel(QUEUE_LINES);
+        let (tx, rx) = mpsc::sync_channel(RECORD_QUEUE_LINES);
         let s = stats.clone();
         std::thread::spawn(move || write_lines(write_end, rx, &s, "events"));
         let mut out = JsonLines {
@@ -326,7 +335,7 @@ mod tests {
         };
         let line = "x".repeat(1000);
         // Were a write to block, this loop would never end.
-        for _ in 0..(QUEUE_LINES + 2000) {
+        for _ in 0..(RECORD_QUEUE_LINES + 2000) {
             out.write(&line);
         }
         assert!(stats.lost.load(Ordering::Relaxed) >= 1900, "{stats:?}");

@@ -16,8 +16,8 @@
 //! would close it too, but the umask is the whole process's and the runtime's threads create
 //! files meanwhile; a check of the peer's credentials on accept would still let the
 //! connection exist. A failed accept (EMFILE when the agent is out of descriptors, something
-//! any remote client of the metrics port can cause under a low limit) is logged once (one
-//! WARN per episode, one INFO when accepting works again) and retried with a backoff up to
+//! any remote client of the metrics port can cause under a low limit) is logged (at most one
+//! WARN a minute, one INFO when accepting works again) and retried with a backoff up to
 //! [`ACCEPT_BACKOFF_MAX`]: the listener never ends while the agent runs.
 
 use std::{os::unix::fs::PermissionsExt as _, path::Path, sync::Arc, time::Duration};
@@ -195,16 +195,23 @@ fn rename_noreplace(from: &Path, to: &Path) -> std::io::Result<()> {
 /// The longest pause between accept attempts while accept fails.
 pub const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
+/// At most one accept-failure WARN in this long.
+pub const ACCEPT_WARN_EVERY: Duration = Duration::from_secs(60);
+
 /// Serves connected clients until the task is aborted.
 pub async fn serve(listener: UnixListener, shared: Shared) -> anyhow::Result<()> {
     let mut failures = 0u64;
     let mut backoff = Duration::from_millis(10);
+    let mut warned: Option<std::time::Instant> = None;
     loop {
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
             Err(e) => {
-                if failures == 0 {
+                // Descriptors come and go while the agent is short of them (accept may work
+                // once in between): one WARN a minute, not one per flap.
+                if warned.is_none_or(|at| at.elapsed() >= ACCEPT_WARN_EVERY) {
                     warn!(error = %e, "live view: accepting a connection failed; retrying with a backoff (up to {ACCEPT_BACKOFF_MAX:?})");
+                    warned = Some(std::time::Instant::now());
                 }
                 failures += 1;
                 tokio::time::sleep(backoff).await;
