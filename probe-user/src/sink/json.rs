@@ -2,8 +2,9 @@
 //! scripts and tests as it happens.
 //!
 //! Writers never sit on the correlation path. A line is serialised on the loop and handed to
-//! a thread of its own through a bounded queue ([`EVENTS_QUEUE_LINES`], [`RECORD_QUEUE_LINES`]);
-//! when the queue is full (the reader of `--events -` stopped reading, the disk stalls) the line is dropped and counted
+//! a thread of its own through a bounded queue ([`EVENTS_QUEUE_LINES`],
+//! [`RECORD_QUEUE_LINES`]); when the queue is full (the reader of `--events -` stopped
+//! reading, the disk stalls) the line is dropped and counted
 //! (`clbprobe_output_lines_lost_total{output}`), and `clbprobe_output_stalled{output}` says 1
 //! while a write has been waiting for more than [`STALLED_AFTER`]. Detection, metrics and the
 //! live view go on, and SIGTERM is not held: the process exits with the writer still blocked.
