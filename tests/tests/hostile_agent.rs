@@ -339,8 +339,14 @@ fn an_output_nobody_reads_never_stops_detection_or_shutdown() {
         metric("clbprobe_output_stalled{output=\"record\"}"),
         Some(0.0)
     );
+    eprintln!(
+        "stalled output: {} confirmations, {lost} lines lost",
+        agent.count_log("confirmed loopback")
+    );
     let stdout = agent.stdout.take();
+    let asked = Instant::now();
     let status = agent.stop();
+    eprintln!("stalled output: SIGTERM to exit {:?}", asked.elapsed());
     assert!(status.success(), "exit after SIGTERM: {status}");
     drop(stdout);
     assert_nothing_attached();
@@ -383,6 +389,7 @@ fn the_live_view_survives_running_out_of_descriptors() {
         "live view: accepting a connection failed",
         Duration::from_secs(20),
     );
+    eprintln!("live view: {} clients connected", clients.len());
     std::thread::sleep(Duration::from_secs(3));
     drop(clients);
     let watch = wait_for("probe watch --once", Duration::from_secs(30), || {
@@ -532,7 +539,9 @@ fn sighup_and_sigquit_shut_down_cleanly_in_both_tc_modes() {
                 args.extend(["--tc-mode", "netlink"]);
             }
             let mut agent = Agent::start(lab::NS_NODE, &args);
+            let asked = Instant::now();
             let status = agent.signal(sig);
+            eprintln!("{mode} {name}: exit {status} after {:?}", asked.elapsed());
             assert!(status.success(), "{mode} {name}: {status}");
             assert_nothing_attached();
             assert!(!socket.exists(), "{mode} {name}: the socket is removed");
