@@ -187,6 +187,7 @@ pub fn lock_names_under(proc_net_unix: &str, prefix: &str) -> Vec<String> {
 fn holder(addr: &SocketAddr) -> Option<Holder> {
     // Non-blocking: a squatter that never accepts fills its backlog, and a blocking connect
     // would then wait forever. A real agent accepts at once; a full backlog is retried briefly.
+    // SAFETY: socket(2) has no memory preconditions.
     let fd = unsafe {
         libc::socket(
             libc::AF_UNIX,
