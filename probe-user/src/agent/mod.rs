@@ -512,13 +512,5 @@ fn lookup_conntrack(tuple: &state::Tuple) -> Result<Option<state::ConntrackEntry
     state::conntrack::lookup(tuple).map_err(|e| e.to_string())
 }
 
-/// CLOCK_MONOTONIC in ns: the clock of the kernel's `bpf_ktime_get_ns`.
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid pointer to a timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+/// Defined with the events whose clock it is (the sinks read it too, below the agent).
+pub use crate::event::monotonic_ns;

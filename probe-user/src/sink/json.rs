@@ -126,7 +126,7 @@ fn write_lines(
     for line in rx {
         stats
             .writing_since
-            .store(crate::agent::monotonic_ns().max(1), Ordering::Relaxed);
+            .store(crate::event::monotonic_ns().max(1), Ordering::Relaxed);
         let res = out.write_all(&line);
         stats.writing_since.store(0, Ordering::Relaxed);
         match res {
@@ -340,7 +340,7 @@ mod tests {
             out.write(&line);
         }
         assert!(stats.lost.load(Ordering::Relaxed) >= 1900, "{stats:?}");
-        let stalled = wait_until(|| stats.stalled(crate::agent::monotonic_ns()).then_some(()));
+        let stalled = wait_until(|| stats.stalled(crate::event::monotonic_ns()).then_some(()));
         assert!(stalled.is_some(), "the blocked write shows as stalled");
         drop(read_end);
     }

@@ -571,7 +571,7 @@ pub async fn serve(
                             .lock()
                             .map(|t| MetricsInput::from_snapshot(&snap, &t, shared.version))
                             .unwrap_or_default();
-                        let now = crate::agent::monotonic_ns();
+                        let now = crate::event::monotonic_ns();
                         input.outputs = shared
                             .outputs
                             .iter()
