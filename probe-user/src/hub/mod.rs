@@ -9,6 +9,7 @@
 //! `sink::kube_events::KubeEventStats` re-exports the counters).
 
 pub mod capability;
+pub mod outputs;
 
 use std::{
     collections::BTreeMap,
@@ -48,7 +49,7 @@ pub struct Shared {
     /// Kubernetes Events written (`clbprobe_kube_event_writes_total`).
     pub kube_events: Arc<KubeEventStats>,
     /// `--events` / `--record` writers (`clbprobe_output_*`), by output name.
-    pub outputs: Arc<Vec<(&'static str, Arc<crate::sink::json::OutputStats>)>>,
+    pub outputs: Arc<Vec<(&'static str, Arc<outputs::OutputStats>)>>,
 }
 
 impl Shared {

@@ -26,10 +26,9 @@ use std::{
     path::Path,
     sync::{
         Arc,
-        atomic::{AtomicU64, Ordering},
+        atomic::Ordering,
         mpsc::{self, SyncSender, TrySendError},
     },
-    time::Duration,
 };
 
 use anyhow::{Context as _, bail};
@@ -41,26 +40,8 @@ use tracing::{info, warn};
 pub const EVENTS_QUEUE_LINES: usize = 256;
 /// Lines waiting for `--record`'s writer: every kernel event, so bursts are thousands.
 pub const RECORD_QUEUE_LINES: usize = 4096;
-/// A write blocked this long marks the output stalled.
-pub const STALLED_AFTER: Duration = Duration::from_secs(1);
-
-/// What the metrics endpoint reads about one output.
-#[derive(Debug, Default)]
-pub struct OutputStats {
-    /// Lines dropped: the queue was full, or the write failed.
-    pub lost: AtomicU64,
-    pub written: AtomicU64,
-    /// CLOCK_MONOTONIC ns when the write in progress started; 0 when none is.
-    writing_since: AtomicU64,
-}
-
-impl OutputStats {
-    /// Whether a write has been blocked for longer than [`STALLED_AFTER`] at `now_ns`.
-    pub fn stalled(&self, now_ns: u64) -> bool {
-        let since = self.writing_since.load(Ordering::Relaxed);
-        since != 0 && now_ns.saturating_sub(since) > STALLED_AFTER.as_nanos() as u64
-    }
-}
+/// The outputs' counters live in the hub, which the metrics endpoint reads.
+pub use crate::hub::outputs::{OutputStats, STALLED_AFTER};
 
 pub struct JsonLines {
     tx: SyncSender<Vec<u8>>,
@@ -252,7 +233,7 @@ mod tests {
             if let Some(v) = f() {
                 return Some(v);
             }
-            std::thread::sleep(Duration::from_millis(10));
+            std::thread::sleep(std::time::Duration::from_millis(10));
         }
         None
     }

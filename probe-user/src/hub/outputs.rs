@@ -1,0 +1,28 @@
+//! Each JSON-lines output's counters (written by `sink::json`, read by `/metrics`): here, below
+//! both, like the other counters the hub shares.
+
+use std::{
+    sync::atomic::{AtomicU64, Ordering},
+    time::Duration,
+};
+
+/// A write blocked this long marks the output stalled.
+pub const STALLED_AFTER: Duration = Duration::from_secs(1);
+
+/// What the metrics endpoint reads about one output.
+#[derive(Debug, Default)]
+pub struct OutputStats {
+    /// Lines dropped: the queue was full, or the write failed.
+    pub lost: AtomicU64,
+    pub written: AtomicU64,
+    /// CLOCK_MONOTONIC ns when the write in progress started; 0 when none is.
+    pub(crate) writing_since: AtomicU64,
+}
+
+impl OutputStats {
+    /// Whether a write has been blocked for longer than [`STALLED_AFTER`] at `now_ns`.
+    pub fn stalled(&self, now_ns: u64) -> bool {
+        let since = self.writing_since.load(Ordering::Relaxed);
+        since != 0 && now_ns.saturating_sub(since) > STALLED_AFTER.as_nanos() as u64
+    }
+}
