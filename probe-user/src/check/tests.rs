@@ -250,6 +250,9 @@ fn the_api_names_services_and_their_settings() {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             endpoints: vec![],
+            load_balancer_class: None,
+            annotations: Default::default(),
+            resource_version: None,
         }
     };
     // Bound, 443 declared but not served: a certain vip_port_unserved, named.

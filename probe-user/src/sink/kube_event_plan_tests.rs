@@ -35,6 +35,7 @@ fn ev(kind: LoopbackKind, key: &str, count: u64) -> LoopbackEvent {
         layer: None,
         client_pod: None,
         node: None,
+        fixes: Vec::new(),
     }
 }
 

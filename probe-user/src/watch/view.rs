@@ -316,6 +316,7 @@ mod tests {
             layer: None,
             client_pod: client_pod.map(String::from),
             node: None,
+            fixes: Vec::new(),
         }
     }
 
