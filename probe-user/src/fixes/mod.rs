@@ -115,6 +115,37 @@ impl Facts {
     }
 }
 
+/// Sets `event.fixes` from its facts: the Service the enrichment named (read from `index`, when
+/// the API is on), the profile from `flag`, else from that Service's own settings. The agent
+/// reads no Node, so a node's providerID does not count here (`kubectl clb-probe fix` reads
+/// them).
+pub fn attach(
+    event: &mut LoopbackEvent,
+    index: &crate::kube::index::Index,
+    flag: Option<Provider>,
+) {
+    let key = event.service.as_deref().map(service_key);
+    let service = key
+        .as_deref()
+        .and_then(|key| index.services().find(|s| s.key() == key));
+    let profile = Profile::resolve(flag, [], service.and_then(service_provider));
+    event.fixes = fixes(&Facts::of(event, service, profile.provider));
+}
+
+/// The provider a Service's own settings name.
+pub fn service_provider(service: &ServiceFacts) -> Option<Provider> {
+    let hostnames: Vec<&str> = service
+        .ingress
+        .iter()
+        .filter_map(|i| i.hostname.as_deref())
+        .collect();
+    Provider::from_service(
+        service.load_balancer_class.as_deref(),
+        &service.annotations,
+        &hostnames,
+    )
+}
+
 /// `namespace/name` of a service label (`namespace/name:port-name`).
 fn service_key(label: &str) -> String {
     label.split(':').next().unwrap_or(label).to_string()
