@@ -146,6 +146,44 @@ pub fn service_provider(service: &ServiceFacts) -> Option<Provider> {
     )
 }
 
+impl Facts {
+    /// The facts of a `probe check` risk of `kind` on LB IP `vip` of `service`: a hairpin risk
+    /// is a pod's un-SNATed call, a health-check one the LB's own checks.
+    pub fn of_risk(
+        kind: LoopbackKind,
+        vip: std::net::IpAddr,
+        service: &ServiceFacts,
+        provider: Provider,
+    ) -> Facts {
+        let source = match kind {
+            LoopbackKind::Hairpin => Some(Source::Pod),
+            LoopbackKind::HealthcheckBlackhole => Some(Source::Lb),
+            LoopbackKind::VipAsSource => Some(Source::Node),
+            LoopbackKind::VipPortUnserved => None,
+        };
+        Facts {
+            kind,
+            provider,
+            proto: Proto::Tcp,
+            source,
+            snat: SnatState::No,
+            service: Some(service.key()),
+            etp: Some(if service.is_etp_local() {
+                Etp::Local
+            } else {
+                Etp::Cluster
+            }),
+            ip_mode: Some(match service.ip_mode(vip) {
+                Some("Proxy") => IpMode::Proxy,
+                _ => IpMode::Vip,
+            }),
+            service_read: true,
+            load_balancer_class: service.load_balancer_class.clone(),
+            annotations: service.annotations.clone(),
+        }
+    }
+}
+
 /// `namespace/name` of a service label (`namespace/name:port-name`).
 fn service_key(label: &str) -> String {
     label.split(':').next().unwrap_or(label).to_string()
