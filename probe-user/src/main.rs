@@ -120,6 +120,11 @@ struct AgentArgs {
     /// Service, else the Node) when API access exists (--kubeconfig or in-cluster).
     #[arg(long, env = "CLB_PROBE_KUBE_EVENTS", value_enum, default_value_t = OnOff::On)]
     kube_events: OnOff,
+    /// The cloud whose LB fixes events carry (aws, azure, gce, alicloud, tencentcloud, hcloud,
+    /// digitalocean, openstack, generic). Default: from the Service's LB class and
+    /// annotations, else generic.
+    #[arg(long, env = "CLB_PROBE_PROVIDER", value_name = "NAME")]
+    provider: Option<clb_probe::fixes::Provider>,
 }
 
 /// Kernel map capacities (README, "Map sizing"); each range-checked, exit 2 outside it.
@@ -319,6 +324,7 @@ fn main() -> ExitCode {
                 kube,
                 node_name: args.kube.node_name,
                 kube_events,
+                provider: args.provider,
             };
             let rt = match tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)

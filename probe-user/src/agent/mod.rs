@@ -64,6 +64,8 @@ pub struct AgentConfig {
     pub node_name: Option<String>,
     /// `--kube-events`: where to write Kubernetes Events (None: off, or no API access).
     pub kube_events: Option<crate::kube::KubeSource>,
+    /// `--provider`: the provider profile of the events' fixes (None: from each Service).
+    pub provider: Option<crate::fixes::Provider>,
 }
 
 /// Runs until SIGINT, SIGTERM, SIGHUP or SIGQUIT. Every exit path detaches: the probe is owned by the node-sync
@@ -322,6 +324,7 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         signals,
         kube_index,
         node_name: cfg.node_name.clone(),
+        provider: cfg.provider,
     })
     .await;
     // Orderly shutdown: stop the surfaces and the sync task (it detaches), then the reader.
@@ -359,6 +362,7 @@ struct CorrelateLoop {
     /// Kubernetes attribution's latest index (None: attribution off).
     kube_index: Option<watch::Receiver<Arc<crate::kube::index::Index>>>,
     node_name: Option<String>,
+    provider: Option<crate::fixes::Provider>,
 }
 
 struct Signals {
@@ -407,7 +411,12 @@ async fn correlate_loop(mut l: CorrelateLoop) -> anyhow::Result<()> {
         for out in outputs {
             match out {
                 Output::Report(mut report) => {
-                    attribute(&mut report, l.kube_index.as_ref(), l.node_name.as_deref());
+                    attribute(
+                        &mut report,
+                        l.kube_index.as_ref(),
+                        l.node_name.as_deref(),
+                        l.provider,
+                    );
                     l.sinks.report(&report);
                     l.shared.publish(report);
                 }
@@ -423,14 +432,17 @@ async fn correlate_loop(mut l: CorrelateLoop) -> anyhow::Result<()> {
     }
 }
 
-/// Names the report's pod, Service and node (the enrichment after the pure correlator).
+/// Names the report's pod, Service and node (the enrichment after the pure correlator), then
+/// attaches the fixes that fit the named facts.
 fn attribute(
     report: &mut crate::correlate::Report,
     index: Option<&watch::Receiver<Arc<crate::kube::index::Index>>>,
     node: Option<&str>,
+    provider: Option<crate::fixes::Provider>,
 ) {
     let index = index.map(|rx| rx.borrow().clone()).unwrap_or_default();
     crate::kube::enrich::enrich(&mut report.event, &index, node);
+    crate::fixes::attach(&mut report.event, &index, provider);
 }
 
 /// Aborts a background task when the loop that owns it returns, however it returns.

@@ -777,6 +777,7 @@ mod tests {
             layer: None,
             client_pod: None,
             node: None,
+            fixes: Vec::new(),
         }
     }
 

@@ -163,6 +163,7 @@ pub fn hairpin(inp: &Inputs) -> Vec<Finding> {
             ),
             evidence,
             remedy: hairpin_remedy(svc, t.etp_local == Some(true)),
+            fixes: Vec::new(),
         });
     }
     if out.is_empty() && pod_masq.is_empty() && seen.is_empty() {
@@ -194,6 +195,7 @@ pub fn hairpin(inp: &Inputs) -> Vec<Finding> {
             ),
             evidence,
             remedy: hairpin_remedy("the Service", local),
+            fixes: Vec::new(),
         });
     }
     out

@@ -93,6 +93,7 @@ pub fn healthcheck_blackhole(inp: &Inputs) -> Vec<Finding> {
                     .into_iter()
                     .skip(1)
                     .collect(),
+                fixes: Vec::new(),
             }
         })
         .collect()

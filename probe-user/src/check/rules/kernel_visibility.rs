@@ -52,5 +52,6 @@ pub fn kernel_visibility(inp: &Inputs) -> Vec<Finding> {
         summary,
         evidence,
         remedy,
+        fixes: Vec::new(),
     }]
 }

@@ -36,5 +36,6 @@ pub fn kptr_restrict(inp: &Inputs) -> Vec<Finding> {
         summary,
         evidence: Vec::new(),
         remedy,
+        fixes: Vec::new(),
     }]
 }

@@ -36,5 +36,6 @@ pub fn kube_api(inp: &Inputs) -> Vec<Finding> {
         summary,
         evidence,
         remedy,
+        fixes: Vec::new(),
     }]
 }

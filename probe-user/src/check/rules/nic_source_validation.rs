@@ -44,6 +44,7 @@ pub fn nic_source_validation(inp: &Inputs) -> Vec<Finding> {
                     },
                 ],
                 remedy: Vec::new(),
+                fixes: Vec::new(),
             }
         })
         .collect()

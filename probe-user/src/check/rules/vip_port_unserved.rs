@@ -116,6 +116,7 @@ pub fn vip_port_unserved(inp: &Inputs) -> Vec<Finding> {
                 summary,
                 evidence,
                 remedy,
+                fixes: Vec::new(),
             }
         })
         .collect()
