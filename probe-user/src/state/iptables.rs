@@ -26,9 +26,10 @@ use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::path::Path;
 use std::process::Command;
+use std::sync::OnceLock;
 
 use crate::event::Proto;
-use crate::state::{NodePortEntry, ServiceEntry, ServiceSource, ServiceTable};
+use crate::state::{NodePortEntry, ParseCache, ServiceEntry, ServiceSource, ServiceTable};
 
 /// Why the nat rules could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -67,12 +68,17 @@ pub async fn read() -> Result<ServiceTable, IptablesError> {
 /// asked when the kernel already has a legacy nat table (`/proc/thread-self/net/ip_tables_names`), because
 /// `iptables-legacy-save -t nat` would otherwise load the legacy nat module as a side effect.
 pub fn read_blocking() -> Result<ServiceTable, IptablesError> {
+    static PARSED: ParseCache<ServiceTable> = ParseCache::new();
+    static DEFAULT_IS_NFT: OnceLock<bool> = OnceLock::new();
     let v4 = run("iptables-save", &["-t", "nat"])?;
-    let mut table = parse_iptables_save(&v4);
+    let mut table = PARSED.parse("iptables-save", &v4, parse_iptables_save);
 
-    let default_is_nft = run("iptables-save", &["--version"])
-        .map(|v| v.contains("nf_tables"))
-        .unwrap_or(false);
+    // The backend of the installed iptables does not change while we run: asked once.
+    let default_is_nft = *DEFAULT_IS_NFT.get_or_init(|| {
+        run("iptables-save", &["--version"])
+            .map(|v| v.contains("nf_tables"))
+            .unwrap_or(false)
+    });
 
     let mut extra: Vec<(&str, Option<&str>)> = vec![("ip6tables-save", None)];
     if default_is_nft {
@@ -105,7 +111,7 @@ pub fn read_blocking() -> Result<ServiceTable, IptablesError> {
                 // The second backend only matters when kube-proxy (or a stale kube-proxy) wrote
                 // into it; ip6tables-save is always merged.
                 if cmd == "ip6tables-save" || text.contains("KUBE-") {
-                    merge(&mut table, parse_iptables_save(&text));
+                    merge(&mut table, PARSED.parse(cmd, &text, parse_iptables_save));
                 }
             }
             Err(e) => tracing::debug!(error = %e, "skipping {cmd}"),

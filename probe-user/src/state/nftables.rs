@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde_json::Value;
 
-use super::{NodePortEntry, ServiceEntry, ServiceSource, ServiceTable, iptables};
+use super::{NodePortEntry, ParseCache, ServiceEntry, ServiceSource, ServiceTable, iptables};
 use crate::event::Proto;
 
 /// kube-proxy's table name (in both the `ip` and the `ip6` family).
@@ -63,6 +63,7 @@ pub enum NftError {
 /// kube-proxy's nftables tables of the calling thread's network namespace, merged over both
 /// families, or None when neither table exists (or `nft` is not installed). Blocking.
 pub fn read_blocking() -> Result<Option<ServiceTable>, NftError> {
+    static PARSED: ParseCache<Result<ServiceTable, String>> = ParseCache::new();
     let mut table: Option<ServiceTable> = None;
     for family in FAMILIES {
         let args = ["-j", "list", "table", family, TABLE];
@@ -91,10 +92,12 @@ pub fn read_blocking() -> Result<Option<ServiceTable>, NftError> {
             });
         }
         let text = String::from_utf8_lossy(&out.stdout);
-        let parsed = parse_nft_json(&text).map_err(|why| NftError::Json {
-            command: command.clone(),
-            why,
-        })?;
+        let parsed = PARSED
+            .parse(family, &text, parse_nft_json)
+            .map_err(|why| NftError::Json {
+                command: command.clone(),
+                why,
+            })?;
         match &mut table {
             Some(t) => iptables::merge(t, parsed),
             None => table = Some(parsed),
