@@ -11,7 +11,7 @@
 //! - `nftables`: kube-proxy's nftables-mode tables (`nft -j list table ip|ip6 kube-proxy`).
 
 use std::{
-    hash::{Hash, Hasher},
+    hash::{DefaultHasher, Hash, Hasher},
     net::IpAddr,
     sync::{
         Mutex,
@@ -40,9 +40,9 @@ pub fn set_reuse_parses(on: bool) {
 }
 
 /// The last parse of each dump (by the command that printed it), reused while the dump is
-/// byte-for-byte the same: kube-proxy re-syncing with unchanged content costs the dump and a
-/// hash, not a parse. The whole text is hashed (SipHash, ~1 GB/s): no sampling that could
-/// miss a one-character change.
+/// the same: kube-proxy re-syncing with unchanged content costs the dump and a hash, not a
+/// parse. The whole text is hashed (SipHash, ~1 GB/s; no sampling that could miss a
+/// one-character change) but for what changes without the rules changing (see `digest`).
 pub(crate) struct ParseCache<T> {
     last: Mutex<Vec<(String, u64, T)>>,
 }
@@ -54,12 +54,20 @@ impl<T: Clone> ParseCache<T> {
         }
     }
 
-    pub(crate) fn parse(&self, key: &str, text: &str, parse: impl FnOnce(&str) -> T) -> T {
+    /// `digest` feeds the hasher with what of `text` matters: dumps carry things that change
+    /// while the rules do not (iptables-save's date line and chain counters, nft's handles).
+    pub(crate) fn parse(
+        &self,
+        key: &str,
+        text: &str,
+        digest: impl FnOnce(&str, &mut DefaultHasher),
+        parse: impl FnOnce(&str) -> T,
+    ) -> T {
         if !REUSE_PARSES.load(Ordering::Relaxed) {
             return parse(text);
         }
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        text.hash(&mut h);
+        let mut h = DefaultHasher::new();
+        digest(text, &mut h);
         let hash = h.finish();
         if let Ok(last) = self.last.lock()
             && let Some((_, _, parsed)) = last.iter().find(|(k, h, _)| k == key && *h == hash)

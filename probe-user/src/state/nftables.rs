@@ -93,7 +93,7 @@ pub fn read_blocking() -> Result<Option<ServiceTable>, NftError> {
         }
         let text = String::from_utf8_lossy(&out.stdout);
         let parsed = PARSED
-            .parse(family, &text, parse_nft_json)
+            .parse(family, &text, digest, parse_nft_json)
             .map_err(|why| NftError::Json {
                 command: command.clone(),
                 why,
@@ -104,6 +104,20 @@ pub fn read_blocking() -> Result<Option<ServiceTable>, NftError> {
         }
     }
     Ok(table)
+}
+
+/// What of `nft -j` output is the rules: the objects' `"handle": N` (new ones on every
+/// re-add of the same rules) are left out.
+pub fn digest(text: &str, h: &mut std::hash::DefaultHasher) {
+    use std::hash::Hash;
+    const HANDLE: &str = "\"handle\":";
+    let mut rest = text;
+    while let Some(at) = rest.find(HANDLE) {
+        rest[..at].hash(h);
+        rest =
+            rest[at + HANDLE.len()..].trim_start_matches(|c: char| c == ' ' || c.is_ascii_digit());
+    }
+    rest.hash(h);
 }
 
 /// A rule of the table: its chain, expressions and comment.
