@@ -109,9 +109,20 @@ struct AgentArgs {
     /// Live-view socket for `probe watch` and `probe events`.
     #[arg(long, env = "CLB_PROBE_SOCKET", default_value = DEFAULT_SOCKET)]
     socket: PathBuf,
-    /// Seconds between re-reads of the service table (IPVS / kube-proxy iptables rules).
-    #[arg(long, env = "CLB_PROBE_SERVICES_EVERY", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
+    /// Seconds between safety-net re-reads of the service table (it is read when the rules
+    /// change; this catches what no change signal covers).
+    #[arg(long, env = "CLB_PROBE_SERVICES_EVERY", default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
     services_every: u64,
+    /// How the service table is refreshed: `change` (default), or `timer`, the old full re-read
+    /// every --services-every (kept for the bench's baseline).
+    #[arg(
+        long,
+        env = "CLB_PROBE_SERVICES_READER",
+        value_enum,
+        default_value_t,
+        hide = true
+    )]
+    services_reader: clb_probe::agent::services::ReaderMode,
     #[command(flatten)]
     kube: clb_probe::kube::KubeArgs,
     #[command(flatten)]
@@ -318,6 +329,7 @@ fn main() -> ExitCode {
                 ebpf_log: args.ebpf_log,
                 tc_mode: args.tc_mode,
                 services_every: Duration::from_secs(args.services_every),
+                services_reader: args.services_reader,
                 metrics_addr: args.metrics_addr,
                 socket: Some(args.socket),
                 map_sizes: args.map_sizes.sizes(),

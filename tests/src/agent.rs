@@ -217,6 +217,14 @@ impl Agent {
         self.read_jsonl("record.jsonl")
     }
 
+    /// The agent's log lines so far (drains what is pending).
+    pub fn log_lines(&mut self) -> &[String] {
+        while let Ok(line) = self.stderr_lines.try_recv() {
+            self.log.push(line);
+        }
+        &self.log
+    }
+
     /// How many agent log lines so far contain `needle` (drains what is pending).
     pub fn count_log(&mut self, needle: &str) -> usize {
         while let Ok(line) = self.stderr_lines.try_recv() {

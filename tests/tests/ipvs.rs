@@ -500,3 +500,61 @@ fn ipvs_mode_hairpin_variants_are_confirmed_and_twins_are_silent() {
     let failures = std::mem::take(&mut run.failures);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// The service table is read on change in IPVS mode too (IPVS has no notifications: the
+/// agent's one-dump digest of the virtual services, tested each second, is the signal): with
+/// `--services-every 3600`, a virtual service added on a NodePort-range port becomes a
+/// NodePort of the agent's table (its `service table read` log line counts one more).
+#[test]
+fn ipvs_mode_virtual_service_added_is_read_without_a_timer_tick() {
+    if !in_vm("ipvs_mode_virtual_service_added") {
+        return;
+    }
+    let lab = LabGuard::up_in(
+        KubeProxyMode::Ipvs,
+        &Variants::default(),
+        &UpOptions::default(),
+    )
+    .expect("IPVS-mode lab up");
+    let mut agent = Agent::start(
+        lab::NS_NODE,
+        &["--nic", lab::NODE_NIC, "--services-every", "3600"],
+    );
+    let count = |agent: &mut Agent| -> usize {
+        agent.wait_log("source=Some(Ipvs)", WAIT);
+        agent
+            .log_lines()
+            .iter()
+            .rev()
+            .find_map(|l| {
+                l.contains("service table read")
+                    .then(|| {
+                        l.split_whitespace()
+                            .find_map(|w| w.strip_prefix("nodeports="))
+                    })
+                    .flatten()
+                    .and_then(|n| n.parse().ok())
+            })
+            .expect("a service table line")
+    };
+    let before = count(&mut agent);
+    let vs = format!("{}:31999", lab::NODE_IP);
+    let out = std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            lab::NS_NODE,
+            "ipvsadm",
+            "-A",
+            "-t",
+            &vs,
+            "-s",
+            "rr",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    agent.wait_log(&format!("nodeports={} ", before + 1), WAIT);
+    drop(agent);
+    drop(lab);
+}

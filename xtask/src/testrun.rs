@@ -230,6 +230,8 @@ fn suites(args: &TestArgs, root: &std::path::Path, totals: &mut Totals) -> anyho
             only: Vec::new(),
             quick: true,
             storm_only: false,
+            scale_sizes: vec![100, 1000],
+            scale_window: 3,
             out: None,
             detect: false,
             baseline_agent: None,

@@ -7,6 +7,7 @@
 pub mod checks;
 pub mod instance;
 pub mod nodesync;
+pub mod services;
 pub mod startup;
 
 use std::{
@@ -50,8 +51,10 @@ pub struct AgentConfig {
     pub ebpf_log: bool,
     /// `--tc-mode`: None = by kernel version.
     pub tc_mode: Option<kernel::probe::TcMode>,
-    /// How often the service table (IPVS / iptables) is re-read.
+    /// The service table's safety-net re-read interval (it is read on change).
     pub services_every: Duration,
+    /// `--services-reader`: on change (default) or the old timer (the bench's baseline).
+    pub services_reader: services::ReaderMode,
     /// `--metrics-addr`: Prometheus `/metrics`, `/healthz`, `/readyz`.
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// `--socket`: the live-view socket `probe watch` and `probe events` connect to.
@@ -96,7 +99,8 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         .name("kallsyms".into())
         .spawn(kernel::kallsyms::Kallsyms::load)
         .context("starting the kallsyms reader")?;
-    let services_read = tokio::task::spawn_blocking(state::read_services);
+    state::set_reuse_parses(cfg.services_reader == services::ReaderMode::Change);
+    let services_read = services::start_first_read();
     let aya_btf = std::thread::Builder::new()
         .name("btf".into())
         .spawn(kernel::probe::parse_btf_for_aya)
@@ -212,14 +216,8 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
     );
     let sets = sync.sync(&rt_handle).await?;
     steps.mark("attach");
-    // The service table before we say ready, so the first events are named and judged.
-    let services = match services_read.await? {
-        Ok(table) => table,
-        Err(e) => {
-            warn!(error = %e, "reading the service table; retrying every {:?}", cfg.services_every);
-            Default::default()
-        }
-    };
+    // Not waited for (the table fills in behind; see services.rs), except by the timer baseline.
+    let (services, services_first) = services::initial(cfg.services_reader, services_read).await;
     steps.mark("services");
     info!(
         nics = ?sets.nics,
@@ -320,6 +318,8 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         sinks,
         shared,
         services_every: cfg.services_every,
+        services_reader: cfg.services_reader,
+        services_first,
         services,
         signals,
         kube_index,
@@ -357,6 +357,8 @@ struct CorrelateLoop {
     sinks: Sinks,
     shared: Shared,
     services_every: Duration,
+    services_reader: services::ReaderMode,
+    services_first: Option<tokio::task::JoinHandle<anyhow::Result<state::ServiceTable>>>,
     services: state::ServiceTable,
     signals: Signals,
     /// Kubernetes attribution's latest index (None: attribution off).
@@ -379,10 +381,15 @@ async fn correlate_loop(mut l: CorrelateLoop) -> anyhow::Result<()> {
     // The service table is re-read off this loop: iptables-save and the IPVS dump can take a
     // second on a busy node, and events must not wait behind them (the egress map moves on).
     let (services_tx, mut services_rx) = mpsc::channel::<state::ServiceTable>(1);
-    let _services_task = AbortOnDrop(tokio::spawn(refresh_services(
-        l.services_every,
-        services_tx,
-    )));
+    let _services_task = AbortOnDrop(tokio::spawn(
+        services::Refresher {
+            mode: l.services_reader,
+            every: l.services_every,
+            first: l.services_first.take(),
+            tx: services_tx,
+        }
+        .run(),
+    ));
     let (answer_tx, mut answer_rx) = mpsc::channel::<Answer>(1024);
     loop {
         let outputs = tokio::select! {
@@ -451,26 +458,6 @@ struct AbortOnDrop(tokio::task::JoinHandle<()>);
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
-    }
-}
-
-/// Re-reads the service table every `every` (the first read happened at start) and hands
-/// each table to the correlation loop.
-async fn refresh_services(every: Duration, tx: mpsc::Sender<state::ServiceTable>) {
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tick.tick().await; // immediate: the table was just read
-    loop {
-        tick.tick().await;
-        match tokio::task::spawn_blocking(state::read_services).await {
-            Ok(Ok(table)) => {
-                if tx.send(table).await.is_err() {
-                    return;
-                }
-            }
-            Ok(Err(e)) => warn!(error = %e, "reading the service table"),
-            Err(e) => warn!(error = %e, "the service table reader failed"),
-        }
     }
 }
 

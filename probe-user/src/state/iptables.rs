@@ -26,9 +26,10 @@ use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::path::Path;
 use std::process::Command;
+use std::sync::OnceLock;
 
 use crate::event::Proto;
-use crate::state::{NodePortEntry, ServiceEntry, ServiceSource, ServiceTable};
+use crate::state::{NodePortEntry, ParseCache, ServiceEntry, ServiceSource, ServiceTable};
 
 /// Why the nat rules could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -67,12 +68,17 @@ pub async fn read() -> Result<ServiceTable, IptablesError> {
 /// asked when the kernel already has a legacy nat table (`/proc/thread-self/net/ip_tables_names`), because
 /// `iptables-legacy-save -t nat` would otherwise load the legacy nat module as a side effect.
 pub fn read_blocking() -> Result<ServiceTable, IptablesError> {
+    static PARSED: ParseCache<ServiceTable> = ParseCache::new();
+    static DEFAULT_IS_NFT: OnceLock<bool> = OnceLock::new();
     let v4 = run("iptables-save", &["-t", "nat"])?;
-    let mut table = parse_iptables_save(&v4);
+    let mut table = PARSED.parse("iptables-save", &v4, digest, parse_iptables_save);
 
-    let default_is_nft = run("iptables-save", &["--version"])
-        .map(|v| v.contains("nf_tables"))
-        .unwrap_or(false);
+    // The backend of the installed iptables does not change while we run: asked once.
+    let default_is_nft = *DEFAULT_IS_NFT.get_or_init(|| {
+        run("iptables-save", &["--version"])
+            .map(|v| v.contains("nf_tables"))
+            .unwrap_or(false)
+    });
 
     let mut extra: Vec<(&str, Option<&str>)> = vec![("ip6tables-save", None)];
     if default_is_nft {
@@ -105,7 +111,10 @@ pub fn read_blocking() -> Result<ServiceTable, IptablesError> {
                 // The second backend only matters when kube-proxy (or a stale kube-proxy) wrote
                 // into it; ip6tables-save is always merged.
                 if cmd == "ip6tables-save" || text.contains("KUBE-") {
-                    merge(&mut table, parse_iptables_save(&text));
+                    merge(
+                        &mut table,
+                        PARSED.parse(cmd, &text, digest, parse_iptables_save),
+                    );
                 }
             }
             Err(e) => tracing::debug!(error = %e, "skipping {cmd}"),
@@ -113,6 +122,22 @@ pub fn read_blocking() -> Result<ServiceTable, IptablesError> {
     }
     table.access_filter = read_access_filter();
     Ok(table)
+}
+
+/// What of an `iptables-save` dump is the rules: its `#` lines (the date of the dump) and the
+/// chains' counters (`:PREROUTING ACCEPT [12:3456]`, moving with traffic) are left out.
+pub fn digest(text: &str, h: &mut std::hash::DefaultHasher) {
+    use std::hash::Hash;
+    for line in text.lines() {
+        if line.starts_with('#') {
+            continue;
+        }
+        let line = match line.strip_prefix(':') {
+            Some(chain) => chain.split_once(" [").map_or(chain, |(head, _)| head),
+            None => strip_counters(line),
+        };
+        line.hash(h);
+    }
 }
 
 /// kube-proxy's IPVS access filter chain (filter table, jumped from INPUT; kube-proxy >= 1.25
@@ -523,6 +548,9 @@ fn build_table(rules: &[Rule]) -> ServiceTable {
         source: Some(ServiceSource::Iptables),
         ..ServiceTable::default()
     };
+    // Services by VIP:port/proto: a linear search per rule was quadratic (10,000 Services:
+    // 50 million comparisons per parse).
+    let mut index: HashMap<(IpAddr, u16, Proto), usize> = HashMap::new();
 
     for r in chains.rules("KUBE-SERVICES") {
         let Some(target) = r.target.as_deref() else {
@@ -545,7 +573,7 @@ fn build_table(rules: &[Rule]) -> ServiceTable {
             service: service_name(r.comment.as_deref()),
             backends: chains.backends(target),
         };
-        merge_service(&mut table.services, entry);
+        merge_service(&mut table.services, &mut index, entry);
     }
 
     for r in chains.rules("KUBE-NODEPORTS") {
@@ -587,11 +615,13 @@ fn build_table(rules: &[Rule]) -> ServiceTable {
     table
 }
 
-fn merge_service(services: &mut Vec<ServiceEntry>, entry: ServiceEntry) {
-    match services
-        .iter_mut()
-        .find(|s| s.vip == entry.vip && s.port == entry.port && s.proto == entry.proto)
-    {
+fn merge_service(
+    services: &mut Vec<ServiceEntry>,
+    index: &mut HashMap<(IpAddr, u16, Proto), usize>,
+    entry: ServiceEntry,
+) {
+    let key = (entry.vip, entry.port, entry.proto);
+    match index.get(&key).map(|&i| &mut services[i]) {
         Some(s) => {
             if s.service.is_none() {
                 s.service = entry.service;
@@ -603,12 +633,42 @@ fn merge_service(services: &mut Vec<ServiceEntry>, entry: ServiceEntry) {
             }
             s.backends.sort();
         }
-        None => services.push(entry),
+        None => {
+            index.insert(key, services.len());
+            services.push(entry);
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::hash::{DefaultHasher, Hasher};
+
+    fn hashed(digest: fn(&str, &mut DefaultHasher), text: &str) -> u64 {
+        let mut h = DefaultHasher::new();
+        digest(text, &mut h);
+        h.finish()
+    }
+
+    #[test]
+    fn the_digest_is_the_rules_not_the_date_or_the_counters() {
+        let a = "# Generated by iptables-save v1.8.9 on Tue Nov 24 19:31:41 2026\n*nat\n:PREROUTING ACCEPT [1:60]\n:KUBE-SERVICES - [0:0]\n-A KUBE-SERVICES -d 10.96.0.1/32 -p tcp -j KUBE-SVC-A\nCOMMIT\n";
+        let b = a
+            .replace("19:31:41", "19:31:42")
+            .replace("[1:60]", "[7:420]");
+        assert_eq!(hashed(digest, a), hashed(digest, &b));
+        let c = a.replace("10.96.0.1", "10.96.0.2");
+        assert_ne!(hashed(digest, a), hashed(digest, &c));
+        let d = a.replace("KUBE-SERVICES - [0:0]", "KUBE-NODEPORTS - [0:0]");
+        assert_ne!(hashed(digest, a), hashed(digest, &d));
+        let nft_a = r#"{"rule": {"family": "ip", "handle": 12, "expr": [{"dnat": {"addr": "10.244.0.1"}}]}}"#;
+        let nft_b = nft_a.replace("\"handle\": 12", "\"handle\": 4031");
+        let nft_c = nft_a.replace("10.244.0.1", "10.244.0.2");
+        let nft = crate::state::nftables::digest;
+        assert_eq!(hashed(nft, nft_a), hashed(nft, &nft_b));
+        assert_ne!(hashed(nft, nft_a), hashed(nft, &nft_c));
+    }
+
     use super::*;
     use crate::state::test_netns::Netns;
 

@@ -271,6 +271,35 @@ pub fn capture() -> Result<Option<Capture>, IpvsError> {
     Ok(Some(cap))
 }
 
+/// A digest of the virtual services alone (one dump, no per-service destination dumps), or
+/// None without IPVS: the cheap change test of [`super::changes`]. Statistics are not part of
+/// the decoded services, so traffic does not move it.
+pub fn services_digest() -> Result<Option<u64>, IpvsError> {
+    use std::hash::{Hash, Hasher};
+    if !std::path::Path::new(PROC_IP_VS).exists() {
+        return Ok(None);
+    }
+    let mut conn = Connection::open(NETLINK_GENERIC, "IPVS")?;
+    let family_reply = match conn.request("IPVS family lookup", family_request(FAMILY), false) {
+        Ok(b) => b,
+        Err(e) if e.kernel_errno() == Some(libc::ENOENT) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let Some(family) = parse_family_id(&family_reply)? else {
+        return Ok(None);
+    };
+    let services = parse_services(&conn.request(
+        "IPVS service dump",
+        genl(IpvsMessage::get_services(), family),
+        true,
+    )?)?;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for s in &services {
+        (s.af, s.protocol, s.addr, s.port, s.fwmark, &s.scheduler).hash(&mut h);
+    }
+    Ok(Some(h.finish()))
+}
+
 /// The service table the correlator uses: address services with their real servers as
 /// `ip:port`; firewall-mark services have no address and are left out.
 pub fn table_from(services: &[ServiceWithDests]) -> ServiceTable {

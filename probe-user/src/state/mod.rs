@@ -1,6 +1,8 @@
 //! Readers of kernel state, one module per source. Each returns plain data (the types below),
 //! so the correlator can be fed recorded snapshots in tests.
 //!
+//! - `changes`: cheap signals that the service table may have changed (nf_tables commits,
+//!   the legacy tables' sizes, an IPVS service digest), so it is read on change;
 //! - `addrs`: interface addresses and routes (rtnetlink), shared with the datapath's sync;
 //! - `conntrack`: ctnetlink lookups: was a flow SNATed, what happened to it;
 //! - `iptables`: kube-proxy's nat rules (`iptables-save -t nat`, nft and legacy backends);
@@ -8,18 +10,78 @@
 //! - `ipvs`: IPVS virtual services over generic netlink (absent on kernels without IPVS);
 //! - `nftables`: kube-proxy's nftables-mode tables (`nft -j list table ip|ip6 kube-proxy`).
 
-use std::net::IpAddr;
+use std::{
+    hash::{DefaultHasher, Hash, Hasher},
+    net::IpAddr,
+    sync::{
+        Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+};
 
 use serde::{Deserialize, Serialize};
 
 use crate::event::Proto;
 
 pub mod addrs;
+pub mod changes;
 pub mod conntrack;
 pub mod ipset;
 pub mod iptables;
 pub mod ipvs;
 pub mod nftables;
+
+/// Skip re-parsing a dump identical to the last one (on by default; off only for the bench's
+/// timer-driven baseline, the reader as it was before).
+static REUSE_PARSES: AtomicBool = AtomicBool::new(true);
+
+pub fn set_reuse_parses(on: bool) {
+    REUSE_PARSES.store(on, Ordering::Relaxed);
+}
+
+/// The last parse of each dump (by the command that printed it), reused while the dump is
+/// the same: kube-proxy re-syncing with unchanged content costs the dump and a hash, not a
+/// parse. The whole text is hashed (SipHash, ~1 GB/s; no sampling that could miss a
+/// one-character change) but for what changes without the rules changing (see `digest`).
+pub(crate) struct ParseCache<T> {
+    last: Mutex<Vec<(String, u64, T)>>,
+}
+
+impl<T: Clone> ParseCache<T> {
+    pub(crate) const fn new() -> Self {
+        Self {
+            last: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// `digest` feeds the hasher with what of `text` matters: dumps carry things that change
+    /// while the rules do not (iptables-save's date line and chain counters, nft's handles).
+    pub(crate) fn parse(
+        &self,
+        key: &str,
+        text: &str,
+        digest: impl FnOnce(&str, &mut DefaultHasher),
+        parse: impl FnOnce(&str) -> T,
+    ) -> T {
+        if !REUSE_PARSES.load(Ordering::Relaxed) {
+            return parse(text);
+        }
+        let mut h = DefaultHasher::new();
+        digest(text, &mut h);
+        let hash = h.finish();
+        if let Ok(last) = self.last.lock()
+            && let Some((_, _, parsed)) = last.iter().find(|(k, h, _)| k == key && *h == hash)
+        {
+            return parsed.clone();
+        }
+        let parsed = parse(text);
+        if let Ok(mut last) = self.last.lock() {
+            last.retain(|(k, _, _)| k != key);
+            last.push((key.to_string(), hash, parsed.clone()));
+        }
+        parsed
+    }
+}
 
 /// Where a service table came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde_json::Value;
 
-use super::{NodePortEntry, ServiceEntry, ServiceSource, ServiceTable, iptables};
+use super::{NodePortEntry, ParseCache, ServiceEntry, ServiceSource, ServiceTable, iptables};
 use crate::event::Proto;
 
 /// kube-proxy's table name (in both the `ip` and the `ip6` family).
@@ -63,6 +63,7 @@ pub enum NftError {
 /// kube-proxy's nftables tables of the calling thread's network namespace, merged over both
 /// families, or None when neither table exists (or `nft` is not installed). Blocking.
 pub fn read_blocking() -> Result<Option<ServiceTable>, NftError> {
+    static PARSED: ParseCache<Result<ServiceTable, String>> = ParseCache::new();
     let mut table: Option<ServiceTable> = None;
     for family in FAMILIES {
         let args = ["-j", "list", "table", family, TABLE];
@@ -91,16 +92,32 @@ pub fn read_blocking() -> Result<Option<ServiceTable>, NftError> {
             });
         }
         let text = String::from_utf8_lossy(&out.stdout);
-        let parsed = parse_nft_json(&text).map_err(|why| NftError::Json {
-            command: command.clone(),
-            why,
-        })?;
+        let parsed = PARSED
+            .parse(family, &text, digest, parse_nft_json)
+            .map_err(|why| NftError::Json {
+                command: command.clone(),
+                why,
+            })?;
         match &mut table {
             Some(t) => iptables::merge(t, parsed),
             None => table = Some(parsed),
         }
     }
     Ok(table)
+}
+
+/// What of `nft -j` output is the rules: the objects' `"handle": N` (new ones on every
+/// re-add of the same rules) are left out.
+pub fn digest(text: &str, h: &mut std::hash::DefaultHasher) {
+    use std::hash::Hash;
+    const HANDLE: &str = "\"handle\":";
+    let mut rest = text;
+    while let Some(at) = rest.find(HANDLE) {
+        rest[..at].hash(h);
+        rest =
+            rest[at + HANDLE.len()..].trim_start_matches(|c: char| c == ' ' || c.is_ascii_digit());
+    }
+    rest.hash(h);
 }
 
 /// A rule of the table: its chain, expressions and comment.

@@ -47,6 +47,7 @@ pub(crate) mod lock;
 pub(crate) mod net;
 pub(crate) mod ratio;
 pub mod report;
+pub mod scale;
 pub mod storm;
 mod tcx;
 pub(crate) mod tools;
@@ -106,6 +107,12 @@ pub struct BenchArgs {
     /// `detect.rs`): section 8.
     #[arg(long)]
     pub detect: bool,
+    /// With `--only scale`: the numbers of Services measured.
+    #[arg(long, value_delimiter = ',', default_value = "100,1000,10000")]
+    pub scale_sizes: Vec<usize>,
+    /// With `--only scale`: seconds of each CPU window.
+    #[arg(long, default_value_t = 10)]
+    pub scale_window: u64,
     /// With `--detect`: another agent binary measured in alternating rounds (before/after).
     #[arg(long, requires = "detect")]
     pub baseline_agent: Option<PathBuf>,
@@ -122,12 +129,14 @@ impl BenchArgs {
             a.cycles = 4;
             a.window_ms = 300;
             a.starts = 2;
+            a.scale_sizes = vec![100, 1000];
+            a.scale_window = 3;
         }
         a
     }
 
     fn runs(&self, part: Part) -> bool {
-        self.only.is_empty() || self.only.contains(&part)
+        (self.only.is_empty() && part != Part::Scale) || self.only.contains(&part)
     }
 }
 
@@ -145,6 +154,8 @@ pub enum Part {
     Storm,
     /// 6: ns per ordinary packet by traffic class, test run and live.
     Classes,
+    /// 9: the service table at cluster scale ([`scale`]; ~10-15 minutes, so only when named).
+    Scale,
 }
 
 /// Port of the agent's `/metrics` inside the bench node namespace.
@@ -237,6 +248,15 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         if args.runs(Part::Classes) {
             tables.push(classes::classes(&args, &net, &probe, &work, &mut summary)?);
             tag(&mut rows, &mut summary, &tables[tables.len() - 1]);
+        }
+        if args.runs(Part::Scale) {
+            let window = Duration::from_secs(args.scale_window);
+            let points = scale::measure(&probe, &work, METRICS_PORT, &args.scale_sizes, window)?;
+            let plots = scale::plot(&points, &root)?;
+            for t in scale::tables(&points, window, &plots, &mut summary) {
+                tag(&mut rows, &mut summary, &t);
+                tables.push(t);
+            }
         }
         if args.runs(Part::Storm) {
             tables.push(storm::correlation_at_scale(
@@ -912,6 +932,8 @@ mod tests {
             only: vec![Part::Ratio],
             quick: true,
             storm_only: false,
+            scale_sizes: vec![100, 1000],
+            scale_window: 3,
             out: None,
             detect: false,
             baseline_agent: None,

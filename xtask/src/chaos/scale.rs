@@ -5,8 +5,9 @@
 //!   `nf_conntrack_max` raised for the run and restored);
 //! - kube-proxy (iptables mode) nat rules for `--services` Services, as kube-proxy writes them
 //!   (cluster IP, NodePort for the first 2,000, one endpoint each), loaded with
-//!   `iptables-restore`; the agent re-reads its service table every second
-//!   (`CLB_PROBE_SERVICES_EVERY=1`);
+//!   `iptables-restore`; the agent reads its service table on change (its default), and
+//!   kube-proxy-like re-syncs (every KUBE chain re-committed, one Service's endpoint moved)
+//!   run every [`RESYNC_EVERY`] while the hairpins arrive, so re-reads overlap them;
 //! - the agent's own `EGRESS_FLOWS` filled to its 65,536 entries (and their per-source index)
 //!   with `bpftool batch`;
 //! - then hairpins: for each, a pod's SYN to an external address leaves the NIC (a raw packet
@@ -73,6 +74,8 @@ impl Scale {
 }
 
 const EGRESS_ENTRIES: usize = 65_536;
+/// How often kube-proxy-like re-syncs (one Service changed) run during the hairpins.
+const RESYNC_EVERY: Duration = Duration::from_secs(5);
 const NODEPORTS: usize = 2_000;
 const CONNTRACK_MAX: &str = "net.netfilter.nf_conntrack_max";
 
@@ -330,6 +333,54 @@ impl RereadWatch {
     }
 }
 
+/// kube-proxy-like re-syncs on a thread: every [`RESYNC_EVERY`], the KUBE chains of `n`
+/// Services re-committed with the next Service's endpoint moved.
+struct Resync {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<usize>>,
+}
+
+impl Resync {
+    fn start(n: usize) -> Resync {
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut k = 0;
+            let file = std::env::temp_dir().join("clb-chaos-scale-resync.rules");
+            while !s.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                let rules = crate::bench::scale::iptables_rules(n, Some(k % n.max(1)));
+                if std::fs::write(&file, rules).is_ok()
+                    && node(&[
+                        "iptables-restore",
+                        "-w",
+                        "--noflush",
+                        &file.display().to_string(),
+                    ])
+                    .is_ok()
+                {
+                    k += 1;
+                }
+                while t.elapsed() < RESYNC_EVERY && !s.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+            let _ = std::fs::remove_file(file);
+            k
+        });
+        Resync {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stops the re-syncs; how many were committed.
+    fn finish(mut self) -> usize {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.take().and_then(|t| t.join().ok()).unwrap_or(0)
+    }
+}
+
 /// Restores the host's conntrack limit and the node namespace's nat table and entries.
 struct Restore {
     conntrack_max: String,
@@ -390,16 +441,12 @@ pub(super) fn scale(probe: &Path, work: &Path, size: &Scale) -> Result<Row> {
     let rules = node(&["iptables-save", "-t", "nat"])?.lines().count();
     let save_ms = t.elapsed().as_secs_f64() * 1e3;
 
-    let agent = Agent::start_with_env(
-        probe,
-        work,
-        METRICS_PORT,
-        &[("CLB_PROBE_SERVICES_EVERY", "1")],
-    )?;
+    let agent = Agent::start_with_env(probe, work, METRICS_PORT, &[])?;
     let fill = fill_egress(agent.pid(), work)?;
     let watch = RereadWatch::start(agent.pid());
     let from_node = RawSender::new(net::NS_NODE)?;
     let from_tx = RawSender::new(net::NS_TX)?;
+    let resync = Resync::start(size.services);
     let start = Instant::now();
     let mut sent_ns = Vec::new();
     for i in 0..size.hairpins {
@@ -424,6 +471,7 @@ pub(super) fn scale(probe: &Path, work: &Path, size: &Scale) -> Result<Row> {
     while hairpins(&agent) < size.hairpins as u64 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(100));
     }
+    let syncs = resync.finish();
     let spans = watch.finish();
     let confirmed = hairpins(&agent);
     // Each confirmed line's arrival, and its suspect's send (by the suspect's source port).
@@ -477,17 +525,23 @@ pub(super) fn scale(probe: &Path, work: &Path, size: &Scale) -> Result<Row> {
     Ok(Row {
         fault: format!(
             "Scale: {} conntrack entries, kube-proxy iptables rules for {} Services ({rules} nat \
-             rules) re-read every second, the agent's 65,536-entry egress table full; {} \
+             rules) read on change, a kube-proxy-like re-sync (one Service changed) every {} s \
+             during the hairpins, the agent's 65,536-entry egress table full; {} \
              hairpins at {}/s from 200 pods; IPVS with {} services through its decoder \
              (synthesized from the VM's captured replies: no IPVS on this host)",
-            ct_count, size.services, size.hairpins, size.rate, size.services
+            ct_count,
+            size.services,
+            RESYNC_EVERY.as_secs(),
+            size.hairpins,
+            size.rate,
+            size.services
         ),
         checked: "every hairpin confirmed (egress match by the per-source index); \
                   confirmations arrive while an iptables-save re-read runs; conntrack, rules \
                   and limit restored"
             .into(),
         figure: format!(
-            "{confirmed}/{} confirmed, {during} of them while a re-read ran ({} re-reads, {:.0} \
+            "{confirmed}/{} confirmed, {during} of them while a re-read ran ({syncs} re-syncs, {} re-reads, {:.0} \
              ms median, {:.0} ms max; one iptables-save alone {save_ms:.0} ms); suspect sent to \
              its line {:.0} ms median, {:.0} ms p99; loads: conntrack \
              {:.1} s, iptables-restore {:.1} s, egress table {:.1} s; {ipvs_figure}",
