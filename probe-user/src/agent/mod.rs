@@ -306,6 +306,7 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         signals,
         kube_index,
         node_name: cfg.node_name.clone(),
+        vip_iface: cfg.addr.vip_iface.clone(),
     })
     .await;
     // Orderly shutdown: stop the surfaces and the sync task (it detaches), then the reader.
@@ -343,6 +344,8 @@ struct CorrelateLoop {
     /// Kubernetes attribution's latest index (None: attribution off).
     kube_index: Option<watch::Receiver<Arc<crate::kube::index::Index>>>,
     node_name: Option<String>,
+    /// `--vip-iface`: the owner the events name for a VIP bound there.
+    vip_iface: String,
 }
 
 struct Signals {
@@ -351,7 +354,10 @@ struct Signals {
 }
 
 async fn correlate_loop(mut l: CorrelateLoop) -> anyhow::Result<()> {
-    let mut correlator = Correlator::new(CorrelatorConfig::default());
+    let mut correlator = Correlator::new(CorrelatorConfig {
+        vip_iface: l.vip_iface.clone(),
+        ..CorrelatorConfig::default()
+    });
     correlator.set_services(std::mem::take(&mut l.services));
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     // The service table is re-read off this loop: iptables-save and the IPVS dump can take a
@@ -362,7 +368,14 @@ async fn correlate_loop(mut l: CorrelateLoop) -> anyhow::Result<()> {
         services_tx,
     )));
     let (answer_tx, mut answer_rx) = mpsc::channel::<Answer>(1024);
+    // Confirmed reports waiting (at most 2 s) for the API cache to name them.
+    let mut hold = crate::kube::hold::Hold::default();
     loop {
+        let waiting = !hold.is_empty();
+        let deadline = hold
+            .next_deadline()
+            .map(tokio::time::Instant::from_std)
+            .unwrap_or_else(tokio::time::Instant::now);
         let outputs = tokio::select! {
             ev = l.events.recv() => {
                 let Some(ev) = ev else { anyhow::bail!("the kernel event reader stopped") };
@@ -381,16 +394,46 @@ async fn correlate_loop(mut l: CorrelateLoop) -> anyhow::Result<()> {
                 correlator.set_services(table);
                 Vec::new()
             }
-            _ = l.signals.term.recv() => { info!("SIGTERM: shutting down"); return Ok(()); }
-            _ = l.signals.int.recv() => { info!("SIGINT: shutting down"); return Ok(()); }
+            _ = index_changed(&mut l.kube_index), if waiting => {
+                release(&mut hold, &mut l, std::time::Instant::now());
+                Vec::new()
+            }
+            _ = tokio::time::sleep_until(deadline), if waiting => {
+                release(&mut hold, &mut l, std::time::Instant::now());
+                Vec::new()
+            }
+            _ = l.signals.term.recv() => {
+                info!("SIGTERM: shutting down");
+                // Held reports go out as they are.
+                release(&mut hold, &mut l, std::time::Instant::now() + crate::kube::hold::HOLD_MAX);
+                return Ok(());
+            }
+            _ = l.signals.int.recv() => {
+                info!("SIGINT: shutting down");
+                // Held reports go out as they are.
+                release(&mut hold, &mut l, std::time::Instant::now() + crate::kube::hold::HOLD_MAX);
+                return Ok(());
+            }
         };
         for out in outputs {
             match out {
-                Output::Report(mut report) => {
-                    attribute(&mut report, l.kube_index.as_ref(), l.node_name.as_deref());
-                    l.sinks.report(&report);
-                    l.shared.publish(report);
-                }
+                Output::Report(report) => match &l.kube_index {
+                    // Attribution on: the report goes when the cache can name it (or in 2 s).
+                    Some(rx) => {
+                        let index = rx.borrow().clone();
+                        let now = std::time::Instant::now();
+                        if let Some(report) =
+                            hold.offer(report, &index, l.node_name.as_deref(), now)
+                        {
+                            emit(&mut l, report);
+                        }
+                    }
+                    None => {
+                        let mut report = report;
+                        attribute(&mut report, None, l.node_name.as_deref());
+                        emit(&mut l, report);
+                    }
+                },
                 Output::Query(query) => answer_query(
                     query,
                     &l.egress,
@@ -401,6 +444,31 @@ async fn correlate_loop(mut l: CorrelateLoop) -> anyhow::Result<()> {
             }
         }
     }
+}
+
+/// A confirmed report to the sinks and the live view.
+fn emit(l: &mut CorrelateLoop, report: crate::correlate::Report) {
+    l.sinks.report(&report);
+    l.shared.publish(report);
+}
+
+/// Sends the held reports that can go now.
+fn release(hold: &mut crate::kube::hold::Hold, l: &mut CorrelateLoop, now: std::time::Instant) {
+    let Some(rx) = &l.kube_index else { return };
+    let index = rx.borrow().clone();
+    for report in hold.release(&index, l.node_name.as_deref(), now) {
+        emit(l, report);
+    }
+}
+
+/// Resolves when attribution publishes a new index (never when it is off or gone).
+async fn index_changed(rx: &mut Option<watch::Receiver<Arc<crate::kube::index::Index>>>) {
+    if let Some(rx) = rx
+        && rx.changed().await.is_ok()
+    {
+        return;
+    }
+    std::future::pending().await
 }
 
 /// Names the report's pod, Service and node (the enrichment after the pure correlator).

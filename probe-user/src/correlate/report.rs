@@ -7,6 +7,7 @@ use std::{fmt, net::IpAddr};
 
 use serde::{Deserialize, Serialize};
 
+use super::facts::Facts;
 use crate::event::Proto;
 
 /// What kind of loopback was confirmed.
@@ -231,4 +232,42 @@ pub struct LoopbackEvent {
     /// This node's Kubernetes name (attribution: `--node-name`); null when unknown.
     #[serde(default)]
     pub node: Option<String>,
+    /// What the remedy was built from: the sender's kind, the local address's owner,
+    /// `externalTrafficPolicy` as the rules and the API say, the Service from the API.
+    #[serde(default)]
+    pub facts: Facts,
+}
+
+impl LoopbackEvent {
+    /// An event with only its kind and the addresses a remedy names (`probe check`'s risks
+    /// and tests build remedies through it).
+    pub(crate) fn placeholder(kind: LoopbackKind, src: IpAddr, dst_port: u16) -> Self {
+        let unspecified = IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED);
+        LoopbackEvent {
+            kind,
+            key: String::new(),
+            src,
+            src_port: 0,
+            dst: unspecified,
+            dst_port,
+            vip: None,
+            vip_port: None,
+            proto: Proto::Tcp,
+            drop_reason: None,
+            drop_location: None,
+            snat: SnatState::Unknown,
+            outcome: Outcome::Dropped,
+            count: 1,
+            evidence: Vec::new(),
+            remedy: Vec::new(),
+            first_seen_ns: 0,
+            last_seen_ns: 0,
+            nic: None,
+            service: None,
+            layer: None,
+            client_pod: None,
+            node: None,
+            facts: Facts::default(),
+        }
+    }
 }

@@ -35,6 +35,7 @@ fn ev(kind: LoopbackKind, key: &str, count: u64) -> LoopbackEvent {
         layer: None,
         client_pod: None,
         node: None,
+        facts: Default::default(),
     }
 }
 
@@ -49,6 +50,7 @@ fn wall(s: u64) -> SystemTime {
 fn names(service: &str, pod: &str) -> Names {
     Names {
         service: Some(service.to_string()),
+        service_uid: None,
         client_pod: Some(pod.to_string()),
     }
 }
@@ -69,7 +71,8 @@ fn first_report_creates_then_repeats_patch_the_series_at_most_once_a_minute() {
         ObjectRef {
             kind: "Service",
             namespace: "shop".into(),
-            name: "web".into()
+            name: "web".into(),
+            uid: None,
         }
     );
     assert_eq!(

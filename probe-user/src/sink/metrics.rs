@@ -740,6 +740,7 @@ mod tests {
             layer: None,
             client_pod: None,
             node: None,
+            facts: Default::default(),
         }
     }
 
