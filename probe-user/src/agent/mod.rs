@@ -422,10 +422,15 @@ async fn correlate_loop(mut l: CorrelateLoop) -> anyhow::Result<()> {
                     Some(rx) => {
                         let index = rx.borrow().clone();
                         let now = std::time::Instant::now();
-                        if let Some(report) =
-                            hold.offer(report, &index, l.node_name.as_deref(), now)
-                        {
-                            emit(&mut l, report);
+                        let (kind, key) = (report.event.kind, report.event.key.clone());
+                        match hold.offer(report, &index, l.node_name.as_deref(), now) {
+                            Some(report) => emit(&mut l, report),
+                            None => debug!(
+                                kind = kind.as_str(),
+                                %key,
+                                synced = index.synced,
+                                "confirmed; held (at most 2 s) until the Kubernetes API cache names it"
+                            ),
                         }
                     }
                     None => {
