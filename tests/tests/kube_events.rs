@@ -303,7 +303,12 @@ fn a_hairpin_event_regards_the_service_and_relates_the_client_pod() {
     assert_eq!(event["regarding"]["kind"], "Service", "{event:#}");
     assert_eq!(event["regarding"]["name"], svc["name"], "{event:#}");
     assert_eq!(event["regarding"]["uid"], svc["uid"], "{event:#}");
-    assert!(event["note"].as_str().unwrap().contains("Service port: http (80/TCP)"));
+    assert!(
+        event["note"]
+            .as_str()
+            .unwrap()
+            .contains("Service port: http (80/TCP)")
+    );
 }
 
 fn case(
@@ -345,7 +350,12 @@ fn iptables_first_events_are_named_and_on_the_service() {
                 "VipPortUnserved",
                 true,
             ),
-            case(Scenario::VipAsSourceOut, "vip_as_source", "VipAsSource", false),
+            case(
+                Scenario::VipAsSourceOut,
+                "vip_as_source",
+                "VipAsSource",
+                false,
+            ),
         ],
     );
 }

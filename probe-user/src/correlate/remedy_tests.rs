@@ -160,7 +160,7 @@ fn check(e: &LoopbackEvent, what: &str) {
         }
         LoopbackKind::Hairpin | LoopbackKind::VipPortUnserved => match f.source {
             SourceKind::Pod => {
-                assert!(cause.contains(&format!("pod ")), "{what}: {cause}");
+                assert!(cause.contains("pod "), "{what}: {cause}");
                 if let Some(pod) = &e.client_pod {
                     assert!(all.contains(pod.as_str()), "{what}: {pod} not named");
                 }

@@ -174,7 +174,9 @@ fn discovery(path: &str) -> Option<Value> {
                 let verbs: &[&str] = if store::is_core_event(r) {
                     &["get", "list"]
                 } else {
-                    &["create", "delete", "get", "list", "patch", "update", "watch"]
+                    &[
+                        "create", "delete", "get", "list", "patch", "update", "watch",
+                    ]
                 };
                 json!({
                     "name": r.resource,

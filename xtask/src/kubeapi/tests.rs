@@ -483,7 +483,11 @@ fn kubectl_describe_lists_the_events_regarding_the_service_by_uid() {
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let events = text.split("Events:").nth(1).unwrap_or_default();
     assert!(events.contains("LoopbackHairpin"), "{text}");
     assert!(events.contains("LoopbackHairpin note"), "{text}");
