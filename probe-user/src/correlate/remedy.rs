@@ -89,9 +89,14 @@ fn unbind(vip: IpAddr, facts: &Facts) -> String {
             mode => format!(
                 "Or stop binding the LB ingress IP on {iface} (a controller that sets \
                  status.loadBalancer.ingress[].ipMode: Proxy, Kubernetes >= 1.30, or publishes \
-                 the LB as a hostname; ipMode is {}); in-cluster calls to the VIP then really go \
-                 to the LB, so check for hairpin loopback afterwards.",
-                mode.unwrap_or("unset (VIP)")
+                 the LB as a hostname{}); in-cluster calls to the VIP then really go to the LB, \
+                 so check for hairpin loopback afterwards.",
+                // Only the API tells the ipMode: without attribution it is not known.
+                match (mode, &facts.service) {
+                    (Some(mode), _) => format!("; ipMode is {mode}"),
+                    (None, Some(_)) => "; ipMode is unset (VIP)".to_string(),
+                    (None, None) => String::new(),
+                }
             ),
         },
         Some(AddressOwner::Interface { iface }) => format!(
