@@ -464,7 +464,7 @@ pub(crate) fn healthcheck_blackhole(vip: IpAddr, node_port: u16) -> Vec<String> 
             owner: Some(kube_ipvs0()),
             ..Facts::default()
         },
-        ..LoopbackEvent::placeholder(LoopbackKind::HealthcheckBlackhole, vip, node_port)
+        ..placeholder(LoopbackKind::HealthcheckBlackhole, vip, node_port)
     };
     build(&e)
 }
@@ -483,6 +483,37 @@ pub(crate) fn vip_port_unserved(
         ..Facts::default()
     };
     unserved_options(vip, port, proto, owner, &facts, "this node or its pods")
+}
+
+/// An event with only its kind and the addresses a remedy names (`probe check`'s risks and
+/// tests build remedies through it).
+pub(crate) fn placeholder(kind: LoopbackKind, src: IpAddr, dst_port: u16) -> LoopbackEvent {
+    LoopbackEvent {
+        kind,
+        key: String::new(),
+        src,
+        src_port: 0,
+        dst: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+        dst_port,
+        vip: None,
+        vip_port: None,
+        proto: Proto::Tcp,
+        drop_reason: None,
+        drop_location: None,
+        snat: super::SnatState::Unknown,
+        outcome: Outcome::Dropped,
+        count: 1,
+        evidence: Vec::new(),
+        remedy: Vec::new(),
+        first_seen_ns: 0,
+        last_seen_ns: 0,
+        nic: None,
+        service: None,
+        layer: None,
+        client_pod: None,
+        node: None,
+        facts: Facts::default(),
+    }
 }
 
 fn kube_ipvs0() -> AddressOwner {

@@ -46,7 +46,7 @@ fn event(kind: LoopbackKind, source: SourceKind) -> LoopbackEvent {
             side: (kind == LoopbackKind::VipAsSource).then_some(VipSourceSide::Receiving),
             ..Facts::default()
         },
-        ..LoopbackEvent::placeholder(kind, ip(src), dst_port)
+        ..placeholder(kind, ip(src), dst_port)
     }
 }
 

@@ -89,13 +89,12 @@ impl Hold {
 mod tests {
     use super::*;
     use crate::{
-        correlate::{LoopbackKind, SnatState},
+        correlate::{LoopbackKind, SnatState, remedy},
         kube::index::tests::{pod, web_service},
     };
 
     fn report(src: &str) -> Report {
-        let mut event =
-            LoopbackEvent::placeholder(LoopbackKind::Hairpin, src.parse().unwrap(), 30080);
+        let mut event = remedy::placeholder(LoopbackKind::Hairpin, src.parse().unwrap(), 30080);
         event.vip = Some("203.0.113.10".parse().unwrap());
         event.vip_port = Some(80);
         event.snat = SnatState::No;
