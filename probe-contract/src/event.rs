@@ -9,6 +9,8 @@ use std::{fmt, net::IpAddr};
 
 use serde::{Deserialize, Serialize};
 
+use crate::facts::Facts;
+
 /// What the node's address sets say an address is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
 #[serde(rename_all = "snake_case")]
@@ -330,6 +332,10 @@ pub struct LoopbackEvent {
     /// the event names no Service or no fix fits its facts.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub fixes: Vec<crate::Fix>,
+    /// What the remedy was built from: the sender's kind, the local address's owner,
+    /// `externalTrafficPolicy` as the rules and the API say, the Service from the API.
+    #[serde(default)]
+    pub facts: Facts,
 }
 
 /// One confirmation (new or repeat) of an aggregate. Metrics count every report.

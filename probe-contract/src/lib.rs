@@ -15,6 +15,7 @@
 //! are re-exports of these.
 
 pub mod event;
+pub mod facts;
 pub mod fix;
 pub mod kube_event;
 pub mod live;

@@ -31,6 +31,7 @@ fn event() -> LoopbackEvent {
         client_pod: Some("default/client".into()),
         node: Some("node-a".into()),
         fixes: Vec::new(),
+        facts: Default::default(),
     }
 }
 

@@ -4,4 +4,5 @@
 //! tests share the lab's fixed namespaces).
 
 pub mod agent;
+pub mod kube_names;
 pub mod trafgen;

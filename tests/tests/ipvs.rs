@@ -558,3 +558,35 @@ fn ipvs_mode_virtual_service_added_is_read_without_a_timer_tick() {
     drop(agent);
     drop(lab);
 }
+
+/// kube-proxy IPVS mode with the fake API server: the first event of a run, confirmed before
+/// the agent's API cache synced, carries the pod and Service the API knows, and the hairpin's
+/// and the health check's Events regard the existing Service (name and uid), listed by the
+/// real `kubectl describe service web`. (The unserved port names no Service here: both
+/// fixture Services share the LB IP and IPVS names none, so its Event regards the Node.)
+#[test]
+fn ipvs_mode_first_events_are_named_and_on_the_service() {
+    if !in_vm("ipvs_mode_kube_names") {
+        return;
+    }
+    use probe_tests::kube_names::{Case, first_events_named_and_described};
+    first_events_named_and_described(
+        KubeProxyMode::Ipvs,
+        &[
+            Case {
+                scenario: Scenario::Hairpin,
+                kind: "hairpin",
+                reason: "LoopbackHairpin",
+                service: "default/web",
+                client_pod: true,
+            },
+            Case {
+                scenario: Scenario::HealthcheckBlackhole,
+                kind: "healthcheck_blackhole",
+                reason: "HealthCheckBlackhole",
+                service: "default/web",
+                client_pod: false,
+            },
+        ],
+    );
+}

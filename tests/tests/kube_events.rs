@@ -168,10 +168,11 @@ fn a_confirmed_failure_is_one_event_whose_series_grows() {
         event["note"].as_str().unwrap().contains(" Fix: "),
         "{event:#}"
     );
-    // Regarding the Service the service table named, else the Node (IPVS mode names none).
-    match first["service"].as_str() {
-        Some(svc) => {
-            let (ns, name) = svc.split_once('/').unwrap();
+    // Regarding the Service the API named (not the service table's `name:port`), else the
+    // Node.
+    match first["facts"]["service"]["name"].as_str() {
+        Some(name) => {
+            let ns = first["facts"]["service"]["namespace"].as_str().unwrap();
             assert_eq!(event["regarding"]["kind"], "Service", "{event:#}");
             assert_eq!(event["regarding"]["name"], name);
             assert_eq!(event["metadata"]["namespace"], ns);
@@ -310,8 +311,76 @@ fn a_hairpin_event_regards_the_service_and_relates_the_client_pod() {
     assert_eq!(event["related"]["kind"], "Pod", "{event:#}");
     assert_eq!(event["related"]["namespace"], ns);
     assert_eq!(event["related"]["name"], name);
-    if let Some(svc) = confirmed["service"].as_str() {
-        assert_eq!(event["regarding"]["kind"], "Service", "{event:#}");
-        assert_eq!(event["regarding"]["name"], svc.split_once('/').unwrap().1);
+    // The existing Service (the name without the service table's `:port`, and its uid).
+    let svc = &confirmed["facts"]["service"];
+    assert_eq!(event["regarding"]["kind"], "Service", "{event:#}");
+    assert_eq!(event["regarding"]["name"], svc["name"], "{event:#}");
+    assert_eq!(event["regarding"]["uid"], svc["uid"], "{event:#}");
+    assert!(
+        event["note"]
+            .as_str()
+            .unwrap()
+            .contains("Service port: http (80/TCP)")
+    );
+}
+
+fn case(
+    scenario: Scenario,
+    kind: &'static str,
+    reason: &'static str,
+    client_pod: bool,
+) -> probe_tests::kube_names::Case {
+    probe_tests::kube_names::Case {
+        scenario,
+        kind,
+        reason,
+        service: "default/web",
+        client_pod,
     }
+}
+
+/// kube-proxy iptables mode: the first hairpin of a run, confirmed before the agent's API
+/// cache synced, still names its pod and Service; every kind that names a Service has its
+/// Event on the existing Service (name and uid), listed by `kubectl describe service web`.
+#[test]
+fn iptables_first_events_are_named_and_on_the_service() {
+    if !require_root("kube_names_iptables") {
+        return;
+    }
+    probe_tests::kube_names::first_events_named_and_described(
+        lab::KubeProxyMode::Iptables,
+        &[
+            case(Scenario::Hairpin, "hairpin", "LoopbackHairpin", true),
+            case(
+                Scenario::HealthcheckBlackhole,
+                "healthcheck_blackhole",
+                "HealthCheckBlackhole",
+                false,
+            ),
+            case(
+                Scenario::VipPortUnserved,
+                "vip_port_unserved",
+                "VipPortUnserved",
+                true,
+            ),
+            case(
+                Scenario::VipAsSourceOut,
+                "vip_as_source",
+                "VipAsSource",
+                false,
+            ),
+        ],
+    );
+}
+
+/// kube-proxy nftables mode (no LB IP is bound there: the hairpin is the kind that happens).
+#[test]
+fn nftables_first_events_are_named_and_on_the_service() {
+    if !require_root("kube_names_nftables") {
+        return;
+    }
+    probe_tests::kube_names::first_events_named_and_described(
+        lab::KubeProxyMode::Nftables,
+        &[case(Scenario::Hairpin, "hairpin", "LoopbackHairpin", true)],
+    );
 }

@@ -497,6 +497,7 @@ fn probe_events_into_a_closed_pipe_exits_quietly() {
             client_pod: None,
             node: None,
             fixes: Vec::new(),
+            facts: Default::default(),
         };
         let snapshot = Message::Snapshot {
             snapshot: Box::new(Snapshot {

@@ -325,6 +325,7 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         kube_index,
         node_name: cfg.node_name.clone(),
         provider: cfg.provider,
+        vip_iface: cfg.addr.vip_iface.clone(),
     })
     .await;
     // Orderly shutdown: stop the surfaces and the sync task (it detaches), then the reader.
@@ -365,6 +366,8 @@ struct CorrelateLoop {
     kube_index: Option<watch::Receiver<Arc<crate::kube::index::Index>>>,
     node_name: Option<String>,
     provider: Option<crate::fixes::Provider>,
+    /// `--vip-iface`: the owner the events name for a VIP bound there.
+    vip_iface: String,
 }
 
 struct Signals {
@@ -375,7 +378,10 @@ struct Signals {
 }
 
 async fn correlate_loop(mut l: CorrelateLoop) -> anyhow::Result<()> {
-    let mut correlator = Correlator::new(CorrelatorConfig::default());
+    let mut correlator = Correlator::new(CorrelatorConfig {
+        vip_iface: l.vip_iface.clone(),
+        ..CorrelatorConfig::default()
+    });
     correlator.set_services(std::mem::take(&mut l.services));
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     // The service table is re-read off this loop: iptables-save and the IPVS dump can take a
@@ -391,7 +397,14 @@ async fn correlate_loop(mut l: CorrelateLoop) -> anyhow::Result<()> {
         .run(),
     ));
     let (answer_tx, mut answer_rx) = mpsc::channel::<Answer>(1024);
+    // Confirmed reports waiting (at most 2 s) for the API cache to name them.
+    let mut hold = crate::kube::hold::Hold::default();
     loop {
+        let waiting = !hold.is_empty();
+        let deadline = hold
+            .next_deadline()
+            .map(tokio::time::Instant::from_std)
+            .unwrap_or_else(tokio::time::Instant::now);
         let outputs = tokio::select! {
             ev = l.events.recv() => {
                 let Some(ev) = ev else { anyhow::bail!("the kernel event reader stopped") };
@@ -410,23 +423,63 @@ async fn correlate_loop(mut l: CorrelateLoop) -> anyhow::Result<()> {
                 correlator.set_services(table);
                 Vec::new()
             }
-            _ = l.signals.term.recv() => { info!("SIGTERM: shutting down"); return Ok(()); }
-            _ = l.signals.int.recv() => { info!("SIGINT: shutting down"); return Ok(()); }
-            _ = l.signals.hup.recv() => { info!("SIGHUP: shutting down"); return Ok(()); }
-            _ = l.signals.quit.recv() => { info!("SIGQUIT: shutting down"); return Ok(()); }
+            _ = index_changed(&mut l.kube_index), if waiting => {
+                release(&mut hold, &mut l, std::time::Instant::now());
+                Vec::new()
+            }
+            _ = tokio::time::sleep_until(deadline), if waiting => {
+                release(&mut hold, &mut l, std::time::Instant::now());
+                Vec::new()
+            }
+            _ = l.signals.term.recv() => {
+                info!("SIGTERM: shutting down");
+                // Held reports go out as they are.
+                release(&mut hold, &mut l, std::time::Instant::now() + crate::kube::hold::HOLD_MAX);
+                return Ok(());
+            }
+            _ = l.signals.int.recv() => {
+                info!("SIGINT: shutting down");
+                // Held reports go out as they are.
+                release(&mut hold, &mut l, std::time::Instant::now() + crate::kube::hold::HOLD_MAX);
+                return Ok(());
+            }
+            _ = l.signals.hup.recv() => {
+                info!("SIGHUP: shutting down");
+                // Held reports go out as they are.
+                release(&mut hold, &mut l, std::time::Instant::now() + crate::kube::hold::HOLD_MAX);
+                return Ok(());
+            }
+            _ = l.signals.quit.recv() => {
+                info!("SIGQUIT: shutting down");
+                // Held reports go out as they are.
+                release(&mut hold, &mut l, std::time::Instant::now() + crate::kube::hold::HOLD_MAX);
+                return Ok(());
+            }
         };
         for out in outputs {
             match out {
-                Output::Report(mut report) => {
-                    attribute(
-                        &mut report,
-                        l.kube_index.as_ref(),
-                        l.node_name.as_deref(),
-                        l.provider,
-                    );
-                    l.sinks.report(&report);
-                    l.shared.publish(report);
-                }
+                Output::Report(report) => match &l.kube_index {
+                    // Attribution on: the report goes when the cache can name it (or in 2 s).
+                    Some(rx) => {
+                        let index = rx.borrow().clone();
+                        let now = std::time::Instant::now();
+                        let (kind, key) = (report.event.kind, report.event.key.clone());
+                        match hold.offer(report, &index, l.node_name.as_deref(), now) {
+                            Some(report) => emit(&mut l, report),
+                            None => debug!(
+                                kind = kind.as_str(),
+                                %key,
+                                synced = index.synced,
+                                "confirmed; held (at most 2 s) until the Kubernetes API cache names it"
+                            ),
+                        }
+                    }
+                    None => {
+                        let mut report = report;
+                        attribute(&mut report, None, l.node_name.as_deref());
+                        emit(&mut l, report);
+                    }
+                },
                 Output::Query(query) => answer_query(
                     query,
                     &l.egress,
@@ -439,17 +492,46 @@ async fn correlate_loop(mut l: CorrelateLoop) -> anyhow::Result<()> {
     }
 }
 
-/// Names the report's pod, Service and node (the enrichment after the pure correlator), then
-/// attaches the fixes that fit the named facts.
+/// A confirmed report to the sinks and the live view.
+fn emit(l: &mut CorrelateLoop, mut report: crate::correlate::Report) {
+    // The fixes come last: they read the names and facts attribution added.
+    let index = l
+        .kube_index
+        .as_ref()
+        .map(|rx| rx.borrow().clone())
+        .unwrap_or_default();
+    crate::fixes::attach(&mut report.event, &index, l.provider);
+    l.sinks.report(&report);
+    l.shared.publish(report);
+}
+
+/// Sends the held reports that can go now.
+fn release(hold: &mut crate::kube::hold::Hold, l: &mut CorrelateLoop, now: std::time::Instant) {
+    let Some(rx) = &l.kube_index else { return };
+    let index = rx.borrow().clone();
+    for report in hold.release(&index, l.node_name.as_deref(), now) {
+        emit(l, report);
+    }
+}
+
+/// Resolves when attribution publishes a new index (never when it is off or gone).
+async fn index_changed(rx: &mut Option<watch::Receiver<Arc<crate::kube::index::Index>>>) {
+    if let Some(rx) = rx
+        && rx.changed().await.is_ok()
+    {
+        return;
+    }
+    std::future::pending().await
+}
+
+/// Names the report's pod, Service and node (the enrichment after the pure correlator).
 fn attribute(
     report: &mut crate::correlate::Report,
     index: Option<&watch::Receiver<Arc<crate::kube::index::Index>>>,
     node: Option<&str>,
-    provider: Option<crate::fixes::Provider>,
 ) {
     let index = index.map(|rx| rx.borrow().clone()).unwrap_or_default();
     crate::kube::enrich::enrich(&mut report.event, &index, node);
-    crate::fixes::attach(&mut report.event, &index, provider);
 }
 
 /// Aborts a background task when the loop that owns it returns, however it returns.

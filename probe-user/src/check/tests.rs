@@ -235,6 +235,7 @@ fn the_api_names_services_and_their_settings() {
         ServiceFacts {
             namespace: "shop".into(),
             name: "web".into(),
+            uid: None,
             service_type: "LoadBalancer".into(),
             cluster_ips: vec![ip("198.18.100.10")],
             external_ips: vec![],

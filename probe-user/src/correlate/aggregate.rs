@@ -2,8 +2,12 @@
 //! last time, JSON throttling); least recently seen aggregates are evicted at the bound and
 //! forgotten after the TTL.
 
-use super::{AggregateKey, Correlator, LoopbackEvent, Outcome, Report, SnatState};
-use crate::event::Packet;
+use super::{
+    AggregateKey, Correlator, LoopbackEvent, Outcome, Report, SnatState,
+    facts::{AddressOwner, Facts, SourceKind},
+    remedy,
+};
+use crate::event::{Packet, Tag};
 
 pub(super) struct Aggregate {
     pub(super) event: LoopbackEvent,
@@ -47,7 +51,31 @@ impl NewEvent for LoopbackEvent {
             node: None,
             layer: None,
             fixes: Vec::new(),
+            facts: Facts {
+                source: source_kind(p.src_tag),
+                ..Facts::default()
+            },
         }
+    }
+}
+
+/// The sender's kind from its address tag.
+pub(super) fn source_kind(tag: Option<Tag>) -> SourceKind {
+    match tag {
+        Some(Tag::Pod) => SourceKind::Pod,
+        Some(Tag::Node) => SourceKind::Node,
+        Some(Tag::Vip) => SourceKind::Vip,
+        None => SourceKind::Unknown,
+    }
+}
+
+impl Correlator {
+    /// The owner of an address tagged `tag`: the VIP interface for a `vip` tag (the tag means
+    /// bound there), unknown otherwise.
+    pub(super) fn vip_owner(&self, tag: Option<Tag>) -> Option<AddressOwner> {
+        (tag == Some(Tag::Vip)).then(|| AddressOwner::VipInterface {
+            iface: self.cfg.vip_iface.clone(),
+        })
     }
 }
 
@@ -58,6 +86,9 @@ impl Correlator {
         mut event: LoopbackEvent,
         ts: u64,
     ) -> Report {
+        // One builder for every kind, from the event's facts (attribution rebuilds it with
+        // the API's facts added).
+        event.remedy = remedy::build(&event);
         if let Some(agg) = self.aggregates.get_mut(&key) {
             let first = agg.event.first_seen_ns.min(ts);
             let last = agg.event.last_seen_ns.max(ts);

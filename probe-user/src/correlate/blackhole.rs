@@ -6,7 +6,7 @@ use super::aggregate::NewEvent as _;
 use super::{
     AggregateKey, Correlator, DropInfo, LoopbackEvent, Outcome, Output, RecentDrop, SnatState,
     evidence::{drop_line, local_source_line, suspect_line, table_missing},
-    remedy, tuple_of,
+    tuple_of,
 };
 use crate::{
     event::{Packet, Tag},
@@ -150,11 +150,11 @@ impl Correlator {
             drop_location: info.location.clone(),
             snat: SnatState::Unknown,
             evidence,
-            remedy: remedy::healthcheck_blackhole(packet.src, packet.dport),
             nic,
             service: svc,
             ..LoopbackEvent::new(&key, packet, info.ts, Outcome::Dropped)
         };
+        let event = self.healthcheck_facts(event, packet);
         self.stats.confirmed.healthcheck_blackhole += 1;
         self.report_vip_source_drop(packet, info, suspect.as_ref(), key, event, out);
     }

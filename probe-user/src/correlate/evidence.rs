@@ -186,7 +186,8 @@ pub(super) fn destination_line(p: &Packet, services: &ServiceTable) -> String {
         None => format!("{to} is no address of this node"),
     };
     format!(
-        "destination {what}: not a health check; a packet from the VIP to it was forwarded by          another node that binds the VIP (a call to the LB IP, not SNATed)"
+        "destination {what}: not a health check; a packet from the VIP to it was forwarded by \
+         another node that binds the VIP (a call to the LB IP, not SNATed)"
     )
 }
 
@@ -233,17 +234,23 @@ pub(super) fn node_sourced_line(p: &Packet) -> String {
     )
 }
 
-/// How the hairpin suspect (`p`, seen at `ts`) was tied to the egress record.
+/// How the hairpin suspect (`p`, seen at `ts`) was tied to the egress record; the sender is
+/// the node when `p`'s source is tagged node (a node-sourced loop), else the pod.
 pub(super) fn layer_line(layer: Layer, ts: u64, r: &EgressRecord, p: &Packet) -> String {
+    let sender = if p.src_tag == Some(Tag::Node) {
+        "node"
+    } else {
+        "pod"
+    };
     match layer {
         Layer::L4 => format!(
             "layer 4: same source port {} {} ms after the egress: the LB forwarded the \
-             pod's own connection back to this node",
+             {sender}'s own connection back to this node",
             p.sport,
             ts.saturating_sub(r.ts_ns) / MS
         ),
         Layer::L7 => format!(
-            "layer 7: new connection from the same pod {} ms after its latest egress \
+            "layer 7: new connection from the same {sender} {} ms after its latest egress \
              to {}: the LB proxied the request back to this node",
             ts.saturating_sub(r.ts_ns) / MS,
             sock(r.dst, r.dport)

@@ -29,7 +29,7 @@ use super::{
         drop_line, egress_ct_line, egress_line, layer_line, node_sourced_line, outcome_line,
         service_name, suspect_line,
     },
-    remedy::{self, HairpinCause},
+    facts::{Etp, Facts, SourceKind},
     tuple_of,
 };
 use crate::{
@@ -371,25 +371,23 @@ impl Correlator {
             .and_then(|n| n.service.as_deref())
             .map(service_name);
         let drop_reason = f.drop.as_ref().map(|d| d.reason.name.clone());
-        let mut remedy = remedy::hairpin(&HairpinCause {
-            pod: p.src,
-            vip: m.record.dst,
-            vip_port: m.record.dport,
-            node: p.dst,
-            node_port: p.dport,
-            layer: m.layer,
-            outcome,
-            drop_reason: drop_reason.as_deref(),
-            local_only: np.as_ref().is_some_and(|n| n.local_only),
-            service: service.as_deref(),
+        let facts = Facts {
+            source: if node_sourced {
+                SourceKind::Node
+            } else {
+                SourceKind::Pod
+            },
+            etp_rules: np.as_ref().map(|n| {
+                if n.local_only {
+                    Etp::Local
+                } else {
+                    Etp::Cluster
+                }
+            }),
             masquerade_rules: self.services.masquerade_rules.len(),
-        });
-        if node_sourced {
-            remedy = remedy::node_sourced_hairpin(p.src, m.record.dst, m.record.dport);
-        }
-        if p.dst_tag == Some(Tag::Pod) {
-            remedy.push(remedy::lb_to_pod_hint());
-        }
+            lb_targets_pod: p.dst_tag == Some(Tag::Pod),
+            ..Facts::default()
+        };
         let key = AggregateKey::Hairpin {
             layer: m.layer,
             pod: p.src,
@@ -410,7 +408,7 @@ impl Correlator {
                 SnatState::No
             },
             evidence,
-            remedy,
+            facts,
             nic: Some(f.nic.clone()),
             service,
             layer: Some(m.layer),

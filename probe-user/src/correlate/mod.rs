@@ -88,6 +88,7 @@ mod blackhole;
 mod conntrack;
 mod drop_reason;
 mod evidence;
+pub mod facts;
 mod hairpin;
 #[cfg(test)]
 mod hairpin_tests;
@@ -151,6 +152,8 @@ pub struct CorrelatorConfig {
     pub max_aggregates: usize,
     /// Bound on node/pod addresses remembered from event tags (layer-7 matching). Default 4096.
     pub max_known_addrs: usize,
+    /// The VIP interface (`--vip-iface`): the owner a `vip` tag names. Default kube-ipvs0.
+    pub vip_iface: String,
 }
 
 impl Default for CorrelatorConfig {
@@ -165,6 +168,7 @@ impl Default for CorrelatorConfig {
             max_pending: 4096,
             max_aggregates: 1024,
             max_known_addrs: 4096,
+            vip_iface: "kube-ipvs0".to_string(),
         }
     }
 }

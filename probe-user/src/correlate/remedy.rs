@@ -1,109 +1,311 @@
-//! Remedies, one option a line, specific to the confirmed cause. Written from the vendor
-//! notes in `shared/reference/` (summarized, not quoted).
+//! Remedies, one option a line, built from the event's facts ([`super::facts::Facts`]: who
+//! sent the packet, who owns the local address, `externalTrafficPolicy` and `ipMode` as the
+//! rules and the API say) and never from the kind alone. Written from the vendor notes in
+//! `shared/reference/` (summarized, not quoted).
+//!
+//! Rules every remedy list keeps (the table test in `remedy_tests.rs` checks them):
+//! - no sentence asserts a setting the facts do not say, or contradicts another sentence
+//!   (a `Cluster` Service is never told to set `Cluster`, nor said to be `Local`);
+//! - each piece of advice appears once (calling the Service by its DNS name: one line);
+//! - the subject is the sender the facts name: a pod, this node, or a host-network caller.
 
 use std::net::IpAddr;
 
-use super::report::{Layer, Outcome, sock};
+use super::{
+    LoopbackEvent, LoopbackKind,
+    facts::{AddressOwner, Etp, Facts, SourceKind, VipSourceSide},
+    report::{Layer, Outcome, sock},
+};
 use crate::event::Proto;
 
-/// LB health checks from the VIP, dropped because the VIP is a local address.
-pub(crate) fn healthcheck_blackhole(vip: IpAddr, node_port: u16) -> Vec<String> {
-    vec![
-        format!(
-            "Cause: the LB health-checks this node from its own VIP {vip}, and {vip} is bound on \
-             kube-ipvs0 here (kube-proxy in IPVS mode binds LoadBalancer ingress IPs so in-cluster \
-             calls short-circuit), so the kernel discards every check to NodePort {node_port} as a \
-             packet with a local (martian) source."
+/// The remedy of a confirmed event, from its facts (the correlator's, and after attribution
+/// the API's too).
+pub(crate) fn build(e: &LoopbackEvent) -> Vec<String> {
+    match e.kind {
+        LoopbackKind::HealthcheckBlackhole => healthcheck(e),
+        LoopbackKind::Hairpin => hairpin(e),
+        LoopbackKind::VipPortUnserved => unserved(e),
+        LoopbackKind::VipAsSource => vip_as_source(e),
+    }
+}
+
+/// The Service's name for a sentence: the API's, else the rules' `namespace/name`, else none.
+fn service_key(e: &LoopbackEvent) -> Option<String> {
+    e.facts
+        .service
+        .as_ref()
+        .map(|s| s.key())
+        .or_else(|| e.service.as_deref().map(strip_port))
+}
+
+/// `namespace/name` out of `namespace/name:port`.
+fn strip_port(s: &str) -> String {
+    s.split(':').next().unwrap_or(s).to_string()
+}
+
+/// The sender, as the subject of a sentence.
+fn sender(e: &LoopbackEvent) -> String {
+    match e.facts.source {
+        SourceKind::Pod => match &e.client_pod {
+            Some(pod) => format!("pod {pod} ({})", e.src),
+            None => format!("pod {}", e.src),
+        },
+        SourceKind::Node => format!("this node ({})", e.src),
+        SourceKind::Vip => "a host-network caller".to_string(),
+        SourceKind::Unknown => format!("the client {}", e.src),
+    }
+}
+
+/// What makes `vip` a local address, after "`vip` is ".
+fn bound(vip: IpAddr, owner: Option<&AddressOwner>) -> String {
+    match owner {
+        Some(AddressOwner::VipInterface { iface }) => format!(
+            "bound on {iface} here (kube-proxy in IPVS mode binds LoadBalancer ingress IPs so \
+             in-cluster calls short-circuit)"
         ),
+        Some(AddressOwner::Interface { iface }) => {
+            format!("an address on {iface} here (keepalived, kube-vip or a manual address)")
+        }
+        Some(AddressOwner::LocalRoute {
+            protocol,
+            protocol_name,
+        }) => format!(
+            "a local route of this node (table local, protocol {protocol} {protocol_name}, no \
+             interface address)"
+        ),
+        None => format!("a local address of this node (ip route show table local {vip})"),
+    }
+}
+
+/// How to stop `vip` being local, addressed to its owner.
+fn unbind(vip: IpAddr, facts: &Facts) -> String {
+    match &facts.owner {
+        Some(AddressOwner::VipInterface { iface }) => match facts.ip_mode.as_deref() {
+            Some("Proxy") => format!(
+                "The API already sets ipMode: Proxy on the LB ingress {vip}, yet it is bound on \
+                 {iface}: this kube-proxy ignores ipMode (older than Kubernetes 1.30, or the \
+                 LoadBalancerIPMode feature off); upgrade it, or publish the LB as a hostname."
+            ),
+            mode => format!(
+                "Or stop binding the LB ingress IP on {iface} (a controller that sets \
+                 status.loadBalancer.ingress[].ipMode: Proxy, Kubernetes >= 1.30, or publishes \
+                 the LB as a hostname{}); in-cluster calls to the VIP then really go to the LB, \
+                 so check for hairpin loopback afterwards.",
+                // Only the API tells the ipMode: without attribution it is not known.
+                match (mode, &facts.service) {
+                    (Some(mode), _) => format!("; ipMode is {mode}"),
+                    (None, Some(_)) => "; ipMode is unset (VIP)".to_string(),
+                    (None, None) => String::new(),
+                }
+            ),
+        },
+        Some(AddressOwner::Interface { iface }) => format!(
+            "Or remove {vip} from {iface} on this node (whatever holds it there: keepalived, \
+             kube-vip), or have it hold another address: changing kube-proxy does not unbind it."
+        ),
+        Some(AddressOwner::LocalRoute {
+            protocol,
+            protocol_name,
+        }) => format!(
+            "Or have the owner of the local route for {vip} (protocol {protocol} \
+             {protocol_name}: a cloud guest agent adds LB forwarding-rule IPs this way) stop \
+             installing it: changing kube-proxy does not remove it."
+        ),
+        None => format!(
+            "Or stop making {vip} a local address of this node (ip route show table local \
+             {vip} names the route; its owner must drop it)."
+        ),
+    }
+}
+
+/// The one "call the Service in-cluster" advice, for `subject` (`In pod x: c` / `C`).
+fn call_in_cluster(e: &LoopbackEvent, vip: IpAddr, vip_port: Option<u16>) -> String {
+    let lb = match vip_port {
+        Some(p) => sock(vip, p),
+        None => vip.to_string(),
+    };
+    let caller = match (e.facts.source, &e.client_pod) {
+        (SourceKind::Pod, Some(pod)) => format!("In pod {pod}: c"),
+        (SourceKind::Node, _) => "From this node and its host-network workloads, c".to_string(),
+        (SourceKind::Vip, _) => "From host-network callers, c".to_string(),
+        _ => "C".to_string(),
+    };
+    let target = match &e.facts.service {
+        Some(s) => {
+            let port = s.port.map(|p| format!(":{p}")).unwrap_or_default();
+            format!("{}{port} (Service {})", s.dns_name(), s.key())
+        }
+        None => match service_key(e) {
+            Some(key) => format!("Service {key} by its cluster DNS name or ClusterIP"),
+            None => "the Service by its cluster DNS name \
+                     (<name>.<namespace>.svc.cluster.local) or ClusterIP"
+                .to_string(),
+        },
+    };
+    format!(
+        "{caller}all {target} instead of the LB address {lb}: the call then stays in the \
+         cluster and cannot loop through the LB; if callers are tied to a domain name, rewrite \
+         that name in cluster DNS (CoreDNS rewrite) to the Service or to an in-cluster ingress \
+         controller."
+    )
+}
+
+/// One sentence when the node's rules and the API disagree on the policy.
+fn mismatch(e: &LoopbackEvent) -> Option<String> {
+    let (rules, api) = e.facts.etp_mismatch()?;
+    Some(format!(
+        "This node's kube-proxy rules apply externalTrafficPolicy: {} while the API says {} \
+         for {}: kube-proxy here has not caught up with the Service (check its sync and \
+         logs); the remedies follow what the rules do.",
+        rules.as_str(),
+        api.as_str(),
+        service_key(e).unwrap_or_else(|| "the Service".into())
+    ))
+}
+
+fn healthcheck(e: &LoopbackEvent) -> Vec<String> {
+    let vip = e.vip.unwrap_or(e.src);
+    let f = &e.facts;
+    let checked = match (
+        f.service.as_ref().and_then(|s| s.health_check_node_port),
+        f.etp(),
+    ) {
+        (Some(hc), Some(Etp::Local)) if hc == e.dst_port => {
+            format!("its healthCheckNodePort {hc} (externalTrafficPolicy: Local)")
+        }
+        (_, Some(Etp::Cluster)) => format!(
+            "NodePort {} (externalTrafficPolicy: Cluster: the LB checks the traffic port)",
+            e.dst_port
+        ),
+        _ => format!("port {}", e.dst_port),
+    };
+    let mut out = vec![format!(
+        "Cause: the LB{} health-checks this node from its own VIP {vip} on {checked}, and {vip} \
+         is {}, so the kernel discards every check as a packet with a local (martian) source.",
+        service_key(e)
+            .map(|k| format!(" of Service {k}"))
+            .unwrap_or_default(),
+        bound(vip, f.owner.as_ref()),
+    )];
+    out.extend(mismatch(e));
+    out.push(
         "Have the LB send health checks from a source range that is not a VIP (a provider \
          option: a dedicated health-check source range, e.g. turned on together with the \
          provider's prevent-loopback Service annotation)."
             .to_string(),
-        "Or stop binding the LB ingress IP on kube-ipvs0 (a kube-proxy build or Service \
-         annotation that publishes the LB as a hostname / skips the local binding, or \
-         status.loadBalancer.ingress[].ipMode: Proxy on Kubernetes versions that support it); \
-         in-cluster calls to the VIP then really go to the LB, so check for hairpin loopback \
-         afterwards."
-            .to_string(),
+    );
+    out.push(unbind(vip, f));
+    out.push(
         "Do not read the LB's health status as fine: when every check fails the LB treats all \
          backends as alive, which hides this until a backend really fails and still gets \
          traffic."
             .to_string(),
-    ]
+    );
+    out
 }
 
-/// Inputs that select the hairpin remedy.
-pub(crate) struct HairpinCause<'a> {
-    pub pod: IpAddr,
-    pub vip: IpAddr,
-    pub vip_port: u16,
-    pub node: IpAddr,
-    pub node_port: u16,
-    pub layer: Layer,
-    pub outcome: Outcome,
-    pub drop_reason: Option<&'a str>,
-    /// The NodePort has `externalTrafficPolicy: Local` rules.
-    pub local_only: bool,
-    pub service: Option<&'a str>,
-    pub masquerade_rules: usize,
-}
-
-/// A pod's un-SNATed call to the LB VIP that the LB sent back to the same node.
-pub(crate) fn hairpin(c: &HairpinCause<'_>) -> Vec<String> {
-    let svc = c.service.unwrap_or("the Service");
-    let mut out = vec![format!(
-        "Cause: pod {} called the LB at {} and left the node without SNAT; the LB keeps the \
-         client address and picked this same node ({}) as backend, so the request looped back \
-         and the reply cannot return through the LB.",
-        c.pod,
-        sock(c.vip, c.vip_port),
-        sock(c.node, c.node_port)
-    )];
-    if c.local_only {
+fn hairpin(e: &LoopbackEvent) -> Vec<String> {
+    let f = &e.facts;
+    let vip = e.vip.unwrap_or(e.dst);
+    let at = sock(vip, e.vip_port.unwrap_or(e.dst_port));
+    let node_sourced = f.source == SourceKind::Node;
+    let target = if f.lb_targets_pod {
+        format!("the local pod {} directly", sock(e.dst, e.dst_port))
+    } else {
+        format!("this same node ({})", sock(e.dst, e.dst_port))
+    };
+    let mut out = vec![if node_sourced {
+        format!(
+            "Cause: {} (a host-network client, or pod traffic masqueraded to the node IP) \
+             called the LB at {at}; the LB keeps the client address and picked {target} as \
+             backend, so the request came back with the node's own address as source and the \
+             kernel discards it as a local (martian) source.",
+            sender(e)
+        )
+    } else {
+        format!(
+            "Cause: {} called the LB at {at} and left the node without SNAT; the LB keeps the \
+             client address and picked {target} as backend, so the request looped back and the \
+             reply cannot return through the LB.",
+            sender(e)
+        )
+    }];
+    out.extend(mismatch(e));
+    let svc = service_key(e);
+    let svc_name = svc.clone().unwrap_or_else(|| "the Service".into());
+    // The NodePort's policy matters for a pod's call only: it decides whether kube-proxy
+    // masquerades it. A node-sourced call already carries the node's address, and an LB that
+    // targets pods ignores the policy.
+    if !node_sourced && !f.lb_targets_pod && f.etp() == Some(Etp::Local) {
         out.push(format!(
-            "NodePort {} ({svc}) uses externalTrafficPolicy: Local; its Local rules on this node \
-             let pod traffic to the LB leave unmasqueraded, which is why the pod address reached \
-             the LB (the same call from a cluster using Cluster policy is SNATed and the LB avoids \
-             the calling node).",
-            c.node_port
+            "NodePort {} ({svc_name}) uses externalTrafficPolicy: Local; its Local rules on this \
+             node let pod traffic to the LB leave unmasqueraded, which is why the pod address \
+             reached the LB (under Cluster policy the same call is SNATed and the LB avoids the \
+             calling node).",
+            e.dst_port
         ));
+        let patch = f
+            .service
+            .as_ref()
+            .map(|s| {
+                format!(
+                    ": kubectl -n {} patch service {} -p \
+                     '{{\"spec\":{{\"externalTrafficPolicy\":\"Cluster\"}}}}'",
+                    s.namespace, s.name
+                )
+            })
+            .unwrap_or_default();
         out.push(format!(
-            "Set externalTrafficPolicy: Cluster on {svc} if the client source IP need not be \
-             preserved."
+            "Set externalTrafficPolicy: Cluster on {svc_name} if the client source IP need not \
+             be preserved{patch}."
         ));
         out.push(format!(
             "Or keep Local and add pod anti-affinity so callers never run on a node hosting \
-             {svc}'s backends (with Local the LB only sends to nodes that have backends)."
+             {svc_name}'s backends (with Local the LB only sends to nodes that have backends)."
         ));
     }
-    out.push(format!(
-        "Call {svc} by its cluster DNS name (<name>.<namespace>.svc.cluster.local) or ClusterIP \
-         instead of the LB VIP {}; if callers are tied to a domain name, rewrite that name in \
-         cluster DNS (CoreDNS rewrite) to the Service or to an in-cluster ingress controller.",
-        c.vip
-    ));
-    out.push(format!(
-        "Masquerade (SNAT) pod traffic to the LB to the node IP ({} masquerade rule(s) found \
-         on this node): the LB then sees the node as the source and will not send the request back \
-         to it.",
-        c.masquerade_rules
-    ));
+    out.push(call_in_cluster(e, vip, e.vip_port));
+    if node_sourced {
+        out.push(
+            "SNAT to the node IP does not avoid this one: the source already is the node. The \
+             LB's guard against sending a request back to its source node avoids it where the \
+             LB has it; this LB did not apply it (a listener or LB type without that guard)."
+                .to_string(),
+        );
+    } else {
+        out.push(format!(
+            "Masquerade (SNAT) pod traffic to the LB to the node IP ({} masquerade rule(s) \
+             found on this node): the LB then sees the node as the source and will not send the \
+             request back to it.",
+            f.masquerade_rules
+        ));
+    }
     out.push(
         "Or make the LB source-NAT toward backends (layer 7: the LB's SNAT/keepalive option, \
          client IP then in X-Forwarded-For), or enable the provider's prevent-loopback option."
             .to_string(),
     );
-    out.push(match c.layer {
-        Layer::L7 => "Symptom to expect (layer 7): the LB gives up on this node after about 4 s \
-                      and retries another one, so requests are slow rather than failed; on a \
-                      one-node cluster they fail."
+    if f.lb_targets_pod {
+        out.push(
+            "The LB targets pods directly (no NodePort): externalTrafficPolicy does not change \
+             its choice of backend; keep callers off the nodes that host the Service's pods \
+             (pod anti-affinity)."
+                .to_string(),
+        );
+    }
+    out.push(match e.layer {
+        Some(Layer::L7) => "Symptom to expect (layer 7): the LB gives up on this node after \
+                            about 4 s and retries another one, so requests are slow rather than \
+                            failed; on a one-node cluster they fail."
             .to_string(),
-        Layer::L4 => "Symptom to expect (layer 4): the LB does not retry another node, so \
-                      connections hang or break intermittently; on a one-node cluster they \
-                      always fail."
+        _ => "Symptom to expect (layer 4): the LB does not retry another node, so connections \
+              hang or break intermittently; on a one-node cluster they always fail."
             .to_string(),
     });
-    if c.outcome == Outcome::Dropped && c.drop_reason == Some("IP_RPFILTER") {
+    if !node_sourced
+        && e.outcome == Outcome::Dropped
+        && e.drop_reason.as_deref() == Some("IP_RPFILTER")
+    {
         out.push(
             "Relaxing rp_filter does not fix this: the packet would then reach the backend and \
              the pod would reset the asymmetric reply instead."
@@ -113,28 +315,59 @@ pub(crate) fn hairpin(c: &HairpinCause<'_>) -> Vec<String> {
     out
 }
 
-/// A VIP bound on kube-ipvs0 called on a port nothing on the node serves.
-pub(crate) fn vip_port_unserved(
+fn unserved(e: &LoopbackEvent) -> Vec<String> {
+    let vip = e.vip.unwrap_or(e.dst);
+    let port = e.vip_port.unwrap_or(e.dst_port);
+    let from = match e.facts.source {
+        SourceKind::Pod | SourceKind::Node => sender(e),
+        _ => "this node or its pods".to_string(),
+    };
+    let mut out = unserved_options(
+        vip,
+        port,
+        e.proto,
+        service_key(e).as_deref(),
+        &e.facts,
+        &from,
+    );
+    if let Some(s) = &e.facts.service
+        && !s.ports.is_empty()
+    {
+        // The named form of "add it to the Service's ports": which ones it has.
+        out[1] = format!(
+            "Service {} serves {} only on {vip}: call {} on one of those ports, or, if port \
+             {port} belongs to the cluster, add it to the Service's ports.",
+            s.key(),
+            s.ports.join(", "),
+            s.dns_name()
+        );
+    }
+    out
+}
+
+fn unserved_options(
     vip: IpAddr,
     port: u16,
     proto: Proto,
     owner: Option<&str>,
-    filtered: bool,
+    facts: &Facts,
+    from: &str,
 ) -> Vec<String> {
-    let owner = owner.map_or_else(|| "a Service".to_string(), str::to_string);
+    let user = owner.map_or_else(|| "a Service".to_string(), |o| format!("Service {o}"));
     let refusal = match proto {
-        _ if filtered => {
+        _ if facts.access_filtered => {
             "rejects it: kube-proxy's KUBE-IPVS-FILTER answers with ICMP port unreachable \
              (connection refused)"
         }
         Proto::Udp => "answers with ICMP port unreachable",
         _ => "answers with a TCP RST (connection refused)",
     };
-    vec![
+    let mut out = vec![
         format!(
-            "Cause: {vip} is bound on kube-ipvs0 because {owner} uses it on other ports, so calls from this node \
-             or its pods to {} never leave the node and never reach the LB listener; nothing \
-             here serves port {port}/{}, so the kernel {refusal}.",
+            "Cause: {vip} is {} and {user} uses it on other ports, so calls from {from} to {} \
+             never leave the node and never reach the LB listener; nothing here serves port \
+             {port}/{}, so the kernel {refusal}.",
+            bound(vip, facts.owner.as_ref()),
             sock(vip, port),
             proto.as_str()
         ),
@@ -142,89 +375,154 @@ pub(crate) fn vip_port_unserved(
         "If the listener belongs to something outside the cluster, give it its own LB or \
          address, separate from the one the Service uses."
             .to_string(),
-        "Or keep kube-proxy from binding the LB address locally (provider annotation that \
-         publishes a hostname instead of the IP, or ipMode: Proxy), which sends in-cluster \
-         calls to the real LB and can then hairpin; or have in-cluster callers use another \
-         address for that listener."
+    ];
+    out.push(unbind(vip, facts));
+    out
+}
+
+fn vip_as_source(e: &LoopbackEvent) -> Vec<String> {
+    let f = &e.facts;
+    let vip = e.vip.unwrap_or(e.src);
+    let to = sock(e.dst, e.dst_port);
+    let svc = service_key(e)
+        .map(|k| format!("Service {k}"))
+        .unwrap_or_else(|| "the Service".into());
+    // Why IPVS forwarded the call without SNAT, as far as the facts say.
+    let why = match f.etp() {
+        Some(Etp::Local) => format!(
+            "{svc} has externalTrafficPolicy: Local and the calling node has no local endpoint, \
+             so IPVS forwarded the call without SNAT"
+        ),
+        Some(Etp::Cluster) => format!(
+            "{svc} has externalTrafficPolicy: Cluster, under which kube-proxy masquerades a \
+             forwarded call, yet IPVS forwarded this one without SNAT (the calling node's \
+             masquerade rules did not match it)"
+        ),
+        None => "IPVS forwarded the call without SNAT (kube-proxy does so under \
+                 externalTrafficPolicy: Local when the calling node has no local endpoint)"
             .to_string(),
-    ]
-}
-
-/// Which node saw a `vip_as_source` packet.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum VipSourceSide {
-    /// This node received it (and dropped it as a local source).
-    Receiving,
-    /// This node sent it (a SYN left a NIC with a bound VIP as source).
-    Sending,
-}
-
-/// A packet sourced from a LB VIP, forwarded between nodes that both bind the VIP.
-pub(crate) fn vip_as_source(
-    vip: IpAddr,
-    dst: IpAddr,
-    dst_port: u16,
-    side: VipSourceSide,
-) -> Vec<String> {
-    let to = sock(dst, dst_port);
-    let cause = match side {
+    };
+    let cause = match f.side.unwrap_or(VipSourceSide::Receiving) {
         VipSourceSide::Receiving => format!(
-            "Cause: another node called the LB IP {vip} from its host network; {vip} is bound on \
-             that node's kube-ipvs0, so the kernel picked {vip} itself as the source; the Service \
-             has externalTrafficPolicy: Local and that node has no local endpoint, so IPVS \
-             forwarded the call to {to} here without SNAT; this node binds {vip} too and drops \
-             every packet from it as a local (martian) source. The caller times out."
+            "Cause: a host-network caller on another node called the LB IP {vip}; {vip} is a \
+             local address there, so the kernel picked {vip} itself as the source; {why} to {to} here; \
+             this node has {vip} as a local address too ({}) and drops every packet from it as \
+             a local (martian) source. The caller times out.",
+            owner_short(f.owner.as_ref())
         ),
         VipSourceSide::Sending => format!(
-            "Cause: a host-network caller on this node called the LB IP {vip}, which is bound on \
-             kube-ipvs0 here, so the kernel picked {vip} itself as the source; the Service has \
-             externalTrafficPolicy: Local and this node has no local endpoint, so IPVS \
-             forwarded the call to {to} on another node without SNAT; that node binds {vip} \
-             too and drops it as a local (martian) source. The caller times out."
+            "Cause: a host-network caller on this node called the LB IP {vip}, a local address \
+             here ({}), so the kernel picked {vip} itself as the source; {why} to {to} on \
+             another node; that node has {vip} as a local address too and drops it as a local \
+             (martian) source. The caller times out.",
+            owner_short(f.owner.as_ref())
         ),
     };
-    vec![
-        cause,
-        "Call the Service by its cluster DNS name or ClusterIP from inside the cluster, not the \
-         LB IP (internal access to the LB IP is what picks the VIP as source)."
-            .to_string(),
+    let mut out = vec![cause];
+    out.extend(mismatch(e));
+    out.push(call_in_cluster(e, vip, e.vip_port));
+    out.push(
         "Or set internalTrafficPolicy / move such callers to nodes with a local endpoint, so \
          in-cluster calls are not forwarded to another node."
             .to_string(),
-        "Or set externalTrafficPolicy: Cluster on the Service: IPVS then masquerades the \
-         forwarded call to the node IP (the client source IP is no longer preserved)."
-            .to_string(),
-    ]
-}
-/// A node-sourced loop: the node's own address called the LB, which kept it as source and
-/// sent the request back to this node.
-pub(crate) fn node_sourced_hairpin(node: IpAddr, vip: IpAddr, vip_port: u16) -> Vec<String> {
-    vec![
-        format!(
-            "Cause: this node ({node}), a host-network client or pod traffic masqueraded to the \
-             node IP, called the LB at {}; the LB keeps the client address and picked this same \
-             node as backend, so the request came back with the node's own address as source \
-             and the kernel discards it as a local (martian) source.",
-            sock(vip, vip_port)
-        ),
-        "SNAT to the node IP does not avoid this one: the source already is the node. The LB's \
-         guard against sending a request back to its source node avoids it where the LB has \
-         it; this LB did not apply it (a listener or LB type without that guard)."
-            .to_string(),
-        format!(
-            "Call the Service by its cluster DNS name or ClusterIP instead of the LB VIP {vip} \
-             from host-network workloads and from this node."
-        ),
-        "Or make the LB source-NAT toward backends (layer 7: the LB's SNAT/keepalive option), \
-         or enable the provider's prevent-loopback option."
-            .to_string(),
-    ]
+    );
+    if f.etp() != Some(Etp::Cluster) {
+        out.push(format!(
+            "Or set externalTrafficPolicy: Cluster on {svc}: IPVS then masquerades the \
+             forwarded call to the node IP (the client source IP is no longer preserved)."
+        ));
+    } else {
+        out.push(
+            "Check kube-proxy's masquerade rules on the calling node (KUBE-MARK-MASQ for the \
+             LB IP, KUBE-POSTROUTING): under Cluster policy they SNAT this call."
+                .to_string(),
+        );
+    }
+    out
 }
 
-/// The LB targets pods directly (VPC-CNI style): NodePort-level fixes do not apply.
-pub(crate) fn lb_to_pod_hint() -> String {
-    "The LB targets pods directly (no NodePort): externalTrafficPolicy does not change its \
-     choice of backend; keep callers off the nodes that host the Service's pods (pod \
-     anti-affinity), or call the Service in-cluster."
-        .to_string()
+/// The owner in a parenthesis.
+fn owner_short(owner: Option<&AddressOwner>) -> String {
+    match owner {
+        Some(AddressOwner::VipInterface { iface }) => format!("bound on {iface}"),
+        Some(AddressOwner::Interface { iface }) => format!("an address on {iface}"),
+        Some(AddressOwner::LocalRoute {
+            protocol,
+            protocol_name,
+        }) => format!("a local route, protocol {protocol} {protocol_name}"),
+        None => "a local address".to_string(),
+    }
 }
+
+/// `probe check`'s health-check risk: a VIP bound on kube-ipvs0 that the LB health-checks
+/// `node_port` from.
+pub(crate) fn healthcheck_blackhole(vip: IpAddr, node_port: u16) -> Vec<String> {
+    let e = LoopbackEvent {
+        vip: Some(vip),
+        facts: Facts {
+            source: SourceKind::Vip,
+            owner: Some(kube_ipvs0()),
+            ..Facts::default()
+        },
+        ..placeholder(LoopbackKind::HealthcheckBlackhole, vip, node_port)
+    };
+    build(&e)
+}
+
+/// `probe check`'s unserved-port risk: a VIP bound on kube-ipvs0, `port` unserved.
+pub(crate) fn vip_port_unserved(
+    vip: IpAddr,
+    port: u16,
+    proto: Proto,
+    owner: Option<&str>,
+    filtered: bool,
+) -> Vec<String> {
+    let facts = Facts {
+        owner: Some(kube_ipvs0()),
+        access_filtered: filtered,
+        ..Facts::default()
+    };
+    unserved_options(vip, port, proto, owner, &facts, "this node or its pods")
+}
+
+/// An event with only its kind and the addresses a remedy names (`probe check`'s risks and
+/// tests build remedies through it).
+pub(crate) fn placeholder(kind: LoopbackKind, src: IpAddr, dst_port: u16) -> LoopbackEvent {
+    LoopbackEvent {
+        kind,
+        key: String::new(),
+        src,
+        src_port: 0,
+        dst: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+        dst_port,
+        vip: None,
+        vip_port: None,
+        proto: Proto::Tcp,
+        drop_reason: None,
+        drop_location: None,
+        snat: super::SnatState::Unknown,
+        outcome: Outcome::Dropped,
+        count: 1,
+        evidence: Vec::new(),
+        remedy: Vec::new(),
+        first_seen_ns: 0,
+        last_seen_ns: 0,
+        nic: None,
+        service: None,
+        layer: None,
+        client_pod: None,
+        node: None,
+        fixes: Vec::new(),
+        facts: Facts::default(),
+    }
+}
+
+fn kube_ipvs0() -> AddressOwner {
+    AddressOwner::VipInterface {
+        iface: "kube-ipvs0".to_string(),
+    }
+}
+
+#[cfg(test)]
+#[path = "remedy_tests.rs"]
+mod tests;

@@ -7,7 +7,8 @@ use super::{
     AggregateKey, Correlator, DropInfo, LoopbackEvent, Outcome, Output,
     drop_reason::{is_netfilter_drop, is_no_socket},
     evidence::{drop_line, refusal_line, service_name},
-    remedy, tuple_of,
+    facts::Facts,
+    tuple_of,
 };
 use crate::event::{Packet, Proto, Tag};
 
@@ -63,16 +64,17 @@ impl Correlator {
             drop_reason: Some(info.reason.name.clone()),
             drop_location: info.location.clone(),
             evidence,
-            remedy: remedy::vip_port_unserved(
-                packet.dst,
-                packet.dport,
-                packet.proto,
-                owner_name.as_deref(),
-                filtered,
-            ),
             nic: info.iface.clone(),
             service: owner_name,
             ..LoopbackEvent::new(&key, packet, info.ts, Outcome::Refused)
+        };
+        let event = LoopbackEvent {
+            facts: Facts {
+                owner: self.vip_owner(packet.dst_tag),
+                access_filtered: filtered,
+                ..event.facts.clone()
+            },
+            ..event
         };
         self.stats.drops_confirming += 1;
         self.stats.confirmed.vip_port_unserved += 1;

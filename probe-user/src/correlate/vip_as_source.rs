@@ -15,10 +15,10 @@ use super::{
     AggregateKey, Correlator, DropInfo, LoopbackEvent, Outcome, Output,
     blackhole::VipSuspect,
     evidence::{destination_line, drop_line, local_source_line, suspect_line, vip_egress_line},
-    remedy::{self, VipSourceSide},
+    facts::{Etp, VipSourceSide},
     tuple_of,
 };
-use crate::event::Packet;
+use crate::event::{Packet, Tag};
 
 impl Correlator {
     /// A local-source drop of a `Vip`-source packet that is no health check.
@@ -53,15 +53,10 @@ impl Correlator {
             drop_reason: Some(info.reason.name.clone()),
             drop_location: info.location.clone(),
             evidence,
-            remedy: remedy::vip_as_source(
-                packet.src,
-                packet.dst,
-                packet.dport,
-                VipSourceSide::Receiving,
-            ),
             nic,
             ..LoopbackEvent::new(&key, packet, info.ts, Outcome::Dropped)
         };
+        let event = self.vip_source_facts(event, packet, VipSourceSide::Receiving);
         self.stats.confirmed.vip_as_source += 1;
         self.report_vip_source_drop(packet, info, suspect.as_ref(), key, event, out);
     }
@@ -86,16 +81,54 @@ impl Correlator {
         let event = LoopbackEvent {
             vip: Some(packet.src),
             evidence,
-            remedy: remedy::vip_as_source(
-                packet.src,
-                packet.dst,
-                packet.dport,
-                VipSourceSide::Sending,
-            ),
             nic: Some(nic.to_string()),
             ..LoopbackEvent::new(&key, packet, ts, Outcome::NoReply)
         };
+        let event = self.vip_source_facts(event, packet, VipSourceSide::Sending);
         self.stats.confirmed.vip_as_source += 1;
         out.push(Output::Report(self.record(key, event, ts)));
+    }
+}
+
+impl Correlator {
+    /// The facts of a `vip_as_source`: the side, the VIP's owner, and the policy the rules
+    /// apply when the destination port is a NodePort of the service table.
+    fn vip_source_facts(
+        &self,
+        mut event: LoopbackEvent,
+        packet: &Packet,
+        side: VipSourceSide,
+    ) -> LoopbackEvent {
+        event.facts.side = Some(side);
+        event.facts.owner = self.vip_owner(packet.src_tag);
+        event.facts.etp_rules = self.rules_etp(packet);
+        event
+    }
+
+    /// A healthcheck_blackhole's facts: the VIP's owner and the NodePort's policy.
+    pub(super) fn healthcheck_facts(
+        &self,
+        mut event: LoopbackEvent,
+        packet: &Packet,
+    ) -> LoopbackEvent {
+        event.facts.owner = self.vip_owner(packet.src_tag);
+        event.facts.etp_rules = self.rules_etp(packet);
+        event
+    }
+
+    /// `externalTrafficPolicy` of the packet's destination NodePort as the rules apply it
+    /// (none when the destination is a pod or a VIP: its port is no NodePort, whatever its
+    /// number).
+    fn rules_etp(&self, packet: &Packet) -> Option<Etp> {
+        if matches!(packet.dst_tag, Some(Tag::Pod | Tag::Vip)) {
+            return None;
+        }
+        self.services.nodeport(packet.dport, packet.proto).map(|n| {
+            if n.local_only {
+                Etp::Local
+            } else {
+                Etp::Cluster
+            }
+        })
     }
 }

@@ -19,7 +19,7 @@ use super::{
     blackhole::VipSuspect,
     drop_reason::is_no_socket,
     evidence::{drop_line, suspect_line},
-    remedy, tuple_of,
+    tuple_of,
 };
 use crate::event::{Packet, Proto, Tag, tcp_flags};
 
@@ -101,11 +101,11 @@ impl Correlator {
             drop_location: info.location.clone(),
             snat: SnatState::Unknown,
             evidence,
-            remedy: remedy::healthcheck_blackhole(check.src, check.dport),
             nic: Some(s.nic.clone()),
             service: svc,
             ..LoopbackEvent::new(&key, &check, info.ts, Outcome::Dropped)
         };
+        let event = self.healthcheck_facts(event, &check);
         self.stats.suspects_confirmed += s.n;
         self.stats.drops_confirming += 1;
         self.stats.confirmed.healthcheck_blackhole += 1;

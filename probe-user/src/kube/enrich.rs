@@ -1,25 +1,32 @@
 //! Attribution of a confirmed event (pure: a function of the event, an index snapshot and the
 //! node's name). Runs after the correlator, on the copy that goes to the sinks, so the
-//! correlator's aggregates stay free of names.
+//! correlator's aggregates stay free of names; every report of an aggregate is attributed
+//! anew, so a name the API learns late lands on the aggregate's next update.
 //!
-//! Adds `client_pod`, `node`, `service` (only when the service table did not name it), one
-//! evidence line with the names, and remedies that use the Service's name and settings, placed
-//! right after the `Cause:` line.
+//! Adds `client_pod`, `node`, `service` (only when the service table did not name it), the
+//! API's facts (`facts.service` with its uid, `facts.etp_api`, `facts.ip_mode`), one evidence
+//! line with the names and the Service's settings, and rebuilds the remedy from the merged
+//! facts ([`crate::correlate::remedy`]: one builder, so API advice never repeats or
+//! contradicts the rules' advice).
 
 use std::net::IpAddr;
 
 use super::index::{Index, ServiceFacts};
-use crate::correlate::{LoopbackEvent, LoopbackKind};
+use crate::correlate::{
+    LoopbackEvent, LoopbackKind,
+    facts::{Etp, ServiceFact, SourceKind},
+    remedy,
+};
 
 /// Names `event` from `index`; `node` is this node's Kubernetes name.
 pub fn enrich(event: &mut LoopbackEvent, index: &Index, node: Option<&str>) {
     if event.node.is_none() {
         event.node = node.map(str::to_owned);
     }
-    let client = match event.kind {
-        // The looping packet's source is the pod that called the LB / the VIP.
-        LoopbackKind::Hairpin | LoopbackKind::VipPortUnserved => index.pod_by_ip(event.src),
-        LoopbackKind::HealthcheckBlackhole | LoopbackKind::VipAsSource => None,
+    // The sender is named by its address when it is a pod's own (never a node's or a VIP).
+    let client = match event.facts.source {
+        SourceKind::Pod | SourceKind::Unknown => index.pod_by_ip(event.src),
+        SourceKind::Node | SourceKind::Vip => None,
     };
     let service = find_service(event, index);
     if client.is_none() && service.is_none() {
@@ -30,28 +37,57 @@ pub fn enrich(event: &mut LoopbackEvent, index: &Index, node: Option<&str>) {
         event.client_pod = Some(pod.key());
         facts.push(format!("{} is pod {}", event.src, pod.key()));
     }
-    let mut remedies = Vec::new();
     if let Some(service) = service {
         if event.service.is_none() {
             event.service = Some(service_label(service, event));
         }
+        let vip = lb_address(event);
         facts.push(format!(
-            "{} belongs to Service {}",
+            "{} belongs to Service {} ({})",
             frontend(event),
-            service.key()
+            service.key(),
+            settings(service, vip)
         ));
-        remedies = named_remedies(event, service, client.map(|p| p.key()).as_deref());
+        event.facts.etp_api = Some(Etp::from_api(service.external_traffic_policy.as_deref()));
+        event.facts.ip_mode = vip.and_then(|vip| service.ip_mode(vip)).map(str::to_owned);
+        event.facts.service = Some(service_fact(service, event));
     }
     event
         .evidence
         .push(format!("Kubernetes API: {}", facts.join("; ")));
-    let at = usize::from(
-        event
-            .remedy
-            .first()
-            .is_some_and(|r| r.starts_with("Cause:")),
-    );
-    event.remedy.splice(at..at, remedies);
+    event.remedy = remedy::build(event);
+}
+
+/// The LB address whose ingress entry (ipMode) applies: the health check's source, else the
+/// event's VIP.
+fn lb_address(event: &LoopbackEvent) -> Option<IpAddr> {
+    match event.kind {
+        LoopbackKind::HealthcheckBlackhole => Some(event.vip.unwrap_or(event.src)),
+        _ => event.vip,
+    }
+}
+
+/// The API's view of the Service, for the remedy and the Event.
+fn service_fact(service: &ServiceFacts, event: &LoopbackEvent) -> ServiceFact {
+    let port = port_of(service, event);
+    ServiceFact {
+        namespace: service.namespace.clone(),
+        name: service.name.clone(),
+        uid: service.uid.clone(),
+        port: port.map(|p| p.port),
+        port_name: port.and_then(|p| p.name.clone()).filter(|n| !n.is_empty()),
+        ports: service
+            .ports
+            .iter()
+            .map(|p| format!("{}/{}", p.port, p.protocol))
+            .collect(),
+        health_check_node_port: service.health_check_node_port,
+        annotations: service
+            .loopback_annotations
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+    }
 }
 
 /// The address the event names the Service by.
@@ -82,10 +118,23 @@ fn find_service<'a>(event: &LoopbackEvent, index: &'a Index) -> Option<&'a Servi
         LoopbackKind::HealthcheckBlackhole => index
             .service_by_node_port(event.dst_port, proto)
             .or_else(|| only(index.services_by_lb_ip(event.src))),
-        // No Service serves the port: name the one that owns the VIP (none when several do).
-        LoopbackKind::VipPortUnserved => {
-            by_vip.or_else(|| event.vip.and_then(|vip| only(index.services_by_lb_ip(vip))))
-        }
+        // No Service serves the port: name the one that owns the VIP (none when several do,
+        // unless the service table named one of them).
+        LoopbackKind::VipPortUnserved => by_vip.or_else(|| {
+            let owners = event
+                .vip
+                .map(|vip| index.services_by_lb_ip(vip))
+                .unwrap_or_default();
+            let named = event
+                .service
+                .as_deref()
+                .map(|s| s.split(':').next().unwrap_or(s));
+            owners
+                .iter()
+                .find(|s| named == Some(s.key().as_str()))
+                .copied()
+                .or_else(|| only(owners))
+        }),
         LoopbackKind::VipAsSource => by_vip
             .or_else(|| index.service_by_node_port(event.dst_port, proto))
             .or_else(|| event.vip.and_then(|vip| only(index.services_by_lb_ip(vip)))),
@@ -96,14 +145,21 @@ fn only(list: Vec<&ServiceFacts>) -> Option<&ServiceFacts> {
     (list.len() == 1).then(|| list[0])
 }
 
+/// The Service port the event went through: by the VIP's port, else by the NodePort.
+fn port_of<'a>(
+    service: &'a ServiceFacts,
+    event: &LoopbackEvent,
+) -> Option<&'a super::index::ServicePort> {
+    event
+        .vip_port
+        .and_then(|p| service.port(p, event.proto))
+        .or_else(|| service.port_by_node_port(event.dst_port, event.proto))
+}
+
 /// `namespace/name:port-name` as kube-proxy's rule comments spell it (the service table's
 /// format), or `namespace/name` when the port is unnamed or unknown.
 fn service_label(service: &ServiceFacts, event: &LoopbackEvent) -> String {
-    let port = event
-        .vip_port
-        .and_then(|p| service.port(p, event.proto))
-        .or_else(|| service.port_by_node_port(event.dst_port, event.proto));
-    match port
+    match port_of(service, event)
         .and_then(|p| p.name.as_deref())
         .filter(|n| !n.is_empty())
     {
@@ -112,14 +168,11 @@ fn service_label(service: &ServiceFacts, event: &LoopbackEvent) -> String {
     }
 }
 
+/// The Service's settings as the API has them, for the evidence line.
 fn settings(service: &ServiceFacts, vip: Option<IpAddr>) -> String {
     let mut out = format!(
-        "Service {} has externalTrafficPolicy: {}",
-        service.key(),
-        service
-            .external_traffic_policy
-            .as_deref()
-            .unwrap_or("Cluster")
+        "externalTrafficPolicy: {}",
+        Etp::from_api(service.external_traffic_policy.as_deref()).as_str()
     );
     if let Some(hc) = service.health_check_node_port {
         out.push_str(&format!(", healthCheckNodePort: {hc}"));
@@ -133,101 +186,14 @@ fn settings(service: &ServiceFacts, vip: Option<IpAddr>) -> String {
     out
 }
 
-fn named_remedies(
-    event: &LoopbackEvent,
-    service: &ServiceFacts,
-    client: Option<&str>,
-) -> Vec<String> {
-    let port_text = |port: u16| {
-        service
-            .port(port, event.proto)
-            .map(|p| format!(":{}", p.port))
-            .unwrap_or_default()
-    };
-    match event.kind {
-        LoopbackKind::Hairpin => {
-            let vip = event.vip.map(|v| v.to_string()).unwrap_or_default();
-            let port = event.vip_port.map(port_text).unwrap_or_default();
-            let caller = client
-                .map(|c| format!("In pod {c}: c"))
-                .unwrap_or_else(|| "C".into());
-            let mut out = vec![format!(
-                "{caller}all {}{port} (Service {}) instead of the LB address {vip}{port}: the \
-                 call then stays in the cluster and cannot loop through the LB.",
-                service.dns_name(),
-                service.key()
-            )];
-            out.push(format!("{}.", settings(service, event.vip)));
-            if service.is_etp_local() {
-                out.push(format!(
-                    "{} keeps client addresses (externalTrafficPolicy: Local), which lets pod \
-                     traffic to its LB leave this node unmasqueraded; if the source IP need not \
-                     be preserved: kubectl -n {} patch service {} -p \
-                     '{{\"spec\":{{\"externalTrafficPolicy\":\"Cluster\"}}}}'.",
-                    service.key(),
-                    service.namespace,
-                    service.name
-                ));
-            }
-            out
-        }
-        LoopbackKind::HealthcheckBlackhole => {
-            let checked = if service.is_etp_local() {
-                match service.health_check_node_port {
-                    Some(hc) => {
-                        format!("its healthCheckNodePort {hc} (externalTrafficPolicy: Local)")
-                    }
-                    None => "its NodePort (externalTrafficPolicy: Local)".into(),
-                }
-            } else {
-                format!(
-                    "its NodePort {} (externalTrafficPolicy: Cluster: the LB checks the traffic port)",
-                    event.dst_port
-                )
-            };
-            let mut out = vec![format!(
-                "The LB of Service {} health-checks {checked}; {}.",
-                service.key(),
-                settings(service, Some(event.src))
-            )];
-            if service.ip_mode(event.src).is_none_or(|m| m == "VIP") {
-                out.push(format!(
-                    "Service {}'s LB ingress {} has ipMode {}: kube-proxy binds it on this node; \
-                     a cloud controller that sets ipMode: Proxy (Kubernetes >= 1.30) or publishes \
-                     the LB as a hostname stops the binding.",
-                    service.key(),
-                    event.src,
-                    service.ip_mode(event.src).unwrap_or("unset (VIP)")
-                ));
-            }
-            out
-        }
-        LoopbackKind::VipPortUnserved => {
-            let served: Vec<String> = service
-                .ports
-                .iter()
-                .map(|p| format!("{}/{}", p.port, p.protocol))
-                .collect();
-            vec![format!(
-                "{} is an LB address of Service {}, which serves {} only: call {} on one of \
-                 those ports, or reach whatever else listens on port {} through an address \
-                 that is not bound on this node.",
-                event.vip.unwrap_or(event.dst),
-                service.key(),
-                served.join(", "),
-                service.dns_name(),
-                event.vip_port.unwrap_or(event.dst_port)
-            )]
-        }
-        LoopbackKind::VipAsSource => vec![format!("{}.", settings(service, event.vip))],
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::{
-        correlate::{Outcome, SnatState},
+        correlate::{
+            Outcome, SnatState,
+            facts::{AddressOwner, Facts},
+        },
         event::Proto,
         kube::index::tests::{pod, web_service},
     };
@@ -268,6 +234,16 @@ mod tests {
             client_pod: None,
             node: None,
             fixes: Vec::new(),
+            facts: Facts {
+                source: match kind {
+                    LoopbackKind::Hairpin | LoopbackKind::VipPortUnserved => SourceKind::Pod,
+                    _ => SourceKind::Vip,
+                },
+                owner: Some(AddressOwner::VipInterface {
+                    iface: "kube-ipvs0".into(),
+                }),
+                ..Facts::default()
+            },
         }
     }
 
@@ -323,7 +299,7 @@ mod tests {
     }
 
     #[test]
-    fn hairpin_gets_pod_service_node_and_named_remedies_after_the_cause() {
+    fn hairpin_gets_pod_service_node_and_a_remedy_rebuilt_from_the_api_facts() {
         let mut e = event(
             LoopbackKind::Hairpin,
             "10.0.0.9",
@@ -335,25 +311,40 @@ mod tests {
         assert_eq!(e.client_pod.as_deref(), Some("shop/client-1"));
         assert_eq!(e.service.as_deref(), Some("shop/web:http"));
         assert_eq!(e.node.as_deref(), Some("node-1"));
-        assert_eq!(e.remedy[0], "Cause: something");
+        let svc = e.facts.service.as_ref().expect("the API's Service");
+        assert_eq!(
+            (svc.key(), svc.port, svc.port_name.as_deref()),
+            ("shop/web".into(), Some(80), Some("http"))
+        );
+        assert_eq!(svc.uid.as_deref(), Some("uid-web"));
+        assert_eq!(
+            (e.facts.etp_api, e.facts.ip_mode.as_deref()),
+            (Some(Etp::Local), Some("VIP"))
+        );
+        // Rebuilt from the facts: the correlator's placeholder lines are gone.
         assert!(
-            e.remedy[1].starts_with("In pod shop/client-1: call web.shop.svc.cluster.local:80 (Service shop/web) instead of the LB address 203.0.113.10:80"),
+            e.remedy[0].starts_with("Cause: pod shop/client-1 (10.0.0.9) called the LB"),
+            "{:#?}",
+            e.remedy
+        );
+        assert!(!e.remedy.iter().any(|r| r == "generic remedy"));
+        let dns: Vec<&String> = e.remedy.iter().filter(|r| r.contains("DNS")).collect();
+        assert_eq!(dns.len(), 1, "{:#?}", e.remedy);
+        assert!(
+            dns[0].starts_with("In pod shop/client-1: call web.shop.svc.cluster.local:80 (Service shop/web) instead of the LB address 203.0.113.10:80"),
             "{}",
-            e.remedy[1]
+            dns[0]
         );
         assert!(
-            e.remedy[2].contains(
-                "externalTrafficPolicy: Local, healthCheckNodePort: 32000, LB ingress ipMode: VIP"
-            ),
-            "{}",
-            e.remedy[2]
+            e.remedy
+                .iter()
+                .any(|r| r.contains("kubectl -n shop patch service web"))
         );
-        assert!(e.remedy[2].contains("service.cloud.tencent.com/prevent-loopback"));
-        assert!(e.remedy.iter().any(|r| r.contains("patch service web")));
-        assert_eq!(e.remedy.last().unwrap(), "generic remedy");
         assert_eq!(
             e.evidence.last().unwrap(),
-            "Kubernetes API: 10.0.0.9 is pod shop/client-1; 203.0.113.10:80 belongs to Service shop/web"
+            "Kubernetes API: 10.0.0.9 is pod shop/client-1; 203.0.113.10:80 belongs to Service \
+             shop/web (externalTrafficPolicy: Local, healthCheckNodePort: 32000, LB ingress \
+             ipMode: VIP, annotation service.cloud.tencent.com/prevent-loopback: \"true\")"
         );
     }
 
@@ -370,16 +361,19 @@ mod tests {
         assert_eq!(local.client_pod, None);
         assert_eq!(local.service.as_deref(), Some("shop/web"));
         assert!(
-            local.remedy[1].contains(
-                "health-checks its healthCheckNodePort 32000 (externalTrafficPolicy: Local)"
-            ),
+            local.remedy[0].contains(
+                "The LB of Service shop/web health-checks"
+                    .replace("The LB", "the LB")
+                    .as_str()
+            ) && local.remedy[0]
+                .contains("on its healthCheckNodePort 32000 (externalTrafficPolicy: Local)"),
             "{}",
-            local.remedy[1]
+            local.remedy[0]
         );
         assert!(
-            local.remedy[2].contains("has ipMode VIP"),
-            "{}",
-            local.remedy[2]
+            local.remedy.iter().any(|r| r.contains("ipMode is VIP")),
+            "{:#?}",
+            local.remedy
         );
 
         let mut cluster = event(
@@ -392,9 +386,9 @@ mod tests {
         enrich(&mut cluster, &index("Cluster"), None);
         assert_eq!(cluster.service.as_deref(), Some("shop/web:http"));
         assert!(
-            cluster.remedy[1].contains("its NodePort 30080 (externalTrafficPolicy: Cluster"),
+            cluster.remedy[0].contains("on NodePort 30080 (externalTrafficPolicy: Cluster"),
             "{}",
-            cluster.remedy[1]
+            cluster.remedy[0]
         );
     }
 
@@ -410,7 +404,7 @@ mod tests {
         enrich(&mut e, &index("Cluster"), None);
         assert_eq!(e.service.as_deref(), Some("shop/web"));
         assert!(
-            e.remedy[1].contains("Service shop/web, which serves 80/TCP only"),
+            e.remedy[1].starts_with("Service shop/web serves 80/TCP only on 203.0.113.10"),
             "{}",
             e.remedy[1]
         );

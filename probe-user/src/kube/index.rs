@@ -66,6 +66,8 @@ pub struct LbIngress {
 pub struct ServiceFacts {
     pub namespace: String,
     pub name: String,
+    /// `metadata.uid` (an Event's `regarding` names the object by it).
+    pub uid: Option<String>,
     /// `ClusterIP`, `NodePort`, `LoadBalancer`, `ExternalName`.
     pub service_type: String,
     pub cluster_ips: Vec<IpAddr>,
@@ -137,6 +139,9 @@ fn proto_key(protocol: &str) -> String {
 /// The snapshot the enrichment reads. Cheap to share (`Arc`); rebuilt on every change.
 #[derive(Clone, Debug, Default)]
 pub struct Index {
+    /// Built after every watched resource completed its first list (the watcher sets it):
+    /// before that, a missing name may only be not listed yet.
+    pub synced: bool,
     pods: HashMap<IpAddr, PodRef>,
     services: Vec<Arc<ServiceFacts>>,
     /// (frontend IP, port, protocol) -> service.
@@ -350,6 +355,7 @@ fn facts(
         endpoints: endpoints
             .remove(&(namespace.clone(), name.clone()))
             .unwrap_or_default(),
+        uid: service.metadata.uid.clone(),
         namespace,
         name,
         service_type: spec.type_.unwrap_or_else(|| "ClusterIP".into()),
@@ -392,7 +398,7 @@ pub(crate) mod tests {
 
     pub(crate) fn web_service(etp: &str) -> Service {
         serde_json::from_value(json!({
-            "metadata": {"namespace": "shop", "name": "web",
+            "metadata": {"namespace": "shop", "name": "web", "uid": "uid-web",
                 "annotations": {"service.cloud.tencent.com/prevent-loopback": "true", "other": "x"}},
             "spec": {
                 "type": "LoadBalancer",

@@ -15,12 +15,14 @@
 //! - [`index`]: pure address -> name index (`Index::pod_by_ip`, `service_by_frontend`,
 //!   `service_by_node_port`, `services_by_lb_ip`, [`index::ServiceFacts`]).
 //! - [`enrich::enrich`]`(&mut LoopbackEvent, &Index, node)`: pure attribution of one event.
+//! - [`hold::Hold`]: holds a confirmed report (at most 2 s) until the cache can name it.
 //!
 //! Without API access (no configuration, 403, unreachable) the agent works as without this
 //! module: one log line says so, `clbprobe_kube_connected` is 0, readiness does not depend on
 //! it, and the reflectors keep retrying.
 
 pub mod enrich;
+pub mod hold;
 pub mod index;
 pub mod watcher;
 pub mod watches;

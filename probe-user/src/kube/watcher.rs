@@ -90,6 +90,8 @@ async fn run(
     let mut accepted_at_error: [Option<u64>; 3] = [None; 3];
     let mut dirty = false;
     let mut reported_down = false;
+    // Every source completed a list once: the first cache sync (reports wait for it).
+    let mut synced = false;
     let mut rebuild = tokio::time::interval(REBUILD_EVERY);
     loop {
         tokio::select! {
@@ -124,11 +126,13 @@ async fn run(
                 }
                 if dirty {
                     dirty = false;
-                    let index = Index::build(
+                    synced |= healthy.iter().all(|h| *h);
+                    let mut index = Index::build(
                         pods.state().iter().map(|p| &**p),
                         services.state().iter().map(|s| &**s),
                         slices.state().iter().map(|s| &**s),
                     );
+                    index.synced = synced;
                     let (pod_count, service_count) = (index.pod_count(), index.service_count());
                     if tx.send(Arc::new(index)).is_err() {
                         return;

@@ -5,8 +5,10 @@
 //!   (`clb-probe.<node>.<kind>.<hash of the aggregate key>`): a restarted agent finds its Event
 //!   again (create answers 409, the writer patches).
 //! - Regarding: the Service when attribution names one (the Event lands in its namespace and in
-//!   `kubectl describe service`); otherwise the Node, in namespace `default`, as the kubelet
-//!   files Node events. Related: the client Pod of a hairpin, when known.
+//!   `kubectl describe service`): the existing object, `namespace/name` with the API's uid,
+//!   never the service table's `namespace/name:port` label (the port goes in the note);
+//!   otherwise the Node, in namespace `default`, as the kubelet files Node events. Related:
+//!   the client Pod of a hairpin, when known.
 //! - Repeats patch the Event's `series` (count, lastObservedTime), never a new Event.
 //! - At most one write per aggregate per [`PlanConfig::per_aggregate`] (60 s); a repeat inside
 //!   that window is remembered and written by [`EventPlanner::due`] once the window has passed.
@@ -55,16 +57,21 @@ pub struct ObjectRef {
     /// Empty for cluster-scoped objects (Node).
     pub namespace: String,
     pub name: String,
+    /// `metadata.uid`, when the API told it.
+    pub uid: Option<String>,
 }
 
 impl ObjectRef {
-    /// `namespace/name` as the attribution writes it; `None` when it is not in that form.
+    /// `namespace/name` (or the service table's `namespace/name:port`, whose port is not
+    /// part of the object's name); `None` when it is not in that form.
     pub fn namespaced(kind: &'static str, ns_name: &str) -> Option<Self> {
         let (ns, name) = ns_name.split_once('/')?;
+        let name = name.split(':').next().unwrap_or(name);
         (!ns.is_empty() && !name.is_empty()).then(|| Self {
             kind,
             namespace: ns.to_string(),
             name: name.to_string(),
+            uid: None,
         })
     }
 }
@@ -75,8 +82,23 @@ impl ObjectRef {
 pub struct Names {
     /// `namespace/name` of the Service.
     pub service: Option<String>,
+    /// The Service's `metadata.uid` from the API.
+    pub service_uid: Option<String>,
     /// `namespace/name` of the client Pod (hairpin).
     pub client_pod: Option<String>,
+}
+
+impl Names {
+    /// What attribution put on `event`: the API's Service (with its uid) first, else the
+    /// service table's name.
+    pub fn of(event: &LoopbackEvent) -> Names {
+        let api = event.facts.service.as_ref();
+        Names {
+            service: api.map(|s| s.key()).or_else(|| event.service.clone()),
+            service_uid: api.and_then(|s| s.uid.clone()),
+            client_pod: event.client_pod.clone(),
+        }
+    }
 }
 
 /// One Event as it should be after the write.
@@ -343,6 +365,9 @@ pub fn note(event: &LoopbackEvent) -> String {
         .unwrap_or_else(|| "the LB VIP".to_string());
     let proto = event.proto.as_str();
     let dst = sock(event.dst, event.dst_port);
+    let port = service_port(event)
+        .map(|p| format!(" Service port: {p}."))
+        .unwrap_or_default();
     let cause = match event.kind {
         LoopbackKind::HealthcheckBlackhole => format!(
             "The load balancer's health checks from {vip} to {dst}/{proto} are dropped: the VIP is bound on this node, so the kernel drops them as a local source."
@@ -368,15 +393,35 @@ pub fn note(event: &LoopbackEvent) -> String {
             fix.service.as_deref().and_then(|s| s.split_once('/')),
         ) {
             (Some(_), Some((ns, name))) => format!(
-                "{cause} Fix: kubectl clb-probe fix -n {ns} {name} --apply {} ({}).",
+                "{cause}{port} Fix: kubectl clb-probe fix -n {ns} {name} --apply {} ({}).",
                 fix.id, fix.change
             ),
-            _ => format!("{cause} Fix: {}.", fix.short()),
+            _ => format!("{cause}{port} Fix: {}.", fix.short()),
         },
-        (None, Some(remedy)) => format!("{cause} Remedy: {remedy}"),
-        (None, None) => cause,
+        (None, Some(remedy)) => format!("{cause}{port} Remedy: {remedy}"),
+        (None, None) => format!("{cause}{port}"),
     };
     truncate(text, NOTE_MAX)
+}
+
+/// The Service port the event went through, `http (80/TCP)`: from the API, else the port
+/// name of the service table's `namespace/name:port`.
+fn service_port(event: &LoopbackEvent) -> Option<String> {
+    let proto = event.proto.as_str().to_ascii_uppercase();
+    if let Some(s) = &event.facts.service {
+        return match (&s.port_name, s.port) {
+            (Some(name), Some(port)) => Some(format!("{name} ({port}/{proto})")),
+            (None, Some(port)) => Some(format!("{port}/{proto}")),
+            (Some(name), None) => Some(name.clone()),
+            (None, None) => None,
+        };
+    }
+    let label = event.service.as_deref()?;
+    let (_, port) = label.split_once(':')?;
+    Some(match event.vip_port {
+        Some(p) => format!("{port} ({p}/{proto})"),
+        None => port.to_string(),
+    })
 }
 
 /// Cut to at most `max` bytes at a char boundary, ending in `…` when cut.
@@ -401,14 +446,25 @@ fn sock(ip: std::net::IpAddr, port: u16) -> String {
 
 /// The Event for a report, without its write state.
 pub fn event_doc(event: &LoopbackEvent, names: &Names, node: &str, wall: SystemTime) -> EventDoc {
-    let service = [names.service.as_deref(), event.service.as_deref()]
-        .into_iter()
-        .flatten()
-        .find_map(|s| ObjectRef::namespaced("Service", s));
+    let service = names
+        .service
+        .as_deref()
+        .and_then(|s| ObjectRef::namespaced("Service", s))
+        .map(|r| ObjectRef {
+            uid: names.service_uid.clone(),
+            ..r
+        })
+        .or_else(|| {
+            event
+                .service
+                .as_deref()
+                .and_then(|s| ObjectRef::namespaced("Service", s))
+        });
     let regarding = service.unwrap_or_else(|| ObjectRef {
         kind: "Node",
         namespace: String::new(),
         name: node.to_string(),
+        uid: None,
     });
     let related = match event.kind {
         LoopbackKind::Hairpin => names

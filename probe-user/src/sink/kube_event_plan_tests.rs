@@ -36,6 +36,7 @@ fn ev(kind: LoopbackKind, key: &str, count: u64) -> LoopbackEvent {
         client_pod: None,
         node: None,
         fixes: Vec::new(),
+        facts: Default::default(),
     }
 }
 
@@ -50,6 +51,7 @@ fn wall(s: u64) -> SystemTime {
 fn names(service: &str, pod: &str) -> Names {
     Names {
         service: Some(service.to_string()),
+        service_uid: None,
         client_pod: Some(pod.to_string()),
     }
 }
@@ -70,7 +72,8 @@ fn first_report_creates_then_repeats_patch_the_series_at_most_once_a_minute() {
         ObjectRef {
             kind: "Service",
             namespace: "shop".into(),
-            name: "web".into()
+            name: "web".into(),
+            uid: None,
         }
     );
     assert_eq!(

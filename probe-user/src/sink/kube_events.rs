@@ -31,7 +31,7 @@ use tracing::{info, warn};
 use super::kube_event_plan::{
     ACTION, EventDoc, EventPlanner, Held, Names, ObjectRef, PlanConfig, REPORTING_CONTROLLER, Write,
 };
-use crate::correlate::{LoopbackEvent, Report};
+use crate::correlate::Report;
 
 /// One write's time limit: a hung API server must not hold the queue forever.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -42,14 +42,6 @@ const DUE_EVERY: Duration = Duration::from_secs(2);
 pub const PER_AGGREGATE_ENV: &str = "CLB_PROBE_TEST_KUBE_EVENTS_EVERY_MS";
 
 pub use crate::hub::KubeEventStats;
-
-/// The names attribution put on an event.
-fn names(event: &LoopbackEvent) -> Names {
-    Names {
-        service: event.service.clone(),
-        client_pod: event.client_pod.clone(),
-    }
-}
 
 /// `--kube-events on` with API access (`--kubeconfig`, else the pod's service account, as
 /// attribution): writes until the report broadcast closes. A broken configuration is said
@@ -96,7 +88,7 @@ pub async fn run(
             report = reports.recv() => match report {
                 Ok(report) => match planner.observe(
                     &report.event,
-                    &names(&report.event),
+                    &Names::of(&report.event),
                     origin.elapsed(),
                     SystemTime::now(),
                 ) {
@@ -216,6 +208,7 @@ fn object_ref(r: &ObjectRef) -> ObjectReference {
         kind: Some(r.kind.into()),
         namespace: (!r.namespace.is_empty()).then(|| r.namespace.clone()),
         name: Some(r.name.clone()),
+        uid: r.uid.clone(),
         ..Default::default()
     }
 }
@@ -260,11 +253,13 @@ mod tests {
                 kind: "Service",
                 namespace: "shop".into(),
                 name: "web".into(),
+                uid: Some("0000-web".into()),
             },
             related: Some(ObjectRef {
                 kind: "Pod",
                 namespace: "shop".into(),
                 name: "client-0".into(),
+                uid: None,
             }),
             instance: "node-a".into(),
             event_time: SystemTime::UNIX_EPOCH + Duration::from_micros(1_700_000_000_123_456),
@@ -276,6 +271,7 @@ mod tests {
         assert_eq!(v["reportingInstance"], "node-a");
         assert_eq!(v["action"], "Detected");
         assert_eq!(v["regarding"]["kind"], "Service");
+        assert_eq!(v["regarding"]["uid"], "0000-web");
         assert_eq!(v["related"]["name"], "client-0");
         assert_eq!(v["eventTime"], "2023-11-14T22:13:20.123456Z");
         assert!(v.get("series").is_none());

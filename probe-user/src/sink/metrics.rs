@@ -778,6 +778,7 @@ mod tests {
             client_pod: None,
             node: None,
             fixes: Vec::new(),
+            facts: Default::default(),
         }
     }
 

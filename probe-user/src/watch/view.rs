@@ -350,6 +350,7 @@ mod tests {
             client_pod: client_pod.map(String::from),
             node: None,
             fixes: Vec::new(),
+            facts: Default::default(),
         }
     }
 

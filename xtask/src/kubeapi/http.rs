@@ -17,6 +17,7 @@ use hyper::{Method, StatusCode};
 use serde_json::{Value, json};
 
 use super::selector::Selector;
+use super::store;
 use super::store::{ResourceInfo, WriteError, WriteMode, merge_patch, resource_at};
 use super::{BOOKMARK_INTERVAL, Request, Shared};
 
@@ -161,6 +162,75 @@ fn route(path: &str) -> Option<Target> {
     })
 }
 
+/// Legacy discovery (`/api`, `/apis`, `/api/v1`, `/apis/GROUP/VERSION`), which kubectl reads
+/// to map `service` to a resource: the resources of [`store::RESOURCES`], nothing else.
+fn discovery(path: &str) -> Option<Value> {
+    let group_version = |r: &ResourceInfo| r.api_version.to_string();
+    let resources = |gv: &str| -> Vec<Value> {
+        store::RESOURCES
+            .iter()
+            .filter(|r| group_version(r) == gv)
+            .map(|r| {
+                let verbs: &[&str] = if store::is_core_event(r) {
+                    &["get", "list"]
+                } else {
+                    &[
+                        "create", "delete", "get", "list", "patch", "update", "watch",
+                    ]
+                };
+                json!({
+                    "name": r.resource,
+                    "singularName": r.kind.to_ascii_lowercase(),
+                    "namespaced": r.namespaced,
+                    "kind": r.kind,
+                    "verbs": verbs,
+                    "shortNames": match r.resource {
+                        "pods" => json!(["po"]),
+                        "services" => json!(["svc"]),
+                        "nodes" => json!(["no"]),
+                        "events" => json!(["ev"]),
+                        _ => json!([]),
+                    },
+                })
+            })
+            .collect()
+    };
+    let trimmed = path.trim_end_matches('/');
+    match trimmed {
+        "/api" => Some(json!({
+            "kind": "APIVersions",
+            "versions": ["v1"],
+            "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}],
+        })),
+        "/apis" => {
+            let mut groups: Vec<&str> = store::RESOURCES
+                .iter()
+                .filter(|r| !r.group.is_empty())
+                .map(|r| r.group)
+                .collect();
+            groups.dedup();
+            Some(json!({
+                "kind": "APIGroupList",
+                "apiVersion": "v1",
+                "groups": groups.iter().map(|g| {
+                    let gv = json!({"groupVersion": format!("{g}/v1"), "version": "v1"});
+                    json!({"name": g, "versions": [gv.clone()], "preferredVersion": gv})
+                }).collect::<Vec<_>>(),
+            }))
+        }
+        "/api/v1" => Some(json!({
+            "kind": "APIResourceList", "groupVersion": "v1", "resources": resources("v1"),
+        })),
+        _ => {
+            let gv = trimmed.strip_prefix("/apis/")?;
+            let list = resources(gv);
+            (gv.matches('/').count() == 1 && !list.is_empty()).then(|| {
+                json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": list})
+            })
+        }
+    }
+}
+
 fn query_params(query: Option<&str>) -> HashMap<String, String> {
     form_urlencoded::parse(query.unwrap_or_default().as_bytes())
         .into_owned()
@@ -195,6 +265,11 @@ async fn handle(shared: Arc<Shared>, request: hyper::Request<Incoming>) -> Respo
             }),
         );
     }
+    if method == Method::GET
+        && let Some(document) = discovery(path)
+    {
+        return json_response(StatusCode::OK, &document);
+    }
     let Some(target) = route(path) else {
         return not_found_path(path);
     };
@@ -219,6 +294,19 @@ async fn handle(shared: Arc<Shared>, request: hyper::Request<Incoming>) -> Respo
             );
         }
     };
+    if store::is_core_event(target.info) && !matches!(verb, "get" | "list") {
+        return status(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+            format!("the fake serves core/v1 events read-only ({verb}): {method} {path}"),
+            json!({}),
+        );
+    }
+    if verb == "list" {
+        // Held by a test (`FakeApiServer::hold_lists`): the client waits for its first list.
+        let mut held = shared.lists_held.subscribe();
+        let _ = held.wait_for(|held| !*held).await;
+    }
     if shared
         .forbidden
         .lock()
@@ -273,6 +361,9 @@ fn get(shared: &Shared, target: &Target) -> Response {
         .unwrap()
         .get(target.info.resource, namespace, name)
     {
+        Some(object) if store::is_core_event(target.info) => {
+            json_response(StatusCode::OK, &store::core_event(&object))
+        }
         Some(object) => json_response(StatusCode::OK, &object),
         None => not_found_object(target.info, name),
     }
@@ -341,6 +432,13 @@ fn list(shared: &Shared, target: &Target, params: &HashMap<String, String>) -> R
     let items: Vec<Value> = store
         .list(target.info.resource, target.namespace.as_deref())
         .into_iter()
+        .map(|object| {
+            if store::is_core_event(target.info) {
+                store::core_event(&object)
+            } else {
+                object
+            }
+        })
         .filter(|object| filters.matches(object))
         .map(|mut object| {
             // The real API leaves kind and apiVersion out of list items.

@@ -24,6 +24,9 @@
 //!   the expiry gets one ERROR event whose object is the Status (code 410, reason `Expired`) and
 //!   the stream ends; a list with such a resourceVersion (not `""`/`"0"`) gets a 410 response.
 //!   kube-runtime's watcher answers both with a relist.
+//! - core/v1 `events`: the events.k8s.io/v1 Events, read-only (get, list), converted as the
+//!   API server converts them (`regarding` -> `involvedObject`, `note` -> `message`, ...), so
+//!   `kubectl describe` (which lists `involvedObject.{kind,name,namespace,uid}=`) finds them.
 //! - create (`POST`, 201; 409 AlreadyExists; `metadata.generateName` honoured), patch (`PATCH`;
 //!   `application/merge-patch+json`, `application/strategic-merge-patch+json` and
 //!   `application/apply-patch+yaml` are all applied as a JSON merge patch (RFC 7386), apply
@@ -48,6 +51,8 @@
 //! api.delete("Service", "shop", "web");           // kind or plural resource name
 //! api.forbid("pods", "watch");                     // 403 from now on
 //! api.expire_history();                            // old resourceVersions -> 410
+//! api.hold_lists();                                // lists wait (a slow first sync)...
+//! api.release_lists();                             // ...until released
 //! api.end_watches();                               // open watches end; clients re-watch
 //! let _services: Vec<serde_json::Value> = api.objects("services");
 //! let _writes = api.requests().iter().filter(|r| r.method == "POST").count();
@@ -96,6 +101,8 @@ pub(crate) struct Shared {
     pub(crate) changed: tokio::sync::broadcast::Sender<()>,
     /// Ends every open watch ([`FakeApiServer::end_watches`]).
     pub(crate) end_watches: tokio::sync::broadcast::Sender<()>,
+    /// Lists wait while this is true ([`FakeApiServer::hold_lists`]).
+    pub(crate) lists_held: tokio::sync::watch::Sender<bool>,
 }
 
 /// The fake API server; see the module documentation.
@@ -132,6 +139,7 @@ impl FakeApiServer {
             requests: Mutex::new(Vec::new()),
             changed,
             end_watches,
+            lists_held: tokio::sync::watch::Sender::new(false),
         });
         let (shutdown, shutdown_rx) = tokio::sync::oneshot::channel();
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -219,6 +227,17 @@ impl FakeApiServer {
     /// does): the clients re-watch from their resourceVersion, no relist.
     pub fn end_watches(&self) {
         let _ = self.shared.end_watches.send(());
+    }
+
+    /// Holds every list request (a slow first sync: an API server under load) until
+    /// [`release_lists`](Self::release_lists).
+    pub fn hold_lists(&self) {
+        self.shared.lists_held.send_replace(true);
+    }
+
+    /// Answers the held lists and every list from now on.
+    pub fn release_lists(&self) {
+        self.shared.lists_held.send_replace(false);
     }
 
     /// Lifts every [`forbid`](Self::forbid).

@@ -16,7 +16,7 @@ pub(crate) struct ResourceInfo {
     pub namespaced: bool,
 }
 
-pub(crate) const RESOURCES: [ResourceInfo; 5] = [
+pub(crate) const RESOURCES: [ResourceInfo; 6] = [
     ResourceInfo {
         resource: "pods",
         kind: "Pod",
@@ -52,7 +52,57 @@ pub(crate) const RESOURCES: [ResourceInfo; 5] = [
         group: "events.k8s.io",
         namespaced: true,
     },
+    // The same Events through core/v1 (read only, converted as the API server converts them):
+    // `kubectl describe` lists a Service's Events there. Last, so `resource_of("Event")` is
+    // the events.k8s.io one.
+    ResourceInfo {
+        resource: "events",
+        kind: "Event",
+        api_version: "v1",
+        group: "",
+        namespaced: true,
+    },
 ];
+
+/// The core/v1 view of an events.k8s.io/v1 Event (the API server's conversion: `regarding`
+/// is `involvedObject`, `note` is `message`, `reportingController` is `reportingComponent` and
+/// `source.component`, the `deprecated*` fields lose their prefix).
+pub(crate) fn core_event(event: &Value) -> Value {
+    let mut core = json!({
+        "kind": "Event",
+        "apiVersion": "v1",
+        "metadata": event["metadata"],
+        "involvedObject": event["regarding"],
+        "reason": event["reason"],
+        "message": event["note"],
+        "type": event["type"],
+        "action": event["action"],
+        "eventTime": event["eventTime"],
+        "reportingComponent": event["reportingController"],
+        "reportingInstance": event["reportingInstance"],
+        "source": {
+            "component": event["reportingController"],
+            "host": event["reportingInstance"],
+        },
+    });
+    for (from, to) in [
+        ("related", "related"),
+        ("series", "series"),
+        ("deprecatedFirstTimestamp", "firstTimestamp"),
+        ("deprecatedLastTimestamp", "lastTimestamp"),
+        ("deprecatedCount", "count"),
+    ] {
+        if !event[from].is_null() {
+            core[to] = event[from].clone();
+        }
+    }
+    core
+}
+
+/// Whether `info` is the core/v1 view of the Events.
+pub(crate) fn is_core_event(info: &ResourceInfo) -> bool {
+    info.resource == "events" && info.group.is_empty()
+}
 
 /// The resource of a kind (`Pod`) or resource name (`pods`), case-insensitive.
 pub(crate) fn resource_of(kind: &str) -> Option<&'static ResourceInfo> {

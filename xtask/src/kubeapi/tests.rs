@@ -476,3 +476,76 @@ fn patch_dry_run_stores_nothing_and_a_stale_resource_version_conflicts() {
         assert!(api.requests().iter().any(|r| r.path.contains("dryRun=All")));
     });
 }
+
+/// `kubectl describe service` lists a Service's Events through core/v1 with
+/// `involvedObject.{name,namespace,kind,uid}=`: an Event regarding the Service by name and uid
+/// is listed; one regarding `web:http` (no such Service) or without the uid is not.
+#[test]
+fn kubectl_describe_lists_the_events_regarding_the_service_by_uid() {
+    if std::process::Command::new("kubectl")
+        .arg("version")
+        .arg("--client")
+        .output()
+        .is_err()
+    {
+        eprintln!("skipping: no kubectl");
+        return;
+    }
+    let api = FakeApiServer::start().unwrap();
+    for object in fixtures::lab() {
+        api.apply(object);
+    }
+    let web = api
+        .objects("services")
+        .into_iter()
+        .find(|s| s["metadata"]["name"] == "web")
+        .unwrap();
+    let uid = web["metadata"]["uid"].as_str().unwrap().to_owned();
+    let event = |name: &str, reason: &str, regarding: serde_json::Value| {
+        json!({
+            "apiVersion": "events.k8s.io/v1", "kind": "Event",
+            "metadata": {"name": name, "namespace": "default"},
+            "eventTime": "2026-11-24T19:00:00.000000Z",
+            "type": "Warning", "action": "Detected", "reason": reason,
+            "reportingController": "clb-probe", "reportingInstance": "clb-node",
+            "note": format!("{reason} note"),
+            "regarding": regarding,
+        })
+    };
+    api.apply(event(
+        "right",
+        "LoopbackHairpin",
+        json!({"apiVersion": "v1", "kind": "Service", "namespace": "default", "name": "web", "uid": uid}),
+    ));
+    api.apply(event(
+        "port-in-name",
+        "PortInName",
+        json!({"apiVersion": "v1", "kind": "Service", "namespace": "default", "name": "web:http"}),
+    ));
+    api.apply(event(
+        "no-uid",
+        "NoUid",
+        json!({"apiVersion": "v1", "kind": "Service", "namespace": "default", "name": "web"}),
+    ));
+    let dir = tempdir::Dir::new();
+    let kubeconfig = dir.0.join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig).unwrap();
+    let out = std::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args(["describe", "service", "web"])
+        .env_remove("KUBECONFIG")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let events = text.split("Events:").nth(1).unwrap_or_default();
+    assert!(events.contains("LoopbackHairpin"), "{text}");
+    assert!(events.contains("LoopbackHairpin note"), "{text}");
+    assert!(!events.contains("PortInName"), "{text}");
+    assert!(!events.contains("NoUid"), "{text}");
+}

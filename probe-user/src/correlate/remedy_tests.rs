@@ -1,0 +1,294 @@
+//! The remedy table: kind x externalTrafficPolicy (rules, API: Local, Cluster, unknown) x
+//! names (API attribution or none) x sender (pod, node, VIP). Each remedy list is checked
+//! against the facts it was built from: no sentence contradicts the facts or another sentence,
+//! none repeats, the in-cluster call advice comes once, and the subject is the sender.
+
+use super::*;
+use crate::correlate::{
+    SnatState,
+    facts::{ServiceFact, SourceKind},
+};
+
+const KINDS: [LoopbackKind; 4] = [
+    LoopbackKind::HealthcheckBlackhole,
+    LoopbackKind::Hairpin,
+    LoopbackKind::VipPortUnserved,
+    LoopbackKind::VipAsSource,
+];
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn event(kind: LoopbackKind, source: SourceKind) -> LoopbackEvent {
+    let (src, dst, dst_port, vip_port) = match kind {
+        LoopbackKind::HealthcheckBlackhole => ("203.0.113.10", "198.18.0.2", 30080, None),
+        LoopbackKind::VipAsSource => ("203.0.113.10", "198.19.1.11", 8080, None),
+        LoopbackKind::VipPortUnserved => ("198.19.1.10", "203.0.113.10", 443, Some(443)),
+        LoopbackKind::Hairpin => ("198.19.1.10", "198.18.0.2", 30080, Some(80)),
+    };
+    let src = match (kind, source) {
+        (LoopbackKind::Hairpin | LoopbackKind::VipPortUnserved, SourceKind::Node) => "198.18.0.2",
+        _ => src,
+    };
+    LoopbackEvent {
+        vip: Some(ip("203.0.113.10")),
+        vip_port,
+        dst: ip(dst),
+        snat: SnatState::No,
+        layer: (kind == LoopbackKind::Hairpin).then_some(Layer::L4),
+        facts: Facts {
+            source,
+            owner: Some(AddressOwner::VipInterface {
+                iface: "kube-ipvs0".into(),
+            }),
+            masquerade_rules: 1,
+            side: (kind == LoopbackKind::VipAsSource).then_some(VipSourceSide::Receiving),
+            ..Facts::default()
+        },
+        ..placeholder(kind, ip(src), dst_port)
+    }
+}
+
+fn named(e: &mut LoopbackEvent, etp_api: Option<Etp>) {
+    e.client_pod = (e.facts.source == SourceKind::Pod).then(|| "shop/client-1".to_string());
+    e.service = Some("shop/web".into());
+    e.facts.etp_api = etp_api;
+    e.facts.ip_mode = Some("VIP".into());
+    e.facts.service = Some(ServiceFact {
+        namespace: "shop".into(),
+        name: "web".into(),
+        uid: Some("u-1".into()),
+        port: Some(80),
+        port_name: Some("http".into()),
+        ports: vec!["80/TCP".into()],
+        health_check_node_port: (etp_api == Some(Etp::Local)).then_some(32000),
+        annotations: vec![],
+    });
+}
+
+/// Statements of a policy (not conditions or advice): "has/uses externalTrafficPolicy: X",
+/// "(externalTrafficPolicy: X)" or "apply externalTrafficPolicy: X".
+fn asserts_policy(line: &str, etp: Etp) -> bool {
+    let p = format!("externalTrafficPolicy: {}", etp.as_str());
+    [
+        format!("has {p}"),
+        format!("uses {p}"),
+        format!("({p}"),
+        format!("apply {p}"),
+    ]
+    .iter()
+    .any(|s| line.contains(s.as_str()))
+}
+
+/// Advice to set the policy to `etp`.
+fn advises_policy(line: &str, etp: Etp) -> bool {
+    line.contains(&format!("et externalTrafficPolicy: {}", etp.as_str()))
+}
+
+fn check(e: &LoopbackEvent, what: &str) {
+    let r = build(e);
+    let f = &e.facts;
+    let all = r.join("\n");
+    assert!(r[0].starts_with("Cause: "), "{what}: {r:#?}");
+    // None repeats, none has a run of spaces.
+    for (i, line) in r.iter().enumerate() {
+        assert!(!line.contains("  "), "{what}: a run of spaces in {line:?}");
+        assert!(!r[..i].contains(line), "{what}: repeated {line:?}");
+    }
+    let dns = r
+        .iter()
+        .filter(|l| l.contains("cluster DNS name") || l.contains(".svc.cluster.local"))
+        .count();
+    assert!(
+        dns <= 1,
+        "{what}: the in-cluster call advice {dns} times: {r:#?}"
+    );
+    // The policy: never asserted against the facts, never advised when already in place.
+    let mismatch = f.etp_mismatch().is_some();
+    match f.etp() {
+        Some(etp) => {
+            let other = if etp == Etp::Local {
+                Etp::Cluster
+            } else {
+                Etp::Local
+            };
+            for line in r
+                .iter()
+                .filter(|l| !l.starts_with("This node's kube-proxy rules"))
+            {
+                assert!(
+                    !asserts_policy(line, other),
+                    "{what}: says {} against the facts' {}: {line}",
+                    other.as_str(),
+                    etp.as_str()
+                );
+                assert!(
+                    !advises_policy(line, etp),
+                    "{what}: advises the policy in place: {line}"
+                );
+            }
+        }
+        None => {
+            for etp in [Etp::Local, Etp::Cluster] {
+                assert!(
+                    !r.iter()
+                        .any(|l| asserts_policy(l, etp) && !l.contains("kube-proxy does so under")),
+                    "{what}: asserts {} with no policy known: {r:#?}",
+                    etp.as_str()
+                );
+            }
+        }
+    }
+    // Said where the policy matters (an unserved port has no policy to disagree on).
+    let policy_matters = e.kind != LoopbackKind::VipPortUnserved;
+    assert_eq!(
+        r.iter()
+            .filter(|l| l.starts_with("This node's kube-proxy rules apply"))
+            .count(),
+        usize::from(mismatch && policy_matters),
+        "{what}: the rules/API disagreement said once when there is one: {r:#?}"
+    );
+    // The subject.
+    let cause = &r[0];
+    match e.kind {
+        LoopbackKind::HealthcheckBlackhole => {
+            assert!(cause.contains("the LB"), "{what}: {cause}");
+        }
+        LoopbackKind::VipAsSource => {
+            assert!(cause.contains("host-network"), "{what}: {cause}");
+        }
+        LoopbackKind::Hairpin | LoopbackKind::VipPortUnserved => match f.source {
+            SourceKind::Pod => {
+                assert!(cause.contains("pod "), "{what}: {cause}");
+                if let Some(pod) = &e.client_pod {
+                    assert!(all.contains(pod.as_str()), "{what}: {pod} not named");
+                }
+                assert!(!cause.contains("this node ("), "{what}: {cause}");
+            }
+            SourceKind::Node => {
+                assert!(cause.contains("this node (198.18.0.2)"), "{what}: {cause}");
+                assert!(!all.contains("pod 198.18.0.2"), "{what}: {all}");
+                assert!(!all.contains("Masquerade (SNAT) pod traffic"), "{what}");
+                assert!(!all.contains("In pod "), "{what}");
+            }
+            _ => {}
+        },
+    }
+    // Names: the API's Service is the one named; without names, no invented name.
+    match &f.service {
+        Some(s) => assert!(all.contains(&s.key()), "{what}: {all}"),
+        None if e.service.is_none() => assert!(!all.contains("shop/"), "{what}: {all}"),
+        None => {}
+    }
+}
+
+#[test]
+fn every_kind_policy_name_and_sender_gives_a_consistent_remedy() {
+    let policies = [None, Some(Etp::Local), Some(Etp::Cluster)];
+    let mut cases = 0;
+    for kind in KINDS {
+        for source in [SourceKind::Pod, SourceKind::Node, SourceKind::Vip] {
+            for rules in policies {
+                for names in [false, true] {
+                    let apis: &[Option<Etp>] = if names { &policies } else { &[None] };
+                    for api in apis {
+                        let mut e = event(kind, source);
+                        e.facts.etp_rules = rules;
+                        if names {
+                            named(&mut e, *api);
+                        }
+                        let what = format!(
+                            "{} from {} rules={rules:?} api={api:?} names={names}",
+                            kind.as_str(),
+                            source.as_str()
+                        );
+                        check(&e, &what);
+                        cases += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(cases, 4 * 3 * 3 * 4);
+}
+
+/// The demo's case: IPVS forwarded a VIP-sourced call without SNAT while the API says
+/// Cluster; the remedy must not say Local, nor advise Cluster.
+#[test]
+fn vip_as_source_with_a_cluster_service_does_not_claim_local() {
+    let mut e = event(LoopbackKind::VipAsSource, SourceKind::Vip);
+    named(&mut e, Some(Etp::Cluster));
+    let r = build(&e);
+    let all = r.join("\n");
+    assert!(!all.contains("externalTrafficPolicy: Local and"), "{all}");
+    assert!(
+        all.contains("Service shop/web has externalTrafficPolicy: Cluster"),
+        "{all}"
+    );
+    assert!(
+        !all.contains("Or set externalTrafficPolicy: Cluster"),
+        "{all}"
+    );
+    e.facts.etp_api = Some(Etp::Local);
+    let all = build(&e).join("\n");
+    assert!(all.contains("has externalTrafficPolicy: Local"), "{all}");
+    assert!(all.contains("Or set externalTrafficPolicy: Cluster on Service shop/web"));
+}
+
+/// The hairpin's in-cluster advice: once, named when the API names the Service and pod.
+#[test]
+fn hairpin_says_the_dns_advice_once_and_names_the_pod_and_service() {
+    let mut e = event(LoopbackKind::Hairpin, SourceKind::Pod);
+    named(&mut e, Some(Etp::Local));
+    e.facts.etp_rules = Some(Etp::Local);
+    let r = build(&e);
+    let dns: Vec<&String> = r
+        .iter()
+        .filter(|l| l.contains("svc.cluster.local"))
+        .collect();
+    assert_eq!(dns.len(), 1, "{r:#?}");
+    assert!(
+        dns[0].starts_with(
+            "In pod shop/client-1: call web.shop.svc.cluster.local:80 (Service shop/web) instead \
+             of the LB address 203.0.113.10:80"
+        ),
+        "{}",
+        dns[0]
+    );
+    assert!(
+        r.iter()
+            .any(|l| l.contains("kubectl -n shop patch service web"))
+    );
+}
+
+/// The owner of the address decides who the "stop binding" advice goes to.
+#[test]
+fn the_unbind_advice_addresses_the_owner() {
+    let mut e = event(LoopbackKind::HealthcheckBlackhole, SourceKind::Vip);
+    let kube = build(&e).join("\n");
+    assert!(kube.contains("bound on kube-ipvs0"), "{kube}");
+    assert!(kube.contains("ipMode: Proxy"), "{kube}");
+    e.facts.owner = Some(AddressOwner::LocalRoute {
+        protocol: 66,
+        protocol_name: "66".into(),
+    });
+    let route = build(&e).join("\n");
+    assert!(
+        route.contains("changing kube-proxy does not remove it"),
+        "{route}"
+    );
+    assert!(!route.contains("kube-ipvs0"), "{route}");
+    e.facts.owner = None;
+    let unknown = build(&e).join("\n");
+    assert!(!unknown.contains("kube-ipvs0"), "{unknown}");
+    assert!(unknown.contains("ip route show table local 203.0.113.10"));
+    // ipMode: Proxy already set and still bound: not advised again.
+    e.facts.owner = Some(AddressOwner::VipInterface {
+        iface: "kube-ipvs0".into(),
+    });
+    e.facts.ip_mode = Some("Proxy".into());
+    let proxy = build(&e).join("\n");
+    assert!(proxy.contains("already sets ipMode: Proxy"), "{proxy}");
+    assert!(!proxy.contains("a controller that sets"), "{proxy}");
+}

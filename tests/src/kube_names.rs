@@ -1,0 +1,138 @@
+//! Names on the first event and Events on the right object, in any kube-proxy mode: the real
+//! agent in the lab with the fake API server (xtask::kubeapi) whose first lists are held (a
+//! slow first cache sync), and the real `kubectl describe service` against the same server.
+//! Used by tests/tests/kube_events.rs (iptables, nftables) and tests/tests/ipvs.rs (IPVS, in
+//! the VM tier).
+
+use std::{process::Command, time::Duration};
+
+use serde_json::Value;
+use xtask::{
+    kubeapi::{FakeApiServer, fixtures},
+    lab::{self, KubeProxyMode, LabGuard, Scenario, UpOptions, Variants},
+};
+
+use crate::agent::{Agent, tempdir::TempDir, wait_for};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+/// A failure to drive, the kind it confirms and what its event must be named with.
+pub struct Case {
+    pub scenario: Scenario,
+    pub kind: &'static str,
+    /// The Event's reason.
+    pub reason: &'static str,
+    /// The Service the API names (`default/<name>`).
+    pub service: &'static str,
+    /// The sender is the lab's client pod (named `default/client-...`).
+    pub client_pod: bool,
+}
+
+/// The first case is driven while the API's lists are held (the agent's cache has not synced
+/// yet): its event waits for the sync and comes out named. Every case's first event carries
+/// the API's Service (with its uid) and, for a pod sender, the pod; each kind's Event regards
+/// that Service and `kubectl describe service` lists it.
+pub fn first_events_named_and_described(mode: KubeProxyMode, cases: &[Case]) {
+    let lab = LabGuard::up_in(mode, &Variants::default(), &UpOptions::default()).expect("lab up");
+    let api = FakeApiServer::start_in_netns(lab::NS_NODE).expect("fake API server");
+    for object in fixtures::lab() {
+        api.apply(object);
+    }
+    api.hold_lists();
+    let dir = TempDir::new("kube-names");
+    let kubeconfig = dir.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig).unwrap();
+    let mut agent = Agent::start(
+        lab::NS_NODE,
+        &[
+            "--nic",
+            lab::NODE_NIC,
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+            "--node-name",
+            "clb-node",
+        ],
+    );
+    let first = &cases[0];
+    let _ = lab.traffic(first.scenario).expect("traffic");
+    // Confirmed while the cache has no list yet: held (the log says so), or, without the
+    // hold, already written unnamed. Either way the lists go now.
+    wait_for("the first confirmation", WAIT, || {
+        let held = agent.count_log("held (at most 2 s)") > 0;
+        let written = agent.events().iter().any(|e| e["kind"] == first.kind);
+        (held || written).then_some(())
+    })
+    .unwrap_or_else(|| panic!("{} not confirmed:\n{}", first.kind, agent.log.join("\n")));
+    api.release_lists();
+    for case in &cases[1..] {
+        let _ = lab.traffic(case.scenario).expect("traffic");
+    }
+    let services = api.objects("services");
+    for case in cases {
+        let e = agent.wait_event(case.kind, WAIT, |es| {
+            es.iter().find(|e| e["kind"] == case.kind).cloned()
+        });
+        let (ns, name) = case.service.split_once('/').unwrap();
+        let uid = services
+            .iter()
+            .find(|s| s["metadata"]["name"] == name && s["metadata"]["namespace"] == ns)
+            .map(|s| s["metadata"]["uid"].clone())
+            .expect("the fixture Service");
+        let svc = &e["facts"]["service"];
+        assert_eq!(
+            (&svc["namespace"], &svc["name"], &svc["uid"]),
+            (&Value::from(ns), &Value::from(name), &uid),
+            "{} (first event): {e:#}",
+            case.kind
+        );
+        if case.client_pod {
+            assert_eq!(
+                e["client_pod"],
+                format!("default/{}", fixtures::CLIENT_POD),
+                "{} (first event): {e:#}",
+                case.kind
+            );
+        }
+        let event = wait_for("its Event", WAIT, || {
+            api.objects("events")
+                .into_iter()
+                .find(|ev| ev["reason"] == case.reason)
+        })
+        .unwrap_or_else(|| panic!("no {} Event: {:#?}", case.reason, api.objects("events")));
+        assert_eq!(event["regarding"]["kind"], "Service", "{event:#}");
+        assert_eq!(event["regarding"]["name"], name, "{event:#}");
+        assert_eq!(event["regarding"]["uid"], uid, "{event:#}");
+        assert_eq!(event["metadata"]["namespace"], ns, "{event:#}");
+    }
+    // The real kubectl finds them where an operator looks.
+    let mut by_service: Vec<&str> = cases.iter().map(|c| c.service).collect();
+    by_service.dedup();
+    for service in by_service {
+        let (ns, name) = service.split_once('/').unwrap();
+        // The server listens inside the node's namespace.
+        let out = Command::new("ip")
+            .args(["netns", "exec", lab::NS_NODE, "kubectl", "--kubeconfig"])
+            .arg(&kubeconfig)
+            .args(["-n", ns, "describe", "service", name])
+            .env_remove("KUBECONFIG")
+            .output()
+            .expect("kubectl");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let events = text.split("Events:").nth(1).unwrap_or_default();
+        for case in cases.iter().filter(|c| c.service == service) {
+            assert!(
+                events.contains(case.reason),
+                "kubectl describe service {name} lists no {}:\n{text}",
+                case.reason
+            );
+        }
+    }
+    assert!(agent.stop().success());
+    drop(api);
+    drop(lab);
+}
