@@ -1,8 +1,15 @@
 //! The view model of `probe watch`, built from the protocol's JSON (pure; unit-tested).
+//!
+//! Every string taken from the JSON is escaped here ([`crate::term::escape`]), once, so the
+//! plain snapshot and the terminal UI, which both render only this model, never print a raw
+//! control character: NIC names, Kubernetes names and the evidence built from them come from
+//! whoever named the interface or the object.
 
 use std::collections::{BTreeMap, VecDeque};
 
 use serde_json::Value;
+
+use crate::term::escape;
 
 /// One confirmed aggregate as the view shows it.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -25,14 +32,14 @@ impl Row {
     pub fn from_event(e: &Value) -> Row {
         let s = |k: &str| match &e[k] {
             Value::Null => "-".to_string(),
-            Value::String(s) => s.clone(),
-            v => v.to_string(),
+            Value::String(s) => escape(s).into_owned(),
+            v => escape(&v.to_string()).into_owned(),
         };
         let lines = |k: &str| {
             e[k].as_array()
                 .map(|a| {
                     a.iter()
-                        .filter_map(|l| l.as_str().map(String::from))
+                        .filter_map(|l| l.as_str().map(|l| escape(l).into_owned()))
                         .collect()
                 })
                 .unwrap_or_default()
@@ -71,7 +78,7 @@ impl Row {
 fn names(e: &Value) -> String {
     let names: Vec<String> = [("pod", "client_pod"), ("svc", "service")]
         .iter()
-        .filter_map(|(label, key)| e[*key].as_str().map(|v| format!("{label} {v}")))
+        .filter_map(|(label, key)| e[*key].as_str().map(|v| format!("{label} {}", escape(v))))
         .collect();
     if names.is_empty() {
         String::new()
@@ -117,13 +124,14 @@ impl Model {
     /// Applies a snapshot taken at `t` seconds (client clock) and recomputes rates.
     pub fn apply_snapshot(&mut self, snap: &Value, t: f64) {
         let st = &snap["status"];
-        let str_of = |v: &Value| v.as_str().unwrap_or("-").to_string();
+        let str_of = |v: &Value| escape(v.as_str().unwrap_or("-")).into_owned();
         self.node = str_of(&snap["node"]);
         self.nics = st["nics"]
             .as_array()
             .map(|a| {
                 a.iter()
                     .filter_map(Value::as_str)
+                    .map(escape)
                     .collect::<Vec<_>>()
                     .join(", ")
             })
@@ -157,14 +165,14 @@ impl Model {
         {
             // (ifindex, tag, proto, count)
             if let (Some(tag), Some(n)) = (s[1].as_str(), s[3].as_u64()) {
-                *self.suspects.entry(tag.to_string()).or_insert(0) += n;
+                *self.suspects.entry(escape(tag).into_owned()).or_insert(0) += n;
             }
         }
         self.drops = snap["drops_by_reason"]
             .as_object()
             .map(|o| {
                 o.iter()
-                    .map(|(k, v)| (k.clone(), v.as_u64().unwrap_or(0)))
+                    .map(|(k, v)| (escape(k).into_owned(), v.as_u64().unwrap_or(0)))
                     .collect()
             })
             .unwrap_or_default();
@@ -347,6 +355,31 @@ mod tests {
             "healthcheck_blackhole  203.0.113.10     -",
             "vip_port_unserved      203.0.113.10     443",
             "- serve the port",
+        ] {
+            assert!(text.contains(needle), "missing {needle:?} in\n{text}");
+        }
+    }
+
+    /// A NIC, a pod and evidence named with terminal controls (CSI, OSC + BEL, C1 CSI): the
+    /// plain snapshot shows them escaped, never raw (the TUI renders the same model).
+    #[test]
+    fn names_from_the_node_are_escaped() {
+        let mut s = snap(3);
+        s["status"]["nics"] = serde_json::json!(["eth0", "e\x1b[2J\x1b]0;x\x07"]);
+        s["node"] = serde_json::json!("n\u{9b}31m");
+        s["confirmed"][0]["client_pod"] = serde_json::json!("ns/\x1b[32mALL CLEAR");
+        s["confirmed"][0]["evidence"] = serde_json::json!(["dropped on \x1b]8;;x\x07"]);
+        s["drops_by_reason"] = serde_json::json!({"\x1b[H": 1});
+        let text = plain(&Model::from_snapshot(&s));
+        assert!(
+            !text.chars().any(|c| c.is_control() && c != '\n'),
+            "raw control characters in\n{text:?}"
+        );
+        for needle in [
+            "e\\x1b[2J\\x1b]0;x\\x07",
+            "n\\u{9b}31m",
+            "pod ns/\\x1b[32mALL CLEAR",
+            "dropped on \\x1b]8;;x\\x07",
         ] {
             assert!(text.contains(needle), "missing {needle:?} in\n{text}");
         }
