@@ -9,7 +9,11 @@
 //! never goes backwards.
 //!
 //! Label values stay bounded: NIC names, tags, kernel reason names, suppression stages; VIP and
-//! port appear only on confirmed events (themselves bounded by the correlator's aggregates).
+//! port appear only on confirmed events, and at most [`EVENT_SERIES`] (kind, vip, port) series
+//! exist: anyone who can connect to a bound VIP's unserved ports (an unprivileged local user, a
+//! tenant pod) makes one new aggregate per port, and a series is never pruned (a counter that
+//! vanished and came back would read as a reset). Past the cap, a new (vip, port) is counted
+//! under `vip="other", port="other"` of its kind: the totals stay exact, the series bounded.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -104,6 +108,13 @@ pub struct EventTotals {
 /// (Forgetting an aggregate that is still live would count its whole total again.)
 pub const EVENT_TOTALS_KEYS: usize = 4096;
 
+/// `clbprobe_loopback_events_total` series with their own (vip, port) labels; further pairs are
+/// counted under [`OVERFLOW_LABEL`] (README, "Metrics"). A node has a few dozen VIP ports that
+/// matter; 500 keeps them all and /metrics small (each series is about 100 bytes).
+pub const EVENT_SERIES: usize = 500;
+/// The `vip` and `port` label value of the overflow series.
+pub const OVERFLOW_LABEL: &str = "other";
+
 impl EventTotals {
     pub fn add(&mut self, e: &LoopbackEvent) {
         self.seq += 1;
@@ -121,11 +132,15 @@ impl EventTotals {
         } else {
             e.count
         };
-        let labels = (
+        let mut labels = (
             e.kind.as_str().to_string(),
             e.vip.map(|v| v.to_string()).unwrap_or_default(),
             e.vip_port.map(|p| p.to_string()).unwrap_or_default(),
         );
+        if !self.totals.contains_key(&labels) && self.totals.len() >= EVENT_SERIES {
+            labels.1 = OVERFLOW_LABEL.to_string();
+            labels.2 = OVERFLOW_LABEL.to_string();
+        }
         *self.totals.entry(labels).or_insert(0) += delta;
         while self.last.len() > EVENT_TOTALS_KEYS {
             let Some((_, oldest)) = self.by_age.pop_first() else {
@@ -777,5 +792,56 @@ mod tests {
         let total: u64 = t.totals.values().sum();
         assert_eq!(total, n + (n - 1));
         assert!(t.last.len() <= EVENT_TOTALS_KEYS && t.by_age.len() == t.last.len());
+    }
+
+    /// 5,000 distinct unserved ports (what uid 65534 made by connecting to them): the series stay
+    /// under the cap plus one overflow series per kind, and the total is exact.
+    #[test]
+    fn event_series_are_capped_with_an_exact_overflow() {
+        let mut t = EventTotals::default();
+        let mut e = sample_event();
+        for port in 0..5_000u16 {
+            e.key = format!("vip_port_unserved/203.0.113.10:{port}/tcp");
+            e.vip_port = Some(port);
+            e.count = 1;
+            t.add(&e);
+            e.count = 3; // two repeats
+            t.add(&e);
+        }
+        let input = MetricsInput {
+            events: t.totals.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+            ..MetricsInput::default()
+        };
+        let text = render(&input);
+        let series: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("clbprobe_loopback_events_total{"))
+            .collect();
+        assert_eq!(series.len(), EVENT_SERIES + 1, "{}", series.len());
+        let sum: u64 = series
+            .iter()
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+            .sum();
+        assert_eq!(sum, 15_000);
+        let other = series
+            .iter()
+            .find(|l| l.contains("vip=\"other\",port=\"other\""))
+            .expect("the overflow series");
+        assert!(
+            other.ends_with(&format!(" {}", 3 * (5_000 - EVENT_SERIES))),
+            "{other}"
+        );
+        // A pair with its own series keeps counting there after the cap is reached.
+        let own = (
+            "vip_port_unserved".to_string(),
+            "203.0.113.10".to_string(),
+            "0".to_string(),
+        );
+        assert_eq!(t.totals[&own], 3);
+        e.vip_port = Some(0);
+        e.key = "a new aggregate on port 0".into();
+        e.count = 1;
+        t.add(&e);
+        assert_eq!(t.totals[&own], 4);
     }
 }
