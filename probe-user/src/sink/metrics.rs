@@ -168,7 +168,12 @@ pub struct MetricsInput {
     /// per-CPU budget, so this says which records were shed (a flood of one class, or the
     /// drops and VIP-source suspects that confirm a health-check blackhole).
     pub budget_suppressed_by_class: Vec<(String, String, u64)>,
+    /// Prefixes the kernel maps hold, by set.
     pub set_sizes: Vec<(String, u64)>,
+    /// Prefixes of the node left out of full maps, by set.
+    pub addresses_left_out: Vec<(String, u64)>,
+    /// `--address-entries`.
+    pub address_capacity: u64,
     pub attached_interfaces: u64,
     pub ready: bool,
     /// Whether `--vip-iface` exists (health-check detection waits for it otherwise).
@@ -241,6 +246,14 @@ impl MetricsInput {
                     (t.as_str().to_string(), n as u64)
                 })
                 .collect(),
+            addresses_left_out: Tag::ALL
+                .iter()
+                .map(|t| {
+                    let n = snap.status.left_out.get(t.as_str()).copied().unwrap_or(0);
+                    (t.as_str().to_string(), n as u64)
+                })
+                .collect(),
+            address_capacity: u64::from(snap.status.address_capacity),
             attached_interfaces: snap.status.attached.len() as u64,
             ready: snap.status.ready,
             vip_iface_present: snap.status.vip_iface_present,
@@ -341,8 +354,26 @@ pub fn render(input: &MetricsInput) -> String {
     }
     reg.register(
         "local_addresses",
-        "Prefixes in the node's address sets the datapath matches against",
+        "Prefixes of the node's address sets held in the kernel maps the datapath matches against",
         sets,
+    );
+    let left_out = Family::<SetLabels, Gauge>::default();
+    for (set, n) in &input.addresses_left_out {
+        left_out
+            .get_or_create(&SetLabels { set: set.clone() })
+            .set(*n as i64);
+    }
+    reg.register(
+        "local_addresses_left_out",
+        "Prefixes of the node not in the kernel maps because they are full (--address-entries): their traffic is not seen",
+        left_out,
+    );
+    let capacity = Gauge::<i64>::default();
+    capacity.set(input.address_capacity as i64);
+    reg.register(
+        "local_addresses_capacity",
+        "Entries each kernel address map holds (--address-entries; IPv4 and IPv6 hosts and prefixes each have a map)",
+        capacity,
     );
 
     let build = Family::<BuildLabels, Gauge>::default();
@@ -613,17 +644,24 @@ pub fn readiness(status: &NodeStatus) -> (bool, String) {
     if !status.ready {
         return (false, "not ready: attaching\n".to_string());
     }
-    if status.vip_iface_present {
-        (true, "ready\n".to_string())
-    } else {
-        (
-            true,
-            format!(
-                "ready; VIP interface {:?} absent: health-check blackholes are not detected until it appears\n",
-                status.vip_iface
-            ),
-        )
+    let mut body = "ready".to_string();
+    if !status.vip_iface_present {
+        body.push_str(&format!(
+            "; VIP interface {:?} absent: health-check blackholes are not detected until it appears",
+            status.vip_iface
+        ));
     }
+    // Still ready: the addresses that fit are watched, and a node's address count must not be
+    // able to take every agent out of its DaemonSet's rollout.
+    let left_out: usize = status.left_out.values().sum();
+    if left_out > 0 {
+        body.push_str(&format!(
+            "; {left_out} addresses over --address-entries ({}) are not watched",
+            status.address_capacity
+        ));
+    }
+    body.push('\n');
+    (true, body)
 }
 
 #[cfg(test)]
@@ -658,6 +696,8 @@ mod tests {
                 ("drop".into(), "vip".into(), 0),
             ],
             set_sizes: vec![("vip".into(), 2), ("node".into(), 4), ("pod".into(), 2)],
+            addresses_left_out: vec![("vip".into(), 50), ("node".into(), 0)],
+            address_capacity: 256,
             attached_interfaces: 2,
             ready: true,
             vip_iface_present: true,
@@ -684,6 +724,8 @@ mod tests {
             "clbprobe_events_budget_suppressed_total{record=\"suspect\",source=\"pod\"} 2",
             "clbprobe_events_budget_suppressed_total{record=\"drop\",source=\"vip\"} 0",
             "clbprobe_local_addresses{set=\"vip\"} 2",
+            "clbprobe_local_addresses_left_out{set=\"vip\"} 50",
+            "clbprobe_local_addresses_capacity 256",
             "clbprobe_build_info{version=\"0.1.0\",kernel=\"6.18.44\"} 1",
             "clbprobe_ready 1",
             "clbprobe_capability{name=\"drop_hook\"} 1",
