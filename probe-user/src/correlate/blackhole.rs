@@ -4,7 +4,9 @@
 
 use super::{
     AggregateKey, Correlator, DropInfo, LoopbackEvent, Outcome, Output, RecentDrop, SnatState,
-    evidence::{drop_line, local_source_line, suspect_line, table_missing},
+    evidence::{
+        drop_line, local_source_line, suspect_line, table_missing, unauthenticated_source_line,
+    },
     remedy, tuple_of,
 };
 use crate::{
@@ -131,6 +133,7 @@ impl Correlator {
         }
         evidence.push(drop_line(&info, &t));
         evidence.push(local_source_line(&info, packet.src));
+        evidence.push(unauthenticated_source_line(packet.src));
         let svc = self.nodeport_evidence(packet, &mut evidence);
         self.vip_served_evidence(packet.src, &mut evidence);
         let nic = info
