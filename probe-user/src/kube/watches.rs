@@ -60,8 +60,9 @@ struct Pace {
 }
 
 impl Pace {
-    /// A watch request arrives at `now`: how long it waits.
-    fn next(&mut self, now: Instant, source: usize) -> Duration {
+    /// A watch request arrives at `now`: how long it waits. `quiet`: another resource already
+    /// said the WARN (one WARN for the API server, not one per resource).
+    fn next(&mut self, now: Instant, source: usize, quiet: bool) -> Duration {
         let short = self.sent.is_some_and(|sent| now - sent < SHORT_WATCH);
         if short {
             self.short = self.short.saturating_add(1);
@@ -77,6 +78,10 @@ impl Pace {
         }
         if self.short >= SAY_AFTER && !self.said {
             self.said = true;
+        } else {
+            return self.wait();
+        }
+        if !quiet {
             warn!(
                 resource = SOURCES[source],
                 short_watches = self.short,
@@ -85,6 +90,10 @@ impl Pace {
                  watch lasts"
             );
         }
+        self.wait()
+    }
+
+    fn wait(&mut self) -> Duration {
         let wait = match self.short {
             0 => Duration::ZERO,
             n => PACE_FIRST
@@ -130,7 +139,10 @@ impl WatchesAccepted {
     fn wait_before(&self, source: usize) -> Duration {
         self.pace
             .lock()
-            .map(|mut p| p[source].next(Instant::now(), source))
+            .map(|mut p| {
+                let quiet = p.iter().enumerate().any(|(i, o)| i != source && o.said);
+                p[source].next(Instant::now(), source, quiet)
+            })
             .unwrap_or_default()
     }
 
@@ -286,7 +298,7 @@ mod tests {
         let mut t = t0;
         let mut waits = Vec::new();
         for _ in 0..8 {
-            let w = p.next(t, 0);
+            let w = p.next(t, 0, false);
             waits.push(w.as_secs());
             t += w; // sent after its wait, ended at once
             p.sent = Some(t);
@@ -297,7 +309,7 @@ mod tests {
         assert!(p.said);
         // A watch that lasts: no wait, no longer churning.
         t += SHORT_WATCH * 2;
-        assert_eq!(p.next(t, 0), Duration::ZERO);
+        assert_eq!(p.next(t, 0, false), Duration::ZERO);
         assert!(!p.churning(t));
         assert!(!p.said);
     }
