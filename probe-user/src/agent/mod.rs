@@ -4,11 +4,9 @@
 //! and attachments), the service-table refresher, and the correlation loop, which is the only
 //! owner of the [`Correlator`] and answers its queries (egress map, conntrack).
 
-pub mod capability;
 pub mod checks;
 pub mod instance;
 pub mod nodesync;
-pub mod shared;
 pub mod startup;
 
 use std::{
@@ -27,6 +25,10 @@ use tracing::{debug, info, warn};
 use crate::{
     correlate::{Answer, Correlator, CorrelatorConfig, Output, Query},
     event::KernelEvent,
+    hub::{
+        self, Shared,
+        capability::{Capabilities, Capability},
+    },
     kernel::{
         self, KernelBtf, Probe, ProbeSettings,
         counters::EgressTable,
@@ -35,9 +37,7 @@ use crate::{
     sink::{Sinks, json::JsonLines},
     state::{self, addrs::AddrConfig},
 };
-use capability::{Capabilities, Capability};
 use nodesync::{NodeStatus, NodeSync};
-use shared::Shared;
 
 /// Everything `probe agent` was told.
 #[derive(Clone, Debug)]
@@ -261,8 +261,8 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
     let _kube_events_task = match &cfg.kube_events {
         Some(source) => Some(AbortOnDrop(tokio::spawn(crate::sink::kube_events::start(
             source.clone(),
-            cfg.node_name.clone().unwrap_or_else(shared::node_name),
-            shared.reports.subscribe(),
+            cfg.node_name.clone().unwrap_or_else(hub::node_name),
+            shared.subscribe(),
             shared.kube_events.clone(),
         )))),
         None => {

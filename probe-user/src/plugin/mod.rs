@@ -30,10 +30,9 @@ use k8s_openapi::{
 };
 use serde::Serialize;
 
-use crate::{
-    sink::kube_event_plan::{ACTION, REPORTING_CONTROLLER, kind_of_reason},
-    term::escape,
-};
+use probe_contract::kube_event::{ACTION, REPORTING_CONTROLLER, kind_of_reason};
+
+use crate::term::escape;
 
 /// The label the chart puts on the agent's pods.
 pub const AGENT_LABEL: (&str, &str) = ("app.kubernetes.io/name", "clb-probe");
