@@ -12,7 +12,8 @@
 //! once, with no backoff (its backoff is for errors): a server, or a proxy in front of it, that
 //! ends every watch right away gets a new one per resource as fast as round trips go (75 a
 //! second per agent was measured), and attribution silently lags. So a watch re-opened less
-//! than [`SHORT_WATCH`] after the previous one of its resource was sent waits first: 1 s,
+//! than [`SHORT_WATCH`] after the previous one of its resource was sent (and accepted: errors
+//! are kube-runtime's to back off) waits first: 1 s,
 //! doubling per short watch in a row, up to [`PACE_MAX`] (at most one watch per resource per
 //! second). After [`SAY_AFTER`] short watches in a row one WARN says so and
 //! `clbprobe_kube_connected` reads 0 until a watch lasts again (an INFO then). The wait is
@@ -152,6 +153,15 @@ impl WatchesAccepted {
             p[source].waiting = false;
         }
     }
+
+    /// The watch was refused or not answered: kube-runtime backs off on errors itself, and its
+    /// retry is no short watch (a 403 is not a server ending watches at once).
+    fn failed(&self, source: usize) {
+        if let Ok(mut p) = self.pace.lock() {
+            p[source].sent = None;
+            p[source].short = 0;
+        }
+    }
 }
 
 /// The watcher source a request watches: a `watch=true` (or `1`) query on a resource the
@@ -213,13 +223,14 @@ where
             if let Some(source) = source {
                 watches.sent(source);
             }
-            let response = response.await?;
-            if let Some(source) = source
-                && response.status().is_success()
-            {
-                watches.record(source);
+            let response = response.await;
+            if let Some(source) = source {
+                match &response {
+                    Ok(r) if r.status().is_success() => watches.record(source),
+                    _ => watches.failed(source),
+                }
             }
-            Ok(response)
+            response
         })
     }
 }
@@ -280,6 +291,12 @@ mod tests {
         let mut service = AcceptedLayer(watches.clone()).layer(Api);
         let get = |uri: &str| Request::get(uri).body(()).unwrap();
         service.call(get("/api/v1/pods?watch=true")).await.unwrap();
+        // Refused watches, retried at once: errors are kube-runtime's to back off, no pacing.
+        for _ in 0..SAY_AFTER + 2 {
+            service.call(get("/api/v1/pods?watch=true")).await.unwrap();
+        }
+        assert_eq!(watches.pace.lock().unwrap()[0].short, 0);
+        assert!(!watches.churning());
         assert_eq!((0..SOURCES.len()).map(|s| watches.count(s)).sum::<u64>(), 0);
         service
             .call(get("/api/v1/services?watch=true"))
