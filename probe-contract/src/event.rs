@@ -326,6 +326,10 @@ pub struct LoopbackEvent {
     /// This node's Kubernetes name (attribution: `--node-name`); null when unknown.
     #[serde(default)]
     pub node: Option<String>,
+    /// Ready fixes, best fit first (see [`crate::Fix`]); empty (and left out of the JSON) when
+    /// the event names no Service or no fix fits its facts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fixes: Vec<crate::Fix>,
 }
 
 /// One confirmation (new or repeat) of an aggregate. Metrics count every report.

@@ -15,6 +15,7 @@
 //! are re-exports of these.
 
 pub mod event;
+pub mod fix;
 pub mod kube_event;
 pub mod live;
 pub mod status;
@@ -22,6 +23,7 @@ pub mod status;
 pub use event::{
     AggregateKey, Layer, LoopbackEvent, LoopbackKind, Outcome, Proto, Report, SnatState, Tag,
 };
+pub use fix::Fix;
 pub use live::{Message, Snapshot};
 pub use status::{
     CorrelatorStats, CounterSnapshot, DropHook, Features, KindCounts, NodeStatus, TagCounts, TcMode,

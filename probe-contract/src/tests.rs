@@ -30,6 +30,7 @@ fn event() -> LoopbackEvent {
         layer: Some(Layer::L4),
         client_pod: Some("default/client".into()),
         node: Some("node-a".into()),
+        fixes: Vec::new(),
     }
 }
 

@@ -14,6 +14,7 @@ pub mod agent;
 pub mod check;
 pub mod correlate;
 pub mod event;
+pub mod fixes;
 #[cfg(test)]
 mod fuzz_tests;
 pub mod hub;

@@ -120,6 +120,11 @@ struct AgentArgs {
     /// Service, else the Node) when API access exists (--kubeconfig or in-cluster).
     #[arg(long, env = "CLB_PROBE_KUBE_EVENTS", value_enum, default_value_t = OnOff::On)]
     kube_events: OnOff,
+    /// The cloud whose LB fixes events carry (aws, azure, gce, alicloud, tencentcloud, hcloud,
+    /// digitalocean, openstack, generic). Default: from the Service's LB class and
+    /// annotations, else generic.
+    #[arg(long, env = "CLB_PROBE_PROVIDER", value_name = "NAME")]
+    provider: Option<clb_probe::fixes::Provider>,
 }
 
 /// Kernel map capacities (README, "Map sizing"); each range-checked, exit 2 outside it.
@@ -273,6 +278,23 @@ fn main() -> ExitCode {
                         .exit();
                 }
             };
+            // Two writers on one file would interleave partial lines (and one would truncate
+            // the other's): a usage error like any other conflicting flags.
+            if let (Some(events), Some(record)) = (&args.events, &args.record)
+                && clb_probe::sink::json::same_output(events, record)
+            {
+                use clap::CommandFactory as _;
+                Cli::command()
+                    .error(
+                        clap::error::ErrorKind::ArgumentConflict,
+                        format!(
+                            "--events {} and --record {} name the same output: give each its own file",
+                            events.display(),
+                            record.display()
+                        ),
+                    )
+                    .exit();
+            }
             // Events use the same API access as attribution, whether or not attribution is on.
             let kube_events = match args.kube_events {
                 OnOff::Off => None,
@@ -302,6 +324,7 @@ fn main() -> ExitCode {
                 kube,
                 node_name: args.kube.node_name,
                 kube_events,
+                provider: args.provider,
             };
             let rt = match tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)

@@ -155,6 +155,19 @@ fn a_confirmed_failure_is_one_event_whose_series_grows() {
             .contains(&lab::VIP.to_string()),
         "{event:#}"
     );
+    // The event carries its fixes (the bound VIP's: ipMode Proxy first, no API facts needed)
+    // and the Event's note names the first one.
+    let fixes: Vec<&str> = first["fixes"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no fixes on {first:#}"))
+        .iter()
+        .filter_map(|f| f["id"].as_str())
+        .collect();
+    assert!(fixes.contains(&"ip-mode-proxy"), "{first:#}");
+    assert!(
+        event["note"].as_str().unwrap().contains(" Fix: "),
+        "{event:#}"
+    );
     // Regarding the Service the service table named, else the Node (IPVS mode names none).
     match first["service"].as_str() {
         Some(svc) => {

@@ -330,3 +330,228 @@ fn the_krew_manifest_template_has_the_required_fields() {
         );
     }
 }
+
+fn lb_service(etp: &str, annotations: Value) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"namespace": "shop", "name": "web", "annotations": annotations},
+        "spec": {"type": "LoadBalancer", "externalTrafficPolicy": etp,
+                 "ports": [{"name": "http", "port": 80, "protocol": "TCP", "nodePort": 30080}]},
+        "status": {"loadBalancer": {"ingress": [{"ip": "203.0.113.10", "ipMode": "VIP"}]}},
+    })
+}
+
+fn node(name: &str, provider_id: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
+           "spec": {"providerID": provider_id}})
+}
+
+fn stored_etp(a: &Api) -> String {
+    a.server
+        .objects("Service")
+        .iter()
+        .find(|s| s["metadata"]["name"] == "web")
+        .map(|s| {
+            s["spec"]["externalTrafficPolicy"]
+                .as_str()
+                .unwrap_or("")
+                .to_string()
+        })
+        .unwrap()
+}
+
+/// `fix` lists the fixes for a Service from its confirmed hairpin (an Event) and the provider
+/// the Nodes' providerIDs name; `--apply` dry-runs, patches, prints the undo; refusals exit 2
+/// and change nothing.
+#[test]
+fn fix_lists_dry_runs_applies_and_prints_the_undo() {
+    let a = api("fix");
+    a.server.apply(node("node-a", "aws:///eu-west-1a/i-0abc"));
+    a.server.apply(node("node-b", "aws:///eu-west-1b/i-0def"));
+    a.server.apply(lb_service("Local", json!({})));
+    a.server.apply(clb_event(
+        "clb-probe.node-a.hairpin.1",
+        "shop",
+        "node-a",
+        "LoopbackHairpin",
+        "2026-11-23T01:10:00.000000Z",
+        4,
+    ));
+
+    let out = a.run(&["fix", "-n", "shop", "web"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let listing = text(&out.stdout);
+    println!("{listing}");
+    assert!(
+        listing.starts_with("Service shop/web (resourceVersion ")
+            && listing.contains("provider aws (from node providerID)")
+            && listing.contains("confirmed: hairpin"),
+        "{listing}"
+    );
+    // The in-tree AWS controller runs it (no LBC class/annotation): only the generic fixes.
+    assert!(listing.contains("1. etp-cluster [generic]"), "{listing}");
+    assert!(!listing.contains("aws-nlb-target-type-ip"), "{listing}");
+
+    let out = a.run(&["fix", "-n", "shop", "web", "-o", "json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let plan: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(plan["provider"], "aws");
+    assert_eq!(plan["fixes"][0]["id"], "etp-cluster");
+    assert_eq!(
+        plan["fixes"][0]["patch"],
+        json!({"spec": {"externalTrafficPolicy": "Cluster"}})
+    );
+    let rv = plan["resource_version"].as_str().unwrap().to_string();
+
+    // Another provider's fix, and advice without a patch: refused, nothing changed.
+    let out = a.run(&["fix", "-n", "shop", "web", "--apply", "do-lb-hostname"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("is for provider digitalocean"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = a.run(&[
+        "fix",
+        "-n",
+        "shop",
+        "web",
+        "--apply",
+        "call-by-service-name",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    // RBAC: the dry run is denied, named, exit 2.
+    a.server.forbid("services", "patch");
+    let out = a.run(&["fix", "-n", "shop", "web", "--apply", "etp-cluster"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("cannot patch services in namespace shop"),
+        "{}",
+        text(&out.stderr)
+    );
+    a.server.allow_all();
+    assert_eq!(stored_etp(&a), "Local");
+
+    // Apply at the listed version: dry run, patch, undo line.
+    let out = a.run(&[
+        "fix",
+        "-n",
+        "shop",
+        "web",
+        "--apply",
+        "etp-cluster",
+        "--resource-version",
+        &rv,
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let applied = text(&out.stdout);
+    println!("{applied}");
+    assert!(applied.starts_with("dry run ok: etp-cluster"), "{applied}");
+    assert!(
+        applied.contains(
+            r#"undo: kubectl patch service -n shop web --type merge -p '{"spec":{"externalTrafficPolicy":"Local"}}'"#
+        ),
+        "{applied}"
+    );
+    assert_eq!(stored_etp(&a), "Cluster");
+    let dry_runs = a
+        .server
+        .requests()
+        .iter()
+        .filter(|r| r.method == "PATCH" && r.path.contains("dryRun=All"))
+        .count();
+    assert!(dry_runs >= 1, "a server-side dry run first");
+
+    // The listing's version is stale now: refused; and Cluster is in place: not offered.
+    let out = a.run(&[
+        "fix",
+        "-n",
+        "shop",
+        "web",
+        "--apply",
+        "etp-cluster",
+        "--resource-version",
+        &rv,
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("changed since the fix was computed"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = a.run(&["fix", "-n", "shop", "web"]);
+    assert!(
+        !text(&out.stdout).contains("etp-cluster"),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
+/// With the AWS Load Balancer Controller's class, the provider's own fixes come first; a
+/// DigitalOcean node makes a health-check blackhole offer DO's hostname annotation.
+#[test]
+fn fix_offers_the_provider_s_own_fixes_first() {
+    let a = api("fix-aws");
+    a.server.apply(node("node-a", "aws:///eu-west-1a/i-0abc"));
+    let mut svc = lb_service("Local", json!({}));
+    svc["spec"]["loadBalancerClass"] = json!("service.k8s.aws/nlb");
+    a.server.apply(svc);
+    a.server.apply(clb_event(
+        "clb-probe.node-a.hairpin.1",
+        "shop",
+        "node-a",
+        "LoopbackHairpin",
+        "2026-11-23T01:10:00.000000Z",
+        4,
+    ));
+    let out = a.run(&["fix", "-n", "shop", "web", "-o", "json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let plan: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ids: Vec<&str> = plan["fixes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        ids[..3],
+        [
+            "aws-nlb-target-type-ip",
+            "aws-preserve-client-ip-off",
+            "etp-cluster"
+        ]
+    );
+    let out = a.run(&[
+        "fix",
+        "-n",
+        "shop",
+        "web",
+        "--apply",
+        "aws-nlb-target-type-ip",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains(r#"-p '{"metadata":{"annotations":{"service.beta.kubernetes.io/aws-load-balancer-nlb-target-type":null}}}'"#),
+        "{}",
+        text(&out.stdout)
+    );
+
+    let b = api("fix-do");
+    b.server.apply(node("node-a", "digitalocean://123"));
+    b.server.apply(lb_service("Cluster", json!({})));
+    b.server.apply(clb_event(
+        "clb-probe.node-a.hc.1",
+        "shop",
+        "node-a",
+        "HealthCheckBlackhole",
+        "2026-11-23T01:10:00.000000Z",
+        2,
+    ));
+    let out = b.run(&["fix", "-n", "shop", "web"]);
+    let listing = text(&out.stdout);
+    assert!(
+        listing.contains("1. do-lb-hostname [digitalocean]"),
+        "{listing}"
+    );
+    assert!(!listing.contains("etp-cluster"), "{listing}");
+}

@@ -496,6 +496,7 @@ fn probe_events_into_a_closed_pipe_exits_quietly() {
             layer: None,
             client_pod: None,
             node: None,
+            fixes: Vec::new(),
         };
         let snapshot = Message::Snapshot {
             snapshot: Box::new(Snapshot {

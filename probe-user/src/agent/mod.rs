@@ -64,17 +64,23 @@ pub struct AgentConfig {
     pub node_name: Option<String>,
     /// `--kube-events`: where to write Kubernetes Events (None: off, or no API access).
     pub kube_events: Option<crate::kube::KubeSource>,
+    /// `--provider`: the provider profile of the events' fixes (None: from each Service).
+    pub provider: Option<crate::fixes::Provider>,
 }
 
-/// Runs until SIGINT/SIGTERM. Every exit path detaches: the probe is owned by the node-sync
+/// Runs until SIGINT, SIGTERM, SIGHUP or SIGQUIT. Every exit path detaches: the probe is owned by the node-sync
 /// task, which detaches before it returns, and by Drop if anything unwinds.
 pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
     let mut steps = startup::StartupSteps::default();
     // Signals first: a SIGTERM that lands while we load and attach must still end in an
     // orderly detach, not the default action.
+    // SIGHUP and SIGQUIT too: their default actions (exit, core dump) would leave cls_bpf
+    // filters attached and the socket file behind.
     let signals = Signals {
         term: signal(SignalKind::terminate())?,
         int: signal(SignalKind::interrupt())?,
+        hup: signal(SignalKind::hangup())?,
+        quit: signal(SignalKind::quit())?,
     };
     kernel::check_kernel_version()?;
     kernel::check_capabilities()?;
@@ -138,10 +144,16 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
     // Outputs too: a path that cannot be written fails here, with nothing attached.
     let mut sinks = Sinks::default();
     if let Some(path) = &cfg.events {
-        sinks.json = Some(JsonLines::open(path).context("--events")?);
+        sinks.json = Some(
+            JsonLines::open(path, "events", crate::sink::json::EVENTS_QUEUE_LINES)
+                .context("--events")?,
+        );
     }
     if let Some(path) = &cfg.record {
-        sinks.record = Some(JsonLines::open(path).context("--record")?);
+        sinks.record = Some(
+            JsonLines::open(path, "record", crate::sink::json::RECORD_QUEUE_LINES)
+                .context("--record")?,
+        );
     }
 
     // The Kubernetes client before anything is attached: a broken kubeconfig fails here.
@@ -256,6 +268,12 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         kube: kube_status,
         version: env!("CARGO_PKG_VERSION"),
         kube_events: Default::default(),
+        outputs: Arc::new(
+            [("events", &sinks.json), ("record", &sinks.record)]
+                .into_iter()
+                .filter_map(|(name, out)| Some((name, out.as_ref()?.stats())))
+                .collect(),
+        ),
     };
     // Subscribed before the first report; the writer runs beside the loop, never in it.
     let _kube_events_task = match &cfg.kube_events {
@@ -307,6 +325,7 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         signals,
         kube_index,
         node_name: cfg.node_name.clone(),
+        provider: cfg.provider,
     })
     .await;
     // Orderly shutdown: stop the surfaces and the sync task (it detaches), then the reader.
@@ -344,11 +363,14 @@ struct CorrelateLoop {
     /// Kubernetes attribution's latest index (None: attribution off).
     kube_index: Option<watch::Receiver<Arc<crate::kube::index::Index>>>,
     node_name: Option<String>,
+    provider: Option<crate::fixes::Provider>,
 }
 
 struct Signals {
     term: tokio::signal::unix::Signal,
     int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+    quit: tokio::signal::unix::Signal,
 }
 
 async fn correlate_loop(mut l: CorrelateLoop) -> anyhow::Result<()> {
@@ -384,11 +406,18 @@ async fn correlate_loop(mut l: CorrelateLoop) -> anyhow::Result<()> {
             }
             _ = l.signals.term.recv() => { info!("SIGTERM: shutting down"); return Ok(()); }
             _ = l.signals.int.recv() => { info!("SIGINT: shutting down"); return Ok(()); }
+            _ = l.signals.hup.recv() => { info!("SIGHUP: shutting down"); return Ok(()); }
+            _ = l.signals.quit.recv() => { info!("SIGQUIT: shutting down"); return Ok(()); }
         };
         for out in outputs {
             match out {
                 Output::Report(mut report) => {
-                    attribute(&mut report, l.kube_index.as_ref(), l.node_name.as_deref());
+                    attribute(
+                        &mut report,
+                        l.kube_index.as_ref(),
+                        l.node_name.as_deref(),
+                        l.provider,
+                    );
                     l.sinks.report(&report);
                     l.shared.publish(report);
                 }
@@ -404,14 +433,17 @@ async fn correlate_loop(mut l: CorrelateLoop) -> anyhow::Result<()> {
     }
 }
 
-/// Names the report's pod, Service and node (the enrichment after the pure correlator).
+/// Names the report's pod, Service and node (the enrichment after the pure correlator), then
+/// attaches the fixes that fit the named facts.
 fn attribute(
     report: &mut crate::correlate::Report,
     index: Option<&watch::Receiver<Arc<crate::kube::index::Index>>>,
     node: Option<&str>,
+    provider: Option<crate::fixes::Provider>,
 ) {
     let index = index.map(|rx| rx.borrow().clone()).unwrap_or_default();
     crate::kube::enrich::enrich(&mut report.event, &index, node);
+    crate::fixes::attach(&mut report.event, &index, provider);
 }
 
 /// Aborts a background task when the loop that owns it returns, however it returns.

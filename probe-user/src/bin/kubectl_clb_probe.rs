@@ -43,6 +43,28 @@ enum Command {
         #[arg(long)]
         print_command: bool,
     },
+    /// List the fixes for SERVICE (from the agents' Events and the Service and Nodes as read);
+    /// `--apply ID` applies one: a server-side dry run, the patch, then the undo command.
+    Fix {
+        service: String,
+        /// The Service's namespace.
+        #[arg(short, long, default_value = "default")]
+        namespace: String,
+        /// Output format of the listing.
+        #[arg(short, long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+        /// Apply the fix with this id.
+        #[arg(long, value_name = "ID")]
+        apply: Option<String>,
+        /// Refuse unless the Service is still at this resourceVersion (the one a listing
+        /// showed).
+        #[arg(long, value_name = "RV", requires = "apply")]
+        resource_version: Option<String>,
+        /// The cloud (aws, azure, gce, alicloud, tencentcloud, hcloud, digitalocean,
+        /// openstack, generic). Default: the Nodes' providerIDs, else the Service's settings.
+        #[arg(long, env = "CLB_PROBE_PROVIDER")]
+        provider: Option<clb_probe::fixes::Provider>,
+    },
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -66,6 +88,10 @@ fn main() -> ExitCode {
     };
     match rt.block_on(run(cli.command, kube)) {
         Ok(code) => code,
+        Err(e) if e.is::<plugin::fix::Refused>() => {
+            eprintln!("kubectl clb-probe: refused: {e:#}");
+            ExitCode::from(2)
+        }
         Err(e) => fail(&e),
     }
 }
@@ -106,6 +132,52 @@ async fn run(command: Command, kube: KubeArgs) -> anyhow::Result<ExitCode> {
                 std::process::Command::new(&kubectl).args(&cmd[1..]),
             );
             anyhow::bail!("running {kubectl}: {err} (is kubectl on PATH? set KUBECTL to its path)")
+        }
+        Command::Fix {
+            service,
+            namespace,
+            output,
+            apply,
+            resource_version,
+            provider,
+        } => {
+            use plugin::fix;
+            let svc = api::get_service(client.clone(), &namespace, &service).await?;
+            let provider_ids = match provider {
+                Some(_) => Vec::new(),
+                None => api::node_provider_ids(client.clone())
+                    .await
+                    .unwrap_or_else(|e| {
+                        eprintln!("kubectl clb-probe: warning: {e:#} (provider from the Service)");
+                        Vec::new()
+                    }),
+            };
+            let events = api::list_events(client.clone()).await?;
+            let kinds = fix::confirmed_kinds(&events, &namespace, &service);
+            let plan = fix::plan(
+                &svc,
+                provider_ids.iter().map(String::as_str),
+                provider,
+                &kinds,
+            )?;
+            let Some(id) = apply else {
+                match output {
+                    Output::Json => println!("{}", serde_json::to_string_pretty(&plan)?),
+                    Output::Table => print!("{}", fix::render(&plan)),
+                }
+                return Ok(ExitCode::SUCCESS);
+            };
+            let chosen = fix::select(&plan, &id, resource_version.as_deref())?;
+            let patch = fix::guarded_patch(chosen, plan.resource_version.as_deref());
+            api::patch_service(client.clone(), &namespace, &service, &patch, true).await?;
+            println!("dry run ok: {id} on service {namespace}/{service}");
+            let done = api::patch_service(client, &namespace, &service, &patch, false).await?;
+            println!(
+                "applied {id}: service {namespace}/{service} now at resourceVersion {}",
+                done.metadata.resource_version.as_deref().unwrap_or("?")
+            );
+            println!("undo: {}", fix::undo_command(chosen, &namespace, &service));
+            Ok(ExitCode::SUCCESS)
         }
     }
 }

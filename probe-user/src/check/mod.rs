@@ -99,6 +99,10 @@ pub struct Finding {
     pub summary: String,
     pub evidence: Vec<String>,
     pub remedy: Vec<String>,
+    /// Ready fixes for the Service behind the risk (see `crate::fixes`), best fit first; left
+    /// out when none (the node-level kinds, or no Service read).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub fixes: Vec<probe_contract::Fix>,
 }
 
 /// The whole report.
@@ -225,11 +229,47 @@ pub enum ApiState {
 /// failure there is a warning in the report), and judges them.
 pub fn run(cfg: &crate::state::addrs::AddrConfig, api: &kube::ApiAccess) -> anyhow::Result<Report> {
     let mut inputs = gather::gather(cfg)?;
+    let mut listed = Vec::new();
     if *api != kube::ApiAccess::None {
         match kube::list_services(api) {
-            Ok(list) => services::merge(&mut inputs, &list),
+            Ok(list) => {
+                services::merge(&mut inputs, &list);
+                listed = list;
+            }
             Err(e) => inputs.api = ApiState::Failed(format!("{e:#}")),
         }
     }
-    Ok(Report::new(rules::judge(&inputs)))
+    let mut findings = rules::judge(&inputs);
+    attach_fixes(&mut findings, &listed);
+    Ok(Report::new(findings))
+}
+
+/// The fixes of each loopback risk whose LB IP (its subject) one listed Service owns; the
+/// profile from that Service's own settings.
+pub fn attach_fixes(findings: &mut [Finding], services: &[crate::kube::index::ServiceFacts]) {
+    use probe_contract::LoopbackKind as L;
+    for f in findings {
+        let kind = match f.kind {
+            Kind::HealthcheckBlackhole => L::HealthcheckBlackhole,
+            Kind::VipPortUnserved => L::VipPortUnserved,
+            Kind::Hairpin => L::Hairpin,
+            _ => continue,
+        };
+        // `ip` or `ip:port/proto` (`[v6]:port/proto`).
+        let Some(ip) = f.subject.parse::<std::net::IpAddr>().ok().or_else(|| {
+            let (ip, _) = f.subject.rsplit_once(':')?;
+            ip.trim_matches(['[', ']']).parse().ok()
+        }) else {
+            continue;
+        };
+        let Some(service) = services
+            .iter()
+            .find(|s| s.ingress.iter().any(|i| i.ip == Some(ip)))
+        else {
+            continue;
+        };
+        let provider =
+            crate::fixes::service_provider(service).unwrap_or(crate::fixes::Provider::Generic);
+        f.fixes = crate::fixes::fixes(&crate::fixes::Facts::of_risk(kind, ip, service, provider));
+    }
 }

@@ -151,6 +151,7 @@ pub fn healthcheck_blackhole(inp: &Inputs) -> Vec<Finding> {
                     .into_iter()
                     .skip(1)
                     .collect(),
+                fixes: Vec::new(),
             }
         })
         .collect()
@@ -263,6 +264,7 @@ pub fn vip_port_unserved(inp: &Inputs) -> Vec<Finding> {
                 summary,
                 evidence,
                 remedy,
+                fixes: Vec::new(),
             }
         })
         .collect()
@@ -416,6 +418,7 @@ pub fn hairpin(inp: &Inputs) -> Vec<Finding> {
             ),
             evidence,
             remedy: hairpin_remedy(svc, t.etp_local == Some(true)),
+            fixes: Vec::new(),
         });
     }
     if out.is_empty() && pod_masq.is_empty() && seen.is_empty() {
@@ -447,6 +450,7 @@ pub fn hairpin(inp: &Inputs) -> Vec<Finding> {
             ),
             evidence,
             remedy: hairpin_remedy("the Service", local),
+            fixes: Vec::new(),
         });
     }
     out
@@ -520,6 +524,7 @@ pub fn nic_source_validation(inp: &Inputs) -> Vec<Finding> {
                     },
                 ],
                 remedy: Vec::new(),
+                fixes: Vec::new(),
             }
         })
         .collect()
@@ -559,6 +564,7 @@ pub fn kptr_restrict(inp: &Inputs) -> Vec<Finding> {
         summary,
         evidence: Vec::new(),
         remedy,
+        fixes: Vec::new(),
     }]
 }
 
@@ -612,6 +618,7 @@ pub fn kernel_visibility(inp: &Inputs) -> Vec<Finding> {
         summary,
         evidence,
         remedy,
+        fixes: Vec::new(),
     }]
 }
 
@@ -649,5 +656,6 @@ pub fn kube_api(inp: &Inputs) -> Vec<Finding> {
         summary,
         evidence,
         remedy,
+        fixes: Vec::new(),
     }]
 }

@@ -4,7 +4,8 @@
 use std::{collections::BTreeMap, net::IpAddr};
 
 use super::{
-    Inputs, KernelView, Kind, NicSysctls, Report, Severity, gather, render, rules, services,
+    Inputs, KernelView, Kind, NicSysctls, Report, Severity, attach_fixes, gather, render, rules,
+    services,
 };
 use crate::{
     event::Proto,
@@ -250,6 +251,9 @@ fn the_api_names_services_and_their_settings() {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             endpoints: vec![],
+            load_balancer_class: None,
+            annotations: Default::default(),
+            resource_version: None,
         }
     };
     // Bound, 443 declared but not served: a certain vip_port_unserved, named.
@@ -290,6 +294,31 @@ fn the_api_names_services_and_their_settings() {
         "{f:#?}"
     );
     assert!(f.remedy[0].contains("externalTrafficPolicy: Cluster on shop/web"));
+    // ... and carries the fix that patches it, which `probe check --json` shows.
+    let mut findings = rules::judge(&i);
+    attach_fixes(&mut findings, &[web(true, Some("Proxy"), &[])]);
+    let hairpin = findings.iter().find(|f| f.kind == Kind::Hairpin).unwrap();
+    assert_eq!(hairpin.fixes[0].id, "etp-cluster", "{:#?}", hairpin.fixes);
+    let json = crate::check::render::json(&Report::new(findings));
+    assert!(json.contains(r#""id": "etp-cluster""#), "{json}");
+    // Cluster already: never offered; the health-check risk of a bound VIP gets ipMode Proxy.
+    let mut i = masquerade(lab());
+    services::merge(&mut i, &[web(false, None, &[])]);
+    let mut findings = rules::judge(&i);
+    attach_fixes(&mut findings, &[web(false, None, &[])]);
+    assert!(
+        findings
+            .iter()
+            .all(|f| f.fixes.iter().all(|x| x.id != "etp-cluster"))
+    );
+    let hc = findings
+        .iter()
+        .find(|f| f.kind == Kind::HealthcheckBlackhole)
+        .unwrap();
+    assert_eq!(
+        hc.fixes.iter().map(|x| x.id.as_str()).collect::<Vec<_>>(),
+        ["ip-mode-proxy", "lb-healthcheck-source"]
+    );
 
     // The provider's prevent-loopback annotation turns the risks into warnings.
     let mut i = unbind(lab());

@@ -46,6 +46,7 @@ impl NewEvent for LoopbackEvent {
             client_pod: None,
             node: None,
             layer: None,
+            fixes: Vec::new(),
         }
     }
 }

@@ -267,6 +267,7 @@ mod tests {
             layer: None,
             client_pod: None,
             node: None,
+            fixes: Vec::new(),
         }
     }
 
@@ -276,6 +277,49 @@ mod tests {
             &[web_service(etp)],
             &[],
         )
+    }
+
+    /// The fixes read the Service the enrichment named: Local offers "set Cluster" first,
+    /// Cluster never does; no API (an empty index) leaves the policy unknown and says so.
+    #[test]
+    fn fixes_follow_the_named_service_s_settings() {
+        let attach = |etp: &str, index: &Index| {
+            let mut e = event(
+                LoopbackKind::Hairpin,
+                "10.0.0.9",
+                "198.18.0.2",
+                30080,
+                Some(80),
+            );
+            enrich(
+                &mut e,
+                &crate::kube::index::Index::build(
+                    &[pod("shop", "client-1", &["10.0.0.9"])],
+                    &[web_service(etp)],
+                    &[],
+                ),
+                None,
+            );
+            crate::fixes::attach(&mut e, index, None);
+            e.fixes
+        };
+        let local = attach("Local", &index("Local"));
+        assert_eq!(local[0].id, "etp-cluster");
+        assert_eq!(local[0].service.as_deref(), Some("shop/web"));
+        assert!(local[0].preconditions.is_empty(), "{:?}", local[0]);
+        let cluster = attach("Cluster", &index("Cluster"));
+        assert!(
+            !cluster.iter().any(|f| f.id == "etp-cluster"),
+            "{cluster:?}"
+        );
+        assert_eq!(cluster[0].id, "call-by-service-name");
+        let unread = attach("Local", &Index::default());
+        let etp = unread.iter().find(|f| f.id == "etp-cluster").unwrap();
+        assert!(etp.preconditions[0].contains("not read"), "{etp:?}");
+        assert_eq!(
+            unread[0].id, "call-by-service-name",
+            "an unread policy ranks lower"
+        );
     }
 
     #[test]

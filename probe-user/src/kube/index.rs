@@ -79,6 +79,14 @@ pub struct ServiceFacts {
     pub loopback_annotations: BTreeMap<String, String>,
     /// Ready endpoint addresses from the Service's EndpointSlices.
     pub endpoints: Vec<IpAddr>,
+    /// `spec.loadBalancerClass` (which controller runs the LB), when set.
+    pub load_balancer_class: Option<String>,
+    /// Every annotation but kubectl's last-applied copy: the provider fixes read the LB
+    /// controller's annotations and never offer one already set.
+    pub annotations: BTreeMap<String, String>,
+    /// `metadata.resourceVersion`: `kubectl clb-probe fix --apply` refuses a fix computed
+    /// from another version.
+    pub resource_version: Option<String>,
 }
 
 impl ServiceFacts {
@@ -354,6 +362,16 @@ fn facts(
             .health_check_node_port
             .and_then(|n| u16::try_from(n).ok()),
         loopback_annotations,
+        load_balancer_class: spec.load_balancer_class,
+        annotations: service
+            .metadata
+            .annotations
+            .iter()
+            .flatten()
+            .filter(|(k, _)| k.as_str() != "kubectl.kubernetes.io/last-applied-configuration")
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        resource_version: service.metadata.resource_version.clone(),
     })
 }
 

@@ -1,10 +1,13 @@
 //! The plugin's API calls: a client configured as kubectl would be, Events and agent pods.
 
 use anyhow::Context as _;
-use k8s_openapi::api::{core::v1::Pod, events::v1::Event};
+use k8s_openapi::api::{
+    core::v1::{Node, Pod, Service},
+    events::v1::Event,
+};
 use kube::{
     Api, Client, Config,
-    api::ListParams,
+    api::{ListParams, Patch, PatchParams},
     config::{KubeConfigOptions, Kubeconfig},
 };
 
@@ -85,4 +88,59 @@ pub async fn agent_pods(client: Client, namespace: &str, node: &str) -> anyhow::
         .await
         .map_err(|e| explain(e, "list pods"))?
         .items)
+}
+
+/// The Service `namespace/name`.
+pub async fn get_service(client: Client, namespace: &str, name: &str) -> anyhow::Result<Service> {
+    Api::<Service>::namespaced(client, namespace)
+        .get(name)
+        .await
+        .map_err(|e| explain(e, &format!("get services {name} in namespace {namespace}")))
+}
+
+/// The Nodes' `spec.providerID`s. A denied or failed list is not fatal (the provider then
+/// comes from `--provider` or the Service): the reason is returned for a warning.
+pub async fn node_provider_ids(client: Client) -> Result<Vec<String>, anyhow::Error> {
+    let nodes = Api::<Node>::all(client)
+        .list(&ListParams::default().limit(PAGE))
+        .await
+        .map_err(|e| explain(e, "list nodes"))?;
+    Ok(nodes
+        .items
+        .into_iter()
+        .filter_map(|n| n.spec.and_then(|s| s.provider_id))
+        .collect())
+}
+
+/// A merge patch of the Service; `dry_run`: `dryRun=All` (the server validates, stores
+/// nothing). A 403 or a 409 is a refusal ([`super::fix::Refused`]: exit 2).
+pub async fn patch_service(
+    client: Client,
+    namespace: &str,
+    name: &str,
+    patch: &serde_json::Value,
+    dry_run: bool,
+) -> anyhow::Result<Service> {
+    let params = PatchParams {
+        dry_run,
+        ..Default::default()
+    };
+    let what = format!(
+        "patch services {name} in namespace {namespace}{}",
+        if dry_run { " (dry run)" } else { "" }
+    );
+    Api::<Service>::namespaced(client, namespace)
+        .patch(name, &params, &Patch::Merge(patch))
+        .await
+        .map_err(|e| match e {
+            kube::Error::Api(status) if status.code == 409 => anyhow::Error::new(super::fix::Refused(format!(
+                "Service {namespace}/{name} changed since the fix was computed: {}; list the fixes again",
+                status.message
+            ))),
+            kube::Error::Api(status) if status.code == 403 => anyhow::Error::new(super::fix::Refused(format!(
+                "forbidden: cannot patch services in namespace {namespace} ({}): ask for that permission (RBAC)",
+                status.message
+            ))),
+            other => explain(other, &what),
+        })
 }

@@ -21,6 +21,7 @@
 //!   plugin user already gets there (same kubeconfig, same RBAC: `pods/exec`).
 
 pub mod api;
+pub mod fix;
 
 use std::fmt::Write as _;
 

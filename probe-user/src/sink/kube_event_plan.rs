@@ -360,9 +360,21 @@ pub fn note(event: &LoopbackEvent) -> String {
             event.src
         ),
     };
-    let text = match event.remedy.first() {
-        Some(remedy) => format!("{cause} Remedy: {remedy}"),
-        None => cause,
+    // The first (best-fitting) fix when there is one: the exact change, and the command that
+    // applies it when it is a patch of the named Service.
+    let text = match (event.fixes.first(), event.remedy.first()) {
+        (Some(fix), _) => match (
+            &fix.patch,
+            fix.service.as_deref().and_then(|s| s.split_once('/')),
+        ) {
+            (Some(_), Some((ns, name))) => format!(
+                "{cause} Fix: kubectl clb-probe fix -n {ns} {name} --apply {} ({}).",
+                fix.id, fix.change
+            ),
+            _ => format!("{cause} Fix: {}.", fix.short()),
+        },
+        (None, Some(remedy)) => format!("{cause} Remedy: {remedy}"),
+        (None, None) => cause,
     };
     truncate(text, NOTE_MAX)
 }

@@ -35,6 +35,7 @@ fn ev(kind: LoopbackKind, key: &str, count: u64) -> LoopbackEvent {
         layer: None,
         client_pod: None,
         node: None,
+        fixes: Vec::new(),
     }
 }
 
@@ -266,6 +267,37 @@ fn notes_say_cause_and_first_remedy_and_stay_under_1_kib() {
     let n = note(&long);
     assert!(n.len() <= NOTE_MAX && n.ends_with('…'), "{}", n.len());
     assert_eq!(truncate("abc".into(), 3), "abc");
+}
+
+#[test]
+fn a_note_names_the_first_fix_and_the_command_that_applies_it() {
+    let mut e = ev(LoopbackKind::Hairpin, "k", 1);
+    let fix = |id: &str, patch: bool| probe_contract::Fix {
+        id: id.into(),
+        provider: "generic".into(),
+        change: format!("change of {id}"),
+        service: patch.then(|| "shop/web".into()),
+        patch: patch.then(|| serde_json::json!({"spec": {}})),
+        undo: patch.then(|| serde_json::json!({"spec": {}})),
+        preconditions: vec![],
+        side_effects: vec![],
+        source: "https://example.invalid/".into(),
+    };
+    e.fixes = vec![fix("etp-cluster", true), fix("call-by-service-name", false)];
+    let n = note(&e);
+    assert!(
+        n.ends_with(
+            "Fix: kubectl clb-probe fix -n shop web --apply etp-cluster (change of etp-cluster)."
+        ),
+        "{n}"
+    );
+    assert!(!n.contains("Remedy:"), "{n}");
+    e.fixes.remove(0);
+    assert!(
+        note(&e).ends_with("Fix: call-by-service-name: change of call-by-service-name."),
+        "{}",
+        note(&e)
+    );
 }
 
 #[test]

@@ -189,6 +189,8 @@ fn draw(f: &mut Frame, m: &Model, input: &Input) {
             .chain(r.evidence.iter().map(|e| Line::from(format!("  - {e}"))))
             .chain(std::iter::once(Line::from("remedy:")))
             .chain(r.remedy.iter().map(|e| Line::from(format!("  - {e}"))))
+            .chain((!r.fixes.is_empty()).then(|| Line::from("fixes:")))
+            .chain(r.fixes.iter().map(|e| Line::from(format!("  - {e}"))))
             .collect(),
         None => vec![Line::from("no confirmed loopback events yet")],
     };

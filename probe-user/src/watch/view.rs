@@ -32,6 +32,8 @@ pub struct Row {
     pub reason: String,
     pub evidence: Vec<String>,
     pub remedy: Vec<String>,
+    /// The first [`FIXES_SHOWN`] fixes, one line each (`id: change`).
+    pub fixes: Vec<String>,
     /// Events per second over the recent snapshots (client-side).
     pub rate: f64,
 }
@@ -56,6 +58,7 @@ impl Row {
             reason: or_dash(e.drop_reason.as_deref().map(esc)),
             evidence: e.evidence.iter().map(|l| esc(l)).collect(),
             remedy: e.remedy.iter().map(|l| esc(l)).collect(),
+            fixes: fix_lines(e),
             rate: 0.0,
         }
     }
@@ -66,6 +69,31 @@ impl Row {
                 .iter()
                 .any(|f| f.contains(filter))
     }
+}
+
+/// Fixes shown in the detail pane (the JSON and `kubectl clb-probe fix` have them all).
+pub const FIXES_SHOWN: usize = 3;
+
+/// `id: change`, plus the command that applies it when it patches a named Service.
+fn fix_lines(e: &LoopbackEvent) -> Vec<String> {
+    e.fixes
+        .iter()
+        .take(FIXES_SHOWN)
+        .map(|f| {
+            match (
+                &f.patch,
+                f.service.as_deref().and_then(|s| s.split_once('/')),
+            ) {
+                (Some(_), Some((ns, name))) => format!(
+                    "{} [kubectl clb-probe fix -n {ns} {name} --apply {}]",
+                    f.short(),
+                    f.id
+                ),
+                _ => f.short(),
+            }
+        })
+        .map(|l| esc(&l))
+        .collect()
 }
 
 /// A value, or `-` when there is none.
@@ -274,6 +302,12 @@ pub fn plain(m: &Model) -> String {
         for e in &r.remedy {
             out.push_str(&format!("    - {e}\n"));
         }
+        if !r.fixes.is_empty() {
+            out.push_str("  fixes:\n");
+            for e in &r.fixes {
+                out.push_str(&format!("    - {e}\n"));
+            }
+        }
     }
     out
 }
@@ -337,6 +371,7 @@ mod tests {
             layer: None,
             client_pod: client_pod.map(String::from),
             node: None,
+            fixes: Vec::new(),
         }
     }
 
@@ -394,6 +429,42 @@ mod tests {
         ] {
             assert!(text.contains(needle), "missing {needle:?} in\n{text}");
         }
+    }
+
+    #[test]
+    fn the_detail_shows_the_first_three_fixes_with_their_command() {
+        let mut e = hairpin(None, Some("shop/web:http"));
+        e.fixes = [
+            "etp-cluster",
+            "call-by-service-name",
+            "snat-pod-egress-to-lb",
+            "fourth",
+        ]
+        .iter()
+        .enumerate()
+        .map(|(i, id)| probe_contract::Fix {
+            id: id.to_string(),
+            provider: "generic".into(),
+            change: "c".into(),
+            service: (i == 0).then(|| "shop/web".into()),
+            patch: (i == 0).then(|| serde_json::json!({})),
+            undo: (i == 0).then(|| serde_json::json!({})),
+            preconditions: vec![],
+            side_effects: vec![],
+            source: "https://example.invalid/".into(),
+        })
+        .collect();
+        let mut snapshot = snap(1);
+        snapshot.confirmed = vec![e];
+        let text = plain(&Model::from_snapshot(&snapshot));
+        assert!(
+            text.contains(
+                "  fixes:\n    - etp-cluster: c [kubectl clb-probe fix -n shop web --apply etp-cluster]\n    - call-by-service-name: c\n    - snat-pod-egress-to-lb: c\n"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("fourth"), "{text}");
+        assert!(!plain(&Model::from_snapshot(&snap(1))).contains("fixes:"));
     }
 
     #[test]

@@ -237,7 +237,7 @@ async fn handle(shared: Arc<Shared>, request: hyper::Request<Incoming>) -> Respo
         "watch" => watch_stream(shared, target, params),
         "create" => write(&shared, &target, &body, WriteMode::Create),
         "update" => write(&shared, &target, &body, WriteMode::Replace),
-        "patch" => patch(&shared, &target, &body, content_type.as_deref()),
+        "patch" => patch(&shared, &target, &body, content_type.as_deref(), &params),
         "delete" => delete(&shared, &target),
         _ => unreachable!("every verb is handled"),
     }
@@ -540,7 +540,25 @@ fn write(shared: &Shared, target: &Target, body: &Bytes, mode: WriteMode) -> Res
     }
 }
 
-fn patch(shared: &Shared, target: &Target, body: &Bytes, content_type: Option<&str>) -> Response {
+/// PATCH as the API server does it: a `metadata.resourceVersion` in the patch is a
+/// precondition (409 Conflict when the object moved on), and `dryRun=All` answers with the
+/// patched object without storing it (nor bumping the resourceVersion, nor notifying watches).
+fn patch(
+    shared: &Shared,
+    target: &Target,
+    body: &Bytes,
+    content_type: Option<&str>,
+    params: &HashMap<String, String>,
+) -> Response {
+    let dry_run = match params.get("dryRun").map(String::as_str) {
+        None => false,
+        Some("All") => true,
+        Some(other) => {
+            return bad_request(format!(
+                "dryRun: Unsupported value: \"{other}\": supported values: \"All\""
+            ));
+        }
+    };
     let content_type = content_type.unwrap_or_default();
     let apply = content_type.starts_with("application/apply-patch");
     if !(apply
@@ -568,8 +586,28 @@ fn patch(shared: &Shared, target: &Target, body: &Bytes, content_type: Option<&s
         None if apply => json!({ "metadata": { "name": name } }),
         None => return not_found_object(target.info, &name),
     };
+    if let Some(wanted) = patch["metadata"]["resourceVersion"].as_str()
+        && object["metadata"]["resourceVersion"].as_str() != Some(wanted)
+    {
+        return status(
+            StatusCode::CONFLICT,
+            "Conflict",
+            format!(
+                "Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again",
+                qualified(target.info)
+            ),
+            json!({ "name": name, "group": target.info.group, "kind": target.info.resource }),
+        );
+    }
     merge_patch(&mut object, &patch);
     object["metadata"]["name"] = json!(name);
+    if dry_run {
+        // The stored object keeps its resourceVersion: restore it over the patch's.
+        if let Some(stored) = store.get(target.info.resource, &namespace, &name) {
+            object["metadata"]["resourceVersion"] = stored["metadata"]["resourceVersion"].clone();
+        }
+        return json_response(StatusCode::OK, &object);
+    }
     let result = store.write(target.info, &namespace, object, WriteMode::Upsert);
     drop(store);
     match result {

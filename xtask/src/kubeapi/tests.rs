@@ -421,3 +421,58 @@ fn events_create_patch_and_list() {
         assert_eq!(error_code(&events.create(&PostParams::default(), &event).await.unwrap_err()), Some(403));
     });
 }
+
+/// `dryRun=All` answers with the patched Service and stores nothing; a resourceVersion in a
+/// merge patch is a precondition (409 once the Service moved on), as on a real API server.
+#[test]
+fn patch_dry_run_stores_nothing_and_a_stale_resource_version_conflicts() {
+    runtime().block_on(async {
+        let (api, client, _dir) = setup().await;
+        api.apply(json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"namespace": "shop", "name": "web"},
+            "spec": {"type": "LoadBalancer", "externalTrafficPolicy": "Local"}}));
+        let services: Api<Service> = Api::namespaced(client, "shop");
+        let before = services.get("web").await.unwrap();
+        let rv = before.metadata.resource_version.clone().unwrap();
+        let patch = json!({"metadata": {"resourceVersion": rv},
+                           "spec": {"externalTrafficPolicy": "Cluster"}});
+        let dry = PatchParams {
+            dry_run: true,
+            ..Default::default()
+        };
+        let answered = services
+            .patch("web", &dry, &Patch::Merge(&patch))
+            .await
+            .unwrap();
+        assert_eq!(
+            answered.spec.unwrap().external_traffic_policy.as_deref(),
+            Some("Cluster")
+        );
+        let stored = services.get("web").await.unwrap();
+        assert_eq!(
+            stored.metadata.resource_version.as_deref(),
+            Some(rv.as_str())
+        );
+        assert_eq!(
+            stored.spec.unwrap().external_traffic_policy.as_deref(),
+            Some("Local")
+        );
+
+        let done = services
+            .patch("web", &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+        assert_eq!(
+            done.spec.unwrap().external_traffic_policy.as_deref(),
+            Some("Cluster")
+        );
+        assert_ne!(done.metadata.resource_version.as_deref(), Some(rv.as_str()));
+        // The same patch again: its resourceVersion is stale now.
+        let err = services
+            .patch("web", &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap_err();
+        assert_eq!(error_code(&err), Some(409));
+        assert!(api.requests().iter().any(|r| r.path.contains("dryRun=All")));
+    });
+}

@@ -1,0 +1,262 @@
+//! Which cloud runs the LB: the provider profile that selects the provider's own fixes.
+//!
+//! Read, in this order: `--provider` (env `CLB_PROBE_PROVIDER`), the scheme of a Node's
+//! `spec.providerID` (`aws://...`, `gce://...`), then what the Service itself says (its
+//! `loadBalancerClass`, the prefix of its LB controller's annotations, an ELB hostname in
+//! `status.loadBalancer.ingress`); else `generic`. Only explicit schemes and annotation
+//! prefixes count: a guess from an address or a name would pick the wrong annotations.
+
+use std::{collections::BTreeMap, fmt, str::FromStr};
+
+/// A cloud whose LB controller we know.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Provider {
+    Aws,
+    Azure,
+    Gce,
+    /// Alibaba Cloud (ACK).
+    Alicloud,
+    /// Tencent Cloud (TKE).
+    Tencent,
+    Hcloud,
+    DigitalOcean,
+    OpenStack,
+    Generic,
+}
+
+impl Provider {
+    pub const ALL: [Provider; 9] = [
+        Provider::Aws,
+        Provider::Azure,
+        Provider::Gce,
+        Provider::Alicloud,
+        Provider::Tencent,
+        Provider::Hcloud,
+        Provider::DigitalOcean,
+        Provider::OpenStack,
+        Provider::Generic,
+    ];
+
+    /// The spelling of `--provider` and of [`probe_contract::Fix::provider`].
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Provider::Aws => "aws",
+            Provider::Azure => "azure",
+            Provider::Gce => "gce",
+            Provider::Alicloud => "alicloud",
+            Provider::Tencent => "tencentcloud",
+            Provider::Hcloud => "hcloud",
+            Provider::DigitalOcean => "digitalocean",
+            Provider::OpenStack => "openstack",
+            Provider::Generic => "generic",
+        }
+    }
+
+    /// The provider named by a Node's `spec.providerID` scheme (`aws:///eu-west-1a/i-0abc`).
+    /// `qcloud` is TKE's scheme, `alibaba`/`alibabacloud` spellings are accepted with
+    /// `alicloud`. None for another scheme or none.
+    pub fn from_provider_id(id: &str) -> Option<Provider> {
+        let (scheme, _) = id.split_once("://")?;
+        Some(match scheme.to_ascii_lowercase().as_str() {
+            "aws" => Provider::Aws,
+            "azure" => Provider::Azure,
+            "gce" => Provider::Gce,
+            "alicloud" | "alibaba" | "alibabacloud" => Provider::Alicloud,
+            "tencentcloud" | "qcloud" => Provider::Tencent,
+            "hcloud" => Provider::Hcloud,
+            "digitalocean" => Provider::DigitalOcean,
+            "openstack" => Provider::OpenStack,
+            _ => return None,
+        })
+    }
+
+    /// The provider a Service's own settings name: its `loadBalancerClass`, its LB controller's
+    /// annotation prefixes, an AWS ELB ingress hostname.
+    pub fn from_service(
+        load_balancer_class: Option<&str>,
+        annotations: &BTreeMap<String, String>,
+        ingress_hostnames: &[&str],
+    ) -> Option<Provider> {
+        if let Some(class) = load_balancer_class
+            && class.starts_with("service.k8s.aws/")
+        {
+            return Some(Provider::Aws);
+        }
+        const PREFIXES: [(&str, Provider); 9] = [
+            (
+                "service.beta.kubernetes.io/aws-load-balancer-",
+                Provider::Aws,
+            ),
+            ("service.beta.kubernetes.io/azure-", Provider::Azure),
+            ("cloud.google.com/", Provider::Gce),
+            ("networking.gke.io/", Provider::Gce),
+            (
+                "service.beta.kubernetes.io/alibaba-cloud-",
+                Provider::Alicloud,
+            ),
+            ("service.beta.kubernetes.io/alicloud-", Provider::Alicloud),
+            ("service.cloud.tencent.com/", Provider::Tencent),
+            ("load-balancer.hetzner.cloud/", Provider::Hcloud),
+            (
+                "service.beta.kubernetes.io/do-loadbalancer-",
+                Provider::DigitalOcean,
+            ),
+        ];
+        for key in annotations.keys() {
+            if let Some((_, p)) = PREFIXES.iter().find(|(pre, _)| key.starts_with(pre)) {
+                return Some(*p);
+            }
+            if key.starts_with("loadbalancer.openstack.org/") {
+                return Some(Provider::OpenStack);
+            }
+        }
+        ingress_hostnames
+            .iter()
+            .any(|h| h.ends_with(".elb.amazonaws.com"))
+            .then_some(Provider::Aws)
+    }
+}
+
+impl fmt::Display for Provider {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Provider {
+    type Err = String;
+
+    /// `--provider`: a profile name, or a providerID scheme spelling (`qcloud`, `alibaba`).
+    fn from_str(s: &str) -> Result<Provider, String> {
+        let s = s.trim().to_ascii_lowercase();
+        if let Some(p) = Provider::ALL.iter().find(|p| p.as_str() == s) {
+            return Ok(*p);
+        }
+        Provider::from_provider_id(&format!("{s}://")).ok_or_else(|| {
+            format!(
+                "unknown provider {s:?} (one of: {})",
+                Provider::ALL.map(Provider::as_str).join(", ")
+            )
+        })
+    }
+}
+
+/// Where the profile came from (shown with the fixes, so a wrong one can be overridden).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    Flag,
+    NodeProviderId,
+    Service,
+    Default,
+}
+
+/// The provider profile of one Service.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Profile {
+    pub provider: Provider,
+    pub origin: Origin,
+}
+
+impl Profile {
+    pub const GENERIC: Profile = Profile {
+        provider: Provider::Generic,
+        origin: Origin::Default,
+    };
+
+    /// The profile from (in order) the flag, the Nodes' providerIDs (the first with a known
+    /// scheme), the Service's own settings.
+    pub fn resolve<'a>(
+        flag: Option<Provider>,
+        provider_ids: impl IntoIterator<Item = &'a str>,
+        service: Option<Provider>,
+    ) -> Profile {
+        if let Some(provider) = flag {
+            return Profile {
+                provider,
+                origin: Origin::Flag,
+            };
+        }
+        if let Some(provider) = provider_ids
+            .into_iter()
+            .find_map(Provider::from_provider_id)
+        {
+            return Profile {
+                provider,
+                origin: Origin::NodeProviderId,
+            };
+        }
+        match service {
+            Some(provider) => Profile {
+                provider,
+                origin: Origin::Service,
+            },
+            None => Profile::GENERIC,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn provider_ids_name_their_cloud_and_nothing_else() {
+        for (id, want) in [
+            ("aws:///eu-west-1a/i-0abc", Some(Provider::Aws)),
+            ("azure:///subscriptions/x/vm-1", Some(Provider::Azure)),
+            ("gce://proj/europe-west1-b/vm", Some(Provider::Gce)),
+            ("alicloud://cn-hangzhou.i-abc", Some(Provider::Alicloud)),
+            ("qcloud:///800002/ins-abc", Some(Provider::Tencent)),
+            ("tencentcloud://ins-abc", Some(Provider::Tencent)),
+            ("hcloud://123", Some(Provider::Hcloud)),
+            ("digitalocean://123", Some(Provider::DigitalOcean)),
+            ("openstack:///uuid", Some(Provider::OpenStack)),
+            ("kind://docker/kind/kind-control-plane", None),
+            ("i-0abc", None),
+            ("", None),
+        ] {
+            assert_eq!(Provider::from_provider_id(id), want, "{id}");
+        }
+    }
+
+    #[test]
+    fn the_flag_wins_then_the_node_then_the_service() {
+        let ann: BTreeMap<String, String> = [(
+            "service.beta.kubernetes.io/do-loadbalancer-name".to_string(),
+            "x".to_string(),
+        )]
+        .into();
+        let svc = Provider::from_service(None, &ann, &[]);
+        assert_eq!(svc, Some(Provider::DigitalOcean));
+        let p = Profile::resolve(Some(Provider::Gce), ["aws:///a/i-1"], svc);
+        assert_eq!((p.provider, p.origin), (Provider::Gce, Origin::Flag));
+        let p = Profile::resolve(None, ["kind://x", "aws:///a/i-1"], svc);
+        assert_eq!(
+            (p.provider, p.origin),
+            (Provider::Aws, Origin::NodeProviderId)
+        );
+        let p = Profile::resolve(None, [], svc);
+        assert_eq!(
+            (p.provider, p.origin),
+            (Provider::DigitalOcean, Origin::Service)
+        );
+        assert_eq!(Profile::resolve(None, [], None), Profile::GENERIC);
+        assert_eq!(
+            Provider::from_service(Some("service.k8s.aws/nlb"), &BTreeMap::new(), &[]),
+            Some(Provider::Aws)
+        );
+        assert_eq!(
+            Provider::from_service(None, &BTreeMap::new(), &["a-1.elb.amazonaws.com"]),
+            Some(Provider::Aws)
+        );
+    }
+
+    #[test]
+    fn the_flag_takes_names_and_schemes_and_rejects_the_rest() {
+        assert_eq!("AWS".parse::<Provider>(), Ok(Provider::Aws));
+        assert_eq!("qcloud".parse::<Provider>(), Ok(Provider::Tencent));
+        assert_eq!("generic".parse::<Provider>(), Ok(Provider::Generic));
+        let err = "ibm".parse::<Provider>().unwrap_err();
+        assert!(err.contains("unknown provider \"ibm\""), "{err}");
+    }
+}

@@ -1,0 +1,237 @@
+use std::collections::{BTreeMap, HashSet};
+
+use probe_contract::{LoopbackKind, Proto, SnatState};
+use serde_json::{Value, json};
+
+use super::*;
+
+const KINDS: [LoopbackKind; 4] = [
+    LoopbackKind::HealthcheckBlackhole,
+    LoopbackKind::Hairpin,
+    LoopbackKind::VipPortUnserved,
+    LoopbackKind::VipAsSource,
+];
+
+/// RFC 7386 merge patch.
+fn merge(target: &mut Value, patch: &Value) {
+    let Value::Object(p) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    let t = target.as_object_mut().unwrap();
+    for (k, v) in p {
+        if v.is_null() {
+            t.remove(k);
+        } else {
+            merge(t.entry(k.clone()).or_insert(Value::Null), v);
+        }
+    }
+}
+
+/// The Service as the facts describe it (what a patch is applied to).
+fn model(f: &Facts) -> Value {
+    let mut spec = json!({"type": "LoadBalancer"});
+    // Unread: as the fixes' preconditions assume (etp-cluster's: Local).
+    spec["externalTrafficPolicy"] = json!(match f.etp {
+        Some(Etp::Cluster) => "Cluster",
+        Some(Etp::Local) | None => "Local",
+    });
+    json!({"metadata": {"annotations": f.annotations}, "spec": spec})
+}
+
+fn all_facts() -> Vec<Facts> {
+    let mut out = Vec::new();
+    let aws_lbc: BTreeMap<String, String> = [(
+        "service.beta.kubernetes.io/aws-load-balancer-type".to_string(),
+        "external".to_string(),
+    )]
+    .into();
+    for provider in Provider::ALL {
+        for kind in KINDS {
+            for etp in [Some(Etp::Local), Some(Etp::Cluster), None] {
+                for ip_mode in [Some(IpMode::Vip), Some(IpMode::Proxy), None] {
+                    for source in [
+                        Some(Source::Pod),
+                        Some(Source::Node),
+                        Some(Source::Lb),
+                        None,
+                    ] {
+                        for proto in [Proto::Tcp, Proto::Udp] {
+                            for read in [true, false] {
+                                out.push(Facts {
+                                    kind,
+                                    provider,
+                                    proto,
+                                    source,
+                                    snat: if source == Some(Source::Node) {
+                                        SnatState::Yes
+                                    } else {
+                                        SnatState::No
+                                    },
+                                    service: Some("shop/web".into()),
+                                    etp: if read { etp } else { None },
+                                    ip_mode: if read { ip_mode } else { None },
+                                    service_read: read,
+                                    load_balancer_class: None,
+                                    annotations: if read && provider == Provider::Aws {
+                                        aws_lbc.clone()
+                                    } else {
+                                        BTreeMap::new()
+                                    },
+                                });
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Every provider x kind x facts: ids unique, sources cited, nothing for another provider,
+/// nothing already in place, nothing the facts contradict, undo restores the Service.
+#[test]
+fn no_fix_contradicts_the_facts_or_is_already_in_place() {
+    let mut seen_ids = HashSet::new();
+    for f in all_facts() {
+        let fixes = fixes(&f);
+        let ids: HashSet<&str> = fixes.iter().map(|x| x.id.as_str()).collect();
+        assert_eq!(ids.len(), fixes.len(), "duplicate ids for {f:?}");
+        for fix in &fixes {
+            seen_ids.insert(fix.id.clone());
+            let ctx = format!("{} for {f:?}", fix.id);
+            assert!(fix.source.starts_with("https://"), "{ctx}");
+            assert!(
+                fix.provider == "generic" || fix.provider == f.provider.as_str(),
+                "{ctx}: another provider's fix"
+            );
+            if let Some(patch) = &fix.patch {
+                let before = model(&f);
+                let mut after = before.clone();
+                merge(&mut after, patch);
+                assert_ne!(before, after, "{ctx}: already in place");
+                merge(&mut after, fix.undo.as_ref().expect("a patch has an undo"));
+                assert_eq!(
+                    before, after,
+                    "{ctx}: the undo does not restore the Service"
+                );
+                assert_eq!(fix.service.as_deref(), Some("shop/web"), "{ctx}");
+            }
+            match fix.id.as_str() {
+                "etp-cluster" => assert_ne!(f.etp, Some(Etp::Cluster), "{ctx}"),
+                "ip-mode-proxy" | "ack-lb-hostname" | "do-lb-hostname" => {
+                    assert_ne!(f.ip_mode, Some(IpMode::Proxy), "{ctx}")
+                }
+                "snat-pod-egress-to-lb" => assert_eq!(f.source, Some(Source::Pod), "{ctx}"),
+                "call-by-service-name" => assert_ne!(f.source, Some(Source::Lb), "{ctx}"),
+                "aws-nlb-target-type-ip" | "aws-preserve-client-ip-off" => {
+                    assert_ne!(f.proto, Proto::Udp, "{ctx}")
+                }
+                _ => {}
+            }
+            if !f.service_read && fix.id.starts_with("aws-") {
+                assert!(
+                    fix.preconditions.iter().any(|p| p.contains("not read")),
+                    "{ctx}: an unread Service must say so"
+                );
+            }
+        }
+    }
+    // Every entry is reachable.
+    let table: HashSet<String> = TABLE.iter().map(|e| e.id.to_string()).collect();
+    assert_eq!(seen_ids, table);
+    assert_eq!(table.len(), TABLE.len(), "duplicate ids in the table");
+}
+
+fn hairpin(provider: Provider, etp: Option<Etp>) -> Facts {
+    Facts {
+        kind: LoopbackKind::Hairpin,
+        provider,
+        proto: Proto::Tcp,
+        source: Some(Source::Pod),
+        snat: SnatState::No,
+        service: Some("shop/web".into()),
+        etp,
+        ip_mode: Some(IpMode::Vip),
+        service_read: true,
+        load_balancer_class: (provider == Provider::Aws).then(|| "service.k8s.aws/nlb".into()),
+        annotations: BTreeMap::new(),
+    }
+}
+
+fn ids(f: &Facts) -> Vec<String> {
+    fixes(f).into_iter().map(|f| f.id).collect()
+}
+
+#[test]
+fn fixes_rank_by_fit_and_the_provider_s_own_come_first() {
+    assert_eq!(
+        ids(&hairpin(Provider::Generic, Some(Etp::Local))),
+        [
+            "etp-cluster",
+            "call-by-service-name",
+            "snat-pod-egress-to-lb"
+        ]
+    );
+    // Cluster already: no "set Cluster".
+    assert_eq!(
+        ids(&hairpin(Provider::Generic, Some(Etp::Cluster))),
+        ["call-by-service-name", "snat-pod-egress-to-lb"]
+    );
+    assert_eq!(
+        ids(&hairpin(Provider::Aws, Some(Etp::Local)))[..3],
+        [
+            "aws-nlb-target-type-ip",
+            "aws-preserve-client-ip-off",
+            "etp-cluster"
+        ]
+    );
+    // Tencent: no verified annotation, generic fixes only.
+    assert_eq!(
+        ids(&hairpin(Provider::Tencent, Some(Etp::Local))),
+        ids(&hairpin(Provider::Generic, Some(Etp::Local)))
+    );
+    let mut hc = hairpin(Provider::DigitalOcean, None);
+    hc.kind = LoopbackKind::HealthcheckBlackhole;
+    hc.source = Some(Source::Lb);
+    assert_eq!(
+        ids(&hc),
+        ["do-lb-hostname", "ip-mode-proxy", "lb-healthcheck-source"]
+    );
+}
+
+#[test]
+fn an_aws_patch_keeps_the_other_target_group_attributes_and_undoes_to_them() {
+    let mut f = hairpin(Provider::Aws, Some(Etp::Local));
+    f.annotations.insert(
+        AWS_TG_ATTRIBUTES.into(),
+        "deregistration_delay.timeout_seconds=30,preserve_client_ip.enabled=true".into(),
+    );
+    let fix = fixes(&f)
+        .into_iter()
+        .find(|x| x.id == "aws-preserve-client-ip-off")
+        .unwrap();
+    assert_eq!(
+        fix.patch.unwrap()["metadata"]["annotations"][AWS_TG_ATTRIBUTES],
+        "deregistration_delay.timeout_seconds=30,preserve_client_ip.enabled=false"
+    );
+    assert_eq!(
+        fix.undo.unwrap()["metadata"]["annotations"][AWS_TG_ATTRIBUTES],
+        "deregistration_delay.timeout_seconds=30,preserve_client_ip.enabled=true"
+    );
+    // Not the AWS Load Balancer Controller (in-tree): its annotations mean nothing there.
+    f.load_balancer_class = None;
+    assert!(!ids(&f).iter().any(|id| id.starts_with("aws-")));
+}
+
+#[test]
+fn without_a_service_name_only_advice_is_offered() {
+    let mut f = hairpin(Provider::Generic, Some(Etp::Local));
+    f.service = None;
+    assert!(fixes(&f).iter().all(|x| x.patch.is_none()));
+    assert!(!ids(&f).contains(&"etp-cluster".to_string()));
+}
