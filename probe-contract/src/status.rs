@@ -17,7 +17,12 @@ pub struct NodeStatus {
     pub vip_iface: String,
     pub vip_iface_present: bool,
     pub vips: Vec<IpAddr>,
+    /// Prefixes the kernel maps hold, by tag (not what the node has: see `left_out`).
     pub set_sizes: BTreeMap<String, usize>,
+    /// Prefixes of the node that did not fit in the kernel maps (`--address-entries`), by tag.
+    pub left_out: BTreeMap<String, usize>,
+    /// `--address-entries`: the capacity of each kernel address map.
+    pub address_capacity: u32,
     pub features: Option<Features>,
     /// True once programs are attached and the address sets are loaded.
     pub ready: bool,

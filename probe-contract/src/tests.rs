@@ -45,6 +45,8 @@ fn snapshot() -> Snapshot {
             vip_iface_present: true,
             vips: vec!["203.0.113.10".parse().unwrap()],
             set_sizes: [("vip".to_string(), 1)].into(),
+            left_out: [("vip".to_string(), 0)].into(),
+            address_capacity: 16_384,
             features: Some(Features {
                 tc_mode: TcMode::Tcx,
                 drop_hook: DropHook::TpBtf,

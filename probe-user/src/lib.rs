@@ -8,6 +8,7 @@
 //! - [`kube`]: Kubernetes attribution (pod and Service names on confirmed events);
 //! - [`sink`]: where confirmed events and counters go (JSON lines, metrics, live view).
 //! - [`check`]: `probe check`, the node's loopback risks judged from its state (pure rules).
+//! - [`term`]: outside text (NIC names, Event fields) made safe to print on a terminal.
 
 pub mod agent;
 pub mod check;
@@ -23,4 +24,5 @@ pub mod netlink;
 pub mod plugin;
 pub mod sink;
 pub mod state;
+pub mod term;
 pub mod watch;

@@ -195,7 +195,9 @@ fn agent_pod(name: &str, node: &str, phase: &str) -> Value {
     json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": "clb-probe",
-                     "labels": {"app.kubernetes.io/name": "clb-probe"}},
+                     "labels": {"app.kubernetes.io/name": "clb-probe"},
+                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
+                                          "name": "clb-probe", "uid": "u1", "controller": true}]},
         "spec": {"nodeName": node, "containers": [{"name": "agent", "image": "clb-probe"}]},
         "status": {"phase": phase},
     })

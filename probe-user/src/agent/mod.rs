@@ -211,6 +211,7 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         loaded.probe,
         loaded.addresses,
         cfg.addr.clone(),
+        cfg.map_sizes.addresses,
         ifnames.clone(),
         status_tx,
     );

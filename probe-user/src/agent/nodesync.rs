@@ -3,6 +3,13 @@
 //! Any rtnetlink link/address/route notification triggers a full re-read (debounced), a pure
 //! classification and a diff against what the maps hold: simpler and more robust than applying
 //! individual notifications, and cheap (a node has hundreds of addresses, not millions).
+//!
+//! A set larger than `--address-entries` is not an error: the maps hold the deterministic subset
+//! [`addrs::fit`] chooses (node addresses, then pods, then VIPs, each by address), the status
+//! and `clbprobe_local_addresses` say what the maps hold (not what the node has),
+//! `clbprobe_local_addresses_left_out` and a WARN say what is missing and which flag to raise.
+//! A resync that fails (a map write refused) is retried with backoff (1 s doubling to 30 s),
+//! not only on the next address change.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -27,7 +34,11 @@ pub struct NodeSync {
     probe: Probe,
     maps: AddressMaps,
     cfg: AddrConfig,
+    /// `--address-entries`: entries of each of the four address maps.
+    capacity: u32,
     in_maps: BTreeMap<Prefix, Tag>,
+    /// What the last sync left out, by tag (said on change).
+    left_out: BTreeMap<Tag, usize>,
     /// The prefilter words last written.
     prefilter: Vec<u64>,
     nics_in_map: BTreeSet<u32>,
@@ -41,12 +52,16 @@ pub struct NodeSync {
 
 /// Debounce for bursts of notifications (kube-proxy adds hundreds of addresses at once).
 const DEBOUNCE: Duration = Duration::from_millis(100);
+/// A failed resync is retried after this, doubling up to [`RETRY_MAX`], until one succeeds.
+const RETRY_FIRST: Duration = Duration::from_secs(1);
+const RETRY_MAX: Duration = Duration::from_secs(30);
 
 impl NodeSync {
     pub fn new(
         probe: Probe,
         maps: AddressMaps,
         cfg: AddrConfig,
+        capacity: u32,
         ifnames: IfNames,
         status: watch::Sender<NodeStatus>,
     ) -> Self {
@@ -54,7 +69,9 @@ impl NodeSync {
             probe,
             maps,
             cfg,
+            capacity,
             in_maps: BTreeMap::new(),
+            left_out: BTreeMap::new(),
             // The map starts zeroed.
             prefilter: vec![0; probe_common::prefilter::WORDS as usize],
             nics_in_map: BTreeSet::new(),
@@ -77,10 +94,52 @@ impl NodeSync {
         }
         let sets = addrs::classify(&state, &self.cfg);
         self.say_vip_iface(sets.vip_iface.is_some());
-        self.apply_prefixes(&sets.prefixes)?;
+        let fitted = addrs::fit(&sets.prefixes, self.capacity);
+        self.say_left_out(&fitted.left_out);
+        // What the maps hold is published even when a write below fails.
+        let applied = self.apply_prefixes(&fitted.kept);
         self.apply_attachments(&sets)?;
         self.publish(&sets);
+        applied?;
         Ok(sets)
+    }
+
+    /// A WARN when the sets stop fitting, a line when they fit again (changes in between are
+    /// for the gauge): the datapath does not see the addresses left out.
+    fn say_left_out(&mut self, left_out: &BTreeMap<Tag, usize>) {
+        if *left_out == self.left_out {
+            return;
+        }
+        let total: usize = left_out.values().sum();
+        let before: usize = self.left_out.values().sum();
+        if total > 0 && before > 0 {
+            // Still short, by another count: the gauge follows, the WARN was said.
+            debug!(
+                left_out = total,
+                "address sets still exceed --address-entries"
+            );
+        } else if total == 0 {
+            info!(
+                capacity = self.capacity,
+                "address sets fit in the kernel maps again"
+            );
+        } else {
+            let by_set = left_out
+                .iter()
+                .map(|(t, n)| format!("{} {n}", t.as_str()))
+                .collect::<Vec<_>>()
+                .join(", ");
+            warn!(
+                left_out = total,
+                by_set = %by_set,
+                capacity = self.capacity,
+                "address sets exceed --address-entries: {total} addresses are not in the kernel \
+                 maps ({by_set}) and their traffic is not seen; raise --address-entries \
+                 (now {}) above the node's count",
+                self.capacity
+            );
+        }
+        self.left_out = left_out.clone();
     }
 
     fn apply_prefixes(&mut self, want: &BTreeMap<Prefix, Tag>) -> anyhow::Result<()> {
@@ -96,6 +155,9 @@ impl NodeSync {
             }
             self.in_maps.remove(&p);
         }
+        // A refused write leaves that prefix out (the maps and `in_maps` agree) and the others
+        // still go in; the sync then fails and is retried.
+        let mut refused = None;
         for (p, tag) in want {
             if self.in_maps.get(p) == Some(tag) {
                 continue;
@@ -104,8 +166,16 @@ impl NodeSync {
                 tag: tag.to_raw(),
                 _pad: [0; 3],
             };
-            self.insert_prefix(*p, value)?;
-            self.in_maps.insert(*p, *tag);
+            match self.insert_prefix(*p, value) {
+                Ok(()) => {
+                    self.in_maps.insert(*p, *tag);
+                }
+                Err(e) => {
+                    // An update over an entry of another tag may have failed: not held.
+                    self.in_maps.remove(p);
+                    refused.get_or_insert_with(|| anyhow::anyhow!("writing {p}: {e}"));
+                }
+            }
         }
         // The programs skip the IPv6 trie when it is empty: keep its size current.
         let v6_prefixes = self
@@ -123,7 +193,7 @@ impl NodeSync {
                 *old = *new;
             }
         }
-        Ok(())
+        refused.map_or(Ok(()), Err)
     }
 
     /// Host addresses go to the hash, shorter prefixes to the trie.
@@ -189,13 +259,24 @@ impl NodeSync {
         self.vip_iface_seen = Some(present);
     }
 
+    /// Publishes what the kernel maps hold (`in_maps`), not what the node has.
     fn publish(&self, sets: &AddressSets) {
         let set_sizes = Tag::ALL
             .iter()
-            .map(|t| (t.as_str().to_string(), sets.count(*t)))
+            .map(|t| {
+                let n = self.in_maps.values().filter(|v| *v == t).count();
+                (t.as_str().to_string(), n)
+            })
             .collect();
-        let vips = sets
-            .prefixes
+        let left_out = Tag::ALL
+            .iter()
+            .map(|t| {
+                let n = self.left_out.get(t).copied().unwrap_or(0);
+                (t.as_str().to_string(), n)
+            })
+            .collect();
+        let vips = self
+            .in_maps
             .iter()
             .filter(|(_, t)| **t == Tag::Vip)
             .map(|(p, _)| p.addr)
@@ -207,6 +288,8 @@ impl NodeSync {
             s.vip_iface_present = sets.vip_iface.is_some();
             s.vips = vips;
             s.set_sizes = set_sizes;
+            s.left_out = left_out;
+            s.address_capacity = self.capacity;
             s.features = Some(self.probe.features().clone());
             s.ready = !sets.nics.is_empty();
         });
@@ -228,6 +311,7 @@ impl NodeSync {
         let conn_task = tokio::spawn(conn);
         // Anything may have changed between the first sync and the subscription, so the loop
         // starts with a sync.
+        let mut retry: Option<Duration> = None;
         loop {
             tokio::select! {
                 () = tokio::time::sleep(DEBOUNCE) => {}
@@ -238,14 +322,28 @@ impl NodeSync {
                 tokio::time::timeout(Duration::from_millis(1), messages.next()).await
             {}
             match self.sync(&handle).await {
-                Ok(sets) => debug!(prefixes = sets.prefixes.len(), "resynced"),
-                Err(e) => warn!(error = %e, "resync failed; retrying on the next change"),
+                Ok(sets) => {
+                    debug!(prefixes = sets.prefixes.len(), "resynced");
+                    retry = None;
+                }
+                Err(e) => {
+                    let after = retry.map_or(RETRY_FIRST, |d| (d * 2).min(RETRY_MAX));
+                    warn!(error = %e, "resync failed; retrying in {after:?} or on the next change");
+                    retry = Some(after);
+                }
             }
+            let retry_at = retry.map(|d| tokio::time::Instant::now() + d);
             tokio::select! {
                 msg = messages.next() => if msg.is_none() {
                     warn!("rtnetlink notifications ended; resyncing every second");
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 },
+                () = async {
+                    match retry_at {
+                        Some(at) => tokio::time::sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                } => {}
                 _ = stop.changed() => break,
             }
         }

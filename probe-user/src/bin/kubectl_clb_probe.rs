@@ -36,9 +36,9 @@ enum Command {
     /// Open the live view (`probe watch`) of the agent on NODE, through `kubectl exec`.
     Watch {
         node: String,
-        /// The agent's namespace (default: look in every namespace).
-        #[arg(short, long)]
-        namespace: Option<String>,
+        /// The agent's namespace: only the DaemonSet's pods there are chosen.
+        #[arg(short, long, default_value = plugin::AGENT_NAMESPACE)]
+        namespace: String,
         /// Print the `kubectl exec` command instead of running it.
         #[arg(long)]
         print_command: bool,
@@ -118,8 +118,9 @@ async fn run(command: Command, kube: KubeArgs) -> anyhow::Result<ExitCode> {
             namespace,
             print_command,
         } => {
-            let pods = api::agent_pods(client, namespace.as_deref(), &node).await?;
-            let (ns, pod) = plugin::agent_pod(&pods, &node).map_err(anyhow::Error::msg)?;
+            let pods = api::agent_pods(client, &namespace, &node).await?;
+            let (ns, pod) =
+                plugin::agent_pod(&pods, &namespace, &node).map_err(anyhow::Error::msg)?;
             let cmd = plugin::exec_command(&kube, &ns, &pod);
             if print_command {
                 println!("{}", plugin::shell_words(&cmd));

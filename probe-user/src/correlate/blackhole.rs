@@ -5,7 +5,9 @@
 use super::aggregate::NewEvent as _;
 use super::{
     AggregateKey, Correlator, DropInfo, LoopbackEvent, Outcome, Output, RecentDrop, SnatState,
-    evidence::{drop_line, local_source_line, suspect_line, table_missing},
+    evidence::{
+        drop_line, local_source_line, suspect_line, table_missing, unauthenticated_source_line,
+    },
     tuple_of,
 };
 use crate::{
@@ -132,6 +134,7 @@ impl Correlator {
         }
         evidence.push(drop_line(&info, &t));
         evidence.push(local_source_line(&info, packet.src));
+        evidence.push(unauthenticated_source_line(packet.src));
         let svc = self.nodeport_evidence(packet, &mut evidence);
         self.vip_served_evidence(packet.src, &mut evidence);
         let nic = info

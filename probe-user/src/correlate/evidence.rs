@@ -157,6 +157,18 @@ pub(super) fn local_source_line(info: &DropInfo, src: IpAddr) -> String {
     }
 }
 
+/// What a received VIP-source packet proves, and what it does not: its source is whatever the
+/// sender wrote. A health check and a SYN spoofed from the VIP by any host whose packets
+/// reach this NIC are the same bytes; the agent counts it as the LB's because only the LB in
+/// the node's path is expected to send from its VIP (README, "Threat model").
+pub(super) fn unauthenticated_source_line(src: IpAddr) -> String {
+    format!(
+        "the source {src} is not authenticated: the agent takes the packet for the load \
+         balancer's because only an LB in this node's path sends from its VIP; a host that can \
+         reach this NIC and spoofs {src} produces the same record"
+    )
+}
+
 /// A TCP SYN that left `nic` with a bound VIP as source.
 pub(super) fn vip_egress_line(ts: u64, nic: &str, p: &Packet) -> String {
     format!(

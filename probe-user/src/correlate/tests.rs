@@ -231,6 +231,12 @@ fn blackhole_drop_alone_confirms() {
         &e.evidence,
         "NodePort 30080/tcp belongs to default/web"
     ));
+    // A SYN spoofed from the VIP is the same bytes: the evidence says the source is trusted,
+    // not proven.
+    assert!(has_line(
+        &e.evidence,
+        &format!("the source {LB_VIP} is not authenticated")
+    ));
     assert!(has_line(&e.remedy, "kube-ipvs0"));
     assert!(has_line(&e.remedy, "health checks from a source range"));
     assert!(has_line(&e.remedy, "all backends as alive"));

@@ -14,7 +14,10 @@ use super::aggregate::NewEvent as _;
 use super::{
     AggregateKey, Correlator, DropInfo, LoopbackEvent, Outcome, Output,
     blackhole::VipSuspect,
-    evidence::{destination_line, drop_line, local_source_line, suspect_line, vip_egress_line},
+    evidence::{
+        destination_line, drop_line, local_source_line, suspect_line, unauthenticated_source_line,
+        vip_egress_line,
+    },
     facts::{Etp, VipSourceSide},
     tuple_of,
 };
@@ -36,6 +39,7 @@ impl Correlator {
         }
         evidence.push(drop_line(&info, &t));
         evidence.push(local_source_line(&info, packet.src));
+        evidence.push(unauthenticated_source_line(packet.src));
         evidence.push(destination_line(packet, &self.services));
         self.vip_served_evidence(packet.src, &mut evidence);
         let nic = info

@@ -150,8 +150,9 @@ pub struct KubeStatus {
 }
 
 impl KubeStatus {
+    /// Connected, and no resource's watches are ending at once ([`watches`]).
     pub fn connected(&self) -> bool {
-        self.connected.load(Ordering::Relaxed)
+        self.connected.load(Ordering::Relaxed) && !self.watches.churning()
     }
 
     /// Sets the state; returns the previous one.

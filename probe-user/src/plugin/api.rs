@@ -76,16 +76,10 @@ pub async fn list_events(client: Client) -> anyhow::Result<Vec<Event>> {
     }
 }
 
-/// The clb-probe pods on `node` (in `namespace`, else in all namespaces).
-pub async fn agent_pods(
-    client: Client,
-    namespace: Option<&str>,
-    node: &str,
-) -> anyhow::Result<Vec<Pod>> {
-    let api: Api<Pod> = match namespace {
-        Some(ns) => Api::namespaced(client, ns),
-        None => Api::all(client),
-    };
+/// The clb-probe pods on `node` in the agent's `namespace` (never other namespaces: a tenant
+/// may label its pods `app.kubernetes.io/name=clb-probe`).
+pub async fn agent_pods(client: Client, namespace: &str, node: &str) -> anyhow::Result<Vec<Pod>> {
+    let api: Api<Pod> = Api::namespaced(client, namespace);
     let params = ListParams::default()
         .fields(&format!("spec.nodeName={node}"))
         .labels(&format!("{}={}", AGENT_LABEL.0, AGENT_LABEL.1));

@@ -4,9 +4,18 @@
 //!
 //! - `events`: every `events.k8s.io/v1` Event whose `reportingController` is `clb-probe`, in
 //!   every namespace (Service events live in the Service's namespace, Node events in
-//!   `default`), newest first.
+//!   `default`), newest first. Every field is printed through [`crate::term::escape`] (a
+//!   tenant may write any bytes into an Event it creates); `-o json` is left as the API gave
+//!   it (JSON escapes control characters itself). Anyone allowed to create Events may set
+//!   `reportingController: clb-probe`, and an Event records nothing of who wrote it, so the
+//!   table marks (`*` after the kind) the rows not in the shape an agent writes
+//!   ([`forged_because`]); a well-made forgery about a tenant's own Service in its own
+//!   namespace passes that check: README, "Threat model", says what closes it (an admission
+//!   policy tying `reportingController: clb-probe` to the agent's service account).
 //! - `watch NODE`: finds the Running clb-probe pod on NODE (pods labelled
-//!   `app.kubernetes.io/name=clb-probe` with `spec.nodeName=NODE`) and replaces itself with
+//!   `app.kubernetes.io/name=clb-probe` with `spec.nodeName=NODE`, in the agent's namespace
+//!   only, [`AGENT_NAMESPACE`] unless `-n` says otherwise, and owned by a DaemonSet: a tenant can
+//!   label a pod of its own, it cannot put one there) and replaces itself with
 //!   `kubectl exec -it -n NS POD -c agent -- probe watch`: the live view is a terminal UI on the
 //!   agent's Unix socket, which only a process in the pod can reach, and `kubectl exec` is how a
 //!   plugin user already gets there (same kubeconfig, same RBAC: `pods/exec`).
@@ -22,10 +31,15 @@ use k8s_openapi::{
 };
 use serde::Serialize;
 
-use probe_contract::kube_event::{REPORTING_CONTROLLER, kind_of_reason};
+use probe_contract::kube_event::{ACTION, REPORTING_CONTROLLER, kind_of_reason};
+
+use crate::term::escape;
 
 /// The label the chart puts on the agent's pods.
 pub const AGENT_LABEL: (&str, &str) = ("app.kubernetes.io/name", "clb-probe");
+/// The chart's namespace (`namespace.name`): where `watch` looks for the agent's pods unless
+/// `-n` names another.
+pub const AGENT_NAMESPACE: &str = "clb-probe";
 /// The agent's container in the DaemonSet.
 pub const AGENT_CONTAINER: &str = "agent";
 
@@ -46,6 +60,10 @@ pub struct Row {
     /// Where the Event is: `kubectl -n NAMESPACE describe event NAME`.
     pub namespace: String,
     pub name: String,
+    /// Why the Event is not in the shape an agent writes (then it is likely forged), None
+    /// when it is. Not in `-o json`, which stays as it was.
+    #[serde(skip)]
+    pub forged_because: Option<&'static str>,
 }
 
 fn ns_name(r: &k8s_openapi::api::core::v1::ObjectReference, kind: &str) -> Option<String> {
@@ -57,6 +75,50 @@ fn ns_name(r: &k8s_openapi::api::core::v1::ObjectReference, kind: &str) -> Optio
         Some(ns) if !ns.is_empty() => format!("{ns}/{name}"),
         _ => name.to_string(),
     })
+}
+
+/// Why `ev` (which says `reportingController: clb-probe`) is not in the shape an agent writes,
+/// or None when it is. What an agent writes (`sink::kube_event_plan::event_doc`): type
+/// Warning, action Detected, a reason of one of its kinds, `reportingInstance` its node's name;
+/// regarding either a Service in the Event's own namespace, or its own Node with the Event in
+/// `default`; related, when present, a Pod. This is a consistency check, not authentication
+/// (an Event carries no author): it catches forgeries that copy the look and not the shape,
+/// such as a "clb-probe" Event in a tenant namespace about a Node or another namespace.
+pub fn forged_because(ev: &Event) -> Option<&'static str> {
+    let instance = ev.reporting_instance.as_deref().unwrap_or_default();
+    let namespace = ev.metadata.namespace.as_deref().unwrap_or_default();
+    if ev.type_.as_deref() != Some("Warning") || ev.action.as_deref() != Some(ACTION) {
+        return Some("not a Warning with action Detected");
+    }
+    if ev.reason.as_deref().and_then(kind_of_reason).is_none() {
+        return Some("a reason no agent writes");
+    }
+    let node_name = !instance.is_empty()
+        && instance.len() <= 253
+        && instance
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.');
+    if !node_name {
+        return Some("reportingInstance is not a node name");
+    }
+    let regarding = ev.regarding.as_ref();
+    let kind = regarding.and_then(|r| r.kind.as_deref());
+    let ns_of =
+        |r: &k8s_openapi::api::core::v1::ObjectReference| r.namespace.clone().unwrap_or_default();
+    match (kind, regarding) {
+        (Some("Service"), Some(r)) if ns_of(r) == namespace => {}
+        (Some("Node"), Some(r))
+            if r.name.as_deref() == Some(instance) && namespace == "default" => {}
+        _ => return Some("regards an object an agent would not write it about"),
+    }
+    if ev
+        .related
+        .as_ref()
+        .is_some_and(|r| r.kind.as_deref() != Some("Pod"))
+    {
+        return Some("related to something other than a Pod");
+    }
+    None
 }
 
 /// The row of one Event; `None` for Events another controller reported.
@@ -90,6 +152,7 @@ pub fn row(ev: &Event) -> Option<Row> {
         note: ev.note.clone().unwrap_or_default(),
         namespace: ev.metadata.namespace.clone().unwrap_or_default(),
         name: ev.metadata.name.clone().unwrap_or_default(),
+        forged_because: forged_because(ev),
     })
 }
 
@@ -119,7 +182,12 @@ pub fn age(now: Timestamp, then: Timestamp) -> String {
     }
 }
 
-/// The table for people: LAST SEEN, NODE, KIND, SERVICE, CLIENT POD, COUNT.
+/// The line under a table with marked rows.
+pub const FORGED_FOOTER: &str = "* not in the shape a clb-probe agent writes: possibly forged by whoever may create Events there (kubectl -n NAMESPACE describe event NAME; README, Threat model)";
+
+/// The table for people: LAST SEEN, NODE, KIND, SERVICE, CLIENT POD, COUNT. Every cell is
+/// escaped ([`crate::term::escape`]); rows with [`Row::forged_because`] get `*` after the
+/// kind and the table a [`FORGED_FOOTER`].
 pub fn table(rows: &[Row], now: Timestamp) -> String {
     let header = [
         "LAST SEEN",
@@ -132,12 +200,13 @@ pub fn table(rows: &[Row], now: Timestamp) -> String {
     let cells: Vec<[String; 6]> = rows
         .iter()
         .map(|r| {
+            let mark = if r.forged_because.is_some() { "*" } else { "" };
             [
                 age(now, r.last_seen),
-                r.node.clone(),
-                r.kind.clone(),
-                r.service.clone().unwrap_or_else(|| "-".into()),
-                r.client_pod.clone().unwrap_or_else(|| "-".into()),
+                escape(&r.node).into_owned(),
+                format!("{}{mark}", escape(&r.kind)),
+                escape(r.service.as_deref().unwrap_or("-")).into_owned(),
+                escape(r.client_pod.as_deref().unwrap_or("-")).into_owned(),
                 r.count.to_string(),
             ]
         })
@@ -165,11 +234,27 @@ pub fn table(rows: &[Row], now: Timestamp) -> String {
     for row in &cells {
         line(row.iter().map(String::as_str).collect());
     }
+    if rows.iter().any(|r| r.forged_because.is_some()) {
+        out.push_str(FORGED_FOOTER);
+        out.push('\n');
+    }
     out
 }
 
-/// The agent pod to exec into on `node`: the Running one carrying [`AGENT_LABEL`].
-pub fn agent_pod(pods: &[Pod], node: &str) -> Result<(String, String), String> {
+/// Whether a DaemonSet controls `pod` (its controller ownerReference): the agent's pods are the
+/// DaemonSet's; a pod someone created and labelled by hand is not.
+fn daemonset_owned(pod: &Pod) -> bool {
+    pod.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.controller == Some(true) && o.kind == "DaemonSet" && o.api_version == "apps/v1")
+}
+
+/// The agent pod to exec into on `node`: the Running one in `namespace` carrying
+/// [`AGENT_LABEL`] and controlled by a DaemonSet. Pods elsewhere, or not a DaemonSet's, are
+/// never chosen, whatever their labels (a tenant may label its own pods anything).
+pub fn agent_pod(pods: &[Pod], namespace: &str, node: &str) -> Result<(String, String), String> {
     let on_node: Vec<&Pod> = pods
         .iter()
         .filter(|p| {
@@ -178,6 +263,8 @@ pub fn agent_pod(pods: &[Pod], node: &str) -> Result<(String, String), String> {
                 .as_ref()
                 .and_then(|l| l.get(AGENT_LABEL.0))
                 .is_some_and(|v| v == AGENT_LABEL.1)
+                && p.metadata.namespace.as_deref() == Some(namespace)
+                && daemonset_owned(p)
                 && p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node)
         })
         .collect();
@@ -198,7 +285,9 @@ pub fn agent_pod(pods: &[Pod], node: &str) -> Result<(String, String), String> {
     match running.as_slice() {
         [one] => Ok(name(one)),
         [] if on_node.is_empty() => Err(format!(
-            "no clb-probe agent pod on node {node} (pods labelled {}={}); is the DaemonSet scheduled there?",
+            "no clb-probe agent pod on node {node} in namespace {namespace} (DaemonSet pods \
+             labelled {}={}); is the DaemonSet scheduled there? (-n NAMESPACE if the agent runs \
+             in another namespace)",
             AGENT_LABEL.0, AGENT_LABEL.1
         )),
         [] => Err(format!(
@@ -210,7 +299,7 @@ pub fn agent_pod(pods: &[Pod], node: &str) -> Result<(String, String), String> {
                 .join(", ")
         )),
         many => Err(format!(
-            "{} clb-probe pods run on node {node} ({}); choose one with -n NAMESPACE",
+            "{} clb-probe pods run on node {node} ({}); delete the stale one",
             many.len(),
             many.iter()
                 .map(|p| format!("{}/{}", name(p).0, name(p).1))

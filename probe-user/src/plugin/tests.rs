@@ -113,7 +113,9 @@ fn pod(ns: &str, name: &str, node: &str, phase: &str, agent: bool) -> Pod {
         serde_json::json!({"app": "web"})
     };
     serde_json::from_value(serde_json::json!({
-        "metadata": {"name": name, "namespace": ns, "labels": labels},
+        "metadata": {"name": name, "namespace": ns, "labels": labels,
+                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
+                                          "name": "clb-probe", "uid": "u1", "controller": true}]},
         "spec": {"nodeName": node, "containers": [{"name": "agent"}]},
         "status": {"phase": phase},
     }))
@@ -129,25 +131,98 @@ fn the_agent_pod_is_the_running_one_on_the_node() {
         pod("shop", "web-1", "node-a", "Running", false),
     ];
     assert_eq!(
-        agent_pod(&pods, "node-a"),
+        agent_pod(&pods, "clb-probe", "node-a"),
         Ok(("clb-probe".into(), "clb-probe-x1".into()))
     );
-    let none = agent_pod(&pods, "node-z").unwrap_err();
+    let none = agent_pod(&pods, "clb-probe", "node-z").unwrap_err();
     assert!(
         none.contains("no clb-probe agent pod on node node-z"),
         "{none}"
     );
-    let not_running = agent_pod(&pods[..1], "node-a").unwrap_err();
+    let not_running = agent_pod(&pods[..1], "clb-probe", "node-a").unwrap_err();
     assert!(not_running.contains("not Running"), "{not_running}");
     let two = [
         pods[1].clone(),
-        pod("other", "clb-probe-z", "node-a", "Running", true),
+        pod("clb-probe", "clb-probe-z", "node-a", "Running", true),
     ];
     assert!(
-        agent_pod(&two, "node-a")
+        agent_pod(&two, "clb-probe", "node-a")
             .unwrap_err()
-            .contains("-n NAMESPACE")
+            .contains("2 clb-probe pods")
     );
+}
+
+/// A tenant's pod labelled as the agent (in its own namespace, or a bare pod in the agent's
+/// namespace) is never the one exec'd into, whether the agent runs or not.
+#[test]
+fn a_labelled_tenant_pod_is_never_chosen() {
+    let agent = pod("clb-probe", "clb-probe-x1", "node-a", "Running", true);
+    let tenant = pod("shop", "fake-agent", "node-a", "Running", true);
+    let mut bare = pod("clb-probe", "bare", "node-a", "Running", true);
+    bare.metadata.owner_references = None;
+    let mut replica = pod("clb-probe", "rs-pod", "node-a", "Running", true);
+    replica.metadata.owner_references.as_mut().unwrap()[0].kind = "ReplicaSet".into();
+    for others in [
+        vec![tenant.clone()],
+        vec![bare.clone()],
+        vec![replica.clone()],
+    ] {
+        assert!(agent_pod(&others, "clb-probe", "node-a").is_err());
+        let mut with_agent = others.clone();
+        with_agent.push(agent.clone());
+        assert_eq!(
+            agent_pod(&with_agent, "clb-probe", "node-a"),
+            Ok(("clb-probe".into(), "clb-probe-x1".into()))
+        );
+    }
+}
+
+/// A forged Event: control characters come out escaped in the table, and an Event not in the
+/// agent's shape is marked; the JSON rows keep the bytes (serde escapes them).
+#[test]
+fn forged_events_are_escaped_and_marked() {
+    let forged = event(serde_json::json!({
+        "metadata": {"name": "x", "namespace": "shop"},
+        "eventTime": "2026-11-23T02:00:00.000000Z",
+        "reportingController": "clb-probe",
+        "reportingInstance": "\x1b[2J\x1b[H\x1b[32mALL CLEAR\x07",
+        "reason": "Loopback\u{9b}31m", "type": "Warning", "action": "Detected",
+        "regarding": {"apiVersion": "v1", "kind": "Node", "name": "node-a"},
+    }));
+    let good = hairpin("a", "node-a", "2026-11-23T01:30:00.000000Z", 7);
+    assert_eq!(forged_because(&good), None);
+    assert!(forged_because(&forged).is_some());
+    // Each rule on its own, from the agent's shape.
+    let tweak = |f: &dyn Fn(&mut Event)| {
+        let mut e = hairpin("a", "node-a", "2026-11-23T01:30:00.000000Z", 7);
+        f(&mut e);
+        forged_because(&e)
+    };
+    assert!(tweak(&|e| e.type_ = Some("Normal".into())).is_some());
+    assert!(tweak(&|e| e.reason = Some("AllClear".into())).is_some());
+    assert!(tweak(&|e| e.reporting_instance = Some("Node A".into())).is_some());
+    assert!(tweak(&|e| e.metadata.namespace = Some("other".into())).is_some());
+    assert!(
+        tweak(&|e| e.regarding.as_mut().unwrap().kind = Some("Node".into())).is_some(),
+        "a Node Event outside default"
+    );
+
+    let rows = rows([&forged, &good]);
+    let t = table(&rows, "2026-11-23T03:00:00Z".parse().unwrap());
+    assert!(
+        !t.chars().any(|c| c.is_control() && c != '\n'),
+        "raw control characters in {t:?}"
+    );
+    assert!(t.contains("\\x1b[2J\\x1b[H\\x1b[32mALL CLEAR\\x07"), "{t}");
+    assert!(t.contains("Loopback\\u{9b}31m*"), "{t}");
+    assert!(t.trim_end().ends_with(FORGED_FOOTER), "{t}");
+    let json = serde_json::to_string(&rows).unwrap();
+    let back: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(
+        back[0]["node"], "\u{1b}[2J\u{1b}[H\u{1b}[32mALL CLEAR\u{7}",
+        "JSON keeps the bytes"
+    );
+    assert!(back[0].get("forged_because").is_none(), "-o json unchanged");
 }
 
 #[test]

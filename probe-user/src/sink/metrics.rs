@@ -9,7 +9,11 @@
 //! never goes backwards.
 //!
 //! Label values stay bounded: NIC names, tags, kernel reason names, suppression stages; VIP and
-//! port appear only on confirmed events (themselves bounded by the correlator's aggregates).
+//! port appear only on confirmed events, and at most [`EVENT_SERIES`] (kind, vip, port) series
+//! exist: anyone who can connect to a bound VIP's unserved ports (an unprivileged local user, a
+//! tenant pod) makes one new aggregate per port, and a series is never pruned (a counter that
+//! vanished and came back would read as a reset). Past the cap, a new (vip, port) is counted
+//! under `vip="other", port="other"` of its kind: the totals stay exact, the series bounded.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -106,6 +110,13 @@ pub struct EventTotals {
 /// (Forgetting an aggregate that is still live would count its whole total again.)
 pub const EVENT_TOTALS_KEYS: usize = 4096;
 
+/// `clbprobe_loopback_events_total` series with their own (vip, port) labels; further pairs are
+/// counted under [`OVERFLOW_LABEL`] (README, "Metrics"). A node has a few dozen VIP ports that
+/// matter; 500 keeps them all and /metrics small (each series is about 100 bytes).
+pub const EVENT_SERIES: usize = 500;
+/// The `vip` and `port` label value of the overflow series.
+pub const OVERFLOW_LABEL: &str = "other";
+
 impl EventTotals {
     pub fn add(&mut self, e: &LoopbackEvent) {
         self.seq += 1;
@@ -123,11 +134,15 @@ impl EventTotals {
         } else {
             e.count
         };
-        let labels = (
+        let mut labels = (
             e.kind.as_str().to_string(),
             e.vip.map(|v| v.to_string()).unwrap_or_default(),
             e.vip_port.map(|p| p.to_string()).unwrap_or_default(),
         );
+        if !self.totals.contains_key(&labels) && self.totals.len() >= EVENT_SERIES {
+            labels.1 = OVERFLOW_LABEL.to_string();
+            labels.2 = OVERFLOW_LABEL.to_string();
+        }
         *self.totals.entry(labels).or_insert(0) += delta;
         while self.last.len() > EVENT_TOTALS_KEYS {
             let Some((_, oldest)) = self.by_age.pop_first() else {
@@ -155,7 +170,12 @@ pub struct MetricsInput {
     /// per-CPU budget, so this says which records were shed (a flood of one class, or the
     /// drops and VIP-source suspects that confirm a health-check blackhole).
     pub budget_suppressed_by_class: Vec<(String, String, u64)>,
+    /// Prefixes the kernel maps hold, by set.
     pub set_sizes: Vec<(String, u64)>,
+    /// Prefixes of the node left out of full maps, by set.
+    pub addresses_left_out: Vec<(String, u64)>,
+    /// `--address-entries`.
+    pub address_capacity: u64,
     pub attached_interfaces: u64,
     pub ready: bool,
     /// Whether `--vip-iface` exists (health-check detection waits for it otherwise).
@@ -230,6 +250,14 @@ impl MetricsInput {
                     (t.as_str().to_string(), n as u64)
                 })
                 .collect(),
+            addresses_left_out: Tag::ALL
+                .iter()
+                .map(|t| {
+                    let n = snap.status.left_out.get(t.as_str()).copied().unwrap_or(0);
+                    (t.as_str().to_string(), n as u64)
+                })
+                .collect(),
+            address_capacity: u64::from(snap.status.address_capacity),
             attached_interfaces: snap.status.attached.len() as u64,
             ready: snap.status.ready,
             vip_iface_present: snap.status.vip_iface_present,
@@ -331,8 +359,26 @@ pub fn render(input: &MetricsInput) -> String {
     }
     reg.register(
         "local_addresses",
-        "Prefixes in the node's address sets the datapath matches against",
+        "Prefixes of the node's address sets held in the kernel maps the datapath matches against",
         sets,
+    );
+    let left_out = Family::<SetLabels, Gauge>::default();
+    for (set, n) in &input.addresses_left_out {
+        left_out
+            .get_or_create(&SetLabels { set: set.clone() })
+            .set(*n as i64);
+    }
+    reg.register(
+        "local_addresses_left_out",
+        "Prefixes of the node not in the kernel maps because they are full (--address-entries): their traffic is not seen",
+        left_out,
+    );
+    let capacity = Gauge::<i64>::default();
+    capacity.set(input.address_capacity as i64);
+    reg.register(
+        "local_addresses_capacity",
+        "Entries each kernel address map holds (--address-entries; IPv4 and IPv6 hosts and prefixes each have a map)",
+        capacity,
     );
 
     let build = Family::<BuildLabels, Gauge>::default();
@@ -632,17 +678,24 @@ pub fn readiness(status: &NodeStatus) -> (bool, String) {
     if !status.ready {
         return (false, "not ready: attaching\n".to_string());
     }
-    if status.vip_iface_present {
-        (true, "ready\n".to_string())
-    } else {
-        (
-            true,
-            format!(
-                "ready; VIP interface {:?} absent: health-check blackholes are not detected until it appears\n",
-                status.vip_iface
-            ),
-        )
+    let mut body = "ready".to_string();
+    if !status.vip_iface_present {
+        body.push_str(&format!(
+            "; VIP interface {:?} absent: health-check blackholes are not detected until it appears",
+            status.vip_iface
+        ));
     }
+    // Still ready: the addresses that fit are watched, and a node's address count must not be
+    // able to take every agent out of its DaemonSet's rollout.
+    let left_out: usize = status.left_out.values().sum();
+    if left_out > 0 {
+        body.push_str(&format!(
+            "; {left_out} addresses over --address-entries ({}) are not watched",
+            status.address_capacity
+        ));
+    }
+    body.push('\n');
+    (true, body)
 }
 
 #[cfg(test)]
@@ -677,6 +730,8 @@ mod tests {
                 ("drop".into(), "vip".into(), 0),
             ],
             set_sizes: vec![("vip".into(), 2), ("node".into(), 4), ("pod".into(), 2)],
+            addresses_left_out: vec![("vip".into(), 50), ("node".into(), 0)],
+            address_capacity: 256,
             attached_interfaces: 2,
             ready: true,
             vip_iface_present: true,
@@ -704,6 +759,8 @@ mod tests {
             "clbprobe_events_budget_suppressed_total{record=\"suspect\",source=\"pod\"} 2",
             "clbprobe_events_budget_suppressed_total{record=\"drop\",source=\"vip\"} 0",
             "clbprobe_local_addresses{set=\"vip\"} 2",
+            "clbprobe_local_addresses_left_out{set=\"vip\"} 50",
+            "clbprobe_local_addresses_capacity 256",
             "clbprobe_build_info{version=\"0.1.0\",kernel=\"6.18.44\"} 1",
             "clbprobe_ready 1",
             "clbprobe_capability{name=\"drop_hook\"} 1",
@@ -816,5 +873,56 @@ mod tests {
         let total: u64 = t.totals.values().sum();
         assert_eq!(total, n + (n - 1));
         assert!(t.last.len() <= EVENT_TOTALS_KEYS && t.by_age.len() == t.last.len());
+    }
+
+    /// 5,000 distinct unserved ports (what uid 65534 made by connecting to them): the series stay
+    /// under the cap plus one overflow series per kind, and the total is exact.
+    #[test]
+    fn event_series_are_capped_with_an_exact_overflow() {
+        let mut t = EventTotals::default();
+        let mut e = sample_event();
+        for port in 0..5_000u16 {
+            e.key = format!("vip_port_unserved/203.0.113.10:{port}/tcp");
+            e.vip_port = Some(port);
+            e.count = 1;
+            t.add(&e);
+            e.count = 3; // two repeats
+            t.add(&e);
+        }
+        let input = MetricsInput {
+            events: t.totals.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+            ..MetricsInput::default()
+        };
+        let text = render(&input);
+        let series: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("clbprobe_loopback_events_total{"))
+            .collect();
+        assert_eq!(series.len(), EVENT_SERIES + 1, "{}", series.len());
+        let sum: u64 = series
+            .iter()
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+            .sum();
+        assert_eq!(sum, 15_000);
+        let other = series
+            .iter()
+            .find(|l| l.contains("vip=\"other\",port=\"other\""))
+            .expect("the overflow series");
+        assert!(
+            other.ends_with(&format!(" {}", 3 * (5_000 - EVENT_SERIES))),
+            "{other}"
+        );
+        // A pair with its own series keeps counting there after the cap is reached.
+        let own = (
+            "vip_port_unserved".to_string(),
+            "203.0.113.10".to_string(),
+            "0".to_string(),
+        );
+        assert_eq!(t.totals[&own], 3);
+        e.vip_port = Some(0);
+        e.key = "a new aggregate on port 0".into();
+        e.count = 1;
+        t.add(&e);
+        assert_eq!(t.totals[&own], 4);
     }
 }

@@ -160,6 +160,52 @@ impl AddressSets {
     }
 }
 
+/// Which of the four kernel address maps a prefix goes to (each holds `--address-entries`):
+/// host addresses to the IPv4/IPv6 hashes, shorter prefixes to the IPv4/IPv6 tries.
+fn kernel_map_of(p: &Prefix) -> (bool, bool) {
+    (p.addr.is_ipv6(), p.is_host())
+}
+
+/// What fits in maps of `capacity` entries each, and what is left out.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Fitted {
+    pub kept: BTreeMap<Prefix, Tag>,
+    /// Prefixes that did not fit, by tag.
+    pub left_out: BTreeMap<Tag, usize>,
+}
+
+/// The order a full map is filled in: node addresses, then pod routes, then VIPs. The node's
+/// own addresses are a handful and every kind needs them; pods are bounded by the kubelet's
+/// max-pods; VIPs grow with the cluster's LoadBalancer Services, which tenants create, so they
+/// go last: a flood of Services can only crowd out other VIPs, never the node.
+fn fill_rank(tag: Tag) -> u8 {
+    match tag {
+        Tag::Node => 0,
+        Tag::Pod => 1,
+        Tag::Vip => 2,
+    }
+}
+
+/// The subset of `want` the kernel maps hold when one of them would overflow (pure,
+/// deterministic): per map, prefixes in [`fill_rank`] order, then by address, the first
+/// `capacity`. The same input always keeps the same subset, so a resync changes nothing.
+pub fn fit(want: &BTreeMap<Prefix, Tag>, capacity: u32) -> Fitted {
+    let mut order: Vec<(&Prefix, &Tag)> = want.iter().collect();
+    order.sort_by_key(|(p, t)| (fill_rank(**t), **p));
+    let mut used: BTreeMap<(bool, bool), u32> = BTreeMap::new();
+    let mut out = Fitted::default();
+    for (p, t) in order {
+        let n = used.entry(kernel_map_of(p)).or_insert(0);
+        if *n < capacity {
+            *n += 1;
+            out.kept.insert(*p, *t);
+        } else {
+            *out.left_out.entry(*t).or_insert(0) += 1;
+        }
+    }
+    out
+}
+
 /// The main routing table's id.
 const MAIN_TABLE: u32 = 254;
 
@@ -576,6 +622,54 @@ mod tests {
         let sets = classify(&st, &cfg());
         assert_eq!(sets.vip_iface, None);
         assert_eq!(sets.count(Tag::Vip), 0);
+    }
+
+    /// Over capacity, each map keeps node addresses, then pods, then VIPs, lowest address first:
+    /// the same subset whatever the order the addresses came in.
+    #[test]
+    fn a_full_map_keeps_a_deterministic_subset() {
+        let mut want = BTreeMap::new();
+        for i in 0..20u8 {
+            want.insert(Prefix::host(IpAddr::from([203, 0, 113, 200 - i])), Tag::Vip);
+        }
+        want.insert(Prefix::host(ip("198.18.0.2")), Tag::Node);
+        want.insert(Prefix::host(ip("198.19.1.10")), Tag::Pod);
+        // Other maps have room of their own.
+        want.insert(Prefix::parse("10.244.0.0/16").unwrap(), Tag::Pod);
+        want.insert(Prefix::host(ip("2001:db8::1")), Tag::Vip);
+        let f = fit(&want, 8);
+        let hosts_v4: Vec<(String, Tag)> = f
+            .kept
+            .iter()
+            .filter(|(p, _)| p.is_host() && p.addr.is_ipv4())
+            .map(|(p, t)| (p.addr.to_string(), *t))
+            .collect();
+        assert_eq!(hosts_v4.len(), 8);
+        assert!(hosts_v4.contains(&("198.18.0.2".into(), Tag::Node)));
+        assert!(hosts_v4.contains(&("198.19.1.10".into(), Tag::Pod)));
+        let vips: Vec<&str> = hosts_v4
+            .iter()
+            .filter(|(_, t)| *t == Tag::Vip)
+            .map(|(a, _)| a.as_str())
+            .collect();
+        assert_eq!(
+            vips,
+            [
+                "203.0.113.181",
+                "203.0.113.182",
+                "203.0.113.183",
+                "203.0.113.184",
+                "203.0.113.185",
+                "203.0.113.186"
+            ]
+        );
+        assert_eq!(f.left_out, BTreeMap::from([(Tag::Vip, 14)]));
+        assert!(
+            f.kept
+                .contains_key(&Prefix::parse("10.244.0.0/16").unwrap())
+        );
+        assert!(f.kept.contains_key(&Prefix::host(ip("2001:db8::1"))));
+        assert_eq!(fit(&want, 100).kept, want, "under capacity: everything");
     }
 
     #[test]

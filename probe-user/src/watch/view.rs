@@ -1,4 +1,9 @@
 //! The view model of `probe watch`, built from the protocol's messages (pure; unit-tested).
+//!
+//! Every string taken from the agent is escaped here ([`crate::term::escape`]), once, so the
+//! plain snapshot and the terminal UI, which both render only this model, never print a raw
+//! control character: NIC names, Kubernetes names and the evidence built from them come from
+//! whoever named the interface or the object.
 
 use std::{
     collections::{BTreeMap, VecDeque},
@@ -6,6 +11,13 @@ use std::{
 };
 
 use probe_contract::{LoopbackEvent, Snapshot};
+
+use crate::term::escape;
+
+/// `s` escaped for the terminal, owned.
+fn esc(s: &str) -> String {
+    escape(s).into_owned()
+}
 
 /// One confirmed aggregate as the view shows it.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -29,7 +41,7 @@ pub struct Row {
 impl Row {
     pub fn from_event(e: &LoopbackEvent) -> Row {
         Row {
-            key: e.key.clone(),
+            key: esc(&e.key),
             kind: e.kind.as_str().to_string(),
             vip: or_dash(e.vip),
             port: or_dash(e.vip_port),
@@ -43,9 +55,9 @@ impl Row {
                 e.dst_port,
                 names(e)
             ),
-            reason: or_dash(e.drop_reason.as_ref()),
-            evidence: e.evidence.clone(),
-            remedy: e.remedy.clone(),
+            reason: or_dash(e.drop_reason.as_deref().map(esc)),
+            evidence: e.evidence.iter().map(|l| esc(l)).collect(),
+            remedy: e.remedy.iter().map(|l| esc(l)).collect(),
             fixes: fix_lines(e),
             rate: 0.0,
         }
@@ -80,6 +92,7 @@ fn fix_lines(e: &LoopbackEvent) -> Vec<String> {
                 _ => f.short(),
             }
         })
+        .map(|l| esc(&l))
         .collect()
 }
 
@@ -92,7 +105,7 @@ fn or_dash(v: Option<impl Display>) -> String {
 fn names(e: &LoopbackEvent) -> String {
     let names: Vec<String> = [("pod", &e.client_pod), ("svc", &e.service)]
         .iter()
-        .filter_map(|(label, v)| v.as_ref().map(|v| format!("{label} {v}")))
+        .filter_map(|(label, v)| v.as_ref().map(|v| format!("{label} {}", escape(v))))
         .collect();
     if names.is_empty() {
         String::new()
@@ -138,11 +151,16 @@ impl Model {
     /// Applies a snapshot taken at `t` seconds (client clock) and recomputes rates.
     pub fn apply_snapshot(&mut self, snap: &Snapshot, t: f64) {
         let st = &snap.status;
-        self.node = snap.node.clone();
-        self.nics = st.nics.join(", ");
+        self.node = esc(&snap.node);
+        self.nics = st
+            .nics
+            .iter()
+            .map(|n| esc(n))
+            .collect::<Vec<_>>()
+            .join(", ");
         self.vip_iface = format!(
             "{} ({})",
-            st.vip_iface,
+            escape(&st.vip_iface),
             if st.vip_iface_present {
                 "present"
             } else {
@@ -155,7 +173,7 @@ impl Model {
             .collect::<Vec<_>>()
             .join(", ");
         let f = st.features.as_ref();
-        self.kernel = or_dash(f.map(|f| &f.kernel));
+        self.kernel = or_dash(f.map(|f| esc(&f.kernel)));
         self.features = format!(
             "tc via {}, drops via {}",
             or_dash(f.map(|f| f.tc_mode.as_str())),
@@ -165,7 +183,11 @@ impl Model {
         for (_, tag, _, n) in &snap.counters.suspects {
             *self.suspects.entry(tag.as_str().to_string()).or_insert(0) += n;
         }
-        self.drops = snap.drops_by_reason.clone();
+        self.drops = snap
+            .drops_by_reason
+            .iter()
+            .map(|(k, v)| (esc(k), *v))
+            .collect();
         let mut rows: Vec<Row> = snap.confirmed.iter().map(Row::from_event).collect();
         rows.sort_by(|a, b| (&a.kind, &a.vip, &a.port).cmp(&(&b.kind, &b.vip, &b.port)));
         for row in &mut rows {
@@ -380,6 +402,31 @@ mod tests {
             "healthcheck_blackhole  203.0.113.10     -",
             "vip_port_unserved      203.0.113.10     443",
             "- serve the port",
+        ] {
+            assert!(text.contains(needle), "missing {needle:?} in\n{text}");
+        }
+    }
+
+    /// A NIC, a pod and evidence named with terminal controls (CSI, OSC + BEL, C1 CSI): the
+    /// plain snapshot shows them escaped, never raw (the TUI renders the same model).
+    #[test]
+    fn names_from_the_node_are_escaped() {
+        let mut s = snap(3);
+        s.status.nics = vec!["eth0".into(), "e\x1b[2J\x1b]0;x\x07".into()];
+        s.node = "n\u{9b}31m".into();
+        s.confirmed[0].client_pod = Some("ns/\x1b[32mALL CLEAR".into());
+        s.confirmed[0].evidence = vec!["dropped on \x1b]8;;x\x07".into()];
+        s.drops_by_reason = BTreeMap::from([("\x1b[H".to_string(), 1)]);
+        let text = plain(&Model::from_snapshot(&s));
+        assert!(
+            !text.chars().any(|c| c.is_control() && c != '\n'),
+            "raw control characters in\n{text:?}"
+        );
+        for needle in [
+            "e\\x1b[2J\\x1b]0;x\\x07",
+            "n\\u{9b}31m",
+            "pod ns/\\x1b[32mALL CLEAR",
+            "dropped on \\x1b]8;;x\\x07",
         ] {
             assert!(text.contains(needle), "missing {needle:?} in\n{text}");
         }

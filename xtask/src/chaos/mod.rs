@@ -130,10 +130,14 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
             root.join("RELIABILITY.md")
         }
     });
+    // Sections measured by tests rather than by this run (the hostile-user tables) are kept.
+    let kept = std::fs::read_to_string(&out)
+        .map(|old| kept_sections(&old))
+        .unwrap_or_default();
     let text = format!(
         "# clb-probe reliability\n\n`cargo xtask chaos{}` on {} ({} CPUs), kernel {}, {} \
          ({profile} build of the agent). No test asserts these figures; a row whose check failed \
-         fails the run.\n\n{}\n## Not covered yet\n\n{}\n",
+         fails the run.\n\n{}\n{kept}## Not covered yet\n\n{}\n",
         if args.quick { " --quick" } else { "" },
         cpu_model(),
         std::thread::available_parallelism().map_or(0, |n| n.get()),
@@ -151,6 +155,29 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
     }
     Ok(())
 }
+
+/// The sections of RELIABILITY.md this run does not write, carried over from the file it
+/// replaces: each `## ` section whose heading is in [`KEPT_SECTIONS`], with its text.
+fn kept_sections(old: &str) -> String {
+    let mut out = String::new();
+    let mut keeping = false;
+    for line in old.lines() {
+        if let Some(heading) = line.strip_prefix("## ") {
+            keeping = KEPT_SECTIONS.contains(&heading.trim());
+        }
+        if keeping {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    if !out.is_empty() && !out.ends_with("\n\n") {
+        out.push('\n');
+    }
+    out
+}
+
+/// Sections of RELIABILITY.md written by hand from test runs (issue #24's hostile-user pass).
+const KEPT_SECTIONS: &[&str] = &["Hostile local user and tenant"];
 
 /// The issue's rows this run does not do yet (said in the report, not hidden).
 const NOT_COVERED: &str = "IPVS with 10,000 live services (this host has no IPVS; the scale \
@@ -223,4 +250,21 @@ fn cpu_model() -> String {
                 .map(|v| v.trim_start_matches([' ', '\t', ':']).to_string())
         })
         .unwrap_or_else(|| "unknown CPU".into())
+}
+
+#[cfg(test)]
+mod kept_tests {
+    use super::kept_sections;
+
+    #[test]
+    fn the_hand_written_hostile_section_survives_a_rewrite() {
+        let old = "# clb-probe reliability\n\nintro\n\n## Faults and hostile load\n\n| a |\n\n\
+                   ## Hostile local user and tenant\n\n### State\n\n| item |\n\n\
+                   ## Not covered yet\n\nIPVS\n";
+        assert_eq!(
+            kept_sections(old),
+            "## Hostile local user and tenant\n\n### State\n\n| item |\n\n"
+        );
+        assert_eq!(kept_sections("# r\n\n## Faults and hostile load\n"), "");
+    }
 }

@@ -544,6 +544,12 @@ fn watch_stream(shared: Arc<Shared>, target: Target, params: HashMap<String, Str
                     seen = seen.max(current);
                 }
             }
+            if shared
+                .end_at_once
+                .load(std::sync::atomic::Ordering::Relaxed)
+            {
+                return;
+            }
             tokio::select! {
                 _ = &mut deadline => return,
                 _ = end.recv() => return,

@@ -19,7 +19,9 @@
 //!   `resourceVersion` it replays the history after it; without one (or `"0"`) it first sends
 //!   the current objects as ADDED. `allowWatchBookmarks=true` adds a BOOKMARK (object with only
 //!   `kind`, `apiVersion`, `metadata.resourceVersion`) every [`BOOKMARK_INTERVAL`].
-//!   `timeoutSeconds` ends the stream, and so does [`FakeApiServer::end_watches`].
+//!   `timeoutSeconds` ends the stream, and so does [`FakeApiServer::end_watches`];
+//!   after [`FakeApiServer::end_watches_at_once`] every watch ends as soon as it has sent what
+//!   it had (a misbehaving server or proxy).
 //! - 410 Gone: after [`FakeApiServer::expire_history`], a watch from a resourceVersion older than
 //!   the expiry gets one ERROR event whose object is the Status (code 410, reason `Expired`) and
 //!   the stream ends; a list with such a resourceVersion (not `""`/`"0"`) gets a 410 response.
@@ -54,6 +56,7 @@
 //! api.hold_lists();                                // lists wait (a slow first sync)...
 //! api.release_lists();                             // ...until released
 //! api.end_watches();                               // open watches end; clients re-watch
+//! api.end_watches_at_once(true);                   // every watch ends right after its backlog
 //! let _services: Vec<serde_json::Value> = api.objects("services");
 //! let _writes = api.requests().iter().filter(|r| r.method == "POST").count();
 //! api.stop();                                      // also on drop
@@ -103,6 +106,8 @@ pub(crate) struct Shared {
     pub(crate) end_watches: tokio::sync::broadcast::Sender<()>,
     /// Lists wait while this is true ([`FakeApiServer::hold_lists`]).
     pub(crate) lists_held: tokio::sync::watch::Sender<bool>,
+    /// Every watch ends once it sent its backlog ([`FakeApiServer::end_watches_at_once`]).
+    pub(crate) end_at_once: std::sync::atomic::AtomicBool,
 }
 
 /// The fake API server; see the module documentation.
@@ -140,6 +145,7 @@ impl FakeApiServer {
             changed,
             end_watches,
             lists_held: tokio::sync::watch::Sender::new(false),
+            end_at_once: std::sync::atomic::AtomicBool::new(false),
         });
         let (shutdown, shutdown_rx) = tokio::sync::oneshot::channel();
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -238,6 +244,18 @@ impl FakeApiServer {
     /// Answers the held lists and every list from now on.
     pub fn release_lists(&self) {
         self.shared.lists_held.send_replace(false);
+    }
+
+    /// From now on (`true`), every watch ends as soon as it has sent its backlog (the initial
+    /// objects or the changes since its resourceVersion), HTTP 200 and a clean end, as a
+    /// misbehaving server or a proxy with a tiny idle timeout does; open watches end too.
+    pub fn end_watches_at_once(&self, on: bool) {
+        self.shared
+            .end_at_once
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+        if on {
+            self.end_watches();
+        }
     }
 
     /// Lifts every [`forbid`](Self::forbid).
