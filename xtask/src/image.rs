@@ -204,7 +204,7 @@ fn rootfs(arch: Arch) -> anyhow::Result<(PathBuf, String, Vec<String>)> {
         std::fs::create_dir_all(apt_dir.join("cache"))?;
         let has_lists = std::fs::read_dir(&lists)?
             .filter_map(|e| e.ok())
-            .any(|e| e.file_name().to_string_lossy().ends_with("_Packages"));
+            .any(|e| e.file_name().to_string_lossy().contains("_Packages"));
         if !has_lists {
             eprintln!(
                 "image: apt-get update for {} (lists of its own)",
@@ -461,6 +461,52 @@ pub fn ebpf_object(arch: Arch) -> anyhow::Result<PathBuf> {
         .with_context(|| format!("no eBPF object under {}", build.display()))
 }
 
+/// The sections of an eBPF object (ELF64, little endian) that the kernel executes or loads
+/// as they are: programs, their relocations, maps, read-only data, license, symbols; by name.
+/// Left out: `.BTF`/`.BTF.ext` and DWARF, which name the userspace target (aya-ebpf's helper
+/// bindings live in a module per target architecture, `x86_64::bindings` vs
+/// `aarch64::bindings`, identical in content) and so differ between the two builds.
+pub fn ebpf_code(object: &Path) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
+    let d = std::fs::read(object).with_context(|| format!("reading {}", object.display()))?;
+    let bad = || anyhow::anyhow!("{} is not a 64-bit little-endian ELF", object.display());
+    let u16_at = |o: usize| -> anyhow::Result<usize> {
+        Ok(u16::from_le_bytes(d.get(o..o + 2).ok_or_else(bad)?.try_into()?) as usize)
+    };
+    let u32_at = |o: usize| -> anyhow::Result<usize> {
+        Ok(u32::from_le_bytes(d.get(o..o + 4).ok_or_else(bad)?.try_into()?) as usize)
+    };
+    let u64_at = |o: usize| -> anyhow::Result<usize> {
+        Ok(u64::from_le_bytes(d.get(o..o + 8).ok_or_else(bad)?.try_into()?) as usize)
+    };
+    if d.get(..6) != Some(b"\x7fELF\x02\x01".as_slice()) {
+        return Err(bad());
+    }
+    let (shoff, shentsize, shnum, shstrndx) =
+        (u64_at(0x28)?, u16_at(0x3a)?, u16_at(0x3c)?, u16_at(0x3e)?);
+    let header = |i: usize| shoff + i * shentsize;
+    let names = u64_at(header(shstrndx) + 0x18)?;
+    let mut sections = Vec::new();
+    for i in 0..shnum {
+        let h = header(i);
+        let name_at = names + u32_at(h)?;
+        let end = d[name_at..].iter().position(|&b| b == 0).ok_or_else(bad)?;
+        let name = String::from_utf8_lossy(&d[name_at..name_at + end]).into_owned();
+        if name.starts_with(".debug") || name.starts_with(".rel.debug") || name.starts_with(".BTF")
+        {
+            continue;
+        }
+        const SHT_NOBITS: usize = 8;
+        let (kind, offset, size) = (u32_at(h + 4)?, u64_at(h + 0x18)?, u64_at(h + 0x20)?);
+        let bytes = if kind == SHT_NOBITS {
+            size.to_le_bytes().to_vec()
+        } else {
+            d.get(offset..offset + size).ok_or_else(bad)?.to_vec()
+        };
+        sections.push((name, bytes));
+    }
+    Ok(sections)
+}
+
 pub fn run(args: &ImageArgs) -> anyhow::Result<()> {
     let mut arches = if args.arch.is_empty() {
         Arch::ALL.to_vec()
@@ -487,12 +533,12 @@ pub fn run(args: &ImageArgs) -> anyhow::Result<()> {
             .map(|&a| Ok((a, ebpf_object(a)?)))
             .collect::<anyhow::Result<_>>()?;
         let (first_arch, first) = &objects[0];
-        let first_hash = sha256(first)?;
+        let first_code = ebpf_code(first)?;
         for (arch, object) in &objects[1..] {
-            if sha256(object)? != first_hash {
+            if ebpf_code(object)? != first_code {
                 bail!(
-                    "the eBPF object differs between {} ({}) and {} ({}): the programs must \
-                     be the same bytecode on every architecture",
+                    "the eBPF programs differ between {} ({}) and {} ({}): they must be the \
+                     same bytecode on every architecture",
                     first_arch.name(),
                     first.display(),
                     arch.name(),
@@ -500,7 +546,10 @@ pub fn run(args: &ImageArgs) -> anyhow::Result<()> {
                 );
             }
         }
-        eprintln!("image: eBPF object identical for {arches:?} (sha256 {first_hash})");
+        eprintln!(
+            "image: eBPF programs, maps and relocations identical for {arches:?} ({} sections)",
+            first_code.len()
+        );
     }
     std::fs::create_dir_all(out_dir())?;
     let mut images = Vec::new();
