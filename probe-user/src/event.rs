@@ -49,6 +49,142 @@ impl Tag {
     pub const ALL: [Tag; 3] = [Tag::Node, Tag::Vip, Tag::Pod];
 }
 
+/// What made an address local on this node: the kernel's `local` routing table (not `ip
+/// addr`) decides what is a martian source, and each owner has its own remedy (a cloud guest
+/// agent's route is not removed by reconfiguring kube-proxy).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum LocalOwner {
+    /// An address on the VIP interface (kube-ipvs0): kube-proxy's IPVS mode binds ClusterIPs
+    /// and LB ingress IPs there.
+    VipInterface { iface: String },
+    /// An address on another interface: the node's own, or a VIP that keepalived or kube-vip
+    /// put on the NIC.
+    Interface { iface: String },
+    /// A `local` route of table local with no interface address behind it: a cloud guest
+    /// agent (the GCE guest agent adds forwarding-rule IPs with protocol 66), or an operator's
+    /// AnyIP route. `protocol` is the route's protocol number, `protocol_name` its name.
+    LocalRoute {
+        iface: Option<String>,
+        protocol: u8,
+        protocol_name: String,
+    },
+}
+
+impl LocalOwner {
+    /// The route protocol's name (iproute2's `rt_protos`, plus 66: the GCE guest agent's).
+    pub fn protocol_name(protocol: u8) -> &'static str {
+        match protocol {
+            0 => "unspec",
+            1 => "redirect",
+            2 => "kernel",
+            3 => "boot",
+            4 => "static",
+            8 => "gated",
+            9 => "ra",
+            10 => "mrt",
+            11 => "zebra",
+            12 => "bird",
+            13 => "dnrouted",
+            14 => "xorp",
+            15 => "ntk",
+            16 => "dhcp",
+            17 => "mrouted",
+            18 => "keepalived",
+            42 => "babel",
+            66 => "cloud guest agent",
+            186 => "bgp",
+            187 => "isis",
+            188 => "ospf",
+            189 => "rip",
+            192 => "eigrp",
+            _ => "unknown",
+        }
+    }
+
+    pub fn local_route(iface: Option<String>, protocol: u8) -> LocalOwner {
+        LocalOwner::LocalRoute {
+            iface,
+            protocol,
+            protocol_name: Self::protocol_name(protocol).to_string(),
+        }
+    }
+
+    /// A bounded label for metrics: `kube-ipvs0`, `nic:eth0`, `route:66`.
+    pub fn label(&self) -> String {
+        match self {
+            LocalOwner::VipInterface { iface } => iface.clone(),
+            LocalOwner::Interface { iface } => format!("nic:{iface}"),
+            LocalOwner::LocalRoute { protocol, .. } => format!("route:{protocol}"),
+        }
+    }
+}
+
+impl std::fmt::Display for LocalOwner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LocalOwner::VipInterface { iface } => {
+                write!(f, "an address on {iface} (kube-proxy IPVS)")
+            }
+            LocalOwner::Interface { iface } => write!(f, "an address on {iface}"),
+            LocalOwner::LocalRoute {
+                iface,
+                protocol,
+                protocol_name,
+            } => {
+                write!(f, "a local route (table local")?;
+                if let Some(i) = iface {
+                    write!(f, ", dev {i}")?;
+                }
+                write!(
+                    f,
+                    ", proto {protocol} = {protocol_name}) with no interface address"
+                )
+            }
+        }
+    }
+}
+
+/// The socket on this node that serves a port (from sock_diag), and who owns it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Listener {
+    /// The address the socket is bound to (`0.0.0.0` / `::` for every address).
+    pub addr: IpAddr,
+    pub port: u16,
+    pub proto: Proto,
+    pub uid: u32,
+    /// The socket's inode (`socket:[inode]` in the owner's /proc/PID/fd).
+    pub inode: u32,
+    /// The owning process's command name and pid, when /proc shows it.
+    #[serde(default)]
+    pub process: Option<String>,
+    #[serde(default)]
+    pub pid: Option<u32>,
+    /// `namespace/name` of the host-network pod that declares this port, from the Kubernetes
+    /// API (null without API access or when no pod declares it).
+    #[serde(default)]
+    pub pod: Option<String>,
+}
+
+impl std::fmt::Display for Listener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let at = match self.addr {
+            IpAddr::V4(a) => format!("{a}:{}", self.port),
+            IpAddr::V6(a) => format!("[{a}]:{}", self.port),
+        };
+        write!(f, "{} socket {at}", self.proto.as_str())?;
+        match (&self.process, self.pid) {
+            (Some(p), Some(pid)) => write!(f, " of process {p} (pid {pid}")?,
+            _ => write!(f, " (owner process not visible")?,
+        }
+        write!(f, ", uid {}, inode {})", self.uid, self.inode)?;
+        if let Some(pod) = &self.pod {
+            write!(f, ", host-network pod {pod}")?;
+        }
+        Ok(())
+    }
+}
+
 /// IP protocol of a packet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

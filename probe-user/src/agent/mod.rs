@@ -375,6 +375,10 @@ async fn correlate_loop(mut l: CorrelateLoop) -> anyhow::Result<()> {
                     stats.clone_from(correlator.stats());
                 }
                 correlator.set_nics(l.shared.status.borrow().nics.clone());
+                let owners = l.shared.status.borrow().owners.clone();
+                if !Arc::ptr_eq(&owners, correlator.owners()) {
+                    correlator.set_owners(owners);
+                }
                 correlator.tick(monotonic_ns())
             }
             Some(table) = services_rx.recv() => {
@@ -458,6 +462,21 @@ fn answer_query(
             let records = egress.by_source_and_keys(src, keys, |i| reader::ifname(ifnames, i));
             debug!(%src, records = records.len(), "egress records of a pod suspect");
             let _ = tx.try_send(Answer::Egress { id, records });
+        }
+        Query::Listener {
+            id,
+            addr,
+            port,
+            proto,
+        } => {
+            let tx = tx.clone();
+            tokio::task::spawn_blocking(move || {
+                let listener = state::sockets::listener(addr, port, proto).map_err(|e| {
+                    debug!(error = %e, "listener look-up");
+                    e.to_string()
+                });
+                let _ = tx.blocking_send(Answer::Listener { id, listener });
+            });
         }
         Query::Conntrack { id, tuple } => {
             let tx = tx.clone();

@@ -7,6 +7,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
+    sync::Arc,
     time::Duration,
 };
 
@@ -19,7 +20,7 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use crate::{
-    event::Tag,
+    event::{LocalOwner, Tag},
     kernel::{AddressMaps, Features, Probe, prefilter, reader::IfNames},
     state::addrs::{self, AddrConfig, AddressSets, Prefix},
 };
@@ -33,6 +34,13 @@ pub struct NodeStatus {
     pub vip_iface_present: bool,
     pub vips: Vec<IpAddr>,
     pub set_sizes: BTreeMap<String, usize>,
+    /// Who made each local address local (replaced only when it changed: the correlator
+    /// takes it by pointer).
+    #[serde(skip)]
+    pub owners: Arc<BTreeMap<Prefix, LocalOwner>>,
+    /// Local (`vip` and `node`) addresses by owner label (`kube-ipvs0`, `nic:eth0`,
+    /// `route:66`): the metrics' `clbprobe_local_address_owners`.
+    pub owner_counts: BTreeMap<String, usize>,
     pub features: Option<Features>,
     /// True once programs are attached and the address sets are loaded.
     pub ready: bool,
@@ -233,7 +241,15 @@ impl NodeSync {
             .filter(|(_, t)| **t == Tag::Vip)
             .map(|(p, _)| p.addr)
             .collect();
+        let mut owner_counts = BTreeMap::new();
+        for owner in sets.owners.values() {
+            *owner_counts.entry(owner.label()).or_insert(0) += 1;
+        }
         self.status.send_modify(|s| {
+            if *s.owners != sets.owners {
+                s.owners = Arc::new(sets.owners.clone());
+            }
+            s.owner_counts = owner_counts;
             s.attached = self.probe.attached();
             s.nics = sets.nics.iter().map(|(n, _)| n.clone()).collect();
             s.vip_iface = self.cfg.vip_iface.clone();

@@ -3,7 +3,19 @@
 use std::net::IpAddr;
 
 use super::{ApiState, Finding, Inputs, Kind, LbTarget, NicSysctls, Severity};
-use crate::{correlate::remedy, event::Proto, state::addrs::Prefix};
+use crate::{
+    correlate::remedy,
+    event::{LocalOwner, Proto},
+    state::addrs::Prefix,
+};
+
+/// Where `ip` is local, for evidence and summaries: "bound on kube-ipvs0", or its owner.
+fn where_local(inp: &Inputs, ip: IpAddr) -> String {
+    match inp.owners.get(&ip) {
+        None | Some(LocalOwner::VipInterface { .. }) => format!("bound on {}", inp.vip_iface),
+        Some(o) => format!("local through {o}"),
+    }
+}
 
 /// Every finding for these inputs.
 pub fn judge(inp: &Inputs) -> Vec<Finding> {
@@ -90,8 +102,8 @@ pub fn healthcheck_blackhole(inp: &Inputs) -> Vec<Finding> {
         .map(|ip| {
             let targets = targets_of(inp, ip);
             let mut evidence = vec![format!(
-                "{ip} is bound on {} (a local address of this node)",
-                inp.vip_iface
+                "{ip} is {} (a local address of this node)",
+                where_local(inp, ip)
             )];
             if targets.is_empty() {
                 evidence.push(
@@ -136,18 +148,18 @@ pub fn healthcheck_blackhole(inp: &Inputs) -> Vec<Finding> {
                 severity,
                 subject: ip.to_string(),
                 summary: format!(
-                    "LB IP {ip}{} is bound on {}: health checks from it never get an answer",
+                    "LB IP {ip}{} is {}: health checks from it never get an answer",
                     if svc.is_empty() {
                         String::new()
                     } else {
                         format!(" ({svc})")
                     },
-                    inp.vip_iface
+                    where_local(inp, ip)
                 ),
                 evidence,
                 // The remedies of the confirmed event, without its "Cause:" line (the finding
                 // is a prediction, its cause is the evidence).
-                remedy: remedy::healthcheck_blackhole(ip, node_port)
+                remedy: remedy::healthcheck_blackhole(ip, node_port, inp.owners.get(&ip))
                     .into_iter()
                     .skip(1)
                     .collect(),
@@ -250,7 +262,8 @@ pub fn vip_port_unserved(inp: &Inputs) -> Vec<Finding> {
             };
             let svc = named(&targets);
             let owner = (!svc.is_empty()).then_some(svc.as_str());
-            let mut remedy = remedy::vip_port_unserved(ip, port, proto, owner, filtered);
+            let mut remedy =
+                remedy::vip_port_unserved(ip, port, proto, owner, filtered, inp.owners.get(&ip));
             remedy.remove(0);
             if port == 0 {
                 // No single port to name: keep the general options.

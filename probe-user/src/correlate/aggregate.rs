@@ -39,6 +39,8 @@ impl LoopbackEvent {
             client_pod: None,
             node: None,
             layer: None,
+            local_owner: None,
+            listener: None,
         }
     }
 }

@@ -133,6 +133,7 @@ impl Correlator {
         evidence.push(local_source_line(&info, packet.src));
         let svc = self.nodeport_evidence(packet, &mut evidence);
         self.vip_served_evidence(packet.src, &mut evidence);
+        let local_owner = self.owner_evidence(packet.src, &mut evidence);
         let nic = info
             .iface
             .clone()
@@ -149,9 +150,10 @@ impl Correlator {
             drop_location: info.location.clone(),
             snat: SnatState::Unknown,
             evidence,
-            remedy: remedy::healthcheck_blackhole(packet.src, packet.dport),
+            remedy: remedy::healthcheck_blackhole(packet.src, packet.dport, local_owner.as_ref()),
             nic,
             service: svc,
+            local_owner,
             ..LoopbackEvent::new(&key, packet, info.ts, Outcome::Dropped)
         };
         self.stats.confirmed.healthcheck_blackhole += 1;

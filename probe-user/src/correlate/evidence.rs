@@ -10,7 +10,7 @@ use super::{
     tuple_of,
 };
 use crate::{
-    event::{EgressRecord, Packet, Proto, Tag, tcp_flags},
+    event::{EgressRecord, Listener, LocalOwner, Packet, Proto, Tag, tcp_flags},
     state::{
         ConntrackEntry, NodePortEntry, ServiceSource, ServiceTable, Tuple,
         iptables::ACCESS_FILTER_CHAIN,
@@ -224,6 +224,46 @@ pub(super) fn egress_line(r: &EgressRecord, node_sourced: bool) -> String {
 }
 
 /// What makes a hairpin node-sourced.
+/// What made a local address local (kube-ipvs0, a NIC, a `local` route and its protocol).
+pub(super) fn owner_line(ip: IpAddr, owner: &LocalOwner) -> String {
+    format!("local address owner: {ip} is local through {owner}")
+}
+
+impl Correlator {
+    /// The owner of the local address `ip`, with its evidence line when known.
+    pub(super) fn owner_evidence(
+        &self,
+        ip: IpAddr,
+        evidence: &mut Vec<String>,
+    ) -> Option<LocalOwner> {
+        let owner = self.owner_of(ip);
+        if let Some(o) = &owner {
+            evidence.push(owner_line(ip, o));
+        }
+        owner
+    }
+}
+
+/// A host-listener hairpin: the port is no NodePort, the exact layer-4 match is the proof.
+pub(super) fn host_listener_line(p: &Packet) -> String {
+    format!(
+        "{} is no NodePort of the service table: the LB sent the request to a host-network \
+         listener of this node (no Service rule on that port); confirmed on the exact layer-4 \
+         match alone",
+        sock(p.dst, p.dport)
+    )
+}
+
+/// The socket that serves a host-listener hairpin's port (sock_diag).
+pub(super) fn listener_line(p: &Packet, answer: &Result<Option<Listener>, String>) -> String {
+    let at = format!("{}/{}", sock(p.dst, p.dport), p.proto.as_str());
+    match answer {
+        Ok(Some(l)) => format!("listener of {at} on this node: {l}"),
+        Ok(None) => format!("no socket listens on {at} now (sock_diag)"),
+        Err(e) => format!("listener of {at} unknown: the sock_diag look-up failed: {e}"),
+    }
+}
+
 pub(super) fn node_sourced_line(p: &Packet) -> String {
     format!(
         "node-sourced: the looping packet's source {} is this node's own address (a \

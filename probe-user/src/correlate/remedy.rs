@@ -4,32 +4,102 @@
 use std::net::IpAddr;
 
 use super::report::{Layer, Outcome, sock};
-use crate::event::Proto;
+use crate::event::{Listener, LocalOwner, Proto};
+
+/// Whether kube-proxy made the address local (bound on kube-ipvs0; unknown owners are taken
+/// as kube-ipvs0, the case the remedies were first written for).
+fn kube_proxy_owned(owner: Option<&LocalOwner>) -> bool {
+    matches!(owner, None | Some(LocalOwner::VipInterface { .. }))
+}
+
+/// How `vip` is local here, as a phrase after "{vip} is".
+fn how_local(owner: Option<&LocalOwner>) -> String {
+    match owner {
+        None | Some(LocalOwner::VipInterface { .. }) => "bound on kube-ipvs0 here".to_string(),
+        Some(LocalOwner::Interface { iface }) => format!(
+            "an address on {iface} here (a VIP that keepalived or kube-vip holds, or an address \
+             of the node)"
+        ),
+        Some(o @ LocalOwner::LocalRoute { .. }) => format!("local here through {o}"),
+    }
+}
+
+/// What removes a local address that kube-proxy did not make local: kube-proxy's settings,
+/// the Service's ipMode or its annotations do not touch it. None for kube-ipvs0.
+pub(crate) fn owner_fix(vip: IpAddr, owner: Option<&LocalOwner>) -> Option<String> {
+    match owner? {
+        LocalOwner::VipInterface { .. } => None,
+        LocalOwner::LocalRoute { protocol: 66, .. } => Some(format!(
+            "{vip} is made local by the cloud's guest agent (a route with protocol 66, no \
+             address), not by kube-proxy: changing kube-proxy, ipMode or the Service does not \
+             remove it. On GCE the google-guest-agent adds such routes for forwarding-rule IPs \
+             targeting this instance: set `target_instance_ips = false` under [IpForwarding] (or \
+             `ip_forwarding = false` under [NetworkInterfaces]) in \
+             /etc/default/instance_configs.cfg and restart the agent, if nothing on the node \
+             needs to accept traffic for {vip} itself."
+        )),
+        LocalOwner::LocalRoute {
+            protocol,
+            protocol_name,
+            iface,
+        } => Some(format!(
+            "{vip} is made local by a `local` route of table local (proto {protocol} = \
+             {protocol_name}{}), not by kube-proxy: changing kube-proxy or the Service does not \
+             remove it. Remove it where it is configured (by hand: `ip route del local {vip} \
+             table local`) if nothing on the node must accept traffic for {vip} itself.",
+            iface
+                .as_deref()
+                .map(|i| format!(", dev {i}"))
+                .unwrap_or_default()
+        )),
+        LocalOwner::Interface { iface } => Some(format!(
+            "{vip} is an address on {iface}, not kube-proxy's binding: if keepalived or kube-vip \
+             hold it as a VIP, keep that VIP off the nodes this LB targets (or the LB's checks \
+             and calls off that VIP); kube-proxy settings and the Service's ipMode do not change \
+             it."
+        )),
+    }
+}
 
 /// LB health checks from the VIP, dropped because the VIP is a local address.
-pub(crate) fn healthcheck_blackhole(vip: IpAddr, node_port: u16) -> Vec<String> {
-    vec![
+pub(crate) fn healthcheck_blackhole(
+    vip: IpAddr,
+    node_port: u16,
+    owner: Option<&LocalOwner>,
+) -> Vec<String> {
+    let why = if kube_proxy_owned(owner) {
+        " (kube-proxy in IPVS mode binds LoadBalancer ingress IPs so in-cluster calls \
+         short-circuit)"
+    } else {
+        ""
+    };
+    let mut out = vec![
         format!(
-            "Cause: the LB health-checks this node from its own VIP {vip}, and {vip} is bound on \
-             kube-ipvs0 here (kube-proxy in IPVS mode binds LoadBalancer ingress IPs so in-cluster \
-             calls short-circuit), so the kernel discards every check to NodePort {node_port} as a \
-             packet with a local (martian) source."
+            "Cause: the LB health-checks this node from its own VIP {vip}, and {vip} is {}{why}, \
+             so the kernel discards every check to NodePort {node_port} as a packet with a local \
+             (martian) source.",
+            how_local(owner)
         ),
         "Have the LB send health checks from a source range that is not a VIP (a provider \
          option: a dedicated health-check source range, e.g. turned on together with the \
          provider's prevent-loopback Service annotation)."
             .to_string(),
+    ];
+    out.push(owner_fix(vip, owner).unwrap_or_else(|| {
         "Or stop binding the LB ingress IP on kube-ipvs0 (a kube-proxy build or Service \
          annotation that publishes the LB as a hostname / skips the local binding, or \
          status.loadBalancer.ingress[].ipMode: Proxy on Kubernetes versions that support it); \
          in-cluster calls to the VIP then really go to the LB, so check for hairpin loopback \
          afterwards."
-            .to_string(),
+            .to_string()
+    }));
+    out.extend([
         "Do not read the LB's health status as fine: when every check fails the LB treats all \
          backends as alive, which hides this until a backend really fails and still gets \
          traffic."
             .to_string(),
-    ]
+    ]);
+    out
 }
 
 /// Inputs that select the hairpin remedy.
@@ -120,8 +190,14 @@ pub(crate) fn vip_port_unserved(
     proto: Proto,
     owner: Option<&str>,
     filtered: bool,
+    local_owner: Option<&LocalOwner>,
 ) -> Vec<String> {
     let owner = owner.map_or_else(|| "a Service".to_string(), str::to_string);
+    let bound = if kube_proxy_owned(local_owner) {
+        format!("bound on kube-ipvs0 because {owner} uses it on other ports")
+    } else {
+        how_local(local_owner)
+    };
     let refusal = match proto {
         _ if filtered => {
             "rejects it: kube-proxy's KUBE-IPVS-FILTER answers with ICMP port unreachable \
@@ -130,11 +206,11 @@ pub(crate) fn vip_port_unserved(
         Proto::Udp => "answers with ICMP port unreachable",
         _ => "answers with a TCP RST (connection refused)",
     };
-    vec![
+    let mut out = vec![
         format!(
-            "Cause: {vip} is bound on kube-ipvs0 because {owner} uses it on other ports, so calls from this node \
-             or its pods to {} never leave the node and never reach the LB listener; nothing \
-             here serves port {port}/{}, so the kernel {refusal}.",
+            "Cause: {vip} is {bound}, so calls from this node or its pods to {} never leave the \
+             node and never reach the LB listener; nothing here serves port {port}/{}, so the \
+             kernel {refusal}.",
             sock(vip, port),
             proto.as_str()
         ),
@@ -142,12 +218,15 @@ pub(crate) fn vip_port_unserved(
         "If the listener belongs to something outside the cluster, give it its own LB or \
          address, separate from the one the Service uses."
             .to_string(),
+    ];
+    out.push(owner_fix(vip, local_owner).unwrap_or_else(|| {
         "Or keep kube-proxy from binding the LB address locally (provider annotation that \
          publishes a hostname instead of the IP, or ipMode: Proxy), which sends in-cluster \
          calls to the real LB and can then hairpin; or have in-cluster callers use another \
          address for that listener."
-            .to_string(),
-    ]
+            .to_string()
+    }));
+    out
 }
 
 /// Which node saw a `vip_as_source` packet.
@@ -165,6 +244,7 @@ pub(crate) fn vip_as_source(
     dst: IpAddr,
     dst_port: u16,
     side: VipSourceSide,
+    owner: Option<&LocalOwner>,
 ) -> Vec<String> {
     let to = sock(dst, dst_port);
     let cause = match side {
@@ -183,7 +263,7 @@ pub(crate) fn vip_as_source(
              too and drops it as a local (martian) source. The caller times out."
         ),
     };
-    vec![
+    let mut out = vec![
         cause,
         "Call the Service by its cluster DNS name or ClusterIP from inside the cluster, not the \
          LB IP (internal access to the LB IP is what picks the VIP as source)."
@@ -194,7 +274,13 @@ pub(crate) fn vip_as_source(
         "Or set externalTrafficPolicy: Cluster on the Service: IPVS then masquerades the \
          forwarded call to the node IP (the client source IP is no longer preserved)."
             .to_string(),
-    ]
+    ];
+    // The story above is kube-proxy's; a VIP that something else made local here is that
+    // owner's to remove.
+    if let Some(fix) = owner_fix(vip, owner) {
+        out.insert(1, fix);
+    }
+    out
 }
 /// A node-sourced loop: the node's own address called the LB, which kept it as source and
 /// sent the request back to this node.
@@ -227,4 +313,63 @@ pub(crate) fn lb_to_pod_hint() -> String {
      choice of backend; keep callers off the nodes that host the Service's pods (pod \
      anti-affinity), or call the Service in-cluster."
         .to_string()
+}
+
+/// A hairpin to a host-network listener (a node address on a port that is no NodePort): no
+/// Service rule is involved, so externalTrafficPolicy and NodePort fixes do not apply.
+pub(crate) fn host_listener_hairpin(
+    src: IpAddr,
+    node_sourced: bool,
+    vip: IpAddr,
+    vip_port: u16,
+    node: IpAddr,
+    port: u16,
+    listener: Option<&Listener>,
+) -> Vec<String> {
+    let what = listener.map_or_else(
+        || "a host-network listener".to_string(),
+        |l| match (&l.pod, &l.process) {
+            (Some(pod), _) => format!("host-network pod {pod}"),
+            (None, Some(p)) => format!("host process {p}"),
+            (None, None) => "a host-network listener".to_string(),
+        },
+    );
+    let at = sock(node, port);
+    let lb = sock(vip, vip_port);
+    let cause = if node_sourced {
+        format!(
+            "Cause: this node ({src}) called the LB at {lb}; the LB keeps the client address and \
+             sent the connection to {what} on this same node ({at}, no NodePort: an instance \
+             target on the node's own address), so it came back with the node's own address as \
+             source and the kernel discards it as a local (martian) source."
+        )
+    } else {
+        format!(
+            "Cause: pod {src} called the LB at {lb} and left the node without SNAT; the LB keeps \
+             the client address and sent the connection to {what} on this same node ({at}, no \
+             NodePort: an instance target on the node's own address), so the reply goes \
+             straight to the pod, never back through the LB."
+        )
+    };
+    vec![
+        cause,
+        format!(
+            "Reach {what} without the LB from this node and its pods: its in-cluster Service \
+             (for the API server: kubernetes.default.svc), or {at} directly from host-network \
+             callers."
+        ),
+        "Or turn off client IP preservation for this LB listener's instance targets (AWS NLB: \
+         target group attribute preserve_client_ip.enabled=false), or enable the provider's \
+         prevent-loopback / hairpin option: the LB then answers the loop itself."
+            .to_string(),
+        if node_sourced {
+            "SNAT to the node IP does not avoid this one: the source already is the node."
+                .to_string()
+        } else {
+            "Masquerading pod egress to the node IP avoids it only where the LB never sends a \
+             request back to its source node; otherwise the loop becomes node-sourced."
+                .to_string()
+        },
+        "externalTrafficPolicy does not apply: no Service rule serves this port.".to_string(),
+    ]
 }

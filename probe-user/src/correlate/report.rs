@@ -7,7 +7,7 @@ use std::{fmt, net::IpAddr};
 
 use serde::{Deserialize, Serialize};
 
-use crate::event::Proto;
+use crate::event::{Listener, LocalOwner, Proto};
 
 /// What kind of loopback was confirmed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -231,4 +231,13 @@ pub struct LoopbackEvent {
     /// This node's Kubernetes name (attribution: `--node-name`); null when unknown.
     #[serde(default)]
     pub node: Option<String>,
+    /// What made the event's local address local: the VIP for the VIP kinds, the node
+    /// address of a node-sourced hairpin (kube-ipvs0, an address on a NIC, or a `local`
+    /// route and its protocol). Null when not known or not applicable.
+    #[serde(default)]
+    pub local_owner: Option<LocalOwner>,
+    /// A hairpin to a host-network listener (a node address on a port that is no NodePort):
+    /// the socket that serves that port on this node. Null for the other cases.
+    #[serde(default)]
+    pub listener: Option<Listener>,
 }

@@ -50,6 +50,7 @@ impl Correlator {
         }
         self.unserved_table_evidence(packet, &mut evidence);
         evidence.push(refusal_line(packet.proto, filtered));
+        let local_owner = self.owner_evidence(packet.dst, &mut evidence);
         let owner_name = owner.flatten().map(|s| service_name(&s));
         let key = AggregateKey::VipPortUnserved {
             vip: packet.dst,
@@ -68,9 +69,11 @@ impl Correlator {
                 packet.proto,
                 owner_name.as_deref(),
                 filtered,
+                local_owner.as_ref(),
             ),
             nic: info.iface.clone(),
             service: owner_name,
+            local_owner,
             ..LoopbackEvent::new(&key, packet, info.ts, Outcome::Refused)
         };
         self.stats.drops_confirming += 1;

@@ -37,6 +37,7 @@ impl Correlator {
         evidence.push(local_source_line(&info, packet.src));
         evidence.push(destination_line(packet, &self.services));
         self.vip_served_evidence(packet.src, &mut evidence);
+        let local_owner = self.owner_evidence(packet.src, &mut evidence);
         let nic = info
             .iface
             .clone()
@@ -57,8 +58,10 @@ impl Correlator {
                 packet.dst,
                 packet.dport,
                 VipSourceSide::Receiving,
+                local_owner.as_ref(),
             ),
             nic,
+            local_owner,
             ..LoopbackEvent::new(&key, packet, info.ts, Outcome::Dropped)
         };
         self.stats.confirmed.vip_as_source += 1;
@@ -76,6 +79,7 @@ impl Correlator {
         self.stats.vip_egress_seen += 1;
         let mut evidence = vec![vip_egress_line(ts, nic, packet)];
         self.vip_served_evidence(packet.src, &mut evidence);
+        let local_owner = self.owner_evidence(packet.src, &mut evidence);
         let key = AggregateKey::VipAsSource {
             vip: packet.src,
             dst: packet.dst,
@@ -90,8 +94,10 @@ impl Correlator {
                 packet.dst,
                 packet.dport,
                 VipSourceSide::Sending,
+                local_owner.as_ref(),
             ),
             nic: Some(nic.to_string()),
+            local_owner,
             ..LoopbackEvent::new(&key, packet, ts, Outcome::NoReply)
         };
         self.stats.confirmed.vip_as_source += 1;

@@ -88,6 +88,7 @@ impl Correlator {
         ];
         let svc = self.nodeport_evidence(&check, &mut evidence);
         self.vip_served_evidence(check.src, &mut evidence);
+        let local_owner = self.owner_evidence(check.src, &mut evidence);
         let key = AggregateKey::HealthcheckBlackhole {
             vip: check.src,
             node: check.dst,
@@ -100,9 +101,10 @@ impl Correlator {
             drop_location: info.location.clone(),
             snat: SnatState::Unknown,
             evidence,
-            remedy: remedy::healthcheck_blackhole(check.src, check.dport),
+            remedy: remedy::healthcheck_blackhole(check.src, check.dport, local_owner.as_ref()),
             nic: Some(s.nic.clone()),
             service: svc,
+            local_owner,
             ..LoopbackEvent::new(&key, &check, info.ts, Outcome::Dropped)
         };
         self.stats.suspects_confirmed += s.n;
