@@ -90,6 +90,8 @@ mod evidence;
 mod hairpin;
 #[cfg(test)]
 mod hairpin_tests;
+#[cfg(test)]
+mod host_tests;
 pub(crate) mod remedy;
 pub mod replay;
 mod report;

@@ -267,6 +267,8 @@ mod tests {
             layer: None,
             client_pod: None,
             node: None,
+            local_owner: None,
+            listener: None,
         }
     }
 

@@ -35,6 +35,8 @@ fn ev(kind: LoopbackKind, key: &str, count: u64) -> LoopbackEvent {
         layer: None,
         client_pod: None,
         node: None,
+        local_owner: None,
+        listener: None,
     }
 }
 

@@ -740,6 +740,8 @@ mod tests {
             layer: None,
             client_pod: None,
             node: None,
+            local_owner: None,
+            listener: None,
         }
     }
 
