@@ -9,6 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use serde::Deserialize as _;
 use serde_json::Value;
 
 /// The `probe` binary under test: `CLB_PROBE_BIN` (set by `cargo xtask test`), else the
@@ -172,9 +173,16 @@ impl Agent {
             .collect()
     }
 
-    /// Confirmed events written so far.
+    /// Confirmed events written so far. Each is also read as the output contract's event, so
+    /// a field the agent writes and the contract spells differently fails every test here.
     pub fn events(&self) -> Vec<Value> {
-        self.read_jsonl("events.jsonl")
+        let events = self.read_jsonl("events.jsonl");
+        for e in &events {
+            if let Err(err) = probe_contract::LoopbackEvent::deserialize(e) {
+                panic!("not the contract's LoopbackEvent ({err}): {e}");
+            }
+        }
+        events
     }
 
     /// Kernel events recorded so far.

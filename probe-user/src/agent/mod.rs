@@ -4,11 +4,9 @@
 //! and attachments), the service-table refresher, and the correlation loop, which is the only
 //! owner of the [`Correlator`] and answers its queries (egress map, conntrack).
 
-pub mod capability;
 pub mod checks;
 pub mod instance;
 pub mod nodesync;
-pub mod shared;
 pub mod startup;
 
 use std::{
@@ -27,6 +25,10 @@ use tracing::{debug, info, warn};
 use crate::{
     correlate::{Answer, Correlator, CorrelatorConfig, Output, Query},
     event::KernelEvent,
+    hub::{
+        self, Shared,
+        capability::{Capabilities, Capability},
+    },
     kernel::{
         self, KernelBtf, Probe, ProbeSettings,
         counters::EgressTable,
@@ -35,9 +37,7 @@ use crate::{
     sink::{Sinks, json::JsonLines},
     state::{self, addrs::AddrConfig},
 };
-use capability::{Capabilities, Capability};
 use nodesync::{NodeStatus, NodeSync};
-use shared::Shared;
 
 /// Everything `probe agent` was told.
 #[derive(Clone, Debug)]
@@ -191,12 +191,14 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
 
     let ifnames: IfNames = Arc::new(RwLock::new(Default::default()));
     let (status_tx, status_rx) = watch::channel(NodeStatus::default());
+    let (owners_tx, owners_rx) = watch::channel(nodesync::Owners::default());
     let mut sync = NodeSync::new(
         loaded.probe,
         loaded.addresses,
         cfg.addr.clone(),
         ifnames.clone(),
         status_tx,
+        owners_tx,
     );
     let sets = sync.sync(&rt_handle).await?;
     steps.mark("attach");
@@ -260,8 +262,8 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
     let _kube_events_task = match &cfg.kube_events {
         Some(source) => Some(AbortOnDrop(tokio::spawn(crate::sink::kube_events::start(
             source.clone(),
-            cfg.node_name.clone().unwrap_or_else(shared::node_name),
-            shared.reports.subscribe(),
+            cfg.node_name.clone().unwrap_or_else(hub::node_name),
+            shared.subscribe(),
             shared.kube_events.clone(),
         )))),
         None => {
@@ -306,6 +308,7 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         signals,
         kube_index,
         node_name: cfg.node_name.clone(),
+        owners: owners_rx,
     })
     .await;
     // Orderly shutdown: stop the surfaces and the sync task (it detaches), then the reader.
@@ -343,6 +346,8 @@ struct CorrelateLoop {
     /// Kubernetes attribution's latest index (None: attribution off).
     kube_index: Option<watch::Receiver<Arc<crate::kube::index::Index>>>,
     node_name: Option<String>,
+    /// Who made each local address local (the node sync's latest).
+    owners: watch::Receiver<nodesync::Owners>,
 }
 
 struct Signals {
@@ -353,6 +358,7 @@ struct Signals {
 async fn correlate_loop(mut l: CorrelateLoop) -> anyhow::Result<()> {
     let mut correlator = Correlator::new(CorrelatorConfig::default());
     correlator.set_services(std::mem::take(&mut l.services));
+    correlator.set_owners(l.owners.borrow_and_update().clone());
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     // The service table is re-read off this loop: iptables-save and the IPVS dump can take a
     // second on a busy node, and events must not wait behind them (the egress map moves on).
@@ -375,9 +381,8 @@ async fn correlate_loop(mut l: CorrelateLoop) -> anyhow::Result<()> {
                     stats.clone_from(correlator.stats());
                 }
                 correlator.set_nics(l.shared.status.borrow().nics.clone());
-                let owners = l.shared.status.borrow().owners.clone();
-                if !Arc::ptr_eq(&owners, correlator.owners()) {
-                    correlator.set_owners(owners);
+                if l.owners.has_changed().unwrap_or(false) {
+                    correlator.set_owners(l.owners.borrow_and_update().clone());
                 }
                 correlator.tick(monotonic_ns())
             }

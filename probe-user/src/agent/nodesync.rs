@@ -15,36 +15,20 @@ use aya::maps::lpm_trie::Key;
 use futures::StreamExt as _;
 use probe_common::AddrValue;
 use rtnetlink::{Handle, MulticastGroup};
-use serde::Serialize;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use crate::{
     event::{LocalOwner, Tag},
-    kernel::{AddressMaps, Features, Probe, prefilter, reader::IfNames},
+    kernel::{AddressMaps, Probe, prefilter, reader::IfNames},
     state::addrs::{self, AddrConfig, AddressSets, Prefix},
 };
 
-/// What the node looks like to the probe now; published to the metrics and the live view.
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct NodeStatus {
-    pub attached: Vec<(String, u32)>,
-    pub nics: Vec<String>,
-    pub vip_iface: String,
-    pub vip_iface_present: bool,
-    pub vips: Vec<IpAddr>,
-    pub set_sizes: BTreeMap<String, usize>,
-    /// Who made each local address local (replaced only when it changed: the correlator
-    /// takes it by pointer).
-    #[serde(skip)]
-    pub owners: Arc<BTreeMap<Prefix, LocalOwner>>,
-    /// Local (`vip` and `node`) addresses by owner label (`kube-ipvs0`, `nic:eth0`,
-    /// `route:66`): the metrics' `clbprobe_local_address_owners`.
-    pub owner_counts: BTreeMap<String, usize>,
-    pub features: Option<Features>,
-    /// True once programs are attached and the address sets are loaded.
-    pub ready: bool,
-}
+pub use probe_contract::status::NodeStatus;
+
+/// Who made each local address local, for the correlator (it takes the map by pointer: a new
+/// `Arc` is sent only when the owners changed).
+pub type Owners = Arc<BTreeMap<Prefix, LocalOwner>>;
 
 pub struct NodeSync {
     probe: Probe,
@@ -56,6 +40,7 @@ pub struct NodeSync {
     nics_in_map: BTreeSet<u32>,
     ifnames: IfNames,
     status: watch::Sender<NodeStatus>,
+    owners: watch::Sender<Owners>,
     /// Whether `--vip-iface` existed at the last sync (None before the first): said on change.
     vip_iface_seen: Option<bool>,
     /// Configured NICs already said absent: one WARN per absence, not one per resync.
@@ -72,6 +57,7 @@ impl NodeSync {
         cfg: AddrConfig,
         ifnames: IfNames,
         status: watch::Sender<NodeStatus>,
+        owners: watch::Sender<Owners>,
     ) -> Self {
         Self {
             probe,
@@ -83,6 +69,7 @@ impl NodeSync {
             nics_in_map: BTreeSet::new(),
             ifnames,
             status,
+            owners,
             vip_iface_seen: None,
             nics_said_absent: BTreeSet::new(),
         }
@@ -241,14 +228,18 @@ impl NodeSync {
             .filter(|(_, t)| **t == Tag::Vip)
             .map(|(p, _)| p.addr)
             .collect();
+        self.owners.send_if_modified(|o| {
+            let changed = **o != sets.owners;
+            if changed {
+                *o = Arc::new(sets.owners.clone());
+            }
+            changed
+        });
         let mut owner_counts = BTreeMap::new();
         for owner in sets.owners.values() {
             *owner_counts.entry(owner.label()).or_insert(0) += 1;
         }
         self.status.send_modify(|s| {
-            if *s.owners != sets.owners {
-                s.owners = Arc::new(sets.owners.clone());
-            }
             s.owner_counts = owner_counts;
             s.attached = self.probe.attached();
             s.nics = sets.nics.iter().map(|(n, _)| n.clone()).collect();

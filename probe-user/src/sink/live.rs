@@ -12,7 +12,6 @@
 
 use std::{os::unix::fs::PermissionsExt as _, path::Path, sync::Arc, time::Duration};
 
-use serde::{Deserialize, Serialize};
 use tokio::{
     io::AsyncWriteExt as _,
     net::{UnixListener, UnixStream},
@@ -20,36 +19,22 @@ use tokio::{
 };
 use tracing::debug;
 
-use crate::{
-    agent::shared::{Shared, Snapshot},
-    correlate::{LoopbackEvent, Report},
-};
+use crate::correlate::Report;
+use crate::hub::{Shared, Snapshot};
 
-/// One line of the protocol.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum Message {
-    Snapshot {
-        snapshot: serde_json::Value,
-    },
-    Report {
-        event: Box<LoopbackEvent>,
-        is_new: bool,
-    },
+/// One line of the protocol (the output contract's).
+pub use probe_contract::Message;
+
+fn snapshot(s: Snapshot) -> Message {
+    Message::Snapshot {
+        snapshot: Box::new(s),
+    }
 }
 
-impl Message {
-    fn snapshot(s: &Snapshot) -> Self {
-        Message::Snapshot {
-            snapshot: serde_json::to_value(s).unwrap_or_default(),
-        }
-    }
-
-    fn report(r: &Report) -> Self {
-        Message::Report {
-            event: Box::new(r.event.clone()),
-            is_new: r.is_new,
-        }
+fn report(r: &Report) -> Message {
+    Message::Report {
+        event: Box::new(r.event.clone()),
+        is_new: r.is_new,
     }
 }
 
@@ -129,7 +114,7 @@ pub async fn serve(listener: UnixListener, shared: Shared) -> anyhow::Result<()>
     loop {
         let (stream, _) = listener.accept().await?;
         let shared = shared.clone();
-        let reports = shared.reports.subscribe();
+        let reports = shared.subscribe();
         tokio::spawn(async move {
             if let Err(e) = client(stream, shared, reports).await {
                 debug!(error = %e, "live-view client went away");
@@ -149,17 +134,17 @@ async fn client(
     shared: Shared,
     mut reports: broadcast::Receiver<Arc<Report>>,
 ) -> std::io::Result<()> {
-    send(&mut stream, &Message::snapshot(&shared.snapshot())).await?;
+    send(&mut stream, &snapshot(shared.snapshot())).await?;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.tick().await;
     loop {
         let msg = tokio::select! {
             r = reports.recv() => match r {
-                Ok(report) => Message::report(&report),
-                Err(broadcast::error::RecvError::Lagged(_)) => Message::snapshot(&shared.snapshot()),
+                Ok(r) => report(&r),
+                Err(broadcast::error::RecvError::Lagged(_)) => snapshot(shared.snapshot()),
                 Err(broadcast::error::RecvError::Closed) => return Ok(()),
             },
-            _ = tick.tick() => Message::snapshot(&shared.snapshot()),
+            _ = tick.tick() => snapshot(shared.snapshot()),
         };
         send(&mut stream, &msg).await?;
     }

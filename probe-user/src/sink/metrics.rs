@@ -29,12 +29,9 @@ use tokio::sync::broadcast;
 
 use super::process::ProcessStats;
 use crate::{
-    agent::{
-        nodesync::NodeStatus,
-        shared::{Shared, Snapshot},
-    },
     correlate::LoopbackEvent,
     event::Tag,
+    hub::{NodeStatus, Shared, Snapshot},
 };
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -573,7 +570,7 @@ pub async fn serve(
     stop: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let totals = Arc::new(Mutex::new(EventTotals::default()));
-    let mut reports = shared.reports.subscribe();
+    let mut reports = shared.subscribe();
     let feed = {
         let totals = totals.clone();
         tokio::spawn(async move {
