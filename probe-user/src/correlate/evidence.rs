@@ -97,7 +97,8 @@ pub(super) fn suspect_line(ts: u64, nic: &str, p: &Packet) -> String {
         fmt_tuple(&tuple_of(p)),
         fmt_flags(p),
         match p.src_tag {
-            Some(Tag::Vip) => "vip (bound on the VIP interface: a local address)",
+            Some(Tag::Vip) =>
+                "vip (a local address: a VIP bound on the VIP interface or made local by a route)",
             Some(Tag::Pod) => "pod (a pod on this node)",
             Some(Tag::Node) => "node",
             None => "nothing",
@@ -145,13 +146,13 @@ pub(super) fn local_source_line(info: &DropInfo, src: IpAddr) -> String {
         ),
         _ if info.inferred => format!(
             "no drop reason on this kernel, but the drop site {} is the route-input path and \
-             the source {} is tagged vip (bound on the VIP interface): a local-source drop",
+             the source {} is tagged vip (a local address): a local-source drop",
             info.location.as_deref().unwrap_or("?"),
             src
         ),
         _ => format!(
             "reason {}: source validation failed because {} is a local address of this \
-             node (tagged vip: bound on the VIP interface)",
+             node (tagged vip)",
             info.reason.name, src
         ),
     }

@@ -203,7 +203,13 @@ fn named_remedies(
                 service.key(),
                 settings(service, Some(event.src))
             )];
-            if service.ip_mode(event.src).is_none_or(|m| m == "VIP") {
+            // Only kube-proxy's binding (kube-ipvs0, or owner unknown) is undone by ipMode: a
+            // VIP that a route or another NIC address makes local is its owner's to remove.
+            let kube_proxy_owned = matches!(
+                event.local_owner,
+                None | Some(crate::event::LocalOwner::VipInterface { .. })
+            );
+            if kube_proxy_owned && service.ip_mode(event.src).is_none_or(|m| m == "VIP") {
                 out.push(format!(
                     "Service {}'s LB ingress {} has ipMode {}: kube-proxy binds it on this node; \
                      a cloud controller that sets ipMode: Proxy (Kubernetes >= 1.30) or publishes \
@@ -366,6 +372,28 @@ mod tests {
             cluster.remedy[1].contains("its NodePort 30080 (externalTrafficPolicy: Cluster"),
             "{}",
             cluster.remedy[1]
+        );
+
+        // A VIP that a guest agent's route makes local: ipMode does not undo that binding.
+        let mut routed = event(
+            LoopbackKind::HealthcheckBlackhole,
+            "203.0.113.10",
+            "198.18.0.2",
+            30080,
+            None,
+        );
+        routed.local_owner = Some(crate::event::LocalOwner::local_route(
+            Some("eth0".into()),
+            66,
+        ));
+        enrich(&mut routed, &index("Cluster"), None);
+        assert!(
+            !routed
+                .remedy
+                .iter()
+                .any(|r| r.contains("kube-proxy binds it")),
+            "{:#?}",
+            routed.remedy
         );
     }
 
