@@ -47,6 +47,8 @@ pub struct Shared {
     pub version: &'static str,
     /// Kubernetes Events written (`clbprobe_kube_event_writes_total`).
     pub kube_events: Arc<KubeEventStats>,
+    /// `--events` / `--record` writers (`clbprobe_output_*`), by output name.
+    pub outputs: Arc<Vec<(&'static str, Arc<crate::sink::json::OutputStats>)>>,
 }
 
 impl Shared {

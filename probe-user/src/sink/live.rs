@@ -8,7 +8,17 @@
 //! - and a fresh snapshot every second.
 //!
 //! A client that falls behind gets a snapshot instead of the reports it missed; a client that
-//! goes away never affects the agent. The socket is root-only (mode 0600).
+//! goes away never affects the agent. The socket is root-only (mode 0600), and never
+//! reachable by anyone else, not even for an instant: it is bound inside a fresh 0700
+//! directory next to its path, made 0600 there, then renamed into place (`RENAME_NOREPLACE`).
+//! Binding at the path and then chmod-ing left a window in which, under umask 000, an
+//! unprivileged client connected and read the snapshot. Changing the umask around bind(2)
+//! would close it too, but the umask is the whole process's and the runtime's threads create
+//! files meanwhile; a check of the peer's credentials on accept would still let the
+//! connection exist. A failed accept (EMFILE when the agent is out of descriptors, something
+//! any remote client of the metrics port can cause under a low limit) is logged (at most one
+//! WARN a minute, one INFO when accepting works again) and retried with a backoff up to
+//! [`ACCEPT_BACKOFF_MAX`]: the listener never ends while the agent runs.
 
 use std::{os::unix::fs::PermissionsExt as _, path::Path, sync::Arc, time::Duration};
 
@@ -17,7 +27,7 @@ use tokio::{
     net::{UnixListener, UnixStream},
     sync::broadcast,
 };
-use tracing::debug;
+use tracing::{debug, info, warn};
 
 use crate::correlate::Report;
 use crate::hub::{Shared, Snapshot};
@@ -98,9 +108,7 @@ pub fn bind(path: &Path) -> anyhow::Result<(UnixListener, SocketFile)> {
             .create(dir)
             .with_context(|| format!("creating {}", dir.display()))?;
     }
-    let listener =
-        UnixListener::bind(path).with_context(|| format!("--socket {shown}: cannot listen"))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    let listener = bind_private(path)?;
     let m = std::fs::symlink_metadata(path)?;
     let file = SocketFile {
         path: path.to_path_buf(),
@@ -109,10 +117,98 @@ pub fn bind(path: &Path) -> anyhow::Result<(UnixListener, SocketFile)> {
     Ok((listener, file))
 }
 
+/// Binds the socket in a private 0700 directory beside `path`, makes it 0600, and renames it
+/// to `path` (never replacing what may have appeared there meanwhile): no other user can
+/// connect to it at any moment.
+fn bind_private(path: &Path) -> anyhow::Result<UnixListener> {
+    use std::os::unix::fs::DirBuilderExt as _;
+
+    use anyhow::Context as _;
+    let shown = path.display();
+    let parent = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let private = parent.join(format!(
+        ".clb-probe-bind.{}.{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos())
+    ));
+    // 0700 whatever the umask (a umask only removes bits).
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&private)
+        .with_context(|| format!("--socket {shown}: creating {}", private.display()))?;
+    let staged = private.join("probe.sock");
+    let result = (|| {
+        let listener = UnixListener::bind(&staged)
+            .with_context(|| format!("--socket {shown}: cannot listen"))?;
+        std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o600))?;
+        rename_noreplace(&staged, path)
+            .with_context(|| format!("--socket {shown}: moving the socket into place"))?;
+        Ok(listener)
+    })();
+    let _ = std::fs::remove_file(&staged);
+    let _ = std::fs::remove_dir(&private);
+    result
+}
+
+fn rename_noreplace(from: &Path, to: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt as _;
+    let c =
+        |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(std::io::Error::other);
+    let (from, to) = (c(from)?, c(to)?);
+    // SAFETY: two valid C strings; AT_FDCWD resolves relative paths as open(2) would.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// The longest pause between accept attempts while accept fails.
+pub const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+/// At most one accept-failure WARN in this long.
+pub const ACCEPT_WARN_EVERY: Duration = Duration::from_secs(60);
+
 /// Serves connected clients until the task is aborted.
 pub async fn serve(listener: UnixListener, shared: Shared) -> anyhow::Result<()> {
+    let mut failures = 0u64;
+    let mut backoff = Duration::from_millis(10);
+    let mut warned: Option<std::time::Instant> = None;
     loop {
-        let (stream, _) = listener.accept().await?;
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Descriptors come and go while the agent is short of them (accept may work
+                // once in between): one WARN a minute, not one per flap.
+                if warned.is_none_or(|at| at.elapsed() >= ACCEPT_WARN_EVERY) {
+                    warn!(error = %e, "live view: accepting a connection failed; retrying with a backoff (up to {ACCEPT_BACKOFF_MAX:?})");
+                    warned = Some(std::time::Instant::now());
+                }
+                failures += 1;
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
+                continue;
+            }
+        };
+        if failures > 0 {
+            info!(failures, "live view: accepting connections again");
+            failures = 0;
+            backoff = Duration::from_millis(10);
+        }
         let shared = shared.clone();
         let reports = shared.subscribe();
         tokio::spawn(async move {

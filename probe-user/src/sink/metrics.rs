@@ -90,6 +90,11 @@ struct ResultLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutputLabels {
+    output: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildLabels {
     version: String,
     kernel: String,
@@ -188,6 +193,8 @@ pub struct MetricsInput {
     pub kube_connected: bool,
     /// Kubernetes Event writes: (result, count).
     pub kube_event_writes: Vec<(String, u64)>,
+    /// `--events` / `--record`: (output, lines lost, stalled now).
+    pub outputs: Vec<(String, u64, bool)>,
 }
 
 impl MetricsInput {
@@ -266,6 +273,7 @@ impl MetricsInput {
             capabilities: snap.capabilities.clone(),
             kube_connected: snap.kube_connected,
             kube_event_writes: snap.kube_event_writes.clone(),
+            outputs: Vec::new(),
         }
     }
 }
@@ -481,6 +489,26 @@ pub fn render(input: &MetricsInput) -> String {
         counter(input.reader_wakeups_suppressed),
     );
 
+    let lost = Family::<OutputLabels, Counter>::default();
+    let stalled = Family::<OutputLabels, Gauge>::default();
+    for (output, n, now) in &input.outputs {
+        let labels = OutputLabels {
+            output: output.clone(),
+        };
+        lost.get_or_create(&labels).inc_by(*n);
+        stalled.get_or_create(&labels).set(i64::from(*now));
+    }
+    reg.register(
+        "output_lines_lost",
+        "JSON lines --events / --record did not write: its writer fell behind (a reader that stops reading, a stalled disk) or the write failed; detection is never held back",
+        lost,
+    );
+    reg.register(
+        "output_stalled",
+        "1 while a write to --events / --record has been blocked for more than a second",
+        stalled,
+    );
+
     let mut out = String::new();
     encode_registry(&mut out, &reg).expect("writing to a String cannot fail");
     if let Some(p) = &input.process {
@@ -603,10 +631,19 @@ pub async fn serve(
                     Some((at, text)) if at.elapsed() < RENDER_REUSE => text.clone(),
                     _ => {
                         let snap = shared.snapshot();
-                        let input = totals
+                        let mut input = totals
                             .lock()
                             .map(|t| MetricsInput::from_snapshot(&snap, &t, shared.version))
                             .unwrap_or_default();
+                        let now = crate::agent::monotonic_ns();
+                        input.outputs = shared
+                            .outputs
+                            .iter()
+                            .map(|(name, s)| {
+                                let lost = s.lost.load(std::sync::atomic::Ordering::Relaxed);
+                                (name.to_string(), lost, s.stalled(now))
+                            })
+                            .collect();
                         let text = render(&input);
                         *cached = Some((std::time::Instant::now(), text.clone()));
                         text
@@ -717,6 +754,7 @@ mod tests {
             capabilities: vec![("drop_hook".into(), true), ("drop_sites".into(), false)],
             kube_connected: false,
             kube_event_writes: vec![("created".into(), 1), ("failed".into(), 2)],
+            outputs: vec![("events".into(), 3, true)],
         }
     }
 
@@ -743,6 +781,8 @@ mod tests {
             "clbprobe_kernel_reader_wakeups_total 4",
             "clbprobe_kernel_reader_wakeups_suppressed_total 1",
             "clbprobe_kube_event_writes_total{result=\"failed\"} 2",
+            "clbprobe_output_lines_lost_total{output=\"events\"} 3",
+            "clbprobe_output_stalled{output=\"events\"} 1",
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }
