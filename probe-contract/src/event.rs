@@ -281,6 +281,46 @@ impl fmt::Display for AggregateKey {
     }
 }
 
+/// The socket on this node that serves a port (from sock_diag), and who owns it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Listener {
+    /// The address the socket is bound to (`0.0.0.0` / `::` for every address).
+    pub addr: IpAddr,
+    pub port: u16,
+    pub proto: Proto,
+    pub uid: u32,
+    /// The socket's inode (`socket:[inode]` in the owner's /proc/PID/fd).
+    pub inode: u32,
+    /// The owning process's command name and pid, when /proc shows it.
+    #[serde(default)]
+    pub process: Option<String>,
+    #[serde(default)]
+    pub pid: Option<u32>,
+    /// `namespace/name` of the host-network pod that declares this port, from the Kubernetes
+    /// API (null without API access or when no pod declares it).
+    #[serde(default)]
+    pub pod: Option<String>,
+}
+
+impl std::fmt::Display for Listener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let at = match self.addr {
+            IpAddr::V4(a) => format!("{a}:{}", self.port),
+            IpAddr::V6(a) => format!("[{a}]:{}", self.port),
+        };
+        write!(f, "{} socket {at}", self.proto.as_str())?;
+        match (&self.process, self.pid) {
+            (Some(p), Some(pid)) => write!(f, " of process {p} (pid {pid}")?,
+            _ => write!(f, " (owner process not visible")?,
+        }
+        write!(f, ", uid {}, inode {})", self.uid, self.inode)?;
+        if let Some(pod) = &self.pod {
+            write!(f, ", host-network pod {pod}")?;
+        }
+        Ok(())
+    }
+}
+
 /// A confirmed loopback, aggregated over its repeats. Serialized as one JSON object.
 ///
 /// `src`/`src_port`/`dst`/`dst_port` are the looping packet as the node received it (for
@@ -336,6 +376,10 @@ pub struct LoopbackEvent {
     /// `externalTrafficPolicy` as the rules and the API say, the Service from the API.
     #[serde(default)]
     pub facts: Facts,
+    /// A hairpin to a host-network listener (a node address on a port that is no NodePort):
+    /// the socket that serves that port on this node. Null for the other cases.
+    #[serde(default)]
+    pub listener: Option<Listener>,
 }
 
 /// One confirmation (new or repeat) of an aggregate. Metrics count every report.

@@ -23,6 +23,9 @@ pub struct NodeStatus {
     pub left_out: BTreeMap<String, usize>,
     /// `--address-entries`: the capacity of each kernel address map.
     pub address_capacity: u32,
+    /// Local (`vip` and `node`) addresses by owner label (`kube-ipvs0`, `nic:eth0`,
+    /// `route:66`): the metrics' `clbprobe_local_address_owners`.
+    pub owner_counts: BTreeMap<String, usize>,
     pub features: Option<Features>,
     /// True once programs are attached and the address sets are loaded.
     pub ready: bool,

@@ -284,6 +284,10 @@ fn main() {
                 Output::Query(Query::Conntrack { id, .. }) => {
                     pending.extend(correlator.answer(Answer::Conntrack { id, entry: None }));
                 }
+                Output::Query(Query::Listener { id, .. }) => {
+                    let listener = Ok(None);
+                    pending.extend(correlator.answer(Answer::Listener { id, listener }));
+                }
             }
         }
     }

@@ -489,3 +489,97 @@ fn healthy_twin_outside_client_udp_reports_nothing() {
         no_events(Scenario::OutsideClientUdp);
     }
 }
+
+/// The LB's instance target is a host-network listener on the node's own address (node:6443,
+/// no NodePort, no pod): pod-a's call comes back with pod-a as source; confirmed on the exact
+/// layer-4 match, with the socket that serves the port.
+#[test]
+fn hairpin_to_a_host_listener_is_confirmed_with_its_listener() {
+    if !require_root("hairpin_host_listener") {
+        return;
+    }
+    let (outcome, agent) = run(Scenario::HairpinHostListener);
+    assert_eq!(outcome, Outcome::Timeout);
+    let e = only_event(&agent, "hairpin");
+    assert_eq!(e["src"], lab::POD_A_IP.to_string());
+    assert_eq!(e["vip"], lab::VIP.to_string());
+    assert_eq!(e["vip_port"], lab::VIP_HOST_LISTENER_PORT);
+    assert_eq!(e["dst"], lab::NODE_IP.to_string());
+    assert_eq!(e["dst_port"], lab::HOST_LISTENER_PORT);
+    assert_eq!(e["layer"], "l4");
+    assert_eq!(e["snat"], "no");
+    assert_eq!(e["outcome"], "reset");
+    let l = &e["listener"];
+    assert_eq!(l["port"], lab::HOST_LISTENER_PORT, "{e:#}");
+    assert_eq!(l["proto"], "tcp", "{e:#}");
+    assert_eq!(l["process"], "python3", "the lab's listener: {e:#}");
+    assert!(l["pid"].as_u64().is_some(), "{e:#}");
+    assert!(evidence(&e).contains("is no NodePort"), "{e:#}");
+    assert!(
+        e["remedy"].to_string().contains("host process python3"),
+        "{e:#}"
+    );
+}
+
+/// The node itself calls its own LB, whose target is the node's host listener: back with the
+/// node's own address as source, dropped as a local source; the node address's owner named.
+#[test]
+fn hairpin_node_sourced_to_a_host_listener_is_confirmed_dropped() {
+    if !require_root("hairpin_host_listener_node_sourced") {
+        return;
+    }
+    let (outcome, agent) = run(Scenario::HairpinHostListenerNodeSourced);
+    assert_eq!(outcome, Outcome::Timeout);
+    let e = only_event(&agent, "hairpin");
+    assert_eq!(e["src"], lab::NODE_IP.to_string());
+    assert_eq!(e["dst"], lab::NODE_IP.to_string());
+    assert_eq!(e["dst_port"], lab::HOST_LISTENER_PORT);
+    assert_eq!(e["layer"], "l4");
+    assert_eq!(e["outcome"], "dropped");
+    assert!(
+        is_local_source_drop(
+            e["drop_reason"].as_str().unwrap_or_default(),
+            e["drop_location"].as_str().unwrap_or_default()
+        ),
+        "{e:#}"
+    );
+    assert_eq!(e["listener"]["port"], lab::HOST_LISTENER_PORT, "{e:#}");
+    assert_eq!(e["facts"]["owner"]["kind"], "interface", "{e:#}");
+    assert_eq!(e["facts"]["owner"]["iface"], lab::NODE_NIC, "{e:#}");
+    assert!(evidence(&e).contains("node-sourced"), "{e:#}");
+}
+
+/// Twin: an outside client reaches the node's host listener through the LB and is answered.
+#[test]
+fn healthy_twin_outside_client_to_a_host_listener_reports_nothing() {
+    if require_root("twin_outside_client_host_listener") {
+        no_events(Scenario::OutsideClientHostListener);
+    }
+}
+
+/// The VIP is local through a `local` route of table local (proto 66, no address), as the GCE
+/// guest agent makes LB IPs local: the LB's health checks from it are martians. The event
+/// names that owner, and the remedy addresses it rather than kube-proxy.
+#[test]
+fn healthcheck_blackhole_from_a_vip_made_local_by_a_route_names_the_route() {
+    if !require_root("healthcheck_blackhole_local_route") {
+        return;
+    }
+    let (outcome, agent) = run(Scenario::HealthcheckBlackholeLocalRoute);
+    assert_eq!(outcome, Outcome::Timeout);
+    let e = only_event(&agent, "healthcheck_blackhole");
+    assert_eq!(e["src"], lab::VIP.to_string());
+    assert_eq!(e["dst_port"], lab::NODE_PORT);
+    let o = &e["facts"]["owner"];
+    assert_eq!(o["kind"], "local_route", "{e:#}");
+    assert_eq!(o["protocol"], 66, "{e:#}");
+    assert_eq!(o["protocol_name"], "cloud guest agent", "{e:#}");
+    assert_eq!(o["iface"], lab::NODE_NIC, "{e:#}");
+    assert!(
+        evidence(&e).contains("proto 66 = cloud guest agent"),
+        "{e:#}"
+    );
+    let remedy = e["remedy"].to_string();
+    assert!(remedy.contains("target_instance_ips"), "{e:#}");
+    assert!(!remedy.contains("kube-ipvs0"), "{e:#}");
+}

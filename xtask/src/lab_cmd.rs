@@ -40,6 +40,8 @@ enum Action {
         ipvs_filter: OnOff,
         #[arg(long, value_enum, default_value = "off")]
         peer_node: OnOff,
+        #[arg(long, value_enum, default_value = "off")]
+        vip_local_route: OnOff,
     },
     /// Kill the lab's servers and delete its namespaces (idempotent).
     Down,
@@ -81,6 +83,7 @@ pub fn run(args: LabArgs) -> Result<ExitCode> {
             masquerade,
             ipvs_filter,
             peer_node,
+            vip_local_route,
         } => {
             let v = Variants {
                 vip_bound: vip_bound.into(),
@@ -88,6 +91,7 @@ pub fn run(args: LabArgs) -> Result<ExitCode> {
                 masquerade: masquerade.into(),
                 ipvs_filter: ipvs_filter.into(),
                 peer_node: peer_node.into(),
+                vip_local_route: vip_local_route.into(),
             };
             Lab::down()?;
             Lab::up(&v)?;

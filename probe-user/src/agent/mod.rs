@@ -207,6 +207,7 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
 
     let ifnames: IfNames = Arc::new(RwLock::new(Default::default()));
     let (status_tx, status_rx) = watch::channel(NodeStatus::default());
+    let (owners_tx, owners_rx) = watch::channel(nodesync::Owners::default());
     let mut sync = NodeSync::new(
         loaded.probe,
         loaded.addresses,
@@ -214,6 +215,7 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         cfg.map_sizes.addresses,
         ifnames.clone(),
         status_tx,
+        owners_tx,
     );
     let sets = sync.sync(&rt_handle).await?;
     steps.mark("attach");
@@ -327,6 +329,7 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         node_name: cfg.node_name.clone(),
         provider: cfg.provider,
         vip_iface: cfg.addr.vip_iface.clone(),
+        owners: owners_rx,
     })
     .await;
     // Orderly shutdown: stop the surfaces and the sync task (it detaches), then the reader.
@@ -369,6 +372,8 @@ struct CorrelateLoop {
     provider: Option<crate::fixes::Provider>,
     /// `--vip-iface`: the owner the events name for a VIP bound there.
     vip_iface: String,
+    /// Who made each local address local (the node sync's latest).
+    owners: watch::Receiver<nodesync::Owners>,
 }
 
 struct Signals {
@@ -384,6 +389,7 @@ async fn correlate_loop(mut l: CorrelateLoop) -> anyhow::Result<()> {
         ..CorrelatorConfig::default()
     });
     correlator.set_services(std::mem::take(&mut l.services));
+    correlator.set_owners(l.owners.borrow_and_update().clone());
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     // The service table is re-read off this loop: iptables-save and the IPVS dump can take a
     // second on a busy node, and events must not wait behind them (the egress map moves on).
@@ -418,6 +424,9 @@ async fn correlate_loop(mut l: CorrelateLoop) -> anyhow::Result<()> {
                     stats.clone_from(correlator.stats());
                 }
                 correlator.set_nics(l.shared.status.borrow().nics.clone());
+                if l.owners.has_changed().unwrap_or(false) {
+                    correlator.set_owners(l.owners.borrow_and_update().clone());
+                }
                 correlator.tick(monotonic_ns())
             }
             Some(table) = services_rx.recv() => {
@@ -560,6 +569,21 @@ fn answer_query(
             let records = egress.by_source_and_keys(src, keys, |i| reader::ifname(ifnames, i));
             debug!(%src, records = records.len(), "egress records of a pod suspect");
             let _ = tx.try_send(Answer::Egress { id, records });
+        }
+        Query::Listener {
+            id,
+            addr,
+            port,
+            proto,
+        } => {
+            let tx = tx.clone();
+            tokio::task::spawn_blocking(move || {
+                let listener = state::sockets::listener(addr, port, proto).map_err(|e| {
+                    debug!(error = %e, "listener look-up");
+                    e.to_string()
+                });
+                let _ = tx.blocking_send(Answer::Listener { id, listener });
+            });
         }
         Query::Conntrack { id, tuple } => {
             let tx = tx.clone();

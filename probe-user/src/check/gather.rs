@@ -43,7 +43,7 @@ pub fn gather(cfg: &AddrConfig) -> anyhow::Result<Inputs> {
         }
     }
     let sets = addrs::classify(&node, cfg);
-    let bound = match &sets.vip_iface {
+    let mut bound: Vec<std::net::IpAddr> = match &sets.vip_iface {
         Some((_, index)) => node
             .addrs
             .iter()
@@ -52,6 +52,18 @@ pub fn gather(cfg: &AddrConfig) -> anyhow::Result<Inputs> {
             .collect(),
         None => Vec::new(),
     };
+    // Local routes without an address make an LB IP as local as kube-ipvs0 does.
+    let route_owned: Vec<(std::net::IpAddr, crate::event::AddressOwner)> = sets
+        .owners
+        .iter()
+        .filter(|(p, o)| p.is_host() && matches!(o, crate::event::AddressOwner::LocalRoute { .. }))
+        .map(|(p, o)| (p.addr, o.clone()))
+        .collect();
+    bound.extend(route_owned.iter().map(|(ip, _)| *ip));
+    let owners = bound
+        .iter()
+        .filter_map(|ip| Some((*ip, sets.owner(*ip)?.clone())))
+        .collect();
     let pod_prefixes = sets
         .prefixes
         .iter()
@@ -75,6 +87,7 @@ pub fn gather(cfg: &AddrConfig) -> anyhow::Result<Inputs> {
     Ok(Inputs {
         vip_iface: cfg.vip_iface.clone(),
         bound,
+        owners,
         cluster_ips,
         lb_targets,
         pod_prefixes,

@@ -198,8 +198,11 @@ pub struct KernelView {
 pub struct Inputs {
     /// `--vip-iface`.
     pub vip_iface: String,
-    /// Addresses bound on the VIP interface.
+    /// Addresses bound on the VIP interface, and addresses made local by a `local` route of
+    /// table local with no interface address (a cloud guest agent's LB IPs).
     pub bound: Vec<IpAddr>,
+    /// Who made each of `bound` local (absent: the VIP interface).
+    pub owners: std::collections::BTreeMap<IpAddr, crate::event::AddressOwner>,
     /// Addresses kube-proxy names as ClusterIPs (ipset `KUBE-CLUSTER-IP`, the API).
     pub cluster_ips: Vec<IpAddr>,
     /// LB ingress IPs known from kube-proxy's sets or the API.

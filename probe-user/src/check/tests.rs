@@ -39,6 +39,7 @@ fn lab() -> Inputs {
     Inputs {
         vip_iface: "kube-ipvs0".into(),
         bound: vec![ip(VIP)],
+        owners: Default::default(),
         cluster_ips: vec![],
         lb_targets: vec![],
         pod_prefixes: vec![Prefix::parse("198.19.1.0/24").unwrap()],

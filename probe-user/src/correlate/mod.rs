@@ -92,6 +92,8 @@ pub mod facts;
 mod hairpin;
 #[cfg(test)]
 mod hairpin_tests;
+#[cfg(test)]
+mod host_tests;
 pub(crate) mod remedy;
 pub mod replay;
 mod report;
@@ -104,8 +106,9 @@ mod vip_as_source;
 mod vip_reply;
 
 use std::{
-    collections::{HashMap, HashSet, VecDeque},
+    collections::{BTreeMap, HashMap, HashSet, VecDeque},
     net::IpAddr,
+    sync::Arc,
 };
 
 use serde::{Deserialize, Serialize};
@@ -120,8 +123,8 @@ use self::{
 #[cfg(test)]
 use crate::{event::tcp_flags, state::ServiceSource};
 use crate::{
-    event::{DropReason, EgressRecord, KernelEvent, Packet, Proto, Tag},
-    state::{ConntrackEntry, ServiceTable, Tuple},
+    event::{AddressOwner, DropReason, EgressRecord, KernelEvent, Listener, Packet, Proto, Tag},
+    state::{ConntrackEntry, ServiceTable, Tuple, addrs::Prefix},
 };
 
 const MS: u64 = 1_000_000;
@@ -198,12 +201,22 @@ pub enum Query {
     },
     /// The conntrack entry whose original tuple is exactly `tuple`.
     Conntrack { id: u64, tuple: Tuple },
+    /// The listening socket that serves `addr:port/proto` in this network namespace (a
+    /// host-listener hairpin names it).
+    Listener {
+        id: u64,
+        addr: IpAddr,
+        port: u16,
+        proto: Proto,
+    },
 }
 
 impl Query {
     pub fn id(&self) -> u64 {
         match self {
-            Query::Egress { id, .. } | Query::Conntrack { id, .. } => *id,
+            Query::Egress { id, .. } | Query::Conntrack { id, .. } | Query::Listener { id, .. } => {
+                *id
+            }
         }
     }
 }
@@ -232,6 +245,12 @@ pub enum Answer {
     ConntrackFailed {
         id: u64,
         error: String,
+    },
+    /// The listener look-up: `Ok(None)` when nothing listens there, `Err` when the look-up
+    /// failed.
+    Listener {
+        id: u64,
+        listener: Result<Option<Listener>, String>,
     },
 }
 
@@ -275,6 +294,9 @@ enum QueryCtx {
     Outcome {
         flow: Tuple,
     },
+    Listener {
+        flow: Tuple,
+    },
 }
 
 struct PendingQuery {
@@ -310,6 +332,8 @@ pub struct Correlator {
     aggregates: HashMap<AggregateKey, Aggregate>,
     known_local: HashSet<IpAddr>,
     known_order: VecDeque<IpAddr>,
+    /// Who made each local address local (from the address sync; shared, replaced whole).
+    owners: Arc<BTreeMap<Prefix, AddressOwner>>,
     /// Suspects / unconfirmed drops held in the maps above (kept incrementally: O(1) stats).
     held_suspects: u64,
     held_drops: u64,
@@ -346,6 +370,7 @@ impl Correlator {
             aggregates: HashMap::new(),
             known_local: HashSet::new(),
             known_order: VecDeque::new(),
+            owners: Arc::default(),
             held_suspects: 0,
             held_drops: 0,
             stats: CorrelatorStats::default(),
@@ -363,6 +388,21 @@ impl Correlator {
 
     pub fn stats(&self) -> &CorrelatorStats {
         &self.stats
+    }
+
+    /// Replaces the owners of the node's local addresses (used at confirmation time: each
+    /// event names what made its local address local, and the remedy addresses that owner).
+    pub fn set_owners(&mut self, owners: Arc<BTreeMap<Prefix, AddressOwner>>) {
+        self.owners = owners;
+    }
+
+    /// Who made `ip` local, by longest prefix.
+    fn owner_of(&self, ip: IpAddr) -> Option<AddressOwner> {
+        self.owners
+            .iter()
+            .filter(|(p, _)| p.contains(ip))
+            .max_by_key(|(p, _)| p.len)
+            .map(|(_, o)| o.clone())
     }
 
     /// Feeds one kernel event.
@@ -423,7 +463,8 @@ impl Correlator {
         let id = match &answer {
             Answer::Egress { id, .. }
             | Answer::Conntrack { id, .. }
-            | Answer::ConntrackFailed { id, .. } => *id,
+            | Answer::ConntrackFailed { id, .. }
+            | Answer::Listener { id, .. } => *id,
         };
         let Some(q) = self.queries.remove(&id) else {
             self.stats.answers_stale += 1;
@@ -444,6 +485,9 @@ impl Correlator {
             }
             (QueryCtx::Outcome { flow }, Answer::ConntrackFailed { error, .. }) => {
                 self.on_outcome(&flow, CtAnswer::Failed(error), &mut out);
+            }
+            (QueryCtx::Listener { flow }, Answer::Listener { listener, .. }) => {
+                self.on_listener(&flow, listener, &mut out);
             }
             (ctx, _) => {
                 // Wrong answer type for the id: keep waiting for the right one.
@@ -682,6 +726,9 @@ impl Correlator {
                 }
                 QueryCtx::Snat { flow } => self.on_snat(&flow, CtAnswer::Expired, out),
                 QueryCtx::Outcome { flow } => self.on_outcome(&flow, CtAnswer::Expired, out),
+                QueryCtx::Listener { flow } => {
+                    self.on_listener(&flow, Err("no answer in time".into()), out)
+                }
             }
         }
     }

@@ -69,11 +69,12 @@ fn bound(vip: IpAddr, owner: Option<&AddressOwner>) -> String {
         Some(AddressOwner::LocalRoute {
             protocol,
             protocol_name,
+            ..
         }) => format!(
-            "a local route of this node (table local, protocol {protocol} {protocol_name}, no \
+            "made local here by a route of table local (protocol {protocol} {protocol_name}, no \
              interface address)"
         ),
-        None => format!("a local address of this node (ip route show table local {vip})"),
+        None => format!("a local address here (ip route show table local {vip})"),
     }
 }
 
@@ -99,21 +100,53 @@ fn unbind(vip: IpAddr, facts: &Facts) -> String {
                 }
             ),
         },
-        Some(AddressOwner::Interface { iface }) => format!(
-            "Or remove {vip} from {iface} on this node (whatever holds it there: keepalived, \
-             kube-vip), or have it hold another address: changing kube-proxy does not unbind it."
-        ),
-        Some(AddressOwner::LocalRoute {
-            protocol,
-            protocol_name,
-        }) => format!(
-            "Or have the owner of the local route for {vip} (protocol {protocol} \
-             {protocol_name}: a cloud guest agent adds LB forwarding-rule IPs this way) stop \
-             installing it: changing kube-proxy does not remove it."
-        ),
+        Some(owner @ (AddressOwner::Interface { .. } | AddressOwner::LocalRoute { .. })) => {
+            format!("Or: {}", owner_fix(vip, owner))
+        }
         None => format!(
             "Or stop making {vip} a local address of this node (ip route show table local \
              {vip} names the route; its owner must drop it)."
+        ),
+    }
+}
+
+/// What removes a local address that kube-proxy did not make local (an address on a NIC, a
+/// `local` route): kube-proxy's settings, the Service's ipMode or its annotations do not touch
+/// it. The GCE guest agent's routes (protocol 66) get the agent's own switch.
+fn owner_fix(vip: IpAddr, owner: &AddressOwner) -> String {
+    match owner {
+        AddressOwner::VipInterface { iface } => format!(
+            "{vip} is bound on {iface} by kube-proxy in IPVS mode: stop the binding as its \
+             ipMode / hostname options allow."
+        ),
+        AddressOwner::LocalRoute { protocol: 66, .. } => format!(
+            "{vip} is made local by the cloud's guest agent (a route with protocol 66, no \
+             address), not by kube-proxy: changing kube-proxy, ipMode or the Service does not \
+             remove it. On GCE the google-guest-agent adds such routes for forwarding-rule IPs \
+             targeting this instance: set `target_instance_ips = false` under [IpForwarding] (or \
+             `ip_forwarding = false` under [NetworkInterfaces]) in \
+             /etc/default/instance_configs.cfg and restart the agent, if nothing on the node \
+             needs to accept traffic for {vip} itself."
+        ),
+        AddressOwner::LocalRoute {
+            protocol,
+            protocol_name,
+            iface,
+        } => format!(
+            "{vip} is made local by a `local` route of table local (proto {protocol} = \
+             {protocol_name}{}), not by kube-proxy: changing kube-proxy or the Service does not \
+             remove it. Remove it where it is configured (by hand: `ip route del local {vip} \
+             table local`) if nothing on the node must accept traffic for {vip} itself.",
+            iface
+                .as_deref()
+                .map(|i| format!(", dev {i}"))
+                .unwrap_or_default()
+        ),
+        AddressOwner::Interface { iface } => format!(
+            "{vip} is an address on {iface}, not kube-proxy's binding: if keepalived or kube-vip \
+             hold it as a VIP, remove it from {iface} on this node or keep that VIP off the nodes \
+             this LB targets (or the LB's checks and calls off that VIP); kube-proxy settings and \
+             the Service's ipMode do not change it."
         ),
     }
 }
@@ -206,6 +239,9 @@ fn healthcheck(e: &LoopbackEvent) -> Vec<String> {
 
 fn hairpin(e: &LoopbackEvent) -> Vec<String> {
     let f = &e.facts;
+    if f.host_listener {
+        return host_listener_hairpin(e);
+    }
     let vip = e.vip.unwrap_or(e.dst);
     let at = sock(vip, e.vip_port.unwrap_or(e.dst_port));
     let node_sourced = f.source == SourceKind::Node;
@@ -419,6 +455,13 @@ fn vip_as_source(e: &LoopbackEvent) -> Vec<String> {
         ),
     };
     let mut out = vec![cause];
+    // The story above is kube-proxy's; a VIP that something else made local here is that
+    // owner's to remove.
+    if let Some(owner @ (AddressOwner::Interface { .. } | AddressOwner::LocalRoute { .. })) =
+        &f.owner
+    {
+        out.push(owner_fix(vip, owner));
+    }
     out.extend(mismatch(e));
     out.push(call_in_cluster(e, vip, e.vip_port));
     out.push(
@@ -449,19 +492,78 @@ fn owner_short(owner: Option<&AddressOwner>) -> String {
         Some(AddressOwner::LocalRoute {
             protocol,
             protocol_name,
+            ..
         }) => format!("a local route, protocol {protocol} {protocol_name}"),
         None => "a local address".to_string(),
     }
 }
 
-/// `probe check`'s health-check risk: a VIP bound on kube-ipvs0 that the LB health-checks
-/// `node_port` from.
-pub(crate) fn healthcheck_blackhole(vip: IpAddr, node_port: u16) -> Vec<String> {
+/// A hairpin to a host-network listener (a node address on a port that is no NodePort): no
+/// Service rule is involved, so externalTrafficPolicy and NodePort fixes do not apply.
+fn host_listener_hairpin(e: &LoopbackEvent) -> Vec<String> {
+    let node_sourced = e.facts.source == SourceKind::Node;
+    let what = e.listener.as_ref().map_or_else(
+        || "a host-network listener".to_string(),
+        |l| match (&l.pod, &l.process) {
+            (Some(pod), _) => format!("host-network pod {pod}"),
+            (None, Some(p)) => format!("host process {p}"),
+            (None, None) => "a host-network listener".to_string(),
+        },
+    );
+    let at = sock(e.dst, e.dst_port);
+    let lb = sock(e.vip.unwrap_or(e.dst), e.vip_port.unwrap_or(e.dst_port));
+    let cause = if node_sourced {
+        format!(
+            "Cause: {} called the LB at {lb}; the LB keeps the client address and sent the \
+             connection to {what} on this same node ({at}, no NodePort: an instance target on \
+             the node's own address), so it came back with the node's own address as source and \
+             the kernel discards it as a local (martian) source.",
+            sender(e)
+        )
+    } else {
+        format!(
+            "Cause: {} called the LB at {lb} and left the node without SNAT; the LB keeps the \
+             client address and sent the connection to {what} on this same node ({at}, no \
+             NodePort: an instance target on the node's own address), so the reply goes \
+             straight to the pod, never back through the LB.",
+            sender(e)
+        )
+    };
+    vec![
+        cause,
+        format!(
+            "Reach {what} without the LB from this node and its pods: its in-cluster Service \
+             (for the API server: kubernetes.default.svc), or {at} directly from host-network \
+             callers."
+        ),
+        "Or turn off client IP preservation for this LB listener's instance targets (AWS NLB: \
+         target group attribute preserve_client_ip.enabled=false), or enable the provider's \
+         prevent-loopback / hairpin option: the LB then answers the loop itself."
+            .to_string(),
+        if node_sourced {
+            "SNAT to the node IP does not avoid this one: the source already is the node."
+                .to_string()
+        } else {
+            "Masquerading pod egress to the node IP avoids it only where the LB never sends a \
+             request back to its source node; otherwise the loop becomes node-sourced."
+                .to_string()
+        },
+        "externalTrafficPolicy does not apply: no Service rule serves this port.".to_string(),
+    ]
+}
+
+/// `probe check`'s health-check risk: a VIP local through `owner` (kube-ipvs0 when not known)
+/// that the LB health-checks `node_port` from.
+pub(crate) fn healthcheck_blackhole(
+    vip: IpAddr,
+    node_port: u16,
+    owner: Option<&AddressOwner>,
+) -> Vec<String> {
     let e = LoopbackEvent {
         vip: Some(vip),
         facts: Facts {
             source: SourceKind::Vip,
-            owner: Some(kube_ipvs0()),
+            owner: Some(owner.cloned().unwrap_or_else(kube_ipvs0)),
             ..Facts::default()
         },
         ..placeholder(LoopbackKind::HealthcheckBlackhole, vip, node_port)
@@ -469,16 +571,18 @@ pub(crate) fn healthcheck_blackhole(vip: IpAddr, node_port: u16) -> Vec<String> 
     build(&e)
 }
 
-/// `probe check`'s unserved-port risk: a VIP bound on kube-ipvs0, `port` unserved.
+/// `probe check`'s unserved-port risk: a VIP local through `local_owner` (kube-ipvs0 when not
+/// known), `port` unserved.
 pub(crate) fn vip_port_unserved(
     vip: IpAddr,
     port: u16,
     proto: Proto,
     owner: Option<&str>,
     filtered: bool,
+    local_owner: Option<&AddressOwner>,
 ) -> Vec<String> {
     let facts = Facts {
-        owner: Some(kube_ipvs0()),
+        owner: Some(local_owner.cloned().unwrap_or_else(kube_ipvs0)),
         access_filtered: filtered,
         ..Facts::default()
     };
@@ -514,6 +618,7 @@ pub(crate) fn placeholder(kind: LoopbackKind, src: IpAddr, dst_port: u16) -> Loo
         node: None,
         fixes: Vec::new(),
         facts: Facts::default(),
+        listener: None,
     }
 }
 

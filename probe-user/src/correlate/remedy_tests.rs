@@ -175,6 +175,31 @@ fn check(e: &LoopbackEvent, what: &str) {
             _ => {}
         },
     }
+    // The owner: advice to kube-proxy (kube-ipvs0, ipMode) only for kube-proxy's binding; an
+    // owner that is not kube-proxy is addressed by its own fix.
+    match &f.owner {
+        Some(AddressOwner::VipInterface { .. }) => {}
+        Some(AddressOwner::LocalRoute { protocol: 66, .. }) if e.kind != LoopbackKind::Hairpin => {
+            assert!(!all.contains("kube-ipvs0"), "{what}: {all}");
+            assert!(!all.contains("a controller that sets"), "{what}: {all}");
+            assert!(all.contains("target_instance_ips"), "{what}: {all}");
+        }
+        Some(AddressOwner::Interface { iface }) if e.kind != LoopbackKind::Hairpin => {
+            assert!(!all.contains("kube-ipvs0"), "{what}: {all}");
+            assert!(!all.contains("a controller that sets"), "{what}: {all}");
+            assert!(all.contains(&format!("on {iface}")), "{what}: {all}");
+        }
+        _ => assert!(!all.contains("a controller that sets"), "{what}: {all}"),
+    }
+    // A host listener: no Service rule, so no policy or NodePort advice.
+    if f.host_listener {
+        assert!(
+            all.contains("externalTrafficPolicy does not apply"),
+            "{what}: {all}"
+        );
+        assert!(!all.contains("et externalTrafficPolicy"), "{what}: {all}");
+        assert!(!all.contains("NodePort 30080"), "{what}: {all}");
+    }
     // Names: the API's Service is the one named; without names, no invented name.
     match &f.service {
         Some(s) => assert!(all.contains(&s.key()), "{what}: {all}"),
@@ -183,34 +208,93 @@ fn check(e: &LoopbackEvent, what: &str) {
     }
 }
 
+/// Who makes the local address local: kube-proxy (kube-ipvs0), keepalived / kube-vip (a NIC
+/// address), the GCE guest agent (a protocol 66 route), an operator's static route, unknown.
+fn owners() -> [Option<AddressOwner>; 5] {
+    [
+        Some(AddressOwner::VipInterface {
+            iface: "kube-ipvs0".into(),
+        }),
+        Some(AddressOwner::Interface {
+            iface: "eth0".into(),
+        }),
+        Some(AddressOwner::local_route(Some("eth0".into()), 66)),
+        Some(AddressOwner::local_route(None, 4)),
+        None,
+    ]
+}
+
 #[test]
-fn every_kind_policy_name_and_sender_gives_a_consistent_remedy() {
+fn every_kind_policy_name_sender_and_owner_gives_a_consistent_remedy() {
     let policies = [None, Some(Etp::Local), Some(Etp::Cluster)];
     let mut cases = 0;
     for kind in KINDS {
         for source in [SourceKind::Pod, SourceKind::Node, SourceKind::Vip] {
-            for rules in policies {
-                for names in [false, true] {
-                    let apis: &[Option<Etp>] = if names { &policies } else { &[None] };
-                    for api in apis {
-                        let mut e = event(kind, source);
-                        e.facts.etp_rules = rules;
-                        if names {
-                            named(&mut e, *api);
+            for owner in owners() {
+                for rules in policies {
+                    for names in [false, true] {
+                        let apis: &[Option<Etp>] = if names { &policies } else { &[None] };
+                        for api in apis {
+                            let mut e = event(kind, source);
+                            e.facts.etp_rules = rules;
+                            e.facts.owner = owner.clone();
+                            if names {
+                                named(&mut e, *api);
+                            }
+                            let what = format!(
+                                "{} from {} owner={owner:?} rules={rules:?} api={api:?} \
+                                 names={names}",
+                                kind.as_str(),
+                                source.as_str()
+                            );
+                            check(&e, &what);
+                            cases += 1;
                         }
+                    }
+                }
+            }
+            // A hairpin to a host-network listener: no NodePort, no Service, no policy.
+            if kind == LoopbackKind::Hairpin {
+                for owner in owners() {
+                    for listener in [None, Some(apiserver())] {
+                        let mut e = event(kind, source);
+                        e.dst_port = 6443;
+                        e.facts.owner = owner.clone();
+                        e.facts.host_listener = true;
+                        e.listener = listener;
                         let what = format!(
-                            "{} from {} rules={rules:?} api={api:?} names={names}",
-                            kind.as_str(),
-                            source.as_str()
+                            "host-listener hairpin from {} owner={owner:?} listener={}",
+                            source.as_str(),
+                            e.listener.is_some()
                         );
                         check(&e, &what);
+                        if e.listener.is_some() {
+                            assert!(
+                                build(&e)[0]
+                                    .contains("host-network pod kube-system/kube-apiserver"),
+                                "{what}"
+                            );
+                        }
                         cases += 1;
                     }
                 }
             }
         }
     }
-    assert_eq!(cases, 4 * 3 * 3 * 4);
+    assert_eq!(cases, 4 * 3 * 5 * 3 * 4 + 3 * 5 * 2);
+}
+
+fn apiserver() -> crate::event::Listener {
+    crate::event::Listener {
+        addr: ip("0.0.0.0"),
+        port: 6443,
+        proto: Proto::Tcp,
+        uid: 0,
+        inode: 777,
+        process: Some("kube-apiserver".into()),
+        pid: Some(4242),
+        pod: Some("kube-system/kube-apiserver-node-a".into()),
+    }
 }
 
 /// The demo's case: IPVS forwarded a VIP-sourced call without SNAT while the API says
@@ -270,14 +354,20 @@ fn the_unbind_advice_addresses_the_owner() {
     assert!(kube.contains("bound on kube-ipvs0"), "{kube}");
     assert!(kube.contains("ipMode: Proxy"), "{kube}");
     e.facts.owner = Some(AddressOwner::LocalRoute {
+        iface: None,
         protocol: 66,
         protocol_name: "66".into(),
     });
     let route = build(&e).join("\n");
+    assert!(route.contains("not by kube-proxy"), "{route}");
+    assert!(route.contains("target_instance_ips"), "{route}");
+    e.facts.owner = Some(AddressOwner::local_route(Some("lo".into()), 4));
+    let manual = build(&e).join("\n");
     assert!(
-        route.contains("changing kube-proxy does not remove it"),
-        "{route}"
+        manual.contains("ip route del local 203.0.113.10 table local"),
+        "{manual}"
     );
+    assert!(!manual.contains("kube-ipvs0"), "{manual}");
     assert!(!route.contains("kube-ipvs0"), "{route}");
     e.facts.owner = None;
     let unknown = build(&e).join("\n");

@@ -50,6 +50,11 @@ impl ScriptedAnswers {
                     .cloned()
                     .collect(),
             },
+            // Recordings hold no sockets: nothing listens.
+            Query::Listener { id, .. } => Answer::Listener {
+                id: *id,
+                listener: Ok(None),
+            },
             Query::Conntrack { id, tuple } => Answer::Conntrack {
                 id: *id,
                 entry: self

@@ -89,6 +89,7 @@ impl Correlator {
         ];
         let svc = self.nodeport_evidence(&check, &mut evidence);
         self.vip_served_evidence(check.src, &mut evidence);
+        self.owner_evidence(check.src, &mut evidence);
         let key = AggregateKey::HealthcheckBlackhole {
             vip: check.src,
             node: check.dst,

@@ -8,7 +8,8 @@
 //! - `iptables`: kube-proxy's nat rules (`iptables-save -t nat`, nft and legacy backends);
 //! - `ipset`: kube-proxy's IPVS-mode ipsets naming externalTrafficPolicy Local NodePorts;
 //! - `ipvs`: IPVS virtual services over generic netlink (absent on kernels without IPVS);
-//! - `nftables`: kube-proxy's nftables-mode tables (`nft -j list table ip|ip6 kube-proxy`).
+//! - `nftables`: kube-proxy's nftables-mode tables (`nft -j list table ip|ip6 kube-proxy`);
+//! - `sockets`: which socket (and process) serves a port, over sock_diag.
 
 use std::{
     hash::{DefaultHasher, Hash, Hasher},
@@ -30,6 +31,7 @@ pub mod ipset;
 pub mod iptables;
 pub mod ipvs;
 pub mod nftables;
+pub mod sockets;
 
 /// Skip re-parsing a dump identical to the last one (on by default; off only for the bench's
 /// timer-driven baseline, the reader as it was before).

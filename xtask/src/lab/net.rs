@@ -27,6 +27,11 @@ pub const SERVERS: &[(&str, u16, &str)] = &[
     (NS_POD_B, POD_PORT, "pod-b web 198.19.1.11:8080"),
     (NS_PEER, NODE_PORT, "peer node 198.18.1.2:30080"),
     (NS_PEER, PEER_TLS_PORT, "outside backend 198.18.1.2:30443"),
+    (
+        NS_NODE,
+        HOST_LISTENER_PORT,
+        "node host listener 198.18.0.2:6443",
+    ),
 ];
 
 /// The argument that marks a lab server's command line.
@@ -617,6 +622,7 @@ fn lb_rules() -> String {
 -A CLB-LB-VIP -p tcp -m tcp --dport 443 -m comment --comment "listener 443 -> outside backend" -j DNAT --to-destination 198.18.1.2:30443
 -A CLB-LB-VIP -p tcp -m tcp --dport 8081 -m comment --comment "listener 8081 -> node NodePort, client IP kept, no source-node guard" -j DNAT --to-destination 198.18.0.2:30080
 -A CLB-LB-VIP -p tcp -m tcp --dport 8082 -m comment --comment "listener 8082 -> pod-b directly (LB to pod), client IP kept" -j DNAT --to-destination 198.19.1.11:8080
+-A CLB-LB-VIP -p tcp -m tcp --dport 6443 -m comment --comment "listener 6443 -> the node's own host listener (instance target), client IP kept, no source-node guard" -j DNAT --to-destination 198.18.0.2:6443
 -A CLB-LB-VIP -p udp -m udp --dport 53 -m comment --comment "listener 53/udp -> node UDP NodePort, client IP kept" -j DNAT --to-destination 198.18.0.2:30053
 COMMIT
 "#
@@ -693,6 +699,7 @@ fn set_variant_in(mode: KubeProxyMode, variant: Variant, on: bool) -> Result<()>
     match variant {
         Variant::IpvsFilter => set_ipvs_filter(mode, on),
         Variant::PeerNode => set_peer_node(on),
+        Variant::VipLocalRoute => set_vip_local_route(on),
         Variant::VipBound if mode == KubeProxyMode::Nftables => {
             super::nft::set_lb_ip_short_circuited(on)
         }
@@ -750,7 +757,47 @@ fn set_variants_in(mode: KubeProxyMode, v: &Variants) -> Result<()> {
     set_variant_in(mode, Variant::RpFilter, v.rp_filter)?;
     set_variant_in(mode, Variant::Masquerade, v.masquerade)?;
     set_variant_in(mode, Variant::IpvsFilter, v.ipvs_filter)?;
-    set_variant_in(mode, Variant::PeerNode, v.peer_node)
+    set_variant_in(mode, Variant::PeerNode, v.peer_node)?;
+    set_variant_in(mode, Variant::VipLocalRoute, v.vip_local_route)
+}
+
+/// `local <VIP> dev eth0 proto 66 table local`: the variant `vip-local-route`.
+fn vip_local_route_args(op: &str) -> Vec<String> {
+    let proto = GUEST_AGENT_ROUTE_PROTO.to_string();
+    [
+        "route",
+        op,
+        "local",
+        "203.0.113.10",
+        "dev",
+        NODE_NIC,
+        "proto",
+        &proto,
+        "table",
+        "local",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+fn vip_local_route() -> Result<bool> {
+    let out = ip(
+        NS_NODE,
+        &["route", "show", "table", "local", "203.0.113.10/32"],
+    )?;
+    Ok(out.contains(&format!("proto {GUEST_AGENT_ROUTE_PROTO}")))
+}
+
+fn set_vip_local_route(on: bool) -> Result<()> {
+    let have = vip_local_route()?;
+    let op = match (on, have) {
+        (true, false) => "add",
+        (false, true) => "del",
+        _ => return Ok(()),
+    };
+    let args = vip_local_route_args(op);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    ip(NS_NODE, &args).map(|_| ())
 }
 
 fn vip_address_bound() -> Result<bool> {
@@ -773,6 +820,7 @@ pub(crate) fn read_variants() -> Result<Variants> {
         masquerade: has_rule(MASQ_CHAIN, MASQ_RULE),
         ipvs_filter: ipvs_filter_present(),
         peer_node: peer_node()?,
+        vip_local_route: vip_local_route()?,
     })
 }
 
