@@ -236,6 +236,7 @@ fn main() {
                             name: "NETFILTER_DROP".into(),
                         },
                         location: None,
+                        foreign_netns: false,
                     },
                 ];
                 for ev in events {

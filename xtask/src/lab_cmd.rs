@@ -40,6 +40,10 @@ enum Action {
         ipvs_filter: OnOff,
         #[arg(long, value_enum, default_value = "off")]
         peer_node: OnOff,
+        #[arg(long, value_enum, default_value = "off")]
+        self_snat_missing: OnOff,
+        #[arg(long, value_enum, default_value = "off")]
+        bridge_pod: OnOff,
     },
     /// Kill the lab's servers and delete its namespaces (idempotent).
     Down,
@@ -81,6 +85,8 @@ pub fn run(args: LabArgs) -> Result<ExitCode> {
             masquerade,
             ipvs_filter,
             peer_node,
+            self_snat_missing,
+            bridge_pod,
         } => {
             let v = Variants {
                 vip_bound: vip_bound.into(),
@@ -88,6 +94,8 @@ pub fn run(args: LabArgs) -> Result<ExitCode> {
                 masquerade: masquerade.into(),
                 ipvs_filter: ipvs_filter.into(),
                 peer_node: peer_node.into(),
+                self_snat_missing: self_snat_missing.into(),
+                bridge_pod: bridge_pod.into(),
             };
             Lab::down()?;
             Lab::up(&v)?;

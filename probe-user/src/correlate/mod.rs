@@ -93,6 +93,7 @@ mod hairpin_tests;
 pub(crate) mod remedy;
 pub mod replay;
 mod report;
+mod self_loop;
 #[cfg(test)]
 mod stream_tests;
 #[cfg(test)]
@@ -121,7 +122,7 @@ use self::{
 use crate::{event::tcp_flags, state::ServiceSource};
 use crate::{
     event::{DropReason, EgressRecord, KernelEvent, Packet, Proto, Tag},
-    state::{ConntrackEntry, ServiceTable, Tuple},
+    state::{ConntrackEntry, SelfLoopFacts, ServiceTable, Tuple},
 };
 
 const MS: u64 = 1_000_000;
@@ -206,12 +207,23 @@ pub enum Query {
     },
     /// The conntrack entry whose original tuple is exactly `tuple`.
     Conntrack { id: u64, tuple: Tuple },
+    /// A pod's self-addressed packet `tuple` (pod:port -> pod:port) was dropped (on `iface`
+    /// when on the node): the conntrack entry whose *reply* tuple is `tuple` reversed, and
+    /// the node's pieces of the hairpin ([`SelfLoopFacts`]). Answered with
+    /// [`Answer::SelfLoop`].
+    SelfLoop {
+        id: u64,
+        tuple: Tuple,
+        iface: Option<String>,
+    },
 }
 
 impl Query {
     pub fn id(&self) -> u64 {
         match self {
-            Query::Egress { id, .. } | Query::Conntrack { id, .. } => *id,
+            Query::Egress { id, .. } | Query::Conntrack { id, .. } | Query::SelfLoop { id, .. } => {
+                *id
+            }
         }
     }
 }
@@ -241,6 +253,13 @@ pub enum Answer {
         id: u64,
         error: String,
     },
+    /// The answer to [`Query::SelfLoop`]: the conntrack look-up (an error as text) and what
+    /// the node's ipsets, bridge and sysctls say.
+    SelfLoop {
+        id: u64,
+        conntrack: Result<Option<ConntrackEntry>, String>,
+        facts: SelfLoopFacts,
+    },
 }
 
 /// Suspects seen, by source tag.
@@ -265,6 +284,7 @@ pub struct KindCounts {
     pub hairpin: u64,
     pub vip_port_unserved: u64,
     pub vip_as_source: u64,
+    pub service_self_loop: u64,
 }
 
 /// Counters. Invariants (checked by the tests):
@@ -315,6 +335,11 @@ pub struct CorrelatorStats {
     pub aggregates_evicted: u64,
     /// TCP SYNs seen leaving a NIC with a bound VIP as source (each confirms `vip_as_source`).
     pub vip_egress_seen: u64,
+    /// Self-loop drops dismissed because conntrack showed the call SNATed after all.
+    pub self_loop_snat_seen: u64,
+    /// Drops of an already confirmed (or pending) self-loop connect (SYN retransmits), folded
+    /// into its confirmation.
+    pub self_loop_retransmits: u64,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -332,6 +357,8 @@ struct DropInfo {
     dnat_to: Option<(IpAddr, u16)>,
     /// `reason` was inferred from the drop site: the kernel reported none (< 5.17).
     inferred: bool,
+    /// The drop happened in a pod's own network namespace (see `KernelEvent::Drop`).
+    foreign_netns: bool,
 }
 
 /// A drop kept for pairing with a later suspect of the same tuple.
@@ -353,6 +380,9 @@ enum QueryCtx {
         flow: Tuple,
     },
     Outcome {
+        flow: Tuple,
+    },
+    SelfLoop {
         flow: Tuple,
     },
 }
@@ -381,6 +411,10 @@ pub struct Correlator {
     dnat_seen: HashMap<Tuple, (IpAddr, u16)>,
     drops: HashMap<Tuple, RecentDrop>,
     flows: HashMap<Tuple, Flow>,
+    /// Self-loop drops waiting for the node's state (`self_loop.rs`), by the dropped tuple.
+    self_loops: self_loop::Pending,
+    /// Self-loop connects confirmed, by tuple -> time: their retransmits fold in. Bounded.
+    self_loop_done: HashMap<Tuple, u64>,
     /// Connect attempts already confirmed as hairpins, by source (address, port, protocol):
     /// their retransmits fold in instead of counting again. Bounded by `max_pending`.
     confirmed_attempts: HashMap<(IpAddr, u16, Proto), hairpin::Attempt>,
@@ -420,6 +454,8 @@ impl Correlator {
             dnat_seen: HashMap::new(),
             drops: HashMap::new(),
             flows: HashMap::new(),
+            self_loops: HashMap::new(),
+            self_loop_done: HashMap::new(),
             confirmed_attempts: HashMap::new(),
             queries: HashMap::new(),
             egress_inflight: HashMap::new(),
@@ -468,6 +504,7 @@ impl Correlator {
                 packet,
                 reason,
                 location,
+                foreign_netns,
             } => {
                 let mut info = DropInfo {
                     ts: ts_ns,
@@ -476,6 +513,7 @@ impl Correlator {
                     location,
                     dnat_to: None,
                     inferred: false,
+                    foreign_netns,
                 };
                 // A kernel without drop reasons: name the drop by its site, so every rule
                 // below judges it like a newer kernel's named drop (the evidence says so).
@@ -489,8 +527,13 @@ impl Correlator {
                     info.reason.name = name.to_string();
                     info.inferred = true;
                 }
-                let packet = self.undo_dnat(packet, &mut info);
-                self.on_drop(info, packet, &mut out)
+                if self_loop::is_self_loop(&packet) {
+                    // Already DNATed back to its source: no suspect to undo it with.
+                    self.on_self_loop_drop(info, packet, &mut out);
+                } else {
+                    let packet = self.undo_dnat(packet, &mut info);
+                    self.on_drop(info, packet, &mut out)
+                }
             }
         }
         self.refresh();
@@ -503,7 +546,8 @@ impl Correlator {
         let id = match &answer {
             Answer::Egress { id, .. }
             | Answer::Conntrack { id, .. }
-            | Answer::ConntrackFailed { id, .. } => *id,
+            | Answer::ConntrackFailed { id, .. }
+            | Answer::SelfLoop { id, .. } => *id,
         };
         let Some(q) = self.queries.remove(&id) else {
             self.stats.answers_stale += 1;
@@ -524,6 +568,14 @@ impl Correlator {
             }
             (QueryCtx::Outcome { flow }, Answer::ConntrackFailed { error, .. }) => {
                 self.on_outcome(&flow, CtAnswer::Failed(error), &mut out);
+            }
+            (
+                QueryCtx::SelfLoop { flow },
+                Answer::SelfLoop {
+                    conntrack, facts, ..
+                },
+            ) => {
+                self.on_self_loop_answer(&flow, Some((conntrack, facts)), &mut out);
             }
             (ctx, _) => {
                 // Wrong answer type for the id: keep waiting for the right one.
@@ -553,7 +605,7 @@ impl Correlator {
     // -----------------------------------------------------------------------------------------
 
     fn pending_len(&self) -> usize {
-        self.vip_suspects.len() + self.drops.len() + self.flows.len()
+        self.vip_suspects.len() + self.drops.len() + self.flows.len() + self.self_loops.len()
     }
 
     fn has_room(&mut self) -> bool {
@@ -566,10 +618,11 @@ impl Correlator {
     }
 
     fn refresh(&mut self) {
+        let pending = self.pending_len() as u64;
         let s = &mut self.stats;
         s.pending_suspects = self.held_suspects;
         s.pending_drops = self.held_drops;
-        s.pending = (self.vip_suspects.len() + self.drops.len() + self.flows.len()) as u64;
+        s.pending = pending;
         s.aggregates = self.aggregates.len() as u64;
     }
 
@@ -722,6 +775,7 @@ impl Correlator {
         self.expire_queries(now, out);
         self.expire_flows(now, out);
         self.expire_aggregates(now);
+        self.expire_self_loops(now);
     }
 
     fn expire_drops(&mut self, now: u64) {
@@ -762,6 +816,7 @@ impl Correlator {
                 }
                 QueryCtx::Snat { flow } => self.on_snat(&flow, CtAnswer::Expired, out),
                 QueryCtx::Outcome { flow } => self.on_outcome(&flow, CtAnswer::Expired, out),
+                QueryCtx::SelfLoop { flow } => self.on_self_loop_answer(&flow, None, out),
             }
         }
     }

@@ -4,7 +4,7 @@
 use std::net::IpAddr;
 
 use super::report::{Layer, Outcome, sock};
-use crate::event::Proto;
+use crate::{event::Proto, state::ServiceSource};
 
 /// LB health checks from the VIP, dropped because the VIP is a local address.
 pub(crate) fn healthcheck_blackhole(vip: IpAddr, node_port: u16) -> Vec<String> {
@@ -227,4 +227,89 @@ pub(crate) fn lb_to_pod_hint() -> String {
      choice of backend; keep callers off the nodes that host the Service's pods (pod \
      anti-affinity), or call the Service in-cluster."
         .to_string()
+}
+
+/// A pod's call to its own Service came back to it unSNATed: the remedy names the piece the
+/// drop site and the node's state say is missing (`self_loop::missing_piece`).
+pub(crate) fn service_self_loop(
+    pod: IpAddr,
+    port: u16,
+    service: Option<&str>,
+    missing: &super::self_loop::Missing,
+    source: Option<ServiceSource>,
+) -> Vec<String> {
+    use super::self_loop::Missing;
+    let svc = service.unwrap_or("its Service");
+    let how = match missing {
+        Missing::HairpinMode { .. } => {
+            "kube-proxy's DNAT ran while the frame was bridged (br_netfilter), and the bridge \
+             dropped it rather than send it back out the port it came in on"
+        }
+        _ => {
+            "the hairpin SNAT that lets a pod reach itself through a Service did not happen, so \
+             the call came back with the pod's own address as source and the pod dropped it"
+        }
+    };
+    let mut out = vec![format!(
+        "Cause: pod {pod} called {svc} and the endpoint chosen was the pod itself ({}); {how}. \
+         Calls that pick another endpoint work, so it looks intermittent.",
+        sock(pod, port)
+    )];
+    match missing {
+        Missing::HairpinSnat {
+            loop_back_entry: Some(false),
+        } => out.push(format!(
+            "Missing here: the KUBE-LOOP-BACK ipset entry {pod},tcp/udp:{port},{pod} (kube-proxy \
+             IPVS mode masquerades an endpoint's call to itself through it). kube-proxy 1.31 \
+             can drop these entries (kubernetes#134884): upgrade kube-proxy to a release with \
+             the fix, or restart it to rewrite its ipsets."
+        )),
+        Missing::HairpinSnat {
+            loop_back_entry: Some(true),
+        } => out.push(
+            "Missing here: the masquerade itself; KUBE-LOOP-BACK holds the entry but the \
+             packet was not masqueraded: check that KUBE-POSTROUTING still has kube-proxy's \
+             `--match-set KUBE-LOOP-BACK dst,dst,src -j MASQUERADE` rule (something else may \
+             have flushed the nat table)."
+                .to_string(),
+        ),
+        Missing::HairpinSnat {
+            loop_back_entry: None,
+        } => out.push(format!(
+            "Missing here: kube-proxy's masquerade mark for an endpoint calling itself ({}), or \
+             the masquerade it feeds: restart kube-proxy to rewrite its rules, and check that no \
+             other agent removes them.",
+            self_masq_rule(pod, source)
+        )),
+        Missing::HairpinMode { bridge, port, .. } => out.push(format!(
+            "Missing here: hairpin mode on {bridge} port {port}. Run the kubelet with \
+             --hairpin-mode=hairpin-veth (or promiscuous-bridge) and give it write access to \
+             /sys, or set `hairpinMode: true` in the bridge CNI's config; now: \
+             `echo 1 > /sys/class/net/{bridge}/brif/{port}/hairpin_mode`."
+        )),
+        Missing::Undetermined => out.push(
+            "Which piece is missing was not determined: check the kubelet's hairpin mode on the \
+             pod's bridge port, kube-proxy's masquerade for endpoints calling themselves \
+             (KUBE-LOOP-BACK in IPVS mode), and br_netfilter."
+                .to_string(),
+        ),
+    }
+    out.push(
+        "Or avoid the self-call: let the pod call itself on localhost, not through its Service."
+            .to_string(),
+    );
+    out
+}
+
+/// kube-proxy's rule that marks an endpoint's call to itself for masquerade, in the mode the
+/// service table came from (both spellings when unknown).
+pub(crate) fn self_masq_rule(pod: IpAddr, source: Option<ServiceSource>) -> String {
+    let iptables = format!("iptables mode: KUBE-SEP-* `-s {pod}/32 -j KUBE-MARK-MASQ`");
+    let nftables =
+        format!("nftables mode: `ip saddr {pod} jump mark-for-masquerade` in the endpoint chain");
+    match source {
+        Some(ServiceSource::Iptables) => iptables,
+        Some(ServiceSource::Nftables) => nftables,
+        _ => format!("{iptables}; {nftables}"),
+    }
 }

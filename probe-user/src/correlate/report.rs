@@ -24,6 +24,11 @@ pub enum LoopbackKind {
     /// port) of another node that binds the same VIP: a host-network call to the LB IP,
     /// forwarded without SNAT (externalTrafficPolicy: Local, no local endpoint).
     VipAsSource,
+    /// A pod called its own Service (ClusterIP, LB IP or NodePort), the endpoint chosen was
+    /// the pod itself, and without the hairpin SNAT the call came back with the pod's own
+    /// address as source and was dropped (in the pod as a local source, or at its bridge port
+    /// without hairpin mode).
+    ServiceSelfLoop,
 }
 
 impl LoopbackKind {
@@ -33,6 +38,7 @@ impl LoopbackKind {
             LoopbackKind::Hairpin => "hairpin",
             LoopbackKind::VipPortUnserved => "vip_port_unserved",
             LoopbackKind::VipAsSource => "vip_as_source",
+            LoopbackKind::ServiceSelfLoop => "service_self_loop",
         }
     }
 }
@@ -81,6 +87,8 @@ pub enum Layer {
 ///   failure is the port, whoever calls it (the event shows the latest client).
 /// - `vip_as_source`: (VIP = packet source, destination address and port, proto). The source
 ///   port is ignored: every call uses a new one.
+/// - `service_self_loop`: (pod, its port the Service sent it to, the Service address called
+///   when known, proto). The source port is ignored: every call uses a new one.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum AggregateKey {
     HealthcheckBlackhole {
@@ -109,6 +117,12 @@ pub enum AggregateKey {
         dst_port: u16,
         proto: Proto,
     },
+    ServiceSelfLoop {
+        pod: IpAddr,
+        port: u16,
+        service: Option<(IpAddr, u16)>,
+        proto: Proto,
+    },
 }
 
 impl AggregateKey {
@@ -118,6 +132,7 @@ impl AggregateKey {
             AggregateKey::Hairpin { .. } => LoopbackKind::Hairpin,
             AggregateKey::VipPortUnserved { .. } => LoopbackKind::VipPortUnserved,
             AggregateKey::VipAsSource { .. } => LoopbackKind::VipAsSource,
+            AggregateKey::ServiceSelfLoop { .. } => LoopbackKind::ServiceSelfLoop,
         }
     }
 }
@@ -178,6 +193,18 @@ impl fmt::Display for AggregateKey {
                 f,
                 "vip_as_source/{vip}->{}/{}",
                 sock(*dst, *dst_port),
+                proto.as_str()
+            ),
+            AggregateKey::ServiceSelfLoop {
+                pod,
+                port,
+                service,
+                proto,
+            } => write!(
+                f,
+                "service_self_loop/{pod}->{}->{}/{}",
+                service.map_or_else(|| "?".to_string(), |(ip, p)| sock(ip, p)),
+                sock(*pod, *port),
                 proto.as_str()
             ),
         }

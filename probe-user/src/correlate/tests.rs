@@ -75,6 +75,7 @@ pub(super) fn drop_ev(
             name: name.into(),
         },
         location: loc.map(Into::into),
+        foreign_netns: false,
     }
 }
 

@@ -19,6 +19,8 @@ pub fn enrich(event: &mut LoopbackEvent, index: &Index, node: Option<&str>) {
     let client = match event.kind {
         // The looping packet's source is the pod that called the LB / the VIP.
         LoopbackKind::Hairpin | LoopbackKind::VipPortUnserved => index.pod_by_ip(event.src),
+        // The pod that called its own Service (and was its endpoint).
+        LoopbackKind::ServiceSelfLoop => index.pod_by_ip(event.src),
         LoopbackKind::HealthcheckBlackhole | LoopbackKind::VipAsSource => None,
     };
     let service = find_service(event, index);
@@ -89,6 +91,12 @@ fn find_service<'a>(event: &LoopbackEvent, index: &'a Index) -> Option<&'a Servi
         LoopbackKind::VipAsSource => by_vip
             .or_else(|| index.service_by_node_port(event.dst_port, proto))
             .or_else(|| event.vip.and_then(|vip| only(index.services_by_lb_ip(vip)))),
+        // The address the pod called: a ClusterIP or LB IP, or a node address's NodePort.
+        LoopbackKind::ServiceSelfLoop => by_vip.or_else(|| {
+            event
+                .vip_port
+                .and_then(|port| index.service_by_node_port(port, proto))
+        }),
     }
 }
 
@@ -220,6 +228,11 @@ fn named_remedies(
             )]
         }
         LoopbackKind::VipAsSource => vec![format!("{}.", settings(service, event.vip))],
+        LoopbackKind::ServiceSelfLoop => vec![format!(
+            "{} is an endpoint of Service {} and called it: every call that picks itself as              the endpoint fails until the hairpin is fixed; the others work, so it looks              intermittent.",
+            client.unwrap_or("The pod"),
+            service.key()
+        )],
     }
 }
 

@@ -313,6 +313,7 @@ pub fn reason(kind: LoopbackKind) -> &'static str {
         LoopbackKind::Hairpin => "LoopbackHairpin",
         LoopbackKind::VipPortUnserved => "VipPortUnserved",
         LoopbackKind::VipAsSource => "VipAsSource",
+        LoopbackKind::ServiceSelfLoop => "ServiceSelfLoop",
     }
 }
 
@@ -323,6 +324,7 @@ pub fn kind_of_reason(reason: &str) -> Option<LoopbackKind> {
         LoopbackKind::Hairpin,
         LoopbackKind::VipPortUnserved,
         LoopbackKind::VipAsSource,
+        LoopbackKind::ServiceSelfLoop,
     ]
     .into_iter()
     .find(|k| self::reason(*k) == reason)
@@ -384,6 +386,10 @@ pub fn note(event: &LoopbackEvent) -> String {
             "A packet with the LB VIP {} as its source left this node for {dst}/{proto} without SNAT: a host-network call to the LB IP, forwarded to another node.",
             event.src
         ),
+        LoopbackKind::ServiceSelfLoop => format!(
+            "Pod {} called its own Service at {vip}/{proto} and was picked as the endpoint; without the hairpin SNAT the call came back with its own address as source and was dropped.",
+            event.src
+        ),
     };
     let text = match event.remedy.first() {
         Some(remedy) => format!("{cause} Remedy: {remedy}"),
@@ -424,7 +430,7 @@ pub fn event_doc(event: &LoopbackEvent, names: &Names, node: &str, wall: SystemT
         name: node.to_string(),
     });
     let related = match event.kind {
-        LoopbackKind::Hairpin => names
+        LoopbackKind::Hairpin | LoopbackKind::ServiceSelfLoop => names
             .client_pod
             .as_deref()
             .and_then(|p| ObjectRef::namespaced("Pod", p)),

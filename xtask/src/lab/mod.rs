@@ -28,7 +28,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 
 pub use client::{Attempt, connect_here, connect_in, http_get_in, in_netns};
-pub use net::{SERVERS, UP_STEPS};
+pub use net::{POD_BRIDGE, SERVERS, UP_STEPS};
 pub use udp::{UDP_SERVERS, udp_exchange_in};
 
 /// Every lab namespace's name starts with this.
@@ -199,15 +199,25 @@ pub enum Variant {
     /// LB's subnet does not validate sources (`accept_local` on its peer side), as a VPC does
     /// not: a call from the peer with the VIP as source reaches the node.
     PeerNode,
+    /// kube-proxy's masquerade for pod-b calling its own Service is missing: the KUBE-SEP
+    /// rule `-s pod-b -j KUBE-MARK-MASQ` (iptables), the endpoint chain's `ip saddr pod-b jump
+    /// mark-for-masquerade` (nftables), the KUBE-LOOP-BACK entry (IPVS, kubernetes#134884).
+    SelfSnatMissing,
+    /// pod-b hangs off a bridge (`cbr0`, kubenet style) with br_netfilter on
+    /// (`bridge-nf-call-iptables=1`) and hairpin mode off on its port (the kubelet's
+    /// `--hairpin-mode=none`), instead of a routed veth.
+    BridgePod,
 }
 
 impl Variant {
-    pub const ALL: [Variant; 5] = [
+    pub const ALL: [Variant; 7] = [
         Variant::VipBound,
         Variant::RpFilter,
         Variant::Masquerade,
         Variant::IpvsFilter,
         Variant::PeerNode,
+        Variant::SelfSnatMissing,
+        Variant::BridgePod,
     ];
 
     pub fn name(self) -> &'static str {
@@ -217,6 +227,8 @@ impl Variant {
             Variant::Masquerade => "masquerade",
             Variant::IpvsFilter => "ipvs-filter",
             Variant::PeerNode => "peer-node",
+            Variant::SelfSnatMissing => "self-snat-missing",
+            Variant::BridgePod => "bridge-pod",
         }
     }
 }
@@ -235,6 +247,8 @@ pub struct Variants {
     pub masquerade: bool,
     pub ipvs_filter: bool,
     pub peer_node: bool,
+    pub self_snat_missing: bool,
+    pub bridge_pod: bool,
 }
 
 impl Default for Variants {
@@ -246,6 +260,8 @@ impl Default for Variants {
             masquerade: false,
             ipvs_filter: false,
             peer_node: false,
+            self_snat_missing: false,
+            bridge_pod: false,
         }
     }
 }
@@ -258,6 +274,8 @@ impl Variants {
             Variant::Masquerade => self.masquerade,
             Variant::IpvsFilter => self.ipvs_filter,
             Variant::PeerNode => self.peer_node,
+            Variant::SelfSnatMissing => self.self_snat_missing,
+            Variant::BridgePod => self.bridge_pod,
         }
     }
 
@@ -268,6 +286,8 @@ impl Variants {
             Variant::Masquerade => self.masquerade = on,
             Variant::IpvsFilter => self.ipvs_filter = on,
             Variant::PeerNode => self.peer_node = on,
+            Variant::SelfSnatMissing => self.self_snat_missing = on,
+            Variant::BridgePod => self.bridge_pod = on,
         }
         self
     }
@@ -367,6 +387,15 @@ pub enum Scenario {
     HairpinUdp,
     /// Twin: an outside client -> VIP:53/udp -> node:30053 -> pod B, answered.
     OutsideClientUdp,
+    /// A pod reaches itself through its own Service: pod B -> ClusterIP:80 -> pod B without
+    /// the hairpin SNAT; it comes back with its own address as source and pod B drops it.
+    SelfLoop,
+    /// Twin: the same call with kube-proxy's hairpin masquerade in place, answered.
+    SelfLoopSnat,
+    /// pod B behind a bridge with br_netfilter on and hairpin mode off: its call to its own
+    /// ClusterIP is DNATed in the bridge and never leaves its bridge port (IPVS mode DNATs
+    /// after the bridge, routed: answered).
+    SelfLoopBridge,
 }
 
 /// How a scenario drives its traffic, and what it must come to.
@@ -385,7 +414,7 @@ pub struct ScenarioSpec {
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 22] = [
+    pub const ALL: [Scenario; 25] = [
         Scenario::HealthcheckBlackhole,
         Scenario::HealthcheckOk,
         Scenario::Hairpin,
@@ -408,6 +437,9 @@ impl Scenario {
         Scenario::OutsideClientLbToPod,
         Scenario::HairpinUdp,
         Scenario::OutsideClientUdp,
+        Scenario::SelfLoop,
+        Scenario::SelfLoopSnat,
+        Scenario::SelfLoopBridge,
     ];
 
     /// Scenarios whose client speaks UDP (one datagram, one answer).
@@ -439,6 +471,9 @@ impl Scenario {
             Scenario::OutsideClientLbToPod => "outside-client-lb-to-pod",
             Scenario::HairpinUdp => "hairpin-udp",
             Scenario::OutsideClientUdp => "outside-client-udp",
+            Scenario::SelfLoop => "self-loop",
+            Scenario::SelfLoopSnat => "self-loop-snat",
+            Scenario::SelfLoopBridge => "self-loop-bridge",
         }
     }
 
@@ -449,6 +484,8 @@ impl Scenario {
             masquerade: false,
             ipvs_filter: false,
             peer_node: false,
+            self_snat_missing: false,
+            bridge_pod: false,
         };
         let bound = off.with(Variant::VipBound, true);
         let vip80 = SocketAddrV4::new(VIP, SERVICE_PORT);
@@ -648,6 +685,33 @@ impl Scenario {
                 Outcome::Ok,
                 "outside client -> VIP:53/udp -> node:30053/udp -> pod-b:5353",
             ),
+            Scenario::SelfLoop => s(
+                off.with(Variant::SelfSnatMissing, true),
+                NS_POD_B,
+                None,
+                SocketAddrV4::new(CLUSTER_IP, SERVICE_PORT),
+                Outcome::Timeout,
+                "pod-b -> ClusterIP:80 -> pod-b:8080 without the hairpin masquerade: it arrives \
+                 with pod-b's own address as source, pod-b drops it as a local source",
+            ),
+            Scenario::SelfLoopSnat => s(
+                off,
+                NS_POD_B,
+                None,
+                SocketAddrV4::new(CLUSTER_IP, SERVICE_PORT),
+                Outcome::Ok,
+                "pod-b -> ClusterIP:80 -> pod-b:8080, masqueraded to the node's address: answered",
+            ),
+            Scenario::SelfLoopBridge => s(
+                off.with(Variant::BridgePod, true),
+                NS_POD_B,
+                None,
+                SocketAddrV4::new(CLUSTER_IP, SERVICE_PORT),
+                Outcome::Timeout,
+                "pod-b on bridge cbr0 (br_netfilter on, hairpin mode off) -> ClusterIP:80: \
+                 DNATed back to pod-b in the bridge, which will not send it out the port it came \
+                 in on",
+            ),
         }
     }
 }
@@ -662,6 +726,9 @@ impl Scenario {
                 KubeProxyMode::Nftables,
                 Scenario::HealthcheckBlackhole | Scenario::VipPortUnserved,
             ) => Outcome::Ok,
+            // IPVS DNATs at LOCAL_IN, after the bridge: the call is routed back out cbr0,
+            // which a bridge delivers to any port, the caller's included.
+            (KubeProxyMode::Ipvs, Scenario::SelfLoopBridge) => Outcome::Ok,
             _ => self.spec().expected,
         }
     }
@@ -953,6 +1020,13 @@ impl Lab {
     pub fn set_all(&self, variants: &Variants) -> Result<()> {
         net::require_up()?;
         net::set_variants(variants)
+    }
+
+    /// Hairpin mode on pod-b's bridge port (variant `bridge-pod`), as the kubelet's
+    /// `--hairpin-mode=hairpin-veth` sets it.
+    pub fn set_pod_b_hairpin_mode(&self, on: bool) -> Result<()> {
+        net::require_up()?;
+        net::set_pod_b_hairpin_mode(on)
     }
 
     /// One TCP attempt from inside `ns` (bound to `src` if given), with this lab's timeout.
