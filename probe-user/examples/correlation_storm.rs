@@ -285,6 +285,14 @@ fn main() {
                 Output::Query(Query::Conntrack { id, .. }) => {
                     pending.extend(correlator.answer(Answer::Conntrack { id, entry: None }));
                 }
+                // The storm sends no self-addressed drops.
+                Output::Query(Query::SelfLoop { id, .. }) => {
+                    pending.extend(correlator.answer(Answer::SelfLoop {
+                        id,
+                        conntrack: Ok(None),
+                        facts: Default::default(),
+                    }));
+                }
             }
         }
     }

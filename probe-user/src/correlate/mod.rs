@@ -95,6 +95,8 @@ pub mod replay;
 mod report;
 mod self_loop;
 #[cfg(test)]
+mod self_loop_tests;
+#[cfg(test)]
 mod stream_tests;
 #[cfg(test)]
 mod tests;

@@ -310,6 +310,10 @@ pub(crate) fn self_masq_rule(pod: IpAddr, source: Option<ServiceSource>) -> Stri
     match source {
         Some(ServiceSource::Iptables) => iptables,
         Some(ServiceSource::Nftables) => nftables,
-        _ => format!("{iptables}; {nftables}"),
+        // The set was not readable (no `ipset` here): name the entry to look for.
+        Some(ServiceSource::Ipvs) => {
+            format!("IPVS mode: the ipset KUBE-LOOP-BACK entry {pod},<proto>:<port>,{pod}")
+        }
+        None => format!("{iptables}; {nftables}"),
     }
 }

@@ -873,7 +873,7 @@ fn egress_query_is_shared_and_may_be_answered_late() {
         .iter()
         .find_map(|q| match q {
             Query::Egress { id, src, keys } => Some((*id, *src, keys.clone())),
-            Query::Conntrack { .. } => None,
+            Query::Conntrack { .. } | Query::SelfLoop { .. } => None,
         })
         .expect("b's egress asked again");
     let key_b = EgressFlowKey {

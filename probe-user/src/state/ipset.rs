@@ -100,7 +100,7 @@ pub fn loop_back_entry(
 ) -> Option<bool> {
     let entry = format!("{pod},{}:{port},{pod}", proto.as_str());
     sets.get(loop_back_set(pod.is_ipv6()))
-        .map(|members| members.iter().any(|m| *m == entry))
+        .map(|members| members.contains(&entry))
 }
 
 /// [`loop_back_entry`] from this namespace's `ipset save` of that one set. Blocking. `None`
