@@ -87,8 +87,10 @@ pub enum Layer {
 ///   failure is the port, whoever calls it (the event shows the latest client).
 /// - `vip_as_source`: (VIP = packet source, destination address and port, proto). The source
 ///   port is ignored: every call uses a new one.
-/// - `service_self_loop`: (pod, its port the Service sent it to, the Service address called
-///   when known, proto). The source port is ignored: every call uses a new one.
+/// - `service_self_loop`: (where it died: the pod's namespace or the node, pod, its port the
+///   Service sent it to, the Service address called when known, proto). The site keeps two
+///   causes apart (the hairpin SNAT, the bridge's hairpin mode). The source port is ignored:
+///   every call uses a new one.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum AggregateKey {
     HealthcheckBlackhole {
@@ -118,6 +120,8 @@ pub enum AggregateKey {
         proto: Proto,
     },
     ServiceSelfLoop {
+        /// Dropped in the pod's own namespace (else on the node).
+        in_pod: bool,
         pod: IpAddr,
         port: u16,
         service: Option<(IpAddr, u16)>,
@@ -196,13 +200,15 @@ impl fmt::Display for AggregateKey {
                 proto.as_str()
             ),
             AggregateKey::ServiceSelfLoop {
+                in_pod,
                 pod,
                 port,
                 service,
                 proto,
             } => write!(
                 f,
-                "service_self_loop/{pod}->{}->{}/{}",
+                "service_self_loop/{}/{pod}->{}->{}/{}",
+                if *in_pod { "pod" } else { "node" },
                 service.map_or_else(|| "?".to_string(), |(ip, p)| sock(ip, p)),
                 sock(*pod, *port),
                 proto.as_str()

@@ -21,7 +21,7 @@
 //! it (`self_loop_snat_seen`). No entry still confirms (a bridge drop dies before conntrack
 //! confirms the connection), and says so; the Service is then named from the service table's
 //! endpoints. A pod-namespace drop must be a local-source drop. Retransmits of one connect
-//! fold into its confirmation. Aggregate: (pod, port, Service address, proto).
+//! fold into its confirmation. Aggregate: (drop site, pod, port, Service address, proto).
 
 use std::{collections::HashMap, net::IpAddr};
 
@@ -110,12 +110,20 @@ pub(crate) fn called_service(
         return (Some((e.orig.dst, e.orig.dport)), name);
     }
     let endpoint = sock(pod, port);
-    let mut of_pod = services
+    let of_pod: Vec<_> = services
         .services
         .iter()
-        .filter(|s| s.proto == proto && s.backends.contains(&endpoint));
-    match (of_pod.next(), of_pod.next()) {
-        (Some(s), None) => (Some((s.vip, s.port)), s.service.clone()),
+        .filter(|s| s.proto == proto && s.backends.contains(&endpoint))
+        .collect();
+    match of_pod.as_slice() {
+        [s] => (Some((s.vip, s.port)), s.service.clone()),
+        // Several addresses of one Service (its ClusterIP and LB IP): the Service is known,
+        // the address called is not.
+        [first, rest @ ..]
+            if first.service.is_some() && rest.iter().all(|s| s.service == first.service) =>
+        {
+            (None, first.service.clone())
+        }
         _ => (None, None),
     }
 }
@@ -279,6 +287,12 @@ impl Correlator {
                         .map(|n| format!(" ({n})"))
                         .unwrap_or_default()
                 ),
+                (None, Some(name)) => format!(
+                    "service table ({}): {} is the endpoint of several addresses of {name}: \
+                     which one was called is not known",
+                    source_name(&self.services),
+                    sock(packet.src, packet.dport)
+                ),
                 _ if table_missing(&self.services) => "no service table was available: the \
                                                        Service called is not known"
                     .to_string(),
@@ -293,6 +307,7 @@ impl Correlator {
         evidence.push(missing_line(&missing, &packet, self.services.source));
 
         let key = AggregateKey::ServiceSelfLoop {
+            in_pod: info.foreign_netns,
             pod: packet.src,
             port: packet.dport,
             service: called,
@@ -530,11 +545,22 @@ mod tests {
                 Some("default/web:http".into())
             )
         );
-        // Two services with the endpoint: which one was called is not known without conntrack.
+        // Two addresses of one Service with the endpoint: the Service, not the address.
         table.services.push(svc(
             "203.0.113.10",
             80,
             "default/web:http",
+            &["198.19.1.11:8080"],
+        ));
+        assert_eq!(
+            called_service(&table, None, pod, 8080, Proto::Tcp),
+            (None, Some("default/web:http".into()))
+        );
+        // Two Services with it: neither.
+        table.services.push(svc(
+            "198.18.100.30",
+            81,
+            "default/other:http",
             &["198.19.1.11:8080"],
         ));
         assert_eq!(

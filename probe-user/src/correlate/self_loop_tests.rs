@@ -110,7 +110,7 @@ fn dead_in_the_pod_without_snat_names_the_service_and_the_missing_loop_back_entr
     assert_eq!(e.kind, LoopbackKind::ServiceSelfLoop);
     assert_eq!(
         e.key,
-        "service_self_loop/198.18.1.20->192.0.2.10:80->198.18.1.20:8080/tcp"
+        "service_self_loop/pod/198.18.1.20->192.0.2.10:80->198.18.1.20:8080/tcp"
     );
     assert_eq!((e.src, e.dst, e.dst_port), (ip(EP), ip(EP), 8080));
     assert_eq!(

@@ -887,6 +887,13 @@ fn set_bridge_pod(on: bool) -> Result<()> {
     let gw = format!("{POD_GW_IP}/32");
     let pod = POD_B_IP.to_string();
     if on {
+        // Where br_netfilter is a module (Debian's kernels in the VM tier); built in here.
+        let _ = std::process::Command::new("modprobe")
+            .args(["-q", "br_netfilter"])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status();
         ip(NS_NODE, &["link", "add", POD_BRIDGE, "type", "bridge"])?;
         ip(NS_NODE, &["addr", "add", &gw, "dev", POD_BRIDGE])?;
         ip(NS_NODE, &["link", "set", POD_BRIDGE, "up"])?;
