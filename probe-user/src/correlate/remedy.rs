@@ -301,6 +301,11 @@ pub(crate) fn service_self_loop(
     out
 }
 
+/// `ip:port`, with brackets for IPv6 (for `probe check`).
+pub(crate) fn sock_of(ip: IpAddr, port: u16) -> String {
+    sock(ip, port)
+}
+
 /// kube-proxy's rule that marks an endpoint's call to itself for masquerade, in the mode the
 /// service table came from (both spellings when unknown).
 pub(crate) fn self_masq_rule(pod: IpAddr, source: Option<ServiceSource>) -> String {

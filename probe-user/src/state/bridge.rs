@@ -92,6 +92,26 @@ pub fn port_of(sys: &Path, port: &str) -> Option<BridgePort> {
     })
 }
 
+/// Every port of every bridge under `sys` (`/sys/class/net`), with its hairpin mode.
+pub fn ports(sys: &Path) -> Vec<BridgePort> {
+    let mut out = Vec::new();
+    for dev in std::fs::read_dir(sys).into_iter().flatten().flatten() {
+        let Ok(brif) = std::fs::read_dir(dev.path().join("brif")) else {
+            continue;
+        };
+        let bridge = dev.file_name().to_string_lossy().into_owned();
+        for p in brif.flatten() {
+            out.push(BridgePort {
+                bridge: bridge.clone(),
+                port: p.file_name().to_string_lossy().into_owned(),
+                hairpin_mode: read_flag(&p.path().join("hairpin_mode")).unwrap_or(false),
+            });
+        }
+    }
+    out.sort_by(|a, b| (&a.bridge, &a.port).cmp(&(&b.bridge, &b.port)));
+    out
+}
+
 fn read_flag(path: &Path) -> Option<bool> {
     Some(std::fs::read_to_string(path).ok()?.trim() != "0")
 }
