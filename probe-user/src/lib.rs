@@ -15,6 +15,7 @@ pub mod correlate;
 pub mod event;
 #[cfg(test)]
 mod fuzz_tests;
+pub mod hub;
 pub mod kernel;
 pub mod kube;
 pub mod netlink;

@@ -273,6 +273,23 @@ fn main() -> ExitCode {
                         .exit();
                 }
             };
+            // Two writers on one file would interleave partial lines (and one would truncate
+            // the other's): a usage error like any other conflicting flags.
+            if let (Some(events), Some(record)) = (&args.events, &args.record)
+                && clb_probe::sink::json::same_output(events, record)
+            {
+                use clap::CommandFactory as _;
+                Cli::command()
+                    .error(
+                        clap::error::ErrorKind::ArgumentConflict,
+                        format!(
+                            "--events {} and --record {} name the same output: give each its own file",
+                            events.display(),
+                            record.display()
+                        ),
+                    )
+                    .exit();
+            }
             // Events use the same API access as attribution, whether or not attribution is on.
             let kube_events = match args.kube_events {
                 OnOff::Off => None,

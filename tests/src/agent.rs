@@ -9,6 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use serde::Deserialize as _;
 use serde_json::Value;
 
 /// The `probe` binary under test: `CLB_PROBE_BIN` (set by `cargo xtask test`), else the
@@ -40,6 +41,8 @@ pub struct Agent {
     pub dir: tempdir::TempDir,
     stderr_lines: mpsc::Receiver<String>,
     pub log: Vec<String>,
+    /// The agent's stdout when the command piped it (kept open, read or not).
+    pub stdout: Option<std::process::ChildStdout>,
 }
 
 pub mod tempdir {
@@ -84,11 +87,8 @@ impl Agent {
     /// [`Agent::start`] with extra environment variables (the agent's test hooks).
     pub fn start_with_env(netns: &str, extra: &[&str], env: &[(&str, &str)]) -> Agent {
         let dir = tempdir::TempDir::new("agent");
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", netns])
-            .arg(probe_bin())
-            .arg("agent")
-            .arg("--events")
+        let mut cmd = Agent::command(netns);
+        cmd.arg("--events")
             .arg(dir.path().join("events.jsonl"))
             .arg("--record")
             .arg(dir.path().join("record.jsonl"))
@@ -101,14 +101,35 @@ impl Agent {
                     .into_iter()
                     .flatten(),
             )
-            .env("CLB_PROBE_LOG", "info,clb_probe=debug")
             .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(Stdio::null());
+        let mut agent = Agent::spawn(cmd, dir);
+        agent.wait_log("attached and address sets loaded", Duration::from_secs(60));
+        agent
+    }
+
+    /// `ip netns exec <netns> probe agent` with the tests' log filter, stdin closed: the start
+    /// of a command for [`Agent::spawn`].
+    pub fn command(netns: &str) -> Command {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", netns])
+            .arg(probe_bin())
+            .arg("agent")
+            .env("CLB_PROBE_LOG", "info,clb_probe=debug")
+            .stdin(Stdio::null());
+        cmd
+    }
+
+    /// Spawns `cmd` (an agent command line, see [`Agent::command`]) with its stderr collected
+    /// into [`Agent::log`]; stdout is whatever `cmd` set (piped: in [`Agent::stdout`]).
+    /// Does not wait for anything.
+    pub fn spawn(mut cmd: Command, dir: tempdir::TempDir) -> Agent {
+        let mut child = cmd
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn probe agent");
         let stderr = child.stderr.take().unwrap();
+        let stdout = child.stdout.take();
         let (tx, rx) = mpsc::channel();
         thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
@@ -118,14 +139,21 @@ impl Agent {
                 }
             }
         });
-        let mut agent = Agent {
+        Agent {
             child: Some(child),
             dir,
             stderr_lines: rx,
             log: Vec::new(),
-        };
-        agent.wait_log("attached and address sets loaded", Duration::from_secs(60));
-        agent
+            stdout,
+        }
+    }
+
+    /// Sends `signal` and returns the exit status (panics if it does not exit in 15 s).
+    pub fn signal(&mut self, signal: i32) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("agent already stopped");
+        // SAFETY: signalling our own child (`ip netns exec` execs the agent).
+        unsafe { libc::kill(child.id() as i32, signal) };
+        wait_exit(&mut child, Duration::from_secs(15))
     }
 
     /// Waits for a stderr line containing `needle`; panics with the log on timeout or exit.
@@ -172,9 +200,16 @@ impl Agent {
             .collect()
     }
 
-    /// Confirmed events written so far.
+    /// Confirmed events written so far. Each is also read as the output contract's event, so
+    /// a field the agent writes and the contract spells differently fails every test here.
     pub fn events(&self) -> Vec<Value> {
-        self.read_jsonl("events.jsonl")
+        let events = self.read_jsonl("events.jsonl");
+        for e in &events {
+            if let Err(err) = probe_contract::LoopbackEvent::deserialize(e) {
+                panic!("not the contract's LoopbackEvent ({err}): {e}");
+            }
+        }
+        events
     }
 
     /// Kernel events recorded so far.
@@ -246,7 +281,7 @@ fn wait_exit(child: &mut Child, timeout: Duration) -> std::process::ExitStatus {
         }
         if Instant::now() > deadline {
             let _ = child.kill();
-            panic!("agent did not exit within {timeout:?} of SIGTERM");
+            panic!("agent did not exit within {timeout:?} of the signal");
         }
         thread::sleep(Duration::from_millis(50));
     }

@@ -93,8 +93,9 @@ fn events_watch_once_and_the_live_view_in_a_terminal() {
         let line = rx
             .recv_timeout(WAIT)
             .expect("probe events printed both kinds");
-        let v: serde_json::Value = serde_json::from_str(&line).expect("a JSON object per line");
-        kinds.insert(v["kind"].as_str().unwrap().to_string());
+        let e: probe_contract::LoopbackEvent =
+            serde_json::from_str(&line).expect("a contract event per line");
+        kinds.insert(e.kind.as_str().to_string());
     }
     let _ = events.kill();
     let _ = events.wait();

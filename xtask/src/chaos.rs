@@ -26,13 +26,14 @@
 use std::{
     collections::BTreeSet,
     io::{BufRead as _, Read as _, Write as _},
-    net::TcpStream,
+    net::{IpAddr, TcpStream},
     path::{Path, PathBuf},
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, Result, bail};
+use probe_contract::{Message, NodeStatus};
 
 mod scale;
 
@@ -43,7 +44,7 @@ use crate::{
         tools::{Agent, RawSender, metric_sum, pause, proc_usage, trafgen, trafgen_config},
     },
     lab::in_netns,
-    testrun::workspace_root,
+    workspace_root,
 };
 
 #[derive(Debug, Clone, clap::Args)]
@@ -386,14 +387,12 @@ fn vip_iface_churn(probe: &Path, work: &Path, rounds: u16) -> Result<Row> {
         let ifindex = new_ifindex()?;
         // Converged: the live view's status has the new kube-ipvs0 attached and the VIP back.
         loop {
-            let status = live_status(&work.join("agent.sock"));
-            let attached = status["attached"].as_array().cloned().unwrap_or_default();
+            let status = live_status(&work.join("agent.sock")).unwrap_or_default();
+            let attached = status.attached;
             let has_new = attached
                 .iter()
-                .any(|a| a[0] == net::VIP_IF && a[1] == u64::from(ifindex));
-            let has_vip = status["vips"]
-                .as_array()
-                .is_some_and(|v| v.iter().any(|a| a == &net::VIP.to_string()));
+                .any(|(name, i)| name == net::VIP_IF && *i == ifindex);
+            let has_vip = status.vips.contains(&IpAddr::V4(net::VIP));
             if has_new && has_vip && attached.len() == 2 {
                 break;
             }
@@ -463,17 +462,16 @@ fn new_ifindex() -> Result<u32> {
         .context("kube-ipvs0's ifindex")
 }
 
-/// The agent's status from its live-view socket (the first snapshot), or Null.
-fn live_status(socket: &Path) -> serde_json::Value {
-    let Ok(stream) = std::os::unix::net::UnixStream::connect(socket) else {
-        return serde_json::Value::Null;
-    };
+/// The agent's status from its live-view socket (the first snapshot), if it sent one.
+fn live_status(socket: &Path) -> Option<NodeStatus> {
+    let stream = std::os::unix::net::UnixStream::connect(socket).ok()?;
     let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
     let mut line = String::new();
     let _ = std::io::BufReader::new(stream).read_line(&mut line);
-    serde_json::from_str::<serde_json::Value>(&line)
-        .map(|v| v["snapshot"]["status"].clone())
-        .unwrap_or_default()
+    match serde_json::from_str(&line).ok()? {
+        Message::Snapshot { snapshot } => Some(snapshot.status),
+        Message::Report { .. } => None,
+    }
 }
 
 /// Hostile HTTP clients while `/healthz` is probed.
@@ -1053,7 +1051,7 @@ fn live_view_clients(probe: &Path, work: &Path, clients: usize, secs: u64) -> Re
         Ok((probes, threads, rss))
     })?;
     // A new client still gets its snapshot while the others are held.
-    let fresh = !live_status(&socket).is_null();
+    let fresh = live_status(&socket).is_some();
     drop(held);
     let alive = proc_threads(pid) > 0;
     drop(agent);
@@ -1126,13 +1124,13 @@ fn nic_churn(probe: &Path, work: &Path) -> Result<Row> {
         while t.elapsed() < Duration::from_secs(10) {
             let want = if present { ifindex() } else { None };
             let status = live_status(&socket);
-            let nic = status["attached"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .find(|a| a[0] == net::NODE_IF)
-                .and_then(|a| a[1].as_u64());
-            if status.is_object() && nic == want {
+            let nic = status.as_ref().and_then(|s| {
+                s.attached
+                    .iter()
+                    .find(|(name, _)| name == net::NODE_IF)
+                    .map(|(_, i)| u64::from(*i))
+            });
+            if status.is_some() && nic == want {
                 return Some(t.elapsed());
             }
             std::thread::sleep(Duration::from_millis(10));

@@ -10,7 +10,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use crate::{setup, testrun::workspace_root};
+use crate::{setup, workspace_root};
 
 const SCRIPT: &str = include_str!("chart.py");
 const CRD_VALIDATE: &str = include_str!("crd_validate.mjs");

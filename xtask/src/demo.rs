@@ -18,7 +18,7 @@ use anyhow::{Context as _, bail};
 
 use crate::{
     lab::{self, LabGuard, Scenario, Variants},
-    setup, testrun,
+    setup,
 };
 
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
@@ -122,7 +122,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
     }
     setup::ensure()?;
     trap_signals();
-    let root = testrun::workspace_root();
+    let root = crate::workspace_root();
     eprintln!("demo: building the probe");
     let status = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
         .args(["build", "--quiet", "-p", "probe-user"])

@@ -15,7 +15,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use crate::{setup, testrun::workspace_root};
+use crate::{setup, workspace_root};
 
 /// Debian packages whose tools the agent runs (`Command::new` in probe-user): iptables
 /// (`iptables-save` and its `-legacy`/`-nft` variants, `ip6tables-save`: kube-proxy's rules)

@@ -10,3 +10,11 @@ pub mod lab;
 pub mod setup;
 pub mod testrun;
 pub mod vm;
+
+/// The workspace root (xtask is one of its members); commands run from here.
+pub fn workspace_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
+}

@@ -6,11 +6,11 @@
 //! 5. the VM tier (root only, `--no-vm` skips it): `cargo xtask vm-test --kernel all`'s
 //!    default suite on Debian's 5.10, 6.1 and 6.12 kernels, with real IPVS.
 
-use std::{path::PathBuf, process::Command};
+use std::process::Command;
 
 use anyhow::{Context as _, bail};
 
-use crate::setup;
+use crate::{setup, workspace_root};
 
 fn cargo() -> Command {
     Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
@@ -81,13 +81,6 @@ fn test_step(name: &str, cmd: &mut Command, totals: &mut Totals) -> anyhow::Resu
         bail!("{name} failed ({status})");
     }
     Ok(())
-}
-
-pub fn workspace_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask lives in the workspace")
-        .to_path_buf()
 }
 
 #[derive(Debug, Clone, clap::Args)]

@@ -4,11 +4,9 @@
 //! and attachments), the service-table refresher, and the correlation loop, which is the only
 //! owner of the [`Correlator`] and answers its queries (egress map, conntrack).
 
-pub mod capability;
 pub mod checks;
 pub mod instance;
 pub mod nodesync;
-pub mod shared;
 pub mod startup;
 
 use std::{
@@ -27,6 +25,10 @@ use tracing::{debug, info, warn};
 use crate::{
     correlate::{Answer, Correlator, CorrelatorConfig, Output, Query},
     event::KernelEvent,
+    hub::{
+        self, Shared,
+        capability::{Capabilities, Capability},
+    },
     kernel::{
         self, KernelBtf, Probe, ProbeSettings,
         counters::EgressTable,
@@ -35,9 +37,7 @@ use crate::{
     sink::{Sinks, json::JsonLines},
     state::{self, addrs::AddrConfig},
 };
-use capability::{Capabilities, Capability};
 use nodesync::{NodeStatus, NodeSync};
-use shared::Shared;
 
 /// Everything `probe agent` was told.
 #[derive(Clone, Debug)]
@@ -66,15 +66,19 @@ pub struct AgentConfig {
     pub kube_events: Option<crate::kube::KubeSource>,
 }
 
-/// Runs until SIGINT/SIGTERM. Every exit path detaches: the probe is owned by the node-sync
+/// Runs until SIGINT, SIGTERM, SIGHUP or SIGQUIT. Every exit path detaches: the probe is owned by the node-sync
 /// task, which detaches before it returns, and by Drop if anything unwinds.
 pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
     let mut steps = startup::StartupSteps::default();
     // Signals first: a SIGTERM that lands while we load and attach must still end in an
     // orderly detach, not the default action.
+    // SIGHUP and SIGQUIT too: their default actions (exit, core dump) would leave cls_bpf
+    // filters attached and the socket file behind.
     let signals = Signals {
         term: signal(SignalKind::terminate())?,
         int: signal(SignalKind::interrupt())?,
+        hup: signal(SignalKind::hangup())?,
+        quit: signal(SignalKind::quit())?,
     };
     kernel::check_kernel_version()?;
     kernel::check_capabilities()?;
@@ -138,10 +142,16 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
     // Outputs too: a path that cannot be written fails here, with nothing attached.
     let mut sinks = Sinks::default();
     if let Some(path) = &cfg.events {
-        sinks.json = Some(JsonLines::open(path).context("--events")?);
+        sinks.json = Some(
+            JsonLines::open(path, "events", crate::sink::json::EVENTS_QUEUE_LINES)
+                .context("--events")?,
+        );
     }
     if let Some(path) = &cfg.record {
-        sinks.record = Some(JsonLines::open(path).context("--record")?);
+        sinks.record = Some(
+            JsonLines::open(path, "record", crate::sink::json::RECORD_QUEUE_LINES)
+                .context("--record")?,
+        );
     }
 
     // The Kubernetes client before anything is attached: a broken kubeconfig fails here.
@@ -256,13 +266,19 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         kube: kube_status,
         version: env!("CARGO_PKG_VERSION"),
         kube_events: Default::default(),
+        outputs: Arc::new(
+            [("events", &sinks.json), ("record", &sinks.record)]
+                .into_iter()
+                .filter_map(|(name, out)| Some((name, out.as_ref()?.stats())))
+                .collect(),
+        ),
     };
     // Subscribed before the first report; the writer runs beside the loop, never in it.
     let _kube_events_task = match &cfg.kube_events {
         Some(source) => Some(AbortOnDrop(tokio::spawn(crate::sink::kube_events::start(
             source.clone(),
-            cfg.node_name.clone().unwrap_or_else(shared::node_name),
-            shared.reports.subscribe(),
+            cfg.node_name.clone().unwrap_or_else(hub::node_name),
+            shared.subscribe(),
             shared.kube_events.clone(),
         )))),
         None => {
@@ -349,6 +365,8 @@ struct CorrelateLoop {
 struct Signals {
     term: tokio::signal::unix::Signal,
     int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+    quit: tokio::signal::unix::Signal,
 }
 
 async fn correlate_loop(mut l: CorrelateLoop) -> anyhow::Result<()> {
@@ -384,6 +402,8 @@ async fn correlate_loop(mut l: CorrelateLoop) -> anyhow::Result<()> {
             }
             _ = l.signals.term.recv() => { info!("SIGTERM: shutting down"); return Ok(()); }
             _ = l.signals.int.recv() => { info!("SIGINT: shutting down"); return Ok(()); }
+            _ = l.signals.hup.recv() => { info!("SIGHUP: shutting down"); return Ok(()); }
+            _ = l.signals.quit.recv() => { info!("SIGQUIT: shutting down"); return Ok(()); }
         };
         for out in outputs {
             match out {

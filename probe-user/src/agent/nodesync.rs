@@ -14,29 +14,16 @@ use aya::maps::lpm_trie::Key;
 use futures::StreamExt as _;
 use probe_common::AddrValue;
 use rtnetlink::{Handle, MulticastGroup};
-use serde::Serialize;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use crate::{
     event::Tag,
-    kernel::{AddressMaps, Features, Probe, prefilter, reader::IfNames},
+    kernel::{AddressMaps, Probe, prefilter, reader::IfNames},
     state::addrs::{self, AddrConfig, AddressSets, Prefix},
 };
 
-/// What the node looks like to the probe now; published to the metrics and the live view.
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct NodeStatus {
-    pub attached: Vec<(String, u32)>,
-    pub nics: Vec<String>,
-    pub vip_iface: String,
-    pub vip_iface_present: bool,
-    pub vips: Vec<IpAddr>,
-    pub set_sizes: BTreeMap<String, usize>,
-    pub features: Option<Features>,
-    /// True once programs are attached and the address sets are loaded.
-    pub ready: bool,
-}
+pub use probe_contract::status::NodeStatus;
 
 pub struct NodeSync {
     probe: Probe,

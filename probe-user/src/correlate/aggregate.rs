@@ -10,11 +10,18 @@ pub(super) struct Aggregate {
     pub(super) last_json_ns: u64,
 }
 
-impl LoopbackEvent {
+/// `LoopbackEvent::new`: the event type is the output contract's (`probe-contract`), building
+/// one from the packet the kernel saw is the correlator's, so the constructor is a trait here.
+/// The rules import it (`NewEvent as _`) and call `LoopbackEvent::new` as before.
+pub(super) trait NewEvent {
+    fn new(key: &AggregateKey, p: &Packet, ts: u64, outcome: Outcome) -> Self;
+}
+
+impl NewEvent for LoopbackEvent {
     /// The event for one occurrence of `key`, from the packet the kernel saw at `ts`: kind,
     /// key and addresses filled in, `count` 0 (set by [`Correlator::record`]), `snat` unknown,
     /// everything optional empty. Rules set the rest with struct update syntax.
-    pub(super) fn new(key: &AggregateKey, p: &Packet, ts: u64, outcome: Outcome) -> Self {
+    fn new(key: &AggregateKey, p: &Packet, ts: u64, outcome: Outcome) -> Self {
         LoopbackEvent {
             kind: key.kind(),
             key: key.to_string(),

@@ -2,6 +2,7 @@
 //! healthCheckNodePort) of a node address, dropped as a local source. The same drop to any
 //! other destination is `vip_as_source` (see `vip_as_source.rs`).
 
+use super::aggregate::NewEvent as _;
 use super::{
     AggregateKey, Correlator, DropInfo, LoopbackEvent, Outcome, Output, RecentDrop, SnatState,
     evidence::{drop_line, local_source_line, suspect_line, table_missing},

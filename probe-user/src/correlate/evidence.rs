@@ -4,8 +4,8 @@ use std::net::IpAddr;
 
 use super::{
     Correlator, DropInfo, Layer, MS, SEC,
+    conntrack::{CtAnswer, egress_tuple},
     drop_reason::{LocalSourceDrop, local_source_drop},
-    hairpin::{CtAnswer, egress_tuple},
     report::sock,
     tuple_of,
 };

@@ -20,9 +20,11 @@
 
 use std::{collections::HashSet, net::IpAddr};
 
+use super::aggregate::NewEvent as _;
 use super::{
     AggregateKey, Correlator, DropInfo, EgressFlowKey, Layer, LoopbackEvent, Outcome, Output,
     PendingQuery, Query, QueryCtx, RecentDrop, SEC, SnatState,
+    conntrack::{CtAnswer, egress_tuple},
     evidence::{
         drop_line, egress_ct_line, egress_line, layer_line, node_sourced_line, outcome_line,
         service_name, suspect_line,
@@ -43,23 +45,6 @@ pub(super) const RETRY_GAP_NS: u64 = 70 * SEC;
 /// A confirmed connect attempt, remembered to fold its retransmits in.
 pub(super) struct Attempt {
     pub(super) last_ns: u64,
-}
-
-/// What a conntrack look-up came to.
-pub(super) enum CtAnswer {
-    Found(ConntrackEntry),
-    /// The kernel has no such entry.
-    Missing,
-    /// The look-up failed (netlink error, no permission): distinct from "no entry".
-    Failed(String),
-    /// Not answered within the query timeout.
-    Expired,
-}
-
-impl From<Option<ConntrackEntry>> for CtAnswer {
-    fn from(e: Option<ConntrackEntry>) -> Self {
-        e.map_or(CtAnswer::Missing, CtAnswer::Found)
-    }
 }
 
 /// TCP states after a completed handshake: the connection was answered.
@@ -111,16 +96,6 @@ pub(super) struct Flow {
     pub(super) evidence: Vec<String>,
     /// The conntrack look-up of the egress flow failed: SNAT cannot be confirmed either way.
     pub(super) snat_unknown: bool,
-}
-
-pub(super) fn egress_tuple(r: &EgressRecord) -> Tuple {
-    Tuple {
-        src: r.src,
-        dst: r.dst,
-        sport: r.sport,
-        dport: r.dport,
-        proto: r.proto,
-    }
 }
 
 impl Correlator {

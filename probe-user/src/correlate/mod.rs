@@ -85,6 +85,7 @@
 
 mod aggregate;
 mod blackhole;
+mod conntrack;
 mod drop_reason;
 mod evidence;
 mod hairpin;
@@ -115,10 +116,8 @@ use serde::{Deserialize, Serialize};
 use self::hairpin::Stage;
 pub use self::report::{AggregateKey, Layer, LoopbackEvent, LoopbackKind, Outcome, SnatState};
 use self::{
-    aggregate::Aggregate,
-    blackhole::VipSuspect,
-    drop_reason::local_source_drop,
-    hairpin::{CtAnswer, Flow},
+    aggregate::Aggregate, blackhole::VipSuspect, conntrack::CtAnswer,
+    drop_reason::local_source_drop, hairpin::Flow,
 };
 #[cfg(test)]
 use crate::{event::tcp_flags, state::ServiceSource};
@@ -182,17 +181,6 @@ impl Default for CorrelatorConfig {
 pub enum Output {
     Report(Report),
     Query(Query),
-}
-
-/// One confirmation (new or repeat) of an aggregate. Metrics count every report.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Report {
-    /// The aggregate after this occurrence (its `count` includes it).
-    pub event: LoopbackEvent,
-    /// First occurrence of this aggregate (or first since it was forgotten).
-    pub is_new: bool,
-    /// Write a JSON line: false for a repeat within `json_repeat_ns` of the last line written.
-    pub write_json: bool,
 }
 
 /// A look-up the agent must answer through [`Correlator::answer`] with the same `id`.
@@ -264,85 +252,7 @@ pub enum Answer {
     },
 }
 
-/// Suspects seen, by source tag.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct TagCounts {
-    pub node: u64,
-    pub vip: u64,
-    pub pod: u64,
-    pub untagged: u64,
-}
-
-impl TagCounts {
-    pub fn total(&self) -> u64 {
-        self.node + self.vip + self.pod + self.untagged
-    }
-}
-
-/// Confirmations (reports, repeats included), by kind.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct KindCounts {
-    pub healthcheck_blackhole: u64,
-    pub hairpin: u64,
-    pub vip_port_unserved: u64,
-    pub vip_as_source: u64,
-    pub service_self_loop: u64,
-}
-
-/// Counters. Invariants (checked by the tests):
-/// `suspects_seen.total() == suspects_confirmed + suspects_unconfirmed + pending_suspects`,
-/// `drops_seen == drops_confirming + drops_unmatched + pending_drops`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct CorrelatorStats {
-    pub suspects_seen: TagCounts,
-    /// Suspects that are part of a confirmed event.
-    pub suspects_confirmed: u64,
-    /// Suspects that were not confirmed (window passed, no egress record, SNAT seen, no
-    /// rule for their tag, or no room).
-    pub suspects_unconfirmed: u64,
-    pub drops_seen: u64,
-    /// Drops that are part of a confirmed event.
-    pub drops_confirming: u64,
-    /// Drops that confirmed nothing.
-    pub drops_unmatched: u64,
-    pub confirmed: KindCounts,
-    /// Suspects currently waiting (for a drop, an answer, or the settle time).
-    pub pending_suspects: u64,
-    /// Drops currently waiting for their suspect.
-    pub pending_drops: u64,
-    /// Pending entries (suspects, drops, hairpin candidates); never above `max_pending`.
-    pub pending: u64,
-    /// Suspects or drops turned away because `max_pending` was reached.
-    pub pending_overflow: u64,
-    /// Hairpin candidates dismissed because conntrack showed the egress flow SNATed.
-    pub hairpin_snat_seen: u64,
-    /// Hairpin candidates dismissed because no egress record matched (or no answer came).
-    pub hairpin_no_egress: u64,
-    /// Hairpin candidates dismissed because the suspect went to neither a NodePort of a
-    /// node address nor a local pod (no LB backend).
-    pub hairpin_not_a_backend: u64,
-    /// Hairpin candidates dismissed because conntrack showed the connection answered
-    /// (layer-4 egress flow with a reply, or the looping flow established): no failure.
-    pub hairpin_answered: u64,
-    /// Suspects and drops of an already confirmed connect attempt (SYN retransmits), folded
-    /// into its confirmation instead of counting it again.
-    pub hairpin_retries_folded: u64,
-    /// Conntrack look-ups that failed (not "no entry"): SNAT or outcome reported unknown.
-    pub conntrack_failures: u64,
-    pub queries_issued: u64,
-    pub queries_expired: u64,
-    /// Answers to unknown (expired or already answered) queries.
-    pub answers_stale: u64,
-    pub aggregates: u64,
-    pub aggregates_evicted: u64,
-    /// TCP SYNs seen leaving a NIC with a bound VIP as source (each confirms `vip_as_source`).
-    pub vip_egress_seen: u64,
-    /// Self-loop drops dismissed because conntrack showed the call SNATed after all.
-    pub self_loop_snat_seen: u64,
-    /// Drops of an already confirmed (or pending) self-loop connect (SYN retransmits), folded
-    /// into its confirmation.
-    pub self_loop_retransmits: u64,
-}
+pub use probe_contract::{CorrelatorStats, KindCounts, Report, TagCounts};
 
 // ---------------------------------------------------------------------------------------------
 // Internal state

@@ -25,6 +25,8 @@
 
 use std::{collections::HashMap, net::IpAddr};
 
+use super::aggregate::NewEvent as _;
+
 use super::{
     AggregateKey, Correlator, DropInfo, LoopbackEvent, Outcome, Output, Query, QueryCtx, SEC,
     SnatState,

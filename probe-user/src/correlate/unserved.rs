@@ -2,6 +2,7 @@
 //! socket (`NO_SOCKET`), or kube-proxy's IPVS access filter (`KUBE-IPVS-FILTER`, kube-proxy
 //! >= 1.25 in IPVS mode: `NETFILTER_DROP` at `nf_hook_slow`, after an ICMP port unreachable).
 
+use super::aggregate::NewEvent as _;
 use super::{
     AggregateKey, Correlator, DropInfo, LoopbackEvent, Outcome, Output,
     drop_reason::{is_netfilter_drop, is_no_socket},

@@ -10,6 +10,7 @@
 //! [`Correlator::is_health_check`]; everything else that `blackhole.rs` would confirm lands
 //! here.
 
+use super::aggregate::NewEvent as _;
 use super::{
     AggregateKey, Correlator, DropInfo, LoopbackEvent, Outcome, Output,
     blackhole::VipSuspect,

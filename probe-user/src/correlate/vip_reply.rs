@@ -13,6 +13,7 @@
 //!   bound VIP. `vip_port_unserved` blames in-cluster callers (this node or its pods), so
 //!   this is counted as unmatched.
 
+use super::aggregate::NewEvent as _;
 use super::{
     AggregateKey, Correlator, DropInfo, LoopbackEvent, Outcome, Output, SnatState,
     blackhole::VipSuspect,

@@ -17,37 +17,7 @@ pub struct Counters {
     pub stats: PerCpuArray<MapData, u64>,
 }
 
-/// One summed read of every counter.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct CounterSnapshot {
-    /// (ifindex, tag, protocol) -> packets.
-    pub suspects: Vec<(u32, Tag, Proto, u64)>,
-    /// (reason code, source tag, destination tag) -> drops.
-    pub drops: Vec<(u32, Option<Tag>, Option<Tag>, u64)>,
-    pub budget_suppressed: u64,
-    /// The same by budget class: (record kind, source tag or `other`) -> events; every class
-    /// the kernel can emit, zeros included (`probe_common::budget`).
-    pub budget_suppressed_by_class: Vec<(&'static str, &'static str, u64)>,
-    pub ringbuf_full: u64,
-    pub dedup_suppressed: u64,
-    pub emitted: u64,
-    pub egress_recorded: u64,
-    pub drops_matched: u64,
-    /// Immediate reader wake-ups by confirming records, and those the wake-up budget refused.
-    pub wakeups: u64,
-    pub wakeup_budget_suppressed: u64,
-}
-
-impl CounterSnapshot {
-    /// Suspect packets of one tag, all interfaces and protocols.
-    pub fn suspects_of(&self, tag: Tag) -> u64 {
-        self.suspects
-            .iter()
-            .filter(|(_, t, _, _)| *t == tag)
-            .map(|(.., n)| n)
-            .sum()
-    }
-}
+pub use probe_contract::status::CounterSnapshot;
 
 impl Counters {
     pub fn snapshot(&self) -> CounterSnapshot {
@@ -85,7 +55,7 @@ impl Counters {
             .map(|&(kind, record, src_tag)| {
                 let source = Tag::from_raw(src_tag).map_or("other", Tag::as_str);
                 let slot = stat::BUDGET_SUPPRESSED_BY_CLASS + budget::class(kind, src_tag) as u32;
-                (record, source, stat(slot))
+                (record.to_string(), source.to_string(), stat(slot))
             })
             .collect();
         snap.ringbuf_full = stat(stat::RINGBUF_FULL);

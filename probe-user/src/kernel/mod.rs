@@ -97,10 +97,10 @@ pub fn release_and_tcx() -> (String, bool) {
 }
 
 /// Linux capability numbers we need (linux/capability.h).
-const CAP_NET_ADMIN: u32 = 12;
-const CAP_SYS_ADMIN: u32 = 21;
-const CAP_PERFMON: u32 = 38;
-const CAP_BPF: u32 = 39;
+pub(crate) const CAP_NET_ADMIN: u32 = 12;
+pub(crate) const CAP_SYS_ADMIN: u32 = 21;
+pub(crate) const CAP_PERFMON: u32 = 38;
+pub(crate) const CAP_BPF: u32 = 39;
 
 /// Checks the effective capabilities before touching the kernel, so a missing one is named
 /// instead of surfacing as an EPERM from deep inside a load.

@@ -1,6 +1,6 @@
 //! Loading the programs and attaching them to interfaces.
 
-use std::{collections::HashMap, fmt};
+use std::collections::HashMap;
 
 use aya::{
     Ebpf, EbpfLoader, include_bytes_aligned,
@@ -44,54 +44,7 @@ pub struct ProbeSettings {
     pub sizes: super::sizing::MapSizes,
 }
 
-/// How programs are attached on this kernel; shown in the live view and logs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]
-#[serde(rename_all = "snake_case")]
-pub enum TcMode {
-    /// tcx links (kernel >= 6.6): detach when the agent's fds close, even on SIGKILL.
-    Tcx,
-    /// cls_bpf under a clsact qdisc (older kernels): ours (by name and handle) removed on start
-    /// and exit, the qdisc only when the agent added it and nothing else uses it.
-    Netlink,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum DropHook {
-    TpBtf,
-    RawTracepoint,
-    /// No drop visibility (the kernel refused both hooks): suspects are still counted.
-    None,
-}
-
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct Features {
-    pub tc_mode: TcMode,
-    pub drop_hook: DropHook,
-    /// Whether the drop hook gets the kernel's reason (>= 5.17); without it drops are
-    /// classified by their site.
-    pub drop_reason_arg: bool,
-    pub kernel: String,
-    pub drop_reasons: usize,
-}
-
-impl fmt::Display for Features {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "kernel {}, tc via {:?}, drops via {:?} ({}), {} drop reasons",
-            self.kernel,
-            self.tc_mode,
-            self.drop_hook,
-            if self.drop_reason_arg {
-                "with the reason"
-            } else {
-                "no reason argument: classified by drop site"
-            },
-            self.drop_reasons
-        )
-    }
-}
+pub use probe_contract::status::{DropHook, Features, TcMode};
 
 /// The maps the node sync writes: host-address hashes, prefix tries, the IPv6 trie's size,
 /// the IPv4 prefilter, and the monitored NIC set.

@@ -21,7 +21,7 @@ use k8s_openapi::{
 };
 use serde::Serialize;
 
-use crate::sink::kube_event_plan::{REPORTING_CONTROLLER, kind_of_reason};
+use probe_contract::kube_event::{REPORTING_CONTROLLER, kind_of_reason};
 
 /// The label the chart puts on the agent's pods.
 pub const AGENT_LABEL: (&str, &str) = ("app.kubernetes.io/name", "clb-probe");

@@ -1,13 +1,30 @@
 //! A small HTTP/1.1 server on the tokio runtime (hyper) for the metrics endpoint.
 //!
 //! Each connection is a task of its own, so a slow or stuck client never delays another one
-//! (the kubelet's `/healthz` probe in particular). Bounds: at most [`MAX_CONNECTIONS`] at once
-//! (more wait in the listen backlog until one ends), request headers within [`HEADER_TIMEOUT`],
-//! and a connection lives at most [`CONNECTION_LIFETIME`], which also bounds a client that
-//! pipelines requests and stops reading the answers (its writes would otherwise wait forever).
+//! (the kubelet's `/healthz` probe in particular). Bounds: at most [`MAX_CONNECTIONS`] at once,
+//! request headers within [`HEADER_TIMEOUT`], and a connection lives at most
+//! [`CONNECTION_LIFETIME`], which also bounds a client that pipelines requests and stops
+//! reading the answers (its writes would otherwise wait forever).
+//!
+//! At the cap, a new connection is still accepted at once and the oldest connection that is
+//! not inside a request's handler is cut to make room. Waiting in the listen backlog instead
+//! (what the server did first) let 1,100 half-sent requests, reopened whenever cut, keep every
+//! slot: the kubelet's probe queued behind them and failed 15 of 20 rounds, and the chart's
+//! liveness probe would restart a healthy agent at any pod's will. Cutting the oldest means a
+//! client that sends its request at once (a probe, a scrape) is answered before the flood can
+//! cycle through the whole cap; the clients that lose are the ones that held a slot longest.
 //! Only GET and HEAD are served (405 otherwise); routing looks at the path, never the query.
 
-use std::{convert::Infallible, future::Future, sync::Arc, time::Duration};
+use std::{
+    collections::VecDeque,
+    convert::Infallible,
+    future::Future,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
 
 use http_body_util::Full;
 use hyper::{
@@ -20,14 +37,14 @@ use hyper_util::{
     rt::{TokioIo, TokioTimer},
     server::graceful::GracefulShutdown,
 };
-use tokio::{net::TcpListener, sync::Semaphore};
+use tokio::{net::TcpListener, sync::Notify};
 use tracing::debug;
 
 /// Connections served at once; each costs a task and a small buffer (see [`MAX_BUF`]): about
-/// 25 MiB at the cap, inside the DaemonSet's memory limit.
+/// 25 MiB at the cap, inside the DaemonSet's memory limit. One more cuts the oldest.
 pub const MAX_CONNECTIONS: usize = 1024;
-/// Connections the kernel queues before we accept them (std binds with 128): a burst beyond
-/// the cap waits here instead of having its SYNs dropped (a 1 s retransmit for the kubelet).
+/// Connections the kernel queues before we accept them (std binds with 128): a burst waits
+/// here instead of having its SYNs dropped (a 1 s retransmit for the kubelet).
 const BACKLOG: i32 = 1024;
 /// A client has this long to send a request's headers (slow-loris clients are cut off).
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
@@ -59,7 +76,7 @@ where
     }
     let listener = TcpListener::from_std(listener)?;
     let route = Arc::new(route);
-    let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let open = Arc::new(OpenConnections::default());
     let graceful = GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
@@ -67,10 +84,6 @@ where
         .max_buf_size(MAX_BUF);
     tokio::pin!(stop);
     loop {
-        let permit = tokio::select! {
-            p = permits.clone().acquire_owned() => p.expect("the semaphore is never closed"),
-            () = &mut stop => break,
-        };
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => stream,
@@ -83,21 +96,78 @@ where
             },
             () = &mut stop => break,
         };
+        let conn_state = open.admit(MAX_CONNECTIONS);
         let route = route.clone();
+        let in_handler = conn_state.clone();
         let service = service_fn(move |req: Request<Incoming>| {
             let route = route.clone();
-            async move { Ok::<_, Infallible>(respond(&req, route.as_ref())) }
+            in_handler.busy.store(true, Ordering::Relaxed);
+            let reply = respond(&req, route.as_ref());
+            in_handler.busy.store(false, Ordering::Relaxed);
+            async move { Ok::<_, Infallible>(reply) }
         });
         let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+        let open = open.clone();
         tokio::spawn(async move {
-            if let Ok(Err(e)) = tokio::time::timeout(CONNECTION_LIFETIME, conn).await {
-                debug!(error = %e, "metrics: connection");
+            tokio::select! {
+                ended = tokio::time::timeout(CONNECTION_LIFETIME, conn) => {
+                    if let Ok(Err(e)) = ended {
+                        debug!(error = %e, "metrics: connection");
+                    }
+                }
+                () = conn_state.cut.notified() => debug!("metrics: oldest connection cut at the cap"),
             }
-            drop(permit);
+            open.remove(conn_state.id);
         });
     }
     let _ = tokio::time::timeout(SHUTDOWN_GRACE, graceful.shutdown()).await;
     Ok(())
+}
+
+/// One open connection: whether a request is inside its handler, and how to cut it.
+struct Conn {
+    id: u64,
+    busy: AtomicBool,
+    cut: Notify,
+}
+
+/// The open connections, oldest first.
+#[derive(Default)]
+struct OpenConnections {
+    next_id: std::sync::atomic::AtomicU64,
+    conns: Mutex<VecDeque<Arc<Conn>>>,
+}
+
+impl OpenConnections {
+    /// Registers a new connection; at `cap`, cuts the oldest one not inside a handler (the
+    /// oldest of all when every one is).
+    fn admit(&self, cap: usize) -> Arc<Conn> {
+        let conn = Arc::new(Conn {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            busy: AtomicBool::new(false),
+            cut: Notify::new(),
+        });
+        let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+        if conns.len() >= cap {
+            let victim = conns
+                .iter()
+                .position(|c| !c.busy.load(Ordering::Relaxed))
+                .unwrap_or(0);
+            if let Some(old) = conns.remove(victim) {
+                // A stored permit: the task sees it even if it is not waiting yet.
+                old.cut.notify_one();
+            }
+        }
+        conns.push_back(conn.clone());
+        conn
+    }
+
+    fn remove(&self, id: u64) {
+        let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(at) = conns.iter().position(|c| c.id == id) {
+            conns.remove(at);
+        }
+    }
 }
 
 fn respond<R>(req: &Request<Incoming>, route: &R) -> Response<Full<Bytes>>
@@ -123,4 +193,42 @@ where
         headers.insert(header::ALLOW, header::HeaderValue::from_static("GET, HEAD"));
     }
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// At the cap the oldest connection outside a handler is cut, never the newcomer; when
+    /// every one is inside a handler, the oldest of all.
+    #[test]
+    fn at_the_cap_the_oldest_idle_connection_is_cut() {
+        let open = OpenConnections::default();
+        let a = open.admit(3);
+        let b = open.admit(3);
+        let c = open.admit(3);
+        a.busy.store(true, Ordering::Relaxed);
+        let d = open.admit(3);
+        let ids = |o: &OpenConnections| -> Vec<u64> {
+            o.conns.lock().unwrap().iter().map(|c| c.id).collect()
+        };
+        assert_eq!(
+            ids(&open),
+            [a.id, c.id, d.id],
+            "b, the oldest idle one, is cut"
+        );
+        for conn in [&a, &c, &d] {
+            conn.busy.store(true, Ordering::Relaxed);
+        }
+        let e = open.admit(3);
+        assert_eq!(ids(&open), [c.id, d.id, e.id], "all busy: the oldest, a");
+        open.remove(c.id);
+        let f = open.admit(3);
+        assert_eq!(
+            ids(&open),
+            [d.id, e.id, f.id],
+            "below the cap nothing is cut"
+        );
+        drop(b);
+    }
 }

@@ -20,10 +20,7 @@ use std::{
 
 use crate::correlate::{LoopbackEvent, LoopbackKind};
 
-/// The Event's `reportingController`; `kubectl clb-probe events` selects on it.
-pub const REPORTING_CONTROLLER: &str = "clb-probe";
-/// The Event's `action`.
-pub const ACTION: &str = "Detected";
+pub use probe_contract::kube_event::{ACTION, REPORTING_CONTROLLER, kind_of_reason, reason};
 /// The API server's limit on `note` (bytes).
 pub const NOTE_MAX: usize = 1024;
 
@@ -304,30 +301,6 @@ impl EventPlanner {
             self.tracked.remove(&oldest);
         }
     }
-}
-
-/// The Event's `reason` per kind (UpperCamelCase, as Kubernetes reasons are).
-pub fn reason(kind: LoopbackKind) -> &'static str {
-    match kind {
-        LoopbackKind::HealthcheckBlackhole => "HealthCheckBlackhole",
-        LoopbackKind::Hairpin => "LoopbackHairpin",
-        LoopbackKind::VipPortUnserved => "VipPortUnserved",
-        LoopbackKind::VipAsSource => "VipAsSource",
-        LoopbackKind::ServiceSelfLoop => "ServiceSelfLoop",
-    }
-}
-
-/// The kind a `reason` names (for `kubectl clb-probe events`).
-pub fn kind_of_reason(reason: &str) -> Option<LoopbackKind> {
-    [
-        LoopbackKind::HealthcheckBlackhole,
-        LoopbackKind::Hairpin,
-        LoopbackKind::VipPortUnserved,
-        LoopbackKind::VipAsSource,
-        LoopbackKind::ServiceSelfLoop,
-    ]
-    .into_iter()
-    .find(|k| self::reason(*k) == reason)
 }
 
 /// `clb-probe.<node>.<kind>.<16 hex of FNV-1a(key)>`: a valid object name (DNS subdomain),

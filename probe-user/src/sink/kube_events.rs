@@ -9,10 +9,7 @@
 //! in one log line until a write succeeds again: the agent keeps working either way.
 
 use std::{
-    sync::{
-        Arc,
-        atomic::{AtomicU64, Ordering},
-    },
+    sync::{Arc, atomic::Ordering},
     time::{Duration, Instant, SystemTime},
 };
 
@@ -44,33 +41,7 @@ const DUE_EVERY: Duration = Duration::from_secs(2);
 /// Environment hook for tests: the per-aggregate write window in ms instead of 60 s.
 pub const PER_AGGREGATE_ENV: &str = "CLB_PROBE_TEST_KUBE_EVENTS_EVERY_MS";
 
-/// `clbprobe_kube_event_writes_total{result}`.
-#[derive(Debug, Default)]
-pub struct KubeEventStats {
-    pub created: AtomicU64,
-    pub patched: AtomicU64,
-    pub failed: AtomicU64,
-    /// Held back by the global token bucket (written later, when a token is back).
-    pub rate_limited: AtomicU64,
-    /// Reports this task missed because it lagged behind the broadcast.
-    pub dropped: AtomicU64,
-}
-
-impl KubeEventStats {
-    /// (result, count), for the metrics.
-    pub fn snapshot(&self) -> Vec<(String, u64)> {
-        [
-            ("created", &self.created),
-            ("patched", &self.patched),
-            ("failed", &self.failed),
-            ("rate_limited", &self.rate_limited),
-            ("dropped", &self.dropped),
-        ]
-        .into_iter()
-        .map(|(r, n)| (r.to_string(), n.load(Ordering::Relaxed)))
-        .collect()
-    }
-}
+pub use crate::hub::KubeEventStats;
 
 /// The names attribution put on an event.
 fn names(event: &LoopbackEvent) -> Names {

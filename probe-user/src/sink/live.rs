@@ -8,48 +8,43 @@
 //! - and a fresh snapshot every second.
 //!
 //! A client that falls behind gets a snapshot instead of the reports it missed; a client that
-//! goes away never affects the agent. The socket is root-only (mode 0600).
+//! goes away never affects the agent. The socket is root-only (mode 0600), and never
+//! reachable by anyone else, not even for an instant: it is bound inside a fresh 0700
+//! directory next to its path, made 0600 there, then renamed into place (`RENAME_NOREPLACE`).
+//! Binding at the path and then chmod-ing left a window in which, under umask 000, an
+//! unprivileged client connected and read the snapshot. Changing the umask around bind(2)
+//! would close it too, but the umask is the whole process's and the runtime's threads create
+//! files meanwhile; a check of the peer's credentials on accept would still let the
+//! connection exist. A failed accept (EMFILE when the agent is out of descriptors, something
+//! any remote client of the metrics port can cause under a low limit) is logged (at most one
+//! WARN a minute, one INFO when accepting works again) and retried with a backoff up to
+//! [`ACCEPT_BACKOFF_MAX`]: the listener never ends while the agent runs.
 
 use std::{os::unix::fs::PermissionsExt as _, path::Path, sync::Arc, time::Duration};
 
-use serde::{Deserialize, Serialize};
 use tokio::{
     io::AsyncWriteExt as _,
     net::{UnixListener, UnixStream},
     sync::broadcast,
 };
-use tracing::debug;
+use tracing::{debug, info, warn};
 
-use crate::{
-    agent::shared::{Shared, Snapshot},
-    correlate::{LoopbackEvent, Report},
-};
+use crate::correlate::Report;
+use crate::hub::{Shared, Snapshot};
 
-/// One line of the protocol.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum Message {
-    Snapshot {
-        snapshot: serde_json::Value,
-    },
-    Report {
-        event: Box<LoopbackEvent>,
-        is_new: bool,
-    },
+/// One line of the protocol (the output contract's).
+pub use probe_contract::Message;
+
+fn snapshot(s: Snapshot) -> Message {
+    Message::Snapshot {
+        snapshot: Box::new(s),
+    }
 }
 
-impl Message {
-    fn snapshot(s: &Snapshot) -> Self {
-        Message::Snapshot {
-            snapshot: serde_json::to_value(s).unwrap_or_default(),
-        }
-    }
-
-    fn report(r: &Report) -> Self {
-        Message::Report {
-            event: Box::new(r.event.clone()),
-            is_new: r.is_new,
-        }
+fn report(r: &Report) -> Message {
+    Message::Report {
+        event: Box::new(r.event.clone()),
+        is_new: r.is_new,
     }
 }
 
@@ -113,9 +108,7 @@ pub fn bind(path: &Path) -> anyhow::Result<(UnixListener, SocketFile)> {
             .create(dir)
             .with_context(|| format!("creating {}", dir.display()))?;
     }
-    let listener =
-        UnixListener::bind(path).with_context(|| format!("--socket {shown}: cannot listen"))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    let listener = bind_private(path)?;
     let m = std::fs::symlink_metadata(path)?;
     let file = SocketFile {
         path: path.to_path_buf(),
@@ -124,12 +117,100 @@ pub fn bind(path: &Path) -> anyhow::Result<(UnixListener, SocketFile)> {
     Ok((listener, file))
 }
 
+/// Binds the socket in a private 0700 directory beside `path`, makes it 0600, and renames it
+/// to `path` (never replacing what may have appeared there meanwhile): no other user can
+/// connect to it at any moment.
+fn bind_private(path: &Path) -> anyhow::Result<UnixListener> {
+    use std::os::unix::fs::DirBuilderExt as _;
+
+    use anyhow::Context as _;
+    let shown = path.display();
+    let parent = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let private = parent.join(format!(
+        ".clb-probe-bind.{}.{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos())
+    ));
+    // 0700 whatever the umask (a umask only removes bits).
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&private)
+        .with_context(|| format!("--socket {shown}: creating {}", private.display()))?;
+    let staged = private.join("probe.sock");
+    let result = (|| {
+        let listener = UnixListener::bind(&staged)
+            .with_context(|| format!("--socket {shown}: cannot listen"))?;
+        std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o600))?;
+        rename_noreplace(&staged, path)
+            .with_context(|| format!("--socket {shown}: moving the socket into place"))?;
+        Ok(listener)
+    })();
+    let _ = std::fs::remove_file(&staged);
+    let _ = std::fs::remove_dir(&private);
+    result
+}
+
+fn rename_noreplace(from: &Path, to: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt as _;
+    let c =
+        |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(std::io::Error::other);
+    let (from, to) = (c(from)?, c(to)?);
+    // SAFETY: two valid C strings; AT_FDCWD resolves relative paths as open(2) would.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// The longest pause between accept attempts while accept fails.
+pub const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+/// At most one accept-failure WARN in this long.
+pub const ACCEPT_WARN_EVERY: Duration = Duration::from_secs(60);
+
 /// Serves connected clients until the task is aborted.
 pub async fn serve(listener: UnixListener, shared: Shared) -> anyhow::Result<()> {
+    let mut failures = 0u64;
+    let mut backoff = Duration::from_millis(10);
+    let mut warned: Option<std::time::Instant> = None;
     loop {
-        let (stream, _) = listener.accept().await?;
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Descriptors come and go while the agent is short of them (accept may work
+                // once in between): one WARN a minute, not one per flap.
+                if warned.is_none_or(|at| at.elapsed() >= ACCEPT_WARN_EVERY) {
+                    warn!(error = %e, "live view: accepting a connection failed; retrying with a backoff (up to {ACCEPT_BACKOFF_MAX:?})");
+                    warned = Some(std::time::Instant::now());
+                }
+                failures += 1;
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
+                continue;
+            }
+        };
+        if failures > 0 {
+            info!(failures, "live view: accepting connections again");
+            failures = 0;
+            backoff = Duration::from_millis(10);
+        }
         let shared = shared.clone();
-        let reports = shared.reports.subscribe();
+        let reports = shared.subscribe();
         tokio::spawn(async move {
             if let Err(e) = client(stream, shared, reports).await {
                 debug!(error = %e, "live-view client went away");
@@ -149,17 +230,17 @@ async fn client(
     shared: Shared,
     mut reports: broadcast::Receiver<Arc<Report>>,
 ) -> std::io::Result<()> {
-    send(&mut stream, &Message::snapshot(&shared.snapshot())).await?;
+    send(&mut stream, &snapshot(shared.snapshot())).await?;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.tick().await;
     loop {
         let msg = tokio::select! {
             r = reports.recv() => match r {
-                Ok(report) => Message::report(&report),
-                Err(broadcast::error::RecvError::Lagged(_)) => Message::snapshot(&shared.snapshot()),
+                Ok(r) => report(&r),
+                Err(broadcast::error::RecvError::Lagged(_)) => snapshot(shared.snapshot()),
                 Err(broadcast::error::RecvError::Closed) => return Ok(()),
             },
-            _ = tick.tick() => Message::snapshot(&shared.snapshot()),
+            _ = tick.tick() => snapshot(shared.snapshot()),
         };
         send(&mut stream, &msg).await?;
     }

@@ -29,12 +29,9 @@ use tokio::sync::broadcast;
 
 use super::process::ProcessStats;
 use crate::{
-    agent::{
-        nodesync::NodeStatus,
-        shared::{Shared, Snapshot},
-    },
     correlate::LoopbackEvent,
     event::Tag,
+    hub::{NodeStatus, Shared, Snapshot},
 };
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -79,6 +76,11 @@ struct CapabilityLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabels {
     result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutputLabels {
+    output: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -170,6 +172,8 @@ pub struct MetricsInput {
     pub kube_connected: bool,
     /// Kubernetes Event writes: (result, count).
     pub kube_event_writes: Vec<(String, u64)>,
+    /// `--events` / `--record`: (output, lines lost, stalled now).
+    pub outputs: Vec<(String, u64, bool)>,
 }
 
 impl MetricsInput {
@@ -237,6 +241,7 @@ impl MetricsInput {
             capabilities: snap.capabilities.clone(),
             kube_connected: snap.kube_connected,
             kube_event_writes: snap.kube_event_writes.clone(),
+            outputs: Vec::new(),
         }
     }
 }
@@ -420,6 +425,26 @@ pub fn render(input: &MetricsInput) -> String {
         counter(input.reader_wakeups_suppressed),
     );
 
+    let lost = Family::<OutputLabels, Counter>::default();
+    let stalled = Family::<OutputLabels, Gauge>::default();
+    for (output, n, now) in &input.outputs {
+        let labels = OutputLabels {
+            output: output.clone(),
+        };
+        lost.get_or_create(&labels).inc_by(*n);
+        stalled.get_or_create(&labels).set(i64::from(*now));
+    }
+    reg.register(
+        "output_lines_lost",
+        "JSON lines --events / --record did not write: its writer fell behind (a reader that stops reading, a stalled disk) or the write failed; detection is never held back",
+        lost,
+    );
+    reg.register(
+        "output_stalled",
+        "1 while a write to --events / --record has been blocked for more than a second",
+        stalled,
+    );
+
     let mut out = String::new();
     encode_registry(&mut out, &reg).expect("writing to a String cannot fail");
     if let Some(p) = &input.process {
@@ -509,7 +534,7 @@ pub async fn serve(
     stop: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let totals = Arc::new(Mutex::new(EventTotals::default()));
-    let mut reports = shared.reports.subscribe();
+    let mut reports = shared.subscribe();
     let feed = {
         let totals = totals.clone();
         tokio::spawn(async move {
@@ -542,10 +567,19 @@ pub async fn serve(
                     Some((at, text)) if at.elapsed() < RENDER_REUSE => text.clone(),
                     _ => {
                         let snap = shared.snapshot();
-                        let input = totals
+                        let mut input = totals
                             .lock()
                             .map(|t| MetricsInput::from_snapshot(&snap, &t, shared.version))
                             .unwrap_or_default();
+                        let now = crate::agent::monotonic_ns();
+                        input.outputs = shared
+                            .outputs
+                            .iter()
+                            .map(|(name, s)| {
+                                let lost = s.lost.load(std::sync::atomic::Ordering::Relaxed);
+                                (name.to_string(), lost, s.stalled(now))
+                            })
+                            .collect();
                         let text = render(&input);
                         *cached = Some((std::time::Instant::now(), text.clone()));
                         text
@@ -654,6 +688,7 @@ mod tests {
             capabilities: vec![("drop_hook".into(), true), ("drop_sites".into(), false)],
             kube_connected: false,
             kube_event_writes: vec![("created".into(), 1), ("failed".into(), 2)],
+            outputs: vec![("events".into(), 3, true)],
         }
     }
 
@@ -678,6 +713,8 @@ mod tests {
             "clbprobe_kernel_reader_wakeups_total 4",
             "clbprobe_kernel_reader_wakeups_suppressed_total 1",
             "clbprobe_kube_event_writes_total{result=\"failed\"} 2",
+            "clbprobe_output_lines_lost_total{output=\"events\"} 3",
+            "clbprobe_output_stalled{output=\"events\"} 1",
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }

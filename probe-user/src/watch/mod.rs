@@ -1,7 +1,8 @@
 //! The clients of the agent's live-view socket: `probe events` (JSON lines for scripts) and
 //! `probe watch` (a live terminal view; a plain snapshot when stdout is not a terminal or with
-//! `--once`). Both read the protocol of [`crate::sink::live`] and render from its JSON, so a
-//! client of one version can read an agent of another.
+//! `--once`). Both read the protocol of [`crate::sink::live`] as the output contract's
+//! [`Message`]s (`probe-contract`, whose snapshot tolerates fields added or missing, so a client
+//! of one version can read an agent of another).
 
 pub mod tui;
 pub mod view;
@@ -11,10 +12,9 @@ use std::{
     path::Path,
 };
 
-use serde_json::Value;
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 
-use crate::sink::live;
+use crate::sink::live::{self, Message};
 
 /// `probe events`: one JSON object per confirmed report, flushed per line. With `all`, the
 /// aggregates confirmed before we connected come first. When whoever reads our stdout goes
@@ -32,20 +32,19 @@ pub async fn events(socket: &Path, all: bool) -> anyhow::Result<()> {
             () = &mut reader_gone => return Ok(()),
         };
         let Some(line) = line else { break };
-        let msg: Value = serde_json::from_str(&line)?;
         let mut text = String::new();
-        match msg["type"].as_str() {
-            Some("snapshot") if first && all => {
-                for e in msg["snapshot"]["confirmed"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                {
-                    text.push_str(&format!("{e}\n"));
+        match serde_json::from_str(&line)? {
+            Message::Snapshot { snapshot } if first && all => {
+                for e in &snapshot.confirmed {
+                    text.push_str(&serde_json::to_string(e)?);
+                    text.push('\n');
                 }
             }
-            Some("report") => text.push_str(&format!("{}\n", msg["event"])),
-            _ => {}
+            Message::Report { event, .. } => {
+                text.push_str(&serde_json::to_string(&event)?);
+                text.push('\n');
+            }
+            Message::Snapshot { .. } => {}
         }
         first = false;
         match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
@@ -100,9 +99,8 @@ pub async fn watch(socket: &Path, once: bool) -> anyhow::Result<()> {
     let mut lines = BufReader::new(stream).lines();
     if once || !std::io::stdout().is_terminal() {
         while let Some(line) = lines.next_line().await? {
-            let msg: Value = serde_json::from_str(&line)?;
-            if msg["type"] == "snapshot" {
-                let model = view::Model::from_snapshot(&msg["snapshot"]);
+            if let Message::Snapshot { snapshot } = serde_json::from_str(&line)? {
+                let model = view::Model::from_snapshot(&snapshot);
                 print!("{}", view::plain(&model));
                 return Ok(());
             }

@@ -12,7 +12,6 @@ use ratatui::{
     text::Line,
     widgets::{Block, Borders, Clear, List, ListItem, Paragraph, Row as TRow, Table, Wrap},
 };
-use serde_json::Value;
 use tokio::{
     io::{BufReader, Lines},
     net::UnixStream,
@@ -20,6 +19,7 @@ use tokio::{
 };
 
 use super::view::Model;
+use crate::sink::live::Message;
 
 /// Keyboard input mode.
 #[derive(Default, PartialEq)]
@@ -62,11 +62,9 @@ async fn run_loop(
                 if model.paused {
                     continue;
                 }
-                let msg: Value = serde_json::from_str(&line)?;
-                match msg["type"].as_str() {
-                    Some("snapshot") => model.apply_snapshot(&msg["snapshot"], start.elapsed().as_secs_f64()),
-                    Some("report") => model.apply_report(&msg["event"], msg["is_new"].as_bool().unwrap_or(false)),
-                    _ => {}
+                match serde_json::from_str(&line)? {
+                    Message::Snapshot { snapshot } => model.apply_snapshot(&snapshot, start.elapsed().as_secs_f64()),
+                    Message::Report { event, is_new } => model.apply_report(&event, is_new),
                 }
             }
             Some(ev) = keys.recv() => {

@@ -1,8 +1,11 @@
-//! The view model of `probe watch`, built from the protocol's JSON (pure; unit-tested).
+//! The view model of `probe watch`, built from the protocol's messages (pure; unit-tested).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::{
+    collections::{BTreeMap, VecDeque},
+    fmt::Display,
+};
 
-use serde_json::Value;
+use probe_contract::{LoopbackEvent, Snapshot};
 
 /// One confirmed aggregate as the view shows it.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -22,39 +25,25 @@ pub struct Row {
 }
 
 impl Row {
-    pub fn from_event(e: &Value) -> Row {
-        let s = |k: &str| match &e[k] {
-            Value::Null => "-".to_string(),
-            Value::String(s) => s.clone(),
-            v => v.to_string(),
-        };
-        let lines = |k: &str| {
-            e[k].as_array()
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|l| l.as_str().map(String::from))
-                        .collect()
-                })
-                .unwrap_or_default()
-        };
+    pub fn from_event(e: &LoopbackEvent) -> Row {
         Row {
-            key: s("key"),
-            kind: s("kind"),
-            vip: s("vip"),
-            port: s("vip_port"),
-            count: e["count"].as_u64().unwrap_or(0),
-            outcome: s("outcome"),
+            key: e.key.clone(),
+            kind: e.kind.as_str().to_string(),
+            vip: or_dash(e.vip),
+            port: or_dash(e.vip_port),
+            count: e.count,
+            outcome: e.outcome.as_str().to_string(),
             flow: format!(
                 "{}:{} -> {}:{}{}",
-                s("src"),
-                s("src_port"),
-                s("dst"),
-                s("dst_port"),
+                e.src,
+                e.src_port,
+                e.dst,
+                e.dst_port,
                 names(e)
             ),
-            reason: s("drop_reason"),
-            evidence: lines("evidence"),
-            remedy: lines("remedy"),
+            reason: or_dash(e.drop_reason.as_ref()),
+            evidence: e.evidence.clone(),
+            remedy: e.remedy.clone(),
             rate: 0.0,
         }
     }
@@ -67,11 +56,16 @@ impl Row {
     }
 }
 
+/// A value, or `-` when there is none.
+fn or_dash(v: Option<impl Display>) -> String {
+    v.map_or_else(|| "-".to_string(), |v| v.to_string())
+}
+
 /// Kubernetes attribution's names of a flow (` [pod ns/name, svc ns/name]`), or nothing.
-fn names(e: &Value) -> String {
-    let names: Vec<String> = [("pod", "client_pod"), ("svc", "service")]
+fn names(e: &LoopbackEvent) -> String {
+    let names: Vec<String> = [("pod", &e.client_pod), ("svc", &e.service)]
         .iter()
-        .filter_map(|(label, key)| e[*key].as_str().map(|v| format!("{label} {v}")))
+        .filter_map(|(label, v)| v.as_ref().map(|v| format!("{label} {v}")))
         .collect();
     if names.is_empty() {
         String::new()
@@ -108,30 +102,21 @@ const RECENT: usize = 100;
 const RATE_WINDOW: f64 = 10.0;
 
 impl Model {
-    pub fn from_snapshot(snap: &Value) -> Model {
+    pub fn from_snapshot(snap: &Snapshot) -> Model {
         let mut m = Model::default();
         m.apply_snapshot(snap, 0.0);
         m
     }
 
     /// Applies a snapshot taken at `t` seconds (client clock) and recomputes rates.
-    pub fn apply_snapshot(&mut self, snap: &Value, t: f64) {
-        let st = &snap["status"];
-        let str_of = |v: &Value| v.as_str().unwrap_or("-").to_string();
-        self.node = str_of(&snap["node"]);
-        self.nics = st["nics"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(Value::as_str)
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            })
-            .unwrap_or_default();
+    pub fn apply_snapshot(&mut self, snap: &Snapshot, t: f64) {
+        let st = &snap.status;
+        self.node = snap.node.clone();
+        self.nics = st.nics.join(", ");
         self.vip_iface = format!(
             "{} ({})",
-            str_of(&st["vip_iface"]),
-            if st["vip_iface_present"].as_bool().unwrap_or(false) {
+            st.vip_iface,
+            if st.vip_iface_present {
                 "present"
             } else {
                 "absent"
@@ -139,41 +124,22 @@ impl Model {
         );
         self.sets = ["vip", "node", "pod"]
             .iter()
-            .map(|k| format!("{k} {}", st["set_sizes"][k].as_u64().unwrap_or(0)))
+            .map(|k| format!("{k} {}", st.set_sizes.get(*k).copied().unwrap_or(0)))
             .collect::<Vec<_>>()
             .join(", ");
-        let f = &st["features"];
-        self.kernel = str_of(&f["kernel"]);
+        let f = st.features.as_ref();
+        self.kernel = or_dash(f.map(|f| &f.kernel));
         self.features = format!(
             "tc via {}, drops via {}",
-            str_of(&f["tc_mode"]),
-            str_of(&f["drop_hook"])
+            or_dash(f.map(|f| f.tc_mode.as_str())),
+            or_dash(f.map(|f| f.drop_hook.as_str()))
         );
         self.suspects.clear();
-        for s in snap["counters"]["suspects"]
-            .as_array()
-            .into_iter()
-            .flatten()
-        {
-            // (ifindex, tag, proto, count)
-            if let (Some(tag), Some(n)) = (s[1].as_str(), s[3].as_u64()) {
-                *self.suspects.entry(tag.to_string()).or_insert(0) += n;
-            }
+        for (_, tag, _, n) in &snap.counters.suspects {
+            *self.suspects.entry(tag.as_str().to_string()).or_insert(0) += n;
         }
-        self.drops = snap["drops_by_reason"]
-            .as_object()
-            .map(|o| {
-                o.iter()
-                    .map(|(k, v)| (k.clone(), v.as_u64().unwrap_or(0)))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let mut rows: Vec<Row> = snap["confirmed"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(Row::from_event)
-            .collect();
+        self.drops = snap.drops_by_reason.clone();
+        let mut rows: Vec<Row> = snap.confirmed.iter().map(Row::from_event).collect();
         rows.sort_by(|a, b| (&a.kind, &a.vip, &a.port).cmp(&(&b.kind, &b.vip, &b.port)));
         for row in &mut rows {
             let h = self.history.entry(row.key.clone()).or_default();
@@ -190,7 +156,7 @@ impl Model {
         self.selected = self.selected.min(self.visible().len().saturating_sub(1));
     }
 
-    pub fn apply_report(&mut self, event: &Value, is_new: bool) {
+    pub fn apply_report(&mut self, event: &LoopbackEvent, is_new: bool) {
         let r = Row::from_event(event);
         self.recent.push_front(format!(
             "{} {:<22} {} vip {}:{} {}",
@@ -295,13 +261,15 @@ pub fn plain(m: &Model) -> String {
 mod tests {
     use super::*;
 
-    fn snap(count: u64) -> Value {
-        serde_json::json!({
+    /// The snapshot as the wire carries it (only what the view shows, the rest defaulted).
+    fn snap(count: u64) -> Snapshot {
+        serde_json::from_value(serde_json::json!({
             "node": "node-1",
             "status": {
                 "nics": ["eth0"], "vip_iface": "kube-ipvs0", "vip_iface_present": true,
                 "set_sizes": {"vip": 1, "node": 4, "pod": 2},
-                "features": {"kernel": "6.18.44", "tc_mode": "tcx", "drop_hook": "tp_btf"}
+                "features": {"kernel": "6.18.44", "tc_mode": "tcx", "drop_hook": "tp_btf",
+                             "drop_reason_arg": true, "drop_reasons": 120}
             },
             "counters": {"suspects": [[2, "vip", "tcp", 3], [2, "pod", "tcp", 2]]},
             "drops_by_reason": {"IP_LOCAL_SOURCE": 2},
@@ -309,26 +277,56 @@ mod tests {
                 {"key": "a", "kind": "vip_port_unserved", "vip": "203.0.113.10", "vip_port": 443,
                  "count": count, "outcome": "refused", "src": "198.19.1.10", "src_port": 1,
                  "dst": "203.0.113.10", "dst_port": 443, "drop_reason": "NO_SOCKET",
-                 "evidence": ["kfree_skb ..."], "remedy": ["serve the port"]},
+                 "evidence": ["kfree_skb ..."], "remedy": ["serve the port"], "proto": "tcp",
+                 "snat": "unknown", "first_seen_ns": 1, "last_seen_ns": 2},
                 {"key": "b", "kind": "healthcheck_blackhole", "vip": "203.0.113.10",
                  "vip_port": null, "count": 1, "outcome": "dropped", "src": "203.0.113.10",
                  "src_port": 2, "dst": "198.18.0.2", "dst_port": 30080,
-                 "drop_reason": "IP_LOCAL_SOURCE", "evidence": [], "remedy": []}
+                 "drop_reason": "IP_LOCAL_SOURCE", "evidence": [], "remedy": [],
+                 "proto": "tcp", "snat": "unknown", "first_seen_ns": 1, "last_seen_ns": 2}
             ]
-        })
+        }))
+        .unwrap()
+    }
+
+    /// A hairpin from 198.19.1.10:1 to 198.18.0.2:30080, with these names.
+    fn hairpin(client_pod: Option<&str>, service: Option<&str>) -> LoopbackEvent {
+        use probe_contract::{LoopbackKind, Outcome, Proto, SnatState};
+        LoopbackEvent {
+            kind: LoopbackKind::Hairpin,
+            key: "k".into(),
+            src: "198.19.1.10".parse().unwrap(),
+            src_port: 1,
+            dst: "198.18.0.2".parse().unwrap(),
+            dst_port: 30080,
+            vip: None,
+            vip_port: None,
+            proto: Proto::Tcp,
+            drop_reason: None,
+            drop_location: None,
+            snat: SnatState::No,
+            outcome: Outcome::Reset,
+            count: 1,
+            evidence: Vec::new(),
+            remedy: Vec::new(),
+            first_seen_ns: 1,
+            last_seen_ns: 2,
+            nic: None,
+            service: service.map(String::from),
+            layer: None,
+            client_pod: client_pod.map(String::from),
+            node: None,
+        }
     }
 
     #[test]
     fn flows_carry_the_pod_and_service_names_when_known() {
-        let named = serde_json::json!({"kind": "hairpin", "src": "198.19.1.10", "src_port": 1,
-            "dst": "198.18.0.2", "dst_port": 30080, "client_pod": "default/client-1",
-            "service": "default/web:http"});
+        let named = hairpin(Some("default/client-1"), Some("default/web:http"));
         assert_eq!(
             Row::from_event(&named).flow,
             "198.19.1.10:1 -> 198.18.0.2:30080 [pod default/client-1, svc default/web:http]"
         );
-        let bare = serde_json::json!({"kind": "hairpin", "src": "198.19.1.10", "src_port": 1,
-            "dst": "198.18.0.2", "dst_port": 30080});
+        let bare = hairpin(None, None);
         assert_eq!(
             Row::from_event(&bare).flow,
             "198.19.1.10:1 -> 198.18.0.2:30080"

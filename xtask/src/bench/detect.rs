@@ -16,6 +16,7 @@ use std::{
 };
 
 use anyhow::{Result, bail};
+use probe_contract::{LoopbackEvent, LoopbackKind};
 
 use super::{
     BenchArgs, METRICS_PORT,
@@ -203,15 +204,13 @@ fn latencies(record: &str, lines: &[(u64, String)]) -> (Vec<f64>, Vec<f64>) {
     }
     let (mut idle, mut under) = (Vec::new(), Vec::new());
     for (at, line) in lines {
-        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+        let Ok(e) = serde_json::from_str::<LoopbackEvent>(line) else {
             continue;
         };
-        if v["kind"] != "healthcheck_blackhole" {
+        if e.kind != LoopbackKind::HealthcheckBlackhole {
             continue;
         }
-        let Some(port) = v["dst_port"].as_u64() else {
-            continue;
-        };
+        let port = u64::from(e.dst_port);
         if let Some(ts) = drop_ts.get(&port) {
             let ms = at.saturating_sub(*ts) as f64 / 1e6;
             if port >= u64::from(FLOOD_PORTS) {

@@ -57,6 +57,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
+use probe_contract::{LoopbackEvent, LoopbackKind};
 
 use self::{
     net::BenchNet,
@@ -159,7 +160,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         bail!("cargo xtask bench needs root (namespaces, eBPF, bpf_stats): run it with sudo");
     }
     let _lock = lock::take()?;
-    let root = crate::vm::workspace_root();
+    let root = crate::workspace_root();
     let measured = measured_line(&args, &root);
     // Each part's summary lines, tagged with its first table's section when it returns.
     let mut rows: Vec<(String, String, String)> = Vec::new();
@@ -847,13 +848,13 @@ fn latency(
     }
     let mut ms = Vec::new();
     for (at, line) in &lines {
-        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+        let Ok(e) = serde_json::from_str::<LoopbackEvent>(line) else {
             continue;
         };
-        if v["kind"] != "healthcheck_blackhole" {
+        if e.kind != LoopbackKind::HealthcheckBlackhole {
             continue;
         }
-        if let Some(ts) = v["dst_port"].as_u64().and_then(|p| drop_ts.get(&p)) {
+        if let Some(ts) = drop_ts.get(&u64::from(e.dst_port)) {
             ms.push(at.saturating_sub(*ts) as f64 / 1e6);
         }
     }

@@ -39,6 +39,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use crate::workspace_root;
 use anyhow::{Context as _, bail};
 
 pub use kernel::{KERNELS, KernelSpec};
@@ -126,14 +127,6 @@ pub struct Outcome {
     pub output: String,
     /// The whole serial console.
     pub console_log: PathBuf,
-}
-
-/// The workspace root (the guest's working directory).
-pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from("."))
 }
 
 /// Single-quotes `s` for sh/bash.

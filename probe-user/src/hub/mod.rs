@@ -1,24 +1,29 @@
-//! What the agent shares with its surfaces (metrics endpoint, live-view socket): read-only
-//! views and a broadcast of reports. The correlation loop is the only writer.
+//! The hub: what the agent shares with its surfaces (metrics endpoint, live-view socket,
+//! Kubernetes Events): read-only views and a broadcast of reports. The correlation loop
+//! publishes, the surfaces take a [`Snapshot`] or subscribe.
+//!
+//! It stands below `agent/` (which fills it) and `sink/` (which read it) and imports neither:
+//! what it hands out is the output contract's (`probe-contract`); the live state it reads
+//! from is the kernel's counters, the [`capability`] flags and the Kubernetes Event writes'
+//! counters, which live here for that reason (`capability` was `agent::capability`;
+//! `sink::kube_events::KubeEventStats` re-exports the counters).
+
+pub mod capability;
 
 use std::{
     collections::BTreeMap,
-    sync::{Arc, Mutex, atomic::Ordering},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
 };
 
-use serde::Serialize;
+use probe_contract::{CorrelatorStats, LoopbackEvent, Report};
+pub use probe_contract::{NodeStatus, Snapshot};
 use tokio::sync::{broadcast, watch};
 
-use super::{capability::Capabilities, nodesync::NodeStatus};
-use crate::{
-    correlate::{CorrelatorStats, LoopbackEvent, Report},
-    kernel::{
-        DropReasons,
-        counters::{CounterSnapshot, Counters},
-        reader::ReaderStats,
-    },
-    sink::kube_events::KubeEventStats,
-};
+use self::capability::Capabilities;
+use crate::kernel::{DropReasons, counters::Counters, reader::ReaderStats};
 
 /// How many recent confirmed aggregates the live view gets on connect.
 pub const RECENT_EVENTS: usize = 200;
@@ -42,26 +47,8 @@ pub struct Shared {
     pub version: &'static str,
     /// Kubernetes Events written (`clbprobe_kube_event_writes_total`).
     pub kube_events: Arc<KubeEventStats>,
-}
-
-/// A point-in-time view for the live view's header and tables.
-#[derive(Clone, Debug, Serialize)]
-pub struct Snapshot {
-    pub node: String,
-    pub status: NodeStatus,
-    pub counters: CounterSnapshot,
-    /// Drops by reason name (kernel counters, suspects and VIP destinations).
-    pub drops_by_reason: BTreeMap<String, u64>,
-    pub userspace_queue_full: u64,
-    pub events_read: u64,
-    pub correlator: CorrelatorStats,
-    pub confirmed: Vec<LoopbackEvent>,
-    /// (capability, available).
-    pub capabilities: Vec<(String, bool)>,
-    /// Kubernetes attribution has a working API connection.
-    pub kube_connected: bool,
-    /// Kubernetes Event writes by result.
-    pub kube_event_writes: Vec<(String, u64)>,
+    /// `--events` / `--record` writers (`clbprobe_output_*`), by output name.
+    pub outputs: Arc<Vec<(&'static str, Arc<crate::sink::json::OutputStats>)>>,
 }
 
 impl Shared {
@@ -114,6 +101,11 @@ impl Shared {
         }
         let _ = self.reports.send(Arc::new(report));
     }
+
+    /// Every report from now on (bounded: a receiver that lags loses the oldest).
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<Report>> {
+        self.reports.subscribe()
+    }
 }
 
 /// The node's name: `NODE_NAME` (the DaemonSet sets it from the downward API), else the
@@ -127,4 +119,32 @@ pub fn node_name() -> String {
                 .map(|s| s.trim().to_string())
                 .unwrap_or_else(|_| "unknown".into())
         })
+}
+
+/// `clbprobe_kube_event_writes_total{result}`.
+#[derive(Debug, Default)]
+pub struct KubeEventStats {
+    pub created: AtomicU64,
+    pub patched: AtomicU64,
+    pub failed: AtomicU64,
+    /// Held back by the global token bucket (written later, when a token is back).
+    pub rate_limited: AtomicU64,
+    /// Reports this task missed because it lagged behind the broadcast.
+    pub dropped: AtomicU64,
+}
+
+impl KubeEventStats {
+    /// (result, count), for the metrics.
+    pub fn snapshot(&self) -> Vec<(String, u64)> {
+        [
+            ("created", &self.created),
+            ("patched", &self.patched),
+            ("failed", &self.failed),
+            ("rate_limited", &self.rate_limited),
+            ("dropped", &self.dropped),
+        ]
+        .into_iter()
+        .map(|(r, n)| (r.to_string(), n.load(Ordering::Relaxed)))
+        .collect()
+    }
 }

@@ -1,0 +1,373 @@
+//! What a confirmed loopback is, as the agent reports it: one [`LoopbackEvent`] per line of
+//! `probe agent --events -`, the `event` of a live-view report, the subject of a Kubernetes
+//! Event.
+//!
+//! Field names and enum spellings here are depended on by other tools; change them only
+//! together with those tools.
+
+use std::{fmt, net::IpAddr};
+
+use serde::{Deserialize, Serialize};
+
+/// What the node's address sets say an address is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum Tag {
+    /// An address of an interface of the node.
+    Node,
+    /// An address bound on the VIP interface (kube-ipvs0).
+    Vip,
+    /// A local pod address.
+    Pod,
+}
+
+impl Tag {
+    pub fn from_raw(raw: u8) -> Option<Tag> {
+        match raw {
+            probe_common::tag::NODE => Some(Tag::Node),
+            probe_common::tag::VIP => Some(Tag::Vip),
+            probe_common::tag::POD => Some(Tag::Pod),
+            _ => None,
+        }
+    }
+
+    pub fn to_raw(self) -> u8 {
+        match self {
+            Tag::Node => probe_common::tag::NODE,
+            Tag::Vip => probe_common::tag::VIP,
+            Tag::Pod => probe_common::tag::POD,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tag::Node => "node",
+            Tag::Vip => "vip",
+            Tag::Pod => "pod",
+        }
+    }
+
+    pub const ALL: [Tag; 3] = [Tag::Node, Tag::Vip, Tag::Pod];
+}
+
+/// IP protocol of a packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Proto {
+    Tcp,
+    Udp,
+    Icmp,
+    Other(u8),
+}
+
+impl Proto {
+    pub fn from_raw(raw: u8) -> Proto {
+        match raw {
+            6 => Proto::Tcp,
+            17 => Proto::Udp,
+            1 | 58 => Proto::Icmp,
+            n => Proto::Other(n),
+        }
+    }
+
+    /// The IP protocol number, the inverse of [`Proto::from_raw`] (ICMP's depends on the
+    /// family).
+    pub fn to_raw(self, ipv6: bool) -> u8 {
+        match self {
+            Proto::Tcp => 6,
+            Proto::Udp => 17,
+            Proto::Icmp if ipv6 => 58,
+            Proto::Icmp => 1,
+            Proto::Other(n) => n,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Proto::Tcp => "tcp",
+            Proto::Udp => "udp",
+            Proto::Icmp => "icmp",
+            Proto::Other(_) => "other",
+        }
+    }
+}
+
+/// What kind of loopback was confirmed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LoopbackKind {
+    /// The LB's health checks (source = the LB VIP) are dropped as a local (martian) source,
+    /// because the VIP is bound on kube-ipvs0.
+    HealthcheckBlackhole,
+    /// A pod's un-SNATed call to an LB VIP came back to its own node through the LB.
+    Hairpin,
+    /// A VIP bound on kube-ipvs0 was called on a port nothing on the node serves.
+    VipPortUnserved,
+    /// A packet whose source is a LB VIP went from one node to a pod (or a non-NodePort
+    /// port) of another node that binds the same VIP: a host-network call to the LB IP,
+    /// forwarded without SNAT (externalTrafficPolicy: Local, no local endpoint).
+    VipAsSource,
+    /// A pod called its own Service (ClusterIP, LB IP or NodePort), the endpoint chosen was
+    /// the pod itself, and without the hairpin SNAT the call came back with the pod's own
+    /// address as source and was dropped (in the pod as a local source, or at its bridge port
+    /// without hairpin mode).
+    ServiceSelfLoop,
+}
+
+impl LoopbackKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LoopbackKind::HealthcheckBlackhole => "healthcheck_blackhole",
+            LoopbackKind::Hairpin => "hairpin",
+            LoopbackKind::VipPortUnserved => "vip_port_unserved",
+            LoopbackKind::VipAsSource => "vip_as_source",
+            LoopbackKind::ServiceSelfLoop => "service_self_loop",
+        }
+    }
+}
+
+/// Whether the looping flow was source-NATed on its way out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SnatState {
+    Yes,
+    No,
+    /// Not known, or not applicable to the kind (health checks, unserved ports).
+    Unknown,
+}
+
+/// What happened to the looping packet / connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// The kernel dropped it (see `drop_reason`).
+    Dropped,
+    /// The client answered the asymmetric reply with a RST (conntrack state `CLOSE`).
+    Reset,
+    /// Nothing dropped it, but no usable reply came back.
+    NoReply,
+    /// The kernel refused it: TCP RST, or ICMP port unreachable for UDP.
+    Refused,
+}
+
+impl Outcome {
+    /// The JSON spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Dropped => "dropped",
+            Outcome::Reset => "reset",
+            Outcome::NoReply => "no_reply",
+            Outcome::Refused => "refused",
+        }
+    }
+}
+
+/// Layer of the LB listener a hairpin went through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Layer {
+    /// The LB forwarded the pod's own connection (same source port).
+    L4,
+    /// The LB opened a new connection (only the pod address and timing match).
+    L7,
+}
+
+/// The aggregate key: repeats of one failure fold into one event whose `count` grows.
+///
+/// - `healthcheck_blackhole`: (VIP = packet source, node address, NodePort, proto). The
+///   health check's source port is ignored: every check uses a new one.
+/// - `hairpin`: (layer, pod address, VIP, VIP port, node address, NodePort, proto). Source
+///   ports are ignored: every connection of the pod through the LB uses new ones.
+/// - `vip_port_unserved`: (VIP, port, proto). The client and its port are ignored: the
+///   failure is the port, whoever calls it (the event shows the latest client).
+/// - `vip_as_source`: (VIP = packet source, destination address and port, proto). The source
+///   port is ignored: every call uses a new one.
+/// - `service_self_loop`: (where it died: the pod's namespace or the node, pod, its port the
+///   Service sent it to, the Service address called when known, proto). The site keeps two
+///   causes apart (the hairpin SNAT, the bridge's hairpin mode). The source port is ignored:
+///   every call uses a new one.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum AggregateKey {
+    HealthcheckBlackhole {
+        vip: IpAddr,
+        node: IpAddr,
+        node_port: u16,
+        proto: Proto,
+    },
+    Hairpin {
+        layer: Layer,
+        pod: IpAddr,
+        vip: IpAddr,
+        vip_port: u16,
+        node: IpAddr,
+        node_port: u16,
+        proto: Proto,
+    },
+    VipPortUnserved {
+        vip: IpAddr,
+        port: u16,
+        proto: Proto,
+    },
+    VipAsSource {
+        vip: IpAddr,
+        dst: IpAddr,
+        dst_port: u16,
+        proto: Proto,
+    },
+    ServiceSelfLoop {
+        /// Dropped in the pod's own namespace (else on the node).
+        in_pod: bool,
+        pod: IpAddr,
+        port: u16,
+        service: Option<(IpAddr, u16)>,
+        proto: Proto,
+    },
+}
+
+impl AggregateKey {
+    pub fn kind(&self) -> LoopbackKind {
+        match self {
+            AggregateKey::HealthcheckBlackhole { .. } => LoopbackKind::HealthcheckBlackhole,
+            AggregateKey::Hairpin { .. } => LoopbackKind::Hairpin,
+            AggregateKey::VipPortUnserved { .. } => LoopbackKind::VipPortUnserved,
+            AggregateKey::VipAsSource { .. } => LoopbackKind::VipAsSource,
+            AggregateKey::ServiceSelfLoop { .. } => LoopbackKind::ServiceSelfLoop,
+        }
+    }
+}
+
+/// `ip:port`, with brackets for IPv6.
+pub fn sock(ip: IpAddr, port: u16) -> String {
+    match ip {
+        IpAddr::V4(v4) => format!("{v4}:{port}"),
+        IpAddr::V6(v6) => format!("[{v6}]:{port}"),
+    }
+}
+
+impl fmt::Display for AggregateKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AggregateKey::HealthcheckBlackhole {
+                vip,
+                node,
+                node_port,
+                proto,
+            } => write!(
+                f,
+                "healthcheck_blackhole/{vip}->{}/{}",
+                sock(*node, *node_port),
+                proto.as_str()
+            ),
+            AggregateKey::Hairpin {
+                layer,
+                pod,
+                vip,
+                vip_port,
+                node,
+                node_port,
+                proto,
+            } => write!(
+                f,
+                "hairpin/{}/{pod}->{}->{}/{}",
+                match layer {
+                    Layer::L4 => "l4",
+                    Layer::L7 => "l7",
+                },
+                sock(*vip, *vip_port),
+                sock(*node, *node_port),
+                proto.as_str()
+            ),
+            AggregateKey::VipPortUnserved { vip, port, proto } => write!(
+                f,
+                "vip_port_unserved/{}/{}",
+                sock(*vip, *port),
+                proto.as_str()
+            ),
+            AggregateKey::VipAsSource {
+                vip,
+                dst,
+                dst_port,
+                proto,
+            } => write!(
+                f,
+                "vip_as_source/{vip}->{}/{}",
+                sock(*dst, *dst_port),
+                proto.as_str()
+            ),
+            AggregateKey::ServiceSelfLoop {
+                in_pod,
+                pod,
+                port,
+                service,
+                proto,
+            } => write!(
+                f,
+                "service_self_loop/{}/{pod}->{}->{}/{}",
+                if *in_pod { "pod" } else { "node" },
+                service.map_or_else(|| "?".to_string(), |(ip, p)| sock(ip, p)),
+                sock(*pod, *port),
+                proto.as_str()
+            ),
+        }
+    }
+}
+
+/// A confirmed loopback, aggregated over its repeats. Serialized as one JSON object.
+///
+/// `src`/`src_port`/`dst`/`dst_port` are the looping packet as the node received it (for
+/// `vip_port_unserved`: the refused packet), from the latest occurrence.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoopbackEvent {
+    pub kind: LoopbackKind,
+    /// The aggregate key as text (see [`AggregateKey`]); stable across repeats.
+    pub key: String,
+    pub src: IpAddr,
+    pub src_port: u16,
+    pub dst: IpAddr,
+    pub dst_port: u16,
+    /// The LB VIP involved: the health check's source, the hairpin's egress destination, the
+    /// refused destination.
+    pub vip: Option<IpAddr>,
+    /// The VIP's listener port; null when unknown (health checks do not carry it).
+    pub vip_port: Option<u16>,
+    pub proto: Proto,
+    /// Kernel drop reason name (without `SKB_DROP_REASON_`), when a drop was seen.
+    pub drop_reason: Option<String>,
+    /// Kernel drop site (`symbol+0xoff`), when known.
+    pub drop_location: Option<String>,
+    pub snat: SnatState,
+    pub outcome: Outcome,
+    /// Occurrences folded into this event so far (1 on the first report).
+    pub count: u64,
+    /// One fact a line: which kernel event, map record, conntrack entry or rule.
+    pub evidence: Vec<String>,
+    /// What to do about it, specific to the cause; one option a line.
+    pub remedy: Vec<String>,
+    /// CLOCK_MONOTONIC ns of the first and latest occurrence.
+    pub first_seen_ns: u64,
+    pub last_seen_ns: u64,
+    /// Interface the looping packet arrived on, when known.
+    pub nic: Option<String>,
+    /// `namespace/name` of the Service involved, when the service table names it.
+    pub service: Option<String>,
+    /// `l4` / `l7` for hairpin; null for the other kinds.
+    pub layer: Option<Layer>,
+    /// `namespace/name` of the pod that sent the looping packet, from the Kubernetes API
+    /// (attribution); null without API access or when the source is not a pod.
+    #[serde(default)]
+    pub client_pod: Option<String>,
+    /// This node's Kubernetes name (attribution: `--node-name`); null when unknown.
+    #[serde(default)]
+    pub node: Option<String>,
+}
+
+/// One confirmation (new or repeat) of an aggregate. Metrics count every report.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Report {
+    /// The aggregate after this occurrence (its `count` includes it).
+    pub event: LoopbackEvent,
+    /// First occurrence of this aggregate (or first since it was forgotten).
+    pub is_new: bool,
+    /// Write a JSON line: false for a repeat within `json_repeat_ns` of the last line written.
+    pub write_json: bool,
+}

@@ -1,0 +1,177 @@
+//! The contract survives a round trip through its JSON: what the agent writes, a client reads
+//! back unchanged.
+
+use std::net::IpAddr;
+
+use crate::*;
+
+fn event() -> LoopbackEvent {
+    LoopbackEvent {
+        kind: LoopbackKind::Hairpin,
+        key: "hairpin/l4/10.0.0.5->203.0.113.10:80->10.0.0.1:30080/tcp".into(),
+        src: "203.0.113.10".parse::<IpAddr>().unwrap(),
+        src_port: 40000,
+        dst: "10.0.0.5".parse().unwrap(),
+        dst_port: 8080,
+        vip: Some("203.0.113.10".parse().unwrap()),
+        vip_port: Some(80),
+        proto: Proto::Tcp,
+        drop_reason: None,
+        drop_location: None,
+        snat: SnatState::No,
+        outcome: Outcome::Reset,
+        count: 3,
+        evidence: vec!["egress 10.0.0.5:40000 -> 203.0.113.10:80".into()],
+        remedy: vec!["SNAT the pod's traffic to the VIP".into()],
+        first_seen_ns: 1,
+        last_seen_ns: 2,
+        nic: Some("eth0".into()),
+        service: Some("default/web".into()),
+        layer: Some(Layer::L4),
+        client_pod: Some("default/client".into()),
+        node: Some("node-a".into()),
+    }
+}
+
+fn snapshot() -> Snapshot {
+    Snapshot {
+        node: "node-a".into(),
+        status: NodeStatus {
+            attached: vec![("eth0".into(), 2)],
+            nics: vec!["eth0".into()],
+            vip_iface: "kube-ipvs0".into(),
+            vip_iface_present: true,
+            vips: vec!["203.0.113.10".parse().unwrap()],
+            set_sizes: [("vip".to_string(), 1)].into(),
+            features: Some(Features {
+                tc_mode: TcMode::Tcx,
+                drop_hook: DropHook::TpBtf,
+                drop_reason_arg: true,
+                kernel: "6.12.0".into(),
+                drop_reasons: 120,
+            }),
+            ready: true,
+        },
+        counters: CounterSnapshot {
+            suspects: vec![(2, Tag::Vip, Proto::Other(47), 5)],
+            drops: vec![(2, Some(Tag::Vip), None, 4)],
+            budget_suppressed_by_class: vec![("suspect".into(), "vip".into(), 1)],
+            ..Default::default()
+        },
+        drops_by_reason: [("IP_LOCAL_SOURCE".to_string(), 4)].into(),
+        userspace_queue_full: 0,
+        events_read: 9,
+        correlator: CorrelatorStats {
+            suspects_seen: TagCounts {
+                vip: 5,
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+        confirmed: vec![event()],
+        capabilities: vec![("drop_hook".into(), true)],
+        kube_connected: false,
+        kube_event_writes: vec![("created".into(), 1)],
+    }
+}
+
+#[test]
+fn messages_and_snapshots_read_back_as_written() {
+    for msg in [
+        Message::Snapshot {
+            snapshot: Box::new(snapshot()),
+        },
+        Message::Report {
+            event: Box::new(event()),
+            is_new: true,
+        },
+    ] {
+        let line = serde_json::to_string(&msg).unwrap();
+        assert_eq!(
+            serde_json::from_str::<Message>(&line).unwrap(),
+            msg,
+            "{line}"
+        );
+    }
+    let snap = snapshot();
+    let json = serde_json::to_value(&snap).unwrap();
+    assert_eq!(serde_json::from_value::<Snapshot>(json).unwrap(), snap);
+}
+
+/// The spellings clients select on: a renamed field or variant fails here, not in a client.
+#[test]
+fn the_wire_spellings_are_the_documented_ones() {
+    let v = serde_json::to_value(Message::Snapshot {
+        snapshot: Box::new(snapshot()),
+    })
+    .unwrap();
+    assert_eq!(v["type"], "snapshot");
+    assert_eq!(v["snapshot"]["status"]["features"]["tc_mode"], "tcx");
+    assert_eq!(v["snapshot"]["status"]["features"]["drop_hook"], "tp_btf");
+    assert_eq!(v["snapshot"]["confirmed"][0]["kind"], "hairpin");
+    assert_eq!(v["snapshot"]["confirmed"][0]["layer"], "l4");
+    assert_eq!(v["snapshot"]["counters"]["suspects"][0][1], "vip");
+    assert_eq!(v["snapshot"]["counters"]["suspects"][0][2]["other"], 47);
+    let r = serde_json::to_value(Message::Report {
+        event: Box::new(event()),
+        is_new: false,
+    })
+    .unwrap();
+    assert_eq!(r["type"], "report");
+    assert_eq!(r["event"]["outcome"], "reset");
+    assert_eq!(r["is_new"], false);
+}
+
+#[test]
+fn every_kind_has_a_reason_that_names_it_back() {
+    for kind in [
+        LoopbackKind::HealthcheckBlackhole,
+        LoopbackKind::Hairpin,
+        LoopbackKind::VipPortUnserved,
+        LoopbackKind::VipAsSource,
+        LoopbackKind::ServiceSelfLoop,
+    ] {
+        assert_eq!(
+            kube_event::kind_of_reason(kube_event::reason(kind)),
+            Some(kind)
+        );
+    }
+    assert_eq!(kube_event::kind_of_reason("Pulled"), None);
+}
+
+/// `as_str` (what the live view and the metrics print) is the JSON spelling.
+#[test]
+fn as_str_is_the_json_spelling() {
+    fn same<T: serde::Serialize>(v: T, s: &str) {
+        assert_eq!(serde_json::to_value(v).unwrap(), s);
+    }
+    for k in [
+        LoopbackKind::HealthcheckBlackhole,
+        LoopbackKind::Hairpin,
+        LoopbackKind::VipPortUnserved,
+        LoopbackKind::VipAsSource,
+        LoopbackKind::ServiceSelfLoop,
+    ] {
+        same(k, k.as_str());
+    }
+    for o in [
+        Outcome::Dropped,
+        Outcome::Reset,
+        Outcome::NoReply,
+        Outcome::Refused,
+    ] {
+        same(o, o.as_str());
+    }
+    for t in Tag::ALL {
+        same(t, t.as_str());
+    }
+    for m in [TcMode::Tcx, TcMode::Netlink] {
+        same(m, m.as_str());
+    }
+    for h in [DropHook::TpBtf, DropHook::RawTracepoint, DropHook::None] {
+        same(h, h.as_str());
+    }
+    for p in [Proto::Tcp, Proto::Udp, Proto::Icmp] {
+        same(p, p.as_str());
+    }
+}
