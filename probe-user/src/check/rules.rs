@@ -655,9 +655,9 @@ pub fn kube_api(inp: &Inputs) -> Vec<Finding> {
 
 /// `service_self_loop`: a local endpoint that cannot reach itself through its Service. IPVS
 /// mode: an endpoint on a pod of this node without its `KUBE-LOOP-BACK` entry (kube-proxy 1.31
-/// can drop them, kubernetes#134884). iptables / nftables mode with br_netfilter on: bridge
+/// can drop them, kubernetes#134884). Every mode with br_netfilter on: bridge
 /// ports without hairpin mode (the DNAT runs in the bridge, which will not send a frame back
-/// out its port). IPVS mode DNATs after the bridge: hairpin mode does not matter there.
+/// out its port; in IPVS mode the reply is un-NATed in the bridge and dies the same way).
 pub fn service_self_loop(inp: &Inputs) -> Vec<Finding> {
     use crate::state::{ServiceSource, ipset::loop_back_set};
     let mut out = Vec::new();
@@ -714,7 +714,6 @@ pub fn service_self_loop(inp: &Inputs) -> Vec<Finding> {
                 });
             }
         }
-        return out;
     }
     if sl.br_netfilter != Some(true) || inp.services.source.is_none() {
         return out;
