@@ -109,6 +109,11 @@ pub enum LoopbackKind {
     /// port) of another node that binds the same VIP: a host-network call to the LB IP,
     /// forwarded without SNAT (externalTrafficPolicy: Local, no local endpoint).
     VipAsSource,
+    /// A pod called its own Service (ClusterIP, LB IP or NodePort), the endpoint chosen was
+    /// the pod itself, and without the hairpin SNAT the call came back with the pod's own
+    /// address as source and was dropped (in the pod as a local source, or at its bridge port
+    /// without hairpin mode).
+    ServiceSelfLoop,
 }
 
 impl LoopbackKind {
@@ -118,6 +123,7 @@ impl LoopbackKind {
             LoopbackKind::Hairpin => "hairpin",
             LoopbackKind::VipPortUnserved => "vip_port_unserved",
             LoopbackKind::VipAsSource => "vip_as_source",
+            LoopbackKind::ServiceSelfLoop => "service_self_loop",
         }
     }
 }
@@ -178,6 +184,10 @@ pub enum Layer {
 ///   failure is the port, whoever calls it (the event shows the latest client).
 /// - `vip_as_source`: (VIP = packet source, destination address and port, proto). The source
 ///   port is ignored: every call uses a new one.
+/// - `service_self_loop`: (where it died: the pod's namespace or the node, pod, its port the
+///   Service sent it to, the Service address called when known, proto). The site keeps two
+///   causes apart (the hairpin SNAT, the bridge's hairpin mode). The source port is ignored:
+///   every call uses a new one.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum AggregateKey {
     HealthcheckBlackhole {
@@ -206,6 +216,14 @@ pub enum AggregateKey {
         dst_port: u16,
         proto: Proto,
     },
+    ServiceSelfLoop {
+        /// Dropped in the pod's own namespace (else on the node).
+        in_pod: bool,
+        pod: IpAddr,
+        port: u16,
+        service: Option<(IpAddr, u16)>,
+        proto: Proto,
+    },
 }
 
 impl AggregateKey {
@@ -215,6 +233,7 @@ impl AggregateKey {
             AggregateKey::Hairpin { .. } => LoopbackKind::Hairpin,
             AggregateKey::VipPortUnserved { .. } => LoopbackKind::VipPortUnserved,
             AggregateKey::VipAsSource { .. } => LoopbackKind::VipAsSource,
+            AggregateKey::ServiceSelfLoop { .. } => LoopbackKind::ServiceSelfLoop,
         }
     }
 }
@@ -275,6 +294,20 @@ impl fmt::Display for AggregateKey {
                 f,
                 "vip_as_source/{vip}->{}/{}",
                 sock(*dst, *dst_port),
+                proto.as_str()
+            ),
+            AggregateKey::ServiceSelfLoop {
+                in_pod,
+                pod,
+                port,
+                service,
+                proto,
+            } => write!(
+                f,
+                "service_self_loop/{}/{pod}->{}->{}/{}",
+                if *in_pod { "pod" } else { "node" },
+                service.map_or_else(|| "?".to_string(), |(ip, p)| sock(ip, p)),
+                sock(*pod, *port),
                 proto.as_str()
             ),
         }

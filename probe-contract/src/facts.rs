@@ -170,6 +170,33 @@ pub enum VipSourceSide {
     Sending,
 }
 
+/// `service_self_loop`: the piece of the hairpin that the drop site and the node's state say
+/// was missing (what the remedy asks to restore).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum SelfLoopMissing {
+    /// The hairpin SNAT: the packet reached the pod with its own address as source.
+    /// `loop_back_entry`: IPVS mode's `KUBE-LOOP-BACK` holds the pod's entry (None: no set).
+    HairpinSnat { loop_back_entry: Option<bool> },
+    /// The pod's bridge port has `hairpin_mode` 0 (and br_netfilter bridged the DNAT).
+    HairpinMode {
+        bridge: String,
+        port: String,
+        br_netfilter: Option<bool>,
+    },
+    /// Dropped on the node, but not at a bridge port without hairpin mode: not determined.
+    Undetermined,
+}
+
+/// Where the node's service table came from: which kube-proxy mode's rules a remedy names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProxyMode {
+    Ipvs,
+    Iptables,
+    Nftables,
+}
+
 /// The Service as the API server has it (attribution).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ServiceFact {
@@ -245,6 +272,12 @@ pub struct Facts {
     /// Service rule is involved.
     #[serde(default)]
     pub host_listener: bool,
+    /// `service_self_loop`: the missing piece of the hairpin.
+    #[serde(default)]
+    pub self_loop: Option<SelfLoopMissing>,
+    /// The kube-proxy mode the node's service table was read from (null: no table read).
+    #[serde(default)]
+    pub proxy_mode: Option<ProxyMode>,
 }
 
 impl Facts {

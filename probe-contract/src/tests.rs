@@ -148,6 +148,7 @@ fn every_kind_has_a_reason_that_names_it_back() {
         LoopbackKind::Hairpin,
         LoopbackKind::VipPortUnserved,
         LoopbackKind::VipAsSource,
+        LoopbackKind::ServiceSelfLoop,
     ] {
         assert_eq!(
             kube_event::kind_of_reason(kube_event::reason(kind)),
@@ -168,6 +169,7 @@ fn as_str_is_the_json_spelling() {
         LoopbackKind::Hairpin,
         LoopbackKind::VipPortUnserved,
         LoopbackKind::VipAsSource,
+        LoopbackKind::ServiceSelfLoop,
     ] {
         same(k, k.as_str());
     }

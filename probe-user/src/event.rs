@@ -72,6 +72,11 @@ pub enum KernelEvent {
         reason: DropReason,
         /// Drop site as `symbol+0xoff` from /proc/kallsyms, when resolvable.
         location: Option<String>,
+        /// The drop happened in another network namespace than the agent's: a pod's own (the
+        /// kernel reports only self-addressed local pod packets from there; `iface` is then
+        /// absent, that namespace's interface numbers name nothing here).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        foreign_netns: bool,
     },
     /// A TCP SYN left a NIC with a bound VIP as its source (appended: older recordings stay
     /// readable).

@@ -42,6 +42,10 @@ enum Action {
         peer_node: OnOff,
         #[arg(long, value_enum, default_value = "off")]
         vip_local_route: OnOff,
+        #[arg(long, value_enum, default_value = "off")]
+        self_snat_missing: OnOff,
+        #[arg(long, value_enum, default_value = "off")]
+        bridge_pod: OnOff,
     },
     /// Kill the lab's servers and delete its namespaces (idempotent).
     Down,
@@ -84,6 +88,8 @@ pub fn run(args: LabArgs) -> Result<ExitCode> {
             ipvs_filter,
             peer_node,
             vip_local_route,
+            self_snat_missing,
+            bridge_pod,
         } => {
             let v = Variants {
                 vip_bound: vip_bound.into(),
@@ -92,6 +98,8 @@ pub fn run(args: LabArgs) -> Result<ExitCode> {
                 ipvs_filter: ipvs_filter.into(),
                 peer_node: peer_node.into(),
                 vip_local_route: vip_local_route.into(),
+                self_snat_missing: self_snat_missing.into(),
+                bridge_pod: bridge_pod.into(),
             };
             Lab::down()?;
             Lab::up(&v)?;

@@ -245,6 +245,7 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         reasons: kbtf.drop_reasons.clone(),
         kallsyms,
         ifnames: ifnames.clone(),
+        netns: kernel::current_netns_inode(),
     };
     if let Some(logger) = loaded.logger {
         tokio::spawn(kernel::probe::run_logger(logger));
@@ -585,6 +586,14 @@ fn answer_query(
                 let _ = tx.blocking_send(Answer::Listener { id, listener });
             });
         }
+        Query::SelfLoop { id, tuple, iface } => {
+            let tx = tx.clone();
+            let caps = caps.clone();
+            tokio::task::spawn_blocking(move || {
+                let answer = answer_self_loop(id, &tuple, iface.as_deref(), &caps);
+                let _ = tx.blocking_send(answer);
+            });
+        }
         Query::Conntrack { id, tuple } => {
             let tx = tx.clone();
             let caps = caps.clone();
@@ -603,6 +612,45 @@ fn answer_query(
                 let _ = tx.blocking_send(answer);
             });
         }
+    }
+}
+
+/// A pod's call to its own Service looped: conntrack by the reply tuple (the dropped packet
+/// reversed: the answer it would get without SNAT), and the node's pieces of the hairpin.
+/// Blocking (netlink, `ipset`, sysfs).
+fn answer_self_loop(
+    id: u64,
+    tuple: &state::Tuple,
+    iface: Option<&str>,
+    caps: &Capabilities,
+) -> Answer {
+    let reply = state::Tuple {
+        src: tuple.dst,
+        dst: tuple.src,
+        sport: tuple.dport,
+        dport: tuple.sport,
+        proto: tuple.proto,
+    };
+    let conntrack = if let Some(injected) = std::env::var_os(CONNTRACK_FAIL_ENV) {
+        Err(injected.to_string_lossy().into_owned())
+    } else {
+        state::conntrack::lookup_reply(&reply).map_err(|e| e.to_string())
+    };
+    match &conntrack {
+        Ok(_) => caps.set(Capability::Conntrack, true, ""),
+        Err(error) => caps.set(Capability::Conntrack, false, error),
+    };
+    let (bridge_port, br_netfilter) = state::bridge::read(tuple.src, iface);
+    let facts = state::SelfLoopFacts {
+        loop_back_entry: state::ipset::read_loop_back_entry(tuple.src, tuple.proto, tuple.dport),
+        bridge_port,
+        br_netfilter,
+    };
+    debug!(?facts, "self-loop: the node's hairpin pieces");
+    Answer::SelfLoop {
+        id,
+        conntrack,
+        facts,
     }
 }
 

@@ -79,6 +79,20 @@ pub fn gather(cfg: &AddrConfig) -> anyhow::Result<Inputs> {
         .map(|o| ipset::parse_save(&String::from_utf8_lossy(&o.stdout)))
         .unwrap_or_default();
     let (lb_targets, cluster_ips) = ipset_targets(&ipsets);
+    let loop_back: Vec<String> = [ipset::loop_back_set(false), ipset::loop_back_set(true)]
+        .iter()
+        .filter_map(|s| ipsets.get(*s))
+        .flatten()
+        .cloned()
+        .collect();
+    let has_loop_back = [ipset::loop_back_set(false), ipset::loop_back_set(true)]
+        .iter()
+        .any(|s| ipsets.contains_key(*s));
+    let self_loop = super::SelfLoopNode {
+        loop_back: has_loop_back.then_some(loop_back),
+        bridge_ports: state::bridge::ports(std::path::Path::new("/sys/class/net")),
+        br_netfilter: state::bridge::br_netfilter(false),
+    };
     let nics = sets
         .nics
         .iter()
@@ -95,6 +109,7 @@ pub fn gather(cfg: &AddrConfig) -> anyhow::Result<Inputs> {
         nics,
         kernel: kernel_view(),
         api: super::ApiState::NotUsed,
+        self_loop,
     })
 }
 

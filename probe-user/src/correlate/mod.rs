@@ -97,6 +97,9 @@ mod host_tests;
 pub(crate) mod remedy;
 pub mod replay;
 mod report;
+mod self_loop;
+#[cfg(test)]
+mod self_loop_tests;
 #[cfg(test)]
 mod stream_tests;
 #[cfg(test)]
@@ -124,7 +127,7 @@ use self::{
 use crate::{event::tcp_flags, state::ServiceSource};
 use crate::{
     event::{AddressOwner, DropReason, EgressRecord, KernelEvent, Listener, Packet, Proto, Tag},
-    state::{ConntrackEntry, ServiceTable, Tuple, addrs::Prefix},
+    state::{ConntrackEntry, SelfLoopFacts, ServiceTable, Tuple, addrs::Prefix},
 };
 
 const MS: u64 = 1_000_000;
@@ -209,14 +212,24 @@ pub enum Query {
         port: u16,
         proto: Proto,
     },
+    /// A pod's self-addressed packet `tuple` (pod:port -> pod:port) was dropped (on `iface`
+    /// when on the node): the conntrack entry whose *reply* tuple is `tuple` reversed, and
+    /// the node's pieces of the hairpin ([`SelfLoopFacts`]). Answered with
+    /// [`Answer::SelfLoop`].
+    SelfLoop {
+        id: u64,
+        tuple: Tuple,
+        iface: Option<String>,
+    },
 }
 
 impl Query {
     pub fn id(&self) -> u64 {
         match self {
-            Query::Egress { id, .. } | Query::Conntrack { id, .. } | Query::Listener { id, .. } => {
-                *id
-            }
+            Query::Egress { id, .. }
+            | Query::Conntrack { id, .. }
+            | Query::Listener { id, .. }
+            | Query::SelfLoop { id, .. } => *id,
         }
     }
 }
@@ -252,6 +265,13 @@ pub enum Answer {
         id: u64,
         listener: Result<Option<Listener>, String>,
     },
+    /// The answer to [`Query::SelfLoop`]: the conntrack look-up (an error as text) and what
+    /// the node's ipsets, bridge and sysctls say.
+    SelfLoop {
+        id: u64,
+        conntrack: Result<Option<ConntrackEntry>, String>,
+        facts: SelfLoopFacts,
+    },
 }
 
 pub use probe_contract::{CorrelatorStats, KindCounts, Report, TagCounts};
@@ -271,6 +291,8 @@ struct DropInfo {
     dnat_to: Option<(IpAddr, u16)>,
     /// `reason` was inferred from the drop site: the kernel reported none (< 5.17).
     inferred: bool,
+    /// The drop happened in a pod's own network namespace (see `KernelEvent::Drop`).
+    foreign_netns: bool,
 }
 
 /// A drop kept for pairing with a later suspect of the same tuple.
@@ -295,6 +317,9 @@ enum QueryCtx {
         flow: Tuple,
     },
     Listener {
+        flow: Tuple,
+    },
+    SelfLoop {
         flow: Tuple,
     },
 }
@@ -323,6 +348,10 @@ pub struct Correlator {
     dnat_seen: HashMap<Tuple, (IpAddr, u16)>,
     drops: HashMap<Tuple, RecentDrop>,
     flows: HashMap<Tuple, Flow>,
+    /// Self-loop drops waiting for the node's state (`self_loop.rs`), by the dropped tuple.
+    self_loops: self_loop::Pending,
+    /// Self-loop connects confirmed, by tuple -> time: their retransmits fold in. Bounded.
+    self_loop_done: HashMap<Tuple, u64>,
     /// Connect attempts already confirmed as hairpins, by source (address, port, protocol):
     /// their retransmits fold in instead of counting again. Bounded by `max_pending`.
     confirmed_attempts: HashMap<(IpAddr, u16, Proto), hairpin::Attempt>,
@@ -364,6 +393,8 @@ impl Correlator {
             dnat_seen: HashMap::new(),
             drops: HashMap::new(),
             flows: HashMap::new(),
+            self_loops: HashMap::new(),
+            self_loop_done: HashMap::new(),
             confirmed_attempts: HashMap::new(),
             queries: HashMap::new(),
             egress_inflight: HashMap::new(),
@@ -428,6 +459,7 @@ impl Correlator {
                 packet,
                 reason,
                 location,
+                foreign_netns,
             } => {
                 let mut info = DropInfo {
                     ts: ts_ns,
@@ -436,6 +468,7 @@ impl Correlator {
                     location,
                     dnat_to: None,
                     inferred: false,
+                    foreign_netns,
                 };
                 // A kernel without drop reasons: name the drop by its site, so every rule
                 // below judges it like a newer kernel's named drop (the evidence says so).
@@ -449,8 +482,13 @@ impl Correlator {
                     info.reason.name = name.to_string();
                     info.inferred = true;
                 }
-                let packet = self.undo_dnat(packet, &mut info);
-                self.on_drop(info, packet, &mut out)
+                if self_loop::is_self_loop(&packet) {
+                    // Already DNATed back to its source: no suspect to undo it with.
+                    self.on_self_loop_drop(info, packet, &mut out);
+                } else {
+                    let packet = self.undo_dnat(packet, &mut info);
+                    self.on_drop(info, packet, &mut out)
+                }
             }
         }
         self.refresh();
@@ -464,7 +502,8 @@ impl Correlator {
             Answer::Egress { id, .. }
             | Answer::Conntrack { id, .. }
             | Answer::ConntrackFailed { id, .. }
-            | Answer::Listener { id, .. } => *id,
+            | Answer::Listener { id, .. }
+            | Answer::SelfLoop { id, .. } => *id,
         };
         let Some(q) = self.queries.remove(&id) else {
             self.stats.answers_stale += 1;
@@ -488,6 +527,14 @@ impl Correlator {
             }
             (QueryCtx::Listener { flow }, Answer::Listener { listener, .. }) => {
                 self.on_listener(&flow, listener, &mut out);
+            }
+            (
+                QueryCtx::SelfLoop { flow },
+                Answer::SelfLoop {
+                    conntrack, facts, ..
+                },
+            ) => {
+                self.on_self_loop_answer(&flow, Some((conntrack, facts)), &mut out);
             }
             (ctx, _) => {
                 // Wrong answer type for the id: keep waiting for the right one.
@@ -517,7 +564,7 @@ impl Correlator {
     // -----------------------------------------------------------------------------------------
 
     fn pending_len(&self) -> usize {
-        self.vip_suspects.len() + self.drops.len() + self.flows.len()
+        self.vip_suspects.len() + self.drops.len() + self.flows.len() + self.self_loops.len()
     }
 
     fn has_room(&mut self) -> bool {
@@ -530,10 +577,11 @@ impl Correlator {
     }
 
     fn refresh(&mut self) {
+        let pending = self.pending_len() as u64;
         let s = &mut self.stats;
         s.pending_suspects = self.held_suspects;
         s.pending_drops = self.held_drops;
-        s.pending = (self.vip_suspects.len() + self.drops.len() + self.flows.len()) as u64;
+        s.pending = pending;
         s.aggregates = self.aggregates.len() as u64;
     }
 
@@ -686,6 +734,7 @@ impl Correlator {
         self.expire_queries(now, out);
         self.expire_flows(now, out);
         self.expire_aggregates(now);
+        self.expire_self_loops(now);
     }
 
     fn expire_drops(&mut self, now: u64) {
@@ -729,6 +778,7 @@ impl Correlator {
                 QueryCtx::Listener { flow } => {
                     self.on_listener(&flow, Err("no answer in time".into()), out)
                 }
+                QueryCtx::SelfLoop { flow } => self.on_self_loop_answer(&flow, None, out),
             }
         }
     }

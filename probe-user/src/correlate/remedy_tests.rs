@@ -6,14 +6,15 @@
 use super::*;
 use crate::correlate::{
     SnatState,
-    facts::{ServiceFact, SourceKind},
+    facts::{ProxyMode, SelfLoopMissing, ServiceFact, SourceKind},
 };
 
-const KINDS: [LoopbackKind; 4] = [
+const KINDS: [LoopbackKind; 5] = [
     LoopbackKind::HealthcheckBlackhole,
     LoopbackKind::Hairpin,
     LoopbackKind::VipPortUnserved,
     LoopbackKind::VipAsSource,
+    LoopbackKind::ServiceSelfLoop,
 ];
 
 fn ip(s: &str) -> IpAddr {
@@ -26,6 +27,7 @@ fn event(kind: LoopbackKind, source: SourceKind) -> LoopbackEvent {
         LoopbackKind::VipAsSource => ("203.0.113.10", "198.19.1.11", 8080, None),
         LoopbackKind::VipPortUnserved => ("198.19.1.10", "203.0.113.10", 443, Some(443)),
         LoopbackKind::Hairpin => ("198.19.1.10", "198.18.0.2", 30080, Some(80)),
+        LoopbackKind::ServiceSelfLoop => ("198.19.1.11", "198.19.1.11", 8080, Some(80)),
     };
     let src = match (kind, source) {
         (LoopbackKind::Hairpin | LoopbackKind::VipPortUnserved, SourceKind::Node) => "198.18.0.2",
@@ -44,6 +46,12 @@ fn event(kind: LoopbackKind, source: SourceKind) -> LoopbackEvent {
             }),
             masquerade_rules: 1,
             side: (kind == LoopbackKind::VipAsSource).then_some(VipSourceSide::Receiving),
+            self_loop: (kind == LoopbackKind::ServiceSelfLoop).then_some(
+                SelfLoopMissing::HairpinSnat {
+                    loop_back_entry: Some(false),
+                },
+            ),
+            proxy_mode: Some(ProxyMode::Ipvs),
             ..Facts::default()
         },
         ..placeholder(kind, ip(src), dst_port)
@@ -84,6 +92,16 @@ fn asserts_policy(line: &str, etp: Etp) -> bool {
 /// Advice to set the policy to `etp`.
 fn advises_policy(line: &str, etp: Etp) -> bool {
     line.contains(&format!("et externalTrafficPolicy: {}", etp.as_str()))
+}
+
+/// The kinds whose loop runs through a local VIP (its owner has to change something).
+fn owner_matters(kind: LoopbackKind) -> bool {
+    matches!(
+        kind,
+        LoopbackKind::HealthcheckBlackhole
+            | LoopbackKind::VipPortUnserved
+            | LoopbackKind::VipAsSource
+    )
 }
 
 fn check(e: &LoopbackEvent, what: &str) {
@@ -141,7 +159,10 @@ fn check(e: &LoopbackEvent, what: &str) {
         }
     }
     // Said where the policy matters (an unserved port has no policy to disagree on).
-    let policy_matters = e.kind != LoopbackKind::VipPortUnserved;
+    let policy_matters = !matches!(
+        e.kind,
+        LoopbackKind::VipPortUnserved | LoopbackKind::ServiceSelfLoop
+    );
     assert_eq!(
         r.iter()
             .filter(|l| l.starts_with("This node's kube-proxy rules apply"))
@@ -157,6 +178,9 @@ fn check(e: &LoopbackEvent, what: &str) {
         }
         LoopbackKind::VipAsSource => {
             assert!(cause.contains("host-network"), "{what}: {cause}");
+        }
+        LoopbackKind::ServiceSelfLoop => {
+            assert!(cause.contains("pod 198.19.1.11"), "{what}: {cause}");
         }
         LoopbackKind::Hairpin | LoopbackKind::VipPortUnserved => match f.source {
             SourceKind::Pod => {
@@ -179,12 +203,12 @@ fn check(e: &LoopbackEvent, what: &str) {
     // owner that is not kube-proxy is addressed by its own fix.
     match &f.owner {
         Some(AddressOwner::VipInterface { .. }) => {}
-        Some(AddressOwner::LocalRoute { protocol: 66, .. }) if e.kind != LoopbackKind::Hairpin => {
+        Some(AddressOwner::LocalRoute { protocol: 66, .. }) if owner_matters(e.kind) => {
             assert!(!all.contains("kube-ipvs0"), "{what}: {all}");
             assert!(!all.contains("a controller that sets"), "{what}: {all}");
             assert!(all.contains("target_instance_ips"), "{what}: {all}");
         }
-        Some(AddressOwner::Interface { iface }) if e.kind != LoopbackKind::Hairpin => {
+        Some(AddressOwner::Interface { iface }) if owner_matters(e.kind) => {
             assert!(!all.contains("kube-ipvs0"), "{what}: {all}");
             assert!(!all.contains("a controller that sets"), "{what}: {all}");
             assert!(all.contains(&format!("on {iface}")), "{what}: {all}");
@@ -281,7 +305,7 @@ fn every_kind_policy_name_sender_and_owner_gives_a_consistent_remedy() {
             }
         }
     }
-    assert_eq!(cases, 4 * 3 * 5 * 3 * 4 + 3 * 5 * 2);
+    assert_eq!(cases, 5 * 3 * 5 * 3 * 4 + 3 * 5 * 2);
 }
 
 fn apiserver() -> crate::event::Listener {
@@ -381,4 +405,70 @@ fn the_unbind_advice_addresses_the_owner() {
     let proxy = build(&e).join("\n");
     assert!(proxy.contains("already sets ipMode: Proxy"), "{proxy}");
     assert!(!proxy.contains("a controller that sets"), "{proxy}");
+}
+
+/// `service_self_loop`: each missing piece gets its own fix, in the node's kube-proxy mode,
+/// and nothing about LB settings, externalTrafficPolicy or the VIP's owner.
+#[test]
+fn a_self_loop_remedy_names_the_missing_piece_only() {
+    let rows: [(SelfLoopMissing, Option<ProxyMode>, &str); 6] = [
+        (
+            SelfLoopMissing::HairpinSnat {
+                loop_back_entry: Some(false),
+            },
+            Some(ProxyMode::Ipvs),
+            "the KUBE-LOOP-BACK ipset entry 198.19.1.11,tcp/udp:8080,198.19.1.11",
+        ),
+        (
+            SelfLoopMissing::HairpinSnat {
+                loop_back_entry: Some(true),
+            },
+            Some(ProxyMode::Ipvs),
+            "--match-set KUBE-LOOP-BACK dst,dst,src -j MASQUERADE",
+        ),
+        (
+            SelfLoopMissing::HairpinSnat {
+                loop_back_entry: None,
+            },
+            Some(ProxyMode::Iptables),
+            "KUBE-SEP-* `-s 198.19.1.11/32 -j KUBE-MARK-MASQ`",
+        ),
+        (
+            SelfLoopMissing::HairpinSnat {
+                loop_back_entry: None,
+            },
+            Some(ProxyMode::Nftables),
+            "`ip saddr 198.19.1.11 jump mark-for-masquerade`",
+        ),
+        (
+            SelfLoopMissing::HairpinMode {
+                bridge: "cbr0".into(),
+                port: "vpod-b".into(),
+                br_netfilter: Some(true),
+            },
+            None,
+            "--hairpin-mode=hairpin-veth",
+        ),
+        (SelfLoopMissing::Undetermined, None, "was not determined"),
+    ];
+    for (missing, mode, line) in rows {
+        let mut e = event(LoopbackKind::ServiceSelfLoop, SourceKind::Pod);
+        e.facts.self_loop = Some(missing.clone());
+        e.facts.proxy_mode = mode;
+        named(&mut e, Some(Etp::Local));
+        let r = build(&e);
+        let all = r.join("\n");
+        assert!(all.contains(line), "{missing:?}: {all}");
+        for no in [
+            "externalTrafficPolicy",
+            "ipMode",
+            "kube-ipvs0",
+            "health check",
+            "Masquerade (SNAT) pod traffic to the LB",
+        ] {
+            assert!(!all.contains(no), "{missing:?}: {no:?} in {all}");
+        }
+        assert!(all.contains("Service shop/web"), "{missing:?}: {all}");
+        assert!(all.contains("localhost"), "{missing:?}: {all}");
+    }
 }

@@ -75,6 +75,7 @@ pub(super) fn drop_ev(
             name: name.into(),
         },
         location: loc.map(Into::into),
+        foreign_netns: false,
     }
 }
 
@@ -880,7 +881,7 @@ fn egress_query_is_shared_and_may_be_answered_late() {
         .iter()
         .find_map(|q| match q {
             Query::Egress { id, src, keys } => Some((*id, *src, keys.clone())),
-            Query::Conntrack { .. } | Query::Listener { .. } => None,
+            Query::Conntrack { .. } | Query::Listener { .. } | Query::SelfLoop { .. } => None,
         })
         .expect("b's egress asked again");
     let key_b = EgressFlowKey {

@@ -164,6 +164,7 @@ mod tests {
                 name: "NO_SOCKET".into(),
             },
             location: Some("tcp_v6_rcv+0x1f4".into()),
+            foreign_netns: false,
         }
     }
 

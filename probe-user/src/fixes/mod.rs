@@ -81,6 +81,7 @@ impl Facts {
             LoopbackKind::VipAsSource => Some(Source::Node),
             LoopbackKind::VipPortUnserved if event.client_pod.is_some() => Some(Source::Pod),
             LoopbackKind::VipPortUnserved => None,
+            LoopbackKind::ServiceSelfLoop => Some(Source::Pod),
         };
         let ip_mode = service.and_then(|s| {
             let mode = match event.vip {
@@ -173,6 +174,7 @@ impl Facts {
             LoopbackKind::HealthcheckBlackhole => Some(Source::Lb),
             LoopbackKind::VipAsSource => Some(Source::Node),
             LoopbackKind::VipPortUnserved => None,
+            LoopbackKind::ServiceSelfLoop => Some(Source::Pod),
         };
         Facts {
             kind,

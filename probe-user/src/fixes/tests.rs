@@ -263,3 +263,17 @@ fn a_vip_not_bound_by_kube_proxy_gets_no_ip_mode_or_hostname_fix() {
         assert!(!other.iter().any(|id| id.contains("hostname")), "{other:?}");
     }
 }
+
+/// `service_self_loop`: no Service setting or LB annotation restores a pod's hairpin (the
+/// remedy names kube-proxy's or the kubelet's piece), so the table offers nothing that would
+/// contradict it.
+#[test]
+fn a_self_loop_gets_no_fix() {
+    for provider in Provider::ALL {
+        for etp in [None, Some(Etp::Local), Some(Etp::Cluster)] {
+            let mut f = hairpin(provider, etp);
+            f.kind = LoopbackKind::ServiceSelfLoop;
+            assert!(fixes(&f).is_empty(), "{provider:?} {etp:?}: {:?}", ids(&f));
+        }
+    }
+}

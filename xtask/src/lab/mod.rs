@@ -28,7 +28,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 
 pub use client::{Attempt, connect_here, connect_in, http_get_in, in_netns};
-pub use net::{SERVERS, UP_STEPS};
+pub use net::{POD_BRIDGE, SERVERS, UP_STEPS};
 pub use udp::{UDP_SERVERS, udp_exchange_in};
 
 /// Every lab namespace's name starts with this.
@@ -211,16 +211,26 @@ pub enum Variant {
     /// <VIP> dev eth0 proto 66 table local`, as the GCE guest agent makes forwarding-rule IPs
     /// local. Exclusive with `vip-bound` (its address brings its own local route).
     VipLocalRoute,
+    /// kube-proxy's masquerade for pod-b calling its own Service is missing: the KUBE-SEP
+    /// rule `-s pod-b -j KUBE-MARK-MASQ` (iptables), the endpoint chain's `ip saddr pod-b jump
+    /// mark-for-masquerade` (nftables), the KUBE-LOOP-BACK entry (IPVS, kubernetes#134884).
+    SelfSnatMissing,
+    /// pod-b hangs off a bridge (`cbr0`, kubenet style) with br_netfilter on
+    /// (`bridge-nf-call-iptables=1`) and hairpin mode off on its port (the kubelet's
+    /// `--hairpin-mode=none`), instead of a routed veth.
+    BridgePod,
 }
 
 impl Variant {
-    pub const ALL: [Variant; 6] = [
+    pub const ALL: [Variant; 8] = [
         Variant::VipBound,
         Variant::RpFilter,
         Variant::Masquerade,
         Variant::IpvsFilter,
         Variant::PeerNode,
         Variant::VipLocalRoute,
+        Variant::SelfSnatMissing,
+        Variant::BridgePod,
     ];
 
     pub fn name(self) -> &'static str {
@@ -231,6 +241,8 @@ impl Variant {
             Variant::IpvsFilter => "ipvs-filter",
             Variant::PeerNode => "peer-node",
             Variant::VipLocalRoute => "vip-local-route",
+            Variant::SelfSnatMissing => "self-snat-missing",
+            Variant::BridgePod => "bridge-pod",
         }
     }
 }
@@ -250,6 +262,8 @@ pub struct Variants {
     pub ipvs_filter: bool,
     pub peer_node: bool,
     pub vip_local_route: bool,
+    pub self_snat_missing: bool,
+    pub bridge_pod: bool,
 }
 
 impl Default for Variants {
@@ -262,6 +276,8 @@ impl Default for Variants {
             ipvs_filter: false,
             peer_node: false,
             vip_local_route: false,
+            self_snat_missing: false,
+            bridge_pod: false,
         }
     }
 }
@@ -275,6 +291,8 @@ impl Variants {
             Variant::IpvsFilter => self.ipvs_filter,
             Variant::PeerNode => self.peer_node,
             Variant::VipLocalRoute => self.vip_local_route,
+            Variant::SelfSnatMissing => self.self_snat_missing,
+            Variant::BridgePod => self.bridge_pod,
         }
     }
 
@@ -286,6 +304,8 @@ impl Variants {
             Variant::IpvsFilter => self.ipvs_filter = on,
             Variant::PeerNode => self.peer_node = on,
             Variant::VipLocalRoute => self.vip_local_route = on,
+            Variant::SelfSnatMissing => self.self_snat_missing = on,
+            Variant::BridgePod => self.bridge_pod = on,
         }
         self
     }
@@ -397,6 +417,15 @@ pub enum Scenario {
     /// Failure 1 with the VIP local through a `local` route (proto 66, no address), as the
     /// GCE guest agent makes LB IPs local: the LB's health check from the VIP is a martian.
     HealthcheckBlackholeLocalRoute,
+    /// A pod reaches itself through its own Service: pod B -> ClusterIP:80 -> pod B without
+    /// the hairpin SNAT; it comes back with its own address as source and pod B drops it.
+    SelfLoop,
+    /// Twin: the same call with kube-proxy's hairpin masquerade in place, answered.
+    SelfLoopSnat,
+    /// pod B behind a bridge with br_netfilter on and hairpin mode off: its call to its own
+    /// ClusterIP is DNATed in the bridge and never leaves its bridge port (in IPVS mode, seen
+    /// on 6.12: the reply is un-NATed in the bridge and dies at the same port).
+    SelfLoopBridge,
 }
 
 /// How a scenario drives its traffic, and what it must come to.
@@ -415,7 +444,7 @@ pub struct ScenarioSpec {
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 26] = [
+    pub const ALL: [Scenario; 29] = [
         Scenario::HealthcheckBlackhole,
         Scenario::HealthcheckOk,
         Scenario::Hairpin,
@@ -442,6 +471,9 @@ impl Scenario {
         Scenario::HairpinHostListenerNodeSourced,
         Scenario::OutsideClientHostListener,
         Scenario::HealthcheckBlackholeLocalRoute,
+        Scenario::SelfLoop,
+        Scenario::SelfLoopSnat,
+        Scenario::SelfLoopBridge,
     ];
 
     /// Scenarios whose client speaks UDP (one datagram, one answer).
@@ -477,6 +509,9 @@ impl Scenario {
             Scenario::HairpinHostListenerNodeSourced => "hairpin-host-listener-node-sourced",
             Scenario::OutsideClientHostListener => "outside-client-host-listener",
             Scenario::HealthcheckBlackholeLocalRoute => "healthcheck-blackhole-local-route",
+            Scenario::SelfLoop => "self-loop",
+            Scenario::SelfLoopSnat => "self-loop-snat",
+            Scenario::SelfLoopBridge => "self-loop-bridge",
         }
     }
 
@@ -488,6 +523,8 @@ impl Scenario {
             ipvs_filter: false,
             peer_node: false,
             vip_local_route: false,
+            self_snat_missing: false,
+            bridge_pod: false,
         };
         let bound = off.with(Variant::VipBound, true);
         let host_listener = SocketAddrV4::new(VIP, VIP_HOST_LISTENER_PORT);
@@ -723,6 +760,33 @@ impl Scenario {
                 Outcome::Timeout,
                 "LB health check VIP -> node:30080; the node has the VIP as a `local` route \
                  (proto 66, no address, as a cloud guest agent adds it): martian source, dropped",
+            ),
+            Scenario::SelfLoop => s(
+                off.with(Variant::SelfSnatMissing, true),
+                NS_POD_B,
+                None,
+                SocketAddrV4::new(CLUSTER_IP, SERVICE_PORT),
+                Outcome::Timeout,
+                "pod-b -> ClusterIP:80 -> pod-b:8080 without the hairpin masquerade: it arrives \
+                 with pod-b's own address as source, pod-b drops it as a local source",
+            ),
+            Scenario::SelfLoopSnat => s(
+                off,
+                NS_POD_B,
+                None,
+                SocketAddrV4::new(CLUSTER_IP, SERVICE_PORT),
+                Outcome::Ok,
+                "pod-b -> ClusterIP:80 -> pod-b:8080, masqueraded to the node's address: answered",
+            ),
+            Scenario::SelfLoopBridge => s(
+                off.with(Variant::BridgePod, true),
+                NS_POD_B,
+                None,
+                SocketAddrV4::new(CLUSTER_IP, SERVICE_PORT),
+                Outcome::Timeout,
+                "pod-b on bridge cbr0 (br_netfilter on, hairpin mode off) -> ClusterIP:80: \
+                 DNATed back to pod-b in the bridge, which will not send it out the port it came \
+                 in on",
             ),
         }
     }
@@ -1029,6 +1093,13 @@ impl Lab {
     pub fn set_all(&self, variants: &Variants) -> Result<()> {
         net::require_up()?;
         net::set_variants(variants)
+    }
+
+    /// Hairpin mode on pod-b's bridge port (variant `bridge-pod`), as the kubelet's
+    /// `--hairpin-mode=hairpin-veth` sets it.
+    pub fn set_pod_b_hairpin_mode(&self, on: bool) -> Result<()> {
+        net::require_up()?;
+        net::set_pod_b_hairpin_mode(on)
     }
 
     /// One TCP attempt from inside `ns` (bound to `src` if given), with this lab's timeout.
