@@ -796,7 +796,7 @@ fn vip_local_route() -> Result<bool> {
 fn set_vip_local_route(on: bool) -> Result<()> {
     let have = vip_local_route()?;
     let op = match (on, have) {
-        (true, false) => "add",
+        (true, false) => "append", // beside a kube-ipvs0 address's own local route, as the kernel itself adds routes
         (false, true) => "del",
         _ => return Ok(()),
     };
