@@ -84,6 +84,15 @@ impl Agent {
         Agent::start_with_env(netns, extra, &[])
     }
 
+    /// [`Agent::start`], then waits for the agent's first service-table read. Readiness does
+    /// not wait for the table (it fills in behind, issue #25), so a test that asserts
+    /// service-table evidence must not drive traffic before the table is there.
+    pub fn start_with_table(netns: &str, extra: &[&str]) -> Agent {
+        let mut agent = Agent::start(netns, extra);
+        agent.wait_log("service table read", Duration::from_secs(60));
+        agent
+    }
+
     /// [`Agent::start`] with extra environment variables (the agent's test hooks).
     pub fn start_with_env(netns: &str, extra: &[&str], env: &[(&str, &str)]) -> Agent {
         let dir = tempdir::TempDir::new("agent");

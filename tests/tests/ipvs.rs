@@ -295,7 +295,7 @@ fn ipvs_mode_failures_are_confirmed_and_twins_are_silent() {
         );
     }
 
-    let agent = Agent::start(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
     let mut run = Run {
         agent: &agent,
         lab: &lab,
@@ -382,7 +382,7 @@ fn ipvs_mode_hairpin_is_confirmed() {
         &UpOptions::default(),
     )
     .expect("IPVS-mode lab up");
-    let agent = Agent::start(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
     let mut run = Run {
         agent: &agent,
         lab: &lab,
@@ -424,7 +424,7 @@ fn ipvs_mode_access_filter_unserved_port_is_confirmed() {
     )
     .expect("IPVS-mode lab up");
     // The agent's first read of the service table sees the filter chain.
-    let agent = Agent::start(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
     let mut run = Run {
         agent: &agent,
         lab: &lab,
@@ -463,7 +463,7 @@ fn ipvs_mode_hairpin_variants_are_confirmed_and_twins_are_silent() {
         &UpOptions::default(),
     )
     .expect("IPVS-mode lab up");
-    let agent = Agent::start(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
     let mut run = Run {
         agent: &agent,
         lab: &lab,
@@ -516,7 +516,7 @@ fn ipvs_mode_virtual_service_added_is_read_without_a_timer_tick() {
         &UpOptions::default(),
     )
     .expect("IPVS-mode lab up");
-    let mut agent = Agent::start(
+    let mut agent = Agent::start_with_table(
         lab::NS_NODE,
         &["--nic", lab::NODE_NIC, "--services-every", "3600"],
     );

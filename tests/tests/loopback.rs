@@ -16,7 +16,7 @@ const WAIT: Duration = Duration::from_secs(10);
 
 fn run(scenario: Scenario) -> (Outcome, Agent) {
     let lab = LabGuard::up(&Variants::default()).expect("lab up");
-    let agent = Agent::start(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
     let outcome = lab.traffic(scenario).expect("traffic");
     std::thread::sleep(SETTLE);
     // Keep the lab until the agent has had its say.
@@ -197,7 +197,7 @@ fn repeated_health_checks_aggregate_into_one_event() {
         return;
     }
     let lab = LabGuard::up(&Variants::default()).expect("lab up");
-    let agent = Agent::start(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
     for _ in 0..3 {
         assert_eq!(
             lab.traffic(Scenario::HealthcheckBlackhole).unwrap(),
@@ -230,7 +230,7 @@ fn repeated_health_checks_aggregate_into_one_event() {
 /// of the service table (its access filter included) already sees them.
 fn run_in_variants(scenario: Scenario) -> (Outcome, Agent) {
     let lab = LabGuard::up(&scenario.spec().variants).expect("lab up");
-    let agent = Agent::start(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
     let outcome = lab.traffic(scenario).expect("traffic");
     std::thread::sleep(SETTLE);
     let _ = agent.events();
@@ -355,7 +355,7 @@ const METRICS: &str = "127.0.0.1:9977";
 /// summed over `kind` (every report counts, repeats included) read before the lab goes.
 fn run_counted(scenario: Scenario, kind: &str) -> (Outcome, Agent, u64) {
     let lab = LabGuard::up(&Variants::default()).expect("lab up");
-    let agent = Agent::start(
+    let agent = Agent::start_with_table(
         lab::NS_NODE,
         &["--nic", lab::NODE_NIC, "--metrics-addr", METRICS],
     );

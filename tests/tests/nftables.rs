@@ -29,7 +29,7 @@ fn lab_up() -> LabGuard {
 fn run(scenario: Scenario) -> Agent {
     let lab = lab_up();
     assert_eq!(lab.mode().unwrap(), KubeProxyMode::Nftables);
-    let agent = Agent::start(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
     let report = lab.run(scenario).expect("traffic");
     assert_eq!(
         report.outcome(),

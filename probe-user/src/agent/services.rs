@@ -133,10 +133,11 @@ async fn timer(every: Duration, tx: mpsc::Sender<ServiceTable>) {
         let started = Instant::now();
         match tokio::task::spawn_blocking(state::read_services).await {
             Ok(Ok(table)) => {
-                log_table(&table, "timer", Some(started.elapsed()));
+                let line = TableLine::of(&table);
                 if tx.send(table).await.is_err() {
                     return;
                 }
+                line.log("timer", Some(started.elapsed()));
             }
             Ok(Err(e)) => warn!(error = %e, "reading the service table"),
             Err(e) => warn!(error = %e, "the service table reader failed"),
@@ -236,11 +237,12 @@ async fn on_change(r: Refresher) {
                             .ipvs;
                     }
                     if last.as_ref() != Some(&table) {
-                        log_table(&table, "change", Some(took));
+                        let line = TableLine::of(&table);
                         last = Some(table.clone());
                         if r.tx.send(table).await.is_err() {
                             return;
                         }
+                        line.log("change", Some(took));
                     }
                 }
                 Ok(Err(e)) => {
@@ -289,15 +291,33 @@ async fn on_change(r: Refresher) {
     }
 }
 
-/// One INFO line per new table: what a change did, visible on any node.
-fn log_table(table: &ServiceTable, why: &str, took: Option<Duration>) {
-    info!(
-        source = ?table.source,
-        services = table.services.len(),
-        nodeports = table.nodeports.len(),
-        read_ms = took.map(|d| d.as_millis() as u64),
-        "service table read ({why})"
-    );
+/// One INFO line per new table: what a change did, visible on any node. Logged only once the
+/// table is handed to the correlator, so the line means "the correlator has (or is about to
+/// take) this table" — tests and operators may act on it.
+struct TableLine {
+    source: Option<state::ServiceSource>,
+    services: usize,
+    nodeports: usize,
+}
+
+impl TableLine {
+    fn of(table: &ServiceTable) -> TableLine {
+        TableLine {
+            source: table.source,
+            services: table.services.len(),
+            nodeports: table.nodeports.len(),
+        }
+    }
+
+    fn log(&self, why: &str, took: Option<Duration>) {
+        info!(
+            source = ?self.source,
+            services = self.services,
+            nodeports = self.nodeports,
+            read_ms = took.map(|d| d.as_millis() as u64),
+            "service table read ({why})"
+        );
+    }
 }
 
 /// The table for the correlator at start: in timer mode the first read, awaited (the old
