@@ -608,7 +608,7 @@ fn ipvs_mode_service_self_loop_is_confirmed_and_twins_are_silent() {
         &UpOptions::default(),
     )
     .expect("IPVS-mode lab up");
-    let agent = Agent::start(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
     let mut run = Run {
         agent: &agent,
         lab: &lab,

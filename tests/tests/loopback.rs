@@ -720,7 +720,7 @@ fn healthy_twin_bridge_port_with_hairpin_mode_reports_nothing() {
     let variants = Scenario::SelfLoopBridge.spec().variants;
     let lab = LabGuard::up(&variants).expect("lab up");
     lab.set_pod_b_hairpin_mode(true).expect("hairpin mode on");
-    let agent = Agent::start(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
     let spec = Scenario::SelfLoopBridge.spec();
     let attempt = lab
         .connect(spec.from_ns, spec.src, spec.dst)

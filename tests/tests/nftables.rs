@@ -196,7 +196,7 @@ fn run_in_variants(scenario: Scenario) -> Agent {
         &Default::default(),
     )
     .expect("lab up (nftables mode)");
-    let agent = Agent::start(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
     let report = lab.run(scenario).expect("traffic");
     assert_eq!(
         report.outcome(),
