@@ -477,6 +477,7 @@ impl Correlator {
                         info.location.as_deref(),
                         packet.src_tag,
                         info.iface.is_some(),
+                        self_loop::is_self_loop(&packet),
                     )
                 {
                     info.reason.name = name.to_string();

@@ -237,6 +237,43 @@ fn a_pod_namespace_drop_for_another_reason_is_no_self_loop() {
     invariants(&c);
 }
 
+/// Debian 5.10 (no drop reasons): the pod's namespace drops its own packet at route input with
+/// no reason and no interface of ours; the site and the self-addressed packet name it.
+#[test]
+fn a_kernel_without_drop_reasons_is_judged_by_the_drop_site() {
+    let mut c = corr();
+    let mut ev = self_drop(
+        S,
+        40007,
+        true,
+        DropReason::UNREPORTED,
+        "ip_rcv_finish_core.constprop.0+0x20e",
+    );
+    if let KernelEvent::Drop { reason, .. } = &mut ev {
+        reason.code = 0;
+    }
+    let q = only_query(&c.ingest(ev));
+    let r = only_report(&answer(
+        &mut c,
+        &q,
+        Ok(Some(entry(40007, false))),
+        facts(Some(false), None),
+    ));
+    assert_eq!(r.event.kind, LoopbackKind::ServiceSelfLoop);
+    assert_eq!(r.event.drop_reason.as_deref(), Some("IP_LOCAL_SOURCE"));
+    assert!(has_line(&r.event.evidence, "inferred"), "{:#?}", r.event);
+    // The same kernel's unreported drop elsewhere in the pod is still no self-loop.
+    let outs = c.ingest(self_drop(
+        S + MS,
+        40008,
+        true,
+        DropReason::UNREPORTED,
+        "sk_stream_kill_queues+0x50",
+    ));
+    assert!(outs.is_empty(), "{outs:?}");
+    invariants(&c);
+}
+
 #[test]
 fn without_an_answer_the_drop_alone_confirms_with_snat_unknown() {
     let mut c = corr();
