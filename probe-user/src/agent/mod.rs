@@ -207,6 +207,7 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
 
     let ifnames: IfNames = Arc::new(RwLock::new(Default::default()));
     let (status_tx, status_rx) = watch::channel(NodeStatus::default());
+    let (owners_tx, owners_rx) = watch::channel(nodesync::Owners::default());
     let mut sync = NodeSync::new(
         loaded.probe,
         loaded.addresses,
@@ -214,6 +215,7 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         cfg.map_sizes.addresses,
         ifnames.clone(),
         status_tx,
+        owners_tx,
     );
     let sets = sync.sync(&rt_handle).await?;
     steps.mark("attach");
@@ -243,6 +245,7 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         reasons: kbtf.drop_reasons.clone(),
         kallsyms,
         ifnames: ifnames.clone(),
+        netns: kernel::current_netns_inode(),
     };
     if let Some(logger) = loaded.logger {
         tokio::spawn(kernel::probe::run_logger(logger));
@@ -327,6 +330,7 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         node_name: cfg.node_name.clone(),
         provider: cfg.provider,
         vip_iface: cfg.addr.vip_iface.clone(),
+        owners: owners_rx,
     })
     .await;
     // Orderly shutdown: stop the surfaces and the sync task (it detaches), then the reader.
@@ -369,6 +373,8 @@ struct CorrelateLoop {
     provider: Option<crate::fixes::Provider>,
     /// `--vip-iface`: the owner the events name for a VIP bound there.
     vip_iface: String,
+    /// Who made each local address local (the node sync's latest).
+    owners: watch::Receiver<nodesync::Owners>,
 }
 
 struct Signals {
@@ -384,6 +390,7 @@ async fn correlate_loop(mut l: CorrelateLoop) -> anyhow::Result<()> {
         ..CorrelatorConfig::default()
     });
     correlator.set_services(std::mem::take(&mut l.services));
+    correlator.set_owners(l.owners.borrow_and_update().clone());
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     // The service table is re-read off this loop: iptables-save and the IPVS dump can take a
     // second on a busy node, and events must not wait behind them (the egress map moves on).
@@ -418,6 +425,9 @@ async fn correlate_loop(mut l: CorrelateLoop) -> anyhow::Result<()> {
                     stats.clone_from(correlator.stats());
                 }
                 correlator.set_nics(l.shared.status.borrow().nics.clone());
+                if l.owners.has_changed().unwrap_or(false) {
+                    correlator.set_owners(l.owners.borrow_and_update().clone());
+                }
                 correlator.tick(monotonic_ns())
             }
             Some(table) = services_rx.recv() => {
@@ -561,6 +571,29 @@ fn answer_query(
             debug!(%src, records = records.len(), "egress records of a pod suspect");
             let _ = tx.try_send(Answer::Egress { id, records });
         }
+        Query::Listener {
+            id,
+            addr,
+            port,
+            proto,
+        } => {
+            let tx = tx.clone();
+            tokio::task::spawn_blocking(move || {
+                let listener = state::sockets::listener(addr, port, proto).map_err(|e| {
+                    debug!(error = %e, "listener look-up");
+                    e.to_string()
+                });
+                let _ = tx.blocking_send(Answer::Listener { id, listener });
+            });
+        }
+        Query::SelfLoop { id, tuple, iface } => {
+            let tx = tx.clone();
+            let caps = caps.clone();
+            tokio::task::spawn_blocking(move || {
+                let answer = answer_self_loop(id, &tuple, iface.as_deref(), &caps);
+                let _ = tx.blocking_send(answer);
+            });
+        }
         Query::Conntrack { id, tuple } => {
             let tx = tx.clone();
             let caps = caps.clone();
@@ -579,6 +612,45 @@ fn answer_query(
                 let _ = tx.blocking_send(answer);
             });
         }
+    }
+}
+
+/// A pod's call to its own Service looped: conntrack by the reply tuple (the dropped packet
+/// reversed: the answer it would get without SNAT), and the node's pieces of the hairpin.
+/// Blocking (netlink, `ipset`, sysfs).
+fn answer_self_loop(
+    id: u64,
+    tuple: &state::Tuple,
+    iface: Option<&str>,
+    caps: &Capabilities,
+) -> Answer {
+    let reply = state::Tuple {
+        src: tuple.dst,
+        dst: tuple.src,
+        sport: tuple.dport,
+        dport: tuple.sport,
+        proto: tuple.proto,
+    };
+    let conntrack = if let Some(injected) = std::env::var_os(CONNTRACK_FAIL_ENV) {
+        Err(injected.to_string_lossy().into_owned())
+    } else {
+        state::conntrack::lookup_reply(&reply).map_err(|e| e.to_string())
+    };
+    match &conntrack {
+        Ok(_) => caps.set(Capability::Conntrack, true, ""),
+        Err(error) => caps.set(Capability::Conntrack, false, error),
+    };
+    let (bridge_port, br_netfilter) = state::bridge::read(tuple.src, iface);
+    let facts = state::SelfLoopFacts {
+        loop_back_entry: state::ipset::read_loop_back_entry(tuple.src, tuple.proto, tuple.dport),
+        bridge_port,
+        br_netfilter,
+    };
+    debug!(?facts, "self-loop: the node's hairpin pieces");
+    Answer::SelfLoop {
+        id,
+        conntrack,
+        facts,
     }
 }
 

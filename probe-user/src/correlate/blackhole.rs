@@ -137,6 +137,7 @@ impl Correlator {
         evidence.push(unauthenticated_source_line(packet.src));
         let svc = self.nodeport_evidence(packet, &mut evidence);
         self.vip_served_evidence(packet.src, &mut evidence);
+        self.owner_evidence(packet.src, &mut evidence);
         let nic = info
             .iface
             .clone()

@@ -42,6 +42,7 @@ impl Correlator {
         evidence.push(unauthenticated_source_line(packet.src));
         evidence.push(destination_line(packet, &self.services));
         self.vip_served_evidence(packet.src, &mut evidence);
+        self.owner_evidence(packet.src, &mut evidence);
         let nic = info
             .iface
             .clone()
@@ -76,6 +77,7 @@ impl Correlator {
         self.stats.vip_egress_seen += 1;
         let mut evidence = vec![vip_egress_line(ts, nic, packet)];
         self.vip_served_evidence(packet.src, &mut evidence);
+        self.owner_evidence(packet.src, &mut evidence);
         let key = AggregateKey::VipAsSource {
             vip: packet.src,
             dst: packet.dst,
@@ -104,7 +106,7 @@ impl Correlator {
         side: VipSourceSide,
     ) -> LoopbackEvent {
         event.facts.side = Some(side);
-        event.facts.owner = self.vip_owner(packet.src_tag);
+        event.facts.owner = self.vip_owner(packet.src, packet.src_tag);
         event.facts.etp_rules = self.rules_etp(packet);
         event
     }
@@ -115,7 +117,7 @@ impl Correlator {
         mut event: LoopbackEvent,
         packet: &Packet,
     ) -> LoopbackEvent {
-        event.facts.owner = self.vip_owner(packet.src_tag);
+        event.facts.owner = self.vip_owner(packet.src, packet.src_tag);
         event.facts.etp_rules = self.rules_etp(packet);
         event
     }
