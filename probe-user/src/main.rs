@@ -131,6 +131,10 @@ struct AgentArgs {
     /// Service, else the Node) when API access exists (--kubeconfig or in-cluster).
     #[arg(long, env = "CLB_PROBE_KUBE_EVENTS", value_enum, default_value_t = OnOff::On)]
     kube_events: OnOff,
+    /// Write this node's LoopbackReport (clb-probe.io/v1alpha1, named after the node: risks,
+    /// active and resolved loops) when API access exists; needs the chart's CRD and RBAC.
+    #[arg(long, env = "CLB_PROBE_NODE_REPORT", value_enum, default_value_t = OnOff::Off)]
+    node_report: OnOff,
     /// The cloud whose LB fixes events carry (aws, azure, gce, alicloud, tencentcloud, hcloud,
     /// digitalocean, openstack, generic). Default: from the Service's LB class and
     /// annotations, else generic.
@@ -317,6 +321,16 @@ fn main() -> ExitCode {
                 .ok()
                 .flatten(),
             };
+            let node_report = match args.node_report {
+                OnOff::Off => None,
+                OnOff::On => clb_probe::kube::KubeArgs {
+                    kube_attribution: clb_probe::kube::Attribution::Auto,
+                    ..args.kube.clone()
+                }
+                .source()
+                .ok()
+                .flatten(),
+            };
             init_logging(args.log_format, args.ebpf_log);
             let cfg = AgentConfig {
                 addr: AddrConfig {
@@ -337,6 +351,7 @@ fn main() -> ExitCode {
                 node_name: args.kube.node_name,
                 kube_events,
                 provider: args.provider,
+                node_report,
             };
             let rt = match tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)

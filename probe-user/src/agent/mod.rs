@@ -69,6 +69,9 @@ pub struct AgentConfig {
     pub kube_events: Option<crate::kube::KubeSource>,
     /// `--provider`: the provider profile of the events' fixes (None: from each Service).
     pub provider: Option<crate::fixes::Provider>,
+    /// `--node-report`: where to write this node's `LoopbackReport` (None: off, or no API
+    /// access).
+    pub node_report: Option<crate::kube::KubeSource>,
 }
 
 /// Runs until SIGINT, SIGTERM, SIGHUP or SIGQUIT. Every exit path detaches: the probe is owned by the node-sync
@@ -287,6 +290,21 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
             );
             None
         }
+    };
+    // The node report: subscribed before the first report, beside the loop like the Events.
+    let _node_report_task = match &cfg.node_report {
+        Some(source) => {
+            let node = cfg.node_name.clone().unwrap_or_else(hub::node_name);
+            let checks = crate::report::writer::spawn_checks(cfg.addr.clone(), kube_index.clone());
+            Some(AbortOnDrop(tokio::spawn(crate::report::writer::start(
+                source.clone(),
+                crate::report::writer::NodeFacts::of_this_node(&node),
+                shared.capabilities.clone(),
+                shared.subscribe(),
+                checks,
+            ))))
+        }
+        None => None,
     };
     let metrics_task = metrics_listener.map(|listener| {
         info!(addr = ?listener.local_addr().ok(), "serving /metrics, /healthz, /readyz");

@@ -14,15 +14,19 @@ pub(crate) struct ResourceInfo {
     /// The API group (`""` for core).
     pub group: &'static str,
     pub namespaced: bool,
+    /// A `/status` subresource: writes to the object ignore `status`, writes to `/status`
+    /// change only `status` (as for a CRD with `subresources.status`).
+    pub status_subresource: bool,
 }
 
-pub(crate) const RESOURCES: [ResourceInfo; 6] = [
+pub(crate) const RESOURCES: [ResourceInfo; 7] = [
     ResourceInfo {
         resource: "pods",
         kind: "Pod",
         api_version: "v1",
         group: "",
         namespaced: true,
+        status_subresource: false,
     },
     ResourceInfo {
         resource: "services",
@@ -30,6 +34,7 @@ pub(crate) const RESOURCES: [ResourceInfo; 6] = [
         api_version: "v1",
         group: "",
         namespaced: true,
+        status_subresource: false,
     },
     ResourceInfo {
         resource: "nodes",
@@ -37,6 +42,7 @@ pub(crate) const RESOURCES: [ResourceInfo; 6] = [
         api_version: "v1",
         group: "",
         namespaced: false,
+        status_subresource: false,
     },
     ResourceInfo {
         resource: "endpointslices",
@@ -44,6 +50,7 @@ pub(crate) const RESOURCES: [ResourceInfo; 6] = [
         api_version: "discovery.k8s.io/v1",
         group: "discovery.k8s.io",
         namespaced: true,
+        status_subresource: false,
     },
     ResourceInfo {
         resource: "events",
@@ -51,6 +58,16 @@ pub(crate) const RESOURCES: [ResourceInfo; 6] = [
         api_version: "events.k8s.io/v1",
         group: "events.k8s.io",
         namespaced: true,
+        status_subresource: false,
+    },
+    // clb-probe's per-node report (the chart's CRD `loopbackreports.clb-probe.io`).
+    ResourceInfo {
+        resource: "loopbackreports",
+        kind: "LoopbackReport",
+        api_version: "clb-probe.io/v1alpha1",
+        group: "clb-probe.io",
+        namespaced: false,
+        status_subresource: true,
     },
     // The same Events through core/v1 (read only, converted as the API server converts them):
     // `kubectl describe` lists a Service's Events there. Last, so `resource_of("Event")` is
@@ -61,6 +78,7 @@ pub(crate) const RESOURCES: [ResourceInfo; 6] = [
         api_version: "v1",
         group: "",
         namespaced: true,
+        status_subresource: false,
     },
 ];
 
