@@ -171,12 +171,20 @@ impl Loops {
     }
 }
 
+/// A hairpin event for tests (the writer's too).
+#[cfg(test)]
+pub(crate) fn tests_event(key: &str, service: Option<&str>) -> LoopbackEvent {
+    let mut e = tests::ev(key, 1, None);
+    e.service = service.map(String::from);
+    e
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use probe_contract::{LoopbackKind, Outcome, Proto, SnatState};
 
-    fn ev(key: &str, count: u64, pod: Option<&str>) -> LoopbackEvent {
+    pub(super) fn ev(key: &str, count: u64, pod: Option<&str>) -> LoopbackEvent {
         LoopbackEvent {
             kind: LoopbackKind::Hairpin,
             key: key.to_string(),

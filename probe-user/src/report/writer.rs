@@ -380,3 +380,7 @@ pub async fn run(
         }
     }
 }
+
+#[cfg(test)]
+#[path = "writer_tests.rs"]
+mod tests;

@@ -1,0 +1,188 @@
+//! The writer against the in-process fake API server (xtask::kubeapi) with the real kube
+//! client: object named after the node and owned by it, status through the status
+//! subresource by server-side apply, refusals, recreation, and the running task.
+
+use std::sync::Arc;
+
+use serde_json::json;
+use xtask::kubeapi::FakeApiServer;
+
+use super::*;
+use crate::report::status::ActiveLoop;
+
+struct Fake {
+    api: FakeApiServer,
+    kubeconfig: std::path::PathBuf,
+}
+
+impl Drop for Fake {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.kubeconfig);
+    }
+}
+
+fn fake(tag: &str) -> Fake {
+    let api = FakeApiServer::start().expect("fake API server");
+    let kubeconfig = std::env::temp_dir().join(format!(
+        "clb-report-writer-{tag}-{}.kubeconfig",
+        std::process::id()
+    ));
+    api.write_kubeconfig(&kubeconfig).unwrap();
+    api.apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"}}));
+    Fake { api, kubeconfig }
+}
+
+async fn client(f: &Fake) -> kube::Client {
+    crate::kube::connect(&crate::kube::KubeSource::Kubeconfig(f.kubeconfig.clone()))
+        .await
+        .unwrap()
+}
+
+fn status(node: &str, loops: u32) -> ReportStatus {
+    ReportStatus {
+        node: node.into(),
+        kube_proxy_mode: "ipvs".into(),
+        active_loop_count: loops,
+        active_loops: (0..loops)
+            .map(|i| ActiveLoop {
+                kind: "hairpin".into(),
+                vip: format!("203.0.113.{i}:80"),
+                ..Default::default()
+            })
+            .collect(),
+        last_update: rfc3339(1_800_000_000),
+        ..Default::default()
+    }
+}
+
+fn report_of(f: &Fake, name: &str) -> Option<serde_json::Value> {
+    f.api
+        .objects("loopbackreports")
+        .into_iter()
+        .find(|o| o["metadata"]["name"] == name)
+}
+
+#[tokio::test]
+async fn the_report_is_named_after_the_node_owned_by_it_and_applied_to_status() {
+    let f = fake("own");
+    let node_uid = f.api.objects("nodes")[0]["metadata"]["uid"].clone();
+    let mut w = ReportWriter::new(client(&f).await, "node-a").unwrap();
+    w.write(&status("node-a", 2)).await.unwrap();
+    let obj = report_of(&f, "node-a").expect("report written");
+    assert_eq!(obj["apiVersion"], "clb-probe.io/v1alpha1");
+    assert_eq!(obj["metadata"]["ownerReferences"][0]["kind"], "Node");
+    assert_eq!(obj["metadata"]["ownerReferences"][0]["uid"], node_uid);
+    assert_eq!(obj["status"]["activeLoopCount"], 2);
+    assert_eq!(obj["status"]["kubeProxyMode"], "ipvs");
+    let status_patches: Vec<_> = f
+        .api
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "PATCH" && r.path.contains("/loopbackreports/node-a/status"))
+        .collect();
+    assert_eq!(status_patches.len(), 1);
+    assert!(
+        status_patches[0]
+            .content_type
+            .as_deref()
+            .is_some_and(|c| c.starts_with("application/apply-patch")),
+        "{:?}",
+        status_patches[0]
+    );
+    assert!(
+        status_patches[0]
+            .path
+            .contains("fieldManager=clb-probe-agent")
+    );
+    assert!(status_patches[0].path.contains("force=true"));
+    // The next write goes to status only (the object exists).
+    w.write(&status("node-a", 0)).await.unwrap();
+    assert_eq!(
+        report_of(&f, "node-a").unwrap()["status"]["activeLoopCount"],
+        0
+    );
+    let object_patches = f
+        .api
+        .requests()
+        .iter()
+        .filter(|r| r.method == "PATCH" && r.path.contains("/loopbackreports/node-a?"))
+        .count();
+    assert_eq!(object_patches, 1, "created once");
+}
+
+#[tokio::test]
+async fn only_this_node_s_report_is_ever_written() {
+    let f = fake("name");
+    assert!(ReportWriter::new(client(&f).await, "Not/A-Node").is_err());
+    let mut w = ReportWriter::new(client(&f).await, "node-a").unwrap();
+    assert!(w.write(&status("node-b", 1)).await.is_err());
+    assert!(f.api.objects("loopbackreports").is_empty());
+    assert!(f.api.requests().iter().all(|r| r.method != "PATCH"));
+}
+
+#[tokio::test]
+async fn a_refusal_is_an_error_and_a_deleted_report_is_recreated() {
+    let f = fake("refused");
+    let mut w = ReportWriter::new(client(&f).await, "node-a").unwrap();
+    f.api.forbid("loopbackreports", "patch");
+    let e = w.write(&status("node-a", 1)).await.unwrap_err();
+    assert!(matches!(e, kube::Error::Api(ref s) if s.code == 403), "{e}");
+    f.api.allow_all();
+    w.write(&status("node-a", 1)).await.unwrap();
+    assert!(f.api.delete("LoopbackReport", "", "node-a"));
+    // The status apply finds no object (404): said, and recreated on the next write.
+    assert!(w.write(&status("node-a", 3)).await.is_err());
+    w.write(&status("node-a", 3)).await.unwrap();
+    assert_eq!(
+        report_of(&f, "node-a").unwrap()["status"]["activeLoopCount"],
+        3
+    );
+}
+
+#[tokio::test]
+async fn the_task_writes_a_confirmed_loop_then_stops_with_the_broadcast() {
+    let f = fake("task");
+    let w = ReportWriter::new(client(&f).await, "node-a").unwrap();
+    let (tx, rx) = tokio::sync::broadcast::channel(16);
+    let (_checks_tx, checks) = watch::channel(CheckState {
+        mode: "iptables".into(),
+        risks: vec![],
+    });
+    let facts = NodeFacts {
+        node: "node-a".into(),
+        agent_version: "0.1.0".into(),
+        kernel: "6.12.0".into(),
+    };
+    let caps = Arc::new(Capabilities::default());
+    caps.set(Capability::Conntrack, false, "test");
+    let task = tokio::spawn(run(w, facts, caps, rx, checks));
+    let ev = crate::report::loops::tests_event("k1", Some("shop/web"));
+    tx.send(Arc::new(Report {
+        event: ev,
+        is_new: true,
+        write_json: true,
+    }))
+    .unwrap();
+    // Waits for the write (bounded); asserts what was written, not when.
+    let mut written = None;
+    for _ in 0..200 {
+        if let Some(o) = report_of(&f, "node-a")
+            && o["status"]["activeLoopCount"] == 1
+        {
+            written = Some(o);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let o = written.expect("the task wrote the loop");
+    assert_eq!(o["status"]["activeLoops"][0]["service"], "shop/web");
+    assert_eq!(o["status"]["activeLoops"][0]["kind"], "hairpin");
+    assert_eq!(o["status"]["kubeProxyMode"], "iptables");
+    assert_eq!(o["status"]["capabilities"][0]["name"], "conntrack");
+    assert_eq!(o["status"]["kernel"], "6.12.0");
+    drop(tx);
+    tokio::time::timeout(Duration::from_secs(30), task)
+        .await
+        .expect("the task ends when the broadcast closes")
+        .unwrap();
+}
