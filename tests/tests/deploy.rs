@@ -113,11 +113,29 @@ fn the_chart_renders_lints_and_validates_for_every_ci_values_file() {
     assert!(default.contains("kind: ClusterRole\n"));
     assert!(default.contains("- --kube-events=on"));
     assert!(default.contains("automountServiceAccountToken: true"));
+    // The node report (#27): its CRD with the printer columns, its RBAC, the flag.
+    for present in [
+        "kind: CustomResourceDefinition",
+        "name: loopbackreports.clb-probe.io",
+        "jsonPath: .status.activeLoopCount",
+        "jsonPath: .status.lastUpdate",
+        "resources: [loopbackreports/status]",
+        "- --node-report=on",
+    ] {
+        assert!(default.contains(present), "{present} not rendered by default");
+    }
 
     let values = chart::ci_values();
     assert!(values.len() >= 3, "ci/ values files: {values:?}");
     for v in &values {
         let stream = render_and_validate(Some(v));
+        if v.ends_with("node-report-off-values.yaml") {
+            assert!(stream.contains("- --node-report=off"));
+            for absent in ["CustomResourceDefinition", "loopbackreports", "resources: [nodes]"] {
+                assert!(!stream.contains(absent), "{absent} rendered with nodeReport off");
+            }
+            assert!(stream.contains("kind: ClusterRole\n"), "the other RBAC stays");
+        }
         if v.ends_with("all-on-values.yaml") {
             for present in [
                 "kind: Namespace",
