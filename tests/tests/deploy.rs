@@ -122,7 +122,10 @@ fn the_chart_renders_lints_and_validates_for_every_ci_values_file() {
         "resources: [loopbackreports/status]",
         "- --node-report=on",
     ] {
-        assert!(default.contains(present), "{present} not rendered by default");
+        assert!(
+            default.contains(present),
+            "{present} not rendered by default"
+        );
     }
 
     let values = chart::ci_values();
@@ -131,10 +134,20 @@ fn the_chart_renders_lints_and_validates_for_every_ci_values_file() {
         let stream = render_and_validate(Some(v));
         if v.ends_with("node-report-off-values.yaml") {
             assert!(stream.contains("- --node-report=off"));
-            for absent in ["CustomResourceDefinition", "loopbackreports", "resources: [nodes]"] {
-                assert!(!stream.contains(absent), "{absent} rendered with nodeReport off");
+            for absent in [
+                "CustomResourceDefinition",
+                "loopbackreports",
+                "resources: [nodes]",
+            ] {
+                assert!(
+                    !stream.contains(absent),
+                    "{absent} rendered with nodeReport off"
+                );
             }
-            assert!(stream.contains("kind: ClusterRole\n"), "the other RBAC stays");
+            assert!(
+                stream.contains("kind: ClusterRole\n"),
+                "the other RBAC stays"
+            );
         }
         if v.ends_with("all-on-values.yaml") {
             for present in [

@@ -630,8 +630,8 @@ node-b  stale    ipvs  6.12.48+deb13-amd64  0      0        0             0     
 node-c  missing  -     -                    -      -        -             -             -              -
 
 SERVICE   ACTIVE-LOOPS  RISKS  NODES  KINDS                          FIRST FIX
-shop/web  2             1      1      hairpin,healthcheck_blackhole  etp-cluster: set externalTrafficPolicy: Cluster
-shop/api  1             0      1      hairpin                        etp-cluster: set externalTrafficPolicy: Cluster
+shop/web  2             1      1      hairpin,healthcheck_blackhole  etp-cluster
+shop/api  1             0      1      hairpin                        etp-cluster
 
 3 nodes: 1 risks, 3 active loops; 1 without a report (missing), 1 stale (no update for 15m)
 ";
@@ -648,6 +648,10 @@ shop/api  1             0      1      hairpin                        etp-cluster
         "{wide}"
     );
     assert!(wide.contains("0.1.0  drop_sites"), "{wide}");
+    assert!(
+        wide.contains("etp-cluster: set externalTrafficPolicy: Cluster"),
+        "{wide}"
+    );
 
     let json_out = a.run(&["report", "-o", "json"]);
     assert_eq!(json_out.status.code(), Some(1));

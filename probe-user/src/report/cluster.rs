@@ -190,6 +190,22 @@ pub fn build(
     view
 }
 
+/// The table's FIRST FIX: a fix's id (`id: what it changes`), else the remedy line cut to 60
+/// characters; `-o wide` shows it whole.
+fn short_fix(f: &str) -> String {
+    if let Some((id, _)) = f.split_once(": ")
+        && !id.is_empty()
+        && !id.contains(char::is_whitespace)
+    {
+        return id.to_string();
+    }
+    if f.chars().count() <= 60 {
+        return f.to_string();
+    }
+    let cut: String = f.chars().take(59).collect();
+    format!("{cut}…")
+}
+
 /// `12s`, `5m`, `3h`, `2d`.
 fn age(secs: i64) -> String {
     let s = secs.max(0);
@@ -301,7 +317,9 @@ pub fn table(view: &ClusterView, now: i64, wide: bool) -> String {
                 s.risks.to_string(),
                 s.nodes.len().to_string(),
                 esc(&s.kinds.iter().cloned().collect::<Vec<_>>().join(",")),
-                s.first_fix.as_deref().map_or_else(dash, esc),
+                s.first_fix
+                    .as_deref()
+                    .map_or_else(dash, |f| if wide { esc(f) } else { esc(&short_fix(f)) }),
             ]);
         }
         out.push_str(&aligned(&rows));
