@@ -154,6 +154,23 @@ pub fn build(
     }
 }
 
+/// What counts as a change worth a write: everything but the time of the update and an
+/// active loop's `count` and `lastSeen` (they move with every repeat: a looping node would
+/// write at the rate limit for as long as it loops). Those are refreshed by the next change
+/// or the [`HEARTBEAT`], well inside the 10 min active window.
+pub fn change_key(status: &ReportStatus) -> ReportStatus {
+    let mut key = status.clone();
+    key.last_update.clear();
+    for l in &mut key.active_loops {
+        l.count = 0;
+        l.last_seen.clear();
+    }
+    // The order of active loops follows lastSeen: sorted so a reorder is not a change.
+    key.active_loops
+        .sort_by(|a, b| (&a.kind, &a.vip, &a.service).cmp(&(&b.kind, &b.vip, &b.service)));
+    key
+}
+
 /// Runs `probe check`'s reading and rules every [`CHECK_EVERY`] on a thread of its own (it
 /// reads the node and shells out to iptables-save/ipset); stops when the receiver is gone.
 pub fn spawn_checks(
@@ -343,10 +360,7 @@ pub async fn run(
         loops.tick(now);
         let check = checks.borrow().clone();
         let status = build(&facts, &caps, &check, &loops, now);
-        let content = ReportStatus {
-            last_update: String::new(),
-            ..status.clone()
-        };
+        let content = change_key(&status);
         let heartbeat = now.saturating_sub(last_offer) >= HEARTBEAT.as_secs() as i64;
         if last_content.as_ref() != Some(&content) || heartbeat {
             gate.offer(status);

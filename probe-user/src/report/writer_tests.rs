@@ -186,3 +186,124 @@ async fn the_task_writes_a_confirmed_loop_then_stops_with_the_broadcast() {
         .expect("the task ends when the broadcast closes")
         .unwrap();
 }
+
+#[test]
+fn repeats_of_a_loop_are_not_a_change_a_new_loop_or_risk_is() {
+    let facts = NodeFacts {
+        node: "node-a".into(),
+        ..Default::default()
+    };
+    let caps = Capabilities::default();
+    let check = CheckState::default();
+    let mut loops = Loops::default();
+    let t0 = 1_800_000_000;
+    loops.observe(
+        &crate::report::loops::tests_event("k1", Some("shop/web")),
+        t0,
+    );
+    let first = change_key(&build(&facts, &caps, &check, &loops, t0));
+    let mut repeat = crate::report::loops::tests_event("k1", Some("shop/web"));
+    repeat.count = 40;
+    loops.observe(&repeat, t0 + 30);
+    let after_repeat = build(&facts, &caps, &check, &loops, t0 + 30);
+    assert_eq!(
+        after_repeat.active_loops[0].count, 40,
+        "the state has the count"
+    );
+    assert_eq!(
+        change_key(&after_repeat),
+        first,
+        "a repeat alone is no write"
+    );
+    let mut other = crate::report::loops::tests_event("k2", Some("shop/api"));
+    other.vip_port = Some(443);
+    loops.observe(&other, t0 + 31);
+    assert_ne!(
+        change_key(&build(&facts, &caps, &check, &loops, t0 + 31)),
+        first
+    );
+    let risky = CheckState {
+        mode: "ipvs".into(),
+        risks: vec![RiskStatus {
+            kind: "hairpin".into(),
+            ..Default::default()
+        }],
+    };
+    let mut loops = Loops::default();
+    loops.observe(
+        &crate::report::loops::tests_event("k1", Some("shop/web")),
+        t0,
+    );
+    assert_ne!(change_key(&build(&facts, &caps, &risky, &loops, t0)), first);
+    caps.set(Capability::DropHook, false, "test");
+    assert_ne!(
+        change_key(&build(&facts, &caps, &check, &loops, t0)),
+        first,
+        "a lost capability is a change"
+    );
+}
+
+/// The object size the README's API-load figures use: every list at its bound.
+#[test]
+fn a_full_report_stays_far_below_the_object_size_limit() {
+    use crate::report::{
+        loops::{MAX_ACTIVE, MAX_CLIENT_PODS, MAX_RESOLVED},
+        status::{MAX_RISKS, ResolvedLoop},
+    };
+    let t = rfc3339(1_800_000_000);
+    let full = ReportStatus {
+        node: "ip-10-0-123-234.eu-west-1.compute.internal".into(),
+        agent_version: "0.1.0".into(),
+        kernel: "6.12.48+deb13-amd64".into(),
+        kube_proxy_mode: "ipvs".into(),
+        capabilities: vec![],
+        risks: (0..MAX_RISKS)
+            .map(|i| RiskStatus {
+                kind: "healthcheck_blackhole".into(),
+                subject: format!("203.0.113.{i}"),
+                service: Some(format!("namespace-{i}/service-{i}")),
+                summary: "LB IP bound on kube-ipvs0: the LB's health checks from it are dropped"
+                    .into(),
+                first_fix: Some("etp-cluster".into()),
+            })
+            .collect(),
+        active_loops: (0..MAX_ACTIVE)
+            .map(|i| ActiveLoop {
+                kind: "hairpin".into(),
+                service: Some(format!("namespace-{i}/service-{i}")),
+                vip: format!("203.0.113.{i}:443"),
+                client_pods: (0..MAX_CLIENT_PODS)
+                    .map(|p| format!("namespace-{i}/client-7d9f8b6c4-x{p:04}"))
+                    .collect(),
+                count: 123_456,
+                first_seen: t.clone(),
+                last_seen: t.clone(),
+                first_fix: Some("aws-nlb-target-type-ip".into()),
+            })
+            .collect(),
+        resolved_loops: (0..MAX_RESOLVED)
+            .map(|i| ResolvedLoop {
+                kind: "hairpin".into(),
+                service: Some(format!("namespace-{i}/service-{i}")),
+                vip: format!("203.0.113.{i}:443"),
+                count: 123_456,
+                first_seen: t.clone(),
+                last_seen: t.clone(),
+                resolved_at: t.clone(),
+            })
+            .collect(),
+        ..Default::default()
+    };
+    let full_bytes = serde_json::to_vec(&full).unwrap().len();
+    let clean_bytes = serde_json::to_vec(&ReportStatus {
+        risks: vec![],
+        active_loops: vec![],
+        resolved_loops: vec![],
+        ..full.clone()
+    })
+    .unwrap()
+    .len();
+    eprintln!("report status: clean {clean_bytes} B, full {full_bytes} B");
+    assert!(full_bytes < 128 * 1024, "{full_bytes}");
+    assert!(clean_bytes < 1024, "{clean_bytes}");
+}
