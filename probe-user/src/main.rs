@@ -135,6 +135,11 @@ struct AgentArgs {
     /// active and resolved loops) when API access exists; needs the chart's CRD and RBAC.
     #[arg(long, env = "CLB_PROBE_NODE_REPORT", value_enum, default_value_t = OnOff::Off)]
     node_report: OnOff,
+    /// Keep the Node condition LoadBalancerLoopback (True while a loop or a risk is active;
+    /// reason: the kind; message: the Service and the first fix) with the node report; needs
+    /// RBAC nodes/status patch (the chart's kube.nodeCondition).
+    #[arg(long, env = "CLB_PROBE_NODE_CONDITION", value_enum, default_value_t = OnOff::Off)]
+    node_condition: OnOff,
     /// The cloud whose LB fixes events carry (aws, azure, gce, alicloud, tencentcloud, hcloud,
     /// digitalocean, openstack, generic). Default: from the Service's LB class and
     /// annotations, else generic.
@@ -321,6 +326,15 @@ fn main() -> ExitCode {
                 .ok()
                 .flatten(),
             };
+            if args.node_condition == OnOff::On && args.node_report == OnOff::Off {
+                use clap::CommandFactory as _;
+                Cli::command()
+                    .error(
+                        clap::error::ErrorKind::ArgumentConflict,
+                        "--node-condition on needs --node-report on: the condition is written with the node's report",
+                    )
+                    .exit();
+            }
             let node_report = match args.node_report {
                 OnOff::Off => None,
                 OnOff::On => clb_probe::kube::KubeArgs {
@@ -352,6 +366,7 @@ fn main() -> ExitCode {
                 kube_events,
                 provider: args.provider,
                 node_report,
+                node_condition: args.node_condition == OnOff::On,
             };
             let rt = match tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)

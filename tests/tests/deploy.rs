@@ -127,6 +127,10 @@ fn the_chart_renders_lints_and_validates_for_every_ci_values_file() {
             "{present} not rendered by default"
         );
     }
+    // The Node condition is off by default, and so is its RBAC.
+    for absent in ["--node-condition", "nodes/status"] {
+        assert!(!default.contains(absent), "{absent} rendered by default");
+    }
 
     let values = chart::ci_values();
     assert!(values.len() >= 3, "ci/ values files: {values:?}");
@@ -138,6 +142,8 @@ fn the_chart_renders_lints_and_validates_for_every_ci_values_file() {
                 "CustomResourceDefinition",
                 "loopbackreports",
                 "resources: [nodes]",
+                "nodes/status",
+                "--node-condition",
             ] {
                 assert!(
                     !stream.contains(absent),
@@ -165,6 +171,9 @@ fn the_chart_renders_lints_and_validates_for_every_ci_values_file() {
                 "- --pod-cidr=10.244.1.0/24",
                 "- --kube-attribution",
                 "- --kube-events=on",
+                "- --node-report=on",
+                "- --node-condition=on",
+                "resources: [nodes/status]",
                 "automountServiceAccountToken: true",
                 "containerPort: 9100",
                 "\"uid\": \"clb-probe\"",

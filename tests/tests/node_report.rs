@@ -1,7 +1,8 @@
 //! `--node-report on`: the real agent on the lab writes its node's LoopbackReport to the
 //! in-process fake API server (xtask::kubeapi: the real kube client on the wire), and
 //! `kubectl clb-probe report` reads the cluster table from it: the lab's node with its risk and
-//! its active loop, a second Node without an agent listed as missing, exit 1.
+//! its active loop, a second Node without an agent listed as missing, exit 1; with
+//! `--node-condition on` the Node gets the `LoadBalancerLoopback` condition.
 //!
 //! Root only (prints a skip line otherwise). Runs under the lab lock, like every lab test.
 
@@ -53,6 +54,8 @@ fn the_agent_writes_its_node_report_and_the_plugin_tables_the_cluster() {
             NODE_NAME,
             "--node-report",
             "on",
+            "--node-condition",
+            "on",
         ],
         &[],
     );
@@ -103,6 +106,27 @@ fn the_agent_writes_its_node_report_and_the_plugin_tables_the_cluster() {
     };
     assert_eq!(patches("/loopbackreports/clb-node?"), 1, "created once");
     assert!(patches("/loopbackreports/clb-node/status?") >= 1);
+
+    // The Node condition, beside the kubelet's (merged by type): True with the loop's kind.
+    let condition = wait_for("the Node condition", WAIT, || {
+        api.objects("nodes")
+            .into_iter()
+            .find(|n| n["metadata"]["name"] == NODE_NAME)?["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == "LoadBalancerLoopback")
+            .cloned()
+    })
+    .expect("LoadBalancerLoopback condition");
+    assert_eq!(condition["status"], "True", "{condition:#}");
+    assert_eq!(condition["reason"], "Hairpin", "{condition:#}");
+    assert!(
+        condition["message"]
+            .as_str()
+            .unwrap()
+            .contains("on Service default/web"),
+        "{condition:#}"
+    );
 
     // The plugin, in the node's namespace (where the fake API listens).
     let plugin = probe_bin().with_file_name("kubectl-clb_probe");

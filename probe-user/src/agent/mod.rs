@@ -72,6 +72,8 @@ pub struct AgentConfig {
     /// `--node-report`: where to write this node's `LoopbackReport` (None: off, or no API
     /// access).
     pub node_report: Option<crate::kube::KubeSource>,
+    /// `--node-condition`: the Node condition `LoadBalancerLoopback` (with the node report).
+    pub node_condition: bool,
 }
 
 /// Runs until SIGINT, SIGTERM, SIGHUP or SIGQUIT. Every exit path detaches: the probe is owned by the node-sync
@@ -298,6 +300,7 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
             let checks = crate::report::writer::spawn_checks(cfg.addr.clone(), kube_index.clone());
             Some(AbortOnDrop(tokio::spawn(crate::report::writer::start(
                 source.clone(),
+                cfg.node_condition,
                 crate::report::writer::NodeFacts::of_this_node(&node),
                 shared.capabilities.clone(),
                 shared.subscribe(),

@@ -7,8 +7,10 @@
 //! - [`gate`]: pure: the write rate limit (one write per node per 10 s, coalesced, newest wins).
 //! - [`writer`]: the agent's task, off the correlation path like the Events sink.
 //! - [`cluster`]: pure: the plugin's cluster table from the objects and the Nodes.
+//! - [`condition`]: pure: the Node condition `LoadBalancerLoopback` (`--node-condition on`).
 
 pub mod cluster;
+pub mod condition;
 pub mod gate;
 pub mod loops;
 pub mod status;

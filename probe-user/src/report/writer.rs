@@ -34,6 +34,7 @@ use tracing::{info, warn};
 
 use super::{
     API_VERSION, FIELD_MANAGER, KIND,
+    condition::{Condition, condition},
     gate::Gate,
     loops::{Loops, first_fix},
     status::{CapabilityStatus, ReportStatus, RiskStatus, object_name, rfc3339},
@@ -213,12 +214,16 @@ pub fn spawn_checks(
     rx
 }
 
-/// Writes one node's report object.
+/// Writes one node's report object (and, with `--node-condition on`, its Node condition).
 pub struct ReportWriter {
     reports: Api<DynamicObject>,
     nodes: Api<Node>,
     name: String,
     created: bool,
+    /// `--node-condition on`.
+    pub node_condition: bool,
+    /// The condition last written and its transition time.
+    last_condition: Option<(Condition, String)>,
 }
 
 impl ReportWriter {
@@ -229,7 +234,39 @@ impl ReportWriter {
             nodes: Api::all(client),
             name: object_name(node)?,
             created: false,
+            node_condition: false,
+            last_condition: None,
         })
+    }
+
+    /// Patches the Node's `LoadBalancerLoopback` condition (strategic merge on
+    /// `nodes/NAME/status`, as node-problem-detector) when it differs from the last one
+    /// written, or `heartbeat` asks for a refresh. `now`: RFC 3339.
+    pub async fn write_condition(
+        &mut self,
+        status: &ReportStatus,
+        now: &str,
+        heartbeat: bool,
+    ) -> Result<(), kube::Error> {
+        let c = condition(status);
+        let transition = match &self.last_condition {
+            Some((last, _)) if *last == c && !heartbeat => return Ok(()),
+            Some((last, at)) if last.status == c.status => at.clone(),
+            _ => now.to_string(),
+        };
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        self.nodes
+            .patch_status(
+                &self.name,
+                &params,
+                &Patch::Strategic(super::condition::patch(&c, now, &transition)),
+            )
+            .await?;
+        self.last_condition = Some((c, transition));
+        Ok(())
     }
 
     fn params() -> PatchParams {
@@ -305,6 +342,7 @@ fn unix_now() -> i64 {
 /// `--node-report on` with API access: writes until the report broadcast closes.
 pub async fn start(
     source: crate::kube::KubeSource,
+    node_condition: bool,
     facts: NodeFacts,
     caps: Arc<Capabilities>,
     reports: broadcast::Receiver<Arc<Report>>,
@@ -318,7 +356,10 @@ pub async fn start(
         }
     };
     let writer = match ReportWriter::new(client, &facts.node) {
-        Ok(w) => w,
+        Ok(mut w) => {
+            w.node_condition = node_condition;
+            w
+        }
         Err(e) => {
             warn!("{e}");
             return;
@@ -342,6 +383,8 @@ pub async fn run(
     let mut last_content: Option<ReportStatus> = None;
     let mut last_offer = i64::MIN;
     let mut failing = false;
+    let mut condition_failing = false;
+    let mut condition_heartbeat = false;
     let mut checks_open = true;
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -362,6 +405,9 @@ pub async fn run(
         let status = build(&facts, &caps, &check, &loops, now);
         let content = change_key(&status);
         let heartbeat = now.saturating_sub(last_offer) >= HEARTBEAT.as_secs() as i64;
+        if heartbeat {
+            condition_heartbeat = true;
+        }
         if last_content.as_ref() != Some(&content) || heartbeat {
             gate.offer(status);
             last_content = Some(content);
@@ -375,6 +421,39 @@ pub async fn run(
                         info!("node report: written again");
                     }
                     failing = false;
+                    if writer.node_condition {
+                        let written = tokio::time::timeout(
+                            WRITE_TIMEOUT,
+                            writer.write_condition(
+                                &status,
+                                &status.last_update,
+                                condition_heartbeat,
+                            ),
+                        )
+                        .await;
+                        match written {
+                            Ok(Ok(())) => {
+                                condition_failing = false;
+                                condition_heartbeat = false;
+                            }
+                            Ok(Err(e)) => {
+                                if !condition_failing {
+                                    warn!(error = %e, "node condition: patching nodes/status failed (retried at the rate limit)");
+                                }
+                                condition_failing = true;
+                                gate.failed(status);
+                            }
+                            Err(_) => {
+                                if !condition_failing {
+                                    warn!(
+                                        "node condition: patching nodes/status timed out (retried at the rate limit)"
+                                    );
+                                }
+                                condition_failing = true;
+                                gate.failed(status);
+                            }
+                        }
+                    }
                 }
                 Ok(Err(e)) => {
                     if !failing {

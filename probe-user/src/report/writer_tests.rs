@@ -307,3 +307,102 @@ fn a_full_report_stays_far_below_the_object_size_limit() {
     assert!(full_bytes < 128 * 1024, "{full_bytes}");
     assert!(clean_bytes < 1024, "{clean_bytes}");
 }
+
+fn conditions(f: &Fake) -> Vec<serde_json::Value> {
+    f.api.objects("nodes")[0]["status"]["conditions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn the_node_condition_is_merged_by_type_set_while_looping_and_cleared() {
+    let f = fake("condition");
+    f.api.apply(
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"},
+        "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]}}),
+    );
+    let mut w = ReportWriter::new(client(&f).await, "node-a").unwrap();
+    let looping = ReportStatus {
+        active_loops: vec![ActiveLoop {
+            kind: "hairpin".into(),
+            service: Some("shop/web".into()),
+            vip: "203.0.113.10:80".into(),
+            first_fix: Some("etp-cluster: set externalTrafficPolicy: Cluster".into()),
+            ..Default::default()
+        }],
+        ..status("node-a", 1)
+    };
+    w.write_condition(&looping, "2027-01-15T08:00:00Z", false)
+        .await
+        .unwrap();
+    let cs = conditions(&f);
+    assert_eq!(cs.len(), 2, "the kubelet's Ready stays: {cs:#?}");
+    assert_eq!(cs[0]["type"], "Ready");
+    let c = &cs[1];
+    assert_eq!(c["type"], "LoadBalancerLoopback");
+    assert_eq!(c["status"], "True");
+    assert_eq!(c["reason"], "Hairpin");
+    assert!(
+        c["message"]
+            .as_str()
+            .unwrap()
+            .contains("Service shop/web (203.0.113.10:80); first fix: etp-cluster"),
+        "{c:#}"
+    );
+    let patch = f
+        .api
+        .requests()
+        .into_iter()
+        .find(|r| r.method == "PATCH" && r.path.starts_with("/api/v1/nodes/node-a/status"))
+        .expect("patched through nodes/status");
+    assert!(
+        patch
+            .content_type
+            .as_deref()
+            .is_some_and(|c| c.starts_with("application/strategic-merge-patch+json"))
+    );
+    // Unchanged: no write.
+    let before = f.api.requests().len();
+    w.write_condition(&looping, "2027-01-15T08:00:10Z", false)
+        .await
+        .unwrap();
+    assert_eq!(f.api.requests().len(), before);
+    // Resolved: False, with a new transition time.
+    w.write_condition(&status("node-a", 0), "2027-01-15T08:20:00Z", false)
+        .await
+        .unwrap();
+    let c = conditions(&f)[1].clone();
+    assert_eq!(c["status"], "False");
+    assert_eq!(c["reason"], "NoLoopback");
+    assert_eq!(c["lastTransitionTime"], "2027-01-15T08:20:00Z");
+    // A heartbeat refreshes lastHeartbeatTime, not the transition.
+    w.write_condition(&status("node-a", 0), "2027-01-15T08:25:00Z", true)
+        .await
+        .unwrap();
+    let c = conditions(&f)[1].clone();
+    assert_eq!(c["lastHeartbeatTime"], "2027-01-15T08:25:00Z");
+    assert_eq!(c["lastTransitionTime"], "2027-01-15T08:20:00Z");
+    assert_eq!(conditions(&f).len(), 2);
+
+    // `kubectl describe node` shows it (the real kubectl against the fake server).
+    let out =
+        std::process::Command::new(std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into()))
+            .arg("--kubeconfig")
+            .arg(&f.kubeconfig)
+            .args([
+                "get",
+                "node",
+                "node-a",
+                "-o",
+                "jsonpath={.status.conditions[1].type}={.status.conditions[1].status}",
+            ])
+            .output()
+            .expect("kubectl");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "LoadBalancerLoopback=False",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

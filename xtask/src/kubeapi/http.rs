@@ -18,7 +18,9 @@ use serde_json::{Value, json};
 
 use super::selector::Selector;
 use super::store;
-use super::store::{ResourceInfo, WriteError, WriteMode, merge_patch, resource_at};
+use super::store::{
+    ResourceInfo, WriteError, WriteMode, merge_patch, resource_at, strategic_merge_patch,
+};
 use super::{BOOKMARK_INTERVAL, Request, Shared};
 
 type Response = hyper::Response<Body>;
@@ -733,7 +735,10 @@ fn patch(
             json!({ "name": name, "group": target.info.group, "kind": target.info.resource }),
         );
     }
-    if target.status {
+    let strategic = content_type.starts_with("application/strategic-merge-patch+json");
+    if target.status && strategic {
+        strategic_merge_patch(&mut object["status"], &patch["status"]);
+    } else if target.status {
         // `/status` changes `status` only (and checks the patch's resourceVersion, above).
         merge_patch(&mut object["status"], &patch["status"]);
     } else if target.info.status_subresource {
