@@ -39,6 +39,7 @@ fn lab() -> Inputs {
     Inputs {
         vip_iface: "kube-ipvs0".into(),
         bound: vec![ip(VIP)],
+        owners: Default::default(),
         cluster_ips: vec![],
         lb_targets: vec![],
         pod_prefixes: vec![Prefix::parse("198.19.1.0/24").unwrap()],
@@ -68,6 +69,7 @@ fn lab() -> Inputs {
             kallsyms_readable: true,
         },
         api: super::ApiState::NotUsed,
+        self_loop: Default::default(),
     }
 }
 
@@ -499,4 +501,61 @@ fn the_node_report_takes_the_risks_with_their_service_and_first_fix() {
     let bare = crate::report::writer::check_state(&lab(), &[]);
     assert_eq!(bare.mode, "iptables");
     assert_eq!(bare.risks.len(), full.risks);
+}
+
+/// `service_self_loop`: IPVS mode judges the KUBE-LOOP-BACK entries of local endpoints; the
+/// bridge ports without hairpin mode under br_netfilter in every mode.
+#[test]
+fn service_self_loop_risks_follow_the_mode() {
+    use crate::state::BridgePort;
+    let self_loops = |i: &Inputs| -> Vec<String> {
+        rules::judge(i)
+            .into_iter()
+            .filter(|f| f.kind == Kind::ServiceSelfLoop)
+            .map(|f| {
+                assert_eq!(f.severity, Severity::Risk);
+                format!("{}: {}", f.subject, f.summary)
+            })
+            .collect()
+    };
+    let mut i = ipvs(false, false);
+    i.self_loop.loop_back = Some(vec!["198.19.1.11,tcp:8080,198.19.1.11".into()]);
+    assert!(self_loops(&i).is_empty(), "{:?}", self_loops(&i));
+    // kube-proxy 1.31 (kubernetes#134884): the entry is gone.
+    i.self_loop.loop_back = Some(vec![]);
+    let found = self_loops(&i);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        found[0].starts_with("198.19.1.11:8080/tcp: pod 198.19.1.11 cannot reach itself")
+            && found[0].contains("KUBE-LOOP-BACK lacks 198.19.1.11,tcp:8080,198.19.1.11"),
+        "{found:?}"
+    );
+    // A bridge without hairpin mode is a risk in IPVS mode too (the reply dies at the port).
+    let port = |hairpin_mode| BridgePort {
+        bridge: "cbr0".into(),
+        port: "veth1".into(),
+        hairpin_mode,
+    };
+    let mut i = ipvs(false, false);
+    i.self_loop = super::SelfLoopNode {
+        loop_back: Some(vec!["198.19.1.11,tcp:8080,198.19.1.11".into()]),
+        bridge_ports: vec![port(false)],
+        br_netfilter: Some(true),
+    };
+    assert_eq!(self_loops(&i).len(), 1, "{:?}", self_loops(&i));
+    // iptables mode: the same bridge is a risk with br_netfilter on, not with hairpin mode.
+    let mut i = lab();
+    i.self_loop.bridge_ports = vec![port(false)];
+    i.self_loop.br_netfilter = Some(true);
+    let found = self_loops(&i);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        found[0].starts_with("cbr0: 1 port(s) of cbr0 without hairpin mode"),
+        "{found:?}"
+    );
+    i.self_loop.br_netfilter = Some(false);
+    assert!(self_loops(&i).is_empty());
+    i.self_loop.br_netfilter = Some(true);
+    i.self_loop.bridge_ports = vec![port(true)];
+    assert!(self_loops(&i).is_empty());
 }
