@@ -402,6 +402,11 @@ pub async fn run(
         let now = unix_now();
         loops.tick(now);
         let check = checks.borrow().clone();
+        // Not before the first `probe check` pass (or CHECK_EVERY without one): a report
+        // without its risks would read as a clean node.
+        if check.mode.is_empty() && origin.elapsed() < CHECK_EVERY {
+            continue;
+        }
         let status = build(&facts, &caps, &check, &loops, now);
         let content = change_key(&status);
         let heartbeat = now.saturating_sub(last_offer) >= HEARTBEAT.as_secs() as i64;

@@ -406,3 +406,57 @@ async fn the_node_condition_is_merged_by_type_set_while_looping_and_cleared() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Before the first `probe check` pass the task writes nothing: a report without its risks
+/// would read as a clean node. (A broken writer writes a risk-less report at its first tick,
+/// then the risky one 10 s later: two status writes instead of one.)
+#[tokio::test]
+async fn nothing_is_written_before_the_first_check() {
+    let f = fake("first-check");
+    let w = ReportWriter::new(client(&f).await, "node-a").unwrap();
+    let (tx, rx) = tokio::sync::broadcast::channel(16);
+    let (checks_tx, checks) = watch::channel(CheckState::default());
+    let facts = NodeFacts {
+        node: "node-a".into(),
+        ..Default::default()
+    };
+    let task = tokio::spawn(run(w, facts, Arc::new(Capabilities::default()), rx, checks));
+    tx.send(Arc::new(Report {
+        event: crate::report::loops::tests_event("k1", Some("shop/web")),
+        is_new: true,
+        write_json: true,
+    }))
+    .unwrap();
+    // Longer than the writer's tick: a writer that does not wait would have written by now.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    checks_tx
+        .send(CheckState {
+            mode: "ipvs".into(),
+            risks: vec![RiskStatus {
+                kind: "healthcheck_blackhole".into(),
+                ..Default::default()
+            }],
+        })
+        .unwrap();
+    let mut written = None;
+    for _ in 0..400 {
+        if let Some(o) = report_of(&f, "node-a")
+            && o["status"]["riskCount"] == 1
+        {
+            written = Some(o);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let o = written.expect("written once the check is in");
+    assert_eq!(o["status"]["activeLoopCount"], 1);
+    let status_writes = f
+        .api
+        .requests()
+        .iter()
+        .filter(|r| r.method == "PATCH" && r.path.contains("/loopbackreports/node-a/status"))
+        .count();
+    assert_eq!(status_writes, 1, "the first write already had the risk");
+    drop(tx);
+    task.await.unwrap();
+}
