@@ -71,6 +71,11 @@ pub struct AgentConfig {
     pub kube_events: Option<crate::kube::KubeSource>,
     /// `--provider`: the provider profile of the events' fixes (None: from each Service).
     pub provider: Option<crate::fixes::Provider>,
+    /// `--node-report`: where to write this node's `LoopbackReport` (None: off, or no API
+    /// access).
+    pub node_report: Option<crate::kube::KubeSource>,
+    /// `--node-condition`: the Node condition `LoadBalancerLoopback` (with the node report).
+    pub node_condition: bool,
 }
 
 /// Runs until SIGINT, SIGTERM, SIGHUP or SIGQUIT. Every exit path detaches: the probe is owned
@@ -185,6 +190,7 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
     };
     // Subscribed before the first report; the writers run beside the loop, never in it.
     let _kube_events_task = spawn_kube_events(&cfg, &shared);
+    let _node_report_task = spawn_node_report(&cfg, &shared, kube.index.clone());
     let serving = surfaces.serve(&shared, &stop_rx);
     steps.mark("serve");
     info!("{}", steps.line());
@@ -419,6 +425,25 @@ fn spawn_kube_events(cfg: &AgentConfig, shared: &Shared) -> Option<AbortOnDrop> 
         cfg.node_name.clone().unwrap_or_else(hub::node_name),
         shared.subscribe(),
         shared.kube_events.clone(),
+    ))))
+}
+
+/// The node report's writer (and the Node condition), subscribed to the reports (None: off).
+fn spawn_node_report(
+    cfg: &AgentConfig,
+    shared: &Shared,
+    index: Option<watch::Receiver<Arc<crate::kube::index::Index>>>,
+) -> Option<AbortOnDrop> {
+    let source = cfg.node_report.as_ref()?;
+    let node = cfg.node_name.clone().unwrap_or_else(hub::node_name);
+    let checks = crate::report::writer::spawn_checks(cfg.addr.clone(), index);
+    Some(AbortOnDrop(tokio::spawn(crate::report::writer::start(
+        source.clone(),
+        cfg.node_condition,
+        crate::report::writer::NodeFacts::of_this_node(&node),
+        shared.capabilities.clone(),
+        shared.subscribe(),
+        checks,
     ))))
 }
 

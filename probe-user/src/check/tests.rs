@@ -454,6 +454,55 @@ fn api_services_become_facts() {
     );
 }
 
+/// The node report (#27) carries `probe check`'s risks only, each with its Service and first
+/// fix, and the kube-proxy mode the rules were read from.
+#[test]
+fn the_node_report_takes_the_risks_with_their_service_and_first_fix() {
+    let port = |port: u16, node_port: u16| ServicePort {
+        name: None,
+        protocol: "TCP".into(),
+        port,
+        node_port: Some(node_port),
+    };
+    let web = ServiceFacts {
+        namespace: "shop".into(),
+        name: "web".into(),
+        uid: None,
+        service_type: "LoadBalancer".into(),
+        cluster_ips: vec![ip("198.18.100.10")],
+        external_ips: vec![],
+        ingress: vec![LbIngress {
+            ip: Some(ip(VIP)),
+            hostname: None,
+            ip_mode: None,
+        }],
+        ports: vec![port(80, 30080), port(443, 30443)],
+        external_traffic_policy: Some("Local".into()),
+        health_check_node_port: Some(32000),
+        loopback_annotations: Default::default(),
+        endpoints: vec![],
+        load_balancer_class: None,
+        annotations: Default::default(),
+        resource_version: None,
+    };
+    let state = crate::report::writer::check_state(&lab(), std::slice::from_ref(&web));
+    assert_eq!(state.mode, "iptables");
+    assert!(!state.risks.is_empty(), "the lab's bound VIP is a risk");
+    for r in &state.risks {
+        assert_eq!(r.service.as_deref(), Some("shop/web"), "{r:?}");
+        assert!(r.first_fix.is_some(), "{r:?}");
+    }
+    let full = Report::new(rules::judge(&lab()));
+    assert!(
+        full.findings.iter().any(|f| f.severity != Severity::Risk),
+        "the lab has non-risk findings, and the report leaves them out"
+    );
+    // Without the API: the same risks, unnamed, the mode still known.
+    let bare = crate::report::writer::check_state(&lab(), &[]);
+    assert_eq!(bare.mode, "iptables");
+    assert_eq!(bare.risks.len(), full.risks);
+}
+
 /// `service_self_loop`: IPVS mode judges the KUBE-LOOP-BACK entries of local endpoints; the
 /// bridge ports without hairpin mode under br_netfilter in every mode.
 #[test]
