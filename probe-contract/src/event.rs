@@ -109,6 +109,11 @@ pub enum LoopbackKind {
     /// port) of another node that binds the same VIP: a host-network call to the LB IP,
     /// forwarded without SNAT (externalTrafficPolicy: Local, no local endpoint).
     VipAsSource,
+    /// A pod called its own Service (ClusterIP, LB IP or NodePort), the endpoint chosen was
+    /// the pod itself, and without the hairpin SNAT the call came back with the pod's own
+    /// address as source and was dropped (in the pod as a local source, or at its bridge port
+    /// without hairpin mode).
+    ServiceSelfLoop,
 }
 
 impl LoopbackKind {
@@ -118,6 +123,7 @@ impl LoopbackKind {
             LoopbackKind::Hairpin => "hairpin",
             LoopbackKind::VipPortUnserved => "vip_port_unserved",
             LoopbackKind::VipAsSource => "vip_as_source",
+            LoopbackKind::ServiceSelfLoop => "service_self_loop",
         }
     }
 }
@@ -178,6 +184,10 @@ pub enum Layer {
 ///   failure is the port, whoever calls it (the event shows the latest client).
 /// - `vip_as_source`: (VIP = packet source, destination address and port, proto). The source
 ///   port is ignored: every call uses a new one.
+/// - `service_self_loop`: (where it died: the pod's namespace or the node, pod, its port the
+///   Service sent it to, the Service address called when known, proto). The site keeps two
+///   causes apart (the hairpin SNAT, the bridge's hairpin mode). The source port is ignored:
+///   every call uses a new one.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum AggregateKey {
     HealthcheckBlackhole {
@@ -206,6 +216,14 @@ pub enum AggregateKey {
         dst_port: u16,
         proto: Proto,
     },
+    ServiceSelfLoop {
+        /// Dropped in the pod's own namespace (else on the node).
+        in_pod: bool,
+        pod: IpAddr,
+        port: u16,
+        service: Option<(IpAddr, u16)>,
+        proto: Proto,
+    },
 }
 
 impl AggregateKey {
@@ -215,6 +233,7 @@ impl AggregateKey {
             AggregateKey::Hairpin { .. } => LoopbackKind::Hairpin,
             AggregateKey::VipPortUnserved { .. } => LoopbackKind::VipPortUnserved,
             AggregateKey::VipAsSource { .. } => LoopbackKind::VipAsSource,
+            AggregateKey::ServiceSelfLoop { .. } => LoopbackKind::ServiceSelfLoop,
         }
     }
 }
@@ -277,7 +296,61 @@ impl fmt::Display for AggregateKey {
                 sock(*dst, *dst_port),
                 proto.as_str()
             ),
+            AggregateKey::ServiceSelfLoop {
+                in_pod,
+                pod,
+                port,
+                service,
+                proto,
+            } => write!(
+                f,
+                "service_self_loop/{}/{pod}->{}->{}/{}",
+                if *in_pod { "pod" } else { "node" },
+                service.map_or_else(|| "?".to_string(), |(ip, p)| sock(ip, p)),
+                sock(*pod, *port),
+                proto.as_str()
+            ),
         }
+    }
+}
+
+/// The socket on this node that serves a port (from sock_diag), and who owns it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Listener {
+    /// The address the socket is bound to (`0.0.0.0` / `::` for every address).
+    pub addr: IpAddr,
+    pub port: u16,
+    pub proto: Proto,
+    pub uid: u32,
+    /// The socket's inode (`socket:[inode]` in the owner's /proc/PID/fd).
+    pub inode: u32,
+    /// The owning process's command name and pid, when /proc shows it.
+    #[serde(default)]
+    pub process: Option<String>,
+    #[serde(default)]
+    pub pid: Option<u32>,
+    /// `namespace/name` of the host-network pod that declares this port, from the Kubernetes
+    /// API (null without API access or when no pod declares it).
+    #[serde(default)]
+    pub pod: Option<String>,
+}
+
+impl std::fmt::Display for Listener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let at = match self.addr {
+            IpAddr::V4(a) => format!("{a}:{}", self.port),
+            IpAddr::V6(a) => format!("[{a}]:{}", self.port),
+        };
+        write!(f, "{} socket {at}", self.proto.as_str())?;
+        match (&self.process, self.pid) {
+            (Some(p), Some(pid)) => write!(f, " of process {p} (pid {pid}")?,
+            _ => write!(f, " (owner process not visible")?,
+        }
+        write!(f, ", uid {}, inode {})", self.uid, self.inode)?;
+        if let Some(pod) = &self.pod {
+            write!(f, ", host-network pod {pod}")?;
+        }
+        Ok(())
     }
 }
 
@@ -336,6 +409,10 @@ pub struct LoopbackEvent {
     /// `externalTrafficPolicy` as the rules and the API say, the Service from the API.
     #[serde(default)]
     pub facts: Facts,
+    /// A hairpin to a host-network listener (a node address on a port that is no NodePort):
+    /// the socket that serves that port on this node. Null for the other cases.
+    #[serde(default)]
+    pub listener: Option<Listener>,
 }
 
 /// One confirmation (new or repeat) of an aggregate. Metrics count every report.

@@ -36,18 +36,103 @@ impl SourceKind {
     }
 }
 
-/// Who makes the VIP a local address of this node (what a remedy has to change).
+/// What made an address local on this node (what a remedy has to change): the kernel's
+/// `local` routing table (not `ip addr`) decides what is a martian source, and each owner has
+/// its own remedy (a cloud guest agent's route is not removed by reconfiguring kube-proxy).
+/// Filled from the node's owners map (every RTN_LOCAL route of table local) when known.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum AddressOwner {
     /// Bound on the VIP interface (`--vip-iface`, kube-ipvs0: kube-proxy in IPVS mode binds
     /// every ClusterIP and LB ingress IP there).
     VipInterface { iface: String },
-    /// An address on a named interface (keepalived, kube-vip, a manual `ip addr add`).
+    /// An address on another interface: the node's own, or a VIP that keepalived or kube-vip
+    /// put on the NIC (or a manual `ip addr add`).
     Interface { iface: String },
-    /// A `local` route of table local with no interface address (a cloud guest agent adds the
-    /// LB's forwarding-rule IPs this way); `protocol` is the route's protocol number.
-    LocalRoute { protocol: u8, protocol_name: String },
+    /// A `local` route of table local with no interface address behind it: a cloud guest
+    /// agent (the GCE guest agent adds forwarding-rule IPs with protocol 66), or an operator's
+    /// AnyIP route. `protocol` is the route's protocol number, `protocol_name` its name,
+    /// `iface` the route's device when it has one.
+    LocalRoute {
+        #[serde(default)]
+        iface: Option<String>,
+        protocol: u8,
+        protocol_name: String,
+    },
+}
+
+impl AddressOwner {
+    /// The route protocol's name (iproute2's `rt_protos`, plus 66: the GCE guest agent's).
+    pub fn protocol_name(protocol: u8) -> &'static str {
+        match protocol {
+            0 => "unspec",
+            1 => "redirect",
+            2 => "kernel",
+            3 => "boot",
+            4 => "static",
+            8 => "gated",
+            9 => "ra",
+            10 => "mrt",
+            11 => "zebra",
+            12 => "bird",
+            13 => "dnrouted",
+            14 => "xorp",
+            15 => "ntk",
+            16 => "dhcp",
+            17 => "mrouted",
+            18 => "keepalived",
+            42 => "babel",
+            66 => "cloud guest agent",
+            186 => "bgp",
+            187 => "isis",
+            188 => "ospf",
+            189 => "rip",
+            192 => "eigrp",
+            _ => "unknown",
+        }
+    }
+
+    pub fn local_route(iface: Option<String>, protocol: u8) -> AddressOwner {
+        AddressOwner::LocalRoute {
+            iface,
+            protocol,
+            protocol_name: Self::protocol_name(protocol).to_string(),
+        }
+    }
+
+    /// A bounded label for metrics: `kube-ipvs0`, `nic:eth0`, `route:66`.
+    pub fn label(&self) -> String {
+        match self {
+            AddressOwner::VipInterface { iface } => iface.clone(),
+            AddressOwner::Interface { iface } => format!("nic:{iface}"),
+            AddressOwner::LocalRoute { protocol, .. } => format!("route:{protocol}"),
+        }
+    }
+}
+
+impl std::fmt::Display for AddressOwner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AddressOwner::VipInterface { iface } => {
+                write!(f, "an address on {iface} (kube-proxy IPVS)")
+            }
+            AddressOwner::Interface { iface } => write!(f, "an address on {iface}"),
+            AddressOwner::LocalRoute {
+                iface,
+                protocol,
+                protocol_name,
+            } => {
+                write!(f, "a local route (table local")?;
+                if let Some(i) = iface {
+                    write!(f, ", dev {i}")?;
+                }
+                write!(
+                    f,
+                    ", proto {protocol} = {protocol_name}) with no interface address"
+                )
+            }
+        }
+    }
 }
 
 /// `externalTrafficPolicy`.
@@ -83,6 +168,33 @@ pub enum VipSourceSide {
     Receiving,
     /// This node sent it (a SYN left a NIC with a bound VIP as source).
     Sending,
+}
+
+/// `service_self_loop`: the piece of the hairpin that the drop site and the node's state say
+/// was missing (what the remedy asks to restore).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum SelfLoopMissing {
+    /// The hairpin SNAT: the packet reached the pod with its own address as source.
+    /// `loop_back_entry`: IPVS mode's `KUBE-LOOP-BACK` holds the pod's entry (None: no set).
+    HairpinSnat { loop_back_entry: Option<bool> },
+    /// The pod's bridge port has `hairpin_mode` 0 (and br_netfilter bridged the DNAT).
+    HairpinMode {
+        bridge: String,
+        port: String,
+        br_netfilter: Option<bool>,
+    },
+    /// Dropped on the node, but not at a bridge port without hairpin mode: not determined.
+    Undetermined,
+}
+
+/// Where the node's service table came from: which kube-proxy mode's rules a remedy names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProxyMode {
+    Ipvs,
+    Iptables,
+    Nftables,
 }
 
 /// The Service as the API server has it (attribution).
@@ -155,6 +267,17 @@ pub struct Facts {
     /// `vip_port_unserved`: kube-proxy's IPVS access filter REJECTed it.
     #[serde(default)]
     pub access_filtered: bool,
+    /// `hairpin`: the LB sent the request to a host-network listener of a node address (a
+    /// port that is no NodePort; the event's `listener` names the socket when found): no
+    /// Service rule is involved.
+    #[serde(default)]
+    pub host_listener: bool,
+    /// `service_self_loop`: the missing piece of the hairpin.
+    #[serde(default)]
+    pub self_loop: Option<SelfLoopMissing>,
+    /// The kube-proxy mode the node's service table was read from (null: no table read).
+    #[serde(default)]
+    pub proxy_mode: Option<ProxyMode>,
 }
 
 impl Facts {

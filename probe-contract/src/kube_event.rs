@@ -15,6 +15,7 @@ pub fn reason(kind: LoopbackKind) -> &'static str {
         LoopbackKind::Hairpin => "LoopbackHairpin",
         LoopbackKind::VipPortUnserved => "VipPortUnserved",
         LoopbackKind::VipAsSource => "VipAsSource",
+        LoopbackKind::ServiceSelfLoop => "ServiceSelfLoop",
     }
 }
 
@@ -25,6 +26,7 @@ pub fn kind_of_reason(reason: &str) -> Option<LoopbackKind> {
         LoopbackKind::Hairpin,
         LoopbackKind::VipPortUnserved,
         LoopbackKind::VipAsSource,
+        LoopbackKind::ServiceSelfLoop,
     ]
     .into_iter()
     .find(|k| self::reason(*k) == reason)

@@ -22,7 +22,8 @@ pub mod live;
 pub mod status;
 
 pub use event::{
-    AggregateKey, Layer, LoopbackEvent, LoopbackKind, Outcome, Proto, Report, SnatState, Tag,
+    AggregateKey, Layer, Listener, LoopbackEvent, LoopbackKind, Outcome, Proto, Report, SnatState,
+    Tag,
 };
 pub use fix::Fix;
 pub use live::{Message, Snapshot};

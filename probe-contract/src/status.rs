@@ -23,6 +23,9 @@ pub struct NodeStatus {
     pub left_out: BTreeMap<String, usize>,
     /// `--address-entries`: the capacity of each kernel address map.
     pub address_capacity: u32,
+    /// Local (`vip` and `node`) addresses by owner label (`kube-ipvs0`, `nic:eth0`,
+    /// `route:66`): the metrics' `clbprobe_local_address_owners`.
+    pub owner_counts: BTreeMap<String, usize>,
     pub features: Option<Features>,
     /// True once programs are attached and the address sets are loaded.
     pub ready: bool,
@@ -156,6 +159,7 @@ pub struct KindCounts {
     pub hairpin: u64,
     pub vip_port_unserved: u64,
     pub vip_as_source: u64,
+    pub service_self_loop: u64,
 }
 
 /// Counters. Invariants (checked by the tests):
@@ -207,4 +211,9 @@ pub struct CorrelatorStats {
     pub aggregates_evicted: u64,
     /// TCP SYNs seen leaving a NIC with a bound VIP as source (each confirms `vip_as_source`).
     pub vip_egress_seen: u64,
+    /// Self-loop drops dismissed because conntrack showed the call SNATed after all.
+    pub self_loop_snat_seen: u64,
+    /// Drops of an already confirmed (or pending) self-loop connect (SYN retransmits), folded
+    /// into its confirmation.
+    pub self_loop_retransmits: u64,
 }

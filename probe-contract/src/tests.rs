@@ -31,7 +31,21 @@ fn event() -> LoopbackEvent {
         client_pod: Some("default/client".into()),
         node: Some("node-a".into()),
         fixes: Vec::new(),
-        facts: Default::default(),
+        facts: facts::Facts {
+            owner: Some(facts::AddressOwner::local_route(Some("eth0".into()), 66)),
+            host_listener: true,
+            ..Default::default()
+        },
+        listener: Some(Listener {
+            addr: "0.0.0.0".parse().unwrap(),
+            port: 6443,
+            proto: Proto::Tcp,
+            uid: 0,
+            inode: 777,
+            process: Some("kube-apiserver".into()),
+            pid: Some(4242),
+            pod: Some("kube-system/kube-apiserver-node-a".into()),
+        }),
     }
 }
 
@@ -47,6 +61,7 @@ fn snapshot() -> Snapshot {
             set_sizes: [("vip".to_string(), 1)].into(),
             left_out: [("vip".to_string(), 0)].into(),
             address_capacity: 16_384,
+            owner_counts: [("kube-ipvs0".to_string(), 1)].into(),
             features: Some(Features {
                 tc_mode: TcMode::Tcx,
                 drop_hook: DropHook::TpBtf,
@@ -133,6 +148,7 @@ fn every_kind_has_a_reason_that_names_it_back() {
         LoopbackKind::Hairpin,
         LoopbackKind::VipPortUnserved,
         LoopbackKind::VipAsSource,
+        LoopbackKind::ServiceSelfLoop,
     ] {
         assert_eq!(
             kube_event::kind_of_reason(kube_event::reason(kind)),
@@ -153,6 +169,7 @@ fn as_str_is_the_json_spelling() {
         LoopbackKind::Hairpin,
         LoopbackKind::VipPortUnserved,
         LoopbackKind::VipAsSource,
+        LoopbackKind::ServiceSelfLoop,
     ] {
         same(k, k.as_str());
     }

@@ -6,8 +6,10 @@
 //!   source (so after POSTROUTING, i.e. not SNATed), and TCP SYNs with a node source to a
 //!   non-local address, are remembered in an LRU map, so a hairpin coming back can be tied to
 //!   the VIP the pod (or the node) called.
-//! - `clb_kfree_skb` (tp_btf, raw tracepoint as fallback): kernel drops of suspect packets and of
-//!   packets addressed to bound VIPs, with the kernel's reason and drop site.
+//! - `clb_kfree_skb` (tp_btf, raw tracepoint as fallback): kernel drops of suspect packets, of
+//!   packets addressed to bound VIPs, and of self-addressed local pod packets (in any
+//!   namespace: a pod's call to its own Service dies in the pod), with the kernel's reason and
+//!   drop site.
 //!
 //! Hot path rule: an ordinary packet costs a header parse and one LPM lookup, and is returned
 //! unchanged. Programs never change a verdict (they return TC_ACT_UNSPEC / TCX_NEXT).
@@ -677,6 +679,27 @@ fn parse_skb(skb: *const u8, off: &KernelOffsets) -> Option<Packet> {
     Some(pkt)
 }
 
+/// Whether a dropped skb's IP source equals its destination (IPv4, or IPv6 compared as four
+/// words): the first filter of another namespace's drops, three or four reads.
+#[inline(always)]
+fn self_addressed(skb: *const u8, off: &KernelOffsets) -> bool {
+    let Some(head) = read::<*const u8>(skb, off.skb_head) else {
+        return false;
+    };
+    let Some(nh) = read::<u16>(skb, off.skb_network_header) else {
+        return false;
+    };
+    if nh == u16::MAX || head.is_null() {
+        return false;
+    }
+    let ip = unsafe { head.add(nh as usize) };
+    match read::<u8>(ip, 0).map(|b| b >> 4) {
+        Some(4) => matches!(read::<[u32; 2]>(ip, 12), Some([s, d]) if s == d),
+        Some(6) => matches!(read::<[u32; 8]>(ip, 8), Some(a) if a[..4] == a[4..]),
+        _ => false,
+    }
+}
+
 /// Common body of the tp_btf and raw tracepoint programs: both get (skb, location, reason).
 /// Kernels before 5.17 pass no reason: their variants give 0 (`SKB_NOT_DROPPED_YET` where the
 /// enum exists, never a real drop's reason) and userspace classifies by the drop site.
@@ -700,21 +723,40 @@ fn on_kfree_skb<C: EbpfContext>(ctx: &C, skb: *const u8, location: u64, reason: 
     {
         netns = read(net, off.net_ns_inum).unwrap_or(0);
     }
-    if cfg.netns_ino != 0 && netns != cfg.netns_ino {
+    // Another namespace's drop (a pod's) matters only when it is self-addressed: a pod's call
+    // to its own Service, DNATed back to itself without the hairpin SNAT, dies in the pod's
+    // namespace as a local source (`service_self_loop`). Two address reads decide it before
+    // any parsing or look-up; the drop site there is the pod's, so no interface is reported.
+    let foreign = cfg.netns_ino != 0 && netns != cfg.netns_ino;
+    if foreign && !self_addressed(skb, &off) {
         return;
     }
     let Some(pkt) = parse_skb(skb, &off) else {
         return;
     };
     let src_tag = lookup_tag(pkt.family, &pkt.saddr);
-    let dst_tag = lookup_tag(pkt.family, &pkt.daddr);
+    // A self-addressed local pod packet: the destination is the source, one look-up serves
+    // both (and on the node, it is the hairpin that never left the pod's bridge port).
+    let self_loop = src_tag == tag::POD && pkt.saddr == pkt.daddr;
+    if foreign && !self_loop {
+        return;
+    }
+    let dst_tag = if self_loop {
+        src_tag
+    } else {
+        lookup_tag(pkt.family, &pkt.daddr)
+    };
     if src_tag == tag::NONE && dst_tag != tag::VIP {
         return;
     }
-    let iif: u32 = read(skb, off.skb_iif).unwrap_or(0);
+    let iif: u32 = if foreign {
+        0
+    } else {
+        read(skb, off.skb_iif).unwrap_or(0)
+    };
     // A local-source packet matters only when it came in through a monitored NIC: the node's
     // own outbound packets (iif 0) carry node sources legitimately.
-    let src_relevant = src_tag != tag::NONE && unsafe { NICS.get(iif) }.is_some();
+    let src_relevant = self_loop || (src_tag != tag::NONE && unsafe { NICS.get(iif) }.is_some());
     if !src_relevant && dst_tag != tag::VIP {
         return;
     }

@@ -236,6 +236,7 @@ fn main() {
                             name: "NETFILTER_DROP".into(),
                         },
                         location: None,
+                        foreign_netns: false,
                     },
                 ];
                 for ev in events {
@@ -283,6 +284,18 @@ fn main() {
                 }
                 Output::Query(Query::Conntrack { id, .. }) => {
                     pending.extend(correlator.answer(Answer::Conntrack { id, entry: None }));
+                }
+                Output::Query(Query::Listener { id, .. }) => {
+                    let listener = Ok(None);
+                    pending.extend(correlator.answer(Answer::Listener { id, listener }));
+                }
+                // The storm sends no self-addressed drops.
+                Output::Query(Query::SelfLoop { id, .. }) => {
+                    pending.extend(correlator.answer(Answer::SelfLoop {
+                        id,
+                        conntrack: Ok(None),
+                        facts: Default::default(),
+                    }));
                 }
             }
         }

@@ -9,7 +9,7 @@ use std::net::IpAddr;
 use serde::{Deserialize, Serialize};
 
 /// The address tags and protocols are the output contract's (re-exported here).
-pub use probe_contract::{Proto, Tag};
+pub use probe_contract::{Listener, Proto, Tag, facts::AddressOwner};
 
 /// TCP flag bits as carried in `Packet::tcp_flags`.
 pub mod tcp_flags {
@@ -72,6 +72,11 @@ pub enum KernelEvent {
         reason: DropReason,
         /// Drop site as `symbol+0xoff` from /proc/kallsyms, when resolvable.
         location: Option<String>,
+        /// The drop happened in another network namespace than the agent's: a pod's own (the
+        /// kernel reports only self-addressed local pod packets from there; `iface` is then
+        /// absent, that namespace's interface numbers name nothing here).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        foreign_netns: bool,
     },
     /// A TCP SYN left a NIC with a bound VIP as its source (appended: older recordings stay
     /// readable).

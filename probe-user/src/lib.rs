@@ -22,6 +22,7 @@ pub mod kernel;
 pub mod kube;
 pub mod netlink;
 pub mod plugin;
+pub mod report;
 pub mod sink;
 pub mod state;
 pub mod term;

@@ -131,6 +131,15 @@ struct AgentArgs {
     /// Service, else the Node) when API access exists (--kubeconfig or in-cluster).
     #[arg(long, env = "CLB_PROBE_KUBE_EVENTS", value_enum, default_value_t = OnOff::On)]
     kube_events: OnOff,
+    /// Write this node's LoopbackReport (clb-probe.io/v1alpha1, named after the node: risks,
+    /// active and resolved loops) when API access exists; needs the chart's CRD and RBAC.
+    #[arg(long, env = "CLB_PROBE_NODE_REPORT", value_enum, default_value_t = OnOff::Off)]
+    node_report: OnOff,
+    /// Keep the Node condition LoadBalancerLoopback (True while a loop or a risk is active;
+    /// reason: the kind; message: the Service and the first fix) with the node report; needs
+    /// RBAC nodes/status patch (the chart's kube.nodeCondition).
+    #[arg(long, env = "CLB_PROBE_NODE_CONDITION", value_enum, default_value_t = OnOff::Off)]
+    node_condition: OnOff,
     /// The cloud whose LB fixes events carry (aws, azure, gce, alicloud, tencentcloud, hcloud,
     /// digitalocean, openstack, generic). Default: from the Service's LB class and
     /// annotations, else generic.
@@ -317,6 +326,25 @@ fn main() -> ExitCode {
                 .ok()
                 .flatten(),
             };
+            if args.node_condition == OnOff::On && args.node_report == OnOff::Off {
+                use clap::CommandFactory as _;
+                Cli::command()
+                    .error(
+                        clap::error::ErrorKind::ArgumentConflict,
+                        "--node-condition on needs --node-report on: the condition is written with the node's report",
+                    )
+                    .exit();
+            }
+            let node_report = match args.node_report {
+                OnOff::Off => None,
+                OnOff::On => clb_probe::kube::KubeArgs {
+                    kube_attribution: clb_probe::kube::Attribution::Auto,
+                    ..args.kube.clone()
+                }
+                .source()
+                .ok()
+                .flatten(),
+            };
             init_logging(args.log_format, args.ebpf_log);
             let cfg = AgentConfig {
                 addr: AddrConfig {
@@ -337,6 +365,8 @@ fn main() -> ExitCode {
                 node_name: args.kube.node_name,
                 kube_events,
                 provider: args.provider,
+                node_report,
+                node_condition: args.node_condition == OnOff::On,
             };
             let rt = match tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)

@@ -30,6 +30,9 @@ fn usage_errors_exit_2() {
         &["agent", "--pod-cidr", "10.0.0.0/33"],
         &["agent", "--metrics-addr", "not-an-address"],
         &["agent", "--log-format", "xml"],
+        &["agent", "--node-report", "maybe"],
+        // The condition is written with the node report: alone it is refused.
+        &["agent", "--node-condition", "on"],
         &["frobnicate"],
     ] {
         let o = probe_in(None, args);

@@ -113,11 +113,48 @@ fn the_chart_renders_lints_and_validates_for_every_ci_values_file() {
     assert!(default.contains("kind: ClusterRole\n"));
     assert!(default.contains("- --kube-events=on"));
     assert!(default.contains("automountServiceAccountToken: true"));
+    // The node report (#27): its CRD with the printer columns, its RBAC, the flag.
+    for present in [
+        "kind: CustomResourceDefinition",
+        "name: loopbackreports.clb-probe.io",
+        "jsonPath: .status.activeLoopCount",
+        "jsonPath: .status.lastUpdate",
+        "resources: [loopbackreports/status]",
+        "- --node-report=on",
+    ] {
+        assert!(
+            default.contains(present),
+            "{present} not rendered by default"
+        );
+    }
+    // The Node condition is off by default, and so is its RBAC.
+    for absent in ["--node-condition", "nodes/status"] {
+        assert!(!default.contains(absent), "{absent} rendered by default");
+    }
 
     let values = chart::ci_values();
     assert!(values.len() >= 3, "ci/ values files: {values:?}");
     for v in &values {
         let stream = render_and_validate(Some(v));
+        if v.ends_with("node-report-off-values.yaml") {
+            assert!(stream.contains("- --node-report=off"));
+            for absent in [
+                "CustomResourceDefinition",
+                "loopbackreports",
+                "resources: [nodes]",
+                "nodes/status",
+                "--node-condition",
+            ] {
+                assert!(
+                    !stream.contains(absent),
+                    "{absent} rendered with nodeReport off"
+                );
+            }
+            assert!(
+                stream.contains("kind: ClusterRole\n"),
+                "the other RBAC stays"
+            );
+        }
         if v.ends_with("all-on-values.yaml") {
             for present in [
                 "kind: Namespace",
@@ -134,6 +171,9 @@ fn the_chart_renders_lints_and_validates_for_every_ci_values_file() {
                 "- --pod-cidr=10.244.1.0/24",
                 "- --kube-attribution",
                 "- --kube-events=on",
+                "- --node-report=on",
+                "- --node-condition=on",
+                "resources: [nodes/status]",
                 "automountServiceAccountToken: true",
                 "containerPort: 9100",
                 "\"uid\": \"clb-probe\"",

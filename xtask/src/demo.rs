@@ -89,6 +89,10 @@ const SCENARIOS: &[Scenario] = &[
     Scenario::OutsideClientLbToPod,
     Scenario::HairpinUdp,
     Scenario::OutsideClientUdp,
+    Scenario::HairpinHostListener,
+    Scenario::HairpinHostListenerNodeSourced,
+    Scenario::OutsideClientHostListener,
+    Scenario::HealthcheckBlackholeLocalRoute,
 ];
 
 /// `cargo xtask demo` options.
@@ -315,8 +319,40 @@ fn pretty(line: &str) -> String {
         let a = s(k);
         if a.contains(':') { format!("[{a}]") } else { a }
     };
+    // Who made the local address local, and a host listener's socket, when the event has them.
+    let owner = v.pointer("/facts/owner").and_then(|o| {
+        let f = |k: &str| {
+            o.get(k)
+                .map(|x| x.to_string().trim_matches('"').to_string())
+        };
+        Some(match f("kind")?.as_str() {
+            "local_route" => format!(
+                " owner=local-route:proto {} ({}) dev {}",
+                f("protocol")?,
+                f("protocol_name")?,
+                f("iface").unwrap_or_default()
+            ),
+            kind => format!(" owner={kind}:{}", f("iface").unwrap_or_default()),
+        })
+    });
+    let listener = v.get("listener").filter(|l| !l.is_null()).map(|l| {
+        let f = |k: &str| {
+            l.get(k).map_or("-".to_string(), |x| {
+                x.to_string().trim_matches('"').to_string()
+            })
+        };
+        format!(
+            " listener={} pid {} on {}:{}",
+            f("process"),
+            f("pid"),
+            f("addr"),
+            f("port")
+        )
+    });
     format!(
-        "CONFIRMED {kind}: {src}:{sport} -> {dst}:{dport} vip={vip}:{vport} reason={reason} snat={snat} outcome={outcome} count={count} pod={pod} service={service}\n  {line}",
+        "CONFIRMED {kind}: {src}:{sport} -> {dst}:{dport} vip={vip}:{vport} reason={reason} snat={snat} outcome={outcome} count={count} pod={pod} service={service}{owner}{listener}\n  {line}",
+        owner = owner.unwrap_or_default(),
+        listener = listener.unwrap_or_default(),
         kind = s("kind"),
         src = host("src"),
         sport = s("src_port"),

@@ -40,6 +40,12 @@ enum Action {
         ipvs_filter: OnOff,
         #[arg(long, value_enum, default_value = "off")]
         peer_node: OnOff,
+        #[arg(long, value_enum, default_value = "off")]
+        vip_local_route: OnOff,
+        #[arg(long, value_enum, default_value = "off")]
+        self_snat_missing: OnOff,
+        #[arg(long, value_enum, default_value = "off")]
+        bridge_pod: OnOff,
     },
     /// Kill the lab's servers and delete its namespaces (idempotent).
     Down,
@@ -81,6 +87,9 @@ pub fn run(args: LabArgs) -> Result<ExitCode> {
             masquerade,
             ipvs_filter,
             peer_node,
+            vip_local_route,
+            self_snat_missing,
+            bridge_pod,
         } => {
             let v = Variants {
                 vip_bound: vip_bound.into(),
@@ -88,6 +97,9 @@ pub fn run(args: LabArgs) -> Result<ExitCode> {
                 masquerade: masquerade.into(),
                 ipvs_filter: ipvs_filter.into(),
                 peer_node: peer_node.into(),
+                vip_local_route: vip_local_route.into(),
+                self_snat_missing: self_snat_missing.into(),
+                bridge_pod: bridge_pod.into(),
             };
             Lab::down()?;
             Lab::up(&v)?;

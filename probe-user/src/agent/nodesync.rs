@@ -13,6 +13,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
+    sync::Arc,
     time::Duration,
 };
 
@@ -23,12 +24,16 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use crate::{
-    event::Tag,
+    event::{AddressOwner, Tag},
     kernel::{AddressMaps, KernelError, Probe, prefilter, reader::IfNames},
     state::addrs::{self, AddrConfig, AddressSets, Prefix},
 };
 
 pub use probe_contract::status::NodeStatus;
+
+/// Who made each local address local, for the correlator (it takes the map by pointer: a new
+/// `Arc` is sent only when the owners changed).
+pub type Owners = Arc<BTreeMap<Prefix, AddressOwner>>;
 
 pub struct NodeSync {
     probe: Probe,
@@ -44,6 +49,7 @@ pub struct NodeSync {
     nics_in_map: BTreeSet<u32>,
     ifnames: IfNames,
     status: watch::Sender<NodeStatus>,
+    owners: watch::Sender<Owners>,
     /// Whether `--vip-iface` existed at the last sync (None before the first): said on change.
     vip_iface_seen: Option<bool>,
     /// Configured NICs already said absent: one WARN per absence, not one per resync.
@@ -64,6 +70,7 @@ impl NodeSync {
         capacity: u32,
         ifnames: IfNames,
         status: watch::Sender<NodeStatus>,
+        owners: watch::Sender<Owners>,
     ) -> Self {
         Self {
             probe,
@@ -77,6 +84,7 @@ impl NodeSync {
             nics_in_map: BTreeSet::new(),
             ifnames,
             status,
+            owners,
             vip_iface_seen: None,
             nics_said_absent: BTreeSet::new(),
         }
@@ -281,7 +289,19 @@ impl NodeSync {
             .filter(|(_, t)| **t == Tag::Vip)
             .map(|(p, _)| p.addr)
             .collect();
+        self.owners.send_if_modified(|o| {
+            let changed = **o != sets.owners;
+            if changed {
+                *o = Arc::new(sets.owners.clone());
+            }
+            changed
+        });
+        let mut owner_counts = BTreeMap::new();
+        for owner in sets.owners.values() {
+            *owner_counts.entry(owner.label()).or_insert(0) += 1;
+        }
         self.status.send_modify(|s| {
+            s.owner_counts = owner_counts;
             s.attached = self.probe.attached();
             s.nics = sets.nics.iter().map(|(n, _)| n.clone()).collect();
             s.vip_iface = self.cfg.vip_iface.clone();

@@ -1,6 +1,7 @@
 //! `kubectl-clb_probe` (`kubectl clb-probe` once on PATH, krew's naming): confirmed loopbacks
 //! cluster-wide from the Kubernetes Events, and one node's live view. Exit codes: 0 ok,
-//! 1 runtime failure, 2 usage error.
+//! 1 runtime failure, 2 usage error. `report` gates a pipeline instead: 0 clean, 1 a risk or
+//! an active loop, 2 any error.
 
 use std::process::ExitCode;
 
@@ -32,6 +33,21 @@ enum Command {
         /// Output format.
         #[arg(short, long, value_enum, default_value_t = Output::Table)]
         output: Output,
+    },
+    /// The cluster table from the agents' LoopbackReports (no exec into pods): per node the
+    /// kube-proxy mode, kernel, risks and active loops by kind; the most affected Services;
+    /// nodes without a report or with a stale one. Exit 0 clean, 1 a risk or an active loop,
+    /// 2 error.
+    Report {
+        /// Output format.
+        #[arg(short, long, value_enum, default_value_t = ReportOutput::Table)]
+        output: ReportOutput,
+        /// Only this Service (`namespace/name`).
+        #[arg(long, value_name = "NAMESPACE/NAME")]
+        service: Option<String>,
+        /// Only this node.
+        #[arg(long, value_name = "NAME")]
+        node: Option<String>,
     },
     /// Open the live view (`probe watch`) of the agent on NODE, through `kubectl exec`.
     Watch {
@@ -68,6 +84,14 @@ enum Command {
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
+enum ReportOutput {
+    Table,
+    /// The table with each agent's version and what it cannot confirm.
+    Wide,
+    Json,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
 enum Output {
     Table,
     Json,
@@ -75,6 +99,12 @@ enum Output {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // `report` is a gate: 1 means "a risk or a loop", so its errors are 2.
+    let error_code = if matches!(cli.command, Command::Report { .. }) {
+        2
+    } else {
+        1
+    };
     let kube = KubeArgs {
         kubeconfig: cli.kubeconfig,
         context: cli.context,
@@ -84,7 +114,7 @@ fn main() -> ExitCode {
         .build()
     {
         Ok(rt) => rt,
-        Err(e) => return fail(&anyhow::anyhow!("starting the runtime: {e}")),
+        Err(e) => return fail(&anyhow::anyhow!("starting the runtime: {e}"), error_code),
     };
     match rt.block_on(run(cli.command, kube)) {
         Ok(code) => code,
@@ -92,7 +122,7 @@ fn main() -> ExitCode {
             eprintln!("kubectl clb-probe: refused: {e:#}");
             ExitCode::from(2)
         }
-        Err(e) => fail(&e),
+        Err(e) => fail(&e, error_code),
     }
 }
 
@@ -112,6 +142,35 @@ async fn run(command: Command, kube: KubeArgs) -> anyhow::Result<ExitCode> {
                 ),
             }
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Report {
+            output,
+            service,
+            node,
+        } => {
+            use clb_probe::report::cluster;
+            if let Some(s) = &service
+                && s.split_once('/')
+                    .is_none_or(|(ns, n)| ns.is_empty() || n.is_empty())
+            {
+                anyhow::bail!("--service {s:?}: give it as NAMESPACE/NAME");
+            }
+            let nodes = api::node_names(client.clone()).await?;
+            let reports = api::node_reports(client).await?;
+            if let Some(n) = &node
+                && !nodes.contains(n)
+                && !reports.iter().any(|(r, _)| r == n)
+            {
+                anyhow::bail!("--node {n:?}: no such node and no report for it");
+            }
+            let now = k8s_openapi::jiff::Timestamp::now().as_second();
+            let view = cluster::build(&nodes, &reports, now, &cluster::Filter { service, node });
+            match output {
+                ReportOutput::Json => println!("{}", serde_json::to_string_pretty(&view)?),
+                ReportOutput::Table => print!("{}", cluster::table(&view, now, false)),
+                ReportOutput::Wide => print!("{}", cluster::table(&view, now, true)),
+            }
+            Ok(ExitCode::from(view.exit_code()))
         }
         Command::Watch {
             node,
@@ -182,8 +241,8 @@ async fn run(command: Command, kube: KubeArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// One clear line on stderr, exit 1.
-fn fail(e: &anyhow::Error) -> ExitCode {
+/// One clear line on stderr, exit `code`.
+fn fail(e: &anyhow::Error, code: u8) -> ExitCode {
     eprintln!("kubectl clb-probe: error: {e:#}");
-    ExitCode::from(1)
+    ExitCode::from(code)
 }

@@ -43,7 +43,7 @@ pub fn gather(cfg: &AddrConfig) -> anyhow::Result<Inputs> {
         }
     }
     let sets = addrs::classify(&node, cfg);
-    let bound = match &sets.vip_iface {
+    let mut bound: Vec<std::net::IpAddr> = match &sets.vip_iface {
         Some((_, index)) => node
             .addrs
             .iter()
@@ -52,6 +52,18 @@ pub fn gather(cfg: &AddrConfig) -> anyhow::Result<Inputs> {
             .collect(),
         None => Vec::new(),
     };
+    // Local routes without an address make an LB IP as local as kube-ipvs0 does.
+    let route_owned: Vec<(std::net::IpAddr, crate::event::AddressOwner)> = sets
+        .owners
+        .iter()
+        .filter(|(p, o)| p.is_host() && matches!(o, crate::event::AddressOwner::LocalRoute { .. }))
+        .map(|(p, o)| (p.addr, o.clone()))
+        .collect();
+    bound.extend(route_owned.iter().map(|(ip, _)| *ip));
+    let owners = bound
+        .iter()
+        .filter_map(|ip| Some((*ip, sets.owner(*ip)?.clone())))
+        .collect();
     let pod_prefixes = sets
         .prefixes
         .iter()
@@ -67,6 +79,20 @@ pub fn gather(cfg: &AddrConfig) -> anyhow::Result<Inputs> {
         .map(|o| ipset::parse_save(&String::from_utf8_lossy(&o.stdout)))
         .unwrap_or_default();
     let (lb_targets, cluster_ips) = ipset_targets(&ipsets);
+    let loop_back: Vec<String> = [ipset::loop_back_set(false), ipset::loop_back_set(true)]
+        .iter()
+        .filter_map(|s| ipsets.get(*s))
+        .flatten()
+        .cloned()
+        .collect();
+    let has_loop_back = [ipset::loop_back_set(false), ipset::loop_back_set(true)]
+        .iter()
+        .any(|s| ipsets.contains_key(*s));
+    let self_loop = super::SelfLoopNode {
+        loop_back: has_loop_back.then_some(loop_back),
+        bridge_ports: state::bridge::ports(std::path::Path::new("/sys/class/net")),
+        br_netfilter: state::bridge::br_netfilter(false),
+    };
     let nics = sets
         .nics
         .iter()
@@ -75,6 +101,7 @@ pub fn gather(cfg: &AddrConfig) -> anyhow::Result<Inputs> {
     Ok(Inputs {
         vip_iface: cfg.vip_iface.clone(),
         bound,
+        owners,
         cluster_ips,
         lb_targets,
         pod_prefixes,
@@ -82,6 +109,7 @@ pub fn gather(cfg: &AddrConfig) -> anyhow::Result<Inputs> {
         nics,
         kernel: kernel_view(),
         api: super::ApiState::NotUsed,
+        self_loop,
     })
 }
 

@@ -64,6 +64,10 @@ pub enum Kind {
     VipPortUnserved,
     /// Pod egress to an LB leaves without SNAT: the LB can send it back to this node.
     Hairpin,
+    /// A pod that calls its own Service cannot reach itself: a local endpoint without its
+    /// KUBE-LOOP-BACK entry (IPVS mode), or bridge ports without hairpin mode while
+    /// br_netfilter runs kube-proxy's DNAT in the bridge.
+    ServiceSelfLoop,
     /// A NIC's `rp_filter` / `accept_local` / `route_localnet` (drop vs reply).
     NicSourceValidation,
     /// `kernel.kptr_restrict` hides kernel addresses: drop sites unreadable.
@@ -80,6 +84,7 @@ impl Kind {
             Kind::HealthcheckBlackhole => "healthcheck_blackhole",
             Kind::VipPortUnserved => "vip_port_unserved",
             Kind::Hairpin => "hairpin",
+            Kind::ServiceSelfLoop => "service_self_loop",
             Kind::NicSourceValidation => "nic_source_validation",
             Kind::KptrRestrict => "kptr_restrict",
             Kind::KernelVisibility => "kernel_visibility",
@@ -198,8 +203,11 @@ pub struct KernelView {
 pub struct Inputs {
     /// `--vip-iface`.
     pub vip_iface: String,
-    /// Addresses bound on the VIP interface.
+    /// Addresses bound on the VIP interface, and addresses made local by a `local` route of
+    /// table local with no interface address (a cloud guest agent's LB IPs).
     pub bound: Vec<IpAddr>,
+    /// Who made each of `bound` local (absent: the VIP interface).
+    pub owners: std::collections::BTreeMap<IpAddr, crate::event::AddressOwner>,
     /// Addresses kube-proxy names as ClusterIPs (ipset `KUBE-CLUSTER-IP`, the API).
     pub cluster_ips: Vec<IpAddr>,
     /// LB ingress IPs known from kube-proxy's sets or the API.
@@ -211,6 +219,20 @@ pub struct Inputs {
     pub kernel: KernelView,
     /// Whether Services were read from the API (the Service side of the rules).
     pub api: ApiState,
+    /// What lets a pod reach itself through its Service.
+    pub self_loop: SelfLoopNode,
+}
+
+/// The node's pieces of a pod's call to its own Service (`service_self_loop`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SelfLoopNode {
+    /// Members of kube-proxy's `KUBE-LOOP-BACK` (and `KUBE-6-LOOP-BACK`) ipset; `None`: no
+    /// such set.
+    pub loop_back: Option<Vec<String>>,
+    /// Every port of every bridge that has ports.
+    pub bridge_ports: Vec<crate::state::BridgePort>,
+    /// `net.bridge.bridge-nf-call-iptables`; `None`: br_netfilter not loaded.
+    pub br_netfilter: Option<bool>,
 }
 
 /// What became of the API side.

@@ -39,6 +39,7 @@ fn lab() -> Inputs {
     Inputs {
         vip_iface: "kube-ipvs0".into(),
         bound: vec![ip(VIP)],
+        owners: Default::default(),
         cluster_ips: vec![],
         lb_targets: vec![],
         pod_prefixes: vec![Prefix::parse("198.19.1.0/24").unwrap()],
@@ -68,6 +69,7 @@ fn lab() -> Inputs {
             kallsyms_readable: true,
         },
         api: super::ApiState::NotUsed,
+        self_loop: Default::default(),
     }
 }
 
@@ -450,4 +452,110 @@ fn api_services_become_facts() {
         t.prevent_loopback,
         ["service.cloud.tencent.com/prevent-loopback"]
     );
+}
+
+/// The node report (#27) carries `probe check`'s risks only, each with its Service and first
+/// fix, and the kube-proxy mode the rules were read from.
+#[test]
+fn the_node_report_takes_the_risks_with_their_service_and_first_fix() {
+    let port = |port: u16, node_port: u16| ServicePort {
+        name: None,
+        protocol: "TCP".into(),
+        port,
+        node_port: Some(node_port),
+    };
+    let web = ServiceFacts {
+        namespace: "shop".into(),
+        name: "web".into(),
+        uid: None,
+        service_type: "LoadBalancer".into(),
+        cluster_ips: vec![ip("198.18.100.10")],
+        external_ips: vec![],
+        ingress: vec![LbIngress {
+            ip: Some(ip(VIP)),
+            hostname: None,
+            ip_mode: None,
+        }],
+        ports: vec![port(80, 30080), port(443, 30443)],
+        external_traffic_policy: Some("Local".into()),
+        health_check_node_port: Some(32000),
+        loopback_annotations: Default::default(),
+        endpoints: vec![],
+        load_balancer_class: None,
+        annotations: Default::default(),
+        resource_version: None,
+    };
+    let state = crate::report::writer::check_state(&lab(), std::slice::from_ref(&web));
+    assert_eq!(state.mode, "iptables");
+    assert!(!state.risks.is_empty(), "the lab's bound VIP is a risk");
+    for r in &state.risks {
+        assert_eq!(r.service.as_deref(), Some("shop/web"), "{r:?}");
+        assert!(r.first_fix.is_some(), "{r:?}");
+    }
+    let full = Report::new(rules::judge(&lab()));
+    assert!(
+        full.findings.iter().any(|f| f.severity != Severity::Risk),
+        "the lab has non-risk findings, and the report leaves them out"
+    );
+    // Without the API: the same risks, unnamed, the mode still known.
+    let bare = crate::report::writer::check_state(&lab(), &[]);
+    assert_eq!(bare.mode, "iptables");
+    assert_eq!(bare.risks.len(), full.risks);
+}
+
+/// `service_self_loop`: IPVS mode judges the KUBE-LOOP-BACK entries of local endpoints; the
+/// bridge ports without hairpin mode under br_netfilter in every mode.
+#[test]
+fn service_self_loop_risks_follow_the_mode() {
+    use crate::state::BridgePort;
+    let self_loops = |i: &Inputs| -> Vec<String> {
+        rules::judge(i)
+            .into_iter()
+            .filter(|f| f.kind == Kind::ServiceSelfLoop)
+            .map(|f| {
+                assert_eq!(f.severity, Severity::Risk);
+                format!("{}: {}", f.subject, f.summary)
+            })
+            .collect()
+    };
+    let mut i = ipvs(false, false);
+    i.self_loop.loop_back = Some(vec!["198.19.1.11,tcp:8080,198.19.1.11".into()]);
+    assert!(self_loops(&i).is_empty(), "{:?}", self_loops(&i));
+    // kube-proxy 1.31 (kubernetes#134884): the entry is gone.
+    i.self_loop.loop_back = Some(vec![]);
+    let found = self_loops(&i);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        found[0].starts_with("198.19.1.11:8080/tcp: pod 198.19.1.11 cannot reach itself")
+            && found[0].contains("KUBE-LOOP-BACK lacks 198.19.1.11,tcp:8080,198.19.1.11"),
+        "{found:?}"
+    );
+    // A bridge without hairpin mode is a risk in IPVS mode too (the reply dies at the port).
+    let port = |hairpin_mode| BridgePort {
+        bridge: "cbr0".into(),
+        port: "veth1".into(),
+        hairpin_mode,
+    };
+    let mut i = ipvs(false, false);
+    i.self_loop = super::SelfLoopNode {
+        loop_back: Some(vec!["198.19.1.11,tcp:8080,198.19.1.11".into()]),
+        bridge_ports: vec![port(false)],
+        br_netfilter: Some(true),
+    };
+    assert_eq!(self_loops(&i).len(), 1, "{:?}", self_loops(&i));
+    // iptables mode: the same bridge is a risk with br_netfilter on, not with hairpin mode.
+    let mut i = lab();
+    i.self_loop.bridge_ports = vec![port(false)];
+    i.self_loop.br_netfilter = Some(true);
+    let found = self_loops(&i);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        found[0].starts_with("cbr0: 1 port(s) of cbr0 without hairpin mode"),
+        "{found:?}"
+    );
+    i.self_loop.br_netfilter = Some(false);
+    assert!(self_loops(&i).is_empty());
+    i.self_loop.br_netfilter = Some(true);
+    i.self_loop.bridge_ports = vec![port(true)];
+    assert!(self_loops(&i).is_empty());
 }

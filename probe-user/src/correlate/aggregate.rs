@@ -7,6 +7,8 @@ use super::{
     facts::{AddressOwner, Facts, SourceKind},
     remedy,
 };
+use std::net::IpAddr;
+
 use crate::event::{Packet, Tag};
 
 pub(super) struct Aggregate {
@@ -55,6 +57,7 @@ impl NewEvent for LoopbackEvent {
                 source: source_kind(p.src_tag),
                 ..Facts::default()
             },
+            listener: None,
         }
     }
 }
@@ -70,11 +73,14 @@ pub(super) fn source_kind(tag: Option<Tag>) -> SourceKind {
 }
 
 impl Correlator {
-    /// The owner of an address tagged `tag`: the VIP interface for a `vip` tag (the tag means
-    /// bound there), unknown otherwise.
-    pub(super) fn vip_owner(&self, tag: Option<Tag>) -> Option<AddressOwner> {
-        (tag == Some(Tag::Vip)).then(|| AddressOwner::VipInterface {
-            iface: self.cfg.vip_iface.clone(),
+    /// The owner of the local address `ip` tagged `tag`: the node's owners map (every local
+    /// route of table local) when it names one, else the VIP interface for a `vip` tag (the
+    /// tag means bound there), unknown otherwise.
+    pub(super) fn vip_owner(&self, ip: IpAddr, tag: Option<Tag>) -> Option<AddressOwner> {
+        self.owner_of(ip).or_else(|| {
+            (tag == Some(Tag::Vip)).then(|| AddressOwner::VipInterface {
+                iface: self.cfg.vip_iface.clone(),
+            })
         })
     }
 }

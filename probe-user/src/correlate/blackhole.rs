@@ -127,20 +127,8 @@ impl Correlator {
             self.confirm_vip_as_source(packet, info, suspect, out);
             return;
         }
-        let t = tuple_of(packet);
-        let mut evidence = Vec::new();
-        if let Some(s) = &suspect {
-            evidence.push(suspect_line(s.ts, &s.nic, &s.packet));
-        }
-        evidence.push(drop_line(&info, &t));
-        evidence.push(local_source_line(&info, packet.src));
-        evidence.push(unauthenticated_source_line(packet.src));
-        let svc = self.nodeport_evidence(packet, &mut evidence);
-        self.vip_served_evidence(packet.src, &mut evidence);
-        let nic = info
-            .iface
-            .clone()
-            .or_else(|| suspect.as_ref().map(|s| s.nic.clone()));
+        let mut lines = Vec::new();
+        let svc = self.nodeport_evidence(packet, &mut lines);
         let key = AggregateKey::HealthcheckBlackhole {
             vip: packet.src,
             node: packet.dst,
@@ -148,18 +136,47 @@ impl Correlator {
             proto: packet.proto,
         };
         let event = LoopbackEvent {
-            vip: Some(packet.src),
-            drop_reason: Some(info.reason.name.clone()),
-            drop_location: info.location.clone(),
             snat: SnatState::Unknown,
-            evidence,
-            nic,
             service: svc,
-            ..LoopbackEvent::new(&key, packet, info.ts, Outcome::Dropped)
+            ..self.vip_drop_event(packet, &info, suspect.as_ref(), &key, lines)
         };
         let event = self.healthcheck_facts(event, packet);
         self.stats.confirmed.healthcheck_blackhole += 1;
         self.report_vip_source_drop(packet, info, suspect.as_ref(), key, event, out);
+    }
+
+    /// The event of a local-source drop of a `Vip`-source packet, one assembly for both kinds
+    /// it confirms (`healthcheck_blackhole`, `vip_as_source`): the suspect, the drop and what
+    /// the VIP source means, then the kind's own `lines`, then what serves and owns the VIP.
+    pub(super) fn vip_drop_event(
+        &self,
+        packet: &Packet,
+        info: &DropInfo,
+        suspect: Option<&VipSuspect>,
+        key: &AggregateKey,
+        lines: Vec<String>,
+    ) -> LoopbackEvent {
+        let mut evidence = Vec::new();
+        if let Some(s) = suspect {
+            evidence.push(suspect_line(s.ts, &s.nic, &s.packet));
+        }
+        evidence.push(drop_line(info, &tuple_of(packet)));
+        evidence.push(local_source_line(info, packet.src));
+        evidence.push(unauthenticated_source_line(packet.src));
+        evidence.extend(lines);
+        self.vip_served_evidence(packet.src, &mut evidence);
+        self.owner_evidence(packet.src, &mut evidence);
+        LoopbackEvent {
+            vip: Some(packet.src),
+            drop_reason: Some(info.reason.name.clone()),
+            drop_location: info.location.clone(),
+            evidence,
+            nic: info
+                .iface
+                .clone()
+                .or_else(|| suspect.map(|s| s.nic.clone())),
+            ..LoopbackEvent::new(key, packet, info.ts, Outcome::Dropped)
+        }
     }
 
     /// A health check: the destination is a node address and the port a NodePort of the

@@ -71,17 +71,24 @@ pub(crate) const NETFILTER_SITES: [&str; 3] = ["nf_hook_slow", "nft_do_chain", "
 /// site) would have named, judged by the drop site; None when the site says nothing we use.
 /// On the route-input path the source's tag tells a local source (`node`/`vip`: the kernel
 /// owns that address) from a failed reverse-path check (`pod`: routed to the pod's veth, not
-/// the NIC it came in on); both need the packet to have come in through a NIC.
+/// the NIC it came in on); both need the packet to have come in through a NIC. A
+/// self-addressed pod packet (`service_self_loop`, dropped in the pod's own namespace, where
+/// no NIC of ours is seen) can only fail route input as a local source: its source is the
+/// receiving namespace's own address (seen on Debian 5.10).
 pub(crate) fn reason_from_site(
     location: Option<&str>,
     src_tag: Option<Tag>,
     from_nic: bool,
+    self_addressed: bool,
 ) -> Option<&'static str> {
     let sym = site_symbol(location?);
     if sym.is_empty() {
         return None;
     }
     if is_route_input_site(location) {
+        if self_addressed && src_tag == Some(Tag::Pod) {
+            return Some("IP_LOCAL_SOURCE");
+        }
         return match (src_tag, from_nic) {
             (Some(Tag::Node | Tag::Vip), true) => Some("IP_LOCAL_SOURCE"),
             (Some(Tag::Pod), true) => Some("IP_RPFILTER"),
@@ -171,7 +178,7 @@ mod tests {
 
     #[test]
     fn reasons_from_drop_sites() {
-        let rf = reason_from_site;
+        let rf = |site, tag, nic| reason_from_site(site, tag, nic, false);
         // Debian 5.10: a health check from a bound VIP, dropped on the route-input path.
         assert_eq!(
             rf(
@@ -212,6 +219,21 @@ mod tests {
         assert_eq!(rf(Some("sk_stream_kill_queues+0x50"), None, true), None);
         assert_eq!(rf(Some("tcp_v4_rcv_other+0x1"), None, true), None);
         assert_eq!(rf(None, Some(Tag::Vip), true), None);
+        // Debian 5.10: a pod's call DNATed back to itself, dropped in the pod's namespace.
+        let self_loop = |site, tag| reason_from_site(site, tag, false, true);
+        assert_eq!(
+            self_loop(Some("ip_rcv_finish_core.constprop.0+0x20e"), Some(Tag::Pod)),
+            Some("IP_LOCAL_SOURCE")
+        );
+        // Only on the route-input path, and only for a pod's own address.
+        assert_eq!(
+            self_loop(Some("tcp_v4_rcv+0x7a"), Some(Tag::Pod)),
+            Some("NO_SOCKET")
+        );
+        assert_eq!(
+            self_loop(Some("ip_rcv_finish_core+0x9"), Some(Tag::Node)),
+            None
+        );
     }
 
     #[test]

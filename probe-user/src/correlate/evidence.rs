@@ -10,7 +10,7 @@ use super::{
     tuple_of,
 };
 use crate::{
-    event::{EgressRecord, Packet, Proto, Tag, tcp_flags},
+    event::{AddressOwner, EgressRecord, Listener, Packet, Proto, Tag, tcp_flags},
     state::{
         ConntrackEntry, NodePortEntry, ServiceSource, ServiceTable, Tuple,
         iptables::ACCESS_FILTER_CHAIN,
@@ -97,7 +97,8 @@ pub(super) fn suspect_line(ts: u64, nic: &str, p: &Packet) -> String {
         fmt_tuple(&tuple_of(p)),
         fmt_flags(p),
         match p.src_tag {
-            Some(Tag::Vip) => "vip (bound on the VIP interface: a local address)",
+            Some(Tag::Vip) =>
+                "vip (a local address: a VIP bound on the VIP interface or made local by a route)",
             Some(Tag::Pod) => "pod (a pod on this node)",
             Some(Tag::Node) => "node",
             None => "nothing",
@@ -145,13 +146,13 @@ pub(super) fn local_source_line(info: &DropInfo, src: IpAddr) -> String {
         ),
         _ if info.inferred => format!(
             "no drop reason on this kernel, but the drop site {} is the route-input path and \
-             the source {} is tagged vip (bound on the VIP interface): a local-source drop",
+             the source {} is tagged vip (a local address): a local-source drop",
             info.location.as_deref().unwrap_or("?"),
             src
         ),
         _ => format!(
             "reason {}: source validation failed because {} is a local address of this \
-             node (tagged vip: bound on the VIP interface)",
+             node (tagged vip)",
             info.reason.name, src
         ),
     }
@@ -234,6 +235,46 @@ pub(super) fn egress_line(r: &EgressRecord, node_sourced: bool) -> String {
         },
         r.src
     )
+}
+
+/// What made a local address local (kube-ipvs0, a NIC, a `local` route and its protocol).
+pub(super) fn owner_line(ip: IpAddr, owner: &AddressOwner) -> String {
+    format!("local address owner: {ip} is local through {owner}")
+}
+
+impl Correlator {
+    /// The owner of the local address `ip`, with its evidence line when known.
+    pub(super) fn owner_evidence(
+        &self,
+        ip: IpAddr,
+        evidence: &mut Vec<String>,
+    ) -> Option<AddressOwner> {
+        let owner = self.owner_of(ip);
+        if let Some(o) = &owner {
+            evidence.push(owner_line(ip, o));
+        }
+        owner
+    }
+}
+
+/// A host-listener hairpin: the port is no NodePort, the exact layer-4 match is the proof.
+pub(super) fn host_listener_line(p: &Packet) -> String {
+    format!(
+        "{} is no NodePort of the service table: the LB sent the request to a host-network \
+         listener of this node (no Service rule on that port); confirmed on the exact layer-4 \
+         match alone",
+        sock(p.dst, p.dport)
+    )
+}
+
+/// The socket that serves a host-listener hairpin's port (sock_diag).
+pub(super) fn listener_line(p: &Packet, answer: &Result<Option<Listener>, String>) -> String {
+    let at = format!("{}/{}", sock(p.dst, p.dport), p.proto.as_str());
+    match answer {
+        Ok(Some(l)) => format!("listener of {at} on this node: {l}"),
+        Ok(None) => format!("no socket listens on {at} now (sock_diag)"),
+        Err(e) => format!("listener of {at} unknown: the sock_diag look-up failed: {e}"),
+    }
 }
 
 /// What makes a hairpin node-sourced.

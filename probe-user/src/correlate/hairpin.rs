@@ -11,8 +11,18 @@
 //! that the LB returns to its caller) with the same evidence chain, so it keeps the kind and
 //! says "node-sourced" in its evidence and remedy rather than becoming a kind of its own.
 //!
+//! **Host listener**: the LB sends the loop to a node address on a port that is no NodePort
+//! (a host-network process: the API server on :6443, an ingress controller or node-local proxy
+//! with hostNetwork/hostPort, behind an LB with instance targets). Only an exact layer-4 match
+//! confirms it (the egress record with the suspect's own source address, port and protocol,
+//! to a destination that is not local): that match is the proof, whatever the port. Layer 7
+//! (same source within a window) keeps requiring a NodePort or a local pod, so no false pairs
+//! come back. The socket that serves the port is asked for ([`Query::Listener`]) and named in
+//! the evidence and the event's `listener`.
+//!
 //! No false pairing: the suspect must go to a node address with a NodePort (any node address
-//! when no service table is known) or to a local pod; the egress record's destination must
+//! when no service table is known; any port on an exact layer-4 match) or to a local pod; the
+//! egress record's destination must
 //! not be local; a layer-4 egress flow that conntrack shows answered, or a looping flow that
 //! got established, is no failure; and one failed connect (a SYN and its retransmits) is
 //! confirmed once: later suspects and drops of the same source address and port within
@@ -26,14 +36,14 @@ use super::{
     PendingQuery, Query, QueryCtx, RecentDrop, SEC, SnatState,
     conntrack::{CtAnswer, egress_tuple},
     evidence::{
-        drop_line, egress_ct_line, egress_line, layer_line, node_sourced_line, outcome_line,
-        service_name, suspect_line,
+        drop_line, egress_ct_line, egress_line, host_listener_line, layer_line, listener_line,
+        node_sourced_line, outcome_line, service_name, suspect_line,
     },
     facts::{Etp, Facts, SourceKind},
     tuple_of,
 };
 use crate::{
-    event::{EgressRecord, Packet, Proto, Tag},
+    event::{EgressRecord, Listener, Packet, Proto, Tag},
     state::{ConntrackEntry, Tuple},
 };
 
@@ -67,6 +77,27 @@ pub(super) enum Stage {
     AwaitOutcome(u64),
 }
 
+/// Where the LB sent a looping packet (see [`Correlator::backend_of`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Backend {
+    /// A node address with a NodePort (any node address without a service table), or a
+    /// local pod: layer 4 or layer 7.
+    Service,
+    /// A node address on a port that is no NodePort: a host-network listener; only an exact
+    /// layer-4 match confirms it.
+    HostListener,
+    /// Nothing an LB sends to.
+    None,
+}
+
+/// The listener look-up of a host-listener candidate.
+pub(super) enum ListenerState {
+    /// Asked (query id).
+    Asked(u64),
+    /// The answer: `Ok(None)`, nothing listens there now; `Err`, the look-up failed.
+    Known(Result<Option<Listener>, String>),
+}
+
 pub(super) struct EgressMatch {
     pub(super) record: EgressRecord,
     pub(super) layer: Layer,
@@ -96,6 +127,10 @@ pub(super) struct Flow {
     pub(super) evidence: Vec<String>,
     /// The conntrack look-up of the egress flow failed: SNAT cannot be confirmed either way.
     pub(super) snat_unknown: bool,
+    /// Host-listener candidates: the listener look-up (None for the other backends).
+    pub(super) listener: Option<ListenerState>,
+    /// A confirmation waiting for the listener answer: (outcome, extra evidence).
+    pub(super) deferred: Option<(Outcome, Vec<String>)>,
 }
 
 impl Correlator {
@@ -116,7 +151,8 @@ impl Correlator {
             self.stats.suspects_confirmed += 1;
             return;
         }
-        if !self.is_lb_backend(&packet) {
+        let backend = self.backend_of(&packet);
+        if backend == Backend::None {
             self.stats.hairpin_not_a_backend += 1;
             self.stats.suspects_unconfirmed += 1;
             return;
@@ -151,9 +187,41 @@ impl Correlator {
                 egress: None,
                 evidence: Vec::new(),
                 snat_unknown: false,
+                listener: None,
+                deferred: None,
             },
         );
+        if backend == Backend::HostListener {
+            let (addr, port, proto) = (t.dst, t.dport, t.proto);
+            let id = self.new_query(QueryCtx::Listener { flow: t.clone() });
+            if let Some(f) = self.flows.get_mut(&t) {
+                f.listener = Some(ListenerState::Asked(id));
+            }
+            out.push(Output::Query(Query::Listener {
+                id,
+                addr,
+                port,
+                proto,
+            }));
+        }
         self.ask_egress(t.src, vec![t], out);
+    }
+
+    /// The listener answer of a host-listener candidate; confirms it when the confirmation
+    /// waited for it.
+    pub(super) fn on_listener(
+        &mut self,
+        t: &Tuple,
+        listener: Result<Option<Listener>, String>,
+        out: &mut Vec<Output>,
+    ) {
+        let Some(f) = self.flows.get_mut(t) else {
+            return;
+        };
+        f.listener = Some(ListenerState::Known(listener));
+        if let Some((outcome, extra)) = f.deferred.take() {
+            self.confirm_hairpin(t, outcome, extra, out);
+        }
     }
 
     /// Asks for `flows`' egress (all of source `src`): they join the source's query in flight,
@@ -254,17 +322,23 @@ impl Correlator {
         }
     }
 
-    /// Whether a looping packet went where an LB sends its backends' traffic: a node address
-    /// with a NodePort (any node address when the service table is unknown), or a local pod
-    /// (an LB that targets pods directly). Anything else is no LB backend.
-    fn is_lb_backend(&self, p: &Packet) -> bool {
+    /// Where a looping packet went: a node address with a NodePort (any node address when
+    /// the service table is unknown) or a local pod (an LB that targets pods directly) is a
+    /// Service backend; a node address on another port is a host listener (TCP or UDP with a
+    /// port: an exact layer-4 match needs one); anything else is no LB backend.
+    pub(super) fn backend_of(&self, p: &Packet) -> Backend {
         match p.dst_tag {
-            Some(Tag::Pod) => true,
-            Some(Tag::Node) => {
-                super::evidence::table_missing(&self.services)
-                    || self.services.nodeport(p.dport, p.proto).is_some()
+            Some(Tag::Pod) => Backend::Service,
+            Some(Tag::Node)
+                if super::evidence::table_missing(&self.services)
+                    || self.services.nodeport(p.dport, p.proto).is_some() =>
+            {
+                Backend::Service
             }
-            _ => false,
+            Some(Tag::Node) if p.sport != 0 && matches!(p.proto, Proto::Tcp | Proto::Udp) => {
+                Backend::HostListener
+            }
+            _ => Backend::None,
         }
     }
 
@@ -331,6 +405,13 @@ impl Correlator {
         extra: Vec<String>,
         out: &mut Vec<Output>,
     ) {
+        if let Some(f) = self.flows.get_mut(t)
+            && matches!(f.listener, Some(ListenerState::Asked(_)))
+        {
+            // The listener is part of the evidence: wait for its answer (or its expiry).
+            f.deferred = Some((outcome, extra));
+            return;
+        }
         let Some(f) = self.flows.remove(t) else {
             return;
         };
@@ -344,14 +425,26 @@ impl Correlator {
         };
         let p = &f.packet;
         let node_sourced = p.src_tag == Some(Tag::Node);
+        let host_listener = f.listener.is_some();
         let mut evidence = vec![
             egress_line(&m.record, node_sourced),
             suspect_line(f.ts, &f.nic, p),
             layer_line(m.layer, f.ts, &m.record, p),
         ];
-        if node_sourced {
+        let local_owner = if node_sourced {
             evidence.push(node_sourced_line(p));
-        }
+            self.owner_evidence(p.src, &mut evidence)
+        } else {
+            None
+        };
+        let listener = match f.listener {
+            Some(ListenerState::Known(answer)) => {
+                evidence.push(host_listener_line(p));
+                evidence.push(listener_line(p, &answer));
+                answer.ok().flatten()
+            }
+            _ => None,
+        };
         if p.dst_tag == Some(Tag::Pod) {
             evidence.push(format!(
                 "the LB sent the request straight to the local pod {} (an LB that targets \
@@ -386,6 +479,8 @@ impl Correlator {
             }),
             masquerade_rules: self.services.masquerade_rules.len(),
             lb_targets_pod: p.dst_tag == Some(Tag::Pod),
+            owner: local_owner,
+            host_listener,
             ..Facts::default()
         };
         let key = AggregateKey::Hairpin {
@@ -412,6 +507,7 @@ impl Correlator {
             nic: Some(f.nic.clone()),
             service,
             layer: Some(m.layer),
+            listener,
             ..LoopbackEvent::new(&key, p, f.ts, outcome)
         };
         self.stats.suspects_confirmed += f.n_suspects;
@@ -429,6 +525,9 @@ impl Correlator {
             self.stats.suspects_unconfirmed += f.n_suspects;
             self.stats.drops_unmatched += f.n_drops;
             if let Stage::AwaitSnat(id) | Stage::AwaitOutcome(id) = f.stage {
+                self.queries.remove(&id);
+            }
+            if let Some(ListenerState::Asked(id)) = f.listener {
                 self.queries.remove(&id);
             }
         }
@@ -470,6 +569,10 @@ impl Correlator {
     /// the index: it picks the pod's latest opener before the suspect, one LB round trip
     /// earlier, which the latest 16 records hold unless the pod opened 16 more flows in
     /// between (then one of those is as good a guess of what the proxy carried).
+    ///
+    /// A host-listener candidate (no NodePort, no pod) takes layer 4 only: the exact match is
+    /// its proof; a layer-7 guess to an arbitrary port of the node would pair any local
+    /// caller's traffic with any connection to a host service.
     pub(super) fn match_egress(&self, f: &Flow, records: &[EgressRecord]) -> Option<EgressMatch> {
         let p = &f.packet;
         // (record, its latest opener by the suspect's time) for records of this pod and
@@ -491,6 +594,9 @@ impl Correlator {
                 record: r.clone(),
                 layer: Layer::L4,
             });
+        }
+        if f.listener.is_some() {
+            return None;
         }
         candidates()
             .max_by_key(|(_, at)| *at)

@@ -9,7 +9,9 @@ use super::tests::{
 use super::*;
 use crate::state::NodePortEntry;
 
-/// Where a looping packet went decides whether it can be an LB's backend at all.
+/// Where a looping packet went decides whether it can be an LB's backend at all. A node
+/// address on a port that is no NodePort is a host-listener candidate (its listener is asked
+/// for; only an exact layer-4 match confirms it: `host_tests.rs`).
 #[test]
 fn suspect_destination_must_be_an_lb_backend() {
     // (what, destination, port, its tag, service table known, a candidate?)
@@ -32,12 +34,12 @@ fn suspect_destination_must_be_an_lb_backend() {
             true,
         ),
         (
-            "node address, not a NodePort",
+            "node address, not a NodePort: a host listener",
             NODE,
             22,
             Some(Tag::Node),
             true,
-            false,
+            true,
         ),
         (
             "node address, a Local NodePort",
@@ -66,9 +68,16 @@ fn suspect_destination_must_be_an_lb_backend() {
         }
         let p = pkt(POD, 41000, dst, dport, Some(Tag::Pod), tag);
         let outs = c.ingest(suspect(S, &p));
+        let host_listener = known && tag == Some(Tag::Node) && dport == 22;
+        let asked = queries(&outs);
         assert_eq!(
-            matches!(outs.as_slice(), [Output::Query(Query::Egress { .. })]),
+            asked.iter().any(|q| matches!(q, Query::Egress { .. })),
             candidate,
+            "{what}: {outs:?}"
+        );
+        assert_eq!(
+            asked.iter().any(|q| matches!(q, Query::Listener { .. })),
+            host_listener,
             "{what}: {outs:?}"
         );
         assert_eq!(

@@ -92,9 +92,14 @@ pub mod facts;
 mod hairpin;
 #[cfg(test)]
 mod hairpin_tests;
+#[cfg(test)]
+mod host_tests;
 pub(crate) mod remedy;
 pub mod replay;
 mod report;
+mod self_loop;
+#[cfg(test)]
+mod self_loop_tests;
 #[cfg(test)]
 mod stream_tests;
 #[cfg(test)]
@@ -104,8 +109,9 @@ mod vip_as_source;
 mod vip_reply;
 
 use std::{
-    collections::{HashMap, HashSet, VecDeque},
+    collections::{BTreeMap, HashMap, HashSet, VecDeque},
     net::IpAddr,
+    sync::Arc,
 };
 
 use serde::{Deserialize, Serialize};
@@ -120,8 +126,8 @@ use self::{
 #[cfg(test)]
 use crate::{event::tcp_flags, state::ServiceSource};
 use crate::{
-    event::{DropReason, EgressRecord, KernelEvent, Packet, Proto, Tag},
-    state::{ConntrackEntry, ServiceTable, Tuple},
+    event::{AddressOwner, DropReason, EgressRecord, KernelEvent, Listener, Packet, Proto, Tag},
+    state::{ConntrackEntry, SelfLoopFacts, ServiceTable, Tuple, addrs::Prefix},
 };
 
 const MS: u64 = 1_000_000;
@@ -198,12 +204,32 @@ pub enum Query {
     },
     /// The conntrack entry whose original tuple is exactly `tuple`.
     Conntrack { id: u64, tuple: Tuple },
+    /// The listening socket that serves `addr:port/proto` in this network namespace (a
+    /// host-listener hairpin names it).
+    Listener {
+        id: u64,
+        addr: IpAddr,
+        port: u16,
+        proto: Proto,
+    },
+    /// A pod's self-addressed packet `tuple` (pod:port -> pod:port) was dropped (on `iface`
+    /// when on the node): the conntrack entry whose *reply* tuple is `tuple` reversed, and
+    /// the node's pieces of the hairpin ([`SelfLoopFacts`]). Answered with
+    /// [`Answer::SelfLoop`].
+    SelfLoop {
+        id: u64,
+        tuple: Tuple,
+        iface: Option<String>,
+    },
 }
 
 impl Query {
     pub fn id(&self) -> u64 {
         match self {
-            Query::Egress { id, .. } | Query::Conntrack { id, .. } => *id,
+            Query::Egress { id, .. }
+            | Query::Conntrack { id, .. }
+            | Query::Listener { id, .. }
+            | Query::SelfLoop { id, .. } => *id,
         }
     }
 }
@@ -233,6 +259,19 @@ pub enum Answer {
         id: u64,
         error: String,
     },
+    /// The listener look-up: `Ok(None)` when nothing listens there, `Err` when the look-up
+    /// failed.
+    Listener {
+        id: u64,
+        listener: Result<Option<Listener>, String>,
+    },
+    /// The answer to [`Query::SelfLoop`]: the conntrack look-up (an error as text) and what
+    /// the node's ipsets, bridge and sysctls say.
+    SelfLoop {
+        id: u64,
+        conntrack: Result<Option<ConntrackEntry>, String>,
+        facts: SelfLoopFacts,
+    },
 }
 
 pub use probe_contract::{CorrelatorStats, KindCounts, Report, TagCounts};
@@ -252,6 +291,8 @@ struct DropInfo {
     dnat_to: Option<(IpAddr, u16)>,
     /// `reason` was inferred from the drop site: the kernel reported none (< 5.17).
     inferred: bool,
+    /// The drop happened in a pod's own network namespace (see `KernelEvent::Drop`).
+    foreign_netns: bool,
 }
 
 /// A drop kept for pairing with a later suspect of the same tuple.
@@ -273,6 +314,12 @@ enum QueryCtx {
         flow: Tuple,
     },
     Outcome {
+        flow: Tuple,
+    },
+    Listener {
+        flow: Tuple,
+    },
+    SelfLoop {
         flow: Tuple,
     },
 }
@@ -301,6 +348,10 @@ pub struct Correlator {
     dnat_seen: HashMap<Tuple, (IpAddr, u16)>,
     drops: HashMap<Tuple, RecentDrop>,
     flows: HashMap<Tuple, Flow>,
+    /// Self-loop drops waiting for the node's state (`self_loop.rs`), by the dropped tuple.
+    self_loops: self_loop::Pending,
+    /// Self-loop connects confirmed, by tuple -> time: their retransmits fold in. Bounded.
+    self_loop_done: HashMap<Tuple, u64>,
     /// Connect attempts already confirmed as hairpins, by source (address, port, protocol):
     /// their retransmits fold in instead of counting again. Bounded by `max_pending`.
     confirmed_attempts: HashMap<(IpAddr, u16, Proto), hairpin::Attempt>,
@@ -310,6 +361,8 @@ pub struct Correlator {
     aggregates: HashMap<AggregateKey, Aggregate>,
     known_local: HashSet<IpAddr>,
     known_order: VecDeque<IpAddr>,
+    /// Who made each local address local (from the address sync; shared, replaced whole).
+    owners: Arc<BTreeMap<Prefix, AddressOwner>>,
     /// Suspects / unconfirmed drops held in the maps above (kept incrementally: O(1) stats).
     held_suspects: u64,
     held_drops: u64,
@@ -340,12 +393,15 @@ impl Correlator {
             dnat_seen: HashMap::new(),
             drops: HashMap::new(),
             flows: HashMap::new(),
+            self_loops: HashMap::new(),
+            self_loop_done: HashMap::new(),
             confirmed_attempts: HashMap::new(),
             queries: HashMap::new(),
             egress_inflight: HashMap::new(),
             aggregates: HashMap::new(),
             known_local: HashSet::new(),
             known_order: VecDeque::new(),
+            owners: Arc::default(),
             held_suspects: 0,
             held_drops: 0,
             stats: CorrelatorStats::default(),
@@ -363,6 +419,21 @@ impl Correlator {
 
     pub fn stats(&self) -> &CorrelatorStats {
         &self.stats
+    }
+
+    /// Replaces the owners of the node's local addresses (used at confirmation time: each
+    /// event names what made its local address local, and the remedy addresses that owner).
+    pub fn set_owners(&mut self, owners: Arc<BTreeMap<Prefix, AddressOwner>>) {
+        self.owners = owners;
+    }
+
+    /// Who made `ip` local, by longest prefix.
+    fn owner_of(&self, ip: IpAddr) -> Option<AddressOwner> {
+        self.owners
+            .iter()
+            .filter(|(p, _)| p.contains(ip))
+            .max_by_key(|(p, _)| p.len)
+            .map(|(_, o)| o.clone())
     }
 
     /// Feeds one kernel event.
@@ -388,6 +459,7 @@ impl Correlator {
                 packet,
                 reason,
                 location,
+                foreign_netns,
             } => {
                 let mut info = DropInfo {
                     ts: ts_ns,
@@ -396,6 +468,7 @@ impl Correlator {
                     location,
                     dnat_to: None,
                     inferred: false,
+                    foreign_netns,
                 };
                 // A kernel without drop reasons: name the drop by its site, so every rule
                 // below judges it like a newer kernel's named drop (the evidence says so).
@@ -404,13 +477,19 @@ impl Correlator {
                         info.location.as_deref(),
                         packet.src_tag,
                         info.iface.is_some(),
+                        self_loop::is_self_loop(&packet),
                     )
                 {
                     info.reason.name = name.to_string();
                     info.inferred = true;
                 }
-                let packet = self.undo_dnat(packet, &mut info);
-                self.on_drop(info, packet, &mut out)
+                if self_loop::is_self_loop(&packet) {
+                    // Already DNATed back to its source: no suspect to undo it with.
+                    self.on_self_loop_drop(info, packet, &mut out);
+                } else {
+                    let packet = self.undo_dnat(packet, &mut info);
+                    self.on_drop(info, packet, &mut out)
+                }
             }
         }
         self.refresh();
@@ -423,7 +502,9 @@ impl Correlator {
         let id = match &answer {
             Answer::Egress { id, .. }
             | Answer::Conntrack { id, .. }
-            | Answer::ConntrackFailed { id, .. } => *id,
+            | Answer::ConntrackFailed { id, .. }
+            | Answer::Listener { id, .. }
+            | Answer::SelfLoop { id, .. } => *id,
         };
         let Some(q) = self.queries.remove(&id) else {
             self.stats.answers_stale += 1;
@@ -444,6 +525,17 @@ impl Correlator {
             }
             (QueryCtx::Outcome { flow }, Answer::ConntrackFailed { error, .. }) => {
                 self.on_outcome(&flow, CtAnswer::Failed(error), &mut out);
+            }
+            (QueryCtx::Listener { flow }, Answer::Listener { listener, .. }) => {
+                self.on_listener(&flow, listener, &mut out);
+            }
+            (
+                QueryCtx::SelfLoop { flow },
+                Answer::SelfLoop {
+                    conntrack, facts, ..
+                },
+            ) => {
+                self.on_self_loop_answer(&flow, Some((conntrack, facts)), &mut out);
             }
             (ctx, _) => {
                 // Wrong answer type for the id: keep waiting for the right one.
@@ -473,7 +565,7 @@ impl Correlator {
     // -----------------------------------------------------------------------------------------
 
     fn pending_len(&self) -> usize {
-        self.vip_suspects.len() + self.drops.len() + self.flows.len()
+        self.vip_suspects.len() + self.drops.len() + self.flows.len() + self.self_loops.len()
     }
 
     fn has_room(&mut self) -> bool {
@@ -486,10 +578,11 @@ impl Correlator {
     }
 
     fn refresh(&mut self) {
+        let pending = self.pending_len() as u64;
         let s = &mut self.stats;
         s.pending_suspects = self.held_suspects;
         s.pending_drops = self.held_drops;
-        s.pending = (self.vip_suspects.len() + self.drops.len() + self.flows.len()) as u64;
+        s.pending = pending;
         s.aggregates = self.aggregates.len() as u64;
     }
 
@@ -642,6 +735,7 @@ impl Correlator {
         self.expire_queries(now, out);
         self.expire_flows(now, out);
         self.expire_aggregates(now);
+        self.expire_self_loops(now);
     }
 
     fn expire_drops(&mut self, now: u64) {
@@ -682,6 +776,10 @@ impl Correlator {
                 }
                 QueryCtx::Snat { flow } => self.on_snat(&flow, CtAnswer::Expired, out),
                 QueryCtx::Outcome { flow } => self.on_outcome(&flow, CtAnswer::Expired, out),
+                QueryCtx::Listener { flow } => {
+                    self.on_listener(&flow, Err("no answer in time".into()), out)
+                }
+                QueryCtx::SelfLoop { flow } => self.on_self_loop_answer(&flow, None, out),
             }
         }
     }

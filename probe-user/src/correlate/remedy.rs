@@ -13,10 +13,10 @@ use std::net::IpAddr;
 
 use super::{
     LoopbackEvent, LoopbackKind,
-    facts::{AddressOwner, Etp, Facts, SourceKind, VipSourceSide},
+    facts::{AddressOwner, Etp, Facts, ProxyMode, SourceKind, VipSourceSide},
     report::{Layer, Outcome, sock},
 };
-use crate::event::Proto;
+use crate::{event::Proto, state::ServiceSource};
 
 /// The remedy of a confirmed event, from its facts (the correlator's, and after attribution
 /// the API's too).
@@ -26,6 +26,7 @@ pub(crate) fn build(e: &LoopbackEvent) -> Vec<String> {
         LoopbackKind::Hairpin => hairpin(e),
         LoopbackKind::VipPortUnserved => unserved(e),
         LoopbackKind::VipAsSource => vip_as_source(e),
+        LoopbackKind::ServiceSelfLoop => service_self_loop(e),
     }
 }
 
@@ -69,11 +70,12 @@ fn bound(vip: IpAddr, owner: Option<&AddressOwner>) -> String {
         Some(AddressOwner::LocalRoute {
             protocol,
             protocol_name,
+            ..
         }) => format!(
-            "a local route of this node (table local, protocol {protocol} {protocol_name}, no \
+            "made local here by a route of table local (protocol {protocol} {protocol_name}, no \
              interface address)"
         ),
-        None => format!("a local address of this node (ip route show table local {vip})"),
+        None => format!("a local address here (ip route show table local {vip})"),
     }
 }
 
@@ -99,21 +101,53 @@ fn unbind(vip: IpAddr, facts: &Facts) -> String {
                 }
             ),
         },
-        Some(AddressOwner::Interface { iface }) => format!(
-            "Or remove {vip} from {iface} on this node (whatever holds it there: keepalived, \
-             kube-vip), or have it hold another address: changing kube-proxy does not unbind it."
-        ),
-        Some(AddressOwner::LocalRoute {
-            protocol,
-            protocol_name,
-        }) => format!(
-            "Or have the owner of the local route for {vip} (protocol {protocol} \
-             {protocol_name}: a cloud guest agent adds LB forwarding-rule IPs this way) stop \
-             installing it: changing kube-proxy does not remove it."
-        ),
+        Some(owner @ (AddressOwner::Interface { .. } | AddressOwner::LocalRoute { .. })) => {
+            format!("Or: {}", owner_fix(vip, owner))
+        }
         None => format!(
             "Or stop making {vip} a local address of this node (ip route show table local \
              {vip} names the route; its owner must drop it)."
+        ),
+    }
+}
+
+/// What removes a local address that kube-proxy did not make local (an address on a NIC, a
+/// `local` route): kube-proxy's settings, the Service's ipMode or its annotations do not touch
+/// it. The GCE guest agent's routes (protocol 66) get the agent's own switch.
+fn owner_fix(vip: IpAddr, owner: &AddressOwner) -> String {
+    match owner {
+        AddressOwner::VipInterface { iface } => format!(
+            "{vip} is bound on {iface} by kube-proxy in IPVS mode: stop the binding as its \
+             ipMode / hostname options allow."
+        ),
+        AddressOwner::LocalRoute { protocol: 66, .. } => format!(
+            "{vip} is made local by the cloud's guest agent (a route with protocol 66, no \
+             address), not by kube-proxy: changing kube-proxy, ipMode or the Service does not \
+             remove it. On GCE the google-guest-agent adds such routes for forwarding-rule IPs \
+             targeting this instance: set `target_instance_ips = false` under [IpForwarding] (or \
+             `ip_forwarding = false` under [NetworkInterfaces]) in \
+             /etc/default/instance_configs.cfg and restart the agent, if nothing on the node \
+             needs to accept traffic for {vip} itself."
+        ),
+        AddressOwner::LocalRoute {
+            protocol,
+            protocol_name,
+            iface,
+        } => format!(
+            "{vip} is made local by a `local` route of table local (proto {protocol} = \
+             {protocol_name}{}), not by kube-proxy: changing kube-proxy or the Service does not \
+             remove it. Remove it where it is configured (by hand: `ip route del local {vip} \
+             table local`) if nothing on the node must accept traffic for {vip} itself.",
+            iface
+                .as_deref()
+                .map(|i| format!(", dev {i}"))
+                .unwrap_or_default()
+        ),
+        AddressOwner::Interface { iface } => format!(
+            "{vip} is an address on {iface}, not kube-proxy's binding: if keepalived or kube-vip \
+             hold it as a VIP, remove it from {iface} on this node or keep that VIP off the nodes \
+             this LB targets (or the LB's checks and calls off that VIP); kube-proxy settings and \
+             the Service's ipMode do not change it."
         ),
     }
 }
@@ -206,6 +240,9 @@ fn healthcheck(e: &LoopbackEvent) -> Vec<String> {
 
 fn hairpin(e: &LoopbackEvent) -> Vec<String> {
     let f = &e.facts;
+    if f.host_listener {
+        return host_listener_hairpin(e);
+    }
     let vip = e.vip.unwrap_or(e.dst);
     let at = sock(vip, e.vip_port.unwrap_or(e.dst_port));
     let node_sourced = f.source == SourceKind::Node;
@@ -419,6 +456,13 @@ fn vip_as_source(e: &LoopbackEvent) -> Vec<String> {
         ),
     };
     let mut out = vec![cause];
+    // The story above is kube-proxy's; a VIP that something else made local here is that
+    // owner's to remove.
+    if let Some(owner @ (AddressOwner::Interface { .. } | AddressOwner::LocalRoute { .. })) =
+        &f.owner
+    {
+        out.push(owner_fix(vip, owner));
+    }
     out.extend(mismatch(e));
     out.push(call_in_cluster(e, vip, e.vip_port));
     out.push(
@@ -449,19 +493,78 @@ fn owner_short(owner: Option<&AddressOwner>) -> String {
         Some(AddressOwner::LocalRoute {
             protocol,
             protocol_name,
+            ..
         }) => format!("a local route, protocol {protocol} {protocol_name}"),
         None => "a local address".to_string(),
     }
 }
 
-/// `probe check`'s health-check risk: a VIP bound on kube-ipvs0 that the LB health-checks
-/// `node_port` from.
-pub(crate) fn healthcheck_blackhole(vip: IpAddr, node_port: u16) -> Vec<String> {
+/// A hairpin to a host-network listener (a node address on a port that is no NodePort): no
+/// Service rule is involved, so externalTrafficPolicy and NodePort fixes do not apply.
+fn host_listener_hairpin(e: &LoopbackEvent) -> Vec<String> {
+    let node_sourced = e.facts.source == SourceKind::Node;
+    let what = e.listener.as_ref().map_or_else(
+        || "a host-network listener".to_string(),
+        |l| match (&l.pod, &l.process) {
+            (Some(pod), _) => format!("host-network pod {pod}"),
+            (None, Some(p)) => format!("host process {p}"),
+            (None, None) => "a host-network listener".to_string(),
+        },
+    );
+    let at = sock(e.dst, e.dst_port);
+    let lb = sock(e.vip.unwrap_or(e.dst), e.vip_port.unwrap_or(e.dst_port));
+    let cause = if node_sourced {
+        format!(
+            "Cause: {} called the LB at {lb}; the LB keeps the client address and sent the \
+             connection to {what} on this same node ({at}, no NodePort: an instance target on \
+             the node's own address), so it came back with the node's own address as source and \
+             the kernel discards it as a local (martian) source.",
+            sender(e)
+        )
+    } else {
+        format!(
+            "Cause: {} called the LB at {lb} and left the node without SNAT; the LB keeps the \
+             client address and sent the connection to {what} on this same node ({at}, no \
+             NodePort: an instance target on the node's own address), so the reply goes \
+             straight to the pod, never back through the LB.",
+            sender(e)
+        )
+    };
+    vec![
+        cause,
+        format!(
+            "Reach {what} without the LB from this node and its pods: its in-cluster Service \
+             (for the API server: kubernetes.default.svc), or {at} directly from host-network \
+             callers."
+        ),
+        "Or turn off client IP preservation for this LB listener's instance targets (AWS NLB: \
+         target group attribute preserve_client_ip.enabled=false), or enable the provider's \
+         prevent-loopback / hairpin option: the LB then answers the loop itself."
+            .to_string(),
+        if node_sourced {
+            "SNAT to the node IP does not avoid this one: the source already is the node."
+                .to_string()
+        } else {
+            "Masquerading pod egress to the node IP avoids it only where the LB never sends a \
+             request back to its source node; otherwise the loop becomes node-sourced."
+                .to_string()
+        },
+        "externalTrafficPolicy does not apply: no Service rule serves this port.".to_string(),
+    ]
+}
+
+/// `probe check`'s health-check risk: a VIP local through `owner` (kube-ipvs0 when not known)
+/// that the LB health-checks `node_port` from.
+pub(crate) fn healthcheck_blackhole(
+    vip: IpAddr,
+    node_port: u16,
+    owner: Option<&AddressOwner>,
+) -> Vec<String> {
     let e = LoopbackEvent {
         vip: Some(vip),
         facts: Facts {
             source: SourceKind::Vip,
-            owner: Some(kube_ipvs0()),
+            owner: Some(owner.cloned().unwrap_or_else(kube_ipvs0)),
             ..Facts::default()
         },
         ..placeholder(LoopbackKind::HealthcheckBlackhole, vip, node_port)
@@ -469,16 +572,18 @@ pub(crate) fn healthcheck_blackhole(vip: IpAddr, node_port: u16) -> Vec<String> 
     build(&e)
 }
 
-/// `probe check`'s unserved-port risk: a VIP bound on kube-ipvs0, `port` unserved.
+/// `probe check`'s unserved-port risk: a VIP local through `local_owner` (kube-ipvs0 when not
+/// known), `port` unserved.
 pub(crate) fn vip_port_unserved(
     vip: IpAddr,
     port: u16,
     proto: Proto,
     owner: Option<&str>,
     filtered: bool,
+    local_owner: Option<&AddressOwner>,
 ) -> Vec<String> {
     let facts = Facts {
-        owner: Some(kube_ipvs0()),
+        owner: Some(local_owner.cloned().unwrap_or_else(kube_ipvs0)),
         access_filtered: filtered,
         ..Facts::default()
     };
@@ -514,12 +619,154 @@ pub(crate) fn placeholder(kind: LoopbackKind, src: IpAddr, dst_port: u16) -> Loo
         node: None,
         fixes: Vec::new(),
         facts: Facts::default(),
+        listener: None,
     }
 }
 
 fn kube_ipvs0() -> AddressOwner {
     AddressOwner::VipInterface {
         iface: "kube-ipvs0".to_string(),
+    }
+}
+
+/// A pod's call to its own Service came back to it unSNATed: the remedy names the piece the
+/// drop site and the node's state say is missing (`facts.self_loop`, from
+/// `self_loop::missing_piece`), in the rules of the node's kube-proxy mode.
+fn service_self_loop(e: &LoopbackEvent) -> Vec<String> {
+    use super::facts::SelfLoopMissing as Missing;
+    let (pod, port) = (e.src, e.dst_port);
+    let missing = e.facts.self_loop.clone().unwrap_or(Missing::Undetermined);
+    let missing = &missing;
+    let source = e.facts.proxy_mode.map(service_source);
+    let key = service_key(e);
+    let svc = key
+        .as_deref()
+        .map_or_else(|| "its Service".to_string(), |k| format!("Service {k}"));
+    let how = match missing {
+        Missing::HairpinMode { .. } => {
+            "kube-proxy's DNAT ran while the frame was bridged (br_netfilter), and the bridge \
+             dropped it rather than send it back out the port it came in on"
+        }
+        _ => {
+            "the hairpin SNAT that lets a pod reach itself through a Service did not happen, so \
+             the call came back with the pod's own address as source and the pod dropped it"
+        }
+    };
+    let mut out = vec![format!(
+        "Cause: pod {pod} called {svc} and the endpoint chosen was the pod itself ({}); {how}. \
+         Calls that pick another endpoint work, so it looks intermittent.",
+        sock(pod, port)
+    )];
+    match missing {
+        Missing::HairpinSnat {
+            loop_back_entry: Some(false),
+        } => out.push(format!(
+            "Missing here: the KUBE-LOOP-BACK ipset entry {pod},tcp/udp:{port},{pod} (kube-proxy \
+             IPVS mode masquerades an endpoint's call to itself through it). kube-proxy 1.31 \
+             can drop these entries (kubernetes#134884): upgrade kube-proxy to a release with \
+             the fix, or restart it to rewrite its ipsets."
+        )),
+        Missing::HairpinSnat {
+            loop_back_entry: Some(true),
+        } => out.push(
+            "Missing here: the masquerade itself; KUBE-LOOP-BACK holds the entry but the \
+             packet was not masqueraded: check that KUBE-POSTROUTING still has kube-proxy's \
+             `--match-set KUBE-LOOP-BACK dst,dst,src -j MASQUERADE` rule (something else may \
+             have flushed the nat table)."
+                .to_string(),
+        ),
+        Missing::HairpinSnat {
+            loop_back_entry: None,
+        } => out.push(format!(
+            "Missing here: kube-proxy's masquerade mark for an endpoint calling itself ({}), or \
+             the masquerade it feeds: restart kube-proxy to rewrite its rules, and check that no \
+             other agent removes them.",
+            self_masq_rule(pod, source)
+        )),
+        Missing::HairpinMode { bridge, port, .. } => out.push(format!(
+            "Missing here: hairpin mode on {bridge} port {port}. Run the kubelet with \
+             --hairpin-mode=hairpin-veth (or promiscuous-bridge) and give it write access to \
+             /sys, or set `hairpinMode: true` in the bridge CNI's config; now: \
+             `echo 1 > /sys/class/net/{bridge}/brif/{port}/hairpin_mode`."
+        )),
+        Missing::Undetermined => out.push(
+            "Which piece is missing was not determined: check the kubelet's hairpin mode on the \
+             pod's bridge port, kube-proxy's masquerade for endpoints calling themselves \
+             (KUBE-LOOP-BACK in IPVS mode), and br_netfilter."
+                .to_string(),
+        ),
+    }
+    if let Some(k) = &key {
+        out.push(format!(
+            "{} is an endpoint of Service {k} and called it: every call that picks itself as \
+             the endpoint fails until the hairpin is fixed; the others work, so it looks \
+             intermittent.",
+            e.client_pod
+                .as_deref()
+                .map_or_else(|| format!("Pod {pod}"), |c| format!("Pod {c}"))
+        ));
+    }
+    out.push(
+        "Or avoid the self-call: let the pod call itself on localhost, not through its Service."
+            .to_string(),
+    );
+    out
+}
+
+/// `probe check`'s self-loop risk: the remedy of the confirmed event for pod `pod`:`port`
+/// (`service` when the rules name it) missing `missing`, without its "Cause:" line.
+pub(crate) fn service_self_loop_risk(
+    pod: IpAddr,
+    port: u16,
+    service: Option<&str>,
+    missing: super::facts::SelfLoopMissing,
+    source: ServiceSource,
+) -> Vec<String> {
+    let mut e = placeholder(LoopbackKind::ServiceSelfLoop, pod, port);
+    e.dst = pod;
+    e.service = service.map(str::to_string);
+    e.facts.source = SourceKind::Pod;
+    e.facts.self_loop = Some(missing);
+    e.facts.proxy_mode = Some(proxy_mode(source));
+    build(&e).into_iter().skip(1).collect()
+}
+
+/// The contract's name of the mode a service table came from.
+pub(crate) fn proxy_mode(source: ServiceSource) -> ProxyMode {
+    match source {
+        ServiceSource::Ipvs => ProxyMode::Ipvs,
+        ServiceSource::Iptables => ProxyMode::Iptables,
+        ServiceSource::Nftables => ProxyMode::Nftables,
+    }
+}
+
+fn service_source(mode: ProxyMode) -> ServiceSource {
+    match mode {
+        ProxyMode::Ipvs => ServiceSource::Ipvs,
+        ProxyMode::Iptables => ServiceSource::Iptables,
+        ProxyMode::Nftables => ServiceSource::Nftables,
+    }
+}
+
+/// `ip:port`, with brackets for IPv6 (for `probe check`).
+pub(crate) fn sock_of(ip: IpAddr, port: u16) -> String {
+    sock(ip, port)
+}
+
+/// kube-proxy's rule that marks an endpoint's call to itself for masquerade, in the mode the
+/// service table came from (both spellings when unknown).
+pub(crate) fn self_masq_rule(pod: IpAddr, source: Option<ServiceSource>) -> String {
+    let iptables = format!("iptables mode: KUBE-SEP-* `-s {pod}/32 -j KUBE-MARK-MASQ`");
+    let nftables =
+        format!("nftables mode: `ip saddr {pod} jump mark-for-masquerade` in the endpoint chain");
+    match source {
+        Some(ServiceSource::Iptables) => iptables,
+        Some(ServiceSource::Nftables) => nftables,
+        // The set was not readable (no `ipset` here): name the entry to look for.
+        Some(ServiceSource::Ipvs) => {
+            format!("IPVS mode: the ipset KUBE-LOOP-BACK entry {pod},<proto>:<port>,{pod}")
+        }
+        None => format!("{iptables}; {nftables}"),
     }
 }
 

@@ -6,14 +6,15 @@
 use super::*;
 use crate::correlate::{
     SnatState,
-    facts::{ServiceFact, SourceKind},
+    facts::{ProxyMode, SelfLoopMissing, ServiceFact, SourceKind},
 };
 
-const KINDS: [LoopbackKind; 4] = [
+const KINDS: [LoopbackKind; 5] = [
     LoopbackKind::HealthcheckBlackhole,
     LoopbackKind::Hairpin,
     LoopbackKind::VipPortUnserved,
     LoopbackKind::VipAsSource,
+    LoopbackKind::ServiceSelfLoop,
 ];
 
 fn ip(s: &str) -> IpAddr {
@@ -26,6 +27,7 @@ fn event(kind: LoopbackKind, source: SourceKind) -> LoopbackEvent {
         LoopbackKind::VipAsSource => ("203.0.113.10", "198.19.1.11", 8080, None),
         LoopbackKind::VipPortUnserved => ("198.19.1.10", "203.0.113.10", 443, Some(443)),
         LoopbackKind::Hairpin => ("198.19.1.10", "198.18.0.2", 30080, Some(80)),
+        LoopbackKind::ServiceSelfLoop => ("198.19.1.11", "198.19.1.11", 8080, Some(80)),
     };
     let src = match (kind, source) {
         (LoopbackKind::Hairpin | LoopbackKind::VipPortUnserved, SourceKind::Node) => "198.18.0.2",
@@ -44,6 +46,12 @@ fn event(kind: LoopbackKind, source: SourceKind) -> LoopbackEvent {
             }),
             masquerade_rules: 1,
             side: (kind == LoopbackKind::VipAsSource).then_some(VipSourceSide::Receiving),
+            self_loop: (kind == LoopbackKind::ServiceSelfLoop).then_some(
+                SelfLoopMissing::HairpinSnat {
+                    loop_back_entry: Some(false),
+                },
+            ),
+            proxy_mode: Some(ProxyMode::Ipvs),
             ..Facts::default()
         },
         ..placeholder(kind, ip(src), dst_port)
@@ -84,6 +92,16 @@ fn asserts_policy(line: &str, etp: Etp) -> bool {
 /// Advice to set the policy to `etp`.
 fn advises_policy(line: &str, etp: Etp) -> bool {
     line.contains(&format!("et externalTrafficPolicy: {}", etp.as_str()))
+}
+
+/// The kinds whose loop runs through a local VIP (its owner has to change something).
+fn owner_matters(kind: LoopbackKind) -> bool {
+    matches!(
+        kind,
+        LoopbackKind::HealthcheckBlackhole
+            | LoopbackKind::VipPortUnserved
+            | LoopbackKind::VipAsSource
+    )
 }
 
 fn check(e: &LoopbackEvent, what: &str) {
@@ -141,7 +159,10 @@ fn check(e: &LoopbackEvent, what: &str) {
         }
     }
     // Said where the policy matters (an unserved port has no policy to disagree on).
-    let policy_matters = e.kind != LoopbackKind::VipPortUnserved;
+    let policy_matters = !matches!(
+        e.kind,
+        LoopbackKind::VipPortUnserved | LoopbackKind::ServiceSelfLoop
+    );
     assert_eq!(
         r.iter()
             .filter(|l| l.starts_with("This node's kube-proxy rules apply"))
@@ -157,6 +178,9 @@ fn check(e: &LoopbackEvent, what: &str) {
         }
         LoopbackKind::VipAsSource => {
             assert!(cause.contains("host-network"), "{what}: {cause}");
+        }
+        LoopbackKind::ServiceSelfLoop => {
+            assert!(cause.contains("pod 198.19.1.11"), "{what}: {cause}");
         }
         LoopbackKind::Hairpin | LoopbackKind::VipPortUnserved => match f.source {
             SourceKind::Pod => {
@@ -175,6 +199,31 @@ fn check(e: &LoopbackEvent, what: &str) {
             _ => {}
         },
     }
+    // The owner: advice to kube-proxy (kube-ipvs0, ipMode) only for kube-proxy's binding; an
+    // owner that is not kube-proxy is addressed by its own fix.
+    match &f.owner {
+        Some(AddressOwner::VipInterface { .. }) => {}
+        Some(AddressOwner::LocalRoute { protocol: 66, .. }) if owner_matters(e.kind) => {
+            assert!(!all.contains("kube-ipvs0"), "{what}: {all}");
+            assert!(!all.contains("a controller that sets"), "{what}: {all}");
+            assert!(all.contains("target_instance_ips"), "{what}: {all}");
+        }
+        Some(AddressOwner::Interface { iface }) if owner_matters(e.kind) => {
+            assert!(!all.contains("kube-ipvs0"), "{what}: {all}");
+            assert!(!all.contains("a controller that sets"), "{what}: {all}");
+            assert!(all.contains(&format!("on {iface}")), "{what}: {all}");
+        }
+        _ => assert!(!all.contains("a controller that sets"), "{what}: {all}"),
+    }
+    // A host listener: no Service rule, so no policy or NodePort advice.
+    if f.host_listener {
+        assert!(
+            all.contains("externalTrafficPolicy does not apply"),
+            "{what}: {all}"
+        );
+        assert!(!all.contains("et externalTrafficPolicy"), "{what}: {all}");
+        assert!(!all.contains("NodePort 30080"), "{what}: {all}");
+    }
     // Names: the API's Service is the one named; without names, no invented name.
     match &f.service {
         Some(s) => assert!(all.contains(&s.key()), "{what}: {all}"),
@@ -183,34 +232,93 @@ fn check(e: &LoopbackEvent, what: &str) {
     }
 }
 
+/// Who makes the local address local: kube-proxy (kube-ipvs0), keepalived / kube-vip (a NIC
+/// address), the GCE guest agent (a protocol 66 route), an operator's static route, unknown.
+fn owners() -> [Option<AddressOwner>; 5] {
+    [
+        Some(AddressOwner::VipInterface {
+            iface: "kube-ipvs0".into(),
+        }),
+        Some(AddressOwner::Interface {
+            iface: "eth0".into(),
+        }),
+        Some(AddressOwner::local_route(Some("eth0".into()), 66)),
+        Some(AddressOwner::local_route(None, 4)),
+        None,
+    ]
+}
+
 #[test]
-fn every_kind_policy_name_and_sender_gives_a_consistent_remedy() {
+fn every_kind_policy_name_sender_and_owner_gives_a_consistent_remedy() {
     let policies = [None, Some(Etp::Local), Some(Etp::Cluster)];
     let mut cases = 0;
     for kind in KINDS {
         for source in [SourceKind::Pod, SourceKind::Node, SourceKind::Vip] {
-            for rules in policies {
-                for names in [false, true] {
-                    let apis: &[Option<Etp>] = if names { &policies } else { &[None] };
-                    for api in apis {
-                        let mut e = event(kind, source);
-                        e.facts.etp_rules = rules;
-                        if names {
-                            named(&mut e, *api);
+            for owner in owners() {
+                for rules in policies {
+                    for names in [false, true] {
+                        let apis: &[Option<Etp>] = if names { &policies } else { &[None] };
+                        for api in apis {
+                            let mut e = event(kind, source);
+                            e.facts.etp_rules = rules;
+                            e.facts.owner = owner.clone();
+                            if names {
+                                named(&mut e, *api);
+                            }
+                            let what = format!(
+                                "{} from {} owner={owner:?} rules={rules:?} api={api:?} \
+                                 names={names}",
+                                kind.as_str(),
+                                source.as_str()
+                            );
+                            check(&e, &what);
+                            cases += 1;
                         }
+                    }
+                }
+            }
+            // A hairpin to a host-network listener: no NodePort, no Service, no policy.
+            if kind == LoopbackKind::Hairpin {
+                for owner in owners() {
+                    for listener in [None, Some(apiserver())] {
+                        let mut e = event(kind, source);
+                        e.dst_port = 6443;
+                        e.facts.owner = owner.clone();
+                        e.facts.host_listener = true;
+                        e.listener = listener;
                         let what = format!(
-                            "{} from {} rules={rules:?} api={api:?} names={names}",
-                            kind.as_str(),
-                            source.as_str()
+                            "host-listener hairpin from {} owner={owner:?} listener={}",
+                            source.as_str(),
+                            e.listener.is_some()
                         );
                         check(&e, &what);
+                        if e.listener.is_some() {
+                            assert!(
+                                build(&e)[0]
+                                    .contains("host-network pod kube-system/kube-apiserver"),
+                                "{what}"
+                            );
+                        }
                         cases += 1;
                     }
                 }
             }
         }
     }
-    assert_eq!(cases, 4 * 3 * 3 * 4);
+    assert_eq!(cases, 5 * 3 * 5 * 3 * 4 + 3 * 5 * 2);
+}
+
+fn apiserver() -> crate::event::Listener {
+    crate::event::Listener {
+        addr: ip("0.0.0.0"),
+        port: 6443,
+        proto: Proto::Tcp,
+        uid: 0,
+        inode: 777,
+        process: Some("kube-apiserver".into()),
+        pid: Some(4242),
+        pod: Some("kube-system/kube-apiserver-node-a".into()),
+    }
 }
 
 /// The demo's case: IPVS forwarded a VIP-sourced call without SNAT while the API says
@@ -270,14 +378,20 @@ fn the_unbind_advice_addresses_the_owner() {
     assert!(kube.contains("bound on kube-ipvs0"), "{kube}");
     assert!(kube.contains("ipMode: Proxy"), "{kube}");
     e.facts.owner = Some(AddressOwner::LocalRoute {
+        iface: None,
         protocol: 66,
         protocol_name: "66".into(),
     });
     let route = build(&e).join("\n");
+    assert!(route.contains("not by kube-proxy"), "{route}");
+    assert!(route.contains("target_instance_ips"), "{route}");
+    e.facts.owner = Some(AddressOwner::local_route(Some("lo".into()), 4));
+    let manual = build(&e).join("\n");
     assert!(
-        route.contains("changing kube-proxy does not remove it"),
-        "{route}"
+        manual.contains("ip route del local 203.0.113.10 table local"),
+        "{manual}"
     );
+    assert!(!manual.contains("kube-ipvs0"), "{manual}");
     assert!(!route.contains("kube-ipvs0"), "{route}");
     e.facts.owner = None;
     let unknown = build(&e).join("\n");
@@ -291,4 +405,70 @@ fn the_unbind_advice_addresses_the_owner() {
     let proxy = build(&e).join("\n");
     assert!(proxy.contains("already sets ipMode: Proxy"), "{proxy}");
     assert!(!proxy.contains("a controller that sets"), "{proxy}");
+}
+
+/// `service_self_loop`: each missing piece gets its own fix, in the node's kube-proxy mode,
+/// and nothing about LB settings, externalTrafficPolicy or the VIP's owner.
+#[test]
+fn a_self_loop_remedy_names_the_missing_piece_only() {
+    let rows: [(SelfLoopMissing, Option<ProxyMode>, &str); 6] = [
+        (
+            SelfLoopMissing::HairpinSnat {
+                loop_back_entry: Some(false),
+            },
+            Some(ProxyMode::Ipvs),
+            "the KUBE-LOOP-BACK ipset entry 198.19.1.11,tcp/udp:8080,198.19.1.11",
+        ),
+        (
+            SelfLoopMissing::HairpinSnat {
+                loop_back_entry: Some(true),
+            },
+            Some(ProxyMode::Ipvs),
+            "--match-set KUBE-LOOP-BACK dst,dst,src -j MASQUERADE",
+        ),
+        (
+            SelfLoopMissing::HairpinSnat {
+                loop_back_entry: None,
+            },
+            Some(ProxyMode::Iptables),
+            "KUBE-SEP-* `-s 198.19.1.11/32 -j KUBE-MARK-MASQ`",
+        ),
+        (
+            SelfLoopMissing::HairpinSnat {
+                loop_back_entry: None,
+            },
+            Some(ProxyMode::Nftables),
+            "`ip saddr 198.19.1.11 jump mark-for-masquerade`",
+        ),
+        (
+            SelfLoopMissing::HairpinMode {
+                bridge: "cbr0".into(),
+                port: "vpod-b".into(),
+                br_netfilter: Some(true),
+            },
+            None,
+            "--hairpin-mode=hairpin-veth",
+        ),
+        (SelfLoopMissing::Undetermined, None, "was not determined"),
+    ];
+    for (missing, mode, line) in rows {
+        let mut e = event(LoopbackKind::ServiceSelfLoop, SourceKind::Pod);
+        e.facts.self_loop = Some(missing.clone());
+        e.facts.proxy_mode = mode;
+        named(&mut e, Some(Etp::Local));
+        let r = build(&e);
+        let all = r.join("\n");
+        assert!(all.contains(line), "{missing:?}: {all}");
+        for no in [
+            "externalTrafficPolicy",
+            "ipMode",
+            "kube-ipvs0",
+            "health check",
+            "Masquerade (SNAT) pod traffic to the LB",
+        ] {
+            assert!(!all.contains(no), "{missing:?}: {no:?} in {all}");
+        }
+        assert!(all.contains("Service shop/web"), "{missing:?}: {all}");
+        assert!(all.contains("localhost"), "{missing:?}: {all}");
+    }
 }

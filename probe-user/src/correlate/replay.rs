@@ -14,7 +14,7 @@ use serde_json::Value;
 use super::{Answer, Correlator, CorrelatorConfig, CorrelatorStats, Output, Query, Report};
 use crate::{
     event::{EgressRecord, KernelEvent},
-    state::{ConntrackEntry, ServiceTable},
+    state::{ConntrackEntry, SelfLoopFacts, ServiceTable},
 };
 
 /// A conntrack entry the script returns once time has reached `visible_from_ns`.
@@ -35,6 +35,9 @@ pub struct ScriptedAnswers {
     /// Conntrack entries; a query gets the latest visible one whose original tuple matches.
     #[serde(default)]
     pub conntrack: Vec<ScriptedEntry>,
+    /// What the node's ipsets, bridge and sysctls say to every self-loop query.
+    #[serde(default)]
+    pub self_loop: SelfLoopFacts,
 }
 
 impl ScriptedAnswers {
@@ -50,6 +53,11 @@ impl ScriptedAnswers {
                     .cloned()
                     .collect(),
             },
+            // Recordings hold no sockets: nothing listens.
+            Query::Listener { id, .. } => Answer::Listener {
+                id: *id,
+                listener: Ok(None),
+            },
             Query::Conntrack { id, tuple } => Answer::Conntrack {
                 id: *id,
                 entry: self
@@ -58,6 +66,24 @@ impl ScriptedAnswers {
                     .filter(|e| e.entry.orig == *tuple && e.visible_from_ns <= now_ns)
                     .max_by_key(|e| e.visible_from_ns)
                     .map(|e| e.entry.clone()),
+            },
+            // The entry whose reply tuple is the dropped packet reversed.
+            Query::SelfLoop { id, tuple, .. } => Answer::SelfLoop {
+                id: *id,
+                conntrack: Ok(self
+                    .conntrack
+                    .iter()
+                    .filter(|e| {
+                        e.visible_from_ns <= now_ns
+                            && e.entry.reply.src == tuple.dst
+                            && e.entry.reply.sport == tuple.dport
+                            && e.entry.reply.dst == tuple.src
+                            && e.entry.reply.dport == tuple.sport
+                            && e.entry.reply.proto == tuple.proto
+                    })
+                    .max_by_key(|e| e.visible_from_ns)
+                    .map(|e| e.entry.clone())),
+                facts: self.self_loop.clone(),
             },
         }
     }

@@ -75,6 +75,7 @@ pub(super) fn drop_ev(
             name: name.into(),
         },
         location: loc.map(Into::into),
+        foreign_netns: false,
     }
 }
 
@@ -731,6 +732,8 @@ fn l4_preferred_and_l7_takes_latest_non_local() {
         egress: None,
         evidence: vec![],
         snat_unknown: false,
+        listener: None,
+        deferred: None,
     };
     let recs = vec![
         egress(40001, EXT_VIP, 80, t0 - 5 * S),
@@ -878,7 +881,7 @@ fn egress_query_is_shared_and_may_be_answered_late() {
         .iter()
         .find_map(|q| match q {
             Query::Egress { id, src, keys } => Some((*id, *src, keys.clone())),
-            Query::Conntrack { .. } => None,
+            Query::Conntrack { .. } | Query::Listener { .. } | Query::SelfLoop { .. } => None,
         })
         .expect("b's egress asked again");
     let key_b = EgressFlowKey {

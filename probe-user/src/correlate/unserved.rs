@@ -52,6 +52,7 @@ impl Correlator {
         }
         self.unserved_table_evidence(packet, &mut evidence);
         evidence.push(refusal_line(packet.proto, filtered));
+        self.owner_evidence(packet.dst, &mut evidence);
         let owner_name = owner.flatten().map(|s| service_name(&s));
         let key = AggregateKey::VipPortUnserved {
             vip: packet.dst,
@@ -70,7 +71,7 @@ impl Correlator {
         };
         let event = LoopbackEvent {
             facts: Facts {
-                owner: self.vip_owner(packet.dst_tag),
+                owner: self.vip_owner(packet.dst, packet.dst_tag),
                 access_filtered: filtered,
                 ..event.facts.clone()
             },

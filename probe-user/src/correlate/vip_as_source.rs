@@ -14,12 +14,8 @@ use super::aggregate::NewEvent as _;
 use super::{
     AggregateKey, Correlator, DropInfo, LoopbackEvent, Outcome, Output,
     blackhole::VipSuspect,
-    evidence::{
-        destination_line, drop_line, local_source_line, suspect_line, unauthenticated_source_line,
-        vip_egress_line,
-    },
+    evidence::{destination_line, vip_egress_line},
     facts::{Etp, VipSourceSide},
-    tuple_of,
 };
 use crate::event::{Packet, Tag};
 
@@ -32,34 +28,14 @@ impl Correlator {
         suspect: Option<VipSuspect>,
         out: &mut Vec<Output>,
     ) {
-        let t = tuple_of(packet);
-        let mut evidence = Vec::new();
-        if let Some(s) = &suspect {
-            evidence.push(suspect_line(s.ts, &s.nic, &s.packet));
-        }
-        evidence.push(drop_line(&info, &t));
-        evidence.push(local_source_line(&info, packet.src));
-        evidence.push(unauthenticated_source_line(packet.src));
-        evidence.push(destination_line(packet, &self.services));
-        self.vip_served_evidence(packet.src, &mut evidence);
-        let nic = info
-            .iface
-            .clone()
-            .or_else(|| suspect.as_ref().map(|s| s.nic.clone()));
+        let lines = vec![destination_line(packet, &self.services)];
         let key = AggregateKey::VipAsSource {
             vip: packet.src,
             dst: packet.dst,
             dst_port: packet.dport,
             proto: packet.proto,
         };
-        let event = LoopbackEvent {
-            vip: Some(packet.src),
-            drop_reason: Some(info.reason.name.clone()),
-            drop_location: info.location.clone(),
-            evidence,
-            nic,
-            ..LoopbackEvent::new(&key, packet, info.ts, Outcome::Dropped)
-        };
+        let event = self.vip_drop_event(packet, &info, suspect.as_ref(), &key, lines);
         let event = self.vip_source_facts(event, packet, VipSourceSide::Receiving);
         self.stats.confirmed.vip_as_source += 1;
         self.report_vip_source_drop(packet, info, suspect.as_ref(), key, event, out);
@@ -76,6 +52,7 @@ impl Correlator {
         self.stats.vip_egress_seen += 1;
         let mut evidence = vec![vip_egress_line(ts, nic, packet)];
         self.vip_served_evidence(packet.src, &mut evidence);
+        self.owner_evidence(packet.src, &mut evidence);
         let key = AggregateKey::VipAsSource {
             vip: packet.src,
             dst: packet.dst,
@@ -104,7 +81,7 @@ impl Correlator {
         side: VipSourceSide,
     ) -> LoopbackEvent {
         event.facts.side = Some(side);
-        event.facts.owner = self.vip_owner(packet.src_tag);
+        event.facts.owner = self.vip_owner(packet.src, packet.src_tag);
         event.facts.etp_rules = self.rules_etp(packet);
         event
     }
@@ -115,7 +92,7 @@ impl Correlator {
         mut event: LoopbackEvent,
         packet: &Packet,
     ) -> LoopbackEvent {
-        event.facts.owner = self.vip_owner(packet.src_tag);
+        event.facts.owner = self.vip_owner(packet.src, packet.src_tag);
         event.facts.etp_rules = self.rules_etp(packet);
         event
     }

@@ -89,6 +89,7 @@ impl Correlator {
         ];
         let svc = self.nodeport_evidence(&check, &mut evidence);
         self.vip_served_evidence(check.src, &mut evidence);
+        self.owner_evidence(check.src, &mut evidence);
         let key = AggregateKey::HealthcheckBlackhole {
             vip: check.src,
             node: check.dst,
@@ -163,6 +164,7 @@ mod tests {
                 name: "NO_SOCKET".into(),
             },
             location: Some("tcp_v6_rcv+0x1f4".into()),
+            foreign_netns: false,
         }
     }
 

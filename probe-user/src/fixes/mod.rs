@@ -19,7 +19,7 @@ mod tests;
 
 use std::collections::BTreeMap;
 
-use probe_contract::{Fix, LoopbackEvent, LoopbackKind, Proto, SnatState};
+use probe_contract::{Fix, LoopbackEvent, LoopbackKind, Proto, SnatState, facts::AddressOwner};
 use serde_json::{Value, json};
 
 pub use self::provider::{Origin, Profile, Provider};
@@ -66,6 +66,10 @@ pub struct Facts {
     pub service_read: bool,
     pub load_balancer_class: Option<String>,
     pub annotations: BTreeMap<String, String>,
+    /// kube-proxy is what makes the LB IP local (bound on the VIP interface, or owner not
+    /// known): false when a NIC address or a `local` route does (keepalived, a cloud guest
+    /// agent), which ipMode or a hostname annotation does not undo.
+    pub kube_proxy_binds: bool,
 }
 
 impl Facts {
@@ -77,6 +81,7 @@ impl Facts {
             LoopbackKind::VipAsSource => Some(Source::Node),
             LoopbackKind::VipPortUnserved if event.client_pod.is_some() => Some(Source::Pod),
             LoopbackKind::VipPortUnserved => None,
+            LoopbackKind::ServiceSelfLoop => Some(Source::Pod),
         };
         let ip_mode = service.and_then(|s| {
             let mode = match event.vip {
@@ -111,6 +116,10 @@ impl Facts {
             service_read: service.is_some(),
             load_balancer_class: service.and_then(|s| s.load_balancer_class.clone()),
             annotations: service.map(|s| s.annotations.clone()).unwrap_or_default(),
+            kube_proxy_binds: !matches!(
+                event.facts.owner,
+                Some(AddressOwner::Interface { .. } | AddressOwner::LocalRoute { .. })
+            ),
         }
     }
 }
@@ -129,7 +138,12 @@ pub fn attach(
         .as_deref()
         .and_then(|key| index.services().find(|s| s.key() == key));
     let profile = Profile::resolve(flag, [], service.and_then(service_provider));
-    event.fixes = fixes(&Facts::of(event, service, profile.provider));
+    // A host-listener hairpin goes through no Service rule: the Service patches do not apply.
+    event.fixes = if event.facts.host_listener {
+        Vec::new()
+    } else {
+        fixes(&Facts::of(event, service, profile.provider))
+    };
 }
 
 /// The provider a Service's own settings name.
@@ -160,6 +174,7 @@ impl Facts {
             LoopbackKind::HealthcheckBlackhole => Some(Source::Lb),
             LoopbackKind::VipAsSource => Some(Source::Node),
             LoopbackKind::VipPortUnserved => None,
+            LoopbackKind::ServiceSelfLoop => Some(Source::Pod),
         };
         Facts {
             kind,
@@ -180,6 +195,7 @@ impl Facts {
             service_read: true,
             load_balancer_class: service.load_balancer_class.clone(),
             annotations: service.annotations.clone(),
+            kube_proxy_binds: true,
         }
     }
 }
@@ -296,7 +312,7 @@ pub static TABLE: &[Entry] = &[
         ],
         source: "https://kubernetes.io/docs/concepts/services-networking/service/#load-balancer-ip-mode",
         offer: |f| {
-            (f.ip_mode != Some(IpMode::Proxy)).then(|| Offer {
+            (f.kube_proxy_binds && f.ip_mode != Some(IpMode::Proxy)).then(|| Offer {
                 score: 50,
                 patch: None,
                 preconditions: vec![],
@@ -473,8 +489,9 @@ fn annotation_patch(f: &Facts, key: &str, value: &str) -> (Value, Value) {
 }
 
 fn hostname_offer(f: &Facts, key: &str) -> Option<Offer> {
-    // Set already, or the LB is not bound (Proxy): nothing to do.
-    if f.annotations.contains_key(key) || f.ip_mode == Some(IpMode::Proxy) {
+    // Set already, or the LB is not bound (Proxy), or bound by something other than
+    // kube-proxy: nothing to do.
+    if !f.kube_proxy_binds || f.annotations.contains_key(key) || f.ip_mode == Some(IpMode::Proxy) {
         return None;
     }
     Some(Offer {

@@ -81,6 +81,7 @@ fn all_facts() -> Vec<Facts> {
                                     } else {
                                         BTreeMap::new()
                                     },
+                                    kube_proxy_binds: true,
                                 });
                             }
                         }
@@ -160,6 +161,7 @@ fn hairpin(provider: Provider, etp: Option<Etp>) -> Facts {
         service_read: true,
         load_balancer_class: (provider == Provider::Aws).then(|| "service.k8s.aws/nlb".into()),
         annotations: BTreeMap::new(),
+        kube_proxy_binds: true,
     }
 }
 
@@ -234,4 +236,44 @@ fn without_a_service_name_only_advice_is_offered() {
     f.service = None;
     assert!(fixes(&f).iter().all(|x| x.patch.is_none()));
     assert!(!ids(&f).contains(&"etp-cluster".to_string()));
+}
+
+/// A VIP that a NIC address or a `local` route makes local (keepalived, a cloud guest agent):
+/// ipMode and hostname annotations do not unbind it, so they are not offered.
+#[test]
+fn a_vip_not_bound_by_kube_proxy_gets_no_ip_mode_or_hostname_fix() {
+    for provider in [
+        Provider::Generic,
+        Provider::Alicloud,
+        Provider::DigitalOcean,
+    ] {
+        let mut f = hairpin(provider, Some(Etp::Cluster));
+        f.kind = LoopbackKind::HealthcheckBlackhole;
+        f.source = Some(Source::Lb);
+        let bound = ids(&f);
+        assert!(bound.contains(&"ip-mode-proxy".to_string()), "{bound:?}");
+        assert_eq!(
+            bound.iter().any(|id| id.contains("hostname")),
+            provider != Provider::Generic,
+            "{bound:?}"
+        );
+        f.kube_proxy_binds = false;
+        let other = ids(&f);
+        assert!(!other.contains(&"ip-mode-proxy".to_string()), "{other:?}");
+        assert!(!other.iter().any(|id| id.contains("hostname")), "{other:?}");
+    }
+}
+
+/// `service_self_loop`: no Service setting or LB annotation restores a pod's hairpin (the
+/// remedy names kube-proxy's or the kubelet's piece), so the table offers nothing that would
+/// contradict it.
+#[test]
+fn a_self_loop_gets_no_fix() {
+    for provider in Provider::ALL {
+        for etp in [None, Some(Etp::Local), Some(Etp::Cluster)] {
+            let mut f = hairpin(provider, etp);
+            f.kind = LoopbackKind::ServiceSelfLoop;
+            assert!(fixes(&f).is_empty(), "{provider:?} {etp:?}: {:?}", ids(&f));
+        }
+    }
 }

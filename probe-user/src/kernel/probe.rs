@@ -560,7 +560,10 @@ fn hook_kfree_skb(ebpf: &mut Ebpf, btf: &aya::Btf, with_reason: bool) -> DropHoo
 }
 
 /// The kernel's BTF as aya needs it for relocations and tp_btf.
-pub fn parse_btf_for_aya() -> Result<aya::Btf, KernelError> {
+/// aya's parse of the kernel's BTF (named here so that aya stays inside `kernel/`).
+pub type AyaBtf = aya::Btf;
+
+pub fn parse_btf_for_aya() -> Result<AyaBtf, KernelError> {
     aya::Btf::from_sys_fs().map_err(|e| KernelError::Btf {
         what: "loading /sys/kernel/btf/vmlinux for aya".into(),
         source: e.into(),

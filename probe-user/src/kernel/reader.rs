@@ -47,6 +47,8 @@ pub struct Decoder {
     pub reasons: DropReasons,
     pub kallsyms: Kallsyms,
     pub ifnames: IfNames,
+    /// Inode of the agent's network namespace (0: unknown, every drop counts as its own).
+    pub netns: u32,
 }
 
 impl Decoder {
@@ -62,6 +64,7 @@ impl Decoder {
             kind::DROP => Some(KernelEvent::Drop {
                 ts_ns: raw.ts_ns,
                 iface: (raw.ifindex != 0).then(|| ifname(&self.ifnames, raw.ifindex)),
+                foreign_netns: self.netns != 0 && raw.netns != 0 && raw.netns != self.netns,
                 packet,
                 reason: DropReason {
                     code: raw.reason,
@@ -163,6 +166,7 @@ mod tests {
             reasons: DropReasons::from_pairs([(89, "IP_LOCAL_SOURCE".to_string())]),
             kallsyms: Kallsyms::parse("ffffffff81a00000 t ip_rcv_finish_core.constprop.0\n"),
             ifnames: Arc::new(RwLock::new(names)),
+            netns: 4026531840,
         }
     }
 
@@ -204,6 +208,37 @@ mod tests {
             location.as_deref(),
             Some("ip_rcv_finish_core.constprop.0+0x1ab")
         );
+    }
+
+    #[test]
+    fn a_drop_in_another_namespace_is_foreign_and_names_no_interface() {
+        let raw = PacketEvent {
+            kind: kind::DROP,
+            family: family::V4,
+            netns: 4026532999,
+            ..Default::default()
+        };
+        let ev = decoder().decode(&raw).unwrap();
+        assert!(matches!(
+            ev,
+            KernelEvent::Drop {
+                foreign_netns: true,
+                iface: None,
+                ..
+            }
+        ));
+        let own = PacketEvent {
+            netns: 4026531840,
+            ifindex: 2,
+            ..raw
+        };
+        assert!(matches!(
+            decoder().decode(&own).unwrap(),
+            KernelEvent::Drop {
+                foreign_netns: false,
+                ..
+            }
+        ));
     }
 
     #[test]

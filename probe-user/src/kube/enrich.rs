@@ -23,6 +23,19 @@ pub fn enrich(event: &mut LoopbackEvent, index: &Index, node: Option<&str>) {
     if event.node.is_none() {
         event.node = node.map(str::to_owned);
     }
+    // A host listener's owner: the host-network pod that declares its port on this node.
+    if let Some(l) = event.listener.as_mut()
+        && l.pod.is_none()
+        && let Some(pod) = index.host_network_pod(l.port, l.proto, event.node.as_deref())
+    {
+        l.pod = Some(pod.key());
+        event.evidence.push(format!(
+            "Kubernetes API: port {}/{} of this node is declared by host-network pod {}",
+            l.port,
+            l.proto.as_str(),
+            pod.key()
+        ));
+    }
     // The sender is named by its address when it is a pod's own (never a node's or a VIP).
     let client = match event.facts.source {
         SourceKind::Pod | SourceKind::Unknown => index.pod_by_ip(event.src),
@@ -138,6 +151,12 @@ fn find_service<'a>(event: &LoopbackEvent, index: &'a Index) -> Option<&'a Servi
         LoopbackKind::VipAsSource => by_vip
             .or_else(|| index.service_by_node_port(event.dst_port, proto))
             .or_else(|| event.vip.and_then(|vip| only(index.services_by_lb_ip(vip)))),
+        // The address the pod called: a ClusterIP or LB IP, or a node address's NodePort.
+        LoopbackKind::ServiceSelfLoop => by_vip.or_else(|| {
+            event
+                .vip_port
+                .and_then(|port| index.service_by_node_port(port, proto))
+        }),
     }
 }
 
@@ -244,6 +263,7 @@ mod tests {
                 }),
                 ..Facts::default()
             },
+            listener: None,
         }
     }
 
@@ -390,6 +410,30 @@ mod tests {
             "{}",
             cluster.remedy[0]
         );
+
+        // A VIP that a guest agent's route makes local: ipMode does not undo that binding.
+        let mut routed = event(
+            LoopbackKind::HealthcheckBlackhole,
+            "203.0.113.10",
+            "198.18.0.2",
+            30080,
+            None,
+        );
+        routed.facts.owner = Some(AddressOwner::local_route(Some("eth0".into()), 66));
+        enrich(&mut routed, &index("Cluster"), None);
+        assert!(
+            !routed.remedy.iter().any(|r| r.contains("ipMode: Proxy")),
+            "{:#?}",
+            routed.remedy
+        );
+        assert!(
+            routed
+                .remedy
+                .iter()
+                .any(|r| r.contains("target_instance_ips")),
+            "{:#?}",
+            routed.remedy
+        );
     }
 
     #[test]
@@ -463,5 +507,89 @@ mod tests {
         named.service = Some("shop/web:http-from-rules".into());
         enrich(&mut named, &index("Cluster"), None);
         assert_eq!(named.service.as_deref(), Some("shop/web:http-from-rules"));
+    }
+
+    /// A host-listener hairpin names the host-network pod that declares the port on this node
+    /// (kubeadm's API server declares only probe ports); a pod on another node is not it.
+    #[test]
+    fn a_host_listener_is_named_by_its_host_network_pod() {
+        let apiserver: k8s_openapi::api::core::v1::Pod =
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"namespace": "kube-system", "name": "kube-apiserver-node-1"},
+                "spec": {"nodeName": "node-1", "hostNetwork": true, "containers": [{
+                    "name": "kube-apiserver",
+                    "livenessProbe": {"httpGet": {"port": 6443, "path": "/livez"}},
+                }]},
+                "status": {"podIP": "198.18.0.2"},
+            }))
+            .unwrap();
+        let mut ingress: k8s_openapi::api::core::v1::Pod =
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"namespace": "ingress", "name": "controller-x"},
+                "spec": {"nodeName": "node-2", "hostNetwork": true, "containers": [{
+                    "name": "controller", "ports": [{"containerPort": 443}],
+                }]},
+            }))
+            .unwrap();
+        let idx = Index::build([&apiserver, &ingress], &[], &[]);
+        let listener = |port| crate::event::Listener {
+            addr: ip("0.0.0.0"),
+            port,
+            proto: Proto::Tcp,
+            uid: 0,
+            inode: 1,
+            process: None,
+            pid: None,
+            pod: None,
+        };
+        let mut e = event(
+            LoopbackKind::Hairpin,
+            "10.0.0.9",
+            "198.18.0.2",
+            6443,
+            Some(6443),
+        );
+        e.listener = Some(listener(6443));
+        enrich(&mut e, &idx, Some("node-1"));
+        assert_eq!(
+            e.listener.as_ref().and_then(|l| l.pod.as_deref()),
+            Some("kube-system/kube-apiserver-node-1")
+        );
+        assert!(
+            e.evidence
+                .iter()
+                .any(|l| l
+                    .contains("declared by host-network pod kube-system/kube-apiserver-node-1")),
+            "{:#?}",
+            e.evidence
+        );
+        // The host-network pod is no client pod: its IP is the node's.
+        assert_eq!(e.client_pod, None);
+        // Port 443 is declared on node-2 only.
+        let mut other = event(
+            LoopbackKind::Hairpin,
+            "10.0.0.9",
+            "198.18.0.2",
+            443,
+            Some(443),
+        );
+        other.listener = Some(listener(443));
+        enrich(&mut other, &idx, Some("node-1"));
+        assert_eq!(other.listener.and_then(|l| l.pod), None);
+        ingress.spec.as_mut().unwrap().node_name = Some("node-1".into());
+        let idx = Index::build([&ingress], &[], &[]);
+        let mut same = event(
+            LoopbackKind::Hairpin,
+            "10.0.0.9",
+            "198.18.0.2",
+            443,
+            Some(443),
+        );
+        same.listener = Some(listener(443));
+        enrich(&mut same, &idx, Some("node-1"));
+        assert_eq!(
+            same.listener.and_then(|l| l.pod).as_deref(),
+            Some("ingress/controller-x")
+        );
     }
 }

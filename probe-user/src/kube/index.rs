@@ -150,6 +150,9 @@ pub struct Index {
     node_ports: HashMap<(u16, String), usize>,
     /// LB ingress / external IP -> services (one IP can front several Services, by port).
     lb_ips: HashMap<IpAddr, Vec<usize>>,
+    /// (port, protocol) -> the host-network pod that declares it: a container port, or the
+    /// numeric port of a probe (kubeadm's static API server declares no ports, only probes).
+    host_ports: HashMap<(u16, String), PodRef>,
 }
 
 impl Index {
@@ -168,6 +171,17 @@ impl Index {
             };
             let spec = pod.spec.as_ref();
             if spec.and_then(|s| s.host_network).unwrap_or(false) {
+                let pod_ref = PodRef {
+                    namespace: namespace.clone(),
+                    name: name.clone(),
+                    node: spec.and_then(|s| s.node_name.clone()),
+                };
+                for key in spec.into_iter().flat_map(host_ports) {
+                    index
+                        .host_ports
+                        .entry(key)
+                        .or_insert_with(|| pod_ref.clone());
+                }
                 continue;
             }
             let Some(status) = &pod.status else { continue };
@@ -264,6 +278,14 @@ impl Index {
         self.pods.get(&ip)
     }
 
+    /// The host-network pod on node `node` (any node when unknown) that declares
+    /// `port`/`proto`: the owner of a host listener.
+    pub fn host_network_pod(&self, port: u16, proto: Proto, node: Option<&str>) -> Option<&PodRef> {
+        self.host_ports
+            .get(&(port, proto_key(proto.as_str())))
+            .filter(|p| node.is_none() || p.node.is_none() || p.node.as_deref() == node)
+    }
+
     /// The Service serving `ip:port/proto` (a ClusterIP, external IP or LB ingress IP).
     pub fn service_by_frontend(
         &self,
@@ -288,6 +310,39 @@ impl Index {
             .map(|at| at.iter().map(|i| &*self.services[*i]).collect())
             .unwrap_or_default()
     }
+}
+
+/// The (port, protocol) keys a host-network pod's spec declares: container ports (on the host
+/// network the container port is the host port) and the numeric ports of its TCP and HTTP
+/// probes.
+fn host_ports(spec: &k8s_openapi::api::core::v1::PodSpec) -> Vec<(u16, String)> {
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    let mut out = Vec::new();
+    for c in &spec.containers {
+        for p in c.ports.iter().flatten() {
+            let port = p.host_port.unwrap_or(p.container_port);
+            if let Ok(port) = u16::try_from(port) {
+                out.push((port, proto_key(p.protocol.as_deref().unwrap_or("TCP"))));
+            }
+        }
+        for probe in [&c.liveness_probe, &c.readiness_probe, &c.startup_probe]
+            .into_iter()
+            .flatten()
+        {
+            let ports = [
+                probe.http_get.as_ref().map(|h| &h.port),
+                probe.tcp_socket.as_ref().map(|t| &t.port),
+            ];
+            for port in ports.into_iter().flatten() {
+                if let IntOrString::Int(n) = port
+                    && let Ok(n) = u16::try_from(*n)
+                {
+                    out.push((n, "TCP".to_string()));
+                }
+            }
+        }
+    }
+    out
 }
 
 impl ServiceFacts {

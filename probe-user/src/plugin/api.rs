@@ -144,3 +144,57 @@ pub async fn patch_service(
             other => explain(other, &what),
         })
 }
+
+/// Every Node's name (paged).
+pub async fn node_names(client: Client) -> anyhow::Result<Vec<String>> {
+    let api: Api<Node> = Api::all(client);
+    let mut out = Vec::new();
+    let mut params = ListParams::default().limit(PAGE);
+    loop {
+        let page = api
+            .list_metadata(&params)
+            .await
+            .map_err(|e| explain(e, "list nodes"))?;
+        out.extend(page.items.into_iter().filter_map(|n| n.metadata.name));
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => params = params.continue_token(&token),
+            _ => return Ok(out),
+        }
+    }
+}
+
+/// Every `LoopbackReport` (paged): (object name, status). A report whose status does not
+/// parse is kept with an empty status (listed as stale: no `lastUpdate`).
+pub async fn node_reports(
+    client: Client,
+) -> anyhow::Result<Vec<(String, crate::report::status::ReportStatus)>> {
+    let api: Api<kube::api::DynamicObject> = Api::all_with(client, &crate::report::api_resource());
+    let mut out = Vec::new();
+    let mut params = ListParams::default().limit(PAGE);
+    loop {
+        let page = api.list(&params).await.map_err(|e| match e {
+            kube::Error::Api(status) if status.code == 404 => anyhow::anyhow!(
+                "the LoopbackReport CRD (loopbackreports.{}) is not installed: install the chart \
+                 with nodeReport.enabled=true",
+                crate::report::GROUP
+            ),
+            other => explain(other, "list loopbackreports"),
+        })?;
+        for item in page.items {
+            let Some(name) = item.metadata.name.clone() else {
+                continue;
+            };
+            let status = item
+                .data
+                .get("status")
+                .cloned()
+                .and_then(|s| serde_json::from_value(s).ok())
+                .unwrap_or_default();
+            out.push((name, status));
+        }
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => params = params.continue_token(&token),
+            _ => return Ok(out),
+        }
+    }
+}

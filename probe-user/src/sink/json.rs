@@ -284,6 +284,13 @@ mod tests {
         let mut out = opened.unwrap();
         out.write(&1);
         drop(out);
+        // The writer thread outlives its handle (a stalled output must not hold up the
+        // agent's exit): wait for its line, or the next run's line could land first.
+        let first = wait_until(|| {
+            let t = std::fs::read_to_string(&p).unwrap_or_default();
+            (t == "1\n").then_some(t)
+        });
+        assert_eq!(first.as_deref(), Some("1\n"));
         let mut out = JsonLines::open(&p, "events", 1).unwrap();
         out.write(&2);
         drop(out);

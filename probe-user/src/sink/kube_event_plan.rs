@@ -384,6 +384,10 @@ pub fn note(event: &LoopbackEvent) -> String {
             "A packet with the LB VIP {} as its source left this node for {dst}/{proto} without SNAT: a host-network call to the LB IP, forwarded to another node.",
             event.src
         ),
+        LoopbackKind::ServiceSelfLoop => format!(
+            "Pod {} called its own Service at {vip}/{proto} and was picked as the endpoint; without the hairpin SNAT the call came back with its own address as source and was dropped.",
+            event.src
+        ),
     };
     // The first (best-fitting) fix when there is one: the exact change, and the command that
     // applies it when it is a patch of the named Service.
@@ -467,7 +471,7 @@ pub fn event_doc(event: &LoopbackEvent, names: &Names, node: &str, wall: SystemT
         uid: None,
     });
     let related = match event.kind {
-        LoopbackKind::Hairpin => names
+        LoopbackKind::Hairpin | LoopbackKind::ServiceSelfLoop => names
             .client_pod
             .as_deref()
             .and_then(|p| ObjectRef::namespaced("Pod", p)),

@@ -37,6 +37,7 @@ fn ev(kind: LoopbackKind, key: &str, count: u64) -> LoopbackEvent {
         node: None,
         fixes: Vec::new(),
         facts: Default::default(),
+        listener: None,
     }
 }
 

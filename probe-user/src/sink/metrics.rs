@@ -73,6 +73,17 @@ struct SetLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OwnerLabels {
+    owner: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindOwnerLabels {
+    kind: String,
+    owner: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CapabilityLabels {
     name: String,
 }
@@ -97,6 +108,8 @@ struct BuildLabels {
 #[derive(Debug, Default)]
 pub struct EventTotals {
     totals: BTreeMap<(String, String, String), u64>,
+    /// By (kind, owner label of the event's local address), for events that name one.
+    by_owner: BTreeMap<(String, String), u64>,
     /// Last cumulative count seen per aggregate key, and when (a sequence number).
     last: HashMap<String, (u64, u64)>,
     /// The keys of `last` by sequence number: the least recently reported first.
@@ -144,6 +157,10 @@ impl EventTotals {
             labels.2 = OVERFLOW_LABEL.to_string();
         }
         *self.totals.entry(labels).or_insert(0) += delta;
+        if let Some(owner) = &e.facts.owner {
+            let labels = (e.kind.as_str().to_string(), owner.label());
+            *self.by_owner.entry(labels).or_insert(0) += delta;
+        }
         while self.last.len() > EVENT_TOTALS_KEYS {
             let Some((_, oldest)) = self.by_age.pop_first() else {
                 break;
@@ -161,6 +178,10 @@ pub struct MetricsInput {
     /// The agent process (CPU, memory, fds): the standard unprefixed `process_*` families.
     pub process: Option<ProcessStats>,
     pub events: Vec<((String, String, String), u64)>,
+    /// (kind, owner label) -> confirmed events whose local address has that owner.
+    pub events_by_owner: Vec<((String, String), u64)>,
+    /// (owner label, local addresses it owns): `kube-ipvs0`, `nic:eth0`, `route:66`.
+    pub owner_counts: Vec<(String, u64)>,
     /// (nic, source tag) -> packets.
     pub suspects: Vec<(String, String, u64)>,
     pub drops_by_reason: Vec<(String, u64)>,
@@ -223,6 +244,17 @@ impl MetricsInput {
                 .unwrap_or_default(),
             process: super::process::read(),
             events: events.totals.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+            events_by_owner: events
+                .by_owner
+                .iter()
+                .map(|(k, v)| (k.clone(), *v))
+                .collect(),
+            owner_counts: snap
+                .status
+                .owner_counts
+                .iter()
+                .map(|(k, v)| (k.clone(), *v as u64))
+                .collect(),
             suspects: suspects
                 .into_iter()
                 .map(|((nic, source), n)| (nic, source, n))
@@ -379,6 +411,38 @@ pub fn render(input: &MetricsInput) -> String {
         "local_addresses_capacity",
         "Entries each kernel address map holds (--address-entries; IPv4 and IPv6 hosts and prefixes each have a map)",
         capacity,
+    );
+
+    let owners = Family::<OwnerLabels, Gauge>::default();
+    for (owner, n) in &input.owner_counts {
+        owners
+            .get_or_create(&OwnerLabels {
+                owner: owner.clone(),
+            })
+            .set(*n as i64);
+    }
+    reg.register(
+        "local_address_owners",
+        "Local addresses (node and VIP sets) by what made them local: the VIP interface \
+         (kube-ipvs0), an address on a NIC (nic:NAME), a local route of table local \
+         (route:PROTOCOL, 66 = cloud guest agent)",
+        owners,
+    );
+
+    let by_owner = Family::<KindOwnerLabels, Counter>::default();
+    for ((kind, owner), n) in &input.events_by_owner {
+        by_owner
+            .get_or_create(&KindOwnerLabels {
+                kind: kind.clone(),
+                owner: owner.clone(),
+            })
+            .inc_by(*n);
+    }
+    reg.register(
+        "loopback_events_by_owner",
+        "Confirmed loopback events whose local address has a known owner, by kind and owner \
+         (see local_address_owners)",
+        by_owner,
     );
 
     let build = Family::<BuildLabels, Gauge>::default();
@@ -722,6 +786,8 @@ mod tests {
                 ),
                 (("hairpin".into(), "203.0.113.10".into(), "80".into()), 1),
             ],
+            events_by_owner: vec![(("healthcheck_blackhole".into(), "route:66".into()), 3)],
+            owner_counts: vec![("kube-ipvs0".into(), 1), ("route:66".into(), 1)],
             suspects: vec![("eth0".into(), "vip".into(), 7)],
             drops_by_reason: vec![("IP_LOCAL_SOURCE".into(), 5)],
             suppressed: vec![("budget".into(), 2), ("ringbuf".into(), 0)],
@@ -761,6 +827,8 @@ mod tests {
             "clbprobe_local_addresses{set=\"vip\"} 2",
             "clbprobe_local_addresses_left_out{set=\"vip\"} 50",
             "clbprobe_local_addresses_capacity 256",
+            "clbprobe_local_address_owners{owner=\"route:66\"} 1",
+            "clbprobe_loopback_events_by_owner_total{kind=\"healthcheck_blackhole\",owner=\"route:66\"} 3",
             "clbprobe_build_info{version=\"0.1.0\",kernel=\"6.18.44\"} 1",
             "clbprobe_ready 1",
             "clbprobe_capability{name=\"drop_hook\"} 1",
@@ -836,6 +904,7 @@ mod tests {
             node: None,
             fixes: Vec::new(),
             facts: Default::default(),
+            listener: None,
         }
     }
 

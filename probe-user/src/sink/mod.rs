@@ -23,6 +23,19 @@ pub struct Sinks {
 }
 
 impl Sinks {
+    /// Each open output's counters, by name (the surfaces show a stalled or lossy output).
+    pub fn output_stats(
+        &self,
+    ) -> Vec<(
+        &'static str,
+        std::sync::Arc<crate::hub::outputs::OutputStats>,
+    )> {
+        [("events", &self.json), ("record", &self.record)]
+            .into_iter()
+            .filter_map(|(name, out)| Some((name, out.as_ref()?.stats())))
+            .collect()
+    }
+
     pub fn report(&mut self, report: &Report) {
         if report.is_new {
             info!(

@@ -7,7 +7,16 @@
 //! - main-table routes through a pod-facing device (veth, bridge, netkit; no gateway) and every
 //!   `--pod-cidr` -> *pod*.
 //!
+//! - every `local` route of table local (RTN_LOCAL, v4 and v6) with no interface address
+//!   behind it -> *vip*: the kernel's local table, not `ip addr`, decides what is a martian
+//!   source, and cloud guest agents (GCE: forwarding-rule IPs, route protocol 66) or AnyIP
+//!   setups make LB IPs local that way. Loopback (127/8, ::1) and IPv6 link-local are left
+//!   out: never a VIP, and martian on a NIC anyway.
+//!
 //! On overlap the more specific tag wins: vip over node over pod.
+//!
+//! Each local address also gets its [`AddressOwner`] (kube-ipvs0, a NIC, or a local route and its
+//! protocol), for the evidence, the remedy, `probe check` and the metrics.
 //!
 //! Without `--nic`, the monitored NICs are every non-virtual interface (no link kind: a
 //! physical or SR-IOV device; `lo` excluded) plus every interface that carries a default route
@@ -28,7 +37,7 @@ use netlink_packet_route::{
 use rtnetlink::{Handle, RouteMessageBuilder};
 use serde::Serialize;
 
-use crate::event::Tag;
+use crate::event::{AddressOwner, Tag};
 
 /// An IP prefix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -113,9 +122,14 @@ pub struct RouteEntry {
     pub gateway: Option<IpAddr>,
     /// Unicast routes of every table are read; pods come from the main table (254) only.
     pub table: u32,
+    /// RTN_LOCAL (a `local` route of table local) rather than unicast.
+    pub local: bool,
+    /// The route's protocol number (`proto kernel` = 2, `static` = 4, 66, ...).
+    pub protocol: u8,
 }
 
-/// A raw dump of the namespace's links, addresses and unicast routes (all tables).
+/// A raw dump of the namespace's links, addresses, unicast routes (all tables) and local
+/// routes (table local).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NodeState {
     pub links: Vec<Link>,
@@ -143,6 +157,8 @@ pub struct AddressSets {
     pub nics: Vec<(String, u32)>,
     /// The VIP interface, when it exists now.
     pub vip_iface: Option<(String, u32)>,
+    /// Who made each `vip`/`node` prefix local.
+    pub owners: BTreeMap<Prefix, AddressOwner>,
 }
 
 impl AddressSets {
@@ -157,6 +173,15 @@ impl AddressSets {
             .filter(|(p, _)| p.contains(ip))
             .max_by_key(|(p, _)| p.len)
             .map(|(_, t)| *t)
+    }
+
+    /// Who made `ip` local, by longest prefix.
+    pub fn owner(&self, ip: IpAddr) -> Option<&AddressOwner> {
+        self.owners
+            .iter()
+            .filter(|(p, _)| p.contains(ip))
+            .max_by_key(|(p, _)| p.len)
+            .map(|(_, o)| o)
     }
 }
 
@@ -205,6 +230,8 @@ pub fn fit(want: &BTreeMap<Prefix, Tag>, capacity: u32) -> Fitted {
     }
     out
 }
+/// The local routing table's id (RT_TABLE_LOCAL).
+const LOCAL_TABLE: u32 = 255;
 
 /// The main routing table's id.
 const MAIN_TABLE: u32 = 254;
@@ -259,6 +286,8 @@ pub fn classify(state: &NodeState, cfg: &AddrConfig) -> AddressSets {
     };
 
     let mut prefixes: BTreeMap<Prefix, Tag> = BTreeMap::new();
+    let mut owners: BTreeMap<Prefix, AddressOwner> = BTreeMap::new();
+    let name_of = |i: u32| by_index.get(&i).map(|l| l.name.clone());
     let mut put = |p: Prefix, tag: Tag| {
         let e = prefixes.entry(p).or_insert(tag);
         if tag_rank(tag) > tag_rank(*e) {
@@ -269,19 +298,45 @@ pub fn classify(state: &NodeState, cfg: &AddrConfig) -> AddressSets {
         if is_v6_link_local(a.addr) {
             continue;
         }
-        let tag = if vip_iface.as_ref().is_some_and(|(_, i)| *i == a.ifindex) {
-            Tag::Vip
-        } else {
-            Tag::Node
-        };
+        let on_vip_iface = vip_iface.as_ref().is_some_and(|(_, i)| *i == a.ifindex);
+        let tag = if on_vip_iface { Tag::Vip } else { Tag::Node };
         put(Prefix::host(a.addr), tag);
+        let iface = name_of(a.ifindex).unwrap_or_else(|| format!("if{}", a.ifindex));
+        let owner = if on_vip_iface {
+            AddressOwner::VipInterface { iface }
+        } else {
+            AddressOwner::Interface { iface }
+        };
+        // The VIP interface names the owner when the same address is on both.
+        let e = owners.entry(Prefix::host(a.addr)).or_insert(owner.clone());
+        if on_vip_iface {
+            *e = owner;
+        }
+    }
+    for r in state
+        .routes
+        .iter()
+        .filter(|r| r.local && r.table == LOCAL_TABLE)
+    {
+        if r.dst.addr.is_loopback() || is_v6_link_local(r.dst.addr) || owners.contains_key(&r.dst) {
+            continue;
+        }
+        put(r.dst, Tag::Vip);
+        owners.insert(
+            r.dst,
+            AddressOwner::local_route(r.oif.and_then(name_of), r.protocol),
+        );
     }
     let skip: Vec<u32> = nics
         .iter()
         .map(|(_, i)| *i)
         .chain(vip_iface.iter().map(|(_, i)| *i))
         .collect();
-    for r in state.routes.iter().filter(|r| r.table == MAIN_TABLE) {
+    for r in state
+        .routes
+        .iter()
+        .filter(|r| r.table == MAIN_TABLE && !r.local)
+    {
         let Some(oif) = r.oif else { continue };
         if r.gateway.is_some() || r.dst.len == 0 || skip.contains(&oif) {
             continue;
@@ -301,10 +356,12 @@ pub fn classify(state: &NodeState, cfg: &AddrConfig) -> AddressSets {
         prefixes,
         nics,
         vip_iface,
+        owners,
     }
 }
 
-/// Dumps links, addresses and unicast routes (every table) of the current network namespace.
+/// Dumps links, addresses, unicast routes (every table) and local routes of the current network
+/// namespace.
 pub async fn read(handle: &Handle) -> Result<NodeState, rtnetlink::Error> {
     let mut state = NodeState::default();
     let mut links = handle.link().get().execute();
@@ -370,9 +427,11 @@ pub async fn read(handle: &Handle) -> Result<NodeState, rtnetlink::Error> {
                     _ => {}
                 }
             }
-            if msg.header.kind != RouteType::Unicast {
-                continue;
-            }
+            let local = match msg.header.kind {
+                RouteType::Unicast => false,
+                RouteType::Local => true,
+                _ => continue,
+            };
             let v4 = msg.header.address_family == netlink_packet_route::AddressFamily::Inet;
             let addr = dst.unwrap_or(if v4 {
                 IpAddr::V4(Ipv4Addr::UNSPECIFIED)
@@ -387,6 +446,8 @@ pub async fn read(handle: &Handle) -> Result<NodeState, rtnetlink::Error> {
                 oif,
                 gateway,
                 table,
+                local,
+                protocol: msg.header.protocol.into(),
             });
         }
     }
@@ -437,6 +498,8 @@ mod tests {
             oif: Some(oif),
             gateway: gw.map(ip),
             table: 254,
+            local: false,
+            protocol: 2,
         };
         NodeState {
             links: vec![
@@ -553,6 +616,8 @@ mod tests {
                     oif: Some(oif),
                     gateway: None,
                     table,
+                    local: false,
+                    protocol: 2,
                 });
             }
             let mut got: Vec<String> = classify(&st, &cfg())
@@ -577,6 +642,8 @@ mod tests {
             oif: Some(4),
             gateway: None,
             table: 2,
+            local: false,
+            protocol: 2,
         });
         let sets = classify(&st, &cfg());
         assert_eq!(sets.lookup(ip("198.19.9.5")), None);
@@ -608,6 +675,8 @@ mod tests {
             oif: Some(4),
             gateway: None,
             table: 254,
+            local: false,
+            protocol: 2,
         });
         let sets = classify(&st, &cfg());
         assert_eq!(sets.lookup(ip("203.0.113.10")), Some(Tag::Vip));
@@ -670,6 +739,93 @@ mod tests {
         );
         assert!(f.kept.contains_key(&Prefix::host(ip("2001:db8::1"))));
         assert_eq!(fit(&want, 100).kept, want, "under capacity: everything");
+    }
+
+    /// Every `local` route of table local is a VIP candidate unless an interface address is
+    /// behind it; each local address names its owner.
+    #[test]
+    fn local_routes_are_vips_and_every_local_address_has_an_owner() {
+        let mut st = lab_node();
+        let local = |dst: &str, oif, protocol| RouteEntry {
+            dst: Prefix::parse(dst).unwrap(),
+            oif: Some(oif),
+            gateway: None,
+            table: 255,
+            local: true,
+            protocol,
+        };
+        st.routes.extend([
+            // The kernel's own local routes for interface addresses and loopback.
+            local("198.18.0.2/32", 2, 2),
+            local("203.0.113.10/32", 3, 2),
+            local("127.0.0.0/8", 1, 2),
+            local("127.0.0.1/32", 1, 2),
+            local("::1/128", 1, 2),
+            local("fe80::1/128", 2, 2),
+            // The GCE guest agent's forwarding-rule IP: a route, no address.
+            local("203.0.113.20/32", 2, 66),
+            local("2001:db8::20/128", 2, 66),
+            // AnyIP over a range, by hand.
+            local("192.0.2.0/28", 1, 4),
+        ]);
+        // The same in another table is no local address.
+        st.routes.push(RouteEntry {
+            table: 254,
+            ..local("203.0.113.30/32", 2, 4)
+        });
+        // keepalived's VIP: an address on the NIC.
+        st.addrs.push(AddrEntry {
+            ifindex: 2,
+            addr: ip("198.18.0.50"),
+            prefix_len: 32,
+        });
+        let sets = classify(&st, &cfg());
+        assert_eq!(sets.lookup(ip("203.0.113.20")), Some(Tag::Vip));
+        assert_eq!(sets.lookup(ip("2001:db8::20")), Some(Tag::Vip));
+        assert_eq!(sets.lookup(ip("192.0.2.5")), Some(Tag::Vip));
+        assert_eq!(sets.lookup(ip("203.0.113.30")), None);
+        assert_eq!(sets.lookup(ip("127.0.0.2")), None);
+        assert_eq!(sets.lookup(ip("::1")), None);
+        assert_eq!(sets.lookup(ip("198.18.0.2")), Some(Tag::Node));
+        let owner = |a: &str| sets.owner(ip(a)).map(|o| o.to_string());
+        assert_eq!(
+            owner("203.0.113.20").as_deref(),
+            Some(
+                "a local route (table local, dev eth0, proto 66 = cloud guest agent) with no \
+                 interface address"
+            )
+        );
+        assert_eq!(
+            sets.owner(ip("192.0.2.5")),
+            Some(&AddressOwner::local_route(Some("lo".into()), 4))
+        );
+        assert_eq!(
+            owner("203.0.113.10").as_deref(),
+            Some("an address on kube-ipvs0 (kube-proxy IPVS)")
+        );
+        assert_eq!(owner("198.18.0.50").as_deref(), Some("an address on eth0"));
+        assert_eq!(owner("198.18.0.2").as_deref(), Some("an address on eth0"));
+        assert_eq!(sets.owner(ip("198.51.100.1")), None);
+        let labels: Vec<String> = ["203.0.113.20", "203.0.113.10", "198.18.0.50"]
+            .iter()
+            .map(|a| sets.owner(ip(a)).unwrap().label())
+            .collect();
+        assert_eq!(labels, ["route:66", "kube-ipvs0", "nic:eth0"]);
+    }
+
+    #[test]
+    fn route_protocols_are_named() {
+        for (n, name) in [
+            (2, "kernel"),
+            (3, "boot"),
+            (4, "static"),
+            (18, "keepalived"),
+            (66, "cloud guest agent"),
+            (186, "bgp"),
+            (250, "unknown"),
+        ] {
+            assert_eq!(AddressOwner::protocol_name(n), name, "{n}");
+        }
     }
 
     #[test]

@@ -59,6 +59,17 @@ pub enum ConntrackError {
 /// The conntrack entry whose original tuple is exactly `tuple`, in the calling thread's network
 /// namespace (default zone). `Ok(None)` when there is none. Blocking.
 pub fn lookup(tuple: &Tuple) -> Result<Option<ConntrackEntry>, ConntrackError> {
+    lookup_by(tuple, false)
+}
+
+/// The conntrack entry whose *reply* tuple is exactly `tuple` (a connection known by how its
+/// answer would come back: after DNAT, the original destination is not in the packet), in the
+/// calling thread's network namespace. `Ok(None)` when there is none. Blocking.
+pub fn lookup_reply(tuple: &Tuple) -> Result<Option<ConntrackEntry>, ConntrackError> {
+    lookup_by(tuple, true)
+}
+
+fn lookup_by(tuple: &Tuple, reply: bool) -> Result<Option<ConntrackEntry>, ConntrackError> {
     let proto = match tuple.proto {
         Proto::Tcp => Protocol::Tcp,
         Proto::Udp => Protocol::Udp,
@@ -69,7 +80,7 @@ pub fn lookup(tuple: &Tuple) -> Result<Option<ConntrackEntry>, ConntrackError> {
     if tuple.src.is_ipv4() != tuple.dst.is_ipv4() {
         return Err(ConntrackError::Unsupported(tuple.proto));
     }
-    let attrs = vec![ConntrackAttribute::CtaTupleOrig(vec![
+    let parts = vec![
         CtTuple::Ip(vec![
             IPTuple::SourceAddress(tuple.src),
             IPTuple::DestinationAddress(tuple.dst),
@@ -79,7 +90,12 @@ pub fn lookup(tuple: &Tuple) -> Result<Option<ConntrackEntry>, ConntrackError> {
             ProtoTuple::SourcePort(tuple.sport),
             ProtoTuple::DestinationPort(tuple.dport),
         ]),
-    ])];
+    ];
+    let attrs = vec![if reply {
+        ConntrackAttribute::CtaTupleReply(parts)
+    } else {
+        ConntrackAttribute::CtaTupleOrig(parts)
+    }];
     let op = "conntrack get";
     match request(
         op,
@@ -532,12 +548,14 @@ mod tests {
         );
         let orig = t("198.18.0.10", 40000, "203.0.113.10", 80, Proto::Tcp);
         let orig2 = orig.clone();
-        let (found, missing, by_src, other_src) = ns.run_in(0, move || {
+        let reply = t("203.0.113.10", 80, "198.51.100.1", 40000, Proto::Tcp);
+        let (found, missing, by_src, other_src, by_reply) = ns.run_in(0, move || {
             (
                 lookup(&orig2),
                 lookup(&t("198.18.0.10", 40001, "203.0.113.10", 80, Proto::Tcp)),
                 dump_by_source(ip("198.18.0.10")),
                 dump_by_source(ip("198.18.0.99")),
+                lookup_reply(&reply),
             )
         });
         let e = found.unwrap().expect("entry found");
@@ -547,8 +565,10 @@ mod tests {
         assert_eq!(e.reply.sport, 80);
         assert_eq!(e.tcp_state.as_deref(), Some("ESTABLISHED"));
         assert_eq!(missing.unwrap(), None);
-        assert_eq!(by_src.unwrap(), vec![e]);
+        assert_eq!(by_src.unwrap(), vec![e.clone()]);
         assert!(other_src.unwrap().is_empty());
+        // Found by how its answer comes back (after SNAT: to the NAT address).
+        assert_eq!(by_reply.unwrap().as_ref(), Some(&e));
 
         // The host's (or any other) namespace does not see the entry.
         let elsewhere = Netns::new("ct", &["other"]);

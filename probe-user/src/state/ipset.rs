@@ -7,7 +7,7 @@
 //! included) leaves without masquerade, which is how a pod's call to its own LB loops (reference
 //! 002, Local vs Cluster). [`parse_save`] is pure; [`mark_local_nodeports`] runs `ipset save`.
 
-use std::{collections::BTreeMap, process::Command};
+use std::{collections::BTreeMap, net::IpAddr, process::Command};
 
 use crate::{event::Proto, state::ServiceTable};
 
@@ -79,6 +79,50 @@ pub fn mark_local_nodeports(table: &mut ServiceTable) {
     }
 }
 
+/// kube-proxy IPVS mode's hairpin set: `endpoint,proto:port,endpoint` for every endpoint, so
+/// the `KUBE-POSTROUTING` rule `--match-set KUBE-LOOP-BACK dst,dst,src -j MASQUERADE`
+/// masquerades a pod's call to its own Service (IPv6: `KUBE-6-LOOP-BACK`).
+pub fn loop_back_set(v6: bool) -> &'static str {
+    if v6 {
+        "KUBE-6-LOOP-BACK"
+    } else {
+        "KUBE-LOOP-BACK"
+    }
+}
+
+/// Whether the hairpin set holds `pod`'s entry for `port`/`proto`; `None` when there is no
+/// such set (not IPVS mode). Pure.
+pub fn loop_back_entry(
+    sets: &BTreeMap<String, Vec<String>>,
+    pod: IpAddr,
+    proto: Proto,
+    port: u16,
+) -> Option<bool> {
+    let entry = format!("{pod},{}:{port},{pod}", proto.as_str());
+    sets.get(loop_back_set(pod.is_ipv6()))
+        .map(|members| members.contains(&entry))
+}
+
+/// [`loop_back_entry`] from this namespace's `ipset save` of that one set. Blocking. `None`
+/// also when `ipset` cannot run (said at debug level).
+pub fn read_loop_back_entry(pod: IpAddr, proto: Proto, port: u16) -> Option<bool> {
+    let set = loop_back_set(pod.is_ipv6());
+    match Command::new("ipset").args(["save", set]).output() {
+        Ok(out) if out.status.success() => loop_back_entry(
+            &parse_save(&String::from_utf8_lossy(&out.stdout)),
+            pod,
+            proto,
+            port,
+        ),
+        // No such set: not IPVS mode (`ipset` says "The set with the given name does not exist").
+        Ok(_) => None,
+        Err(e) => {
+            tracing::debug!(error = %e, "cannot run ipset; {set} not read");
+            None
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -138,6 +182,29 @@ mod tests {
                 (30053, Proto::Udp, true),
             ]
         );
+    }
+
+    #[test]
+    fn the_loop_back_entry_is_the_pods_own_port_and_protocol() {
+        let pod: IpAddr = "198.19.1.11".parse().unwrap();
+        let sets = parse_save(
+            "create KUBE-LOOP-BACK hash:ip,port,ip family inet\n\
+             add KUBE-LOOP-BACK 198.19.1.11,tcp:8080,198.19.1.11\n\
+             add KUBE-LOOP-BACK 198.19.1.12,tcp:8080,198.19.1.12\n",
+        );
+        assert_eq!(loop_back_entry(&sets, pod, Proto::Tcp, 8080), Some(true));
+        assert_eq!(loop_back_entry(&sets, pod, Proto::Udp, 8080), Some(false));
+        assert_eq!(loop_back_entry(&sets, pod, Proto::Tcp, 9090), Some(false));
+        // An empty set (kube-proxy 1.31, kubernetes#134884) is a missing entry, no set is none.
+        let empty = parse_save("create KUBE-LOOP-BACK hash:ip,port,ip family inet\n");
+        assert_eq!(loop_back_entry(&empty, pod, Proto::Tcp, 8080), Some(false));
+        assert_eq!(
+            loop_back_entry(&BTreeMap::new(), pod, Proto::Tcp, 8080),
+            None
+        );
+        let v6: IpAddr = "fd00::11".parse().unwrap();
+        let sets6 = parse_save("add KUBE-6-LOOP-BACK fd00::11,tcp:8080,fd00::11\n");
+        assert_eq!(loop_back_entry(&sets6, v6, Proto::Tcp, 8080), Some(true));
     }
 
     #[test]

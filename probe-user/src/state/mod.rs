@@ -8,7 +8,10 @@
 //! - `iptables`: kube-proxy's nat rules (`iptables-save -t nat`, nft and legacy backends);
 //! - `ipset`: kube-proxy's IPVS-mode ipsets naming externalTrafficPolicy Local NodePorts;
 //! - `ipvs`: IPVS virtual services over generic netlink (absent on kernels without IPVS);
-//! - `nftables`: kube-proxy's nftables-mode tables (`nft -j list table ip|ip6 kube-proxy`).
+//! - `nftables`: kube-proxy's nftables-mode tables (`nft -j list table ip|ip6 kube-proxy`);
+//! - `sockets`: which socket (and process) serves a port, over sock_diag;
+//! - `bridge`: a pod's bridge port and its `hairpin_mode`, and br_netfilter's sysctl (sysfs and
+//!   procfs), for a pod that called its own Service (`service_self_loop`).
 
 use std::{
     hash::{DefaultHasher, Hash, Hasher},
@@ -24,12 +27,14 @@ use serde::{Deserialize, Serialize};
 use crate::event::Proto;
 
 pub mod addrs;
+pub mod bridge;
 pub mod changes;
 pub mod conntrack;
 pub mod ipset;
 pub mod iptables;
 pub mod ipvs;
 pub mod nftables;
+pub mod sockets;
 
 /// Skip re-parsing a dump identical to the last one (on by default; off only for the bench's
 /// timer-driven baseline, the reader as it was before).
@@ -170,6 +175,34 @@ pub struct ConntrackEntry {
     pub seen_reply: bool,
     /// TCP state name as conntrack reports it (`SYN_SENT`, `ESTABLISHED`, `CLOSE`, ...).
     pub tcp_state: Option<String>,
+}
+
+/// A pod's port on a Linux bridge (kubenet's `cbr0`, the bridge CNI's `cni0`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BridgePort {
+    pub bridge: String,
+    pub port: String,
+    /// `/sys/class/net/<bridge>/brif/<port>/hairpin_mode`: the bridge may send a frame back
+    /// out the port it came in on (the kubelet's `--hairpin-mode=hairpin-veth` sets it).
+    pub hairpin_mode: bool,
+}
+
+/// The node's pieces a pod's call to its own Service needs, read when such a call looped
+/// (`service_self_loop`): each is `None` when it does not apply or could not be read.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SelfLoopFacts {
+    /// kube-proxy IPVS mode's hairpin set `KUBE-LOOP-BACK` holds `pod,proto:port,pod` (its
+    /// POSTROUTING rule masquerades those); `None`: no such set (not IPVS mode) or unreadable.
+    #[serde(default)]
+    pub loop_back_entry: Option<bool>,
+    /// The pod's bridge port; `None` when the pod is not behind a bridge (a routed veth) or
+    /// its port could not be found.
+    #[serde(default)]
+    pub bridge_port: Option<BridgePort>,
+    /// `net.bridge.bridge-nf-call-iptables` (`-ip6tables` for IPv6): bridged traffic passes
+    /// iptables/nftables (br_netfilter); `None` when br_netfilter is not loaded here.
+    #[serde(default)]
+    pub br_netfilter: Option<bool>,
 }
 
 /// The node's service table: IPVS when the kernel has it and it holds services (IPVS mode),

@@ -173,6 +173,8 @@ pub fn parse_nft_json(text: &str) -> Result<ServiceTable, String> {
         source: Some(ServiceSource::Nftables),
         ..ServiceTable::default()
     };
+    // Every element first, merged once (a Service's IP may appear under several elements).
+    let mut found = ServiceTable::default();
 
     for elem in maps.get(SERVICE_IPS).copied().unwrap_or_default() {
         let Some((key, target)) = map_element(elem) else {
@@ -188,20 +190,13 @@ pub fn parse_nft_json(text: &str) -> Result<ServiceTable, String> {
         ) else {
             continue;
         };
-        let entry = ServiceEntry {
+        found.services.push(ServiceEntry {
             vip,
             port,
             proto,
             service: service_name(target),
             backends: chains.backends(target),
-        };
-        iptables::merge(
-            &mut table,
-            ServiceTable {
-                services: vec![entry],
-                ..ServiceTable::default()
-            },
-        );
+        });
     }
 
     for elem in maps.get(SERVICE_NODEPORTS).copied().unwrap_or_default() {
@@ -214,19 +209,14 @@ pub fn parse_nft_json(text: &str) -> Result<ServiceTable, String> {
         let (Some(proto), Some(port)) = (parse_proto(proto), parse_port(port)) else {
             continue;
         };
-        iptables::merge(
-            &mut table,
-            ServiceTable {
-                nodeports: vec![NodePortEntry {
-                    port,
-                    proto,
-                    service: service_name(target),
-                    local_only: chains.local_only(target),
-                }],
-                ..ServiceTable::default()
-            },
-        );
+        found.nodeports.push(NodePortEntry {
+            port,
+            proto,
+            service: service_name(target),
+            local_only: chains.local_only(target),
+        });
     }
+    iptables::merge(&mut table, found);
 
     for r in &rules {
         if let Some(m) = r.expr.iter().find_map(|e| e.get("masquerade")) {

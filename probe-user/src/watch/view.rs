@@ -373,6 +373,7 @@ mod tests {
             node: None,
             fixes: Vec::new(),
             facts: Default::default(),
+            listener: None,
         }
     }
 

@@ -18,7 +18,9 @@ use serde_json::{Value, json};
 
 use super::selector::Selector;
 use super::store;
-use super::store::{ResourceInfo, WriteError, WriteMode, merge_patch, resource_at};
+use super::store::{
+    ResourceInfo, WriteError, WriteMode, merge_patch, resource_at, strategic_merge_patch,
+};
 use super::{BOOKMARK_INTERVAL, Request, Shared};
 
 type Response = hyper::Response<Body>;
@@ -135,6 +137,8 @@ struct Target {
     info: &'static ResourceInfo,
     namespace: Option<String>,
     name: Option<String>,
+    /// `.../NAME/status` of a resource with a status subresource.
+    status: bool,
 }
 
 fn route(path: &str) -> Option<Target> {
@@ -144,21 +148,24 @@ fn route(path: &str) -> Option<Target> {
         ["apis", group, version, rest @ ..] => (*group, *version, rest),
         _ => return None,
     };
-    let (namespace, resource, name) = match rest {
-        ["namespaces", ns, resource] => (Some(*ns), *resource, None),
-        ["namespaces", ns, resource, name] => (Some(*ns), *resource, Some(*name)),
-        [resource] => (None, *resource, None),
-        [resource, name] => (None, *resource, Some(*name)),
+    let (namespace, resource, name, status) = match rest {
+        ["namespaces", ns, resource] => (Some(*ns), *resource, None, false),
+        ["namespaces", ns, resource, name] => (Some(*ns), *resource, Some(*name), false),
+        ["namespaces", ns, resource, name, "status"] => (Some(*ns), *resource, Some(*name), true),
+        [resource] => (None, *resource, None, false),
+        [resource, name] => (None, *resource, Some(*name), false),
+        [resource, name, "status"] => (None, *resource, Some(*name), true),
         _ => return None,
     };
     let info = resource_at(group, version, resource)?;
-    if namespace.is_some() && !info.namespaced {
+    if (namespace.is_some() && !info.namespaced) || (status && !info.status_subresource) {
         return None;
     }
     Some(Target {
         info,
         namespace: namespace.map(str::to_owned),
         name: name.map(str::to_owned),
+        status,
     })
 }
 
@@ -213,7 +220,12 @@ fn discovery(path: &str) -> Option<Value> {
                 "kind": "APIGroupList",
                 "apiVersion": "v1",
                 "groups": groups.iter().map(|g| {
-                    let gv = json!({"groupVersion": format!("{g}/v1"), "version": "v1"});
+                    let version = store::RESOURCES
+                        .iter()
+                        .find(|r| r.group == *g)
+                        .and_then(|r| r.api_version.rsplit_once('/'))
+                        .map_or("v1", |(_, v)| v);
+                    let gv = json!({"groupVersion": format!("{g}/{version}"), "version": version});
                     json!({"name": g, "versions": [gv.clone()], "preferredVersion": gv})
                 }).collect::<Vec<_>>(),
             }))
@@ -319,6 +331,14 @@ async fn handle(shared: Arc<Shared>, request: hyper::Request<Incoming>) -> Respo
         Ok(collected) => collected.to_bytes(),
         Err(error) => return bad_request(format!("reading the body: {error}")),
     };
+    if target.status && !matches!(verb, "get" | "patch") {
+        return status(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+            format!("the fake serves /status for get and patch only ({verb}): {method} {path}"),
+            json!({}),
+        );
+    }
     match verb {
         "get" => get(&shared, &target),
         "list" => list(&shared, &target, &params),
@@ -600,10 +620,27 @@ fn write_error(target: &Target, name: &str, error: WriteError) -> Response {
 }
 
 fn write(shared: &Shared, target: &Target, body: &Bytes, mode: WriteMode) -> Response {
-    let object = match parse_body(body) {
+    let mut object = match parse_body(body) {
         Ok(object) => object,
         Err(response) => return response,
     };
+    if target.info.status_subresource
+        && let Some(fields) = object.as_object_mut()
+    {
+        // The object's writes ignore `status` (only `/status` changes it); a PUT keeps it.
+        fields.remove("status");
+        if mode == WriteMode::Replace
+            && let Some(name) = &target.name
+            && let Some(old) = shared.store.lock().unwrap().get(
+                target.info.resource,
+                target.namespace.as_deref().unwrap_or_default(),
+                name,
+            )
+            && !old["status"].is_null()
+        {
+            object["status"] = old["status"].clone();
+        }
+    }
     let name = target
         .name
         .clone()
@@ -681,7 +718,8 @@ fn patch(
     let mut store = shared.store.lock().unwrap();
     let mut object = match store.get(target.info.resource, &namespace, &name) {
         Some(object) => object,
-        None if apply => json!({ "metadata": { "name": name } }),
+        // As the API server: apply to `/status` does not create the object.
+        None if apply && !target.status => json!({ "metadata": { "name": name } }),
         None => return not_found_object(target.info, &name),
     };
     if let Some(wanted) = patch["metadata"]["resourceVersion"].as_str()
@@ -697,7 +735,21 @@ fn patch(
             json!({ "name": name, "group": target.info.group, "kind": target.info.resource }),
         );
     }
-    merge_patch(&mut object, &patch);
+    let strategic = content_type.starts_with("application/strategic-merge-patch+json");
+    if target.status && strategic {
+        strategic_merge_patch(&mut object["status"], &patch["status"]);
+    } else if target.status {
+        // `/status` changes `status` only (and checks the patch's resourceVersion, above).
+        merge_patch(&mut object["status"], &patch["status"]);
+    } else if target.info.status_subresource {
+        let mut patch = patch.clone();
+        if let Some(fields) = patch.as_object_mut() {
+            fields.remove("status");
+        }
+        merge_patch(&mut object, &patch);
+    } else {
+        merge_patch(&mut object, &patch);
+    }
     object["metadata"]["name"] = json!(name);
     if dry_run {
         // The stored object keeps its resourceVersion: restore it over the patch's.

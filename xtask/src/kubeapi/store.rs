@@ -14,15 +14,19 @@ pub(crate) struct ResourceInfo {
     /// The API group (`""` for core).
     pub group: &'static str,
     pub namespaced: bool,
+    /// A `/status` subresource: writes to the object ignore `status`, writes to `/status`
+    /// change only `status` (as for a CRD with `subresources.status`).
+    pub status_subresource: bool,
 }
 
-pub(crate) const RESOURCES: [ResourceInfo; 6] = [
+pub(crate) const RESOURCES: [ResourceInfo; 7] = [
     ResourceInfo {
         resource: "pods",
         kind: "Pod",
         api_version: "v1",
         group: "",
         namespaced: true,
+        status_subresource: false,
     },
     ResourceInfo {
         resource: "services",
@@ -30,6 +34,7 @@ pub(crate) const RESOURCES: [ResourceInfo; 6] = [
         api_version: "v1",
         group: "",
         namespaced: true,
+        status_subresource: false,
     },
     ResourceInfo {
         resource: "nodes",
@@ -37,6 +42,7 @@ pub(crate) const RESOURCES: [ResourceInfo; 6] = [
         api_version: "v1",
         group: "",
         namespaced: false,
+        status_subresource: true,
     },
     ResourceInfo {
         resource: "endpointslices",
@@ -44,6 +50,7 @@ pub(crate) const RESOURCES: [ResourceInfo; 6] = [
         api_version: "discovery.k8s.io/v1",
         group: "discovery.k8s.io",
         namespaced: true,
+        status_subresource: false,
     },
     ResourceInfo {
         resource: "events",
@@ -51,6 +58,16 @@ pub(crate) const RESOURCES: [ResourceInfo; 6] = [
         api_version: "events.k8s.io/v1",
         group: "events.k8s.io",
         namespaced: true,
+        status_subresource: false,
+    },
+    // clb-probe's per-node report (the chart's CRD `loopbackreports.clb-probe.io`).
+    ResourceInfo {
+        resource: "loopbackreports",
+        kind: "LoopbackReport",
+        api_version: "clb-probe.io/v1alpha1",
+        group: "clb-probe.io",
+        namespaced: false,
+        status_subresource: true,
     },
     // The same Events through core/v1 (read only, converted as the API server converts them):
     // `kubectl describe` lists a Service's Events there. Last, so `resource_of("Event")` is
@@ -61,6 +78,7 @@ pub(crate) const RESOURCES: [ResourceInfo; 6] = [
         api_version: "v1",
         group: "",
         namespaced: true,
+        status_subresource: false,
     },
 ];
 
@@ -320,6 +338,39 @@ pub(crate) enum WriteMode {
     Replace,
     /// A test's apply, or a server-side apply patch.
     Upsert,
+}
+
+/// A strategic merge patch as the API server applies it to the lists this fake's clients
+/// patch: a list whose patch items are all objects with a `type` (a Node's or a Pod's
+/// `status.conditions`, merge key `type`) is merged item by item on `type`; everything
+/// else as [`merge_patch`].
+pub(crate) fn strategic_merge_patch(target: &mut Value, patch: &Value) {
+    let Some(patch) = patch.as_object() else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    let target = target.as_object_mut().expect("made an object above");
+    for (key, value) in patch {
+        let by_type = value
+            .as_array()
+            .is_some_and(|items| items.iter().all(|i| i["type"].is_string()) && !items.is_empty());
+        if value.is_null() {
+            target.remove(key);
+        } else if by_type && target.get(key).is_some_and(Value::is_array) {
+            let list = target[key].as_array_mut().expect("checked above");
+            for item in value.as_array().expect("checked above") {
+                match list.iter_mut().find(|t| t["type"] == item["type"]) {
+                    Some(existing) => merge_patch(existing, item),
+                    None => list.push(item.clone()),
+                }
+            }
+        } else {
+            strategic_merge_patch(target.entry(key.clone()).or_insert(Value::Null), value);
+        }
+    }
 }
 
 /// RFC 7386 JSON merge patch.

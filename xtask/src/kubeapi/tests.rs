@@ -549,3 +549,84 @@ fn kubectl_describe_lists_the_events_regarding_the_service_by_uid() {
     assert!(!events.contains("PortInName"), "{text}");
     assert!(!events.contains("NoUid"), "{text}");
 }
+
+/// The `/status` subresource (loopbackreports, nodes): the object's writes ignore `status`,
+/// `/status` writes change only `status` and never create; a strategic merge patch of a
+/// Node's conditions merges by `type`.
+#[test]
+fn status_subresource_and_conditions_merged_by_type() {
+    use k8s_openapi::api::core::v1::Node;
+    use kube::api::DynamicObject;
+    runtime().block_on(async {
+        let (server, client, _dir) = setup().await;
+        let ar = kube::core::ApiResource {
+            group: "clb-probe.io".into(),
+            version: "v1alpha1".into(),
+            api_version: "clb-probe.io/v1alpha1".into(),
+            kind: "LoopbackReport".into(),
+            plural: "loopbackreports".into(),
+        };
+        let reports: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
+        let apply = PatchParams::apply("test").force();
+        let body = |extra: serde_json::Value| {
+            let mut b = json!({"apiVersion": "clb-probe.io/v1alpha1", "kind": "LoopbackReport"});
+            for (k, v) in extra.as_object().unwrap() {
+                b[k] = v.clone();
+            }
+            b
+        };
+        // Status of an object that does not exist: 404, nothing created.
+        let e = reports
+            .patch_status(
+                "n1",
+                &apply,
+                &Patch::Apply(body(json!({"status": {"riskCount": 1}}))),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(error_code(&e), Some(404), "{e}");
+        assert!(server.objects("loopbackreports").is_empty());
+        // The object's apply ignores status.
+        let create = body(json!({"metadata": {"name": "n1"}, "status": {"riskCount": 9}}));
+        reports
+            .patch("n1", &apply, &Patch::Apply(create))
+            .await
+            .unwrap();
+        assert!(server.objects("loopbackreports")[0]["status"].is_null());
+        let status = body(json!({"metadata": {"labels": {"x": "y"}}, "status": {"riskCount": 1}}));
+        reports
+            .patch_status("n1", &apply, &Patch::Apply(status))
+            .await
+            .unwrap();
+        let stored = &server.objects("loopbackreports")[0];
+        assert_eq!(stored["status"]["riskCount"], 1);
+        assert!(
+            stored["metadata"]["labels"].is_null(),
+            "/status changes status only"
+        );
+
+        server.apply(
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]}}),
+        );
+        let nodes: Api<Node> = Api::all(client);
+        for status in ["True", "False"] {
+            let cond = json!({"status": {"conditions": [
+                {"type": "LoadBalancerLoopback", "status": status}]}});
+            nodes
+                .patch_status("n1", &PatchParams::default(), &Patch::Strategic(cond))
+                .await
+                .unwrap();
+        }
+        let n1 = server
+            .objects("nodes")
+            .into_iter()
+            .find(|n| n["metadata"]["name"] == "n1")
+            .unwrap();
+        assert_eq!(
+            n1["status"]["conditions"],
+            json!([{"type": "Ready", "status": "True"},
+                   {"type": "LoadBalancerLoopback", "status": "False"}])
+        );
+    });
+}

@@ -28,7 +28,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 
 pub use client::{Attempt, connect_here, connect_in, http_get_in, in_netns};
-pub use net::{SERVERS, UP_STEPS};
+pub use net::{POD_BRIDGE, SERVERS, UP_STEPS};
 pub use udp::{UDP_SERVERS, udp_exchange_in};
 
 /// Every lab namespace's name starts with this.
@@ -88,6 +88,14 @@ pub const VIP_ETP_CLUSTER_PORT: u16 = 8444;
 pub const VIP_NO_GUARD_PORT: u16 = 8081;
 /// A listener of the LB that targets the pod directly (VPC-CNI style, -> pod-b:8080).
 pub const VIP_TO_POD_PORT: u16 = 8082;
+/// A listener of the LB whose instance target is a host-network process on the node's own
+/// address (-> node:6443, the API server's port; no NodePort, client address kept, no
+/// source-node guard): the host-listener hairpin, from a pod or from the node.
+pub const VIP_HOST_LISTENER_PORT: u16 = 6443;
+/// The node's host-network listener (a plain TCP server on the node, no Service).
+pub const HOST_LISTENER_PORT: u16 = 6443;
+/// Variant `vip-local-route`: the route protocol the GCE guest agent gives forwarding-rule IPs.
+pub const GUEST_AGENT_ROUTE_PROTO: u8 = 66;
 /// The LB's UDP listener (-> node's UDP NodePort, client address kept).
 pub const VIP_UDP_PORT: u16 = 53;
 /// `default/dns`'s UDP NodePort on the node.
@@ -199,15 +207,30 @@ pub enum Variant {
     /// LB's subnet does not validate sources (`accept_local` on its peer side), as a VPC does
     /// not: a call from the peer with the VIP as source reaches the node.
     PeerNode,
+    /// The VIP is local on the node through a route, not an address: `ip route add local
+    /// <VIP> dev eth0 proto 66 table local`, as the GCE guest agent makes forwarding-rule IPs
+    /// local. Exclusive with `vip-bound` (its address brings its own local route).
+    VipLocalRoute,
+    /// kube-proxy's masquerade for pod-b calling its own Service is missing: the KUBE-SEP
+    /// rule `-s pod-b -j KUBE-MARK-MASQ` (iptables), the endpoint chain's `ip saddr pod-b jump
+    /// mark-for-masquerade` (nftables), the KUBE-LOOP-BACK entry (IPVS, kubernetes#134884).
+    SelfSnatMissing,
+    /// pod-b hangs off a bridge (`cbr0`, kubenet style) with br_netfilter on
+    /// (`bridge-nf-call-iptables=1`) and hairpin mode off on its port (the kubelet's
+    /// `--hairpin-mode=none`), instead of a routed veth.
+    BridgePod,
 }
 
 impl Variant {
-    pub const ALL: [Variant; 5] = [
+    pub const ALL: [Variant; 8] = [
         Variant::VipBound,
         Variant::RpFilter,
         Variant::Masquerade,
         Variant::IpvsFilter,
         Variant::PeerNode,
+        Variant::VipLocalRoute,
+        Variant::SelfSnatMissing,
+        Variant::BridgePod,
     ];
 
     pub fn name(self) -> &'static str {
@@ -217,6 +240,9 @@ impl Variant {
             Variant::Masquerade => "masquerade",
             Variant::IpvsFilter => "ipvs-filter",
             Variant::PeerNode => "peer-node",
+            Variant::VipLocalRoute => "vip-local-route",
+            Variant::SelfSnatMissing => "self-snat-missing",
+            Variant::BridgePod => "bridge-pod",
         }
     }
 }
@@ -235,6 +261,9 @@ pub struct Variants {
     pub masquerade: bool,
     pub ipvs_filter: bool,
     pub peer_node: bool,
+    pub vip_local_route: bool,
+    pub self_snat_missing: bool,
+    pub bridge_pod: bool,
 }
 
 impl Default for Variants {
@@ -246,6 +275,9 @@ impl Default for Variants {
             masquerade: false,
             ipvs_filter: false,
             peer_node: false,
+            vip_local_route: false,
+            self_snat_missing: false,
+            bridge_pod: false,
         }
     }
 }
@@ -258,6 +290,9 @@ impl Variants {
             Variant::Masquerade => self.masquerade,
             Variant::IpvsFilter => self.ipvs_filter,
             Variant::PeerNode => self.peer_node,
+            Variant::VipLocalRoute => self.vip_local_route,
+            Variant::SelfSnatMissing => self.self_snat_missing,
+            Variant::BridgePod => self.bridge_pod,
         }
     }
 
@@ -268,6 +303,9 @@ impl Variants {
             Variant::Masquerade => self.masquerade = on,
             Variant::IpvsFilter => self.ipvs_filter = on,
             Variant::PeerNode => self.peer_node = on,
+            Variant::VipLocalRoute => self.vip_local_route = on,
+            Variant::SelfSnatMissing => self.self_snat_missing = on,
+            Variant::BridgePod => self.bridge_pod = on,
         }
         self
     }
@@ -367,6 +405,27 @@ pub enum Scenario {
     HairpinUdp,
     /// Twin: an outside client -> VIP:53/udp -> node:30053 -> pod B, answered.
     OutsideClientUdp,
+    /// Failure 2, host listener: pod A -> VIP:6443, an LB listener whose instance target is
+    /// the node's own host-network listener on :6443 (no NodePort): back on the node with
+    /// pod A as source; the listener answers pod A straight, which resets it.
+    HairpinHostListener,
+    /// The same from the node itself: back with the node's own IP as source, dropped as a
+    /// local source.
+    HairpinHostListenerNodeSourced,
+    /// Twin: an outside client -> VIP:6443 -> the node's listener, answered.
+    OutsideClientHostListener,
+    /// Failure 1 with the VIP local through a `local` route (proto 66, no address), as the
+    /// GCE guest agent makes LB IPs local: the LB's health check from the VIP is a martian.
+    HealthcheckBlackholeLocalRoute,
+    /// A pod reaches itself through its own Service: pod B -> ClusterIP:80 -> pod B without
+    /// the hairpin SNAT; it comes back with its own address as source and pod B drops it.
+    SelfLoop,
+    /// Twin: the same call with kube-proxy's hairpin masquerade in place, answered.
+    SelfLoopSnat,
+    /// pod B behind a bridge with br_netfilter on and hairpin mode off: its call to its own
+    /// ClusterIP is DNATed in the bridge and never leaves its bridge port (in IPVS mode, seen
+    /// on 6.12: the reply is un-NATed in the bridge and dies at the same port).
+    SelfLoopBridge,
 }
 
 /// How a scenario drives its traffic, and what it must come to.
@@ -385,7 +444,7 @@ pub struct ScenarioSpec {
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 22] = [
+    pub const ALL: [Scenario; 29] = [
         Scenario::HealthcheckBlackhole,
         Scenario::HealthcheckOk,
         Scenario::Hairpin,
@@ -408,6 +467,13 @@ impl Scenario {
         Scenario::OutsideClientLbToPod,
         Scenario::HairpinUdp,
         Scenario::OutsideClientUdp,
+        Scenario::HairpinHostListener,
+        Scenario::HairpinHostListenerNodeSourced,
+        Scenario::OutsideClientHostListener,
+        Scenario::HealthcheckBlackholeLocalRoute,
+        Scenario::SelfLoop,
+        Scenario::SelfLoopSnat,
+        Scenario::SelfLoopBridge,
     ];
 
     /// Scenarios whose client speaks UDP (one datagram, one answer).
@@ -439,6 +505,13 @@ impl Scenario {
             Scenario::OutsideClientLbToPod => "outside-client-lb-to-pod",
             Scenario::HairpinUdp => "hairpin-udp",
             Scenario::OutsideClientUdp => "outside-client-udp",
+            Scenario::HairpinHostListener => "hairpin-host-listener",
+            Scenario::HairpinHostListenerNodeSourced => "hairpin-host-listener-node-sourced",
+            Scenario::OutsideClientHostListener => "outside-client-host-listener",
+            Scenario::HealthcheckBlackholeLocalRoute => "healthcheck-blackhole-local-route",
+            Scenario::SelfLoop => "self-loop",
+            Scenario::SelfLoopSnat => "self-loop-snat",
+            Scenario::SelfLoopBridge => "self-loop-bridge",
         }
     }
 
@@ -449,8 +522,12 @@ impl Scenario {
             masquerade: false,
             ipvs_filter: false,
             peer_node: false,
+            vip_local_route: false,
+            self_snat_missing: false,
+            bridge_pod: false,
         };
         let bound = off.with(Variant::VipBound, true);
+        let host_listener = SocketAddrV4::new(VIP, VIP_HOST_LISTENER_PORT);
         let vip80 = SocketAddrV4::new(VIP, SERVICE_PORT);
         let nodeport = SocketAddrV4::new(NODE_IP, NODE_PORT);
         let s = |variants, from_ns, src, dst, expected, what| ScenarioSpec {
@@ -647,6 +724,69 @@ impl Scenario {
                 SocketAddrV4::new(VIP, VIP_UDP_PORT),
                 Outcome::Ok,
                 "outside client -> VIP:53/udp -> node:30053/udp -> pod-b:5353",
+            ),
+            Scenario::HairpinHostListener => s(
+                off,
+                NS_POD_A,
+                None,
+                host_listener,
+                Outcome::Timeout,
+                "pod-a -> VIP:6443, an LB listener targeting the node's own host listener \
+                 node:6443 (no NodePort) keeping the pod source: the listener answers pod-a \
+                 straight, which RSTs it",
+            ),
+            Scenario::HairpinHostListenerNodeSourced => s(
+                off,
+                NS_NODE,
+                None,
+                host_listener,
+                Outcome::Timeout,
+                "node -> VIP:6443 -> back to node:6443 with the node's own IP as source: dropped \
+                 as a local source",
+            ),
+            Scenario::OutsideClientHostListener => s(
+                off,
+                NS_CLIENT,
+                None,
+                host_listener,
+                Outcome::Ok,
+                "outside client -> VIP:6443 -> the node's host listener, answered",
+            ),
+            Scenario::HealthcheckBlackholeLocalRoute => s(
+                off.with(Variant::VipLocalRoute, true),
+                NS_LB,
+                Some(VIP),
+                nodeport,
+                Outcome::Timeout,
+                "LB health check VIP -> node:30080; the node has the VIP as a `local` route \
+                 (proto 66, no address, as a cloud guest agent adds it): martian source, dropped",
+            ),
+            Scenario::SelfLoop => s(
+                off.with(Variant::SelfSnatMissing, true),
+                NS_POD_B,
+                None,
+                SocketAddrV4::new(CLUSTER_IP, SERVICE_PORT),
+                Outcome::Timeout,
+                "pod-b -> ClusterIP:80 -> pod-b:8080 without the hairpin masquerade: it arrives \
+                 with pod-b's own address as source, pod-b drops it as a local source",
+            ),
+            Scenario::SelfLoopSnat => s(
+                off,
+                NS_POD_B,
+                None,
+                SocketAddrV4::new(CLUSTER_IP, SERVICE_PORT),
+                Outcome::Ok,
+                "pod-b -> ClusterIP:80 -> pod-b:8080, masqueraded to the node's address: answered",
+            ),
+            Scenario::SelfLoopBridge => s(
+                off.with(Variant::BridgePod, true),
+                NS_POD_B,
+                None,
+                SocketAddrV4::new(CLUSTER_IP, SERVICE_PORT),
+                Outcome::Timeout,
+                "pod-b on bridge cbr0 (br_netfilter on, hairpin mode off) -> ClusterIP:80: \
+                 DNATed back to pod-b in the bridge, which will not send it out the port it came \
+                 in on",
             ),
         }
     }
@@ -953,6 +1093,13 @@ impl Lab {
     pub fn set_all(&self, variants: &Variants) -> Result<()> {
         net::require_up()?;
         net::set_variants(variants)
+    }
+
+    /// Hairpin mode on pod-b's bridge port (variant `bridge-pod`), as the kubelet's
+    /// `--hairpin-mode=hairpin-veth` sets it.
+    pub fn set_pod_b_hairpin_mode(&self, on: bool) -> Result<()> {
+        net::require_up()?;
+        net::set_pod_b_hairpin_mode(on)
     }
 
     /// One TCP attempt from inside `ns` (bound to `src` if given), with this lab's timeout.

@@ -27,13 +27,19 @@ pub const SERVERS: &[(&str, u16, &str)] = &[
     (NS_POD_B, POD_PORT, "pod-b web 198.19.1.11:8080"),
     (NS_PEER, NODE_PORT, "peer node 198.18.1.2:30080"),
     (NS_PEER, PEER_TLS_PORT, "outside backend 198.18.1.2:30443"),
+    (
+        NS_NODE,
+        HOST_LISTENER_PORT,
+        "node host listener 198.18.0.2:6443",
+    ),
 ];
 
 /// The argument that marks a lab server's command line.
 pub(crate) const SERVER_TAG: &str = "clb-lab-server";
 
 /// Interface names the lab creates (only ever inside lab namespaces).
-pub(crate) const LAB_LINKS: &[&str] = &["vnode", "vpeer", "vclient", "vpod-a", "vpod-b"];
+pub(crate) const LAB_LINKS: &[&str] =
+    &["vnode", "vpeer", "vclient", "vpod-a", "vpod-b", POD_BRIDGE];
 
 /// Interfaces of each namespace (besides `lo`), for per-interface sysctls and `status`.
 const IFACES: &[(&str, &[&str])] = &[
@@ -617,6 +623,7 @@ fn lb_rules() -> String {
 -A CLB-LB-VIP -p tcp -m tcp --dport 443 -m comment --comment "listener 443 -> outside backend" -j DNAT --to-destination 198.18.1.2:30443
 -A CLB-LB-VIP -p tcp -m tcp --dport 8081 -m comment --comment "listener 8081 -> node NodePort, client IP kept, no source-node guard" -j DNAT --to-destination 198.18.0.2:30080
 -A CLB-LB-VIP -p tcp -m tcp --dport 8082 -m comment --comment "listener 8082 -> pod-b directly (LB to pod), client IP kept" -j DNAT --to-destination 198.19.1.11:8080
+-A CLB-LB-VIP -p tcp -m tcp --dport 6443 -m comment --comment "listener 6443 -> the node's own host listener (instance target), client IP kept, no source-node guard" -j DNAT --to-destination 198.18.0.2:6443
 -A CLB-LB-VIP -p udp -m udp --dport 53 -m comment --comment "listener 53/udp -> node UDP NodePort, client IP kept" -j DNAT --to-destination 198.18.0.2:30053
 COMMIT
 "#
@@ -693,6 +700,7 @@ fn set_variant_in(mode: KubeProxyMode, variant: Variant, on: bool) -> Result<()>
     match variant {
         Variant::IpvsFilter => set_ipvs_filter(mode, on),
         Variant::PeerNode => set_peer_node(on),
+        Variant::VipLocalRoute => set_vip_local_route(on),
         Variant::VipBound if mode == KubeProxyMode::Nftables => {
             super::nft::set_lb_ip_short_circuited(on)
         }
@@ -738,6 +746,8 @@ fn set_variant_in(mode: KubeProxyMode, variant: Variant, on: bool) -> Result<()>
             )
         }
         Variant::Masquerade => ensure_rule(MASQ_CHAIN, MASQ_RULE, on, false),
+        Variant::SelfSnatMissing => set_self_snat(mode, !on),
+        Variant::BridgePod => set_bridge_pod(on),
     }
 }
 
@@ -750,7 +760,49 @@ fn set_variants_in(mode: KubeProxyMode, v: &Variants) -> Result<()> {
     set_variant_in(mode, Variant::RpFilter, v.rp_filter)?;
     set_variant_in(mode, Variant::Masquerade, v.masquerade)?;
     set_variant_in(mode, Variant::IpvsFilter, v.ipvs_filter)?;
-    set_variant_in(mode, Variant::PeerNode, v.peer_node)
+    set_variant_in(mode, Variant::PeerNode, v.peer_node)?;
+    set_variant_in(mode, Variant::VipLocalRoute, v.vip_local_route)?;
+    set_variant_in(mode, Variant::SelfSnatMissing, v.self_snat_missing)?;
+    set_variant_in(mode, Variant::BridgePod, v.bridge_pod)
+}
+
+/// `local <VIP> dev eth0 proto 66 table local`: the variant `vip-local-route`.
+fn vip_local_route_args(op: &str) -> Vec<String> {
+    let proto = GUEST_AGENT_ROUTE_PROTO.to_string();
+    [
+        "route",
+        op,
+        "local",
+        "203.0.113.10",
+        "dev",
+        NODE_NIC,
+        "proto",
+        &proto,
+        "table",
+        "local",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+fn vip_local_route() -> Result<bool> {
+    let out = ip(
+        NS_NODE,
+        &["route", "show", "table", "local", "203.0.113.10/32"],
+    )?;
+    Ok(out.contains(&format!("proto {GUEST_AGENT_ROUTE_PROTO}")))
+}
+
+fn set_vip_local_route(on: bool) -> Result<()> {
+    let have = vip_local_route()?;
+    let op = match (on, have) {
+        (true, false) => "append", // beside a kube-ipvs0 address's own local route, as the kernel itself adds routes
+        (false, true) => "del",
+        _ => return Ok(()),
+    };
+    let args = vip_local_route_args(op);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    ip(NS_NODE, &args).map(|_| ())
 }
 
 fn vip_address_bound() -> Result<bool> {
@@ -773,7 +825,177 @@ pub(crate) fn read_variants() -> Result<Variants> {
         masquerade: has_rule(MASQ_CHAIN, MASQ_RULE),
         ipvs_filter: ipvs_filter_present(),
         peer_node: peer_node()?,
+        vip_local_route: vip_local_route()?,
+        self_snat_missing: !self_snat(node_mode()?),
+        bridge_pod: bridge_pod(),
     })
+}
+
+/// kube-proxy's masquerade of pod-b's calls to its own Service (`default/web`'s endpoint
+/// calling itself), per mode.
+const SEP_SELF_MASQ_RULE: &[&str] = &[
+    "-s",
+    "198.19.1.11/32",
+    "-m",
+    "comment",
+    "--comment",
+    "default/web:http",
+    "-j",
+    "KUBE-MARK-MASQ",
+];
+
+/// IPVS mode's hairpin set entry of pod-b's endpoint.
+fn loop_back_entry() -> String {
+    format!("{POD_B_IP},tcp:{POD_PORT},{POD_B_IP}")
+}
+
+/// The nftables endpoint chain's hairpin rule, as `nft list` prints it.
+fn nft_self_masq() -> String {
+    format!("ip saddr {POD_B_IP} jump mark-for-masquerade")
+}
+
+fn self_snat(mode: KubeProxyMode) -> bool {
+    match mode {
+        KubeProxyMode::Iptables => has_rule(KUBE_SEP_CHAIN, SEP_SELF_MASQ_RULE),
+        KubeProxyMode::Ipvs => super::cmd::succeeds(&[
+            "ip",
+            "netns",
+            "exec",
+            NS_NODE,
+            "ipset",
+            "test",
+            "KUBE-LOOP-BACK",
+            &loop_back_entry(),
+        ]),
+        KubeProxyMode::Nftables => exec(
+            NS_NODE,
+            &[
+                "nft",
+                "list",
+                "chain",
+                "ip",
+                super::nft::NFT_TABLE,
+                super::nft::NFT_ENDPOINT_CHAIN,
+            ],
+        )
+        .is_ok_and(|out| out.contains(&nft_self_masq())),
+    }
+}
+
+/// Puts kube-proxy's hairpin masquerade of pod-b in place (`on`) or removes it.
+fn set_self_snat(mode: KubeProxyMode, on: bool) -> Result<()> {
+    if self_snat(mode) == on {
+        return Ok(());
+    }
+    match mode {
+        KubeProxyMode::Iptables => ensure_rule(KUBE_SEP_CHAIN, SEP_SELF_MASQ_RULE, on, true),
+        KubeProxyMode::Ipvs => exec(
+            NS_NODE,
+            &[
+                "ipset",
+                if on { "add" } else { "del" },
+                "KUBE-LOOP-BACK",
+                &loop_back_entry(),
+            ],
+        )
+        .map(drop),
+        KubeProxyMode::Nftables => {
+            // The chain's rules in kube-proxy's order, with or without the hairpin mark.
+            let chain = super::nft::NFT_ENDPOINT_CHAIN;
+            let table = super::nft::NFT_TABLE;
+            let mut script = format!("flush chain ip {table} {chain}\n");
+            if on {
+                script += &format!("add rule ip {table} {chain} {}\n", nft_self_masq());
+            }
+            script += &format!(
+                "add rule ip {table} {chain} meta l4proto tcp dnat to {POD_B_IP}:{POD_PORT}\n"
+            );
+            run_stdin(&["ip", "netns", "exec", NS_NODE, "nft", "-f", "-"], &script)
+                .context("rewriting the endpoint chain")
+                .map(drop)
+        }
+    }
+}
+
+/// The bridge of variant `bridge-pod`.
+pub const POD_BRIDGE: &str = "cbr0";
+
+fn bridge_pod() -> bool {
+    ip(NS_NODE, &["-o", "link", "show", "dev", "vpod-b"])
+        .is_ok_and(|out| out.contains(&format!("master {POD_BRIDGE}")))
+}
+
+/// pod-b's veth becomes a port of `cbr0` (which takes the pods' gateway address), routed
+/// through the bridge, with br_netfilter on and hairpin mode off on the port; off: the
+/// routed veth again.
+fn set_bridge_pod(on: bool) -> Result<()> {
+    if bridge_pod() == on {
+        return Ok(());
+    }
+    let gw = format!("{POD_GW_IP}/32");
+    let pod = POD_B_IP.to_string();
+    if on {
+        // Where br_netfilter is a module (Debian's kernels in the VM tier); built in here.
+        let _ = std::process::Command::new("modprobe")
+            .args(["-q", "br_netfilter"])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status();
+        ip(NS_NODE, &["link", "add", POD_BRIDGE, "type", "bridge"])?;
+        ip(NS_NODE, &["addr", "add", &gw, "dev", POD_BRIDGE])?;
+        ip(NS_NODE, &["link", "set", POD_BRIDGE, "up"])?;
+        ip(NS_NODE, &["link", "set", "vpod-b", "master", POD_BRIDGE])?;
+        ip(
+            NS_NODE,
+            &[
+                "link",
+                "set",
+                "vpod-b",
+                "type",
+                "bridge_slave",
+                "hairpin",
+                "off",
+            ],
+        )?;
+        ip(NS_NODE, &["route", "replace", &pod, "dev", POD_BRIDGE])?;
+        sysctl(
+            NS_NODE,
+            &[
+                format!("net.ipv4.conf.{POD_BRIDGE}.rp_filter=0"),
+                "net.bridge.bridge-nf-call-iptables=1".into(),
+            ],
+        )
+        .context("br_netfilter (net.bridge.bridge-nf-call-iptables) in clb-node")?;
+    } else {
+        ip(NS_NODE, &["link", "set", "vpod-b", "nomaster"])?;
+        ip(NS_NODE, &["route", "replace", &pod, "dev", "vpod-b"])?;
+        ip(NS_NODE, &["link", "del", POD_BRIDGE])?;
+        // The sysctl exists only where br_netfilter is loaded; it was when the bridge came up.
+        let _ = sysctl(NS_NODE, &["net.bridge.bridge-nf-call-iptables=0".into()]);
+    }
+    Ok(())
+}
+
+/// Turns hairpin mode on pod-b's bridge port on or off (variant `bridge-pod` must be on): what
+/// the kubelet's `--hairpin-mode=hairpin-veth` does.
+pub fn set_pod_b_hairpin_mode(on: bool) -> Result<()> {
+    if !bridge_pod() {
+        bail!("pod-b is not on a bridge (variant bridge-pod is off)");
+    }
+    ip(
+        NS_NODE,
+        &[
+            "link",
+            "set",
+            "vpod-b",
+            "type",
+            "bridge_slave",
+            "hairpin",
+            if on { "on" } else { "off" },
+        ],
+    )
+    .map(drop)
 }
 
 /// kube-proxy's IPVS access filter chain (filter table).

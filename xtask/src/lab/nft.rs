@@ -18,6 +18,8 @@ use super::{NS_NODE, SERVICE_PORT, VIP};
 pub const NFT_TABLE: &str = "kube-proxy";
 /// The `external-` chain of `default/web:http` (LB IPs and the NodePort go through it).
 pub const NFT_EXTERNAL_CHAIN: &str = "external-SUSTUHLJ-default/web/tcp/http";
+/// The `endpoint-` chain of `default/web:http`'s endpoint pod-b:8080.
+pub const NFT_ENDPOINT_CHAIN: &str = "endpoint-DNOLUD2M-default/web/tcp/http__198.19.1.11/8080";
 /// The `service-` chain of `default/web:http` (its ClusterIP).
 pub const NFT_SERVICE_CHAIN: &str = "service-SUSTUHLJ-default/web/tcp/http";
 

@@ -2,7 +2,7 @@
 
 use std::net::IpAddr;
 
-use super::targets::{bound_lb_ips, named, prevent_loopback, targets_of};
+use super::targets::{bound_lb_ips, named, prevent_loopback, targets_of, where_local};
 use crate::{
     check::{Finding, Inputs, Kind, NicSysctls, Severity},
     correlate::remedy,
@@ -32,8 +32,8 @@ pub fn healthcheck_blackhole(inp: &Inputs) -> Vec<Finding> {
         .map(|ip| {
             let targets = targets_of(inp, ip);
             let mut evidence = vec![format!(
-                "{ip} is bound on {} (a local address of this node)",
-                inp.vip_iface
+                "{ip} is {} (a local address of this node)",
+                where_local(inp, ip)
             )];
             if targets.is_empty() {
                 evidence.push(
@@ -78,18 +78,18 @@ pub fn healthcheck_blackhole(inp: &Inputs) -> Vec<Finding> {
                 severity,
                 subject: ip.to_string(),
                 summary: format!(
-                    "LB IP {ip}{} is bound on {}: health checks from it never get an answer",
+                    "LB IP {ip}{} is {}: health checks from it never get an answer",
                     if svc.is_empty() {
                         String::new()
                     } else {
                         format!(" ({svc})")
                     },
-                    inp.vip_iface
+                    where_local(inp, ip)
                 ),
                 evidence,
                 // The remedies of the confirmed event, without its "Cause:" line (the finding
                 // is a prediction, its cause is the evidence).
-                remedy: remedy::healthcheck_blackhole(ip, node_port)
+                remedy: remedy::healthcheck_blackhole(ip, node_port, inp.owners.get(&ip))
                     .into_iter()
                     .skip(1)
                     .collect(),

@@ -9,6 +9,7 @@ mod kernel_visibility;
 mod kptr_restrict;
 mod kube_api;
 mod nic_source_validation;
+mod service_self_loop;
 mod targets;
 mod vip_port_unserved;
 
@@ -19,6 +20,7 @@ use kernel_visibility::kernel_visibility;
 use kptr_restrict::kptr_restrict;
 use kube_api::kube_api;
 use nic_source_validation::nic_source_validation;
+use service_self_loop::service_self_loop;
 use vip_port_unserved::vip_port_unserved;
 
 /// Every finding for these inputs.
@@ -27,6 +29,7 @@ pub fn judge(inp: &Inputs) -> Vec<Finding> {
     out.extend(healthcheck_blackhole(inp));
     out.extend(vip_port_unserved(inp));
     out.extend(hairpin(inp));
+    out.extend(service_self_loop(inp));
     out.extend(nic_source_validation(inp));
     out.extend(kptr_restrict(inp));
     out.extend(kernel_visibility(inp));

@@ -3,7 +3,18 @@
 
 use std::net::IpAddr;
 
-use crate::check::{Inputs, LbTarget};
+use crate::{
+    check::{Inputs, LbTarget},
+    event::AddressOwner,
+};
+
+/// Where `ip` is local, for evidence and summaries: "bound on kube-ipvs0", or its owner.
+pub(super) fn where_local(inp: &Inputs, ip: IpAddr) -> String {
+    match inp.owners.get(&ip) {
+        None | Some(AddressOwner::VipInterface { .. }) => format!("bound on {}", inp.vip_iface),
+        Some(o) => format!("local through {o}"),
+    }
+}
 
 fn is_link_local(ip: IpAddr) -> bool {
     match ip {

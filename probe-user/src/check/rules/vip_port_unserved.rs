@@ -103,7 +103,8 @@ pub fn vip_port_unserved(inp: &Inputs) -> Vec<Finding> {
             };
             let svc = named(&targets);
             let owner = (!svc.is_empty()).then_some(svc.as_str());
-            let mut remedy = remedy::vip_port_unserved(ip, port, proto, owner, filtered);
+            let mut remedy =
+                remedy::vip_port_unserved(ip, port, proto, owner, filtered, inp.owners.get(&ip));
             remedy.remove(0);
             if port == 0 {
                 // No single port to name: keep the general options.

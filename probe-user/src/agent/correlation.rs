@@ -1,0 +1,214 @@
+//! The correlation loop: the only owner of the [`Correlator`]. It feeds it kernel events,
+//! query answers, service tables, local-address owners and ticks, and sends what it confirms
+//! to the sinks (through the Kubernetes hold when attribution is on). Queries go to
+//! [`super::queries`], which answers off this loop.
+
+use std::{sync::Arc, time::Duration};
+
+use tokio::{
+    signal::unix::{Signal, SignalKind, signal},
+    sync::{mpsc, watch},
+};
+use tracing::{debug, info};
+
+use super::{AbortOnDrop, monotonic_ns, nodesync, queries, services};
+use crate::{
+    correlate::{Answer, Correlator, CorrelatorConfig, Output, Report},
+    event::KernelEvent,
+    hub::Shared,
+    kernel::{counters::EgressTable, reader::IfNames},
+    kube::{hold::Hold, index::Index},
+    sink::Sinks,
+    state,
+};
+
+/// What the loop owns and reads.
+pub(super) struct CorrelateLoop {
+    pub events: mpsc::Receiver<KernelEvent>,
+    pub egress: EgressTable,
+    pub ifnames: IfNames,
+    pub sinks: Sinks,
+    pub shared: Shared,
+    pub services_every: Duration,
+    pub services_reader: services::ReaderMode,
+    pub services_first: Option<tokio::task::JoinHandle<anyhow::Result<state::ServiceTable>>>,
+    pub services: state::ServiceTable,
+    pub signals: Signals,
+    /// Kubernetes attribution's latest index (None: attribution off).
+    pub kube_index: Option<watch::Receiver<Arc<Index>>>,
+    pub node_name: Option<String>,
+    pub provider: Option<crate::fixes::Provider>,
+    /// `--vip-iface`: the owner the events name for a VIP bound there.
+    pub vip_iface: String,
+    /// Who made each local address local (the node sync's latest).
+    pub owners: watch::Receiver<nodesync::Owners>,
+}
+
+/// The signals that end the agent. SIGHUP and SIGQUIT too: their default actions (exit, core
+/// dump) would leave cls_bpf filters attached and the socket file behind.
+pub(super) struct Signals {
+    term: Signal,
+    int: Signal,
+    hup: Signal,
+    quit: Signal,
+}
+
+impl Signals {
+    pub fn install() -> std::io::Result<Signals> {
+        Ok(Signals {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+            hup: signal(SignalKind::hangup())?,
+            quit: signal(SignalKind::quit())?,
+        })
+    }
+
+    /// Resolves with the name of the first of them to arrive.
+    async fn recv(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
+            _ = self.hup.recv() => "SIGHUP",
+            _ = self.quit.recv() => "SIGQUIT",
+        }
+    }
+}
+
+/// Runs until a signal (Ok) or the kernel event reader stops (Err).
+pub(super) async fn run(mut l: CorrelateLoop) -> anyhow::Result<()> {
+    let mut correlator = Correlator::new(CorrelatorConfig {
+        vip_iface: l.vip_iface.clone(),
+        ..CorrelatorConfig::default()
+    });
+    correlator.set_services(std::mem::take(&mut l.services));
+    correlator.set_owners(l.owners.borrow_and_update().clone());
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    // The service table is re-read off this loop: iptables-save and the IPVS dump can take a
+    // second on a busy node, and events must not wait behind them (the egress map moves on).
+    let (services_tx, mut services_rx) = mpsc::channel::<state::ServiceTable>(1);
+    let _services_task = AbortOnDrop(tokio::spawn(
+        services::Refresher {
+            mode: l.services_reader,
+            every: l.services_every,
+            first: l.services_first.take(),
+            tx: services_tx,
+        }
+        .run(),
+    ));
+    let (answer_tx, mut answer_rx) = mpsc::channel::<Answer>(1024);
+    // Confirmed reports waiting (at most 2 s) for the API cache to name them.
+    let mut hold = Hold::default();
+    loop {
+        let waiting = !hold.is_empty();
+        let deadline = hold
+            .next_deadline()
+            .map(tokio::time::Instant::from_std)
+            .unwrap_or_else(tokio::time::Instant::now);
+        let outputs = tokio::select! {
+            ev = l.events.recv() => {
+                let Some(ev) = ev else { anyhow::bail!("the kernel event reader stopped") };
+                l.sinks.record(&ev);
+                correlator.ingest(ev)
+            }
+            Some(answer) = answer_rx.recv() => correlator.answer(answer),
+            _ = tick.tick() => {
+                if let Ok(mut stats) = l.shared.correlator.lock() {
+                    stats.clone_from(correlator.stats());
+                }
+                correlator.set_nics(l.shared.status.borrow().nics.clone());
+                if l.owners.has_changed().unwrap_or(false) {
+                    correlator.set_owners(l.owners.borrow_and_update().clone());
+                }
+                correlator.tick(monotonic_ns())
+            }
+            Some(table) = services_rx.recv() => {
+                correlator.set_services(table);
+                Vec::new()
+            }
+            _ = index_changed(&mut l.kube_index), if waiting => {
+                release(&mut hold, &mut l, std::time::Instant::now());
+                Vec::new()
+            }
+            _ = tokio::time::sleep_until(deadline), if waiting => {
+                release(&mut hold, &mut l, std::time::Instant::now());
+                Vec::new()
+            }
+            name = l.signals.recv() => {
+                info!("{name}: shutting down");
+                // Held reports go out as they are.
+                release(&mut hold, &mut l, std::time::Instant::now() + crate::kube::hold::HOLD_MAX);
+                return Ok(());
+            }
+        };
+        for out in outputs {
+            match out {
+                Output::Report(report) => confirmed(&mut l, &mut hold, report),
+                Output::Query(query) => queries::answer_query(
+                    query,
+                    &l.egress,
+                    &l.ifnames,
+                    &l.shared.capabilities,
+                    &answer_tx,
+                ),
+            }
+        }
+    }
+}
+
+/// A confirmed report: out now without attribution; with it, when the API cache can name it
+/// (or in 2 s).
+fn confirmed(l: &mut CorrelateLoop, hold: &mut Hold, mut report: Report) {
+    let Some(rx) = &l.kube_index else {
+        crate::kube::enrich::enrich(&mut report.event, &Index::default(), l.node_name.as_deref());
+        emit(l, report);
+        return;
+    };
+    let index = rx.borrow().clone();
+    let (kind, key) = (report.event.kind, report.event.key.clone());
+    match hold.offer(
+        report,
+        &index,
+        l.node_name.as_deref(),
+        std::time::Instant::now(),
+    ) {
+        Some(report) => emit(l, report),
+        None => debug!(
+            kind = kind.as_str(),
+            %key,
+            synced = index.synced,
+            "confirmed; held (at most 2 s) until the Kubernetes API cache names it"
+        ),
+    }
+}
+
+/// A confirmed report to the sinks and the live view.
+fn emit(l: &mut CorrelateLoop, mut report: Report) {
+    // The fixes come last: they read the names and facts attribution added.
+    let index = l
+        .kube_index
+        .as_ref()
+        .map(|rx| rx.borrow().clone())
+        .unwrap_or_default();
+    crate::fixes::attach(&mut report.event, &index, l.provider);
+    l.sinks.report(&report);
+    l.shared.publish(report);
+}
+
+/// Sends the held reports that can go now.
+fn release(hold: &mut Hold, l: &mut CorrelateLoop, now: std::time::Instant) {
+    let Some(rx) = &l.kube_index else { return };
+    let index = rx.borrow().clone();
+    for report in hold.release(&index, l.node_name.as_deref(), now) {
+        emit(l, report);
+    }
+}
+
+/// Resolves when attribution publishes a new index (never when it is off or gone).
+async fn index_changed(rx: &mut Option<watch::Receiver<Arc<Index>>>) {
+    if let Some(rx) = rx
+        && rx.changed().await.is_ok()
+    {
+        return;
+    }
+    std::future::pending().await
+}

@@ -1,0 +1,130 @@
+//! The correlator's questions to the node's state, answered beside the correlation loop: the
+//! egress map synchronously (a bounded map read), everything that talks netlink or reads
+//! sysfs on the blocking pool, each answer sent back on the loop's answer channel.
+
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+use tracing::debug;
+
+use crate::{
+    correlate::{Answer, Query},
+    hub::capability::{Capabilities, Capability},
+    kernel::{
+        counters::EgressTable,
+        reader::{self, IfNames},
+    },
+    state,
+};
+
+/// Answers a correlator query: the egress map synchronously (a bounded map read), conntrack
+/// on the blocking pool (a netlink round trip). A failed conntrack look-up is answered as a
+/// failure (not as "no entry") and flips the conntrack capability (one WARN).
+pub(super) fn answer_query(
+    query: Query,
+    egress: &EgressTable,
+    ifnames: &IfNames,
+    caps: &Arc<Capabilities>,
+    tx: &mpsc::Sender<Answer>,
+) {
+    match query {
+        Query::Egress { id, src, keys } => {
+            let keys = keys.iter().map(|k| (k.sport, k.proto));
+            let records = egress.by_source_and_keys(src, keys, |i| reader::ifname(ifnames, i));
+            debug!(%src, records = records.len(), "egress records of a pod suspect");
+            let _ = tx.try_send(Answer::Egress { id, records });
+        }
+        Query::Listener {
+            id,
+            addr,
+            port,
+            proto,
+        } => {
+            let tx = tx.clone();
+            tokio::task::spawn_blocking(move || {
+                let listener = state::sockets::listener(addr, port, proto).map_err(|e| {
+                    debug!(error = %e, "listener look-up");
+                    e.to_string()
+                });
+                let _ = tx.blocking_send(Answer::Listener { id, listener });
+            });
+        }
+        Query::SelfLoop { id, tuple, iface } => {
+            let tx = tx.clone();
+            let caps = caps.clone();
+            tokio::task::spawn_blocking(move || {
+                let answer = answer_self_loop(id, &tuple, iface.as_deref(), &caps);
+                let _ = tx.blocking_send(answer);
+            });
+        }
+        Query::Conntrack { id, tuple } => {
+            let tx = tx.clone();
+            let caps = caps.clone();
+            tokio::task::spawn_blocking(move || {
+                let answer = match lookup_conntrack(&tuple) {
+                    Ok(entry) => {
+                        caps.set(Capability::Conntrack, true, "");
+                        Answer::Conntrack { id, entry }
+                    }
+                    Err(error) => {
+                        debug!(%error, "conntrack lookup");
+                        caps.set(Capability::Conntrack, false, &error);
+                        Answer::ConntrackFailed { id, error }
+                    }
+                };
+                let _ = tx.blocking_send(answer);
+            });
+        }
+    }
+}
+
+/// A pod's call to its own Service looped: conntrack by the reply tuple (the dropped packet
+/// reversed: the answer it would get without SNAT), and the node's pieces of the hairpin.
+/// Blocking (netlink, `ipset`, sysfs).
+fn answer_self_loop(
+    id: u64,
+    tuple: &state::Tuple,
+    iface: Option<&str>,
+    caps: &Capabilities,
+) -> Answer {
+    let reply = state::Tuple {
+        src: tuple.dst,
+        dst: tuple.src,
+        sport: tuple.dport,
+        dport: tuple.sport,
+        proto: tuple.proto,
+    };
+    let conntrack = if let Some(injected) = std::env::var_os(CONNTRACK_FAIL_ENV) {
+        Err(injected.to_string_lossy().into_owned())
+    } else {
+        state::conntrack::lookup_reply(&reply).map_err(|e| e.to_string())
+    };
+    match &conntrack {
+        Ok(_) => caps.set(Capability::Conntrack, true, ""),
+        Err(error) => caps.set(Capability::Conntrack, false, error),
+    };
+    let (bridge_port, br_netfilter) = state::bridge::read(tuple.src, iface);
+    let facts = state::SelfLoopFacts {
+        loop_back_entry: state::ipset::read_loop_back_entry(tuple.src, tuple.proto, tuple.dport),
+        bridge_port,
+        br_netfilter,
+    };
+    debug!(?facts, "self-loop: the node's hairpin pieces");
+    Answer::SelfLoop {
+        id,
+        conntrack,
+        facts,
+    }
+}
+
+/// Environment hook for tests: conntrack look-ups fail with this error instead of running
+/// (a conntrack failure cannot be provoked reliably in a lab namespace).
+pub const CONNTRACK_FAIL_ENV: &str = "CLB_PROBE_TEST_CONNTRACK_ERROR";
+
+/// One conntrack look-up; errors as text (the correlator only reports them).
+fn lookup_conntrack(tuple: &state::Tuple) -> Result<Option<state::ConntrackEntry>, String> {
+    if let Some(injected) = std::env::var_os(CONNTRACK_FAIL_ENV) {
+        return Err(injected.to_string_lossy().into_owned());
+    }
+    state::conntrack::lookup(tuple).map_err(|e| e.to_string())
+}

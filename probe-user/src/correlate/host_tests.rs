@@ -1,0 +1,356 @@
+//! Field shapes of issue 23: hairpins to a host-network listener (no NodePort, no pod), and
+//! local addresses named by their owner (kube-ipvs0, a NIC, a `local` route and its protocol).
+
+use std::collections::BTreeMap;
+
+use super::tests::{
+    EXT_VIP, LB_VIP, MS, NODE, POD, S, corr, ct, drop_ev, egress, has_line, invariants, ip,
+    local_source, only_query, only_report, pkt, queries, suspect,
+};
+use super::*;
+use crate::state::addrs::Prefix;
+
+/// The node's API server port: no NodePort of the test table.
+const HOST_PORT: u16 = 6443;
+
+fn apiserver() -> Listener {
+    Listener {
+        addr: "0.0.0.0".parse().unwrap(),
+        port: HOST_PORT,
+        proto: Proto::Tcp,
+        uid: 0,
+        inode: 777,
+        process: Some("kube-apiserver".into()),
+        pid: Some(4242),
+        pod: None,
+    }
+}
+
+/// The two queries a host-listener suspect raises: (listener id, egress id).
+fn host_suspect(c: &mut Correlator, ts: u64, p: &Packet) -> (u64, u64) {
+    let qs = queries(&c.ingest(suspect(ts, p)));
+    let listener = qs.iter().find_map(|q| match q {
+        Query::Listener {
+            id,
+            addr,
+            port,
+            proto,
+        } => {
+            assert_eq!((*addr, *port, *proto), (p.dst, p.dport, p.proto));
+            Some(*id)
+        }
+        _ => None,
+    });
+    let egress = qs.iter().find_map(|q| match q {
+        Query::Egress { id, .. } => Some(*id),
+        _ => None,
+    });
+    (
+        listener.expect("listener asked"),
+        egress.expect("egress asked"),
+    )
+}
+
+/// Answers the egress query with `records` and the conntrack query of the egress flow with
+/// an unanswered, un-SNATed entry: the candidate settles.
+fn egress_proven(c: &mut Correlator, egress_id: u64, records: Vec<EgressRecord>) {
+    let q = only_query(&c.answer(Answer::Egress {
+        id: egress_id,
+        records,
+    }));
+    let Query::Conntrack { id, tuple } = q else {
+        panic!("expected the egress flow's conntrack query, got {q:?}");
+    };
+    let entry = Some(ct(tuple, false, Some("SYN_SENT")));
+    assert!(c.answer(Answer::Conntrack { id, entry }).is_empty());
+}
+
+/// pod -> LB -> node:6443 (no NodePort): the exact layer-4 match confirms it; the confirmation
+/// waits for the listener, which the event names.
+#[test]
+fn host_listener_hairpin_is_confirmed_on_the_exact_layer_4_match_and_names_the_listener() {
+    let mut c = corr();
+    let t0 = 5 * S;
+    let p = pkt(POD, 40001, NODE, HOST_PORT, Some(Tag::Pod), Some(Tag::Node));
+    let (listener_id, egress_id) = host_suspect(&mut c, t0, &p);
+    egress_proven(
+        &mut c,
+        egress_id,
+        vec![egress(40001, EXT_VIP, HOST_PORT, t0 - MS)],
+    );
+    let drop = drop_ev(
+        t0 + MS,
+        &p,
+        "IP_RPFILTER",
+        12,
+        Some("ip_rcv_finish_core+0x1"),
+    );
+    assert!(
+        c.ingest(drop).is_empty(),
+        "the confirmation waits for the listener"
+    );
+    let r = only_report(&c.answer(Answer::Listener {
+        id: listener_id,
+        listener: Ok(Some(apiserver())),
+    }));
+    let e = &r.event;
+    assert_eq!(e.kind, LoopbackKind::Hairpin);
+    assert_eq!(e.layer, Some(Layer::L4));
+    assert_eq!((e.dst, e.dst_port), (ip(NODE), HOST_PORT));
+    assert_eq!((e.vip, e.vip_port), (Some(ip(EXT_VIP)), Some(HOST_PORT)));
+    assert_eq!(e.listener, Some(apiserver()));
+    assert!(
+        has_line(&e.evidence, "198.18.0.2:6443 is no NodePort"),
+        "{e:#?}"
+    );
+    assert!(
+        has_line(
+            &e.evidence,
+            "listener of 198.18.0.2:6443/tcp on this node: tcp socket 0.0.0.0:6443 of process \
+             kube-apiserver (pid 4242"
+        ),
+        "{e:#?}"
+    );
+    assert!(e.remedy[0].starts_with("Cause: pod 198.18.1.5"), "{e:#?}");
+    assert!(
+        e.remedy[0].contains("host process kube-apiserver"),
+        "{e:#?}"
+    );
+    assert!(
+        has_line(&e.remedy, "externalTrafficPolicy does not apply"),
+        "{e:#?}"
+    );
+    assert!(!has_line(&e.remedy, "NodePort 6443"), "{e:#?}");
+    assert_eq!(c.stats().confirmed.hairpin, 1);
+    invariants(&c);
+}
+
+/// Layer 7 (same source, another port) keeps requiring a NodePort or a local pod: the same
+/// record that pairs a NodePort suspect at layer 7 pairs nothing for a host port.
+#[test]
+fn host_listener_takes_no_layer_7_match() {
+    let t0 = 5 * S;
+    // Another connection of the pod to the LB (another source port), 1 ms before.
+    let records = || vec![egress(40999, EXT_VIP, HOST_PORT, t0 - MS)];
+    let mut c = corr();
+    let p = pkt(POD, 40001, NODE, HOST_PORT, Some(Tag::Pod), Some(Tag::Node));
+    let (listener_id, egress_id) = host_suspect(&mut c, t0, &p);
+    let outs = c.answer(Answer::Egress {
+        id: egress_id,
+        records: records(),
+    });
+    assert!(outs.is_empty(), "no pair, no conntrack query: {outs:?}");
+    assert_eq!(c.stats().hairpin_no_egress, 1);
+    let late = c.answer(Answer::Listener {
+        id: listener_id,
+        listener: Ok(Some(apiserver())),
+    });
+    assert!(late.is_empty(), "{late:?}");
+    assert!(c.tick(t0 + 30 * S).is_empty());
+    assert_eq!(c.stats().confirmed.hairpin, 0);
+    invariants(&c);
+
+    // The NodePort twin: the same record is a layer-7 match there.
+    let mut c = corr();
+    let p = pkt(POD, 40001, NODE, 30080, Some(Tag::Pod), Some(Tag::Node));
+    let q = only_query(&c.ingest(suspect(t0, &p)));
+    let q = only_query(&c.answer(Answer::Egress {
+        id: q.id(),
+        records: records(),
+    }));
+    assert!(matches!(q, Query::Conntrack { .. }), "{q:?}");
+}
+
+/// node -> its own LB -> node:6443: node-sourced, dropped as a local source; the node
+/// address's owner is named; the listener answer may come first.
+#[test]
+fn node_sourced_host_listener_hairpin_names_the_owner_of_the_node_address() {
+    let mut c = corr();
+    c.set_owners(Arc::new(BTreeMap::from([(
+        Prefix::host(ip(NODE)),
+        AddressOwner::Interface {
+            iface: "eth0".into(),
+        },
+    )])));
+    let t0 = 5 * S;
+    let p = pkt(
+        NODE,
+        40001,
+        NODE,
+        HOST_PORT,
+        Some(Tag::Node),
+        Some(Tag::Node),
+    );
+    let (listener_id, egress_id) = host_suspect(&mut c, t0, &p);
+    assert!(
+        c.answer(Answer::Listener {
+            id: listener_id,
+            listener: Ok(Some(apiserver())),
+        })
+        .is_empty()
+    );
+    let record = EgressRecord {
+        src: ip(NODE),
+        ..egress(40001, EXT_VIP, HOST_PORT, t0 - MS)
+    };
+    egress_proven(&mut c, egress_id, vec![record]);
+    let r = only_report(&c.ingest(local_source(t0 + MS, &p)));
+    let e = &r.event;
+    assert_eq!(e.src, ip(NODE));
+    assert_eq!(e.outcome, Outcome::Dropped);
+    assert_eq!(
+        e.facts.owner,
+        Some(AddressOwner::Interface {
+            iface: "eth0".into()
+        })
+    );
+    assert!(
+        has_line(
+            &e.evidence,
+            "local address owner: 198.18.0.2 is local through an address on eth0"
+        ),
+        "{e:#?}"
+    );
+    assert!(
+        e.remedy[0].starts_with("Cause: this node (198.18.0.2)"),
+        "{e:#?}"
+    );
+    assert!(
+        has_line(&e.remedy, "SNAT to the node IP does not avoid"),
+        "{e:#?}"
+    );
+    invariants(&c);
+}
+
+/// A listener look-up that never answers does not hold the confirmation past the query
+/// timeout: the event says the listener is unknown.
+#[test]
+fn an_unanswered_listener_look_up_confirms_without_it() {
+    let mut c = corr();
+    let t0 = 5 * S;
+    let p = pkt(POD, 40001, NODE, HOST_PORT, Some(Tag::Pod), Some(Tag::Node));
+    let (_, egress_id) = host_suspect(&mut c, t0, &p);
+    egress_proven(
+        &mut c,
+        egress_id,
+        vec![egress(40001, EXT_VIP, HOST_PORT, t0 - MS)],
+    );
+    let drop = drop_ev(
+        t0 + MS,
+        &p,
+        "IP_RPFILTER",
+        12,
+        Some("ip_rcv_finish_core+0x1"),
+    );
+    assert!(c.ingest(drop).is_empty());
+    let r = only_report(&c.tick(t0 + 6 * S));
+    assert_eq!(r.event.listener, None);
+    assert!(
+        has_line(
+            &r.event.evidence,
+            "listener of 198.18.0.2:6443/tcp unknown: the sock_diag look-up failed: no answer \
+             in time"
+        ),
+        "{:#?}",
+        r.event
+    );
+    invariants(&c);
+}
+
+/// The health-check black hole names what made the VIP local, and its remedy addresses that
+/// owner: only a kube-ipvs0 binding is kube-proxy's to undo.
+#[test]
+fn blackhole_remedy_follows_the_owner_of_the_vip() {
+    // (what, owner, a remedy line that must be there, whether kube-ipvs0 may be named)
+    let rows: [(&str, Option<AddressOwner>, &str, bool); 5] = [
+        (
+            "owner unknown",
+            None,
+            "Or stop binding the LB ingress IP",
+            true,
+        ),
+        (
+            "kube-ipvs0",
+            Some(AddressOwner::VipInterface {
+                iface: "kube-ipvs0".into(),
+            }),
+            "Or stop binding the LB ingress IP",
+            true,
+        ),
+        (
+            "GCE guest agent route",
+            Some(AddressOwner::local_route(Some("eth0".into()), 66)),
+            "target_instance_ips = false",
+            false,
+        ),
+        (
+            "static local route",
+            Some(AddressOwner::local_route(Some("lo".into()), 4)),
+            "ip route del local 192.0.2.10 table local",
+            false,
+        ),
+        (
+            "keepalived VIP on the NIC",
+            Some(AddressOwner::Interface {
+                iface: "eth0".into(),
+            }),
+            "keepalived or kube-vip",
+            false,
+        ),
+    ];
+    for (what, owner, line, kube_ipvs0) in rows {
+        let mut c = corr();
+        if let Some(o) = &owner {
+            c.set_owners(Arc::new(BTreeMap::from([(
+                Prefix::host(ip(LB_VIP)),
+                o.clone(),
+            )])));
+        }
+        let p = pkt(LB_VIP, 50000, NODE, 30080, Some(Tag::Vip), Some(Tag::Node));
+        c.ingest(suspect(S, &p));
+        let r = only_report(&c.ingest(local_source(S + MS, &p)));
+        let e = &r.event;
+        assert_eq!(e.kind, LoopbackKind::HealthcheckBlackhole, "{what}");
+        // Not in the owners map (a replay, or no node sync yet): a `vip` tag reads as bound
+        // on the VIP interface, as before owners were known.
+        let named = owner.clone().or(Some(AddressOwner::VipInterface {
+            iface: "kube-ipvs0".into(),
+        }));
+        assert_eq!(e.facts.owner, named, "{what}");
+        assert!(has_line(&e.remedy, line), "{what}: {:#?}", e.remedy);
+        assert_eq!(
+            has_line(&e.remedy, "kube-ipvs0"),
+            kube_ipvs0,
+            "{what}: {:#?}",
+            e.remedy
+        );
+        if let Some(o) = &owner {
+            let want = format!("local address owner: 192.0.2.10 is local through {o}");
+            assert!(has_line(&e.evidence, &want), "{what}: {:#?}", e.evidence);
+        }
+        invariants(&c);
+    }
+}
+
+/// The unserved port and the VIP-as-source remedies address a non-kube-proxy owner too.
+#[test]
+fn unserved_and_vip_as_source_remedies_address_a_route_owner() {
+    let owner = AddressOwner::local_route(Some("eth0".into()), 66);
+    let vip = ip(LB_VIP);
+    let unserved = remedy::vip_port_unserved(vip, 443, Proto::Tcp, None, false, Some(&owner));
+    assert!(
+        unserved[0].contains("made local here by a route of table local (protocol 66"),
+        "{unserved:#?}"
+    );
+    assert!(has_line(&unserved, "target_instance_ips"), "{unserved:#?}");
+    assert!(!has_line(&unserved, "kube-ipvs0"), "{unserved:#?}");
+    let kube = remedy::vip_port_unserved(vip, 443, Proto::Tcp, None, false, None);
+    assert!(has_line(&kube, "bound on kube-ipvs0"), "{kube:#?}");
+    let mut e = remedy::placeholder(LoopbackKind::VipAsSource, vip, 8080);
+    e.dst = ip(POD);
+    e.vip = Some(vip);
+    e.facts.source = crate::correlate::facts::SourceKind::Vip;
+    e.facts.owner = Some(owner);
+    let vas = remedy::build(&e);
+    assert!(vas[1].contains("guest agent"), "{vas:#?}");
+}

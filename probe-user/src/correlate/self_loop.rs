@@ -1,0 +1,561 @@
+//! `service_self_loop`: a pod called its own Service (ClusterIP, LB IP or NodePort) and the
+//! endpoint chosen was the pod itself; without the hairpin SNAT the packet came back with
+//! source = destination = the pod's address (kubernetes#53775, #85877, #134884; "a Pod fails
+//! to reach itself via the Service IP" in Kubernetes' debugging guide).
+//!
+//! The kernel reports a drop of a packet whose source and destination are the same local pod
+//! address, from any network namespace (`foreign_netns`: the pod's own). Such a packet exists
+//! only because something DNATed the pod's own packet back to it. Where it died says which
+//! piece was missing ([`missing_piece`]):
+//! - in the pod's namespace as a local source: the hairpin SNAT (kube-proxy's masquerade mark
+//!   for an endpoint calling itself: `KUBE-SEP-* -s <pod> -j KUBE-MARK-MASQ` in iptables mode,
+//!   `ip saddr <pod> jump mark-for-masquerade` in nftables mode, the `KUBE-LOOP-BACK` entry in
+//!   IPVS mode) did not apply;
+//! - on the node, at the pod's bridge port: br_netfilter ran kube-proxy's DNAT while the frame
+//!   was bridged, and the bridge may not send it back out the port it came in on
+//!   (`hairpin_mode` 0: the kubelet's `--hairpin-mode` is not `hairpin-veth`).
+//!
+//! Confirmation: the drop, then [`Query::SelfLoop`]: the node's conntrack entry whose reply
+//! tuple is the drop reversed (original: the pod to the Service; reply: from the pod to the
+//! pod, i.e. no SNAT) and the node's pieces ([`SelfLoopFacts`]). An entry with SNAT dismisses
+//! it (`self_loop_snat_seen`). No entry still confirms (a bridge drop dies before conntrack
+//! confirms the connection), and says so; the Service is then named from the service table's
+//! endpoints. A pod-namespace drop must be a local-source drop. Retransmits of one connect
+//! fold into its confirmation. Aggregate: (drop site, pod, port, Service address, proto).
+
+use std::{collections::HashMap, net::IpAddr};
+
+use super::aggregate::NewEvent as _;
+
+use super::{
+    AggregateKey, Correlator, DropInfo, LoopbackEvent, Outcome, Output, Query, QueryCtx, SEC,
+    SnatState,
+    drop_reason::local_source_drop,
+    evidence::{drop_line, fmt_entry, fmt_tuple, service_name, source_name, table_missing},
+    remedy,
+    report::sock,
+    tuple_of,
+};
+use crate::{
+    event::{Packet, Tag},
+    state::{ConntrackEntry, SelfLoopFacts, ServiceSource, ServiceTable, Tuple},
+};
+
+/// How long a confirmed connect's retransmits (same tuple) fold into it instead of counting
+/// again: Linux gives up a SYN after 6 retries, 127 s.
+const ATTEMPT_NS: u64 = 130 * SEC;
+
+/// A self-addressed local pod packet: the only shape a pod's call DNATed back to itself
+/// without SNAT has.
+pub(super) fn is_self_loop(p: &Packet) -> bool {
+    p.src == p.dst && p.src_tag == Some(Tag::Pod)
+}
+
+/// A self-loop drop waiting for its [`Query::SelfLoop`] answer.
+pub(super) struct PendingSelfLoop {
+    info: DropInfo,
+    packet: Packet,
+}
+
+/// What the node's state and the drop say was missing: the contract's fact (the remedy is
+/// built from it, `remedy::build`).
+pub(crate) use probe_contract::facts::SelfLoopMissing as Missing;
+
+/// Which piece the drop site and the node's state say was missing. Pure.
+pub(crate) fn missing_piece(foreign_netns: bool, facts: &SelfLoopFacts) -> Missing {
+    if foreign_netns {
+        return Missing::HairpinSnat {
+            loop_back_entry: facts.loop_back_entry,
+        };
+    }
+    match &facts.bridge_port {
+        Some(p) if !p.hairpin_mode => Missing::HairpinMode {
+            bridge: p.bridge.clone(),
+            port: p.port.clone(),
+            br_netfilter: facts.br_netfilter,
+        },
+        _ => Missing::Undetermined,
+    }
+}
+
+/// The Service a self-loop went through: the conntrack entry's original destination when
+/// there is one, else the only service whose endpoints hold `pod:port`. Returns the address
+/// called (ip, port) and the service table's `namespace/name:port`. Pure.
+pub(crate) fn called_service(
+    services: &ServiceTable,
+    entry: Option<&ConntrackEntry>,
+    pod: IpAddr,
+    port: u16,
+    proto: crate::event::Proto,
+) -> (Option<(IpAddr, u16)>, Option<String>) {
+    if let Some(e) = entry {
+        let name = services
+            .serves(e.orig.dst, e.orig.dport, proto)
+            .and_then(|s| s.service.clone())
+            .or_else(|| {
+                services
+                    .nodeport(e.orig.dport, proto)
+                    .and_then(|n| n.service.clone())
+            });
+        return (Some((e.orig.dst, e.orig.dport)), name);
+    }
+    let endpoint = sock(pod, port);
+    let of_pod: Vec<_> = services
+        .services
+        .iter()
+        .filter(|s| s.proto == proto && s.backends.contains(&endpoint))
+        .collect();
+    match of_pod.as_slice() {
+        [s] => (Some((s.vip, s.port)), s.service.clone()),
+        // Several addresses of one Service (its ClusterIP and LB IP): the Service is known,
+        // the address called is not.
+        [first, rest @ ..]
+            if first.service.is_some() && rest.iter().all(|s| s.service == first.service) =>
+        {
+            (None, first.service.clone())
+        }
+        _ => (None, None),
+    }
+}
+
+/// The conntrack answer of a self-loop.
+enum Ct {
+    Found(ConntrackEntry),
+    Missing,
+    Failed(String),
+    Unanswered,
+}
+
+impl Correlator {
+    /// A drop of a self-addressed local pod packet: held until the node's state answers.
+    pub(super) fn on_self_loop_drop(
+        &mut self,
+        info: DropInfo,
+        packet: Packet,
+        out: &mut Vec<Output>,
+    ) {
+        self.stats.drops_seen += 1;
+        let t = tuple_of(&packet);
+        // A retransmit of a connect already confirmed or still being looked at.
+        if self
+            .self_loop_done
+            .get(&t)
+            .is_some_and(|ts| info.ts >= *ts && info.ts - *ts <= ATTEMPT_NS)
+        {
+            self.stats.drops_confirming += 1;
+            self.stats.self_loop_retransmits += 1;
+            return;
+        }
+        if self.self_loops.contains_key(&t) {
+            self.stats.drops_confirming += 1;
+            self.stats.self_loop_retransmits += 1;
+            return;
+        }
+        // In the pod's namespace only a local-source drop is the loop (the pod refusing its
+        // own address); on the node any drop of it is (the bridge port, or a filter).
+        if info.foreign_netns
+            && local_source_drop(&info.reason, info.location.as_deref()).is_none()
+            && !info.inferred
+        {
+            self.stats.drops_unmatched += 1;
+            return;
+        }
+        if !self.has_room() {
+            self.stats.drops_unmatched += 1;
+            return;
+        }
+        let id = self.new_query(QueryCtx::SelfLoop { flow: t.clone() });
+        out.push(Output::Query(Query::SelfLoop {
+            id,
+            tuple: t.clone(),
+            iface: info.iface.clone(),
+        }));
+        self.held_drops += 1;
+        self.self_loops.insert(t, PendingSelfLoop { info, packet });
+    }
+
+    /// The agent's answer (or its absence: `None` after the query timed out).
+    pub(super) fn on_self_loop_answer(
+        &mut self,
+        flow: &Tuple,
+        answer: Option<(Result<Option<ConntrackEntry>, String>, SelfLoopFacts)>,
+        out: &mut Vec<Output>,
+    ) {
+        let Some(p) = self.self_loops.remove(flow) else {
+            return;
+        };
+        self.held_drops -= 1;
+        let (ct, facts) = match answer {
+            Some((Ok(Some(e)), f)) => (Ct::Found(e), f),
+            Some((Ok(None), f)) => (Ct::Missing, f),
+            Some((Err(e), f)) => (Ct::Failed(e), f),
+            None => (Ct::Unanswered, SelfLoopFacts::default()),
+        };
+        if let Ct::Found(e) = &ct
+            && (e.snat || e.reply.dst != p.packet.src)
+        {
+            // SNATed after all: the pod was answered from the node's address.
+            self.stats.self_loop_snat_seen += 1;
+            self.stats.drops_unmatched += 1;
+            return;
+        }
+        self.confirm_self_loop(p, &ct, &facts, out);
+    }
+
+    fn confirm_self_loop(
+        &mut self,
+        p: PendingSelfLoop,
+        ct: &Ct,
+        facts: &SelfLoopFacts,
+        out: &mut Vec<Output>,
+    ) {
+        let PendingSelfLoop { info, packet } = p;
+        let t = tuple_of(&packet);
+        let entry = match ct {
+            Ct::Found(e) => Some(e),
+            _ => None,
+        };
+        let (called, svc) = called_service(
+            &self.services,
+            entry,
+            packet.src,
+            packet.dport,
+            packet.proto,
+        );
+        let missing = missing_piece(info.foreign_netns, facts);
+
+        let mut evidence = vec![drop_line(&info, &t)];
+        evidence.push(if info.foreign_netns {
+            format!(
+                "source = destination = {}, a pod of this node, dropped in the pod's own network \
+                 namespace as a local source: the pod's own packet was sent back to it unSNATed",
+                packet.src
+            )
+        } else {
+            format!(
+                "source = destination = {}, a pod of this node, dropped on the node{}: the pod's \
+                 own packet was DNATed back to it unSNATed",
+                packet.src,
+                info.iface
+                    .as_deref()
+                    .map(|i| format!(" after arriving on {i}"))
+                    .unwrap_or_default()
+            )
+        });
+        evidence.push(match ct {
+            Ct::Found(e) => format!(
+                "conntrack: {}: the pod called {} and the reply would come from the pod to \
+                 itself (no SNAT)",
+                fmt_entry(e),
+                sock(e.orig.dst, e.orig.dport)
+            ),
+            Ct::Missing => format!(
+                "conntrack: no entry answers as {}{}",
+                fmt_tuple(&reversed(&t)),
+                if info.foreign_netns {
+                    ""
+                } else {
+                    " (a packet dropped in the bridge dies before conntrack confirms its \
+                     connection)"
+                }
+            ),
+            Ct::Failed(e) => format!(
+                "conntrack look-up failed ({e}): whether the call was SNATed cannot be confirmed"
+            ),
+            Ct::Unanswered => "the node's state (conntrack, ipsets, bridge) was not read in \
+                               time: confirmed from the drop alone"
+                .to_string(),
+        });
+        if entry.is_none() {
+            evidence.push(match (&called, &svc) {
+                (Some((ip, port)), name) => format!(
+                    "service table ({}): {} is the endpoint of {}{}",
+                    source_name(&self.services),
+                    sock(packet.src, packet.dport),
+                    sock(*ip, *port),
+                    name.as_deref()
+                        .map(|n| format!(" ({n})"))
+                        .unwrap_or_default()
+                ),
+                (None, Some(name)) => format!(
+                    "service table ({}): {} is the endpoint of several addresses of {name}: \
+                     which one was called is not known",
+                    source_name(&self.services),
+                    sock(packet.src, packet.dport)
+                ),
+                _ if table_missing(&self.services) => "no service table was available: the \
+                                                       Service called is not known"
+                    .to_string(),
+                _ => format!(
+                    "service table ({}): no single service has the endpoint {}",
+                    source_name(&self.services),
+                    sock(packet.src, packet.dport)
+                ),
+            });
+        }
+        evidence.extend(facts_lines(facts, &packet));
+        evidence.push(missing_line(&missing, &packet, self.services.source));
+
+        let key = AggregateKey::ServiceSelfLoop {
+            in_pod: info.foreign_netns,
+            pod: packet.src,
+            port: packet.dport,
+            service: called,
+            proto: packet.proto,
+        };
+        let mut event = LoopbackEvent {
+            vip: called.map(|(ip, _)| ip),
+            vip_port: called.map(|(_, port)| port),
+            drop_reason: Some(info.reason.name.clone()),
+            drop_location: info.location.clone(),
+            snat: match ct {
+                Ct::Failed(_) | Ct::Unanswered => SnatState::Unknown,
+                // The drop's source is the pod itself: nothing rewrote it.
+                _ => SnatState::No,
+            },
+            evidence,
+            nic: info.iface.clone(),
+            service: svc.as_deref().map(service_name),
+            ..LoopbackEvent::new(&key, &packet, info.ts, Outcome::Dropped)
+        };
+        // The remedy is built from these (`remedy::build`, again after attribution).
+        event.facts.self_loop = Some(missing);
+        event.facts.proxy_mode = self.services.source.map(remedy::proxy_mode);
+        self.stats.confirmed.service_self_loop += 1;
+        self.stats.drops_confirming += 1;
+        if self.self_loop_done.len() < self.cfg.max_pending {
+            self.self_loop_done.insert(t, info.ts);
+        }
+        out.push(Output::Report(self.record(key, event, info.ts)));
+    }
+
+    /// Forgets confirmed connects whose retransmits are over.
+    pub(super) fn expire_self_loops(&mut self, now: u64) {
+        self.self_loop_done
+            .retain(|_, ts| ts.saturating_add(ATTEMPT_NS) >= now);
+    }
+}
+
+fn reversed(t: &Tuple) -> Tuple {
+    Tuple {
+        src: t.dst,
+        dst: t.src,
+        sport: t.dport,
+        dport: t.sport,
+        proto: t.proto,
+    }
+}
+
+/// The node's pieces as read.
+fn facts_lines(f: &SelfLoopFacts, p: &Packet) -> Vec<String> {
+    let mut out = Vec::new();
+    let entry = format!("{},{}:{},{}", p.src, p.proto.as_str(), p.dport, p.src);
+    let set = crate::state::ipset::loop_back_set(p.src.is_ipv6());
+    match f.loop_back_entry {
+        Some(true) => out.push(format!("ipset {set} holds {entry} (kube-proxy IPVS mode)")),
+        Some(false) => out.push(format!(
+            "ipset {set} lacks {entry}: kube-proxy's IPVS-mode hairpin masquerade does not \
+             cover this endpoint"
+        )),
+        None => {}
+    }
+    if let Some(b) = &f.bridge_port {
+        out.push(format!(
+            "bridge: the pod is port {} of {}, hairpin_mode {}",
+            b.port,
+            b.bridge,
+            u8::from(b.hairpin_mode)
+        ));
+    }
+    let sysctl = if p.src.is_ipv6() {
+        "bridge-nf-call-ip6tables"
+    } else {
+        "bridge-nf-call-iptables"
+    };
+    out.push(match f.br_netfilter {
+        Some(on) => format!("br_netfilter: net.bridge.{sysctl} = {}", u8::from(on)),
+        None => "br_netfilter: not loaded in this namespace (no net.bridge sysctls)".to_string(),
+    });
+    out
+}
+
+/// The verdict: which piece is missing.
+fn missing_line(m: &Missing, p: &Packet, source: Option<ServiceSource>) -> String {
+    match m {
+        Missing::HairpinSnat {
+            loop_back_entry: Some(false),
+        } => format!(
+            "missing: the hairpin SNAT; the KUBE-LOOP-BACK entry {},{}:{},{} is absent, so \
+             KUBE-POSTROUTING did not masquerade the pod's call to itself",
+            p.src,
+            p.proto.as_str(),
+            p.dport,
+            p.src
+        ),
+        Missing::HairpinSnat {
+            loop_back_entry: Some(true),
+        } => "missing: the hairpin SNAT; KUBE-LOOP-BACK has the entry, yet nothing \
+              masqueraded the call (KUBE-POSTROUTING's KUBE-LOOP-BACK MASQUERADE rule?)"
+            .to_string(),
+        Missing::HairpinSnat {
+            loop_back_entry: None,
+        } => format!(
+            "missing: the hairpin SNAT; kube-proxy's masquerade mark for an endpoint calling \
+             itself ({}) did not apply",
+            remedy::self_masq_rule(p.src, source)
+        ),
+        Missing::HairpinMode {
+            bridge,
+            port,
+            br_netfilter,
+        } => format!(
+            "missing: hairpin mode on {bridge} port {port}{}: the bridge does not send a frame \
+             back out the port it came in on",
+            match br_netfilter {
+                Some(true) => " (br_netfilter ran kube-proxy's DNAT while the frame was bridged)",
+                _ => "",
+            }
+        ),
+        Missing::Undetermined => "missing: not determined (dropped on the node, not at a \
+                                  bridge port without hairpin mode)"
+            .to_string(),
+    }
+}
+
+/// The pending map's type, for the facade.
+pub(super) type Pending = HashMap<Tuple, PendingSelfLoop>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        event::Proto,
+        state::{BridgePort, ServiceEntry},
+    };
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn the_pods_namespace_means_the_snat_and_a_bridge_port_its_hairpin_mode() {
+        let port = |hairpin_mode| BridgePort {
+            bridge: "cbr0".into(),
+            port: "veth1".into(),
+            hairpin_mode,
+        };
+        let facts = SelfLoopFacts {
+            loop_back_entry: Some(false),
+            bridge_port: Some(port(false)),
+            br_netfilter: Some(true),
+        };
+        // Dead in the pod: the packet got past the bridge, the SNAT is what was missing.
+        assert_eq!(
+            missing_piece(true, &facts),
+            Missing::HairpinSnat {
+                loop_back_entry: Some(false)
+            }
+        );
+        assert_eq!(
+            missing_piece(false, &facts),
+            Missing::HairpinMode {
+                bridge: "cbr0".into(),
+                port: "veth1".into(),
+                br_netfilter: Some(true)
+            }
+        );
+        let on = SelfLoopFacts {
+            bridge_port: Some(port(true)),
+            ..facts.clone()
+        };
+        assert_eq!(missing_piece(false, &on), Missing::Undetermined);
+        assert_eq!(
+            missing_piece(false, &SelfLoopFacts::default()),
+            Missing::Undetermined
+        );
+    }
+
+    #[test]
+    fn the_service_is_conntracks_original_destination_else_the_endpoints_only_service() {
+        let svc = |vip: &str, port, name: &str, backends: &[&str]| ServiceEntry {
+            vip: ip(vip),
+            port,
+            proto: Proto::Tcp,
+            service: Some(name.into()),
+            backends: backends.iter().map(|b| b.to_string()).collect(),
+        };
+        let mut table = ServiceTable {
+            services: vec![
+                svc(
+                    "198.18.100.10",
+                    80,
+                    "default/web:http",
+                    &["198.19.1.11:8080"],
+                ),
+                svc(
+                    "198.18.100.20",
+                    80,
+                    "default/api:http",
+                    &["198.19.1.12:8080"],
+                ),
+            ],
+            ..ServiceTable::default()
+        };
+        let pod = ip("198.19.1.11");
+        let t = |src, sport, dst, dport| Tuple {
+            src: ip(src),
+            sport,
+            dst: ip(dst),
+            dport,
+            proto: Proto::Tcp,
+        };
+        let entry = ConntrackEntry {
+            orig: t("198.19.1.11", 40000, "198.18.100.10", 80),
+            reply: t("198.19.1.11", 8080, "198.19.1.11", 40000),
+            snat: false,
+            dnat: true,
+            seen_reply: false,
+            tcp_state: Some("SYN_SENT".into()),
+        };
+        assert_eq!(
+            called_service(&table, Some(&entry), pod, 8080, Proto::Tcp),
+            (
+                Some((ip("198.18.100.10"), 80)),
+                Some("default/web:http".into())
+            )
+        );
+        assert_eq!(
+            called_service(&table, None, pod, 8080, Proto::Tcp),
+            (
+                Some((ip("198.18.100.10"), 80)),
+                Some("default/web:http".into())
+            )
+        );
+        // Two addresses of one Service with the endpoint: the Service, not the address.
+        table.services.push(svc(
+            "203.0.113.10",
+            80,
+            "default/web:http",
+            &["198.19.1.11:8080"],
+        ));
+        assert_eq!(
+            called_service(&table, None, pod, 8080, Proto::Tcp),
+            (None, Some("default/web:http".into()))
+        );
+        // Two Services with it: neither.
+        table.services.push(svc(
+            "198.18.100.30",
+            81,
+            "default/other:http",
+            &["198.19.1.11:8080"],
+        ));
+        assert_eq!(
+            called_service(&table, None, pod, 8080, Proto::Tcp),
+            (None, None)
+        );
+        assert_eq!(
+            called_service(&table, None, pod, 9090, Proto::Tcp),
+            (None, None)
+        );
+    }
+}

@@ -1,0 +1,309 @@
+//! `service_self_loop` end to end through the correlator: each drop site, its conntrack and
+//! node facts, the healthy twin (SNAT seen), retransmits, no answer.
+
+use super::tests::{MS, S, corr, has_line, invariants, ip, only_query, only_report, pkt, reports};
+use super::*;
+use crate::state::BridgePort;
+
+/// The endpoint of `default/web` in the shared test table (`tests::table`).
+const EP: &str = "198.18.1.20";
+
+fn self_pkt(sport: u16) -> Packet {
+    pkt(EP, sport, EP, 8080, Some(Tag::Pod), Some(Tag::Pod))
+}
+
+fn self_drop(ts: u64, sport: u16, foreign: bool, name: &str, loc: &str) -> KernelEvent {
+    KernelEvent::Drop {
+        ts_ns: ts,
+        iface: (!foreign).then(|| "veth1".to_string()),
+        packet: self_pkt(sport),
+        reason: DropReason {
+            code: 89,
+            name: name.into(),
+        },
+        location: Some(loc.into()),
+        foreign_netns: foreign,
+    }
+}
+
+fn in_pod(ts: u64, sport: u16) -> KernelEvent {
+    self_drop(
+        ts,
+        sport,
+        true,
+        "IP_LOCAL_SOURCE",
+        "ip_rcv_finish_core+0x25b",
+    )
+}
+
+fn at_bridge(ts: u64, sport: u16) -> KernelEvent {
+    self_drop(
+        ts,
+        sport,
+        false,
+        "NOT_SPECIFIED",
+        "br_handle_frame_finish+0x380",
+    )
+}
+
+/// The node's entry for a call to `LB_VIP:80` DNATed to the pod itself (`snat`: masqueraded).
+fn entry(sport: u16, snat: bool) -> ConntrackEntry {
+    let t = |src: &str, sport, dst: &str, dport| Tuple {
+        src: ip(src),
+        dst: ip(dst),
+        sport,
+        dport,
+        proto: Proto::Tcp,
+    };
+    ConntrackEntry {
+        orig: t(EP, sport, super::tests::LB_VIP, 80),
+        reply: t(EP, 8080, if snat { "198.18.1.1" } else { EP }, sport),
+        snat,
+        dnat: true,
+        seen_reply: false,
+        tcp_state: Some("SYN_SENT".into()),
+    }
+}
+
+fn facts(loop_back_entry: Option<bool>, hairpin_mode: Option<bool>) -> SelfLoopFacts {
+    SelfLoopFacts {
+        loop_back_entry,
+        bridge_port: hairpin_mode.map(|hairpin_mode| BridgePort {
+            bridge: "cbr0".into(),
+            port: "veth1".into(),
+            hairpin_mode,
+        }),
+        br_netfilter: Some(true),
+    }
+}
+
+fn answer(
+    c: &mut Correlator,
+    q: &Query,
+    ct: Result<Option<ConntrackEntry>, String>,
+    f: SelfLoopFacts,
+) -> Vec<Output> {
+    c.answer(Answer::SelfLoop {
+        id: q.id(),
+        conntrack: ct,
+        facts: f,
+    })
+}
+
+#[test]
+fn dead_in_the_pod_without_snat_names_the_service_and_the_missing_loop_back_entry() {
+    let mut c = corr();
+    let q = only_query(&c.ingest(in_pod(S, 40000)));
+    let Query::SelfLoop { tuple, iface, .. } = &q else {
+        panic!("not a self-loop query: {q:?}");
+    };
+    assert_eq!((tuple.src, tuple.sport, tuple.dport), (ip(EP), 40000, 8080));
+    assert_eq!(iface, &None, "a drop in the pod has no node interface");
+    invariants(&c);
+    let r = only_report(&answer(
+        &mut c,
+        &q,
+        Ok(Some(entry(40000, false))),
+        facts(Some(false), None),
+    ));
+    let e = &r.event;
+    assert_eq!(e.kind, LoopbackKind::ServiceSelfLoop);
+    assert_eq!(
+        e.key,
+        "service_self_loop/pod/198.18.1.20->192.0.2.10:80->198.18.1.20:8080/tcp"
+    );
+    assert_eq!((e.src, e.dst, e.dst_port), (ip(EP), ip(EP), 8080));
+    assert_eq!(
+        (e.vip, e.vip_port),
+        (Some(ip(super::tests::LB_VIP)), Some(80))
+    );
+    assert_eq!(e.service.as_deref(), Some("default/web"));
+    assert_eq!((e.snat, e.outcome), (SnatState::No, Outcome::Dropped));
+    assert_eq!(e.drop_reason.as_deref(), Some("IP_LOCAL_SOURCE"));
+    assert_eq!(e.nic, None);
+    assert!(
+        has_line(&e.evidence, "dropped in the pod's own network namespace"),
+        "{e:#?}"
+    );
+    assert!(has_line(&e.evidence, "no SRC_NAT"), "{e:#?}");
+    assert!(
+        has_line(
+            &e.evidence,
+            "ipset KUBE-LOOP-BACK lacks 198.18.1.20,tcp:8080,198.18.1.20"
+        ),
+        "{e:#?}"
+    );
+    assert!(has_line(
+        &e.evidence,
+        "missing: the hairpin SNAT; the KUBE-LOOP-BACK entry"
+    ));
+    assert!(
+        has_line(&e.remedy, "KUBE-LOOP-BACK ipset entry"),
+        "{:#?}",
+        e.remedy
+    );
+    assert!(!has_line(&e.remedy, "hairpin-mode"), "{:#?}", e.remedy);
+    assert_eq!(c.stats().confirmed.service_self_loop, 1);
+    invariants(&c);
+    assert_eq!(
+        serde_json::to_value(e).unwrap()["kind"],
+        serde_json::json!("service_self_loop")
+    );
+}
+
+#[test]
+fn dead_at_the_bridge_port_names_its_hairpin_mode_and_the_service_from_the_endpoints() {
+    let mut c = corr();
+    let q = only_query(&c.ingest(at_bridge(S, 40001)));
+    assert!(matches!(&q, Query::SelfLoop { iface: Some(i), .. } if i == "veth1"));
+    // The bridge dropped it before conntrack confirmed the connection: no entry.
+    let r = only_report(&answer(&mut c, &q, Ok(None), facts(None, Some(false))));
+    let e = &r.event;
+    assert_eq!(e.nic.as_deref(), Some("veth1"));
+    assert_eq!(
+        (e.vip, e.vip_port),
+        (Some(ip(super::tests::LB_VIP)), Some(80))
+    );
+    assert_eq!(e.service.as_deref(), Some("default/web"));
+    assert!(has_line(&e.evidence, "before conntrack confirms"), "{e:#?}");
+    assert!(has_line(
+        &e.evidence,
+        "is the endpoint of 192.0.2.10:80 (default/web:http)"
+    ));
+    assert!(has_line(&e.evidence, "port veth1 of cbr0, hairpin_mode 0"));
+    assert!(has_line(&e.evidence, "bridge-nf-call-iptables = 1"));
+    assert!(has_line(
+        &e.evidence,
+        "missing: hairpin mode on cbr0 port veth1"
+    ));
+    assert!(
+        has_line(&e.remedy, "--hairpin-mode=hairpin-veth"),
+        "{:#?}",
+        e.remedy
+    );
+    assert!(!has_line(&e.remedy, "KUBE-LOOP-BACK ipset entry"));
+    invariants(&c);
+}
+
+#[test]
+fn healthy_twin_snat_in_conntrack_is_not_reported() {
+    let mut c = corr();
+    let q = only_query(&c.ingest(in_pod(S, 40002)));
+    let outs = answer(
+        &mut c,
+        &q,
+        Ok(Some(entry(40002, true))),
+        facts(Some(true), None),
+    );
+    assert!(reports(&outs).is_empty(), "{outs:?}");
+    assert_eq!(c.stats().self_loop_snat_seen, 1);
+    assert_eq!(c.stats().confirmed.service_self_loop, 0);
+    invariants(&c);
+}
+
+#[test]
+fn retransmits_fold_into_their_connect_and_a_new_connect_counts() {
+    let mut c = corr();
+    let q = only_query(&c.ingest(in_pod(S, 40003)));
+    // A retransmit while the look-up is out, and one after the confirmation.
+    assert!(c.ingest(in_pod(2 * S, 40003)).is_empty());
+    let r = only_report(&answer(
+        &mut c,
+        &q,
+        Ok(Some(entry(40003, false))),
+        facts(None, None),
+    ));
+    assert_eq!(r.event.count, 1);
+    assert!(c.ingest(in_pod(4 * S, 40003)).is_empty());
+    assert_eq!(c.stats().self_loop_retransmits, 2);
+    let q2 = only_query(&c.ingest(in_pod(5 * S, 40004)));
+    let r2 = only_report(&answer(
+        &mut c,
+        &q2,
+        Ok(Some(entry(40004, false))),
+        facts(None, None),
+    ));
+    assert_eq!(r2.event.count, 2);
+    assert!(!r2.is_new);
+    invariants(&c);
+}
+
+#[test]
+fn a_pod_namespace_drop_for_another_reason_is_no_self_loop() {
+    let mut c = corr();
+    let outs = c.ingest(self_drop(S, 40005, true, "NO_SOCKET", "tcp_v4_rcv+0x10"));
+    assert!(outs.is_empty(), "{outs:?}");
+    assert_eq!(c.stats().drops_unmatched, 1);
+    invariants(&c);
+}
+
+/// Debian 5.10 (no drop reasons): the pod's namespace drops its own packet at route input with
+/// no reason and no interface of ours; the site and the self-addressed packet name it.
+#[test]
+fn a_kernel_without_drop_reasons_is_judged_by_the_drop_site() {
+    let mut c = corr();
+    let mut ev = self_drop(
+        S,
+        40007,
+        true,
+        DropReason::UNREPORTED,
+        "ip_rcv_finish_core.constprop.0+0x20e",
+    );
+    if let KernelEvent::Drop { reason, .. } = &mut ev {
+        reason.code = 0;
+    }
+    let q = only_query(&c.ingest(ev));
+    let r = only_report(&answer(
+        &mut c,
+        &q,
+        Ok(Some(entry(40007, false))),
+        facts(Some(false), None),
+    ));
+    assert_eq!(r.event.kind, LoopbackKind::ServiceSelfLoop);
+    assert_eq!(r.event.drop_reason.as_deref(), Some("IP_LOCAL_SOURCE"));
+    assert!(has_line(&r.event.evidence, "inferred"), "{:#?}", r.event);
+    // The same kernel's unreported drop elsewhere in the pod is still no self-loop.
+    let outs = c.ingest(self_drop(
+        S + MS,
+        40008,
+        true,
+        DropReason::UNREPORTED,
+        "sk_stream_kill_queues+0x50",
+    ));
+    assert!(outs.is_empty(), "{outs:?}");
+    invariants(&c);
+}
+
+#[test]
+fn without_an_answer_the_drop_alone_confirms_with_snat_unknown() {
+    let mut c = corr();
+    let _ = only_query(&c.ingest(in_pod(S, 40006)));
+    let timeout = c.config().query_timeout_ns;
+    let r = only_report(&c.tick(S + timeout + 10 * MS));
+    assert_eq!(r.event.snat, SnatState::Unknown);
+    assert!(has_line(&r.event.evidence, "not read in time"));
+    // The service is still named from the endpoints.
+    assert_eq!(r.event.service.as_deref(), Some("default/web"));
+    invariants(&c);
+}
+
+#[test]
+fn a_failed_conntrack_look_up_still_confirms_and_says_so() {
+    let mut c = corr();
+    let q = only_query(&c.ingest(in_pod(S, 40007)));
+    let r = only_report(&answer(&mut c, &q, Err("EPERM".into()), facts(None, None)));
+    assert_eq!(r.event.snat, SnatState::Unknown);
+    assert!(has_line(
+        &r.event.evidence,
+        "conntrack look-up failed (EPERM)"
+    ));
+    // An IPVS-mode table without a readable ipset: the entry to look for is named.
+    assert!(
+        has_line(
+            &r.event.evidence,
+            "IPVS mode: the ipset KUBE-LOOP-BACK entry"
+        ),
+        "{:#?}",
+        r.event
+    );
+}

@@ -1,0 +1,277 @@
+//! Which loops a node report calls *active* and which *resolved* (pure, injected clock).
+//!
+//! - **Active**: a confirmed aggregate (a correlator report: new or repeat) was seen within the
+//!   last [`ACTIVE_WINDOW`] (10 min). The correlator reports every repeat of an aggregate, so
+//!   a loop that keeps happening keeps its `lastSeen` fresh; 10 min is longer than the
+//!   longest gap between an LB's health checks (seconds) and between a client's retries of a
+//!   failed call, and short enough that a fixed Service drops out of the page soon after.
+//! - **Resolved**: an active loop not seen for [`ACTIVE_WINDOW`]; it is listed, with
+//!   `resolvedAt = lastSeen + window`, for [`RESOLVED_KEEP`] (24 h), then forgotten. A resolved
+//!   loop seen again is active again (and leaves the resolved list).
+//!
+//! Times are the agent's wall clock when it saw the report (Unix seconds), not the kernel's
+//! monotonic timestamps: the report is read on other machines. Bounded: at most
+//! [`MAX_ACTIVE`] active loops (the least recently seen is dropped, counted in `dropped`),
+//! [`MAX_RESOLVED`] resolved ones and [`MAX_CLIENT_PODS`] client pods per loop.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use probe_contract::LoopbackEvent;
+
+use super::status::{ActiveLoop, ResolvedLoop, rfc3339};
+
+pub const ACTIVE_WINDOW: i64 = 600;
+pub const RESOLVED_KEEP: i64 = 24 * 3600;
+pub const MAX_ACTIVE: usize = 100;
+pub const MAX_RESOLVED: usize = 100;
+pub const MAX_CLIENT_PODS: usize = 10;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Entry {
+    kind: String,
+    service: Option<String>,
+    vip: String,
+    client_pods: BTreeSet<String>,
+    count: u64,
+    first: i64,
+    last: i64,
+    first_fix: Option<String>,
+}
+
+/// The node's loops, by aggregate key.
+#[derive(Debug, Default)]
+pub struct Loops {
+    active: BTreeMap<String, Entry>,
+    /// (key, loop), oldest resolution first.
+    resolved: Vec<(String, ResolvedLoop, i64)>,
+    /// Active loops dropped for [`MAX_ACTIVE`].
+    pub dropped: u64,
+}
+
+/// `ip:port`, `[v6]:port`, or the IP alone; the destination when no VIP is known.
+fn vip_of(e: &LoopbackEvent) -> String {
+    let ip = e.vip.unwrap_or(e.dst);
+    match (e.vip_port, ip) {
+        (Some(port), std::net::IpAddr::V6(v6)) => format!("[{v6}]:{port}"),
+        (Some(port), ip) => format!("{ip}:{port}"),
+        (None, ip) => ip.to_string(),
+    }
+}
+
+/// The first fix of an event (`id: change`), else its first remedy line.
+pub fn first_fix(fixes: &[probe_contract::Fix], remedy: &[String]) -> Option<String> {
+    fixes
+        .first()
+        .map(|f| format!("{}: {}", f.id, f.change))
+        .or_else(|| remedy.first().cloned())
+}
+
+impl Loops {
+    /// A report of the aggregate `e` at `now` (Unix seconds).
+    pub fn observe(&mut self, e: &LoopbackEvent, now: i64) {
+        self.resolved.retain(|(k, _, _)| *k != e.key);
+        let entry = self.active.entry(e.key.clone()).or_insert_with(|| Entry {
+            kind: e.kind.as_str().to_string(),
+            service: None,
+            vip: vip_of(e),
+            client_pods: BTreeSet::new(),
+            count: 0,
+            first: now,
+            last: now,
+            first_fix: None,
+        });
+        entry.last = now;
+        // The aggregate's own count (repeats included); never goes back.
+        entry.count = entry.count.max(e.count);
+        if e.service.is_some() {
+            entry.service = e.service.clone();
+        }
+        if let Some(pod) = &e.client_pod
+            && entry.client_pods.len() < MAX_CLIENT_PODS
+        {
+            entry.client_pods.insert(pod.clone());
+        }
+        if let Some(fix) = first_fix(&e.fixes, &e.remedy) {
+            entry.first_fix = Some(fix);
+        }
+        while self.active.len() > MAX_ACTIVE {
+            let oldest = self
+                .active
+                .iter()
+                .min_by_key(|(_, e)| e.last)
+                .map(|(k, _)| k.clone());
+            if let Some(k) = oldest {
+                self.active.remove(&k);
+                self.dropped += 1;
+            }
+        }
+    }
+
+    /// Moves loops not seen for the window to resolved, forgets resolutions older than 24 h.
+    /// Returns whether anything changed.
+    pub fn tick(&mut self, now: i64) -> bool {
+        let before = (self.active.len(), self.resolved.len());
+        let expired: Vec<String> = self
+            .active
+            .iter()
+            .filter(|(_, e)| now - e.last >= ACTIVE_WINDOW)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in expired {
+            let Some(e) = self.active.remove(&key) else {
+                continue;
+            };
+            let resolved_at = e.last + ACTIVE_WINDOW;
+            self.resolved.push((
+                key,
+                ResolvedLoop {
+                    kind: e.kind,
+                    service: e.service,
+                    vip: e.vip,
+                    count: e.count,
+                    first_seen: rfc3339(e.first),
+                    last_seen: rfc3339(e.last),
+                    resolved_at: rfc3339(resolved_at),
+                },
+                resolved_at,
+            ));
+        }
+        self.resolved.sort_by_key(|(_, _, at)| *at);
+        self.resolved.retain(|(_, _, at)| now - at < RESOLVED_KEEP);
+        let excess = self.resolved.len().saturating_sub(MAX_RESOLVED);
+        self.resolved.drain(..excess);
+        before != (self.active.len(), self.resolved.len())
+    }
+
+    /// Active loops, most recently seen first (then by key, for a stable order).
+    pub fn active(&self) -> Vec<ActiveLoop> {
+        let mut v: Vec<(&String, &Entry)> = self.active.iter().collect();
+        v.sort_by(|a, b| b.1.last.cmp(&a.1.last).then(a.0.cmp(b.0)));
+        v.into_iter()
+            .map(|(_, e)| ActiveLoop {
+                kind: e.kind.clone(),
+                service: e.service.clone(),
+                vip: e.vip.clone(),
+                client_pods: e.client_pods.iter().cloned().collect(),
+                count: e.count,
+                first_seen: rfc3339(e.first),
+                last_seen: rfc3339(e.last),
+                first_fix: e.first_fix.clone(),
+            })
+            .collect()
+    }
+
+    /// Resolved loops, most recent resolution first.
+    pub fn resolved(&self) -> Vec<ResolvedLoop> {
+        self.resolved
+            .iter()
+            .rev()
+            .map(|(_, r, _)| r.clone())
+            .collect()
+    }
+}
+
+/// A hairpin event for tests (the writer's too).
+#[cfg(test)]
+pub(crate) fn tests_event(key: &str, service: Option<&str>) -> LoopbackEvent {
+    let mut e = tests::ev(key, 1, None);
+    e.service = service.map(String::from);
+    e
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use probe_contract::{LoopbackKind, Outcome, Proto, SnatState};
+
+    pub(super) fn ev(key: &str, count: u64, pod: Option<&str>) -> LoopbackEvent {
+        LoopbackEvent {
+            kind: LoopbackKind::Hairpin,
+            key: key.to_string(),
+            src: "10.244.1.7".parse().unwrap(),
+            src_port: 40000,
+            dst: "198.51.100.20".parse().unwrap(),
+            dst_port: 30080,
+            vip: Some("203.0.113.10".parse().unwrap()),
+            vip_port: Some(80),
+            proto: Proto::Tcp,
+            drop_reason: None,
+            drop_location: None,
+            snat: SnatState::No,
+            outcome: Outcome::NoReply,
+            count,
+            evidence: vec![],
+            remedy: vec!["call web.shop.svc instead".to_string()],
+            first_seen_ns: 1,
+            last_seen_ns: 2,
+            nic: None,
+            service: Some("shop/web".into()),
+            layer: None,
+            client_pod: pod.map(String::from),
+            node: None,
+            fixes: Vec::new(),
+            facts: Default::default(),
+            listener: None,
+        }
+    }
+
+    const T0: i64 = 1_800_000_000;
+
+    #[test]
+    fn a_loop_is_active_while_seen_within_the_window_then_resolved() {
+        let mut l = Loops::default();
+        l.observe(&ev("k1", 1, Some("shop/client-0")), T0);
+        l.observe(&ev("k1", 5, Some("shop/client-1")), T0 + 300);
+        assert!(
+            !l.tick(T0 + 300 + ACTIVE_WINDOW - 1),
+            "still inside the window"
+        );
+        let a = l.active();
+        assert_eq!(a.len(), 1);
+        assert_eq!(a[0].count, 5);
+        assert_eq!(a[0].vip, "203.0.113.10:80");
+        assert_eq!(a[0].service.as_deref(), Some("shop/web"));
+        assert_eq!(a[0].client_pods, ["shop/client-0", "shop/client-1"]);
+        assert_eq!(a[0].first_seen, rfc3339(T0));
+        assert_eq!(a[0].last_seen, rfc3339(T0 + 300));
+        assert_eq!(a[0].first_fix.as_deref(), Some("call web.shop.svc instead"));
+        assert!(l.tick(T0 + 300 + ACTIVE_WINDOW), "the window has passed");
+        assert!(l.active().is_empty());
+        let r = l.resolved();
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0].resolved_at, rfc3339(T0 + 300 + ACTIVE_WINDOW));
+        assert_eq!(r[0].count, 5);
+        // Kept 24 h after resolution, then forgotten.
+        assert!(!l.tick(T0 + 300 + ACTIVE_WINDOW + RESOLVED_KEEP - 1));
+        assert!(l.tick(T0 + 300 + ACTIVE_WINDOW + RESOLVED_KEEP));
+        assert!(l.resolved().is_empty());
+    }
+
+    #[test]
+    fn a_resolved_loop_seen_again_is_active_again_and_not_resolved() {
+        let mut l = Loops::default();
+        l.observe(&ev("k1", 1, None), T0);
+        l.tick(T0 + ACTIVE_WINDOW);
+        assert_eq!(l.resolved().len(), 1);
+        l.observe(&ev("k1", 2, None), T0 + ACTIVE_WINDOW + 5);
+        assert_eq!(l.active().len(), 1);
+        assert!(l.resolved().is_empty());
+    }
+
+    #[test]
+    fn bounded_active_loops_and_client_pods() {
+        let mut l = Loops::default();
+        for i in 0..(MAX_ACTIVE + 3) {
+            l.observe(&ev(&format!("k{i}"), 1, None), T0 + i as i64);
+        }
+        assert_eq!(l.active().len(), MAX_ACTIVE);
+        assert_eq!(l.dropped, 3);
+        // The least recently seen went first.
+        assert!(l.active().iter().all(|a| a.first_seen != rfc3339(T0)));
+        let mut l = Loops::default();
+        for i in 0..(MAX_CLIENT_PODS + 5) {
+            l.observe(&ev("k", 1, Some(&format!("ns/p{i:02}"))), T0);
+        }
+        assert_eq!(l.active()[0].client_pods.len(), MAX_CLIENT_PODS);
+    }
+}

@@ -1,0 +1,170 @@
+//! The `LoopbackReport`'s `status`, as the agent writes it and the plugin reads it (camelCase
+//! JSON; the chart's CRD schema lists the same fields). Times are RFC 3339 UTC.
+//!
+//! Size: a report is bounded ([`MAX_RISKS`], [`super::loops::MAX_ACTIVE`],
+//! [`super::loops::MAX_RESOLVED`], client pods per loop): a clean node's status is ~250 B
+//! (the object ~1 KiB with metadata and managedFields), ~90 KiB when every list is full
+//! (`a_full_report_stays_far_below_the_object_size_limit`; README: The cluster's view).
+
+use serde::{Deserialize, Serialize};
+
+/// Risks kept in a report (most severe first, as `probe check` sorts them).
+pub const MAX_RISKS: usize = 50;
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ReportStatus {
+    /// The node (also the object's name).
+    pub node: String,
+    pub agent_version: String,
+    /// `uname -r`.
+    pub kernel: String,
+    /// kube-proxy's mode as the node's rules show it: `ipvs`, `iptables`, `nftables`, or
+    /// `unknown` (no kube-proxy rules read yet, or none).
+    pub kube_proxy_mode: String,
+    /// What this agent cannot confirm on this node, and why (empty: everything).
+    pub capabilities: Vec<CapabilityStatus>,
+    /// `probe check`'s findings of severity `risk`.
+    pub risks: Vec<RiskStatus>,
+    pub active_loops: Vec<ActiveLoop>,
+    /// Loops not seen for the active window, resolved within the last 24 h.
+    pub resolved_loops: Vec<ResolvedLoop>,
+    /// Counts, for the CRD's printer columns (`kubectl get loopbackreports`).
+    pub risk_count: u32,
+    pub active_loop_count: u32,
+    /// When the agent built this state (it rewrites at least every
+    /// [`super::writer::HEARTBEAT`]: older than [`super::cluster::STALE_AFTER`] is stale).
+    pub last_update: String,
+}
+
+/// A capability the agent lacks on this node.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct CapabilityStatus {
+    /// `drop_hook`, `drop_sites`, `conntrack` (`clbprobe_capability{name}`).
+    pub name: String,
+    pub available: bool,
+    /// What cannot be confirmed without it.
+    pub cannot_confirm: String,
+}
+
+/// A `probe check` risk.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct RiskStatus {
+    /// `healthcheck_blackhole`, `vip_port_unserved`, `hairpin`, ...
+    pub kind: String,
+    /// The address (`ip` or `ip:port/proto`).
+    pub subject: String,
+    /// `namespace/name` of the Service behind it, when the API names it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service: Option<String>,
+    pub summary: String,
+    /// The first fix (its id and what it changes), else the first remedy line.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_fix: Option<String>,
+}
+
+/// A loop seen within the active window.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ActiveLoop {
+    /// `hairpin`, `healthcheck_blackhole`, `vip_port_unserved`, `vip_as_source`.
+    pub kind: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service: Option<String>,
+    /// `ip:port` (`ip` when the port is unknown).
+    pub vip: String,
+    pub client_pods: Vec<String>,
+    pub count: u64,
+    pub first_seen: String,
+    pub last_seen: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_fix: Option<String>,
+}
+
+/// A loop no longer seen.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ResolvedLoop {
+    pub kind: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service: Option<String>,
+    pub vip: String,
+    pub count: u64,
+    pub first_seen: String,
+    pub last_seen: String,
+    /// `last_seen` + the active window: when it stopped counting as active.
+    pub resolved_at: String,
+}
+
+/// The object's name for `node`: the node's own name, checked to be one the API accepts (a
+/// DNS subdomain). The agent never writes any other object: the name comes from here only.
+pub fn object_name(node: &str) -> Result<String, String> {
+    let ok = !node.is_empty()
+        && node.len() <= 253
+        && node.split('.').all(|label| {
+            !label.is_empty()
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        });
+    if ok {
+        Ok(node.to_string())
+    } else {
+        Err(format!(
+            "node name {node:?} is not a valid object name (lowercase DNS subdomain): no \
+             LoopbackReport is written"
+        ))
+    }
+}
+
+/// RFC 3339 of a Unix time in seconds.
+pub fn rfc3339(unix_secs: i64) -> String {
+    k8s_openapi::jiff::Timestamp::from_second(unix_secs)
+        .map(|t| t.to_string())
+        .unwrap_or_default()
+}
+
+/// Unix seconds of an RFC 3339 time (None: unparsable).
+pub fn parse_rfc3339(s: &str) -> Option<i64> {
+    s.parse::<k8s_openapi::jiff::Timestamp>()
+        .ok()
+        .map(|t| t.as_second())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_valid_node_name_names_the_object() {
+        assert_eq!(object_name("node-a"), Ok("node-a".into()));
+        assert_eq!(
+            object_name("ip-10-0-1-2.ec2.internal"),
+            Ok("ip-10-0-1-2.ec2.internal".into())
+        );
+        for bad in ["", "Node-A", "a/b", "-a", "a..b", "../x", "a b"] {
+            let e = object_name(bad).unwrap_err();
+            assert!(e.contains("not a valid object name"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn times_round_trip_and_the_status_is_camel_case() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(parse_rfc3339(&rfc3339(1_800_000_000)), Some(1_800_000_000));
+        let v = serde_json::to_value(ReportStatus {
+            active_loop_count: 2,
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(v["activeLoopCount"], 2);
+        assert!(v.get("kubeProxyMode").is_some());
+        // An older or newer agent's object still parses (every field defaults).
+        let back: ReportStatus = serde_json::from_value(serde_json::json!({"node": "n"})).unwrap();
+        assert_eq!(back.node, "n");
+    }
+}

@@ -1,0 +1,484 @@
+//! `--node-report on`: the agent's `LoopbackReport` writer.
+//!
+//! Off the correlation path, like the Events sink: it subscribes to the report broadcast
+//! (bounded; a lagging writer loses reports, not the correlator's time) and keeps its own
+//! [`Loops`]. `probe check`'s rules run on a thread of their own every [`CHECK_EVERY`] (they
+//! read the node and shell out), against the Services the attribution cache already holds.
+//! Once a second the writer builds the status; a change (or [`HEARTBEAT`] without one) is
+//! offered to the [`Gate`] (one write per 10 s, coalesced, newest wins), and a write is
+//! server-side apply of `status` through the status subresource, field manager
+//! [`super::FIELD_MANAGER`], with a time limit. A conflict, a 403 or an unreachable API is one
+//! WARN until a write succeeds again; the state stays pending and is retried at the limit.
+//!
+//! The object is named after this node ([`super::status::object_name`], checked), created
+//! once by server-side apply of its metadata with an ownerReference to the Node (so it is
+//! deleted with the Node; without `get nodes` it is created without one, and that is said).
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant, SystemTime},
+};
+
+use k8s_openapi::api::core::v1::Node;
+use kube::{
+    Api, Client,
+    api::{DynamicObject, Patch, PatchParams},
+};
+use probe_contract::Report;
+use serde_json::json;
+use tokio::sync::{
+    broadcast::{self, error::RecvError},
+    watch,
+};
+use tracing::{info, warn};
+
+use super::{
+    API_VERSION, FIELD_MANAGER, KIND,
+    condition::{Condition, condition},
+    gate::Gate,
+    loops::{Loops, first_fix},
+    status::{CapabilityStatus, ReportStatus, RiskStatus, object_name, rfc3339},
+};
+use crate::hub::capability::{Capabilities, Capability};
+
+/// The status is rewritten at least this often, unchanged or not: a report older than
+/// [`super::cluster::STALE_AFTER`] means the agent is gone or cannot write.
+pub const HEARTBEAT: Duration = Duration::from_secs(300);
+/// How often `probe check`'s rules run for the report.
+pub const CHECK_EVERY: Duration = Duration::from_secs(60);
+const TICK: Duration = Duration::from_secs(1);
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What does not change while the agent runs.
+#[derive(Clone, Debug, Default)]
+pub struct NodeFacts {
+    pub node: String,
+    pub agent_version: String,
+    pub kernel: String,
+}
+
+impl NodeFacts {
+    pub fn of_this_node(node: &str) -> NodeFacts {
+        NodeFacts {
+            node: node.to_string(),
+            agent_version: env!("CARGO_PKG_VERSION").to_string(),
+            kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                .map(|s| s.trim().to_string())
+                .unwrap_or_else(|_| "unknown".into()),
+        }
+    }
+}
+
+/// The latest `probe check` result.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CheckState {
+    pub mode: String,
+    pub risks: Vec<RiskStatus>,
+}
+
+/// `probe check`'s risks (severity `risk`), with their Services and first fixes (pure).
+pub fn check_state(
+    inputs: &crate::check::Inputs,
+    services: &[crate::kube::index::ServiceFacts],
+) -> CheckState {
+    let mut inputs = inputs.clone();
+    if !services.is_empty() {
+        crate::check::services::merge(&mut inputs, services);
+    }
+    let mut findings = crate::check::rules::judge(&inputs);
+    crate::check::attach_fixes(&mut findings, services);
+    let report = crate::check::Report::new(findings);
+    let risks = report
+        .findings
+        .iter()
+        .filter(|f| f.severity == crate::check::Severity::Risk)
+        .take(super::status::MAX_RISKS)
+        .map(|f| RiskStatus {
+            kind: f.kind.as_str().to_string(),
+            subject: f.subject.clone(),
+            service: f.fixes.iter().find_map(|x| x.service.clone()).or_else(|| {
+                inputs
+                    .lb_targets
+                    .iter()
+                    .find(|t| f.subject.contains(&t.ip.to_string()) && t.service.is_some())
+                    .and_then(|t| t.service.clone())
+            }),
+            summary: f.summary.clone(),
+            first_fix: first_fix(&f.fixes, &f.remedy),
+        })
+        .collect();
+    CheckState {
+        mode: match inputs.services.source {
+            Some(s) => serde_json::to_value(s)
+                .ok()
+                .and_then(|v| v.as_str().map(String::from))
+                .unwrap_or_else(|| "unknown".into()),
+            None => "unknown".into(),
+        },
+        risks,
+    }
+}
+
+/// The status at `now` (Unix seconds) from everything the agent knows (pure).
+pub fn build(
+    facts: &NodeFacts,
+    caps: &Capabilities,
+    check: &CheckState,
+    loops: &Loops,
+    now: i64,
+) -> ReportStatus {
+    let active_loops = loops.active();
+    ReportStatus {
+        node: facts.node.clone(),
+        agent_version: facts.agent_version.clone(),
+        kernel: facts.kernel.clone(),
+        kube_proxy_mode: if check.mode.is_empty() {
+            "unknown".into()
+        } else {
+            check.mode.clone()
+        },
+        capabilities: Capability::ALL
+            .iter()
+            .filter(|c| !caps.get(**c))
+            .map(|c| CapabilityStatus {
+                name: c.name().into(),
+                available: false,
+                cannot_confirm: c.lost().into(),
+            })
+            .collect(),
+        risk_count: u32::try_from(check.risks.len()).unwrap_or(u32::MAX),
+        risks: check.risks.clone(),
+        active_loop_count: u32::try_from(active_loops.len()).unwrap_or(u32::MAX),
+        active_loops,
+        resolved_loops: loops.resolved(),
+        last_update: rfc3339(now),
+    }
+}
+
+/// What counts as a change worth a write: everything but the time of the update and an
+/// active loop's `count` and `lastSeen` (they move with every repeat: a looping node would
+/// write at the rate limit for as long as it loops). Those are refreshed by the next change
+/// or the [`HEARTBEAT`], well inside the 10 min active window.
+pub fn change_key(status: &ReportStatus) -> ReportStatus {
+    let mut key = status.clone();
+    key.last_update.clear();
+    for l in &mut key.active_loops {
+        l.count = 0;
+        l.last_seen.clear();
+    }
+    // The order of active loops follows lastSeen: sorted so a reorder is not a change.
+    key.active_loops
+        .sort_by(|a, b| (&a.kind, &a.vip, &a.service).cmp(&(&b.kind, &b.vip, &b.service)));
+    key
+}
+
+/// Runs `probe check`'s reading and rules every [`CHECK_EVERY`] on a thread of its own (it
+/// reads the node and shells out to iptables-save/ipset); stops when the receiver is gone.
+pub fn spawn_checks(
+    addr: crate::state::addrs::AddrConfig,
+    index: Option<watch::Receiver<Arc<crate::kube::index::Index>>>,
+) -> watch::Receiver<CheckState> {
+    let (tx, rx) = watch::channel(CheckState::default());
+    let spawned = std::thread::Builder::new()
+        .name("report-check".into())
+        .spawn(move || {
+            let mut said = false;
+            loop {
+                match crate::check::gather::gather(&addr) {
+                    Ok(inputs) => {
+                        let services: Vec<_> = index
+                            .as_ref()
+                            .map(|i| i.borrow().services().cloned().collect())
+                            .unwrap_or_default();
+                        let state = check_state(&inputs, &services);
+                        if tx.send(state).is_err() {
+                            return;
+                        }
+                        said = false;
+                    }
+                    Err(e) if !said => {
+                        warn!(error = %format!("{e:#}"), "node report: reading the node for its risks failed (retried)");
+                        said = true;
+                    }
+                    Err(_) => {}
+                }
+                std::thread::sleep(CHECK_EVERY);
+                if tx.is_closed() {
+                    return;
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        warn!(error = %e, "node report: no risk checks (cannot start a thread)");
+    }
+    rx
+}
+
+/// Writes one node's report object (and, with `--node-condition on`, its Node condition).
+pub struct ReportWriter {
+    reports: Api<DynamicObject>,
+    nodes: Api<Node>,
+    name: String,
+    created: bool,
+    /// `--node-condition on`.
+    pub node_condition: bool,
+    /// The condition last written and its transition time.
+    last_condition: Option<(Condition, String)>,
+}
+
+impl ReportWriter {
+    /// Err: `node` is not a valid object name (nothing is ever written then).
+    pub fn new(client: Client, node: &str) -> Result<ReportWriter, String> {
+        Ok(ReportWriter {
+            reports: Api::all_with(client.clone(), &super::api_resource()),
+            nodes: Api::all(client),
+            name: object_name(node)?,
+            created: false,
+            node_condition: false,
+            last_condition: None,
+        })
+    }
+
+    /// Patches the Node's `LoadBalancerLoopback` condition (strategic merge on
+    /// `nodes/NAME/status`, as node-problem-detector) when it differs from the last one
+    /// written, or `heartbeat` asks for a refresh. `now`: RFC 3339.
+    pub async fn write_condition(
+        &mut self,
+        status: &ReportStatus,
+        now: &str,
+        heartbeat: bool,
+    ) -> Result<(), kube::Error> {
+        let c = condition(status);
+        let transition = match &self.last_condition {
+            Some((last, _)) if *last == c && !heartbeat => return Ok(()),
+            Some((last, at)) if last.status == c.status => at.clone(),
+            _ => now.to_string(),
+        };
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        self.nodes
+            .patch_status(
+                &self.name,
+                &params,
+                &Patch::Strategic(super::condition::patch(&c, now, &transition)),
+            )
+            .await?;
+        self.last_condition = Some((c, transition));
+        Ok(())
+    }
+
+    fn params() -> PatchParams {
+        // Force: this agent is the only writer of its node's report; a field another manager
+        // took over (an operator's edit) goes back to the agent's state.
+        PatchParams::apply(FIELD_MANAGER).force()
+    }
+
+    /// Creates the object (metadata only, owned by the Node) if not done yet, then applies
+    /// `status` through the status subresource.
+    pub async fn write(&mut self, status: &ReportStatus) -> Result<(), kube::Error> {
+        if status.node != self.name {
+            // The name check's second half: a status about another node is never written.
+            return Err(kube::Error::Service(
+                format!(
+                    "refusing to write node {:?}'s status into {:?}",
+                    status.node, self.name
+                )
+                .into(),
+            ));
+        }
+        if !self.created {
+            self.ensure().await?;
+        }
+        let body = json!({"apiVersion": API_VERSION, "kind": KIND, "status": status});
+        match self
+            .reports
+            .patch_status(&self.name, &Self::params(), &Patch::Apply(&body))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                if matches!(&e, kube::Error::Api(s) if s.code == 404) {
+                    // Deleted under us (or with its Node): recreate on the next write.
+                    self.created = false;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn ensure(&mut self) -> Result<(), kube::Error> {
+        let mut metadata = json!({"name": self.name});
+        match self.nodes.get(&self.name).await {
+            Ok(node) => {
+                if let Some(uid) = node.metadata.uid {
+                    metadata["ownerReferences"] = json!([{
+                        "apiVersion": "v1", "kind": "Node", "name": self.name, "uid": uid,
+                    }]);
+                }
+            }
+            Err(e) => warn!(
+                node = %self.name,
+                error = %e,
+                "node report: cannot read the Node (get nodes): the report is created without an ownerReference and outlives the Node"
+            ),
+        }
+        let body = json!({"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata});
+        self.reports
+            .patch(&self.name, &Self::params(), &Patch::Apply(&body))
+            .await?;
+        self.created = true;
+        Ok(())
+    }
+}
+
+fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
+/// `--node-report on` with API access: writes until the report broadcast closes.
+pub async fn start(
+    source: crate::kube::KubeSource,
+    node_condition: bool,
+    facts: NodeFacts,
+    caps: Arc<Capabilities>,
+    reports: broadcast::Receiver<Arc<Report>>,
+    checks: watch::Receiver<CheckState>,
+) {
+    let client = match crate::kube::connect(&source).await {
+        Ok(c) => c,
+        Err(e) => {
+            warn!(error = %format!("{e:#}"), "no API client: the node report is off");
+            return;
+        }
+    };
+    let writer = match ReportWriter::new(client, &facts.node) {
+        Ok(mut w) => {
+            w.node_condition = node_condition;
+            w
+        }
+        Err(e) => {
+            warn!("{e}");
+            return;
+        }
+    };
+    run(writer, facts, caps, reports, checks).await;
+}
+
+/// Runs until the report broadcast closes.
+pub async fn run(
+    mut writer: ReportWriter,
+    facts: NodeFacts,
+    caps: Arc<Capabilities>,
+    mut reports: broadcast::Receiver<Arc<Report>>,
+    mut checks: watch::Receiver<CheckState>,
+) {
+    info!(node = %facts.node, "writing the node's LoopbackReport");
+    let origin = Instant::now();
+    let mut loops = Loops::default();
+    let mut gate: Gate<ReportStatus> = Gate::default();
+    let mut last_content: Option<ReportStatus> = None;
+    let mut last_offer = i64::MIN;
+    let mut failing = false;
+    let mut condition_failing = false;
+    let mut condition_heartbeat = false;
+    let mut checks_open = true;
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            report = reports.recv() => match report {
+                Ok(r) => loops.observe(&r.event, unix_now()),
+                // Missed reports: the next report of the same aggregate carries its count.
+                Err(RecvError::Lagged(_)) => {}
+                Err(RecvError::Closed) => return,
+            },
+            changed = checks.changed(), if checks_open => checks_open = changed.is_ok(),
+            _ = tick.tick() => {}
+        }
+        let now = unix_now();
+        loops.tick(now);
+        let check = checks.borrow().clone();
+        // Not before the first `probe check` pass (or CHECK_EVERY without one): a report
+        // without its risks would read as a clean node.
+        if check.mode.is_empty() && origin.elapsed() < CHECK_EVERY {
+            continue;
+        }
+        let status = build(&facts, &caps, &check, &loops, now);
+        let content = change_key(&status);
+        let heartbeat = now.saturating_sub(last_offer) >= HEARTBEAT.as_secs() as i64;
+        if heartbeat {
+            condition_heartbeat = true;
+        }
+        if last_content.as_ref() != Some(&content) || heartbeat {
+            gate.offer(status);
+            last_content = Some(content);
+            last_offer = now;
+        }
+        let now_ms = u64::try_from(origin.elapsed().as_millis()).unwrap_or(u64::MAX);
+        if let Some(status) = gate.take(now_ms) {
+            match tokio::time::timeout(WRITE_TIMEOUT, writer.write(&status)).await {
+                Ok(Ok(())) => {
+                    if failing {
+                        info!("node report: written again");
+                    }
+                    failing = false;
+                    if writer.node_condition {
+                        let written = tokio::time::timeout(
+                            WRITE_TIMEOUT,
+                            writer.write_condition(
+                                &status,
+                                &status.last_update,
+                                condition_heartbeat,
+                            ),
+                        )
+                        .await;
+                        match written {
+                            Ok(Ok(())) => {
+                                condition_failing = false;
+                                condition_heartbeat = false;
+                            }
+                            Ok(Err(e)) => {
+                                if !condition_failing {
+                                    warn!(error = %e, "node condition: patching nodes/status failed (retried at the rate limit)");
+                                }
+                                condition_failing = true;
+                                gate.failed(status);
+                            }
+                            Err(_) => {
+                                if !condition_failing {
+                                    warn!(
+                                        "node condition: patching nodes/status timed out (retried at the rate limit)"
+                                    );
+                                }
+                                condition_failing = true;
+                                gate.failed(status);
+                            }
+                        }
+                    }
+                }
+                Ok(Err(e)) => {
+                    if !failing {
+                        warn!(error = %e, "node report: write failed (retried at most every 10 s; detection is not affected)");
+                    }
+                    failing = true;
+                    gate.failed(status);
+                }
+                Err(_) => {
+                    if !failing {
+                        warn!("node report: write timed out (retried; detection is not affected)");
+                    }
+                    failing = true;
+                    gate.failed(status);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "writer_tests.rs"]
+mod tests;

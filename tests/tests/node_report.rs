@@ -1,0 +1,165 @@
+//! `--node-report on`: the real agent on the lab writes its node's LoopbackReport to the
+//! in-process fake API server (xtask::kubeapi: the real kube client on the wire), and
+//! `kubectl clb-probe report` reads the cluster table from it: the lab's node with its risk and
+//! its active loop, a second Node without an agent listed as missing, exit 1; with
+//! `--node-condition on` the Node gets the `LoadBalancerLoopback` condition.
+//!
+//! Root only (prints a skip line otherwise). Runs under the lab lock, like every lab test.
+
+use std::{process::Command, time::Duration};
+
+use probe_tests::agent::{Agent, probe_bin, require_root, wait_for};
+use serde_json::{Value, json};
+use xtask::{
+    kubeapi::{FakeApiServer, fixtures},
+    lab::{self, LabGuard, Scenario, Variants},
+};
+
+const NODE_NAME: &str = "clb-node";
+/// The first write goes at once; the next ones at most every 10 s (the rate limit), and the
+/// risks arrive with the first `probe check` pass: generous.
+const WAIT: Duration = Duration::from_secs(45);
+
+fn report(api: &FakeApiServer) -> Option<Value> {
+    api.objects("loopbackreports")
+        .into_iter()
+        .find(|o| o["metadata"]["name"] == NODE_NAME)
+}
+
+#[test]
+fn the_agent_writes_its_node_report_and_the_plugin_tables_the_cluster() {
+    if !require_root("node_report") {
+        return;
+    }
+    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    let api = FakeApiServer::start_in_netns(lab::NS_NODE).expect("fake API server");
+    for object in fixtures::lab() {
+        api.apply(object);
+    }
+    // A second Node, with no agent: the plugin must list it as missing.
+    api.apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "clb-node-2"}}));
+    let dir = std::env::temp_dir().join(format!("clb-node-report-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let kubeconfig = dir.join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig).unwrap();
+    let kc = kubeconfig.to_string_lossy().into_owned();
+    let agent = Agent::start_with_env(
+        lab::NS_NODE,
+        &[
+            "--nic",
+            lab::NODE_NIC,
+            "--kubeconfig",
+            kc.as_str(),
+            "--node-name",
+            NODE_NAME,
+            "--node-report",
+            "on",
+            "--node-condition",
+            "on",
+        ],
+        &[],
+    );
+    lab.traffic(Scenario::Hairpin).expect("traffic");
+    agent.wait_event("hairpin", WAIT, |es| {
+        es.iter().find(|e| e["kind"] == "hairpin").cloned()
+    });
+    let written = wait_for("the report with the loop and the risks", WAIT, || {
+        report(&api).filter(|o| {
+            o["status"]["activeLoopCount"].as_u64() >= Some(1)
+                && o["status"]["riskCount"].as_u64() >= Some(1)
+        })
+    })
+    .unwrap_or_else(|| panic!("no complete report: {:#?}", report(&api)));
+    let node_uid = api
+        .objects("nodes")
+        .into_iter()
+        .find(|n| n["metadata"]["name"] == NODE_NAME)
+        .unwrap()["metadata"]["uid"]
+        .clone();
+    assert_eq!(written["metadata"]["ownerReferences"][0]["uid"], node_uid);
+    let st = &written["status"];
+    assert_eq!(st["node"], NODE_NAME);
+    assert_eq!(st["kubeProxyMode"], "iptables", "{st:#}");
+    let hairpin = st["activeLoops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["kind"] == "hairpin")
+        .unwrap_or_else(|| panic!("{st:#}"));
+    assert!(
+        hairpin["service"].is_string(),
+        "named by attribution: {hairpin:#}"
+    );
+    assert!(
+        hairpin["clientPods"]
+            .as_array()
+            .is_some_and(|p| !p.is_empty()),
+        "{hairpin:#}"
+    );
+    // Only this node's report, only through the status subresource after the one create.
+    assert_eq!(api.objects("loopbackreports").len(), 1);
+    let reqs = api.requests();
+    let patches = |needle: &str| {
+        reqs.iter()
+            .filter(|r| r.method == "PATCH" && r.path.contains(needle))
+            .count()
+    };
+    assert_eq!(patches("/loopbackreports/clb-node?"), 1, "created once");
+    assert!(patches("/loopbackreports/clb-node/status?") >= 1);
+
+    // The Node condition, beside the kubelet's (merged by type): True with the loop's kind.
+    let condition = wait_for("the Node condition", WAIT, || {
+        api.objects("nodes")
+            .into_iter()
+            .find(|n| n["metadata"]["name"] == NODE_NAME)?["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == "LoadBalancerLoopback")
+            .cloned()
+    })
+    .expect("LoadBalancerLoopback condition");
+    assert_eq!(condition["status"], "True", "{condition:#}");
+    assert_eq!(condition["reason"], "Hairpin", "{condition:#}");
+    assert!(
+        condition["message"]
+            .as_str()
+            .unwrap()
+            .contains("on Service default/web"),
+        "{condition:#}"
+    );
+
+    // The plugin, in the node's namespace (where the fake API listens).
+    let plugin = probe_bin().with_file_name("kubectl-clb_probe");
+    let out = Command::new("ip")
+        .args(["netns", "exec", lab::NS_NODE])
+        .arg(&plugin)
+        .args(["--kubeconfig", kc.as_str(), "report"])
+        .output()
+        .expect("run kubectl-clb_probe");
+    let table = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{table}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = |node: &str| {
+        table
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(node))
+            .unwrap_or_else(|| panic!("{node} missing from\n{table}"))
+            .to_string()
+    };
+    assert!(line(NODE_NAME).contains(" ok "), "{table}");
+    assert!(line("clb-node-2").contains(" missing "), "{table}");
+    assert!(table.contains("1 without a report (missing)"), "{table}");
+    // The README's example is this output.
+    let _ = std::fs::write(
+        std::env::temp_dir().join("clb-node-report-example.txt"),
+        &table,
+    );
+    drop(agent);
+    drop(api);
+    drop(lab);
+    let _ = std::fs::remove_dir_all(&dir);
+}
