@@ -42,6 +42,8 @@ pub(super) struct CorrelateLoop {
     pub vip_iface: String,
     /// Who made each local address local (the node sync's latest).
     pub owners: watch::Receiver<nodesync::Owners>,
+    /// Where each new service table is published for readers beside the loop.
+    pub tables: watch::Sender<Option<Arc<state::ServiceTable>>>,
 }
 
 /// The signals that end the agent. SIGHUP and SIGQUIT too: their default actions (exit, core
@@ -122,6 +124,9 @@ pub(super) async fn run(mut l: CorrelateLoop) -> anyhow::Result<()> {
                 correlator.tick(monotonic_ns())
             }
             Some(table) = services_rx.recv() => {
+                if l.tables.receiver_count() > 0 {
+                    l.tables.send_replace(Some(Arc::new(table.clone())));
+                }
                 correlator.set_services(table);
                 Vec::new()
             }

@@ -190,7 +190,9 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
     };
     // Subscribed before the first report; the writers run beside the loop, never in it.
     let _kube_events_task = spawn_kube_events(&cfg, &shared);
-    let _node_report_task = spawn_node_report(&cfg, &shared, kube.index.clone());
+    // The correlator's latest service table, for readers beside it (the node report's checks).
+    let (tables_tx, tables_rx) = watch::channel(None);
+    let _node_report_task = spawn_node_report(&cfg, &shared, kube.index.clone(), tables_rx);
     let serving = surfaces.serve(&shared, &stop_rx);
     steps.mark("serve");
     info!("{}", steps.line());
@@ -215,6 +217,7 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         provider: cfg.provider,
         vip_iface: cfg.addr.vip_iface.clone(),
         owners: owners_rx,
+        tables: tables_tx,
     })
     .await;
     // Orderly shutdown: stop the surfaces and the sync task (it detaches), then the reader.
@@ -433,10 +436,11 @@ fn spawn_node_report(
     cfg: &AgentConfig,
     shared: &Shared,
     index: Option<watch::Receiver<Arc<crate::kube::index::Index>>>,
+    tables: watch::Receiver<Option<Arc<state::ServiceTable>>>,
 ) -> Option<AbortOnDrop> {
     let source = cfg.node_report.as_ref()?;
     let node = cfg.node_name.clone().unwrap_or_else(hub::node_name);
-    let checks = crate::report::writer::spawn_checks(cfg.addr.clone(), index);
+    let checks = crate::report::writer::spawn_checks(cfg.addr.clone(), index, tables);
     Some(AbortOnDrop(tokio::spawn(crate::report::writer::start(
         source.clone(),
         cfg.node_condition,

@@ -173,10 +173,12 @@ pub fn change_key(status: &ReportStatus) -> ReportStatus {
 }
 
 /// Runs `probe check`'s reading and rules every [`CHECK_EVERY`] on a thread of its own (it
-/// reads the node and shells out to iptables-save/ipset); stops when the receiver is gone.
+/// reads the node and runs `ipset save`); the service table is the agent's latest (`tables`)
+/// once there is one, read here only before that. Stops when the receiver is gone.
 pub fn spawn_checks(
     addr: crate::state::addrs::AddrConfig,
     index: Option<watch::Receiver<Arc<crate::kube::index::Index>>>,
+    tables: watch::Receiver<Option<Arc<crate::state::ServiceTable>>>,
 ) -> watch::Receiver<CheckState> {
     let (tx, rx) = watch::channel(CheckState::default());
     let spawned = std::thread::Builder::new()
@@ -184,7 +186,8 @@ pub fn spawn_checks(
         .spawn(move || {
             let mut said = false;
             loop {
-                match crate::check::gather::gather(&addr) {
+                let table = tables.borrow().as_deref().cloned();
+                match crate::check::gather::gather_with(&addr, table) {
                     Ok(inputs) => {
                         let services: Vec<_> = index
                             .as_ref()
