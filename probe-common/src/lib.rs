@@ -1,9 +1,10 @@
 //! Types shared by clb-probe's eBPF programs and its userspace agent.
 //!
 //! Every struct here crosses the kernel/user boundary through a map or the ring buffer, so each
-//! is `#[repr(C)]`, has explicit padding (no implicit holes, no `bool`, no `Option`), and its size
-//! is pinned by a compile-time assertion: a change on one side that the other does not see fails
-//! the build instead of corrupting events.
+//! is `#[repr(C)]`, has explicit padding (no implicit holes, no `bool`, no `Option`), and its layout
+//! (size, alignment, every field's offset) is pinned by compile-time assertions that hold on
+//! bpfel, x86_64 and aarch64 alike: a change on one side that the other does not see fails the
+//! build instead of corrupting events.
 #![no_std]
 
 use core::mem::size_of;
@@ -429,20 +430,44 @@ impl Default for ProbeConfig {
     }
 }
 
-// Sizes are part of the contract between the two halves: pin them.
-const _: () = assert!(size_of::<AddrValue>() == 4);
-const _: () = assert!(size_of::<SuspectKey>() == 8);
-const _: () = assert!(size_of::<DropKey>() == 8);
-const _: () = assert!(size_of::<EgressKey>() == 20);
-const _: () = assert!(size_of::<EgressValue>() == 40);
-const _: () = assert!(size_of::<EgressSourceKey>() == 20);
-const _: () = assert!(size_of::<EgressSourceFlows>() == 68);
-const _: () = assert!(size_of::<FlowKey>() == 40);
-const _: () = assert!(size_of::<Budget>() == 80);
-const _: () = assert!(size_of::<PacketEvent>() == 72);
-const _: () = assert!(core::mem::align_of::<PacketEvent>() <= 8);
-const _: () = assert!(size_of::<KernelOffsets>() == 32);
-const _: () = assert!(size_of::<ProbeConfig>() == 40);
+/// Pins a record's layout: size, alignment and every field's offset. The layout is the contract
+/// between the two halves, and this crate is compiled for each target that holds one (the eBPF
+/// programs for bpfel, the agent for x86_64 and aarch64): a layout that differs on any of them
+/// (an implicit hole, a `u64` aligned differently) fails that target's build, not a map update.
+macro_rules! pin_layout {
+    ($t:ty, size $size:literal, align $align:literal, { $($field:ident: $offset:literal),* $(,)? }) => {
+        const _: () = assert!(size_of::<$t>() == $size);
+        const _: () = assert!(core::mem::align_of::<$t>() == $align);
+        $(const _: () = assert!(core::mem::offset_of!($t, $field) == $offset);)*
+    };
+}
+
+pin_layout!(AddrValue, size 4, align 1, { tag: 0, _pad: 1 });
+pin_layout!(SuspectKey, size 8, align 4, { ifindex: 0, tag: 4, proto: 5, _pad: 6 });
+pin_layout!(DropKey, size 8, align 4, { reason: 0, src_tag: 4, dst_tag: 5, _pad: 6 });
+pin_layout!(EgressKey, size 20, align 2, { addr: 0, port: 16, proto: 18, family: 19 });
+pin_layout!(EgressValue, size 40, align 8, {
+    daddr: 0, dport: 16, _pad: 18, ifindex: 20, ts_ns: 24, last_ns: 32,
+});
+pin_layout!(EgressSourceKey, size 20, align 1, { addr: 0, family: 16, _pad: 17 });
+pin_layout!(EgressSourceFlows, size 68, align 4, { next: 0, flows: 4 });
+pin_layout!(FlowKey, size 40, align 2, {
+    saddr: 0, daddr: 16, sport: 32, dport: 34, proto: 36, family: 37, kind: 38, _pad: 39,
+});
+pin_layout!(Budget, size 80, align 8, { window_start_ns: 0, used: 8, wakeups: 72, _pad: 76 });
+// The ring buffer allows an alignment of at most 8.
+pin_layout!(PacketEvent, size 72, align 8, {
+    ts_ns: 0, location: 8, saddr: 16, daddr: 32, ifindex: 48, reason: 52, netns: 56, sport: 60,
+    dport: 62, kind: 64, src_tag: 65, dst_tag: 66, proto: 67, family: 68, tcp_flags: 69, _pad: 70,
+});
+pin_layout!(KernelOffsets, size 32, align 4, {
+    skb_head: 0, skb_network_header: 4, skb_dev: 8, skb_iif: 12, dev_nd_net: 16,
+    net_ns_inum: 20, valid: 24, _pad: 28,
+});
+pin_layout!(ProbeConfig, size 40, align 8, {
+    dedup_ns: 0, events_per_sec: 8, wakeup_bytes: 16, wakeups_per_sec: 24, netns_ino: 32,
+    reason_consumed: 36,
+});
 
 #[cfg(feature = "user")]
 mod pod {

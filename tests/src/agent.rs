@@ -25,6 +25,21 @@ pub fn probe_bin() -> PathBuf {
         })
 }
 
+/// The arm64 agent under test: `CLB_PROBE_ARM64_BIN`, else the cross-compiled debug build.
+pub fn probe_arm64_bin() -> PathBuf {
+    std::env::var_os("CLB_PROBE_ARM64_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../target/aarch64-unknown-linux-gnu/debug/probe")
+                .canonicalize()
+                .expect(
+                    "target/aarch64-unknown-linux-gnu/debug/probe: run `cargo build -p \
+                     probe-user --target aarch64-unknown-linux-gnu` first",
+                )
+        })
+}
+
 /// True when running as root; otherwise prints a skip line for the calling test.
 pub fn require_root(test: &str) -> bool {
     // SAFETY: geteuid has no preconditions.

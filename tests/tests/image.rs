@@ -4,14 +4,16 @@
 //! manifests). It confirms every lab failure; with one capability fewer it exits with the
 //! agent's one-line error. The image holds the binary under test (`CLB_PROBE_BIN`) so CI
 //! needs no release build; `cargo xtask image` builds the same image with the release one.
+//! The arm64 image (`CLB_PROBE_ARM64_BIN`, cross-compiled) runs its agent under qemu-user.
 
 use std::{collections::BTreeSet, process::Command, time::Duration};
 
-use probe_tests::agent::{probe_bin, require_root, tempdir::TempDir, wait_for};
+use probe_tests::agent::{probe_arm64_bin, probe_bin, require_root, tempdir::TempDir, wait_for};
 use xtask::lab::{self, LabGuard, Outcome, Scenario, Variants};
 
 const TAG: &str = "localhost/clb-probe:test";
 const NAME: &str = "clb-probe-image-test";
+const ARM64_TAG: &str = "localhost/clb-probe:test-arm64";
 
 /// The DaemonSet's added capabilities, from the manifests generated from the chart.
 fn daemonset_capabilities() -> Vec<String> {
@@ -173,5 +175,80 @@ fn the_image_confirms_every_failure_with_only_the_daemonsets_capabilities() {
         log.iter().any(|l| l.contains("detached")),
         "{}",
         log.join("\n")
+    );
+}
+
+/// Removes a buildah working container (and its mount) on drop.
+struct WorkingContainer(String);
+
+impl Drop for WorkingContainer {
+    fn drop(&mut self) {
+        let _ = Command::new("buildah").args(["rm", &self.0]).output();
+    }
+}
+
+fn stdout_of(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+#[test]
+fn the_arm64_image_runs_its_agent_under_qemu_user() {
+    if !require_root("arm64 image") {
+        return;
+    }
+    for tool in ["podman", "buildah", "qemu-aarch64-static"] {
+        if xtask::setup::which(tool).is_none() {
+            eprintln!("skipping the arm64 image test: {tool} not installed (cargo xtask setup)");
+            return;
+        }
+    }
+    let (tag, _) = xtask::image::build_arch(
+        &probe_arm64_bin(),
+        ARM64_TAG,
+        xtask::image::Arch::Arm64,
+        None,
+    )
+    .expect("cargo xtask image --arch arm64");
+    let arch = stdout_of(Command::new("podman").args([
+        "image",
+        "inspect",
+        "--format",
+        "{{.Os}}/{{.Architecture}}",
+        &tag,
+    ]));
+    assert_eq!(arch, "linux/arm64");
+
+    // The image's own files: its agent, run by qemu-user against the image's arm64 libc.
+    let ctr = WorkingContainer(stdout_of(Command::new("buildah").args(["from", &tag])));
+    let root = std::path::PathBuf::from(stdout_of(Command::new("buildah").args(["mount", &ctr.0])));
+    let agent = root.join("usr/local/bin/probe");
+    let elf = std::fs::read(&agent).unwrap();
+    // ELF e_machine (offset 18, little endian): 183 is EM_AARCH64.
+    assert_eq!(&elf[..4], b"\x7fELF");
+    assert_eq!(
+        u16::from_le_bytes([elf[18], elf[19]]),
+        183,
+        "not an arm64 binary"
+    );
+    let out = Command::new("qemu-aarch64-static")
+        .arg("-L")
+        .arg(&root)
+        .arg(&agent)
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "probe --version under qemu-aarch64: {out:?}"
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("probe {}", env!("CARGO_PKG_VERSION"))
     );
 }

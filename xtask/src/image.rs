@@ -4,6 +4,15 @@
 //! `dpkg -x` unpacks them), the release binary is added, and buildah commits the image to
 //! local storage (`podman run localhost/clb-probe:<version>`).
 //!
+//! Two architectures: amd64 and arm64 images (tags `<tag>-amd64`, `<tag>-arm64`) and a manifest
+//! list naming both (`<tag>`). The arm64 agent is cross-compiled with Debian's cross toolchain
+//! (`.cargo/config.toml` names the linker); its eBPF object is the same bytecode as amd64's (both
+//! are bpfel: checked byte for byte before the image is assembled). The arm64 rootfs comes from
+//! the same mirror through apt's `APT::Architecture=arm64` with lists and caches of its own, so
+//! the host's package state is never touched. Each image gets a CycloneDX SBOM (the Rust
+//! dependency tree of its target by cargo-cyclonedx, plus the rootfs' Debian packages) written
+//! next to it in `target/image/`, its digest an annotation of the image.
+//!
 //! Cached for CI: the rootfs tarball (in ~/.local/share/clb-probe/image, which a fresh clone
 //! reuses) is keyed by the resolved package versions, and the image carries a label of its
 //! inputs (rootfs key + binary hash), so an unchanged build downloads and commits nothing.
@@ -35,14 +44,68 @@ const ALTERNATIVES: &[(&str, &str)] = &[
 /// The label naming the image's inputs (the cache key).
 const INPUTS_LABEL: &str = "io.github.clb-probe.inputs";
 
+/// The annotation carrying the digest of the image's SBOM (the file is in `target/image/`).
+const SBOM_ANNOTATION: &str = "io.github.clb-probe.sbom.cyclonedx.sha256";
+
+/// An image architecture (Debian's and the OCI names agree for these two).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Arch {
+    Amd64,
+    Arm64,
+}
+
+impl Arch {
+    pub const ALL: [Arch; 2] = [Arch::Amd64, Arch::Arm64];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Amd64 => "amd64",
+            Arch::Arm64 => "arm64",
+        }
+    }
+
+    /// The Rust target the agent is built for.
+    pub fn rust_target(self) -> &'static str {
+        match self {
+            Arch::Amd64 => "x86_64-unknown-linux-gnu",
+            Arch::Arm64 => "aarch64-unknown-linux-gnu",
+        }
+    }
+
+    /// The machine's own architecture (the images are built on amd64).
+    pub fn host() -> Arch {
+        if cfg!(target_arch = "aarch64") {
+            Arch::Arm64
+        } else {
+            Arch::Amd64
+        }
+    }
+
+    /// Where `cargo build --release --target <rust_target>` leaves the agent.
+    pub fn release_binary(self) -> PathBuf {
+        workspace_root()
+            .join("target")
+            .join(self.rust_target())
+            .join("release/probe")
+    }
+}
+
 #[derive(Debug, Clone, clap::Args)]
 pub struct ImageArgs {
-    /// The agent binary to put in the image (default: a release build, built first).
+    /// The agent binary to put in the image (default: a release build, built first). Only
+    /// with a single `--arch`.
     #[arg(long)]
     pub binary: Option<PathBuf>,
-    /// Image name (default localhost/clb-probe:<version>).
+    /// Image name (default localhost/clb-probe:<version>). With two architectures it names
+    /// the manifest list, and the images are `<tag>-amd64` and `<tag>-arm64`.
     #[arg(long)]
     pub tag: Option<String>,
+    /// The architectures to build (default: amd64 and arm64, plus their manifest list).
+    #[arg(long, value_enum)]
+    pub arch: Vec<Arch>,
+    /// Skip the SBOMs (cargo-cyclonedx): for a quick local image.
+    #[arg(long)]
+    pub no_sbom: bool,
 }
 
 pub fn default_tag() -> String {
@@ -76,10 +139,47 @@ fn sha256(path: &Path) -> anyhow::Result<String> {
         .to_string())
 }
 
-/// apt with an empty dpkg status: resolves the full closure from the machine's mirror into
-/// our own archive cache, never touching the host's package state.
-fn apt(archives: &Path, status: &Path) -> Command {
+/// apt's cache directory for `arch` (the host's keeps its historical name).
+fn apt_dir(arch: Arch) -> PathBuf {
+    if arch == Arch::host() {
+        cache_dir().join("apt")
+    } else {
+        cache_dir().join(format!("apt-{}", arch.name()))
+    }
+}
+
+/// apt-get with an empty dpkg status: resolves the full closure from the machine's mirror into
+/// our own archive cache, never touching the host's package state. A foreign architecture
+/// gets its own lists and package caches (the machine's sources, read for arm64).
+fn apt_get(arch: Arch) -> Command {
+    let dir = apt_dir(arch);
     let mut cmd = Command::new("apt-get");
+    cmd.arg(format!(
+        "-o=Dir::State::status={}",
+        dir.join("status").display()
+    ))
+    .arg(format!(
+        "-o=Dir::Cache::archives={}",
+        dir.join("archives").display()
+    ))
+    .arg("-o=Debug::NoLocking=1")
+    // Our cache is root's: apt's _apt sandbox user could not write it.
+    .arg("-o=APT::Sandbox::User=root")
+    .env("DEBIAN_FRONTEND", "noninteractive");
+    if arch != Arch::host() {
+        cmd.arg(format!("-o=APT::Architecture={}", arch.name()))
+            .arg(format!("-o=APT::Architectures::={}", arch.name()))
+            .arg(format!(
+                "-o=Dir::State::Lists={}",
+                dir.join("lists").display()
+            ))
+            .arg(format!("-o=Dir::Cache={}", dir.join("cache").display()));
+    }
+    cmd
+}
+
+fn apt(arch: Arch) -> Command {
+    let mut cmd = apt_get(arch);
     cmd.args([
         "install",
         "-y",
@@ -87,24 +187,34 @@ fn apt(archives: &Path, status: &Path) -> Command {
         "--no-install-recommends",
         "--download-only",
     ])
-    .arg(format!("-o=Dir::State::status={}", status.display()))
-    .arg(format!("-o=Dir::Cache::archives={}", archives.display()))
-    .arg("-o=Debug::NoLocking=1")
-    // Our cache is root's: apt's _apt sandbox user could not write it.
-    .arg("-o=APT::Sandbox::User=root")
-    .args(PACKAGES)
-    .env("DEBIAN_FRONTEND", "noninteractive");
+    .args(PACKAGES);
     cmd
 }
 
-/// The rootfs tarball (cached by the resolved .deb file names, which carry the versions).
-fn rootfs() -> anyhow::Result<(PathBuf, String)> {
-    let apt_dir = cache_dir().join("apt");
+/// The rootfs tarball (cached by the resolved .deb file names, which carry the versions and
+/// the architecture) and the .deb file names it was unpacked from.
+fn rootfs(arch: Arch) -> anyhow::Result<(PathBuf, String, Vec<String>)> {
+    let apt_dir = apt_dir(arch);
     let archives = apt_dir.join("archives");
     std::fs::create_dir_all(archives.join("partial"))?;
-    let status = apt_dir.join("status");
-    std::fs::write(&status, "")?;
-    let uris = output(apt(&archives, &status).arg("--print-uris"))
+    std::fs::write(apt_dir.join("status"), "")?;
+    if arch != Arch::host() {
+        let lists = apt_dir.join("lists");
+        std::fs::create_dir_all(lists.join("partial"))?;
+        std::fs::create_dir_all(apt_dir.join("cache"))?;
+        let has_lists = std::fs::read_dir(&lists)?
+            .filter_map(|e| e.ok())
+            .any(|e| e.file_name().to_string_lossy().contains("_Packages"));
+        if !has_lists {
+            eprintln!(
+                "image: apt-get update for {} (lists of its own)",
+                arch.name()
+            );
+            output(apt_get(arch).args(["update", "-qq"]))
+                .with_context(|| format!("apt-get update for {}", arch.name()))?;
+        }
+    }
+    let uris = output(apt(arch).arg("--print-uris"))
         .context("resolving the image's Debian packages (apt-get update may be needed)")?;
     let mut debs: Vec<String> = uris
         .lines()
@@ -123,18 +233,25 @@ fn rootfs() -> anyhow::Result<(PathBuf, String)> {
     debs.sort();
     debs.dedup();
     let list = debs.join("\n");
+    // What the rootfs holds (for its SBOM): the closure less the script-only packages.
+    let unpacked: Vec<String> = debs
+        .iter()
+        .filter(|d| !SCRIPT_ONLY.contains(&d.split('_').next().unwrap_or_default()))
+        .cloned()
+        .collect();
     let key_file = apt_dir.join("closure.txt");
     std::fs::write(&key_file, &list)?;
     let key = sha256(&key_file)?[..16].to_string();
     let tar = cache_dir().join(format!("rootfs-{key}.tar"));
     if tar.is_file() {
-        eprintln!("image: Debian rootfs {key} cached");
-        return Ok((tar, key));
+        eprintln!("image: Debian rootfs {key} ({}) cached", arch.name());
+        return Ok((tar, key, unpacked));
     }
-    eprintln!("image: downloading {PACKAGES:?} and their dependencies from the Debian mirror");
-    let status_code = apt(&archives, &status)
-        .status()
-        .context("apt-get --download-only")?;
+    eprintln!(
+        "image: downloading {PACKAGES:?} ({}) and their dependencies from the Debian mirror",
+        arch.name()
+    );
+    let status_code = apt(arch).status().context("apt-get --download-only")?;
     if !status_code.success() {
         bail!("apt-get --download-only failed ({status_code})");
     }
@@ -180,7 +297,7 @@ fn rootfs() -> anyhow::Result<(PathBuf, String)> {
             .arg("."),
     )?;
     std::fs::remove_dir_all(&dir)?;
-    Ok((tar, key))
+    Ok((tar, key, unpacked))
 }
 
 /// The image's inputs label, or None when the image does not exist.
@@ -195,8 +312,21 @@ fn image_inputs(tag: &str) -> Option<String> {
     .ok()
 }
 
-/// Builds (or finds up to date) the image with `binary` as the agent; returns its tag.
+/// Builds (or finds up to date) the host-architecture image with `binary` as the agent, no
+/// SBOM; returns its tag.
 pub fn build(binary: &Path, tag: &str) -> anyhow::Result<String> {
+    build_arch(binary, tag, Arch::host(), None).map(|(tag, _)| tag)
+}
+
+/// Builds (or finds up to date) the `arch` image with `binary` (built for `arch`) as the agent;
+/// with `sbom`, the Rust SBOM to complete with the rootfs' Debian packages, write next to the
+/// image (`target/image/`) and annotate. Returns the tag and the SBOM's path.
+pub fn build_arch(
+    binary: &Path,
+    tag: &str,
+    arch: Arch,
+    sbom: Option<&Path>,
+) -> anyhow::Result<(String, Option<PathBuf>)> {
     if !setup::is_root() {
         bail!("building the image needs root (rootful buildah storage): run as root");
     }
@@ -205,13 +335,33 @@ pub fn build(binary: &Path, tag: &str) -> anyhow::Result<String> {
             bail!("{tool} is not installed: run `cargo xtask setup`");
         }
     }
-    let (tar, key) = rootfs()?;
-    let inputs = format!("{key}-{}", &sha256(binary)?[..16]);
+    let (tar, key, debs) = rootfs(arch)?;
+    let sbom = match sbom {
+        Some(rust) => {
+            let out = out_dir().join(format!(
+                "clb-probe-{}-{}.cdx.json",
+                env!("CARGO_PKG_VERSION"),
+                arch.name()
+            ));
+            crate::supply::write_image_sbom(rust, &debs, &out)?;
+            Some(out)
+        }
+        None => None,
+    };
+    let sbom_hash = sbom.as_deref().map(sha256).transpose()?;
+    let inputs = format!(
+        "{key}-{}{}",
+        &sha256(binary)?[..16],
+        sbom_hash
+            .as_deref()
+            .map(|h| format!("-{}", &h[..16]))
+            .unwrap_or_default()
+    );
     if image_inputs(tag).as_deref() == Some(inputs.as_str()) {
         eprintln!("image: {tag} up to date");
-        return Ok(tag.to_string());
+        return Ok((tag.to_string(), sbom));
     }
-    eprintln!("image: assembling {tag} with buildah");
+    eprintln!("image: assembling {tag} ({}) with buildah", arch.name());
     let ctr = output(Command::new("buildah").args(["from", "scratch"]))?;
     let result = (|| -> anyhow::Result<()> {
         output(
@@ -226,8 +376,13 @@ pub fn build(binary: &Path, tag: &str) -> anyhow::Result<String> {
                 .arg(binary)
                 .arg("/usr/local/bin/probe"),
         )?;
-        output(Command::new("buildah").args([
+        let mut config = Command::new("buildah");
+        config.args([
             "config",
+            "--os",
+            "linux",
+            "--arch",
+            arch.name(),
             "--entrypoint",
             r#"["/usr/local/bin/probe"]"#,
             "--cmd",
@@ -238,8 +393,13 @@ pub fn build(binary: &Path, tag: &str) -> anyhow::Result<String> {
             &format!("{INPUTS_LABEL}={inputs}"),
             "--label",
             "org.opencontainers.image.title=clb-probe",
-            &ctr,
-        ]))?;
+        ]);
+        if let Some(hash) = &sbom_hash {
+            config
+                .arg("--annotation")
+                .arg(format!("{SBOM_ANNOTATION}={hash}"));
+        }
+        output(config.arg(&ctr))?;
         let previous =
             output(Command::new("podman").args(["image", "inspect", "--format", "{{.Id}}", tag]))
                 .ok();
@@ -252,25 +412,186 @@ pub fn build(binary: &Path, tag: &str) -> anyhow::Result<String> {
     })();
     let _ = Command::new("buildah").args(["rm", &ctr]).output();
     result?;
-    Ok(tag.to_string())
+    Ok((tag.to_string(), sbom))
+}
+
+/// Where the image build writes what goes with the images (SBOMs).
+pub fn out_dir() -> PathBuf {
+    workspace_root().join("target/image")
+}
+
+/// The release agent for `arch`: the host's in target/release, arm64 cross-compiled.
+pub fn release_build(arch: Arch) -> anyhow::Result<PathBuf> {
+    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cmd.args(["build", "--release", "--locked", "-p", "probe-user"])
+        .current_dir(workspace_root());
+    if arch != Arch::host() {
+        cmd.args(["--target", arch.rust_target()]);
+    }
+    eprintln!("image: {cmd:?}");
+    let status = cmd.status()?;
+    if !status.success() {
+        bail!("the {} release build failed", arch.name());
+    }
+    Ok(if arch == Arch::host() {
+        workspace_root().join("target/release/probe")
+    } else {
+        arch.release_binary()
+    })
+}
+
+/// The eBPF object embedded in the latest release build for `arch` (build.rs's OUT_DIR).
+pub fn ebpf_object(arch: Arch) -> anyhow::Result<PathBuf> {
+    let build = if arch == Arch::host() {
+        workspace_root().join("target/release/build")
+    } else {
+        workspace_root()
+            .join("target")
+            .join(arch.rust_target())
+            .join("release/build")
+    };
+    std::fs::read_dir(&build)
+        .with_context(|| format!("reading {}", build.display()))?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("probe-user-"))
+        .map(|e| e.path().join("out/probe"))
+        .filter_map(|p| Some((p.metadata().ok()?.modified().ok()?, p)))
+        .max()
+        .map(|(_, p)| p)
+        .with_context(|| format!("no eBPF object under {}", build.display()))
+}
+
+/// The sections of an eBPF object (ELF64, little endian) that the kernel executes or loads
+/// as they are: programs, their relocations, maps, read-only data, license, symbols; by name.
+/// Left out: `.BTF`/`.BTF.ext` and DWARF, which name the userspace target (aya-ebpf's helper
+/// bindings live in a module per target architecture, `x86_64::bindings` vs
+/// `aarch64::bindings`, identical in content) and so differ between the two builds.
+pub fn ebpf_code(object: &Path) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
+    let d = std::fs::read(object).with_context(|| format!("reading {}", object.display()))?;
+    let bad = || anyhow::anyhow!("{} is not a 64-bit little-endian ELF", object.display());
+    let u16_at = |o: usize| -> anyhow::Result<usize> {
+        Ok(u16::from_le_bytes(d.get(o..o + 2).ok_or_else(bad)?.try_into()?) as usize)
+    };
+    let u32_at = |o: usize| -> anyhow::Result<usize> {
+        Ok(u32::from_le_bytes(d.get(o..o + 4).ok_or_else(bad)?.try_into()?) as usize)
+    };
+    let u64_at = |o: usize| -> anyhow::Result<usize> {
+        Ok(u64::from_le_bytes(d.get(o..o + 8).ok_or_else(bad)?.try_into()?) as usize)
+    };
+    if d.get(..6) != Some(b"\x7fELF\x02\x01".as_slice()) {
+        return Err(bad());
+    }
+    let (shoff, shentsize, shnum, shstrndx) =
+        (u64_at(0x28)?, u16_at(0x3a)?, u16_at(0x3c)?, u16_at(0x3e)?);
+    let header = |i: usize| shoff + i * shentsize;
+    let names = u64_at(header(shstrndx) + 0x18)?;
+    let mut sections = Vec::new();
+    for i in 0..shnum {
+        let h = header(i);
+        let name_at = names + u32_at(h)?;
+        let end = d[name_at..].iter().position(|&b| b == 0).ok_or_else(bad)?;
+        let name = String::from_utf8_lossy(&d[name_at..name_at + end]).into_owned();
+        if name.starts_with(".debug") || name.starts_with(".rel.debug") || name.starts_with(".BTF")
+        {
+            continue;
+        }
+        const SHT_NOBITS: usize = 8;
+        let (kind, offset, size) = (u32_at(h + 4)?, u64_at(h + 0x18)?, u64_at(h + 0x20)?);
+        let bytes = if kind == SHT_NOBITS {
+            size.to_le_bytes().to_vec()
+        } else {
+            d.get(offset..offset + size).ok_or_else(bad)?.to_vec()
+        };
+        sections.push((name, bytes));
+    }
+    Ok(sections)
 }
 
 pub fn run(args: &ImageArgs) -> anyhow::Result<()> {
-    let binary = match &args.binary {
-        Some(b) => b.clone(),
-        None => {
-            eprintln!("image: cargo build --release -p probe-user");
-            let status = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
-                .args(["build", "--release", "--locked", "-p", "probe-user"])
-                .current_dir(workspace_root())
-                .status()?;
-            if !status.success() {
-                bail!("the release build failed");
-            }
-            workspace_root().join("target/release/probe")
-        }
+    let mut arches = if args.arch.is_empty() {
+        Arch::ALL.to_vec()
+    } else {
+        args.arch.clone()
     };
-    let tag = build(&binary, args.tag.as_deref().unwrap_or(&default_tag()))?;
-    println!("{tag}");
+    arches.dedup();
+    if args.binary.is_some() && arches.len() != 1 {
+        bail!("--binary needs a single --arch (it is built for one architecture)");
+    }
+    let tag = args.tag.clone().unwrap_or_else(default_tag);
+    let mut binaries = Vec::new();
+    for &arch in &arches {
+        let binary = match &args.binary {
+            Some(b) => b.clone(),
+            None => release_build(arch)?,
+        };
+        binaries.push((arch, binary));
+    }
+    // Both agents carry the same programs: one bpfel object, whatever the userspace target.
+    if args.binary.is_none() && arches.len() > 1 {
+        let objects: Vec<(Arch, PathBuf)> = arches
+            .iter()
+            .map(|&a| Ok((a, ebpf_object(a)?)))
+            .collect::<anyhow::Result<_>>()?;
+        let (first_arch, first) = &objects[0];
+        let first_code = ebpf_code(first)?;
+        for (arch, object) in &objects[1..] {
+            if ebpf_code(object)? != first_code {
+                bail!(
+                    "the eBPF programs differ between {} ({}) and {} ({}): they must be the \
+                     same bytecode on every architecture",
+                    first_arch.name(),
+                    first.display(),
+                    arch.name(),
+                    object.display()
+                );
+            }
+        }
+        eprintln!(
+            "image: eBPF programs, maps and relocations identical for {arches:?} ({} sections)",
+            first_code.len()
+        );
+    }
+    std::fs::create_dir_all(out_dir())?;
+    let mut images = Vec::new();
+    for (arch, binary) in &binaries {
+        let rust_sbom = if args.no_sbom {
+            None
+        } else {
+            Some(crate::supply::rust_sbom(*arch)?)
+        };
+        let image_tag = if arches.len() == 1 {
+            tag.clone()
+        } else {
+            format!("{tag}-{}", arch.name())
+        };
+        let (image, sbom) = build_arch(binary, &image_tag, *arch, rust_sbom.as_deref())?;
+        if let Some(sbom) = sbom {
+            eprintln!("image: SBOM {}", sbom.display());
+        }
+        println!("{image}");
+        images.push(image);
+    }
+    if images.len() > 1 {
+        manifest_list(&tag, &images)?;
+        println!("{tag}");
+    }
+    Ok(())
+}
+
+/// The manifest list `tag` naming `images` (rebuilt each time: it is only references).
+fn manifest_list(tag: &str, images: &[String]) -> anyhow::Result<()> {
+    let _ = Command::new("buildah")
+        .args(["manifest", "rm", tag])
+        .output();
+    output(Command::new("buildah").args(["manifest", "create", tag]))?;
+    for image in images {
+        output(Command::new("buildah").args([
+            "manifest",
+            "add",
+            tag,
+            &format!("containers-storage:{image}"),
+        ]))?;
+    }
+    eprintln!("image: manifest list {tag} ({})", images.join(", "));
     Ok(())
 }

@@ -8,6 +8,7 @@ pub mod image;
 pub mod kubeapi;
 pub mod lab;
 pub mod setup;
+pub mod supply;
 pub mod testrun;
 pub mod vm;
 

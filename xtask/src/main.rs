@@ -32,9 +32,15 @@ enum Command {
     Bench(xtask::bench::BenchArgs),
     /// Render the Helm chart into the plain manifests (deploy/clb-probe.yaml).
     Manifests,
-    /// Build the container image (Debian rootfs from the Debian mirror + the release agent)
-    /// with buildah into local storage, as localhost/clb-probe:<version> (needs root).
+    /// Build the container images (Debian rootfs from the Debian mirror + the release agent)
+    /// for amd64 and arm64 with buildah into local storage, their manifest list
+    /// localhost/clb-probe:<version> and their SBOMs in target/image/ (needs root).
     Image(xtask::image::ImageArgs),
+    /// Two release builds of this checkout in fresh target directories, compared byte for byte.
+    Repro,
+    /// `cargo deny check` with deny.toml (licenses, bans, sources; advisories when a database
+    /// is here or fetchable). Part of `cargo xtask test`'s lint stage.
+    Deny,
     /// Faults and hostile load against the real agent (SIGKILL under a flood, hostile HTTP
     /// clients, capability drops, fuzzed parsers); writes RELIABILITY.md (needs root).
     Chaos(xtask::chaos::ChaosArgs),
@@ -61,6 +67,8 @@ fn main() -> ExitCode {
         Command::VmTest(args) => xtask::vm::run(&args).map(|()| ExitCode::SUCCESS),
         Command::Manifests => xtask::chart::write_manifests().map(|()| ExitCode::SUCCESS),
         Command::Image(args) => xtask::image::run(&args).map(|()| ExitCode::SUCCESS),
+        Command::Repro => xtask::supply::repro().map(|()| ExitCode::SUCCESS),
+        Command::Deny => xtask::supply::deny().map(|()| ExitCode::SUCCESS),
         Command::Lab(args) => lab_cmd::run(args),
         Command::LabClient(args) => lab_cmd::client(args),
     };

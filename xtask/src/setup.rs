@@ -36,7 +36,87 @@ const PACKAGES: &[(&str, &str)] = &[
     ("podman", "podman"),
     // crun (podman's default) cannot run on a hybrid cgroup hierarchy; runc can.
     ("runc", "runc"),
+    // The arm64 agent: Debian's cross linker (with the arm64 libc it links against), and
+    // qemu-user to run the arm64 binaries here (`.cargo/config.toml` names both).
+    ("gcc-aarch64-linux-gnu", "aarch64-linux-gnu-gcc"),
+    ("qemu-user-static", "qemu-aarch64-static"),
 ];
+
+/// A cargo subcommand installed from crates.io (`cargo install --locked`, pinned), when the
+/// task that uses it first runs: the image build and the lint stage, not every setup.
+pub struct CargoTool {
+    pub krate: &'static str,
+    pub version: &'static str,
+    pub bin: &'static str,
+}
+
+/// Licenses, bans, duplicate versions and advisories (`deny.toml`).
+pub const DENY: CargoTool = CargoTool {
+    krate: "cargo-deny",
+    version: "0.20.2",
+    bin: "cargo-deny",
+};
+
+/// The images' CycloneDX SBOMs.
+pub const CYCLONEDX: CargoTool = CargoTool {
+    krate: "cargo-cyclonedx",
+    version: "0.5.9",
+    bin: "cargo-cyclonedx",
+};
+
+/// Installs `tool` unless its pinned version is there.
+pub fn cargo_tool(tool: CargoTool) -> anyhow::Result<()> {
+    let bin = cargo_bin().join(tool.bin);
+    let present = Command::new(&bin)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).contains(tool.version))
+        // cargo subcommands print their version after the subcommand name.
+        || Command::new(&bin)
+            .args([tool.bin.trim_start_matches("cargo-"), "--version"])
+            .output()
+            .is_ok_and(|o| {
+                o.status.success() && String::from_utf8_lossy(&o.stdout).contains(tool.version)
+            });
+    if present {
+        return Ok(());
+    }
+    say(&format!(
+        "installing {} {} (cargo install --locked; a few minutes, once)",
+        tool.krate, tool.version
+    ));
+    run(Command::new("cargo").args([
+        "install",
+        "--locked",
+        "--force",
+        tool.krate,
+        "--version",
+        tool.version,
+    ]))
+    .with_context(|| format!("cargo install {} failed", tool.krate))
+}
+
+/// Rust targets besides the host's: the arm64 agent.
+const RUST_TARGETS: &[&str] = &["aarch64-unknown-linux-gnu"];
+
+fn has_rust_target(target: &str) -> bool {
+    output(Command::new("rustup").args(["target", "list", "--installed"]))
+        .is_ok_and(|s| s.lines().any(|l| l.trim() == target))
+}
+
+/// The standard library for the arm64 agent (stable toolchain).
+pub fn rust_targets() -> anyhow::Result<()> {
+    for target in RUST_TARGETS {
+        if has_rust_target(target) {
+            continue;
+        }
+        say(&format!("adding the Rust target {target}"));
+        run(Command::new("rustup").args(["target", "add", target]))
+            .with_context(|| format!("rustup target add {target} failed"))?;
+    }
+    say("Rust targets: present");
+    Ok(())
+}
 
 /// bpf-linker release that links LLVM dynamically (see shared/TOOLCHAIN.md).
 const BPF_LINKER_VERSION: &str = "0.13.0";
@@ -259,6 +339,7 @@ pub fn is_complete() -> bool {
         && node_prefix().join(NODE_MODELS.1).is_dir()
         && nightly_sysroot().is_ok_and(|s| s.join("lib/rustlib/src/rust/library/core").is_dir())
         && cargo_bin().join("bpf-linker").is_file()
+        && RUST_TARGETS.iter().all(|t| has_rust_target(t))
 }
 
 /// Python tools the deployment checks use, pinned, in a venv of their own (PyPI).
@@ -352,7 +433,8 @@ pub fn all() -> anyhow::Result<()> {
 /// Only what building the agent needs (the container image's build stage).
 pub fn toolchain() -> anyhow::Result<()> {
     nightly()?;
-    bpf_linker()
+    bpf_linker()?;
+    rust_targets()
 }
 
 /// Runs setup only when something is missing, so the README's two commands work alone.

@@ -12,6 +12,9 @@ use anyhow::{Context as _, bail};
 
 use crate::{setup, workspace_root};
 
+/// The arm64 agent's Rust target.
+const ARM64: &str = "aarch64-unknown-linux-gnu";
+
 fn cargo() -> Command {
     Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
 }
@@ -146,6 +149,8 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
                 "warnings",
             ]),
         )?;
+        eprintln!("test: cargo deny (licenses, bans, sources, advisories)");
+        crate::supply::deny()?;
     }
     // The default members: probe-common, probe-user (incl. the correlator's recorded
     // streams), xtask. No root needed.
@@ -160,6 +165,13 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
 
 fn suites(args: &TestArgs, root: &std::path::Path, totals: &mut Totals) -> anyhow::Result<()> {
     test_step("unit tests", cargo().arg("test"), totals)?;
+    // The kernel/user record layouts are pinned at compile time on every target; their unit
+    // tests also run on arm64 itself (qemu-user: `.cargo/config.toml`'s runner).
+    test_step(
+        "probe-common's unit tests on arm64 (cross-compiled, qemu-user)",
+        cargo().args(["test", "-p", "probe-common", "--target", ARM64]),
+        totals,
+    )?;
     if args.unit_only {
         return Ok(());
     }
@@ -175,6 +187,12 @@ fn suites(args: &TestArgs, root: &std::path::Path, totals: &mut Totals) -> anyho
         cargo().args(["build", "-p", "probe-user"]),
     )?;
     let probe = root.join("target/debug/probe");
+    // The arm64 image test's agent (cross-compiled; the image test runs it under qemu-user).
+    step(
+        "build the arm64 probe binary (cross-compiled)",
+        cargo().args(["build", "-p", "probe-user", "--target", ARM64]),
+    )?;
+    let probe_arm64 = root.join("target").join(ARM64).join("debug/probe");
     let mut cmd = cargo();
     cmd.args([
         "test",
@@ -184,7 +202,8 @@ fn suites(args: &TestArgs, root: &std::path::Path, totals: &mut Totals) -> anyho
         "--",
         "--test-threads=1",
     ])
-    .env("CLB_PROBE_BIN", &probe);
+    .env("CLB_PROBE_BIN", &probe)
+    .env("CLB_PROBE_ARM64_BIN", &probe_arm64);
     if let Some(f) = &args.filter {
         cmd.arg(f);
     }
