@@ -501,7 +501,8 @@ fn lab_masq_chain() -> String {
 
 /// kube-proxy's IPVS-mode ipsets for `default/web` (what `ipset save` shows on such a node):
 /// ClusterIP,proto:port; LB ingress IPs (kube-proxy lists every one, bound or not); NodePorts;
-/// the endpoint-to-itself hairpin set; and, `default/web` having externalTrafficPolicy Local,
+/// the endpoint-to-itself hairpin set (an entry per local endpoint: pod-b's TCP web port and
+/// its UDP DNS port, the UDP NodePort's real server); and, `default/web` having externalTrafficPolicy Local,
 /// its NodePort and LB ingress in the `-LOCAL` sets (whose rules RETURN before
 /// KUBE-MARK-MASQ: pod traffic to the LB IP leaves unmasqueraded, reference 002).
 fn kube_proxy_ipsets() -> String {
@@ -514,6 +515,7 @@ fn kube_proxy_ipsets() -> String {
          add KUBE-NODE-PORT-TCP {NODE_PORT}\n\
          create KUBE-LOOP-BACK hash:ip,port,ip family inet hashsize 1024 maxelem 65536\n\
          add KUBE-LOOP-BACK {POD_B_IP},tcp:{POD_PORT},{POD_B_IP}\n\
+         add KUBE-LOOP-BACK {POD_B_IP},udp:{POD_UDP_PORT},{POD_B_IP}\n\
          create {LB_LOCAL_SET} hash:ip,port family inet hashsize 1024 maxelem 65536\n\
          add {LB_LOCAL_SET} {VIP},tcp:{SERVICE_PORT}\n\
          create {NODE_PORT_LOCAL_SET} bitmap:port range 0-65535\n\
