@@ -149,7 +149,8 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
     let sync_task = tokio::spawn(sync.run(rt_handle.clone(), stop_rx.clone()));
 
     let kallsyms = early.kallsyms.join().unwrap_or_default();
-    if kallsyms.is_empty() {
+    let kallsyms_readable = !kallsyms.is_empty();
+    if !kallsyms_readable {
         let restrict = std::fs::read_to_string("/proc/sys/kernel/kptr_restrict")
             .map(|s| format!("kernel.kptr_restrict={}", s.trim()))
             .unwrap_or_else(|e| format!("kptr_restrict unreadable: {e}"));
@@ -192,7 +193,9 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
     let _kube_events_task = spawn_kube_events(&cfg, &shared);
     // The correlator's latest service table, for readers beside it (the node report's checks).
     let (tables_tx, tables_rx) = watch::channel(None);
-    let _node_report_task = spawn_node_report(&cfg, &shared, kube.index.clone(), tables_rx);
+    let _node_report_task = spawn_node_report(&cfg, &shared, kube.index.clone(), tables_rx, || {
+        crate::check::gather::kernel_view_of(Ok(&kbtf), kallsyms_readable)
+    });
     let serving = surfaces.serve(&shared, &stop_rx);
     steps.mark("serve");
     info!("{}", steps.line());
@@ -437,10 +440,11 @@ fn spawn_node_report(
     shared: &Shared,
     index: Option<watch::Receiver<Arc<crate::kube::index::Index>>>,
     tables: watch::Receiver<Option<Arc<state::ServiceTable>>>,
+    kernel: impl FnOnce() -> crate::check::KernelView,
 ) -> Option<AbortOnDrop> {
     let source = cfg.node_report.as_ref()?;
     let node = cfg.node_name.clone().unwrap_or_else(hub::node_name);
-    let checks = crate::report::writer::spawn_checks(cfg.addr.clone(), index, tables);
+    let checks = crate::report::writer::spawn_checks(cfg.addr.clone(), index, tables, kernel());
     Some(AbortOnDrop(tokio::spawn(crate::report::writer::start(
         source.clone(),
         cfg.node_condition,

@@ -26,15 +26,17 @@ pub const CLUSTER_IP_SET: &str = "KUBE-CLUSTER-IP";
 
 /// Reads everything; an error means the node could not be read (addresses, service table).
 pub fn gather(cfg: &AddrConfig) -> anyhow::Result<Inputs> {
-    gather_with(cfg, None)
+    gather_with(cfg, None, None)
 }
 
-/// [`gather`], with the service table already read when the caller has one (the agent's node
-/// report: its own reader keeps the table current on change; reading it again every minute
-/// would cost a full iptables-save on a 10,000-Service node).
+/// [`gather`], with what the caller already holds (the agent's node report, every minute):
+/// the service table (its reader keeps it current on change; reading it again would cost a
+/// full iptables-save on a 10,000-Service node) and the kernel view (the agent parsed the
+/// BTF and kallsyms at start; parsing them again costs most of a second each time).
 pub fn gather_with(
     cfg: &AddrConfig,
     services: Option<state::ServiceTable>,
+    kernel_known: Option<KernelView>,
 ) -> anyhow::Result<Inputs> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -120,7 +122,7 @@ pub fn gather_with(
         pod_prefixes,
         services,
         nics,
-        kernel: kernel_view(),
+        kernel: kernel_known.unwrap_or_else(kernel_view),
         api: super::ApiState::NotUsed,
         self_loop,
     })
@@ -209,15 +211,22 @@ fn nic_sysctls(name: &str) -> NicSysctls {
 }
 
 fn kernel_view() -> KernelView {
+    kernel_view_of(KernelBtf::load().as_ref(), !Kallsyms::load().is_empty())
+}
+
+/// The kernel view from a BTF parse and a kallsyms read already done (the agent's own).
+pub fn kernel_view_of(
+    btf: Result<&KernelBtf, &kernel::KernelError>,
+    kallsyms_readable: bool,
+) -> KernelView {
     let (release, tcx) = kernel::release_and_tcx();
-    let btf = KernelBtf::load();
     KernelView {
         release,
         tcx,
-        drop_reason_arg: btf.as_ref().is_ok_and(KernelBtf::kfree_skb_has_reason),
-        drop_reasons: btf.as_ref().map_or(0, |b| b.drop_reasons.len()),
+        drop_reason_arg: btf.is_ok_and(KernelBtf::kfree_skb_has_reason),
+        drop_reasons: btf.map_or(0, |b| b.drop_reasons.len()),
         btf_error: btf.err().map(|e| e.to_string()),
         kptr_restrict: sysctl("kernel/kptr_restrict"),
-        kallsyms_readable: !Kallsyms::load().is_empty(),
+        kallsyms_readable,
     }
 }

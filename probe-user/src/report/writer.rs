@@ -174,11 +174,13 @@ pub fn change_key(status: &ReportStatus) -> ReportStatus {
 
 /// Runs `probe check`'s reading and rules every [`CHECK_EVERY`] on a thread of its own (it
 /// reads the node and runs `ipset save`); the service table is the agent's latest (`tables`)
-/// once there is one, read here only before that. Stops when the receiver is gone.
+/// once there is one, read here only before that; the kernel view is the agent's (`kernel`).
+/// Stops when the receiver is gone.
 pub fn spawn_checks(
     addr: crate::state::addrs::AddrConfig,
     index: Option<watch::Receiver<Arc<crate::kube::index::Index>>>,
     tables: watch::Receiver<Option<Arc<crate::state::ServiceTable>>>,
+    kernel: crate::check::KernelView,
 ) -> watch::Receiver<CheckState> {
     let (tx, rx) = watch::channel(CheckState::default());
     let spawned = std::thread::Builder::new()
@@ -187,7 +189,7 @@ pub fn spawn_checks(
             let mut said = false;
             loop {
                 let table = tables.borrow().as_deref().cloned();
-                match crate::check::gather::gather_with(&addr, table) {
+                match crate::check::gather::gather_with(&addr, table, Some(kernel.clone())) {
                     Ok(inputs) => {
                         let services: Vec<_> = index
                             .as_ref()
