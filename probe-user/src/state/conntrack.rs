@@ -109,6 +109,18 @@ fn lookup_by(tuple: &Tuple, reply: bool) -> Result<Option<ConntrackEntry>, Connt
     }
 }
 
+/// Whether `e` is the connection of a pod's call to itself, `call` as it reached the pod
+/// (pod:client port -> pod:endpoint port, after DNAT): sent from the call's source, answered
+/// from the call's destination, masqueraded or not (the reply's destination is the pod, or
+/// the node's address when the call was SNATed). Pure.
+pub fn is_self_call(e: &ConntrackEntry, call: &Tuple) -> bool {
+    e.orig.proto == call.proto
+        && e.orig.src == call.src
+        && e.orig.sport == call.sport
+        && e.reply.src == call.dst
+        && e.reply.sport == call.dport
+}
+
 /// Every conntrack entry of `src`'s family whose original source is `src`, in the calling
 /// thread's network namespace. Dumps the whole table and filters here. Blocking.
 pub fn dump_by_source(src: IpAddr) -> Result<Vec<ConntrackEntry>, ConntrackError> {
@@ -341,6 +353,33 @@ mod tests {
     use super::*;
     use crate::state::test_netns::Netns;
     use std::process::{Command, Stdio};
+
+    /// The call's connection, masqueraded or not; not another call of the pod's, nor an
+    /// answer from another port.
+    #[test]
+    fn a_self_call_is_matched_by_its_ports_whatever_answered_it() {
+        let t = |src: &str, sport, dst: &str, dport| Tuple {
+            src: src.parse().unwrap(),
+            dst: dst.parse().unwrap(),
+            sport,
+            dport,
+            proto: Proto::Tcp,
+        };
+        let call = t("198.19.1.11", 40000, "198.19.1.11", 8080);
+        let entry = |reply_dst: &str, reply_sport| ConntrackEntry {
+            orig: t("198.19.1.11", 40000, "198.18.100.10", 80),
+            reply: t("198.19.1.11", reply_sport, reply_dst, 40000),
+            snat: reply_dst != "198.19.1.11",
+            dnat: true,
+            seen_reply: false,
+            tcp_state: None,
+        };
+        assert!(is_self_call(&entry("198.19.1.11", 8080), &call));
+        assert!(is_self_call(&entry("198.19.1.1", 8080), &call));
+        assert!(!is_self_call(&entry("198.19.1.1", 9090), &call));
+        let other_call = t("198.19.1.11", 40001, "198.19.1.11", 8080);
+        assert!(!is_self_call(&entry("198.19.1.1", 8080), &other_call));
+    }
     use std::time::Duration;
 
     const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/conntrack/");

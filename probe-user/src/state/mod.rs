@@ -162,6 +162,19 @@ pub struct Tuple {
     pub proto: Proto,
 }
 
+impl Tuple {
+    /// The other direction: how the answer to this packet travels.
+    pub fn reversed(&self) -> Tuple {
+        Tuple {
+            src: self.dst,
+            dst: self.src,
+            sport: self.dport,
+            dport: self.sport,
+            proto: self.proto,
+        }
+    }
+}
+
 /// A conntrack entry, reduced to what proves or disproves a loopback.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ConntrackEntry {
