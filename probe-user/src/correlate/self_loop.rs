@@ -583,6 +583,7 @@ mod tests {
             dnat: true,
             seen_reply: false,
             tcp_state: Some("SYN_SENT".into()),
+            timeout_s: None,
         };
         assert_eq!(
             called_service(&table, Some(&entry), pod, 8080, Proto::Tcp),

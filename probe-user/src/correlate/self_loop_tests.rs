@@ -63,6 +63,7 @@ fn entry(sport: u16, snat: bool) -> ConntrackEntry {
         dnat: true,
         seen_reply: false,
         tcp_state: Some("SYN_SENT".into()),
+        timeout_s: None,
     }
 }
 

@@ -188,6 +188,11 @@ pub struct ConntrackEntry {
     pub seen_reply: bool,
     /// TCP state name as conntrack reports it (`SYN_SENT`, `ESTABLISHED`, `CLOSE`, ...).
     pub tcp_state: Option<String>,
+    /// Seconds left before the entry expires (CTA_TIMEOUT); each packet resets it to its
+    /// state's timeout, so the two tell how long ago the latest packet passed
+    /// ([`crate::state::conntrack::StateTimeouts::idle_s`]).
+    #[serde(default)]
+    pub timeout_s: Option<u32>,
 }
 
 /// A pod's port on a Linux bridge (kubenet's `cbr0`, the bridge CNI's `cni0`).
