@@ -438,6 +438,7 @@ fn spawn_kube_events(cfg: &AgentConfig, shared: &Shared) -> Option<AbortOnDrop> 
         source.clone(),
         cfg.node_name.clone().unwrap_or_else(hub::node_name),
         shared.subscribe(),
+        shared.resolutions.subscribe(),
         shared.kube_events.clone(),
     ))))
 }
