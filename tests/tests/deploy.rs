@@ -106,6 +106,7 @@ fn the_chart_renders_lints_and_validates_for_every_ci_values_file() {
         "grafana_dashboard",
         "kind: Namespace",
         "--kube-attribution",
+        "--resolve-after",
     ] {
         assert!(!default.contains(absent), "{absent} rendered by default");
     }
@@ -173,6 +174,7 @@ fn the_chart_renders_lints_and_validates_for_every_ci_values_file() {
                 "- --kube-events=on",
                 "- --node-report=on",
                 "- --node-condition=on",
+                "- --resolve-after=120",
                 "resources: [nodes/status]",
                 "automountServiceAccountToken: true",
                 "containerPort: 9100",
