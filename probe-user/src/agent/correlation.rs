@@ -221,7 +221,7 @@ fn emit(l: &mut CorrelateLoop, mut report: Report) {
     let service = e
         .service
         .as_deref()
-        .filter(|_| l.tracker.needs_service(&e.key))
+        .filter(|_| l.tracker.needs_service(e))
         .and_then(|name| index.services().find(|s| s.key() == name))
         .map(service_fields);
     // The latest occurrence's kernel time on the wall clock (the report may have been held).

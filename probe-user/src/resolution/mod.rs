@@ -1,6 +1,7 @@
-//! From confirmed to resolved: each confirmed loop (its aggregate key: kind, Service or VIP,
-//! node) is tracked until the failure has stopped *and* the traffic that triggered it is seen
-//! to flow again.
+//! From confirmed to resolved: each confirmed loop ([`loop_key`]: kind and Service, else kind
+//! and VIP; the node is the agent's own) is tracked until the failure has stopped *and* the
+//! traffic that triggered it is seen to flow again. One loop gathers the aggregates of its
+//! clients (ten pods hairpinning through one Service are one loop, ten Warning Events).
 //!
 //! - **Active** while it recurs. The correlator reports every repeat of an aggregate, so a
 //!   loop that keeps happening keeps its last sighting fresh.
@@ -61,9 +62,26 @@ enum State {
     Resolved,
 }
 
+/// The aggregates one loop remembers at most (their Warning Events get a new episode).
+pub const MAX_AGGREGATES: usize = 64;
+
+/// A loop's identity: `kind/namespace/name` when the event names a Service, else
+/// `kind/vip:port` (or the VIP, or the destination). Pure.
+pub fn loop_key(e: &LoopbackEvent) -> String {
+    let what = match (&e.service, e.vip, e.vip_port) {
+        (Some(service), _, _) => service.clone(),
+        (None, Some(vip), Some(port)) => std::net::SocketAddr::new(vip, port).to_string(),
+        (None, Some(vip), None) => vip.to_string(),
+        (None, None, _) => e.dst.to_string(),
+    };
+    format!("{}/{what}", e.kind.as_str())
+}
+
 #[derive(Clone, Debug)]
 struct Tracked {
     kind: LoopbackKind,
+    /// The aggregate keys seen in this loop (bounded by [`MAX_AGGREGATES`]).
+    aggregates: std::collections::BTreeSet<String>,
     service: Option<String>,
     vip: Option<std::net::IpAddr>,
     vip_port: Option<u16>,
@@ -71,7 +89,7 @@ struct Tracked {
     /// Unix milliseconds.
     first: i64,
     last: i64,
-    /// The aggregate's count when this episode began, and its latest.
+    /// Reports of the loop (all its aggregates) before this episode, and in all.
     count_base: u64,
     count: u64,
     episode: u32,
@@ -135,20 +153,22 @@ impl Tracker {
         seen: i64,
     ) -> Observed {
         let now = seen;
-        let observed = match self.loops.get_mut(&e.key) {
+        let key = loop_key(e);
+        let observed = match self.loops.get_mut(&key) {
             None => {
                 self.loops.insert(
-                    e.key.clone(),
+                    key.clone(),
                     Tracked {
                         kind: e.kind,
+                        aggregates: Default::default(),
                         service: e.service.clone(),
                         vip: e.vip,
                         vip_port: e.vip_port,
                         shape: Shape::of(e),
                         first: now,
                         last: now,
-                        count_base: e.count.saturating_sub(1),
-                        count: e.count,
+                        count_base: 0,
+                        count: 0,
                         episode: 0,
                         state: State::Active,
                         pending: false,
@@ -161,6 +181,7 @@ impl Tracker {
                 t.episode += 1;
                 t.first = now;
                 t.count_base = t.count;
+                t.aggregates.clear();
                 t.service_before = service.clone();
                 t.state = State::Active;
                 *self
@@ -174,9 +195,13 @@ impl Tracker {
                 Observed::Repeat
             }
         };
-        let t = self.loops.get_mut(&e.key).expect("inserted above");
+        let t = self.loops.get_mut(&key).expect("inserted above");
         t.last = t.last.max(now);
-        t.count = t.count.max(e.count);
+        // Confirmations across the loop's aggregates: each report is one.
+        t.count += 1;
+        if t.aggregates.len() < MAX_AGGREGATES {
+            t.aggregates.insert(e.key.clone());
+        }
         if e.service.is_some() {
             t.service = e.service.clone();
         }
@@ -192,11 +217,11 @@ impl Tracker {
         observed
     }
 
-    /// Whether [`Tracker::observe`] would keep the Service's fields for `key` (a new loop or
-    /// episode, or none kept yet): the caller looks them up only then.
-    pub fn needs_service(&self, key: &str) -> bool {
+    /// Whether [`Tracker::observe`] would keep the Service's fields for `e`'s loop (a new loop
+    /// or episode, or none kept yet): the caller looks them up only then.
+    pub fn needs_service(&self, e: &LoopbackEvent) -> bool {
         self.loops
-            .get(key)
+            .get(&loop_key(e))
             .is_none_or(|t| t.state == State::Resolved || t.service_before.is_none())
     }
 
@@ -259,6 +284,7 @@ impl Tracker {
             lasted_s: ((t.last - t.first).max(0) / 1000) as u64,
             count: t.count.saturating_sub(t.count_base),
             episode: t.episode,
+            aggregates: t.aggregates.iter().cloned().collect(),
             proof,
             changed,
         };

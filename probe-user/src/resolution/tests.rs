@@ -7,6 +7,8 @@ const T0: i64 = 1_800_000_000_000;
 /// One second, in the tracker's milliseconds.
 const S: i64 = 1000;
 const WINDOW: u64 = 300;
+/// The loop of [`event`]: its kind and Service.
+const LOOP: &str = "hairpin/shop/web";
 const W: i64 = WINDOW as i64 * S;
 
 fn tracker() -> Tracker {
@@ -61,23 +63,20 @@ fn a_loop_is_resolved_only_after_the_window_and_with_proof() {
     // The look-up is out: not asked again.
     assert!(t.due(now + S).is_empty());
     // No proof: quiet, not resolved; the gauge of active loops falls, nothing is counted.
-    assert_eq!(t.proved("hairpin/web", None, None, now + S), None);
+    assert_eq!(t.proved(LOOP, None, None, now + S), None);
     let l = t.lifecycle();
     assert_eq!((l.active["hairpin"], l.quiet["hairpin"]), (0, 1));
     assert!(l.resolutions.is_empty());
     // Asked again on the next check; this time the traffic is seen answered.
     assert_eq!(t.due(now + 30 * S).len(), 1);
     let r = t
-        .proved(
-            "hairpin/web",
-            proof(),
-            Some(fields("Cluster")),
-            now + 31 * S,
-        )
+        .proved(LOOP, proof(), Some(fields("Cluster")), now + 31 * S)
         .expect("resolved");
     assert_eq!(r.kind, LoopbackKind::Hairpin);
     assert_eq!(r.service.as_deref(), Some("shop/web"));
-    assert_eq!((r.count, r.lasted_s, r.episode), (4, 60, 0));
+    assert_eq!((r.count, r.lasted_s, r.episode), (2, 60, 0));
+    assert_eq!(r.key, LOOP);
+    assert_eq!(r.aggregates, vec!["hairpin/web".to_string()]);
     assert_eq!(r.first_seen, rfc3339(T0 / S));
     assert_eq!(r.resolved_at, rfc3339((now + 31 * S) / S));
     assert_eq!(
@@ -98,7 +97,7 @@ fn a_resolved_loop_that_recurs_is_a_regression_in_a_new_episode() {
     t.observe(&event(3), None, T0);
     let now = T0 + W;
     assert_eq!(t.due(now).len(), 1);
-    assert!(t.proved("hairpin/web", proof(), None, now).is_some());
+    assert!(t.proved(LOOP, proof(), None, now).is_some());
     assert_eq!(
         t.observe(&event(4), None, now + 100 * S),
         Observed::Regression { episode: 1 }
@@ -109,8 +108,8 @@ fn a_resolved_loop_that_recurs_is_a_regression_in_a_new_episode() {
     t.observe(&event(6), None, now + 110 * S);
     let later = now + 110 * S + W;
     assert_eq!(t.due(later).len(), 1);
-    let r = t.proved("hairpin/web", proof(), None, later).unwrap();
-    assert_eq!((r.episode, r.count, r.lasted_s), (1, 3, 10));
+    let r = t.proved(LOOP, proof(), None, later).unwrap();
+    assert_eq!((r.episode, r.count, r.lasted_s), (1, 2, 10));
     assert_eq!(t.lifecycle().resolutions["hairpin"], 2);
 }
 
@@ -121,7 +120,7 @@ fn a_loop_confirmed_while_its_look_up_is_out_stays_active() {
     let now = T0 + W;
     assert_eq!(t.due(now).len(), 1);
     assert_eq!(t.observe(&event(2), None, now + S), Observed::Repeat);
-    assert_eq!(t.proved("hairpin/web", proof(), None, now + 2 * S), None);
+    assert_eq!(t.proved(LOOP, proof(), None, now + 2 * S), None);
     assert_eq!(t.lifecycle().active["hairpin"], 1);
     assert!(t.lifecycle().resolutions.is_empty());
 }
@@ -143,6 +142,7 @@ fn the_tracked_loops_are_bounded_and_every_kind_is_listed() {
     for i in 0..(MAX_TRACKED + 10) {
         let mut e = event(1);
         e.key = format!("hairpin/{i}");
+        e.service = Some(format!("shop/web-{i}"));
         t.observe(&e, None, T0 + i as i64 * S);
     }
     let l = t.lifecycle();
@@ -165,4 +165,30 @@ fn changed_lists_each_differing_field_once() {
         ]
     );
     assert!(changed(&before, &before).is_empty());
+}
+
+#[test]
+fn the_aggregates_of_one_service_are_one_loop() {
+    let mut t = tracker();
+    let mut other_client = event(1);
+    other_client.key = "hairpin/other-client".into();
+    assert_eq!(t.observe(&event(1), None, T0), Observed::New);
+    assert_eq!(t.observe(&other_client, None, T0 + S), Observed::Repeat);
+    assert_eq!(t.lifecycle().active["hairpin"], 1);
+    // Without a Service name, the VIP and port name the loop.
+    let mut unnamed = event(1);
+    unnamed.service = None;
+    assert_eq!(loop_key(&unnamed), "hairpin/203.0.113.10:80");
+    assert_eq!(t.observe(&unnamed, None, T0 + S), Observed::New);
+    let now = T0 + S + W;
+    assert_eq!(t.due(now).len(), 2);
+    let r = t.proved(LOOP, proof(), None, now).unwrap();
+    assert_eq!(
+        r.aggregates,
+        vec![
+            "hairpin/other-client".to_string(),
+            "hairpin/web".to_string()
+        ]
+    );
+    assert_eq!(r.count, 2);
 }
