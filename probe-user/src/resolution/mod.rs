@@ -300,14 +300,15 @@ impl Tracker {
     }
 
     /// The loops by state and kind, the counters and the latest resolutions. Every kind is
-    /// listed in `active` and `quiet` (0 when none), so a gauge falls to 0 rather than
-    /// vanishing.
+    /// listed in each map (0 when none): a gauge falls to 0 rather than vanishing, and a
+    /// counter exists from the start (a rate over a series that appears later misses its
+    /// first increase).
     pub fn lifecycle(&self) -> LoopLifecycle {
         let zero: BTreeMap<String, u64> = ALL_KINDS
             .iter()
             .map(|k| (k.as_str().to_string(), 0))
             .collect();
-        let (mut active, mut quiet) = (zero.clone(), zero);
+        let (mut active, mut quiet) = (zero.clone(), zero.clone());
         for t in self.loops.values() {
             let by = match t.state {
                 State::Active => &mut active,
@@ -316,11 +317,15 @@ impl Tracker {
             };
             *by.entry(t.kind.as_str().to_string()).or_default() += 1;
         }
+        let mut resolutions = zero.clone();
+        resolutions.extend(self.resolutions.clone());
+        let mut regressions = zero;
+        regressions.extend(self.regressions.clone());
         LoopLifecycle {
             active,
             quiet,
-            resolutions: self.resolutions.clone(),
-            regressions: self.regressions.clone(),
+            resolutions,
+            regressions,
             resolved: self.resolved.iter().cloned().collect(),
         }
     }
