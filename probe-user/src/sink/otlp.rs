@@ -257,6 +257,40 @@ fn fill_record(r: &mut opentelemetry_sdk::logs::SdkLogRecord, e: &LoopbackEvent,
 pub struct OtlpMetrics {
     provider: SdkMeterProvider,
     feed: tokio::task::JoinHandle<()>,
+    register: tokio::task::JoinHandle<()>,
+}
+
+/// The latest rendering's families by name (rendered at most once per [`REUSE`]).
+type Current = Arc<dyn Fn() -> Arc<BTreeMap<String, Family>> + Send + Sync>;
+
+/// One observable instrument for `family`, observing its samples in each collection.
+fn register_family(meter: &opentelemetry::metrics::Meter, family: &Family, current: Current) {
+    let name = family.name.clone();
+    let observe = move |observe: &dyn Fn(f64, &[KeyValue])| {
+        if let Some(f) = current().get(&name) {
+            for (labels, v) in &f.samples {
+                let attrs: Vec<_> = labels
+                    .iter()
+                    .map(|(k, v)| KeyValue::new(k.clone(), v.clone()))
+                    .collect();
+                observe(*v, &attrs);
+            }
+        }
+    };
+    let help: Cow<'static, str> = family.help.clone().into();
+    if family.counter {
+        meter
+            .f64_observable_counter(family.name.clone())
+            .with_description(help)
+            .with_callback(move |i| observe(&|v, a| i.observe(v, a)))
+            .build();
+    } else {
+        meter
+            .f64_observable_gauge(family.name.clone())
+            .with_description(help)
+            .with_callback(move |i| observe(&|v, a| i.observe(v, a)))
+            .build();
+    }
 }
 
 /// The metric exporter, built, waiting for the hub.
@@ -336,49 +370,40 @@ impl OtlpMetrics {
             *c = Some((Instant::now(), families.clone()));
             families
         };
-        let current = Arc::new(current);
+        let current: Current = Arc::new(current);
         let meter = provider.meter_with_scope(
             InstrumentationScope::builder(SCOPE)
                 .with_version(env!("CARGO_PKG_VERSION"))
                 .build(),
         );
-        for family in current().values() {
-            let name = family.name.clone();
-            let current = current.clone();
-            let observe = move |observe: &dyn Fn(f64, &[KeyValue])| {
-                if let Some(f) = current().get(&name) {
-                    for (labels, v) in &f.samples {
-                        let attrs: Vec<_> = labels
-                            .iter()
-                            .map(|(k, v)| KeyValue::new(k.clone(), v.clone()))
-                            .collect();
-                        observe(*v, &attrs);
+        // A family shows in the rendering once it has a sample (an empty one is left out):
+        // each new family gets its instrument at the next tick.
+        let mut registered = std::collections::HashSet::new();
+        let mut every = tokio::time::interval(cfg.interval);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let register = tokio::spawn(async move {
+            loop {
+                every.tick().await;
+                for family in current().values() {
+                    if registered.insert(family.name.clone()) {
+                        register_family(&meter, family, current.clone());
                     }
                 }
-            };
-            let help: Cow<'static, str> = family.help.clone().into();
-            if family.counter {
-                meter
-                    .f64_observable_counter(family.name.clone())
-                    .with_description(help)
-                    .with_callback(move |i| observe(&|v, a| i.observe(v, a)))
-                    .build();
-            } else {
-                meter
-                    .f64_observable_gauge(family.name.clone())
-                    .with_description(help)
-                    .with_callback(move |i| observe(&|v, a| i.observe(v, a)))
-                    .build();
             }
-        }
+        });
         info!(endpoint = %cfg.endpoint, interval = ?cfg.interval, "exporting OTLP metrics and log records");
-        Self { provider, feed }
+        Self {
+            provider,
+            feed,
+            register,
+        }
     }
 
     /// Stops the reader: one last export, bounded (a receiver that hangs does not hold the
     /// agent's exit).
     pub fn shutdown(self) {
         self.feed.abort();
+        self.register.abort();
         let _ = self.provider.shutdown_with_timeout(Duration::from_secs(1));
     }
 }
@@ -409,24 +434,17 @@ impl<F: Future> Future for InRuntime<F> {
 
 impl<E: PushMetricExporter> PushMetricExporter for Counted<E> {
     async fn export(&self, metrics: &ResourceMetrics) -> OTelSdkResult {
-        let fut = InRuntime {
-            runtime: self.runtime.clone(),
-            fut: Box::pin(tokio::time::timeout(
-                EXPORT_TIMEOUT,
-                self.inner.export(metrics),
-            )),
-        };
-        // The timeout is created inside the runtime too.
+        // Lazy: the deadline's timer is made at the first poll, inside the runtime.
+        let export =
+            async { tokio::time::timeout(EXPORT_TIMEOUT, self.inner.export(metrics)).await };
         let res = InRuntime {
             runtime: self.runtime.clone(),
-            fut: Box::pin(fut),
+            fut: Box::pin(export),
         }
         .await
-        .unwrap_or_else(|_| {
-            Err(opentelemetry_sdk::error::OTelSdkError::Timeout(
-                EXPORT_TIMEOUT,
-            ))
-        });
+        .unwrap_or(Err(opentelemetry_sdk::error::OTelSdkError::Timeout(
+            EXPORT_TIMEOUT,
+        )));
         match &res {
             Ok(()) => {
                 self.stats.metrics_exported.fetch_add(1, Ordering::Relaxed);
