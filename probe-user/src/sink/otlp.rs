@@ -307,7 +307,7 @@ pub struct Family {
     pub help: String,
     pub counter: bool,
     /// (labels, value) per sample.
-    pub samples: Vec<(Vec<(String, String)>, f64)>,
+    pub samples: Vec<Sample>,
 }
 
 /// How long one rendering is reused within a collection (one per family callback).
@@ -513,7 +513,7 @@ pub fn parse_openmetrics(text: &str) -> Vec<Family> {
         };
         if let Some(sample) = parse_sample(line) {
             // `_created` and other suffixes than the counter's `_total` are not values.
-            let (name, labels, value) = sample;
+            let (name, (labels, value)) = sample;
             let own = if family.counter {
                 name.strip_suffix("_total") == Some(family.name.as_str())
             } else {
@@ -527,8 +527,11 @@ pub fn parse_openmetrics(text: &str) -> Vec<Family> {
     out
 }
 
+/// A sample's labels, in order, and its value.
+pub type Sample = (Vec<(String, String)>, f64);
+
 /// `name{k="v",...} value`, with OpenMetrics' escapes in label values.
-fn parse_sample(line: &str) -> Option<(&str, Vec<(String, String)>, f64)> {
+fn parse_sample(line: &str) -> Option<(&str, Sample)> {
     let name_end = line.find(['{', ' '])?;
     let name = &line[..name_end];
     let mut labels = Vec::new();
@@ -569,7 +572,7 @@ fn parse_sample(line: &str) -> Option<(&str, Vec<(String, String)>, f64)> {
         rest = &r[end..];
     }
     let value = rest.split_whitespace().next()?.parse::<f64>().ok()?;
-    Some((name, labels, value))
+    Some((name, (labels, value)))
 }
 
 #[cfg(test)]
