@@ -201,7 +201,11 @@ fn the_values_schema_rejects_bad_values() {
         ("port", "metrics: {port: 99999}\n", "port"),
         ("typo", "nic: [eth0]\n", "nic"),
         // The agent speaks plain gRPC only: an https or scheme-less endpoint fails here.
-        ("otlp-tls", "otlp: {endpoint: \"https://c:4317\"}\n", "endpoint"),
+        (
+            "otlp-tls",
+            "otlp: {endpoint: \"https://c:4317\"}\n",
+            "endpoint",
+        ),
         ("otlp-bare", "otlp: {endpoint: \"c:4317\"}\n", "endpoint"),
     ] {
         let file = dir.join(format!("{name}.yaml"));
