@@ -11,7 +11,8 @@
 //! - Metrics. The SDK's periodic reader (a thread of its own) collects every `--otlp-interval`
 //!   from observable instruments whose values are the `/metrics` rendering itself
 //!   ([`super::metrics::render`], parsed back by [`parse_openmetrics`]): the same families,
-//!   labels (as attributes) and values, so the two can never disagree. Counters are cumulative
+//!   labels (as attributes) and values, so the two can never disagree (a family is rendered
+//!   once it has a sample, so each new one gets its instrument at the next tick). Counters are cumulative
 //!   monotonic sums named without `_total` (OTLP's convention: a collector's Prometheus exporter
 //!   adds it back), gauges are gauges. A failed export is counted in
 //!   `clbprobe_otlp_dropped_total{signal="metrics"}`; the next one carries the cumulative values.
@@ -578,6 +579,113 @@ fn parse_sample(line: &str) -> Option<(&str, Sample)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn event() -> LoopbackEvent {
+        let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+        LoopbackEvent {
+            kind: crate::correlate::LoopbackKind::Hairpin,
+            key: "hairpin/198.19.1.10>203.0.113.10:80/tcp".into(),
+            src: ip("198.19.1.10"),
+            src_port: 40000,
+            dst: ip("203.0.113.10"),
+            dst_port: 80,
+            vip: Some(ip("203.0.113.10")),
+            vip_port: Some(80),
+            proto: crate::event::Proto::Tcp,
+            drop_reason: None,
+            drop_location: None,
+            snat: crate::correlate::SnatState::Unknown,
+            outcome: crate::correlate::Outcome::Refused,
+            count: 2,
+            evidence: vec!["first line".into(), "second line".into()],
+            remedy: vec![],
+            first_seen_ns: 0,
+            last_seen_ns: 0,
+            nic: None,
+            service: None,
+            layer: None,
+            client_pod: None,
+            node: None,
+            fixes: Vec::new(),
+            facts: Default::default(),
+            listener: None,
+        }
+    }
+
+    #[test]
+    fn records_carry_the_event_s_facts_and_leave_out_what_it_lacks() {
+        let bare: BTreeMap<_, _> = attributes(&event(), "node-a").into_iter().collect();
+        assert_eq!(bare["clb_probe.kind"], AnyValue::from("hairpin"));
+        assert_eq!(bare["clb_probe.node"], AnyValue::from("node-a"));
+        assert_eq!(bare["clb_probe.vip"], AnyValue::from("203.0.113.10"));
+        assert_eq!(bare["clb_probe.vip_port"], AnyValue::Int(80));
+        assert_eq!(bare["clb_probe.count"], AnyValue::Int(2));
+        assert_eq!(
+            bare["clb_probe.evidence"],
+            AnyValue::ListAny(Box::new(vec![
+                AnyValue::from("first line"),
+                AnyValue::from("second line")
+            ]))
+        );
+        for absent in ["clb_probe.service", "clb_probe.client_pod", "clb_probe.fix"] {
+            assert!(!bare.contains_key(absent), "{absent}");
+        }
+        let mut e = event();
+        e.node = Some("clb-node".into());
+        e.service = Some("default/web".into());
+        e.client_pod = Some("default/client".into());
+        e.fixes = vec![
+            probe_contract::Fix {
+                id: "etp-cluster".into(),
+                provider: "generic".into(),
+                change: "Set externalTrafficPolicy: Cluster".into(),
+                service: None,
+                patch: None,
+                undo: None,
+                preconditions: vec![],
+                side_effects: vec![],
+                source: String::new(),
+            },
+            probe_contract::Fix {
+                id: "second".into(),
+                provider: "generic".into(),
+                change: "not this one".into(),
+                service: None,
+                patch: None,
+                undo: None,
+                preconditions: vec![],
+                side_effects: vec![],
+                source: String::new(),
+            },
+        ];
+        let full: BTreeMap<_, _> = attributes(&e, "node-a").into_iter().collect();
+        assert_eq!(full["clb_probe.node"], AnyValue::from("clb-node"));
+        assert_eq!(full["clb_probe.service"], AnyValue::from("default/web"));
+        assert_eq!(
+            full["clb_probe.client_pod"],
+            AnyValue::from("default/client")
+        );
+        assert_eq!(
+            full["clb_probe.fix"],
+            AnyValue::from("etp-cluster: Set externalTrafficPolicy: Cluster")
+        );
+        assert_eq!(full["clb_probe.fix_id"], AnyValue::from("etp-cluster"));
+    }
+
+    #[test]
+    fn a_full_queue_drops_and_counts_and_never_blocks() {
+        let (tx, _rx) = mpsc::channel(2);
+        let stats = Arc::new(OtlpStats::default());
+        let sink = OtlpLogs {
+            tx,
+            stats: stats.clone(),
+        };
+        // Were a write to wait for the exporter, this would never end.
+        for _ in 0..100 {
+            sink.write(&event());
+        }
+        assert_eq!(stats.logs_dropped.load(Ordering::Relaxed), 98);
+    }
 
     #[test]
     fn endpoints_are_checked() {
