@@ -186,6 +186,16 @@ impl Receiver {
         )
     }
 
+    /// The resource attributes of the latest metrics export.
+    pub fn metrics_resource(&self) -> BTreeMap<String, serde_json::Value> {
+        let seen = self.seen.metrics.lock().unwrap();
+        seen.last()
+            .and_then(|req| req.resource_metrics.first())
+            .and_then(|rm| rm.resource.as_ref())
+            .map(|r| attrs(&r.attributes))
+            .unwrap_or_default()
+    }
+
     /// Each metric by name as the latest metrics export carried it.
     pub fn latest_metrics(&self) -> BTreeMap<String, Metric> {
         let mut out = BTreeMap::new();

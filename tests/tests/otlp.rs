@@ -198,6 +198,9 @@ fn a_confirmed_hairpin_arrives_as_log_records_and_the_counters_as_metrics() {
             metrics.get(counter)
         );
     }
+    let resource = receiver.metrics_resource();
+    assert_eq!(resource["service.name"], "clb-probe", "{resource:#?}");
+    assert_eq!(resource["k8s.node.name"], "clb-node", "{resource:#?}");
     let ready = &metrics["clbprobe_ready"];
     assert!(!ready.monotonic_sum);
     assert_eq!(ready.points[0].1, 1.0, "{ready:#?}");

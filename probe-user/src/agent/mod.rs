@@ -340,12 +340,13 @@ impl Surfaces {
         }
         let mut otlp_metrics = None;
         if let Some(otlp) = &cfg.otlp {
+            let node = cfg.node_name.clone().unwrap_or_else(hub::node_name);
             sinks.otlp = Some(crate::sink::otlp::OtlpLogs::start(
                 otlp,
-                cfg.node_name.clone().unwrap_or_else(hub::node_name),
+                node.clone(),
                 Default::default(),
             )?);
-            otlp_metrics = Some(crate::sink::otlp::OtlpMetrics::exporter(otlp)?);
+            otlp_metrics = Some(crate::sink::otlp::OtlpMetrics::exporter(otlp, node)?);
         }
         Ok(Surfaces {
             metrics,

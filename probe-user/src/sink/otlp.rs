@@ -298,6 +298,8 @@ fn register_family(meter: &opentelemetry::metrics::Meter, family: &Family, curre
 pub struct PendingMetrics {
     exporter: opentelemetry_otlp::MetricExporter,
     cfg: OtlpConfig,
+    /// The resource's node name (as the log records').
+    node: String,
 }
 
 /// One family of the `/metrics` rendering, parsed back.
@@ -319,7 +321,7 @@ type Cache = Arc<Mutex<Option<(Instant, Arc<BTreeMap<String, Family>>)>>>;
 impl OtlpMetrics {
     /// The exporter, built where the other outputs are opened (before anything is attached);
     /// must run inside the tokio runtime.
-    pub fn exporter(cfg: &OtlpConfig) -> anyhow::Result<PendingMetrics> {
+    pub fn exporter(cfg: &OtlpConfig, node: String) -> anyhow::Result<PendingMetrics> {
         let exporter = opentelemetry_otlp::MetricExporter::builder()
             .with_tonic()
             .with_endpoint(cfg.endpoint.clone())
@@ -330,20 +332,24 @@ impl OtlpMetrics {
         Ok(PendingMetrics {
             exporter,
             cfg: cfg.clone(),
+            node,
         })
     }
 
     /// Registers one observable instrument per family `/metrics` renders now and starts the
     /// periodic reader.
     pub fn start(pending: PendingMetrics, shared: &Shared, stats: Arc<OtlpStats>) -> Self {
-        let PendingMetrics { exporter, cfg } = pending;
+        let PendingMetrics {
+            exporter,
+            cfg,
+            node,
+        } = pending;
         let exporter = Counted {
             inner: exporter,
             stats,
             runtime: tokio::runtime::Handle::current(),
             failing: Default::default(),
         };
-        let node = shared.snapshot().node;
         let reader = PeriodicReader::builder(exporter)
             .with_interval(cfg.interval)
             .build();
