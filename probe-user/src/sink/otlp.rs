@@ -12,9 +12,9 @@
 //!   from observable instruments whose values are the `/metrics` rendering itself
 //!   ([`super::metrics::render`], parsed back by [`parse_openmetrics`]): the same families,
 //!   labels (as attributes) and values, so the two can never disagree (a family is rendered
-//!   once it has a sample, so each new one gets its instrument at the next tick). Counters are cumulative
-//!   monotonic sums named without `_total` (OTLP's convention: a collector's Prometheus exporter
-//!   adds it back), gauges are gauges. A failed export is counted in
+//!   once it has a sample, so each new one gets its instrument at the next tick). Counters are
+//!   cumulative monotonic sums named without `_total` (OTLP's convention: a collector's
+//!   Prometheus exporter adds it back), gauges are gauges. A failed export is counted in
 //!   `clbprobe_otlp_dropped_total{signal="metrics"}`; the next one carries the cumulative values.
 //!
 //! Plain gRPC only (`http://`): the collector is a node-local agent or an in-cluster Service;
@@ -59,8 +59,9 @@ pub const LOG_BATCH: usize = 64;
 pub const EXPORT_TIMEOUT: Duration = Duration::from_secs(5);
 /// `--otlp-interval`'s default, in seconds: between metric exports.
 pub const DEFAULT_INTERVAL_SECS: u64 = 10;
-/// The log records' event name, and the instrumentation scope of both signals.
+/// The instrumentation scope of both signals.
 pub const SCOPE: &str = "clb-probe";
+/// The log records' event name.
 pub const EVENT_NAME: &str = "clb_probe.loopback";
 
 /// `--otlp-endpoint` and `--otlp-interval`.
