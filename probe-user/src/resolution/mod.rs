@@ -18,8 +18,11 @@
 //! What changed: with API access, the Service's fields the fixes touch are kept from the
 //! loop's first sighting and compared at resolution ([`service_fields`], [`changed`]).
 //!
-//! Pure: the agent's correlation loop feeds it confirmations, wall-clock seconds and the proof
-//! look-ups' results; the look-ups themselves run off that loop.
+//! Pure: the agent's correlation loop feeds it confirmations, wall-clock milliseconds (the
+//! last sighting is the kernel's timestamp of the latest occurrence, not when the report
+//! reached the loop: a report held for the API's names must not make a call placed right
+//! after the failure look older than it) and the proof look-ups' results; the look-ups
+//! themselves run off that loop.
 
 pub mod proof;
 
@@ -65,6 +68,7 @@ struct Tracked {
     vip: Option<std::net::IpAddr>,
     vip_port: Option<u16>,
     shape: Option<Shape>,
+    /// Unix milliseconds.
     first: i64,
     last: i64,
     /// The aggregate's count when this episode began, and its latest.
@@ -94,7 +98,7 @@ pub enum Observed {
 pub struct ProofRequest {
     pub key: String,
     pub shape: Shape,
-    pub quiet_for_s: u64,
+    pub quiet_for_ms: u64,
 }
 
 /// The node's loops.
@@ -122,14 +126,15 @@ impl Tracker {
         self.cfg
     }
 
-    /// A confirmation (new or repeat) of `e` at `now` (Unix seconds); `service` is the
-    /// Service's [`service_fields`] when the API names it.
+    /// A confirmation (new or repeat) of `e` whose latest occurrence was at `seen` (Unix
+    /// milliseconds); `service` is the Service's [`service_fields`] when the API names it.
     pub fn observe(
         &mut self,
         e: &LoopbackEvent,
         service: Option<BTreeMap<String, String>>,
-        now: i64,
+        seen: i64,
     ) -> Observed {
+        let now = seen;
         let observed = match self.loops.get_mut(&e.key) {
             None => {
                 self.loops.insert(
@@ -170,7 +175,7 @@ impl Tracker {
             }
         };
         let t = self.loops.get_mut(&e.key).expect("inserted above");
-        t.last = now;
+        t.last = t.last.max(now);
         t.count = t.count.max(e.count);
         if e.service.is_some() {
             t.service = e.service.clone();
@@ -200,10 +205,10 @@ impl Tracker {
         self.loops.get(key)?.service.as_deref()
     }
 
-    /// The loops due a proof look-up at `now`: not confirmed for the window, not resolved,
-    /// none out for them already. Marks them pending.
+    /// The loops due a proof look-up at `now` (Unix ms): not confirmed for the window, not
+    /// resolved, none out for them already. Marks them pending.
     pub fn due(&mut self, now: i64) -> Vec<ProofRequest> {
-        let window = self.cfg.resolve_after_s as i64;
+        let window = self.cfg.resolve_after_s as i64 * 1000;
         let mut out = Vec::new();
         for (key, t) in &mut self.loops {
             if t.state == State::Resolved || t.pending || now - t.last < window {
@@ -215,7 +220,7 @@ impl Tracker {
             out.push(ProofRequest {
                 key: key.clone(),
                 shape: shape.clone(),
-                quiet_for_s: (now - t.last).max(0) as u64,
+                quiet_for_ms: (now - t.last).max(0) as u64,
             });
         }
         out
@@ -248,10 +253,10 @@ impl Tracker {
             service: t.service.clone(),
             vip: t.vip,
             vip_port: t.vip_port,
-            first_seen: rfc3339(t.first),
-            last_seen: rfc3339(t.last),
-            resolved_at: rfc3339(now),
-            lasted_s: (t.last - t.first).max(0) as u64,
+            first_seen: rfc3339(t.first.div_euclid(1000)),
+            last_seen: rfc3339(t.last.div_euclid(1000)),
+            resolved_at: rfc3339(now.div_euclid(1000)),
+            lasted_s: ((t.last - t.first).max(0) / 1000) as u64,
             count: t.count.saturating_sub(t.count_base),
             episode: t.episode,
             proof,

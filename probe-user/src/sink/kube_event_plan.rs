@@ -465,10 +465,11 @@ pub fn resolved_note(r: &LoopResolution) -> String {
     };
     truncate(
         format!(
-            "Resolved: {}{at} is no longer confirmed; it lasted {} s ({} confirmations, first {}, last {}). Proof: {}.{changed}",
+            "Resolved: {}{at} is no longer confirmed; it lasted {} s (confirmed {} time{}, first {}, last {}). Proof: {}.{changed}",
             r.kind.as_str(),
             r.lasted_s,
             r.count,
+            if r.count == 1 { "" } else { "s" },
             r.first_seen,
             r.last_seen,
             r.proof.first().map(String::as_str).unwrap_or("-"),

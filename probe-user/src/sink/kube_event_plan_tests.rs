@@ -380,7 +380,7 @@ fn a_resolution_is_a_normal_event_on_the_warnings_object_and_a_recurrence_a_new_
     assert_eq!(done.related, warning.related);
     assert_ne!(done.name, warning.name);
     assert!(
-        done.note.contains("lasted 60 s (3 confirmations"),
+        done.note.contains("lasted 60 s (confirmed 3 times"),
         "{}",
         done.note
     );
