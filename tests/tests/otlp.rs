@@ -48,6 +48,9 @@ fn start(endpoint: &str) -> (FakeApiServer, Agent, TempDir) {
             endpoint,
             "--otlp-interval",
             "1",
+            // A loop resolves 2 s after its fix (the first test applies one).
+            "--resolve-after",
+            "2",
         ],
     );
     agent.wait_log("Kubernetes attribution connected", WAIT);
@@ -209,6 +212,33 @@ fn a_confirmed_hairpin_arrives_as_log_records_and_the_counters_as_metrics() {
     assert_eq!(
         node_metric(METRICS, "clbprobe_otlp_dropped_total{signal=\"logs\"}"),
         0
+    );
+
+    // The fix (pod-a's egress masqueraded; a second first, so the answered call is later
+    // than the failure to conntrack's second): the loop's resolution is one INFO record.
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(lab.traffic(Scenario::HairpinSnat).unwrap(), Outcome::Ok);
+    let resolved = wait_for("the resolution's record", WAIT, || {
+        receiver
+            .records()
+            .into_iter()
+            .find(|r| r.event_name == "clb_probe.loop_resolved")
+    })
+    .unwrap_or_else(|| panic!("no resolution record: {:#?}", receiver.records()));
+    let a = &resolved.attributes;
+    assert_eq!(a["clb_probe.kind"], "hairpin", "{resolved:#?}");
+    assert_eq!(a["clb_probe.service"], first[0]["service"], "{resolved:#?}");
+    assert_eq!(a["clb_probe.vip"], lab::VIP.to_string(), "{resolved:#?}");
+    assert_eq!(a["clb_probe.node"], "clb-node", "{resolved:#?}");
+    assert!(
+        a["clb_probe.proof"][0]
+            .as_str()
+            .is_some_and(|p| p.contains("answered connections to")),
+        "{resolved:#?}"
+    );
+    assert!(
+        resolved.body.starts_with("loop resolved: hairpin"),
+        "{resolved:#?}"
     );
 
     assert!(agent.stop().success());

@@ -314,6 +314,7 @@ fn proved(l: &mut CorrelateLoop, results: ProofResults) {
                 changed = %r.changed.join("; "),
                 "loop resolved"
             );
+            l.sinks.resolution(&r);
             resolutions.push(r);
         }
     }

@@ -62,6 +62,13 @@ impl Sinks {
         }
     }
 
+    /// A loop resolved: one OTLP log record (the Event and the metrics go through the hub).
+    pub fn resolution(&mut self, r: &probe_contract::LoopResolution) {
+        if let Some(out) = &self.otlp {
+            out.write_resolution(r);
+        }
+    }
+
     pub fn record(&mut self, ev: &KernelEvent) {
         if let Some(out) = &mut self.record {
             out.write(ev);

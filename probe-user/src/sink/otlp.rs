@@ -49,6 +49,7 @@ use tracing::{info, warn};
 
 pub use crate::hub::outputs::OtlpStats;
 use crate::{correlate::LoopbackEvent, hub::Shared};
+use probe_contract::LoopResolution;
 
 /// Confirmed events waiting for the log exporter: confirmations are few and aggregated, so
 /// this is a long burst (as `--events`' queue).
@@ -106,7 +107,7 @@ fn resource(node: &str) -> Resource {
 
 /// The log records' side of the sink, held by [`super::Sinks`].
 pub struct OtlpLogs {
-    tx: mpsc::Sender<LoopbackEvent>,
+    tx: mpsc::Sender<Record>,
     stats: Arc<OtlpStats>,
 }
 
@@ -132,17 +133,65 @@ impl OtlpLogs {
 
     /// Queues one event; never blocks (a full queue loses it, counted).
     pub fn write(&self, event: &LoopbackEvent) {
-        if self.tx.try_send(event.clone()).is_err() {
+        self.queue(Record::Loop(Box::new(event.clone())));
+    }
+
+    /// Queues a loop's resolution (`crate::resolution`); never blocks.
+    pub fn write_resolution(&self, r: &LoopResolution) {
+        self.queue(Record::Resolved(Box::new(r.clone())));
+    }
+
+    fn queue(&self, record: Record) {
+        if self.tx.try_send(record).is_err() {
             self.stats.logs_dropped.fetch_add(1, Ordering::Relaxed);
         }
     }
+}
+
+/// What one log record tells.
+#[derive(Debug)]
+enum Record {
+    /// A confirmed loopback ([`EVENT_NAME`], WARN).
+    Loop(Box<LoopbackEvent>),
+    /// A loop resolved ([`RESOLVED_EVENT_NAME`], INFO).
+    Resolved(Box<LoopResolution>),
+}
+
+/// The event name of a resolution's record.
+pub const RESOLVED_EVENT_NAME: &str = "clb_probe.loop_resolved";
+
+/// The attributes of a resolution's record: kind, loop, node, Service, VIP and port, how long
+/// it lasted, its proof and what changed.
+pub fn resolution_attributes(r: &LoopResolution, node: &str) -> Vec<(&'static str, AnyValue)> {
+    let s = |v: &str| AnyValue::String(v.to_string().into());
+    let list = |v: &[String]| AnyValue::ListAny(Box::new(v.iter().map(|l| s(l)).collect()));
+    let mut out = vec![
+        ("clb_probe.kind", s(r.kind.as_str())),
+        ("clb_probe.loop", s(&r.key)),
+        ("clb_probe.node", s(node)),
+        ("clb_probe.lasted_s", AnyValue::Int(r.lasted_s as i64)),
+        ("clb_probe.count", AnyValue::Int(r.count as i64)),
+        ("clb_probe.episode", AnyValue::Int(i64::from(r.episode))),
+        ("clb_probe.proof", list(&r.proof)),
+        ("clb_probe.changed", list(&r.changed)),
+    ];
+    if let Some(v) = &r.service {
+        out.push(("clb_probe.service", s(v)));
+    }
+    if let Some(v) = r.vip {
+        out.push(("clb_probe.vip", s(&v.to_string())));
+    }
+    if let Some(v) = r.vip_port {
+        out.push(("clb_probe.vip_port", AnyValue::Int(i64::from(v))));
+    }
+    out
 }
 
 /// The exporting task: a batch at a time, each with its deadline; one WARN when exports start
 /// failing, one INFO when they work again. Ends when the sink is dropped.
 async fn export_logs(
     exporter: opentelemetry_otlp::LogExporter,
-    mut rx: mpsc::Receiver<LoopbackEvent>,
+    mut rx: mpsc::Receiver<Record>,
     stats: Arc<OtlpStats>,
     node: String,
 ) {
@@ -160,7 +209,10 @@ async fn export_logs(
             .drain(..)
             .map(|e| {
                 let mut r = logger.create_log_record();
-                fill_record(&mut r, &e, &node);
+                match &e {
+                    Record::Loop(e) => fill_record(&mut r, e, &node),
+                    Record::Resolved(res) => fill_resolved(&mut r, res, &node),
+                }
                 r
             })
             .collect();
@@ -252,6 +304,25 @@ fn fill_record(r: &mut opentelemetry_sdk::logs::SdkLogRecord, e: &LoopbackEvent,
         .into(),
     ));
     r.add_attributes(attributes(e, node));
+}
+
+fn fill_resolved(r: &mut opentelemetry_sdk::logs::SdkLogRecord, res: &LoopResolution, node: &str) {
+    let now = SystemTime::now();
+    r.set_event_name(RESOLVED_EVENT_NAME);
+    r.set_timestamp(now);
+    r.set_observed_timestamp(now);
+    r.set_severity_number(Severity::Info);
+    r.set_severity_text("INFO");
+    r.set_body(AnyValue::String(
+        format!(
+            "loop resolved: {} {} after {} s",
+            res.kind.as_str(),
+            res.service.as_deref().unwrap_or(&res.key),
+            res.lasted_s
+        )
+        .into(),
+    ));
+    r.add_attributes(resolution_attributes(res, node));
 }
 
 /// The metrics side: the SDK's meter provider and its periodic reader, shut down (bounded)
