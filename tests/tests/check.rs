@@ -129,11 +129,17 @@ fn each_lab_risk_is_named_and_its_twin_is_not() {
         .unwrap();
     assert!(summary.contains("rp_filter=1 (strict)"), "{summary}");
 
-    // The table: one line per finding plus the header and the summary line.
+    // The table: one line per finding plus the header, the dataplane and the summary line.
     let o = check(&["--nic", lab::NODE_NIC]);
     let table = String::from_utf8_lossy(&o.stdout);
     let findings = json["findings"].as_array().unwrap().len();
-    assert_eq!(table.lines().count(), findings + 2, "{table}");
+    assert_eq!(table.lines().count(), findings + 3, "{table}");
+    assert!(
+        table.contains(&format!("dataplane: kube-proxy {}\n", mode.name())),
+        "{table}"
+    );
+    assert_eq!(json["dataplane"]["mode"], mode.name(), "{json:#}");
+    assert!(named(&json, "dataplane").is_empty(), "{json:#}");
     assert!(
         table.lines().last().unwrap().starts_with("0 risk(s), "),
         "{table}"
@@ -153,6 +159,82 @@ fn each_lab_risk_is_named_and_its_twin_is_not() {
     assert!(
         err.starts_with("probe: error:") && err.contains("nosuch0"),
         "{err}"
+    );
+    drop(lab);
+}
+
+/// A node without kube-proxy (the lab's `cilium` mode: no KUBE-* chains, sets or tables,
+/// Cilium's `cilium_host`): the dataplane is named `none (cilium)`, the kinds that can still
+/// happen and what cannot be confirmed are stated, and an LB IP made local by a route is
+/// still judged (the healthcheck black hole needs no kube-proxy).
+#[test]
+fn a_node_without_kube_proxy_names_its_dataplane_and_its_limits() {
+    if !require_root("probe check on the lab") {
+        return;
+    }
+    let lab = LabGuard::up_in(
+        KubeProxyMode::Cilium,
+        &Variants {
+            vip_bound: false,
+            vip_local_route: true,
+            ..Variants::default()
+        },
+        &Default::default(),
+    )
+    .expect("lab up (cilium mode)");
+    let o = check(&["--nic", lab::NODE_NIC]);
+    let table = String::from_utf8_lossy(&o.stdout);
+    eprintln!("{table}");
+    assert!(table.contains("dataplane: none (cilium)\n"), "{table}");
+    let (code, json) = report();
+    assert_eq!(code, 1, "{json:#}");
+    let d = &json["dataplane"];
+    assert_eq!(d["mode"], "none", "{json:#}");
+    assert_eq!(d["replacement"], "cilium", "{json:#}");
+    assert!(d["evidence"].to_string().contains("cilium_host"), "{d:#}");
+    let kinds = |key: &str| -> Vec<String> {
+        d[key]
+            .as_array()
+            .unwrap_or_else(|| panic!("{key}: {d:#}"))
+            .iter()
+            .map(|l| {
+                assert!(!l["why"].as_str().unwrap().is_empty(), "{l:#}");
+                l["kind"].as_str().unwrap().to_string()
+            })
+            .collect()
+    };
+    assert_eq!(
+        kinds("still_possible"),
+        ["healthcheck_blackhole", "vip_port_unserved", "hairpin"]
+    );
+    let cannot = kinds("cannot_confirm");
+    assert!(
+        cannot.contains(&"nodeport_attribution".to_string()),
+        "{cannot:?}"
+    );
+    assert!(
+        d["cannot_confirm"]
+            .to_string()
+            .contains("no service table from rules"),
+        "{d:#}"
+    );
+    // Not silence: a warning names the node's state, whatever the risks.
+    assert_eq!(
+        named(&json, "dataplane"),
+        [("warn".to_string(), "none (cilium)".to_string())],
+        "{json:#}"
+    );
+    // Which ports Cilium serves is not readable: a refusal is possible, not proven.
+    assert_eq!(
+        named(&json, "vip_port_unserved"),
+        [("warn".to_string(), lab::VIP.to_string())],
+        "{json:#}"
+    );
+    // The local route still makes the LB IP's health checks martian.
+    assert_eq!(
+        named(&json, "healthcheck_blackhole"),
+        [("risk".to_string(), lab::VIP.to_string())],
+        "{json:#}"
     );
     drop(lab);
 }

@@ -80,6 +80,7 @@ fn the_agent_writes_its_node_report_and_the_plugin_tables_the_cluster() {
     let st = &written["status"];
     assert_eq!(st["node"], NODE_NAME);
     assert_eq!(st["kubeProxyMode"], "iptables", "{st:#}");
+    assert_eq!(st["dataplane"], "kube-proxy", "{st:#}");
     let hairpin = st["activeLoops"]
         .as_array()
         .unwrap()

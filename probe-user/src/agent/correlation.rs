@@ -44,6 +44,8 @@ pub(super) struct CorrelateLoop {
     pub owners: watch::Receiver<nodesync::Owners>,
     /// Where each new service table is published for readers beside the loop.
     pub tables: watch::Sender<Option<Arc<state::ServiceTable>>>,
+    /// The node status, for the dataplane named with each new table.
+    pub status: watch::Sender<probe_contract::NodeStatus>,
 }
 
 /// The signals that end the agent. SIGHUP and SIGQUIT too: their default actions (exit, core
@@ -127,6 +129,13 @@ pub(super) async fn run(mut l: CorrelateLoop) -> anyhow::Result<()> {
                 if l.tables.receiver_count() > 0 {
                     l.tables.send_replace(Some(Arc::new(table.clone())));
                 }
+                // A new table only (on change): two sysfs/bpffs listings, microseconds.
+                let dataplane = crate::check::dataplane::of_node(&table).name();
+                l.status.send_if_modified(|s| {
+                    let changed = s.dataplane != dataplane;
+                    s.dataplane = dataplane;
+                    changed
+                });
                 correlator.set_services(table);
                 Vec::new()
             }

@@ -124,6 +124,7 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
 
     let ifnames: IfNames = Arc::new(RwLock::new(Default::default()));
     let (status_tx, status_rx) = watch::channel(NodeStatus::default());
+    let dataplane_status = status_tx.clone();
     let (owners_tx, owners_rx) = watch::channel(nodesync::Owners::default());
     let mut sync = NodeSync::new(
         loaded.probe,
@@ -221,6 +222,7 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         vip_iface: cfg.addr.vip_iface.clone(),
         owners: owners_rx,
         tables: tables_tx,
+        status: dataplane_status,
     })
     .await;
     // Orderly shutdown: stop the surfaces and the sync task (it detaches), then the reader.

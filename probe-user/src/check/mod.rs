@@ -12,8 +12,10 @@
 //!
 //! JSON (`--json`, schema version [`SCHEMA_VERSION`]):
 //! `{"schema": 1, "risks": n, "warnings": n, "findings": [{"kind", "severity", "subject",
-//! "summary", "evidence": [..], "remedy": [..]}]}`; `kind` is one of [`Kind`]'s snake_case
-//! names, `severity` one of `risk` | `warn` | `info`. Fields are only ever added.
+//! "summary", "evidence": [..], "remedy": [..]}], "dataplane": {"mode", "replacement",
+//! "evidence", "still_possible", "cannot_confirm"}}`; `kind` is one of [`Kind`]'s snake_case
+//! names, `severity` one of `risk` | `warn` | `info`; `dataplane.mode` one of `iptables` |
+//! `ipvs` | `nftables` | `none` ([`dataplane`]). Fields are only ever added.
 
 use std::net::IpAddr;
 
@@ -21,6 +23,7 @@ use serde::Serialize;
 
 use crate::{event::Proto, state::ServiceTable};
 
+pub mod dataplane;
 pub mod gather;
 pub mod kube;
 pub mod render;
@@ -76,6 +79,8 @@ pub enum Kind {
     KernelVisibility,
     /// Whether the Services were read from the Kubernetes API.
     KubeApi,
+    /// No kube-proxy on this node: which kinds can still happen, what cannot be confirmed.
+    Dataplane,
 }
 
 impl Kind {
@@ -89,6 +94,7 @@ impl Kind {
             Kind::KptrRestrict => "kptr_restrict",
             Kind::KernelVisibility => "kernel_visibility",
             Kind::KubeApi => "kube_api",
+            Kind::Dataplane => "dataplane",
         }
     }
 }
@@ -117,6 +123,10 @@ pub struct Report {
     pub risks: usize,
     pub warnings: usize,
     pub findings: Vec<Finding>,
+    /// What serves this node's Services (kube-proxy's mode, or none and the replacement);
+    /// absent when not read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dataplane: Option<dataplane::Dataplane>,
 }
 
 impl Report {
@@ -131,7 +141,14 @@ impl Report {
             risks: count(Severity::Risk),
             warnings: count(Severity::Warn),
             findings,
+            dataplane: None,
         }
+    }
+
+    /// The report with the dataplane the node showed.
+    pub fn with_dataplane(mut self, dataplane: Option<dataplane::Dataplane>) -> Report {
+        self.dataplane = dataplane;
+        self
     }
 
     /// 0 without risks, 1 with.
@@ -221,6 +238,8 @@ pub struct Inputs {
     pub api: ApiState,
     /// What lets a pod reach itself through its Service.
     pub self_loop: SelfLoopNode,
+    /// What serves the node's Services ([`dataplane::detect`]); None: not read.
+    pub dataplane: Option<dataplane::Dataplane>,
 }
 
 /// The node's pieces of a pod's call to its own Service (`service_self_loop`).
@@ -263,7 +282,7 @@ pub fn run(cfg: &crate::state::addrs::AddrConfig, api: &kube::ApiAccess) -> anyh
     }
     let mut findings = rules::judge(&inputs);
     attach_fixes(&mut findings, &listed);
-    Ok(Report::new(findings))
+    Ok(Report::new(findings).with_dataplane(inputs.dataplane))
 }
 
 /// The fixes of each loopback risk whose LB IP (its subject) one listed Service owns; the

@@ -70,6 +70,7 @@ fn lab() -> Inputs {
         },
         api: super::ApiState::NotUsed,
         self_loop: Default::default(),
+        dataplane: None,
     }
 }
 
@@ -558,4 +559,56 @@ fn service_self_loop_risks_follow_the_mode() {
     i.self_loop.br_netfilter = Some(true);
     i.self_loop.bridge_ports = vec![port(true)];
     assert!(self_loops(&i).is_empty());
+}
+
+/// Without kube-proxy the check says so (a warning with the limits), and the table and JSON
+/// name the dataplane; with kube-proxy there is no such finding.
+#[test]
+fn a_node_without_kube_proxy_is_a_warning_never_silence() {
+    use super::dataplane::{Traces, detect};
+    let none = detect(&Traces {
+        links: vec!["cilium_host".into(), "eth0".into()],
+        ..Default::default()
+    });
+    let mut inputs = Inputs {
+        services: ServiceTable {
+            source: Some(ServiceSource::Iptables),
+            ..Default::default()
+        },
+        dataplane: Some(none.clone()),
+        ..Default::default()
+    };
+    let findings = rules::judge(&inputs);
+    let dp: Vec<_> = findings
+        .iter()
+        .filter(|f| f.kind == Kind::Dataplane)
+        .collect();
+    assert_eq!(dp.len(), 1, "{findings:#?}");
+    assert_eq!(dp[0].severity, Severity::Warn);
+    assert_eq!(dp[0].subject, "none (cilium)");
+    assert!(
+        dp[0]
+            .summary
+            .contains("still possible: healthcheck_blackhole")
+    );
+    assert!(
+        dp[0]
+            .remedy
+            .iter()
+            .any(|r| r.starts_with("cannot confirm: nodeport_attribution"))
+    );
+    let report = Report::new(findings).with_dataplane(Some(none));
+    assert!(render::table(&report).contains("\ndataplane: none (cilium)\n"));
+    let json: serde_json::Value = serde_json::from_str(&render::json(&report)).unwrap();
+    assert_eq!(json["dataplane"]["mode"], "none");
+    inputs.dataplane = Some(detect(&Traces {
+        source: Some(ServiceSource::Iptables),
+        table_has_services: true,
+        ..Default::default()
+    }));
+    assert!(
+        rules::judge(&inputs)
+            .iter()
+            .all(|f| f.kind != Kind::Dataplane)
+    );
 }
