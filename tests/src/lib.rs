@@ -5,4 +5,5 @@
 
 pub mod agent;
 pub mod kube_names;
+pub mod readiness;
 pub mod trafgen;

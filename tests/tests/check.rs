@@ -239,6 +239,86 @@ fn a_node_without_kube_proxy_names_its_dataplane_and_its_limits() {
     drop(lab);
 }
 
+/// `--as nftables` on the iptables-mode lab (its kube-ipvs0 stand-in holds the LB IP, as IPVS
+/// mode does): the risks predicted after the move are the ones the nftables-mode lab then shows
+/// for the same Services; the bound IP's risks disappear and `default/dns`'s unserved 53/udp
+/// (externalTrafficPolicy Local) starts hairpinning. The IPVS-mode round is in tests/ipvs.rs.
+#[test]
+fn as_nftables_predicts_what_the_nftables_lab_shows() {
+    use probe_tests::readiness::predict_then_observe;
+    if !require_root("probe check --as nftables") {
+        return;
+    }
+    let r = predict_then_observe(KubeProxyMode::Iptables);
+    let p = &r.prediction;
+    assert_eq!(p["from"], "iptables", "{p:#}");
+    assert_eq!(p["to"], "nftables", "{p:#}");
+    assert_eq!(
+        r.predicted, r.observed,
+        "prediction {p:#}\nobserved {:#}",
+        r.observed_report
+    );
+    let vip = lab::VIP.to_string();
+    let gone: Vec<(&str, &str)> = p["disappear"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["kind"].as_str().unwrap(), c["subject"].as_str().unwrap()))
+        .collect();
+    assert!(
+        gone.contains(&("healthcheck_blackhole", vip.as_str())),
+        "{p:#}"
+    );
+    assert!(gone.contains(&("vip_port_unserved", vip.as_str())), "{p:#}");
+    let new = p["appear"].as_array().unwrap();
+    assert_eq!(new.len(), 1, "{p:#}");
+    assert_eq!(new[0]["kind"], "hairpin");
+    assert_eq!(new[0]["subject"], format!("{vip}:53/udp"));
+    assert_eq!(new[0]["service"], "default/dns");
+    assert!(
+        !p["before_migrating"].as_array().unwrap().is_empty(),
+        "{p:#}"
+    );
+    // ipMode advice for each LB Service, with its costs.
+    let advice = p["ip_mode"].as_array().unwrap();
+    assert!(
+        advice
+            .iter()
+            .any(|a| a["service"] == "default/dns" && a["verdict"] == "avoids_now"),
+        "{p:#}"
+    );
+    assert!(
+        advice
+            .iter()
+            .all(|a| !a["costs"].as_array().unwrap().is_empty())
+    );
+    // Risks after the move: exit 1. On the nftables lab itself: a usage error.
+    assert_eq!(r.prediction_code, 1);
+    let (code, err) = &r.as_on_nftables;
+    assert_eq!(*code, 2, "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("already runs kube-proxy in nftables mode"),
+        "{err}"
+    );
+}
+
+/// `--as` with a mode it does not predict: one line, exit 2, before reading anything.
+#[test]
+fn as_another_mode_is_a_usage_error() {
+    for mode in ["ipvs", "iptables", "bogus"] {
+        let o = Command::new(probe_bin())
+            .args(["check", "--as", mode])
+            .output()
+            .expect("run probe");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{mode}: {err}");
+        assert!(o.stdout.is_empty(), "{mode}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(err.contains("only `--as nftables`"), "{err}");
+    }
+}
+
 #[test]
 fn bad_flags_exit_2_and_print_nothing_else() {
     for args in [

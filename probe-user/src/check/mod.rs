@@ -26,6 +26,9 @@ use crate::{event::Proto, state::ServiceTable};
 pub mod dataplane;
 pub mod gather;
 pub mod kube;
+pub mod readiness;
+#[cfg(test)]
+mod readiness_tests;
 pub mod render;
 pub mod rules;
 pub mod services;
@@ -269,6 +272,17 @@ pub enum ApiState {
 /// Reads the node (an error: it cannot be read) and, with API access, the Services (a
 /// failure there is a warning in the report), and judges them.
 pub fn run(cfg: &crate::state::addrs::AddrConfig, api: &kube::ApiAccess) -> anyhow::Result<Report> {
+    let (inputs, listed) = read(cfg, api)?;
+    let mut findings = rules::judge(&inputs);
+    attach_fixes(&mut findings, &listed);
+    Ok(Report::new(findings).with_dataplane(inputs.dataplane))
+}
+
+/// The node (and, with API access, the Services merged into it, and as listed).
+fn read(
+    cfg: &crate::state::addrs::AddrConfig,
+    api: &kube::ApiAccess,
+) -> anyhow::Result<(Inputs, Vec<crate::kube::index::ServiceFacts>)> {
     let mut inputs = gather::gather(cfg)?;
     let mut listed = Vec::new();
     if *api != kube::ApiAccess::None {
@@ -280,9 +294,29 @@ pub fn run(cfg: &crate::state::addrs::AddrConfig, api: &kube::ApiAccess) -> anyh
             Err(e) => inputs.api = ApiState::Failed(format!("{e:#}")),
         }
     }
-    let mut findings = rules::judge(&inputs);
-    attach_fixes(&mut findings, &listed);
-    Ok(Report::new(findings).with_dataplane(inputs.dataplane))
+    Ok((inputs, listed))
+}
+
+/// Why `--as` cannot run: a usage error (exit 2) or the node could not be read (exit 1).
+#[derive(Debug)]
+pub enum AsError {
+    Usage(String),
+    Node(anyhow::Error),
+}
+
+/// `probe check --as MODE`: reads the node as [`run`] does and predicts the move
+/// ([`readiness`]); `--as` is checked against the node's mode once it is read.
+pub fn run_as(
+    cfg: &crate::state::addrs::AddrConfig,
+    api: &kube::ApiAccess,
+    target: &str,
+) -> Result<readiness::Prediction, AsError> {
+    // A mode --as never predicts fails before the node is read.
+    readiness::validate(target, None).map_err(AsError::Usage)?;
+    let (inputs, listed) = read(cfg, api).map_err(AsError::Node)?;
+    let current = inputs.dataplane.as_ref().map(|d| d.mode);
+    let to = readiness::validate(target, current).map_err(AsError::Usage)?;
+    Ok(readiness::predict(&inputs, &listed, None, to))
 }
 
 /// The fixes of each loopback risk whose LB IP (its subject) one listed Service owns; the

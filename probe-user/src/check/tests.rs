@@ -13,14 +13,14 @@ use crate::{
     state::{NodePortEntry, ServiceEntry, ServiceSource, ServiceTable, addrs::Prefix},
 };
 
-fn ip(s: &str) -> IpAddr {
+pub(super) fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
-const VIP: &str = "203.0.113.10";
+pub(super) const VIP: &str = "203.0.113.10";
 const KUBE_MASQ: &str = "-A KUBE-POSTROUTING -m comment --comment \"kubernetes service traffic \
                          requiring SNAT\" -j MASQUERADE --random-fully";
-const POD_MASQ: &str = "-A CLB-LAB-MASQ -s 198.19.1.0/24 -o eth0 -m comment --comment \"clb-lab: \
+pub(super) const POD_MASQ: &str = "-A CLB-LAB-MASQ -s 198.19.1.0/24 -o eth0 -m comment --comment \"clb-lab: \
                         pod egress masquerade\" -j MASQUERADE";
 
 fn served(vip: &str, port: u16) -> ServiceEntry {
@@ -35,7 +35,7 @@ fn served(vip: &str, port: u16) -> ServiceEntry {
 
 /// The lab node in iptables mode: eth0, kube-ipvs0 with the VIP bound and served on 80, a pod
 /// /24, kube-proxy's marked masquerade only, a 6.18 kernel.
-fn lab() -> Inputs {
+pub(super) fn lab() -> Inputs {
     Inputs {
         vip_iface: "kube-ipvs0".into(),
         bound: vec![ip(VIP)],
@@ -80,7 +80,7 @@ fn unbind(mut i: Inputs) -> Inputs {
     i
 }
 
-fn masquerade(mut i: Inputs) -> Inputs {
+pub(super) fn masquerade(mut i: Inputs) -> Inputs {
     i.services.masquerade_rules.push(POD_MASQ.into());
     i
 }
@@ -104,7 +104,7 @@ fn v(kind: Kind, severity: Severity, subject: &str) -> Verdict {
 
 /// IPVS mode as kube-proxy leaves it: ClusterIPs bound and in KUBE-CLUSTER-IP, the LB
 /// ingress in KUBE-LOAD-BALANCER (and -LOCAL when externalTrafficPolicy is Local).
-fn ipvs(local: bool, bound: bool) -> Inputs {
+pub(super) fn ipvs(local: bool, bound: bool) -> Inputs {
     let mut sets: BTreeMap<String, Vec<String>> = BTreeMap::new();
     sets.insert(
         gather::CLUSTER_IP_SET.into(),
