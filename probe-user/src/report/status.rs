@@ -27,6 +27,10 @@ pub struct ReportStatus {
     /// agent.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub dataplane: String,
+    /// `probe check --as nftables` in short, on a kube-proxy node not in nftables mode:
+    /// `ready, 2 gone` (no risk appears with the move) or `1 new, 2 gone`; empty otherwise.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub nftables_readiness: String,
     /// What this agent cannot confirm on this node, and why (empty: everything).
     pub capabilities: Vec<CapabilityStatus>,
     /// `probe check`'s findings of severity `risk`.

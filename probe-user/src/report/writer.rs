@@ -75,6 +75,8 @@ pub struct CheckState {
     pub mode: String,
     /// `kube-proxy`, `cilium`, `unknown` (empty: not read).
     pub dataplane: String,
+    /// [`crate::check::readiness::Prediction::summary`] (empty: not an IPVS/iptables node).
+    pub nftables_readiness: String,
     pub risks: Vec<RiskStatus>,
 }
 
@@ -121,6 +123,18 @@ pub fn check_state(
             .as_ref()
             .map(|d| d.serving().to_string())
             .unwrap_or_default(),
+        nftables_readiness: match inputs.dataplane.as_ref().map(|d| d.mode) {
+            Some(crate::check::dataplane::Mode::Ipvs | crate::check::dataplane::Mode::Iptables) => {
+                crate::check::readiness::predict(
+                    &inputs,
+                    services,
+                    None,
+                    crate::check::dataplane::Mode::Nftables,
+                )
+                .summary()
+            }
+            _ => String::new(),
+        },
         risks,
     }
 }
@@ -144,6 +158,7 @@ pub fn build(
             check.mode.clone()
         },
         dataplane: check.dataplane.clone(),
+        nftables_readiness: check.nftables_readiness.clone(),
         capabilities: Capability::ALL
             .iter()
             .filter(|c| !caps.get(**c))

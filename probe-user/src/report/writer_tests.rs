@@ -225,6 +225,7 @@ fn repeats_of_a_loop_are_not_a_change_a_new_loop_or_risk_is() {
     );
     let risky = CheckState {
         dataplane: "kube-proxy".into(),
+        nftables_readiness: "ready, 1 gone".into(),
         mode: "ipvs".into(),
         risks: vec![RiskStatus {
             kind: "hairpin".into(),
@@ -434,6 +435,7 @@ async fn nothing_is_written_before_the_first_check() {
     checks_tx
         .send(CheckState {
             dataplane: "kube-proxy".into(),
+            nftables_readiness: "ready, 1 gone".into(),
             mode: "ipvs".into(),
             risks: vec![RiskStatus {
                 kind: "healthcheck_blackhole".into(),
