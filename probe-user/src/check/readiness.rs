@@ -555,9 +555,16 @@ pub fn table(p: &Prediction) -> String {
         p.from.as_str(),
         p.to.as_str()
     );
+    let all = || p.disappear.iter().chain(&p.appear).chain(&p.remain);
+    let w_kind = all().map(|c| c.kind.as_str().len()).max().unwrap_or(0);
+    let w_subject = all().map(|c| c.subject.len()).max().unwrap_or(0);
+    let w_service = all()
+        .map(|c| c.service.as_deref().map_or(1, str::len))
+        .max()
+        .unwrap_or(0);
     let line = |out: &mut String, sign: &str, c: &Change| {
         out.push_str(&format!(
-            "  {sign} {:<22} {:<22} {:<14} {}\n",
+            "  {sign} {:<w_kind$}  {:<w_subject$}  {:<w_service$}  {}\n",
             c.kind.as_str(),
             c.subject,
             c.service.as_deref().unwrap_or("-"),
