@@ -357,7 +357,8 @@ impl std::fmt::Display for Listener {
 /// A confirmed loopback, aggregated over its repeats. Serialized as one JSON object.
 ///
 /// `src`/`src_port`/`dst`/`dst_port` are the looping packet as the node received it (for
-/// `vip_port_unserved`: the refused packet), from the latest occurrence.
+/// `vip_port_unserved`: the refused packet; for `service_self_loop`: the pod's call, also when
+/// the packet dropped was its answer), from the latest occurrence.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LoopbackEvent {
     pub kind: LoopbackKind,

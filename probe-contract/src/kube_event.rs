@@ -7,6 +7,10 @@ use crate::event::LoopbackKind;
 pub const REPORTING_CONTROLLER: &str = "clb-probe";
 /// The Event's `action`.
 pub const ACTION: &str = "Detected";
+/// The `reason` of the Normal Event written when a loop is resolved (its `action`:
+/// [`RESOLVED_ACTION`]).
+pub const RESOLVED_REASON: &str = "LoopbackResolved";
+pub const RESOLVED_ACTION: &str = "Resolved";
 
 /// The Event's `reason` per kind (UpperCamelCase, as Kubernetes reasons are).
 pub fn reason(kind: LoopbackKind) -> &'static str {

@@ -19,6 +19,7 @@ pub mod facts;
 pub mod fix;
 pub mod kube_event;
 pub mod live;
+pub mod resolution;
 pub mod status;
 
 pub use event::{
@@ -27,6 +28,7 @@ pub use event::{
 };
 pub use fix::Fix;
 pub use live::{Message, Snapshot};
+pub use resolution::{LoopLifecycle, LoopResolution};
 pub use status::{
     CorrelatorStats, CounterSnapshot, DropHook, Features, KindCounts, NodeStatus, TagCounts, TcMode,
 };

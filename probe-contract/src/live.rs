@@ -32,6 +32,8 @@ pub struct Snapshot {
     pub kube_connected: bool,
     /// Kubernetes Event writes by result.
     pub kube_event_writes: Vec<(String, u64)>,
+    /// Confirmed loops by state, and the latest resolutions.
+    pub loops: crate::resolution::LoopLifecycle,
 }
 
 /// One line of the protocol: `{"type":"snapshot","snapshot":{...}}` or

@@ -92,6 +92,26 @@ fn snapshot() -> Snapshot {
         capabilities: vec![("drop_hook".into(), true)],
         kube_connected: false,
         kube_event_writes: vec![("created".into(), 1)],
+        loops: crate::LoopLifecycle {
+            active: [("hairpin".to_string(), 1)].into(),
+            resolutions: [("hairpin".to_string(), 1)].into(),
+            resolved: vec![crate::LoopResolution {
+                key: "hairpin/x".into(),
+                kind: LoopbackKind::Hairpin,
+                service: Some("shop/web".into()),
+                vip: Some("203.0.113.10".parse().unwrap()),
+                vip_port: Some(80),
+                first_seen: "2026-11-25T01:00:00Z".into(),
+                last_seen: "2026-11-25T01:01:00Z".into(),
+                resolved_at: "2026-11-25T01:06:00Z".into(),
+                lasted_s: 60,
+                count: 3,
+                episode: 0,
+                proof: vec!["answered".into()],
+                changed: vec!["spec.externalTrafficPolicy: Local -> Cluster".into()],
+            }],
+            ..Default::default()
+        },
     }
 }
 

@@ -23,6 +23,7 @@ pub mod kube;
 pub mod netlink;
 pub mod plugin;
 pub mod report;
+pub mod resolution;
 pub mod sink;
 pub mod state;
 pub mod term;

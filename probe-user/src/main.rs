@@ -118,6 +118,10 @@ struct AgentArgs {
     /// change; this catches what no change signal covers).
     #[arg(long, env = "CLB_PROBE_SERVICES_EVERY", default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
     services_every: u64,
+    /// Seconds a confirmed loop must stay unconfirmed, while its traffic is seen answered, to
+    /// be called resolved (a Normal `LoopbackResolved` Event, `clbprobe_loopback_active` down).
+    #[arg(long, env = "CLB_PROBE_RESOLVE_AFTER", default_value_t = 300, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    resolve_after: u64,
     /// How the service table is refreshed: `change` (default), or `timer`, the old full re-read
     /// every --services-every (kept for the bench's baseline).
     #[arg(
@@ -385,6 +389,7 @@ fn main() -> ExitCode {
                 tc_mode: args.tc_mode,
                 services_every: Duration::from_secs(args.services_every),
                 services_reader: args.services_reader,
+                resolve_after: Duration::from_secs(args.resolve_after),
                 metrics_addr: args.metrics_addr,
                 socket: Some(args.socket),
                 map_sizes: args.map_sizes.sizes(),

@@ -594,9 +594,9 @@ fn ipvs_mode_first_events_are_named_and_on_the_service() {
 /// Issue 23 item 6 in IPVS mode: kube-proxy 1.31 without pod-b's KUBE-LOOP-BACK entry
 /// (kubernetes#134884): pod-b's call to its own ClusterIP is not masqueraded and dies in pod-b
 /// as a local source; confirmed with the ipset entry named. Twin: the entry in place. (Pod-b
-/// behind a bridge without hairpin mode also fails in IPVS mode, seen on 6.12: there the
-/// *reply* is un-NATed in the bridge and dies at the port; the probe reads that packet's
-/// direction wrong, so it is not driven here yet.)
+/// behind a bridge without hairpin mode, where the *answer* dies at the port in IPVS mode,
+/// is driven by loopback.rs's `service_self_loop_at_a_bridge_port_without_hairpin_mode_names_it`,
+/// which the VM tier runs in IPVS mode.)
 #[test]
 fn ipvs_mode_service_self_loop_is_confirmed_and_twins_are_silent() {
     if !in_vm("ipvs_mode_service_self_loop") {
@@ -648,6 +648,39 @@ fn ipvs_mode_service_self_loop_is_confirmed_and_twins_are_silent() {
         },
     );
     run.twin(Scenario::SelfLoopSnat);
+    // Pod-b on a bridge without hairpin mode, br_netfilter on, KUBE-LOOP-BACK in place: the
+    // call is masqueraded and reaches pod-b; its answer, un-NATed back to pod-b while bridged,
+    // dies at pod-b's port. The event is the call's, with the SNAT in its evidence.
+    run.failure(
+        Scenario::SelfLoopBridge,
+        "service-self-loop-bridge",
+        "service_self_loop",
+        |e| {
+            assert_eq!(e["src"], lab::POD_B_IP.to_string());
+            assert_eq!(e["dst"], lab::POD_B_IP.to_string());
+            assert_eq!(e["dst_port"], lab::POD_PORT, "the call's port: {e:#}");
+            assert_eq!(e["vip"], lab::CLUSTER_IP.to_string(), "{e:#}");
+            assert_eq!(e["vip_port"], lab::SERVICE_PORT, "{e:#}");
+            assert_eq!(e["snat"], "yes", "{e:#}");
+            assert_eq!(e["nic"], "vpod-b", "{e:#}");
+            let ev = e["evidence"].to_string();
+            assert!(ev.contains("the call was masqueraded"), "{e:#}");
+            assert!(
+                ev.contains("ipset KUBE-LOOP-BACK holds 198.19.1.11,tcp:8080,198.19.1.11"),
+                "{e:#}"
+            );
+            assert!(
+                ev.contains("missing: hairpin mode on cbr0 port vpod-b"),
+                "{e:#}"
+            );
+            assert!(
+                e["remedy"]
+                    .to_string()
+                    .contains("--hairpin-mode=hairpin-veth"),
+                "{e:#}"
+            );
+        },
+    );
     let failures = std::mem::take(&mut run.failures);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -18,6 +18,7 @@ use crate::{
     hub::Shared,
     kernel::{counters::EgressTable, reader::IfNames},
     kube::{hold::Hold, index::Index},
+    resolution::{Observed, ProofRequest, Tracker, proof, service_fields},
     sink::Sinks,
     state,
 };
@@ -46,7 +47,12 @@ pub(super) struct CorrelateLoop {
     pub tables: watch::Sender<Option<Arc<state::ServiceTable>>>,
     /// The node status, for the dataplane named with each new table.
     pub status: watch::Sender<probe_contract::NodeStatus>,
+    /// Each confirmed loop's life: active, quiet, resolved (`crate::resolution`).
+    pub tracker: Tracker,
 }
+
+/// One proof look-up's results: (loop key, proof lines or None).
+type ProofResults = Vec<(String, Option<Vec<String>>)>;
 
 /// The signals that end the agent. SIGHUP and SIGQUIT too: their default actions (exit, core
 /// dump) would leave cls_bpf filters attached and the socket file behind.
@@ -102,6 +108,12 @@ pub(super) async fn run(mut l: CorrelateLoop) -> anyhow::Result<()> {
     let (answer_tx, mut answer_rx) = mpsc::channel::<Answer>(1024);
     // Confirmed reports waiting (at most 2 s) for the API cache to name them.
     let mut hold = Hold::default();
+    // Quiet loops' proof look-ups (a conntrack dump each) run off this loop, one batch at a
+    // time, every `check_every`.
+    let (proof_tx, mut proof_rx) = mpsc::channel::<ProofResults>(4);
+    let check_every = Duration::from_secs(l.tracker.config().check_every_s());
+    let mut next_check = tokio::time::Instant::now() + check_every;
+    let mut proof_out = false;
     loop {
         let waiting = !hold.is_empty();
         let deadline = hold
@@ -123,7 +135,17 @@ pub(super) async fn run(mut l: CorrelateLoop) -> anyhow::Result<()> {
                 if l.owners.has_changed().unwrap_or(false) {
                     correlator.set_owners(l.owners.borrow_and_update().clone());
                 }
+                let now = tokio::time::Instant::now();
+                if !proof_out && now >= next_check {
+                    next_check = now + check_every;
+                    proof_out = look_for_proof(&mut l.tracker, &proof_tx);
+                }
                 correlator.tick(monotonic_ns())
+            }
+            Some(results) = proof_rx.recv() => {
+                proof_out = false;
+                proved(&mut l, results);
+                Vec::new()
             }
             Some(table) = services_rx.recv() => {
                 if l.tables.receiver_count() > 0 {
@@ -204,8 +226,100 @@ fn emit(l: &mut CorrelateLoop, mut report: Report) {
         .map(|rx| rx.borrow().clone())
         .unwrap_or_default();
     crate::fixes::attach(&mut report.event, &index, l.provider);
+    let e = &report.event;
+    let service = e
+        .service
+        .as_deref()
+        .filter(|_| l.tracker.needs_service(&e.key))
+        .and_then(|name| index.services().find(|s| s.key() == name))
+        .map(service_fields);
+    if let Observed::Regression { episode } = l.tracker.observe(e, service, unix_now()) {
+        info!(
+            kind = e.kind.as_str(),
+            key = %e.key,
+            episode,
+            "loop confirmed again after its resolution (a regression)"
+        );
+    }
+    l.shared.publish_loops(l.tracker.lifecycle(), None);
     l.sinks.report(&report);
     l.shared.publish(report);
+}
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or_default()
+}
+
+/// Starts a look-up for the loops due one; returns whether one is out.
+fn look_for_proof(tracker: &mut Tracker, tx: &mpsc::Sender<ProofResults>) -> bool {
+    let due = tracker.due(unix_now());
+    if due.is_empty() {
+        return false;
+    }
+    let tx = tx.clone();
+    tokio::task::spawn_blocking(move || {
+        let _ = tx.blocking_send(read_proofs(&due));
+    });
+    true
+}
+
+/// One conntrack dump per address family the requests need, the node's timeouts once.
+/// Blocking. A failed dump proves nothing (the loops stay quiet) and is said at debug level.
+fn read_proofs(due: &[ProofRequest]) -> ProofResults {
+    let timeouts = state::conntrack::StateTimeouts::read();
+    let mut tables: [Option<Vec<state::ConntrackEntry>>; 2] = [None, None];
+    due.iter()
+        .map(|r| {
+            let v6 = r.shape.is_v6();
+            let table = tables[usize::from(v6)].get_or_insert_with(|| {
+                state::conntrack::dump_family(v6).unwrap_or_else(|error| {
+                    debug!(%error, "conntrack dump for a loop's proof");
+                    Vec::new()
+                })
+            });
+            let found = proof::find(&r.shape, table, r.quiet_for_s, &timeouts);
+            (r.key.clone(), found)
+        })
+        .collect()
+}
+
+/// The look-up's results: resolutions out to the log and the hub (metrics, Events).
+fn proved(l: &mut CorrelateLoop, results: ProofResults) {
+    let index = l
+        .kube_index
+        .as_ref()
+        .map(|rx| rx.borrow().clone())
+        .unwrap_or_default();
+    let now = unix_now();
+    let mut resolutions = Vec::new();
+    for (key, found) in results {
+        let service = l.tracker.service_of(&key).and_then(|name| {
+            index
+                .services()
+                .find(|s| s.key() == name)
+                .map(service_fields)
+        });
+        if let Some(r) = l.tracker.proved(&key, found, service, now) {
+            info!(
+                kind = r.kind.as_str(),
+                key = %r.key,
+                service = r.service.as_deref().unwrap_or("-"),
+                lasted_s = r.lasted_s,
+                proof = %r.proof.join("; "),
+                changed = %r.changed.join("; "),
+                "loop resolved"
+            );
+            resolutions.push(r);
+        }
+    }
+    let lifecycle = l.tracker.lifecycle();
+    l.shared.publish_loops(lifecycle, None);
+    for r in resolutions {
+        l.shared.publish_loops(l.tracker.lifecycle(), Some(r));
+    }
 }
 
 /// Sends the held reports that can go now.

@@ -57,6 +57,9 @@ pub struct AgentConfig {
     pub services_every: Duration,
     /// `--services-reader`: on change (default) or the old timer (the bench's baseline).
     pub services_reader: services::ReaderMode,
+    /// `--resolve-after`: how long a loop stays unconfirmed, its traffic answered, before it
+    /// is called resolved (`crate::resolution`).
+    pub resolve_after: Duration,
     /// `--metrics-addr`: Prometheus `/metrics`, `/healthz`, `/readyz`.
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// `--socket`: the live-view socket `probe watch` and `probe events` connect to.
@@ -189,6 +192,8 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         version: env!("CARGO_PKG_VERSION"),
         kube_events: Default::default(),
         outputs: Arc::new(surfaces.sinks.output_stats()),
+        loops: Default::default(),
+        resolutions: broadcast::channel(256).0,
     };
     // Subscribed before the first report; the writers run beside the loop, never in it.
     let _kube_events_task = spawn_kube_events(&cfg, &shared);
@@ -223,6 +228,9 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         owners: owners_rx,
         tables: tables_tx,
         status: dataplane_status,
+        tracker: crate::resolution::Tracker::new(crate::resolution::TrackerConfig {
+            resolve_after_s: cfg.resolve_after.as_secs().max(1),
+        }),
     })
     .await;
     // Orderly shutdown: stop the surfaces and the sync task (it detaches), then the reader.
@@ -432,6 +440,7 @@ fn spawn_kube_events(cfg: &AgentConfig, shared: &Shared) -> Option<AbortOnDrop> 
         source.clone(),
         cfg.node_name.clone().unwrap_or_else(hub::node_name),
         shared.subscribe(),
+        shared.resolutions.subscribe(),
         shared.kube_events.clone(),
     ))))
 }

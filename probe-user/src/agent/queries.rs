@@ -49,11 +49,16 @@ pub(super) fn answer_query(
                 let _ = tx.blocking_send(Answer::Listener { id, listener });
             });
         }
-        Query::SelfLoop { id, tuple, iface } => {
+        Query::SelfLoop {
+            id,
+            tuple,
+            iface,
+            reply_dropped,
+        } => {
             let tx = tx.clone();
             let caps = caps.clone();
             tokio::task::spawn_blocking(move || {
-                let answer = answer_self_loop(id, &tuple, iface.as_deref(), &caps);
+                let answer = answer_self_loop(id, &tuple, reply_dropped, iface.as_deref(), &caps);
                 let _ = tx.blocking_send(answer);
             });
         }
@@ -78,34 +83,38 @@ pub(super) fn answer_query(
     }
 }
 
-/// A pod's call to its own Service looped: conntrack by the reply tuple (the dropped packet
-/// reversed: the answer it would get without SNAT), and the node's pieces of the hairpin.
+/// A pod's call to its own Service looped: conntrack by the reply tuple (the call reversed:
+/// the answer it would get without SNAT), and the node's pieces of the hairpin. When the
+/// packet dropped was the call's answer, the call was masqueraded and the entry's reply tuple
+/// holds the node's address: then the family's table is searched for the call's connection
+/// ([`state::conntrack::is_self_call`]; one dump per confirmed connect, retransmits fold).
 /// Blocking (netlink, `ipset`, sysfs).
 fn answer_self_loop(
     id: u64,
-    tuple: &state::Tuple,
+    call: &state::Tuple,
+    reply_dropped: bool,
     iface: Option<&str>,
     caps: &Capabilities,
 ) -> Answer {
-    let reply = state::Tuple {
-        src: tuple.dst,
-        dst: tuple.src,
-        sport: tuple.dport,
-        dport: tuple.sport,
-        proto: tuple.proto,
-    };
     let conntrack = if let Some(injected) = std::env::var_os(CONNTRACK_FAIL_ENV) {
         Err(injected.to_string_lossy().into_owned())
     } else {
-        state::conntrack::lookup_reply(&reply).map_err(|e| e.to_string())
+        state::conntrack::lookup_reply(&call.reversed())
+            .and_then(|found| match found {
+                None if reply_dropped => Ok(state::conntrack::dump_family(call.src.is_ipv6())?
+                    .into_iter()
+                    .find(|e| state::conntrack::is_self_call(e, call))),
+                found => Ok(found),
+            })
+            .map_err(|e| e.to_string())
     };
     match &conntrack {
         Ok(_) => caps.set(Capability::Conntrack, true, ""),
         Err(error) => caps.set(Capability::Conntrack, false, error),
     };
-    let (bridge_port, br_netfilter) = state::bridge::read(tuple.src, iface);
+    let (bridge_port, br_netfilter) = state::bridge::read(call.src, iface);
     let facts = state::SelfLoopFacts {
-        loop_back_entry: state::ipset::read_loop_back_entry(tuple.src, tuple.proto, tuple.dport),
+        loop_back_entry: state::ipset::read_loop_back_entry(call.src, call.proto, call.dport),
         bridge_port,
         br_netfilter,
     };

@@ -212,14 +212,18 @@ pub enum Query {
         port: u16,
         proto: Proto,
     },
-    /// A pod's self-addressed packet `tuple` (pod:port -> pod:port) was dropped (on `iface`
-    /// when on the node): the conntrack entry whose *reply* tuple is `tuple` reversed, and
-    /// the node's pieces of the hairpin ([`SelfLoopFacts`]). Answered with
-    /// [`Answer::SelfLoop`].
+    /// A pod's self-addressed packet was dropped (on `iface` when on the node); `tuple` is
+    /// the pod's call as it reached the pod (pod:client port -> pod:endpoint port, after
+    /// DNAT): the conntrack entry whose *reply* tuple is `tuple` reversed, and the node's
+    /// pieces of the hairpin ([`SelfLoopFacts`]). `reply_dropped`: the packet was the answer
+    /// to that call, un-NATed back to the pod (its call was masqueraded, so the entry's reply
+    /// tuple holds the node's address: looked up by the call's ports instead,
+    /// [`crate::state::conntrack::is_self_call`]). Answered with [`Answer::SelfLoop`].
     SelfLoop {
         id: u64,
         tuple: Tuple,
         iface: Option<String>,
+        reply_dropped: bool,
     },
 }
 

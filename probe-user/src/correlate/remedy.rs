@@ -644,8 +644,9 @@ fn service_self_loop(e: &LoopbackEvent) -> Vec<String> {
         .map_or_else(|| "its Service".to_string(), |k| format!("Service {k}"));
     let how = match missing {
         Missing::HairpinMode { .. } => {
-            "kube-proxy's DNAT ran while the frame was bridged (br_netfilter), and the bridge \
-             dropped it rather than send it back out the port it came in on"
+            "the connection's NAT ran while the frame was bridged (br_netfilter: kube-proxy's \
+             DNAT of the call, or in IPVS mode the un-NAT of the answer to a masqueraded call), \
+             and the bridge dropped it rather than send it back out the port it came in on"
         }
         _ => {
             "the hairpin SNAT that lets a pod reach itself through a Service did not happen, so \

@@ -14,7 +14,7 @@ use serde_json::Value;
 use super::{Answer, Correlator, CorrelatorConfig, CorrelatorStats, Output, Query, Report};
 use crate::{
     event::{EgressRecord, KernelEvent},
-    state::{ConntrackEntry, SelfLoopFacts, ServiceTable},
+    state::{ConntrackEntry, SelfLoopFacts, ServiceTable, conntrack::is_self_call},
 };
 
 /// A conntrack entry the script returns once time has reached `visible_from_ns`.
@@ -67,19 +67,22 @@ impl ScriptedAnswers {
                     .max_by_key(|e| e.visible_from_ns)
                     .map(|e| e.entry.clone()),
             },
-            // The entry whose reply tuple is the dropped packet reversed.
-            Query::SelfLoop { id, tuple, .. } => Answer::SelfLoop {
+            // The entry whose reply tuple is the call reversed; for a dropped reply, the
+            // call's connection however it was answered (as the agent looks it up).
+            Query::SelfLoop {
+                id,
+                tuple,
+                reply_dropped,
+                ..
+            } => Answer::SelfLoop {
                 id: *id,
                 conntrack: Ok(self
                     .conntrack
                     .iter()
                     .filter(|e| {
                         e.visible_from_ns <= now_ns
-                            && e.entry.reply.src == tuple.dst
-                            && e.entry.reply.sport == tuple.dport
-                            && e.entry.reply.dst == tuple.src
-                            && e.entry.reply.dport == tuple.sport
-                            && e.entry.reply.proto == tuple.proto
+                            && (e.entry.reply == tuple.reversed()
+                                || (*reply_dropped && is_self_call(&e.entry, tuple)))
                     })
                     .max_by_key(|e| e.visible_from_ns)
                     .map(|e| e.entry.clone())),

@@ -15,13 +15,23 @@
 //!   was bridged, and the bridge may not send it back out the port it came in on
 //!   (`hairpin_mode` 0: the kubelet's `--hairpin-mode` is not `hairpin-veth`).
 //!
+//! The packet dropped may be the *answer* ([`is_answer`]): in IPVS mode with br_netfilter,
+//! the call is masqueraded (KUBE-LOOP-BACK) and reaches the pod, but its reply, addressed to
+//! the node, is un-NATed back to the pod's own address while bridged, and the bridge may not
+//! send it back out the port it came in on. Seen on VM 6.12: a SYN-ACK from pod:endpoint port
+//! to pod:client port dies in `br_handle_frame_finish`. The correlator turns such a drop into
+//! the call it answers (pod:client port -> pod:endpoint port) before anything else, so the
+//! port, the ipset entry and the Service are the call's, not the client's ephemeral port.
+//!
 //! Confirmation: the drop, then [`Query::SelfLoop`]: the node's conntrack entry whose reply
-//! tuple is the drop reversed (original: the pod to the Service; reply: from the pod to the
+//! tuple is the call reversed (original: the pod to the Service; reply: from the pod to the
 //! pod, i.e. no SNAT) and the node's pieces ([`SelfLoopFacts`]). An entry with SNAT dismisses
-//! it (`self_loop_snat_seen`). No entry still confirms (a bridge drop dies before conntrack
-//! confirms the connection), and says so; the Service is then named from the service table's
-//! endpoints. A pod-namespace drop must be a local-source drop. Retransmits of one connect
-//! fold into its confirmation. Aggregate: (drop site, pod, port, Service address, proto).
+//! a dropped call (`self_loop_snat_seen`: the pod was answered from the node's address), not a
+//! dropped answer at a bridge port: there the SNAT is in the evidence and the bridge is the
+//! missing piece. No entry still confirms (a bridge drop dies before conntrack confirms the
+//! connection), and says so; the Service is then named from the service table's endpoints. A
+//! pod-namespace drop must be a local-source drop. Retransmits of one connect fold into its
+//! confirmation. Aggregate: (drop site, pod, port, Service address, proto).
 
 use std::{collections::HashMap, net::IpAddr};
 
@@ -51,10 +61,38 @@ pub(super) fn is_self_loop(p: &Packet) -> bool {
     p.src == p.dst && p.src_tag == Some(Tag::Pod)
 }
 
+/// Whether a self-addressed packet is the answer to the pod's call rather than the call: a
+/// TCP segment with ACK set. A looped call never completes its handshake, so the pod sends
+/// no ACK-bearing segment of it that could loop; the SYN-ACK (and its retransmits) is the
+/// pod's answer. UDP and other protocols carry no direction: read as the call. Pure.
+pub(crate) fn is_answer(p: &Packet) -> bool {
+    p.proto == crate::event::Proto::Tcp && p.tcp_flags & crate::event::tcp_flags::ACK != 0
+}
+
+/// The call a self-addressed drop belongs to: the packet itself, or for an answer the packet
+/// reversed (same address both ways, tags both Pod). Pure.
+pub(crate) fn call_of(p: &Packet) -> Packet {
+    if !is_answer(p) {
+        return p.clone();
+    }
+    Packet {
+        sport: p.dport,
+        dport: p.sport,
+        src_tag: p.dst_tag,
+        dst_tag: p.src_tag,
+        src: p.dst,
+        dst: p.src,
+        ..p.clone()
+    }
+}
+
 /// A self-loop drop waiting for its [`Query::SelfLoop`] answer.
 pub(super) struct PendingSelfLoop {
     info: DropInfo,
+    /// The call (see [`call_of`]).
     packet: Packet,
+    /// The packet dropped was the call's answer; its own tuple, for the drop's line.
+    answer: Option<Tuple>,
 }
 
 /// What the node's state and the drop say was missing: the contract's fact (the remedy is
@@ -131,10 +169,12 @@ impl Correlator {
     pub(super) fn on_self_loop_drop(
         &mut self,
         info: DropInfo,
-        packet: Packet,
+        dropped: Packet,
         out: &mut Vec<Output>,
     ) {
         self.stats.drops_seen += 1;
+        let answer = is_answer(&dropped).then(|| tuple_of(&dropped));
+        let packet = call_of(&dropped);
         let t = tuple_of(&packet);
         // A retransmit of a connect already confirmed or still being looked at.
         if self
@@ -169,9 +209,17 @@ impl Correlator {
             id,
             tuple: t.clone(),
             iface: info.iface.clone(),
+            reply_dropped: answer.is_some(),
         }));
         self.held_drops += 1;
-        self.self_loops.insert(t, PendingSelfLoop { info, packet });
+        self.self_loops.insert(
+            t,
+            PendingSelfLoop {
+                info,
+                packet,
+                answer,
+            },
+        );
     }
 
     /// The agent's answer (or its absence: `None` after the query timed out).
@@ -191,8 +239,12 @@ impl Correlator {
             Some((Err(e), f)) => (Ct::Failed(e), f),
             None => (Ct::Unanswered, SelfLoopFacts::default()),
         };
+        // An answer un-NATed back to the pod and dropped at a bridge port is the loop even
+        // though the call was masqueraded.
+        let answer_at_bridge = p.answer.is_some() && !p.info.foreign_netns;
         if let Ct::Found(e) = &ct
             && (e.snat || e.reply.dst != p.packet.src)
+            && !answer_at_bridge
         {
             // SNATed after all: the pod was answered from the node's address.
             self.stats.self_loop_snat_seen += 1;
@@ -209,7 +261,11 @@ impl Correlator {
         facts: &SelfLoopFacts,
         out: &mut Vec<Output>,
     ) {
-        let PendingSelfLoop { info, packet } = p;
+        let PendingSelfLoop {
+            info,
+            packet,
+            answer,
+        } = p;
         let t = tuple_of(&packet);
         let entry = match ct {
             Ct::Found(e) => Some(e),
@@ -224,8 +280,20 @@ impl Correlator {
         );
         let missing = missing_piece(info.foreign_netns, facts);
 
-        let mut evidence = vec![drop_line(&info, &t)];
-        evidence.push(if info.foreign_netns {
+        let mut evidence = vec![drop_line(&info, answer.as_ref().unwrap_or(&t))];
+        evidence.push(if let Some(a) = &answer {
+            format!(
+                "source = destination = {}, a pod of this node: the dropped packet is the \
+                 pod's answer ({}) to its own call {}, dropped on the node{}",
+                packet.src,
+                sock(a.src, a.sport),
+                fmt_tuple(&t),
+                info.iface
+                    .as_deref()
+                    .map(|i| format!(" after arriving on {i}"))
+                    .unwrap_or_default()
+            )
+        } else if info.foreign_netns {
             format!(
                 "source = destination = {}, a pod of this node, dropped in the pod's own network \
                  namespace as a local source: the pod's own packet was sent back to it unSNATed",
@@ -243,6 +311,14 @@ impl Correlator {
             )
         });
         evidence.push(match ct {
+            Ct::Found(e) if e.snat || e.reply.dst != packet.src => format!(
+                "conntrack: {}: the pod called {}, the call was masqueraded (answered to {}), \
+                 and the answer, un-NATed back to the pod's own address in the bridge, had to \
+                 leave by the port it came in on",
+                fmt_entry(e),
+                sock(e.orig.dst, e.orig.dport),
+                sock(e.reply.dst, e.reply.dport)
+            ),
             Ct::Found(e) => format!(
                 "conntrack: {}: the pod called {} and the reply would come from the pod to \
                  itself (no SNAT)",
@@ -251,7 +327,7 @@ impl Correlator {
             ),
             Ct::Missing => format!(
                 "conntrack: no entry answers as {}{}",
-                fmt_tuple(&reversed(&t)),
+                fmt_tuple(&t.reversed()),
                 if info.foreign_netns {
                     ""
                 } else {
@@ -310,6 +386,7 @@ impl Correlator {
             drop_location: info.location.clone(),
             snat: match ct {
                 Ct::Failed(_) | Ct::Unanswered => SnatState::Unknown,
+                Ct::Found(e) if e.snat => SnatState::Yes,
                 // The drop's source is the pod itself: nothing rewrote it.
                 _ => SnatState::No,
             },
@@ -333,16 +410,6 @@ impl Correlator {
     pub(super) fn expire_self_loops(&mut self, now: u64) {
         self.self_loop_done
             .retain(|_, ts| ts.saturating_add(ATTEMPT_NS) >= now);
-    }
-}
-
-fn reversed(t: &Tuple) -> Tuple {
-    Tuple {
-        src: t.dst,
-        dst: t.src,
-        sport: t.dport,
-        dport: t.sport,
-        proto: t.proto,
     }
 }
 
@@ -412,7 +479,7 @@ fn missing_line(m: &Missing, p: &Packet, source: Option<ServiceSource>) -> Strin
             "missing: hairpin mode on {bridge} port {port}{}: the bridge does not send a frame \
              back out the port it came in on",
             match br_netfilter {
-                Some(true) => " (br_netfilter ran kube-proxy's DNAT while the frame was bridged)",
+                Some(true) => " (br_netfilter ran conntrack's NAT while the frame was bridged)",
                 _ => "",
             }
         ),
@@ -516,6 +583,7 @@ mod tests {
             dnat: true,
             seen_reply: false,
             tcp_state: Some("SYN_SENT".into()),
+            timeout_s: None,
         };
         assert_eq!(
             called_service(&table, Some(&entry), pod, 8080, Proto::Tcp),

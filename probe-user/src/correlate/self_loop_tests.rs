@@ -1,6 +1,7 @@
 //! `service_self_loop` end to end through the correlator: each drop site, its conntrack and
 //! node facts, the healthy twin (SNAT seen), retransmits, no answer.
 
+use super::self_loop::{call_of, is_answer};
 use super::tests::{MS, S, corr, has_line, invariants, ip, only_query, only_report, pkt, reports};
 use super::*;
 use crate::state::BridgePort;
@@ -62,6 +63,7 @@ fn entry(sport: u16, snat: bool) -> ConntrackEntry {
         dnat: true,
         seen_reply: false,
         tcp_state: Some("SYN_SENT".into()),
+        timeout_s: None,
     }
 }
 
@@ -306,4 +308,109 @@ fn a_failed_conntrack_look_up_still_confirms_and_says_so() {
         "{:#?}",
         r.event
     );
+}
+
+/// IPVS mode with br_netfilter, seen on VM 6.12: the call (client port 40010 -> 8080) was
+/// masqueraded by KUBE-LOOP-BACK; its SYN-ACK (8080 -> 40010), un-NATed back to the pod in
+/// the bridge, dies at the pod's port. The event is the call's: endpoint port 8080, the
+/// Service from conntrack, SNAT yes, the bridge port's hairpin mode missing.
+fn answer_at_bridge(ts: u64, client_port: u16) -> KernelEvent {
+    let KernelEvent::Drop {
+        ts_ns,
+        iface,
+        reason,
+        location,
+        foreign_netns,
+        ..
+    } = at_bridge(ts, client_port)
+    else {
+        unreachable!()
+    };
+    KernelEvent::Drop {
+        ts_ns,
+        iface,
+        packet: Packet {
+            tcp_flags: crate::event::tcp_flags::SYN | crate::event::tcp_flags::ACK,
+            ..pkt(EP, 8080, EP, client_port, Some(Tag::Pod), Some(Tag::Pod))
+        },
+        reason,
+        location,
+        foreign_netns,
+    }
+}
+
+#[test]
+fn an_answer_dropped_at_the_bridge_is_read_as_its_call_and_the_snat_does_not_dismiss_it() {
+    let mut c = corr();
+    let q = only_query(&c.ingest(answer_at_bridge(S, 40010)));
+    let Query::SelfLoop {
+        tuple,
+        reply_dropped,
+        ..
+    } = &q
+    else {
+        panic!("not a self-loop query: {q:?}");
+    };
+    // The call's tuple, not the answer's: the endpoint port is the destination.
+    assert_eq!((tuple.sport, tuple.dport), (40010, 8080));
+    assert!(reply_dropped);
+    let r = only_report(&answer(
+        &mut c,
+        &q,
+        Ok(Some(entry(40010, true))),
+        facts(Some(true), Some(false)),
+    ));
+    let e = &r.event;
+    assert_eq!((e.src_port, e.dst_port), (40010, 8080), "{e:#?}");
+    assert_eq!(
+        (e.vip, e.vip_port),
+        (Some(ip(super::tests::LB_VIP)), Some(80))
+    );
+    assert_eq!(e.service.as_deref(), Some("default/web"));
+    assert_eq!(e.snat, SnatState::Yes);
+    assert!(
+        has_line(&e.evidence, "198.18.1.20:8080 -> 198.18.1.20:40010"),
+        "the drop's own tuple: {e:#?}"
+    );
+    assert!(has_line(&e.evidence, "the call was masqueraded"), "{e:#?}");
+    assert!(has_line(
+        &e.evidence,
+        "ipset KUBE-LOOP-BACK holds 198.18.1.20,tcp:8080,198.18.1.20"
+    ));
+    assert!(has_line(
+        &e.evidence,
+        "missing: hairpin mode on cbr0 port veth1"
+    ));
+    assert!(has_line(&e.remedy, "--hairpin-mode=hairpin-veth"));
+    assert_eq!(c.stats().self_loop_snat_seen, 0);
+    // The SYN-ACK's retransmit folds into the same call.
+    assert!(c.ingest(answer_at_bridge(2 * S, 40010)).is_empty());
+    assert_eq!(c.stats().self_loop_retransmits, 1);
+    invariants(&c);
+}
+
+#[test]
+fn only_an_ack_bearing_tcp_segment_is_read_as_the_answer() {
+    let syn = self_pkt(40011);
+    assert!(!is_answer(&syn));
+    assert_eq!(call_of(&syn), syn);
+    let syn_ack = Packet {
+        tcp_flags: crate::event::tcp_flags::SYN | crate::event::tcp_flags::ACK,
+        ..pkt(EP, 8080, EP, 40011, Some(Tag::Pod), Some(Tag::Pod))
+    };
+    assert!(is_answer(&syn_ack));
+    assert_eq!(
+        call_of(&syn_ack),
+        Packet {
+            tcp_flags: syn_ack.tcp_flags,
+            ..syn.clone()
+        }
+    );
+    // UDP carries no direction: read as the call.
+    let udp = Packet {
+        proto: Proto::Udp,
+        tcp_flags: 0,
+        ..syn_ack.clone()
+    };
+    assert_eq!(call_of(&udp), udp);
 }

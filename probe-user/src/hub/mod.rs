@@ -19,7 +19,7 @@ use std::{
     },
 };
 
-use probe_contract::{CorrelatorStats, LoopbackEvent, Report};
+use probe_contract::{CorrelatorStats, LoopLifecycle, LoopResolution, LoopbackEvent, Report};
 pub use probe_contract::{NodeStatus, Snapshot};
 use tokio::sync::{broadcast, watch};
 
@@ -50,6 +50,11 @@ pub struct Shared {
     pub kube_events: Arc<KubeEventStats>,
     /// `--events` / `--record` writers (`clbprobe_output_*`), by output name.
     pub outputs: Arc<Vec<(&'static str, Arc<outputs::OutputStats>)>>,
+    /// The loops by state and the latest resolutions (`clbprobe_loopback_active{kind}`, ...),
+    /// as the correlation loop's resolution tracker last published them.
+    pub loops: Arc<Mutex<LoopLifecycle>>,
+    /// Every resolution, for the Kubernetes Events writer (`LoopbackResolved`).
+    pub resolutions: broadcast::Sender<Arc<LoopResolution>>,
 }
 
 impl Shared {
@@ -82,6 +87,17 @@ impl Shared {
             capabilities: self.capabilities.snapshot(),
             kube_connected: self.kube.connected(),
             kube_event_writes: self.kube_events.snapshot(),
+            loops: self.loops.lock().map(|l| l.clone()).unwrap_or_default(),
+        }
+    }
+
+    /// The tracker's latest view, and a resolution to broadcast (no receiver is fine).
+    pub fn publish_loops(&self, lifecycle: LoopLifecycle, resolution: Option<LoopResolution>) {
+        if let Ok(mut l) = self.loops.lock() {
+            *l = lifecycle;
+        }
+        if let Some(r) = resolution {
+            let _ = self.resolutions.send(Arc::new(r));
         }
     }
 

@@ -31,7 +31,9 @@ use k8s_openapi::{
 };
 use serde::Serialize;
 
-use probe_contract::kube_event::{ACTION, REPORTING_CONTROLLER, kind_of_reason};
+use probe_contract::kube_event::{
+    ACTION, REPORTING_CONTROLLER, RESOLVED_ACTION, RESOLVED_REASON, kind_of_reason,
+};
 
 use crate::term::escape;
 
@@ -79,7 +81,8 @@ fn ns_name(r: &k8s_openapi::api::core::v1::ObjectReference, kind: &str) -> Optio
 
 /// Why `ev` (which says `reportingController: clb-probe`) is not in the shape an agent writes,
 /// or None when it is. What an agent writes (`sink::kube_event_plan::event_doc`): type
-/// Warning, action Detected, a reason of one of its kinds, `reportingInstance` its node's name;
+/// Warning, action Detected, a reason of one of its kinds (or, for a resolution, Normal,
+/// Resolved, `LoopbackResolved`), `reportingInstance` its node's name;
 /// regarding either a Service in the Event's own namespace, or its own Node with the Event in
 /// `default`; related, when present, a Pod. This is a consistency check, not authentication
 /// (an Event carries no author): it catches forgeries that copy the look and not the shape,
@@ -87,10 +90,16 @@ fn ns_name(r: &k8s_openapi::api::core::v1::ObjectReference, kind: &str) -> Optio
 pub fn forged_because(ev: &Event) -> Option<&'static str> {
     let instance = ev.reporting_instance.as_deref().unwrap_or_default();
     let namespace = ev.metadata.namespace.as_deref().unwrap_or_default();
-    if ev.type_.as_deref() != Some("Warning") || ev.action.as_deref() != Some(ACTION) {
-        return Some("not a Warning with action Detected");
+    let resolved = ev.reason.as_deref() == Some(RESOLVED_REASON);
+    let shape = if resolved {
+        (Some("Normal"), Some(RESOLVED_ACTION))
+    } else {
+        (Some("Warning"), Some(ACTION))
+    };
+    if (ev.type_.as_deref(), ev.action.as_deref()) != shape {
+        return Some("not a Warning with action Detected (nor a Normal LoopbackResolved)");
     }
-    if ev.reason.as_deref().and_then(kind_of_reason).is_none() {
+    if !resolved && ev.reason.as_deref().and_then(kind_of_reason).is_none() {
         return Some("a reason no agent writes");
     }
     let node_name = !instance.is_empty()

@@ -199,6 +199,16 @@ fn forged_events_are_escaped_and_marked() {
         forged_because(&e)
     };
     assert!(tweak(&|e| e.type_ = Some("Normal".into())).is_some());
+    // A resolution is Normal with action Resolved; a Warning may not borrow its reason.
+    assert_eq!(
+        tweak(&|e| {
+            e.type_ = Some("Normal".into());
+            e.action = Some("Resolved".into());
+            e.reason = Some("LoopbackResolved".into());
+        }),
+        None
+    );
+    assert!(tweak(&|e| e.reason = Some("LoopbackResolved".into())).is_some());
     assert!(tweak(&|e| e.reason = Some("AllClear".into())).is_some());
     assert!(tweak(&|e| e.reporting_instance = Some("Node A".into())).is_some());
     assert!(tweak(&|e| e.metadata.namespace = Some("other".into())).is_some());

@@ -14,6 +14,10 @@
 //!   that window is remembered and written by [`EventPlanner::due`] once the window has passed.
 //! - A global token bucket (burst 10, one token per 6 s: 10 writes a minute sustained, per
 //!   agent) bounds a storm of distinct aggregates; what it holds back stays pending.
+//! - A resolved loop ([`EventPlanner::resolved`]) gets a Normal `LoopbackResolved` Event
+//!   regarding the same object; if it recurs, its Warning is a new Event (the aggregate key
+//!   and its episode number named in the hash), counted from 1, so the resolution stays
+//!   visible beside it.
 
 use std::{
     collections::HashMap,
@@ -22,7 +26,10 @@ use std::{
 
 use crate::correlate::{LoopbackEvent, LoopbackKind};
 
-pub use probe_contract::kube_event::{ACTION, REPORTING_CONTROLLER, kind_of_reason, reason};
+use probe_contract::LoopResolution;
+pub use probe_contract::kube_event::{
+    ACTION, REPORTING_CONTROLLER, RESOLVED_ACTION, RESOLVED_REASON, kind_of_reason, reason,
+};
 /// The API server's limit on `note` (bytes).
 pub const NOTE_MAX: usize = 1024;
 
@@ -106,6 +113,10 @@ impl Names {
 pub struct EventDoc {
     pub namespace: String,
     pub name: String,
+    /// `Warning` for a loop, `Normal` for its resolution.
+    pub event_type: &'static str,
+    /// [`ACTION`] or [`RESOLVED_ACTION`].
+    pub action: &'static str,
     pub reason: &'static str,
     pub note: String,
     pub regarding: ObjectRef,
@@ -160,8 +171,10 @@ struct Tracked {
     last_write: Option<Duration>,
     /// The count last handed out in a write.
     written_count: u64,
-    /// Observed count (the aggregate's `count`).
+    /// Observed count (the aggregate's `count` less `base`).
     count: u64,
+    /// The aggregate's count before this episode's first confirmation (0 in the first).
+    base: u64,
     last_seen: Duration,
 }
 
@@ -181,6 +194,10 @@ pub struct EventPlanner {
     tokens: u32,
     /// When the bucket last gained (or was found full).
     refilled_at: Option<Duration>,
+    /// Resolutions per aggregate key: the episode its next Warning opens.
+    episodes: HashMap<String, u32>,
+    /// `LoopbackResolved` Events the bucket held back (bounded; the oldest goes first).
+    held_resolved: std::collections::VecDeque<EventDoc>,
 }
 
 impl EventPlanner {
@@ -191,7 +208,35 @@ impl EventPlanner {
             node: node.to_string(),
             tracked: HashMap::new(),
             refilled_at: None,
+            episodes: HashMap::new(),
+            held_resolved: std::collections::VecDeque::new(),
         }
+    }
+
+    /// A loop resolved: the Normal Event to create now (or later, when the bucket allows),
+    /// regarding what the loop's Warning regarded. Its next confirmation opens a new Warning.
+    pub fn resolved(
+        &mut self,
+        r: &LoopResolution,
+        now: Duration,
+        wall: SystemTime,
+    ) -> Option<Write> {
+        let episode = self.episodes.entry(r.key.clone()).or_insert(0);
+        *episode += 1;
+        let warning = self.tracked.remove(&r.key).map(|t| t.doc);
+        let doc = resolved_doc(r, warning.as_ref(), &self.node, wall);
+        self.held_resolved.push_back(doc);
+        while self.held_resolved.len() > MAX_HELD_RESOLVED {
+            self.held_resolved.pop_front();
+        }
+        self.take_held_resolved(now)
+    }
+
+    fn take_held_resolved(&mut self, now: Duration) -> Option<Write> {
+        if self.held_resolved.is_empty() || !self.take_token(now) {
+            return None;
+        }
+        self.held_resolved.pop_front().map(Write::Create)
     }
 
     /// A report of a confirmed aggregate (new or repeat): the write to do now, or why not.
@@ -202,7 +247,11 @@ impl EventPlanner {
         now: Duration,
         wall: SystemTime,
     ) -> Result<Write, Held> {
-        let doc = event_doc(event, names, &self.node, wall);
+        let episode = self.episodes.get(&event.key).copied().unwrap_or(0);
+        let mut doc = event_doc(event, names, &self.node, wall);
+        if episode > 0 {
+            doc.name = event_name(&self.node, &format!("{}#{episode}", event.key), event.kind);
+        }
         let entry = self.tracked.entry(event.key.clone());
         let t = match entry {
             std::collections::hash_map::Entry::Occupied(o) => {
@@ -218,14 +267,20 @@ impl EventPlanner {
                 last_write: None,
                 written_count: 0,
                 count: 0,
+                base: if episode > 0 {
+                    event.count.saturating_sub(1)
+                } else {
+                    0
+                },
                 last_seen: now,
             }),
         };
-        t.count = t.count.max(event.count);
+        t.count = t.count.max(event.count.saturating_sub(t.base));
         t.last_seen = now;
-        if let Some(series) = &mut t.doc.series {
-            series.count = t.count;
-        }
+        t.doc.series = (t.count >= 2).then_some(Series {
+            count: t.count,
+            last_observed: wall,
+        });
         let key = event.key.clone();
         self.evict();
         self.try_write(&key, now)
@@ -233,6 +288,11 @@ impl EventPlanner {
 
     /// Pending writes whose window has passed, oldest first, as far as the bucket allows.
     pub fn due(&mut self, now: Duration) -> Vec<Write> {
+        let mut out = Vec::new();
+        // Held resolutions first: they are few, and the oldest news.
+        while let Some(w) = self.take_held_resolved(now) {
+            out.push(w);
+        }
         let mut pending: Vec<(Duration, String)> = self
             .tracked
             .iter()
@@ -240,7 +300,6 @@ impl EventPlanner {
             .map(|(k, t)| (t.last_write.unwrap_or(t.last_seen), k.clone()))
             .collect();
         pending.sort();
-        let mut out = Vec::new();
         for (_, key) in pending {
             match self.try_write(&key, now) {
                 Ok(w) => out.push(w),
@@ -345,6 +404,77 @@ pub fn event_name(node: &str, key: &str, kind: LoopbackKind) -> String {
     } else {
         format!("clb-probe.{node}.{kind}.{hash:016x}")
     }
+}
+
+/// How many `LoopbackResolved` Events wait for the bucket at most.
+const MAX_HELD_RESOLVED: usize = 64;
+
+/// The `LoopbackResolved` Event of a resolution: regarding what the loop's Warning regarded
+/// (else its Service, else the Node), named after the key and the episode. Pure.
+pub fn resolved_doc(
+    r: &LoopResolution,
+    warning: Option<&EventDoc>,
+    node: &str,
+    wall: SystemTime,
+) -> EventDoc {
+    let regarding = warning
+        .map(|w| w.regarding.clone())
+        .or_else(|| {
+            r.service
+                .as_deref()
+                .and_then(|s| ObjectRef::namespaced("Service", s))
+        })
+        .unwrap_or_else(|| ObjectRef {
+            kind: "Node",
+            namespace: String::new(),
+            name: node.to_string(),
+            uid: None,
+        });
+    let namespace = if regarding.namespace.is_empty() {
+        "default".to_string()
+    } else {
+        regarding.namespace.clone()
+    };
+    EventDoc {
+        namespace,
+        name: event_name(node, &format!("{}#resolved{}", r.key, r.episode), r.kind),
+        event_type: "Normal",
+        action: RESOLVED_ACTION,
+        reason: RESOLVED_REASON,
+        note: resolved_note(r),
+        regarding,
+        related: warning.and_then(|w| w.related.clone()),
+        instance: node.to_string(),
+        event_time: wall,
+        series: None,
+    }
+}
+
+/// What stopped, for how long it had lasted, the proof, and what changed; cut to
+/// [`NOTE_MAX`] bytes.
+pub fn resolved_note(r: &LoopResolution) -> String {
+    let at = match (r.vip, r.vip_port) {
+        (Some(ip), Some(port)) => format!(" at {}", sock(ip, port)),
+        (Some(ip), None) => format!(" at {ip}"),
+        _ => String::new(),
+    };
+    let changed = if r.changed.is_empty() {
+        " No change to the Service was seen (the fix may be elsewhere: the node, the LB, the clients).".to_string()
+    } else {
+        format!(" Changed since first seen: {}.", r.changed.join("; "))
+    };
+    truncate(
+        format!(
+            "Resolved: {}{at} is no longer confirmed; it lasted {} s ({} confirmations, first {}, last {}). Proof: {}.{changed}",
+            r.kind.as_str(),
+            r.lasted_s,
+            r.count,
+            r.first_seen,
+            r.last_seen,
+            r.proof.first().map(String::as_str).unwrap_or("-"),
+        ),
+        NOTE_MAX,
+    )
 }
 
 /// FNV-1a, 64 bit: stable across builds and Rust versions (unlike `DefaultHasher`).
@@ -485,6 +615,8 @@ pub fn event_doc(event: &LoopbackEvent, names: &Names, node: &str, wall: SystemT
     EventDoc {
         namespace,
         name: event_name(node, &event.key, event.kind),
+        event_type: "Warning",
+        action: ACTION,
         reason: reason(event.kind),
         note: note(event),
         regarding,

@@ -334,3 +334,103 @@ fn tracked_aggregates_are_bounded() {
     }
     assert!(p.tracked.len() <= 3);
 }
+
+fn resolution(key: &str, episode: u32) -> LoopResolution {
+    LoopResolution {
+        key: key.to_string(),
+        kind: LoopbackKind::Hairpin,
+        service: Some("shop/web".into()),
+        vip: Some("203.0.113.10".parse().unwrap()),
+        vip_port: Some(80),
+        first_seen: "2026-11-25T01:00:00Z".into(),
+        last_seen: "2026-11-25T01:01:00Z".into(),
+        resolved_at: "2026-11-25T01:06:00Z".into(),
+        lasted_s: 60,
+        count: 3,
+        episode,
+        proof: vec!["not confirmed again for 300 s, while 2 answered connections to 203.0.113.10:80/tcp passed packets since".into()],
+        changed: vec!["spec.externalTrafficPolicy: Local -> Cluster".into()],
+    }
+}
+
+#[test]
+fn a_resolution_is_a_normal_event_on_the_warnings_object_and_a_recurrence_a_new_warning() {
+    let mut p = EventPlanner::new(PlanConfig::default(), NODE);
+    let n = Names {
+        service_uid: Some("uid-web".into()),
+        ..names("shop/web", "shop/client-0")
+    };
+    let Ok(Write::Create(warning)) =
+        p.observe(&ev(LoopbackKind::Hairpin, "k1", 3), &n, secs(0), wall(0))
+    else {
+        panic!("no create")
+    };
+    assert_eq!(warning.event_type, "Warning");
+    let Some(Write::Create(done)) = p.resolved(&resolution("k1", 0), secs(400), wall(400)) else {
+        panic!("no resolved Event")
+    };
+    assert_eq!(
+        (done.event_type, done.reason, done.action),
+        ("Normal", "LoopbackResolved", "Resolved")
+    );
+    assert_eq!(
+        done.regarding, warning.regarding,
+        "the same Service, uid included"
+    );
+    assert_eq!(done.related, warning.related);
+    assert_ne!(done.name, warning.name);
+    assert!(
+        done.note.contains("lasted 60 s (3 confirmations"),
+        "{}",
+        done.note
+    );
+    assert!(
+        done.note
+            .contains("spec.externalTrafficPolicy: Local -> Cluster"),
+        "{}",
+        done.note
+    );
+    let v = serde_json::to_value(crate::sink::kube_events::to_event(&done)).unwrap();
+    assert_eq!(
+        (v["type"].as_str(), v["reason"].as_str()),
+        (Some("Normal"), Some("LoopbackResolved"))
+    );
+    // It recurs (the aggregate's count goes on at 4): a new Warning, counted from 1.
+    let Ok(Write::Create(again)) = p.observe(
+        &ev(LoopbackKind::Hairpin, "k1", 4),
+        &n,
+        secs(500),
+        wall(500),
+    ) else {
+        panic!("no new Warning")
+    };
+    assert_ne!(again.name, warning.name);
+    assert_ne!(again.name, done.name);
+    assert_eq!(again.series, None);
+    let Ok(Write::Patch(repeat)) = p.observe(
+        &ev(LoopbackKind::Hairpin, "k1", 6),
+        &n,
+        secs(600),
+        wall(600),
+    ) else {
+        panic!("no patch")
+    };
+    assert_eq!(repeat.name, again.name);
+    assert_eq!(repeat.series.map(|s| s.count), Some(3));
+}
+
+#[test]
+fn resolutions_held_by_the_bucket_are_written_when_it_refills() {
+    let cfg = PlanConfig {
+        burst: 1,
+        ..PlanConfig::default()
+    };
+    let refill = cfg.refill_every;
+    let mut p = EventPlanner::new(cfg, NODE);
+    assert!(p.resolved(&resolution("a", 0), secs(0), wall(0)).is_some());
+    assert!(p.resolved(&resolution("b", 0), secs(1), wall(1)).is_none());
+    let later = p.due(secs(1) + refill);
+    assert_eq!(later.len(), 1);
+    assert_eq!(later[0].doc().reason, "LoopbackResolved");
+    assert!(p.due(secs(1) + refill * 3).is_empty());
+}

@@ -29,9 +29,10 @@ use tokio::sync::broadcast::{self, error::RecvError};
 use tracing::{info, warn};
 
 use super::kube_event_plan::{
-    ACTION, EventDoc, EventPlanner, Held, Names, ObjectRef, PlanConfig, REPORTING_CONTROLLER, Write,
+    EventDoc, EventPlanner, Held, Names, ObjectRef, PlanConfig, REPORTING_CONTROLLER, Write,
 };
 use crate::correlate::Report;
+use probe_contract::LoopResolution;
 
 /// One write's time limit: a hung API server must not hold the queue forever.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -50,10 +51,11 @@ pub async fn start(
     source: crate::kube::KubeSource,
     node: String,
     reports: broadcast::Receiver<Arc<Report>>,
+    resolutions: broadcast::Receiver<Arc<LoopResolution>>,
     stats: Arc<KubeEventStats>,
 ) {
     match crate::kube::connect(&source).await {
-        Ok(client) => run(client, node, reports, stats).await,
+        Ok(client) => run(client, node, reports, resolutions, stats).await,
         Err(e) => warn!(error = %format!("{e:#}"), "no API client: Kubernetes Events are off"),
     }
 }
@@ -63,8 +65,10 @@ pub async fn run(
     client: Client,
     node: String,
     mut reports: broadcast::Receiver<Arc<Report>>,
+    mut resolutions: broadcast::Receiver<Arc<LoopResolution>>,
     stats: Arc<KubeEventStats>,
 ) {
+    let mut resolutions_open = true;
     let mut cfg = PlanConfig::default();
     // Test hook: the per-aggregate window (60 s) shortened so a test sees a patch.
     if let Some(ms) = std::env::var(PER_AGGREGATE_ENV)
@@ -104,6 +108,21 @@ pub async fn run(
                     vec![]
                 }
                 Err(RecvError::Closed) => return,
+            },
+            resolution = resolutions.recv(), if resolutions_open => match resolution {
+                Ok(r) => planner
+                    .resolved(&r, origin.elapsed(), SystemTime::now())
+                    .into_iter()
+                    .collect(),
+                Err(RecvError::Lagged(n)) => {
+                    writer.stats.dropped.fetch_add(n, Ordering::Relaxed);
+                    vec![]
+                }
+                // The agent is stopping: reports only, until they close too.
+                Err(RecvError::Closed) => {
+                    resolutions_open = false;
+                    vec![]
+                }
             },
             _ = due.tick() => planner.due(origin.elapsed()),
         };
@@ -221,9 +240,9 @@ pub fn to_event(doc: &EventDoc) -> Event {
             namespace: Some(doc.namespace.clone()),
             ..Default::default()
         },
-        type_: Some("Warning".into()),
+        type_: Some(doc.event_type.into()),
         reason: Some(doc.reason.into()),
-        action: Some(ACTION.into()),
+        action: Some(doc.action.into()),
         note: Some(doc.note.clone()),
         regarding: Some(object_ref(&doc.regarding)),
         related: doc.related.as_ref().map(object_ref),
@@ -247,6 +266,8 @@ mod tests {
         let doc = EventDoc {
             namespace: "shop".into(),
             name: "clb-probe.node-a.hairpin.0123456789abcdef".into(),
+            event_type: "Warning",
+            action: "Detected",
             reason: "LoopbackHairpin",
             note: "cause. Remedy: fix".into(),
             regarding: ObjectRef {

@@ -99,6 +99,11 @@ struct OutputLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildLabels {
     version: String,
     kernel: String,
@@ -215,6 +220,8 @@ pub struct MetricsInput {
     pub kube_event_writes: Vec<(String, u64)>,
     /// `--events` / `--record`: (output, lines lost, stalled now).
     pub outputs: Vec<(String, u64, bool)>,
+    /// Confirmed loops by state, resolutions and regressions, by kind.
+    pub loops: probe_contract::LoopLifecycle,
 }
 
 impl MetricsInput {
@@ -302,6 +309,10 @@ impl MetricsInput {
             kube_connected: snap.kube_connected,
             kube_event_writes: snap.kube_event_writes.clone(),
             outputs: Vec::new(),
+            loops: probe_contract::LoopLifecycle {
+                resolved: Vec::new(),
+                ..snap.loops.clone()
+            },
         }
     }
 }
@@ -553,6 +564,44 @@ pub fn render(input: &MetricsInput) -> String {
         "output_stalled",
         "1 while a write to --events / --record has been blocked for more than a second",
         stalled,
+    );
+
+    let gauges = |values: &BTreeMap<String, u64>| {
+        let f = Family::<KindLabels, Gauge>::default();
+        for (kind, n) in values {
+            f.get_or_create(&KindLabels { kind: kind.clone() })
+                .set(i64::try_from(*n).unwrap_or(i64::MAX));
+        }
+        f
+    };
+    let counters = |values: &BTreeMap<String, u64>| {
+        let f = Family::<KindLabels, Counter>::default();
+        for (kind, n) in values {
+            f.get_or_create(&KindLabels { kind: kind.clone() })
+                .inc_by(*n);
+        }
+        f
+    };
+    let l = &input.loops;
+    reg.register(
+        "loopback_active",
+        "Confirmed loops still recurring (confirmed within --resolve-after), by kind",
+        gauges(&l.active),
+    );
+    reg.register(
+        "loopback_quiet",
+        "Loops no longer confirmed but not proven gone: no answered traffic of their shape seen since, by kind",
+        gauges(&l.quiet),
+    );
+    reg.register(
+        "loopback_resolutions",
+        "Loops resolved: unconfirmed for --resolve-after while their traffic was seen answered, by kind",
+        counters(&l.resolutions),
+    );
+    reg.register(
+        "loopback_regressions",
+        "Resolved loops confirmed again (each opens a new Warning Event), by kind",
+        counters(&l.regressions),
     );
 
     let mut out = String::new();
@@ -810,6 +859,13 @@ mod tests {
             kube_connected: false,
             kube_event_writes: vec![("created".into(), 1), ("failed".into(), 2)],
             outputs: vec![("events".into(), 3, true)],
+            loops: probe_contract::LoopLifecycle {
+                active: [("hairpin".to_string(), 0)].into_iter().collect(),
+                quiet: [("hairpin".to_string(), 1)].into_iter().collect(),
+                resolutions: [("hairpin".to_string(), 2)].into_iter().collect(),
+                regressions: [("hairpin".to_string(), 1)].into_iter().collect(),
+                resolved: Vec::new(),
+            },
         }
     }
 
@@ -840,6 +896,10 @@ mod tests {
             "clbprobe_kube_event_writes_total{result=\"failed\"} 2",
             "clbprobe_output_lines_lost_total{output=\"events\"} 3",
             "clbprobe_output_stalled{output=\"events\"} 1",
+            "clbprobe_loopback_active{kind=\"hairpin\"} 0",
+            "clbprobe_loopback_quiet{kind=\"hairpin\"} 1",
+            "clbprobe_loopback_resolutions_total{kind=\"hairpin\"} 2",
+            "clbprobe_loopback_regressions_total{kind=\"hairpin\"} 1",
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }

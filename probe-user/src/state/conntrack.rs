@@ -109,6 +109,85 @@ fn lookup_by(tuple: &Tuple, reply: bool) -> Result<Option<ConntrackEntry>, Connt
     }
 }
 
+/// The node's conntrack timeouts per state (`net.netfilter.nf_conntrack_*timeout*`, per
+/// network namespace): what a packet resets an entry's timeout to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StateTimeouts {
+    /// By TCP state name as [`tcp_state_name`] spells it.
+    pub tcp: std::collections::BTreeMap<String, u32>,
+    /// `nf_conntrack_udp_timeout_stream` (an answered UDP flow is a stream once assured; the
+    /// longer of the two is taken, so an age is never underestimated).
+    pub udp: u32,
+}
+
+impl StateTimeouts {
+    /// The kernel's defaults (6.x), for a namespace whose sysctls cannot be read.
+    pub fn kernel_defaults() -> Self {
+        let tcp = [
+            ("SYN_SENT", 120),
+            ("SYN_RECV", 60),
+            ("ESTABLISHED", 432_000),
+            ("FIN_WAIT", 120),
+            ("CLOSE_WAIT", 60),
+            ("LAST_ACK", 30),
+            ("TIME_WAIT", 120),
+            ("CLOSE", 10),
+        ]
+        .into_iter()
+        .map(|(s, t)| (s.to_string(), t))
+        .collect();
+        Self { tcp, udp: 120 }
+    }
+
+    /// Reads the calling thread's network namespace's sysctls; a missing one keeps its
+    /// default. Blocking (procfs).
+    pub fn read() -> Self {
+        let mut t = Self::kernel_defaults();
+        let dir = std::path::Path::new("/proc/sys/net/netfilter");
+        let read = |name: &str| {
+            std::fs::read_to_string(dir.join(name))
+                .ok()
+                .and_then(|v| v.trim().parse::<u32>().ok())
+        };
+        for (state, value) in t.tcp.iter_mut() {
+            let name = format!("nf_conntrack_tcp_timeout_{}", state.to_ascii_lowercase());
+            if let Some(v) = read(&name) {
+                *value = v;
+            }
+        }
+        if let Some(v) = read("nf_conntrack_udp_timeout_stream") {
+            t.udp = v;
+        }
+        t
+    }
+
+    /// How long ago the entry's latest packet passed, in seconds: its state's timeout minus
+    /// what is left. None without a timeout or a known state. An entry whose timeout was
+    /// lowered (unacknowledged data, retransmits) looks older than it is, never younger: an
+    /// upper bound. Pure.
+    pub fn idle_s(&self, e: &ConntrackEntry) -> Option<u32> {
+        let left = e.timeout_s?;
+        let full = match e.orig.proto {
+            Proto::Tcp => *self.tcp.get(e.tcp_state.as_deref()?)?,
+            Proto::Udp => self.udp,
+            _ => return None,
+        };
+        Some(full.saturating_sub(left))
+    }
+}
+
+/// Whether `e` is the connection of a pod's call to itself, `call` as it reached the pod
+/// (pod:client port -> pod:endpoint port, after DNAT): sent from the call's source, answered
+/// from the call's destination, masqueraded or not (the reply's destination is the pod, or
+/// the node's address when the call was SNATed). Pure.
+pub fn is_self_call(e: &ConntrackEntry, call: &Tuple) -> bool {
+    e.orig.proto == call.proto
+        && e.orig.src == call.src
+        && e.orig.sport == call.sport
+        && e.reply.src == call.dst
+        && e.reply.sport == call.dport
+}
+
 /// Every conntrack entry of `src`'s family whose original source is `src`, in the calling
 /// thread's network namespace. Dumps the whole table and filters here. Blocking.
 pub fn dump_by_source(src: IpAddr) -> Result<Vec<ConntrackEntry>, ConntrackError> {
@@ -251,8 +330,10 @@ pub fn entry_from_attributes(attrs: &[ConntrackAttribute]) -> Option<ConntrackEn
     let mut reply = None;
     let mut status = 0u32;
     let mut tcp_state = None;
+    let mut timeout_s = None;
     for a in attrs {
         match a {
+            ConntrackAttribute::CtaTimeout(t) => timeout_s = Some(*t),
             ConntrackAttribute::CtaTupleOrig(t) => orig = tuple_from(t),
             ConntrackAttribute::CtaTupleReply(t) => reply = tuple_from(t),
             ConntrackAttribute::CtaStatus(s) => status = s.bits(),
@@ -277,6 +358,7 @@ pub fn entry_from_attributes(attrs: &[ConntrackAttribute]) -> Option<ConntrackEn
         dnat: status & IPS_DST_NAT != 0,
         seen_reply: status & IPS_SEEN_REPLY != 0,
         tcp_state,
+        timeout_s,
     })
 }
 
@@ -341,6 +423,34 @@ mod tests {
     use super::*;
     use crate::state::test_netns::Netns;
     use std::process::{Command, Stdio};
+
+    /// The call's connection, masqueraded or not; not another call of the pod's, nor an
+    /// answer from another port.
+    #[test]
+    fn a_self_call_is_matched_by_its_ports_whatever_answered_it() {
+        let t = |src: &str, sport, dst: &str, dport| Tuple {
+            src: src.parse().unwrap(),
+            dst: dst.parse().unwrap(),
+            sport,
+            dport,
+            proto: Proto::Tcp,
+        };
+        let call = t("198.19.1.11", 40000, "198.19.1.11", 8080);
+        let entry = |reply_dst: &str, reply_sport| ConntrackEntry {
+            orig: t("198.19.1.11", 40000, "198.18.100.10", 80),
+            reply: t("198.19.1.11", reply_sport, reply_dst, 40000),
+            snat: reply_dst != "198.19.1.11",
+            dnat: true,
+            seen_reply: false,
+            tcp_state: None,
+            timeout_s: None,
+        };
+        assert!(is_self_call(&entry("198.19.1.11", 8080), &call));
+        assert!(is_self_call(&entry("198.19.1.1", 8080), &call));
+        assert!(!is_self_call(&entry("198.19.1.1", 9090), &call));
+        let other_call = t("198.19.1.11", 40001, "198.19.1.11", 8080);
+        assert!(!is_self_call(&entry("198.19.1.1", 8080), &other_call));
+    }
     use std::time::Duration;
 
     const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/conntrack/");

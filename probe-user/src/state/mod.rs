@@ -162,6 +162,19 @@ pub struct Tuple {
     pub proto: Proto,
 }
 
+impl Tuple {
+    /// The other direction: how the answer to this packet travels.
+    pub fn reversed(&self) -> Tuple {
+        Tuple {
+            src: self.dst,
+            dst: self.src,
+            sport: self.dport,
+            dport: self.sport,
+            proto: self.proto,
+        }
+    }
+}
+
 /// A conntrack entry, reduced to what proves or disproves a loopback.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ConntrackEntry {
@@ -175,6 +188,11 @@ pub struct ConntrackEntry {
     pub seen_reply: bool,
     /// TCP state name as conntrack reports it (`SYN_SENT`, `ESTABLISHED`, `CLOSE`, ...).
     pub tcp_state: Option<String>,
+    /// Seconds left before the entry expires (CTA_TIMEOUT); each packet resets it to its
+    /// state's timeout, so the two tell how long ago the latest packet passed
+    /// ([`crate::state::conntrack::StateTimeouts::idle_s`]).
+    #[serde(default)]
+    pub timeout_s: Option<u32>,
 }
 
 /// A pod's port on a Linux bridge (kubenet's `cbr0`, the bridge CNI's `cni0`).

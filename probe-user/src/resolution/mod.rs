@@ -1,0 +1,371 @@
+//! From confirmed to resolved: each confirmed loop (its aggregate key: kind, Service or VIP,
+//! node) is tracked until the failure has stopped *and* the traffic that triggered it is seen
+//! to flow again.
+//!
+//! - **Active** while it recurs. The correlator reports every repeat of an aggregate, so a
+//!   loop that keeps happening keeps its last sighting fresh.
+//! - Not confirmed for `--resolve-after` (default 5 min: longer than an LB's health-check
+//!   interval and a client's retries), the agent looks for [`proof`]: answered conntrack
+//!   connections of the loop's shape whose latest packet passed after the last sighting.
+//!   With proof the loop is **resolved** (a [`LoopResolution`]: a Normal Event
+//!   `LoopbackResolved`, `clbprobe_loopback_active{kind}` falls, a resolution is counted).
+//!   Without, it is **quiet**: it stopped, but nothing shows the traffic still flows (no
+//!   client calls, or conntrack unreadable), so nothing is claimed; it is looked at again on
+//!   each check until proof comes or it recurs.
+//! - A resolved loop that is confirmed again is active again, in a new episode, and counted
+//!   as a **regression** (its Warning Event is a new one).
+//!
+//! What changed: with API access, the Service's fields the fixes touch are kept from the
+//! loop's first sighting and compared at resolution ([`service_fields`], [`changed`]).
+//!
+//! Pure: the agent's correlation loop feeds it confirmations, wall-clock seconds and the proof
+//! look-ups' results; the look-ups themselves run off that loop.
+
+pub mod proof;
+
+use std::collections::{BTreeMap, VecDeque};
+
+use probe_contract::{LoopLifecycle, LoopResolution, LoopbackEvent, LoopbackKind};
+
+use crate::{kube::index::ServiceFacts, report::status::rfc3339};
+
+pub use proof::Shape;
+
+/// How many loops are tracked at most (the least recently seen resolved, then quiet, then
+/// active loop is forgotten first).
+pub const MAX_TRACKED: usize = 1000;
+/// How many resolutions the lifecycle view keeps.
+pub const RECENT_RESOLVED: usize = 50;
+
+/// The window and how often quiet loops are looked at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TrackerConfig {
+    /// Seconds without a confirmation before proof is looked for.
+    pub resolve_after_s: u64,
+}
+
+impl TrackerConfig {
+    /// How often the agent looks for proof: a fifth of the window, between 1 and 30 s.
+    pub fn check_every_s(&self) -> u64 {
+        (self.resolve_after_s / 5).clamp(1, 30)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    Active,
+    Quiet,
+    Resolved,
+}
+
+#[derive(Clone, Debug)]
+struct Tracked {
+    kind: LoopbackKind,
+    service: Option<String>,
+    vip: Option<std::net::IpAddr>,
+    vip_port: Option<u16>,
+    shape: Option<Shape>,
+    first: i64,
+    last: i64,
+    /// The aggregate's count when this episode began, and its latest.
+    count_base: u64,
+    count: u64,
+    episode: u32,
+    state: State,
+    /// A proof look-up is out.
+    pending: bool,
+    /// The Service's fields at the episode's first sighting.
+    service_before: Option<BTreeMap<String, String>>,
+}
+
+/// What a confirmation meant to the tracker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Observed {
+    /// A loop not tracked before (or forgotten).
+    New,
+    /// An active (or quiet) loop, again.
+    Repeat,
+    /// A resolved loop, confirmed again: a new episode.
+    Regression { episode: u32 },
+}
+
+/// A proof look-up to run: the loop's traffic shape and how long it has been quiet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProofRequest {
+    pub key: String,
+    pub shape: Shape,
+    pub quiet_for_s: u64,
+}
+
+/// The node's loops.
+#[derive(Debug)]
+pub struct Tracker {
+    cfg: TrackerConfig,
+    loops: BTreeMap<String, Tracked>,
+    resolved: VecDeque<LoopResolution>,
+    resolutions: BTreeMap<String, u64>,
+    regressions: BTreeMap<String, u64>,
+}
+
+impl Tracker {
+    pub fn new(cfg: TrackerConfig) -> Self {
+        Self {
+            cfg,
+            loops: BTreeMap::new(),
+            resolved: VecDeque::new(),
+            resolutions: BTreeMap::new(),
+            regressions: BTreeMap::new(),
+        }
+    }
+
+    pub fn config(&self) -> TrackerConfig {
+        self.cfg
+    }
+
+    /// A confirmation (new or repeat) of `e` at `now` (Unix seconds); `service` is the
+    /// Service's [`service_fields`] when the API names it.
+    pub fn observe(
+        &mut self,
+        e: &LoopbackEvent,
+        service: Option<BTreeMap<String, String>>,
+        now: i64,
+    ) -> Observed {
+        let observed = match self.loops.get_mut(&e.key) {
+            None => {
+                self.loops.insert(
+                    e.key.clone(),
+                    Tracked {
+                        kind: e.kind,
+                        service: e.service.clone(),
+                        vip: e.vip,
+                        vip_port: e.vip_port,
+                        shape: Shape::of(e),
+                        first: now,
+                        last: now,
+                        count_base: e.count.saturating_sub(1),
+                        count: e.count,
+                        episode: 0,
+                        state: State::Active,
+                        pending: false,
+                        service_before: service.clone(),
+                    },
+                );
+                Observed::New
+            }
+            Some(t) if t.state == State::Resolved => {
+                t.episode += 1;
+                t.first = now;
+                t.count_base = t.count;
+                t.service_before = service.clone();
+                t.state = State::Active;
+                *self
+                    .regressions
+                    .entry(e.kind.as_str().to_string())
+                    .or_default() += 1;
+                Observed::Regression { episode: t.episode }
+            }
+            Some(t) => {
+                t.state = State::Active;
+                Observed::Repeat
+            }
+        };
+        let t = self.loops.get_mut(&e.key).expect("inserted above");
+        t.last = now;
+        t.count = t.count.max(e.count);
+        if e.service.is_some() {
+            t.service = e.service.clone();
+        }
+        if t.vip.is_none() || t.shape.is_none() {
+            t.vip = t.vip.or(e.vip);
+            t.vip_port = t.vip_port.or(e.vip_port);
+            t.shape = t.shape.clone().or_else(|| Shape::of(e));
+        }
+        if t.service_before.is_none() {
+            t.service_before = service;
+        }
+        self.evict();
+        observed
+    }
+
+    /// Whether [`Tracker::observe`] would keep the Service's fields for `key` (a new loop or
+    /// episode, or none kept yet): the caller looks them up only then.
+    pub fn needs_service(&self, key: &str) -> bool {
+        self.loops
+            .get(key)
+            .is_none_or(|t| t.state == State::Resolved || t.service_before.is_none())
+    }
+
+    /// The Service a tracked loop names.
+    pub fn service_of(&self, key: &str) -> Option<&str> {
+        self.loops.get(key)?.service.as_deref()
+    }
+
+    /// The loops due a proof look-up at `now`: not confirmed for the window, not resolved,
+    /// none out for them already. Marks them pending.
+    pub fn due(&mut self, now: i64) -> Vec<ProofRequest> {
+        let window = self.cfg.resolve_after_s as i64;
+        let mut out = Vec::new();
+        for (key, t) in &mut self.loops {
+            if t.state == State::Resolved || t.pending || now - t.last < window {
+                continue;
+            }
+            t.state = State::Quiet;
+            let Some(shape) = &t.shape else { continue };
+            t.pending = true;
+            out.push(ProofRequest {
+                key: key.clone(),
+                shape: shape.clone(),
+                quiet_for_s: (now - t.last).max(0) as u64,
+            });
+        }
+        out
+    }
+
+    /// A look-up's result for `key`: the proof lines (None: no proof, or the look-up failed)
+    /// and the Service's fields now. Returns the resolution when there is one. A loop
+    /// confirmed again while the look-up was out stays active.
+    pub fn proved(
+        &mut self,
+        key: &str,
+        proof: Option<Vec<String>>,
+        service_now: Option<BTreeMap<String, String>>,
+        now: i64,
+    ) -> Option<LoopResolution> {
+        let t = self.loops.get_mut(key)?;
+        t.pending = false;
+        if t.state != State::Quiet {
+            return None;
+        }
+        let proof = proof?;
+        t.state = State::Resolved;
+        let changed = match (&t.service_before, &service_now) {
+            (Some(before), Some(after)) => changed(before, after),
+            _ => Vec::new(),
+        };
+        let resolution = LoopResolution {
+            key: key.to_string(),
+            kind: t.kind,
+            service: t.service.clone(),
+            vip: t.vip,
+            vip_port: t.vip_port,
+            first_seen: rfc3339(t.first),
+            last_seen: rfc3339(t.last),
+            resolved_at: rfc3339(now),
+            lasted_s: (t.last - t.first).max(0) as u64,
+            count: t.count.saturating_sub(t.count_base),
+            episode: t.episode,
+            proof,
+            changed,
+        };
+        *self
+            .resolutions
+            .entry(t.kind.as_str().to_string())
+            .or_default() += 1;
+        self.resolved.push_back(resolution.clone());
+        while self.resolved.len() > RECENT_RESOLVED {
+            self.resolved.pop_front();
+        }
+        Some(resolution)
+    }
+
+    /// The loops by state and kind, the counters and the latest resolutions. Every kind is
+    /// listed in `active` and `quiet` (0 when none), so a gauge falls to 0 rather than
+    /// vanishing.
+    pub fn lifecycle(&self) -> LoopLifecycle {
+        let zero: BTreeMap<String, u64> = ALL_KINDS
+            .iter()
+            .map(|k| (k.as_str().to_string(), 0))
+            .collect();
+        let (mut active, mut quiet) = (zero.clone(), zero);
+        for t in self.loops.values() {
+            let by = match t.state {
+                State::Active => &mut active,
+                State::Quiet => &mut quiet,
+                State::Resolved => continue,
+            };
+            *by.entry(t.kind.as_str().to_string()).or_default() += 1;
+        }
+        LoopLifecycle {
+            active,
+            quiet,
+            resolutions: self.resolutions.clone(),
+            regressions: self.regressions.clone(),
+            resolved: self.resolved.iter().cloned().collect(),
+        }
+    }
+
+    fn evict(&mut self) {
+        while self.loops.len() > MAX_TRACKED {
+            let rank = |t: &Tracked| match t.state {
+                State::Resolved => 0,
+                State::Quiet => 1,
+                State::Active => 2,
+            };
+            let Some(k) = self
+                .loops
+                .iter()
+                .min_by_key(|(_, t)| (rank(t), t.last))
+                .map(|(k, _)| k.clone())
+            else {
+                return;
+            };
+            self.loops.remove(&k);
+        }
+    }
+}
+
+/// Every kind, for gauges that list each.
+pub const ALL_KINDS: [LoopbackKind; 5] = [
+    LoopbackKind::HealthcheckBlackhole,
+    LoopbackKind::Hairpin,
+    LoopbackKind::VipPortUnserved,
+    LoopbackKind::VipAsSource,
+    LoopbackKind::ServiceSelfLoop,
+];
+
+/// The Service's fields a fix changes, as `field -> value` (the fixes patch these:
+/// traffic policies, type, LB class, the LB controller's annotations, the ingress `ipMode`).
+/// Pure.
+pub fn service_fields(s: &ServiceFacts) -> BTreeMap<String, String> {
+    let mut f = BTreeMap::new();
+    f.insert("spec.type".to_string(), s.service_type.clone());
+    f.insert(
+        "spec.externalTrafficPolicy".to_string(),
+        s.external_traffic_policy
+            .clone()
+            .unwrap_or_else(|| "Cluster".into()),
+    );
+    if let Some(class) = &s.load_balancer_class {
+        f.insert("spec.loadBalancerClass".to_string(), class.clone());
+    }
+    for (i, ing) in s.ingress.iter().enumerate() {
+        f.insert(
+            format!("status.loadBalancer.ingress[{i}].ipMode"),
+            ing.ip_mode.clone().unwrap_or_else(|| "VIP".into()),
+        );
+    }
+    for (k, v) in &s.annotations {
+        f.insert(format!("metadata.annotations[{k}]"), v.clone());
+    }
+    f
+}
+
+/// `field: before -> after` for each field that differs (`(unset)` for a missing one). Pure.
+pub fn changed(before: &BTreeMap<String, String>, after: &BTreeMap<String, String>) -> Vec<String> {
+    let unset = "(unset)".to_string();
+    let mut keys: Vec<&String> = before.keys().chain(after.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    keys.into_iter()
+        .filter_map(|k| {
+            let (b, a) = (
+                before.get(k).unwrap_or(&unset),
+                after.get(k).unwrap_or(&unset),
+            );
+            (b != a).then(|| format!("{k}: {b} -> {a}"))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,160 @@
+//! The tracker's states over injected time and proof results.
+
+use super::*;
+use crate::report::loops::tests_event;
+
+const T0: i64 = 1_800_000_000;
+const WINDOW: u64 = 300;
+
+fn tracker() -> Tracker {
+    Tracker::new(TrackerConfig {
+        resolve_after_s: WINDOW,
+    })
+}
+
+fn event(count: u64) -> LoopbackEvent {
+    let mut e = tests_event("hairpin/web", Some("shop/web"));
+    e.count = count;
+    e
+}
+
+fn fields(etp: &str) -> BTreeMap<String, String> {
+    [
+        ("spec.type".to_string(), "LoadBalancer".to_string()),
+        ("spec.externalTrafficPolicy".to_string(), etp.to_string()),
+    ]
+    .into_iter()
+    .collect()
+}
+
+fn proof() -> Option<Vec<String>> {
+    Some(vec!["answered".to_string()])
+}
+
+#[test]
+fn a_loop_is_resolved_only_after_the_window_and_with_proof() {
+    let mut t = tracker();
+    assert_eq!(
+        t.observe(&event(1), Some(fields("Local")), T0),
+        Observed::New
+    );
+    assert_eq!(t.observe(&event(4), None, T0 + 60), Observed::Repeat);
+    assert_eq!(t.lifecycle().active["hairpin"], 1);
+    // Inside the window: nothing to look up.
+    assert!(t.due(T0 + 60 + WINDOW as i64 - 1).is_empty());
+    let now = T0 + 60 + WINDOW as i64;
+    let due = t.due(now);
+    assert_eq!(due.len(), 1);
+    assert_eq!(due[0].quiet_for_s, WINDOW);
+    assert_eq!(
+        due[0].shape,
+        Shape::To {
+            addr: "203.0.113.10".parse().unwrap(),
+            port: 80,
+            proto: probe_contract::Proto::Tcp,
+            from: None
+        }
+    );
+    // The look-up is out: not asked again.
+    assert!(t.due(now + 1).is_empty());
+    // No proof: quiet, not resolved; the gauge of active loops falls, nothing is counted.
+    assert_eq!(t.proved("hairpin/web", None, None, now + 1), None);
+    let l = t.lifecycle();
+    assert_eq!((l.active["hairpin"], l.quiet["hairpin"]), (0, 1));
+    assert!(l.resolutions.is_empty());
+    // Asked again on the next check; this time the traffic is seen answered.
+    assert_eq!(t.due(now + 30).len(), 1);
+    let r = t
+        .proved("hairpin/web", proof(), Some(fields("Cluster")), now + 31)
+        .expect("resolved");
+    assert_eq!(r.kind, LoopbackKind::Hairpin);
+    assert_eq!(r.service.as_deref(), Some("shop/web"));
+    assert_eq!((r.count, r.lasted_s, r.episode), (4, 60, 0));
+    assert_eq!(r.first_seen, rfc3339(T0));
+    assert_eq!(r.resolved_at, rfc3339(now + 31));
+    assert_eq!(
+        r.changed,
+        vec!["spec.externalTrafficPolicy: Local -> Cluster".to_string()]
+    );
+    let l = t.lifecycle();
+    assert_eq!((l.active["hairpin"], l.quiet["hairpin"]), (0, 0));
+    assert_eq!(l.resolutions["hairpin"], 1);
+    assert_eq!(l.resolved, vec![r]);
+    // Resolved: never looked up again.
+    assert!(t.due(now + 10_000).is_empty());
+}
+
+#[test]
+fn a_resolved_loop_that_recurs_is_a_regression_in_a_new_episode() {
+    let mut t = tracker();
+    t.observe(&event(3), None, T0);
+    let now = T0 + WINDOW as i64;
+    assert_eq!(t.due(now).len(), 1);
+    assert!(t.proved("hairpin/web", proof(), None, now).is_some());
+    assert_eq!(
+        t.observe(&event(4), None, now + 100),
+        Observed::Regression { episode: 1 }
+    );
+    let l = t.lifecycle();
+    assert_eq!((l.active["hairpin"], l.regressions["hairpin"]), (1, 1));
+    // The new episode counts its own confirmations.
+    t.observe(&event(6), None, now + 110);
+    let later = now + 110 + WINDOW as i64;
+    assert_eq!(t.due(later).len(), 1);
+    let r = t.proved("hairpin/web", proof(), None, later).unwrap();
+    assert_eq!((r.episode, r.count, r.lasted_s), (1, 3, 10));
+    assert_eq!(t.lifecycle().resolutions["hairpin"], 2);
+}
+
+#[test]
+fn a_loop_confirmed_while_its_look_up_is_out_stays_active() {
+    let mut t = tracker();
+    t.observe(&event(1), None, T0);
+    let now = T0 + WINDOW as i64;
+    assert_eq!(t.due(now).len(), 1);
+    assert_eq!(t.observe(&event(2), None, now + 1), Observed::Repeat);
+    assert_eq!(t.proved("hairpin/web", proof(), None, now + 2), None);
+    assert_eq!(t.lifecycle().active["hairpin"], 1);
+    assert!(t.lifecycle().resolutions.is_empty());
+}
+
+#[test]
+fn a_loop_without_the_address_its_proof_needs_stays_quiet() {
+    let mut t = tracker();
+    let mut e = event(1);
+    e.vip = None;
+    e.vip_port = None;
+    t.observe(&e, None, T0);
+    assert!(t.due(T0 + WINDOW as i64).is_empty());
+    assert_eq!(t.lifecycle().quiet["hairpin"], 1);
+}
+
+#[test]
+fn the_tracked_loops_are_bounded_and_every_kind_is_listed() {
+    let mut t = tracker();
+    for i in 0..(MAX_TRACKED + 10) {
+        let mut e = event(1);
+        e.key = format!("hairpin/{i}");
+        t.observe(&e, None, T0 + i as i64);
+    }
+    let l = t.lifecycle();
+    assert_eq!(l.active["hairpin"], MAX_TRACKED as u64);
+    assert_eq!(l.active.len(), ALL_KINDS.len());
+    assert_eq!(l.active["service_self_loop"], 0);
+}
+
+#[test]
+fn changed_lists_each_differing_field_once() {
+    let mut before = fields("Local");
+    before.insert("metadata.annotations[a]".into(), "1".into());
+    let mut after = fields("Local");
+    after.insert("metadata.annotations[b]".into(), "2".into());
+    assert_eq!(
+        changed(&before, &after),
+        vec![
+            "metadata.annotations[a]: 1 -> (unset)".to_string(),
+            "metadata.annotations[b]: (unset) -> 2".to_string(),
+        ]
+    );
+    assert!(changed(&before, &before).is_empty());
+}
