@@ -4,7 +4,10 @@
 //! - [`gather`] reads the node through the same state readers the agent uses (addresses,
 //!   the service table, kube-proxy's ipsets, sysctls, the kernel's BTF and kallsyms);
 //! - [`rules`] turns those [`Inputs`] into [`Finding`]s (pure: no I/O, unit-tested);
-//! - [`render`] prints them as an aligned table or as JSON.
+//! - [`render`] prints them as an aligned table or as JSON;
+//! - [`dataplane`] names what serves the node's Services (kube-proxy's mode, or none);
+//! - [`readiness`] predicts `--as nftables`: the rules run on the node as read and as
+//!   kube-proxy's nftables mode would leave it, and the difference.
 //!
 //! Exit codes: 0 no finding of severity `risk`; 1 at least one `risk` (the report is printed);
 //! 1 also when the node cannot be read, with one `probe: error: ...` line on stderr and nothing
