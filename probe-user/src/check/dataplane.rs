@@ -306,10 +306,12 @@ pub fn detect(t: &Traces) -> Dataplane {
             ),
             limit(
                 "hairpin",
-                "an LB whose target is a backend on a host listener (a host-network process on \
-                 the node's address) and that keeps client addresses sends a pod's call back \
-                 to its own node"
-                    .into(),
+                format!(
+                    "an LB whose target is a backend on a host listener (a host-network process \
+                     on the node's address) and that keeps client addresses sends a pod's call \
+                     back to its own node; pod calls to LB IPs {who} do not short-circuit or \
+                     masquerade can loop too (a warning: that part is in eBPF, unseen)"
+                ),
             ),
         ],
         cannot_confirm: vec![

@@ -611,4 +611,20 @@ fn a_node_without_kube_proxy_is_a_warning_never_silence() {
             .iter()
             .all(|f| f.kind != Kind::Dataplane)
     );
+    // Pod egress without SNAT: a risk under kube-proxy, a warning without it (the
+    // replacement's eBPF masquerade and LB handling are not read).
+    let hairpin = |i: &Inputs| -> Vec<Severity> {
+        rules::judge(i)
+            .into_iter()
+            .filter(|f| f.kind == Kind::Hairpin)
+            .map(|f| f.severity)
+            .collect()
+    };
+    let mut node = unbind(lab());
+    assert_eq!(hairpin(&node), [Severity::Risk]);
+    node.dataplane = Some(detect(&Traces {
+        links: vec!["cilium_host".into()],
+        ..Default::default()
+    }));
+    assert_eq!(hairpin(&node), [Severity::Warn]);
 }
