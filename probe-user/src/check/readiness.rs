@@ -111,8 +111,50 @@ pub struct Prediction {
     /// The fixes of the appearing risks, once each (by id and Service): apply before migrating.
     pub before_migrating: Vec<probe_contract::Fix>,
     pub ip_mode: Vec<IpModeAdvice>,
+    /// LB addresses no kube-proxy mode short-circuits (`ipMode: Proxy`, hostname-only
+    /// ingress, from the API): pod calls to them go to the LB before and after the move.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub not_short_circuited: Vec<Exposure>,
     /// Risks `probe check` will report after the move (remain + appear).
     pub risks_after: usize,
+}
+
+/// An LB address pod calls reach only through the LB, in either mode.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Exposure {
+    pub service: String,
+    /// The ingress IP or hostname.
+    pub address: String,
+    pub why: String,
+}
+
+/// The Services' LB addresses that neither IPVS nor nftables mode short-circuits.
+fn exposures(services: &[ServiceFacts]) -> Vec<Exposure> {
+    let mut out = Vec::new();
+    for s in services {
+        for i in &s.ingress {
+            let (address, why) = match (i.ip, i.hostname.as_deref()) {
+                (Some(ip), _) if i.ip_mode.as_deref() == Some("Proxy") => (
+                    ip.to_string(),
+                    "ipMode: Proxy: kube-proxy writes no rule for it in any mode",
+                ),
+                (None, Some(h)) => (
+                    h.to_string(),
+                    "published as a hostname only: kube-proxy knows no address to short-circuit",
+                ),
+                _ => continue,
+            };
+            out.push(Exposure {
+                service: s.key(),
+                address,
+                why: format!(
+                    "{why}; pod calls go to the LB before and after the move (a hairpin when \
+                     unSNATed and the LB keeps client addresses)"
+                ),
+            });
+        }
+    }
+    out
 }
 
 impl Prediction {
@@ -377,6 +419,7 @@ pub fn predict(
     Prediction {
         from,
         to,
+        not_short_circuited: exposures(services),
         risks_after: after.len(),
         disappear,
         appear,
@@ -596,6 +639,15 @@ pub fn table(p: &Prediction) -> String {
                 .unwrap_or_default(),
             f.change
         ));
+    }
+    if !p.not_short_circuited.is_empty() {
+        out.push_str(&format!(
+            "short-circuited in neither mode: {}\n",
+            p.not_short_circuited.len()
+        ));
+        for e in &p.not_short_circuited {
+            out.push_str(&format!("  {} {}: {}\n", e.address, e.service, e.why));
+        }
     }
     out.push_str(&format!("ipMode advice: {}\n", p.ip_mode.len()));
     for a in &p.ip_mode {

@@ -354,3 +354,32 @@ fn the_predicted_node_keeps_only_what_kube_proxy_does_not_own() {
     assert_eq!(p.services.services, node.services.services);
     let _ = lab();
 }
+
+/// `ipMode: Proxy` and hostname-only LBs are listed as short-circuited in neither mode.
+#[test]
+fn proxy_and_hostname_lbs_are_named_as_never_short_circuited() {
+    let mut hostname = web(false, None, &[]);
+    hostname.name = "api".into();
+    hostname.ingress = vec![LbIngress {
+        ip: None,
+        hostname: Some("lb-1.example.net".into()),
+        ip_mode: None,
+    }];
+    let proxy = web(false, Some("Proxy"), &[]);
+    let svcs = [proxy, hostname, web(false, None, &[])];
+    let p = predict(&with_api(ipvs(false, false), &svcs), &svcs);
+    let got: Vec<(&str, &str)> = p
+        .not_short_circuited
+        .iter()
+        .map(|e| (e.service.as_str(), e.address.as_str()))
+        .collect();
+    assert_eq!(got, [("shop/web", VIP), ("shop/api", "lb-1.example.net")]);
+    assert!(p.not_short_circuited[1].why.contains("hostname only"));
+    assert!(readiness::table(&p).contains("short-circuited in neither mode: 2"));
+    // Without Services from the API: none named (the node alone does not know them).
+    assert!(
+        predict(&ipvs(false, false), &[])
+            .not_short_circuited
+            .is_empty()
+    );
+}
