@@ -13,7 +13,7 @@ use crate::event::LoopbackKind;
 /// One resolution: the loop, how long it lasted, the proof, what changed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LoopResolution {
-    /// The aggregate key of the loop ([`crate::LoopbackEvent::key`]).
+    /// The loop: `kind/namespace/name`, or `kind/vip:port` when no Service is named.
     pub key: String,
     pub kind: LoopbackKind,
     /// `namespace/name` when the loop named one.
@@ -29,11 +29,15 @@ pub struct LoopResolution {
     pub resolved_at: String,
     /// From the first to the last confirmation of this episode, in seconds.
     pub lasted_s: u64,
-    /// Confirmations in this episode.
+    /// Reports of this episode's aggregates (first confirmations and repeats).
     pub count: u64,
     /// 0 for the loop's first episode; n after n regressions.
     #[serde(default)]
     pub episode: u32,
+    /// The aggregates ([`crate::LoopbackEvent::key`]: one per client and flow shape) confirmed
+    /// in this episode (at most 64).
+    #[serde(default)]
+    pub aggregates: Vec<String>,
     /// Why it is called resolved: the quiet window, and the answered connections of the loop's
     /// shape whose latest packet came after its last confirmation.
     pub proof: Vec<String>,

@@ -107,6 +107,7 @@ fn snapshot() -> Snapshot {
                 lasted_s: 60,
                 count: 3,
                 episode: 0,
+                aggregates: vec!["hairpin/l4/x".into()],
                 proof: vec!["answered".into()],
                 changed: vec!["spec.externalTrafficPolicy: Local -> Cluster".into()],
             }],

@@ -154,6 +154,13 @@ struct AgentArgs {
     /// annotations, else generic.
     #[arg(long, env = "CLB_PROBE_PROVIDER", value_name = "NAME")]
     provider: Option<clb_probe::fixes::Provider>,
+    /// Export the /metrics counters as OTLP metrics and every confirmed loopback as an OTLP
+    /// log record, over gRPC to an OpenTelemetry collector (http://HOST:4317). Off by default.
+    #[arg(long, env = "CLB_PROBE_OTLP_ENDPOINT", value_name = "URL", value_parser = clb_probe::sink::otlp::parse_endpoint)]
+    otlp_endpoint: Option<String>,
+    /// Seconds between OTLP metric exports (with --otlp-endpoint).
+    #[arg(long, env = "CLB_PROBE_OTLP_INTERVAL", default_value_t = clb_probe::sink::otlp::DEFAULT_INTERVAL_SECS, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    otlp_interval: u64,
 }
 
 /// Kernel map capacities (README, "Map sizing"); each range-checked, exit 2 outside it.
@@ -399,6 +406,12 @@ fn main() -> ExitCode {
                 provider: args.provider,
                 node_report,
                 node_condition: args.node_condition == OnOff::On,
+                otlp: args
+                    .otlp_endpoint
+                    .map(|endpoint| clb_probe::sink::otlp::OtlpConfig {
+                        endpoint,
+                        interval: Duration::from_secs(args.otlp_interval),
+                    }),
             };
             let rt = match tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)

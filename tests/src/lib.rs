@@ -5,5 +5,6 @@
 
 pub mod agent;
 pub mod kube_names;
+pub mod otlp;
 pub mod readiness;
 pub mod trafgen;

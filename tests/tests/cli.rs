@@ -31,6 +31,14 @@ fn usage_errors_exit_2() {
         &["agent", "--metrics-addr", "not-an-address"],
         &["agent", "--log-format", "xml"],
         &["agent", "--node-report", "maybe"],
+        &["agent", "--otlp-endpoint", "not a url"],
+        &[
+            "agent",
+            "--otlp-endpoint",
+            "http://127.0.0.1:4317",
+            "--otlp-interval",
+            "0",
+        ],
         // The condition is written with the node report: alone it is refused.
         &["agent", "--node-condition", "on"],
         &["frobnicate"],
@@ -38,6 +46,36 @@ fn usage_errors_exit_2() {
         let o = probe_in(None, args);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
         assert!(stderr(&o).contains("error:"), "{args:?}: {}", stderr(&o));
+    }
+}
+
+/// `--otlp-endpoint` (and its env twin) is checked before anything starts: the flag and the
+/// reason in the error, exit 2.
+#[test]
+fn a_bad_otlp_endpoint_is_named_before_anything_starts() {
+    for (bad, reason) in [
+        ("otel-collector:4317", "give http://HOST:PORT"),
+        ("https://otel-collector:4317", "https is not supported"),
+        ("http://", "not a URL"),
+    ] {
+        let o = probe_in(None, &["agent", "--otlp-endpoint", bad]);
+        assert_eq!(o.status.code(), Some(2), "{bad}: {}", stderr(&o));
+        let first = stderr(&o).lines().next().unwrap_or_default().to_string();
+        assert!(
+            first.starts_with("error:")
+                && first.contains("--otlp-endpoint")
+                && first.contains(reason),
+            "{bad}: {}",
+            stderr(&o)
+        );
+        let o = Command::new(probe_bin())
+            .arg("agent")
+            .env("CLB_PROBE_OTLP_ENDPOINT", bad)
+            .env("CLB_PROBE_LOG", "warn")
+            .output()
+            .expect("run probe");
+        assert_eq!(o.status.code(), Some(2), "env {bad}: {}", stderr(&o));
+        assert!(stderr(&o).contains(reason), "env {bad}: {}", stderr(&o));
     }
 }
 

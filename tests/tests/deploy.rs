@@ -106,6 +106,9 @@ fn the_chart_renders_lints_and_validates_for_every_ci_values_file() {
         "grafana_dashboard",
         "kind: Namespace",
         "--kube-attribution",
+        "--resolve-after",
+        // OTLP export (#28) is off unless an endpoint is set: no flag, no env.
+        "CLB_PROBE_OTLP",
     ] {
         assert!(!default.contains(absent), "{absent} rendered by default");
     }
@@ -173,10 +176,13 @@ fn the_chart_renders_lints_and_validates_for_every_ci_values_file() {
                 "- --kube-events=on",
                 "- --node-report=on",
                 "- --node-condition=on",
+                "- --resolve-after=120",
                 "resources: [nodes/status]",
                 "automountServiceAccountToken: true",
                 "containerPort: 9100",
                 "\"uid\": \"clb-probe\"",
+                "- name: CLB_PROBE_OTLP_ENDPOINT\n              value: \"http://otel-collector.monitoring:4317\"",
+                "- name: CLB_PROBE_OTLP_INTERVAL\n              value: \"30\"",
             ] {
                 assert!(stream.contains(present), "{present} missing from\n{stream}");
             }
@@ -196,6 +202,13 @@ fn the_values_schema_rejects_bad_values() {
         ("log", "logFormat: xml\n", "logFormat"),
         ("port", "metrics: {port: 99999}\n", "port"),
         ("typo", "nic: [eth0]\n", "nic"),
+        // The agent speaks plain gRPC only: an https or scheme-less endpoint fails here.
+        (
+            "otlp-tls",
+            "otlp: {endpoint: \"https://c:4317\"}\n",
+            "endpoint",
+        ),
+        ("otlp-bare", "otlp: {endpoint: \"c:4317\"}\n", "endpoint"),
     ] {
         let file = dir.join(format!("{name}.yaml"));
         std::fs::write(&file, bad).unwrap();

@@ -384,3 +384,99 @@ fn nftables_first_events_are_named_and_on_the_service() {
         &[case(Scenario::Hairpin, "hairpin", "LoopbackHairpin", true)],
     );
 }
+
+/// Issue 26, proof that a loop is gone: a hairpin is confirmed (its Warning Event, the active
+/// gauge at 1); the fix is applied (pod-a's egress masqueraded, as a CNI's SNAT or
+/// `ip-masq-agent` would) and pod-a's calls to the LB succeed; with `--resolve-after 2`, the
+/// loop unconfirmed while that answered traffic flows is resolved: a Normal
+/// `LoopbackResolved` Event on the same Service naming the proof, the gauge at 0, one
+/// resolution counted. The fix undone, the loop recurs: a second, new Warning Event and one
+/// regression counted.
+#[test]
+fn a_fixed_loop_is_resolved_with_proof_and_its_recurrence_is_a_regression() {
+    if !require_root("kube_events_resolved") {
+        return;
+    }
+    let metrics = "127.0.0.1:9978";
+    let mut s = setup(
+        "resolved",
+        &["--metrics-addr", metrics, "--resolve-after", "2"],
+        None,
+        |_| {},
+    );
+    let gauge = |family: &str, want: u64| {
+        wait_for(family, WAIT, || {
+            metric(
+                lab::NS_NODE,
+                metrics,
+                &format!("{family}{{kind=\"hairpin\"}}"),
+            )
+            .filter(|n| *n == want)
+        })
+    };
+    s.lab.traffic(Scenario::Hairpin).expect("traffic");
+    s.agent.wait_event("hairpin", WAIT, |es| {
+        es.iter().find(|e| e["kind"] == "hairpin").cloned()
+    });
+    let warning = wait_for("the hairpin's Warning", WAIT, || {
+        clb_events(&s.api)
+            .into_iter()
+            .find(|e| e["reason"] == "LoopbackHairpin")
+    })
+    .expect("a LoopbackHairpin Event");
+    assert_eq!(gauge("clbprobe_loopback_active", 1), Some(1));
+
+    // The fix: masqueraded, pod-a's call is answered (the LB sends it to the peer node). A
+    // second first: conntrack tells an entry's age to the second, and the proof must see the
+    // answered call as later than the failure (a slower machine only widens the gap).
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(
+        s.lab.traffic(Scenario::HairpinSnat).expect("traffic"),
+        lab::Outcome::Ok
+    );
+    let resolved = wait_for("the LoopbackResolved Event", WAIT, || {
+        clb_events(&s.api)
+            .into_iter()
+            .find(|e| e["reason"] == "LoopbackResolved")
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "no LoopbackResolved Event: {:#?}\n{}",
+            clb_events(&s.api),
+            s.agent.log_lines().join("\n")
+        )
+    });
+    assert_eq!(resolved["type"], "Normal", "{resolved:#}");
+    assert_eq!(resolved["action"], "Resolved", "{resolved:#}");
+    assert_eq!(resolved["regarding"], warning["regarding"], "{resolved:#}");
+    assert_ne!(resolved["metadata"]["name"], warning["metadata"]["name"]);
+    let note = resolved["note"].as_str().unwrap_or_default();
+    assert!(
+        note.contains(&format!(
+            "answered connections to {}:80/tcp passed packets since",
+            lab::VIP
+        )),
+        "the proof names the answered calls to the LB: {note}"
+    );
+    assert!(note.contains("No change to the Service was seen"), "{note}");
+    assert_eq!(gauge("clbprobe_loopback_active", 0), Some(0));
+    assert_eq!(gauge("clbprobe_loopback_resolutions_total", 1), Some(1));
+    assert_eq!(s.agent.count_log("loop resolved"), 1);
+
+    // The fix undone: the loop recurs, as a new Warning and a regression.
+    s.lab.traffic(Scenario::Hairpin).expect("traffic");
+    let warnings = wait_for("a second Warning", WAIT, || {
+        let w: Vec<Value> = clb_events(&s.api)
+            .into_iter()
+            .filter(|e| e["reason"] == "LoopbackHairpin")
+            .collect();
+        (w.len() == 2).then_some(w)
+    })
+    .unwrap_or_else(|| panic!("no second Warning: {:#?}", clb_events(&s.api)));
+    assert_ne!(
+        warnings[0]["metadata"]["name"],
+        warnings[1]["metadata"]["name"]
+    );
+    assert_eq!(gauge("clbprobe_loopback_regressions_total", 1), Some(1));
+    assert_eq!(gauge("clbprobe_loopback_active", 1), Some(1));
+}

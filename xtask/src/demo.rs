@@ -182,6 +182,9 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
         // The service table every second: a scenario's variant (the IPVS access filter) is in
         // the agent's table before its traffic.
         .args(["agent", "--nic", lab::NODE_NIC, "--services-every", "1"])
+        // Loops resolve after 5 s without a confirmation (default 300 s), so the demo's last
+        // act, a fix applied, shows its resolution.
+        .args(["--resolve-after", "5", "--metrics-addr", DEMO_METRICS])
         .args(["--events", "-", "--socket"])
         .arg(DEMO_SOCKET)
         .arg("--kubeconfig")
@@ -234,6 +237,8 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
     }
     eprintln!("demo: waiting for the last confirmations (hairpin outcomes settle in ~2 s)");
     print_events(&events_rx, Duration::from_secs(3));
+    check_interrupt()?;
+    from_confirmed_to_fixed(&lab, &api, &events_rx)?;
     if std::io::stdout().is_terminal() && std::io::stdin().is_terminal() {
         eprintln!("demo: opening the live view (`probe watch`); q quits and tears the lab down");
         thread::sleep(Duration::from_secs(2));
@@ -251,6 +256,75 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
     drop(agent);
     api.stop();
     drop(lab);
+    Ok(())
+}
+
+/// The agent's metrics address in the node's namespace.
+const DEMO_METRICS: &str = "127.0.0.1:9979";
+
+/// One metric's value from the agent's `/metrics`.
+fn metric(line_prefix: &str) -> Option<u64> {
+    let (_, body) = lab::http_get_in(lab::NS_NODE, DEMO_METRICS, "/metrics")?;
+    body.lines()
+        .find(|l| l.starts_with(line_prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// The last act (issue 26): pod-a's hairpin fails and is confirmed; the fix is applied (pod
+/// egress masqueraded, what a CNI's SNAT or ip-masq-agent does); pod-a's calls succeed; the
+/// agent calls the loop resolved with proof: the `LoopbackResolved` Event and the gauge at 0.
+fn from_confirmed_to_fixed(
+    lab: &LabGuard,
+    api: &crate::kubeapi::FakeApiServer,
+    events: &mpsc::Receiver<String>,
+) -> anyhow::Result<()> {
+    const RESOLVED: &str = "clbprobe_loopback_resolutions_total{kind=\"hairpin\"}";
+    const ACTIVE: &str = "clbprobe_loopback_active{kind=\"hairpin\"}";
+    eprintln!("demo: from confirmed to fixed: pod-a -> LB, no SNAT (the loop)");
+    let report = lab.run(Scenario::Hairpin)?;
+    println!("demo: {report}");
+    print_events(events, Duration::from_secs(3));
+    let before = metric(RESOLVED).unwrap_or(0);
+    println!(
+        "demo: {ACTIVE} = {}",
+        metric(ACTIVE).map_or("?".into(), |n| n.to_string())
+    );
+    thread::sleep(Duration::from_secs(1));
+    eprintln!("demo: applying the fix: pod-a's egress masqueraded to the node's address");
+    let report = lab.run(Scenario::HairpinSnat)?;
+    println!("demo: {report}");
+    eprintln!("demo: waiting for the resolution (--resolve-after 5: unconfirmed, calls answered)");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while metric(RESOLVED).unwrap_or(0) <= before {
+        check_interrupt()?;
+        if Instant::now() > deadline {
+            bail!("the hairpin was not resolved within 30 s of its fix");
+        }
+        thread::sleep(Duration::from_millis(500));
+    }
+    let resolved: Vec<serde_json::Value> = api
+        .objects("events")
+        .into_iter()
+        .filter(|e| e["reason"] == "LoopbackResolved")
+        .filter(|e| e["note"].as_str().is_some_and(|n| n.contains("hairpin")))
+        .collect();
+    if let Some(e) = resolved.last() {
+        println!(
+            "demo: Event {} {} regarding {} {}/{}:\n  {}",
+            e["type"].as_str().unwrap_or_default(),
+            e["reason"].as_str().unwrap_or_default(),
+            e["regarding"]["kind"].as_str().unwrap_or_default(),
+            e["regarding"]["namespace"].as_str().unwrap_or_default(),
+            e["regarding"]["name"].as_str().unwrap_or_default(),
+            e["note"].as_str().unwrap_or_default()
+        );
+    }
+    println!(
+        "demo: {ACTIVE} = {}, {RESOLVED} = {}",
+        metric(ACTIVE).map_or("?".into(), |n| n.to_string()),
+        metric(RESOLVED).map_or("?".into(), |n| n.to_string())
+    );
     Ok(())
 }
 

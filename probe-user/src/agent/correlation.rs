@@ -230,10 +230,13 @@ fn emit(l: &mut CorrelateLoop, mut report: Report) {
     let service = e
         .service
         .as_deref()
-        .filter(|_| l.tracker.needs_service(&e.key))
+        .filter(|_| l.tracker.needs_service(e))
         .and_then(|name| index.services().find(|s| s.key() == name))
         .map(service_fields);
-    if let Observed::Regression { episode } = l.tracker.observe(e, service, unix_now()) {
+    // The latest occurrence's kernel time on the wall clock (the report may have been held).
+    let age_ms = monotonic_ns().saturating_sub(e.last_seen_ns) / 1_000_000;
+    let seen = unix_now_ms() - i64::try_from(age_ms).unwrap_or(0);
+    if let Observed::Regression { episode } = l.tracker.observe(e, service, seen) {
         info!(
             kind = e.kind.as_str(),
             key = %e.key,
@@ -246,16 +249,16 @@ fn emit(l: &mut CorrelateLoop, mut report: Report) {
     l.shared.publish(report);
 }
 
-fn unix_now() -> i64 {
+fn unix_now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
+        .map(|d| d.as_millis() as i64)
         .unwrap_or_default()
 }
 
 /// Starts a look-up for the loops due one; returns whether one is out.
 fn look_for_proof(tracker: &mut Tracker, tx: &mpsc::Sender<ProofResults>) -> bool {
-    let due = tracker.due(unix_now());
+    let due = tracker.due(unix_now_ms());
     if due.is_empty() {
         return false;
     }
@@ -280,7 +283,15 @@ fn read_proofs(due: &[ProofRequest]) -> ProofResults {
                     Vec::new()
                 })
             });
-            let found = proof::find(&r.shape, table, r.quiet_for_s, &timeouts);
+            let found = proof::find(&r.shape, table, r.quiet_for_ms, &timeouts);
+            debug!(
+                key = %r.key,
+                shape = ?r.shape,
+                quiet_for_ms = r.quiet_for_ms,
+                entries = table.len(),
+                proved = found.is_some(),
+                "a quiet loop's proof look-up"
+            );
             (r.key.clone(), found)
         })
         .collect()
@@ -293,7 +304,7 @@ fn proved(l: &mut CorrelateLoop, results: ProofResults) {
         .as_ref()
         .map(|rx| rx.borrow().clone())
         .unwrap_or_default();
-    let now = unix_now();
+    let now = unix_now_ms();
     let mut resolutions = Vec::new();
     for (key, found) in results {
         let service = l.tracker.service_of(&key).and_then(|name| {

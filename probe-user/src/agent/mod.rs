@@ -79,6 +79,8 @@ pub struct AgentConfig {
     pub node_report: Option<crate::kube::KubeSource>,
     /// `--node-condition`: the Node condition `LoadBalancerLoopback` (with the node report).
     pub node_condition: bool,
+    /// `--otlp-endpoint`, `--otlp-interval`: OTLP export (None: off).
+    pub otlp: Option<crate::sink::otlp::OtlpConfig>,
 }
 
 /// Runs until SIGINT, SIGTERM, SIGHUP or SIGQUIT. Every exit path detaches: the probe is owned
@@ -192,6 +194,7 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         version: env!("CARGO_PKG_VERSION"),
         kube_events: Default::default(),
         outputs: Arc::new(surfaces.sinks.output_stats()),
+        otlp: surfaces.sinks.otlp.as_ref().map(|o| o.stats()),
         loops: Default::default(),
         resolutions: broadcast::channel(256).0,
     };
@@ -203,6 +206,11 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         crate::check::gather::kernel_view_of(Ok(&kbtf), kallsyms_readable)
     });
     let serving = surfaces.serve(&shared, &stop_rx);
+    let otlp_metrics = surfaces
+        .otlp_metrics
+        .take()
+        .zip(shared.otlp.clone())
+        .map(|(pending, stats)| crate::sink::otlp::OtlpMetrics::start(pending, &shared, stats));
     steps.mark("serve");
     info!("{}", steps.line());
     // Parsing BTF twice and loading the object peak at several times the steady heap; glibc
@@ -236,6 +244,10 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
     // Orderly shutdown: stop the surfaces and the sync task (it detaches), then the reader.
     let _ = stop_tx.send(true);
     serving.stop().await;
+    if let Some(otlp) = otlp_metrics {
+        // A last export, bounded (1 s): a receiver that hangs does not hold the exit.
+        tokio::task::block_in_place(|| otlp.shutdown());
+    }
     match tokio::time::timeout(Duration::from_secs(5), sync_task).await {
         Ok(Ok(Ok(()))) => {}
         Ok(Ok(Err(e))) => warn!(error = %e, "node sync ended with an error"),
@@ -305,6 +317,8 @@ struct Surfaces {
     metrics: Option<std::net::TcpListener>,
     live: Option<(tokio::net::UnixListener, crate::sink::live::SocketFile)>,
     sinks: Sinks,
+    /// `--otlp-endpoint`'s metric exporter, started once the hub exists.
+    otlp_metrics: Option<crate::sink::otlp::PendingMetrics>,
 }
 
 impl Surfaces {
@@ -334,10 +348,21 @@ impl Surfaces {
                     .context("--record")?,
             );
         }
+        let mut otlp_metrics = None;
+        if let Some(otlp) = &cfg.otlp {
+            let node = cfg.node_name.clone().unwrap_or_else(hub::node_name);
+            sinks.otlp = Some(crate::sink::otlp::OtlpLogs::start(
+                otlp,
+                node.clone(),
+                Default::default(),
+            )?);
+            otlp_metrics = Some(crate::sink::otlp::OtlpMetrics::exporter(otlp, node)?);
+        }
         Ok(Surfaces {
             metrics,
             live,
             sinks,
+            otlp_metrics,
         })
     }
 

@@ -50,6 +50,8 @@ pub struct Shared {
     pub kube_events: Arc<KubeEventStats>,
     /// `--events` / `--record` writers (`clbprobe_output_*`), by output name.
     pub outputs: Arc<Vec<(&'static str, Arc<outputs::OutputStats>)>>,
+    /// `--otlp-endpoint`'s counters (`clbprobe_otlp_*`); None when OTLP export is off.
+    pub otlp: Option<Arc<outputs::OtlpStats>>,
     /// The loops by state and the latest resolutions (`clbprobe_loopback_active{kind}`, ...),
     /// as the correlation loop's resolution tracker last published them.
     pub loops: Arc<Mutex<LoopLifecycle>>,

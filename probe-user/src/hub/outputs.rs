@@ -26,3 +26,36 @@ impl OutputStats {
         since != 0 && now_ns.saturating_sub(since) > STALLED_AFTER.as_nanos() as u64
     }
 }
+
+/// `--otlp-endpoint`'s counters (written by `sink::otlp`, read by `/metrics`).
+#[derive(Debug, Default)]
+pub struct OtlpStats {
+    /// Log records (confirmed events) the receiver accepted.
+    pub logs_exported: AtomicU64,
+    /// Log records lost: the queue was full (the receiver is slow or down), or their export
+    /// failed or timed out.
+    pub logs_dropped: AtomicU64,
+    /// Metric exports (each the whole set of counters) the receiver accepted.
+    pub metrics_exported: AtomicU64,
+    /// Metric exports that failed or timed out (the next one carries the cumulative values).
+    pub metrics_dropped: AtomicU64,
+}
+
+impl OtlpStats {
+    /// (signal, exported, dropped), for the metrics.
+    pub fn snapshot(&self) -> Vec<(String, u64, u64)> {
+        [
+            ("logs", &self.logs_exported, &self.logs_dropped),
+            ("metrics", &self.metrics_exported, &self.metrics_dropped),
+        ]
+        .into_iter()
+        .map(|(s, e, d)| {
+            (
+                s.to_string(),
+                e.load(Ordering::Relaxed),
+                d.load(Ordering::Relaxed),
+            )
+        })
+        .collect()
+    }
+}

@@ -1,6 +1,7 @@
-//! From confirmed to resolved: each confirmed loop (its aggregate key: kind, Service or VIP,
-//! node) is tracked until the failure has stopped *and* the traffic that triggered it is seen
-//! to flow again.
+//! From confirmed to resolved: each confirmed loop ([`loop_key`]: kind and Service, else kind
+//! and VIP; the node is the agent's own) is tracked until the failure has stopped *and* the
+//! traffic that triggered it is seen to flow again. One loop gathers the aggregates of its
+//! clients (ten pods hairpinning through one Service are one loop, ten Warning Events).
 //!
 //! - **Active** while it recurs. The correlator reports every repeat of an aggregate, so a
 //!   loop that keeps happening keeps its last sighting fresh.
@@ -18,8 +19,11 @@
 //! What changed: with API access, the Service's fields the fixes touch are kept from the
 //! loop's first sighting and compared at resolution ([`service_fields`], [`changed`]).
 //!
-//! Pure: the agent's correlation loop feeds it confirmations, wall-clock seconds and the proof
-//! look-ups' results; the look-ups themselves run off that loop.
+//! Pure: the agent's correlation loop feeds it confirmations, wall-clock milliseconds (the
+//! last sighting is the kernel's timestamp of the latest occurrence, not when the report
+//! reached the loop: a report held for the API's names must not make a call placed right
+//! after the failure look older than it) and the proof look-ups' results; the look-ups
+//! themselves run off that loop.
 
 pub mod proof;
 
@@ -58,16 +62,34 @@ enum State {
     Resolved,
 }
 
+/// The aggregates one loop remembers at most (their Warning Events get a new episode).
+pub const MAX_AGGREGATES: usize = 64;
+
+/// A loop's identity: `kind/namespace/name` when the event names a Service, else
+/// `kind/vip:port` (or the VIP, or the destination). Pure.
+pub fn loop_key(e: &LoopbackEvent) -> String {
+    let what = match (&e.service, e.vip, e.vip_port) {
+        (Some(service), _, _) => service.clone(),
+        (None, Some(vip), Some(port)) => std::net::SocketAddr::new(vip, port).to_string(),
+        (None, Some(vip), None) => vip.to_string(),
+        (None, None, _) => e.dst.to_string(),
+    };
+    format!("{}/{what}", e.kind.as_str())
+}
+
 #[derive(Clone, Debug)]
 struct Tracked {
     kind: LoopbackKind,
+    /// The aggregate keys seen in this loop (bounded by [`MAX_AGGREGATES`]).
+    aggregates: std::collections::BTreeSet<String>,
     service: Option<String>,
     vip: Option<std::net::IpAddr>,
     vip_port: Option<u16>,
     shape: Option<Shape>,
+    /// Unix milliseconds.
     first: i64,
     last: i64,
-    /// The aggregate's count when this episode began, and its latest.
+    /// Reports of the loop (all its aggregates) before this episode, and in all.
     count_base: u64,
     count: u64,
     episode: u32,
@@ -94,7 +116,7 @@ pub enum Observed {
 pub struct ProofRequest {
     pub key: String,
     pub shape: Shape,
-    pub quiet_for_s: u64,
+    pub quiet_for_ms: u64,
 }
 
 /// The node's loops.
@@ -122,28 +144,31 @@ impl Tracker {
         self.cfg
     }
 
-    /// A confirmation (new or repeat) of `e` at `now` (Unix seconds); `service` is the
-    /// Service's [`service_fields`] when the API names it.
+    /// A confirmation (new or repeat) of `e` whose latest occurrence was at `seen` (Unix
+    /// milliseconds); `service` is the Service's [`service_fields`] when the API names it.
     pub fn observe(
         &mut self,
         e: &LoopbackEvent,
         service: Option<BTreeMap<String, String>>,
-        now: i64,
+        seen: i64,
     ) -> Observed {
-        let observed = match self.loops.get_mut(&e.key) {
+        let now = seen;
+        let key = loop_key(e);
+        let observed = match self.loops.get_mut(&key) {
             None => {
                 self.loops.insert(
-                    e.key.clone(),
+                    key.clone(),
                     Tracked {
                         kind: e.kind,
+                        aggregates: Default::default(),
                         service: e.service.clone(),
                         vip: e.vip,
                         vip_port: e.vip_port,
                         shape: Shape::of(e),
                         first: now,
                         last: now,
-                        count_base: e.count.saturating_sub(1),
-                        count: e.count,
+                        count_base: 0,
+                        count: 0,
                         episode: 0,
                         state: State::Active,
                         pending: false,
@@ -156,6 +181,7 @@ impl Tracker {
                 t.episode += 1;
                 t.first = now;
                 t.count_base = t.count;
+                t.aggregates.clear();
                 t.service_before = service.clone();
                 t.state = State::Active;
                 *self
@@ -169,9 +195,13 @@ impl Tracker {
                 Observed::Repeat
             }
         };
-        let t = self.loops.get_mut(&e.key).expect("inserted above");
-        t.last = now;
-        t.count = t.count.max(e.count);
+        let t = self.loops.get_mut(&key).expect("inserted above");
+        t.last = t.last.max(now);
+        // Confirmations across the loop's aggregates: each report is one.
+        t.count += 1;
+        if t.aggregates.len() < MAX_AGGREGATES {
+            t.aggregates.insert(e.key.clone());
+        }
         if e.service.is_some() {
             t.service = e.service.clone();
         }
@@ -187,11 +217,11 @@ impl Tracker {
         observed
     }
 
-    /// Whether [`Tracker::observe`] would keep the Service's fields for `key` (a new loop or
-    /// episode, or none kept yet): the caller looks them up only then.
-    pub fn needs_service(&self, key: &str) -> bool {
+    /// Whether [`Tracker::observe`] would keep the Service's fields for `e`'s loop (a new loop
+    /// or episode, or none kept yet): the caller looks them up only then.
+    pub fn needs_service(&self, e: &LoopbackEvent) -> bool {
         self.loops
-            .get(key)
+            .get(&loop_key(e))
             .is_none_or(|t| t.state == State::Resolved || t.service_before.is_none())
     }
 
@@ -200,10 +230,10 @@ impl Tracker {
         self.loops.get(key)?.service.as_deref()
     }
 
-    /// The loops due a proof look-up at `now`: not confirmed for the window, not resolved,
-    /// none out for them already. Marks them pending.
+    /// The loops due a proof look-up at `now` (Unix ms): not confirmed for the window, not
+    /// resolved, none out for them already. Marks them pending.
     pub fn due(&mut self, now: i64) -> Vec<ProofRequest> {
-        let window = self.cfg.resolve_after_s as i64;
+        let window = self.cfg.resolve_after_s as i64 * 1000;
         let mut out = Vec::new();
         for (key, t) in &mut self.loops {
             if t.state == State::Resolved || t.pending || now - t.last < window {
@@ -215,7 +245,7 @@ impl Tracker {
             out.push(ProofRequest {
                 key: key.clone(),
                 shape: shape.clone(),
-                quiet_for_s: (now - t.last).max(0) as u64,
+                quiet_for_ms: (now - t.last).max(0) as u64,
             });
         }
         out
@@ -248,12 +278,13 @@ impl Tracker {
             service: t.service.clone(),
             vip: t.vip,
             vip_port: t.vip_port,
-            first_seen: rfc3339(t.first),
-            last_seen: rfc3339(t.last),
-            resolved_at: rfc3339(now),
-            lasted_s: (t.last - t.first).max(0) as u64,
+            first_seen: rfc3339(t.first.div_euclid(1000)),
+            last_seen: rfc3339(t.last.div_euclid(1000)),
+            resolved_at: rfc3339(now.div_euclid(1000)),
+            lasted_s: ((t.last - t.first).max(0) / 1000) as u64,
             count: t.count.saturating_sub(t.count_base),
             episode: t.episode,
+            aggregates: t.aggregates.iter().cloned().collect(),
             proof,
             changed,
         };
@@ -269,14 +300,15 @@ impl Tracker {
     }
 
     /// The loops by state and kind, the counters and the latest resolutions. Every kind is
-    /// listed in `active` and `quiet` (0 when none), so a gauge falls to 0 rather than
-    /// vanishing.
+    /// listed in each map (0 when none): a gauge falls to 0 rather than vanishing, and a
+    /// counter exists from the start (a rate over a series that appears later misses its
+    /// first increase).
     pub fn lifecycle(&self) -> LoopLifecycle {
         let zero: BTreeMap<String, u64> = ALL_KINDS
             .iter()
             .map(|k| (k.as_str().to_string(), 0))
             .collect();
-        let (mut active, mut quiet) = (zero.clone(), zero);
+        let (mut active, mut quiet) = (zero.clone(), zero.clone());
         for t in self.loops.values() {
             let by = match t.state {
                 State::Active => &mut active,
@@ -285,11 +317,15 @@ impl Tracker {
             };
             *by.entry(t.kind.as_str().to_string()).or_default() += 1;
         }
+        let mut resolutions = zero.clone();
+        resolutions.extend(self.resolutions.clone());
+        let mut regressions = zero;
+        regressions.extend(self.regressions.clone());
         LoopLifecycle {
             active,
             quiet,
-            resolutions: self.resolutions.clone(),
-            regressions: self.regressions.clone(),
+            resolutions,
+            regressions,
             resolved: self.resolved.iter().cloned().collect(),
         }
     }

@@ -101,26 +101,27 @@ impl Shape {
 const QUOTED: usize = 3;
 
 /// The proof lines, or None: answered connections of `shape` whose latest packet passed less
-/// than `quiet_for_s` ago (after the loop's last confirmation; one second of margin for the
-/// timeouts' rounding). Pure.
+/// than `quiet_for_ms` ago, i.e. after the loop's last confirmation (the idle time is an upper
+/// bound: conntrack rounds the time left down to the second). Pure.
 pub fn find(
     shape: &Shape,
     entries: &[ConntrackEntry],
-    quiet_for_s: u64,
+    quiet_for_ms: u64,
     timeouts: &StateTimeouts,
 ) -> Option<Vec<String>> {
     let fresh: Vec<(&ConntrackEntry, u32)> = entries
         .iter()
         .filter(|e| e.seen_reply && shape.matches(e))
         .filter_map(|e| Some((e, timeouts.idle_s(e)?)))
-        .filter(|(_, idle)| u64::from(*idle) + 1 < quiet_for_s)
+        .filter(|(_, idle)| u64::from(*idle) * 1000 < quiet_for_ms)
         .collect();
     if fresh.is_empty() {
         return None;
     }
     let mut lines = vec![format!(
-        "not confirmed again for {quiet_for_s} s, while {} answered {} passed packets since \
+        "not confirmed again for {} s, while {} answered {} passed packets since \
          (conntrack, SEEN_REPLY)",
+        quiet_for_ms / 1000,
         fresh.len(),
         shape.describe()
     )];
@@ -183,7 +184,7 @@ mod tests {
         };
         // TIME_WAIT (120 s) with 110 s left: its latest packet passed 10 s ago.
         let fresh = entry("198.19.1.10", LB, 80, "TIME_WAIT", 110, true);
-        let lines = find(&shape, std::slice::from_ref(&fresh), 60, &t).expect("proved");
+        let lines = find(&shape, std::slice::from_ref(&fresh), 60_000, &t).expect("proved");
         assert!(
             lines[0].contains("1 answered connections to 203.0.113.10:80/tcp"),
             "{lines:?}"
@@ -191,19 +192,19 @@ mod tests {
         assert!(lines[1].contains("latest packet 10 s ago"), "{lines:?}");
         // The same connection, but older than the quiet stretch: from before the last sighting.
         let old = entry("198.19.1.10", LB, 80, "TIME_WAIT", 20, true);
-        assert_eq!(find(&shape, &[old], 60, &t), None);
+        assert_eq!(find(&shape, &[old], 60_000, &t), None);
         // Not answered (the loop itself: SYN_SENT, no reply), another port, another address.
         let unanswered = entry("198.19.1.10", LB, 80, "SYN_SENT", 119, false);
         let other_port = entry("198.19.1.10", LB, 443, "TIME_WAIT", 119, true);
         let other_addr = entry("198.19.1.10", "203.0.113.11", 80, "TIME_WAIT", 119, true);
         assert_eq!(
-            find(&shape, &[unanswered, other_port, other_addr], 60, &t),
+            find(&shape, &[unanswered, other_port, other_addr], 60_000, &t),
             None
         );
         // No timeout (a recording without it) or an unknown state: no age, no proof.
         let mut no_age = fresh.clone();
         no_age.timeout_s = None;
-        assert_eq!(find(&shape, &[no_age], 60, &t), None);
+        assert_eq!(find(&shape, &[no_age], 60_000, &t), None);
     }
 
     #[test]
@@ -212,14 +213,14 @@ mod tests {
         // A health check from the VIP to the node, answered 5 s ago.
         let hc = entry(LB, "192.0.2.1", 30080, "TIME_WAIT", 115, true);
         let from_vip = Shape::From { addr: ip(LB) };
-        assert!(find(&from_vip, std::slice::from_ref(&hc), 60, &t).is_some());
+        assert!(find(&from_vip, std::slice::from_ref(&hc), 60_000, &t).is_some());
         let to_vip = Shape::To {
             addr: ip(LB),
             port: 80,
             proto: Proto::Tcp,
             from: None,
         };
-        assert_eq!(find(&to_vip, &[hc], 60, &t), None);
+        assert_eq!(find(&to_vip, &[hc], 60_000, &t), None);
         // A self-loop's proof must be the pod's own call.
         let pod_only = Shape::To {
             addr: ip(LB),
@@ -228,8 +229,8 @@ mod tests {
             from: Some(ip("198.19.1.11")),
         };
         let another_pod = entry("198.19.1.10", LB, 80, "TIME_WAIT", 115, true);
-        assert_eq!(find(&pod_only, &[another_pod], 60, &t), None);
+        assert_eq!(find(&pod_only, &[another_pod], 60_000, &t), None);
         let the_pod = entry("198.19.1.11", LB, 80, "TIME_WAIT", 115, true);
-        assert!(find(&pod_only, &[the_pod], 60, &t).is_some());
+        assert!(find(&pod_only, &[the_pod], 60_000, &t).is_some());
     }
 }

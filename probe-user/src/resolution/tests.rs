@@ -3,8 +3,13 @@
 use super::*;
 use crate::report::loops::tests_event;
 
-const T0: i64 = 1_800_000_000;
+const T0: i64 = 1_800_000_000_000;
+/// One second, in the tracker's milliseconds.
+const S: i64 = 1000;
 const WINDOW: u64 = 300;
+/// The loop of [`event`]: its kind and Service.
+const LOOP: &str = "hairpin/shop/web";
+const W: i64 = WINDOW as i64 * S;
 
 fn tracker() -> Tracker {
     Tracker::new(TrackerConfig {
@@ -38,14 +43,14 @@ fn a_loop_is_resolved_only_after_the_window_and_with_proof() {
         t.observe(&event(1), Some(fields("Local")), T0),
         Observed::New
     );
-    assert_eq!(t.observe(&event(4), None, T0 + 60), Observed::Repeat);
+    assert_eq!(t.observe(&event(4), None, T0 + 60 * S), Observed::Repeat);
     assert_eq!(t.lifecycle().active["hairpin"], 1);
     // Inside the window: nothing to look up.
-    assert!(t.due(T0 + 60 + WINDOW as i64 - 1).is_empty());
-    let now = T0 + 60 + WINDOW as i64;
+    assert!(t.due(T0 + 60 * S + W - 1).is_empty());
+    let now = T0 + 60 * S + W;
     let due = t.due(now);
     assert_eq!(due.len(), 1);
-    assert_eq!(due[0].quiet_for_s, WINDOW);
+    assert_eq!(due[0].quiet_for_ms, WINDOW * 1000);
     assert_eq!(
         due[0].shape,
         Shape::To {
@@ -56,22 +61,24 @@ fn a_loop_is_resolved_only_after_the_window_and_with_proof() {
         }
     );
     // The look-up is out: not asked again.
-    assert!(t.due(now + 1).is_empty());
+    assert!(t.due(now + S).is_empty());
     // No proof: quiet, not resolved; the gauge of active loops falls, nothing is counted.
-    assert_eq!(t.proved("hairpin/web", None, None, now + 1), None);
+    assert_eq!(t.proved(LOOP, None, None, now + S), None);
     let l = t.lifecycle();
     assert_eq!((l.active["hairpin"], l.quiet["hairpin"]), (0, 1));
-    assert!(l.resolutions.is_empty());
+    assert_eq!(l.resolutions["hairpin"], 0);
     // Asked again on the next check; this time the traffic is seen answered.
-    assert_eq!(t.due(now + 30).len(), 1);
+    assert_eq!(t.due(now + 30 * S).len(), 1);
     let r = t
-        .proved("hairpin/web", proof(), Some(fields("Cluster")), now + 31)
+        .proved(LOOP, proof(), Some(fields("Cluster")), now + 31 * S)
         .expect("resolved");
     assert_eq!(r.kind, LoopbackKind::Hairpin);
     assert_eq!(r.service.as_deref(), Some("shop/web"));
-    assert_eq!((r.count, r.lasted_s, r.episode), (4, 60, 0));
-    assert_eq!(r.first_seen, rfc3339(T0));
-    assert_eq!(r.resolved_at, rfc3339(now + 31));
+    assert_eq!((r.count, r.lasted_s, r.episode), (2, 60, 0));
+    assert_eq!(r.key, LOOP);
+    assert_eq!(r.aggregates, vec!["hairpin/web".to_string()]);
+    assert_eq!(r.first_seen, rfc3339(T0 / S));
+    assert_eq!(r.resolved_at, rfc3339((now + 31 * S) / S));
     assert_eq!(
         r.changed,
         vec!["spec.externalTrafficPolicy: Local -> Cluster".to_string()]
@@ -81,28 +88,28 @@ fn a_loop_is_resolved_only_after_the_window_and_with_proof() {
     assert_eq!(l.resolutions["hairpin"], 1);
     assert_eq!(l.resolved, vec![r]);
     // Resolved: never looked up again.
-    assert!(t.due(now + 10_000).is_empty());
+    assert!(t.due(now + 10_000 * S).is_empty());
 }
 
 #[test]
 fn a_resolved_loop_that_recurs_is_a_regression_in_a_new_episode() {
     let mut t = tracker();
     t.observe(&event(3), None, T0);
-    let now = T0 + WINDOW as i64;
+    let now = T0 + W;
     assert_eq!(t.due(now).len(), 1);
-    assert!(t.proved("hairpin/web", proof(), None, now).is_some());
+    assert!(t.proved(LOOP, proof(), None, now).is_some());
     assert_eq!(
-        t.observe(&event(4), None, now + 100),
+        t.observe(&event(4), None, now + 100 * S),
         Observed::Regression { episode: 1 }
     );
     let l = t.lifecycle();
     assert_eq!((l.active["hairpin"], l.regressions["hairpin"]), (1, 1));
     // The new episode counts its own confirmations.
-    t.observe(&event(6), None, now + 110);
-    let later = now + 110 + WINDOW as i64;
+    t.observe(&event(6), None, now + 110 * S);
+    let later = now + 110 * S + W;
     assert_eq!(t.due(later).len(), 1);
-    let r = t.proved("hairpin/web", proof(), None, later).unwrap();
-    assert_eq!((r.episode, r.count, r.lasted_s), (1, 3, 10));
+    let r = t.proved(LOOP, proof(), None, later).unwrap();
+    assert_eq!((r.episode, r.count, r.lasted_s), (1, 2, 10));
     assert_eq!(t.lifecycle().resolutions["hairpin"], 2);
 }
 
@@ -110,12 +117,12 @@ fn a_resolved_loop_that_recurs_is_a_regression_in_a_new_episode() {
 fn a_loop_confirmed_while_its_look_up_is_out_stays_active() {
     let mut t = tracker();
     t.observe(&event(1), None, T0);
-    let now = T0 + WINDOW as i64;
+    let now = T0 + W;
     assert_eq!(t.due(now).len(), 1);
-    assert_eq!(t.observe(&event(2), None, now + 1), Observed::Repeat);
-    assert_eq!(t.proved("hairpin/web", proof(), None, now + 2), None);
+    assert_eq!(t.observe(&event(2), None, now + S), Observed::Repeat);
+    assert_eq!(t.proved(LOOP, proof(), None, now + 2 * S), None);
     assert_eq!(t.lifecycle().active["hairpin"], 1);
-    assert!(t.lifecycle().resolutions.is_empty());
+    assert_eq!(t.lifecycle().resolutions["hairpin"], 0);
 }
 
 #[test]
@@ -125,7 +132,7 @@ fn a_loop_without_the_address_its_proof_needs_stays_quiet() {
     e.vip = None;
     e.vip_port = None;
     t.observe(&e, None, T0);
-    assert!(t.due(T0 + WINDOW as i64).is_empty());
+    assert!(t.due(T0 + W).is_empty());
     assert_eq!(t.lifecycle().quiet["hairpin"], 1);
 }
 
@@ -135,7 +142,8 @@ fn the_tracked_loops_are_bounded_and_every_kind_is_listed() {
     for i in 0..(MAX_TRACKED + 10) {
         let mut e = event(1);
         e.key = format!("hairpin/{i}");
-        t.observe(&e, None, T0 + i as i64);
+        e.service = Some(format!("shop/web-{i}"));
+        t.observe(&e, None, T0 + i as i64 * S);
     }
     let l = t.lifecycle();
     assert_eq!(l.active["hairpin"], MAX_TRACKED as u64);
@@ -157,4 +165,30 @@ fn changed_lists_each_differing_field_once() {
         ]
     );
     assert!(changed(&before, &before).is_empty());
+}
+
+#[test]
+fn the_aggregates_of_one_service_are_one_loop() {
+    let mut t = tracker();
+    let mut other_client = event(1);
+    other_client.key = "hairpin/other-client".into();
+    assert_eq!(t.observe(&event(1), None, T0), Observed::New);
+    assert_eq!(t.observe(&other_client, None, T0 + S), Observed::Repeat);
+    assert_eq!(t.lifecycle().active["hairpin"], 1);
+    // Without a Service name, the VIP and port name the loop.
+    let mut unnamed = event(1);
+    unnamed.service = None;
+    assert_eq!(loop_key(&unnamed), "hairpin/203.0.113.10:80");
+    assert_eq!(t.observe(&unnamed, None, T0 + S), Observed::New);
+    let now = T0 + S + W;
+    assert_eq!(t.due(now).len(), 2);
+    let r = t.proved(LOOP, proof(), None, now).unwrap();
+    assert_eq!(
+        r.aggregates,
+        vec![
+            "hairpin/other-client".to_string(),
+            "hairpin/web".to_string()
+        ]
+    );
+    assert_eq!(r.count, 2);
 }

@@ -214,16 +214,22 @@ impl EventPlanner {
     }
 
     /// A loop resolved: the Normal Event to create now (or later, when the bucket allows),
-    /// regarding what the loop's Warning regarded. Its next confirmation opens a new Warning.
+    /// regarding what the loop's (first) Warning regarded. The next confirmation of each of its
+    /// aggregates opens a new Warning.
     pub fn resolved(
         &mut self,
         r: &LoopResolution,
         now: Duration,
         wall: SystemTime,
     ) -> Option<Write> {
-        let episode = self.episodes.entry(r.key.clone()).or_insert(0);
-        *episode += 1;
-        let warning = self.tracked.remove(&r.key).map(|t| t.doc);
+        // Each aggregate of the loop: its next confirmation opens a new Warning.
+        let mut warning = None;
+        for key in &r.aggregates {
+            *self.episodes.entry(key.clone()).or_insert(0) += 1;
+            if let Some(t) = self.tracked.remove(key) {
+                warning.get_or_insert(t.doc);
+            }
+        }
         let doc = resolved_doc(r, warning.as_ref(), &self.node, wall);
         self.held_resolved.push_back(doc);
         while self.held_resolved.len() > MAX_HELD_RESOLVED {
@@ -465,10 +471,11 @@ pub fn resolved_note(r: &LoopResolution) -> String {
     };
     truncate(
         format!(
-            "Resolved: {}{at} is no longer confirmed; it lasted {} s ({} confirmations, first {}, last {}). Proof: {}.{changed}",
+            "Resolved: {}{at} is no longer confirmed; it lasted {} s (confirmed {} time{}, first {}, last {}). Proof: {}.{changed}",
             r.kind.as_str(),
             r.lasted_s,
             r.count,
+            if r.count == 1 { "" } else { "s" },
             r.first_seen,
             r.last_seen,
             r.proof.first().map(String::as_str).unwrap_or("-"),

@@ -337,7 +337,7 @@ fn tracked_aggregates_are_bounded() {
 
 fn resolution(key: &str, episode: u32) -> LoopResolution {
     LoopResolution {
-        key: key.to_string(),
+        key: format!("hairpin/{key}"),
         kind: LoopbackKind::Hairpin,
         service: Some("shop/web".into()),
         vip: Some("203.0.113.10".parse().unwrap()),
@@ -348,6 +348,7 @@ fn resolution(key: &str, episode: u32) -> LoopResolution {
         lasted_s: 60,
         count: 3,
         episode,
+        aggregates: vec![key.to_string()],
         proof: vec!["not confirmed again for 300 s, while 2 answered connections to 203.0.113.10:80/tcp passed packets since".into()],
         changed: vec!["spec.externalTrafficPolicy: Local -> Cluster".into()],
     }
@@ -380,7 +381,7 @@ fn a_resolution_is_a_normal_event_on_the_warnings_object_and_a_recurrence_a_new_
     assert_eq!(done.related, warning.related);
     assert_ne!(done.name, warning.name);
     assert!(
-        done.note.contains("lasted 60 s (3 confirmations"),
+        done.note.contains("lasted 60 s (confirmed 3 times"),
         "{}",
         done.note
     );

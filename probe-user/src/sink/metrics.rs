@@ -99,6 +99,11 @@ struct OutputLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SignalLabels {
+    signal: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabels {
     kind: String,
 }
@@ -220,6 +225,8 @@ pub struct MetricsInput {
     pub kube_event_writes: Vec<(String, u64)>,
     /// `--events` / `--record`: (output, lines lost, stalled now).
     pub outputs: Vec<(String, u64, bool)>,
+    /// `--otlp-endpoint`: (signal, exported, dropped); empty when OTLP export is off.
+    pub otlp: Vec<(String, u64, u64)>,
     /// Confirmed loops by state, resolutions and regressions, by kind.
     pub loops: probe_contract::LoopLifecycle,
 }
@@ -309,6 +316,7 @@ impl MetricsInput {
             kube_connected: snap.kube_connected,
             kube_event_writes: snap.kube_event_writes.clone(),
             outputs: Vec::new(),
+            otlp: Vec::new(),
             loops: probe_contract::LoopLifecycle {
                 resolved: Vec::new(),
                 ..snap.loops.clone()
@@ -566,6 +574,26 @@ pub fn render(input: &MetricsInput) -> String {
         stalled,
     );
 
+    let exported = Family::<SignalLabels, Counter>::default();
+    let dropped = Family::<SignalLabels, Counter>::default();
+    for (signal, e, d) in &input.otlp {
+        let labels = SignalLabels {
+            signal: signal.clone(),
+        };
+        exported.get_or_create(&labels).inc_by(*e);
+        dropped.get_or_create(&labels).inc_by(*d);
+    }
+    reg.register(
+        "otlp_exported",
+        "--otlp-endpoint: log records (signal=logs, one per confirmed event) and metric exports (signal=metrics) the receiver accepted",
+        exported,
+    );
+    reg.register(
+        "otlp_dropped",
+        "--otlp-endpoint: log records lost (queue full: the receiver is slow or down; export failed or timed out) and metric exports that failed; detection is never held back",
+        dropped,
+    );
+
     let gauges = |values: &BTreeMap<String, u64>| {
         let f = Family::<KindLabels, Gauge>::default();
         for (kind, n) in values {
@@ -685,13 +713,9 @@ pub fn to_prometheus_text(openmetrics: &str) -> String {
     out
 }
 
-/// Serves `/metrics`, `/healthz` and `/readyz` on an already bound listener until `stop`
-/// resolves (see [`super::http`] for the connection bounds).
-pub async fn serve(
-    listener: std::net::TcpListener,
-    shared: Shared,
-    stop: impl std::future::Future<Output = ()>,
-) -> anyhow::Result<()> {
+/// Confirmed-event totals fed from the report broadcast by a task of their own (aborted by
+/// the caller): `/metrics` and the OTLP exporter each keep one.
+pub fn feed_totals(shared: &Shared) -> (Arc<Mutex<EventTotals>>, tokio::task::JoinHandle<()>) {
     let totals = Arc::new(Mutex::new(EventTotals::default()));
     let mut reports = shared.subscribe();
     let feed = {
@@ -711,6 +735,39 @@ pub async fn serve(
             }
         })
     };
+    (totals, feed)
+}
+
+/// Everything one rendering shows, read now: the kernel's counters, the hub's, the totals.
+pub fn gather(shared: &Shared, totals: &Mutex<EventTotals>) -> MetricsInput {
+    let snap = shared.snapshot();
+    let mut input = totals
+        .lock()
+        .map(|t| MetricsInput::from_snapshot(&snap, &t, shared.version))
+        .unwrap_or_default();
+    let now = crate::event::monotonic_ns();
+    input.outputs = shared
+        .outputs
+        .iter()
+        .map(|(name, s)| {
+            let lost = s.lost.load(std::sync::atomic::Ordering::Relaxed);
+            (name.to_string(), lost, s.stalled(now))
+        })
+        .collect();
+    if let Some(otlp) = &shared.otlp {
+        input.otlp = otlp.snapshot();
+    }
+    input
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` on an already bound listener until `stop`
+/// resolves (see [`super::http`] for the connection bounds).
+pub async fn serve(
+    listener: std::net::TcpListener,
+    shared: Shared,
+    stop: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let (totals, feed) = feed_totals(&shared);
     // The last rendering and when: a flood of scrapes costs at most one rendering (kernel
     // counters read, registry encoded) per RENDER_REUSE, so `/healthz` keeps its share.
     let cache: Mutex<Option<(std::time::Instant, String)>> = Mutex::new(None);
@@ -725,21 +782,7 @@ pub async fn serve(
                 let text = match &*cached {
                     Some((at, text)) if at.elapsed() < RENDER_REUSE => text.clone(),
                     _ => {
-                        let snap = shared.snapshot();
-                        let mut input = totals
-                            .lock()
-                            .map(|t| MetricsInput::from_snapshot(&snap, &t, shared.version))
-                            .unwrap_or_default();
-                        let now = crate::event::monotonic_ns();
-                        input.outputs = shared
-                            .outputs
-                            .iter()
-                            .map(|(name, s)| {
-                                let lost = s.lost.load(std::sync::atomic::Ordering::Relaxed);
-                                (name.to_string(), lost, s.stalled(now))
-                            })
-                            .collect();
-                        let text = render(&input);
+                        let text = render(&gather(&shared, &totals));
                         *cached = Some((std::time::Instant::now(), text.clone()));
                         text
                     }
@@ -859,6 +902,7 @@ mod tests {
             kube_connected: false,
             kube_event_writes: vec![("created".into(), 1), ("failed".into(), 2)],
             outputs: vec![("events".into(), 3, true)],
+            otlp: vec![("logs".into(), 4, 2), ("metrics".into(), 5, 1)],
             loops: probe_contract::LoopLifecycle {
                 active: [("hairpin".to_string(), 0)].into_iter().collect(),
                 quiet: [("hairpin".to_string(), 1)].into_iter().collect(),
@@ -876,6 +920,8 @@ mod tests {
             "clbprobe_loopback_events_total{kind=\"healthcheck_blackhole\",vip=\"203.0.113.10\",port=\"\"} 3",
             "clbprobe_loopback_events_total{kind=\"hairpin\",vip=\"203.0.113.10\",port=\"80\"} 1",
             "clbprobe_suspect_packets_total{nic=\"eth0\",source=\"vip\"} 7",
+            "clbprobe_otlp_dropped_total{signal=\"logs\"} 2",
+            "clbprobe_otlp_exported_total{signal=\"metrics\"} 5",
             "clbprobe_kernel_drops_total{reason=\"IP_LOCAL_SOURCE\"} 5",
             "clbprobe_events_suppressed_total{stage=\"budget\"} 2",
             "clbprobe_events_budget_suppressed_total{record=\"suspect\",source=\"pod\"} 2",

@@ -1,5 +1,5 @@
-//! Where confirmed events and kernel events go: JSON lines now; metrics and the live view
-//! subscribe to the same reports.
+//! Where confirmed events and kernel events go: JSON lines and OTLP log records; metrics,
+//! the live view and OTLP metrics subscribe to the same reports.
 
 pub mod http;
 pub mod json;
@@ -7,6 +7,7 @@ pub mod kube_event_plan;
 pub mod kube_events;
 pub mod live;
 pub mod metrics;
+pub mod otlp;
 pub mod process;
 
 use tracing::info;
@@ -20,6 +21,8 @@ pub struct Sinks {
     pub json: Option<json::JsonLines>,
     /// `--record`: raw kernel events, replayable through the correlator.
     pub record: Option<json::JsonLines>,
+    /// `--otlp-endpoint`: confirmed loopback events as OTLP log records.
+    pub otlp: Option<otlp::OtlpLogs>,
 }
 
 impl Sinks {
@@ -47,6 +50,13 @@ impl Sinks {
         }
         if report.write_json
             && let Some(out) = &mut self.json
+        {
+            out.write(&report.event);
+        }
+        // One record per line the JSON stream shows (the same dedup), whether or not
+        // `--events` is on.
+        if report.write_json
+            && let Some(out) = &self.otlp
         {
             out.write(&report.event);
         }
