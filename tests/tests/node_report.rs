@@ -80,6 +80,14 @@ fn the_agent_writes_its_node_report_and_the_plugin_tables_the_cluster() {
     let st = &written["status"];
     assert_eq!(st["node"], NODE_NAME);
     assert_eq!(st["kubeProxyMode"], "iptables", "{st:#}");
+    assert_eq!(st["dataplane"], "kube-proxy", "{st:#}");
+    // `probe check --as nftables` in short: the lab's bound LB IP's risks go with the move.
+    assert!(
+        st["nftablesReadiness"]
+            .as_str()
+            .is_some_and(|r| r.ends_with("gone") && !r.ends_with(" 0 gone")),
+        "{st:#}"
+    );
     let hairpin = st["activeLoops"]
         .as_array()
         .unwrap()

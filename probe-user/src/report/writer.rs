@@ -73,6 +73,10 @@ impl NodeFacts {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CheckState {
     pub mode: String,
+    /// `kube-proxy`, `cilium`, `unknown` (empty: not read).
+    pub dataplane: String,
+    /// [`crate::check::readiness::Prediction::summary`] (empty: not an IPVS/iptables node).
+    pub nftables_readiness: String,
     pub risks: Vec<RiskStatus>,
 }
 
@@ -108,12 +112,28 @@ pub fn check_state(
         })
         .collect();
     CheckState {
-        mode: match inputs.services.source {
-            Some(s) => serde_json::to_value(s)
-                .ok()
-                .and_then(|v| v.as_str().map(String::from))
-                .unwrap_or_else(|| "unknown".into()),
-            None => "unknown".into(),
+        // The dataplane as `probe check` names it (`none` without kube-proxy's rules).
+        mode: match (&inputs.dataplane, inputs.services.source) {
+            (Some(d), _) => d.mode.as_str().into(),
+            (None, Some(s)) => crate::check::dataplane::Mode::of_source(s).as_str().into(),
+            (None, None) => "unknown".into(),
+        },
+        dataplane: inputs
+            .dataplane
+            .as_ref()
+            .map(|d| d.serving().to_string())
+            .unwrap_or_default(),
+        nftables_readiness: match inputs.dataplane.as_ref().map(|d| d.mode) {
+            Some(crate::check::dataplane::Mode::Ipvs | crate::check::dataplane::Mode::Iptables) => {
+                crate::check::readiness::predict(
+                    &inputs,
+                    services,
+                    None,
+                    crate::check::dataplane::Mode::Nftables,
+                )
+                .summary()
+            }
+            _ => String::new(),
         },
         risks,
     }
@@ -137,6 +157,8 @@ pub fn build(
         } else {
             check.mode.clone()
         },
+        dataplane: check.dataplane.clone(),
+        nftables_readiness: check.nftables_readiness.clone(),
         capabilities: Capability::ALL
             .iter()
             .filter(|c| !caps.get(**c))

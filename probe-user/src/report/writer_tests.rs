@@ -147,6 +147,7 @@ async fn the_task_writes_a_confirmed_loop_then_stops_with_the_broadcast() {
     let (_checks_tx, checks) = watch::channel(CheckState {
         mode: "iptables".into(),
         risks: vec![],
+        ..Default::default()
     });
     let facts = NodeFacts {
         node: "node-a".into(),
@@ -223,6 +224,8 @@ fn repeats_of_a_loop_are_not_a_change_a_new_loop_or_risk_is() {
         first
     );
     let risky = CheckState {
+        dataplane: "kube-proxy".into(),
+        nftables_readiness: "ready, 1 gone".into(),
         mode: "ipvs".into(),
         risks: vec![RiskStatus {
             kind: "hairpin".into(),
@@ -431,6 +434,8 @@ async fn nothing_is_written_before_the_first_check() {
     tokio::time::sleep(Duration::from_millis(2500)).await;
     checks_tx
         .send(CheckState {
+            dataplane: "kube-proxy".into(),
+            nftables_readiness: "ready, 1 gone".into(),
             mode: "ipvs".into(),
             risks: vec![RiskStatus {
                 kind: "healthcheck_blackhole".into(),
