@@ -56,6 +56,9 @@ fn the_agent_writes_its_node_report_and_the_plugin_tables_the_cluster() {
             "on",
             "--node-condition",
             "on",
+            // The loop, once fixed, is resolved 2 s after its last confirmation.
+            "--resolve-after",
+            "2",
         ],
         &[],
     );
@@ -165,6 +168,47 @@ fn the_agent_writes_its_node_report_and_the_plugin_tables_the_cluster() {
     let _ = std::fs::write(
         std::env::temp_dir().join("clb-node-report-example.txt"),
         &table,
+    );
+
+    // The fix (pod-a's egress masqueraded) and pod-a's answered call: the agent resolves the
+    // loop with proof, and the report moves the hairpin to its resolved loops at once (not
+    // after the 10-minute window), with the proof. A second first: conntrack ages entries to
+    // the second.
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(
+        lab.traffic(Scenario::HairpinSnat).expect("traffic"),
+        lab::Outcome::Ok
+    );
+    let after = wait_for("the hairpin resolved in the report", WAIT, || {
+        report(&api).filter(|o| {
+            o["status"]["resolvedLoops"].as_array().is_some_and(|r| {
+                r.iter()
+                    .any(|l| l["kind"] == "hairpin" && l["proof"].is_string())
+            })
+        })
+    })
+    .unwrap_or_else(|| panic!("no resolved hairpin: {:#?}", report(&api)));
+    let st = &after["status"];
+    assert!(
+        !st["activeLoops"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|l| l["kind"] == "hairpin"),
+        "{st:#}"
+    );
+    let resolved = st["resolvedLoops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["kind"] == "hairpin")
+        .unwrap();
+    assert!(
+        resolved["proof"]
+            .as_str()
+            .unwrap()
+            .contains("answered connections to"),
+        "{resolved:#}"
     );
     drop(agent);
     drop(api);

@@ -487,6 +487,7 @@ fn spawn_node_report(
         crate::report::writer::NodeFacts::of_this_node(&node),
         shared.capabilities.clone(),
         shared.subscribe(),
+        shared.resolutions.subscribe(),
         checks,
     ))))
 }

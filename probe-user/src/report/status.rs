@@ -103,8 +103,13 @@ pub struct ResolvedLoop {
     pub count: u64,
     pub first_seen: String,
     pub last_seen: String,
-    /// `last_seen` + the active window: when it stopped counting as active.
+    /// When the agent resolved it with proof (`proof` set), else `last_seen` + the active
+    /// window: when it stopped counting as active.
     pub resolved_at: String,
+    /// The agent's proof that the loop is gone (the first line of its `LoopbackResolved`):
+    /// absent when the loop only went quiet for the window, unproven.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proof: Option<String>,
 }
 
 /// The object's name for `node`: the node's own name, checked to be one the API accepts (a

@@ -24,6 +24,7 @@ use kube::{
     Api, Client,
     api::{DynamicObject, Patch, PatchParams},
 };
+use probe_contract::LoopResolution;
 use probe_contract::Report;
 use serde_json::json;
 use tokio::sync::{
@@ -373,6 +374,7 @@ pub async fn start(
     facts: NodeFacts,
     caps: Arc<Capabilities>,
     reports: broadcast::Receiver<Arc<Report>>,
+    resolutions: broadcast::Receiver<Arc<LoopResolution>>,
     checks: watch::Receiver<CheckState>,
 ) {
     let client = match crate::kube::connect(&source).await {
@@ -392,7 +394,7 @@ pub async fn start(
             return;
         }
     };
-    run(writer, facts, caps, reports, checks).await;
+    run(writer, facts, caps, reports, resolutions, checks).await;
 }
 
 /// Runs until the report broadcast closes.
@@ -401,8 +403,10 @@ pub async fn run(
     facts: NodeFacts,
     caps: Arc<Capabilities>,
     mut reports: broadcast::Receiver<Arc<Report>>,
+    mut resolutions: broadcast::Receiver<Arc<LoopResolution>>,
     mut checks: watch::Receiver<CheckState>,
 ) {
+    let mut resolutions_open = true;
     info!(node = %facts.node, "writing the node's LoopbackReport");
     let origin = Instant::now();
     let mut loops = Loops::default();
@@ -422,6 +426,11 @@ pub async fn run(
                 // Missed reports: the next report of the same aggregate carries its count.
                 Err(RecvError::Lagged(_)) => {}
                 Err(RecvError::Closed) => return,
+            },
+            resolution = resolutions.recv(), if resolutions_open => match resolution {
+                Ok(r) => loops.resolve(&r, unix_now()),
+                Err(RecvError::Lagged(_)) => {}
+                Err(RecvError::Closed) => resolutions_open = false,
             },
             changed = checks.changed(), if checks_open => checks_open = changed.is_ok(),
             _ = tick.tick() => {}
