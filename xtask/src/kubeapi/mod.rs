@@ -71,6 +71,7 @@ pub mod fixtures;
 mod http;
 mod selector;
 mod store;
+mod table;
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
