@@ -210,6 +210,29 @@ fn the_agent_writes_its_node_report_and_the_plugin_tables_the_cluster() {
             .contains("answered connections to"),
         "{resolved:#}"
     );
+    // The Node condition no longer names the loop: only risks (until `probe check`'s next
+    // pass sees the fix) or nothing keep it True.
+    let condition = wait_for("the condition without the loop", WAIT, || {
+        api.objects("nodes")
+            .into_iter()
+            .find(|n| n["metadata"]["name"] == NODE_NAME)?["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| {
+                c["type"] == "LoadBalancerLoopback"
+                    && !c["message"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .starts_with("active loop")
+            })
+            .cloned()
+    })
+    .expect("LoadBalancerLoopback without the active loop");
+    assert!(
+        condition["status"] == "False"
+            || condition["message"].as_str().unwrap().starts_with("risk "),
+        "{condition:#}"
+    );
     drop(agent);
     drop(api);
     drop(lab);
