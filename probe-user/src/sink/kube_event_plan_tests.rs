@@ -3,6 +3,7 @@
 use std::time::{Duration, SystemTime};
 
 use super::*;
+use crate::{correlate::LoopbackKind, sink::kube_event_doc::fnv1a};
 use crate::{
     correlate::{Outcome, SnatState},
     event::Proto,

@@ -3,6 +3,7 @@
 
 pub mod http;
 pub mod json;
+pub mod kube_event_doc;
 pub mod kube_event_plan;
 pub mod kube_events;
 pub mod live;

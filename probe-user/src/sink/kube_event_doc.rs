@@ -1,0 +1,335 @@
+//! What a clb-probe Event says and names: the objects it regards, its deterministic name, its
+//! note (the cause in one sentence and the first fix, under the API's 1 KiB), and the Event
+//! document of a confirmed loop or a resolution. Pure; [`super::kube_event_plan`] decides when
+//! each is written.
+
+use std::time::SystemTime;
+
+use probe_contract::LoopResolution;
+
+use crate::correlate::{LoopbackEvent, LoopbackKind};
+use probe_contract::kube_event::{ACTION, RESOLVED_ACTION, RESOLVED_REASON, reason};
+
+/// The API server's limit on `note` (bytes).
+pub const NOTE_MAX: usize = 1024;
+
+/// A Kubernetes object an Event points at.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectRef {
+    pub kind: &'static str,
+    /// Empty for cluster-scoped objects (Node).
+    pub namespace: String,
+    pub name: String,
+    /// `metadata.uid`, when the API told it.
+    pub uid: Option<String>,
+}
+
+impl ObjectRef {
+    /// `namespace/name` (or the service table's `namespace/name:port`, whose port is not
+    /// part of the object's name); `None` when it is not in that form.
+    pub fn namespaced(kind: &'static str, ns_name: &str) -> Option<Self> {
+        let (ns, name) = ns_name.split_once('/')?;
+        let name = name.split(':').next().unwrap_or(name);
+        (!ns.is_empty() && !name.is_empty()).then(|| Self {
+            kind,
+            namespace: ns.to_string(),
+            name: name.to_string(),
+            uid: None,
+        })
+    }
+}
+
+/// What attribution knows about a confirmed event (all optional: without API access or for
+/// an address no Pod/Service owns, the Event regards the Node).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Names {
+    /// `namespace/name` of the Service.
+    pub service: Option<String>,
+    /// The Service's `metadata.uid` from the API.
+    pub service_uid: Option<String>,
+    /// `namespace/name` of the client Pod (hairpin).
+    pub client_pod: Option<String>,
+}
+
+impl Names {
+    /// What attribution put on `event`: the API's Service (with its uid) first, else the
+    /// service table's name.
+    pub fn of(event: &LoopbackEvent) -> Names {
+        let api = event.facts.service.as_ref();
+        Names {
+            service: api.map(|s| s.key()).or_else(|| event.service.clone()),
+            service_uid: api.and_then(|s| s.uid.clone()),
+            client_pod: event.client_pod.clone(),
+        }
+    }
+}
+
+/// One Event as it should be after the write.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EventDoc {
+    pub namespace: String,
+    pub name: String,
+    /// `Warning` for a loop, `Normal` for its resolution.
+    pub event_type: &'static str,
+    /// [`ACTION`] or [`RESOLVED_ACTION`].
+    pub action: &'static str,
+    pub reason: &'static str,
+    pub note: String,
+    pub regarding: ObjectRef,
+    pub related: Option<ObjectRef>,
+    /// `reportingInstance`: the node.
+    pub instance: String,
+    /// `eventTime`: the first time this agent wrote the Event.
+    pub event_time: SystemTime,
+    /// `series`: present once the aggregate repeated (count >= 2).
+    pub series: Option<Series>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Series {
+    pub count: u64,
+    pub last_observed: SystemTime,
+}
+
+/// `clb-probe.<node>.<kind>.<16 hex of FNV-1a(key)>`: a valid object name (DNS subdomain),
+/// the same for the same aggregate on the same node across restarts.
+pub fn event_name(node: &str, key: &str, kind: LoopbackKind) -> String {
+    let hash = fnv1a(key.as_bytes());
+    let kind = kind.as_str().replace('_', "-");
+    let mut node: String = node
+        .chars()
+        .map(|c| c.to_ascii_lowercase())
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '.')
+        .collect();
+    // 253 bytes at most: a node name that long is shortened to its own hash.
+    if node.len() + kind.len() + 16 + 12 > 253 {
+        node = format!("{:016x}", fnv1a(node.as_bytes()));
+    }
+    let node = node.trim_matches(|c| c == '.' || c == '-');
+    if node.is_empty() {
+        format!("clb-probe.{kind}.{hash:016x}")
+    } else {
+        format!("clb-probe.{node}.{kind}.{hash:016x}")
+    }
+}
+
+/// (else its Service, else the Node), named after the key and the episode. Pure.
+pub fn resolved_doc(
+    r: &LoopResolution,
+    warning: Option<&EventDoc>,
+    node: &str,
+    wall: SystemTime,
+) -> EventDoc {
+    let regarding = warning
+        .map(|w| w.regarding.clone())
+        .or_else(|| {
+            r.service
+                .as_deref()
+                .and_then(|s| ObjectRef::namespaced("Service", s))
+        })
+        .unwrap_or_else(|| ObjectRef {
+            kind: "Node",
+            namespace: String::new(),
+            name: node.to_string(),
+            uid: None,
+        });
+    let namespace = if regarding.namespace.is_empty() {
+        "default".to_string()
+    } else {
+        regarding.namespace.clone()
+    };
+    EventDoc {
+        namespace,
+        name: event_name(node, &format!("{}#resolved{}", r.key, r.episode), r.kind),
+        event_type: "Normal",
+        action: RESOLVED_ACTION,
+        reason: RESOLVED_REASON,
+        note: resolved_note(r),
+        regarding,
+        related: warning.and_then(|w| w.related.clone()),
+        instance: node.to_string(),
+        event_time: wall,
+        series: None,
+    }
+}
+
+/// What stopped, for how long it had lasted, the proof, and what changed; cut to
+/// [`NOTE_MAX`] bytes.
+pub fn resolved_note(r: &LoopResolution) -> String {
+    let at = match (r.vip, r.vip_port) {
+        (Some(ip), Some(port)) => format!(" at {}", sock(ip, port)),
+        (Some(ip), None) => format!(" at {ip}"),
+        _ => String::new(),
+    };
+    let changed = if r.changed.is_empty() {
+        " No change to the Service was seen (the fix may be elsewhere: the node, the LB, the clients).".to_string()
+    } else {
+        format!(" Changed since first seen: {}.", r.changed.join("; "))
+    };
+    truncate(
+        format!(
+            "Resolved: {}{at} is no longer confirmed; it lasted {} s (confirmed {} time{}, first {}, last {}). Proof: {}.{changed}",
+            r.kind.as_str(),
+            r.lasted_s,
+            r.count,
+            if r.count == 1 { "" } else { "s" },
+            r.first_seen,
+            r.last_seen,
+            r.proof.first().map(String::as_str).unwrap_or("-"),
+        ),
+        NOTE_MAX,
+    )
+}
+
+/// FNV-1a, 64 bit: stable across builds and Rust versions (unlike `DefaultHasher`).
+pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// The cause in one sentence and the first remedy, cut to [`NOTE_MAX`] bytes.
+pub fn note(event: &LoopbackEvent) -> String {
+    let vip = event
+        .vip
+        .map(|v| match event.vip_port {
+            Some(p) => sock(v, p),
+            None => v.to_string(),
+        })
+        .unwrap_or_else(|| "the LB VIP".to_string());
+    let proto = event.proto.as_str();
+    let dst = sock(event.dst, event.dst_port);
+    let port = service_port(event)
+        .map(|p| format!(" Service port: {p}."))
+        .unwrap_or_default();
+    let cause = match event.kind {
+        LoopbackKind::HealthcheckBlackhole => format!(
+            "The load balancer's health checks from {vip} to {dst}/{proto} are dropped: the VIP is bound on this node, so the kernel drops them as a local source."
+        ),
+        LoopbackKind::Hairpin => format!(
+            "Pod {} called the load balancer at {vip}/{proto} without SNAT; the LB sent it back to this node ({dst}) and the reply cannot reach the pod.",
+            event.src
+        ),
+        LoopbackKind::VipPortUnserved => format!(
+            "{vip}/{proto} is bound on this node but nothing serves that port: calls from {} are refused locally instead of reaching the load balancer.",
+            event.src
+        ),
+        LoopbackKind::VipAsSource => format!(
+            "A packet with the LB VIP {} as its source left this node for {dst}/{proto} without SNAT: a host-network call to the LB IP, forwarded to another node.",
+            event.src
+        ),
+        LoopbackKind::ServiceSelfLoop => format!(
+            "Pod {} called its own Service at {vip}/{proto} and was picked as the endpoint; without the hairpin SNAT the call came back with its own address as source and was dropped.",
+            event.src
+        ),
+    };
+    // The first (best-fitting) fix when there is one: the exact change, and the command that
+    // applies it when it is a patch of the named Service.
+    let text = match (event.fixes.first(), event.remedy.first()) {
+        (Some(fix), _) => match (
+            &fix.patch,
+            fix.service.as_deref().and_then(|s| s.split_once('/')),
+        ) {
+            (Some(_), Some((ns, name))) => format!(
+                "{cause}{port} Fix: kubectl clb-probe fix -n {ns} {name} --apply {} ({}).",
+                fix.id, fix.change
+            ),
+            _ => format!("{cause}{port} Fix: {}.", fix.short()),
+        },
+        (None, Some(remedy)) => format!("{cause}{port} Remedy: {remedy}"),
+        (None, None) => format!("{cause}{port}"),
+    };
+    truncate(text, NOTE_MAX)
+}
+
+/// The Service port the event went through, `http (80/TCP)`: from the API, else the port
+/// name of the service table's `namespace/name:port`.
+fn service_port(event: &LoopbackEvent) -> Option<String> {
+    let proto = event.proto.as_str().to_ascii_uppercase();
+    if let Some(s) = &event.facts.service {
+        return match (&s.port_name, s.port) {
+            (Some(name), Some(port)) => Some(format!("{name} ({port}/{proto})")),
+            (None, Some(port)) => Some(format!("{port}/{proto}")),
+            (Some(name), None) => Some(name.clone()),
+            (None, None) => None,
+        };
+    }
+    let label = event.service.as_deref()?;
+    let (_, port) = label.split_once(':')?;
+    Some(match event.vip_port {
+        Some(p) => format!("{port} ({p}/{proto})"),
+        None => port.to_string(),
+    })
+}
+
+/// Cut to at most `max` bytes at a char boundary, ending in `…` when cut.
+pub fn truncate(mut text: String, max: usize) -> String {
+    if text.len() <= max {
+        return text;
+    }
+    let ellipsis = '…';
+    let mut end = max - ellipsis.len_utf8();
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+    text.push(ellipsis);
+    text
+}
+
+/// `ip:port`, with brackets for IPv6.
+fn sock(ip: std::net::IpAddr, port: u16) -> String {
+    std::net::SocketAddr::new(ip, port).to_string()
+}
+
+/// The Event for a report, without its write state.
+pub fn event_doc(event: &LoopbackEvent, names: &Names, node: &str, wall: SystemTime) -> EventDoc {
+    let service = names
+        .service
+        .as_deref()
+        .and_then(|s| ObjectRef::namespaced("Service", s))
+        .map(|r| ObjectRef {
+            uid: names.service_uid.clone(),
+            ..r
+        })
+        .or_else(|| {
+            event
+                .service
+                .as_deref()
+                .and_then(|s| ObjectRef::namespaced("Service", s))
+        });
+    let regarding = service.unwrap_or_else(|| ObjectRef {
+        kind: "Node",
+        namespace: String::new(),
+        name: node.to_string(),
+        uid: None,
+    });
+    let related = match event.kind {
+        LoopbackKind::Hairpin | LoopbackKind::ServiceSelfLoop => names
+            .client_pod
+            .as_deref()
+            .and_then(|p| ObjectRef::namespaced("Pod", p)),
+        _ => None,
+    };
+    let namespace = if regarding.namespace.is_empty() {
+        "default".to_string()
+    } else {
+        regarding.namespace.clone()
+    };
+    EventDoc {
+        namespace,
+        name: event_name(node, &event.key, event.kind),
+        event_type: "Warning",
+        action: ACTION,
+        reason: reason(event.kind),
+        note: note(event),
+        regarding,
+        related,
+        instance: node.to_string(),
+        event_time: wall,
+        series: (event.count >= 2).then_some(Series {
+            count: event.count,
+            last_observed: wall,
+        }),
+    }
+}
