@@ -46,7 +46,7 @@ pub const KERNEL_META: &str = "linux-image-arm64";
 
 /// The arm64 userland of the guest (with their Depends): stage 2's shell and mounts, what the
 /// smoke script and the IPVS-mode lab run (`ip`, `ipvsadm`, `ipset`, `iptables-save`, `nft`,
-/// `bpftool`, `modprobe`), and the initramfs's busybox. Essential packages are named because
+/// `bpftool`, `modprobe`, `ss`, `setsid`, `python3` for its servers), and the initramfs's busybox. Essential packages are named because
 /// nothing declares a dependency on them.
 pub const ROOTFS_PACKAGES: &[&str] = &[
     "libc6",
@@ -69,6 +69,8 @@ pub const ROOTFS_PACKAGES: &[&str] = &[
     "ipvsadm",
     "conntrack",
     "bpftool",
+    // The lab's TCP/UDP servers (`python3 -c`, socket and threading).
+    "python3",
 ];
 
 /// Bumped when the entry's layout changes.
@@ -335,6 +337,7 @@ mod tests {
             "iptables",
             "nftables",
             "conntrack",
+            "python3",
         ] {
             assert!(ROOTFS_PACKAGES.contains(&p), "{p}");
         }
