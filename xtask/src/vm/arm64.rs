@@ -230,8 +230,19 @@ pub const TARGET: &str = "aarch64-unknown-linux-gnu";
 /// vip_port_unserved) with their twins, one agent.
 pub const THREE_KINDS_TEST: &str = "ipvs_mode_failures_are_confirmed_and_twins_are_silent";
 
-/// The arm64 suite's executables, cross-built on the host: (the agent, ipvs.rs's test binary).
-pub fn build(root: &Path) -> anyhow::Result<(PathBuf, PathBuf)> {
+/// The datapath smoke: datapath.rs's tests that the arm64 programs load, attach (clsact on
+/// 6.1), count and event a looping packet with its drop reason, and leave nothing behind.
+pub const DATAPATH_SMOKE: &[&str] = &[
+    "vip_source_on_the_nic_is_counted_evented_and_its_drop_has_the_reason",
+    "nothing_stays_attached_after_exit_sigterm_or_sigkill",
+];
+
+/// The test files the arm64 suite runs, in order.
+pub const TEST_FILES: &[&str] = &["datapath", "ipvs"];
+
+/// The arm64 suite's executables, cross-built on the host: the agent, and (test file,
+/// executable) in [`TEST_FILES`] order.
+pub fn build(root: &Path) -> anyhow::Result<(PathBuf, Vec<(String, PathBuf)>)> {
     let built = suite::artifacts(
         root,
         &[
@@ -249,45 +260,75 @@ pub fn build(root: &Path) -> anyhow::Result<(PathBuf, PathBuf)> {
         .find(|(_, t, k, _)| t == "probe" && k.iter().any(|k| k == "bin"))
         .map(|a| a.3.clone())
         .context("cargo built no arm64 `probe` binary")?;
-    let ipvs = suite::artifacts(
-        root,
-        &[
-            "test",
-            "-p",
-            "probe-tests",
-            "--test",
-            "ipvs",
-            "--no-run",
-            "--target",
-            TARGET,
-        ],
-    )?
-    .into_iter()
-    .find(|(p, t, k, _)| p == "probe-tests" && t == "ipvs" && k.iter().any(|k| k == "test"))
-    .map(|a| a.3)
-    .context("cargo built no arm64 test executable for tests/tests/ipvs.rs")?;
-    Ok((probe, ipvs))
+    let mut args = vec!["test", "-p", "probe-tests"];
+    for f in TEST_FILES {
+        args.extend(["--test", f]);
+    }
+    args.extend(["--no-run", "--target", TARGET]);
+    let all = suite::artifacts(root, &args)?;
+    let mut tests = Vec::new();
+    for file in TEST_FILES {
+        let exe = all
+            .iter()
+            .find(|(p, t, k, _)| p == "probe-tests" && t == file && k.iter().any(|k| k == "test"))
+            .map(|a| a.3.clone())
+            .with_context(|| {
+                format!("cargo built no arm64 test executable for tests/tests/{file}.rs")
+            })?;
+        tests.push((file.to_string(), exe));
+    }
+    Ok((probe, tests))
 }
 
-/// The arm64 suite: the IPVS smoke scenario, then the IPVS lab's three kinds.
-pub fn script(probe: &Path, ipvs: &Path) -> String {
+/// The arm64 suite: the IPVS smoke scenario, the datapath smoke, then the IPVS lab's three
+/// kinds; every part runs, the script fails when one did.
+pub fn script(probe: &Path, tests: &[(String, PathBuf)]) -> anyhow::Result<String> {
     let q = |p: &Path| shell_quote(&p.display().to_string());
-    format!(
+    let exe = |file: &str| {
+        tests
+            .iter()
+            .find(|(f, _)| f == file)
+            .map(|(_, e)| q(e))
+            .with_context(|| format!("the arm64 suite has no {file}.rs binary"))
+    };
+    let mut s = String::from(
         "# the arm64 VM suite, written by cargo xtask vm-test --arch arm64\n\
          set -u\n\
+         failed=()\n\
+         part() {\n\
+         \tlocal name=$1; shift\n\
+         \tlocal t0=$SECONDS\n\
+         \techo \"=== vm-suite: $name\"\n\
+         \tif \"$@\"; then\n\
+         \t\techo \"=== vm-suite: $name: ok ($((SECONDS - t0)) s)\"\n\
+         \telse\n\
+         \t\techo \"=== vm-suite: $name: FAILED ($((SECONDS - t0)) s)\"\n\
+         \t\tfailed+=(\"$name\")\n\
+         \tfi\n\
+         }\n\
          echo \"=== vm-suite: kernel $(uname -r) on $(uname -m)\"\n\
-         t0=$SECONDS\n\
-         bash /clb-vm/smoke.sh || {{ echo '=== vm-suite: smoke FAILED'; exit 1; }}\n\
-         echo \"=== vm-suite: smoke: ok ($((SECONDS - t0)) s)\"\n\
+         part 'IPVS smoke' bash /clb-vm/smoke.sh\n\
          modprobe -a ip_vs ip_vs_rr dummy ip_set xt_set\n\
-         t0=$SECONDS\n\
-         CLB_LAB_MODE=ipvs CLB_PROBE_BIN={} {} --exact {THREE_KINDS_TEST} --test-threads=1 \
-         || {{ echo \"=== vm-suite: the three kinds FAILED ($((SECONDS - t0)) s)\"; exit 1; }}\n\
-         echo \"=== vm-suite: the three kinds: ok ($((SECONDS - t0)) s)\"\n\
-         echo '=== vm-suite: all passed'\n",
-        q(probe),
-        q(ipvs)
-    )
+         export CLB_LAB_MODE=ipvs\n",
+    );
+    s.push_str(&format!("export CLB_PROBE_BIN={}\n", q(probe)));
+    let datapath = exe("datapath")?;
+    for t in DATAPATH_SMOKE {
+        s.push_str(&format!(
+            "part 'datapath smoke: {t}' {datapath} --exact {t} --test-threads=1\n"
+        ));
+    }
+    s.push_str(&format!(
+        "part 'the three kinds (tests/ipvs.rs, IPVS-mode lab)' {} --exact {THREE_KINDS_TEST} \
+         --test-threads=1\n",
+        exe("ipvs")?
+    ));
+    s.push_str(
+        "if [ ${#failed[@]} -eq 0 ]; then echo '=== vm-suite: all passed'; exit 0; fi\n\
+         echo \"=== vm-suite: FAILED: ${failed[*]}\"\n\
+         exit 1\n",
+    );
+    Ok(s)
 }
 
 #[cfg(test)]
@@ -344,14 +385,24 @@ mod tests {
     }
 
     #[test]
-    fn script_runs_smoke_then_the_three_kinds_in_ipvs_mode() {
-        let s = script(Path::new("/t/probe"), Path::new("/t/ipvs-1"));
-        assert!(s.contains("bash /clb-vm/smoke.sh"));
+    fn script_runs_smoke_datapath_and_the_three_kinds_in_ipvs_mode() {
+        let tests = vec![
+            ("datapath".to_string(), PathBuf::from("/t/datapath-1")),
+            ("ipvs".to_string(), PathBuf::from("/t/ipvs-1")),
+        ];
+        let s = script(Path::new("/t/probe"), &tests).unwrap();
+        assert!(s.contains("part 'IPVS smoke' bash /clb-vm/smoke.sh"));
         assert!(s.contains("modprobe -a ip_vs ip_vs_rr dummy ip_set xt_set"));
+        assert!(s.contains("export CLB_LAB_MODE=ipvs\nexport CLB_PROBE_BIN='/t/probe'\n"));
         assert!(s.contains(
-            "CLB_LAB_MODE=ipvs CLB_PROBE_BIN='/t/probe' '/t/ipvs-1' --exact \
+            "'/t/datapath-1' --exact \
+             vip_source_on_the_nic_is_counted_evented_and_its_drop_has_the_reason --test-threads=1"
+        ));
+        assert!(s.contains(
+            "'/t/ipvs-1' --exact \
              ipvs_mode_failures_are_confirmed_and_twins_are_silent --test-threads=1"
         ));
-        assert!(s.ends_with("all passed'\n"));
+        assert!(s.ends_with("exit 1\n"));
+        assert!(script(Path::new("/t/probe"), &tests[1..]).is_err());
     }
 }

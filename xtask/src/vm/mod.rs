@@ -320,13 +320,12 @@ fn boot_in(
         }
         None => {
             let bins = bins.context("the suite's binaries were not built")?;
-            let script = match (kernel.arch, bins.tests.first()) {
-                (Arch::Arm64, Some((_, ipvs))) => {
+            let script = match kernel.arch {
+                Arch::Arm64 => {
                     std::fs::write(results.join("smoke.sh"), SMOKE)?;
-                    arm64::script(&bins.probe, ipvs)
+                    arm64::script(&bins.probe, &bins.tests)?
                 }
-                (Arch::Arm64, None) => bail!("the arm64 suite's ipvs.rs binary was not built"),
-                (Arch::Amd64, _) => suite::script(bins, spec),
+                Arch::Amd64 => suite::script(bins, spec),
             };
             std::fs::write(results.join("suite.sh"), script)?;
             "bash /clb-vm/suite.sh".to_string()
@@ -437,11 +436,11 @@ pub fn run_with_output(args: &VmArgs) -> anyhow::Result<Vec<KernelRun>> {
         (_, false) => None,
         (Arch::Amd64, true) => Some(suite::build(&workspace_root())?),
         (Arch::Arm64, true) => {
-            let (probe, ipvs) = arm64::build(&workspace_root())?;
+            let (probe, tests) = arm64::build(&workspace_root())?;
             Some(suite::Bins {
                 probe,
                 unit: PathBuf::new(),
-                tests: vec![("ipvs".into(), ipvs)],
+                tests,
                 older_kernel: false,
             })
         }
