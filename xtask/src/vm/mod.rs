@@ -27,6 +27,10 @@
 //! (build it first with `cargo test --no-run`; any path under the host's `/` works).
 //! In the guest `CLB_VM=1` and `CLB_VM_RESULTS=/clb-vm` are set; files written there come back
 //! to the host folder given with `--out`. Everything else the guest writes is thrown away.
+//!
+//! `--arch arm64` boots Debian's arm64 6.1 kernel under qemu-system-aarch64 instead, over an
+//! arm64 root from apt's arm64 architecture, and its suite runs cross-built binaries: see
+//! [`arm64`].
 
 mod apt;
 pub mod arm64;
