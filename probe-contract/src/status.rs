@@ -29,6 +29,10 @@ pub struct NodeStatus {
     pub features: Option<Features>,
     /// True once programs are attached and the address sets are loaded.
     pub ready: bool,
+    /// What serves the node's Services, as `probe check` names it: `kube-proxy iptables`,
+    /// `kube-proxy ipvs`, `kube-proxy nftables`, or without kube-proxy's rules `none (cilium)`
+    /// / `none (unknown)`; empty until the first service table is read.
+    pub dataplane: String,
 }
 
 /// How programs are attached on this kernel; shown in the live view and logs.

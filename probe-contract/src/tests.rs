@@ -70,6 +70,7 @@ fn snapshot() -> Snapshot {
                 drop_reasons: 120,
             }),
             ready: true,
+            dataplane: "kube-proxy ipvs".into(),
         },
         counters: CounterSnapshot {
             suspects: vec![(2, Tag::Vip, Proto::Other(47), 5)],

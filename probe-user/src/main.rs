@@ -53,6 +53,11 @@ struct CheckArgs {
     /// a pod, else the node alone).
     #[arg(long, env = "KUBECONFIG", value_name = "PATH")]
     kubeconfig: Option<PathBuf>,
+    /// Predict what moving kube-proxy to this mode changes (`nftables`, from IPVS or iptables
+    /// mode): risks that disappear and appear, fixes to apply first, ipMode advice. Exit 0
+    /// when no risk is predicted after the move, 1 when some is.
+    #[arg(long = "as", value_name = "MODE")]
+    as_mode: Option<String>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -280,6 +285,28 @@ fn main() -> ExitCode {
                 pod_cidrs: args.pod_cidrs,
             };
             let api = clb_probe::check::kube::ApiAccess::choose(args.kubeconfig);
+            if let Some(target) = &args.as_mode {
+                use clb_probe::check::{AsError, readiness};
+                return match clb_probe::check::run_as(&cfg, &api, target) {
+                    Ok(p) => {
+                        if args.json {
+                            // Plain data: serializing cannot fail.
+                            println!(
+                                "{}",
+                                serde_json::to_string_pretty(&p).expect("prediction serializes")
+                            );
+                        } else {
+                            print!("{}", readiness::table(&p));
+                        }
+                        ExitCode::from(u8::from(p.risks_after > 0))
+                    }
+                    Err(AsError::Usage(e)) => {
+                        eprintln!("probe: error: {e}");
+                        ExitCode::from(2)
+                    }
+                    Err(AsError::Node(e)) => fail(&e),
+                };
+            }
             match clb_probe::check::run(&cfg, &api) {
                 Ok(report) => {
                     if args.json {

@@ -6,4 +6,5 @@
 pub mod agent;
 pub mod kube_names;
 pub mod otlp;
+pub mod readiness;
 pub mod trafgen;

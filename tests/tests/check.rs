@@ -129,11 +129,17 @@ fn each_lab_risk_is_named_and_its_twin_is_not() {
         .unwrap();
     assert!(summary.contains("rp_filter=1 (strict)"), "{summary}");
 
-    // The table: one line per finding plus the header and the summary line.
+    // The table: one line per finding plus the header, the dataplane and the summary line.
     let o = check(&["--nic", lab::NODE_NIC]);
     let table = String::from_utf8_lossy(&o.stdout);
     let findings = json["findings"].as_array().unwrap().len();
-    assert_eq!(table.lines().count(), findings + 2, "{table}");
+    assert_eq!(table.lines().count(), findings + 3, "{table}");
+    assert!(
+        table.contains(&format!("dataplane: kube-proxy {}\n", mode.name())),
+        "{table}"
+    );
+    assert_eq!(json["dataplane"]["mode"], mode.name(), "{json:#}");
+    assert!(named(&json, "dataplane").is_empty(), "{json:#}");
     assert!(
         table.lines().last().unwrap().starts_with("0 risk(s), "),
         "{table}"
@@ -155,6 +161,169 @@ fn each_lab_risk_is_named_and_its_twin_is_not() {
         "{err}"
     );
     drop(lab);
+}
+
+/// A node without kube-proxy (the lab's `cilium` mode: no KUBE-* chains, sets or tables,
+/// Cilium's `cilium_host`): the dataplane is named `none (cilium)`, the kinds that can still
+/// happen and what cannot be confirmed are stated, and an LB IP made local by a route is
+/// still judged (the healthcheck black hole needs no kube-proxy).
+#[test]
+fn a_node_without_kube_proxy_names_its_dataplane_and_its_limits() {
+    if !require_root("probe check on the lab") {
+        return;
+    }
+    let lab = LabGuard::up_in(
+        KubeProxyMode::Cilium,
+        &Variants {
+            vip_bound: false,
+            vip_local_route: true,
+            ..Variants::default()
+        },
+        &Default::default(),
+    )
+    .expect("lab up (cilium mode)");
+    let o = check(&["--nic", lab::NODE_NIC]);
+    let table = String::from_utf8_lossy(&o.stdout);
+    eprintln!("{table}");
+    assert!(table.contains("dataplane: none (cilium)\n"), "{table}");
+    let (code, json) = report();
+    // The local route's black hole is a risk whatever serves Services.
+    assert_eq!(code, 1, "{json:#}");
+    let d = &json["dataplane"];
+    assert_eq!(d["mode"], "none", "{json:#}");
+    assert_eq!(d["replacement"], "cilium", "{json:#}");
+    assert!(d["evidence"].to_string().contains("cilium_host"), "{d:#}");
+    let kinds = |key: &str| -> Vec<String> {
+        d[key]
+            .as_array()
+            .unwrap_or_else(|| panic!("{key}: {d:#}"))
+            .iter()
+            .map(|l| {
+                assert!(!l["why"].as_str().unwrap().is_empty(), "{l:#}");
+                l["kind"].as_str().unwrap().to_string()
+            })
+            .collect()
+    };
+    assert_eq!(
+        kinds("still_possible"),
+        ["healthcheck_blackhole", "vip_port_unserved", "hairpin"]
+    );
+    let cannot = kinds("cannot_confirm");
+    assert!(
+        cannot.contains(&"nodeport_attribution".to_string()),
+        "{cannot:?}"
+    );
+    assert!(
+        d["cannot_confirm"]
+            .to_string()
+            .contains("no service table from rules"),
+        "{d:#}"
+    );
+    // Not silence: a warning names the node's state, whatever the risks.
+    assert_eq!(
+        named(&json, "dataplane"),
+        [("warn".to_string(), "none (cilium)".to_string())],
+        "{json:#}"
+    );
+    // Which ports Cilium serves is not readable: a refusal is possible, not proven.
+    assert_eq!(
+        named(&json, "vip_port_unserved"),
+        [("warn".to_string(), lab::VIP.to_string())],
+        "{json:#}"
+    );
+    // Pod egress masquerade is Cilium's (eBPF, unseen): a hairpin is possible, not proven.
+    let hairpin = named(&json, "hairpin");
+    assert!(
+        !hairpin.is_empty() && hairpin.iter().all(|(s, _)| s == "warn"),
+        "{json:#}"
+    );
+    // The local route still makes the LB IP's health checks martian.
+    assert_eq!(
+        named(&json, "healthcheck_blackhole"),
+        [("risk".to_string(), lab::VIP.to_string())],
+        "{json:#}"
+    );
+    drop(lab);
+}
+
+/// `--as nftables` on the iptables-mode lab (its kube-ipvs0 stand-in holds the LB IP, as IPVS
+/// mode does): the risks predicted after the move are the ones the nftables-mode lab then shows
+/// for the same Services; the bound IP's risks disappear and `default/dns`'s unserved 53/udp
+/// (externalTrafficPolicy Local) starts hairpinning. The IPVS-mode round is in tests/ipvs.rs.
+#[test]
+fn as_nftables_predicts_what_the_nftables_lab_shows() {
+    use probe_tests::readiness::predict_then_observe;
+    if !require_root("probe check --as nftables") {
+        return;
+    }
+    let r = predict_then_observe(KubeProxyMode::Iptables);
+    let p = &r.prediction;
+    assert_eq!(p["from"], "iptables", "{p:#}");
+    assert_eq!(p["to"], "nftables", "{p:#}");
+    assert_eq!(
+        r.predicted, r.observed,
+        "prediction {p:#}\nobserved {:#}",
+        r.observed_report
+    );
+    let vip = lab::VIP.to_string();
+    let gone: Vec<(&str, &str)> = p["disappear"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["kind"].as_str().unwrap(), c["subject"].as_str().unwrap()))
+        .collect();
+    assert!(
+        gone.contains(&("healthcheck_blackhole", vip.as_str())),
+        "{p:#}"
+    );
+    assert!(gone.contains(&("vip_port_unserved", vip.as_str())), "{p:#}");
+    let new = p["appear"].as_array().unwrap();
+    assert_eq!(new.len(), 1, "{p:#}");
+    assert_eq!(new[0]["kind"], "hairpin");
+    assert_eq!(new[0]["subject"], format!("{vip}:53/udp"));
+    assert_eq!(new[0]["service"], "default/dns");
+    assert!(
+        !p["before_migrating"].as_array().unwrap().is_empty(),
+        "{p:#}"
+    );
+    // ipMode advice for each LB Service, with its costs.
+    let advice = p["ip_mode"].as_array().unwrap();
+    assert!(
+        advice
+            .iter()
+            .any(|a| a["service"] == "default/dns" && a["verdict"] == "avoids_now"),
+        "{p:#}"
+    );
+    assert!(
+        advice
+            .iter()
+            .all(|a| !a["costs"].as_array().unwrap().is_empty())
+    );
+    // Risks after the move: exit 1. On the nftables lab itself: a usage error.
+    assert_eq!(r.prediction_code, 1);
+    let (code, err) = &r.as_on_nftables;
+    assert_eq!(*code, 2, "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("already runs kube-proxy in nftables mode"),
+        "{err}"
+    );
+}
+
+/// `--as` with a mode it does not predict: one line, exit 2, before reading anything.
+#[test]
+fn as_another_mode_is_a_usage_error() {
+    for mode in ["ipvs", "iptables", "bogus"] {
+        let o = Command::new(probe_bin())
+            .args(["check", "--as", mode])
+            .output()
+            .expect("run probe");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{mode}: {err}");
+        assert!(o.stdout.is_empty(), "{mode}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(err.contains("only `--as nftables`"), "{err}");
+    }
 }
 
 #[test]

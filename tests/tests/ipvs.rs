@@ -684,3 +684,55 @@ fn ipvs_mode_service_self_loop_is_confirmed_and_twins_are_silent() {
     let failures = std::mem::take(&mut run.failures);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// `probe check --as nftables` on the IPVS-mode lab (real IPVS: the LB IP bound on a dummy
+/// kube-ipvs0, kube-proxy's ipsets, the Services from the fake API), then the same node rebuilt
+/// in nftables mode in this VM: the risks predicted after the move (kind and subject, with the
+/// Service) are the ones `probe check` then reports; the bound IP's black hole and refused port
+/// disappear, and `default/dns`'s unserved 53/udp (externalTrafficPolicy Local) starts
+/// hairpinning.
+#[test]
+fn ipvs_mode_as_nftables_prediction_matches_the_nftables_lab() {
+    if !in_vm("ipvs_mode_as_nftables_prediction") {
+        return;
+    }
+    let r = probe_tests::readiness::predict_then_observe(KubeProxyMode::Ipvs);
+    let p = &r.prediction;
+    say!(
+        "--as nftables on IPVS: predicted {:?}, nftables lab shows {:?}",
+        r.predicted,
+        r.observed
+    );
+    assert_eq!(p["from"], "ipvs", "{p:#}");
+    assert_eq!(
+        r.predicted, r.observed,
+        "prediction {p:#}\nobserved {:#}",
+        r.observed_report
+    );
+    let vip = lab::VIP.to_string();
+    let gone: Vec<(String, String)> = p["disappear"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["kind"].as_str().unwrap().to_string(),
+                c["subject"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert!(
+        gone.contains(&("healthcheck_blackhole".to_string(), vip.clone())),
+        "{p:#}"
+    );
+    assert!(
+        gone.contains(&("vip_port_unserved".to_string(), vip.clone())),
+        "{p:#}"
+    );
+    let new = p["appear"].as_array().unwrap();
+    assert_eq!(new.len(), 1, "{p:#}");
+    assert_eq!(new[0]["kind"], "hairpin");
+    assert_eq!(new[0]["subject"], format!("{vip}:53/udp"));
+    assert_eq!(new[0]["service"], "default/dns");
+    assert_eq!(r.as_on_nftables.0, 2, "{}", r.as_on_nftables.1);
+}

@@ -720,4 +720,54 @@ fn kubectl_get_lists_the_reports() {
         text(&out.stdout),
         "loopbackreport.clb-probe.io/node-a\nloopbackreport.clb-probe.io/node-b\n"
     );
+    // The table kubectl prints from the server's Table: the chart CRD's printer columns.
+    let get = |extra: &[&str]| {
+        let out = Command::new(std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into()))
+            .arg("--kubeconfig")
+            .arg(&a.kubeconfig)
+            .args(["get", "lbr"])
+            .args(extra)
+            .output()
+            .expect("run kubectl");
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stdout)
+    };
+    let words = |line: &str| {
+        line.split_whitespace()
+            .map(String::from)
+            .collect::<Vec<_>>()
+    };
+    let plain = get(&[]);
+    let lines: Vec<&str> = plain.lines().collect();
+    assert_eq!(
+        words(lines[0]),
+        [
+            "NAME",
+            "NODE",
+            "MODE",
+            "RISKS",
+            "ACTIVE-LOOPS",
+            "LAST-UPDATE"
+        ],
+        "{plain}"
+    );
+    assert_eq!(
+        words(lines[1])[..5],
+        ["node-a", "node-a", "ipvs", "1", "3"],
+        "{plain}"
+    );
+    assert_eq!(
+        words(lines[1])[5],
+        "10m",
+        "lastUpdate 600 s ago, as an age: {plain}"
+    );
+    assert_eq!(
+        words(lines[2])[..5],
+        ["node-b", "node-b", "ipvs", "0", "0"],
+        "{plain}"
+    );
+    let wide = get(&["-o", "wide"]);
+    let header = words(wide.lines().next().unwrap());
+    assert_eq!(header[6..], ["KERNEL", "AGENT"], "{wide}");
+    assert!(wide.contains("6.12.48+deb13-amd64"), "{wide}");
 }

@@ -56,6 +56,9 @@ fn the_agent_writes_its_node_report_and_the_plugin_tables_the_cluster() {
             "on",
             "--node-condition",
             "on",
+            // The loop, once fixed, is resolved 2 s after its last confirmation.
+            "--resolve-after",
+            "2",
         ],
         &[],
     );
@@ -80,6 +83,14 @@ fn the_agent_writes_its_node_report_and_the_plugin_tables_the_cluster() {
     let st = &written["status"];
     assert_eq!(st["node"], NODE_NAME);
     assert_eq!(st["kubeProxyMode"], "iptables", "{st:#}");
+    assert_eq!(st["dataplane"], "kube-proxy", "{st:#}");
+    // `probe check --as nftables` in short: the lab's bound LB IP's risks go with the move.
+    assert!(
+        st["nftablesReadiness"]
+            .as_str()
+            .is_some_and(|r| r.ends_with("gone") && !r.ends_with(" 0 gone")),
+        "{st:#}"
+    );
     let hairpin = st["activeLoops"]
         .as_array()
         .unwrap()
@@ -158,7 +169,184 @@ fn the_agent_writes_its_node_report_and_the_plugin_tables_the_cluster() {
         std::env::temp_dir().join("clb-node-report-example.txt"),
         &table,
     );
+
+    // The fix (pod-a's egress masqueraded) and pod-a's answered call: the agent resolves the
+    // loop with proof, and the report moves the hairpin to its resolved loops at once (not
+    // after the 10-minute window), with the proof. A second first: conntrack ages entries to
+    // the second.
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(
+        lab.traffic(Scenario::HairpinSnat).expect("traffic"),
+        lab::Outcome::Ok
+    );
+    let after = wait_for("the hairpin resolved in the report", WAIT, || {
+        report(&api).filter(|o| {
+            o["status"]["resolvedLoops"].as_array().is_some_and(|r| {
+                r.iter()
+                    .any(|l| l["kind"] == "hairpin" && l["proof"].is_string())
+            })
+        })
+    })
+    .unwrap_or_else(|| panic!("no resolved hairpin: {:#?}", report(&api)));
+    let st = &after["status"];
+    assert!(
+        !st["activeLoops"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|l| l["kind"] == "hairpin"),
+        "{st:#}"
+    );
+    let resolved = st["resolvedLoops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["kind"] == "hairpin")
+        .unwrap();
+    assert!(
+        resolved["proof"]
+            .as_str()
+            .unwrap()
+            .contains("answered connections to"),
+        "{resolved:#}"
+    );
+    // The Node condition no longer names the loop: only risks (until `probe check`'s next
+    // pass sees the fix) or nothing keep it True.
+    let condition = wait_for("the condition without the loop", WAIT, || {
+        api.objects("nodes")
+            .into_iter()
+            .find(|n| n["metadata"]["name"] == NODE_NAME)?["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| {
+                c["type"] == "LoadBalancerLoopback"
+                    && !c["message"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .starts_with("active loop")
+            })
+            .cloned()
+    })
+    .expect("LoadBalancerLoopback without the active loop");
+    assert!(
+        condition["status"] == "False"
+            || condition["message"].as_str().unwrap().starts_with("risk "),
+        "{condition:#}"
+    );
     drop(agent);
+    drop(api);
+    drop(lab);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 27's cluster view with two agents: the lab's node and its peer node each run an agent
+/// writing its own report to the one API server (the peer reaches it over the lab's network, as
+/// agents on other nodes reach the API server); a third Node has no agent. `kubectl get lbr`
+/// lists both reports with the CRD's columns; `kubectl clb-probe report` tables all three, the
+/// third as missing, and exits 1 for the node with the loop.
+#[test]
+fn two_agents_on_two_nodes_each_write_their_own_report() {
+    if !require_root("node_report_two_agents") {
+        return;
+    }
+    const PEER: &str = "clb-peer";
+    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    let api = FakeApiServer::start_in_netns_for_all(lab::NS_NODE).expect("fake API server");
+    for object in fixtures::lab() {
+        api.apply(object);
+    }
+    for node in [PEER, "clb-node-3"] {
+        api.apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}));
+    }
+    let dir = std::env::temp_dir().join(format!("clb-node-report-2-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (kc_node, kc_peer) = (dir.join("kubeconfig"), dir.join("kubeconfig-peer"));
+    api.write_kubeconfig(&kc_node).unwrap();
+    api.write_kubeconfig_via(&kc_peer, lab::NODE_IP.into())
+        .unwrap();
+    let agent = |netns: &str, node: &str, kc: &std::path::Path| {
+        Agent::start_with_env(
+            netns,
+            &[
+                "--nic",
+                "eth0",
+                "--kubeconfig",
+                kc.to_str().unwrap(),
+                "--node-name",
+                node,
+                "--node-report",
+                "on",
+            ],
+            &[],
+        )
+    };
+    let on_node = agent(lab::NS_NODE, NODE_NAME, &kc_node);
+    let on_peer = agent(lab::NS_PEER, PEER, &kc_peer);
+    lab.traffic(Scenario::Hairpin).expect("traffic");
+    on_node.wait_event("hairpin", WAIT, |es| {
+        es.iter().find(|e| e["kind"] == "hairpin").cloned()
+    });
+    let reports = wait_for("both reports, the node's with its loop", WAIT, || {
+        let all = api.objects("loopbackreports");
+        let of = |n: &str| all.iter().find(|o| o["metadata"]["name"] == n).cloned();
+        let node = of(NODE_NAME)?;
+        let peer = of(PEER)?;
+        (node["status"]["activeLoopCount"].as_u64() >= Some(1) && peer["status"]["node"] == PEER)
+            .then_some((node, peer))
+    })
+    .unwrap_or_else(|| panic!("reports: {:#?}", api.objects("loopbackreports")));
+    let (_, peer) = reports;
+    assert_eq!(peer["status"]["activeLoopCount"], 0, "{peer:#}");
+    assert_eq!(
+        peer["metadata"]["ownerReferences"][0]["name"], PEER,
+        "owned by its own Node: {peer:#}"
+    );
+    assert_eq!(api.objects("loopbackreports").len(), 2);
+
+    // kubectl get, in the node's namespace (the API listens there).
+    let kubectl = Command::new("ip")
+        .args(["netns", "exec", lab::NS_NODE])
+        .arg(std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into()))
+        .arg("--kubeconfig")
+        .arg(&kc_node)
+        .args(["get", "lbr"])
+        .output()
+        .expect("run kubectl");
+    let got = String::from_utf8_lossy(&kubectl.stdout).into_owned();
+    assert!(kubectl.status.success(), "{got}");
+    let row = |table: &str, node: &str| {
+        table
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(node))
+            .map(|l| l.split_whitespace().map(String::from).collect::<Vec<_>>())
+            .unwrap_or_else(|| panic!("{node} missing from\n{table}"))
+    };
+    assert!(got.starts_with("NAME"), "{got}");
+    assert_eq!(row(&got, NODE_NAME)[1..3], [NODE_NAME, "iptables"], "{got}");
+    assert_eq!(row(&got, PEER)[1], PEER, "{got}");
+    assert!(!got.contains("clb-node-3"), "no report, no row: {got}");
+
+    let plugin = Command::new("ip")
+        .args(["netns", "exec", lab::NS_NODE])
+        .arg(probe_bin().with_file_name("kubectl-clb_probe"))
+        .arg("--kubeconfig")
+        .arg(&kc_node)
+        .arg("report")
+        .output()
+        .expect("run kubectl-clb_probe");
+    let table = String::from_utf8_lossy(&plugin.stdout).into_owned();
+    assert_eq!(plugin.status.code(), Some(1), "{table}");
+    assert!(
+        row(&table, NODE_NAME).contains(&"ok".to_string()),
+        "{table}"
+    );
+    assert!(row(&table, PEER).contains(&"ok".to_string()), "{table}");
+    assert!(
+        row(&table, "clb-node-3").contains(&"missing".to_string()),
+        "{table}"
+    );
+    drop(on_peer);
+    drop(on_node);
     drop(api);
     drop(lab);
     let _ = std::fs::remove_dir_all(&dir);

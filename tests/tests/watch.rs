@@ -107,8 +107,14 @@ fn events_watch_once_and_the_live_view_in_a_terminal() {
         .unwrap();
     assert!(once.status.success());
     let text = String::from_utf8_lossy(&once.stdout);
+    // The agent's status names the dataplane (the lab's kube-proxy mode).
+    let dataplane = format!(
+        "dataplane: kube-proxy {}",
+        xtask::lab::KubeProxyMode::from_env().unwrap().name()
+    );
     for needle in [
         "kube-ipvs0 (present)",
+        dataplane.as_str(),
         "healthcheck_blackhole",
         "vip_port_unserved      203.0.113.10     443",
         "evidence:",

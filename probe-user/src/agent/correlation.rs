@@ -45,6 +45,8 @@ pub(super) struct CorrelateLoop {
     pub owners: watch::Receiver<nodesync::Owners>,
     /// Where each new service table is published for readers beside the loop.
     pub tables: watch::Sender<Option<Arc<state::ServiceTable>>>,
+    /// The node status, for the dataplane named with each new table.
+    pub status: watch::Sender<probe_contract::NodeStatus>,
     /// Each confirmed loop's life: active, quiet, resolved (`crate::resolution`).
     pub tracker: Tracker,
 }
@@ -149,6 +151,13 @@ pub(super) async fn run(mut l: CorrelateLoop) -> anyhow::Result<()> {
                 if l.tables.receiver_count() > 0 {
                     l.tables.send_replace(Some(Arc::new(table.clone())));
                 }
+                // A new table only (on change): two sysfs/bpffs listings, microseconds.
+                let dataplane = crate::check::dataplane::of_node(&table).name();
+                l.status.send_if_modified(|s| {
+                    let changed = s.dataplane != dataplane;
+                    s.dataplane = dataplane;
+                    changed
+                });
                 correlator.set_services(table);
                 Vec::new()
             }

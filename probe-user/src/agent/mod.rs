@@ -129,6 +129,7 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
 
     let ifnames: IfNames = Arc::new(RwLock::new(Default::default()));
     let (status_tx, status_rx) = watch::channel(NodeStatus::default());
+    let dataplane_status = status_tx.clone();
     let (owners_tx, owners_rx) = watch::channel(nodesync::Owners::default());
     let mut sync = NodeSync::new(
         loaded.probe,
@@ -234,6 +235,7 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         vip_iface: cfg.addr.vip_iface.clone(),
         owners: owners_rx,
         tables: tables_tx,
+        status: dataplane_status,
         tracker: crate::resolution::Tracker::new(crate::resolution::TrackerConfig {
             resolve_after_s: cfg.resolve_after.as_secs().max(1),
         }),
@@ -485,6 +487,7 @@ fn spawn_node_report(
         crate::report::writer::NodeFacts::of_this_node(&node),
         shared.capabilities.clone(),
         shared.subscribe(),
+        shared.resolutions.subscribe(),
         checks,
     ))))
 }

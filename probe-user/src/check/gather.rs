@@ -108,6 +108,17 @@ pub fn gather_with(
         bridge_ports: state::bridge::ports(std::path::Path::new("/sys/class/net")),
         br_netfilter: state::bridge::br_netfilter(false),
     };
+    let dataplane = {
+        let names: Vec<String> = ipsets.keys().cloned().collect();
+        let mut traces = super::dataplane::read_traces(
+            super::dataplane::Traces::of_table(&services, &names),
+            std::path::Path::new("/sys/class/net"),
+            std::path::Path::new(super::dataplane::CILIUM_PIN_DIR),
+        );
+        // The namespace's own interfaces (sysfs may be another namespace's).
+        traces.links = node.links.iter().map(|l| l.name.clone()).collect();
+        super::dataplane::detect(&traces)
+    };
     let nics = sets
         .nics
         .iter()
@@ -125,6 +136,7 @@ pub fn gather_with(
         kernel: kernel_known.unwrap_or_else(kernel_view),
         api: super::ApiState::NotUsed,
         self_loop,
+        dataplane: Some(dataplane),
     })
 }
 

@@ -4,7 +4,10 @@
 //! - [`gather`] reads the node through the same state readers the agent uses (addresses,
 //!   the service table, kube-proxy's ipsets, sysctls, the kernel's BTF and kallsyms);
 //! - [`rules`] turns those [`Inputs`] into [`Finding`]s (pure: no I/O, unit-tested);
-//! - [`render`] prints them as an aligned table or as JSON.
+//! - [`render`] prints them as an aligned table or as JSON;
+//! - [`dataplane`] names what serves the node's Services (kube-proxy's mode, or none);
+//! - [`readiness`] predicts `--as nftables`: the rules run on the node as read and as
+//!   kube-proxy's nftables mode would leave it, and the difference.
 //!
 //! Exit codes: 0 no finding of severity `risk`; 1 at least one `risk` (the report is printed);
 //! 1 also when the node cannot be read, with one `probe: error: ...` line on stderr and nothing
@@ -12,8 +15,10 @@
 //!
 //! JSON (`--json`, schema version [`SCHEMA_VERSION`]):
 //! `{"schema": 1, "risks": n, "warnings": n, "findings": [{"kind", "severity", "subject",
-//! "summary", "evidence": [..], "remedy": [..]}]}`; `kind` is one of [`Kind`]'s snake_case
-//! names, `severity` one of `risk` | `warn` | `info`. Fields are only ever added.
+//! "summary", "evidence": [..], "remedy": [..]}], "dataplane": {"mode", "replacement",
+//! "evidence", "still_possible", "cannot_confirm"}}`; `kind` is one of [`Kind`]'s snake_case
+//! names, `severity` one of `risk` | `warn` | `info`; `dataplane.mode` one of `iptables` |
+//! `ipvs` | `nftables` | `none` ([`dataplane`]). Fields are only ever added.
 
 use std::net::IpAddr;
 
@@ -21,8 +26,12 @@ use serde::Serialize;
 
 use crate::{event::Proto, state::ServiceTable};
 
+pub mod dataplane;
 pub mod gather;
 pub mod kube;
+pub mod readiness;
+#[cfg(test)]
+mod readiness_tests;
 pub mod render;
 pub mod rules;
 pub mod services;
@@ -76,6 +85,8 @@ pub enum Kind {
     KernelVisibility,
     /// Whether the Services were read from the Kubernetes API.
     KubeApi,
+    /// No kube-proxy on this node: which kinds can still happen, what cannot be confirmed.
+    Dataplane,
 }
 
 impl Kind {
@@ -89,6 +100,7 @@ impl Kind {
             Kind::KptrRestrict => "kptr_restrict",
             Kind::KernelVisibility => "kernel_visibility",
             Kind::KubeApi => "kube_api",
+            Kind::Dataplane => "dataplane",
         }
     }
 }
@@ -117,6 +129,10 @@ pub struct Report {
     pub risks: usize,
     pub warnings: usize,
     pub findings: Vec<Finding>,
+    /// What serves this node's Services (kube-proxy's mode, or none and the replacement);
+    /// absent when not read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dataplane: Option<dataplane::Dataplane>,
 }
 
 impl Report {
@@ -131,7 +147,14 @@ impl Report {
             risks: count(Severity::Risk),
             warnings: count(Severity::Warn),
             findings,
+            dataplane: None,
         }
+    }
+
+    /// The report with the dataplane the node showed.
+    pub fn with_dataplane(mut self, dataplane: Option<dataplane::Dataplane>) -> Report {
+        self.dataplane = dataplane;
+        self
     }
 
     /// 0 without risks, 1 with.
@@ -221,6 +244,8 @@ pub struct Inputs {
     pub api: ApiState,
     /// What lets a pod reach itself through its Service.
     pub self_loop: SelfLoopNode,
+    /// What serves the node's Services ([`dataplane::detect`]); None: not read.
+    pub dataplane: Option<dataplane::Dataplane>,
 }
 
 /// The node's pieces of a pod's call to its own Service (`service_self_loop`).
@@ -250,6 +275,17 @@ pub enum ApiState {
 /// Reads the node (an error: it cannot be read) and, with API access, the Services (a
 /// failure there is a warning in the report), and judges them.
 pub fn run(cfg: &crate::state::addrs::AddrConfig, api: &kube::ApiAccess) -> anyhow::Result<Report> {
+    let (inputs, listed) = read(cfg, api)?;
+    let mut findings = rules::judge(&inputs);
+    attach_fixes(&mut findings, &listed);
+    Ok(Report::new(findings).with_dataplane(inputs.dataplane))
+}
+
+/// The node (and, with API access, the Services merged into it, and as listed).
+fn read(
+    cfg: &crate::state::addrs::AddrConfig,
+    api: &kube::ApiAccess,
+) -> anyhow::Result<(Inputs, Vec<crate::kube::index::ServiceFacts>)> {
     let mut inputs = gather::gather(cfg)?;
     let mut listed = Vec::new();
     if *api != kube::ApiAccess::None {
@@ -261,9 +297,29 @@ pub fn run(cfg: &crate::state::addrs::AddrConfig, api: &kube::ApiAccess) -> anyh
             Err(e) => inputs.api = ApiState::Failed(format!("{e:#}")),
         }
     }
-    let mut findings = rules::judge(&inputs);
-    attach_fixes(&mut findings, &listed);
-    Ok(Report::new(findings))
+    Ok((inputs, listed))
+}
+
+/// Why `--as` cannot run: a usage error (exit 2) or the node could not be read (exit 1).
+#[derive(Debug)]
+pub enum AsError {
+    Usage(String),
+    Node(anyhow::Error),
+}
+
+/// `probe check --as MODE`: reads the node as [`run`] does and predicts the move
+/// ([`readiness`]); `--as` is checked against the node's mode once it is read.
+pub fn run_as(
+    cfg: &crate::state::addrs::AddrConfig,
+    api: &kube::ApiAccess,
+    target: &str,
+) -> Result<readiness::Prediction, AsError> {
+    // A mode --as never predicts fails before the node is read.
+    readiness::validate(target, None).map_err(AsError::Usage)?;
+    let (inputs, listed) = read(cfg, api).map_err(AsError::Node)?;
+    let current = inputs.dataplane.as_ref().map(|d| d.mode);
+    let to = readiness::validate(target, current).map_err(AsError::Usage)?;
+    Ok(readiness::predict(&inputs, &listed, None, to))
 }
 
 /// The fixes of each loopback risk whose LB IP (its subject) one listed Service owns; the

@@ -40,6 +40,9 @@ pub fn table(report: &Report) -> String {
     for r in &rows {
         out.push_str(&line(r));
     }
+    if let Some(d) = &report.dataplane {
+        out.push_str(&format!("dataplane: {}\n", d.name()));
+    }
     let info = report.findings.len() - report.risks - report.warnings;
     out.push_str(&format!(
         "{} risk(s), {} warning(s), {info} info: {} (evidence and remedies: probe check --json)\n",

@@ -13,14 +13,14 @@ use crate::{
     state::{NodePortEntry, ServiceEntry, ServiceSource, ServiceTable, addrs::Prefix},
 };
 
-fn ip(s: &str) -> IpAddr {
+pub(super) fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
-const VIP: &str = "203.0.113.10";
+pub(super) const VIP: &str = "203.0.113.10";
 const KUBE_MASQ: &str = "-A KUBE-POSTROUTING -m comment --comment \"kubernetes service traffic \
                          requiring SNAT\" -j MASQUERADE --random-fully";
-const POD_MASQ: &str = "-A CLB-LAB-MASQ -s 198.19.1.0/24 -o eth0 -m comment --comment \"clb-lab: \
+pub(super) const POD_MASQ: &str = "-A CLB-LAB-MASQ -s 198.19.1.0/24 -o eth0 -m comment --comment \"clb-lab: \
                         pod egress masquerade\" -j MASQUERADE";
 
 fn served(vip: &str, port: u16) -> ServiceEntry {
@@ -35,7 +35,7 @@ fn served(vip: &str, port: u16) -> ServiceEntry {
 
 /// The lab node in iptables mode: eth0, kube-ipvs0 with the VIP bound and served on 80, a pod
 /// /24, kube-proxy's marked masquerade only, a 6.18 kernel.
-fn lab() -> Inputs {
+pub(super) fn lab() -> Inputs {
     Inputs {
         vip_iface: "kube-ipvs0".into(),
         bound: vec![ip(VIP)],
@@ -70,6 +70,7 @@ fn lab() -> Inputs {
         },
         api: super::ApiState::NotUsed,
         self_loop: Default::default(),
+        dataplane: None,
     }
 }
 
@@ -79,7 +80,7 @@ fn unbind(mut i: Inputs) -> Inputs {
     i
 }
 
-fn masquerade(mut i: Inputs) -> Inputs {
+pub(super) fn masquerade(mut i: Inputs) -> Inputs {
     i.services.masquerade_rules.push(POD_MASQ.into());
     i
 }
@@ -103,7 +104,7 @@ fn v(kind: Kind, severity: Severity, subject: &str) -> Verdict {
 
 /// IPVS mode as kube-proxy leaves it: ClusterIPs bound and in KUBE-CLUSTER-IP, the LB
 /// ingress in KUBE-LOAD-BALANCER (and -LOCAL when externalTrafficPolicy is Local).
-fn ipvs(local: bool, bound: bool) -> Inputs {
+pub(super) fn ipvs(local: bool, bound: bool) -> Inputs {
     let mut sets: BTreeMap<String, Vec<String>> = BTreeMap::new();
     sets.insert(
         gather::CLUSTER_IP_SET.into(),
@@ -558,4 +559,72 @@ fn service_self_loop_risks_follow_the_mode() {
     i.self_loop.br_netfilter = Some(true);
     i.self_loop.bridge_ports = vec![port(true)];
     assert!(self_loops(&i).is_empty());
+}
+
+/// Without kube-proxy the check says so (a warning with the limits), and the table and JSON
+/// name the dataplane; with kube-proxy there is no such finding.
+#[test]
+fn a_node_without_kube_proxy_is_a_warning_never_silence() {
+    use super::dataplane::{Traces, detect};
+    let none = detect(&Traces {
+        links: vec!["cilium_host".into(), "eth0".into()],
+        ..Default::default()
+    });
+    let mut inputs = Inputs {
+        services: ServiceTable {
+            source: Some(ServiceSource::Iptables),
+            ..Default::default()
+        },
+        dataplane: Some(none.clone()),
+        ..Default::default()
+    };
+    let findings = rules::judge(&inputs);
+    let dp: Vec<_> = findings
+        .iter()
+        .filter(|f| f.kind == Kind::Dataplane)
+        .collect();
+    assert_eq!(dp.len(), 1, "{findings:#?}");
+    assert_eq!(dp[0].severity, Severity::Warn);
+    assert_eq!(dp[0].subject, "none (cilium)");
+    assert!(
+        dp[0]
+            .summary
+            .contains("still possible: healthcheck_blackhole")
+    );
+    assert!(
+        dp[0]
+            .remedy
+            .iter()
+            .any(|r| r.starts_with("cannot confirm: nodeport_attribution"))
+    );
+    let report = Report::new(findings).with_dataplane(Some(none));
+    assert!(render::table(&report).contains("\ndataplane: none (cilium)\n"));
+    let json: serde_json::Value = serde_json::from_str(&render::json(&report)).unwrap();
+    assert_eq!(json["dataplane"]["mode"], "none");
+    inputs.dataplane = Some(detect(&Traces {
+        source: Some(ServiceSource::Iptables),
+        table_has_services: true,
+        ..Default::default()
+    }));
+    assert!(
+        rules::judge(&inputs)
+            .iter()
+            .all(|f| f.kind != Kind::Dataplane)
+    );
+    // Pod egress without SNAT: a risk under kube-proxy, a warning without it (the
+    // replacement's eBPF masquerade and LB handling are not read).
+    let hairpin = |i: &Inputs| -> Vec<Severity> {
+        rules::judge(i)
+            .into_iter()
+            .filter(|f| f.kind == Kind::Hairpin)
+            .map(|f| f.severity)
+            .collect()
+    };
+    let mut node = unbind(lab());
+    assert_eq!(hairpin(&node), [Severity::Risk]);
+    node.dataplane = Some(detect(&Traces {
+        links: vec!["cilium_host".into()],
+        ..Default::default()
+    }));
+    assert_eq!(hairpin(&node), [Severity::Warn]);
 }

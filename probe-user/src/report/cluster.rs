@@ -41,6 +41,9 @@ pub struct NodeRow {
     pub last_update: Option<String>,
     /// Capabilities the agent lacks (what it cannot confirm is in the report).
     pub cannot_confirm: Vec<String>,
+    /// `probe check --as nftables` in short (`ready, 2 gone`, `1 new, 2 gone`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nftables_readiness: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -177,6 +180,8 @@ pub fn build(
             active_loops: by_kind,
             last_update: Some(r.last_update.clone()),
             cannot_confirm: r.capabilities.iter().map(|c| c.name.clone()).collect(),
+            nftables_readiness: (!r.nftables_readiness.is_empty())
+                .then(|| r.nftables_readiness.clone()),
         });
     }
     let mut services: Vec<ServiceRow> = services.into_values().collect();
@@ -246,7 +251,8 @@ fn aligned(rows: &[Vec<String>]) -> String {
     out
 }
 
-/// The table (`wide`: the agent's version and what it cannot confirm). Terminal-unsafe
+/// The table (`wide`: `probe check --as nftables` in short, the agent's version and what it
+/// cannot confirm). Terminal-unsafe
 /// characters in what the API returned are escaped ([`crate::term`]).
 pub fn table(view: &ClusterView, now: i64, wide: bool) -> String {
     let esc = |s: &str| crate::term::escape(s).into_owned();
@@ -258,6 +264,7 @@ pub fn table(view: &ClusterView, now: i64, wide: bool) -> String {
     head.extend(KINDS.iter().map(|(_, h)| h.to_string()));
     head.push("UPDATED".into());
     if wide {
+        head.push("NFTABLES".into());
         head.push("AGENT".into());
         head.push("CANNOT-CONFIRM".into());
     }
@@ -285,6 +292,7 @@ pub fn table(view: &ClusterView, now: i64, wide: bool) -> String {
                 .map_or_else(dash, |t| age(now - t)),
         );
         if wide {
+            row.push(n.nftables_readiness.as_deref().map_or_else(dash, esc));
             row.push(n.agent_version.as_deref().map_or_else(dash, esc));
             row.push(if n.cannot_confirm.is_empty() {
                 dash()
@@ -474,5 +482,29 @@ mod tests {
             &Filter::default(),
         );
         assert_eq!(v.nodes[0].state, "no-node");
+    }
+
+    #[test]
+    fn wide_shows_each_nodes_nftables_readiness() {
+        let (name, mut st) = report("node-a", NOW, &[], &["shop/web"]);
+        st.nftables_readiness = "1 new, 2 gone".into();
+        let v = build(
+            &nodes(&["node-a", "node-b"]),
+            &[(name, st), report("node-b", NOW, &[], &[])],
+            NOW,
+            &Filter::default(),
+        );
+        assert_eq!(
+            v.nodes[0].nftables_readiness.as_deref(),
+            Some("1 new, 2 gone")
+        );
+        let wide = table(&v, NOW, true);
+        let head = wide.lines().next().unwrap();
+        assert!(
+            head.ends_with("NFTABLES       AGENT  CANNOT-CONFIRM"),
+            "{wide}"
+        );
+        assert!(wide.contains("1 new, 2 gone  0.1.0"), "{wide}");
+        assert!(!table(&v, NOW, false).contains("NFTABLES"));
     }
 }

@@ -5,9 +5,12 @@
 //!   a loop that keeps happening keeps its `lastSeen` fresh; 10 min is longer than the
 //!   longest gap between an LB's health checks (seconds) and between a client's retries of a
 //!   failed call, and short enough that a fixed Service drops out of the page soon after.
-//! - **Resolved**: an active loop not seen for [`ACTIVE_WINDOW`]; it is listed, with
-//!   `resolvedAt = lastSeen + window`, for [`RESOLVED_KEEP`] (24 h), then forgotten. A resolved
-//!   loop seen again is active again (and leaves the resolved list).
+//! - **Resolved**: an aggregate of a loop the agent resolved with proof (`crate::resolution`:
+//!   unconfirmed for `--resolve-after` while its traffic was seen answered), at once, with
+//!   `resolvedAt` and `proof`; else an active loop not seen for [`ACTIVE_WINDOW`], with
+//!   `resolvedAt = lastSeen + window` and no proof (quiet, not proven fixed). Listed for
+//!   [`RESOLVED_KEEP`] (24 h), then forgotten. A resolved loop seen again is active again (and
+//!   leaves the resolved list).
 //!
 //! Times are the agent's wall clock when it saw the report (Unix seconds), not the kernel's
 //! monotonic timestamps: the report is read on other machines. Bounded: at most
@@ -107,6 +110,31 @@ impl Loops {
         }
     }
 
+    /// The agent resolved a loop with proof: each of its aggregates still active moves to the
+    /// resolved list now, with the proof's first line.
+    pub fn resolve(&mut self, r: &probe_contract::LoopResolution, now: i64) {
+        for key in &r.aggregates {
+            let Some(e) = self.active.remove(key) else {
+                continue;
+            };
+            self.resolved.push((
+                key.clone(),
+                ResolvedLoop {
+                    kind: e.kind,
+                    service: e.service,
+                    vip: e.vip,
+                    count: e.count,
+                    first_seen: rfc3339(e.first),
+                    last_seen: rfc3339(e.last),
+                    resolved_at: rfc3339(now),
+                    proof: r.proof.first().cloned(),
+                },
+                now,
+            ));
+        }
+        self.resolved.sort_by_key(|(_, _, at)| *at);
+    }
+
     /// Moves loops not seen for the window to resolved, forgets resolutions older than 24 h.
     /// Returns whether anything changed.
     pub fn tick(&mut self, now: i64) -> bool {
@@ -132,6 +160,7 @@ impl Loops {
                     first_seen: rfc3339(e.first),
                     last_seen: rfc3339(e.last),
                     resolved_at: rfc3339(resolved_at),
+                    proof: None,
                 },
                 resolved_at,
             ));
@@ -245,6 +274,40 @@ mod tests {
         assert!(!l.tick(T0 + 300 + ACTIVE_WINDOW + RESOLVED_KEEP - 1));
         assert!(l.tick(T0 + 300 + ACTIVE_WINDOW + RESOLVED_KEEP));
         assert!(l.resolved().is_empty());
+    }
+
+    #[test]
+    fn a_loop_resolved_with_proof_moves_at_once_and_carries_the_proof() {
+        let mut l = Loops::default();
+        l.observe(&ev("a", 3, Some("shop/client-0")), T0);
+        l.observe(&ev("b", 1, None), T0);
+        let r = probe_contract::LoopResolution {
+            key: "hairpin/shop/web".into(),
+            kind: LoopbackKind::Hairpin,
+            service: Some("shop/web".into()),
+            vip: None,
+            vip_port: None,
+            first_seen: rfc3339(T0),
+            last_seen: rfc3339(T0),
+            resolved_at: rfc3339(T0 + 60),
+            lasted_s: 0,
+            count: 3,
+            episode: 0,
+            aggregates: vec!["a".into()],
+            proof: vec!["answered since".into(), "conntrack: ...".into()],
+            changed: vec![],
+        };
+        // Long before the 10-minute window: only the resolved aggregate moves.
+        l.resolve(&r, T0 + 60);
+        assert_eq!(l.active().len(), 1);
+        let resolved = l.resolved();
+        assert_eq!(resolved.len(), 1);
+        assert_eq!(resolved[0].resolved_at, rfc3339(T0 + 60));
+        assert_eq!(resolved[0].proof.as_deref(), Some("answered since"));
+        assert_eq!(resolved[0].count, 3);
+        // The unproven one goes by the window, without proof.
+        l.tick(T0 + ACTIVE_WINDOW);
+        assert!(l.resolved().iter().any(|r| r.proof.is_none()));
     }
 
     #[test]

@@ -19,9 +19,18 @@ pub struct ReportStatus {
     pub agent_version: String,
     /// `uname -r`.
     pub kernel: String,
-    /// kube-proxy's mode as the node's rules show it: `ipvs`, `iptables`, `nftables`, or
-    /// `unknown` (no kube-proxy rules read yet, or none).
+    /// kube-proxy's mode as the node's rules show it: `ipvs`, `iptables`, `nftables`, `none`
+    /// (no kube-proxy rules: see `dataplane`), or `unknown` (not read yet).
     pub kube_proxy_mode: String,
+    /// What serves the node's Services: `kube-proxy`, or with `kubeProxyMode: none` its
+    /// replacement, `cilium` or `unknown` (`probe check`'s dataplane); empty from an older
+    /// agent.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub dataplane: String,
+    /// `probe check --as nftables` in short, on a kube-proxy node not in nftables mode:
+    /// `ready, 2 gone` (no risk appears with the move) or `1 new, 2 gone`; empty otherwise.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub nftables_readiness: String,
     /// What this agent cannot confirm on this node, and why (empty: everything).
     pub capabilities: Vec<CapabilityStatus>,
     /// `probe check`'s findings of severity `risk`.
@@ -94,8 +103,13 @@ pub struct ResolvedLoop {
     pub count: u64,
     pub first_seen: String,
     pub last_seen: String,
-    /// `last_seen` + the active window: when it stopped counting as active.
+    /// When the agent resolved it with proof (`proof` set), else `last_seen` + the active
+    /// window: when it stopped counting as active.
     pub resolved_at: String,
+    /// The agent's proof that the loop is gone (the first line of its `LoopbackResolved`):
+    /// absent when the loop only went quiet for the window, unproven.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proof: Option<String>,
 }
 
 /// The object's name for `node`: the node's own name, checked to be one the API accepts (a

@@ -24,6 +24,7 @@ use kube::{
     Api, Client,
     api::{DynamicObject, Patch, PatchParams},
 };
+use probe_contract::LoopResolution;
 use probe_contract::Report;
 use serde_json::json;
 use tokio::sync::{
@@ -73,6 +74,10 @@ impl NodeFacts {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CheckState {
     pub mode: String,
+    /// `kube-proxy`, `cilium`, `unknown` (empty: not read).
+    pub dataplane: String,
+    /// [`crate::check::readiness::Prediction::summary`] (empty: not an IPVS/iptables node).
+    pub nftables_readiness: String,
     pub risks: Vec<RiskStatus>,
 }
 
@@ -108,12 +113,28 @@ pub fn check_state(
         })
         .collect();
     CheckState {
-        mode: match inputs.services.source {
-            Some(s) => serde_json::to_value(s)
-                .ok()
-                .and_then(|v| v.as_str().map(String::from))
-                .unwrap_or_else(|| "unknown".into()),
-            None => "unknown".into(),
+        // The dataplane as `probe check` names it (`none` without kube-proxy's rules).
+        mode: match (&inputs.dataplane, inputs.services.source) {
+            (Some(d), _) => d.mode.as_str().into(),
+            (None, Some(s)) => crate::check::dataplane::Mode::of_source(s).as_str().into(),
+            (None, None) => "unknown".into(),
+        },
+        dataplane: inputs
+            .dataplane
+            .as_ref()
+            .map(|d| d.serving().to_string())
+            .unwrap_or_default(),
+        nftables_readiness: match inputs.dataplane.as_ref().map(|d| d.mode) {
+            Some(crate::check::dataplane::Mode::Ipvs | crate::check::dataplane::Mode::Iptables) => {
+                crate::check::readiness::predict(
+                    &inputs,
+                    services,
+                    None,
+                    crate::check::dataplane::Mode::Nftables,
+                )
+                .summary()
+            }
+            _ => String::new(),
         },
         risks,
     }
@@ -137,6 +158,8 @@ pub fn build(
         } else {
             check.mode.clone()
         },
+        dataplane: check.dataplane.clone(),
+        nftables_readiness: check.nftables_readiness.clone(),
         capabilities: Capability::ALL
             .iter()
             .filter(|c| !caps.get(**c))
@@ -351,6 +374,7 @@ pub async fn start(
     facts: NodeFacts,
     caps: Arc<Capabilities>,
     reports: broadcast::Receiver<Arc<Report>>,
+    resolutions: broadcast::Receiver<Arc<LoopResolution>>,
     checks: watch::Receiver<CheckState>,
 ) {
     let client = match crate::kube::connect(&source).await {
@@ -370,7 +394,7 @@ pub async fn start(
             return;
         }
     };
-    run(writer, facts, caps, reports, checks).await;
+    run(writer, facts, caps, reports, resolutions, checks).await;
 }
 
 /// Runs until the report broadcast closes.
@@ -379,8 +403,10 @@ pub async fn run(
     facts: NodeFacts,
     caps: Arc<Capabilities>,
     mut reports: broadcast::Receiver<Arc<Report>>,
+    mut resolutions: broadcast::Receiver<Arc<LoopResolution>>,
     mut checks: watch::Receiver<CheckState>,
 ) {
+    let mut resolutions_open = true;
     info!(node = %facts.node, "writing the node's LoopbackReport");
     let origin = Instant::now();
     let mut loops = Loops::default();
@@ -400,6 +426,11 @@ pub async fn run(
                 // Missed reports: the next report of the same aggregate carries its count.
                 Err(RecvError::Lagged(_)) => {}
                 Err(RecvError::Closed) => return,
+            },
+            resolution = resolutions.recv(), if resolutions_open => match resolution {
+                Ok(r) => loops.resolve(&r, unix_now()),
+                Err(RecvError::Lagged(_)) => {}
+                Err(RecvError::Closed) => resolutions_open = false,
             },
             changed = checks.changed(), if checks_open => checks_open = changed.is_ok(),
             _ = tick.tick() => {}

@@ -147,6 +147,7 @@ async fn the_task_writes_a_confirmed_loop_then_stops_with_the_broadcast() {
     let (_checks_tx, checks) = watch::channel(CheckState {
         mode: "iptables".into(),
         risks: vec![],
+        ..Default::default()
     });
     let facts = NodeFacts {
         node: "node-a".into(),
@@ -155,7 +156,7 @@ async fn the_task_writes_a_confirmed_loop_then_stops_with_the_broadcast() {
     };
     let caps = Arc::new(Capabilities::default());
     caps.set(Capability::Conntrack, false, "test");
-    let task = tokio::spawn(run(w, facts, caps, rx, checks));
+    let task = tokio::spawn(run(w, facts, caps, rx, broadcast::channel(1).1, checks));
     let ev = crate::report::loops::tests_event("k1", Some("shop/web"));
     tx.send(Arc::new(Report {
         event: ev,
@@ -223,6 +224,8 @@ fn repeats_of_a_loop_are_not_a_change_a_new_loop_or_risk_is() {
         first
     );
     let risky = CheckState {
+        dataplane: "kube-proxy".into(),
+        nftables_readiness: "ready, 1 gone".into(),
         mode: "ipvs".into(),
         risks: vec![RiskStatus {
             kind: "hairpin".into(),
@@ -290,6 +293,11 @@ fn a_full_report_stays_far_below_the_object_size_limit() {
                 first_seen: t.clone(),
                 last_seen: t.clone(),
                 resolved_at: t.clone(),
+                proof: Some(
+                    "not confirmed again for 300 s, while 12 answered connections to \
+                     203.0.113.250:443/tcp passed packets since (conntrack, SEEN_REPLY)"
+                        .into(),
+                ),
             })
             .collect(),
         ..Default::default()
@@ -420,7 +428,14 @@ async fn nothing_is_written_before_the_first_check() {
         node: "node-a".into(),
         ..Default::default()
     };
-    let task = tokio::spawn(run(w, facts, Arc::new(Capabilities::default()), rx, checks));
+    let task = tokio::spawn(run(
+        w,
+        facts,
+        Arc::new(Capabilities::default()),
+        rx,
+        broadcast::channel(1).1,
+        checks,
+    ));
     tx.send(Arc::new(Report {
         event: crate::report::loops::tests_event("k1", Some("shop/web")),
         is_new: true,
@@ -431,6 +446,8 @@ async fn nothing_is_written_before_the_first_check() {
     tokio::time::sleep(Duration::from_millis(2500)).await;
     checks_tx
         .send(CheckState {
+            dataplane: "kube-proxy".into(),
+            nftables_readiness: "ready, 1 gone".into(),
             mode: "ipvs".into(),
             risks: vec![RiskStatus {
                 kind: "healthcheck_blackhole".into(),

@@ -674,11 +674,23 @@ mod tests {
         assert_eq!(e.reply.dst, ip("198.51.100.1"));
         assert_eq!(e.reply.sport, 80);
         assert_eq!(e.tcp_state.as_deref(), Some("ESTABLISHED"));
+        // The time left, as created (`--timeout 120`), read a moment later.
+        assert!(
+            e.timeout_s.is_some_and(|t| (100..=120).contains(&t)),
+            "{:?}",
+            e.timeout_s
+        );
+        // The same entry read again: equal but for the time left, which ticks between reads.
+        let untimed = |e: ConntrackEntry| ConntrackEntry {
+            timeout_s: None,
+            ..e
+        };
         assert_eq!(missing.unwrap(), None);
-        assert_eq!(by_src.unwrap(), vec![e.clone()]);
+        let by_src: Vec<_> = by_src.unwrap().into_iter().map(untimed).collect();
+        assert_eq!(by_src, vec![untimed(e.clone())]);
         assert!(other_src.unwrap().is_empty());
         // Found by how its answer comes back (after SNAT: to the NAT address).
-        assert_eq!(by_reply.unwrap().as_ref(), Some(&e));
+        assert_eq!(by_reply.unwrap().map(untimed), Some(untimed(e.clone())));
 
         // The host's (or any other) namespace does not see the entry.
         let elsewhere = Netns::new("ct", &["other"]);

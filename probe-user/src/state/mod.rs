@@ -33,6 +33,7 @@ pub mod conntrack;
 pub mod ipset;
 pub mod iptables;
 pub mod ipvs;
+pub mod nft_json;
 pub mod nftables;
 pub mod sockets;
 

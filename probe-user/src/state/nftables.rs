@@ -29,9 +29,12 @@ use std::net::IpAddr;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use serde_json::Value;
+use std::borrow::Cow;
 
-use super::{NodePortEntry, ParseCache, ServiceEntry, ServiceSource, ServiceTable, iptables};
+use super::{
+    NodePortEntry, ParseCache, ServiceEntry, ServiceSource, ServiceTable, iptables,
+    nft_json::{self, ExprFacts, Scalar},
+};
 use crate::event::Proto;
 
 /// kube-proxy's table name (in both the `ip` and the `ip6` family).
@@ -120,51 +123,43 @@ pub fn digest(text: &str, h: &mut std::hash::DefaultHasher) {
     rest.hash(h);
 }
 
-/// A rule of the table: its chain, expressions and comment.
+/// A rule of kube-proxy's table: its chain, family, comment and what its expressions say.
 struct Rule<'a> {
-    chain: &'a str,
-    family: &'a str,
-    expr: &'a [Value],
-    comment: Option<&'a str>,
+    chain: Cow<'a, str>,
+    family: Cow<'a, str>,
+    expr: Vec<ExprFacts<'a>>,
+    comment: Option<Cow<'a, str>>,
 }
 
 /// Parses `nft -j list table <family> kube-proxy` (or `nft -j list ruleset`: objects of other
-/// tables are ignored). Fails only when the text is not libnftables JSON; anything inside it
-/// that is not shaped as kube-proxy writes it is skipped.
+/// tables are skipped unread). Fails only when the text is not libnftables JSON (or a
+/// kube-proxy rule or map is not shaped as libnftables writes one); anything inside that is not
+/// shaped as kube-proxy writes it is skipped. Typed and borrowed ([`nft_json`]): no JSON tree.
 pub fn parse_nft_json(text: &str) -> Result<ServiceTable, String> {
-    let doc: Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
-    let objects = doc
-        .get("nftables")
-        .and_then(Value::as_array)
-        .ok_or("no `nftables` array")?;
+    let doc: nft_json::Doc<'_> = serde_json::from_str(text).map_err(|e| e.to_string())?;
     let mut rules: Vec<Rule<'_>> = Vec::new();
-    let mut maps: HashMap<&str, &[Value]> = HashMap::new();
-    for o in objects {
-        if let Some(r) = o.get("rule") {
-            if r.get("table").and_then(Value::as_str) != Some(TABLE) {
+    let mut maps: HashMap<&str, Vec<(nft_json::ElemKey<'_>, nft_json::Verdict<'_>)>> =
+        HashMap::new();
+    for o in &doc.nftables {
+        if let Some(r) = &o.rule {
+            if r.table != TABLE {
                 continue;
             }
-            let (Some(chain), Some(expr)) = (
-                r.get("chain").and_then(Value::as_str),
-                r.get("expr").and_then(Value::as_array),
-            ) else {
-                continue;
-            };
+            let Some(raw) = r.expr else { continue };
             rules.push(Rule {
-                chain,
-                family: r.get("family").and_then(Value::as_str).unwrap_or("ip"),
-                expr,
-                comment: r.get("comment").and_then(Value::as_str),
+                chain: r.chain.clone(),
+                family: r.family.clone().unwrap_or(Cow::Borrowed("ip")),
+                expr: nft_json::exprs(raw)
+                    .map_err(|e| format!("rule of chain {}: {e}", r.chain))?,
+                comment: r.comment.clone(),
             });
-        } else if let Some(m) = o.get("map") {
-            if m.get("table").and_then(Value::as_str) != Some(TABLE) {
+        } else if let Some(m) = &o.map {
+            if m.table != TABLE || (m.name != SERVICE_IPS && m.name != SERVICE_NODEPORTS) {
                 continue;
             }
-            if let (Some(name), Some(elem)) = (
-                m.get("name").and_then(Value::as_str),
-                m.get("elem").and_then(Value::as_array),
-            ) {
-                maps.insert(name, elem.as_slice());
+            if let Some(raw) = m.elem {
+                let elems = nft_json::elements(raw).map_err(|e| format!("map {}: {e}", m.name))?;
+                maps.insert(m.name.as_ref(), elems);
             }
         }
     }
@@ -176,11 +171,8 @@ pub fn parse_nft_json(text: &str) -> Result<ServiceTable, String> {
     // Every element first, merged once (a Service's IP may appear under several elements).
     let mut found = ServiceTable::default();
 
-    for elem in maps.get(SERVICE_IPS).copied().unwrap_or_default() {
-        let Some((key, target)) = map_element(elem) else {
-            continue;
-        };
-        let [addr, proto, port] = key.as_slice() else {
+    for (key, verdict) in maps.get(SERVICE_IPS).map(Vec::as_slice).unwrap_or_default() {
+        let (Some([addr, proto, port]), Some(target)) = (key.parts(), verdict.target()) else {
             continue;
         };
         let (Some(vip), Some(proto), Some(port)) = (
@@ -199,11 +191,12 @@ pub fn parse_nft_json(text: &str) -> Result<ServiceTable, String> {
         });
     }
 
-    for elem in maps.get(SERVICE_NODEPORTS).copied().unwrap_or_default() {
-        let Some((key, target)) = map_element(elem) else {
-            continue;
-        };
-        let [proto, port] = key.as_slice() else {
+    for (key, verdict) in maps
+        .get(SERVICE_NODEPORTS)
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+    {
+        let (Some([proto, port]), Some(target)) = (key.parts(), verdict.target()) else {
             continue;
         };
         let (Some(proto), Some(port)) = (parse_proto(proto), parse_port(port)) else {
@@ -219,21 +212,14 @@ pub fn parse_nft_json(text: &str) -> Result<ServiceTable, String> {
     iptables::merge(&mut table, found);
 
     for r in &rules {
-        if let Some(m) = r.expr.iter().find_map(|e| e.get("masquerade")) {
-            let flags = match m.get("flags") {
-                Some(Value::String(f)) => format!(" {f}"),
-                Some(Value::Array(fs)) => fs
-                    .iter()
-                    .filter_map(Value::as_str)
-                    .map(|f| format!(" {f}"))
-                    .collect(),
-                _ => String::new(),
-            };
+        if let Some(flags) = r.expr.iter().find_map(|e| e.masquerade.as_ref()) {
+            let flags: String = flags.iter().map(|f| format!(" {f}")).collect();
             let text = format!(
                 "nftables {} {TABLE} chain {}: masquerade{flags}{}",
                 r.family,
                 r.chain,
                 r.comment
+                    .as_ref()
                     .map(|c| format!(" comment \"{c}\""))
                     .unwrap_or_default()
             );
@@ -245,45 +231,24 @@ pub fn parse_nft_json(text: &str) -> Result<ServiceTable, String> {
     Ok(table)
 }
 
-/// A verdict-map element `[{"concat": [key...]}, {"goto": {"target": chain}}]` (the key may
-/// carry a comment: `{"elem": {"val": {"concat": ...}, "comment": ...}}`).
-fn map_element(elem: &Value) -> Option<(Vec<Value>, &str)> {
-    let [key, verdict] = elem.as_array()?.as_slice() else {
-        return None;
-    };
-    let key = key.get("elem").and_then(|e| e.get("val")).unwrap_or(key);
-    let parts = key.get("concat")?.as_array()?.clone();
-    Some((parts, jump_target(verdict)?))
-}
-
-/// The chain of a `goto`/`jump` verdict.
-fn jump_target(v: &Value) -> Option<&str> {
-    ["goto", "jump"]
-        .iter()
-        .find_map(|k| v.get(k)?.get("target")?.as_str())
-}
-
-fn parse_proto(v: &Value) -> Option<Proto> {
+fn parse_proto(v: &Scalar<'_>) -> Option<Proto> {
     match v {
-        Value::String(s) => match s.as_str() {
+        Scalar::Str(s) => match s.as_ref() {
             "tcp" => Some(Proto::Tcp),
             "udp" => Some(Proto::Udp),
             "sctp" => Some(Proto::Other(132)),
             other => other.parse::<u8>().ok().map(Proto::from_raw),
         },
-        Value::Number(n) => n
-            .as_u64()
-            .and_then(|n| u8::try_from(n).ok())
-            .map(Proto::from_raw),
-        _ => None,
+        Scalar::Num(n) => u8::try_from(*n).ok().map(Proto::from_raw),
+        Scalar::Other => None,
     }
 }
 
-fn parse_port(v: &Value) -> Option<u16> {
+fn parse_port(v: &Scalar<'_>) -> Option<u16> {
     match v {
-        Value::Number(n) => n.as_u64().and_then(|n| u16::try_from(n).ok()),
-        Value::String(s) => s.parse().ok(),
-        _ => None,
+        Scalar::Num(n) => u16::try_from(*n).ok(),
+        Scalar::Str(s) => s.parse().ok(),
+        Scalar::Other => None,
     }
 }
 
@@ -298,20 +263,20 @@ fn service_name(chain: &str) -> Option<String> {
     Some(format!("{ns}/{svc}:{port}"))
 }
 
-struct Chains<'a> {
-    by_name: HashMap<&'a str, Vec<&'a Rule<'a>>>,
+struct Chains<'r, 'a> {
+    by_name: HashMap<&'r str, Vec<&'r Rule<'a>>>,
 }
 
-impl<'a> Chains<'a> {
-    fn new(rules: &'a [Rule<'a>]) -> Self {
+impl<'r, 'a> Chains<'r, 'a> {
+    fn new(rules: &'r [Rule<'a>]) -> Self {
         let mut by_name: HashMap<&str, Vec<&Rule<'_>>> = HashMap::new();
         for r in rules {
-            by_name.entry(r.chain).or_default().push(r);
+            by_name.entry(r.chain.as_ref()).or_default().push(r);
         }
         Chains { by_name }
     }
 
-    fn rules(&self, chain: &str) -> &[&'a Rule<'a>] {
+    fn rules(&self, chain: &str) -> &[&'r Rule<'a>] {
         self.by_name.get(chain).map(Vec::as_slice).unwrap_or(&[])
     }
 
@@ -325,30 +290,21 @@ impl<'a> Chains<'a> {
         out
     }
 
-    fn collect(&self, chain: &str, seen: &mut HashSet<String>, out: &mut Vec<String>) {
-        if chain == MARK_FOR_MASQUERADE || !seen.insert(chain.to_string()) {
+    fn collect<'s>(&'s self, chain: &'s str, seen: &mut HashSet<&'s str>, out: &mut Vec<String>) {
+        if chain == MARK_FOR_MASQUERADE || !seen.insert(chain) {
             return;
         }
         for r in self.rules(chain) {
-            for e in r.expr {
-                let mut targets = Vec::new();
-                walk(e, &mut |v| {
-                    if let Some(t) = jump_target(v) {
-                        targets.push(t.to_string());
-                    }
-                    if let Some(d) = v.get("dnat")
-                        && let Some(addr) = d.get("addr").and_then(Value::as_str)
-                    {
-                        let port = d.get("port").and_then(parse_port);
-                        out.push(match (addr.parse::<IpAddr>(), port) {
-                            (Ok(IpAddr::V6(a)), Some(p)) => format!("[{a}]:{p}"),
-                            (_, Some(p)) => format!("{addr}:{p}"),
-                            (_, None) => addr.to_string(),
-                        });
-                    }
-                });
-                for t in targets {
-                    self.collect(&t, seen, out);
+            for e in &r.expr {
+                for (addr, port) in &e.dnats {
+                    out.push(match (addr.parse::<IpAddr>(), port) {
+                        (Ok(IpAddr::V6(a)), Some(p)) => format!("[{a}]:{p}"),
+                        (_, Some(p)) => format!("{addr}:{p}"),
+                        (_, None) => addr.to_string(),
+                    });
+                }
+                for t in &e.targets {
+                    self.collect(t, seen, out);
                 }
             }
         }
@@ -362,31 +318,21 @@ impl<'a> Chains<'a> {
             return false;
         }
         let rules = self.rules(chain);
-        let unconditional_masq = rules
-            .iter()
-            .any(|r| r.expr.len() == 1 && jump_target(&r.expr[0]) == Some(MARK_FOR_MASQUERADE));
+        let unconditional_masq = rules.iter().any(|r| {
+            r.expr.len() == 1 && r.expr[0].verdict.as_deref() == Some(MARK_FOR_MASQUERADE)
+        });
         if unconditional_masq {
             return false;
         }
         rules.iter().any(|r| {
-            r.comment.is_some_and(|c| {
+            r.comment.as_deref().is_some_and(|c| {
                 c.starts_with("masquerade local traffic") || c.starts_with("short-circuit")
             }) || r
                 .expr
                 .iter()
-                .filter_map(jump_target)
+                .filter_map(|e| e.verdict.as_deref())
                 .any(|t| t.starts_with("local-"))
         })
-    }
-}
-
-/// Calls `f` on `v` and every value nested in it.
-fn walk(v: &Value, f: &mut impl FnMut(&Value)) {
-    f(v);
-    match v {
-        Value::Array(a) => a.iter().for_each(|x| walk(x, f)),
-        Value::Object(o) => o.values().for_each(|x| walk(x, f)),
-        _ => {}
     }
 }
 

@@ -120,6 +120,8 @@ pub struct Model {
     pub node: String,
     pub nics: String,
     pub vip_iface: String,
+    /// What serves the node's Services (`kube-proxy ipvs`, `none (cilium)`), or `-`.
+    pub dataplane: String,
     pub sets: String,
     pub kernel: String,
     pub features: String,
@@ -167,6 +169,11 @@ impl Model {
                 "absent"
             }
         );
+        self.dataplane = if st.dataplane.is_empty() {
+            "-".into()
+        } else {
+            esc(&st.dataplane)
+        };
         self.sets = ["vip", "node", "pod"]
             .iter()
             .map(|k| format!("{k} {}", st.set_sizes.get(*k).copied().unwrap_or(0)))
@@ -253,9 +260,10 @@ impl Model {
                 self.nics, self.vip_iface, self.sets
             ),
             format!(
-                "suspect packets: {}   drops: {}",
+                "suspect packets: {}   drops: {}   dataplane: {}",
                 join_counts(&self.suspects),
-                join_counts(&self.drops)
+                join_counts(&self.drops),
+                self.dataplane
             ),
         ]
     }
@@ -322,6 +330,7 @@ mod tests {
             "node": "node-1",
             "status": {
                 "nics": ["eth0"], "vip_iface": "kube-ipvs0", "vip_iface_present": true,
+                "dataplane": "kube-proxy ipvs",
                 "set_sizes": {"vip": 1, "node": 4, "pod": 2},
                 "features": {"kernel": "6.18.44", "tc_mode": "tcx", "drop_hook": "tp_btf",
                              "drop_reason_arg": true, "drop_reasons": 120}
@@ -400,6 +409,7 @@ mod tests {
             "address sets: vip 1, node 4, pod 2",
             "suspect packets: pod 2, vip 3",
             "IP_LOCAL_SOURCE 2",
+            "dataplane: kube-proxy ipvs",
             "healthcheck_blackhole  203.0.113.10     -",
             "vip_port_unserved      203.0.113.10     443",
             "- serve the port",

@@ -196,6 +196,8 @@ fn discovery(path: &str) -> Option<Value> {
                         "services" => json!(["svc"]),
                         "nodes" => json!(["no"]),
                         "events" => json!(["ev"]),
+                        // The chart's CRD declares `lbr`.
+                        "loopbackreports" => json!(["lbr"]),
                         _ => json!([]),
                     },
                 })
@@ -257,6 +259,12 @@ async fn handle(shared: Arc<Shared>, request: hyper::Request<Incoming>) -> Respo
         .get("content-type")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
+    let as_table = super::table::wants_table(
+        request
+            .headers()
+            .get("accept")
+            .and_then(|v| v.to_str().ok()),
+    );
     shared.requests.lock().unwrap().push(Request {
         method: method.to_string(),
         path: uri
@@ -341,7 +349,7 @@ async fn handle(shared: Arc<Shared>, request: hyper::Request<Incoming>) -> Respo
     }
     match verb {
         "get" => get(&shared, &target),
-        "list" => list(&shared, &target, &params),
+        "list" => list(&shared, &target, &params, as_table),
         "watch" => watch_stream(shared, target, params),
         "create" => write(&shared, &target, &body, WriteMode::Create),
         "update" => write(&shared, &target, &body, WriteMode::Replace),
@@ -431,7 +439,12 @@ fn expired(version: u64, current: u64) -> Value {
     )
 }
 
-fn list(shared: &Shared, target: &Target, params: &HashMap<String, String>) -> Response {
+fn list(
+    shared: &Shared,
+    target: &Target,
+    params: &HashMap<String, String>,
+    as_table: bool,
+) -> Response {
     let filters = match Filters::parse(params) {
         Ok(filters) => filters,
         Err(response) => return response,
@@ -469,6 +482,18 @@ fn list(shared: &Shared, target: &Target, params: &HashMap<String, String>) -> R
             object
         })
         .collect();
+    if as_table {
+        // kubectl get: server-side printing, with a CRD's printer columns.
+        let columns = if target.info.resource == "loopbackreports" {
+            super::table::loopbackreport_columns()
+        } else {
+            Vec::new()
+        };
+        return json_response(
+            StatusCode::OK,
+            &super::table::table(&columns, &items, &store.resource_version().to_string()),
+        );
+    }
     json_response(
         StatusCode::OK,
         &json!({

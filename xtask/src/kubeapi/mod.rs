@@ -71,6 +71,7 @@ pub mod fixtures;
 mod http;
 mod selector;
 mod store;
+mod table;
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -137,6 +138,19 @@ impl FakeApiServer {
         Self::serve(listener)
     }
 
+    /// [`start_in_netns`](Self::start_in_netns), listening on every address of `netns`: the
+    /// lab's other namespaces reach it at their route to the node (`http://NODE_IP:PORT`,
+    /// [`write_kubeconfig_via`](Self::write_kubeconfig_via)), as agents on other nodes reach
+    /// the API server.
+    pub fn start_in_netns_for_all(netns: &str) -> Result<Self> {
+        let listener = crate::lab::in_netns(netns, || {
+            std::net::TcpListener::bind("0.0.0.0:0").context("bind 0.0.0.0:0")
+        })?;
+        let mut server = Self::serve(listener)?;
+        server.addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+        Ok(server)
+    }
+
     fn serve(listener: std::net::TcpListener) -> Result<Self> {
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
@@ -184,12 +198,18 @@ impl FakeApiServer {
     /// Writes a kubeconfig (context `fake`, namespace `default`, a static bearer token) that
     /// points at this server.
     pub fn write_kubeconfig(&self, path: &Path) -> Result<()> {
+        self.write_kubeconfig_via(path, self.addr.ip())
+    }
+
+    /// [`write_kubeconfig`](Self::write_kubeconfig) for a client that reaches the server at
+    /// `host` (a server started with [`start_in_netns_for_all`](Self::start_in_netns_for_all)).
+    pub fn write_kubeconfig_via(&self, path: &Path, host: std::net::IpAddr) -> Result<()> {
+        let url = format!("http://{}", SocketAddr::new(host, self.addr.port()));
         let config = format!(
             "apiVersion: v1\nkind: Config\ncurrent-context: fake\n\
              clusters:\n- name: fake\n  cluster:\n    server: {url}\n\
              contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n    namespace: default\n\
              users:\n- name: fake\n  user:\n    token: fake-token\n",
-            url = self.url()
         );
         std::fs::write(path, config).with_context(|| format!("write {}", path.display()))
     }

@@ -133,6 +133,12 @@ pub enum KubeProxyMode {
     /// `service-nodeports`, `masquerading`, ...), no kube-ipvs0, no address bound; `vip-bound`
     /// puts the LB IP in `service-ips` (short-circuit) instead. See [`nft`].
     Nftables,
+    /// No kube-proxy at all, as under Cilium's kube-proxy replacement: none of kube-proxy's
+    /// rules, ipsets, tables or kube-ipvs0; Cilium's `cilium_host`/`cilium_net` veth pair in
+    /// the node (what `probe check` recognizes Cilium by). Services are not served on the node
+    /// (the lab has no eBPF dataplane): it is for judging the node, not for traffic. `vip-bound`
+    /// cannot be set (nothing binds LB IPs here); `vip-local-route` can.
+    Cilium,
 }
 
 impl KubeProxyMode {
@@ -141,6 +147,7 @@ impl KubeProxyMode {
             KubeProxyMode::Iptables => "iptables",
             KubeProxyMode::Ipvs => "ipvs",
             KubeProxyMode::Nftables => "nftables",
+            KubeProxyMode::Cilium => "cilium",
         }
     }
 
@@ -158,8 +165,12 @@ impl KubeProxyMode {
             "" | "iptables" => Ok(KubeProxyMode::Iptables),
             "ipvs" => Ok(KubeProxyMode::Ipvs),
             "nftables" => Ok(KubeProxyMode::Nftables),
+            "cilium" => Ok(KubeProxyMode::Cilium),
             other => {
-                bail!("{MODE_ENV}={other:?}: the lab's modes are `iptables`, `ipvs` and `nftables`")
+                bail!(
+                    "{MODE_ENV}={other:?}: the lab's modes are `iptables`, `ipvs`, `nftables` and \
+                     `cilium`"
+                )
             }
         }
     }
@@ -168,7 +179,7 @@ impl KubeProxyMode {
     /// ClusterIP:80, NodeIP:30080, and VIP:80 while the VIP is bound. None in iptables mode.
     pub fn virtual_services(self, vip_bound: bool) -> Vec<SocketAddrV4> {
         match self {
-            KubeProxyMode::Iptables | KubeProxyMode::Nftables => Vec::new(),
+            KubeProxyMode::Iptables | KubeProxyMode::Nftables | KubeProxyMode::Cilium => Vec::new(),
             KubeProxyMode::Ipvs => {
                 let mut v = vec![
                     SocketAddrV4::new(CLUSTER_IP, SERVICE_PORT),

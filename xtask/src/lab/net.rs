@@ -185,16 +185,23 @@ pub(crate) fn require_ipvs_support() -> Result<()> {
     Ok(())
 }
 
-/// The node's kube-proxy mode, from its nat table: only the IPVS mode's rules have the
+/// Cilium's host interface (mode `cilium`).
+pub const CILIUM_HOST: &str = "cilium_host";
+
+/// The node's kube-proxy mode, from its nat table (`cilium`: from Cilium's interface): only the IPVS mode's rules have the
 /// `KUBE-NODE-PORT` chain (kube-ipvs0's link type is no proof: tests recreate it).
 pub(crate) fn node_mode() -> Result<KubeProxyMode> {
-    Ok(if super::nft::present() {
-        KubeProxyMode::Nftables
-    } else if iptables_ok(NS_NODE, &["-t", "nat", "-S", "KUBE-NODE-PORT"]) {
-        KubeProxyMode::Ipvs
-    } else {
-        KubeProxyMode::Iptables
-    })
+    Ok(
+        if super::cmd::succeeds(&["ip", "-n", NS_NODE, "link", "show", CILIUM_HOST]) {
+            KubeProxyMode::Cilium
+        } else if super::nft::present() {
+            KubeProxyMode::Nftables
+        } else if iptables_ok(NS_NODE, &["-t", "nat", "-S", "KUBE-NODE-PORT"]) {
+            KubeProxyMode::Ipvs
+        } else {
+            KubeProxyMode::Iptables
+        },
+    )
 }
 
 /// Builds the lab; every namespace it creates is pushed to `created` (for the rollback).
@@ -252,10 +259,26 @@ pub(crate) fn build(
     let kind = match mode {
         KubeProxyMode::Iptables => Some("bridge"),
         KubeProxyMode::Ipvs => Some("dummy"),
-        KubeProxyMode::Nftables => None,
+        KubeProxyMode::Nftables | KubeProxyMode::Cilium => None,
     };
     if let Some(kind) = kind {
         ip(NS_NODE, &["link", "add", KUBE_IPVS0, "type", kind])?;
+    }
+    if mode == KubeProxyMode::Cilium {
+        // Cilium's host veth pair (cilium_host carries the node's router IP on real nodes).
+        ip(
+            NS_NODE,
+            &[
+                "link",
+                "add",
+                CILIUM_HOST,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "cilium_net",
+            ],
+        )?;
     }
     checkpoint("links", opts)?;
 
@@ -338,7 +361,10 @@ pub(crate) fn build(
         let mut s = vec![format!("net.ipv4.ip_forward={}", u8::from(forward))];
         for i in ifaces
             .iter()
-            .filter(|i| !(mode == KubeProxyMode::Nftables && **i == KUBE_IPVS0))
+            .filter(|i| {
+                !(matches!(mode, KubeProxyMode::Nftables | KubeProxyMode::Cilium)
+                    && **i == KUBE_IPVS0)
+            })
             .chain(&["all", "lo"])
         {
             s.push(format!("net.ipv4.conf.{i}.rp_filter=0"));
@@ -374,6 +400,8 @@ pub(crate) fn build(
             // The lab's own pod-egress masquerade chain stays in iptables (as a CNI's would).
             lab_masq_chain()
         }
+        // No kube-proxy: only the lab's (a CNI's) masquerade chain.
+        KubeProxyMode::Cilium => lab_masq_chain(),
         KubeProxyMode::Ipvs => {
             run_stdin(
                 &["ip", "netns", "exec", NS_NODE, "ipset", "restore"],
@@ -703,6 +731,15 @@ fn set_variant_in(mode: KubeProxyMode, variant: Variant, on: bool) -> Result<()>
         Variant::IpvsFilter => set_ipvs_filter(mode, on),
         Variant::PeerNode => set_peer_node(on),
         Variant::VipLocalRoute => set_vip_local_route(on),
+        Variant::VipBound if mode == KubeProxyMode::Cilium => {
+            if on {
+                bail!(
+                    "vip-bound: no kube-proxy binds LB IPs in the lab's cilium mode (use \
+                     vip-local-route for an LB IP made local)"
+                );
+            }
+            Ok(())
+        }
         Variant::VipBound if mode == KubeProxyMode::Nftables => {
             super::nft::set_lb_ip_short_circuited(on)
         }
@@ -881,6 +918,8 @@ fn self_snat(mode: KubeProxyMode) -> bool {
             ],
         )
         .is_ok_and(|out| out.contains(&nft_self_masq())),
+        // No kube-proxy: no hairpin masquerade of its own.
+        KubeProxyMode::Cilium => false,
     }
 }
 
@@ -890,6 +929,8 @@ fn set_self_snat(mode: KubeProxyMode, on: bool) -> Result<()> {
         return Ok(());
     }
     match mode {
+        // No kube-proxy hairpin rule to add or remove (Cilium handles it in eBPF).
+        KubeProxyMode::Cilium => Ok(()),
         KubeProxyMode::Iptables => ensure_rule(KUBE_SEP_CHAIN, SEP_SELF_MASQ_RULE, on, true),
         KubeProxyMode::Ipvs => exec(
             NS_NODE,

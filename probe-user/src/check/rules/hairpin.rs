@@ -198,6 +198,24 @@ pub fn hairpin(inp: &Inputs) -> Vec<Finding> {
             fixes: Vec::new(),
         });
     }
+    // Without kube-proxy, its replacement may serve LB IPs to pods and masquerade in eBPF,
+    // neither of which the probe reads: possible, not established.
+    if let Some(d) = inp
+        .dataplane
+        .as_ref()
+        .filter(|d| d.mode == crate::check::dataplane::Mode::None)
+    {
+        for f in &mut out {
+            if f.severity == Severity::Risk {
+                f.severity = Severity::Warn;
+                f.evidence.push(format!(
+                    "no kube-proxy ({}): whether its replacement serves or masquerades pod \
+                     calls to LB IPs is decided in eBPF, not read by the probe",
+                    d.name()
+                ));
+            }
+        }
+    }
     out
 }
 

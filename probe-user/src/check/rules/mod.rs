@@ -3,6 +3,7 @@
 
 use super::{Finding, Inputs};
 
+mod dataplane;
 mod hairpin;
 mod healthcheck_blackhole;
 mod kernel_visibility;
@@ -13,6 +14,7 @@ mod service_self_loop;
 mod targets;
 mod vip_port_unserved;
 
+use dataplane::dataplane;
 pub use hairpin::covers_pod_egress;
 use hairpin::hairpin;
 use healthcheck_blackhole::healthcheck_blackhole;
@@ -34,5 +36,6 @@ pub fn judge(inp: &Inputs) -> Vec<Finding> {
     out.extend(kptr_restrict(inp));
     out.extend(kernel_visibility(inp));
     out.extend(kube_api(inp));
+    out.extend(dataplane(inp));
     out
 }

@@ -110,6 +110,26 @@ pub fn vip_port_unserved(inp: &Inputs) -> Vec<Finding> {
                 // No single port to name: keep the general options.
                 remedy.remove(0);
             }
+            // Without kube-proxy the ports served (in eBPF, by its replacement) are unknown:
+            // a refusal can still happen, but is not proven from an empty table.
+            let (severity, summary) = match inp.dataplane.as_ref() {
+                Some(d) if d.mode == crate::check::dataplane::Mode::None => {
+                    evidence.push(format!(
+                        "no kube-proxy ({}): the ports its replacement serves are not in any \
+                         rule the probe reads",
+                        d.name()
+                    ));
+                    (
+                        Severity::Warn,
+                        format!(
+                            "LB IP {ip} is bound locally: in-cluster calls to a port {} does \
+                             not serve are refused (which ports it serves: not readable)",
+                            d.replacement.map_or("the dataplane", |r| r.as_str())
+                        ),
+                    )
+                }
+                _ => (severity, summary),
+            };
             Finding {
                 kind: Kind::VipPortUnserved,
                 severity,

@@ -1,0 +1,105 @@
+//! `/metrics`, `/healthz` and `/readyz` on the bounded HTTP server ([`crate::sink::http`]).
+
+use std::sync::Mutex;
+
+use hyper::StatusCode;
+
+use super::{feed_totals, gather, render, to_prometheus_text};
+use crate::{
+    hub::{NodeStatus, Shared},
+    sink::http,
+};
+
+/// Serves `/metrics`, `/healthz` and `/readyz` on an already bound listener until `stop`
+/// resolves (see [`http`] for the connection bounds).
+pub async fn serve(
+    listener: std::net::TcpListener,
+    shared: Shared,
+    stop: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let (totals, feed) = feed_totals(&shared);
+    // The last rendering and when: a flood of scrapes costs at most one rendering (kernel
+    // counters read, registry encoded) per RENDER_REUSE, so `/healthz` keeps its share.
+    let cache: Mutex<Option<(std::time::Instant, String)>> = Mutex::new(None);
+    let route = move |path: &str, headers: &hyper::HeaderMap| -> http::Reply {
+        match path {
+            "/metrics" => {
+                let wants_openmetrics = headers
+                    .get_all(hyper::header::ACCEPT)
+                    .iter()
+                    .any(|v| v.to_str().is_ok_and(|v| v.contains("openmetrics")));
+                let mut cached = cache.lock().unwrap_or_else(|e| e.into_inner());
+                let text = match &*cached {
+                    Some((at, text)) if at.elapsed() < RENDER_REUSE => text.clone(),
+                    _ => {
+                        let text = render(&gather(&shared, &totals));
+                        *cached = Some((std::time::Instant::now(), text.clone()));
+                        text
+                    }
+                };
+                drop(cached);
+                if wants_openmetrics {
+                    (
+                        StatusCode::OK,
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        text,
+                    )
+                } else {
+                    (
+                        StatusCode::OK,
+                        "text/plain; version=0.0.4; charset=utf-8",
+                        to_prometheus_text(&text),
+                    )
+                }
+            }
+            "/healthz" => (StatusCode::OK, "text/plain", "ok\n".to_string()),
+            "/readyz" => {
+                let (ready, body) = readiness(&shared.status.borrow());
+                let status = if ready {
+                    StatusCode::OK
+                } else {
+                    StatusCode::SERVICE_UNAVAILABLE
+                };
+                (status, "text/plain", body)
+            }
+            _ => (
+                StatusCode::NOT_FOUND,
+                "text/plain",
+                "not found\n".to_string(),
+            ),
+        }
+    };
+    let result = http::serve(listener, route, stop).await;
+    feed.abort();
+    result
+}
+
+/// How long one `/metrics` rendering is served again (scrapers come every 10 s or more).
+pub const RENDER_REUSE: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// `/readyz`: ready once programs are attached and the address sets loaded; the body names
+/// what health-check detection still waits for (an absent VIP interface does not make the
+/// agent unready: the other detections work, and the interface may appear later).
+pub fn readiness(status: &NodeStatus) -> (bool, String) {
+    if !status.ready {
+        return (false, "not ready: attaching\n".to_string());
+    }
+    let mut body = "ready".to_string();
+    if !status.vip_iface_present {
+        body.push_str(&format!(
+            "; VIP interface {:?} absent: health-check blackholes are not detected until it appears",
+            status.vip_iface
+        ));
+    }
+    // Still ready: the addresses that fit are watched, and a node's address count must not be
+    // able to take every agent out of its DaemonSet's rollout.
+    let left_out: usize = status.left_out.values().sum();
+    if left_out > 0 {
+        body.push_str(&format!(
+            "; {left_out} addresses over --address-entries ({}) are not watched",
+            status.address_capacity
+        ));
+    }
+    body.push('\n');
+    (true, body)
+}

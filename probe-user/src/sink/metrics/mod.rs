@@ -1,0 +1,301 @@
+//! Prometheus exposition: `/metrics`, `/healthz` (the process answers), `/readyz` (programs
+//! attached and address sets loaded).
+//!
+//! Kernel counters are read at scrape time (summed per-CPU maps) and exposed as counters; the
+//! registry is rebuilt per scrape from plain data ([`MetricsInput`]), so rendering is a pure
+//! function and testable without a kernel. Confirmed events are counted from the report stream:
+//! each report carries its aggregate's cumulative `count`, and the increment since the last
+//! report of that aggregate is added, so a missed (lagged) report loses nothing and a counter
+//! never goes backwards.
+//!
+//! Label values stay bounded: NIC names, tags, kernel reason names, suppression stages; VIP and
+//! port appear only on confirmed events, and at most [`EVENT_SERIES`] (kind, vip, port) series
+//! exist: anyone who can connect to a bound VIP's unserved ports (an unprivileged local user, a
+//! tenant pod) makes one new aggregate per port, and a series is never pruned (a counter that
+//! vanished and came back would read as a reset). Past the cap, a new (vip, port) is counted
+//! under `vip="other", port="other"` of its kind: the totals stay exact, the series bounded.
+//!
+//! Rooms: this file holds the inputs (the report-fed [`EventTotals`], the [`MetricsInput`] a
+//! rendering reads, [`gather`]); [`render`] turns them into the exposition text (pure);
+//! [`endpoint`] serves `/metrics`, `/healthz` and `/readyz`.
+
+mod endpoint;
+mod render;
+
+pub use endpoint::{RENDER_REUSE, readiness, serve};
+pub use render::{render, to_prometheus_text};
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::{Arc, Mutex},
+};
+
+use tokio::sync::broadcast;
+
+use super::process::ProcessStats;
+use crate::{
+    correlate::LoopbackEvent,
+    event::Tag,
+    hub::{Shared, Snapshot},
+};
+
+/// Confirmed-event totals by (kind, vip, port), fed from the report stream.
+#[derive(Debug, Default)]
+pub struct EventTotals {
+    totals: BTreeMap<(String, String, String), u64>,
+    /// By (kind, owner label of the event's local address), for events that name one.
+    by_owner: BTreeMap<(String, String), u64>,
+    /// Last cumulative count seen per aggregate key, and when (a sequence number).
+    last: HashMap<String, (u64, u64)>,
+    /// The keys of `last` by sequence number: the least recently reported first.
+    by_age: BTreeMap<u64, String>,
+    seq: u64,
+}
+
+/// Aggregates whose last count is remembered. Above the correlator's own bound (1024 by
+/// default), evicting the least recently reported: an aggregate forgotten here has been evicted
+/// by the correlator too, so its next report restarts at 1 and is counted from there.
+/// (Forgetting an aggregate that is still live would count its whole total again.)
+pub const EVENT_TOTALS_KEYS: usize = 4096;
+
+/// `clbprobe_loopback_events_total` series with their own (vip, port) labels; further pairs are
+/// counted under [`OVERFLOW_LABEL`] (README, "Metrics"). A node has a few dozen VIP ports that
+/// matter; 500 keeps them all and /metrics small (each series is about 100 bytes).
+pub const EVENT_SERIES: usize = 500;
+/// The `vip` and `port` label value of the overflow series.
+pub const OVERFLOW_LABEL: &str = "other";
+
+impl EventTotals {
+    pub fn add(&mut self, e: &LoopbackEvent) {
+        self.seq += 1;
+        let prev = match self.last.insert(e.key.clone(), (e.count, self.seq)) {
+            Some((count, seq)) => {
+                self.by_age.remove(&seq);
+                count
+            }
+            None => 0,
+        };
+        self.by_age.insert(self.seq, e.key.clone());
+        // An aggregate evicted and re-created restarts at 1: count it from there.
+        let delta = if e.count >= prev {
+            e.count - prev
+        } else {
+            e.count
+        };
+        let mut labels = (
+            e.kind.as_str().to_string(),
+            e.vip.map(|v| v.to_string()).unwrap_or_default(),
+            e.vip_port.map(|p| p.to_string()).unwrap_or_default(),
+        );
+        if !self.totals.contains_key(&labels) && self.totals.len() >= EVENT_SERIES {
+            labels.1 = OVERFLOW_LABEL.to_string();
+            labels.2 = OVERFLOW_LABEL.to_string();
+        }
+        *self.totals.entry(labels).or_insert(0) += delta;
+        if let Some(owner) = &e.facts.owner {
+            let labels = (e.kind.as_str().to_string(), owner.label());
+            *self.by_owner.entry(labels).or_insert(0) += delta;
+        }
+        while self.last.len() > EVENT_TOTALS_KEYS {
+            let Some((_, oldest)) = self.by_age.pop_first() else {
+                break;
+            };
+            self.last.remove(&oldest);
+        }
+    }
+}
+
+/// Everything one scrape renders, as plain data.
+#[derive(Debug, Default)]
+pub struct MetricsInput {
+    pub version: String,
+    pub kernel: String,
+    /// The agent process (CPU, memory, fds): the standard unprefixed `process_*` families.
+    pub process: Option<ProcessStats>,
+    pub events: Vec<((String, String, String), u64)>,
+    /// (kind, owner label) -> confirmed events whose local address has that owner.
+    pub events_by_owner: Vec<((String, String), u64)>,
+    /// (owner label, local addresses it owns): `kube-ipvs0`, `nic:eth0`, `route:66`.
+    pub owner_counts: Vec<(String, u64)>,
+    /// (nic, source tag) -> packets.
+    pub suspects: Vec<(String, String, u64)>,
+    pub drops_by_reason: Vec<(String, u64)>,
+    /// (stage, count).
+    pub suppressed: Vec<(String, u64)>,
+    /// The `budget` stage by class, (record kind, source, count): each class has its own
+    /// per-CPU budget, so this says which records were shed (a flood of one class, or the
+    /// drops and VIP-source suspects that confirm a health-check blackhole).
+    pub budget_suppressed_by_class: Vec<(String, String, u64)>,
+    /// Prefixes the kernel maps hold, by set.
+    pub set_sizes: Vec<(String, u64)>,
+    /// Prefixes of the node left out of full maps, by set.
+    pub addresses_left_out: Vec<(String, u64)>,
+    /// `--address-entries`.
+    pub address_capacity: u64,
+    pub attached_interfaces: u64,
+    pub ready: bool,
+    /// Whether `--vip-iface` exists (health-check detection waits for it otherwise).
+    pub vip_iface_present: bool,
+    pub unconfirmed_suspects: u64,
+    pub pending: u64,
+    pub events_read: u64,
+    /// Immediate reader wake-ups by confirming records; confirming records the per-CPU wake-up
+    /// budget left to the reader's timer.
+    pub reader_wakeups: u64,
+    pub reader_wakeups_suppressed: u64,
+    /// (capability, available).
+    pub capabilities: Vec<(String, bool)>,
+    pub kube_connected: bool,
+    /// Kubernetes Event writes: (result, count).
+    pub kube_event_writes: Vec<(String, u64)>,
+    /// `--events` / `--record`: (output, lines lost, stalled now).
+    pub outputs: Vec<(String, u64, bool)>,
+    /// `--otlp-endpoint`: (signal, exported, dropped); empty when OTLP export is off.
+    pub otlp: Vec<(String, u64, u64)>,
+    /// Confirmed loops by state, resolutions and regressions, by kind.
+    pub loops: probe_contract::LoopLifecycle,
+}
+
+impl MetricsInput {
+    pub fn from_snapshot(snap: &Snapshot, events: &EventTotals, version: &str) -> Self {
+        let ifname = |ifindex: u32| {
+            snap.status
+                .attached
+                .iter()
+                .find(|(_, i)| *i == ifindex)
+                .map(|(n, _)| n.clone())
+                .unwrap_or_else(|| format!("if{ifindex}"))
+        };
+        let mut suspects: BTreeMap<(String, String), u64> = BTreeMap::new();
+        for (ifindex, tag, _, n) in &snap.counters.suspects {
+            *suspects
+                .entry((ifname(*ifindex), tag.as_str().to_string()))
+                .or_insert(0) += n;
+        }
+        let c = &snap.counters;
+        Self {
+            version: version.to_string(),
+            kernel: snap
+                .status
+                .features
+                .as_ref()
+                .map(|f| f.kernel.clone())
+                .unwrap_or_default(),
+            process: super::process::read(),
+            events: events.totals.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+            events_by_owner: events
+                .by_owner
+                .iter()
+                .map(|(k, v)| (k.clone(), *v))
+                .collect(),
+            owner_counts: snap
+                .status
+                .owner_counts
+                .iter()
+                .map(|(k, v)| (k.clone(), *v as u64))
+                .collect(),
+            suspects: suspects
+                .into_iter()
+                .map(|((nic, source), n)| (nic, source, n))
+                .collect(),
+            drops_by_reason: snap
+                .drops_by_reason
+                .iter()
+                .map(|(r, n)| (r.clone(), *n))
+                .collect(),
+            suppressed: vec![
+                ("budget".into(), c.budget_suppressed),
+                ("ringbuf".into(), c.ringbuf_full),
+                ("dedup".into(), c.dedup_suppressed),
+                ("queue".into(), snap.userspace_queue_full),
+            ],
+            budget_suppressed_by_class: c
+                .budget_suppressed_by_class
+                .iter()
+                .map(|(record, source, n)| (record.to_string(), source.to_string(), *n))
+                .collect(),
+            set_sizes: Tag::ALL
+                .iter()
+                .map(|t| {
+                    let n = snap.status.set_sizes.get(t.as_str()).copied().unwrap_or(0);
+                    (t.as_str().to_string(), n as u64)
+                })
+                .collect(),
+            addresses_left_out: Tag::ALL
+                .iter()
+                .map(|t| {
+                    let n = snap.status.left_out.get(t.as_str()).copied().unwrap_or(0);
+                    (t.as_str().to_string(), n as u64)
+                })
+                .collect(),
+            address_capacity: u64::from(snap.status.address_capacity),
+            attached_interfaces: snap.status.attached.len() as u64,
+            ready: snap.status.ready,
+            vip_iface_present: snap.status.vip_iface_present,
+            unconfirmed_suspects: snap.correlator.suspects_unconfirmed,
+            pending: snap.correlator.pending,
+            events_read: snap.events_read,
+            reader_wakeups: c.wakeups,
+            reader_wakeups_suppressed: c.wakeup_budget_suppressed,
+            capabilities: snap.capabilities.clone(),
+            kube_connected: snap.kube_connected,
+            kube_event_writes: snap.kube_event_writes.clone(),
+            outputs: Vec::new(),
+            otlp: Vec::new(),
+            loops: probe_contract::LoopLifecycle {
+                resolved: Vec::new(),
+                ..snap.loops.clone()
+            },
+        }
+    }
+}
+
+/// Confirmed-event totals fed from the report broadcast by a task of their own (aborted by
+/// the caller): `/metrics` and the OTLP exporter each keep one.
+pub fn feed_totals(shared: &Shared) -> (Arc<Mutex<EventTotals>>, tokio::task::JoinHandle<()>) {
+    let totals = Arc::new(Mutex::new(EventTotals::default()));
+    let mut reports = shared.subscribe();
+    let feed = {
+        let totals = totals.clone();
+        tokio::spawn(async move {
+            loop {
+                match reports.recv().await {
+                    Ok(report) => {
+                        if let Ok(mut t) = totals.lock() {
+                            t.add(&report.event);
+                        }
+                    }
+                    // Cumulative counts: the next report of an aggregate carries what was missed.
+                    Err(broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(broadcast::error::RecvError::Closed) => break,
+                }
+            }
+        })
+    };
+    (totals, feed)
+}
+
+/// Everything one rendering shows, read now: the kernel's counters, the hub's, the totals.
+pub fn gather(shared: &Shared, totals: &Mutex<EventTotals>) -> MetricsInput {
+    let snap = shared.snapshot();
+    let mut input = totals
+        .lock()
+        .map(|t| MetricsInput::from_snapshot(&snap, &t, shared.version))
+        .unwrap_or_default();
+    let now = crate::event::monotonic_ns();
+    input.outputs = shared
+        .outputs
+        .iter()
+        .map(|(name, s)| {
+            let lost = s.lost.load(std::sync::atomic::Ordering::Relaxed);
+            (name.to_string(), lost, s.stalled(now))
+        })
+        .collect();
+    if let Some(otlp) = &shared.otlp {
+        input.otlp = otlp.snapshot();
+    }
+    input
+}
+
+#[cfg(test)]
+mod tests;

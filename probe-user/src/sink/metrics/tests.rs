@@ -1,0 +1,246 @@
+//! Rendering, totals and readiness, without a kernel.
+
+use super::*;
+
+fn input() -> MetricsInput {
+    MetricsInput {
+        version: "0.1.0".into(),
+        kernel: "6.18.44".into(),
+        process: Some(ProcessStats {
+            cpu_seconds: 1.5,
+            resident_bytes: 20 << 20,
+            ..ProcessStats::default()
+        }),
+        events: vec![
+            (
+                (
+                    "healthcheck_blackhole".into(),
+                    "203.0.113.10".into(),
+                    String::new(),
+                ),
+                3,
+            ),
+            (("hairpin".into(), "203.0.113.10".into(), "80".into()), 1),
+        ],
+        events_by_owner: vec![(("healthcheck_blackhole".into(), "route:66".into()), 3)],
+        owner_counts: vec![("kube-ipvs0".into(), 1), ("route:66".into(), 1)],
+        suspects: vec![("eth0".into(), "vip".into(), 7)],
+        drops_by_reason: vec![("IP_LOCAL_SOURCE".into(), 5)],
+        suppressed: vec![("budget".into(), 2), ("ringbuf".into(), 0)],
+        budget_suppressed_by_class: vec![
+            ("suspect".into(), "pod".into(), 2),
+            ("drop".into(), "vip".into(), 0),
+        ],
+        set_sizes: vec![("vip".into(), 2), ("node".into(), 4), ("pod".into(), 2)],
+        addresses_left_out: vec![("vip".into(), 50), ("node".into(), 0)],
+        address_capacity: 256,
+        attached_interfaces: 2,
+        ready: true,
+        vip_iface_present: true,
+        unconfirmed_suspects: 1,
+        pending: 0,
+        events_read: 9,
+        reader_wakeups: 4,
+        reader_wakeups_suppressed: 1,
+        capabilities: vec![("drop_hook".into(), true), ("drop_sites".into(), false)],
+        kube_connected: false,
+        kube_event_writes: vec![("created".into(), 1), ("failed".into(), 2)],
+        outputs: vec![("events".into(), 3, true)],
+        otlp: vec![("logs".into(), 4, 2), ("metrics".into(), 5, 1)],
+        loops: probe_contract::LoopLifecycle {
+            active: [("hairpin".to_string(), 0)].into_iter().collect(),
+            quiet: [("hairpin".to_string(), 1)].into_iter().collect(),
+            resolutions: [("hairpin".to_string(), 2)].into_iter().collect(),
+            regressions: [("hairpin".to_string(), 1)].into_iter().collect(),
+            resolved: Vec::new(),
+        },
+    }
+}
+
+#[test]
+fn renders_every_family_with_bounded_labels() {
+    let text = render(&input());
+    for line in [
+        "clbprobe_loopback_events_total{kind=\"healthcheck_blackhole\",vip=\"203.0.113.10\",port=\"\"} 3",
+        "clbprobe_loopback_events_total{kind=\"hairpin\",vip=\"203.0.113.10\",port=\"80\"} 1",
+        "clbprobe_suspect_packets_total{nic=\"eth0\",source=\"vip\"} 7",
+        "clbprobe_otlp_dropped_total{signal=\"logs\"} 2",
+        "clbprobe_otlp_exported_total{signal=\"metrics\"} 5",
+        "clbprobe_kernel_drops_total{reason=\"IP_LOCAL_SOURCE\"} 5",
+        "clbprobe_events_suppressed_total{stage=\"budget\"} 2",
+        "clbprobe_events_budget_suppressed_total{record=\"suspect\",source=\"pod\"} 2",
+        "clbprobe_events_budget_suppressed_total{record=\"drop\",source=\"vip\"} 0",
+        "clbprobe_local_addresses{set=\"vip\"} 2",
+        "clbprobe_local_addresses_left_out{set=\"vip\"} 50",
+        "clbprobe_local_addresses_capacity 256",
+        "clbprobe_local_address_owners{owner=\"route:66\"} 1",
+        "clbprobe_loopback_events_by_owner_total{kind=\"healthcheck_blackhole\",owner=\"route:66\"} 3",
+        "clbprobe_build_info{version=\"0.1.0\",kernel=\"6.18.44\"} 1",
+        "clbprobe_ready 1",
+        "clbprobe_capability{name=\"drop_hook\"} 1",
+        "clbprobe_capability{name=\"drop_sites\"} 0",
+        "clbprobe_kube_connected 0",
+        "clbprobe_vip_interface_present 1",
+        "clbprobe_kernel_reader_wakeups_total 4",
+        "clbprobe_kernel_reader_wakeups_suppressed_total 1",
+        "clbprobe_kube_event_writes_total{result=\"failed\"} 2",
+        "clbprobe_output_lines_lost_total{output=\"events\"} 3",
+        "clbprobe_output_stalled{output=\"events\"} 1",
+        "clbprobe_loopback_active{kind=\"hairpin\"} 0",
+        "clbprobe_loopback_quiet{kind=\"hairpin\"} 1",
+        "clbprobe_loopback_resolutions_total{kind=\"hairpin\"} 2",
+        "clbprobe_loopback_regressions_total{kind=\"hairpin\"} 1",
+    ] {
+        assert!(text.contains(line), "missing {line:?} in\n{text}");
+    }
+    assert!(text.trim_end().ends_with("# EOF"));
+}
+
+/// promtool is the reference checker of the exposition format.
+#[test]
+fn promtool_accepts_the_exposition() {
+    let Ok(mut child) = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+    else {
+        eprintln!("skipping: promtool not installed (cargo xtask setup installs it)");
+        return;
+    };
+    use std::io::Write as _;
+    let text = to_prometheus_text(&render(&input()));
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn sample_event() -> LoopbackEvent {
+    let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+    LoopbackEvent {
+        kind: crate::correlate::LoopbackKind::VipPortUnserved,
+        key: "vip_port_unserved/203.0.113.10:443/tcp".into(),
+        src: ip("198.19.1.10"),
+        src_port: 40000,
+        dst: ip("203.0.113.10"),
+        dst_port: 443,
+        vip: Some(ip("203.0.113.10")),
+        vip_port: Some(443),
+        proto: crate::event::Proto::Tcp,
+        drop_reason: Some("NO_SOCKET".into()),
+        drop_location: None,
+        snat: crate::correlate::SnatState::Unknown,
+        outcome: crate::correlate::Outcome::Refused,
+        count: 1,
+        evidence: vec![],
+        remedy: vec![],
+        first_seen_ns: 0,
+        last_seen_ns: 0,
+        nic: None,
+        service: None,
+        layer: None,
+        client_pod: None,
+        node: None,
+        fixes: Vec::new(),
+        facts: Default::default(),
+        listener: None,
+    }
+}
+
+#[test]
+fn event_totals_follow_cumulative_counts_and_never_go_back() {
+    let mut t = EventTotals::default();
+    let mut e = sample_event();
+    e.count = 1;
+    t.add(&e);
+    e.count = 4; // three repeats whose reports were missed
+    t.add(&e);
+    e.count = 1; // evicted and re-created
+    t.add(&e);
+    let total: u64 = t.totals.values().sum();
+    assert_eq!(total, 5);
+}
+
+/// More aggregates than the table remembers, each reported again right after the next one
+/// is created (as a live aggregate is): every occurrence counted exactly once.
+#[test]
+fn event_totals_stay_exact_past_the_bookkeeping_bound() {
+    let mut t = EventTotals::default();
+    let mut e = sample_event();
+    let n = 3 * EVENT_TOTALS_KEYS as u64;
+    for i in 0..n {
+        e.key = format!("vip_port_unserved/203.0.113.10:{i}/tcp");
+        e.count = 1;
+        t.add(&e);
+        if i > 0 {
+            e.key = format!("vip_port_unserved/203.0.113.10:{}/tcp", i - 1);
+            e.count = 2;
+            t.add(&e);
+        }
+    }
+    let total: u64 = t.totals.values().sum();
+    assert_eq!(total, n + (n - 1));
+    assert!(t.last.len() <= EVENT_TOTALS_KEYS && t.by_age.len() == t.last.len());
+}
+
+/// 5,000 distinct unserved ports (what uid 65534 made by connecting to them): the series stay
+/// under the cap plus one overflow series per kind, and the total is exact.
+#[test]
+fn event_series_are_capped_with_an_exact_overflow() {
+    let mut t = EventTotals::default();
+    let mut e = sample_event();
+    for port in 0..5_000u16 {
+        e.key = format!("vip_port_unserved/203.0.113.10:{port}/tcp");
+        e.vip_port = Some(port);
+        e.count = 1;
+        t.add(&e);
+        e.count = 3; // two repeats
+        t.add(&e);
+    }
+    let input = MetricsInput {
+        events: t.totals.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+        ..MetricsInput::default()
+    };
+    let text = render(&input);
+    let series: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("clbprobe_loopback_events_total{"))
+        .collect();
+    assert_eq!(series.len(), EVENT_SERIES + 1, "{}", series.len());
+    let sum: u64 = series
+        .iter()
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(sum, 15_000);
+    let other = series
+        .iter()
+        .find(|l| l.contains("vip=\"other\",port=\"other\""))
+        .expect("the overflow series");
+    assert!(
+        other.ends_with(&format!(" {}", 3 * (5_000 - EVENT_SERIES))),
+        "{other}"
+    );
+    // A pair with its own series keeps counting there after the cap is reached.
+    let own = (
+        "vip_port_unserved".to_string(),
+        "203.0.113.10".to_string(),
+        "0".to_string(),
+    );
+    assert_eq!(t.totals[&own], 3);
+    e.vip_port = Some(0);
+    e.key = "a new aggregate on port 0".into();
+    e.count = 1;
+    t.add(&e);
+    assert_eq!(t.totals[&own], 4);
+}

@@ -1,0 +1,142 @@
+//! `probe check --as nftables` against the lab: the prediction made on a lab in one kube-proxy
+//! mode, then what `probe check` says once the same node (same variants, same Services from
+//! the fake API) is rebuilt in nftables mode. Used by `tests/check.rs` (from iptables mode)
+//! and `tests/ipvs.rs` (from IPVS mode, VM tier only).
+//!
+//! The Services are the lab's fixtures with `default/dns` switched to externalTrafficPolicy
+//! Local: its 53/udp on the shared LB IP is declared but not served on the node, so it is
+//! refused while kube-proxy binds the IP and leaves for the LB (unmasqueraded) once it does not.
+
+use std::{collections::BTreeSet, path::PathBuf, process::Command};
+
+use serde_json::Value;
+use xtask::{
+    kubeapi::{FakeApiServer, fixtures},
+    lab::{self, KubeProxyMode, LabGuard, UpOptions, Variants},
+};
+
+use crate::agent::probe_bin;
+
+/// (kind, subject).
+pub type RiskSet = BTreeSet<(String, String)>;
+
+/// The loopback kinds the prediction covers.
+pub const LOOP_KINDS: [&str; 4] = [
+    "healthcheck_blackhole",
+    "vip_port_unserved",
+    "hairpin",
+    "service_self_loop",
+];
+
+/// What one round saw.
+pub struct Round {
+    /// `probe check --as nftables --json` on the first lab, and its exit code.
+    pub prediction: Value,
+    pub prediction_code: i32,
+    /// The prediction's risks after the move (`remain` and `appear`).
+    pub predicted: RiskSet,
+    /// `probe check --json` on the nftables-mode lab, and its loopback risks.
+    pub observed_report: Value,
+    pub observed: RiskSet,
+    /// `probe check --as nftables` on the nftables-mode lab: (exit code, stderr).
+    pub as_on_nftables: (i32, String),
+}
+
+/// The lab's Services, `default/dns` with externalTrafficPolicy Local.
+fn services() -> Vec<Value> {
+    let mut objects = fixtures::lab();
+    for o in &mut objects {
+        if o["kind"] == "Service" && o["metadata"]["name"] == "dns" {
+            o["spec"]["externalTrafficPolicy"] = "Local".into();
+        }
+    }
+    objects
+}
+
+/// Runs `probe check ARGS --kubeconfig <fake API>` in the lab node: (exit code, stdout,
+/// stderr). The API server lives in the node's namespace for this call only.
+fn check_with_api(args: &[&str]) -> (i32, String, String) {
+    let api = lab::in_netns(lab::NS_NODE, FakeApiServer::start).expect("fake API server");
+    for object in services() {
+        api.apply(object);
+    }
+    let kubeconfig =
+        std::env::temp_dir().join(format!("clb-readiness-{}.kubeconfig", std::process::id()));
+    /// Removes the kubeconfig also when the run panics.
+    struct Remove(PathBuf);
+    impl Drop for Remove {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let _remove = Remove(kubeconfig.clone());
+    api.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+    let o = Command::new("ip")
+        .args(["netns", "exec", lab::NS_NODE])
+        .arg(probe_bin())
+        .arg("check")
+        .args(args)
+        .args(["--nic", lab::NODE_NIC, "--kubeconfig"])
+        .arg(&kubeconfig)
+        .output()
+        .expect("run probe check");
+    drop(api);
+    (
+        o.status.code().expect("exit code"),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+fn json(stdout: &str, stderr: &str) -> Value {
+    serde_json::from_str(stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}\n{stderr}"))
+}
+
+/// Prediction on the lab in `from` mode, then the nftables-mode lab's report.
+pub fn predict_then_observe(from: KubeProxyMode) -> Round {
+    let variants = Variants::default();
+    let first = LabGuard::up_in(from, &variants, &UpOptions::default()).expect("lab up");
+    let (_, text, _) = check_with_api(&["--as", "nftables"]);
+    // What a person sees (in the log of a failing run, and for the README).
+    eprintln!("probe check --as nftables on the {from}-mode lab:\n{text}");
+    let (prediction_code, out, err) = check_with_api(&["--as", "nftables", "--json"]);
+    let prediction = json(&out, &err);
+    drop(first);
+    let mut predicted = RiskSet::new();
+    for list in ["remain", "appear"] {
+        for c in prediction[list].as_array().expect(list) {
+            predicted.insert((
+                c["kind"].as_str().unwrap().to_string(),
+                c["subject"].as_str().unwrap().to_string(),
+            ));
+        }
+    }
+
+    let second = LabGuard::up_in(KubeProxyMode::Nftables, &variants, &UpOptions::default())
+        .expect("lab up (nftables mode)");
+    let (_, out, err) = check_with_api(&["--json"]);
+    let observed_report = json(&out, &err);
+    let observed = observed_report["findings"]
+        .as_array()
+        .expect("findings")
+        .iter()
+        .filter(|f| f["severity"] == "risk" && LOOP_KINDS.contains(&f["kind"].as_str().unwrap()))
+        .map(|f| {
+            (
+                f["kind"].as_str().unwrap().to_string(),
+                f["subject"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let (code, out, err) = check_with_api(&["--as", "nftables"]);
+    assert!(out.is_empty(), "nothing on stdout: {out}");
+    drop(second);
+    Round {
+        prediction,
+        prediction_code,
+        predicted,
+        observed_report,
+        observed,
+        as_on_nftables: (code, err),
+    }
+}
