@@ -64,7 +64,13 @@ fn main() -> ExitCode {
         Command::Chaos(args) => xtask::chaos::run(&args).map(|()| ExitCode::SUCCESS),
         Command::Test(args) => xtask::testrun::run(&args).map(|()| ExitCode::SUCCESS),
         Command::Demo(args) => xtask::demo::run(&args).map(|()| ExitCode::SUCCESS),
-        Command::VmTest(args) => xtask::vm::run(&args).map(|()| ExitCode::SUCCESS),
+        Command::VmTest(args) => match xtask::vm::check_args(&args) {
+            Ok(()) => xtask::vm::run(&args).map(|()| ExitCode::SUCCESS),
+            Err(usage) => {
+                eprintln!("error: {usage}");
+                return ExitCode::from(2);
+            }
+        },
         Command::Manifests => xtask::chart::write_manifests().map(|()| ExitCode::SUCCESS),
         Command::Image(args) => xtask::image::run(&args).map(|()| ExitCode::SUCCESS),
         Command::Repro => xtask::supply::repro().map(|()| ExitCode::SUCCESS),

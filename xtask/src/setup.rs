@@ -40,6 +40,8 @@ const PACKAGES: &[(&str, &str)] = &[
     // qemu-user to run the arm64 binaries here (`.cargo/config.toml` names both).
     ("gcc-aarch64-linux-gnu", "aarch64-linux-gnu-gcc"),
     ("qemu-user-static", "qemu-aarch64-static"),
+    // The VM tier's arm64 run (`cargo xtask vm-test --arch arm64`).
+    ("qemu-system-arm", "qemu-system-aarch64"),
 ];
 
 /// A cargo subcommand installed from crates.io (`cargo install --locked`, pinned), when the

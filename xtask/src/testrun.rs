@@ -94,9 +94,12 @@ pub struct TestArgs {
     /// Only the unit tests (no root, no kernel).
     #[arg(long)]
     pub unit_only: bool,
-    /// Skip the VM tier (Debian's 5.10, 6.1 and 6.12 kernels under QEMU).
+    /// Skip the VM tier (Debian's 5.10, 6.1 and 6.12 kernels under QEMU, and the arm64 run).
     #[arg(long)]
     pub no_vm: bool,
+    /// Skip only the VM tier's arm64 run (`vm-test --arch arm64`, about 5 min warm).
+    #[arg(long)]
+    pub no_arm64_vm: bool,
     /// Skip the benchmark smoke run (`cargo xtask bench --quick`, figures not asserted).
     #[arg(long)]
     pub no_bench: bool,
@@ -277,14 +280,36 @@ fn suites(args: &TestArgs, root: &std::path::Path, totals: &mut Totals) -> anyho
         "test: VM tier (Debian 5.10, 6.1, 6.12 kernels under QEMU: real IPVS, clsact, older \
          drop reasons and drop sites)"
     );
+    let amd64 = vm_tier(&crate::vm::VmArgs::default(), "VM tier", totals);
+    // The arm64 run (Debian's arm64 6.1 under qemu-system-aarch64, TCG): the IPVS smoke, the
+    // datapath smoke and the IPVS lab's three kinds with cross-built binaries. About 5 min
+    // here with a warm cross build (9 min cold), so it fits CI's budget beside the amd64 tier.
+    let arm64 = if args.no_arm64_vm {
+        eprintln!("test: SKIPPING the VM tier's arm64 run (--no-arm64-vm)");
+        Ok(())
+    } else {
+        eprintln!("test: VM tier, arm64 (Debian's arm64 6.1 kernel under qemu-system-aarch64)");
+        let arm = crate::vm::VmArgs {
+            arch: crate::vm::Arch::Arm64,
+            kernel: "6.1".into(),
+            ..crate::vm::VmArgs::default()
+        };
+        vm_tier(&arm, "VM tier (arm64)", totals)
+    };
+    amd64.and(arm64)
+}
+
+/// One `vm-test` run inside `cargo xtask test`: its libtest summaries count, a boot that never
+/// reported counts as one failure.
+fn vm_tier(vm: &crate::vm::VmArgs, what: &str, totals: &mut Totals) -> anyhow::Result<()> {
     let start = std::time::Instant::now();
-    let result = crate::vm::run_with_output(&crate::vm::VmArgs::default());
-    eprintln!("test: VM tier took {:.0} s", start.elapsed().as_secs_f64());
+    let result = crate::vm::run_with_output(vm);
+    eprintln!("test: {what} took {:.0} s", start.elapsed().as_secs_f64());
     let runs = match result {
         Ok(runs) => runs,
         Err(e) => {
             totals.failed += 1;
-            return Err(e.context("the VM tier failed"));
+            return Err(e.context(format!("the {what} failed")));
         }
     };
     for run in &runs {
@@ -296,7 +321,7 @@ fn suites(args: &TestArgs, root: &std::path::Path, totals: &mut Totals) -> anyho
             totals.failed += 1;
         }
     }
-    crate::vm::verdict(&runs).context("the VM tier failed")
+    crate::vm::verdict(&runs).with_context(|| format!("the {what} failed"))
 }
 
 #[cfg(test)]

@@ -75,6 +75,19 @@ pub(super) fn apt_update() -> anyhow::Result<()> {
 pub struct SuiteApt {
     dir: PathBuf,
     pub(super) suite: String,
+    /// A foreign architecture (`arm64`): apt then lists and downloads only that architecture's
+    /// packages, with its own lists folder and an empty dpkg status (the host's installed
+    /// packages are another architecture's and satisfy nothing).
+    arch: Option<&'static str>,
+}
+
+/// The private apt folder of `suite` (and foreign `arch`) under the VM cache: separate lists
+/// per architecture, so an arm64 update never replaces the amd64 kernels' lists.
+pub fn suite_dir(cache: &Path, suite: &str, arch: Option<&str>) -> PathBuf {
+    match arch {
+        None => cache.join("apt").join(suite),
+        Some(a) => cache.join("apt").join(format!("{suite}-{a}")),
+    }
 }
 
 /// The Debian mirrors this machine's apt uses: (main archive, security archive), from
@@ -110,7 +123,16 @@ pub fn suite_sources(suite: &str, main: &str, security: Option<&str>) -> String 
 
 impl SuiteApt {
     pub(super) fn new(cache: &Path, suite: &str) -> anyhow::Result<Self> {
-        let dir = cache.join("apt").join(suite);
+        Self::for_arch(cache, suite, None)
+    }
+
+    /// [`SuiteApt::new`] for a foreign architecture (None: the host's).
+    pub(super) fn for_arch(
+        cache: &Path,
+        suite: &str,
+        arch: Option<&'static str>,
+    ) -> anyhow::Result<Self> {
+        let dir = suite_dir(cache, suite, arch);
         let targets = output(Command::new("apt-get").args([
             "indextargets",
             "--format",
@@ -129,9 +151,13 @@ impl SuiteApt {
             dir.join("sources.list"),
             suite_sources(suite, &main, security.as_deref()),
         )?;
+        if arch.is_some() && !dir.join("status").exists() {
+            std::fs::write(dir.join("status"), "")?;
+        }
         Ok(Self {
             dir,
             suite: suite.to_string(),
+            arch,
         })
     }
 
@@ -150,6 +176,15 @@ impl SuiteApt {
         ] {
             cmd.arg("-o").arg(format!("{k}={v}"));
         }
+        if let Some(a) = self.arch {
+            for (k, v) in [
+                ("APT::Architecture", a.to_string()),
+                ("APT::Architectures", a.to_string()),
+                ("Dir::State::status", d("status")),
+            ] {
+                cmd.arg("-o").arg(format!("{k}={v}"));
+            }
+        }
         if crate_is_root() {
             // apt's _apt sandbox user cannot write into root's cache folder.
             cmd.args(["-o", "APT::Sandbox::User=root"]);
@@ -167,7 +202,27 @@ impl SuiteApt {
     pub(super) fn policy(&self, package: &str) -> String {
         output(self.command("apt-cache").args(["policy", package])).unwrap_or_default()
     }
+
+    /// [`apt_depends`] with this suite's configuration.
+    pub(super) fn depends(
+        &self,
+        pkgs: &[String],
+    ) -> anyhow::Result<HashMap<String, Vec<Vec<Dep>>>> {
+        let out = output(self.command("apt-cache").args(DEPENDS_ONLY).args(pkgs))?;
+        Ok(parse_depends(&out))
+    }
 }
+
+/// `apt-cache depends` restricted to Depends/PreDepends.
+const DEPENDS_ONLY: &[&str] = &[
+    "depends",
+    "--no-recommends",
+    "--no-suggests",
+    "--no-conflicts",
+    "--no-breaks",
+    "--no-replaces",
+    "--no-enhances",
+];
 
 /// One alternative of a dependency: a package, or a virtual package and its providers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -327,19 +382,7 @@ pub fn closure(
 }
 
 pub(super) fn apt_depends(pkgs: &[String]) -> anyhow::Result<HashMap<String, Vec<Vec<Dep>>>> {
-    let out = output(
-        Command::new("apt-cache")
-            .args([
-                "depends",
-                "--no-recommends",
-                "--no-suggests",
-                "--no-conflicts",
-                "--no-breaks",
-                "--no-replaces",
-                "--no-enhances",
-            ])
-            .args(pkgs),
-    )?;
+    let out = output(Command::new("apt-cache").args(DEPENDS_ONLY).args(pkgs))?;
     Ok(parse_depends(&out))
 }
 

@@ -178,7 +178,19 @@ pub fn build(kernel: &Kernel, out: &Path) -> anyhow::Result<()> {
     }
     cpio.char_dev("dev/console", 0o600, 5, 1);
     cpio.char_dev("dev/null", 0o666, 1, 3);
-    cpio.file("bin/busybox", 0o755, &busybox()?);
+    let bb = match kernel.arch {
+        super::qemu::Arch::Amd64 => busybox()?,
+        // The arm64 root's busybox-static (the host's is amd64).
+        super::qemu::Arch::Arm64 => {
+            let p = kernel.root.join("usr/bin/busybox");
+            let b = std::fs::read(&p).with_context(|| format!("reading {}", p.display()))?;
+            if !is_static_elf(&b) {
+                bail!("{} is not a static busybox", p.display());
+            }
+            b
+        }
+    };
+    cpio.file("bin/busybox", 0o755, &bb);
     cpio.file("init", 0o755, INIT.as_bytes());
     let mut order = String::new();
     for (i, m) in modules.iter().enumerate() {

@@ -115,6 +115,8 @@ pub struct Kernel {
     pub image: PathBuf,
     /// The package layer (contains `usr/`), exported to the guest as its own 9p share.
     pub root: PathBuf,
+    /// The guest's architecture (the arm64 root also brings the initramfs's busybox).
+    pub arch: super::qemu::Arch,
 }
 
 /// The compressed kernel inside a bzImage: its byte range and the command that decompresses it.
@@ -247,6 +249,7 @@ fn kernel_at(dir: &Path, package: &str, version: &str) -> anyhow::Result<Kernel>
         release: release.to_string(),
         image: boot_image(dir),
         root: dir.join("root"),
+        arch: super::qemu::Arch::Amd64,
     })
 }
 
@@ -265,7 +268,7 @@ pub fn ensure(cache: &Path, spec: &KernelSpec) -> anyhow::Result<Kernel> {
         return kernel_at(&pinned, spec.package, spec.version);
     }
     let apt = SuiteApt::new(cache, spec.suite)?;
-    let (package, version) = choose_kernel(&apt, spec)?;
+    let (package, version) = choose_kernel(&apt, spec, KERNEL_META)?;
     let dir = entry_dir(cache, &package, &version);
     if !is_complete(&dir) {
         build_entry(&dir, &apt, &package, &version)?;
@@ -273,7 +276,7 @@ pub fn ensure(cache: &Path, spec: &KernelSpec) -> anyhow::Result<Kernel> {
     kernel_at(&dir, &package, &version)
 }
 
-fn lock(path: &Path) -> anyhow::Result<std::fs::File> {
+pub(super) fn lock(path: &Path) -> anyhow::Result<std::fs::File> {
     use std::os::fd::AsRawFd as _;
     let f = std::fs::OpenOptions::new()
         .create(true)
@@ -300,7 +303,11 @@ fn lock(path: &Path) -> anyhow::Result<std::fs::File> {
 }
 
 /// The pinned kernel when apt can download it, else the newest image of its series (loudly).
-fn choose_kernel(apt: &SuiteApt, spec: &KernelSpec) -> anyhow::Result<(String, String)> {
+pub(super) fn choose_kernel(
+    apt: &SuiteApt,
+    spec: &KernelSpec,
+    meta: &str,
+) -> anyhow::Result<(String, String)> {
     let mut updated = false;
     loop {
         let versions = parse_policy_versions(&apt.policy(spec.package));
@@ -313,9 +320,9 @@ fn choose_kernel(apt: &SuiteApt, spec: &KernelSpec) -> anyhow::Result<(String, S
         apt.update()?;
         updated = true;
     }
-    let deps = output(apt.command("apt-cache").args(["depends", KERNEL_META]))?;
+    let deps = output(apt.command("apt-cache").args(["depends", meta]))?;
     let image = parse_depends(&deps)
-        .remove(KERNEL_META)
+        .remove(meta)
         .unwrap_or_default()
         .into_iter()
         .flatten()
@@ -323,7 +330,7 @@ fn choose_kernel(apt: &SuiteApt, spec: &KernelSpec) -> anyhow::Result<(String, S
         .find(|n| n.starts_with(spec.series))
         .with_context(|| {
             format!(
-                "the pinned kernel {}={} is not downloadable and {}'s {KERNEL_META} names no \
+                "the pinned kernel {}={} is not downloadable and {}'s {meta} names no \
                  {}* image: update KERNELS in xtask/src/vm/kernel.rs",
                 spec.package, spec.version, spec.suite, spec.series
             )
@@ -444,7 +451,7 @@ fn merge_into(src: &Path, dst: &Path) -> anyhow::Result<()> {
 }
 
 /// Merged-/usr: `bin`, `sbin`, `lib*` of the unpacked packages go under `usr/`.
-fn fold_usr(root: &Path) -> anyhow::Result<()> {
+pub(super) fn fold_usr(root: &Path) -> anyhow::Result<()> {
     for d in ["bin", "sbin", "lib", "lib32", "lib64", "libx32"] {
         let src = root.join(d);
         if std::fs::symlink_metadata(&src).is_ok_and(|m| m.is_dir()) {
@@ -456,8 +463,19 @@ fn fold_usr(root: &Path) -> anyhow::Result<()> {
 }
 
 /// Runs the unpacked kmod under another name (its `depmod`/`modprobe` links are absolute).
+/// The host's own `kmod` stands in when the unpacked one is another architecture's (arm64).
 pub fn kmod(root: &Path, as_name: &str) -> Command {
-    let mut cmd = Command::new(root.join("usr/bin/kmod"));
+    let unpacked = root.join("usr/bin/kmod");
+    let native = std::fs::read(&unpacked)
+        .ok()
+        .and_then(|b| elf_machine(&b))
+        .is_some_and(|m| m == HOST_ELF_MACHINE);
+    if !native {
+        let mut cmd = Command::new("kmod");
+        cmd.arg0(as_name);
+        return cmd;
+    }
+    let mut cmd = Command::new(unpacked);
     cmd.arg0(as_name);
     let libdir = root.join("usr/lib/x86_64-linux-gnu");
     if libdir.join("libkmod.so.2").exists() {
@@ -466,7 +484,20 @@ pub fn kmod(root: &Path, as_name: &str) -> Command {
     cmd
 }
 
-fn depmod(root: &Path, release: &str) -> anyhow::Result<()> {
+/// `e_machine` of an ELF file (62: x86-64, 183: aarch64).
+pub fn elf_machine(elf: &[u8]) -> Option<u16> {
+    (elf.get(..4)? == b"\x7fELF").then_some(())?;
+    Some(u16::from_le_bytes(elf.get(18..20)?.try_into().ok()?))
+}
+
+/// This machine's `e_machine`.
+const HOST_ELF_MACHINE: u16 = if cfg!(target_arch = "aarch64") {
+    183
+} else {
+    62
+};
+
+pub(super) fn depmod(root: &Path, release: &str) -> anyhow::Result<()> {
     output(
         kmod(root, "depmod")
             .arg("-b")
@@ -480,6 +511,16 @@ fn depmod(root: &Path, release: &str) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_the_elf_machine() {
+        let mut elf = vec![0u8; 64];
+        elf[..4].copy_from_slice(b"\x7fELF");
+        elf[18] = 183;
+        assert_eq!(elf_machine(&elf), Some(183));
+        assert_eq!(elf_machine(b"#!/bin/sh\n"), None);
+        assert_eq!(elf_machine(b"\x7fELF"), None);
+    }
 
     #[test]
     fn finds_the_bzimage_payload() {

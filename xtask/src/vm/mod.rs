@@ -27,8 +27,13 @@
 //! (build it first with `cargo test --no-run`; any path under the host's `/` works).
 //! In the guest `CLB_VM=1` and `CLB_VM_RESULTS=/clb-vm` are set; files written there come back
 //! to the host folder given with `--out`. Everything else the guest writes is thrown away.
+//!
+//! `--arch arm64` boots Debian's arm64 6.1 kernel under qemu-system-aarch64 instead, over an
+//! arm64 root from apt's arm64 architecture, and its suite runs cross-built binaries: see
+//! [`arm64`].
 
 mod apt;
+pub mod arm64;
 mod initramfs;
 mod kernel;
 mod qemu;
@@ -44,11 +49,20 @@ use crate::workspace_root;
 use anyhow::{Context as _, bail};
 
 pub use kernel::{KERNELS, KernelSpec};
-pub use qemu::Ending;
+pub use qemu::{Arch, Ending};
 
 /// The default command's script: the IPVS smoke scenario that proves the tier works.
 pub const SMOKE: &str = include_str!("smoke.sh");
 const STAGE2: &str = include_str!("stage2.sh");
+
+/// The host packages an `arch` run needs, with the command each provides. arm64 takes its
+/// busybox from its own root.
+pub fn host_packages_for(arch: Arch) -> &'static [(&'static str, &'static str)] {
+    match arch {
+        Arch::Amd64 => host_packages(),
+        Arch::Arm64 => &[("qemu-system-arm", "qemu-system-aarch64"), ("kmod", "kmod")],
+    }
+}
 
 /// Debian packages the host needs for the VM tier, with the command each provides (for
 /// `setup::apt`).
@@ -63,6 +77,11 @@ pub fn host_packages() -> &'static [(&'static str, &'static str)] {
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct VmArgs {
+    /// The guest's architecture: amd64 (qemu-system-x86_64, the host's userland) or arm64
+    /// (Debian's arm64 kernel under qemu-system-aarch64, TCG, with an arm64 userland and
+    /// cross-built test binaries; only the 6.1 kernel; see README "VM tier").
+    #[arg(long, value_enum, default_value_t = Arch::Amd64)]
+    pub arch: Arch,
     /// Which kernel to boot: 5.10 (bullseye), 6.1 (bookworm), 6.12 (trixie), or all three,
     /// one boot each.
     #[arg(long, default_value = "all", value_parser = ["5.10", "6.1", "6.12", "all"])]
@@ -99,6 +118,7 @@ pub struct VmArgs {
 impl Default for VmArgs {
     fn default() -> Self {
         Self {
+            arch: Arch::Amd64,
             kernel: "all".into(),
             command: None,
             smoke: false,
@@ -181,9 +201,9 @@ fn have(cmd: &str) -> bool {
         .any(|d| d.join(cmd).is_file())
 }
 
-/// Installs the host packages of [`host_packages`] whose command is missing.
-fn ensure_host_packages() -> anyhow::Result<()> {
-    let missing: Vec<&str> = host_packages()
+/// Installs the host packages of [`host_packages_for`] whose command is missing.
+fn ensure_host_packages(arch: Arch) -> anyhow::Result<()> {
+    let missing: Vec<&str> = host_packages_for(arch)
         .iter()
         .filter(|(_, c)| !have(c))
         .map(|(p, _)| *p)
@@ -213,6 +233,22 @@ fn ensure_host_packages() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Usage errors clap cannot see (exit 2 in `main`): `--arch arm64` boots only the 6.1 kernel.
+pub fn check_args(args: &VmArgs) -> Result<(), String> {
+    match args.arch {
+        Arch::Amd64 => Ok(()),
+        Arch::Arm64 => arm64::kernel_of(&args.kernel).map(drop),
+    }
+}
+
+/// The kernels `--arch` and `--kernel` select.
+pub fn kernels_for(arch: Arch, choice: &str) -> anyhow::Result<Vec<&'static KernelSpec>> {
+    match arch {
+        Arch::Amd64 => kernels_of(choice),
+        Arch::Arm64 => Ok(vec![arm64::kernel_of(choice).map_err(anyhow::Error::msg)?]),
+    }
+}
+
 /// The kernels `--kernel` selects.
 pub fn kernels_of(choice: &str) -> anyhow::Result<Vec<&'static KernelSpec>> {
     if choice == "all" {
@@ -232,8 +268,17 @@ pub fn boot(
     bins: Option<&suite::Bins>,
     out: Option<&Path>,
 ) -> anyhow::Result<Outcome> {
-    let kernel = kernel::ensure(&kernel::cache_root(), spec)?;
-    let run_dir = std::env::temp_dir().join(format!("clb-vm-{}-{}", std::process::id(), spec.name));
+    let kernel = ensure_kernel(args.arch, spec)?;
+    let run_dir = std::env::temp_dir().join(format!(
+        "clb-vm-{}-{}{}",
+        std::process::id(),
+        spec.name,
+        if args.arch == Arch::Arm64 {
+            "-arm64"
+        } else {
+            ""
+        }
+    ));
     if run_dir.exists() {
         std::fs::remove_dir_all(&run_dir)?;
     }
@@ -248,6 +293,13 @@ pub fn boot(
         let _ = std::fs::remove_dir_all(&run_dir);
     }
     outcome
+}
+
+fn ensure_kernel(arch: Arch, spec: &'static KernelSpec) -> anyhow::Result<kernel::Kernel> {
+    match arch {
+        Arch::Amd64 => kernel::ensure(&kernel::cache_root(), spec),
+        Arch::Arm64 => arm64::ensure(&kernel::cache_root()),
+    }
 }
 
 fn boot_in(
@@ -272,7 +324,14 @@ fn boot_in(
         }
         None => {
             let bins = bins.context("the suite's binaries were not built")?;
-            std::fs::write(results.join("suite.sh"), suite::script(bins, spec))?;
+            let script = match kernel.arch {
+                Arch::Arm64 => {
+                    std::fs::write(results.join("smoke.sh"), SMOKE)?;
+                    arm64::script(&bins.probe, &bins.tests)?
+                }
+                Arch::Amd64 => suite::script(bins, spec),
+            };
+            std::fs::write(results.join("suite.sh"), script)?;
             "bash /clb-vm/suite.sh".to_string()
         }
     };
@@ -289,10 +348,14 @@ fn boot_in(
         ),
     )?;
     let boot = qemu::Boot {
-        accel: qemu::detect_accel(),
+        arch: kernel.arch,
+        accel: match kernel.arch {
+            Arch::Amd64 => qemu::detect_accel(),
+            Arch::Arm64 => qemu::Accel::Tcg,
+        },
         kernel: kernel.image.clone(),
         initrd,
-        cmdline: qemu::kernel_cmdline(&[]),
+        cmdline: qemu::kernel_cmdline_for(kernel.arch, &[]),
         pkgs: kernel.root.clone(),
         results: results.to_path_buf(),
         memory: "1G",
@@ -361,10 +424,10 @@ pub fn verdict(runs: &[KernelRun]) -> anyhow::Result<()> {
 /// [`run`], returning each boot (their output carries the libtest summaries). Every selected
 /// kernel boots, also after one failed; the suite's binaries are built once for all.
 pub fn run_with_output(args: &VmArgs) -> anyhow::Result<Vec<KernelRun>> {
-    let kernels = kernels_of(&args.kernel)?;
+    let kernels = kernels_for(args.arch, &args.kernel)?;
     if args.fetch_only {
         for spec in kernels {
-            let k = kernel::ensure(&kernel::cache_root(), spec)?;
+            let k = ensure_kernel(args.arch, spec)?;
             println!(
                 "vm-test: {} cached: {}={} ({})",
                 spec.name, k.package, k.version, k.release
@@ -372,11 +435,19 @@ pub fn run_with_output(args: &VmArgs) -> anyhow::Result<Vec<KernelRun>> {
         }
         return Ok(Vec::new());
     }
-    ensure_host_packages()?;
-    let bins = if args.command.is_none() && !args.smoke {
-        Some(suite::build(&workspace_root())?)
-    } else {
-        None
+    ensure_host_packages(args.arch)?;
+    let bins = match (args.arch, args.command.is_none() && !args.smoke) {
+        (_, false) => None,
+        (Arch::Amd64, true) => Some(suite::build(&workspace_root())?),
+        (Arch::Arm64, true) => {
+            let (probe, tests) = arm64::build(&workspace_root())?;
+            Some(suite::Bins {
+                probe,
+                unit: PathBuf::new(),
+                tests,
+                older_kernel: false,
+            })
+        }
     };
     let mut runs = Vec::new();
     for spec in kernels.iter().copied() {
@@ -513,6 +584,37 @@ mod tests {
         assert_eq!(all, ["5.10", "6.1", "6.12"]);
         assert_eq!(kernels_of("6.12").unwrap()[0].suite, "trixie");
         assert!(kernels_of("4.19").is_err());
+    }
+
+    #[test]
+    fn arch_selects_kernels_and_host_packages() {
+        let amd: Vec<_> = kernels_for(Arch::Amd64, "all")
+            .unwrap()
+            .iter()
+            .map(|k| k.name)
+            .collect();
+        assert_eq!(amd, ["5.10", "6.1", "6.12"]);
+        let arm = kernels_for(Arch::Arm64, "all").unwrap();
+        assert_eq!(arm.len(), 1);
+        assert!(arm[0].package.ends_with("-arm64"), "{}", arm[0].package);
+        assert!(kernels_for(Arch::Arm64, "5.10").is_err());
+        let arm64 = |kernel: &str| VmArgs {
+            arch: Arch::Arm64,
+            kernel: kernel.into(),
+            ..VmArgs::default()
+        };
+        assert!(check_args(&arm64("6.1")).is_ok());
+        assert!(check_args(&arm64("all")).is_ok());
+        let e = check_args(&arm64("6.12")).unwrap_err();
+        assert!(e.contains("amd64-only"), "{e}");
+        assert!(check_args(&VmArgs::default()).is_ok());
+        assert_eq!(VmArgs::default().arch, Arch::Amd64);
+        let cmds: Vec<_> = host_packages_for(Arch::Arm64)
+            .iter()
+            .map(|(_, c)| *c)
+            .collect();
+        assert_eq!(cmds, ["qemu-system-aarch64", "kmod"]);
+        assert_eq!(host_packages_for(Arch::Amd64), host_packages());
     }
 
     #[test]

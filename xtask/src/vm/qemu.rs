@@ -16,6 +16,34 @@ pub const ECHO_PREFIX: &str = "vm| ";
 /// The exit code stage 1 reports when it cannot run the command at all.
 pub const INFRA_FAILURE: i32 = 125;
 
+/// The guest's architecture (`--arch`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Arch {
+    /// qemu-system-x86_64, the host's userland (the default tier).
+    #[default]
+    Amd64,
+    /// qemu-system-aarch64 (machine `virt`, TCG), an arm64 userland ([`super::arm64`]).
+    Arm64,
+}
+
+impl Arch {
+    /// The QEMU system emulator.
+    pub fn qemu(self) -> &'static str {
+        match self {
+            Arch::Amd64 => "qemu-system-x86_64",
+            Arch::Arm64 => "qemu-system-aarch64",
+        }
+    }
+
+    /// The Debian package that has [`Arch::qemu`].
+    pub fn qemu_package(self) -> &'static str {
+        match self {
+            Arch::Amd64 => "qemu-system-x86",
+            Arch::Arm64 => "qemu-system-arm",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Accel {
     Kvm,
@@ -81,10 +109,14 @@ pub fn detect_accel() -> Accel {
     choose_accel(&cpuinfo, &dmesg, Path::new("/dev/kvm").exists())
 }
 
-/// The guest kernel's command line.
-pub fn kernel_cmdline(extra: &[&str]) -> String {
+/// The guest kernel's command line on `arch` (the `virt` machine's console is a PL011).
+pub fn kernel_cmdline_for(arch: Arch, extra: &[&str]) -> String {
+    let console = match arch {
+        Arch::Amd64 => "console=ttyS0",
+        Arch::Arm64 => "console=ttyAMA0",
+    };
     let mut args = vec![
-        "console=ttyS0",
+        console,
         "rdinit=/init",
         // A dead PID 1 reboots at once, and -no-reboot turns that into qemu exiting.
         "panic=-1",
@@ -93,8 +125,10 @@ pub fn kernel_cmdline(extra: &[&str]) -> String {
         "loglevel=4",
         // Cheaper syscalls under software emulation; nothing here tests speculation.
         "mitigations=off",
-        "8250.nr_uarts=1",
     ];
+    if arch == Arch::Amd64 {
+        args.push("8250.nr_uarts=1");
+    }
     args.extend_from_slice(extra);
     args.join(" ")
 }
@@ -102,6 +136,7 @@ pub fn kernel_cmdline(extra: &[&str]) -> String {
 /// Everything one boot needs.
 #[derive(Debug, Clone)]
 pub struct Boot {
+    pub arch: Arch,
     pub accel: Accel,
     pub kernel: PathBuf,
     pub initrd: PathBuf,
@@ -114,18 +149,33 @@ pub struct Boot {
     pub cpus: u32,
 }
 
-/// qemu-system-x86_64's arguments for `boot`.
+/// [`Arch::qemu`]'s arguments for `boot`. arm64 is the `virt` machine under TCG (no KVM across
+/// architectures) on a Cortex-A57: `max` would add pointer authentication, whose emulation
+/// costs much of the guest's time. It has no isa-debug-exit: the exit code comes back in the
+/// results share's `rc` only, and a guest that powers off without one reads as no report.
 pub fn qemu_args(boot: &Boot) -> Vec<String> {
     let mut a: Vec<String> = Vec::new();
     let mut push = |s: &str| a.push(s.to_string());
-    match boot.accel {
-        Accel::Kvm => {
+    match (boot.arch, boot.accel) {
+        (Arch::Arm64, _) => {
+            for s in [
+                "-machine",
+                "virt",
+                "-accel",
+                "tcg,thread=multi",
+                "-cpu",
+                "cortex-a57",
+            ] {
+                push(s);
+            }
+        }
+        (Arch::Amd64, Accel::Kvm) => {
             push("-accel");
             push("kvm");
             push("-cpu");
             push("host");
         }
-        Accel::Tcg => {
+        (Arch::Amd64, Accel::Tcg) => {
             push("-accel");
             push("tcg,thread=multi");
             push("-cpu");
@@ -165,8 +215,10 @@ pub fn qemu_args(boot: &Boot) -> Vec<String> {
         a.push("-virtfs".into());
         a.push(share(path, tag, ro));
     }
-    a.push("-device".into());
-    a.push("isa-debug-exit,iobase=0xf4,iosize=0x04".into());
+    if boot.arch == Arch::Amd64 {
+        a.push("-device".into());
+        a.push("isa-debug-exit,iobase=0xf4,iosize=0x04".into());
+    }
     a
 }
 
@@ -198,13 +250,19 @@ pub fn decode_exit(code: Option<i32>) -> Ending {
 /// Boots, echoes the console (prefixed) and writes it to `log`; kills QEMU after `timeout`.
 pub fn run(boot: &Boot, log: &Path, timeout: Duration) -> anyhow::Result<Ending> {
     let args = qemu_args(boot);
-    let mut child = Command::new("qemu-system-x86_64")
+    let qemu = boot.arch.qemu();
+    let mut child = Command::new(qemu)
         .args(&args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .context("starting qemu-system-x86_64 (install qemu-system-x86: cargo xtask setup)")?;
+        .with_context(|| {
+            format!(
+                "starting {qemu} (install {}: cargo xtask setup)",
+                boot.arch.qemu_package()
+            )
+        })?;
     let mut logf =
         std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
     let stdout = child.stdout.take().context("qemu stdout")?;
@@ -245,10 +303,7 @@ pub fn run(boot: &Boot, log: &Path, timeout: Duration) -> anyhow::Result<Ending>
     };
     let ending = decode_exit(status.code());
     if let Ending::QemuError(c) = ending {
-        bail!(
-            "qemu-system-x86_64 failed with exit code {c}: {}",
-            stderr.trim()
-        );
+        bail!("{qemu} failed with exit code {c}: {}", stderr.trim());
     }
     if !stderr.trim().is_empty() {
         eprintln!("vm: qemu said: {}", stderr.trim());
@@ -291,10 +346,12 @@ mod tests {
 
     #[test]
     fn cmdline_and_args() {
-        let c = kernel_cmdline(&["clb.test=1"]);
+        let c = kernel_cmdline_for(Arch::Amd64, &["clb.test=1"]);
         assert!(c.starts_with("console=ttyS0 rdinit=/init panic=-1"));
         assert!(c.ends_with(" clb.test=1"));
+        assert!(c.contains(" 8250.nr_uarts=1"));
         let boot = Boot {
+            arch: Arch::Amd64,
             accel: Accel::Tcg,
             kernel: "/c/vmlinuz".into(),
             initrd: "/r/initramfs.cpio".into(),
@@ -316,5 +373,37 @@ mod tests {
             a.contains("local,path=/r/results,mount_tag=results,security_model=none,multidevs=")
         );
         assert!(a.ends_with("-device isa-debug-exit,iobase=0xf4,iosize=0x04"));
+    }
+
+    #[test]
+    fn aarch64_is_the_virt_machine_under_tcg() {
+        let c = kernel_cmdline_for(Arch::Arm64, &[]);
+        assert!(
+            c.starts_with("console=ttyAMA0 rdinit=/init panic=-1"),
+            "{c}"
+        );
+        assert!(!c.contains("8250"), "{c}");
+        let boot = Boot {
+            arch: Arch::Arm64,
+            // KVM on the host does not carry over to another architecture.
+            accel: Accel::Kvm,
+            kernel: "/c/Image".into(),
+            initrd: "/r/initramfs.cpio".into(),
+            cmdline: c,
+            pkgs: "/c/root".into(),
+            results: "/r/results".into(),
+            memory: "1G",
+            cpus: 2,
+        };
+        let a = qemu_args(&boot).join(" ");
+        assert!(
+            a.starts_with("-machine virt -accel tcg,thread=multi -cpu cortex-a57 -m 1G -smp 2"),
+            "{a}"
+        );
+        assert!(a.contains("-kernel /c/Image -initrd /r/initramfs.cpio"));
+        assert!(a.contains("mount_tag=pkgs"));
+        assert!(!a.contains("isa-debug-exit"), "{a}");
+        assert_eq!(Arch::Arm64.qemu(), "qemu-system-aarch64");
+        assert_eq!(Arch::Arm64.qemu_package(), "qemu-system-arm");
     }
 }

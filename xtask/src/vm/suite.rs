@@ -50,7 +50,7 @@ pub type Artifact = (String, String, Vec<String>, PathBuf);
 
 /// Runs a cargo command with `--message-format=json`; returns (package name, target name,
 /// target kinds, executable) of every artifact with an executable.
-fn artifacts(root: &Path, args: &[&str]) -> anyhow::Result<Vec<Artifact>> {
+pub(super) fn artifacts(root: &Path, args: &[&str]) -> anyhow::Result<Vec<Artifact>> {
     eprintln!("vm: cargo {}", args.join(" "));
     let out = cargo()
         .args(args)
