@@ -557,7 +557,11 @@ pub fn run(args: &ImageArgs) -> anyhow::Result<()> {
         let rust_sbom = if args.no_sbom {
             None
         } else {
-            Some(crate::supply::rust_sbom(*arch)?)
+            Some(crate::supply::rust_sbom(
+                arch.rust_target(),
+                arch.name(),
+                &out_dir(),
+            )?)
         };
         let image_tag = if arches.len() == 1 {
             tag.clone()

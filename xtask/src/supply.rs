@@ -9,21 +9,22 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use crate::{image::Arch, setup, workspace_root};
+use crate::{setup, workspace_root};
 
 fn cargo() -> Command {
     Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
 }
 
-/// The Rust dependency tree of the agent as built for `arch` (cargo-cyclonedx, only the
-/// dependencies that target links), as a CycloneDX JSON file under `target/image/`.
-pub fn rust_sbom(arch: Arch) -> anyhow::Result<PathBuf> {
+/// The Rust dependency tree of the agent as built for `rust_target` (cargo-cyclonedx, only the
+/// dependencies that target links), as a CycloneDX JSON file `probe-user-<arch>.rust.cdx.json`
+/// in `out` (the image's output folder).
+pub fn rust_sbom(rust_target: &str, arch: &str, out: &Path) -> anyhow::Result<PathBuf> {
     setup::cargo_tool(setup::CYCLONEDX)?;
-    let name = format!("probe-user-{}.rust.cdx", arch.name());
+    let name = format!("probe-user-{arch}.rust.cdx");
     let root = workspace_root();
     let status = cargo()
         .args(["cyclonedx", "--format", "json", "--spec-version", "1.5"])
-        .args(["--target", arch.rust_target()])
+        .args(["--target", rust_target])
         .args(["--override-filename", &name])
         .arg("--manifest-path")
         .arg(root.join("probe-user/Cargo.toml"))
@@ -45,8 +46,8 @@ pub fn rust_sbom(arch: Arch) -> anyhow::Result<PathBuf> {
         let _ = std::fs::remove_file(root.join(member).join(format!("{name}.json")));
     }
     let written = root.join("probe-user").join(format!("{name}.json"));
-    let dest = crate::image::out_dir().join(format!("{name}.json"));
-    std::fs::create_dir_all(crate::image::out_dir())?;
+    let dest = out.join(format!("{name}.json"));
+    std::fs::create_dir_all(out)?;
     std::fs::rename(&written, &dest)
         .with_context(|| format!("moving {} to {}", written.display(), dest.display()))?;
     Ok(dest)
