@@ -42,6 +42,10 @@ const PACKAGES: &[(&str, &str)] = &[
     ("qemu-user-static", "qemu-aarch64-static"),
     // The VM tier's arm64 run (`cargo xtask vm-test --arch arm64`).
     ("qemu-system-arm", "qemu-system-aarch64"),
+    // The real kubectl against the fake API server (`kubectl describe service`, `kubectl get
+    // lbr`'s printer columns, the plugin's `watch`). Debian's client is old (1.20) but speaks
+    // these; a newer kubectl already on the machine is kept.
+    ("kubernetes-client", "kubectl"),
 ];
 
 /// A cargo subcommand installed from crates.io (`cargo install --locked`, pinned), when the
