@@ -245,7 +245,8 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
     let _ = stop_tx.send(true);
     serving.stop().await;
     if let Some(otlp) = otlp_metrics {
-        // A last export, bounded (1 s): a receiver that hangs does not hold the exit.
+        // A last export, bounded (otlp::metrics::SHUTDOWN_WAIT): a receiver that hangs does
+        // not hold the exit.
         tokio::task::block_in_place(|| otlp.shutdown());
     }
     match tokio::time::timeout(Duration::from_secs(5), sync_task).await {

@@ -185,9 +185,29 @@ impl OtlpMetrics {
     pub fn shutdown(self) {
         self.feed.abort();
         self.register.abort();
-        let _ = self.provider.shutdown_with_timeout(Duration::from_secs(1));
+        // The SDK's own timeout does not bound the final export (the exporter's deadline,
+        // EXPORT_TIMEOUT, does: 5 s against a receiver that hangs). So the shutdown runs on a
+        // thread of its own and is waited for at most SHUTDOWN_WAIT; the process exits anyway.
+        let (done, wait) = std::sync::mpsc::channel();
+        let provider = self.provider;
+        let spawned = std::thread::Builder::new()
+            .name("otlp-shutdown".into())
+            .spawn(move || {
+                let _ = provider.shutdown_with_timeout(SHUTDOWN_WAIT);
+                let _ = done.send(());
+            });
+        if spawned.is_ok() && wait.recv_timeout(SHUTDOWN_WAIT).is_err() {
+            warn!(
+                wait = ?SHUTDOWN_WAIT,
+                "the last OTLP metric export did not finish; exiting without it"
+            );
+        }
     }
 }
+
+/// How long SIGTERM waits for the last metric export: a receiver that hangs must not hold the
+/// agent's exit (everything attached is already detached by then).
+pub const SHUTDOWN_WAIT: Duration = Duration::from_millis(300);
 
 /// The OTLP metric exporter, counting each export's fate. The periodic reader polls it on
 /// its own thread: each poll enters the agent's runtime (tonic's timers and channel live
