@@ -27,4 +27,6 @@ pub mod resolution;
 pub mod sink;
 pub mod state;
 pub mod term;
+#[cfg(test)]
+mod test_events;
 pub mod watch;

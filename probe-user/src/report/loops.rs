@@ -211,36 +211,15 @@ pub(crate) fn tests_event(key: &str, service: Option<&str>) -> LoopbackEvent {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use probe_contract::{LoopbackKind, Outcome, Proto, SnatState};
+    use probe_contract::LoopbackKind;
 
     pub(super) fn ev(key: &str, count: u64, pod: Option<&str>) -> LoopbackEvent {
         LoopbackEvent {
-            kind: LoopbackKind::Hairpin,
-            key: key.to_string(),
-            src: "10.244.1.7".parse().unwrap(),
-            src_port: 40000,
-            dst: "198.51.100.20".parse().unwrap(),
-            dst_port: 30080,
-            vip: Some("203.0.113.10".parse().unwrap()),
-            vip_port: Some(80),
-            proto: Proto::Tcp,
-            drop_reason: None,
-            drop_location: None,
-            snat: SnatState::No,
-            outcome: Outcome::NoReply,
             count,
-            evidence: vec![],
             remedy: vec!["call web.shop.svc instead".to_string()],
-            first_seen_ns: 1,
-            last_seen_ns: 2,
-            nic: None,
             service: Some("shop/web".into()),
-            layer: None,
             client_pod: pod.map(String::from),
-            node: None,
-            fixes: Vec::new(),
-            facts: Default::default(),
-            listener: None,
+            ..crate::test_events::hairpin(key)
         }
     }
 

@@ -4,41 +4,15 @@ use std::time::{Duration, SystemTime};
 
 use super::*;
 use crate::{correlate::LoopbackKind, sink::kube_event_doc::fnv1a};
-use crate::{
-    correlate::{Outcome, SnatState},
-    event::Proto,
-};
 
 const NODE: &str = "node-a";
 
 fn ev(kind: LoopbackKind, key: &str, count: u64) -> LoopbackEvent {
     LoopbackEvent {
         kind,
-        key: key.to_string(),
-        src: "10.244.1.7".parse().unwrap(),
-        src_port: 40000,
-        dst: "198.51.100.20".parse().unwrap(),
-        dst_port: 30080,
-        vip: Some("203.0.113.10".parse().unwrap()),
-        vip_port: Some(80),
-        proto: Proto::Tcp,
-        drop_reason: None,
-        drop_location: None,
-        snat: SnatState::No,
-        outcome: Outcome::NoReply,
         count,
-        evidence: vec![],
         remedy: vec!["call web.shop.svc instead of 203.0.113.10".to_string()],
-        first_seen_ns: 1,
-        last_seen_ns: 2,
-        nic: None,
-        service: None,
-        layer: None,
-        client_pod: None,
-        node: None,
-        fixes: Vec::new(),
-        facts: Default::default(),
-        listener: None,
+        ..crate::test_events::hairpin(key)
     }
 }
 

@@ -13,34 +13,10 @@ use super::*;
 use crate::correlate::LoopbackEvent;
 
 fn event() -> LoopbackEvent {
-    let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
     LoopbackEvent {
-        kind: crate::correlate::LoopbackKind::Hairpin,
-        key: "hairpin/198.19.1.10>203.0.113.10:80/tcp".into(),
-        src: ip("198.19.1.10"),
-        src_port: 40000,
-        dst: ip("203.0.113.10"),
-        dst_port: 80,
-        vip: Some(ip("203.0.113.10")),
-        vip_port: Some(80),
-        proto: crate::event::Proto::Tcp,
-        drop_reason: None,
-        drop_location: None,
-        snat: crate::correlate::SnatState::Unknown,
-        outcome: crate::correlate::Outcome::Refused,
         count: 2,
         evidence: vec!["first line".into(), "second line".into()],
-        remedy: vec![],
-        first_seen_ns: 0,
-        last_seen_ns: 0,
-        nic: None,
-        service: None,
-        layer: None,
-        client_pod: None,
-        node: None,
-        fixes: Vec::new(),
-        facts: Default::default(),
-        listener: None,
+        ..crate::test_events::hairpin("hairpin/198.19.1.10>203.0.113.10:80/tcp")
     }
 }
 
