@@ -114,6 +114,8 @@ pub(super) async fn run(mut l: CorrelateLoop) -> anyhow::Result<()> {
     let check_every = Duration::from_secs(l.tracker.config().check_every_s());
     let mut next_check = tokio::time::Instant::now() + check_every;
     let mut proof_out = false;
+    // Every kind's gauges and counters from the start, at 0.
+    l.shared.publish_loops(l.tracker.lifecycle(), None);
     loop {
         let waiting = !hold.is_empty();
         let deadline = hold
@@ -139,6 +141,10 @@ pub(super) async fn run(mut l: CorrelateLoop) -> anyhow::Result<()> {
                 if !proof_out && now >= next_check {
                     next_check = now + check_every;
                     proof_out = look_for_proof(&mut l.tracker, &proof_tx);
+                    // Loops gone quiet: the gauges follow.
+                    if l.tracker.take_changed() {
+                        l.shared.publish_loops(l.tracker.lifecycle(), None);
+                    }
                 }
                 correlator.tick(monotonic_ns())
             }
@@ -244,7 +250,9 @@ fn emit(l: &mut CorrelateLoop, mut report: Report) {
             "loop confirmed again after its resolution (a regression)"
         );
     }
-    l.shared.publish_loops(l.tracker.lifecycle(), None);
+    if l.tracker.take_changed() {
+        l.shared.publish_loops(l.tracker.lifecycle(), None);
+    }
     l.sinks.report(&report);
     l.shared.publish(report);
 }
@@ -327,8 +335,9 @@ fn proved(l: &mut CorrelateLoop, results: ProofResults) {
             resolutions.push(r);
         }
     }
-    let lifecycle = l.tracker.lifecycle();
-    l.shared.publish_loops(lifecycle, None);
+    if l.tracker.take_changed() {
+        l.shared.publish_loops(l.tracker.lifecycle(), None);
+    }
     for r in resolutions {
         l.shared.publish_loops(l.tracker.lifecycle(), Some(r));
     }

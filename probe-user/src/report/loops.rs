@@ -114,23 +114,7 @@ impl Loops {
     /// resolved list now, with the proof's first line.
     pub fn resolve(&mut self, r: &probe_contract::LoopResolution, now: i64) {
         for key in &r.aggregates {
-            let Some(e) = self.active.remove(key) else {
-                continue;
-            };
-            self.resolved.push((
-                key.clone(),
-                ResolvedLoop {
-                    kind: e.kind,
-                    service: e.service,
-                    vip: e.vip,
-                    count: e.count,
-                    first_seen: rfc3339(e.first),
-                    last_seen: rfc3339(e.last),
-                    resolved_at: rfc3339(now),
-                    proof: r.proof.first().cloned(),
-                },
-                now,
-            ));
+            self.move_to_resolved(key, now, r.proof.first().cloned());
         }
         self.resolved.sort_by_key(|(_, _, at)| *at);
     }
@@ -139,37 +123,41 @@ impl Loops {
     /// Returns whether anything changed.
     pub fn tick(&mut self, now: i64) -> bool {
         let before = (self.active.len(), self.resolved.len());
-        let expired: Vec<String> = self
+        let expired: Vec<(String, i64)> = self
             .active
             .iter()
             .filter(|(_, e)| now - e.last >= ACTIVE_WINDOW)
-            .map(|(k, _)| k.clone())
+            .map(|(k, e)| (k.clone(), e.last + ACTIVE_WINDOW))
             .collect();
-        for key in expired {
-            let Some(e) = self.active.remove(&key) else {
-                continue;
-            };
-            let resolved_at = e.last + ACTIVE_WINDOW;
-            self.resolved.push((
-                key,
-                ResolvedLoop {
-                    kind: e.kind,
-                    service: e.service,
-                    vip: e.vip,
-                    count: e.count,
-                    first_seen: rfc3339(e.first),
-                    last_seen: rfc3339(e.last),
-                    resolved_at: rfc3339(resolved_at),
-                    proof: None,
-                },
-                resolved_at,
-            ));
+        for (key, resolved_at) in expired {
+            self.move_to_resolved(&key, resolved_at, None);
         }
         self.resolved.sort_by_key(|(_, _, at)| *at);
         self.resolved.retain(|(_, _, at)| now - at < RESOLVED_KEEP);
         let excess = self.resolved.len().saturating_sub(MAX_RESOLVED);
         self.resolved.drain(..excess);
         before != (self.active.len(), self.resolved.len())
+    }
+
+    /// The active loop `key`, if any, to the resolved list, resolved at `at`.
+    fn move_to_resolved(&mut self, key: &str, at: i64, proof: Option<String>) {
+        let Some(e) = self.active.remove(key) else {
+            return;
+        };
+        self.resolved.push((
+            key.to_string(),
+            ResolvedLoop {
+                kind: e.kind,
+                service: e.service,
+                vip: e.vip,
+                count: e.count,
+                first_seen: rfc3339(e.first),
+                last_seen: rfc3339(e.last),
+                resolved_at: rfc3339(at),
+                proof,
+            },
+            at,
+        ));
     }
 
     /// Active loops, most recently seen first (then by key, for a stable order).

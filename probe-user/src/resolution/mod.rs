@@ -127,6 +127,9 @@ pub struct Tracker {
     resolved: VecDeque<LoopResolution>,
     resolutions: BTreeMap<String, u64>,
     regressions: BTreeMap<String, u64>,
+    /// The [`Tracker::lifecycle`] view changed since [`Tracker::take_changed`] (a loop's
+    /// repeats alone do not change it: the hub is not republished per report).
+    changed: bool,
 }
 
 impl Tracker {
@@ -137,6 +140,7 @@ impl Tracker {
             resolved: VecDeque::new(),
             resolutions: BTreeMap::new(),
             regressions: BTreeMap::new(),
+            changed: false,
         }
     }
 
@@ -191,10 +195,12 @@ impl Tracker {
                 Observed::Regression { episode: t.episode }
             }
             Some(t) => {
+                self.changed |= t.state != State::Active;
                 t.state = State::Active;
                 Observed::Repeat
             }
         };
+        self.changed |= observed != Observed::Repeat;
         let t = self.loops.get_mut(&key).expect("inserted above");
         t.last = t.last.max(now);
         // Confirmations across the loop's aggregates: each report is one.
@@ -239,6 +245,7 @@ impl Tracker {
             if t.state == State::Resolved || t.pending || now - t.last < window {
                 continue;
             }
+            self.changed |= t.state != State::Quiet;
             t.state = State::Quiet;
             let Some(shape) = &t.shape else { continue };
             t.pending = true;
@@ -268,6 +275,7 @@ impl Tracker {
         }
         let proof = proof?;
         t.state = State::Resolved;
+        self.changed = true;
         let changed = match (&t.service_before, &service_now) {
             (Some(before), Some(after)) => changed(before, after),
             _ => Vec::new(),
@@ -297,6 +305,11 @@ impl Tracker {
             self.resolved.pop_front();
         }
         Some(resolution)
+    }
+
+    /// Whether the [`Tracker::lifecycle`] view changed since the last call.
+    pub fn take_changed(&mut self) -> bool {
+        std::mem::take(&mut self.changed)
     }
 
     /// The loops by state and kind, the counters and the latest resolutions. Every kind is

@@ -37,18 +37,17 @@ impl Shape {
     /// the shape needs (then nothing can prove it and it stays quiet).
     pub fn of(e: &LoopbackEvent) -> Option<Shape> {
         match e.kind {
-            LoopbackKind::Hairpin | LoopbackKind::VipPortUnserved => Some(Shape::To {
-                addr: e.vip?,
-                port: e.vip_port?,
-                proto: e.proto,
-                from: None,
-            }),
-            LoopbackKind::ServiceSelfLoop => Some(Shape::To {
-                addr: e.vip?,
-                port: e.vip_port?,
-                proto: e.proto,
-                from: Some(e.src),
-            }),
+            LoopbackKind::Hairpin
+            | LoopbackKind::VipPortUnserved
+            | LoopbackKind::ServiceSelfLoop => {
+                Some(Shape::To {
+                    addr: e.vip?,
+                    port: e.vip_port?,
+                    proto: e.proto,
+                    // A self-loop's proof is the pod's own call answered.
+                    from: (e.kind == LoopbackKind::ServiceSelfLoop).then_some(e.src),
+                })
+            }
             LoopbackKind::HealthcheckBlackhole | LoopbackKind::VipAsSource => Some(Shape::From {
                 addr: e.vip.unwrap_or(e.src),
             }),

@@ -192,3 +192,23 @@ fn the_aggregates_of_one_service_are_one_loop() {
     );
     assert_eq!(r.count, 2);
 }
+
+#[test]
+fn only_a_change_of_the_view_is_reported_not_a_loops_repeats() {
+    let mut t = tracker();
+    t.observe(&event(1), None, T0);
+    assert!(t.take_changed(), "a new loop");
+    t.observe(&event(2), None, T0 + S);
+    assert!(!t.take_changed(), "a repeat of an active loop");
+    assert_eq!(t.due(T0 + S + W).len(), 1);
+    assert!(t.take_changed(), "gone quiet");
+    t.observe(&event(3), None, T0 + 2 * S + W);
+    assert!(t.take_changed(), "active again");
+    assert_eq!(
+        t.due(T0 + 2 * S + 2 * W).len(),
+        0,
+        "its look-up is still out"
+    );
+    assert!(t.proved(LOOP, proof(), None, T0 + 2 * S + 2 * W).is_none());
+    assert!(!t.take_changed());
+}

@@ -37,6 +37,26 @@ impl ObjectRef {
             uid: None,
         })
     }
+
+    /// The Node `name` (an Event without a Service regards the agent's own Node).
+    pub fn node(name: &str) -> Self {
+        Self {
+            kind: "Node",
+            namespace: String::new(),
+            name: name.to_string(),
+            uid: None,
+        }
+    }
+
+    /// Where an Event about this object lives: its own namespace, `default` for a
+    /// cluster-scoped object (as the kubelet files Node Events).
+    pub fn event_namespace(&self) -> String {
+        if self.namespace.is_empty() {
+            "default".to_string()
+        } else {
+            self.namespace.clone()
+        }
+    }
 }
 
 /// What attribution knows about a confirmed event (all optional: without API access or for
@@ -127,19 +147,9 @@ pub fn resolved_doc(
                 .as_deref()
                 .and_then(|s| ObjectRef::namespaced("Service", s))
         })
-        .unwrap_or_else(|| ObjectRef {
-            kind: "Node",
-            namespace: String::new(),
-            name: node.to_string(),
-            uid: None,
-        });
-    let namespace = if regarding.namespace.is_empty() {
-        "default".to_string()
-    } else {
-        regarding.namespace.clone()
-    };
+        .unwrap_or_else(|| ObjectRef::node(node));
     EventDoc {
-        namespace,
+        namespace: regarding.event_namespace(),
         name: event_name(node, &format!("{}#resolved{}", r.key, r.episode), r.kind),
         event_type: "Normal",
         action: RESOLVED_ACTION,
@@ -298,12 +308,7 @@ pub fn event_doc(event: &LoopbackEvent, names: &Names, node: &str, wall: SystemT
                 .as_deref()
                 .and_then(|s| ObjectRef::namespaced("Service", s))
         });
-    let regarding = service.unwrap_or_else(|| ObjectRef {
-        kind: "Node",
-        namespace: String::new(),
-        name: node.to_string(),
-        uid: None,
-    });
+    let regarding = service.unwrap_or_else(|| ObjectRef::node(node));
     let related = match event.kind {
         LoopbackKind::Hairpin | LoopbackKind::ServiceSelfLoop => names
             .client_pod
@@ -311,13 +316,8 @@ pub fn event_doc(event: &LoopbackEvent, names: &Names, node: &str, wall: SystemT
             .and_then(|p| ObjectRef::namespaced("Pod", p)),
         _ => None,
     };
-    let namespace = if regarding.namespace.is_empty() {
-        "default".to_string()
-    } else {
-        regarding.namespace.clone()
-    };
     EventDoc {
-        namespace,
+        namespace: regarding.event_namespace(),
         name: event_name(node, &event.key, event.kind),
         event_type: "Warning",
         action: ACTION,
