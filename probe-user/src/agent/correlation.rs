@@ -32,7 +32,7 @@ pub(super) struct CorrelateLoop {
     pub shared: Shared,
     pub services_every: Duration,
     pub services_reader: services::ReaderMode,
-    pub services_first: Option<tokio::task::JoinHandle<anyhow::Result<state::ServiceTable>>>,
+    pub services_first: services::Pending,
     pub services: state::ServiceTable,
     pub signals: Signals,
     /// Kubernetes attribution's latest index (None: attribution off).
@@ -100,7 +100,7 @@ pub(super) async fn run(mut l: CorrelateLoop) -> anyhow::Result<()> {
         services::Refresher {
             mode: l.services_reader,
             every: l.services_every,
-            first: l.services_first.take(),
+            first: std::mem::take(&mut l.services_first),
             tx: services_tx,
         }
         .run(),

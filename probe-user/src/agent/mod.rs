@@ -265,7 +265,7 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
 /// BTF parse.
 struct EarlyReads {
     kallsyms: std::thread::JoinHandle<kernel::kallsyms::Kallsyms>,
-    services: tokio::task::JoinHandle<anyhow::Result<state::ServiceTable>>,
+    services: services::Pending,
     aya_btf: std::thread::JoinHandle<Result<kernel::probe::AyaBtf, kernel::KernelError>>,
 }
 
@@ -276,7 +276,7 @@ impl EarlyReads {
             .spawn(kernel::kallsyms::Kallsyms::load)
             .context("starting the kallsyms reader")?;
         state::set_reuse_parses(reader == services::ReaderMode::Change);
-        let services = services::start_first_read();
+        let services = services::start_first_read(reader);
         let aya_btf = std::thread::Builder::new()
             .name("btf".into())
             .spawn(kernel::probe::parse_btf_for_aya)

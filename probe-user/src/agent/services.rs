@@ -20,6 +20,7 @@
 //! table (the correlator treats a missing table as unknown, as it does when the rules cannot be
 //! read) starts at once and the table fills in behind.
 
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::{
@@ -102,16 +103,31 @@ pub struct Refresher {
     pub mode: ReaderMode,
     /// `--services-every`.
     pub every: Duration,
-    /// The first read, started with the agent (change mode; None in timer mode, where the
-    /// agent waited for it before ready).
-    pub first: Option<JoinHandle<anyhow::Result<ServiceTable>>>,
+    /// The first read and the commit subscription, both started with the agent.
+    pub first: Pending,
     /// Where each new table goes (the correlation loop).
     pub tx: mpsc::Sender<ServiceTable>,
 }
 
-/// Starts the first read (on the blocking pool, now).
-pub fn start_first_read() -> JoinHandle<anyhow::Result<ServiceTable>> {
-    tokio::task::spawn_blocking(state::read_services)
+/// What the agent's start left for the refresher.
+#[derive(Default)]
+pub struct Pending {
+    /// The first read (change mode; None in timer mode, where the agent waited for it before
+    /// ready).
+    pub read: Option<JoinHandle<anyhow::Result<ServiceTable>>>,
+    /// The nf_tables commit subscription (change mode), opened before the first read began so
+    /// that no commit falls between that read's dump and the subscription.
+    pub commits: Option<CommitFeed>,
+}
+
+/// Subscribes to nf_tables commits (change mode), then starts the first read (on the blocking
+/// pool, now).
+pub fn start_first_read(mode: ReaderMode) -> Pending {
+    let commits = (mode == ReaderMode::Change).then(watch_commits).flatten();
+    Pending {
+        read: Some(tokio::task::spawn_blocking(state::read_services)),
+        commits,
+    }
 }
 
 impl Refresher {
@@ -145,10 +161,31 @@ async fn timer(every: Duration, tx: mpsc::Sender<ServiceTable>) {
     }
 }
 
-/// Counts nf_tables commits on a thread of its own (a blocking netlink receive), published
-/// as a counter; None when the subscription is refused (then the safety net and the polled
-/// tests are what is left, said once).
-fn watch_commits() -> Option<watch::Receiver<u64>> {
+/// nf_tables commits as they come: a counter that wakes the refresher, and what they touched
+/// since the last read took it.
+pub struct CommitFeed {
+    count: watch::Receiver<u64>,
+    touched: Arc<Mutex<changes::Touched>>,
+}
+
+impl CommitFeed {
+    /// What the commits touched since the last take.
+    fn take(&self) -> changes::Touched {
+        self.touched
+            .lock()
+            .map(|mut t| std::mem::take(&mut *t))
+            .unwrap_or_else(|_| changes::Touched::everything())
+    }
+
+    fn is_empty(&self) -> bool {
+        self.touched.lock().map(|t| t.is_empty()).unwrap_or(false)
+    }
+}
+
+/// Follows nf_tables commits on a thread of its own (a blocking netlink receive); None when
+/// the subscription is refused (then the safety net and the polled tests are what is left,
+/// said once).
+fn watch_commits() -> Option<CommitFeed> {
     let mut nft = match changes::NftWatch::open() {
         Ok(w) => w,
         Err(e) => {
@@ -157,13 +194,22 @@ fn watch_commits() -> Option<watch::Receiver<u64>> {
         }
     };
     let (tx, rx) = watch::channel(0u64);
+    let touched = Arc::new(Mutex::new(changes::Touched::default()));
+    let held = touched.clone();
     let spawned = std::thread::Builder::new()
         .name("nft-commits".into())
         .spawn(move || {
             loop {
-                if let Err(e) = nft.wait_commit() {
-                    warn!(error = %e, "nf_tables commit subscription failed; the service table is re-read every --services-every");
-                    return;
+                match nft.wait_commit() {
+                    Ok(t) => {
+                        if let Ok(mut held) = held.lock() {
+                            held.merge(t);
+                        }
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "nf_tables commit subscription failed; the service table is re-read every --services-every");
+                        return;
+                    }
                 }
                 tx.send_modify(|n| *n += 1);
                 if tx.is_closed() {
@@ -171,7 +217,7 @@ fn watch_commits() -> Option<watch::Receiver<u64>> {
                 }
             }
         });
-    spawned.ok().map(|_| rx)
+    spawned.ok().map(|_| CommitFeed { count: rx, touched })
 }
 
 /// What the polled change tests last said.
@@ -193,10 +239,13 @@ fn poll(ipvs: bool) -> Polled {
 }
 
 async fn on_change(r: Refresher) {
-    let mut commits = watch_commits();
+    let mut commits = r.first.commits;
     let mut pacer = Pacer::default();
     let mut last: Option<ServiceTable> = None;
-    let mut first = r.first;
+    let mut first = r.first.read;
+    // What no commit message says (the first read, the safety net, a failed read, a signal
+    // from the polled tests) is read whole.
+    let mut read_whole = true;
     let mut polled = Polled::default();
     let mut ipvs_mode = false;
     let mut safety = tokio::time::Instant::now() + r.every;
@@ -208,8 +257,17 @@ async fn on_change(r: Refresher) {
             && due <= Instant::now()
         {
             pacer.started(Instant::now());
-            if let Some(rx) = &mut commits {
-                rx.borrow_and_update();
+            if let Some(feed) = &mut commits {
+                feed.count.borrow_and_update();
+            }
+            // The first read began with the agent: what was touched since is left for the next.
+            let mut touched = match (&commits, first.is_some()) {
+                (_, true) => changes::Touched::everything(),
+                (Some(feed), false) => feed.take(),
+                (None, false) => changes::Touched::everything(),
+            };
+            if std::mem::take(&mut read_whole) {
+                touched = changes::Touched::everything();
             }
             // The change tests' state before the read: a change during it is seen next poll.
             let before = {
@@ -220,8 +278,16 @@ async fn on_change(r: Refresher) {
             };
             let started = Instant::now();
             let read = match first.take() {
-                Some(handle) => handle.await,
-                None => tokio::task::spawn_blocking(state::read_services).await,
+                Some(handle) => {
+                    let read = handle.await;
+                    if commits.as_ref().is_some_and(|f| !f.is_empty()) {
+                        pacer.signal(Instant::now());
+                    }
+                    read
+                }
+                None => {
+                    tokio::task::spawn_blocking(move || state::read_services_after(&touched)).await
+                }
             };
             let took = started.elapsed();
             pacer.finished(took);
@@ -248,10 +314,12 @@ async fn on_change(r: Refresher) {
                 Ok(Err(e)) => {
                     warn!(error = %e, "reading the service table; keeping the last one, retrying in {RETRY:?}");
                     safety = tokio::time::Instant::now() + RETRY;
+                    read_whole = true;
                 }
                 Err(e) => {
                     warn!(error = %e, "the service table reader failed; keeping the last one");
                     safety = tokio::time::Instant::now() + RETRY;
+                    read_whole = true;
                 }
             }
             continue;
@@ -263,7 +331,7 @@ async fn on_change(r: Refresher) {
         tokio::select! {
             changed = async {
                 match &mut commits {
-                    Some(rx) => rx.changed().await,
+                    Some(feed) => feed.count.changed().await,
                     None => std::future::pending().await,
                 }
             } => {
@@ -284,6 +352,7 @@ async fn on_change(r: Refresher) {
             _ = tokio::time::sleep_until(wake) => {
                 if tokio::time::Instant::now() >= safety {
                     pacer.signal(Instant::now());
+                    read_whole = true;
                     safety = tokio::time::Instant::now() + r.every;
                 }
             }
@@ -322,17 +391,10 @@ impl TableLine {
 
 /// The table for the correlator at start: in timer mode the first read, awaited (the old
 /// behaviour); in change mode nothing yet (the refresher sends it when it lands).
-pub async fn initial(
-    mode: ReaderMode,
-    first: JoinHandle<anyhow::Result<ServiceTable>>,
-) -> (
-    ServiceTable,
-    Option<JoinHandle<anyhow::Result<ServiceTable>>>,
-) {
-    match mode {
-        ReaderMode::Change => (ServiceTable::default(), Some(first)),
-        ReaderMode::Timer => {
-            let table = match first.await {
+pub async fn initial(mode: ReaderMode, mut first: Pending) -> (ServiceTable, Pending) {
+    match (mode, first.read.take()) {
+        (ReaderMode::Timer, Some(read)) => {
+            let table = match read.await {
                 Ok(Ok(table)) => table,
                 Ok(Err(e)) => {
                     warn!(error = %e, "reading the service table");
@@ -343,7 +405,11 @@ pub async fn initial(
                     ServiceTable::default()
                 }
             };
-            (table, None)
+            (table, first)
+        }
+        (_, read) => {
+            first.read = read;
+            (ServiceTable::default(), first)
         }
     }
 }

@@ -21,7 +21,11 @@
 //! - ipsets (IPVS mode's `externalTrafficPolicy: Local` NodePorts) have no notification either;
 //!   they are re-read with every full read.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::io;
+use std::os::fd::AsRawFd;
+
+use netlink_packet_core::NlasIterator;
 
 use crate::netlink;
 
@@ -47,6 +51,205 @@ pub fn has_new_generation(buf: &[u8]) -> bool {
     }
 }
 
+/// `NFPROTO_IPV4` / `NFPROTO_IPV6`: the nfgenmsg family of `ip` / `ip6` tables.
+pub const FAMILY_IP: u8 = 2;
+pub const FAMILY_IP6: u8 = 10;
+
+/// More names than this between two reads is "everything" (a full restore publishes one
+/// message per rule; their chains are then better read in one dump than one by one).
+pub const MAX_NAMED: usize = 4096;
+
+/// What changed in one table since the last read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TableChange<'a> {
+    Untouched,
+    /// The table itself was created, deleted or changed, or messages were lost.
+    Whole,
+    /// Only these chains, sets and maps (by name).
+    Named(&'a BTreeSet<String>),
+}
+
+/// What a run of nf_tables messages changed: per table, the chains and sets they name
+/// (rules name their chain, set elements their set), so a reader can re-read those alone.
+/// Lost or unreadable messages make it [`Touched::everything`].
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Touched {
+    everything: bool,
+    /// (family, table) -> the names touched; None: the whole table.
+    tables: BTreeMap<(u8, String), Option<BTreeSet<String>>>,
+    named: usize,
+}
+
+impl Touched {
+    /// Anything may have changed (the first read, a lost message, the safety net).
+    pub fn everything() -> Touched {
+        Touched {
+            everything: true,
+            ..Touched::default()
+        }
+    }
+
+    /// `names` of table `table` in `family` touched (the readers' tests).
+    pub fn naming<'a>(
+        family: u8,
+        table: &str,
+        names: impl IntoIterator<Item = &'a str>,
+    ) -> Touched {
+        let mut t = Touched::default();
+        for n in names {
+            t.name(family, table.to_string(), n.to_string());
+        }
+        t
+    }
+
+    pub fn is_everything(&self) -> bool {
+        self.everything
+    }
+
+    pub fn is_empty(&self) -> bool {
+        !self.everything && self.tables.is_empty()
+    }
+
+    /// What changed in table `table` of `family`.
+    pub fn table(&self, family: u8, table: &str) -> TableChange<'_> {
+        if self.everything {
+            return TableChange::Whole;
+        }
+        match self.tables.get(&(family, table.to_string())) {
+            None => TableChange::Untouched,
+            Some(None) => TableChange::Whole,
+            Some(Some(names)) => TableChange::Named(names),
+        }
+    }
+
+    fn whole_table(&mut self, family: u8, table: String) {
+        if let Some(Some(names)) = self.tables.insert((family, table), None) {
+            self.named -= names.len();
+        }
+    }
+
+    fn name(&mut self, family: u8, table: String, name: String) {
+        if self.everything {
+            return;
+        }
+        // A whole-table entry (None) already covers the name.
+        if let Some(names) = self
+            .tables
+            .entry((family, table))
+            .or_insert_with(|| Some(BTreeSet::new()))
+            && names.insert(name)
+        {
+            self.named += 1;
+        }
+        if self.named > MAX_NAMED {
+            *self = Touched::everything();
+        }
+    }
+
+    pub fn merge(&mut self, other: Touched) {
+        if other.everything {
+            *self = Touched::everything();
+            return;
+        }
+        for ((family, table), names) in other.tables {
+            match names {
+                None => self.whole_table(family, table),
+                Some(names) => {
+                    for n in names {
+                        self.name(family, table.clone(), n);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The nf_tables message types (the low byte; include/uapi/linux/netfilter/nf_tables.h).
+const NFT_MSG_NEWTABLE: u8 = 0;
+const NFT_MSG_DELTABLE: u8 = 2;
+const NFT_MSG_NEWCHAIN: u8 = 3;
+const NFT_MSG_DELCHAIN: u8 = 5;
+const NFT_MSG_NEWRULE: u8 = 6;
+const NFT_MSG_DELRULE: u8 = 8;
+const NFT_MSG_NEWSET: u8 = 9;
+const NFT_MSG_DELSET: u8 = 11;
+const NFT_MSG_NEWSETELEM: u8 = 12;
+const NFT_MSG_DELSETELEM: u8 = 14;
+/// `NFT_MSG_DESTROY*` (6.3+), from DESTROYTABLE to DESTROYSETELEM.
+const NFT_MSG_DESTROY: std::ops::RangeInclusive<u8> = 26..=30;
+
+/// The attribute that names the table: 1 in every object's message (`NFTA_TABLE_NAME`,
+/// `NFTA_CHAIN_TABLE`, `NFTA_RULE_TABLE`, `NFTA_SET_TABLE`, `NFTA_SET_ELEM_LIST_TABLE`).
+const ATTR_TABLE: u16 = 1;
+/// `NFTA_CHAIN_NAME`.
+const ATTR_CHAIN_NAME: u16 = 3;
+/// `NFTA_RULE_CHAIN`, `NFTA_SET_NAME`, `NFTA_SET_ELEM_LIST_SET`.
+const ATTR_OBJECT: u16 = 2;
+
+/// What a buffer of multicast messages touched, and whether it holds a commit's generation
+/// message. Pure; a malformed buffer or message touches everything (re-reading is the safe
+/// side).
+pub fn touched_by(buf: &[u8]) -> (Touched, bool) {
+    let Ok(messages) = netlink::split(buf) else {
+        return (Touched::everything(), true);
+    };
+    let mut touched = Touched::default();
+    let mut commit = false;
+    for m in messages {
+        if m.len() < 20 {
+            continue;
+        }
+        let ty = u16::from_ne_bytes([m[4], m[5]]);
+        if ty >> 8 != NFNL_SUBSYS_NFTABLES {
+            continue;
+        }
+        let (op, family) = (ty as u8, m[16]);
+        if u16::from(op) == NFT_MSG_NEWGEN {
+            commit = true;
+            continue;
+        }
+        let name_attr = match op {
+            NFT_MSG_NEWTABLE | NFT_MSG_DELTABLE => None,
+            NFT_MSG_NEWCHAIN | NFT_MSG_DELCHAIN => Some(ATTR_CHAIN_NAME),
+            NFT_MSG_NEWRULE | NFT_MSG_DELRULE | NFT_MSG_NEWSET | NFT_MSG_DELSET
+            | NFT_MSG_NEWSETELEM | NFT_MSG_DELSETELEM => Some(ATTR_OBJECT),
+            op if NFT_MSG_DESTROY.contains(&op) => None,
+            // Objects, flowtables, and what this build does not know: no service table reads
+            // them.
+            _ => continue,
+        };
+        let (mut table, mut name) = (None, None);
+        for attr in NlasIterator::new(&m[20..]) {
+            let Ok(attr) = attr else {
+                return (Touched::everything(), true);
+            };
+            let kind = attr.kind();
+            if kind == ATTR_TABLE {
+                table = c_string(attr.value());
+            } else if Some(kind) == name_attr {
+                name = c_string(attr.value());
+            }
+        }
+        match (table, name_attr, name) {
+            (Some(table), None, _) => touched.whole_table(family, table),
+            (Some(table), Some(_), Some(name)) => touched.name(family, table, name),
+            // A message without the names it should carry: be safe.
+            _ => return (Touched::everything(), true),
+        }
+    }
+    (touched, commit)
+}
+
+fn c_string(value: &[u8]) -> Option<String> {
+    let end = value.iter().position(|&b| b == 0).unwrap_or(value.len());
+    std::str::from_utf8(&value[..end]).ok().map(str::to_string)
+}
+
+/// The receive buffer asked for (`SO_RCVBUFFORCE`; root): a kube-proxy partial sync at 10,000
+/// Services rewrites `KUBE-SERVICES`, 20,000 messages of a few hundred bytes. Only a full
+/// restore should overflow it (and that is read in one dump anyway).
+const RCVBUF: libc::c_int = 64 << 20;
+
 /// A subscription to nf_tables' commits in the calling thread's network namespace.
 pub struct NftWatch {
     socket: netlink_sys::Socket,
@@ -58,19 +261,41 @@ impl NftWatch {
         let mut socket = netlink_sys::Socket::new(NETLINK_NETFILTER)?;
         socket.bind_auto()?;
         socket.add_membership(NFNLGRP_NFTABLES)?;
+        // Best effort: without it the default buffer overflows sooner, which reads more, not
+        // less.
+        let size: libc::c_int = RCVBUF;
+        // SAFETY: setsockopt on a descriptor we own, with a c_int value and its size.
+        unsafe {
+            libc::setsockopt(
+                socket.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVBUFFORCE,
+                (&raw const size).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            );
+        }
         Ok(NftWatch {
             socket,
             buf: vec![0; 256 * 1024],
         })
     }
 
-    /// Blocks until the next commit (or until messages were lost, which may hide one).
-    pub fn wait_commit(&mut self) -> io::Result<()> {
+    /// Blocks until the next commit (or until messages were lost, which may hide one), and
+    /// says what the messages up to it touched.
+    pub fn wait_commit(&mut self) -> io::Result<Touched> {
+        let mut touched = Touched::default();
         loop {
             match self.socket.recv(&mut &mut self.buf[..], 0) {
-                Ok(n) if has_new_generation(&self.buf[..n]) => return Ok(()),
-                Ok(_) => continue,
-                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => return Ok(()),
+                Ok(n) => {
+                    let (t, commit) = touched_by(&self.buf[..n]);
+                    touched.merge(t);
+                    if commit {
+                        return Ok(touched);
+                    }
+                }
+                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+                    return Ok(Touched::everything());
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
             }
@@ -156,6 +381,113 @@ mod tests {
         m[..4].copy_from_slice(&20u32.to_ne_bytes());
         m[4..6].copy_from_slice(&ty.to_ne_bytes());
         m
+    }
+
+    /// An nf_tables message as the kernel multicasts it: header, nfgenmsg, string attributes.
+    fn nft_message(op: u8, family: u8, attrs: &[(u16, &str)]) -> Vec<u8> {
+        let mut m = vec![0u8; 20];
+        m[4..6].copy_from_slice(&((NFNL_SUBSYS_NFTABLES << 8) | u16::from(op)).to_ne_bytes());
+        m[16] = family;
+        for (kind, value) in attrs {
+            let len = 4 + value.len() + 1;
+            m.extend((len as u16).to_ne_bytes());
+            m.extend(kind.to_ne_bytes());
+            m.extend(value.as_bytes());
+            m.push(0);
+            m.resize(m.len().next_multiple_of(4), 0);
+        }
+        let len = m.len() as u32;
+        m[..4].copy_from_slice(&len.to_ne_bytes());
+        m
+    }
+
+    #[test]
+    fn a_commit_names_the_chains_and_sets_it_touched() {
+        let mut batch = Vec::new();
+        // An endpoint moved: its service chain rewritten, one endpoint chain created, one
+        // deleted (iptables-nft, table ip nat).
+        for (op, chain) in [
+            (NFT_MSG_DELRULE, "KUBE-SVC-A"),
+            (NFT_MSG_NEWRULE, "KUBE-SVC-A"),
+            (NFT_MSG_NEWRULE, "KUBE-SVC-A"),
+            (NFT_MSG_NEWRULE, "KUBE-SEP-NEW"),
+        ] {
+            batch.extend(nft_message(
+                op,
+                FAMILY_IP,
+                &[(ATTR_TABLE, "nat"), (ATTR_OBJECT, chain)],
+            ));
+        }
+        batch.extend(nft_message(
+            NFT_MSG_DELCHAIN,
+            FAMILY_IP,
+            &[(ATTR_TABLE, "nat"), (ATTR_CHAIN_NAME, "KUBE-SEP-OLD")],
+        ));
+        // kube-proxy's nftables mode: a map element.
+        batch.extend(nft_message(
+            NFT_MSG_NEWSETELEM,
+            FAMILY_IP,
+            &[(ATTR_TABLE, "kube-proxy"), (ATTR_OBJECT, "service-ips")],
+        ));
+        // The same chain name in ip6 is another table.
+        batch.extend(nft_message(
+            NFT_MSG_NEWRULE,
+            FAMILY_IP6,
+            &[(ATTR_TABLE, "nat"), (ATTR_OBJECT, "KUBE-SERVICES")],
+        ));
+        let (touched, commit) = touched_by(&batch);
+        assert!(!commit, "no generation message yet");
+        let names = |family, table| match touched.table(family, table) {
+            TableChange::Named(n) => n.iter().cloned().collect::<Vec<_>>(),
+            other => panic!("{table}: {other:?}"),
+        };
+        assert_eq!(
+            names(FAMILY_IP, "nat"),
+            ["KUBE-SEP-NEW", "KUBE-SEP-OLD", "KUBE-SVC-A"]
+        );
+        assert_eq!(names(FAMILY_IP, "kube-proxy"), ["service-ips"]);
+        assert_eq!(names(FAMILY_IP6, "nat"), ["KUBE-SERVICES"]);
+        assert_eq!(touched.table(FAMILY_IP, "filter"), TableChange::Untouched);
+
+        // The generation message ends the commit; a table-level message covers the table.
+        let mut more = nft_message(NFT_MSG_DELTABLE, FAMILY_IP, &[(ATTR_TABLE, "nat")]);
+        more.extend(message(NEWGEN_TYPE));
+        let (whole, commit) = touched_by(&more);
+        assert!(commit);
+        let mut all = touched.clone();
+        all.merge(whole);
+        assert_eq!(all.table(FAMILY_IP, "nat"), TableChange::Whole);
+        assert_eq!(names(FAMILY_IP6, "nat"), ["KUBE-SERVICES"]);
+        assert!(matches!(
+            all.table(FAMILY_IP6, "nat"),
+            TableChange::Named(_)
+        ));
+    }
+
+    #[test]
+    fn what_cannot_be_read_touches_everything() {
+        // A rule without its chain, a truncated attribute, garbage.
+        let nameless = nft_message(NFT_MSG_NEWRULE, FAMILY_IP, &[(ATTR_TABLE, "nat")]);
+        assert!(touched_by(&nameless).0.is_everything());
+        let mut cut = nft_message(NFT_MSG_NEWRULE, FAMILY_IP, &[(ATTR_TABLE, "nat")]);
+        cut.extend([200, 0, 2, 0]);
+        let len = cut.len() as u32;
+        cut[..4].copy_from_slice(&len.to_ne_bytes());
+        assert!(touched_by(&cut).0.is_everything());
+        assert!(
+            touched_by(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17])
+                .0
+                .is_everything()
+        );
+        // Too many names to read one by one is everything too.
+        let mut many = Touched::default();
+        for i in 0..=MAX_NAMED {
+            many.name(FAMILY_IP, "nat".into(), format!("KUBE-SEP-{i}"));
+        }
+        assert!(many.is_everything());
+        // Another subsystem's messages touch nothing.
+        let (other, commit) = touched_by(&message((1 << 8) | 6));
+        assert!(other.is_empty() && !commit);
     }
 
     #[test]

@@ -45,6 +45,11 @@ pub fn set_reuse_parses(on: bool) {
     REUSE_PARSES.store(on, Ordering::Relaxed);
 }
 
+/// Whether earlier reads may be reused (see [`set_reuse_parses`]); off, every read is whole.
+pub fn reuse_parses() -> bool {
+    REUSE_PARSES.load(Ordering::Relaxed)
+}
+
 /// The last parse of each dump (by the command that printed it), reused while the dump is
 /// the same: kube-proxy re-syncing with unchanged content costs the dump and a hash, not a
 /// parse. The whole text is hashed (SipHash, ~1 GB/s; no sampling that could miss a
@@ -229,7 +234,13 @@ pub struct SelfLoopFacts {
 /// kube-proxy's iptables rules. The iptables masquerade rules and NodePorts are kept in
 /// both cases: IPVS mode still programs them in the nat table. Blocking (runs commands).
 pub fn read_services() -> anyhow::Result<ServiceTable> {
-    let iptables = iptables::read_blocking();
+    read_services_after(&changes::Touched::everything())
+}
+
+/// [`read_services`], re-reading of the nf_tables-backed iptables rules only the chains
+/// `touched` names (see [`iptables`]'s docs).
+pub fn read_services_after(touched: &changes::Touched) -> anyhow::Result<ServiceTable> {
+    let iptables = iptables::read_blocking_after(touched);
     let ipvs = ipvs::read()?;
     match (ipvs, iptables) {
         (Some(mut table), Ok(ipt)) if !table.services.is_empty() => {

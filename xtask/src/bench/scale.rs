@@ -78,9 +78,10 @@ pub struct Point {
     pub reader: Reader,
     pub services: usize,
     pub ready_ms: f64,
-    /// Percent of one core: rules unchanged, re-sync unchanged, re-sync one changed.
-    pub cpu: [f64; 3],
-    pub syncs: [usize; 2],
+    /// Percent of one core: rules unchanged, re-sync unchanged, re-sync one changed, partial
+    /// sync one changed (iptables mode; NaN in nftables mode).
+    pub cpu: [f64; 4],
+    pub syncs: [usize; 3],
     pub fresh_ms: Vec<f64>,
     pub read_ms: Vec<f64>,
     pub rss_mib: f64,
@@ -108,12 +109,7 @@ pub fn iptables_rules(n: usize, changed: Option<usize>) -> String {
         "*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-NODEPORTS - [0:0]\n:KUBE-POSTROUTING - [0:0]\n:KUBE-MARK-MASQ - [0:0]\n",
     );
     for i in 0..n {
-        s.push_str(&format!(
-            ":KUBE-SVC-CLBSCALE{i:07} - [0:0]\n:KUBE-SEP-CLBSCALE{i:07} - [0:0]\n"
-        ));
-        if i < NODEPORTS {
-            s.push_str(&format!(":KUBE-EXT-CLBSCALE{i:07} - [0:0]\n"));
-        }
+        s.push_str(&service_chain_decls(i));
     }
     s.push_str(
         "-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000\n\
@@ -122,26 +118,89 @@ pub fn iptables_rules(n: usize, changed: Option<usize>) -> String {
          -A KUBE-POSTROUTING -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE --random-fully\n",
     );
     for i in 0..n {
-        let (ip, name) = (cluster_ip(i), format!("scale/svc-{i}:http"));
-        let b = backend(i, changed == Some(i));
+        s.push_str(&service_rules(i));
+        s.push_str(&service_chain_rules(i, changed == Some(i)));
+    }
+    s.push_str(NODEPORTS_JUMP);
+    s.push_str("COMMIT\n");
+    s
+}
+
+/// A kube-proxy >= 1.28 partial sync of `n` Services as one `iptables-restore --noflush`
+/// input: `KUBE-SERVICES` and `KUBE-NODEPORTS` rewritten whole (kube-proxy writes them on
+/// every sync), the chains of Service `write` (re)written (its endpoint moved when `moved`),
+/// the chains of Service `delete` deleted; every other chain untouched.
+pub fn iptables_partial(
+    n: usize,
+    write: Option<usize>,
+    moved: bool,
+    delete: Option<usize>,
+) -> String {
+    let mut s = String::with_capacity(n * 200);
+    s.push_str("*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-NODEPORTS - [0:0]\n");
+    for i in write.into_iter().chain(delete) {
+        s.push_str(&service_chain_decls(i));
+    }
+    for i in 0..n {
+        s.push_str(&service_rules(i));
+    }
+    s.push_str(NODEPORTS_JUMP);
+    if let Some(i) = write {
+        s.push_str(&service_chain_rules(i, moved));
+    }
+    if let Some(i) = delete {
         s.push_str(&format!(
-            "-A KUBE-SERVICES -d {ip}/32 -p tcp -m comment --comment \"{name} cluster IP\" -m tcp --dport 80 -j KUBE-SVC-CLBSCALE{i:07}\n\
-             -A KUBE-SVC-CLBSCALE{i:07} -m comment --comment \"{name} -> {b}:8080\" -j KUBE-SEP-CLBSCALE{i:07}\n\
-             -A KUBE-SEP-CLBSCALE{i:07} -s {b}/32 -m comment --comment \"{name}\" -j KUBE-MARK-MASQ\n\
-             -A KUBE-SEP-CLBSCALE{i:07} -p tcp -m comment --comment \"{name}\" -m tcp -j DNAT --to-destination {b}:8080\n"
+            "-X KUBE-SVC-CLBSCALE{i:07}\n-X KUBE-SEP-CLBSCALE{i:07}\n"
         ));
         if i < NODEPORTS {
-            s.push_str(&format!(
-                "-A KUBE-NODEPORTS -p tcp -m comment --comment \"{name}\" -m tcp --dport {} -j KUBE-EXT-CLBSCALE{i:07}\n\
-                 -A KUBE-EXT-CLBSCALE{i:07} -m comment --comment \"masquerade traffic for {name} external destinations\" -j KUBE-MARK-MASQ\n\
-                 -A KUBE-EXT-CLBSCALE{i:07} -j KUBE-SVC-CLBSCALE{i:07}\n",
-                30_000 + i
-            ));
+            s.push_str(&format!("-X KUBE-EXT-CLBSCALE{i:07}\n"));
         }
     }
-    s.push_str(
-        "-A KUBE-SERVICES -m comment --comment \"kubernetes service nodeports; NOTE: this must be the last rule in this chain\" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS\nCOMMIT\n",
+    s.push_str("COMMIT\n");
+    s
+}
+
+const NODEPORTS_JUMP: &str = "-A KUBE-SERVICES -m comment --comment \"kubernetes service nodeports; NOTE: this must be the last rule in this chain\" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS\n";
+
+/// Service `i`'s own chains, declared (a declaration flushes an existing chain).
+fn service_chain_decls(i: usize) -> String {
+    let mut s = format!(":KUBE-SVC-CLBSCALE{i:07} - [0:0]\n:KUBE-SEP-CLBSCALE{i:07} - [0:0]\n");
+    if i < NODEPORTS {
+        s.push_str(&format!(":KUBE-EXT-CLBSCALE{i:07} - [0:0]\n"));
+    }
+    s
+}
+
+/// Service `i`'s rules in `KUBE-SERVICES` and `KUBE-NODEPORTS`.
+fn service_rules(i: usize) -> String {
+    let (ip, name) = (cluster_ip(i), format!("scale/svc-{i}:http"));
+    let mut s = format!(
+        "-A KUBE-SERVICES -d {ip}/32 -p tcp -m comment --comment \"{name} cluster IP\" -m tcp --dport 80 -j KUBE-SVC-CLBSCALE{i:07}\n"
     );
+    if i < NODEPORTS {
+        s.push_str(&format!(
+            "-A KUBE-NODEPORTS -p tcp -m comment --comment \"{name}\" -m tcp --dport {} -j KUBE-EXT-CLBSCALE{i:07}\n",
+            30_000 + i
+        ));
+    }
+    s
+}
+
+/// The rules of Service `i`'s own chains (`moved`: its endpoint is the other one).
+fn service_chain_rules(i: usize, moved: bool) -> String {
+    let name = format!("scale/svc-{i}:http");
+    let b = backend(i, moved);
+    let mut s = format!(
+        "-A KUBE-SVC-CLBSCALE{i:07} -m comment --comment \"{name} -> {b}:8080\" -j KUBE-SEP-CLBSCALE{i:07}\n\
+         -A KUBE-SEP-CLBSCALE{i:07} -s {b}/32 -m comment --comment \"{name}\" -j KUBE-MARK-MASQ\n\
+         -A KUBE-SEP-CLBSCALE{i:07} -p tcp -m comment --comment \"{name}\" -m tcp -j DNAT --to-destination {b}:8080\n"
+    );
+    if i < NODEPORTS {
+        s.push_str(&format!(
+            "-A KUBE-EXT-CLBSCALE{i:07} -m comment --comment \"masquerade traffic for {name} external destinations\" -j KUBE-MARK-MASQ\n\
+             -A KUBE-EXT-CLBSCALE{i:07} -j KUBE-SVC-CLBSCALE{i:07}\n"
+        ));
+    }
     s
 }
 
@@ -205,12 +264,18 @@ pub fn nft_rules(n: usize, changed: Option<usize>) -> String {
 
 /// The rules of `n` Services in `mode`, `changed` moved: one commit, applied now.
 fn apply(mode: Mode, n: usize, changed: Option<usize>) -> Result<()> {
-    let (text, argv): (String, &[&str]) = match mode {
-        Mode::Iptables => (
-            iptables_rules(n, changed),
-            &["iptables-restore", "-w", "--noflush"],
-        ),
-        Mode::Nftables => (nft_rules(n, changed), &["nft", "-f", "-"]),
+    let text = match mode {
+        Mode::Iptables => iptables_rules(n, changed),
+        Mode::Nftables => nft_rules(n, changed),
+    };
+    apply_text(mode, n, text)
+}
+
+/// One commit of `text` (of `n` Services) in `mode`'s tool.
+fn apply_text(mode: Mode, n: usize, text: String) -> Result<()> {
+    let argv: &[&str] = match mode {
+        Mode::Iptables => &["iptables-restore", "-w", "--noflush"],
+        Mode::Nftables => &["nft", "-f", "-"],
     };
     let mut child = Command::new("ip")
         .args(["netns", "exec", net::NS_NODE])
@@ -391,13 +456,38 @@ fn point(
     let (idle, _) = cpu_during(pid, window, |_| Ok(()))?;
     let (same, syncs_same) = cpu_during(pid, window, |_| apply(mode, n, None))?;
     let (changed, syncs_changed) = cpu_during(pid, window, |k| apply(mode, n, Some(k % n.max(1))))?;
-    // Back to the base content, then Services added and removed.
+    // kube-proxy >= 1.28 writes only what changed (and its two top chains).
+    let (partial, syncs_partial) = match mode {
+        Mode::Iptables => cpu_during(pid, window, |k| {
+            apply_text(
+                mode,
+                n,
+                iptables_partial(
+                    n,
+                    Some(k % n.max(1)),
+                    (k / n.max(1)).is_multiple_of(2),
+                    None,
+                ),
+            )
+        })?,
+        Mode::Nftables => (f64::NAN, 0),
+    };
+    // Back to the base content, then Services added and removed (iptables mode: as kube-proxy
+    // >= 1.28 does, a partial sync; nftables mode: the whole table).
     apply(mode, n, None)?;
     pause(Duration::from_secs(2))?;
     let mut fresh_ms = Vec::new();
     for s in 0..FRESHNESS_SAMPLES {
         let count = if s % 2 == 0 { n + 1 } else { n };
-        apply(mode, count, None)?;
+        match mode {
+            Mode::Iptables if count > n => {
+                apply_text(mode, count, iptables_partial(count, Some(n), false, None))?
+            }
+            Mode::Iptables => {
+                apply_text(mode, count, iptables_partial(count, None, false, Some(n)))?
+            }
+            Mode::Nftables => apply(mode, count, None)?,
+        }
         let committed = now_of_day();
         let (seen, _) = wait_table(work, count, committed)?;
         fresh_ms.push((seen - committed) * 1e3);
@@ -413,8 +503,8 @@ fn point(
         reader,
         services: n,
         ready_ms,
-        cpu: [idle, same, changed],
-        syncs: [syncs_same, syncs_changed],
+        cpu: [idle, same, changed, partial],
+        syncs: [syncs_same, syncs_changed, syncs_partial],
         fresh_ms,
         read_ms,
         rss_mib,
@@ -486,6 +576,7 @@ pub fn tables(
                 "CPU idle, % core",
                 "CPU re-sync unchanged, %",
                 "CPU re-sync 1 changed, %",
+                "CPU partial sync 1 changed, %",
                 "read, ms (median, max)",
                 "freshness, ms (median, max)",
                 "RSS peak, MiB",
@@ -501,8 +592,8 @@ pub fn tables(
              Service). Each row is one agent start: CPU of the agent and its children \
              (`iptables-save`, `nft`) over {} s windows: rules unchanged; a kube-proxy-like \
              re-sync each second (the whole rule set re-committed, content unchanged); a \
-             re-sync each second with one Service's endpoint changed. Freshness: a Service \
-             added or removed, from the commit to the agent's log line of the new table \
+             re-sync each second with one Service's endpoint changed; {} Freshness: a Service \
+             added or removed ({}), from the commit to the agent's log line of the new table \
              ({FRESHNESS_SAMPLES} samples). Read: `read_ms` of the reads that produced a new \
              table. The baseline is the old reader (`--services-reader timer --services-every \
              5`: a full read and parse every 5 s, ready after the first read). The machine (2 \
@@ -513,7 +604,18 @@ pub fn tables(
                 Mode::Iptables => "7 nat",
                 Mode::Nftables => "a map element and 2-3 chains",
             },
-            window.as_secs()
+            window.as_secs(),
+            match mode {
+                Mode::Iptables =>
+                    "a partial sync each second as kube-proxy >= 1.28 writes it \
+                     (`KUBE-SERVICES` and `KUBE-NODEPORTS` rewritten whole, one Service's own \
+                     chains rewritten with its endpoint moved, nothing else).",
+                Mode::Nftables => "(no partial-sync column: this reader reads the table whole).",
+            },
+            match mode {
+                Mode::Iptables => "a kube-proxy >= 1.28 partial sync",
+                Mode::Nftables => "the whole table re-committed",
+            },
         );
         for p in points.iter().filter(|p| p.mode == mode) {
             t.rows.push(vec![
@@ -523,6 +625,11 @@ pub fn tables(
                 format!("{:.1}", p.cpu[0]),
                 format!("{:.1} ({} syncs)", p.cpu[1], p.syncs[0]),
                 format!("{:.1} ({} syncs)", p.cpu[2], p.syncs[1]),
+                if p.cpu[3].is_nan() {
+                    "–".into()
+                } else {
+                    format!("{:.1} ({} syncs)", p.cpu[3], p.syncs[2])
+                },
                 fmt_ms(&p.read_ms),
                 fmt_ms(&p.fresh_ms),
                 format!("{:.0}", p.rss_mib),
@@ -539,10 +646,11 @@ pub fn tables(
             summary.push((
                 format!("service table, {} mode, {} Services", mode.name(), big.services),
                 format!(
-                    "CPU idle {:.1}% / re-sync unchanged {:.1}% / 1 changed {:.1}% of a core (old reader: {}), freshness {} ms, ready {:.0} ms, RSS {:.0} MiB",
+                    "CPU idle {:.1}% / re-sync unchanged {:.1}% / 1 changed {:.1}% / partial sync {} of a core (old reader: {}), freshness {} ms, ready {:.0} ms, RSS {:.0} MiB",
                     big.cpu[0],
                     big.cpu[1],
                     big.cpu[2],
+                    if big.cpu[3].is_nan() { "–".to_string() } else { format!("{:.1}%", big.cpu[3]) },
                     old.map(|o| format!("{:.1}% / {:.1}% / {:.1}%, ready {:.0} ms", o.cpu[0], o.cpu[1], o.cpu[2], o.ready_ms))
                         .unwrap_or_else(|| "–".into()),
                     fmt_ms(&big.fresh_ms),
@@ -589,6 +697,9 @@ pub fn plot(points: &[Point], root: &Path) -> Result<Vec<(Mode, String)>> {
                     ("idle, on change", Reader::Change, |p| p.cpu[0]),
                     ("re-sync unchanged, on change", Reader::Change, |p| p.cpu[1]),
                     ("re-sync 1 changed, on change", Reader::Change, |p| p.cpu[2]),
+                    ("partial sync 1 changed, on change", Reader::Change, |p| {
+                        p.cpu[3]
+                    }),
                     ("idle, timer (old)", Reader::Timer, |p| p.cpu[0]),
                     ("re-sync unchanged, timer (old)", Reader::Timer, |p| {
                         p.cpu[1]
@@ -617,7 +728,7 @@ pub fn plot(points: &[Point], root: &Path) -> Result<Vec<(Mode, String)>> {
                 ],
             ),
         ];
-        let colors = [BLUE, RED, GREEN, MAGENTA, BLACK];
+        let colors = [BLUE, RED, GREEN, CYAN, MAGENTA, BLACK];
         for (panel, (caption, series)) in panels.iter().zip(panels_spec) {
             let ymax = series
                 .iter()

@@ -1,0 +1,558 @@
+//! The pure half of the iptables reader: `iptables-save -t nat` / `iptables -t nat -S` text
+//! -> rules -> chains -> [`ServiceTable`]. Never fails, never panics: lines it does not
+//! understand are skipped.
+
+use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
+
+use crate::event::Proto;
+use crate::state::{NodePortEntry, ServiceEntry, ServiceSource, ServiceTable};
+
+/// What of an `iptables-save` dump is the rules: its `#` lines (the date of the dump) and the
+/// chains' counters (`:PREROUTING ACCEPT [12:3456]`, moving with traffic) are left out.
+pub fn digest(text: &str, h: &mut std::hash::DefaultHasher) {
+    use std::hash::Hash;
+    for line in text.lines() {
+        if line.starts_with('#') {
+            continue;
+        }
+        let line = match line.strip_prefix(':') {
+            Some(chain) => chain.split_once(" [").map_or(chain, |(head, _)| head),
+            None => strip_counters(line),
+        };
+        line.hash(h);
+    }
+}
+
+/// kube-proxy's IPVS access filter chain (filter table, jumped from INPUT; kube-proxy >= 1.25
+/// in IPVS mode): REJECTs new connections to kube-ipvs0 addresses on ports no service uses.
+pub const ACCESS_FILTER_CHAIN: &str = "KUBE-IPVS-FILTER";
+
+/// The rules of [`ACCESS_FILTER_CHAIN`] in `iptables -S` or `iptables-save` text.
+pub fn parse_access_filter(text: &str) -> Vec<String> {
+    let prefix = format!("-A {ACCESS_FILTER_CHAIN} ");
+    text.lines()
+        .map(|l| strip_counters(l.trim()))
+        .filter(|l| l.starts_with(&prefix))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Merges `other` into `table`: services by VIP:port/proto (backends united), NodePorts by
+/// port/proto (`local_only` if either says so), masquerade rules deduplicated.
+pub fn merge(table: &mut ServiceTable, other: ServiceTable) {
+    use std::collections::HashMap;
+    if table.source.is_none() {
+        table.source = other.source;
+    }
+    // Indexed once per merge: a 10,000-Service table merged entry by entry with a linear
+    // search was quadratic.
+    let mut services: HashMap<_, usize> = table
+        .services
+        .iter()
+        .enumerate()
+        .map(|(i, t)| ((t.vip, t.port, t.proto), i))
+        .collect();
+    for s in other.services {
+        match services.get(&(s.vip, s.port, s.proto)) {
+            Some(&i) => {
+                let t = &mut table.services[i];
+                if t.service.is_none() {
+                    t.service = s.service;
+                }
+                for b in s.backends {
+                    if !t.backends.contains(&b) {
+                        t.backends.push(b);
+                    }
+                }
+                t.backends.sort();
+            }
+            None => {
+                services.insert((s.vip, s.port, s.proto), table.services.len());
+                table.services.push(s);
+            }
+        }
+    }
+    let mut nodeports: HashMap<_, usize> = table
+        .nodeports
+        .iter()
+        .enumerate()
+        .map(|(i, t)| ((t.port, t.proto), i))
+        .collect();
+    for n in other.nodeports {
+        match nodeports.get(&(n.port, n.proto)) {
+            Some(&i) => {
+                let t = &mut table.nodeports[i];
+                t.local_only |= n.local_only;
+                if t.service.is_none() {
+                    t.service = n.service;
+                }
+            }
+            None => {
+                nodeports.insert((n.port, n.proto), table.nodeports.len());
+                table.nodeports.push(n);
+            }
+        }
+    }
+    for m in other.masquerade_rules {
+        if !table.masquerade_rules.contains(&m) {
+            table.masquerade_rules.push(m);
+        }
+    }
+}
+
+/// One `-A` rule, reduced to the matches and targets kube-proxy uses.
+#[derive(Debug, Default, Clone)]
+pub(super) struct Rule {
+    /// The rule as written (without `[pkts:bytes]` counters).
+    pub(super) text: String,
+    pub(super) chain: String,
+    /// `-d` address/prefix, when not negated.
+    pub(super) dst: Option<String>,
+    pub(super) dst_negated: bool,
+    pub(super) proto: Option<String>,
+    pub(super) dport: Option<u16>,
+    pub(super) comment: Option<String>,
+    /// `-j` or `-g` target.
+    pub(super) target: Option<String>,
+    pub(super) to_destination: Option<String>,
+    /// `-m addrtype --src-type LOCAL`.
+    pub(super) src_type_local: bool,
+}
+
+const SERVICE_CHAIN_PREFIXES: [&str; 5] = [
+    "KUBE-SVC-",
+    "KUBE-SVL-",
+    "KUBE-EXT-",
+    "KUBE-FW-",
+    "KUBE-XLB-",
+];
+
+fn is_service_chain(name: &str) -> bool {
+    SERVICE_CHAIN_PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
+/// The hash part of a kube-proxy chain name (`KUBE-EXT-ABC` -> `ABC`).
+fn chain_hash(name: &str) -> Option<&str> {
+    SERVICE_CHAIN_PREFIXES
+        .iter()
+        .chain(["KUBE-SEP-"].iter())
+        .find_map(|p| name.strip_prefix(p))
+}
+
+/// Parses `iptables-save -t nat` output (also `iptables -t nat -S [-v]` output and grep
+/// excerpts of either). Pure and total: unknown or malformed lines are ignored.
+pub fn parse_iptables_save(text: &str) -> ServiceTable {
+    NatChains::parse(text).table()
+}
+
+/// A nat table's rules, chain by chain, so that one chain can be replaced by a re-read of that
+/// chain alone (`iptables -t nat -S CHAIN`) and the table rebuilt without re-reading the rest.
+#[derive(Debug, Default, Clone)]
+pub struct NatChains {
+    chains: HashMap<String, Vec<Rule>>,
+    /// Chains in the order first seen: masquerade rules keep the dump's order.
+    pub(super) order: Vec<String>,
+}
+
+impl NatChains {
+    /// The nat rules of a dump or listing (see [`parse_iptables_save`]).
+    pub fn parse(text: &str) -> NatChains {
+        let mut held = NatChains::default();
+        // Rules outside a table header (`-S` output, grep excerpts) count as nat.
+        let mut in_nat = true;
+        for raw in text.lines() {
+            let line = strip_counters(raw.trim());
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            if let Some(table) = line.strip_prefix('*') {
+                in_nat = table.trim() == "nat";
+                continue;
+            }
+            if !in_nat || !line.starts_with("-A ") {
+                continue;
+            }
+            if let Some(rule) = parse_rule(line) {
+                held.push(rule);
+            }
+        }
+        held
+    }
+
+    fn push(&mut self, rule: Rule) {
+        match self.chains.get_mut(&rule.chain) {
+            Some(rules) => rules.push(rule),
+            None => {
+                self.order.push(rule.chain.clone());
+                self.chains.insert(rule.chain.clone(), vec![rule]);
+            }
+        }
+    }
+
+    /// Replaces `chain` with the rules of `listing` (`iptables -t nat -S chain`: only that
+    /// chain's `-A` lines are taken).
+    pub fn replace(&mut self, chain: &str, listing: &str) {
+        let rules: Vec<Rule> = NatChains::parse(listing)
+            .chains
+            .remove(chain)
+            .unwrap_or_default();
+        match self.chains.get_mut(chain) {
+            Some(held) => *held = rules,
+            None => {
+                self.order.push(chain.to_string());
+                self.chains.insert(chain.to_string(), rules);
+            }
+        }
+    }
+
+    /// The chain is gone.
+    pub fn remove(&mut self, chain: &str) {
+        if self.chains.remove(chain).is_some() {
+            self.order.retain(|c| c != chain);
+        }
+    }
+
+    /// How many chains are held (with rules, or emptied by a re-read).
+    pub fn len(&self) -> usize {
+        self.chains.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.chains.is_empty()
+    }
+
+    pub(super) fn rules(&self, chain: &str) -> &[Rule] {
+        self.chains.get(chain).map(Vec::as_slice).unwrap_or(&[])
+    }
+
+    /// The service table these rules make.
+    pub fn table(&self) -> ServiceTable {
+        build_table(self)
+    }
+}
+
+/// Drops the `[pkts:bytes] ` prefix `iptables-save -c` writes.
+fn strip_counters(line: &str) -> &str {
+    if line.starts_with('[')
+        && let Some(end) = line.find(']')
+    {
+        return line[end + 1..].trim_start();
+    }
+    line
+}
+
+/// Splits a rule line like a shell would for iptables-save's quoting: double quotes group,
+/// backslash escapes the next character inside quotes.
+fn tokenize(line: &str) -> Vec<String> {
+    let mut tokens = Vec::new();
+    let mut cur = String::new();
+    let mut in_token = false;
+    let mut in_quotes = false;
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => {
+                in_quotes = !in_quotes;
+                in_token = true;
+            }
+            '\\' if in_quotes => {
+                if let Some(n) = chars.next() {
+                    cur.push(n);
+                }
+            }
+            c if c.is_whitespace() && !in_quotes => {
+                if in_token {
+                    tokens.push(std::mem::take(&mut cur));
+                    in_token = false;
+                }
+            }
+            c => {
+                cur.push(c);
+                in_token = true;
+            }
+        }
+    }
+    if in_token {
+        tokens.push(cur);
+    }
+    tokens
+}
+
+pub(super) fn parse_rule(line: &str) -> Option<Rule> {
+    let tokens = tokenize(line);
+    let mut it = tokens.iter().peekable();
+    if it.next().map(String::as_str) != Some("-A") {
+        return None;
+    }
+    let mut rule = Rule {
+        text: line.to_string(),
+        chain: it.next()?.clone(),
+        ..Rule::default()
+    };
+    let mut negate = false;
+    while let Some(tok) = it.next() {
+        let tok = tok.as_str();
+        let neg = std::mem::take(&mut negate);
+        match tok {
+            "!" => negate = true,
+            "-d" | "--destination" | "--dst" => {
+                let v = it.next()?;
+                rule.dst = Some(v.clone());
+                rule.dst_negated = neg;
+            }
+            "-p" | "--protocol" => {
+                let v = it.next()?;
+                if !neg {
+                    rule.proto = Some(v.to_ascii_lowercase());
+                }
+            }
+            "--dport" | "--destination-port" => {
+                let v = it.next()?;
+                if !neg {
+                    rule.dport = v.parse().ok();
+                }
+            }
+            "--comment" => rule.comment = Some(it.next()?.clone()),
+            "-j" | "--jump" | "-g" | "--goto" => rule.target = Some(it.next()?.clone()),
+            "--to-destination" => rule.to_destination = Some(it.next()?.clone()),
+            "--src-type" => {
+                let v = it.next()?;
+                rule.src_type_local = !neg && v.split(',').any(|t| t == "LOCAL");
+            }
+            // `iptables -S -v` writes `-c PKTS BYTES`.
+            "-c" | "--set-counters" => {
+                it.next();
+                it.next();
+            }
+            _ => {
+                // An option we do not interpret: skip its arguments (tokens that are not options).
+                if tok.starts_with('-') {
+                    while let Some(next) = it.peek() {
+                        if next.starts_with('-') || next.as_str() == "!" {
+                            break;
+                        }
+                        it.next();
+                    }
+                }
+            }
+        }
+    }
+    Some(rule)
+}
+
+fn parse_proto(p: Option<&str>) -> Option<Proto> {
+    match p? {
+        "tcp" | "6" => Some(Proto::Tcp),
+        "udp" | "17" => Some(Proto::Udp),
+        "sctp" | "132" => Some(Proto::Other(132)),
+        other => other.parse::<u8>().ok().map(Proto::from_raw),
+    }
+}
+
+/// `10.96.0.10/32` -> 10.96.0.10; a non-host prefix is not a VIP.
+fn parse_host(addr: &str) -> Option<IpAddr> {
+    let (ip, prefix) = match addr.split_once('/') {
+        Some((ip, p)) => (ip, Some(p)),
+        None => (addr, None),
+    };
+    let ip: IpAddr = ip.parse().ok()?;
+    let host_prefix = if ip.is_ipv4() { "32" } else { "128" };
+    match prefix {
+        None => Some(ip),
+        Some(p) if p == host_prefix || p == "255.255.255.255" => Some(ip),
+        Some(_) => None,
+    }
+}
+
+/// The `namespace/name:port` part of a kube-proxy comment: drops the kind suffix (`cluster IP`,
+/// `external IP`, `loadbalancer IP`, ...) and a trailing `:` (older releases wrote
+/// `default/web:` for an unnamed port).
+fn service_name(comment: Option<&str>) -> Option<String> {
+    let c = comment?.trim();
+    let name = c.split_whitespace().next()?;
+    if !name.contains('/') {
+        return None;
+    }
+    let name = name.strip_suffix(':').unwrap_or(name);
+    Some(name.to_string())
+}
+
+pub(super) struct Chains<'a> {
+    pub(super) held: &'a NatChains,
+}
+
+impl<'a> Chains<'a> {
+    fn rules(&self, chain: &str) -> &'a [Rule] {
+        self.held.rules(chain)
+    }
+
+    /// DNAT targets reachable from `chain` through service and endpoint chains.
+    fn backends(&self, chain: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut seen = HashSet::new();
+        self.collect(chain, &mut seen, &mut out);
+        if out.is_empty() {
+            // A grep excerpt may lack the unconditional `-j KUBE-SVC-...` line of an EXT / FW /
+            // XLB chain; the service chain shares the hash.
+            if let Some(hash) = chain_hash(chain) {
+                let svc = format!("KUBE-SVC-{hash}");
+                if svc != chain {
+                    self.collect(&svc, &mut seen, &mut out);
+                }
+            }
+        }
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    fn collect(&self, chain: &str, seen: &mut HashSet<String>, out: &mut Vec<String>) {
+        if seen.len() > 10_000 || !seen.insert(chain.to_string()) {
+            return;
+        }
+        for r in self.rules(chain) {
+            if let Some(dest) = &r.to_destination
+                && r.target.as_deref() == Some("DNAT")
+            {
+                out.push(dest.clone());
+            }
+            if let Some(t) = &r.target
+                && (is_service_chain(t) || t.starts_with("KUBE-SEP-"))
+            {
+                self.collect(t, seen, out);
+            }
+        }
+    }
+
+    /// Whether a NodePort whose rule jumps to `target` has externalTrafficPolicy: Local.
+    pub(super) fn local_only(&self, target: &str) -> bool {
+        if target.starts_with("KUBE-XLB-") || target.starts_with("KUBE-SVL-") {
+            return true;
+        }
+        if !target.starts_with("KUBE-EXT-") {
+            return false;
+        }
+        let rules = self.rules(target);
+        let unconditional_masq = rules.iter().any(|r| {
+            r.target.as_deref() == Some("KUBE-MARK-MASQ")
+                && !r.src_type_local
+                && !r
+                    .comment
+                    .as_deref()
+                    .is_some_and(|c| c.starts_with("masquerade LOCAL traffic"))
+        });
+        if unconditional_masq {
+            return false;
+        }
+        let jumps_local = rules.iter().any(|r| {
+            r.target
+                .as_deref()
+                .is_some_and(|t| t.starts_with("KUBE-SVL-"))
+        });
+        let local_comments = rules.iter().any(|r| {
+            r.comment.as_deref().is_some_and(|c| {
+                c.starts_with("masquerade LOCAL traffic") || c.starts_with("route LOCAL traffic")
+            })
+        });
+        jumps_local || local_comments
+    }
+}
+
+fn build_table(held: &NatChains) -> ServiceTable {
+    let chains = Chains { held };
+    let mut table = ServiceTable {
+        source: Some(ServiceSource::Iptables),
+        ..ServiceTable::default()
+    };
+    // Services by VIP:port/proto: a linear search per rule was quadratic (10,000 Services:
+    // 50 million comparisons per parse).
+    let mut index: HashMap<(IpAddr, u16, Proto), usize> = HashMap::new();
+
+    for r in chains.rules("KUBE-SERVICES") {
+        let Some(target) = r.target.as_deref() else {
+            continue;
+        };
+        if !is_service_chain(target) || r.dst_negated {
+            continue;
+        }
+        let (Some(vip), Some(port), Some(proto)) = (
+            r.dst.as_deref().and_then(parse_host),
+            r.dport,
+            parse_proto(r.proto.as_deref()),
+        ) else {
+            continue;
+        };
+        let entry = ServiceEntry {
+            vip,
+            port,
+            proto,
+            service: service_name(r.comment.as_deref()),
+            backends: chains.backends(target),
+        };
+        merge_service(&mut table.services, &mut index, entry);
+    }
+
+    for r in chains.rules("KUBE-NODEPORTS") {
+        let Some(target) = r.target.as_deref() else {
+            continue;
+        };
+        if !is_service_chain(target) {
+            continue;
+        }
+        let (Some(port), Some(proto)) = (r.dport, parse_proto(r.proto.as_deref())) else {
+            continue;
+        };
+        let entry = NodePortEntry {
+            port,
+            proto,
+            service: service_name(r.comment.as_deref()),
+            local_only: chains.local_only(target),
+        };
+        match table
+            .nodeports
+            .iter_mut()
+            .find(|n| n.port == port && n.proto == proto)
+        {
+            Some(n) => {
+                n.local_only |= entry.local_only;
+                if n.service.is_none() {
+                    n.service = entry.service;
+                }
+            }
+            None => table.nodeports.push(entry),
+        }
+    }
+
+    for r in held.order.iter().flat_map(|c| held.rules(c)) {
+        if r.target.as_deref() == Some("MASQUERADE") && !table.masquerade_rules.contains(&r.text) {
+            table.masquerade_rules.push(r.text.clone());
+        }
+    }
+    table
+}
+
+fn merge_service(
+    services: &mut Vec<ServiceEntry>,
+    index: &mut HashMap<(IpAddr, u16, Proto), usize>,
+    entry: ServiceEntry,
+) {
+    let key = (entry.vip, entry.port, entry.proto);
+    match index.get(&key).map(|&i| &mut services[i]) {
+        Some(s) => {
+            if s.service.is_none() {
+                s.service = entry.service;
+            }
+            for b in entry.backends {
+                if !s.backends.contains(&b) {
+                    s.backends.push(b);
+                }
+            }
+            s.backends.sort();
+        }
+        None => {
+            index.insert(key, services.len());
+            services.push(entry);
+        }
+    }
+}
