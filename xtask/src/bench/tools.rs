@@ -364,7 +364,7 @@ pub fn iperf3_server() -> Result<Proc> {
     )?;
     // Until it listens.
     let end = Instant::now() + Duration::from_secs(5);
-    while !crate::lab::net::listening(net::NS_NODE, 5201)? {
+    while !crate::lab::servers::listening(net::NS_NODE, 5201)? {
         if Instant::now() > end {
             bail!("iperf3 server not listening after 5 s");
         }

@@ -16,8 +16,11 @@
 
 mod client;
 pub(crate) mod cmd;
+pub(crate) mod kube_proxy;
 pub(crate) mod net;
 pub mod nft;
+pub(crate) mod servers;
+pub(crate) mod switch;
 mod udp;
 pub mod v6;
 
@@ -28,7 +31,9 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 
 pub use client::{Attempt, connect_here, connect_in, http_get_in, in_netns};
-pub use net::{POD_BRIDGE, SERVERS, UP_STEPS};
+pub use net::UP_STEPS;
+pub use servers::SERVERS;
+pub use switch::POD_BRIDGE;
 pub use udp::{UDP_SERVERS, udp_exchange_in};
 
 /// Every lab namespace's name starts with this.
@@ -971,7 +976,7 @@ pub fn leftovers() -> Result<Vec<String>> {
         };
         if cmdline
             .split(|b| *b == 0)
-            .any(|arg| arg == net::SERVER_TAG.as_bytes())
+            .any(|arg| arg == servers::SERVER_TAG.as_bytes())
         {
             left.push(format!("process {}", entry.file_name().to_string_lossy()));
         }
@@ -1071,12 +1076,12 @@ impl Lab {
             st.addresses.push((ns.to_string(), net::addresses(ns)?));
         }
         if present(NS_NODE) {
-            st.mode = net::node_mode().ok();
-            st.variants = net::read_variants().ok();
-            st.vip_rule = Some(net::vip_rule_present());
+            st.mode = kube_proxy::node_mode().ok();
+            st.variants = switch::read_variants().ok();
+            st.vip_rule = Some(switch::vip_rule_present());
         }
         for (ns, port, _) in SERVERS {
-            let up = present(ns) && net::listening(ns, *port)?;
+            let up = present(ns) && servers::listening(ns, *port)?;
             st.servers.push((ns.to_string(), *port, up));
         }
         Ok(st)
@@ -1085,32 +1090,32 @@ impl Lab {
     /// The kube-proxy mode of the lab that is up (from kube-ipvs0's link type).
     pub fn mode(&self) -> Result<KubeProxyMode> {
         net::require_up()?;
-        net::node_mode()
+        kube_proxy::node_mode()
     }
 
     /// The variants as the node has them now.
     pub fn variants(&self) -> Result<Variants> {
         net::require_up()?;
-        net::read_variants()
+        switch::read_variants()
     }
 
     /// Turns one variant on or off.
     pub fn set(&self, variant: Variant, on: bool) -> Result<()> {
         net::require_up()?;
-        net::set_variant(variant, on).with_context(|| format!("setting {variant} {on}"))
+        switch::set_variant(variant, on).with_context(|| format!("setting {variant} {on}"))
     }
 
     /// Sets every variant.
     pub fn set_all(&self, variants: &Variants) -> Result<()> {
         net::require_up()?;
-        net::set_variants(variants)
+        switch::set_variants(variants)
     }
 
     /// Hairpin mode on pod-b's bridge port (variant `bridge-pod`), as the kubelet's
     /// `--hairpin-mode=hairpin-veth` sets it.
     pub fn set_pod_b_hairpin_mode(&self, on: bool) -> Result<()> {
         net::require_up()?;
-        net::set_pod_b_hairpin_mode(on)
+        switch::set_pod_b_hairpin_mode(on)
     }
 
     /// One TCP attempt from inside `ns` (bound to `src` if given), with this lab's timeout.
@@ -1128,7 +1133,7 @@ impl Lab {
             // observers (the agent's address sync debounces 100 ms) the same head start.
             std::thread::sleep(SETTLE);
         }
-        let expected = scenario.expected_in(net::node_mode()?);
+        let expected = scenario.expected_in(kube_proxy::node_mode()?);
         let attempt = if scenario.udp() {
             udp_exchange_in(spec.from_ns, spec.src, spec.dst, self.timeout)
         } else {
