@@ -24,6 +24,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
+pub use crate::arch::Arch;
 use crate::{setup, workspace_root};
 
 /// Debian packages whose tools the agent runs (`Command::new` in probe-user): iptables
@@ -46,49 +47,6 @@ const INPUTS_LABEL: &str = "io.github.clb-probe.inputs";
 
 /// The annotation carrying the digest of the image's SBOM (the file is in `target/image/`).
 const SBOM_ANNOTATION: &str = "io.github.clb-probe.sbom.cyclonedx.sha256";
-
-/// An image architecture (Debian's and the OCI names agree for these two).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Arch {
-    Amd64,
-    Arm64,
-}
-
-impl Arch {
-    pub const ALL: [Arch; 2] = [Arch::Amd64, Arch::Arm64];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Arch::Amd64 => "amd64",
-            Arch::Arm64 => "arm64",
-        }
-    }
-
-    /// The Rust target the agent is built for.
-    pub fn rust_target(self) -> &'static str {
-        match self {
-            Arch::Amd64 => "x86_64-unknown-linux-gnu",
-            Arch::Arm64 => "aarch64-unknown-linux-gnu",
-        }
-    }
-
-    /// The machine's own architecture (the images are built on amd64).
-    pub fn host() -> Arch {
-        if cfg!(target_arch = "aarch64") {
-            Arch::Arm64
-        } else {
-            Arch::Amd64
-        }
-    }
-
-    /// Where `cargo build --release --target <rust_target>` leaves the agent.
-    pub fn release_binary(self) -> PathBuf {
-        workspace_root()
-            .join("target")
-            .join(self.rust_target())
-            .join("release/probe")
-    }
-}
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct ImageArgs {

@@ -23,11 +23,12 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
+use crate::arch::Arch;
+
 use super::{
     KernelSpec,
     apt::{SuiteApt, closure, output, say},
     kernel::{self, Kernel},
-    qemu::Arch,
     shell_quote, suite,
 };
 
@@ -224,7 +225,7 @@ fn build_entry(dir: &Path, apt: &SuiteApt, package: &str, version: &str) -> anyh
 }
 
 /// The cross target of the guest's binaries.
-pub const TARGET: &str = "aarch64-unknown-linux-gnu";
+pub const TARGET: &str = Arch::Arm64.rust_target();
 
 /// The ipvs.rs test that drives the IPVS lab's three kinds (healthcheck_blackhole, hairpin,
 /// vip_port_unserved) with their twins, one agent.

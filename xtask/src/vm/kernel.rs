@@ -116,7 +116,7 @@ pub struct Kernel {
     /// The package layer (contains `usr/`), exported to the guest as its own 9p share.
     pub root: PathBuf,
     /// The guest's architecture (the arm64 root also brings the initramfs's busybox).
-    pub arch: super::qemu::Arch,
+    pub arch: crate::arch::Arch,
 }
 
 /// The compressed kernel inside a bzImage: its byte range and the command that decompresses it.
@@ -249,7 +249,7 @@ fn kernel_at(dir: &Path, package: &str, version: &str) -> anyhow::Result<Kernel>
         release: release.to_string(),
         image: boot_image(dir),
         root: dir.join("root"),
-        arch: super::qemu::Arch::Amd64,
+        arch: crate::arch::Arch::Amd64,
     })
 }
 

@@ -48,8 +48,9 @@ use std::{
 use crate::workspace_root;
 use anyhow::{Context as _, bail};
 
+pub use crate::arch::Arch;
 pub use kernel::{KERNELS, KernelSpec};
-pub use qemu::{Arch, Ending};
+pub use qemu::Ending;
 
 /// The default command's script: the IPVS smoke scenario that proves the tier works.
 pub const SMOKE: &str = include_str!("smoke.sh");
