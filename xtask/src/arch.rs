@@ -9,12 +9,10 @@ use crate::workspace_root;
 /// A CPU architecture (Debian's and the OCI names agree for these two).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum Arch {
-    /// x86-64: the host's own (images are built here; the VM tier's default guest is
-    /// qemu-system-x86_64 with the host's userland).
+    /// x86-64, the host's own (qemu-system-x86_64 with the host's userland)
     #[default]
     Amd64,
-    /// arm64: the agent cross-compiled with Debian's cross toolchain; the guest is
-    /// qemu-system-aarch64 (machine `virt`, TCG) with an arm64 userland ([`crate::vm::arm64`]).
+    /// aarch64, cross-compiled (qemu-system-aarch64, machine `virt`, TCG, an arm64 userland)
     Arm64,
 }
 
