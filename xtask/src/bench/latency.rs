@@ -11,6 +11,7 @@ use super::{
     tools::{Agent, RawSender, pause},
 };
 
+/// Part 4.
 pub(super) fn latency(
     args: &BenchArgs,
     probe: &Path,
