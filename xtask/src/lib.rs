@@ -1,5 +1,6 @@
 //! Developer and CI tasks for clb-probe; the lab is a library so the integration tests share it.
 
+pub mod arch;
 pub mod bench;
 pub mod chaos;
 pub mod chart;

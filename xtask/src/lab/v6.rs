@@ -83,7 +83,7 @@ impl Lab {
     /// Adds the dual-stack layer to the (iptables-mode) lab that is up, VIP6 not bound.
     pub fn add_ipv6(&self) -> Result<()> {
         net::require_up()?;
-        if net::node_mode()? != KubeProxyMode::Iptables {
+        if kube_proxy::node_mode()? != KubeProxyMode::Iptables {
             bail!("the dual-stack lab variant is built for kube-proxy's iptables mode");
         }
         for ns in NAMESPACES {
@@ -353,7 +353,7 @@ fn start_server6(ns: &str, port: u16) -> Result<()> {
         "python3",
         "-c",
         SERVER6_PY,
-        net::SERVER_TAG,
+        servers::SERVER_TAG,
         &name,
         &port_s,
     ])

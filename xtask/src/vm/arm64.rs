@@ -23,11 +23,12 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
+use crate::arch::Arch;
+
 use super::{
     KernelSpec,
     apt::{SuiteApt, closure, output, say},
     kernel::{self, Kernel},
-    qemu::Arch,
     shell_quote, suite,
 };
 
@@ -111,10 +112,6 @@ fn entry_dir(cache: &Path, package: &str, version: &str) -> PathBuf {
     ))
 }
 
-fn is_complete(dir: &Path) -> bool {
-    dir.join("complete").is_file()
-}
-
 fn kernel_at(dir: &Path, package: &str, version: &str) -> anyhow::Result<Kernel> {
     let release = kernel::release_of(package)
         .with_context(|| format!("{package} is not a linux-image-<release> package"))?;
@@ -131,19 +128,19 @@ fn kernel_at(dir: &Path, package: &str, version: &str) -> anyhow::Result<Kernel>
 /// The arm64 kernel and root, downloaded and unpacked into the cache on first use.
 pub fn ensure(cache: &Path) -> anyhow::Result<Kernel> {
     let pinned = entry_dir(cache, KERNEL.package, KERNEL.version);
-    if is_complete(&pinned) {
+    if kernel::is_complete(&pinned, CACHE_FORMAT) {
         return kernel_at(&pinned, KERNEL.package, KERNEL.version);
     }
     std::fs::create_dir_all(cache)
         .with_context(|| format!("creating the VM cache {}", cache.display()))?;
     let _lock = kernel::lock(&cache.join("lock"))?;
-    if is_complete(&pinned) {
+    if kernel::is_complete(&pinned, CACHE_FORMAT) {
         return kernel_at(&pinned, KERNEL.package, KERNEL.version);
     }
     let apt = SuiteApt::for_arch(cache, KERNEL.suite, Some("arm64"))?;
     let (package, version) = kernel::choose_kernel(&apt, &KERNEL, KERNEL_META)?;
     let dir = entry_dir(cache, &package, &version);
-    if !is_complete(&dir) {
+    if !kernel::is_complete(&dir, CACHE_FORMAT) {
         build_entry(&dir, &apt, &package, &version)?;
     }
     kernel_at(&dir, &package, &version)
@@ -210,21 +207,11 @@ fn build_entry(dir: &Path, apt: &SuiteApt, package: &str, version: &str) -> anyh
         bail!("the kernel package has no lib/modules/{release}");
     }
     kernel::depmod(&root, release)?;
-    std::fs::write(
-        tmp.join("packages.txt"),
-        specs.iter().map(|s| format!("{s}\n")).collect::<String>(),
-    )?;
-    std::fs::write(tmp.join("complete"), format!("format {CACHE_FORMAT}\n"))?;
-    if dir.exists() {
-        std::fs::remove_dir_all(dir)?;
-    }
-    std::fs::rename(&tmp, dir)?;
-    say(&format!("cached in {}", dir.display()));
-    Ok(())
+    kernel::commit_entry(&tmp, dir, &specs, CACHE_FORMAT)
 }
 
 /// The cross target of the guest's binaries.
-pub const TARGET: &str = "aarch64-unknown-linux-gnu";
+pub const TARGET: &str = Arch::Arm64.rust_target();
 
 /// The ipvs.rs test that drives the IPVS lab's three kinds (healthcheck_blackhole, hairpin,
 /// vip_port_unserved) with their twins, one agent.
@@ -255,28 +242,14 @@ pub fn build(root: &Path) -> anyhow::Result<(PathBuf, Vec<(String, PathBuf)>)> {
             TARGET,
         ],
     )?;
-    let probe = built
-        .iter()
-        .find(|(_, t, k, _)| t == "probe" && k.iter().any(|k| k == "bin"))
-        .map(|a| a.3.clone())
-        .context("cargo built no arm64 `probe` binary")?;
+    let probe = suite::probe_binary(&built, "arm64 ")?;
     let mut args = vec!["test", "-p", "probe-tests"];
     for f in TEST_FILES {
         args.extend(["--test", f]);
     }
     args.extend(["--no-run", "--target", TARGET]);
     let all = suite::artifacts(root, &args)?;
-    let mut tests = Vec::new();
-    for file in TEST_FILES {
-        let exe = all
-            .iter()
-            .find(|(p, t, k, _)| p == "probe-tests" && t == file && k.iter().any(|k| k == "test"))
-            .map(|a| a.3.clone())
-            .with_context(|| {
-                format!("cargo built no arm64 test executable for tests/tests/{file}.rs")
-            })?;
-        tests.push((file.to_string(), exe));
-    }
+    let tests = suite::test_executables(&all, TEST_FILES, "arm64 ")?;
     Ok((probe, tests))
 }
 

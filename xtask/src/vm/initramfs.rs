@@ -179,9 +179,9 @@ pub fn build(kernel: &Kernel, out: &Path) -> anyhow::Result<()> {
     cpio.char_dev("dev/console", 0o600, 5, 1);
     cpio.char_dev("dev/null", 0o666, 1, 3);
     let bb = match kernel.arch {
-        super::qemu::Arch::Amd64 => busybox()?,
+        crate::arch::Arch::Amd64 => busybox()?,
         // The arm64 root's busybox-static (the host's is amd64).
-        super::qemu::Arch::Arm64 => {
+        crate::arch::Arch::Arm64 => {
             let p = kernel.root.join("usr/bin/busybox");
             let b = std::fs::read(&p).with_context(|| format!("reading {}", p.display()))?;
             if !is_static_elf(&b) {

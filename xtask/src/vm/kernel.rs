@@ -116,7 +116,7 @@ pub struct Kernel {
     /// The package layer (contains `usr/`), exported to the guest as its own 9p share.
     pub root: PathBuf,
     /// The guest's architecture (the arm64 root also brings the initramfs's busybox).
-    pub arch: super::qemu::Arch,
+    pub arch: crate::arch::Arch,
 }
 
 /// The compressed kernel inside a bzImage: its byte range and the command that decompresses it.
@@ -235,9 +235,32 @@ fn complete_stamp(dir: &Path) -> PathBuf {
     dir.join("complete")
 }
 
-fn is_complete(dir: &Path) -> bool {
+/// Whether the cache entry `dir` was fully built in layout `format` (its stamp is written last,
+/// by [`commit_entry`]).
+pub(super) fn is_complete(dir: &Path, format: u32) -> bool {
     std::fs::read_to_string(complete_stamp(dir))
-        .is_ok_and(|s| s.lines().next() == Some(&format!("format {CACHE_FORMAT}")))
+        .is_ok_and(|s| s.lines().next() == Some(&format!("format {format}")))
+}
+
+/// Finishes a cache entry built in `tmp`: its package list, the stamp of layout `format`, and
+/// `tmp` renamed to `dir` (replacing a stale one).
+pub(super) fn commit_entry(
+    tmp: &Path,
+    dir: &Path,
+    specs: &[String],
+    format: u32,
+) -> anyhow::Result<()> {
+    std::fs::write(
+        tmp.join("packages.txt"),
+        specs.iter().map(|s| format!("{s}\n")).collect::<String>(),
+    )?;
+    std::fs::write(complete_stamp(tmp), format!("format {format}\n"))?;
+    if dir.exists() {
+        std::fs::remove_dir_all(dir)?;
+    }
+    std::fs::rename(tmp, dir)?;
+    say(&format!("cached in {}", dir.display()));
+    Ok(())
 }
 
 fn kernel_at(dir: &Path, package: &str, version: &str) -> anyhow::Result<Kernel> {
@@ -249,7 +272,7 @@ fn kernel_at(dir: &Path, package: &str, version: &str) -> anyhow::Result<Kernel>
         release: release.to_string(),
         image: boot_image(dir),
         root: dir.join("root"),
-        arch: super::qemu::Arch::Amd64,
+        arch: crate::arch::Arch::Amd64,
     })
 }
 
@@ -257,20 +280,20 @@ fn kernel_at(dir: &Path, package: &str, version: &str) -> anyhow::Result<Kernel>
 /// the cache or downloaded into it.
 pub fn ensure(cache: &Path, spec: &KernelSpec) -> anyhow::Result<Kernel> {
     let pinned = entry_dir(cache, spec.package, spec.version);
-    if is_complete(&pinned) {
+    if is_complete(&pinned, CACHE_FORMAT) {
         return kernel_at(&pinned, spec.package, spec.version);
     }
     std::fs::create_dir_all(cache)
         .with_context(|| format!("creating the VM cache {}", cache.display()))?;
     // One builder at a time (two CI jobs on one machine); the lock goes with the file.
     let _lock = lock(&cache.join("lock"))?;
-    if is_complete(&pinned) {
+    if is_complete(&pinned, CACHE_FORMAT) {
         return kernel_at(&pinned, spec.package, spec.version);
     }
     let apt = SuiteApt::new(cache, spec.suite)?;
     let (package, version) = choose_kernel(&apt, spec, KERNEL_META)?;
     let dir = entry_dir(cache, &package, &version);
-    if !is_complete(&dir) {
+    if !is_complete(&dir, CACHE_FORMAT) {
         build_entry(&dir, &apt, &package, &version)?;
     }
     kernel_at(&dir, &package, &version)
@@ -413,17 +436,7 @@ fn build_entry(dir: &Path, apt: &SuiteApt, package: &str, version: &str) -> anyh
     }
     depmod(&root, release)?;
     std::fs::remove_dir_all(&debs)?;
-    std::fs::write(
-        tmp.join("packages.txt"),
-        specs.iter().map(|s| format!("{s}\n")).collect::<String>(),
-    )?;
-    std::fs::write(complete_stamp(&tmp), format!("format {CACHE_FORMAT}\n"))?;
-    if dir.exists() {
-        std::fs::remove_dir_all(dir)?;
-    }
-    std::fs::rename(&tmp, dir)?;
-    say(&format!("cached in {}", dir.display()));
-    Ok(())
+    commit_entry(&tmp, dir, &specs, CACHE_FORMAT)
 }
 
 /// Moves `src`'s entries into `dst`, merging folders; `src` is removed.

@@ -10,39 +10,13 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
+use crate::arch::Arch;
+
 /// Prefix of every guest console line echoed on the host.
 pub const ECHO_PREFIX: &str = "vm| ";
 
 /// The exit code stage 1 reports when it cannot run the command at all.
 pub const INFRA_FAILURE: i32 = 125;
-
-/// The guest's architecture (`--arch`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
-pub enum Arch {
-    /// qemu-system-x86_64, the host's userland (the default tier).
-    #[default]
-    Amd64,
-    /// qemu-system-aarch64 (machine `virt`, TCG), an arm64 userland ([`super::arm64`]).
-    Arm64,
-}
-
-impl Arch {
-    /// The QEMU system emulator.
-    pub fn qemu(self) -> &'static str {
-        match self {
-            Arch::Amd64 => "qemu-system-x86_64",
-            Arch::Arm64 => "qemu-system-aarch64",
-        }
-    }
-
-    /// The Debian package that has [`Arch::qemu`].
-    pub fn qemu_package(self) -> &'static str {
-        match self {
-            Arch::Amd64 => "qemu-system-x86",
-            Arch::Arm64 => "qemu-system-arm",
-        }
-    }
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Accel {

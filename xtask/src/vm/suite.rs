@@ -98,29 +98,50 @@ pub fn parse_artifacts(json_lines: &str) -> Vec<Artifact> {
         .collect()
 }
 
-/// Builds everything the suite runs.
-pub fn build(root: &Path) -> anyhow::Result<Bins> {
-    let built = artifacts(root, &["build", "-p", "probe-user", "-p", "xtask"])?;
-    let probe = built
+/// The agent (the `probe` binary) among `built`; `what` names the build in the error (`""`,
+/// `"arm64 "`).
+pub(super) fn probe_binary(built: &[Artifact], what: &str) -> anyhow::Result<PathBuf> {
+    built
         .iter()
         .find(|(_, t, k, _)| t == "probe" && k.iter().any(|k| k == "bin"))
         .map(|a| a.3.clone())
-        .context("cargo built no `probe` binary")?;
+        .with_context(|| format!("cargo built no {what}`probe` binary"))
+}
+
+/// (test file, executable) of each of `files` (tests/tests/<file>.rs) among `built`, in
+/// `files` order; `what` as for [`probe_binary`].
+pub(super) fn test_executables(
+    built: &[Artifact],
+    files: &[&str],
+    what: &str,
+) -> anyhow::Result<Vec<(String, PathBuf)>> {
+    files
+        .iter()
+        .map(|file| {
+            built
+                .iter()
+                .find(|(p, t, k, _)| {
+                    p == "probe-tests" && t == file && k.iter().any(|k| k == "test")
+                })
+                .map(|a| (file.to_string(), a.3.clone()))
+                .with_context(|| {
+                    format!("cargo built no {what}test executable for tests/tests/{file}.rs")
+                })
+        })
+        .collect()
+}
+
+/// Builds everything the suite runs.
+pub fn build(root: &Path) -> anyhow::Result<Bins> {
+    let built = artifacts(root, &["build", "-p", "probe-user", "-p", "xtask"])?;
+    let probe = probe_binary(&built, "")?;
     let unit = artifacts(root, &["test", "-p", "probe-user", "--lib", "--no-run"])?
         .into_iter()
         .find(|(p, _, k, _)| p == "probe-user" && k.iter().any(|k| k == "lib"))
         .map(|a| a.3)
         .context("cargo built no probe-user unit-test executable")?;
     let all = artifacts(root, &["test", "-p", "probe-tests", "--tests", "--no-run"])?;
-    let mut tests = Vec::new();
-    for file in TEST_FILES {
-        let exe = all
-            .iter()
-            .find(|(p, t, k, _)| p == "probe-tests" && t == file && k.iter().any(|k| k == "test"))
-            .map(|a| a.3.clone())
-            .with_context(|| format!("cargo built no test executable for tests/tests/{file}.rs"))?;
-        tests.push((file.to_string(), exe));
-    }
+    let tests = test_executables(&all, TEST_FILES, "")?;
     let older_kernel = root.join("xtask/src/vm/older-kernel.sh").is_file()
         && probe == root.join("target/debug/probe");
     Ok(Bins {

@@ -1,0 +1,29 @@
+use super::*;
+
+#[test]
+fn quick_is_short() {
+    let a = BenchArgs {
+        rounds: 5,
+        secs: 5,
+        flood_secs: 30,
+        latency_events: 250,
+        cycles: 60,
+        window_ms: 1000,
+        starts: 5,
+        only: vec![Part::Ratio],
+        quick: true,
+        storm_only: false,
+        scale_sizes: vec![100, 1000],
+        scale_window: 3,
+        out: None,
+        detect: false,
+        baseline_agent: None,
+    }
+    .effective();
+    assert_eq!(
+        (a.rounds, a.secs, a.flood_secs, a.latency_events),
+        (1, 1, 3, 20)
+    );
+    assert_eq!((a.cycles, a.window_ms, a.starts), (4, 300, 2));
+    assert!(a.runs(Part::Ratio) && !a.runs(Part::Datapath));
+}

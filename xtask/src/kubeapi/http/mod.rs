@@ -1,0 +1,162 @@
+//! The fake server's HTTP side (hyper): accepting connections and dispatching each request
+//! by path and verb to the files beside this one.
+
+mod discovery;
+mod reads;
+mod response;
+mod route;
+mod watch;
+mod writes;
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper::{Method, StatusCode};
+use serde_json::json;
+
+use crate::kubeapi::store;
+use crate::kubeapi::store::WriteMode;
+use crate::kubeapi::{Request, Shared};
+use discovery::discovery;
+use reads::{get, list};
+use response::{Response, bad_request, json_response, not_found_path, status};
+use route::{forbidden, query_params, route};
+use watch::watch_stream;
+use writes::{delete, patch, write};
+
+pub(crate) async fn serve(
+    listener: std::net::TcpListener,
+    shared: Arc<Shared>,
+    mut shutdown: tokio::sync::oneshot::Receiver<()>,
+) {
+    let listener = tokio::net::TcpListener::from_std(listener).expect("a nonblocking listener");
+    loop {
+        let stream = tokio::select! {
+            _ = &mut shutdown => return,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(_) => continue,
+            },
+        };
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |request| {
+                let shared = shared.clone();
+                async move { Ok::<_, Infallible>(handle(shared, request).await) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+async fn handle(shared: Arc<Shared>, request: hyper::Request<Incoming>) -> Response {
+    let method = request.method().clone();
+    let uri = request.uri().clone();
+    let content_type = request
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let as_table = crate::kubeapi::table::wants_table(
+        request
+            .headers()
+            .get("accept")
+            .and_then(|v| v.to_str().ok()),
+    );
+    shared.requests.lock().unwrap().push(Request {
+        method: method.to_string(),
+        path: uri
+            .path_and_query()
+            .map(ToString::to_string)
+            .unwrap_or_default(),
+        content_type: content_type.clone(),
+    });
+    let path = uri.path();
+    if path == "/version" && method == Method::GET {
+        return json_response(
+            StatusCode::OK,
+            &json!({
+                "major": "1", "minor": "34", "gitVersion": "v1.34.0-fake",
+                "gitCommit": "0000000000000000000000000000000000000000", "gitTreeState": "clean",
+                "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.24", "compiler": "gc",
+                "platform": "linux/amd64",
+            }),
+        );
+    }
+    if method == Method::GET
+        && let Some(document) = discovery(path)
+    {
+        return json_response(StatusCode::OK, &document);
+    }
+    let Some(target) = route(path) else {
+        return not_found_path(path);
+    };
+    let params = query_params(uri.query());
+    let watch = matches!(params.get("watch").map(String::as_str), Some("1" | "true"));
+    let verb = match (&method, target.name.is_some()) {
+        (&Method::GET, true) => "get",
+        (&Method::GET, false) if watch => "watch",
+        (&Method::GET, false) => "list",
+        (&Method::POST, false) => "create",
+        (&Method::PATCH, true) => "patch",
+        (&Method::PUT, true) => "update",
+        (&Method::DELETE, true) => "delete",
+        _ => {
+            return status(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "MethodNotAllowed",
+                format!(
+                    "the server does not allow this method on the requested resource: {method} {path}"
+                ),
+                json!({}),
+            );
+        }
+    };
+    if store::is_core_event(target.info) && !matches!(verb, "get" | "list") {
+        return status(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+            format!("the fake serves core/v1 events read-only ({verb}): {method} {path}"),
+            json!({}),
+        );
+    }
+    if verb == "list" {
+        // Held by a test (`FakeApiServer::hold_lists`): the client waits for its first list.
+        let mut held = shared.lists_held.subscribe();
+        let _ = held.wait_for(|held| !*held).await;
+    }
+    if shared
+        .forbidden
+        .lock()
+        .unwrap()
+        .contains(&(target.info.resource.to_owned(), verb.to_owned()))
+    {
+        return forbidden(&target, verb);
+    }
+    let body = match request.into_body().collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(error) => return bad_request(format!("reading the body: {error}")),
+    };
+    if target.status && !matches!(verb, "get" | "patch") {
+        return status(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+            format!("the fake serves /status for get and patch only ({verb}): {method} {path}"),
+            json!({}),
+        );
+    }
+    match verb {
+        "get" => get(&shared, &target),
+        "list" => list(&shared, &target, &params, as_table),
+        "watch" => watch_stream(shared, target, params),
+        "create" => write(&shared, &target, &body, WriteMode::Create),
+        "update" => write(&shared, &target, &body, WriteMode::Replace),
+        "patch" => patch(&shared, &target, &body, content_type.as_deref(), &params),
+        "delete" => delete(&shared, &target),
+        _ => unreachable!("every verb is handled"),
+    }
+}

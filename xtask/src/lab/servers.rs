@@ -1,0 +1,124 @@
+//! The lab's servers: the TCP and UDP servers each namespace runs, started detached, and
+//! waiting until they listen.
+
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use super::cmd::{exec, run_detached};
+use super::*;
+
+/// A server the lab runs: (namespace, port, name it answers with).
+pub const SERVERS: &[(&str, u16, &str)] = &[
+    (NS_POD_B, POD_PORT, "pod-b web 198.19.1.11:8080"),
+    (NS_PEER, NODE_PORT, "peer node 198.18.1.2:30080"),
+    (NS_PEER, PEER_TLS_PORT, "outside backend 198.18.1.2:30443"),
+    (
+        NS_NODE,
+        HOST_LISTENER_PORT,
+        "node host listener 198.18.0.2:6443",
+    ),
+];
+
+/// The argument that marks a lab server's command line.
+pub(crate) const SERVER_TAG: &str = "clb-lab-server";
+
+// A tiny threaded TCP server: reads one line, answers with its name, closes.
+const SERVER_PY: &str = r#"
+import socket, sys, threading
+name, port = sys.argv[2], int(sys.argv[3])
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", port))
+s.listen(128)
+def serve(c):
+    try:
+        c.settimeout(3)
+        c.recv(256)
+        c.sendall(("ok from %s\n" % name).encode())
+    except Exception:
+        pass
+    finally:
+        c.close()
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+"#;
+
+pub(super) fn start_server(ns: &str, port: u16, name: &str) -> Result<()> {
+    // `setsid -f` forks: the server is nobody's child here, lives on after the CLI exits, and is
+    // found again by `ip netns pids` on `down`.
+    let port = port.to_string();
+    let argv = [
+        "ip",
+        "netns",
+        "exec",
+        ns,
+        "setsid",
+        "-f",
+        "python3",
+        "-c",
+        SERVER_PY,
+        "clb-lab-server",
+        name,
+        &port,
+    ];
+    run_detached(&argv).with_context(|| format!("starting the server {name} in {ns}"))
+}
+
+pub(super) fn start_udp_server(ns: &str, port: u16, name: &str) -> Result<()> {
+    let port = port.to_string();
+    let argv = [
+        "ip",
+        "netns",
+        "exec",
+        ns,
+        "setsid",
+        "-f",
+        "python3",
+        "-c",
+        super::udp::UDP_SERVER_PY,
+        SERVER_TAG,
+        name,
+        &port,
+    ];
+    run_detached(&argv).with_context(|| format!("starting the UDP server {name} in {ns}"))
+}
+
+pub(super) fn wait_udp_bound(ns: &str, port: u16) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while exec(ns, &["ss", "-Hlun", &format!("sport = :{port}")])?
+        .trim()
+        .is_empty()
+    {
+        if Instant::now() > deadline {
+            bail!("no UDP server on port {port} in {ns} 5 s after starting it");
+        }
+        sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+pub(crate) fn listening(ns: &str, port: u16) -> Result<bool> {
+    let out = exec(ns, &["ss", "-Hltn", &format!("sport = :{port}")])?;
+    Ok(!out.trim().is_empty())
+}
+
+/// How long a started server may take to listen: python3's start-up under the VM tier's
+/// emulated CPU on a loaded machine took more than 5 s.
+const SERVER_START: Duration = Duration::from_secs(30);
+
+pub(super) fn wait_listening(ns: &str, port: u16) -> Result<()> {
+    let deadline = Instant::now() + SERVER_START;
+    while !listening(ns, port)? {
+        if Instant::now() > deadline {
+            bail!(
+                "no server listens on port {port} in {ns} {} s after starting it",
+                SERVER_START.as_secs()
+            );
+        }
+        sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
