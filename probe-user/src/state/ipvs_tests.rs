@@ -1,6 +1,10 @@
 //! Unit tests of `ipvs.rs`: the generic-netlink decoder on captured replies, bad input, and the
 //! service table read from a real network namespace.
 
+use netlink_packet_core::{NlaBuffer, NlasIterator, ParseableParametrized};
+use netlink_packet_generic::GenlHeader;
+
+use super::wire::*;
 use super::*;
 use crate::state::test_netns::Netns;
 use std::path::{Path, PathBuf};
