@@ -15,7 +15,7 @@
 //!
 //! The decoders ([`parse_family_id`], [`parse_services`], [`parse_dests`]) are pure, and tested
 //! on replies captured from a real kernel (`probe-user/tests/data/ipvs/`, captured in the VM
-//! tier by [`tests::real_ipvs_in_a_namespace`]).
+//! tier by `real_ipvs_in_a_namespace` in `ipvs_tests.rs`).
 
 use std::io;
 use std::net::IpAddr;
