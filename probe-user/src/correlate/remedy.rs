@@ -8,15 +8,30 @@
 //!   (a `Cluster` Service is never told to set `Cluster`, nor said to be `Local`);
 //! - each piece of advice appears once (calling the Service by its DNS name: one line);
 //! - the subject is the sender the facts name: a pod, this node, or a host-network caller.
+//!
+//! Layout: this file builds the remedy of each kind and the sentences they share;
+//! `remedy/self_loop.rs` the `service_self_loop` remedy (the missing piece, per proxy mode);
+//! `remedy/check.rs` the entry points `probe check` tells its risks with.
 
 use std::net::IpAddr;
 
 use super::{
     LoopbackEvent, LoopbackKind,
-    facts::{AddressOwner, Etp, Facts, ProxyMode, SourceKind, VipSourceSide},
+    facts::{AddressOwner, Etp, Facts, SourceKind, VipSourceSide},
     report::{Layer, Outcome, sock},
 };
-use crate::{event::Proto, state::ServiceSource};
+use crate::event::Proto;
+
+mod check;
+mod self_loop;
+
+#[cfg(test)]
+pub(crate) use self::check::placeholder;
+pub(crate) use self::check::{
+    healthcheck_blackhole, proxy_mode, service_self_loop_risk, sock_of, vip_port_unserved,
+};
+pub(crate) use self::self_loop::self_masq_rule;
+use self::self_loop::service_self_loop;
 
 /// The remedy of a confirmed event, from its facts (the correlator's, and after attribution
 /// the API's too).
@@ -551,224 +566,6 @@ fn host_listener_hairpin(e: &LoopbackEvent) -> Vec<String> {
         },
         "externalTrafficPolicy does not apply: no Service rule serves this port.".to_string(),
     ]
-}
-
-/// `probe check`'s health-check risk: a VIP local through `owner` (kube-ipvs0 when not known)
-/// that the LB health-checks `node_port` from.
-pub(crate) fn healthcheck_blackhole(
-    vip: IpAddr,
-    node_port: u16,
-    owner: Option<&AddressOwner>,
-) -> Vec<String> {
-    let e = LoopbackEvent {
-        vip: Some(vip),
-        facts: Facts {
-            source: SourceKind::Vip,
-            owner: Some(owner.cloned().unwrap_or_else(kube_ipvs0)),
-            ..Facts::default()
-        },
-        ..placeholder(LoopbackKind::HealthcheckBlackhole, vip, node_port)
-    };
-    build(&e)
-}
-
-/// `probe check`'s unserved-port risk: a VIP local through `local_owner` (kube-ipvs0 when not
-/// known), `port` unserved.
-pub(crate) fn vip_port_unserved(
-    vip: IpAddr,
-    port: u16,
-    proto: Proto,
-    owner: Option<&str>,
-    filtered: bool,
-    local_owner: Option<&AddressOwner>,
-) -> Vec<String> {
-    let facts = Facts {
-        owner: Some(local_owner.cloned().unwrap_or_else(kube_ipvs0)),
-        access_filtered: filtered,
-        ..Facts::default()
-    };
-    unserved_options(vip, port, proto, owner, &facts, "this node or its pods")
-}
-
-/// An event with only its kind and the addresses a remedy names (`probe check`'s risks and
-/// tests build remedies through it).
-pub(crate) fn placeholder(kind: LoopbackKind, src: IpAddr, dst_port: u16) -> LoopbackEvent {
-    LoopbackEvent {
-        kind,
-        key: String::new(),
-        src,
-        src_port: 0,
-        dst: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
-        dst_port,
-        vip: None,
-        vip_port: None,
-        proto: Proto::Tcp,
-        drop_reason: None,
-        drop_location: None,
-        snat: super::SnatState::Unknown,
-        outcome: Outcome::Dropped,
-        count: 1,
-        evidence: Vec::new(),
-        remedy: Vec::new(),
-        first_seen_ns: 0,
-        last_seen_ns: 0,
-        nic: None,
-        service: None,
-        layer: None,
-        client_pod: None,
-        node: None,
-        fixes: Vec::new(),
-        facts: Facts::default(),
-        listener: None,
-    }
-}
-
-fn kube_ipvs0() -> AddressOwner {
-    AddressOwner::VipInterface {
-        iface: "kube-ipvs0".to_string(),
-    }
-}
-
-/// A pod's call to its own Service came back to it unSNATed: the remedy names the piece the
-/// drop site and the node's state say is missing (`facts.self_loop`, from
-/// `self_loop::missing_piece`), in the rules of the node's kube-proxy mode.
-fn service_self_loop(e: &LoopbackEvent) -> Vec<String> {
-    use super::facts::SelfLoopMissing as Missing;
-    let (pod, port) = (e.src, e.dst_port);
-    let missing = e.facts.self_loop.clone().unwrap_or(Missing::Undetermined);
-    let missing = &missing;
-    let source = e.facts.proxy_mode.map(service_source);
-    let key = service_key(e);
-    let svc = key
-        .as_deref()
-        .map_or_else(|| "its Service".to_string(), |k| format!("Service {k}"));
-    let how = match missing {
-        Missing::HairpinMode { .. } => {
-            "the connection's NAT ran while the frame was bridged (br_netfilter: kube-proxy's \
-             DNAT of the call, or in IPVS mode the un-NAT of the answer to a masqueraded call), \
-             and the bridge dropped it rather than send it back out the port it came in on"
-        }
-        _ => {
-            "the hairpin SNAT that lets a pod reach itself through a Service did not happen, so \
-             the call came back with the pod's own address as source and the pod dropped it"
-        }
-    };
-    let mut out = vec![format!(
-        "Cause: pod {pod} called {svc} and the endpoint chosen was the pod itself ({}); {how}. \
-         Calls that pick another endpoint work, so it looks intermittent.",
-        sock(pod, port)
-    )];
-    match missing {
-        Missing::HairpinSnat {
-            loop_back_entry: Some(false),
-        } => out.push(format!(
-            "Missing here: the KUBE-LOOP-BACK ipset entry {pod},tcp/udp:{port},{pod} (kube-proxy \
-             IPVS mode masquerades an endpoint's call to itself through it). kube-proxy 1.31 \
-             can drop these entries (kubernetes#134884): upgrade kube-proxy to a release with \
-             the fix, or restart it to rewrite its ipsets."
-        )),
-        Missing::HairpinSnat {
-            loop_back_entry: Some(true),
-        } => out.push(
-            "Missing here: the masquerade itself; KUBE-LOOP-BACK holds the entry but the \
-             packet was not masqueraded: check that KUBE-POSTROUTING still has kube-proxy's \
-             `--match-set KUBE-LOOP-BACK dst,dst,src -j MASQUERADE` rule (something else may \
-             have flushed the nat table)."
-                .to_string(),
-        ),
-        Missing::HairpinSnat {
-            loop_back_entry: None,
-        } => out.push(format!(
-            "Missing here: kube-proxy's masquerade mark for an endpoint calling itself ({}), or \
-             the masquerade it feeds: restart kube-proxy to rewrite its rules, and check that no \
-             other agent removes them.",
-            self_masq_rule(pod, source)
-        )),
-        Missing::HairpinMode { bridge, port, .. } => out.push(format!(
-            "Missing here: hairpin mode on {bridge} port {port}. Run the kubelet with \
-             --hairpin-mode=hairpin-veth (or promiscuous-bridge) and give it write access to \
-             /sys, or set `hairpinMode: true` in the bridge CNI's config; now: \
-             `echo 1 > /sys/class/net/{bridge}/brif/{port}/hairpin_mode`."
-        )),
-        Missing::Undetermined => out.push(
-            "Which piece is missing was not determined: check the kubelet's hairpin mode on the \
-             pod's bridge port, kube-proxy's masquerade for endpoints calling themselves \
-             (KUBE-LOOP-BACK in IPVS mode), and br_netfilter."
-                .to_string(),
-        ),
-    }
-    if let Some(k) = &key {
-        out.push(format!(
-            "{} is an endpoint of Service {k} and called it: every call that picks itself as \
-             the endpoint fails until the hairpin is fixed; the others work, so it looks \
-             intermittent.",
-            e.client_pod
-                .as_deref()
-                .map_or_else(|| format!("Pod {pod}"), |c| format!("Pod {c}"))
-        ));
-    }
-    out.push(
-        "Or avoid the self-call: let the pod call itself on localhost, not through its Service."
-            .to_string(),
-    );
-    out
-}
-
-/// `probe check`'s self-loop risk: the remedy of the confirmed event for pod `pod`:`port`
-/// (`service` when the rules name it) missing `missing`, without its "Cause:" line.
-pub(crate) fn service_self_loop_risk(
-    pod: IpAddr,
-    port: u16,
-    service: Option<&str>,
-    missing: super::facts::SelfLoopMissing,
-    source: ServiceSource,
-) -> Vec<String> {
-    let mut e = placeholder(LoopbackKind::ServiceSelfLoop, pod, port);
-    e.dst = pod;
-    e.service = service.map(str::to_string);
-    e.facts.source = SourceKind::Pod;
-    e.facts.self_loop = Some(missing);
-    e.facts.proxy_mode = Some(proxy_mode(source));
-    build(&e).into_iter().skip(1).collect()
-}
-
-/// The contract's name of the mode a service table came from.
-pub(crate) fn proxy_mode(source: ServiceSource) -> ProxyMode {
-    match source {
-        ServiceSource::Ipvs => ProxyMode::Ipvs,
-        ServiceSource::Iptables => ProxyMode::Iptables,
-        ServiceSource::Nftables => ProxyMode::Nftables,
-    }
-}
-
-fn service_source(mode: ProxyMode) -> ServiceSource {
-    match mode {
-        ProxyMode::Ipvs => ServiceSource::Ipvs,
-        ProxyMode::Iptables => ServiceSource::Iptables,
-        ProxyMode::Nftables => ServiceSource::Nftables,
-    }
-}
-
-/// `ip:port`, with brackets for IPv6 (for `probe check`).
-pub(crate) fn sock_of(ip: IpAddr, port: u16) -> String {
-    sock(ip, port)
-}
-
-/// kube-proxy's rule that marks an endpoint's call to itself for masquerade, in the mode the
-/// service table came from (both spellings when unknown).
-pub(crate) fn self_masq_rule(pod: IpAddr, source: Option<ServiceSource>) -> String {
-    let iptables = format!("iptables mode: KUBE-SEP-* `-s {pod}/32 -j KUBE-MARK-MASQ`");
-    let nftables =
-        format!("nftables mode: `ip saddr {pod} jump mark-for-masquerade` in the endpoint chain");
-    match source {
-        Some(ServiceSource::Iptables) => iptables,
-        Some(ServiceSource::Nftables) => nftables,
-        // The set was not readable (no `ipset` here): name the entry to look for.
-        Some(ServiceSource::Ipvs) => {
-            format!("IPVS mode: the ipset KUBE-LOOP-BACK entry {pod},<proto>:<port>,{pod}")
-        }
-        None => format!("{iptables}; {nftables}"),
-    }
 }
 
 #[cfg(test)]
