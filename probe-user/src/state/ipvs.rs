@@ -17,11 +17,10 @@
 //! on replies captured from a real kernel (`probe-user/tests/data/ipvs/`, captured in the VM
 //! tier by `real_ipvs_in_a_namespace` in `ipvs_tests.rs`).
 
-use std::io;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use netlink_packet_core::{DecodeError, Emitable, NetlinkMessage};
+use netlink_packet_core::{Emitable, NetlinkMessage};
 use netlink_packet_generic::{
     GenlFamily, GenlMessage,
     ctrl::{GenlCtrl, GenlCtrlCmd, nlas::GenlCtrlAttrs},
@@ -30,84 +29,20 @@ use netlink_sys::protocols::NETLINK_GENERIC;
 
 use super::{ServiceEntry, ServiceSource, ServiceTable};
 use crate::event::Proto;
-use crate::netlink::{Connection, FramingError, NetlinkError};
+use crate::netlink::Connection;
 
 mod wire;
 
 pub use self::wire::{
-    DestAttr, IpvsAttr, IpvsMessage, ServiceAttr, parse_dests, parse_family_id, parse_services,
+    DestAttr, FAMILY, Forward, IpvsAttr, IpvsDest, IpvsError, IpvsMessage, IpvsService,
+    ServiceAttr, parse_dests, parse_family_id, parse_services,
 };
 
 /// Present in every network namespace once `ip_vs` is loaded (or built in).
 pub const PROC_IP_VS: &str = "/proc/net/ip_vs";
-/// The generic-netlink family name (`IPVS_GENL_NAME`).
-pub const FAMILY: &str = "IPVS";
-/// Why reading IPVS failed.
-#[derive(Debug, thiserror::Error)]
-pub enum IpvsError {
-    /// The socket failed, or the kernel refused a request.
-    #[error(transparent)]
-    Netlink(#[from] NetlinkError),
-    /// A captured reply carries the kernel's refusal (what [`NetlinkError::Kernel`] is live).
-    #[error("IPVS {what}: the kernel refused: {source}")]
-    Kernel {
-        what: &'static str,
-        #[source]
-        source: io::Error,
-    },
-    #[error("IPVS {what}: {source}")]
-    Framing {
-        what: &'static str,
-        #[source]
-        source: FramingError,
-    },
-    #[error("IPVS {what}: undecodable message: {source}")]
-    Decode {
-        what: &'static str,
-        #[source]
-        source: DecodeError,
-    },
-    #[error("IPVS: fewer destination dumps ({dumps}) than services that have destinations")]
-    MissingDests { dumps: usize },
-}
-
-/// A virtual service as the kernel reports it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct IpvsService {
-    /// `AF_INET` or `AF_INET6`.
-    pub af: u16,
-    /// IP protocol number (6 TCP, 17 UDP, 132 SCTP).
-    pub protocol: u16,
-    /// None for a firewall-mark service.
-    pub addr: Option<IpAddr>,
-    pub port: u16,
-    /// Non-zero for a firewall-mark service (then `addr` is None and `port` 0).
-    pub fwmark: u32,
-    pub scheduler: String,
-}
-
-/// How IPVS forwards to a real server (`IP_VS_CONN_F_*` & `IP_VS_CONN_F_FWD_MASK`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Forward {
-    Masq,
-    Local,
-    Tunnel,
-    Route,
-    Bypass,
-    Other(u32),
-}
 
 /// A virtual service with its real servers.
 pub type ServiceWithDests = (IpvsService, Vec<IpvsDest>);
-
-/// A real server of a virtual service.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct IpvsDest {
-    pub addr: IpAddr,
-    pub port: u16,
-    pub forward: Forward,
-    pub weight: u32,
-}
 
 /// Raw kernel replies of one read (for fixtures): the family resolution, the service dump,
 /// and one destination dump per address service (in the order of the service dump).

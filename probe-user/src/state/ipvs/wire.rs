@@ -1,7 +1,9 @@
 //! The IPVS generic-netlink message format (the commands and attributes of uapi
 //! `linux/ip_vs.h`, which no kept crate has): encoding requests and decoding replies.
-//! Pure: no socket here; [`super`] talks to the kernel.
+//! Pure: no socket here; [`super`] talks to the kernel. The decoded data ([`IpvsService`],
+//! [`IpvsDest`]) and [`IpvsError`] live here too, so this file imports nothing of its reader.
 
+use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use netlink_packet_core::{
@@ -14,9 +16,10 @@ use netlink_packet_generic::{
     ctrl::{GenlCtrl, GenlCtrlCmd, nlas::GenlCtrlAttrs},
 };
 
-use super::{FAMILY, Forward, IpvsDest, IpvsError, IpvsService};
-use crate::netlink;
+use crate::netlink::{self, FramingError, NetlinkError};
 
+/// The generic-netlink family name (`IPVS_GENL_NAME`).
+pub const FAMILY: &str = "IPVS";
 pub(super) const IPVS_GENL_VERSION: u8 = 1;
 
 // uapi linux/ip_vs.h
@@ -41,6 +44,70 @@ pub(super) const IP_VS_CONN_F_FWD_MASK: u32 = 0x7;
 
 pub(super) const AF_INET: u16 = libc::AF_INET as u16;
 pub(super) const AF_INET6: u16 = libc::AF_INET6 as u16;
+
+/// Why reading IPVS failed.
+#[derive(Debug, thiserror::Error)]
+pub enum IpvsError {
+    /// The socket failed, or the kernel refused a request.
+    #[error(transparent)]
+    Netlink(#[from] NetlinkError),
+    /// A captured reply carries the kernel's refusal (what [`NetlinkError::Kernel`] is live).
+    #[error("IPVS {what}: the kernel refused: {source}")]
+    Kernel {
+        what: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error("IPVS {what}: {source}")]
+    Framing {
+        what: &'static str,
+        #[source]
+        source: FramingError,
+    },
+    #[error("IPVS {what}: undecodable message: {source}")]
+    Decode {
+        what: &'static str,
+        #[source]
+        source: DecodeError,
+    },
+    #[error("IPVS: fewer destination dumps ({dumps}) than services that have destinations")]
+    MissingDests { dumps: usize },
+}
+
+/// A virtual service as the kernel reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IpvsService {
+    /// `AF_INET` or `AF_INET6`.
+    pub af: u16,
+    /// IP protocol number (6 TCP, 17 UDP, 132 SCTP).
+    pub protocol: u16,
+    /// None for a firewall-mark service.
+    pub addr: Option<IpAddr>,
+    pub port: u16,
+    /// Non-zero for a firewall-mark service (then `addr` is None and `port` 0).
+    pub fwmark: u32,
+    pub scheduler: String,
+}
+
+/// How IPVS forwards to a real server (`IP_VS_CONN_F_*` & `IP_VS_CONN_F_FWD_MASK`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Forward {
+    Masq,
+    Local,
+    Tunnel,
+    Route,
+    Bypass,
+    Other(u32),
+}
+
+/// A real server of a virtual service.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IpvsDest {
+    pub addr: IpAddr,
+    pub port: u16,
+    pub forward: Forward,
+    pub weight: u32,
+}
 
 impl Forward {
     fn from_flags(f: u32) -> Forward {
