@@ -24,28 +24,27 @@
 //! Masquerade rules, NodePorts, bridges and sysctls are the node's and do not change.
 //!
 //! Layout: this file predicts (the node as nftables mode would leave it, the risk sets'
-//! difference and why); `readiness/ip_mode.rs` the per-Service `ipMode: Proxy` advice;
+//! difference and why); `readiness/prediction.rs` the answer's data, `readiness/ip_mode.rs` the
+//! per-Service `ipMode: Proxy` advice, `readiness/node.rs` what both read off the node,
 //! `readiness/render.rs` the prediction as text.
-
-use std::net::IpAddr;
-
-use serde::Serialize;
 
 use super::{
     Finding, Inputs, Kind, Severity,
     dataplane::{Dataplane, Mode},
 };
 use crate::{
-    event::AddressOwner,
     fixes::{self, Facts, Provider},
     kube::index::ServiceFacts,
 };
 
 mod ip_mode;
+mod node;
+mod prediction;
 mod render;
 
-pub use self::ip_mode::IpModeAdvice;
 use self::ip_mode::ip_mode_advice;
+use self::node::{kube_proxy_binds, parse_subject};
+pub use self::prediction::{Change, Exposure, IpModeAdvice, Prediction};
 pub use self::render::table;
 
 /// The modes `--as` predicts.
@@ -70,49 +69,6 @@ pub fn validate(target: &str, current: Option<Mode>) -> Result<Mode, String> {
         )),
         _ => Ok(mode),
     }
-}
-
-/// One risk that disappears, appears or stays.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Change {
-    pub kind: Kind,
-    /// As the finding names it (`ip`, `ip:port/proto`, ...).
-    pub subject: String,
-    /// `namespace/name` when known.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub service: Option<String>,
-    pub why: String,
-    /// For an appearing risk: the fixes to apply before migrating.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub fixes: Vec<probe_contract::Fix>,
-}
-
-/// The prediction.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Prediction {
-    pub from: Mode,
-    pub to: Mode,
-    pub disappear: Vec<Change>,
-    pub appear: Vec<Change>,
-    pub remain: Vec<Change>,
-    /// The fixes of the appearing risks, once each (by id and Service): apply before migrating.
-    pub before_migrating: Vec<probe_contract::Fix>,
-    pub ip_mode: Vec<IpModeAdvice>,
-    /// LB addresses no kube-proxy mode short-circuits (`ipMode: Proxy`, hostname-only
-    /// ingress, from the API): pod calls to them go to the LB before and after the move.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub not_short_circuited: Vec<Exposure>,
-    /// Risks `probe check` will report after the move (remain + appear).
-    pub risks_after: usize,
-}
-
-/// An LB address pod calls reach only through the LB, in either mode.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Exposure {
-    pub service: String,
-    /// The ingress IP or hostname.
-    pub address: String,
-    pub why: String,
 }
 
 /// The Services' LB addresses that neither IPVS nor nftables mode short-circuits.
@@ -142,27 +98,6 @@ fn exposures(services: &[ServiceFacts]) -> Vec<Exposure> {
         }
     }
     out
-}
-
-impl Prediction {
-    /// `ready` when nothing appears, else `N new`; with what disappears: the node report's
-    /// `nftablesReadiness`.
-    pub fn summary(&self) -> String {
-        let new = if self.appear.is_empty() {
-            "ready".to_string()
-        } else {
-            format!("{} new", self.appear.len())
-        };
-        format!("{new}, {} gone", self.disappear.len())
-    }
-}
-
-/// kube-proxy made `ip` local: bound on the VIP interface (or owner unknown, as on IPVS nodes).
-fn kube_proxy_binds(inp: &Inputs, ip: IpAddr) -> bool {
-    matches!(
-        inp.owners.get(&ip),
-        None | Some(AddressOwner::VipInterface { .. })
-    )
 }
 
 /// The node as kube-proxy's nftables mode would leave it (pure; see the module doc).
@@ -195,16 +130,6 @@ fn risks(findings: &[Finding]) -> Vec<&Finding> {
         .iter()
         .filter(|f| f.severity == Severity::Risk && LOOP_KINDS.contains(&f.kind))
         .collect()
-}
-
-/// `ip`, `ip:port/proto` or `[v6]:port/proto` -> (ip, port, proto).
-fn parse_subject(subject: &str) -> Option<(IpAddr, Option<(u16, String)>)> {
-    if let Ok(ip) = subject.parse() {
-        return Some((ip, None));
-    }
-    let (addr, proto) = subject.rsplit_once('/')?;
-    let sa: std::net::SocketAddr = addr.parse().ok()?;
-    Some((sa.ip(), Some((sa.port(), proto.to_string()))))
 }
 
 /// The Service behind a finding: the LB target of its IP (and port), else the Service the

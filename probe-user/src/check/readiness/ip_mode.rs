@@ -4,38 +4,15 @@
 
 use std::net::IpAddr;
 
-use serde::Serialize;
-
-use super::{kube_proxy_binds, parse_subject};
+use super::{
+    node::{kube_proxy_binds, parse_subject},
+    prediction::IpModeAdvice,
+};
 use crate::{
     check::{Finding, Inputs, Kind},
     fixes::{self, Facts, Provider},
     kube::index::ServiceFacts,
 };
-
-/// Whether `ipMode: Proxy` would avoid the loop for one LB ingress IP, and what it costs.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct IpModeAdvice {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub service: Option<String>,
-    pub ip: IpAddr,
-    /// `VIP` or `Proxy`, as the Service's status has it (`VIP` when unset or not read).
-    pub ip_mode: &'static str,
-    /// The provider profile the advice used.
-    pub provider: &'static str,
-    /// `already` (Proxy now), `avoids_now` (Proxy would stop kube-proxy binding it, as the
-    /// move does), `not_needed` (nothing bound to undo), `does_not_help` (made local by a NIC
-    /// or a route, not kube-proxy).
-    pub verdict: &'static str,
-    pub advice: String,
-    /// With `Proxy` in nftables mode, a pod's call to it would leave for the LB unSNATed.
-    pub would_hairpin: bool,
-    /// What `Proxy` costs (the fixes table's `ip-mode-proxy` entry).
-    pub costs: Vec<String>,
-    /// When `would_hairpin`: the fixes for that hairpin on this provider.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub fixes: Vec<probe_contract::Fix>,
-}
 
 /// The AWS Load Balancer Controller annotations that make the NLB not keep a TCP client's
 /// address (fixes table: `aws-nlb-target-type-ip`, `aws-preserve-client-ip-off`).
