@@ -3,7 +3,7 @@
 
 use std::net::IpAddr;
 
-use super::{build, unserved_options};
+use super::kinds::{build, unserved_options};
 use crate::{
     correlate::{
         LoopbackEvent, LoopbackKind,

@@ -3,7 +3,7 @@
 
 use std::net::IpAddr;
 
-use super::service_key;
+use super::sentences::service_key;
 use crate::{
     correlate::{LoopbackEvent, facts::ProxyMode, report::sock},
     state::ServiceSource,
