@@ -2,7 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{MS, SEC};
+pub(super) const MS: u64 = 1_000_000;
+pub(super) const SEC: u64 = 1_000 * MS;
 
 /// Windows and bounds. All times are nanoseconds.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -119,6 +119,7 @@ use std::{
 };
 
 pub use self::config::CorrelatorConfig;
+use self::config::{MS, SEC};
 #[cfg(test)]
 use self::hairpin::Stage;
 pub use self::queries::{Answer, EgressFlowKey, Output, Query};
@@ -133,9 +134,6 @@ use crate::{
     event::{EgressRecord, Listener, tcp_flags},
     state::{ConntrackEntry, SelfLoopFacts, ServiceSource},
 };
-
-const MS: u64 = 1_000_000;
-const SEC: u64 = 1_000 * MS;
 
 pub use probe_contract::{CorrelatorStats, KindCounts, Report, TagCounts};
 

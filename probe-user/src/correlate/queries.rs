@@ -4,14 +4,13 @@
 
 use std::net::IpAddr;
 
+use probe_contract::Report;
 use serde::{Deserialize, Serialize};
 
 use crate::{
     event::{EgressRecord, Listener, Proto},
     state::{ConntrackEntry, SelfLoopFacts, Tuple},
 };
-
-use super::Report;
 
 /// What the correlator hands back: a report for the sinks, or a question for the agent.
 #[derive(Clone, Debug, PartialEq, Eq)]
