@@ -36,8 +36,9 @@ use std::{collections::HashSet, net::IpAddr};
 mod steps;
 
 use super::aggregate::NewEvent as _;
+use super::held::{Attempt, Flow, ListenerState, Stage};
 use super::{
-    AggregateKey, Correlator, DropInfo, EgressFlowKey, Layer, LoopbackEvent, Outcome, Output,
+    AggregateKey, Correlator, DropInfo, EgressFlowKey, LoopbackEvent, Outcome, Output,
     PendingQuery, Query, QueryCtx, RecentDrop, SEC, SnatState,
     evidence::{
         drop_line, egress_line, host_listener_line, layer_line, listener_line, node_sourced_line,
@@ -56,29 +57,12 @@ use crate::{
 /// long of the previous one is a retransmit of the same connect attempt.
 pub(super) const RETRY_GAP_NS: u64 = 70 * SEC;
 
-/// A confirmed connect attempt, remembered to fold its retransmits in.
-pub(super) struct Attempt {
-    pub(super) last_ns: u64,
-}
-
 /// TCP states after a completed handshake: the connection was answered.
 fn answered(e: &ConntrackEntry) -> bool {
     matches!(
         e.tcp_state.as_deref(),
         Some("ESTABLISHED" | "FIN_WAIT" | "CLOSE_WAIT" | "LAST_ACK" | "TIME_WAIT")
     )
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Stage {
-    /// Waiting for the egress answer.
-    AwaitEgress,
-    /// Waiting for conntrack of the egress tuple (query id).
-    AwaitSnat(u64),
-    /// Egress proven; waiting for a drop until the settle time.
-    Settling,
-    /// Waiting for conntrack of the hairpin tuple (query id).
-    AwaitOutcome(u64),
 }
 
 /// Where the LB sent a looping packet (see [`Correlator::backend_of`]).
@@ -94,47 +78,12 @@ pub(super) enum Backend {
     None,
 }
 
-/// The listener look-up of a host-listener candidate.
-pub(super) enum ListenerState {
-    /// Asked (query id).
-    Asked(u64),
-    /// The answer: `Ok(None)`, nothing listens there now; `Err`, the look-up failed.
-    Known(Result<Option<Listener>, String>),
-}
-
-pub(super) struct EgressMatch {
-    pub(super) record: EgressRecord,
-    pub(super) layer: Layer,
-}
-
 /// The egress flow key a layer-4 match of the suspect tuple `t` has.
 fn flow_key(t: &Tuple) -> EgressFlowKey {
     EgressFlowKey {
         sport: t.sport,
         proto: t.proto,
     }
-}
-
-/// A hairpin candidate (a `Pod`-source suspect), keyed by its 5-tuple.
-pub(super) struct Flow {
-    pub(super) seq: u64,
-    pub(super) ts: u64,
-    pub(super) nic: String,
-    pub(super) packet: Packet,
-    /// Suspects of this tuple folded in (retransmits).
-    pub(super) n_suspects: u64,
-    pub(super) stage: Stage,
-    pub(super) drop: Option<DropInfo>,
-    pub(super) n_drops: u64,
-    pub(super) egress: Option<EgressMatch>,
-    /// Evidence gathered after the egress match (conntrack of the egress flow).
-    pub(super) evidence: Vec<String>,
-    /// The conntrack look-up of the egress flow failed: SNAT cannot be confirmed either way.
-    pub(super) snat_unknown: bool,
-    /// Host-listener candidates: the listener look-up (None for the other backends).
-    pub(super) listener: Option<ListenerState>,
-    /// A confirmation waiting for the listener answer: (outcome, extra evidence).
-    pub(super) deferred: Option<(Outcome, Vec<String>)>,
 }
 
 impl Correlator {

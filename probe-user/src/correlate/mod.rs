@@ -80,7 +80,8 @@
 //!
 //! Layout: this file is the facade (ingest/answer/tick, stats) and the correlator's state;
 //! `config` its windows and bounds, `queries` what it exchanges with the agent (outputs,
-//! queries, answers), `dispatch` which rule a suspect or a drop goes to; one file per kind (`blackhole`, `hairpin`, `unserved`), each an `impl Correlator` block with its
+//! queries, answers), `held` the plain data it holds between events, `dispatch` which rule a
+//! suspect or a drop goes to; one file per kind (`blackhole`, `hairpin`, `unserved`), each an `impl Correlator` block with its
 //! rule; `aggregate` (recording, eviction, the one `LoopbackEvent` constructor), `evidence`
 //! (every evidence line), `drop_reason` (drop reason and drop site classification), `remedy`.
 
@@ -95,6 +96,7 @@ pub mod facts;
 mod hairpin;
 #[cfg(test)]
 mod hairpin_tests;
+mod held;
 #[cfg(test)]
 mod host_tests;
 mod queries;
@@ -121,74 +123,24 @@ use std::{
 pub use self::config::CorrelatorConfig;
 use self::config::{MS, SEC};
 #[cfg(test)]
-use self::hairpin::Stage;
+use self::held::Stage;
 pub use self::queries::{Answer, EgressFlowKey, Output, Query};
 pub use self::report::{AggregateKey, Layer, LoopbackEvent, LoopbackKind, Outcome, SnatState};
-use self::{aggregate::Aggregate, blackhole::VipSuspect, conntrack::CtAnswer, hairpin::Flow};
+use self::{
+    conntrack::CtAnswer,
+    held::{Aggregate, Attempt, DropInfo, Flow, PendingQuery, QueryCtx, RecentDrop, VipSuspect},
+};
 use crate::{
-    event::{AddressOwner, DropReason, KernelEvent, Packet, Proto, Tag},
+    event::{AddressOwner, KernelEvent, Packet, Proto, Tag},
     state::{ServiceTable, Tuple, addrs::Prefix},
 };
 #[cfg(test)]
 use crate::{
-    event::{EgressRecord, Listener, tcp_flags},
+    event::{DropReason, EgressRecord, Listener, tcp_flags},
     state::{ConntrackEntry, SelfLoopFacts, ServiceSource},
 };
 
 pub use probe_contract::{CorrelatorStats, KindCounts, Report, TagCounts};
-
-// ---------------------------------------------------------------------------------------------
-// Internal state
-
-/// A drop, as evidence.
-#[derive(Clone)]
-struct DropInfo {
-    ts: u64,
-    iface: Option<String>,
-    reason: DropReason,
-    location: Option<String>,
-    /// The destination the kernel saw at the drop, when kube-proxy's DNAT had already
-    /// rewritten it (the packet then carries the pre-DNAT destination of its suspect).
-    dnat_to: Option<(IpAddr, u16)>,
-    /// `reason` was inferred from the drop site: the kernel reported none (< 5.17).
-    inferred: bool,
-    /// The drop happened in a pod's own network namespace (see `KernelEvent::Drop`).
-    foreign_netns: bool,
-}
-
-/// A drop kept for pairing with a later suspect of the same tuple.
-struct RecentDrop {
-    info: DropInfo,
-    packet: Packet,
-    /// Already part of a confirmation (kept so a late suspect is absorbed into it).
-    confirmed: Option<AggregateKey>,
-}
-
-enum QueryCtx {
-    /// `keys`: the flow keys the query carried (see `Correlator::on_egress_answer`).
-    Egress {
-        src: IpAddr,
-        flows: Vec<Tuple>,
-        keys: Vec<EgressFlowKey>,
-    },
-    Snat {
-        flow: Tuple,
-    },
-    Outcome {
-        flow: Tuple,
-    },
-    Listener {
-        flow: Tuple,
-    },
-    SelfLoop {
-        flow: Tuple,
-    },
-}
-
-struct PendingQuery {
-    issued: u64,
-    ctx: QueryCtx,
-}
 
 /// See the [module documentation](self).
 pub struct Correlator {
@@ -210,12 +162,12 @@ pub struct Correlator {
     drops: HashMap<Tuple, RecentDrop>,
     flows: HashMap<Tuple, Flow>,
     /// Self-loop drops waiting for the node's state (`self_loop.rs`), by the dropped tuple.
-    self_loops: self_loop::Pending,
+    self_loops: held::Pending,
     /// Self-loop connects confirmed, by tuple -> time: their retransmits fold in. Bounded.
     self_loop_done: HashMap<Tuple, u64>,
     /// Connect attempts already confirmed as hairpins, by source (address, port, protocol):
     /// their retransmits fold in instead of counting again. Bounded by `max_pending`.
-    confirmed_attempts: HashMap<(IpAddr, u16, Proto), hairpin::Attempt>,
+    confirmed_attempts: HashMap<(IpAddr, u16, Proto), Attempt>,
     queries: HashMap<u64, PendingQuery>,
     /// Egress query in flight per source address (shared by its flows).
     egress_inflight: HashMap<IpAddr, u64>,
@@ -238,6 +190,12 @@ fn tuple_of(p: &Packet) -> Tuple {
         dport: p.dport,
         proto: p.proto,
     }
+}
+
+/// A self-addressed local pod packet: the only shape a pod's call DNATed back to itself
+/// without SNAT has (`self_loop.rs`).
+fn is_self_loop(p: &Packet) -> bool {
+    p.src == p.dst && p.src_tag == Some(Tag::Pod)
 }
 
 impl Correlator {
@@ -338,13 +296,13 @@ impl Correlator {
                         info.location.as_deref(),
                         packet.src_tag,
                         info.iface.is_some(),
-                        self_loop::is_self_loop(&packet),
+                        is_self_loop(&packet),
                     )
                 {
                     info.reason.name = name.to_string();
                     info.inferred = true;
                 }
-                if self_loop::is_self_loop(&packet) {
+                if is_self_loop(&packet) {
                     // Already DNATed back to its source: no suspect to undo it with.
                     self.on_self_loop_drop(info, packet, &mut out);
                 } else {

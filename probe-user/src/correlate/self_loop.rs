@@ -33,10 +33,10 @@
 //! pod-namespace drop must be a local-source drop. Retransmits of one connect fold into its
 //! confirmation. Aggregate: (drop site, pod, port, Service address, proto).
 
-use std::{collections::HashMap, net::IpAddr};
+use std::net::IpAddr;
 
 use super::aggregate::NewEvent as _;
-
+use super::held::PendingSelfLoop;
 use super::{
     AggregateKey, Correlator, DropInfo, LoopbackEvent, Outcome, Output, Query, QueryCtx, SEC,
     SnatState,
@@ -47,19 +47,13 @@ use super::{
     tuple_of,
 };
 use crate::{
-    event::{Packet, Tag},
+    event::Packet,
     state::{ConntrackEntry, SelfLoopFacts, ServiceSource, ServiceTable, Tuple},
 };
 
 /// How long a confirmed connect's retransmits (same tuple) fold into it instead of counting
 /// again: Linux gives up a SYN after 6 retries, 127 s.
 const ATTEMPT_NS: u64 = 130 * SEC;
-
-/// A self-addressed local pod packet: the only shape a pod's call DNATed back to itself
-/// without SNAT has.
-pub(super) fn is_self_loop(p: &Packet) -> bool {
-    p.src == p.dst && p.src_tag == Some(Tag::Pod)
-}
 
 /// Whether a self-addressed packet is the answer to the pod's call rather than the call: a
 /// TCP segment with ACK set. A looped call never completes its handshake, so the pod sends
@@ -84,15 +78,6 @@ pub(crate) fn call_of(p: &Packet) -> Packet {
         dst: p.src,
         ..p.clone()
     }
-}
-
-/// A self-loop drop waiting for its [`Query::SelfLoop`] answer.
-pub(super) struct PendingSelfLoop {
-    info: DropInfo,
-    /// The call (see [`call_of`]).
-    packet: Packet,
-    /// The packet dropped was the call's answer; its own tuple, for the drop's line.
-    answer: Option<Tuple>,
 }
 
 /// What the node's state and the drop say was missing: the contract's fact (the remedy is
@@ -488,9 +473,6 @@ fn missing_line(m: &Missing, p: &Packet, source: Option<ServiceSource>) -> Strin
             .to_string(),
     }
 }
-
-/// The pending map's type, for the facade.
-pub(super) type Pending = HashMap<Tuple, PendingSelfLoop>;
 
 #[cfg(test)]
 #[path = "self_loop_facts_tests.rs"]

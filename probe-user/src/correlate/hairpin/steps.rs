@@ -3,7 +3,8 @@
 //! the outcome; and the expiry of settled or stuck flows. The intake of suspects and drops and
 //! the confirmation are in [`super`].
 
-use super::{EgressMatch, Flow, Stage, answered};
+use super::answered;
+use crate::correlate::held::{EgressMatch, Flow, Stage};
 use crate::correlate::{
     Correlator, Layer, Outcome, Output, Query, QueryCtx, SEC,
     conntrack::{CtAnswer, egress_tuple},
