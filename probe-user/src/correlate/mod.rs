@@ -78,11 +78,11 @@
 //! and as unconfirmed / unmatched) and dropped. Aggregates are capped at `max_aggregates`
 //! (least recently seen evicted) and forgotten after `aggregate_ttl_ns` without a repeat.
 //!
-//! Layout: this file is the facade (ingest/answer/tick, stats) and the correlator's state;
-//! `config` its windows and bounds, `queries` what it exchanges with the agent (outputs,
-//! queries, answers), `held` the plain data it holds between events, `dispatch` which rule a
-//! suspect or a drop goes to; one file per kind (`blackhole`, `hairpin`, `unserved`), each an `impl Correlator` block with its
-//! rule; `aggregate` (recording, eviction, the one `LoopbackEvent` constructor), `evidence`
+//! Layout: this file is the facade (ingest/answer/tick, stats) and the correlator's state; `config`
+//! its windows and bounds, `queries` what it exchanges with the agent (outputs, queries, answers),
+//! `held` the plain data it holds between events, `dispatch` which rule a suspect or a drop goes
+//! to; one file per kind (`blackhole`, `hairpin`, `unserved`), each an `impl Correlator` block with
+//! its rule; `aggregate` (recording, eviction, the one `LoopbackEvent` constructor), `evidence`
 //! (every evidence line), `drop_reason` (drop reason and drop site classification), `remedy`.
 
 mod aggregate;
