@@ -347,10 +347,7 @@ fn join(v: &[&String]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// `iptables-save -t nat` masquerade rule of every kube-proxy mode (as the reader keeps it).
-    const KUBE_MASQ: &str = "-A KUBE-POSTROUTING -m comment --comment \"kubernetes service \
-                             traffic requiring SNAT\" -j MASQUERADE --random-fully";
+    use crate::check::test_nodes::KUBE_MASQ;
 
     fn s(v: &[&str]) -> Vec<String> {
         v.iter().map(|x| x.to_string()).collect()

@@ -36,6 +36,8 @@ pub mod render;
 pub mod rules;
 pub mod services;
 #[cfg(test)]
+mod test_nodes;
+#[cfg(test)]
 mod tests;
 
 /// Version of the JSON output; bumped only if a field changes meaning or goes away.

@@ -22,20 +22,30 @@
 //!   pod's call to itself in its endpoint chain).
 //!
 //! Masquerade rules, NodePorts, bridges and sysctls are the node's and do not change.
-
-use std::net::IpAddr;
-
-use serde::Serialize;
+//!
+//! Layout: this file predicts (the node as nftables mode would leave it, the risk sets'
+//! difference and why); `readiness/prediction.rs` the answer's data, `readiness/ip_mode.rs` the
+//! per-Service `ipMode: Proxy` advice, `readiness/node.rs` what both read off the node,
+//! `readiness/render.rs` the prediction as text.
 
 use super::{
     Finding, Inputs, Kind, Severity,
     dataplane::{Dataplane, Mode},
 };
 use crate::{
-    event::AddressOwner,
     fixes::{self, Facts, Provider},
     kube::index::ServiceFacts,
 };
+
+mod ip_mode;
+mod node;
+mod prediction;
+mod render;
+
+use self::ip_mode::ip_mode_advice;
+use self::node::{kube_proxy_binds, parse_subject};
+pub use self::prediction::{Change, Exposure, IpModeAdvice, Prediction};
+pub use self::render::table;
 
 /// The modes `--as` predicts.
 pub const TARGETS: &[Mode] = &[Mode::Nftables];
@@ -59,73 +69,6 @@ pub fn validate(target: &str, current: Option<Mode>) -> Result<Mode, String> {
         )),
         _ => Ok(mode),
     }
-}
-
-/// One risk that disappears, appears or stays.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Change {
-    pub kind: Kind,
-    /// As the finding names it (`ip`, `ip:port/proto`, ...).
-    pub subject: String,
-    /// `namespace/name` when known.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub service: Option<String>,
-    pub why: String,
-    /// For an appearing risk: the fixes to apply before migrating.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub fixes: Vec<probe_contract::Fix>,
-}
-
-/// Whether `ipMode: Proxy` would avoid the loop for one LB ingress IP, and what it costs.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct IpModeAdvice {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub service: Option<String>,
-    pub ip: IpAddr,
-    /// `VIP` or `Proxy`, as the Service's status has it (`VIP` when unset or not read).
-    pub ip_mode: &'static str,
-    /// The provider profile the advice used.
-    pub provider: &'static str,
-    /// `already` (Proxy now), `avoids_now` (Proxy would stop kube-proxy binding it, as the
-    /// move does), `not_needed` (nothing bound to undo), `does_not_help` (made local by a NIC
-    /// or a route, not kube-proxy).
-    pub verdict: &'static str,
-    pub advice: String,
-    /// With `Proxy` in nftables mode, a pod's call to it would leave for the LB unSNATed.
-    pub would_hairpin: bool,
-    /// What `Proxy` costs (the fixes table's `ip-mode-proxy` entry).
-    pub costs: Vec<String>,
-    /// When `would_hairpin`: the fixes for that hairpin on this provider.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub fixes: Vec<probe_contract::Fix>,
-}
-
-/// The prediction.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Prediction {
-    pub from: Mode,
-    pub to: Mode,
-    pub disappear: Vec<Change>,
-    pub appear: Vec<Change>,
-    pub remain: Vec<Change>,
-    /// The fixes of the appearing risks, once each (by id and Service): apply before migrating.
-    pub before_migrating: Vec<probe_contract::Fix>,
-    pub ip_mode: Vec<IpModeAdvice>,
-    /// LB addresses no kube-proxy mode short-circuits (`ipMode: Proxy`, hostname-only
-    /// ingress, from the API): pod calls to them go to the LB before and after the move.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub not_short_circuited: Vec<Exposure>,
-    /// Risks `probe check` will report after the move (remain + appear).
-    pub risks_after: usize,
-}
-
-/// An LB address pod calls reach only through the LB, in either mode.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Exposure {
-    pub service: String,
-    /// The ingress IP or hostname.
-    pub address: String,
-    pub why: String,
 }
 
 /// The Services' LB addresses that neither IPVS nor nftables mode short-circuits.
@@ -155,27 +98,6 @@ fn exposures(services: &[ServiceFacts]) -> Vec<Exposure> {
         }
     }
     out
-}
-
-impl Prediction {
-    /// `ready` when nothing appears, else `N new`; with what disappears: the node report's
-    /// `nftablesReadiness`.
-    pub fn summary(&self) -> String {
-        let new = if self.appear.is_empty() {
-            "ready".to_string()
-        } else {
-            format!("{} new", self.appear.len())
-        };
-        format!("{new}, {} gone", self.disappear.len())
-    }
-}
-
-/// kube-proxy made `ip` local: bound on the VIP interface (or owner unknown, as on IPVS nodes).
-fn kube_proxy_binds(inp: &Inputs, ip: IpAddr) -> bool {
-    matches!(
-        inp.owners.get(&ip),
-        None | Some(AddressOwner::VipInterface { .. })
-    )
 }
 
 /// The node as kube-proxy's nftables mode would leave it (pure; see the module doc).
@@ -208,16 +130,6 @@ fn risks(findings: &[Finding]) -> Vec<&Finding> {
         .iter()
         .filter(|f| f.severity == Severity::Risk && LOOP_KINDS.contains(&f.kind))
         .collect()
-}
-
-/// `ip`, `ip:port/proto` or `[v6]:port/proto` -> (ip, port, proto).
-fn parse_subject(subject: &str) -> Option<(IpAddr, Option<(u16, String)>)> {
-    if let Ok(ip) = subject.parse() {
-        return Some((ip, None));
-    }
-    let (addr, proto) = subject.rsplit_once('/')?;
-    let sa: std::net::SocketAddr = addr.parse().ok()?;
-    Some((sa.ip(), Some((sa.port(), proto.to_string()))))
 }
 
 /// The Service behind a finding: the LB target of its IP (and port), else the Service the
@@ -427,249 +339,4 @@ pub fn predict(
         before_migrating,
         ip_mode,
     }
-}
-
-/// The AWS Load Balancer Controller annotations that make the NLB not keep a TCP client's
-/// address (fixes table: `aws-nlb-target-type-ip`, `aws-preserve-client-ip-off`).
-fn aws_client_ip_not_kept(s: &ServiceFacts) -> Option<&'static str> {
-    let ann = |k: &str| s.annotations.get(k).map(String::as_str);
-    if ann("service.beta.kubernetes.io/aws-load-balancer-nlb-target-type") == Some("ip") {
-        return Some(
-            "the NLB registers pods (nlb-target-type: ip): TCP calls come back from its address",
-        );
-    }
-    ann("service.beta.kubernetes.io/aws-load-balancer-target-group-attributes")
-        .is_some_and(|v| v.contains("preserve_client_ip.enabled=false"))
-        .then_some("the NLB's client IP preservation is off: calls come back from its address")
-}
-
-fn ip_mode_advice(
-    inp: &Inputs,
-    services: &[ServiceFacts],
-    provider: Option<Provider>,
-    risks_now: &[&Finding],
-) -> Vec<IpModeAdvice> {
-    let entry = fixes::TABLE.iter().find(|e| e.id == "ip-mode-proxy");
-    let costs: Vec<String> = entry
-        .map(|e| {
-            e.side_effects
-                .iter()
-                .chain(e.preconditions)
-                .map(|s| s.to_string())
-                .collect()
-        })
-        .unwrap_or_default();
-    let pod_masq = inp
-        .services
-        .masquerade_rules
-        .iter()
-        .any(|r| super::rules::covers_pod_egress(r, &inp.pod_prefixes));
-    // (ip, Service) pairs: from the API when listed, else the node's LB targets.
-    let mut pairs: Vec<(IpAddr, Option<&ServiceFacts>)> = Vec::new();
-    for s in services {
-        for ip in s.ingress.iter().filter_map(|i| i.ip) {
-            if !pairs
-                .iter()
-                .any(|(i, x)| *i == ip && x.map(|x| x.key()) == Some(s.key()))
-            {
-                pairs.push((ip, Some(s)));
-            }
-        }
-    }
-    if services.is_empty() {
-        for t in &inp.lb_targets {
-            if !pairs.iter().any(|(i, _)| *i == t.ip) {
-                pairs.push((t.ip, None));
-            }
-        }
-    }
-    pairs
-        .into_iter()
-        .map(|(ip, svc)| {
-            let proxy = svc.is_some_and(|s| s.ip_mode(ip) == Some("Proxy"))
-                || inp.lb_targets.iter().any(|t| t.ip == ip && t.ip_mode_proxy);
-            let prov = provider
-                .or_else(|| svc.and_then(fixes::service_provider))
-                .unwrap_or(Provider::Generic);
-            let guard: Vec<String> = svc
-                .map(|s| {
-                    s.loopback_annotations
-                        .iter()
-                        .filter(|(_, v)| !v.is_empty() && v.as_str() != "false")
-                        .map(|(k, _)| k.clone())
-                        .collect()
-                })
-                .unwrap_or_default();
-            let aws = svc.and_then(aws_client_ip_not_kept);
-            let not_looping = if pod_masq {
-                Some("pod egress is masqueraded to the node".to_string())
-            } else if !guard.is_empty() {
-                Some(format!(
-                    "prevent-loopback annotation set ({})",
-                    guard.join(", ")
-                ))
-            } else {
-                aws.map(str::to_string)
-            };
-            let would_hairpin = not_looping.is_none();
-            let bound_now = inp.bound.contains(&ip);
-            let now: Vec<&str> = risks_now
-                .iter()
-                .filter(|f| {
-                    matches!(f.kind, Kind::HealthcheckBlackhole | Kind::VipPortUnserved)
-                        && parse_subject(&f.subject).is_some_and(|(i, _)| i == ip)
-                })
-                .map(|f| f.kind.as_str())
-                .collect();
-            let hairpin_note = match &not_looping {
-                None => "with Proxy, a pod's call to it leaves for the LB without SNAT and can \
-                         hairpin (fixes listed)"
-                    .to_string(),
-                Some(why) => format!("Proxy would not loop here: {why}"),
-            };
-            let (verdict, advice) = if proxy {
-                (
-                    "already",
-                    format!(
-                        "ipMode is Proxy already: no kube-proxy mode binds or short-circuits \
-                         it; {hairpin_note}"
-                    ),
-                )
-            } else if bound_now && !kube_proxy_binds(inp, ip) {
-                (
-                    "does_not_help",
-                    format!(
-                        "{ip} is made local by {}, not kube-proxy: ipMode does not unbind it",
-                        inp.owners
-                            .get(&ip)
-                            .map_or_else(|| "another owner".to_string(), ToString::to_string)
-                    ),
-                )
-            } else if bound_now {
-                (
-                    "avoids_now",
-                    format!(
-                        "Proxy would stop kube-proxy binding it now ({}); nftables mode binds \
-                         nothing, so after the move VIP (the default) loops no more and keeps \
-                         in-cluster calls on the node; {hairpin_note}",
-                        if now.is_empty() {
-                            "no risk on it now".to_string()
-                        } else {
-                            format!("its {} go", now.join(", "))
-                        }
-                    ),
-                )
-            } else {
-                (
-                    "not_needed",
-                    format!(
-                        "not bound on this node: Proxy removes no loop here and would only send \
-                         in-cluster calls out through the LB; {hairpin_note}"
-                    ),
-                )
-            };
-            let fixes = match (would_hairpin, svc) {
-                (true, Some(s)) => {
-                    let mut f = Facts::of_risk(probe_contract::LoopbackKind::Hairpin, ip, s, prov);
-                    f.ip_mode = Some(fixes::IpMode::Proxy);
-                    fixes::fixes(&f)
-                }
-                _ => Vec::new(),
-            };
-            IpModeAdvice {
-                service: svc.map(ServiceFacts::key),
-                ip,
-                ip_mode: if proxy { "Proxy" } else { "VIP" },
-                provider: prov.as_str(),
-                verdict,
-                advice,
-                would_hairpin,
-                costs: costs.clone(),
-                fixes,
-            }
-        })
-        .collect()
-}
-
-/// The prediction as text: one line per change, the fixes to apply first, the ipMode advice.
-pub fn table(p: &Prediction) -> String {
-    let mut out = format!(
-        "Moving kube-proxy from {} to {} mode (predicted from this node):\n",
-        p.from.as_str(),
-        p.to.as_str()
-    );
-    let all = || p.disappear.iter().chain(&p.appear).chain(&p.remain);
-    let w_kind = all().map(|c| c.kind.as_str().len()).max().unwrap_or(0);
-    let w_subject = all().map(|c| c.subject.len()).max().unwrap_or(0);
-    let w_service = all()
-        .map(|c| c.service.as_deref().map_or(1, str::len))
-        .max()
-        .unwrap_or(0);
-    let line = |out: &mut String, sign: &str, c: &Change| {
-        out.push_str(&format!(
-            "  {sign} {:<w_kind$}  {:<w_subject$}  {:<w_service$}  {}\n",
-            c.kind.as_str(),
-            c.subject,
-            c.service.as_deref().unwrap_or("-"),
-            c.why
-        ));
-    };
-    for (title, sign, list) in [
-        ("disappear", "-", &p.disappear),
-        ("appear", "+", &p.appear),
-        ("remain", "=", &p.remain),
-    ] {
-        out.push_str(&format!("{title}: {}\n", list.len()));
-        for c in list {
-            line(&mut out, sign, c);
-        }
-    }
-    out.push_str(&format!(
-        "fixes before migrating: {}\n",
-        p.before_migrating.len()
-    ));
-    for f in &p.before_migrating {
-        out.push_str(&format!(
-            "  {} ({}{}): {}\n",
-            f.id,
-            f.provider,
-            f.service
-                .as_deref()
-                .map(|s| format!(", {s}"))
-                .unwrap_or_default(),
-            f.change
-        ));
-    }
-    if !p.not_short_circuited.is_empty() {
-        out.push_str(&format!(
-            "short-circuited in neither mode: {}\n",
-            p.not_short_circuited.len()
-        ));
-        for e in &p.not_short_circuited {
-            out.push_str(&format!("  {} {}: {}\n", e.address, e.service, e.why));
-        }
-    }
-    out.push_str(&format!("ipMode advice: {}\n", p.ip_mode.len()));
-    for a in &p.ip_mode {
-        out.push_str(&format!(
-            "  {} {} ({}, {}): {}: {}\n",
-            a.ip,
-            a.service.as_deref().unwrap_or("-"),
-            a.ip_mode,
-            a.provider,
-            a.verdict,
-            a.advice
-        ));
-    }
-    out.push_str(&format!(
-        "{} risk(s) after the move ({}): {} (evidence, fixes and costs: --json)\n",
-        p.risks_after,
-        p.summary(),
-        if p.risks_after == 0 {
-            "no loopback risk predicted"
-        } else {
-            "loopback risks predicted"
-        }
-    ));
-    out
 }

@@ -6,44 +6,18 @@ use super::{
     dataplane::Mode,
     readiness::{self, Prediction},
     services,
-    tests::{POD_MASQ, VIP, ip, ipvs, lab},
+    test_nodes::{self, POD_MASQ, VIP, ip, ipvs, lab, pairs},
 };
 use crate::{
     event::AddressOwner,
-    kube::index::{LbIngress, ServiceFacts, ServicePort},
+    kube::index::{LbIngress, ServiceFacts},
 };
 
-/// `shop/web` on the lab's LB IP: 80 (served by IPVS in `ipvs()`) and 443 (declared only).
+/// `shop/web` (`test_nodes::web`) with `annotations`.
 fn web(etp_local: bool, ip_mode: Option<&str>, annotations: &[(&str, &str)]) -> ServiceFacts {
-    let port = |port: u16, node_port: u16| ServicePort {
-        name: None,
-        protocol: "TCP".into(),
-        port,
-        node_port: Some(node_port),
-    };
     ServiceFacts {
-        namespace: "shop".into(),
-        name: "web".into(),
-        uid: None,
-        service_type: "LoadBalancer".into(),
-        cluster_ips: vec![ip("198.18.100.10")],
-        external_ips: vec![],
-        ingress: vec![LbIngress {
-            ip: Some(ip(VIP)),
-            hostname: None,
-            ip_mode: ip_mode.map(Into::into),
-        }],
-        ports: vec![port(80, 30080), port(443, 30443)],
-        external_traffic_policy: Some(if etp_local { "Local" } else { "Cluster" }.into()),
-        health_check_node_port: etp_local.then_some(32000),
-        loopback_annotations: Default::default(),
-        endpoints: vec![],
-        load_balancer_class: None,
-        annotations: annotations
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-        resource_version: None,
+        annotations: pairs(annotations),
+        ..test_nodes::web(etp_local, ip_mode)
     }
 }
 
@@ -243,7 +217,7 @@ fn ip_mode_advice_follows_the_binding_the_provider_and_the_snat() {
         ),
         (
             "pods masqueraded: Proxy would not loop",
-            super::tests::masquerade(ipvs(false, true)),
+            test_nodes::masquerade(ipvs(false, true)),
             web(false, None, &[]),
             "avoids_now",
             false,

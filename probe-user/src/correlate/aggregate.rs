@@ -2,6 +2,7 @@
 //! last time, JSON throttling); least recently seen aggregates are evicted at the bound and
 //! forgotten after the TTL.
 
+use super::held::Aggregate;
 use super::{
     AggregateKey, Correlator, LoopbackEvent, Outcome, Report, SnatState,
     facts::{AddressOwner, Facts, SourceKind},
@@ -10,11 +11,6 @@ use super::{
 use std::net::IpAddr;
 
 use crate::event::{Packet, Tag};
-
-pub(super) struct Aggregate {
-    pub(super) event: LoopbackEvent,
-    pub(super) last_json_ns: u64,
-}
 
 /// `LoopbackEvent::new`: the event type is the output contract's (`probe-contract`), building
 /// one from the packet the kernel saw is the correlator's, so the constructor is a trait here.

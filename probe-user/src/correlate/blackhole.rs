@@ -3,6 +3,7 @@
 //! other destination is `vip_as_source` (see `vip_as_source.rs`).
 
 use super::aggregate::NewEvent as _;
+use super::held::VipSuspect;
 use super::{
     AggregateKey, Correlator, DropInfo, LoopbackEvent, Outcome, Output, RecentDrop, SnatState,
     evidence::{
@@ -14,14 +15,6 @@ use crate::{
     event::{Packet, Tag},
     state::{NODEPORT_RANGE, Tuple},
 };
-
-/// A `Vip`-source suspect waiting for its drop.
-pub(super) struct VipSuspect {
-    pub(super) ts: u64,
-    pub(super) nic: String,
-    pub(super) packet: Packet,
-    pub(super) n: u64,
-}
 
 impl Correlator {
     pub(super) fn on_vip_suspect(

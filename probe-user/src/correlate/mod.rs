@@ -78,22 +78,28 @@
 //! and as unconfirmed / unmatched) and dropped. Aggregates are capped at `max_aggregates`
 //! (least recently seen evicted) and forgotten after `aggregate_ttl_ns` without a repeat.
 //!
-//! Layout: this file is the facade (ingest/answer/tick, config, stats) and the dispatch; one
-//! file per kind (`blackhole`, `hairpin`, `unserved`), each an `impl Correlator` block with its
-//! rule; `aggregate` (recording, eviction, the one `LoopbackEvent` constructor), `evidence`
+//! Layout: this file is the facade (ingest/answer/tick, stats) and the correlator's state; `config`
+//! its windows and bounds, `queries` what it exchanges with the agent (outputs, queries, answers),
+//! `held` the plain data it holds between events, `dispatch` which rule a suspect or a drop goes
+//! to; one file per kind (`blackhole`, `hairpin`, `unserved`), each an `impl Correlator` block with
+//! its rule; `aggregate` (recording, eviction, the one `LoopbackEvent` constructor), `evidence`
 //! (every evidence line), `drop_reason` (drop reason and drop site classification), `remedy`.
 
 mod aggregate;
 mod blackhole;
+mod config;
 mod conntrack;
+mod dispatch;
 mod drop_reason;
 mod evidence;
 pub mod facts;
 mod hairpin;
 #[cfg(test)]
 mod hairpin_tests;
+mod held;
 #[cfg(test)]
 mod host_tests;
+mod queries;
 pub(crate) mod remedy;
 pub mod replay;
 mod report;
@@ -114,224 +120,27 @@ use std::{
     sync::Arc,
 };
 
-use serde::{Deserialize, Serialize};
-
+pub use self::config::CorrelatorConfig;
+use self::config::{MS, SEC};
 #[cfg(test)]
-use self::hairpin::Stage;
+use self::held::Stage;
+pub use self::queries::{Answer, EgressFlowKey, Output, Query};
 pub use self::report::{AggregateKey, Layer, LoopbackEvent, LoopbackKind, Outcome, SnatState};
 use self::{
-    aggregate::Aggregate, blackhole::VipSuspect, conntrack::CtAnswer,
-    drop_reason::local_source_drop, hairpin::Flow,
+    conntrack::CtAnswer,
+    held::{Aggregate, Attempt, DropInfo, Flow, PendingQuery, QueryCtx, RecentDrop, VipSuspect},
+};
+use crate::{
+    event::{AddressOwner, KernelEvent, Packet, Proto, Tag},
+    state::{ServiceTable, Tuple, addrs::Prefix},
 };
 #[cfg(test)]
-use crate::{event::tcp_flags, state::ServiceSource};
 use crate::{
-    event::{AddressOwner, DropReason, EgressRecord, KernelEvent, Listener, Packet, Proto, Tag},
-    state::{ConntrackEntry, SelfLoopFacts, ServiceTable, Tuple, addrs::Prefix},
+    event::{DropReason, EgressRecord, Listener, tcp_flags},
+    state::{ConntrackEntry, SelfLoopFacts, ServiceSource},
 };
 
-const MS: u64 = 1_000_000;
-const SEC: u64 = 1_000 * MS;
-
-/// Windows and bounds. All times are nanoseconds.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct CorrelatorConfig {
-    /// Suspect <-> drop of the same 5-tuple, either order. Default 2 s.
-    pub pair_window_ns: u64,
-    /// How long before a hairpin suspect a layer-7 egress record may have left. Default 10 s.
-    pub l7_window_ns: u64,
-    /// After a hairpin suspect, how long to wait for a drop before asking conntrack what became
-    /// of the flow. Default 1.5 s.
-    pub hairpin_settle_ns: u64,
-    /// A repeat of an aggregate within this long of its last written JSON line is reported
-    /// with `write_json: false`. Default 10 s.
-    pub json_repeat_ns: u64,
-    /// An unanswered query expires after this long. Default 5 s.
-    pub query_timeout_ns: u64,
-    /// An aggregate with no repeat for this long is forgotten (its next occurrence is new).
-    /// Default 1 h.
-    pub aggregate_ttl_ns: u64,
-    /// Bound on pending suspects + pending drops + hairpin candidates. Default 4096.
-    pub max_pending: usize,
-    /// Bound on aggregates kept. Default 1024.
-    pub max_aggregates: usize,
-    /// Bound on node/pod addresses remembered from event tags (layer-7 matching). Default 4096.
-    pub max_known_addrs: usize,
-    /// The VIP interface (`--vip-iface`): the owner a `vip` tag names. Default kube-ipvs0.
-    pub vip_iface: String,
-}
-
-impl Default for CorrelatorConfig {
-    fn default() -> Self {
-        CorrelatorConfig {
-            pair_window_ns: 2 * SEC,
-            l7_window_ns: 10 * SEC,
-            hairpin_settle_ns: 1_500 * MS,
-            json_repeat_ns: 10 * SEC,
-            query_timeout_ns: 5 * SEC,
-            aggregate_ttl_ns: 3_600 * SEC,
-            max_pending: 4096,
-            max_aggregates: 1024,
-            max_known_addrs: 4096,
-            vip_iface: "kube-ipvs0".to_string(),
-        }
-    }
-}
-
-/// What the correlator hands back: a report for the sinks, or a question for the agent.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[expect(
-    clippy::large_enum_variant,
-    reason = "reports are the common case and the agent matches on them by value"
-)]
-pub enum Output {
-    Report(Report),
-    Query(Query),
-}
-
-/// A look-up the agent must answer through [`Correlator::answer`] with the same `id`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Query {
-    /// `src`'s `EGRESS_FLOWS` entries its per-source index names (its latest 16 flows), plus
-    /// the exact entry of each of `keys` (the suspects' own flows: their layer-4 match).
-    Egress {
-        id: u64,
-        src: IpAddr,
-        /// Absent in recordings older than the exact look-up: the index alone.
-        #[serde(default)]
-        keys: Vec<EgressFlowKey>,
-    },
-    /// The conntrack entry whose original tuple is exactly `tuple`.
-    Conntrack { id: u64, tuple: Tuple },
-    /// The listening socket that serves `addr:port/proto` in this network namespace (a
-    /// host-listener hairpin names it).
-    Listener {
-        id: u64,
-        addr: IpAddr,
-        port: u16,
-        proto: Proto,
-    },
-    /// A pod's self-addressed packet was dropped (on `iface` when on the node); `tuple` is
-    /// the pod's call as it reached the pod (pod:client port -> pod:endpoint port, after
-    /// DNAT): the conntrack entry whose *reply* tuple is `tuple` reversed, and the node's
-    /// pieces of the hairpin ([`SelfLoopFacts`]). `reply_dropped`: the packet was the answer
-    /// to that call, un-NATed back to the pod (its call was masqueraded, so the entry's reply
-    /// tuple holds the node's address: looked up by the call's ports instead,
-    /// [`crate::state::conntrack::is_self_call`]). Answered with [`Answer::SelfLoop`].
-    SelfLoop {
-        id: u64,
-        tuple: Tuple,
-        iface: Option<String>,
-        reply_dropped: bool,
-    },
-}
-
-impl Query {
-    pub fn id(&self) -> u64 {
-        match self {
-            Query::Egress { id, .. }
-            | Query::Conntrack { id, .. }
-            | Query::Listener { id, .. }
-            | Query::SelfLoop { id, .. } => *id,
-        }
-    }
-}
-
-/// A hairpin suspect's own egress flow, besides its source address: the `EGRESS_FLOWS` key
-/// its layer-4 match would have.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct EgressFlowKey {
-    pub sport: u16,
-    pub proto: Proto,
-}
-
-/// The agent's answer to a [`Query`].
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Answer {
-    Egress {
-        id: u64,
-        records: Vec<EgressRecord>,
-    },
-    Conntrack {
-        id: u64,
-        entry: Option<ConntrackEntry>,
-    },
-    /// The conntrack look-up failed (a netlink error, not "no entry"): what it would have
-    /// confirmed is reported as unknown.
-    ConntrackFailed {
-        id: u64,
-        error: String,
-    },
-    /// The listener look-up: `Ok(None)` when nothing listens there, `Err` when the look-up
-    /// failed.
-    Listener {
-        id: u64,
-        listener: Result<Option<Listener>, String>,
-    },
-    /// The answer to [`Query::SelfLoop`]: the conntrack look-up (an error as text) and what
-    /// the node's ipsets, bridge and sysctls say.
-    SelfLoop {
-        id: u64,
-        conntrack: Result<Option<ConntrackEntry>, String>,
-        facts: SelfLoopFacts,
-    },
-}
-
 pub use probe_contract::{CorrelatorStats, KindCounts, Report, TagCounts};
-
-// ---------------------------------------------------------------------------------------------
-// Internal state
-
-/// A drop, as evidence.
-#[derive(Clone)]
-struct DropInfo {
-    ts: u64,
-    iface: Option<String>,
-    reason: DropReason,
-    location: Option<String>,
-    /// The destination the kernel saw at the drop, when kube-proxy's DNAT had already
-    /// rewritten it (the packet then carries the pre-DNAT destination of its suspect).
-    dnat_to: Option<(IpAddr, u16)>,
-    /// `reason` was inferred from the drop site: the kernel reported none (< 5.17).
-    inferred: bool,
-    /// The drop happened in a pod's own network namespace (see `KernelEvent::Drop`).
-    foreign_netns: bool,
-}
-
-/// A drop kept for pairing with a later suspect of the same tuple.
-struct RecentDrop {
-    info: DropInfo,
-    packet: Packet,
-    /// Already part of a confirmation (kept so a late suspect is absorbed into it).
-    confirmed: Option<AggregateKey>,
-}
-
-enum QueryCtx {
-    /// `keys`: the flow keys the query carried (see `Correlator::on_egress_answer`).
-    Egress {
-        src: IpAddr,
-        flows: Vec<Tuple>,
-        keys: Vec<EgressFlowKey>,
-    },
-    Snat {
-        flow: Tuple,
-    },
-    Outcome {
-        flow: Tuple,
-    },
-    Listener {
-        flow: Tuple,
-    },
-    SelfLoop {
-        flow: Tuple,
-    },
-}
-
-struct PendingQuery {
-    issued: u64,
-    ctx: QueryCtx,
-}
 
 /// See the [module documentation](self).
 pub struct Correlator {
@@ -353,12 +162,12 @@ pub struct Correlator {
     drops: HashMap<Tuple, RecentDrop>,
     flows: HashMap<Tuple, Flow>,
     /// Self-loop drops waiting for the node's state (`self_loop.rs`), by the dropped tuple.
-    self_loops: self_loop::Pending,
+    self_loops: held::Pending,
     /// Self-loop connects confirmed, by tuple -> time: their retransmits fold in. Bounded.
     self_loop_done: HashMap<Tuple, u64>,
     /// Connect attempts already confirmed as hairpins, by source (address, port, protocol):
     /// their retransmits fold in instead of counting again. Bounded by `max_pending`.
-    confirmed_attempts: HashMap<(IpAddr, u16, Proto), hairpin::Attempt>,
+    confirmed_attempts: HashMap<(IpAddr, u16, Proto), Attempt>,
     queries: HashMap<u64, PendingQuery>,
     /// Egress query in flight per source address (shared by its flows).
     egress_inflight: HashMap<IpAddr, u64>,
@@ -381,6 +190,12 @@ fn tuple_of(p: &Packet) -> Tuple {
         dport: p.dport,
         proto: p.proto,
     }
+}
+
+/// A self-addressed local pod packet: the only shape a pod's call DNATed back to itself
+/// without SNAT has (`self_loop.rs`).
+fn is_self_loop(p: &Packet) -> bool {
+    p.src == p.dst && p.src_tag == Some(Tag::Pod)
 }
 
 impl Correlator {
@@ -481,13 +296,13 @@ impl Correlator {
                         info.location.as_deref(),
                         packet.src_tag,
                         info.iface.is_some(),
-                        self_loop::is_self_loop(&packet),
+                        is_self_loop(&packet),
                     )
                 {
                     info.reason.name = name.to_string();
                     info.inferred = true;
                 }
-                if self_loop::is_self_loop(&packet) {
+                if is_self_loop(&packet) {
                     // Already DNATed back to its source: no suspect to undo it with.
                     self.on_self_loop_drop(info, packet, &mut out);
                 } else {
@@ -621,113 +436,6 @@ impl Correlator {
 
     fn within(&self, a: u64, b: u64) -> bool {
         a.abs_diff(b) <= self.cfg.pair_window_ns
-    }
-
-    // ----- suspects ---------------------------------------------------------------------------
-
-    fn on_suspect(&mut self, ts: u64, nic: String, packet: Packet, out: &mut Vec<Output>) {
-        match packet.src_tag {
-            Some(Tag::Vip) => self.stats.suspects_seen.vip += 1,
-            Some(Tag::Pod) => self.stats.suspects_seen.pod += 1,
-            Some(Tag::Node) => self.stats.suspects_seen.node += 1,
-            None => self.stats.suspects_seen.untagged += 1,
-        }
-        match packet.src_tag {
-            Some(Tag::Vip) => self.on_vip_suspect(ts, nic, packet, out),
-            // A node source is the node-sourced loop (a host-network or masqueraded caller
-            // through an LB that keeps client addresses): the hairpin rule, node-sourced.
-            Some(Tag::Pod | Tag::Node) => self.on_pod_suspect(ts, nic, packet, out),
-            // No rule uses untagged suspects: counted only.
-            _ => self.stats.suspects_unconfirmed += 1,
-        }
-    }
-
-    // ----- drops ------------------------------------------------------------------------------
-
-    /// kube-proxy's NodePort DNAT runs in PREROUTING, before the route lookup that drops
-    /// local-source and rp_filter packets: such a drop carries the DNAT target as destination,
-    /// its suspect (seen at tc ingress, before netfilter) the NodePort the LB sent to. When no
-    /// pending suspect or flow has the drop's exact tuple, pair it by source (address, port,
-    /// protocol) within the pair window, and give it the suspect's destination back.
-    fn undo_dnat(&mut self, mut packet: Packet, info: &mut DropInfo) -> Packet {
-        let t = tuple_of(&packet);
-        if self.vip_suspects.contains_key(&t) || self.flows.contains_key(&t) {
-            return packet;
-        }
-        let same_source =
-            |k: &Tuple| k.src == t.src && k.sport == t.sport && k.proto == t.proto && k.sport != 0;
-        let found = self
-            .vip_suspects
-            .iter()
-            .filter(|(k, v)| same_source(k) && self.within(v.ts, info.ts))
-            .map(|(_, v)| &v.packet)
-            .chain(
-                self.flows
-                    .iter()
-                    .filter(|(k, f)| same_source(k) && self.within(f.ts, info.ts))
-                    .map(|(_, f)| &f.packet),
-            )
-            .next();
-        let post = t.clone();
-        if let Some(seen) = found {
-            info.dnat_to = Some((packet.dst, packet.dport));
-            if self.dnat_seen.len() < self.cfg.max_known_addrs || self.dnat_seen.contains_key(&post)
-            {
-                self.dnat_seen.insert(post, (seen.dst, seen.dport));
-            }
-            packet.dst = seen.dst;
-            packet.dport = seen.dport;
-            packet.dst_tag = seen.dst_tag;
-        } else if packet.src_tag == Some(Tag::Vip)
-            && let Some((dst, dport)) = self.dnat_seen.get(&post).copied()
-        {
-            info.dnat_to = Some((packet.dst, packet.dport));
-            packet.dst = dst;
-            packet.dport = dport;
-            packet.dst_tag = Some(Tag::Node);
-        }
-        packet
-    }
-
-    fn on_drop(&mut self, info: DropInfo, packet: Packet, out: &mut Vec<Output>) {
-        self.stats.drops_seen += 1;
-        let t = tuple_of(&packet);
-
-        if packet.src_tag == Some(Tag::Vip)
-            && local_source_drop(&info.reason, info.location.as_deref()).is_some()
-        {
-            self.on_vip_source_drop(t, info, packet, out);
-            return;
-        }
-
-        // Replies to a VIP and outside openers are never vip_port_unserved (vip_reply.rs).
-        if self.is_reply_to_vip(&packet, &info) {
-            self.on_reply_to_vip(packet, info, out);
-            return;
-        }
-        if self.is_outside_opener(&packet, &info) {
-            self.stats.drops_unmatched += 1;
-            return;
-        }
-        if self.is_unserved_drop(&packet, &info) {
-            self.confirm_unserved(&packet, info, out);
-            return;
-        }
-
-        if self.flows.contains_key(&t) {
-            self.on_flow_drop(&t, info, out);
-            return;
-        }
-
-        if self.fold_confirmed_attempt(&packet, info.ts) {
-            self.stats.drops_confirming += 1;
-            return;
-        }
-
-        if self.hold_pod_drop(&t, info, packet) {
-            return;
-        }
-        self.stats.drops_unmatched += 1;
     }
 
     // ----- time -------------------------------------------------------------------------------

@@ -3,10 +3,18 @@
 //! against the facts it was built from: no sentence contradicts the facts or another sentence,
 //! none repeats, the in-cluster call advice comes once, and the subject is the sender.
 
+use std::net::IpAddr;
+
 use super::*;
-use crate::correlate::{
-    SnatState,
-    facts::{ProxyMode, SelfLoopMissing, ServiceFact, SourceKind},
+use crate::{
+    correlate::{
+        Layer, LoopbackEvent, LoopbackKind, SnatState,
+        facts::{
+            AddressOwner, Etp, Facts, ProxyMode, SelfLoopMissing, ServiceFact, SourceKind,
+            VipSourceSide,
+        },
+    },
+    event::Proto,
 };
 
 const KINDS: [LoopbackKind; 5] = [

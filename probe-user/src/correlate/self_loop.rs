@@ -33,10 +33,10 @@
 //! pod-namespace drop must be a local-source drop. Retransmits of one connect fold into its
 //! confirmation. Aggregate: (drop site, pod, port, Service address, proto).
 
-use std::{collections::HashMap, net::IpAddr};
+use std::net::IpAddr;
 
 use super::aggregate::NewEvent as _;
-
+use super::held::PendingSelfLoop;
 use super::{
     AggregateKey, Correlator, DropInfo, LoopbackEvent, Outcome, Output, Query, QueryCtx, SEC,
     SnatState,
@@ -47,19 +47,13 @@ use super::{
     tuple_of,
 };
 use crate::{
-    event::{Packet, Tag},
+    event::Packet,
     state::{ConntrackEntry, SelfLoopFacts, ServiceSource, ServiceTable, Tuple},
 };
 
 /// How long a confirmed connect's retransmits (same tuple) fold into it instead of counting
 /// again: Linux gives up a SYN after 6 retries, 127 s.
 const ATTEMPT_NS: u64 = 130 * SEC;
-
-/// A self-addressed local pod packet: the only shape a pod's call DNATed back to itself
-/// without SNAT has.
-pub(super) fn is_self_loop(p: &Packet) -> bool {
-    p.src == p.dst && p.src_tag == Some(Tag::Pod)
-}
 
 /// Whether a self-addressed packet is the answer to the pod's call rather than the call: a
 /// TCP segment with ACK set. A looped call never completes its handshake, so the pod sends
@@ -84,15 +78,6 @@ pub(crate) fn call_of(p: &Packet) -> Packet {
         dst: p.src,
         ..p.clone()
     }
-}
-
-/// A self-loop drop waiting for its [`Query::SelfLoop`] answer.
-pub(super) struct PendingSelfLoop {
-    info: DropInfo,
-    /// The call (see [`call_of`]).
-    packet: Packet,
-    /// The packet dropped was the call's answer; its own tuple, for the drop's line.
-    answer: Option<Tuple>,
 }
 
 /// What the node's state and the drop say was missing: the contract's fact (the remedy is
@@ -489,141 +474,6 @@ fn missing_line(m: &Missing, p: &Packet, source: Option<ServiceSource>) -> Strin
     }
 }
 
-/// The pending map's type, for the facade.
-pub(super) type Pending = HashMap<Tuple, PendingSelfLoop>;
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::{
-        event::Proto,
-        state::{BridgePort, ServiceEntry},
-    };
-
-    fn ip(s: &str) -> IpAddr {
-        s.parse().unwrap()
-    }
-
-    #[test]
-    fn the_pods_namespace_means_the_snat_and_a_bridge_port_its_hairpin_mode() {
-        let port = |hairpin_mode| BridgePort {
-            bridge: "cbr0".into(),
-            port: "veth1".into(),
-            hairpin_mode,
-        };
-        let facts = SelfLoopFacts {
-            loop_back_entry: Some(false),
-            bridge_port: Some(port(false)),
-            br_netfilter: Some(true),
-        };
-        // Dead in the pod: the packet got past the bridge, the SNAT is what was missing.
-        assert_eq!(
-            missing_piece(true, &facts),
-            Missing::HairpinSnat {
-                loop_back_entry: Some(false)
-            }
-        );
-        assert_eq!(
-            missing_piece(false, &facts),
-            Missing::HairpinMode {
-                bridge: "cbr0".into(),
-                port: "veth1".into(),
-                br_netfilter: Some(true)
-            }
-        );
-        let on = SelfLoopFacts {
-            bridge_port: Some(port(true)),
-            ..facts.clone()
-        };
-        assert_eq!(missing_piece(false, &on), Missing::Undetermined);
-        assert_eq!(
-            missing_piece(false, &SelfLoopFacts::default()),
-            Missing::Undetermined
-        );
-    }
-
-    #[test]
-    fn the_service_is_conntracks_original_destination_else_the_endpoints_only_service() {
-        let svc = |vip: &str, port, name: &str, backends: &[&str]| ServiceEntry {
-            vip: ip(vip),
-            port,
-            proto: Proto::Tcp,
-            service: Some(name.into()),
-            backends: backends.iter().map(|b| b.to_string()).collect(),
-        };
-        let mut table = ServiceTable {
-            services: vec![
-                svc(
-                    "198.18.100.10",
-                    80,
-                    "default/web:http",
-                    &["198.19.1.11:8080"],
-                ),
-                svc(
-                    "198.18.100.20",
-                    80,
-                    "default/api:http",
-                    &["198.19.1.12:8080"],
-                ),
-            ],
-            ..ServiceTable::default()
-        };
-        let pod = ip("198.19.1.11");
-        let t = |src, sport, dst, dport| Tuple {
-            src: ip(src),
-            sport,
-            dst: ip(dst),
-            dport,
-            proto: Proto::Tcp,
-        };
-        let entry = ConntrackEntry {
-            orig: t("198.19.1.11", 40000, "198.18.100.10", 80),
-            reply: t("198.19.1.11", 8080, "198.19.1.11", 40000),
-            snat: false,
-            dnat: true,
-            seen_reply: false,
-            tcp_state: Some("SYN_SENT".into()),
-            timeout_s: None,
-        };
-        assert_eq!(
-            called_service(&table, Some(&entry), pod, 8080, Proto::Tcp),
-            (
-                Some((ip("198.18.100.10"), 80)),
-                Some("default/web:http".into())
-            )
-        );
-        assert_eq!(
-            called_service(&table, None, pod, 8080, Proto::Tcp),
-            (
-                Some((ip("198.18.100.10"), 80)),
-                Some("default/web:http".into())
-            )
-        );
-        // Two addresses of one Service with the endpoint: the Service, not the address.
-        table.services.push(svc(
-            "203.0.113.10",
-            80,
-            "default/web:http",
-            &["198.19.1.11:8080"],
-        ));
-        assert_eq!(
-            called_service(&table, None, pod, 8080, Proto::Tcp),
-            (None, Some("default/web:http".into()))
-        );
-        // Two Services with it: neither.
-        table.services.push(svc(
-            "198.18.100.30",
-            81,
-            "default/other:http",
-            &["198.19.1.11:8080"],
-        ));
-        assert_eq!(
-            called_service(&table, None, pod, 8080, Proto::Tcp),
-            (None, None)
-        );
-        assert_eq!(
-            called_service(&table, None, pod, 9090, Proto::Tcp),
-            (None, None)
-        );
-    }
-}
+#[path = "self_loop_facts_tests.rs"]
+mod tests;

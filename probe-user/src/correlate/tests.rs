@@ -246,17 +246,78 @@ fn blackhole_drop_alone_confirms() {
     assert_eq!(c.stats().confirmed.healthcheck_blackhole, 1);
 }
 
+/// A VIP-source packet dropped at the route input confirms the health-check black hole
+/// however the kernel names the drop, with or without its suspect.
 #[test]
-fn blackhole_suspect_then_drop() {
-    let mut c = corr();
-    assert!(c.ingest(suspect(S, &hc(41000))).is_empty());
-    assert_eq!(c.stats().pending_suspects, 1);
-    let r = only_report(&c.ingest(local_source(S + 50_000, &hc(41000))));
-    assert!(has_line(&r.event.evidence, "tc ingress on eth0"));
-    c.tick(10 * S);
-    let s = c.stats();
-    assert_eq!((s.suspects_confirmed, s.suspects_unconfirmed), (1, 0));
-    invariants(&c);
+fn a_route_input_drop_of_a_vip_source_packet_confirms_the_blackhole() {
+    struct Case {
+        name: &'static str,
+        suspect_first: bool,
+        reason: &'static str,
+        code: u32,
+        site: &'static str,
+        named: &'static str,
+        lines: &'static [&'static str],
+    }
+    let cases = [
+        Case {
+            name: "IP_LOCAL_SOURCE after its suspect",
+            suspect_first: true,
+            reason: "IP_LOCAL_SOURCE",
+            code: 89,
+            site: "ip_rcv_finish_core+0x2d5",
+            named: "IP_LOCAL_SOURCE",
+            lines: &["tc ingress on eth0"],
+        },
+        Case {
+            name: "Debian 6.1: NOT_SPECIFIED at the route input, alone",
+            suspect_first: false,
+            reason: "NOT_SPECIFIED",
+            code: 1,
+            site: "ip_rcv_finish_core.constprop.0+0x1ab",
+            named: "NOT_SPECIFIED",
+            lines: &["route-input site"],
+        },
+        Case {
+            name: "no drop reasons (< 5.17): UNREPORTED at the route input",
+            suspect_first: true,
+            reason: DropReason::UNREPORTED,
+            code: 0,
+            site: "ip_rcv_finish_core.constprop.0+0x1b7",
+            named: "IP_LOCAL_SOURCE",
+            lines: &[
+                "inferred from the drop site",
+                "no drop reason on this kernel",
+            ],
+        },
+    ];
+    for case in cases {
+        let name = case.name;
+        let mut c = corr();
+        let p = hc(41000);
+        if case.suspect_first {
+            assert!(c.ingest(suspect(S, &p)).is_empty(), "{name}");
+            assert_eq!(c.stats().pending_suspects, 1, "{name}");
+        }
+        let drop = drop_ev(S + 50_000, &p, case.reason, case.code, Some(case.site));
+        let r = only_report(&c.ingest(drop));
+        let e = &r.event;
+        assert_eq!(e.kind, LoopbackKind::HealthcheckBlackhole, "{name}");
+        assert_eq!(e.drop_reason.as_deref(), Some(case.named), "{name}");
+        assert_eq!(e.drop_location.as_deref(), Some(case.site), "{name}");
+        for line in case.lines {
+            assert!(has_line(&e.evidence, line), "{name}: {line}");
+        }
+        c.tick(10 * S);
+        let s = c.stats();
+        assert_eq!(
+            (s.suspects_confirmed, s.suspects_unconfirmed),
+            (u64::from(case.suspect_first), 0),
+            "{name}"
+        );
+        assert_eq!(s.confirmed.healthcheck_blackhole, 1, "{name}");
+        invariants(&c);
+    }
 }
 
 #[test]
@@ -275,50 +336,72 @@ fn blackhole_drop_then_suspect() {
     invariants(&c);
 }
 
+/// Drops no rule claims confirm nothing: each event yields no output, and after the windows
+/// close the suspects and drops are counted unconfirmed and unmatched.
 #[test]
-fn blackhole_debian61_not_specified_at_route_input() {
-    let mut c = corr();
-    let p = hc(41000);
-    let r = only_report(&c.ingest(drop_ev(
-        S,
-        &p,
-        "NOT_SPECIFIED",
-        1,
-        Some("ip_rcv_finish_core.constprop.0+0x1ab"),
-    )));
-    assert_eq!(r.event.drop_reason.as_deref(), Some("NOT_SPECIFIED"));
-    assert!(has_line(&r.event.evidence, "route-input site"));
-    invariants(&c);
-}
-
-#[test]
-fn blackhole_unspecific_drop_elsewhere_is_not_confirmed() {
-    let mut c = corr();
-    let p = hc(41000);
-    assert!(c.ingest(suspect(S, &p)).is_empty());
-    assert!(
-        c.ingest(drop_ev(
-            S + 1,
-            &p,
-            "NOT_SPECIFIED",
-            1,
-            Some("sk_stream_kill_queues+0x50")
-        ))
-        .is_empty()
-    );
-    assert!(
-        c.ingest(drop_ev(S + 2, &p, "NOT_SPECIFIED", 1, None))
-            .is_empty()
-    );
-    assert!(
-        c.ingest(drop_ev(S + 3, &p, "NETFILTER_DROP", 7, None))
-            .is_empty()
-    );
-    c.tick(10 * S);
-    let s = c.stats();
-    assert_eq!(s.confirmed, KindCounts::default());
-    assert_eq!((s.suspects_unconfirmed, s.drops_unmatched), (1, 3));
-    invariants(&c);
+fn drops_no_rule_claims_confirm_nothing() {
+    let hc = hc(41000);
+    let cases: [(&str, Vec<KernelEvent>, (u64, u64)); 4] = [
+        (
+            "a VIP-source suspect, then NOT_SPECIFIED away from the route input or without a \
+             site, and NETFILTER_DROP",
+            vec![
+                suspect(S, &hc),
+                drop_ev(
+                    S + 1,
+                    &hc,
+                    "NOT_SPECIFIED",
+                    1,
+                    Some("sk_stream_kill_queues+0x50"),
+                ),
+                drop_ev(S + 2, &hc, "NOT_SPECIFIED", 1, None),
+                drop_ev(S + 3, &hc, "NETFILTER_DROP", 7, None),
+            ],
+            (1, 3),
+        ),
+        (
+            "no drop reasons: a VIP-source suspect, then UNREPORTED at sites of no rule",
+            vec![
+                suspect(S, &hc),
+                unreported(S + 1, &hc, "sk_stream_kill_queues+0x50"),
+                unreported(S + 2, &hc, "nf_hook_slow+0xa5"),
+                unreported(S + 3, &hc, "tcp_v4_rcv+0x9f"),
+            ],
+            (1, 3),
+        ),
+        (
+            "NO_SOCKET for a served VIP port, NETFILTER_DROP for an unserved one",
+            vec![
+                drop_ev(S, &to_vip(80, Proto::Tcp), "NO_SOCKET", 3, None),
+                drop_ev(S, &to_vip(443, Proto::Tcp), "NETFILTER_DROP", 7, None),
+            ],
+            (0, 2),
+        ),
+        (
+            "no drop reasons: UNREPORTED at tcp_v4_rcv for a served VIP port",
+            vec![unreported(
+                S + 1,
+                &to_vip(80, Proto::Tcp),
+                "tcp_v4_rcv+0x9f",
+            )],
+            (0, 1),
+        ),
+    ];
+    for (name, events, counts) in cases {
+        let mut c = corr();
+        for ev in events {
+            assert!(c.ingest(ev).is_empty(), "{name}");
+        }
+        assert!(c.tick(10 * S).is_empty(), "{name}");
+        let s = c.stats();
+        assert_eq!(s.confirmed, KindCounts::default(), "{name}");
+        assert_eq!(
+            (s.suspects_unconfirmed, s.drops_unmatched),
+            counts,
+            "{name}"
+        );
+        invariants(&c);
+    }
 }
 
 #[test]
@@ -549,51 +632,127 @@ fn hairpin_l4_dropped_by_rpfilter_local_policy() {
     invariants(&c);
 }
 
-/// The look-up ran after the pod's SYN retransmit refreshed the record (a busy agent reads
-/// the suspect late): the record's first time still precedes the suspect, so it matches.
+/// A hairpin whose egress record explains the suspect is confirmed, dropped by rp_filter,
+/// whatever the record's times, the drop's destination or the kernel's naming of the drop.
 #[test]
-fn hairpin_egress_refreshed_by_a_retransmit_after_the_suspect_still_matches() {
-    let mut c = corr();
-    let p = hp(40001, 30081);
+fn a_hairpin_its_egress_explains_is_confirmed_dropped() {
+    struct Case {
+        name: &'static str,
+        t0: u64,
+        /// The egress record's first and latest opener.
+        first_ns: u64,
+        last_ns: Option<u64>,
+        /// The endpoint the drop names (the NodePort DNAT already ran).
+        dnat_to: Option<(&'static str, u16)>,
+        /// A kernel without drop reasons: `UNREPORTED` at this site.
+        unreported_at: Option<&'static str>,
+        lines: &'static [&'static str],
+    }
     let t0 = 5 * S;
-    let mut record = egress(40001, EXT_VIP, 80, t0 - 2 * MS);
-    record.last_ns = Some(t0 + S);
-    hairpin_to_settling(&mut c, t0, &p, vec![record]);
-    let r = only_report(&c.ingest(drop_ev(t0 + 50_000, &p, "IP_RPFILTER", 16, None)));
-    assert_eq!(r.event.layer, Some(Layer::L4));
-    assert_eq!(r.event.vip, Some(ip(EXT_VIP)));
-    invariants(&c);
+    let cases = [
+        Case {
+            name: "the record refreshed by a SYN retransmit after the suspect (a late look-up)",
+            t0,
+            first_ns: t0 - 2 * MS,
+            last_ns: Some(t0 + S),
+            dnat_to: None,
+            unreported_at: None,
+            lines: &[],
+        },
+        Case {
+            name: "a long-running flow: its first opener out of the window, its latest in it",
+            t0: 60 * S,
+            first_ns: S,
+            last_ns: Some(60 * S - MS),
+            dnat_to: None,
+            unreported_at: None,
+            lines: &[],
+        },
+        Case {
+            name: "the drop after the NodePort DNAT: the flow's outcome, named by the NodePort",
+            t0,
+            first_ns: t0 - 2 * MS,
+            last_ns: None,
+            dnat_to: Some(("10.244.1.5", 8080)),
+            unreported_at: None,
+            lines: &[],
+        },
+        Case {
+            name: "no drop reasons: UNREPORTED at the route input, a pod source",
+            t0,
+            first_ns: t0 - 2 * MS,
+            last_ns: None,
+            dnat_to: None,
+            unreported_at: Some("ip_rcv_finish_core+0x2d5"),
+            lines: &["IP_RPFILTER (inferred from the drop site"],
+        },
+    ];
+    for case in cases {
+        let name = case.name;
+        let mut c = corr();
+        let p = hp(40001, 30081);
+        let mut record = egress(40001, EXT_VIP, 80, case.first_ns);
+        record.last_ns = case.last_ns;
+        hairpin_to_settling(&mut c, case.t0, &p, vec![record]);
+        let mut dropped = p.clone();
+        if let Some((dst, dport)) = case.dnat_to {
+            dropped.dst = ip(dst);
+            dropped.dport = dport;
+        }
+        let at = case.t0 + 50_000;
+        let drop = match case.unreported_at {
+            Some(site) => unreported(at, &dropped, site),
+            None => drop_ev(at, &dropped, "IP_RPFILTER", 16, None),
+        };
+        let r = only_report(&c.ingest(drop));
+        let e = &r.event;
+        assert_eq!(e.kind, LoopbackKind::Hairpin, "{name}");
+        assert_eq!(e.layer, Some(Layer::L4), "{name}");
+        assert_eq!(e.outcome, Outcome::Dropped, "{name}");
+        assert_eq!(e.drop_reason.as_deref(), Some("IP_RPFILTER"), "{name}");
+        assert_eq!((e.vip, e.vip_port), (Some(ip(EXT_VIP)), Some(80)), "{name}");
+        assert_eq!((e.dst, e.dst_port), (ip(NODE), 30081), "{name}");
+        for line in case.lines {
+            assert!(has_line(&e.evidence, line), "{name}: {line}");
+        }
+        invariants(&c);
+    }
 }
 
-/// A flow that started after the suspect did not cause it, whatever its latest time.
+/// A suspect no egress record explains is no hairpin: counted as without egress, nothing
+/// reported, nothing left pending.
 #[test]
-fn hairpin_egress_that_started_after_the_suspect_does_not_match() {
-    let mut c = corr();
-    let p = hp(40001, 30081);
-    let t0 = 5 * S;
-    let mut record = egress(40001, EXT_VIP, 80, t0 + MS);
-    record.last_ns = Some(t0 + S);
-    hairpin_without_egress(&mut c, t0, &p, vec![record]);
-    invariants(&c);
-}
-
-/// A long-running flow (UDP) whose first datagram is older than the window but whose latest
-/// is within it still explains the suspect.
-#[test]
-fn hairpin_egress_window_counts_from_the_latest_opener() {
-    let mut c = corr();
-    let p = hp(40001, 30081);
-    let t0 = 60 * S;
-    let mut record = egress(40001, EXT_VIP, 80, S);
-    record.last_ns = Some(t0 - MS);
-    hairpin_to_settling(&mut c, t0, &p, vec![record.clone()]);
-    let r = only_report(&c.ingest(drop_ev(t0 + 50_000, &p, "IP_RPFILTER", 16, None)));
-    assert_eq!(r.event.kind, LoopbackKind::Hairpin);
-    // Without the latest time the same record is out of the window.
-    let mut c = corr();
-    record.last_ns = None;
-    hairpin_without_egress(&mut c, t0, &p, vec![record]);
-    invariants(&c);
+fn a_suspect_no_egress_record_explains_is_no_hairpin() {
+    let late = {
+        let mut r = egress(40001, EXT_VIP, 80, 5 * S + MS);
+        r.last_ns = Some(5 * S + S);
+        r
+    };
+    let cases = [
+        ("no egress record at all", 5 * S, vec![]),
+        (
+            "a flow that started after the suspect, whatever its latest time",
+            5 * S,
+            vec![late],
+        ),
+        (
+            "a flow whose only opener is older than the window (no latest time)",
+            60 * S,
+            vec![egress(40001, EXT_VIP, 80, S)],
+        ),
+    ];
+    for (name, t0, records) in cases {
+        let mut c = corr();
+        hairpin_without_egress(&mut c, t0, &hp(40001, 30081), records);
+        assert!(c.tick(t0 + 30 * S).is_empty(), "{name}");
+        let s = c.stats();
+        assert_eq!(
+            (s.hairpin_no_egress, s.suspects_unconfirmed, s.pending),
+            (1, 1, 0),
+            "{name}"
+        );
+        invariants(&c);
+    }
 }
 
 #[test]
@@ -786,19 +945,6 @@ fn healthy_snated_egress_is_not_hairpin() {
     let s = c.stats();
     assert_eq!(s.confirmed, KindCounts::default());
     assert_eq!((s.hairpin_snat_seen, s.suspects_unconfirmed), (1, 1));
-    invariants(&c);
-}
-
-#[test]
-fn healthy_no_egress_record_is_not_hairpin() {
-    let mut c = corr();
-    hairpin_without_egress(&mut c, 5 * S, &hp(40001, 30080), vec![]);
-    assert!(c.tick(30 * S).is_empty());
-    let s = c.stats();
-    assert_eq!(
-        (s.hairpin_no_egress, s.suspects_unconfirmed, s.pending),
-        (1, 1, 0)
-    );
     invariants(&c);
 }
 
@@ -1002,46 +1148,82 @@ fn unserved_vip_port_refused() {
     invariants(&c);
 }
 
+/// A NO_SOCKET drop of an unserved VIP port confirms `vip_port_unserved` (refused) for UDP,
+/// without a service table, and on kernels without drop reasons (named from the site).
 #[test]
-fn unserved_udp_says_port_unreachable() {
-    let mut c = corr();
-    let r = only_report(&c.ingest(drop_ev(S, &to_vip(53, Proto::Udp), "NO_SOCKET", 3, None)));
-    assert_eq!(r.event.outcome, Outcome::Refused);
-    assert!(has_line(&r.event.evidence, "ICMP port unreachable"));
-    assert!(has_line(&r.event.remedy, "ICMP port unreachable"));
-}
-
-#[test]
-fn served_vip_port_is_not_reported() {
-    let mut c = corr();
-    assert!(
-        c.ingest(drop_ev(S, &to_vip(80, Proto::Tcp), "NO_SOCKET", 3, None))
-            .is_empty()
-    );
-    // Not a no-socket reason: nothing either.
-    assert!(
-        c.ingest(drop_ev(
-            S,
-            &to_vip(443, Proto::Tcp),
-            "NETFILTER_DROP",
-            7,
-            None
-        ))
-        .is_empty()
-    );
-    assert_eq!(c.stats().confirmed, KindCounts::default());
-    invariants(&c);
-}
-
-#[test]
-fn unserved_without_service_table_still_confirms() {
-    let mut c = Correlator::new(CorrelatorConfig::default());
-    let r = only_report(&c.ingest(drop_ev(S, &to_vip(443, Proto::Tcp), "NO_SOCKET", 2, None)));
-    assert!(has_line(
-        &r.event.evidence,
-        "no service table was available"
-    ));
-    assert_eq!(r.event.service, None);
+fn an_unserved_vip_port_is_refused_however_the_drop_is_told() {
+    struct Case {
+        name: &'static str,
+        proto: Proto,
+        with_table: bool,
+        /// `UNREPORTED` at this site (no drop reasons), else `NO_SOCKET`.
+        unreported_at: Option<&'static str>,
+        evidence: &'static [&'static str],
+        remedy: &'static [&'static str],
+    }
+    let cases = [
+        Case {
+            name: "UDP: an ICMP port unreachable",
+            proto: Proto::Udp,
+            with_table: true,
+            unreported_at: None,
+            evidence: &["ICMP port unreachable"],
+            remedy: &["ICMP port unreachable"],
+        },
+        Case {
+            name: "no service table: still confirmed, and said",
+            proto: Proto::Tcp,
+            with_table: false,
+            unreported_at: None,
+            evidence: &["no service table was available"],
+            remedy: &[],
+        },
+        Case {
+            name: "no drop reasons: UNREPORTED at tcp_v4_rcv",
+            proto: Proto::Tcp,
+            with_table: true,
+            unreported_at: Some("tcp_v4_rcv+0x9f"),
+            evidence: &["inferred from the drop site"],
+            remedy: &[],
+        },
+        Case {
+            name: "no drop reasons: UNREPORTED at __udp4_lib_rcv",
+            proto: Proto::Udp,
+            with_table: true,
+            unreported_at: Some("__udp4_lib_rcv+0x5c1"),
+            evidence: &["inferred from the drop site"],
+            remedy: &[],
+        },
+    ];
+    for case in cases {
+        let name = case.name;
+        let mut c = if case.with_table {
+            corr()
+        } else {
+            Correlator::new(CorrelatorConfig::default())
+        };
+        let p = to_vip(443, case.proto);
+        let drop = match case.unreported_at {
+            Some(site) => unreported(S, &p, site),
+            None => drop_ev(S, &p, "NO_SOCKET", 3, None),
+        };
+        let r = only_report(&c.ingest(drop));
+        let e = &r.event;
+        assert_eq!(e.kind, LoopbackKind::VipPortUnserved, "{name}");
+        assert_eq!(e.outcome, Outcome::Refused, "{name}");
+        assert_eq!(e.drop_reason.as_deref(), Some("NO_SOCKET"), "{name}");
+        assert_eq!((e.vip, e.vip_port), (Some(ip(LB_VIP)), Some(443)), "{name}");
+        if !case.with_table {
+            assert_eq!(e.service, None, "{name}");
+        }
+        for line in case.evidence {
+            assert!(has_line(&e.evidence, line), "{name}: {line}");
+        }
+        for line in case.remedy {
+            assert!(has_line(&e.remedy, line), "{name}: {line}");
+        }
+        invariants(&c);
+    }
 }
 
 // ----- bounded memory ---------------------------------------------------------------------------
@@ -1149,26 +1331,6 @@ fn blackhole_drop_after_nodeport_dnat_pairs_with_its_suspect_by_source() {
 }
 
 #[test]
-fn hairpin_rpfilter_drop_after_nodeport_dnat_is_the_flows_outcome() {
-    let mut c = corr();
-    let p = hp(40001, 30081);
-    let t0 = 5 * S;
-    hairpin_to_settling(
-        &mut c,
-        t0,
-        &p,
-        vec![egress(40001, EXT_VIP, 80, t0 - 2 * MS)],
-    );
-    let mut dnated = p.clone();
-    dnated.dst = ip("10.244.1.5");
-    dnated.dport = 8080;
-    let r = only_report(&c.ingest(drop_ev(t0 + 50_000, &dnated, "IP_RPFILTER", 16, None)));
-    assert_eq!(r.event.outcome, Outcome::Dropped);
-    assert_eq!((r.event.dst, r.event.dst_port), (ip(NODE), 30081));
-    invariants(&c);
-}
-
-#[test]
 fn a_drop_from_another_source_port_is_not_paired() {
     let mut c = corr();
     assert!(c.ingest(suspect(S, &hc(35787))).is_empty());
@@ -1212,94 +1374,4 @@ fn a_retransmit_without_its_suspect_reuses_the_learned_dnat() {
 
 fn unreported(ts: u64, p: &Packet, site: &str) -> KernelEvent {
     drop_ev(ts, p, DropReason::UNREPORTED, 0, Some(site))
-}
-
-#[test]
-fn no_reason_kernel_blackhole_by_route_input_site() {
-    let mut c = corr();
-    let p = hc(41000);
-    assert!(c.ingest(suspect(S, &p)).is_empty());
-    let r = only_report(&c.ingest(unreported(
-        S + 1,
-        &p,
-        "ip_rcv_finish_core.constprop.0+0x1b7",
-    )));
-    let e = &r.event;
-    assert_eq!(e.kind, LoopbackKind::HealthcheckBlackhole);
-    assert_eq!(e.drop_reason.as_deref(), Some("IP_LOCAL_SOURCE"));
-    assert_eq!(
-        e.drop_location.as_deref(),
-        Some("ip_rcv_finish_core.constprop.0+0x1b7")
-    );
-    assert!(has_line(&e.evidence, "inferred from the drop site"));
-    assert!(has_line(&e.evidence, "no drop reason on this kernel"));
-    invariants(&c);
-}
-
-#[test]
-fn no_reason_kernel_hairpin_rpfilter_by_site_and_pod_source() {
-    let mut c = corr();
-    let p = hp(40001, 30081);
-    let t0 = 5 * S;
-    hairpin_to_settling(
-        &mut c,
-        t0,
-        &p,
-        vec![egress(40001, EXT_VIP, 80, t0 - 2 * MS)],
-    );
-    let r = only_report(&c.ingest(unreported(t0 + 50_000, &p, "ip_rcv_finish_core+0x2d5")));
-    let e = &r.event;
-    assert_eq!(e.kind, LoopbackKind::Hairpin);
-    assert_eq!(e.outcome, Outcome::Dropped);
-    assert_eq!(e.drop_reason.as_deref(), Some("IP_RPFILTER"));
-    assert!(has_line(
-        &e.evidence,
-        "IP_RPFILTER (inferred from the drop site"
-    ));
-    invariants(&c);
-}
-
-#[test]
-fn no_reason_kernel_unserved_by_transport_site() {
-    for (proto, site) in [
-        (Proto::Tcp, "tcp_v4_rcv+0x9f"),
-        (Proto::Udp, "__udp4_lib_rcv+0x5c1"),
-    ] {
-        let mut c = corr();
-        let r = only_report(&c.ingest(unreported(S, &to_vip(443, proto), site)));
-        assert_eq!(r.event.kind, LoopbackKind::VipPortUnserved, "{site}");
-        assert_eq!(r.event.drop_reason.as_deref(), Some("NO_SOCKET"));
-        assert!(has_line(&r.event.evidence, "inferred from the drop site"));
-        // The served port's twin (the table serves 80/tcp): the same site, nothing reported.
-        if proto == Proto::Tcp {
-            assert!(
-                c.ingest(unreported(S + 1, &to_vip(80, proto), site))
-                    .is_empty()
-            );
-        }
-        invariants(&c);
-    }
-}
-
-#[test]
-fn no_reason_kernel_other_sites_confirm_nothing() {
-    let mut c = corr();
-    let p = hc(41000);
-    assert!(c.ingest(suspect(S, &p)).is_empty());
-    for (i, site) in [
-        "sk_stream_kill_queues+0x50",
-        "nf_hook_slow+0xa5",
-        "tcp_v4_rcv+0x9f",
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        assert!(
-            c.ingest(unreported(S + 1 + i as u64, &p, site)).is_empty(),
-            "{site}"
-        );
-    }
-    c.tick(10 * S);
-    assert_eq!(c.stats().confirmed, KindCounts::default());
-    invariants(&c);
 }

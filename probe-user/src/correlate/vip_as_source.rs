@@ -13,9 +13,9 @@
 use super::aggregate::NewEvent as _;
 use super::{
     AggregateKey, Correlator, DropInfo, LoopbackEvent, Outcome, Output,
-    blackhole::VipSuspect,
     evidence::{destination_line, vip_egress_line},
     facts::{Etp, VipSourceSide},
+    held::VipSuspect,
 };
 use crate::event::{Packet, Tag};
 

@@ -16,9 +16,9 @@
 use super::aggregate::NewEvent as _;
 use super::{
     AggregateKey, Correlator, DropInfo, LoopbackEvent, Outcome, Output, SnatState,
-    blackhole::VipSuspect,
     drop_reason::is_no_socket,
     evidence::{drop_line, suspect_line},
+    held::VipSuspect,
     tuple_of,
 };
 use crate::event::{Packet, Proto, Tag, tcp_flags};

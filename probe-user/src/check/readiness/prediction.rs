@@ -1,0 +1,88 @@
+//! What `--as nftables` answers: the [`Prediction`] and its parts (plain data, serialized by
+//! `probe check --as nftables --json`).
+
+use std::net::IpAddr;
+
+use serde::Serialize;
+
+use crate::check::{Kind, dataplane::Mode};
+
+/// One risk that disappears, appears or stays.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Change {
+    pub kind: Kind,
+    /// As the finding names it (`ip`, `ip:port/proto`, ...).
+    pub subject: String,
+    /// `namespace/name` when known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service: Option<String>,
+    pub why: String,
+    /// For an appearing risk: the fixes to apply before migrating.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub fixes: Vec<probe_contract::Fix>,
+}
+
+/// Whether `ipMode: Proxy` would avoid the loop for one LB ingress IP, and what it costs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct IpModeAdvice {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service: Option<String>,
+    pub ip: IpAddr,
+    /// `VIP` or `Proxy`, as the Service's status has it (`VIP` when unset or not read).
+    pub ip_mode: &'static str,
+    /// The provider profile the advice used.
+    pub provider: &'static str,
+    /// `already` (Proxy now), `avoids_now` (Proxy would stop kube-proxy binding it, as the
+    /// move does), `not_needed` (nothing bound to undo), `does_not_help` (made local by a NIC
+    /// or a route, not kube-proxy).
+    pub verdict: &'static str,
+    pub advice: String,
+    /// With `Proxy` in nftables mode, a pod's call to it would leave for the LB unSNATed.
+    pub would_hairpin: bool,
+    /// What `Proxy` costs (the fixes table's `ip-mode-proxy` entry).
+    pub costs: Vec<String>,
+    /// When `would_hairpin`: the fixes for that hairpin on this provider.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub fixes: Vec<probe_contract::Fix>,
+}
+
+/// The prediction.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Prediction {
+    pub from: Mode,
+    pub to: Mode,
+    pub disappear: Vec<Change>,
+    pub appear: Vec<Change>,
+    pub remain: Vec<Change>,
+    /// The fixes of the appearing risks, once each (by id and Service): apply before migrating.
+    pub before_migrating: Vec<probe_contract::Fix>,
+    pub ip_mode: Vec<IpModeAdvice>,
+    /// LB addresses no kube-proxy mode short-circuits (`ipMode: Proxy`, hostname-only
+    /// ingress, from the API): pod calls to them go to the LB before and after the move.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub not_short_circuited: Vec<Exposure>,
+    /// Risks `probe check` will report after the move (remain + appear).
+    pub risks_after: usize,
+}
+
+/// An LB address pod calls reach only through the LB, in either mode.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Exposure {
+    pub service: String,
+    /// The ingress IP or hostname.
+    pub address: String,
+    pub why: String,
+}
+
+impl Prediction {
+    /// `ready` when nothing appears, else `N new`; with what disappears: the node report's
+    /// `nftablesReadiness`.
+    pub fn summary(&self) -> String {
+        let new = if self.appear.is_empty() {
+            "ready".to_string()
+        } else {
+            format!("{} new", self.appear.len())
+        };
+        format!("{new}, {} gone", self.disappear.len())
+    }
+}

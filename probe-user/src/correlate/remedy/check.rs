@@ -1,0 +1,123 @@
+//! `probe check`'s remedies: the risks it finds on a node told with the same sentences as the
+//! confirmed event they predict, built from a [`placeholder`] event through [`super::build`].
+
+use std::net::IpAddr;
+
+use super::kinds::{build, unserved_options};
+use crate::{
+    correlate::{
+        LoopbackEvent, LoopbackKind,
+        facts::{AddressOwner, Facts, ProxyMode, SourceKind},
+        report::{Outcome, sock},
+    },
+    event::Proto,
+    state::ServiceSource,
+};
+
+/// `probe check`'s health-check risk: a VIP local through `owner` (kube-ipvs0 when not known)
+/// that the LB health-checks `node_port` from.
+pub(crate) fn healthcheck_blackhole(
+    vip: IpAddr,
+    node_port: u16,
+    owner: Option<&AddressOwner>,
+) -> Vec<String> {
+    let e = LoopbackEvent {
+        vip: Some(vip),
+        facts: Facts {
+            source: SourceKind::Vip,
+            owner: Some(owner.cloned().unwrap_or_else(kube_ipvs0)),
+            ..Facts::default()
+        },
+        ..placeholder(LoopbackKind::HealthcheckBlackhole, vip, node_port)
+    };
+    build(&e)
+}
+
+/// `probe check`'s unserved-port risk: a VIP local through `local_owner` (kube-ipvs0 when not
+/// known), `port` unserved.
+pub(crate) fn vip_port_unserved(
+    vip: IpAddr,
+    port: u16,
+    proto: Proto,
+    owner: Option<&str>,
+    filtered: bool,
+    local_owner: Option<&AddressOwner>,
+) -> Vec<String> {
+    let facts = Facts {
+        owner: Some(local_owner.cloned().unwrap_or_else(kube_ipvs0)),
+        access_filtered: filtered,
+        ..Facts::default()
+    };
+    unserved_options(vip, port, proto, owner, &facts, "this node or its pods")
+}
+
+/// An event with only its kind and the addresses a remedy names (`probe check`'s risks and
+/// tests build remedies through it).
+pub(crate) fn placeholder(kind: LoopbackKind, src: IpAddr, dst_port: u16) -> LoopbackEvent {
+    LoopbackEvent {
+        kind,
+        key: String::new(),
+        src,
+        src_port: 0,
+        dst: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+        dst_port,
+        vip: None,
+        vip_port: None,
+        proto: Proto::Tcp,
+        drop_reason: None,
+        drop_location: None,
+        snat: crate::correlate::SnatState::Unknown,
+        outcome: Outcome::Dropped,
+        count: 1,
+        evidence: Vec::new(),
+        remedy: Vec::new(),
+        first_seen_ns: 0,
+        last_seen_ns: 0,
+        nic: None,
+        service: None,
+        layer: None,
+        client_pod: None,
+        node: None,
+        fixes: Vec::new(),
+        facts: Facts::default(),
+        listener: None,
+    }
+}
+
+fn kube_ipvs0() -> AddressOwner {
+    AddressOwner::VipInterface {
+        iface: "kube-ipvs0".to_string(),
+    }
+}
+
+/// `probe check`'s self-loop risk: the remedy of the confirmed event for pod `pod`:`port`
+/// (`service` when the rules name it) missing `missing`, without its "Cause:" line.
+pub(crate) fn service_self_loop_risk(
+    pod: IpAddr,
+    port: u16,
+    service: Option<&str>,
+    missing: crate::correlate::facts::SelfLoopMissing,
+    source: ServiceSource,
+) -> Vec<String> {
+    let mut e = placeholder(LoopbackKind::ServiceSelfLoop, pod, port);
+    e.dst = pod;
+    e.service = service.map(str::to_string);
+    e.facts.source = SourceKind::Pod;
+    e.facts.self_loop = Some(missing);
+    e.facts.proxy_mode = Some(proxy_mode(source));
+    build(&e).into_iter().skip(1).collect()
+}
+
+/// The contract's name of the mode a service table came from.
+pub(crate) fn proxy_mode(source: ServiceSource) -> ProxyMode {
+    match source {
+        ServiceSource::Ipvs => ProxyMode::Ipvs,
+        ServiceSource::Iptables => ProxyMode::Iptables,
+        ServiceSource::Nftables => ProxyMode::Nftables,
+    }
+}
+
+/// `ip:port`, with brackets for IPv6 (for `probe check`).
+pub(crate) fn sock_of(ip: IpAddr, port: u16) -> String {
+    sock(ip, port)
+}

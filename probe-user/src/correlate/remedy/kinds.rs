@@ -1,0 +1,368 @@
+//! The remedy of each kind, from the event's facts ([`build`]); `service_self_loop`'s is in
+//! `self_loop.rs`.
+
+use std::net::IpAddr;
+
+use super::{self_loop::service_self_loop, sentences::*};
+use crate::{
+    correlate::{
+        LoopbackEvent, LoopbackKind,
+        facts::{AddressOwner, Etp, Facts, SourceKind, VipSourceSide},
+        report::{Layer, Outcome, sock},
+    },
+    event::Proto,
+};
+
+/// The remedy of a confirmed event, from its facts (the correlator's, and after attribution
+/// the API's too).
+pub(crate) fn build(e: &LoopbackEvent) -> Vec<String> {
+    match e.kind {
+        LoopbackKind::HealthcheckBlackhole => healthcheck(e),
+        LoopbackKind::Hairpin => hairpin(e),
+        LoopbackKind::VipPortUnserved => unserved(e),
+        LoopbackKind::VipAsSource => vip_as_source(e),
+        LoopbackKind::ServiceSelfLoop => service_self_loop(e),
+    }
+}
+
+fn healthcheck(e: &LoopbackEvent) -> Vec<String> {
+    let vip = e.vip.unwrap_or(e.src);
+    let f = &e.facts;
+    let checked = match (
+        f.service.as_ref().and_then(|s| s.health_check_node_port),
+        f.etp(),
+    ) {
+        (Some(hc), Some(Etp::Local)) if hc == e.dst_port => {
+            format!("its healthCheckNodePort {hc} (externalTrafficPolicy: Local)")
+        }
+        (_, Some(Etp::Cluster)) => format!(
+            "NodePort {} (externalTrafficPolicy: Cluster: the LB checks the traffic port)",
+            e.dst_port
+        ),
+        _ => format!("port {}", e.dst_port),
+    };
+    let mut out = vec![format!(
+        "Cause: the LB{} health-checks this node from its own VIP {vip} on {checked}, and {vip} \
+         is {}, so the kernel discards every check as a packet with a local (martian) source.",
+        service_key(e)
+            .map(|k| format!(" of Service {k}"))
+            .unwrap_or_default(),
+        bound(vip, f.owner.as_ref()),
+    )];
+    out.extend(mismatch(e));
+    out.push(
+        "Have the LB send health checks from a source range that is not a VIP (a provider \
+         option: a dedicated health-check source range, e.g. turned on together with the \
+         provider's prevent-loopback Service annotation)."
+            .to_string(),
+    );
+    out.push(unbind(vip, f));
+    out.push(
+        "Do not read the LB's health status as fine: when every check fails the LB treats all \
+         backends as alive, which hides this until a backend really fails and still gets \
+         traffic."
+            .to_string(),
+    );
+    out
+}
+
+fn hairpin(e: &LoopbackEvent) -> Vec<String> {
+    let f = &e.facts;
+    if f.host_listener {
+        return host_listener_hairpin(e);
+    }
+    let vip = e.vip.unwrap_or(e.dst);
+    let at = sock(vip, e.vip_port.unwrap_or(e.dst_port));
+    let node_sourced = f.source == SourceKind::Node;
+    let target = if f.lb_targets_pod {
+        format!("the local pod {} directly", sock(e.dst, e.dst_port))
+    } else {
+        format!("this same node ({})", sock(e.dst, e.dst_port))
+    };
+    let mut out = vec![if node_sourced {
+        format!(
+            "Cause: {} (a host-network client, or pod traffic masqueraded to the node IP) \
+             called the LB at {at}; the LB keeps the client address and picked {target} as \
+             backend, so the request came back with the node's own address as source and the \
+             kernel discards it as a local (martian) source.",
+            sender(e)
+        )
+    } else {
+        format!(
+            "Cause: {} called the LB at {at} and left the node without SNAT; the LB keeps the \
+             client address and picked {target} as backend, so the request looped back and the \
+             reply cannot return through the LB.",
+            sender(e)
+        )
+    }];
+    out.extend(mismatch(e));
+    let svc = service_key(e);
+    let svc_name = svc.clone().unwrap_or_else(|| "the Service".into());
+    // The NodePort's policy matters for a pod's call only: it decides whether kube-proxy
+    // masquerades it. A node-sourced call already carries the node's address, and an LB that
+    // targets pods ignores the policy.
+    if !node_sourced && !f.lb_targets_pod && f.etp() == Some(Etp::Local) {
+        out.push(format!(
+            "NodePort {} ({svc_name}) uses externalTrafficPolicy: Local; its Local rules on this \
+             node let pod traffic to the LB leave unmasqueraded, which is why the pod address \
+             reached the LB (under Cluster policy the same call is SNATed and the LB avoids the \
+             calling node).",
+            e.dst_port
+        ));
+        let patch = f
+            .service
+            .as_ref()
+            .map(|s| {
+                format!(
+                    ": kubectl -n {} patch service {} -p \
+                     '{{\"spec\":{{\"externalTrafficPolicy\":\"Cluster\"}}}}'",
+                    s.namespace, s.name
+                )
+            })
+            .unwrap_or_default();
+        out.push(format!(
+            "Set externalTrafficPolicy: Cluster on {svc_name} if the client source IP need not \
+             be preserved{patch}."
+        ));
+        out.push(format!(
+            "Or keep Local and add pod anti-affinity so callers never run on a node hosting \
+             {svc_name}'s backends (with Local the LB only sends to nodes that have backends)."
+        ));
+    }
+    out.push(call_in_cluster(e, vip, e.vip_port));
+    if node_sourced {
+        out.push(
+            "SNAT to the node IP does not avoid this one: the source already is the node. The \
+             LB's guard against sending a request back to its source node avoids it where the \
+             LB has it; this LB did not apply it (a listener or LB type without that guard)."
+                .to_string(),
+        );
+    } else {
+        out.push(format!(
+            "Masquerade (SNAT) pod traffic to the LB to the node IP ({} masquerade rule(s) \
+             found on this node): the LB then sees the node as the source and will not send the \
+             request back to it.",
+            f.masquerade_rules
+        ));
+    }
+    out.push(
+        "Or make the LB source-NAT toward backends (layer 7: the LB's SNAT/keepalive option, \
+         client IP then in X-Forwarded-For), or enable the provider's prevent-loopback option."
+            .to_string(),
+    );
+    if f.lb_targets_pod {
+        out.push(
+            "The LB targets pods directly (no NodePort): externalTrafficPolicy does not change \
+             its choice of backend; keep callers off the nodes that host the Service's pods \
+             (pod anti-affinity)."
+                .to_string(),
+        );
+    }
+    out.push(match e.layer {
+        Some(Layer::L7) => "Symptom to expect (layer 7): the LB gives up on this node after \
+                            about 4 s and retries another one, so requests are slow rather than \
+                            failed; on a one-node cluster they fail."
+            .to_string(),
+        _ => "Symptom to expect (layer 4): the LB does not retry another node, so connections \
+              hang or break intermittently; on a one-node cluster they always fail."
+            .to_string(),
+    });
+    if !node_sourced
+        && e.outcome == Outcome::Dropped
+        && e.drop_reason.as_deref() == Some("IP_RPFILTER")
+    {
+        out.push(
+            "Relaxing rp_filter does not fix this: the packet would then reach the backend and \
+             the pod would reset the asymmetric reply instead."
+                .to_string(),
+        );
+    }
+    out
+}
+
+fn unserved(e: &LoopbackEvent) -> Vec<String> {
+    let vip = e.vip.unwrap_or(e.dst);
+    let port = e.vip_port.unwrap_or(e.dst_port);
+    let from = match e.facts.source {
+        SourceKind::Pod | SourceKind::Node => sender(e),
+        _ => "this node or its pods".to_string(),
+    };
+    let mut out = unserved_options(
+        vip,
+        port,
+        e.proto,
+        service_key(e).as_deref(),
+        &e.facts,
+        &from,
+    );
+    if let Some(s) = &e.facts.service
+        && !s.ports.is_empty()
+    {
+        // The named form of "add it to the Service's ports": which ones it has.
+        out[1] = format!(
+            "Service {} serves {} only on {vip}: call {} on one of those ports, or, if port \
+             {port} belongs to the cluster, add it to the Service's ports.",
+            s.key(),
+            s.ports.join(", "),
+            s.dns_name()
+        );
+    }
+    out
+}
+
+pub(super) fn unserved_options(
+    vip: IpAddr,
+    port: u16,
+    proto: Proto,
+    owner: Option<&str>,
+    facts: &Facts,
+    from: &str,
+) -> Vec<String> {
+    let user = owner.map_or_else(|| "a Service".to_string(), |o| format!("Service {o}"));
+    let refusal = match proto {
+        _ if facts.access_filtered => {
+            "rejects it: kube-proxy's KUBE-IPVS-FILTER answers with ICMP port unreachable \
+             (connection refused)"
+        }
+        Proto::Udp => "answers with ICMP port unreachable",
+        _ => "answers with a TCP RST (connection refused)",
+    };
+    let mut out = vec![
+        format!(
+            "Cause: {vip} is {} and {user} uses it on other ports, so calls from {from} to {} \
+             never leave the node and never reach the LB listener; nothing here serves port \
+             {port}/{}, so the kernel {refusal}.",
+            bound(vip, facts.owner.as_ref()),
+            sock(vip, port),
+            proto.as_str()
+        ),
+        format!("If port {port} belongs to the cluster, add it to the Service's ports."),
+        "If the listener belongs to something outside the cluster, give it its own LB or \
+         address, separate from the one the Service uses."
+            .to_string(),
+    ];
+    out.push(unbind(vip, facts));
+    out
+}
+
+fn vip_as_source(e: &LoopbackEvent) -> Vec<String> {
+    let f = &e.facts;
+    let vip = e.vip.unwrap_or(e.src);
+    let to = sock(e.dst, e.dst_port);
+    let svc = service_key(e)
+        .map(|k| format!("Service {k}"))
+        .unwrap_or_else(|| "the Service".into());
+    // Why IPVS forwarded the call without SNAT, as far as the facts say.
+    let why = match f.etp() {
+        Some(Etp::Local) => format!(
+            "{svc} has externalTrafficPolicy: Local and the calling node has no local endpoint, \
+             so IPVS forwarded the call without SNAT"
+        ),
+        Some(Etp::Cluster) => format!(
+            "{svc} has externalTrafficPolicy: Cluster, under which kube-proxy masquerades a \
+             forwarded call, yet IPVS forwarded this one without SNAT (the calling node's \
+             masquerade rules did not match it)"
+        ),
+        None => "IPVS forwarded the call without SNAT (kube-proxy does so under \
+                 externalTrafficPolicy: Local when the calling node has no local endpoint)"
+            .to_string(),
+    };
+    let cause = match f.side.unwrap_or(VipSourceSide::Receiving) {
+        VipSourceSide::Receiving => format!(
+            "Cause: a host-network caller on another node called the LB IP {vip}; {vip} is a \
+             local address there, so the kernel picked {vip} itself as the source; {why} to {to} here; \
+             this node has {vip} as a local address too ({}) and drops every packet from it as \
+             a local (martian) source. The caller times out.",
+            owner_short(f.owner.as_ref())
+        ),
+        VipSourceSide::Sending => format!(
+            "Cause: a host-network caller on this node called the LB IP {vip}, a local address \
+             here ({}), so the kernel picked {vip} itself as the source; {why} to {to} on \
+             another node; that node has {vip} as a local address too and drops it as a local \
+             (martian) source. The caller times out.",
+            owner_short(f.owner.as_ref())
+        ),
+    };
+    let mut out = vec![cause];
+    // The story above is kube-proxy's; a VIP that something else made local here is that
+    // owner's to remove.
+    if let Some(owner @ (AddressOwner::Interface { .. } | AddressOwner::LocalRoute { .. })) =
+        &f.owner
+    {
+        out.push(owner_fix(vip, owner));
+    }
+    out.extend(mismatch(e));
+    out.push(call_in_cluster(e, vip, e.vip_port));
+    out.push(
+        "Or set internalTrafficPolicy / move such callers to nodes with a local endpoint, so \
+         in-cluster calls are not forwarded to another node."
+            .to_string(),
+    );
+    if f.etp() != Some(Etp::Cluster) {
+        out.push(format!(
+            "Or set externalTrafficPolicy: Cluster on {svc}: IPVS then masquerades the \
+             forwarded call to the node IP (the client source IP is no longer preserved)."
+        ));
+    } else {
+        out.push(
+            "Check kube-proxy's masquerade rules on the calling node (KUBE-MARK-MASQ for the \
+             LB IP, KUBE-POSTROUTING): under Cluster policy they SNAT this call."
+                .to_string(),
+        );
+    }
+    out
+}
+
+/// A hairpin to a host-network listener (a node address on a port that is no NodePort): no
+/// Service rule is involved, so externalTrafficPolicy and NodePort fixes do not apply.
+fn host_listener_hairpin(e: &LoopbackEvent) -> Vec<String> {
+    let node_sourced = e.facts.source == SourceKind::Node;
+    let what = e.listener.as_ref().map_or_else(
+        || "a host-network listener".to_string(),
+        |l| match (&l.pod, &l.process) {
+            (Some(pod), _) => format!("host-network pod {pod}"),
+            (None, Some(p)) => format!("host process {p}"),
+            (None, None) => "a host-network listener".to_string(),
+        },
+    );
+    let at = sock(e.dst, e.dst_port);
+    let lb = sock(e.vip.unwrap_or(e.dst), e.vip_port.unwrap_or(e.dst_port));
+    let cause = if node_sourced {
+        format!(
+            "Cause: {} called the LB at {lb}; the LB keeps the client address and sent the \
+             connection to {what} on this same node ({at}, no NodePort: an instance target on \
+             the node's own address), so it came back with the node's own address as source and \
+             the kernel discards it as a local (martian) source.",
+            sender(e)
+        )
+    } else {
+        format!(
+            "Cause: {} called the LB at {lb} and left the node without SNAT; the LB keeps the \
+             client address and sent the connection to {what} on this same node ({at}, no \
+             NodePort: an instance target on the node's own address), so the reply goes \
+             straight to the pod, never back through the LB.",
+            sender(e)
+        )
+    };
+    vec![
+        cause,
+        format!(
+            "Reach {what} without the LB from this node and its pods: its in-cluster Service \
+             (for the API server: kubernetes.default.svc), or {at} directly from host-network \
+             callers."
+        ),
+        "Or turn off client IP preservation for this LB listener's instance targets (AWS NLB: \
+         target group attribute preserve_client_ip.enabled=false), or enable the provider's \
+         prevent-loopback / hairpin option: the LB then answers the loop itself."
+            .to_string(),
+        if node_sourced {
+            "SNAT to the node IP does not avoid this one: the source already is the node."
+                .to_string()
+        } else {
+            "Masquerading pod egress to the node IP avoids it only where the LB never sends a \
+             request back to its source node; otherwise the loop becomes node-sourced."
+                .to_string()
+        },
+        "externalTrafficPolicy does not apply: no Service rule serves this port.".to_string(),
+    ]
+}

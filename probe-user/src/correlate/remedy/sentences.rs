@@ -1,0 +1,191 @@
+//! The sentences the remedies share: the Service's and the sender's names, what bound the
+//! address and how to unbind it, the in-cluster call advice, a policy mismatch.
+
+use std::net::IpAddr;
+
+use crate::correlate::{
+    LoopbackEvent,
+    facts::{AddressOwner, Facts, SourceKind},
+    report::sock,
+};
+
+/// The Service's name for a sentence: the API's, else the rules' `namespace/name`, else none.
+pub(super) fn service_key(e: &LoopbackEvent) -> Option<String> {
+    e.facts
+        .service
+        .as_ref()
+        .map(|s| s.key())
+        .or_else(|| e.service.as_deref().map(strip_port))
+}
+
+/// `namespace/name` out of `namespace/name:port`.
+pub(super) fn strip_port(s: &str) -> String {
+    s.split(':').next().unwrap_or(s).to_string()
+}
+
+/// The sender, as the subject of a sentence.
+pub(super) fn sender(e: &LoopbackEvent) -> String {
+    match e.facts.source {
+        SourceKind::Pod => match &e.client_pod {
+            Some(pod) => format!("pod {pod} ({})", e.src),
+            None => format!("pod {}", e.src),
+        },
+        SourceKind::Node => format!("this node ({})", e.src),
+        SourceKind::Vip => "a host-network caller".to_string(),
+        SourceKind::Unknown => format!("the client {}", e.src),
+    }
+}
+
+/// What makes `vip` a local address, after "`vip` is ".
+pub(super) fn bound(vip: IpAddr, owner: Option<&AddressOwner>) -> String {
+    match owner {
+        Some(AddressOwner::VipInterface { iface }) => format!(
+            "bound on {iface} here (kube-proxy in IPVS mode binds LoadBalancer ingress IPs so \
+             in-cluster calls short-circuit)"
+        ),
+        Some(AddressOwner::Interface { iface }) => {
+            format!("an address on {iface} here (keepalived, kube-vip or a manual address)")
+        }
+        Some(AddressOwner::LocalRoute {
+            protocol,
+            protocol_name,
+            ..
+        }) => format!(
+            "made local here by a route of table local (protocol {protocol} {protocol_name}, no \
+             interface address)"
+        ),
+        None => format!("a local address here (ip route show table local {vip})"),
+    }
+}
+
+/// How to stop `vip` being local, addressed to its owner.
+pub(super) fn unbind(vip: IpAddr, facts: &Facts) -> String {
+    match &facts.owner {
+        Some(AddressOwner::VipInterface { iface }) => match facts.ip_mode.as_deref() {
+            Some("Proxy") => format!(
+                "The API already sets ipMode: Proxy on the LB ingress {vip}, yet it is bound on \
+                 {iface}: this kube-proxy ignores ipMode (older than Kubernetes 1.30, or the \
+                 LoadBalancerIPMode feature off); upgrade it, or publish the LB as a hostname."
+            ),
+            mode => format!(
+                "Or stop binding the LB ingress IP on {iface} (a controller that sets \
+                 status.loadBalancer.ingress[].ipMode: Proxy, Kubernetes >= 1.30, or publishes \
+                 the LB as a hostname{}); in-cluster calls to the VIP then really go to the LB, \
+                 so check for hairpin loopback afterwards.",
+                // Only the API tells the ipMode: without attribution it is not known.
+                match (mode, &facts.service) {
+                    (Some(mode), _) => format!("; ipMode is {mode}"),
+                    (None, Some(_)) => "; ipMode is unset (VIP)".to_string(),
+                    (None, None) => String::new(),
+                }
+            ),
+        },
+        Some(owner @ (AddressOwner::Interface { .. } | AddressOwner::LocalRoute { .. })) => {
+            format!("Or: {}", owner_fix(vip, owner))
+        }
+        None => format!(
+            "Or stop making {vip} a local address of this node (ip route show table local \
+             {vip} names the route; its owner must drop it)."
+        ),
+    }
+}
+
+/// What removes a local address that kube-proxy did not make local (an address on a NIC, a
+/// `local` route): kube-proxy's settings, the Service's ipMode or its annotations do not touch
+/// it. The GCE guest agent's routes (protocol 66) get the agent's own switch.
+pub(super) fn owner_fix(vip: IpAddr, owner: &AddressOwner) -> String {
+    match owner {
+        AddressOwner::VipInterface { iface } => format!(
+            "{vip} is bound on {iface} by kube-proxy in IPVS mode: stop the binding as its \
+             ipMode / hostname options allow."
+        ),
+        AddressOwner::LocalRoute { protocol: 66, .. } => format!(
+            "{vip} is made local by the cloud's guest agent (a route with protocol 66, no \
+             address), not by kube-proxy: changing kube-proxy, ipMode or the Service does not \
+             remove it. On GCE the google-guest-agent adds such routes for forwarding-rule IPs \
+             targeting this instance: set `target_instance_ips = false` under [IpForwarding] (or \
+             `ip_forwarding = false` under [NetworkInterfaces]) in \
+             /etc/default/instance_configs.cfg and restart the agent, if nothing on the node \
+             needs to accept traffic for {vip} itself."
+        ),
+        AddressOwner::LocalRoute {
+            protocol,
+            protocol_name,
+            iface,
+        } => format!(
+            "{vip} is made local by a `local` route of table local (proto {protocol} = \
+             {protocol_name}{}), not by kube-proxy: changing kube-proxy or the Service does not \
+             remove it. Remove it where it is configured (by hand: `ip route del local {vip} \
+             table local`) if nothing on the node must accept traffic for {vip} itself.",
+            iface
+                .as_deref()
+                .map(|i| format!(", dev {i}"))
+                .unwrap_or_default()
+        ),
+        AddressOwner::Interface { iface } => format!(
+            "{vip} is an address on {iface}, not kube-proxy's binding: if keepalived or kube-vip \
+             hold it as a VIP, remove it from {iface} on this node or keep that VIP off the nodes \
+             this LB targets (or the LB's checks and calls off that VIP); kube-proxy settings and \
+             the Service's ipMode do not change it."
+        ),
+    }
+}
+
+/// The one "call the Service in-cluster" advice, for `subject` (`In pod x: c` / `C`).
+pub(super) fn call_in_cluster(e: &LoopbackEvent, vip: IpAddr, vip_port: Option<u16>) -> String {
+    let lb = match vip_port {
+        Some(p) => sock(vip, p),
+        None => vip.to_string(),
+    };
+    let caller = match (e.facts.source, &e.client_pod) {
+        (SourceKind::Pod, Some(pod)) => format!("In pod {pod}: c"),
+        (SourceKind::Node, _) => "From this node and its host-network workloads, c".to_string(),
+        (SourceKind::Vip, _) => "From host-network callers, c".to_string(),
+        _ => "C".to_string(),
+    };
+    let target = match &e.facts.service {
+        Some(s) => {
+            let port = s.port.map(|p| format!(":{p}")).unwrap_or_default();
+            format!("{}{port} (Service {})", s.dns_name(), s.key())
+        }
+        None => match service_key(e) {
+            Some(key) => format!("Service {key} by its cluster DNS name or ClusterIP"),
+            None => "the Service by its cluster DNS name \
+                     (<name>.<namespace>.svc.cluster.local) or ClusterIP"
+                .to_string(),
+        },
+    };
+    format!(
+        "{caller}all {target} instead of the LB address {lb}: the call then stays in the \
+         cluster and cannot loop through the LB; if callers are tied to a domain name, rewrite \
+         that name in cluster DNS (CoreDNS rewrite) to the Service or to an in-cluster ingress \
+         controller."
+    )
+}
+
+/// One sentence when the node's rules and the API disagree on the policy.
+pub(super) fn mismatch(e: &LoopbackEvent) -> Option<String> {
+    let (rules, api) = e.facts.etp_mismatch()?;
+    Some(format!(
+        "This node's kube-proxy rules apply externalTrafficPolicy: {} while the API says {} \
+         for {}: kube-proxy here has not caught up with the Service (check its sync and \
+         logs); the remedies follow what the rules do.",
+        rules.as_str(),
+        api.as_str(),
+        service_key(e).unwrap_or_else(|| "the Service".into())
+    ))
+}
+
+/// The owner in a parenthesis.
+pub(super) fn owner_short(owner: Option<&AddressOwner>) -> String {
+    match owner {
+        Some(AddressOwner::VipInterface { iface }) => format!("bound on {iface}"),
+        Some(AddressOwner::Interface { iface }) => format!("an address on {iface}"),
+        Some(AddressOwner::LocalRoute {
+            protocol,
+            protocol_name,
+            ..
+        }) => format!("a local route, protocol {protocol} {protocol_name}"),
+        None => "a local address".to_string(),
+    }
+}

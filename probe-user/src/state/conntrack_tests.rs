@@ -1,0 +1,452 @@
+//! Unit tests of `conntrack.rs`: the netlink dump parser on captured replies, bad input, and look-
+//! ups in a real network namespace.
+
+use super::*;
+use crate::state::test_netns::Netns;
+use std::process::{Command, Stdio};
+
+/// The call's connection, masqueraded or not; not another call of the pod's, nor an
+/// answer from another port.
+#[test]
+fn a_self_call_is_matched_by_its_ports_whatever_answered_it() {
+    let t = |src: &str, sport, dst: &str, dport| Tuple {
+        src: src.parse().unwrap(),
+        dst: dst.parse().unwrap(),
+        sport,
+        dport,
+        proto: Proto::Tcp,
+    };
+    let call = t("198.19.1.11", 40000, "198.19.1.11", 8080);
+    let entry = |reply_dst: &str, reply_sport| ConntrackEntry {
+        orig: t("198.19.1.11", 40000, "198.18.100.10", 80),
+        reply: t("198.19.1.11", reply_sport, reply_dst, 40000),
+        snat: reply_dst != "198.19.1.11",
+        dnat: true,
+        seen_reply: false,
+        tcp_state: None,
+        timeout_s: None,
+    };
+    assert!(is_self_call(&entry("198.19.1.11", 8080), &call));
+    assert!(is_self_call(&entry("198.19.1.1", 8080), &call));
+    assert!(!is_self_call(&entry("198.19.1.1", 9090), &call));
+    let other_call = t("198.19.1.11", 40001, "198.19.1.11", 8080);
+    assert!(!is_self_call(&entry("198.19.1.1", 8080), &other_call));
+}
+use std::time::Duration;
+
+const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/conntrack/");
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn t(src: &str, sport: u16, dst: &str, dport: u16, proto: Proto) -> Tuple {
+    Tuple {
+        src: ip(src),
+        dst: ip(dst),
+        sport,
+        dport,
+        proto,
+    }
+}
+
+fn fixture(name: &str) -> Vec<u8> {
+    std::fs::read(format!("{DATA}{name}")).expect("fixture")
+}
+
+/// Real kernel bytes: see `capture_ctnetlink_fixtures` for how they were made.
+#[test]
+fn parses_captured_v4_dump() {
+    let entries = parse_messages(&fixture("dump-v4.bin")).unwrap();
+    // Real traffic: pod-like client 198.18.0.2 -> server 198.51.100.2:8080, masqueraded by
+    // the router to 198.51.100.1.
+    let direct = entries
+        .iter()
+        .find(|e| e.orig.dst == ip("198.51.100.2") && e.orig.proto == Proto::Tcp)
+        .expect("direct flow");
+    assert_eq!(direct.orig.src, ip("198.18.0.2"));
+    assert_eq!(direct.orig.dport, 8080);
+    assert_eq!(direct.reply.src, ip("198.51.100.2"));
+    assert_eq!(direct.reply.sport, 8080);
+    assert_eq!(direct.reply.dst, ip("198.51.100.1"), "masqueraded");
+    assert!(direct.snat && !direct.dnat && direct.seen_reply);
+    assert!(direct.tcp_state.is_some());
+
+    // Real traffic through a DNAT (a NodePort / VIP stand-in) and the masquerade.
+    let vip = entries
+        .iter()
+        .find(|e| e.orig.dst == ip("203.0.113.80"))
+        .expect("dnat flow");
+    assert_eq!(vip.orig.src, ip("198.18.0.2"));
+    assert_eq!(vip.orig.dport, 80);
+    assert_eq!(vip.reply.src, ip("198.51.100.2"));
+    assert_eq!(vip.reply.sport, 8080);
+    assert_eq!(vip.reply.dst, ip("198.51.100.1"));
+    assert_eq!(vip.reply.dport, vip.orig.sport);
+    assert!(vip.snat && vip.dnat && vip.seen_reply);
+
+    // Inserted with `conntrack -I ... --src-nat 198.51.100.1`.
+    let inserted = entries
+        .iter()
+        .find(|e| e.orig == t("198.18.0.10", 40000, "203.0.113.10", 80, Proto::Tcp))
+        .expect("inserted entry");
+    assert_eq!(
+        inserted.reply,
+        t("203.0.113.10", 80, "198.51.100.1", 40000, Proto::Tcp)
+    );
+    assert!(inserted.snat && !inserted.dnat && inserted.seen_reply);
+    assert_eq!(inserted.tcp_state.as_deref(), Some("ESTABLISHED"));
+
+    // Inserted UDP without NAT or reply: no TCP state, not SNATed.
+    let udp = entries
+        .iter()
+        .find(|e| e.orig.proto == Proto::Udp)
+        .expect("udp entry");
+    assert_eq!(
+        udp.orig,
+        t("198.18.0.11", 5353, "203.0.113.53", 53, Proto::Udp)
+    );
+    assert_eq!(
+        udp.reply,
+        t("203.0.113.53", 53, "198.18.0.11", 5353, Proto::Udp)
+    );
+    assert!(!udp.snat && !udp.dnat && !udp.seen_reply);
+    assert_eq!(udp.tcp_state, None);
+}
+
+#[test]
+fn parses_captured_v6_dump() {
+    let entries = parse_messages(&fixture("dump-v6.bin")).unwrap();
+    assert_eq!(entries.len(), 1);
+    let e = &entries[0];
+    assert_eq!(
+        e.orig,
+        t("2001:db8:1::10", 41000, "2001:db8:2::80", 443, Proto::Tcp)
+    );
+    assert_eq!(
+        e.reply,
+        t("2001:db8:2::80", 443, "2001:db8:1::1", 41000, Proto::Tcp)
+    );
+    assert!(e.snat && e.seen_reply);
+    assert_eq!(e.tcp_state.as_deref(), Some("SYN_RECV"));
+}
+
+#[test]
+fn truncated_and_garbage_input() {
+    let raw = fixture("dump-v4.bin");
+    let all = parse_messages(&raw).unwrap().len();
+    for cut in 0..raw.len() {
+        let _ = parse_messages(&raw[..cut]);
+    }
+    // A cut in the middle of the last entry keeps the earlier ones.
+    let some = parse_messages(&raw[..raw.len() - 40]).unwrap();
+    assert!(some.len() < all && !some.is_empty());
+    assert!(
+        parse_messages(&[0xff; 64]).is_err() || parse_messages(&[0xff; 64]).unwrap().is_empty()
+    );
+    assert!(parse_messages(&[]).unwrap().is_empty());
+    // Flip bytes inside messages: never panics.
+    for i in (0..raw.len()).step_by(3) {
+        let mut m = raw.clone();
+        m[i] ^= 0x5a;
+        let _ = parse_messages(&m);
+    }
+}
+
+#[test]
+fn tcp_state_names() {
+    assert_eq!(tcp_state_name(3), "ESTABLISHED");
+    assert_eq!(tcp_state_name(9), "SYN_SENT2");
+    assert_eq!(tcp_state_name(42), "UNKNOWN(42)");
+}
+
+#[test]
+fn icmp_lookup_is_unsupported() {
+    let r = lookup(&t("198.18.0.1", 0, "198.18.0.2", 0, Proto::Icmp));
+    assert!(matches!(r, Err(ConntrackError::Unsupported(Proto::Icmp))));
+}
+
+// ---- root-only: real namespaces ----
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn sh(args: &[&str]) {
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .expect("spawn");
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn have(cmd: &str) -> bool {
+    Command::new(cmd)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok()
+}
+
+fn skip() -> bool {
+    if !is_root() {
+        eprintln!("skipping: needs root");
+        return true;
+    }
+    if !have("conntrack") || !have("ip") {
+        eprintln!("skipping: needs the ip and conntrack tools");
+        return true;
+    }
+    false
+}
+
+#[test]
+fn lookup_and_dump_in_namespace() {
+    if skip() {
+        return;
+    }
+    let ns = Netns::new("ct", &["node"]);
+    ns.exec(
+        0,
+        &[
+            "conntrack",
+            "-I",
+            "-p",
+            "tcp",
+            "-s",
+            "198.18.0.10",
+            "-d",
+            "203.0.113.10",
+            "--sport",
+            "40000",
+            "--dport",
+            "80",
+            "--state",
+            "ESTABLISHED",
+            "--timeout",
+            "120",
+            "-u",
+            "SEEN_REPLY,ASSURED",
+            "--src-nat",
+            "198.51.100.1",
+        ],
+    );
+    let orig = t("198.18.0.10", 40000, "203.0.113.10", 80, Proto::Tcp);
+    let orig2 = orig.clone();
+    let reply = t("203.0.113.10", 80, "198.51.100.1", 40000, Proto::Tcp);
+    let (found, missing, by_src, other_src, by_reply) = ns.run_in(0, move || {
+        (
+            lookup(&orig2),
+            lookup(&t("198.18.0.10", 40001, "203.0.113.10", 80, Proto::Tcp)),
+            dump_by_source(ip("198.18.0.10")),
+            dump_by_source(ip("198.18.0.99")),
+            lookup_reply(&reply),
+        )
+    });
+    let e = found.unwrap().expect("entry found");
+    assert!(e.snat && !e.dnat && e.seen_reply);
+    assert_eq!(e.reply.src, ip("203.0.113.10"));
+    assert_eq!(e.reply.dst, ip("198.51.100.1"));
+    assert_eq!(e.reply.sport, 80);
+    assert_eq!(e.tcp_state.as_deref(), Some("ESTABLISHED"));
+    // The time left, as created (`--timeout 120`), read a moment later.
+    assert!(
+        e.timeout_s.is_some_and(|t| (100..=120).contains(&t)),
+        "{:?}",
+        e.timeout_s
+    );
+    // The same entry read again: equal but for the time left, which ticks between reads.
+    let untimed = |e: ConntrackEntry| ConntrackEntry {
+        timeout_s: None,
+        ..e
+    };
+    assert_eq!(missing.unwrap(), None);
+    let by_src: Vec<_> = by_src.unwrap().into_iter().map(untimed).collect();
+    assert_eq!(by_src, vec![untimed(e.clone())]);
+    assert!(other_src.unwrap().is_empty());
+    // Found by how its answer comes back (after SNAT: to the NAT address).
+    assert_eq!(by_reply.unwrap().map(untimed), Some(untimed(e.clone())));
+
+    // The host's (or any other) namespace does not see the entry.
+    let elsewhere = Netns::new("ct", &["other"]);
+    let none = elsewhere.run_in(0, move || lookup(&orig));
+    assert_eq!(none.unwrap(), None);
+}
+
+/// Regenerates tests/data/conntrack/dump-v{4,6}.bin from a real kernel:
+/// `cargo test -p probe-user --lib conntrack -- --ignored capture_ctnetlink_fixtures`.
+#[test]
+#[ignore = "regenerates fixtures; needs root, nc, iptables"]
+fn capture_ctnetlink_fixtures() {
+    if skip() {
+        return;
+    }
+    // client (198.18.0.2) -- router (198.18.0.1 | 198.51.100.1, MASQUERADE, DNAT of
+    // 203.0.113.80:80) -- server (198.51.100.2:8080).
+    let ns = Netns::new("ct", &["cli", "rtr", "srv"]);
+    let (c, r, s) = (
+        ns.name(0).to_string(),
+        ns.name(1).to_string(),
+        ns.name(2).to_string(),
+    );
+    let pid = std::process::id();
+    let (vc, vs) = (format!("ctc{pid}"), format!("cts{pid}"));
+    sh(&[
+        "ip", "link", "add", &vc, "netns", &r, "type", "veth", "peer", "name", "eth0", "netns", &c,
+    ]);
+    sh(&[
+        "ip", "link", "add", &vs, "netns", &r, "type", "veth", "peer", "name", "eth0", "netns", &s,
+    ]);
+    ns.exec(0, &["ip", "addr", "add", "198.18.0.2/24", "dev", "eth0"]);
+    ns.exec(0, &["ip", "link", "set", "eth0", "up"]);
+    ns.exec(0, &["ip", "route", "add", "default", "via", "198.18.0.1"]);
+    ns.exec(1, &["ip", "addr", "add", "198.18.0.1/24", "dev", &vc]);
+    ns.exec(1, &["ip", "addr", "add", "198.51.100.1/24", "dev", &vs]);
+    ns.exec(1, &["ip", "link", "set", &vc, "up"]);
+    ns.exec(1, &["ip", "link", "set", &vs, "up"]);
+    ns.exec(1, &["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+    ns.exec(
+        1,
+        &[
+            "iptables",
+            "-t",
+            "nat",
+            "-A",
+            "POSTROUTING",
+            "-o",
+            &vs,
+            "-j",
+            "MASQUERADE",
+        ],
+    );
+    ns.exec(
+        1,
+        &[
+            "iptables",
+            "-t",
+            "nat",
+            "-A",
+            "PREROUTING",
+            "-d",
+            "203.0.113.80",
+            "-p",
+            "tcp",
+            "--dport",
+            "80",
+            "-j",
+            "DNAT",
+            "--to-destination",
+            "198.51.100.2:8080",
+        ],
+    );
+    ns.exec(2, &["ip", "addr", "add", "198.51.100.2/24", "dev", "eth0"]);
+    ns.exec(2, &["ip", "link", "set", "eth0", "up"]);
+    ns.exec(2, &["ip", "link", "set", "lo", "up"]);
+
+    for dst in ["198.51.100.2", "203.0.113.80"] {
+        let port = if dst == "203.0.113.80" { "80" } else { "8080" };
+        let mut server = Command::new("ip")
+            .args(["netns", "exec", &s, "nc", "-l", "198.51.100.2", "8080"])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("nc -l");
+        std::thread::sleep(Duration::from_millis(300));
+        let client = Command::new("sh")
+            .args([
+                "-c",
+                &format!("echo hello | ip netns exec {c} nc -N -w 3 {dst} {port}"),
+            ])
+            .status()
+            .expect("nc");
+        let _ = server.kill();
+        let _ = server.wait();
+        assert!(client.success(), "client to {dst}:{port}");
+    }
+    ns.exec(
+        1,
+        &[
+            "conntrack",
+            "-I",
+            "-p",
+            "tcp",
+            "-s",
+            "198.18.0.10",
+            "-d",
+            "203.0.113.10",
+            "--sport",
+            "40000",
+            "--dport",
+            "80",
+            "--state",
+            "ESTABLISHED",
+            "--timeout",
+            "600",
+            "-u",
+            "SEEN_REPLY,ASSURED",
+            "--src-nat",
+            "198.51.100.1",
+        ],
+    );
+    ns.exec(
+        1,
+        &[
+            "conntrack",
+            "-I",
+            "-p",
+            "udp",
+            "-s",
+            "198.18.0.11",
+            "-d",
+            "203.0.113.53",
+            "--sport",
+            "5353",
+            "--dport",
+            "53",
+            "--timeout",
+            "600",
+        ],
+    );
+    ns.exec(
+        1,
+        &[
+            "conntrack",
+            "-I",
+            "-p",
+            "tcp",
+            "-s",
+            "2001:db8:1::10",
+            "-d",
+            "2001:db8:2::80",
+            "--sport",
+            "41000",
+            "--dport",
+            "443",
+            "--state",
+            "SYN_RECV",
+            "--timeout",
+            "600",
+            "-u",
+            "SEEN_REPLY",
+            "--src-nat",
+            "2001:db8:1::1",
+        ],
+    );
+    let (v4, v6) = ns.run_in(1, || {
+        (
+            dump_raw(NetfilterProtoFamily::IPv4).unwrap(),
+            dump_raw(NetfilterProtoFamily::IPv6).unwrap(),
+        )
+    });
+    let _ = r;
+    std::fs::create_dir_all(DATA).unwrap();
+    std::fs::write(format!("{DATA}dump-v4.bin"), &v4).unwrap();
+    std::fs::write(format!("{DATA}dump-v6.bin"), &v6).unwrap();
+    eprintln!("{:#?}", parse_messages(&v4).unwrap());
+    eprintln!("{:#?}", parse_messages(&v6).unwrap());
+}
