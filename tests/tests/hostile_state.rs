@@ -19,11 +19,11 @@ use std::{
     time::Duration,
 };
 
-use probe_tests::agent::{
-    Agent, hex_bytes, node_metric, probe_bin, require_root, sh, tempdir::TempDir, wait_for,
+use probe_tests::{
+    agent::{Agent, hex_bytes, node_metric, probe_bin, require_root, sh, wait_for},
+    kube_fixture::{KubeFixture, Listen},
 };
 use serde_json::{Value, json};
-use xtask::kubeapi::{FakeApiServer, fixtures};
 use xtask::lab::{self, LabGuard, Variants, http_get_in};
 
 const METRICS: &str = "127.0.0.1:19468";
@@ -234,28 +234,8 @@ fn watches_the_server_ends_at_once_are_paced_and_said() {
         return;
     }
     let _lab = LabGuard::up(&Variants::default()).expect("lab up");
-    let api = FakeApiServer::start_in_netns(lab::NS_NODE).expect("fake API server");
-    for object in fixtures::lab() {
-        api.apply(object);
-    }
-    let dir = TempDir::new("kubeconfig");
-    let kubeconfig = dir.path().join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig).unwrap();
-    let mut agent = Agent::start(
-        lab::NS_NODE,
-        &[
-            "--nic",
-            lab::NODE_NIC,
-            "--metrics-addr",
-            METRICS,
-            "--kubeconfig",
-            kubeconfig.to_str().unwrap(),
-            "--node-name",
-            "clb-node",
-            "--kube-events",
-            "off",
-        ],
-    );
+    let api = KubeFixture::lab();
+    let mut agent = api.start_agent(&["--metrics-addr", METRICS, "--kube-events", "off"]);
     agent.wait_log("Kubernetes attribution connected", WAIT);
     assert_eq!(node_metric(METRICS, "clbprobe_kube_connected"), 1);
 
@@ -344,24 +324,23 @@ fn plugin_bin() -> PathBuf {
 }
 
 struct Api {
-    server: FakeApiServer,
-    dir: TempDir,
+    server: KubeFixture,
 }
 
 fn api() -> Api {
-    let server = FakeApiServer::start().expect("fake API server");
-    let dir = TempDir::new("plugin");
-    server
-        .write_kubeconfig(&dir.path().join("kubeconfig"))
-        .unwrap();
-    Api { server, dir }
+    let server = KubeFixture::builder()
+        .objects(vec![])
+        .listen(Listen::Host)
+        .tag("plugin")
+        .start();
+    Api { server }
 }
 
 impl Api {
     fn run(&self, args: &[&str]) -> Output {
         Command::new(plugin_bin())
             .arg("--kubeconfig")
-            .arg(self.dir.path().join("kubeconfig"))
+            .arg(self.server.kubeconfig())
             .args(args)
             .env_remove("KUBECONFIG")
             .output()
