@@ -14,9 +14,11 @@
 //! server that still answers.
 
 use std::{
+    ffi::OsStr,
     net::IpAddr,
     ops::Deref,
     path::{Path, PathBuf},
+    process::{Command, Output},
 };
 
 use serde_json::Value;
@@ -25,10 +27,15 @@ use xtask::{
     lab,
 };
 
-use crate::agent::{Agent, tempdir::TempDir};
+use crate::agent::{Agent, probe_bin, tempdir::TempDir};
 
 /// The node name the lab's fixtures give the node the agent runs on.
 pub const NODE_NAME: &str = "clb-node";
+
+/// `kubectl-clb_probe` (the kubectl plugin), built beside the probe under test.
+pub fn plugin_bin() -> PathBuf {
+    probe_bin().with_file_name("kubectl-clb_probe")
+}
 
 /// Where the server listens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -117,6 +124,16 @@ impl KubeFixture {
         Self::builder().start()
     }
 
+    /// No objects, on 127.0.0.1 of the test's own namespace: for the kubectl plugin's tests,
+    /// which need no lab.
+    pub fn bare(tag: &str) -> Self {
+        Self::builder()
+            .objects(vec![])
+            .listen(Listen::Host)
+            .tag(tag)
+            .start()
+    }
+
     /// The kubeconfig pointing at the server (127.0.0.1).
     pub fn kubeconfig(&self) -> &str {
         &self.kubeconfig
@@ -156,6 +173,26 @@ impl KubeFixture {
         ];
         args.extend_from_slice(extra);
         Agent::start_with_env(lab::NS_NODE, &args, env)
+    }
+}
+
+impl KubeFixture {
+    /// `kubectl-clb_probe --kubeconfig <this> ARGS` in the test's namespace (with
+    /// [`Listen::Host`]), `KUBECONFIG` unset.
+    pub fn plugin(&self, args: &[&str]) -> Output {
+        self.plugin_env(args, &[])
+    }
+
+    /// [`plugin`](Self::plugin) with extra environment variables.
+    pub fn plugin_env(&self, args: &[&str], env: &[(&str, &OsStr)]) -> Output {
+        Command::new(plugin_bin())
+            .arg("--kubeconfig")
+            .arg(self.kubeconfig())
+            .args(args)
+            .env_remove("KUBECONFIG")
+            .envs(env.iter().copied())
+            .output()
+            .expect("run kubectl-clb_probe")
     }
 }
 

@@ -14,14 +14,13 @@
 //! time. The plugin tests need no root.
 
 use std::{
-    path::PathBuf,
-    process::{Command, Output, Stdio},
+    process::{Command, Stdio},
     time::Duration,
 };
 
 use probe_tests::{
     agent::{Agent, hex_bytes, node_metric, probe_bin, require_root, sh, wait_for},
-    kube_fixture::{KubeFixture, Listen},
+    kube_fixture::KubeFixture,
 };
 use serde_json::{Value, json};
 use xtask::lab::{self, LabGuard, Variants, http_get_in};
@@ -319,33 +318,8 @@ fn probe_watch_prints_a_hostile_nic_name_escaped() {
 
 // ----- items 10 and 11: the kubectl plugin ------------------------------------------------
 
-fn plugin_bin() -> PathBuf {
-    probe_bin().with_file_name("kubectl-clb_probe")
-}
-
-struct Api {
-    server: KubeFixture,
-}
-
-fn api() -> Api {
-    let server = KubeFixture::builder()
-        .objects(vec![])
-        .listen(Listen::Host)
-        .tag("plugin")
-        .start();
-    Api { server }
-}
-
-impl Api {
-    fn run(&self, args: &[&str]) -> Output {
-        Command::new(plugin_bin())
-            .arg("--kubeconfig")
-            .arg(self.server.kubeconfig())
-            .args(args)
-            .env_remove("KUBECONFIG")
-            .output()
-            .expect("run kubectl-clb_probe")
-    }
+fn api() -> KubeFixture {
+    KubeFixture::bare("plugin")
 }
 
 /// A tenant with Event rights in `shop` writes a "clb-probe" Event meant to clear the
@@ -353,7 +327,7 @@ impl Api {
 #[test]
 fn a_forged_event_is_printed_escaped_and_marked() {
     let a = api();
-    a.server.apply(json!({
+    a.apply(json!({
         "apiVersion": "events.k8s.io/v1", "kind": "Event",
         "metadata": {"name": "real", "namespace": "shop"},
         "eventTime": "2026-11-23T01:00:00.000000Z",
@@ -363,7 +337,7 @@ fn a_forged_event_is_printed_escaped_and_marked() {
         "related": {"apiVersion": "v1", "kind": "Pod", "namespace": "shop", "name": "client-0"},
     }));
     let forged_instance = "\u{1b}[2J\u{1b}[H\u{1b}[32mALL CLEAR\u{1b}[0m\u{7}";
-    a.server.apply(json!({
+    a.apply(json!({
         "apiVersion": "events.k8s.io/v1", "kind": "Event",
         "metadata": {"name": "forged", "namespace": "shop"},
         "eventTime": "2026-11-23T02:00:00.000000Z",
@@ -371,7 +345,7 @@ fn a_forged_event_is_printed_escaped_and_marked() {
         "reportingController": "clb-probe", "reportingInstance": forged_instance,
         "regarding": {"apiVersion": "v1", "kind": "Node", "name": "node-a"},
     }));
-    let out = a.run(&["events"]);
+    let out = a.plugin(&["events"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let table = text(&out.stdout);
     eprintln!("{table}");
@@ -398,7 +372,7 @@ fn a_forged_event_is_printed_escaped_and_marked() {
     );
 
     // -o json: the fields as before, the bytes as the API has them (JSON escapes them).
-    let out = a.run(&["events", "-o", "json"]);
+    let out = a.plugin(&["events", "-o", "json"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     // JSON escapes C0 controls (ESC, BEL) itself; C1 stays as the bytes (JSON allows it):
     // the output is for programs, unchanged.
@@ -453,12 +427,10 @@ fn labelled_pod(ns: &str, name: &str, owner: Option<&str>) -> Value {
 #[test]
 fn watch_never_execs_into_a_labelled_tenant_pod() {
     let a = api();
-    a.server
-        .apply(labelled_pod("shop", "fake-agent", Some("DaemonSet")));
-    a.server.apply(labelled_pod("clb-probe", "bare-pod", None));
-    a.server
-        .apply(labelled_pod("clb-probe", "rs-pod", Some("ReplicaSet")));
-    let out = a.run(&["watch", "node-a", "--print-command"]);
+    a.apply(labelled_pod("shop", "fake-agent", Some("DaemonSet")));
+    a.apply(labelled_pod("clb-probe", "bare-pod", None));
+    a.apply(labelled_pod("clb-probe", "rs-pod", Some("ReplicaSet")));
+    let out = a.plugin(&["watch", "node-a", "--print-command"]);
     assert_eq!(
         out.status.code(),
         Some(1),
@@ -473,9 +445,8 @@ fn watch_never_execs_into_a_labelled_tenant_pod() {
     assert!(out.stdout.is_empty());
 
     // The agent runs: its pod is the one, the tenant's pods do not make it ambiguous.
-    a.server
-        .apply(labelled_pod("clb-probe", "clb-probe-x1", Some("DaemonSet")));
-    let out = a.run(&["watch", "node-a", "--print-command"]);
+    a.apply(labelled_pod("clb-probe", "clb-probe-x1", Some("DaemonSet")));
+    let out = a.plugin(&["watch", "node-a", "--print-command"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let cmd = text(&out.stdout);
     assert!(
@@ -484,7 +455,7 @@ fn watch_never_execs_into_a_labelled_tenant_pod() {
         "{cmd}"
     );
     // Another namespace only when asked for, and still only a DaemonSet's pod there.
-    let out = a.run(&["watch", "node-a", "-n", "shop", "--print-command"]);
+    let out = a.plugin(&["watch", "node-a", "-n", "shop", "--print-command"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("-n shop fake-agent"));
 }

@@ -2,59 +2,13 @@
 //! (xtask::kubeapi: the real kube client on the wire), and its krew manifest template.
 //! No root needed: nothing here touches the lab.
 
-use std::{
-    path::{Path, PathBuf},
-    process::{Command, Output},
-};
+use std::{path::Path, process::Command};
 
-use probe_tests::agent::probe_bin;
+use probe_tests::kube_fixture::{KubeFixture, plugin_bin};
 use serde_json::{Value, json};
-use xtask::kubeapi::FakeApiServer;
 
-fn plugin_bin() -> PathBuf {
-    probe_bin().with_file_name("kubectl-clb_probe")
-}
-
-struct Api {
-    server: FakeApiServer,
-    dir: PathBuf,
-    kubeconfig: PathBuf,
-}
-
-fn api(tag: &str) -> Api {
-    let server = FakeApiServer::start().expect("fake API server");
-    let dir = std::env::temp_dir().join(format!("clb-plugin-{tag}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let kubeconfig = dir.join("kubeconfig");
-    server.write_kubeconfig(&kubeconfig).unwrap();
-    Api {
-        server,
-        dir,
-        kubeconfig,
-    }
-}
-
-impl Drop for Api {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-impl Api {
-    fn run(&self, args: &[&str]) -> Output {
-        self.run_env(args, &[])
-    }
-
-    fn run_env(&self, args: &[&str], env: &[(&str, &std::ffi::OsStr)]) -> Output {
-        Command::new(plugin_bin())
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .args(args)
-            .env_remove("KUBECONFIG")
-            .envs(env.iter().copied())
-            .output()
-            .expect("run kubectl-clb_probe")
-    }
+fn api(tag: &str) -> KubeFixture {
+    KubeFixture::bare(&format!("plugin-{tag}"))
 }
 
 fn text(b: &[u8]) -> String {
@@ -84,7 +38,7 @@ fn clb_event(name: &str, ns: &str, node: &str, reason: &str, last: &str, count: 
 #[test]
 fn events_lists_clb_probes_events_newest_first_with_every_column() {
     let a = api("events");
-    a.server.apply(clb_event(
+    a.apply(clb_event(
         "clb-probe.node-a.hairpin.1",
         "shop",
         "node-a",
@@ -92,7 +46,7 @@ fn events_lists_clb_probes_events_newest_first_with_every_column() {
         "2026-11-23T01:10:00.000000Z",
         4,
     ));
-    a.server.apply(clb_event(
+    a.apply(clb_event(
         "clb-probe.node-b.healthcheck-blackhole.2",
         "default",
         "node-b",
@@ -100,13 +54,13 @@ fn events_lists_clb_probes_events_newest_first_with_every_column() {
         "2026-11-23T02:10:00.000000Z",
         9,
     ));
-    a.server.apply(json!({
+    a.apply(json!({
         "apiVersion": "events.k8s.io/v1", "kind": "Event",
         "metadata": {"name": "kubelet-pulled", "namespace": "shop"},
         "eventTime": "2026-11-23T03:00:00.000000Z",
         "reportingController": "kubelet", "reportingInstance": "node-a", "reason": "Pulled",
     }));
-    let out = a.run(&["events"]);
+    let out = a.plugin(&["events"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);
     let lines: Vec<&str> = stdout.lines().collect();
@@ -138,7 +92,7 @@ fn events_lists_clb_probes_events_newest_first_with_every_column() {
         "{stdout}"
     );
 
-    let out = a.run(&["events", "-o", "json"]);
+    let out = a.plugin(&["events", "-o", "json"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let rows: Vec<Value> = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!(rows.len(), 2);
@@ -152,7 +106,7 @@ fn events_lists_clb_probes_events_newest_first_with_every_column() {
 #[test]
 fn an_empty_cluster_says_so_and_exits_0() {
     let a = api("empty");
-    let out = a.run(&["events"]);
+    let out = a.plugin(&["events"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(
         text(&out.stdout).starts_with("no loopback events"),
@@ -164,8 +118,8 @@ fn an_empty_cluster_says_so_and_exits_0() {
 #[test]
 fn forbidden_is_one_line_and_exit_1() {
     let a = api("forbidden");
-    a.server.forbid("events", "list");
-    let out = a.run(&["events"]);
+    a.forbid("events", "list");
+    let out = a.plugin(&["events"]);
     assert_eq!(out.status.code(), Some(1));
     let stderr = text(&out.stderr);
     assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
@@ -176,9 +130,9 @@ fn forbidden_is_one_line_and_exit_1() {
 #[test]
 fn usage_errors_exit_2_and_an_unreachable_server_exits_1() {
     let a = api("usage");
-    assert_eq!(a.run(&["nonsense"]).status.code(), Some(2));
-    assert_eq!(a.run(&["watch"]).status.code(), Some(2));
-    assert_eq!(a.run(&["events", "-o", "yaml"]).status.code(), Some(2));
+    assert_eq!(a.plugin(&["nonsense"]).status.code(), Some(2));
+    assert_eq!(a.plugin(&["watch"]).status.code(), Some(2));
+    assert_eq!(a.plugin(&["events", "-o", "yaml"]).status.code(), Some(2));
     let out = Command::new(plugin_bin())
         .args(["--kubeconfig", "/nonexistent/kubeconfig", "events"])
         .output()
@@ -206,13 +160,11 @@ fn agent_pod(name: &str, node: &str, phase: &str) -> Value {
 #[test]
 fn watch_finds_the_agent_pod_on_the_node_and_execs_kubectl() {
     let a = api("watch");
-    a.server
-        .apply(agent_pod("clb-probe-aaaaa", "node-a", "Running"));
-    a.server
-        .apply(agent_pod("clb-probe-bbbbb", "node-b", "Running"));
-    let out = a.run(&["watch", "node-b", "--print-command"]);
+    a.apply(agent_pod("clb-probe-aaaaa", "node-a", "Running"));
+    a.apply(agent_pod("clb-probe-bbbbb", "node-b", "Running"));
+    let out = a.plugin(&["watch", "node-b", "--print-command"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    let kc = a.kubeconfig.display().to_string();
+    let kc = a.kubeconfig().to_string();
     assert_eq!(
         text(&out.stdout).trim(),
         format!(
@@ -221,10 +173,10 @@ fn watch_finds_the_agent_pod_on_the_node_and_execs_kubectl() {
     );
 
     // Without --print-command it becomes kubectl: a fake one on PATH records its arguments.
-    let bin = a.dir.join("bin");
+    let bin = a.dir().join("bin");
     std::fs::create_dir_all(&bin).unwrap();
     let fake = bin.join("kubectl");
-    let args_file = a.dir.join("args");
+    let args_file = a.dir().join("args");
     std::fs::write(
         &fake,
         format!(
@@ -239,7 +191,7 @@ fn watch_finds_the_agent_pod_on_the_node_and_execs_kubectl() {
             .chain(std::env::split_paths(&std::env::var_os("PATH").unwrap())),
     )
     .unwrap();
-    let out = a.run_env(&["watch", "node-a"], &[("PATH", &path)]);
+    let out = a.plugin_env(&["watch", "node-a"], &[("PATH", &path)]);
     assert_eq!(
         out.status.code(),
         Some(7),
@@ -264,7 +216,7 @@ fn watch_finds_the_agent_pod_on_the_node_and_execs_kubectl() {
         ]
     );
 
-    let out = a.run(&["watch", "node-z"]);
+    let out = a.plugin(&["watch", "node-z"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(
         text(&out.stderr).contains("no clb-probe agent pod on node node-z"),
@@ -346,9 +298,8 @@ fn node(name: &str, provider_id: &str) -> Value {
            "spec": {"providerID": provider_id}})
 }
 
-fn stored_etp(a: &Api) -> String {
-    a.server
-        .objects("Service")
+fn stored_etp(a: &KubeFixture) -> String {
+    a.objects("Service")
         .iter()
         .find(|s| s["metadata"]["name"] == "web")
         .map(|s| {
@@ -366,10 +317,10 @@ fn stored_etp(a: &Api) -> String {
 #[test]
 fn fix_lists_dry_runs_applies_and_prints_the_undo() {
     let a = api("fix");
-    a.server.apply(node("node-a", "aws:///eu-west-1a/i-0abc"));
-    a.server.apply(node("node-b", "aws:///eu-west-1b/i-0def"));
-    a.server.apply(lb_service("Local", json!({})));
-    a.server.apply(clb_event(
+    a.apply(node("node-a", "aws:///eu-west-1a/i-0abc"));
+    a.apply(node("node-b", "aws:///eu-west-1b/i-0def"));
+    a.apply(lb_service("Local", json!({})));
+    a.apply(clb_event(
         "clb-probe.node-a.hairpin.1",
         "shop",
         "node-a",
@@ -378,7 +329,7 @@ fn fix_lists_dry_runs_applies_and_prints_the_undo() {
         4,
     ));
 
-    let out = a.run(&["fix", "-n", "shop", "web"]);
+    let out = a.plugin(&["fix", "-n", "shop", "web"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let listing = text(&out.stdout);
     println!("{listing}");
@@ -392,7 +343,7 @@ fn fix_lists_dry_runs_applies_and_prints_the_undo() {
     assert!(listing.contains("1. etp-cluster [generic]"), "{listing}");
     assert!(!listing.contains("aws-nlb-target-type-ip"), "{listing}");
 
-    let out = a.run(&["fix", "-n", "shop", "web", "-o", "json"]);
+    let out = a.plugin(&["fix", "-n", "shop", "web", "-o", "json"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let plan: Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!(plan["provider"], "aws");
@@ -404,14 +355,14 @@ fn fix_lists_dry_runs_applies_and_prints_the_undo() {
     let rv = plan["resource_version"].as_str().unwrap().to_string();
 
     // Another provider's fix, and advice without a patch: refused, nothing changed.
-    let out = a.run(&["fix", "-n", "shop", "web", "--apply", "do-lb-hostname"]);
+    let out = a.plugin(&["fix", "-n", "shop", "web", "--apply", "do-lb-hostname"]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     assert!(
         text(&out.stderr).contains("is for provider digitalocean"),
         "{}",
         text(&out.stderr)
     );
-    let out = a.run(&[
+    let out = a.plugin(&[
         "fix",
         "-n",
         "shop",
@@ -421,19 +372,19 @@ fn fix_lists_dry_runs_applies_and_prints_the_undo() {
     ]);
     assert_eq!(out.status.code(), Some(2));
     // RBAC: the dry run is denied, named, exit 2.
-    a.server.forbid("services", "patch");
-    let out = a.run(&["fix", "-n", "shop", "web", "--apply", "etp-cluster"]);
+    a.forbid("services", "patch");
+    let out = a.plugin(&["fix", "-n", "shop", "web", "--apply", "etp-cluster"]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     assert!(
         text(&out.stderr).contains("cannot patch services in namespace shop"),
         "{}",
         text(&out.stderr)
     );
-    a.server.allow_all();
+    a.allow_all();
     assert_eq!(stored_etp(&a), "Local");
 
     // Apply at the listed version: dry run, patch, undo line.
-    let out = a.run(&[
+    let out = a.plugin(&[
         "fix",
         "-n",
         "shop",
@@ -455,7 +406,6 @@ fn fix_lists_dry_runs_applies_and_prints_the_undo() {
     );
     assert_eq!(stored_etp(&a), "Cluster");
     let dry_runs = a
-        .server
         .requests()
         .iter()
         .filter(|r| r.method == "PATCH" && r.path.contains("dryRun=All"))
@@ -463,7 +413,7 @@ fn fix_lists_dry_runs_applies_and_prints_the_undo() {
     assert!(dry_runs >= 1, "a server-side dry run first");
 
     // The listing's version is stale now: refused; and Cluster is in place: not offered.
-    let out = a.run(&[
+    let out = a.plugin(&[
         "fix",
         "-n",
         "shop",
@@ -479,7 +429,7 @@ fn fix_lists_dry_runs_applies_and_prints_the_undo() {
         "{}",
         text(&out.stderr)
     );
-    let out = a.run(&["fix", "-n", "shop", "web"]);
+    let out = a.plugin(&["fix", "-n", "shop", "web"]);
     assert!(
         !text(&out.stdout).contains("etp-cluster"),
         "{}",
@@ -492,11 +442,11 @@ fn fix_lists_dry_runs_applies_and_prints_the_undo() {
 #[test]
 fn fix_offers_the_provider_s_own_fixes_first() {
     let a = api("fix-aws");
-    a.server.apply(node("node-a", "aws:///eu-west-1a/i-0abc"));
+    a.apply(node("node-a", "aws:///eu-west-1a/i-0abc"));
     let mut svc = lb_service("Local", json!({}));
     svc["spec"]["loadBalancerClass"] = json!("service.k8s.aws/nlb");
-    a.server.apply(svc);
-    a.server.apply(clb_event(
+    a.apply(svc);
+    a.apply(clb_event(
         "clb-probe.node-a.hairpin.1",
         "shop",
         "node-a",
@@ -504,7 +454,7 @@ fn fix_offers_the_provider_s_own_fixes_first() {
         "2026-11-23T01:10:00.000000Z",
         4,
     ));
-    let out = a.run(&["fix", "-n", "shop", "web", "-o", "json"]);
+    let out = a.plugin(&["fix", "-n", "shop", "web", "-o", "json"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let plan: Value = serde_json::from_slice(&out.stdout).unwrap();
     let ids: Vec<&str> = plan["fixes"]
@@ -521,7 +471,7 @@ fn fix_offers_the_provider_s_own_fixes_first() {
             "etp-cluster"
         ]
     );
-    let out = a.run(&[
+    let out = a.plugin(&[
         "fix",
         "-n",
         "shop",
@@ -537,9 +487,9 @@ fn fix_offers_the_provider_s_own_fixes_first() {
     );
 
     let b = api("fix-do");
-    b.server.apply(node("node-a", "digitalocean://123"));
-    b.server.apply(lb_service("Cluster", json!({})));
-    b.server.apply(clb_event(
+    b.apply(node("node-a", "digitalocean://123"));
+    b.apply(lb_service("Cluster", json!({})));
+    b.apply(clb_event(
         "clb-probe.node-a.hc.1",
         "shop",
         "node-a",
@@ -547,7 +497,7 @@ fn fix_offers_the_provider_s_own_fixes_first() {
         "2026-11-23T01:10:00.000000Z",
         2,
     ));
-    let out = b.run(&["fix", "-n", "shop", "web"]);
+    let out = b.plugin(&["fix", "-n", "shop", "web"]);
     let listing = text(&out.stdout);
     assert!(
         listing.contains("1. do-lb-hostname [digitalocean]"),
@@ -595,12 +545,12 @@ fn active(kind: &str, service: &str, vip: &str) -> Value {
            "firstFix": "etp-cluster: set externalTrafficPolicy: Cluster"})
 }
 
-fn three_nodes_two_reports(tag: &str) -> Api {
+fn three_nodes_two_reports(tag: &str) -> KubeFixture {
     let a = api(tag);
     for n in ["node-a", "node-b", "node-c"] {
-        a.server.apply(node(n, ""));
+        a.apply(node(n, ""));
     }
-    a.server.apply(node_report(
+    a.apply(node_report(
         "node-a",
         600,
         json!([
@@ -612,15 +562,14 @@ fn three_nodes_two_reports(tag: &str) -> Api {
                 "service": "shop/web", "summary": "LB IP bound locally",
                 "firstFix": "etp-cluster: set externalTrafficPolicy: Cluster"}]),
     ));
-    a.server
-        .apply(node_report("node-b", 2 * 3600, json!([]), json!([])));
+    a.apply(node_report("node-b", 2 * 3600, json!([]), json!([])));
     a
 }
 
 #[test]
 fn report_prints_the_cluster_table_with_a_missing_node_and_exits_1() {
     let a = three_nodes_two_reports("report");
-    let out = a.run(&["report"]);
+    let out = a.plugin(&["report"]);
     let stdout = text(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{stdout}{}", text(&out.stderr));
     let expected = "\
@@ -639,7 +588,7 @@ shop/api  1             0      1      hairpin                        etp-cluster
     // The README's example is this output.
     let _ = std::fs::write(std::env::temp_dir().join("clb-report-example.txt"), &stdout);
 
-    let wide = text(&a.run(&["report", "-o", "wide"]).stdout);
+    let wide = text(&a.plugin(&["report", "-o", "wide"]).stdout);
     assert!(
         wide.lines()
             .next()
@@ -653,7 +602,7 @@ shop/api  1             0      1      hairpin                        etp-cluster
         "{wide}"
     );
 
-    let json_out = a.run(&["report", "-o", "json"]);
+    let json_out = a.plugin(&["report", "-o", "json"]);
     assert_eq!(json_out.status.code(), Some(1));
     let v: Value = serde_json::from_slice(&json_out.stdout).expect("-o json parses");
     assert_eq!(v["missing"], 1);
@@ -666,7 +615,7 @@ shop/api  1             0      1      hairpin                        etp-cluster
 #[test]
 fn report_filters_by_service_and_node_and_a_clean_view_exits_0() {
     let a = three_nodes_two_reports("report-filter");
-    let only_api = a.run(&["report", "--service", "shop/api", "-o", "json"]);
+    let only_api = a.plugin(&["report", "--service", "shop/api", "-o", "json"]);
     assert_eq!(only_api.status.code(), Some(1));
     let v: Value = serde_json::from_slice(&only_api.stdout).unwrap();
     assert_eq!(v["active_loops"], 1, "{v}");
@@ -679,15 +628,15 @@ fn report_filters_by_service_and_node_and_a_clean_view_exits_0() {
         .map(|n| n["node"].as_str().unwrap())
         .collect();
     assert_eq!(nodes, ["node-a", "node-b", "node-c"]);
-    let clean = a.run(&["report", "--node", "node-b"]);
+    let clean = a.plugin(&["report", "--node", "node-b"]);
     assert_eq!(clean.status.code(), Some(0), "{}", text(&clean.stdout));
     assert!(text(&clean.stdout).contains("node-b  stale"));
-    let unknown = a.run(&["report", "--node", "node-z"]);
+    let unknown = a.plugin(&["report", "--node", "node-z"]);
     assert_eq!(unknown.status.code(), Some(2));
     assert!(text(&unknown.stdout).is_empty());
     let e = text(&unknown.stderr);
     assert!(e.contains("no such node") && e.lines().count() == 1, "{e}");
-    let bad = a.run(&["report", "--service", "web"]);
+    let bad = a.plugin(&["report", "--service", "web"]);
     assert_eq!(bad.status.code(), Some(2));
     assert!(text(&bad.stderr).contains("NAMESPACE/NAME"));
 }
@@ -695,8 +644,8 @@ fn report_filters_by_service_and_node_and_a_clean_view_exits_0() {
 #[test]
 fn report_errors_exit_2() {
     let a = three_nodes_two_reports("report-forbidden");
-    a.server.forbid("loopbackreports", "list");
-    let out = a.run(&["report"]);
+    a.forbid("loopbackreports", "list");
+    let out = a.plugin(&["report"]);
     assert_eq!(out.status.code(), Some(2));
     let e = text(&out.stderr);
     assert!(
@@ -711,7 +660,7 @@ fn kubectl_get_lists_the_reports() {
     let a = three_nodes_two_reports("report-kubectl");
     let out = Command::new(std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into()))
         .arg("--kubeconfig")
-        .arg(&a.kubeconfig)
+        .arg(a.kubeconfig())
         .args(["get", "loopbackreports", "-o", "name"])
         .output()
         .expect("run kubectl");
@@ -724,7 +673,7 @@ fn kubectl_get_lists_the_reports() {
     let get = |extra: &[&str]| {
         let out = Command::new(std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into()))
             .arg("--kubeconfig")
-            .arg(&a.kubeconfig)
+            .arg(a.kubeconfig())
             .args(["get", "lbr"])
             .args(extra)
             .output()
