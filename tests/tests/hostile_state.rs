@@ -19,7 +19,7 @@ use std::{
 };
 
 use probe_tests::{
-    agent::{Agent, hex_bytes, node_metric, probe_bin, require_root, sh, wait_for},
+    agent::{Agent, hex_bytes, node_metric, probe_bin, require_root, sh, text, wait_for},
     kube_fixture::KubeFixture,
 };
 use serde_json::{Value, json};
@@ -27,10 +27,6 @@ use xtask::lab::{self, LabGuard, Variants, http_get_in};
 
 const METRICS: &str = "127.0.0.1:19468";
 const WAIT: Duration = Duration::from_secs(20);
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
 
 /// Raw terminal controls in `s` (newline and tab excepted).
 fn raw_controls(s: &str) -> Vec<char> {
@@ -83,6 +79,27 @@ fn metrics_text() -> String {
     body
 }
 
+/// `ip addr <verb>` of `n` /32 VIPs (100.64.x.y) on the node's kube-ipvs0, in one batch.
+fn vips(verb: &str, n: u32) {
+    let batch: String = (0..n)
+        .map(|i| {
+            format!(
+                "addr {verb} 100.64.{}.{}/32 dev {}\n",
+                i / 250,
+                i % 250 + 1,
+                lab::KUBE_IPVS0
+            )
+        })
+        .collect();
+    let mut ip = Command::new("ip")
+        .args(["-n", lab::NS_NODE, "-batch", "-"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut ip.stdin.take().unwrap(), batch.as_bytes()).unwrap();
+    assert!(ip.wait().unwrap().success(), "ip -batch");
+}
+
 #[test]
 fn a_full_address_set_says_what_the_kernel_holds() {
     if !require_root("a_full_address_set_says_what_the_kernel_holds") {
@@ -107,23 +124,7 @@ fn a_full_address_set_says_what_the_kernel_holds() {
     let not_vips: u64 =
         before.values().sum::<u64>() - before.get(&probe_common::tag::VIP).copied().unwrap_or(0);
     // kube-proxy binding capacity + 50 more VIPs (a tenant's LoadBalancer Services).
-    let batch: String = (0..CAPACITY + 50)
-        .map(|i| {
-            format!(
-                "addr add 100.64.{}.{}/32 dev {}\n",
-                i / 250,
-                i % 250 + 1,
-                lab::KUBE_IPVS0
-            )
-        })
-        .collect();
-    let mut ip = Command::new("ip")
-        .args(["-n", lab::NS_NODE, "-batch", "-"])
-        .stdin(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::io::Write::write_all(&mut ip.stdin.take().unwrap(), batch.as_bytes()).unwrap();
-    assert!(ip.wait().unwrap().success(), "ip -batch");
+    vips("add", CAPACITY + 50);
     let total_vips = vip_before + u64::from(CAPACITY) + 50;
 
     agent.wait_log("address sets exceed --address-entries", WAIT);
@@ -180,23 +181,7 @@ fn a_full_address_set_says_what_the_kernel_holds() {
     );
 
     // Under capacity again: everything in, said once.
-    let batch: String = (0..CAPACITY + 50)
-        .map(|i| {
-            format!(
-                "addr del 100.64.{}.{}/32 dev {}\n",
-                i / 250,
-                i % 250 + 1,
-                lab::KUBE_IPVS0
-            )
-        })
-        .collect();
-    let mut ip = Command::new("ip")
-        .args(["-n", lab::NS_NODE, "-batch", "-"])
-        .stdin(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::io::Write::write_all(&mut ip.stdin.take().unwrap(), batch.as_bytes()).unwrap();
-    assert!(ip.wait().unwrap().success(), "ip -batch");
+    vips("del", CAPACITY + 50);
     agent.wait_log("address sets fit in the kernel maps again", WAIT);
     wait_for("the VIP count back", WAIT, || {
         (node_metric(METRICS, "clbprobe_local_addresses{set=\"vip\"}") == vip_before).then_some(())

@@ -4,15 +4,14 @@
 
 use std::{path::Path, process::Command};
 
-use probe_tests::kube_fixture::{KubeFixture, plugin_bin};
+use probe_tests::{
+    agent::text,
+    kube_fixture::{KubeFixture, plugin_bin},
+};
 use serde_json::{Value, json};
 
 fn api(tag: &str) -> KubeFixture {
     KubeFixture::bare(&format!("plugin-{tag}"))
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
 }
 
 /// An Event as the agent writes it (and as the API stores it).
