@@ -179,12 +179,12 @@ impl KubeFixture {
 impl KubeFixture {
     /// `kubectl-clb_probe --kubeconfig <this> ARGS` in the test's namespace (with
     /// [`Listen::Host`]), `KUBECONFIG` unset.
-    pub fn plugin(&self, args: &[&str]) -> Output {
-        self.plugin_env(args, &[])
+    pub fn run(&self, args: &[&str]) -> Output {
+        self.run_env(args, &[])
     }
 
-    /// [`plugin`](Self::plugin) with extra environment variables.
-    pub fn plugin_env(&self, args: &[&str], env: &[(&str, &OsStr)]) -> Output {
+    /// [`run`](Self::run) with extra environment variables.
+    pub fn run_env(&self, args: &[&str], env: &[(&str, &OsStr)]) -> Output {
         Command::new(plugin_bin())
             .arg("--kubeconfig")
             .arg(self.kubeconfig())

@@ -330,7 +330,7 @@ fn a_forged_event_is_printed_escaped_and_marked() {
         "reportingController": "clb-probe", "reportingInstance": forged_instance,
         "regarding": {"apiVersion": "v1", "kind": "Node", "name": "node-a"},
     }));
-    let out = a.plugin(&["events"]);
+    let out = a.run(&["events"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let table = text(&out.stdout);
     eprintln!("{table}");
@@ -357,7 +357,7 @@ fn a_forged_event_is_printed_escaped_and_marked() {
     );
 
     // -o json: the fields as before, the bytes as the API has them (JSON escapes them).
-    let out = a.plugin(&["events", "-o", "json"]);
+    let out = a.run(&["events", "-o", "json"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     // JSON escapes C0 controls (ESC, BEL) itself; C1 stays as the bytes (JSON allows it):
     // the output is for programs, unchanged.
@@ -415,7 +415,7 @@ fn watch_never_execs_into_a_labelled_tenant_pod() {
     a.apply(labelled_pod("shop", "fake-agent", Some("DaemonSet")));
     a.apply(labelled_pod("clb-probe", "bare-pod", None));
     a.apply(labelled_pod("clb-probe", "rs-pod", Some("ReplicaSet")));
-    let out = a.plugin(&["watch", "node-a", "--print-command"]);
+    let out = a.run(&["watch", "node-a", "--print-command"]);
     assert_eq!(
         out.status.code(),
         Some(1),
@@ -431,7 +431,7 @@ fn watch_never_execs_into_a_labelled_tenant_pod() {
 
     // The agent runs: its pod is the one, the tenant's pods do not make it ambiguous.
     a.apply(labelled_pod("clb-probe", "clb-probe-x1", Some("DaemonSet")));
-    let out = a.plugin(&["watch", "node-a", "--print-command"]);
+    let out = a.run(&["watch", "node-a", "--print-command"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let cmd = text(&out.stdout);
     assert!(
@@ -440,7 +440,7 @@ fn watch_never_execs_into_a_labelled_tenant_pod() {
         "{cmd}"
     );
     // Another namespace only when asked for, and still only a DaemonSet's pod there.
-    let out = a.plugin(&["watch", "node-a", "-n", "shop", "--print-command"]);
+    let out = a.run(&["watch", "node-a", "-n", "shop", "--print-command"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("-n shop fake-agent"));
 }

@@ -59,7 +59,7 @@ fn events_lists_clb_probes_events_newest_first_with_every_column() {
         "eventTime": "2026-11-23T03:00:00.000000Z",
         "reportingController": "kubelet", "reportingInstance": "node-a", "reason": "Pulled",
     }));
-    let out = a.plugin(&["events"]);
+    let out = a.run(&["events"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);
     let lines: Vec<&str> = stdout.lines().collect();
@@ -91,7 +91,7 @@ fn events_lists_clb_probes_events_newest_first_with_every_column() {
         "{stdout}"
     );
 
-    let out = a.plugin(&["events", "-o", "json"]);
+    let out = a.run(&["events", "-o", "json"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let rows: Vec<Value> = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!(rows.len(), 2);
@@ -105,7 +105,7 @@ fn events_lists_clb_probes_events_newest_first_with_every_column() {
 #[test]
 fn an_empty_cluster_says_so_and_exits_0() {
     let a = api("empty");
-    let out = a.plugin(&["events"]);
+    let out = a.run(&["events"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(
         text(&out.stdout).starts_with("no loopback events"),
@@ -118,7 +118,7 @@ fn an_empty_cluster_says_so_and_exits_0() {
 fn forbidden_is_one_line_and_exit_1() {
     let a = api("forbidden");
     a.forbid("events", "list");
-    let out = a.plugin(&["events"]);
+    let out = a.run(&["events"]);
     assert_eq!(out.status.code(), Some(1));
     let stderr = text(&out.stderr);
     assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
@@ -129,9 +129,9 @@ fn forbidden_is_one_line_and_exit_1() {
 #[test]
 fn usage_errors_exit_2_and_an_unreachable_server_exits_1() {
     let a = api("usage");
-    assert_eq!(a.plugin(&["nonsense"]).status.code(), Some(2));
-    assert_eq!(a.plugin(&["watch"]).status.code(), Some(2));
-    assert_eq!(a.plugin(&["events", "-o", "yaml"]).status.code(), Some(2));
+    assert_eq!(a.run(&["nonsense"]).status.code(), Some(2));
+    assert_eq!(a.run(&["watch"]).status.code(), Some(2));
+    assert_eq!(a.run(&["events", "-o", "yaml"]).status.code(), Some(2));
     let out = Command::new(plugin_bin())
         .args(["--kubeconfig", "/nonexistent/kubeconfig", "events"])
         .output()
@@ -161,7 +161,7 @@ fn watch_finds_the_agent_pod_on_the_node_and_execs_kubectl() {
     let a = api("watch");
     a.apply(agent_pod("clb-probe-aaaaa", "node-a", "Running"));
     a.apply(agent_pod("clb-probe-bbbbb", "node-b", "Running"));
-    let out = a.plugin(&["watch", "node-b", "--print-command"]);
+    let out = a.run(&["watch", "node-b", "--print-command"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let kc = a.kubeconfig().to_string();
     assert_eq!(
@@ -190,7 +190,7 @@ fn watch_finds_the_agent_pod_on_the_node_and_execs_kubectl() {
             .chain(std::env::split_paths(&std::env::var_os("PATH").unwrap())),
     )
     .unwrap();
-    let out = a.plugin_env(&["watch", "node-a"], &[("PATH", &path)]);
+    let out = a.run_env(&["watch", "node-a"], &[("PATH", &path)]);
     assert_eq!(
         out.status.code(),
         Some(7),
@@ -215,7 +215,7 @@ fn watch_finds_the_agent_pod_on_the_node_and_execs_kubectl() {
         ]
     );
 
-    let out = a.plugin(&["watch", "node-z"]);
+    let out = a.run(&["watch", "node-z"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(
         text(&out.stderr).contains("no clb-probe agent pod on node node-z"),
@@ -328,7 +328,7 @@ fn fix_lists_dry_runs_applies_and_prints_the_undo() {
         4,
     ));
 
-    let out = a.plugin(&["fix", "-n", "shop", "web"]);
+    let out = a.run(&["fix", "-n", "shop", "web"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let listing = text(&out.stdout);
     println!("{listing}");
@@ -342,7 +342,7 @@ fn fix_lists_dry_runs_applies_and_prints_the_undo() {
     assert!(listing.contains("1. etp-cluster [generic]"), "{listing}");
     assert!(!listing.contains("aws-nlb-target-type-ip"), "{listing}");
 
-    let out = a.plugin(&["fix", "-n", "shop", "web", "-o", "json"]);
+    let out = a.run(&["fix", "-n", "shop", "web", "-o", "json"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let plan: Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!(plan["provider"], "aws");
@@ -354,14 +354,14 @@ fn fix_lists_dry_runs_applies_and_prints_the_undo() {
     let rv = plan["resource_version"].as_str().unwrap().to_string();
 
     // Another provider's fix, and advice without a patch: refused, nothing changed.
-    let out = a.plugin(&["fix", "-n", "shop", "web", "--apply", "do-lb-hostname"]);
+    let out = a.run(&["fix", "-n", "shop", "web", "--apply", "do-lb-hostname"]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     assert!(
         text(&out.stderr).contains("is for provider digitalocean"),
         "{}",
         text(&out.stderr)
     );
-    let out = a.plugin(&[
+    let out = a.run(&[
         "fix",
         "-n",
         "shop",
@@ -372,7 +372,7 @@ fn fix_lists_dry_runs_applies_and_prints_the_undo() {
     assert_eq!(out.status.code(), Some(2));
     // RBAC: the dry run is denied, named, exit 2.
     a.forbid("services", "patch");
-    let out = a.plugin(&["fix", "-n", "shop", "web", "--apply", "etp-cluster"]);
+    let out = a.run(&["fix", "-n", "shop", "web", "--apply", "etp-cluster"]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     assert!(
         text(&out.stderr).contains("cannot patch services in namespace shop"),
@@ -383,7 +383,7 @@ fn fix_lists_dry_runs_applies_and_prints_the_undo() {
     assert_eq!(stored_etp(&a), "Local");
 
     // Apply at the listed version: dry run, patch, undo line.
-    let out = a.plugin(&[
+    let out = a.run(&[
         "fix",
         "-n",
         "shop",
@@ -412,7 +412,7 @@ fn fix_lists_dry_runs_applies_and_prints_the_undo() {
     assert!(dry_runs >= 1, "a server-side dry run first");
 
     // The listing's version is stale now: refused; and Cluster is in place: not offered.
-    let out = a.plugin(&[
+    let out = a.run(&[
         "fix",
         "-n",
         "shop",
@@ -428,7 +428,7 @@ fn fix_lists_dry_runs_applies_and_prints_the_undo() {
         "{}",
         text(&out.stderr)
     );
-    let out = a.plugin(&["fix", "-n", "shop", "web"]);
+    let out = a.run(&["fix", "-n", "shop", "web"]);
     assert!(
         !text(&out.stdout).contains("etp-cluster"),
         "{}",
@@ -453,7 +453,7 @@ fn fix_offers_the_provider_s_own_fixes_first() {
         "2026-11-23T01:10:00.000000Z",
         4,
     ));
-    let out = a.plugin(&["fix", "-n", "shop", "web", "-o", "json"]);
+    let out = a.run(&["fix", "-n", "shop", "web", "-o", "json"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let plan: Value = serde_json::from_slice(&out.stdout).unwrap();
     let ids: Vec<&str> = plan["fixes"]
@@ -470,7 +470,7 @@ fn fix_offers_the_provider_s_own_fixes_first() {
             "etp-cluster"
         ]
     );
-    let out = a.plugin(&[
+    let out = a.run(&[
         "fix",
         "-n",
         "shop",
@@ -496,7 +496,7 @@ fn fix_offers_the_provider_s_own_fixes_first() {
         "2026-11-23T01:10:00.000000Z",
         2,
     ));
-    let out = b.plugin(&["fix", "-n", "shop", "web"]);
+    let out = b.run(&["fix", "-n", "shop", "web"]);
     let listing = text(&out.stdout);
     assert!(
         listing.contains("1. do-lb-hostname [digitalocean]"),
@@ -568,7 +568,7 @@ fn three_nodes_two_reports(tag: &str) -> KubeFixture {
 #[test]
 fn report_prints_the_cluster_table_with_a_missing_node_and_exits_1() {
     let a = three_nodes_two_reports("report");
-    let out = a.plugin(&["report"]);
+    let out = a.run(&["report"]);
     let stdout = text(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{stdout}{}", text(&out.stderr));
     let expected = "\
@@ -587,7 +587,7 @@ shop/api  1             0      1      hairpin                        etp-cluster
     // The README's example is this output.
     let _ = std::fs::write(std::env::temp_dir().join("clb-report-example.txt"), &stdout);
 
-    let wide = text(&a.plugin(&["report", "-o", "wide"]).stdout);
+    let wide = text(&a.run(&["report", "-o", "wide"]).stdout);
     assert!(
         wide.lines()
             .next()
@@ -601,7 +601,7 @@ shop/api  1             0      1      hairpin                        etp-cluster
         "{wide}"
     );
 
-    let json_out = a.plugin(&["report", "-o", "json"]);
+    let json_out = a.run(&["report", "-o", "json"]);
     assert_eq!(json_out.status.code(), Some(1));
     let v: Value = serde_json::from_slice(&json_out.stdout).expect("-o json parses");
     assert_eq!(v["missing"], 1);
@@ -614,7 +614,7 @@ shop/api  1             0      1      hairpin                        etp-cluster
 #[test]
 fn report_filters_by_service_and_node_and_a_clean_view_exits_0() {
     let a = three_nodes_two_reports("report-filter");
-    let only_api = a.plugin(&["report", "--service", "shop/api", "-o", "json"]);
+    let only_api = a.run(&["report", "--service", "shop/api", "-o", "json"]);
     assert_eq!(only_api.status.code(), Some(1));
     let v: Value = serde_json::from_slice(&only_api.stdout).unwrap();
     assert_eq!(v["active_loops"], 1, "{v}");
@@ -627,15 +627,15 @@ fn report_filters_by_service_and_node_and_a_clean_view_exits_0() {
         .map(|n| n["node"].as_str().unwrap())
         .collect();
     assert_eq!(nodes, ["node-a", "node-b", "node-c"]);
-    let clean = a.plugin(&["report", "--node", "node-b"]);
+    let clean = a.run(&["report", "--node", "node-b"]);
     assert_eq!(clean.status.code(), Some(0), "{}", text(&clean.stdout));
     assert!(text(&clean.stdout).contains("node-b  stale"));
-    let unknown = a.plugin(&["report", "--node", "node-z"]);
+    let unknown = a.run(&["report", "--node", "node-z"]);
     assert_eq!(unknown.status.code(), Some(2));
     assert!(text(&unknown.stdout).is_empty());
     let e = text(&unknown.stderr);
     assert!(e.contains("no such node") && e.lines().count() == 1, "{e}");
-    let bad = a.plugin(&["report", "--service", "web"]);
+    let bad = a.run(&["report", "--service", "web"]);
     assert_eq!(bad.status.code(), Some(2));
     assert!(text(&bad.stderr).contains("NAMESPACE/NAME"));
 }
@@ -644,7 +644,7 @@ fn report_filters_by_service_and_node_and_a_clean_view_exits_0() {
 fn report_errors_exit_2() {
     let a = three_nodes_two_reports("report-forbidden");
     a.forbid("loopbackreports", "list");
-    let out = a.plugin(&["report"]);
+    let out = a.run(&["report"]);
     assert_eq!(out.status.code(), Some(2));
     let e = text(&out.stderr);
     assert!(
