@@ -284,6 +284,16 @@ impl Agent {
         })
     }
 
+    /// The first confirmed event, once there is one; every event so far must be of `kind`.
+    pub fn only_event(&self, kind: &str, timeout: Duration) -> Value {
+        let events = self.wait_event(kind, timeout, |es| (!es.is_empty()).then(|| es.to_vec()));
+        assert!(
+            events.iter().all(|e| e["kind"] == kind),
+            "expected only {kind} events, got {events:#?}"
+        );
+        events[0].clone()
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.as_ref().map(|c| c.id()).unwrap_or(0)
     }
@@ -550,6 +560,22 @@ pub fn assert_nothing_attached() {
         "left loaded: {:?}",
         our_loaded_programs()
     );
+}
+
+/// An event's list of lines (`evidence`, `remedy`) as one text, a line each.
+pub fn lines(e: &Value, field: &str) -> String {
+    e[field]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l.as_str().unwrap_or_default().to_string())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Bytes (a command's output) as text.
+pub fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
 }
 
 /// A finished command's stderr, as text.

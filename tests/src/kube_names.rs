@@ -8,11 +8,11 @@ use std::{process::Command, time::Duration};
 
 use serde_json::Value;
 use xtask::{
-    kubeapi::{FakeApiServer, fixtures},
+    kubeapi::fixtures,
     lab::{self, KubeProxyMode, LabGuard, Scenario, UpOptions, Variants},
 };
 
-use crate::agent::{Agent, tempdir::TempDir, wait_for};
+use crate::{agent::wait_for, kube_fixture::KubeFixture};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -34,25 +34,9 @@ pub struct Case {
 /// that Service and `kubectl describe service` lists it.
 pub fn first_events_named_and_described(mode: KubeProxyMode, cases: &[Case]) {
     let lab = LabGuard::up_in(mode, &Variants::default(), &UpOptions::default()).expect("lab up");
-    let api = FakeApiServer::start_in_netns(lab::NS_NODE).expect("fake API server");
-    for object in fixtures::lab() {
-        api.apply(object);
-    }
+    let api = KubeFixture::builder().tag("kube-names").start();
     api.hold_lists();
-    let dir = TempDir::new("kube-names");
-    let kubeconfig = dir.path().join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig).unwrap();
-    let mut agent = Agent::start(
-        lab::NS_NODE,
-        &[
-            "--nic",
-            lab::NODE_NIC,
-            "--kubeconfig",
-            kubeconfig.to_str().unwrap(),
-            "--node-name",
-            "clb-node",
-        ],
-    );
+    let mut agent = api.start_agent(&[]);
     let first = &cases[0];
     let _ = lab.traffic(first.scenario).expect("traffic");
     // Confirmed while the cache has no list yet: held (the log says so), or, without the
@@ -112,7 +96,7 @@ pub fn first_events_named_and_described(mode: KubeProxyMode, cases: &[Case]) {
         // The server listens inside the node's namespace.
         let out = Command::new("ip")
             .args(["netns", "exec", lab::NS_NODE, "kubectl", "--kubeconfig"])
-            .arg(&kubeconfig)
+            .arg(api.kubeconfig())
             .args(["-n", ns, "describe", "service", name])
             .env_remove("KUBECONFIG")
             .output()

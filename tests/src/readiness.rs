@@ -7,15 +7,15 @@
 //! Local: its 53/udp on the shared LB IP is declared but not served on the node, so it is
 //! refused while kube-proxy binds the IP and leaves for the LB (unmasqueraded) once it does not.
 
-use std::{collections::BTreeSet, path::PathBuf, process::Command};
+use std::{collections::BTreeSet, process::Command};
 
 use serde_json::Value;
 use xtask::{
-    kubeapi::{FakeApiServer, fixtures},
+    kubeapi::fixtures,
     lab::{self, KubeProxyMode, LabGuard, UpOptions, Variants},
 };
 
-use crate::agent::probe_bin;
+use crate::{agent::probe_bin, kube_fixture::KubeFixture};
 
 /// (kind, subject).
 pub type RiskSet = BTreeSet<(String, String)>;
@@ -56,28 +56,16 @@ fn services() -> Vec<Value> {
 /// Runs `probe check ARGS --kubeconfig <fake API>` in the lab node: (exit code, stdout,
 /// stderr). The API server lives in the node's namespace for this call only.
 fn check_with_api(args: &[&str]) -> (i32, String, String) {
-    let api = lab::in_netns(lab::NS_NODE, FakeApiServer::start).expect("fake API server");
-    for object in services() {
-        api.apply(object);
-    }
-    let kubeconfig =
-        std::env::temp_dir().join(format!("clb-readiness-{}.kubeconfig", std::process::id()));
-    /// Removes the kubeconfig also when the run panics.
-    struct Remove(PathBuf);
-    impl Drop for Remove {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_file(&self.0);
-        }
-    }
-    let _remove = Remove(kubeconfig.clone());
-    api.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+    let api = KubeFixture::builder()
+        .objects(services())
+        .tag("readiness")
+        .start();
     let o = Command::new("ip")
         .args(["netns", "exec", lab::NS_NODE])
         .arg(probe_bin())
         .arg("check")
         .args(args)
-        .args(["--nic", lab::NODE_NIC, "--kubeconfig"])
-        .arg(&kubeconfig)
+        .args(["--nic", lab::NODE_NIC, "--kubeconfig", api.kubeconfig()])
         .output()
         .expect("run probe check");
     drop(api);

@@ -354,7 +354,8 @@ fn bad_flags_exit_2_and_print_nothing_else() {
 /// lab node's namespace, where `probe check` runs): names, declared ports, a 403.
 #[test]
 fn services_from_the_api_name_the_risks() {
-    use xtask::kubeapi::{FakeApiServer, fixtures};
+    use probe_tests::kube_fixture::KubeFixture;
+    use xtask::kubeapi::fixtures;
     if !require_root("probe check with the API") {
         return;
     }
@@ -363,22 +364,8 @@ fn services_from_the_api_name_the_risks() {
         return;
     }
     let lab = LabGuard::up(&Variants::default().with(Variant::Masquerade, true)).expect("lab up");
-    let api = lab::in_netns(lab::NS_NODE, FakeApiServer::start).expect("fake API server");
-    for object in fixtures::lab() {
-        api.apply(object);
-    }
-    let kubeconfig =
-        std::env::temp_dir().join(format!("clb-check-{}.kubeconfig", std::process::id()));
-    /// Removes the kubeconfig also when an assertion fails.
-    struct Remove(std::path::PathBuf);
-    impl Drop for Remove {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_file(&self.0);
-        }
-    }
-    let _remove = Remove(kubeconfig.clone());
-    api.write_kubeconfig(&kubeconfig).expect("kubeconfig");
-    let kc = kubeconfig.to_str().unwrap();
+    let api = KubeFixture::builder().tag("check").start();
+    let kc = api.kubeconfig();
     let run = || {
         let o = check(&["--json", "--nic", lab::NODE_NIC, "--kubeconfig", kc]);
         let json: Value = serde_json::from_slice(&o.stdout)

@@ -14,24 +14,19 @@
 //! time. The plugin tests need no root.
 
 use std::{
-    path::PathBuf,
-    process::{Command, Output, Stdio},
+    process::{Command, Stdio},
     time::Duration,
 };
 
-use probe_tests::agent::{
-    Agent, hex_bytes, node_metric, probe_bin, require_root, sh, tempdir::TempDir, wait_for,
+use probe_tests::{
+    agent::{Agent, hex_bytes, node_metric, probe_bin, require_root, sh, text, wait_for},
+    kube_fixture::KubeFixture,
 };
 use serde_json::{Value, json};
-use xtask::kubeapi::{FakeApiServer, fixtures};
 use xtask::lab::{self, LabGuard, Variants, http_get_in};
 
 const METRICS: &str = "127.0.0.1:19468";
 const WAIT: Duration = Duration::from_secs(20);
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
 
 /// Raw terminal controls in `s` (newline and tab excepted).
 fn raw_controls(s: &str) -> Vec<char> {
@@ -84,6 +79,27 @@ fn metrics_text() -> String {
     body
 }
 
+/// `ip addr <verb>` of `n` /32 VIPs (100.64.x.y) on the node's kube-ipvs0, in one batch.
+fn vips(verb: &str, n: u32) {
+    let batch: String = (0..n)
+        .map(|i| {
+            format!(
+                "addr {verb} 100.64.{}.{}/32 dev {}\n",
+                i / 250,
+                i % 250 + 1,
+                lab::KUBE_IPVS0
+            )
+        })
+        .collect();
+    let mut ip = Command::new("ip")
+        .args(["-n", lab::NS_NODE, "-batch", "-"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut ip.stdin.take().unwrap(), batch.as_bytes()).unwrap();
+    assert!(ip.wait().unwrap().success(), "ip -batch");
+}
+
 #[test]
 fn a_full_address_set_says_what_the_kernel_holds() {
     if !require_root("a_full_address_set_says_what_the_kernel_holds") {
@@ -108,23 +124,7 @@ fn a_full_address_set_says_what_the_kernel_holds() {
     let not_vips: u64 =
         before.values().sum::<u64>() - before.get(&probe_common::tag::VIP).copied().unwrap_or(0);
     // kube-proxy binding capacity + 50 more VIPs (a tenant's LoadBalancer Services).
-    let batch: String = (0..CAPACITY + 50)
-        .map(|i| {
-            format!(
-                "addr add 100.64.{}.{}/32 dev {}\n",
-                i / 250,
-                i % 250 + 1,
-                lab::KUBE_IPVS0
-            )
-        })
-        .collect();
-    let mut ip = Command::new("ip")
-        .args(["-n", lab::NS_NODE, "-batch", "-"])
-        .stdin(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::io::Write::write_all(&mut ip.stdin.take().unwrap(), batch.as_bytes()).unwrap();
-    assert!(ip.wait().unwrap().success(), "ip -batch");
+    vips("add", CAPACITY + 50);
     let total_vips = vip_before + u64::from(CAPACITY) + 50;
 
     agent.wait_log("address sets exceed --address-entries", WAIT);
@@ -181,23 +181,7 @@ fn a_full_address_set_says_what_the_kernel_holds() {
     );
 
     // Under capacity again: everything in, said once.
-    let batch: String = (0..CAPACITY + 50)
-        .map(|i| {
-            format!(
-                "addr del 100.64.{}.{}/32 dev {}\n",
-                i / 250,
-                i % 250 + 1,
-                lab::KUBE_IPVS0
-            )
-        })
-        .collect();
-    let mut ip = Command::new("ip")
-        .args(["-n", lab::NS_NODE, "-batch", "-"])
-        .stdin(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::io::Write::write_all(&mut ip.stdin.take().unwrap(), batch.as_bytes()).unwrap();
-    assert!(ip.wait().unwrap().success(), "ip -batch");
+    vips("del", CAPACITY + 50);
     agent.wait_log("address sets fit in the kernel maps again", WAIT);
     wait_for("the VIP count back", WAIT, || {
         (node_metric(METRICS, "clbprobe_local_addresses{set=\"vip\"}") == vip_before).then_some(())
@@ -234,28 +218,8 @@ fn watches_the_server_ends_at_once_are_paced_and_said() {
         return;
     }
     let _lab = LabGuard::up(&Variants::default()).expect("lab up");
-    let api = FakeApiServer::start_in_netns(lab::NS_NODE).expect("fake API server");
-    for object in fixtures::lab() {
-        api.apply(object);
-    }
-    let dir = TempDir::new("kubeconfig");
-    let kubeconfig = dir.path().join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig).unwrap();
-    let mut agent = Agent::start(
-        lab::NS_NODE,
-        &[
-            "--nic",
-            lab::NODE_NIC,
-            "--metrics-addr",
-            METRICS,
-            "--kubeconfig",
-            kubeconfig.to_str().unwrap(),
-            "--node-name",
-            "clb-node",
-            "--kube-events",
-            "off",
-        ],
-    );
+    let api = KubeFixture::lab();
+    let mut agent = api.start_agent(&["--metrics-addr", METRICS, "--kube-events", "off"]);
     agent.wait_log("Kubernetes attribution connected", WAIT);
     assert_eq!(node_metric(METRICS, "clbprobe_kube_connected"), 1);
 
@@ -339,34 +303,8 @@ fn probe_watch_prints_a_hostile_nic_name_escaped() {
 
 // ----- items 10 and 11: the kubectl plugin ------------------------------------------------
 
-fn plugin_bin() -> PathBuf {
-    probe_bin().with_file_name("kubectl-clb_probe")
-}
-
-struct Api {
-    server: FakeApiServer,
-    dir: TempDir,
-}
-
-fn api() -> Api {
-    let server = FakeApiServer::start().expect("fake API server");
-    let dir = TempDir::new("plugin");
-    server
-        .write_kubeconfig(&dir.path().join("kubeconfig"))
-        .unwrap();
-    Api { server, dir }
-}
-
-impl Api {
-    fn run(&self, args: &[&str]) -> Output {
-        Command::new(plugin_bin())
-            .arg("--kubeconfig")
-            .arg(self.dir.path().join("kubeconfig"))
-            .args(args)
-            .env_remove("KUBECONFIG")
-            .output()
-            .expect("run kubectl-clb_probe")
-    }
+fn api() -> KubeFixture {
+    KubeFixture::bare("plugin")
 }
 
 /// A tenant with Event rights in `shop` writes a "clb-probe" Event meant to clear the
@@ -374,7 +312,7 @@ impl Api {
 #[test]
 fn a_forged_event_is_printed_escaped_and_marked() {
     let a = api();
-    a.server.apply(json!({
+    a.apply(json!({
         "apiVersion": "events.k8s.io/v1", "kind": "Event",
         "metadata": {"name": "real", "namespace": "shop"},
         "eventTime": "2026-11-23T01:00:00.000000Z",
@@ -384,7 +322,7 @@ fn a_forged_event_is_printed_escaped_and_marked() {
         "related": {"apiVersion": "v1", "kind": "Pod", "namespace": "shop", "name": "client-0"},
     }));
     let forged_instance = "\u{1b}[2J\u{1b}[H\u{1b}[32mALL CLEAR\u{1b}[0m\u{7}";
-    a.server.apply(json!({
+    a.apply(json!({
         "apiVersion": "events.k8s.io/v1", "kind": "Event",
         "metadata": {"name": "forged", "namespace": "shop"},
         "eventTime": "2026-11-23T02:00:00.000000Z",
@@ -474,11 +412,9 @@ fn labelled_pod(ns: &str, name: &str, owner: Option<&str>) -> Value {
 #[test]
 fn watch_never_execs_into_a_labelled_tenant_pod() {
     let a = api();
-    a.server
-        .apply(labelled_pod("shop", "fake-agent", Some("DaemonSet")));
-    a.server.apply(labelled_pod("clb-probe", "bare-pod", None));
-    a.server
-        .apply(labelled_pod("clb-probe", "rs-pod", Some("ReplicaSet")));
+    a.apply(labelled_pod("shop", "fake-agent", Some("DaemonSet")));
+    a.apply(labelled_pod("clb-probe", "bare-pod", None));
+    a.apply(labelled_pod("clb-probe", "rs-pod", Some("ReplicaSet")));
     let out = a.run(&["watch", "node-a", "--print-command"]);
     assert_eq!(
         out.status.code(),
@@ -494,8 +430,7 @@ fn watch_never_execs_into_a_labelled_tenant_pod() {
     assert!(out.stdout.is_empty());
 
     // The agent runs: its pod is the one, the tenant's pods do not make it ambiguous.
-    a.server
-        .apply(labelled_pod("clb-probe", "clb-probe-x1", Some("DaemonSet")));
+    a.apply(labelled_pod("clb-probe", "clb-probe-x1", Some("DaemonSet")));
     let out = a.run(&["watch", "node-a", "--print-command"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let cmd = text(&out.stdout);

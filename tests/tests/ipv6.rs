@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use probe_tests::agent::{Agent, require_root};
+use probe_tests::agent::{Agent, lines, require_root};
 use serde_json::Value;
 use xtask::lab::v6::{self, Scenario6};
 use xtask::lab::{self, LabGuard, Variants};
@@ -35,32 +35,13 @@ fn run(scenario: Scenario6) -> Agent {
     agent
 }
 
-fn only_event(agent: &Agent, kind: &str) -> Value {
-    let events = agent.wait_event(kind, WAIT, |es| (!es.is_empty()).then(|| es.to_vec()));
-    assert!(
-        events.iter().all(|e| e["kind"] == kind),
-        "expected only {kind} events, got {events:#?}"
-    );
-    events[0].clone()
-}
-
-fn evidence(e: &Value) -> String {
-    e["evidence"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|l| l.as_str().unwrap_or_default().to_string())
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
 #[test]
 fn ipv6_healthcheck_blackhole_is_the_reply_dropped_locally_not_an_unserved_port() {
     if !require_root("ipv6_healthcheck_blackhole") {
         return;
     }
     let agent = run(Scenario6::HealthcheckBlackhole);
-    let e = only_event(&agent, "healthcheck_blackhole");
+    let e = agent.only_event("healthcheck_blackhole", WAIT);
     assert_eq!(e["src"], v6::VIP6.to_string());
     assert_eq!(e["vip"], v6::VIP6.to_string());
     assert_eq!(e["dst"], v6::NODE_IP6.to_string());
@@ -68,7 +49,7 @@ fn ipv6_healthcheck_blackhole_is_the_reply_dropped_locally_not_an_unserved_port(
     assert_eq!(e["drop_reason"], "NO_SOCKET");
     assert_eq!(e["outcome"], "dropped");
     assert_eq!(e["nic"], lab::NODE_NIC);
-    let ev = evidence(&e);
+    let ev = lines(&e, "evidence");
     assert!(
         ev.contains(&format!("tc ingress on {}", lab::NODE_NIC)),
         "{ev}"
@@ -91,7 +72,7 @@ fn ipv6_hairpin_is_confirmed() {
         return;
     }
     let agent = run(Scenario6::Hairpin);
-    let e = only_event(&agent, "hairpin");
+    let e = agent.only_event("hairpin", WAIT);
     assert_eq!(e["src"], v6::POD_A_IP6.to_string());
     assert_eq!(e["vip"], v6::VIP6.to_string());
     assert_eq!(e["vip_port"], lab::SERVICE_PORT);
@@ -106,7 +87,7 @@ fn ipv6_vip_port_unserved_is_confirmed() {
         return;
     }
     let agent = run(Scenario6::VipPortUnserved);
-    let e = only_event(&agent, "vip_port_unserved");
+    let e = agent.only_event("vip_port_unserved", WAIT);
     assert_eq!(e["src"], v6::POD_A_IP6.to_string());
     assert_eq!(e["vip"], v6::VIP6.to_string());
     assert_eq!(e["vip_port"], lab::VIP_UNSERVED_PORT);
@@ -156,7 +137,7 @@ fn ipv6_addresses_reach_events_watch_and_metrics_unchanged() {
     );
     let (outcome, expected) = lab.run6(Scenario6::HealthcheckBlackhole).expect("traffic");
     assert_eq!(outcome, expected);
-    let e = only_event(&agent, "healthcheck_blackhole");
+    let e = agent.only_event("healthcheck_blackhole", WAIT);
     let vip6 = v6::VIP6.to_string();
     assert_eq!(e["vip"], vip6.as_str());
 

@@ -14,46 +14,21 @@ use std::{
     time::Duration,
 };
 
-use probe_tests::agent::{Agent, probe_bin, require_root, tempdir::TempDir, wait_for};
+use probe_tests::{
+    agent::{Agent, probe_bin, require_root, wait_for},
+    kube_fixture::KubeFixture,
+};
 use serde_json::Value;
-use xtask::kubeapi::{FakeApiServer, fixtures};
+use xtask::kubeapi::fixtures;
 use xtask::lab::{self, LabGuard, Outcome, Scenario, Variants, http_get_in};
 
 const METRICS: &str = "127.0.0.1:19466";
 const WAIT: Duration = Duration::from_secs(15);
 const CLIENT_POD: &str = "default/client-5d8f7c9b6-x2x9q";
 
-/// The fake API server in the node's namespace with `objects`, and an agent using it.
-fn start(
-    objects: Vec<Value>,
-    before_agent: impl FnOnce(&FakeApiServer),
-) -> (FakeApiServer, Agent, TempDir) {
-    let api = FakeApiServer::start_in_netns(lab::NS_NODE).expect("fake API server");
-    for object in objects {
-        api.apply(object);
-    }
-    before_agent(&api);
-    let dir = TempDir::new("kubeconfig");
-    let kubeconfig = dir.path().join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig).unwrap();
-    let agent = Agent::start(
-        lab::NS_NODE,
-        &[
-            "--nic",
-            lab::NODE_NIC,
-            "--metrics-addr",
-            METRICS,
-            "--kubeconfig",
-            kubeconfig.to_str().unwrap(),
-            "--node-name",
-            "clb-node",
-            // Attribution only reads; Events (which write) are tests/tests/kube_events.rs's.
-            "--kube-events",
-            "off",
-        ],
-    );
-    (api, agent, dir)
-}
+/// The agent's flags beside the kubeconfig: attribution only reads; Events (which write) are
+/// tests/tests/kube_events.rs's.
+const AGENT: &[&str] = &["--metrics-addr", METRICS, "--kube-events", "off"];
 
 fn event(agent: &Agent, kind: &str) -> Value {
     agent.wait_event(kind, WAIT, |es| {
@@ -85,7 +60,8 @@ fn hairpin_and_healthcheck_blackhole_carry_pod_and_service_names() {
         return;
     }
     let lab = LabGuard::up(&Variants::default()).expect("lab up");
-    let (api, mut agent, _dir) = start(fixtures::lab(), |_| {});
+    let api = KubeFixture::lab();
+    let mut agent = api.start_agent(AGENT);
     agent.wait_log("Kubernetes attribution connected", WAIT);
     assert_eq!(
         metric("clbprobe_kube_connected"),
@@ -202,11 +178,11 @@ fn without_api_access_events_are_confirmed_by_address() {
         return;
     }
     let lab = LabGuard::up(&Variants::default()).expect("lab up");
-    let (_api, mut agent, _dir) = start(fixtures::lab(), |api| {
-        for resource in ["pods", "services", "endpointslices"] {
-            api.forbid(resource, "list");
-        }
-    });
+    let api = KubeFixture::lab();
+    for resource in ["pods", "services", "endpointslices"] {
+        api.forbid(resource, "list");
+    }
+    let mut agent = api.start_agent(AGENT);
     agent.wait_log("Kubernetes API not usable", WAIT);
     let (status, _) = http_get_in(lab::NS_NODE, METRICS, "/readyz").expect("readyz");
     assert_eq!(status, 200, "readiness does not depend on the API");
@@ -238,7 +214,8 @@ fn connected_again_when_the_watches_resume_after_a_non_410_error() {
         return;
     }
     let lab = LabGuard::up(&Variants::default()).expect("lab up");
-    let (api, mut agent, _dir) = start(fixtures::lab(), |_| {});
+    let api = KubeFixture::lab();
+    let mut agent = api.start_agent(AGENT);
     // The metrics read a snapshot taken every so often: wait for a state, do not sample it.
     let wait_connected = |want: u8| {
         let line = format!("clbprobe_kube_connected {want}");
@@ -298,7 +275,8 @@ fn a_service_added_after_a_410_relist_is_attributed() {
         .into_iter()
         .filter(|o| o["metadata"]["name"] != "web" && o["metadata"]["name"] != "web-x7k2d")
         .collect();
-    let (api, mut agent, _dir) = start(without_web, |_| {});
+    let api = KubeFixture::builder().objects(without_web).start();
+    let mut agent = api.start_agent(AGENT);
     agent.wait_log("Kubernetes attribution connected", WAIT);
     let before = api.requests().len();
 

@@ -7,42 +7,23 @@
 
 use std::{net::SocketAddrV4, time::Duration};
 
-use probe_tests::agent::{Agent, require_root, wait_for};
+use probe_tests::{
+    agent::{Agent, require_root, wait_for},
+    kube_fixture::{KubeFixture, NODE_NAME},
+};
 use serde_json::Value;
 use xtask::{
-    kubeapi::{FakeApiServer, fixtures},
+    kubeapi::FakeApiServer,
     lab::{self, LabGuard, Scenario, Variants},
 };
 
-const NODE_NAME: &str = "clb-node";
 const WAIT: Duration = Duration::from_secs(20);
 
 /// Dropped in this order: the agent, the server, the lab.
 struct Setup {
     agent: Agent,
-    api: FakeApiServer,
+    api: KubeFixture,
     lab: LabGuard,
-    _dir: tempdir::TempDir,
-}
-
-mod tempdir {
-    pub struct TempDir(std::path::PathBuf);
-    impl TempDir {
-        pub fn new(tag: &str) -> Self {
-            let p =
-                std::env::temp_dir().join(format!("clb-kube-events-{tag}-{}", std::process::id()));
-            std::fs::create_dir_all(&p).unwrap();
-            Self(p)
-        }
-        pub fn path(&self) -> &std::path::Path {
-            &self.0
-        }
-    }
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
 }
 
 /// Lab up, the fake API server in the node's namespace, the agent pointed at it.
@@ -53,36 +34,15 @@ fn setup(
     prepare: impl FnOnce(&FakeApiServer),
 ) -> Setup {
     let lab = LabGuard::up(&Variants::default()).expect("lab up");
-    let api = FakeApiServer::start_in_netns(lab::NS_NODE).expect("fake API server");
     // The lab's Node, Pods, Services and EndpointSlices: attribution names the Service.
-    for object in fixtures::lab() {
-        api.apply(object);
-    }
+    let api = KubeFixture::builder().tag(tag).start();
     prepare(&api);
-    let dir = tempdir::TempDir::new(tag);
-    let kubeconfig = dir.path().join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig).unwrap();
-    let kubeconfig = kubeconfig.to_string_lossy().into_owned();
     let mut env = vec![];
     if let Some(ms) = every_ms {
         env.push((clb_probe_every_env(), ms));
     }
-    let mut args = vec![
-        "--nic",
-        lab::NODE_NIC,
-        "--kubeconfig",
-        kubeconfig.as_str(),
-        "--node-name",
-        NODE_NAME,
-    ];
-    args.extend_from_slice(extra);
-    let agent = Agent::start_with_env(lab::NS_NODE, &args, &env);
-    Setup {
-        agent,
-        api,
-        lab,
-        _dir: dir,
-    }
+    let agent = api.start_agent_with_env(extra, &env);
+    Setup { agent, api, lab }
 }
 
 /// `CLB_PROBE_TEST_KUBE_EVENTS_EVERY_MS` (probe-user's kube_events::PER_AGGREGATE_ENV).

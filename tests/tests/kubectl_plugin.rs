@@ -2,63 +2,16 @@
 //! (xtask::kubeapi: the real kube client on the wire), and its krew manifest template.
 //! No root needed: nothing here touches the lab.
 
-use std::{
-    path::{Path, PathBuf},
-    process::{Command, Output},
+use std::{path::Path, process::Command};
+
+use probe_tests::{
+    agent::text,
+    kube_fixture::{KubeFixture, plugin_bin},
 };
-
-use probe_tests::agent::probe_bin;
 use serde_json::{Value, json};
-use xtask::kubeapi::FakeApiServer;
 
-fn plugin_bin() -> PathBuf {
-    probe_bin().with_file_name("kubectl-clb_probe")
-}
-
-struct Api {
-    server: FakeApiServer,
-    dir: PathBuf,
-    kubeconfig: PathBuf,
-}
-
-fn api(tag: &str) -> Api {
-    let server = FakeApiServer::start().expect("fake API server");
-    let dir = std::env::temp_dir().join(format!("clb-plugin-{tag}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let kubeconfig = dir.join("kubeconfig");
-    server.write_kubeconfig(&kubeconfig).unwrap();
-    Api {
-        server,
-        dir,
-        kubeconfig,
-    }
-}
-
-impl Drop for Api {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-impl Api {
-    fn run(&self, args: &[&str]) -> Output {
-        self.run_env(args, &[])
-    }
-
-    fn run_env(&self, args: &[&str], env: &[(&str, &std::ffi::OsStr)]) -> Output {
-        Command::new(plugin_bin())
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .args(args)
-            .env_remove("KUBECONFIG")
-            .envs(env.iter().copied())
-            .output()
-            .expect("run kubectl-clb_probe")
-    }
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
+fn api(tag: &str) -> KubeFixture {
+    KubeFixture::bare(&format!("plugin-{tag}"))
 }
 
 /// An Event as the agent writes it (and as the API stores it).
@@ -84,7 +37,7 @@ fn clb_event(name: &str, ns: &str, node: &str, reason: &str, last: &str, count: 
 #[test]
 fn events_lists_clb_probes_events_newest_first_with_every_column() {
     let a = api("events");
-    a.server.apply(clb_event(
+    a.apply(clb_event(
         "clb-probe.node-a.hairpin.1",
         "shop",
         "node-a",
@@ -92,7 +45,7 @@ fn events_lists_clb_probes_events_newest_first_with_every_column() {
         "2026-11-23T01:10:00.000000Z",
         4,
     ));
-    a.server.apply(clb_event(
+    a.apply(clb_event(
         "clb-probe.node-b.healthcheck-blackhole.2",
         "default",
         "node-b",
@@ -100,7 +53,7 @@ fn events_lists_clb_probes_events_newest_first_with_every_column() {
         "2026-11-23T02:10:00.000000Z",
         9,
     ));
-    a.server.apply(json!({
+    a.apply(json!({
         "apiVersion": "events.k8s.io/v1", "kind": "Event",
         "metadata": {"name": "kubelet-pulled", "namespace": "shop"},
         "eventTime": "2026-11-23T03:00:00.000000Z",
@@ -164,7 +117,7 @@ fn an_empty_cluster_says_so_and_exits_0() {
 #[test]
 fn forbidden_is_one_line_and_exit_1() {
     let a = api("forbidden");
-    a.server.forbid("events", "list");
+    a.forbid("events", "list");
     let out = a.run(&["events"]);
     assert_eq!(out.status.code(), Some(1));
     let stderr = text(&out.stderr);
@@ -206,13 +159,11 @@ fn agent_pod(name: &str, node: &str, phase: &str) -> Value {
 #[test]
 fn watch_finds_the_agent_pod_on_the_node_and_execs_kubectl() {
     let a = api("watch");
-    a.server
-        .apply(agent_pod("clb-probe-aaaaa", "node-a", "Running"));
-    a.server
-        .apply(agent_pod("clb-probe-bbbbb", "node-b", "Running"));
+    a.apply(agent_pod("clb-probe-aaaaa", "node-a", "Running"));
+    a.apply(agent_pod("clb-probe-bbbbb", "node-b", "Running"));
     let out = a.run(&["watch", "node-b", "--print-command"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    let kc = a.kubeconfig.display().to_string();
+    let kc = a.kubeconfig().to_string();
     assert_eq!(
         text(&out.stdout).trim(),
         format!(
@@ -221,10 +172,10 @@ fn watch_finds_the_agent_pod_on_the_node_and_execs_kubectl() {
     );
 
     // Without --print-command it becomes kubectl: a fake one on PATH records its arguments.
-    let bin = a.dir.join("bin");
+    let bin = a.dir().join("bin");
     std::fs::create_dir_all(&bin).unwrap();
     let fake = bin.join("kubectl");
-    let args_file = a.dir.join("args");
+    let args_file = a.dir().join("args");
     std::fs::write(
         &fake,
         format!(
@@ -346,9 +297,8 @@ fn node(name: &str, provider_id: &str) -> Value {
            "spec": {"providerID": provider_id}})
 }
 
-fn stored_etp(a: &Api) -> String {
-    a.server
-        .objects("Service")
+fn stored_etp(a: &KubeFixture) -> String {
+    a.objects("Service")
         .iter()
         .find(|s| s["metadata"]["name"] == "web")
         .map(|s| {
@@ -366,10 +316,10 @@ fn stored_etp(a: &Api) -> String {
 #[test]
 fn fix_lists_dry_runs_applies_and_prints_the_undo() {
     let a = api("fix");
-    a.server.apply(node("node-a", "aws:///eu-west-1a/i-0abc"));
-    a.server.apply(node("node-b", "aws:///eu-west-1b/i-0def"));
-    a.server.apply(lb_service("Local", json!({})));
-    a.server.apply(clb_event(
+    a.apply(node("node-a", "aws:///eu-west-1a/i-0abc"));
+    a.apply(node("node-b", "aws:///eu-west-1b/i-0def"));
+    a.apply(lb_service("Local", json!({})));
+    a.apply(clb_event(
         "clb-probe.node-a.hairpin.1",
         "shop",
         "node-a",
@@ -421,7 +371,7 @@ fn fix_lists_dry_runs_applies_and_prints_the_undo() {
     ]);
     assert_eq!(out.status.code(), Some(2));
     // RBAC: the dry run is denied, named, exit 2.
-    a.server.forbid("services", "patch");
+    a.forbid("services", "patch");
     let out = a.run(&["fix", "-n", "shop", "web", "--apply", "etp-cluster"]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     assert!(
@@ -429,7 +379,7 @@ fn fix_lists_dry_runs_applies_and_prints_the_undo() {
         "{}",
         text(&out.stderr)
     );
-    a.server.allow_all();
+    a.allow_all();
     assert_eq!(stored_etp(&a), "Local");
 
     // Apply at the listed version: dry run, patch, undo line.
@@ -455,7 +405,6 @@ fn fix_lists_dry_runs_applies_and_prints_the_undo() {
     );
     assert_eq!(stored_etp(&a), "Cluster");
     let dry_runs = a
-        .server
         .requests()
         .iter()
         .filter(|r| r.method == "PATCH" && r.path.contains("dryRun=All"))
@@ -492,11 +441,11 @@ fn fix_lists_dry_runs_applies_and_prints_the_undo() {
 #[test]
 fn fix_offers_the_provider_s_own_fixes_first() {
     let a = api("fix-aws");
-    a.server.apply(node("node-a", "aws:///eu-west-1a/i-0abc"));
+    a.apply(node("node-a", "aws:///eu-west-1a/i-0abc"));
     let mut svc = lb_service("Local", json!({}));
     svc["spec"]["loadBalancerClass"] = json!("service.k8s.aws/nlb");
-    a.server.apply(svc);
-    a.server.apply(clb_event(
+    a.apply(svc);
+    a.apply(clb_event(
         "clb-probe.node-a.hairpin.1",
         "shop",
         "node-a",
@@ -537,9 +486,9 @@ fn fix_offers_the_provider_s_own_fixes_first() {
     );
 
     let b = api("fix-do");
-    b.server.apply(node("node-a", "digitalocean://123"));
-    b.server.apply(lb_service("Cluster", json!({})));
-    b.server.apply(clb_event(
+    b.apply(node("node-a", "digitalocean://123"));
+    b.apply(lb_service("Cluster", json!({})));
+    b.apply(clb_event(
         "clb-probe.node-a.hc.1",
         "shop",
         "node-a",
@@ -595,12 +544,12 @@ fn active(kind: &str, service: &str, vip: &str) -> Value {
            "firstFix": "etp-cluster: set externalTrafficPolicy: Cluster"})
 }
 
-fn three_nodes_two_reports(tag: &str) -> Api {
+fn three_nodes_two_reports(tag: &str) -> KubeFixture {
     let a = api(tag);
     for n in ["node-a", "node-b", "node-c"] {
-        a.server.apply(node(n, ""));
+        a.apply(node(n, ""));
     }
-    a.server.apply(node_report(
+    a.apply(node_report(
         "node-a",
         600,
         json!([
@@ -612,8 +561,7 @@ fn three_nodes_two_reports(tag: &str) -> Api {
                 "service": "shop/web", "summary": "LB IP bound locally",
                 "firstFix": "etp-cluster: set externalTrafficPolicy: Cluster"}]),
     ));
-    a.server
-        .apply(node_report("node-b", 2 * 3600, json!([]), json!([])));
+    a.apply(node_report("node-b", 2 * 3600, json!([]), json!([])));
     a
 }
 
@@ -695,7 +643,7 @@ fn report_filters_by_service_and_node_and_a_clean_view_exits_0() {
 #[test]
 fn report_errors_exit_2() {
     let a = three_nodes_two_reports("report-forbidden");
-    a.server.forbid("loopbackreports", "list");
+    a.forbid("loopbackreports", "list");
     let out = a.run(&["report"]);
     assert_eq!(out.status.code(), Some(2));
     let e = text(&out.stderr);
@@ -711,7 +659,7 @@ fn kubectl_get_lists_the_reports() {
     let a = three_nodes_two_reports("report-kubectl");
     let out = Command::new(std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into()))
         .arg("--kubeconfig")
-        .arg(&a.kubeconfig)
+        .arg(a.kubeconfig())
         .args(["get", "loopbackreports", "-o", "name"])
         .output()
         .expect("run kubectl");
@@ -724,7 +672,7 @@ fn kubectl_get_lists_the_reports() {
     let get = |extra: &[&str]| {
         let out = Command::new(std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into()))
             .arg("--kubeconfig")
-            .arg(&a.kubeconfig)
+            .arg(a.kubeconfig())
             .args(["get", "lbr"])
             .args(extra)
             .output()

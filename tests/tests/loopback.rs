@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use probe_tests::agent::{Agent, is_local_source_drop, require_root};
+use probe_tests::agent::{Agent, is_local_source_drop, lines, require_root};
 use serde_json::Value;
 use xtask::lab::{self, LabGuard, Outcome, Scenario, Variants, http_get_in};
 
@@ -26,12 +26,7 @@ fn run(scenario: Scenario) -> (Outcome, Agent) {
 }
 
 fn only_event(agent: &Agent, kind: &str) -> Value {
-    let events = agent.wait_event(kind, WAIT, |es| (!es.is_empty()).then(|| es.to_vec()));
-    assert!(
-        events.iter().all(|e| e["kind"] == kind),
-        "expected only {kind} events, got {events:#?}"
-    );
-    let e = events[0].clone();
+    let e = agent.only_event(kind, WAIT);
     for key in [
         "kind",
         "src",
@@ -597,16 +592,6 @@ fn assert_self_loop(e: &Value) {
     assert_eq!(e["service"], "default/web", "{e:#}");
     assert_eq!(e["outcome"], "dropped", "{e:#}");
     assert_eq!(e["snat"], "no", "{e:#}");
-}
-
-fn lines(e: &Value, field: &str) -> String {
-    e[field]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|l| l.as_str().unwrap_or_default().to_string())
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 /// Without kube-proxy's hairpin masquerade (KUBE-SEP `-s pod -j KUBE-MARK-MASQ`; in IPVS mode

@@ -9,7 +9,7 @@
 use std::process::Command;
 use std::time::Duration;
 
-use probe_tests::agent::{Agent, probe_bin, require_root};
+use probe_tests::agent::{Agent, lines, probe_bin, require_root};
 use serde_json::Value;
 use xtask::lab::{self, KubeProxyMode, LabGuard, Outcome, Scenario, Variants};
 
@@ -40,25 +40,6 @@ fn run(scenario: Scenario) -> Agent {
     let _ = agent.events();
     drop(lab);
     agent
-}
-
-fn only_event(agent: &Agent, kind: &str) -> Value {
-    let events = agent.wait_event(kind, WAIT, |es| (!es.is_empty()).then(|| es.to_vec()));
-    assert!(
-        events.iter().all(|e| e["kind"] == kind),
-        "expected only {kind} events, got {events:#?}"
-    );
-    events[0].clone()
-}
-
-fn evidence(e: &Value) -> String {
-    e["evidence"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|l| l.as_str().unwrap_or_default().to_string())
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 #[test]
@@ -113,7 +94,7 @@ fn nftables_hairpin_is_confirmed_with_the_nftables_objects_as_evidence() {
         return;
     }
     let agent = run(Scenario::Hairpin);
-    let e = only_event(&agent, "hairpin");
+    let e = agent.only_event("hairpin", WAIT);
     assert_eq!(e["src"], lab::POD_A_IP.to_string());
     assert_eq!(e["vip"], lab::VIP.to_string());
     assert_eq!(e["vip_port"], lab::SERVICE_PORT);
@@ -121,7 +102,7 @@ fn nftables_hairpin_is_confirmed_with_the_nftables_objects_as_evidence() {
     assert_eq!(e["snat"], "no");
     assert_eq!(e["outcome"], "reset");
     assert_eq!(e["service"], "default/web");
-    let ev = evidence(&e);
+    let ev = lines(&e, "evidence");
     assert!(
         ev.contains("service table (kube-proxy nftables tables): NodePort 30080/tcp belongs to default/web:http"),
         "{ev}"
@@ -138,7 +119,7 @@ fn nftables_hairpin_under_strict_rp_filter_is_confirmed_as_dropped() {
         return;
     }
     let agent = run(Scenario::HairpinRpfilter);
-    let e = only_event(&agent, "hairpin");
+    let e = agent.only_event("hairpin", WAIT);
     assert_eq!(e["outcome"], "dropped");
     assert_eq!(e["drop_reason"], "IP_RPFILTER");
 }
@@ -218,7 +199,7 @@ fn nftables_service_self_loop_without_the_hairpin_mark_is_confirmed_in_the_pod()
         return;
     }
     let agent = run_in_variants(Scenario::SelfLoop);
-    let e = only_event(&agent, "service_self_loop");
+    let e = agent.only_event("service_self_loop", WAIT);
     assert_eq!(e["src"], lab::POD_B_IP.to_string());
     assert_eq!(e["dst"], lab::POD_B_IP.to_string());
     assert_eq!(e["vip"], lab::CLUSTER_IP.to_string());
@@ -226,7 +207,7 @@ fn nftables_service_self_loop_without_the_hairpin_mark_is_confirmed_in_the_pod()
     assert_eq!(e["service"], "default/web");
     assert_eq!(e["snat"], "no");
     assert_eq!(e["nic"], Value::Null);
-    let ev = evidence(&e);
+    let ev = lines(&e, "evidence");
     assert!(
         ev.contains("dropped in the pod's own network namespace"),
         "{ev}"
@@ -246,11 +227,11 @@ fn nftables_service_self_loop_at_a_bridge_port_names_its_hairpin_mode() {
         return;
     }
     let agent = run_in_variants(Scenario::SelfLoopBridge);
-    let e = only_event(&agent, "service_self_loop");
+    let e = agent.only_event("service_self_loop", WAIT);
     assert_eq!(e["src"], lab::POD_B_IP.to_string());
     assert_eq!(e["nic"], "vpod-b");
     assert_eq!(e["service"], "default/web");
-    let ev = evidence(&e);
+    let ev = lines(&e, "evidence");
     assert!(
         ev.contains("missing: hairpin mode on cbr0 port vpod-b"),
         "{ev}"

@@ -8,14 +8,16 @@
 
 use std::{process::Command, time::Duration};
 
-use probe_tests::agent::{Agent, probe_bin, require_root, wait_for};
+use probe_tests::{
+    agent::{Agent, probe_bin, require_root, wait_for},
+    kube_fixture::{KubeFixture, Listen, NODE_NAME},
+};
 use serde_json::{Value, json};
 use xtask::{
-    kubeapi::{FakeApiServer, fixtures},
+    kubeapi::FakeApiServer,
     lab::{self, LabGuard, Scenario, Variants},
 };
 
-const NODE_NAME: &str = "clb-node";
 /// The first write goes at once; the next ones at most every 10 s (the rate limit), and the
 /// risks arrive with the first `probe check` pass: generous.
 const WAIT: Duration = Duration::from_secs(45);
@@ -32,36 +34,21 @@ fn the_agent_writes_its_node_report_and_the_plugin_tables_the_cluster() {
         return;
     }
     let lab = LabGuard::up(&Variants::default()).expect("lab up");
-    let api = FakeApiServer::start_in_netns(lab::NS_NODE).expect("fake API server");
-    for object in fixtures::lab() {
-        api.apply(object);
-    }
-    // A second Node, with no agent: the plugin must list it as missing.
-    api.apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "clb-node-2"}}));
-    let dir = std::env::temp_dir().join(format!("clb-node-report-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let kubeconfig = dir.join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig).unwrap();
-    let kc = kubeconfig.to_string_lossy().into_owned();
-    let agent = Agent::start_with_env(
-        lab::NS_NODE,
-        &[
-            "--nic",
-            lab::NODE_NIC,
-            "--kubeconfig",
-            kc.as_str(),
-            "--node-name",
-            NODE_NAME,
-            "--node-report",
-            "on",
-            "--node-condition",
-            "on",
-            // The loop, once fixed, is resolved 2 s after its last confirmation.
-            "--resolve-after",
-            "2",
-        ],
-        &[],
-    );
+    let api = KubeFixture::builder()
+        .tag("node-report")
+        // A second Node, with no agent: the plugin must list it as missing.
+        .object(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "clb-node-2"}}))
+        .start();
+    let kc = api.kubeconfig();
+    let agent = api.start_agent(&[
+        "--node-report",
+        "on",
+        "--node-condition",
+        "on",
+        // The loop, once fixed, is resolved 2 s after its last confirmation.
+        "--resolve-after",
+        "2",
+    ]);
     lab.traffic(Scenario::Hairpin).expect("traffic");
     agent.wait_event("hairpin", WAIT, |es| {
         es.iter().find(|e| e["kind"] == "hairpin").cloned()
@@ -144,7 +131,7 @@ fn the_agent_writes_its_node_report_and_the_plugin_tables_the_cluster() {
     let out = Command::new("ip")
         .args(["netns", "exec", lab::NS_NODE])
         .arg(&plugin)
-        .args(["--kubeconfig", kc.as_str(), "report"])
+        .args(["--kubeconfig", kc, "report"])
         .output()
         .expect("run kubectl-clb_probe");
     let table = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -236,7 +223,6 @@ fn the_agent_writes_its_node_report_and_the_plugin_tables_the_cluster() {
     drop(agent);
     drop(api);
     drop(lab);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Issue 27's cluster view with two agents: the lab's node and its peer node each run an agent
@@ -251,37 +237,28 @@ fn two_agents_on_two_nodes_each_write_their_own_report() {
     }
     const PEER: &str = "clb-peer";
     let lab = LabGuard::up(&Variants::default()).expect("lab up");
-    let api = FakeApiServer::start_in_netns_for_all(lab::NS_NODE).expect("fake API server");
-    for object in fixtures::lab() {
-        api.apply(object);
-    }
-    for node in [PEER, "clb-node-3"] {
-        api.apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}));
-    }
-    let dir = std::env::temp_dir().join(format!("clb-node-report-2-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (kc_node, kc_peer) = (dir.join("kubeconfig"), dir.join("kubeconfig-peer"));
-    api.write_kubeconfig(&kc_node).unwrap();
-    api.write_kubeconfig_via(&kc_peer, lab::NODE_IP.into())
-        .unwrap();
-    let agent = |netns: &str, node: &str, kc: &std::path::Path| {
-        Agent::start_with_env(
-            netns,
-            &[
-                "--nic",
-                "eth0",
-                "--kubeconfig",
-                kc.to_str().unwrap(),
-                "--node-name",
-                node,
-                "--node-report",
-                "on",
-            ],
-            &[],
-        )
-    };
-    let on_node = agent(lab::NS_NODE, NODE_NAME, &kc_node);
-    let on_peer = agent(lab::NS_PEER, PEER, &kc_peer);
+    let api = KubeFixture::builder()
+        .listen(Listen::NodeForAll)
+        .tag("node-report-2")
+        .object(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": PEER}}))
+        .object(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "clb-node-3"}}))
+        .start();
+    let kc_node = api.kubeconfig();
+    let kc_peer = api.kubeconfig_via(lab::NODE_IP.into());
+    let on_node = api.start_agent(&["--node-report", "on"]);
+    let on_peer = Agent::start(
+        lab::NS_PEER,
+        &[
+            "--nic",
+            "eth0",
+            "--kubeconfig",
+            kc_peer.to_str().unwrap(),
+            "--node-name",
+            PEER,
+            "--node-report",
+            "on",
+        ],
+    );
     lab.traffic(Scenario::Hairpin).expect("traffic");
     on_node.wait_event("hairpin", WAIT, |es| {
         es.iter().find(|e| e["kind"] == "hairpin").cloned()
@@ -308,7 +285,7 @@ fn two_agents_on_two_nodes_each_write_their_own_report() {
         .args(["netns", "exec", lab::NS_NODE])
         .arg(std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into()))
         .arg("--kubeconfig")
-        .arg(&kc_node)
+        .arg(kc_node)
         .args(["get", "lbr"])
         .output()
         .expect("run kubectl");
@@ -330,7 +307,7 @@ fn two_agents_on_two_nodes_each_write_their_own_report() {
         .args(["netns", "exec", lab::NS_NODE])
         .arg(probe_bin().with_file_name("kubectl-clb_probe"))
         .arg("--kubeconfig")
-        .arg(&kc_node)
+        .arg(kc_node)
         .arg("report")
         .output()
         .expect("run kubectl-clb_probe");
@@ -349,5 +326,4 @@ fn two_agents_on_two_nodes_each_write_their_own_report() {
     drop(on_node);
     drop(api);
     drop(lab);
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -10,11 +10,11 @@
 use std::{collections::BTreeMap, time::Duration};
 
 use probe_tests::{
-    agent::{Agent, node_metric, require_root, tempdir::TempDir, wait_for},
+    agent::{Agent, node_metric, require_root, wait_for},
+    kube_fixture::KubeFixture,
     otlp::{Mode, Receiver, Record},
 };
 use serde_json::Value;
-use xtask::kubeapi::{FakeApiServer, fixtures};
 use xtask::lab::{self, LabGuard, Outcome, Scenario, Variants};
 
 const METRICS: &str = "127.0.0.1:19476";
@@ -23,38 +23,23 @@ const CLIENT_POD: &str = "default/client-5d8f7c9b6-x2x9q";
 
 /// The fake API server (so events name their Service and pod) and an agent exporting to
 /// `endpoint`, metrics every second.
-fn start(endpoint: &str) -> (FakeApiServer, Agent, TempDir) {
-    let api = FakeApiServer::start_in_netns(lab::NS_NODE).expect("fake API server");
-    for object in fixtures::lab() {
-        api.apply(object);
-    }
-    let dir = TempDir::new("kubeconfig");
-    let kubeconfig = dir.path().join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig).unwrap();
-    let mut agent = Agent::start(
-        lab::NS_NODE,
-        &[
-            "--nic",
-            lab::NODE_NIC,
-            "--metrics-addr",
-            METRICS,
-            "--kubeconfig",
-            kubeconfig.to_str().unwrap(),
-            "--node-name",
-            "clb-node",
-            "--kube-events",
-            "off",
-            "--otlp-endpoint",
-            endpoint,
-            "--otlp-interval",
-            "1",
-            // A loop resolves 2 s after its fix (the first test applies one).
-            "--resolve-after",
-            "2",
-        ],
-    );
+fn start(endpoint: &str) -> (KubeFixture, Agent) {
+    let api = KubeFixture::lab();
+    let mut agent = api.start_agent(&[
+        "--metrics-addr",
+        METRICS,
+        "--kube-events",
+        "off",
+        "--otlp-endpoint",
+        endpoint,
+        "--otlp-interval",
+        "1",
+        // A loop resolves 2 s after its fix (the first test applies one).
+        "--resolve-after",
+        "2",
+    ]);
     agent.wait_log("Kubernetes attribution connected", WAIT);
-    (api, agent, dir)
+    (api, agent)
 }
 
 /// The agent's JSON lines of `kind`, once there is one.
@@ -104,7 +89,7 @@ fn a_confirmed_hairpin_arrives_as_log_records_and_the_counters_as_metrics() {
     }
     let lab = LabGuard::up(&Variants::default()).expect("lab up");
     let receiver = Receiver::start_in_netns(lab::NS_NODE, Mode::Accept);
-    let (_api, mut agent, _dir) = start(&receiver.endpoint());
+    let (_api, mut agent) = start(&receiver.endpoint());
 
     assert_eq!(lab.traffic(Scenario::Hairpin).unwrap(), Outcome::Timeout);
     let first = json_events(&agent, "hairpin");
@@ -260,7 +245,7 @@ fn unreachable_receiver_costs_counted_drops(mode: Option<Mode>) {
             endpoint
         }
     };
-    let (_api, mut agent, _dir) = start(&endpoint);
+    let (_api, mut agent) = start(&endpoint);
     assert_eq!(lab.traffic(Scenario::Hairpin).unwrap(), Outcome::Timeout);
     let lines = json_events(&agent, "hairpin");
     assert_eq!(lines[0]["client_pod"], CLIENT_POD, "{:#}", lines[0]);
