@@ -9,6 +9,9 @@
 //!   generation message may be among the lost ones). The generation is per network namespace
 //!   and counts commits to any table, so a commit here is "maybe changed": the reader's hash of
 //!   its dump says whether kube-proxy's rules really did.
+//!   Each message names its table and object (a rule its chain, a set element its set):
+//!   [`Touched`] gathers them between two reads, so the iptables reader lists only those
+//!   chains again (see `state::iptables`).
 //! - iptables-legacy has no notification: [`legacy_fingerprint`] is the entry count and blob
 //!   size of each loaded legacy table (`IPT_SO_GET_INFO`, one `getsockopt` each; no module is
 //!   loaded, only tables named in `/proc/net/ip*_tables_names` are asked). A rewrite that keeps
