@@ -61,13 +61,23 @@ pub enum ReaderMode {
 }
 
 /// When to read next, from the signals seen. Pure: the times are given.
+///
+/// Two kinds of read are paced apart: a whole read (every dump parsed again: the first, the
+/// safety net, a full restore) and a small one (only the chains a commit named). Each kind
+/// starts at least [`READ_DUTY`] times its own last duration after the last read of that
+/// kind (whole: at most [`MAX_GAP`]), and every read at least [`MIN_GAP`] after the last one:
+/// each kind then costs at most ~5% of a core, and the 1.6 s dump kube-proxy's full restore
+/// forced does not hold the next Service's 0.1 s read back by 30 s.
 #[derive(Debug, Default)]
 pub struct Pacer {
     /// When the first unanswered signal came.
     pending_since: Option<Instant>,
     last_start: Option<Instant>,
-    /// How long the last read took.
-    last_took: Duration,
+    last_whole_start: Option<Instant>,
+    last_small_start: Option<Instant>,
+    /// How long the last read of each kind took.
+    whole_took: Duration,
+    small_took: Duration,
 }
 
 impl Pacer {
@@ -76,25 +86,42 @@ impl Pacer {
         self.pending_since.get_or_insert(now);
     }
 
-    /// When the pending read is due (None: nothing pending).
-    pub fn due(&self) -> Option<Instant> {
+    /// When the pending read is due (None: nothing pending); `whole`: it will be a whole read.
+    pub fn due(&self, whole: bool) -> Option<Instant> {
         let since = self.pending_since?;
-        let settled = since + SETTLE;
-        Some(match self.last_start {
-            Some(last) => settled.max(last + MIN_GAP.max(self.last_took * READ_DUTY).min(MAX_GAP)),
-            None => since,
-        })
+        let Some(last) = self.last_start else {
+            return Some(since);
+        };
+        let (kind_start, took) = if whole {
+            (self.last_whole_start, self.whole_took)
+        } else {
+            (self.last_small_start, self.small_took)
+        };
+        let mut due = (since + SETTLE).max(last + MIN_GAP);
+        if let Some(kind_start) = kind_start {
+            due = due.max(kind_start + (took * READ_DUTY).min(MAX_GAP));
+        }
+        Some(due)
     }
 
     /// A read starts: every signal so far is answered by it.
-    pub fn started(&mut self, now: Instant) {
+    pub fn started(&mut self, now: Instant, whole: bool) {
         self.pending_since = None;
         self.last_start = Some(now);
+        if whole {
+            self.last_whole_start = Some(now);
+        } else {
+            self.last_small_start = Some(now);
+        }
     }
 
     /// The read that started last took `took`.
-    pub fn finished(&mut self, took: Duration) {
-        self.last_took = took;
+    pub fn finished(&mut self, took: Duration, whole: bool) {
+        if whole {
+            self.whole_took = took;
+        } else {
+            self.small_took = took;
+        }
     }
 }
 
@@ -180,6 +207,14 @@ impl CommitFeed {
     fn is_empty(&self) -> bool {
         self.touched.lock().map(|t| t.is_empty()).unwrap_or(false)
     }
+
+    /// Whether what was touched so far will be read whole (see `state::iptables`).
+    fn reads_whole(&self) -> bool {
+        self.touched
+            .lock()
+            .map(|t| t.is_everything() || t.named() > state::iptables::MAX_CHAIN_READS)
+            .unwrap_or(true)
+    }
 }
 
 /// Follows nf_tables commits on a thread of its own (a blocking netlink receive); None when
@@ -253,10 +288,12 @@ async fn on_change(r: Refresher) {
     poll_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     pacer.signal(Instant::now());
     loop {
-        if let Some(due) = pacer.due()
+        let whole =
+            read_whole || first.is_some() || commits.as_ref().is_none_or(CommitFeed::reads_whole);
+        if let Some(due) = pacer.due(whole)
             && due <= Instant::now()
         {
-            pacer.started(Instant::now());
+            pacer.started(Instant::now(), whole);
             if let Some(feed) = &mut commits {
                 feed.count.borrow_and_update();
             }
@@ -290,7 +327,7 @@ async fn on_change(r: Refresher) {
                 }
             };
             let took = started.elapsed();
-            pacer.finished(took);
+            pacer.finished(took, whole);
             safety = tokio::time::Instant::now() + r.every;
             match read {
                 Ok(Ok(table)) => {
@@ -325,7 +362,7 @@ async fn on_change(r: Refresher) {
             continue;
         }
         let wake = pacer
-            .due()
+            .due(whole)
             .map(|d| tokio::time::Instant::from_std(d).min(safety))
             .unwrap_or(safety);
         tokio::select! {
@@ -422,35 +459,61 @@ mod tests {
     fn a_burst_of_signals_is_one_read_and_reads_are_a_gap_apart() {
         let t0 = Instant::now();
         let mut p = Pacer::default();
-        assert_eq!(p.due(), None);
+        assert_eq!(p.due(true), None);
         // The first signal (start) is due at once.
         p.signal(t0);
-        assert_eq!(p.due(), Some(t0));
-        p.started(t0);
-        assert_eq!(p.due(), None);
+        assert_eq!(p.due(true), Some(t0));
+        p.started(t0, true);
+        assert_eq!(p.due(true), None);
         // A burst during the next 100 ms: one read, MIN_GAP after the last start.
         for ms in [10, 50, 100] {
             p.signal(t0 + Duration::from_millis(ms));
         }
-        assert_eq!(p.due(), Some(t0 + MIN_GAP));
-        p.started(t0 + MIN_GAP);
+        assert_eq!(p.due(true), Some(t0 + MIN_GAP));
+        p.started(t0 + MIN_GAP, true);
         // Long after: due SETTLE after the signal.
         let later = t0 + Duration::from_secs(10);
         p.signal(later);
         p.signal(later + Duration::from_millis(150));
-        assert_eq!(p.due(), Some(later + SETTLE));
+        assert_eq!(p.due(true), Some(later + SETTLE));
         // A read that took 1 s: the next one 20 s after its start, however soon it is asked.
-        p.started(later + SETTLE);
-        p.finished(Duration::from_secs(1));
+        p.started(later + SETTLE, true);
+        p.finished(Duration::from_secs(1), true);
         p.signal(later + Duration::from_secs(5));
         assert_eq!(
-            p.due(),
+            p.due(true),
             Some(later + SETTLE + Duration::from_secs(READ_DUTY.into()))
         );
         // One that took 10 s: MAX_GAP, not 200 s.
-        p.started(later + Duration::from_secs(30));
-        p.finished(Duration::from_secs(10));
+        p.started(later + Duration::from_secs(30), true);
+        p.finished(Duration::from_secs(10), true);
         p.signal(later + Duration::from_secs(41));
-        assert_eq!(p.due(), Some(later + Duration::from_secs(30) + MAX_GAP));
+        assert_eq!(p.due(true), Some(later + Duration::from_secs(30) + MAX_GAP));
     }
+}
+
+#[test]
+fn a_small_read_is_not_held_back_by_a_long_whole_one() {
+    let t0 = Instant::now();
+    let mut p = Pacer::default();
+    // A full restore: a whole read of 1.6 s.
+    p.signal(t0);
+    p.started(t0, true);
+    p.finished(Duration::from_millis(1600), true);
+    // A Service added 2 s later names three chains: read once MIN_GAP and SETTLE allow,
+    // not 30 s after the whole read.
+    let added = t0 + Duration::from_secs(2);
+    p.signal(added);
+    assert_eq!(p.due(false), Some(added + SETTLE));
+    // Another full restore then waits for the whole read's duty gap.
+    assert_eq!(p.due(true), Some(t0 + MAX_GAP));
+    p.started(added + SETTLE, false);
+    p.finished(Duration::from_millis(100), false);
+    // Small reads of 0.1 s each: 2 s apart (20 x 0.1 s), at least MIN_GAP.
+    let next = added + Duration::from_secs(1);
+    p.signal(next);
+    assert_eq!(
+        p.due(false),
+        Some(added + SETTLE + Duration::from_millis(100) * READ_DUTY)
+    );
 }

@@ -109,6 +109,11 @@ impl Touched {
         self.everything
     }
 
+    /// How many names (chains, sets) are touched.
+    pub fn named(&self) -> usize {
+        self.named
+    }
+
     pub fn is_empty(&self) -> bool {
         !self.everything && self.tables.is_empty()
     }
