@@ -51,6 +51,8 @@ pub(crate) mod net;
 pub(crate) mod ratio;
 pub mod report;
 pub mod scale;
+pub mod scale_plot;
+pub mod scale_rules;
 pub mod storm;
 mod tcx;
 pub(crate) mod tools;
