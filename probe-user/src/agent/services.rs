@@ -306,6 +306,12 @@ async fn on_change(r: Refresher) {
             if std::mem::take(&mut read_whole) {
                 touched = changes::Touched::everything();
             }
+            tracing::debug!(
+                whole,
+                everything = touched.is_everything(),
+                named = touched.named(),
+                "service table read starts"
+            );
             // The change tests' state before the read: a change during it is seen next poll.
             let before = {
                 let ipvs = ipvs_mode;
