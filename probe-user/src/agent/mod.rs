@@ -108,12 +108,7 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
     let mut surfaces = Surfaces::open(&cfg)?;
     let kube = Attribution::connect(&cfg).await?;
     steps.mark("interfaces");
-    let aya_btf = early.aya_btf.join().unwrap_or_else(|_| {
-        Err(kernel::KernelError::Btf {
-            what: "parsing /sys/kernel/btf/vmlinux for aya".into(),
-            source: "the parsing thread panicked".into(),
-        })
-    });
+    let aya_btf = joined_btf(early.aya_btf);
     steps.mark("btf-wait");
     let loaded = Probe::load_with_btf(&probe_settings(&cfg, &kbtf), &kbtf, aya_btf)?;
     steps.mark("load");
@@ -155,13 +150,7 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
     let sync_task = tokio::spawn(sync.run(rt_handle.clone(), stop_rx.clone()));
 
     let kallsyms = early.kallsyms.join().unwrap_or_default();
-    let kallsyms_readable = !kallsyms.is_empty();
-    if !kallsyms_readable {
-        let restrict = std::fs::read_to_string("/proc/sys/kernel/kptr_restrict")
-            .map(|s| format!("kernel.kptr_restrict={}", s.trim()))
-            .unwrap_or_else(|e| format!("kptr_restrict unreadable: {e}"));
-        capabilities.set(Capability::DropSites, false, &restrict);
-    }
+    let kallsyms_readable = note_kallsyms(&kallsyms, &capabilities);
     steps.mark("kallsyms");
     if let Some(logger) = loaded.logger {
         tokio::spawn(kernel::probe::run_logger(logger));
@@ -241,7 +230,44 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         }),
     })
     .await;
-    // Orderly shutdown: stop the surfaces and the sync task (it detaches), then the reader.
+    shut_down(stop_tx, serving, otlp_metrics, sync_task).await;
+    reader_task.abort();
+    result
+}
+
+/// The BTF parsed for aya on its own thread (a panic there is a BTF error, not ours).
+fn joined_btf<T>(
+    parsing: std::thread::JoinHandle<Result<T, kernel::KernelError>>,
+) -> Result<T, kernel::KernelError> {
+    parsing.join().unwrap_or_else(|_| {
+        Err(kernel::KernelError::Btf {
+            what: "parsing /sys/kernel/btf/vmlinux for aya".into(),
+            source: "the parsing thread panicked".into(),
+        })
+    })
+}
+
+/// Whether kallsyms was readable; when not, drop sites are an unavailable capability, with
+/// the `kptr_restrict` that explains it.
+fn note_kallsyms(kallsyms: &kernel::kallsyms::Kallsyms, capabilities: &Capabilities) -> bool {
+    let readable = !kallsyms.is_empty();
+    if !readable {
+        let restrict = std::fs::read_to_string("/proc/sys/kernel/kptr_restrict")
+            .map(|s| format!("kernel.kptr_restrict={}", s.trim()))
+            .unwrap_or_else(|e| format!("kptr_restrict unreadable: {e}"));
+        capabilities.set(Capability::DropSites, false, &restrict);
+    }
+    readable
+}
+
+/// Orderly shutdown: stop the surfaces and the sync task (it detaches); the caller then stops
+/// the reader.
+async fn shut_down(
+    stop_tx: watch::Sender<bool>,
+    serving: Serving,
+    otlp_metrics: Option<crate::sink::otlp::OtlpMetrics>,
+    sync_task: tokio::task::JoinHandle<anyhow::Result<()>>,
+) {
     let _ = stop_tx.send(true);
     serving.stop().await;
     if let Some(otlp) = otlp_metrics {
@@ -255,8 +281,6 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         Ok(Err(e)) => warn!(error = %e, "node sync task failed"),
         Err(_) => warn!("node sync did not stop in 5 s"),
     }
-    reader_task.abort();
-    result
 }
 
 /// Reads started first and run beside BTF parsing and program loading (both CPU-bound on
