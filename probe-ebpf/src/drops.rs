@@ -1,0 +1,226 @@
+//! `clb_kfree_skb` and its variants (tp_btf, raw tracepoint as fallback; with and without the
+//! drop reason): the kernel's drops of suspect packets, of packets to bound VIPs and of
+//! self-addressed local pod packets, read from the skb through BTF offsets.
+
+use aya_ebpf::{
+    EbpfContext,
+    helpers::{bpf_ktime_get_ns, bpf_probe_read_kernel},
+    macros::{btf_tracepoint, raw_tracepoint},
+    programs::{BtfTracePointContext, RawTracePointContext},
+};
+use probe_common::{DropKey, KernelOffsets, family, kind, stat, tag};
+
+use crate::{
+    emit::{Meta, count, emit, flow_of, may_emit, stat_add},
+    lookup::lookup_tag,
+    maps::{CONFIG, DROPS, NICS, OFFSETS},
+    packet::{IPPROTO_TCP, IPPROTO_UDP, Packet},
+};
+
+#[inline(always)]
+fn read<T>(base: *const u8, offset: u32) -> Option<T> {
+    unsafe { bpf_probe_read_kernel(base.add(offset as usize) as *const T).ok() }
+}
+
+/// Parses the IP header of a dropped skb through `skb->head + skb->network_header`.
+#[inline(always)]
+fn parse_skb(skb: *const u8, off: &KernelOffsets) -> Option<Packet> {
+    let head: *const u8 = read(skb, off.skb_head)?;
+    let nh: u16 = read(skb, off.skb_network_header)?;
+    // network_header is ~0 when unset.
+    if nh == u16::MAX || head.is_null() {
+        return None;
+    }
+    let ip = unsafe { head.add(nh as usize) };
+    let first: u8 = read(ip, 0)?;
+    let mut pkt = Packet::default();
+    let l4_off: u32 = match first >> 4 {
+        4 => {
+            pkt.family = family::V4;
+            pkt.proto = read(ip, 9)?;
+            pkt.saddr[0] = read(ip, 12)?;
+            pkt.daddr[0] = read(ip, 16)?;
+            let frag = u16::from_be(read::<u16>(ip, 6)?) & 0x1fff;
+            if frag != 0 {
+                return Some(pkt);
+            }
+            ((first & 0x0f) as u32) * 4
+        }
+        6 => {
+            pkt.family = family::V6;
+            pkt.proto = read(ip, 6)?;
+            pkt.saddr = read(ip, 8)?;
+            pkt.daddr = read(ip, 24)?;
+            40
+        }
+        _ => return None,
+    };
+    if pkt.proto == IPPROTO_TCP || pkt.proto == IPPROTO_UDP {
+        let ports: [u8; 4] = read(ip, l4_off)?;
+        pkt.sport = u16::from_be_bytes([ports[0], ports[1]]);
+        pkt.dport = u16::from_be_bytes([ports[2], ports[3]]);
+        if pkt.proto == IPPROTO_TCP {
+            pkt.tcp_flags = read(ip, l4_off + 13).unwrap_or(0);
+        }
+    }
+    Some(pkt)
+}
+
+/// Whether a dropped skb's IP source equals its destination (IPv4, or IPv6 compared as four
+/// words): the first filter of another namespace's drops, three or four reads.
+#[inline(always)]
+fn self_addressed(skb: *const u8, off: &KernelOffsets) -> bool {
+    let Some(head) = read::<*const u8>(skb, off.skb_head) else {
+        return false;
+    };
+    let Some(nh) = read::<u16>(skb, off.skb_network_header) else {
+        return false;
+    };
+    if nh == u16::MAX || head.is_null() {
+        return false;
+    }
+    let ip = unsafe { head.add(nh as usize) };
+    match read::<u8>(ip, 0).map(|b| b >> 4) {
+        Some(4) => matches!(read::<[u32; 2]>(ip, 12), Some([s, d]) if s == d),
+        Some(6) => matches!(read::<[u32; 8]>(ip, 8), Some(a) if a[..4] == a[4..]),
+        _ => false,
+    }
+}
+
+/// Common body of the tp_btf and raw tracepoint programs: both get (skb, location, reason).
+/// Kernels before 5.17 pass no reason: their variants give 0 (`SKB_NOT_DROPPED_YET` where the
+/// enum exists, never a real drop's reason) and userspace classifies by the drop site.
+#[inline(always)]
+fn on_kfree_skb<C: EbpfContext>(ctx: &C, skb: *const u8, location: u64, reason: u32) {
+    let cfg = CONFIG.load();
+    if reason == cfg.reason_consumed || skb.is_null() {
+        return;
+    }
+    let off = OFFSETS.load();
+    if off.valid == 0 {
+        return;
+    }
+    // Cheapest filter first: every namespace's drops (each pod's) hit this hook, and the
+    // namespace costs three reads where parsing and two lookups cost more.
+    let mut netns = 0u32;
+    if let Some(dev) = read::<*const u8>(skb, off.skb_dev)
+        && !dev.is_null()
+        && let Some(net) = read::<*const u8>(dev, off.dev_nd_net)
+        && !net.is_null()
+    {
+        netns = read(net, off.net_ns_inum).unwrap_or(0);
+    }
+    // Another namespace's drop (a pod's) matters only when it is self-addressed: a pod's call
+    // to its own Service, DNATed back to itself without the hairpin SNAT, dies in the pod's
+    // namespace as a local source (`service_self_loop`). Two address reads decide it before
+    // any parsing or look-up; the drop site there is the pod's, so no interface is reported.
+    let foreign = cfg.netns_ino != 0 && netns != cfg.netns_ino;
+    if foreign && !self_addressed(skb, &off) {
+        return;
+    }
+    let Some(pkt) = parse_skb(skb, &off) else {
+        return;
+    };
+    let src_tag = lookup_tag(pkt.family, &pkt.saddr);
+    // A self-addressed local pod packet: the destination is the source, one look-up serves
+    // both (and on the node, it is the hairpin that never left the pod's bridge port).
+    let self_loop = src_tag == tag::POD && pkt.saddr == pkt.daddr;
+    if foreign && !self_loop {
+        return;
+    }
+    let dst_tag = if self_loop {
+        src_tag
+    } else {
+        lookup_tag(pkt.family, &pkt.daddr)
+    };
+    if src_tag == tag::NONE && dst_tag != tag::VIP {
+        return;
+    }
+    let iif: u32 = if foreign {
+        0
+    } else {
+        read(skb, off.skb_iif).unwrap_or(0)
+    };
+    // A local-source packet matters only when it came in through a monitored NIC: the node's
+    // own outbound packets (iif 0) carry node sources legitimately.
+    let src_relevant = self_loop || (src_tag != tag::NONE && unsafe { NICS.get(iif) }.is_some());
+    if !src_relevant && dst_tag != tag::VIP {
+        return;
+    }
+    let src_tag = if src_relevant { src_tag } else { tag::NONE };
+    stat_add(stat::DROPS_MATCHED);
+    // Off unless the agent runs with --ebpf-log (then one global check per matched drop).
+    aya_log_ebpf::debug!(
+        ctx,
+        "matched drop: reason {} src_tag {} dst_tag {} iif {}",
+        reason,
+        src_tag,
+        dst_tag,
+        iif
+    );
+    count(
+        &DROPS,
+        &DropKey {
+            reason,
+            src_tag,
+            dst_tag,
+            _pad: [0; 2],
+        },
+    );
+    let now = unsafe { bpf_ktime_get_ns() };
+    if !may_emit(&flow_of(&pkt, kind::DROP), src_tag, now, &cfg) {
+        return;
+    }
+    emit(
+        &cfg,
+        &pkt,
+        Meta {
+            kind: kind::DROP,
+            src_tag,
+            dst_tag,
+            ifindex: iif,
+            reason,
+            location,
+            netns,
+            now,
+        },
+    );
+}
+
+#[btf_tracepoint(function = "kfree_skb")]
+pub fn clb_kfree_skb(ctx: BtfTracePointContext) -> i32 {
+    let skb: *const u8 = ctx.arg(0);
+    let location: u64 = ctx.arg(1);
+    let reason: u32 = ctx.arg(2);
+    on_kfree_skb(&ctx, skb, location, reason);
+    0
+}
+
+#[raw_tracepoint(tracepoint = "kfree_skb")]
+pub fn clb_kfree_skb_raw(ctx: RawTracePointContext) -> i32 {
+    let skb: *const u8 = ctx.arg(0);
+    let location: u64 = ctx.arg(1);
+    let reason: u32 = ctx.arg(2);
+    on_kfree_skb(&ctx, skb, location, reason);
+    0
+}
+
+// The two-argument tracepoint of kernels before 5.17 (skb, location): the verifier refuses a
+// program that reads an argument the tracepoint does not have, so each hook has a variant
+// that reads only two. The agent loads the one the running kernel's BTF prototype fits.
+
+#[btf_tracepoint(function = "kfree_skb")]
+pub fn clb_kfree_skb_site(ctx: BtfTracePointContext) -> i32 {
+    let skb: *const u8 = ctx.arg(0);
+    let location: u64 = ctx.arg(1);
+    on_kfree_skb(&ctx, skb, location, 0);
+    0
+}
+
+#[raw_tracepoint(tracepoint = "kfree_skb")]
+pub fn clb_kfree_skb_site_raw(ctx: RawTracePointContext) -> i32 {
+    let skb: *const u8 = ctx.arg(0);
+    let location: u64 = ctx.arg(1);
+    on_kfree_skb(&ctx, skb, location, 0);
+    0
+}

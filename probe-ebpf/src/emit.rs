@@ -1,0 +1,166 @@
+//! Counting and reporting: exact per-CPU counters, then, for an anomaly only, deduplication,
+//! the per-class event budget and one record written straight into the ring buffer, with a
+//! wake-up only when a batch has built up or the record confirms an event.
+
+use aya_ebpf::{
+    bindings::{
+        BPF_RB_AVAIL_DATA, BPF_RB_CONS_POS, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP, BPF_RB_PROD_POS,
+    },
+    maps::PerCpuHashMap,
+};
+use probe_common::{FlowKey, PacketEvent, ProbeConfig, budget, kind, stat};
+
+use crate::{
+    maps::{BUDGET, EVENTS, RECENT, STATS, WAKE_POS},
+    packet::{Packet, bytes},
+};
+
+#[inline(always)]
+pub(crate) fn stat_add(index: u32) {
+    if let Some(slot) = STATS.get_ptr_mut(index) {
+        unsafe { *slot += 1 };
+    }
+}
+
+/// Per-CPU counter in a hash map: exact without atomics (tc and tracepoint programs do not
+/// nest on one CPU for the same map slot; an insert race across CPUs is impossible per-CPU).
+#[inline(always)]
+pub(crate) fn count<K>(map: &PerCpuHashMap<K, u64>, key: &K) {
+    match map.get_ptr_mut(key) {
+        Some(v) => unsafe { *v += 1 },
+        None => {
+            let _ = map.insert(key, 1, 0);
+        }
+    }
+}
+
+/// Deduplication and budget: true when an event for `flow` (from a `src_tag` source) may
+/// leave the kernel now. Each (kind, source tag) class spends its own budget (see
+/// `probe_common::budget`): a suspect flood cannot starve a health check's records.
+#[inline(always)]
+pub(crate) fn may_emit(flow: &FlowKey, src_tag: u8, now: u64, cfg: &ProbeConfig) -> bool {
+    if let Some(last) = RECENT.get_ptr_mut(flow)
+        && now.wrapping_sub(unsafe { *last }) < cfg.dedup_ns
+    {
+        stat_add(stat::DEDUP_SUPPRESSED);
+        return false;
+    }
+    let Some(budget) = BUDGET.get_ptr_mut(0) else {
+        return false;
+    };
+    let budget = unsafe { &mut *budget };
+    if now.wrapping_sub(budget.window_start_ns) >= 1_000_000_000 {
+        budget.window_start_ns = now;
+        budget.used = [0; budget::CLASSES];
+        budget.wakeups = 0;
+    }
+    // Opaque to the compiler, so the bounds check it cannot prove redundant stays for the
+    // verifier: 5.10's loses the bounds of the class's masked OR and rejects the index.
+    let class = core::hint::black_box(budget::class(flow.kind, src_tag));
+    let Some(used) = budget.used.get_mut(class) else {
+        return false;
+    };
+    if u64::from(*used) >= cfg.events_per_sec {
+        stat_add(stat::BUDGET_SUPPRESSED);
+        stat_add(stat::BUDGET_SUPPRESSED_BY_CLASS + class as u32);
+        return false;
+    }
+    *used += 1;
+    // Only flows that were actually emitted enter RECENT, so a suppressed flow gets its event
+    // as soon as budget is back.
+    let _ = RECENT.insert(flow, now, 0);
+    true
+}
+
+/// Submit flags of a confirming record (a drop: the suspect it pairs with is already in the
+/// ring, so waking now delivers both): an immediate wake-up unless one is still being served,
+/// at most `wakeups_per_sec` per CPU per budget window (`may_emit` just opened it if due).
+#[inline(always)]
+pub(crate) fn confirming_wakeup(cfg: &ProbeConfig) -> u64 {
+    let Some(wake_pos) = WAKE_POS.get_ptr_mut(0) else {
+        return BPF_RB_NO_WAKEUP as u64;
+    };
+    if EVENTS.query(BPF_RB_CONS_POS as u64) < unsafe { *wake_pos } {
+        return BPF_RB_NO_WAKEUP as u64;
+    }
+    let Some(budget) = BUDGET.get_ptr_mut(0) else {
+        return BPF_RB_NO_WAKEUP as u64;
+    };
+    let budget = unsafe { &mut *budget };
+    if u64::from(budget.wakeups) >= cfg.wakeups_per_sec {
+        stat_add(stat::WAKEUP_BUDGET_SUPPRESSED);
+        return BPF_RB_NO_WAKEUP as u64;
+    }
+    budget.wakeups += 1;
+    unsafe { *wake_pos = EVENTS.query(BPF_RB_PROD_POS as u64) + 1 };
+    stat_add(stat::WAKEUPS);
+    BPF_RB_FORCE_WAKEUP as u64
+}
+
+/// What a record says beyond the packet itself.
+pub(crate) struct Meta {
+    pub(crate) kind: u8,
+    pub(crate) src_tag: u8,
+    pub(crate) dst_tag: u8,
+    pub(crate) ifindex: u32,
+    pub(crate) reason: u32,
+    pub(crate) location: u64,
+    pub(crate) netns: u32,
+    pub(crate) now: u64,
+}
+
+/// Writes one record straight into the ring buffer (no stack copy: the verifier's 512-byte
+/// stack limit is shared by every frame).
+#[inline(always)]
+pub(crate) fn emit(cfg: &ProbeConfig, pkt: &Packet, m: Meta) {
+    // Waking the reader per record costs an IPI per packet (see PERFORMANCE.md): wake it when
+    // a batch has built up, or for a record that can confirm an event, else leave the record
+    // to the reader's backstop timer.
+    let flags = if EVENTS.query(BPF_RB_AVAIL_DATA as u64) >= cfg.wakeup_bytes {
+        BPF_RB_FORCE_WAKEUP as u64
+    } else if m.kind == kind::DROP {
+        confirming_wakeup(cfg)
+    } else {
+        BPF_RB_NO_WAKEUP as u64
+    };
+    let Some(mut entry) = EVENTS.reserve::<PacketEvent>(0) else {
+        stat_add(stat::RINGBUF_FULL);
+        return;
+    };
+    let ev = entry.as_mut_ptr();
+    // SAFETY: `ev` points at a reserved, exclusively owned record; every field is written.
+    unsafe {
+        (*ev).ts_ns = m.now;
+        (*ev).location = m.location;
+        (*ev).saddr = bytes(pkt.saddr);
+        (*ev).daddr = bytes(pkt.daddr);
+        (*ev).ifindex = m.ifindex;
+        (*ev).reason = m.reason;
+        (*ev).netns = m.netns;
+        (*ev).sport = pkt.sport;
+        (*ev).dport = pkt.dport;
+        (*ev).kind = m.kind;
+        (*ev).src_tag = m.src_tag;
+        (*ev).dst_tag = m.dst_tag;
+        (*ev).proto = pkt.proto;
+        (*ev).family = pkt.family;
+        (*ev).tcp_flags = pkt.tcp_flags;
+        (*ev)._pad = [0; 2];
+    }
+    entry.submit(flags);
+    stat_add(stat::EMITTED);
+}
+
+#[inline(always)]
+pub(crate) fn flow_of(pkt: &Packet, kind_: u8) -> FlowKey {
+    FlowKey {
+        saddr: bytes(pkt.saddr),
+        daddr: bytes(pkt.daddr),
+        sport: pkt.sport,
+        dport: pkt.dport,
+        proto: pkt.proto,
+        family: pkt.family,
+        kind: kind_,
+        _pad: 0,
+    }
+}
