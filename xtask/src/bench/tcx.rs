@@ -147,8 +147,19 @@ struct Hooked {
 pub(crate) struct Toggle {
     progs: Vec<Hooked>,
     links: Vec<OwnedFd>,
-    /// What `links` are: all the agent's (`None`), or with program id N swapped out.
-    swapped: Option<u32>,
+    /// What `links` are, when there are any.
+    attached: Attached,
+}
+
+/// What the bench's links run on the agent's hooks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Attached {
+    /// The agent's own programs.
+    Agent,
+    /// The agent's programs, except program id N: the empty classifier on its hook.
+    Swapped(u32),
+    /// The empty classifier on every hook: the floor a tc-attached probe cannot go below.
+    AllEmpty,
 }
 
 impl Toggle {
@@ -185,13 +196,19 @@ impl Toggle {
         Ok(Toggle {
             progs,
             links: Vec::new(),
-            swapped: None,
+            attached: Attached::Agent,
         })
     }
 
     /// Every program of the agent on its hook.
     pub(crate) fn on(&mut self) -> Result<()> {
-        self.attach(None)
+        self.attach(Attached::Agent, None)
+    }
+
+    /// The empty classifier `empty` on every hook the agent's programs held: the same hooks,
+    /// the same number of programs, none of their work.
+    pub(crate) fn all_empty(&mut self, empty: &OwnedFd) -> Result<()> {
+        self.attach(Attached::AllEmpty, Some(empty))
     }
 
     /// Every program of the agent on its hook, except program `prog_id`: `instead` takes its
@@ -200,22 +217,22 @@ impl Toggle {
         if !self.progs.iter().any(|h| h.prog_id == prog_id) {
             bail!("the agent has no tcx link of program id {prog_id}");
         }
-        self.attach(Some((prog_id, instead)))
+        self.attach(Attached::Swapped(prog_id), Some(instead))
     }
 
-    fn attach(&mut self, replace: Option<(u32, &OwnedFd)>) -> Result<()> {
-        let swapped = replace.map(|(id, _)| id);
-        if !self.links.is_empty() && self.swapped == swapped {
+    fn attach(&mut self, what: Attached, empty: Option<&OwnedFd>) -> Result<()> {
+        if !self.links.is_empty() && self.attached == what {
             return Ok(());
         }
         self.off();
-        self.swapped = swapped;
+        self.attached = what;
         let specs: Vec<(i32, u32, u32)> = self
             .progs
             .iter()
             .map(|h| {
-                let fd = match replace {
-                    Some((id, instead)) if id == h.prog_id => instead.as_raw_fd(),
+                let fd = match (what, empty) {
+                    (Attached::AllEmpty, Some(e)) => e.as_raw_fd(),
+                    (Attached::Swapped(id), Some(e)) if id == h.prog_id => e.as_raw_fd(),
                     _ => h.prog.as_raw_fd(),
                 };
                 (fd, h.ifindex, h.attach_type)
