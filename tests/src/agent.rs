@@ -12,6 +12,12 @@ use std::{
 use serde::Deserialize as _;
 use serde_json::Value;
 
+// The kernel observer lives in its own file; the tests name it through `agent` as before.
+pub use crate::kernel_view::{
+    assert_nothing_attached, hex_bytes, kernel_has_tcx, our_loaded_programs, our_tc_attachments,
+    our_tc_links, percpu_map_sum,
+};
+
 /// The `probe` binary under test: `CLB_PROBE_BIN` (set by `cargo xtask test`), else the
 /// workspace's debug build.
 pub fn probe_bin() -> PathBuf {
@@ -387,181 +393,6 @@ pub fn sh(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// Runs bpftool with `-j` and parses its JSON (Null when it printed nothing).
-fn bpftool_json(args: &[&str]) -> Value {
-    let out = Command::new("bpftool")
-        .arg("-j")
-        .args(args)
-        .output()
-        .expect("bpftool");
-    serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
-}
-
-/// The inodes of the lab's network namespaces: the only ones the tests' agents run in.
-fn lab_netns_inodes() -> Vec<u64> {
-    use std::os::unix::fs::MetadataExt as _;
-    xtask::lab::NAMESPACES
-        .iter()
-        .filter_map(|ns| std::fs::metadata(format!("/run/netns/{ns}")).ok())
-        .map(|m| m.ino())
-        .collect()
-}
-
-/// The namespace inode a loaded program's agent ran in: `ProbeConfig::netns_ino`, found in the
-/// program's `.rodata` after the defaults' leading fields (the agent sets nothing else
-/// before it). None when it cannot be told.
-fn program_netns(rodata: &[u8]) -> Option<u64> {
-    let c = probe_common::ProbeConfig::default();
-    let prefix: Vec<u8> = [
-        c.dedup_ns,
-        c.events_per_sec,
-        c.wakeup_bytes,
-        c.wakeups_per_sec,
-    ]
-    .iter()
-    .flat_map(|v| v.to_le_bytes())
-    .collect();
-    let at = rodata.windows(prefix.len()).position(|w| w == prefix)? + prefix.len();
-    let ino = rodata.get(at..at + 4)?;
-    Some(u64::from(u32::from_le_bytes(ino.try_into().ok()?)))
-}
-
-/// Loaded `clb_*` programs (id, name) of the tests' agents: those whose agent ran in one of
-/// the lab's namespaces, or whose namespace cannot be told (counted: a leak is never
-/// missed). Another agent on the machine (a developer's, in its own namespace) is not ours.
-fn our_programs() -> Vec<(u64, String)> {
-    let lab = lab_netns_inodes();
-    let map_names: std::collections::HashMap<u64, String> = bpftool_json(&["map", "show"])
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|m| Some((m.get("id")?.as_u64()?, m.get("name")?.as_str()?.to_string())))
-        .collect();
-    let mut netns_of_map: std::collections::HashMap<u64, Option<u64>> = Default::default();
-    let mut ours = Vec::new();
-    for p in bpftool_json(&["prog", "show"])
-        .as_array()
-        .into_iter()
-        .flatten()
-    {
-        let (Some(id), Some(name)) = (
-            p.get("id").and_then(Value::as_u64),
-            p.get("name").and_then(Value::as_str),
-        ) else {
-            continue;
-        };
-        if !name.starts_with("clb_") {
-            continue;
-        }
-        let rodata = p
-            .get("map_ids")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_u64)
-            .find(|m| map_names.get(m).is_some_and(|n| n.ends_with(".rodata")));
-        let netns = rodata.and_then(|m| {
-            *netns_of_map.entry(m).or_insert_with(|| {
-                let dump = bpftool_json(&["map", "dump", "id", &m.to_string()]);
-                program_netns(&hex_bytes(dump.get(0).and_then(|e| e.get("value"))))
-            })
-        });
-        if netns.is_none_or(|ino| lab.contains(&ino)) {
-            ours.push((id, name.to_string()));
-        }
-    }
-    ours
-}
-
-/// Names of our programs ([`our_programs`]) attached through a BPF link to a tc hook (tcx).
-/// Debian 12's bpftool (7.1) predates tcx: `bpftool net` does not list tcx attachments and
-/// `bpftool link` shows them as type 11 without the device, so links are matched to our
-/// programs by id.
-pub fn our_tc_links() -> Vec<String> {
-    let ours: std::collections::HashMap<u64, String> = our_programs()
-        .into_iter()
-        .filter(|(_, n)| n == "clb_ingress" || n == "clb_egress")
-        .collect();
-    bpftool_json(&["link", "show"])
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|l| ours.get(&l.get("prog_id")?.as_u64()?).cloned())
-        .collect()
-}
-
-/// Our programs ([`our_programs`]) still loaded.
-pub fn our_loaded_programs() -> Vec<String> {
-    our_programs().into_iter().map(|(_, name)| name).collect()
-}
-
-/// Sum of a per-CPU map's values for keys matching `pred`, read with bpftool
-/// (an observer independent of the agent).
-pub fn percpu_map_sum(map: &str, pred: impl Fn(&[u8]) -> bool) -> u64 {
-    let out = Command::new("bpftool")
-        .args(["-j", "map", "dump", "name", map])
-        .output()
-        .expect("bpftool");
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-    let mut total = 0;
-    for entry in v.as_array().into_iter().flatten() {
-        let key = hex_bytes(entry.get("key"));
-        if !pred(&key) {
-            continue;
-        }
-        for cpu in entry
-            .get("values")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            let bytes = hex_bytes(cpu.get("value"));
-            let mut buf = [0u8; 8];
-            buf[..bytes.len().min(8)].copy_from_slice(&bytes[..bytes.len().min(8)]);
-            total += u64::from_le_bytes(buf);
-        }
-    }
-    total
-}
-
-/// bpftool prints bytes as `["0x0a", ...]`.
-pub fn hex_bytes(v: Option<&Value>) -> Vec<u8> {
-    v.and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(|b| u8::from_str_radix(b.as_str()?.trim_start_matches("0x"), 16).ok())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// Whether this kernel has tcx (>= 6.6): the agent attaches through tcx links there, through
-/// cls_bpf filters under clsact otherwise (which outlive a SIGKILLed agent).
-pub fn kernel_has_tcx() -> bool {
-    let release = sh(&["uname", "-r"]);
-    let mut nums = release
-        .trim()
-        .split(|c: char| !c.is_ascii_digit())
-        .filter_map(|n| n.parse::<u32>().ok());
-    let (major, minor) = (nums.next().unwrap_or(0), nums.next().unwrap_or(0));
-    (major, minor) >= (6, 6)
-}
-
-/// Panics naming what the tests' agents left attached or loaded ([`our_tc_attachments`],
-/// [`our_loaded_programs`]).
-pub fn assert_nothing_attached() {
-    assert!(
-        our_tc_attachments().is_empty(),
-        "left attached: {:?}",
-        our_tc_attachments()
-    );
-    assert!(
-        our_loaded_programs().is_empty(),
-        "left loaded: {:?}",
-        our_loaded_programs()
-    );
-}
-
 /// An event's list of lines (`evidence`, `remedy`) as one text, a line each.
 pub fn lines(e: &Value, field: &str) -> String {
     e[field]
@@ -590,37 +421,6 @@ pub fn error_line(o: &std::process::Output) -> String {
         .rfind(|l| !l.trim().is_empty())
         .unwrap_or_default()
         .to_string()
-}
-
-/// Our programs attached to a tc hook, either way: tcx links ([`our_tc_links`]) plus cls_bpf
-/// filters named `clb_*` in the lab's namespaces (`bpftool net` lists the clsact filters of
-/// the namespace it runs in; the tests' agents attach nowhere else).
-pub fn our_tc_attachments() -> Vec<String> {
-    let mut found = our_tc_links();
-    for ns in xtask::lab::NAMESPACES {
-        let Ok(out) = Command::new("ip")
-            .args(["netns", "exec", ns, "bpftool", "-j", "net"])
-            .output()
-        else {
-            continue;
-        };
-        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-        for per_ns in v.as_array().into_iter().flatten() {
-            for f in per_ns
-                .get("tc")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-            {
-                if let Some(name) = f.get("name").and_then(Value::as_str)
-                    && name.starts_with("clb_")
-                {
-                    found.push(name.to_string());
-                }
-            }
-        }
-    }
-    found
 }
 
 /// A kernel drop of a local-source packet as this kernel reports it: `IP_LOCAL_SOURCE` where

@@ -4,6 +4,7 @@
 //! tests share the lab's fixed namespaces).
 
 pub mod agent;
+pub mod kernel_view;
 pub mod kube_fixture;
 pub mod kube_names;
 pub mod otlp;
