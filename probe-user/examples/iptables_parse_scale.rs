@@ -1,12 +1,26 @@
 //! The iptables parser on `--services N` Services of kube-proxy's shape (cluster IP, one
 //! endpoint, a NodePort for the first 2,000: the bench's and chaos's scale rules): the time to
 //! parse the `iptables-save -t nat` text and the time to digest it (what an unchanged re-sync
-//! costs instead of a parse). Prints one JSON object. Profiling aid for the service-table
-//! reader (`cargo run --release -p probe-user --example iptables_parse_scale -- --services 10000`).
+//! costs instead of a parse), and the memory the reader holds between reads (the chains and
+//! the table they make: resident set growth while they are held, and the peak). Prints one
+//! JSON object. Profiling aid for the service-table reader
+//! (`cargo run --release -p probe-user --example iptables_parse_scale -- --services 10000`).
 
 use std::{hash::DefaultHasher, hash::Hasher, time::Instant};
 
-use clb_probe::state::iptables::{digest, parse_iptables_save};
+use clb_probe::state::iptables::{NatChains, digest, parse_iptables_save};
+
+/// A `/proc/self/status` field in MiB (`VmRSS`, `VmHWM`).
+fn status_mib(field: &str) -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+                .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kib| kib / 1024.0)
+}
 
 fn rules(n: usize) -> String {
     let mut s = String::from(
@@ -46,18 +60,27 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(10_000);
     let text = rules(n);
+    let bytes = text.len();
     let lines = text.lines().filter(|l| l.starts_with("-A ")).count();
+    // What the reader holds between reads: the chains and their table, measured first (a
+    // parse before would leave freed heap behind for this one to reuse).
+    let before = status_mib("VmRSS");
+    let chains = NatChains::parse(&text);
+    let held_table = chains.table();
+    let held = status_mib("VmRSS") - before;
+    let services = held_table.services.len();
+    drop((chains, held_table));
     let t = Instant::now();
     let table = parse_iptables_save(&text);
     let parse_ms = t.elapsed().as_secs_f64() * 1e3;
+    drop(table);
     let t = Instant::now();
     let mut h = DefaultHasher::new();
     digest(&text, &mut h);
     let _ = h.finish();
     let digest_ms = t.elapsed().as_secs_f64() * 1e3;
     println!(
-        "{{\"services\": {}, \"rules\": {lines}, \"bytes\": {}, \"parse_ms\": {parse_ms:.1}, \"digest_ms\": {digest_ms:.1}}}",
-        table.services.len(),
-        text.len()
+        "{{\"services\": {services}, \"rules\": {lines}, \"bytes\": {bytes}, \"parse_ms\": {parse_ms:.1}, \"digest_ms\": {digest_ms:.1}, \"held_mib\": {held:.1}, \"peak_mib\": {:.1}}}",
+        status_mib("VmHWM")
     );
 }

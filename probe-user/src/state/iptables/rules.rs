@@ -104,7 +104,9 @@ pub fn merge(table: &mut ServiceTable, other: ServiceTable) {
 /// One `-A` rule, reduced to the matches and targets kube-proxy uses.
 #[derive(Debug, Default, Clone)]
 pub(super) struct Rule {
-    /// The rule as written (without `[pkts:bytes]` counters).
+    /// The rule as written (without `[pkts:bytes]` counters), kept for `MASQUERADE` rules
+    /// only: they are quoted as evidence; the other rules' text would be most of the held
+    /// chains' memory (66,000 rules at 10,000 Services) for nothing.
     pub(super) text: String,
     pub(super) chain: String,
     /// `-d` address/prefix, when not negated.
@@ -286,7 +288,6 @@ pub(super) fn parse_rule(line: &str) -> Option<Rule> {
         return None;
     }
     let mut rule = Rule {
-        text: line.to_string(),
         chain: it.next()?.clone(),
         ..Rule::default()
     };
@@ -337,6 +338,9 @@ pub(super) fn parse_rule(line: &str) -> Option<Rule> {
                 }
             }
         }
+    }
+    if rule.target.as_deref() == Some("MASQUERADE") {
+        rule.text = line.to_string();
     }
     Some(rule)
 }
