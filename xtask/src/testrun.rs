@@ -254,6 +254,11 @@ fn suites(args: &TestArgs, root: &std::path::Path, totals: &mut Totals) -> anyho
             storm_only: false,
             scale_sizes: vec![100, 1000],
             scale_window: 3,
+            scale_modes: vec![
+                crate::bench::scale::Mode::Iptables,
+                crate::bench::scale::Mode::Nftables,
+            ],
+            scale_no_baseline: false,
             out: None,
             detect: false,
             baseline_agent: None,

@@ -203,6 +203,9 @@ pub fn touched_by(buf: &[u8]) -> (Touched, bool) {
     };
     let mut touched = Touched::default();
     let mut commit = false;
+    // The (family, table, name) of the last message, as raw bytes: a restore publishes a
+    // chain's rules one after another, and a repeat needs no allocation and no set insert.
+    let mut last: Option<(u8, &[u8], &[u8])> = None;
     for m in messages {
         if m.len() < 20 {
             continue;
@@ -226,21 +229,45 @@ pub fn touched_by(buf: &[u8]) -> (Touched, bool) {
             // them.
             _ => continue,
         };
+        if touched.is_everything() {
+            // Nothing a name could add: the rest of the buffer only matters for its commit.
+            continue;
+        }
         let (mut table, mut name) = (None, None);
         for attr in NlasIterator::new(&m[20..]) {
             let Ok(attr) = attr else {
                 return (Touched::everything(), true);
             };
             let kind = attr.kind();
+            if kind != ATTR_TABLE && Some(kind) != name_attr {
+                continue;
+            }
+            // The value borrowed from the message itself (not from `attr`), so the last
+            // message's names can be compared with the next one's.
+            let len = usize::from(attr.length());
+            let whole = attr.into_inner();
+            let value = c_bytes(whole.get(4..len.min(whole.len())).unwrap_or_default());
             if kind == ATTR_TABLE {
-                table = c_string(attr.value());
-            } else if Some(kind) == name_attr {
-                name = c_string(attr.value());
+                table = Some(value);
+            } else {
+                name = Some(value);
             }
         }
         match (table, name_attr, name) {
-            (Some(table), None, _) => touched.whole_table(family, table),
-            (Some(table), Some(_), Some(name)) => touched.name(family, table, name),
+            (Some(table), None, _) => match c_string(table) {
+                Some(table) => touched.whole_table(family, table),
+                None => return (Touched::everything(), true),
+            },
+            (Some(table), Some(_), Some(name)) => {
+                if last == Some((family, table, name)) {
+                    continue;
+                }
+                match (c_string(table), c_string(name)) {
+                    (Some(t), Some(n)) => touched.name(family, t, n),
+                    _ => return (Touched::everything(), true),
+                }
+                last = Some((family, table, name));
+            }
             // A message without the names it should carry: be safe.
             _ => return (Touched::everything(), true),
         }
@@ -248,9 +275,14 @@ pub fn touched_by(buf: &[u8]) -> (Touched, bool) {
     (touched, commit)
 }
 
-fn c_string(value: &[u8]) -> Option<String> {
+/// An attribute's string bytes, up to its NUL.
+fn c_bytes(value: &[u8]) -> &[u8] {
     let end = value.iter().position(|&b| b == 0).unwrap_or(value.len());
-    std::str::from_utf8(&value[..end]).ok().map(str::to_string)
+    &value[..end]
+}
+
+fn c_string(value: &[u8]) -> Option<String> {
+    std::str::from_utf8(value).ok().map(str::to_string)
 }
 
 /// The receive buffer asked for (`SO_RCVBUFFORCE`; root): a kube-proxy partial sync at 10,000
@@ -295,8 +327,16 @@ impl NftWatch {
         loop {
             match self.socket.recv(&mut &mut self.buf[..], 0) {
                 Ok(n) => {
-                    let (t, commit) = touched_by(&self.buf[..n]);
-                    touched.merge(t);
+                    // Once everything is touched (a full restore), the names of the rest of
+                    // its tens of thousands of messages change nothing: only the commit is
+                    // looked for.
+                    let commit = if touched.is_everything() {
+                        has_new_generation(&self.buf[..n])
+                    } else {
+                        let (t, commit) = touched_by(&self.buf[..n]);
+                        touched.merge(t);
+                        commit
+                    };
                     if commit {
                         return Ok(touched);
                     }
@@ -496,6 +536,60 @@ mod tests {
         // Another subsystem's messages touch nothing.
         let (other, commit) = touched_by(&message((1 << 8) | 6));
         assert!(other.is_empty() && !commit);
+    }
+
+    #[test]
+    fn a_restore_names_each_chain_once_and_still_ends_in_its_commit() {
+        // A chain's rules one after another (as a restore publishes them), then another.
+        let mut batch = Vec::new();
+        for chain in [
+            "KUBE-SVC-A",
+            "KUBE-SVC-A",
+            "KUBE-SVC-A",
+            "KUBE-SEP-B",
+            "KUBE-SVC-A",
+        ] {
+            batch.extend(nft_message(
+                NFT_MSG_NEWRULE,
+                FAMILY_IP,
+                &[(ATTR_TABLE, "nat"), (ATTR_OBJECT, chain)],
+            ));
+        }
+        let (touched, commit) = touched_by(&batch);
+        assert!(!commit);
+        assert_eq!(touched.named(), 2);
+        match touched.table(FAMILY_IP, "nat") {
+            TableChange::Named(n) => assert_eq!(
+                n.iter().cloned().collect::<Vec<_>>(),
+                ["KUBE-SEP-B", "KUBE-SVC-A"]
+            ),
+            other => panic!("{other:?}"),
+        }
+        // The same chain name in another family is another table, not a repeat.
+        let mut two = nft_message(
+            NFT_MSG_NEWRULE,
+            FAMILY_IP,
+            &[(ATTR_TABLE, "nat"), (ATTR_OBJECT, "KUBE-SERVICES")],
+        );
+        two.extend(nft_message(
+            NFT_MSG_NEWRULE,
+            FAMILY_IP6,
+            &[(ATTR_TABLE, "nat"), (ATTR_OBJECT, "KUBE-SERVICES")],
+        ));
+        assert_eq!(touched_by(&two).0.named(), 2);
+        // More names than can be read one by one: everything, and the generation message at
+        // the end of the buffer is still the commit.
+        let mut full = Vec::new();
+        for i in 0..=MAX_NAMED + 10 {
+            full.extend(nft_message(
+                NFT_MSG_NEWRULE,
+                FAMILY_IP,
+                &[(ATTR_TABLE, "nat"), (ATTR_OBJECT, &format!("KUBE-SEP-{i}"))],
+            ));
+        }
+        full.extend(message(NEWGEN_TYPE));
+        let (touched, commit) = touched_by(&full);
+        assert!(touched.is_everything() && commit);
     }
 
     #[test]

@@ -113,6 +113,13 @@ pub struct BenchArgs {
     /// With `--only scale`: seconds of each CPU window.
     #[arg(long, default_value_t = 10)]
     pub scale_window: u64,
+    /// With `--only scale`: the kube-proxy modes measured (a before/after of one reader
+    /// change needs only its own mode; pair it with `--out` so BENCHMARKS.md is left alone).
+    #[arg(long, value_delimiter = ',', default_value = "iptables,nftables")]
+    pub scale_modes: Vec<scale::Mode>,
+    /// With `--only scale`: leave the old timer reader (the baseline) out.
+    #[arg(long)]
+    pub scale_no_baseline: bool,
     /// With `--detect`: another agent binary measured in alternating rounds (before/after).
     #[arg(long, requires = "detect")]
     pub baseline_agent: Option<PathBuf>,
@@ -250,7 +257,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         }
         if args.runs(Part::Scale) {
             let window = Duration::from_secs(args.scale_window);
-            let points = scale::measure(&probe, &work, METRICS_PORT, &args.scale_sizes, window)?;
+            let plan = scale::Plan {
+                sizes: &args.scale_sizes,
+                modes: &args.scale_modes,
+                baseline: !args.scale_no_baseline,
+                window,
+            };
+            let points = scale::measure(&probe, &work, METRICS_PORT, &plan)?;
             let plots = scale::plot(&points, &root)?;
             for t in scale::tables(&points, window, &plots, &mut summary) {
                 tag(&mut rows, &mut summary, &t);

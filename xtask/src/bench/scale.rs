@@ -46,10 +46,21 @@ const BASELINE_MAX: usize = 10_000;
 const FRESHNESS_SAMPLES: usize = 3;
 const TABLE_WAIT: Duration = Duration::from_secs(120);
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Mode {
+    /// kube-proxy's iptables mode (the nf_tables backend).
     Iptables,
+    /// kube-proxy's nftables mode.
     Nftables,
+}
+
+/// What one `--only scale` run measures.
+pub struct Plan<'a> {
+    pub sizes: &'a [usize],
+    pub modes: &'a [Mode],
+    /// The old timer reader beside the change-driven one (up to [`BASELINE_MAX`] Services).
+    pub baseline: bool,
+    pub window: Duration,
 }
 
 impl Mode {
@@ -356,19 +367,17 @@ fn point(
 }
 
 /// Every point: for each mode and size, the change-driven reader then the timer baseline.
-pub fn measure(
-    probe: &Path,
-    work: &Path,
-    port: u16,
-    sizes: &[usize],
-    window: Duration,
-) -> Result<Vec<Point>> {
+pub fn measure(probe: &Path, work: &Path, port: u16, plan: &Plan) -> Result<Vec<Point>> {
     let _clear = Clear;
+    let window = plan.window;
     let mut points = Vec::new();
     let mut failed = Vec::new();
-    for mode in [Mode::Iptables, Mode::Nftables] {
-        for &n in sizes {
+    for &mode in plan.modes {
+        for &n in plan.sizes {
             for reader in [Reader::Change, Reader::Timer] {
+                if reader == Reader::Timer && !plan.baseline {
+                    continue;
+                }
                 if reader == Reader::Timer && n > BASELINE_MAX {
                     eprintln!(
                         "bench: scale, {} mode, {n} Services: the old reader is not measured \

@@ -15,6 +15,8 @@ fn quick_is_short() {
         storm_only: false,
         scale_sizes: vec![100, 1000],
         scale_window: 3,
+        scale_modes: vec![super::scale::Mode::Iptables, super::scale::Mode::Nftables],
+        scale_no_baseline: false,
         out: None,
         detect: false,
         baseline_agent: None,
