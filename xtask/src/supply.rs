@@ -115,6 +115,17 @@ fn has_advisory_db() -> bool {
 pub fn deny() -> anyhow::Result<()> {
     setup::cargo_tool(setup::DENY)?;
     let root = workspace_root();
+    // cargo deny reads every package of the lock file, other platforms' too (windows-sys),
+    // which no build here downloads: fetched first, the lock file as it is, so the `--frozen`
+    // checks below find them on a fresh machine (crates.io is reachable; no-op when cached).
+    let status = cargo()
+        .args(["fetch", "--locked"])
+        .current_dir(&root)
+        .status()
+        .context("failed to start cargo fetch")?;
+    if !status.success() {
+        bail!("cargo fetch --locked failed ({status}): cargo deny needs every locked package");
+    }
     // `--frozen`: the lock file as it is, nothing fetched (the database is fetched below).
     let check = |what: &[&str]| -> anyhow::Result<()> {
         let status = cargo()
