@@ -39,6 +39,12 @@ const PACKAGES: &[(&str, &str)] = &[
     // The arm64 agent: Debian's cross linker (with the arm64 libc it links against), and
     // qemu-user to run the arm64 binaries here (`.cargo/config.toml` names both).
     ("gcc-aarch64-linux-gnu", "aarch64-linux-gnu-gcc"),
+    // The arm64 libc's start files and headers: only a Recommends of the cross gcc, so
+    // `--no-install-recommends` left them out on a fresh machine (`cannot find Scrt1.o`).
+    (
+        "libc6-dev-arm64-cross",
+        "/usr/aarch64-linux-gnu/lib/Scrt1.o",
+    ),
     ("qemu-user-static", "qemu-aarch64-static"),
     // The VM tier's arm64 run (`cargo xtask vm-test --arch arm64`).
     ("qemu-system-arm", "qemu-system-aarch64"),
@@ -131,7 +137,12 @@ pub fn say(step: &str) {
     eprintln!("setup: {step}");
 }
 
+/// Whether `cmd` is on the PATH, or, for an absolute path (a package without a command), is a
+/// file.
 fn have(cmd: &str) -> bool {
+    if cmd.starts_with('/') {
+        return Path::new(cmd).is_file();
+    }
     which(cmd).is_some()
 }
 
