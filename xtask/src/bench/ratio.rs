@@ -411,7 +411,6 @@ pub fn measure(
     let empty_cpu_ratios = super::report::ratios(&empty_cpu, &base_cpu);
     let agent_to_empty = super::report::ratios(&with_agent, &with_empty);
     let agent_to_empty_cpu = super::report::ratios(&agent_cpu, &empty_cpu);
-    let resolution = 1.0 - TARGET;
     let mut table = Table::new(
         "1b. Throughput ratio, paired windows",
         &[
@@ -516,12 +515,8 @@ pub fn measure(
         let Some(est) = bootstrap_median(ratios, RESAMPLES, SEED) else {
             continue;
         };
-        let resolution = if target == TARGET {
-            resolution
-        } else {
-            1.0 - target
-        };
-        let (_, why) = judge(&est, target, resolution);
+        // The difference to resolve is the target's distance from 1.
+        let (_, why) = judge(&est, target, 1.0 - target);
         table.row(vec![
             name.into(),
             kpps(rates),
