@@ -19,11 +19,18 @@ fn cargo() -> Command {
     Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
 }
 
+/// Prints how long a step took: CI's log then says where its budget went.
+fn took(name: &str, start: std::time::Instant) {
+    eprintln!("test: {name}: took {:.0} s", start.elapsed().as_secs_f64());
+}
+
 fn step(name: &str, cmd: &mut Command) -> anyhow::Result<()> {
     eprintln!("test: {name}");
+    let start = std::time::Instant::now();
     let status = cmd
         .status()
         .with_context(|| format!("failed to start {cmd:?}"))?;
+    took(name, start);
     if !status.success() {
         bail!("{name} failed ({status})");
     }
@@ -70,6 +77,7 @@ impl Totals {
 fn test_step(name: &str, cmd: &mut Command, totals: &mut Totals) -> anyhow::Result<()> {
     use std::io::{BufRead as _, BufReader};
     eprintln!("test: {name}");
+    let start = std::time::Instant::now();
     let mut child = cmd
         .stdout(std::process::Stdio::piped())
         .spawn()
@@ -80,6 +88,7 @@ fn test_step(name: &str, cmd: &mut Command, totals: &mut Totals) -> anyhow::Resu
         totals.add_line(&line);
     }
     let status = child.wait()?;
+    took(name, start);
     if !status.success() {
         bail!("{name} failed ({status})");
     }
@@ -111,7 +120,9 @@ pub struct TestArgs {
 }
 
 pub fn run(args: &TestArgs) -> anyhow::Result<()> {
+    let start = std::time::Instant::now();
     setup::ensure()?;
+    took("setup", start);
     let root = workspace_root();
     std::env::set_current_dir(&root)?;
     if !args.no_lint {
@@ -153,7 +164,9 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
             ]),
         )?;
         eprintln!("test: cargo deny (licenses, bans, sources, advisories)");
+        let start = std::time::Instant::now();
         crate::supply::deny()?;
+        took("cargo deny", start);
     }
     // The default members: probe-common, probe-user (incl. the correlator's recorded
     // streams), xtask. No root needed.
@@ -226,7 +239,10 @@ fn suites(args: &TestArgs, root: &std::path::Path, totals: &mut Totals) -> anyho
             scale_only: false,
             out: None,
         };
-        match crate::chaos::run(&quick) {
+        let start = std::time::Instant::now();
+        let result = crate::chaos::run(&quick);
+        took("chaos smoke run", start);
+        match result {
             Ok(()) => totals.passed += 1,
             Err(e) => {
                 totals.failed += 1;
@@ -263,7 +279,10 @@ fn suites(args: &TestArgs, root: &std::path::Path, totals: &mut Totals) -> anyho
             detect: false,
             baseline_agent: None,
         };
-        match crate::bench::run(&quick) {
+        let start = std::time::Instant::now();
+        let result = crate::bench::run(&quick);
+        took("benchmark smoke run", start);
+        match result {
             Ok(()) => totals.passed += 1,
             Err(e) => {
                 totals.failed += 1;
@@ -276,47 +295,39 @@ fn suites(args: &TestArgs, root: &std::path::Path, totals: &mut Totals) -> anyho
         return Ok(());
     }
     // The VM tier (root only, like everything after the unit tests; we are root here): Debian's
-    // pinned 5.10, 6.1 and 6.12 kernels under QEMU, one boot each. `vm-test`'s default command
-    // builds the test binaries on the host (cargo's target dir) once and runs, inside each: the
-    // IPVS generic-netlink reader against real IPVS and tests/ipvs.rs against the IPVS-mode lab;
-    // on 6.1 also datapath.rs and the iptables-mode older-kernel script. Its libtest summaries
-    // count.
+    // pinned 5.10, 6.1 and 6.12 kernels under QEMU, one boot each, two at a time. `vm-test`'s
+    // default command builds the test binaries on the host (cargo's target dir) once and runs,
+    // inside each: the IPVS generic-netlink reader against real IPVS, the three kinds in the
+    // IPVS-mode lab, and that kernel's share of the rest (`vm::suite::PLAN`). Its libtest
+    // summaries count.
+    // The arm64 run (Debian's arm64 6.1 under qemu-system-aarch64, TCG): the IPVS smoke, the
+    // datapath smoke and the IPVS lab's three kinds with cross-built binaries. It boots in the
+    // same two lanes as the amd64 kernels, after them.
     eprintln!(
         "test: VM tier (Debian 5.10, 6.1, 6.12 kernels under QEMU: real IPVS, clsact, older \
-         drop reasons and drop sites)"
+         drop reasons and drop sites; then Debian's arm64 6.1 under qemu-system-aarch64)"
     );
-    let amd64 = vm_tier(&crate::vm::VmArgs::default(), "VM tier", totals);
-    // The arm64 run (Debian's arm64 6.1 under qemu-system-aarch64, TCG): the IPVS smoke, the
-    // datapath smoke and the IPVS lab's three kinds with cross-built binaries. About 5 min
-    // here with a warm cross build (9 min cold), so it fits CI's budget beside the amd64 tier.
-    let arm64 = if args.no_arm64_vm {
+    let start = std::time::Instant::now();
+    let amd64 = crate::vm::VmArgs::default();
+    let mut jobs = Vec::new();
+    let mut prepared = crate::vm::prepare(&amd64).map(|j| jobs.extend(j));
+    if args.no_arm64_vm {
         eprintln!("test: SKIPPING the VM tier's arm64 run (--no-arm64-vm)");
-        Ok(())
     } else {
-        eprintln!("test: VM tier, arm64 (Debian's arm64 6.1 kernel under qemu-system-aarch64)");
         let arm = crate::vm::VmArgs {
             arch: crate::vm::Arch::Arm64,
             kernel: "6.1".into(),
             ..crate::vm::VmArgs::default()
         };
-        vm_tier(&arm, "VM tier (arm64)", totals)
-    };
-    amd64.and(arm64)
-}
-
-/// One `vm-test` run inside `cargo xtask test`: its libtest summaries count, a boot that never
-/// reported counts as one failure.
-fn vm_tier(vm: &crate::vm::VmArgs, what: &str, totals: &mut Totals) -> anyhow::Result<()> {
-    let start = std::time::Instant::now();
-    let result = crate::vm::run_with_output(vm);
-    eprintln!("test: {what} took {:.0} s", start.elapsed().as_secs_f64());
-    let runs = match result {
-        Ok(runs) => runs,
-        Err(e) => {
-            totals.failed += 1;
-            return Err(e.context(format!("the {what} failed")));
-        }
-    };
+        prepared = prepared.and(crate::vm::prepare(&arm).map(|j| jobs.extend(j)));
+    }
+    took("VM tier: building and fetching", start);
+    if let Err(e) = prepared {
+        totals.failed += 1;
+        return Err(e.context("the VM tier could not be prepared"));
+    }
+    let runs = crate::vm::run_jobs(&jobs, amd64.lanes);
+    took("VM tier", start);
     for run in &runs {
         for line in run.outcome.iter().flat_map(|o| o.output.lines()) {
             totals.add_line(line);
@@ -326,7 +337,7 @@ fn vm_tier(vm: &crate::vm::VmArgs, what: &str, totals: &mut Totals) -> anyhow::R
             totals.failed += 1;
         }
     }
-    crate::vm::verdict(&runs).with_context(|| format!("the {what} failed"))
+    crate::vm::verdict(&runs).context("the VM tier failed")
 }
 
 #[cfg(test)]

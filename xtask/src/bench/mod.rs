@@ -192,7 +192,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
     // trafgen, iperf3, tcpdump, bpftool: setup's packages; installs what is missing.
     crate::setup::ensure()?;
-    let probe = build_agent(&root)?;
+    let probe = build_agent(&root, args.quick)?;
     let work = root.join("target/bench");
     std::fs::create_dir_all(&work)?;
     tools::install_stop_handler();
@@ -324,25 +324,33 @@ fn write(
     Ok(())
 }
 
-fn build_agent(root: &Path) -> Result<PathBuf> {
+/// The agent the bench runs: the release build (what the DaemonSet runs) for figures; the
+/// smoke run (`--quick`, figures never read) takes the debug build the tests already made, so
+/// CI does not compile the workspace a third time (minutes on a cold machine).
+fn build_agent(root: &Path, quick: bool) -> Result<PathBuf> {
     // A before/after comparison runs a binary built elsewhere (e.g. the previous commit's).
     if let Some(path) = std::env::var_os("CLB_BENCH_PROBE") {
         eprintln!("bench: using CLB_BENCH_PROBE={}", path.to_string_lossy());
         return Ok(PathBuf::from(path));
     }
-    eprintln!("bench: cargo build --release -p probe-user");
+    let profile = if quick { "debug" } else { "release" };
+    eprintln!("bench: cargo build ({profile}) -p probe-user");
+    let mut args = vec!["build", "-p", "probe-user", "--bin", "probe"];
+    if !quick {
+        args.push("--release");
+    }
     let status = std::process::Command::new(std::env::var_os("CARGO").unwrap_or("cargo".into()))
-        .args(["build", "--release", "-p", "probe-user", "--bin", "probe"])
+        .args(&args)
         .current_dir(root)
         .status()
         .context("running cargo build")?;
     if !status.success() {
-        bail!("building the release agent failed ({status})");
+        bail!("building the {profile} agent failed ({status})");
     }
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join("target"));
-    Ok(target.join("release/probe"))
+    Ok(target.join(profile).join("probe"))
 }
 
 fn read_sysctl(key: &str) -> Result<String> {

@@ -25,6 +25,7 @@ use anyhow::{Context as _, bail};
 
 use crate::arch::Arch;
 
+use super::suite::THREE_KINDS_TEST;
 use super::{
     KernelSpec,
     apt::{SuiteApt, closure, output, say},
@@ -212,10 +213,6 @@ fn build_entry(dir: &Path, apt: &SuiteApt, package: &str, version: &str) -> anyh
 
 /// The cross target of the guest's binaries.
 pub const TARGET: &str = Arch::Arm64.rust_target();
-
-/// The ipvs.rs test that drives the IPVS lab's three kinds (healthcheck_blackhole, hairpin,
-/// vip_port_unserved) with their twins, one agent.
-pub const THREE_KINDS_TEST: &str = "ipvs_mode_failures_are_confirmed_and_twins_are_silent";
 
 /// The datapath smoke: datapath.rs's tests that the arm64 programs load, attach (clsact on
 /// 6.1), count and event a looping packet with its drop reason, and leave nothing behind.

@@ -12,9 +12,6 @@ use anyhow::{Context as _, bail};
 
 use crate::arch::Arch;
 
-/// Prefix of every guest console line echoed on the host.
-pub const ECHO_PREFIX: &str = "vm| ";
-
 /// The exit code stage 1 reports when it cannot run the command at all.
 pub const INFRA_FAILURE: i32 = 125;
 
@@ -121,6 +118,9 @@ pub struct Boot {
     pub results: PathBuf,
     pub memory: &'static str,
     pub cpus: u32,
+    /// Prefixes each echoed console line: `vm| ` and the kernel's name, so boots that run at
+    /// once can be told apart in one log.
+    pub echo_prefix: String,
 }
 
 /// [`Arch::qemu`]'s arguments for `boot`. arm64 is the `virt` machine under TCG (no KVM across
@@ -241,6 +241,7 @@ pub fn run(boot: &Boot, log: &Path, timeout: Duration) -> anyhow::Result<Ending>
         std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
     let stdout = child.stdout.take().context("qemu stdout")?;
     let stderr = child.stderr.take().context("qemu stderr")?;
+    let prefix = boot.echo_prefix.clone();
     let echo = std::thread::spawn(move || {
         let mut reader = BufReader::new(stdout);
         let mut line = Vec::new();
@@ -248,7 +249,7 @@ pub fn run(boot: &Boot, log: &Path, timeout: Duration) -> anyhow::Result<Ending>
         while reader.read_until(b'\n', &mut line).unwrap_or(0) > 0 {
             let text = clean_console(&String::from_utf8_lossy(&line));
             let _ = writeln!(logf, "{text}");
-            let _ = writeln!(out, "{ECHO_PREFIX}{text}");
+            let _ = writeln!(out, "{prefix}{text}");
             line.clear();
         }
         let _ = logf.flush();
@@ -334,6 +335,7 @@ mod tests {
             results: "/r/results".into(),
             memory: "1G",
             cpus: 2,
+            echo_prefix: "vm| ".into(),
         };
         let a = qemu_args(&boot).join(" ");
         assert!(a.starts_with("-accel tcg,thread=multi -cpu max -m 1G -smp 2 -nographic"));
@@ -368,6 +370,7 @@ mod tests {
             results: "/r/results".into(),
             memory: "1G",
             cpus: 2,
+            echo_prefix: "vm| ".into(),
         };
         let a = qemu_args(&boot).join(" ");
         assert!(
