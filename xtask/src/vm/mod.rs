@@ -114,9 +114,9 @@ pub struct VmArgs {
     /// TCG on 2 cores, the others less).
     #[arg(long, default_value_t = 1800, value_name = "SECONDS")]
     pub timeout: u64,
-    /// How many kernels boot at once. A TCG guest keeps only about 1.2 of the host's 2 cores
-    /// busy (its tests wait on clients' timeouts and on one-threaded agent start-ups), so two at
-    /// a time finish the three kernels sooner than one after another.
+    /// How many kernels boot at once. One TCG guest alone keeps 1.05 of the host's 2 cores busy
+    /// on average (measured), in bursts of two; two at once each run 1.6-1.7 times slower, so
+    /// two lanes finish the matrix about a sixth sooner than one after another.
     #[arg(long, default_value_t = 2, value_name = "N")]
     pub lanes: usize,
 }
