@@ -7,11 +7,12 @@
 //! (`cargo build -p probe-user -p xtask`, `cargo test -p probe-tests --no-run`, `cargo test -p
 //! probe-user --lib --no-run`, all with `--message-format=json` to find the executables, in
 //! cargo's target dir: `CARGO_TARGET_DIR` if set, else the workspace's `target/`), then each
-//! kernel's boot runs the IPVS generic-netlink reader against real IPVS and the three kinds with
-//! their twins in the IPVS-mode lab (IPVS as the service table, that kernel's reasons or drop
-//! sites), plus its own share of the rest ([`suite::PLAN`]): 5.10 the whole `ipvs` file, 6.1
-//! the `datapath` file on clsact and the iptables-mode older-kernel script, 6.12 `probe
-//! check`'s IPVS-mode predictions. Two kernels boot at once (`--lanes`).
+//! kernel's boot runs the IPVS generic-netlink reader against real IPVS, then its share of the
+//! IPVS-mode lab tests ([`suite::PLAN`], which says why each runs where): the three kinds with
+//! their twins on 5.10 and 6.1 (one kernel per drop-reason class), with the hairpin shapes and
+//! the self-loop on 5.10; the clsact datapath tests and the iptables-mode older-kernel script
+//! on 6.1; the rest of `ipvs` and `probe check`'s IPVS prediction on 6.12. Two one-vCPU guests
+//! boot at once (`--lanes`, `--cpus`).
 //! `loopback.rs` stays on the host: in the VM it repeated what `ipvs.rs` asserts, at 400 s of
 //! emulated CPU. `--smoke` runs the short IPVS smoke scenario instead.
 //!
@@ -110,8 +111,8 @@ pub struct VmArgs {
     /// `$CLB_VM_RESULTS` (a subfolder per kernel when several boot). Default: a throwaway folder.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
-    /// Hard limit on each boot; QEMU is killed after it (the 6.1 suite takes about 8 min under
-    /// TCG on 2 cores, the others less).
+    /// Hard limit on each boot; QEMU is killed after it (the longest boot, 5.10's, took
+    /// 14 min here beside another boot and a release build).
     #[arg(long, default_value_t = 1800, value_name = "SECONDS")]
     pub timeout: u64,
     /// How many kernels boot at once. With one vCPU per guest (`--cpus 1`), two at once each
@@ -372,15 +373,7 @@ fn boot_in(
         results: results.to_path_buf(),
         memory: "1G",
         cpus: args.cpus,
-        echo_prefix: format!(
-            "vm {}{}| ",
-            spec.name,
-            if kernel.arch == Arch::Arm64 {
-                " arm64"
-            } else {
-                ""
-            }
-        ),
+        echo_prefix: format!("vm {}| ", label(kernel.arch, spec)),
     };
     eprintln!(
         "vm: booting {} ({}={}) with {:?}",
@@ -425,13 +418,18 @@ pub struct KernelRun {
     pub secs: f64,
 }
 
+/// A boot's name in logs and verdicts: the kernel's matrix name, with ` arm64` for the arm64 run.
+fn label(arch: Arch, spec: &KernelSpec) -> String {
+    match arch {
+        Arch::Amd64 => spec.name.to_string(),
+        Arch::Arm64 => format!("{} arm64", spec.name),
+    }
+}
+
 impl KernelRun {
-    /// The kernel's matrix name, with ` arm64` for the arm64 run.
+    /// [`label`] of this run.
     pub fn label(&self) -> String {
-        match self.arch {
-            Arch::Amd64 => self.kernel.name.to_string(),
-            Arch::Arm64 => format!("{} arm64", self.kernel.name),
-        }
+        label(self.arch, self.kernel)
     }
 }
 

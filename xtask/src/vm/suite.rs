@@ -23,8 +23,8 @@ pub const TEST_FILES: &[&str] = &["ipvs", "datapath", "check"];
 /// drop sites (also the arm64 run's).
 pub const THREE_KINDS_TEST: &str = "ipvs_mode_failures_are_confirmed_and_twins_are_silent";
 
-/// What each kernel's boot runs after the IPVS reader, in order: each file's tests (`None`: the
-/// whole file), in the IPVS-mode lab.
+/// What each kernel's boot runs after the IPVS reader, in order: (kernel, test file, its tests),
+/// in the IPVS-mode lab.
 ///
 /// Why spread, not everything everywhere: under TCG on this 2-core machine a test costs about
 /// ten times its host time (datapath.rs: 37 s on the host, 363 s in the 6.1 guest), the 2 cores
@@ -44,42 +44,42 @@ pub const THREE_KINDS_TEST: &str = "ipvs_mode_failures_are_confirmed_and_twins_a
 ///
 /// A unit test holds every `ipvs.rs` test (IPVS exists only in the VM) to a kernel here. The
 /// rest of datapath.rs and check.rs runs on the host.
-pub const PLAN: &[(&str, &str, Option<&[&str]>)] = &[
+pub const PLAN: &[(&str, &str, &[&str])] = &[
     (
         "5.10",
         "ipvs",
-        Some(&[
+        &[
             THREE_KINDS_TEST,
             "ipvs_mode_fails_clearly_without_ipvs",
             "ipvs_mode_hairpin_is_confirmed",
             "ipvs_mode_hairpin_variants_are_confirmed_and_twins_are_silent",
             "ipvs_mode_service_self_loop_is_confirmed_and_twins_are_silent",
-        ]),
+        ],
     ),
-    ("6.1", "ipvs", Some(&[THREE_KINDS_TEST])),
+    ("6.1", "ipvs", &[THREE_KINDS_TEST]),
     (
         "6.1",
         "datapath",
-        Some(&[
+        &[
             "address_changes_after_start_are_followed_and_kube_ipvs0_is_reattached",
             "nothing_stays_attached_after_exit_sigterm_or_sigkill",
             "clsact_fallback_keeps_foreign_filters",
-        ]),
+        ],
     ),
     (
         "6.12",
         "ipvs",
-        Some(&[
+        &[
             "ipvs_mode_access_filter_unserved_port_is_confirmed",
             "ipvs_mode_virtual_service_added_is_read_without_a_timer_tick",
             "ipvs_mode_first_events_are_named_and_on_the_service",
             "ipvs_mode_as_nftables_prediction_matches_the_nftables_lab",
-        ]),
+        ],
     ),
     (
         "6.12",
         "check",
-        Some(&["each_lab_risk_is_named_and_its_twin_is_not"]),
+        &["each_lab_risk_is_named_and_its_twin_is_not"],
     ),
 ];
 
@@ -245,14 +245,13 @@ pub fn script(b: &Bins, kernel: &KernelSpec) -> String {
     for (_, file, tests) in PLAN.iter().filter(|(k, _, _)| *k == kernel.name) {
         let Some(path) = exe(file) else { continue };
         let what = match tests {
-            None => String::new(),
-            Some([THREE_KINDS_TEST]) => " (the three kinds)".to_string(),
-            Some(t) => format!(" ({} of its tests)", t.len()),
+            [THREE_KINDS_TEST] => "the three kinds".to_string(),
+            t => format!("{} of its tests", t.len()),
         };
-        let filter = tests.map_or(String::new(), |t| format!(" --exact {}", t.join(" ")));
         s.push_str(&format!(
-            "CLB_LAB_MODE=ipvs part 'tests/{file}.rs{what} (IPVS-mode lab)' {path}{filter} \
-             --test-threads=1\n"
+            "CLB_LAB_MODE=ipvs part 'tests/{file}.rs ({what}) (IPVS-mode lab)' {path} --exact {} \
+             --test-threads=1\n",
+            tests.join(" ")
         ));
     }
     if kernel.name == OLDER_KERNEL_SCRIPT_ON {
@@ -366,7 +365,7 @@ mod tests {
         for t in tests {
             let placed = PLAN
                 .iter()
-                .any(|(_, f, list)| *f == "ipvs" && list.is_none_or(|l| l.contains(&t.as_str())));
+                .any(|(_, f, list)| *f == "ipvs" && list.contains(&t.as_str()));
             assert!(
                 placed,
                 "tests/ipvs.rs's {t} runs on no VM kernel: add it to PLAN"
@@ -380,7 +379,7 @@ mod tests {
     fn every_planned_test_exists() {
         for (kernel, file, list) in PLAN {
             let tests = tests_of(file);
-            for t in list.iter().flat_map(|l| l.iter()) {
+            for t in *list {
                 assert!(
                     tests.iter().any(|x| x == t),
                     "PLAN's {kernel} names {t}, which tests/tests/{file}.rs does not have"
