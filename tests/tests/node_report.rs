@@ -1,8 +1,10 @@
 //! `--node-report on`: the real agent on the lab writes its node's LoopbackReport to the
 //! in-process fake API server (xtask::kubeapi: the real kube client on the wire), and
-//! `kubectl clb-probe report` reads the cluster table from it: the lab's node with its risk and
-//! its active loop, a second Node without an agent listed as missing, exit 1; with
-//! `--node-condition on` the Node gets the `LoadBalancerLoopback` condition.
+//! `kubectl clb-probe report` reads the cluster table from it: the lab's node with its active
+//! loop, a second Node without an agent listed as missing, exit 1; with `--node-condition on`
+//! the Node gets the `LoadBalancerLoopback` condition. The report's risks follow the node's
+//! addresses: there while the LB IP is bound, gone soon after the hairpin's scenario unbinds
+//! it (a change-driven `probe check` pass, not the minute's one).
 //!
 //! Root only (prints a skip line otherwise). Runs under the lab lock, like every lab test.
 
@@ -19,13 +21,25 @@ use xtask::{
 };
 
 /// The first write goes at once; the next ones at most every 10 s (the rate limit), and the
-/// risks arrive with the first `probe check` pass: generous.
+/// risks change with the `probe check` pass at most 10 s after an address change: generous,
+/// and below the minute of the periodic pass, so a risk that waits for it trips the test.
 const WAIT: Duration = Duration::from_secs(45);
 
 fn report(api: &FakeApiServer) -> Option<Value> {
     api.objects("loopbackreports")
         .into_iter()
         .find(|o| o["metadata"]["name"] == NODE_NAME)
+}
+
+/// The Node's `LoadBalancerLoopback` condition as the API server holds it.
+fn node_condition(api: &FakeApiServer) -> Option<Value> {
+    api.objects("nodes")
+        .into_iter()
+        .find(|n| n["metadata"]["name"] == NODE_NAME)?["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "LoadBalancerLoopback")
+        .cloned()
 }
 
 #[test]
@@ -49,17 +63,11 @@ fn the_agent_writes_its_node_report_and_the_plugin_tables_the_cluster() {
         "--resolve-after",
         "2",
     ]);
-    lab.traffic(Scenario::Hairpin).expect("traffic");
-    agent.wait_event("hairpin", WAIT, |es| {
-        es.iter().find(|e| e["kind"] == "hairpin").cloned()
-    });
-    let written = wait_for("the report with the loop and the risks", WAIT, || {
-        report(&api).filter(|o| {
-            o["status"]["activeLoopCount"].as_u64() >= Some(1)
-                && o["status"]["riskCount"].as_u64() >= Some(1)
-        })
+    // First the risks alone: the lab's LB IP is bound on kube-ipvs0, and nothing has looped.
+    let written = wait_for("the report with the risks", WAIT, || {
+        report(&api).filter(|o| o["status"]["riskCount"].as_u64() >= Some(1))
     })
-    .unwrap_or_else(|| panic!("no complete report: {:#?}", report(&api)));
+    .unwrap_or_else(|| panic!("no report with risks: {:#?}", report(&api)));
     let node_uid = api
         .objects("nodes")
         .into_iter()
@@ -71,6 +79,16 @@ fn the_agent_writes_its_node_report_and_the_plugin_tables_the_cluster() {
     assert_eq!(st["node"], NODE_NAME);
     assert_eq!(st["kubeProxyMode"], "iptables", "{st:#}");
     assert_eq!(st["dataplane"], "kube-proxy", "{st:#}");
+    assert_eq!(st["activeLoopCount"], 0, "{st:#}");
+    let lb_ip = lab::VIP.to_string();
+    assert!(
+        st["risks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| { r["kind"] == "healthcheck_blackhole" && r["subject"] == lb_ip.as_str() }),
+        "{st:#}"
+    );
     // `probe check --as nftables` in short: the lab's bound LB IP's risks go with the move.
     assert!(
         st["nftablesReadiness"]
@@ -78,6 +96,42 @@ fn the_agent_writes_its_node_report_and_the_plugin_tables_the_cluster() {
             .is_some_and(|r| r.ends_with("gone") && !r.ends_with(" 0 gone")),
         "{st:#}"
     );
+    // The Node condition, beside the kubelet's (merged by type): True with the first risk.
+    // It is patched after the report, so it is waited for too.
+    let first_risk = st["risks"][0]["kind"].as_str().unwrap().to_string();
+    let condition = wait_for("the Node condition with the risk", WAIT, || {
+        node_condition(&api).filter(|c| {
+            c["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("risk "))
+        })
+    })
+    .expect("LoadBalancerLoopback condition");
+    assert_eq!(condition["status"], "True", "{condition:#}");
+    assert_eq!(
+        condition["reason"].as_str().unwrap().to_lowercase(),
+        first_risk.replace('_', ""),
+        "{condition:#}"
+    );
+
+    // Then the hairpin. Its scenario unbinds the LB IP (the pod's call must leave the node):
+    // the risks go with it, at the check's next change-driven pass, not a minute later.
+    lab.traffic(Scenario::Hairpin).expect("traffic");
+    agent.wait_event("hairpin", WAIT, |es| {
+        es.iter().find(|e| e["kind"] == "hairpin").cloned()
+    });
+    let written = wait_for(
+        "the report with the loop and without the risks",
+        WAIT,
+        || {
+            report(&api).filter(|o| {
+                o["status"]["activeLoopCount"].as_u64() >= Some(1)
+                    && o["status"]["riskCount"].as_u64() == Some(0)
+            })
+        },
+    )
+    .unwrap_or_else(|| panic!("no report with the loop alone: {:#?}", report(&api)));
+    let st = &written["status"];
     let hairpin = st["activeLoops"]
         .as_array()
         .unwrap()
@@ -103,21 +157,14 @@ fn the_agent_writes_its_node_report_and_the_plugin_tables_the_cluster() {
             .count()
     };
     assert_eq!(patches("/loopbackreports/clb-node?"), 1, "created once");
-    assert!(patches("/loopbackreports/clb-node/status?") >= 1);
+    assert!(patches("/loopbackreports/clb-node/status?") >= 2);
 
-    // The Node condition, beside the kubelet's (merged by type): True with the loop's kind.
-    let condition = wait_for("the Node condition", WAIT, || {
-        api.objects("nodes")
-            .into_iter()
-            .find(|n| n["metadata"]["name"] == NODE_NAME)?["status"]["conditions"]
-            .as_array()?
-            .iter()
-            .find(|c| c["type"] == "LoadBalancerLoopback")
-            .cloned()
+    // The condition follows: True with the loop's kind (an active loop before a risk).
+    let condition = wait_for("the Node condition with the loop", WAIT, || {
+        node_condition(&api).filter(|c| c["reason"] == "Hairpin")
     })
-    .expect("LoadBalancerLoopback condition");
+    .unwrap_or_else(|| panic!("no Hairpin condition: {:#?}", node_condition(&api)));
     assert_eq!(condition["status"], "True", "{condition:#}");
-    assert_eq!(condition["reason"], "Hairpin", "{condition:#}");
     assert!(
         condition["message"]
             .as_str()
@@ -197,29 +244,19 @@ fn the_agent_writes_its_node_report_and_the_plugin_tables_the_cluster() {
             .contains("answered connections to"),
         "{resolved:#}"
     );
-    // The Node condition no longer names the loop: only risks (until `probe check`'s next
-    // pass sees the fix) or nothing keep it True.
+    // The Node condition no longer names the loop, and with the LB IP unbound there is no
+    // risk left to keep it True.
     let condition = wait_for("the condition without the loop", WAIT, || {
-        api.objects("nodes")
-            .into_iter()
-            .find(|n| n["metadata"]["name"] == NODE_NAME)?["status"]["conditions"]
-            .as_array()?
-            .iter()
-            .find(|c| {
-                c["type"] == "LoadBalancerLoopback"
-                    && !c["message"]
-                        .as_str()
-                        .unwrap_or_default()
-                        .starts_with("active loop")
-            })
-            .cloned()
+        node_condition(&api).filter(|c| {
+            !c["message"]
+                .as_str()
+                .unwrap_or_default()
+                .starts_with("active loop")
+        })
     })
     .expect("LoadBalancerLoopback without the active loop");
-    assert!(
-        condition["status"] == "False"
-            || condition["message"].as_str().unwrap().starts_with("risk "),
-        "{condition:#}"
-    );
+    assert_eq!(condition["status"], "False", "{condition:#}");
+    assert_eq!(condition["reason"], "NoLoopback", "{condition:#}");
     drop(agent);
     drop(api);
     drop(lab);

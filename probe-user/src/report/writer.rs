@@ -2,8 +2,9 @@
 //!
 //! Off the correlation path, like the Events sink: it subscribes to the report broadcast
 //! (bounded; a lagging writer loses reports, not the correlator's time) and keeps its own
-//! [`Loops`]. `probe check`'s rules run on a thread of their own every [`CHECK_EVERY`] (they
-//! read the node and shell out), against the Services the attribution cache already holds.
+//! [`Loops`]. `probe check`'s rules run on a thread of their own every [`CHECK_EVERY`], and
+//! within [`CHECK_MIN_GAP`] of a change of the node's addresses or service table (they read
+//! the node and shell out), against the Services the attribution cache already holds.
 //! Once a second the writer builds the status; a change (or [`HEARTBEAT`] without one) is
 //! offered to the [`Gate`] (one write per 10 s, coalesced, newest wins), and a write is
 //! server-side apply of `status` through the status subresource, field manager
@@ -47,6 +48,10 @@ use crate::hub::capability::{Capabilities, Capability};
 pub const HEARTBEAT: Duration = Duration::from_secs(300);
 /// How often `probe check`'s rules run for the report.
 pub const CHECK_EVERY: Duration = Duration::from_secs(60);
+/// The least time between two passes when the node's addresses or service table changed:
+/// the report's write limit (one per 10 s), so a faster pass could not reach the API sooner,
+/// and churn at 10,000 Services costs one pass per 10 s at most.
+pub const CHECK_MIN_GAP: Duration = Duration::from_secs(10);
 const TICK: Duration = Duration::from_secs(1);
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -195,14 +200,29 @@ pub fn change_key(status: &ReportStatus) -> ReportStatus {
     key
 }
 
-/// Runs `probe check`'s reading and rules every [`CHECK_EVERY`] on a thread of its own (it
-/// reads the node and runs `ipset save`); the service table is the agent's latest (`tables`)
-/// once there is one, read here only before that; the kernel view is the agent's (`kernel`).
-/// Stops when the receiver is gone.
+/// Whether a `probe check` pass is due, `since_last` after the last one (None: none yet):
+/// the first at once, then every [`CHECK_EVERY`], and sooner after the node's addresses or
+/// its service table changed, once [`CHECK_MIN_GAP`] has passed (pure).
+pub fn check_due(since_last: Option<Duration>, changed: bool) -> bool {
+    match since_last {
+        None => true,
+        Some(d) => d >= CHECK_EVERY || (changed && d >= CHECK_MIN_GAP),
+    }
+}
+
+/// Runs `probe check`'s reading and rules on a thread of its own (it reads the node and runs
+/// `ipset save`) when [`check_due`] says so: a bound or unbound LB IP (`owners`, the address
+/// sync's owner map) or a new service table (`tables`) shows in the report's risks within
+/// [`CHECK_MIN_GAP`], not a whole [`CHECK_EVERY`] later. A change of the API's objects alone
+/// waits for the next periodic pass: pods churn, and a pass per pod change would cost more
+/// than the names it refreshes. The service table is the agent's latest once there is one,
+/// read here only before that; the kernel view is the agent's (`kernel`). Stops when the
+/// receiver is gone.
 pub fn spawn_checks(
     addr: crate::state::addrs::AddrConfig,
     index: Option<watch::Receiver<Arc<crate::kube::index::Index>>>,
-    tables: watch::Receiver<Option<Arc<crate::state::ServiceTable>>>,
+    mut tables: watch::Receiver<Option<Arc<crate::state::ServiceTable>>>,
+    mut owners: watch::Receiver<crate::agent::nodesync::Owners>,
     kernel: crate::check::KernelView,
 ) -> watch::Receiver<CheckState> {
     let (tx, rx) = watch::channel(CheckState::default());
@@ -210,27 +230,37 @@ pub fn spawn_checks(
         .name("report-check".into())
         .spawn(move || {
             let mut said = false;
+            let mut last: Option<Instant> = None;
+            let mut changed = false;
             loop {
-                let table = tables.borrow().as_deref().cloned();
-                match crate::check::gather::gather_with(&addr, table, Some(kernel.clone())) {
-                    Ok(inputs) => {
-                        let services: Vec<_> = index
-                            .as_ref()
-                            .map(|i| i.borrow().services().cloned().collect())
-                            .unwrap_or_default();
-                        let state = check_state(&inputs, &services);
-                        if tx.send(state).is_err() {
-                            return;
+                // A closed sender (the agent stopping) is no change; `tx` ends the loop.
+                changed |= tables.has_changed().unwrap_or(false)
+                    || owners.has_changed().unwrap_or(false);
+                if check_due(last.map(|l| l.elapsed()), changed) {
+                    owners.mark_unchanged();
+                    let table = tables.borrow_and_update().as_deref().cloned();
+                    last = Some(Instant::now());
+                    changed = false;
+                    match crate::check::gather::gather_with(&addr, table, Some(kernel.clone())) {
+                        Ok(inputs) => {
+                            let services: Vec<_> = index
+                                .as_ref()
+                                .map(|i| i.borrow().services().cloned().collect())
+                                .unwrap_or_default();
+                            let state = check_state(&inputs, &services);
+                            if tx.send(state).is_err() {
+                                return;
+                            }
+                            said = false;
                         }
-                        said = false;
+                        Err(e) if !said => {
+                            warn!(error = %format!("{e:#}"), "node report: reading the node for its risks failed (retried)");
+                            said = true;
+                        }
+                        Err(_) => {}
                     }
-                    Err(e) if !said => {
-                        warn!(error = %format!("{e:#}"), "node report: reading the node for its risks failed (retried)");
-                        said = true;
-                    }
-                    Err(_) => {}
                 }
-                std::thread::sleep(CHECK_EVERY);
+                std::thread::sleep(TICK);
                 if tx.is_closed() {
                     return;
                 }

@@ -189,6 +189,28 @@ async fn the_task_writes_a_confirmed_loop_then_stops_with_the_broadcast() {
 }
 
 #[test]
+fn a_check_runs_at_once_then_periodically_and_soon_after_a_change() {
+    let s = Duration::from_secs;
+    assert!(check_due(None, false), "the first pass at once");
+    assert!(!check_due(Some(s(1)), false));
+    assert!(
+        !check_due(Some(s(1)), true),
+        "no faster than the write limit"
+    );
+    assert!(!check_due(Some(CHECK_MIN_GAP - s(1)), true));
+    assert!(
+        check_due(Some(CHECK_MIN_GAP), true),
+        "a change: after the gap"
+    );
+    assert!(
+        !check_due(Some(CHECK_MIN_GAP), false),
+        "no change: the period"
+    );
+    assert!(check_due(Some(CHECK_EVERY), false));
+    assert!(CHECK_MIN_GAP < CHECK_EVERY);
+}
+
+#[test]
 fn repeats_of_a_loop_are_not_a_change_a_new_loop_or_risk_is() {
     let facts = NodeFacts {
         node: "node-a".into(),
