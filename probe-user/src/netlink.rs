@@ -152,7 +152,8 @@ impl Connection {
     }
 }
 
-/// Sends one request on a fresh socket of `protocol`: see [`Connection::request`].
+/// Sends one request on a fresh socket of `protocol`: see [`Connection::request`] (and
+/// [`request_kept`] for look-ups that must not wait for the socket's close).
 pub fn request<T>(
     protocol: isize,
     op: &'static str,
@@ -163,6 +164,65 @@ where
     T: NetlinkSerializable,
 {
     Connection::open(protocol, op)?.request(op, msg, dump)
+}
+
+thread_local! {
+    /// This thread's kept sockets: (protocol, network namespace inode, connection).
+    static KEPT: std::cell::RefCell<Vec<(isize, u64, Connection)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The calling thread's network namespace (the inode of `/proc/thread-self/ns/net`).
+fn thread_netns() -> Option<u64> {
+    let link = std::fs::read_link("/proc/thread-self/ns/net").ok()?;
+    link.to_str()?
+        .strip_prefix("net:[")?
+        .strip_suffix(']')?
+        .parse()
+        .ok()
+}
+
+/// [`request`] on a socket this thread keeps open, one per protocol and network namespace
+/// (opened on first use). For look-ups on the detection path: **closing** a netlink socket
+/// takes the kernel's netlink table for writing (`netlink_remove` -> `netlink_table_grab`),
+/// which waits while broadcasts are being delivered, and an nf_tables commit at 10,000
+/// Services broadcasts ~140,000 notifications back to back: a fresh socket per conntrack
+/// look-up waited 1-2 s at each kube-proxy re-sync (measured: `chaos --scale-only`, and
+/// `conntrack -G` in a loop beside an `iptables-restore`), a kept one none. A socket that
+/// failed (not a kernel refusal) is dropped and the request tried once more on a new one;
+/// replies to an abandoned request are skipped by sequence number.
+pub fn request_kept<T>(
+    protocol: isize,
+    op: &'static str,
+    msg: NetlinkMessage<T>,
+    dump: bool,
+) -> Result<Vec<u8>, NetlinkError>
+where
+    T: NetlinkSerializable + Clone,
+{
+    let Some(ns) = thread_netns() else {
+        return request(protocol, op, msg, dump);
+    };
+    let kept = KEPT.with(|k| {
+        let mut k = k.borrow_mut();
+        let at = k.iter().position(|(p, n, _)| *p == protocol && *n == ns)?;
+        Some(k.swap_remove(at).2)
+    });
+    let (mut conn, fresh) = match kept {
+        Some(c) => (c, false),
+        None => (Connection::open(protocol, op)?, true),
+    };
+    let result = match conn.request(op, msg.clone(), dump) {
+        Err(NetlinkError::Socket { .. } | NetlinkError::Framing { .. }) if !fresh => {
+            conn = Connection::open(protocol, op)?;
+            conn.request(op, msg, dump)
+        }
+        other => other,
+    };
+    if matches!(result, Ok(_) | Err(NetlinkError::Kernel { .. })) {
+        KEPT.with(|k| k.borrow_mut().push((protocol, ns, conn)));
+    }
+    result
 }
 
 /// Splits a buffer into whole netlink messages (each with its header); the last may lack its
@@ -279,5 +339,46 @@ mod tests {
         );
         // Linux allows an NLMSG_DONE without a payload.
         assert!(kernel_error(&message(NLMSG_DONE, 1, &[])).is_none());
+    }
+
+    /// The fd of this thread's kept socket of `protocol`, if there is one.
+    fn kept_fd(protocol: isize) -> Option<i32> {
+        KEPT.with(|k| {
+            k.borrow()
+                .iter()
+                .find(|(p, _, _)| *p == protocol)
+                .map(|(_, _, c)| c.socket.as_raw_fd())
+        })
+    }
+
+    #[test]
+    fn a_kept_socket_serves_every_request_and_survives_a_refusal() {
+        use netlink_packet_route::{RouteNetlinkMessage, link::LinkMessage};
+        use netlink_sys::protocols::NETLINK_ROUTE;
+        // A thread of its own: its kept sockets are its own, closed when it ends.
+        std::thread::spawn(|| {
+            let links =
+                || NetlinkMessage::from(RouteNetlinkMessage::GetLink(LinkMessage::default()));
+            assert_eq!(kept_fd(NETLINK_ROUTE), None);
+            let first = request_kept(NETLINK_ROUTE, "test links", links(), true).unwrap();
+            assert!(!first.is_empty(), "at least lo");
+            let fd = kept_fd(NETLINK_ROUTE).expect("kept after the first request");
+            request_kept(NETLINK_ROUTE, "test links", links(), true).unwrap();
+            // A link that does not exist: the kernel refuses, the socket stays.
+            let mut missing = LinkMessage::default();
+            missing.header.index = u32::MAX;
+            let refused = request_kept(
+                NETLINK_ROUTE,
+                "test missing link",
+                NetlinkMessage::from(RouteNetlinkMessage::GetLink(missing)),
+                false,
+            )
+            .unwrap_err();
+            assert!(refused.kernel_errno().is_some(), "{refused}");
+            assert_eq!(kept_fd(NETLINK_ROUTE), Some(fd), "one socket throughout");
+            KEPT.with(|k| assert_eq!(k.borrow().len(), 1));
+        })
+        .join()
+        .unwrap();
     }
 }

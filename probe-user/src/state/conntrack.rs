@@ -258,7 +258,7 @@ fn request(
         NetfilterHeader::new(family, 0, 0),
         msg,
     ));
-    Ok(netlink::request(NETLINK_NETFILTER, op, packet, dump)?)
+    Ok(netlink::request_kept(NETLINK_NETFILTER, op, packet, dump)?)
 }
 
 /// Why a ctnetlink reply could not be read at all: every message that failed, in order.

@@ -92,7 +92,7 @@ fn dump(family: u8, protocol: u8) -> Result<Vec<DiagSocket>, NetlinkError> {
         .into(),
     );
     let op = "sock_diag dump";
-    let reply = netlink::request(netlink_sys::protocols::NETLINK_SOCK_DIAG, op, msg, true)?;
+    let reply = netlink::request_kept(netlink_sys::protocols::NETLINK_SOCK_DIAG, op, msg, true)?;
     let mut out = Vec::new();
     for bytes in netlink::split(&reply).map_err(|source| NetlinkError::Framing { op, source })? {
         let Ok(m) = NetlinkMessage::<SockDiagMessage>::deserialize(bytes) else {

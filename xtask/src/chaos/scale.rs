@@ -77,6 +77,8 @@ const EGRESS_ENTRIES: usize = 65_536;
 /// How often kube-proxy-like re-syncs (one Service changed) run during the hairpins.
 const RESYNC_EVERY: Duration = Duration::from_secs(5);
 const NODEPORTS: usize = 2_000;
+/// A line later than this after its suspect is named on the log.
+const SLOW_NS: u64 = 100_000_000;
 const CONNTRACK_MAX: &str = "net.netfilter.nf_conntrack_max";
 
 fn node(argv: &[&str]) -> Result<String> {
@@ -337,7 +339,8 @@ impl RereadWatch {
 /// Services re-committed with the next Service's endpoint moved.
 struct Resync {
     stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<usize>>,
+    /// (start, end) CLOCK_MONOTONIC ns of each committed re-sync.
+    thread: Option<std::thread::JoinHandle<Vec<(u64, u64)>>>,
 }
 
 impl Resync {
@@ -345,11 +348,12 @@ impl Resync {
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
         let thread = std::thread::spawn(move || {
-            let mut k = 0;
+            let mut commits = Vec::new();
             let file = std::env::temp_dir().join("clb-chaos-scale-resync.rules");
             while !s.load(Ordering::Relaxed) {
                 let t = Instant::now();
-                let rules = crate::bench::scale::iptables_rules(n, Some(k % n.max(1)));
+                let rules = crate::bench::scale::iptables_rules(n, Some(commits.len() % n.max(1)));
+                let begun = monotonic_ns();
                 if std::fs::write(&file, rules).is_ok()
                     && node(&[
                         "iptables-restore",
@@ -359,14 +363,14 @@ impl Resync {
                     ])
                     .is_ok()
                 {
-                    k += 1;
+                    commits.push((begun, monotonic_ns()));
                 }
                 while t.elapsed() < RESYNC_EVERY && !s.load(Ordering::Relaxed) {
                     std::thread::sleep(Duration::from_millis(50));
                 }
             }
             let _ = std::fs::remove_file(file);
-            k
+            commits
         });
         Resync {
             stop,
@@ -374,10 +378,13 @@ impl Resync {
         }
     }
 
-    /// Stops the re-syncs; how many were committed.
-    fn finish(mut self) -> usize {
+    /// Stops the re-syncs; when each committed one ran.
+    fn finish(mut self) -> Vec<(u64, u64)> {
         self.stop.store(true, Ordering::Relaxed);
-        self.thread.take().and_then(|t| t.join().ok()).unwrap_or(0)
+        self.thread
+            .take()
+            .and_then(|t| t.join().ok())
+            .unwrap_or_default()
     }
 }
 
@@ -471,11 +478,14 @@ pub(super) fn scale(probe: &Path, work: &Path, size: &Scale) -> Result<Row> {
     while hairpins(&agent) < size.hairpins as u64 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(100));
     }
-    let syncs = resync.finish();
+    let commits = resync.finish();
+    let syncs = commits.len();
     let spans = watch.finish();
     let confirmed = hairpins(&agent);
-    // Each confirmed line's arrival, and its suspect's send (by the suspect's source port).
-    let lines: Vec<(u64, u64)> = agent
+    // Each confirmed line's arrival, its suspect's send (by the suspect's source port), and
+    // how it was confirmed (`dropped`: the kernel's drop paired at once; otherwise conntrack
+    // after the settle window).
+    let lines: Vec<(u64, u64, String)> = agent
         .events
         .lock()
         .map(|v| {
@@ -485,19 +495,62 @@ pub(super) fn scale(probe: &Path, work: &Path, size: &Scale) -> Result<Row> {
                     let i = (e["kind"] == "hairpin")
                         .then(|| e["src_port"].as_u64())??
                         .checked_sub(40_000)?;
-                    Some((*at, *sent_ns.get(i as usize)?))
+                    let outcome = e["outcome"].as_str().unwrap_or("unknown").to_string();
+                    Some((*at, *sent_ns.get(i as usize)?, outcome))
                 })
                 .collect()
         })
         .unwrap_or_default();
     let during = lines
         .iter()
-        .filter(|(at, _)| spans.iter().any(|(a, b)| a <= at && at <= b))
+        .filter(|(at, _, _)| spans.iter().any(|(a, b)| a <= at && at <= b))
         .count();
     let latency_ms: Vec<f64> = lines
         .iter()
-        .map(|(at, sent)| at.saturating_sub(*sent) as f64 / 1e6)
+        .map(|(at, sent, _)| at.saturating_sub(*sent) as f64 / 1e6)
         .collect();
+    // The first slow ones on the log, against the re-syncs and re-reads around them (ms from
+    // the first send): how the 2 s stalls of netlink socket closes were found.
+    let origin = sent_ns.first().copied().unwrap_or(0);
+    let rel = |ns: u64| ns.saturating_sub(origin) as f64 / 1e6;
+    let slow: Vec<_> = lines
+        .iter()
+        .filter(|(at, sent, _)| at.saturating_sub(*sent) > SLOW_NS)
+        .collect();
+    for (at, sent, outcome) in slow.iter().take(5) {
+        eprintln!(
+            "chaos: scale: slow line: sent at {:.0} ms, line at {:.0} ms ({outcome}); re-syncs {:?}; re-reads {:?}",
+            rel(*sent),
+            rel(*at),
+            commits
+                .iter()
+                .map(|(a, b)| (rel(*a) as i64, rel(*b) as i64))
+                .collect::<Vec<_>>(),
+            spans
+                .iter()
+                .map(|(a, b)| (rel(*a) as i64, rel(*b) as i64))
+                .collect::<Vec<_>>(),
+        );
+    }
+    let mut by_outcome: std::collections::BTreeMap<&str, Vec<f64>> = Default::default();
+    for (at, sent, outcome) in &lines {
+        by_outcome
+            .entry(outcome.as_str())
+            .or_default()
+            .push(at.saturating_sub(*sent) as f64 / 1e6);
+    }
+    let outcomes = by_outcome
+        .iter()
+        .map(|(o, v)| {
+            format!(
+                "{o}: {} lines, {:.0} ms median, {:.0} ms p99",
+                v.len(),
+                percentile(v, 50.0),
+                percentile(v, 99.0)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
     let reread_ms: Vec<f64> = spans.iter().map(|(a, b)| (b - a) as f64 / 1e6).collect();
     drop(agent);
     drop(restore);
@@ -543,7 +596,7 @@ pub(super) fn scale(probe: &Path, work: &Path, size: &Scale) -> Result<Row> {
         figure: format!(
             "{confirmed}/{} confirmed, {during} of them while a re-read ran ({syncs} re-syncs, {} re-reads, {:.0} \
              ms median, {:.0} ms max; one iptables-save alone {save_ms:.0} ms); suspect sent to \
-             its line {:.0} ms median, {:.0} ms p99; loads: conntrack \
+             its line {:.0} ms median, {:.0} ms p99, {} over 100 ms (by outcome: {outcomes}); loads: conntrack \
              {:.1} s, iptables-restore {:.1} s, egress table {:.1} s; {ipvs_figure}",
             size.hairpins,
             spans.len(),
@@ -551,6 +604,7 @@ pub(super) fn scale(probe: &Path, work: &Path, size: &Scale) -> Result<Row> {
             reread_ms.iter().copied().fold(0.0, f64::max),
             percentile(&latency_ms, 50.0),
             percentile(&latency_ms, 99.0),
+            slow.len(),
             ct_load.as_secs_f64(),
             ipt_load.as_secs_f64(),
             fill.as_secs_f64(),
