@@ -191,14 +191,9 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
     let _kube_events_task = spawn_kube_events(&cfg, &shared);
     // The correlator's latest service table, for readers beside it (the node report's checks).
     let (tables_tx, tables_rx) = watch::channel(None);
-    let _node_report_task = spawn_node_report(
-        &cfg,
-        &shared,
-        kube.index.clone(),
-        tables_rx,
-        owners_rx.clone(),
-        || crate::check::gather::kernel_view_of(Ok(&kbtf), kallsyms_readable),
-    );
+    let _node_report_task = spawn_node_report(&cfg, &shared, &kube, tables_rx, &owners_rx, || {
+        crate::check::gather::kernel_view_of(Ok(&kbtf), kallsyms_readable)
+    });
     let serving = surfaces.serve(&shared, &stop_rx);
     let otlp_metrics = surfaces
         .otlp_metrics
@@ -504,15 +499,20 @@ fn spawn_kube_events(cfg: &AgentConfig, shared: &Shared) -> Option<AbortOnDrop> 
 fn spawn_node_report(
     cfg: &AgentConfig,
     shared: &Shared,
-    index: Option<watch::Receiver<Arc<crate::kube::index::Index>>>,
+    kube: &Attribution,
     tables: watch::Receiver<Option<Arc<state::ServiceTable>>>,
-    owners: watch::Receiver<nodesync::Owners>,
+    owners: &watch::Receiver<nodesync::Owners>,
     kernel: impl FnOnce() -> crate::check::KernelView,
 ) -> Option<AbortOnDrop> {
     let source = cfg.node_report.as_ref()?;
     let node = cfg.node_name.clone().unwrap_or_else(hub::node_name);
-    let checks =
-        crate::report::writer::spawn_checks(cfg.addr.clone(), index, tables, owners, kernel());
+    let checks = crate::report::writer::spawn_checks(
+        cfg.addr.clone(),
+        kube.index.clone(),
+        tables,
+        owners.clone(),
+        kernel(),
+    );
     Some(AbortOnDrop(tokio::spawn(crate::report::writer::start(
         source.clone(),
         cfg.node_condition,

@@ -45,6 +45,7 @@ mod observe;
 mod reader_stalled;
 mod row;
 mod scale;
+mod scale_lines;
 mod sigkill;
 mod vip_bursts;
 mod vip_iface_churn;

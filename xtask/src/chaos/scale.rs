@@ -77,8 +77,6 @@ const EGRESS_ENTRIES: usize = 65_536;
 /// How often kube-proxy-like re-syncs (one Service changed) run during the hairpins.
 const RESYNC_EVERY: Duration = Duration::from_secs(5);
 const NODEPORTS: usize = 2_000;
-/// A line later than this after its suspect is named on the log.
-const SLOW_NS: u64 = 100_000_000;
 const CONNTRACK_MAX: &str = "net.netfilter.nf_conntrack_max";
 
 fn node(argv: &[&str]) -> Result<String> {
@@ -482,75 +480,10 @@ pub(super) fn scale(probe: &Path, work: &Path, size: &Scale) -> Result<Row> {
     let syncs = commits.len();
     let spans = watch.finish();
     let confirmed = hairpins(&agent);
-    // Each confirmed line's arrival, its suspect's send (by the suspect's source port), and
-    // how it was confirmed (`dropped`: the kernel's drop paired at once; otherwise conntrack
-    // after the settle window).
-    let lines: Vec<(u64, u64, String)> = agent
-        .events
-        .lock()
-        .map(|v| {
-            v.iter()
-                .filter_map(|(at, l)| {
-                    let e: serde_json::Value = serde_json::from_str(l).ok()?;
-                    let i = (e["kind"] == "hairpin")
-                        .then(|| e["src_port"].as_u64())??
-                        .checked_sub(40_000)?;
-                    let outcome = e["outcome"].as_str().unwrap_or("unknown").to_string();
-                    Some((*at, *sent_ns.get(i as usize)?, outcome))
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    let during = lines
-        .iter()
-        .filter(|(at, _, _)| spans.iter().any(|(a, b)| a <= at && at <= b))
-        .count();
-    let latency_ms: Vec<f64> = lines
-        .iter()
-        .map(|(at, sent, _)| at.saturating_sub(*sent) as f64 / 1e6)
-        .collect();
-    // The first slow ones on the log, against the re-syncs and re-reads around them (ms from
-    // the first send): how the 2 s stalls of netlink socket closes were found.
-    let origin = sent_ns.first().copied().unwrap_or(0);
-    let rel = |ns: u64| ns.saturating_sub(origin) as f64 / 1e6;
-    let slow: Vec<_> = lines
-        .iter()
-        .filter(|(at, sent, _)| at.saturating_sub(*sent) > SLOW_NS)
-        .collect();
-    for (at, sent, outcome) in slow.iter().take(5) {
-        eprintln!(
-            "chaos: scale: slow line: sent at {:.0} ms, line at {:.0} ms ({outcome}); re-syncs {:?}; re-reads {:?}",
-            rel(*sent),
-            rel(*at),
-            commits
-                .iter()
-                .map(|(a, b)| (rel(*a) as i64, rel(*b) as i64))
-                .collect::<Vec<_>>(),
-            spans
-                .iter()
-                .map(|(a, b)| (rel(*a) as i64, rel(*b) as i64))
-                .collect::<Vec<_>>(),
-        );
-    }
-    let mut by_outcome: std::collections::BTreeMap<&str, Vec<f64>> = Default::default();
-    for (at, sent, outcome) in &lines {
-        by_outcome
-            .entry(outcome.as_str())
-            .or_default()
-            .push(at.saturating_sub(*sent) as f64 / 1e6);
-    }
-    let outcomes = by_outcome
-        .iter()
-        .map(|(o, v)| {
-            format!(
-                "{o}: {} lines, {:.0} ms median, {:.0} ms p99",
-                v.len(),
-                percentile(v, 50.0),
-                percentile(v, 99.0)
-            )
-        })
-        .collect::<Vec<_>>()
-        .join("; ");
+    let timing = {
+        let events = agent.events.lock().map(|v| v.clone()).unwrap_or_default();
+        super::scale_lines::LineTiming::of(&events, &sent_ns, &spans, &commits)
+    };
     let reread_ms: Vec<f64> = spans.iter().map(|(a, b)| (b - a) as f64 / 1e6).collect();
     drop(agent);
     drop(restore);
@@ -594,17 +527,19 @@ pub(super) fn scale(probe: &Path, work: &Path, size: &Scale) -> Result<Row> {
                   and limit restored"
             .into(),
         figure: format!(
-            "{confirmed}/{} confirmed, {during} of them while a re-read ran ({syncs} re-syncs, {} re-reads, {:.0} \
+            "{confirmed}/{} confirmed, {} of them while a re-read ran ({syncs} re-syncs, {} re-reads, {:.0} \
              ms median, {:.0} ms max; one iptables-save alone {save_ms:.0} ms); suspect sent to \
-             its line {:.0} ms median, {:.0} ms p99, {} over 100 ms (by outcome: {outcomes}); loads: conntrack \
+             its line {:.0} ms median, {:.0} ms p99, {} over 100 ms (by outcome: {}); loads: conntrack \
              {:.1} s, iptables-restore {:.1} s, egress table {:.1} s; {ipvs_figure}",
             size.hairpins,
+            timing.during_reread,
             spans.len(),
             percentile(&reread_ms, 50.0),
             reread_ms.iter().copied().fold(0.0, f64::max),
-            percentile(&latency_ms, 50.0),
-            percentile(&latency_ms, 99.0),
-            slow.len(),
+            percentile(&timing.latency_ms, 50.0),
+            percentile(&timing.latency_ms, 99.0),
+            timing.slow,
+            timing.by_outcome,
             ct_load.as_secs_f64(),
             ipt_load.as_secs_f64(),
             fill.as_secs_f64(),
