@@ -128,9 +128,8 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
     trap_signals();
     let root = crate::workspace_root();
     eprintln!("demo: building the probe");
-    let status = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
-        .args(["build", "--quiet", "-p", "probe-user"])
-        .current_dir(&root)
+    let status = crate::build::workspace_cargo(&root, "build")
+        .args(["--quiet", "--bins"])
         .status()?;
     if !status.success() {
         bail!("building probe-user failed");

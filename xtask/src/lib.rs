@@ -2,6 +2,7 @@
 
 pub mod arch;
 pub mod bench;
+pub mod build;
 pub mod chaos;
 pub mod chart;
 pub mod demo;

@@ -335,15 +335,12 @@ fn build_agent(root: &Path, quick: bool) -> Result<PathBuf> {
     }
     let profile = if quick { "debug" } else { "release" };
     eprintln!("bench: cargo build ({profile}) -p probe-user");
-    let mut args = vec!["build", "-p", "probe-user", "--bin", "probe"];
+    let mut build = crate::build::workspace_cargo(root, "build");
+    build.args(["--bin", "probe"]);
     if !quick {
-        args.push("--release");
+        build.arg("--release");
     }
-    let status = std::process::Command::new(std::env::var_os("CARGO").unwrap_or("cargo".into()))
-        .args(&args)
-        .current_dir(root)
-        .status()
-        .context("running cargo build")?;
+    let status = build.status().context("running cargo build")?;
     if !status.success() {
         bail!("building the {profile} agent failed ({status})");
     }

@@ -35,21 +35,12 @@ fn storm(root: &Path, profile: &str, args: &[&str]) -> Result<serde_json::Value>
 /// whose dev-dependencies the tests have already built.
 fn build(root: &Path, release: bool) -> Result<()> {
     eprintln!("bench: cargo build -p probe-user --example correlation_storm (release: {release})");
-    let mut args = vec![
-        "build",
-        "-p",
-        "probe-user",
-        "--example",
-        "correlation_storm",
-    ];
+    let mut build = crate::build::workspace_cargo(root, "build");
+    build.args(["--example", "correlation_storm"]);
     if release {
-        args.push("--release");
+        build.arg("--release");
     }
-    let status = std::process::Command::new(std::env::var_os("CARGO").unwrap_or("cargo".into()))
-        .args(args)
-        .current_dir(root)
-        .status()
-        .context("running cargo build")?;
+    let status = build.status().context("running cargo build")?;
     if !status.success() {
         bail!("building correlation_storm failed ({status})");
     }

@@ -11,10 +11,17 @@ use super::row::Row;
 /// proptest over every reader's input (probe-user's `fuzz_` tests) with `cases` cases each.
 pub(super) fn fuzz(cases: u32) -> Result<Row> {
     let t = Instant::now();
-    let out = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
-        .args(["test", "-p", "probe-user", "--lib", "fuzz_"])
+    // probe-user's unit-test executable from the build every step shares (a `cargo test -p
+    // probe-user` would compile probe-user again with its own feature set).
+    let unit = crate::build::host(&workspace_root())?
+        .into_iter()
+        .find(|(p, _, k, _)| p == "probe-user" && k.iter().any(|k| k == "lib"))
+        .map(|a| a.3)
+        .ok_or_else(|| anyhow::anyhow!("cargo built no probe-user unit-test executable"))?;
+    let out = Command::new(unit)
+        .arg("fuzz_")
         .env("PROPTEST_CASES", cases.to_string())
-        .current_dir(workspace_root())
+        .current_dir(workspace_root().join("probe-user"))
         .output()?;
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let summary = text

@@ -29,7 +29,6 @@
 
 use std::{
     path::{Path, PathBuf},
-    process::Command,
     time::Duration,
 };
 
@@ -82,18 +81,9 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
     // Figures from the release build (what the DaemonSet runs); the smoke run takes the debug
     // build CI has already made.
     let profile = if args.quick { "debug" } else { "release" };
-    let mut build = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
     // The scale row's IPVS decoder run is an example of the same profile.
-    build
-        .args([
-            "build",
-            "-p",
-            "probe-user",
-            "--bins",
-            "--example",
-            "ipvs_dump_scale",
-        ])
-        .current_dir(&root);
+    let mut build = crate::build::workspace_cargo(&root, "build");
+    build.args(["--bins", "--example", "ipvs_dump_scale"]);
     if !args.quick {
         build.arg("--release");
     }

@@ -227,26 +227,9 @@ pub const TEST_FILES: &[&str] = &["datapath", "ipvs"];
 /// The arm64 suite's executables, cross-built on the host: the agent, and (test file,
 /// executable) in [`TEST_FILES`] order.
 pub fn build(root: &Path) -> anyhow::Result<(PathBuf, Vec<(String, PathBuf)>)> {
-    let built = suite::artifacts(
-        root,
-        &[
-            "build",
-            "-p",
-            "probe-user",
-            "--bin",
-            "probe",
-            "--target",
-            TARGET,
-        ],
-    )?;
+    let built = crate::build::arm64(root)?;
     let probe = suite::probe_binary(&built, "arm64 ")?;
-    let mut args = vec!["test", "-p", "probe-tests"];
-    for f in TEST_FILES {
-        args.extend(["--test", f]);
-    }
-    args.extend(["--no-run", "--target", TARGET]);
-    let all = suite::artifacts(root, &args)?;
-    let tests = suite::test_executables(&all, TEST_FILES, "arm64 ")?;
+    let tests = suite::test_executables(&built, TEST_FILES, "arm64 ")?;
     Ok((probe, tests))
 }
 

@@ -127,6 +127,11 @@ pub struct VmArgs {
     /// after another.
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub cpus: u32,
+    /// Niceness of the QEMU processes (0-19). `cargo xtask test` boots the guests beside the
+    /// host's integration tests at 10, so the host tests (their agents, labs and timeouts) get
+    /// the CPU first and the guests take what those leave idle.
+    #[arg(long, default_value_t = 0, value_name = "N", value_parser = clap::value_parser!(i32).range(0..=19))]
+    pub nice: i32,
 }
 
 impl Default for VmArgs {
@@ -143,6 +148,7 @@ impl Default for VmArgs {
             timeout: 1800,
             lanes: 2,
             cpus: 1,
+            nice: 0,
         }
     }
 }
@@ -376,6 +382,7 @@ fn boot_in(
         results: results.to_path_buf(),
         memory: "1G",
         cpus: args.cpus,
+        nice: args.nice,
         echo_prefix: format!("vm {}| ", label(kernel.arch, spec)),
     };
     eprintln!(

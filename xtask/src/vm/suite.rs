@@ -112,7 +112,7 @@ pub type Artifact = (String, String, Vec<String>, PathBuf);
 
 /// Runs a cargo command with `--message-format=json`; returns (package name, target name,
 /// target kinds, executable) of every artifact with an executable.
-pub(super) fn artifacts(root: &Path, args: &[&str]) -> anyhow::Result<Vec<Artifact>> {
+pub(crate) fn artifacts(root: &Path, args: &[&str]) -> anyhow::Result<Vec<Artifact>> {
     eprintln!("vm: cargo {}", args.join(" "));
     let out = cargo()
         .args(args)
@@ -193,17 +193,17 @@ pub(super) fn test_executables(
         .collect()
 }
 
-/// Builds everything the suite runs.
+/// Builds everything the suite runs: the host build every step shares ([`crate::build::host`];
+/// nothing left to compile when `cargo xtask test` already made it).
 pub fn build(root: &Path) -> anyhow::Result<Bins> {
-    let built = artifacts(root, &["build", "-p", "probe-user", "-p", "xtask"])?;
+    let built = crate::build::host(root)?;
     let probe = probe_binary(&built, "")?;
-    let unit = artifacts(root, &["test", "-p", "probe-user", "--lib", "--no-run"])?
-        .into_iter()
+    let unit = built
+        .iter()
         .find(|(p, _, k, _)| p == "probe-user" && k.iter().any(|k| k == "lib"))
-        .map(|a| a.3)
+        .map(|a| a.3.clone())
         .context("cargo built no probe-user unit-test executable")?;
-    let all = artifacts(root, &["test", "-p", "probe-tests", "--tests", "--no-run"])?;
-    let tests = test_executables(&all, TEST_FILES, "")?;
+    let tests = test_executables(&built, TEST_FILES, "")?;
     let older_kernel = root.join("xtask/src/vm/older-kernel.sh").is_file()
         && probe == root.join("target/debug/probe");
     Ok(Bins {
