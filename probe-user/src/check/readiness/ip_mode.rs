@@ -77,13 +77,7 @@ pub(super) fn ip_mode_advice(
                 .or_else(|| svc.and_then(fixes::service_provider))
                 .unwrap_or(Provider::Generic);
             let guard: Vec<String> = svc
-                .map(|s| {
-                    s.loopback_annotations
-                        .iter()
-                        .filter(|(_, v)| !v.is_empty() && v.as_str() != "false")
-                        .map(|(k, _)| k.clone())
-                        .collect()
-                })
+                .map(|s| crate::kube::index::loop_guards(&s.loopback_annotations))
                 .unwrap_or_default();
             let aws = svc.and_then(aws_client_ip_not_kept);
             let not_looping = if pod_masq {
