@@ -427,10 +427,7 @@ mod tests {
             routed.remedy
         );
         assert!(
-            routed
-                .remedy
-                .iter()
-                .any(|r| r.contains("target_instance_ips")),
+            routed.remedy.iter().any(|r| r.contains("guest-agent#555")),
             "{:#?}",
             routed.remedy
         );
