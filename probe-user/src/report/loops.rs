@@ -61,12 +61,13 @@ fn vip_of(e: &LoopbackEvent) -> String {
     }
 }
 
-/// The first fix of an event (`id: change`), else its first remedy line.
+/// The first fix of an event (`id: change`), else its first remedy line that is a remedy
+/// (the "Cause:" line explains, it fixes nothing).
 pub fn first_fix(fixes: &[probe_contract::Fix], remedy: &[String]) -> Option<String> {
     fixes
         .first()
         .map(|f| format!("{}: {}", f.id, f.change))
-        .or_else(|| remedy.first().cloned())
+        .or_else(|| remedy.iter().find(|r| !r.starts_with("Cause:")).cloned())
 }
 
 impl Loops {
