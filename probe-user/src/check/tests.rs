@@ -169,13 +169,20 @@ fn the_api_names_services_and_their_settings() {
         "{f:#?}"
     );
     assert!(f.remedy[0].contains("externalTrafficPolicy: Cluster on shop/web"));
-    // ... and carries the fix that patches it, which `probe check --json` shows.
+    // ... but its fixes leave the policy alone: with ipMode Proxy kube-proxy writes no rule
+    // for the LB IP, so Cluster would change nothing (issue 35, item 4). `probe check --json`
+    // shows them.
     let mut findings = rules::judge(&i);
     attach_fixes(&mut findings, &[web(true, Some("Proxy"), &[])]);
     let hairpin = findings.iter().find(|f| f.kind == Kind::Hairpin).unwrap();
-    assert_eq!(hairpin.fixes[0].id, "etp-cluster", "{:#?}", hairpin.fixes);
+    assert!(
+        hairpin.fixes.iter().all(|x| x.id != "etp-cluster"),
+        "{:#?}",
+        hairpin.fixes
+    );
+    assert_eq!(hairpin.fixes[0].id, "call-by-service-name");
     let json = crate::check::render::json(&Report::new(findings));
-    assert!(json.contains(r#""id": "etp-cluster""#), "{json}");
+    assert!(json.contains(r#""id": "call-by-service-name""#), "{json}");
     // Cluster already: never offered; the health-check risk of a bound VIP gets ipMode Proxy.
     let mut i = masquerade(lab());
     services::merge(&mut i, &[web(false, None, &[])]);
