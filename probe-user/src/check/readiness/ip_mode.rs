@@ -158,7 +158,11 @@ pub(super) fn ip_mode_advice(
             IpModeAdvice {
                 service: svc.map(ServiceFacts::key),
                 ip,
-                ip_mode: if proxy { "Proxy" } else { "VIP" },
+                // As written (an unknown value such as `Router` is not VIP); unset: VIP.
+                ip_mode: svc
+                    .and_then(|s| s.ip_mode(ip))
+                    .map(str::to_string)
+                    .unwrap_or_else(|| if proxy { "Proxy" } else { "VIP" }.to_string()),
                 provider: prov.as_str(),
                 verdict,
                 advice,
