@@ -305,4 +305,18 @@ mod tests {
         }
         assert_eq!(l.active()[0].client_pods.len(), MAX_CLIENT_PODS);
     }
+
+    /// Issue 35 item 9: without a fix, the first remedy that is one, never the "Cause:" line.
+    #[test]
+    fn the_first_fix_is_never_the_cause() {
+        let remedy = [
+            "Cause: pod 10.0.0.9 called its own Service".to_string(),
+            "Restore the hairpin".to_string(),
+        ];
+        assert_eq!(
+            first_fix(&[], &remedy).as_deref(),
+            Some("Restore the hairpin")
+        );
+        assert_eq!(first_fix(&[], &remedy[..1]), None);
+    }
 }
