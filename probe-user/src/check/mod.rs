@@ -250,6 +250,16 @@ pub struct Inputs {
     pub dataplane: Option<dataplane::Dataplane>,
 }
 
+impl Inputs {
+    /// Whether kube-proxy's rules are on this node (None: the dataplane was not read); the
+    /// fixes that change kube-proxy's rules for an LB IP are gated on it.
+    pub fn kube_proxy_runs(&self) -> Option<bool> {
+        self.dataplane
+            .as_ref()
+            .map(|d| d.mode != dataplane::Mode::None)
+    }
+}
+
 /// The node's pieces of a pod's call to its own Service (`service_self_loop`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SelfLoopNode {
@@ -279,7 +289,7 @@ pub enum ApiState {
 pub fn run(cfg: &crate::state::addrs::AddrConfig, api: &kube::ApiAccess) -> anyhow::Result<Report> {
     let (inputs, listed) = read(cfg, api)?;
     let mut findings = rules::judge(&inputs);
-    attach_fixes(&mut findings, &listed);
+    attach_fixes(&mut findings, &listed, inputs.kube_proxy_runs());
     Ok(Report::new(findings).with_dataplane(inputs.dataplane))
 }
 
@@ -326,8 +336,13 @@ pub fn run_as(
 
 /// The fixes of each loopback risk for every listed Service on its LB IP (its subject): a
 /// shared LB IP loops for all of them. Each Service's profile comes from its own settings;
-/// the port and protocol from the subject (`ip:port/proto`) when it names them.
-pub fn attach_fixes(findings: &mut [Finding], services: &[crate::kube::index::ServiceFacts]) {
+/// the port and protocol from the subject (`ip:port/proto`) when it names them; `kube_proxy`:
+/// whether kube-proxy's rules were read on this node ([`Inputs::kube_proxy_runs`]).
+pub fn attach_fixes(
+    findings: &mut [Finding],
+    services: &[crate::kube::index::ServiceFacts],
+    kube_proxy: Option<bool>,
+) {
     use probe_contract::LoopbackKind as L;
     for f in findings {
         let kind = match f.kind {
@@ -370,6 +385,7 @@ pub fn attach_fixes(findings: &mut [Finding], services: &[crate::kube::index::Se
             let provider =
                 crate::fixes::service_provider(service).unwrap_or(crate::fixes::Provider::Generic);
             let mut facts = crate::fixes::Facts::of_risk(kind, ip, service, provider);
+            facts.kube_proxy = kube_proxy;
             if let Some((p, proto)) = port {
                 facts = facts.with_port(p, proto);
             }

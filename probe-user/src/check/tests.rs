@@ -180,7 +180,7 @@ fn the_api_names_services_and_their_settings() {
     // for the LB IP, so Cluster would change nothing (issue 35, item 4). `probe check --json`
     // shows them.
     let mut findings = rules::judge(&i);
-    attach_fixes(&mut findings, &[web(true, Some("Proxy"), &[])]);
+    attach_fixes(&mut findings, &[web(true, Some("Proxy"), &[])], Some(true));
     let hairpin = findings.iter().find(|f| f.kind == Kind::Hairpin).unwrap();
     assert!(
         hairpin.fixes.iter().all(|x| x.id != "etp-cluster"),
@@ -194,7 +194,7 @@ fn the_api_names_services_and_their_settings() {
     let mut i = masquerade(lab());
     services::merge(&mut i, &[web(false, None, &[])]);
     let mut findings = rules::judge(&i);
-    attach_fixes(&mut findings, &[web(false, None, &[])]);
+    attach_fixes(&mut findings, &[web(false, None, &[])], Some(true));
     assert!(
         findings
             .iter()
@@ -520,7 +520,7 @@ fn a_shared_lb_ip_s_fixes_regard_every_service_on_it() {
         finding(Kind::HealthcheckBlackhole, VIP),
         finding(Kind::Hairpin, &format!("{VIP}:8443/tcp")),
     ];
-    attach_fixes(&mut findings, &[web, api]);
+    attach_fixes(&mut findings, &[web, api], Some(true));
     let patched = |f: &super::Finding| -> Vec<String> {
         f.fixes
             .iter()
