@@ -173,8 +173,9 @@ pub(super) static LB_HEALTHCHECK_SOURCE: Entry = Entry {
 };
 
 /// `service_self_loop`: a pod reaching itself through its own Service needs the hairpin:
-/// the bridge port's hairpin mode (kubelet `--hairpin-mode`, the CNI bridge plugin's
-/// `hairpinMode`) and kube-proxy's hairpin SNAT (IPVS mode's `KUBE-LOOP-BACK` set, missing in
+/// the bridge port's hairpin mode (the CNI bridge plugin's `hairpinMode`; kubelet's
+/// `--hairpin-mode` no longer sets it with CRI runtimes: kube-router 0f3714b9 traces its
+/// removal) and kube-proxy's hairpin SNAT (IPVS mode's `KUBE-LOOP-BACK` set, missing in
 /// kube-proxy 1.31.0: kubernetes#134884). No Service or LB setting restores it. Gate: the
 /// kind; the missing piece, when the facts name it, leads the preconditions.
 pub(super) static RESTORE_POD_HAIRPIN: Entry = Entry {
@@ -182,9 +183,9 @@ pub(super) static RESTORE_POD_HAIRPIN: Entry = Entry {
     provider: Provider::Generic,
     kinds: &[ServiceSelfLoop],
     change: "Restore the hairpin for pods that call their own Service: hairpin mode on the \
-             pod's bridge port (kubelet --hairpin-mode=hairpin-veth, or the CNI bridge \
-             plugin's hairpinMode: true) and kube-proxy's hairpin SNAT (a kube-proxy whose \
-             IPVS mode fills KUBE-LOOP-BACK; 1.31.0 does not)",
+             pod's bridge port (the CNI's setting, e.g. the bridge plugin's hairpinMode: true) \
+             and kube-proxy's hairpin SNAT (a kube-proxy whose IPVS mode fills KUBE-LOOP-BACK; \
+             1.31.0 does not)",
     preconditions: &[],
     side_effects: &["the pod then sees its own calls come from the node or bridge address"],
     source: "https://kubernetes.io/docs/tasks/debug/debug-application/debug-service/#a-pod-fails-to-reach-itself-via-the-service-ip",
