@@ -575,7 +575,9 @@ fn healthcheck_blackhole_from_a_vip_made_local_by_a_route_names_the_route() {
         "{e:#}"
     );
     let remedy = e["remedy"].to_string();
-    assert!(remedy.contains("target_instance_ips"), "{e:#}");
+    // Keep the guest agent's route; no node-file edit (issue 35, item 3).
+    assert!(remedy.contains("guest-agent#555"), "{e:#}");
+    assert!(!remedy.contains("instance_configs"), "{e:#}");
     assert!(!remedy.contains("kube-ipvs0"), "{e:#}");
 }
 

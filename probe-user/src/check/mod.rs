@@ -250,6 +250,16 @@ pub struct Inputs {
     pub dataplane: Option<dataplane::Dataplane>,
 }
 
+impl Inputs {
+    /// Whether kube-proxy's rules are on this node (None: the dataplane was not read); the
+    /// fixes that change kube-proxy's rules for an LB IP are gated on it.
+    pub fn kube_proxy_runs(&self) -> Option<bool> {
+        self.dataplane
+            .as_ref()
+            .map(|d| d.mode != dataplane::Mode::None)
+    }
+}
+
 /// The node's pieces of a pod's call to its own Service (`service_self_loop`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SelfLoopNode {
@@ -279,7 +289,7 @@ pub enum ApiState {
 pub fn run(cfg: &crate::state::addrs::AddrConfig, api: &kube::ApiAccess) -> anyhow::Result<Report> {
     let (inputs, listed) = read(cfg, api)?;
     let mut findings = rules::judge(&inputs);
-    attach_fixes(&mut findings, &listed);
+    attach_fixes(&mut findings, &listed, inputs.kube_proxy_runs());
     Ok(Report::new(findings).with_dataplane(inputs.dataplane))
 }
 
@@ -324,32 +334,71 @@ pub fn run_as(
     Ok(readiness::predict(&inputs, &listed, None, to))
 }
 
-/// The fixes of each loopback risk whose LB IP (its subject) one listed Service owns; the
-/// profile from that Service's own settings.
-pub fn attach_fixes(findings: &mut [Finding], services: &[crate::kube::index::ServiceFacts]) {
+/// The fixes of each loopback risk for every listed Service on its LB IP (its subject): a
+/// shared LB IP loops for all of them. Each Service's profile comes from its own settings;
+/// the port and protocol from the subject (`ip:port/proto`) when it names them; `kube_proxy`:
+/// whether kube-proxy's rules were read on this node ([`Inputs::kube_proxy_runs`]).
+pub fn attach_fixes(
+    findings: &mut [Finding],
+    services: &[crate::kube::index::ServiceFacts],
+    kube_proxy: Option<bool>,
+) {
     use probe_contract::LoopbackKind as L;
     for f in findings {
         let kind = match f.kind {
             Kind::HealthcheckBlackhole => L::HealthcheckBlackhole,
             Kind::VipPortUnserved => L::VipPortUnserved,
             Kind::Hairpin => L::Hairpin,
+            Kind::ServiceSelfLoop => L::ServiceSelfLoop,
             _ => continue,
         };
         // `ip` or `ip:port/proto` (`[v6]:port/proto`).
-        let Some(ip) = f.subject.parse::<std::net::IpAddr>().ok().or_else(|| {
-            let (ip, _) = f.subject.rsplit_once(':')?;
-            ip.trim_matches(['[', ']']).parse().ok()
-        }) else {
-            continue;
+        let (ip, port) = match f.subject.parse::<std::net::IpAddr>() {
+            Ok(ip) => (ip, None),
+            Err(_) => {
+                let Some((addr, proto)) = f.subject.rsplit_once('/') else {
+                    continue;
+                };
+                let Ok(sa) = addr.parse::<std::net::SocketAddr>() else {
+                    continue;
+                };
+                let proto = if proto.eq_ignore_ascii_case("udp") {
+                    crate::event::Proto::Udp
+                } else {
+                    crate::event::Proto::Tcp
+                };
+                (sa.ip(), Some((sa.port(), proto)))
+            }
         };
-        let Some(service) = services
+        let mut fixes: Vec<probe_contract::Fix> = Vec::new();
+        for service in services
             .iter()
-            .find(|s| s.ingress.iter().any(|i| i.ip == Some(ip)))
-        else {
-            continue;
-        };
-        let provider =
-            crate::fixes::service_provider(service).unwrap_or(crate::fixes::Provider::Generic);
-        f.fixes = crate::fixes::fixes(&crate::fixes::Facts::of_risk(kind, ip, service, provider));
+            .filter(|s| s.ingress.iter().any(|i| i.ip == Some(ip)))
+        {
+            // A port the Service does not serve is another Service's on the shared IP.
+            if let Some((p, proto)) = port
+                && kind != L::VipPortUnserved
+                && service.port(p, proto).is_none()
+            {
+                continue;
+            }
+            let provider =
+                crate::fixes::service_provider(service).unwrap_or(crate::fixes::Provider::Generic);
+            let mut facts = crate::fixes::Facts::of_risk(kind, ip, service, provider);
+            facts.kube_proxy = kube_proxy;
+            if let Some((p, proto)) = port {
+                facts = facts.with_port(p, proto);
+            }
+            for fix in crate::fixes::fixes(&facts) {
+                // A fix without a patch reads the same for every Service: once.
+                if !fixes
+                    .iter()
+                    .any(|x| x.id == fix.id && x.service == fix.service)
+                {
+                    fixes.push(fix);
+                }
+            }
+        }
+        f.fixes = fixes;
     }
 }

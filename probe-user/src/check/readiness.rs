@@ -249,10 +249,15 @@ fn fixes_of(
         .or_else(|| fixes::service_provider(svc))
         .unwrap_or(Provider::Generic);
     let mut facts = Facts::of_risk(kind, ip, svc, provider);
-    if let Some((_, proto)) = port
-        && proto == "udp"
-    {
-        facts.proto = probe_contract::Proto::Udp;
+    // The prediction is of kube-proxy in nftables mode: it runs.
+    facts.kube_proxy = Some(true);
+    if let Some((port, proto)) = port {
+        let proto = if proto == "udp" {
+            probe_contract::Proto::Udp
+        } else {
+            probe_contract::Proto::Tcp
+        };
+        facts = facts.with_port(port, proto);
     }
     fixes::fixes(&facts)
 }

@@ -275,6 +275,10 @@ fn ip_mode_advice_follows_the_binding_the_provider_and_the_snat() {
         );
         assert_eq!(!a.fixes.is_empty(), hairpin, "{case}: {:?}", a.fixes);
     }
+    // An unknown ipMode (KEP-6272's proposed Router) is shown as written, not as VIP.
+    let svc = web(false, Some("Router"), &[]);
+    let node = with_api(ipvs(false, true), std::slice::from_ref(&svc));
+    assert_eq!(predict(&node, &[svc]).ip_mode[0].ip_mode, "Router");
 }
 
 #[test]

@@ -23,12 +23,7 @@ pub fn targets(services: &[ServiceFacts]) -> (Vec<LbTarget>, Vec<IpAddr>) {
     for s in services {
         cluster_ips.extend(s.cluster_ips.iter().copied());
         // The provider annotations that keep the LB from looping back, when switched on.
-        let guard: Vec<String> = s
-            .loopback_annotations
-            .iter()
-            .filter(|(_, v)| !v.is_empty() && v.as_str() != "false")
-            .map(|(k, _)| k.clone())
-            .collect();
+        let guard = crate::kube::index::loop_guards(&s.loopback_annotations);
         let etp_local = s.is_etp_local();
         for ing in &s.ingress {
             let Some(ip) = ing.ip else { continue };

@@ -168,19 +168,33 @@ fn the_api_names_services_and_their_settings() {
             .any(|e| e.contains("externalTrafficPolicy: Local")),
         "{f:#?}"
     );
-    assert!(f.remedy[0].contains("externalTrafficPolicy: Cluster on shop/web"));
-    // ... and carries the fix that patches it, which `probe check --json` shows.
+    // ... but no "set Cluster": with ipMode Proxy kube-proxy has no rule for the IP.
+    assert!(
+        f.remedy
+            .iter()
+            .all(|r| !r.contains("externalTrafficPolicy: Cluster")),
+        "{:#?}",
+        f.remedy
+    );
+    // ... but its fixes leave the policy alone: with ipMode Proxy kube-proxy writes no rule
+    // for the LB IP, so Cluster would change nothing (issue 35, item 4). `probe check --json`
+    // shows them.
     let mut findings = rules::judge(&i);
-    attach_fixes(&mut findings, &[web(true, Some("Proxy"), &[])]);
+    attach_fixes(&mut findings, &[web(true, Some("Proxy"), &[])], Some(true));
     let hairpin = findings.iter().find(|f| f.kind == Kind::Hairpin).unwrap();
-    assert_eq!(hairpin.fixes[0].id, "etp-cluster", "{:#?}", hairpin.fixes);
+    assert!(
+        hairpin.fixes.iter().all(|x| x.id != "etp-cluster"),
+        "{:#?}",
+        hairpin.fixes
+    );
+    assert_eq!(hairpin.fixes[0].id, "call-by-service-name");
     let json = crate::check::render::json(&Report::new(findings));
-    assert!(json.contains(r#""id": "etp-cluster""#), "{json}");
+    assert!(json.contains(r#""id": "call-by-service-name""#), "{json}");
     // Cluster already: never offered; the health-check risk of a bound VIP gets ipMode Proxy.
     let mut i = masquerade(lab());
     services::merge(&mut i, &[web(false, None, &[])]);
     let mut findings = rules::judge(&i);
-    attach_fixes(&mut findings, &[web(false, None, &[])]);
+    attach_fixes(&mut findings, &[web(false, None, &[])], Some(true));
     assert!(
         findings
             .iter()
@@ -472,4 +486,63 @@ fn a_node_without_kube_proxy_is_a_warning_never_silence() {
         ..Default::default()
     }));
     assert_eq!(hairpin(&node), [Severity::Warn]);
+}
+
+/// Issue 35 item 9: a black-holed LB IP shared by two Services loops for both, so its fixes
+/// name both; a port's risk names only the Service serving that port.
+#[test]
+fn a_shared_lb_ip_s_fixes_regard_every_service_on_it() {
+    let api = ServiceFacts {
+        name: "api".into(),
+        ports: vec![crate::kube::index::ServicePort {
+            name: None,
+            protocol: "TCP".into(),
+            port: 8443,
+            node_port: Some(30843),
+        }],
+        annotations: pairs(&[("load-balancer.hetzner.cloud/location", "hel1")]),
+        ..web(false, None)
+    };
+    let web = ServiceFacts {
+        annotations: pairs(&[("load-balancer.hetzner.cloud/location", "hel1")]),
+        ..web(true, None)
+    };
+    let finding = |kind: Kind, subject: &str| super::Finding {
+        kind,
+        severity: Severity::Risk,
+        subject: subject.into(),
+        summary: String::new(),
+        evidence: vec![],
+        remedy: vec![],
+        fixes: vec![],
+    };
+    let mut findings = vec![
+        finding(Kind::HealthcheckBlackhole, VIP),
+        finding(Kind::Hairpin, &format!("{VIP}:8443/tcp")),
+    ];
+    attach_fixes(&mut findings, &[web, api], Some(true));
+    let patched = |f: &super::Finding| -> Vec<String> {
+        f.fixes
+            .iter()
+            .filter(|x| x.id == "hcloud-disable-private-ingress")
+            .filter_map(|x| x.service.clone())
+            .collect()
+    };
+    assert_eq!(patched(&findings[0]), ["shop/web", "shop/api"]);
+    // Advice without a patch is listed once.
+    assert_eq!(
+        findings[0]
+            .fixes
+            .iter()
+            .filter(|x| x.id == "ip-mode-proxy")
+            .count(),
+        1
+    );
+    // Port 8443 is shop/api's (Cluster policy): no etp-cluster for shop/web's Local.
+    assert!(
+        findings[1].fixes.iter().all(|x| x.id != "etp-cluster"),
+        "{:#?}",
+        findings[1].fixes
+    );
+    assert!(!findings[1].fixes.is_empty());
 }

@@ -280,7 +280,7 @@ fn blackhole_remedy_follows_the_owner_of_the_vip() {
         (
             "GCE guest agent route",
             Some(AddressOwner::local_route(Some("eth0".into()), 66)),
-            "target_instance_ips = false",
+            "GoogleCloudPlatform/guest-agent#555",
             false,
         ),
         (
@@ -342,7 +342,7 @@ fn unserved_and_vip_as_source_remedies_address_a_route_owner() {
         unserved[0].contains("made local here by a route of table local (protocol 66"),
         "{unserved:#?}"
     );
-    assert!(has_line(&unserved, "target_instance_ips"), "{unserved:#?}");
+    assert!(has_line(&unserved, "guest-agent#555"), "{unserved:#?}");
     assert!(!has_line(&unserved, "kube-ipvs0"), "{unserved:#?}");
     let kube = remedy::vip_port_unserved(vip, 443, Proto::Tcp, None, false, None);
     assert!(has_line(&kube, "bound on kube-ipvs0"), "{kube:#?}");

@@ -214,7 +214,11 @@ fn check(e: &LoopbackEvent, what: &str) {
         Some(AddressOwner::LocalRoute { protocol: 66, .. }) if owner_matters(e.kind) => {
             assert!(!all.contains("kube-ipvs0"), "{what}: {all}");
             assert!(!all.contains("a controller that sets"), "{what}: {all}");
-            assert!(all.contains("target_instance_ips"), "{what}: {all}");
+            assert!(all.contains("guest-agent#555"), "{what}: {all}");
+            assert!(
+                !all.contains("instance_configs"),
+                "{what}: no node-file edit: {all}"
+            );
         }
         Some(AddressOwner::Interface { iface }) if owner_matters(e.kind) => {
             assert!(!all.contains("kube-ipvs0"), "{what}: {all}");
@@ -392,7 +396,8 @@ fn the_unbind_advice_addresses_the_owner() {
     });
     let route = build(&e).join("\n");
     assert!(route.contains("not by kube-proxy"), "{route}");
-    assert!(route.contains("target_instance_ips"), "{route}");
+    assert!(route.contains("ClusterIP"), "{route}");
+    assert!(!route.contains("instance_configs"), "{route}");
     e.facts.owner = Some(AddressOwner::local_route(Some("lo".into()), 4));
     let manual = build(&e).join("\n");
     assert!(

@@ -2,24 +2,30 @@
 //! the ready fixes, best fit first. Separate from the prose remedies (`correlate::remedy`):
 //! those explain, these are changes a tool can show, apply and undo.
 //!
-//! One table, [`TABLE`]. Each entry cites the documentation of the setting it changes (the
-//! provider's own for provider entries) and decides from the facts whether it fits: an entry
-//! whose change is already in place, or that the facts contradict, offers nothing.
+//! One table, [`TABLE`]: the generic entries (`generic.rs`), then the providers' own
+//! (`aws.rs`, `clouds.rs`). Each entry's doc comment cites the provider's own document or
+//! controller source (with the version it needs) and names the fact that gates it; its
+//! `offer` decides from the facts: an entry whose change is already in place, or that the
+//! facts contradict, offers nothing.
 //!
-//! Provider entries exist only where the provider's documentation names the setting:
-//! AWS (AWS Load Balancer Controller: NLB target type, client IP preservation), Alibaba ACK and
-//! DigitalOcean (publish the LB as a hostname so kube-proxy does not bind its IP). Tencent TKE's
-//! `service.cloud.tencent.com/prevent-loopback` could not be found in Tencent's documentation,
-//! and Azure, GCE, Hetzner and OpenStack document no Service-level loopback setting: those
-//! profiles get the generic fixes.
+//! Azure and GCE have no entry: neither documents a Service-level setting for a backend calling
+//! its own LB (see `clouds.rs` for where we looked), so they get the generic fixes that fit.
 
+mod aws;
+mod clouds;
+mod generic;
 pub mod provider;
+#[cfg(test)]
+mod table_tests;
 #[cfg(test)]
 mod tests;
 
 use std::collections::BTreeMap;
 
-use probe_contract::{Fix, LoopbackEvent, LoopbackKind, Proto, SnatState, facts::AddressOwner};
+use probe_contract::{
+    Fix, Layer, LoopbackEvent, LoopbackKind, Proto, SnatState,
+    facts::{AddressOwner, SelfLoopMissing},
+};
 use serde_json::{Value, json};
 
 pub use self::provider::{Origin, Profile, Provider};
@@ -32,10 +38,35 @@ pub enum Etp {
     Cluster,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// `status.loadBalancer.ingress[].ipMode` of the LB IP.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum IpMode {
+    /// `VIP`, or unset on an ingress entry that has an IP (the default).
     Vip,
     Proxy,
+    /// Any other value (e.g. KEP-6272's proposed `Router`), kept as written: kube-proxy's
+    /// `IsVIPMode` (pkg/proxy/util/utils.go) programs only unset or `VIP`.
+    Other(String),
+}
+
+impl IpMode {
+    /// The API's spelling of a set value.
+    pub fn from_api(value: &str) -> IpMode {
+        match value {
+            "VIP" => IpMode::Vip,
+            "Proxy" => IpMode::Proxy,
+            other => IpMode::Other(other.to_string()),
+        }
+    }
+
+    /// As the API spells it (`VIP` also for unset).
+    pub fn as_str(&self) -> &str {
+        match self {
+            IpMode::Vip => "VIP",
+            IpMode::Proxy => "Proxy",
+            IpMode::Other(v) => v,
+        }
+    }
 }
 
 /// Who sent the looping packet.
@@ -55,12 +86,21 @@ pub struct Facts {
     pub kind: LoopbackKind,
     pub provider: Provider,
     pub proto: Proto,
+    /// The Service port the loop went through (the LB listener), when known.
+    pub port: Option<u16>,
     pub source: Option<Source>,
     pub snat: SnatState,
+    /// `l4` / `l7` of a hairpin (an Ingress's layer-7 LB opens its own connection).
+    pub layer: Option<Layer>,
     /// `namespace/name`; fixes with a patch need it.
     pub service: Option<String>,
     pub etp: Option<Etp>,
     pub ip_mode: Option<IpMode>,
+    /// The LB IP is published as an IP in the Service's status (false: a hostname only, or
+    /// another IP); None when not read.
+    pub lb_ip_published: Option<bool>,
+    /// kube-proxy's rules were read on the node (false: no kube-proxy); None when not known.
+    pub kube_proxy: Option<bool>,
     /// The Service was read from the API (so `annotations`/`load_balancer_class` are known,
     /// not just empty).
     pub service_read: bool,
@@ -70,6 +110,8 @@ pub struct Facts {
     /// known): false when a NIC address or a `local` route does (keepalived, a cloud guest
     /// agent), which ipMode or a hostname annotation does not undo.
     pub kube_proxy_binds: bool,
+    /// `service_self_loop`: the missing piece of the hairpin.
+    pub self_loop: Option<SelfLoopMissing>,
 }
 
 impl Facts {
@@ -83,36 +125,24 @@ impl Facts {
             LoopbackKind::VipPortUnserved => None,
             LoopbackKind::ServiceSelfLoop => Some(Source::Pod),
         };
-        let ip_mode = service.and_then(|s| {
-            let mode = match event.vip {
-                Some(vip) => s.ip_mode(vip),
-                None => None,
-            };
-            // Unset on an ingress that has an IP means VIP (the default).
-            match mode {
-                Some("Proxy") => Some(IpMode::Proxy),
-                Some(_) => Some(IpMode::Vip),
-                None if s.ingress.iter().any(|i| i.ip.is_some()) => Some(IpMode::Vip),
-                None => None,
-            }
-        });
         Facts {
             kind: event.kind,
             provider,
             proto: event.proto,
+            port: event.vip_port,
             source,
             snat: event.snat,
+            layer: event.layer,
             service: service
                 .map(ServiceFacts::key)
                 .or_else(|| event.service.as_deref().map(service_key)),
-            etp: service.map(|s| {
-                if s.is_etp_local() {
-                    Etp::Local
-                } else {
-                    Etp::Cluster
-                }
-            }),
-            ip_mode,
+            etp: service.map(etp_of),
+            ip_mode: service.and_then(|s| ip_mode_of(s, event.vip)),
+            lb_ip_published: service
+                .zip(event.vip)
+                .map(|(s, vip)| s.ingress.iter().any(|i| i.ip == Some(vip))),
+            // A service table read means kube-proxy's rules are there; none read says nothing.
+            kube_proxy: event.facts.proxy_mode.map(|_| true),
             service_read: service.is_some(),
             load_balancer_class: service.and_then(|s| s.load_balancer_class.clone()),
             annotations: service.map(|s| s.annotations.clone()).unwrap_or_default(),
@@ -120,7 +150,92 @@ impl Facts {
                 event.facts.owner,
                 Some(AddressOwner::Interface { .. } | AddressOwner::LocalRoute { .. })
             ),
+            self_loop: event.facts.self_loop.clone(),
         }
+    }
+
+    /// The facts of a `probe check` risk of `kind` on LB IP `vip` of `service`: a hairpin risk
+    /// is a pod's un-SNATed call, a health-check one the LB's own checks. The protocol is the
+    /// Service's when all its ports share one ([`Facts::with_port`] names the port).
+    pub fn of_risk(
+        kind: LoopbackKind,
+        vip: std::net::IpAddr,
+        service: &ServiceFacts,
+        provider: Provider,
+    ) -> Facts {
+        let source = match kind {
+            LoopbackKind::Hairpin => Some(Source::Pod),
+            LoopbackKind::HealthcheckBlackhole => Some(Source::Lb),
+            LoopbackKind::VipAsSource => Some(Source::Node),
+            LoopbackKind::VipPortUnserved => None,
+            LoopbackKind::ServiceSelfLoop => Some(Source::Pod),
+        };
+        let all_udp = !service.ports.is_empty()
+            && service
+                .ports
+                .iter()
+                .all(|p| p.protocol.eq_ignore_ascii_case("UDP"));
+        Facts {
+            kind,
+            provider,
+            proto: if all_udp { Proto::Udp } else { Proto::Tcp },
+            port: None,
+            source,
+            snat: SnatState::No,
+            layer: None,
+            service: Some(service.key()),
+            etp: Some(etp_of(service)),
+            ip_mode: ip_mode_of(service, Some(vip)),
+            lb_ip_published: Some(service.ingress.iter().any(|i| i.ip == Some(vip))),
+            kube_proxy: None,
+            service_read: true,
+            load_balancer_class: service.load_balancer_class.clone(),
+            annotations: service.annotations.clone(),
+            kube_proxy_binds: true,
+            self_loop: None,
+        }
+    }
+
+    /// The loop's Service port and protocol.
+    pub fn with_port(mut self, port: u16, proto: Proto) -> Facts {
+        self.port = Some(port);
+        self.proto = proto;
+        self
+    }
+
+    /// Whether kube-proxy writes rules for this LB IP: only for an IP published in the
+    /// Service's status (a hostname gets none) whose ipMode is unset or `VIP` (kube-proxy's
+    /// `IsVIPMode`, pkg/proxy/util/utils.go), on a node where kube-proxy runs. None when a
+    /// fact is not known (an unknown ipMode value included: KEP-6272's proposed `Router`
+    /// would be programmed).
+    pub fn kube_proxy_programs_lb_ip(&self) -> Option<bool> {
+        if self.kube_proxy == Some(false)
+            || self.lb_ip_published == Some(false)
+            || self.ip_mode == Some(IpMode::Proxy)
+        {
+            return Some(false);
+        }
+        match (&self.ip_mode, self.kube_proxy, self.lb_ip_published) {
+            (Some(IpMode::Vip), Some(true), Some(true)) => Some(true),
+            _ => None,
+        }
+    }
+}
+
+fn etp_of(s: &ServiceFacts) -> Etp {
+    if s.is_etp_local() {
+        Etp::Local
+    } else {
+        Etp::Cluster
+    }
+}
+
+/// The ipMode of `vip` as written; unset on an ingress that has an IP means VIP.
+fn ip_mode_of(s: &ServiceFacts, vip: Option<std::net::IpAddr>) -> Option<IpMode> {
+    match vip.and_then(|vip| s.ip_mode(vip)) {
+        Some(mode) => Some(IpMode::from_api(mode)),
+        None if s.ingress.iter().any(|i| i.ip.is_some()) => Some(IpMode::Vip),
+        None => None,
     }
 }
 
@@ -160,46 +275,6 @@ pub fn service_provider(service: &ServiceFacts) -> Option<Provider> {
     )
 }
 
-impl Facts {
-    /// The facts of a `probe check` risk of `kind` on LB IP `vip` of `service`: a hairpin risk
-    /// is a pod's un-SNATed call, a health-check one the LB's own checks.
-    pub fn of_risk(
-        kind: LoopbackKind,
-        vip: std::net::IpAddr,
-        service: &ServiceFacts,
-        provider: Provider,
-    ) -> Facts {
-        let source = match kind {
-            LoopbackKind::Hairpin => Some(Source::Pod),
-            LoopbackKind::HealthcheckBlackhole => Some(Source::Lb),
-            LoopbackKind::VipAsSource => Some(Source::Node),
-            LoopbackKind::VipPortUnserved => None,
-            LoopbackKind::ServiceSelfLoop => Some(Source::Pod),
-        };
-        Facts {
-            kind,
-            provider,
-            proto: Proto::Tcp,
-            source,
-            snat: SnatState::No,
-            service: Some(service.key()),
-            etp: Some(if service.is_etp_local() {
-                Etp::Local
-            } else {
-                Etp::Cluster
-            }),
-            ip_mode: Some(match service.ip_mode(vip) {
-                Some("Proxy") => IpMode::Proxy,
-                _ => IpMode::Vip,
-            }),
-            service_read: true,
-            load_balancer_class: service.load_balancer_class.clone(),
-            annotations: service.annotations.clone(),
-            kube_proxy_binds: true,
-        }
-    }
-}
-
 /// `namespace/name` of a service label (`namespace/name:port-name`).
 fn service_key(label: &str) -> String {
     label.split(':').next().unwrap_or(label).to_string()
@@ -211,6 +286,17 @@ struct Offer {
     score: u8,
     patch: Option<(Value, Value)>,
     preconditions: Vec<String>,
+}
+
+impl Offer {
+    /// Advice without a patch.
+    fn advice(score: u8) -> Offer {
+        Offer {
+            score,
+            patch: None,
+            preconditions: vec![],
+        }
+    }
 }
 
 /// One row of the table.
@@ -225,256 +311,25 @@ pub struct Entry {
     offer: fn(&Facts) -> Option<Offer>,
 }
 
-use LoopbackKind::{Hairpin, HealthcheckBlackhole, VipAsSource, VipPortUnserved};
-
-const AWS_TARGET_TYPE: &str = "service.beta.kubernetes.io/aws-load-balancer-nlb-target-type";
-const AWS_TG_ATTRIBUTES: &str =
-    "service.beta.kubernetes.io/aws-load-balancer-target-group-attributes";
-const AWS_LBC_DOC: &str = "https://kubernetes-sigs.github.io/aws-load-balancer-controller/latest/guide/service/annotations/";
-const ACK_HOSTNAME: &str = "service.beta.kubernetes.io/alibaba-cloud-loadbalancer-hostname";
-const DO_HOSTNAME: &str = "service.beta.kubernetes.io/do-loadbalancer-hostname";
-
 /// The fixes, generic first, then per provider.
-pub static TABLE: &[Entry] = &[
-    Entry {
-        id: "call-by-service-name",
-        provider: Provider::Generic,
-        kinds: &[Hairpin, VipPortUnserved, VipAsSource],
-        change: "Call the Service by its cluster DNS name or ClusterIP instead of the LB address \
-                 (a change of the caller's configuration; nothing to patch)",
-        preconditions: &[
-            "the caller is inside the cluster and does not need the LB's own \
-                          features (TLS termination, WAF, PROXY protocol)",
-        ],
-        side_effects: &[
-            "with internalTrafficPolicy: Local, calls from nodes without a local \
-                         endpoint are dropped",
-        ],
-        source: "https://kubernetes.io/docs/concepts/services-networking/dns-pod-service/",
-        offer: |f| {
-            (f.source != Some(Source::Lb)).then(|| Offer {
-                score: 60,
-                patch: None,
-                preconditions: vec![],
-            })
-        },
-    },
-    Entry {
-        id: "etp-cluster",
-        provider: Provider::Generic,
-        kinds: &[Hairpin, VipAsSource],
-        change: "Set externalTrafficPolicy: Cluster: traffic to the LB is SNATed to the node and \
-                 may be served by any node, so it no longer leaves with a pod or VIP source",
-        preconditions: &[],
-        side_effects: &[
-            "backends no longer see the external client's source IP",
-            "an extra hop: a node without a backend forwards to another node",
-            "the healthCheckNodePort is released; the LB then health-checks every node",
-        ],
-        source: "https://kubernetes.io/docs/tasks/access-application-cluster/create-external-load-balancer/#preserving-the-client-source-ip",
-        offer: |f| {
-            let score = match f.etp {
-                Some(Etp::Cluster) => return None,
-                Some(Etp::Local) => 80,
-                None => 30,
-            };
-            Some(Offer {
-                score,
-                patch: Some((
-                    json!({"spec": {"externalTrafficPolicy": "Cluster"}}),
-                    json!({"spec": {"externalTrafficPolicy": "Local"}}),
-                )),
-                preconditions: if f.etp.is_none() {
-                    vec![
-                        "the Service uses externalTrafficPolicy: Local (not read: no API access)"
-                            .into(),
-                    ]
-                } else {
-                    vec![]
-                },
-            })
-        },
-    },
-    Entry {
-        id: "ip-mode-proxy",
-        provider: Provider::Generic,
-        kinds: &[HealthcheckBlackhole, VipPortUnserved],
-        change: "Have the LB controller publish status.loadBalancer.ingress[].ipMode: Proxy, so \
-                 kube-proxy stops binding the LB IP on the nodes (a controller setting: status \
-                 is not patched by hand)",
-        preconditions: &[
-            "Kubernetes 1.30 or later (LoadBalancerIPMode; 1.29 behind its feature gate)",
-            "an LB controller that sets ipMode",
-        ],
-        side_effects: &[
-            "in-cluster calls to the LB IP then really go to the LB: watch for \
-                         hairpin loopback afterwards",
-        ],
-        source: "https://kubernetes.io/docs/concepts/services-networking/service/#load-balancer-ip-mode",
-        offer: |f| {
-            (f.kube_proxy_binds && f.ip_mode != Some(IpMode::Proxy)).then(|| Offer {
-                score: 50,
-                patch: None,
-                preconditions: vec![],
-            })
-        },
-    },
-    Entry {
-        id: "snat-pod-egress-to-lb",
-        provider: Provider::Generic,
-        kinds: &[Hairpin],
-        change: "Masquerade pod traffic to the LB address to the node IP (node setting: e.g. \
-                 ip-masq-agent with the LB range left out of nonMasqueradeCIDRs, or the CNI's \
-                 SNAT option)",
-        preconditions: &["the CNI or ip-masq-agent decides pod egress SNAT on this cluster"],
-        side_effects: &["the LB and the backends see the node, not the pod, as the client"],
-        source: "https://kubernetes.io/docs/tasks/administer-cluster/ip-masq-agent/",
-        offer: |f| {
-            (f.source == Some(Source::Pod) && f.snat != SnatState::Yes).then(|| Offer {
-                score: 55,
-                patch: None,
-                preconditions: vec![],
-            })
-        },
-    },
-    Entry {
-        id: "lb-healthcheck-source",
-        provider: Provider::Generic,
-        kinds: &[HealthcheckBlackhole],
-        change: "Have the LB send its health checks from a range that is not an LB IP bound on \
-                 the nodes (an LB setting)",
-        preconditions: &["the LB lets you choose the health-check source"],
-        side_effects: &[],
-        source: "https://github.com/kubernetes/enhancements/tree/master/keps/sig-network/1860-kube-proxy-IP-node-binding",
-        offer: |_| {
-            Some(Offer {
-                score: 45,
-                patch: None,
-                preconditions: vec![],
-            })
-        },
-    },
-    Entry {
-        id: "aws-nlb-target-type-ip",
-        provider: Provider::Aws,
-        kinds: &[Hairpin],
-        change: "Register pods, not instances, as the NLB's targets (nlb-target-type: ip): for \
-                 TCP the NLB then does not preserve the client IP, so the pod's call comes back \
-                 from the NLB's address",
-        preconditions: &[
-            "the Service is reconciled by the AWS Load Balancer Controller",
-            "pods have VPC addresses (Amazon VPC CNI)",
-        ],
-        side_effects: &[
-            "backends see the NLB's address for TCP (use proxy protocol v2 to keep \
-                         the client IP)",
-            "the target group is recreated: a short interruption",
-        ],
-        source: AWS_LBC_DOC,
-        offer: |f| {
-            if !aws_lbc(f) || f.annotations.get(AWS_TARGET_TYPE).map(String::as_str) == Some("ip") {
-                return None;
-            }
-            // UDP keeps the client IP on IP targets too: this does not help there.
-            (f.proto != Proto::Udp).then(|| Offer {
-                score: 85,
-                patch: Some(annotation_patch(f, AWS_TARGET_TYPE, "ip")),
-                preconditions: vec![],
-            })
-        },
-    },
-    Entry {
-        id: "aws-preserve-client-ip-off",
-        provider: Provider::Aws,
-        kinds: &[Hairpin],
-        change: "Turn off client IP preservation on the NLB's target group \
-                 (preserve_client_ip.enabled=false): the pod's call reaches the backend from \
-                 the NLB's address and its reply goes back through the NLB",
-        preconditions: &[
-            "the Service is reconciled by the AWS Load Balancer Controller",
-            "TCP or TLS listeners (UDP always preserves the client IP)",
-        ],
-        side_effects: &[
-            "backends see the NLB's address (use proxy protocol v2 to keep the \
-                         client IP)",
-        ],
-        source: "https://docs.aws.amazon.com/elasticloadbalancing/latest/network/edit-target-group-attributes.html#client-ip-preservation",
-        offer: |f| {
-            if !aws_lbc(f) || f.proto == Proto::Udp {
-                return None;
-            }
-            let old = f.annotations.get(AWS_TG_ATTRIBUTES);
-            let mut attrs: Vec<String> = old
-                .map(|v| {
-                    v.split(',')
-                        .map(str::trim)
-                        .filter(|a| !a.is_empty())
-                        .map(str::to_string)
-                        .collect()
-                })
-                .unwrap_or_default();
-            if attrs
-                .iter()
-                .any(|a| a == "preserve_client_ip.enabled=false")
-            {
-                return None;
-            }
-            attrs.retain(|a| !a.starts_with("preserve_client_ip.enabled="));
-            attrs.push("preserve_client_ip.enabled=false".into());
-            Some(Offer {
-                score: 82,
-                patch: Some(annotation_patch(f, AWS_TG_ATTRIBUTES, &attrs.join(","))),
-                preconditions: vec![],
-            })
-        },
-    },
-    Entry {
-        id: "ack-lb-hostname",
-        provider: Provider::Alicloud,
-        kinds: &[HealthcheckBlackhole, VipPortUnserved],
-        change: "Annotate the Service with service.beta.kubernetes.io/alibaba-cloud-loadbalancer-hostname: \
-                 <a DNS name for the CLB>: the CCM then publishes the hostname, kube-proxy stops \
-                 binding the CLB IP, and in-cluster calls to it go through the CLB",
-        preconditions: &[
-            "CCM v2.3.0 or later",
-            "a DNS name you own that resolves to the CLB IP \
-                          (fill it in: there is no patch to apply as is)",
-        ],
-        side_effects: &["in-cluster calls to the CLB address leave the node: with \
-                         externalTrafficPolicy: Local they can hairpin"],
-        source: "https://www.alibabacloud.com/help/en/ack/ack-managed-and-ack-dedicated/user-guide/add-annotations-to-the-yaml-file-of-a-service-to-configure-clb-instances",
-        offer: |f| hostname_offer(f, ACK_HOSTNAME),
-    },
-    Entry {
-        id: "do-lb-hostname",
-        provider: Provider::DigitalOcean,
-        kinds: &[HealthcheckBlackhole, VipPortUnserved],
-        change: "Annotate the Service with service.beta.kubernetes.io/do-loadbalancer-hostname: \
-                 <a DNS name for the LB>: the CCM then publishes the hostname instead of the IP \
-                 and kube-proxy stops binding it on the nodes",
-        preconditions: &[
-            "a DNS name you own with an A record for the LB IP (fill it in: there \
-                          is no patch to apply as is)",
-        ],
-        side_effects: &["in-cluster calls to the LB address leave the node: with \
-                         externalTrafficPolicy: Local they can hairpin"],
-        source: "https://docs.digitalocean.com/products/kubernetes/how-to/configure-load-balancers/#accessing-by-hostname",
-        offer: |f| hostname_offer(f, DO_HOSTNAME),
-    },
+pub static TABLE: &[&Entry] = &[
+    &generic::CALL_BY_SERVICE_NAME,
+    &generic::ETP_CLUSTER,
+    &generic::IP_MODE_PROXY,
+    &generic::SNAT_POD_EGRESS_TO_LB,
+    &generic::LB_HEALTHCHECK_SOURCE,
+    &generic::RESTORE_POD_HAIRPIN,
+    &aws::NLB_TARGET_TYPE_IP,
+    &aws::PRESERVE_CLIENT_IP_OFF,
+    &aws::IN_TREE_PRESERVE_CLIENT_IP_OFF,
+    &clouds::TENCENT_PREVENT_LOOPBACK,
+    &clouds::TENCENT_HEALTHCHECK_SOURCE,
+    &clouds::TENCENT_INGRESS_KEEPALIVE,
+    &clouds::ACK_LB_HOSTNAME,
+    &clouds::HCLOUD_DISABLE_PRIVATE_INGRESS,
+    &clouds::OPENSTACK_LB_HOSTNAME,
+    &clouds::DO_LB_HOSTNAME,
 ];
-
-/// The AWS Load Balancer Controller runs this Service (its class or its `type` annotation), or
-/// the Service was not read (then the precondition says so).
-fn aws_lbc(f: &Facts) -> bool {
-    !f.service_read
-        || f.load_balancer_class.as_deref() == Some("service.k8s.aws/nlb")
-        || matches!(
-            f.annotations
-                .get("service.beta.kubernetes.io/aws-load-balancer-type")
-                .map(String::as_str),
-            Some("external" | "nlb-ip")
-        )
-}
 
 /// Sets one annotation; the undo restores its old value (or removes it: null in a merge patch).
 fn annotation_patch(f: &Facts, key: &str, value: &str) -> (Value, Value) {
@@ -488,17 +343,11 @@ fn annotation_patch(f: &Facts, key: &str, value: &str) -> (Value, Value) {
     )
 }
 
-fn hostname_offer(f: &Facts, key: &str) -> Option<Offer> {
-    // Set already, or the LB is not bound (Proxy), or bound by something other than
-    // kube-proxy: nothing to do.
-    if !f.kube_proxy_binds || f.annotations.contains_key(key) || f.ip_mode == Some(IpMode::Proxy) {
-        return None;
-    }
-    Some(Offer {
-        score: 85,
-        patch: None,
-        preconditions: vec![],
-    })
+/// A boolean annotation is on (`"true"`, as the controllers parse it).
+fn annotation_on(f: &Facts, key: &str) -> bool {
+    f.annotations
+        .get(key)
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
 }
 
 /// The fixes for `facts`, best fit first. Patch fixes need the Service's name.
@@ -519,7 +368,7 @@ pub fn fixes(facts: &Facts) -> Vec<Fix> {
             let mut preconditions: Vec<String> =
                 e.preconditions.iter().map(|p| p.to_string()).collect();
             preconditions.extend(offer.preconditions);
-            if e.provider == Provider::Aws && !facts.service_read {
+            if e.provider != Provider::Generic && !facts.service_read {
                 preconditions
                     .push("the Service's annotations were not read (no API access)".into());
             }

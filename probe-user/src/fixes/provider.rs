@@ -54,16 +54,22 @@ impl Provider {
 
     /// The provider named by a Node's `spec.providerID` scheme (`aws:///eu-west-1a/i-0abc`).
     /// `qcloud` is TKE's scheme, `alibaba`/`alibabacloud` spellings are accepted with
-    /// `alicloud`. None for another scheme or none.
+    /// `alicloud`, `hrobot` (Hetzner dedicated servers) with `hcloud`. ACK writes no scheme:
+    /// `<region>.<instance-id>` (cloud-provider-alibaba-cloud
+    /// pkg/provider/alibaba/util/helper.go `NodeFromProviderID`: "REGION.NODEID", e.g.
+    /// `cn-hangzhou.i-bp1abcdef123456`), recognised by that exact shape. None for another
+    /// scheme or none.
     pub fn from_provider_id(id: &str) -> Option<Provider> {
-        let (scheme, _) = id.split_once("://")?;
+        let Some((scheme, _)) = id.split_once("://") else {
+            return is_ack_provider_id(id).then_some(Provider::Alicloud);
+        };
         Some(match scheme.to_ascii_lowercase().as_str() {
             "aws" => Provider::Aws,
             "azure" => Provider::Azure,
             "gce" => Provider::Gce,
             "alicloud" | "alibaba" | "alibabacloud" => Provider::Alicloud,
             "tencentcloud" | "qcloud" => Provider::Tencent,
-            "hcloud" => Provider::Hcloud,
+            "hcloud" | "hrobot" => Provider::Hcloud,
             "digitalocean" => Provider::DigitalOcean,
             "openstack" => Provider::OpenStack,
             _ => return None,
@@ -77,8 +83,9 @@ impl Provider {
         annotations: &BTreeMap<String, String>,
         ingress_hostnames: &[&str],
     ) -> Option<Provider> {
+        // The LB controller's class, and EKS Auto Mode's `eks.amazonaws.com/nlb`.
         if let Some(class) = load_balancer_class
-            && class.starts_with("service.k8s.aws/")
+            && (class.starts_with("service.k8s.aws/") || class.starts_with("eks.amazonaws.com/"))
         {
             return Some(Provider::Aws);
         }
@@ -115,6 +122,25 @@ impl Provider {
             .any(|h| h.ends_with(".elb.amazonaws.com"))
             .then_some(Provider::Aws)
     }
+}
+
+/// `<region>.i-<id>`: a region of lowercase letters and digits in dash-separated parts
+/// (`cn-hangzhou`, `ap-southeast-1`), then an ECS instance id (`i-` and lowercase
+/// alphanumerics). Nothing looser: a guess would pick the wrong annotations.
+fn is_ack_provider_id(id: &str) -> bool {
+    let Some((region, instance)) = id.split_once('.') else {
+        return false;
+    };
+    let alnum = |s: &str| {
+        !s.is_empty()
+            && s.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+    };
+    let parts: Vec<&str> = region.split('-').collect();
+    parts.len() >= 2
+        && parts[0].len() == 2
+        && parts.iter().all(|p| alnum(p))
+        && instance.strip_prefix("i-").is_some_and(alnum)
 }
 
 impl fmt::Display for Provider {
@@ -206,6 +232,12 @@ mod tests {
             ("azure:///subscriptions/x/vm-1", Some(Provider::Azure)),
             ("gce://proj/europe-west1-b/vm", Some(Provider::Gce)),
             ("alicloud://cn-hangzhou.i-abc", Some(Provider::Alicloud)),
+            // ACK: no scheme.
+            ("cn-hangzhou.i-bp1abcdef123456", Some(Provider::Alicloud)),
+            ("ap-southeast-1.i-t4n0abc", Some(Provider::Alicloud)),
+            ("cn-hangzhou.vm-1", None),
+            ("node-1.example.com", None),
+            ("hrobot://123", Some(Provider::Hcloud)),
             ("qcloud:///800002/ins-abc", Some(Provider::Tencent)),
             ("tencentcloud://ins-abc", Some(Provider::Tencent)),
             ("hcloud://123", Some(Provider::Hcloud)),
@@ -244,6 +276,15 @@ mod tests {
         assert_eq!(
             Provider::from_service(Some("service.k8s.aws/nlb"), &BTreeMap::new(), &[]),
             Some(Provider::Aws)
+        );
+        assert_eq!(
+            Provider::from_service(Some("eks.amazonaws.com/nlb"), &BTreeMap::new(), &[]),
+            Some(Provider::Aws)
+        );
+        let p = Profile::resolve(None, ["cn-hangzhou.i-bp1abcdef123456"], None);
+        assert_eq!(
+            (p.provider, p.origin),
+            (Provider::Alicloud, Origin::NodeProviderId)
         );
         assert_eq!(
             Provider::from_service(None, &BTreeMap::new(), &["a-1.elb.amazonaws.com"]),

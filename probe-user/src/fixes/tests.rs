@@ -1,15 +1,16 @@
 use std::collections::{BTreeMap, HashSet};
 
-use probe_contract::{LoopbackKind, Proto, SnatState};
+use probe_contract::{Layer, LoopbackKind, Proto, SnatState};
 use serde_json::{Value, json};
 
 use super::*;
 
-const KINDS: [LoopbackKind; 4] = [
+const KINDS: [LoopbackKind; 5] = [
     LoopbackKind::HealthcheckBlackhole,
     LoopbackKind::Hairpin,
     LoopbackKind::VipPortUnserved,
     LoopbackKind::VipAsSource,
+    LoopbackKind::ServiceSelfLoop,
 ];
 
 /// RFC 7386 merge patch.
@@ -49,10 +50,20 @@ fn all_facts() -> Vec<Facts> {
         "external".to_string(),
     )]
     .into();
+    let aws_in_tree: BTreeMap<String, String> = [(
+        "service.beta.kubernetes.io/aws-load-balancer-type".to_string(),
+        "nlb".to_string(),
+    )]
+    .into();
     for provider in Provider::ALL {
         for kind in KINDS {
             for etp in [Some(Etp::Local), Some(Etp::Cluster), None] {
-                for ip_mode in [Some(IpMode::Vip), Some(IpMode::Proxy), None] {
+                for ip_mode in [
+                    Some(IpMode::Vip),
+                    Some(IpMode::Proxy),
+                    Some(IpMode::Other("Router".into())),
+                    None,
+                ] {
                     for source in [
                         Some(Source::Pod),
                         Some(Source::Node),
@@ -60,29 +71,41 @@ fn all_facts() -> Vec<Facts> {
                         None,
                     ] {
                         for proto in [Proto::Tcp, Proto::Udp] {
-                            for read in [true, false] {
-                                out.push(Facts {
-                                    kind,
-                                    provider,
-                                    proto,
-                                    source,
-                                    snat: if source == Some(Source::Node) {
-                                        SnatState::Yes
-                                    } else {
-                                        SnatState::No
-                                    },
-                                    service: Some("shop/web".into()),
-                                    etp: if read { etp } else { None },
-                                    ip_mode: if read { ip_mode } else { None },
-                                    service_read: read,
-                                    load_balancer_class: None,
-                                    annotations: if read && provider == Provider::Aws {
-                                        aws_lbc.clone()
-                                    } else {
-                                        BTreeMap::new()
-                                    },
-                                    kube_proxy_binds: true,
-                                });
+                            for (read, layer) in [
+                                (true, Some(Layer::L4)),
+                                (true, Some(Layer::L7)),
+                                (false, None),
+                            ] {
+                                for in_tree in [false, true] {
+                                    let annotations = match (read, provider, in_tree) {
+                                        (true, Provider::Aws, false) => aws_lbc.clone(),
+                                        (true, Provider::Aws, true) => aws_in_tree.clone(),
+                                        _ => BTreeMap::new(),
+                                    };
+                                    out.push(Facts {
+                                        kind,
+                                        provider,
+                                        proto,
+                                        port: Some(80),
+                                        source,
+                                        snat: if source == Some(Source::Node) {
+                                            SnatState::Yes
+                                        } else {
+                                            SnatState::No
+                                        },
+                                        layer,
+                                        service: Some("shop/web".into()),
+                                        etp: if read { etp } else { None },
+                                        ip_mode: if read { ip_mode.clone() } else { None },
+                                        lb_ip_published: read.then_some(true),
+                                        kube_proxy: read.then_some(true),
+                                        service_read: read,
+                                        load_balancer_class: None,
+                                        annotations,
+                                        kube_proxy_binds: true,
+                                        self_loop: None,
+                                    });
+                                }
                             }
                         }
                     }
@@ -124,17 +147,23 @@ fn no_fix_contradicts_the_facts_or_is_already_in_place() {
             }
             match fix.id.as_str() {
                 "etp-cluster" => assert_ne!(f.etp, Some(Etp::Cluster), "{ctx}"),
-                "ip-mode-proxy" | "ack-lb-hostname" | "do-lb-hostname" => {
+                "ip-mode-proxy"
+                | "ack-lb-hostname"
+                | "do-lb-hostname"
+                | "openstack-lb-hostname"
+                | "hcloud-disable-private-ingress" => {
                     assert_ne!(f.ip_mode, Some(IpMode::Proxy), "{ctx}")
                 }
                 "snat-pod-egress-to-lb" => assert_eq!(f.source, Some(Source::Pod), "{ctx}"),
                 "call-by-service-name" => assert_ne!(f.source, Some(Source::Lb), "{ctx}"),
-                "aws-nlb-target-type-ip" | "aws-preserve-client-ip-off" => {
+                "aws-nlb-target-type-ip"
+                | "aws-preserve-client-ip-off"
+                | "aws-in-tree-preserve-client-ip-off" => {
                     assert_ne!(f.proto, Proto::Udp, "{ctx}")
                 }
                 _ => {}
             }
-            if !f.service_read && fix.id.starts_with("aws-") {
+            if !f.service_read && fix.provider != "generic" {
                 assert!(
                     fix.preconditions.iter().any(|p| p.contains("not read")),
                     "{ctx}: an unread Service must say so"
@@ -153,15 +182,20 @@ fn hairpin(provider: Provider, etp: Option<Etp>) -> Facts {
         kind: LoopbackKind::Hairpin,
         provider,
         proto: Proto::Tcp,
+        port: Some(80),
         source: Some(Source::Pod),
         snat: SnatState::No,
+        layer: Some(Layer::L4),
         service: Some("shop/web".into()),
         etp,
         ip_mode: Some(IpMode::Vip),
+        lb_ip_published: Some(true),
+        kube_proxy: Some(true),
         service_read: true,
         load_balancer_class: (provider == Provider::Aws).then(|| "service.k8s.aws/nlb".into()),
         annotations: BTreeMap::new(),
         kube_proxy_binds: true,
+        self_loop: None,
     }
 }
 
@@ -192,10 +226,10 @@ fn fixes_rank_by_fit_and_the_provider_s_own_come_first() {
             "etp-cluster"
         ]
     );
-    // Tencent: no verified annotation, generic fixes only.
+    // Tencent: its documented annotation first.
     assert_eq!(
-        ids(&hairpin(Provider::Tencent, Some(Etp::Local))),
-        ids(&hairpin(Provider::Generic, Some(Etp::Local)))
+        ids(&hairpin(Provider::Tencent, Some(Etp::Local)))[0],
+        "tencent-prevent-loopback"
     );
     let mut hc = hairpin(Provider::DigitalOcean, None);
     hc.kind = LoopbackKind::HealthcheckBlackhole;
@@ -210,7 +244,7 @@ fn fixes_rank_by_fit_and_the_provider_s_own_come_first() {
 fn an_aws_patch_keeps_the_other_target_group_attributes_and_undoes_to_them() {
     let mut f = hairpin(Provider::Aws, Some(Etp::Local));
     f.annotations.insert(
-        AWS_TG_ATTRIBUTES.into(),
+        aws::TG_ATTRIBUTES.into(),
         "deregistration_delay.timeout_seconds=30,preserve_client_ip.enabled=true".into(),
     );
     let fix = fixes(&f)
@@ -218,11 +252,11 @@ fn an_aws_patch_keeps_the_other_target_group_attributes_and_undoes_to_them() {
         .find(|x| x.id == "aws-preserve-client-ip-off")
         .unwrap();
     assert_eq!(
-        fix.patch.unwrap()["metadata"]["annotations"][AWS_TG_ATTRIBUTES],
+        fix.patch.unwrap()["metadata"]["annotations"][aws::TG_ATTRIBUTES],
         "deregistration_delay.timeout_seconds=30,preserve_client_ip.enabled=false"
     );
     assert_eq!(
-        fix.undo.unwrap()["metadata"]["annotations"][AWS_TG_ATTRIBUTES],
+        fix.undo.unwrap()["metadata"]["annotations"][aws::TG_ATTRIBUTES],
         "deregistration_delay.timeout_seconds=30,preserve_client_ip.enabled=true"
     );
     // Not the AWS Load Balancer Controller (in-tree): its annotations mean nothing there.
@@ -246,34 +280,56 @@ fn a_vip_not_bound_by_kube_proxy_gets_no_ip_mode_or_hostname_fix() {
         Provider::Generic,
         Provider::Alicloud,
         Provider::DigitalOcean,
+        Provider::OpenStack,
+        Provider::Hcloud,
     ] {
         let mut f = hairpin(provider, Some(Etp::Cluster));
-        f.kind = LoopbackKind::HealthcheckBlackhole;
-        f.source = Some(Source::Lb);
+        f.kind = LoopbackKind::VipPortUnserved;
+        f.source = None;
         let bound = ids(&f);
         assert!(bound.contains(&"ip-mode-proxy".to_string()), "{bound:?}");
         assert_eq!(
-            bound.iter().any(|id| id.contains("hostname")),
+            bound
+                .iter()
+                .any(|id| id.contains("hostname") || id.contains("private-ingress")),
             provider != Provider::Generic,
             "{bound:?}"
         );
         f.kube_proxy_binds = false;
         let other = ids(&f);
         assert!(!other.contains(&"ip-mode-proxy".to_string()), "{other:?}");
-        assert!(!other.iter().any(|id| id.contains("hostname")), "{other:?}");
+        assert!(
+            !other
+                .iter()
+                .any(|id| id.contains("hostname") || id.contains("private-ingress")),
+            "{other:?}"
+        );
     }
 }
 
-/// `service_self_loop`: no Service setting or LB annotation restores a pod's hairpin (the
-/// remedy names kube-proxy's or the kubelet's piece), so the table offers nothing that would
-/// contradict it.
+/// `service_self_loop`: no Service setting or LB annotation restores a pod's hairpin, so the
+/// only fix is the node's hairpin itself, naming the missing piece when the facts know it.
 #[test]
-fn a_self_loop_gets_no_fix() {
+fn a_self_loop_gets_the_hairpin_fix_and_nothing_else() {
     for provider in Provider::ALL {
         for etp in [None, Some(Etp::Local), Some(Etp::Cluster)] {
             let mut f = hairpin(provider, etp);
             f.kind = LoopbackKind::ServiceSelfLoop;
-            assert!(fixes(&f).is_empty(), "{provider:?} {etp:?}: {:?}", ids(&f));
+            assert_eq!(ids(&f), ["restore-pod-hairpin"], "{provider:?} {etp:?}");
         }
     }
+    let mut f = hairpin(Provider::Generic, None);
+    f.kind = LoopbackKind::ServiceSelfLoop;
+    f.self_loop = Some(probe_contract::facts::SelfLoopMissing::HairpinMode {
+        bridge: "cni0".into(),
+        port: "veth1".into(),
+        br_netfilter: Some(true),
+    });
+    let fix = &fixes(&f)[0];
+    assert!(
+        fix.preconditions
+            .iter()
+            .any(|p| p.contains("cni0 port veth1")),
+        "{fix:#?}"
+    );
 }

@@ -296,6 +296,8 @@ mod tests {
                 ),
                 None,
             );
+            // kube-proxy's rules were read (the fact etp-cluster is gated on).
+            e.facts.proxy_mode = Some(probe_contract::facts::ProxyMode::Iptables);
             crate::fixes::attach(&mut e, index, None);
             e.fixes
         };
@@ -427,10 +429,7 @@ mod tests {
             routed.remedy
         );
         assert!(
-            routed
-                .remedy
-                .iter()
-                .any(|r| r.contains("target_instance_ips")),
+            routed.remedy.iter().any(|r| r.contains("guest-agent#555")),
             "{:#?}",
             routed.remedy
         );

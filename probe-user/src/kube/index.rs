@@ -19,12 +19,35 @@ use k8s_openapi::api::{
 use crate::event::Proto;
 
 /// Annotations that change how a provider's LB loops back (shown in remedies when set).
-pub const LOOPBACK_ANNOTATIONS: [&str; 2] = [
+pub const LOOPBACK_ANNOTATIONS: [&str; 5] = [
     // Tencent TKE: health checks from 100.64/10 and the VIP bound for in-cluster calls.
     "service.cloud.tencent.com/prevent-loopback",
-    // Alibaba ACK: publish the LB as a hostname, so kube-proxy does not bind its IP.
+    // Alibaba ACK: publish the LB as a hostname, so kube-proxy does not bind its IP (the
+    // legacy `alicloud` spelling is still read by the CCM).
     "service.beta.kubernetes.io/alibaba-cloud-loadbalancer-hostname",
+    "service.beta.kubernetes.io/alicloud-loadbalancer-hostname",
+    // Hetzner: keep the private LB IP out of the status (IPVS health checks).
+    "load-balancer.hetzner.cloud/disable-private-ingress",
+    // OpenStack: publish the LB as a hostname.
+    "loadbalancer.openstack.org/hostname",
 ];
+
+/// The [`LOOPBACK_ANNOTATIONS`] that guard against the loop itself (risks downgraded when
+/// on): only Tencent's, which keeps in-cluster calls on the node and moves the CLB's health
+/// checks off its VIP. A hostname annotation is no guard: it removes kube-proxy's
+/// short-circuit, so calls to the LB leave the node and can hairpin (reference 003).
+pub const LOOP_GUARD_ANNOTATIONS: [&str; 1] = ["service.cloud.tencent.com/prevent-loopback"];
+
+/// The loop guards of `annotations` that are switched on.
+pub fn loop_guards(annotations: &BTreeMap<String, String>) -> Vec<String> {
+    annotations
+        .iter()
+        .filter(|(k, v)| {
+            LOOP_GUARD_ANNOTATIONS.contains(&k.as_str()) && v.trim().eq_ignore_ascii_case("true")
+        })
+        .map(|(k, _)| k.clone())
+        .collect()
+}
 
 /// A pod, by name.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -281,7 +281,12 @@ mod tests {
             (plan.provider.as_str(), plan.provider_from.as_str()),
             ("gce", "node providerID")
         );
-        assert_eq!(plan.fixes[0].id, "etp-cluster");
+        // The plugin does not see the nodes' kube-proxy: etp-cluster says it assumes it.
+        let etp = plan.fixes.iter().find(|f| f.id == "etp-cluster").unwrap();
+        assert!(
+            etp.preconditions.iter().any(|p| p.contains("kube-proxy")),
+            "{etp:?}"
+        );
         assert!(select(&plan, "etp-cluster", Some("7")).is_ok());
         let moved = select(&plan, "etp-cluster", Some("6")).unwrap_err().0;
         assert!(

@@ -61,12 +61,13 @@ fn vip_of(e: &LoopbackEvent) -> String {
     }
 }
 
-/// The first fix of an event (`id: change`), else its first remedy line.
+/// The first fix of an event (`id: change`), else its first remedy line that is a remedy
+/// (the "Cause:" line explains, it fixes nothing).
 pub fn first_fix(fixes: &[probe_contract::Fix], remedy: &[String]) -> Option<String> {
     fixes
         .first()
         .map(|f| format!("{}: {}", f.id, f.change))
-        .or_else(|| remedy.first().cloned())
+        .or_else(|| remedy.iter().find(|r| !r.starts_with("Cause:")).cloned())
 }
 
 impl Loops {
@@ -303,5 +304,19 @@ mod tests {
             l.observe(&ev("k", 1, Some(&format!("ns/p{i:02}"))), T0);
         }
         assert_eq!(l.active()[0].client_pods.len(), MAX_CLIENT_PODS);
+    }
+
+    /// Issue 35 item 9: without a fix, the first remedy that is one, never the "Cause:" line.
+    #[test]
+    fn the_first_fix_is_never_the_cause() {
+        let remedy = [
+            "Cause: pod 10.0.0.9 called its own Service".to_string(),
+            "Restore the hairpin".to_string(),
+        ];
+        assert_eq!(
+            first_fix(&[], &remedy).as_deref(),
+            Some("Restore the hairpin")
+        );
+        assert_eq!(first_fix(&[], &remedy[..1]), None);
     }
 }

@@ -96,7 +96,7 @@ pub fn check_state(
         crate::check::services::merge(&mut inputs, services);
     }
     let mut findings = crate::check::rules::judge(&inputs);
-    crate::check::attach_fixes(&mut findings, services);
+    crate::check::attach_fixes(&mut findings, services, inputs.kube_proxy_runs());
     let report = crate::check::Report::new(findings);
     let risks = report
         .findings

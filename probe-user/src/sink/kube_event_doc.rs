@@ -235,7 +235,8 @@ pub fn note(event: &LoopbackEvent) -> String {
     };
     // The first (best-fitting) fix when there is one: the exact change, and the command that
     // applies it when it is a patch of the named Service.
-    let text = match (event.fixes.first(), event.remedy.first()) {
+    let remedy = event.remedy.iter().find(|r| !r.starts_with("Cause:"));
+    let text = match (event.fixes.first(), remedy) {
         (Some(fix), _) => match (
             &fix.patch,
             fix.service.as_deref().and_then(|s| s.split_once('/')),

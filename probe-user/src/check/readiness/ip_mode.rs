@@ -77,13 +77,7 @@ pub(super) fn ip_mode_advice(
                 .or_else(|| svc.and_then(fixes::service_provider))
                 .unwrap_or(Provider::Generic);
             let guard: Vec<String> = svc
-                .map(|s| {
-                    s.loopback_annotations
-                        .iter()
-                        .filter(|(_, v)| !v.is_empty() && v.as_str() != "false")
-                        .map(|(k, _)| k.clone())
-                        .collect()
-                })
+                .map(|s| crate::kube::index::loop_guards(&s.loopback_annotations))
                 .unwrap_or_default();
             let aws = svc.and_then(aws_client_ip_not_kept);
             let not_looping = if pod_masq {
@@ -164,7 +158,11 @@ pub(super) fn ip_mode_advice(
             IpModeAdvice {
                 service: svc.map(ServiceFacts::key),
                 ip,
-                ip_mode: if proxy { "Proxy" } else { "VIP" },
+                // As written (an unknown value such as `Router` is not VIP); unset: VIP.
+                ip_mode: svc
+                    .and_then(|s| s.ip_mode(ip))
+                    .map(str::to_string)
+                    .unwrap_or_else(|| if proxy { "Proxy" } else { "VIP" }.to_string()),
                 provider: prov.as_str(),
                 verdict,
                 advice,

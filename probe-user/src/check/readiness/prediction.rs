@@ -28,8 +28,9 @@ pub struct IpModeAdvice {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub service: Option<String>,
     pub ip: IpAddr,
-    /// `VIP` or `Proxy`, as the Service's status has it (`VIP` when unset or not read).
-    pub ip_mode: &'static str,
+    /// As the Service's status has it (`VIP`, `Proxy`, or an unknown value kept as written;
+    /// `VIP` when unset or not read).
+    pub ip_mode: String,
     /// The provider profile the advice used.
     pub provider: &'static str,
     /// `already` (Proxy now), `avoids_now` (Proxy would stop kube-proxy binding it, as the

@@ -162,7 +162,9 @@ pub fn hairpin(inp: &Inputs) -> Vec<Finding> {
                  this node"
             ),
             evidence,
-            remedy: hairpin_remedy(svc, t.etp_local == Some(true)),
+            // With ipMode Proxy kube-proxy writes no rule for the LB IP: the policy changes
+            // nothing there.
+            remedy: hairpin_remedy(svc, t.etp_local == Some(true) && !t.ip_mode_proxy),
             fixes: Vec::new(),
         });
     }

@@ -100,13 +100,13 @@ pub(super) fn owner_fix(vip: IpAddr, owner: &AddressOwner) -> String {
              ipMode / hostname options allow."
         ),
         AddressOwner::LocalRoute { protocol: 66, .. } => format!(
-            "{vip} is made local by the cloud's guest agent (a route with protocol 66, no \
-             address), not by kube-proxy: changing kube-proxy, ipMode or the Service does not \
-             remove it. On GCE the google-guest-agent adds such routes for forwarding-rule IPs \
-             targeting this instance: set `target_instance_ips = false` under [IpForwarding] (or \
-             `ip_forwarding = false` under [NetworkInterfaces]) in \
-             /etc/default/instance_configs.cfg and restart the agent, if nothing on the node \
-             needs to accept traffic for {vip} itself."
+            "{vip} is made local by the cloud's guest agent (`local {vip}` in table local, proto \
+             66), not by kube-proxy: changing kube-proxy, ipMode or the Service does not remove \
+             it. On GCE the google-guest-agent installs it for every forwarding rule that \
+             targets this instance, and the node needs it to accept the LB's own traffic: leave \
+             it. Have host-network callers use the Service's ClusterIP (or SNAT their calls to \
+             the LB to the node address) instead of {vip}; the agent has no switch for these \
+             routes yet (GoogleCloudPlatform/guest-agent#555)."
         ),
         AddressOwner::LocalRoute {
             protocol,

@@ -1,0 +1,211 @@
+//! The generic entries: Kubernetes settings and caller changes that fit every provider whose
+//! facts allow them.
+
+use probe_contract::{LoopbackKind, SnatState, facts::SelfLoopMissing};
+use serde_json::json;
+
+use super::{Entry, Etp, IpMode, Offer, Provider, Source};
+use LoopbackKind::{Hairpin, HealthcheckBlackhole, ServiceSelfLoop, VipAsSource, VipPortUnserved};
+
+/// Calling the Service by name never leaves the node for the LB, whatever the cloud. Gate: the
+/// looping caller is in the cluster (not the LB's own checks). For a host-network caller
+/// whose LB IP a cloud's guest agent made local (GCE), the ClusterIP is the advice too: the
+/// guest agent's route stays (`correlate::remedy` names it).
+pub(super) static CALL_BY_SERVICE_NAME: Entry = Entry {
+    id: "call-by-service-name",
+    provider: Provider::Generic,
+    kinds: &[Hairpin, VipPortUnserved, VipAsSource],
+    change: "Call the Service by its cluster DNS name or ClusterIP instead of the LB address \
+             (a change of the caller's configuration; nothing to patch)",
+    preconditions: &[
+        "the caller is inside the cluster and does not need the LB's own \
+                      features (TLS termination, WAF, PROXY protocol)",
+    ],
+    side_effects: &[
+        "with internalTrafficPolicy: Local, calls from nodes without a local \
+                     endpoint are dropped",
+    ],
+    source: "https://kubernetes.io/docs/concepts/services-networking/dns-pod-service/",
+    offer: |f| (f.source != Some(Source::Lb)).then(|| Offer::advice(60)),
+};
+
+/// Reference 002's shape: kube-proxy writes rules for the LB IP and, under `Local`, does not
+/// mark pod traffic to it for masquerade, so it leaves un-SNATed; under `Cluster` it does.
+/// Gate: the policy is Local and kube-proxy programs the LB IP
+/// ([`super::Facts::kube_proxy_programs_lb_ip`]); with ipMode Proxy, a hostname-only LB or no
+/// kube-proxy there is no rule for the policy to change (`check/services.rs` says the same).
+pub(super) static ETP_CLUSTER: Entry = Entry {
+    id: "etp-cluster",
+    provider: Provider::Generic,
+    kinds: &[Hairpin, VipAsSource],
+    change: "Set externalTrafficPolicy: Cluster: kube-proxy then marks pod traffic to the LB IP \
+             for masquerade, so it no longer leaves with a pod or VIP source",
+    preconditions: &[],
+    side_effects: &[
+        "backends no longer see the external client's source IP",
+        "an extra hop: a node without a backend forwards to another node",
+        "the healthCheckNodePort is released; the LB then health-checks every node",
+    ],
+    source: "https://kubernetes.io/docs/tasks/access-application-cluster/create-external-load-balancer/#preserving-the-client-source-ip",
+    offer: |f| {
+        if f.etp == Some(Etp::Cluster) || f.source == Some(Source::Lb) {
+            return None;
+        }
+        let programs = f.kube_proxy_programs_lb_ip();
+        if programs == Some(false) {
+            return None;
+        }
+        let mut preconditions = Vec::new();
+        if f.etp.is_none() {
+            preconditions.push(
+                "the Service uses externalTrafficPolicy: Local (not read: no API access)".into(),
+            );
+        }
+        if programs.is_none() {
+            preconditions.push(
+                "kube-proxy runs on the nodes and programs the LB IP (published as an IP with \
+                 ipMode VIP or unset): not all of it was read"
+                    .into(),
+            );
+        }
+        Some(Offer {
+            score: match (f.etp, programs) {
+                (Some(Etp::Local), Some(true)) => 80,
+                (Some(Etp::Local), None) => 50,
+                _ => 30,
+            },
+            patch: Some((
+                json!({"spec": {"externalTrafficPolicy": "Cluster"}}),
+                json!({"spec": {"externalTrafficPolicy": "Local"}}),
+            )),
+            preconditions,
+        })
+    },
+};
+
+/// KEP-1860: with ipMode Proxy kube-proxy neither binds nor programs the LB IP. Only the LB
+/// controller writes it; writers found: hcloud-cloud-controller-manager v1.21.0+ (only with
+/// PROXY protocol, hcloud/load_balancers.go, PR #783) and cloud-provider-openstack (only with
+/// PROXY protocol, pkg/openstack/loadbalancer.go `createLoadBalancerStatus`); none in the AWS,
+/// Azure, Alibaba or DigitalOcean controllers. Cilium's kube-proxy replacement honours it
+/// from 1.17 (cilium#34780), not in 1.18.0 (cilium#40913, fixed in 1.18.1 by #40915).
+/// Gate: kube-proxy is what makes the LB IP local, and its ipMode is VIP (an unknown value
+/// is left alone: it is shown as written, not taken for VIP).
+pub(super) static IP_MODE_PROXY: Entry = Entry {
+    id: "ip-mode-proxy",
+    provider: Provider::Generic,
+    kinds: &[HealthcheckBlackhole, VipPortUnserved],
+    change: "Have the LB controller publish status.loadBalancer.ingress[].ipMode: Proxy, so \
+             kube-proxy stops binding the LB IP on the nodes (a controller setting: status is \
+             not patched by hand; hcloud and OpenStack controllers set it only with PROXY \
+             protocol on)",
+    preconditions: &[
+        "Kubernetes 1.30 or later (LoadBalancerIPMode; 1.29 behind its feature gate)",
+        "an LB controller that sets ipMode (found: hcloud-cloud-controller-manager v1.21.0+ \
+         and cloud-provider-openstack, both only with PROXY protocol; not AWS, Azure, \
+         Alibaba, DigitalOcean)",
+        "with Cilium's kube-proxy replacement: 1.17 or later, not 1.18.0",
+    ],
+    side_effects: &[
+        "in-cluster calls to the LB IP then really go to the LB: watch for \
+                     hairpin loopback afterwards",
+    ],
+    source: "https://kubernetes.io/docs/concepts/services-networking/service/#load-balancer-ip-mode",
+    offer: |f| {
+        let vip_mode = matches!(f.ip_mode, Some(IpMode::Vip) | None);
+        (f.kube_proxy_binds && vip_mode && f.lb_ip_published != Some(false))
+            .then(|| Offer::advice(50))
+    },
+};
+
+/// The LB's own guard (it skips a backend whose IP is the request's source) is what makes SNAT
+/// to the node avoid the loop. Tencent CLB documents it (reference 001, "Does CLB have any
+/// mechanism to avoid loopback?"). AWS NLB instance targets with the client IP kept do not
+/// ("the connection succeeds only if the request is routed to a different instance", ELB
+/// troubleshooting, loopback-timeout); an Azure internal LB's backend cannot reach its own
+/// frontend at all; GCE's guest agent delivers a backend's call to the LB IP to itself (local
+/// route, internal passthrough NLB docs): there SNAT turns the pod's loop into the node's.
+/// Gate: a pod's un-SNATed call, and a provider not known to lack the guard.
+pub(super) static SNAT_POD_EGRESS_TO_LB: Entry = Entry {
+    id: "snat-pod-egress-to-lb",
+    provider: Provider::Generic,
+    kinds: &[Hairpin],
+    change: "Masquerade pod traffic to the LB address to the node IP (node setting: e.g. \
+             ip-masq-agent with the LB range left out of nonMasqueradeCIDRs, or the CNI's SNAT \
+             option): the LB then skips this node as the backend",
+    preconditions: &["the CNI or ip-masq-agent decides pod egress SNAT on this cluster"],
+    side_effects: &["the LB and the backends see the node, not the pod, as the client"],
+    source: "https://kubernetes.io/docs/tasks/administer-cluster/ip-masq-agent/",
+    offer: |f| {
+        if f.source != Some(Source::Pod) || f.snat == SnatState::Yes {
+            return None;
+        }
+        match f.provider {
+            Provider::Aws | Provider::Azure | Provider::Gce => None,
+            Provider::Tencent => Some(Offer::advice(55)),
+            _ => Some(Offer {
+                score: 40,
+                patch: None,
+                preconditions: vec![
+                    "the LB does not send a request to the backend whose IP is its source \
+                     (documented by Tencent CLB; not so for AWS NLB instance targets, Azure \
+                     internal LBs or GCE): otherwise the pod's loop becomes the node's"
+                        .into(),
+                ],
+            }),
+        }
+    },
+};
+
+/// Reference 001 ("layer-4 loopback"): the cure is a health-check source that is not the VIP.
+/// Gate: a confirmed health-check black hole on a provider without its own entry for it
+/// (Tencent has `tencent-clb-healthcheck-source`).
+pub(super) static LB_HEALTHCHECK_SOURCE: Entry = Entry {
+    id: "lb-healthcheck-source",
+    provider: Provider::Generic,
+    kinds: &[HealthcheckBlackhole],
+    change: "Have the LB send its health checks from a range that is not an LB IP bound on \
+             the nodes (an LB setting)",
+    preconditions: &["the LB lets you choose the health-check source"],
+    side_effects: &[],
+    source: "https://github.com/kubernetes/enhancements/tree/master/keps/sig-network/1860-kube-proxy-IP-node-binding",
+    offer: |f| (f.provider != Provider::Tencent).then(|| Offer::advice(45)),
+};
+
+/// `service_self_loop`: a pod reaching itself through its own Service needs the hairpin:
+/// the bridge port's hairpin mode (the CNI bridge plugin's `hairpinMode`; kubelet's
+/// `--hairpin-mode` no longer sets it with CRI runtimes: kube-router 0f3714b9 traces its
+/// removal) and kube-proxy's hairpin SNAT (IPVS mode's `KUBE-LOOP-BACK` set, missing in
+/// kube-proxy 1.31.0: kubernetes#134884). No Service or LB setting restores it. Gate: the
+/// kind; the missing piece, when the facts name it, leads the preconditions.
+pub(super) static RESTORE_POD_HAIRPIN: Entry = Entry {
+    id: "restore-pod-hairpin",
+    provider: Provider::Generic,
+    kinds: &[ServiceSelfLoop],
+    change: "Restore the hairpin for pods that call their own Service: hairpin mode on the \
+             pod's bridge port (the CNI's setting, e.g. the bridge plugin's hairpinMode: true) \
+             and kube-proxy's hairpin SNAT (a kube-proxy whose IPVS mode fills KUBE-LOOP-BACK; \
+             1.31.0 does not)",
+    preconditions: &[],
+    side_effects: &["the pod then sees its own calls come from the node or bridge address"],
+    source: "https://kubernetes.io/docs/tasks/debug/debug-application/debug-service/#a-pod-fails-to-reach-itself-via-the-service-ip",
+    offer: |f| {
+        let missing = match &f.self_loop {
+            Some(SelfLoopMissing::HairpinMode { bridge, port, .. }) => Some(format!(
+                "missing here: hairpin mode on {bridge} port {port} (it is 0)"
+            )),
+            Some(SelfLoopMissing::HairpinSnat {
+                loop_back_entry: Some(false),
+            }) => Some("missing here: the pod's KUBE-LOOP-BACK entry (IPVS mode)".into()),
+            Some(SelfLoopMissing::HairpinSnat { .. }) => {
+                Some("missing here: the hairpin SNAT (the pod saw its own address)".into())
+            }
+            _ => None,
+        };
+        Some(Offer {
+            score: 70,
+            patch: None,
+            preconditions: missing.into_iter().collect(),
+        })
+    },
+};
