@@ -346,10 +346,11 @@ fn nftables_first_events_are_named_and_on_the_service() {
 }
 
 /// Issue 26, proof that a loop is gone: a hairpin is confirmed (its Warning Event, the active
-/// gauge at 1); the fix is applied (pod-a's egress masqueraded, as a CNI's SNAT or
+/// gauge at 1); the node's own answered call to the LB resolves nothing (issue 35: proof
+/// comes from the loop's own clients); the fix is applied (pod-a's egress masqueraded, as a CNI's SNAT or
 /// `ip-masq-agent` would) and pod-a's calls to the LB succeed; with `--resolve-after 2`, the
 /// loop unconfirmed while that answered traffic flows is resolved: a Normal
-/// `LoopbackResolved` Event on the same Service naming the proof, the gauge at 0, one
+/// `LoopbackResolved` Event on the same Service quoting pod-a's call, the gauge at 0, one
 /// resolution counted. The fix undone, the loop recurs: a second, new Warning Event and one
 /// regression counted.
 #[test]
@@ -386,6 +387,24 @@ fn a_fixed_loop_is_resolved_with_proof_and_its_recurrence_is_a_regression() {
     .expect("a LoopbackHairpin Event");
     assert_eq!(gauge("clbprobe_loopback_active", 1), Some(1));
 
+    // Issue 35 item 10: another client's success is no proof. The node's own call to the LB
+    // (the LB never sends it back to its source node) is answered while pod-a still loops;
+    // well past the 2 s window and its 1 s checks, nothing is resolved.
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(
+        s.lab.traffic(Scenario::NodeToLbGuarded).expect("traffic"),
+        lab::Outcome::Ok
+    );
+    std::thread::sleep(Duration::from_secs(6));
+    assert!(
+        !clb_events(&s.api)
+            .iter()
+            .any(|e| e["reason"] == "LoopbackResolved"),
+        "the node's answered call resolved pod-a's hairpin: {:#?}",
+        clb_events(&s.api)
+    );
+    assert_eq!(s.agent.count_log("loop resolved"), 0);
+
     // The fix: masqueraded, pod-a's call is answered (the LB sends it to the peer node). A
     // second first: conntrack tells an entry's age to the second, and the proof must see the
     // answered call as later than the failure (a slower machine only widens the gap).
@@ -413,10 +432,15 @@ fn a_fixed_loop_is_resolved_with_proof_and_its_recurrence_is_a_regression() {
     let note = resolved["note"].as_str().unwrap_or_default();
     assert!(
         note.contains(&format!(
-            "answered connections to {}:80/tcp passed packets since",
+            "answered connections to {}:80/tcp from the loop's own clients",
             lab::VIP
         )),
-        "the proof names the answered calls to the LB: {note}"
+        "the proof names pod-a's answered calls to the LB: {note}"
+    );
+    assert!(
+        note.contains(&format!("; conntrack: tcp {}:", lab::POD_A_IP))
+            && note.contains("source-NATed on this node"),
+        "the proof quotes pod-a's masqueraded call by its 5-tuple: {note}"
     );
     assert!(note.contains("No change to the Service was seen"), "{note}");
     assert_eq!(gauge("clbprobe_loopback_active", 0), Some(0));

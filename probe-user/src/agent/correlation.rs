@@ -51,8 +51,8 @@ pub(super) struct CorrelateLoop {
     pub tracker: Tracker,
 }
 
-/// One proof look-up's results: (loop key, proof lines or None).
-type ProofResults = Vec<(String, Option<Vec<String>>)>;
+/// One proof look-up's results: (loop key, what it found or None).
+type ProofResults = Vec<(String, Option<proof::Found>)>;
 
 /// The signals that end the agent. SIGHUP and SIGQUIT too: their default actions (exit, core
 /// dump) would leave cls_bpf filters attached and the socket file behind.

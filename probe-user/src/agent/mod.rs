@@ -515,7 +515,11 @@ fn spawn_node_report(
     );
     Some(AbortOnDrop(tokio::spawn(crate::report::writer::start(
         source.clone(),
-        cfg.node_condition,
+        crate::report::writer::WriterSettings {
+            node_condition: cfg.node_condition,
+            // The tracker's window: "active" means the same in the report and the gauge.
+            active_window_s: i64::try_from(cfg.resolve_after.as_secs().max(1)).unwrap_or(i64::MAX),
+        },
         crate::report::writer::NodeFacts::of_this_node(&node),
         shared.capabilities.clone(),
         shared.subscribe(),

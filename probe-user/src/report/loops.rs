@@ -1,16 +1,19 @@
 //! Which loops a node report calls *active* and which *resolved* (pure, injected clock).
 //!
 //! - **Active**: a confirmed aggregate (a correlator report: new or repeat) was seen within the
-//!   last [`ACTIVE_WINDOW`] (10 min). The correlator reports every repeat of an aggregate, so
-//!   a loop that keeps happening keeps its `lastSeen` fresh; 10 min is longer than the
-//!   longest gap between an LB's health checks (seconds) and between a client's retries of a
-//!   failed call, and short enough that a fixed Service drops out of the page soon after.
+//!   agent's `--resolve-after` window ([`Loops::new`]; [`ACTIVE_WINDOW`], 10 min, without an
+//!   agent's). The same window as the tracker's (`crate::resolution`), so the report, the Node
+//!   condition it drives and `clbprobe_loopback_active` agree on what "active" means: confirmed
+//!   within the window and not resolved (the gauge follows at the tracker's next check, at
+//!   most 30 s later). The correlator reports every repeat of an aggregate, so a loop that
+//!   keeps happening keeps its `lastSeen` fresh.
 //! - **Resolved**: an aggregate of a loop the agent resolved with proof (`crate::resolution`:
-//!   unconfirmed for `--resolve-after` while its traffic was seen answered), at once, with
-//!   `resolvedAt` and `proof`; else an active loop not seen for [`ACTIVE_WINDOW`], with
-//!   `resolvedAt = lastSeen + window` and no proof (quiet, not proven fixed). Listed for
-//!   [`RESOLVED_KEEP`] (24 h), then forgotten. A resolved loop seen again is active again (and
-//!   leaves the resolved list).
+//!   unconfirmed for `--resolve-after` while the loop's own clients were seen answered), at
+//!   once, with `resolvedAt` and `proof`; else an active loop not seen for the window, with
+//!   `resolvedAt = lastSeen + window` and no proof: *quiet* (the tracker's word and gauge),
+//!   not proven fixed; a proof that comes later is added to it. Listed for [`RESOLVED_KEEP`]
+//!   (24 h), then forgotten. A resolved loop seen again is active again (and leaves the
+//!   resolved list).
 //!
 //! Times are the agent's wall clock when it saw the report (Unix seconds), not the kernel's
 //! monotonic timestamps: the report is read on other machines. Bounded: at most
@@ -42,8 +45,10 @@ struct Entry {
 }
 
 /// The node's loops, by aggregate key.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Loops {
+    /// Seconds without a confirmation before an active loop is no longer active.
+    active_window: i64,
     active: BTreeMap<String, Entry>,
     /// (key, loop), oldest resolution first.
     resolved: Vec<(String, ResolvedLoop, i64)>,
@@ -70,7 +75,23 @@ pub fn first_fix(fixes: &[probe_contract::Fix], remedy: &[String]) -> Option<Str
         .or_else(|| remedy.iter().find(|r| !r.starts_with("Cause:")).cloned())
 }
 
+impl Default for Loops {
+    fn default() -> Self {
+        Loops::new(ACTIVE_WINDOW)
+    }
+}
+
 impl Loops {
+    /// `active_window`: the agent's `--resolve-after`, in seconds (at least 1).
+    pub fn new(active_window: i64) -> Self {
+        Loops {
+            active_window: active_window.max(1),
+            active: BTreeMap::new(),
+            resolved: Vec::new(),
+            dropped: 0,
+        }
+    }
+
     /// A report of the aggregate `e` at `now` (Unix seconds).
     pub fn observe(&mut self, e: &LoopbackEvent, now: i64) {
         self.resolved.retain(|(k, _, _)| *k != e.key);
@@ -116,6 +137,16 @@ impl Loops {
     pub fn resolve(&mut self, r: &probe_contract::LoopResolution, now: i64) {
         for key in &r.aggregates {
             self.move_to_resolved(key, now, r.proof.first().cloned());
+            // Already listed as quiet (the window passed before the proof came): proven now.
+            if let Some((_, quiet, at)) = self
+                .resolved
+                .iter_mut()
+                .find(|(k, l, _)| k == key && l.proof.is_none())
+            {
+                quiet.proof = r.proof.first().cloned();
+                quiet.resolved_at = rfc3339(now);
+                *at = now;
+            }
         }
         self.resolved.sort_by_key(|(_, _, at)| *at);
     }
@@ -127,8 +158,8 @@ impl Loops {
         let expired: Vec<(String, i64)> = self
             .active
             .iter()
-            .filter(|(_, e)| now - e.last >= ACTIVE_WINDOW)
-            .map(|(k, e)| (k.clone(), e.last + ACTIVE_WINDOW))
+            .filter(|(_, e)| now - e.last >= self.active_window)
+            .map(|(k, e)| (k.clone(), e.last + self.active_window))
             .collect();
         for (key, resolved_at) in expired {
             self.move_to_resolved(&key, resolved_at, None);
@@ -276,6 +307,45 @@ mod tests {
         // The unproven one goes by the window, without proof.
         l.tick(T0 + ACTIVE_WINDOW);
         assert!(l.resolved().iter().any(|r| r.proof.is_none()));
+    }
+
+    /// Issue 35 item 10: the report's "active" is the tracker's (confirmed within
+    /// `--resolve-after`), so the Node condition and the gauge agree; a quiet loop proven
+    /// later carries its proof.
+    #[test]
+    fn active_means_confirmed_within_the_agents_window_and_a_late_proof_is_kept() {
+        let window = 120;
+        let mut l = Loops::new(window);
+        l.observe(&ev("k1", 1, None), T0);
+        assert!(!l.tick(T0 + window - 1));
+        assert_eq!(l.active().len(), 1);
+        assert!(
+            l.tick(T0 + window),
+            "quiet at the tracker's window, not 10 min"
+        );
+        assert!(l.active().is_empty());
+        assert_eq!(l.resolved()[0].proof, None, "quiet: no proof");
+        let r = probe_contract::LoopResolution {
+            key: "hairpin/shop/web".into(),
+            kind: LoopbackKind::Hairpin,
+            service: Some("shop/web".into()),
+            vip: None,
+            vip_port: None,
+            first_seen: rfc3339(T0),
+            last_seen: rfc3339(T0),
+            resolved_at: rfc3339(T0 + 200),
+            lasted_s: 0,
+            count: 1,
+            episode: 0,
+            aggregates: vec!["k1".into()],
+            proof: vec!["answered since".into()],
+            changed: vec![],
+        };
+        l.resolve(&r, T0 + 200);
+        let resolved = l.resolved();
+        assert_eq!(resolved.len(), 1);
+        assert_eq!(resolved[0].proof.as_deref(), Some("answered since"));
+        assert_eq!(resolved[0].resolved_at, rfc3339(T0 + 200));
     }
 
     #[test]

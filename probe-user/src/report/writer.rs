@@ -280,6 +280,9 @@ pub struct ReportWriter {
     created: bool,
     /// `--node-condition on`.
     pub node_condition: bool,
+    /// `--resolve-after` in seconds: how long a loop stays active without a confirmation
+    /// (the tracker's window, so the report, the condition and the gauge agree).
+    pub active_window_s: i64,
     /// The condition last written and its transition time.
     last_condition: Option<(Condition, String)>,
 }
@@ -293,6 +296,7 @@ impl ReportWriter {
             name: object_name(node)?,
             created: false,
             node_condition: false,
+            active_window_s: super::loops::ACTIVE_WINDOW,
             last_condition: None,
         })
     }
@@ -397,10 +401,19 @@ fn unix_now() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
+/// The agent's flags the writer follows.
+#[derive(Clone, Copy, Debug)]
+pub struct WriterSettings {
+    /// `--node-condition on`.
+    pub node_condition: bool,
+    /// `--resolve-after`, in seconds ([`ReportWriter::active_window_s`]).
+    pub active_window_s: i64,
+}
+
 /// `--node-report on` with API access: writes until the report broadcast closes.
 pub async fn start(
     source: crate::kube::KubeSource,
-    node_condition: bool,
+    settings: WriterSettings,
     facts: NodeFacts,
     caps: Arc<Capabilities>,
     reports: broadcast::Receiver<Arc<Report>>,
@@ -416,7 +429,8 @@ pub async fn start(
     };
     let writer = match ReportWriter::new(client, &facts.node) {
         Ok(mut w) => {
-            w.node_condition = node_condition;
+            w.node_condition = settings.node_condition;
+            w.active_window_s = settings.active_window_s;
             w
         }
         Err(e) => {
@@ -439,7 +453,7 @@ pub async fn run(
     let mut resolutions_open = true;
     info!(node = %facts.node, "writing the node's LoopbackReport");
     let origin = Instant::now();
-    let mut loops = Loops::default();
+    let mut loops = Loops::new(writer.active_window_s);
     let mut gate: Gate<ReportStatus> = Gate::default();
     let mut last_content: Option<ReportStatus> = None;
     let mut last_offer = i64::MIN;

@@ -187,6 +187,8 @@ impl Tracker {
                 t.count_base = t.count;
                 t.aggregates.clear();
                 t.service_before = service.clone();
+                // The new episode's proof must come from its own clients.
+                t.shape = Shape::of(e);
                 t.state = State::Active;
                 *self
                     .regressions
@@ -215,6 +217,10 @@ impl Tracker {
             t.vip = t.vip.or(e.vip);
             t.vip_port = t.vip_port.or(e.vip_port);
             t.shape = t.shape.clone().or_else(|| Shape::of(e));
+        }
+        // Each aggregate's client is one of the loop's own: its answered call is proof.
+        if let Some(shape) = &mut t.shape {
+            shape.widen(e);
         }
         if t.service_before.is_none() {
             t.service_before = service;
@@ -258,13 +264,16 @@ impl Tracker {
         out
     }
 
-    /// A look-up's result for `key`: the proof lines (None: no proof, or the look-up failed)
+    /// A look-up's result for `key`: what it found (None: nothing, or the look-up failed)
     /// and the Service's fields now. Returns the resolution when there is one. A loop
-    /// confirmed again while the look-up was out stays active.
+    /// confirmed again while the look-up was out stays active. A hairpin's calls answered by
+    /// the LB alone (no NAT on this node) prove it only when the Service changed since the
+    /// loop was first seen: else the LB may have sent them to another node while this one
+    /// still loops ([`proof`]).
     pub fn proved(
         &mut self,
         key: &str,
-        proof: Option<Vec<String>>,
+        found: Option<proof::Found>,
         service_now: Option<BTreeMap<String, String>>,
         now: i64,
     ) -> Option<LoopResolution> {
@@ -273,13 +282,24 @@ impl Tracker {
         if t.state != State::Quiet {
             return None;
         }
-        let proof = proof?;
-        t.state = State::Resolved;
-        self.changed = true;
+        let found = found?;
         let changed = match (&t.service_before, &service_now) {
             (Some(before), Some(after)) => changed(before, after),
             _ => Vec::new(),
         };
+        if found.only_through_lb && changed.is_empty() {
+            return None;
+        }
+        let mut proof = found.lines;
+        if found.only_through_lb {
+            proof.push(
+                "answered by the LB with no NAT on this node, after the Service changed \
+                 (a fix at the LB)"
+                    .to_string(),
+            );
+        }
+        t.state = State::Resolved;
+        self.changed = true;
         let resolution = LoopResolution {
             key: key.to_string(),
             kind: t.kind,

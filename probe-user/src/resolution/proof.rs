@@ -1,6 +1,7 @@
-//! Proof that a quiet loop's traffic still flows: answered conntrack connections of the loop's
-//! shape whose latest packet passed after the loop's last confirmation. Pure: the entries and
-//! the node's timeouts are read by the agent (`state::conntrack`) and handed in.
+//! Proof that a quiet loop's traffic flows again: answered conntrack connections *from the
+//! loop's own clients* (the pods or the node that looped, the LB's check source) through the
+//! same VIP:port, whose latest packet passed after the loop's last confirmation. Pure: the
+//! entries and the node's timeouts are read by the agent (`state::conntrack`) and handed in.
 //!
 //! Why conntrack: every kind's traffic crosses the node's conntrack (the health checks to the
 //! node, the pod's calls to the LB, the calls to the VIP port), and `SEEN_REPLY` says the
@@ -8,28 +9,60 @@
 //! *before* the loop was last seen (a call that picked another node) proves nothing about
 //! the time since; the entry's timeout left, against its state's full timeout, bounds how long
 //! ago its latest packet passed ([`StateTimeouts::idle_s`]).
+//!
+//! Why the loop's own clients: another client's answered call proves nothing about them. The
+//! node's own call to the LB is never sent back to it (the LB's guard skips the backend equal
+//! to the source), so it is answered while a pod on the node still loops.
+//!
+//! Why a hairpin wants NAT on this node: the LB picks the backend, and in a cluster of several
+//! nodes the looping pod's call that the LB sent to another node is answered too, with no NAT
+//! here, while the loop stands. A call masqueraded or short-circuited (DNAT) on this node shows
+//! the node's path changed; one answered by the LB alone proves the fix only when the Service
+//! changed since the loop was first seen (a fix at the LB: the tracker decides, [`Found`]).
 
-use std::net::IpAddr;
+use std::{collections::BTreeSet, net::IpAddr};
 
 use probe_contract::{LoopbackEvent, LoopbackKind, Proto};
 
 use crate::state::{ConntrackEntry, conntrack::StateTimeouts};
 
+/// The loop's client (or destination) addresses kept at most: one per aggregate.
+pub const MAX_ADDRESSES: usize = super::MAX_AGGREGATES;
+
 /// What traffic of a loop looks like in conntrack.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Shape {
-    /// Connections *to* `addr:port` (hairpin: the pod's calls to the LB; vip_port_unserved:
-    /// the calls to the VIP port; service_self_loop: the pod's calls to its Service).
+    /// Connections *to* `addr:port` from the loop's `clients` (hairpin: the pods or the node
+    /// calling the LB; vip_port_unserved: the callers of the VIP port; service_self_loop: the
+    /// pod calling its Service).
     To {
         addr: IpAddr,
         port: u16,
         proto: Proto,
-        /// Only from this source (the pod of a self-loop), else any.
-        from: Option<IpAddr>,
+        /// The sources that looped (the events' sources, across the loop's aggregates).
+        clients: BTreeSet<IpAddr>,
+        /// A hairpin: the LB chose the backend, so an answer with no NAT on this node may be
+        /// the LB having sent the call elsewhere ([`Found::only_through_lb`]).
+        lb_picks_backend: bool,
     },
     /// Connections *from* `addr` (healthcheck_blackhole: the LB's health checks, whose source
-    /// is the VIP; vip_as_source: the node's own connections from the VIP).
-    From { addr: IpAddr },
+    /// is the VIP, to the node addresses they were dropped at; vip_as_source: the node's own
+    /// connections from the VIP, to the destinations that dropped them).
+    From {
+        addr: IpAddr,
+        /// The destinations the loop's packets went to.
+        to: BTreeSet<IpAddr>,
+    },
+}
+
+/// Answered connections of a loop's shape, since its last confirmation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Found {
+    /// The proof's lines: what was seen, then the connections quoted by 5-tuple.
+    pub lines: Vec<String>,
+    /// A hairpin's calls answered with no NAT on this node only: proof only with a change of
+    /// the Service (else the LB may just have picked another node).
+    pub only_through_lb: bool,
 }
 
 impl Shape {
@@ -39,25 +72,35 @@ impl Shape {
         match e.kind {
             LoopbackKind::Hairpin
             | LoopbackKind::VipPortUnserved
-            | LoopbackKind::ServiceSelfLoop => {
-                Some(Shape::To {
-                    addr: e.vip?,
-                    port: e.vip_port?,
-                    proto: e.proto,
-                    // A self-loop's proof is the pod's own call answered.
-                    from: (e.kind == LoopbackKind::ServiceSelfLoop).then_some(e.src),
-                })
-            }
+            | LoopbackKind::ServiceSelfLoop => Some(Shape::To {
+                addr: e.vip?,
+                port: e.vip_port?,
+                proto: e.proto,
+                clients: BTreeSet::from([e.src]),
+                lb_picks_backend: e.kind == LoopbackKind::Hairpin,
+            }),
             LoopbackKind::HealthcheckBlackhole | LoopbackKind::VipAsSource => Some(Shape::From {
                 addr: e.vip.unwrap_or(e.src),
+                to: BTreeSet::from([e.dst]),
             }),
+        }
+    }
+
+    /// Another aggregate of the same loop: its client (or destination) joins the shape.
+    pub fn widen(&mut self, e: &LoopbackEvent) {
+        let (set, addr) = match self {
+            Shape::To { clients, .. } => (clients, e.src),
+            Shape::From { to, .. } => (to, e.dst),
+        };
+        if set.len() < MAX_ADDRESSES {
+            set.insert(addr);
         }
     }
 
     /// The address family the entries must come from.
     pub fn is_v6(&self) -> bool {
         match self {
-            Shape::To { addr, .. } | Shape::From { addr } => addr.is_ipv6(),
+            Shape::To { addr, .. } | Shape::From { addr, .. } => addr.is_ipv6(),
         }
     }
 
@@ -67,31 +110,39 @@ impl Shape {
                 addr,
                 port,
                 proto,
-                from,
+                clients,
+                ..
             } => {
                 e.orig.dst == *addr
                     && e.orig.dport == *port
                     && e.orig.proto == *proto
-                    && from.is_none_or(|f| e.orig.src == f)
+                    && clients.contains(&e.orig.src)
             }
-            Shape::From { addr } => e.orig.src == *addr,
+            Shape::From { addr, to } => e.orig.src == *addr && to.contains(&e.orig.dst),
         }
     }
 
     fn describe(&self) -> String {
+        let list = |set: &BTreeSet<IpAddr>| {
+            set.iter()
+                .map(IpAddr::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
         match self {
             Shape::To {
                 addr,
                 port,
                 proto,
-                from,
+                clients,
+                ..
             } => format!(
-                "{}connections to {}/{}",
-                from.map(|f| format!("{f}'s ")).unwrap_or_default(),
+                "connections to {}/{} from the loop's own clients ({})",
                 std::net::SocketAddr::new(*addr, *port),
-                proto.as_str()
+                proto.as_str(),
+                list(clients)
             ),
-            Shape::From { addr } => format!("connections from {addr}"),
+            Shape::From { addr, to } => format!("connections from {addr} to {}", list(to)),
         }
     }
 }
@@ -99,15 +150,27 @@ impl Shape {
 /// At most this many connections are quoted in a proof.
 const QUOTED: usize = 3;
 
-/// The proof lines, or None: answered connections of `shape` whose latest packet passed less
-/// than `quiet_for_ms` ago, i.e. after the loop's last confirmation (the idle time is an upper
-/// bound: conntrack rounds the time left down to the second). Pure.
+/// What NAT this node did to a connection, for the proof's quote.
+fn nat_here(e: &ConntrackEntry) -> &'static str {
+    match (e.snat, e.dnat) {
+        (true, true) => "source- and destination-NATed on this node",
+        (true, false) => "source-NATed on this node",
+        (false, true) => "destination-NATed on this node",
+        (false, false) => "no NAT on this node",
+    }
+}
+
+/// The proof, or None: answered connections of `shape` whose latest packet passed less than
+/// `quiet_for_ms` ago, i.e. after the loop's last confirmation (the idle time is an upper
+/// bound: conntrack rounds the time left down to the second). For a hairpin, connections
+/// NATed on this node are quoted when there are any ([`Found::only_through_lb`] otherwise).
+/// Pure.
 pub fn find(
     shape: &Shape,
     entries: &[ConntrackEntry],
     quiet_for_ms: u64,
     timeouts: &StateTimeouts,
-) -> Option<Vec<String>> {
+) -> Option<Found> {
     let fresh: Vec<(&ConntrackEntry, u32)> = entries
         .iter()
         .filter(|e| e.seen_reply && shape.matches(e))
@@ -117,119 +180,47 @@ pub fn find(
     if fresh.is_empty() {
         return None;
     }
+    let lb_picks_backend = matches!(
+        shape,
+        Shape::To {
+            lb_picks_backend: true,
+            ..
+        }
+    );
+    let natted: Vec<(&ConntrackEntry, u32)> = fresh
+        .iter()
+        .filter(|(e, _)| e.snat || e.dnat)
+        .copied()
+        .collect();
+    let only_through_lb = lb_picks_backend && natted.is_empty();
+    let quoted = if lb_picks_backend && !natted.is_empty() {
+        natted
+    } else {
+        fresh
+    };
     let mut lines = vec![format!(
         "not confirmed again for {} s, while {} answered {} passed packets since \
          (conntrack, SEEN_REPLY)",
         quiet_for_ms / 1000,
-        fresh.len(),
+        quoted.len(),
         shape.describe()
     )];
-    for (e, idle) in fresh.iter().take(QUOTED) {
+    for (e, idle) in quoted.iter().take(QUOTED) {
         lines.push(format!(
-            "conntrack: {} -> {} ({}), answered, latest packet {idle} s ago",
+            "conntrack: {} {} -> {} ({}), answered, {}, latest packet {idle} s ago",
+            e.orig.proto.as_str(),
             std::net::SocketAddr::new(e.orig.src, e.orig.sport),
             std::net::SocketAddr::new(e.orig.dst, e.orig.dport),
-            e.tcp_state.as_deref().unwrap_or(e.orig.proto.as_str())
+            e.tcp_state.as_deref().unwrap_or(e.orig.proto.as_str()),
+            nat_here(e)
         ));
     }
-    Some(lines)
+    Some(Found {
+        lines,
+        only_through_lb,
+    })
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::state::Tuple;
-
-    fn ip(s: &str) -> IpAddr {
-        s.parse().unwrap()
-    }
-
-    fn entry(
-        src: &str,
-        dst: &str,
-        dport: u16,
-        state: &str,
-        left: u32,
-        answered: bool,
-    ) -> ConntrackEntry {
-        let t = |src: &str, sport, dst: &str, dport| Tuple {
-            src: ip(src),
-            dst: ip(dst),
-            sport,
-            dport,
-            proto: Proto::Tcp,
-        };
-        ConntrackEntry {
-            orig: t(src, 40000, dst, dport),
-            reply: t(dst, dport, src, 40000),
-            snat: true,
-            dnat: false,
-            seen_reply: answered,
-            tcp_state: Some(state.into()),
-            timeout_s: Some(left),
-        }
-    }
-
-    const LB: &str = "203.0.113.10";
-
-    #[test]
-    fn only_an_answered_connection_of_the_shape_after_the_last_sighting_proves_it() {
-        let t = StateTimeouts::kernel_defaults();
-        let shape = Shape::To {
-            addr: ip(LB),
-            port: 80,
-            proto: Proto::Tcp,
-            from: None,
-        };
-        // TIME_WAIT (120 s) with 110 s left: its latest packet passed 10 s ago.
-        let fresh = entry("198.19.1.10", LB, 80, "TIME_WAIT", 110, true);
-        let lines = find(&shape, std::slice::from_ref(&fresh), 60_000, &t).expect("proved");
-        assert!(
-            lines[0].contains("1 answered connections to 203.0.113.10:80/tcp"),
-            "{lines:?}"
-        );
-        assert!(lines[1].contains("latest packet 10 s ago"), "{lines:?}");
-        // The same connection, but older than the quiet stretch: from before the last sighting.
-        let old = entry("198.19.1.10", LB, 80, "TIME_WAIT", 20, true);
-        assert_eq!(find(&shape, &[old], 60_000, &t), None);
-        // Not answered (the loop itself: SYN_SENT, no reply), another port, another address.
-        let unanswered = entry("198.19.1.10", LB, 80, "SYN_SENT", 119, false);
-        let other_port = entry("198.19.1.10", LB, 443, "TIME_WAIT", 119, true);
-        let other_addr = entry("198.19.1.10", "203.0.113.11", 80, "TIME_WAIT", 119, true);
-        assert_eq!(
-            find(&shape, &[unanswered, other_port, other_addr], 60_000, &t),
-            None
-        );
-        // No timeout (a recording without it) or an unknown state: no age, no proof.
-        let mut no_age = fresh.clone();
-        no_age.timeout_s = None;
-        assert_eq!(find(&shape, &[no_age], 60_000, &t), None);
-    }
-
-    #[test]
-    fn each_kind_has_its_shape() {
-        let t = StateTimeouts::kernel_defaults();
-        // A health check from the VIP to the node, answered 5 s ago.
-        let hc = entry(LB, "192.0.2.1", 30080, "TIME_WAIT", 115, true);
-        let from_vip = Shape::From { addr: ip(LB) };
-        assert!(find(&from_vip, std::slice::from_ref(&hc), 60_000, &t).is_some());
-        let to_vip = Shape::To {
-            addr: ip(LB),
-            port: 80,
-            proto: Proto::Tcp,
-            from: None,
-        };
-        assert_eq!(find(&to_vip, &[hc], 60_000, &t), None);
-        // A self-loop's proof must be the pod's own call.
-        let pod_only = Shape::To {
-            addr: ip(LB),
-            port: 80,
-            proto: Proto::Tcp,
-            from: Some(ip("198.19.1.11")),
-        };
-        let another_pod = entry("198.19.1.10", LB, 80, "TIME_WAIT", 115, true);
-        assert_eq!(find(&pod_only, &[another_pod], 60_000, &t), None);
-        let the_pod = entry("198.19.1.11", LB, 80, "TIME_WAIT", 115, true);
-        assert!(find(&pod_only, &[the_pod], 60_000, &t).is_some());
-    }
-}
+#[path = "proof_tests.rs"]
+mod tests;

@@ -32,8 +32,11 @@ fn fields(etp: &str) -> BTreeMap<String, String> {
     .collect()
 }
 
-fn proof() -> Option<Vec<String>> {
-    Some(vec!["answered".to_string()])
+fn proof() -> Option<proof::Found> {
+    Some(proof::Found {
+        lines: vec!["answered".to_string()],
+        only_through_lb: false,
+    })
 }
 
 #[test]
@@ -57,7 +60,8 @@ fn a_loop_is_resolved_only_after_the_window_and_with_proof() {
             addr: "203.0.113.10".parse().unwrap(),
             port: 80,
             proto: probe_contract::Proto::Tcp,
-            from: None
+            clients: [event(1).src].into_iter().collect(),
+            lb_picks_backend: true,
         }
     );
     // The look-up is out: not asked again.
@@ -211,4 +215,115 @@ fn only_a_change_of_the_view_is_reported_not_a_loops_repeats() {
     );
     assert!(t.proved(LOOP, proof(), None, T0 + 2 * S + 2 * W).is_none());
     assert!(!t.take_changed());
+}
+
+/// A conntrack entry `src:40000 -> 203.0.113.10:80/tcp`, answered 5 s ago (TIME_WAIT).
+fn answered(src: &str, snat: bool) -> crate::state::ConntrackEntry {
+    let t = |src: std::net::IpAddr, sport, dst: std::net::IpAddr, dport| crate::state::Tuple {
+        src,
+        dst,
+        sport,
+        dport,
+        proto: probe_contract::Proto::Tcp,
+    };
+    let (src, lb) = (src.parse().unwrap(), "203.0.113.10".parse().unwrap());
+    crate::state::ConntrackEntry {
+        orig: t(src, 40000, lb, 80),
+        reply: t(lb, 80, src, 40000),
+        snat,
+        dnat: false,
+        seen_reply: true,
+        tcp_state: Some("TIME_WAIT".into()),
+        timeout_s: Some(115),
+    }
+}
+
+/// The tracker's look-up, run over `entries` as the agent runs it.
+fn look_up(
+    t: &mut Tracker,
+    now: i64,
+    entries: &[crate::state::ConntrackEntry],
+) -> Option<proof::Found> {
+    let due = t.due(now);
+    assert_eq!(due.len(), 1, "{due:?}");
+    let timeouts = crate::state::conntrack::StateTimeouts::kernel_defaults();
+    proof::find(&due[0].shape, entries, due[0].quiet_for_ms, &timeouts)
+}
+
+#[test]
+fn a_loop_whose_other_clients_succeed_is_not_resolved_its_own_client_succeeding_is() {
+    let mut t = tracker();
+    let looping = event(1);
+    let pod = looping.src.to_string();
+    t.observe(&looping, Some(fields("Local")), T0);
+    let now = T0 + W;
+    // The node's own call (the LB never sends it back) and another pod's, both answered and
+    // masqueraded: the loop stays quiet, the gauge says so, nothing is counted.
+    let others = [answered("192.0.2.1", true), answered("10.244.1.99", true)];
+    let found = look_up(&mut t, now, &others);
+    assert_eq!(found, None);
+    assert_eq!(t.proved(LOOP, found, Some(fields("Local")), now), None);
+    let l = t.lifecycle();
+    assert_eq!((l.quiet["hairpin"], l.resolutions["hairpin"]), (1, 0));
+    // The looping pod's own call answered, masqueraded on this node: resolved, its 5-tuple
+    // quoted.
+    let found = look_up(&mut t, now + 30 * S, &[answered(&pod, true)]);
+    let r = t
+        .proved(LOOP, found, Some(fields("Local")), now + 30 * S)
+        .expect("resolved");
+    assert!(
+        r.proof[1].contains(&format!("conntrack: tcp {pod}:40000 -> 203.0.113.10:80")),
+        "{:?}",
+        r.proof
+    );
+    assert_eq!(t.lifecycle().resolutions["hairpin"], 1);
+}
+
+#[test]
+fn a_hairpin_answered_by_the_lb_alone_is_resolved_only_after_a_change_of_the_service() {
+    let mut t = tracker();
+    let looping = event(1);
+    let pod = looping.src.to_string();
+    t.observe(&looping, Some(fields("Local")), T0);
+    let now = T0 + W;
+    // The looping pod's call answered with no NAT here: the LB may have picked another node.
+    let lucky = [answered(&pod, false)];
+    let found = look_up(&mut t, now, &lucky);
+    assert!(found.as_ref().is_some_and(|f| f.only_through_lb));
+    assert_eq!(t.proved(LOOP, found, Some(fields("Local")), now), None);
+    assert_eq!(t.lifecycle().quiet["hairpin"], 1);
+    // The same answer after the Service changed (a fix at the LB): resolved, and said so.
+    let found = look_up(&mut t, now + 30 * S, &lucky);
+    let r = t
+        .proved(LOOP, found, Some(fields("Cluster")), now + 30 * S)
+        .expect("resolved");
+    assert!(
+        r.proof
+            .last()
+            .unwrap()
+            .contains("after the Service changed"),
+        "{:?}",
+        r.proof
+    );
+}
+
+#[test]
+fn a_regression_proves_itself_from_its_own_clients() {
+    let mut t = tracker();
+    let first = event(1);
+    t.observe(&first, None, T0);
+    let now = T0 + W;
+    let found = look_up(&mut t, now, &[answered(&first.src.to_string(), true)]);
+    assert!(t.proved(LOOP, found, None, now).is_some());
+    // Another pod loops through the same Service: a new episode whose proof is that pod's.
+    let mut second = event(2);
+    second.src = "10.244.1.99".parse().unwrap();
+    second.key = "hairpin/other".into();
+    t.observe(&second, None, now + S);
+    let later = now + S + W;
+    let found = look_up(&mut t, later, &[answered(&first.src.to_string(), true)]);
+    assert_eq!(
+        found, None,
+        "the first pod's call proves nothing about the second"
+    );
 }

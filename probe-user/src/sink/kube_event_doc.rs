@@ -185,7 +185,12 @@ pub fn resolved_note(r: &LoopResolution) -> String {
             if r.count == 1 { "" } else { "s" },
             r.first_seen,
             r.last_seen,
-            r.proof.first().map(String::as_str).unwrap_or("-"),
+            // What was seen, and the first connection quoted by its 5-tuple.
+            match r.proof.as_slice() {
+                [] => "-".to_string(),
+                [seen] => seen.clone(),
+                [seen, tuple, ..] => format!("{seen}; {tuple}"),
+            },
         ),
         NOTE_MAX,
     )

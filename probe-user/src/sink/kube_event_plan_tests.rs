@@ -324,7 +324,10 @@ fn resolution(key: &str, episode: u32) -> LoopResolution {
         count: 3,
         episode,
         aggregates: vec![key.to_string()],
-        proof: vec!["not confirmed again for 300 s, while 2 answered connections to 203.0.113.10:80/tcp passed packets since".into()],
+        proof: vec![
+            "not confirmed again for 300 s, while 2 answered connections to 203.0.113.10:80/tcp from the loop's own clients (10.244.1.7) passed packets since".into(),
+            "conntrack: tcp 10.244.1.7:40000 -> 203.0.113.10:80 (TIME_WAIT), answered, source-NATed on this node, latest packet 5 s ago".into(),
+        ],
         changed: vec!["spec.externalTrafficPolicy: Local -> Cluster".into()],
     }
 }
@@ -358,6 +361,12 @@ fn a_resolution_is_a_normal_event_on_the_warnings_object_and_a_recurrence_a_new_
     assert!(
         done.note.contains("lasted 60 s (confirmed 3 times"),
         "{}",
+        done.note
+    );
+    assert!(
+        done.note
+            .contains("; conntrack: tcp 10.244.1.7:40000 -> 203.0.113.10:80 (TIME_WAIT)"),
+        "the Event quotes the proof's 5-tuple: {}",
         done.note
     );
     assert!(
