@@ -122,10 +122,14 @@ pub fn build(
         } else {
             "ok"
         };
+        // A risk on a shared LB IP regards each of its Services, not only the first.
         let risks: Vec<_> = r
             .risks
             .iter()
-            .filter(|x| wants_service(&x.service))
+            .filter(|x| {
+                wants_service(&x.service)
+                    || x.services.iter().any(|s| wants_service(&Some(s.clone())))
+            })
             .collect();
         let loops: Vec<_> = r
             .active_loops
@@ -153,7 +157,12 @@ pub fn build(
             }
         }
         for x in &risks {
-            if let Some(s) = &x.service {
+            // Each Service on a shared LB IP counts the risk (an older agent names one).
+            let mut named: Vec<&String> = x.services.iter().collect();
+            if named.is_empty() {
+                named.extend(&x.service);
+            }
+            for s in named {
                 let row = services.entry(s.clone()).or_insert_with(|| ServiceRow {
                     service: s.clone(),
                     ..Default::default()
@@ -429,6 +438,36 @@ mod tests {
         assert!(t.lines().next().unwrap().starts_with("NODE"), "{t}");
         assert!(t.contains("node-c  missing"), "{t}");
         assert!(t.contains("1 without a report (missing), 1 stale"), "{t}");
+    }
+
+    /// Issue 35 item 9: a black-holed LB IP shared by two Services is a risk of each.
+    #[test]
+    fn a_risk_on_a_shared_lb_ip_is_each_services() {
+        let (name, mut status) = report("node-a", NOW, &[], &["shop/web"]);
+        status.risks[0].services = vec!["shop/web".into(), "shop/api".into()];
+        let reports = vec![(name, status)];
+        let second = build(
+            &nodes(&["node-a"]),
+            &reports,
+            NOW,
+            &Filter {
+                service: Some("shop/api".into()),
+                node: None,
+            },
+        );
+        assert_eq!(
+            second.exit_code(),
+            1,
+            "the second Service's LB IP is black-holed"
+        );
+        assert_eq!(second.risks, 1);
+        let all = build(&nodes(&["node-a"]), &reports, NOW, &Filter::default());
+        let rows: Vec<&str> = all.services.iter().map(|r| r.service.as_str()).collect();
+        assert_eq!(rows.len(), 2, "{rows:?}");
+        assert!(
+            rows.contains(&"shop/api") && rows.contains(&"shop/web"),
+            "{rows:?}"
+        );
     }
 
     #[test]

@@ -8,11 +8,13 @@
 //! - [`writer`]: the agent's task, off the correlation path like the Events sink.
 //! - [`cluster`]: pure: the plugin's cluster table from the objects and the Nodes.
 //! - [`condition`]: pure: the Node condition `LoadBalancerLoopback` (`--node-condition on`).
+//! - [`risks`]: pure: which Services a risk regards (each Service on a shared LB IP).
 
 pub mod cluster;
 pub mod condition;
 pub mod gate;
 pub mod loops;
+pub mod risks;
 pub mod status;
 pub mod writer;
 

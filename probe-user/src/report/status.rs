@@ -10,6 +10,8 @@ use serde::{Deserialize, Serialize};
 
 /// Risks kept in a report (most severe first, as `probe check` sorts them).
 pub const MAX_RISKS: usize = 50;
+/// The Services one risk names at most.
+pub const MAX_RISK_SERVICES: usize = 10;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
@@ -65,9 +67,14 @@ pub struct RiskStatus {
     pub kind: String,
     /// The address (`ip` or `ip:port/proto`).
     pub subject: String,
-    /// `namespace/name` of the Service behind it, when the API names it.
+    /// `namespace/name` of the Service behind it, when the API names it (the first of
+    /// `services`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub service: Option<String>,
+    /// Every Service it regards (an LB IP shared by several Services: each of them), at most
+    /// [`MAX_RISK_SERVICES`].
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub services: Vec<String>,
     pub summary: String,
     /// The first fix (its id and what it changes), else the first remedy line.
     #[serde(skip_serializing_if = "Option::is_none")]

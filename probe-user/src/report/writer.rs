@@ -103,18 +103,16 @@ pub fn check_state(
         .iter()
         .filter(|f| f.severity == crate::check::Severity::Risk)
         .take(super::status::MAX_RISKS)
-        .map(|f| RiskStatus {
-            kind: f.kind.as_str().to_string(),
-            subject: f.subject.clone(),
-            service: f.fixes.iter().find_map(|x| x.service.clone()).or_else(|| {
-                inputs
-                    .lb_targets
-                    .iter()
-                    .find(|t| f.subject.contains(&t.ip.to_string()) && t.service.is_some())
-                    .and_then(|t| t.service.clone())
-            }),
-            summary: f.summary.clone(),
-            first_fix: first_fix(&f.fixes, &f.remedy),
+        .map(|f| {
+            let services = super::risks::risk_services(f, &inputs.lb_targets);
+            RiskStatus {
+                kind: f.kind.as_str().to_string(),
+                subject: f.subject.clone(),
+                service: services.first().cloned(),
+                services,
+                summary: f.summary.clone(),
+                first_fix: first_fix(&f.fixes, &f.remedy),
+            }
         })
         .collect();
     CheckState {

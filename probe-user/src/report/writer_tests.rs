@@ -273,7 +273,7 @@ fn repeats_of_a_loop_are_not_a_change_a_new_loop_or_risk_is() {
 fn a_full_report_stays_far_below_the_object_size_limit() {
     use crate::report::{
         loops::{MAX_ACTIVE, MAX_CLIENT_PODS, MAX_RESOLVED},
-        status::{MAX_RISKS, ResolvedLoop},
+        status::{MAX_RISK_SERVICES, MAX_RISKS, ResolvedLoop},
     };
     let t = rfc3339(1_800_000_000);
     let full = ReportStatus {
@@ -287,6 +287,9 @@ fn a_full_report_stays_far_below_the_object_size_limit() {
                 kind: "healthcheck_blackhole".into(),
                 subject: format!("203.0.113.{i}"),
                 service: Some(format!("namespace-{i}/service-{i}")),
+                services: (0..MAX_RISK_SERVICES)
+                    .map(|j| format!("namespace-{i}/service-{j}"))
+                    .collect(),
                 summary: "LB IP bound on kube-ipvs0: the LB's health checks from it are dropped"
                     .into(),
                 first_fix: Some("etp-cluster".into()),
