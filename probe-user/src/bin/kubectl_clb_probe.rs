@@ -62,10 +62,11 @@ enum Command {
     /// List the fixes for SERVICE (from the agents' Events and the Service and Nodes as read);
     /// `--apply ID` applies one: a server-side dry run, the patch, then the undo command.
     Fix {
+        /// NAME, or NAMESPACE/NAME as `report` prints it.
         service: String,
-        /// The Service's namespace.
-        #[arg(short, long, default_value = "default")]
-        namespace: String,
+        /// The Service's namespace (default: `default`, or the one SERVICE names).
+        #[arg(short, long)]
+        namespace: Option<String>,
         /// Output format of the listing.
         #[arg(short, long, value_enum, default_value_t = Output::Table)]
         output: Output,
@@ -201,6 +202,7 @@ async fn run(command: Command, kube: KubeArgs) -> anyhow::Result<ExitCode> {
             provider,
         } => {
             use plugin::fix;
+            let (namespace, service) = fix::service_ref(&service, namespace.as_deref())?;
             let svc = api::get_service(client.clone(), &namespace, &service).await?;
             let provider_ids = match provider {
                 Some(_) => Vec::new(),

@@ -78,6 +78,29 @@ pub fn confirmed_kinds(events: &[Event], namespace: &str, name: &str) -> Vec<(Lo
     out
 }
 
+/// The Service `fix` names: `NAME` in `namespace` (`-n`, default `default`), or
+/// `NAMESPACE/NAME` as `report` prints it. `-n` naming another namespace than the argument's
+/// is refused. `explicit_namespace`: `-n` as given, None when not.
+pub fn service_ref(
+    arg: &str,
+    explicit_namespace: Option<&str>,
+) -> Result<(String, String), Refused> {
+    match arg.split_once('/') {
+        None => Ok((
+            explicit_namespace.unwrap_or("default").to_string(),
+            arg.to_string(),
+        )),
+        Some((ns, name)) if ns.is_empty() || name.is_empty() || name.contains('/') => {
+            Err(Refused(format!("{arg:?} is not NAME or NAMESPACE/NAME")))
+        }
+        Some((ns, _)) if explicit_namespace.is_some_and(|n| n != ns) => Err(Refused(format!(
+            "{arg} names namespace {ns}, and -n names {}",
+            explicit_namespace.unwrap_or_default()
+        ))),
+        Some((ns, name)) => Ok((ns.to_string(), name.to_string())),
+    }
+}
+
 /// The fixes for `service` given the confirmed kinds: per kind from the table, merged by id
 /// (first rank wins).
 pub fn plan<'a>(
@@ -323,6 +346,19 @@ mod tests {
                 .0
                 .contains("already in place")
         );
+    }
+
+    #[test]
+    fn a_service_is_named_as_report_prints_it_or_by_name_and_namespace() {
+        let ok = |a: &str, n: Option<&str>| service_ref(a, n).map_err(|e| e.0);
+        let pair = |ns: &str, name: &str| Ok((ns.to_string(), name.to_string()));
+        assert_eq!(ok("web", None), pair("default", "web"));
+        assert_eq!(ok("web", Some("shop")), pair("shop", "web"));
+        assert_eq!(ok("shop/web", None), pair("shop", "web"));
+        assert_eq!(ok("shop/web", Some("shop")), pair("shop", "web"));
+        assert!(ok("shop/web", Some("other")).is_err());
+        assert!(ok("/web", None).is_err());
+        assert!(ok("a/b/c", None).is_err());
     }
 
     fn plan_of(etp: &str) -> Plan {
