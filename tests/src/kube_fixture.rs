@@ -3,7 +3,7 @@
 //! EndpointSlices: `fixtures::lab()`) or the test's own, a kubeconfig pointing at it in a
 //! scratch directory, and the agent started in the lab's node with that kubeconfig.
 //!
-//! ```ignore
+//! ```text
 //! let api = KubeFixture::lab(); // the lab's objects, in the node's namespace
 //! api.forbid("pods", "list"); // the server as the test wants it, before the agent
 //! let agent = api.start_agent(&["--kube-events", "off"]);

@@ -1,10 +1,10 @@
 //! `cargo xtask test`: the README's test command, and exactly what CI runs.
 //!
 //! 1. setup when something is missing; 2. fmt; 3. every compilation, once ([`crate::build`]:
-//!    the host build every later step reuses, the arm64 build, the lint gates' check builds)
-//!    and the deny checks; 4. the VM tier (root only, `--no-vm` skips it: Debian's 5.10, 6.1
+//!    the host build every later step reuses, the arm64 build, the lint gates' check builds);
+//!    4. the VM tier (root only, `--no-vm` skips it: Debian's 5.10, 6.1
 //!    and 6.12 kernels and the arm64 run, with real IPVS) starts in a thread, its guests at a
-//!    lower priority, 5. beside the host tests: unit tests (no root), then the root-only
+//!    lower priority, 5. beside the host tests: unit tests (no root), the deny checks, the root-only
 //!    integration tests against the lab and the real kernel, one at a time (they share the
 //!    lab's fixed namespaces), the chaos and bench smokes; 6. the VM tier is waited for, and a
 //!    table of step times and one `summary:` line close the run.
@@ -150,6 +150,19 @@ impl Clock {
             eprintln!("test:   {secs:>6.0} s  {name}");
         }
         eprintln!("test:   {:>6.0} s  total", start.elapsed().as_secs_f64());
+        // .ci/run's start (epoch seconds): the wall time CI's limit counts, xtask's build too.
+        let since_ci = std::env::var("CLB_CI_START")
+            .ok()
+            .and_then(|s| s.parse::<u64>().ok())
+            .zip(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .ok(),
+            )
+            .map(|(ci, now)| now.as_secs().saturating_sub(ci));
+        if let Some(secs) = since_ci {
+            eprintln!("test:   {secs:>6} s  since .ci/run started");
+        }
     }
 }
 
@@ -226,11 +239,6 @@ fn stages(
                 ]))
             },
         )?;
-        timed(
-            clock,
-            "cargo deny (licenses, bans, sources, advisories)",
-            crate::supply::deny,
-        )?;
     }
     // The VM tier's binaries are the host build's and the arm64 build's; prepare fetches the
     // kernels and the arm64 root. Its boots then start at once, in a thread, beside the host
@@ -256,18 +264,18 @@ fn stages(
             s.spawn(move || {
                 let runs = crate::vm::run_jobs(&jobs, LANES);
                 took("VM tier (wall, from its start)", vm_start);
-                runs
+                (runs, vm_start.elapsed().as_secs_f64())
             })
         });
         let host = host_tests(args, root, totals, clock, arm64);
         let vm_result = vm_thread.map(|t| {
             eprintln!("test: waiting for the VM tier");
             let wait = std::time::Instant::now();
-            let runs = t.join().expect("the VM tier's thread panicked");
+            let (runs, vm_secs) = t.join().expect("the VM tier's thread panicked");
             clock.add("VM tier: waited for after the host tests", wait);
             clock.steps.push((
-                "VM tier (wall, from its start)".into(),
-                vm_start.elapsed().as_secs_f64(),
+                "VM tier (wall, from its start, beside the host tests)".into(),
+                vm_secs,
             ));
             vm_totals(&runs, totals);
             crate::vm::verdict(&runs).context("the VM tier failed")
@@ -356,6 +364,7 @@ fn host_tests(
             )
         },
     )?;
+    deny(args, clock)?;
     if args.unit_only {
         return Ok(());
     }
@@ -425,6 +434,20 @@ fn host_tests(
         }
     }
     Ok(())
+}
+
+/// The supply-chain gate (`deny.toml`). It runs among the host tests, beside the VM tier: its
+/// checks take seconds, but a machine without cargo-deny first builds it (about 3 min of CPU),
+/// which the host side's slack under the VM tier absorbs.
+fn deny(args: &TestArgs, clock: &mut Clock) -> anyhow::Result<()> {
+    if args.no_lint {
+        return Ok(());
+    }
+    timed(
+        clock,
+        "cargo deny (licenses, bans, sources, advisories)",
+        crate::supply::deny,
+    )
 }
 
 /// `cargo xtask bench --quick`'s arguments: every part for a second or three.
