@@ -9,7 +9,10 @@
 //!    lab's fixed namespaces), the chaos and bench smokes; 6. the VM tier is waited for, and a
 //!    table of step times and one `summary:` line close the run.
 
-use std::process::Command;
+use std::{
+    process::Command,
+    sync::mpsc::{Receiver, Sender},
+};
 
 use anyhow::{Context as _, bail};
 
@@ -145,7 +148,7 @@ impl Clock {
     }
 
     fn print(&self, start: std::time::Instant) {
-        eprintln!("test: step times (wall; the VM tier runs beside the host steps after it):");
+        eprintln!("test: step times (wall; [beside]: the lane beside the host tests, at nice 10):");
         for (name, secs) in &self.steps {
             eprintln!("test:   {secs:>6.0} s  {name}");
         }
@@ -181,112 +184,217 @@ fn stages(
     totals: &mut Totals,
     clock: &mut Clock,
 ) -> anyhow::Result<()> {
-    use crate::build::workspace_cargo;
     if !args.no_lint {
         timed(clock, "cargo fmt --check", || {
             run_step(cargo().args(["fmt", "--all", "--", "--check"]))
         })?;
     }
-    // Every compilation first, while nothing else wants the CPU: one host build that every
-    // later step reuses (crate::build), then the arm64 one, then the lint gates' check builds.
-    let vm = !args.unit_only && !args.no_vm && setup::is_root();
-    let arm64 = !args.unit_only && setup::is_root();
-    timed(
+    // One host build that every later step reuses (crate::build), while nothing else wants
+    // the CPU; then the unit tests, the last step that needs cargo's lock on target/.
+    let built = timed(
         clock,
         "build (host, debug: binaries, tests, examples)",
-        || crate::build::host(root).map(drop),
+        || crate::build::host(root),
     )?;
-    if arm64 {
-        timed(
-            clock,
-            "build (arm64, debug: the agent, the arm64 VM tests)",
-            || crate::build::arm64(root).map(drop),
-        )?;
+    timed(clock, "unit tests", || unit_tests(root, totals))?;
+    if args.unit_only || !setup::is_root() {
+        if !args.unit_only {
+            eprintln!(
+                "test: SKIPPING the integration tests and the VM tier: they need root (network \
+                 namespaces, eBPF, QEMU). Run `sudo -E cargo xtask test`."
+            );
+        }
+        let mut lane = Beside::default();
+        lane.compile_and_lint(args, root, None);
+        return lane.merge_into(totals, clock);
     }
-    if !args.no_lint {
-        timed(
-            clock,
-            "cargo clippy -D warnings (userspace, xtask, tests)",
-            || {
-                run_step(workspace_cargo(root, "clippy").args([
+    // Two lanes from here. The host tests (integration tests, the chaos and bench smokes) wait
+    // on agents, labs and timers most of the time; beside them, at nice 10 so they get the CPU
+    // first, the arm64 build, the lint gates and then the VM tier's guests take what they
+    // leave idle. The image test, which needs the arm64 agent, runs when that is built.
+    let (arm64_built, arm64_ready) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        let lane = s.spawn(|| {
+            let mut lane = Beside::default();
+            lane.run(args, root, arm64_built);
+            lane
+        });
+        let host = host_tests(args, root, &built, totals, clock, &arm64_ready);
+        eprintln!("test: host tests done; waiting for the lane beside them");
+        let wait = std::time::Instant::now();
+        let lane = lane
+            .join()
+            .expect("the lane beside the host tests panicked");
+        clock.add("waited for the lane beside the host tests", wait);
+        host.and(lane.merge_into(totals, clock))
+    })
+}
+
+/// What runs beside the host tests, with its own clock and totals (merged at the end).
+#[derive(Default)]
+struct Beside {
+    clock: Clock,
+    totals: Totals,
+    /// The first failure; every step still runs, so one run reports them all.
+    result: Option<anyhow::Error>,
+    vm: Option<(Vec<crate::vm::KernelRun>, f64)>,
+}
+
+impl Beside {
+    fn step(&mut self, name: &str, f: impl FnOnce(&mut Totals) -> anyhow::Result<()>) -> bool {
+        let totals = &mut self.totals;
+        match timed(&mut self.clock, name, || f(totals)) {
+            Ok(()) => true,
+            Err(e) => {
+                eprintln!("test: {name}: FAILED: {e:#}");
+                self.result.get_or_insert(e);
+                false
+            }
+        }
+    }
+
+    /// The lane: its thread at nice 10 (inherited by every process it starts: cargo, rustc,
+    /// QEMU), then the builds and gates, then the VM tier.
+    fn run(&mut self, args: &TestArgs, root: &std::path::Path, arm64_built: Sender<bool>) {
+        lower_this_threads_priority(VM_NICE);
+        self.compile_and_lint(args, root, Some(arm64_built));
+        if args.no_vm {
+            eprintln!("test: SKIPPING the VM tier (--no-vm)");
+            return;
+        }
+        let mut jobs = Vec::new();
+        if !self.step("VM tier: prepare (kernels, arm64 root)", |_| {
+            jobs = prepare_vm(args)?;
+            Ok(())
+        }) {
+            return;
+        }
+        eprintln!(
+            "test: VM tier started beside the host tests (Debian 5.10, 6.1, 6.12 kernels under \
+             QEMU: real IPVS, clsact, older drop reasons and drop sites; Debian's arm64 6.1 \
+             under qemu-system-aarch64)"
+        );
+        let start = std::time::Instant::now();
+        let runs = crate::vm::run_jobs(&jobs, LANES);
+        let secs = start.elapsed().as_secs_f64();
+        took("VM tier (its boots, beside the host tests)", start);
+        vm_totals(&runs, &mut self.totals);
+        if let Err(e) = crate::vm::verdict(&runs) {
+            self.result.get_or_insert(e.context("the VM tier failed"));
+        }
+        self.vm = Some((runs, secs));
+    }
+
+    /// The arm64 build (signalled on `arm64_built`), the lint gates, the arm64 unit tests.
+    fn compile_and_lint(
+        &mut self,
+        args: &TestArgs,
+        root: &std::path::Path,
+        arm64_built: Option<Sender<bool>>,
+    ) {
+        if let Some(tx) = arm64_built {
+            let ok = self.step(
+                "build (arm64, debug: the agent, the arm64 VM tests)",
+                |_| crate::build::arm64(root).map(drop),
+            );
+            let _ = tx.send(ok);
+        }
+        if !args.no_lint {
+            self.step("cargo clippy -D warnings (userspace, xtask, tests)", |_| {
+                run_step(crate::build::workspace_cargo(root, "clippy").args([
                     "--all-targets",
                     "--",
                     "-D",
                     "warnings",
                 ]))
-            },
-        )?;
-        // The eBPF crate only builds for the BPF target, with the nightly.
-        timed(
-            clock,
-            "cargo clippy -D warnings (eBPF programs, bpfel-unknown-none)",
-            || {
-                run_step(Command::new("cargo").args([
-                    "+nightly",
-                    "clippy",
-                    "-p",
-                    "probe-ebpf",
-                    "--bins",
-                    "--target",
-                    "bpfel-unknown-none",
-                    "-Z",
-                    "build-std=core",
-                    "--target-dir",
-                    "target/ebpf-clippy",
-                    "--",
-                    "-D",
-                    "warnings",
-                ]))
-            },
-        )?;
-    }
-    // The VM tier's binaries are the host build's and the arm64 build's; prepare fetches the
-    // kernels and the arm64 root. Its boots then start at once, in a thread, beside the host
-    // tests: those leave most of the 2 cores idle (waits on agents, labs, timers), and the
-    // guests, at a lower priority, take it.
-    let vm_tier = if vm {
-        Some(timed(
-            clock,
-            "VM tier: prepare (kernels, arm64 root)",
-            || prepare_vm(args),
-        )?)
-    } else {
-        None
-    };
-    let vm_start = std::time::Instant::now();
-    std::thread::scope(|s| {
-        let vm_thread = vm_tier.map(|jobs| {
-            eprintln!(
-                "test: VM tier started beside the host tests (Debian 5.10, 6.1, 6.12 kernels \
-                 under QEMU: real IPVS, clsact, older drop reasons and drop sites; Debian's \
-                 arm64 6.1 under qemu-system-aarch64)"
+            });
+            // The eBPF crate only builds for the BPF target, with the nightly.
+            self.step(
+                "cargo clippy -D warnings (eBPF programs, bpfel-unknown-none)",
+                |_| {
+                    run_step(Command::new("cargo").current_dir(root).args([
+                        "+nightly",
+                        "clippy",
+                        "-p",
+                        "probe-ebpf",
+                        "--bins",
+                        "--target",
+                        "bpfel-unknown-none",
+                        "-Z",
+                        "build-std=core",
+                        "--target-dir",
+                        "target/ebpf-clippy",
+                        "--",
+                        "-D",
+                        "warnings",
+                    ]))
+                },
             );
-            s.spawn(move || {
-                let runs = crate::vm::run_jobs(&jobs, LANES);
-                took("VM tier (wall, from its start)", vm_start);
-                (runs, vm_start.elapsed().as_secs_f64())
-            })
-        });
-        let host = host_tests(args, root, totals, clock, arm64);
-        let vm_result = vm_thread.map(|t| {
-            eprintln!("test: waiting for the VM tier");
-            let wait = std::time::Instant::now();
-            let (runs, vm_secs) = t.join().expect("the VM tier's thread panicked");
-            clock.add("VM tier: waited for after the host tests", wait);
-            clock.steps.push((
-                "VM tier (wall, from its start, beside the host tests)".into(),
-                vm_secs,
-            ));
-            vm_totals(&runs, totals);
-            crate::vm::verdict(&runs).context("the VM tier failed")
-        });
-        if args.no_vm {
-            eprintln!("test: SKIPPING the VM tier (--no-vm)");
-        } else if vm_result.is_none() && !args.unit_only {
-            eprintln!("test: SKIPPING the VM tier: it needs root (QEMU, network namespaces)");
+            // A machine without cargo-deny builds it first (about 3 min of CPU).
+            self.step("cargo deny (licenses, bans, sources, advisories)", |_| {
+                crate::supply::deny()
+            });
         }
-        host.and(vm_result.unwrap_or(Ok(())))
-    })
+        // The kernel/user record layouts are pinned at compile time on every target; their
+        // unit tests also run on arm64 itself (qemu-user: `.cargo/config.toml`'s runner).
+        self.step(
+            "probe-common's unit tests on arm64 (cross-compiled, qemu-user)",
+            |totals| {
+                test_step(
+                    cargo().current_dir(root).args([
+                        "test",
+                        "-p",
+                        "probe-common",
+                        "--target",
+                        crate::build::ARM64,
+                    ]),
+                    totals,
+                )
+            },
+        );
+    }
+
+    /// Adds this lane's counts and step times to the run's; its first failure, if any.
+    fn merge_into(self, totals: &mut Totals, clock: &mut Clock) -> anyhow::Result<()> {
+        totals.passed += self.totals.passed;
+        totals.failed += self.totals.failed;
+        totals.ignored += self.totals.ignored;
+        for (name, secs) in self.clock.steps {
+            clock.steps.push((format!("[beside] {name}"), secs));
+        }
+        if let Some((_, secs)) = self.vm {
+            clock
+                .steps
+                .push(("[beside] VM tier (its boots)".into(), secs));
+        }
+        self.result.map_or(Ok(()), Err)
+    }
+}
+
+/// Lowers the calling thread's CPU priority; on Linux niceness is per thread, and the
+/// processes this thread starts inherit it.
+fn lower_this_threads_priority(nice: i32) {
+    // SAFETY: plain syscalls on the calling thread's own id.
+    let r = unsafe {
+        let tid = libc::gettid();
+        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice)
+    };
+    if r != 0 {
+        eprintln!(
+            "test: could not lower the lane's priority: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
+/// Unit tests: every member's library and binaries, then the doc tests (no root).
+fn unit_tests(root: &std::path::Path, totals: &mut Totals) -> anyhow::Result<()> {
+    use crate::build::workspace_cargo;
+    test_step(
+        workspace_cargo(root, "test").args(["--lib", "--bins"]),
+        totals,
+    )?;
+    test_step(workspace_cargo(root, "test").arg("--doc"), totals)
 }
 
 /// Two one-vCPU guests at once (see `vm-test --lanes`).
@@ -313,12 +421,11 @@ fn prepare_vm(args: &TestArgs) -> anyhow::Result<Vec<crate::vm::Job>> {
     Ok(jobs)
 }
 
-/// The guests' niceness beside the host tests (`vm-test --nice`).
+/// The lane's (and the guests') niceness beside the host tests (`vm-test --nice`).
 const VM_NICE: i32 = 10;
 
 /// Each boot's hard limit here: the guests share the CPU with the host tests, so a boot takes
-/// longer than alone (5.10's: 721 s in two lanes after the host tests), and machines differ by
-/// 2x. CI's own limit is 5,400 s.
+/// longer than alone, and machines differ by 2x. CI's own limit is 5,400 s.
 const VM_TIMEOUT: u64 = 3000;
 
 /// Adds the boots' libtest summaries to `totals`; a boot that never reported is one failure.
@@ -334,64 +441,66 @@ fn vm_totals(runs: &[crate::vm::KernelRun], totals: &mut Totals) {
     }
 }
 
-/// The host's test steps: unit tests, arm64 unit tests, then (root) the integration tests and
-/// the chaos and bench smokes. Every executable comes from the build the lint stage made.
+/// The integration test file that needs the arm64 agent: it runs once that is built.
+const NEEDS_ARM64: &str = "image";
+
+/// The host's root-only steps: the integration tests (the executables of `built`, run here
+/// rather than through `cargo test`, which would wait for the other lane's lock on target/),
+/// then the chaos and bench smokes.
 fn host_tests(
     args: &TestArgs,
     root: &std::path::Path,
+    built: &[crate::vm::suite::Artifact],
     totals: &mut Totals,
     clock: &mut Clock,
-    arm64: bool,
+    arm64_ready: &Receiver<bool>,
 ) -> anyhow::Result<()> {
-    use crate::build::{ARM64, workspace_cargo};
-    // Unit tests: every member's library and binaries, and the doc tests (no root).
-    timed(clock, "unit tests", || {
-        test_step(
-            workspace_cargo(root, "test").args(["--lib", "--bins"]),
-            totals,
-        )?;
-        test_step(workspace_cargo(root, "test").arg("--doc"), totals)
-    })?;
-    // The kernel/user record layouts are pinned at compile time on every target; their unit
-    // tests also run on arm64 itself (qemu-user: `.cargo/config.toml`'s runner).
-    timed(
-        clock,
-        "probe-common's unit tests on arm64 (cross-compiled, qemu-user)",
-        || {
-            test_step(
-                cargo().args(["test", "-p", "probe-common", "--target", ARM64]),
-                totals,
-            )
-        },
-    )?;
-    deny(args, clock)?;
-    if args.unit_only {
-        return Ok(());
-    }
-    if !setup::is_root() {
-        eprintln!(
-            "test: SKIPPING the integration tests and the VM tier: they need root (network \
-             namespaces, eBPF, QEMU). Run `sudo -E cargo xtask test`."
-        );
-        return Ok(());
-    }
     let probe = root.join("target/debug/probe");
-    let probe_arm64 = root.join("target").join(ARM64).join("debug/probe");
-    // One at a time: every lab test builds the same fixed namespaces (clb-node, clb-lb, ...).
-    let mut cmd = workspace_cargo(root, "test");
-    cmd.args(["--test", "*", "--", "--test-threads=1"])
-        .env("CLB_PROBE_BIN", &probe);
-    if arm64 {
-        cmd.env("CLB_PROBE_ARM64_BIN", &probe_arm64);
-    }
-    if let Some(f) = &args.filter {
-        cmd.arg(f);
-    }
+    let probe_arm64 = root
+        .join("target")
+        .join(crate::build::ARM64)
+        .join("debug/probe");
+    let mut files: Vec<(&str, &std::path::Path)> = built
+        .iter()
+        .filter(|(p, _, k, _)| p == "probe-tests" && k.iter().any(|k| k == "test"))
+        .map(|(_, t, _, exe)| (t.as_str(), exe.as_path()))
+        .collect();
+    files.sort();
+    // Last, so the arm64 build beside has the longest time to finish first.
+    files.sort_by_key(|(t, _)| *t == NEEDS_ARM64);
+    let mut failed = Vec::new();
     timed(
         clock,
         "integration tests (root, real kernel, lab namespaces)",
-        || test_step(&mut cmd, totals),
-    )?;
+        || {
+            for (file, exe) in &files {
+                if *file == NEEDS_ARM64 {
+                    eprintln!("test: tests/{file}.rs waits for the arm64 agent's build");
+                    if !arm64_ready.recv().unwrap_or(false) {
+                        eprintln!("test: the arm64 build failed; tests/{file}.rs runs without it");
+                    }
+                }
+                // One test at a time: every lab test builds the same fixed namespaces
+                // (clb-node, clb-lb, ...), and some observe every BPF program on the host.
+                println!("     Running tests/{file}.rs ({})", exe.display());
+                let mut cmd = Command::new(exe);
+                cmd.arg("--test-threads=1")
+                    .current_dir(root.join("tests"))
+                    .env("CLB_PROBE_BIN", &probe)
+                    .env("CLB_PROBE_ARM64_BIN", &probe_arm64);
+                if let Some(f) = &args.filter {
+                    cmd.arg(f);
+                }
+                if let Err(e) = test_step(&mut cmd, totals) {
+                    eprintln!("test: tests/{file}.rs: {e:#}");
+                    failed.push(format!("tests/{file}.rs"));
+                }
+            }
+        },
+    );
+    if !failed.is_empty() {
+        bail!("integration tests failed in {}", failed.join(", "));
+    }
     if args.no_chaos {
         eprintln!("test: SKIPPING the chaos smoke run (--no-chaos)");
     } else {
@@ -434,20 +543,6 @@ fn host_tests(
         }
     }
     Ok(())
-}
-
-/// The supply-chain gate (`deny.toml`). It runs among the host tests, beside the VM tier: its
-/// checks take seconds, but a machine without cargo-deny first builds it (about 3 min of CPU),
-/// which the host side's slack under the VM tier absorbs.
-fn deny(args: &TestArgs, clock: &mut Clock) -> anyhow::Result<()> {
-    if args.no_lint {
-        return Ok(());
-    }
-    timed(
-        clock,
-        "cargo deny (licenses, bans, sources, advisories)",
-        crate::supply::deny,
-    )
 }
 
 /// `cargo xtask bench --quick`'s arguments: every part for a second or three.
