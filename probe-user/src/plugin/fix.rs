@@ -5,7 +5,7 @@
 //! resourceVersion), the provider from `--provider`, else the Nodes' providerIDs, else the
 //! Service's own settings. `--apply ID` is refused (exit 2) when the fix is not offered for
 //! these facts (another provider's, or already in place), has no patch, or was computed from
-//! another resourceVersion of the Service.
+//! another resourceVersion of the Service. The dry run's diff and the undo are [`super::undo`]'s.
 
 use std::{collections::BTreeSet, fmt::Write as _};
 
@@ -218,9 +218,8 @@ pub fn guarded_patch(fix: &Fix, resource_version: Option<&str>) -> serde_json::V
     patch
 }
 
-/// `kubectl patch service -n NS NAME --type merge -p '<undo>'`.
-pub fn undo_command(fix: &Fix, namespace: &str, name: &str) -> String {
-    let undo = fix.undo.clone().unwrap_or_default();
+/// `kubectl patch service -n NS NAME --type merge -p '<patch>'`: an undo by hand.
+pub fn patch_command(patch: &serde_json::Value, namespace: &str, name: &str) -> String {
     super::shell_words(&[
         "kubectl".into(),
         "patch".into(),
@@ -231,7 +230,7 @@ pub fn undo_command(fix: &Fix, namespace: &str, name: &str) -> String {
         "--type".into(),
         "merge".into(),
         "-p".into(),
-        undo.to_string(),
+        patch.to_string(),
     ])
 }
 
@@ -335,7 +334,7 @@ mod tests {
             json!({"metadata": {"resourceVersion": "7"}, "spec": {"externalTrafficPolicy": "Cluster"}})
         );
         assert_eq!(
-            undo_command(fix, "shop", "web"),
+            patch_command(fix.undo.as_ref().unwrap(), "shop", "web"),
             r#"kubectl patch service -n shop web --type merge -p '{"spec":{"externalTrafficPolicy":"Local"}}'"#
         );
         // Cluster already: "set Cluster" is not offered, so not applied.
