@@ -233,11 +233,19 @@ async fn run(command: Command, kube: KubeArgs) -> anyhow::Result<ExitCode> {
             };
             let events = api::list_events(client.clone()).await?;
             let kinds = fix::confirmed_kinds(&events, &namespace, &service);
+            // The agents' own fix lists; without the reports (CRD not installed, `list
+            // loopbackreports` denied) the fixes are recomputed from the Service.
+            let reports = api::node_reports(client.clone()).await.unwrap_or_else(|e| {
+                eprintln!("kubectl clb-probe: warning: {e:#} (fixes recomputed from the Service)");
+                Vec::new()
+            });
+            let agent = fix::agent_fixes(&reports, &format!("{namespace}/{service}"));
             let plan = fix::plan(
                 &svc,
                 provider_ids.iter().map(String::as_str),
                 provider,
                 &kinds,
+                &agent,
             )?;
             let Some(id) = apply else {
                 match output {
