@@ -388,6 +388,24 @@ fn fix_lists_dry_runs_applies_and_prints_the_undo() {
     a.allow_all();
     assert_eq!(stored_etp(&a), "Local");
 
+    // --dry-run: the server's answer as a diff; nothing stored.
+    let out = a.run(&[
+        "fix",
+        "-n",
+        "shop",
+        "web",
+        "--apply",
+        "etp-cluster",
+        "--dry-run",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("nothing applied (--dry-run)"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert_eq!(stored_etp(&a), "Local");
+
     // Apply at the listed version: dry run, patch, undo line.
     let out = a.run(&[
         "fix",
@@ -402,11 +420,18 @@ fn fix_lists_dry_runs_applies_and_prints_the_undo() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let applied = text(&out.stdout);
     println!("{applied}");
-    assert!(applied.starts_with("dry run ok: etp-cluster"), "{applied}");
     assert!(
-        applied.contains(
-            r#"undo: kubectl patch service -n shop web --type merge -p '{"spec":{"externalTrafficPolicy":"Local"}}'"#
+        applied.starts_with(
+            "dry run of etp-cluster on service shop/web (the API server's answer):\n  \
+             spec.externalTrafficPolicy: \"Local\" -> \"Cluster\"\n"
         ),
+        "{applied}"
+    );
+    assert!(
+        applied.contains("undo: kubectl clb-probe fix -n shop web --undo")
+            && applied.contains(
+                r#"or: kubectl patch service -n shop web --type merge -p '{"metadata":{"annotations":{"clb-probe.io/undo":null}},"spec":{"externalTrafficPolicy":"Local"}}'"#
+            ),
         "{applied}"
     );
     assert_eq!(stored_etp(&a), "Cluster");
@@ -439,6 +464,32 @@ fn fix_lists_dry_runs_applies_and_prints_the_undo() {
         !text(&out.stdout).contains("etp-cluster"),
         "{}",
         text(&out.stdout)
+    );
+
+    // The undo is kept on the Service: --dry-run shows it and changes nothing, --undo
+    // restores Local and removes the annotation; a second --undo finds nothing kept.
+    let out = a.run(&["fix", "shop/web", "--undo", "--dry-run"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("spec.externalTrafficPolicy: \"Cluster\" -> \"Local\""),
+        "{}",
+        text(&out.stdout)
+    );
+    assert_eq!(stored_etp(&a), "Cluster");
+    let out = a.run(&["fix", "shop/web", "--undo"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("undone etp-cluster: service shop/web"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert_eq!(stored_etp(&a), "Local");
+    let out = a.run(&["fix", "shop/web", "--undo"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("no undo kept"),
+        "{}",
+        text(&out.stderr)
     );
 }
 
@@ -484,7 +535,7 @@ fn fix_offers_the_provider_s_own_fixes_first() {
     ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(
-        text(&out.stdout).contains(r#"-p '{"metadata":{"annotations":{"service.beta.kubernetes.io/aws-load-balancer-nlb-target-type":null}}}'"#),
+        text(&out.stdout).contains(r#"-p '{"metadata":{"annotations":{"clb-probe.io/undo":null,"service.beta.kubernetes.io/aws-load-balancer-nlb-target-type":null}}}'"#),
         "{}",
         text(&out.stdout)
     );

@@ -150,6 +150,17 @@ fn the_agent_writes_its_node_report_and_the_plugin_tables_the_cluster() {
             .is_some_and(|p| !p.is_empty()),
         "{hairpin:#}"
     );
+    // The fixes computed on the node, best fit first (what `kubectl clb-probe fix` lists),
+    // the first of them the one `firstFix` names.
+    let first_id = hairpin["fixes"][0]
+        .as_str()
+        .unwrap_or_else(|| panic!("fix ids: {hairpin:#}"));
+    assert!(
+        hairpin["firstFix"]
+            .as_str()
+            .is_some_and(|f| f.starts_with(&format!("{first_id}: "))),
+        "{hairpin:#}"
+    );
     // Only this node's report, only through the status subresource after the one create.
     assert_eq!(api.objects("loopbackreports").len(), 1);
     let reqs = api.requests();

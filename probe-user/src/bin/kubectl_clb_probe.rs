@@ -60,7 +60,9 @@ enum Command {
         print_command: bool,
     },
     /// List the fixes for SERVICE (from the agents' Events and the Service and Nodes as read);
-    /// `--apply ID` applies one: a server-side dry run, the patch, then the undo command.
+    /// `--apply ID` applies one: a server-side dry run shown as a diff of the Service, then
+    /// the patch, with its undo kept on the Service (annotation clb-probe.io/undo);
+    /// `--undo` restores what the applied fixes moved.
     Fix {
         /// NAME, or NAMESPACE/NAME as `report` prints it.
         service: String,
@@ -77,6 +79,14 @@ enum Command {
         /// showed).
         #[arg(long, value_name = "RV", requires = "apply")]
         resource_version: Option<String>,
+        /// With --apply or --undo: only the server's dry run (dryRun=All), shown as a diff
+        /// of the Service; nothing is changed.
+        #[arg(long)]
+        dry_run: bool,
+        /// Restore every field the fixes applied with --apply moved (the undo kept on the
+        /// Service); refused if one of them changed since.
+        #[arg(long, conflicts_with_all = ["apply", "resource_version"])]
+        undo: bool,
         /// The cloud (aws, azure, gce, alicloud, tencentcloud, hcloud, digitalocean,
         /// openstack, generic). Default: the Nodes' providerIDs, else the Service's settings.
         #[arg(long, env = "CLB_PROBE_PROVIDER")]
@@ -199,11 +209,19 @@ async fn run(command: Command, kube: KubeArgs) -> anyhow::Result<ExitCode> {
             output,
             apply,
             resource_version,
+            dry_run,
+            undo,
             provider,
         } => {
             use plugin::fix;
+            if dry_run && apply.is_none() && !undo {
+                anyhow::bail!("--dry-run goes with --apply ID or --undo");
+            }
             let (namespace, service) = fix::service_ref(&service, namespace.as_deref())?;
             let svc = api::get_service(client.clone(), &namespace, &service).await?;
+            if undo {
+                return undo_fixes(client, &svc, dry_run).await;
+            }
             let provider_ids = match provider {
                 Some(_) => Vec::new(),
                 None => api::node_provider_ids(client.clone())
@@ -215,11 +233,19 @@ async fn run(command: Command, kube: KubeArgs) -> anyhow::Result<ExitCode> {
             };
             let events = api::list_events(client.clone()).await?;
             let kinds = fix::confirmed_kinds(&events, &namespace, &service);
+            // The agents' own fix lists; without the reports (CRD not installed, `list
+            // loopbackreports` denied) the fixes are recomputed from the Service.
+            let reports = api::node_reports(client.clone()).await.unwrap_or_else(|e| {
+                eprintln!("kubectl clb-probe: warning: {e:#} (fixes recomputed from the Service)");
+                Vec::new()
+            });
+            let agent = fix::agent_fixes(&reports, &format!("{namespace}/{service}"));
             let plan = fix::plan(
                 &svc,
                 provider_ids.iter().map(String::as_str),
                 provider,
                 &kinds,
+                &agent,
             )?;
             let Some(id) = apply else {
                 match output {
@@ -229,18 +255,117 @@ async fn run(command: Command, kube: KubeArgs) -> anyhow::Result<ExitCode> {
                 return Ok(ExitCode::SUCCESS);
             };
             let chosen = fix::select(&plan, &id, resource_version.as_deref())?;
-            let patch = fix::guarded_patch(chosen, plan.resource_version.as_deref());
-            api::patch_service(client.clone(), &namespace, &service, &patch, true).await?;
-            println!("dry run ok: {id} on service {namespace}/{service}");
-            let done = api::patch_service(client, &namespace, &service, &patch, false).await?;
-            println!(
-                "applied {id}: service {namespace}/{service} now at resourceVersion {}",
-                done.metadata.resource_version.as_deref().unwrap_or("?")
-            );
-            println!("undo: {}", fix::undo_command(chosen, &namespace, &service));
-            Ok(ExitCode::SUCCESS)
+            apply_fix(
+                client,
+                &svc,
+                chosen,
+                plan.resource_version.as_deref(),
+                dry_run,
+            )
+            .await
         }
     }
+}
+
+/// `--apply ID`: the server's dry run as a diff, then (unless `dry_run`) the patch carrying
+/// the undo computed from that answer (kept in the annotation, one write).
+#[expect(clippy::print_stdout, reason = "the plugin's output")]
+async fn apply_fix(
+    client: kube::Client,
+    svc: &k8s_openapi::api::core::v1::Service,
+    chosen: &probe_contract::Fix,
+    resource_version: Option<&str>,
+    dry_run: bool,
+) -> anyhow::Result<ExitCode> {
+    use plugin::{fix, undo};
+    let (namespace, service) = names(svc);
+    let before = serde_json::to_value(svc)?;
+    let id = &chosen.id;
+    let patch = fix::guarded_patch(chosen, resource_version);
+    let answer = api::patch_service(client.clone(), &namespace, &service, &patch, true).await?;
+    let answer = serde_json::to_value(&answer)?;
+    let diff = undo::changes(&before, &answer);
+    println!("dry run of {id} on service {namespace}/{service} (the API server's answer):");
+    if diff.is_empty() {
+        return Err(fix::Refused(format!(
+            "the API server's dry run of {id} changes nothing on service {namespace}/{service}: not applied"
+        ))
+        .into());
+    }
+    print!("{}", undo::render_changes(&diff));
+    let record = undo::undo_of(id, &before, &answer).on_top_of(undo::kept(&before)?);
+    if dry_run {
+        println!(
+            "nothing applied (--dry-run); the undo would restore: {}",
+            record.restore
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    let sent = undo::apply_patch(&patch, &record);
+    let done = api::patch_service(client, &namespace, &service, &sent, false).await?;
+    println!(
+        "applied {id}: service {namespace}/{service} now at resourceVersion {}",
+        done.metadata.resource_version.as_deref().unwrap_or("?")
+    );
+    // The undo was computed from the dry run; say so if the write moved other fields.
+    let applied = undo::changes(&before, &serde_json::to_value(&done)?);
+    if applied != diff {
+        eprintln!(
+            "kubectl clb-probe: warning: the applied change differs from the dry run:\n{}\
+             the kept undo restores only the dry run's fields",
+            undo::render_changes(&applied)
+        );
+    }
+    println!(
+        "undo: kubectl clb-probe fix -n {namespace} {service} --undo   (kept in annotation {})",
+        undo::UNDO_ANNOTATION
+    );
+    println!(
+        "  or: {}",
+        fix::patch_command(&undo::restore_patch(&record), &namespace, &service)
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `--undo`: the kept undo, checked against the Service as read now and guarded by its
+/// resourceVersion; dry-run first and shown as a diff.
+#[expect(clippy::print_stdout, reason = "the plugin's output")]
+async fn undo_fixes(
+    client: kube::Client,
+    svc: &k8s_openapi::api::core::v1::Service,
+    dry_run: bool,
+) -> anyhow::Result<ExitCode> {
+    use plugin::undo;
+    let (namespace, service) = names(svc);
+    let current = serde_json::to_value(svc)?;
+    let (record, patch) = undo::undo_request(&current)?;
+    let fixes = record.fixes.join(", ");
+    let answer = api::patch_service(client.clone(), &namespace, &service, &patch, true).await?;
+    println!(
+        "dry run of the undo of {fixes} on service {namespace}/{service} (the API server's answer):"
+    );
+    print!(
+        "{}",
+        undo::render_changes(&undo::changes(&current, &serde_json::to_value(&answer)?))
+    );
+    if dry_run {
+        println!("nothing applied (--dry-run)");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let done = api::patch_service(client, &namespace, &service, &patch, false).await?;
+    println!(
+        "undone {fixes}: service {namespace}/{service} now at resourceVersion {}",
+        done.metadata.resource_version.as_deref().unwrap_or("?")
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The Service's namespace and name as read.
+fn names(svc: &k8s_openapi::api::core::v1::Service) -> (String, String) {
+    (
+        svc.metadata.namespace.clone().unwrap_or_default(),
+        svc.metadata.name.clone().unwrap_or_default(),
+    )
 }
 
 /// One clear line on stderr, exit `code`.

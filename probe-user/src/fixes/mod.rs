@@ -350,6 +350,34 @@ fn annotation_on(f: &Facts, key: &str) -> bool {
         .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
 }
 
+/// What `entry` offers for `facts` (its fit and the fix), None when nothing.
+fn offer(e: &Entry, facts: &Facts) -> Option<(u8, Fix)> {
+    let offer = (e.offer)(facts)?;
+    if offer.patch.is_some() && facts.service.is_none() {
+        return None;
+    }
+    let (patch, undo) = offer.patch.unzip();
+    let mut preconditions: Vec<String> = e.preconditions.iter().map(|p| p.to_string()).collect();
+    preconditions.extend(offer.preconditions);
+    if e.provider != Provider::Generic && !facts.service_read {
+        preconditions.push("the Service's annotations were not read (no API access)".into());
+    }
+    Some((
+        offer.score,
+        Fix {
+            id: e.id.to_string(),
+            provider: e.provider.as_str().to_string(),
+            change: e.change.to_string(),
+            service: patch.as_ref().and(facts.service.clone()),
+            patch,
+            undo,
+            preconditions,
+            side_effects: e.side_effects.iter().map(|s| s.to_string()).collect(),
+            source: e.source.to_string(),
+        },
+    ))
+}
+
 /// The fixes for `facts`, best fit first. Patch fixes need the Service's name.
 pub fn fixes(facts: &Facts) -> Vec<Fix> {
     let mut offered: Vec<(u8, usize, Fix)> = TABLE
@@ -359,36 +387,16 @@ pub fn fixes(facts: &Facts) -> Vec<Fix> {
             e.kinds.contains(&facts.kind)
                 && (e.provider == Provider::Generic || e.provider == facts.provider)
         })
-        .filter_map(|(i, e)| {
-            let offer = (e.offer)(facts)?;
-            if offer.patch.is_some() && facts.service.is_none() {
-                return None;
-            }
-            let (patch, undo) = offer.patch.unzip();
-            let mut preconditions: Vec<String> =
-                e.preconditions.iter().map(|p| p.to_string()).collect();
-            preconditions.extend(offer.preconditions);
-            if e.provider != Provider::Generic && !facts.service_read {
-                preconditions
-                    .push("the Service's annotations were not read (no API access)".into());
-            }
-            Some((
-                offer.score,
-                i,
-                Fix {
-                    id: e.id.to_string(),
-                    provider: e.provider.as_str().to_string(),
-                    change: e.change.to_string(),
-                    service: patch.as_ref().and(facts.service.clone()),
-                    patch,
-                    undo,
-                    preconditions,
-                    side_effects: e.side_effects.iter().map(|s| s.to_string()).collect(),
-                    source: e.source.to_string(),
-                },
-            ))
-        })
+        .filter_map(|(i, e)| offer(e, facts).map(|(score, fix)| (score, i, fix)))
         .collect();
     offered.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
     offered.into_iter().map(|(_, _, fix)| fix).collect()
+}
+
+/// The fix `id` as the table offers it for `facts` (whatever its provider: the agent that
+/// chose it may have known better), None when unknown or when it offers nothing for them
+/// (already in place, or the facts now contradict it).
+pub fn fix_by_id(id: &str, facts: &Facts) -> Option<Fix> {
+    let e = TABLE.iter().find(|e| e.id == id)?;
+    offer(e, facts).map(|(_, fix)| fix)
 }

@@ -5,7 +5,7 @@
 //! resourceVersion), the provider from `--provider`, else the Nodes' providerIDs, else the
 //! Service's own settings. `--apply ID` is refused (exit 2) when the fix is not offered for
 //! these facts (another provider's, or already in place), has no patch, or was computed from
-//! another resourceVersion of the Service.
+//! another resourceVersion of the Service. The dry run's diff and the undo are [`super::undo`]'s.
 
 use std::{collections::BTreeSet, fmt::Write as _};
 
@@ -45,7 +45,57 @@ pub struct Plan {
     pub provider_from: String,
     /// The kinds the agents confirmed for this Service (from their Events).
     pub kinds: Vec<String>,
+    /// Where the fixes come from: `agents` (the ids the agents computed on their nodes, in
+    /// their LoopbackReports) or `service` (recomputed here from the Service alone).
+    pub fixes_from: String,
     pub fixes: Vec<Fix>,
+}
+
+/// The fixes the agents computed for one loop or risk of the Service: its kind and the fix
+/// ids, best fit first.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentFixes {
+    pub kind: LoopbackKind,
+    pub ids: Vec<String>,
+}
+
+/// The agents' fix lists for `namespace/name` from the LoopbackReports: active loops first
+/// (confirmed), then risks (a shared LB IP's risk regards each of its Services); entries
+/// without ids (older agents) are skipped.
+pub fn agent_fixes(
+    reports: &[(String, crate::report::status::ReportStatus)],
+    service: &str,
+) -> Vec<AgentFixes> {
+    // An event's service label may carry the port name (`ns/name:http`).
+    let is_it = |s: &str| s.split(':').next() == Some(service);
+    let mut out = Vec::new();
+    let mut push = |kind: &str, ids: &[String]| {
+        let Ok(kind) = serde_json::from_value::<LoopbackKind>(kind.into()) else {
+            return;
+        };
+        let entry = AgentFixes {
+            kind,
+            ids: ids.to_vec(),
+        };
+        if !ids.is_empty() && !out.contains(&entry) {
+            out.push(entry);
+        }
+    };
+    for (_, status) in reports {
+        for l in &status.active_loops {
+            if l.service.as_deref().is_some_and(is_it) {
+                push(&l.kind, &l.fixes);
+            }
+        }
+    }
+    for (_, status) in reports {
+        for r in &status.risks {
+            if r.service.as_deref().is_some_and(is_it) || r.services.iter().any(|s| is_it(s)) {
+                push(&r.kind, &r.fixes);
+            }
+        }
+    }
+    out
 }
 
 /// The kinds clb-probe's Events regarding `namespace/name` report, and whether one of them
@@ -101,33 +151,41 @@ pub fn service_ref(
     }
 }
 
-/// The fixes for `service` given the confirmed kinds: per kind from the table, merged by id
-/// (first rank wins).
+/// The fixes for `service`: the agents' (`agent`, from their reports), each re-checked
+/// against the Service as read now (a fix already in place, or no longer fitting, is
+/// dropped); without any, per confirmed kind from the table. Merged by id (first rank wins).
 pub fn plan<'a>(
     service: &Service,
     provider_ids: impl IntoIterator<Item = &'a str>,
     flag: Option<Provider>,
     kinds: &[(LoopbackKind, bool)],
+    agent: &[AgentFixes],
 ) -> Result<Plan, Refused> {
     let facts = ServiceFacts::from_service(service)
         .ok_or_else(|| Refused("the Service has no namespace or name".into()))?;
     let profile = Profile::resolve(flag, provider_ids, fixes::service_provider(&facts));
     let vip = facts.ingress.iter().find_map(|i| i.ip);
     let mut out: Vec<Fix> = Vec::new();
-    for (kind, pod) in kinds {
-        let mut f = match vip {
-            Some(vip) => Facts::of_risk(*kind, vip, &facts, profile.provider),
-            None => Facts::of_risk(
-                *kind,
-                std::net::IpAddr::from([0, 0, 0, 0]),
-                &facts,
-                profile.provider,
-            ),
-        };
-        if vip.is_none() {
-            // No LB IP published: its ipMode is unknown.
-            f.ip_mode = None;
+    for a in agent {
+        let mut f = risk_facts(a.kind, vip, &facts, profile.provider);
+        // The agent offered these with the node's facts (kube-proxy's rules read there).
+        f.kube_proxy = Some(true);
+        for id in &a.ids {
+            if let Some(fix) = fixes::fix_by_id(id, &f)
+                && !in_place(&fix, service)
+                && !out.iter().any(|x| x.id == fix.id)
+            {
+                out.push(fix);
+            }
         }
+    }
+    let fixes_from = if agent.is_empty() {
+        "service"
+    } else {
+        "agents"
+    };
+    for (kind, pod) in kinds.iter().filter(|_| agent.is_empty()) {
+        let mut f = risk_facts(*kind, vip, &facts, profile.provider);
         if *kind == LoopbackKind::VipPortUnserved && *pod {
             f.source = Some(fixes::Source::Pod);
         }
@@ -149,8 +207,41 @@ pub fn plan<'a>(
         }
         .into(),
         kinds: kinds.iter().map(|(k, _)| k.as_str().to_string()).collect(),
+        fixes_from: fixes_from.into(),
         fixes: out,
     })
+}
+
+/// The table's facts for `kind` on the Service's LB IP (none published: ipMode unknown).
+fn risk_facts(
+    kind: LoopbackKind,
+    vip: Option<std::net::IpAddr>,
+    facts: &ServiceFacts,
+    provider: Provider,
+) -> Facts {
+    let mut f = Facts::of_risk(
+        kind,
+        vip.unwrap_or(std::net::IpAddr::from([0, 0, 0, 0])),
+        facts,
+        provider,
+    );
+    if vip.is_none() {
+        f.ip_mode = None;
+    }
+    f
+}
+
+/// A patch fix whose patch would change nothing on `service` is already in place.
+fn in_place(fix: &Fix, service: &Service) -> bool {
+    let Some(patch) = &fix.patch else {
+        return false;
+    };
+    let Ok(current) = serde_json::to_value(service) else {
+        return false;
+    };
+    let mut patched = current.clone();
+    super::undo::merge_patch(&mut patched, patch);
+    patched == current
 }
 
 /// The fix `--apply ID` names, if it may be applied as computed.
@@ -218,9 +309,8 @@ pub fn guarded_patch(fix: &Fix, resource_version: Option<&str>) -> serde_json::V
     patch
 }
 
-/// `kubectl patch service -n NS NAME --type merge -p '<undo>'`.
-pub fn undo_command(fix: &Fix, namespace: &str, name: &str) -> String {
-    let undo = fix.undo.clone().unwrap_or_default();
+/// `kubectl patch service -n NS NAME --type merge -p '<patch>'`: an undo by hand.
+pub fn patch_command(patch: &serde_json::Value, namespace: &str, name: &str) -> String {
     super::shell_words(&[
         "kubectl".into(),
         "patch".into(),
@@ -231,7 +321,7 @@ pub fn undo_command(fix: &Fix, namespace: &str, name: &str) -> String {
         "--type".into(),
         "merge".into(),
         "-p".into(),
-        undo.to_string(),
+        patch.to_string(),
     ])
 }
 
@@ -246,14 +336,22 @@ pub fn render(plan: &Plan) -> String {
         plan.provider,
         plan.provider_from
     );
-    if plan.kinds.is_empty() {
+    if plan.kinds.is_empty() && plan.fixes.is_empty() {
         let _ = writeln!(
             out,
             "no confirmed loopback regards this Service: no fixes to offer"
         );
         return out;
     }
-    let _ = writeln!(out, "confirmed: {}", plan.kinds.join(", "));
+    if !plan.kinds.is_empty() {
+        let _ = writeln!(out, "confirmed: {}", plan.kinds.join(", "));
+    }
+    if plan.fixes_from == "agents" {
+        let _ = writeln!(
+            out,
+            "fixes: as the agents computed them on their nodes (LoopbackReports), those in place dropped"
+        );
+    }
     let (ns, name) = plan.service.split_once('/').unwrap_or(("", &plan.service));
     for (i, f) in plan.fixes.iter().enumerate() {
         let _ = writeln!(out, "\n{}. {} [{}] {}", i + 1, f.id, f.provider, f.change);
@@ -280,94 +378,5 @@ pub fn render(plan: &Plan) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use serde_json::json;
-
-    use super::*;
-
-    fn service(etp: &str, annotations: serde_json::Value) -> Service {
-        serde_json::from_value(json!({
-            "metadata": {"namespace": "shop", "name": "web", "resourceVersion": "7",
-                         "annotations": annotations},
-            "spec": {"type": "LoadBalancer", "externalTrafficPolicy": etp,
-                     "ports": [{"port": 80, "protocol": "TCP", "nodePort": 30080}]},
-            "status": {"loadBalancer": {"ingress": [{"ip": "203.0.113.10"}]}},
-        }))
-        .unwrap()
-    }
-
-    #[test]
-    fn apply_refuses_a_moved_service_another_provider_s_fix_and_advice() {
-        let kinds = [(LoopbackKind::Hairpin, true)];
-        let plan = plan(&service("Local", json!({})), ["gce://p/z/vm"], None, &kinds).unwrap();
-        assert_eq!(
-            (plan.provider.as_str(), plan.provider_from.as_str()),
-            ("gce", "node providerID")
-        );
-        // The plugin does not see the nodes' kube-proxy: etp-cluster says it assumes it.
-        let etp = plan.fixes.iter().find(|f| f.id == "etp-cluster").unwrap();
-        assert!(
-            etp.preconditions.iter().any(|p| p.contains("kube-proxy")),
-            "{etp:?}"
-        );
-        assert!(select(&plan, "etp-cluster", Some("7")).is_ok());
-        let moved = select(&plan, "etp-cluster", Some("6")).unwrap_err().0;
-        assert!(
-            moved.contains("changed since the fix was computed"),
-            "{moved}"
-        );
-        let other = select(&plan, "aws-nlb-target-type-ip", None).unwrap_err().0;
-        assert!(
-            other.contains("is for provider aws") && other.contains("provider is gce"),
-            "{other}"
-        );
-        let advice = select(&plan, "call-by-service-name", None).unwrap_err().0;
-        assert!(advice.contains("has no patch"), "{advice}");
-        assert!(
-            select(&plan, "nope", None)
-                .unwrap_err()
-                .0
-                .contains("no fix \"nope\"")
-        );
-        let fix = select(&plan, "etp-cluster", None).unwrap();
-        assert_eq!(
-            guarded_patch(fix, Some("7")),
-            json!({"metadata": {"resourceVersion": "7"}, "spec": {"externalTrafficPolicy": "Cluster"}})
-        );
-        assert_eq!(
-            undo_command(fix, "shop", "web"),
-            r#"kubectl patch service -n shop web --type merge -p '{"spec":{"externalTrafficPolicy":"Local"}}'"#
-        );
-        // Cluster already: "set Cluster" is not offered, so not applied.
-        let cluster = plan_of("Cluster");
-        assert!(
-            select(&cluster, "etp-cluster", None)
-                .unwrap_err()
-                .0
-                .contains("already in place")
-        );
-    }
-
-    #[test]
-    fn a_service_is_named_as_report_prints_it_or_by_name_and_namespace() {
-        let ok = |a: &str, n: Option<&str>| service_ref(a, n).map_err(|e| e.0);
-        let pair = |ns: &str, name: &str| Ok((ns.to_string(), name.to_string()));
-        assert_eq!(ok("web", None), pair("default", "web"));
-        assert_eq!(ok("web", Some("shop")), pair("shop", "web"));
-        assert_eq!(ok("shop/web", None), pair("shop", "web"));
-        assert_eq!(ok("shop/web", Some("shop")), pair("shop", "web"));
-        assert!(ok("shop/web", Some("other")).is_err());
-        assert!(ok("/web", None).is_err());
-        assert!(ok("a/b/c", None).is_err());
-    }
-
-    fn plan_of(etp: &str) -> Plan {
-        plan(
-            &service(etp, json!({})),
-            [],
-            None,
-            &[(LoopbackKind::Hairpin, true)],
-        )
-        .unwrap()
-    }
-}
+#[path = "fix_tests.rs"]
+mod tests;

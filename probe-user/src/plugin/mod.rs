@@ -22,6 +22,7 @@
 
 pub mod api;
 pub mod fix;
+pub mod undo;
 
 use std::fmt::Write as _;
 

@@ -42,6 +42,8 @@ struct Entry {
     first: i64,
     last: i64,
     first_fix: Option<String>,
+    /// Fix ids, best first, from the latest event that had any.
+    fixes: Vec<String>,
 }
 
 /// The node's loops, by aggregate key.
@@ -75,6 +77,16 @@ pub fn first_fix(fixes: &[probe_contract::Fix], remedy: &[String]) -> Option<Str
         .or_else(|| remedy.iter().find(|r| !r.starts_with("Cause:")).cloned())
 }
 
+/// The fixes' ids, best fit first (the order they were computed in), the first
+/// [`super::status::MAX_FIX_IDS`].
+pub fn fix_ids(fixes: &[probe_contract::Fix]) -> Vec<String> {
+    fixes
+        .iter()
+        .take(super::status::MAX_FIX_IDS)
+        .map(|f| f.id.clone())
+        .collect()
+}
+
 impl Default for Loops {
     fn default() -> Self {
         Loops::new(ACTIVE_WINDOW)
@@ -104,6 +116,7 @@ impl Loops {
             first: now,
             last: now,
             first_fix: None,
+            fixes: Vec::new(),
         });
         entry.last = now;
         // The aggregate's own count (repeats included); never goes back.
@@ -118,6 +131,9 @@ impl Loops {
         }
         if let Some(fix) = first_fix(&e.fixes, &e.remedy) {
             entry.first_fix = Some(fix);
+        }
+        if !e.fixes.is_empty() {
+            entry.fixes = fix_ids(&e.fixes);
         }
         while self.active.len() > MAX_ACTIVE {
             let oldest = self
@@ -206,6 +222,7 @@ impl Loops {
                 first_seen: rfc3339(e.first),
                 last_seen: rfc3339(e.last),
                 first_fix: e.first_fix.clone(),
+                fixes: e.fixes.clone(),
             })
             .collect()
     }

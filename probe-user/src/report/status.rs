@@ -59,6 +59,10 @@ pub struct CapabilityStatus {
     pub cannot_confirm: String,
 }
 
+/// Fix ids kept per risk or loop (the best fits: the report stays small with every entry
+/// full; `kubectl clb-probe fix` lists the kept ones).
+pub const MAX_FIX_IDS: usize = 4;
+
 /// A `probe check` risk.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
@@ -79,6 +83,11 @@ pub struct RiskStatus {
     /// The first fix (its id and what it changes), else the first remedy line.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub first_fix: Option<String>,
+    /// The ids of the fixes computed from the facts on the node, best fit first, at most
+    /// [`MAX_FIX_IDS`] (`kubectl clb-probe fix` lists these rather than recomputing them
+    /// from the Service).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub fixes: Vec<String>,
 }
 
 /// A loop seen within the active window.
@@ -97,6 +106,10 @@ pub struct ActiveLoop {
     pub last_seen: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub first_fix: Option<String>,
+    /// The ids of the fixes the agent computed for the loop, best fit first, at most
+    /// [`MAX_FIX_IDS`].
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub fixes: Vec<String>,
 }
 
 /// A loop no longer seen.

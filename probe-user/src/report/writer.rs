@@ -38,7 +38,7 @@ use super::{
     API_VERSION, FIELD_MANAGER, KIND,
     condition::{Condition, condition},
     gate::Gate,
-    loops::{Loops, first_fix},
+    loops::{Loops, first_fix, fix_ids},
     status::{CapabilityStatus, ReportStatus, RiskStatus, object_name, rfc3339},
 };
 use crate::hub::capability::{Capabilities, Capability};
@@ -112,6 +112,7 @@ pub fn check_state(
                 services,
                 summary: f.summary.clone(),
                 first_fix: first_fix(&f.fixes, &f.remedy),
+                fixes: fix_ids(&f.fixes),
             }
         })
         .collect();

@@ -1,0 +1,199 @@
+//! `fix`'s plan, refusals and Service naming, from Services shaped as the API returns them.
+
+use serde_json::json;
+
+use super::*;
+
+fn service(etp: &str, annotations: serde_json::Value) -> Service {
+    serde_json::from_value(json!({
+        "metadata": {"namespace": "shop", "name": "web", "resourceVersion": "7",
+                     "annotations": annotations},
+        "spec": {"type": "LoadBalancer", "externalTrafficPolicy": etp,
+                 "ports": [{"port": 80, "protocol": "TCP", "nodePort": 30080}]},
+        "status": {"loadBalancer": {"ingress": [{"ip": "203.0.113.10"}]}},
+    }))
+    .unwrap()
+}
+
+#[test]
+fn apply_refuses_a_moved_service_another_provider_s_fix_and_advice() {
+    let kinds = [(LoopbackKind::Hairpin, true)];
+    let plan = plan(
+        &service("Local", json!({})),
+        ["gce://p/z/vm"],
+        None,
+        &kinds,
+        &[],
+    )
+    .unwrap();
+    assert_eq!(
+        (plan.provider.as_str(), plan.provider_from.as_str()),
+        ("gce", "node providerID")
+    );
+    // The plugin does not see the nodes' kube-proxy: etp-cluster says it assumes it.
+    let etp = plan.fixes.iter().find(|f| f.id == "etp-cluster").unwrap();
+    assert!(
+        etp.preconditions.iter().any(|p| p.contains("kube-proxy")),
+        "{etp:?}"
+    );
+    assert!(select(&plan, "etp-cluster", Some("7")).is_ok());
+    let moved = select(&plan, "etp-cluster", Some("6")).unwrap_err().0;
+    assert!(
+        moved.contains("changed since the fix was computed"),
+        "{moved}"
+    );
+    let other = select(&plan, "aws-nlb-target-type-ip", None).unwrap_err().0;
+    assert!(
+        other.contains("is for provider aws") && other.contains("provider is gce"),
+        "{other}"
+    );
+    let advice = select(&plan, "call-by-service-name", None).unwrap_err().0;
+    assert!(advice.contains("has no patch"), "{advice}");
+    assert!(
+        select(&plan, "nope", None)
+            .unwrap_err()
+            .0
+            .contains("no fix \"nope\"")
+    );
+    let fix = select(&plan, "etp-cluster", None).unwrap();
+    assert_eq!(
+        guarded_patch(fix, Some("7")),
+        json!({"metadata": {"resourceVersion": "7"}, "spec": {"externalTrafficPolicy": "Cluster"}})
+    );
+    assert_eq!(
+        patch_command(fix.undo.as_ref().unwrap(), "shop", "web"),
+        r#"kubectl patch service -n shop web --type merge -p '{"spec":{"externalTrafficPolicy":"Local"}}'"#
+    );
+    // Cluster already: "set Cluster" is not offered, so not applied.
+    let cluster = plan_of("Cluster");
+    assert!(
+        select(&cluster, "etp-cluster", None)
+            .unwrap_err()
+            .0
+            .contains("already in place")
+    );
+}
+
+#[test]
+fn a_service_is_named_as_report_prints_it_or_by_name_and_namespace() {
+    let ok = |a: &str, n: Option<&str>| service_ref(a, n).map_err(|e| e.0);
+    let pair = |ns: &str, name: &str| Ok((ns.to_string(), name.to_string()));
+    assert_eq!(ok("web", None), pair("default", "web"));
+    assert_eq!(ok("web", Some("shop")), pair("shop", "web"));
+    assert_eq!(ok("shop/web", None), pair("shop", "web"));
+    assert_eq!(ok("shop/web", Some("shop")), pair("shop", "web"));
+    assert!(ok("shop/web", Some("other")).is_err());
+    assert!(ok("/web", None).is_err());
+    assert!(ok("a/b/c", None).is_err());
+}
+
+fn plan_of(etp: &str) -> Plan {
+    plan(
+        &service(etp, json!({})),
+        [],
+        None,
+        &[(LoopbackKind::Hairpin, true)],
+        &[],
+    )
+    .unwrap()
+}
+
+/// Reports as the agents write them: a hairpin on shop/web with the fixes computed on the node,
+/// and a risk on the LB IP shared with shop/api.
+fn reports() -> Vec<(String, crate::report::status::ReportStatus)> {
+    use crate::report::status::{ActiveLoop, ReportStatus, RiskStatus};
+    let status = ReportStatus {
+        active_loops: vec![ActiveLoop {
+            kind: "hairpin".into(),
+            service: Some("shop/web:http".into()),
+            fixes: vec![
+                "tencent-prevent-loopback".into(),
+                "etp-cluster".into(),
+                "call-by-service-name".into(),
+            ],
+            ..Default::default()
+        }],
+        risks: vec![
+            RiskStatus {
+                kind: "healthcheck_blackhole".into(),
+                service: Some("shop/api".into()),
+                services: vec!["shop/api".into(), "shop/web".into()],
+                fixes: vec![
+                    "etp-cluster".into(),
+                    "tencent-clb-healthcheck-source".into(),
+                ],
+                ..Default::default()
+            },
+            // An older agent: no ids, skipped.
+            RiskStatus {
+                kind: "hairpin".into(),
+                service: Some("shop/web".into()),
+                ..Default::default()
+            },
+        ],
+        ..Default::default()
+    };
+    vec![("node-a".into(), status)]
+}
+
+#[test]
+fn the_agents_fixes_are_listed_in_their_order_without_those_in_place() {
+    let agent = agent_fixes(&reports(), "shop/web");
+    assert_eq!(
+        agent,
+        [
+            AgentFixes {
+                kind: LoopbackKind::Hairpin,
+                ids: vec![
+                    "tencent-prevent-loopback".into(),
+                    "etp-cluster".into(),
+                    "call-by-service-name".into()
+                ],
+            },
+            AgentFixes {
+                kind: LoopbackKind::HealthcheckBlackhole,
+                ids: vec![
+                    "etp-cluster".into(),
+                    "tencent-clb-healthcheck-source".into()
+                ],
+            },
+        ]
+    );
+    assert!(agent_fixes(&reports(), "shop/other").is_empty());
+    let kinds = [(LoopbackKind::Hairpin, true)];
+    let svc = service("Local", json!({}));
+    let listed = plan(&svc, ["qcloud://ap-guangzhou/ins-1"], None, &kinds, &agent).unwrap();
+    assert_eq!(listed.fixes_from, "agents");
+    let ids: Vec<&str> = listed.fixes.iter().map(|f| f.id.as_str()).collect();
+    assert_eq!(
+        ids,
+        [
+            "tencent-prevent-loopback",
+            "etp-cluster",
+            "call-by-service-name",
+            "tencent-clb-healthcheck-source"
+        ]
+    );
+    // The node saw kube-proxy program the LB IP: etp-cluster assumes nothing.
+    let etp = &listed.fixes[1];
+    assert!(
+        !etp.preconditions
+            .iter()
+            .any(|p| p.contains("not all of it was read")),
+        "{etp:?}"
+    );
+    // In place since the agent computed them: dropped.
+    let svc = service(
+        "Cluster",
+        json!({"service.cloud.tencent.com/prevent-loopback": "true"}),
+    );
+    let now = plan(&svc, ["qcloud://ap-guangzhou/ins-1"], None, &kinds, &agent).unwrap();
+    let ids: Vec<&str> = now.fixes.iter().map(|f| f.id.as_str()).collect();
+    assert_eq!(
+        ids,
+        ["call-by-service-name", "tencent-clb-healthcheck-source"]
+    );
+    // No agent list: recomputed from the Service.
+    assert_eq!(plan_of("Local").fixes_from, "service");
+    assert!(render(&listed).contains("as the agents computed them"));
+}
