@@ -106,7 +106,27 @@ pub struct DemoArgs {
     /// Then add the lab's dual-stack layer and drive the failures over IPv6 (iptables mode).
     #[arg(long)]
     pub ipv6: bool,
+    /// The cloud whose fixes the agent's events carry (the agent's `--provider`), e.g.
+    /// `tencentcloud` for the reference notes' own CLB fix (`service.cloud.tencent.com/
+    /// prevent-loopback`). Default: the agent's choice, from each Service's LB class and
+    /// annotations (the lab's are the generic fixes).
+    #[arg(long, value_name = "NAME", value_parser = PROVIDERS)]
+    pub provider: Option<String>,
 }
+
+/// `--provider`'s names: probe-user's `fixes::Provider::ALL` spellings (xtask does not link
+/// probe-user; the agent rejects a name it does not know, so a drift fails loudly).
+const PROVIDERS: [&str; 9] = [
+    "aws",
+    "azure",
+    "gce",
+    "alicloud",
+    "tencentcloud",
+    "hcloud",
+    "digitalocean",
+    "openstack",
+    "generic",
+];
 
 pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
     let mode = match args.mode {
@@ -189,6 +209,11 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
         .arg("--kubeconfig")
         .arg(&kubeconfig.0)
         .args(["--node-name", "clb-node"])
+        .args(
+            args.provider
+                .iter()
+                .flat_map(|p| ["--provider", p.as_str()]),
+        )
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -378,7 +403,36 @@ fn print_events(rx: &mpsc::Receiver<String>, wait: Duration) {
     }
 }
 
-/// One readable line per confirmed event, then its JSON.
+/// The event's first fixes, one line each: the id, the Service it patches and the patch (the
+/// change an operator would apply with `kubectl clb-probe fix --apply`).
+fn fix_lines(event: &serde_json::Value) -> String {
+    let Some(fixes) = event.get("fixes").and_then(|f| f.as_array()) else {
+        return String::new();
+    };
+    fixes
+        .iter()
+        .take(3)
+        .map(|f| {
+            let text = |k: &str| f.get(k).and_then(|x| x.as_str()).unwrap_or("-");
+            match f.get("patch") {
+                Some(patch) => format!(
+                    "  fix {} ({}): patch {} {patch}\n",
+                    text("id"),
+                    text("provider"),
+                    text("service")
+                ),
+                None => format!(
+                    "  fix {} ({}): {}\n",
+                    text("id"),
+                    text("provider"),
+                    text("change")
+                ),
+            }
+        })
+        .collect()
+}
+
+/// One readable line per confirmed event, its first fixes, then its JSON.
 fn pretty(line: &str) -> String {
     let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
         return line.to_string();
@@ -423,7 +477,8 @@ fn pretty(line: &str) -> String {
         )
     });
     format!(
-        "CONFIRMED {kind}: {src}:{sport} -> {dst}:{dport} vip={vip}:{vport} reason={reason} snat={snat} outcome={outcome} count={count} pod={pod} service={service}{owner}{listener}\n  {line}",
+        "CONFIRMED {kind}: {src}:{sport} -> {dst}:{dport} vip={vip}:{vport} reason={reason} snat={snat} outcome={outcome} count={count} pod={pod} service={service}{owner}{listener}\n{fixes}  {line}",
+        fixes = fix_lines(&v),
         owner = owner.unwrap_or_default(),
         listener = listener.unwrap_or_default(),
         kind = s("kind"),
@@ -440,4 +495,28 @@ fn pretty(line: &str) -> String {
         pod = s("client_pod"),
         service = s("service"),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fix_lines;
+
+    #[test]
+    fn an_events_fixes_print_with_their_patch() {
+        let event = serde_json::json!({"fixes": [
+            {"id": "tencent-prevent-loopback", "provider": "tencentcloud", "change": "annotate",
+             "service": "default/web",
+             "patch": {"metadata": {"annotations": {"service.cloud.tencent.com/prevent-loopback": "true"}}}},
+            {"id": "call-by-service-name", "provider": "generic", "change": "call the Service's name"}
+        ]});
+        let text = fix_lines(&event);
+        assert_eq!(text.lines().count(), 2, "{text}");
+        assert!(
+            text.starts_with("  fix tencent-prevent-loopback (tencentcloud): patch default/web {")
+                && text.contains("\"service.cloud.tencent.com/prevent-loopback\":\"true\""),
+            "{text}"
+        );
+        assert!(text.contains("  fix call-by-service-name (generic): call the Service's name\n"));
+        assert_eq!(fix_lines(&serde_json::json!({"kind": "hairpin"})), "");
+    }
 }
