@@ -144,12 +144,17 @@ pub fn parse_artifacts(json_lines: &str) -> Vec<Artifact> {
                 None => package.split(' ').next().unwrap_or(package),
             }
             .to_string();
-            let kinds = m["target"]["kind"]
+            let mut kinds: Vec<String> = m["target"]["kind"]
                 .as_array()
                 .into_iter()
                 .flatten()
                 .filter_map(|k| k.as_str().map(String::from))
                 .collect();
+            // A binary built as its own unit-test harness (`--tests`) has the bin's kind and
+            // name too: marked, so the agent is never taken for its test executable.
+            if m["profile"]["test"] == true && kinds.iter().any(|k| k == "bin") {
+                kinds.push(TEST_HARNESS.to_string());
+            }
             Some((
                 name,
                 m["target"]["name"].as_str()?.to_string(),
@@ -160,12 +165,17 @@ pub fn parse_artifacts(json_lines: &str) -> Vec<Artifact> {
         .collect()
 }
 
+/// The kind [`parse_artifacts`] adds to a binary's unit-test executable.
+pub const TEST_HARNESS: &str = "test-harness";
+
 /// The agent (the `probe` binary) among `built`; `what` names the build in the error (`""`,
 /// `"arm64 "`).
 pub(super) fn probe_binary(built: &[Artifact], what: &str) -> anyhow::Result<PathBuf> {
     built
         .iter()
-        .find(|(_, t, k, _)| t == "probe" && k.iter().any(|k| k == "bin"))
+        .find(|(_, t, k, _)| {
+            t == "probe" && k.iter().any(|k| k == "bin") && !k.iter().any(|k| k == TEST_HARNESS)
+        })
         .map(|a| a.3.clone())
         .with_context(|| format!("cargo built no {what}`probe` binary"))
 }
@@ -291,6 +301,24 @@ mod tests {
         assert_eq!(a[0].3, PathBuf::from("/t/debug/deps/ipvs-1"));
         assert_eq!(a[1].0, "probe-user");
         assert_eq!(a[1].1, "probe");
+    }
+
+    /// `cargo build --bins --tests` names the agent twice: its unit-test harness (profile test)
+    /// and the binary. The guests once ran the harness as the agent ("Unrecognized option").
+    #[test]
+    fn the_agent_is_the_binary_not_its_test_harness() {
+        let json = r#"{"reason":"compiler-artifact","package_id":"path+file:///w/probe-user#0.1.0","target":{"kind":["bin"],"name":"probe"},"profile":{"test":true},"executable":"/t/debug/deps/probe-9"}
+{"reason":"compiler-artifact","package_id":"path+file:///w/probe-user#0.1.0","target":{"kind":["bin"],"name":"probe"},"profile":{"test":false},"executable":"/t/debug/probe"}"#;
+        let built = parse_artifacts(json);
+        assert_eq!(built.len(), 2);
+        assert_eq!(
+            probe_binary(&built, "").unwrap(),
+            PathBuf::from("/t/debug/probe")
+        );
+        assert!(
+            probe_binary(&built[..1], "").is_err(),
+            "a harness alone is no agent"
+        );
     }
 
     #[test]
