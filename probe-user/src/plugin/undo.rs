@@ -100,6 +100,13 @@ fn collect(path: &str, before: Option<&Value>, after: Option<&Value>, out: &mut 
     if before == after {
         return;
     }
+    let empty = Value::Object(Map::new());
+    // An object on one side only (annotations added where there were none): per key.
+    let (before, after) = match (before, after) {
+        (None, Some(Value::Object(_))) => (Some(&empty), after),
+        (Some(Value::Object(_)), None) => (before, Some(&empty)),
+        sides => sides,
+    };
     match (before, after) {
         (Some(Value::Object(b)), Some(Value::Object(a))) => {
             let mut keys: Vec<&String> = b.keys().chain(a.keys()).collect();
@@ -160,8 +167,18 @@ fn merge_diff(from: &Value, to: &Value) -> Option<Value> {
                 }
             }
             for (k, fv) in f {
-                if !fv.is_null() && t.get(k).is_none_or(Value::is_null) {
-                    out.insert(k.clone(), Value::Null);
+                if fv.is_null() || t.get(k).is_some_and(|v| !v.is_null()) {
+                    continue;
+                }
+                // An object `to` lacks (annotations a fix added to a Service that had none)
+                // is undone key by key: a null for the object itself would ask the server to
+                // drop all of `metadata` (refused) or every annotation, others' included.
+                let undo = match fv {
+                    Value::Object(_) => merge_diff(fv, &Value::Object(Map::new())),
+                    _ => Some(Value::Null),
+                };
+                if let Some(undo) = undo {
+                    out.insert(k.clone(), undo);
                 }
             }
             (!out.is_empty()).then_some(Value::Object(out))

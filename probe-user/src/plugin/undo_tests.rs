@@ -144,3 +144,27 @@ fn undo_refuses_nothing_kept_a_moved_field_and_a_foreign_record() {
     broken["metadata"]["annotations"][UNDO_ANNOTATION] = json!("{");
     assert!(kept(&broken).unwrap_err().0.contains("does not parse"));
 }
+
+/// A Service with no annotations at all (the plugin test's shop/web): the undo deletes the
+/// added annotation by its key, and the diff names it, not `metadata` as a whole (it said
+/// `metadata: (unset) -> {...}` and the undo lost the annotation's removal).
+#[test]
+fn an_annotation_added_where_there_were_none_undoes_by_its_key() {
+    let mut before = cluster_answer();
+    before["metadata"]
+        .as_object_mut()
+        .unwrap()
+        .remove("annotations");
+    let mut after = before.clone();
+    after["metadata"]["annotations"] = json!({"service.beta.kubernetes.io/x": "ip"});
+    let undo = undo_of("x-ip", &before, &after);
+    assert_eq!(
+        undo.restore,
+        json!({"metadata": {"annotations": {"service.beta.kubernetes.io/x": null}}})
+    );
+    let text = render_changes(&changes(&before, &after));
+    assert_eq!(
+        text,
+        "  metadata.annotations[\"service.beta.kubernetes.io/x\"]: (unset) -> \"ip\"\n"
+    );
+}
