@@ -498,9 +498,20 @@ fn host_tests(
             }
         },
     );
-    if !failed.is_empty() {
-        bail!("integration tests failed in {}", failed.join(", "));
-    }
+    // The smokes still run after a failing test file: one run names every failure.
+    let integration = if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(anyhow::anyhow!(
+            "integration tests failed in {}",
+            failed.join(", ")
+        ))
+    };
+    smokes(args, totals, clock).and(integration)
+}
+
+/// The chaos and bench smoke runs (root).
+fn smokes(args: &TestArgs, totals: &mut Totals, clock: &mut Clock) -> anyhow::Result<()> {
     if args.no_chaos {
         eprintln!("test: SKIPPING the chaos smoke run (--no-chaos)");
     } else {
