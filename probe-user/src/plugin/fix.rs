@@ -179,6 +179,30 @@ pub fn plan<'a>(
             }
         }
     }
+    // The agent reads no Nodes: one started without `--provider` computed the generic fixes
+    // only. The plugin knows the provider from the Nodes' providerID (or its own flag): when
+    // the agents' list has none of that provider's fixes, those come first, for the kinds the
+    // agents saw, each decided from the Service's facts as the table decides them.
+    if !agent.is_empty()
+        && profile.provider != Provider::Generic
+        && !out.iter().any(|f| f.provider == profile.provider.as_str())
+    {
+        let mut own: Vec<Fix> = Vec::new();
+        for a in agent {
+            let mut f = risk_facts(a.kind, vip, &facts, profile.provider);
+            f.kube_proxy = Some(true);
+            for fix in fixes::fixes(&f) {
+                if fix.provider == profile.provider.as_str()
+                    && !in_place(&fix, service)
+                    && !own.iter().any(|x| x.id == fix.id)
+                {
+                    own.push(fix);
+                }
+            }
+        }
+        own.extend(out);
+        out = own;
+    }
     let fixes_from = if agent.is_empty() {
         "service"
     } else {

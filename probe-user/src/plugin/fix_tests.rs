@@ -197,3 +197,27 @@ fn the_agents_fixes_are_listed_in_their_order_without_those_in_place() {
     assert_eq!(plan_of("Local").fixes_from, "service");
     assert!(render(&listed).contains("as the agents computed them"));
 }
+
+/// An agent without `--provider` (it reads no Nodes) listed the generic fixes only; the plugin
+/// sees a TKE node: Tencent's own fix comes first, then the agent's list.
+#[test]
+fn the_nodes_provider_s_own_fixes_come_before_an_agent_s_generic_list() {
+    let agent = [AgentFixes {
+        kind: LoopbackKind::Hairpin,
+        ids: vec!["etp-cluster".into(), "call-by-service-name".into()],
+    }];
+    let kinds = [(LoopbackKind::Hairpin, true)];
+    let svc = service("Local", json!({}));
+    let listed = plan(&svc, ["qcloud://ap-guangzhou/ins-1"], None, &kinds, &agent).unwrap();
+    let ids: Vec<&str> = listed.fixes.iter().map(|f| f.id.as_str()).collect();
+    assert_eq!(ids.first(), Some(&"tencent-prevent-loopback"), "{ids:?}");
+    assert_eq!(
+        ids[ids.len() - 2..],
+        ["etp-cluster", "call-by-service-name"],
+        "{ids:?}"
+    );
+    // A generic cluster: the agent's list as it is.
+    let generic = plan(&svc, [], None, &kinds, &agent).unwrap();
+    let ids: Vec<&str> = generic.fixes.iter().map(|f| f.id.as_str()).collect();
+    assert_eq!(ids, ["etp-cluster", "call-by-service-name"]);
+}
