@@ -41,6 +41,11 @@ pub enum Shape {
         proto: Proto,
         /// The sources that looped (the events' sources, across the loop's aggregates).
         clients: BTreeSet<IpAddr>,
+        /// The loop's other VIP ports: a loop is one Service's, and its aggregates may call
+        /// several of its ports (the node-sourced hairpin on one, the pods' on another).
+        /// Without them, an episode opened by one port's aggregate was never proved by the
+        /// fixed calls to another (the demo's last act). `(port, proto)`, bounded.
+        other_ports: Vec<(u16, Proto)>,
         /// A hairpin: the LB chose the backend, so an answer with no NAT on this node may be
         /// the LB having sent the call elsewhere ([`Found::only_through_lb`]).
         lb_picks_backend: bool,
@@ -77,6 +82,7 @@ impl Shape {
                 port: e.vip_port?,
                 proto: e.proto,
                 clients: BTreeSet::from([e.src]),
+                other_ports: Vec::new(),
                 lb_picks_backend: e.kind == LoopbackKind::Hairpin,
             }),
             LoopbackKind::HealthcheckBlackhole | LoopbackKind::VipAsSource => Some(Shape::From {
@@ -88,6 +94,21 @@ impl Shape {
 
     /// Another aggregate of the same loop: its client (or destination) joins the shape.
     pub fn widen(&mut self, e: &LoopbackEvent) {
+        if let Shape::To {
+            addr,
+            port,
+            proto,
+            other_ports,
+            ..
+        } = self
+            && e.vip == Some(*addr)
+            && let Some(p) = e.vip_port
+            && (p, e.proto) != (*port, *proto)
+            && !other_ports.contains(&(p, e.proto))
+            && other_ports.len() < MAX_ADDRESSES
+        {
+            other_ports.push((p, e.proto));
+        }
         let (set, addr) = match self {
             Shape::To { clients, .. } => (clients, e.src),
             Shape::From { to, .. } => (to, e.dst),
@@ -111,11 +132,12 @@ impl Shape {
                 port,
                 proto,
                 clients,
+                other_ports,
                 ..
             } => {
                 e.orig.dst == *addr
-                    && e.orig.dport == *port
-                    && e.orig.proto == *proto
+                    && ((e.orig.dport, e.orig.proto) == (*port, *proto)
+                        || other_ports.contains(&(e.orig.dport, e.orig.proto)))
                     && clients.contains(&e.orig.src)
             }
             Shape::From { addr, to } => e.orig.src == *addr && to.contains(&e.orig.dst),
@@ -135,11 +157,16 @@ impl Shape {
                 port,
                 proto,
                 clients,
+                other_ports,
                 ..
             } => format!(
-                "connections to {}/{} from the loop's own clients ({})",
+                "connections to {}/{}{} from the loop's own clients ({})",
                 std::net::SocketAddr::new(*addr, *port),
                 proto.as_str(),
+                other_ports
+                    .iter()
+                    .map(|(p, proto)| format!(", :{p}/{}", proto.as_str()))
+                    .collect::<String>(),
                 list(clients)
             ),
             Shape::From { addr, to } => format!("connections from {addr} to {}", list(to)),

@@ -44,6 +44,7 @@ fn to_lb(clients: &[&str], lb_picks_backend: bool) -> Shape {
         port: 80,
         proto: Proto::Tcp,
         clients: clients.iter().map(|c| ip(c)).collect(),
+        other_ports: Vec::new(),
         lb_picks_backend,
     }
 }
@@ -191,4 +192,35 @@ fn a_shape_gathers_the_clients_of_its_loop() {
         "{clients:?}"
     );
     assert!(lb_picks_backend);
+}
+
+/// The demo's last act: the episode opened with the node's hairpin on VIP:8081, the pods'
+/// then looped on VIP:80 of the same Service; the pods' fixed calls to :80 are the proof.
+#[test]
+fn a_loop_over_several_ports_of_its_service_is_proved_on_any_of_them() {
+    let mut e = crate::test_events::hairpin("hairpin/a");
+    e.src = ip(NODE);
+    e.vip_port = Some(8081);
+    let mut shape = Shape::of(&e).expect("a hairpin has a shape");
+    let mut pods = crate::test_events::hairpin("hairpin/b");
+    pods.src = ip(POD);
+    pods.vip_port = Some(80);
+    shape.widen(&pods);
+    let Shape::To {
+        other_ports,
+        clients,
+        ..
+    } = &shape
+    else {
+        panic!("{shape:?}")
+    };
+    assert_eq!(other_ports, &[(80, Proto::Tcp)]);
+    assert!(clients.contains(&ip(POD)) && clients.contains(&ip(NODE)));
+    // Before: only :8081 matched, and the pod's answered, masqueraded call proved nothing.
+    let t = StateTimeouts::kernel_defaults();
+    let call = snat(entry(POD, LB, 80, "TIME_WAIT", 110, true));
+    assert!(find(&shape, &[call], 60_000, &t).is_some());
+    // Another port of the LB IP that no aggregate called is still no proof.
+    let other = snat(entry(POD, LB, 443, "TIME_WAIT", 110, true));
+    assert!(find(&shape, &[other], 60_000, &t).is_none());
 }

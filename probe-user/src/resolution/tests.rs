@@ -61,6 +61,7 @@ fn a_loop_is_resolved_only_after_the_window_and_with_proof() {
             port: 80,
             proto: probe_contract::Proto::Tcp,
             clients: [event(1).src].into_iter().collect(),
+            other_ports: Vec::new(),
             lb_picks_backend: true,
         }
     );
