@@ -295,7 +295,7 @@ impl Beside {
         if let Some(tx) = arm64_built {
             let ok = self.step(
                 "build (arm64, debug: the agent, the arm64 VM tests)",
-                |_| crate::build::arm64(root).map(drop),
+                |_| crate::build::arm64(root, crate::vm::arm64::TEST_FILES).map(drop),
             );
             let _ = tx.send(ok);
         }
@@ -450,7 +450,7 @@ const NEEDS_ARM64: &str = "image";
 fn host_tests(
     args: &TestArgs,
     root: &std::path::Path,
-    built: &[crate::vm::suite::Artifact],
+    built: &[crate::build::Artifact],
     totals: &mut Totals,
     clock: &mut Clock,
     arm64_ready: &Receiver<bool>,

@@ -30,7 +30,7 @@ use super::{
     KernelSpec,
     apt::{SuiteApt, closure, output, say},
     kernel::{self, Kernel},
-    shell_quote, suite,
+    shell_quote,
 };
 
 /// The arm64 kernel: bookworm's 6.1, the series the amd64 tier's full suite runs on. Pinned
@@ -227,9 +227,9 @@ pub const TEST_FILES: &[&str] = &["datapath", "ipvs"];
 /// The arm64 suite's executables, cross-built on the host: the agent, and (test file,
 /// executable) in [`TEST_FILES`] order.
 pub fn build(root: &Path) -> anyhow::Result<(PathBuf, Vec<(String, PathBuf)>)> {
-    let built = crate::build::arm64(root)?;
-    let probe = suite::probe_binary(&built, "arm64 ")?;
-    let tests = suite::test_executables(&built, TEST_FILES, "arm64 ")?;
+    let built = crate::build::arm64(root, TEST_FILES)?;
+    let probe = crate::build::probe_binary(&built, "arm64 ")?;
+    let tests = crate::build::test_executables(&built, TEST_FILES, "arm64 ")?;
     Ok((probe, tests))
 }
 

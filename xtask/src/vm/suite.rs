@@ -5,12 +5,9 @@
 //! paths in its JSON messages) run there unchanged, as long as the target dir is not under
 //! `/tmp` or `/run` (fresh tmpfs in the guest).
 
-use std::{
-    path::{Path, PathBuf},
-    process::{Command, Stdio},
-};
+use std::path::{Path, PathBuf};
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 
 use super::{KernelSpec, shell_quote};
 
@@ -103,117 +100,17 @@ pub struct Bins {
     pub older_kernel: bool,
 }
 
-fn cargo() -> Command {
-    Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
-}
-
-/// One built artifact: (package name, target name, target kinds, executable).
-pub type Artifact = (String, String, Vec<String>, PathBuf);
-
-/// Runs a cargo command with `--message-format=json`; returns (package name, target name,
-/// target kinds, executable) of every artifact with an executable.
-pub(crate) fn artifacts(root: &Path, args: &[&str]) -> anyhow::Result<Vec<Artifact>> {
-    eprintln!("vm: cargo {}", args.join(" "));
-    let out = cargo()
-        .args(args)
-        .arg("--message-format=json")
-        .current_dir(root)
-        .stderr(Stdio::inherit())
-        .output()
-        .with_context(|| format!("starting cargo {}", args.join(" ")))?;
-    if !out.status.success() {
-        bail!("cargo {} failed ({})", args.join(" "), out.status);
-    }
-    Ok(parse_artifacts(&String::from_utf8_lossy(&out.stdout)))
-}
-
-/// The compiler artifacts with an executable in cargo's JSON messages.
-pub fn parse_artifacts(json_lines: &str) -> Vec<Artifact> {
-    json_lines
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|m| m["reason"] == "compiler-artifact")
-        .filter_map(|m| {
-            let exe = m["executable"].as_str()?;
-            let package = m["package_id"].as_str().unwrap_or_default();
-            // "path+file:///work/main/tests#probe-tests@0.1.0", "path+file:///w/probe-user#0.1.0"
-            // (the folder is the name) or the older "probe-tests 0.1.0 (...)".
-            let name = match package.rsplit_once('#') {
-                Some((_, r)) if r.contains('@') => r.split('@').next().unwrap_or(r),
-                Some((url, _)) => url.rsplit('/').next().unwrap_or(url),
-                None => package.split(' ').next().unwrap_or(package),
-            }
-            .to_string();
-            let mut kinds: Vec<String> = m["target"]["kind"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|k| k.as_str().map(String::from))
-                .collect();
-            // A binary built as its own unit-test harness (`--tests`) has the bin's kind and
-            // name too: marked, so the agent is never taken for its test executable.
-            if m["profile"]["test"] == true && kinds.iter().any(|k| k == "bin") {
-                kinds.push(TEST_HARNESS.to_string());
-            }
-            Some((
-                name,
-                m["target"]["name"].as_str()?.to_string(),
-                kinds,
-                PathBuf::from(exe),
-            ))
-        })
-        .collect()
-}
-
-/// The kind [`parse_artifacts`] adds to a binary's unit-test executable.
-pub const TEST_HARNESS: &str = "test-harness";
-
-/// The agent (the `probe` binary) among `built`; `what` names the build in the error (`""`,
-/// `"arm64 "`).
-pub(super) fn probe_binary(built: &[Artifact], what: &str) -> anyhow::Result<PathBuf> {
-    built
-        .iter()
-        .find(|(_, t, k, _)| {
-            t == "probe" && k.iter().any(|k| k == "bin") && !k.iter().any(|k| k == TEST_HARNESS)
-        })
-        .map(|a| a.3.clone())
-        .with_context(|| format!("cargo built no {what}`probe` binary"))
-}
-
-/// (test file, executable) of each of `files` (tests/tests/<file>.rs) among `built`, in
-/// `files` order; `what` as for [`probe_binary`].
-pub(super) fn test_executables(
-    built: &[Artifact],
-    files: &[&str],
-    what: &str,
-) -> anyhow::Result<Vec<(String, PathBuf)>> {
-    files
-        .iter()
-        .map(|file| {
-            built
-                .iter()
-                .find(|(p, t, k, _)| {
-                    p == "probe-tests" && t == file && k.iter().any(|k| k == "test")
-                })
-                .map(|a| (file.to_string(), a.3.clone()))
-                .with_context(|| {
-                    format!("cargo built no {what}test executable for tests/tests/{file}.rs")
-                })
-        })
-        .collect()
-}
-
 /// Builds everything the suite runs: the host build every step shares ([`crate::build::host`];
 /// nothing left to compile when `cargo xtask test` already made it).
 pub fn build(root: &Path) -> anyhow::Result<Bins> {
     let built = crate::build::host(root)?;
-    let probe = probe_binary(&built, "")?;
+    let probe = crate::build::probe_binary(&built, "")?;
     let unit = built
         .iter()
         .find(|(p, _, k, _)| p == "probe-user" && k.iter().any(|k| k == "lib"))
         .map(|a| a.3.clone())
         .context("cargo built no probe-user unit-test executable")?;
-    let tests = test_executables(&built, TEST_FILES, "")?;
+    let tests = crate::build::test_executables(&built, TEST_FILES, "")?;
     let older_kernel = root.join("xtask/src/vm/older-kernel.sh").is_file()
         && probe == root.join("target/debug/probe");
     Ok(Bins {
@@ -287,39 +184,6 @@ pub fn script(b: &Bins, kernel: &KernelSpec) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn finds_executables_in_cargo_json() {
-        let json = r#"{"reason":"compiler-artifact","package_id":"path+file:///work/main/tests#probe-tests@0.1.0","target":{"kind":["test"],"name":"ipvs"},"executable":"/t/debug/deps/ipvs-1"}
-{"reason":"compiler-artifact","package_id":"path+file:///work/main/probe-user#0.1.0","target":{"kind":["bin"],"name":"probe"},"executable":"/t/debug/probe"}
-{"reason":"compiler-artifact","package_id":"serde 1.0.0 (registry+https://github.com/rust-lang/crates.io-index)","target":{"kind":["lib"],"name":"serde"},"executable":null}
-{"reason":"build-finished","success":true}"#;
-        let a = parse_artifacts(json);
-        assert_eq!(a.len(), 2);
-        assert_eq!(a[0].0, "probe-tests");
-        assert_eq!(a[0].1, "ipvs");
-        assert_eq!(a[0].3, PathBuf::from("/t/debug/deps/ipvs-1"));
-        assert_eq!(a[1].0, "probe-user");
-        assert_eq!(a[1].1, "probe");
-    }
-
-    /// `cargo build --bins --tests` names the agent twice: its unit-test harness (profile test)
-    /// and the binary. The guests once ran the harness as the agent ("Unrecognized option").
-    #[test]
-    fn the_agent_is_the_binary_not_its_test_harness() {
-        let json = r#"{"reason":"compiler-artifact","package_id":"path+file:///w/probe-user#0.1.0","target":{"kind":["bin"],"name":"probe"},"profile":{"test":true},"executable":"/t/debug/deps/probe-9"}
-{"reason":"compiler-artifact","package_id":"path+file:///w/probe-user#0.1.0","target":{"kind":["bin"],"name":"probe"},"profile":{"test":false},"executable":"/t/debug/probe"}"#;
-        let built = parse_artifacts(json);
-        assert_eq!(built.len(), 2);
-        assert_eq!(
-            probe_binary(&built, "").unwrap(),
-            PathBuf::from("/t/debug/probe")
-        );
-        assert!(
-            probe_binary(&built[..1], "").is_err(),
-            "a harness alone is no agent"
-        );
-    }
 
     #[test]
     fn each_kernel_runs_the_reader_and_its_own_part() {
