@@ -264,7 +264,7 @@ fn in_place(fix: &Fix, service: &Service) -> bool {
         return false;
     };
     let mut patched = current.clone();
-    super::undo::merge_patch(&mut patched, patch);
+    merge_patch(&mut patched, patch);
     patched == current
 }
 
@@ -404,3 +404,23 @@ pub fn render(plan: &Plan) -> String {
 #[cfg(test)]
 #[path = "fix_tests.rs"]
 mod tests;
+
+/// RFC 7386: `patch` merged into `target` (null removes).
+fn merge_patch(target: &mut serde_json::Value, patch: &serde_json::Value) {
+    let serde_json::Value::Object(fields) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = serde_json::json!({});
+    }
+    if let Some(t) = target.as_object_mut() {
+        for (k, v) in fields {
+            if v.is_null() {
+                t.remove(k);
+            } else {
+                merge_patch(t.entry(k.clone()).or_insert(serde_json::Value::Null), v);
+            }
+        }
+    }
+}

@@ -286,26 +286,6 @@ pub fn restore_patch(record: &UndoRecord) -> Value {
     )
 }
 
-/// RFC 7386: `patch` merged into `target` (null removes).
-pub fn merge_patch(target: &mut Value, patch: &Value) {
-    let Value::Object(fields) = patch else {
-        *target = patch.clone();
-        return;
-    };
-    if !target.is_object() {
-        *target = json!({});
-    }
-    if let Some(t) = target.as_object_mut() {
-        for (k, v) in fields {
-            if v.is_null() {
-                t.remove(k);
-            } else {
-                merge_patch(t.entry(k.clone()).or_insert(Value::Null), v);
-            }
-        }
-    }
-}
-
 /// The fields of `left` (a merge patch's shape) whose value in `current` differs.
 fn moved_since(path: &str, left: &Value, current: &Value, out: &mut Vec<Change>) {
     match left {
