@@ -292,12 +292,14 @@ mod tests {
         assert!(l.resolved().is_empty());
     }
 
-    #[test]
-    fn a_loop_resolved_with_proof_moves_at_once_and_carries_the_proof() {
-        let mut l = Loops::default();
-        l.observe(&ev("a", 3, Some("shop/client-0")), T0);
-        l.observe(&ev("b", 1, None), T0);
-        let r = probe_contract::LoopResolution {
+    /// The tracker's resolution of `shop/web`'s hairpin: one aggregate, proved at `at`.
+    fn resolution(
+        aggregate: &str,
+        count: u64,
+        at: i64,
+        proof: &[&str],
+    ) -> probe_contract::LoopResolution {
+        probe_contract::LoopResolution {
             key: "hairpin/shop/web".into(),
             kind: LoopbackKind::Hairpin,
             service: Some("shop/web".into()),
@@ -305,14 +307,22 @@ mod tests {
             vip_port: None,
             first_seen: rfc3339(T0),
             last_seen: rfc3339(T0),
-            resolved_at: rfc3339(T0 + 60),
+            resolved_at: rfc3339(at),
             lasted_s: 0,
-            count: 3,
+            count,
             episode: 0,
-            aggregates: vec!["a".into()],
-            proof: vec!["answered since".into(), "conntrack: ...".into()],
+            aggregates: vec![aggregate.into()],
+            proof: proof.iter().map(|p| p.to_string()).collect(),
             changed: vec![],
-        };
+        }
+    }
+
+    #[test]
+    fn a_loop_resolved_with_proof_moves_at_once_and_carries_the_proof() {
+        let mut l = Loops::default();
+        l.observe(&ev("a", 3, Some("shop/client-0")), T0);
+        l.observe(&ev("b", 1, None), T0);
+        let r = resolution("a", 3, T0 + 60, &["answered since", "conntrack: ..."]);
         // Long before the 10-minute window: only the resolved aggregate moves.
         l.resolve(&r, T0 + 60);
         assert_eq!(l.active().len(), 1);
@@ -342,22 +352,7 @@ mod tests {
         );
         assert!(l.active().is_empty());
         assert_eq!(l.resolved()[0].proof, None, "quiet: no proof");
-        let r = probe_contract::LoopResolution {
-            key: "hairpin/shop/web".into(),
-            kind: LoopbackKind::Hairpin,
-            service: Some("shop/web".into()),
-            vip: None,
-            vip_port: None,
-            first_seen: rfc3339(T0),
-            last_seen: rfc3339(T0),
-            resolved_at: rfc3339(T0 + 200),
-            lasted_s: 0,
-            count: 1,
-            episode: 0,
-            aggregates: vec!["k1".into()],
-            proof: vec!["answered since".into()],
-            changed: vec![],
-        };
+        let r = resolution("k1", 1, T0 + 200, &["answered since"]);
         l.resolve(&r, T0 + 200);
         let resolved = l.resolved();
         assert_eq!(resolved.len(), 1);
