@@ -46,7 +46,7 @@ struct CheckArgs {
     /// Local pod CIDR (repeatable), in addition to the pod routes learned from the node.
     #[arg(long = "pod-cidr", env = "CLB_PROBE_POD_CIDR", value_delimiter = ',', value_parser = parse_pod_cidr)]
     pod_cidrs: Vec<Prefix>,
-    /// Print the report as JSON (schema in the README) instead of a table.
+    /// Print the report as JSON (schema: docs/checking-a-node.md) instead of a table.
     #[arg(long)]
     json: bool,
     /// Read the Services from the API this kubeconfig names (default: in-cluster when run in
@@ -163,7 +163,7 @@ struct AgentArgs {
     otlp_interval: u64,
 }
 
-/// Kernel map capacities (README, "Map sizing"); each range-checked, exit 2 outside it.
+/// Kernel map capacities (docs/agent.md, "Map sizing"); each range-checked, exit 2 outside it.
 #[derive(clap::Args, Debug)]
 struct MapSizeArgs {
     /// Pod connections leaving without SNAT kept as evidence (EGRESS_FLOWS, LRU).

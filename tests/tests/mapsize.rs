@@ -1,4 +1,4 @@
-//! Map sizing flags (README, "Map sizing"): the kernel maps are created with the capacities
+//! Map sizing flags (docs/agent.md, "Map sizing"): the kernel maps are created with the capacities
 //! the flags ask for, read back from the kernel; nonsense is a usage error (exit 2), from the
 //! argument parser, before anything is loaded.
 //!

@@ -161,7 +161,7 @@ pub(super) fn local_source_line(info: &DropInfo, src: IpAddr) -> String {
 /// What a received VIP-source packet proves, and what it does not: its source is whatever the
 /// sender wrote. A health check and a SYN spoofed from the VIP by any host whose packets
 /// reach this NIC are the same bytes; the agent counts it as the LB's because only the LB in
-/// the node's path is expected to send from its VIP (README, "Threat model").
+/// the node's path is expected to send from its VIP (SECURITY.md).
 pub(super) fn unauthenticated_source_line(src: IpAddr) -> String {
     format!(
         "the source {src} is not authenticated: the agent takes the packet for the load \

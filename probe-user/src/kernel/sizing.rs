@@ -1,6 +1,6 @@
 //! The kernel maps' capacities, set at load from the agent's flags (`EbpfLoader::
 //! map_max_entries`): the object's sizes are only the fallback. The defaults fit a node with
-//! 5,000 pods' worth of services and flows; see the README's "Map sizing" for the arithmetic.
+//! 5,000 pods' worth of services and flows; see docs/agent.md, "Map sizing", for the arithmetic.
 
 use aya::EbpfLoader;
 

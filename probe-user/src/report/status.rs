@@ -4,7 +4,7 @@
 //! Size: a report is bounded ([`MAX_RISKS`], [`super::loops::MAX_ACTIVE`],
 //! [`super::loops::MAX_RESOLVED`], client pods per loop): a clean node's status is ~250 B
 //! (the object ~1 KiB with metadata and managedFields), ~90 KiB when every list is full
-//! (`a_full_report_stays_far_below_the_object_size_limit`; README: The cluster's view).
+//! (`a_full_report_stays_far_below_the_object_size_limit`; docs/cluster-view.md).
 
 use serde::{Deserialize, Serialize};
 

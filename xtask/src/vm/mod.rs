@@ -84,7 +84,7 @@ pub fn host_packages() -> &'static [(&'static str, &'static str)] {
 pub struct VmArgs {
     /// The guest's architecture: amd64 (qemu-system-x86_64, the host's userland) or arm64
     /// (Debian's arm64 kernel under qemu-system-aarch64, TCG, with an arm64 userland and
-    /// cross-built test binaries; only the 6.1 kernel; see README "VM tier").
+    /// cross-built test binaries; only the 6.1 kernel; see TESTING.md, "VM tier").
     #[arg(long, value_enum, default_value_t = Arch::Amd64)]
     pub arch: Arch,
     /// Which kernel to boot: 5.10 (bullseye), 6.1 (bookworm), 6.12 (trixie), or all three,

@@ -59,7 +59,7 @@ pub struct EventTotals {
 pub const EVENT_TOTALS_KEYS: usize = 4096;
 
 /// `clbprobe_loopback_events_total` series with their own (vip, port) labels; further pairs are
-/// counted under [`OVERFLOW_LABEL`] (README, "Metrics"). A node has a few dozen VIP ports that
+/// counted under [`OVERFLOW_LABEL`] (docs/metrics-and-otlp.md). A node has a few dozen VIP ports that
 /// matter; 500 keeps them all and /metrics small (each series is about 100 bytes).
 pub const EVENT_SERIES: usize = 500;
 /// The `vip` and `port` label value of the overflow series.

@@ -163,7 +163,7 @@ async fn export_logs(
     }
 }
 
-/// The attributes of a confirmed event's record (README, "OTLP export"), absent facts left out.
+/// The attributes of a confirmed event's record (docs/metrics-and-otlp.md), absent facts left out.
 pub fn attributes(e: &LoopbackEvent, node: &str) -> Vec<(&'static str, AnyValue)> {
     let s = |v: &str| AnyValue::String(v.to_string().into());
     let mut out = vec![
