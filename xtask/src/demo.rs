@@ -112,6 +112,10 @@ pub struct DemoArgs {
     /// annotations (the lab's are the generic fixes).
     #[arg(long, value_name = "NAME", value_parser = PROVIDERS)]
     pub provider: Option<String>,
+    /// Each confirmed event in full: its first three fixes and the agent's JSON line (default:
+    /// one line per event and its first fix).
+    #[arg(short, long)]
+    pub verbose: bool,
 }
 
 /// `--provider`'s names: probe-user's `fixes::Provider::ALL` spellings (xtask does not link
@@ -144,7 +148,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
     if !setup::is_root() {
         bail!("the demo builds network namespaces and loads eBPF: run it as root");
     }
-    setup::ensure()?;
+    setup::ensure_demo()?;
     trap_signals();
     let root = crate::workspace_root();
     eprintln!("demo: building the probe");
@@ -246,7 +250,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
         let report = lab.run(*scenario)?;
         println!("demo: {report}");
         thread::sleep(Duration::from_millis(300));
-        print_events(&events_rx, Duration::from_millis(10));
+        print_events(&events_rx, args.verbose, Duration::from_millis(10));
     }
     if args.ipv6 {
         eprintln!("demo: adding the dual-stack layer (2001:db8::/32)");
@@ -256,13 +260,13 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
             let (outcome, expected) = lab.run6(scenario)?;
             println!("demo: ipv6 {scenario:?}: {outcome} (expected {expected})");
             thread::sleep(Duration::from_millis(300));
-            print_events(&events_rx, Duration::from_millis(10));
+            print_events(&events_rx, args.verbose, Duration::from_millis(10));
         }
     }
     eprintln!("demo: waiting for the last confirmations (hairpin outcomes settle in ~2 s)");
-    print_events(&events_rx, Duration::from_secs(3));
+    print_events(&events_rx, args.verbose, Duration::from_secs(3));
     check_interrupt()?;
-    from_confirmed_to_fixed(&lab, &api, &events_rx)?;
+    from_confirmed_to_fixed(&lab, &api, &events_rx, args.verbose)?;
     if std::io::stdout().is_terminal() && std::io::stdin().is_terminal() {
         eprintln!("demo: opening the live view (`probe watch`); q quits and tears the lab down");
         thread::sleep(Duration::from_secs(2));
@@ -302,13 +306,14 @@ fn from_confirmed_to_fixed(
     lab: &LabGuard,
     api: &crate::kubeapi::FakeApiServer,
     events: &mpsc::Receiver<String>,
+    verbose: bool,
 ) -> anyhow::Result<()> {
     const RESOLVED: &str = "clbprobe_loopback_resolutions_total{kind=\"hairpin\"}";
     const ACTIVE: &str = "clbprobe_loopback_active{kind=\"hairpin\"}";
     eprintln!("demo: from confirmed to fixed: pod-a -> LB, no SNAT (the loop)");
     let report = lab.run(Scenario::Hairpin)?;
     println!("demo: {report}");
-    print_events(events, Duration::from_secs(3));
+    print_events(events, verbose, Duration::from_secs(3));
     let before = metric(RESOLVED).unwrap_or(0);
     println!(
         "demo: {ACTIVE} = {}",
@@ -397,12 +402,12 @@ fn wait_ready(agent: &mut AgentChild, log: &mpsc::Receiver<String>) -> anyhow::R
 }
 
 /// Prints confirmed events (one JSON object per line from the agent) as they come, briefly.
-fn print_events(rx: &mpsc::Receiver<String>, wait: Duration) {
+fn print_events(rx: &mpsc::Receiver<String>, verbose: bool, wait: Duration) {
     let deadline = Instant::now() + wait;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         match rx.recv_timeout(left.max(Duration::from_millis(1))) {
-            Ok(line) => println!("{}", pretty(&line)),
+            Ok(line) => println!("{}", pretty(&line, verbose)),
             Err(_) => {
                 if Instant::now() >= deadline {
                     return;
@@ -412,15 +417,15 @@ fn print_events(rx: &mpsc::Receiver<String>, wait: Duration) {
     }
 }
 
-/// The event's first fixes, one line each: the id, the Service it patches and the patch (the
+/// The event's first `n` fixes, one line each: the id, the Service it patches and the patch (the
 /// change an operator would apply with `kubectl clb-probe fix --apply`).
-fn fix_lines(event: &serde_json::Value) -> String {
+fn fix_lines(event: &serde_json::Value, n: usize) -> String {
     let Some(fixes) = event.get("fixes").and_then(|f| f.as_array()) else {
         return String::new();
     };
     fixes
         .iter()
-        .take(3)
+        .take(n)
         .map(|f| {
             let text = |k: &str| f.get(k).and_then(|x| x.as_str()).unwrap_or("-");
             match f.get("patch") {
@@ -441,8 +446,9 @@ fn fix_lines(event: &serde_json::Value) -> String {
         .collect()
 }
 
-/// One readable line per confirmed event, its first fixes, then its JSON.
-fn pretty(line: &str) -> String {
+/// One readable line per confirmed event and its first fix; verbose: its first three fixes,
+/// then its JSON.
+fn pretty(line: &str, verbose: bool) -> String {
     let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
         return line.to_string();
     };
@@ -485,9 +491,9 @@ fn pretty(line: &str) -> String {
             f("port")
         )
     });
-    format!(
-        "CONFIRMED {kind}: {src}:{sport} -> {dst}:{dport} vip={vip}:{vport} reason={reason} snat={snat} outcome={outcome} count={count} pod={pod} service={service}{owner}{listener}\n{fixes}  {line}",
-        fixes = fix_lines(&v),
+    let summary = format!(
+        "CONFIRMED {kind}: {src}:{sport} -> {dst}:{dport} vip={vip}:{vport} reason={reason} snat={snat} outcome={outcome} count={count} pod={pod} service={service}{owner}{listener}\n{fixes}",
+        fixes = fix_lines(&v, if verbose { 3 } else { 1 }),
         owner = owner.unwrap_or_default(),
         listener = listener.unwrap_or_default(),
         kind = s("kind"),
@@ -503,12 +509,33 @@ fn pretty(line: &str) -> String {
         count = s("count"),
         pod = s("client_pod"),
         service = s("service"),
-    )
+    );
+    let summary = summary.trim_end();
+    if verbose {
+        format!("{summary}\n  {line}")
+    } else {
+        summary.to_string()
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::fix_lines;
+    use super::{fix_lines, pretty};
+
+    #[test]
+    fn an_event_is_one_line_and_its_first_fix_unless_verbose() {
+        let line = r#"{"kind":"hairpin","src":"198.19.1.10","vip":"203.0.113.10","fixes":[{"id":"a","provider":"generic","change":"x"},{"id":"b","provider":"generic","change":"y"}]}"#;
+        let short = pretty(line, false);
+        assert_eq!(short.lines().count(), 2, "{short}");
+        assert!(
+            short.starts_with("CONFIRMED hairpin: 198.19.1.10:"),
+            "{short}"
+        );
+        assert!(short.ends_with("  fix a (generic): x"), "{short}");
+        let full = pretty(line, true);
+        assert_eq!(full.lines().count(), 4, "{full}");
+        assert!(full.ends_with(&format!("  {line}")), "{full}");
+    }
 
     #[test]
     fn an_events_fixes_print_with_their_patch() {
@@ -518,7 +545,8 @@ mod tests {
              "patch": {"metadata": {"annotations": {"service.cloud.tencent.com/prevent-loopback": "true"}}}},
             {"id": "call-by-service-name", "provider": "generic", "change": "call the Service's name"}
         ]});
-        let text = fix_lines(&event);
+        assert_eq!(fix_lines(&event, 1).lines().count(), 1);
+        let text = fix_lines(&event, 3);
         assert_eq!(text.lines().count(), 2, "{text}");
         assert!(
             text.starts_with("  fix tencent-prevent-loopback (tencentcloud): patch default/web {")
@@ -526,6 +554,6 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("  fix call-by-service-name (generic): call the Service's name\n"));
-        assert_eq!(fix_lines(&serde_json::json!({"kind": "hairpin"})), "");
+        assert_eq!(fix_lines(&serde_json::json!({"kind": "hairpin"}), 3), "");
     }
 }

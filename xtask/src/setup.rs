@@ -9,19 +9,25 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-/// Debian packages and the command each provides (checked before installing).
-const PACKAGES: &[(&str, &str)] = &[
+/// Debian packages the demo needs, and the command each provides (checked before
+/// installing): the lab's namespaces, kube-proxy's rules and sets, its Python servers.
+const DEMO_PACKAGES: &[(&str, &str)] = &[
     ("iproute2", "ip"),
     ("iptables", "iptables"),
     ("ipset", "ipset"),
     // kube-proxy's nftables mode in the lab, and the probe's nftables reader.
     ("nftables", "nft"),
     ("conntrack", "conntrack"),
+    ("procps", "sysctl"),
+    ("kmod", "modprobe"),
+    ("python3", "python3"),
+];
+
+/// What the tests, the image, the benchmarks and the VM tier need beyond the demo's.
+const PACKAGES: &[(&str, &str)] = &[
     ("bpftool", "bpftool"),
     ("tcpdump", "tcpdump"),
     ("tmux", "tmux"),
-    ("procps", "sysctl"),
-    ("kmod", "modprobe"),
     ("iputils-ping", "ping"),
     // promtool checks the metrics exposition; the server scrapes the agent in a test.
     ("prometheus", "promtool"),
@@ -180,9 +186,12 @@ fn output(cmd: &mut Command) -> anyhow::Result<String> {
 /// Installs Debian packages whose command is missing. `extra` adds (package, command) pairs
 /// that only some tasks need (e.g. qemu for the VM tier).
 pub fn apt(extra: &[(&str, &str)]) -> anyhow::Result<()> {
-    let missing: Vec<&str> = PACKAGES
-        .iter()
-        .chain(extra)
+    apt_only(DEMO_PACKAGES.iter().chain(PACKAGES).chain(extra))
+}
+
+/// Installs those of `packages` whose command is missing.
+fn apt_only<'a>(packages: impl Iterator<Item = &'a (&'a str, &'a str)>) -> anyhow::Result<()> {
+    let missing: Vec<&str> = packages
         .filter(|(_, cmd)| !have(cmd))
         .map(|(pkg, _)| *pkg)
         .collect();
@@ -350,13 +359,21 @@ pub fn is_root() -> bool {
 
 /// True when everything `setup` provides is already there (cheap checks only).
 pub fn is_complete() -> bool {
-    PACKAGES.iter().all(|(_, c)| have(c))
+    is_demo_complete()
+        && PACKAGES.iter().all(|(_, c)| have(c))
         && PYTHON_TOOLS.iter().all(|(_, bin)| venv_bin(bin).is_file())
         && venv_has_module("helm_python")
         && node_prefix().join(NODE_MODELS.1).is_dir()
+        && RUST_TARGETS.iter().all(|t| has_rust_target(t))
+}
+
+/// True when what the demo needs is there: the lab's packages and the eBPF build (the
+/// nightly's rust-src, bpf-linker). Not the arm64 cross toolchain, podman, buildah, QEMU or
+/// the manifest checkers: those are the tests', the image's and the VM tier's.
+fn is_demo_complete() -> bool {
+    DEMO_PACKAGES.iter().all(|(_, c)| have(c))
         && nightly_sysroot().is_ok_and(|s| s.join("lib/rustlib/src/rust/library/core").is_dir())
         && cargo_bin().join("bpf-linker").is_file()
-        && RUST_TARGETS.iter().all(|t| has_rust_target(t))
 }
 
 /// Python tools the deployment checks use, pinned, in a venv of their own (PyPI).
@@ -452,6 +469,17 @@ pub fn toolchain() -> anyhow::Result<()> {
     nightly()?;
     bpf_linker()?;
     rust_targets()
+}
+
+/// `cargo xtask demo`'s setup: only what the demo needs, when something of it is missing.
+pub fn ensure_demo() -> anyhow::Result<()> {
+    if !is_demo_complete() {
+        say("something the demo needs is missing: installing it (the rest: cargo xtask setup)");
+        apt_only(DEMO_PACKAGES.iter())?;
+        nightly()?;
+        bpf_linker()?;
+    }
+    mounts()
 }
 
 /// Runs setup only when something is missing, so the README's two commands work alone.

@@ -108,7 +108,7 @@ pub fn table(s: &Starts, peak_rss: &[f64], summary: &mut Vec<(String, String)>) 
               attached, address sets loaded, service table read); its steps as the agent logs \
               them (`startup:` line, median over the starts). RSS: VmRSS 1 s after ready. \
               Maps: those the agent holds (its fdinfo), `bytes_memlock` and `max_entries` as \
-              bpftool reports them, at the default sizes (see docs/agent.md, "Map sizing")."
+              bpftool reports them, at the default sizes (see docs/agent.md, Map sizing)."
         .to_string();
     t.row(vec![
         "startup to ready, ms".into(),
