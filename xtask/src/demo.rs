@@ -66,34 +66,9 @@ impl Drop for AgentChild {
 /// The live-view socket of the demo's agent.
 const DEMO_SOCKET: &str = "/run/clb-probe/demo.sock";
 
-/// Scenarios the demo drives, failures first, each followed by its healthy twin.
-const SCENARIOS: &[Scenario] = &[
-    Scenario::HealthcheckBlackhole,
-    Scenario::HealthcheckOk,
-    Scenario::Hairpin,
-    Scenario::HairpinRpfilter,
-    Scenario::HairpinSnat,
-    Scenario::VipPortUnserved,
-    Scenario::VipPortServed,
-    Scenario::OutsideClient,
-    Scenario::PodToPod,
-    Scenario::VipPortUnservedFiltered,
-    Scenario::VipPortServedFiltered,
-    Scenario::VipAsSource,
-    Scenario::VipAsSourceSnat,
-    Scenario::VipAsSourceOut,
-    Scenario::VipAsSourceOutCluster,
-    Scenario::HairpinNodeSourced,
-    Scenario::NodeToLbGuarded,
-    Scenario::HairpinLbToPod,
-    Scenario::OutsideClientLbToPod,
-    Scenario::HairpinUdp,
-    Scenario::OutsideClientUdp,
-    Scenario::HairpinHostListener,
-    Scenario::HairpinHostListenerNodeSourced,
-    Scenario::OutsideClientHostListener,
-    Scenario::HealthcheckBlackholeLocalRoute,
-];
+/// Scenarios the demo drives: all of the lab's (`Scenario::ALL`: failures first, each followed
+/// by its healthy twin), so every kind the agent confirms is shown.
+const SCENARIOS: &[Scenario] = &Scenario::ALL;
 
 /// `cargo xtask demo` options.
 #[derive(Debug, Clone, Default, clap::Args)]

@@ -24,13 +24,16 @@ pub const SERVERS: &[(&str, u16, &str)] = &[
 /// The argument that marks a lab server's command line.
 pub(crate) const SERVER_TAG: &str = "clb-lab-server";
 
-// A tiny threaded TCP server: reads one line, answers with its name, closes.
+// A tiny threaded TCP server: reads one line, answers with its name, closes. With "6" as its
+// last argument it listens on IPv6 only (IPV6_V6ONLY), beside an IPv4 one on the same port.
 const SERVER_PY: &str = r#"
 import socket, sys, threading
-name, port = sys.argv[2], int(sys.argv[3])
-s = socket.socket()
+name, port, v6 = sys.argv[2], int(sys.argv[3]), sys.argv[4:] == ["6"]
+s = socket.socket(socket.AF_INET6 if v6 else socket.AF_INET)
 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("0.0.0.0", port))
+if v6:
+    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+s.bind(("::" if v6 else "0.0.0.0", port))
 s.listen(128)
 def serve(c):
     try:
@@ -47,22 +50,18 @@ while True:
 "#;
 
 pub(super) fn start_server(ns: &str, port: u16, name: &str) -> Result<()> {
+    start_tcp_server(ns, port, name, false)
+}
+
+/// The lab's TCP server on `port` in `ns`, IPv6-only when `v6`.
+pub(super) fn start_tcp_server(ns: &str, port: u16, name: &str, v6: bool) -> Result<()> {
     // `setsid -f` forks: the server is nobody's child here, lives on after the CLI exits, and is
     // found again by `ip netns pids` on `down`.
     let port = port.to_string();
+    let family = if v6 { "6" } else { "4" };
     let argv = [
-        "ip",
-        "netns",
-        "exec",
-        ns,
-        "setsid",
-        "-f",
-        "python3",
-        "-c",
-        SERVER_PY,
-        "clb-lab-server",
-        name,
-        &port,
+        "ip", "netns", "exec", ns, "setsid", "-f", "python3", "-c", SERVER_PY, SERVER_TAG, name,
+        &port, family,
     ];
     run_detached(&argv).with_context(|| format!("starting the server {name} in {ns}"))
 }

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use super::cmd::{exec, ip, run_detached, run_stdin, sysctl};
+use super::cmd::{exec, ip, run_stdin, sysctl};
 use super::*;
 
 pub const NODE_IP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x18, 0, 0, 0, 0, 2);
@@ -317,47 +317,10 @@ COMMIT
     )
 }
 
-// The IPv6 twin of the lab's server (IPV6_V6ONLY, beside the IPv4 one on the same port).
-const SERVER6_PY: &str = r#"
-import socket, sys, threading
-name, port = sys.argv[2], int(sys.argv[3])
-s = socket.socket(socket.AF_INET6)
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-s.bind(("::", port))
-s.listen(128)
-def serve(c):
-    try:
-        c.settimeout(3)
-        c.recv(256)
-        c.sendall(("ok from %s\n" % name).encode())
-    except Exception:
-        pass
-    finally:
-        c.close()
-while True:
-    c, _ = s.accept()
-    threading.Thread(target=serve, args=(c,), daemon=True).start()
-"#;
-
 fn start_server6(ns: &str, port: u16) -> Result<()> {
-    let port_s = port.to_string();
     let name = format!("{ns} ipv6 :{port}");
-    run_detached(&[
-        "ip",
-        "netns",
-        "exec",
-        ns,
-        "setsid",
-        "-f",
-        "python3",
-        "-c",
-        SERVER6_PY,
-        servers::SERVER_TAG,
-        &name,
-        &port_s,
-    ])
-    .with_context(|| format!("starting the IPv6 server {name}"))
+    servers::start_tcp_server(ns, port, &name, true)
+        .with_context(|| format!("starting the IPv6 server {name}"))
 }
 
 fn wait_listening6(ns: &str, port: u16) -> Result<()> {
