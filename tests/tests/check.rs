@@ -441,3 +441,77 @@ fn services_from_the_api_name_the_risks() {
     drop(api);
     drop(lab);
 }
+
+/// Issue 39, IPVS retirement: a node switched to kube-proxy's nftables mode whose IPVS-mode
+/// kube-ipvs0 was left behind (kube-proxy's cleanup did not run) still holds the LB IP, so the
+/// health-check black hole the switch was meant to end goes on. `probe check` names the
+/// leftover as a risk with its remedy; the same node after the cleanup (no kube-ipvs0) does not.
+#[test]
+fn a_kube_ipvs0_left_behind_after_the_switch_to_nftables_is_named() {
+    if !require_root("probe check on the lab") {
+        return;
+    }
+    let _lab = LabGuard::up_in(
+        KubeProxyMode::Nftables,
+        &Variants {
+            vip_bound: false,
+            ..Variants::default()
+        },
+        &Default::default(),
+    )
+    .expect("lab up (nftables mode)");
+    let (_, clean) = report();
+    assert!(named(&clean, "mode_leftover").is_empty(), "{clean:#}");
+    // What IPVS mode leaves: kube-ipvs0 (a bridge with no ports stands in for its dummy) with
+    // the LB IP bound.
+    let ip = |args: &[&str]| {
+        let st = Command::new("ip")
+            .args(["-n", lab::NS_NODE])
+            .args(args)
+            .status()
+            .expect("ip");
+        assert!(st.success(), "ip {args:?}");
+    };
+    ip(&["link", "add", lab::KUBE_IPVS0, "type", "bridge"]);
+    ip(&[
+        "addr",
+        "add",
+        &format!("{}/32", lab::VIP),
+        "dev",
+        lab::KUBE_IPVS0,
+    ]);
+    let (code, json) = report();
+    assert_eq!(code, 1, "{json:#}");
+    assert_eq!(
+        named(&json, "mode_leftover"),
+        vec![("risk".to_string(), lab::KUBE_IPVS0.to_string())],
+        "{json:#}"
+    );
+    let finding = json["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["kind"] == "mode_leftover")
+        .unwrap();
+    assert!(
+        finding["evidence"]
+            .to_string()
+            .contains(&lab::VIP.to_string()),
+        "{finding:#}"
+    );
+    assert!(
+        finding["remedy"].to_string().contains("--cleanup"),
+        "{finding:#}"
+    );
+    // The black hole it keeps is named too.
+    assert!(
+        named(&json, "healthcheck_blackhole")
+            .iter()
+            .any(|(_, s)| s == &lab::VIP.to_string()),
+        "{json:#}"
+    );
+    // The cleanup done (kube-proxy's removes kube-ipvs0 with its addresses): silent again.
+    ip(&["link", "delete", lab::KUBE_IPVS0]);
+    let (_, after) = report();
+    assert!(named(&after, "mode_leftover").is_empty(), "{after:#}");
+}

@@ -82,6 +82,8 @@ pub fn gather_with(
         .filter(|(_, t)| **t == crate::event::Tag::Pod)
         .map(|(p, _)| *p)
         .collect();
+    // The agent passes its table: no text dump of the rules on its steady path (`mode_state`).
+    let agent_held = services.is_some();
     let services = match services {
         Some(table) => table,
         None => state::read_services().context("reading the service table")?,
@@ -124,6 +126,7 @@ pub fn gather_with(
         .iter()
         .map(|(name, _)| nic_sysctls(name))
         .collect();
+    let leftovers = mode_state(&services, sets.vip_iface.is_some(), !agent_held);
     Ok(Inputs {
         vip_iface: cfg.vip_iface.clone(),
         bound,
@@ -137,7 +140,44 @@ pub fn gather_with(
         api: super::ApiState::NotUsed,
         self_loop,
         dataplane: Some(dataplane),
+        leftovers,
     })
+}
+
+/// The other kube-proxy modes' state beside the service table's own source, and what
+/// kube-proxy says it runs (see `rules::mode_leftover`). Unreadable counts as none. IPVS is a
+/// netlink dump and `/proxyMode` one local request; kube-proxy's nftables table is read only
+/// when `read_nft` (`probe check`: it runs `nft -j`, which the agent's steady path never does).
+fn mode_state(
+    services: &state::ServiceTable,
+    vip_iface_present: bool,
+    read_nft: bool,
+) -> super::ModeState {
+    use state::ServiceSource;
+    let ipvs_services = match services.source {
+        Some(ServiceSource::Ipvs) => 0,
+        _ => state::ipvs::read()
+            .ok()
+            .flatten()
+            .map_or(0, |t| t.services.len()),
+    };
+    let nft_services = match services.source {
+        Some(ServiceSource::Nftables) => 0,
+        _ if !read_nft => 0,
+        _ => state::nftables::read_blocking()
+            .ok()
+            .flatten()
+            .map_or(0, |t| t.services.len()),
+    };
+    super::ModeState {
+        vip_iface_present,
+        ipvs_services,
+        nft_services,
+        proxy_mode: state::proxy_mode::DEFAULT_ADDR
+            .parse()
+            .ok()
+            .and_then(state::proxy_mode::ask),
+    }
 }
 
 /// `ip,proto:port` (an `ipset save` member of a hash:ip,port set).

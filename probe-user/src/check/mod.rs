@@ -29,6 +29,8 @@ use crate::{event::Proto, state::ServiceTable};
 pub mod dataplane;
 pub mod gather;
 pub mod kube;
+#[cfg(test)]
+mod mode_leftover_tests;
 pub mod readiness;
 #[cfg(test)]
 mod readiness_tests;
@@ -89,6 +91,10 @@ pub enum Kind {
     KubeApi,
     /// No kube-proxy on this node: which kinds can still happen, what cannot be confirmed.
     Dataplane,
+    /// Another kube-proxy mode's state left on the node: kube-ipvs0 (its addresses keep LB
+    /// IPs local), IPVS virtual services, or kube-proxy's nftables table, while kube-proxy
+    /// runs in another mode or not at all.
+    ModeLeftover,
 }
 
 impl Kind {
@@ -103,6 +109,7 @@ impl Kind {
             Kind::KernelVisibility => "kernel_visibility",
             Kind::KubeApi => "kube_api",
             Kind::Dataplane => "dataplane",
+            Kind::ModeLeftover => "mode_leftover",
         }
     }
 }
@@ -248,6 +255,22 @@ pub struct Inputs {
     pub self_loop: SelfLoopNode,
     /// What serves the node's Services ([`dataplane::detect`]); None: not read.
     pub dataplane: Option<dataplane::Dataplane>,
+    /// The state of kube-proxy's modes other than the one the service table came from.
+    pub leftovers: ModeState,
+}
+
+/// What another kube-proxy mode left, beside the service table's own source (`mode_leftover`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ModeState {
+    /// The `--vip-iface` interface exists (kube-ipvs0: only IPVS mode makes it).
+    pub vip_iface_present: bool,
+    /// IPVS virtual services, when the service table came from elsewhere.
+    pub ipvs_services: usize,
+    /// Services in kube-proxy's nftables table, when the service table came from elsewhere.
+    pub nft_services: usize,
+    /// What kube-proxy itself says it runs (`GET /proxyMode` on its metrics port); None:
+    /// not answered (another bind address, or no kube-proxy).
+    pub proxy_mode: Option<String>,
 }
 
 impl Inputs {

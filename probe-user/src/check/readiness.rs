@@ -108,6 +108,8 @@ pub fn as_nftables(inp: &Inputs) -> Inputs {
     out.services.source = Some(crate::state::ServiceSource::Nftables);
     out.services.access_filter.clear();
     out.self_loop.loop_back = None;
+    // kube-proxy started in nftables mode removes IPVS mode's state (see `mode_leftover`).
+    out.leftovers = Default::default();
     out.dataplane = Some(Dataplane {
         mode: Mode::Nftables,
         replacement: None,

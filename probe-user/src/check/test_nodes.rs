@@ -70,6 +70,7 @@ pub(super) fn lab() -> Inputs {
         api: super::ApiState::NotUsed,
         self_loop: Default::default(),
         dataplane: None,
+        leftovers: Default::default(),
     }
 }
 

@@ -35,6 +35,7 @@ pub mod iptables;
 pub mod ipvs;
 pub mod nft_json;
 pub mod nftables;
+pub mod proxy_mode;
 pub mod sockets;
 
 /// Skip re-parsing a dump identical to the last one (on by default; off only for the bench's

@@ -9,6 +9,7 @@ mod healthcheck_blackhole;
 mod kernel_visibility;
 mod kptr_restrict;
 mod kube_api;
+mod mode_leftover;
 mod nic_source_validation;
 mod service_self_loop;
 mod targets;
@@ -21,6 +22,7 @@ use healthcheck_blackhole::healthcheck_blackhole;
 use kernel_visibility::kernel_visibility;
 use kptr_restrict::kptr_restrict;
 use kube_api::kube_api;
+use mode_leftover::mode_leftover;
 use nic_source_validation::nic_source_validation;
 use service_self_loop::service_self_loop;
 use vip_port_unserved::vip_port_unserved;
@@ -37,5 +39,6 @@ pub fn judge(inp: &Inputs) -> Vec<Finding> {
     out.extend(kernel_visibility(inp));
     out.extend(kube_api(inp));
     out.extend(dataplane(inp));
+    out.extend(mode_leftover(inp));
     out
 }
