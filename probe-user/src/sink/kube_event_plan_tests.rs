@@ -544,3 +544,58 @@ fn a_long_node_name_is_cut_to_the_apis_limits_and_still_recognised() {
     instances.dedup();
     assert_eq!(instances.len(), 3, "one instance per node: {instances:?}");
 }
+
+/// A lane past `flood_after` folds its new aggregates into one flood Event (patched with the
+/// running count and the newest examples); quiet for [`FLOOD_QUIET`], it writes Events of its
+/// own again.
+#[test]
+fn a_flooded_lane_folds_then_gets_its_own_events_again_once_quiet() {
+    let cfg = PlanConfig {
+        per_aggregate: secs(1),
+        ..PlanConfig::default()
+    };
+    let mut p = EventPlanner::new(cfg.clone(), NODE);
+    let observe = |p: &mut EventPlanner, port: u16, t: Duration| {
+        let e = at(
+            LoopbackKind::VipPortUnserved,
+            &format!("vip_port_unserved/203.0.113.10:{port}/tcp"),
+            "203.0.113.10",
+            Some(port),
+            1,
+        );
+        p.observe(&e, &Names::default(), t, wall(t.as_secs()))
+    };
+    let mut names = std::collections::BTreeSet::new();
+    for port in 0..8u16 {
+        if let Ok(w) = observe(&mut p, port, secs(u64::from(port) * 2)) {
+            names.insert(w.doc().name.clone());
+        }
+    }
+    // Five Events of their own, then the flood Event (created, then patched).
+    assert_eq!(names.len(), cfg.flood_after + 1, "{names:?}");
+    let flood = p
+        .tracked
+        .values()
+        .find(|t| t.doc.note.starts_with("Flood: "))
+        .expect("a flood Event");
+    assert_eq!(flood.count, 3);
+    assert!(
+        flood
+            .doc
+            .note
+            .starts_with("Flood: 3 distinct vip_port_unserved aggregates")
+    );
+    assert!(
+        flood
+            .doc
+            .note
+            .contains("Newest: vip_port_unserved/203.0.113.10:7/tcp, "),
+        "{}",
+        flood.doc.note
+    );
+    // Quiet for FLOOD_QUIET: the next aggregate of the lane is an Event of its own.
+    let later = secs(16) + FLOOD_QUIET;
+    let w = observe(&mut p, 100, later).expect("written");
+    assert!(matches!(w, Write::Create(_)), "{w:?}");
+    assert!(!w.doc().note.starts_with("Flood: "), "{w:?}");
+}

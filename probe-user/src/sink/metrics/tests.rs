@@ -330,3 +330,43 @@ fn a_flood_of_one_vip_does_not_take_the_series_of_later_real_loops() {
         .unwrap_or(0);
     assert!(flood >= 7_000, "the flood is folded into other: {flood}");
 }
+
+/// An evicted series vanishes with its count in `other`; if its (vip, port) comes back it
+/// starts again from its new increments (a new series for Prometheus), `other` never goes
+/// down, and the kind's total stays exact.
+#[test]
+fn an_evicted_series_that_comes_back_starts_afresh_and_other_never_goes_down() {
+    let mut t = EventTotals::default();
+    let mut e = sample_event();
+    let mut add = |t: &mut EventTotals, port: u16, count: u64| {
+        e.key = format!("vip_port_unserved/203.0.113.10:{port}/tcp");
+        e.vip_port = Some(port);
+        e.count = count;
+        t.add(&e);
+    };
+    add(&mut t, 0, 5);
+    for port in 1..=EVENT_SERIES as u16 {
+        add(&mut t, port, 1);
+    }
+    let other_key = (
+        "vip_port_unserved".to_string(),
+        OVERFLOW_LABEL.to_string(),
+        OVERFLOW_LABEL.to_string(),
+    );
+    let own0 = (
+        "vip_port_unserved".to_string(),
+        "203.0.113.10".to_string(),
+        "0".to_string(),
+    );
+    assert!(!t.totals.contains_key(&own0), "the oldest series went");
+    assert_eq!(t.totals[&other_key], 5);
+    add(&mut t, 0, 7);
+    assert_eq!(
+        t.totals.get(&own0),
+        Some(&2),
+        "back with its new increments"
+    );
+    assert!(t.totals[&other_key] >= 5);
+    let total: u64 = t.totals.values().sum();
+    assert_eq!(total, 7 + EVENT_SERIES as u64);
+}
