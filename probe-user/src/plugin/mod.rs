@@ -36,6 +36,7 @@ use probe_contract::kube_event::{
     ACTION, REPORTING_CONTROLLER, RESOLVED_ACTION, RESOLVED_REASON, kind_of_reason,
 };
 
+use crate::sink::kube_event_doc::reporting_instance;
 use crate::term::escape;
 
 /// The label the chart puts on the agent's pods.
@@ -83,7 +84,7 @@ fn ns_name(r: &k8s_openapi::api::core::v1::ObjectReference, kind: &str) -> Optio
 /// Why `ev` (which says `reportingController: clb-probe`) is not in the shape an agent writes,
 /// or None when it is. What an agent writes (`sink::kube_event_plan::event_doc`): type
 /// Warning, action Detected, a reason of one of its kinds (or, for a resolution, Normal,
-/// Resolved, `LoopbackResolved`), `reportingInstance` its node's name;
+/// Resolved, `LoopbackResolved`), `reportingInstance` its node's name (cut: `reporting_instance`);
 /// regarding either a Service in the Event's own namespace, or its own Node with the Event in
 /// `default`; related, when present, a Pod. This is a consistency check, not authentication
 /// (an Event carries no author): it catches forgeries that copy the look and not the shape,
@@ -117,8 +118,10 @@ pub fn forged_because(ev: &Event) -> Option<&'static str> {
         |r: &k8s_openapi::api::core::v1::ObjectReference| r.namespace.clone().unwrap_or_default();
     match (kind, regarding) {
         (Some("Service"), Some(r)) if ns_of(r) == namespace => {}
+        // The agent cuts a node name over 128 bytes (the API's limit on reportingInstance).
         (Some("Node"), Some(r))
-            if r.name.as_deref() == Some(instance) && namespace == "default" => {}
+            if r.name.as_deref().map(reporting_instance).as_deref() == Some(instance)
+                && namespace == "default" => {}
         _ => return Some("regards an object an agent would not write it about"),
     }
     if ev

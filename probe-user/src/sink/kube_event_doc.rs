@@ -12,6 +12,34 @@ use probe_contract::kube_event::{ACTION, RESOLVED_ACTION, RESOLVED_REASON, reaso
 
 /// The API server's limit on `note` (bytes).
 pub const NOTE_MAX: usize = 1024;
+/// The API server's limit on `reportingInstance`, `reportingController`, `reason` and `action`
+/// (`ReportingInstanceLengthLimit` and its neighbours in Kubernetes'
+/// `pkg/apis/core/validation/events.go`): a longer one is refused with 422.
+pub const SHORT_FIELD_MAX: usize = 128;
+
+// Ours are constants: checked here once; a node name is cut by [`reporting_instance`].
+const _: () = {
+    assert!(probe_contract::kube_event::REPORTING_CONTROLLER.len() <= SHORT_FIELD_MAX);
+    assert!(ACTION.len() <= SHORT_FIELD_MAX);
+    assert!(RESOLVED_ACTION.len() <= SHORT_FIELD_MAX);
+    assert!(RESOLVED_REASON.len() <= SHORT_FIELD_MAX);
+};
+
+/// `reportingInstance` for `node`: the name itself when it fits the API's 128 bytes (node
+/// names may have 253); a longer one is its first 111 bytes, `-` and 16 hex of FNV-1a of the
+/// whole name: recognisable by its prefix, distinct by its hash, the same across restarts. A
+/// reader that matches an Event to its node (the plugin's shape check) compares the Event's
+/// instance with `reporting_instance(node)`, not with the node name.
+pub fn reporting_instance(node: &str) -> String {
+    if node.len() <= SHORT_FIELD_MAX {
+        return node.to_string();
+    }
+    let mut end = SHORT_FIELD_MAX - 17;
+    while !node.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}-{:016x}", &node[..end], fnv1a(node.as_bytes()))
+}
 
 /// A Kubernetes object an Event points at.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -97,7 +125,7 @@ pub struct EventDoc {
     pub note: String,
     pub regarding: ObjectRef,
     pub related: Option<ObjectRef>,
-    /// `reportingInstance`: the node.
+    /// `reportingInstance`: the node, cut by [`reporting_instance`].
     pub instance: String,
     /// `eventTime`: the first time this agent wrote the Event.
     pub event_time: SystemTime,
@@ -157,7 +185,7 @@ pub fn resolved_doc(
         note: resolved_note(r),
         regarding,
         related: warning.and_then(|w| w.related.clone()),
-        instance: node.to_string(),
+        instance: reporting_instance(node),
         event_time: wall,
         series: None,
     }
@@ -331,7 +359,7 @@ pub fn event_doc(event: &LoopbackEvent, names: &Names, node: &str, wall: SystemT
         note: note(event),
         regarding,
         related,
-        instance: node.to_string(),
+        instance: reporting_instance(node),
         event_time: wall,
         series: (event.count >= 2).then_some(Series {
             count: event.count,

@@ -106,11 +106,12 @@ fn a_storm_of_distinct_aggregates_is_bounded_by_the_bucket() {
     let mut p = EventPlanner::new(cfg.clone(), NODE);
     let mut writes = 0;
     let mut limited = 0;
-    // 1,000 distinct aggregates within one second.
+    // 1,000 distinct aggregates within one second, each of its own Service (one Service's
+    // many would be folded into a flood Event: see the E1 test).
     for i in 0..1000 {
         match p.observe(
             &ev(LoopbackKind::VipPortUnserved, &format!("k{i}"), 1),
-            &Names::default(),
+            &names(&format!("shop/web-{i}"), "shop/client-0"),
             Duration::from_millis(i),
             wall(0),
         ) {
@@ -121,7 +122,7 @@ fn a_storm_of_distinct_aggregates_is_bounded_by_the_bucket() {
     }
     assert_eq!(writes, cfg.burst);
     assert_eq!(limited, 1000 - cfg.burst);
-    // Over ten minutes, one write per refill period, oldest first.
+    // Over ten minutes, one write per refill period.
     let mut later = 0;
     for s in 1..=600 {
         later += p.due(secs(s)).len() as u32;
@@ -418,4 +419,183 @@ fn resolutions_held_by_the_bucket_are_written_when_it_refills() {
     assert_eq!(later.len(), 1);
     assert_eq!(later[0].doc().reason, "LoopbackResolved");
     assert!(p.due(secs(1) + refill * 3).is_empty());
+}
+
+/// A confirmation of `kind` at `vip` (`port` when the kind has one), aggregate `key`.
+fn at(kind: LoopbackKind, key: &str, vip: &str, port: Option<u16>, count: u64) -> LoopbackEvent {
+    LoopbackEvent {
+        vip: Some(vip.parse().unwrap()),
+        vip_port: port,
+        ..ev(kind, key, count)
+    }
+}
+
+/// E1 (hostile round 3): uid 65534 connects to 20 new unserved ports of a bound VIP a second
+/// for 240 s; from t = 10 s the LB's health checks are black-holed (confirmed every 2 s). The
+/// writer's loop is replayed: a report is observed as it comes, `due` every 2 s. The real
+/// blackhole gets its Event, and the flood is written as a few Events, not one per port.
+#[test]
+fn a_flood_of_unserved_ports_does_not_starve_a_real_blackhole() {
+    let mut p = EventPlanner::new(PlanConfig::default(), NODE);
+    let mut writes: Vec<(Duration, Write)> = Vec::new();
+    let mut blackhole_count = 0;
+    for ms in (0..240_000u64).step_by(50) {
+        let now = Duration::from_millis(ms);
+        let port = u16::try_from(ms / 50).unwrap();
+        let flood = at(
+            LoopbackKind::VipPortUnserved,
+            &format!("vip_port_unserved/203.0.113.10:{port}/tcp"),
+            "203.0.113.10",
+            Some(port),
+            1,
+        );
+        if let Ok(w) = p.observe(&flood, &Names::default(), now, wall(ms / 1000)) {
+            writes.push((now, w));
+        }
+        if ms % 2_000 == 0 {
+            if ms >= 10_000 {
+                blackhole_count += 1;
+                let blackhole = at(
+                    LoopbackKind::HealthcheckBlackhole,
+                    "healthcheck_blackhole/198.51.100.7",
+                    "198.51.100.7",
+                    None,
+                    blackhole_count,
+                );
+                if let Ok(w) = p.observe(&blackhole, &Names::default(), now, wall(ms / 1000)) {
+                    writes.push((now, w));
+                }
+            }
+            writes.extend(p.due(now).into_iter().map(|w| (now, w)));
+        }
+    }
+    let blackhole = writes
+        .iter()
+        .find(|(_, w)| w.doc().reason == reason(LoopbackKind::HealthcheckBlackhole));
+    let unserved: std::collections::HashSet<&str> = writes
+        .iter()
+        .filter(|(_, w)| w.doc().reason == reason(LoopbackKind::VipPortUnserved))
+        .map(|(_, w)| w.doc().name.as_str())
+        .collect();
+    eprintln!(
+        "blackhole Event written at {:?}; {} writes, {} distinct unserved-port Events",
+        blackhole.map(|(t, _)| *t),
+        writes.len(),
+        unserved.len()
+    );
+    let (written_at, _) = blackhole.expect("the real blackhole's Event is written");
+    assert!(
+        *written_at <= secs(20),
+        "the blackhole waits for at most a few tokens: {written_at:?}"
+    );
+    assert!(
+        unserved.len() <= PlanConfig::default().burst as usize,
+        "the flood is aggregated: {} Events",
+        unserved.len()
+    );
+    assert!(
+        writes
+            .iter()
+            .any(|(_, w)| w.doc().note.starts_with("Flood: ")),
+        "the flood is named as a flood"
+    );
+}
+
+/// E14 (hostile round 3): node names of up to 253 characters are valid, `reportingInstance` is
+/// limited to 128 by the API (`ReportingInstanceLengthLimit`, with reason and action 128 and
+/// note 1024): the Events of such a node are within every limit, distinct per node, and the
+/// plugin still takes them for an agent's.
+#[test]
+fn a_long_node_name_is_cut_to_the_apis_limits_and_still_recognised() {
+    let label = "n".repeat(62);
+    let long = |last: &str| format!("{label}.{label}.{label}.{label}{last}");
+    let mut instances = Vec::new();
+    for node in [long("a"), long("b"), "node-a".to_string()] {
+        assert!(node.len() <= 253);
+        let mut p = EventPlanner::new(PlanConfig::default(), &node);
+        for (kind, names) in [
+            (LoopbackKind::HealthcheckBlackhole, Names::default()),
+            (LoopbackKind::Hairpin, names("shop/web", "shop/client-0")),
+        ] {
+            let w = p
+                .observe(&ev(kind, kind.as_str(), 1), &names, secs(0), wall(0))
+                .expect("written");
+            let resolved = p
+                .resolved(&resolution(kind.as_str(), 1), secs(1), wall(1))
+                .expect("written");
+            for doc in [w.doc(), resolved.doc()] {
+                let event = super::super::kube_events::to_event(doc);
+                let instance = event.reporting_instance.clone().unwrap();
+                assert!(instance.len() <= 128, "{} bytes", instance.len());
+                assert!(event.reporting_controller.as_ref().unwrap().len() <= 128);
+                assert!(event.reason.as_ref().unwrap().len() <= 128);
+                assert!(event.action.as_ref().unwrap().len() <= 128);
+                assert!(event.note.as_ref().unwrap().len() <= NOTE_MAX);
+                assert!(event.metadata.name.as_ref().unwrap().len() <= 253);
+                assert_eq!(crate::plugin::forged_because(&event), None, "{instance}");
+                if node.len() <= 128 {
+                    assert_eq!(instance, node, "a short name is kept as it is");
+                }
+                instances.push(instance);
+            }
+        }
+    }
+    instances.sort();
+    instances.dedup();
+    assert_eq!(instances.len(), 3, "one instance per node: {instances:?}");
+}
+
+/// A lane past `flood_after` folds its new aggregates into one flood Event (patched with the
+/// running count and the newest examples); quiet for [`FLOOD_QUIET`], it writes Events of its
+/// own again.
+#[test]
+fn a_flooded_lane_folds_then_gets_its_own_events_again_once_quiet() {
+    let cfg = PlanConfig {
+        per_aggregate: secs(1),
+        ..PlanConfig::default()
+    };
+    let mut p = EventPlanner::new(cfg.clone(), NODE);
+    let observe = |p: &mut EventPlanner, port: u16, t: Duration| {
+        let e = at(
+            LoopbackKind::VipPortUnserved,
+            &format!("vip_port_unserved/203.0.113.10:{port}/tcp"),
+            "203.0.113.10",
+            Some(port),
+            1,
+        );
+        p.observe(&e, &Names::default(), t, wall(t.as_secs()))
+    };
+    let mut names = std::collections::BTreeSet::new();
+    for port in 0..8u16 {
+        if let Ok(w) = observe(&mut p, port, secs(u64::from(port) * 2)) {
+            names.insert(w.doc().name.clone());
+        }
+    }
+    // Five Events of their own, then the flood Event (created, then patched).
+    assert_eq!(names.len(), cfg.flood_after + 1, "{names:?}");
+    let flood = p
+        .tracked
+        .values()
+        .find(|t| t.doc.note.starts_with("Flood: "))
+        .expect("a flood Event");
+    assert_eq!(flood.count, 3);
+    assert!(
+        flood
+            .doc
+            .note
+            .starts_with("Flood: 3 distinct vip_port_unserved aggregates")
+    );
+    assert!(
+        flood
+            .doc
+            .note
+            .contains("Newest: vip_port_unserved/203.0.113.10:7/tcp, "),
+        "{}",
+        flood.doc.note
+    );
+    // Quiet for FLOOD_QUIET: the next aggregate of the lane is an Event of its own.
+    let later = secs(16) + FLOOD_QUIET;
+    let w = observe(&mut p, 100, later).expect("written");
+    assert!(matches!(w, Write::Create(_)), "{w:?}");
+    assert!(!w.doc().note.starts_with("Flood: "), "{w:?}");
 }

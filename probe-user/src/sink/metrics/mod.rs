@@ -10,11 +10,18 @@
 //!
 //! Label values stay bounded: NIC names, tags, kernel reason names, suppression stages; VIP and
 //! port appear only on confirmed events, and at most [`EVENT_SERIES`] (kind, vip, port) series
-//! exist: anyone who can connect to a bound VIP's unserved ports (an unprivileged local user, a
-//! tenant pod) makes one new aggregate per port, and a series is never pruned (a counter that
-//! vanished and came back would read as a reset). Past the cap, a new (vip, port) is counted
-//! under `vip="other", port="other"` of its kind: the totals stay exact, the series bounded.
-//!
+//! have their own labels: anyone who can connect to a bound VIP's unserved ports (an
+//! unprivileged local user, a tenant pod) makes one new aggregate per port. No first come,
+//! first served for the life of the process (hostile round 3, E10): a new (kind, vip, port)
+//! always gets its own series; at the cap, one series goes, taken from the largest (kind, vip)
+//! group (the flood's own, as long as it is the largest), the least recently reported of it,
+//! and its count is added to `vip="other", port="other"` of its kind. So every kind's total
+//! (own series plus `other`) stays exact and never goes down, a kept series never goes down,
+//! and a real loop of another kind or VIP keeps its series while one VIP is flooded. An
+//! evicted series vanishes from /metrics (Prometheus ends the series); if its (vip, port)
+//! comes back it starts again from its new increments, which Prometheus reads as a new series
+//! start (its `rate`/`increase` count the new increments only, the old ones stay in `other`).
+
 //! Rooms: this file holds the inputs (the report-fed [`EventTotals`], the [`MetricsInput`] a
 //! rendering reads, [`gather`]); [`render`] turns them into the exposition text (pure);
 //! [`endpoint`] serves `/metrics`, `/healthz` and `/readyz`.
@@ -39,10 +46,15 @@ use crate::{
     hub::{Shared, Snapshot},
 };
 
+/// (kind, vip, port) labels of `clbprobe_loopback_events_total`.
+type SeriesLabels = (String, String, String);
+
 /// Confirmed-event totals by (kind, vip, port), fed from the report stream.
 #[derive(Debug, Default)]
 pub struct EventTotals {
-    totals: BTreeMap<(String, String, String), u64>,
+    totals: BTreeMap<SeriesLabels, u64>,
+    /// When each own-label series (not `other`) was last reported (a sequence number).
+    reported: HashMap<SeriesLabels, u64>,
     /// By (kind, owner label of the event's local address), for events that name one.
     by_owner: BTreeMap<(String, String), u64>,
     /// Last cumulative count seen per aggregate key, and when (a sequence number).
@@ -58,8 +70,10 @@ pub struct EventTotals {
 /// (Forgetting an aggregate that is still live would count its whole total again.)
 pub const EVENT_TOTALS_KEYS: usize = 4096;
 
-/// `clbprobe_loopback_events_total` series with their own (vip, port) labels; further pairs are
-/// counted under [`OVERFLOW_LABEL`] (docs/metrics-and-otlp.md). A node has a few dozen VIP ports that
+/// `clbprobe_loopback_events_total` series with their own (vip, port) labels; a further pair
+/// takes the place of the least recently reported series of the largest (kind, vip) group,
+/// whose count goes to [`OVERFLOW_LABEL`] (module doc; docs/metrics-and-otlp.md). A node has a
+/// few dozen VIP ports that
 /// matter; 500 keeps them all and /metrics small (each series is about 100 bytes).
 pub const EVENT_SERIES: usize = 500;
 /// The `vip` and `port` label value of the overflow series.
@@ -82,15 +96,15 @@ impl EventTotals {
         } else {
             e.count
         };
-        let mut labels = (
+        let labels = (
             e.kind.as_str().to_string(),
             e.vip.map(|v| v.to_string()).unwrap_or_default(),
             e.vip_port.map(|p| p.to_string()).unwrap_or_default(),
         );
-        if !self.totals.contains_key(&labels) && self.totals.len() >= EVENT_SERIES {
-            labels.1 = OVERFLOW_LABEL.to_string();
-            labels.2 = OVERFLOW_LABEL.to_string();
+        if !self.totals.contains_key(&labels) && self.reported.len() >= EVENT_SERIES {
+            self.evict_series();
         }
+        self.reported.insert(labels.clone(), self.seq);
         *self.totals.entry(labels).or_insert(0) += delta;
         if let Some(owner) = &e.facts.owner {
             let labels = (e.kind.as_str().to_string(), owner.label());
@@ -102,6 +116,40 @@ impl EventTotals {
             };
             self.last.remove(&oldest);
         }
+    }
+}
+
+impl EventTotals {
+    /// Makes room for one own-label series: the least recently reported of the largest
+    /// (kind, vip) group goes, its count into its kind's `other` (module doc).
+    fn evict_series(&mut self) {
+        // Per group: (size, its least recently reported series).
+        let mut groups: HashMap<(&str, &str), (usize, u64, &SeriesLabels)> = HashMap::new();
+        for (labels, &seq) in &self.reported {
+            let g = groups
+                .entry((labels.0.as_str(), labels.1.as_str()))
+                .or_insert((0, seq, labels));
+            g.0 += 1;
+            if seq < g.1 {
+                (g.1, g.2) = (seq, labels);
+            }
+        }
+        // The largest group; among equals, the one whose oldest series is the oldest.
+        let Some(victim) = groups
+            .into_values()
+            .max_by_key(|&(size, seq, _)| (size, std::cmp::Reverse(seq)))
+            .map(|(_, _, labels)| labels.clone())
+        else {
+            return;
+        };
+        self.reported.remove(&victim);
+        let count = self.totals.remove(&victim).unwrap_or(0);
+        let other = (
+            victim.0,
+            OVERFLOW_LABEL.to_string(),
+            OVERFLOW_LABEL.to_string(),
+        );
+        *self.totals.entry(other).or_insert(0) += count;
     }
 }
 

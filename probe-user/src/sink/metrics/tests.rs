@@ -195,7 +195,7 @@ fn event_totals_stay_exact_past_the_bookkeeping_bound() {
 }
 
 /// 5,000 distinct unserved ports (what uid 65534 made by connecting to them): the series stay
-/// under the cap plus one overflow series per kind, and the total is exact.
+/// under the cap plus one overflow series per kind, the newest kept, and the total is exact.
 #[test]
 fn event_series_are_capped_with_an_exact_overflow() {
     let mut t = EventTotals::default();
@@ -231,16 +231,142 @@ fn event_series_are_capped_with_an_exact_overflow() {
         other.ends_with(&format!(" {}", 3 * (5_000 - EVENT_SERIES))),
         "{other}"
     );
-    // A pair with its own series keeps counting there after the cap is reached.
+    // The newest pairs keep their own series, and keep counting there; the oldest went to
+    // `other`.
     let own = (
+        "vip_port_unserved".to_string(),
+        "203.0.113.10".to_string(),
+        "4999".to_string(),
+    );
+    assert_eq!(t.totals[&own], 3);
+    assert!(
+        !t.totals
+            .contains_key(&(own.0.clone(), own.1.clone(), "0".to_string()))
+    );
+    e.vip_port = Some(4999);
+    e.key = "a new aggregate on port 4999".into();
+    e.count = 1;
+    t.add(&e);
+    assert_eq!(t.totals[&own], 4);
+}
+
+/// Whether `t` renders an own series for (kind, vip, port), and its value.
+fn own_series(t: &EventTotals, kind: &str, vip: &str, port: &str) -> Option<u64> {
+    t.totals
+        .get(&(kind.to_string(), vip.to_string(), port.to_string()))
+        .copied()
+}
+
+/// E10 (hostile round 3): uid 65534 connects to 5,000 unserved ports of one bound VIP before
+/// a real loop starts. The real loops (a health-check blackhole on another VIP, an unserved
+/// port of a third VIP, a later hairpin) each still get their own series, the flood's series
+/// stay bounded, and the totals stay exact.
+#[test]
+fn a_flood_of_one_vip_does_not_take_the_series_of_later_real_loops() {
+    let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+    let mut t = EventTotals::default();
+    let mut e = sample_event();
+    for port in 0..5_000u16 {
+        e.key = format!("vip_port_unserved/203.0.113.10:{port}/tcp");
+        e.vip_port = Some(port);
+        e.count = 1;
+        t.add(&e);
+    }
+    let mut blackhole = sample_event();
+    blackhole.kind = crate::correlate::LoopbackKind::HealthcheckBlackhole;
+    blackhole.key = "healthcheck_blackhole/198.51.100.7".into();
+    blackhole.vip = Some(ip("198.51.100.7"));
+    blackhole.vip_port = None;
+    let mut unserved = sample_event();
+    unserved.key = "vip_port_unserved/198.51.100.8:8443/tcp".into();
+    unserved.vip = Some(ip("198.51.100.8"));
+    unserved.vip_port = Some(8443);
+    for count in 1..=3 {
+        blackhole.count = count;
+        t.add(&blackhole);
+        unserved.count = count;
+        t.add(&unserved);
+        // The flood goes on between the real loop's confirmations.
+        for port in 0..1_000u16 {
+            let port = 10_000 + 1_000 * u16::try_from(count).unwrap() + port;
+            e.key = format!("vip_port_unserved/203.0.113.10:{port}/tcp");
+            e.vip_port = Some(port);
+            e.count = 1;
+            t.add(&e);
+        }
+    }
+    let mut hairpin = sample_event();
+    hairpin.kind = crate::correlate::LoopbackKind::Hairpin;
+    hairpin.key = "hairpin/198.51.100.9:80/tcp".into();
+    hairpin.vip = Some(ip("198.51.100.9"));
+    hairpin.vip_port = Some(80);
+    t.add(&hairpin);
+
+    let before = (
+        own_series(&t, "healthcheck_blackhole", "198.51.100.7", ""),
+        own_series(&t, "vip_port_unserved", "198.51.100.8", "8443"),
+        own_series(&t, "hairpin", "198.51.100.9", "80"),
+    );
+    assert_eq!(
+        before,
+        (Some(3), Some(3), Some(1)),
+        "each real loop has its own series with its exact count"
+    );
+    assert!(
+        t.totals.len() <= EVENT_SERIES + 5,
+        "bounded: {}",
+        t.totals.len()
+    );
+    let total: u64 = t.totals.values().sum();
+    assert_eq!(total, 5_000 + 3 * 1_000 + 3 + 3 + 1, "the total is exact");
+    let flood = t
+        .totals
+        .get(&(
+            "vip_port_unserved".to_string(),
+            OVERFLOW_LABEL.to_string(),
+            OVERFLOW_LABEL.to_string(),
+        ))
+        .copied()
+        .unwrap_or(0);
+    assert!(flood >= 7_000, "the flood is folded into other: {flood}");
+}
+
+/// An evicted series vanishes with its count in `other`; if its (vip, port) comes back it
+/// starts again from its new increments (a new series for Prometheus), `other` never goes
+/// down, and the kind's total stays exact.
+#[test]
+fn an_evicted_series_that_comes_back_starts_afresh_and_other_never_goes_down() {
+    let mut t = EventTotals::default();
+    let mut e = sample_event();
+    let mut add = |t: &mut EventTotals, port: u16, count: u64| {
+        e.key = format!("vip_port_unserved/203.0.113.10:{port}/tcp");
+        e.vip_port = Some(port);
+        e.count = count;
+        t.add(&e);
+    };
+    add(&mut t, 0, 5);
+    for port in 1..=EVENT_SERIES as u16 {
+        add(&mut t, port, 1);
+    }
+    let other_key = (
+        "vip_port_unserved".to_string(),
+        OVERFLOW_LABEL.to_string(),
+        OVERFLOW_LABEL.to_string(),
+    );
+    let own0 = (
         "vip_port_unserved".to_string(),
         "203.0.113.10".to_string(),
         "0".to_string(),
     );
-    assert_eq!(t.totals[&own], 3);
-    e.vip_port = Some(0);
-    e.key = "a new aggregate on port 0".into();
-    e.count = 1;
-    t.add(&e);
-    assert_eq!(t.totals[&own], 4);
+    assert!(!t.totals.contains_key(&own0), "the oldest series went");
+    assert_eq!(t.totals[&other_key], 5);
+    add(&mut t, 0, 7);
+    assert_eq!(
+        t.totals.get(&own0),
+        Some(&2),
+        "back with its new increments"
+    );
+    assert!(t.totals[&other_key] >= 5);
+    let total: u64 = t.totals.values().sum();
+    assert_eq!(total, 7 + EVENT_SERIES as u64);
 }
