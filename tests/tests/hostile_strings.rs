@@ -130,7 +130,12 @@ fn a_tenant_s_huge_annotation_is_not_copied_into_every_event() {
             .collect();
         (es.len() > usize::from(PORTS)).then_some(es)
     })
-    .unwrap_or_else(|| panic!("not every port confirmed with its Service: {:#?}", agent.events().len()));
+    .unwrap_or_else(|| {
+        panic!(
+            "not every port confirmed with its Service: {:#?}",
+            agent.events().len()
+        )
+    });
     let sizes: Vec<usize> = events
         .iter()
         .map(|e| serde_json::to_string(e).unwrap().len())
@@ -329,14 +334,21 @@ fn a_host_listener_named_with_escapes_reaches_no_output_raw() {
     for e in &notes {
         raw.extend(raw_in(e).into_iter().map(|r| format!("Event {r}")));
     }
-    raw.extend(raw_in(&condition).into_iter().map(|r| format!("condition {r}")));
+    raw.extend(
+        raw_in(&condition)
+            .into_iter()
+            .map(|r| format!("condition {r}")),
+    );
     raw.extend(raw_in(&written).into_iter().map(|r| format!("report {r}")));
     eprintln!("E8: {} raw strings: {raw:#?}", raw.len());
     eprintln!("E8: condition message: {}", condition["message"]);
     for e in &notes {
         eprintln!("E8: note: {}", e["note"]);
     }
-    assert!(raw.is_empty(), "raw control characters reach the outputs: {raw:#?}");
+    assert!(
+        raw.is_empty(),
+        "raw control characters reach the outputs: {raw:#?}"
+    );
 
     let escaped = "\\x1b[2J ALL CLEAR\\x07";
     for e in &events {
