@@ -100,14 +100,18 @@ pub struct ServiceFacts {
     /// `Cluster` or `Local` (None when unset: Cluster).
     pub external_traffic_policy: Option<String>,
     pub health_check_node_port: Option<u16>,
-    /// The [`LOOPBACK_ANNOTATIONS`] that are set, with their values.
+    /// The [`LOOPBACK_ANNOTATIONS`] that are set, with their values (bounded in the agent's
+    /// [`Index`], like `annotations`).
     pub loopback_annotations: BTreeMap<String, String>,
     /// Ready endpoint addresses from the Service's EndpointSlices.
     pub endpoints: Vec<IpAddr>,
     /// `spec.loadBalancerClass` (which controller runs the LB), when set.
     pub load_balancer_class: Option<String>,
-    /// Every annotation but kubectl's last-applied copy: the provider fixes read the LB
-    /// controller's annotations and never offer one already set.
+    /// The LB controllers' annotations ([`crate::fixes::provider::ANNOTATION_PREFIXES`]):
+    /// the provider fixes read them and never offer one already set. No other annotation is
+    /// kept (a tenant's own, kubectl's last-applied copy): nothing reads them, and each would
+    /// be held for the life of the Service. In the agent's [`Index`] every value is bounded
+    /// ([`bounded`]).
     pub annotations: BTreeMap<String, String>,
     /// `metadata.resourceVersion`: `kubectl clb-probe fix --apply` refuses a fix computed
     /// from another version.
@@ -249,6 +253,7 @@ impl Index {
         let mut list: Vec<ServiceFacts> = services
             .into_iter()
             .filter_map(|s| facts(s, &mut endpoints))
+            .map(bounded)
             .collect();
         list.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
         for (i, service) in list.iter().enumerate() {
@@ -376,6 +381,31 @@ impl ServiceFacts {
     }
 }
 
+/// An LB controller's annotation (the only ones the fixes and remedies read).
+fn is_provider_annotation(key: &str) -> bool {
+    crate::fixes::provider::ANNOTATION_PREFIXES
+        .iter()
+        .any(|(prefix, _)| key.starts_with(prefix))
+}
+
+/// `service` with every annotation value escaped and cut to
+/// [`crate::untrusted::ANNOTATION_VALUE_MAX`] bytes: the agent's index, whose values are
+/// copied into every event of the Service's LB IP (the evidence's settings, the facts, the
+/// fixes' undo) and on into the report and the Event. A tenant writes what it likes there
+/// (up to the API's 256 KiB); the real settings are short. [`ServiceFacts::from_service`]
+/// (the plugin, one Service per command) keeps them whole: its fixes patch the Service with
+/// them (an AWS attribute list is rewritten whole).
+fn bounded(mut service: ServiceFacts) -> ServiceFacts {
+    let bound = |map: &mut BTreeMap<String, String>| {
+        for value in map.values_mut() {
+            *value = crate::untrusted::text(value, crate::untrusted::ANNOTATION_VALUE_MAX);
+        }
+    };
+    bound(&mut service.annotations);
+    bound(&mut service.loopback_annotations);
+    service
+}
+
 fn facts(
     service: &Service,
     endpoints: &mut HashMap<(String, String), Vec<IpAddr>>,
@@ -452,7 +482,7 @@ fn facts(
             .annotations
             .iter()
             .flatten()
-            .filter(|(k, _)| k.as_str() != "kubectl.kubernetes.io/last-applied-configuration")
+            .filter(|(k, _)| is_provider_annotation(k))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
         resource_version: service.metadata.resource_version.clone(),
@@ -557,6 +587,53 @@ pub(crate) mod tests {
         assert!(index.service_by_node_port(30080, Proto::Udp).is_none());
         assert_eq!(index.services_by_lb_ip(ip("203.0.113.10")).len(), 1);
         assert!(index.services_by_lb_ip(ip("203.0.113.11")).is_empty());
+    }
+
+    /// E2: a tenant's 250 KB values: the agent's index keeps only the LB controllers'
+    /// annotations, each value escaped and cut to the cap with a marker; the plugin's reading
+    /// of one Service keeps the value whole (its fixes patch with it).
+    #[test]
+    fn a_tenant_s_annotations_are_kept_only_when_read_and_bounded() {
+        let mut service = web_service("Cluster");
+        let annotations = service.metadata.annotations.as_mut().unwrap();
+        annotations.insert(
+            "service.cloud.tencent.com/prevent-loopback".into(),
+            "x".repeat(250_000),
+        );
+        annotations.insert("tenant.example.com/blob".into(), "y".repeat(250_000));
+        annotations.insert(
+            "service.beta.kubernetes.io/aws-load-balancer-name".into(),
+            "\x1b[2Jlb\u{202e}".into(),
+        );
+        let index = Index::build(&[], std::slice::from_ref(&service), &[]);
+        let web = index.services().next().unwrap();
+        assert_eq!(
+            web.annotations.keys().collect::<Vec<_>>(),
+            [
+                "service.beta.kubernetes.io/aws-load-balancer-name",
+                "service.cloud.tencent.com/prevent-loopback"
+            ],
+            "only the LB controllers' annotations"
+        );
+        for map in [&web.annotations, &web.loopback_annotations] {
+            let guard = &map["service.cloud.tencent.com/prevent-loopback"];
+            assert!(
+                guard.len() <= crate::untrusted::ANNOTATION_VALUE_MAX,
+                "{}",
+                guard.len()
+            );
+            assert!(guard.ends_with("…[cut from 250000 bytes]"), "{guard}");
+        }
+        assert_eq!(
+            web.annotations["service.beta.kubernetes.io/aws-load-balancer-name"],
+            "\\x1b[2Jlb\\u{202e}"
+        );
+        let whole = ServiceFacts::from_service(&service).unwrap();
+        assert_eq!(
+            whole.annotations["service.cloud.tencent.com/prevent-loopback"].len(),
+            250_000
+        );
+        assert!(!whole.annotations.contains_key("tenant.example.com/blob"));
     }
 
     #[test]
