@@ -196,6 +196,9 @@ impl Index {
             else {
                 continue;
             };
+            if !is_api_name(namespace) || !is_api_name(name) {
+                continue;
+            }
             let spec = pod.spec.as_ref();
             if spec.and_then(|s| s.host_network).unwrap_or(false) {
                 let pod_ref = PodRef {
@@ -253,6 +256,7 @@ impl Index {
         let mut list: Vec<ServiceFacts> = services
             .into_iter()
             .filter_map(|s| facts(s, &mut endpoints))
+            .filter(|s| is_api_name(&s.namespace) && is_api_name(&s.name))
             .map(bounded)
             .collect();
         list.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
@@ -395,15 +399,47 @@ fn is_provider_annotation(key: &str) -> bool {
 /// (up to the API's 256 KiB); the real settings are short. [`ServiceFacts::from_service`]
 /// (the plugin, one Service per command) keeps them whole: its fixes patch the Service with
 /// them (an AWS attribute list is rewritten whole).
+///
+/// The Service's other free strings (port names, LB hostnames, ipMode, class, uid) are
+/// validated by a real API server; from a faulty one or a proxy they are escaped and bounded
+/// to [`API_FIELD_MAX`] bytes like the rest.
 fn bounded(mut service: ServiceFacts) -> ServiceFacts {
+    use crate::untrusted::{ANNOTATION_VALUE_MAX, text};
     let bound = |map: &mut BTreeMap<String, String>| {
         for value in map.values_mut() {
-            *value = crate::untrusted::text(value, crate::untrusted::ANNOTATION_VALUE_MAX);
+            *value = text(value, ANNOTATION_VALUE_MAX);
         }
     };
     bound(&mut service.annotations);
     bound(&mut service.loopback_annotations);
+    let field = |s: &mut String| *s = text(s, API_FIELD_MAX);
+    for port in &mut service.ports {
+        port.name.as_mut().map(field);
+        field(&mut port.protocol);
+    }
+    for ingress in &mut service.ingress {
+        ingress.hostname.as_mut().map(field);
+        ingress.ip_mode.as_mut().map(field);
+    }
+    service.uid.as_mut().map(field);
+    service.load_balancer_class.as_mut().map(field);
+    service.external_traffic_policy.as_mut().map(field);
+    field(&mut service.service_type);
     service
+}
+
+/// The longest name the API server accepts (a DNS-1123 subdomain), the bound of the other
+/// strings of an API object the index keeps.
+const API_FIELD_MAX: usize = 253;
+
+/// A namespace or object name as the API server accepts it (a DNS-1123 subdomain: at most
+/// 253 bytes of lowercase letters, digits, `-` and `.`). Anything else came from a faulty API
+/// or a proxy and names nothing: its object is left out of the index (never printed).
+fn is_api_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= API_FIELD_MAX
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
 }
 
 fn facts(
@@ -634,6 +670,32 @@ pub(crate) mod tests {
             250_000
         );
         assert!(!whole.annotations.contains_key("tenant.example.com/blob"));
+    }
+
+    /// A faulty API (or a proxy) sends names no API server accepts and free strings with
+    /// terminal controls: such a pod or Service names nothing, the strings are escaped.
+    #[test]
+    fn names_the_api_would_refuse_name_nothing_and_free_strings_are_escaped() {
+        let bad_pod = pod("shop", "\x1b[2Jclient", &["10.0.0.8"]);
+        let mut long = web_service("Cluster");
+        long.metadata.name = Some("w".repeat(300));
+        let mut odd = web_service("Cluster");
+        odd.metadata.namespace = Some("other".into());
+        odd.status = Some(
+            serde_json::from_value(json!({"loadBalancer": {"ingress": [
+                {"ip": "203.0.113.20", "hostname": "lb\u{9b}2J.example", "ipMode": "VIP"}
+            ]}}))
+            .unwrap(),
+        );
+        let index = Index::build(&[bad_pod], &[long, odd], &[]);
+        assert!(index.pod_by_ip(ip("10.0.0.8")).is_none());
+        let names: Vec<String> = index.services().map(ServiceFacts::key).collect();
+        assert_eq!(names, ["other/web"]);
+        let other = index.services().next().unwrap();
+        assert_eq!(
+            other.ingress[0].hostname.as_deref(),
+            Some("lb\\u{9b}2J.example")
+        );
     }
 
     #[test]
