@@ -122,18 +122,26 @@ fn a_tenant_s_huge_annotation_is_not_copied_into_every_event() {
             Duration::from_millis(500),
         );
     }
+    // Most of the ports, each named by its Service (a connect the loaded machine lost is no
+    // matter here: the size of each line is).
     let events = wait_for("the unserved ports confirmed and named", WAIT, || {
         let es: Vec<Value> = agent
             .events()
             .into_iter()
             .filter(|e| e["kind"] == "vip_port_unserved" && !e["facts"]["service"].is_null())
             .collect();
-        (es.len() > usize::from(PORTS)).then_some(es)
+        (es.len() >= usize::from(PORTS) * 3 / 4).then_some(es)
     })
     .unwrap_or_else(|| {
+        let all = agent.events();
+        let named = all
+            .iter()
+            .filter(|e| !e["facts"]["service"].is_null())
+            .count();
         panic!(
-            "not every port confirmed with its Service: {:#?}",
-            agent.events().len()
+            "too few ports confirmed with their Service: {} events, {named} named; the first: {:#}",
+            all.len(),
+            all.first().cloned().unwrap_or_default()
         )
     });
     let sizes: Vec<usize> = events
