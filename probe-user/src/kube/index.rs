@@ -412,6 +412,19 @@ fn bounded(mut service: ServiceFacts) -> ServiceFacts {
     };
     bound(&mut service.annotations);
     bound(&mut service.loopback_annotations);
+    // The fixes copy the map for each event they are computed for: a tenant's hundreds of
+    // provider-prefixed keys are cut to the first ANNOTATIONS_MAX (a real Service sets a
+    // few dozen at most), the loopback annotations always kept.
+    if service.annotations.len() > ANNOTATIONS_MAX {
+        let keep: Vec<String> = service
+            .annotations
+            .keys()
+            .filter(|k| LOOPBACK_ANNOTATIONS.contains(&k.as_str()))
+            .chain(service.annotations.keys().take(ANNOTATIONS_MAX))
+            .cloned()
+            .collect();
+        service.annotations.retain(|k, _| keep.contains(k));
+    }
     let field = |s: &mut String| *s = text(s, API_FIELD_MAX);
     for port in &mut service.ports {
         port.name.as_mut().map(field);
@@ -427,6 +440,9 @@ fn bounded(mut service: ServiceFacts) -> ServiceFacts {
     field(&mut service.service_type);
     service
 }
+
+/// The provider annotations the agent's index keeps of one Service (see [`bounded`]).
+const ANNOTATIONS_MAX: usize = 64;
 
 /// The longest name the API server accepts (a DNS-1123 subdomain), the bound of the other
 /// strings of an API object the index keeps.
@@ -670,6 +686,22 @@ pub(crate) mod tests {
             250_000
         );
         assert!(!whole.annotations.contains_key("tenant.example.com/blob"));
+
+        // Hundreds of provider-prefixed keys: the first 64 kept, the loop guard too.
+        let annotations = service.metadata.annotations.as_mut().unwrap();
+        for i in 0..500 {
+            annotations.insert(
+                format!("service.beta.kubernetes.io/aws-load-balancer-x{i:03}"),
+                "v".into(),
+            );
+        }
+        let index = Index::build(&[], &[service], &[]);
+        let web = index.services().next().unwrap();
+        assert_eq!(web.annotations.len(), ANNOTATIONS_MAX + 1);
+        assert!(
+            web.annotations
+                .contains_key("service.cloud.tencent.com/prevent-loopback")
+        );
     }
 
     /// A faulty API (or a proxy) sends names no API server accepts and free strings with
