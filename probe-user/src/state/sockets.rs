@@ -171,7 +171,6 @@ pub fn find_owner(proc: &Path, inode: u32) -> Option<(u32, String)> {
             let comm = std::fs::read(entry.path().join("comm"))
                 .map(|c| {
                     let name = String::from_utf8_lossy(&c);
-                    let name = name.strip_suffix('\n').unwrap_or(&name);
                     crate::untrusted::text(name.trim(), crate::untrusted::PROCESS_NAME_MAX)
                 })
                 .unwrap_or_else(|_| "?".into());
