@@ -9,6 +9,8 @@
 //! - [`sink`]: where confirmed events and counters go (JSON lines, metrics, live view).
 //! - [`check`]: `probe check`, the node's loopback risks judged from its state (pure rules).
 //! - [`term`]: outside text (NIC names, Event fields) made safe to print on a terminal.
+//! - [`untrusted`]: strings from tenants and the node (annotation values, process names)
+//!   bounded and escaped where they enter.
 
 pub mod agent;
 pub mod check;
@@ -29,4 +31,5 @@ pub mod state;
 pub mod term;
 #[cfg(test)]
 mod test_events;
+pub mod untrusted;
 pub mod watch;

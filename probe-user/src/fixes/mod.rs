@@ -356,9 +356,25 @@ fn offer(e: &Entry, facts: &Facts) -> Option<(u8, Fix)> {
     if offer.patch.is_some() && facts.service.is_none() {
         return None;
     }
-    let (patch, undo) = offer.patch.unzip();
     let mut preconditions: Vec<String> = e.preconditions.iter().map(|p| p.to_string()).collect();
     preconditions.extend(offer.preconditions);
+    // A patch or undo built from an annotation value the agent's index cut
+    // (`crate::untrusted`) would write the cut value: no patch then (the plugin reads the
+    // whole Service and computes it).
+    let (patch, undo) = match offer.patch {
+        Some((patch, undo))
+            if crate::untrusted::is_cut(&patch.to_string())
+                || crate::untrusted::is_cut(&undo.to_string()) =>
+        {
+            preconditions.push(
+                "an annotation it changes is too long to carry here: `kubectl clb-probe fix` \
+                 computes the patch from the whole Service"
+                    .into(),
+            );
+            (None, None)
+        }
+        patch => patch.unzip(),
+    };
     if e.provider != Provider::Generic && !facts.service_read {
         preconditions.push("the Service's annotations were not read (no API access)".into());
     }

@@ -89,32 +89,12 @@ impl Provider {
         {
             return Some(Provider::Aws);
         }
-        const PREFIXES: [(&str, Provider); 9] = [
-            (
-                "service.beta.kubernetes.io/aws-load-balancer-",
-                Provider::Aws,
-            ),
-            ("service.beta.kubernetes.io/azure-", Provider::Azure),
-            ("cloud.google.com/", Provider::Gce),
-            ("networking.gke.io/", Provider::Gce),
-            (
-                "service.beta.kubernetes.io/alibaba-cloud-",
-                Provider::Alicloud,
-            ),
-            ("service.beta.kubernetes.io/alicloud-", Provider::Alicloud),
-            ("service.cloud.tencent.com/", Provider::Tencent),
-            ("load-balancer.hetzner.cloud/", Provider::Hcloud),
-            (
-                "service.beta.kubernetes.io/do-loadbalancer-",
-                Provider::DigitalOcean,
-            ),
-        ];
         for key in annotations.keys() {
-            if let Some((_, p)) = PREFIXES.iter().find(|(pre, _)| key.starts_with(pre)) {
+            if let Some((_, p)) = ANNOTATION_PREFIXES
+                .iter()
+                .find(|(pre, _)| key.starts_with(pre))
+            {
                 return Some(*p);
-            }
-            if key.starts_with("loadbalancer.openstack.org/") {
-                return Some(Provider::OpenStack);
             }
         }
         ingress_hostnames
@@ -123,6 +103,31 @@ impl Provider {
             .then_some(Provider::Aws)
     }
 }
+
+/// The annotation prefixes of each provider's LB controller: a Service's provider is named by
+/// them, and they are the annotations the agent keeps of a Service (`kube::index`: the fixes
+/// and remedies read no other).
+pub const ANNOTATION_PREFIXES: [(&str, Provider); 10] = [
+    (
+        "service.beta.kubernetes.io/aws-load-balancer-",
+        Provider::Aws,
+    ),
+    ("service.beta.kubernetes.io/azure-", Provider::Azure),
+    ("cloud.google.com/", Provider::Gce),
+    ("networking.gke.io/", Provider::Gce),
+    (
+        "service.beta.kubernetes.io/alibaba-cloud-",
+        Provider::Alicloud,
+    ),
+    ("service.beta.kubernetes.io/alicloud-", Provider::Alicloud),
+    ("service.cloud.tencent.com/", Provider::Tencent),
+    ("load-balancer.hetzner.cloud/", Provider::Hcloud),
+    (
+        "service.beta.kubernetes.io/do-loadbalancer-",
+        Provider::DigitalOcean,
+    ),
+    ("loadbalancer.openstack.org/", Provider::OpenStack),
+];
 
 /// `<region>.i-<id>`: a region of lowercase letters and digits in dash-separated parts
 /// (`cn-hangzhou`, `ap-southeast-1`), then an ECS instance id (`i-` and lowercase

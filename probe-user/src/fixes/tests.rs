@@ -333,3 +333,30 @@ fn a_self_loop_gets_the_hairpin_fix_and_nothing_else() {
         "{fix:#?}"
     );
 }
+
+/// E2: an annotation value the agent's index cut is never written back by a patch (nor
+/// restored by an undo): the fix is still offered, as advice, and says why.
+#[test]
+fn a_cut_annotation_value_gives_no_patch() {
+    let mut f = hairpin(Provider::Aws, Some(Etp::Local));
+    let long = format!(
+        "deregistration_delay.timeout_seconds=30,{}",
+        "stickiness.enabled=true,".repeat(40)
+    );
+    f.annotations.insert(
+        aws::TG_ATTRIBUTES.into(),
+        crate::untrusted::text(&long, crate::untrusted::ANNOTATION_VALUE_MAX),
+    );
+    let fix = fixes(&f)
+        .into_iter()
+        .find(|x| x.id == "aws-preserve-client-ip-off")
+        .unwrap();
+    assert_eq!((fix.patch, fix.undo, fix.service), (None, None, None));
+    assert!(
+        fix.preconditions
+            .iter()
+            .any(|p| p.contains("computes the patch from the whole Service")),
+        "{:?}",
+        fix.preconditions
+    );
+}

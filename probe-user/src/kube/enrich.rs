@@ -370,6 +370,39 @@ mod tests {
         );
     }
 
+    /// E2: a tenant's 250 KB annotation on its LB Service was copied into every event of its
+    /// LB IP twice (the settings in the evidence, the facts): 504 KB a JSON line. The index
+    /// bounds it; the event stays small and shows the value cut.
+    #[test]
+    fn a_tenant_s_huge_annotation_is_not_copied_into_the_event() {
+        let mut service = web_service("Cluster");
+        service.metadata.annotations.as_mut().unwrap().insert(
+            "service.cloud.tencent.com/prevent-loopback".into(),
+            "x".repeat(250_000),
+        );
+        let index = Index::build(&[pod("shop", "client-1", &["10.0.0.9"])], &[service], &[]);
+        let mut e = event(
+            LoopbackKind::VipPortUnserved,
+            "10.0.0.9",
+            "203.0.113.10",
+            443,
+            Some(443),
+        );
+        enrich(&mut e, &index, Some("node-1"));
+        crate::fixes::attach(&mut e, &index, None);
+        let line = serde_json::to_string(&e).unwrap();
+        assert!(line.len() < 8 * 1024, "{} bytes", line.len());
+        assert!(
+            e.evidence
+                .last()
+                .unwrap()
+                .contains("prevent-loopback: \"xxx"),
+            "{:#?}",
+            e.evidence
+        );
+        assert!(line.contains("…[cut from 250000 bytes]"), "{line}");
+    }
+
     #[test]
     fn healthcheck_names_the_checked_port_by_policy() {
         let mut local = event(

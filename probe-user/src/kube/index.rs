@@ -100,14 +100,18 @@ pub struct ServiceFacts {
     /// `Cluster` or `Local` (None when unset: Cluster).
     pub external_traffic_policy: Option<String>,
     pub health_check_node_port: Option<u16>,
-    /// The [`LOOPBACK_ANNOTATIONS`] that are set, with their values.
+    /// The [`LOOPBACK_ANNOTATIONS`] that are set, with their values (bounded in the agent's
+    /// [`Index`], like `annotations`).
     pub loopback_annotations: BTreeMap<String, String>,
     /// Ready endpoint addresses from the Service's EndpointSlices.
     pub endpoints: Vec<IpAddr>,
     /// `spec.loadBalancerClass` (which controller runs the LB), when set.
     pub load_balancer_class: Option<String>,
-    /// Every annotation but kubectl's last-applied copy: the provider fixes read the LB
-    /// controller's annotations and never offer one already set.
+    /// The LB controllers' annotations ([`crate::fixes::provider::ANNOTATION_PREFIXES`]):
+    /// the provider fixes read them and never offer one already set. No other annotation is
+    /// kept (a tenant's own, kubectl's last-applied copy): nothing reads them, and each would
+    /// be held for the life of the Service. In the agent's [`Index`] every value is bounded
+    /// ([`bounded`]).
     pub annotations: BTreeMap<String, String>,
     /// `metadata.resourceVersion`: `kubectl clb-probe fix --apply` refuses a fix computed
     /// from another version.
@@ -192,6 +196,9 @@ impl Index {
             else {
                 continue;
             };
+            if !is_api_name(namespace) || !is_api_name(name) {
+                continue;
+            }
             let spec = pod.spec.as_ref();
             if spec.and_then(|s| s.host_network).unwrap_or(false) {
                 let pod_ref = PodRef {
@@ -249,6 +256,8 @@ impl Index {
         let mut list: Vec<ServiceFacts> = services
             .into_iter()
             .filter_map(|s| facts(s, &mut endpoints))
+            .filter(|s| is_api_name(&s.namespace) && is_api_name(&s.name))
+            .map(bounded)
             .collect();
         list.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
         for (i, service) in list.iter().enumerate() {
@@ -376,6 +385,79 @@ impl ServiceFacts {
     }
 }
 
+/// An LB controller's annotation (the only ones the fixes and remedies read).
+fn is_provider_annotation(key: &str) -> bool {
+    crate::fixes::provider::ANNOTATION_PREFIXES
+        .iter()
+        .any(|(prefix, _)| key.starts_with(prefix))
+}
+
+/// `service` with every annotation value escaped and cut to
+/// [`crate::untrusted::ANNOTATION_VALUE_MAX`] bytes: the agent's index, whose values are
+/// copied into every event of the Service's LB IP (the evidence's settings, the facts, the
+/// fixes' undo) and on into the report and the Event. A tenant writes what it likes there
+/// (up to the API's 256 KiB); the real settings are short. [`ServiceFacts::from_service`]
+/// (the plugin, one Service per command) keeps them whole: its fixes patch the Service with
+/// them (an AWS attribute list is rewritten whole).
+///
+/// The Service's other free strings (port names, LB hostnames, ipMode, class, uid) are
+/// validated by a real API server; from a faulty one or a proxy they are escaped and bounded
+/// to [`API_FIELD_MAX`] bytes like the rest.
+fn bounded(mut service: ServiceFacts) -> ServiceFacts {
+    use crate::untrusted::{ANNOTATION_VALUE_MAX, text};
+    let bound = |map: &mut BTreeMap<String, String>| {
+        for value in map.values_mut() {
+            *value = text(value, ANNOTATION_VALUE_MAX);
+        }
+    };
+    bound(&mut service.annotations);
+    bound(&mut service.loopback_annotations);
+    // The fixes copy the map for each event they are computed for: a tenant's hundreds of
+    // provider-prefixed keys are cut to the first ANNOTATIONS_MAX (a real Service sets a
+    // few dozen at most), the loopback annotations always kept.
+    if service.annotations.len() > ANNOTATIONS_MAX {
+        let keep: Vec<String> = service
+            .annotations
+            .keys()
+            .filter(|k| LOOPBACK_ANNOTATIONS.contains(&k.as_str()))
+            .chain(service.annotations.keys().take(ANNOTATIONS_MAX))
+            .cloned()
+            .collect();
+        service.annotations.retain(|k, _| keep.contains(k));
+    }
+    let field = |s: &mut String| *s = text(s, API_FIELD_MAX);
+    for port in &mut service.ports {
+        port.name.as_mut().map(field);
+        field(&mut port.protocol);
+    }
+    for ingress in &mut service.ingress {
+        ingress.hostname.as_mut().map(field);
+        ingress.ip_mode.as_mut().map(field);
+    }
+    service.uid.as_mut().map(field);
+    service.load_balancer_class.as_mut().map(field);
+    service.external_traffic_policy.as_mut().map(field);
+    field(&mut service.service_type);
+    service
+}
+
+/// The provider annotations the agent's index keeps of one Service (see [`bounded`]).
+const ANNOTATIONS_MAX: usize = 64;
+
+/// The longest name the API server accepts (a DNS-1123 subdomain), the bound of the other
+/// strings of an API object the index keeps.
+const API_FIELD_MAX: usize = 253;
+
+/// A namespace or object name as the API server accepts it (a DNS-1123 subdomain: at most
+/// 253 bytes of lowercase letters, digits, `-` and `.`). Anything else came from a faulty API
+/// or a proxy and names nothing: its object is left out of the index (never printed).
+fn is_api_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= API_FIELD_MAX
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+}
+
 fn facts(
     service: &Service,
     endpoints: &mut HashMap<(String, String), Vec<IpAddr>>,
@@ -452,7 +534,7 @@ fn facts(
             .annotations
             .iter()
             .flatten()
-            .filter(|(k, _)| k.as_str() != "kubectl.kubernetes.io/last-applied-configuration")
+            .filter(|(k, _)| is_provider_annotation(k))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
         resource_version: service.metadata.resource_version.clone(),
@@ -557,6 +639,95 @@ pub(crate) mod tests {
         assert!(index.service_by_node_port(30080, Proto::Udp).is_none());
         assert_eq!(index.services_by_lb_ip(ip("203.0.113.10")).len(), 1);
         assert!(index.services_by_lb_ip(ip("203.0.113.11")).is_empty());
+    }
+
+    /// E2: a tenant's 250 KB values: the agent's index keeps only the LB controllers'
+    /// annotations, each value escaped and cut to the cap with a marker; the plugin's reading
+    /// of one Service keeps the value whole (its fixes patch with it).
+    #[test]
+    fn a_tenant_s_annotations_are_kept_only_when_read_and_bounded() {
+        let mut service = web_service("Cluster");
+        let annotations = service.metadata.annotations.as_mut().unwrap();
+        annotations.insert(
+            "service.cloud.tencent.com/prevent-loopback".into(),
+            "x".repeat(250_000),
+        );
+        annotations.insert("tenant.example.com/blob".into(), "y".repeat(250_000));
+        annotations.insert(
+            "service.beta.kubernetes.io/aws-load-balancer-name".into(),
+            "\x1b[2Jlb\u{202e}".into(),
+        );
+        let index = Index::build(&[], std::slice::from_ref(&service), &[]);
+        let web = index.services().next().unwrap();
+        assert_eq!(
+            web.annotations.keys().collect::<Vec<_>>(),
+            [
+                "service.beta.kubernetes.io/aws-load-balancer-name",
+                "service.cloud.tencent.com/prevent-loopback"
+            ],
+            "only the LB controllers' annotations"
+        );
+        for map in [&web.annotations, &web.loopback_annotations] {
+            let guard = &map["service.cloud.tencent.com/prevent-loopback"];
+            assert!(
+                guard.len() <= crate::untrusted::ANNOTATION_VALUE_MAX,
+                "{}",
+                guard.len()
+            );
+            assert!(guard.ends_with("…[cut from 250000 bytes]"), "{guard}");
+        }
+        assert_eq!(
+            web.annotations["service.beta.kubernetes.io/aws-load-balancer-name"],
+            "\\x1b[2Jlb\\u{202e}"
+        );
+        let whole = ServiceFacts::from_service(&service).unwrap();
+        assert_eq!(
+            whole.annotations["service.cloud.tencent.com/prevent-loopback"].len(),
+            250_000
+        );
+        assert!(!whole.annotations.contains_key("tenant.example.com/blob"));
+
+        // Hundreds of provider-prefixed keys: the first 64 kept, the loop guard too.
+        let annotations = service.metadata.annotations.as_mut().unwrap();
+        for i in 0..500 {
+            annotations.insert(
+                format!("service.beta.kubernetes.io/aws-load-balancer-x{i:03}"),
+                "v".into(),
+            );
+        }
+        let index = Index::build(&[], &[service], &[]);
+        let web = index.services().next().unwrap();
+        assert_eq!(web.annotations.len(), ANNOTATIONS_MAX + 1);
+        assert!(
+            web.annotations
+                .contains_key("service.cloud.tencent.com/prevent-loopback")
+        );
+    }
+
+    /// A faulty API (or a proxy) sends names no API server accepts and free strings with
+    /// terminal controls: such a pod or Service names nothing, the strings are escaped.
+    #[test]
+    fn names_the_api_would_refuse_name_nothing_and_free_strings_are_escaped() {
+        let bad_pod = pod("shop", "\x1b[2Jclient", &["10.0.0.8"]);
+        let mut long = web_service("Cluster");
+        long.metadata.name = Some("w".repeat(300));
+        let mut odd = web_service("Cluster");
+        odd.metadata.namespace = Some("other".into());
+        odd.status = Some(
+            serde_json::from_value(json!({"loadBalancer": {"ingress": [
+                {"ip": "203.0.113.20", "hostname": "lb\u{9b}2J.example", "ipMode": "VIP"}
+            ]}}))
+            .unwrap(),
+        );
+        let index = Index::build(&[bad_pod], &[long, odd], &[]);
+        assert!(index.pod_by_ip(ip("10.0.0.8")).is_none());
+        let names: Vec<String> = index.services().map(ServiceFacts::key).collect();
+        assert_eq!(names, ["other/web"]);
+        let other = index.services().next().unwrap();
+        assert_eq!(
+            other.ingress[0].hostname.as_deref(),
+            Some("lb\\u{9b}2J.example")
+        );
     }
 
     #[test]

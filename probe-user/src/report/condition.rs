@@ -13,6 +13,9 @@ use super::status::ReportStatus;
 
 pub const TYPE: &str = "LoadBalancerLoopback";
 
+/// The message's bound (bytes), as an Event's note: the Service and the first fix fit.
+const MESSAGE_MAX: usize = 1024;
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Condition {
     /// `True` / `False`.
@@ -82,7 +85,9 @@ pub fn condition(status: &ReportStatus) -> Condition {
     Condition {
         status: "True",
         reason: camel(kind),
-        message,
+        // `kubectl describe node` prints it raw: escaped and bounded as a second fence (the
+        // names in it were escaped where they entered, `crate::untrusted`).
+        message: crate::untrusted::text(&message, MESSAGE_MAX),
     }
 }
 
@@ -150,5 +155,31 @@ mod tests {
             c.message
                 .ends_with("1 more (kubectl get loopbackreport node-a)")
         );
+    }
+
+    /// E8: a first fix naming a host process that clears the screen, and one far too long:
+    /// the message carries them escaped and bounded.
+    #[test]
+    fn the_message_is_escaped_and_bounded() {
+        let status = |fix: String| ReportStatus {
+            node: "node-a".into(),
+            active_loops: vec![ActiveLoop {
+                kind: "hairpin".into(),
+                vip: "203.0.113.10:6443".into(),
+                first_fix: Some(fix),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let c = condition(&status("Reach host process \x1b[2J ALL CLEAR\x07".into()));
+        assert!(!c.message.chars().any(char::is_control), "{}", c.message);
+        assert!(
+            c.message.contains("\\x1b[2J ALL CLEAR\\x07"),
+            "{}",
+            c.message
+        );
+        let c = condition(&status("x".repeat(100_000)));
+        assert!(c.message.len() <= MESSAGE_MAX, "{}", c.message.len());
+        assert!(crate::untrusted::is_cut(&c.message));
     }
 }

@@ -7,7 +7,7 @@ use std::time::SystemTime;
 
 use probe_contract::LoopResolution;
 
-use crate::correlate::{LoopbackEvent, LoopbackKind};
+use crate::correlate::{LoopbackEvent, LoopbackKind, facts::SourceKind};
 use probe_contract::kube_event::{ACTION, RESOLVED_ACTION, RESOLVED_REASON, reason};
 
 /// The API server's limit on `note` (bytes).
@@ -249,10 +249,7 @@ pub fn note(event: &LoopbackEvent) -> String {
         LoopbackKind::HealthcheckBlackhole => format!(
             "The load balancer's health checks from {vip} to {dst}/{proto} are dropped: the VIP is bound on this node, so the kernel drops them as a local source."
         ),
-        LoopbackKind::Hairpin => format!(
-            "Pod {} called the load balancer at {vip}/{proto} without SNAT; the LB sent it back to this node ({dst}) and the reply cannot reach the pod.",
-            event.src
-        ),
+        LoopbackKind::Hairpin => hairpin_cause(event, &vip, proto, &dst),
         LoopbackKind::VipPortUnserved => format!(
             "{vip}/{proto} is bound on this node but nothing serves that port: calls from {} are refused locally instead of reaching the load balancer.",
             event.src
@@ -283,7 +280,41 @@ pub fn note(event: &LoopbackEvent) -> String {
         (None, Some(remedy)) => format!("{cause}{port} Remedy: {remedy}"),
         (None, None) => format!("{cause}{port}"),
     };
-    truncate(text, NOTE_MAX)
+    note_text(&text)
+}
+
+/// A note's text as written: terminal controls escaped (a second fence: the names in it were
+/// escaped where they entered, `crate::untrusted`), cut to [`NOTE_MAX`] bytes.
+fn note_text(text: &str) -> String {
+    truncate(crate::term::escape(text).into_owned(), NOTE_MAX)
+}
+
+/// A hairpin's cause: who called (a pod, or the node itself: a host-network caller) and what
+/// the LB sent the call back to (a host listener by its process or pod, else the node).
+fn hairpin_cause(event: &LoopbackEvent, vip: &str, proto: &str, dst: &str) -> String {
+    let from_node = event.facts.source == SourceKind::Node;
+    let caller = if from_node {
+        format!("This node ({})", event.src)
+    } else {
+        format!("Pod {}", event.src)
+    };
+    let target = match &event.listener {
+        Some(l) => match (&l.pod, &l.process) {
+            (Some(pod), _) => format!("host-network pod {pod} on this node ({dst})"),
+            (None, Some(process)) => format!("host process {process} on this node ({dst})"),
+            (None, None) => format!("a host-network listener on this node ({dst})"),
+        },
+        None => format!("this node ({dst})"),
+    };
+    if from_node {
+        format!(
+            "{caller} called the load balancer at {vip}/{proto}; the LB sent it back to {target} with the node's own address as source, so the kernel drops it as a local source."
+        )
+    } else {
+        format!(
+            "{caller} called the load balancer at {vip}/{proto} without SNAT; the LB sent it back to {target} and the reply cannot reach the pod."
+        )
+    }
 }
 
 /// The Service port the event went through, `http (80/TCP)`: from the API, else the port
@@ -365,5 +396,76 @@ pub fn event_doc(event: &LoopbackEvent, names: &Names, node: &str, wall: SystemT
             count: event.count,
             last_observed: wall,
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::{Listener, Proto};
+
+    /// A host-listener hairpin of `src` (a pod's address, or the node's own) to a listener
+    /// whose command name is `process`.
+    fn host_listener_hairpin(src: &str, source: SourceKind, process: &str) -> LoopbackEvent {
+        let mut e = crate::test_events::hairpin("k");
+        e.src = src.parse().unwrap();
+        e.dst = "198.18.0.2".parse().unwrap();
+        e.dst_port = 6443;
+        e.vip_port = Some(6443);
+        e.facts.source = source;
+        e.facts.host_listener = true;
+        e.listener = Some(Listener {
+            addr: "0.0.0.0".parse().unwrap(),
+            port: 6443,
+            proto: Proto::Tcp,
+            uid: 65534,
+            inode: 1,
+            process: Some(process.into()),
+            pid: Some(4242),
+            pod: None,
+        });
+        e.remedy = vec![format!("Reach host process {process} without the LB")];
+        e
+    }
+
+    /// E8: the note names the host process and, for the node's own call, the node (it said
+    /// "Pod <node address>"); a raw control character in any part of it comes out escaped.
+    #[test]
+    fn a_host_listener_note_names_the_process_and_the_node_and_is_escaped() {
+        let from_node = note(&host_listener_hairpin(
+            "198.18.0.2",
+            SourceKind::Node,
+            "kube-apiserver",
+        ));
+        assert!(
+            from_node.starts_with(
+                "This node (198.18.0.2) called the load balancer at 203.0.113.10:6443/tcp; the \
+                 LB sent it back to host process kube-apiserver on this node (198.18.0.2:6443)"
+            ),
+            "{from_node}"
+        );
+        assert!(!from_node.contains("Pod 198.18.0.2"), "{from_node}");
+        let from_pod = note(&host_listener_hairpin(
+            "10.0.0.9",
+            SourceKind::Pod,
+            "kube-apiserver",
+        ));
+        assert!(
+            from_pod.starts_with("Pod 10.0.0.9 called the load balancer")
+                && from_pod.contains("back to host process kube-apiserver on this node"),
+            "{from_pod}"
+        );
+        // Raw (as a listener read before the entry was escaped): escaped in the note.
+        let raw = note(&host_listener_hairpin(
+            "10.0.0.9",
+            SourceKind::Pod,
+            "\x1b[2J ALL CLEAR\x07",
+        ));
+        assert!(!raw.chars().any(char::is_control), "{raw:?}");
+        assert!(
+            raw.contains("host process \\x1b[2J ALL CLEAR\\x07"),
+            "{raw}"
+        );
+        assert!(raw.len() <= NOTE_MAX);
     }
 }

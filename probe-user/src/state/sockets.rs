@@ -147,7 +147,8 @@ pub fn pick(sockets: &[DiagSocket], addr: IpAddr, port: u16, proto: Proto) -> Op
 }
 
 /// The process holding socket `inode`: (pid, command name), from `proc`'s fd links. Stops at
-/// the first holder (a forked server shares its socket: any holder names it).
+/// the first holder (a forked server shares its socket: any holder names it). The name is
+/// escaped and bounded ([`crate::untrusted::text`]).
 pub fn find_owner(proc: &Path, inode: u32) -> Option<(u32, String)> {
     let want = format!("socket:[{inode}]");
     for entry in std::fs::read_dir(proc).ok()?.flatten() {
@@ -165,8 +166,13 @@ pub fn find_owner(proc: &Path, inode: u32) -> Option<(u32, String)> {
             .flatten()
             .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == want.as_str()));
         if holds {
-            let comm = std::fs::read_to_string(entry.path().join("comm"))
-                .map(|c| c.trim().to_string())
+            // Any user names its process (prctl, or the executable's file name): escaped and
+            // bounded here, so every output that names the listener carries the safe form.
+            let comm = std::fs::read(entry.path().join("comm"))
+                .map(|c| {
+                    let name = String::from_utf8_lossy(&c);
+                    crate::untrusted::text(name.trim(), crate::untrusted::PROCESS_NAME_MAX)
+                })
                 .unwrap_or_else(|_| "?".into());
             return Some((pid, comm));
         }
@@ -241,6 +247,25 @@ mod tests {
             Some((4242, "kube-apiserver".to_string()))
         );
         assert_eq!(find_owner(&dir, 778), None);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// E8: a user names its listener to clear the screen (and adds bytes no UTF-8 has): the
+    /// name comes out escaped, never raw.
+    #[test]
+    fn a_hostile_command_name_comes_out_escaped() {
+        let dir = std::env::temp_dir().join(format!("clb-sockets-hostile-{}", std::process::id()));
+        let fd = dir.join("4343/fd");
+        std::fs::create_dir_all(&fd).unwrap();
+        std::fs::write(dir.join("4343/comm"), b"\x1b[2J ALL CLEAR\x07\n").unwrap();
+        std::os::unix::fs::symlink("socket:[779]", fd.join("3")).unwrap();
+        assert_eq!(
+            find_owner(&dir, 779),
+            Some((4343, "\\x1b[2J ALL CLEAR\\x07".to_string()))
+        );
+        std::fs::write(dir.join("4343/comm"), b"a\xff\x9b\n").unwrap();
+        let (_, name) = find_owner(&dir, 779).unwrap();
+        assert!(!name.chars().any(|c| c.is_control()), "{name:?}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
