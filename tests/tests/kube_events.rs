@@ -389,13 +389,31 @@ fn a_fixed_loop_is_resolved_with_proof_and_its_recurrence_is_a_regression() {
 
     // Issue 35 item 10: another client's success is no proof. The node's own call to the LB
     // (the LB never sends it back to its source node) is answered while pod-a still loops;
-    // well past the 2 s window and its 1 s checks, nothing is resolved.
+    // the quiet hairpin's proof look-ups that run after that call (two at least, waited for
+    // in the agent's log, so a slow machine waits longer instead of testing nothing) resolve
+    // nothing.
     std::thread::sleep(Duration::from_secs(1));
     assert_eq!(
         s.lab.traffic(Scenario::NodeToLbGuarded).expect("traffic"),
         lab::Outcome::Ok
     );
-    std::thread::sleep(Duration::from_secs(6));
+    let lookups = |agent: &mut Agent| {
+        agent
+            .log_lines()
+            .iter()
+            .filter(|l| l.contains("a quiet loop's proof look-up") && l.contains("hairpin"))
+            .count()
+    };
+    let before = lookups(&mut s.agent);
+    wait_for("two proof look-ups after the node's call", WAIT, || {
+        (lookups(&mut s.agent) >= before + 2).then_some(())
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "no proof look-up of the quiet hairpin ran:\n{}",
+            s.agent.log_lines().join("\n")
+        )
+    });
     assert!(
         !clb_events(&s.api)
             .iter()
