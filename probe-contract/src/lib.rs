@@ -14,6 +14,7 @@
 //! `agent::nodesync::NodeStatus`, `sink::live::Message`, `sink::kube_event_plan::reason`)
 //! are re-exports of these.
 
+pub mod clock;
 pub mod event;
 pub mod facts;
 pub mod fix;

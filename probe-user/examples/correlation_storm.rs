@@ -80,7 +80,7 @@ fn value(ts_ns: u64) -> EgressValue {
 }
 
 fn now_ns() -> u64 {
-    clb_probe::agent::monotonic_ns()
+    probe_contract::clock::monotonic_ns()
 }
 
 fn thread_cpu_ns() -> u64 {

@@ -131,18 +131,6 @@ impl EgressRecord {
     }
 }
 
-/// CLOCK_MONOTONIC in ns: the clock of the kernel's `bpf_ktime_get_ns`, so of every event's
-/// `ts_ns` (the correlator's `now`, and the sinks' stall clocks, compare with it).
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid pointer to a timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
 #[cfg(test)]
 mod tests {
     use super::Proto;

@@ -11,7 +11,9 @@ use tokio::{
 };
 use tracing::{debug, info};
 
-use super::{AbortOnDrop, monotonic_ns, nodesync, queries, services};
+use probe_contract::clock::monotonic_ns;
+
+use super::{AbortOnDrop, nodesync, queries, services};
 use crate::{
     correlate::{Answer, Correlator, CorrelatorConfig, Output, Report},
     event::KernelEvent,

@@ -550,6 +550,3 @@ impl Drop for AbortOnDrop {
         self.0.abort();
     }
 }
-
-/// Defined with the events whose clock it is (the sinks read it too, below the agent).
-pub use crate::event::monotonic_ns;

@@ -105,9 +105,10 @@ fn write_lines(
 ) {
     let mut failing = false;
     for line in rx {
-        stats
-            .writing_since
-            .store(crate::event::monotonic_ns().max(1), Ordering::Relaxed);
+        stats.writing_since.store(
+            probe_contract::clock::monotonic_ns().max(1),
+            Ordering::Relaxed,
+        );
         let res = out.write_all(&line);
         stats.writing_since.store(0, Ordering::Relaxed);
         match res {
@@ -328,7 +329,11 @@ mod tests {
             out.write(&line);
         }
         assert!(stats.lost.load(Ordering::Relaxed) >= 1900, "{stats:?}");
-        let stalled = wait_until(|| stats.stalled(crate::event::monotonic_ns()).then_some(()));
+        let stalled = wait_until(|| {
+            stats
+                .stalled(probe_contract::clock::monotonic_ns())
+                .then_some(())
+        });
         assert!(stalled.is_some(), "the blocked write shows as stalled");
         drop(read_end);
     }

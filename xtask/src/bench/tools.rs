@@ -48,16 +48,7 @@ pub fn pause(d: Duration) -> Result<()> {
     Ok(())
 }
 
-/// CLOCK_MONOTONIC in ns: the clock of `bpf_ktime_get_ns` and the agent's `*_seen_ns`.
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+use probe_contract::clock::monotonic_ns;
 
 /// A child in its own process group (trafgen forks workers), killed as a group on drop.
 pub struct Proc {

@@ -41,8 +41,9 @@ use super::{
 use crate::bench::{
     net,
     report::percentile,
-    tools::{Agent, RawSender, metric_sum, monotonic_ns},
+    tools::{Agent, RawSender, metric_sum},
 };
+use probe_contract::clock::monotonic_ns;
 
 /// The sizes of one run.
 pub(super) struct Scale {

@@ -330,7 +330,7 @@ pub fn gather(shared: &Shared, totals: &Mutex<EventTotals>) -> MetricsInput {
         .lock()
         .map(|t| MetricsInput::from_snapshot(&snap, &t, shared.version))
         .unwrap_or_default();
-    let now = crate::event::monotonic_ns();
+    let now = probe_contract::clock::monotonic_ns();
     input.outputs = shared
         .outputs
         .iter()
