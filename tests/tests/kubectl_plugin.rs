@@ -406,8 +406,9 @@ fn fix_lists_dry_runs_applies_and_prints_the_undo() {
     );
     assert_eq!(stored_etp(&a), "Local");
 
-    // Apply at the listed version: dry run, patch, undo line.
-    let out = a.run(&[
+    // Issue 36 E17: no terminal to confirm on and no --yes: the dry run shown, nothing
+    // applied, exit 2.
+    let apply_at_rv = [
         "fix",
         "-n",
         "shop",
@@ -416,7 +417,23 @@ fn fix_lists_dry_runs_applies_and_prints_the_undo() {
         "etp-cluster",
         "--resource-version",
         &rv,
-    ]);
+    ];
+    let out = a.run(&apply_at_rv);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("spec.externalTrafficPolicy: \"Local\" -> \"Cluster\""),
+        "{}",
+        text(&out.stdout)
+    );
+    assert!(
+        text(&out.stderr).contains("pass --yes"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(stored_etp(&a), "Local");
+
+    // Apply at the listed version, confirmed: dry run, patch, undo line.
+    let out = a.run(&[&apply_at_rv[..], &["--yes"]].concat());
     assert!(out.status.success(), "{}", text(&out.stderr));
     let applied = text(&out.stdout);
     println!("{applied}");
@@ -476,7 +493,7 @@ fn fix_lists_dry_runs_applies_and_prints_the_undo() {
         text(&out.stdout)
     );
     assert_eq!(stored_etp(&a), "Cluster");
-    let out = a.run(&["fix", "shop/web", "--undo"]);
+    let out = a.run(&["fix", "shop/web", "--undo", "--yes"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(
         text(&out.stdout).contains("undone etp-cluster: service shop/web"),
@@ -484,7 +501,7 @@ fn fix_lists_dry_runs_applies_and_prints_the_undo() {
         text(&out.stdout)
     );
     assert_eq!(stored_etp(&a), "Local");
-    let out = a.run(&["fix", "shop/web", "--undo"]);
+    let out = a.run(&["fix", "shop/web", "--undo", "--yes"]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     assert!(
         text(&out.stderr).contains("no undo kept"),
@@ -532,6 +549,7 @@ fn fix_offers_the_provider_s_own_fixes_first() {
         "web",
         "--apply",
         "aws-nlb-target-type-ip",
+        "--yes",
     ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(

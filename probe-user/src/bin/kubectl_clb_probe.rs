@@ -83,6 +83,10 @@ enum Command {
         /// of the Service; nothing is changed.
         #[arg(long)]
         dry_run: bool,
+        /// Apply without asking. Without it, --apply and --undo show the dry run's diff and
+        /// ask on the terminal; with no terminal on stdin they refuse (exit 2).
+        #[arg(short, long)]
+        yes: bool,
         /// Restore every field the fixes applied with --apply moved (the undo kept on the
         /// Service); refused if one of them changed since.
         #[arg(long, conflicts_with_all = ["apply", "resource_version"])]
@@ -210,6 +214,7 @@ async fn run(command: Command, kube: KubeArgs) -> anyhow::Result<ExitCode> {
             apply,
             resource_version,
             dry_run,
+            yes,
             undo,
             provider,
         } => {
@@ -220,7 +225,7 @@ async fn run(command: Command, kube: KubeArgs) -> anyhow::Result<ExitCode> {
             let (namespace, service) = fix::service_ref(&service, namespace.as_deref())?;
             let svc = api::get_service(client.clone(), &namespace, &service).await?;
             if undo {
-                return undo_fixes(client, &svc, dry_run).await;
+                return undo_fixes(client, &svc, dry_run, yes).await;
             }
             let provider_ids = match provider {
                 Some(_) => Vec::new(),
@@ -232,7 +237,9 @@ async fn run(command: Command, kube: KubeArgs) -> anyhow::Result<ExitCode> {
                     }),
             };
             let events = api::list_events(client.clone()).await?;
-            let kinds = fix::confirmed_kinds(&events, &namespace, &service);
+            // The Nodes, to believe only Events naming one (none listed: shape and namespace).
+            let nodes = api::node_names(client.clone()).await.ok();
+            let kinds = fix::confirmed_kinds(&events, &namespace, &service, nodes.as_deref());
             // The agents' own fix lists; without the reports (CRD not installed, `list
             // loopbackreports` denied) the fixes are recomputed from the Service.
             let reports = api::node_reports(client.clone()).await.unwrap_or_else(|e| {
@@ -261,6 +268,7 @@ async fn run(command: Command, kube: KubeArgs) -> anyhow::Result<ExitCode> {
                 chosen,
                 plan.resource_version.as_deref(),
                 dry_run,
+                yes,
             )
             .await
         }
@@ -276,6 +284,7 @@ async fn apply_fix(
     chosen: &probe_contract::Fix,
     resource_version: Option<&str>,
     dry_run: bool,
+    yes: bool,
 ) -> anyhow::Result<ExitCode> {
     use plugin::{fix, undo};
     let (namespace, service) = names(svc);
@@ -301,6 +310,10 @@ async fn apply_fix(
         );
         return Ok(ExitCode::SUCCESS);
     }
+    plugin::confirm::ask(
+        yes,
+        &format!("apply {id} to service {namespace}/{service} as shown above?"),
+    )?;
     let sent = undo::apply_patch(&patch, &record);
     let done = api::patch_service(client, &namespace, &service, &sent, false).await?;
     println!(
@@ -334,6 +347,7 @@ async fn undo_fixes(
     client: kube::Client,
     svc: &k8s_openapi::api::core::v1::Service,
     dry_run: bool,
+    yes: bool,
 ) -> anyhow::Result<ExitCode> {
     use plugin::undo;
     let (namespace, service) = names(svc);
@@ -352,6 +366,10 @@ async fn undo_fixes(
         println!("nothing applied (--dry-run)");
         return Ok(ExitCode::SUCCESS);
     }
+    plugin::confirm::ask(
+        yes,
+        &format!("undo {fixes} on service {namespace}/{service} as shown above?"),
+    )?;
     let done = api::patch_service(client, &namespace, &service, &patch, false).await?;
     println!(
         "undone {fixes}: service {namespace}/{service} now at resourceVersion {}",

@@ -98,13 +98,40 @@ pub fn agent_fixes(
     out
 }
 
-/// The kinds clb-probe's Events regarding `namespace/name` report, and whether one of them
-/// names a client Pod (a pod source).
-pub fn confirmed_kinds(events: &[Event], namespace: &str, name: &str) -> Vec<(LoopbackKind, bool)> {
+/// The kinds clb-probe's agents' Events regarding `namespace/name` report, and whether one of
+/// them names a client Pod (a pod source).
+///
+/// Only the agents' Events count (issue 36, E6: an Event carries no author, and whoever may
+/// create Events in a namespace can write one that says `reportingController: clb-probe`).
+/// An agent writes a Service's Events in the Service's own namespace, in its shape
+/// ([`super::forged_because`]), with its node's name as `reportingInstance`. So an Event counts
+/// only when it is in the Service's namespace (a tenant's Events about another team's Service
+/// live in the tenant's namespace), is in the agents' shape, and, when the Nodes could be
+/// listed (`nodes`: `Some`), names a Node of the cluster. What is left is an Event written by
+/// someone who may create Events in the Service's own namespace, i.e. its owners: they can
+/// mislead only themselves. SECURITY.md says what closes even that (an admission policy).
+pub fn confirmed_kinds(
+    events: &[Event],
+    namespace: &str,
+    name: &str,
+    nodes: Option<&[String]>,
+) -> Vec<(LoopbackKind, bool)> {
     let mut out: Vec<(LoopbackKind, bool)> = Vec::new();
     for ev in events {
-        if ev.reporting_controller.as_deref() != Some(REPORTING_CONTROLLER) {
+        if ev.reporting_controller.as_deref() != Some(REPORTING_CONTROLLER)
+            || ev.metadata.namespace.as_deref() != Some(namespace)
+            || super::forged_because(ev).is_some()
+        {
             continue;
+        }
+        if let Some(nodes) = nodes {
+            let instance = ev.reporting_instance.as_deref().unwrap_or_default();
+            if !nodes
+                .iter()
+                .any(|n| crate::sink::kube_event_doc::reporting_instance(n) == instance)
+            {
+                continue;
+            }
         }
         let Some(r) = &ev.regarding else { continue };
         if r.kind.as_deref() != Some("Service")
@@ -381,9 +408,15 @@ pub fn render(plan: &Plan) -> String {
         let _ = writeln!(out, "\n{}. {} [{}] {}", i + 1, f.id, f.provider, f.change);
         if let Some(p) = &f.patch {
             let _ = writeln!(out, "   patch: {p}");
+            // The version listed: a copied line applies only to the Service as it was shown.
+            let guard = plan
+                .resource_version
+                .as_deref()
+                .map(|rv| format!(" --resource-version {rv}"))
+                .unwrap_or_default();
             let _ = writeln!(
                 out,
-                "   apply: kubectl clb-probe fix -n {ns} {name} --apply {}",
+                "   apply: kubectl clb-probe fix -n {ns} {name} --apply {}{guard}",
                 f.id
             );
         }

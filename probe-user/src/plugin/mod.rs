@@ -10,7 +10,7 @@
 //!   `reportingController: clb-probe`, and an Event records nothing of who wrote it, so the
 //!   table marks (`*` after the kind) the rows not in the shape an agent writes
 //!   ([`forged_because`]); a well-made forgery about a tenant's own Service in its own
-//!   namespace passes that check: README, "Threat model", says what closes it (an admission
+//!   namespace passes that check: SECURITY.md says what closes it (an admission
 //!   policy tying `reportingController: clb-probe` to the agent's service account).
 //! - `watch NODE`: finds the Running clb-probe pod on NODE (pods labelled
 //!   `app.kubernetes.io/name=clb-probe` with `spec.nodeName=NODE`, in the agent's namespace
@@ -21,6 +21,7 @@
 //!   plugin user already gets there (same kubeconfig, same RBAC: `pods/exec`).
 
 pub mod api;
+pub mod confirm;
 pub mod fix;
 pub mod undo;
 
@@ -196,7 +197,7 @@ pub fn age(now: Timestamp, then: Timestamp) -> String {
 }
 
 /// The line under a table with marked rows.
-pub const FORGED_FOOTER: &str = "* not in the shape a clb-probe agent writes: possibly forged by whoever may create Events there (kubectl -n NAMESPACE describe event NAME; README, Threat model)";
+pub const FORGED_FOOTER: &str = "* not in the shape a clb-probe agent writes: possibly forged by whoever may create Events there (kubectl -n NAMESPACE describe event NAME, SECURITY.md)";
 
 /// The table for people: LAST SEEN, NODE, KIND, SERVICE, CLIENT POD, COUNT. Every cell is
 /// escaped ([`crate::term::escape`]); rows with [`Row::forged_because`] get `*` after the

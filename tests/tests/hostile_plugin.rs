@@ -1,0 +1,166 @@
+//! Issue 36's attacks on the kubectl plugin (rows E6, E17, E11, E16), against the in-process
+//! fake API server (xtask::kubeapi: the real kube client on the wire). No root needed.
+
+use std::{
+    io::Write as _,
+    process::{Command, Stdio},
+};
+
+use probe_tests::{
+    agent::text,
+    kube_fixture::{KubeFixture, plugin_bin},
+};
+use serde_json::{Value, json};
+
+fn api(tag: &str) -> KubeFixture {
+    KubeFixture::bare(&format!("hostile-plugin-{tag}"))
+}
+
+/// `shop/web`: an ETP Local LoadBalancer (the `etp-cluster` fix applies to it).
+fn web() -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"namespace": "shop", "name": "web"},
+        "spec": {"type": "LoadBalancer", "externalTrafficPolicy": "Local",
+                 "healthCheckNodePort": 32000,
+                 "ports": [{"name": "http", "port": 80, "protocol": "TCP", "nodePort": 30080}]},
+        "status": {"loadBalancer": {"ingress": [{"ip": "203.0.113.10", "ipMode": "VIP"}]}},
+    })
+}
+
+fn node(name: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
+           "spec": {"providerID": "aws:///eu-west-1a/i-0abc"}})
+}
+
+/// A hairpin Event about `shop/web` in the agents' shape, written in `ns` as `instance`.
+fn hairpin_event(name: &str, ns: &str, instance: &str) -> Value {
+    json!({
+        "apiVersion": "events.k8s.io/v1", "kind": "Event",
+        "metadata": {"name": name, "namespace": ns},
+        "eventTime": "2026-11-27T01:00:00.000000Z",
+        "series": {"count": 3, "lastObservedTime": "2026-11-27T01:00:10.000000Z"},
+        "type": "Warning", "action": "Detected", "reason": "LoopbackHairpin",
+        "reportingController": "clb-probe", "reportingInstance": instance,
+        "note": "cause. Remedy: fix",
+        "regarding": {"apiVersion": "v1", "kind": "Service", "namespace": "shop", "name": "web"},
+        "related": {"apiVersion": "v1", "kind": "Pod", "namespace": ns, "name": "client-0"},
+    })
+}
+
+fn stored_etp(a: &KubeFixture) -> String {
+    a.objects("Service")
+        .iter()
+        .find(|s| s["metadata"]["name"] == "web")
+        .and_then(|s| {
+            s["spec"]["externalTrafficPolicy"]
+                .as_str()
+                .map(String::from)
+        })
+        .unwrap()
+}
+
+/// E6: a tenant with `create events` in its own namespace writes a clb-probe-shaped Event
+/// about another team's Service (and one naming no Node in the Service's namespace, as
+/// whoever holds a stolen token there could): `fix` confirms nothing and `--apply` patches
+/// nothing. The agents' own Event (the Service's namespace, a real Node) still confirms.
+#[test]
+fn a_forged_event_confirms_nothing_and_applies_nothing() {
+    let a = api("forged");
+    a.apply(node("node-a"));
+    a.apply(web());
+    a.apply(hairpin_event("clb-probe.forged.1", "tenant", "node-a"));
+    a.apply(hairpin_event("clb-probe.forged.2", "shop", "node-z"));
+    let out = a.run(&["fix", "-n", "shop", "web"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("no confirmed loopback regards this Service"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = a.run(&[
+        "fix",
+        "-n",
+        "shop",
+        "web",
+        "--apply",
+        "etp-cluster",
+        "--yes",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert_eq!(stored_etp(&a), "Local");
+    assert!(
+        !a.requests().iter().any(|r| r.method == "PATCH"),
+        "no patch, not even a dry run"
+    );
+
+    // The twin: the agent's own Event.
+    a.apply(hairpin_event("clb-probe.node-a.1", "shop", "node-a"));
+    let out = a.run(&["fix", "-n", "shop", "web"]);
+    assert!(
+        text(&out.stdout).contains("confirmed: hairpin"),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
+/// Runs the plugin on a terminal (util-linux `script` gives it a pty), typing `answer`.
+fn on_a_terminal(a: &KubeFixture, args: &[&str], answer: &str) -> (bool, String) {
+    let cmd = std::iter::once(plugin_bin().display().to_string())
+        .chain(["--kubeconfig".into(), a.kubeconfig().to_string()])
+        .chain(args.iter().map(|s| s.to_string()))
+        .map(|w| format!("'{w}'"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut child = Command::new("script")
+        .args(["-q", "-e", "-c", &cmd, "/dev/null"])
+        .env_remove("KUBECONFIG")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("script (util-linux)");
+    // After the question is on the terminal: the plugin reads its answer then.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(answer.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (out.status.success(), text(&out.stdout))
+}
+
+/// E17: `--apply` shows the dry run and asks; only a yes applies. Without a terminal and
+/// without `--yes` it refuses (`kubectl_plugin.rs` checks that); the listing's `apply:` line
+/// carries the version it was listed at.
+#[test]
+fn apply_asks_and_only_yes_applies() {
+    let a = api("confirm");
+    a.apply(node("node-a"));
+    a.apply(web());
+    a.apply(hairpin_event("clb-probe.node-a.1", "shop", "node-a"));
+    let out = a.run(&["fix", "-n", "shop", "web"]);
+    let listing = text(&out.stdout);
+    let rv = a
+        .objects("Service")
+        .iter()
+        .find_map(|s| s["metadata"]["resourceVersion"].as_str().map(String::from))
+        .unwrap();
+    assert!(
+        listing.contains(&format!(
+            "apply: kubectl clb-probe fix -n shop web --apply etp-cluster --resource-version {rv}"
+        )),
+        "{listing}"
+    );
+    let apply = ["fix", "-n", "shop", "web", "--apply", "etp-cluster"];
+    let (ok, shown) = on_a_terminal(&a, &apply, "n\n");
+    assert!(!ok, "{shown}");
+    assert!(shown.contains("\"Local\" -> \"Cluster\""), "{shown}");
+    assert!(shown.contains("[y/N]"), "{shown}");
+    assert_eq!(stored_etp(&a), "Local");
+    let (ok, shown) = on_a_terminal(&a, &apply, "y\n");
+    assert!(ok, "{shown}");
+    assert_eq!(stored_etp(&a), "Cluster");
+}
