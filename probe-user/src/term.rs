@@ -36,9 +36,29 @@ pub fn escape(s: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// [`escape`] for text of several lines: each line escaped, the line breaks kept. For the
+/// plugin's human output and its error lines, which hold API text (annotation values, an
+/// error Status's `message`) among their own lines.
+pub fn escape_lines(s: &str) -> Cow<'_, str> {
+    if !s.chars().any(|c| c != '\n' && hostile(c)) {
+        return Cow::Borrowed(s);
+    }
+    Cow::Owned(s.split('\n').map(escape).collect::<Vec<_>>().join("\n"))
+}
+
 #[cfg(test)]
 mod tests {
-    use super::escape;
+    use super::{escape, escape_lines};
+
+    #[test]
+    fn lines_keep_their_breaks_and_lose_their_controls() {
+        assert_eq!(escape_lines("a\nb\n"), "a\nb\n");
+        assert_eq!(
+            escape_lines("value: \u{9b}2J\nforbidden: \x1b]0;x\x07\n"),
+            "value: \\u{9b}2J\nforbidden: \\x1b]0;x\\x07\n"
+        );
+        assert_eq!(escape_lines("cr\r\n"), "cr\\x0d\n");
+    }
 
     #[test]
     fn terminal_controls_come_out_visible() {

@@ -164,3 +164,114 @@ fn apply_asks_and_only_yes_applies() {
     assert!(ok, "{shown}");
     assert_eq!(stored_etp(&a), "Cluster");
 }
+
+/// Raw terminal controls in `s`: ESC, BEL, C1 (U+0080..U+009F), bidi overrides and isolates.
+fn raw_controls(s: &str) -> usize {
+    s.chars()
+        .filter(|c| {
+            matches!(c, '\x1b' | '\x07' | '\u{80}'..='\u{9f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+        })
+        .count()
+}
+
+/// E11: a tenant's annotation value with a C1 CSI and a bidi override reaches the operator's
+/// terminal through `fix`'s dry-run diff and the undo it prints: escaped there; `-o json`
+/// stays byte-exact.
+#[test]
+fn annotation_values_with_terminal_controls_are_printed_escaped() {
+    let a = api("annotations");
+    a.apply(node("node-a"));
+    let mut svc = web();
+    // The AWS Load Balancer Controller's NLB: its own fixes are offered.
+    svc["spec"]["loadBalancerClass"] = json!("service.k8s.aws/nlb");
+    svc["metadata"]["annotations"] = json!({
+        "service.beta.kubernetes.io/aws-load-balancer-nlb-target-type": "\u{9b}2J\u{202e}ecnatsni",
+    });
+    a.apply(svc);
+    a.apply(hairpin_event("clb-probe.node-a.1", "shop", "node-a"));
+    let out = a.run(&[
+        "fix",
+        "-n",
+        "shop",
+        "web",
+        "--apply",
+        "aws-nlb-target-type-ip",
+        "--dry-run",
+    ]);
+    let shown = text(&out.stdout);
+    assert!(out.status.success(), "{shown}{}", text(&out.stderr));
+    assert!(
+        shown.contains("aws-load-balancer-nlb-target-type"),
+        "{shown}"
+    );
+    assert_eq!(raw_controls(&shown), 0, "{shown:?}");
+    assert!(shown.contains("\\u{9b}2J\\u{202e}ecnatsni"), "{shown}");
+    let listing = a.run(&["fix", "-n", "shop", "web"]);
+    assert_eq!(raw_controls(&text(&listing.stdout)), 0);
+}
+
+/// E16: a faulty API server or proxy answers with an error Status whose `message` carries
+/// OSC and CSI sequences: the plugin's error line shows them escaped.
+#[test]
+fn an_error_status_with_terminal_controls_is_printed_escaped() {
+    use std::io::{BufRead as _, BufReader};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = std::thread::spawn(move || {
+        // Every request gets the same 500 Status (the plugin may retry or page).
+        for _ in 0..4 {
+            let Ok((stream, _)) = listener.accept() else {
+                return;
+            };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut line = String::new();
+            while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                line.clear();
+            }
+            let body = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                "message": "\u{1b}]0;pwned\u{7}\u{1b}[2J\u{9b}31mALL CLEAR", "code": 500,
+                "reason": "InternalError"})
+            .to_string();
+            let mut stream = stream;
+            let _ = write!(
+                stream,
+                "HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\n\
+                 Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    let dir = tempfile_dir();
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: bad\n\
+             clusters:\n- name: bad\n  cluster:\n    server: http://{addr}\n\
+             contexts:\n- name: bad\n  context:\n    cluster: bad\n    user: bad\n\
+             users:\n- name: bad\n  user:\n    token: t\n"
+        ),
+    )
+    .unwrap();
+    let out = Command::new(plugin_bin())
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .arg("events")
+        .env_remove("KUBECONFIG")
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("ALL CLEAR"), "{err}");
+    assert_eq!(raw_controls(&err), 0, "{err:?}");
+    assert!(err.contains("\\x1b]0;pwned\\x07"), "{err}");
+    drop(server);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A fresh directory under the system's temp dir.
+fn tempfile_dir() -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("clb-hostile-plugin-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}

@@ -134,7 +134,7 @@ fn main() -> ExitCode {
     match rt.block_on(run(cli.command, kube)) {
         Ok(code) => code,
         Err(e) if e.is::<plugin::fix::Refused>() => {
-            eprintln!("kubectl clb-probe: refused: {e:#}");
+            eprintln!("kubectl clb-probe: refused: {}", esc(&format!("{e:#}")));
             ExitCode::from(2)
         }
         Err(e) => fail(&e, error_code),
@@ -232,7 +232,10 @@ async fn run(command: Command, kube: KubeArgs) -> anyhow::Result<ExitCode> {
                 None => api::node_provider_ids(client.clone())
                     .await
                     .unwrap_or_else(|e| {
-                        eprintln!("kubectl clb-probe: warning: {e:#} (provider from the Service)");
+                        eprintln!(
+                            "kubectl clb-probe: warning: {} (provider from the Service)",
+                            esc(&format!("{e:#}"))
+                        );
                         Vec::new()
                     }),
             };
@@ -243,7 +246,10 @@ async fn run(command: Command, kube: KubeArgs) -> anyhow::Result<ExitCode> {
             // The agents' own fix lists; without the reports (CRD not installed, `list
             // loopbackreports` denied) the fixes are recomputed from the Service.
             let reports = api::node_reports(client.clone()).await.unwrap_or_else(|e| {
-                eprintln!("kubectl clb-probe: warning: {e:#} (fixes recomputed from the Service)");
+                eprintln!(
+                    "kubectl clb-probe: warning: {} (fixes recomputed from the Service)",
+                    esc(&format!("{e:#}"))
+                );
                 Vec::new()
             });
             let agent = fix::agent_fixes(&reports, &format!("{namespace}/{service}"));
@@ -257,7 +263,7 @@ async fn run(command: Command, kube: KubeArgs) -> anyhow::Result<ExitCode> {
             let Some(id) = apply else {
                 match output {
                     Output::Json => println!("{}", serde_json::to_string_pretty(&plan)?),
-                    Output::Table => print!("{}", fix::render(&plan)),
+                    Output::Table => print!("{}", esc(&fix::render(&plan))),
                 }
                 return Ok(ExitCode::SUCCESS);
             };
@@ -301,12 +307,12 @@ async fn apply_fix(
         ))
         .into());
     }
-    print!("{}", undo::render_changes(&diff));
+    print!("{}", esc(&undo::render_changes(&diff)));
     let record = undo::undo_of(id, &before, &answer).on_top_of(undo::kept(&before)?);
     if dry_run {
         println!(
             "nothing applied (--dry-run); the undo would restore: {}",
-            record.restore
+            esc(&record.restore.to_string())
         );
         return Ok(ExitCode::SUCCESS);
     }
@@ -326,7 +332,7 @@ async fn apply_fix(
         eprintln!(
             "kubectl clb-probe: warning: the applied change differs from the dry run:\n{}\
              the kept undo restores only the dry run's fields",
-            undo::render_changes(&applied)
+            esc(&undo::render_changes(&applied))
         );
     }
     println!(
@@ -335,7 +341,11 @@ async fn apply_fix(
     );
     println!(
         "  or: {}",
-        fix::patch_command(&undo::restore_patch(&record), &namespace, &service)
+        esc(&fix::patch_command(
+            &undo::restore_patch(&record),
+            &namespace,
+            &service
+        ))
     );
     Ok(ExitCode::SUCCESS)
 }
@@ -353,14 +363,18 @@ async fn undo_fixes(
     let (namespace, service) = names(svc);
     let current = serde_json::to_value(svc)?;
     let (record, patch) = undo::undo_request(&current)?;
-    let fixes = record.fixes.join(", ");
+    // The record is an annotation anyone with `patch services` may have written.
+    let fixes = esc(&record.fixes.join(", ")).into_owned();
     let answer = api::patch_service(client.clone(), &namespace, &service, &patch, true).await?;
     println!(
         "dry run of the undo of {fixes} on service {namespace}/{service} (the API server's answer):"
     );
     print!(
         "{}",
-        undo::render_changes(&undo::changes(&current, &serde_json::to_value(&answer)?))
+        esc(&undo::render_changes(&undo::changes(
+            &current,
+            &serde_json::to_value(&answer)?
+        )))
     );
     if dry_run {
         println!("nothing applied (--dry-run)");
@@ -386,8 +400,14 @@ fn names(svc: &k8s_openapi::api::core::v1::Service) -> (String, String) {
     )
 }
 
+/// API text (annotation values, an error Status's `message`, names) made safe for a terminal:
+/// issue 36, E11 and E16. JSON output (`-o json`) is printed as it is: JSON escapes controls.
+fn esc(s: &str) -> std::borrow::Cow<'_, str> {
+    clb_probe::term::escape_lines(s)
+}
+
 /// One clear line on stderr, exit `code`.
 fn fail(e: &anyhow::Error, code: u8) -> ExitCode {
-    eprintln!("kubectl clb-probe: error: {e:#}");
+    eprintln!("kubectl clb-probe: error: {}", esc(&format!("{e:#}")));
     ExitCode::from(code)
 }
