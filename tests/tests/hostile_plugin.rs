@@ -275,3 +275,52 @@ fn tempfile_dir() -> std::path::PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
+
+/// E15: a busy cluster's other Events (20,000 here) are filtered by the API server, not by
+/// the plugin: `events` asks with `reportingController=clb-probe`, `fix` in the Service's
+/// namespace only with the Service in the selector (no cluster-wide `list events`).
+#[test]
+fn other_events_are_left_to_the_server_and_fix_lists_one_namespace() {
+    let a = api("busy");
+    a.apply(node("node-a"));
+    a.apply(web());
+    for i in 0..20_000 {
+        a.apply(json!({
+            "apiVersion": "events.k8s.io/v1", "kind": "Event",
+            "metadata": {"name": format!("other.{i}"), "namespace": format!("team-{}", i % 50)},
+            "eventTime": "2026-11-27T01:00:00.000000Z",
+            "type": "Normal", "action": "Pulled", "reason": "Pulled",
+            "reportingController": "kubelet", "reportingInstance": "node-a",
+            "note": "x".repeat(200),
+            "regarding": {"apiVersion": "v1", "kind": "Pod", "namespace": format!("team-{}", i % 50), "name": "p"},
+        }));
+    }
+    a.apply(hairpin_event("clb-probe.node-a.1", "shop", "node-a"));
+    let out = a.run(&["events", "-o", "json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let rows: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(rows.as_array().unwrap().len(), 1, "{rows:#}");
+    let out = a.run(&["fix", "-n", "shop", "web"]);
+    assert!(
+        text(&out.stdout).contains("confirmed: hairpin"),
+        "{}",
+        text(&out.stdout)
+    );
+    let lists: Vec<String> = a
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "GET" && r.path.contains("/events"))
+        .map(|r| r.path)
+        .collect();
+    assert_eq!(lists.len(), 2, "{lists:#?}");
+    assert!(
+        lists[0].starts_with("/apis/events.k8s.io/v1/events?")
+            && lists[0].contains("fieldSelector=reportingController%3Dclb-probe"),
+        "{lists:#?}"
+    );
+    assert!(
+        lists[1].starts_with("/apis/events.k8s.io/v1/namespaces/shop/events?")
+            && lists[1].contains("regarding.name%3Dweb"),
+        "{lists:#?}"
+    );
+}

@@ -146,7 +146,7 @@ async fn run(command: Command, kube: KubeArgs) -> anyhow::Result<ExitCode> {
     let client = api::client(&kube).await?;
     match command {
         Command::Events { output } => {
-            let events = api::list_events(client).await?;
+            let events = api::list_events(client, api::EventScope::All).await?;
             let rows = plugin::rows(&events);
             match output {
                 Output::Json => println!("{}", serde_json::to_string_pretty(&rows)?),
@@ -239,7 +239,14 @@ async fn run(command: Command, kube: KubeArgs) -> anyhow::Result<ExitCode> {
                         Vec::new()
                     }),
             };
-            let events = api::list_events(client.clone()).await?;
+            let events = api::list_events(
+                client.clone(),
+                api::EventScope::Service {
+                    namespace: &namespace,
+                    name: &service,
+                },
+            )
+            .await?;
             // The Nodes, to believe only Events naming one (none listed: shape and namespace).
             let nodes = api::node_names(client.clone()).await.ok();
             let kinds = fix::confirmed_kinds(&events, &namespace, &service, nodes.as_deref());

@@ -58,16 +58,51 @@ pub fn explain(e: kube::Error, what: &str) -> anyhow::Error {
     }
 }
 
-/// Every `events.k8s.io/v1` Event in the cluster (paged); the caller keeps clb-probe's.
-pub async fn list_events(client: Client) -> anyhow::Result<Vec<Event>> {
-    let api: Api<Event> = Api::all(client);
+/// Which Events to list.
+#[derive(Clone, Copy, Debug)]
+pub enum EventScope<'a> {
+    /// `events`: clb-probe's in every namespace.
+    All,
+    /// `fix`: clb-probe's regarding one Service, in its namespace (where the agents write
+    /// them; see `fix::confirmed_kinds`).
+    Service { namespace: &'a str, name: &'a str },
+}
+
+impl EventScope<'_> {
+    /// The field selector: the API server filters, so a cluster's other Events (100,000 on a
+    /// busy one) never reach the plugin (issue 36, E15). `reportingController`,
+    /// `regarding.kind` and `regarding.name` are selectable fields of events.k8s.io/v1 Events
+    /// (Kubernetes' Event registry, `EventToSelectableFields`).
+    pub fn field_selector(&self) -> String {
+        match self {
+            EventScope::All => format!("reportingController={}", super::REPORTING_CONTROLLER),
+            EventScope::Service { name, .. } => format!(
+                "reportingController={},regarding.kind=Service,regarding.name={name}",
+                super::REPORTING_CONTROLLER
+            ),
+        }
+    }
+}
+
+/// clb-probe's `events.k8s.io/v1` Events in `scope` (paged, filtered by the server; `fix`
+/// needs `list events` in the Service's namespace only).
+pub async fn list_events(client: Client, scope: EventScope<'_>) -> anyhow::Result<Vec<Event>> {
+    let (api, what): (Api<Event>, String) = match scope {
+        EventScope::All => (
+            Api::all(client),
+            "list events.k8s.io events in all namespaces".into(),
+        ),
+        EventScope::Service { namespace, .. } => (
+            Api::namespaced(client, namespace),
+            format!("list events.k8s.io events in namespace {namespace}"),
+        ),
+    };
     let mut out = Vec::new();
-    let mut params = ListParams::default().limit(PAGE);
+    let mut params = ListParams::default()
+        .limit(PAGE)
+        .fields(&scope.field_selector());
     loop {
-        let page = api
-            .list(&params)
-            .await
-            .map_err(|e| explain(e, "list events.k8s.io events in all namespaces"))?;
+        let page = api.list(&params).await.map_err(|e| explain(e, &what))?;
         out.extend(page.items);
         match page.metadata.continue_ {
             Some(token) if !token.is_empty() => params = params.continue_token(&token),
