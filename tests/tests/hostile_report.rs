@@ -215,3 +215,50 @@ fn an_agent_never_writes_another_nodes_report() {
     assert_eq!(agent.count_log("refusing to write"), 1, "one ERROR");
     assert!(api.objects("loopbackreports").is_empty());
 }
+
+/// E12 outside a Pod (no `POD_NAME`): `--node-name node-b`, whose Node's InternalIP is no
+/// address of this host, writes nothing either; the metric says why.
+#[test]
+fn outside_a_pod_an_agent_never_writes_a_node_whose_address_is_elsewhere() {
+    if !require_root("hostile_report_node_address") {
+        return;
+    }
+    let _lab = LabGuard::up(&Variants::default()).expect("lab up");
+    let api = KubeFixture::builder()
+        .tag("hostile-report-e12-host")
+        .object(
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-b"},
+            "status": {"addresses": [{"type": "InternalIP", "address": "192.0.2.77"}]}}),
+        )
+        .start();
+    let mut agent = Agent::start(
+        lab::NS_NODE,
+        &[
+            "--nic",
+            lab::NODE_NIC,
+            "--kubeconfig",
+            api.kubeconfig(),
+            "--node-name",
+            "node-b",
+            "--node-report",
+            "on",
+            "--node-condition",
+            "on",
+            "--metrics-addr",
+            METRICS,
+        ],
+    );
+    let refused = "clbprobe_node_report_refused{reason=\"node_address_not_local\"}";
+    wait_for("a write to node-b or the refusal", WAIT, || {
+        (report_of(&api, "node-b").is_some() || node_metric(METRICS, refused) == 1).then_some(())
+    });
+    let writes = patches(&api, "node-b");
+    eprintln!(
+        "E12 (outside a Pod): {writes} writes to node-b, report {}, condition {}",
+        report_of(&api, "node-b").is_some(),
+        node_condition(&api, "node-b").is_some()
+    );
+    assert_eq!(writes, 0, "node-b's report or condition written");
+    assert_eq!(node_metric(METRICS, refused), 1);
+    assert_eq!(agent.count_log("refusing to write"), 1, "one ERROR");
+}

@@ -521,6 +521,7 @@ fn spawn_node_report(
             // The tracker's window: "active" means the same in the report and the gauge.
             active_window_s: i64::try_from(cfg.resolve_after.as_secs().max(1)).unwrap_or(i64::MAX),
             stats: shared.node_report.clone(),
+            local: Some(owners.clone()),
         },
         crate::report::writer::NodeFacts::of_this_node(&node),
         shared.capabilities.clone(),

@@ -22,8 +22,10 @@
 //! report nor the condition, unless the Pod's `spec.nodeName` is the node it was told
 //! (`--node-name`): a stolen token or a wrong flag cannot write another node's report. One
 //! ERROR and `clbprobe_node_report_refused{reason}` say why; detection keeps running. Outside
-//! a Pod (a binary on the host) there is no scheduler's word to check: the flag is believed
-//! (the API's RBAC, which cannot scope `nodes/status` to one node, is the only bound).
+//! a Pod (a binary on the host) there is no scheduler's word: the Node must have one of its
+//! `InternalIP`s among this host's addresses (the address sync's), else the same refusal; a
+//! Node without one, or unreadable, is believed (one WARN). Neither check stops a stolen token
+//! used elsewhere: the API's RBAC, which cannot scope `nodes/status` to one node, is that bound.
 //!
 //! The object is named after this node ([`super::status::object_name`], checked), created
 //! once by server-side apply of its metadata with an ownerReference to the Node (so it is
@@ -501,6 +503,9 @@ pub struct WriterSettings {
     pub active_window_s: i64,
     /// The counters `/metrics` shows.
     pub stats: Arc<ReportStats>,
+    /// The node's local addresses (the address sync's owner map), for the check outside a
+    /// Pod (E12).
+    pub local: Option<watch::Receiver<crate::agent::nodesync::Owners>>,
 }
 
 /// `--node-report on` with API access: writes until the report broadcast closes.
@@ -533,9 +538,11 @@ pub async fn start(
             return;
         }
     };
-    if let Some(pod) = own_pod()
-        && !scheduled_here(&client, &pod, &facts.node, &stats).await
-    {
+    let here = match own_pod() {
+        Some(pod) => scheduled_here(&client, &pod, &facts.node, &stats).await,
+        None => node_address_here(&client, &facts.node, settings.local, &stats).await,
+    };
+    if !here {
         return;
     }
     run(writer, facts, caps, reports, resolutions, checks).await;
@@ -558,6 +565,66 @@ pub fn node_mismatch(scheduled: Option<&str>, node: &str) -> Option<String> {
         None => Some(format!(
             "this agent's Pod is not scheduled on any node, so not on {node:?}"
         )),
+    }
+}
+
+/// Whether one of the Node's `InternalIP`s is among this host's addresses: None when there is
+/// nothing to compare (no InternalIP, or no local address known) (pure).
+pub fn internal_ip_is_local(
+    internal_ips: &[std::net::IpAddr],
+    local: &crate::agent::nodesync::Owners,
+) -> Option<bool> {
+    if internal_ips.is_empty() || local.is_empty() {
+        return None;
+    }
+    Some(
+        internal_ips
+            .iter()
+            .any(|ip| local.keys().any(|p| p.is_host() && p.contains(*ip))),
+    )
+}
+
+/// E12 outside a Pod (no scheduler's word): the Node named `node` must have one of its
+/// `InternalIP`s on this host. A Node that cannot be read, has no InternalIP, or a host whose
+/// addresses are not known within [`WRITE_TIMEOUT`] is not refused (said in one WARN): the
+/// check guards against a wrong flag, not against every missing fact.
+async fn node_address_here(
+    client: &Client,
+    node: &str,
+    local: Option<watch::Receiver<crate::agent::nodesync::Owners>>,
+    stats: &ReportStats,
+) -> bool {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let ips: Vec<std::net::IpAddr> =
+        match tokio::time::timeout(WRITE_TIMEOUT, nodes.get(node)).await {
+            Ok(Ok(n)) => n
+                .status
+                .and_then(|s| s.addresses)
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|a| a.type_ == "InternalIP")
+                .filter_map(|a| a.address.parse().ok())
+                .collect(),
+            _ => Vec::new(),
+        };
+    let mut owners = crate::agent::nodesync::Owners::default();
+    if let Some(mut local) = local {
+        let _ = tokio::time::timeout(WRITE_TIMEOUT, local.wait_for(|o| !o.is_empty())).await;
+        owners = local.borrow().clone();
+    }
+    match internal_ip_is_local(&ips, &owners) {
+        Some(true) => true,
+        Some(false) => {
+            if let Ok(mut r) = stats.refused.lock() {
+                *r = "node_address_not_local".into();
+            }
+            error!(node = %node, internal_ips = ?ips, "node report: none of the Node's InternalIPs is an address of this host, so this is not node {node:?} (--node-name / NODE_NAME): refusing to write any node's report or condition (clbprobe_node_report_refused{{reason=\"node_address_not_local\"}}; detection keeps running)");
+            false
+        }
+        None => {
+            warn!(node = %node, "node report: cannot check that this host is node {node:?} (the Node or its InternalIP unreadable, or no local address yet): believing the flag");
+            true
+        }
     }
 }
 

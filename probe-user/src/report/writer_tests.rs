@@ -544,3 +544,35 @@ fn the_agents_pod_must_run_on_the_node_it_writes() {
     );
     assert!(node_mismatch(None, "node-b").is_some());
 }
+
+/// E12 outside a Pod: the Node's InternalIP must be a host address of this node; nothing to
+/// compare is not a refusal.
+#[test]
+fn outside_a_pod_the_nodes_internal_ip_must_be_local() {
+    use crate::report::writer::internal_ip_is_local;
+    use crate::{event::AddressOwner, state::addrs::Prefix};
+    let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+    let local: crate::agent::nodesync::Owners = std::sync::Arc::new(
+        [(
+            Prefix::host(ip("198.18.0.2")),
+            AddressOwner::Interface {
+                iface: "eth0".into(),
+            },
+        )]
+        .into_iter()
+        .collect(),
+    );
+    assert_eq!(
+        internal_ip_is_local(&[ip("198.18.0.2")], &local),
+        Some(true)
+    );
+    assert_eq!(
+        internal_ip_is_local(&[ip("192.0.2.77")], &local),
+        Some(false)
+    );
+    assert_eq!(internal_ip_is_local(&[], &local), None);
+    assert_eq!(
+        internal_ip_is_local(&[ip("198.18.0.2")], &Default::default()),
+        None
+    );
+}
