@@ -182,6 +182,7 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         kube: kube.status.clone(),
         version: env!("CARGO_PKG_VERSION"),
         kube_events: Default::default(),
+        node_report: Default::default(),
         outputs: Arc::new(surfaces.sinks.output_stats()),
         otlp: surfaces.sinks.otlp.as_ref().map(|o| o.stats()),
         loops: Default::default(),
@@ -519,6 +520,8 @@ fn spawn_node_report(
             node_condition: cfg.node_condition,
             // The tracker's window: "active" means the same in the report and the gauge.
             active_window_s: i64::try_from(cfg.resolve_after.as_secs().max(1)).unwrap_or(i64::MAX),
+            stats: shared.node_report.clone(),
+            local: Some(owners.clone()),
         },
         crate::report::writer::NodeFacts::of_this_node(&node),
         shared.capabilities.clone(),

@@ -48,6 +48,9 @@ pub struct Shared {
     pub version: &'static str,
     /// Kubernetes Events written (`clbprobe_kube_event_writes_total`).
     pub kube_events: Arc<KubeEventStats>,
+    /// The node report's writer (`clbprobe_kube_writes_failed_total`,
+    /// `clbprobe_node_report_refused`).
+    pub node_report: Arc<crate::report::writer::ReportStats>,
     /// `--events` / `--record` writers (`clbprobe_output_*`), by output name.
     pub outputs: Arc<Vec<(&'static str, Arc<outputs::OutputStats>)>>,
     /// `--otlp-endpoint`'s counters (`clbprobe_otlp_*`); None when OTLP export is off.

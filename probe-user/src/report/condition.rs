@@ -38,9 +38,13 @@ fn camel(kind: &str) -> String {
 
 /// The condition the report implies.
 pub fn condition(status: &ReportStatus) -> Condition {
+    // The most severe real loop: the loops come most severe first, a flood's entry after
+    // every single loop (`super::loops`); a flood is named only when nothing else is active.
     let first = status
         .active_loops
-        .first()
+        .iter()
+        .find(|l| l.flood.is_none())
+        .or(status.active_loops.first())
         .map(|l| {
             (
                 "active loop",

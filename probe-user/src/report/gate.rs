@@ -64,9 +64,77 @@ impl<T> Gate<T> {
     }
 }
 
+/// A failing write's exponential backoff (E7, pure, injected clock in milliseconds): after
+/// the `n`th failure in a row the next attempt waits `first_ms * 2^(n-1)`, capped at
+/// `max_ms` (the writer's heartbeat: a broken RBAC costs the API one request per heartbeat,
+/// not one per rate-limit interval). A success starts over.
+#[derive(Debug)]
+pub struct Backoff {
+    first_ms: u64,
+    max_ms: u64,
+    failures: u32,
+    not_before_ms: u64,
+}
+
+impl Backoff {
+    pub fn new(first_ms: u64, max_ms: u64) -> Self {
+        Backoff {
+            first_ms,
+            max_ms,
+            failures: 0,
+            not_before_ms: 0,
+        }
+    }
+
+    /// Whether an attempt may go out at `now_ms`.
+    pub fn ready(&self, now_ms: u64) -> bool {
+        now_ms >= self.not_before_ms
+    }
+
+    /// An attempt at `now_ms` failed; returns the wait before the next one.
+    pub fn failed(&mut self, now_ms: u64) -> u64 {
+        self.failures = self.failures.saturating_add(1);
+        let shift = (self.failures - 1).min(32);
+        let wait = self.first_ms.saturating_mul(1u64 << shift).min(self.max_ms);
+        self.not_before_ms = now_ms.saturating_add(wait);
+        wait
+    }
+
+    /// An attempt succeeded: the next failure waits `first_ms` again.
+    pub fn succeeded(&mut self) {
+        self.failures = 0;
+        self.not_before_ms = 0;
+    }
+
+    /// Failures in a row (0: working).
+    pub fn failures(&self) -> u32 {
+        self.failures
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn backoff_doubles_to_the_cap_and_starts_over_after_a_success() {
+        let mut b = Backoff::new(10_000, 300_000);
+        assert!(b.ready(0));
+        let waits: Vec<u64> = (0..7).map(|_| b.failed(0)).collect();
+        assert_eq!(
+            waits,
+            [10_000, 20_000, 40_000, 80_000, 160_000, 300_000, 300_000]
+        );
+        assert!(!b.ready(299_999));
+        assert!(b.ready(300_000));
+        b.succeeded();
+        assert_eq!(b.failures(), 0);
+        assert_eq!(b.failed(1_000), 10_000);
+        for _ in 0..100 {
+            b.failed(0);
+        }
+        assert!(b.ready(300_000), "capped, never overflows");
+    }
 
     #[test]
     fn one_write_per_interval_newest_state_wins() {

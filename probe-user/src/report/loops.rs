@@ -17,8 +17,26 @@
 //!
 //! Times are the agent's wall clock when it saw the report (Unix seconds), not the kernel's
 //! monotonic timestamps: the report is read on other machines. Bounded: at most
-//! [`MAX_ACTIVE`] active loops (the least recently seen is dropped, counted in `dropped`),
-//! [`MAX_RESOLVED`] resolved ones and [`MAX_CLIENT_PODS`] client pods per loop.
+//! [`MAX_ACTIVE`] active loops and [`MAX_FLOODS`] floods (below), [`MAX_RESOLVED`] resolved
+//! ones and [`MAX_CLIENT_PODS`] client pods per loop.
+//!
+//! **Fair slots under a flood (E5).** An unprivileged user makes a new aggregate with every
+//! connect to an unserved port of an LB IP: 150 a second would fill 100 slots kept by
+//! recency and push out the one real loop (and the Node condition, which names the first,
+//! would follow the attacker). So the slots are shared by *group*: a loop's kind and its
+//! Service (else its VIP's address, without the port, which the flood varies).
+//! - A group keeps its [`MAX_PER_GROUP`] most recently seen loops; older ones of the group
+//!   are folded into the group's *flood*: one entry (`flood` set: "flood: N more ... loops
+//!   on ADDRESS", with the count and a few examples), so a flood is named as one.
+//! - Past [`MAX_ACTIVE`], a loop of the least severe kind ([`severity`]) goes first, from the
+//!   largest group, its oldest loop: a new real loop of another kind, Service or VIP always
+//!   gets a slot. Past [`MAX_FLOODS`] floods, the least severe, least recently seen flood is
+//!   forgotten (counted in `dropped`).
+//! - [`Loops::active`] lists the most severe kind first; at the same kind, loops of a group
+//!   without a flood before a flooding group's, then most recently seen; floods last. The
+//!   Node condition names the first loop that is not a flood: the most severe real loop.
+//!
+//! A flood not seen for the window is listed as resolved like a loop (its address, no proof).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -31,6 +49,43 @@ pub const RESOLVED_KEEP: i64 = 24 * 3600;
 pub const MAX_ACTIVE: usize = 100;
 pub const MAX_RESOLVED: usize = 100;
 pub const MAX_CLIENT_PODS: usize = 10;
+/// Loops of one group (kind, Service or VIP address) listed one by one; the rest is its flood.
+pub const MAX_PER_GROUP: usize = 10;
+/// Floods listed (one per group).
+pub const MAX_FLOODS: usize = 20;
+/// Examples a flood entry names.
+const FLOOD_EXAMPLES: usize = 3;
+
+/// How bad a kind is for the node, higher worse (the report's order, the condition's pick):
+/// a black-holed health check takes the node out of its LBs (every Service on it); a hairpin
+/// fails a Service's calls from pods; a self-loop a pod's calls to its own Service; a VIP as
+/// source and an unserved port are what any local user makes with one connect.
+pub fn severity(kind: &str) -> u8 {
+    match kind {
+        "healthcheck_blackhole" => 4,
+        "hairpin" => 3,
+        "service_self_loop" => 2,
+        "vip_as_source" => 1,
+        _ => 0,
+    }
+}
+
+/// The many loops of one group beyond [`MAX_PER_GROUP`], as one entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Flood {
+    kind: String,
+    service: Option<String>,
+    /// The group's address (the VIP without the port).
+    address: String,
+    /// Loops folded in.
+    loops: u64,
+    /// Their confirmations.
+    count: u64,
+    first: i64,
+    last: i64,
+    /// The first few folded loops' `vip`.
+    examples: Vec<String>,
+}
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Entry {
@@ -44,6 +99,10 @@ struct Entry {
     first_fix: Option<String>,
     /// Fix ids, best first, from the latest event that had any.
     fixes: Vec<String>,
+    /// (kind, Service or VIP address): the unit of fairness.
+    group: String,
+    /// The VIP's address without the port.
+    address: String,
 }
 
 /// The node's loops, by aggregate key.
@@ -52,9 +111,11 @@ pub struct Loops {
     /// Seconds without a confirmation before an active loop is no longer active.
     active_window: i64,
     active: BTreeMap<String, Entry>,
+    /// By group.
+    floods: BTreeMap<String, Flood>,
     /// (key, loop), oldest resolution first.
     resolved: Vec<(String, ResolvedLoop, i64)>,
-    /// Active loops dropped for [`MAX_ACTIVE`].
+    /// Floods forgotten for [`MAX_FLOODS`].
     pub dropped: u64,
 }
 
@@ -66,6 +127,11 @@ fn vip_of(e: &LoopbackEvent) -> String {
         (Some(port), ip) => format!("{ip}:{port}"),
         (None, ip) => ip.to_string(),
     }
+}
+
+/// The VIP's (else the destination's) address, without the port.
+fn address_of(e: &LoopbackEvent) -> String {
+    e.vip.unwrap_or(e.dst).to_string()
 }
 
 /// The first fix of an event (`id: change`), else its first remedy line that is a remedy
@@ -99,6 +165,7 @@ impl Loops {
         Loops {
             active_window: active_window.max(1),
             active: BTreeMap::new(),
+            floods: BTreeMap::new(),
             resolved: Vec::new(),
             dropped: 0,
         }
@@ -108,6 +175,8 @@ impl Loops {
     pub fn observe(&mut self, e: &LoopbackEvent, now: i64) {
         self.resolved.retain(|(k, _, _)| *k != e.key);
         let entry = self.active.entry(e.key.clone()).or_insert_with(|| Entry {
+            group: String::new(),
+            address: address_of(e),
             kind: e.kind.as_str().to_string(),
             service: None,
             vip: vip_of(e),
@@ -135,16 +204,96 @@ impl Loops {
         if !e.fixes.is_empty() {
             entry.fixes = fix_ids(&e.fixes);
         }
-        while self.active.len() > MAX_ACTIVE {
-            let oldest = self
+        entry.group = format!(
+            "{}|{}",
+            entry.kind,
+            entry.service.as_deref().unwrap_or(&entry.address)
+        );
+        let group = entry.group.clone();
+        self.bound(&group);
+    }
+
+    /// Keeps the slots fair (module doc): `group` (just seen) within [`MAX_PER_GROUP`], all
+    /// within [`MAX_ACTIVE`] and [`MAX_FLOODS`].
+    fn bound(&mut self, group: &str) {
+        loop {
+            let in_group: Vec<(&String, &Entry)> = self
                 .active
                 .iter()
-                .min_by_key(|(_, e)| e.last)
+                .filter(|(_, e)| e.group == group)
+                .collect();
+            if in_group.len() <= MAX_PER_GROUP {
+                break;
+            }
+            let oldest = in_group
+                .iter()
+                .min_by(|a, b| a.1.last.cmp(&b.1.last).then(a.0.cmp(b.0)))
+                .map(|(k, _)| (*k).clone());
+            match oldest {
+                Some(k) => self.fold(&k),
+                None => break,
+            }
+        }
+        while self.active.len() > MAX_ACTIVE {
+            let mut sizes: BTreeMap<&str, usize> = BTreeMap::new();
+            for e in self.active.values() {
+                *sizes.entry(e.group.as_str()).or_default() += 1;
+            }
+            // Least severe, then the largest group, then the oldest loop.
+            let victim = self
+                .active
+                .iter()
+                .min_by(|a, b| {
+                    let rank = |(k, e): &(&String, &Entry)| {
+                        (
+                            severity(&e.kind),
+                            std::cmp::Reverse(sizes[e.group.as_str()]),
+                            e.last,
+                            (*k).clone(),
+                        )
+                    };
+                    rank(a).cmp(&rank(b))
+                })
                 .map(|(k, _)| k.clone());
-            if let Some(k) = oldest {
-                self.active.remove(&k);
+            match victim {
+                Some(k) => self.fold(&k),
+                None => break,
+            }
+        }
+        while self.floods.len() > MAX_FLOODS {
+            let victim = self
+                .floods
+                .iter()
+                .min_by_key(|(g, f)| (severity(&f.kind), f.last, (*g).clone()))
+                .map(|(g, _)| g.clone());
+            if let Some(g) = victim {
+                self.floods.remove(&g);
                 self.dropped += 1;
             }
+        }
+    }
+
+    /// The active loop `key` into its group's flood.
+    fn fold(&mut self, key: &str) {
+        let Some(e) = self.active.remove(key) else {
+            return;
+        };
+        let flood = self.floods.entry(e.group.clone()).or_insert_with(|| Flood {
+            kind: e.kind.clone(),
+            service: e.service.clone(),
+            address: e.address.clone(),
+            loops: 0,
+            count: 0,
+            first: e.first,
+            last: e.last,
+            examples: Vec::new(),
+        });
+        flood.loops += 1;
+        flood.count = flood.count.saturating_add(e.count);
+        flood.first = flood.first.min(e.first);
+        flood.last = flood.last.max(e.last);
+        if flood.examples.len() < FLOOD_EXAMPLES && !flood.examples.contains(&e.vip) {
+            flood.examples.push(e.vip);
         }
     }
 
@@ -170,7 +319,7 @@ impl Loops {
     /// Moves loops not seen for the window to resolved, forgets resolutions older than 24 h.
     /// Returns whether anything changed.
     pub fn tick(&mut self, now: i64) -> bool {
-        let before = (self.active.len(), self.resolved.len());
+        let before = (self.active.len(), self.floods.len(), self.resolved.len());
         let expired: Vec<(String, i64)> = self
             .active
             .iter()
@@ -180,11 +329,37 @@ impl Loops {
         for (key, resolved_at) in expired {
             self.move_to_resolved(&key, resolved_at, None);
         }
+        let window = self.active_window;
+        let quiet: Vec<String> = self
+            .floods
+            .iter()
+            .filter(|(_, f)| now - f.last >= window)
+            .map(|(g, _)| g.clone())
+            .collect();
+        for group in quiet {
+            if let Some(f) = self.floods.remove(&group) {
+                let at = f.last + window;
+                self.resolved.push((
+                    format!("flood/{group}"),
+                    ResolvedLoop {
+                        kind: f.kind,
+                        service: f.service,
+                        vip: f.address,
+                        count: f.count,
+                        first_seen: rfc3339(f.first),
+                        last_seen: rfc3339(f.last),
+                        resolved_at: rfc3339(at),
+                        proof: None,
+                    },
+                    at,
+                ));
+            }
+        }
         self.resolved.sort_by_key(|(_, _, at)| *at);
         self.resolved.retain(|(_, _, at)| now - at < RESOLVED_KEEP);
         let excess = self.resolved.len().saturating_sub(MAX_RESOLVED);
         self.resolved.drain(..excess);
-        before != (self.active.len(), self.resolved.len())
+        before != (self.active.len(), self.floods.len(), self.resolved.len())
     }
 
     /// The active loop `key`, if any, to the resolved list, resolved at `at`.
@@ -208,10 +383,43 @@ impl Loops {
         ));
     }
 
-    /// Active loops, most recently seen first (then by key, for a stable order).
+    /// Active loops, the most severe kind first, then those of a group without a flood, then
+    /// the most recently seen (then by key, for a stable order); the floods last, the most
+    /// severe first (module doc).
     pub fn active(&self) -> Vec<ActiveLoop> {
         let mut v: Vec<(&String, &Entry)> = self.active.iter().collect();
-        v.sort_by(|a, b| b.1.last.cmp(&a.1.last).then(a.0.cmp(b.0)));
+        let rank = |(k, e): &(&String, &Entry)| {
+            (
+                std::cmp::Reverse(severity(&e.kind)),
+                self.floods.contains_key(&e.group),
+                std::cmp::Reverse(e.last),
+                (*k).clone(),
+            )
+        };
+        v.sort_by_key(|a| rank(a));
+        let mut floods: Vec<&Flood> = self.floods.values().collect();
+        floods.sort_by_key(|f| {
+            (
+                std::cmp::Reverse(severity(&f.kind)),
+                std::cmp::Reverse(f.last),
+            )
+        });
+        let floods = floods.into_iter().map(|f| ActiveLoop {
+            kind: f.kind.clone(),
+            service: f.service.clone(),
+            vip: f.address.clone(),
+            count: f.count,
+            first_seen: rfc3339(f.first),
+            last_seen: rfc3339(f.last),
+            flood: Some(format!(
+                "flood: {} more {} loops on {} than the {MAX_PER_GROUP} listed, aggregated; e.g. {}",
+                f.loops,
+                f.kind,
+                f.service.as_deref().unwrap_or(&f.address),
+                f.examples.join(", ")
+            )),
+            ..Default::default()
+        });
         v.into_iter()
             .map(|(_, e)| ActiveLoop {
                 kind: e.kind.clone(),
@@ -223,7 +431,9 @@ impl Loops {
                 last_seen: rfc3339(e.last),
                 first_fix: e.first_fix.clone(),
                 fixes: e.fixes.clone(),
+                flood: None,
             })
+            .chain(floods)
             .collect()
     }
 
@@ -373,19 +583,113 @@ mod tests {
 
     #[test]
     fn bounded_active_loops_and_client_pods() {
+        // Each loop its own Service: past MAX_ACTIVE the oldest is folded into its group's
+        // flood entry (listed after every single loop).
         let mut l = Loops::default();
         for i in 0..(MAX_ACTIVE + 3) {
-            l.observe(&ev(&format!("k{i}"), 1, None), T0 + i as i64);
+            let mut e = ev(&format!("k{i}"), 1, None);
+            e.service = Some(format!("shop/web-{i}"));
+            l.observe(&e, T0 + i as i64);
         }
-        assert_eq!(l.active().len(), MAX_ACTIVE);
-        assert_eq!(l.dropped, 3);
+        let active = l.active();
+        let single: Vec<_> = active.iter().filter(|a| a.flood.is_none()).collect();
+        assert_eq!(single.len(), MAX_ACTIVE);
+        assert_eq!(active.len() - single.len(), 3, "three floods of one");
         // The least recently seen went first.
-        assert!(l.active().iter().all(|a| a.first_seen != rfc3339(T0)));
+        assert!(single.iter().all(|a| a.first_seen != rfc3339(T0)));
+        // One Service's loops: its MAX_PER_GROUP newest, the rest one flood entry.
+        let mut l = Loops::default();
+        for i in 0..(MAX_PER_GROUP + 5) {
+            l.observe(&ev(&format!("k{i}"), 2, None), T0 + i as i64);
+        }
+        let active = l.active();
+        assert_eq!(active.len(), MAX_PER_GROUP + 1);
+        let flood = active.last().unwrap();
+        assert_eq!(flood.count, 10, "the five folded loops' confirmations");
+        assert!(
+            flood
+                .flood
+                .as_deref()
+                .is_some_and(|f| f.starts_with("flood: 5 more hairpin loops on shop/web")),
+            "{flood:?}"
+        );
+        // Floods are bounded too.
+        let mut l = Loops::default();
+        for g in 0..(MAX_FLOODS + 2) {
+            for i in 0..(MAX_PER_GROUP + 1) {
+                let mut e = ev(&format!("g{g}-k{i}"), 1, None);
+                e.service = Some(format!("shop/web-{g}"));
+                l.observe(&e, T0);
+            }
+        }
+        assert!(l.active().iter().filter(|a| a.flood.is_some()).count() <= MAX_FLOODS);
         let mut l = Loops::default();
         for i in 0..(MAX_CLIENT_PODS + 5) {
             l.observe(&ev("k", 1, Some(&format!("ns/p{i:02}"))), T0);
         }
         assert_eq!(l.active()[0].client_pods.len(), MAX_CLIENT_PODS);
+    }
+
+    /// E5: an unprivileged user makes 150 distinct unserved VIP ports a second on the LB IP
+    /// (cheap loops, one aggregate each) while the LB's health checks are black-holed (one
+    /// real loop of another kind and VIP). After every second of the flood (8 report
+    /// writes' worth) the real loop is in the report and the Node condition names it; the
+    /// flood is one entry that says it is a flood, with its count and examples.
+    #[test]
+    fn a_flood_of_cheap_loops_never_hides_a_real_one_of_another_kind() {
+        let mut l = Loops::default();
+        let mut real = crate::test_events::hairpin("hc/203.0.113.99");
+        real.kind = LoopbackKind::HealthcheckBlackhole;
+        real.vip = Some("203.0.113.99".parse().unwrap());
+        real.vip_port = Some(31000);
+        real.service = Some("shop/lb".into());
+        l.observe(&real, T0);
+        let mut kept = 0;
+        let mut condition_real = 0;
+        for second in 1..=8i64 {
+            for i in 0..150u16 {
+                let port = 1000 + u16::try_from(second).unwrap() * 150 + i;
+                let mut e = crate::test_events::hairpin(&format!("unserved/{port}"));
+                e.kind = LoopbackKind::VipPortUnserved;
+                e.vip_port = Some(port);
+                l.observe(&e, T0 + second);
+            }
+            let facts = crate::report::writer::NodeFacts {
+                node: "node-a".into(),
+                ..Default::default()
+            };
+            let status = crate::report::writer::build(
+                &facts,
+                &Default::default(),
+                &Default::default(),
+                &l,
+                T0 + second,
+            );
+            assert!(status.active_loops.len() <= MAX_ACTIVE + MAX_FLOODS);
+            if status
+                .active_loops
+                .iter()
+                .any(|a| a.kind == "healthcheck_blackhole")
+            {
+                kept += 1;
+            }
+            if crate::report::condition::condition(&status).reason == "HealthcheckBlackhole" {
+                condition_real += 1;
+            }
+            if second == 8 {
+                let flood = status
+                    .active_loops
+                    .iter()
+                    .find_map(|a| a.flood.as_ref())
+                    .unwrap_or_else(|| panic!("no flood entry: {status:#?}"));
+                assert!(flood.starts_with("flood: "), "{flood}");
+                assert!(flood.contains("vip_port_unserved"), "{flood}");
+            }
+        }
+        eprintln!(
+            "E5: the real loop in {kept}/8 reports, the condition on it in {condition_real}/8"
+        );
+        assert_eq!((kept, condition_real), (8, 8));
     }
 
     /// Issue 35 item 9: without a fix, the first remedy that is one, never the "Cause:" line.

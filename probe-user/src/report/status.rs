@@ -110,6 +110,10 @@ pub struct ActiveLoop {
     /// [`MAX_FIX_IDS`].
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub fixes: Vec<String>,
+    /// Set on the one entry that stands for a flood of one group's loops (E5,
+    /// [`super::loops`]): "flood: N more KIND loops on SERVICE-OR-ADDRESS ...; e.g. ...".
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flood: Option<String>,
 }
 
 /// A loop no longer seen.

@@ -8,15 +8,34 @@
 //! Once a second the writer builds the status; a change (or [`HEARTBEAT`] without one) is
 //! offered to the [`Gate`] (one write per 10 s, coalesced, newest wins), and a write is
 //! server-side apply of `status` through the status subresource, field manager
-//! [`super::FIELD_MANAGER`], with a time limit. A conflict, a 403 or an unreachable API is one
-//! WARN until a write succeeds again; the state stays pending and is retried at the limit.
+//! [`super::FIELD_MANAGER`], with a time limit. A conflict, a 403 or an unreachable API is
+//! counted (`clbprobe_kube_writes_failed_total{object="report"|"condition"}`), one WARN per
+//! failing stretch and one INFO when it works again; the state stays pending and is retried
+//! with an exponential [`Backoff`] from the 10 s limit up to the [`HEARTBEAT`] (E7: a broken
+//! RBAC is not a request every 10 s). The Node condition is patched after a written report
+//! and retried on its own backoff: its failure never rewrites the report. Before its first
+//! patch the writer reads the condition the Node holds, so a restart keeps the
+//! `lastTransitionTime` of an unchanged status (E13).
+//!
+//! Only its own node (E12): in a Pod (`POD_NAME` and `POD_NAMESPACE` from the downward API,
+//! as the chart sets them) the writer reads its own Pod first and writes nothing, neither the
+//! report nor the condition, unless the Pod's `spec.nodeName` is the node it was told
+//! (`--node-name`): a stolen token or a wrong flag cannot write another node's report. One
+//! ERROR and `clbprobe_node_report_refused{reason}` say why; detection keeps running. Outside
+//! a Pod (a binary on the host) there is no scheduler's word: the Node must have one of its
+//! `InternalIP`s among this host's addresses (the address sync's), else the same refusal; a
+//! Node without one, or unreadable, is believed (one WARN). Neither check stops a stolen token
+//! used elsewhere: the API's RBAC, which cannot scope `nodes/status` to one node, is that bound.
 //!
 //! The object is named after this node ([`super::status::object_name`], checked), created
 //! once by server-side apply of its metadata with an ownerReference to the Node (so it is
 //! deleted with the Node; without `get nodes` it is created without one, and that is said).
 
 use std::{
-    sync::Arc,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
     time::{Duration, Instant, SystemTime},
 };
 
@@ -32,12 +51,12 @@ use tokio::sync::{
     broadcast::{self, error::RecvError},
     watch,
 };
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use super::{
     API_VERSION, FIELD_MANAGER, KIND,
     condition::{Condition, condition},
-    gate::Gate,
+    gate::{Backoff, Gate},
     loops::{Loops, first_fix, fix_ids},
     status::{CapabilityStatus, ReportStatus, RiskStatus, object_name, rfc3339},
 };
@@ -54,6 +73,39 @@ pub const CHECK_EVERY: Duration = Duration::from_secs(60);
 pub const CHECK_MIN_GAP: Duration = Duration::from_secs(10);
 const TICK: Duration = Duration::from_secs(1);
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The writer's counters, for `/metrics` (E7, E12): `clbprobe_kube_writes_failed_total{object}`
+/// (`report`, `condition`) and `clbprobe_node_report_refused{reason}` (1 while this agent
+/// refuses to write at all, and why).
+#[derive(Debug, Default)]
+pub struct ReportStats {
+    pub report_failed: AtomicU64,
+    pub condition_failed: AtomicU64,
+    /// Why nothing is written (empty: the writer writes).
+    pub refused: Mutex<String>,
+}
+
+impl ReportStats {
+    /// (object, failed writes), for the metrics.
+    pub fn failed(&self) -> Vec<(String, u64)> {
+        vec![
+            ("report".into(), self.report_failed.load(Ordering::Relaxed)),
+            (
+                "condition".into(),
+                self.condition_failed.load(Ordering::Relaxed),
+            ),
+        ]
+    }
+
+    /// The reason this agent refuses to write, if it does.
+    pub fn refused(&self) -> Option<String> {
+        self.refused
+            .lock()
+            .ok()
+            .map(|r| r.clone())
+            .filter(|r| !r.is_empty())
+    }
+}
 
 /// What does not change while the agent runs.
 #[derive(Clone, Debug, Default)]
@@ -282,8 +334,12 @@ pub struct ReportWriter {
     /// `--resolve-after` in seconds: how long a loop stays active without a confirmation
     /// (the tracker's window, so the report, the condition and the gauge agree).
     pub active_window_s: i64,
-    /// The condition last written and its transition time.
+    /// The condition last written and its transition time; before the first write, the one
+    /// the Node holds (E13: a restart keeps its `lastTransitionTime`).
     last_condition: Option<(Condition, String)>,
+    /// Whether the Node's own condition was read (once, before the first write).
+    condition_read: bool,
+    pub stats: Arc<ReportStats>,
 }
 
 impl ReportWriter {
@@ -297,6 +353,8 @@ impl ReportWriter {
             node_condition: false,
             active_window_s: super::loops::ACTIVE_WINDOW,
             last_condition: None,
+            condition_read: false,
+            stats: Arc::default(),
         })
     }
 
@@ -310,6 +368,9 @@ impl ReportWriter {
         heartbeat: bool,
     ) -> Result<(), kube::Error> {
         let c = condition(status);
+        if !self.condition_read {
+            self.read_condition().await;
+        }
         let transition = match &self.last_condition {
             Some((last, _)) if *last == c && !heartbeat => return Ok(()),
             Some((last, at)) if last.status == c.status => at.clone(),
@@ -328,6 +389,39 @@ impl ReportWriter {
             .await?;
         self.last_condition = Some((c, transition));
         Ok(())
+    }
+
+    /// E13: the `LoadBalancerLoopback` condition the Node holds (a previous run's), so an
+    /// unchanged status keeps its `lastTransitionTime` across restarts. Unreadable (no
+    /// `get nodes`, no condition yet): the first write sets the transition time to now.
+    async fn read_condition(&mut self) {
+        let Ok(node) = self.nodes.get(&self.name).await else {
+            return;
+        };
+        self.condition_read = true;
+        let held = node
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .into_iter()
+            .find(|c| c.type_ == super::condition::TYPE);
+        if let Some(held) = held {
+            let status = match held.status.as_str() {
+                "True" => "True",
+                "False" => "False",
+                _ => return,
+            };
+            if let Some(at) = held.last_transition_time {
+                self.last_condition = Some((
+                    Condition {
+                        status,
+                        reason: held.reason.unwrap_or_default(),
+                        message: held.message.unwrap_or_default(),
+                    },
+                    rfc3339(at.0.as_second()),
+                ));
+            }
+        }
     }
 
     fn params() -> PatchParams {
@@ -401,12 +495,17 @@ fn unix_now() -> i64 {
 }
 
 /// The agent's flags the writer follows.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct WriterSettings {
     /// `--node-condition on`.
     pub node_condition: bool,
     /// `--resolve-after`, in seconds ([`ReportWriter::active_window_s`]).
     pub active_window_s: i64,
+    /// The counters `/metrics` shows.
+    pub stats: Arc<ReportStats>,
+    /// The node's local addresses (the address sync's owner map), for the check outside a
+    /// Pod (E12).
+    pub local: Option<watch::Receiver<crate::agent::nodesync::Owners>>,
 }
 
 /// `--node-report on` with API access: writes until the report broadcast closes.
@@ -419,6 +518,7 @@ pub async fn start(
     resolutions: broadcast::Receiver<Arc<LoopResolution>>,
     checks: watch::Receiver<CheckState>,
 ) {
+    let stats = settings.stats.clone();
     let client = match crate::kube::connect(&source).await {
         Ok(c) => c,
         Err(e) => {
@@ -426,10 +526,11 @@ pub async fn start(
             return;
         }
     };
-    let writer = match ReportWriter::new(client, &facts.node) {
+    let writer = match ReportWriter::new(client.clone(), &facts.node) {
         Ok(mut w) => {
             w.node_condition = settings.node_condition;
             w.active_window_s = settings.active_window_s;
+            w.stats = stats.clone();
             w
         }
         Err(e) => {
@@ -437,7 +538,143 @@ pub async fn start(
             return;
         }
     };
+    let here = match own_pod() {
+        Some(pod) => scheduled_here(&client, &pod, &facts.node, &stats).await,
+        None => node_address_here(&client, &facts.node, settings.local, &stats).await,
+    };
+    if !here {
+        return;
+    }
     run(writer, facts, caps, reports, resolutions, checks).await;
+}
+
+/// This agent's Pod (namespace, name), from the downward API's `POD_NAMESPACE` and
+/// `POD_NAME`; None outside a Pod.
+pub fn own_pod() -> Option<(String, String)> {
+    let var = |n: &str| std::env::var(n).ok().filter(|v| !v.is_empty());
+    Some((var("POD_NAMESPACE")?, var("POD_NAME")?))
+}
+
+/// Why `node` is not the node the Pod is scheduled on (`spec.nodeName`), if it is not (pure).
+pub fn node_mismatch(scheduled: Option<&str>, node: &str) -> Option<String> {
+    match scheduled {
+        Some(s) if s == node => None,
+        Some(s) => Some(format!(
+            "this agent's Pod runs on node {s:?}, not on {node:?} (--node-name / NODE_NAME)"
+        )),
+        None => Some(format!(
+            "this agent's Pod is not scheduled on any node, so not on {node:?}"
+        )),
+    }
+}
+
+/// Whether one of the Node's `InternalIP`s is among this host's addresses: None when there is
+/// nothing to compare (no InternalIP, or no local address known) (pure).
+pub fn internal_ip_is_local(
+    internal_ips: &[std::net::IpAddr],
+    local: &crate::agent::nodesync::Owners,
+) -> Option<bool> {
+    if internal_ips.is_empty() || local.is_empty() {
+        return None;
+    }
+    Some(
+        internal_ips
+            .iter()
+            .any(|ip| local.keys().any(|p| p.is_host() && p.contains(*ip))),
+    )
+}
+
+/// E12 outside a Pod (no scheduler's word): the Node named `node` must have one of its
+/// `InternalIP`s on this host. A Node that cannot be read, has no InternalIP, or a host whose
+/// addresses are not known within [`WRITE_TIMEOUT`] is not refused (said in one WARN): the
+/// check guards against a wrong flag, not against every missing fact.
+async fn node_address_here(
+    client: &Client,
+    node: &str,
+    local: Option<watch::Receiver<crate::agent::nodesync::Owners>>,
+    stats: &ReportStats,
+) -> bool {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let ips: Vec<std::net::IpAddr> =
+        match tokio::time::timeout(WRITE_TIMEOUT, nodes.get(node)).await {
+            Ok(Ok(n)) => n
+                .status
+                .and_then(|s| s.addresses)
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|a| a.type_ == "InternalIP")
+                .filter_map(|a| a.address.parse().ok())
+                .collect(),
+            _ => Vec::new(),
+        };
+    let mut owners = crate::agent::nodesync::Owners::default();
+    if let Some(mut local) = local {
+        let _ = tokio::time::timeout(WRITE_TIMEOUT, local.wait_for(|o| !o.is_empty())).await;
+        owners = local.borrow().clone();
+    }
+    match internal_ip_is_local(&ips, &owners) {
+        Some(true) => true,
+        Some(false) => {
+            if let Ok(mut r) = stats.refused.lock() {
+                *r = "node_address_not_local".into();
+            }
+            error!(node = %node, internal_ips = ?ips, "node report: none of the Node's InternalIPs is an address of this host, so this is not node {node:?} (--node-name / NODE_NAME): refusing to write any node's report or condition (clbprobe_node_report_refused{{reason=\"node_address_not_local\"}}; detection keeps running)");
+            false
+        }
+        None => {
+            warn!(node = %node, "node report: cannot check that this host is node {node:?} (the Node or its InternalIP unreadable, or no local address yet): believing the flag");
+            true
+        }
+    }
+}
+
+/// E12: whether the agent's own Pod is scheduled on `node`. Read until it can be (backed off
+/// up to the heartbeat: a report waits for the API rather than trusting the flag); a Pod on
+/// another node is one ERROR and `clbprobe_node_report_refused{reason="pod_on_other_node"}`,
+/// and nothing is ever written.
+async fn scheduled_here(
+    client: &Client,
+    (namespace, name): &(String, String),
+    node: &str,
+    stats: &ReportStats,
+) -> bool {
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), namespace);
+    let mut backoff = Backoff::new(super::gate::MIN_INTERVAL_MS, HEARTBEAT.as_millis() as u64);
+    let set_refused = |reason: &str| {
+        if let Ok(mut r) = stats.refused.lock() {
+            *r = reason.to_string();
+        }
+    };
+    loop {
+        match tokio::time::timeout(WRITE_TIMEOUT, pods.get(name)).await {
+            Ok(Ok(pod)) => {
+                let scheduled = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+                return match node_mismatch(scheduled, node) {
+                    None => {
+                        set_refused("");
+                        true
+                    }
+                    Some(why) => {
+                        set_refused("pod_on_other_node");
+                        error!(pod = %format!("{namespace}/{name}"), "node report: {why}: refusing to write any node's report or condition (clbprobe_node_report_refused{{reason=\"pod_on_other_node\"}}; detection keeps running)");
+                        false
+                    }
+                };
+            }
+            failed => {
+                let e = match failed {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => "timed out".to_string(),
+                };
+                set_refused("own_pod_unreadable");
+                let wait = backoff.failed(0);
+                if backoff.failures() == 1 {
+                    warn!(pod = %format!("{namespace}/{name}"), error = %e, "node report: cannot read this agent's own Pod (get pods) to check the node it runs on: nothing is written until it can (retried with a backoff)");
+                }
+                tokio::time::sleep(Duration::from_millis(wait)).await;
+            }
+        }
+    }
 }
 
 /// Runs until the report broadcast closes.
@@ -456,8 +693,12 @@ pub async fn run(
     let mut gate: Gate<ReportStatus> = Gate::default();
     let mut last_content: Option<ReportStatus> = None;
     let mut last_offer = i64::MIN;
-    let mut failing = false;
-    let mut condition_failing = false;
+    // E7: a failing write backs off from the rate limit's 10 s, doubling, up to the
+    // heartbeat; the report and the condition each on their own.
+    let backoff = || Backoff::new(super::gate::MIN_INTERVAL_MS, HEARTBEAT.as_millis() as u64);
+    let mut report_backoff = backoff();
+    let mut condition_backoff = backoff();
+    let mut condition_pending: Option<ReportStatus> = None;
     let mut condition_heartbeat = false;
     let mut checks_open = true;
     let mut tick = tokio::time::interval(TICK);
@@ -498,60 +739,68 @@ pub async fn run(
             last_offer = now;
         }
         let now_ms = u64::try_from(origin.elapsed().as_millis()).unwrap_or(u64::MAX);
-        if let Some(status) = gate.take(now_ms) {
-            match tokio::time::timeout(WRITE_TIMEOUT, writer.write(&status)).await {
-                Ok(Ok(())) => {
-                    if failing {
+        if report_backoff.ready(now_ms)
+            && let Some(status) = gate.take(now_ms)
+        {
+            let written = tokio::time::timeout(WRITE_TIMEOUT, writer.write(&status)).await;
+            let error = match written {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(e.to_string()),
+                Err(_) => Some("timed out".to_string()),
+            };
+            match error {
+                None => {
+                    if report_backoff.failures() > 0 {
                         info!("node report: written again");
                     }
-                    failing = false;
+                    report_backoff.succeeded();
                     if writer.node_condition {
-                        let written = tokio::time::timeout(
-                            WRITE_TIMEOUT,
-                            writer.write_condition(
-                                &status,
-                                &status.last_update,
-                                condition_heartbeat,
-                            ),
-                        )
-                        .await;
-                        match written {
-                            Ok(Ok(())) => {
-                                condition_failing = false;
-                                condition_heartbeat = false;
-                            }
-                            Ok(Err(e)) => {
-                                if !condition_failing {
-                                    warn!(error = %e, "node condition: patching nodes/status failed (retried at the rate limit)");
-                                }
-                                condition_failing = true;
-                                gate.failed(status);
-                            }
-                            Err(_) => {
-                                if !condition_failing {
-                                    warn!(
-                                        "node condition: patching nodes/status timed out (retried at the rate limit)"
-                                    );
-                                }
-                                condition_failing = true;
-                                gate.failed(status);
-                            }
-                        }
+                        // The condition's own retry: its failure never rewrites the report.
+                        condition_pending = Some(status);
                     }
                 }
-                Ok(Err(e)) => {
-                    if !failing {
-                        warn!(error = %e, "node report: write failed (retried at most every 10 s; detection is not affected)");
+                Some(e) => {
+                    writer.stats.report_failed.fetch_add(1, Ordering::Relaxed);
+                    let wait = report_backoff.failed(now_ms);
+                    if report_backoff.failures() == 1 {
+                        warn!(error = %e, retry_in_s = wait / 1000, "node report: write failed (counted in clbprobe_kube_writes_failed_total{{object=\"report\"}}; retried with a backoff up to the heartbeat; said once until it works again; detection is not affected)");
                     }
-                    failing = true;
                     gate.failed(status);
                 }
-                Err(_) => {
-                    if !failing {
-                        warn!("node report: write timed out (retried; detection is not affected)");
+            }
+        }
+        if condition_backoff.ready(now_ms)
+            && let Some(status) = condition_pending.take()
+        {
+            let written = tokio::time::timeout(
+                WRITE_TIMEOUT,
+                writer.write_condition(&status, &status.last_update, condition_heartbeat),
+            )
+            .await;
+            let error = match written {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(e.to_string()),
+                Err(_) => Some("timed out".to_string()),
+            };
+            match error {
+                None => {
+                    if condition_backoff.failures() > 0 {
+                        info!("node condition: patched again");
                     }
-                    failing = true;
-                    gate.failed(status);
+                    condition_backoff.succeeded();
+                    condition_heartbeat = false;
+                }
+                Some(e) => {
+                    writer
+                        .stats
+                        .condition_failed
+                        .fetch_add(1, Ordering::Relaxed);
+                    let wait = condition_backoff.failed(now_ms);
+                    if condition_backoff.failures() == 1 {
+                        warn!(error = %e, retry_in_s = wait / 1000, "node condition: patching nodes/status failed (counted in clbprobe_kube_writes_failed_total{{object=\"condition\"}}; retried with a backoff up to the heartbeat; said once until it works again)");
+                    }
+                    // Retried with this state unless a newer report was written meanwhile.
+                    condition_pending.get_or_insert(status);
                 }
             }
         }

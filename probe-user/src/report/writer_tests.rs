@@ -272,7 +272,7 @@ fn repeats_of_a_loop_are_not_a_change_a_new_loop_or_risk_is() {
 #[test]
 fn a_full_report_stays_far_below_the_object_size_limit() {
     use crate::report::{
-        loops::{MAX_ACTIVE, MAX_CLIENT_PODS, MAX_RESOLVED},
+        loops::{MAX_ACTIVE, MAX_CLIENT_PODS, MAX_FLOODS, MAX_RESOLVED},
         status::{MAX_RISK_SERVICES, MAX_RISKS, ResolvedLoop},
     };
     let t = rfc3339(1_800_000_000);
@@ -309,7 +309,22 @@ fn a_full_report_stays_far_below_the_object_size_limit() {
                 last_seen: t.clone(),
                 first_fix: Some("aws-nlb-target-type-ip".into()),
                 fixes: worst_fix_ids(),
+                flood: None,
             })
+            // And every flood (E5).
+            .chain((0..MAX_FLOODS).map(|i| ActiveLoop {
+                kind: "vip_port_unserved".into(),
+                vip: format!("203.0.113.{i}"),
+                count: 123_456,
+                first_seen: t.clone(),
+                last_seen: t.clone(),
+                flood: Some(format!(
+                    "flood: 123456 more vip_port_unserved loops on 203.0.113.{i} than the 10 \
+                     listed, aggregated; e.g. 203.0.113.{i}:8001, 203.0.113.{i}:8002, \
+                     203.0.113.{i}:8003"
+                )),
+                ..Default::default()
+            }))
             .collect(),
         resolved_loops: (0..MAX_RESOLVED)
             .map(|i| ResolvedLoop {
@@ -515,4 +530,49 @@ fn worst_fix_ids() -> Vec<String> {
     ids.sort_by_key(|id| std::cmp::Reverse(id.len()));
     ids.truncate(super::super::status::MAX_FIX_IDS);
     ids
+}
+
+/// E12: the Pod's node must be the flag's; a Pod not scheduled is not on any node.
+#[test]
+fn the_agents_pod_must_run_on_the_node_it_writes() {
+    use crate::report::writer::node_mismatch;
+    assert_eq!(node_mismatch(Some("node-a"), "node-a"), None);
+    let why = node_mismatch(Some("node-a"), "node-b").unwrap();
+    assert!(
+        why.contains("\"node-a\"") && why.contains("\"node-b\""),
+        "{why}"
+    );
+    assert!(node_mismatch(None, "node-b").is_some());
+}
+
+/// E12 outside a Pod: the Node's InternalIP must be a host address of this node; nothing to
+/// compare is not a refusal.
+#[test]
+fn outside_a_pod_the_nodes_internal_ip_must_be_local() {
+    use crate::report::writer::internal_ip_is_local;
+    use crate::{event::AddressOwner, state::addrs::Prefix};
+    let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+    let local: crate::agent::nodesync::Owners = std::sync::Arc::new(
+        [(
+            Prefix::host(ip("198.18.0.2")),
+            AddressOwner::Interface {
+                iface: "eth0".into(),
+            },
+        )]
+        .into_iter()
+        .collect(),
+    );
+    assert_eq!(
+        internal_ip_is_local(&[ip("198.18.0.2")], &local),
+        Some(true)
+    );
+    assert_eq!(
+        internal_ip_is_local(&[ip("192.0.2.77")], &local),
+        Some(false)
+    );
+    assert_eq!(internal_ip_is_local(&[], &local), None);
+    assert_eq!(
+        internal_ip_is_local(&[ip("198.18.0.2")], &Default::default()),
+        None
+    );
 }

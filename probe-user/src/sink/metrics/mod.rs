@@ -202,6 +202,11 @@ pub struct MetricsInput {
     pub otlp: Vec<(String, u64, u64)>,
     /// Confirmed loops by state, resolutions and regressions, by kind.
     pub loops: probe_contract::LoopLifecycle,
+    /// The node report's failed writes, by object (`report`, `condition`); empty without
+    /// `--node-report on`.
+    pub kube_writes_failed: Vec<(String, u64)>,
+    /// Why the node report writes nothing (E12), if it does not.
+    pub node_report_refused: Option<String>,
 }
 
 impl MetricsInput {
@@ -294,6 +299,8 @@ impl MetricsInput {
                 resolved: Vec::new(),
                 ..snap.loops.clone()
             },
+            kube_writes_failed: Vec::new(),
+            node_report_refused: None,
         }
     }
 }
@@ -342,6 +349,8 @@ pub fn gather(shared: &Shared, totals: &Mutex<EventTotals>) -> MetricsInput {
     if let Some(otlp) = &shared.otlp {
         input.otlp = otlp.snapshot();
     }
+    input.kube_writes_failed = shared.node_report.failed();
+    input.node_report_refused = shared.node_report.refused();
     input
 }
 

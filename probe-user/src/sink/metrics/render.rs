@@ -35,6 +35,11 @@ struct ReasonLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ObjectLabels {
+    object: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StageLabels {
     stage: String,
 }
@@ -263,6 +268,33 @@ pub fn render(input: &MetricsInput) -> String {
         "kube_event_writes",
         "Kubernetes Event writes by result: created, patched, failed (403, unreachable), rate_limited (held by the token bucket), dropped (reports missed by the writer)",
         kube_writes,
+    );
+
+    let writes_failed = Family::<ObjectLabels, Counter>::default();
+    for (object, n) in &input.kube_writes_failed {
+        writes_failed
+            .get_or_create(&ObjectLabels {
+                object: object.clone(),
+            })
+            .inc_by(*n);
+    }
+    reg.register(
+        "kube_writes_failed",
+        "Failed writes of the node report's objects: report (the LoopbackReport), condition (the Node condition); retried with a backoff up to the heartbeat",
+        writes_failed,
+    );
+    let refused = Family::<ReasonLabels, Gauge<i64>>::default();
+    if let Some(reason) = &input.node_report_refused {
+        refused
+            .get_or_create(&ReasonLabels {
+                reason: reason.clone(),
+            })
+            .set(1);
+    }
+    reg.register(
+        "node_report_refused",
+        "1 while the agent writes no node report or condition, by reason: pod_on_other_node (its Pod is scheduled on another node than --node-name), own_pod_unreadable (cannot read its Pod yet)",
+        refused,
     );
 
     let gauge = |v: u64| {

@@ -47,6 +47,8 @@ fn input() -> MetricsInput {
         kube_event_writes: vec![("created".into(), 1), ("failed".into(), 2)],
         outputs: vec![("events".into(), 3, true)],
         otlp: vec![("logs".into(), 4, 2), ("metrics".into(), 5, 1)],
+        kube_writes_failed: vec![("report".into(), 0), ("condition".into(), 7)],
+        node_report_refused: Some("pod_on_other_node".into()),
         loops: probe_contract::LoopLifecycle {
             active: [("hairpin".to_string(), 0)].into_iter().collect(),
             quiet: [("hairpin".to_string(), 1)].into_iter().collect(),
@@ -84,6 +86,8 @@ fn renders_every_family_with_bounded_labels() {
         "clbprobe_kernel_reader_wakeups_total 4",
         "clbprobe_kernel_reader_wakeups_suppressed_total 1",
         "clbprobe_kube_event_writes_total{result=\"failed\"} 2",
+        "clbprobe_kube_writes_failed_total{object=\"condition\"} 7",
+        "clbprobe_node_report_refused{reason=\"pod_on_other_node\"} 1",
         "clbprobe_output_lines_lost_total{output=\"events\"} 3",
         "clbprobe_output_stalled{output=\"events\"} 1",
         "clbprobe_loopback_active{kind=\"hairpin\"} 0",
