@@ -5,12 +5,23 @@
 //!   source exactly like a real `service_self_loop`, but nothing DNATed them (the node's
 //!   conntrack has the entry pod -> pod, no DST_NAT). Nothing may be confirmed.
 //!
+//! - E3: an unprivileged local user (uid 65534) on a node whose loop is quiet but persists
+//!   makes connections of the loop's shape and has them answered on the node itself: one
+//!   connect bound to the VIP (a local address while the health checks are black-holed) to a
+//!   listener of its own on the node's address; or one listen+connect on VIP:port of a
+//!   `vip_port_unserved` loop. The loop must not be resolved "with proof".
+//!
 //! Root only (each test prints a skip line otherwise); they share the lab: one at a time.
 
 use std::{process::Command, time::Duration};
 
-use probe_tests::agent::{Agent, node_metric, require_root, wait_for};
-use xtask::lab::{self, LabGuard, Variants};
+use probe_tests::{
+    agent::{Agent, node_metric, require_root, wait_for},
+    kube_fixture::KubeFixture,
+};
+use xtask::lab::{self, LabGuard, Scenario, Variants};
+
+const WAIT: Duration = Duration::from_secs(20);
 
 const METRICS: &str = "127.0.0.1:19473";
 
@@ -108,5 +119,131 @@ fn a_pod_forging_its_own_address_both_ways_confirms_no_self_loop() {
     assert_eq!(
         confirmed, 0,
         "forged self-addressed SYNs confirmed as {confirmed} service_self_loop: {self_loops:#?}"
+    );
+}
+
+/// As uid 65534 in the node's namespace: listens on `listen`, connects to it from `from`
+/// (bound, port 0), exchanges a byte each way: one answered connection in the node's
+/// conntrack, orig `from` -> `listen`.
+const ANSWERED_CONNECT: &str = r#"
+import socket, sys
+la, lp = sys.argv[1], int(sys.argv[2])
+srv = socket.socket()
+srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind((la, lp))
+srv.listen(1)
+c = socket.socket()
+c.bind((sys.argv[3], 0))
+c.connect((la, lp))
+a, _ = srv.accept()
+c.send(b'x'); a.recv(1); a.send(b'y'); c.recv(1)
+"#;
+
+fn answered_connect_as_nobody(listen: &str, port: u16, from: &str) {
+    let out = Command::new("ip")
+        .args(["netns", "exec", lab::NS_NODE, "setpriv", "--reuid=65534"])
+        .args(["--regid=65534", "--clear-groups", "/usr/bin/python3", "-c"])
+        .args([ANSWERED_CONNECT, listen, &port.to_string(), from])
+        .output()
+        .expect("setpriv");
+    assert!(
+        out.status.success(),
+        "the unprivileged connect failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn proof_lookups(agent: &mut Agent, kind: &str) -> usize {
+    agent
+        .log_lines()
+        .iter()
+        .filter(|l| l.contains("a quiet loop's proof look-up") && l.contains(kind))
+        .count()
+}
+
+/// E3, a connect from the VIP: the LB's health checks (source the VIP) are black-holed at the
+/// node, which owns the VIP; the loop goes quiet (`--resolve-after 2`) while the VIP stays
+/// bound. uid 65534 binds a socket to the VIP and connects to its own listener on the node's
+/// address: an answered connection from the VIP to the address the checks died at, the very
+/// shape of the loop's proof. Before: `LoopbackResolved` "with proof" quoting it. After: the
+/// look-ups run and resolve nothing (a connection from a VIP that is local to the node was
+/// made on the node: the LB's checks never arrive with a local source).
+#[test]
+fn an_unprivileged_connect_from_the_vip_resolves_no_healthcheck_blackhole() {
+    if !require_root("hostile_proof_connect_from_the_vip") {
+        return;
+    }
+    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    let api = KubeFixture::builder().tag("e3-from-vip").start();
+    let mut agent = api.start_agent(&["--resolve-after", "2"]);
+    lab.traffic(Scenario::HealthcheckBlackhole)
+        .expect("traffic");
+    let confirmed = agent.wait_event("healthcheck_blackhole", WAIT, |es| {
+        es.iter()
+            .find(|e| e["kind"] == "healthcheck_blackhole")
+            .cloned()
+    });
+    let node_addr = confirmed["dst"].as_str().unwrap_or_default().to_string();
+    // Conntrack tells an entry's age to the second: the attack must look later than the loop.
+    std::thread::sleep(Duration::from_secs(1));
+    answered_connect_as_nobody(&node_addr, 45678, &lab::VIP.to_string());
+    let before = proof_lookups(&mut agent, "healthcheck_blackhole");
+    let ran = wait_for("two proof look-ups after the attack", WAIT, || {
+        (proof_lookups(&mut agent, "healthcheck_blackhole") >= before + 2).then_some(())
+    });
+    let resolved = agent.count_log("loop resolved");
+    let log = agent.log_lines().join("\n");
+    drop(agent);
+    drop(api);
+    drop(lab);
+    assert!(ran.is_some(), "no proof look-up ran:\n{log}");
+    assert_eq!(
+        resolved, 0,
+        "a local user's connect from the VIP resolved the black hole:\n{log}"
+    );
+}
+
+/// E3, one listen+connect on VIP:port: the node's own call to an unserved port of its local
+/// VIP is refused (`vip_port_unserved`, the node's address as client); the loop goes quiet.
+/// uid 65534 listens on VIP:port and connects to it: an answered connection to the loop's
+/// VIP:port from the node. Before: resolved "with proof". After: nothing resolved (a listener
+/// on the VIP answered, nothing rewrote the destination, the source was the VIP: not the path
+/// the loop broke, not its client).
+#[test]
+fn an_unprivileged_listen_and_connect_on_the_vip_port_resolves_no_unserved_port() {
+    if !require_root("hostile_proof_listen_connect_vip_port") {
+        return;
+    }
+    const PORT: u16 = 45679;
+    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    lab.set_all(&Scenario::VipPortUnserved.spec().variants)
+        .expect("the VIP bound");
+    let api = KubeFixture::builder().tag("e3-listen-connect").start();
+    let mut agent = api.start_agent(&["--resolve-after", "2"]);
+    std::thread::sleep(Duration::from_secs(1));
+    let vip_port = std::net::SocketAddrV4::new(lab::VIP, PORT);
+    let attempt = lab.connect(lab::NS_NODE, None, vip_port).expect("connect");
+    assert_eq!(attempt.outcome, lab::Outcome::Refused, "{attempt:?}");
+    agent.wait_event("vip_port_unserved", WAIT, |es| {
+        es.iter()
+            .find(|e| e["kind"] == "vip_port_unserved" && e["vip_port"] == PORT)
+            .cloned()
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    let vip = lab::VIP.to_string();
+    answered_connect_as_nobody(&vip, PORT, &vip);
+    let before = proof_lookups(&mut agent, "vip_port_unserved");
+    let ran = wait_for("two proof look-ups after the attack", WAIT, || {
+        (proof_lookups(&mut agent, "vip_port_unserved") >= before + 2).then_some(())
+    });
+    let resolved = agent.count_log("loop resolved");
+    let log = agent.log_lines().join("\n");
+    drop(agent);
+    drop(api);
+    drop(lab);
+    assert!(ran.is_some(), "no proof look-up ran:\n{log}");
+    assert_eq!(
+        resolved, 0,
+        "a local user's listen+connect on VIP:port resolved the unserved port:\n{log}"
     );
 }
