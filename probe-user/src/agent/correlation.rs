@@ -293,7 +293,9 @@ fn read_proofs(due: &[ProofRequest]) -> ProofResults {
                     Vec::new()
                 })
             });
-            let found = proof::find(&r.shape, table, r.quiet_for_ms, &timeouts);
+            // Read now, in the agent's namespace: whether a local user could bind it.
+            let local = proof::is_local_address(r.shape.addr());
+            let found = proof::find_on_node(&r.shape, table, r.quiet_for_ms, &timeouts, local);
             debug!(
                 key = %r.key,
                 shape = ?r.shape,

@@ -28,10 +28,15 @@
 //! pod, i.e. no SNAT) and the node's pieces ([`SelfLoopFacts`]). An entry with SNAT dismisses
 //! a dropped call (`self_loop_snat_seen`: the pod was answered from the node's address), not a
 //! dropped answer at a bridge port: there the SNAT is in the evidence and the bridge is the
-//! missing piece. No entry still confirms (a bridge drop dies before conntrack confirms the
-//! connection), and says so; the Service is then named from the service table's endpoints. A
-//! pod-namespace drop must be a local-source drop. Retransmits of one connect fold into its
-//! confirmation. Aggregate: (drop site, pod, port, Service address, proto).
+//! missing piece. Confirmation needs the kernel's evidence of the DNAT ([`kernel_evidence`]):
+//! the entry's DST_NAT towards a Service address; a pod forging its own address both ways
+//! leaves none and is counted (`drops_unmatched`), never reported. A pod-namespace drop with
+//! no entry is not confirmed; a drop on the node with no entry (a bridge drop dies before
+//! conntrack confirms the connection) only with the bridge's own evidence (hairpin mode off,
+//! br_netfilter on, the pod's port a Service endpoint), and says so; the Service is then named
+//! from the service table's endpoints. A pod-namespace drop must be a local-source drop.
+//! Retransmits of one connect fold into its confirmation. Aggregate: (drop site, pod, port,
+//! Service address, proto).
 
 use std::net::IpAddr;
 
@@ -141,6 +146,54 @@ pub(crate) fn called_service(
     }
 }
 
+/// Whether the node's state shows what only a Service DNAT back to the pod produces; without
+/// it a self-addressed drop is not confirmed (issue #36, E4: a pod with CAP_NET_RAW forges
+/// frames with its own address both ways and sends them to its gateway, which routes them
+/// back in; they die exactly like a loop). Pure.
+///
+/// - An entry in the node's conntrack: DNAT (IPS_DST_NAT, or a reply tuple whose source is
+///   not the original destination, as IPVS leaves it) with an original destination that is a
+///   Service address of the service table (ClusterIP, LB IP, or a NodePort's port); with no
+///   table at all, the DNAT alone. A forged packet's entry is pod -> pod, nothing rewritten.
+/// - No entry, or a failed or missing look-up, in the pod's namespace: not confirmed. The
+///   real call crossed the node's conntrack, which confirms its entry when the packet leaves
+///   for the pod, before the pod drops it; its retransmits are looked up again.
+/// - No entry (or a failed look-up) for a drop on the node: the bridge case, where the frame
+///   dies at the port before conntrack confirms the connection and no kernel record of the
+///   DNAT remains for userspace. Accepted only with the bridge's own evidence: the pod's port
+///   on a bridge with hairpin mode off, br_netfilter on (the bridge runs kube-proxy's NAT),
+///   and the destination `pod:port` an endpoint of a Service in the table. A pod on such a
+///   bridge could still forge a frame to its own MAC; the node then does have the broken
+///   piece named (hairpin mode off under br_netfilter breaks the pod's real self-calls), so
+///   the event stays true about the node. Decision of issue #36, E4.
+pub(crate) fn kernel_evidence(
+    services: &ServiceTable,
+    entry: Option<&ConntrackEntry>,
+    foreign_netns: bool,
+    facts: &SelfLoopFacts,
+    packet: &Packet,
+) -> bool {
+    if let Some(e) = entry {
+        let rewritten = e.dnat || (e.reply.src, e.reply.sport) != (e.orig.dst, e.orig.dport);
+        let to_a_service = table_missing(services)
+            || services
+                .serves(e.orig.dst, e.orig.dport, packet.proto)
+                .is_some()
+            || services.nodeport(e.orig.dport, packet.proto).is_some();
+        return rewritten && to_a_service;
+    }
+    if foreign_netns {
+        return false;
+    }
+    let bridge_without_hairpin = facts.bridge_port.as_ref().is_some_and(|b| !b.hairpin_mode);
+    let endpoint = sock(packet.dst, packet.dport);
+    let an_endpoint = services
+        .services
+        .iter()
+        .any(|s| s.proto == packet.proto && s.backends.contains(&endpoint));
+    bridge_without_hairpin && facts.br_netfilter == Some(true) && an_endpoint
+}
+
 /// The conntrack answer of a self-loop.
 enum Ct {
     Found(ConntrackEntry),
@@ -233,6 +286,23 @@ impl Correlator {
         {
             // SNATed after all: the pod was answered from the node's address.
             self.stats.self_loop_snat_seen += 1;
+            self.stats.drops_unmatched += 1;
+            return;
+        }
+        let entry = match &ct {
+            Ct::Found(e) => Some(e),
+            _ => None,
+        };
+        if !kernel_evidence(
+            &self.services,
+            entry,
+            p.info.foreign_netns,
+            &facts,
+            &p.packet,
+        ) {
+            // No DNAT seen by the kernel: a packet the pod forged (raw socket, AF_PACKET)
+            // with its own address both ways looks the same at the drop. Counted, never an
+            // event; a real loop's retransmit is looked up again.
             self.stats.drops_unmatched += 1;
             return;
         }

@@ -276,30 +276,59 @@ fn a_kernel_without_drop_reasons_is_judged_by_the_drop_site() {
     invariants(&c);
 }
 
+/// A pod-namespace drop whose look-up never came back: no kernel evidence of the DNAT, so no
+/// event (issue #36, E4); counted. A real loop's retransmit is looked up again.
 #[test]
-fn without_an_answer_the_drop_alone_confirms_with_snat_unknown() {
+fn without_an_answer_a_pod_namespace_drop_confirms_nothing() {
     let mut c = corr();
     let _ = only_query(&c.ingest(in_pod(S, 40006)));
     let timeout = c.config().query_timeout_ns;
-    let r = only_report(&c.tick(S + timeout + 10 * MS));
-    assert_eq!(r.event.snat, SnatState::Unknown);
-    assert!(has_line(&r.event.evidence, "not read in time"));
-    // The service is still named from the endpoints.
-    assert_eq!(r.event.service.as_deref(), Some("default/web"));
+    assert!(reports(&c.tick(S + timeout + 10 * MS)).is_empty());
+    assert_eq!(c.stats().drops_unmatched, 1);
+    assert_eq!(c.stats().confirmed.service_self_loop, 0);
+    let q = only_query(&c.ingest(in_pod(2 * S + timeout, 40006)));
+    let r = only_report(&answer(
+        &mut c,
+        &q,
+        Ok(Some(entry(40006, false))),
+        facts(None, None),
+    ));
+    assert_eq!(r.event.snat, SnatState::No);
     invariants(&c);
 }
 
 #[test]
-fn a_failed_conntrack_look_up_still_confirms_and_says_so() {
+fn a_failed_conntrack_look_up_confirms_only_at_a_bridge_port_with_its_evidence() {
     let mut c = corr();
     let q = only_query(&c.ingest(in_pod(S, 40007)));
-    let r = only_report(&answer(&mut c, &q, Err("EPERM".into()), facts(None, None)));
+    assert!(reports(&answer(&mut c, &q, Err("EPERM".into()), facts(None, None))).is_empty());
+    assert_eq!(c.stats().drops_unmatched, 1);
+    let q = only_query(&c.ingest(at_bridge(S, 40008)));
+    let r = only_report(&answer(
+        &mut c,
+        &q,
+        Err("EPERM".into()),
+        facts(None, Some(false)),
+    ));
     assert_eq!(r.event.snat, SnatState::Unknown);
     assert!(has_line(
         &r.event.evidence,
         "conntrack look-up failed (EPERM)"
     ));
-    // An IPVS-mode table without a readable ipset: the entry to look for is named.
+    invariants(&c);
+}
+
+/// An IPVS-mode table without a readable ipset: the entry to look for is named.
+#[test]
+fn an_unreadable_ipset_names_the_loop_back_entry_to_look_for() {
+    let mut c = corr();
+    let q = only_query(&c.ingest(in_pod(S, 40009)));
+    let r = only_report(&answer(
+        &mut c,
+        &q,
+        Ok(Some(entry(40009, false))),
+        facts(None, None),
+    ));
     assert!(
         has_line(
             &r.event.evidence,
@@ -308,6 +337,69 @@ fn a_failed_conntrack_look_up_still_confirms_and_says_so() {
         "{:#?}",
         r.event
     );
+}
+
+/// Issue #36, E4: a pod (CAP_NET_RAW) forges SYNs with its own address both ways and sends
+/// them to its gateway, which routes them back in: they die in the pod as a local source, like
+/// a loop, but the node's conntrack entry is pod -> pod with nothing rewritten. Not a
+/// self-loop: counted, no event. Nor is a DNAT to an address that is no Service's, nor no
+/// entry at all in the pod's namespace.
+#[test]
+fn a_forged_self_addressed_packet_without_a_service_dnat_confirms_nothing() {
+    let mut c = corr();
+    let forged = |sport| {
+        let mut e = entry(sport, false);
+        e.orig.dst = ip(EP);
+        e.orig.dport = 8080;
+        e.dnat = false;
+        e
+    };
+    let not_a_service = |sport| {
+        let mut e = entry(sport, false);
+        e.orig.dst = ip("198.18.77.77");
+        e
+    };
+    let answers: [Result<Option<ConntrackEntry>, String>; 4] = [
+        Ok(Some(forged(40020))),
+        Ok(Some(forged(40021))),
+        Ok(Some(not_a_service(40022))),
+        Ok(None),
+    ];
+    for (i, ct) in answers.into_iter().enumerate() {
+        let q = only_query(&c.ingest(in_pod(S + i as u64 * MS, 40020 + i as u16)));
+        let outs = answer(&mut c, &q, ct, facts(Some(false), None));
+        assert!(reports(&outs).is_empty(), "{outs:?}");
+    }
+    assert_eq!(c.stats().confirmed.service_self_loop, 0);
+    assert_eq!(c.stats().drops_unmatched, 4);
+    invariants(&c);
+}
+
+/// At a bridge port with no conntrack entry, the bridge's own evidence is needed: hairpin mode
+/// off, br_netfilter on, and the pod's port a Service endpoint.
+#[test]
+fn a_bridge_drop_without_an_entry_needs_the_bridges_own_evidence() {
+    let mut c = corr();
+    let mut no_br_netfilter = facts(None, Some(false));
+    no_br_netfilter.br_netfilter = Some(false);
+    for (sport, f) in [
+        (40030, no_br_netfilter),
+        (40031, facts(None, Some(true))),
+        (40032, facts(None, None)),
+    ] {
+        let q = only_query(&c.ingest(at_bridge(S, sport)));
+        let outs = answer(&mut c, &q, Ok(None), f);
+        assert!(reports(&outs).is_empty(), "{outs:?}");
+    }
+    // Not an endpoint of any Service: port 9999.
+    let mut ev = at_bridge(S, 40033);
+    if let KernelEvent::Drop { packet, .. } = &mut ev {
+        packet.dport = 9999;
+    }
+    let q = only_query(&c.ingest(ev));
+    assert!(reports(&answer(&mut c, &q, Ok(None), facts(None, Some(false)))).is_empty());
+    assert_eq!(c.stats().confirmed.service_self_loop, 0);
+    invariants(&c);
 }
 
 /// IPVS mode with br_netfilter, seen on VM 6.12: the call (client port 40010 -> 8080) was

@@ -57,6 +57,10 @@ pub enum Shape {
         addr: IpAddr,
         /// The destinations the loop's packets went to.
         to: BTreeSet<IpAddr>,
+        /// The loop's packets come from outside the node (the LB's health checks): a
+        /// connection from `addr` while `addr` is local to the node was made on the node,
+        /// by anyone, and is never theirs ([`find_on_node`]).
+        from_outside: bool,
     },
 }
 
@@ -88,6 +92,7 @@ impl Shape {
             LoopbackKind::HealthcheckBlackhole | LoopbackKind::VipAsSource => Some(Shape::From {
                 addr: e.vip.unwrap_or(e.src),
                 to: BTreeSet::from([e.dst]),
+                from_outside: e.kind == LoopbackKind::HealthcheckBlackhole,
             }),
         }
     }
@@ -125,7 +130,17 @@ impl Shape {
         }
     }
 
-    fn matches(&self, e: &ConntrackEntry) -> bool {
+    /// The loop's address: the VIP called, or the source of its packets.
+    pub fn addr(&self) -> IpAddr {
+        match self {
+            Shape::To { addr, .. } | Shape::From { addr, .. } => *addr,
+        }
+    }
+
+    /// Whether `e` is the loop's own traffic through the path the loop broke. `addr_is_local`:
+    /// the loop's address is an address of this node now (issue #36, E3: any local user can
+    /// bind it, listen on it and connect from it).
+    fn matches(&self, e: &ConntrackEntry, addr_is_local: bool) -> bool {
         match self {
             Shape::To {
                 addr,
@@ -135,12 +150,26 @@ impl Shape {
                 other_ports,
                 ..
             } => {
+                // Served by a listener on the VIP itself (nothing rewrote the destination)
+                // while the VIP is local: a local socket answered, not the LB path.
+                let local_listener = addr_is_local
+                    && !e.dnat
+                    && (e.reply.src, e.reply.sport) == (e.orig.dst, e.orig.dport);
                 e.orig.dst == *addr
                     && ((e.orig.dport, e.orig.proto) == (*port, *proto)
                         || other_ports.contains(&(e.orig.dport, e.orig.proto)))
                     && clients.contains(&e.orig.src)
+                    // A connection from the VIP is a local socket bound to it, no client's.
+                    && e.orig.src != *addr
+                    && !local_listener
             }
-            Shape::From { addr, to } => e.orig.src == *addr && to.contains(&e.orig.dst),
+            Shape::From {
+                addr,
+                to,
+                from_outside,
+            } => {
+                e.orig.src == *addr && to.contains(&e.orig.dst) && !(*from_outside && addr_is_local)
+            }
         }
     }
 
@@ -169,7 +198,9 @@ impl Shape {
                     .collect::<String>(),
                 list(clients)
             ),
-            Shape::From { addr, to } => format!("connections from {addr} to {}", list(to)),
+            Shape::From { addr, to, .. } => {
+                format!("connections from {addr} to {}", list(to))
+            }
         }
     }
 }
@@ -191,16 +222,33 @@ fn nat_here(e: &ConntrackEntry) -> &'static str {
 /// `quiet_for_ms` ago, i.e. after the loop's last confirmation (the idle time is an upper
 /// bound: conntrack rounds the time left down to the second). For a hairpin, connections
 /// NATed on this node are quoted when there are any ([`Found::only_through_lb`] otherwise).
-/// Pure.
+/// Pure. For a node where the loop's address is not local ([`find_on_node`] otherwise).
 pub fn find(
     shape: &Shape,
     entries: &[ConntrackEntry],
     quiet_for_ms: u64,
     timeouts: &StateTimeouts,
 ) -> Option<Found> {
+    find_on_node(shape, entries, quiet_for_ms, timeouts, false)
+}
+
+/// [`find`] on a node where the loop's address is local or not (`addr_is_local`, the agent
+/// asks [`is_local_address`]). Issue #36, E3: a local address can be bound, listened on and
+/// connected from by any local user, so while it is local, a connection *from* it is never
+/// the loop's (the LB's health checks never arrive with a local source; a To-shape's client
+/// is never the VIP) and a connection *to* it answered by a listener on it, with nothing
+/// rewritten, is not the path the loop broke. Such loops stay quiet rather than resolved:
+/// a fix that leaves the VIP local and has no DNAT is not proved (no false claim). Pure.
+pub fn find_on_node(
+    shape: &Shape,
+    entries: &[ConntrackEntry],
+    quiet_for_ms: u64,
+    timeouts: &StateTimeouts,
+    addr_is_local: bool,
+) -> Option<Found> {
     let fresh: Vec<(&ConntrackEntry, u32)> = entries
         .iter()
-        .filter(|e| e.seen_reply && shape.matches(e))
+        .filter(|e| e.seen_reply && shape.matches(e, addr_is_local))
         .filter_map(|e| Some((e, timeouts.idle_s(e)?)))
         .filter(|(_, idle)| u64::from(*idle) * 1000 < quiet_for_ms)
         .collect();
@@ -246,6 +294,13 @@ pub fn find(
         lines,
         only_through_lb,
     })
+}
+
+/// Whether `addr` is an address of this network namespace: a socket binds to it (port 0, no
+/// packet sent, closed at once). With `net.ipv4.ip_nonlocal_bind` on, every address reads
+/// as local, which only withholds proofs.
+pub fn is_local_address(addr: IpAddr) -> bool {
+    std::net::UdpSocket::bind(std::net::SocketAddr::new(addr, 0)).is_ok()
 }
 
 #[cfg(test)]

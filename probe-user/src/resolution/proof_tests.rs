@@ -159,6 +159,7 @@ fn each_kind_has_its_shape() {
     let checks_to_node = Shape::From {
         addr: ip(LB),
         to: BTreeSet::from([ip(NODE)]),
+        from_outside: true,
     };
     assert!(find(&checks_to_node, std::slice::from_ref(&hc), 60_000, &t).is_some());
     assert_eq!(find(&to_lb(&[LB, NODE], false), &[hc], 60_000, &t), None);
@@ -223,4 +224,68 @@ fn a_loop_over_several_ports_of_its_service_is_proved_on_any_of_them() {
     // Another port of the LB IP that no aggregate called is still no proof.
     let other = snat(entry(POD, LB, 443, "TIME_WAIT", 110, true));
     assert!(find(&shape, &[other], 60_000, &t).is_none());
+}
+
+/// Issue #36, E3: while the VIP is an address of this node, any local user (uid 65534) can
+/// bind it. A connection from it to the node's address is no LB health check; a connection to
+/// VIP:port answered by a listener on the VIP (nothing rewritten) is not the LB path; a
+/// connection whose source is the VIP is no client's. None proves the loop; the LB's own
+/// checks once the VIP is no longer local, and a pod's call DNATed on this node, still do.
+#[test]
+fn a_local_users_connections_on_a_local_vip_prove_nothing() {
+    let t = StateTimeouts::kernel_defaults();
+    let checks_to_node = Shape::From {
+        addr: ip(LB),
+        to: BTreeSet::from([ip(NODE)]),
+        from_outside: true,
+    };
+    let from_vip = bare(entry(LB, NODE, 45678, "TIME_WAIT", 115, true));
+    assert_eq!(
+        find_on_node(
+            &checks_to_node,
+            std::slice::from_ref(&from_vip),
+            60_000,
+            &t,
+            true
+        ),
+        None
+    );
+    assert!(find_on_node(&checks_to_node, &[from_vip], 60_000, &t, false).is_some());
+
+    // The node itself is one of the loop's clients (its own call looped).
+    let shape = to_lb(&[NODE, POD], false);
+    let own_listener = bare(entry(NODE, LB, 80, "TIME_WAIT", 115, true));
+    assert_eq!(
+        find_on_node(
+            &shape,
+            std::slice::from_ref(&own_listener),
+            60_000,
+            &t,
+            true
+        ),
+        None
+    );
+    let mut vip_as_client = to_lb(&[LB, NODE], false);
+    let from_the_vip = snat(entry(LB, LB, 80, "TIME_WAIT", 115, true));
+    assert_eq!(
+        find_on_node(
+            &vip_as_client,
+            std::slice::from_ref(&from_the_vip),
+            60_000,
+            &t,
+            false
+        ),
+        None
+    );
+    vip_as_client.widen(&crate::test_events::hairpin("hairpin/a"));
+    assert_eq!(
+        find_on_node(&vip_as_client, &[from_the_vip], 60_000, &t, true),
+        None
+    );
+    // Served through kube-proxy's DNAT to a backend: the path the loop broke, proof.
+    let mut served = bare(entry(POD, LB, 80, "TIME_WAIT", 115, true));
+    served.dnat = true;
+    served.reply.src = ip(OTHER_POD);
+    served.reply.sport = 8080;
+    assert!(find_on_node(&shape, &[served], 60_000, &t, true).is_some());
 }
