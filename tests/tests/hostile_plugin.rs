@@ -394,3 +394,44 @@ fn a_hundred_thousand_other_events_are_neither_fetched_nor_held() {
         lists[1]
     );
 }
+
+/// E15, the pages: 1,100 of the agents' Events in `shop` come in three pages of at most 500,
+/// every one listed once; `events -n shop` asks in `shop` only.
+#[test]
+fn the_agents_events_are_read_page_by_page_in_the_namespace_given() {
+    let a = api("pages");
+    a.apply(node("node-a"));
+    for i in 0..1_100 {
+        a.apply(hairpin_event(
+            &format!("clb-probe.node-a.{i:04}"),
+            "shop",
+            "node-a",
+        ));
+    }
+    a.apply(hairpin_event(
+        "clb-probe.node-a.elsewhere",
+        "other",
+        "node-a",
+    ));
+    let out = a.run(&["events", "-n", "shop", "-o", "json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let rows: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let mut names: Vec<&str> = rows.iter().filter_map(|r| r["name"].as_str()).collect();
+    names.sort_unstable();
+    names.dedup();
+    assert_eq!((rows.len(), names.len()), (1_100, 1_100));
+    assert!(rows.iter().all(|r| r["namespace"] == "shop"));
+    let pages: Vec<String> = a
+        .requests()
+        .iter()
+        .filter(|r| r.method == "GET" && r.path.starts_with("/apis/events.k8s.io/"))
+        .map(|r| r.path.clone())
+        .collect();
+    assert_eq!(pages.len(), 3, "{pages:#?}");
+    assert!(
+        pages
+            .iter()
+            .all(|p| p.starts_with("/apis/events.k8s.io/v1/namespaces/shop/events?")),
+        "{pages:#?}"
+    );
+}
