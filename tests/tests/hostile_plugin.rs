@@ -276,51 +276,162 @@ fn tempfile_dir() -> std::path::PathBuf {
     dir
 }
 
-/// E15: a busy cluster's other Events (20,000 here) are filtered by the API server, not by
-/// the plugin: `events` asks with `reportingController=clb-probe`, `fix` in the Service's
-/// namespace only with the Service in the selector (no cluster-wide `list events`).
+/// An Event another controller wrote (the kubelet about a Pod), about 1 KB as real ones are.
+fn other_event(i: usize) -> Value {
+    json!({
+        "apiVersion": "events.k8s.io/v1", "kind": "Event",
+        "metadata": {"name": format!("pod-{i}.17a0c0de{i:08x}"), "namespace": format!("team-{}", i % 50)},
+        "eventTime": "2026-11-27T01:00:00.000000Z",
+        "type": "Normal", "action": "Pulling", "reason": "Pulled",
+        "reportingController": "kubelet", "reportingInstance": format!("node-{}", i % 20),
+        "note": format!("Successfully pulled image \"registry.example/team/app:{i}\" in 1.2s (1.2s including waiting). Image size: 123456789 bytes. {}", "x".repeat(700)),
+        "regarding": {"apiVersion": "v1", "kind": "Pod", "namespace": format!("team-{}", i % 50), "name": format!("pod-{i}"), "fieldPath": "spec.containers{app}"},
+    })
+}
+
+/// The data (heap) the plugin may use in the E15 test: a few pages of Events, far from the
+/// 100,000 (800 MiB in a debug build) it held before.
+const PLUGIN_DATA_LIMIT: u64 = 128 << 20;
+
+/// Runs the plugin with its data segment limited to [`PLUGIN_DATA_LIMIT`] (RLIMIT_DATA: an
+/// allocation past it fails, and the plugin aborts), under GNU time when there is one:
+/// (success, stdout, stderr, peak RSS in KiB as time measured it, or 0).
+fn run_within_data_limit(a: &KubeFixture, args: &[&str]) -> (bool, String, String, u64) {
+    use std::os::unix::process::CommandExt as _;
+    let gnu_time = std::path::Path::new("/usr/bin/time");
+    let rss_file =
+        std::env::temp_dir().join(format!("clb-hostile-plugin-rss-{}", std::process::id()));
+    let mut cmd = if gnu_time.exists() {
+        let mut cmd = Command::new(gnu_time);
+        cmd.args(["-f", "%M", "-o"])
+            .arg(&rss_file)
+            .arg(plugin_bin());
+        cmd
+    } else {
+        Command::new(plugin_bin())
+    };
+    cmd.arg("--kubeconfig")
+        .arg(a.kubeconfig())
+        .args(args)
+        .env_remove("KUBECONFIG");
+    // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: PLUGIN_DATA_LIMIT,
+                rlim_max: PLUGIN_DATA_LIMIT,
+            };
+            if libc::setrlimit(libc::RLIMIT_DATA, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = cmd.output().expect("run kubectl-clb_probe");
+    let rss = std::fs::read_to_string(&rss_file)
+        .ok()
+        .and_then(|t| t.lines().last().and_then(|l| l.trim().parse().ok()))
+        .unwrap_or(0);
+    let _ = std::fs::remove_file(&rss_file);
+    (
+        out.status.success(),
+        text(&out.stdout),
+        text(&out.stderr),
+        rss,
+    )
+}
+
+/// E15: a busy cluster holds 100,000 Events of other controllers. `events` asks the API
+/// server for clb-probe's only (fieldSelector `reportingController=clb-probe`, pages of at
+/// most 500), and `fix` for the Service's only, in the Service's namespace (no cluster-wide
+/// `list events`); neither holds the others (the plugin runs with 128 MiB of data at most).
 #[test]
-fn other_events_are_left_to_the_server_and_fix_lists_one_namespace() {
+fn a_hundred_thousand_other_events_are_neither_fetched_nor_held() {
     let a = api("busy");
     a.apply(node("node-a"));
     a.apply(web());
-    for i in 0..20_000 {
-        a.apply(json!({
-            "apiVersion": "events.k8s.io/v1", "kind": "Event",
-            "metadata": {"name": format!("other.{i}"), "namespace": format!("team-{}", i % 50)},
-            "eventTime": "2026-11-27T01:00:00.000000Z",
-            "type": "Normal", "action": "Pulled", "reason": "Pulled",
-            "reportingController": "kubelet", "reportingInstance": "node-a",
-            "note": "x".repeat(200),
-            "regarding": {"apiVersion": "v1", "kind": "Pod", "namespace": format!("team-{}", i % 50), "name": "p"},
-        }));
+    for i in 0..100_000 {
+        a.apply(other_event(i));
     }
     a.apply(hairpin_event("clb-probe.node-a.1", "shop", "node-a"));
-    let out = a.run(&["events", "-o", "json"]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let rows: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(rows.as_array().unwrap().len(), 1, "{rows:#}");
-    let out = a.run(&["fix", "-n", "shop", "web"]);
-    assert!(
-        text(&out.stdout).contains("confirmed: hairpin"),
-        "{}",
-        text(&out.stdout)
+    let before = a.requests().len();
+
+    let (ok, shown, err, events_kib) = run_within_data_limit(&a, &["events"]);
+    eprintln!("events: peak RSS {events_kib} KiB");
+    assert!(ok, "{shown}{err}");
+    assert!(shown.contains("shop/web"), "{shown}");
+    assert_eq!(
+        shown.lines().count(),
+        2,
+        "the header and the one row: {shown}"
     );
-    let lists: Vec<String> = a
-        .requests()
-        .into_iter()
-        .filter(|r| r.method == "GET" && r.path.contains("/events"))
-        .map(|r| r.path)
+    let (ok, shown, err, fix_kib) = run_within_data_limit(&a, &["fix", "-n", "shop", "web"]);
+    eprintln!("fix: peak RSS {fix_kib} KiB");
+    assert!(ok, "{shown}{err}");
+    assert!(shown.contains("confirmed: hairpin"), "{shown}");
+
+    let lists: Vec<String> = a.requests()[before..]
+        .iter()
+        .filter(|r| r.method == "GET" && r.path.starts_with("/apis/events.k8s.io/v1/"))
+        .map(|r| r.path.clone())
         .collect();
-    assert_eq!(lists.len(), 2, "{lists:#?}");
+    assert_eq!(lists.len(), 2, "one page each: {lists:#?}");
+    for path in &lists {
+        assert!(
+            path.contains("reportingController%3Dclb-probe") && path.contains("limit=500"),
+            "{path}"
+        );
+    }
     assert!(
-        lists[0].starts_with("/apis/events.k8s.io/v1/events?")
-            && lists[0].contains("fieldSelector=reportingController%3Dclb-probe"),
-        "{lists:#?}"
+        lists[0].starts_with("/apis/events.k8s.io/v1/events?"),
+        "{}",
+        lists[0]
     );
     assert!(
         lists[1].starts_with("/apis/events.k8s.io/v1/namespaces/shop/events?")
             && lists[1].contains("regarding.name%3Dweb"),
-        "{lists:#?}"
+        "{}",
+        lists[1]
+    );
+}
+
+/// E15, the pages: 1,100 of the agents' Events in `shop` come in three pages of at most 500,
+/// every one listed once; `events -n shop` asks in `shop` only.
+#[test]
+fn the_agents_events_are_read_page_by_page_in_the_namespace_given() {
+    let a = api("pages");
+    a.apply(node("node-a"));
+    for i in 0..1_100 {
+        a.apply(hairpin_event(
+            &format!("clb-probe.node-a.{i:04}"),
+            "shop",
+            "node-a",
+        ));
+    }
+    a.apply(hairpin_event(
+        "clb-probe.node-a.elsewhere",
+        "other",
+        "node-a",
+    ));
+    let out = a.run(&["events", "-n", "shop", "-o", "json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let rows: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let mut names: Vec<&str> = rows.iter().filter_map(|r| r["name"].as_str()).collect();
+    names.sort_unstable();
+    names.dedup();
+    assert_eq!((rows.len(), names.len()), (1_100, 1_100));
+    assert!(rows.iter().all(|r| r["namespace"] == "shop"));
+    let pages: Vec<String> = a
+        .requests()
+        .iter()
+        .filter(|r| r.method == "GET" && r.path.starts_with("/apis/events.k8s.io/"))
+        .map(|r| r.path.clone())
+        .collect();
+    assert_eq!(pages.len(), 3, "{pages:#?}");
+    assert!(
+        pages
+            .iter()
+            .all(|p| p.starts_with("/apis/events.k8s.io/v1/namespaces/shop/events?")),
+        "{pages:#?}"
     );
 }

@@ -30,6 +30,9 @@ struct Cli {
 enum Command {
     /// List the confirmed loopbacks from the Events of every namespace, newest first.
     Events {
+        /// Only this namespace's Events (`list events` there is then all it needs).
+        #[arg(short, long)]
+        namespace: Option<String>,
         /// Output format.
         #[arg(short, long, value_enum, default_value_t = Output::Table)]
         output: Output,
@@ -145,9 +148,9 @@ fn main() -> ExitCode {
 async fn run(command: Command, kube: KubeArgs) -> anyhow::Result<ExitCode> {
     let client = api::client(&kube).await?;
     match command {
-        Command::Events { output } => {
-            let events = api::list_events(client, api::EventScope::All).await?;
-            let rows = plugin::rows(&events);
+        Command::Events { namespace, output } => {
+            let mut rows = api::event_rows(client, namespace.as_deref()).await?;
+            plugin::sort_rows(&mut rows);
             match output {
                 Output::Json => println!("{}", serde_json::to_string_pretty(&rows)?),
                 Output::Table if rows.is_empty() => println!("{}", plugin::NO_EVENTS),
@@ -239,14 +242,7 @@ async fn run(command: Command, kube: KubeArgs) -> anyhow::Result<ExitCode> {
                         Vec::new()
                     }),
             };
-            let events = api::list_events(
-                client.clone(),
-                api::EventScope::Service {
-                    namespace: &namespace,
-                    name: &service,
-                },
-            )
-            .await?;
+            let events = api::service_events(client.clone(), &namespace, &service).await?;
             // The Nodes, to believe only Events naming one (none listed: shape and namespace).
             let nodes = api::node_names(client.clone()).await.ok();
             let kinds = fix::confirmed_kinds(&events, &namespace, &service, nodes.as_deref());

@@ -11,6 +11,8 @@ use kube::{
     config::{KubeConfigOptions, Kubeconfig},
 };
 
+use probe_contract::kube_event::REPORTING_CONTROLLER;
+
 use super::{AGENT_LABEL, KubeArgs};
 
 /// Page size of the cluster-wide lists (the API server's own pagination).
@@ -58,52 +60,70 @@ pub fn explain(e: kube::Error, what: &str) -> anyhow::Error {
     }
 }
 
-/// Which Events to list.
-#[derive(Clone, Copy, Debug)]
-pub enum EventScope<'a> {
-    /// `events`: clb-probe's in every namespace.
-    All,
-    /// `fix`: clb-probe's regarding one Service, in its namespace (where the agents write
-    /// them; see `fix::confirmed_kinds`).
-    Service { namespace: &'a str, name: &'a str },
-}
-
-impl EventScope<'_> {
-    /// The field selector: the API server filters, so a cluster's other Events (100,000 on a
-    /// busy one) never reach the plugin (issue 36, E15). `reportingController`,
-    /// `regarding.kind` and `regarding.name` are selectable fields of events.k8s.io/v1 Events
-    /// (Kubernetes' Event registry, `EventToSelectableFields`).
-    pub fn field_selector(&self) -> String {
-        match self {
-            EventScope::All => format!("reportingController={}", super::REPORTING_CONTROLLER),
-            EventScope::Service { name, .. } => format!(
-                "reportingController={},regarding.kind=Service,regarding.name={name}",
-                super::REPORTING_CONTROLLER
-            ),
-        }
-    }
-}
-
-/// clb-probe's `events.k8s.io/v1` Events in `scope` (paged, filtered by the server; `fix`
-/// needs `list events` in the Service's namespace only).
-pub async fn list_events(client: Client, scope: EventScope<'_>) -> anyhow::Result<Vec<Event>> {
-    let (api, what): (Api<Event>, String) = match scope {
-        EventScope::All => (
-            Api::all(client),
-            "list events.k8s.io events in all namespaces".into(),
+/// clb-probe's Events as rows (`events`): in `namespace`, else in every namespace.
+///
+/// Issue 36, E15: a busy cluster holds 100,000s of other controllers' Events. The API server
+/// selects clb-probe's (`fieldSelector=reportingController=clb-probe`, which events.k8s.io/v1
+/// maps onto the core Event's selectable `reportingComponent`), pages of [`PAGE`], and each
+/// page is folded into rows before the next is read, so at most one page of Events is held
+/// whatever the server sends (one that ignores the selector included).
+pub async fn event_rows(
+    client: Client,
+    namespace: Option<&str>,
+) -> anyhow::Result<Vec<super::Row>> {
+    let (api, what): (Api<Event>, String) = match namespace {
+        Some(ns) => (
+            Api::namespaced(client, ns),
+            format!("list events.k8s.io events in namespace {ns}"),
         ),
-        EventScope::Service { namespace, .. } => (
-            Api::namespaced(client, namespace),
-            format!("list events.k8s.io events in namespace {namespace}"),
+        None => (
+            Api::all(client),
+            "list events.k8s.io events in all namespaces".to_string(),
         ),
     };
+    let fields = format!("reportingController={REPORTING_CONTROLLER}");
+    agent_events(&api, &fields, &what, |ev| super::row(&ev)).await
+}
+
+/// clb-probe's Events regarding the Service `namespace/name`, from its own namespace only
+/// (`fix`: the agents write a Service's Events there, E6; so `list events` in that namespace
+/// is the only permission needed, E15). Selected by the API server
+/// (`reportingController`, `regarding.kind`, `regarding.name`) and checked again here, page
+/// by page.
+pub async fn service_events(
+    client: Client,
+    namespace: &str,
+    name: &str,
+) -> anyhow::Result<Vec<Event>> {
+    let api: Api<Event> = Api::namespaced(client, namespace);
+    let fields = format!(
+        "reportingController={REPORTING_CONTROLLER},regarding.kind=Service,regarding.name={name}"
+    );
+    let what = format!("list events.k8s.io events in namespace {namespace}");
+    agent_events(&api, &fields, &what, |ev| {
+        let regards = ev.regarding.as_ref().is_some_and(|r| {
+            r.kind.as_deref() == Some("Service")
+                && r.namespace.as_deref() == Some(namespace)
+                && r.name.as_deref() == Some(name)
+        });
+        (regards && ev.reporting_controller.as_deref() == Some(REPORTING_CONTROLLER)).then_some(ev)
+    })
+    .await
+}
+
+/// Lists `api`'s Events matching `fields`, [`PAGE`] at a time, keeping what `keep` returns of
+/// each (the rest is dropped with its page).
+async fn agent_events<T>(
+    api: &Api<Event>,
+    fields: &str,
+    what: &str,
+    mut keep: impl FnMut(Event) -> Option<T>,
+) -> anyhow::Result<Vec<T>> {
     let mut out = Vec::new();
-    let mut params = ListParams::default()
-        .limit(PAGE)
-        .fields(&scope.field_selector());
+    let mut params = ListParams::default().fields(fields).limit(PAGE);
     loop {
-        let page = api.list(&params).await.map_err(|e| explain(e, &what))?;
-        out.extend(page.items);
+        let page = api.list(&params).await.map_err(|e| explain(e, what))?;
+        out.extend(page.items.into_iter().filter_map(&mut keep));
         match page.metadata.continue_ {
             Some(token) if !token.is_empty() => params = params.continue_token(&token),
             _ => return Ok(out),

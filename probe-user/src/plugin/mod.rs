@@ -3,8 +3,10 @@
 //! choice of the agent pod, the `kubectl exec` command line); [`api`] talks to the API server.
 //!
 //! - `events`: every `events.k8s.io/v1` Event whose `reportingController` is `clb-probe`, in
-//!   every namespace (Service events live in the Service's namespace, Node events in
-//!   `default`), newest first. Every field is printed through [`crate::term::escape`] (a
+//!   every namespace or the one `-n` names (Service events live in the Service's namespace,
+//!   Node events in `default`), newest first. The API server selects them
+//!   (`fieldSelector`), a page at a time ([`api::event_rows`]): other controllers' Events are
+//!   neither fetched nor held. Every field is printed through [`crate::term::escape`] (a
 //!   tenant may write any bytes into an Event it creates); `-o json` is left as the API gave
 //!   it (JSON escapes control characters itself). Anyone allowed to create Events may set
 //!   `reportingController: clb-probe`, and an Event records nothing of who wrote it, so the
@@ -173,13 +175,18 @@ pub fn row(ev: &Event) -> Option<Row> {
 /// clb-probe's Events as rows, newest first (ties: by node, then name, for a stable order).
 pub fn rows<'a>(events: impl IntoIterator<Item = &'a Event>) -> Vec<Row> {
     let mut rows: Vec<Row> = events.into_iter().filter_map(row).collect();
+    sort_rows(&mut rows);
+    rows
+}
+
+/// Newest first (ties: by node, then name, for a stable order).
+pub fn sort_rows(rows: &mut [Row]) {
     rows.sort_by(|a, b| {
         b.last_seen
             .cmp(&a.last_seen)
             .then_with(|| a.node.cmp(&b.node))
             .then_with(|| a.name.cmp(&b.name))
     });
-    rows
 }
 
 /// What `events` prints when there are none.

@@ -220,6 +220,20 @@ impl Store {
             .collect()
     }
 
+    /// [`list`](Self::list) without the copies: `(namespace, name, object)`, in the same order.
+    pub fn iter<'a>(
+        &'a self,
+        resource: &'a str,
+        namespace: Option<&'a str>,
+    ) -> impl Iterator<Item = (&'a str, &'a str, &'a Value)> + 'a {
+        self.objects
+            .iter()
+            .filter(move |((r, ns, _), _)| {
+                *r == resource && namespace.is_none_or(|want| want == ns)
+            })
+            .map(|((_, ns, name), object)| (ns.as_str(), name.as_str(), object))
+    }
+
     pub fn objects(&self, info: &ResourceInfo) -> Vec<Value> {
         self.list(info.resource, None)
     }

@@ -88,17 +88,59 @@ pub(super) fn list(
             &expired(version, store.resource_version()),
         );
     }
-    let items: Vec<Value> = store
-        .list(target.info.resource, target.namespace.as_deref())
+    // `limit` and `continue` as the real API pages (not for tables: `kubectl get` is happy
+    // with everything at once). The token is the last item's `namespace/name`: the next page
+    // starts after it.
+    let limit = match params.get("limit").map(|l| l.parse::<usize>()) {
+        None => None,
+        Some(Ok(0)) => None,
+        Some(Ok(limit)) if !as_table => Some(limit),
+        Some(Ok(_)) => None,
+        Some(Err(_)) => return bad_request("invalid limit".to_owned()),
+    };
+    let after = match params.get("continue").filter(|t| !t.is_empty()) {
+        None => None,
+        Some(token) => match token.split_once('/') {
+            Some((ns, name)) => Some((ns.to_owned(), name.to_owned())),
+            None => return bad_request(format!("invalid continue token {token:?}")),
+        },
+    };
+    let mut items: Vec<Value> = Vec::new();
+    let mut continue_token = None;
+    let candidates = store
+        .iter(target.info.resource, target.namespace.as_deref())
+        .filter(|(ns, name, _)| {
+            after
+                .as_ref()
+                .is_none_or(|(a_ns, a_name)| (*ns, *name) > (a_ns.as_str(), a_name.as_str()))
+        });
+    for (_, _, object) in candidates {
+        let object = if store::is_core_event(target.info) {
+            store::core_event(object)
+        } else if filters.matches(object) {
+            object.clone()
+        } else {
+            continue;
+        };
+        if store::is_core_event(target.info) && !filters.matches(&object) {
+            continue;
+        }
+        if let Some(limit) = limit
+            && items.len() == limit
+        {
+            // More match: this page ends at the previous item.
+            let last = &items[limit - 1]["metadata"];
+            continue_token = Some(format!(
+                "{}/{}",
+                last["namespace"].as_str().unwrap_or_default(),
+                last["name"].as_str().unwrap_or_default()
+            ));
+            break;
+        }
+        items.push(object);
+    }
+    let items: Vec<Value> = items
         .into_iter()
-        .map(|object| {
-            if store::is_core_event(target.info) {
-                store::core_event(&object)
-            } else {
-                object
-            }
-        })
-        .filter(|object| filters.matches(object))
         .map(|mut object| {
             // The real API leaves kind and apiVersion out of list items.
             if let Some(fields) = object.as_object_mut() {
@@ -125,7 +167,10 @@ pub(super) fn list(
         &json!({
             "kind": format!("{}List", target.info.kind),
             "apiVersion": target.info.api_version,
-            "metadata": { "resourceVersion": store.resource_version().to_string() },
+            "metadata": match continue_token {
+                Some(token) => json!({"resourceVersion": store.resource_version().to_string(), "continue": token}),
+                None => json!({"resourceVersion": store.resource_version().to_string()}),
+            },
             "items": items,
         }),
     )
