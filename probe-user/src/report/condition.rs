@@ -77,7 +77,8 @@ pub fn condition(status: &ReportStatus) -> Condition {
         service.as_deref().unwrap_or("unknown")
     );
     if let Some(fix) = fix {
-        message.push_str(&format!("; first fix: {fix}"));
+        // A fix written as a sentence ends in a full stop; the message goes on after it.
+        message.push_str(&format!("; first fix: {}", fix.trim_end_matches('.')));
     }
     let more = status.active_loops.len() + status.risks.len() - 1;
     if more > 0 {
@@ -151,6 +152,15 @@ mod tests {
         };
         let c = condition(&looping);
         assert_eq!(c.reason, "Hairpin", "an active loop comes before a risk");
+        let mut sentence = looping.clone();
+        sentence.active_loops[0].first_fix = Some("Call it by its ClusterIP.".into());
+        assert!(
+            condition(&sentence)
+                .message
+                .contains("first fix: Call it by its ClusterIP; 1 more"),
+            "{}",
+            condition(&sentence).message
+        );
         assert!(
             c.message
                 .starts_with("active loop hairpin on Service shop/api")
