@@ -120,15 +120,13 @@ fn on_a_terminal(a: &KubeFixture, args: &[&str], answer: &str) -> (bool, String)
         .stderr(Stdio::piped())
         .spawn()
         .expect("script (util-linux)");
-    // After the question is on the terminal: the plugin reads its answer then.
-    std::thread::sleep(std::time::Duration::from_millis(1500));
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(answer.as_bytes())
-        .unwrap();
+    // The answer waits in the terminal's input until the plugin reads it; stdin stays open
+    // until the plugin exits, so `script` never passes it an end of input first (no race
+    // with a slow dry run).
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(answer.as_bytes()).unwrap();
     let out = child.wait_with_output().unwrap();
+    drop(stdin);
     (out.status.success(), text(&out.stdout))
 }
 
