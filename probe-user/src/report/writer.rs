@@ -742,13 +742,7 @@ pub async fn run(
         if report_backoff.ready(now_ms)
             && let Some(status) = gate.take(now_ms)
         {
-            let written = tokio::time::timeout(WRITE_TIMEOUT, writer.write(&status)).await;
-            let error = match written {
-                Ok(Ok(())) => None,
-                Ok(Err(e)) => Some(e.to_string()),
-                Err(_) => Some("timed out".to_string()),
-            };
-            match error {
+            match write_error(writer.write(&status)).await {
                 None => {
                     if report_backoff.failures() > 0 {
                         info!("node report: written again");
@@ -772,17 +766,13 @@ pub async fn run(
         if condition_backoff.ready(now_ms)
             && let Some(status) = condition_pending.take()
         {
-            let written = tokio::time::timeout(
-                WRITE_TIMEOUT,
-                writer.write_condition(&status, &status.last_update, condition_heartbeat),
-            )
-            .await;
-            let error = match written {
-                Ok(Ok(())) => None,
-                Ok(Err(e)) => Some(e.to_string()),
-                Err(_) => Some("timed out".to_string()),
-            };
-            match error {
+            match write_error(writer.write_condition(
+                &status,
+                &status.last_update,
+                condition_heartbeat,
+            ))
+            .await
+            {
                 None => {
                     if condition_backoff.failures() > 0 {
                         info!("node condition: patched again");
@@ -804,6 +794,17 @@ pub async fn run(
                 }
             }
         }
+    }
+}
+
+/// A write given [`WRITE_TIMEOUT`]: None when it worked, else why not.
+async fn write_error<E: std::fmt::Display>(
+    write: impl std::future::Future<Output = Result<(), E>>,
+) -> Option<String> {
+    match tokio::time::timeout(WRITE_TIMEOUT, write).await {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(e.to_string()),
+        Err(_) => Some("timed out".to_string()),
     }
 }
 
