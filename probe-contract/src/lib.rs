@@ -9,23 +9,26 @@
 //! features: the tag numbers of the kernel records, without aya), for [`Tag::from_raw`].
 //!
 //! Field names and enum spellings are the contract: change them only together with every
-//! reader. Inside `probe-user` the old paths (`correlate::report`, `correlate::{Report,
-//! CorrelatorStats}`, `event::{Tag, Proto}`, `kernel::{Features, CounterSnapshot}`,
-//! `agent::nodesync::NodeStatus`, `sink::live::Message`, `sink::kube_event_plan::reason`)
-//! are re-exports of these.
+//! reader.
+//!
+//! One path per type: the agent's records and statuses (the modules `event`, `status`,
+//! `live`, `fix`, `resolution`) are named at the crate root (`probe_contract::LoopbackEvent`);
+//! the remedy facts ([`facts`]), the Event spellings ([`kube_event`]) and the clock
+//! ([`clock`]) keep their module's name, because their names only read well with it
+//! (`facts::SelfLoopMissing`, `kube_event::reason`). Nothing in `probe-user` re-exports them.
 
 pub mod clock;
-pub mod event;
+mod event;
 pub mod facts;
-pub mod fix;
+mod fix;
 pub mod kube_event;
-pub mod live;
-pub mod resolution;
-pub mod status;
+mod live;
+mod resolution;
+mod status;
 
 pub use event::{
     AggregateKey, Layer, Listener, LoopbackEvent, LoopbackKind, Outcome, Proto, Report, SnatState,
-    Tag,
+    Tag, sock,
 };
 pub use fix::Fix;
 pub use live::{Message, Snapshot};

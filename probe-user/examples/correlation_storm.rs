@@ -29,11 +29,12 @@ use std::{
 
 use aya::maps::{HashMap as BpfHashMap, Map, MapData};
 use clb_probe::{
-    correlate::{Answer, Correlator, CorrelatorConfig, LoopbackKind, Output, Query},
-    event::{DropReason, KernelEvent, Packet, Proto, Tag, tcp_flags},
+    correlate::{Answer, Correlator, CorrelatorConfig, Output, Query},
+    event::{DropReason, KernelEvent, Packet, tcp_flags},
     kernel::{codec::addr_bytes, counters::EgressTable},
 };
 use probe_common::{EgressKey, EgressValue, family};
+use probe_contract::{LoopbackKind, Proto, Tag};
 
 const TABLE: u32 = 65_536;
 const SOURCES: u32 = 8192;

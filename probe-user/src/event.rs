@@ -8,8 +8,7 @@ use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
-/// The address tags and protocols are the output contract's (re-exported here).
-pub use probe_contract::{Listener, Proto, Tag, facts::AddressOwner};
+use probe_contract::{Proto, Tag};
 
 /// TCP flag bits as carried in `Packet::tcp_flags`.
 pub mod tcp_flags {

@@ -104,7 +104,7 @@ struct AgentArgs {
     /// How to attach to interfaces: tcx links (kernel >= 6.6) or cls_bpf under a clsact qdisc.
     /// Default: tcx where the kernel has it.
     #[arg(long, env = "CLB_PROBE_TC_MODE", value_enum)]
-    tc_mode: Option<clb_probe::kernel::probe::TcMode>,
+    tc_mode: Option<probe_contract::TcMode>,
     /// Turn on the eBPF programs' debug log lines (aya-log).
     #[arg(long, env = "CLB_PROBE_EBPF_LOG")]
     ebpf_log: bool,

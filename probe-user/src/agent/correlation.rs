@@ -15,7 +15,7 @@ use probe_contract::clock::monotonic_ns;
 
 use super::{AbortOnDrop, nodesync, queries, services};
 use crate::{
-    correlate::{Answer, Correlator, CorrelatorConfig, Output, Report},
+    correlate::{Answer, Correlator, CorrelatorConfig, Output},
     event::KernelEvent,
     hub::Shared,
     kernel::{counters::EgressTable, reader::IfNames},
@@ -24,6 +24,7 @@ use crate::{
     sink::Sinks,
     state,
 };
+use probe_contract::Report;
 
 /// What the loop owns and reads.
 pub(super) struct CorrelateLoop {

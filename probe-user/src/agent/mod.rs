@@ -40,7 +40,8 @@ use crate::{
     state::{self, addrs::AddrConfig},
 };
 use correlation::{CorrelateLoop, Signals};
-use nodesync::{NodeStatus, NodeSync};
+use nodesync::NodeSync;
+use probe_contract::NodeStatus;
 
 /// Everything `probe agent` was told.
 #[derive(Clone, Debug)]
@@ -52,7 +53,7 @@ pub struct AgentConfig {
     pub record: Option<PathBuf>,
     pub ebpf_log: bool,
     /// `--tc-mode`: None = by kernel version.
-    pub tc_mode: Option<kernel::probe::TcMode>,
+    pub tc_mode: Option<probe_contract::TcMode>,
     /// The service table's safety-net re-read interval (it is read on change).
     pub services_every: Duration,
     /// `--services-reader`: on change (default) or the old timer (the bench's baseline).
@@ -114,7 +115,7 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
     steps.mark("load");
     info!(features = %loaded.probe.features(), "programs loaded");
     let capabilities = Arc::new(Capabilities::default());
-    if loaded.probe.features().drop_hook == kernel::probe::DropHook::None {
+    if loaded.probe.features().drop_hook == probe_contract::DropHook::None {
         capabilities.set(
             Capability::DropHook,
             false,

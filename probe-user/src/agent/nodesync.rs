@@ -24,12 +24,16 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use crate::{
-    event::{AddressOwner, Tag},
     kernel::{AddressMaps, KernelError, Probe, prefilter, reader::IfNames},
-    state::addrs::{self, AddrConfig, AddressSets, Prefix},
+    state::{
+        addrs,
+        addrs::{AddrConfig, AddressSets, Prefix},
+    },
 };
 
-pub use probe_contract::status::NodeStatus;
+use probe_contract::{Tag, facts::AddressOwner};
+
+use probe_contract::NodeStatus;
 
 /// Who made each local address local, for the correlator (it takes the map by pointer: a new
 /// `Arc` is sent only when the owners changed).

@@ -20,8 +20,10 @@
 //! table (the correlator treats a missing table as unknown, as it does when the rules cannot be
 //! read) starts at once and the table fills in behind.
 
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::{
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
 
 use tokio::{
     sync::{mpsc, watch},

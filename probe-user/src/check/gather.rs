@@ -10,14 +10,12 @@ use anyhow::Context as _;
 
 use super::{Inputs, KernelView, LbTarget, NicSysctls};
 use crate::{
-    event::Proto,
-    kernel::{self, KernelBtf, kallsyms::Kallsyms},
-    state::{
-        self,
-        addrs::{self, AddrConfig},
-        ipset,
-    },
+    kernel,
+    kernel::{KernelBtf, kallsyms::Kallsyms},
+    state,
+    state::{addrs, addrs::AddrConfig, ipset},
 };
+use probe_contract::Proto;
 
 /// kube-proxy's IPVS-mode sets: every LB ingress IP:port, the Local ones, the ClusterIPs.
 pub const LB_SET: &str = "KUBE-LOAD-BALANCER";
@@ -65,10 +63,12 @@ pub fn gather_with(
         None => Vec::new(),
     };
     // Local routes without an address make an LB IP as local as kube-ipvs0 does.
-    let route_owned: Vec<(std::net::IpAddr, crate::event::AddressOwner)> = sets
+    let route_owned: Vec<(std::net::IpAddr, probe_contract::facts::AddressOwner)> = sets
         .owners
         .iter()
-        .filter(|(p, o)| p.is_host() && matches!(o, crate::event::AddressOwner::LocalRoute { .. }))
+        .filter(|(p, o)| {
+            p.is_host() && matches!(o, probe_contract::facts::AddressOwner::LocalRoute { .. })
+        })
         .map(|(p, o)| (p.addr, o.clone()))
         .collect();
     bound.extend(route_owned.iter().map(|(ip, _)| *ip));
@@ -79,7 +79,7 @@ pub fn gather_with(
     let pod_prefixes = sets
         .prefixes
         .iter()
-        .filter(|(_, t)| **t == crate::event::Tag::Pod)
+        .filter(|(_, t)| **t == probe_contract::Tag::Pod)
         .map(|(p, _)| *p)
         .collect();
     // The agent passes its table: no text dump of the rules on its steady path (`mode_state`).

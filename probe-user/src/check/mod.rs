@@ -24,7 +24,9 @@ use std::net::IpAddr;
 
 use serde::Serialize;
 
-use crate::{event::Proto, state::ServiceTable};
+use crate::state::ServiceTable;
+
+use probe_contract::Proto;
 
 pub mod dataplane;
 pub mod gather;
@@ -239,7 +241,7 @@ pub struct Inputs {
     /// table local with no interface address (a cloud guest agent's LB IPs).
     pub bound: Vec<IpAddr>,
     /// Who made each of `bound` local (absent: the VIP interface).
-    pub owners: std::collections::BTreeMap<IpAddr, crate::event::AddressOwner>,
+    pub owners: std::collections::BTreeMap<IpAddr, probe_contract::facts::AddressOwner>,
     /// Addresses kube-proxy names as ClusterIPs (ipset `KUBE-CLUSTER-IP`, the API).
     pub cluster_ips: Vec<IpAddr>,
     /// LB ingress IPs known from kube-proxy's sets or the API.
@@ -386,9 +388,9 @@ pub fn attach_fixes(
                     continue;
                 };
                 let proto = if proto.eq_ignore_ascii_case("udp") {
-                    crate::event::Proto::Udp
+                    probe_contract::Proto::Udp
                 } else {
-                    crate::event::Proto::Tcp
+                    probe_contract::Proto::Tcp
                 };
                 (sa.ip(), Some((sa.port(), proto)))
             }

@@ -56,7 +56,7 @@ fn kube_ipvs0_addresses_on_a_nftables_node_are_a_risk_and_its_absence_is_silent(
     let mut routed = node(ServiceSource::Nftables, true, ModeState::default());
     routed.owners.insert(
         ip(VIP),
-        crate::event::AddressOwner::LocalRoute {
+        probe_contract::facts::AddressOwner::LocalRoute {
             protocol: 66,
             protocol_name: "cloud guest agent".into(),
             iface: Some("eth0".into()),

@@ -42,10 +42,14 @@ mod node;
 mod prediction;
 mod render;
 
-use self::ip_mode::ip_mode_advice;
-use self::node::{kube_proxy_binds, parse_subject};
-pub use self::prediction::{Change, Exposure, IpModeAdvice, Prediction};
-pub use self::render::table;
+use self::{
+    ip_mode::ip_mode_advice,
+    node::{kube_proxy_binds, parse_subject},
+};
+pub use self::{
+    prediction::{Change, Exposure, IpModeAdvice, Prediction},
+    render::table,
+};
 
 /// The modes `--as` predicts.
 pub const TARGETS: &[Mode] = &[Mode::Nftables];

@@ -8,10 +8,8 @@ use super::{
     services,
     test_nodes::{self, POD_MASQ, VIP, ip, ipvs, lab, pairs},
 };
-use crate::{
-    event::AddressOwner,
-    kube::index::{LbIngress, ServiceFacts},
-};
+use crate::kube::index::{LbIngress, ServiceFacts};
+use probe_contract::facts::AddressOwner;
 
 /// `shop/web` (`test_nodes::web`) with `annotations`.
 fn web(etp_local: bool, ip_mode: Option<&str>, annotations: &[(&str, &str)]) -> ServiceFacts {

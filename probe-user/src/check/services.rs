@@ -5,7 +5,8 @@
 use std::net::IpAddr;
 
 use super::LbTarget;
-use crate::{event::Proto, kube::index::ServiceFacts};
+use crate::kube::index::ServiceFacts;
+use probe_contract::Proto;
 
 /// A Service port's protocol as the probe follows it (SCTP: not followed).
 fn proto(protocol: &str) -> Option<Proto> {

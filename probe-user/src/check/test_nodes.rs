@@ -6,10 +6,10 @@ use std::{collections::BTreeMap, net::IpAddr};
 
 use super::{Inputs, KernelView, NicSysctls, gather};
 use crate::{
-    event::Proto,
     kube::index::{LbIngress, ServiceFacts, ServicePort},
     state::{NodePortEntry, ServiceEntry, ServiceSource, ServiceTable, addrs::Prefix},
 };
+use probe_contract::Proto;
 
 pub(super) fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()

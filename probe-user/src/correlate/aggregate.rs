@@ -2,15 +2,16 @@
 //! last time, JSON throttling); least recently seen aggregates are evicted at the bound and
 //! forgotten after the TTL.
 
-use super::held::Aggregate;
-use super::{
-    AggregateKey, Correlator, LoopbackEvent, Outcome, Report, SnatState,
+use super::{Correlator, held::Aggregate, remedy};
+use probe_contract::{
+    AggregateKey, LoopbackEvent, Outcome, Report, SnatState,
     facts::{AddressOwner, Facts, SourceKind},
-    remedy,
 };
 use std::net::IpAddr;
 
-use crate::event::{Packet, Tag};
+use crate::event::Packet;
+
+use probe_contract::Tag;
 
 /// `LoopbackEvent::new`: the event type is the output contract's (`probe-contract`), building
 /// one from the packet the kernel saw is the correlator's, so the constructor is a trait here.

@@ -2,19 +2,20 @@
 //! healthCheckNodePort) of a node address, dropped as a local source. The same drop to any
 //! other destination is `vip_as_source` (see `vip_as_source.rs`).
 
-use super::aggregate::NewEvent as _;
-use super::held::VipSuspect;
 use super::{
-    AggregateKey, Correlator, DropInfo, LoopbackEvent, Outcome, Output, RecentDrop, SnatState,
+    Correlator, DropInfo, Output, RecentDrop,
+    aggregate::NewEvent as _,
     evidence::{
         drop_line, local_source_line, suspect_line, table_missing, unauthenticated_source_line,
     },
+    held::VipSuspect,
     tuple_of,
 };
 use crate::{
-    event::{Packet, Tag},
+    event::Packet,
     state::{NODEPORT_RANGE, Tuple},
 };
+use probe_contract::{AggregateKey, LoopbackEvent, Outcome, SnatState, Tag};
 
 impl Correlator {
     pub(super) fn on_vip_suspect(

@@ -1,7 +1,9 @@
 //! Drop-reason and drop-site classification. Reason numbers differ between kernels, so
 //! everything here matches names (from the kernel's BTF) and symbols only.
 
-use crate::event::{DropReason, Tag};
+use crate::event::DropReason;
+
+use probe_contract::Tag;
 
 /// Symbol prefixes of the IPv4 route-input path, where an older kernel drops a packet with a
 /// local (martian) source without a specific reason (Debian 6.1: `NOT_SPECIFIED` at

@@ -3,19 +3,21 @@
 use std::net::IpAddr;
 
 use super::{
-    Correlator, DropInfo, Layer, MS, SEC,
+    Correlator, DropInfo, MS, SEC,
     conntrack::{CtAnswer, egress_tuple},
     drop_reason::{LocalSourceDrop, local_source_drop},
-    report::sock,
     tuple_of,
 };
+use probe_contract::sock;
+
 use crate::{
-    event::{AddressOwner, EgressRecord, Listener, Packet, Proto, Tag, tcp_flags},
+    event::{EgressRecord, Packet, tcp_flags},
     state::{
         ConntrackEntry, NodePortEntry, ServiceSource, ServiceTable, Tuple,
         iptables::ACCESS_FILTER_CHAIN,
     },
 };
+use probe_contract::{Layer, Listener, Proto, Tag, facts::AddressOwner};
 
 /// `12.345678901s` (monotonic).
 pub(super) fn fmt_ts(ns: u64) -> String {

@@ -35,21 +35,23 @@ use std::{collections::HashSet, net::IpAddr};
 
 mod steps;
 
-use super::aggregate::NewEvent as _;
-use super::held::{Attempt, Flow, ListenerState, Stage};
 use super::{
-    AggregateKey, Correlator, DropInfo, EgressFlowKey, LoopbackEvent, Outcome, Output,
-    PendingQuery, Query, QueryCtx, RecentDrop, SEC, SnatState,
+    Correlator, DropInfo, EgressFlowKey, Output, PendingQuery, Query, QueryCtx, RecentDrop, SEC,
+    aggregate::NewEvent as _,
     evidence::{
         drop_line, egress_line, host_listener_line, layer_line, listener_line, node_sourced_line,
         service_name, suspect_line,
     },
-    facts::{Etp, Facts, SourceKind},
+    held::{Attempt, Flow, ListenerState, Stage},
     tuple_of,
 };
 use crate::{
-    event::{EgressRecord, Listener, Packet, Proto, Tag},
+    event::{EgressRecord, Packet},
     state::{ConntrackEntry, Tuple},
+};
+use probe_contract::{
+    AggregateKey, Listener, LoopbackEvent, Outcome, Proto, SnatState, Tag,
+    facts::{Etp, Facts, SourceKind},
 };
 
 /// The longest gap between a TCP SYN and its next retransmit (Linux doubles from 1 s: 1, 2,
@@ -402,7 +404,7 @@ impl Correlator {
             evidence.push(format!(
                 "the LB sent the request straight to the local pod {} (an LB that targets \
                  pods, VPC-CNI style), not to a NodePort",
-                super::report::sock(p.dst, p.dport)
+                probe_contract::sock(p.dst, p.dport)
             ));
         }
         evidence.extend(f.evidence);

@@ -1,12 +1,14 @@
 //! Hairpin variants and the rules against false pairing (issue 10, items 4, 5 and 8's
 //! conntrack errors). Tables where several inputs share one expectation.
 
-use super::tests::{
-    CLIENT, EXT_VIP, LB_VIP, MS, NODE, POD, POD_B, S, corr, ct, drop_ev, egress,
-    hairpin_to_settling, hairpin_without_egress, has_line, hp, invariants, ip, local_source,
-    only_query, only_report, pkt, queries, suspect,
+use super::{
+    tests::{
+        CLIENT, EXT_VIP, LB_VIP, MS, NODE, POD, POD_B, S, corr, ct, drop_ev, egress,
+        hairpin_to_settling, hairpin_without_egress, has_line, hp, invariants, ip, local_source,
+        only_query, only_report, pkt, queries, suspect,
+    },
+    *,
 };
-use super::*;
 use crate::state::NodePortEntry;
 
 /// Where a looping packet went decides whether it can be an LB's backend at all. A node

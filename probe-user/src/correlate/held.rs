@@ -6,14 +6,13 @@
 
 use std::{collections::HashMap, net::IpAddr};
 
-use super::{
-    queries::EgressFlowKey,
-    report::{AggregateKey, Layer, LoopbackEvent, Outcome},
-};
+use super::queries::EgressFlowKey;
+
 use crate::{
-    event::{DropReason, EgressRecord, Listener, Packet},
+    event::{DropReason, EgressRecord, Packet},
     state::Tuple,
 };
+use probe_contract::{AggregateKey, Layer, Listener, LoopbackEvent, Outcome};
 
 /// A drop, as evidence.
 #[derive(Clone)]

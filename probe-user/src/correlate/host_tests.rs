@@ -3,11 +3,13 @@
 
 use std::collections::BTreeMap;
 
-use super::tests::{
-    EXT_VIP, LB_VIP, MS, NODE, POD, S, corr, ct, drop_ev, egress, has_line, invariants, ip,
-    local_source, only_query, only_report, pkt, queries, suspect,
+use super::{
+    tests::{
+        EXT_VIP, LB_VIP, MS, NODE, POD, S, corr, ct, drop_ev, egress, has_line, invariants, ip,
+        local_source, only_query, only_report, pkt, queries, suspect,
+    },
+    *,
 };
-use super::*;
 use crate::state::addrs::Prefix;
 
 /// The node's API server port: no NodePort of the test table.
@@ -349,7 +351,7 @@ fn unserved_and_vip_as_source_remedies_address_a_route_owner() {
     let mut e = remedy::placeholder(LoopbackKind::VipAsSource, vip, 8080);
     e.dst = ip(POD);
     e.vip = Some(vip);
-    e.facts.source = crate::correlate::facts::SourceKind::Vip;
+    e.facts.source = probe_contract::facts::SourceKind::Vip;
     e.facts.owner = Some(owner);
     let vas = remedy::build(&e);
     assert!(vas[1].contains("guest agent"), "{vas:#?}");

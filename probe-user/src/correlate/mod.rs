@@ -92,7 +92,6 @@ mod conntrack;
 mod dispatch;
 mod drop_reason;
 mod evidence;
-pub mod facts;
 mod hairpin;
 #[cfg(test)]
 mod hairpin_tests;
@@ -102,7 +101,6 @@ mod host_tests;
 mod queries;
 pub(crate) mod remedy;
 pub mod replay;
-mod report;
 mod self_loop;
 #[cfg(test)]
 mod self_loop_tests;
@@ -120,27 +118,31 @@ use std::{
     sync::Arc,
 };
 
-pub use self::config::CorrelatorConfig;
-use self::config::{MS, SEC};
 #[cfg(test)]
 use self::held::Stage;
-pub use self::queries::{Answer, EgressFlowKey, Output, Query};
-pub use self::report::{AggregateKey, Layer, LoopbackEvent, LoopbackKind, Outcome, SnatState};
+pub use self::{
+    config::CorrelatorConfig,
+    queries::{Answer, EgressFlowKey, Output, Query},
+};
 use self::{
+    config::{MS, SEC},
     conntrack::CtAnswer,
     held::{Aggregate, Attempt, DropInfo, Flow, PendingQuery, QueryCtx, RecentDrop, VipSuspect},
 };
-use crate::{
-    event::{AddressOwner, KernelEvent, Packet, Proto, Tag},
-    state::{ServiceTable, Tuple, addrs::Prefix},
-};
 #[cfg(test)]
 use crate::{
-    event::{DropReason, EgressRecord, Listener, tcp_flags},
+    event::{DropReason, EgressRecord, tcp_flags},
     state::{ConntrackEntry, SelfLoopFacts, ServiceSource},
 };
+use crate::{
+    event::{KernelEvent, Packet},
+    state::{ServiceTable, Tuple, addrs::Prefix},
+};
+use probe_contract::{AggregateKey, Layer, Outcome, Proto, Tag, facts::AddressOwner};
 
-pub use probe_contract::{CorrelatorStats, KindCounts, Report, TagCounts};
+use probe_contract::{CorrelatorStats, Report};
+#[cfg(test)]
+use probe_contract::{KindCounts, Listener, LoopbackEvent, LoopbackKind, SnatState};
 
 /// See the [module documentation](self).
 pub struct Correlator {

@@ -8,9 +8,11 @@ use probe_contract::Report;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    event::{EgressRecord, Listener, Proto},
+    event::EgressRecord,
     state::{ConntrackEntry, SelfLoopFacts, Tuple},
 };
+
+use probe_contract::{Listener, Proto};
 
 /// What the correlator hands back: a report for the sinks, or a question for the agent.
 #[derive(Clone, Debug, PartialEq, Eq)]

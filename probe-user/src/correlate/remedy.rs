@@ -21,11 +21,13 @@ mod sentences;
 
 #[cfg(test)]
 pub(crate) use self::check::placeholder;
-pub(crate) use self::check::{
-    healthcheck_blackhole, proxy_mode, service_self_loop_risk, sock_of, vip_port_unserved,
+pub(crate) use self::{
+    check::{
+        healthcheck_blackhole, proxy_mode, service_self_loop_risk, sock_of, vip_port_unserved,
+    },
+    kinds::build,
+    self_loop::self_masq_rule,
 };
-pub(crate) use self::kinds::build;
-pub(crate) use self::self_loop::self_masq_rule;
 
 #[cfg(test)]
 #[path = "remedy_tests.rs"]

@@ -6,15 +6,12 @@
 use std::net::IpAddr;
 
 use super::*;
-use crate::{
-    correlate::{
-        Layer, LoopbackEvent, LoopbackKind, SnatState,
-        facts::{
-            AddressOwner, Etp, Facts, ProxyMode, SelfLoopMissing, ServiceFact, SourceKind,
-            VipSourceSide,
-        },
+use probe_contract::{
+    Layer, LoopbackEvent, LoopbackKind, Proto, SnatState,
+    facts::{
+        AddressOwner, Etp, Facts, ProxyMode, SelfLoopMissing, ServiceFact, SourceKind,
+        VipSourceSide,
     },
-    event::Proto,
 };
 
 const KINDS: [LoopbackKind; 5] = [
@@ -320,8 +317,8 @@ fn every_kind_policy_name_sender_and_owner_gives_a_consistent_remedy() {
     assert_eq!(cases, 5 * 3 * 5 * 3 * 4 + 3 * 5 * 2);
 }
 
-fn apiserver() -> crate::event::Listener {
-    crate::event::Listener {
+fn apiserver() -> probe_contract::Listener {
+    probe_contract::Listener {
         addr: ip("0.0.0.0"),
         port: 6443,
         proto: Proto::Tcp,

@@ -40,21 +40,19 @@
 
 use std::net::IpAddr;
 
-use super::aggregate::NewEvent as _;
-use super::held::PendingSelfLoop;
 use super::{
-    AggregateKey, Correlator, DropInfo, LoopbackEvent, Outcome, Output, Query, QueryCtx, SEC,
-    SnatState,
+    Correlator, DropInfo, Output, Query, QueryCtx, SEC,
+    aggregate::NewEvent as _,
     drop_reason::local_source_drop,
     evidence::{drop_line, fmt_entry, fmt_tuple, service_name, source_name, table_missing},
-    remedy,
-    report::sock,
-    tuple_of,
+    held::PendingSelfLoop,
+    remedy, tuple_of,
 };
 use crate::{
     event::Packet,
     state::{ConntrackEntry, SelfLoopFacts, ServiceSource, ServiceTable, Tuple},
 };
+use probe_contract::{AggregateKey, LoopbackEvent, Outcome, SnatState, sock};
 
 /// How long a confirmed connect's retransmits (same tuple) fold into it instead of counting
 /// again: Linux gives up a SYN after 6 retries, 127 s.
@@ -65,7 +63,7 @@ const ATTEMPT_NS: u64 = 130 * SEC;
 /// no ACK-bearing segment of it that could loop; the SYN-ACK (and its retransmits) is the
 /// pod's answer. UDP and other protocols carry no direction: read as the call. Pure.
 pub(crate) fn is_answer(p: &Packet) -> bool {
-    p.proto == crate::event::Proto::Tcp && p.tcp_flags & crate::event::tcp_flags::ACK != 0
+    p.proto == probe_contract::Proto::Tcp && p.tcp_flags & crate::event::tcp_flags::ACK != 0
 }
 
 /// The call a self-addressed drop belongs to: the packet itself, or for an answer the packet
@@ -114,7 +112,7 @@ pub(crate) fn called_service(
     entry: Option<&ConntrackEntry>,
     pod: IpAddr,
     port: u16,
-    proto: crate::event::Proto,
+    proto: probe_contract::Proto,
 ) -> (Option<(IpAddr, u16)>, Option<String>) {
     if let Some(e) = entry {
         let name = services

@@ -2,10 +2,8 @@
 //! Service a self-call went through (the end-to-end cases are in `self_loop_tests.rs`).
 
 use super::*;
-use crate::{
-    event::Proto,
-    state::{BridgePort, ServiceEntry},
-};
+use crate::state::{BridgePort, ServiceEntry};
+use probe_contract::Proto;
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()

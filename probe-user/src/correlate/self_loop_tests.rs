@@ -1,9 +1,11 @@
 //! `service_self_loop` end to end through the correlator: each drop site, its conntrack and
 //! node facts, the healthy twin (SNAT seen), retransmits, no answer.
 
-use super::self_loop::{call_of, is_answer};
-use super::tests::{MS, S, corr, has_line, invariants, ip, only_query, only_report, pkt, reports};
-use super::*;
+use super::{
+    self_loop::{call_of, is_answer},
+    tests::{MS, S, corr, has_line, invariants, ip, only_query, only_report, pkt, reports},
+    *,
+};
 use crate::state::BridgePort;
 
 /// The endpoint of `default/web` in the shared test table (`tests::table`).

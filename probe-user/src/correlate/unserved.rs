@@ -2,15 +2,15 @@
 //! socket (`NO_SOCKET`), or kube-proxy's IPVS access filter (`KUBE-IPVS-FILTER`, kube-proxy
 //! >= 1.25 in IPVS mode: `NETFILTER_DROP` at `nf_hook_slow`, after an ICMP port unreachable).
 
-use super::aggregate::NewEvent as _;
 use super::{
-    AggregateKey, Correlator, DropInfo, LoopbackEvent, Outcome, Output,
+    Correlator, DropInfo, Output,
+    aggregate::NewEvent as _,
     drop_reason::{is_netfilter_drop, is_no_socket},
     evidence::{drop_line, refusal_line, service_name},
-    facts::Facts,
     tuple_of,
 };
-use crate::event::{Packet, Proto, Tag};
+use crate::event::Packet;
+use probe_contract::{AggregateKey, LoopbackEvent, Outcome, Proto, Tag, facts::Facts};
 
 impl Correlator {
     /// A drop to a bound VIP for no socket (or by kube-proxy's IPVS access filter), TCP or

@@ -10,14 +10,17 @@
 //! [`Correlator::is_health_check`]; everything else that `blackhole.rs` would confirm lands
 //! here.
 
-use super::aggregate::NewEvent as _;
 use super::{
-    AggregateKey, Correlator, DropInfo, LoopbackEvent, Outcome, Output,
+    Correlator, DropInfo, Output,
+    aggregate::NewEvent as _,
     evidence::{destination_line, vip_egress_line},
-    facts::{Etp, VipSourceSide},
     held::VipSuspect,
 };
-use crate::event::{Packet, Tag};
+use crate::event::Packet;
+use probe_contract::{
+    AggregateKey, LoopbackEvent, Outcome, Tag,
+    facts::{Etp, VipSourceSide},
+};
 
 impl Correlator {
     /// A local-source drop of a `Vip`-source packet that is no health check.

@@ -13,15 +13,16 @@
 //!   bound VIP. `vip_port_unserved` blames in-cluster callers (this node or its pods), so
 //!   this is counted as unmatched.
 
-use super::aggregate::NewEvent as _;
 use super::{
-    AggregateKey, Correlator, DropInfo, LoopbackEvent, Outcome, Output, SnatState,
+    Correlator, DropInfo, Output,
+    aggregate::NewEvent as _,
     drop_reason::is_no_socket,
     evidence::{drop_line, suspect_line},
     held::VipSuspect,
     tuple_of,
 };
-use crate::event::{Packet, Proto, Tag, tcp_flags};
+use crate::event::{Packet, tcp_flags};
+use probe_contract::{AggregateKey, LoopbackEvent, Outcome, Proto, SnatState, Tag};
 
 impl Correlator {
     /// The node's monitored NICs (the agent's attachments), for [`Self::is_outside_opener`].
@@ -118,10 +119,14 @@ impl Correlator {
 mod tests {
     use std::net::IpAddr;
 
-    use super::super::{CorrelatorConfig, KernelEvent, LoopbackKind};
+    use super::super::{CorrelatorConfig, KernelEvent};
+
     use super::*;
-    use crate::event::DropReason;
-    use crate::state::{NodePortEntry, ServiceSource, ServiceTable};
+    use crate::{
+        event::DropReason,
+        state::{NodePortEntry, ServiceSource, ServiceTable},
+    };
+    use probe_contract::LoopbackKind;
 
     const S: u64 = 1_000_000_000;
     const VIP6: &str = "2001:db8:113::10";

@@ -19,8 +19,9 @@ use std::{
     },
 };
 
-use probe_contract::{CorrelatorStats, LoopLifecycle, LoopResolution, LoopbackEvent, Report};
-pub use probe_contract::{NodeStatus, Snapshot};
+use probe_contract::{
+    CorrelatorStats, LoopLifecycle, LoopResolution, LoopbackEvent, NodeStatus, Report, Snapshot,
+};
 use tokio::sync::{broadcast, watch};
 
 use self::capability::Capabilities;

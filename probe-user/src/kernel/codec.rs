@@ -7,7 +7,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use probe_common::{PacketEvent, family};
 
-use crate::event::{Packet, Proto, Tag};
+use crate::event::Packet;
+
+use probe_contract::{Proto, Tag};
 
 /// The address a record carries as `bytes` in family `fam`.
 pub fn addr_from(fam: u8, bytes: [u8; 16]) -> IpAddr {

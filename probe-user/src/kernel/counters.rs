@@ -8,7 +8,9 @@ use probe_common::{
     stat, tag,
 };
 
-use crate::event::{EgressRecord, Proto, Tag};
+use crate::event::EgressRecord;
+
+use probe_contract::{Proto, Tag};
 
 /// The per-CPU counter maps; values are summed over CPUs at read time.
 pub struct Counters {
@@ -17,7 +19,7 @@ pub struct Counters {
     pub stats: PerCpuArray<MapData, u64>,
 }
 
-pub use probe_contract::status::CounterSnapshot;
+use probe_contract::CounterSnapshot;
 
 impl Counters {
     pub fn snapshot(&self) -> CounterSnapshot {

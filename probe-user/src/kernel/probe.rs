@@ -17,8 +17,7 @@ use tracing::{debug, info, warn};
 
 use super::{
     KernelBtf, KernelError,
-    counters::Counters,
-    counters::EgressTable,
+    counters::{Counters, EgressTable},
     tc::{self as tc_netlink, Hook},
 };
 use crate::state::addrs::Prefix;
@@ -45,7 +44,7 @@ pub struct ProbeSettings {
     pub sizes: super::sizing::MapSizes,
 }
 
-pub use probe_contract::status::{DropHook, Features, TcMode};
+use probe_contract::{DropHook, Features, TcMode};
 
 /// The maps the node sync writes: host-address hashes, prefix tries, the IPv6 trie's size,
 /// the IPv4 prefilter, and the monitored NIC set. Written only through its methods, so the

@@ -157,7 +157,7 @@ mod tests {
     use probe_common::family;
 
     use super::*;
-    use crate::event::Tag;
+    use probe_contract::Tag;
 
     fn decoder() -> Decoder {
         let mut names = HashMap::new();

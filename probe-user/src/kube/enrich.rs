@@ -12,10 +12,10 @@
 use std::net::IpAddr;
 
 use super::index::{Index, ServiceFacts};
-use crate::correlate::{
+use crate::correlate::remedy;
+use probe_contract::{
     LoopbackEvent, LoopbackKind,
     facts::{Etp, ServiceFact, SourceKind},
-    remedy,
 };
 
 /// Names `event` from `index`; `node` is this node's Kubernetes name.
@@ -208,13 +208,10 @@ fn settings(service: &ServiceFacts, vip: Option<IpAddr>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{
-        correlate::{
-            Outcome, SnatState,
-            facts::{AddressOwner, Facts},
-        },
-        event::Proto,
-        kube::index::tests::{pod, web_service},
+    use crate::kube::index::tests::{pod, web_service};
+    use probe_contract::{
+        Outcome, Proto, SnatState,
+        facts::{AddressOwner, Facts},
     };
 
     fn ip(s: &str) -> IpAddr {
@@ -564,7 +561,7 @@ mod tests {
             }))
             .unwrap();
         let idx = Index::build([&apiserver, &ingress], &[], &[]);
-        let listener = |port| crate::event::Listener {
+        let listener = |port| probe_contract::Listener {
             addr: ip("0.0.0.0"),
             port,
             proto: Proto::Tcp,

@@ -16,7 +16,7 @@ use std::{
 };
 
 use super::{enrich::enrich, index::Index};
-use crate::correlate::{LoopbackEvent, Report, facts::SourceKind};
+use probe_contract::{LoopbackEvent, Report, facts::SourceKind};
 
 /// The longest a report waits for names.
 pub const HOLD_MAX: Duration = Duration::from_secs(2);
@@ -89,9 +89,10 @@ impl Hold {
 mod tests {
     use super::*;
     use crate::{
-        correlate::{LoopbackKind, SnatState, remedy},
+        correlate::remedy,
         kube::index::tests::{pod, web_service},
     };
+    use probe_contract::{LoopbackKind, SnatState};
 
     fn report(src: &str) -> Report {
         let mut event = remedy::placeholder(LoopbackKind::Hairpin, src.parse().unwrap(), 30080);

@@ -16,7 +16,7 @@ use k8s_openapi::api::{
     discovery::v1::EndpointSlice,
 };
 
-use crate::event::Proto;
+use probe_contract::Proto;
 
 /// Annotations that change how a provider's LB loops back (shown in remedies when set).
 pub const LOOPBACK_ANNOTATIONS: [&str; 5] = [

@@ -549,8 +549,8 @@ fn the_agents_pod_must_run_on_the_node_it_writes() {
 /// compare is not a refusal.
 #[test]
 fn outside_a_pod_the_nodes_internal_ip_must_be_local() {
-    use crate::report::writer::internal_ip_is_local;
-    use crate::{event::AddressOwner, state::addrs::Prefix};
+    use crate::{report::writer::internal_ip_is_local, state::addrs::Prefix};
+    use probe_contract::facts::AddressOwner;
     let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
     let local: crate::agent::nodesync::Owners = std::sync::Arc::new(
         [(

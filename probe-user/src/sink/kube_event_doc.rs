@@ -7,8 +7,12 @@ use std::time::SystemTime;
 
 use probe_contract::LoopResolution;
 
-use crate::correlate::{LoopbackEvent, LoopbackKind, facts::SourceKind};
-use probe_contract::kube_event::{ACTION, RESOLVED_ACTION, RESOLVED_REASON, reason};
+use probe_contract::facts::SourceKind;
+
+use probe_contract::{
+    LoopbackEvent, LoopbackKind,
+    kube_event::{ACTION, RESOLVED_ACTION, RESOLVED_REASON, reason},
+};
 
 /// The API server's limit on `note` (bytes).
 pub const NOTE_MAX: usize = 1024;
@@ -402,7 +406,7 @@ pub fn event_doc(event: &LoopbackEvent, names: &Names, node: &str, wall: SystemT
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::{Listener, Proto};
+    use probe_contract::{Listener, Proto};
 
     /// A host-listener hairpin of `src` (a pod's address, or the node's own) to a listener
     /// whose command name is `process`.

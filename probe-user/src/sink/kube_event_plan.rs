@@ -42,16 +42,13 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use crate::correlate::{LoopbackEvent, LoopbackKind};
+use probe_contract::{LoopbackEvent, LoopbackKind};
 
 use probe_contract::LoopResolution;
 
 pub use super::kube_event_doc::{
     EventDoc, NOTE_MAX, Names, ObjectRef, Series, event_doc, event_name, note, resolved_doc,
     resolved_note, truncate,
-};
-pub use probe_contract::kube_event::{
-    ACTION, REPORTING_CONTROLLER, RESOLVED_ACTION, RESOLVED_REASON, kind_of_reason, reason,
 };
 
 /// The limits; [`Default`] is what the agent runs with.

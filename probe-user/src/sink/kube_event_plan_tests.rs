@@ -3,7 +3,11 @@
 use std::time::{Duration, SystemTime};
 
 use super::*;
-use crate::{correlate::LoopbackKind, sink::kube_event_doc::fnv1a};
+use crate::sink::kube_event_doc::fnv1a;
+use probe_contract::{
+    LoopbackKind,
+    kube_event::{kind_of_reason, reason},
+};
 
 const NODE: &str = "node-a";
 

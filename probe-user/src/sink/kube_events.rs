@@ -28,11 +28,9 @@ use kube::{
 use tokio::sync::broadcast::{self, error::RecvError};
 use tracing::{info, warn};
 
-use super::kube_event_plan::{
-    EventDoc, EventPlanner, Held, Names, ObjectRef, PlanConfig, REPORTING_CONTROLLER, Write,
-};
-use crate::correlate::Report;
-use probe_contract::LoopResolution;
+use super::kube_event_plan::{EventDoc, EventPlanner, Held, Names, ObjectRef, PlanConfig, Write};
+
+use probe_contract::{LoopResolution, Report, kube_event::REPORTING_CONTROLLER};
 
 /// One write's time limit: a hung API server must not hold the queue forever.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);

@@ -29,11 +29,11 @@ use tokio::{
 };
 use tracing::{debug, info, warn};
 
-use crate::correlate::Report;
-use crate::hub::{Shared, Snapshot};
+use crate::hub::Shared;
+use probe_contract::{Report, Snapshot};
 
 /// One line of the protocol (the output contract's).
-pub use probe_contract::Message;
+use probe_contract::Message;
 
 fn snapshot(s: Snapshot) -> Message {
     Message::Snapshot {

@@ -13,7 +13,9 @@ pub mod process;
 
 use tracing::info;
 
-use crate::{correlate::Report, event::KernelEvent};
+use crate::event::KernelEvent;
+
+use probe_contract::Report;
 
 /// The fan-out of the correlation loop.
 #[derive(Default)]

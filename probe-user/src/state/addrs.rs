@@ -37,7 +37,7 @@ use netlink_packet_route::{
 use rtnetlink::{Handle, RouteMessageBuilder};
 use serde::Serialize;
 
-use crate::event::{AddressOwner, Tag};
+use probe_contract::{Tag, facts::AddressOwner};
 
 /// An IP prefix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]

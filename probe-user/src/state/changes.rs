@@ -24,9 +24,11 @@
 //! - ipsets (IPVS mode's `externalTrafficPolicy: Local` NodePorts) have no notification either;
 //!   they are re-read with every full read.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::io;
-use std::os::fd::AsRawFd;
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    io,
+    os::fd::AsRawFd,
+};
 
 use netlink_packet_core::NlasIterator;
 

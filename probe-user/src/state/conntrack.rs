@@ -16,18 +16,20 @@
 use std::net::IpAddr;
 
 use netlink_packet_core::{NetlinkBuffer, NetlinkMessage, NetlinkPayload};
-use netlink_packet_netfilter::conntrack::{
-    ConntrackAttribute, ConntrackMessage, IPTuple, ProtoInfo, ProtoInfoTCP, ProtoTuple, Protocol,
-    Tuple as CtTuple,
-};
 use netlink_packet_netfilter::{
     NetfilterHeader, NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily,
+    conntrack::{
+        ConntrackAttribute, ConntrackMessage, IPTuple, ProtoInfo, ProtoInfoTCP, ProtoTuple,
+        Protocol, Tuple as CtTuple,
+    },
 };
 use netlink_sys::protocols::NETLINK_NETFILTER;
 
-use crate::event::Proto;
-use crate::netlink::{self, NetlinkError};
-use crate::state::{ConntrackEntry, Tuple};
+use crate::{
+    netlink::{self, NetlinkError},
+    state::{ConntrackEntry, Tuple},
+};
+use probe_contract::Proto;
 
 /// conntrack status bits (uapi `nf_conntrack_common.h`).
 pub const IPS_SEEN_REPLY: u32 = 1 << 1;

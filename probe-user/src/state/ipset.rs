@@ -9,7 +9,9 @@
 
 use std::{collections::BTreeMap, net::IpAddr, process::Command};
 
-use crate::{event::Proto, state::ServiceTable};
+use crate::state::ServiceTable;
+
+use probe_contract::Proto;
 
 /// The sets of NodePorts with externalTrafficPolicy Local, by protocol.
 pub const NODE_PORT_LOCAL_SETS: [(&str, Proto); 2] = [

@@ -17,8 +17,10 @@
 //! on replies captured from a real kernel (`probe-user/tests/data/ipvs/`, captured in the VM
 //! tier by `real_ipvs_in_a_namespace` in `ipvs_tests.rs`).
 
-use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::{
+    net::IpAddr,
+    sync::atomic::{AtomicBool, Ordering},
+};
 
 use netlink_packet_core::{Emitable, NetlinkMessage};
 use netlink_packet_generic::{
@@ -28,8 +30,8 @@ use netlink_packet_generic::{
 use netlink_sys::protocols::NETLINK_GENERIC;
 
 use super::{ServiceEntry, ServiceSource, ServiceTable};
-use crate::event::Proto;
 use crate::netlink::Connection;
+use probe_contract::Proto;
 
 mod wire;
 

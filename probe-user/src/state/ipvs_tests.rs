@@ -4,11 +4,12 @@
 use netlink_packet_core::{NlaBuffer, NlasIterator, ParseableParametrized};
 use netlink_packet_generic::GenlHeader;
 
-use super::wire::*;
-use super::*;
+use super::{wire::*, *};
 use crate::state::test_netns::Netns;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
 
 fn data_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/ipvs")

@@ -24,7 +24,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::event::Proto;
+use probe_contract::Proto;
 
 pub mod addrs;
 pub mod bridge;

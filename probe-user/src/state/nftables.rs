@@ -24,10 +24,12 @@
 //! [`read_blocking`] runs `nft`. A node without the `nft` command or without kube-proxy's
 //! tables has no nftables service table (`Ok(None)`): kube-proxy is then in another mode.
 
-use std::collections::{HashMap, HashSet};
-use std::net::IpAddr;
-use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::{
+    collections::{HashMap, HashSet},
+    net::IpAddr,
+    process::Command,
+    sync::atomic::{AtomicBool, Ordering},
+};
 
 use std::borrow::Cow;
 
@@ -35,7 +37,7 @@ use super::{
     NodePortEntry, ParseCache, ServiceEntry, ServiceSource, ServiceTable, iptables,
     nft_json::{self, ExprFacts, Scalar},
 };
-use crate::event::Proto;
+use probe_contract::Proto;
 
 /// kube-proxy's table name (in both the `ip` and the `ip6` family).
 pub const TABLE: &str = "kube-proxy";

@@ -19,10 +19,9 @@ use netlink_packet_sock_diag::{
     inet::{ExtensionFlags, InetRequest, SocketId, StateFlags},
 };
 
-use crate::{
-    event::{Listener, Proto},
-    netlink::{self, NetlinkError},
-};
+use crate::{netlink, netlink::NetlinkError};
+
+use probe_contract::{Listener, Proto};
 
 /// One socket of a dump, reduced to what names a listener.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -14,7 +14,9 @@ use std::{
 
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 
-use crate::sink::live::{self, Message};
+use crate::sink::live;
+
+use probe_contract::Message;
 
 /// `probe events`: one JSON object per confirmed report, flushed per line. With `all`, the
 /// aggregates confirmed before we connected come first. When whoever reads our stdout goes

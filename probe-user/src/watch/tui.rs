@@ -19,7 +19,7 @@ use tokio::{
 };
 
 use super::view::Model;
-use crate::sink::live::Message;
+use probe_contract::Message;
 
 /// Keyboard input mode.
 #[derive(Default, PartialEq)]

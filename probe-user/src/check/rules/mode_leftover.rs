@@ -60,7 +60,7 @@ pub fn mode_leftover(inp: &Inputs) -> Vec<Finding> {
             .filter(|ip| {
                 matches!(
                     inp.owners.get(ip),
-                    None | Some(crate::event::AddressOwner::VipInterface { .. })
+                    None | Some(probe_contract::facts::AddressOwner::VipInterface { .. })
                 )
             })
             .copied()

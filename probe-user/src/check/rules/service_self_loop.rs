@@ -5,9 +5,11 @@ use std::net::IpAddr;
 
 use crate::{
     check::{Finding, Inputs, Kind, Severity},
-    correlate::{facts::SelfLoopMissing, remedy},
+    correlate::remedy,
     state::{ServiceSource, ipset::loop_back_set},
 };
+
+use probe_contract::facts::SelfLoopMissing;
 
 /// `service_self_loop`: a local endpoint that cannot reach itself through its Service. IPVS
 /// mode: an endpoint on a pod of this node without its `KUBE-LOOP-BACK` entry (kube-proxy 1.31

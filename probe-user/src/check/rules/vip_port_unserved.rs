@@ -6,8 +6,8 @@ use super::targets::{bound_lb_ips, named, targets_of};
 use crate::{
     check::{Finding, Inputs, Kind, Severity},
     correlate::remedy,
-    event::Proto,
 };
+use probe_contract::Proto;
 
 fn port_list(ports: &[(u16, Proto)]) -> String {
     ports

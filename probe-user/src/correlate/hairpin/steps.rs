@@ -4,13 +4,16 @@
 //! the confirmation are in [`super`].
 
 use super::answered;
-use crate::correlate::held::{EgressMatch, Flow, Stage};
-use crate::correlate::{
-    Correlator, Layer, Outcome, Output, Query, QueryCtx, SEC,
-    conntrack::{CtAnswer, egress_tuple},
-    evidence::{egress_ct_line, outcome_line},
+use crate::{
+    correlate::{
+        Correlator, Layer, Outcome, Output, Query, QueryCtx, SEC,
+        conntrack::{CtAnswer, egress_tuple},
+        evidence::{egress_ct_line, outcome_line},
+        held::{EgressMatch, Flow, Stage},
+    },
+    event::EgressRecord,
+    state::Tuple,
 };
-use crate::{event::EgressRecord, state::Tuple};
 
 impl Correlator {
     /// The egress answer for flow `t` (`None`: the query expired).

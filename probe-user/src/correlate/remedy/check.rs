@@ -4,14 +4,11 @@
 use std::net::IpAddr;
 
 use super::kinds::{build, unserved_options};
-use crate::{
-    correlate::{
-        LoopbackEvent, LoopbackKind,
-        facts::{AddressOwner, Facts, ProxyMode, SourceKind},
-        report::{Outcome, sock},
-    },
-    event::Proto,
-    state::ServiceSource,
+use crate::state::ServiceSource;
+use probe_contract::{
+    LoopbackEvent, LoopbackKind, Outcome, Proto,
+    facts::{AddressOwner, Facts, ProxyMode, SourceKind},
+    sock,
 };
 
 /// `probe check`'s health-check risk: a VIP local through `owner` (kube-ipvs0 when not known)
@@ -66,7 +63,7 @@ pub(crate) fn placeholder(kind: LoopbackKind, src: IpAddr, dst_port: u16) -> Loo
         proto: Proto::Tcp,
         drop_reason: None,
         drop_location: None,
-        snat: crate::correlate::SnatState::Unknown,
+        snat: probe_contract::SnatState::Unknown,
         outcome: Outcome::Dropped,
         count: 1,
         evidence: Vec::new(),
@@ -96,7 +93,7 @@ pub(crate) fn service_self_loop_risk(
     pod: IpAddr,
     port: u16,
     service: Option<&str>,
-    missing: crate::correlate::facts::SelfLoopMissing,
+    missing: probe_contract::facts::SelfLoopMissing,
     source: ServiceSource,
 ) -> Vec<String> {
     let mut e = placeholder(LoopbackKind::ServiceSelfLoop, pod, port);

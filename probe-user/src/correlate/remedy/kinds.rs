@@ -4,13 +4,10 @@
 use std::net::IpAddr;
 
 use super::{self_loop::service_self_loop, sentences::*};
-use crate::{
-    correlate::{
-        LoopbackEvent, LoopbackKind,
-        facts::{AddressOwner, Etp, Facts, SourceKind, VipSourceSide},
-        report::{Layer, Outcome, sock},
-    },
-    event::Proto,
+use probe_contract::{
+    Layer, LoopbackEvent, LoopbackKind, Outcome, Proto,
+    facts::{AddressOwner, Etp, Facts, SourceKind, VipSourceSide},
+    sock,
 };
 
 /// The remedy of a confirmed event, from its facts (the correlator's, and after attribution

@@ -3,11 +3,12 @@
 
 use std::net::IpAddr;
 
-use crate::correlate::{
-    LoopbackEvent,
-    facts::{AddressOwner, Facts, SourceKind},
-    report::sock,
+use probe_contract::{
+    facts::{Facts, SourceKind},
+    sock,
 };
+
+use probe_contract::{LoopbackEvent, facts::AddressOwner};
 
 /// The Service's name for a sentence: the API's, else the rules' `namespace/name`, else none.
 pub(super) fn service_key(e: &LoopbackEvent) -> Option<String> {

@@ -5,10 +5,8 @@ use std::sync::Mutex;
 use hyper::StatusCode;
 
 use super::{feed_totals, gather, render, to_prometheus_text};
-use crate::{
-    hub::{NodeStatus, Shared},
-    sink::http,
-};
+use crate::{hub::Shared, sink::http};
+use probe_contract::NodeStatus;
 
 /// Serves `/metrics`, `/healthz` and `/readyz` on an already bound listener until `stop`
 /// resolves (see [`http`] for the connection bounds).

@@ -40,11 +40,8 @@ use std::{
 use tokio::sync::broadcast;
 
 use super::process::ProcessStats;
-use crate::{
-    correlate::LoopbackEvent,
-    event::Tag,
-    hub::{Shared, Snapshot},
-};
+use crate::hub::Shared;
+use probe_contract::{LoopbackEvent, Snapshot, Tag};
 
 /// (kind, vip, port) labels of `clbprobe_loopback_events_total`.
 type SeriesLabels = (String, String, String);

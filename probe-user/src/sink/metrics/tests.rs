@@ -133,7 +133,7 @@ fn promtool_accepts_the_exposition() {
 fn sample_event() -> LoopbackEvent {
     let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
     LoopbackEvent {
-        kind: crate::correlate::LoopbackKind::VipPortUnserved,
+        kind: probe_contract::LoopbackKind::VipPortUnserved,
         key: "vip_port_unserved/203.0.113.10:443/tcp".into(),
         src: ip("198.19.1.10"),
         src_port: 40000,
@@ -141,11 +141,11 @@ fn sample_event() -> LoopbackEvent {
         dst_port: 443,
         vip: Some(ip("203.0.113.10")),
         vip_port: Some(443),
-        proto: crate::event::Proto::Tcp,
+        proto: probe_contract::Proto::Tcp,
         drop_reason: Some("NO_SOCKET".into()),
         drop_location: None,
-        snat: crate::correlate::SnatState::Unknown,
-        outcome: crate::correlate::Outcome::Refused,
+        snat: probe_contract::SnatState::Unknown,
+        outcome: probe_contract::Outcome::Refused,
         count: 1,
         evidence: vec![],
         remedy: vec![],
@@ -277,7 +277,7 @@ fn a_flood_of_one_vip_does_not_take_the_series_of_later_real_loops() {
         t.add(&e);
     }
     let mut blackhole = sample_event();
-    blackhole.kind = crate::correlate::LoopbackKind::HealthcheckBlackhole;
+    blackhole.kind = probe_contract::LoopbackKind::HealthcheckBlackhole;
     blackhole.key = "healthcheck_blackhole/198.51.100.7".into();
     blackhole.vip = Some(ip("198.51.100.7"));
     blackhole.vip_port = None;
@@ -300,7 +300,7 @@ fn a_flood_of_one_vip_does_not_take_the_series_of_later_real_loops() {
         }
     }
     let mut hairpin = sample_event();
-    hairpin.kind = crate::correlate::LoopbackKind::Hairpin;
+    hairpin.kind = probe_contract::LoopbackKind::Hairpin;
     hairpin.key = "hairpin/198.51.100.9:80/tcp".into();
     hairpin.vip = Some(ip("198.51.100.9"));
     hairpin.vip_port = Some(80);

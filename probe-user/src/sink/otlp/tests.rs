@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 use opentelemetry::logs::AnyValue;
 
 use super::*;
-use crate::correlate::LoopbackEvent;
+use probe_contract::LoopbackEvent;
 
 fn event() -> LoopbackEvent {
     LoopbackEvent {

@@ -38,13 +38,17 @@
 
 mod rules;
 
-use std::hash::{DefaultHasher, Hasher};
-use std::path::Path;
-use std::process::Command;
-use std::sync::{Mutex, OnceLock};
+use std::{
+    hash::{DefaultHasher, Hasher},
+    path::Path,
+    process::Command,
+    sync::{Mutex, OnceLock},
+};
 
-use crate::state::changes::{FAMILY_IP, FAMILY_IP6, TableChange, Touched};
-use crate::state::{ParseCache, ServiceTable};
+use crate::state::{
+    ParseCache, ServiceTable,
+    changes::{FAMILY_IP, FAMILY_IP6, TableChange, Touched},
+};
 
 pub use rules::{
     ACCESS_FILTER_CHAIN, NatChains, digest, merge, parse_access_filter, parse_iptables_save,

@@ -2,11 +2,13 @@
 //! -> rules -> chains -> [`ServiceTable`]. Never fails, never panics: lines it does not
 //! understand are skipped.
 
-use std::collections::{HashMap, HashSet};
-use std::net::IpAddr;
+use std::{
+    collections::{HashMap, HashSet},
+    net::IpAddr,
+};
 
-use crate::event::Proto;
 use crate::state::{NodePortEntry, ServiceEntry, ServiceSource, ServiceTable};
+use probe_contract::Proto;
 
 /// What of an `iptables-save` dump is the rules: its `#` lines (the date of the dump) and the
 /// chains' counters (`:PREROUTING ACCEPT [12:3456]`, moving with traffic) are left out.

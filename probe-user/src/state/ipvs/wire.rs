@@ -3,8 +3,10 @@
 //! Pure: no socket here; [`super`] talks to the kernel. The decoded data ([`IpvsService`],
 //! [`IpvsDest`]) and [`IpvsError`] live here too, so this file imports nothing of its reader.
 
-use std::io;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::{
+    io,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+};
 
 use netlink_packet_core::{
     DecodeError, DefaultNla, Emitable, ErrorContext, NLMSG_DONE, NLMSG_ERROR, NetlinkBuffer,
