@@ -13,7 +13,7 @@
 //!
 //! One path per type: the agent's records and statuses (the modules `event`, `status`,
 //! `live`, `fix`, `resolution`) are named at the crate root (`probe_contract::LoopbackEvent`);
-//! the remedy facts ([`facts`]), the Event spellings ([`kube_event`]) and the clock
+//! the record stream ([`record`]), the remedy facts ([`facts`]), the Event spellings ([`kube_event`]) and the clock
 //! ([`clock`]) keep their module's name, because their names only read well with it
 //! (`facts::SelfLoopMissing`, `kube_event::reason`). Nothing in `probe-user` re-exports them.
 
@@ -23,6 +23,7 @@ pub mod facts;
 mod fix;
 pub mod kube_event;
 mod live;
+pub mod record;
 mod resolution;
 mod status;
 

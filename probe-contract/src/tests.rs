@@ -216,3 +216,64 @@ fn as_str_is_the_json_spelling() {
         same(p, p.as_str());
     }
 }
+
+#[test]
+fn a_recorded_stream_reads_back_as_written() {
+    use record::{DropReason, EgressRecord, KernelEvent, Packet, tcp_flags};
+    let packet = Packet {
+        src: "203.0.113.10".parse().unwrap(),
+        dst: "10.0.0.1".parse().unwrap(),
+        sport: 31000,
+        dport: 30080,
+        proto: Proto::Tcp,
+        tcp_flags: tcp_flags::SYN,
+        src_tag: Some(Tag::Vip),
+        dst_tag: None,
+    };
+    let stream = [
+        KernelEvent::Suspect {
+            ts_ns: 1,
+            nic: "eth0".into(),
+            packet: packet.clone(),
+        },
+        KernelEvent::Drop {
+            ts_ns: 2,
+            iface: Some("eth0".into()),
+            packet: packet.clone(),
+            reason: DropReason {
+                code: 89,
+                name: "IP_LOCAL_SOURCE".into(),
+            },
+            location: Some("ip_rcv_finish_core+0x1a4".into()),
+            foreign_netns: false,
+        },
+        KernelEvent::VipEgress {
+            ts_ns: 3,
+            nic: "eth0".into(),
+            packet,
+        },
+    ];
+    for ev in &stream {
+        let line = serde_json::to_string(ev).unwrap();
+        assert_eq!(&serde_json::from_str::<KernelEvent>(&line).unwrap(), ev, "{line}");
+    }
+    // The spelling replay files are written in (probe-user/tests/data/streams).
+    let drop = serde_json::to_value(&stream[1]).unwrap();
+    assert_eq!(drop["type"], "drop");
+    assert_eq!(drop["reason"]["name"], "IP_LOCAL_SOURCE");
+    assert!(drop.get("foreign_netns").is_none(), "false is left out");
+
+    let egress = EgressRecord {
+        src: "10.244.1.5".parse().unwrap(),
+        sport: 40000,
+        dst: "203.0.113.10".parse().unwrap(),
+        dport: 80,
+        proto: Proto::Tcp,
+        ts_ns: 5,
+        last_ns: None,
+        nic: "eth0".into(),
+    };
+    let line = serde_json::to_string(&egress).unwrap();
+    assert!(!line.contains("last_ns"), "{line}");
+    assert_eq!(serde_json::from_str::<EgressRecord>(&line).unwrap(), egress);
+}

@@ -30,11 +30,13 @@ use std::{
 use aya::maps::{HashMap as BpfHashMap, Map, MapData};
 use clb_probe::{
     correlate::{Answer, Correlator, CorrelatorConfig, Output, Query},
-    event::{DropReason, KernelEvent, Packet, tcp_flags},
     kernel::{codec::addr_bytes, counters::EgressTable},
 };
 use probe_common::{EgressKey, EgressValue, family};
-use probe_contract::{LoopbackKind, Proto, Tag};
+use probe_contract::{
+    LoopbackKind, Proto, Tag,
+    record::{DropReason, KernelEvent, Packet, tcp_flags},
+};
 
 const TABLE: u32 = 65_536;
 const SOURCES: u32 = 8192;

@@ -3,7 +3,6 @@
 //! - [`kernel`]: the only module that touches aya: load, attach, read events and counters;
 //! - [`state`]: readers of kernel state (addresses, conntrack, iptables, IPVS);
 //! - [`netlink`]: the one netlink request/dump helper the readers and the clsact fallback share;
-//! - [`event`]: the domain events the kernel reports;
 //! - [`correlate`]: pure logic that turns events + state into confirmed loopback events;
 //! - [`kube`]: Kubernetes attribution (pod and Service names on confirmed events);
 //! - [`sink`]: where confirmed events and counters go (JSON lines, metrics, live view).
@@ -15,7 +14,6 @@
 pub mod agent;
 pub mod check;
 pub mod correlate;
-pub mod event;
 pub mod fixes;
 #[cfg(test)]
 mod fuzz_tests;

@@ -8,9 +8,7 @@
 //! Replies come back as the raw bytes of their messages, concatenated as received: the decoders
 //! are pure functions of those bytes, and test fixtures are captured replies.
 
-use std::io;
-use std::os::fd::AsRawFd;
-use std::time::Duration;
+use std::{io, os::fd::AsRawFd, time::Duration};
 
 use netlink_packet_core::{
     NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, NetlinkBuffer, NetlinkMessage,

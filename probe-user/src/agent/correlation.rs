@@ -16,7 +16,6 @@ use probe_contract::clock::monotonic_ns;
 use super::{AbortOnDrop, nodesync, queries, services};
 use crate::{
     correlate::{Answer, Correlator, CorrelatorConfig, Output},
-    event::KernelEvent,
     hub::Shared,
     kernel::{counters::EgressTable, reader::IfNames},
     kube::{hold::Hold, index::Index},
@@ -24,7 +23,7 @@ use crate::{
     sink::Sinks,
     state,
 };
-use probe_contract::Report;
+use probe_contract::{Report, record::KernelEvent};
 
 /// What the loop owns and reads.
 pub(super) struct CorrelateLoop {

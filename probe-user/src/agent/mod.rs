@@ -27,7 +27,6 @@ use tokio::sync::{broadcast, mpsc, watch};
 use tracing::{info, warn};
 
 use crate::{
-    event::KernelEvent,
     hub::{
         self, Shared,
         capability::{Capabilities, Capability},
@@ -39,9 +38,10 @@ use crate::{
     sink::{Sinks, json::JsonLines},
     state::{self, addrs::AddrConfig},
 };
+
 use correlation::{CorrelateLoop, Signals};
 use nodesync::NodeSync;
-use probe_contract::NodeStatus;
+use probe_contract::{NodeStatus, record::KernelEvent};
 
 /// Everything `probe agent` was told.
 #[derive(Clone, Debug)]

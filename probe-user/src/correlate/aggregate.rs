@@ -9,7 +9,7 @@ use probe_contract::{
 };
 use std::net::IpAddr;
 
-use crate::event::Packet;
+use probe_contract::record::Packet;
 
 use probe_contract::Tag;
 

@@ -11,11 +11,8 @@ use super::{
     held::VipSuspect,
     tuple_of,
 };
-use crate::{
-    event::Packet,
-    state::{NODEPORT_RANGE, Tuple},
-};
-use probe_contract::{AggregateKey, LoopbackEvent, Outcome, SnatState, Tag};
+use crate::state::{NODEPORT_RANGE, Tuple};
+use probe_contract::{AggregateKey, LoopbackEvent, Outcome, SnatState, Tag, record::Packet};
 
 impl Correlator {
     pub(super) fn on_vip_suspect(

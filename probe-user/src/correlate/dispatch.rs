@@ -2,8 +2,8 @@
 //! `unserved`, `vip_reply`, `vip_as_source`), after a drop's NodePort DNAT is undone.
 
 use super::{Correlator, DropInfo, Output, drop_reason::local_source_drop, tuple_of};
-use crate::{event::Packet, state::Tuple};
-use probe_contract::Tag;
+use crate::state::Tuple;
+use probe_contract::{Tag, record::Packet};
 
 impl Correlator {
     // ----- suspects ---------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 //! Drop-reason and drop-site classification. Reason numbers differ between kernels, so
 //! everything here matches names (from the kernel's BTF) and symbols only.
 
-use crate::event::DropReason;
+use probe_contract::record::DropReason;
 
 use probe_contract::Tag;
 

@@ -10,14 +10,16 @@ use super::{
 };
 use probe_contract::sock;
 
-use crate::{
-    event::{EgressRecord, Packet, tcp_flags},
-    state::{
-        ConntrackEntry, NodePortEntry, ServiceSource, ServiceTable, Tuple,
-        iptables::ACCESS_FILTER_CHAIN,
-    },
+use crate::state::{
+    ConntrackEntry, NodePortEntry, ServiceSource, ServiceTable, Tuple,
+    iptables::ACCESS_FILTER_CHAIN,
 };
-use probe_contract::{Layer, Listener, Proto, Tag, facts::AddressOwner};
+
+use probe_contract::{
+    Layer, Listener, Proto, Tag,
+    facts::AddressOwner,
+    record::{EgressRecord, Packet, tcp_flags},
+};
 
 /// `12.345678901s` (monotonic).
 pub(super) fn fmt_ts(ns: u64) -> String {

@@ -45,13 +45,11 @@ use super::{
     held::{Attempt, Flow, ListenerState, Stage},
     tuple_of,
 };
-use crate::{
-    event::{EgressRecord, Packet},
-    state::{ConntrackEntry, Tuple},
-};
+use crate::state::{ConntrackEntry, Tuple};
 use probe_contract::{
     AggregateKey, Listener, LoopbackEvent, Outcome, Proto, SnatState, Tag,
     facts::{Etp, Facts, SourceKind},
+    record::{EgressRecord, Packet},
 };
 
 /// The longest gap between a TCP SYN and its next retransmit (Linux doubles from 1 s: 1, 2,

@@ -8,11 +8,12 @@ use std::{collections::HashMap, net::IpAddr};
 
 use super::queries::EgressFlowKey;
 
-use crate::{
-    event::{DropReason, EgressRecord, Packet},
-    state::Tuple,
+use crate::state::Tuple;
+
+use probe_contract::{
+    AggregateKey, Layer, Listener, LoopbackEvent, Outcome,
+    record::{DropReason, EgressRecord, Packet},
 };
-use probe_contract::{AggregateKey, Layer, Listener, LoopbackEvent, Outcome};
 
 /// A drop, as evidence.
 #[derive(Clone)]

@@ -130,15 +130,15 @@ use self::{
     held::{Aggregate, Attempt, DropInfo, Flow, PendingQuery, QueryCtx, RecentDrop, VipSuspect},
 };
 #[cfg(test)]
-use crate::{
-    event::{DropReason, EgressRecord, tcp_flags},
-    state::{ConntrackEntry, SelfLoopFacts, ServiceSource},
+use crate::state::{ConntrackEntry, SelfLoopFacts, ServiceSource};
+use crate::state::{ServiceTable, Tuple, addrs::Prefix};
+#[cfg(test)]
+use probe_contract::record::{DropReason, EgressRecord, tcp_flags};
+use probe_contract::{
+    AggregateKey, Layer, Outcome, Proto, Tag,
+    facts::AddressOwner,
+    record::{KernelEvent, Packet},
 };
-use crate::{
-    event::{KernelEvent, Packet},
-    state::{ServiceTable, Tuple, addrs::Prefix},
-};
-use probe_contract::{AggregateKey, Layer, Outcome, Proto, Tag, facts::AddressOwner};
 
 use probe_contract::{CorrelatorStats, Report};
 #[cfg(test)]

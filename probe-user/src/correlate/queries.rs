@@ -7,10 +7,9 @@ use std::net::IpAddr;
 use probe_contract::Report;
 use serde::{Deserialize, Serialize};
 
-use crate::{
-    event::EgressRecord,
-    state::{ConntrackEntry, SelfLoopFacts, Tuple},
-};
+use crate::state::{ConntrackEntry, SelfLoopFacts, Tuple};
+
+use probe_contract::record::EgressRecord;
 
 use probe_contract::{Listener, Proto};
 

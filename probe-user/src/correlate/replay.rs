@@ -12,10 +12,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{Answer, Correlator, CorrelatorConfig, CorrelatorStats, Output, Query, Report};
-use crate::{
-    event::{EgressRecord, KernelEvent},
-    state::{ConntrackEntry, SelfLoopFacts, ServiceTable, conntrack::is_self_call},
-};
+use crate::state::{ConntrackEntry, SelfLoopFacts, ServiceTable, conntrack::is_self_call};
+use probe_contract::record::{EgressRecord, KernelEvent};
 
 /// A conntrack entry the script returns once time has reached `visible_from_ns`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

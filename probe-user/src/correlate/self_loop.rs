@@ -48,11 +48,8 @@ use super::{
     held::PendingSelfLoop,
     remedy, tuple_of,
 };
-use crate::{
-    event::Packet,
-    state::{ConntrackEntry, SelfLoopFacts, ServiceSource, ServiceTable, Tuple},
-};
-use probe_contract::{AggregateKey, LoopbackEvent, Outcome, SnatState, sock};
+use crate::state::{ConntrackEntry, SelfLoopFacts, ServiceSource, ServiceTable, Tuple};
+use probe_contract::{AggregateKey, LoopbackEvent, Outcome, SnatState, record::Packet, sock};
 
 /// How long a confirmed connect's retransmits (same tuple) fold into it instead of counting
 /// again: Linux gives up a SYN after 6 retries, 127 s.
@@ -63,7 +60,8 @@ const ATTEMPT_NS: u64 = 130 * SEC;
 /// no ACK-bearing segment of it that could loop; the SYN-ACK (and its retransmits) is the
 /// pod's answer. UDP and other protocols carry no direction: read as the call. Pure.
 pub(crate) fn is_answer(p: &Packet) -> bool {
-    p.proto == probe_contract::Proto::Tcp && p.tcp_flags & crate::event::tcp_flags::ACK != 0
+    p.proto == probe_contract::Proto::Tcp
+        && p.tcp_flags & probe_contract::record::tcp_flags::ACK != 0
 }
 
 /// The call a self-addressed drop belongs to: the packet itself, or for an answer the packet

@@ -424,7 +424,8 @@ fn answer_at_bridge(ts: u64, client_port: u16) -> KernelEvent {
         ts_ns,
         iface,
         packet: Packet {
-            tcp_flags: crate::event::tcp_flags::SYN | crate::event::tcp_flags::ACK,
+            tcp_flags: probe_contract::record::tcp_flags::SYN
+                | probe_contract::record::tcp_flags::ACK,
             ..pkt(EP, 8080, EP, client_port, Some(Tag::Pod), Some(Tag::Pod))
         },
         reason,
@@ -489,7 +490,7 @@ fn only_an_ack_bearing_tcp_segment_is_read_as_the_answer() {
     assert!(!is_answer(&syn));
     assert_eq!(call_of(&syn), syn);
     let syn_ack = Packet {
-        tcp_flags: crate::event::tcp_flags::SYN | crate::event::tcp_flags::ACK,
+        tcp_flags: probe_contract::record::tcp_flags::SYN | probe_contract::record::tcp_flags::ACK,
         ..pkt(EP, 8080, EP, 40011, Some(Tag::Pod), Some(Tag::Pod))
     };
     assert!(is_answer(&syn_ack));

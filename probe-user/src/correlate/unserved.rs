@@ -9,8 +9,9 @@ use super::{
     evidence::{drop_line, refusal_line, service_name},
     tuple_of,
 };
-use crate::event::Packet;
-use probe_contract::{AggregateKey, LoopbackEvent, Outcome, Proto, Tag, facts::Facts};
+use probe_contract::{
+    AggregateKey, LoopbackEvent, Outcome, Proto, Tag, facts::Facts, record::Packet,
+};
 
 impl Correlator {
     /// A drop to a bound VIP for no socket (or by kube-proxy's IPVS access filter), TCP or

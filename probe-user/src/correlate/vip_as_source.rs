@@ -16,10 +16,10 @@ use super::{
     evidence::{destination_line, vip_egress_line},
     held::VipSuspect,
 };
-use crate::event::Packet;
 use probe_contract::{
     AggregateKey, LoopbackEvent, Outcome, Tag,
     facts::{Etp, VipSourceSide},
+    record::Packet,
 };
 
 impl Correlator {

@@ -21,8 +21,10 @@ use super::{
     held::VipSuspect,
     tuple_of,
 };
-use crate::event::{Packet, tcp_flags};
-use probe_contract::{AggregateKey, LoopbackEvent, Outcome, Proto, SnatState, Tag};
+use probe_contract::{
+    AggregateKey, LoopbackEvent, Outcome, Proto, SnatState, Tag,
+    record::{Packet, tcp_flags},
+};
 
 impl Correlator {
     /// The node's monitored NICs (the agent's attachments), for [`Self::is_outside_opener`].
@@ -122,11 +124,8 @@ mod tests {
     use super::super::{CorrelatorConfig, KernelEvent};
 
     use super::*;
-    use crate::{
-        event::DropReason,
-        state::{NodePortEntry, ServiceSource, ServiceTable},
-    };
-    use probe_contract::LoopbackKind;
+    use crate::state::{NodePortEntry, ServiceSource, ServiceTable};
+    use probe_contract::{LoopbackKind, record::DropReason};
 
     const S: u64 = 1_000_000_000;
     const VIP6: &str = "2001:db8:113::10";

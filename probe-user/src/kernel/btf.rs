@@ -8,7 +8,7 @@ use btf_rs::{Backend, Btf, Type};
 use probe_common::KernelOffsets;
 
 use super::KernelError;
-use crate::event::DropReason;
+use probe_contract::record::DropReason;
 
 pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 

@@ -7,7 +7,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use probe_common::{PacketEvent, family};
 
-use crate::event::Packet;
+use probe_contract::record::Packet;
 
 use probe_contract::{Proto, Tag};
 

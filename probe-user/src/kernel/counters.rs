@@ -8,7 +8,7 @@ use probe_common::{
     stat, tag,
 };
 
-use crate::event::EgressRecord;
+use probe_contract::record::EgressRecord;
 
 use probe_contract::{Proto, Tag};
 

@@ -20,7 +20,7 @@ use tokio::{io::unix::AsyncFd, sync::mpsc};
 use tracing::warn;
 
 use super::{DropReasons, codec, kallsyms::Kallsyms};
-use crate::event::{DropReason, KernelEvent};
+use probe_contract::record::{DropReason, KernelEvent};
 
 /// How often the reader drains the ring without a wake-up while it is quiet: the latency bound
 /// of records the kernel left without one when nothing else is arriving.

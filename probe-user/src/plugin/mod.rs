@@ -39,8 +39,7 @@ use probe_contract::kube_event::{
     ACTION, REPORTING_CONTROLLER, RESOLVED_ACTION, RESOLVED_REASON, kind_of_reason,
 };
 
-use crate::sink::kube_event_doc::reporting_instance;
-use crate::term::escape;
+use crate::{sink::kube_event_doc::reporting_instance, term::escape};
 
 /// The label the chart puts on the agent's pods.
 pub const AGENT_LABEL: (&str, &str) = ("app.kubernetes.io/name", "clb-probe");

@@ -44,8 +44,7 @@ use kube::{
     Api, Client,
     api::{DynamicObject, Patch, PatchParams},
 };
-use probe_contract::LoopResolution;
-use probe_contract::Report;
+use probe_contract::{LoopResolution, Report};
 use serde_json::json;
 use tokio::sync::{
     broadcast::{self, error::RecvError},

@@ -13,7 +13,7 @@ pub mod process;
 
 use tracing::info;
 
-use crate::event::KernelEvent;
+use probe_contract::record::KernelEvent;
 
 use probe_contract::Report;
 

@@ -11,9 +11,9 @@ use crate::{
         evidence::{egress_ct_line, outcome_line},
         held::{EgressMatch, Flow, Stage},
     },
-    event::EgressRecord,
     state::Tuple,
 };
+use probe_contract::record::EgressRecord;
 
 impl Correlator {
     /// The egress answer for flow `t` (`None`: the query expired).

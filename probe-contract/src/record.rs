@@ -1,14 +1,15 @@
-//! Domain events: what the kernel reported, in userspace types.
+//! The record stream (`probe agent --record FILE`, one [`KernelEvent`] a line): what the
+//! kernel reported, in userspace types.
 //!
-//! `kernel::reader` turns ring-buffer records (`probe_common::PacketEvent`) into these; the
-//! correlator consumes only these (never the raw records), so it can be tested on recorded
-//! streams from any kernel.
+//! The agent's `kernel::reader` turns ring-buffer records (`probe_common::PacketEvent`) into
+//! these; the correlator consumes only these (never the raw records), so it can be tested on
+//! recorded streams from any kernel, and `correlate::replay` reads a recording back.
 
 use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
-use probe_contract::{Proto, Tag};
+use crate::{Proto, Tag};
 
 /// TCP flag bits as carried in `Packet::tcp_flags`.
 pub mod tcp_flags {
