@@ -255,7 +255,11 @@ fn a_recorded_stream_reads_back_as_written() {
     ];
     for ev in &stream {
         let line = serde_json::to_string(ev).unwrap();
-        assert_eq!(&serde_json::from_str::<KernelEvent>(&line).unwrap(), ev, "{line}");
+        assert_eq!(
+            &serde_json::from_str::<KernelEvent>(&line).unwrap(),
+            ev,
+            "{line}"
+        );
     }
     // The spelling replay files are written in (probe-user/tests/data/streams).
     let drop = serde_json::to_value(&stream[1]).unwrap();
