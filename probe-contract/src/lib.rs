@@ -17,6 +17,7 @@
 //! ([`clock`]) keep their module's name, because their names only read well with it
 //! (`facts::SelfLoopMissing`, `kube_event::reason`). Nothing in `probe-user` re-exports them.
 
+pub mod check;
 pub mod clock;
 mod event;
 pub mod facts;

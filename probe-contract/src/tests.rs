@@ -281,3 +281,56 @@ fn a_recorded_stream_reads_back_as_written() {
     assert!(!line.contains("last_ns"), "{line}");
     assert_eq!(serde_json::from_str::<EgressRecord>(&line).unwrap(), egress);
 }
+
+#[test]
+fn a_check_report_reads_back_as_written() {
+    use check::{Dataplane, Finding, Kind, Limit, Mode, Replacement, Report, Severity};
+    let finding = |kind, severity, subject: &str| Finding {
+        kind,
+        severity,
+        subject: subject.into(),
+        summary: "s".into(),
+        evidence: vec!["e".into()],
+        remedy: vec!["r".into()],
+        fixes: Vec::new(),
+    };
+    let report = Report::new(vec![
+        finding(Kind::KptrRestrict, Severity::Warn, "kernel"),
+        finding(Kind::HealthcheckBlackhole, Severity::Risk, "203.0.113.10"),
+    ])
+    .with_dataplane(Some(Dataplane {
+        mode: Mode::None,
+        replacement: Some(Replacement::Cilium),
+        evidence: vec!["cilium_host".into()],
+        still_possible: vec![Limit {
+            kind: "healthcheck_blackhole".into(),
+            why: "w".into(),
+        }],
+        cannot_confirm: Vec::new(),
+    }));
+    assert_eq!(
+        (report.risks, report.warnings, report.exit_code()),
+        (1, 1, 1)
+    );
+    assert_eq!(
+        report.findings[0].kind,
+        Kind::HealthcheckBlackhole,
+        "risks first"
+    );
+    let text = serde_json::to_string(&report).unwrap();
+    assert_eq!(serde_json::from_str::<Report>(&text).unwrap(), report);
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["schema"], check::SCHEMA_VERSION);
+    assert_eq!(v["findings"][0]["kind"], "healthcheck_blackhole");
+    assert_eq!(v["findings"][0]["severity"], "risk");
+    assert!(
+        v["findings"][0].get("fixes").is_none(),
+        "no fixes: left out"
+    );
+    assert_eq!(v["dataplane"]["mode"], "none");
+    assert_eq!(v["dataplane"]["replacement"], "cilium");
+    assert!(v["dataplane"].get("cannot_confirm").is_none());
+    for k in [Kind::Hairpin, Kind::ModeLeftover, Kind::NicSourceValidation] {
+        assert_eq!(serde_json::to_value(k).unwrap(), k.as_str());
+    }
+}

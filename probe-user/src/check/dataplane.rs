@@ -20,7 +20,7 @@
 
 use std::path::Path;
 
-use serde::Serialize;
+use probe_contract::check::{Dataplane, Limit, Mode, Replacement};
 
 use crate::state::{ServiceSource, ServiceTable};
 
@@ -29,95 +29,12 @@ pub const CILIUM_PIN_DIR: &str = "/sys/fs/bpf/tc/globals";
 /// Cilium's host-side interfaces.
 pub const CILIUM_LINKS: &[&str] = &["cilium_host", "cilium_net", "cilium_vxlan", "cilium_geneve"];
 
-/// kube-proxy's mode, or `none`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Mode {
-    Iptables,
-    Ipvs,
-    Nftables,
-    /// No kube-proxy rules on this node.
-    None,
-}
-
-impl Mode {
-    /// The spelling of the JSON, the node report's `kubeProxyMode` and `--as`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Mode::Iptables => "iptables",
-            Mode::Ipvs => "ipvs",
-            Mode::Nftables => "nftables",
-            Mode::None => "none",
-        }
-    }
-
-    pub fn of_source(source: ServiceSource) -> Mode {
-        match source {
-            ServiceSource::Iptables => Mode::Iptables,
-            ServiceSource::Ipvs => Mode::Ipvs,
-            ServiceSource::Nftables => Mode::Nftables,
-        }
-    }
-}
-
-/// What serves Services when kube-proxy does not.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Replacement {
-    Cilium,
-    /// No kube-proxy and no trace of a replacement the probe knows.
-    Unknown,
-}
-
-impl Replacement {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Replacement::Cilium => "cilium",
-            Replacement::Unknown => "unknown",
-        }
-    }
-}
-
-/// A loopback kind and why it still can (or cannot be confirmed to) happen.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Limit {
-    /// `healthcheck_blackhole`, `vip_port_unserved`, `hairpin`, `service_self_loop`, or what
-    /// cannot be confirmed (`nodeport_attribution`, ...).
-    pub kind: String,
-    pub why: String,
-}
-
-/// The dataplane found, with the evidence and, without kube-proxy, the limits.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Dataplane {
-    pub mode: Mode,
-    /// Only when `mode` is `none`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub replacement: Option<Replacement>,
-    pub evidence: Vec<String>,
-    /// Kinds that can still happen on this node (`mode: none` only).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub still_possible: Vec<Limit>,
-    /// What the check cannot confirm here, and why (`mode: none` only).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub cannot_confirm: Vec<Limit>,
-}
-
-impl Dataplane {
-    /// `kube-proxy ipvs`, `none (cilium)`: one phrase for a table line or a status field.
-    pub fn name(&self) -> String {
-        match (self.mode, self.replacement) {
-            (Mode::None, r) => format!("none ({})", r.unwrap_or(Replacement::Unknown).as_str()),
-            (m, _) => format!("kube-proxy {}", m.as_str()),
-        }
-    }
-
-    /// The node report's `dataplane`: `kube-proxy`, `cilium` or `unknown`.
-    pub fn serving(&self) -> &'static str {
-        match (self.mode, self.replacement) {
-            (Mode::None, r) => r.unwrap_or(Replacement::Unknown).as_str(),
-            _ => "kube-proxy",
-        }
+/// The kube-proxy mode whose rules the service table was read from.
+pub fn mode_of(source: ServiceSource) -> Mode {
+    match source {
+        ServiceSource::Iptables => Mode::Iptables,
+        ServiceSource::Ipvs => Mode::Ipvs,
+        ServiceSource::Nftables => Mode::Nftables,
     }
 }
 
@@ -239,7 +156,7 @@ pub fn detect(t: &Traces) -> Dataplane {
         _ => None,
     };
     if let Some(source) = kube_proxy {
-        let mode = Mode::of_source(source);
+        let mode = mode_of(source);
         let mut evidence = vec![match mode {
             Mode::Ipvs => "IPVS virtual services and kube-proxy's ipsets".to_string(),
             Mode::Nftables => "kube-proxy's nftables table (ip kube-proxy)".to_string(),

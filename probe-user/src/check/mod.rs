@@ -13,16 +13,11 @@
 //! 1 also when the node cannot be read, with one `probe: error: ...` line on stderr and nothing
 //! on stdout (a script tells the two apart by the empty stdout / the `error:` prefix); 2 usage.
 //!
-//! JSON (`--json`, schema version [`SCHEMA_VERSION`]):
-//! `{"schema": 1, "risks": n, "warnings": n, "findings": [{"kind", "severity", "subject",
-//! "summary", "evidence": [..], "remedy": [..]}], "dataplane": {"mode", "replacement",
-//! "evidence", "still_possible", "cannot_confirm"}}`; `kind` is one of [`Kind`]'s snake_case
-//! names, `severity` one of `risk` | `warn` | `info`; `dataplane.mode` one of `iptables` |
-//! `ipvs` | `nftables` | `none` ([`dataplane`]). Fields are only ever added.
+//! JSON (`--json`): the types and their schema are the contract's, `probe_contract::check`.
 
 use std::net::IpAddr;
 
-use serde::Serialize;
+use probe_contract::check::{Finding, Kind, Report};
 
 use crate::state::ServiceTable;
 
@@ -43,136 +38,6 @@ pub mod services;
 mod test_nodes;
 #[cfg(test)]
 mod tests;
-
-/// Version of the JSON output; bumped only if a field changes meaning or goes away.
-pub const SCHEMA_VERSION: u32 = 1;
-
-/// How much a finding matters.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Severity {
-    /// A loopback failure can happen on this node as it is configured: exit 1.
-    Risk,
-    /// Something that limits what the probe (or this check) can see or conclude.
-    Warn,
-    /// A setting worth knowing (how the kernel decides drop vs reply), no action needed.
-    Info,
-}
-
-impl Severity {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Severity::Risk => "risk",
-            Severity::Warn => "warn",
-            Severity::Info => "info",
-        }
-    }
-}
-
-/// What a finding is about; the names match the agent's event kinds where they predict one.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Kind {
-    /// An LB ingress IP is a local address: the LB's health checks from it are discarded.
-    HealthcheckBlackhole,
-    /// An LB ingress IP is bound locally: in-cluster calls to its other ports are refused.
-    VipPortUnserved,
-    /// Pod egress to an LB leaves without SNAT: the LB can send it back to this node.
-    Hairpin,
-    /// A pod that calls its own Service cannot reach itself: a local endpoint without its
-    /// KUBE-LOOP-BACK entry (IPVS mode), or bridge ports without hairpin mode while
-    /// br_netfilter runs kube-proxy's DNAT in the bridge.
-    ServiceSelfLoop,
-    /// A NIC's `rp_filter` / `accept_local` / `route_localnet` (drop vs reply).
-    NicSourceValidation,
-    /// `kernel.kptr_restrict` hides kernel addresses: drop sites unreadable.
-    KptrRestrict,
-    /// What the running kernel lets the probe see (tcx vs clsact, drop reasons vs sites, BTF).
-    KernelVisibility,
-    /// Whether the Services were read from the Kubernetes API.
-    KubeApi,
-    /// No kube-proxy on this node: which kinds can still happen, what cannot be confirmed.
-    Dataplane,
-    /// Another kube-proxy mode's state left on the node: kube-ipvs0 (its addresses keep LB
-    /// IPs local), IPVS virtual services, or kube-proxy's nftables table, while kube-proxy
-    /// runs in another mode or not at all.
-    ModeLeftover,
-}
-
-impl Kind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Kind::HealthcheckBlackhole => "healthcheck_blackhole",
-            Kind::VipPortUnserved => "vip_port_unserved",
-            Kind::Hairpin => "hairpin",
-            Kind::ServiceSelfLoop => "service_self_loop",
-            Kind::NicSourceValidation => "nic_source_validation",
-            Kind::KptrRestrict => "kptr_restrict",
-            Kind::KernelVisibility => "kernel_visibility",
-            Kind::KubeApi => "kube_api",
-            Kind::Dataplane => "dataplane",
-            Kind::ModeLeftover => "mode_leftover",
-        }
-    }
-}
-
-/// One finding: what, about which object, why we think so, what to do.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Finding {
-    pub kind: Kind,
-    pub severity: Severity,
-    /// The object: an address, `ip:port/proto`, a NIC, a sysctl, `kernel`.
-    pub subject: String,
-    /// One line, for the table.
-    pub summary: String,
-    pub evidence: Vec<String>,
-    pub remedy: Vec<String>,
-    /// Ready fixes for the Service behind the risk (see `crate::fixes`), best fit first; left
-    /// out when none (the node-level kinds, or no Service read).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub fixes: Vec<probe_contract::Fix>,
-}
-
-/// The whole report.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Report {
-    pub schema: u32,
-    pub risks: usize,
-    pub warnings: usize,
-    pub findings: Vec<Finding>,
-    /// What serves this node's Services (kube-proxy's mode, or none and the replacement);
-    /// absent when not read.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub dataplane: Option<dataplane::Dataplane>,
-}
-
-impl Report {
-    /// Sorted by severity, then kind, then subject, so output is stable.
-    pub fn new(mut findings: Vec<Finding>) -> Report {
-        findings.sort_by(|a, b| {
-            (a.severity, a.kind, &a.subject).cmp(&(b.severity, b.kind, &b.subject))
-        });
-        let count = |s| findings.iter().filter(|f| f.severity == s).count();
-        Report {
-            schema: SCHEMA_VERSION,
-            risks: count(Severity::Risk),
-            warnings: count(Severity::Warn),
-            findings,
-            dataplane: None,
-        }
-    }
-
-    /// The report with the dataplane the node showed.
-    pub fn with_dataplane(mut self, dataplane: Option<dataplane::Dataplane>) -> Report {
-        self.dataplane = dataplane;
-        self
-    }
-
-    /// 0 without risks, 1 with.
-    pub fn exit_code(&self) -> u8 {
-        u8::from(self.risks > 0)
-    }
-}
 
 /// A NIC's source-validation sysctls, as the kernel applies them (all/ and the NIC's own).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -256,7 +121,7 @@ pub struct Inputs {
     /// What lets a pod reach itself through its Service.
     pub self_loop: SelfLoopNode,
     /// What serves the node's Services ([`dataplane::detect`]); None: not read.
-    pub dataplane: Option<dataplane::Dataplane>,
+    pub dataplane: Option<probe_contract::check::Dataplane>,
     /// The state of kube-proxy's modes other than the one the service table came from.
     pub leftovers: ModeState,
 }
@@ -281,7 +146,7 @@ impl Inputs {
     pub fn kube_proxy_runs(&self) -> Option<bool> {
         self.dataplane
             .as_ref()
-            .map(|d| d.mode != dataplane::Mode::None)
+            .map(|d| d.mode != probe_contract::check::Mode::None)
     }
 }
 

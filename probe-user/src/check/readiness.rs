@@ -28,14 +28,21 @@
 //! per-Service `ipMode: Proxy` advice, `readiness/node.rs` what both read off the node,
 //! `readiness/render.rs` the prediction as text.
 
-use super::{
-    Finding, Inputs, Kind, Severity,
-    dataplane::{Dataplane, Mode},
-};
+use super::Inputs;
+
+use probe_contract::check::Finding;
+
+use probe_contract::check::Kind;
+
+use probe_contract::check::Severity;
+
+use probe_contract::check::Dataplane;
+
 use crate::{
     fixes::{self, Facts, Provider},
     kube::index::ServiceFacts,
 };
+use probe_contract::check::Mode;
 
 mod ip_mode;
 mod node;
@@ -281,7 +288,7 @@ pub fn predict(
         .dataplane
         .as_ref()
         .map(|d| d.mode)
-        .or(inp.services.source.map(Mode::of_source))
+        .or(inp.services.source.map(super::dataplane::mode_of))
         .unwrap_or(Mode::Iptables);
     let predicted = as_nftables(inp);
     let before_all = super::rules::judge(inp);

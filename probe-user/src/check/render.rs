@@ -1,7 +1,7 @@
 //! Output of `probe check`: an aligned table (one line per finding, then a summary line) or
 //! the [`Report`] as JSON.
 
-use super::Report;
+use probe_contract::check::Report;
 
 /// The table for people. Evidence and remedies are in `--json`; the summary line says so.
 pub fn table(report: &Report) -> String {

@@ -11,7 +11,10 @@ fn subject_ip(subject: &str) -> Option<std::net::IpAddr> {
 /// Every Service a risk regards, in the order its fixes name them (a shared LB IP's risk
 /// names each Service on it, a port's risk the Service serving it), else the Services on
 /// its address: `report --service` of any of them shows the risk.
-pub fn risk_services(f: &crate::check::Finding, targets: &[crate::check::LbTarget]) -> Vec<String> {
+pub fn risk_services(
+    f: &probe_contract::check::Finding,
+    targets: &[crate::check::LbTarget],
+) -> Vec<String> {
     let mut out: Vec<String> = f.fixes.iter().filter_map(|x| x.service.clone()).collect();
     if out.is_empty() {
         let ip = subject_ip(&f.subject);

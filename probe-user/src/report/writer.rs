@@ -148,11 +148,11 @@ pub fn check_state(
     }
     let mut findings = crate::check::rules::judge(&inputs);
     crate::check::attach_fixes(&mut findings, services, inputs.kube_proxy_runs());
-    let report = crate::check::Report::new(findings);
+    let report = probe_contract::check::Report::new(findings);
     let risks = report
         .findings
         .iter()
-        .filter(|f| f.severity == crate::check::Severity::Risk)
+        .filter(|f| f.severity == probe_contract::check::Severity::Risk)
         .take(super::status::MAX_RISKS)
         .map(|f| {
             let services = super::risks::risk_services(f, &inputs.lb_targets);
@@ -171,7 +171,7 @@ pub fn check_state(
         // The dataplane as `probe check` names it (`none` without kube-proxy's rules).
         mode: match (&inputs.dataplane, inputs.services.source) {
             (Some(d), _) => d.mode.as_str().into(),
-            (None, Some(s)) => crate::check::dataplane::Mode::of_source(s).as_str().into(),
+            (None, Some(s)) => crate::check::dataplane::mode_of(s).as_str().into(),
             (None, None) => "unknown".into(),
         },
         dataplane: inputs
@@ -180,12 +180,12 @@ pub fn check_state(
             .map(|d| d.serving().to_string())
             .unwrap_or_default(),
         nftables_readiness: match inputs.dataplane.as_ref().map(|d| d.mode) {
-            Some(crate::check::dataplane::Mode::Ipvs | crate::check::dataplane::Mode::Iptables) => {
+            Some(probe_contract::check::Mode::Ipvs | probe_contract::check::Mode::Iptables) => {
                 crate::check::readiness::predict(
                     &inputs,
                     services,
                     None,
-                    crate::check::dataplane::Mode::Nftables,
+                    probe_contract::check::Mode::Nftables,
                 )
                 .summary()
             }

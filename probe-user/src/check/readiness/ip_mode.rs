@@ -9,10 +9,12 @@ use super::{
     prediction::IpModeAdvice,
 };
 use crate::{
-    check::{Finding, Inputs, Kind},
-    fixes::{self, Facts, Provider},
+    check::Inputs,
+    fixes,
+    fixes::{Facts, Provider},
     kube::index::ServiceFacts,
 };
+use probe_contract::check::{Finding, Kind};
 
 /// The AWS Load Balancer Controller annotations that make the NLB not keep a TCP client's
 /// address (fixes table: `aws-nlb-target-type-ip`, `aws-preserve-client-ip-off`).

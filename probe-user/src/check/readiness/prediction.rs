@@ -5,7 +5,9 @@ use std::net::IpAddr;
 
 use serde::Serialize;
 
-use crate::check::{Kind, dataplane::Mode};
+use probe_contract::check::Kind;
+
+use probe_contract::check::Mode;
 
 /// One risk that disappears, appears or stays.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]

@@ -2,7 +2,15 @@
 //! can still happen there and what the check cannot confirm, so an empty list of risks is
 //! never read as "no risk" where the rules had no service table to judge.
 
-use crate::check::{Finding, Inputs, Kind, Severity, dataplane::Mode};
+use crate::check::Inputs;
+
+use probe_contract::check::Finding;
+
+use probe_contract::check::Kind;
+
+use probe_contract::check::Severity;
+
+use probe_contract::check::Mode;
 
 pub fn dataplane(inp: &Inputs) -> Vec<Finding> {
     let Some(d) = &inp.dataplane else {
@@ -38,7 +46,7 @@ pub fn dataplane(inp: &Inputs) -> Vec<Finding> {
     }]
 }
 
-fn kinds(limits: &[crate::check::dataplane::Limit]) -> String {
+fn kinds(limits: &[probe_contract::check::Limit]) -> String {
     limits
         .iter()
         .map(|l| l.kind.as_str())

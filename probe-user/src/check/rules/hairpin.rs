@@ -10,10 +10,8 @@
 //! that keeps client addresses.
 
 use super::targets::prevent_loopback;
-use crate::{
-    check::{Finding, Inputs, Kind, Severity},
-    state::addrs::Prefix,
-};
+use crate::{check::Inputs, state::addrs::Prefix};
+use probe_contract::check::{Finding, Kind, Severity};
 
 /// A MASQUERADE rule that applies to pods' egress off the node: not kube-proxy's marked
 /// masquerade (`KUBE-POSTROUTING` / `--mark` / nftables `masquerading`, which covers only the
@@ -205,7 +203,7 @@ pub fn hairpin(inp: &Inputs) -> Vec<Finding> {
     if let Some(d) = inp
         .dataplane
         .as_ref()
-        .filter(|d| d.mode == crate::check::dataplane::Mode::None)
+        .filter(|d| d.mode == probe_contract::check::Mode::None)
     {
         for f in &mut out {
             if f.severity == Severity::Risk {

@@ -1,6 +1,12 @@
 //! `kernel.kptr_restrict`: kallsyms without addresses means unresolved drop sites.
 
-use crate::check::{Finding, Inputs, Kind, Severity};
+use crate::check::Inputs;
+
+use probe_contract::check::Finding;
+
+use probe_contract::check::Kind;
+
+use probe_contract::check::Severity;
 
 /// `kernel.kptr_restrict`: kallsyms without addresses means unresolved drop sites.
 pub fn kptr_restrict(inp: &Inputs) -> Vec<Finding> {

@@ -1,6 +1,14 @@
 //! Whether the Service side was judged.
 
-use crate::check::{ApiState, Finding, Inputs, Kind, Severity};
+use crate::check::ApiState;
+
+use crate::check::Inputs;
+
+use probe_contract::check::Finding;
+
+use probe_contract::check::Kind;
+
+use probe_contract::check::Severity;
 
 /// Whether the Service side was judged.
 pub fn kube_api(inp: &Inputs) -> Vec<Finding> {

@@ -1,7 +1,9 @@
 //! The rules of `probe check`, pure: [`Inputs`] in, [`Finding`]s out. One function per kind,
 //! each in its own file; what several rules ask of the LB targets is in `targets.rs`.
 
-use super::{Finding, Inputs};
+use super::Inputs;
+
+use probe_contract::check::Finding;
 
 mod dataplane;
 mod hairpin;

@@ -24,7 +24,15 @@
 
 use std::net::IpAddr;
 
-use crate::check::{Finding, Inputs, Kind, Severity, dataplane::Mode};
+use crate::check::Inputs;
+
+use probe_contract::check::Finding;
+
+use probe_contract::check::Kind;
+
+use probe_contract::check::Severity;
+
+use probe_contract::check::Mode;
 
 /// Addresses listed in a finding's evidence at most (a node can hold thousands).
 const LISTED: usize = 8;

@@ -3,11 +3,19 @@
 
 use std::net::IpAddr;
 
-use crate::{
-    check::{Finding, Inputs, Kind, Severity},
-    correlate::remedy,
-    state::{ServiceSource, ipset::loop_back_set},
-};
+use crate::check::Inputs;
+
+use crate::correlate::remedy;
+
+use crate::state::ServiceSource;
+
+use crate::state::ipset::loop_back_set;
+
+use probe_contract::check::Finding;
+
+use probe_contract::check::Kind;
+
+use probe_contract::check::Severity;
 
 use probe_contract::facts::SelfLoopMissing;
 

@@ -3,11 +3,11 @@
 //! port is unserved; a warning otherwise (the LB's other listeners are not visible here).
 
 use super::targets::{bound_lb_ips, named, targets_of};
-use crate::{
-    check::{Finding, Inputs, Kind, Severity},
-    correlate::remedy,
+use crate::{check::Inputs, correlate::remedy};
+use probe_contract::{
+    Proto,
+    check::{Finding, Kind, Severity},
 };
-use probe_contract::Proto;
 
 fn port_list(ports: &[(u16, Proto)]) -> String {
     ports
@@ -113,7 +113,7 @@ pub fn vip_port_unserved(inp: &Inputs) -> Vec<Finding> {
             // Without kube-proxy the ports served (in eBPF, by its replacement) are unknown:
             // a refusal can still happen, but is not proven from an empty table.
             let (severity, summary) = match inp.dataplane.as_ref() {
-                Some(d) if d.mode == crate::check::dataplane::Mode::None => {
+                Some(d) if d.mode == probe_contract::check::Mode::None => {
                     evidence.push(format!(
                         "no kube-proxy ({}): the ports its replacement serves are not in any \
                          rule the probe reads",
