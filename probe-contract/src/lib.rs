@@ -19,6 +19,7 @@
 
 pub mod check;
 pub mod clock;
+pub mod condition;
 mod event;
 pub mod facts;
 mod fix;

@@ -334,3 +334,25 @@ fn a_check_report_reads_back_as_written() {
         assert_eq!(serde_json::to_value(k).unwrap(), k.as_str());
     }
 }
+
+#[test]
+fn the_node_condition_reads_back_as_written() {
+    use condition::{Condition, ConditionStatus, NodeCondition, TYPE, reason_of_kind};
+    let c = Condition {
+        status: ConditionStatus::True,
+        reason: reason_of_kind(LoopbackKind::HealthcheckBlackhole.as_str()),
+        message: "active loop healthcheck_blackhole on Service shop/web (203.0.113.10)".into(),
+    };
+    assert_eq!(c.reason, "HealthcheckBlackhole");
+    let entry = NodeCondition::new(&c, "2027-01-15T08:20:00Z", "2027-01-15T08:00:00Z");
+    let v = serde_json::to_value(&entry).unwrap();
+    assert_eq!(v["type"], TYPE);
+    assert_eq!(v["status"], "True");
+    assert_eq!(v["lastTransitionTime"], "2027-01-15T08:00:00Z");
+    assert_eq!(serde_json::from_value::<NodeCondition>(v).unwrap(), entry);
+    for s in [ConditionStatus::True, ConditionStatus::False] {
+        assert_eq!(ConditionStatus::parse(s.as_str()), Some(s));
+        assert_eq!(serde_json::to_value(s).unwrap(), s.as_str());
+    }
+    assert_eq!(ConditionStatus::parse("Unknown"), None);
+}

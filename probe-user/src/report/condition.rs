@@ -7,34 +7,14 @@
 //! reason `NoLoopback`. Pure: [`condition`]; the writer patches it after the report, behind
 //! the same rate limit, only when it changed (or on the report's heartbeat).
 
-use serde::Serialize;
+use probe_contract::condition::{
+    Condition, ConditionStatus, NO_LOOPBACK, NodeCondition, reason_of_kind,
+};
 
 use super::status::ReportStatus;
 
-pub const TYPE: &str = "LoadBalancerLoopback";
-
 /// The message's bound (bytes), as an Event's note: the Service and the first fix fit.
 const MESSAGE_MAX: usize = 1024;
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Condition {
-    /// `True` / `False`.
-    pub status: &'static str,
-    pub reason: String,
-    pub message: String,
-}
-
-/// `healthcheck_blackhole` -> `HealthcheckBlackhole`.
-fn camel(kind: &str) -> String {
-    kind.split('_')
-        .map(|w| {
-            let mut c = w.chars();
-            c.next()
-                .map(|f| f.to_ascii_uppercase().to_string() + c.as_str())
-                .unwrap_or_default()
-        })
-        .collect()
-}
 
 /// The condition the report implies.
 pub fn condition(status: &ReportStatus) -> Condition {
@@ -67,8 +47,8 @@ pub fn condition(status: &ReportStatus) -> Condition {
         });
     let Some((what, kind, service, address, fix)) = first else {
         return Condition {
-            status: "False",
-            reason: "NoLoopback".into(),
+            status: ConditionStatus::False,
+            reason: NO_LOOPBACK.into(),
             message: "no active load-balancer loopback and no risk on this node".into(),
         };
     };
@@ -88,8 +68,8 @@ pub fn condition(status: &ReportStatus) -> Condition {
         ));
     }
     Condition {
-        status: "True",
-        reason: camel(kind),
+        status: ConditionStatus::True,
+        reason: reason_of_kind(kind),
         // `kubectl describe node` prints it raw: escaped and bounded as a second fence (the
         // names in it were escaped where they entered, `crate::untrusted`).
         message: crate::untrusted::text(&message, MESSAGE_MAX),
@@ -98,14 +78,7 @@ pub fn condition(status: &ReportStatus) -> Condition {
 
 /// The strategic merge patch of `nodes/NAME/status` (merged by `type`, as the API does).
 pub fn patch(c: &Condition, heartbeat: &str, transition: &str) -> serde_json::Value {
-    serde_json::json!({"status": {"conditions": [{
-        "type": TYPE,
-        "status": c.status,
-        "reason": c.reason,
-        "message": c.message,
-        "lastHeartbeatTime": heartbeat,
-        "lastTransitionTime": transition,
-    }]}})
+    serde_json::json!({"status": {"conditions": [NodeCondition::new(c, heartbeat, transition)]}})
 }
 
 #[cfg(test)]
@@ -119,7 +92,7 @@ mod tests {
             node: "node-a".into(),
             ..Default::default()
         };
-        assert_eq!(condition(&clean).status, "False");
+        assert_eq!(condition(&clean).status, ConditionStatus::False);
         assert_eq!(condition(&clean).reason, "NoLoopback");
         let risky = ReportStatus {
             risks: vec![RiskStatus {
@@ -134,7 +107,7 @@ mod tests {
         let c = condition(&risky);
         assert_eq!(
             (c.status, c.reason.as_str()),
-            ("True", "HealthcheckBlackhole")
+            (ConditionStatus::True, "HealthcheckBlackhole")
         );
         assert_eq!(
             c.message,

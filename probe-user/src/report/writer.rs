@@ -44,7 +44,10 @@ use kube::{
     Api, Client,
     api::{DynamicObject, Patch, PatchParams},
 };
-use probe_contract::{LoopResolution, Report};
+use probe_contract::{
+    LoopResolution, Report,
+    condition::{Condition, ConditionStatus},
+};
 use serde_json::json;
 use tokio::sync::{
     broadcast::{self, error::RecvError},
@@ -54,7 +57,7 @@ use tracing::{error, info, warn};
 
 use super::{
     API_VERSION, FIELD_MANAGER, KIND,
-    condition::{Condition, condition},
+    condition::condition,
     gate::{Backoff, Gate},
     loops::{Loops, first_fix, fix_ids},
     status::{CapabilityStatus, ReportStatus, RiskStatus, object_name, rfc3339},
@@ -403,12 +406,10 @@ impl ReportWriter {
             .and_then(|s| s.conditions)
             .unwrap_or_default()
             .into_iter()
-            .find(|c| c.type_ == super::condition::TYPE);
+            .find(|c| c.type_ == probe_contract::condition::TYPE);
         if let Some(held) = held {
-            let status = match held.status.as_str() {
-                "True" => "True",
-                "False" => "False",
-                _ => return,
+            let Some(status) = ConditionStatus::parse(&held.status) else {
+                return;
             };
             if let Some(at) = held.last_transition_time {
                 self.last_condition = Some((
