@@ -15,7 +15,7 @@
 //! `live`, `fix`, `resolution`) are named at the crate root (`probe_contract::LoopbackEvent`);
 //! the record stream ([`record`]), the remedy facts ([`facts`]), the Event spellings ([`kube_event`]) and the clock
 //! ([`clock`]) keep their module's name, because their names only read well with it
-//! (`facts::SelfLoopMissing`, `kube_event::reason`). Nothing in `probe-user` re-exports them.
+//! (`facts::SelfLoopMissing`, `kube_event::reason`, `metrics::READY`). Nothing in `probe-user` re-exports them.
 
 pub mod check;
 pub mod clock;
@@ -25,6 +25,7 @@ pub mod facts;
 mod fix;
 pub mod kube_event;
 mod live;
+pub mod metrics;
 pub mod record;
 mod resolution;
 mod status;

@@ -4,433 +4,29 @@
 
 use std::collections::BTreeMap;
 
+use probe_contract::metrics::{self as m, Family, Type};
 use prometheus_client::{
-    encoding::{
-        EncodeLabelSet,
-        text::{encode_eof, encode_registry},
-    },
-    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    encoding::text::{encode_eof, encode_registry},
+    metrics::{counter::Counter, family::Family as Series, gauge::Gauge},
     registry::Registry,
 };
 
 use super::MetricsInput;
 use crate::sink::process::ProcessStats;
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct EventLabels {
-    kind: String,
-    vip: String,
-    port: String,
+/// One sample of a family: its label values (in the family's label order) and its value.
+type Row = (Vec<String>, u64);
+
+fn row<const N: usize>(labels: [&String; N], value: u64) -> Row {
+    (labels.into_iter().cloned().collect(), value)
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct SuspectLabels {
-    nic: String,
-    source: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ReasonLabels {
-    reason: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ObjectLabels {
-    object: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct StageLabels {
-    stage: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct BudgetClassLabels {
-    record: String,
-    source: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct SetLabels {
-    set: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct OwnerLabels {
-    owner: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct KindOwnerLabels {
-    kind: String,
-    owner: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct CapabilityLabels {
-    name: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ResultLabels {
-    result: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct OutputLabels {
-    output: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct SignalLabels {
-    signal: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct KindLabels {
-    kind: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct BuildLabels {
-    version: String,
-    kernel: String,
-}
-
-/// Renders the exposition text (pure).
+/// Renders the exposition text (pure): every family of the contract's table, in its order.
 pub fn render(input: &MetricsInput) -> String {
-    let mut reg = Registry::with_prefix("clbprobe");
-
-    let events = Family::<EventLabels, Counter>::default();
-    for ((kind, vip, port), n) in &input.events {
-        events
-            .get_or_create(&EventLabels {
-                kind: kind.clone(),
-                vip: vip.clone(),
-                port: port.clone(),
-            })
-            .inc_by(*n);
+    let mut reg = Registry::with_prefix(m::PREFIX);
+    for (family, rows) in samples(input) {
+        register(&mut reg, &family, rows);
     }
-    reg.register(
-        "loopback_events",
-        "Confirmed load-balancer loopback events, by kind, VIP and VIP port",
-        events,
-    );
-
-    let suspects = Family::<SuspectLabels, Counter>::default();
-    for (nic, source, n) in &input.suspects {
-        suspects
-            .get_or_create(&SuspectLabels {
-                nic: nic.clone(),
-                source: source.clone(),
-            })
-            .inc_by(*n);
-    }
-    reg.register(
-        "suspect_packets",
-        "Packets arriving on a NIC with one of the node's own addresses as source (exact kernel counts)",
-        suspects,
-    );
-
-    let drops = Family::<ReasonLabels, Counter>::default();
-    for (reason, n) in &input.drops_by_reason {
-        drops
-            .get_or_create(&ReasonLabels {
-                reason: reason.clone(),
-            })
-            .inc_by(*n);
-    }
-    reg.register(
-        "kernel_drops",
-        "Kernel drops of suspect packets and of packets to bound VIPs, by kernel drop reason",
-        drops,
-    );
-
-    let suppressed = Family::<StageLabels, Counter>::default();
-    for (stage, n) in &input.suppressed {
-        suppressed
-            .get_or_create(&StageLabels {
-                stage: stage.clone(),
-            })
-            .inc_by(*n);
-    }
-    reg.register(
-        "events_suppressed",
-        "Events not delivered: kernel budget, full ring buffer, kernel per-flow dedup, userspace queue",
-        suppressed,
-    );
-
-    let by_class = Family::<BudgetClassLabels, Counter>::default();
-    for (record, source, n) in &input.budget_suppressed_by_class {
-        by_class
-            .get_or_create(&BudgetClassLabels {
-                record: record.clone(),
-                source: source.clone(),
-            })
-            .inc_by(*n);
-    }
-    reg.register(
-        "events_budget_suppressed",
-        "Kernel records the per-CPU budget suppressed, by record kind and source (each pair has its own budget)",
-        by_class,
-    );
-
-    let sets = Family::<SetLabels, Gauge>::default();
-    for (set, n) in &input.set_sizes {
-        sets.get_or_create(&SetLabels { set: set.clone() })
-            .set(*n as i64);
-    }
-    reg.register(
-        "local_addresses",
-        "Prefixes of the node's address sets held in the kernel maps the datapath matches against",
-        sets,
-    );
-    let left_out = Family::<SetLabels, Gauge>::default();
-    for (set, n) in &input.addresses_left_out {
-        left_out
-            .get_or_create(&SetLabels { set: set.clone() })
-            .set(*n as i64);
-    }
-    reg.register(
-        "local_addresses_left_out",
-        "Prefixes of the node not in the kernel maps because they are full (--address-entries): their traffic is not seen",
-        left_out,
-    );
-    let capacity = Gauge::<i64>::default();
-    capacity.set(input.address_capacity as i64);
-    reg.register(
-        "local_addresses_capacity",
-        "Entries each kernel address map holds (--address-entries; IPv4 and IPv6 hosts and prefixes each have a map)",
-        capacity,
-    );
-
-    let owners = Family::<OwnerLabels, Gauge>::default();
-    for (owner, n) in &input.owner_counts {
-        owners
-            .get_or_create(&OwnerLabels {
-                owner: owner.clone(),
-            })
-            .set(*n as i64);
-    }
-    reg.register(
-        "local_address_owners",
-        "Local addresses (node and VIP sets) by what made them local: the VIP interface \
-         (kube-ipvs0), an address on a NIC (nic:NAME), a local route of table local \
-         (route:PROTOCOL, 66 = cloud guest agent)",
-        owners,
-    );
-
-    let by_owner = Family::<KindOwnerLabels, Counter>::default();
-    for ((kind, owner), n) in &input.events_by_owner {
-        by_owner
-            .get_or_create(&KindOwnerLabels {
-                kind: kind.clone(),
-                owner: owner.clone(),
-            })
-            .inc_by(*n);
-    }
-    reg.register(
-        "loopback_events_by_owner",
-        "Confirmed loopback events whose local address has a known owner, by kind and owner \
-         (see local_address_owners)",
-        by_owner,
-    );
-
-    let build = Family::<BuildLabels, Gauge>::default();
-    build
-        .get_or_create(&BuildLabels {
-            version: input.version.clone(),
-            kernel: input.kernel.clone(),
-        })
-        .set(1);
-    reg.register("build_info", "Build and kernel of this agent", build);
-
-    let caps = Family::<CapabilityLabels, Gauge>::default();
-    for (name, available) in &input.capabilities {
-        caps.get_or_create(&CapabilityLabels { name: name.clone() })
-            .set(i64::from(*available));
-    }
-    reg.register(
-        "capability",
-        "1 when the agent can confirm what this needs (drop_hook, drop_sites, conntrack), 0 when it cannot (said once in the log)",
-        caps,
-    );
-
-    let kube_writes = Family::<ResultLabels, Counter>::default();
-    for (result, n) in &input.kube_event_writes {
-        kube_writes
-            .get_or_create(&ResultLabels {
-                result: result.clone(),
-            })
-            .inc_by(*n);
-    }
-    reg.register(
-        "kube_event_writes",
-        "Kubernetes Event writes by result: created, patched, failed (403, unreachable), rate_limited (held by the token bucket), dropped (reports missed by the writer)",
-        kube_writes,
-    );
-
-    let writes_failed = Family::<ObjectLabels, Counter>::default();
-    for (object, n) in &input.kube_writes_failed {
-        writes_failed
-            .get_or_create(&ObjectLabels {
-                object: object.clone(),
-            })
-            .inc_by(*n);
-    }
-    reg.register(
-        "kube_writes_failed",
-        "Failed writes of the node report's objects: report (the LoopbackReport), condition (the Node condition); retried with a backoff up to the heartbeat",
-        writes_failed,
-    );
-    let refused = Family::<ReasonLabels, Gauge<i64>>::default();
-    if let Some(reason) = &input.node_report_refused {
-        refused
-            .get_or_create(&ReasonLabels {
-                reason: reason.clone(),
-            })
-            .set(1);
-    }
-    reg.register(
-        "node_report_refused",
-        "1 while the agent writes no node report or condition, by reason: pod_on_other_node (its Pod is scheduled on another node than --node-name), own_pod_unreadable (cannot read its Pod yet)",
-        refused,
-    );
-
-    let gauge = |v: u64| {
-        let g = Gauge::<i64>::default();
-        g.set(v as i64);
-        g
-    };
-    reg.register(
-        "attached_interfaces",
-        "Interfaces with the tc programs attached",
-        gauge(input.attached_interfaces),
-    );
-    reg.register(
-        "ready",
-        "1 when programs are attached and the address sets loaded",
-        gauge(u64::from(input.ready)),
-    );
-    reg.register(
-        "kube_connected",
-        "1 when Kubernetes attribution lists and watches pods, Services and EndpointSlices; 0 without API access (events are then not named)",
-        gauge(u64::from(input.kube_connected)),
-    );
-    reg.register(
-        "vip_interface_present",
-        "1 when the --vip-iface interface exists (health-check blackholes are detected only then)",
-        gauge(u64::from(input.vip_iface_present)),
-    );
-    reg.register(
-        "correlator_pending",
-        "Suspects, drops and hairpin candidates awaiting confirmation",
-        gauge(input.pending),
-    );
-    let counter = |v: u64| {
-        let c = Counter::<u64>::default();
-        c.inc_by(v);
-        c
-    };
-    reg.register(
-        "unconfirmed_suspects",
-        "Suspects that no rule confirmed (counted, never reported as loopback)",
-        counter(input.unconfirmed_suspects),
-    );
-    reg.register(
-        "kernel_events_read",
-        "Records read from the kernel ring buffer",
-        counter(input.events_read),
-    );
-    reg.register(
-        "kernel_reader_wakeups",
-        "Immediate ring buffer reader wake-ups by records that can confirm an event",
-        counter(input.reader_wakeups),
-    );
-    reg.register(
-        "kernel_reader_wakeups_suppressed",
-        "Confirming records left to the reader's timer: the per-CPU wake-up budget was spent",
-        counter(input.reader_wakeups_suppressed),
-    );
-
-    let lost = Family::<OutputLabels, Counter>::default();
-    let stalled = Family::<OutputLabels, Gauge>::default();
-    for (output, n, now) in &input.outputs {
-        let labels = OutputLabels {
-            output: output.clone(),
-        };
-        lost.get_or_create(&labels).inc_by(*n);
-        stalled.get_or_create(&labels).set(i64::from(*now));
-    }
-    reg.register(
-        "output_lines_lost",
-        "JSON lines --events / --record did not write: its writer fell behind (a reader that stops reading, a stalled disk) or the write failed; detection is never held back",
-        lost,
-    );
-    reg.register(
-        "output_stalled",
-        "1 while a write to --events / --record has been blocked for more than a second",
-        stalled,
-    );
-
-    let exported = Family::<SignalLabels, Counter>::default();
-    let dropped = Family::<SignalLabels, Counter>::default();
-    for (signal, e, d) in &input.otlp {
-        let labels = SignalLabels {
-            signal: signal.clone(),
-        };
-        exported.get_or_create(&labels).inc_by(*e);
-        dropped.get_or_create(&labels).inc_by(*d);
-    }
-    reg.register(
-        "otlp_exported",
-        "--otlp-endpoint: log records (signal=logs, one per confirmed event) and metric exports (signal=metrics) the receiver accepted",
-        exported,
-    );
-    reg.register(
-        "otlp_dropped",
-        "--otlp-endpoint: log records lost (queue full: the receiver is slow or down; export failed or timed out) and metric exports that failed; detection is never held back",
-        dropped,
-    );
-
-    let gauges = |values: &BTreeMap<String, u64>| {
-        let f = Family::<KindLabels, Gauge>::default();
-        for (kind, n) in values {
-            f.get_or_create(&KindLabels { kind: kind.clone() })
-                .set(i64::try_from(*n).unwrap_or(i64::MAX));
-        }
-        f
-    };
-    let counters = |values: &BTreeMap<String, u64>| {
-        let f = Family::<KindLabels, Counter>::default();
-        for (kind, n) in values {
-            f.get_or_create(&KindLabels { kind: kind.clone() })
-                .inc_by(*n);
-        }
-        f
-    };
-    let l = &input.loops;
-    reg.register(
-        "loopback_active",
-        "Confirmed loops still recurring (confirmed within --resolve-after), by kind",
-        gauges(&l.active),
-    );
-    reg.register(
-        "loopback_quiet",
-        "Loops no longer confirmed but not proven gone: no answered traffic of their shape seen since, by kind",
-        gauges(&l.quiet),
-    );
-    reg.register(
-        "loopback_resolutions",
-        "Loops resolved: unconfirmed for --resolve-after while their traffic was seen answered, by kind",
-        counters(&l.resolutions),
-    );
-    reg.register(
-        "loopback_regressions",
-        "Resolved loops confirmed again (each opens a new Warning Event), by kind",
-        counters(&l.regressions),
-    );
-
     let mut out = String::new();
     encode_registry(&mut out, &reg).expect("writing to a String cannot fail");
     if let Some(p) = &input.process {
@@ -438,6 +34,160 @@ pub fn render(input: &MetricsInput) -> String {
     }
     encode_eof(&mut out).expect("writing to a String cannot fail");
     out
+}
+
+/// Each family of [`m::FAMILIES`] with its samples from the input, in the table's order.
+fn samples(input: &MetricsInput) -> Vec<(Family, Vec<Row>)> {
+    let one = |v: u64| vec![(Vec::new(), v)];
+    let by_kind = |values: &BTreeMap<String, u64>| -> Vec<Row> {
+        values.iter().map(|(k, n)| row([k], *n)).collect()
+    };
+    let pairs = |values: &[(String, u64)]| -> Vec<Row> {
+        values.iter().map(|(k, n)| row([k], *n)).collect()
+    };
+    let l = &input.loops;
+    vec![
+        (
+            m::LOOPBACK_EVENTS,
+            input
+                .events
+                .iter()
+                .map(|((k, v, p), n)| row([k, v, p], *n))
+                .collect(),
+        ),
+        (
+            m::SUSPECT_PACKETS,
+            input
+                .suspects
+                .iter()
+                .map(|(nic, src, n)| row([nic, src], *n))
+                .collect(),
+        ),
+        (m::KERNEL_DROPS, pairs(&input.drops_by_reason)),
+        (m::EVENTS_SUPPRESSED, pairs(&input.suppressed)),
+        (
+            m::EVENTS_BUDGET_SUPPRESSED,
+            input
+                .budget_suppressed_by_class
+                .iter()
+                .map(|(r, s, n)| row([r, s], *n))
+                .collect(),
+        ),
+        (m::LOCAL_ADDRESSES, pairs(&input.set_sizes)),
+        (
+            m::LOCAL_ADDRESSES_LEFT_OUT,
+            pairs(&input.addresses_left_out),
+        ),
+        (m::LOCAL_ADDRESSES_CAPACITY, one(input.address_capacity)),
+        (m::LOCAL_ADDRESS_OWNERS, pairs(&input.owner_counts)),
+        (
+            m::LOOPBACK_EVENTS_BY_OWNER,
+            input
+                .events_by_owner
+                .iter()
+                .map(|((k, o), n)| row([k, o], *n))
+                .collect(),
+        ),
+        (m::BUILD_INFO, vec![row([&input.version, &input.kernel], 1)]),
+        (
+            m::CAPABILITY,
+            input
+                .capabilities
+                .iter()
+                .map(|(c, ok)| row([c], u64::from(*ok)))
+                .collect(),
+        ),
+        (m::KUBE_EVENT_WRITES, pairs(&input.kube_event_writes)),
+        (m::KUBE_WRITES_FAILED, pairs(&input.kube_writes_failed)),
+        (
+            m::NODE_REPORT_REFUSED,
+            input
+                .node_report_refused
+                .iter()
+                .map(|r| row([r], 1))
+                .collect(),
+        ),
+        (m::ATTACHED_INTERFACES, one(input.attached_interfaces)),
+        (m::READY, one(u64::from(input.ready))),
+        (m::KUBE_CONNECTED, one(u64::from(input.kube_connected))),
+        (
+            m::VIP_INTERFACE_PRESENT,
+            one(u64::from(input.vip_iface_present)),
+        ),
+        (m::CORRELATOR_PENDING, one(input.pending)),
+        (m::UNCONFIRMED_SUSPECTS, one(input.unconfirmed_suspects)),
+        (m::KERNEL_EVENTS_READ, one(input.events_read)),
+        (m::KERNEL_READER_WAKEUPS, one(input.reader_wakeups)),
+        (
+            m::KERNEL_READER_WAKEUPS_SUPPRESSED,
+            one(input.reader_wakeups_suppressed),
+        ),
+        (
+            m::OUTPUT_LINES_LOST,
+            input.outputs.iter().map(|(o, n, _)| row([o], *n)).collect(),
+        ),
+        (
+            m::OUTPUT_STALLED,
+            input
+                .outputs
+                .iter()
+                .map(|(o, _, now)| row([o], u64::from(*now)))
+                .collect(),
+        ),
+        (
+            m::OTLP_EXPORTED,
+            input.otlp.iter().map(|(s, e, _)| row([s], *e)).collect(),
+        ),
+        (
+            m::OTLP_DROPPED,
+            input.otlp.iter().map(|(s, _, d)| row([s], *d)).collect(),
+        ),
+        (m::LOOPBACK_ACTIVE, by_kind(&l.active)),
+        (m::LOOPBACK_QUIET, by_kind(&l.quiet)),
+        (m::LOOPBACK_RESOLUTIONS, by_kind(&l.resolutions)),
+        (m::LOOPBACK_REGRESSIONS, by_kind(&l.regressions)),
+    ]
+}
+
+/// Registers one family: a plain metric when it has no labels, else one series per row.
+fn register(reg: &mut Registry, family: &Family, rows: Vec<Row>) {
+    let gauge_value = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    if family.labels.is_empty() {
+        let value = rows.iter().map(|(_, n)| n).sum::<u64>();
+        match family.kind {
+            Type::Counter => {
+                let c = Counter::<u64>::default();
+                c.inc_by(value);
+                reg.register(family.short, family.help, c);
+            }
+            Type::Gauge => {
+                let g = Gauge::<i64>::default();
+                g.set(gauge_value(value));
+                reg.register(family.short, family.help, g);
+            }
+        }
+        return;
+    }
+    let labels = |values: Vec<String>| -> Vec<(&'static str, String)> {
+        debug_assert_eq!(values.len(), family.labels.len(), "{}", family.short);
+        family.labels.iter().copied().zip(values).collect()
+    };
+    match family.kind {
+        Type::Counter => {
+            let series = Series::<Vec<(&'static str, String)>, Counter>::default();
+            for (values, n) in rows {
+                series.get_or_create(&labels(values)).inc_by(n);
+            }
+            reg.register(family.short, family.help, series);
+        }
+        Type::Gauge => {
+            let series = Series::<Vec<(&'static str, String)>, Gauge>::default();
+            for (values, n) in rows {
+                series.get_or_create(&labels(values)).set(gauge_value(n));
+            }
+            reg.register(family.short, family.help, series);
+        }
+    }
 }
 
 /// The standard `process_*` families (no prefix).

@@ -100,6 +100,36 @@ fn renders_every_family_with_bounded_labels() {
     assert!(text.trim_end().ends_with("# EOF"));
 }
 
+/// The exposition is the contract's table: every family, in its order, with its type and help,
+/// and no family the table does not list.
+#[test]
+fn the_exposition_is_the_contract_table() {
+    use probe_contract::metrics::{FAMILIES, Type};
+    let text = render(&input());
+    let rendered: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE clbprobe_"))
+        .collect();
+    let table: Vec<String> = FAMILIES
+        .iter()
+        .map(|f| {
+            let kind = match f.kind {
+                Type::Counter => "counter",
+                Type::Gauge => "gauge",
+            };
+            format!("{} {kind}", f.short)
+        })
+        .collect();
+    assert_eq!(rendered, table);
+    for f in FAMILIES {
+        assert!(
+            text.contains(&format!("# HELP {} {}", f.name(), f.help)),
+            "{}",
+            f.name()
+        );
+    }
+}
+
 /// promtool is the reference checker of the exposition format.
 #[test]
 fn promtool_accepts_the_exposition() {
