@@ -13,7 +13,7 @@ use tracing::{debug, info};
 
 use probe_contract::clock::monotonic_ns;
 
-use super::{AbortOnDrop, nodesync, queries, services};
+use super::{AbortOnDrop, queries, services};
 use crate::{
     correlate::{Answer, Correlator, CorrelatorConfig, Output},
     hub::Shared,
@@ -44,7 +44,7 @@ pub(super) struct CorrelateLoop {
     /// `--vip-iface`: the owner the events name for a VIP bound there.
     pub vip_iface: String,
     /// Who made each local address local (the node sync's latest).
-    pub owners: watch::Receiver<nodesync::Owners>,
+    pub owners: watch::Receiver<crate::state::addrs::Owners>,
     /// Where each new service table is published for readers beside the loop.
     pub tables: watch::Sender<Option<Arc<state::ServiceTable>>>,
     /// The node status, for the dataplane named with each new table.

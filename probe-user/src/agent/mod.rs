@@ -126,7 +126,7 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
     let ifnames: IfNames = Arc::new(RwLock::new(Default::default()));
     let (status_tx, status_rx) = watch::channel(NodeStatus::default());
     let dataplane_status = status_tx.clone();
-    let (owners_tx, owners_rx) = watch::channel(nodesync::Owners::default());
+    let (owners_tx, owners_rx) = watch::channel(crate::state::addrs::Owners::default());
     let mut sync = NodeSync::new(
         loaded.probe,
         loaded.addresses,
@@ -503,7 +503,7 @@ fn spawn_node_report(
     shared: &Shared,
     kube: &Attribution,
     tables: watch::Receiver<Option<Arc<state::ServiceTable>>>,
-    owners: &watch::Receiver<nodesync::Owners>,
+    owners: &watch::Receiver<crate::state::addrs::Owners>,
     kernel: impl FnOnce() -> crate::check::KernelView,
 ) -> Option<AbortOnDrop> {
     let source = cfg.node_report.as_ref()?;

@@ -27,17 +27,13 @@ use crate::{
     kernel::{AddressMaps, KernelError, Probe, prefilter, reader::IfNames},
     state::{
         addrs,
-        addrs::{AddrConfig, AddressSets, Prefix},
+        addrs::{AddrConfig, AddressSets, Owners, Prefix},
     },
 };
 
-use probe_contract::{Tag, facts::AddressOwner};
+use probe_contract::Tag;
 
 use probe_contract::NodeStatus;
-
-/// Who made each local address local, for the correlator (it takes the map by pointer: a new
-/// `Arc` is sent only when the owners changed).
-pub type Owners = Arc<BTreeMap<Prefix, AddressOwner>>;
 
 pub struct NodeSync {
     probe: Probe,

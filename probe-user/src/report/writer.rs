@@ -275,7 +275,7 @@ pub fn spawn_checks(
     addr: crate::state::addrs::AddrConfig,
     index: Option<watch::Receiver<Arc<crate::kube::index::Index>>>,
     mut tables: watch::Receiver<Option<Arc<crate::state::ServiceTable>>>,
-    mut owners: watch::Receiver<crate::agent::nodesync::Owners>,
+    mut owners: watch::Receiver<crate::state::addrs::Owners>,
     kernel: crate::check::KernelView,
 ) -> watch::Receiver<CheckState> {
     let (tx, rx) = watch::channel(CheckState::default());
@@ -505,7 +505,7 @@ pub struct WriterSettings {
     pub stats: Arc<ReportStats>,
     /// The node's local addresses (the address sync's owner map), for the check outside a
     /// Pod (E12).
-    pub local: Option<watch::Receiver<crate::agent::nodesync::Owners>>,
+    pub local: Option<watch::Receiver<crate::state::addrs::Owners>>,
 }
 
 /// `--node-report on` with API access: writes until the report broadcast closes.
@@ -572,7 +572,7 @@ pub fn node_mismatch(scheduled: Option<&str>, node: &str) -> Option<String> {
 /// nothing to compare (no InternalIP, or no local address known) (pure).
 pub fn internal_ip_is_local(
     internal_ips: &[std::net::IpAddr],
-    local: &crate::agent::nodesync::Owners,
+    local: &crate::state::addrs::Owners,
 ) -> Option<bool> {
     if internal_ips.is_empty() || local.is_empty() {
         return None;
@@ -591,7 +591,7 @@ pub fn internal_ip_is_local(
 async fn node_address_here(
     client: &Client,
     node: &str,
-    local: Option<watch::Receiver<crate::agent::nodesync::Owners>>,
+    local: Option<watch::Receiver<crate::state::addrs::Owners>>,
     stats: &ReportStats,
 ) -> bool {
     let nodes: Api<Node> = Api::all(client.clone());
@@ -607,7 +607,7 @@ async fn node_address_here(
                 .collect(),
             _ => Vec::new(),
         };
-    let mut owners = crate::agent::nodesync::Owners::default();
+    let mut owners = crate::state::addrs::Owners::default();
     if let Some(mut local) = local {
         let _ = tokio::time::timeout(WRITE_TIMEOUT, local.wait_for(|o| !o.is_empty())).await;
         owners = local.borrow().clone();

@@ -552,7 +552,7 @@ fn outside_a_pod_the_nodes_internal_ip_must_be_local() {
     use crate::{report::writer::internal_ip_is_local, state::addrs::Prefix};
     use probe_contract::facts::AddressOwner;
     let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
-    let local: crate::agent::nodesync::Owners = std::sync::Arc::new(
+    let local: crate::state::addrs::Owners = std::sync::Arc::new(
         [(
             Prefix::host(ip("198.18.0.2")),
             AddressOwner::Interface {

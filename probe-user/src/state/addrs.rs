@@ -39,6 +39,10 @@ use serde::Serialize;
 
 use probe_contract::{Tag, facts::AddressOwner};
 
+/// Who made each local address local (the agent's node sync publishes it; the correlator and
+/// the node report's writer read it). Shared by pointer: a new `Arc` only when owners change.
+pub type Owners = std::sync::Arc<BTreeMap<Prefix, probe_contract::facts::AddressOwner>>;
+
 /// An IP prefix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub struct Prefix {
