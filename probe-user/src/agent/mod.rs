@@ -197,11 +197,14 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         crate::check::gather::kernel_view_of(Ok(&kbtf), kallsyms_readable)
     });
     let serving = surfaces.serve(&shared, &stop_rx);
-    let otlp_metrics = surfaces
-        .otlp_metrics
-        .take()
-        .zip(shared.otlp.clone())
-        .map(|(pending, stats)| crate::sink::otlp::OtlpMetrics::start(pending, &shared, stats));
+    let otlp_metrics =
+        surfaces
+            .otlp_metrics
+            .take()
+            .zip(shared.otlp.clone())
+            .map(|(pending, stats)| {
+                crate::sink::otlp::OtlpMetrics::start(pending, &shared.view(), stats)
+            });
     steps.mark("serve");
     info!("{}", steps.line());
     // Parsing BTF twice and loading the object peak at several times the steady heap; glibc
@@ -401,7 +404,7 @@ impl Surfaces {
             let mut stop = stop.clone();
             tokio::spawn(crate::sink::metrics::serve(
                 listener,
-                shared.clone(),
+                shared.view(),
                 async move {
                     let _ = stop.wait_for(|stop| *stop).await;
                 },
@@ -409,9 +412,9 @@ impl Surfaces {
         });
         let (live, socket_file) = match self.live.take() {
             Some((listener, file)) => {
-                let shared = shared.clone();
+                let hub = shared.view();
                 let task = AbortOnDrop(tokio::spawn(async move {
-                    let _ = crate::sink::live::serve(listener, shared).await;
+                    let _ = crate::sink::live::serve(listener, hub).await;
                 }));
                 (Some(task), Some(file))
             }

@@ -1,6 +1,7 @@
 //! The hub: what the agent shares with its surfaces (metrics endpoint, live-view socket,
-//! Kubernetes Events): read-only views and a broadcast of reports. The correlation loop
-//! publishes, the surfaces take a [`Snapshot`] or subscribe.
+//! OTLP metrics): the correlation loop publishes into [`Shared`]; a surface gets a [`View`],
+//! which can only take a [`Snapshot`], subscribe to reports and read the writers' counters.
+//! The Kubernetes writers get their channels one by one from the agent, not a view.
 //!
 //! It stands below `agent/` (which fills it) and `sink/` (which read it) and imports neither:
 //! what it hands out is the output contract's (`probe-contract`); the live state it reads
@@ -51,7 +52,7 @@ pub struct Shared {
     pub kube_events: Arc<KubeEventStats>,
     /// The node report's writer (`clbprobe_kube_writes_failed_total`,
     /// `clbprobe_node_report_refused`).
-    pub node_report: Arc<crate::report::writer::ReportStats>,
+    pub node_report: Arc<outputs::ReportStats>,
     /// `--events` / `--record` writers (`clbprobe_output_*`), by output name.
     pub outputs: Arc<Vec<(&'static str, Arc<outputs::OutputStats>)>>,
     /// `--otlp-endpoint`'s counters (`clbprobe_otlp_*`); None when OTLP export is off.
@@ -64,6 +65,11 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// The read-only handle a surface gets.
+    pub fn view(&self) -> View {
+        View(self.clone())
+    }
+
     pub fn snapshot(&self) -> Snapshot {
         let counters = self.counters.snapshot();
         let mut drops_by_reason = BTreeMap::new();
@@ -128,6 +134,47 @@ impl Shared {
     /// Every report from now on (bounded: a receiver that lags loses the oldest).
     pub fn subscribe(&self) -> broadcast::Receiver<Arc<Report>> {
         self.reports.subscribe()
+    }
+}
+
+/// What a surface (metrics, live view, OTLP metrics) may read of the hub: nothing it can
+/// publish or reconfigure. Cheap to clone.
+#[derive(Clone)]
+pub struct View(Shared);
+
+impl View {
+    /// Everything read now (the kernel's counters, the correlator's, the loops, the writers').
+    pub fn snapshot(&self) -> Snapshot {
+        self.0.snapshot()
+    }
+
+    /// Every report from now on (bounded: a receiver that lags loses the oldest).
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<Report>> {
+        self.0.subscribe()
+    }
+
+    /// The node's status as last published (readiness).
+    pub fn status(&self) -> NodeStatus {
+        self.0.status.borrow().clone()
+    }
+
+    pub fn version(&self) -> &'static str {
+        self.0.version
+    }
+
+    /// The `--events` / `--record` writers' counters, by output name.
+    pub fn outputs(&self) -> &[(&'static str, Arc<outputs::OutputStats>)] {
+        &self.0.outputs
+    }
+
+    /// `--otlp-endpoint`'s counters; None when OTLP export is off.
+    pub fn otlp(&self) -> Option<&outputs::OtlpStats> {
+        self.0.otlp.as_deref()
+    }
+
+    /// The node report's writer's counters.
+    pub fn node_report(&self) -> &outputs::ReportStats {
+        &self.0.node_report
     }
 }
 

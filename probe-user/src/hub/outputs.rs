@@ -1,8 +1,11 @@
-//! Each JSON-lines output's counters (written by `sink::json`, read by `/metrics`): here, below
-//! both, like the other counters the hub shares.
+//! The writers' counters, here below both the writers (`sink::json`, `sink::otlp`, the node
+//! report's writer) and `/metrics`, which reads them, like the other counters the hub shares.
 
 use std::{
-    sync::atomic::{AtomicU64, Ordering},
+    sync::{
+        Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
     time::Duration,
 };
 
@@ -57,5 +60,38 @@ impl OtlpStats {
             )
         })
         .collect()
+    }
+}
+
+/// The writer's counters, for `/metrics` (E7, E12): `clbprobe_kube_writes_failed_total{object}`
+/// (`report`, `condition`) and `clbprobe_node_report_refused{reason}` (1 while this agent
+/// refuses to write at all, and why).
+#[derive(Debug, Default)]
+pub struct ReportStats {
+    pub report_failed: AtomicU64,
+    pub condition_failed: AtomicU64,
+    /// Why nothing is written (empty: the writer writes).
+    pub refused: Mutex<String>,
+}
+
+impl ReportStats {
+    /// (object, failed writes), for the metrics.
+    pub fn failed(&self) -> Vec<(String, u64)> {
+        vec![
+            ("report".into(), self.report_failed.load(Ordering::Relaxed)),
+            (
+                "condition".into(),
+                self.condition_failed.load(Ordering::Relaxed),
+            ),
+        ]
+    }
+
+    /// The reason this agent refuses to write, if it does.
+    pub fn refused(&self) -> Option<String> {
+        self.refused
+            .lock()
+            .ok()
+            .map(|r| r.clone())
+            .filter(|r| !r.is_empty())
     }
 }

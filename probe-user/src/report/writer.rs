@@ -32,13 +32,11 @@
 //! deleted with the Node; without `get nodes` it is created without one, and that is said).
 
 use std::{
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicU64, Ordering},
-    },
+    sync::{Arc, atomic::Ordering},
     time::{Duration, Instant, SystemTime},
 };
 
+use crate::hub::outputs::ReportStats;
 use k8s_openapi::api::core::v1::Node;
 use kube::{
     Api, Client,
@@ -75,39 +73,6 @@ pub const CHECK_EVERY: Duration = Duration::from_secs(60);
 pub const CHECK_MIN_GAP: Duration = Duration::from_secs(10);
 const TICK: Duration = Duration::from_secs(1);
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// The writer's counters, for `/metrics` (E7, E12): `clbprobe_kube_writes_failed_total{object}`
-/// (`report`, `condition`) and `clbprobe_node_report_refused{reason}` (1 while this agent
-/// refuses to write at all, and why).
-#[derive(Debug, Default)]
-pub struct ReportStats {
-    pub report_failed: AtomicU64,
-    pub condition_failed: AtomicU64,
-    /// Why nothing is written (empty: the writer writes).
-    pub refused: Mutex<String>,
-}
-
-impl ReportStats {
-    /// (object, failed writes), for the metrics.
-    pub fn failed(&self) -> Vec<(String, u64)> {
-        vec![
-            ("report".into(), self.report_failed.load(Ordering::Relaxed)),
-            (
-                "condition".into(),
-                self.condition_failed.load(Ordering::Relaxed),
-            ),
-        ]
-    }
-
-    /// The reason this agent refuses to write, if it does.
-    pub fn refused(&self) -> Option<String> {
-        self.refused
-            .lock()
-            .ok()
-            .map(|r| r.clone())
-            .filter(|r| !r.is_empty())
-    }
-}
 
 /// What does not change while the agent runs.
 #[derive(Clone, Debug, Default)]

@@ -29,7 +29,7 @@ use tokio::{
 };
 use tracing::{debug, info, warn};
 
-use crate::hub::Shared;
+use crate::hub::View;
 use probe_contract::{Report, Snapshot};
 
 /// One line of the protocol (the output contract's).
@@ -184,7 +184,7 @@ pub const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 pub const ACCEPT_WARN_EVERY: Duration = Duration::from_secs(60);
 
 /// Serves connected clients until the task is aborted.
-pub async fn serve(listener: UnixListener, shared: Shared) -> anyhow::Result<()> {
+pub async fn serve(listener: UnixListener, hub: View) -> anyhow::Result<()> {
     let mut failures = 0u64;
     let mut backoff = Duration::from_millis(10);
     let mut warned: Option<std::time::Instant> = None;
@@ -209,10 +209,10 @@ pub async fn serve(listener: UnixListener, shared: Shared) -> anyhow::Result<()>
             failures = 0;
             backoff = Duration::from_millis(10);
         }
-        let shared = shared.clone();
-        let reports = shared.subscribe();
+        let hub = hub.clone();
+        let reports = hub.subscribe();
         tokio::spawn(async move {
-            if let Err(e) = client(stream, shared, reports).await {
+            if let Err(e) = client(stream, hub, reports).await {
                 debug!(error = %e, "live-view client went away");
             }
         });
@@ -227,20 +227,20 @@ async fn send(stream: &mut UnixStream, msg: &Message) -> std::io::Result<()> {
 
 async fn client(
     mut stream: UnixStream,
-    shared: Shared,
+    hub: View,
     mut reports: broadcast::Receiver<Arc<Report>>,
 ) -> std::io::Result<()> {
-    send(&mut stream, &snapshot(shared.snapshot())).await?;
+    send(&mut stream, &snapshot(hub.snapshot())).await?;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.tick().await;
     loop {
         let msg = tokio::select! {
             r = reports.recv() => match r {
                 Ok(r) => report(&r),
-                Err(broadcast::error::RecvError::Lagged(_)) => snapshot(shared.snapshot()),
+                Err(broadcast::error::RecvError::Lagged(_)) => snapshot(hub.snapshot()),
                 Err(broadcast::error::RecvError::Closed) => return Ok(()),
             },
-            _ = tick.tick() => snapshot(shared.snapshot()),
+            _ = tick.tick() => snapshot(hub.snapshot()),
         };
         send(&mut stream, &msg).await?;
     }

@@ -5,17 +5,17 @@ use std::sync::Mutex;
 use hyper::StatusCode;
 
 use super::{feed_totals, gather, render, to_prometheus_text};
-use crate::{hub::Shared, sink::http};
+use crate::{hub::View, sink::http};
 use probe_contract::NodeStatus;
 
 /// Serves `/metrics`, `/healthz` and `/readyz` on an already bound listener until `stop`
 /// resolves (see [`http`] for the connection bounds).
 pub async fn serve(
     listener: std::net::TcpListener,
-    shared: Shared,
+    hub: View,
     stop: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let (totals, feed) = feed_totals(&shared);
+    let (totals, feed) = feed_totals(&hub);
     // The last rendering and when: a flood of scrapes costs at most one rendering (kernel
     // counters read, registry encoded) per RENDER_REUSE, so `/healthz` keeps its share.
     let cache: Mutex<Option<(std::time::Instant, String)>> = Mutex::new(None);
@@ -30,7 +30,7 @@ pub async fn serve(
                 let text = match &*cached {
                     Some((at, text)) if at.elapsed() < RENDER_REUSE => text.clone(),
                     _ => {
-                        let text = render(&gather(&shared, &totals));
+                        let text = render(&gather(&hub, &totals));
                         *cached = Some((std::time::Instant::now(), text.clone()));
                         text
                     }
@@ -52,7 +52,7 @@ pub async fn serve(
             }
             "/healthz" => (StatusCode::OK, "text/plain", "ok\n".to_string()),
             "/readyz" => {
-                let (ready, body) = readiness(&shared.status.borrow());
+                let (ready, body) = readiness(&hub.status());
                 let status = if ready {
                     StatusCode::OK
                 } else {

@@ -40,7 +40,7 @@ use std::{
 use tokio::sync::broadcast;
 
 use super::process::ProcessStats;
-use crate::hub::Shared;
+use crate::hub::View;
 use probe_contract::{LoopbackEvent, Snapshot, Tag};
 
 /// (kind, vip, port) labels of `clbprobe_loopback_events_total`.
@@ -304,9 +304,9 @@ impl MetricsInput {
 
 /// Confirmed-event totals fed from the report broadcast by a task of their own (aborted by
 /// the caller): `/metrics` and the OTLP exporter each keep one.
-pub fn feed_totals(shared: &Shared) -> (Arc<Mutex<EventTotals>>, tokio::task::JoinHandle<()>) {
+pub fn feed_totals(hub: &View) -> (Arc<Mutex<EventTotals>>, tokio::task::JoinHandle<()>) {
     let totals = Arc::new(Mutex::new(EventTotals::default()));
-    let mut reports = shared.subscribe();
+    let mut reports = hub.subscribe();
     let feed = {
         let totals = totals.clone();
         tokio::spawn(async move {
@@ -328,26 +328,26 @@ pub fn feed_totals(shared: &Shared) -> (Arc<Mutex<EventTotals>>, tokio::task::Jo
 }
 
 /// Everything one rendering shows, read now: the kernel's counters, the hub's, the totals.
-pub fn gather(shared: &Shared, totals: &Mutex<EventTotals>) -> MetricsInput {
-    let snap = shared.snapshot();
+pub fn gather(hub: &View, totals: &Mutex<EventTotals>) -> MetricsInput {
+    let snap = hub.snapshot();
     let mut input = totals
         .lock()
-        .map(|t| MetricsInput::from_snapshot(&snap, &t, shared.version))
+        .map(|t| MetricsInput::from_snapshot(&snap, &t, hub.version()))
         .unwrap_or_default();
     let now = probe_contract::clock::monotonic_ns();
-    input.outputs = shared
-        .outputs
+    input.outputs = hub
+        .outputs()
         .iter()
         .map(|(name, s)| {
             let lost = s.lost.load(std::sync::atomic::Ordering::Relaxed);
             (name.to_string(), lost, s.stalled(now))
         })
         .collect();
-    if let Some(otlp) = &shared.otlp {
+    if let Some(otlp) = hub.otlp() {
         input.otlp = otlp.snapshot();
     }
-    input.kube_writes_failed = shared.node_report.failed();
-    input.node_report_refused = shared.node_report.refused();
+    input.kube_writes_failed = hub.node_report().failed();
+    input.node_report_refused = hub.node_report().refused();
     input
 }
 

@@ -21,7 +21,7 @@ use opentelemetry_sdk::{
 };
 use tracing::{info, warn};
 
-use crate::hub::Shared;
+use crate::hub::View;
 pub use crate::hub::outputs::OtlpStats;
 
 use super::{EXPORT_TIMEOUT, OtlpConfig, SCOPE, resource};
@@ -111,7 +111,7 @@ impl OtlpMetrics {
 
     /// Registers one observable instrument per family `/metrics` renders now and starts the
     /// periodic reader.
-    pub fn start(pending: PendingMetrics, shared: &Shared, stats: Arc<OtlpStats>) -> Self {
+    pub fn start(pending: PendingMetrics, hub: &View, stats: Arc<OtlpStats>) -> Self {
         let PendingMetrics {
             exporter,
             cfg,
@@ -130,9 +130,9 @@ impl OtlpMetrics {
             .with_resource(resource(&node))
             .with_reader(reader)
             .build();
-        let (totals, feed) = crate::sink::metrics::feed_totals(shared);
+        let (totals, feed) = crate::sink::metrics::feed_totals(hub);
         let cache: Cache = Default::default();
-        let shared = shared.clone();
+        let hub = hub.clone();
         let current = move || -> Arc<BTreeMap<String, Family>> {
             let mut c = cache.lock().unwrap_or_else(|e| e.into_inner());
             if let Some((at, families)) = &*c
@@ -140,8 +140,7 @@ impl OtlpMetrics {
             {
                 return families.clone();
             }
-            let text =
-                crate::sink::metrics::render(&crate::sink::metrics::gather(&shared, &totals));
+            let text = crate::sink::metrics::render(&crate::sink::metrics::gather(&hub, &totals));
             let families: Arc<BTreeMap<_, _>> = Arc::new(
                 parse_openmetrics(&text)
                     .into_iter()
