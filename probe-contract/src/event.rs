@@ -426,3 +426,47 @@ pub struct Report {
     /// Write a JSON line: false for a repeat within `json_repeat_ns` of the last line written.
     pub write_json: bool,
 }
+
+impl LoopbackEvent {
+    /// An event of `kind` from `src` to `dst` with every other field empty: no key, count 0,
+    /// SNAT unknown, times 0, no names, facts or fixes. The correlator's rules, `probe check`'s
+    /// remedies and the tests set the rest with struct update syntax
+    /// (`LoopbackEvent { vip: Some(ip), ..LoopbackEvent::between(..) }`), so the 26 fields are
+    /// spelled once.
+    pub fn between(
+        kind: LoopbackKind,
+        (src, src_port): (IpAddr, u16),
+        (dst, dst_port): (IpAddr, u16),
+        proto: Proto,
+        outcome: Outcome,
+    ) -> LoopbackEvent {
+        LoopbackEvent {
+            kind,
+            key: String::new(),
+            src,
+            src_port,
+            dst,
+            dst_port,
+            vip: None,
+            vip_port: None,
+            proto,
+            drop_reason: None,
+            drop_location: None,
+            snat: SnatState::Unknown,
+            outcome,
+            count: 0,
+            evidence: Vec::new(),
+            remedy: Vec::new(),
+            first_seen_ns: 0,
+            last_seen_ns: 0,
+            nic: None,
+            service: None,
+            layer: None,
+            client_pod: None,
+            node: None,
+            fixes: Vec::new(),
+            facts: Facts::default(),
+            listener: None,
+        }
+    }
+}

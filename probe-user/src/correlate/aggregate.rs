@@ -4,7 +4,7 @@
 
 use super::{Correlator, held::Aggregate, remedy};
 use probe_contract::{
-    AggregateKey, LoopbackEvent, Outcome, Report, SnatState,
+    AggregateKey, LoopbackEvent, Outcome, Report,
     facts::{AddressOwner, Facts, SourceKind},
 };
 use std::net::IpAddr;
@@ -26,35 +26,20 @@ impl NewEvent for LoopbackEvent {
     /// everything optional empty. Rules set the rest with struct update syntax.
     fn new(key: &AggregateKey, p: &Packet, ts: u64, outcome: Outcome) -> Self {
         LoopbackEvent {
-            kind: key.kind(),
             key: key.to_string(),
-            src: p.src,
-            src_port: p.sport,
-            dst: p.dst,
-            dst_port: p.dport,
-            vip: None,
-            vip_port: None,
-            proto: p.proto,
-            drop_reason: None,
-            drop_location: None,
-            snat: SnatState::Unknown,
-            outcome,
-            count: 0,
-            evidence: Vec::new(),
-            remedy: Vec::new(),
             first_seen_ns: ts,
             last_seen_ns: ts,
-            nic: None,
-            service: None,
-            client_pod: None,
-            node: None,
-            layer: None,
-            fixes: Vec::new(),
             facts: Facts {
                 source: source_kind(p.src_tag),
                 ..Facts::default()
             },
-            listener: None,
+            ..LoopbackEvent::between(
+                key.kind(),
+                (p.src, p.sport),
+                (p.dst, p.dport),
+                p.proto,
+                outcome,
+            )
         }
     }
 }

@@ -226,30 +226,13 @@ mod tests {
         vip_port: Option<u16>,
     ) -> LoopbackEvent {
         LoopbackEvent {
-            kind,
             key: "k".into(),
-            src: ip(src),
-            src_port: 40000,
-            dst: ip(dst),
-            dst_port,
             vip: Some(ip("203.0.113.10")),
             vip_port,
-            proto: Proto::Tcp,
-            drop_reason: None,
-            drop_location: None,
             snat: SnatState::No,
-            outcome: Outcome::Dropped,
             count: 1,
             evidence: vec!["kernel fact".into()],
             remedy: vec!["Cause: something".into(), "generic remedy".into()],
-            first_seen_ns: 0,
-            last_seen_ns: 0,
-            nic: None,
-            service: None,
-            layer: None,
-            client_pod: None,
-            node: None,
-            fixes: Vec::new(),
             facts: Facts {
                 source: match kind {
                     LoopbackKind::Hairpin | LoopbackKind::VipPortUnserved => SourceKind::Pod,
@@ -260,7 +243,13 @@ mod tests {
                 }),
                 ..Facts::default()
             },
-            listener: None,
+            ..LoopbackEvent::between(
+                kind,
+                (ip(src), 40000),
+                (ip(dst), dst_port),
+                Proto::Tcp,
+                Outcome::Dropped,
+            )
         }
     }
 

@@ -52,32 +52,14 @@ pub(crate) fn vip_port_unserved(
 /// tests build remedies through it).
 pub(crate) fn placeholder(kind: LoopbackKind, src: IpAddr, dst_port: u16) -> LoopbackEvent {
     LoopbackEvent {
-        kind,
-        key: String::new(),
-        src,
-        src_port: 0,
-        dst: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
-        dst_port,
-        vip: None,
-        vip_port: None,
-        proto: Proto::Tcp,
-        drop_reason: None,
-        drop_location: None,
-        snat: probe_contract::SnatState::Unknown,
-        outcome: Outcome::Dropped,
         count: 1,
-        evidence: Vec::new(),
-        remedy: Vec::new(),
-        first_seen_ns: 0,
-        last_seen_ns: 0,
-        nic: None,
-        service: None,
-        layer: None,
-        client_pod: None,
-        node: None,
-        fixes: Vec::new(),
-        facts: Facts::default(),
-        listener: None,
+        ..LoopbackEvent::between(
+            kind,
+            (src, 0),
+            (IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), dst_port),
+            Proto::Tcp,
+            Outcome::Dropped,
+        )
     }
 }
 

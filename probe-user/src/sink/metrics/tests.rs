@@ -163,32 +163,18 @@ fn promtool_accepts_the_exposition() {
 fn sample_event() -> LoopbackEvent {
     let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
     LoopbackEvent {
-        kind: probe_contract::LoopbackKind::VipPortUnserved,
         key: "vip_port_unserved/203.0.113.10:443/tcp".into(),
-        src: ip("198.19.1.10"),
-        src_port: 40000,
-        dst: ip("203.0.113.10"),
-        dst_port: 443,
         vip: Some(ip("203.0.113.10")),
         vip_port: Some(443),
-        proto: probe_contract::Proto::Tcp,
         drop_reason: Some("NO_SOCKET".into()),
-        drop_location: None,
-        snat: probe_contract::SnatState::Unknown,
-        outcome: probe_contract::Outcome::Refused,
         count: 1,
-        evidence: vec![],
-        remedy: vec![],
-        first_seen_ns: 0,
-        last_seen_ns: 0,
-        nic: None,
-        service: None,
-        layer: None,
-        client_pod: None,
-        node: None,
-        fixes: Vec::new(),
-        facts: Default::default(),
-        listener: None,
+        ..LoopbackEvent::between(
+            probe_contract::LoopbackKind::VipPortUnserved,
+            (ip("198.19.1.10"), 40000),
+            (ip("203.0.113.10"), 443),
+            probe_contract::Proto::Tcp,
+            probe_contract::Outcome::Refused,
+        )
     }
 }
 
