@@ -262,174 +262,168 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Watch(args) => client(clb_probe::watch::watch(&args.socket, args.once)),
         Command::Events(args) => client(clb_probe::watch::events(&args.socket, args.all)),
-        Command::Services => match clb_probe::state::read_services() {
-            Ok(table) => match serde_json::to_string_pretty(&table) {
-                Ok(text) => {
-                    println!("{text}");
-                    ExitCode::SUCCESS
-                }
-                Err(e) => fail(&e.into()),
-            },
-            Err(e) => fail(&e),
+        Command::Services => services(),
+        Command::Check(args) => check(args),
+        Command::Agent(args) => agent(*args),
+    }
+}
+
+/// A usage error the way clap prints its own (exit 2).
+fn usage_error(kind: clap::error::ErrorKind, message: impl std::fmt::Display) -> ! {
+    use clap::CommandFactory as _;
+    Cli::command().error(kind, message).exit()
+}
+
+/// `probe services`: the service table as read now, as JSON.
+fn services() -> ExitCode {
+    match clb_probe::state::read_services() {
+        Ok(table) => match serde_json::to_string_pretty(&table) {
+            Ok(text) => {
+                println!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(&e.into()),
         },
-        Command::Check(args) => {
-            if let Some(e) = agent::checks::interface_error(&args.nics, &args.vip_iface) {
-                use clap::CommandFactory as _;
-                Cli::command()
-                    .error(clap::error::ErrorKind::ValueValidation, e)
-                    .exit();
-            }
-            let cfg = AddrConfig {
-                nics: args.nics,
-                vip_iface: args.vip_iface,
-                pod_cidrs: args.pod_cidrs,
-            };
-            let api = clb_probe::check::kube::ApiAccess::choose(args.kubeconfig);
-            if let Some(target) = &args.as_mode {
-                use clb_probe::check::{AsError, readiness};
-                return match clb_probe::check::run_as(&cfg, &api, target) {
-                    Ok(p) => {
-                        if args.json {
-                            // Plain data: serializing cannot fail.
-                            println!(
-                                "{}",
-                                serde_json::to_string_pretty(&p).expect("prediction serializes")
-                            );
-                        } else {
-                            print!("{}", readiness::table(&p));
-                        }
-                        ExitCode::from(u8::from(p.risks_after > 0))
-                    }
-                    Err(AsError::Usage(e)) => {
-                        eprintln!("probe: error: {e}");
-                        ExitCode::from(2)
-                    }
-                    Err(AsError::Node(e)) => fail(&e),
-                };
-            }
-            match clb_probe::check::run(&cfg, &api) {
-                Ok(report) => {
-                    if args.json {
-                        println!("{}", clb_probe::check::render::json(&report));
-                    } else {
-                        print!("{}", clb_probe::check::render::table(&report));
-                    }
-                    ExitCode::from(report.exit_code())
+        Err(e) => fail(&e),
+    }
+}
+
+/// `probe check` (and `--as MODE`): exit 0 clean, 1 a risk (or the node unreadable), 2 usage.
+fn check(args: CheckArgs) -> ExitCode {
+    if let Some(e) = agent::checks::interface_error(&args.nics, &args.vip_iface) {
+        usage_error(clap::error::ErrorKind::ValueValidation, e);
+    }
+    let cfg = AddrConfig {
+        nics: args.nics,
+        vip_iface: args.vip_iface,
+        pod_cidrs: args.pod_cidrs,
+    };
+    let api = clb_probe::check::kube::ApiAccess::choose(args.kubeconfig);
+    if let Some(target) = &args.as_mode {
+        use clb_probe::check::{AsError, readiness};
+        return match clb_probe::check::run_as(&cfg, &api, target) {
+            Ok(p) => {
+                if args.json {
+                    // Plain data: serializing cannot fail.
+                    println!(
+                        "{}",
+                        serde_json::to_string_pretty(&p).expect("prediction serializes")
+                    );
+                } else {
+                    print!("{}", readiness::table(&p));
                 }
-                Err(e) => fail(&e),
+                ExitCode::from(u8::from(p.risks_after > 0))
             }
+            Err(AsError::Usage(e)) => {
+                eprintln!("probe: error: {e}");
+                ExitCode::from(2)
+            }
+            Err(AsError::Node(e)) => fail(&e),
+        };
+    }
+    match clb_probe::check::run(&cfg, &api) {
+        Ok(report) => {
+            if args.json {
+                println!("{}", clb_probe::check::render::json(&report));
+            } else {
+                print!("{}", clb_probe::check::render::table(&report));
+            }
+            ExitCode::from(report.exit_code())
         }
-        Command::Agent(args) => {
-            let args = *args;
-            if let Some(e) = agent::checks::interface_error(&args.nics, &args.vip_iface) {
-                use clap::CommandFactory as _;
-                Cli::command()
-                    .error(clap::error::ErrorKind::ValueValidation, e)
-                    .exit();
-            }
-            let kube = match args.kube.source() {
-                Ok(source) => source,
-                Err(e) => {
-                    use clap::CommandFactory as _;
-                    Cli::command()
-                        .error(clap::error::ErrorKind::ValueValidation, e)
-                        .exit();
-                }
-            };
-            // Two writers on one file would interleave partial lines (and one would truncate
-            // the other's): a usage error like any other conflicting flags.
-            if let (Some(events), Some(record)) = (&args.events, &args.record)
-                && clb_probe::sink::json::same_output(events, record)
-            {
-                use clap::CommandFactory as _;
-                Cli::command()
-                    .error(
-                        clap::error::ErrorKind::ArgumentConflict,
-                        format!(
-                            "--events {} and --record {} name the same output: give each its own file",
-                            events.display(),
-                            record.display()
-                        ),
-                    )
-                    .exit();
-            }
-            // Events use the same API access as attribution, whether or not attribution is on.
-            let kube_events = match args.kube_events {
-                OnOff::Off => None,
-                OnOff::On => clb_probe::kube::KubeArgs {
-                    kube_attribution: clb_probe::kube::Attribution::Auto,
-                    ..args.kube.clone()
-                }
-                .source()
-                .ok()
-                .flatten(),
-            };
-            if args.node_condition == OnOff::On && args.node_report == OnOff::Off {
-                use clap::CommandFactory as _;
-                Cli::command()
-                    .error(
-                        clap::error::ErrorKind::ArgumentConflict,
-                        "--node-condition on needs --node-report on: the condition is written with the node's report",
-                    )
-                    .exit();
-            }
-            let node_report = match args.node_report {
-                OnOff::Off => None,
-                OnOff::On => clb_probe::kube::KubeArgs {
-                    kube_attribution: clb_probe::kube::Attribution::Auto,
-                    ..args.kube.clone()
-                }
-                .source()
-                .ok()
-                .flatten(),
-            };
-            init_logging(args.log_format, args.ebpf_log);
-            let cfg = AgentConfig {
-                addr: AddrConfig {
-                    nics: args.nics,
-                    vip_iface: args.vip_iface,
-                    pod_cidrs: args.pod_cidrs,
-                },
-                events: args.events,
-                record: args.record,
-                ebpf_log: args.ebpf_log,
-                tc_mode: args.tc_mode,
-                services_every: Duration::from_secs(args.services_every),
-                services_reader: args.services_reader,
-                resolve_after: Duration::from_secs(args.resolve_after),
-                metrics_addr: args.metrics_addr,
-                socket: Some(args.socket),
-                map_sizes: args.map_sizes.sizes(),
-                kube,
-                node_name: args.kube.node_name,
-                kube_events,
-                provider: args.provider,
-                node_report,
-                node_condition: args.node_condition == OnOff::On,
-                otlp: args
-                    .otlp_endpoint
-                    .map(|endpoint| clb_probe::sink::otlp::OtlpConfig {
-                        endpoint,
-                        interval: Duration::from_secs(args.otlp_interval),
-                    }),
-            };
-            let rt = match tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => rt,
-                Err(e) => return fail(&anyhow::anyhow!("starting the runtime: {e}")),
-            };
-            let result = rt.block_on(agent::run(cfg));
-            // Blocking work still running (a conntrack look-up, a service-table read) must not
-            // hold the exit: everything attached is already detached.
-            rt.shutdown_timeout(Duration::from_millis(500));
-            match result {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => fail(&e),
-            }
+        Err(e) => fail(&e),
+    }
+}
+
+/// `probe agent`: the flags checked (usage errors exit 2 before anything is attached), then
+/// the agent until SIGTERM.
+fn agent(args: AgentArgs) -> ExitCode {
+    use clap::error::ErrorKind;
+    if let Some(e) = agent::checks::interface_error(&args.nics, &args.vip_iface) {
+        usage_error(ErrorKind::ValueValidation, e);
+    }
+    let kube = args
+        .kube
+        .source()
+        .unwrap_or_else(|e| usage_error(ErrorKind::ValueValidation, e));
+    // Two writers on one file would interleave partial lines (and one would truncate the
+    // other's): a usage error like any other conflicting flags.
+    if let (Some(events), Some(record)) = (&args.events, &args.record)
+        && clb_probe::sink::json::same_output(events, record)
+    {
+        usage_error(
+            ErrorKind::ArgumentConflict,
+            format!(
+                "--events {} and --record {} name the same output: give each its own file",
+                events.display(),
+                record.display()
+            ),
+        );
+    }
+    if args.node_condition == OnOff::On && args.node_report == OnOff::Off {
+        usage_error(
+            ErrorKind::ArgumentConflict,
+            "--node-condition on needs --node-report on: the condition is written with the node's report",
+        );
+    }
+    // Events and the node report use the same API access as attribution, whether or not
+    // attribution is on.
+    let api_when = |on: OnOff| match on {
+        OnOff::Off => None,
+        OnOff::On => clb_probe::kube::KubeArgs {
+            kube_attribution: clb_probe::kube::Attribution::Auto,
+            ..args.kube.clone()
         }
+        .source()
+        .ok()
+        .flatten(),
+    };
+    let kube_events = api_when(args.kube_events);
+    let node_report = api_when(args.node_report);
+    init_logging(args.log_format, args.ebpf_log);
+    let cfg = AgentConfig {
+        addr: AddrConfig {
+            nics: args.nics,
+            vip_iface: args.vip_iface,
+            pod_cidrs: args.pod_cidrs,
+        },
+        events: args.events,
+        record: args.record,
+        ebpf_log: args.ebpf_log,
+        tc_mode: args.tc_mode,
+        services_every: Duration::from_secs(args.services_every),
+        services_reader: args.services_reader,
+        resolve_after: Duration::from_secs(args.resolve_after),
+        metrics_addr: args.metrics_addr,
+        socket: Some(args.socket),
+        map_sizes: args.map_sizes.sizes(),
+        kube,
+        node_name: args.kube.node_name,
+        kube_events,
+        provider: args.provider,
+        node_report,
+        node_condition: args.node_condition == OnOff::On,
+        otlp: args
+            .otlp_endpoint
+            .map(|endpoint| clb_probe::sink::otlp::OtlpConfig {
+                endpoint,
+                interval: Duration::from_secs(args.otlp_interval),
+            }),
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return fail(&anyhow::anyhow!("starting the runtime: {e}")),
+    };
+    let result = rt.block_on(agent::run(cfg));
+    // Blocking work still running (a conntrack look-up, a service-table read) must not hold
+    // the exit: everything attached is already detached.
+    rt.shutdown_timeout(Duration::from_millis(500));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(&e),
     }
 }
 
