@@ -35,17 +35,41 @@ enum Command {
     Check(CheckArgs),
 }
 
+/// The node's interfaces and pod CIDRs, as `probe agent` watches them and `probe check`
+/// judges them.
 #[derive(clap::Args, Debug)]
-struct CheckArgs {
-    /// NIC(s) whose source-validation settings decide drop vs reply (default: as the agent).
+struct NodeArgs {
+    /// NIC (repeatable): the agent watches it, `probe check` judges its source-validation
+    /// settings. Default: every non-virtual interface plus every interface with a default route
+    /// in any routing table.
     #[arg(long = "nic", env = "CLB_PROBE_NIC", value_delimiter = ',')]
     nics: Vec<String>,
-    /// Interface holding bound ClusterIPs / LB VIPs.
+    /// Interface holding bound ClusterIPs / LB VIPs (kube-proxy IPVS mode's dummy).
     #[arg(long, env = "CLB_PROBE_VIP_IFACE", default_value = "kube-ipvs0")]
     vip_iface: String,
     /// Local pod CIDR (repeatable), in addition to the pod routes learned from the node.
     #[arg(long = "pod-cidr", env = "CLB_PROBE_POD_CIDR", value_delimiter = ',', value_parser = parse_pod_cidr)]
     pod_cidrs: Vec<Prefix>,
+}
+
+impl NodeArgs {
+    /// The interfaces checked (a usage error, exit 2, names a bad one), as the address config.
+    fn checked(self) -> AddrConfig {
+        if let Some(e) = agent::checks::interface_error(&self.nics, &self.vip_iface) {
+            usage_error(clap::error::ErrorKind::ValueValidation, e);
+        }
+        AddrConfig {
+            nics: self.nics,
+            vip_iface: self.vip_iface,
+            pod_cidrs: self.pod_cidrs,
+        }
+    }
+}
+
+#[derive(clap::Args, Debug)]
+struct CheckArgs {
+    #[command(flatten)]
+    node: NodeArgs,
     /// Print the report as JSON (schema: docs/checking-a-node.md) instead of a table.
     #[arg(long)]
     json: bool,
@@ -82,16 +106,8 @@ struct EventsArgs {
 
 #[derive(clap::Args, Debug)]
 struct AgentArgs {
-    /// NIC to watch (repeatable). Default: every non-virtual interface plus every interface
-    /// with a default route in any routing table.
-    #[arg(long = "nic", env = "CLB_PROBE_NIC", value_delimiter = ',')]
-    nics: Vec<String>,
-    /// Interface holding bound ClusterIPs / LB VIPs (kube-proxy IPVS mode's dummy).
-    #[arg(long, env = "CLB_PROBE_VIP_IFACE", default_value = "kube-ipvs0")]
-    vip_iface: String,
-    /// Local pod CIDR (repeatable), in addition to the pod routes learned from the node.
-    #[arg(long = "pod-cidr", env = "CLB_PROBE_POD_CIDR", value_delimiter = ',', value_parser = parse_pod_cidr)]
-    pod_cidrs: Vec<Prefix>,
+    #[command(flatten)]
+    node: NodeArgs,
     /// Write confirmed loopback events as JSON lines to PATH (`-` = stdout).
     #[arg(long, env = "CLB_PROBE_EVENTS", value_name = "PATH|-")]
     events: Option<PathBuf>,
@@ -290,14 +306,7 @@ fn services() -> ExitCode {
 
 /// `probe check` (and `--as MODE`): exit 0 clean, 1 a risk (or the node unreadable), 2 usage.
 fn check(args: CheckArgs) -> ExitCode {
-    if let Some(e) = agent::checks::interface_error(&args.nics, &args.vip_iface) {
-        usage_error(clap::error::ErrorKind::ValueValidation, e);
-    }
-    let cfg = AddrConfig {
-        nics: args.nics,
-        vip_iface: args.vip_iface,
-        pod_cidrs: args.pod_cidrs,
-    };
+    let cfg = args.node.checked();
     let api = clb_probe::check::kube::ApiAccess::choose(args.kubeconfig);
     if let Some(target) = &args.as_mode {
         use clb_probe::check::{AsError, readiness};
@@ -338,9 +347,7 @@ fn check(args: CheckArgs) -> ExitCode {
 /// the agent until SIGTERM.
 fn agent(args: AgentArgs) -> ExitCode {
     use clap::error::ErrorKind;
-    if let Some(e) = agent::checks::interface_error(&args.nics, &args.vip_iface) {
-        usage_error(ErrorKind::ValueValidation, e);
-    }
+    let addr = args.node.checked();
     let kube = args
         .kube
         .source()
@@ -381,11 +388,7 @@ fn agent(args: AgentArgs) -> ExitCode {
     let node_report = api_when(args.node_report);
     init_logging(args.log_format, args.ebpf_log);
     let cfg = AgentConfig {
-        addr: AddrConfig {
-            nics: args.nics,
-            vip_iface: args.vip_iface,
-            pod_cidrs: args.pod_cidrs,
-        },
+        addr,
         events: args.events,
         record: args.record,
         ebpf_log: args.ebpf_log,
