@@ -17,17 +17,13 @@ struct Shown {
 
 fn doc_files() -> Vec<PathBuf> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let mut files = vec![root.join("README.md")];
-    for dir in ["docs"] {
-        let mut md: Vec<PathBuf> = std::fs::read_dir(root.join(dir))
-            .expect("docs/")
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "md"))
-            .collect();
-        md.sort();
-        files.extend(md);
-    }
-    files
+    let mut docs: Vec<PathBuf> = std::fs::read_dir(root.join("docs"))
+        .expect("docs/")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .collect();
+    docs.sort();
+    [root.join("README.md")].into_iter().chain(docs).collect()
 }
 
 /// Splits a command line into words: whitespace, with '...' and "..." kept whole.
