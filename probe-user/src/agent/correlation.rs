@@ -20,7 +20,6 @@ use crate::{
     kernel::{counters::EgressTable, reader::IfNames},
     kube::{hold::Hold, index::Index},
     resolution::{Observed, ProofRequest, Tracker, proof, service_fields},
-    sink::Sinks,
     state,
 };
 use probe_contract::{Report, record::KernelEvent};
@@ -30,7 +29,8 @@ pub(super) struct CorrelateLoop {
     pub events: mpsc::Receiver<KernelEvent>,
     pub egress: EgressTable,
     pub ifnames: IfNames,
-    pub sinks: Sinks,
+    /// `--record`: every kernel event, as read, before correlation.
+    pub record: Option<crate::sink::json::JsonLines>,
     pub shared: Shared,
     pub services_every: Duration,
     pub services_reader: services::ReaderMode,
@@ -127,7 +127,9 @@ pub(super) async fn run(mut l: CorrelateLoop) -> anyhow::Result<()> {
         let outputs = tokio::select! {
             ev = l.events.recv() => {
                 let Some(ev) = ev else { anyhow::bail!("the kernel event reader stopped") };
-                l.sinks.record(&ev);
+                if let Some(out) = &mut l.record {
+                    out.write(&ev);
+                }
                 correlator.ingest(ev)
             }
             Some(answer) = answer_rx.recv() => correlator.answer(answer),
@@ -225,7 +227,7 @@ fn confirmed(l: &mut CorrelateLoop, hold: &mut Hold, mut report: Report) {
     }
 }
 
-/// A confirmed report to the sinks and the live view.
+/// A confirmed report, published to the hub: every writer of confirmed events subscribes there.
 fn emit(l: &mut CorrelateLoop, mut report: Report) {
     // The fixes come last: they read the names and facts attribution added.
     let index = l
@@ -255,7 +257,14 @@ fn emit(l: &mut CorrelateLoop, mut report: Report) {
     if l.tracker.take_changed() {
         l.shared.publish_loops(l.tracker.lifecycle(), None);
     }
-    l.sinks.report(&report);
+    if report.is_new {
+        info!(
+            kind = report.event.kind.as_str(),
+            src = %report.event.src,
+            dst = %report.event.dst,
+            "confirmed loopback"
+        );
+    }
     l.shared.publish(report);
 }
 
@@ -335,7 +344,6 @@ fn proved(l: &mut CorrelateLoop, results: ProofResults) {
                 changed = %r.changed.join("; "),
                 "loop resolved"
             );
-            l.sinks.resolution(&r);
             resolutions.push(r);
         }
     }

@@ -35,7 +35,7 @@ use crate::{
         self, KernelBtf, Probe, ProbeSettings,
         reader::{self, Decoder, IfNames, ReaderStats},
     },
-    sink::{Sinks, json::JsonLines},
+    sink::json::JsonLines,
     state::{self, addrs::AddrConfig},
 };
 
@@ -184,12 +184,24 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         version: env!("CARGO_PKG_VERSION"),
         kube_events: Default::default(),
         node_report: Default::default(),
-        outputs: Arc::new(surfaces.sinks.output_stats()),
-        otlp: surfaces.sinks.otlp.as_ref().map(|o| o.stats()),
+        outputs: Arc::new(surfaces.output_stats()),
+        otlp: surfaces.otlp_logs.as_ref().map(|o| o.stats()),
         loops: Default::default(),
         resolutions: broadcast::channel(256).0,
     };
     // Subscribed before the first report; the writers run beside the loop, never in it.
+    let subscription = || crate::sink::Subscription {
+        reports: shared.subscribe(),
+        resolutions: shared.resolutions.subscribe(),
+        stop: stop_rx.clone(),
+    };
+    let mut writers = Vec::new();
+    if let Some(events) = surfaces.events.take() {
+        writers.push(subscription().run(crate::sink::json::EventLines(events)));
+    }
+    if let Some(otlp) = surfaces.otlp_logs.take() {
+        writers.push(subscription().run(otlp));
+    }
     let _kube_events_task = spawn_kube_events(&cfg, &shared);
     // The correlator's latest service table, for readers beside it (the node report's checks).
     let (tables_tx, tables_rx) = watch::channel(None);
@@ -216,7 +228,7 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         events: ev_rx,
         egress: loaded.egress,
         ifnames,
-        sinks: surfaces.sinks,
+        record: surfaces.record,
         shared,
         services_every: cfg.services_every,
         services_reader: cfg.services_reader,
@@ -236,6 +248,15 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
     })
     .await;
     shut_down(stop_tx, serving, otlp_metrics, sync_task).await;
+    // The stop is sent: the writers drain what was published before it, then end.
+    for writer in writers {
+        if tokio::time::timeout(Duration::from_secs(2), writer)
+            .await
+            .is_err()
+        {
+            warn!("an output did not drain in 2 s");
+        }
+    }
     reader_task.abort();
     result
 }
@@ -346,7 +367,12 @@ async fn check_interfaces(rt: &rtnetlink::Handle, addr: &AddrConfig) -> anyhow::
 struct Surfaces {
     metrics: Option<std::net::TcpListener>,
     live: Option<(tokio::net::UnixListener, crate::sink::live::SocketFile)>,
-    sinks: Sinks,
+    /// `--events`: confirmed events as JSON lines (a writer of the hub's reports).
+    events: Option<JsonLines>,
+    /// `--record`: every kernel event, written by the correlation loop.
+    record: Option<JsonLines>,
+    /// `--otlp-endpoint`'s log records (a writer of the hub's reports).
+    otlp_logs: Option<crate::sink::otlp::OtlpLogs>,
     /// `--otlp-endpoint`'s metric exporter, started once the hub exists.
     otlp_metrics: Option<crate::sink::otlp::PendingMetrics>,
 }
@@ -365,23 +391,24 @@ impl Surfaces {
             Some(path) => Some(crate::sink::live::bind(path)?),
             None => None,
         };
-        let mut sinks = Sinks::default();
-        if let Some(path) = &cfg.events {
-            sinks.json = Some(
+        let events = match &cfg.events {
+            Some(path) => Some(
                 JsonLines::open(path, "events", crate::sink::json::EVENTS_QUEUE_LINES)
                     .context("--events")?,
-            );
-        }
-        if let Some(path) = &cfg.record {
-            sinks.record = Some(
+            ),
+            None => None,
+        };
+        let record = match &cfg.record {
+            Some(path) => Some(
                 JsonLines::open(path, "record", crate::sink::json::RECORD_QUEUE_LINES)
                     .context("--record")?,
-            );
-        }
-        let mut otlp_metrics = None;
+            ),
+            None => None,
+        };
+        let (mut otlp_logs, mut otlp_metrics) = (None, None);
         if let Some(otlp) = &cfg.otlp {
             let node = cfg.node_name.clone().unwrap_or_else(hub::node_name);
-            sinks.otlp = Some(crate::sink::otlp::OtlpLogs::start(
+            otlp_logs = Some(crate::sink::otlp::OtlpLogs::start(
                 otlp,
                 node.clone(),
                 Default::default(),
@@ -391,9 +418,19 @@ impl Surfaces {
         Ok(Surfaces {
             metrics,
             live,
-            sinks,
+            events,
+            record,
+            otlp_logs,
             otlp_metrics,
         })
+    }
+
+    /// Each JSON-lines output's counters, by name (the surfaces show a stalled or lossy one).
+    fn output_stats(&self) -> Vec<(&'static str, Arc<crate::hub::outputs::OutputStats>)> {
+        [("events", &self.events), ("record", &self.record)]
+            .into_iter()
+            .filter_map(|(name, out)| Some((name, out.as_ref()?.stats())))
+            .collect()
     }
 
     /// Starts the metrics server (until `stop`) and the live view; the sinks stay behind for

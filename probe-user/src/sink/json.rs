@@ -95,6 +95,22 @@ impl JsonLines {
     }
 }
 
+/// `--events`: the confirmed events the JSON stream shows (a new aggregate, then its periodic
+/// repeats: `Report::write_json`), one line each.
+pub struct EventLines(pub JsonLines);
+
+impl super::Writer for EventLines {
+    fn report(&mut self, report: &probe_contract::Report) {
+        if report.write_json {
+            self.0.write(&report.event);
+        }
+    }
+
+    fn lost(&mut self, n: u64) {
+        self.0.stats.lost.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
 /// The writer thread: one line at a time; one WARN when writes start failing, one INFO when
 /// they work again.
 fn write_lines(

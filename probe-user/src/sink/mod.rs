@@ -1,5 +1,14 @@
-//! Where confirmed events and kernel events go: JSON lines and OTLP log records; metrics,
-//! the live view and OTLP metrics subscribe to the same reports.
+//! Where confirmed events go, and how they get there.
+//!
+//! One way in: every writer of confirmed events (the `--events` JSON lines, OTLP log records,
+//! `/metrics`' totals, the live view, the Kubernetes Events, the node report and its
+//! condition) subscribes to the hub's broadcast of reports and of resolutions; the correlation
+//! loop only publishes (`hub::Shared::publish`). Writers that must not lose a line unnoticed
+//! count a subscription that fell behind as lost lines. [`Subscription`] is that
+//! subscription for the writers that run as a task of their own ([`Subscription::run`]): read
+//! until the agent stops, then drained, so nothing published before the stop is left out.
+//! The one stream that is not confirmed events, `--record`'s kernel events, is written by the
+//! correlation loop itself ([`json::JsonLines`], before correlation), to replay it later.
 
 pub mod http;
 pub mod json;
@@ -11,70 +20,58 @@ pub mod metrics;
 pub mod otlp;
 pub mod process;
 
-use tracing::info;
+use std::sync::Arc;
 
-use probe_contract::record::KernelEvent;
+use probe_contract::{LoopResolution, Report};
+use tokio::sync::{broadcast, watch};
 
-use probe_contract::Report;
-
-/// The fan-out of the correlation loop.
-#[derive(Default)]
-pub struct Sinks {
-    /// `--events`: confirmed loopback events.
-    pub json: Option<json::JsonLines>,
-    /// `--record`: raw kernel events, replayable through the correlator.
-    pub record: Option<json::JsonLines>,
-    /// `--otlp-endpoint`: confirmed loopback events as OTLP log records.
-    pub otlp: Option<otlp::OtlpLogs>,
+/// A writer's subscription to the hub's reports and resolutions, and the agent's stop signal.
+pub struct Subscription {
+    pub reports: broadcast::Receiver<Arc<Report>>,
+    pub resolutions: broadcast::Receiver<Arc<LoopResolution>>,
+    pub stop: watch::Receiver<bool>,
 }
 
-impl Sinks {
-    /// Each open output's counters, by name (the surfaces show a stalled or lossy output).
-    pub fn output_stats(
-        &self,
-    ) -> Vec<(
-        &'static str,
-        std::sync::Arc<crate::hub::outputs::OutputStats>,
-    )> {
-        [("events", &self.json), ("record", &self.record)]
-            .into_iter()
-            .filter_map(|(name, out)| Some((name, out.as_ref()?.stats())))
-            .collect()
-    }
+/// What a writer does with what it receives.
+pub trait Writer: Send + 'static {
+    fn report(&mut self, report: &Report);
+    fn resolution(&mut self, _resolution: &LoopResolution) {}
+    /// `n` items were missed: the subscription fell behind the broadcast.
+    fn lost(&mut self, n: u64);
+}
 
-    pub fn report(&mut self, report: &Report) {
-        if report.is_new {
-            info!(
-                kind = report.event.kind.as_str(),
-                src = %report.event.src,
-                dst = %report.event.dst,
-                "confirmed loopback"
-            );
-        }
-        if report.write_json
-            && let Some(out) = &mut self.json
-        {
-            out.write(&report.event);
-        }
-        // One record per line the JSON stream shows (the same dedup), whether or not
-        // `--events` is on.
-        if report.write_json
-            && let Some(out) = &self.otlp
-        {
-            out.write(&report.event);
-        }
-    }
-
-    /// A loop resolved: one OTLP log record (the Event and the metrics go through the hub).
-    pub fn resolution(&mut self, r: &probe_contract::LoopResolution) {
-        if let Some(out) = &self.otlp {
-            out.write_resolution(r);
-        }
-    }
-
-    pub fn record(&mut self, ev: &KernelEvent) {
-        if let Some(out) = &mut self.record {
-            out.write(ev);
-        }
+impl Subscription {
+    /// Feeds `writer` until the stop, then what was published before it; the task ends there.
+    pub fn run<W: Writer>(mut self, mut writer: W) -> tokio::task::JoinHandle<()> {
+        use broadcast::error::{RecvError, TryRecvError};
+        tokio::spawn(async move {
+            let mut resolutions_open = true;
+            loop {
+                tokio::select! {
+                    biased;
+                    r = self.reports.recv() => match r {
+                        Ok(r) => writer.report(&r),
+                        Err(RecvError::Lagged(n)) => writer.lost(n),
+                        Err(RecvError::Closed) => break,
+                    },
+                    r = self.resolutions.recv(), if resolutions_open => match r {
+                        Ok(r) => writer.resolution(&r),
+                        Err(RecvError::Lagged(n)) => writer.lost(n),
+                        Err(RecvError::Closed) => resolutions_open = false,
+                    },
+                    _ = self.stop.wait_for(|stop| *stop) => break,
+                }
+            }
+            loop {
+                match self.reports.try_recv() {
+                    Ok(r) => writer.report(&r),
+                    Err(TryRecvError::Lagged(n)) => writer.lost(n),
+                    Err(TryRecvError::Empty | TryRecvError::Closed) => break,
+                }
+            }
+            while let Ok(r) = self.resolutions.try_recv() {
+                writer.resolution(&r);
+            }
+        })
     }
 }

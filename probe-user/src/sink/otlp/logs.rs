@@ -21,7 +21,7 @@ use probe_contract::{LoopResolution, LoopbackEvent};
 
 use super::{EVENT_NAME, EXPORT_TIMEOUT, LOG_BATCH, LOG_QUEUE_EVENTS, OtlpConfig, SCOPE, resource};
 
-/// The log records' side of the sink, held by [`super::Sinks`].
+/// The log records' side of the sink: a [`crate::sink::Writer`] of the hub's reports.
 pub struct OtlpLogs {
     pub(super) tx: mpsc::Sender<Record>,
     pub(super) stats: Arc<OtlpStats>,
@@ -61,6 +61,24 @@ impl OtlpLogs {
         if self.tx.try_send(record).is_err() {
             self.stats.logs_dropped.fetch_add(1, Ordering::Relaxed);
         }
+    }
+}
+
+impl crate::sink::Writer for OtlpLogs {
+    /// One record per line the JSON stream shows (the same dedup), whether or not `--events`
+    /// is on.
+    fn report(&mut self, report: &probe_contract::Report) {
+        if report.write_json {
+            self.write(&report.event);
+        }
+    }
+
+    fn resolution(&mut self, r: &LoopResolution) {
+        self.write_resolution(r);
+    }
+
+    fn lost(&mut self, n: u64) {
+        self.stats.logs_dropped.fetch_add(n, Ordering::Relaxed);
     }
 }
 
