@@ -18,17 +18,28 @@ pub use crate::kernel_view::{
     our_tc_links, percpu_map_sum,
 };
 
-/// The `probe` binary under test: `CLB_PROBE_BIN` (set by `cargo xtask test`), else the
-/// workspace's debug build.
+/// The `probe` binary under test: `CLB_PROBE_BIN` (set by `cargo xtask test`), else the one
+/// cargo built beside this test executable (`<target dir>/<profile>/probe`, the test being
+/// `<target dir>/<profile>/deps/<test>-<hash>`), so `CARGO_TARGET_DIR` is honoured.
 pub fn probe_bin() -> PathBuf {
     std::env::var_os("CLB_PROBE_BIN")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../target/debug/probe")
+            let exe = std::env::current_exe().expect("the test executable's path");
+            exe.parent()
+                .and_then(Path::parent)
+                .expect("a test executable under <target dir>/<profile>/deps")
+                .join("probe")
                 .canonicalize()
-                .expect("target/debug/probe: run `cargo build -p probe-user` first")
+                .expect("probe beside the tests: run `cargo build -p probe-user` first")
         })
+}
+
+/// The target directory: `CARGO_TARGET_DIR`, else the workspace's `target/`.
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"))
 }
 
 /// The arm64 agent under test: `CLB_PROBE_ARM64_BIN`, else the cross-compiled debug build.
@@ -36,8 +47,8 @@ pub fn probe_arm64_bin() -> PathBuf {
     std::env::var_os("CLB_PROBE_ARM64_BIN")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../target/aarch64-unknown-linux-gnu/debug/probe")
+            target_dir()
+                .join("aarch64-unknown-linux-gnu/debug/probe")
                 .canonicalize()
                 .expect(
                     "target/aarch64-unknown-linux-gnu/debug/probe: run `cargo build -p \
@@ -370,8 +381,8 @@ pub fn wait_for<T>(_what: &str, timeout: Duration, mut f: impl FnMut() -> Option
 /// One sample of the `/metrics` served at `addr` in the lab's node namespace, by exact name
 /// and labels (`clbprobe_x_total{a="b"}`); 0 when absent.
 pub fn node_metric(addr: &str, name: &str) -> u64 {
-    let (_, text) =
-        xtask::lab::http_get_in(xtask::lab::NS_NODE, addr, "/metrics").expect("metrics");
+    let (_, text) = test_support::lab::http_get_in(test_support::lab::NS_NODE, addr, "/metrics")
+        .expect("metrics");
     text.lines()
         .find(|l| l.rsplit_once(' ').is_some_and(|(n, _)| n == name))
         .and_then(|l| l.rsplit(' ').next())

@@ -19,7 +19,7 @@ fn bpftool_json(args: &[&str]) -> Value {
 /// The inodes of the lab's network namespaces: the only ones the tests' agents run in.
 fn lab_netns_inodes() -> Vec<u64> {
     use std::os::unix::fs::MetadataExt as _;
-    xtask::lab::NAMESPACES
+    test_support::lab::NAMESPACES
         .iter()
         .filter_map(|ns| std::fs::metadata(format!("/run/netns/{ns}")).ok())
         .map(|m| m.ino())
@@ -190,7 +190,7 @@ pub fn assert_nothing_attached() {
 /// the namespace it runs in; the tests' agents attach nowhere else).
 pub fn our_tc_attachments() -> Vec<String> {
     let mut found = our_tc_links();
-    for ns in xtask::lab::NAMESPACES {
+    for ns in test_support::lab::NAMESPACES {
         let Ok(out) = Command::new("ip")
             .args(["netns", "exec", ns, "bpftool", "-j", "net"])
             .output()

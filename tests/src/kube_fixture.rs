@@ -1,5 +1,5 @@
 //! The fake Kubernetes API for a test, set up in one place: the in-process server
-//! (`xtask::kubeapi::FakeApiServer`) with the lab's objects (Node, Pods, Services,
+//! (`test_support::kubeapi::FakeApiServer`) with the lab's objects (Node, Pods, Services,
 //! EndpointSlices: `fixtures::lab()`) or the test's own, a kubeconfig pointing at it in a
 //! scratch directory, and the agent started in the lab's node with that kubeconfig.
 //!
@@ -22,7 +22,7 @@ use std::{
 };
 
 use serde_json::Value;
-use xtask::{
+use test_support::{
     kubeapi::{FakeApiServer, fixtures},
     lab,
 };

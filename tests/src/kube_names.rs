@@ -1,5 +1,5 @@
 //! Names on the first event and Events on the right object, in any kube-proxy mode: the real
-//! agent in the lab with the fake API server (xtask::kubeapi) whose first lists are held (a
+//! agent in the lab with the fake API server (test_support::kubeapi) whose first lists are held (a
 //! slow first cache sync), and the real `kubectl describe service` against the same server.
 //! Used by tests/tests/kube_events.rs (iptables, nftables) and tests/tests/ipvs.rs (IPVS, in
 //! the VM tier).
@@ -7,7 +7,7 @@
 use std::{process::Command, time::Duration};
 
 use serde_json::Value;
-use xtask::{
+use test_support::{
     kubeapi::fixtures,
     lab::{self, KubeProxyMode, LabGuard, Scenario, UpOptions, Variants},
 };

@@ -1,7 +1,10 @@
 //! Helpers for the root-only integration tests in `tests/tests/`: running the real agent in
 //! the lab and reading what it wrote, and observing the kernel independently (bpftool).
-//! The lab itself is `xtask::lab`. Run through `cargo xtask test` (one test at a time: the
-//! tests share the lab's fixed namespaces).
+//! The lab and the fake Kubernetes API are the test-support crate's (`test_support::lab`,
+//! `test_support::kubeapi`). The agent launcher ([`agent`]) is the tests' own: it fails a test
+//! by panicking with the agent's log, which xtask's commands, which start the agent in shapes
+//! of their own and return errors, do not want (test-support's crate doc says more). Run
+//! through `cargo xtask test` (one test at a time: the tests share the lab's fixed namespaces).
 
 pub mod agent;
 pub mod kernel_view;

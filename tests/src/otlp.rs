@@ -110,7 +110,7 @@ pub struct Metric {
 impl Receiver {
     /// Listens on 127.0.0.1:0 inside network namespace `netns`.
     pub fn start_in_netns(netns: &str, mode: Mode) -> Receiver {
-        let listener = xtask::lab::in_netns(netns, || {
+        let listener = test_support::lab::in_netns(netns, || {
             let l = std::net::TcpListener::bind("127.0.0.1:0")?;
             l.set_nonblocking(true)?;
             Ok(l)

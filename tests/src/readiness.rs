@@ -10,7 +10,7 @@
 use std::{collections::BTreeSet, process::Command};
 
 use serde_json::Value;
-use xtask::{
+use test_support::{
     kubeapi::fixtures,
     lab::{self, KubeProxyMode, LabGuard, UpOptions, Variants},
 };

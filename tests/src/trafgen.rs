@@ -4,13 +4,13 @@
 use std::net::Ipv4Addr;
 
 use serde_json::Value;
-use xtask::lab;
+use test_support::lab;
 
 use crate::agent::{sh, tempdir::TempDir};
 
 /// True when trafgen is installed; otherwise prints a skip line for the calling test.
 pub fn available(test: &str) -> bool {
-    if xtask::setup::which("trafgen").is_some() {
+    if test_support::tools::which("trafgen").is_some() {
         return true;
     }
     eprintln!("skipping {test}: trafgen (netsniff-ng) not installed; run cargo xtask setup");

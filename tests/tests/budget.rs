@@ -13,7 +13,7 @@ use probe_tests::{
     agent::{Agent, node_metric, require_root, wait_for},
     trafgen,
 };
-use xtask::lab::{self, LabGuard, Variants};
+use test_support::lab::{self, LabGuard, Variants};
 
 const METRICS: &str = "127.0.0.1:19968";
 const WAIT: Duration = Duration::from_secs(10);

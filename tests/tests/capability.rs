@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use probe_tests::agent::{Agent, require_root};
-use xtask::lab::{self, LabGuard, Outcome, Scenario, Variants, http_get_in};
+use test_support::lab::{self, LabGuard, Outcome, Scenario, Variants, http_get_in};
 
 const METRICS: &str = "127.0.0.1:9978";
 const SETTLE: Duration = Duration::from_secs(4);

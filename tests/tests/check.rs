@@ -8,7 +8,7 @@ use std::process::{Command, Output};
 
 use probe_tests::agent::{probe_bin, require_root};
 use serde_json::Value;
-use xtask::lab::{self, KubeProxyMode, LabGuard, Variant, Variants};
+use test_support::lab::{self, KubeProxyMode, LabGuard, Variant, Variants};
 
 fn check(args: &[&str]) -> Output {
     Command::new("ip")
@@ -355,7 +355,7 @@ fn bad_flags_exit_2_and_print_nothing_else() {
 #[test]
 fn services_from_the_api_name_the_risks() {
     use probe_tests::kube_fixture::KubeFixture;
-    use xtask::kubeapi::fixtures;
+    use test_support::kubeapi::fixtures;
     if !require_root("probe check with the API") {
         return;
     }

@@ -6,7 +6,7 @@ use std::{
 };
 
 use probe_tests::agent::{assert_nothing_attached, error_line, probe_bin, require_root, stderr};
-use xtask::lab::{self, LabGuard, Variants};
+use test_support::lab::{self, LabGuard, Variants};
 
 fn probe_in(netns: Option<&str>, args: &[&str]) -> Output {
     let mut cmd = match netns {

@@ -11,7 +11,7 @@ use probe_tests::agent::{
     our_tc_links, percpu_map_sum, require_root, sh, wait_for,
 };
 use serde_json::Value;
-use xtask::lab::{self, LabGuard, Outcome, Scenario, Variants};
+use test_support::lab::{self, LabGuard, Outcome, Scenario, Variants};
 
 const WAIT: Duration = Duration::from_secs(10);
 

@@ -12,7 +12,8 @@ use std::{
     process::Command,
 };
 
-use xtask::{chart, setup::venv_bin};
+use test_support::tools::venv_bin;
+use xtask::chart;
 
 /// The Kubernetes version the manifests are validated against.
 const KUBERNETES: &str = "1.30.0";
@@ -49,7 +50,7 @@ fn check(bin: PathBuf, args: &[&str], files: &[PathBuf]) -> Option<(bool, String
 fn chart_tools() -> bool {
     let ok = chart::available()
         && venv_bin("kubernetes-validate").is_file()
-        && xtask::setup::node_prefix()
+        && test_support::tools::node_prefix()
             .join("node_modules/@kubernetes-models/prometheus-operator")
             .is_dir();
     if !ok {
@@ -285,7 +286,7 @@ fn manifests_and_rules_pass_yamllint() {
 /// Every alert fires on its failure and stays silent otherwise (deploy/alerts.test.yml).
 #[test]
 fn alert_rules_pass_promtool_check_and_unit_tests() {
-    let Some(promtool) = xtask::setup::which("promtool") else {
+    let Some(promtool) = test_support::tools::which("promtool") else {
         eprintln!("skipping: promtool not installed (cargo xtask setup installs it)");
         return;
     };

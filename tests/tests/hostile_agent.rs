@@ -24,7 +24,7 @@ use probe_tests::agent::{
     Agent, assert_nothing_attached, error_line, probe_bin, require_root, stderr, tempdir::TempDir,
     wait_for,
 };
-use xtask::lab::{self, LabGuard, Scenario, Variants, in_netns};
+use test_support::lab::{self, LabGuard, Scenario, Variants, in_netns};
 
 const METRICS: &str = "127.0.0.1:19968";
 /// The agent's `sink::http::MAX_CONNECTIONS`.

@@ -1,5 +1,5 @@
 //! Issue #36, the hostile-user pass, round 3: fairness under floods, with the real agent on the
-//! lab and the in-process fake API server (`xtask::kubeapi`).
+//! lab and the in-process fake API server (`test_support::kubeapi`).
 //!
 //! - E1: a pod connects to a new unserved port of the bound VIP every 50 ms (one new
 //!   `vip_port_unserved` aggregate each) while the LB's health checks are black-holed: the
@@ -21,7 +21,7 @@ use std::{
 
 use probe_tests::{agent::require_root, kube_fixture::KubeFixture};
 use serde_json::Value;
-use xtask::{
+use test_support::{
     kubeapi::FakeApiServer,
     lab::{self, LabGuard, Scenario, Variants},
 };

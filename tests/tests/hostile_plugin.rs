@@ -1,5 +1,5 @@
 //! Issue 36's attacks on the kubectl plugin (rows E6, E17, E11, E16), against the in-process
-//! fake API server (xtask::kubeapi: the real kube client on the wire). No root needed.
+//! fake API server (test_support::kubeapi: the real kube client on the wire). No root needed.
 
 use std::{
     io::Write as _,

@@ -19,7 +19,7 @@ use probe_tests::{
     agent::{Agent, node_metric, require_root, wait_for},
     kube_fixture::KubeFixture,
 };
-use xtask::lab::{self, LabGuard, Scenario, Variants};
+use test_support::lab::{self, LabGuard, Scenario, Variants};
 
 const WAIT: Duration = Duration::from_secs(20);
 

@@ -4,7 +4,7 @@
 //! - a full address set: the metric equals what the kernel map holds (read back with bpftool
 //!   through the agent's own descriptors), a WARN names the shortfall and the flag, the capacity
 //!   and the shortfall are gauges;
-//! - a Kubernetes API that ends every watch at once (the in-process fake, `xtask::kubeapi`): the
+//! - a Kubernetes API that ends every watch at once (the in-process fake, `test_support::kubeapi`): the
 //!   agent's watches are paced, one WARN, `clbprobe_kube_connected` says 0;
 //! - the kubectl plugin against the fake: a forged Event comes out escaped and marked, `-o json`
 //!   as before; a tenant's pod labelled as the agent is never exec'd into;
@@ -23,7 +23,7 @@ use probe_tests::{
     kube_fixture::KubeFixture,
 };
 use serde_json::{Value, json};
-use xtask::lab::{self, LabGuard, Variants, http_get_in};
+use test_support::lab::{self, LabGuard, Variants, http_get_in};
 
 const METRICS: &str = "127.0.0.1:19468";
 const WAIT: Duration = Duration::from_secs(20);
@@ -196,7 +196,7 @@ fn a_full_address_set_says_what_the_kernel_holds() {
 // ----- item 9: watches that end at once ---------------------------------------------------
 
 /// Watch requests per resource among `requests`.
-fn watches_by_resource(requests: &[xtask::kubeapi::Request]) -> [usize; 3] {
+fn watches_by_resource(requests: &[test_support::kubeapi::Request]) -> [usize; 3] {
     let mut n = [0; 3];
     for r in requests {
         if r.method != "GET" || !(r.path.contains("watch=true") || r.path.contains("watch=1")) {

@@ -22,7 +22,7 @@ use probe_tests::{
     kube_fixture::{KubeFixture, NODE_NAME},
 };
 use serde_json::{Value, json};
-use xtask::{
+use test_support::{
     kubeapi::fixtures,
     lab::{self, LabGuard, Scenario, Variants},
 };

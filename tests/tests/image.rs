@@ -9,7 +9,7 @@
 use std::{collections::BTreeSet, process::Command, time::Duration};
 
 use probe_tests::agent::{probe_arm64_bin, probe_bin, require_root, tempdir::TempDir, wait_for};
-use xtask::lab::{self, LabGuard, Outcome, Scenario, Variants};
+use test_support::lab::{self, LabGuard, Outcome, Scenario, Variants};
 
 const TAG: &str = "localhost/clb-probe:test";
 const NAME: &str = "clb-probe-image-test";
@@ -80,7 +80,9 @@ fn the_image_confirms_every_failure_with_only_the_daemonsets_capabilities() {
     if !require_root("image") {
         return;
     }
-    if xtask::setup::which("podman").is_none() || xtask::setup::which("buildah").is_none() {
+    if test_support::tools::which("podman").is_none()
+        || test_support::tools::which("buildah").is_none()
+    {
         eprintln!("skipping the image test: podman/buildah not installed (cargo xtask setup)");
         return;
     }
@@ -203,7 +205,7 @@ fn the_arm64_image_runs_its_agent_under_qemu_user() {
         return;
     }
     for tool in ["podman", "buildah", "qemu-aarch64-static"] {
-        if xtask::setup::which(tool).is_none() {
+        if test_support::tools::which(tool).is_none() {
             eprintln!("skipping the arm64 image test: {tool} not installed (cargo xtask setup)");
             return;
         }

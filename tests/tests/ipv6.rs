@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use probe_tests::agent::{Agent, lines, require_root};
 use serde_json::Value;
-use xtask::lab::v6::{self, Scenario6};
-use xtask::lab::{self, LabGuard, Variants};
+use test_support::lab::v6::{self, Scenario6};
+use test_support::lab::{self, LabGuard, Variants};
 
 const SETTLE: Duration = Duration::from_secs(4);
 const WAIT: Duration = Duration::from_secs(10);

@@ -16,7 +16,7 @@ use probe_tests::agent::{
     require_root, sh, wait_for,
 };
 use serde_json::Value;
-use xtask::lab::{self, KubeProxyMode, LabGuard, Outcome, Scenario, UpOptions, Variants};
+use test_support::lab::{self, KubeProxyMode, LabGuard, Outcome, Scenario, UpOptions, Variants};
 
 /// A line on the test's real stdout, not libtest's capture: each kernel's run shows its
 /// `ipvsadm -Ln` and verdicts also when the tests pass (the agent's own log stays captured).

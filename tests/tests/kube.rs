@@ -1,5 +1,5 @@
 //! Kubernetes attribution end to end: the real agent in the lab's node, its real kube client
-//! and reflectors against the fake API server (`xtask::kubeapi`, listening on 127.0.0.1 inside
+//! and reflectors against the fake API server (`test_support::kubeapi`, listening on 127.0.0.1 inside
 //! the node's namespace; it is a fake: no kube-apiserver can be installed here) with fixtures
 //! carrying the lab's addresses. The lab drives real failures; confirmed events must carry
 //! the pod and Service names and the named remedies, and without API access everything must
@@ -19,8 +19,8 @@ use probe_tests::{
     kube_fixture::KubeFixture,
 };
 use serde_json::Value;
-use xtask::kubeapi::fixtures;
-use xtask::lab::{self, LabGuard, Outcome, Scenario, Variants, http_get_in};
+use test_support::kubeapi::fixtures;
+use test_support::lab::{self, LabGuard, Outcome, Scenario, Variants, http_get_in};
 
 const METRICS: &str = "127.0.0.1:19466";
 const WAIT: Duration = Duration::from_secs(15);

@@ -1,5 +1,5 @@
 //! `--kube-events`: the real agent on the lab writes confirmed loopbacks as Kubernetes Events
-//! to the in-process fake API server (xtask::kubeapi: the real kube client on the wire, no
+//! to the in-process fake API server (test_support::kubeapi: the real kube client on the wire, no
 //! kube-apiserver here). The server listens inside the lab node's network namespace, where the
 //! agent runs; its request log counts the writes.
 //!
@@ -12,7 +12,7 @@ use probe_tests::{
     kube_fixture::{KubeFixture, NODE_NAME},
 };
 use serde_json::Value;
-use xtask::{
+use test_support::{
     kubeapi::FakeApiServer,
     lab::{self, LabGuard, Scenario, Variants},
 };

@@ -1,5 +1,5 @@
 //! `kubectl-clb_probe` (the kubectl plugin) against the in-process fake API server
-//! (xtask::kubeapi: the real kube client on the wire), and its krew manifest template.
+//! (test_support::kubeapi: the real kube client on the wire), and its krew manifest template.
 //! No root needed: nothing here touches the lab.
 
 use std::{path::Path, process::Command};
@@ -237,11 +237,11 @@ fn set_executable(p: &Path) {
 fn the_krew_manifest_template_has_the_required_fields() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/krew/clb-probe.yaml");
     // Setup's venv has PyYAML (yamllint's dependency): no reliance on the host's python3.
-    if !xtask::setup::venv_has_module("yaml") {
+    if !test_support::tools::venv_has_module("yaml") {
         eprintln!("skip: setup's venv (PyYAML) is missing: run cargo xtask setup");
         return;
     }
-    let out = Command::new(xtask::setup::venv_bin("python3"))
+    let out = Command::new(test_support::tools::venv_bin("python3"))
         .args([
             "-c",
             "import json, sys, yaml; print(json.dumps(yaml.safe_load(open(sys.argv[1]))))",

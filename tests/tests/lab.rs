@@ -5,7 +5,7 @@
 
 use std::process::Command;
 
-use xtask::lab::{
+use test_support::lab::{
     self, Lab, LabGuard, LabLock, Outcome, Scenario, UP_STEPS, UpOptions, Variant, Variants,
 };
 

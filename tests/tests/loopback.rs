@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use probe_tests::agent::{Agent, is_local_source_drop, lines, require_root};
 use serde_json::Value;
-use xtask::lab::{self, LabGuard, Outcome, Scenario, Variants, http_get_in};
+use test_support::lab::{self, LabGuard, Outcome, Scenario, Variants, http_get_in};
 
 /// Long enough for the hairpin's settle window and its conntrack answer.
 const SETTLE: Duration = Duration::from_secs(4);

@@ -8,7 +8,7 @@
 use std::process::Command;
 
 use probe_tests::agent::{Agent, probe_bin, require_root, sh};
-use xtask::lab::{self, LabGuard, Variants};
+use test_support::lab::{self, LabGuard, Variants};
 
 /// (name, max_entries) of each BPF map process `pid` holds.
 fn maps_of(pid: u32) -> Vec<(String, u64)> {

@@ -9,7 +9,7 @@ use std::{
 };
 
 use probe_tests::agent::{Agent, require_root, tempdir::TempDir, wait_for};
-use xtask::lab::{self, LabGuard, Outcome, Scenario, Variants, http_get_in};
+use test_support::lab::{self, LabGuard, Outcome, Scenario, Variants, http_get_in};
 
 const METRICS: &str = "127.0.0.1:19966";
 const PROMETHEUS: &str = "127.0.0.1:19090";

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use probe_tests::agent::{Agent, lines, probe_bin, require_root};
 use serde_json::Value;
-use xtask::lab::{self, KubeProxyMode, LabGuard, Outcome, Scenario, Variants};
+use test_support::lab::{self, KubeProxyMode, LabGuard, Outcome, Scenario, Variants};
 
 const SETTLE: Duration = Duration::from_secs(4);
 const WAIT: Duration = Duration::from_secs(10);

@@ -5,7 +5,7 @@
 //! Root only.
 
 use probe_tests::agent::{Agent, require_root, sh};
-use xtask::lab::{self, LabGuard, Variants};
+use test_support::lab::{self, LabGuard, Variants};
 
 #[test]
 fn a_default_route_in_a_per_eni_table_makes_a_nic() {

@@ -1,5 +1,5 @@
 //! `--node-report on`: the real agent on the lab writes its node's LoopbackReport to the
-//! in-process fake API server (xtask::kubeapi: the real kube client on the wire), and
+//! in-process fake API server (test_support::kubeapi: the real kube client on the wire), and
 //! `kubectl clb-probe report` reads the cluster table from it: the lab's node with its active
 //! loop, a second Node without an agent listed as missing, exit 1; with `--node-condition on`
 //! the Node gets the `LoadBalancerLoopback` condition. The report's risks follow the node's
@@ -15,7 +15,7 @@ use probe_tests::{
     kube_fixture::{KubeFixture, Listen, NODE_NAME},
 };
 use serde_json::{Value, json};
-use xtask::{
+use test_support::{
     kubeapi::FakeApiServer,
     lab::{self, LabGuard, Scenario, Variants},
 };

@@ -15,7 +15,7 @@ use probe_tests::{
     otlp::{Mode, Receiver, Record},
 };
 use serde_json::Value;
-use xtask::lab::{self, LabGuard, Outcome, Scenario, Variants};
+use test_support::lab::{self, LabGuard, Outcome, Scenario, Variants};
 
 const METRICS: &str = "127.0.0.1:19476";
 const WAIT: Duration = Duration::from_secs(30);

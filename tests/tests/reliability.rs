@@ -16,7 +16,7 @@ use probe_tests::agent::{
     Agent, assert_nothing_attached, error_line, our_tc_attachments, probe_bin, require_root,
     stderr, tempdir::TempDir, wait_for,
 };
-use xtask::lab::{self, LabGuard, Variants, http_get_in, in_netns};
+use test_support::lab::{self, LabGuard, Variants, http_get_in, in_netns};
 
 const METRICS: &str = "127.0.0.1:19967";
 

@@ -10,7 +10,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use probe_tests::agent::{Agent, require_root};
-use xtask::lab::{self, KubeProxyMode, LabGuard};
+use test_support::lab::{self, KubeProxyMode, LabGuard};
 
 const WAIT: Duration = Duration::from_secs(20);
 

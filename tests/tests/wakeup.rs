@@ -11,7 +11,7 @@ use probe_tests::{
     agent::{Agent, node_metric, require_root, wait_for},
     trafgen,
 };
-use xtask::lab::{self, LabGuard, Outcome, Scenario, Variants};
+use test_support::lab::{self, LabGuard, Outcome, Scenario, Variants};
 
 const METRICS: &str = "127.0.0.1:19967";
 const WAIT: Duration = Duration::from_secs(10);

@@ -9,7 +9,7 @@ use std::{
 };
 
 use probe_tests::agent::{Agent, probe_bin, require_root, wait_for};
-use xtask::lab::{self, LabGuard, Outcome, Scenario, Variants};
+use test_support::lab::{self, LabGuard, Outcome, Scenario, Variants};
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -110,7 +110,7 @@ fn events_watch_once_and_the_live_view_in_a_terminal() {
     // The agent's status names the dataplane (the lab's kube-proxy mode).
     let dataplane = format!(
         "dataplane: kube-proxy {}",
-        xtask::lab::KubeProxyMode::from_env().unwrap().name()
+        test_support::lab::KubeProxyMode::from_env().unwrap().name()
     );
     for needle in [
         "kube-ipvs0 (present)",

@@ -23,8 +23,8 @@ pub const WORKSPACE: &[&str] = &["--workspace", "--exclude", "probe-ebpf"];
 /// The arm64 agent's Rust target.
 pub const ARM64: &str = "aarch64-unknown-linux-gnu";
 
-/// The arm64 selection: the agent and the test files the arm64 VM run uses (xtask comes in as
-/// probe-tests' dependency). probe-common's arm64 unit tests are their own `cargo test -p
+/// The arm64 selection: the agent and the test files the arm64 VM run uses (test-support, and
+/// for the image and deploy tests xtask, come in as probe-tests' dependencies). probe-common's arm64 unit tests are their own `cargo test -p
 /// probe-common`: a crate with no dependencies, so its own selection costs nothing.
 pub const ARM64_SELECTION: &[&str] = &[
     "-p",

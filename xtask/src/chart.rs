@@ -45,11 +45,11 @@ pub fn ci_values() -> Vec<PathBuf> {
 
 /// Whether the chart tooling (helm-python-sdk in the venv) is installed.
 pub fn available() -> bool {
-    setup::venv_has_module("helm_python")
+    test_support::tools::venv_has_module("helm_python")
 }
 
 fn python(args: &[&std::ffi::OsStr]) -> anyhow::Result<String> {
-    let out = Command::new(setup::venv_bin("python3"))
+    let out = Command::new(test_support::tools::venv_bin("python3"))
         .arg("-c")
         .arg(SCRIPT)
         .args(args)
@@ -104,7 +104,7 @@ pub fn validate_prometheus_operator(files: &[PathBuf]) -> anyhow::Result<String>
     std::fs::write(&script, CRD_VALIDATE)?;
     let out = Command::new("node")
         .arg(&script)
-        .arg(setup::node_prefix())
+        .arg(test_support::tools::node_prefix())
         .args(files)
         .output()
         .context("running node (cargo xtask setup installs it)");

@@ -16,10 +16,9 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use crate::{
-    lab::{self, LabGuard, Scenario, Variants},
-    setup,
-};
+use test_support::lab::{self, LabGuard, Scenario, Variants};
+
+use crate::setup;
 
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
@@ -138,10 +137,10 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
     let lab = LabGuard::up_in(mode, &Variants::default(), &Default::default())?;
     let probe = root.join("target/debug/probe");
 
-    // A fake Kubernetes API (xtask::kubeapi) with the lab's pods and Services, so the events
+    // A fake Kubernetes API (test_support::kubeapi) with the lab's pods and Services, so the events
     // carry names: no real API server can run here.
-    let api = crate::kubeapi::FakeApiServer::start_in_netns(lab::NS_NODE)?;
-    for object in crate::kubeapi::fixtures::lab() {
+    let api = test_support::kubeapi::FakeApiServer::start_in_netns(lab::NS_NODE)?;
+    for object in test_support::kubeapi::fixtures::lab() {
         api.apply(object);
     }
     let kubeconfig = KubeconfigFile(
@@ -279,7 +278,7 @@ fn metric(line_prefix: &str) -> Option<u64> {
 /// agent calls the loop resolved with proof: the `LoopbackResolved` Event and the gauge at 0.
 fn from_confirmed_to_fixed(
     lab: &LabGuard,
-    api: &crate::kubeapi::FakeApiServer,
+    api: &test_support::kubeapi::FakeApiServer,
     events: &mpsc::Receiver<String>,
     verbose: bool,
 ) -> anyhow::Result<()> {

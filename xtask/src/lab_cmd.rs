@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Result, bail};
 use clap::{Args, Subcommand, ValueEnum};
-use xtask::lab::{self, Lab, Scenario, Variant, Variants};
+use test_support::lab::{self, Lab, Scenario, Variant, Variants};
 
 #[derive(Args)]
 pub struct LabArgs {

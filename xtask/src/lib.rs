@@ -1,4 +1,5 @@
-//! Developer and CI tasks for clb-probe; the lab is a library so the integration tests share it.
+//! Developer and CI tasks for clb-probe. The lab and the fake Kubernetes API they drive live in
+//! the test-support crate, which the tests share.
 
 pub mod arch;
 pub mod bench;
@@ -7,8 +8,6 @@ pub mod chaos;
 pub mod chart;
 pub mod demo;
 pub mod image;
-pub mod kubeapi;
-pub mod lab;
 pub mod setup;
 pub mod supply;
 pub mod testrun;

@@ -8,6 +8,8 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
+// Where things are found and installed (lookups shared with the tests).
+use test_support::tools::{home, node_prefix, venv_bin, venv_dir, venv_has_module, which};
 
 /// Debian packages the demo needs, and the command each provides (checked before
 /// installing): the lab's namespaces, kube-proxy's rules and sets, its Python servers.
@@ -152,14 +154,6 @@ fn have(cmd: &str) -> bool {
     which(cmd).is_some()
 }
 
-pub fn which(cmd: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/sbin")])
-        .map(|d| d.join(cmd))
-        .find(|p| p.is_file())
-}
-
 fn run(cmd: &mut Command) -> anyhow::Result<()> {
     let status = cmd
         .status()
@@ -264,12 +258,6 @@ fn cargo_bin() -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or_else(|| home().join(".cargo"));
     home.join("bin")
-}
-
-pub fn home() -> PathBuf {
-    std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/root"))
 }
 
 /// bpf-linker, linked against the nightly's own libLLVM (the linker must speak the same LLVM
@@ -382,27 +370,8 @@ const PYTHON_TOOLS: &[(&str, &str)] = &[
     ("kubernetes-validate==1.37.0", "kubernetes-validate"),
 ];
 
-fn venv_dir() -> PathBuf {
-    home().join(".local/share/clb-probe/venv")
-}
-
-/// A command installed in setup's Python venv.
-pub fn venv_bin(name: &str) -> PathBuf {
-    venv_dir().join("bin").join(name)
-}
-
 /// Helm's own library for Python (libhelm_c, no helm binary): renders and lints the chart.
 const HELM_PYTHON: &str = "helm-python-sdk==0.2.2";
-
-/// Whether setup's venv has a Python module (a package directory in its site-packages).
-pub fn venv_has_module(module: &str) -> bool {
-    std::fs::read_dir(venv_dir().join("lib"))
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .any(|e| e.path().join("site-packages").join(module).is_dir())
-        })
-        .unwrap_or(false)
-}
 
 /// The Prometheus Operator's API schemas, compiled to validators (npm; generated from the
 /// operator's Go API types), and where they land under `node_prefix()`.
@@ -410,11 +379,6 @@ const NODE_MODELS: (&str, &str) = (
     "@kubernetes-models/prometheus-operator@6.0.0",
     "node_modules/@kubernetes-models/prometheus-operator",
 );
-
-/// Where setup installs npm packages (`npm install --prefix`).
-pub fn node_prefix() -> PathBuf {
-    home().join(".local/share/clb-probe/node")
-}
 
 /// The Prometheus Operator schemas for the chart's PodMonitor and PrometheusRule.
 pub fn node_models() -> anyhow::Result<()> {

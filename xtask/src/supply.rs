@@ -40,6 +40,7 @@ pub fn rust_sbom(rust_target: &str, arch: &str, out: &Path) -> anyhow::Result<Pa
         "probe-common",
         "probe-contract",
         "probe-ebpf",
+        "test-support",
         "tests",
         "xtask",
     ] {
@@ -96,7 +97,7 @@ pub fn write_image_sbom(rust: &Path, debs: &[String], out: &Path) -> anyhow::Res
 fn advisory_dbs() -> PathBuf {
     std::env::var_os("CARGO_HOME")
         .map(PathBuf::from)
-        .unwrap_or_else(|| setup::home().join(".cargo"))
+        .unwrap_or_else(|| test_support::tools::home().join(".cargo"))
         .join("advisory-dbs")
 }
 

@@ -329,7 +329,8 @@ fn the_report_is_sorted_counted_and_rendered() {
 }
 
 /// The fake API server's `default/web` fixture (shaped as the real API returns it).
-const SERVICE_WEB: &str = include_str!("../../../xtask/src/kubeapi/fixtures/service-web.json");
+const SERVICE_WEB: &str =
+    include_str!("../../../test-support/src/kubeapi/fixtures/service-web.json");
 
 #[test]
 fn api_services_become_facts() {

@@ -1,11 +1,11 @@
-//! The writer against the in-process fake API server (xtask::kubeapi) with the real kube
+//! The writer against the in-process fake API server (test_support::kubeapi) with the real kube
 //! client: object named after the node and owned by it, status through the status
 //! subresource by server-side apply, refusals, recreation, and the running task.
 
 use std::sync::Arc;
 
 use serde_json::json;
-use xtask::kubeapi::FakeApiServer;
+use test_support::kubeapi::FakeApiServer;
 
 use super::*;
 use crate::report::status::ActiveLoop;

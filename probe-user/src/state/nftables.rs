@@ -354,7 +354,7 @@ mod tests {
         s.parse().unwrap()
     }
 
-    /// The lab's `ip kube-proxy` table (xtask's nftables mode), captured with nft 1.0.6.
+    /// The lab's `ip kube-proxy` table (the lab's nftables mode, test-support), captured with nft 1.0.6.
     #[test]
     fn lab_capture() {
         let t = fixture("lab-ip.json");

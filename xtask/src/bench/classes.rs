@@ -370,7 +370,7 @@ fn agent_programs(pid: i32) -> Result<Vec<(u64, String)>> {
             ids.push(id);
         }
     }
-    let out = crate::lab::cmd::run(&["bpftool", "-j", "prog", "show"])?;
+    let out = test_support::lab::cmd::run(&["bpftool", "-j", "prog", "show"])?;
     let v: serde_json::Value = serde_json::from_str(&out).context("bpftool -j prog show")?;
     let progs: Vec<(u64, String)> = v
         .as_array()
@@ -387,7 +387,8 @@ fn agent_programs(pid: i32) -> Result<Vec<(u64, String)>> {
 
 /// (run_time_ns, run_cnt) of program `id`.
 fn prog_stats(id: u64) -> Result<(u64, u64)> {
-    let out = crate::lab::cmd::run(&["bpftool", "-j", "prog", "show", "id", &id.to_string()])?;
+    let out =
+        test_support::lab::cmd::run(&["bpftool", "-j", "prog", "show", "id", &id.to_string()])?;
     let v: serde_json::Value = serde_json::from_str(&out).context("bpftool -j prog show id")?;
     Ok((
         v["run_time_ns"].as_u64().unwrap_or(0),

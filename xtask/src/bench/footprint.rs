@@ -87,7 +87,8 @@ fn agent_maps(pid: i32) -> Result<Vec<MapInfo>> {
     ids.dedup();
     let mut maps = Vec::new();
     for id in ids {
-        let out = crate::lab::cmd::run(&["bpftool", "-j", "map", "show", "id", &id.to_string()])?;
+        let out =
+            test_support::lab::cmd::run(&["bpftool", "-j", "map", "show", "id", &id.to_string()])?;
         let v: serde_json::Value = serde_json::from_str(&out).context("bpftool -j map show")?;
         maps.push(MapInfo {
             name: v["name"].as_str().unwrap_or("?").to_string(),

@@ -172,7 +172,7 @@ const WARMUP: Duration = Duration::from_millis(500);
 
 pub fn run(args: &BenchArgs) -> Result<()> {
     let args = args.effective();
-    if !crate::lab::is_root() {
+    if !test_support::lab::is_root() {
         bail!("cargo xtask bench needs root (namespaces, eBPF, bpf_stats): run it with sudo");
     }
     let _lock = lock::take()?;
@@ -351,19 +351,19 @@ fn build_agent(root: &Path, quick: bool) -> Result<PathBuf> {
 }
 
 fn read_sysctl(key: &str) -> Result<String> {
-    Ok(crate::lab::cmd::run(&["sysctl", "-n", key])?
+    Ok(test_support::lab::cmd::run(&["sysctl", "-n", key])?
         .trim()
         .to_string())
 }
 
 fn write_sysctl(key: &str, value: &str) -> Result<()> {
-    crate::lab::cmd::run(&["sysctl", "-q", "-w", &format!("{key}={value}")]).map(drop)
+    test_support::lab::cmd::run(&["sysctl", "-q", "-w", &format!("{key}={value}")]).map(drop)
 }
 
 /// The line under each section this run writes: when, with what command, on what machine.
 fn measured_line(args: &BenchArgs, root: &Path) -> String {
     let run = |argv: &[&str]| {
-        crate::lab::cmd::run(argv)
+        test_support::lab::cmd::run(argv)
             .unwrap_or_default()
             .trim()
             .to_string()

@@ -7,7 +7,7 @@ use std::net::Ipv4Addr;
 
 use anyhow::{Context as _, Result};
 
-use crate::lab::{cmd::run, net::remove_namespaces};
+use test_support::lab::{cmd::run, net::remove_namespaces};
 
 pub const NS_TX: &str = "clb-bench-tx";
 pub const NS_NODE: &str = "clb-bench-node";

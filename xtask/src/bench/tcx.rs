@@ -239,7 +239,7 @@ impl Toggle {
             })
             .collect();
         // The ifindex is the node namespace's: create the links from a thread inside it.
-        self.links = crate::lab::in_netns(net::NS_NODE, move || {
+        self.links = test_support::lab::in_netns(net::NS_NODE, move || {
             specs
                 .iter()
                 .map(|&(prog, ifindex, attach_type)| {

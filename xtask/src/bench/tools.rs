@@ -212,7 +212,7 @@ impl Agent {
                     std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default()
                 )
             })?;
-            if let Some((200, _)) = crate::lab::http_get_in(net::NS_NODE, &addr, "/readyz") {
+            if let Some((200, _)) = test_support::lab::http_get_in(net::NS_NODE, &addr, "/readyz") {
                 break;
             }
             if t0.elapsed() > Duration::from_secs(60) {
@@ -231,7 +231,7 @@ impl Agent {
 
     pub fn metrics(&self) -> Option<String> {
         let addr = format!("127.0.0.1:{}", self.metrics_port);
-        match crate::lab::http_get_in(net::NS_NODE, &addr, "/metrics") {
+        match test_support::lab::http_get_in(net::NS_NODE, &addr, "/metrics") {
             Some((200, body)) => Some(body),
             _ => None,
         }
@@ -355,7 +355,7 @@ pub fn iperf3_server() -> Result<Proc> {
     )?;
     // Until it listens.
     let end = Instant::now() + Duration::from_secs(5);
-    while !crate::lab::servers::listening(net::NS_NODE, 5201)? {
+    while !test_support::lab::servers::listening(net::NS_NODE, 5201)? {
         if Instant::now() > end {
             bail!("iperf3 server not listening after 5 s");
         }
@@ -429,7 +429,7 @@ pub struct RawSender {
 
 impl RawSender {
     pub fn new(ns: &str) -> Result<RawSender> {
-        let fd = crate::lab::in_netns(ns, || {
+        let fd = test_support::lab::in_netns(ns, || {
             // SAFETY: plain socket(2); the descriptor is owned by the RawSender from here.
             let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_RAW) };
             if fd < 0 {
@@ -521,7 +521,7 @@ pub fn tcp_syn(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16) -> Vec<u8> 
 
 /// Our loaded programs (name `clb_*`), as `bpftool -j prog show` describes them.
 fn our_progs() -> Result<Vec<serde_json::Value>> {
-    let out = crate::lab::cmd::run(&["bpftool", "-j", "prog", "show"])?;
+    let out = test_support::lab::cmd::run(&["bpftool", "-j", "prog", "show"])?;
     let v: serde_json::Value = serde_json::from_str(&out).context("bpftool -j prog show")?;
     Ok(v.as_array()
         .into_iter()
@@ -557,7 +557,7 @@ pub fn test_run(name: &str, frame: &[u8], repeat: u32, dir: &Path) -> Result<f64
 pub fn test_run_prog(prog: &[&str; 2], frame: &[u8], repeat: u32, dir: &Path) -> Result<f64> {
     let input = dir.join(format!("{}.frame", prog[1]));
     std::fs::write(&input, frame)?;
-    let out = crate::lab::cmd::run(&[
+    let out = test_support::lab::cmd::run(&[
         "bpftool",
         "prog",
         "run",

@@ -8,14 +8,12 @@ use std::{
 
 use anyhow::Result;
 
-use crate::{
-    bench::{
-        net::{self},
-        report::percentile,
-        tools::{Agent, proc_usage},
-    },
-    lab::in_netns,
+use crate::bench::{
+    net::{self},
+    report::percentile,
+    tools::{Agent, proc_usage},
 };
+use test_support::lab::in_netns;
 
 use super::{
     observe::{get, live_status, proc_threads},

@@ -166,7 +166,7 @@ pub(super) fn reader_stalled(
     let resumed = Instant::now();
     let addr = format!("127.0.0.1:{METRICS_PORT}");
     let healthy_after = loop {
-        if let Some((200, _)) = crate::lab::http_get_in(net::NS_NODE, &addr, "/healthz") {
+        if let Some((200, _)) = test_support::lab::http_get_in(net::NS_NODE, &addr, "/healthz") {
             break Some(resumed.elapsed());
         }
         if resumed.elapsed() > Duration::from_secs(10) {

@@ -419,7 +419,7 @@ pub(super) fn scale(probe: &Path, work: &Path, size: &Scale) -> Result<Row> {
     };
     let old_max: usize = restore.conntrack_max.parse().unwrap_or(0);
     if old_max < size.conntrack + 100_000 {
-        crate::lab::cmd::run(&[
+        test_support::lab::cmd::run(&[
             "sysctl",
             "-qw",
             &format!("{CONNTRACK_MAX}={}", size.conntrack + 100_000),

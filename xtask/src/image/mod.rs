@@ -113,7 +113,7 @@ pub fn build_arch(
         bail!("building the image needs root (rootful buildah storage): run as root");
     }
     for tool in ["buildah", "podman", "apt-get", "dpkg"] {
-        if setup::which(tool).is_none() {
+        if test_support::tools::which(tool).is_none() {
             bail!("{tool} is not installed: run `cargo xtask setup`");
         }
     }

@@ -7,7 +7,6 @@ use std::{path::PathBuf, process::Command};
 use anyhow::{Context as _, bail};
 
 use crate::arch::Arch;
-use crate::setup;
 
 use super::{output, sha256};
 
@@ -28,7 +27,7 @@ const ALTERNATIVES: &[(&str, &str)] = &[
 
 /// Outside the work tree, like setup's venv: a fresh clone (CI) reuses it.
 fn cache_dir() -> PathBuf {
-    setup::home().join(".local/share/clb-probe/image")
+    test_support::tools::home().join(".local/share/clb-probe/image")
 }
 
 /// apt's cache directory for `arch` (the host's keeps its historical name).

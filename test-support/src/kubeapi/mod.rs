@@ -46,9 +46,9 @@
 //! with its own tokio runtime):
 //!
 //! ```no_run
-//! use xtask::kubeapi::{FakeApiServer, fixtures};
+//! use test_support::kubeapi::{FakeApiServer, fixtures};
 //! let api = FakeApiServer::start()?;              // 127.0.0.1, an ephemeral port
-//! // or FakeApiServer::start_in_netns(xtask::lab::NS_NODE)?: 127.0.0.1 inside the lab's node
+//! // or FakeApiServer::start_in_netns(test_support::lab::NS_NODE)?: 127.0.0.1 inside the lab's node
 //! let _url: String = api.url();                   // "http://127.0.0.1:PORT"
 //! api.write_kubeconfig("/tmp/kubeconfig".as_ref())?; // context "fake", namespace default
 //! for object in fixtures::lab() { api.apply(object); } // the lab's node, pods, services, slices

@@ -99,7 +99,7 @@ pub(super) fn wait_udp_bound(ns: &str, port: u16) -> Result<()> {
     Ok(())
 }
 
-pub(crate) fn listening(ns: &str, port: u16) -> Result<bool> {
+pub fn listening(ns: &str, port: u16) -> Result<bool> {
     let out = exec(ns, &["ss", "-Hltn", &format!("sport = :{port}")])?;
     Ok(!out.trim().is_empty())
 }

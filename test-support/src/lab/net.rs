@@ -90,7 +90,7 @@ fn remove_namespace(ns: &str) -> Result<()> {
 }
 
 /// Removes the given namespaces (those that exist), reporting every failure.
-pub(crate) fn remove_namespaces(names: &[&str]) -> Result<()> {
+pub fn remove_namespaces(names: &[&str]) -> Result<()> {
     let have = existing_namespaces()?;
     let mut errors = Vec::new();
     for ns in names.iter().rev() {

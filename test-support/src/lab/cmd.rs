@@ -31,7 +31,7 @@ fn finish(argv: &[&str], out: std::process::Output) -> Result<String> {
 }
 
 /// Runs `argv`, returns its stdout; an error names the command, its status and stderr.
-pub(crate) fn run(argv: &[&str]) -> Result<String> {
+pub fn run(argv: &[&str]) -> Result<String> {
     let out = Command::new(argv[0])
         .args(&argv[1..])
         .stdin(Stdio::null())

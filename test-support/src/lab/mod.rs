@@ -15,14 +15,15 @@
 //! a failed [`Lab::up`] do.
 
 mod client;
-pub(crate) mod cmd;
+/// The commands the lab runs (`ip`, `iptables`, ...), also xtask's bench and chaos helpers.
+pub mod cmd;
 mod guard;
 pub(crate) mod kube_proxy;
 mod mode;
-pub(crate) mod net;
+pub mod net;
 pub mod nft;
 mod scenario;
-pub(crate) mod servers;
+pub mod servers;
 mod status;
 pub(crate) mod switch;
 mod udp;
