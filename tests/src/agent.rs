@@ -9,6 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use probe_contract::{LoopbackEvent, LoopbackKind};
 use serde::Deserialize as _;
 use serde_json::Value;
 
@@ -241,16 +242,25 @@ impl Agent {
             .collect()
     }
 
-    /// Confirmed events written so far. Each is also read as the output contract's event, so
-    /// a field the agent writes and the contract spells differently fails every test here.
-    pub fn events(&self) -> Vec<Value> {
-        let events = self.read_jsonl("events.jsonl");
-        for e in &events {
-            if let Err(err) = probe_contract::LoopbackEvent::deserialize(e) {
-                panic!("not the contract's LoopbackEvent ({err}): {e}");
-            }
-        }
-        events
+    /// Confirmed events written so far, read once as the output contract's type. A line that
+    /// is not a [`LoopbackEvent`], or that says more or less than one (the contract's type
+    /// written back differs from the line: a field the contract lacks or spells differently, a
+    /// field left out), fails the test with the line shown.
+    pub fn events(&self) -> Vec<LoopbackEvent> {
+        self.read_jsonl("events.jsonl")
+            .into_iter()
+            .map(|line| {
+                let e = LoopbackEvent::deserialize(&line).unwrap_or_else(|err| {
+                    panic!("not the contract's LoopbackEvent ({err}): {line}")
+                });
+                let back = serde_json::to_value(&e).expect("a LoopbackEvent serialises");
+                assert_eq!(
+                    back, line,
+                    "the line is not what the contract's LoopbackEvent writes: {line}"
+                );
+                e
+            })
+            .collect()
     }
 
     /// Kernel events recorded so far.
@@ -290,7 +300,7 @@ impl Agent {
         &self,
         what: &str,
         timeout: Duration,
-        f: impl Fn(&[Value]) -> Option<T>,
+        f: impl Fn(&[LoopbackEvent]) -> Option<T>,
     ) -> T {
         wait_for(what, timeout, || f(&self.events())).unwrap_or_else(|| {
             panic!(
@@ -302,11 +312,14 @@ impl Agent {
     }
 
     /// The first confirmed event, once there is one; every event so far must be of `kind`.
-    pub fn only_event(&self, kind: &str, timeout: Duration) -> Value {
-        let events = self.wait_event(kind, timeout, |es| (!es.is_empty()).then(|| es.to_vec()));
+    pub fn only_event(&self, kind: LoopbackKind, timeout: Duration) -> LoopbackEvent {
+        let events = self.wait_event(kind.as_str(), timeout, |es| {
+            (!es.is_empty()).then(|| es.to_vec())
+        });
         assert!(
-            events.iter().all(|e| e["kind"] == kind),
-            "expected only {kind} events, got {events:#?}"
+            events.iter().all(|e| e.kind == kind),
+            "expected only {} events, got {events:#?}",
+            kind.as_str()
         );
         events[0].clone()
     }
@@ -405,14 +418,8 @@ pub fn sh(args: &[&str]) -> String {
 }
 
 /// An event's list of lines (`evidence`, `remedy`) as one text, a line each.
-pub fn lines(e: &Value, field: &str) -> String {
-    e[field]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|l| l.as_str().unwrap_or_default().to_string())
-        .collect::<Vec<_>>()
-        .join("\n")
+pub fn lines(lines: &[String]) -> String {
+    lines.join("\n")
 }
 
 /// Bytes (a command's output) as text.
@@ -440,4 +447,12 @@ pub fn error_line(o: &std::process::Output) -> String {
 pub fn is_local_source_drop(reason: &str, location: &str) -> bool {
     reason == "IP_LOCAL_SOURCE"
         || (reason == "NOT_SPECIFIED" && location.starts_with("ip_rcv_finish_core"))
+}
+
+/// [`is_local_source_drop`] of a confirmed event's drop reason and site.
+pub fn dropped_as_local_source(e: &LoopbackEvent) -> bool {
+    is_local_source_drop(
+        e.drop_reason.as_deref().unwrap_or_default(),
+        e.drop_location.as_deref().unwrap_or_default(),
+    )
 }

@@ -6,7 +6,7 @@
 
 use std::{process::Command, time::Duration};
 
-use serde_json::Value;
+use probe_contract::LoopbackKind;
 use test_support::{
     kubeapi::fixtures,
     lab::{self, KubeProxyMode, LabGuard, Scenario, UpOptions, Variants},
@@ -19,7 +19,7 @@ const WAIT: Duration = Duration::from_secs(20);
 /// A failure to drive, the kind it confirms and what its event must be named with.
 pub struct Case {
     pub scenario: Scenario,
-    pub kind: &'static str,
+    pub kind: LoopbackKind,
     /// The Event's reason.
     pub reason: &'static str,
     /// The Service the API names (`default/<name>`).
@@ -43,18 +43,24 @@ pub fn first_events_named_and_described(mode: KubeProxyMode, cases: &[Case]) {
     // hold, already written unnamed. Either way the lists go now.
     wait_for("the first confirmation", WAIT, || {
         let held = agent.count_log("held (at most 2 s)") > 0;
-        let written = agent.events().iter().any(|e| e["kind"] == first.kind);
+        let written = agent.events().iter().any(|e| e.kind == first.kind);
         (held || written).then_some(())
     })
-    .unwrap_or_else(|| panic!("{} not confirmed:\n{}", first.kind, agent.log.join("\n")));
+    .unwrap_or_else(|| {
+        panic!(
+            "{} not confirmed:\n{}",
+            first.kind.as_str(),
+            agent.log.join("\n")
+        )
+    });
     api.release_lists();
     for case in &cases[1..] {
         let _ = lab.traffic(case.scenario).expect("traffic");
     }
     let services = api.objects("services");
     for case in cases {
-        let e = agent.wait_event(case.kind, WAIT, |es| {
-            es.iter().find(|e| e["kind"] == case.kind).cloned()
+        let e = agent.wait_event(case.kind.as_str(), WAIT, |es| {
+            es.iter().find(|e| e.kind == case.kind).cloned()
         });
         let (ns, name) = case.service.split_once('/').unwrap();
         let uid = services
@@ -62,19 +68,25 @@ pub fn first_events_named_and_described(mode: KubeProxyMode, cases: &[Case]) {
             .find(|s| s["metadata"]["name"] == name && s["metadata"]["namespace"] == ns)
             .map(|s| s["metadata"]["uid"].clone())
             .expect("the fixture Service");
-        let svc = &e["facts"]["service"];
+        // The fake API's Service object (JSON, not an agent output).
+        let api_uid = uid.as_str();
+        let svc = e.facts.service.as_ref();
         assert_eq!(
-            (&svc["namespace"], &svc["name"], &svc["uid"]),
-            (&Value::from(ns), &Value::from(name), &uid),
-            "{} (first event): {e:#}",
-            case.kind
+            (
+                svc.map(|s| s.namespace.as_str()),
+                svc.map(|s| s.name.as_str()),
+                svc.and_then(|s| s.uid.as_deref()),
+            ),
+            (Some(ns), Some(name), api_uid),
+            "{} (first event): {e:#?}",
+            case.kind.as_str()
         );
         if case.client_pod {
             assert_eq!(
-                e["client_pod"],
-                format!("default/{}", fixtures::CLIENT_POD),
-                "{} (first event): {e:#}",
-                case.kind
+                e.client_pod.as_deref(),
+                Some(format!("default/{}", fixtures::CLIENT_POD).as_str()),
+                "{} (first event): {e:#?}",
+                case.kind.as_str()
             );
         }
         let event = wait_for("its Event", WAIT, || {

@@ -9,6 +9,7 @@
 
 use std::time::Duration;
 
+use probe_contract::LoopbackKind;
 use probe_tests::{
     agent::{Agent, node_metric, require_root, wait_for},
     trafgen,
@@ -59,7 +60,7 @@ fn a_suspect_burst_does_not_starve_the_drop_that_confirms_a_health_check() {
 
     agent.wait_event("the health-check blackhole after the burst", WAIT, |es| {
         es.iter()
-            .find(|e| e["kind"] == "healthcheck_blackhole" && e["src_port"] == 40000)
+            .find(|e| e.kind == LoopbackKind::HealthcheckBlackhole && e.src_port == 40000)
             .cloned()
     });
     // The burst did spend the suspects' budget (counted exactly all the same), and no drop

@@ -7,7 +7,8 @@
 
 use std::time::Duration;
 
-use probe_tests::agent::{Agent, require_root};
+use probe_contract::{Outcome as Fate, SnatState};
+use probe_tests::agent::{Agent, lines, require_root};
 use test_support::lab::{self, LabGuard, Outcome, Scenario, Variants, http_get_in};
 
 const METRICS: &str = "127.0.0.1:9978";
@@ -64,8 +65,8 @@ fn unresolvable_drop_sites_are_said_once_and_exposed() {
     let e = agent.wait_event("healthcheck_blackhole", Duration::from_secs(10), |es| {
         es.first().cloned()
     });
-    assert_eq!(e["drop_reason"], "IP_LOCAL_SOURCE");
-    assert!(e["drop_location"].is_null(), "{e:#}");
+    assert_eq!(e.drop_reason.as_deref(), Some("IP_LOCAL_SOURCE"));
+    assert_eq!(e.drop_location, None, "{e:#?}");
     assert_eq!(agent.count_log("drop sites cannot be resolved"), 1);
 }
 
@@ -84,11 +85,11 @@ fn failing_conntrack_is_not_no_entry_and_is_said_once() {
     std::thread::sleep(SETTLE);
     let e = agent.wait_event("hairpin", Duration::from_secs(10), |es| es.first().cloned());
     // Egress and outcome look-ups both failed: SNAT unknown, said as a failure.
-    assert_eq!(e["snat"], "unknown", "{e:#}");
-    assert_eq!(e["outcome"], "no_reply", "{e:#}");
-    let ev = e["evidence"].to_string();
-    assert!(ev.contains("egress flow failed"), "{e:#}");
-    assert!(!ev.contains("no entry for the egress flow"), "{e:#}");
+    assert_eq!(e.snat, SnatState::Unknown, "{e:#?}");
+    assert_eq!(e.outcome, Fate::NoReply, "{e:#?}");
+    let ev = lines(&e.evidence);
+    assert!(ev.contains("egress flow failed"), "{e:#?}");
+    assert!(!ev.contains("no entry for the egress flow"), "{e:#?}");
     assert_eq!(capability("conntrack"), Some(0));
     assert_eq!(agent.count_log("conntrack look-ups fail"), 1);
 }

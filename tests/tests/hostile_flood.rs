@@ -19,6 +19,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use probe_contract::LoopbackKind;
 use probe_tests::{agent::require_root, kube_fixture::KubeFixture};
 use serde_json::Value;
 use test_support::{
@@ -117,7 +118,7 @@ fn a_flood_of_unserved_ports_does_not_starve_the_blackhole_event() {
     let confirmed = agent
         .events()
         .iter()
-        .filter(|e| e["kind"] == "vip_port_unserved")
+        .filter(|e| e.kind == LoopbackKind::VipPortUnserved)
         .count();
     eprintln!(
         "{ports} ports called, {confirmed} unserved-port reports, {} unserved-port Events, blackhole Event: {}",
@@ -178,7 +179,7 @@ fn a_flood_of_unserved_ports_does_not_take_the_blackholes_metric_series() {
             let n = agent
                 .events()
                 .iter()
-                .filter(|e| e["kind"] == "vip_port_unserved")
+                .filter(|e| e.kind == LoopbackKind::VipPortUnserved)
                 .count();
             (n >= 520).then_some(n)
         },

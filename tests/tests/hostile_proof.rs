@@ -15,6 +15,7 @@
 
 use std::{process::Command, time::Duration};
 
+use probe_contract::LoopbackKind;
 use probe_tests::{
     agent::{Agent, node_metric, require_root, wait_for},
     kube_fixture::KubeFixture,
@@ -110,12 +111,9 @@ fn a_pod_forging_its_own_address_both_ways_confirms_no_self_loop() {
     assert!(seen.is_some(), "the forged SYNs were not dropped in pod-b");
     let self_loops: Vec<_> = events
         .iter()
-        .filter(|e| e["kind"] == "service_self_loop")
+        .filter(|e| e.kind == LoopbackKind::ServiceSelfLoop)
         .collect();
-    let confirmed: u64 = self_loops
-        .iter()
-        .map(|e| e["count"].as_u64().unwrap_or(1))
-        .sum();
+    let confirmed: u64 = self_loops.iter().map(|e| e.count).sum();
     assert_eq!(
         confirmed, 0,
         "forged self-addressed SYNs confirmed as {confirmed} service_self_loop: {self_loops:#?}"
@@ -180,10 +178,10 @@ fn an_unprivileged_connect_from_the_vip_resolves_no_healthcheck_blackhole() {
         .expect("traffic");
     let confirmed = agent.wait_event("healthcheck_blackhole", WAIT, |es| {
         es.iter()
-            .find(|e| e["kind"] == "healthcheck_blackhole")
+            .find(|e| e.kind == LoopbackKind::HealthcheckBlackhole)
             .cloned()
     });
-    let node_addr = confirmed["dst"].as_str().unwrap_or_default().to_string();
+    let node_addr = confirmed.dst.to_string();
     // Conntrack tells an entry's age to the second: the attack must look later than the loop.
     std::thread::sleep(Duration::from_secs(1));
     answered_connect_as_nobody(&node_addr, 45678, &lab::VIP.to_string());
@@ -226,7 +224,7 @@ fn an_unprivileged_listen_and_connect_on_the_vip_port_resolves_no_unserved_port(
     assert_eq!(attempt.outcome, lab::Outcome::Refused, "{attempt:?}");
     agent.wait_event("vip_port_unserved", WAIT, |es| {
         es.iter()
-            .find(|e| e["kind"] == "vip_port_unserved" && e["vip_port"] == PORT)
+            .find(|e| e.kind == LoopbackKind::VipPortUnserved && e.vip_port == Some(PORT))
             .cloned()
     });
     std::thread::sleep(Duration::from_secs(1));

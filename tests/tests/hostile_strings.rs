@@ -12,11 +12,12 @@
 //! Root only (each test prints a skip line otherwise); they share the lab: one at a time.
 
 use std::{
-    net::SocketAddrV4,
+    net::{IpAddr, SocketAddrV4},
     process::{Child, Command, Stdio},
     time::Duration,
 };
 
+use probe_contract::{LoopbackEvent, LoopbackKind};
 use probe_tests::{
     agent::{require_root, sh, wait_for},
     kube_fixture::{KubeFixture, NODE_NAME},
@@ -125,23 +126,20 @@ fn a_tenant_s_huge_annotation_is_not_copied_into_every_event() {
     // Most of the ports, each named by its Service (a connect the loaded machine lost is no
     // matter here: the size of each line is).
     let events = wait_for("the unserved ports confirmed and named", WAIT, || {
-        let es: Vec<Value> = agent
+        let es: Vec<LoopbackEvent> = agent
             .events()
             .into_iter()
-            .filter(|e| e["kind"] == "vip_port_unserved" && !e["facts"]["service"].is_null())
+            .filter(|e| e.kind == LoopbackKind::VipPortUnserved && e.facts.service.is_some())
             .collect();
         (es.len() >= usize::from(PORTS) * 3 / 4).then_some(es)
     })
     .unwrap_or_else(|| {
         let all = agent.events();
-        let named = all
-            .iter()
-            .filter(|e| !e["facts"]["service"].is_null())
-            .count();
+        let named = all.iter().filter(|e| e.facts.service.is_some()).count();
         panic!(
-            "too few ports confirmed with their Service: {} events, {named} named; the first: {:#}",
+            "too few ports confirmed with their Service: {} events, {named} named; the first: {:#?}",
             all.len(),
-            all.first().cloned().unwrap_or_default()
+            all.first()
         )
     });
     let sizes: Vec<usize> = events
@@ -161,20 +159,24 @@ fn a_tenant_s_huge_annotation_is_not_copied_into_every_event() {
     );
     // What the event says of the annotation: its key, and the value cut with a marker.
     let e = &events[0];
-    let shown = e["facts"]["service"]["annotations"]
-        .as_array()
+    let annotations = &e
+        .facts
+        .service
+        .as_ref()
         .expect("the loopback annotations")
+        .annotations;
+    let (_, value) = annotations
         .iter()
-        .find(|kv| kv[0] == "service.cloud.tencent.com/prevent-loopback")
-        .cloned()
-        .unwrap_or_else(|| panic!("the guard annotation named: {e:#}"));
-    let value = shown[1].as_str().unwrap();
+        .find(|(key, _)| key == "service.cloud.tencent.com/prevent-loopback")
+        .unwrap_or_else(|| panic!("the guard annotation named: {e:#?}"));
     assert!(
         value.len() <= 300 && value.contains("cut"),
         "bounded, marked as cut: {value:?}"
     );
     assert!(
-        !e.to_string().contains("tenant.example.com/blob"),
+        !serde_json::to_string(e)
+            .unwrap()
+            .contains("tenant.example.com/blob"),
         "an annotation the product does not read is not kept"
     );
     drop(agent);
@@ -308,13 +310,13 @@ fn a_host_listener_named_with_escapes_reaches_no_output_raw() {
     lab.traffic(Scenario::HairpinHostListenerNodeSourced)
         .expect("traffic");
     let events = wait_for("both host-listener hairpins", WAIT, || {
-        let es: Vec<Value> = agent
+        let es: Vec<LoopbackEvent> = agent
             .events()
             .into_iter()
-            .filter(|e| e["kind"] == "hairpin" && !e["listener"].is_null())
+            .filter(|e| e.kind == LoopbackKind::Hairpin && e.listener.is_some())
             .collect();
-        let from_node = es.iter().any(|e| e["src"] == lab::NODE_IP.to_string());
-        let from_pod = es.iter().any(|e| e["src"] == lab::POD_A_IP.to_string());
+        let from_node = es.iter().any(|e| e.src == IpAddr::V4(lab::NODE_IP));
+        let from_pod = es.iter().any(|e| e.src == IpAddr::V4(lab::POD_A_IP));
         (from_node && from_pod).then_some(es)
     })
     .unwrap_or_else(|| panic!("no host-listener hairpins: {:#?}", agent.events()));
@@ -336,8 +338,10 @@ fn a_host_listener_named_with_escapes_reaches_no_output_raw() {
     .unwrap_or_else(|| panic!("report: {:#?}", report(&api)));
 
     let mut raw = Vec::new();
+    // Every string of each event, wherever it is (the whole line, not a field).
     for e in &events {
-        raw.extend(raw_in(e).into_iter().map(|r| format!("event {r}")));
+        let line = serde_json::to_value(e).unwrap();
+        raw.extend(raw_in(&line).into_iter().map(|r| format!("event {r}")));
     }
     for e in &notes {
         raw.extend(raw_in(e).into_iter().map(|r| format!("Event {r}")));
@@ -360,7 +364,8 @@ fn a_host_listener_named_with_escapes_reaches_no_output_raw() {
 
     let escaped = "\\x1b[2J ALL CLEAR\\x07";
     for e in &events {
-        assert_eq!(e["listener"]["process"], escaped, "{e:#}");
+        let process = e.listener.as_ref().and_then(|l| l.process.as_deref());
+        assert_eq!(process, Some(escaped), "{e:#?}");
     }
     assert!(
         condition["message"].as_str().unwrap().contains(escaped),

@@ -8,10 +8,10 @@
 //!
 //! Root only. One at a time: they share the lab.
 
-use std::time::Duration;
+use std::{net::IpAddr, time::Duration};
 
+use probe_contract::{LoopbackEvent, LoopbackKind, Outcome as Fate, SnatState};
 use probe_tests::agent::{Agent, lines, require_root};
-use serde_json::Value;
 use test_support::lab::v6::{self, Scenario6};
 use test_support::lab::{self, LabGuard, Variants};
 
@@ -41,15 +41,15 @@ fn ipv6_healthcheck_blackhole_is_the_reply_dropped_locally_not_an_unserved_port(
         return;
     }
     let agent = run(Scenario6::HealthcheckBlackhole);
-    let e = agent.only_event("healthcheck_blackhole", WAIT);
-    assert_eq!(e["src"], v6::VIP6.to_string());
-    assert_eq!(e["vip"], v6::VIP6.to_string());
-    assert_eq!(e["dst"], v6::NODE_IP6.to_string());
-    assert_eq!(e["dst_port"], lab::NODE_PORT);
-    assert_eq!(e["drop_reason"], "NO_SOCKET");
-    assert_eq!(e["outcome"], "dropped");
-    assert_eq!(e["nic"], lab::NODE_NIC);
-    let ev = lines(&e, "evidence");
+    let e = agent.only_event(LoopbackKind::HealthcheckBlackhole, WAIT);
+    assert_eq!(e.src, IpAddr::V6(v6::VIP6));
+    assert_eq!(e.vip, Some(IpAddr::V6(v6::VIP6)));
+    assert_eq!(e.dst, IpAddr::V6(v6::NODE_IP6));
+    assert_eq!(e.dst_port, lab::NODE_PORT);
+    assert_eq!(e.drop_reason.as_deref(), Some("NO_SOCKET"));
+    assert_eq!(e.outcome, Fate::Dropped);
+    assert_eq!(e.nic.as_deref(), Some(lab::NODE_NIC));
+    let ev = lines(&e.evidence);
     assert!(
         ev.contains(&format!("tc ingress on {}", lab::NODE_NIC)),
         "{ev}"
@@ -72,13 +72,13 @@ fn ipv6_hairpin_is_confirmed() {
         return;
     }
     let agent = run(Scenario6::Hairpin);
-    let e = agent.only_event("hairpin", WAIT);
-    assert_eq!(e["src"], v6::POD_A_IP6.to_string());
-    assert_eq!(e["vip"], v6::VIP6.to_string());
-    assert_eq!(e["vip_port"], lab::SERVICE_PORT);
-    assert_eq!(e["dst"], v6::NODE_IP6.to_string());
-    assert_eq!(e["dst_port"], lab::NODE_PORT);
-    assert_eq!(e["snat"], "no");
+    let e = agent.only_event(LoopbackKind::Hairpin, WAIT);
+    assert_eq!(e.src, IpAddr::V6(v6::POD_A_IP6));
+    assert_eq!(e.vip, Some(IpAddr::V6(v6::VIP6)));
+    assert_eq!(e.vip_port, Some(lab::SERVICE_PORT));
+    assert_eq!(e.dst, IpAddr::V6(v6::NODE_IP6));
+    assert_eq!(e.dst_port, lab::NODE_PORT);
+    assert_eq!(e.snat, SnatState::No);
 }
 
 #[test]
@@ -87,12 +87,12 @@ fn ipv6_vip_port_unserved_is_confirmed() {
         return;
     }
     let agent = run(Scenario6::VipPortUnserved);
-    let e = agent.only_event("vip_port_unserved", WAIT);
-    assert_eq!(e["src"], v6::POD_A_IP6.to_string());
-    assert_eq!(e["vip"], v6::VIP6.to_string());
-    assert_eq!(e["vip_port"], lab::VIP_UNSERVED_PORT);
-    assert_eq!(e["drop_reason"], "NO_SOCKET");
-    assert_eq!(e["outcome"], "refused");
+    let e = agent.only_event(LoopbackKind::VipPortUnserved, WAIT);
+    assert_eq!(e.src, IpAddr::V6(v6::POD_A_IP6));
+    assert_eq!(e.vip, Some(IpAddr::V6(v6::VIP6)));
+    assert_eq!(e.vip_port, Some(lab::VIP_UNSERVED_PORT));
+    assert_eq!(e.drop_reason.as_deref(), Some("NO_SOCKET"));
+    assert_eq!(e.outcome, Fate::Refused);
 }
 
 #[test]
@@ -137,9 +137,9 @@ fn ipv6_addresses_reach_events_watch_and_metrics_unchanged() {
     );
     let (outcome, expected) = lab.run6(Scenario6::HealthcheckBlackhole).expect("traffic");
     assert_eq!(outcome, expected);
-    let e = agent.only_event("healthcheck_blackhole", WAIT);
+    let e = agent.only_event(LoopbackKind::HealthcheckBlackhole, WAIT);
     let vip6 = v6::VIP6.to_string();
-    assert_eq!(e["vip"], vip6.as_str());
+    assert_eq!(e.vip, Some(IpAddr::V6(v6::VIP6)));
 
     let mut events = Command::new(probe_tests::agent::probe_bin())
         .args(["events", "--all", "--socket", &socket_arg])
@@ -152,9 +152,12 @@ fn ipv6_addresses_reach_events_watch_and_metrics_unchanged() {
         .find(|l| l.contains("healthcheck_blackhole"));
     let _ = events.kill();
     let _ = events.wait();
-    let v: Value = serde_json::from_str(&line.expect("probe events printed the event")).unwrap();
-    assert_eq!((&v["src"], &v["vip"]), (&e["src"], &e["vip"]));
-    assert_eq!(v["dst"], v6::NODE_IP6.to_string());
+    // `probe events` prints LoopbackEvents.
+    let line = line.expect("probe events printed the event");
+    let v: LoopbackEvent = serde_json::from_str(&line)
+        .unwrap_or_else(|err| panic!("not a LoopbackEvent ({err}): {line}"));
+    assert_eq!((v.src, v.vip), (e.src, e.vip));
+    assert_eq!(v.dst, IpAddr::V6(v6::NODE_IP6));
 
     let once = Command::new(probe_tests::agent::probe_bin())
         .args(["watch", "--once", "--socket", &socket_arg])

@@ -9,13 +9,14 @@
 //! service table, the egress records the agent looked up, the confirmed events) for
 //! `probe-user/tests/data/streams/`.
 
-use std::{path::PathBuf, time::Duration};
+use std::{net::IpAddr, path::PathBuf, time::Duration};
 
+use probe_contract::{Layer, LoopbackEvent, LoopbackKind, Outcome as Fate, Proto, SnatState};
 use probe_tests::agent::{
-    Agent, hex_bytes, is_local_source_drop, our_loaded_programs, our_tc_attachments, probe_bin,
-    require_root, sh, wait_for,
+    Agent, dropped_as_local_source, hex_bytes, lines, our_loaded_programs, our_tc_attachments,
+    probe_bin, require_root, sh, wait_for,
 };
-use serde_json::Value;
+use serde_json::{Value, json};
 use test_support::lab::{self, KubeProxyMode, LabGuard, Outcome, Scenario, UpOptions, Variants};
 
 /// A line on the test's real stdout, not libtest's capture: each kernel's run shows its
@@ -132,11 +133,11 @@ struct Run<'a> {
 /// aggregate is written again, with a higher count, when its repeats span more than 10 s
 /// (SYN retransmits on a loaded machine): a repeat line of an earlier scenario's aggregate
 /// may land in any later scenario's window, so scenarios are judged by new keys, not lines.
-fn new_aggregates(before: &[Value], after: &[Value]) -> Vec<Value> {
-    let old: std::collections::HashSet<&Value> = before.iter().map(|e| &e["key"]).collect();
-    let mut fresh: Vec<Value> = Vec::new();
-    for e in after.iter().filter(|e| !old.contains(&e["key"])) {
-        match fresh.iter_mut().find(|f| f["key"] == e["key"]) {
+fn new_aggregates(before: &[LoopbackEvent], after: &[LoopbackEvent]) -> Vec<LoopbackEvent> {
+    let old: std::collections::HashSet<&str> = before.iter().map(|e| e.key.as_str()).collect();
+    let mut fresh: Vec<LoopbackEvent> = Vec::new();
+    for e in after.iter().filter(|e| !old.contains(e.key.as_str())) {
+        match fresh.iter_mut().find(|f| f.key == e.key) {
             Some(f) => *f = e.clone(),
             None => fresh.push(e.clone()),
         }
@@ -146,7 +147,10 @@ fn new_aggregates(before: &[Value], after: &[Value]) -> Vec<Value> {
 
 impl Run<'_> {
     /// Drives `scenario`; returns the aggregates it added and the new kernel records.
-    fn drive(&mut self, scenario: Scenario) -> (Outcome, Vec<Value>, Vec<Value>, Vec<Value>) {
+    fn drive(
+        &mut self,
+        scenario: Scenario,
+    ) -> (Outcome, Vec<LoopbackEvent>, Vec<Value>, Vec<LoopbackEvent>) {
         let (events_before, records_before) = (self.agent.events(), self.agent.records().len());
         let report = self.lab.run(scenario).expect("traffic");
         std::thread::sleep(SETTLE);
@@ -158,7 +162,14 @@ impl Run<'_> {
         (report.outcome(), events, records, events_before)
     }
 
-    fn failure(&mut self, scenario: Scenario, name: &str, kind: &str, check: impl Fn(&Value)) {
+    fn failure(
+        &mut self,
+        scenario: Scenario,
+        name: &str,
+        kind: LoopbackKind,
+        check: impl Fn(&LoopbackEvent),
+    ) {
+        let kind_name = kind.as_str();
         let (outcome, mut events, mut records, before) = self.drive(scenario);
         if events.is_empty() {
             // The agent may still be deciding (the hairpin waits for its conntrack answer).
@@ -167,16 +178,21 @@ impl Run<'_> {
             records = self.agent.records();
         }
         let verdict = match events.as_slice() {
-            [e] if e["kind"] == kind => {
+            [e] if e.kind == kind => {
                 check(e);
+                // Spelled as the JSON line spells them.
                 format!(
-                    "confirmed {kind} ({} at {}, outcome {}, service {}, count {})",
-                    e["drop_reason"], e["drop_location"], e["outcome"], e["service"], e["count"]
+                    "confirmed {kind_name} ({} at {}, outcome {}, service {}, count {})",
+                    json!(e.drop_reason),
+                    json!(e.drop_location),
+                    json!(e.outcome),
+                    json!(e.service),
+                    e.count
                 )
             }
             other => {
                 self.failures.push(format!(
-                    "{scenario}: expected one new {kind} aggregate, got {}",
+                    "{scenario}: expected one new {kind_name} aggregate, got {}",
                     serde_json::to_string_pretty(other).unwrap()
                 ));
                 "NOT CONFIRMED".to_string()
@@ -187,7 +203,8 @@ impl Run<'_> {
             let dir = dir.join(name);
             std::fs::create_dir_all(&dir).unwrap();
             write_jsonl(&dir.join("events.jsonl"), &records);
-            write_jsonl(&dir.join("confirmed.jsonl"), &events);
+            let confirmed: Vec<Value> = events.iter().map(|e| json!(e)).collect();
+            write_jsonl(&dir.join("confirmed.jsonl"), &confirmed);
             std::fs::write(dir.join("services.json"), &self.services).unwrap();
             let answers = serde_json::json!({ "egress": egress_records(), "conntrack": [] });
             std::fs::write(
@@ -306,23 +323,17 @@ fn ipvs_mode_failures_are_confirmed_and_twins_are_silent() {
     run.failure(
         Scenario::HealthcheckBlackhole,
         "healthcheck-blackhole",
-        "healthcheck_blackhole",
+        LoopbackKind::HealthcheckBlackhole,
         |e| {
-            assert_eq!(e["src"], lab::VIP.to_string());
-            assert_eq!(e["dst"], lab::NODE_IP.to_string());
-            assert_eq!(e["dst_port"], lab::NODE_PORT);
-            assert_eq!(e["outcome"], "dropped");
-            assert!(
-                is_local_source_drop(
-                    e["drop_reason"].as_str().unwrap_or_default(),
-                    e["drop_location"].as_str().unwrap_or_default()
-                ),
-                "{e:#}"
-            );
-            let ev = e["evidence"].to_string();
+            assert_eq!(e.src, IpAddr::V4(lab::VIP));
+            assert_eq!(e.dst, IpAddr::V4(lab::NODE_IP));
+            assert_eq!(e.dst_port, lab::NODE_PORT);
+            assert_eq!(e.outcome, Fate::Dropped);
+            assert!(dropped_as_local_source(e), "{e:#?}");
+            let ev = lines(&e.evidence);
             assert!(
                 ev.contains("service table (IPVS): NodePort 30080/tcp"),
-                "{e:#}"
+                "{e:#?}"
             );
         },
     );
@@ -332,14 +343,14 @@ fn ipvs_mode_failures_are_confirmed_and_twins_are_silent() {
     run.failure(
         Scenario::VipPortUnserved,
         "vip-port-unserved",
-        "vip_port_unserved",
+        LoopbackKind::VipPortUnserved,
         |e| {
-            assert_eq!(e["vip"], lab::VIP.to_string());
-            assert_eq!(e["vip_port"], lab::VIP_UNSERVED_PORT);
-            assert_eq!(e["drop_reason"], "NO_SOCKET");
-            assert_eq!(e["outcome"], "refused");
-            let ev = e["evidence"].to_string();
-            assert!(ev.contains("(IPVS)"), "judged on the IPVS table: {e:#}");
+            assert_eq!(e.vip, Some(IpAddr::V4(lab::VIP)));
+            assert_eq!(e.vip_port, Some(lab::VIP_UNSERVED_PORT));
+            assert_eq!(e.drop_reason.as_deref(), Some("NO_SOCKET"));
+            assert_eq!(e.outcome, Fate::Refused);
+            let ev = lines(&e.evidence);
+            assert!(ev.contains("(IPVS)"), "judged on the IPVS table: {e:#?}");
         },
     );
     run.twin(Scenario::VipPortServed);
@@ -347,15 +358,15 @@ fn ipvs_mode_failures_are_confirmed_and_twins_are_silent() {
     run.failure(
         Scenario::HairpinRpfilter,
         "hairpin-rpfilter",
-        "hairpin",
+        LoopbackKind::Hairpin,
         |e| {
-            assert_eq!(e["src"], lab::POD_A_IP.to_string());
-            assert_eq!(e["vip"], lab::VIP.to_string());
-            assert_eq!(e["vip_port"], lab::SERVICE_PORT);
-            assert_eq!(e["dst_port"], lab::NODE_PORT);
-            assert_eq!(e["snat"], "no");
-            assert_eq!(e["outcome"], "dropped");
-            assert_eq!(e["drop_reason"], "IP_RPFILTER");
+            assert_eq!(e.src, IpAddr::V4(lab::POD_A_IP));
+            assert_eq!(e.vip, Some(IpAddr::V4(lab::VIP)));
+            assert_eq!(e.vip_port, Some(lab::SERVICE_PORT));
+            assert_eq!(e.dst_port, lab::NODE_PORT);
+            assert_eq!(e.snat, SnatState::No);
+            assert_eq!(e.outcome, Fate::Dropped);
+            assert_eq!(e.drop_reason.as_deref(), Some("IP_RPFILTER"));
         },
     );
     run.twin(Scenario::HairpinSnat);
@@ -389,20 +400,20 @@ fn ipvs_mode_hairpin_is_confirmed() {
         services: services_json(),
         failures: Vec::new(),
     };
-    run.failure(Scenario::Hairpin, "hairpin", "hairpin", |e| {
-        assert_eq!(e["src"], lab::POD_A_IP.to_string());
-        assert_eq!(e["vip"], lab::VIP.to_string());
-        assert_eq!(e["dst_port"], lab::NODE_PORT);
-        assert_eq!(e["snat"], "no");
-        assert_eq!(e["layer"], "l4");
+    run.failure(Scenario::Hairpin, "hairpin", LoopbackKind::Hairpin, |e| {
+        assert_eq!(e.src, IpAddr::V4(lab::POD_A_IP));
+        assert_eq!(e.vip, Some(IpAddr::V4(lab::VIP)));
+        assert_eq!(e.dst_port, lab::NODE_PORT);
+        assert_eq!(e.snat, SnatState::No);
+        assert_eq!(e.layer, Some(Layer::L4));
         // default/web has externalTrafficPolicy Local in the IPVS-mode lab (its NodePort in
         // KUBE-NODE-PORT-LOCAL-TCP): that is why the pod's call to the LB left unmasqueraded.
-        let ev = e["evidence"].to_string();
-        assert!(ev.contains("externalTrafficPolicy: Local"), "{e:#}");
-        let remedy = e["remedy"].to_string();
+        let ev = lines(&e.evidence);
+        assert!(ev.contains("externalTrafficPolicy: Local"), "{e:#?}");
+        let remedy = lines(&e.remedy);
         assert!(
             remedy.contains("externalTrafficPolicy: Local") && remedy.contains("Cluster"),
-            "{e:#}"
+            "{e:#?}"
         );
     });
     let failures = std::mem::take(&mut run.failures);
@@ -434,13 +445,13 @@ fn ipvs_mode_access_filter_unserved_port_is_confirmed() {
     run.failure(
         Scenario::VipPortUnservedFiltered,
         "vip-port-unserved-filtered",
-        "vip_port_unserved",
+        LoopbackKind::VipPortUnserved,
         |e| {
-            assert_eq!(e["vip"], lab::VIP.to_string());
-            assert_eq!(e["vip_port"], lab::VIP_UNSERVED_PORT);
-            assert_eq!(e["outcome"], "refused");
-            let ev = e["evidence"].to_string();
-            assert!(ev.contains("chain KUBE-IPVS-FILTER"), "{e:#}");
+            assert_eq!(e.vip, Some(IpAddr::V4(lab::VIP)));
+            assert_eq!(e.vip_port, Some(lab::VIP_UNSERVED_PORT));
+            assert_eq!(e.outcome, Fate::Refused);
+            let ev = lines(&e.evidence);
+            assert!(ev.contains("chain KUBE-IPVS-FILTER"), "{e:#?}");
         },
     );
     run.twin(Scenario::VipPortServedFiltered);
@@ -473,29 +484,34 @@ fn ipvs_mode_hairpin_variants_are_confirmed_and_twins_are_silent() {
     run.failure(
         Scenario::HairpinNodeSourced,
         "hairpin-node-sourced",
-        "hairpin",
+        LoopbackKind::Hairpin,
         |e| {
-            assert_eq!(e["src"], lab::NODE_IP.to_string());
-            assert_eq!(e["vip_port"], lab::VIP_NO_GUARD_PORT);
-            assert_eq!(e["outcome"], "dropped");
-            assert!(e["evidence"].to_string().contains("node-sourced"), "{e:#}");
+            assert_eq!(e.src, IpAddr::V4(lab::NODE_IP));
+            assert_eq!(e.vip_port, Some(lab::VIP_NO_GUARD_PORT));
+            assert_eq!(e.outcome, Fate::Dropped);
+            assert!(lines(&e.evidence).contains("node-sourced"), "{e:#?}");
         },
     );
     run.twin(Scenario::NodeToLbGuarded);
     run.failure(
         Scenario::HairpinLbToPod,
         "hairpin-lb-to-pod",
-        "hairpin",
+        LoopbackKind::Hairpin,
         |e| {
-            assert_eq!(e["dst"], lab::POD_B_IP.to_string());
-            assert_eq!(e["vip_port"], lab::VIP_TO_POD_PORT);
+            assert_eq!(e.dst, IpAddr::V4(lab::POD_B_IP));
+            assert_eq!(e.vip_port, Some(lab::VIP_TO_POD_PORT));
         },
     );
     run.twin(Scenario::OutsideClientLbToPod);
-    run.failure(Scenario::HairpinUdp, "hairpin-udp", "hairpin", |e| {
-        assert_eq!(e["proto"], "udp");
-        assert_eq!(e["dst_port"], lab::NODE_PORT_UDP);
-    });
+    run.failure(
+        Scenario::HairpinUdp,
+        "hairpin-udp",
+        LoopbackKind::Hairpin,
+        |e| {
+            assert_eq!(e.proto, Proto::Udp);
+            assert_eq!(e.dst_port, lab::NODE_PORT_UDP);
+        },
+    );
     run.twin(Scenario::OutsideClientUdp);
     let failures = std::mem::take(&mut run.failures);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
@@ -575,14 +591,14 @@ fn ipvs_mode_first_events_are_named_and_on_the_service() {
         &[
             Case {
                 scenario: Scenario::Hairpin,
-                kind: "hairpin",
+                kind: LoopbackKind::Hairpin,
                 reason: "LoopbackHairpin",
                 service: "default/web",
                 client_pod: true,
             },
             Case {
                 scenario: Scenario::HealthcheckBlackhole,
-                kind: "healthcheck_blackhole",
+                kind: LoopbackKind::HealthcheckBlackhole,
                 reason: "HealthCheckBlackhole",
                 service: "default/web",
                 client_pod: false,
@@ -618,32 +634,24 @@ fn ipvs_mode_service_self_loop_is_confirmed_and_twins_are_silent() {
     run.failure(
         Scenario::SelfLoop,
         "service-self-loop",
-        "service_self_loop",
+        LoopbackKind::ServiceSelfLoop,
         |e| {
-            assert_eq!(e["src"], lab::POD_B_IP.to_string());
-            assert_eq!(e["dst"], lab::POD_B_IP.to_string());
-            assert_eq!(e["dst_port"], lab::POD_PORT);
-            assert_eq!(e["vip"], lab::CLUSTER_IP.to_string());
-            assert_eq!(e["outcome"], "dropped");
-            assert_eq!(e["snat"], "no");
-            assert!(
-                is_local_source_drop(
-                    e["drop_reason"].as_str().unwrap_or_default(),
-                    e["drop_location"].as_str().unwrap_or_default()
-                ),
-                "{e:#}"
-            );
-            let ev = e["evidence"].to_string();
+            assert_eq!(e.src, IpAddr::V4(lab::POD_B_IP));
+            assert_eq!(e.dst, IpAddr::V4(lab::POD_B_IP));
+            assert_eq!(e.dst_port, lab::POD_PORT);
+            assert_eq!(e.vip, Some(IpAddr::V4(lab::CLUSTER_IP)));
+            assert_eq!(e.outcome, Fate::Dropped);
+            assert_eq!(e.snat, SnatState::No);
+            assert!(dropped_as_local_source(e), "{e:#?}");
+            let ev = lines(&e.evidence);
             assert!(
                 ev.contains("ipset KUBE-LOOP-BACK lacks 198.19.1.11,tcp:8080,198.19.1.11"),
-                "{e:#}"
+                "{e:#?}"
             );
-            assert!(ev.contains("no SRC_NAT"), "IPVS conntrack entry: {e:#}");
+            assert!(ev.contains("no SRC_NAT"), "IPVS conntrack entry: {e:#?}");
             assert!(
-                e["remedy"]
-                    .to_string()
-                    .contains("KUBE-LOOP-BACK ipset entry"),
-                "{e:#}"
+                lines(&e.remedy).contains("KUBE-LOOP-BACK ipset entry"),
+                "{e:#?}"
             );
         },
     );
@@ -654,30 +662,28 @@ fn ipvs_mode_service_self_loop_is_confirmed_and_twins_are_silent() {
     run.failure(
         Scenario::SelfLoopBridge,
         "service-self-loop-bridge",
-        "service_self_loop",
+        LoopbackKind::ServiceSelfLoop,
         |e| {
-            assert_eq!(e["src"], lab::POD_B_IP.to_string());
-            assert_eq!(e["dst"], lab::POD_B_IP.to_string());
-            assert_eq!(e["dst_port"], lab::POD_PORT, "the call's port: {e:#}");
-            assert_eq!(e["vip"], lab::CLUSTER_IP.to_string(), "{e:#}");
-            assert_eq!(e["vip_port"], lab::SERVICE_PORT, "{e:#}");
-            assert_eq!(e["snat"], "yes", "{e:#}");
-            assert_eq!(e["nic"], "vpod-b", "{e:#}");
-            let ev = e["evidence"].to_string();
-            assert!(ev.contains("the call was masqueraded"), "{e:#}");
+            assert_eq!(e.src, IpAddr::V4(lab::POD_B_IP));
+            assert_eq!(e.dst, IpAddr::V4(lab::POD_B_IP));
+            assert_eq!(e.dst_port, lab::POD_PORT, "the call's port: {e:#?}");
+            assert_eq!(e.vip, Some(IpAddr::V4(lab::CLUSTER_IP)), "{e:#?}");
+            assert_eq!(e.vip_port, Some(lab::SERVICE_PORT), "{e:#?}");
+            assert_eq!(e.snat, SnatState::Yes, "{e:#?}");
+            assert_eq!(e.nic.as_deref(), Some("vpod-b"), "{e:#?}");
+            let ev = lines(&e.evidence);
+            assert!(ev.contains("the call was masqueraded"), "{e:#?}");
             assert!(
                 ev.contains("ipset KUBE-LOOP-BACK holds 198.19.1.11,tcp:8080,198.19.1.11"),
-                "{e:#}"
+                "{e:#?}"
             );
             assert!(
                 ev.contains("missing: hairpin mode on cbr0 port vpod-b"),
-                "{e:#}"
+                "{e:#?}"
             );
             assert!(
-                e["remedy"]
-                    .to_string()
-                    .contains("--hairpin-mode=hairpin-veth"),
-                "{e:#}"
+                lines(&e.remedy).contains("--hairpin-mode=hairpin-veth"),
+                "{e:#?}"
             );
         },
     );

@@ -9,13 +9,15 @@
 
 use std::{
     io::{BufRead as _, BufReader},
+    net::IpAddr,
     process::{Command, Stdio},
     sync::mpsc,
     time::Duration,
 };
 
+use probe_contract::{LoopbackEvent, LoopbackKind, facts::Etp};
 use probe_tests::{
-    agent::{Agent, probe_bin, require_root, wait_for},
+    agent::{Agent, lines, probe_bin, require_root, wait_for},
     kube_fixture::KubeFixture,
 };
 use serde_json::Value;
@@ -30,19 +32,10 @@ const CLIENT_POD: &str = "default/client-5d8f7c9b6-x2x9q";
 /// tests/tests/kube_events.rs's.
 const AGENT: &[&str] = &["--metrics-addr", METRICS, "--kube-events", "off"];
 
-fn event(agent: &Agent, kind: &str) -> Value {
-    agent.wait_event(kind, WAIT, |es| {
-        es.iter().rev().find(|e| e["kind"] == kind).cloned()
+fn event(agent: &Agent, kind: LoopbackKind) -> LoopbackEvent {
+    agent.wait_event(kind.as_str(), WAIT, |es| {
+        es.iter().rev().find(|e| e.kind == kind).cloned()
     })
-}
-
-fn remedies(e: &Value) -> Vec<String> {
-    e["remedy"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r.as_str().unwrap().to_owned())
-        .collect()
 }
 
 fn metric(name: &str) -> String {
@@ -90,11 +83,15 @@ fn hairpin_and_healthcheck_blackhole_carry_pod_and_service_names() {
         Outcome::Timeout
     );
 
-    let hairpin = event(&agent, "hairpin");
-    assert_eq!(hairpin["client_pod"], CLIENT_POD, "{hairpin:#}");
-    assert_eq!(hairpin["node"], "clb-node");
-    assert_eq!(hairpin["src"], lab::POD_A_IP.to_string(), "addresses stay");
-    let named = remedies(&hairpin);
+    let hairpin = event(&agent, LoopbackKind::Hairpin);
+    assert_eq!(
+        hairpin.client_pod.as_deref(),
+        Some(CLIENT_POD),
+        "{hairpin:#?}"
+    );
+    assert_eq!(hairpin.node.as_deref(), Some("clb-node"));
+    assert_eq!(hairpin.src, IpAddr::V4(lab::POD_A_IP), "addresses stay");
+    let named = &hairpin.remedy;
     assert!(
         named.iter().any(|r| r.starts_with(&format!(
             "In pod {CLIENT_POD}: call web.default.svc.cluster.local:80 (Service default/web) instead of the LB address 203.0.113.10:80"
@@ -107,7 +104,7 @@ fn hairpin_and_healthcheck_blackhole_carry_pod_and_service_names() {
         1,
         "{named:#?}"
     );
-    let evidence = hairpin["evidence"].to_string();
+    let evidence = lines(&hairpin.evidence);
     assert!(
         evidence.contains(&format!("198.19.1.10 is pod {CLIENT_POD}")),
         "{evidence}"
@@ -116,12 +113,12 @@ fn hairpin_and_healthcheck_blackhole_carry_pod_and_service_names() {
         evidence.contains("belongs to Service default/web (externalTrafficPolicy: Cluster"),
         "{evidence}"
     );
-    assert_eq!(hairpin["facts"]["etp_api"], "Cluster", "{hairpin:#}");
+    assert_eq!(hairpin.facts.etp_api, Some(Etp::Cluster), "{hairpin:#?}");
 
-    let check = event(&agent, "healthcheck_blackhole");
-    assert_eq!(check["node"], "clb-node");
-    assert_eq!(check["client_pod"], Value::Null);
-    let named = remedies(&check);
+    let check = event(&agent, LoopbackKind::HealthcheckBlackhole);
+    assert_eq!(check.node.as_deref(), Some("clb-node"));
+    assert_eq!(check.client_pod, None);
+    let named = &check.remedy;
     assert!(
         named[0].starts_with(
             "Cause: the LB of Service default/web health-checks this node from its own VIP 203.0.113.10 on NodePort 30080 (externalTrafficPolicy: Cluster"
@@ -133,16 +130,19 @@ fn hairpin_and_healthcheck_blackhole_carry_pod_and_service_names() {
         "{named:#?}"
     );
 
-    // The live socket carries the same names.
-    let mut followed = Vec::new();
+    // The live socket carries the same names (`probe events` prints LoopbackEvents).
+    let mut followed: Vec<LoopbackEvent> = Vec::new();
     while !followed
         .iter()
-        .any(|e: &Value| e["kind"] == "hairpin" && e["client_pod"] == CLIENT_POD)
+        .any(|e| e.kind == LoopbackKind::Hairpin && e.client_pod.as_deref() == Some(CLIENT_POD))
     {
         let line = rx
             .recv_timeout(WAIT)
             .expect("probe events printed the named hairpin");
-        followed.push(serde_json::from_str(&line).expect("JSON"));
+        followed.push(
+            serde_json::from_str(&line)
+                .unwrap_or_else(|e| panic!("not a LoopbackEvent ({e}): {line}")),
+        );
     }
     let _ = follower.kill();
     let _ = follower.wait();
@@ -188,13 +188,17 @@ fn without_api_access_events_are_confirmed_by_address() {
     assert_eq!(status, 200, "readiness does not depend on the API");
 
     assert_eq!(lab.traffic(Scenario::Hairpin).unwrap(), Outcome::Timeout);
-    let hairpin = event(&agent, "hairpin");
-    assert_eq!(hairpin["client_pod"], Value::Null);
-    assert_eq!(hairpin["node"], "clb-node", "the node name needs no API");
-    assert_eq!(hairpin["vip"], lab::VIP.to_string());
+    let hairpin = event(&agent, LoopbackKind::Hairpin);
+    assert_eq!(hairpin.client_pod, None);
+    assert_eq!(
+        hairpin.node.as_deref(),
+        Some("clb-node"),
+        "the node name needs no API"
+    );
+    assert_eq!(hairpin.vip, Some(IpAddr::V4(lab::VIP)));
     assert!(
-        !hairpin["evidence"].to_string().contains("Kubernetes API"),
-        "{hairpin:#}"
+        !lines(&hairpin.evidence).contains("Kubernetes API"),
+        "{hairpin:#?}"
     );
     assert_eq!(
         metric("clbprobe_kube_connected"),
@@ -295,13 +299,14 @@ fn a_service_added_after_a_410_relist_is_attributed() {
     assert!(relists >= 1, "services relisted after the 410");
 
     assert_eq!(lab.traffic(Scenario::Hairpin).unwrap(), Outcome::Timeout);
-    let hairpin = event(&agent, "hairpin");
-    assert_eq!(hairpin["client_pod"], CLIENT_POD);
+    let hairpin = event(&agent, LoopbackKind::Hairpin);
+    assert_eq!(hairpin.client_pod.as_deref(), Some(CLIENT_POD));
     assert!(
-        remedies(&hairpin)
+        hairpin
+            .remedy
             .iter()
             .any(|r| r.contains("call web.default.svc.cluster.local:80 (Service default/web)")),
-        "{hairpin:#}"
+        "{hairpin:#?}"
     );
     assert!(agent.stop().success());
     drop(lab);

@@ -7,11 +7,12 @@
 
 use std::{net::SocketAddrV4, time::Duration};
 
+use probe_contract::LoopbackKind;
 use probe_tests::{
     agent::{Agent, require_root, wait_for},
     kube_fixture::{KubeFixture, NODE_NAME},
 };
-use serde_json::Value;
+use serde_json::{Value, json};
 use test_support::{
     kubeapi::FakeApiServer,
     lab::{self, LabGuard, Scenario, Variants},
@@ -86,7 +87,7 @@ fn a_confirmed_failure_is_one_event_whose_series_grows() {
         .expect("traffic");
     let first = s.agent.wait_event("healthcheck_blackhole", WAIT, |es| {
         es.iter()
-            .find(|e| e["kind"] == "healthcheck_blackhole")
+            .find(|e| e.kind == LoopbackKind::HealthcheckBlackhole)
             .cloned()
     });
     // Repeats, spread beyond the (shortened) per-aggregate window.
@@ -117,25 +118,19 @@ fn a_confirmed_failure_is_one_event_whose_series_grows() {
     );
     // The event carries its fixes (the bound VIP's: ipMode Proxy first, no API facts needed)
     // and the Event's note names the first one.
-    let fixes: Vec<&str> = first["fixes"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no fixes on {first:#}"))
-        .iter()
-        .filter_map(|f| f["id"].as_str())
-        .collect();
-    assert!(fixes.contains(&"ip-mode-proxy"), "{first:#}");
+    let fixes: Vec<&str> = first.fixes.iter().map(|f| f.id.as_str()).collect();
+    assert!(fixes.contains(&"ip-mode-proxy"), "{first:#?}");
     assert!(
         event["note"].as_str().unwrap().contains(" Fix: "),
         "{event:#}"
     );
     // Regarding the Service the API named (not the service table's `name:port`), else the
     // Node.
-    match first["facts"]["service"]["name"].as_str() {
-        Some(name) => {
-            let ns = first["facts"]["service"]["namespace"].as_str().unwrap();
+    match &first.facts.service {
+        Some(svc) => {
             assert_eq!(event["regarding"]["kind"], "Service", "{event:#}");
-            assert_eq!(event["regarding"]["name"], name);
-            assert_eq!(event["metadata"]["namespace"], ns);
+            assert_eq!(event["regarding"]["name"], svc.name.as_str());
+            assert_eq!(event["metadata"]["namespace"], svc.namespace.as_str());
         }
         None => {
             assert_eq!(event["regarding"]["kind"], "Node", "{event:#}");
@@ -169,8 +164,8 @@ fn a_storm_of_distinct_failures_stays_under_the_rate_limit() {
         let es = s.agent.events();
         let ports: std::collections::BTreeSet<u64> = es
             .iter()
-            .filter(|e| e["kind"] == "vip_port_unserved")
-            .filter_map(|e| e["vip_port"].as_u64())
+            .filter(|e| e.kind == LoopbackKind::VipPortUnserved)
+            .filter_map(|e| e.vip_port.map(u64::from))
             .collect();
         (ports.len() >= 30).then_some(ports.len())
     })
@@ -204,13 +199,13 @@ fn denied_events_are_counted_once_logged_and_the_agent_keeps_confirming() {
         .expect("traffic");
     s.agent.wait_event("healthcheck_blackhole", WAIT, |es| {
         es.iter()
-            .find(|e| e["kind"] == "healthcheck_blackhole")
+            .find(|e| e.kind == LoopbackKind::HealthcheckBlackhole)
             .cloned()
     });
     s.lab.traffic(Scenario::VipPortUnserved).expect("traffic");
     s.agent.wait_event("vip_port_unserved", WAIT, |es| {
         es.iter()
-            .find(|e| e["kind"] == "vip_port_unserved")
+            .find(|e| e.kind == LoopbackKind::VipPortUnserved)
             .cloned()
     });
     let failed = wait_for("failed writes counted", WAIT, || {
@@ -241,7 +236,7 @@ fn kube_events_off_writes_nothing() {
         .expect("traffic");
     s.agent.wait_event("healthcheck_blackhole", WAIT, |es| {
         es.iter()
-            .find(|e| e["kind"] == "healthcheck_blackhole")
+            .find(|e| e.kind == LoopbackKind::HealthcheckBlackhole)
             .cloned()
     });
     std::thread::sleep(Duration::from_secs(3));
@@ -257,7 +252,7 @@ fn a_hairpin_event_regards_the_service_and_relates_the_client_pod() {
     let s = setup("hairpin", &[], None, |_| {});
     s.lab.traffic(Scenario::Hairpin).expect("traffic");
     let confirmed = s.agent.wait_event("hairpin", WAIT, |es| {
-        es.iter().find(|e| e["kind"] == "hairpin").cloned()
+        es.iter().find(|e| e.kind == LoopbackKind::Hairpin).cloned()
     });
     let event = wait_for("the hairpin's Event", WAIT, || {
         clb_events(&s.api)
@@ -266,16 +261,20 @@ fn a_hairpin_event_regards_the_service_and_relates_the_client_pod() {
     })
     .unwrap_or_else(|| panic!("no LoopbackHairpin Event: {:#?}", clb_events(&s.api)));
     // Attribution named the client pod (the fake server holds the lab's pods): it is `related`.
-    let pod = confirmed["client_pod"].as_str().expect("client_pod named");
+    let pod = confirmed.client_pod.as_deref().expect("client_pod named");
     let (ns, name) = pod.split_once('/').unwrap();
     assert_eq!(event["related"]["kind"], "Pod", "{event:#}");
     assert_eq!(event["related"]["namespace"], ns);
     assert_eq!(event["related"]["name"], name);
     // The existing Service (the name without the service table's `:port`, and its uid).
-    let svc = &confirmed["facts"]["service"];
+    let svc = confirmed
+        .facts
+        .service
+        .as_ref()
+        .unwrap_or_else(|| panic!("no Service in the facts: {confirmed:#?}"));
     assert_eq!(event["regarding"]["kind"], "Service", "{event:#}");
-    assert_eq!(event["regarding"]["name"], svc["name"], "{event:#}");
-    assert_eq!(event["regarding"]["uid"], svc["uid"], "{event:#}");
+    assert_eq!(event["regarding"]["name"], svc.name.as_str(), "{event:#}");
+    assert_eq!(event["regarding"]["uid"], json!(svc.uid), "{event:#}");
     assert!(
         event["note"]
             .as_str()
@@ -286,7 +285,7 @@ fn a_hairpin_event_regards_the_service_and_relates_the_client_pod() {
 
 fn case(
     scenario: Scenario,
-    kind: &'static str,
+    kind: LoopbackKind,
     reason: &'static str,
     client_pod: bool,
 ) -> probe_tests::kube_names::Case {
@@ -310,22 +309,27 @@ fn iptables_first_events_are_named_and_on_the_service() {
     probe_tests::kube_names::first_events_named_and_described(
         lab::KubeProxyMode::Iptables,
         &[
-            case(Scenario::Hairpin, "hairpin", "LoopbackHairpin", true),
+            case(
+                Scenario::Hairpin,
+                LoopbackKind::Hairpin,
+                "LoopbackHairpin",
+                true,
+            ),
             case(
                 Scenario::HealthcheckBlackhole,
-                "healthcheck_blackhole",
+                LoopbackKind::HealthcheckBlackhole,
                 "HealthCheckBlackhole",
                 false,
             ),
             case(
                 Scenario::VipPortUnserved,
-                "vip_port_unserved",
+                LoopbackKind::VipPortUnserved,
                 "VipPortUnserved",
                 true,
             ),
             case(
                 Scenario::VipAsSourceOut,
-                "vip_as_source",
+                LoopbackKind::VipAsSource,
                 "VipAsSource",
                 false,
             ),
@@ -341,7 +345,12 @@ fn nftables_first_events_are_named_and_on_the_service() {
     }
     probe_tests::kube_names::first_events_named_and_described(
         lab::KubeProxyMode::Nftables,
-        &[case(Scenario::Hairpin, "hairpin", "LoopbackHairpin", true)],
+        &[case(
+            Scenario::Hairpin,
+            LoopbackKind::Hairpin,
+            "LoopbackHairpin",
+            true,
+        )],
     );
 }
 
@@ -377,7 +386,7 @@ fn a_fixed_loop_is_resolved_with_proof_and_its_recurrence_is_a_regression() {
     };
     s.lab.traffic(Scenario::Hairpin).expect("traffic");
     s.agent.wait_event("hairpin", WAIT, |es| {
-        es.iter().find(|e| e["kind"] == "hairpin").cloned()
+        es.iter().find(|e| e.kind == LoopbackKind::Hairpin).cloned()
     });
     let warning = wait_for("the hairpin's Warning", WAIT, || {
         clb_events(&s.api)

@@ -84,8 +84,7 @@ fn failures_show_in_metrics_and_a_real_prometheus_scrapes_them() {
         assert_eq!(lab.traffic(scenario).unwrap(), outcome, "{scenario}");
     }
     agent.wait_event("three kinds confirmed", Duration::from_secs(10), |es| {
-        let kinds: std::collections::BTreeSet<_> =
-            es.iter().filter_map(|e| e["kind"].as_str()).collect();
+        let kinds: std::collections::BTreeSet<_> = es.iter().map(|e| e.kind.as_str()).collect();
         (kinds.len() == 3).then_some(())
     });
 

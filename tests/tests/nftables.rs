@@ -6,9 +6,11 @@
 //!
 //! Root only (each test prints a skip line otherwise). One at a time: they share the lab.
 
+use std::net::IpAddr;
 use std::process::Command;
 use std::time::Duration;
 
+use probe_contract::{LoopbackKind, Outcome as Fate, SnatState};
 use probe_tests::agent::{Agent, lines, probe_bin, require_root};
 use serde_json::Value;
 use test_support::lab::{self, KubeProxyMode, LabGuard, Outcome, Scenario, Variants};
@@ -48,6 +50,7 @@ fn nftables_service_table_is_read_from_kube_proxys_table() {
         return;
     }
     let lab = lab_up();
+    // `probe services`' table (JSON): not an output type of the contract yet.
     let services = |lab: &LabGuard| -> Value {
         let _ = lab;
         let out = Command::new("ip")
@@ -94,15 +97,15 @@ fn nftables_hairpin_is_confirmed_with_the_nftables_objects_as_evidence() {
         return;
     }
     let agent = run(Scenario::Hairpin);
-    let e = agent.only_event("hairpin", WAIT);
-    assert_eq!(e["src"], lab::POD_A_IP.to_string());
-    assert_eq!(e["vip"], lab::VIP.to_string());
-    assert_eq!(e["vip_port"], lab::SERVICE_PORT);
-    assert_eq!(e["dst_port"], lab::NODE_PORT);
-    assert_eq!(e["snat"], "no");
-    assert_eq!(e["outcome"], "reset");
-    assert_eq!(e["service"], "default/web");
-    let ev = lines(&e, "evidence");
+    let e = agent.only_event(LoopbackKind::Hairpin, WAIT);
+    assert_eq!(e.src, IpAddr::V4(lab::POD_A_IP));
+    assert_eq!(e.vip, Some(IpAddr::V4(lab::VIP)));
+    assert_eq!(e.vip_port, Some(lab::SERVICE_PORT));
+    assert_eq!(e.dst_port, lab::NODE_PORT);
+    assert_eq!(e.snat, SnatState::No);
+    assert_eq!(e.outcome, Fate::Reset);
+    assert_eq!(e.service.as_deref(), Some("default/web"));
+    let ev = lines(&e.evidence);
     assert!(
         ev.contains("service table (kube-proxy nftables tables): NodePort 30080/tcp belongs to default/web:http"),
         "{ev}"
@@ -119,9 +122,9 @@ fn nftables_hairpin_under_strict_rp_filter_is_confirmed_as_dropped() {
         return;
     }
     let agent = run(Scenario::HairpinRpfilter);
-    let e = agent.only_event("hairpin", WAIT);
-    assert_eq!(e["outcome"], "dropped");
-    assert_eq!(e["drop_reason"], "IP_RPFILTER");
+    let e = agent.only_event(LoopbackKind::Hairpin, WAIT);
+    assert_eq!(e.outcome, Fate::Dropped);
+    assert_eq!(e.drop_reason.as_deref(), Some("IP_RPFILTER"));
 }
 
 /// What cannot happen in nftables mode (no LB IP is bound), and the healthy twins: the client
@@ -199,15 +202,15 @@ fn nftables_service_self_loop_without_the_hairpin_mark_is_confirmed_in_the_pod()
         return;
     }
     let agent = run_in_variants(Scenario::SelfLoop);
-    let e = agent.only_event("service_self_loop", WAIT);
-    assert_eq!(e["src"], lab::POD_B_IP.to_string());
-    assert_eq!(e["dst"], lab::POD_B_IP.to_string());
-    assert_eq!(e["vip"], lab::CLUSTER_IP.to_string());
-    assert_eq!(e["vip_port"], lab::SERVICE_PORT);
-    assert_eq!(e["service"], "default/web");
-    assert_eq!(e["snat"], "no");
-    assert_eq!(e["nic"], Value::Null);
-    let ev = lines(&e, "evidence");
+    let e = agent.only_event(LoopbackKind::ServiceSelfLoop, WAIT);
+    assert_eq!(e.src, IpAddr::V4(lab::POD_B_IP));
+    assert_eq!(e.dst, IpAddr::V4(lab::POD_B_IP));
+    assert_eq!(e.vip, Some(IpAddr::V4(lab::CLUSTER_IP)));
+    assert_eq!(e.vip_port, Some(lab::SERVICE_PORT));
+    assert_eq!(e.service.as_deref(), Some("default/web"));
+    assert_eq!(e.snat, SnatState::No);
+    assert_eq!(e.nic, None);
+    let ev = lines(&e.evidence);
     assert!(
         ev.contains("dropped in the pod's own network namespace"),
         "{ev}"
@@ -227,11 +230,11 @@ fn nftables_service_self_loop_at_a_bridge_port_names_its_hairpin_mode() {
         return;
     }
     let agent = run_in_variants(Scenario::SelfLoopBridge);
-    let e = agent.only_event("service_self_loop", WAIT);
-    assert_eq!(e["src"], lab::POD_B_IP.to_string());
-    assert_eq!(e["nic"], "vpod-b");
-    assert_eq!(e["service"], "default/web");
-    let ev = lines(&e, "evidence");
+    let e = agent.only_event(LoopbackKind::ServiceSelfLoop, WAIT);
+    assert_eq!(e.src, IpAddr::V4(lab::POD_B_IP));
+    assert_eq!(e.nic.as_deref(), Some("vpod-b"));
+    assert_eq!(e.service.as_deref(), Some("default/web"));
+    let ev = lines(&e.evidence);
     assert!(
         ev.contains("missing: hairpin mode on cbr0 port vpod-b"),
         "{ev}"

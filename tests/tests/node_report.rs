@@ -10,6 +10,7 @@
 
 use std::{process::Command, time::Duration};
 
+use probe_contract::LoopbackKind;
 use probe_tests::{
     agent::{Agent, probe_bin, require_root, wait_for},
     kube_fixture::{KubeFixture, Listen, NODE_NAME},
@@ -120,7 +121,7 @@ fn the_agent_writes_its_node_report_and_the_plugin_tables_the_cluster() {
     // the risks go with it, at the check's next change-driven pass, not a minute later.
     lab.traffic(Scenario::Hairpin).expect("traffic");
     agent.wait_event("hairpin", WAIT, |es| {
-        es.iter().find(|e| e["kind"] == "hairpin").cloned()
+        es.iter().find(|e| e.kind == LoopbackKind::Hairpin).cloned()
     });
     let written = wait_for(
         "the report with the loop and without the risks",
@@ -311,7 +312,7 @@ fn two_agents_on_two_nodes_each_write_their_own_report() {
     );
     lab.traffic(Scenario::Hairpin).expect("traffic");
     on_node.wait_event("hairpin", WAIT, |es| {
-        es.iter().find(|e| e["kind"] == "hairpin").cloned()
+        es.iter().find(|e| e.kind == LoopbackKind::Hairpin).cloned()
     });
     let reports = wait_for("both reports, the node's with its loop", WAIT, || {
         let all = api.objects("loopbackreports");

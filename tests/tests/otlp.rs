@@ -9,12 +9,13 @@
 
 use std::{collections::BTreeMap, time::Duration};
 
+use probe_contract::{LoopbackEvent, LoopbackKind};
 use probe_tests::{
     agent::{Agent, node_metric, require_root, wait_for},
     kube_fixture::KubeFixture,
     otlp::{Mode, Receiver, Record},
 };
-use serde_json::Value;
+use serde_json::json;
 use test_support::lab::{self, LabGuard, Outcome, Scenario, Variants};
 
 const METRICS: &str = "127.0.0.1:19476";
@@ -43,38 +44,38 @@ fn start(endpoint: &str) -> (KubeFixture, Agent) {
 }
 
 /// The agent's JSON lines of `kind`, once there is one.
-fn json_events(agent: &Agent, kind: &str) -> Vec<Value> {
-    agent.wait_event(kind, WAIT, |es| {
-        let of_kind: Vec<Value> = es.iter().filter(|e| e["kind"] == kind).cloned().collect();
+fn json_events(agent: &Agent, kind: LoopbackKind) -> Vec<LoopbackEvent> {
+    agent.wait_event(kind.as_str(), WAIT, |es| {
+        let of_kind: Vec<LoopbackEvent> = es.iter().filter(|e| e.kind == kind).cloned().collect();
         (!of_kind.is_empty()).then_some(of_kind)
     })
 }
 
-/// What a record must say about its JSON line: every attribute from the event's own field.
-fn assert_record_matches(r: &Record, e: &Value) {
+/// What a record must say about its JSON line: every attribute from the event's own field,
+/// spelled as the line spells it (the record's attributes are OTLP's, read as JSON values).
+fn assert_record_matches(r: &Record, e: &LoopbackEvent) {
     let a = &r.attributes;
-    let ctx = || format!("record {r:#?}\nJSON line {e:#}");
+    let ctx = || format!("record {r:#?}\nJSON line {e:#?}");
     assert_eq!(r.event_name, "clb_probe.loopback", "{}", ctx());
-    assert_eq!(a["clb_probe.kind"], e["kind"], "{}", ctx());
-    assert_eq!(a["clb_probe.key"], e["key"], "{}", ctx());
-    assert_eq!(a["clb_probe.node"], e["node"], "{}", ctx());
-    assert_eq!(a["clb_probe.service"], e["service"], "{}", ctx());
-    assert_eq!(a["clb_probe.vip"], e["vip"], "{}", ctx());
-    assert_eq!(a["clb_probe.vip_port"], e["vip_port"], "{}", ctx());
-    assert_eq!(a["clb_probe.client_pod"], e["client_pod"], "{}", ctx());
-    assert_eq!(a["clb_probe.src"], e["src"], "{}", ctx());
-    assert_eq!(a["clb_probe.dst"], e["dst"], "{}", ctx());
-    assert_eq!(a["clb_probe.count"], e["count"], "{}", ctx());
-    assert_eq!(a["clb_probe.evidence"], e["evidence"], "{}", ctx());
-    let fix = &e["fixes"][0];
-    assert_eq!(a["clb_probe.fix_id"], fix["id"], "{}", ctx());
+    assert_eq!(a["clb_probe.kind"], json!(e.kind), "{}", ctx());
+    assert_eq!(a["clb_probe.key"], json!(e.key), "{}", ctx());
+    assert_eq!(a["clb_probe.node"], json!(e.node), "{}", ctx());
+    assert_eq!(a["clb_probe.service"], json!(e.service), "{}", ctx());
+    assert_eq!(a["clb_probe.vip"], json!(e.vip), "{}", ctx());
+    assert_eq!(a["clb_probe.vip_port"], json!(e.vip_port), "{}", ctx());
+    assert_eq!(a["clb_probe.client_pod"], json!(e.client_pod), "{}", ctx());
+    assert_eq!(a["clb_probe.src"], json!(e.src), "{}", ctx());
+    assert_eq!(a["clb_probe.dst"], json!(e.dst), "{}", ctx());
+    assert_eq!(a["clb_probe.count"], json!(e.count), "{}", ctx());
+    assert_eq!(a["clb_probe.evidence"], json!(e.evidence), "{}", ctx());
+    let fix = e
+        .fixes
+        .first()
+        .unwrap_or_else(|| panic!("no fix: {}", ctx()));
+    assert_eq!(a["clb_probe.fix_id"], json!(fix.id), "{}", ctx());
     assert_eq!(
         a["clb_probe.fix"],
-        format!(
-            "{}: {}",
-            fix["id"].as_str().unwrap(),
-            fix["change"].as_str().unwrap()
-        ),
+        format!("{}: {}", fix.id, fix.change),
         "{}",
         ctx()
     );
@@ -92,11 +93,16 @@ fn a_confirmed_hairpin_arrives_as_log_records_and_the_counters_as_metrics() {
     let (_api, mut agent) = start(&receiver.endpoint());
 
     assert_eq!(lab.traffic(Scenario::Hairpin).unwrap(), Outcome::Timeout);
-    let first = json_events(&agent, "hairpin");
+    let first = json_events(&agent, LoopbackKind::Hairpin);
     // The attributes under test are all there to compare (attribution named them).
-    assert_eq!(first[0]["client_pod"], CLIENT_POD, "{:#}", first[0]);
-    assert!(first[0]["service"].is_string(), "{:#}", first[0]);
-    assert!(first[0]["fixes"][0]["id"].is_string(), "{:#}", first[0]);
+    assert_eq!(
+        first[0].client_pod.as_deref(),
+        Some(CLIENT_POD),
+        "{:#?}",
+        first[0]
+    );
+    assert!(first[0].service.is_some(), "{:#?}", first[0]);
+    assert!(!first[0].fixes.is_empty(), "{:#?}", first[0]);
 
     // One record per JSON line, each saying what its line says. The JSON line is written first
     // (the record goes through its exporter's queue), so wait until they agree.
@@ -113,20 +119,12 @@ fn a_confirmed_hairpin_arrives_as_log_records_and_the_counters_as_metrics() {
         )
     });
     assert!(
-        lines.iter().all(|e| e["kind"] == "hairpin"),
+        lines.iter().all(|e| e.kind == LoopbackKind::Hairpin),
         "only the hairpin: {lines:#?}"
     );
-    let by_line: BTreeMap<(String, u64), &Value> = lines
+    let by_line: BTreeMap<(String, u64), &LoopbackEvent> = lines
         .iter()
-        .map(|e| {
-            (
-                (
-                    e["key"].as_str().unwrap().to_string(),
-                    e["count"].as_u64().unwrap(),
-                ),
-                e,
-            )
-        })
+        .map(|e| ((e.key.clone(), e.count), e))
         .collect();
     for r in &records {
         let id = (
@@ -212,7 +210,11 @@ fn a_confirmed_hairpin_arrives_as_log_records_and_the_counters_as_metrics() {
     .unwrap_or_else(|| panic!("no resolution record: {:#?}", receiver.records()));
     let a = &resolved.attributes;
     assert_eq!(a["clb_probe.kind"], "hairpin", "{resolved:#?}");
-    assert_eq!(a["clb_probe.service"], first[0]["service"], "{resolved:#?}");
+    assert_eq!(
+        a["clb_probe.service"],
+        json!(first[0].service),
+        "{resolved:#?}"
+    );
     assert_eq!(a["clb_probe.vip"], lab::VIP.to_string(), "{resolved:#?}");
     assert_eq!(a["clb_probe.node"], "clb-node", "{resolved:#?}");
     assert!(
@@ -247,8 +249,13 @@ fn unreachable_receiver_costs_counted_drops(mode: Option<Mode>) {
     };
     let (_api, mut agent) = start(&endpoint);
     assert_eq!(lab.traffic(Scenario::Hairpin).unwrap(), Outcome::Timeout);
-    let lines = json_events(&agent, "hairpin");
-    assert_eq!(lines[0]["client_pod"], CLIENT_POD, "{:#}", lines[0]);
+    let lines = json_events(&agent, LoopbackKind::Hairpin);
+    assert_eq!(
+        lines[0].client_pod.as_deref(),
+        Some(CLIENT_POD),
+        "{:#?}",
+        lines[0]
+    );
     // The record of that line is lost, and counted (after the export's deadline when the
     // receiver hangs).
     let dropped = wait_for("the lost record counted", WAIT, || {
@@ -269,7 +276,7 @@ fn unreachable_receiver_costs_counted_drops(mode: Option<Mode>) {
         lab.traffic(Scenario::VipPortUnserved).unwrap(),
         Outcome::Refused
     );
-    json_events(&agent, "vip_port_unserved");
+    json_events(&agent, LoopbackKind::VipPortUnserved);
     if let Some(r) = &receiver {
         assert!(r.requests().0 >= 1, "the hung receiver was reached");
     }

@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use probe_contract::LoopbackKind;
 use probe_tests::{
     agent::{Agent, node_metric, require_root, wait_for},
     trafgen,
@@ -91,7 +92,7 @@ fn confirming_records_wake_the_reader_within_budget_and_survive_a_flood() {
     );
     agent.wait_event("the health-check blackhole", WAIT, |es| {
         es.iter()
-            .find(|e| e["kind"] == "healthcheck_blackhole")
+            .find(|e| e.kind == LoopbackKind::HealthcheckBlackhole)
             .cloned()
     });
     assert!(
