@@ -541,7 +541,14 @@ fn probe_events_into_a_closed_pipe_exits_quietly() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(String::from_utf8_lossy(&out.stderr), "", "quietly");
-    let first: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(first["count"], 1);
+    // `probe events` prints LoopbackEvents.
+    let first: probe_contract::LoopbackEvent =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "not a LoopbackEvent ({e}): {}",
+                String::from_utf8_lossy(&out.stdout)
+            )
+        });
+    assert_eq!(first.count, 1);
     server.join().unwrap();
 }

@@ -4,6 +4,8 @@
 //! and the first slow ones named on the log against the re-syncs and re-reads around them
 //! (how the 2 s stalls of netlink socket closes during nf_tables commits were found).
 
+use probe_contract::{LoopbackEvent, LoopbackKind};
+
 use crate::bench::report::percentile;
 
 /// A line later than this after its suspect is named on the log.
@@ -34,11 +36,11 @@ impl LineTiming {
         let lines: Vec<(u64, u64, String)> = events
             .iter()
             .filter_map(|(at, l)| {
-                let e: serde_json::Value = serde_json::from_str(l).ok()?;
-                let i = (e["kind"] == "hairpin")
-                    .then(|| e["src_port"].as_u64())??
+                let e: LoopbackEvent = serde_json::from_str(l).ok()?;
+                let i = (e.kind == LoopbackKind::Hairpin)
+                    .then_some(u64::from(e.src_port))?
                     .checked_sub(SPORT_BASE)?;
-                let outcome = e["outcome"].as_str().unwrap_or("unknown").to_string();
+                let outcome = e.outcome.as_str().to_string();
                 Some((*at, *sent_ns.get(i as usize)?, outcome))
             })
             .collect();
@@ -101,16 +103,26 @@ mod tests {
     fn lines_are_matched_to_their_suspects_and_split_by_outcome() {
         let ms = 1_000_000;
         let sent = [0, 50 * ms, 100 * ms];
-        let line = |port: u64, outcome: &str| {
-            format!(r#"{{"kind":"hairpin","src_port":{port},"outcome":"{outcome}"}}"#)
+        // A whole event line as the agent writes it (only kind, src_port, outcome matter).
+        let line = |kind: LoopbackKind, port: u16, outcome: &str| {
+            serde_json::json!({
+                "kind": kind, "key": "k", "src": "198.19.1.10", "src_port": port,
+                "dst": "198.18.0.2", "dst_port": 30080, "vip": null, "vip_port": null,
+                "proto": "tcp", "drop_reason": null, "drop_location": null, "snat": "no",
+                "outcome": outcome, "count": 1, "evidence": [], "remedy": [],
+                "first_seen_ns": 0, "last_seen_ns": 0, "nic": null, "service": null,
+                "layer": null,
+            })
+            .to_string()
         };
+        let hairpin = LoopbackKind::Hairpin;
         let events = vec![
-            (3 * ms, line(40_000, "dropped")),
-            (2_050 * ms, line(40_001, "dropped")),
-            (1_900 * ms, line(40_002, "no_reply")),
+            (3 * ms, line(hairpin, 40_000, "dropped")),
+            (2_050 * ms, line(hairpin, 40_001, "dropped")),
+            (1_900 * ms, line(hairpin, 40_002, "no_reply")),
             (
                 5 * ms,
-                r#"{"kind":"vip_port_unserved","src_port":40000}"#.to_string(),
+                line(LoopbackKind::VipPortUnserved, 40_000, "refused"),
             ),
             (6 * ms, "not json".to_string()),
         ];

@@ -7,6 +7,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use probe_contract::{LoopbackEvent, LoopbackKind};
+
 use anyhow::{Context as _, Result, bail};
 
 use crate::bench::{
@@ -72,8 +74,8 @@ pub(super) fn vip_iface_churn(probe: &Path, work: &Path, rounds: u16) -> Result<
         let confirmed = loop {
             let seen = agent.events.lock().is_ok_and(|v| {
                 v.iter().any(|(_, l)| {
-                    serde_json::from_str::<serde_json::Value>(l).is_ok_and(|e| {
-                        e["kind"] == "healthcheck_blackhole" && e["dst_port"] == u64::from(port)
+                    serde_json::from_str::<LoopbackEvent>(l).is_ok_and(|e| {
+                        e.kind == LoopbackKind::HealthcheckBlackhole && e.dst_port == port
                     })
                 })
             });
