@@ -9,8 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use probe_contract::{LoopbackEvent, LoopbackKind};
-use serde::Deserialize as _;
+use probe_contract::{LoopbackEvent, LoopbackKind, record::KernelEvent};
 use serde_json::Value;
 
 // The kernel observer lives in its own file; the tests name it through `agent` as before.
@@ -247,25 +246,35 @@ impl Agent {
     /// written back differs from the line: a field the contract lacks or spells differently, a
     /// field left out), fails the test with the line shown.
     pub fn events(&self) -> Vec<LoopbackEvent> {
-        self.read_jsonl("events.jsonl")
-            .into_iter()
-            .map(|line| {
-                let e = LoopbackEvent::deserialize(&line).unwrap_or_else(|err| {
-                    panic!("not the contract's LoopbackEvent ({err}): {line}")
-                });
-                let back = serde_json::to_value(&e).expect("a LoopbackEvent serialises");
-                assert_eq!(
-                    back, line,
-                    "the line is not what the contract's LoopbackEvent writes: {line}"
-                );
-                e
-            })
-            .collect()
+        self.read_typed("events.jsonl", "LoopbackEvent")
     }
 
-    /// Kernel events recorded so far.
-    pub fn records(&self) -> Vec<Value> {
-        self.read_jsonl("record.jsonl")
+    /// Kernel events recorded so far (`--record`), read as the contract's [`KernelEvent`]
+    /// with the same check as [`Agent::events`].
+    pub fn records(&self) -> Vec<KernelEvent> {
+        self.read_typed("record.jsonl", "KernelEvent")
+    }
+
+    /// The complete lines of `name`, each deserialized once as `T`; a line that is not one,
+    /// or that `T` written back differs from, fails the test with the line shown.
+    fn read_typed<T: serde::de::DeserializeOwned + serde::Serialize>(
+        &self,
+        name: &str,
+        type_name: &str,
+    ) -> Vec<T> {
+        self.read_jsonl(name)
+            .into_iter()
+            .map(|line| {
+                let typed = T::deserialize(&line)
+                    .unwrap_or_else(|err| panic!("not the contract's {type_name} ({err}): {line}"));
+                let back = serde_json::to_value(&typed).expect("a contract type serialises");
+                assert_eq!(
+                    back, line,
+                    "the line is not what the contract's {type_name} writes: {line}"
+                );
+                typed
+            })
+            .collect()
     }
 
     /// The agent's log lines so far (drains what is pending).
@@ -289,7 +298,7 @@ impl Agent {
         &self,
         what: &str,
         timeout: Duration,
-        f: impl Fn(&[Value]) -> Option<T>,
+        f: impl Fn(&[KernelEvent]) -> Option<T>,
     ) -> T {
         wait_for(what, timeout, || f(&self.records()))
             .unwrap_or_else(|| panic!("{what}: not recorded; records:\n{:#?}", self.records()))

@@ -4,7 +4,15 @@
 //!
 //! Root only (each test prints a skip line otherwise). Run one at a time: they share the lab.
 
-use std::{net::SocketAddrV4, time::Duration};
+use std::{
+    net::{IpAddr, SocketAddrV4},
+    time::Duration,
+};
+
+use probe_contract::{
+    Proto, Tag,
+    record::{KernelEvent, Packet},
+};
 
 use probe_tests::agent::{
     Agent, is_local_source_drop, kernel_has_tcx, our_loaded_programs, our_tc_attachments,
@@ -23,19 +31,12 @@ fn agent() -> Agent {
     Agent::start(lab::NS_NODE, &["--nic", lab::NODE_NIC])
 }
 
-fn s(v: &Value, path: &[&str]) -> String {
-    let mut cur = v;
-    for p in path {
-        cur = &cur[*p];
+/// The record is a suspect (its NIC and packet), or None.
+fn suspect(r: &KernelEvent) -> Option<(&str, &Packet)> {
+    match r {
+        KernelEvent::Suspect { nic, packet, .. } => Some((nic.as_str(), packet)),
+        _ => None,
     }
-    match cur {
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
-    }
-}
-
-fn is_type(r: &Value, t: &str) -> bool {
-    r["type"] == t
 }
 
 /// SUSPECTS key: ifindex u32, tag u8, proto u8, pad.
@@ -54,29 +55,38 @@ fn vip_source_on_the_nic_is_counted_evented_and_its_drop_has_the_reason() {
         lab.traffic(Scenario::HealthcheckBlackhole).unwrap(),
         Outcome::Timeout
     );
-    let vip = lab::VIP.to_string();
+    let vip = IpAddr::V4(lab::VIP);
     agent.wait_record("suspect with a vip source on eth0", WAIT, |rs| {
         rs.iter()
             .find(|r| {
-                is_type(r, "suspect")
-                    && s(r, &["packet", "src"]) == vip
-                    && s(r, &["packet", "src_tag"]) == "vip"
-                    && s(r, &["nic"]) == lab::NODE_NIC
-                    && s(r, &["packet", "dport"]) == lab::NODE_PORT.to_string()
+                suspect(r).is_some_and(|(nic, p)| {
+                    p.src == vip
+                        && p.src_tag == Some(Tag::Vip)
+                        && nic == lab::NODE_NIC
+                        && p.dport == lab::NODE_PORT
+                })
             })
             .cloned()
     });
     let drop = agent.wait_record("its kernel drop", WAIT, |rs| {
-        rs.iter()
-            .find(|r| is_type(r, "drop") && s(r, &["packet", "src"]) == vip)
-            .cloned()
+        rs.iter().find_map(|r| match r {
+            KernelEvent::Drop {
+                packet,
+                reason,
+                location,
+                iface,
+                ..
+            } if packet.src == vip => Some((reason.clone(), location.clone(), iface.clone())),
+            _ => None,
+        })
     });
+    let (reason, location, iface) = &drop;
     // IP_LOCAL_SOURCE on 6.18; NOT_SPECIFIED at the route-input site on 6.1 (the VM tier).
     assert!(
-        is_local_source_drop(&s(&drop, &["reason", "name"]), &s(&drop, &["location"])),
-        "{drop:#}"
+        is_local_source_drop(&reason.name, location.as_deref().unwrap_or_default()),
+        "{drop:#?}"
     );
-    assert_eq!(s(&drop, &["iface"]), lab::NODE_NIC);
+    assert_eq!(iface.as_deref(), Some(lab::NODE_NIC));
     assert!(suspects_of_tag(probe_common::tag::VIP) >= 1);
     assert_eq!(suspects_of_tag(probe_common::tag::POD), 0);
 }
@@ -122,22 +132,16 @@ fn hairpin_pod_source_is_evented_and_tied_to_the_pods_egress_record() {
     let agent = agent();
     let outcome = lab.traffic(Scenario::Hairpin).unwrap();
     assert_ne!(outcome, Outcome::Ok);
-    let pod = lab::POD_A_IP.to_string();
-    let suspect = agent.wait_record("suspect with a pod source", WAIT, |rs| {
+    let pod = IpAddr::V4(lab::POD_A_IP);
+    let seen = agent.wait_record("suspect with a pod source", WAIT, |rs| {
         rs.iter()
-            .find(|r| {
-                is_type(r, "suspect")
-                    && s(r, &["packet", "src"]) == pod
-                    && s(r, &["packet", "src_tag"]) == "pod"
-            })
+            .find(|r| suspect(r).is_some_and(|(_, p)| p.src == pod && p.src_tag == Some(Tag::Pod)))
             .cloned()
     });
-    assert_eq!(s(&suspect, &["packet", "dst"]), lab::NODE_IP.to_string());
-    assert_eq!(
-        s(&suspect, &["packet", "dport"]),
-        lab::NODE_PORT.to_string()
-    );
-    let sport: u16 = s(&suspect, &["packet", "sport"]).parse().unwrap();
+    let packet = seen.packet();
+    assert_eq!(packet.dst, IpAddr::V4(lab::NODE_IP));
+    assert_eq!(packet.dport, lab::NODE_PORT);
+    let sport = packet.sport;
     // The pod's SYN left the NIC un-SNATed: EGRESS_FLOWS has (pod, sport) -> VIP:80.
     let dump = sh(&["bpftool", "-j", "map", "dump", "name", "EGRESS_FLOWS"]);
     let entries: Value = serde_json::from_str(&dump).unwrap();
@@ -158,7 +162,7 @@ fn hairpin_pod_source_is_evented_and_tied_to_the_pods_egress_record() {
     // (before the suspect it caused) and moves only its latest time.
     let word = |at: usize| u64::from_le_bytes(value[at..at + 8].try_into().unwrap());
     let (first, last) = (word(24), word(32));
-    let suspect_ts = suspect["ts_ns"].as_u64().unwrap();
+    let suspect_ts = seen.ts_ns();
     assert!(first <= suspect_ts, "first {first} > suspect {suspect_ts}");
     assert!(
         last > first,
@@ -236,7 +240,7 @@ fn address_changes_after_start_are_followed_and_kube_ipvs0_is_reattached() {
         agent
             .records()
             .iter()
-            .filter(|r| is_type(r, "suspect") && s(r, &["packet", "src"]) == vip2.to_string())
+            .filter(|r| suspect(r).is_some_and(|(_, p)| p.src == IpAddr::V4(vip2)))
             .count()
     };
 
@@ -424,7 +428,7 @@ fn clsact_fallback_sees_packets_and_leaves_nothing_behind() {
     );
     a.wait_record("suspect seen through cls_bpf", WAIT, |rs| {
         rs.iter()
-            .find(|r| is_type(r, "suspect") && s(r, &["packet", "src_tag"]) == "vip")
+            .find(|r| suspect(r).is_some_and(|(_, p)| p.src_tag == Some(Tag::Vip)))
             .cloned()
     });
     assert!(a.stop().success());
@@ -671,19 +675,20 @@ fn ipv6_vip_source_is_matched_and_ordinary_v6_is_not() {
     };
     send("2001:db8::2");
     send("2001:db8:ffff::10");
-    let suspect = agent.wait_record("v6 suspect", WAIT, |rs| {
-        rs.iter().find(|r| is_type(r, "suspect")).cloned()
+    let seen = agent.wait_record("v6 suspect", WAIT, |rs| {
+        rs.iter().find(|r| suspect(r).is_some()).cloned()
     });
-    assert_eq!(s(&suspect, &["packet", "src"]), "2001:db8:ffff::10");
-    assert_eq!(s(&suspect, &["packet", "src_tag"]), "vip");
-    assert_eq!(s(&suspect, &["packet", "dst_tag"]), "node");
-    assert_eq!(s(&suspect, &["packet", "proto"]), "udp");
-    assert_eq!(s(&suspect, &["packet", "dport"]), "9999");
+    let packet = seen.packet();
+    assert_eq!(packet.src, "2001:db8:ffff::10".parse::<IpAddr>().unwrap());
+    assert_eq!(packet.src_tag, Some(Tag::Vip));
+    assert_eq!(packet.dst_tag, Some(Tag::Node));
+    assert_eq!(packet.proto, Proto::Udp);
+    assert_eq!(packet.dport, 9999);
     std::thread::sleep(Duration::from_millis(300));
     let suspects: Vec<_> = agent
         .records()
         .into_iter()
-        .filter(|r| is_type(r, "suspect"))
+        .filter(|r| suspect(r).is_some())
         .collect();
     assert_eq!(
         suspects.len(),

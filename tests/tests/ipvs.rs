@@ -11,7 +11,9 @@
 
 use std::{net::IpAddr, path::PathBuf, time::Duration};
 
-use probe_contract::{Layer, LoopbackEvent, LoopbackKind, Outcome as Fate, Proto, SnatState};
+use probe_contract::{
+    Layer, LoopbackEvent, LoopbackKind, Outcome as Fate, Proto, SnatState, record::KernelEvent,
+};
 use probe_tests::agent::{
     Agent, dropped_as_local_source, hex_bytes, lines, our_loaded_programs, our_tc_attachments,
     probe_bin, require_root, sh, wait_for,
@@ -150,7 +152,12 @@ impl Run<'_> {
     fn drive(
         &mut self,
         scenario: Scenario,
-    ) -> (Outcome, Vec<LoopbackEvent>, Vec<Value>, Vec<LoopbackEvent>) {
+    ) -> (
+        Outcome,
+        Vec<LoopbackEvent>,
+        Vec<KernelEvent>,
+        Vec<LoopbackEvent>,
+    ) {
         let (events_before, records_before) = (self.agent.events(), self.agent.records().len());
         let report = self.lab.run(scenario).expect("traffic");
         std::thread::sleep(SETTLE);
@@ -202,6 +209,7 @@ impl Run<'_> {
         if let Some(dir) = results_dir() {
             let dir = dir.join(name);
             std::fs::create_dir_all(&dir).unwrap();
+            let records: Vec<Value> = records.iter().map(|r| json!(r)).collect();
             write_jsonl(&dir.join("events.jsonl"), &records);
             let confirmed: Vec<Value> = events.iter().map(|e| json!(e)).collect();
             write_jsonl(&dir.join("confirmed.jsonl"), &confirmed);

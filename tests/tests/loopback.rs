@@ -15,6 +15,7 @@ use std::{
 
 use probe_contract::{
     Layer, LoopbackEvent, LoopbackKind, Outcome as Fate, Proto, SnatState, facts::AddressOwner,
+    record::KernelEvent,
 };
 use probe_tests::agent::{Agent, dropped_as_local_source, lines, require_root};
 use test_support::lab::{self, LabGuard, Outcome, Scenario, Variants, http_get_in};
@@ -584,11 +585,10 @@ fn a_failed_connect_and_its_retransmits_count_once() {
         .sum();
     drop(lab);
     assert_eq!(outcome, Outcome::Timeout);
-    // The kernel's records (the probe's own record stream, not yet a contract type).
     let drops = agent
         .records()
         .iter()
-        .filter(|r| r["type"] == "drop")
+        .filter(|r| matches!(r, KernelEvent::Drop { .. }))
         .count();
     let e = only_event(&agent, LoopbackKind::Hairpin);
     Is::DropReason(Some("IP_RPFILTER")).check(&e);

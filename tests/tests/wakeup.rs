@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use probe_contract::LoopbackKind;
+use probe_contract::{LoopbackKind, record::KernelEvent};
 use probe_tests::{
     agent::{Agent, node_metric, require_root, wait_for},
     trafgen,
@@ -27,7 +27,7 @@ fn drop_records(agent: &Agent) -> u64 {
     agent
         .records()
         .iter()
-        .filter(|r| r["type"] == "drop")
+        .filter(|r| matches!(r, KernelEvent::Drop { .. }))
         .count() as u64
 }
 
@@ -105,6 +105,6 @@ fn suspect_records(agent: &Agent) -> u64 {
     agent
         .records()
         .iter()
-        .filter(|r| r["type"] == "suspect")
+        .filter(|r| matches!(r, KernelEvent::Suspect { .. }))
         .count() as u64
 }

@@ -35,6 +35,14 @@ pub const ARM64_SELECTION: &[&str] = &[
     "probe-tests",
 ];
 
+/// Where cargo builds: `CARGO_TARGET_DIR` (relative to `root` when relative), else
+/// `root/target`.
+pub fn target_dir(root: &Path) -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(|d| root.join(d))
+        .unwrap_or_else(|| root.join("target"))
+}
+
 /// `cargo`, as the one running xtask (its toolchain).
 pub fn cargo() -> Command {
     Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))

@@ -135,7 +135,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
     check_interrupt()?;
     eprintln!("demo: bringing the lab up (kube-proxy mode {mode})");
     let lab = LabGuard::up_in(mode, &Variants::default(), &Default::default())?;
-    let probe = root.join("target/debug/probe");
+    let probe = crate::build::target_dir(&root).join("debug/probe");
 
     // A fake Kubernetes API (test_support::kubeapi) with the lab's pods and Services, so the events
     // carry names: no real API server can run here.

@@ -455,11 +455,9 @@ fn host_tests(
     clock: &mut Clock,
     arm64_ready: &Receiver<bool>,
 ) -> anyhow::Result<()> {
-    let probe = root.join("target/debug/probe");
-    let probe_arm64 = root
-        .join("target")
-        .join(crate::build::ARM64)
-        .join("debug/probe");
+    let target = crate::build::target_dir(root);
+    let probe = target.join("debug/probe");
+    let probe_arm64 = target.join(crate::build::ARM64).join("debug/probe");
     let mut files: Vec<(&str, &std::path::Path)> = built
         .iter()
         .filter(|(p, _, k, _)| p == "probe-tests" && k.iter().any(|k| k == "test"))
