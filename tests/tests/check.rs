@@ -6,7 +6,9 @@
 
 use std::process::{Command, Output};
 
-use probe_tests::agent::{probe_bin, require_root};
+use probe_contract::check::{Finding, Kind, Limit, Mode, Replacement, Report, Severity};
+use probe_tests::agent::{lines, probe_bin, require_root};
+use serde::Deserialize as _;
 use serde_json::Value;
 use test_support::lab::{self, KubeProxyMode, LabGuard, Variant, Variants};
 
@@ -20,9 +22,9 @@ fn check(args: &[&str]) -> Output {
         .expect("run probe check")
 }
 
-/// `probe check --json` in the lab node: (exit code, report).
-fn report() -> (i32, Value) {
-    let o = check(&["--json", "--nic", lab::NODE_NIC]);
+/// `probe check --json`'s stdout as the contract's report, read once: not one, or not what the
+/// type writes back (a field the contract lacks or leaves out), fails the test with the text.
+fn parse(o: &std::process::Output) -> Report {
     let stdout = String::from_utf8_lossy(&o.stdout);
     let json: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| {
         panic!(
@@ -30,23 +32,38 @@ fn report() -> (i32, Value) {
             String::from_utf8_lossy(&o.stderr)
         )
     });
-    (o.status.code().expect("exit code"), json)
+    let report = Report::deserialize(&json)
+        .unwrap_or_else(|e| panic!("not the contract's check Report ({e}): {stdout}"));
+    assert_eq!(
+        serde_json::to_value(&report).unwrap(),
+        json,
+        "not what the contract's check Report writes: {stdout}"
+    );
+    report
+}
+
+/// `probe check --json` in the lab node: (exit code, report).
+fn report() -> (i32, Report) {
+    let o = check(&["--json", "--nic", lab::NODE_NIC]);
+    (o.status.code().expect("exit code"), parse(&o))
 }
 
 /// The findings of `kind`, as (severity, subject).
-fn named(json: &Value, kind: &str) -> Vec<(String, String)> {
-    json["findings"]
-        .as_array()
-        .expect("findings")
+fn named(json: &Report, kind: Kind) -> Vec<(String, String)> {
+    json.findings
         .iter()
-        .filter(|f| f["kind"] == kind)
-        .map(|f| {
-            (
-                f["severity"].as_str().unwrap().to_string(),
-                f["subject"].as_str().unwrap().to_string(),
-            )
-        })
+        .filter(|f| f.kind == kind)
+        .map(|f| (f.severity.as_str().to_string(), f.subject.clone()))
         .collect()
+}
+
+/// The first finding of `kind`.
+fn find(json: &Report, kind: Kind) -> Finding {
+    json.findings
+        .iter()
+        .find(|f| f.kind == kind)
+        .cloned()
+        .unwrap_or_else(|| panic!("no {}: {json:#?}", kind.as_str()))
 }
 
 #[test]
@@ -66,80 +83,76 @@ fn each_lab_risk_is_named_and_its_twin_is_not() {
         String::from_utf8_lossy(&check(&["--nic", lab::NODE_NIC]).stdout)
     );
     let (code, json) = report();
-    assert_eq!(code, 1, "{json:#}");
-    assert_eq!(json["schema"], 1);
+    assert_eq!(code, 1, "{json:#?}");
+    assert_eq!(json.schema, 1);
     if mode == KubeProxyMode::Nftables {
         // nftables mode binds no LB IP: nothing for an LB's health check to trip on.
-        assert!(named(&json, "healthcheck_blackhole").is_empty(), "{json:#}");
+        assert!(
+            named(&json, Kind::HealthcheckBlackhole).is_empty(),
+            "{json:#?}"
+        );
     } else {
         assert_eq!(
-            named(&json, "healthcheck_blackhole"),
+            named(&json, Kind::HealthcheckBlackhole),
             [("risk".to_string(), vip.clone())],
-            "{json:#}"
+            "{json:#?}"
         );
-        let unserved = named(&json, "vip_port_unserved");
-        assert_eq!(unserved.len(), 1, "{json:#}");
+        let unserved = named(&json, Kind::VipPortUnserved);
+        assert_eq!(unserved.len(), 1, "{json:#?}");
         assert_eq!(unserved[0].1, vip);
-        let hc = json["findings"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|f| f["kind"] == "healthcheck_blackhole")
-            .unwrap();
-        assert!(!hc["remedy"].as_array().unwrap().is_empty(), "{hc:#}");
-        assert!(
-            hc["evidence"].to_string().contains("accept_local=0"),
-            "{hc:#}"
-        );
+        let hc = find(&json, Kind::HealthcheckBlackhole);
+        assert!(!hc.remedy.is_empty(), "{hc:#?}");
+        assert!(lines(&hc.evidence).contains("accept_local=0"), "{hc:#?}");
     }
     if mode != KubeProxyMode::Ipvs {
-        assert!(!named(&json, "hairpin").is_empty(), "{json:#}");
+        assert!(!named(&json, Kind::Hairpin).is_empty(), "{json:#?}");
     }
-    let nic = named(&json, "nic_source_validation");
+    let nic = named(&json, Kind::NicSourceValidation);
     assert_eq!(nic, [("info".to_string(), lab::NODE_NIC.to_string())]);
 
     // The healthcheck-ok twin: the VIP is not bound. Pods still leave unmasqueraded.
     lab.set(Variant::VipBound, false).expect("unbind the VIP");
     let (code, json) = report();
-    assert!(named(&json, "healthcheck_blackhole").is_empty(), "{json:#}");
-    assert!(named(&json, "vip_port_unserved").is_empty(), "{json:#}");
-    let hairpin = named(&json, "hairpin");
+    assert!(
+        named(&json, Kind::HealthcheckBlackhole).is_empty(),
+        "{json:#?}"
+    );
+    assert!(named(&json, Kind::VipPortUnserved).is_empty(), "{json:#?}");
+    let hairpin = named(&json, Kind::Hairpin);
     assert!(
         !hairpin.is_empty() && hairpin.iter().all(|(s, _)| s == "risk"),
-        "{json:#}"
+        "{json:#?}"
     );
     assert_eq!(code, 1);
 
     // The hairpin-snat twin: pod egress masqueraded: no risk left.
     lab.set(Variant::Masquerade, true).expect("masquerade");
     let (code, json) = report();
-    assert!(named(&json, "hairpin").is_empty(), "{json:#}");
-    assert_eq!(json["risks"], 0, "{json:#}");
-    assert_eq!(code, 0, "{json:#}");
+    assert!(named(&json, Kind::Hairpin).is_empty(), "{json:#?}");
+    assert_eq!(json.risks, 0, "{json:#?}");
+    assert_eq!(code, 0, "{json:#?}");
 
     // Strict rp_filter shows in the NIC's settings (drop instead of reply).
     lab.set(Variant::RpFilter, true).expect("rp_filter");
     let (_, json) = report();
-    let summary = json["findings"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|f| f["kind"] == "nic_source_validation")
-        .map(|f| f["summary"].to_string())
-        .unwrap();
+    let summary = find(&json, Kind::NicSourceValidation).summary;
     assert!(summary.contains("rp_filter=1 (strict)"), "{summary}");
 
     // The table: one line per finding plus the header, the dataplane and the summary line.
     let o = check(&["--nic", lab::NODE_NIC]);
     let table = String::from_utf8_lossy(&o.stdout);
-    let findings = json["findings"].as_array().unwrap().len();
+    let findings = json.findings.len();
     assert_eq!(table.lines().count(), findings + 3, "{table}");
     assert!(
         table.contains(&format!("dataplane: kube-proxy {}\n", mode.name())),
         "{table}"
     );
-    assert_eq!(json["dataplane"]["mode"], mode.name(), "{json:#}");
-    assert!(named(&json, "dataplane").is_empty(), "{json:#}");
+    assert_eq!(
+        json.dataplane.as_ref().map(|d| d.mode.as_str()),
+        Some(mode.name()),
+        "{json:#?}"
+    );
+    assert!(named(&json, Kind::Dataplane).is_empty(), "{json:#?}");
     assert!(
         table.lines().last().unwrap().starts_with("0 risk(s), "),
         "{table}"
@@ -188,60 +201,62 @@ fn a_node_without_kube_proxy_names_its_dataplane_and_its_limits() {
     assert!(table.contains("dataplane: none (cilium)\n"), "{table}");
     let (code, json) = report();
     // The local route's black hole is a risk whatever serves Services.
-    assert_eq!(code, 1, "{json:#}");
-    let d = &json["dataplane"];
-    assert_eq!(d["mode"], "none", "{json:#}");
-    assert_eq!(d["replacement"], "cilium", "{json:#}");
-    assert!(d["evidence"].to_string().contains("cilium_host"), "{d:#}");
-    let kinds = |key: &str| -> Vec<String> {
-        d[key]
-            .as_array()
-            .unwrap_or_else(|| panic!("{key}: {d:#}"))
+    assert_eq!(code, 1, "{json:#?}");
+    let d = json
+        .dataplane
+        .as_ref()
+        .unwrap_or_else(|| panic!("no dataplane: {json:#?}"));
+    assert_eq!(d.mode, Mode::None, "{json:#?}");
+    assert_eq!(d.replacement, Some(Replacement::Cilium), "{json:#?}");
+    assert!(lines(&d.evidence).contains("cilium_host"), "{d:#?}");
+    // Each limit says why (an empty list is left out of the JSON: no kinds).
+    let kinds = |limits: &[Limit]| -> Vec<String> {
+        limits
             .iter()
             .map(|l| {
-                assert!(!l["why"].as_str().unwrap().is_empty(), "{l:#}");
-                l["kind"].as_str().unwrap().to_string()
+                assert!(!l.why.is_empty(), "{l:#?}");
+                l.kind.clone()
             })
             .collect()
     };
     assert_eq!(
-        kinds("still_possible"),
+        kinds(&d.still_possible),
         ["healthcheck_blackhole", "vip_port_unserved", "hairpin"]
     );
-    let cannot = kinds("cannot_confirm");
+    let cannot = kinds(&d.cannot_confirm);
     assert!(
         cannot.contains(&"nodeport_attribution".to_string()),
         "{cannot:?}"
     );
     assert!(
-        d["cannot_confirm"]
-            .to_string()
-            .contains("no service table from rules"),
-        "{d:#}"
+        d.cannot_confirm
+            .iter()
+            .any(|l| l.why.contains("no service table from rules")),
+        "{d:#?}"
     );
     // Not silence: a warning names the node's state, whatever the risks.
     assert_eq!(
-        named(&json, "dataplane"),
+        named(&json, Kind::Dataplane),
         [("warn".to_string(), "none (cilium)".to_string())],
-        "{json:#}"
+        "{json:#?}"
     );
     // Which ports Cilium serves is not readable: a refusal is possible, not proven.
     assert_eq!(
-        named(&json, "vip_port_unserved"),
+        named(&json, Kind::VipPortUnserved),
         [("warn".to_string(), lab::VIP.to_string())],
-        "{json:#}"
+        "{json:#?}"
     );
     // Pod egress masquerade is Cilium's (eBPF, unseen): a hairpin is possible, not proven.
-    let hairpin = named(&json, "hairpin");
+    let hairpin = named(&json, Kind::Hairpin);
     assert!(
         !hairpin.is_empty() && hairpin.iter().all(|(s, _)| s == "warn"),
-        "{json:#}"
+        "{json:#?}"
     );
     // The local route still makes the LB IP's health checks martian.
     assert_eq!(
-        named(&json, "healthcheck_blackhole"),
+        named(&json, Kind::HealthcheckBlackhole),
         [("risk".to_string(), lab::VIP.to_string())],
-        "{json:#}"
+        "{json:#?}"
     );
     drop(lab);
 }
@@ -368,44 +383,27 @@ fn services_from_the_api_name_the_risks() {
     let kc = api.kubeconfig();
     let run = || {
         let o = check(&["--json", "--nic", lab::NODE_NIC, "--kubeconfig", kc]);
-        let json: Value = serde_json::from_slice(&o.stdout)
-            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&o.stderr)));
-        (o.status.code().unwrap(), json)
-    };
-    let find = |json: &Value, kind: &str| -> Value {
-        json["findings"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|f| f["kind"] == kind)
-            .cloned()
-            .unwrap_or_else(|| panic!("no {kind}: {json:#}"))
+        (o.status.code().unwrap(), parse(&o))
     };
 
     // default/web as the fixture has it: LB ingress 203.0.113.10 (ipMode VIP), port 80.
     let (code, json) = run();
-    assert_eq!(code, 1, "{json:#}");
-    let api_line = find(&json, "kube_api");
-    assert_eq!(api_line["severity"], "info", "{api_line:#}");
+    assert_eq!(code, 1, "{json:#?}");
+    let api_line = find(&json, Kind::KubeApi);
+    assert_eq!(api_line.severity, Severity::Info, "{api_line:#?}");
     assert!(
-        api_line["summary"]
-            .as_str()
-            .unwrap()
-            .contains("1 LB ingress IP"),
-        "{api_line:#}"
+        api_line.summary.contains("1 LB ingress IP"),
+        "{api_line:#?}"
     );
-    let hc = find(&json, "healthcheck_blackhole");
-    assert!(
-        hc["summary"].as_str().unwrap().contains("default/web"),
-        "{hc:#}"
-    );
+    let hc = find(&json, Kind::HealthcheckBlackhole);
+    assert!(hc.summary.contains("default/web"), "{hc:#?}");
     // default/dns shares the LB IP for 53/udp, which the bound VIP does not serve on the node.
-    let unserved = find(&json, "vip_port_unserved");
-    assert_eq!(unserved["severity"], "risk", "{unserved:#}");
-    let summary = unserved["summary"].as_str().unwrap();
+    let unserved = find(&json, Kind::VipPortUnserved);
+    assert_eq!(unserved.severity, Severity::Risk, "{unserved:#?}");
+    let summary = &unserved.summary;
     assert!(
         summary.contains("53/udp") && !summary.contains("443/tcp"),
-        "{unserved:#}"
+        "{unserved:#?}"
     );
 
     // The Service declares 443 too, which nothing on the node serves: a named risk.
@@ -419,25 +417,25 @@ fn services_from_the_api_name_the_risks() {
         .push(serde_json::json!({"name": "https", "protocol": "TCP", "port": 443, "targetPort": 8443, "nodePort": 30443}));
     api.apply(web);
     let (_, json) = run();
-    let unserved = find(&json, "vip_port_unserved");
-    assert_eq!(unserved["severity"], "risk", "{unserved:#}");
-    assert!(
-        unserved["summary"].as_str().unwrap().contains("443/tcp"),
-        "{unserved:#}"
-    );
+    let unserved = find(&json, Kind::VipPortUnserved);
+    assert_eq!(unserved.severity, Severity::Risk, "{unserved:#?}");
+    assert!(unserved.summary.contains("443/tcp"), "{unserved:#?}");
 
     // RBAC denies the list: a warning, and the node side still judged.
     api.forbid("services", "list");
     let (code, json) = run();
-    assert_eq!(code, 1, "{json:#}");
-    let api_line = find(&json, "kube_api");
-    assert_eq!(api_line["severity"], "warn", "{api_line:#}");
+    assert_eq!(code, 1, "{json:#?}");
+    let api_line = find(&json, Kind::KubeApi);
+    assert_eq!(api_line.severity, Severity::Warn, "{api_line:#?}");
     assert!(
-        api_line["evidence"].to_string().contains("403")
-            || api_line["evidence"].to_string().contains("forbidden"),
-        "{api_line:#}"
+        lines(&api_line.evidence).contains("403")
+            || lines(&api_line.evidence).contains("forbidden"),
+        "{api_line:#?}"
     );
-    assert_eq!(find(&json, "healthcheck_blackhole")["severity"], "risk");
+    assert_eq!(
+        find(&json, Kind::HealthcheckBlackhole).severity,
+        Severity::Risk
+    );
     drop(api);
     drop(lab);
 }
@@ -461,7 +459,7 @@ fn a_kube_ipvs0_left_behind_after_the_switch_to_nftables_is_named() {
     )
     .expect("lab up (nftables mode)");
     let (_, clean) = report();
-    assert!(named(&clean, "mode_leftover").is_empty(), "{clean:#}");
+    assert!(named(&clean, Kind::ModeLeftover).is_empty(), "{clean:#?}");
     // What IPVS mode leaves: kube-ipvs0 (a bridge with no ports stands in for its dummy) with
     // the LB IP bound.
     let ip = |args: &[&str]| {
@@ -481,37 +479,27 @@ fn a_kube_ipvs0_left_behind_after_the_switch_to_nftables_is_named() {
         lab::KUBE_IPVS0,
     ]);
     let (code, json) = report();
-    assert_eq!(code, 1, "{json:#}");
+    assert_eq!(code, 1, "{json:#?}");
     assert_eq!(
-        named(&json, "mode_leftover"),
+        named(&json, Kind::ModeLeftover),
         vec![("risk".to_string(), lab::KUBE_IPVS0.to_string())],
-        "{json:#}"
+        "{json:#?}"
     );
-    let finding = json["findings"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|f| f["kind"] == "mode_leftover")
-        .unwrap();
+    let finding = find(&json, Kind::ModeLeftover);
     assert!(
-        finding["evidence"]
-            .to_string()
-            .contains(&lab::VIP.to_string()),
-        "{finding:#}"
+        lines(&finding.evidence).contains(&lab::VIP.to_string()),
+        "{finding:#?}"
     );
-    assert!(
-        finding["remedy"].to_string().contains("--cleanup"),
-        "{finding:#}"
-    );
+    assert!(lines(&finding.remedy).contains("--cleanup"), "{finding:#?}");
     // The black hole it keeps is named too.
     assert!(
-        named(&json, "healthcheck_blackhole")
+        named(&json, Kind::HealthcheckBlackhole)
             .iter()
             .any(|(_, s)| s == &lab::VIP.to_string()),
-        "{json:#}"
+        "{json:#?}"
     );
     // The cleanup done (kube-proxy's removes kube-ipvs0 with its addresses): silent again.
     ip(&["link", "delete", lab::KUBE_IPVS0]);
     let (_, after) = report();
-    assert!(named(&after, "mode_leftover").is_empty(), "{after:#}");
+    assert!(named(&after, Kind::ModeLeftover).is_empty(), "{after:#?}");
 }
