@@ -277,7 +277,7 @@ fn as_nftables_predicts_what_the_nftables_lab_shows() {
     assert_eq!(p["to"], "nftables", "{p:#}");
     assert_eq!(
         r.predicted, r.observed,
-        "prediction {p:#}\nobserved {:#}",
+        "prediction {p:#}\nobserved {:#?}",
         r.observed_report
     );
     let vip = lab::VIP.to_string();

@@ -720,7 +720,7 @@ fn ipvs_mode_as_nftables_prediction_matches_the_nftables_lab() {
     assert_eq!(p["from"], "ipvs", "{p:#}");
     assert_eq!(
         r.predicted, r.observed,
-        "prediction {p:#}\nobserved {:#}",
+        "prediction {p:#}\nobserved {:#?}",
         r.observed_report
     );
     let vip = lab::VIP.to_string();
