@@ -222,7 +222,7 @@ pub async fn node_names(client: Client) -> anyhow::Result<Vec<String>> {
 /// parse is kept with an empty status (listed as stale: no `lastUpdate`).
 pub async fn node_reports(
     client: Client,
-) -> anyhow::Result<Vec<(String, crate::report::status::ReportStatus)>> {
+) -> anyhow::Result<Vec<(String, probe_contract::report::ReportStatus)>> {
     let api: Api<kube::api::DynamicObject> = Api::all_with(client, &crate::report::api_resource());
     let mut out = Vec::new();
     let mut params = ListParams::default().limit(PAGE);
@@ -231,7 +231,7 @@ pub async fn node_reports(
             kube::Error::Api(status) if status.code == 404 => anyhow::anyhow!(
                 "the LoopbackReport CRD (loopbackreports.{}) is not installed: install the chart \
                  with nodeReport.enabled=true",
-                crate::report::GROUP
+                probe_contract::report::GROUP
             ),
             other => explain(other, "list loopbackreports"),
         })?;

@@ -63,7 +63,7 @@ pub struct AgentFixes {
 /// (confirmed), then risks (a shared LB IP's risk regards each of its Services); entries
 /// without ids (older agents) are skipped.
 pub fn agent_fixes(
-    reports: &[(String, crate::report::status::ReportStatus)],
+    reports: &[(String, probe_contract::report::ReportStatus)],
     service: &str,
 ) -> Vec<AgentFixes> {
     // An event's service label may carry the port name (`ns/name:http`).
@@ -128,7 +128,7 @@ pub fn confirmed_kinds(
             let instance = ev.reporting_instance.as_deref().unwrap_or_default();
             if !nodes
                 .iter()
-                .any(|n| crate::sink::kube_event_doc::reporting_instance(n) == instance)
+                .any(|n| probe_contract::kube_event::reporting_instance(n) == instance)
             {
                 continue;
             }

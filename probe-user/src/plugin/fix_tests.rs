@@ -100,8 +100,8 @@ fn plan_of(etp: &str) -> Plan {
 
 /// Reports as the agents write them: a hairpin on shop/web with the fixes computed on the node,
 /// and a risk on the LB IP shared with shop/api.
-fn reports() -> Vec<(String, crate::report::status::ReportStatus)> {
-    use crate::report::status::{ActiveLoop, ReportStatus, RiskStatus};
+fn reports() -> Vec<(String, probe_contract::report::ReportStatus)> {
+    use probe_contract::report::{ActiveLoop, ReportStatus, RiskStatus};
     let status = ReportStatus {
         active_loops: vec![ActiveLoop {
             kind: "hairpin".into(),

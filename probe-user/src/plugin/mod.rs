@@ -37,9 +37,10 @@ use serde::Serialize;
 
 use probe_contract::kube_event::{
     ACTION, REPORTING_CONTROLLER, RESOLVED_ACTION, RESOLVED_REASON, kind_of_reason,
+    reporting_instance,
 };
 
-use crate::{sink::kube_event_doc::reporting_instance, term::escape};
+use crate::term::escape;
 
 /// The label the chart puts on the agent's pods.
 pub const AGENT_LABEL: (&str, &str) = ("app.kubernetes.io/name", "clb-probe");

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
-use super::status::{ReportStatus, parse_rfc3339};
+use probe_contract::report::{ReportStatus, parse_rfc3339};
 
 /// Three heartbeats ([`super::writer::HEARTBEAT`]) without an update: stale.
 pub const STALE_AFTER: i64 = 900;
@@ -357,7 +357,7 @@ pub fn table(view: &ClusterView, now: i64, wide: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::status::{ActiveLoop, RiskStatus, rfc3339};
+    use probe_contract::report::{ActiveLoop, RiskStatus, rfc3339};
 
     const NOW: i64 = 1_800_000_000;
 

@@ -11,7 +11,7 @@ use probe_contract::condition::{
     Condition, ConditionStatus, NO_LOOPBACK, NodeCondition, reason_of_kind,
 };
 
-use super::status::ReportStatus;
+use probe_contract::report::ReportStatus;
 
 /// The message's bound (bytes), as an Event's note: the Service and the first fix fit.
 const MESSAGE_MAX: usize = 1024;
@@ -84,7 +84,7 @@ pub fn patch(c: &Condition, heartbeat: &str, transition: &str) -> serde_json::Va
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::status::{ActiveLoop, RiskStatus};
+    use probe_contract::report::{ActiveLoop, RiskStatus};
 
     #[test]
     fn true_with_a_loop_or_a_risk_reason_the_kind_message_the_service_and_fix() {

@@ -42,7 +42,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use probe_contract::LoopbackEvent;
 
-use super::status::{ActiveLoop, ResolvedLoop, rfc3339};
+use probe_contract::report::{ActiveLoop, ResolvedLoop, rfc3339};
 
 pub const ACTIVE_WINDOW: i64 = 600;
 pub const RESOLVED_KEEP: i64 = 24 * 3600;
@@ -144,11 +144,11 @@ pub fn first_fix(fixes: &[probe_contract::Fix], remedy: &[String]) -> Option<Str
 }
 
 /// The fixes' ids, best fit first (the order they were computed in), the first
-/// [`super::status::MAX_FIX_IDS`].
+/// [`probe_contract::report::MAX_FIX_IDS`].
 pub fn fix_ids(fixes: &[probe_contract::Fix]) -> Vec<String> {
     fixes
         .iter()
-        .take(super::status::MAX_FIX_IDS)
+        .take(probe_contract::report::MAX_FIX_IDS)
         .map(|f| f.id.clone())
         .collect()
 }

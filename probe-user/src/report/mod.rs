@@ -1,8 +1,11 @@
 //! The cluster's view (#27): one `LoopbackReport` object per node in the Kubernetes API, written
 //! by that node's agent, read by `kubectl clb-probe report` and `kubectl get loopbackreports`.
 //!
-//! - [`status`]: the object's schema (`status` only; the CRD ships in the chart) and its name
-//!   check (the agent writes only the object named after its own node).
+//!
+//! The object's schema (`status` only; the CRD ships in the chart), its API coordinates and its
+//! name check (the agent writes only the object named after its own node) are the output
+//! contract's, `probe_contract::report`.
+//!
 //! - [`loops`]: pure: which loops are *active* and which were *resolved* (see there).
 //! - [`gate`]: pure: the write rate limit (one write per node per 10 s, coalesced, newest wins).
 //! - [`writer`]: the agent's task, off the correlation path like the Events sink.
@@ -15,21 +18,14 @@ pub mod condition;
 pub mod gate;
 pub mod loops;
 pub mod risks;
-pub mod status;
 pub mod writer;
 
-/// The project's API group (the CRD `loopbackreports.clb-probe.io` in the chart).
-pub const GROUP: &str = "clb-probe.io";
-pub const VERSION: &str = "v1alpha1";
-pub const KIND: &str = "LoopbackReport";
-pub const PLURAL: &str = "loopbackreports";
-/// `group/version`.
-pub const API_VERSION: &str = "clb-probe.io/v1alpha1";
 /// Server-side apply's field manager: the agent owns every field of `status` it writes.
 pub const FIELD_MANAGER: &str = "clb-probe-agent";
 
 /// The API resource, for `kube::Api<DynamicObject>`.
 pub fn api_resource() -> kube::core::ApiResource {
+    use probe_contract::report::{API_VERSION, GROUP, KIND, PLURAL, VERSION};
     kube::core::ApiResource {
         group: GROUP.into(),
         version: VERSION.into(),

@@ -27,7 +27,7 @@ pub fn risk_services(
     // First mention first, each once.
     let mut seen = std::collections::BTreeSet::new();
     out.retain(|s| seen.insert(s.clone()));
-    out.truncate(super::status::MAX_RISK_SERVICES);
+    out.truncate(probe_contract::report::MAX_RISK_SERVICES);
     out
 }
 

@@ -27,7 +27,7 @@
 //! Node without one, or unreadable, is believed (one WARN). Neither check stops a stolen token
 //! used elsewhere: the API's RBAC, which cannot scope `nodes/status` to one node, is that bound.
 //!
-//! The object is named after this node ([`super::status::object_name`], checked), created
+//! The object is named after this node ([`probe_contract::report::object_name`], checked), created
 //! once by server-side apply of its metadata with an ownerReference to the Node (so it is
 //! deleted with the Node; without `get nodes` it is created without one, and that is said).
 
@@ -53,12 +53,15 @@ use tokio::sync::{
 };
 use tracing::{error, info, warn};
 
+use probe_contract::report::{
+    API_VERSION, CapabilityStatus, KIND, ReportStatus, RiskStatus, object_name, rfc3339,
+};
+
 use super::{
-    API_VERSION, FIELD_MANAGER, KIND,
+    FIELD_MANAGER,
     condition::condition,
     gate::{Backoff, Gate},
     loops::{Loops, first_fix, fix_ids},
-    status::{CapabilityStatus, ReportStatus, RiskStatus, object_name, rfc3339},
 };
 use crate::hub::capability::{Capabilities, Capability};
 
@@ -121,7 +124,7 @@ pub fn check_state(
         .findings
         .iter()
         .filter(|f| f.severity == probe_contract::check::Severity::Risk)
-        .take(super::status::MAX_RISKS)
+        .take(probe_contract::report::MAX_RISKS)
         .map(|f| {
             let services = super::risks::risk_services(f, &inputs.lb_targets);
             RiskStatus {

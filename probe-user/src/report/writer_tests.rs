@@ -8,7 +8,7 @@ use serde_json::json;
 use test_support::kubeapi::FakeApiServer;
 
 use super::*;
-use crate::report::status::ActiveLoop;
+use probe_contract::report::ActiveLoop;
 
 struct Fake {
     api: FakeApiServer,
@@ -271,10 +271,8 @@ fn repeats_of_a_loop_are_not_a_change_a_new_loop_or_risk_is() {
 /// The object size the README's API-load figures use: every list at its bound.
 #[test]
 fn a_full_report_stays_far_below_the_object_size_limit() {
-    use crate::report::{
-        loops::{MAX_ACTIVE, MAX_CLIENT_PODS, MAX_FLOODS, MAX_RESOLVED},
-        status::{MAX_RISK_SERVICES, MAX_RISKS, ResolvedLoop},
-    };
+    use crate::report::loops::{MAX_ACTIVE, MAX_CLIENT_PODS, MAX_FLOODS, MAX_RESOLVED};
+    use probe_contract::report::{MAX_RISK_SERVICES, MAX_RISKS, ResolvedLoop};
     let t = rfc3339(1_800_000_000);
     let full = ReportStatus {
         node: "ip-10-0-123-234.eu-west-1.compute.internal".into(),
@@ -528,7 +526,7 @@ fn worst_fix_ids() -> Vec<String> {
         .map(|e| e.id.to_string())
         .collect();
     ids.sort_by_key(|id| std::cmp::Reverse(id.len()));
-    ids.truncate(super::super::status::MAX_FIX_IDS);
+    ids.truncate(probe_contract::report::MAX_FIX_IDS);
     ids
 }
 

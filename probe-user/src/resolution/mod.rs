@@ -31,7 +31,8 @@ use std::collections::{BTreeMap, VecDeque};
 
 use probe_contract::{LoopLifecycle, LoopResolution, LoopbackEvent, LoopbackKind};
 
-use crate::{kube::index::ServiceFacts, report::status::rfc3339};
+use crate::kube::index::ServiceFacts;
+use probe_contract::report::rfc3339;
 
 pub use proof::Shape;
 

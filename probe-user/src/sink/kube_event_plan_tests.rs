@@ -3,10 +3,9 @@
 use std::time::{Duration, SystemTime};
 
 use super::*;
-use crate::sink::kube_event_doc::fnv1a;
 use probe_contract::{
     LoopbackKind,
-    kube_event::{kind_of_reason, reason},
+    kube_event::{fnv1a, kind_of_reason, reason},
 };
 
 const NODE: &str = "node-a";

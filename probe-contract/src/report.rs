@@ -1,12 +1,21 @@
-//! The `LoopbackReport`'s `status`, as the agent writes it and the plugin reads it (camelCase
-//! JSON; the chart's CRD schema lists the same fields). Times are RFC 3339 UTC.
+//! The `LoopbackReport` (#27): its API coordinates and its `status`, as the agent writes it and
+//! `kubectl clb-probe report` reads it (camelCase JSON; the chart's CRD schema lists the same
+//! fields). Times are RFC 3339 UTC.
 //!
-//! Size: a report is bounded ([`MAX_RISKS`], [`super::loops::MAX_ACTIVE`],
-//! [`super::loops::MAX_RESOLVED`], client pods per loop): a clean node's status is ~250 B
+//! Size: a report is bounded ([`MAX_RISKS`], the agent's `report::loops::MAX_ACTIVE` and
+//! `report::loops::MAX_RESOLVED`, client pods per loop): a clean node's status is ~250 B
 //! (the object ~1 KiB with metadata and managedFields), ~90 KiB when every list is full
 //! (`a_full_report_stays_far_below_the_object_size_limit`; docs/cluster-view.md).
 
 use serde::{Deserialize, Serialize};
+
+/// The project's API group (the CRD `loopbackreports.clb-probe.io` in the chart).
+pub const GROUP: &str = "clb-probe.io";
+pub const VERSION: &str = "v1alpha1";
+pub const KIND: &str = "LoopbackReport";
+pub const PLURAL: &str = "loopbackreports";
+/// `group/version`.
+pub const API_VERSION: &str = "clb-probe.io/v1alpha1";
 
 /// Risks kept in a report (most severe first, as `probe check` sorts them).
 pub const MAX_RISKS: usize = 50;
@@ -43,8 +52,9 @@ pub struct ReportStatus {
     /// Counts, for the CRD's printer columns (`kubectl get loopbackreports`).
     pub risk_count: u32,
     pub active_loop_count: u32,
-    /// When the agent built this state (it rewrites at least every
-    /// [`super::writer::HEARTBEAT`]: older than [`super::cluster::STALE_AFTER`] is stale).
+    /// When the agent built this state (it rewrites at least every heartbeat, the agent's
+    /// `report::writer::HEARTBEAT`: older than `clb_probe_client::report::cluster::STALE_AFTER`
+    /// is stale).
     pub last_update: String,
 }
 
@@ -110,8 +120,8 @@ pub struct ActiveLoop {
     /// [`MAX_FIX_IDS`].
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub fixes: Vec<String>,
-    /// Set on the one entry that stands for a flood of one group's loops (E5,
-    /// [`super::loops`]): "flood: N more KIND loops on SERVICE-OR-ADDRESS ...; e.g. ...".
+    /// Set on the one entry that stands for a flood of one group's loops (E5, the agent's
+    /// `report::loops`): "flood: N more KIND loops on SERVICE-OR-ADDRESS ...; e.g. ...".
     #[serde(skip_serializing_if = "Option::is_none")]
     pub flood: Option<String>,
 }
@@ -161,16 +171,14 @@ pub fn object_name(node: &str) -> Result<String, String> {
 
 /// RFC 3339 of a Unix time in seconds.
 pub fn rfc3339(unix_secs: i64) -> String {
-    k8s_openapi::jiff::Timestamp::from_second(unix_secs)
+    jiff::Timestamp::from_second(unix_secs)
         .map(|t| t.to_string())
         .unwrap_or_default()
 }
 
 /// Unix seconds of an RFC 3339 time (None: unparsable).
 pub fn parse_rfc3339(s: &str) -> Option<i64> {
-    s.parse::<k8s_openapi::jiff::Timestamp>()
-        .ok()
-        .map(|t| t.as_second())
+    s.parse::<jiff::Timestamp>().ok().map(|t| t.as_second())
 }
 
 #[cfg(test)]
