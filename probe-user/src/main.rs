@@ -169,7 +169,7 @@ struct AgentArgs {
     /// digitalocean, openstack, generic). Default: from the Service's LB class and
     /// annotations, else generic.
     #[arg(long, env = "CLB_PROBE_PROVIDER", value_name = "NAME")]
-    provider: Option<clb_probe::fixes::Provider>,
+    provider: Option<clb_probe_client::fixes::Provider>,
     /// Export the /metrics counters as OTLP metrics and every confirmed loopback as an OTLP
     /// log record, over gRPC to an OpenTelemetry collector (http://HOST:4317). Off by default.
     #[arg(long, env = "CLB_PROBE_OTLP_ENDPOINT", value_name = "URL", value_parser = clb_probe::sink::otlp::parse_endpoint)]
@@ -276,8 +276,8 @@ fn client(f: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitCode 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Watch(args) => client(clb_probe::watch::watch(&args.socket, args.once)),
-        Command::Events(args) => client(clb_probe::watch::events(&args.socket, args.all)),
+        Command::Watch(args) => client(clb_probe_client::watch::watch(&args.socket, args.once)),
+        Command::Events(args) => client(clb_probe_client::watch::events(&args.socket, args.all)),
         Command::Services => services(),
         Command::Check(args) => check(args),
         Command::Agent(args) => agent(*args),

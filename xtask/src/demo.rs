@@ -92,8 +92,8 @@ pub struct DemoArgs {
     pub verbose: bool,
 }
 
-/// `--provider`'s names: probe-user's `fixes::Provider::ALL` spellings (xtask does not link
-/// probe-user; the agent rejects a name it does not know, so a drift fails loudly).
+/// `--provider`'s names: probe-client's `fixes::Provider::ALL` spellings (xtask does not link
+/// it; the agent rejects a name it does not know, so a drift fails loudly).
 const PROVIDERS: [&str; 9] = [
     "aws",
     "azure",

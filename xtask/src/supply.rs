@@ -177,7 +177,9 @@ pub fn repro() -> anyhow::Result<()> {
         eprintln!("repro: release build {run} into {}", dir.display());
         let start = std::time::Instant::now();
         let status = cargo()
-            .args(["build", "--release", "--locked", "-p", "probe-user"])
+            // The agent and the plugin (probe-client's binary).
+            .args(["build", "--release", "--locked"])
+            .args(["-p", "probe-user", "-p", "probe-client"])
             .arg("--target-dir")
             .arg(&dir)
             .current_dir(&root)

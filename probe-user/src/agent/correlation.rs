@@ -40,7 +40,7 @@ pub(super) struct CorrelateLoop {
     /// Kubernetes attribution's latest index (None: attribution off).
     pub kube_index: Option<watch::Receiver<Arc<Index>>>,
     pub node_name: Option<String>,
-    pub provider: Option<crate::fixes::Provider>,
+    pub provider: Option<clb_probe_client::fixes::Provider>,
     /// `--vip-iface`: the owner the events name for a VIP bound there.
     pub vip_iface: String,
     /// Who made each local address local (the node sync's latest).
@@ -235,7 +235,7 @@ fn emit(l: &mut CorrelateLoop, mut report: Report) {
         .as_ref()
         .map(|rx| rx.borrow().clone())
         .unwrap_or_default();
-    crate::fixes::attach(&mut report.event, &index, l.provider);
+    crate::kube::enrich::attach_fixes(&mut report.event, &index, l.provider);
     let e = &report.event;
     let service = e
         .service

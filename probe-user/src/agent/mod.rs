@@ -74,7 +74,7 @@ pub struct AgentConfig {
     /// `--kube-events`: where to write Kubernetes Events (None: off, or no API access).
     pub kube_events: Option<crate::kube::KubeSource>,
     /// `--provider`: the provider profile of the events' fixes (None: from each Service).
-    pub provider: Option<crate::fixes::Provider>,
+    pub provider: Option<clb_probe_client::fixes::Provider>,
     /// `--node-report`: where to write this node's `LoopbackReport` (None: off, or no API
     /// access).
     pub node_report: Option<crate::kube::KubeSource>,

@@ -11,7 +11,7 @@ use anyhow::Context as _;
 use k8s_openapi::api::core::v1::Service;
 use kube::{Api, Client, Config, api::ListParams, config::Kubeconfig};
 
-use crate::kube::index::ServiceFacts;
+use clb_probe_client::service::ServiceFacts;
 
 /// Where to find the API.
 #[derive(Clone, Debug, PartialEq, Eq)]

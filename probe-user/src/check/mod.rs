@@ -187,7 +187,7 @@ pub fn run(cfg: &crate::state::addrs::AddrConfig, api: &kube::ApiAccess) -> anyh
 fn read(
     cfg: &crate::state::addrs::AddrConfig,
     api: &kube::ApiAccess,
-) -> anyhow::Result<(Inputs, Vec<crate::kube::index::ServiceFacts>)> {
+) -> anyhow::Result<(Inputs, Vec<clb_probe_client::service::ServiceFacts>)> {
     let mut inputs = gather::gather(cfg)?;
     let mut listed = Vec::new();
     if *api != kube::ApiAccess::None {
@@ -230,7 +230,7 @@ pub fn run_as(
 /// whether kube-proxy's rules were read on this node ([`Inputs::kube_proxy_runs`]).
 pub fn attach_fixes(
     findings: &mut [Finding],
-    services: &[crate::kube::index::ServiceFacts],
+    services: &[clb_probe_client::service::ServiceFacts],
     kube_proxy: Option<bool>,
 ) {
     use probe_contract::LoopbackKind as L;
@@ -272,14 +272,14 @@ pub fn attach_fixes(
             {
                 continue;
             }
-            let provider =
-                crate::fixes::service_provider(service).unwrap_or(crate::fixes::Provider::Generic);
-            let mut facts = crate::fixes::Facts::of_risk(kind, ip, service, provider);
+            let provider = clb_probe_client::fixes::service_provider(service)
+                .unwrap_or(clb_probe_client::fixes::Provider::Generic);
+            let mut facts = clb_probe_client::fixes::Facts::of_risk(kind, ip, service, provider);
             facts.kube_proxy = kube_proxy;
             if let Some((p, proto)) = port {
                 facts = facts.with_port(p, proto);
             }
-            for fix in crate::fixes::fixes(&facts) {
+            for fix in clb_probe_client::fixes::fixes(&facts) {
                 // A fix without a patch reads the same for every Service: once.
                 if !fixes
                     .iter()

@@ -38,9 +38,9 @@ use probe_contract::check::Severity;
 
 use probe_contract::check::Dataplane;
 
-use crate::{
+use clb_probe_client::{
     fixes::{self, Facts, Provider},
-    kube::index::ServiceFacts,
+    service::ServiceFacts,
 };
 use probe_contract::check::Mode;
 

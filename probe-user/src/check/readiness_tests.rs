@@ -25,7 +25,7 @@ use super::test_nodes::pairs;
 
 use probe_contract::check::Kind;
 
-use crate::kube::index::{LbIngress, ServiceFacts};
+use clb_probe_client::service::{LbIngress, ServiceFacts};
 use probe_contract::{check::Mode, facts::AddressOwner};
 
 /// `shop/web` (`test_nodes::web`) with `annotations`.

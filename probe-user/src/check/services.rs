@@ -5,7 +5,7 @@
 use std::net::IpAddr;
 
 use super::LbTarget;
-use crate::kube::index::ServiceFacts;
+use clb_probe_client::service::ServiceFacts;
 use probe_contract::Proto;
 
 /// A Service port's protocol as the probe follows it (SCTP: not followed).
@@ -24,7 +24,7 @@ pub fn targets(services: &[ServiceFacts]) -> (Vec<LbTarget>, Vec<IpAddr>) {
     for s in services {
         cluster_ips.extend(s.cluster_ips.iter().copied());
         // The provider annotations that keep the LB from looping back, when switched on.
-        let guard = crate::kube::index::loop_guards(&s.loopback_annotations);
+        let guard = clb_probe_client::service::loop_guards(&s.loopback_annotations);
         let etp_local = s.is_etp_local();
         for ing in &s.ingress {
             let Some(ip) = ing.ip else { continue };

@@ -5,10 +5,8 @@
 use std::{collections::BTreeMap, net::IpAddr};
 
 use super::{Inputs, KernelView, NicSysctls, gather};
-use crate::{
-    kube::index::{LbIngress, ServiceFacts, ServicePort},
-    state::{NodePortEntry, ServiceEntry, ServiceSource, ServiceTable, addrs::Prefix},
-};
+use crate::state::{NodePortEntry, ServiceEntry, ServiceSource, ServiceTable, addrs::Prefix};
+use clb_probe_client::service::{LbIngress, ServiceFacts, ServicePort};
 use probe_contract::Proto;
 
 pub(super) fn ip(s: &str) -> IpAddr {

@@ -37,10 +37,8 @@ use probe_contract::check::Kind;
 
 use probe_contract::check::Report;
 
-use crate::{
-    kube::index::{LbIngress, ServiceFacts},
-    state::{ServiceSource, ServiceTable, addrs::Prefix},
-};
+use crate::state::{ServiceSource, ServiceTable, addrs::Prefix};
+use clb_probe_client::service::{LbIngress, ServiceFacts};
 use probe_contract::check::Severity;
 
 /// (kind, severity, subject) of every finding that is not info.
@@ -528,7 +526,7 @@ fn a_node_without_kube_proxy_is_a_warning_never_silence() {
 fn a_shared_lb_ip_s_fixes_regard_every_service_on_it() {
     let api = ServiceFacts {
         name: "api".into(),
-        ports: vec![crate::kube::index::ServicePort {
+        ports: vec![clb_probe_client::service::ServicePort {
             name: None,
             protocol: "TCP".into(),
             port: 8443,

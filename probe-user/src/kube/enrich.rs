@@ -7,11 +7,13 @@
 //! API's facts (`facts.service` with its uid, `facts.etp_api`, `facts.ip_mode`), one evidence
 //! line with the names and the Service's settings, and rebuilds the remedy from the merged
 //! facts ([`crate::correlate::remedy`]: one builder, so API advice never repeats or
-//! contradicts the rules' advice).
+//! contradicts the rules' advice); [`attach_fixes`] then sets the event's ready fixes.
 
 use std::net::IpAddr;
 
-use super::index::{Index, ServiceFacts};
+use clb_probe_client::{fixes, service::ServiceFacts};
+
+use super::index::Index;
 use crate::correlate::remedy;
 use probe_contract::{
     LoopbackEvent, LoopbackKind,
@@ -168,7 +170,7 @@ fn only(list: Vec<&ServiceFacts>) -> Option<&ServiceFacts> {
 fn port_of<'a>(
     service: &'a ServiceFacts,
     event: &LoopbackEvent,
-) -> Option<&'a super::index::ServicePort> {
+) -> Option<&'a clb_probe_client::service::ServicePort> {
     event
         .vip_port
         .and_then(|p| service.port(p, event.proto))
@@ -203,6 +205,24 @@ fn settings(service: &ServiceFacts, vip: Option<IpAddr>) -> String {
         out.push_str(&format!(", annotation {key}: {value:?}"));
     }
     out
+}
+
+/// Sets `event.fixes` from its facts (the client crate's pure table, [`fixes`]): the Service
+/// the enrichment named (read from `index`, when the API is on), the profile from `flag`, else from that Service's own settings. The agent
+/// reads no Node, so a node's providerID does not count here (`kubectl clb-probe fix` reads
+/// them).
+pub fn attach_fixes(event: &mut LoopbackEvent, index: &Index, flag: Option<fixes::Provider>) {
+    let key = event.service.as_deref().map(fixes::service_key);
+    let service = key
+        .as_deref()
+        .and_then(|key| index.services().find(|s| s.key() == key));
+    let profile = fixes::Profile::resolve(flag, [], service.and_then(fixes::service_provider));
+    // A host-listener hairpin goes through no Service rule: the Service patches do not apply.
+    event.fixes = if event.facts.host_listener {
+        Vec::new()
+    } else {
+        fixes::fixes(&fixes::Facts::of(event, service, profile.provider))
+    };
 }
 
 #[cfg(test)]
@@ -284,7 +304,7 @@ mod tests {
             );
             // kube-proxy's rules were read (the fact etp-cluster is gated on).
             e.facts.proxy_mode = Some(probe_contract::facts::ProxyMode::Iptables);
-            crate::fixes::attach(&mut e, index, None);
+            attach_fixes(&mut e, index, None);
             e.fixes
         };
         let local = attach("Local", &index("Local"));
@@ -375,7 +395,7 @@ mod tests {
             Some(443),
         );
         enrich(&mut e, &index, Some("node-1"));
-        crate::fixes::attach(&mut e, &index, None);
+        attach_fixes(&mut e, &index, None);
         let line = serde_json::to_string(&e).unwrap();
         assert!(line.len() < 8 * 1024, "{} bytes", line.len());
         assert!(

@@ -13,7 +13,7 @@
 //! - [`watcher::spawn`]: reflectors on this node's Pods, Services and EndpointSlices; hands
 //!   out [`index::Index`] snapshots on a `tokio::sync::watch` channel; reconnects with backoff.
 //! - [`index`]: pure address -> name index (`Index::pod_by_ip`, `service_by_frontend`,
-//!   `service_by_node_port`, `services_by_lb_ip`, [`index::ServiceFacts`]).
+//!   `service_by_node_port`, `services_by_lb_ip`, of `clb_probe_client::service::ServiceFacts`).
 //! - [`enrich::enrich`]`(&mut LoopbackEvent, &Index, node)`: pure attribution of one event.
 //! - [`hold::Hold`]: holds a confirmed report (at most 2 s) until the cache can name it.
 //!

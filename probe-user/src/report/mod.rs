@@ -1,19 +1,17 @@
 //! The cluster's view (#27): one `LoopbackReport` object per node in the Kubernetes API, written
 //! by that node's agent, read by `kubectl clb-probe report` and `kubectl get loopbackreports`.
 //!
-//!
 //! The object's schema (`status` only; the CRD ships in the chart), its API coordinates and its
 //! name check (the agent writes only the object named after its own node) are the output
-//! contract's, `probe_contract::report`.
+//! contract's, `probe_contract::report`; its API resource and the plugin's cluster table from the
+//! objects and the Nodes are the client crate's, `clb_probe_client::report`.
 //!
 //! - [`loops`]: pure: which loops are *active* and which were *resolved* (see there).
 //! - [`gate`]: pure: the write rate limit (one write per node per 10 s, coalesced, newest wins).
 //! - [`writer`]: the agent's task, off the correlation path like the Events sink.
-//! - [`cluster`]: pure: the plugin's cluster table from the objects and the Nodes.
 //! - [`condition`]: pure: the Node condition `LoadBalancerLoopback` (`--node-condition on`).
 //! - [`risks`]: pure: which Services a risk regards (each Service on a shared LB IP).
 
-pub mod cluster;
 pub mod condition;
 pub mod gate;
 pub mod loops;
@@ -22,15 +20,3 @@ pub mod writer;
 
 /// Server-side apply's field manager: the agent owns every field of `status` it writes.
 pub const FIELD_MANAGER: &str = "clb-probe-agent";
-
-/// The API resource, for `kube::Api<DynamicObject>`.
-pub fn api_resource() -> kube::core::ApiResource {
-    use probe_contract::report::{API_VERSION, GROUP, KIND, PLURAL, VERSION};
-    kube::core::ApiResource {
-        group: GROUP.into(),
-        version: VERSION.into(),
-        api_version: API_VERSION.into(),
-        kind: KIND.into(),
-        plural: PLURAL.into(),
-    }
-}

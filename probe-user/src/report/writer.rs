@@ -66,7 +66,7 @@ use super::{
 use crate::hub::capability::{Capabilities, Capability};
 
 /// The status is rewritten at least this often, unchanged or not: a report older than
-/// [`super::cluster::STALE_AFTER`] means the agent is gone or cannot write.
+/// [`clb_probe_client::report::cluster::STALE_AFTER`] means the agent is gone or cannot write.
 pub const HEARTBEAT: Duration = Duration::from_secs(300);
 /// How often `probe check`'s rules run for the report.
 pub const CHECK_EVERY: Duration = Duration::from_secs(60);
@@ -111,7 +111,7 @@ pub struct CheckState {
 /// `probe check`'s risks (severity `risk`), with their Services and first fixes (pure).
 pub fn check_state(
     inputs: &crate::check::Inputs,
-    services: &[crate::kube::index::ServiceFacts],
+    services: &[clb_probe_client::service::ServiceFacts],
 ) -> CheckState {
     let mut inputs = inputs.clone();
     if !services.is_empty() {
@@ -316,7 +316,7 @@ impl ReportWriter {
     /// Err: `node` is not a valid object name (nothing is ever written then).
     pub fn new(client: Client, node: &str) -> Result<ReportWriter, String> {
         Ok(ReportWriter {
-            reports: Api::all_with(client.clone(), &super::api_resource()),
+            reports: Api::all_with(client.clone(), &clb_probe_client::report::api_resource()),
             nodes: Api::all(client),
             name: object_name(node)?,
             created: false,

@@ -535,7 +535,11 @@ fn a_long_node_name_is_cut_to_the_apis_limits_and_still_recognised() {
                 assert!(event.action.as_ref().unwrap().len() <= 128);
                 assert!(event.note.as_ref().unwrap().len() <= NOTE_MAX);
                 assert!(event.metadata.name.as_ref().unwrap().len() <= 253);
-                assert_eq!(crate::plugin::forged_because(&event), None, "{instance}");
+                assert_eq!(
+                    clb_probe_client::plugin::forged_because(&event),
+                    None,
+                    "{instance}"
+                );
                 if node.len() <= 128 {
                     assert_eq!(instance, node, "a short name is kept as it is");
                 }

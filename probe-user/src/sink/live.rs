@@ -1,6 +1,7 @@
 //! The live-view socket: `probe watch` and `probe events` connect here.
 //!
-//! Protocol: JSON lines from the agent to the client, nothing the other way.
+//! Protocol: JSON lines from the agent to the client, nothing the other way, each one
+//! [`Message`] (the output contract's; the clients are `clb_probe_client::watch`).
 //! - on connect: `{"type":"snapshot","snapshot":{...}}` (node, status, counters, drops by
 //!   reason, correlator stats, the latest confirmed aggregates);
 //! - then `{"type":"report","event":{...},"is_new":bool}` for every report (a new confirmation
@@ -30,10 +31,7 @@ use tokio::{
 use tracing::{debug, info, warn};
 
 use crate::hub::View;
-use probe_contract::{Report, Snapshot};
-
-/// One line of the protocol (the output contract's).
-use probe_contract::Message;
+use probe_contract::{Message, Report, Snapshot};
 
 fn snapshot(s: Snapshot) -> Message {
     Message::Snapshot {
@@ -244,14 +242,4 @@ async fn client(
         };
         send(&mut stream, &msg).await?;
     }
-}
-
-/// Connects to the agent's socket, or explains what to do when none is there.
-pub async fn connect(path: &Path) -> anyhow::Result<UnixStream> {
-    UnixStream::connect(path).await.map_err(|e| {
-        anyhow::anyhow!(
-            "no agent is listening on {} ({e}): start one with `probe agent` (as root), or point --socket at its socket",
-            path.display()
-        )
-    })
 }

@@ -8,11 +8,10 @@ use super::{
     node::{kube_proxy_binds, parse_subject},
     prediction::IpModeAdvice,
 };
-use crate::{
-    check::Inputs,
-    fixes,
-    fixes::{Facts, Provider},
-    kube::index::ServiceFacts,
+use crate::check::Inputs;
+use clb_probe_client::{
+    fixes::{self, Facts, Provider},
+    service::ServiceFacts,
 };
 use probe_contract::check::{Finding, Kind};
 
@@ -79,7 +78,7 @@ pub(super) fn ip_mode_advice(
                 .or_else(|| svc.and_then(fixes::service_provider))
                 .unwrap_or(Provider::Generic);
             let guard: Vec<String> = svc
-                .map(|s| crate::kube::index::loop_guards(&s.loopback_annotations))
+                .map(|s| clb_probe_client::service::loop_guards(&s.loopback_annotations))
                 .unwrap_or_default();
             let aws = svc.and_then(aws_client_ip_not_kept);
             let not_looping = if pod_masq {

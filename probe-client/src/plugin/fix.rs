@@ -18,7 +18,7 @@ use serde::Serialize;
 
 use crate::{
     fixes::{self, Facts, Origin, Profile, Provider, TABLE},
-    kube::index::ServiceFacts,
+    service::ServiceFacts,
 };
 
 /// A refusal: exit 2, nothing changed.

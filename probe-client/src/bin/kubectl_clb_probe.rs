@@ -6,7 +6,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use clb_probe::plugin::{self, KubeArgs, api};
+use clb_probe_client::plugin::{self, KubeArgs, api};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -97,7 +97,7 @@ enum Command {
         /// The cloud (aws, azure, gce, alicloud, tencentcloud, hcloud, digitalocean,
         /// openstack, generic). Default: the Nodes' providerIDs, else the Service's settings.
         #[arg(long, env = "CLB_PROBE_PROVIDER")]
-        provider: Option<clb_probe::fixes::Provider>,
+        provider: Option<clb_probe_client::fixes::Provider>,
     },
 }
 
@@ -166,7 +166,7 @@ async fn run(command: Command, kube: KubeArgs) -> anyhow::Result<ExitCode> {
             service,
             node,
         } => {
-            use clb_probe::report::cluster;
+            use clb_probe_client::report::cluster;
             if let Some(s) = &service
                 && s.split_once('/')
                     .is_none_or(|(ns, n)| ns.is_empty() || n.is_empty())
@@ -406,7 +406,7 @@ fn names(svc: &k8s_openapi::api::core::v1::Service) -> (String, String) {
 /// API text (annotation values, an error Status's `message`, names) made safe for a terminal:
 /// issue 36, E11 and E16. JSON output (`-o json`) is printed as it is: JSON escapes controls.
 fn esc(s: &str) -> std::borrow::Cow<'_, str> {
-    clb_probe::term::escape_lines(s)
+    clb_probe_client::term::escape_lines(s)
 }
 
 /// One clear line on stderr, exit `code`.

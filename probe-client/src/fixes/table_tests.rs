@@ -463,7 +463,7 @@ fn unknown_ip_modes_stay_as_written_and_hostnames_are_no_guard() {
     ]
     .into();
     assert_eq!(
-        crate::kube::index::loop_guards(&ann),
+        crate::service::loop_guards(&ann),
         ["service.cloud.tencent.com/prevent-loopback"]
     );
     let entry = TABLE.iter().find(|e| e.id == "ip-mode-proxy").unwrap();

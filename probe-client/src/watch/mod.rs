@@ -1,8 +1,8 @@
 //! The clients of the agent's live-view socket: `probe events` (JSON lines for scripts) and
 //! `probe watch` (a live terminal view; a plain snapshot when stdout is not a terminal or with
-//! `--once`). Both read the protocol of [`crate::sink::live`] as the output contract's
-//! [`Message`]s (`probe-contract`, whose snapshot tolerates fields added or missing, so a client
-//! of one version can read an agent of another).
+//! `--once`). Both read the agent's live-view protocol (`probe-user`'s `sink::live`) as the
+//! output contract's [`Message`]s (`probe-contract`, whose snapshot tolerates fields added or
+//! missing, so a client of one version can read an agent of another).
 
 pub mod tui;
 pub mod view;
@@ -12,17 +12,17 @@ use std::{
     path::Path,
 };
 
-use tokio::io::{AsyncBufReadExt as _, BufReader};
-
-use crate::sink::live;
-
 use probe_contract::Message;
+use tokio::{
+    io::{AsyncBufReadExt as _, BufReader},
+    net::UnixStream,
+};
 
 /// `probe events`: one JSON object per confirmed report, flushed per line. With `all`, the
 /// aggregates confirmed before we connected come first. When whoever reads our stdout goes
 /// away (`probe events | head -1`), it ends at once, quietly, with success.
 pub async fn events(socket: &Path, all: bool) -> anyhow::Result<()> {
-    let stream = live::connect(socket).await?;
+    let stream = connect(socket).await?;
     let mut lines = BufReader::new(stream).lines();
     let reader_gone = stdout_reader_gone();
     tokio::pin!(reader_gone);
@@ -97,7 +97,7 @@ async fn stdout_reader_gone() {
 
 /// `probe watch`.
 pub async fn watch(socket: &Path, once: bool) -> anyhow::Result<()> {
-    let stream = live::connect(socket).await?;
+    let stream = connect(socket).await?;
     let mut lines = BufReader::new(stream).lines();
     if once || !std::io::stdout().is_terminal() {
         while let Some(line) = lines.next_line().await? {
@@ -110,4 +110,14 @@ pub async fn watch(socket: &Path, once: bool) -> anyhow::Result<()> {
         anyhow::bail!("the agent closed the connection before its snapshot");
     }
     tui::run(lines).await
+}
+
+/// Connects to the agent's socket, or explains what to do when none is there.
+pub async fn connect(path: &Path) -> anyhow::Result<UnixStream> {
+    UnixStream::connect(path).await.map_err(|e| {
+        anyhow::anyhow!(
+            "no agent is listening on {} ({e}): start one with `probe agent` (as root), or point --socket at its socket",
+            path.display()
+        )
+    })
 }

@@ -29,7 +29,7 @@ use probe_contract::{
 use serde_json::{Value, json};
 
 pub use self::provider::{Origin, Profile, Provider};
-use crate::kube::index::ServiceFacts;
+use crate::service::ServiceFacts;
 
 /// `externalTrafficPolicy` / `ipMode` as read: None when not read (no API access).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -239,28 +239,6 @@ fn ip_mode_of(s: &ServiceFacts, vip: Option<std::net::IpAddr>) -> Option<IpMode>
     }
 }
 
-/// Sets `event.fixes` from its facts: the Service the enrichment named (read from `index`, when
-/// the API is on), the profile from `flag`, else from that Service's own settings. The agent
-/// reads no Node, so a node's providerID does not count here (`kubectl clb-probe fix` reads
-/// them).
-pub fn attach(
-    event: &mut LoopbackEvent,
-    index: &crate::kube::index::Index,
-    flag: Option<Provider>,
-) {
-    let key = event.service.as_deref().map(service_key);
-    let service = key
-        .as_deref()
-        .and_then(|key| index.services().find(|s| s.key() == key));
-    let profile = Profile::resolve(flag, [], service.and_then(service_provider));
-    // A host-listener hairpin goes through no Service rule: the Service patches do not apply.
-    event.fixes = if event.facts.host_listener {
-        Vec::new()
-    } else {
-        fixes(&Facts::of(event, service, profile.provider))
-    };
-}
-
 /// The provider a Service's own settings name.
 pub fn service_provider(service: &ServiceFacts) -> Option<Provider> {
     let hostnames: Vec<&str> = service
@@ -276,7 +254,7 @@ pub fn service_provider(service: &ServiceFacts) -> Option<Provider> {
 }
 
 /// `namespace/name` of a service label (`namespace/name:port-name`).
-fn service_key(label: &str) -> String {
+pub fn service_key(label: &str) -> String {
     label.split(':').next().unwrap_or(label).to_string()
 }
 

@@ -1,0 +1,18 @@
+//! The cluster's view as the plugin reads it: the `LoopbackReport` API resource (its coordinates
+//! and `status` are the output contract's, `probe_contract::report`) and [`cluster`], the
+//! `kubectl clb-probe report` table from the objects and the Nodes. The agent writes the
+//! objects (`probe-user`'s `report::writer`) through the same [`api_resource`].
+
+pub mod cluster;
+
+/// The API resource, for `kube::Api<DynamicObject>`.
+pub fn api_resource() -> kube::core::ApiResource {
+    use probe_contract::report::{API_VERSION, GROUP, KIND, PLURAL, VERSION};
+    kube::core::ApiResource {
+        group: GROUP.into(),
+        version: VERSION.into(),
+        api_version: API_VERSION.into(),
+        kind: KIND.into(),
+        plural: PLURAL.into(),
+    }
+}
