@@ -21,7 +21,6 @@ pub mod hub;
 pub mod kernel;
 pub mod kube;
 pub mod netlink;
-pub mod report;
 pub mod resolution;
 pub mod sink;
 pub mod state;

@@ -548,28 +548,31 @@ fn spawn_node_report(
 ) -> Option<AbortOnDrop> {
     let source = cfg.node_report.as_ref()?;
     let node = cfg.node_name.clone().unwrap_or_else(hub::node_name);
-    let checks = crate::report::writer::spawn_checks(
+    let checks = crate::sink::node_report::writer::spawn_checks(
         cfg.addr.clone(),
         kube.index.clone(),
         tables,
         owners.clone(),
         kernel(),
     );
-    Some(AbortOnDrop(tokio::spawn(crate::report::writer::start(
-        source.clone(),
-        crate::report::writer::WriterSettings {
-            node_condition: cfg.node_condition,
-            // The tracker's window: "active" means the same in the report and the gauge.
-            active_window_s: i64::try_from(cfg.resolve_after.as_secs().max(1)).unwrap_or(i64::MAX),
-            stats: shared.node_report.clone(),
-            local: Some(owners.clone()),
-        },
-        crate::report::writer::NodeFacts::of_this_node(&node),
-        shared.capabilities.clone(),
-        shared.subscribe(),
-        shared.resolutions.subscribe(),
-        checks,
-    ))))
+    Some(AbortOnDrop(tokio::spawn(
+        crate::sink::node_report::writer::start(
+            source.clone(),
+            crate::sink::node_report::writer::WriterSettings {
+                node_condition: cfg.node_condition,
+                // The tracker's window: "active" means the same in the report and the gauge.
+                active_window_s: i64::try_from(cfg.resolve_after.as_secs().max(1))
+                    .unwrap_or(i64::MAX),
+                stats: shared.node_report.clone(),
+                local: Some(owners.clone()),
+            },
+            crate::sink::node_report::writer::NodeFacts::of_this_node(&node),
+            shared.capabilities.clone(),
+            shared.subscribe(),
+            shared.resolutions.subscribe(),
+            checks,
+        ),
+    )))
 }
 
 /// What the programs are loaded with: the configuration the kernel side reads, from the

@@ -9,6 +9,12 @@
 //! until the agent stops, then drained, so nothing published before the stop is left out.
 //! The one stream that is not confirmed events, `--record`'s kernel events, is written by the
 //! correlation loop itself ([`json::JsonLines`], before correlation), to replay it later.
+//!
+//! The writers: [`json`] (`--events`, `--record`), [`otlp`] (log records and metrics),
+//! [`metrics`] (`/metrics`), [`live`] (the socket `probe watch` reads), [`kube_events`] (the
+//! Kubernetes Events, planned by [`kube_event_plan`] from [`kube_event_doc`]'s texts) and
+//! [`node_report`] (the LoopbackReport and the Node condition); [`http`] and [`process`]
+//! serve the HTTP ones.
 
 pub mod http;
 pub mod json;
@@ -17,6 +23,7 @@ pub mod kube_event_plan;
 pub mod kube_events;
 pub mod live;
 pub mod metrics;
+pub mod node_report;
 pub mod otlp;
 pub mod process;
 

@@ -157,7 +157,7 @@ async fn the_task_writes_a_confirmed_loop_then_stops_with_the_broadcast() {
     let caps = Arc::new(Capabilities::default());
     caps.set(Capability::Conntrack, false, "test");
     let task = tokio::spawn(run(w, facts, caps, rx, broadcast::channel(1).1, checks));
-    let ev = crate::report::loops::tests_event("k1", Some("shop/web"));
+    let ev = crate::sink::node_report::loops::tests_event("k1", Some("shop/web"));
     tx.send(Arc::new(Report {
         event: ev,
         is_new: true,
@@ -221,11 +221,11 @@ fn repeats_of_a_loop_are_not_a_change_a_new_loop_or_risk_is() {
     let mut loops = Loops::default();
     let t0 = 1_800_000_000;
     loops.observe(
-        &crate::report::loops::tests_event("k1", Some("shop/web")),
+        &crate::sink::node_report::loops::tests_event("k1", Some("shop/web")),
         t0,
     );
     let first = change_key(&build(&facts, &caps, &check, &loops, t0));
-    let mut repeat = crate::report::loops::tests_event("k1", Some("shop/web"));
+    let mut repeat = crate::sink::node_report::loops::tests_event("k1", Some("shop/web"));
     repeat.count = 40;
     loops.observe(&repeat, t0 + 30);
     let after_repeat = build(&facts, &caps, &check, &loops, t0 + 30);
@@ -238,7 +238,7 @@ fn repeats_of_a_loop_are_not_a_change_a_new_loop_or_risk_is() {
         first,
         "a repeat alone is no write"
     );
-    let mut other = crate::report::loops::tests_event("k2", Some("shop/api"));
+    let mut other = crate::sink::node_report::loops::tests_event("k2", Some("shop/api"));
     other.vip_port = Some(443);
     loops.observe(&other, t0 + 31);
     assert_ne!(
@@ -256,7 +256,7 @@ fn repeats_of_a_loop_are_not_a_change_a_new_loop_or_risk_is() {
     };
     let mut loops = Loops::default();
     loops.observe(
-        &crate::report::loops::tests_event("k1", Some("shop/web")),
+        &crate::sink::node_report::loops::tests_event("k1", Some("shop/web")),
         t0,
     );
     assert_ne!(change_key(&build(&facts, &caps, &risky, &loops, t0)), first);
@@ -271,7 +271,7 @@ fn repeats_of_a_loop_are_not_a_change_a_new_loop_or_risk_is() {
 /// The object size the README's API-load figures use: every list at its bound.
 #[test]
 fn a_full_report_stays_far_below_the_object_size_limit() {
-    use crate::report::loops::{MAX_ACTIVE, MAX_CLIENT_PODS, MAX_FLOODS, MAX_RESOLVED};
+    use crate::sink::node_report::loops::{MAX_ACTIVE, MAX_CLIENT_PODS, MAX_FLOODS, MAX_RESOLVED};
     use probe_contract::report::{MAX_RISK_SERVICES, MAX_RISKS, ResolvedLoop};
     let t = rfc3339(1_800_000_000);
     let full = ReportStatus {
@@ -478,7 +478,7 @@ async fn nothing_is_written_before_the_first_check() {
         checks,
     ));
     tx.send(Arc::new(Report {
-        event: crate::report::loops::tests_event("k1", Some("shop/web")),
+        event: crate::sink::node_report::loops::tests_event("k1", Some("shop/web")),
         is_new: true,
         write_json: true,
     }))
@@ -533,7 +533,7 @@ fn worst_fix_ids() -> Vec<String> {
 /// E12: the Pod's node must be the flag's; a Pod not scheduled is not on any node.
 #[test]
 fn the_agents_pod_must_run_on_the_node_it_writes() {
-    use crate::report::writer::node_mismatch;
+    use crate::sink::node_report::writer::node_mismatch;
     assert_eq!(node_mismatch(Some("node-a"), "node-a"), None);
     let why = node_mismatch(Some("node-a"), "node-b").unwrap();
     assert!(
@@ -547,7 +547,7 @@ fn the_agents_pod_must_run_on_the_node_it_writes() {
 /// compare is not a refusal.
 #[test]
 fn outside_a_pod_the_nodes_internal_ip_must_be_local() {
-    use crate::{report::writer::internal_ip_is_local, state::addrs::Prefix};
+    use crate::{sink::node_report::writer::internal_ip_is_local, state::addrs::Prefix};
     use probe_contract::facts::AddressOwner;
     let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
     let local: crate::state::addrs::Owners = std::sync::Arc::new(

@@ -1,5 +1,6 @@
-//! The cluster's view (#27): one `LoopbackReport` object per node in the Kubernetes API, written
-//! by that node's agent, read by `kubectl clb-probe report` and `kubectl get loopbackreports`.
+//! The node report (#27), a writer of the hub's reports like the others: one `LoopbackReport`
+//! object per node in the Kubernetes API, written by that node's agent, read by
+//! `kubectl clb-probe report` and `kubectl get loopbackreports`; and the Node condition.
 //!
 //! The object's schema (`status` only; the CRD ships in the chart), its API coordinates and its
 //! name check (the agent writes only the object named after its own node) are the output

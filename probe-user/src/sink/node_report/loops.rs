@@ -654,11 +654,11 @@ mod tests {
                 e.vip_port = Some(port);
                 l.observe(&e, T0 + second);
             }
-            let facts = crate::report::writer::NodeFacts {
+            let facts = crate::sink::node_report::writer::NodeFacts {
                 node: "node-a".into(),
                 ..Default::default()
             };
-            let status = crate::report::writer::build(
+            let status = crate::sink::node_report::writer::build(
                 &facts,
                 &Default::default(),
                 &Default::default(),
@@ -673,7 +673,9 @@ mod tests {
             {
                 kept += 1;
             }
-            if crate::report::condition::condition(&status).reason == "HealthcheckBlackhole" {
+            if crate::sink::node_report::condition::condition(&status).reason
+                == "HealthcheckBlackhole"
+            {
                 condition_real += 1;
             }
             if second == 8 {
