@@ -3,7 +3,7 @@
 //! Schema version [`SCHEMA_VERSION`]: `{"schema": 1, "risks": n, "warnings": n, "findings":
 //! [{"kind", "severity", "subject", "summary", "evidence": [..], "remedy": [..], "fixes"?}],
 //! "dataplane"?: {"mode", "replacement"?, "evidence", "still_possible"?, "cannot_confirm"?}}`.
-//! Fields are only ever added. The agent's `probe check` builds a [`Report`]; scripts, the
+//! Fields are only ever added. The agent's `probe check` builds a [`CheckReport`]; scripts, the
 //! tests and the node report read it back with these types.
 
 use serde::{Deserialize, Serialize};
@@ -101,7 +101,7 @@ pub struct Finding {
 
 /// The whole report.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Report {
+pub struct CheckReport {
     pub schema: u32,
     pub risks: usize,
     pub warnings: usize,
@@ -112,14 +112,14 @@ pub struct Report {
     pub dataplane: Option<Dataplane>,
 }
 
-impl Report {
+impl CheckReport {
     /// Sorted by severity, then kind, then subject, so output is stable.
-    pub fn new(mut findings: Vec<Finding>) -> Report {
+    pub fn new(mut findings: Vec<Finding>) -> CheckReport {
         findings.sort_by(|a, b| {
             (a.severity, a.kind, &a.subject).cmp(&(b.severity, b.kind, &b.subject))
         });
         let count = |s| findings.iter().filter(|f| f.severity == s).count();
-        Report {
+        CheckReport {
             schema: SCHEMA_VERSION,
             risks: count(Severity::Risk),
             warnings: count(Severity::Warn),
@@ -129,7 +129,7 @@ impl Report {
     }
 
     /// The report with the dataplane the node showed.
-    pub fn with_dataplane(mut self, dataplane: Option<Dataplane>) -> Report {
+    pub fn with_dataplane(mut self, dataplane: Option<Dataplane>) -> CheckReport {
         self.dataplane = dataplane;
         self
     }

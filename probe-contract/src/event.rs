@@ -416,9 +416,10 @@ pub struct LoopbackEvent {
     pub listener: Option<Listener>,
 }
 
-/// One confirmation (new or repeat) of an aggregate. Metrics count every report.
+/// One confirmation (new or repeat) of an aggregate, as the correlator publishes it to the hub
+/// and every writer receives it. Metrics count every one.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Report {
+pub struct Confirmation {
     /// The aggregate after this occurrence (its `count` includes it).
     pub event: LoopbackEvent,
     /// First occurrence of this aggregate (or first since it was forgotten).

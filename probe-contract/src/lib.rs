@@ -33,8 +33,8 @@ mod resolution;
 mod status;
 
 pub use event::{
-    AggregateKey, Layer, Listener, LoopbackEvent, LoopbackKind, Outcome, Proto, Report, SnatState,
-    Tag, sock,
+    AggregateKey, Confirmation, Layer, Listener, LoopbackEvent, LoopbackKind, Outcome, Proto,
+    SnatState, Tag, sock,
 };
 pub use fix::Fix;
 pub use live::{Message, Snapshot};

@@ -284,7 +284,7 @@ fn a_recorded_stream_reads_back_as_written() {
 
 #[test]
 fn a_check_report_reads_back_as_written() {
-    use check::{Dataplane, Finding, Kind, Limit, Mode, Replacement, Report, Severity};
+    use check::{CheckReport, Dataplane, Finding, Kind, Limit, Mode, Replacement, Severity};
     let finding = |kind, severity, subject: &str| Finding {
         kind,
         severity,
@@ -294,7 +294,7 @@ fn a_check_report_reads_back_as_written() {
         remedy: vec!["r".into()],
         fixes: Vec::new(),
     };
-    let report = Report::new(vec![
+    let report = CheckReport::new(vec![
         finding(Kind::KptrRestrict, Severity::Warn, "kernel"),
         finding(Kind::HealthcheckBlackhole, Severity::Risk, "203.0.113.10"),
     ])
@@ -318,7 +318,7 @@ fn a_check_report_reads_back_as_written() {
         "risks first"
     );
     let text = serde_json::to_string(&report).unwrap();
-    assert_eq!(serde_json::from_str::<Report>(&text).unwrap(), report);
+    assert_eq!(serde_json::from_str::<CheckReport>(&text).unwrap(), report);
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(v["schema"], check::SCHEMA_VERSION);
     assert_eq!(v["findings"][0]["kind"], "healthcheck_blackhole");

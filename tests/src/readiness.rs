@@ -36,7 +36,7 @@ pub struct Round {
     /// The prediction's risks after the move (`remain` and `appear`).
     pub predicted: RiskSet,
     /// `probe check --json` on the nftables-mode lab, and its loopback risks.
-    pub observed_report: probe_contract::check::Report,
+    pub observed_report: probe_contract::check::CheckReport,
     pub observed: RiskSet,
     /// `probe check --as nftables` on the nftables-mode lab: (exit code, stderr).
     pub as_on_nftables: (i32, String),
@@ -103,7 +103,7 @@ pub fn predict_then_observe(from: KubeProxyMode) -> Round {
     let second = LabGuard::up_in(KubeProxyMode::Nftables, &variants, &UpOptions::default())
         .expect("lab up (nftables mode)");
     let (_, out, err) = check_with_api(&["--json"]);
-    let observed_report: probe_contract::check::Report = serde_json::from_str(&out)
+    let observed_report: probe_contract::check::CheckReport = serde_json::from_str(&out)
         .unwrap_or_else(|e| panic!("not a check report ({e}): {out}\n{err}"));
     let observed = observed_report
         .findings

@@ -6,7 +6,7 @@
 
 use std::process::{Command, Output};
 
-use probe_contract::check::{Finding, Kind, Limit, Mode, Replacement, Report, Severity};
+use probe_contract::check::{CheckReport, Finding, Kind, Limit, Mode, Replacement, Severity};
 use probe_tests::agent::{lines, probe_bin, require_root};
 use serde::Deserialize as _;
 use serde_json::Value;
@@ -24,7 +24,7 @@ fn check(args: &[&str]) -> Output {
 
 /// `probe check --json`'s stdout as the contract's report, read once: not one, or not what the
 /// type writes back (a field the contract lacks or leaves out), fails the test with the text.
-fn parse(o: &std::process::Output) -> Report {
+fn parse(o: &std::process::Output) -> CheckReport {
     let stdout = String::from_utf8_lossy(&o.stdout);
     let json: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| {
         panic!(
@@ -32,24 +32,24 @@ fn parse(o: &std::process::Output) -> Report {
             String::from_utf8_lossy(&o.stderr)
         )
     });
-    let report = Report::deserialize(&json)
-        .unwrap_or_else(|e| panic!("not the contract's check Report ({e}): {stdout}"));
+    let report = CheckReport::deserialize(&json)
+        .unwrap_or_else(|e| panic!("not the contract's check CheckReport ({e}): {stdout}"));
     assert_eq!(
         serde_json::to_value(&report).unwrap(),
         json,
-        "not what the contract's check Report writes: {stdout}"
+        "not what the contract's check CheckReport writes: {stdout}"
     );
     report
 }
 
 /// `probe check --json` in the lab node: (exit code, report).
-fn report() -> (i32, Report) {
+fn report() -> (i32, CheckReport) {
     let o = check(&["--json", "--nic", lab::NODE_NIC]);
     (o.status.code().expect("exit code"), parse(&o))
 }
 
 /// The findings of `kind`, as (severity, subject).
-fn named(json: &Report, kind: Kind) -> Vec<(String, String)> {
+fn named(json: &CheckReport, kind: Kind) -> Vec<(String, String)> {
     json.findings
         .iter()
         .filter(|f| f.kind == kind)
@@ -58,7 +58,7 @@ fn named(json: &Report, kind: Kind) -> Vec<(String, String)> {
 }
 
 /// The first finding of `kind`.
-fn find(json: &Report, kind: Kind) -> Finding {
+fn find(json: &CheckReport, kind: Kind) -> Finding {
     json.findings
         .iter()
         .find(|f| f.kind == kind)

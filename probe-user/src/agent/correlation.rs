@@ -22,7 +22,7 @@ use crate::{
     resolution::{Observed, ProofRequest, Tracker, proof, service_fields},
     state,
 };
-use probe_contract::{Report, record::KernelEvent};
+use probe_contract::{Confirmation, record::KernelEvent};
 
 /// What the loop owns and reads.
 pub(super) struct CorrelateLoop {
@@ -203,7 +203,7 @@ pub(super) async fn run(mut l: CorrelateLoop) -> anyhow::Result<()> {
 
 /// A confirmed report: out now without attribution; with it, when the API cache can name it
 /// (or in 2 s).
-fn confirmed(l: &mut CorrelateLoop, hold: &mut Hold, mut report: Report) {
+fn confirmed(l: &mut CorrelateLoop, hold: &mut Hold, mut report: Confirmation) {
     let Some(rx) = &l.kube_index else {
         crate::kube::enrich::enrich(&mut report.event, &Index::default(), l.node_name.as_deref());
         emit(l, report);
@@ -228,7 +228,7 @@ fn confirmed(l: &mut CorrelateLoop, hold: &mut Hold, mut report: Report) {
 }
 
 /// A confirmed report, published to the hub: every writer of confirmed events subscribes there.
-fn emit(l: &mut CorrelateLoop, mut report: Report) {
+fn emit(l: &mut CorrelateLoop, mut report: Confirmation) {
     // The fixes come last: they read the names and facts attribution added.
     let index = l
         .kube_index

@@ -17,7 +17,7 @@
 
 use std::net::IpAddr;
 
-use probe_contract::check::{Finding, Kind, Report};
+use probe_contract::check::{CheckReport, Finding, Kind};
 
 use crate::state::ServiceTable;
 
@@ -176,11 +176,14 @@ pub enum ApiState {
 
 /// Reads the node (an error: it cannot be read) and, with API access, the Services (a
 /// failure there is a warning in the report), and judges them.
-pub fn run(cfg: &crate::state::addrs::AddrConfig, api: &kube::ApiAccess) -> anyhow::Result<Report> {
+pub fn run(
+    cfg: &crate::state::addrs::AddrConfig,
+    api: &kube::ApiAccess,
+) -> anyhow::Result<CheckReport> {
     let (inputs, listed) = read(cfg, api)?;
     let mut findings = rules::judge(&inputs);
     attach_fixes(&mut findings, &listed, inputs.kube_proxy_runs());
-    Ok(Report::new(findings).with_dataplane(inputs.dataplane))
+    Ok(CheckReport::new(findings).with_dataplane(inputs.dataplane))
 }
 
 /// The node (and, with API access, the Services merged into it, and as listed).

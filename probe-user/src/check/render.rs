@@ -1,10 +1,10 @@
 //! Output of `probe check`: an aligned table (one line per finding, then a summary line) or
-//! the [`Report`] as JSON.
+//! the [`CheckReport`] as JSON.
 
-use probe_contract::check::Report;
+use probe_contract::check::CheckReport;
 
 /// The table for people. Evidence and remedies are in `--json`; the summary line says so.
-pub fn table(report: &Report) -> String {
+pub fn table(report: &CheckReport) -> String {
     let rows: Vec<[&str; 4]> = report
         .findings
         .iter()
@@ -57,7 +57,7 @@ pub fn table(report: &Report) -> String {
     out
 }
 
-pub fn json(report: &Report) -> String {
-    // A Report is plain data: serializing it cannot fail.
+pub fn json(report: &CheckReport) -> String {
+    // A CheckReport is plain data: serializing it cannot fail.
     serde_json::to_string_pretty(report).expect("report serializes")
 }

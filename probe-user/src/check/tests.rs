@@ -35,7 +35,7 @@ use super::test_nodes::web;
 
 use probe_contract::check::Kind;
 
-use probe_contract::check::Report;
+use probe_contract::check::CheckReport;
 
 use crate::state::{ServiceSource, ServiceTable, addrs::Prefix};
 use clb_probe_client::service::{LbIngress, ServiceFacts};
@@ -43,7 +43,7 @@ use probe_contract::check::Severity;
 
 /// (kind, severity, subject) of every finding that is not info.
 fn verdicts(i: &Inputs) -> Vec<Verdict> {
-    Report::new(rules::judge(i))
+    CheckReport::new(rules::judge(i))
         .findings
         .into_iter()
         .filter(|f| f.severity != Severity::Info)
@@ -165,7 +165,7 @@ fn the_api_names_services_and_their_settings() {
     // Bound, 443 declared but not served: a certain vip_port_unserved, named.
     let mut i = masquerade(lab());
     services::merge(&mut i, &[web(false, None, &[])]);
-    let r = Report::new(rules::judge(&i));
+    let r = CheckReport::new(rules::judge(&i));
     let unserved = r
         .findings
         .iter()
@@ -192,7 +192,7 @@ fn the_api_names_services_and_their_settings() {
             v(Kind::Hairpin, Severity::Risk, "203.0.113.10:80/tcp"),
         ]
     );
-    let f = &Report::new(rules::judge(&i)).findings[0];
+    let f = &CheckReport::new(rules::judge(&i)).findings[0];
     assert!(
         f.evidence
             .iter()
@@ -219,7 +219,7 @@ fn the_api_names_services_and_their_settings() {
         hairpin.fixes
     );
     assert_eq!(hairpin.fixes[0].id, "call-by-service-name");
-    let json = crate::check::render::json(&Report::new(findings));
+    let json = crate::check::render::json(&CheckReport::new(findings));
     assert!(json.contains(r#""id": "call-by-service-name""#), "{json}");
     // Cluster already: never offered; the health-check risk of a bound VIP gets ipMode Proxy.
     let mut i = masquerade(lab());
@@ -251,7 +251,7 @@ fn the_api_names_services_and_their_settings() {
         )],
     );
     assert!(verdicts(&i).iter().all(|(_, s, _)| *s == Severity::Warn));
-    assert_eq!(Report::new(rules::judge(&i)).exit_code(), 0);
+    assert_eq!(CheckReport::new(rules::judge(&i)).exit_code(), 0);
 }
 
 #[test]
@@ -289,7 +289,7 @@ fn pod_egress_masquerade_is_told_from_marked_and_narrow_rules() {
 
 #[test]
 fn the_report_is_sorted_counted_and_rendered() {
-    let r = Report::new(rules::judge(&lab()));
+    let r = CheckReport::new(rules::judge(&lab()));
     assert_eq!((r.risks, r.warnings, r.exit_code()), (2, 1, 1));
     assert!(
         r.findings
@@ -322,7 +322,7 @@ fn the_report_is_sorted_counted_and_rendered() {
         assert!(first.get(key).is_some(), "{key} missing: {first:#}");
     }
     assert_eq!(first["severity"], "risk");
-    let clean = Report::new(rules::judge(&masquerade(unbind(lab()))));
+    let clean = CheckReport::new(rules::judge(&masquerade(unbind(lab()))));
     assert_eq!(clean.exit_code(), 0);
 }
 
@@ -384,7 +384,7 @@ fn the_node_report_takes_the_risks_with_their_service_and_first_fix() {
         assert_eq!(r.service.as_deref(), Some("shop/web"), "{r:?}");
         assert!(r.first_fix.is_some(), "{r:?}");
     }
-    let full = Report::new(rules::judge(&lab()));
+    let full = CheckReport::new(rules::judge(&lab()));
     assert!(
         full.findings.iter().any(|f| f.severity != Severity::Risk),
         "the lab has non-risk findings, and the report leaves them out"
@@ -488,7 +488,7 @@ fn a_node_without_kube_proxy_is_a_warning_never_silence() {
             .iter()
             .any(|r| r.starts_with("cannot confirm: nodeport_attribution"))
     );
-    let report = Report::new(findings).with_dataplane(Some(none));
+    let report = CheckReport::new(findings).with_dataplane(Some(none));
     assert!(render::table(&report).contains("\ndataplane: none (cilium)\n"));
     let json: serde_json::Value = serde_json::from_str(&render::json(&report)).unwrap();
     assert_eq!(json["dataplane"]["mode"], "none");

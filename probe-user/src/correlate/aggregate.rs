@@ -4,7 +4,7 @@
 
 use super::{Correlator, held::Aggregate, remedy};
 use probe_contract::{
-    AggregateKey, LoopbackEvent, Outcome, Report,
+    AggregateKey, Confirmation, LoopbackEvent, Outcome,
     facts::{AddressOwner, Facts, SourceKind},
 };
 use std::net::IpAddr;
@@ -73,7 +73,7 @@ impl Correlator {
         key: AggregateKey,
         mut event: LoopbackEvent,
         ts: u64,
-    ) -> Report {
+    ) -> Confirmation {
         // One builder for every kind, from the event's facts (attribution rebuilds it with
         // the API's facts added).
         event.remedy = remedy::build(&event);
@@ -88,7 +88,7 @@ impl Correlator {
                 agg.last_json_ns = ts;
             }
             agg.event = event.clone();
-            return Report {
+            return Confirmation {
                 event,
                 is_new: false,
                 write_json,
@@ -112,7 +112,7 @@ impl Correlator {
                 last_json_ns: ts,
             },
         );
-        Report {
+        Confirmation {
             event,
             is_new: true,
             write_json: true,

@@ -140,7 +140,7 @@ use probe_contract::{
     record::{KernelEvent, Packet},
 };
 
-use probe_contract::{CorrelatorStats, Report};
+use probe_contract::{Confirmation, CorrelatorStats};
 #[cfg(test)]
 use probe_contract::{KindCounts, Listener, LoopbackEvent, LoopbackKind, SnatState};
 

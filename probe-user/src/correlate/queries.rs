@@ -4,7 +4,7 @@
 
 use std::net::IpAddr;
 
-use probe_contract::Report;
+use probe_contract::Confirmation;
 use serde::{Deserialize, Serialize};
 
 use crate::state::{ConntrackEntry, SelfLoopFacts, Tuple};
@@ -20,7 +20,7 @@ use probe_contract::{Listener, Proto};
     reason = "reports are the common case and the agent matches on them by value"
 )]
 pub enum Output {
-    Report(Report),
+    Report(Confirmation),
     Query(Query),
 }
 

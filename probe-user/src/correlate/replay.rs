@@ -11,7 +11,7 @@ use std::{collections::VecDeque, net::IpAddr};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{Answer, Correlator, CorrelatorConfig, CorrelatorStats, Output, Query, Report};
+use super::{Answer, Confirmation, Correlator, CorrelatorConfig, CorrelatorStats, Output, Query};
 use crate::state::{ConntrackEntry, SelfLoopFacts, ServiceTable, conntrack::is_self_call};
 use probe_contract::record::{EgressRecord, KernelEvent};
 
@@ -102,7 +102,7 @@ pub struct Stream {
 /// What a replay produced.
 #[derive(Clone, Debug)]
 pub struct ReplayResult {
-    pub reports: Vec<Report>,
+    pub reports: Vec<Confirmation>,
     pub queries: Vec<Query>,
     pub stats: CorrelatorStats,
 }
@@ -192,7 +192,7 @@ fn handle(
 
 /// A report as the JSON the expectations are written against: the event's fields plus
 /// `is_new` and `write_json`.
-pub fn report_json(r: &Report) -> Value {
+pub fn report_json(r: &Confirmation) -> Value {
     let mut v = serde_json::to_value(&r.event).unwrap_or(Value::Null);
     if let Value::Object(m) = &mut v {
         m.insert("is_new".into(), Value::Bool(r.is_new));

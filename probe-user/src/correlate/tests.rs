@@ -139,7 +139,7 @@ pub(super) fn corr() -> Correlator {
     c
 }
 
-pub(super) fn reports(outs: &[Output]) -> Vec<Report> {
+pub(super) fn reports(outs: &[Output]) -> Vec<Confirmation> {
     outs.iter()
         .filter_map(|o| match o {
             Output::Report(r) => Some(r.clone()),
@@ -164,7 +164,7 @@ pub(super) fn only_query(outs: &[Output]) -> Query {
     q[0].clone()
 }
 
-pub(super) fn only_report(outs: &[Output]) -> Report {
+pub(super) fn only_report(outs: &[Output]) -> Confirmation {
     let r = reports(outs);
     assert_eq!(r.len(), 1, "expected one report in {outs:?}");
     r[0].clone()

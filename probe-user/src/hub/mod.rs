@@ -21,7 +21,8 @@ use std::{
 };
 
 use probe_contract::{
-    CorrelatorStats, LoopLifecycle, LoopResolution, LoopbackEvent, NodeStatus, Report, Snapshot,
+    Confirmation, CorrelatorStats, LoopLifecycle, LoopResolution, LoopbackEvent, NodeStatus,
+    Snapshot,
 };
 use tokio::sync::{broadcast, watch};
 
@@ -39,7 +40,7 @@ pub struct Shared {
     pub reader: Arc<ReaderStats>,
     pub drop_reasons: Arc<DropReasons>,
     /// Every report (new confirmations and repeats), for `probe watch` / `probe events`.
-    pub reports: broadcast::Sender<Arc<Report>>,
+    pub reports: broadcast::Sender<Arc<Confirmation>>,
     /// Latest state of each confirmed aggregate (by its key), for a surface that connects late.
     pub confirmed: Arc<Mutex<BTreeMap<String, LoopbackEvent>>>,
     pub correlator: Arc<Mutex<CorrelatorStats>>,
@@ -114,7 +115,7 @@ impl Shared {
     }
 
     /// Records a report for late joiners and broadcasts it (no receiver is fine).
-    pub fn publish(&self, report: Report) {
+    pub fn publish(&self, report: Confirmation) {
         if let Ok(mut m) = self.confirmed.lock() {
             m.insert(report.event.key.clone(), report.event.clone());
             while m.len() > RECENT_EVENTS {
@@ -132,7 +133,7 @@ impl Shared {
     }
 
     /// Every report from now on (bounded: a receiver that lags loses the oldest).
-    pub fn subscribe(&self) -> broadcast::Receiver<Arc<Report>> {
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<Confirmation>> {
         self.reports.subscribe()
     }
 }
@@ -149,7 +150,7 @@ impl View {
     }
 
     /// Every report from now on (bounded: a receiver that lags loses the oldest).
-    pub fn subscribe(&self) -> broadcast::Receiver<Arc<Report>> {
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<Confirmation>> {
         self.0.subscribe()
     }
 

@@ -16,7 +16,7 @@ use std::{
 };
 
 use super::{enrich::enrich, index::Index};
-use probe_contract::{LoopbackEvent, Report, facts::SourceKind};
+use probe_contract::{Confirmation, LoopbackEvent, facts::SourceKind};
 
 /// The longest a report waits for names.
 pub const HOLD_MAX: Duration = Duration::from_secs(2);
@@ -36,7 +36,7 @@ pub fn lacks_names(event: &LoopbackEvent, index: &Index) -> bool {
 /// Reports waiting for names, oldest first.
 #[derive(Debug, Default)]
 pub struct Hold {
-    queue: VecDeque<(Instant, Report)>,
+    queue: VecDeque<(Instant, Confirmation)>,
 }
 
 impl Hold {
@@ -44,11 +44,11 @@ impl Hold {
     /// cannot name it); else it waits and None is returned.
     pub fn offer(
         &mut self,
-        report: Report,
+        report: Confirmation,
         index: &Index,
         node: Option<&str>,
         now: Instant,
-    ) -> Option<Report> {
+    ) -> Option<Confirmation> {
         if self.queue.is_empty() {
             let mut named = report.clone();
             enrich(&mut named.event, index, node);
@@ -61,7 +61,12 @@ impl Hold {
     }
 
     /// The reports that can go now (named, or out of time), attributed from `index`, in order.
-    pub fn release(&mut self, index: &Index, node: Option<&str>, now: Instant) -> Vec<Report> {
+    pub fn release(
+        &mut self,
+        index: &Index,
+        node: Option<&str>,
+        now: Instant,
+    ) -> Vec<Confirmation> {
         let mut out = Vec::new();
         while let Some((deadline, report)) = self.queue.front() {
             let mut named = report.clone();
@@ -94,13 +99,13 @@ mod tests {
     };
     use probe_contract::{LoopbackKind, SnatState};
 
-    fn report(src: &str) -> Report {
+    fn report(src: &str) -> Confirmation {
         let mut event = remedy::placeholder(LoopbackKind::Hairpin, src.parse().unwrap(), 30080);
         event.vip = Some("203.0.113.10".parse().unwrap());
         event.vip_port = Some(80);
         event.snat = SnatState::No;
         event.facts.source = SourceKind::Pod;
-        Report {
+        Confirmation {
             event,
             is_new: true,
             write_json: true,

@@ -96,11 +96,11 @@ impl JsonLines {
 }
 
 /// `--events`: the confirmed events the JSON stream shows (a new aggregate, then its periodic
-/// repeats: `Report::write_json`), one line each.
+/// repeats: `Confirmation::write_json`), one line each.
 pub struct EventLines(pub JsonLines);
 
 impl super::Writer for EventLines {
-    fn report(&mut self, report: &probe_contract::Report) {
+    fn report(&mut self, report: &probe_contract::Confirmation) {
         if report.write_json {
             self.0.write(&report.event);
         }

@@ -30,7 +30,7 @@ use tracing::{info, warn};
 
 use super::kube_event_plan::{EventDoc, EventPlanner, Held, Names, ObjectRef, PlanConfig, Write};
 
-use probe_contract::{LoopResolution, Report, kube_event::REPORTING_CONTROLLER};
+use probe_contract::{Confirmation, LoopResolution, kube_event::REPORTING_CONTROLLER};
 
 /// One write's time limit: a hung API server must not hold the queue forever.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -48,7 +48,7 @@ pub use crate::hub::KubeEventStats;
 pub async fn start(
     source: crate::kube::KubeSource,
     node: String,
-    reports: broadcast::Receiver<Arc<Report>>,
+    reports: broadcast::Receiver<Arc<Confirmation>>,
     resolutions: broadcast::Receiver<Arc<LoopResolution>>,
     stats: Arc<KubeEventStats>,
 ) {
@@ -62,7 +62,7 @@ pub async fn start(
 pub async fn run(
     client: Client,
     node: String,
-    mut reports: broadcast::Receiver<Arc<Report>>,
+    mut reports: broadcast::Receiver<Arc<Confirmation>>,
     mut resolutions: broadcast::Receiver<Arc<LoopResolution>>,
     stats: Arc<KubeEventStats>,
 ) {

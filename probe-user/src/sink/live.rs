@@ -31,7 +31,7 @@ use tokio::{
 use tracing::{debug, info, warn};
 
 use crate::hub::View;
-use probe_contract::{Message, Report, Snapshot};
+use probe_contract::{Confirmation, Message, Snapshot};
 
 fn snapshot(s: Snapshot) -> Message {
     Message::Snapshot {
@@ -39,7 +39,7 @@ fn snapshot(s: Snapshot) -> Message {
     }
 }
 
-fn report(r: &Report) -> Message {
+fn report(r: &Confirmation) -> Message {
     Message::Report {
         event: Box::new(r.event.clone()),
         is_new: r.is_new,
@@ -226,7 +226,7 @@ async fn send(stream: &mut UnixStream, msg: &Message) -> std::io::Result<()> {
 async fn client(
     mut stream: UnixStream,
     hub: View,
-    mut reports: broadcast::Receiver<Arc<Report>>,
+    mut reports: broadcast::Receiver<Arc<Confirmation>>,
 ) -> std::io::Result<()> {
     send(&mut stream, &snapshot(hub.snapshot())).await?;
     let mut tick = tokio::time::interval(Duration::from_secs(1));

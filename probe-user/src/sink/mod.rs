@@ -29,19 +29,19 @@ pub mod process;
 
 use std::sync::Arc;
 
-use probe_contract::{LoopResolution, Report};
+use probe_contract::{Confirmation, LoopResolution};
 use tokio::sync::{broadcast, watch};
 
 /// A writer's subscription to the hub's reports and resolutions, and the agent's stop signal.
 pub struct Subscription {
-    pub reports: broadcast::Receiver<Arc<Report>>,
+    pub reports: broadcast::Receiver<Arc<Confirmation>>,
     pub resolutions: broadcast::Receiver<Arc<LoopResolution>>,
     pub stop: watch::Receiver<bool>,
 }
 
 /// What a writer does with what it receives.
 pub trait Writer: Send + 'static {
-    fn report(&mut self, report: &Report);
+    fn report(&mut self, report: &Confirmation);
     fn resolution(&mut self, _resolution: &LoopResolution) {}
     /// `n` items were missed: the subscription fell behind the broadcast.
     fn lost(&mut self, n: u64);

@@ -43,7 +43,7 @@ use kube::{
     api::{DynamicObject, Patch, PatchParams},
 };
 use probe_contract::{
-    LoopResolution, Report,
+    Confirmation, LoopResolution,
     condition::{Condition, ConditionStatus},
 };
 use serde_json::json;
@@ -119,7 +119,7 @@ pub fn check_state(
     }
     let mut findings = crate::check::rules::judge(&inputs);
     crate::check::attach_fixes(&mut findings, services, inputs.kube_proxy_runs());
-    let report = probe_contract::check::Report::new(findings);
+    let report = probe_contract::check::CheckReport::new(findings);
     let risks = report
         .findings
         .iter()
@@ -482,7 +482,7 @@ pub async fn start(
     settings: WriterSettings,
     facts: NodeFacts,
     caps: Arc<Capabilities>,
-    reports: broadcast::Receiver<Arc<Report>>,
+    reports: broadcast::Receiver<Arc<Confirmation>>,
     resolutions: broadcast::Receiver<Arc<LoopResolution>>,
     checks: watch::Receiver<CheckState>,
 ) {
@@ -650,7 +650,7 @@ pub async fn run(
     mut writer: ReportWriter,
     facts: NodeFacts,
     caps: Arc<Capabilities>,
-    mut reports: broadcast::Receiver<Arc<Report>>,
+    mut reports: broadcast::Receiver<Arc<Confirmation>>,
     mut resolutions: broadcast::Receiver<Arc<LoopResolution>>,
     mut checks: watch::Receiver<CheckState>,
 ) {

@@ -158,7 +158,7 @@ async fn the_task_writes_a_confirmed_loop_then_stops_with_the_broadcast() {
     caps.set(Capability::Conntrack, false, "test");
     let task = tokio::spawn(run(w, facts, caps, rx, broadcast::channel(1).1, checks));
     let ev = crate::sink::node_report::loops::tests_event("k1", Some("shop/web"));
-    tx.send(Arc::new(Report {
+    tx.send(Arc::new(Confirmation {
         event: ev,
         is_new: true,
         write_json: true,
@@ -477,7 +477,7 @@ async fn nothing_is_written_before_the_first_check() {
         broadcast::channel(1).1,
         checks,
     ));
-    tx.send(Arc::new(Report {
+    tx.send(Arc::new(Confirmation {
         event: crate::sink::node_report::loops::tests_event("k1", Some("shop/web")),
         is_new: true,
         write_json: true,

@@ -67,7 +67,7 @@ impl OtlpLogs {
 impl crate::sink::Writer for OtlpLogs {
     /// One record per line the JSON stream shows (the same dedup), whether or not `--events`
     /// is on.
-    fn report(&mut self, report: &probe_contract::Report) {
+    fn report(&mut self, report: &probe_contract::Confirmation) {
         if report.write_json {
             self.write(&report.event);
         }
