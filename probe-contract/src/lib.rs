@@ -27,6 +27,7 @@ mod fix;
 pub mod kube_event;
 mod live;
 pub mod metrics;
+pub mod readiness;
 pub mod record;
 pub mod report;
 mod resolution;

@@ -356,3 +356,50 @@ fn the_node_condition_reads_back_as_written() {
     }
     assert_eq!(ConditionStatus::parse("Unknown"), None);
 }
+
+#[test]
+fn a_readiness_prediction_reads_back_as_written() {
+    use check::{Kind, Mode};
+    use readiness::{Change, Exposure, IpModeAdvice, Prediction};
+    let change = |kind| Change {
+        kind,
+        subject: "203.0.113.10".into(),
+        service: Some("default/dns".into()),
+        why: "w".into(),
+        fixes: Vec::new(),
+    };
+    let p = Prediction {
+        from: Mode::Ipvs,
+        to: Mode::Nftables,
+        disappear: vec![change(Kind::HealthcheckBlackhole)],
+        appear: vec![change(Kind::Hairpin)],
+        remain: Vec::new(),
+        before_migrating: Vec::new(),
+        ip_mode: vec![IpModeAdvice {
+            service: None,
+            ip: "203.0.113.10".parse().unwrap(),
+            ip_mode: "VIP".into(),
+            provider: "generic".into(),
+            verdict: "avoids_now".into(),
+            advice: "a".into(),
+            would_hairpin: true,
+            costs: vec!["c".into()],
+            fixes: Vec::new(),
+        }],
+        not_short_circuited: vec![Exposure {
+            service: "default/web".into(),
+            address: "lb.example".into(),
+            why: "hostname".into(),
+        }],
+        risks_after: 1,
+    };
+    let text = serde_json::to_string(&p).unwrap();
+    assert_eq!(serde_json::from_str::<Prediction>(&text).unwrap(), p);
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        (v["from"].as_str(), v["to"].as_str()),
+        (Some("ipvs"), Some("nftables"))
+    );
+    assert!(v["ip_mode"][0].get("service").is_none(), "None is left out");
+    assert_eq!(p.summary(), "1 new, 1 gone");
+}

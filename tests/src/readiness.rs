@@ -9,6 +9,7 @@
 
 use std::{collections::BTreeSet, process::Command};
 
+use probe_contract::readiness::Prediction;
 use serde_json::Value;
 use test_support::{
     kubeapi::fixtures,
@@ -31,7 +32,7 @@ pub const LOOP_KINDS: [&str; 4] = [
 /// What one round saw.
 pub struct Round {
     /// `probe check --as nftables --json` on the first lab, and its exit code.
-    pub prediction: Value,
+    pub prediction: Prediction,
     pub prediction_code: i32,
     /// The prediction's risks after the move (`remain` and `appear`).
     pub predicted: RiskSet,
@@ -76,10 +77,6 @@ fn check_with_api(args: &[&str]) -> (i32, String, String) {
     )
 }
 
-fn json(stdout: &str, stderr: &str) -> Value {
-    serde_json::from_str(stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}\n{stderr}"))
-}
-
 /// Prediction on the lab in `from` mode, then the nftables-mode lab's report.
 pub fn predict_then_observe(from: KubeProxyMode) -> Round {
     let variants = Variants::default();
@@ -88,15 +85,13 @@ pub fn predict_then_observe(from: KubeProxyMode) -> Round {
     // What a person sees (in the log of a failing run, and for the README).
     eprintln!("probe check --as nftables on the {from}-mode lab:\n{text}");
     let (prediction_code, out, err) = check_with_api(&["--as", "nftables", "--json"]);
-    let prediction = json(&out, &err);
+    let prediction: Prediction = serde_json::from_str(&out)
+        .unwrap_or_else(|e| panic!("not a prediction ({e}): {out}\n{err}"));
     drop(first);
     let mut predicted = RiskSet::new();
-    for list in ["remain", "appear"] {
-        for c in prediction[list].as_array().expect(list) {
-            predicted.insert((
-                c["kind"].as_str().unwrap().to_string(),
-                c["subject"].as_str().unwrap().to_string(),
-            ));
+    for list in [&prediction.remain, &prediction.appear] {
+        for c in list {
+            predicted.insert((c.kind.as_str().to_string(), c.subject.clone()));
         }
     }
 

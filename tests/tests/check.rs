@@ -273,47 +273,40 @@ fn as_nftables_predicts_what_the_nftables_lab_shows() {
     }
     let r = predict_then_observe(KubeProxyMode::Iptables);
     let p = &r.prediction;
-    assert_eq!(p["from"], "iptables", "{p:#}");
-    assert_eq!(p["to"], "nftables", "{p:#}");
+    assert_eq!((p.from, p.to), (Mode::Iptables, Mode::Nftables), "{p:#?}");
     assert_eq!(
         r.predicted, r.observed,
-        "prediction {p:#}\nobserved {:#?}",
+        "prediction {p:#?}\nobserved {:#?}",
         r.observed_report
     );
     let vip = lab::VIP.to_string();
-    let gone: Vec<(&str, &str)> = p["disappear"]
-        .as_array()
-        .unwrap()
+    let gone: Vec<(Kind, &str)> = p
+        .disappear
         .iter()
-        .map(|c| (c["kind"].as_str().unwrap(), c["subject"].as_str().unwrap()))
+        .map(|c| (c.kind, c.subject.as_str()))
         .collect();
     assert!(
-        gone.contains(&("healthcheck_blackhole", vip.as_str())),
-        "{p:#}"
+        gone.contains(&(Kind::HealthcheckBlackhole, vip.as_str())),
+        "{p:#?}"
     );
-    assert!(gone.contains(&("vip_port_unserved", vip.as_str())), "{p:#}");
-    let new = p["appear"].as_array().unwrap();
-    assert_eq!(new.len(), 1, "{p:#}");
-    assert_eq!(new[0]["kind"], "hairpin");
-    assert_eq!(new[0]["subject"], format!("{vip}:53/udp"));
-    assert_eq!(new[0]["service"], "default/dns");
     assert!(
-        !p["before_migrating"].as_array().unwrap().is_empty(),
-        "{p:#}"
+        gone.contains(&(Kind::VipPortUnserved, vip.as_str())),
+        "{p:#?}"
     );
+    assert_eq!(p.appear.len(), 1, "{p:#?}");
+    let new = &p.appear[0];
+    assert_eq!(new.kind, Kind::Hairpin);
+    assert_eq!(new.subject, format!("{vip}:53/udp"));
+    assert_eq!(new.service.as_deref(), Some("default/dns"));
+    assert!(!p.before_migrating.is_empty(), "{p:#?}");
     // ipMode advice for each LB Service, with its costs.
-    let advice = p["ip_mode"].as_array().unwrap();
     assert!(
-        advice
+        p.ip_mode
             .iter()
-            .any(|a| a["service"] == "default/dns" && a["verdict"] == "avoids_now"),
-        "{p:#}"
+            .any(|a| a.service.as_deref() == Some("default/dns") && a.verdict == "avoids_now"),
+        "{p:#?}"
     );
-    assert!(
-        advice
-            .iter()
-            .all(|a| !a["costs"].as_array().unwrap().is_empty())
-    );
+    assert!(p.ip_mode.iter().all(|a| !a.costs.is_empty()));
     // Risks after the move: exit 1. On the nftables lab itself: a usage error.
     assert_eq!(r.prediction_code, 1);
     let (code, err) = &r.as_on_nftables;

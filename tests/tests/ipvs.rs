@@ -717,36 +717,30 @@ fn ipvs_mode_as_nftables_prediction_matches_the_nftables_lab() {
         r.predicted,
         r.observed
     );
-    assert_eq!(p["from"], "ipvs", "{p:#}");
+    assert_eq!(p.from, probe_contract::check::Mode::Ipvs, "{p:#?}");
     assert_eq!(
         r.predicted, r.observed,
-        "prediction {p:#}\nobserved {:#?}",
+        "prediction {p:#?}\nobserved {:#?}",
         r.observed_report
     );
+    use probe_contract::check::Kind;
     let vip = lab::VIP.to_string();
-    let gone: Vec<(String, String)> = p["disappear"]
-        .as_array()
-        .unwrap()
+    let gone: Vec<(Kind, &str)> = p
+        .disappear
         .iter()
-        .map(|c| {
-            (
-                c["kind"].as_str().unwrap().to_string(),
-                c["subject"].as_str().unwrap().to_string(),
-            )
-        })
+        .map(|c| (c.kind, c.subject.as_str()))
         .collect();
     assert!(
-        gone.contains(&("healthcheck_blackhole".to_string(), vip.clone())),
-        "{p:#}"
+        gone.contains(&(Kind::HealthcheckBlackhole, vip.as_str())),
+        "{p:#?}"
     );
     assert!(
-        gone.contains(&("vip_port_unserved".to_string(), vip.clone())),
-        "{p:#}"
+        gone.contains(&(Kind::VipPortUnserved, vip.as_str())),
+        "{p:#?}"
     );
-    let new = p["appear"].as_array().unwrap();
-    assert_eq!(new.len(), 1, "{p:#}");
-    assert_eq!(new[0]["kind"], "hairpin");
-    assert_eq!(new[0]["subject"], format!("{vip}:53/udp"));
-    assert_eq!(new[0]["service"], "default/dns");
+    assert_eq!(p.appear.len(), 1, "{p:#?}");
+    assert_eq!(p.appear[0].kind, Kind::Hairpin);
+    assert_eq!(p.appear[0].subject, format!("{vip}:53/udp"));
+    assert_eq!(p.appear[0].service.as_deref(), Some("default/dns"));
     assert_eq!(r.as_on_nftables.0, 2, "{}", r.as_on_nftables.1);
 }

@@ -218,7 +218,7 @@ pub fn run_as(
     cfg: &crate::state::addrs::AddrConfig,
     api: &kube::ApiAccess,
     target: &str,
-) -> Result<readiness::Prediction, AsError> {
+) -> Result<probe_contract::readiness::Prediction, AsError> {
     // A mode --as never predicts fails before the node is read.
     readiness::validate(target, None).map_err(AsError::Usage)?;
     let (inputs, listed) = read(cfg, api).map_err(AsError::Node)?;

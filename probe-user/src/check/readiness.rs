@@ -46,17 +46,14 @@ use probe_contract::check::Mode;
 
 mod ip_mode;
 mod node;
-mod prediction;
 mod render;
 
+pub use self::render::table;
 use self::{
     ip_mode::ip_mode_advice,
     node::{kube_proxy_binds, parse_subject},
 };
-pub use self::{
-    prediction::{Change, Exposure, IpModeAdvice, Prediction},
-    render::table,
-};
+use probe_contract::readiness::{Change, Exposure, Prediction};
 
 /// The modes `--as` predicts.
 pub const TARGETS: &[Mode] = &[Mode::Nftables];

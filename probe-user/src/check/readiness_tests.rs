@@ -5,7 +5,7 @@ use super::Inputs;
 
 use super::readiness;
 
-use super::readiness::Prediction;
+use probe_contract::readiness::Prediction;
 
 use super::services;
 
@@ -43,7 +43,7 @@ fn with_api(mut i: Inputs, svcs: &[ServiceFacts]) -> Inputs {
 
 type Set = Vec<(Kind, String)>;
 
-fn set(p: &[readiness::Change]) -> Set {
+fn set(p: &[probe_contract::readiness::Change]) -> Set {
     p.iter().map(|c| (c.kind, c.subject.clone())).collect()
 }
 
@@ -277,7 +277,7 @@ fn ip_mode_advice_follows_the_binding_the_provider_and_the_snat() {
         assert_eq!(p.ip_mode.len(), 1, "{case}");
         let a = &p.ip_mode[0];
         assert_eq!(
-            (a.verdict, a.would_hairpin, a.provider),
+            (a.verdict.as_str(), a.would_hairpin, a.provider.as_str()),
             (verdict, hairpin, provider),
             "{case}: {a:#?}"
         );

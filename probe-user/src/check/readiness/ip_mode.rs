@@ -4,16 +4,14 @@
 
 use std::net::IpAddr;
 
-use super::{
-    node::{kube_proxy_binds, parse_subject},
-    prediction::IpModeAdvice,
-};
+use super::node::{kube_proxy_binds, parse_subject};
 use crate::check::Inputs;
 use clb_probe_client::{
     fixes::{self, Facts, Provider},
     service::ServiceFacts,
 };
 use probe_contract::check::{Finding, Kind};
+use probe_contract::readiness::IpModeAdvice;
 
 /// The AWS Load Balancer Controller annotations that make the NLB not keep a TCP client's
 /// address (fixes table: `aws-nlb-target-type-ip`, `aws-preserve-client-ip-off`).
@@ -164,8 +162,8 @@ pub(super) fn ip_mode_advice(
                     .and_then(|s| s.ip_mode(ip))
                     .map(str::to_string)
                     .unwrap_or_else(|| if proxy { "Proxy" } else { "VIP" }.to_string()),
-                provider: prov.as_str(),
-                verdict,
+                provider: prov.as_str().to_string(),
+                verdict: verdict.to_string(),
                 advice,
                 would_hairpin,
                 costs: costs.clone(),

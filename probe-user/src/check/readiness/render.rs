@@ -1,6 +1,6 @@
 //! The prediction as text (`probe check --as nftables` without `--json`).
 
-use super::prediction::{Change, Prediction};
+use probe_contract::readiness::{Change, Prediction};
 
 /// The prediction as text: one line per change, the fixes to apply first, the ipMode advice.
 pub fn table(p: &Prediction) -> String {
