@@ -5,9 +5,9 @@
 //!
 //! It stands below `agent/` (which fills it) and `sink/` (which read it) and imports neither:
 //! what it hands out is the output contract's (`probe-contract`); the live state it reads
-//! from is the kernel's counters, the [`capability`] flags and the Kubernetes Event writes'
-//! counters, which live here for that reason (`capability` was `agent::capability`;
-//! `sink::kube_events::KubeEventStats` re-exports the counters).
+//! from is the kernel's counters, the [`capability`] flags and the writers' counters
+//! ([`KubeEventStats`], [`outputs`]), which live here for that reason: the writers count,
+//! `/metrics` reads, and neither imports the other.
 
 pub mod capability;
 pub mod outputs;

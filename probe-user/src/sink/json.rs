@@ -41,7 +41,7 @@ pub const EVENTS_QUEUE_LINES: usize = 256;
 /// Lines waiting for `--record`'s writer: every kernel event, so bursts are thousands.
 pub const RECORD_QUEUE_LINES: usize = 4096;
 /// The outputs' counters live in the hub, which the metrics endpoint reads.
-pub use crate::hub::outputs::{OutputStats, STALLED_AFTER};
+use crate::hub::outputs::OutputStats;
 
 pub struct JsonLines {
     tx: SyncSender<Vec<u8>>,

@@ -46,9 +46,8 @@ use probe_contract::{LoopbackEvent, LoopbackKind};
 
 use probe_contract::LoopResolution;
 
-pub use super::kube_event_doc::{
-    EventDoc, NOTE_MAX, Names, ObjectRef, Series, event_doc, event_name, note, resolved_doc,
-    resolved_note, truncate,
+use super::kube_event_doc::{
+    EventDoc, NOTE_MAX, Names, Series, event_doc, event_name, resolved_doc, truncate,
 };
 
 /// The limits; [`Default`] is what the agent runs with.

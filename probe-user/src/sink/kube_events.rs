@@ -28,7 +28,10 @@ use kube::{
 use tokio::sync::broadcast::{self, error::RecvError};
 use tracing::{info, warn};
 
-use super::kube_event_plan::{EventDoc, EventPlanner, Held, Names, ObjectRef, PlanConfig, Write};
+use super::{
+    kube_event_doc::{EventDoc, Names, ObjectRef},
+    kube_event_plan::{EventPlanner, Held, PlanConfig, Write},
+};
 
 use probe_contract::{Confirmation, LoopResolution, kube_event::REPORTING_CONTROLLER};
 
@@ -40,7 +43,7 @@ const DUE_EVERY: Duration = Duration::from_secs(2);
 /// Environment hook for tests: the per-aggregate write window in ms instead of 60 s.
 pub const PER_AGGREGATE_ENV: &str = "CLB_PROBE_TEST_KUBE_EVENTS_EVERY_MS";
 
-pub use crate::hub::KubeEventStats;
+use crate::hub::KubeEventStats;
 
 /// `--kube-events on` with API access (`--kubeconfig`, else the pod's service account, as
 /// attribution): writes until the report broadcast closes. A broken configuration is said

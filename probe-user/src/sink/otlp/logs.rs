@@ -16,7 +16,7 @@ use opentelemetry_sdk::logs::{LogBatch, LogExporter as _, SdkLoggerProvider};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
-pub use crate::hub::outputs::OtlpStats;
+use crate::hub::outputs::OtlpStats;
 use probe_contract::{LoopResolution, LoopbackEvent};
 
 use super::{EVENT_NAME, EXPORT_TIMEOUT, LOG_BATCH, LOG_QUEUE_EVENTS, OtlpConfig, SCOPE, resource};

@@ -22,7 +22,7 @@ use opentelemetry_sdk::{
 use tracing::{info, warn};
 
 use crate::hub::View;
-pub use crate::hub::outputs::OtlpStats;
+use crate::hub::outputs::OtlpStats;
 
 use super::{EXPORT_TIMEOUT, OtlpConfig, SCOPE, resource};
 

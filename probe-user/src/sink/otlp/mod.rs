@@ -34,8 +34,6 @@ use std::time::Duration;
 use opentelemetry::KeyValue;
 use opentelemetry_sdk::Resource;
 
-pub use crate::hub::outputs::OtlpStats;
-
 /// Confirmed events waiting for the log exporter: confirmations are few and aggregated, so
 /// this is a long burst (as `--events`' queue).
 pub const LOG_QUEUE_EVENTS: usize = 256;

@@ -10,6 +10,7 @@ use tokio::sync::mpsc;
 use opentelemetry::logs::AnyValue;
 
 use super::*;
+use crate::hub::outputs::OtlpStats;
 use probe_contract::LoopbackEvent;
 
 fn event() -> LoopbackEvent {
