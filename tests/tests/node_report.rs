@@ -10,7 +10,11 @@
 
 use std::{process::Command, time::Duration};
 
-use probe_contract::LoopbackKind;
+use probe_contract::{
+    LoopbackKind,
+    condition::{ConditionStatus, NO_LOOPBACK, NodeCondition, TYPE},
+    report::ReportStatus,
+};
 use probe_tests::{
     agent::{Agent, probe_bin, require_root, wait_for},
     kube_fixture::{KubeFixture, Listen, NODE_NAME},
@@ -26,21 +30,37 @@ use test_support::{
 /// and below the minute of the periodic pass, so a risk that waits for it trips the test.
 const WAIT: Duration = Duration::from_secs(45);
 
-fn report(api: &FakeApiServer) -> Option<Value> {
+/// This node's LoopbackReport object as the API server holds it.
+fn report_object(api: &FakeApiServer) -> Option<Value> {
     api.objects("loopbackreports")
         .into_iter()
         .find(|o| o["metadata"]["name"] == NODE_NAME)
 }
 
+/// Its status, read as the contract's type (a field the agent misspells fails here).
+fn report(api: &FakeApiServer) -> Option<ReportStatus> {
+    let o = report_object(api)?;
+    Some(
+        serde_json::from_value(o["status"].clone())
+            .unwrap_or_else(|e| panic!("status is not a ReportStatus ({e}): {o:#}")),
+    )
+}
+
 /// The Node's `LoadBalancerLoopback` condition as the API server holds it.
-fn node_condition(api: &FakeApiServer) -> Option<Value> {
-    api.objects("nodes")
+fn node_condition(api: &FakeApiServer) -> Option<NodeCondition> {
+    let node = api
+        .objects("nodes")
         .into_iter()
-        .find(|n| n["metadata"]["name"] == NODE_NAME)?["status"]["conditions"]
+        .find(|n| n["metadata"]["name"] == NODE_NAME)?;
+    let entry = node["status"]["conditions"]
         .as_array()?
         .iter()
-        .find(|c| c["type"] == "LoadBalancerLoopback")
-        .cloned()
+        .find(|c| c["type"] == TYPE)?
+        .clone();
+    Some(
+        serde_json::from_value(entry)
+            .unwrap_or_else(|e| panic!("not a NodeCondition ({e}): {node:#}")),
+    )
 }
 
 #[test]
@@ -67,54 +87,46 @@ fn the_agent_writes_its_node_report_and_the_plugin_tables_the_cluster() {
         "20",
     ]);
     // First the risks alone: the lab's LB IP is bound on kube-ipvs0, and nothing has looped.
-    let written = wait_for("the report with the risks", WAIT, || {
-        report(&api).filter(|o| o["status"]["riskCount"].as_u64() >= Some(1))
+    let st = wait_for("the report with the risks", WAIT, || {
+        report(&api).filter(|st| st.risk_count >= 1)
     })
-    .unwrap_or_else(|| panic!("no report with risks: {:#?}", report(&api)));
+    .unwrap_or_else(|| panic!("no report with risks: {:#?}", report_object(&api)));
     let node_uid = api
         .objects("nodes")
         .into_iter()
         .find(|n| n["metadata"]["name"] == NODE_NAME)
         .unwrap()["metadata"]["uid"]
         .clone();
+    let written = report_object(&api).unwrap();
     assert_eq!(written["metadata"]["ownerReferences"][0]["uid"], node_uid);
-    let st = &written["status"];
-    assert_eq!(st["node"], NODE_NAME);
-    assert_eq!(st["kubeProxyMode"], "iptables", "{st:#}");
-    assert_eq!(st["dataplane"], "kube-proxy", "{st:#}");
-    assert_eq!(st["activeLoopCount"], 0, "{st:#}");
+    assert_eq!(st.node, NODE_NAME);
+    assert_eq!(st.kube_proxy_mode, "iptables", "{st:#?}");
+    assert_eq!(st.dataplane, "kube-proxy", "{st:#?}");
+    assert_eq!(st.active_loop_count, 0, "{st:#?}");
     let lb_ip = lab::VIP.to_string();
     assert!(
-        st["risks"]
-            .as_array()
-            .unwrap()
+        st.risks
             .iter()
-            .any(|r| { r["kind"] == "healthcheck_blackhole" && r["subject"] == lb_ip.as_str() }),
-        "{st:#}"
+            .any(|r| r.kind == "healthcheck_blackhole" && r.subject == lb_ip),
+        "{st:#?}"
     );
     // `probe check --as nftables` in short: the lab's bound LB IP's risks go with the move.
     assert!(
-        st["nftablesReadiness"]
-            .as_str()
-            .is_some_and(|r| r.ends_with("gone") && !r.ends_with(" 0 gone")),
-        "{st:#}"
+        st.nftables_readiness.ends_with("gone") && !st.nftables_readiness.ends_with(" 0 gone"),
+        "{st:#?}"
     );
     // The Node condition, beside the kubelet's (merged by type): True with the first risk.
     // It is patched after the report, so it is waited for too.
-    let first_risk = st["risks"][0]["kind"].as_str().unwrap().to_string();
+    let first_risk = st.risks[0].kind.clone();
     let condition = wait_for("the Node condition with the risk", WAIT, || {
-        node_condition(&api).filter(|c| {
-            c["message"]
-                .as_str()
-                .is_some_and(|m| m.starts_with("risk "))
-        })
+        node_condition(&api).filter(|c| c.message.starts_with("risk "))
     })
     .expect("LoadBalancerLoopback condition");
-    assert_eq!(condition["status"], "True", "{condition:#}");
+    assert_eq!(condition.status, ConditionStatus::True, "{condition:#?}");
     assert_eq!(
-        condition["reason"].as_str().unwrap().to_lowercase(),
+        condition.reason.to_lowercase(),
         first_risk.replace('_', ""),
-        "{condition:#}"
+        "{condition:#?}"
     );
 
     // Then the hairpin. Its scenario unbinds the LB IP (the pod's call must leave the node):
@@ -123,44 +135,34 @@ fn the_agent_writes_its_node_report_and_the_plugin_tables_the_cluster() {
     agent.wait_event("hairpin", WAIT, |es| {
         es.iter().find(|e| e.kind == LoopbackKind::Hairpin).cloned()
     });
-    let written = wait_for(
+    let st = wait_for(
         "the report with the loop and without the risks",
         WAIT,
-        || {
-            report(&api).filter(|o| {
-                o["status"]["activeLoopCount"].as_u64() >= Some(1)
-                    && o["status"]["riskCount"].as_u64() == Some(0)
-            })
-        },
+        || report(&api).filter(|st| st.active_loop_count >= 1 && st.risk_count == 0),
     )
-    .unwrap_or_else(|| panic!("no report with the loop alone: {:#?}", report(&api)));
-    let st = &written["status"];
-    let hairpin = st["activeLoops"]
-        .as_array()
-        .unwrap()
+    .unwrap_or_else(|| panic!("no report with the loop alone: {:#?}", report_object(&api)));
+    let hairpin = st
+        .active_loops
         .iter()
-        .find(|l| l["kind"] == "hairpin")
-        .unwrap_or_else(|| panic!("{st:#}"));
+        .find(|l| l.kind == "hairpin")
+        .unwrap_or_else(|| panic!("{st:#?}"));
     assert!(
-        hairpin["service"].is_string(),
-        "named by attribution: {hairpin:#}"
+        hairpin.service.is_some(),
+        "named by attribution: {hairpin:#?}"
     );
-    assert!(
-        hairpin["clientPods"]
-            .as_array()
-            .is_some_and(|p| !p.is_empty()),
-        "{hairpin:#}"
-    );
+    assert!(!hairpin.client_pods.is_empty(), "{hairpin:#?}");
     // The fixes computed on the node, best fit first (what `kubectl clb-probe fix` lists),
     // the first of them the one `firstFix` names.
-    let first_id = hairpin["fixes"][0]
-        .as_str()
-        .unwrap_or_else(|| panic!("fix ids: {hairpin:#}"));
+    let first_id = hairpin
+        .fixes
+        .first()
+        .unwrap_or_else(|| panic!("fix ids: {hairpin:#?}"));
     assert!(
-        hairpin["firstFix"]
-            .as_str()
+        hairpin
+            .first_fix
+            .as_deref()
             .is_some_and(|f| f.starts_with(&format!("{first_id}: "))),
-        "{hairpin:#}"
+        "{hairpin:#?}"
     );
     // Only this node's report, only through the status subresource after the one create.
     assert_eq!(api.objects("loopbackreports").len(), 1);
@@ -175,16 +177,13 @@ fn the_agent_writes_its_node_report_and_the_plugin_tables_the_cluster() {
 
     // The condition follows: True with the loop's kind (an active loop before a risk).
     let condition = wait_for("the Node condition with the loop", WAIT, || {
-        node_condition(&api).filter(|c| c["reason"] == "Hairpin")
+        node_condition(&api).filter(|c| c.reason == "Hairpin")
     })
     .unwrap_or_else(|| panic!("no Hairpin condition: {:#?}", node_condition(&api)));
-    assert_eq!(condition["status"], "True", "{condition:#}");
+    assert_eq!(condition.status, ConditionStatus::True, "{condition:#?}");
     assert!(
-        condition["message"]
-            .as_str()
-            .unwrap()
-            .contains("on Service default/web"),
-        "{condition:#}"
+        condition.message.contains("on Service default/web"),
+        "{condition:#?}"
     );
 
     // The plugin, in the node's namespace (where the fake API listens).
@@ -227,50 +226,39 @@ fn the_agent_writes_its_node_report_and_the_plugin_tables_the_cluster() {
         lab.traffic(Scenario::HairpinSnat).expect("traffic"),
         lab::Outcome::Ok
     );
-    let after = wait_for("the hairpin resolved in the report", WAIT, || {
-        report(&api).filter(|o| {
-            o["status"]["resolvedLoops"].as_array().is_some_and(|r| {
-                r.iter()
-                    .any(|l| l["kind"] == "hairpin" && l["proof"].is_string())
-            })
+    let st = wait_for("the hairpin resolved in the report", WAIT, || {
+        report(&api).filter(|st| {
+            st.resolved_loops
+                .iter()
+                .any(|l| l.kind == "hairpin" && l.proof.is_some())
         })
     })
-    .unwrap_or_else(|| panic!("no resolved hairpin: {:#?}", report(&api)));
-    let st = &after["status"];
+    .unwrap_or_else(|| panic!("no resolved hairpin: {:#?}", report_object(&api)));
     assert!(
-        !st["activeLoops"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|l| l["kind"] == "hairpin"),
-        "{st:#}"
+        !st.active_loops.iter().any(|l| l.kind == "hairpin"),
+        "{st:#?}"
     );
-    let resolved = st["resolvedLoops"]
-        .as_array()
-        .unwrap()
+    let resolved = st
+        .resolved_loops
         .iter()
-        .find(|l| l["kind"] == "hairpin")
+        .find(|l| l.kind == "hairpin")
         .unwrap();
     assert!(
-        resolved["proof"]
-            .as_str()
+        resolved
+            .proof
+            .as_deref()
             .unwrap()
             .contains("answered connections to"),
-        "{resolved:#}"
+        "{resolved:#?}"
     );
     // The Node condition no longer names the loop, and with the LB IP unbound there is no
     // risk left to keep it True.
     let condition = wait_for("the condition without the loop", WAIT, || {
-        node_condition(&api).filter(|c| {
-            !c["message"]
-                .as_str()
-                .unwrap_or_default()
-                .starts_with("active loop")
-        })
+        node_condition(&api).filter(|c| !c.message.starts_with("active loop"))
     })
     .expect("LoadBalancerLoopback without the active loop");
-    assert_eq!(condition["status"], "False", "{condition:#}");
-    assert_eq!(condition["reason"], "NoLoopback", "{condition:#}");
+    assert_eq!(condition.status, ConditionStatus::False, "{condition:#?}");
+    assert_eq!(condition.reason, NO_LOOPBACK, "{condition:#?}");
     drop(agent);
     drop(api);
     drop(lab);
