@@ -38,7 +38,15 @@ pub fn render(input: &MetricsInput) -> String {
 
 /// Each family of [`m::FAMILIES`] with its samples from the input, in the table's order.
 fn samples(input: &MetricsInput) -> Vec<(Family, Vec<Row>)> {
-    let one = |v: u64| vec![(Vec::new(), v)];
+    let mut all = labelled(input);
+    all.extend(single(input));
+    let position = |f: &Family| m::FAMILIES.iter().position(|t| t.short == f.short);
+    all.sort_by_key(|(f, _)| position(f));
+    all
+}
+
+/// The families with labels: a row per label set.
+fn labelled(input: &MetricsInput) -> Vec<(Family, Vec<Row>)> {
     let by_kind = |values: &BTreeMap<String, u64>| -> Vec<Row> {
         values.iter().map(|(k, n)| row([k], *n)).collect()
     };
@@ -78,7 +86,6 @@ fn samples(input: &MetricsInput) -> Vec<(Family, Vec<Row>)> {
             m::LOCAL_ADDRESSES_LEFT_OUT,
             pairs(&input.addresses_left_out),
         ),
-        (m::LOCAL_ADDRESSES_CAPACITY, one(input.address_capacity)),
         (m::LOCAL_ADDRESS_OWNERS, pairs(&input.owner_counts)),
         (
             m::LOOPBACK_EVENTS_BY_OWNER,
@@ -107,21 +114,6 @@ fn samples(input: &MetricsInput) -> Vec<(Family, Vec<Row>)> {
                 .map(|r| row([r], 1))
                 .collect(),
         ),
-        (m::ATTACHED_INTERFACES, one(input.attached_interfaces)),
-        (m::READY, one(u64::from(input.ready))),
-        (m::KUBE_CONNECTED, one(u64::from(input.kube_connected))),
-        (
-            m::VIP_INTERFACE_PRESENT,
-            one(u64::from(input.vip_iface_present)),
-        ),
-        (m::CORRELATOR_PENDING, one(input.pending)),
-        (m::UNCONFIRMED_SUSPECTS, one(input.unconfirmed_suspects)),
-        (m::KERNEL_EVENTS_READ, one(input.events_read)),
-        (m::KERNEL_READER_WAKEUPS, one(input.reader_wakeups)),
-        (
-            m::KERNEL_READER_WAKEUPS_SUPPRESSED,
-            one(input.reader_wakeups_suppressed),
-        ),
         (
             m::OUTPUT_LINES_LOST,
             input.outputs.iter().map(|(o, n, _)| row([o], *n)).collect(),
@@ -146,6 +138,29 @@ fn samples(input: &MetricsInput) -> Vec<(Family, Vec<Row>)> {
         (m::LOOPBACK_QUIET, by_kind(&l.quiet)),
         (m::LOOPBACK_RESOLUTIONS, by_kind(&l.resolutions)),
         (m::LOOPBACK_REGRESSIONS, by_kind(&l.regressions)),
+    ]
+}
+
+/// The families of one value each (no labels).
+fn single(input: &MetricsInput) -> Vec<(Family, Vec<Row>)> {
+    let one = |v: u64| vec![(Vec::new(), v)];
+    vec![
+        (m::LOCAL_ADDRESSES_CAPACITY, one(input.address_capacity)),
+        (m::ATTACHED_INTERFACES, one(input.attached_interfaces)),
+        (m::READY, one(u64::from(input.ready))),
+        (m::KUBE_CONNECTED, one(u64::from(input.kube_connected))),
+        (
+            m::VIP_INTERFACE_PRESENT,
+            one(u64::from(input.vip_iface_present)),
+        ),
+        (m::CORRELATOR_PENDING, one(input.pending)),
+        (m::UNCONFIRMED_SUSPECTS, one(input.unconfirmed_suspects)),
+        (m::KERNEL_EVENTS_READ, one(input.events_read)),
+        (m::KERNEL_READER_WAKEUPS, one(input.reader_wakeups)),
+        (
+            m::KERNEL_READER_WAKEUPS_SUPPRESSED,
+            one(input.reader_wakeups_suppressed),
+        ),
     ]
 }
 
