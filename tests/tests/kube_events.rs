@@ -7,12 +7,12 @@
 
 use std::{net::SocketAddrV4, time::Duration};
 
+use k8s_openapi::api::events::v1::Event;
 use probe_contract::LoopbackKind;
 use probe_tests::{
     agent::{Agent, require_root, wait_for},
     kube_fixture::{KubeFixture, NODE_NAME},
 };
-use serde_json::{Value, json};
 use test_support::{
     kubeapi::FakeApiServer,
     lab::{self, LabGuard, Scenario, Variants},
@@ -51,11 +51,20 @@ fn clb_probe_every_env() -> &'static str {
     "CLB_PROBE_TEST_KUBE_EVENTS_EVERY_MS"
 }
 
-fn clb_events(api: &FakeApiServer) -> Vec<Value> {
+/// The Events the agent wrote, as the type it writes them (events.k8s.io/v1).
+fn clb_events(api: &FakeApiServer) -> Vec<Event> {
     api.objects("events")
         .into_iter()
         .filter(|e| e["reportingController"] == "clb-probe")
+        .map(|e| {
+            serde_json::from_value(e.clone())
+                .unwrap_or_else(|err| panic!("not an events.k8s.io/v1 Event ({err}): {e:#}"))
+        })
         .collect()
+}
+
+fn is(field: &Option<String>, want: &str) -> bool {
+    field.as_deref() == Some(want)
 }
 
 fn writes(api: &FakeApiServer) -> (usize, usize) {
@@ -98,46 +107,33 @@ fn a_confirmed_failure_is_one_event_whose_series_grows() {
     let event = wait_for("an Event with a series", WAIT, || {
         let es = clb_events(&s.api);
         es.iter()
-            .find(|e| e["series"]["count"].as_u64().unwrap_or(0) >= 2)
+            .find(|e| e.series.as_ref().is_some_and(|s| s.count >= 2))
             .cloned()
     })
     .unwrap_or_else(|| panic!("no Event with series.count >= 2: {:#?}", clb_events(&s.api)));
     let all = clb_events(&s.api);
     assert_eq!(all.len(), 1, "repeats must patch, not create: {all:#?}");
-    assert_eq!(event["type"], "Warning");
-    assert_eq!(event["reason"], "HealthCheckBlackhole");
-    assert_eq!(event["action"], "Detected");
-    assert_eq!(event["reportingInstance"], NODE_NAME);
-    assert!(event["eventTime"].is_string(), "{event:#}");
-    assert!(
-        event["note"]
-            .as_str()
-            .unwrap()
-            .contains(&lab::VIP.to_string()),
-        "{event:#}"
-    );
+    assert!(is(&event.type_, "Warning"), "{event:#?}");
+    assert!(is(&event.reason, "HealthCheckBlackhole"), "{event:#?}");
+    assert!(is(&event.action, "Detected"), "{event:#?}");
+    assert!(is(&event.reporting_instance, NODE_NAME), "{event:#?}");
+    let note = event.note.clone().unwrap_or_default();
+    assert!(note.contains(&lab::VIP.to_string()), "{event:#?}");
     // The event carries its fixes (the bound VIP's: ipMode Proxy first, no API facts needed)
     // and the Event's note names the first one.
     let fixes: Vec<&str> = first.fixes.iter().map(|f| f.id.as_str()).collect();
     assert!(fixes.contains(&"ip-mode-proxy"), "{first:#?}");
-    assert!(
-        event["note"].as_str().unwrap().contains(" Fix: "),
-        "{event:#}"
-    );
+    assert!(note.contains(" Fix: "), "{event:#?}");
     // Regarding the Service the API named (not the service table's `name:port`), else the
     // Node.
-    match &first.facts.service {
-        Some(svc) => {
-            assert_eq!(event["regarding"]["kind"], "Service", "{event:#}");
-            assert_eq!(event["regarding"]["name"], svc.name.as_str());
-            assert_eq!(event["metadata"]["namespace"], svc.namespace.as_str());
-        }
-        None => {
-            assert_eq!(event["regarding"]["kind"], "Node", "{event:#}");
-            assert_eq!(event["regarding"]["name"], NODE_NAME);
-            assert_eq!(event["metadata"]["namespace"], "default");
-        }
-    }
+    let regarding = event.regarding.clone().unwrap_or_default();
+    let (kind, name, namespace) = match &first.facts.service {
+        Some(svc) => ("Service", svc.name.as_str(), svc.namespace.as_str()),
+        None => ("Node", NODE_NAME, "default"),
+    };
+    assert!(is(&regarding.kind, kind), "{event:#?}");
+    assert!(is(&regarding.name, name), "{event:#?}");
+    assert!(is(&event.metadata.namespace, namespace), "{event:#?}");
     let (posts, patches) = writes(&s.api);
     assert_eq!(posts, 1, "one create");
     assert!(patches >= 1, "repeats patch the series");
@@ -257,28 +253,31 @@ fn a_hairpin_event_regards_the_service_and_relates_the_client_pod() {
     let event = wait_for("the hairpin's Event", WAIT, || {
         clb_events(&s.api)
             .into_iter()
-            .find(|e| e["reason"] == "LoopbackHairpin")
+            .find(|e| is(&e.reason, "LoopbackHairpin"))
     })
     .unwrap_or_else(|| panic!("no LoopbackHairpin Event: {:#?}", clb_events(&s.api)));
     // Attribution named the client pod (the fake server holds the lab's pods): it is `related`.
     let pod = confirmed.client_pod.as_deref().expect("client_pod named");
     let (ns, name) = pod.split_once('/').unwrap();
-    assert_eq!(event["related"]["kind"], "Pod", "{event:#}");
-    assert_eq!(event["related"]["namespace"], ns);
-    assert_eq!(event["related"]["name"], name);
+    let related = event.related.clone().unwrap_or_default();
+    assert!(is(&related.kind, "Pod"), "{event:#?}");
+    assert!(is(&related.namespace, ns), "{event:#?}");
+    assert!(is(&related.name, name), "{event:#?}");
     // The existing Service (the name without the service table's `:port`, and its uid).
     let svc = confirmed
         .facts
         .service
         .as_ref()
         .unwrap_or_else(|| panic!("no Service in the facts: {confirmed:#?}"));
-    assert_eq!(event["regarding"]["kind"], "Service", "{event:#}");
-    assert_eq!(event["regarding"]["name"], svc.name.as_str(), "{event:#}");
-    assert_eq!(event["regarding"]["uid"], json!(svc.uid), "{event:#}");
+    let regarding = event.regarding.clone().unwrap_or_default();
+    assert!(is(&regarding.kind, "Service"), "{event:#?}");
+    assert!(is(&regarding.name, &svc.name), "{event:#?}");
+    assert_eq!(regarding.uid, svc.uid, "{event:#?}");
     assert!(
-        event["note"]
-            .as_str()
-            .unwrap()
+        event
+            .note
+            .as_deref()
+            .unwrap_or_default()
             .contains("Service port: http (80/TCP)")
     );
 }
@@ -391,7 +390,7 @@ fn a_fixed_loop_is_resolved_with_proof_and_its_recurrence_is_a_regression() {
     let warning = wait_for("the hairpin's Warning", WAIT, || {
         clb_events(&s.api)
             .into_iter()
-            .find(|e| e["reason"] == "LoopbackHairpin")
+            .find(|e| is(&e.reason, "LoopbackHairpin"))
     })
     .expect("a LoopbackHairpin Event");
     assert_eq!(gauge("clbprobe_loopback_active", 1), Some(1));
@@ -426,7 +425,7 @@ fn a_fixed_loop_is_resolved_with_proof_and_its_recurrence_is_a_regression() {
     assert!(
         !clb_events(&s.api)
             .iter()
-            .any(|e| e["reason"] == "LoopbackResolved"),
+            .any(|e| is(&e.reason, "LoopbackResolved")),
         "the node's answered call resolved pod-a's hairpin: {:#?}",
         clb_events(&s.api)
     );
@@ -443,7 +442,7 @@ fn a_fixed_loop_is_resolved_with_proof_and_its_recurrence_is_a_regression() {
     let resolved = wait_for("the LoopbackResolved Event", WAIT, || {
         clb_events(&s.api)
             .into_iter()
-            .find(|e| e["reason"] == "LoopbackResolved")
+            .find(|e| is(&e.reason, "LoopbackResolved"))
     })
     .unwrap_or_else(|| {
         panic!(
@@ -452,11 +451,11 @@ fn a_fixed_loop_is_resolved_with_proof_and_its_recurrence_is_a_regression() {
             s.agent.log_lines().join("\n")
         )
     });
-    assert_eq!(resolved["type"], "Normal", "{resolved:#}");
-    assert_eq!(resolved["action"], "Resolved", "{resolved:#}");
-    assert_eq!(resolved["regarding"], warning["regarding"], "{resolved:#}");
-    assert_ne!(resolved["metadata"]["name"], warning["metadata"]["name"]);
-    let note = resolved["note"].as_str().unwrap_or_default();
+    assert!(is(&resolved.type_, "Normal"), "{resolved:#?}");
+    assert!(is(&resolved.action, "Resolved"), "{resolved:#?}");
+    assert_eq!(resolved.regarding, warning.regarding, "{resolved:#?}");
+    assert_ne!(resolved.metadata.name, warning.metadata.name);
+    let note = resolved.note.as_deref().unwrap_or_default();
     assert!(
         note.contains(&format!(
             "answered connections to {}:80/tcp from the loop's own clients",
@@ -477,17 +476,14 @@ fn a_fixed_loop_is_resolved_with_proof_and_its_recurrence_is_a_regression() {
     // The fix undone: the loop recurs, as a new Warning and a regression.
     s.lab.traffic(Scenario::Hairpin).expect("traffic");
     let warnings = wait_for("a second Warning", WAIT, || {
-        let w: Vec<Value> = clb_events(&s.api)
+        let w: Vec<Event> = clb_events(&s.api)
             .into_iter()
-            .filter(|e| e["reason"] == "LoopbackHairpin")
+            .filter(|e| is(&e.reason, "LoopbackHairpin"))
             .collect();
         (w.len() == 2).then_some(w)
     })
     .unwrap_or_else(|| panic!("no second Warning: {:#?}", clb_events(&s.api)));
-    assert_ne!(
-        warnings[0]["metadata"]["name"],
-        warnings[1]["metadata"]["name"]
-    );
+    assert_ne!(warnings[0].metadata.name, warnings[1].metadata.name);
     assert_eq!(gauge("clbprobe_loopback_regressions_total", 1), Some(1));
     assert_eq!(gauge("clbprobe_loopback_active", 1), Some(1));
 }
