@@ -13,3 +13,4 @@ pub mod kube_names;
 pub mod otlp;
 pub mod readiness;
 pub mod trafgen;
+pub mod written;

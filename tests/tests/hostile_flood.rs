@@ -19,20 +19,14 @@ use std::{
     time::{Duration, Instant},
 };
 
+use k8s_openapi::api::events::v1::Event;
 use probe_contract::LoopbackKind;
-use probe_tests::{agent::require_root, kube_fixture::KubeFixture};
-use serde_json::Value;
-use test_support::{
-    kubeapi::FakeApiServer,
-    lab::{self, LabGuard, Scenario, Variants},
+use probe_tests::{
+    agent::require_root,
+    kube_fixture::KubeFixture,
+    written::{clb_events, is},
 };
-
-fn clb_events(api: &FakeApiServer) -> Vec<Value> {
-    api.objects("events")
-        .into_iter()
-        .filter(|e| e["reportingController"] == "clb-probe")
-        .collect()
-}
+use test_support::lab::{self, LabGuard, Scenario, Variants};
 
 /// Stops the attacker's thread when dropped (a failed assertion included), before the lab goes.
 struct Flood {
@@ -103,7 +97,7 @@ fn a_flood_of_unserved_ports_does_not_starve_the_blackhole_event() {
             .expect("traffic");
         let found = clb_events(&api)
             .into_iter()
-            .find(|e| e["reason"] == "HealthCheckBlackhole");
+            .find(|e| is(&e.reason, "HealthCheckBlackhole"));
         if found.is_some() || Instant::now() > deadline {
             break found;
         }
@@ -111,9 +105,9 @@ fn a_flood_of_unserved_ports_does_not_starve_the_blackhole_event() {
     };
     let ports = flood.stop();
     let events = clb_events(&api);
-    let unserved: Vec<&Value> = events
+    let unserved: Vec<&Event> = events
         .iter()
-        .filter(|e| e["reason"] != "HealthCheckBlackhole")
+        .filter(|e| !is(&e.reason, "HealthCheckBlackhole"))
         .collect();
     let confirmed = agent
         .events()
@@ -140,10 +134,9 @@ fn a_flood_of_unserved_ports_does_not_starve_the_blackhole_event() {
         unserved.len()
     );
     assert!(
-        unserved.iter().any(|e| e["note"]
-            .as_str()
-            .unwrap_or_default()
-            .starts_with("Flood: ")),
+        unserved
+            .iter()
+            .any(|e| e.note.as_deref().unwrap_or_default().starts_with("Flood: ")),
         "the flood is named as a flood: {unserved:#?}"
     );
 }

@@ -12,6 +12,7 @@ use probe_contract::LoopbackKind;
 use probe_tests::{
     agent::{Agent, require_root, wait_for},
     kube_fixture::{KubeFixture, NODE_NAME},
+    written::{clb_events, is},
 };
 use test_support::{
     kubeapi::FakeApiServer,
@@ -49,22 +50,6 @@ fn setup(
 /// `CLB_PROBE_TEST_KUBE_EVENTS_EVERY_MS` (probe-user's kube_events::PER_AGGREGATE_ENV).
 fn clb_probe_every_env() -> &'static str {
     "CLB_PROBE_TEST_KUBE_EVENTS_EVERY_MS"
-}
-
-/// The Events the agent wrote, as the type it writes them (events.k8s.io/v1).
-fn clb_events(api: &FakeApiServer) -> Vec<Event> {
-    api.objects("events")
-        .into_iter()
-        .filter(|e| e["reportingController"] == "clb-probe")
-        .map(|e| {
-            serde_json::from_value(e.clone())
-                .unwrap_or_else(|err| panic!("not an events.k8s.io/v1 Event ({err}): {e:#}"))
-        })
-        .collect()
-}
-
-fn is(field: &Option<String>, want: &str) -> bool {
-    field.as_deref() == Some(want)
 }
 
 fn writes(api: &FakeApiServer) -> (usize, usize) {
