@@ -12,7 +12,11 @@ use test_support::{
     lab::{self, KubeProxyMode, LabGuard, Scenario, UpOptions, Variants},
 };
 
-use crate::{agent::wait_for, kube_fixture::KubeFixture};
+use crate::{
+    agent::wait_for,
+    kube_fixture::KubeFixture,
+    written::{clb_events, is},
+};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -90,15 +94,16 @@ pub fn first_events_named_and_described(mode: KubeProxyMode, cases: &[Case]) {
             );
         }
         let event = wait_for("its Event", WAIT, || {
-            api.objects("events")
+            clb_events(&api)
                 .into_iter()
-                .find(|ev| ev["reason"] == case.reason)
+                .find(|ev| is(&ev.reason, case.reason))
         })
-        .unwrap_or_else(|| panic!("no {} Event: {:#?}", case.reason, api.objects("events")));
-        assert_eq!(event["regarding"]["kind"], "Service", "{event:#}");
-        assert_eq!(event["regarding"]["name"], name, "{event:#}");
-        assert_eq!(event["regarding"]["uid"], uid, "{event:#}");
-        assert_eq!(event["metadata"]["namespace"], ns, "{event:#}");
+        .unwrap_or_else(|| panic!("no {} Event: {:#?}", case.reason, clb_events(&api)));
+        let regarding = event.regarding.clone().unwrap_or_default();
+        assert!(is(&regarding.kind, "Service"), "{event:#?}");
+        assert!(is(&regarding.name, name), "{event:#?}");
+        assert_eq!(regarding.uid.as_deref(), api_uid, "{event:#?}");
+        assert!(is(&event.metadata.namespace, ns), "{event:#?}");
     }
     // The real kubectl finds them where an operator looks.
     let mut by_service: Vec<&str> = cases.iter().map(|c| c.service).collect();
