@@ -40,7 +40,7 @@ pub use client::{Attempt, connect_here, connect_in, http_get_in, in_netns};
 pub use guard::{LOCK_PATH, LabGuard, LabLock};
 pub use mode::KubeProxyMode;
 pub use net::UP_STEPS;
-pub use scenario::{Outcome, Report, Scenario, ScenarioSpec};
+pub use scenario::{Outcome, Scenario, ScenarioRun, ScenarioSpec};
 pub use servers::SERVERS;
 pub use status::{Status, leftovers};
 pub use switch::POD_BRIDGE;
@@ -282,7 +282,7 @@ impl Lab {
     }
 
     /// Sets the scenario's variants, drives its traffic once, reports.
-    pub fn run(&self, scenario: Scenario) -> Result<Report> {
+    pub fn run(&self, scenario: Scenario) -> Result<ScenarioRun> {
         let spec = scenario.spec();
         let before = self.variants()?;
         self.set_all(&spec.variants)?;
@@ -298,7 +298,7 @@ impl Lab {
             self.connect(spec.from_ns, spec.src, spec.dst)
         }
         .with_context(|| format!("scenario {scenario}"))?;
-        Ok(Report {
+        Ok(ScenarioRun {
             scenario,
             expected,
             attempt,

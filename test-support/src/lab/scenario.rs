@@ -125,38 +125,427 @@ pub struct ScenarioSpec {
     pub what: &'static str,
 }
 
+/// All variants off.
+const OFF: Variants = Variants {
+    vip_bound: false,
+    rp_filter: false,
+    masquerade: false,
+    ipvs_filter: false,
+    peer_node: false,
+    vip_local_route: false,
+    self_snat_missing: false,
+    bridge_pod: false,
+};
+/// Only the VIP bound.
+const BOUND: Variants = on(Variant::VipBound);
+const HOST_LISTENER: SocketAddrV4 = SocketAddrV4::new(VIP, VIP_HOST_LISTENER_PORT);
+const VIP80: SocketAddrV4 = SocketAddrV4::new(VIP, SERVICE_PORT);
+const NODEPORT: SocketAddrV4 = SocketAddrV4::new(NODE_IP, NODE_PORT);
+
+/// `v` on, every other variant off.
+const fn on(v: Variant) -> Variants {
+    OFF.with(v, true)
+}
+
+/// The VIP bound and `v` on.
+const fn bound_and(v: Variant) -> Variants {
+    BOUND.with(v, true)
+}
+
+/// One scenario: its name on the command line and its [`ScenarioSpec`].
+struct Row {
+    scenario: Scenario,
+    name: &'static str,
+    spec: ScenarioSpec,
+}
+
+/// Every scenario, in the order of [`Scenario`]'s variants (checked when compiled).
+const ROWS: [Row; 29] = [
+    Row {
+        scenario: Scenario::HealthcheckBlackhole,
+        name: "healthcheck-blackhole",
+        spec: ScenarioSpec {
+            variants: BOUND,
+            from_ns: NS_LB,
+            src: Some(VIP),
+            dst: NODEPORT,
+            expected: Outcome::Timeout,
+            what: "LB health check VIP -> node:30080; the node owns the VIP: martian source, dropped",
+        },
+    },
+    Row {
+        scenario: Scenario::HealthcheckOk,
+        name: "healthcheck-ok",
+        spec: ScenarioSpec {
+            variants: OFF,
+            from_ns: NS_LB,
+            src: Some(VIP),
+            dst: NODEPORT,
+            expected: Outcome::Ok,
+            what: "LB health check VIP -> node:30080; VIP not bound: served by pod-b",
+        },
+    },
+    Row {
+        scenario: Scenario::Hairpin,
+        name: "hairpin",
+        spec: ScenarioSpec {
+            variants: OFF,
+            from_ns: NS_POD_A,
+            src: None,
+            dst: VIP80,
+            expected: Outcome::Timeout,
+            what: "pod-a -> VIP:80, LB DNATs back to node:30080 keeping the pod source; the reply \
+                 comes from node:30080 straight to pod-a, which RSTs it; the SYN is retried",
+        },
+    },
+    Row {
+        scenario: Scenario::HairpinRpfilter,
+        name: "hairpin-rpfilter",
+        spec: ScenarioSpec {
+            variants: on(Variant::RpFilter),
+            from_ns: NS_POD_A,
+            src: None,
+            dst: VIP80,
+            expected: Outcome::Timeout,
+            what: "as hairpin, but the node's strict rp_filter drops the looped SYN on eth0",
+        },
+    },
+    Row {
+        scenario: Scenario::HairpinSnat,
+        name: "hairpin-snat",
+        spec: ScenarioSpec {
+            variants: on(Variant::Masquerade),
+            from_ns: NS_POD_A,
+            src: None,
+            dst: VIP80,
+            expected: Outcome::Ok,
+            what: "pod-a -> VIP:80 masqueraded to the node IP; the LB's guard sends it to the peer",
+        },
+    },
+    Row {
+        scenario: Scenario::VipPortUnserved,
+        name: "vip-port-unserved",
+        spec: ScenarioSpec {
+            variants: BOUND,
+            from_ns: NS_POD_A,
+            src: None,
+            dst: SocketAddrV4::new(VIP, VIP_UNSERVED_PORT),
+            expected: Outcome::Refused,
+            what: "pod-a -> VIP:443; the VIP is local and nothing serves 443: the node answers RST",
+        },
+    },
+    Row {
+        scenario: Scenario::VipPortServed,
+        name: "vip-port-served",
+        spec: ScenarioSpec {
+            variants: BOUND,
+            from_ns: NS_POD_A,
+            src: None,
+            dst: VIP80,
+            expected: Outcome::Ok,
+            what: "pod-a -> VIP:80, DNATed on the node by KUBE-SERVICES to pod-b",
+        },
+    },
+    Row {
+        scenario: Scenario::OutsideClient,
+        name: "outside-client",
+        spec: ScenarioSpec {
+            variants: OFF,
+            from_ns: NS_CLIENT,
+            src: None,
+            dst: VIP80,
+            expected: Outcome::Ok,
+            what: "outside client -> VIP:80 -> LB -> node:30080 -> pod-b",
+        },
+    },
+    Row {
+        scenario: Scenario::OutsideClientVipBound,
+        name: "outside-client-vip-bound",
+        spec: ScenarioSpec {
+            variants: BOUND,
+            from_ns: NS_CLIENT,
+            src: None,
+            dst: VIP80,
+            expected: Outcome::Ok,
+            what: "outside client through the LB while the node binds the VIP: the packets carry \
+                 neither the VIP as source nor a local source, so nothing loops",
+        },
+    },
+    Row {
+        scenario: Scenario::PodToPod,
+        name: "pod-to-pod",
+        spec: ScenarioSpec {
+            variants: OFF,
+            from_ns: NS_POD_A,
+            src: None,
+            dst: SocketAddrV4::new(POD_B_IP, POD_PORT),
+            expected: Outcome::Ok,
+            what: "pod-a -> pod-b:8080 on the same node",
+        },
+    },
+    Row {
+        scenario: Scenario::VipPortUnservedFiltered,
+        name: "vip-port-unserved-filtered",
+        spec: ScenarioSpec {
+            variants: bound_and(Variant::IpvsFilter),
+            from_ns: NS_POD_A,
+            src: None,
+            dst: SocketAddrV4::new(VIP, VIP_UNSERVED_PORT),
+            expected: Outcome::Refused,
+            what: "pod-a -> VIP:443 under kube-proxy's IPVS access filter: KUBE-IPVS-FILTER \
+                 REJECTs it (ICMP port unreachable)",
+        },
+    },
+    Row {
+        scenario: Scenario::VipPortServedFiltered,
+        name: "vip-port-served-filtered",
+        spec: ScenarioSpec {
+            variants: bound_and(Variant::IpvsFilter),
+            from_ns: NS_POD_A,
+            src: None,
+            dst: VIP80,
+            expected: Outcome::Ok,
+            what: "pod-a -> VIP:80 under the IPVS access filter: VIP:80 is a service, served",
+        },
+    },
+    Row {
+        scenario: Scenario::VipAsSource,
+        name: "vip-as-source",
+        spec: ScenarioSpec {
+            variants: bound_and(Variant::PeerNode),
+            from_ns: NS_PEER,
+            src: Some(VIP),
+            dst: SocketAddrV4::new(POD_B_IP, POD_PORT),
+            expected: Outcome::Timeout,
+            what: "the peer binds the VIP too and forwards a call to the LB IP to pod-b unSNATed \
+                 (ETP Local, no local endpoint): source = VIP, the node drops it as martian",
+        },
+    },
+    Row {
+        scenario: Scenario::VipAsSourceSnat,
+        name: "vip-as-source-snat",
+        spec: ScenarioSpec {
+            variants: bound_and(Variant::PeerNode),
+            from_ns: NS_PEER,
+            src: None,
+            dst: SocketAddrV4::new(POD_B_IP, POD_PORT),
+            expected: Outcome::Ok,
+            what: "the same call masqueraded to the peer's IP (ETP Cluster): pod-b answers",
+        },
+    },
+    Row {
+        scenario: Scenario::VipAsSourceOut,
+        name: "vip-as-source-out",
+        spec: ScenarioSpec {
+            variants: bound_and(Variant::PeerNode),
+            from_ns: NS_NODE,
+            src: None,
+            dst: SocketAddrV4::new(VIP, VIP_ETP_LOCAL_PORT),
+            expected: Outcome::Timeout,
+            what: "the node calls VIP:8443 (ETP Local, endpoint only on the peer): it leaves with \
+                 the VIP as source, unSNATed; the peer binds the VIP and drops it as martian",
+        },
+    },
+    Row {
+        scenario: Scenario::VipAsSourceOutCluster,
+        name: "vip-as-source-out-cluster",
+        spec: ScenarioSpec {
+            variants: bound_and(Variant::PeerNode),
+            from_ns: NS_NODE,
+            src: None,
+            dst: SocketAddrV4::new(VIP, VIP_ETP_CLUSTER_PORT),
+            expected: Outcome::Ok,
+            what: "the node calls VIP:8444 (ETP Cluster): masqueraded to the node IP, the peer's \
+                 pod answers",
+        },
+    },
+    Row {
+        scenario: Scenario::HairpinNodeSourced,
+        name: "hairpin-node-sourced",
+        spec: ScenarioSpec {
+            variants: OFF,
+            from_ns: NS_NODE,
+            src: None,
+            dst: SocketAddrV4::new(VIP, VIP_NO_GUARD_PORT),
+            expected: Outcome::Timeout,
+            what: "node -> VIP:8081, a listener without the source-node guard: the LB sends it back \
+                 to node:30080 with the node's own IP as source; dropped as a local source",
+        },
+    },
+    Row {
+        scenario: Scenario::NodeToLbGuarded,
+        name: "node-to-lb-guarded",
+        spec: ScenarioSpec {
+            variants: OFF,
+            from_ns: NS_NODE,
+            src: None,
+            dst: VIP80,
+            expected: Outcome::Ok,
+            what: "node -> VIP:80: the LB's guard never sends a request back to its source node; \
+                 the peer answers",
+        },
+    },
+    Row {
+        scenario: Scenario::HairpinLbToPod,
+        name: "hairpin-lb-to-pod",
+        spec: ScenarioSpec {
+            variants: OFF,
+            from_ns: NS_POD_A,
+            src: None,
+            dst: SocketAddrV4::new(VIP, VIP_TO_POD_PORT),
+            expected: Outcome::Timeout,
+            what: "pod-a -> VIP:8082, an LB listener that targets pod-b directly: back on the node \
+                 with pod-a as source; pod-b answers pod-a straight, which RSTs it",
+        },
+    },
+    Row {
+        scenario: Scenario::OutsideClientLbToPod,
+        name: "outside-client-lb-to-pod",
+        spec: ScenarioSpec {
+            variants: OFF,
+            from_ns: NS_CLIENT,
+            src: None,
+            dst: SocketAddrV4::new(VIP, VIP_TO_POD_PORT),
+            expected: Outcome::Ok,
+            what: "outside client -> VIP:8082 -> pod-b:8080",
+        },
+    },
+    Row {
+        scenario: Scenario::HairpinUdp,
+        name: "hairpin-udp",
+        spec: ScenarioSpec {
+            variants: OFF,
+            from_ns: NS_POD_A,
+            src: None,
+            dst: SocketAddrV4::new(VIP, VIP_UDP_PORT),
+            expected: Outcome::Timeout,
+            what: "pod-a -> VIP:53/udp -> node:30053/udp keeping the pod source; pod-b's answer \
+                 comes from node:30053, not the VIP: the pod's socket never takes it",
+        },
+    },
+    Row {
+        scenario: Scenario::OutsideClientUdp,
+        name: "outside-client-udp",
+        spec: ScenarioSpec {
+            variants: OFF,
+            from_ns: NS_CLIENT,
+            src: None,
+            dst: SocketAddrV4::new(VIP, VIP_UDP_PORT),
+            expected: Outcome::Ok,
+            what: "outside client -> VIP:53/udp -> node:30053/udp -> pod-b:5353",
+        },
+    },
+    Row {
+        scenario: Scenario::HairpinHostListener,
+        name: "hairpin-host-listener",
+        spec: ScenarioSpec {
+            variants: OFF,
+            from_ns: NS_POD_A,
+            src: None,
+            dst: HOST_LISTENER,
+            expected: Outcome::Timeout,
+            what: "pod-a -> VIP:6443, an LB listener targeting the node's own host listener \
+                 node:6443 (no NodePort) keeping the pod source: the listener answers pod-a \
+                 straight, which RSTs it",
+        },
+    },
+    Row {
+        scenario: Scenario::HairpinHostListenerNodeSourced,
+        name: "hairpin-host-listener-node-sourced",
+        spec: ScenarioSpec {
+            variants: OFF,
+            from_ns: NS_NODE,
+            src: None,
+            dst: HOST_LISTENER,
+            expected: Outcome::Timeout,
+            what: "node -> VIP:6443 -> back to node:6443 with the node's own IP as source: dropped \
+                 as a local source",
+        },
+    },
+    Row {
+        scenario: Scenario::OutsideClientHostListener,
+        name: "outside-client-host-listener",
+        spec: ScenarioSpec {
+            variants: OFF,
+            from_ns: NS_CLIENT,
+            src: None,
+            dst: HOST_LISTENER,
+            expected: Outcome::Ok,
+            what: "outside client -> VIP:6443 -> the node's host listener, answered",
+        },
+    },
+    Row {
+        scenario: Scenario::HealthcheckBlackholeLocalRoute,
+        name: "healthcheck-blackhole-local-route",
+        spec: ScenarioSpec {
+            variants: on(Variant::VipLocalRoute),
+            from_ns: NS_LB,
+            src: Some(VIP),
+            dst: NODEPORT,
+            expected: Outcome::Timeout,
+            what: "LB health check VIP -> node:30080; the node has the VIP as a `local` route \
+                 (proto 66, no address, as a cloud guest agent adds it): martian source, dropped",
+        },
+    },
+    Row {
+        scenario: Scenario::SelfLoop,
+        name: "self-loop",
+        spec: ScenarioSpec {
+            variants: on(Variant::SelfSnatMissing),
+            from_ns: NS_POD_B,
+            src: None,
+            dst: SocketAddrV4::new(CLUSTER_IP, SERVICE_PORT),
+            expected: Outcome::Timeout,
+            what: "pod-b -> ClusterIP:80 -> pod-b:8080 without the hairpin masquerade: it arrives \
+                 with pod-b's own address as source, pod-b drops it as a local source",
+        },
+    },
+    Row {
+        scenario: Scenario::SelfLoopSnat,
+        name: "self-loop-snat",
+        spec: ScenarioSpec {
+            variants: OFF,
+            from_ns: NS_POD_B,
+            src: None,
+            dst: SocketAddrV4::new(CLUSTER_IP, SERVICE_PORT),
+            expected: Outcome::Ok,
+            what: "pod-b -> ClusterIP:80 -> pod-b:8080, masqueraded to the node's address: answered",
+        },
+    },
+    Row {
+        scenario: Scenario::SelfLoopBridge,
+        name: "self-loop-bridge",
+        spec: ScenarioSpec {
+            variants: on(Variant::BridgePod),
+            from_ns: NS_POD_B,
+            src: None,
+            dst: SocketAddrV4::new(CLUSTER_IP, SERVICE_PORT),
+            expected: Outcome::Timeout,
+            what: "pod-b on bridge cbr0 (br_netfilter on, hairpin mode off) -> ClusterIP:80: \
+                 DNATed back to pod-b in the bridge, which will not send it out the port it came \
+                 in on",
+        },
+    },
+];
+
 impl Scenario {
-    pub const ALL: [Scenario; 29] = [
-        Scenario::HealthcheckBlackhole,
-        Scenario::HealthcheckOk,
-        Scenario::Hairpin,
-        Scenario::HairpinRpfilter,
-        Scenario::HairpinSnat,
-        Scenario::VipPortUnserved,
-        Scenario::VipPortServed,
-        Scenario::OutsideClient,
-        Scenario::OutsideClientVipBound,
-        Scenario::PodToPod,
-        Scenario::VipPortUnservedFiltered,
-        Scenario::VipPortServedFiltered,
-        Scenario::VipAsSource,
-        Scenario::VipAsSourceSnat,
-        Scenario::VipAsSourceOut,
-        Scenario::VipAsSourceOutCluster,
-        Scenario::HairpinNodeSourced,
-        Scenario::NodeToLbGuarded,
-        Scenario::HairpinLbToPod,
-        Scenario::OutsideClientLbToPod,
-        Scenario::HairpinUdp,
-        Scenario::OutsideClientUdp,
-        Scenario::HairpinHostListener,
-        Scenario::HairpinHostListenerNodeSourced,
-        Scenario::OutsideClientHostListener,
-        Scenario::HealthcheckBlackholeLocalRoute,
-        Scenario::SelfLoop,
-        Scenario::SelfLoopSnat,
-        Scenario::SelfLoopBridge,
-    ];
+    pub const ALL: [Scenario; ROWS.len()] = {
+        let mut all = [Scenario::HealthcheckBlackhole; ROWS.len()];
+        let mut i = 0;
+        while i < ROWS.len() {
+            assert!(
+                ROWS[i].scenario as usize == i,
+                "ROWS is out of Scenario's order"
+            );
+            all[i] = ROWS[i].scenario;
+            i += 1;
+        }
+        all
+    };
+
+    fn row(self) -> &'static Row {
+        &ROWS[self as usize]
+    }
 
     /// Scenarios whose client speaks UDP (one datagram, one answer).
     pub fn udp(self) -> bool {
@@ -164,313 +553,11 @@ impl Scenario {
     }
 
     pub fn name(self) -> &'static str {
-        match self {
-            Scenario::HealthcheckBlackhole => "healthcheck-blackhole",
-            Scenario::HealthcheckOk => "healthcheck-ok",
-            Scenario::Hairpin => "hairpin",
-            Scenario::HairpinRpfilter => "hairpin-rpfilter",
-            Scenario::HairpinSnat => "hairpin-snat",
-            Scenario::VipPortUnserved => "vip-port-unserved",
-            Scenario::VipPortServed => "vip-port-served",
-            Scenario::OutsideClient => "outside-client",
-            Scenario::OutsideClientVipBound => "outside-client-vip-bound",
-            Scenario::PodToPod => "pod-to-pod",
-            Scenario::VipPortUnservedFiltered => "vip-port-unserved-filtered",
-            Scenario::VipPortServedFiltered => "vip-port-served-filtered",
-            Scenario::VipAsSource => "vip-as-source",
-            Scenario::VipAsSourceSnat => "vip-as-source-snat",
-            Scenario::VipAsSourceOut => "vip-as-source-out",
-            Scenario::VipAsSourceOutCluster => "vip-as-source-out-cluster",
-            Scenario::HairpinNodeSourced => "hairpin-node-sourced",
-            Scenario::NodeToLbGuarded => "node-to-lb-guarded",
-            Scenario::HairpinLbToPod => "hairpin-lb-to-pod",
-            Scenario::OutsideClientLbToPod => "outside-client-lb-to-pod",
-            Scenario::HairpinUdp => "hairpin-udp",
-            Scenario::OutsideClientUdp => "outside-client-udp",
-            Scenario::HairpinHostListener => "hairpin-host-listener",
-            Scenario::HairpinHostListenerNodeSourced => "hairpin-host-listener-node-sourced",
-            Scenario::OutsideClientHostListener => "outside-client-host-listener",
-            Scenario::HealthcheckBlackholeLocalRoute => "healthcheck-blackhole-local-route",
-            Scenario::SelfLoop => "self-loop",
-            Scenario::SelfLoopSnat => "self-loop-snat",
-            Scenario::SelfLoopBridge => "self-loop-bridge",
-        }
+        self.row().name
     }
 
     pub fn spec(self) -> ScenarioSpec {
-        let off = Variants {
-            vip_bound: false,
-            rp_filter: false,
-            masquerade: false,
-            ipvs_filter: false,
-            peer_node: false,
-            vip_local_route: false,
-            self_snat_missing: false,
-            bridge_pod: false,
-        };
-        let bound = off.with(Variant::VipBound, true);
-        let host_listener = SocketAddrV4::new(VIP, VIP_HOST_LISTENER_PORT);
-        let vip80 = SocketAddrV4::new(VIP, SERVICE_PORT);
-        let nodeport = SocketAddrV4::new(NODE_IP, NODE_PORT);
-        let s = |variants, from_ns, src, dst, expected, what| ScenarioSpec {
-            variants,
-            from_ns,
-            src,
-            dst,
-            expected,
-            what,
-        };
-        match self {
-            Scenario::HealthcheckBlackhole => s(
-                bound,
-                NS_LB,
-                Some(VIP),
-                nodeport,
-                Outcome::Timeout,
-                "LB health check VIP -> node:30080; the node owns the VIP: martian source, dropped",
-            ),
-            Scenario::HealthcheckOk => s(
-                off,
-                NS_LB,
-                Some(VIP),
-                nodeport,
-                Outcome::Ok,
-                "LB health check VIP -> node:30080; VIP not bound: served by pod-b",
-            ),
-            Scenario::Hairpin => s(
-                off,
-                NS_POD_A,
-                None,
-                vip80,
-                Outcome::Timeout,
-                "pod-a -> VIP:80, LB DNATs back to node:30080 keeping the pod source; the reply \
-                 comes from node:30080 straight to pod-a, which RSTs it; the SYN is retried",
-            ),
-            Scenario::HairpinRpfilter => s(
-                off.with(Variant::RpFilter, true),
-                NS_POD_A,
-                None,
-                vip80,
-                Outcome::Timeout,
-                "as hairpin, but the node's strict rp_filter drops the looped SYN on eth0",
-            ),
-            Scenario::HairpinSnat => s(
-                off.with(Variant::Masquerade, true),
-                NS_POD_A,
-                None,
-                vip80,
-                Outcome::Ok,
-                "pod-a -> VIP:80 masqueraded to the node IP; the LB's guard sends it to the peer",
-            ),
-            Scenario::VipPortUnserved => s(
-                bound,
-                NS_POD_A,
-                None,
-                SocketAddrV4::new(VIP, VIP_UNSERVED_PORT),
-                Outcome::Refused,
-                "pod-a -> VIP:443; the VIP is local and nothing serves 443: the node answers RST",
-            ),
-            Scenario::VipPortServed => s(
-                bound,
-                NS_POD_A,
-                None,
-                vip80,
-                Outcome::Ok,
-                "pod-a -> VIP:80, DNATed on the node by KUBE-SERVICES to pod-b",
-            ),
-            Scenario::OutsideClient => s(
-                off,
-                NS_CLIENT,
-                None,
-                vip80,
-                Outcome::Ok,
-                "outside client -> VIP:80 -> LB -> node:30080 -> pod-b",
-            ),
-            Scenario::OutsideClientVipBound => s(
-                bound,
-                NS_CLIENT,
-                None,
-                vip80,
-                Outcome::Ok,
-                "outside client through the LB while the node binds the VIP: the packets carry \
-                 neither the VIP as source nor a local source, so nothing loops",
-            ),
-            Scenario::PodToPod => s(
-                off,
-                NS_POD_A,
-                None,
-                SocketAddrV4::new(POD_B_IP, POD_PORT),
-                Outcome::Ok,
-                "pod-a -> pod-b:8080 on the same node",
-            ),
-            Scenario::VipPortUnservedFiltered => s(
-                bound.with(Variant::IpvsFilter, true),
-                NS_POD_A,
-                None,
-                SocketAddrV4::new(VIP, VIP_UNSERVED_PORT),
-                Outcome::Refused,
-                "pod-a -> VIP:443 under kube-proxy's IPVS access filter: KUBE-IPVS-FILTER \
-                 REJECTs it (ICMP port unreachable)",
-            ),
-            Scenario::VipPortServedFiltered => s(
-                bound.with(Variant::IpvsFilter, true),
-                NS_POD_A,
-                None,
-                vip80,
-                Outcome::Ok,
-                "pod-a -> VIP:80 under the IPVS access filter: VIP:80 is a service, served",
-            ),
-            Scenario::VipAsSource => s(
-                bound.with(Variant::PeerNode, true),
-                NS_PEER,
-                Some(VIP),
-                SocketAddrV4::new(POD_B_IP, POD_PORT),
-                Outcome::Timeout,
-                "the peer binds the VIP too and forwards a call to the LB IP to pod-b unSNATed \
-                 (ETP Local, no local endpoint): source = VIP, the node drops it as martian",
-            ),
-            Scenario::VipAsSourceSnat => s(
-                bound.with(Variant::PeerNode, true),
-                NS_PEER,
-                None,
-                SocketAddrV4::new(POD_B_IP, POD_PORT),
-                Outcome::Ok,
-                "the same call masqueraded to the peer's IP (ETP Cluster): pod-b answers",
-            ),
-            Scenario::VipAsSourceOut => s(
-                bound.with(Variant::PeerNode, true),
-                NS_NODE,
-                None,
-                SocketAddrV4::new(VIP, VIP_ETP_LOCAL_PORT),
-                Outcome::Timeout,
-                "the node calls VIP:8443 (ETP Local, endpoint only on the peer): it leaves with \
-                 the VIP as source, unSNATed; the peer binds the VIP and drops it as martian",
-            ),
-            Scenario::VipAsSourceOutCluster => s(
-                bound.with(Variant::PeerNode, true),
-                NS_NODE,
-                None,
-                SocketAddrV4::new(VIP, VIP_ETP_CLUSTER_PORT),
-                Outcome::Ok,
-                "the node calls VIP:8444 (ETP Cluster): masqueraded to the node IP, the peer's \
-                 pod answers",
-            ),
-            Scenario::HairpinNodeSourced => s(
-                off,
-                NS_NODE,
-                None,
-                SocketAddrV4::new(VIP, VIP_NO_GUARD_PORT),
-                Outcome::Timeout,
-                "node -> VIP:8081, a listener without the source-node guard: the LB sends it back \
-                 to node:30080 with the node's own IP as source; dropped as a local source",
-            ),
-            Scenario::NodeToLbGuarded => s(
-                off,
-                NS_NODE,
-                None,
-                vip80,
-                Outcome::Ok,
-                "node -> VIP:80: the LB's guard never sends a request back to its source node; \
-                 the peer answers",
-            ),
-            Scenario::HairpinLbToPod => s(
-                off,
-                NS_POD_A,
-                None,
-                SocketAddrV4::new(VIP, VIP_TO_POD_PORT),
-                Outcome::Timeout,
-                "pod-a -> VIP:8082, an LB listener that targets pod-b directly: back on the node \
-                 with pod-a as source; pod-b answers pod-a straight, which RSTs it",
-            ),
-            Scenario::OutsideClientLbToPod => s(
-                off,
-                NS_CLIENT,
-                None,
-                SocketAddrV4::new(VIP, VIP_TO_POD_PORT),
-                Outcome::Ok,
-                "outside client -> VIP:8082 -> pod-b:8080",
-            ),
-            Scenario::HairpinUdp => s(
-                off,
-                NS_POD_A,
-                None,
-                SocketAddrV4::new(VIP, VIP_UDP_PORT),
-                Outcome::Timeout,
-                "pod-a -> VIP:53/udp -> node:30053/udp keeping the pod source; pod-b's answer \
-                 comes from node:30053, not the VIP: the pod's socket never takes it",
-            ),
-            Scenario::OutsideClientUdp => s(
-                off,
-                NS_CLIENT,
-                None,
-                SocketAddrV4::new(VIP, VIP_UDP_PORT),
-                Outcome::Ok,
-                "outside client -> VIP:53/udp -> node:30053/udp -> pod-b:5353",
-            ),
-            Scenario::HairpinHostListener => s(
-                off,
-                NS_POD_A,
-                None,
-                host_listener,
-                Outcome::Timeout,
-                "pod-a -> VIP:6443, an LB listener targeting the node's own host listener \
-                 node:6443 (no NodePort) keeping the pod source: the listener answers pod-a \
-                 straight, which RSTs it",
-            ),
-            Scenario::HairpinHostListenerNodeSourced => s(
-                off,
-                NS_NODE,
-                None,
-                host_listener,
-                Outcome::Timeout,
-                "node -> VIP:6443 -> back to node:6443 with the node's own IP as source: dropped \
-                 as a local source",
-            ),
-            Scenario::OutsideClientHostListener => s(
-                off,
-                NS_CLIENT,
-                None,
-                host_listener,
-                Outcome::Ok,
-                "outside client -> VIP:6443 -> the node's host listener, answered",
-            ),
-            Scenario::HealthcheckBlackholeLocalRoute => s(
-                off.with(Variant::VipLocalRoute, true),
-                NS_LB,
-                Some(VIP),
-                nodeport,
-                Outcome::Timeout,
-                "LB health check VIP -> node:30080; the node has the VIP as a `local` route \
-                 (proto 66, no address, as a cloud guest agent adds it): martian source, dropped",
-            ),
-            Scenario::SelfLoop => s(
-                off.with(Variant::SelfSnatMissing, true),
-                NS_POD_B,
-                None,
-                SocketAddrV4::new(CLUSTER_IP, SERVICE_PORT),
-                Outcome::Timeout,
-                "pod-b -> ClusterIP:80 -> pod-b:8080 without the hairpin masquerade: it arrives \
-                 with pod-b's own address as source, pod-b drops it as a local source",
-            ),
-            Scenario::SelfLoopSnat => s(
-                off,
-                NS_POD_B,
-                None,
-                SocketAddrV4::new(CLUSTER_IP, SERVICE_PORT),
-                Outcome::Ok,
-                "pod-b -> ClusterIP:80 -> pod-b:8080, masqueraded to the node's address: answered",
-            ),
-            Scenario::SelfLoopBridge => s(
-                off.with(Variant::BridgePod, true),
-                NS_POD_B,
-                None,
-                SocketAddrV4::new(CLUSTER_IP, SERVICE_PORT),
-                Outcome::Timeout,
-                "pod-b on bridge cbr0 (br_netfilter on, hairpin mode off) -> ClusterIP:80: \
-                 DNATed back to pod-b in the bridge, which will not send it out the port it came \
-                 in on",
-            ),
-        }
+        self.row().spec
     }
 }
 
@@ -506,15 +593,15 @@ impl std::str::FromStr for Scenario {
     }
 }
 
-/// The result of one scenario run.
+/// One run of a scenario: what it was expected to come to and what the client saw.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Report {
+pub struct ScenarioRun {
     pub scenario: Scenario,
     pub expected: Outcome,
     pub attempt: Attempt,
 }
 
-impl Report {
+impl ScenarioRun {
     pub fn outcome(&self) -> Outcome {
         self.attempt.outcome
     }
@@ -524,7 +611,7 @@ impl Report {
     }
 }
 
-impl fmt::Display for Report {
+impl fmt::Display for ScenarioRun {
     /// `<scenario>: <outcome> (expected <outcome>)`
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(

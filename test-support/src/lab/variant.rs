@@ -109,7 +109,7 @@ impl Variants {
         }
     }
 
-    pub fn with(mut self, v: Variant, on: bool) -> Self {
+    pub const fn with(mut self, v: Variant, on: bool) -> Self {
         match v {
             Variant::VipBound => self.vip_bound = on,
             Variant::RpFilter => self.rp_filter = on,
