@@ -165,3 +165,9 @@ pub(crate) fn iptables_ok(ns: &str, args: &[&str]) -> bool {
     argv.extend_from_slice(args);
     succeeds(&argv)
 }
+
+/// Loads `rules` into `ns` with `<tool> -w --noflush` (`iptables-restore` or
+/// `ip6tables-restore`): the chains it names are added to, the others left alone.
+pub(crate) fn restore_rules(ns: &str, tool: &str, rules: &str) -> Result<String> {
+    run_stdin(&["ip", "netns", "exec", ns, tool, "-w", "--noflush"], rules)
+}

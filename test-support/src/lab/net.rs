@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use super::cmd::{exec, ip, run, run_stdin, sysctl};
+use super::cmd::{exec, ip, restore_rules, run, run_stdin, sysctl};
 use super::kube_proxy::{
     CILIUM_HOST, ipvs_service, ipvs_udp_nodeport, kube_proxy_ipsets, kube_proxy_ipvs_rules,
     kube_proxy_rules, lab_masq_chain,
@@ -360,19 +360,8 @@ pub(crate) fn build(
             kube_proxy_ipvs_rules()
         }
     };
-    run_stdin(
-        &[
-            "ip",
-            "netns",
-            "exec",
-            NS_NODE,
-            "iptables-restore",
-            "-w",
-            "--noflush",
-        ],
-        &rules,
-    )
-    .with_context(|| format!("loading kube-proxy's {mode:?}-mode rules into clb-node"))?;
+    restore_rules(NS_NODE, "iptables-restore", &rules)
+        .with_context(|| format!("loading kube-proxy's {mode:?}-mode rules into clb-node"))?;
     if mode == KubeProxyMode::Ipvs {
         for vs in KubeProxyMode::Ipvs.virtual_services(false) {
             ipvs_service(vs, true)?;
@@ -381,19 +370,8 @@ pub(crate) fn build(
     }
     checkpoint("kube-proxy", opts)?;
 
-    run_stdin(
-        &[
-            "ip",
-            "netns",
-            "exec",
-            NS_LB,
-            "iptables-restore",
-            "-w",
-            "--noflush",
-        ],
-        &lb_rules(),
-    )
-    .context("loading the LB's rules into clb-lb")?;
+    restore_rules(NS_LB, "iptables-restore", &lb_rules())
+        .context("loading the LB's rules into clb-lb")?;
     checkpoint("lb", opts)?;
 
     set_variants_in(mode, v)?;

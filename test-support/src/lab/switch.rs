@@ -2,7 +2,7 @@
 
 use anyhow::{Context, Result, bail};
 
-use super::cmd::{exec, ip, iptables, iptables_ok, run_stdin, sysctl, sysctl_read};
+use super::cmd::{exec, ip, iptables, iptables_ok, restore_rules, run_stdin, sysctl, sysctl_read};
 use super::kube_proxy::{LB_SET, ipvs_has_service, ipvs_service, node_mode};
 use super::*;
 
@@ -450,19 +450,8 @@ COMMIT
 "#,
             chain = IPVS_FILTER_CHAIN
         );
-        run_stdin(
-            &[
-                "ip",
-                "netns",
-                "exec",
-                NS_NODE,
-                "iptables-restore",
-                "-w",
-                "--noflush",
-            ],
-            &rules,
-        )
-        .context("loading the IPVS access filter rules")?;
+        restore_rules(NS_NODE, "iptables-restore", &rules)
+            .context("loading the IPVS access filter rules")?;
     }
     if !on && present {
         let jump = [
@@ -523,19 +512,8 @@ fn set_peer_node(on: bool) -> Result<()> {
 COMMIT
 "#
         );
-        run_stdin(
-            &[
-                "ip",
-                "netns",
-                "exec",
-                NS_NODE,
-                "iptables-restore",
-                "-w",
-                "--noflush",
-            ],
-            &rules,
-        )
-        .context("loading the peer-node rules into clb-node")?;
+        restore_rules(NS_NODE, "iptables-restore", &rules)
+            .context("loading the peer-node rules into clb-node")?;
     } else if !on && bound {
         ip(NS_PEER, &["addr", "del", &vip, "dev", "lo"])?;
         ip(NS_PEER, &["addr", "del", &pod, "dev", "lo"])?;

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use super::cmd::{exec, ip, run_stdin, sysctl};
+use super::cmd::{exec, ip, restore_rules, sysctl};
 use super::*;
 
 pub const NODE_IP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x18, 0, 0, 0, 0, 2);
@@ -149,32 +149,10 @@ impl Lab {
                 "permanent",
             ],
         )?;
-        run_stdin(
-            &[
-                "ip",
-                "netns",
-                "exec",
-                NS_NODE,
-                "ip6tables-restore",
-                "-w",
-                "--noflush",
-            ],
-            &kube_proxy_rules6(),
-        )
-        .context("loading kube-proxy's ip6tables rules into clb-node")?;
-        run_stdin(
-            &[
-                "ip",
-                "netns",
-                "exec",
-                NS_LB,
-                "ip6tables-restore",
-                "-w",
-                "--noflush",
-            ],
-            &lb_rules6(),
-        )
-        .context("loading the LB's ip6tables rules into clb-lb")?;
+        restore_rules(NS_NODE, "ip6tables-restore", &kube_proxy_rules6())
+            .context("loading kube-proxy's ip6tables rules into clb-node")?;
+        restore_rules(NS_LB, "ip6tables-restore", &lb_rules6())
+            .context("loading the LB's ip6tables rules into clb-lb")?;
         for (ns, port) in [
             (NS_POD_B, POD_PORT),
             (NS_PEER, NODE_PORT),
