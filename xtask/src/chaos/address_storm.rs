@@ -2,11 +2,10 @@
 
 use std::{
     path::Path,
-    process::Command,
     time::{Duration, Instant},
 };
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 
 use crate::bench::{
     net::{self},
@@ -14,7 +13,7 @@ use crate::bench::{
 };
 
 use super::{
-    observe::{iface_vips, kernel_vips},
+    observe::{iface_vips, kernel_vips, node_ip_batch},
     row::{METRICS_PORT, Row},
 };
 
@@ -45,14 +44,7 @@ pub(super) fn address_storm(probe: &Path, work: &Path, rate: usize, secs: u64) -
         }
         changes += lines.lines().count();
         std::fs::write(&batch, lines)?;
-        let ok = Command::new("ip")
-            .args(["-n", net::NS_NODE, "-batch"])
-            .arg(&batch)
-            .status()?
-            .success();
-        if !ok {
-            bail!("ip -batch (storm) failed");
-        }
+        node_ip_batch(&batch)?;
         last_change = Instant::now();
         tick += Duration::from_millis(100);
         match tick.checked_duration_since(Instant::now()) {

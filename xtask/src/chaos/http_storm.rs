@@ -12,12 +12,12 @@ use anyhow::Result;
 use crate::bench::{
     net::{self},
     report::percentile,
-    tools::{Agent, proc_usage},
+    tools::Agent,
 };
 use test_support::lab::in_netns;
 
 use super::{
-    observe::{get, proc_threads},
+    observe::{HealthProbes, get, probe_health},
     row::{METRICS_PORT, Row},
 };
 
@@ -49,7 +49,7 @@ pub(super) fn http_storm(
             s.write_all(b"GET /healthz HTTP/1.1\r\nHo")?;
             held.push(s);
         }
-        let (done, failed, probes, threads, rss) = std::thread::scope(|scope| {
+        let (done, failed, health) = std::thread::scope(|scope| {
             let workers: Vec<_> = (0..clients)
                 .map(|_| {
                     let addr = addr.clone();
@@ -65,35 +65,26 @@ pub(super) fn http_storm(
                     })
                 })
                 .collect();
-            let mut probes = Vec::new();
-            let (mut threads, mut rss) = (0u64, 0u64);
-            while Instant::now() < deadline {
-                let t = Instant::now();
-                let status = get(&addr, "/healthz", Duration::from_secs(5));
-                probes.push((status, t.elapsed().as_secs_f64() * 1e3));
-                threads = threads.max(proc_threads(pid));
-                rss = rss.max(proc_usage(pid).map(|u| u.1).unwrap_or(0));
-                std::thread::sleep(Duration::from_millis(100));
-            }
+            let health = probe_health(&addr, pid, deadline);
             let (mut done, mut failed) = (0, 0);
             for w in workers {
                 let (ok, bad) = w.join().unwrap_or((0, 0));
                 done += ok;
                 failed += bad;
             }
-            (done, failed, probes, threads, rss)
+            (done, failed, health)
         });
         drop(held);
-        Ok((done, failed, probes, threads, rss))
+        Ok((done, failed, health))
     })?;
-    let (done, failed, probes, threads, rss) = report;
-    let answered: Vec<f64> = probes
-        .iter()
-        .filter(|(s, _)| *s == Some(200))
-        .map(|(_, ms)| *ms)
-        .collect();
-    let missed = probes.len() - answered.len();
-    let over_1s = answered.iter().filter(|ms| **ms > 1000.0).count();
+    let (done, failed, health) = report;
+    let answered = health.answered_ms();
+    let (missed, over_1s) = health.missed_and_slow();
+    let HealthProbes {
+        probes,
+        threads,
+        rss,
+    } = health;
     drop(agent);
     Ok(Row {
         fault: format!(

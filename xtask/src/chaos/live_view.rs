@@ -11,12 +11,12 @@ use anyhow::Result;
 use crate::bench::{
     net::{self},
     report::percentile,
-    tools::{Agent, proc_usage},
+    tools::Agent,
 };
 use test_support::lab::in_netns;
 
 use super::{
-    observe::{get, live_status, proc_threads},
+    observe::{HealthProbes, live_status, probe_health, proc_threads},
     row::{METRICS_PORT, Row},
 };
 
@@ -48,32 +48,25 @@ pub(super) fn live_view_clients(
         }
     }
     let addr = format!("127.0.0.1:{METRICS_PORT}");
-    let (probes, threads, rss) = in_netns(net::NS_NODE, || {
-        let deadline = Instant::now() + Duration::from_secs(secs);
-        let mut probes = Vec::new();
-        let (mut threads, mut rss) = (0u64, 0u64);
-        while Instant::now() < deadline {
-            let t = Instant::now();
-            let status = get(&addr, "/healthz", Duration::from_secs(5));
-            probes.push((status, t.elapsed().as_secs_f64() * 1e3));
-            threads = threads.max(proc_threads(pid));
-            rss = rss.max(proc_usage(pid).map(|u| u.1).unwrap_or(0));
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        Ok((probes, threads, rss))
+    let health = in_netns(net::NS_NODE, || {
+        Ok(probe_health(
+            &addr,
+            pid,
+            Instant::now() + Duration::from_secs(secs),
+        ))
     })?;
     // A new client still gets its snapshot while the others are held.
     let fresh = live_status(&socket).is_some();
     drop(held);
     let alive = proc_threads(pid) > 0;
     drop(agent);
-    let answered: Vec<f64> = probes
-        .iter()
-        .filter(|(s, _)| *s == Some(200))
-        .map(|(_, ms)| *ms)
-        .collect();
-    let missed = probes.len() - answered.len();
-    let over_1s = answered.iter().filter(|ms| **ms > 1000.0).count();
+    let answered = health.answered_ms();
+    let (missed, over_1s) = health.missed_and_slow();
+    let HealthProbes {
+        probes,
+        threads,
+        rss,
+    } = health;
     let mut problems = Vec::new();
     if missed > 0 || over_1s > 0 {
         problems.push(format!(

@@ -2,11 +2,10 @@
 
 use std::{
     path::Path,
-    process::Command,
     time::{Duration, Instant},
 };
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 
 use crate::bench::{
     net::{self},
@@ -14,7 +13,7 @@ use crate::bench::{
 };
 
 use super::{
-    observe::live_status,
+    observe::{live_status, node_ifindex, node_ip},
     row::{METRICS_PORT, Row},
 };
 
@@ -23,24 +22,8 @@ use super::{
 /// at its current ifindex; an absence is said once (one WARN per episode), not per resync.
 pub(super) fn nic_churn(probe: &Path, work: &Path) -> Result<Row> {
     let agent = Agent::start(probe, work, METRICS_PORT)?;
-    let ip = |args: &[&str]| -> Result<()> {
-        let ok = Command::new("ip")
-            .args(["-n", net::NS_NODE])
-            .args(args)
-            .status()?
-            .success();
-        if !ok {
-            bail!("ip {args:?} failed");
-        }
-        Ok(())
-    };
-    let ifindex = || -> Option<u64> {
-        let out = Command::new("ip")
-            .args(["-n", net::NS_NODE, "-j", "link", "show", net::NODE_IF])
-            .output()
-            .ok()?;
-        serde_json::from_slice::<serde_json::Value>(&out.stdout).ok()?[0]["ifindex"].as_u64()
-    };
+    let ip = node_ip;
+    let ifindex = || node_ifindex(net::NODE_IF);
     let socket = work.join("agent.sock");
     // Converged: nic0 attached at its current ifindex (or, while absent, not attached).
     let converge = |present: bool| -> Option<Duration> {

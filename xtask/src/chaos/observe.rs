@@ -181,3 +181,79 @@ pub(super) fn iface_vips() -> BTreeSet<std::net::Ipv4Addr> {
         })
         .unwrap_or_default()
 }
+
+/// `ip -n clb-node <args>`; an error when it fails.
+pub(super) fn node_ip(args: &[&str]) -> Result<()> {
+    let ok = Command::new("ip")
+        .args(["-n", net::NS_NODE])
+        .args(args)
+        .status()?
+        .success();
+    if !ok {
+        anyhow::bail!("ip -n {} {args:?} failed", net::NS_NODE);
+    }
+    Ok(())
+}
+
+/// `ip -n clb-node -batch <file>`: many address changes in one call.
+pub(super) fn node_ip_batch(file: &Path) -> Result<()> {
+    node_ip(&["-batch", &file.display().to_string()])
+}
+
+/// The ifindex of `name` in clb-node, None while it is absent.
+pub(super) fn node_ifindex(name: &str) -> Option<u64> {
+    let out = Command::new("ip")
+        .args(["-n", net::NS_NODE, "-j", "link", "show", name])
+        .output()
+        .ok()?;
+    serde_json::from_slice::<serde_json::Value>(&out.stdout).ok()?[0]["ifindex"].as_u64()
+}
+
+/// What [`probe_health`] saw: each `/healthz` answer (status, milliseconds) and the agent's
+/// peak thread count and peak RSS.
+pub(super) struct HealthProbes {
+    pub probes: Vec<(Option<u16>, f64)>,
+    pub threads: u64,
+    pub rss: u64,
+}
+
+/// Asks `addr` for `/healthz` every 100 ms until `deadline` (in the calling thread's
+/// namespace), noting the agent `pid`'s peak threads and RSS meanwhile.
+pub(super) fn probe_health(addr: &str, pid: i32, deadline: Instant) -> HealthProbes {
+    let mut seen = HealthProbes {
+        probes: Vec::new(),
+        threads: 0,
+        rss: 0,
+    };
+    while Instant::now() < deadline {
+        let t = Instant::now();
+        let status = get(addr, "/healthz", Duration::from_secs(5));
+        seen.probes.push((status, t.elapsed().as_secs_f64() * 1e3));
+        seen.threads = seen.threads.max(proc_threads(pid));
+        seen.rss = seen.rss.max(
+            crate::bench::tools::proc_usage(pid)
+                .map(|u| u.1)
+                .unwrap_or(0),
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    seen
+}
+
+impl HealthProbes {
+    /// The milliseconds of the probes answered 200.
+    pub fn answered_ms(&self) -> Vec<f64> {
+        self.probes
+            .iter()
+            .filter(|(s, _)| *s == Some(200))
+            .map(|(_, ms)| *ms)
+            .collect()
+    }
+
+    /// How many probes went unanswered (not 200), and how many answered took over 1 s.
+    pub fn missed_and_slow(&self) -> (usize, usize) {
+        let answered = self.answered_ms();
+        let slow = answered.iter().filter(|ms| **ms > 1000.0).count();
+        (self.probes.len() - answered.len(), slow)
+    }
+}

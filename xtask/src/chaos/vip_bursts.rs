@@ -2,11 +2,10 @@
 
 use std::{
     path::Path,
-    process::Command,
     time::{Duration, Instant},
 };
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 
 use crate::bench::{
     net::{self},
@@ -14,7 +13,7 @@ use crate::bench::{
 };
 
 use super::{
-    observe::{iface_vips, kernel_vips},
+    observe::{iface_vips, kernel_vips, node_ip_batch},
     row::{METRICS_PORT, Row},
 };
 
@@ -35,14 +34,7 @@ pub(super) fn vip_bursts(probe: &Path, work: &Path, count: usize, burst: usize) 
                 .map(|i| format!("addr {verb} {}/32 dev {}\n", addr(*i), net::VIP_IF))
                 .collect();
             std::fs::write(&batch, lines)?;
-            let ok = Command::new("ip")
-                .args(["-n", net::NS_NODE, "-batch"])
-                .arg(&batch)
-                .status()?
-                .success();
-            if !ok {
-                bail!("ip -batch ({verb}) failed");
-            }
+            node_ip_batch(&batch)?;
         }
         let bound = t.elapsed();
         let (want, mut got) = (iface_vips(), None);

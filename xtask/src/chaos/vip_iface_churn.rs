@@ -3,13 +3,12 @@
 use std::{
     net::IpAddr,
     path::Path,
-    process::Command,
     time::{Duration, Instant},
 };
 
 use probe_contract::{LoopbackEvent, LoopbackKind};
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result};
 
 use crate::bench::{
     net::{self},
@@ -18,7 +17,7 @@ use crate::bench::{
 };
 
 use super::{
-    observe::live_status,
+    observe::{live_status, node_ifindex, node_ip},
     row::{METRICS_PORT, Row},
 };
 
@@ -27,17 +26,7 @@ use super::{
 pub(super) fn vip_iface_churn(probe: &Path, work: &Path, rounds: u16) -> Result<Row> {
     let agent = Agent::start(probe, work, METRICS_PORT)?;
     let sender = RawSender::new(net::NS_TX)?;
-    let ip = |args: &[&str]| -> Result<()> {
-        let ok = Command::new("ip")
-            .args(["-n", net::NS_NODE])
-            .args(args)
-            .status()?
-            .success();
-        if !ok {
-            bail!("ip {args:?} failed");
-        }
-        Ok(())
-    };
+    let ip = node_ip;
     let vip = format!("{}/32", net::VIP);
     let gauge =
         |text: &str, family: &str, labels: &[(&str, &str)]| metric_sum(text, family, labels);
@@ -116,12 +105,7 @@ pub(super) fn vip_iface_churn(probe: &Path, work: &Path, rounds: u16) -> Result<
 }
 
 fn new_ifindex() -> Result<u32> {
-    let out = Command::new("ip")
-        .args(["-n", net::NS_NODE, "-j", "link", "show", net::VIP_IF])
-        .output()?;
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
-    v[0]["ifindex"]
-        .as_u64()
+    node_ifindex(net::VIP_IF)
         .map(|i| i as u32)
         .context("kube-ipvs0's ifindex")
 }
