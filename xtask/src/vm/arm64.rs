@@ -244,22 +244,11 @@ pub fn script(probe: &Path, tests: &[(String, PathBuf)]) -> anyhow::Result<Strin
             .map(|(_, e)| q(e))
             .with_context(|| format!("the arm64 suite has no {file}.rs binary"))
     };
-    let mut s = String::from(
-        "# the arm64 VM suite, written by cargo xtask vm-test --arch arm64\n\
-         set -u\n\
-         failed=()\n\
-         part() {\n\
-         \tlocal name=$1; shift\n\
-         \tlocal t0=$SECONDS\n\
-         \techo \"=== vm-suite: $name\"\n\
-         \tif \"$@\"; then\n\
-         \t\techo \"=== vm-suite: $name: ok ($((SECONDS - t0)) s)\"\n\
-         \telse\n\
-         \t\techo \"=== vm-suite: $name: FAILED ($((SECONDS - t0)) s)\"\n\
-         \t\tfailed+=(\"$name\")\n\
-         \tfi\n\
-         }\n\
-         echo \"=== vm-suite: kernel $(uname -r) on $(uname -m)\"\n\
+    let mut s = super::suite::script_prelude(
+        "the arm64 VM suite, written by cargo xtask vm-test --arch arm64",
+    );
+    s.push_str(
+        "echo \"=== vm-suite: kernel $(uname -r) on $(uname -m)\"\n\
          part 'IPVS smoke' bash /clb-vm/smoke.sh\n\
          modprobe -a ip_vs ip_vs_rr dummy ip_set xt_set\n\
          export CLB_LAB_MODE=ipvs\n",

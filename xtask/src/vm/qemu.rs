@@ -336,25 +336,30 @@ mod tests {
         assert_eq!(choose_accel(vmx, "[0.1] kvm-pvm: loaded", true), Accel::Tcg);
     }
 
-    #[test]
-    fn cmdline_and_args() {
-        let c = kernel_cmdline_for(Arch::Amd64, &["clb.test=1"]);
-        assert!(c.starts_with("console=ttyS0 rdinit=/init panic=-1"));
-        assert!(c.ends_with(" clb.test=1"));
-        assert!(c.contains(" 8250.nr_uarts=1"));
-        let boot = Boot {
-            arch: Arch::Amd64,
-            accel: Accel::Tcg,
-            kernel: "/c/vmlinuz".into(),
+    /// A 2-CPU, 1 GiB boot of `kernel` with the initrd, packages and results at fixed paths.
+    fn test_boot(arch: Arch, accel: Accel, kernel: &str, cmdline: String) -> Boot {
+        Boot {
+            arch,
+            accel,
+            kernel: kernel.into(),
             initrd: "/r/initramfs.cpio".into(),
-            cmdline: c,
+            cmdline,
             pkgs: "/c/root".into(),
             results: "/r/results".into(),
             memory: "1G",
             cpus: 2,
             nice: 0,
             echo_prefix: "vm| ".into(),
-        };
+        }
+    }
+
+    #[test]
+    fn cmdline_and_args() {
+        let c = kernel_cmdline_for(Arch::Amd64, &["clb.test=1"]);
+        assert!(c.starts_with("console=ttyS0 rdinit=/init panic=-1"));
+        assert!(c.ends_with(" clb.test=1"));
+        assert!(c.contains(" 8250.nr_uarts=1"));
+        let boot = test_boot(Arch::Amd64, Accel::Tcg, "/c/vmlinuz", c);
         let a = qemu_args(&boot).join(" ");
         assert!(a.starts_with("-accel tcg,thread=multi -cpu max -m 1G -smp 2 -nographic"));
         assert!(a.contains(
@@ -377,20 +382,8 @@ mod tests {
             "{c}"
         );
         assert!(!c.contains("8250"), "{c}");
-        let boot = Boot {
-            arch: Arch::Arm64,
-            // KVM on the host does not carry over to another architecture.
-            accel: Accel::Kvm,
-            kernel: "/c/Image".into(),
-            initrd: "/r/initramfs.cpio".into(),
-            cmdline: c,
-            pkgs: "/c/root".into(),
-            results: "/r/results".into(),
-            memory: "1G",
-            cpus: 2,
-            nice: 0,
-            echo_prefix: "vm| ".into(),
-        };
+        // KVM on the host does not carry over to another architecture.
+        let boot = test_boot(Arch::Arm64, Accel::Kvm, "/c/Image", c);
         let a = qemu_args(&boot).join(" ");
         assert!(
             a.starts_with("-machine virt -accel tcg,thread=multi -cpu cortex-a57 -m 1G -smp 2"),

@@ -121,13 +121,13 @@ pub fn build(root: &Path) -> anyhow::Result<Bins> {
     })
 }
 
-/// The guest script for `kernel`: every part runs (one failing does not stop the rest), the
-/// exit code says whether all passed, and each part's wall time is printed.
-pub fn script(b: &Bins, kernel: &KernelSpec) -> String {
-    let q = |p: &Path| shell_quote(&p.display().to_string());
-    let mut s = String::from(
-        "# the VM suite, written by cargo xtask vm-test\n\
-         set -u\n\
+/// The start of a guest script: the `# comment` line, then `part NAME CMD...`, which runs one
+/// part, prints its wall time and adds its name to `failed` when it fails.
+pub(crate) fn script_prelude(comment: &str) -> String {
+    format!("# {comment}\n{PART}")
+}
+
+const PART: &str = "set -u\n\
          failed=()\n\
          part() {\n\
          \tlocal name=$1; shift\n\
@@ -139,8 +139,15 @@ pub fn script(b: &Bins, kernel: &KernelSpec) -> String {
          \t\techo \"=== vm-suite: $name: FAILED ($((SECONDS - t0)) s)\"\n\
          \t\tfailed+=(\"$name\")\n\
          \tfi\n\
-         }\n\
-         echo \"=== vm-suite: kernel $(uname -r)\"\n\
+         }\n";
+
+/// The guest script for `kernel`: every part runs (one failing does not stop the rest), the
+/// exit code says whether all passed, and each part's wall time is printed.
+pub fn script(b: &Bins, kernel: &KernelSpec) -> String {
+    let q = |p: &Path| shell_quote(&p.display().to_string());
+    let mut s = script_prelude("the VM suite, written by cargo xtask vm-test");
+    s.push_str(
+        "echo \"=== vm-suite: kernel $(uname -r)\"\n\
          modprobe -a ip_vs ip_vs_rr dummy ip_set xt_set 2>/dev/null\n",
     );
     s.push_str(&format!("export CLB_PROBE_BIN={}\n", q(&b.probe)));
