@@ -436,6 +436,21 @@ pub fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
+/// Panics unless `haystack` contains `needle`, showing the haystack.
+#[track_caller]
+pub fn assert_contains(haystack: &str, needle: &str) {
+    assert!(
+        haystack.contains(needle),
+        "{needle:?} is missing from:\n{haystack}"
+    );
+}
+
+/// Panics if `haystack` contains `needle`, showing the haystack.
+#[track_caller]
+pub fn assert_lacks(haystack: &str, needle: &str) {
+    assert!(!haystack.contains(needle), "{needle:?} is in:\n{haystack}");
+}
+
 /// A finished command's stderr, as text.
 pub fn stderr(o: &std::process::Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()

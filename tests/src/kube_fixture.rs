@@ -196,6 +196,28 @@ impl KubeFixture {
     }
 }
 
+impl KubeFixture {
+    /// The `externalTrafficPolicy` stored on the Service named `name`; panics when there is
+    /// no such Service or it has none.
+    pub fn stored_etp(&self, name: &str) -> String {
+        self.objects("Service")
+            .iter()
+            .find(|s| s["metadata"]["name"] == name)
+            .and_then(|s| {
+                s["spec"]["externalTrafficPolicy"]
+                    .as_str()
+                    .map(String::from)
+            })
+            .unwrap_or_else(|| panic!("no Service {name} with an externalTrafficPolicy"))
+    }
+}
+
+/// A Node whose `spec.providerID` is `provider_id` (which names the cloud provider).
+pub fn node_object(name: &str, provider_id: &str) -> Value {
+    serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
+           "spec": {"providerID": provider_id}})
+}
+
 impl Deref for KubeFixture {
     type Target = FakeApiServer;
 

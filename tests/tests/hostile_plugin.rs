@@ -7,8 +7,8 @@ use std::{
 };
 
 use probe_tests::{
-    agent::text,
-    kube_fixture::{KubeFixture, plugin_bin},
+    agent::{assert_contains, text},
+    kube_fixture::{KubeFixture, node_object, plugin_bin},
 };
 use serde_json::{Value, json};
 
@@ -29,8 +29,7 @@ fn web() -> Value {
 }
 
 fn node(name: &str) -> Value {
-    json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
-           "spec": {"providerID": "aws:///eu-west-1a/i-0abc"}})
+    node_object(name, "aws:///eu-west-1a/i-0abc")
 }
 
 /// A hairpin Event about `shop/web` in the agents' shape, written in `ns` as `instance`.
@@ -48,18 +47,6 @@ fn hairpin_event(name: &str, ns: &str, instance: &str) -> Value {
     })
 }
 
-fn stored_etp(a: &KubeFixture) -> String {
-    a.objects("Service")
-        .iter()
-        .find(|s| s["metadata"]["name"] == "web")
-        .and_then(|s| {
-            s["spec"]["externalTrafficPolicy"]
-                .as_str()
-                .map(String::from)
-        })
-        .unwrap()
-}
-
 /// E6: a tenant with `create events` in its own namespace writes a clb-probe-shaped Event
 /// about another team's Service (and one naming no Node in the Service's namespace, as
 /// whoever holds a stolen token there could): `fix` confirms nothing and `--apply` patches
@@ -73,10 +60,9 @@ fn a_forged_event_confirms_nothing_and_applies_nothing() {
     a.apply(hairpin_event("clb-probe.forged.2", "shop", "node-z"));
     let out = a.run(&["fix", "-n", "shop", "web"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stdout).contains("no confirmed loopback regards this Service"),
-        "{}",
-        text(&out.stdout)
+    assert_contains(
+        &text(&out.stdout),
+        "no confirmed loopback regards this Service",
     );
     let out = a.run(&[
         "fix",
@@ -88,7 +74,7 @@ fn a_forged_event_confirms_nothing_and_applies_nothing() {
         "--yes",
     ]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
-    assert_eq!(stored_etp(&a), "Local");
+    assert_eq!(a.stored_etp("web"), "Local");
     assert!(
         !a.requests().iter().any(|r| r.method == "PATCH"),
         "no patch, not even a dry run"
@@ -97,11 +83,7 @@ fn a_forged_event_confirms_nothing_and_applies_nothing() {
     // The twin: the agent's own Event.
     a.apply(hairpin_event("clb-probe.node-a.1", "shop", "node-a"));
     let out = a.run(&["fix", "-n", "shop", "web"]);
-    assert!(
-        text(&out.stdout).contains("confirmed: hairpin"),
-        "{}",
-        text(&out.stdout)
-    );
+    assert_contains(&text(&out.stdout), "confirmed: hairpin");
 }
 
 /// Runs the plugin on a terminal (util-linux `script` gives it a pty), typing `answer`.
@@ -155,12 +137,12 @@ fn apply_asks_and_only_yes_applies() {
     let apply = ["fix", "-n", "shop", "web", "--apply", "etp-cluster"];
     let (ok, shown) = on_a_terminal(&a, &apply, "n\n");
     assert!(!ok, "{shown}");
-    assert!(shown.contains("\"Local\" -> \"Cluster\""), "{shown}");
-    assert!(shown.contains("[y/N]"), "{shown}");
-    assert_eq!(stored_etp(&a), "Local");
+    assert_contains(&shown, "\"Local\" -> \"Cluster\"");
+    assert_contains(&shown, "[y/N]");
+    assert_eq!(a.stored_etp("web"), "Local");
     let (ok, shown) = on_a_terminal(&a, &apply, "y\n");
     assert!(ok, "{shown}");
-    assert_eq!(stored_etp(&a), "Cluster");
+    assert_eq!(a.stored_etp("web"), "Cluster");
 }
 
 /// Raw terminal controls in `s`: ESC, BEL, C1 (U+0080..U+009F), bidi overrides and isolates.
@@ -198,12 +180,9 @@ fn annotation_values_with_terminal_controls_are_printed_escaped() {
     ]);
     let shown = text(&out.stdout);
     assert!(out.status.success(), "{shown}{}", text(&out.stderr));
-    assert!(
-        shown.contains("aws-load-balancer-nlb-target-type"),
-        "{shown}"
-    );
+    assert_contains(&shown, "aws-load-balancer-nlb-target-type");
     assert_eq!(raw_controls(&shown), 0, "{shown:?}");
-    assert!(shown.contains("\\u{9b}2J\\u{202e}ecnatsni"), "{shown}");
+    assert_contains(&shown, "\\u{9b}2J\\u{202e}ecnatsni");
     let listing = a.run(&["fix", "-n", "shop", "web"]);
     assert_eq!(raw_controls(&text(&listing.stdout)), 0);
 }
@@ -260,9 +239,9 @@ fn an_error_status_with_terminal_controls_is_printed_escaped() {
         .unwrap();
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(err.contains("ALL CLEAR"), "{err}");
+    assert_contains(&err, "ALL CLEAR");
     assert_eq!(raw_controls(&err), 0, "{err:?}");
-    assert!(err.contains("\\x1b]0;pwned\\x07"), "{err}");
+    assert_contains(&err, "\\x1b]0;pwned\\x07");
     drop(server);
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -357,7 +336,7 @@ fn a_hundred_thousand_other_events_are_neither_fetched_nor_held() {
     let (ok, shown, err, events_kib) = run_within_data_limit(&a, &["events"]);
     eprintln!("events: peak RSS {events_kib} KiB");
     assert!(ok, "{shown}{err}");
-    assert!(shown.contains("shop/web"), "{shown}");
+    assert_contains(&shown, "shop/web");
     assert_eq!(
         shown.lines().count(),
         2,
@@ -366,7 +345,7 @@ fn a_hundred_thousand_other_events_are_neither_fetched_nor_held() {
     let (ok, shown, err, fix_kib) = run_within_data_limit(&a, &["fix", "-n", "shop", "web"]);
     eprintln!("fix: peak RSS {fix_kib} KiB");
     assert!(ok, "{shown}{err}");
-    assert!(shown.contains("confirmed: hairpin"), "{shown}");
+    assert_contains(&shown, "confirmed: hairpin");
 
     let lists: Vec<String> = a.requests()[before..]
         .iter()
@@ -375,10 +354,8 @@ fn a_hundred_thousand_other_events_are_neither_fetched_nor_held() {
         .collect();
     assert_eq!(lists.len(), 2, "one page each: {lists:#?}");
     for path in &lists {
-        assert!(
-            path.contains("reportingController%3Dclb-probe") && path.contains("limit=500"),
-            "{path}"
-        );
+        assert_contains(path, "reportingController%3Dclb-probe");
+        assert_contains(path, "limit=500");
     }
     assert!(
         lists[0].starts_with("/apis/events.k8s.io/v1/events?"),

@@ -5,8 +5,8 @@
 use std::{path::Path, process::Command};
 
 use probe_tests::{
-    agent::text,
-    kube_fixture::{KubeFixture, plugin_bin},
+    agent::{assert_contains, assert_lacks, text},
+    kube_fixture::{KubeFixture, node_object, plugin_bin},
 };
 use serde_json::{Value, json};
 
@@ -122,7 +122,7 @@ fn forbidden_is_one_line_and_exit_1() {
     assert_eq!(out.status.code(), Some(1));
     let stderr = text(&out.stderr);
     assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
-    assert!(stderr.contains("forbidden"), "{stderr}");
+    assert_contains(&stderr, "forbidden");
     assert!(out.stdout.is_empty());
 }
 
@@ -137,11 +137,7 @@ fn usage_errors_exit_2_and_an_unreachable_server_exits_1() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
-    assert!(
-        text(&out.stderr).contains("--kubeconfig"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert_contains(&text(&out.stderr), "--kubeconfig");
 }
 
 fn agent_pod(name: &str, node: &str, phase: &str) -> Value {
@@ -217,11 +213,7 @@ fn watch_finds_the_agent_pod_on_the_node_and_execs_kubectl() {
 
     let out = a.run(&["watch", "node-z"]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(
-        text(&out.stderr).contains("no clb-probe agent pod on node node-z"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert_contains(&text(&out.stderr), "no clb-probe agent pod on node node-z");
 }
 
 fn set_executable(p: &Path) {
@@ -293,21 +285,7 @@ fn lb_service(etp: &str, annotations: Value) -> Value {
 }
 
 fn node(name: &str, provider_id: &str) -> Value {
-    json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
-           "spec": {"providerID": provider_id}})
-}
-
-fn stored_etp(a: &KubeFixture) -> String {
-    a.objects("Service")
-        .iter()
-        .find(|s| s["metadata"]["name"] == "web")
-        .map(|s| {
-            s["spec"]["externalTrafficPolicy"]
-                .as_str()
-                .unwrap_or("")
-                .to_string()
-        })
-        .unwrap()
+    node_object(name, provider_id)
 }
 
 /// `fix` lists the fixes for a Service from its confirmed hairpin (an Event) and the provider
@@ -346,7 +324,7 @@ fn fix_lists_dry_runs_applies_and_prints_the_undo() {
             && listing.contains("2. etp-cluster [generic]"),
         "{listing}"
     );
-    assert!(!listing.contains("aws-nlb-target-type-ip"), "{listing}");
+    assert_lacks(&listing, "aws-nlb-target-type-ip");
 
     let out = a.run(&["fix", "-n", "shop", "web", "-o", "json"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -362,11 +340,7 @@ fn fix_lists_dry_runs_applies_and_prints_the_undo() {
     // Another provider's fix, and advice without a patch: refused, nothing changed.
     let out = a.run(&["fix", "-n", "shop", "web", "--apply", "do-lb-hostname"]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stderr).contains("is for provider digitalocean"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert_contains(&text(&out.stderr), "is for provider digitalocean");
     let out = a.run(&[
         "fix",
         "-n",
@@ -380,13 +354,12 @@ fn fix_lists_dry_runs_applies_and_prints_the_undo() {
     a.forbid("services", "patch");
     let out = a.run(&["fix", "-n", "shop", "web", "--apply", "etp-cluster"]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stderr).contains("cannot patch services in namespace shop"),
-        "{}",
-        text(&out.stderr)
+    assert_contains(
+        &text(&out.stderr),
+        "cannot patch services in namespace shop",
     );
     a.allow_all();
-    assert_eq!(stored_etp(&a), "Local");
+    assert_eq!(a.stored_etp("web"), "Local");
 
     // --dry-run: the server's answer as a diff; nothing stored.
     let out = a.run(&[
@@ -399,12 +372,8 @@ fn fix_lists_dry_runs_applies_and_prints_the_undo() {
         "--dry-run",
     ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stdout).contains("nothing applied (--dry-run)"),
-        "{}",
-        text(&out.stdout)
-    );
-    assert_eq!(stored_etp(&a), "Local");
+    assert_contains(&text(&out.stdout), "nothing applied (--dry-run)");
+    assert_eq!(a.stored_etp("web"), "Local");
 
     // Issue 36 E17: no terminal to confirm on and no --yes: the dry run shown, nothing
     // applied, exit 2.
@@ -420,17 +389,12 @@ fn fix_lists_dry_runs_applies_and_prints_the_undo() {
     ];
     let out = a.run(&apply_at_rv);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stdout).contains("spec.externalTrafficPolicy: \"Local\" -> \"Cluster\""),
-        "{}",
-        text(&out.stdout)
+    assert_contains(
+        &text(&out.stdout),
+        "spec.externalTrafficPolicy: \"Local\" -> \"Cluster\"",
     );
-    assert!(
-        text(&out.stderr).contains("pass --yes"),
-        "{}",
-        text(&out.stderr)
-    );
-    assert_eq!(stored_etp(&a), "Local");
+    assert_contains(&text(&out.stderr), "pass --yes");
+    assert_eq!(a.stored_etp("web"), "Local");
 
     // Apply at the listed version, confirmed: dry run, patch, undo line.
     let out = a.run(&[&apply_at_rv[..], &["--yes"]].concat());
@@ -451,7 +415,7 @@ fn fix_lists_dry_runs_applies_and_prints_the_undo() {
             ),
         "{applied}"
     );
-    assert_eq!(stored_etp(&a), "Cluster");
+    assert_eq!(a.stored_etp("web"), "Cluster");
     let dry_runs = a
         .requests()
         .iter()
@@ -471,43 +435,26 @@ fn fix_lists_dry_runs_applies_and_prints_the_undo() {
         &rv,
     ]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(
-        text(&out.stderr).contains("changed since the fix was computed"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert_contains(&text(&out.stderr), "changed since the fix was computed");
     let out = a.run(&["fix", "-n", "shop", "web"]);
-    assert!(
-        !text(&out.stdout).contains("etp-cluster"),
-        "{}",
-        text(&out.stdout)
-    );
+    assert_lacks(&text(&out.stdout), "etp-cluster");
 
     // The undo is kept on the Service: --dry-run shows it and changes nothing, --undo
     // restores Local and removes the annotation; a second --undo finds nothing kept.
     let out = a.run(&["fix", "shop/web", "--undo", "--dry-run"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stdout).contains("spec.externalTrafficPolicy: \"Cluster\" -> \"Local\""),
-        "{}",
-        text(&out.stdout)
+    assert_contains(
+        &text(&out.stdout),
+        "spec.externalTrafficPolicy: \"Cluster\" -> \"Local\"",
     );
-    assert_eq!(stored_etp(&a), "Cluster");
+    assert_eq!(a.stored_etp("web"), "Cluster");
     let out = a.run(&["fix", "shop/web", "--undo", "--yes"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stdout).contains("undone etp-cluster: service shop/web"),
-        "{}",
-        text(&out.stdout)
-    );
-    assert_eq!(stored_etp(&a), "Local");
+    assert_contains(&text(&out.stdout), "undone etp-cluster: service shop/web");
+    assert_eq!(a.stored_etp("web"), "Local");
     let out = a.run(&["fix", "shop/web", "--undo", "--yes"]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stderr).contains("no undo kept"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert_contains(&text(&out.stderr), "no undo kept");
 }
 
 /// With the AWS Load Balancer Controller's class, the provider's own fixes come first; a
@@ -552,10 +499,9 @@ fn fix_offers_the_provider_s_own_fixes_first() {
         "--yes",
     ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stdout).contains(r#"-p '{"metadata":{"annotations":{"clb-probe.io/undo":null,"service.beta.kubernetes.io/aws-load-balancer-nlb-target-type":null}}}'"#),
-        "{}",
-        text(&out.stdout)
+    assert_contains(
+        &text(&out.stdout),
+        r#"-p '{"metadata":{"annotations":{"clb-probe.io/undo":null,"service.beta.kubernetes.io/aws-load-balancer-nlb-target-type":null}}}'"#,
     );
 
     let b = api("fix-do");
@@ -571,11 +517,8 @@ fn fix_offers_the_provider_s_own_fixes_first() {
     ));
     let out = b.run(&["fix", "-n", "shop", "web"]);
     let listing = text(&out.stdout);
-    assert!(
-        listing.contains("1. do-lb-hostname [digitalocean]"),
-        "{listing}"
-    );
-    assert!(!listing.contains("etp-cluster"), "{listing}");
+    assert_contains(&listing, "1. do-lb-hostname [digitalocean]");
+    assert_lacks(&listing, "etp-cluster");
 }
 
 /// `date -u` of now minus `secs`, RFC 3339.
@@ -668,11 +611,8 @@ shop/api  1             0      1      hairpin                        etp-cluster
             .ends_with("AGENT  CANNOT-CONFIRM"),
         "{wide}"
     );
-    assert!(wide.contains("0.1.0  drop_sites"), "{wide}");
-    assert!(
-        wide.contains("etp-cluster: set externalTrafficPolicy: Cluster"),
-        "{wide}"
-    );
+    assert_contains(&wide, "0.1.0  drop_sites");
+    assert_contains(&wide, "etp-cluster: set externalTrafficPolicy: Cluster");
 
     let json_out = a.run(&["report", "-o", "json"]);
     assert_eq!(json_out.status.code(), Some(1));
@@ -720,10 +660,8 @@ fn report_errors_exit_2() {
     let out = a.run(&["report"]);
     assert_eq!(out.status.code(), Some(2));
     let e = text(&out.stderr);
-    assert!(
-        e.contains("forbidden") && e.contains("loopbackreports"),
-        "{e}"
-    );
+    assert_contains(&e, "forbidden");
+    assert_contains(&e, "loopbackreports");
     assert!(text(&out.stdout).is_empty());
 }
 
@@ -790,5 +728,5 @@ fn kubectl_get_lists_the_reports() {
     let wide = get(&["-o", "wide"]);
     let header = words(wide.lines().next().unwrap());
     assert_eq!(header[6..], ["KERNEL", "AGENT"], "{wide}");
-    assert!(wide.contains("6.12.48+deb13-amd64"), "{wide}");
+    assert_contains(&wide, "6.12.48+deb13-amd64");
 }
