@@ -183,6 +183,11 @@ impl KubeFixture {
         self.run_env(args, &[])
     }
 
+    /// [`run`](Self::run) with `words` split at white space: `a.run_words("fix -n shop web")`.
+    pub fn run_words(&self, words: &str) -> Output {
+        self.run(&words.split_whitespace().collect::<Vec<_>>())
+    }
+
     /// [`run`](Self::run) with extra environment variables.
     pub fn run_env(&self, args: &[&str], env: &[(&str, &OsStr)]) -> Output {
         Command::new(plugin_bin())

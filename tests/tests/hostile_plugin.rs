@@ -64,15 +64,7 @@ fn a_forged_event_confirms_nothing_and_applies_nothing() {
         &text(&out.stdout),
         "no confirmed loopback regards this Service",
     );
-    let out = a.run(&[
-        "fix",
-        "-n",
-        "shop",
-        "web",
-        "--apply",
-        "etp-cluster",
-        "--yes",
-    ]);
+    let out = a.run_words("fix -n shop web --apply etp-cluster --yes");
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     assert_eq!(a.stored_etp("web"), "Local");
     assert!(
@@ -169,15 +161,7 @@ fn annotation_values_with_terminal_controls_are_printed_escaped() {
     });
     a.apply(svc);
     a.apply(hairpin_event("clb-probe.node-a.1", "shop", "node-a"));
-    let out = a.run(&[
-        "fix",
-        "-n",
-        "shop",
-        "web",
-        "--apply",
-        "aws-nlb-target-type-ip",
-        "--dry-run",
-    ]);
+    let out = a.run_words("fix -n shop web --apply aws-nlb-target-type-ip --dry-run");
     let shown = text(&out.stdout);
     assert!(out.status.success(), "{shown}{}", text(&out.stderr));
     assert_contains(&shown, "aws-load-balancer-nlb-target-type");

@@ -341,14 +341,7 @@ fn fix_lists_dry_runs_applies_and_prints_the_undo() {
     let out = a.run(&["fix", "-n", "shop", "web", "--apply", "do-lb-hostname"]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     assert_contains(&text(&out.stderr), "is for provider digitalocean");
-    let out = a.run(&[
-        "fix",
-        "-n",
-        "shop",
-        "web",
-        "--apply",
-        "call-by-service-name",
-    ]);
+    let out = a.run_words("fix -n shop web --apply call-by-service-name");
     assert_eq!(out.status.code(), Some(2));
     // RBAC: the dry run is denied, named, exit 2.
     a.forbid("services", "patch");
@@ -362,15 +355,7 @@ fn fix_lists_dry_runs_applies_and_prints_the_undo() {
     assert_eq!(a.stored_etp("web"), "Local");
 
     // --dry-run: the server's answer as a diff; nothing stored.
-    let out = a.run(&[
-        "fix",
-        "-n",
-        "shop",
-        "web",
-        "--apply",
-        "etp-cluster",
-        "--dry-run",
-    ]);
+    let out = a.run_words("fix -n shop web --apply etp-cluster --dry-run");
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_contains(&text(&out.stdout), "nothing applied (--dry-run)");
     assert_eq!(a.stored_etp("web"), "Local");
@@ -489,15 +474,7 @@ fn fix_offers_the_provider_s_own_fixes_first() {
         ["aws-nlb-target-type-ip", "aws-preserve-client-ip-off"]
     );
     assert!(ids.contains(&"etp-cluster"), "{ids:?}");
-    let out = a.run(&[
-        "fix",
-        "-n",
-        "shop",
-        "web",
-        "--apply",
-        "aws-nlb-target-type-ip",
-        "--yes",
-    ]);
+    let out = a.run_words("fix -n shop web --apply aws-nlb-target-type-ip --yes");
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_contains(
         &text(&out.stdout),
