@@ -171,3 +171,21 @@ pub(crate) fn iptables_ok(ns: &str, args: &[&str]) -> bool {
 pub(crate) fn restore_rules(ns: &str, tool: &str, rules: &str) -> Result<String> {
     run_stdin(&["ip", "netns", "exec", ns, tool, "-w", "--noflush"], rules)
 }
+
+/// A permanent neighbour entry in `ns`: `addr` (IPv4 or IPv6) is at `mac` on `dev`.
+pub(crate) fn neigh_permanent(ns: &str, addr: &str, mac: &str, dev: &str) -> Result<()> {
+    let family = if addr.contains(':') { "-6" } else { "-4" };
+    let args = [
+        family,
+        "neigh",
+        "replace",
+        addr,
+        "lladdr",
+        mac,
+        "dev",
+        dev,
+        "nud",
+        "permanent",
+    ];
+    ip(ns, &args).map(drop)
+}

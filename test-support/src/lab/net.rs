@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use super::cmd::{exec, ip, restore_rules, run, run_stdin, sysctl};
+use super::cmd::{exec, ip, neigh_permanent, restore_rules, run, run_stdin, sysctl};
 use super::kube_proxy::{
     CILIUM_HOST, ipvs_service, ipvs_udp_nodeport, kube_proxy_ipsets, kube_proxy_ipvs_rules,
     kube_proxy_rules, lab_masq_chain,
@@ -288,20 +288,7 @@ pub(crate) fn build(
     // The LB's health checks come from the VIP; its ARP for the node would be martian on a node
     // that binds the VIP, so the LB knows the node's MAC statically.
     let mac = exec(NS_NODE, &["cat", "/sys/class/net/eth0/address"])?;
-    ip(
-        NS_LB,
-        &[
-            "neigh",
-            "replace",
-            "198.18.0.2",
-            "lladdr",
-            mac.trim(),
-            "dev",
-            "vnode",
-            "nud",
-            "permanent",
-        ],
-    )?;
+    neigh_permanent(NS_LB, "198.18.0.2", mac.trim(), "vnode")?;
     checkpoint("addresses", opts)?;
 
     // sysctls

@@ -335,18 +335,7 @@ fn set_bridge_pod(on: bool) -> Result<()> {
         ip(NS_NODE, &["addr", "add", &gw, "dev", POD_BRIDGE])?;
         ip(NS_NODE, &["link", "set", POD_BRIDGE, "up"])?;
         ip(NS_NODE, &["link", "set", "vpod-b", "master", POD_BRIDGE])?;
-        ip(
-            NS_NODE,
-            &[
-                "link",
-                "set",
-                "vpod-b",
-                "type",
-                "bridge_slave",
-                "hairpin",
-                "off",
-            ],
-        )?;
+        set_port_hairpin(false)?;
         ip(NS_NODE, &["route", "replace", &pod, "dev", POD_BRIDGE])?;
         sysctl(
             NS_NODE,
@@ -372,19 +361,22 @@ pub fn set_pod_b_hairpin_mode(on: bool) -> Result<()> {
     if !bridge_pod() {
         bail!("pod-b is not on a bridge (variant bridge-pod is off)");
     }
-    ip(
-        NS_NODE,
-        &[
-            "link",
-            "set",
-            "vpod-b",
-            "type",
-            "bridge_slave",
-            "hairpin",
-            if on { "on" } else { "off" },
-        ],
-    )
-    .map(drop)
+    set_port_hairpin(on)
+}
+
+/// Hairpin mode on pod-b's bridge port, on or off.
+fn set_port_hairpin(on: bool) -> Result<()> {
+    let mode = if on { "on" } else { "off" };
+    let args = [
+        "link",
+        "set",
+        "vpod-b",
+        "type",
+        "bridge_slave",
+        "hairpin",
+        mode,
+    ];
+    ip(NS_NODE, &args).map(drop)
 }
 
 /// kube-proxy's IPVS access filter chain (filter table).

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use super::cmd::{exec, ip, restore_rules, sysctl};
+use super::cmd::{exec, ip, neigh_permanent, restore_rules, sysctl};
 use super::*;
 
 pub const NODE_IP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x18, 0, 0, 0, 0, 2);
@@ -134,21 +134,7 @@ impl Lab {
         route(NS_CLIENT, &["default", "via", "2001:db8:51::1"])?;
         // As over IPv4, the LB knows the node's MAC statically (its checks come from VIP6).
         let mac = exec(NS_NODE, &["cat", "/sys/class/net/eth0/address"])?;
-        ip(
-            NS_LB,
-            &[
-                "-6",
-                "neigh",
-                "replace",
-                "2001:db8:18::2",
-                "lladdr",
-                mac.trim(),
-                "dev",
-                "vnode",
-                "nud",
-                "permanent",
-            ],
-        )?;
+        neigh_permanent(NS_LB, "2001:db8:18::2", mac.trim(), "vnode")?;
         restore_rules(NS_NODE, "ip6tables-restore", &kube_proxy_rules6())
             .context("loading kube-proxy's ip6tables rules into clb-node")?;
         restore_rules(NS_LB, "ip6tables-restore", &lb_rules6())
