@@ -131,6 +131,34 @@ struct Run<'a> {
     failures: Vec<String>,
 }
 
+/// The IPVS-mode lab with `variants` set.
+fn ipvs_lab(variants: &Variants) -> LabGuard {
+    LabGuard::up_in(KubeProxyMode::Ipvs, variants, &UpOptions::default()).expect("IPVS-mode lab up")
+}
+
+/// The agent on the lab's node, on its NIC, reading the service table.
+fn ipvs_agent() -> Agent {
+    Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC])
+}
+
+impl<'a> Run<'a> {
+    /// A run with no failures yet; `services` is `probe services`' JSON.
+    fn new(agent: &'a Agent, lab: &'a LabGuard, services: String) -> Self {
+        Run {
+            agent,
+            lab,
+            services,
+            failures: Vec::new(),
+        }
+    }
+
+    /// Fails the test with every failure the run noted, if any.
+    fn assert_no_failures(mut self) {
+        let failures = std::mem::take(&mut self.failures);
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+    }
+}
+
 /// The aggregates `after` has that `before` had not, by `key` (the latest line of each). An
 /// aggregate is written again, with a higher count, when its repeats span more than 10 s
 /// (SYN retransmits on a loaded machine): a repeat line of an earlier scenario's aggregate
@@ -286,12 +314,7 @@ fn ipvs_mode_failures_are_confirmed_and_twins_are_silent() {
         return;
     }
     say!("ipvs-vm: kernel {}", sh(&["uname", "-r"]).trim());
-    let lab = LabGuard::up_in(
-        KubeProxyMode::Ipvs,
-        &Variants::default(),
-        &UpOptions::default(),
-    )
-    .expect("IPVS-mode lab up");
+    let lab = ipvs_lab(&Variants::default());
     assert_eq!(lab.mode().unwrap(), KubeProxyMode::Ipvs);
     let exec = |args: &[&str]| {
         let mut v = vec!["ip", "netns", "exec", lab::NS_NODE];
@@ -320,13 +343,8 @@ fn ipvs_mode_failures_are_confirmed_and_twins_are_silent() {
         );
     }
 
-    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
-    let mut run = Run {
-        agent: &agent,
-        lab: &lab,
-        services,
-        failures: Vec::new(),
-    };
+    let agent = ipvs_agent();
+    let mut run = Run::new(&agent, &lab, services);
 
     run.failure(
         Scenario::HealthcheckBlackhole,
@@ -395,19 +413,9 @@ fn ipvs_mode_hairpin_is_confirmed() {
     if !in_vm("ipvs_mode_hairpin") {
         return;
     }
-    let lab = LabGuard::up_in(
-        KubeProxyMode::Ipvs,
-        &Variants::default(),
-        &UpOptions::default(),
-    )
-    .expect("IPVS-mode lab up");
-    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
-    let mut run = Run {
-        agent: &agent,
-        lab: &lab,
-        services: services_json(),
-        failures: Vec::new(),
-    };
+    let lab = ipvs_lab(&Variants::default());
+    let agent = ipvs_agent();
+    let mut run = Run::new(&agent, &lab, services_json());
     run.failure(Scenario::Hairpin, "hairpin", LoopbackKind::Hairpin, |e| {
         assert_eq!(e.src, IpAddr::V4(lab::POD_A_IP));
         assert_eq!(e.vip, Some(IpAddr::V4(lab::VIP)));
@@ -424,8 +432,7 @@ fn ipvs_mode_hairpin_is_confirmed() {
             "{e:#?}"
         );
     });
-    let failures = std::mem::take(&mut run.failures);
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    run.assert_no_failures();
 }
 
 /// kube-proxy >= 1.25's IPVS access filter for real (variant `ipvs-filter`: `KUBE-IPVS-FILTER`
@@ -436,20 +443,10 @@ fn ipvs_mode_access_filter_unserved_port_is_confirmed() {
     if !in_vm("ipvs_mode_access_filter") {
         return;
     }
-    let lab = LabGuard::up_in(
-        KubeProxyMode::Ipvs,
-        &Scenario::VipPortUnservedFiltered.spec().variants,
-        &UpOptions::default(),
-    )
-    .expect("IPVS-mode lab up");
+    let lab = ipvs_lab(&Scenario::VipPortUnservedFiltered.spec().variants);
     // The agent's first read of the service table sees the filter chain.
-    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
-    let mut run = Run {
-        agent: &agent,
-        lab: &lab,
-        services: services_json(),
-        failures: Vec::new(),
-    };
+    let agent = ipvs_agent();
+    let mut run = Run::new(&agent, &lab, services_json());
     run.failure(
         Scenario::VipPortUnservedFiltered,
         "vip-port-unserved-filtered",
@@ -463,8 +460,7 @@ fn ipvs_mode_access_filter_unserved_port_is_confirmed() {
         },
     );
     run.twin(Scenario::VipPortServedFiltered);
-    let failures = std::mem::take(&mut run.failures);
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    run.assert_no_failures();
 }
 
 /// The hairpin variants in IPVS mode (issue 10, item 4), one agent: node-sourced through the
@@ -476,19 +472,9 @@ fn ipvs_mode_hairpin_variants_are_confirmed_and_twins_are_silent() {
     if !in_vm("ipvs_mode_hairpin_variants") {
         return;
     }
-    let lab = LabGuard::up_in(
-        KubeProxyMode::Ipvs,
-        &Variants::default(),
-        &UpOptions::default(),
-    )
-    .expect("IPVS-mode lab up");
-    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
-    let mut run = Run {
-        agent: &agent,
-        lab: &lab,
-        services: services_json(),
-        failures: Vec::new(),
-    };
+    let lab = ipvs_lab(&Variants::default());
+    let agent = ipvs_agent();
+    let mut run = Run::new(&agent, &lab, services_json());
     run.failure(
         Scenario::HairpinNodeSourced,
         "hairpin-node-sourced",
@@ -521,8 +507,7 @@ fn ipvs_mode_hairpin_variants_are_confirmed_and_twins_are_silent() {
         },
     );
     run.twin(Scenario::OutsideClientUdp);
-    let failures = std::mem::take(&mut run.failures);
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    run.assert_no_failures();
 }
 
 /// The service table is read on change in IPVS mode too (IPVS has no notifications: the
@@ -534,12 +519,7 @@ fn ipvs_mode_virtual_service_added_is_read_without_a_timer_tick() {
     if !in_vm("ipvs_mode_virtual_service_added") {
         return;
     }
-    let lab = LabGuard::up_in(
-        KubeProxyMode::Ipvs,
-        &Variants::default(),
-        &UpOptions::default(),
-    )
-    .expect("IPVS-mode lab up");
+    let lab = ipvs_lab(&Variants::default());
     let mut agent = Agent::start_with_table(
         lab::NS_NODE,
         &["--nic", lab::NODE_NIC, "--services-every", "3600"],
@@ -626,19 +606,9 @@ fn ipvs_mode_service_self_loop_is_confirmed_and_twins_are_silent() {
     if !in_vm("ipvs_mode_service_self_loop") {
         return;
     }
-    let lab = LabGuard::up_in(
-        KubeProxyMode::Ipvs,
-        &Scenario::SelfLoop.spec().variants,
-        &UpOptions::default(),
-    )
-    .expect("IPVS-mode lab up");
-    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
-    let mut run = Run {
-        agent: &agent,
-        lab: &lab,
-        services: services_json(),
-        failures: Vec::new(),
-    };
+    let lab = ipvs_lab(&Scenario::SelfLoop.spec().variants);
+    let agent = ipvs_agent();
+    let mut run = Run::new(&agent, &lab, services_json());
     run.failure(
         Scenario::SelfLoop,
         "service-self-loop",
@@ -695,8 +665,7 @@ fn ipvs_mode_service_self_loop_is_confirmed_and_twins_are_silent() {
             );
         },
     );
-    let failures = std::mem::take(&mut run.failures);
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    run.assert_no_failures();
 }
 
 /// `probe check --as nftables` on the IPVS-mode lab (real IPVS: the LB IP bound on a dummy
