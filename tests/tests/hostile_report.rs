@@ -179,40 +179,11 @@ fn an_agent_never_writes_another_nodes_report() {
         .object(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-b"}}))
         .object(pod("clb-probe-a", "node-a"))
         .start();
-    let mut agent = Agent::start_with_env(
-        lab::NS_NODE,
-        &[
-            "--nic",
-            lab::NODE_NIC,
-            "--kubeconfig",
-            api.kubeconfig(),
-            "--node-name",
-            "node-b",
-            "--node-report",
-            "on",
-            "--node-condition",
-            "on",
-            "--metrics-addr",
-            METRICS,
-        ],
-        &[
-            ("POD_NAME", "clb-probe-a"),
-            ("POD_NAMESPACE", POD_NAMESPACE),
-        ],
-    );
-    let refused = "clbprobe_node_report_refused{reason=\"pod_on_other_node\"}";
-    wait_for("a write to node-b or the refusal", WAIT, || {
-        (report_of(&api, "node-b").is_some() || node_metric(METRICS, refused) == 1).then_some(())
-    });
-    let writes = patches(&api, "node-b");
-    eprintln!(
-        "E12: {writes} writes to node-b, report {}, condition {}",
-        report_of(&api, "node-b").is_some(),
-        node_condition(&api, "node-b").is_some()
-    );
-    assert_eq!(writes, 0, "node-b's report or condition written");
-    assert_eq!(node_metric(METRICS, refused), 1);
-    assert_eq!(agent.count_log("refusing to write"), 1, "one ERROR");
+    let env = [
+        ("POD_NAME", "clb-probe-a"),
+        ("POD_NAMESPACE", POD_NAMESPACE),
+    ];
+    let _agent = never_writes_node_b(&api, &env, "pod_on_other_node", "E12");
     assert!(api.objects("loopbackreports").is_empty());
 }
 
@@ -231,7 +202,19 @@ fn outside_a_pod_an_agent_never_writes_a_node_whose_address_is_elsewhere() {
             "status": {"addresses": [{"type": "InternalIP", "address": "192.0.2.77"}]}}),
         )
         .start();
-    let mut agent = Agent::start(
+    never_writes_node_b(&api, &[], "node_address_not_local", "E12 (outside a Pod)");
+}
+
+/// Starts an agent told `--node-name node-b` (with `env`) writing the node report and
+/// condition; asserts it writes neither, counts the refusal under `reason` once and logs one
+/// ERROR. Returns the agent, still running.
+fn never_writes_node_b(
+    api: &KubeFixture,
+    env: &[(&str, &str)],
+    reason: &str,
+    label: &str,
+) -> Agent {
+    let mut agent = Agent::start_with_env(
         lab::NS_NODE,
         &[
             "--nic",
@@ -247,18 +230,20 @@ fn outside_a_pod_an_agent_never_writes_a_node_whose_address_is_elsewhere() {
             "--metrics-addr",
             METRICS,
         ],
+        env,
     );
-    let refused = "clbprobe_node_report_refused{reason=\"node_address_not_local\"}";
+    let refused = format!("clbprobe_node_report_refused{{reason=\"{reason}\"}}");
     wait_for("a write to node-b or the refusal", WAIT, || {
-        (report_of(&api, "node-b").is_some() || node_metric(METRICS, refused) == 1).then_some(())
+        (report_of(api, "node-b").is_some() || node_metric(METRICS, &refused) == 1).then_some(())
     });
-    let writes = patches(&api, "node-b");
+    let writes = patches(api, "node-b");
     eprintln!(
-        "E12 (outside a Pod): {writes} writes to node-b, report {}, condition {}",
-        report_of(&api, "node-b").is_some(),
-        node_condition(&api, "node-b").is_some()
+        "{label}: {writes} writes to node-b, report {}, condition {}",
+        report_of(api, "node-b").is_some(),
+        node_condition(api, "node-b").is_some()
     );
     assert_eq!(writes, 0, "node-b's report or condition written");
-    assert_eq!(node_metric(METRICS, refused), 1);
+    assert_eq!(node_metric(METRICS, &refused), 1);
     assert_eq!(agent.count_log("refusing to write"), 1, "one ERROR");
+    agent
 }
