@@ -19,18 +19,25 @@ const SETTLE: Duration = Duration::from_secs(4);
 const WAIT: Duration = Duration::from_secs(10);
 
 fn lab_up() -> LabGuard {
-    LabGuard::up_in(
-        KubeProxyMode::Nftables,
-        &Variants::default(),
-        &Default::default(),
-    )
-    .expect("lab up (nftables mode)")
+    lab_up_in(&Variants::default())
+}
+
+/// The nftables-mode lab with `variants` set.
+fn lab_up_in(variants: &Variants) -> LabGuard {
+    LabGuard::up_in(KubeProxyMode::Nftables, variants, &Default::default())
+        .expect("lab up (nftables mode)")
 }
 
 /// Drives `scenario` with the agent on the node; asserts the client's outcome.
 fn run(scenario: Scenario) -> Agent {
     let lab = lab_up();
     assert_eq!(lab.mode().unwrap(), KubeProxyMode::Nftables);
+    drive(lab, scenario)
+}
+
+/// Starts the agent on `lab`'s node, drives `scenario`, asserts the client's outcome, lets the
+/// agent settle and takes the lab down; the agent keeps running.
+fn drive(lab: LabGuard, scenario: Scenario) -> Agent {
     let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
     let report = lab.run(scenario).expect("traffic");
     assert_eq!(
@@ -174,23 +181,7 @@ fn nftables_short_circuited_lb_ip_and_twins_report_nothing() {
 /// [`run`] with the lab up in the scenario's own variants (the agent's first service table
 /// already has them).
 fn run_in_variants(scenario: Scenario) -> Agent {
-    let lab = LabGuard::up_in(
-        KubeProxyMode::Nftables,
-        &scenario.spec().variants,
-        &Default::default(),
-    )
-    .expect("lab up (nftables mode)");
-    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
-    let report = lab.run(scenario).expect("traffic");
-    assert_eq!(
-        report.outcome(),
-        scenario.expected_in(KubeProxyMode::Nftables),
-        "{report}"
-    );
-    std::thread::sleep(SETTLE);
-    let _ = agent.events();
-    drop(lab);
-    agent
+    drive(lab_up_in(&scenario.spec().variants), scenario)
 }
 
 /// Issue 23 item 6 in nftables mode: without the endpoint chain's `ip saddr <pod> jump
