@@ -18,7 +18,8 @@ use test_support::lab::{self, LabGuard, Variants};
 const SETTLE: Duration = Duration::from_secs(4);
 const WAIT: Duration = Duration::from_secs(10);
 
-fn run(scenario: Scenario6) -> Agent {
+/// The iptables-mode lab with the dual-stack layer added.
+fn dual_stack_lab() -> LabGuard {
     let lab = LabGuard::up_in(
         lab::KubeProxyMode::Iptables,
         &Variants::default(),
@@ -26,6 +27,11 @@ fn run(scenario: Scenario6) -> Agent {
     )
     .expect("lab up");
     lab.add_ipv6().expect("dual-stack layer");
+    lab
+}
+
+fn run(scenario: Scenario6) -> Agent {
+    let lab = dual_stack_lab();
     let agent = Agent::start(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
     let (outcome, expected) = lab.run6(scenario).expect("traffic");
     assert_eq!(outcome, expected, "{scenario:?} over IPv6");
@@ -115,13 +121,7 @@ fn ipv6_addresses_reach_events_watch_and_metrics_unchanged() {
         return;
     }
     const METRICS: &str = "127.0.0.1:19967";
-    let lab = LabGuard::up_in(
-        lab::KubeProxyMode::Iptables,
-        &Variants::default(),
-        &Default::default(),
-    )
-    .expect("lab up");
-    lab.add_ipv6().expect("dual-stack layer");
+    let lab = dual_stack_lab();
     let socket = std::env::temp_dir().join(format!("clb-ipv6-test-{}.sock", std::process::id()));
     let socket_arg = socket.to_str().unwrap().to_string();
     let agent = Agent::start(
