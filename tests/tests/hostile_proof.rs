@@ -173,7 +173,7 @@ fn an_unprivileged_connect_from_the_vip_resolves_no_healthcheck_blackhole() {
     }
     let lab = LabGuard::up(&Variants::default()).expect("lab up");
     let api = KubeFixture::builder().tag("e3-from-vip").start();
-    let mut agent = api.start_agent(&["--resolve-after", "2"]);
+    let agent = api.start_agent(&["--resolve-after", "2"]);
     lab.traffic(Scenario::HealthcheckBlackhole)
         .expect("traffic");
     let confirmed = agent.wait_event("healthcheck_blackhole", WAIT, |es| {
@@ -185,13 +185,7 @@ fn an_unprivileged_connect_from_the_vip_resolves_no_healthcheck_blackhole() {
     // Conntrack tells an entry's age to the second: the attack must look later than the loop.
     std::thread::sleep(Duration::from_secs(1));
     answered_connect_as_nobody(&node_addr, 45678, &lab::VIP.to_string());
-    let before = proof_lookups(&mut agent, "healthcheck_blackhole");
-    let ran = wait_for("two proof look-ups after the attack", WAIT, || {
-        (proof_lookups(&mut agent, "healthcheck_blackhole") >= before + 2).then_some(())
-    });
-    let resolved = agent.count_log("loop resolved");
-    let log = agent.log_lines().join("\n");
-    drop(agent);
+    let (ran, resolved, log) = after_two_lookups(agent, "healthcheck_blackhole");
     drop(api);
     drop(lab);
     assert!(ran.is_some(), "no proof look-up ran:\n{log}");
@@ -217,7 +211,7 @@ fn an_unprivileged_listen_and_connect_on_the_vip_port_resolves_no_unserved_port(
     lab.set_all(&Scenario::VipPortUnserved.spec().variants)
         .expect("the VIP bound");
     let api = KubeFixture::builder().tag("e3-listen-connect").start();
-    let mut agent = api.start_agent(&["--resolve-after", "2"]);
+    let agent = api.start_agent(&["--resolve-after", "2"]);
     std::thread::sleep(Duration::from_secs(1));
     let vip_port = std::net::SocketAddrV4::new(lab::VIP, PORT);
     let attempt = lab.connect(lab::NS_NODE, None, vip_port).expect("connect");
@@ -230,13 +224,7 @@ fn an_unprivileged_listen_and_connect_on_the_vip_port_resolves_no_unserved_port(
     std::thread::sleep(Duration::from_secs(1));
     let vip = lab::VIP.to_string();
     answered_connect_as_nobody(&vip, PORT, &vip);
-    let before = proof_lookups(&mut agent, "vip_port_unserved");
-    let ran = wait_for("two proof look-ups after the attack", WAIT, || {
-        (proof_lookups(&mut agent, "vip_port_unserved") >= before + 2).then_some(())
-    });
-    let resolved = agent.count_log("loop resolved");
-    let log = agent.log_lines().join("\n");
-    drop(agent);
+    let (ran, resolved, log) = after_two_lookups(agent, "vip_port_unserved");
     drop(api);
     drop(lab);
     assert!(ran.is_some(), "no proof look-up ran:\n{log}");
@@ -244,4 +232,17 @@ fn an_unprivileged_listen_and_connect_on_the_vip_port_resolves_no_unserved_port(
         resolved, 0,
         "a local user's listen+connect on VIP:port resolved the unserved port:\n{log}"
     );
+}
+
+/// Waits for two more proof look-ups of `kind` (None if they never ran), then stops the agent:
+/// whether they ran, how many loops it resolved, and its log.
+fn after_two_lookups(mut agent: Agent, kind: &str) -> (Option<()>, usize, String) {
+    let before = proof_lookups(&mut agent, kind);
+    let ran = wait_for("two proof look-ups after the attack", WAIT, || {
+        (proof_lookups(&mut agent, kind) >= before + 2).then_some(())
+    });
+    let resolved = agent.count_log("loop resolved");
+    let log = agent.log_lines().join("\n");
+    drop(agent);
+    (ran, resolved, log)
 }
