@@ -59,6 +59,15 @@ mod tempdir {
     }
 }
 
+/// The resourceVersion a list of everything in `api` is at.
+async fn listed_version<K>(api: &Api<K>) -> String
+where
+    K: Clone + k8s_openapi::serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let listed = api.list(&ListParams::default()).await.unwrap();
+    listed.metadata.resource_version.unwrap()
+}
+
 fn error_code(error: &kube::Error) -> Option<u16> {
     match error {
         kube::Error::Api(status) => Some(status.code),
@@ -198,13 +207,7 @@ fn expired_history_is_410_for_watch_and_list() {
     runtime().block_on(async {
         let (api, client, _dir) = setup().await;
         let services: Api<Service> = Api::all(client);
-        let version = services
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .metadata
-            .resource_version
-            .unwrap();
+        let version = listed_version(&services).await;
         api.expire_history();
 
         let mut stream = services
@@ -231,13 +234,7 @@ fn expired_history_is_410_for_watch_and_list() {
             Some(410)
         );
         // A relist gets a version that watches again.
-        let fresh = services
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .metadata
-            .resource_version
-            .unwrap();
+        let fresh = listed_version(&services).await;
         api.delete("Service", "default", "dns");
         let mut stream = services
             .watch(&WatchParams::default(), &fresh)
