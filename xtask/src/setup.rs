@@ -164,7 +164,8 @@ fn run(cmd: &mut Command) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn output(cmd: &mut Command) -> anyhow::Result<String> {
+/// Runs `cmd` to its end: its stdout, or an error with its stderr.
+pub(crate) fn output(cmd: &mut Command) -> anyhow::Result<String> {
     let out = cmd
         .output()
         .with_context(|| format!("failed to start {cmd:?}"))?;

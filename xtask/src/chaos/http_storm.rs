@@ -17,7 +17,7 @@ use crate::bench::{
 use test_support::lab::in_netns;
 
 use super::{
-    observe::{HealthProbes, get, probe_health},
+    observe::{get, probe_health},
     row::{METRICS_PORT, Row},
 };
 
@@ -78,13 +78,8 @@ pub(super) fn http_storm(
         Ok((done, failed, health))
     })?;
     let (done, failed, health) = report;
-    let answered = health.answered_ms();
-    let (missed, over_1s) = health.missed_and_slow();
-    let HealthProbes {
-        probes,
-        threads,
-        rss,
-    } = health;
+    let (answered, (missed, over_1s)) = (health.answered_ms(), health.missed_and_slow());
+    let (probes, threads, rss) = (health.probes, health.threads, health.rss);
     drop(agent);
     Ok(Row {
         fault: format!(

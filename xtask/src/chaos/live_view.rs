@@ -16,7 +16,7 @@ use crate::bench::{
 use test_support::lab::in_netns;
 
 use super::{
-    observe::{HealthProbes, live_status, probe_health, proc_threads},
+    observe::{live_status, probe_health, proc_threads},
     row::{METRICS_PORT, Row},
 };
 
@@ -60,13 +60,8 @@ pub(super) fn live_view_clients(
     drop(held);
     let alive = proc_threads(pid) > 0;
     drop(agent);
-    let answered = health.answered_ms();
-    let (missed, over_1s) = health.missed_and_slow();
-    let HealthProbes {
-        probes,
-        threads,
-        rss,
-    } = health;
+    let (answered, (missed, over_1s)) = (health.answered_ms(), health.missed_and_slow());
+    let (probes, threads, rss) = (health.probes, health.threads, health.rss);
     let mut problems = Vec::new();
     if missed > 0 || over_1s > 0 {
         problems.push(format!(

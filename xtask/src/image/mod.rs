@@ -25,7 +25,7 @@ use std::{
     process::Command,
 };
 
-use anyhow::{Context as _, bail};
+use anyhow::bail;
 
 pub use crate::arch::Arch;
 use crate::{setup, workspace_root};
@@ -60,17 +60,9 @@ pub fn default_tag() -> String {
     format!("localhost/clb-probe:{}", env!("CARGO_PKG_VERSION"))
 }
 
+/// [`setup::output`], trimmed.
 fn output(cmd: &mut Command) -> anyhow::Result<String> {
-    let out = cmd
-        .output()
-        .with_context(|| format!("failed to start {cmd:?}"))?;
-    if !out.status.success() {
-        bail!(
-            "{cmd:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    Ok(setup::output(cmd)?.trim().to_string())
 }
 
 fn sha256(path: &Path) -> anyhow::Result<String> {
