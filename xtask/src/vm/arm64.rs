@@ -150,13 +150,7 @@ pub fn ensure(cache: &Path) -> anyhow::Result<Kernel> {
 fn build_entry(dir: &Path, apt: &SuiteApt, package: &str, version: &str) -> anyhow::Result<()> {
     let release = kernel::release_of(package).context("kernel package name")?;
     let tmp = PathBuf::from(format!("{}.tmp", dir.display()));
-    if tmp.exists() {
-        std::fs::remove_dir_all(&tmp)?;
-    }
-    let debs = tmp.join("debs");
-    let root = tmp.join("root");
-    std::fs::create_dir_all(&debs)?;
-    std::fs::create_dir_all(&root)?;
+    let (debs, root) = kernel::fresh_build_dirs(&tmp)?;
     let rootfs = closure(ROOTFS_PACKAGES, &Default::default(), |p| apt.depends(p))
         .context("resolving the arm64 root's packages")?;
     let kernel = format!("{package}={version}");

@@ -371,16 +371,22 @@ pub(super) fn choose_kernel(
 }
 
 /// Downloads, unpacks and prepares one cache entry (in `<dir>.tmp`, renamed when complete).
-fn build_entry(dir: &Path, apt: &SuiteApt, package: &str, version: &str) -> anyhow::Result<()> {
-    let release = release_of(package).context("kernel package name")?;
-    let tmp = dir.with_extension("tmp");
+/// Empties `tmp` (a cache entry being built) and makes its `debs` and `root` folders.
+pub(super) fn fresh_build_dirs(tmp: &Path) -> anyhow::Result<(PathBuf, PathBuf)> {
     if tmp.exists() {
-        std::fs::remove_dir_all(&tmp)?;
+        std::fs::remove_dir_all(tmp)?;
     }
     let debs = tmp.join("debs");
     let root = tmp.join("root");
     std::fs::create_dir_all(&debs)?;
     std::fs::create_dir_all(&root)?;
+    Ok((debs, root))
+}
+
+fn build_entry(dir: &Path, apt: &SuiteApt, package: &str, version: &str) -> anyhow::Result<()> {
+    let release = release_of(package).context("kernel package name")?;
+    let tmp = dir.with_extension("tmp");
+    let (debs, root) = fresh_build_dirs(&tmp)?;
 
     let installed = host_installed().unwrap_or_default();
     let mut apt_failed_once = false;
