@@ -436,23 +436,31 @@ fn clsact_fallback_sees_packets_and_leaves_nothing_behind() {
     assert!(!filters.contains("clb_"), "filters left: {filters}");
     assert!(!qdiscs.contains("clsact"), "qdisc left: {qdiscs}");
 
-    // SIGKILL leaves cls_bpf filters (they are not tied to our fds) ...
-    let mut b = Agent::start(lab::NS_NODE, &args);
+    // SIGKILL leaves cls_bpf filters (they are not tied to our fds), which the next agent
+    // removes, adopting the orphaned qdisc, and cleans up at exit.
+    let mut c = killed_then_adopted(&args);
+    assert!(c.stop().success());
+    let (filters, qdiscs) = tc_state(lab::NODE_NIC);
+    assert!(!filters.contains("clb_"), "filters left: {filters}");
+    assert!(!qdiscs.contains("clsact"), "qdisc left: {qdiscs}");
+}
+
+/// An agent SIGKILLed (its cls_bpf filter stays: it is not tied to the agent's fds), then the
+/// next agent, which removes the orphan: one `clb_ingress` filter, not two. Returns the next
+/// agent, running.
+fn killed_then_adopted(args: &[&str]) -> Agent {
+    let mut b = Agent::start(lab::NS_NODE, args);
     b.kill();
     let (filters, _) = tc_state(lab::NODE_NIC);
     assert!(filters.contains("clb_ingress"), "{filters}");
-    // ... which the next agent removes, adopting the orphaned qdisc, and cleans up at exit.
-    let mut c = Agent::start(lab::NS_NODE, &args);
+    let c = Agent::start(lab::NS_NODE, args);
     let (filters, _) = tc_state(lab::NODE_NIC);
     assert_eq!(
         filters.matches("name clb_ingress").count(),
         1,
         "one filter, not two: {filters}"
     );
-    assert!(c.stop().success());
-    let (filters, qdiscs) = tc_state(lab::NODE_NIC);
-    assert!(!filters.contains("clb_"), "filters left: {filters}");
-    assert!(!qdiscs.contains("clsact"), "qdisc left: {qdiscs}");
+    c
 }
 
 /// Runs `tc` inside the node namespace (the test's own tool: the agent never runs it).
@@ -528,19 +536,9 @@ fn clsact_fallback_keeps_foreign_filters() {
         "a qdisc in use removed: {qdiscs}"
     );
 
-    // The qdisc is the other tool's now: SIGKILL leaves our filters beside theirs ...
-    let mut b = Agent::start(lab::NS_NODE, &args);
-    b.kill();
-    let (filters, _) = tc_state(lab::NODE_NIC);
-    assert!(filters.contains("clb_ingress"), "{filters}");
-    // ... the next agent removes only the orphans, and at exit only its own.
-    let mut c = Agent::start(lab::NS_NODE, &args);
-    let (filters, _) = tc_state(lab::NODE_NIC);
-    assert_eq!(
-        filters.matches("name clb_ingress").count(),
-        1,
-        "one filter, not two: {filters}"
-    );
+    // The qdisc is the other tool's now: SIGKILL leaves our filters beside theirs; the next
+    // agent removes only the orphans, and at exit only its own.
+    let mut c = killed_then_adopted(&args);
     assert_foreign_filters_intact();
     assert!(c.stop().success());
     let (filters, qdiscs) = tc_state(lab::NODE_NIC);
