@@ -4,6 +4,7 @@
 
 use std::{path::Path, process::Command};
 
+use clb_probe_client::plugin::{Row, fix::Plan};
 use probe_tests::{
     agent::{assert_contains, assert_lacks, text},
     kube_fixture::{KubeFixture, node_object, plugin_bin},
@@ -93,13 +94,12 @@ fn events_lists_clb_probes_events_newest_first_with_every_column() {
 
     let out = a.run(&["events", "-o", "json"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    let rows: Vec<Value> = serde_json::from_slice(&out.stdout).expect("JSON");
+    let rows: Vec<Row> = serde_json::from_slice(&out.stdout).expect("rows");
     assert_eq!(rows.len(), 2);
-    assert_eq!(rows[0]["node"], "node-b");
-    assert_eq!(rows[0]["count"], 9);
-    assert_eq!(rows[1]["service"], "shop/web");
-    assert_eq!(rows[1]["client_pod"], "shop/client-0");
-    assert_eq!(rows[1]["last_seen"], "2026-11-23T01:10:00Z");
+    assert_eq!((rows[0].node.as_str(), rows[0].count), ("node-b", 9));
+    assert_eq!(rows[1].service.as_deref(), Some("shop/web"));
+    assert_eq!(rows[1].client_pod.as_deref(), Some("shop/client-0"));
+    assert_eq!(rows[1].last_seen.to_string(), "2026-11-23T01:10:00Z");
 }
 
 #[test]
@@ -328,14 +328,14 @@ fn fix_lists_dry_runs_applies_and_prints_the_undo() {
 
     let out = a.run(&["fix", "-n", "shop", "web", "-o", "json"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    let plan: Value = serde_json::from_slice(&out.stdout).expect("JSON");
-    assert_eq!(plan["provider"], "aws");
-    assert_eq!(plan["fixes"][1]["id"], "etp-cluster");
+    let plan: Plan = serde_json::from_slice(&out.stdout).expect("a plan");
+    assert_eq!(plan.provider, "aws");
+    assert_eq!(plan.fixes[1].id, "etp-cluster");
     assert_eq!(
-        plan["fixes"][1]["patch"],
-        json!({"spec": {"externalTrafficPolicy": "Cluster"}})
+        plan.fixes[1].patch,
+        Some(json!({"spec": {"externalTrafficPolicy": "Cluster"}}))
     );
-    let rv = plan["resource_version"].as_str().unwrap().to_string();
+    let rv = plan.resource_version.clone().expect("the resource version");
 
     // Another provider's fix, and advice without a patch: refused, nothing changed.
     let out = a.run(&["fix", "-n", "shop", "web", "--apply", "do-lb-hostname"]);

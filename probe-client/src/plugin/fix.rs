@@ -14,7 +14,7 @@ use probe_contract::{
     Fix, LoopbackKind,
     kube_event::{REPORTING_CONTROLLER, kind_of_reason},
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::{
     fixes::{self, Facts, Origin, Profile, Provider, TABLE},
@@ -33,8 +33,8 @@ impl std::fmt::Display for Refused {
 
 impl std::error::Error for Refused {}
 
-/// What `fix` lists (and `-o json` prints).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+/// What `fix` lists (and `-o json` prints; scripts and the tests read it back).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Plan {
     /// `namespace/name`.
     pub service: String,

@@ -33,7 +33,7 @@ use k8s_openapi::{
     api::{core::v1::Pod, events::v1::Event},
     jiff::Timestamp,
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use probe_contract::kube_event::{
     ACTION, REPORTING_CONTROLLER, RESOLVED_ACTION, RESOLVED_REASON, kind_of_reason,
@@ -50,8 +50,9 @@ pub const AGENT_NAMESPACE: &str = "clb-probe";
 /// The agent's container in the DaemonSet.
 pub const AGENT_CONTAINER: &str = "agent";
 
-/// One confirmed loopback as the Events tell it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+/// One confirmed loopback as the Events tell it (`kubectl clb-probe events -o json` prints
+/// these; scripts and the tests read them back).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Row {
     /// When it was last seen (series.lastObservedTime, else eventTime).
     pub last_seen: Timestamp,
