@@ -165,6 +165,11 @@ struct AgentArgs {
     /// RBAC nodes/status patch (the chart's kube.nodeCondition).
     #[arg(long, env = "CLB_PROBE_NODE_CONDITION", value_enum, default_value_t = OnOff::Off)]
     node_condition: OnOff,
+    /// Least seconds between two writes of the node report (changes in between are coalesced,
+    /// the newest wins); also the first wait after a failed write, doubled per failure up to
+    /// the 300 s heartbeat. Larger values cut API writes on big clusters.
+    #[arg(long, env = "CLB_PROBE_NODE_REPORT_INTERVAL", default_value_t = 10, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..=300))]
+    node_report_interval: u64,
     /// The cloud whose LB fixes events carry (aws, azure, gce, alicloud, tencentcloud, hcloud,
     /// digitalocean, openstack, generic). Default: from the Service's LB class and
     /// annotations, else generic.
@@ -405,6 +410,7 @@ fn agent(args: AgentArgs) -> ExitCode {
         provider: args.provider,
         node_report,
         node_condition: args.node_condition == OnOff::On,
+        node_report_interval: Duration::from_secs(args.node_report_interval),
         otlp: args
             .otlp_endpoint
             .map(|endpoint| clb_probe::sink::otlp::OtlpConfig {

@@ -80,6 +80,8 @@ pub struct AgentConfig {
     pub node_report: Option<crate::kube::KubeSource>,
     /// `--node-condition`: the Node condition `LoadBalancerLoopback` (with the node report).
     pub node_condition: bool,
+    /// `--node-report-interval`: the least time between two writes of the node report.
+    pub node_report_interval: Duration,
     /// `--otlp-endpoint`, `--otlp-interval`: OTLP export (None: off).
     pub otlp: Option<crate::sink::otlp::OtlpConfig>,
 }
@@ -563,6 +565,8 @@ fn spawn_node_report(
                 // The tracker's window: "active" means the same in the report and the gauge.
                 active_window_s: i64::try_from(cfg.resolve_after.as_secs().max(1))
                     .unwrap_or(i64::MAX),
+                write_interval_ms: u64::try_from(cfg.node_report_interval.as_millis())
+                    .unwrap_or(u64::MAX),
                 stats: shared.node_report.clone(),
                 local: Some(owners.clone()),
             },

@@ -304,6 +304,9 @@ pub struct ReportWriter {
     /// `--resolve-after` in seconds: how long a loop stays active without a confirmation
     /// (the tracker's window, so the report, the condition and the gauge agree).
     pub active_window_s: i64,
+    /// `--node-report-interval` in ms: the least time between two writes of the report, and
+    /// the first wait of a failed write's backoff (it doubles up to the [`HEARTBEAT`]).
+    pub write_interval_ms: u64,
     /// The condition last written and its transition time; before the first write, the one
     /// the Node holds (E13: a restart keeps its `lastTransitionTime`).
     last_condition: Option<(Condition, String)>,
@@ -322,6 +325,7 @@ impl ReportWriter {
             created: false,
             node_condition: false,
             active_window_s: super::loops::ACTIVE_WINDOW,
+            write_interval_ms: super::gate::MIN_INTERVAL_MS,
             last_condition: None,
             condition_read: false,
             stats: Arc::default(),
@@ -469,6 +473,8 @@ pub struct WriterSettings {
     pub node_condition: bool,
     /// `--resolve-after`, in seconds ([`ReportWriter::active_window_s`]).
     pub active_window_s: i64,
+    /// `--node-report-interval`, in ms ([`ReportWriter::write_interval_ms`]).
+    pub write_interval_ms: u64,
     /// The counters `/metrics` shows.
     pub stats: Arc<ReportStats>,
     /// The node's local addresses (the address sync's owner map), for the check outside a
@@ -498,6 +504,7 @@ pub async fn start(
         Ok(mut w) => {
             w.node_condition = settings.node_condition;
             w.active_window_s = settings.active_window_s;
+            w.write_interval_ms = settings.write_interval_ms;
             w.stats = stats.clone();
             w
         }
@@ -507,7 +514,9 @@ pub async fn start(
         }
     };
     let here = match own_pod() {
-        Some(pod) => scheduled_here(&client, &pod, &facts.node, &stats).await,
+        Some(pod) => {
+            scheduled_here(&client, &pod, &facts.node, &stats, writer.write_interval_ms).await
+        }
         None => node_address_here(&client, &facts.node, settings.local, &stats).await,
     };
     if !here {
@@ -605,9 +614,10 @@ async fn scheduled_here(
     (namespace, name): &(String, String),
     node: &str,
     stats: &ReportStats,
+    first_wait_ms: u64,
 ) -> bool {
     let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), namespace);
-    let mut backoff = Backoff::new(super::gate::MIN_INTERVAL_MS, HEARTBEAT.as_millis() as u64);
+    let mut backoff = Backoff::new(first_wait_ms, HEARTBEAT.as_millis() as u64);
     let set_refused = |reason: &str| {
         if let Ok(mut r) = stats.refused.lock() {
             *r = reason.to_string();
@@ -658,12 +668,13 @@ pub async fn run(
     info!(node = %facts.node, "writing the node's LoopbackReport");
     let origin = Instant::now();
     let mut loops = Loops::new(writer.active_window_s);
-    let mut gate: Gate<ReportStatus> = Gate::default();
+    let mut gate: Gate<ReportStatus> = Gate::new(writer.write_interval_ms);
     let mut last_content: Option<ReportStatus> = None;
     let mut last_offer = i64::MIN;
-    // E7: a failing write backs off from the rate limit's 10 s, doubling, up to the
-    // heartbeat; the report and the condition each on their own.
-    let backoff = || Backoff::new(super::gate::MIN_INTERVAL_MS, HEARTBEAT.as_millis() as u64);
+    // E7: a failing write backs off from the rate limit (10 s by default), doubling, up to
+    // the heartbeat; the report and the condition each on their own.
+    let first_wait = writer.write_interval_ms;
+    let backoff = || Backoff::new(first_wait, HEARTBEAT.as_millis() as u64);
     let mut report_backoff = backoff();
     let mut condition_backoff = backoff();
     let mut condition_pending: Option<ReportStatus> = None;
