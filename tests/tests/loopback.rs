@@ -123,12 +123,7 @@ impl Is {
                     && l.pid.is_some()
             }),
             Is::ListenerPort(port) => e.listener.as_ref().is_some_and(|l| l.port == port),
-            Is::OwnedByInterface(iface) => {
-                e.facts.owner
-                    == Some(AddressOwner::Interface {
-                        iface: iface.into(),
-                    })
-            }
+            Is::OwnedByInterface(iface) => e.facts.owner == Some(AddressOwner::interface(iface)),
             Is::OwnedByLocalRoute(iface, protocol, name) => {
                 e.facts.owner
                     == Some(AddressOwner::LocalRoute {

@@ -170,9 +170,7 @@ fn node_sourced_host_listener_hairpin_names_the_owner_of_the_node_address() {
     let mut c = corr();
     c.set_owners(Arc::new(BTreeMap::from([(
         Prefix::host(ip(NODE)),
-        AddressOwner::Interface {
-            iface: "eth0".into(),
-        },
+        AddressOwner::interface("eth0"),
     )])));
     let t0 = 5 * S;
     let p = pkt(
@@ -200,12 +198,7 @@ fn node_sourced_host_listener_hairpin_names_the_owner_of_the_node_address() {
     let e = &r.event;
     assert_eq!(e.src, ip(NODE));
     assert_eq!(e.outcome, Outcome::Dropped);
-    assert_eq!(
-        e.facts.owner,
-        Some(AddressOwner::Interface {
-            iface: "eth0".into()
-        })
-    );
+    assert_eq!(e.facts.owner, Some(AddressOwner::interface("eth0")));
     assert!(
         has_line(
             &e.evidence,
@@ -293,9 +286,7 @@ fn blackhole_remedy_follows_the_owner_of_the_vip() {
         ),
         (
             "keepalived VIP on the NIC",
-            Some(AddressOwner::Interface {
-                iface: "eth0".into(),
-            }),
+            Some(AddressOwner::interface("eth0")),
             "keepalived or kube-vip",
             false,
         ),

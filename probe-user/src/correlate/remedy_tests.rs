@@ -217,7 +217,7 @@ fn check(e: &LoopbackEvent, what: &str) {
                 "{what}: no node-file edit: {all}"
             );
         }
-        Some(AddressOwner::Interface { iface }) if owner_matters(e.kind) => {
+        Some(AddressOwner::Interface { iface, .. }) if owner_matters(e.kind) => {
             assert!(!all.contains("kube-ipvs0"), "{what}: {all}");
             assert!(!all.contains("a controller that sets"), "{what}: {all}");
             assert!(all.contains(&format!("on {iface}")), "{what}: {all}");
@@ -248,9 +248,7 @@ fn owners() -> [Option<AddressOwner>; 5] {
         Some(AddressOwner::VipInterface {
             iface: "kube-ipvs0".into(),
         }),
-        Some(AddressOwner::Interface {
-            iface: "eth0".into(),
-        }),
+        Some(AddressOwner::interface("eth0")),
         Some(AddressOwner::local_route(Some("eth0".into()), 66)),
         Some(AddressOwner::local_route(None, 4)),
         None,
