@@ -11,6 +11,7 @@ use super::{
     *,
 };
 use crate::state::addrs::Prefix;
+use probe_contract::facts::Announcer;
 
 /// The node's API server port: no NodePort of the test table.
 const HOST_PORT: u16 = 6443;
@@ -257,7 +258,17 @@ fn an_unanswered_listener_look_up_confirms_without_it() {
 #[test]
 fn blackhole_remedy_follows_the_owner_of_the_vip() {
     // (what, owner, a remedy line that must be there, whether kube-ipvs0 may be named)
-    let rows: [(&str, Option<AddressOwner>, &str, bool); 5] = [
+    let held_by = |name: &str, pod: Option<&str>| {
+        Some(AddressOwner::Interface {
+            iface: "eth0".into(),
+            announcer: Some(Announcer {
+                name: name.into(),
+                why: "a /32 on eth0".into(),
+                pod: pod.map(Into::into),
+            }),
+        })
+    };
+    let rows: [(&str, Option<AddressOwner>, &str, bool); 7] = [
         (
             "owner unknown",
             None,
@@ -288,6 +299,19 @@ fn blackhole_remedy_follows_the_owner_of_the_vip() {
             "keepalived VIP on the NIC",
             Some(AddressOwner::interface("eth0")),
             "keepalived or kube-vip",
+            false,
+        ),
+        (
+            "kube-vip's VIP, its pod named",
+            held_by("kube-vip", Some("kube-system/kube-vip-ds-x2x9q")),
+            "held on eth0 by kube-vip (pod kube-system/kube-vip-ds-x2x9q), not bound by \
+             kube-proxy",
+            false,
+        ),
+        (
+            "keepalived's VIP, by its address protocol",
+            held_by("keepalived", None),
+            "keepalived's MASTER adds 192.0.2.10 (a virtual_ipaddress) to eth0",
             false,
         ),
     ];
