@@ -99,6 +99,9 @@ pub enum Scenario {
     /// Failure 1 with the VIP local through a `local` route (proto 66, no address), as the
     /// GCE guest agent makes LB IPs local: the LB's health check from the VIP is a martian.
     HealthcheckBlackholeLocalRoute,
+    /// Failure 1 with the VIP held on the node's NIC as kube-vip holds it (a /32 with
+    /// preferred_lft 0): the LB's health check from the VIP is a martian.
+    HealthcheckBlackholeAnnounced,
     /// A pod reaches itself through its own Service: pod B -> ClusterIP:80 -> pod B without
     /// the hairpin SNAT; it comes back with its own address as source and pod B drops it.
     SelfLoop,
@@ -133,6 +136,7 @@ const OFF: Variants = Variants {
     ipvs_filter: false,
     peer_node: false,
     vip_local_route: false,
+    vip_announced: false,
     self_snat_missing: false,
     bridge_pod: false,
 };
@@ -160,7 +164,7 @@ struct Row {
 }
 
 /// Every scenario, in the order of [`Scenario`]'s variants (checked when compiled).
-const ROWS: [Row; 29] = [
+const ROWS: [Row; 30] = [
     Row {
         scenario: Scenario::HealthcheckBlackhole,
         name: "healthcheck-blackhole",
@@ -485,6 +489,19 @@ const ROWS: [Row; 29] = [
             expected: Outcome::Timeout,
             what: "LB health check VIP -> node:30080; the node has the VIP as a `local` route \
                  (proto 66, no address, as a cloud guest agent adds it): martian source, dropped",
+        },
+    },
+    Row {
+        scenario: Scenario::HealthcheckBlackholeAnnounced,
+        name: "healthcheck-blackhole-announced",
+        spec: ScenarioSpec {
+            variants: on(Variant::VipAnnounced),
+            from_ns: NS_LB,
+            src: Some(VIP),
+            dst: NODEPORT,
+            expected: Outcome::Timeout,
+            what: "LB health check VIP -> node:30080; the node holds the VIP on eth0 as kube-vip \
+                 does (a /32, preferred_lft 0): martian source, dropped",
         },
     },
     Row {
