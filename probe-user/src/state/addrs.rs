@@ -125,6 +125,8 @@ pub struct AddrEntry {
     /// IFA_PROTO (Linux >= 5.18): who added it; 0 unset, 1-3 the kernel's own (loopback, RA,
     /// link-local), keepalived tags its VIPs with its `rt_addrprotos` number.
     pub protocol: u8,
+    /// A finite valid lifetime (IFA_F_PERMANENT unset): a DHCP or DHCPv6 lease, SLAAC.
+    pub dynamic: bool,
 }
 
 impl AddrEntry {
@@ -136,6 +138,7 @@ impl AddrEntry {
             prefix_len,
             deprecated: false,
             protocol: 0,
+            dynamic: false,
         }
     }
 }
@@ -293,7 +296,13 @@ const KERNEL_ADDR_PROTOCOLS: [u8; 3] = [1, 2, 3];
 /// the node's pods name it (`kube::enrich`).
 fn announced(a: &AddrEntry, iface: &str, route_sources: &[IpAddr]) -> Option<Announcer> {
     let host = a.prefix_len == if a.addr.is_ipv4() { 32 } else { 128 };
-    if a.addr.is_loopback() || !(host || iface == "lo") || route_sources.contains(&a.addr) {
+    // Announcers add their VIPs for good (kube-vip: ValidLft MaxInt, keepalived:
+    // INFINITY_LIFE_TIME); a leased address (a DHCPv6 /128, a DHCP /32) is the node's own.
+    if a.addr.is_loopback()
+        || a.dynamic
+        || !(host || iface == "lo")
+        || route_sources.contains(&a.addr)
+    {
         return None;
     }
     let len = a.prefix_len;
@@ -490,6 +499,9 @@ pub async fn read(handle: &Handle) -> Result<NodeState, rtnetlink::Error> {
         let deprecated = msg.attributes.iter().any(
             |a| matches!(a, AddressAttribute::Flags(f) if f.contains(AddressFlags::Deprecated)),
         ) || msg.header.flags.contains(AddressHeaderFlags::Deprecated);
+        let permanent = msg.attributes.iter().any(
+            |a| matches!(a, AddressAttribute::Flags(f) if f.contains(AddressFlags::Permanent)),
+        ) || msg.header.flags.contains(AddressHeaderFlags::Permanent);
         let protocol = msg
             .attributes
             .iter()
@@ -505,6 +517,7 @@ pub async fn read(handle: &Handle) -> Result<NodeState, rtnetlink::Error> {
                 prefix_len: msg.header.prefix_len,
                 deprecated,
                 protocol,
+                dynamic: !permanent,
             });
         }
     }

@@ -360,6 +360,11 @@ fn a_vip_held_like_an_announcer_holds_it_is_a_vip_named_by_its_marks() {
     st.addrs.push(AddrEntry::plain(2, ip("198.18.7.7"), 32));
     st.route_sources.push(ip("198.18.7.7"));
     st.addrs.push(AddrEntry::plain(5, ip("198.19.1.2"), 32));
+    // A DHCPv6 lease: a /128 with a finite lifetime, the node's own.
+    st.addrs.push(AddrEntry {
+        dynamic: true,
+        ..AddrEntry::plain(2, ip("2001:db8::77"), 128)
+    });
     let sets = classify(&st, &cfg());
     let announcer = |a: &str| {
         sets.owner(ip(a))
@@ -377,6 +382,7 @@ fn a_vip_held_like_an_announcer_holds_it_is_a_vip_named_by_its_marks() {
         assert_eq!(sets.lookup(ip(own)), Some(Tag::Node), "{own}");
     }
     assert_eq!(announcer("198.19.1.2"), None);
+    assert_eq!(announcer("2001:db8::77"), None, "a lease is the node's own");
     assert_eq!(announcer("127.0.0.1"), None, "loopback is the kernel's");
     assert_eq!(
         sets.owner(ip("203.0.113.41")).unwrap().to_string(),
