@@ -371,3 +371,41 @@ fn unserved_and_vip_as_source_remedies_address_a_route_owner() {
     let vas = remedy::build(&e);
     assert!(vas[1].contains("guest agent"), "{vas:#?}");
 }
+
+/// kube-vip in BGP mode holds the VIP on `lo` of every node it announces from: a call another
+/// node forwarded with the VIP as source dies here as a local source. The `vip_as_source`
+/// event names kube-vip on lo as the owner, and its remedy is kube-vip's, not kube-proxy's.
+#[test]
+fn vip_as_source_through_an_announcer_s_vip_on_lo_names_the_announcer() {
+    let owner = AddressOwner::Interface {
+        iface: "lo".into(),
+        announcer: Some(Announcer {
+            name: Announcer::KUBE_VIP.into(),
+            why: "/32 on lo with preferred_lft 0 (deprecated), as kube-vip adds its VIPs".into(),
+            pod: None,
+        }),
+    };
+    let mut c = corr();
+    c.set_owners(Arc::new(BTreeMap::from([(
+        Prefix::host(ip(LB_VIP)),
+        owner.clone(),
+    )])));
+    let p = pkt(LB_VIP, 50000, POD, 8080, Some(Tag::Vip), Some(Tag::Pod));
+    c.ingest(suspect(S, &p));
+    let r = only_report(&c.ingest(local_source(S + MS, &p)));
+    let e = &r.event;
+    assert_eq!(e.kind, LoopbackKind::VipAsSource, "{e:#?}");
+    assert_eq!(e.facts.owner, Some(owner), "{e:#?}");
+    assert!(
+        has_line(&e.remedy, "held on lo by kube-vip, not bound by kube-proxy"),
+        "{:#?}",
+        e.remedy
+    );
+    assert!(!has_line(&e.remedy, "kube-ipvs0"), "{:#?}", e.remedy);
+    assert!(
+        has_line(&e.evidence, "local through a VIP on lo held by kube-vip"),
+        "{:#?}",
+        e.evidence
+    );
+    invariants(&c);
+}
