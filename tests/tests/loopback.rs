@@ -396,6 +396,26 @@ failures! {
         ],
         more: nothing_more,
     };
+
+    /// The node's own call to the LB IP kube-vip holds on its NIC (ETP Local, the endpoint
+    /// only on the peer) leaves eth0 with the VIP as source (kube-vip/kube-vip#1086): the
+    /// sending side of `vip_as_source`, kube-vip named as the VIP's owner.
+    vip_as_source_from_a_vip_an_announcer_holds_names_the_announcer: Failure {
+        scenario: Scenario::VipAsSourceOutAnnounced,
+        up: Up::InVariants,
+        client: Outcome::Timeout,
+        kind: LoopbackKind::VipAsSource,
+        is: &[
+            Is::Src(lab::VIP),
+            Is::Dst(lab::PEER_POD_IP),
+            Is::Nic(Some(lab::NODE_NIC)),
+            Is::Evidence("tc egress on eth0"),
+            Is::OwnedByAnnouncer(lab::NODE_NIC, "kube-vip"),
+            Is::Remedy("held on eth0 by kube-vip"),
+            Is::NoRemedy("kube-ipvs0"),
+        ],
+        more: nothing_more,
+    };
 }
 
 twins! {
@@ -409,6 +429,8 @@ twins! {
     healthy_twin_snated_call_from_the_peer_reports_nothing: Scenario::VipAsSourceSnat, Up::InVariants;
     healthy_twin_etp_cluster_call_from_the_node_reports_nothing:
         Scenario::VipAsSourceOutCluster, Up::InVariants;
+    healthy_twin_etp_cluster_call_to_an_announced_vip_reports_nothing:
+        Scenario::VipAsSourceOutAnnouncedCluster, Up::InVariants;
 }
 
 /// Repeats aggregate: three health checks (and their SYN retransmits) are one event whose
