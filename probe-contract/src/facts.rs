@@ -47,8 +47,14 @@ pub enum AddressOwner {
     /// every ClusterIP and LB ingress IP there).
     VipInterface { iface: String },
     /// An address on another interface: the node's own, or a VIP that keepalived or kube-vip
-    /// put on the NIC (or a manual `ip addr add`).
-    Interface { iface: String },
+    /// put on the NIC or on `lo` (or a manual `ip addr add`). `announcer` is set when the
+    /// address is held like an announcer holds a VIP (see [`Announcer`]); absent for the
+    /// node's own addresses (and in records written before it existed).
+    Interface {
+        iface: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        announcer: Option<Announcer>,
+    },
     /// A `local` route of table local with no interface address behind it: a cloud guest
     /// agent (the GCE guest agent adds forwarding-rule IPs with protocol 66), or an operator's
     /// AnyIP route. `protocol` is the route's protocol number, `protocol_name` its name,
@@ -61,7 +67,71 @@ pub enum AddressOwner {
     },
 }
 
+/// Who holds a VIP as an address of this node to announce it (L2: ARP/NDP; L3: BGP), so that
+/// the node answers for it. Only kube-vip and keepalived do that with an interface address:
+/// - kube-vip adds the VIP to `vip_interface` (ARP mode: the NIC; BGP mode: `lo`, with host
+///   scope unless `vip_interfaceloglobal`), with `vip_cidr` (32 by default) and
+///   preferred_lft 0, "deprecated so it isn't used as source address" (kube-vip/kube-vip
+///   pkg/vip/address.go `NewConfig`, `AddIP` -> `netlink.AddrReplace`); `svc_enable` makes it
+///   do so for every LoadBalancer Service it serves, `cp_enable` for the control-plane VIP.
+/// - keepalived adds each `virtual_ipaddress` as a /32 (/128) unless a prefix is given, and
+///   tags it with its own address protocol (IFA_PROTO, Linux >= 5.18; the number is its
+///   `rt_addrprotos` entry "keepalived") (acassen/keepalived keepalived/vrrp/vrrp_ipaddress.c).
+/// - MetalLB holds no address: its speaker answers ARP/NDP (L2) or advertises routes (BGP)
+///   from userspace (metallb/metallb: no netlink address call outside tests in `speaker/`,
+///   `internal/layer2/`), so a MetalLB IP is local on a node only through kube-proxy (IPVS
+///   mode's kube-ipvs0): that owner is [`AddressOwner::VipInterface`].
+///
+/// Calls from the holding node to the VIP and checks that arrive from it loop as with
+/// kube-ipvs0 (kube-vip/kube-vip#1086, #1018: the VIP unreachable from the node holding it).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Announcer {
+    /// `kube-vip`, `keepalived`, or `unknown` (a host VIP on a NIC or `lo` with neither's
+    /// mark and no announcer pod found on the node).
+    pub name: String,
+    /// What names it: the address's marks, and the pod when the API was read.
+    pub why: String,
+    /// `namespace/name` of the announcer's pod on this node (Kubernetes API), when found.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+}
+
+impl Announcer {
+    pub const KUBE_VIP: &str = "kube-vip";
+    pub const KEEPALIVED: &str = "keepalived";
+    pub const UNKNOWN: &str = "unknown";
+
+    /// "kube-vip", "keepalived (pod kube-system/x)", "an announcer (unknown)".
+    pub fn who(&self) -> String {
+        let name = if self.name == Self::UNKNOWN {
+            "an announcer (unknown: kube-vip, keepalived or a manual address)".to_string()
+        } else {
+            self.name.clone()
+        };
+        match &self.pod {
+            Some(pod) => format!("{name} (pod {pod})"),
+            None => name,
+        }
+    }
+}
+
 impl AddressOwner {
+    /// The announcer holding this address, if it is held like a VIP.
+    pub fn announcer(&self) -> Option<&Announcer> {
+        match self {
+            AddressOwner::Interface { announcer, .. } => announcer.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// An address on `iface` that is the node's own (no announcer).
+    pub fn interface(iface: impl Into<String>) -> AddressOwner {
+        AddressOwner::Interface {
+            iface: iface.into(),
+            announcer: None,
+        }
+    }
+
     /// The route protocol's name (iproute2's `rt_protos`, plus 66: the GCE guest agent's).
     pub fn protocol_name(protocol: u8) -> &'static str {
         match protocol {
@@ -100,11 +170,22 @@ impl AddressOwner {
         }
     }
 
-    /// A bounded label for metrics: `kube-ipvs0`, `nic:eth0`, `route:66`.
+    /// A bounded label for metrics: `kube-ipvs0`, `nic:eth0`, `kube-vip:eth0`, `route:66`.
     pub fn label(&self) -> String {
         match self {
             AddressOwner::VipInterface { iface } => iface.clone(),
-            AddressOwner::Interface { iface } => format!("nic:{iface}"),
+            AddressOwner::Interface {
+                iface,
+                announcer: None,
+            } => format!("nic:{iface}"),
+            // Names outside the known two are folded: the label stays bounded.
+            AddressOwner::Interface {
+                iface,
+                announcer: Some(a),
+            } => match a.name.as_str() {
+                n @ (Announcer::KUBE_VIP | Announcer::KEEPALIVED) => format!("{n}:{iface}"),
+                _ => format!("announcer:{iface}"),
+            },
             AddressOwner::LocalRoute { protocol, .. } => format!("route:{protocol}"),
         }
     }
@@ -116,7 +197,14 @@ impl std::fmt::Display for AddressOwner {
             AddressOwner::VipInterface { iface } => {
                 write!(f, "an address on {iface} (kube-proxy IPVS)")
             }
-            AddressOwner::Interface { iface } => write!(f, "an address on {iface}"),
+            AddressOwner::Interface {
+                iface,
+                announcer: None,
+            } => write!(f, "an address on {iface}"),
+            AddressOwner::Interface {
+                iface,
+                announcer: Some(a),
+            } => write!(f, "a VIP on {iface} held by {}", a.who()),
             AddressOwner::LocalRoute {
                 iface,
                 protocol,

@@ -403,3 +403,42 @@ fn a_readiness_prediction_reads_back_as_written() {
     assert!(v["ip_mode"][0].get("service").is_none(), "None is left out");
     assert_eq!(p.summary(), "1 new, 1 gone");
 }
+
+#[test]
+fn an_announcer_owner_is_an_added_field_of_the_interface_owner() {
+    let held = facts::AddressOwner::Interface {
+        iface: "eth0".into(),
+        announcer: Some(facts::Announcer {
+            name: facts::Announcer::KUBE_VIP.into(),
+            why: "a deprecated /32".into(),
+            pod: Some("kube-system/kube-vip-node-a".into()),
+        }),
+    };
+    let json = serde_json::to_value(&held).unwrap();
+    assert_eq!(json["kind"], "interface");
+    assert_eq!(json["announcer"]["name"], "kube-vip");
+    assert_eq!(
+        serde_json::from_value::<facts::AddressOwner>(json).unwrap(),
+        held
+    );
+    // A node's own address writes what it wrote before the field existed, and an old record
+    // reads back as the node's own.
+    let own = facts::AddressOwner::interface("eth0");
+    let json = serde_json::to_string(&own).unwrap();
+    assert_eq!(json, r#"{"kind":"interface","iface":"eth0"}"#);
+    assert_eq!(
+        serde_json::from_str::<facts::AddressOwner>(&json).unwrap(),
+        own
+    );
+    assert_eq!(held.label(), "kube-vip:eth0");
+    assert_eq!(own.label(), "nic:eth0");
+    let odd = facts::AddressOwner::Interface {
+        iface: "lo".into(),
+        announcer: Some(facts::Announcer {
+            name: "made-up".into(),
+            why: String::new(),
+            pod: None,
+        }),
+    };
+    assert_eq!(odd.label(), "announcer:lo", "labels stay bounded");
+}

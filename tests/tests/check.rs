@@ -433,6 +433,60 @@ fn services_from_the_api_name_the_risks() {
     drop(lab);
 }
 
+/// Issue 39, item 3: the LB IP held on the node's NIC as kube-vip holds it (a /32 with
+/// preferred_lft 0, no kube-ipvs0 binding) is a health-check black hole named for kube-vip
+/// before any check fails, with kube-vip's remedy, not kube-proxy's; without it, none.
+#[test]
+fn an_lb_ip_an_announcer_holds_is_named_before_it_fails() {
+    use probe_tests::kube_fixture::KubeFixture;
+    if !require_root("probe check of an announced VIP") {
+        return;
+    }
+    let vip = lab::VIP.to_string();
+    let lab = LabGuard::up(&Variants {
+        vip_bound: false,
+        vip_announced: true,
+        ..Variants::default()
+    })
+    .expect("lab up");
+    let api = KubeFixture::builder().tag("check-announced").start();
+    let o = check(&[
+        "--json",
+        "--nic",
+        lab::NODE_NIC,
+        "--kubeconfig",
+        api.kubeconfig(),
+    ]);
+    let json = parse(&o);
+    assert_eq!(o.status.code(), Some(1), "{json:#?}");
+    let hc = find(&json, Kind::HealthcheckBlackhole);
+    assert_eq!(hc.severity, Severity::Risk, "{hc:#?}");
+    assert_eq!(hc.subject, vip);
+    assert!(hc.summary.contains("held by kube-vip"), "{hc:#?}");
+    assert!(hc.summary.contains("default/web"), "{hc:#?}");
+    assert!(lines(&hc.evidence).contains("preferred_lft 0"), "{hc:#?}");
+    let remedy = lines(&hc.remedy);
+    assert!(remedy.contains("not bound by kube-proxy"), "{remedy}");
+    assert!(!remedy.contains("kube-ipvs0"), "{remedy}");
+    // The twin: the VIP not held on the node.
+    lab.set(Variant::VipAnnounced, false)
+        .expect("release the VIP");
+    let o = check(&[
+        "--json",
+        "--nic",
+        lab::NODE_NIC,
+        "--kubeconfig",
+        api.kubeconfig(),
+    ]);
+    let json = parse(&o);
+    assert!(
+        named(&json, Kind::HealthcheckBlackhole).is_empty(),
+        "{json:#?}"
+    );
+    drop(api);
+    drop(lab);
+}
+
 /// Issue 39, IPVS retirement: a node switched to kube-proxy's nftables mode whose IPVS-mode
 /// kube-ipvs0 was left behind (kube-proxy's cleanup did not run) still holds the LB IP, so the
 /// health-check black hole the switch was meant to end goes on. `probe check` names the

@@ -15,7 +15,10 @@ use std::{
     time::Duration,
 };
 
-use probe_contract::{LoopbackEvent, LoopbackKind, facts::Etp};
+use probe_contract::{
+    LoopbackEvent, LoopbackKind,
+    facts::{AddressOwner, Etp},
+};
 use probe_tests::{
     agent::{Agent, lines, probe_bin, require_root, wait_for},
     kube_fixture::KubeFixture,
@@ -168,6 +171,55 @@ fn hairpin_and_healthcheck_blackhole_carry_pod_and_service_names() {
         "{requests:#?}"
     );
     assert!(requests.iter().all(|r| r.method == "GET"), "{requests:#?}");
+    assert!(agent.stop().success());
+    drop(lab);
+}
+
+/// The VIP held on the node's NIC as kube-vip holds it, with kube-vip's DaemonSet pod on the
+/// node in the API: the health-check black hole names kube-vip and its pod as the VIP's
+/// owner, and the remedy addresses that pod, not kube-proxy (issue 39, item 3).
+#[test]
+fn a_vip_an_announcer_holds_is_named_for_its_pod_on_the_node() {
+    if !require_root("kube_announcer") {
+        return;
+    }
+    let lab = LabGuard::up(&Variants {
+        vip_bound: false,
+        ..Variants::default()
+    })
+    .expect("lab up");
+    let api = KubeFixture::builder()
+        .object(fixtures::parse(fixtures::POD_KUBE_VIP))
+        .start();
+    let mut agent = api.start_agent(AGENT);
+    agent.wait_log("Kubernetes attribution connected", WAIT);
+    assert_eq!(
+        lab.traffic(Scenario::HealthcheckBlackholeAnnounced)
+            .unwrap(),
+        Outcome::Timeout
+    );
+    let check = event(&agent, LoopbackKind::HealthcheckBlackhole);
+    let pod = format!("kube-system/{}", fixtures::KUBE_VIP_POD);
+    let announcer = check
+        .facts
+        .owner
+        .as_ref()
+        .and_then(AddressOwner::announcer)
+        .unwrap_or_else(|| panic!("no announcer: {check:#?}"));
+    assert_eq!(announcer.name, "kube-vip", "{check:#?}");
+    assert_eq!(announcer.pod.as_deref(), Some(pod.as_str()), "{check:#?}");
+    let remedy = lines(&check.remedy);
+    assert!(
+        remedy.contains(&format!(
+            "held on eth0 by kube-vip (pod {pod}), not bound by kube-proxy"
+        )),
+        "{remedy}"
+    );
+    assert!(!remedy.contains("kube-ipvs0"), "{remedy}");
+    assert!(
+        lines(&check.evidence).contains(&format!("host-network pod {pod} runs kube-vip")),
+        "{check:#?}"
+    );
     assert!(agent.stop().success());
     drop(lab);
 }

@@ -87,6 +87,10 @@ enum Is {
     ListenerPort(u16),
     /// `facts.owner`.
     OwnedByInterface(&'static str),
+    /// `facts.owner`: an address on this interface held by this announcer.
+    OwnedByAnnouncer(&'static str, &'static str),
+    /// `facts.owner` names no announcer.
+    NoAnnouncer,
     /// `facts.owner`: a `local` route (device, protocol number, protocol name).
     OwnedByLocalRoute(&'static str, u8, &'static str),
     /// A line of `evidence` contains it.
@@ -123,12 +127,18 @@ impl Is {
                     && l.pid.is_some()
             }),
             Is::ListenerPort(port) => e.listener.as_ref().is_some_and(|l| l.port == port),
-            Is::OwnedByInterface(iface) => {
-                e.facts.owner
-                    == Some(AddressOwner::Interface {
-                        iface: iface.into(),
-                    })
-            }
+            Is::OwnedByInterface(iface) => e.facts.owner == Some(AddressOwner::interface(iface)),
+            Is::OwnedByAnnouncer(iface, name) => matches!(
+                &e.facts.owner,
+                Some(AddressOwner::Interface { iface: i, announcer: Some(a) })
+                    if i == iface && a.name == name
+            ),
+            Is::NoAnnouncer => e
+                .facts
+                .owner
+                .as_ref()
+                .and_then(AddressOwner::announcer)
+                .is_none(),
             Is::OwnedByLocalRoute(iface, protocol, name) => {
                 e.facts.owner
                     == Some(AddressOwner::LocalRoute {
@@ -241,6 +251,8 @@ failures! {
             Is::Outcome(Fate::Dropped),
             Is::Proto(Proto::Tcp),
             Is::Nic(Some(lab::NODE_NIC)),
+            // kube-proxy's binding is kube-proxy's: no announcer named (issue 39, item 3).
+            Is::NoAnnouncer,
         ],
         more: names_the_nodeport_or_service,
     };
@@ -361,6 +373,51 @@ failures! {
     };
 }
 
+failures! {
+    /// The VIP held on the node's NIC as kube-vip holds it in ARP mode (a /32, preferred_lft
+    /// 0; kube-vip/kube-vip#1086, #1018): the LB's health checks from it are martians. The
+    /// event names kube-vip on eth0 as the owner, and the remedy is kube-vip's and the
+    /// checker's, not kube-proxy's (issue 39, item 3).
+    healthcheck_blackhole_from_a_vip_an_announcer_holds_names_the_announcer: Failure {
+        scenario: Scenario::HealthcheckBlackholeAnnounced,
+        up: Up::Default,
+        client: Outcome::Timeout,
+        kind: LoopbackKind::HealthcheckBlackhole,
+        is: &[
+            Is::Src(lab::VIP),
+            Is::DstPort(lab::NODE_PORT),
+            Is::LocalSourceDrop,
+            Is::OwnedByAnnouncer(lab::NODE_NIC, "kube-vip"),
+            Is::Evidence("held by kube-vip"),
+            Is::Remedy("not bound by kube-proxy"),
+            Is::Remedy("from a source that is not 203.0.113.10"),
+            Is::NoRemedy("kube-ipvs0"),
+            Is::NoRemedy("a controller that sets"),
+        ],
+        more: nothing_more,
+    };
+
+    /// The node's own call to the LB IP kube-vip holds on its NIC (ETP Local, the endpoint
+    /// only on the peer) leaves eth0 with the VIP as source (kube-vip/kube-vip#1086): the
+    /// sending side of `vip_as_source`, kube-vip named as the VIP's owner.
+    vip_as_source_from_a_vip_an_announcer_holds_names_the_announcer: Failure {
+        scenario: Scenario::VipAsSourceOutAnnounced,
+        up: Up::InVariants,
+        client: Outcome::Timeout,
+        kind: LoopbackKind::VipAsSource,
+        is: &[
+            Is::Src(lab::VIP),
+            Is::Dst(lab::PEER_POD_IP),
+            Is::Nic(Some(lab::NODE_NIC)),
+            Is::Evidence("tc egress on eth0"),
+            Is::OwnedByAnnouncer(lab::NODE_NIC, "kube-vip"),
+            Is::Remedy("held on eth0 by kube-vip"),
+            Is::NoRemedy("kube-ipvs0"),
+        ],
+        more: nothing_more,
+    };
+}
+
 twins! {
     healthy_twin_healthcheck_with_unbound_vip_reports_nothing: Scenario::HealthcheckOk, Up::Default;
     healthy_twin_snated_egress_reports_nothing: Scenario::HairpinSnat, Up::Default;
@@ -372,6 +429,8 @@ twins! {
     healthy_twin_snated_call_from_the_peer_reports_nothing: Scenario::VipAsSourceSnat, Up::InVariants;
     healthy_twin_etp_cluster_call_from_the_node_reports_nothing:
         Scenario::VipAsSourceOutCluster, Up::InVariants;
+    healthy_twin_etp_cluster_call_to_an_announced_vip_reports_nothing:
+        Scenario::VipAsSourceOutAnnouncedCluster, Up::InVariants;
 }
 
 /// Repeats aggregate: three health checks (and their SYN retransmits) are one event whose

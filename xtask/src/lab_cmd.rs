@@ -43,6 +43,8 @@ enum Action {
         #[arg(long, value_enum, default_value = "off")]
         vip_local_route: OnOff,
         #[arg(long, value_enum, default_value = "off")]
+        vip_announced: OnOff,
+        #[arg(long, value_enum, default_value = "off")]
         self_snat_missing: OnOff,
         #[arg(long, value_enum, default_value = "off")]
         bridge_pod: OnOff,
@@ -88,6 +90,7 @@ pub fn run(args: LabArgs) -> Result<ExitCode> {
             ipvs_filter,
             peer_node,
             vip_local_route,
+            vip_announced,
             self_snat_missing,
             bridge_pod,
         } => {
@@ -98,6 +101,7 @@ pub fn run(args: LabArgs) -> Result<ExitCode> {
                 ipvs_filter: ipvs_filter.into(),
                 peer_node: peer_node.into(),
                 vip_local_route: vip_local_route.into(),
+                vip_announced: vip_announced.into(),
                 self_snat_missing: self_snat_missing.into(),
                 bridge_pod: bridge_pod.into(),
             };

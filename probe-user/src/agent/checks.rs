@@ -155,12 +155,9 @@ mod tests {
                 name: "eth0".into(),
                 kind: None,
             }],
-            addrs: vec![AddrEntry {
-                ifindex: 2,
-                addr: "192.0.2.10".parse().unwrap(),
-                prefix_len: 24,
-            }],
+            addrs: vec![AddrEntry::plain(2, "192.0.2.10".parse().unwrap(), 24)],
             routes: vec![],
+            route_sources: vec![],
         };
         let nics = vec![("eth0".to_string(), 2)];
         for overlapping in ["192.0.2.0/24", "192.0.0.0/16", "192.0.2.128/25"] {

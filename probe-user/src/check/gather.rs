@@ -62,12 +62,15 @@ pub fn gather_with(
             .collect(),
         None => Vec::new(),
     };
-    // Local routes without an address make an LB IP as local as kube-ipvs0 does.
+    // Local routes without an address, and VIPs an announcer holds on a NIC or lo (kube-vip,
+    // keepalived), make an LB IP as local as kube-ipvs0 does.
     let route_owned: Vec<(std::net::IpAddr, probe_contract::facts::AddressOwner)> = sets
         .owners
         .iter()
         .filter(|(p, o)| {
-            p.is_host() && matches!(o, probe_contract::facts::AddressOwner::LocalRoute { .. })
+            p.is_host()
+                && (matches!(o, probe_contract::facts::AddressOwner::LocalRoute { .. })
+                    || o.announcer().is_some())
         })
         .map(|(p, o)| (p.addr, o.clone()))
         .collect();

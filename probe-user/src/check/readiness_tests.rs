@@ -204,12 +204,7 @@ fn an_appearing_hairpin_names_its_service_reason_and_fixes_to_apply_first() {
 fn ip_mode_advice_follows_the_binding_the_provider_and_the_snat() {
     let route = {
         let mut i = ipvs(false, true);
-        i.owners.insert(
-            ip(VIP),
-            AddressOwner::Interface {
-                iface: "eth0".into(),
-            },
-        );
+        i.owners.insert(ip(VIP), AddressOwner::interface("eth0"));
         i
     };
     let nlb_ip = web(

@@ -578,3 +578,53 @@ fn a_shared_lb_ip_s_fixes_regard_every_service_on_it() {
     );
     assert!(!findings[1].fixes.is_empty());
 }
+
+/// An LB IP an announcer holds on the NIC (kube-vip, ARP mode) is a health-check black hole
+/// named for kube-vip, with kube-vip's remedy; a held VIP that no Service names (a
+/// control-plane VIP) is only a warning; the same IP on kube-ipvs0 stays kube-proxy's.
+#[test]
+fn an_lb_ip_held_by_an_announcer_is_named_for_it() {
+    use probe_contract::facts::{AddressOwner, Announcer};
+    const CP_VIP: &str = "198.18.0.100";
+    let kube_vip = AddressOwner::Interface {
+        iface: "eth0".into(),
+        announcer: Some(Announcer {
+            name: Announcer::KUBE_VIP.into(),
+            why: "/32 on eth0 with preferred_lft 0 (deprecated), as kube-vip adds its VIPs".into(),
+            pod: None,
+        }),
+    };
+    let mut held = lab();
+    held.bound.push(ip(CP_VIP));
+    held.owners.insert(ip(VIP), kube_vip.clone());
+    held.owners.insert(ip(CP_VIP), kube_vip);
+    let findings = rules::judge(&held);
+    let blackhole = |ip: &str| {
+        findings
+            .iter()
+            .find(|f| f.kind == Kind::HealthcheckBlackhole && f.subject == ip)
+            .unwrap_or_else(|| panic!("{ip}: {findings:#?}"))
+    };
+    let lb = blackhole(VIP);
+    assert_eq!(lb.severity, Severity::Risk);
+    assert!(lb.summary.contains("held by kube-vip"), "{}", lb.summary);
+    assert!(
+        lb.evidence.iter().any(|l| l.contains("preferred_lft 0")),
+        "{:#?}",
+        lb.evidence
+    );
+    let remedy = lb.remedy.join("\n");
+    assert!(remedy.contains("not bound by kube-proxy"), "{remedy}");
+    assert!(remedy.contains("from a source that is not"), "{remedy}");
+    assert!(!remedy.contains("kube-ipvs0"), "{remedy}");
+    let cp = blackhole(CP_VIP);
+    assert_eq!(cp.severity, Severity::Warn, "{cp:#?}");
+    // The twin: kube-proxy's binding is named as kube-proxy's.
+    let bound = rules::judge(&lab());
+    let f = bound
+        .iter()
+        .find(|f| f.kind == Kind::HealthcheckBlackhole)
+        .unwrap();
+    assert!(f.summary.contains("bound on kube-ipvs0"), "{}", f.summary);
+    assert!(!f.summary.contains("kube-vip"), "{}", f.summary);
+}

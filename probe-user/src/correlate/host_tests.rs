@@ -11,6 +11,7 @@ use super::{
     *,
 };
 use crate::state::addrs::Prefix;
+use probe_contract::facts::Announcer;
 
 /// The node's API server port: no NodePort of the test table.
 const HOST_PORT: u16 = 6443;
@@ -170,9 +171,7 @@ fn node_sourced_host_listener_hairpin_names_the_owner_of_the_node_address() {
     let mut c = corr();
     c.set_owners(Arc::new(BTreeMap::from([(
         Prefix::host(ip(NODE)),
-        AddressOwner::Interface {
-            iface: "eth0".into(),
-        },
+        AddressOwner::interface("eth0"),
     )])));
     let t0 = 5 * S;
     let p = pkt(
@@ -200,12 +199,7 @@ fn node_sourced_host_listener_hairpin_names_the_owner_of_the_node_address() {
     let e = &r.event;
     assert_eq!(e.src, ip(NODE));
     assert_eq!(e.outcome, Outcome::Dropped);
-    assert_eq!(
-        e.facts.owner,
-        Some(AddressOwner::Interface {
-            iface: "eth0".into()
-        })
-    );
+    assert_eq!(e.facts.owner, Some(AddressOwner::interface("eth0")));
     assert!(
         has_line(
             &e.evidence,
@@ -264,7 +258,17 @@ fn an_unanswered_listener_look_up_confirms_without_it() {
 #[test]
 fn blackhole_remedy_follows_the_owner_of_the_vip() {
     // (what, owner, a remedy line that must be there, whether kube-ipvs0 may be named)
-    let rows: [(&str, Option<AddressOwner>, &str, bool); 5] = [
+    let held_by = |name: &str, pod: Option<&str>| {
+        Some(AddressOwner::Interface {
+            iface: "eth0".into(),
+            announcer: Some(Announcer {
+                name: name.into(),
+                why: "a /32 on eth0".into(),
+                pod: pod.map(Into::into),
+            }),
+        })
+    };
+    let rows: [(&str, Option<AddressOwner>, &str, bool); 7] = [
         (
             "owner unknown",
             None,
@@ -293,10 +297,21 @@ fn blackhole_remedy_follows_the_owner_of_the_vip() {
         ),
         (
             "keepalived VIP on the NIC",
-            Some(AddressOwner::Interface {
-                iface: "eth0".into(),
-            }),
+            Some(AddressOwner::interface("eth0")),
             "keepalived or kube-vip",
+            false,
+        ),
+        (
+            "kube-vip's VIP, its pod named",
+            held_by("kube-vip", Some("kube-system/kube-vip-ds-x2x9q")),
+            "held on eth0 by kube-vip (pod kube-system/kube-vip-ds-x2x9q), not bound by \
+             kube-proxy",
+            false,
+        ),
+        (
+            "keepalived's VIP, by its address protocol",
+            held_by("keepalived", None),
+            "keepalived's MASTER adds 192.0.2.10 (a virtual_ipaddress) to eth0",
             false,
         ),
     ];
@@ -355,4 +370,42 @@ fn unserved_and_vip_as_source_remedies_address_a_route_owner() {
     e.facts.owner = Some(owner);
     let vas = remedy::build(&e);
     assert!(vas[1].contains("guest agent"), "{vas:#?}");
+}
+
+/// kube-vip in BGP mode holds the VIP on `lo` of every node it announces from: a call another
+/// node forwarded with the VIP as source dies here as a local source. The `vip_as_source`
+/// event names kube-vip on lo as the owner, and its remedy is kube-vip's, not kube-proxy's.
+#[test]
+fn vip_as_source_through_an_announcer_s_vip_on_lo_names_the_announcer() {
+    let owner = AddressOwner::Interface {
+        iface: "lo".into(),
+        announcer: Some(Announcer {
+            name: Announcer::KUBE_VIP.into(),
+            why: "/32 on lo with preferred_lft 0 (deprecated), as kube-vip adds its VIPs".into(),
+            pod: None,
+        }),
+    };
+    let mut c = corr();
+    c.set_owners(Arc::new(BTreeMap::from([(
+        Prefix::host(ip(LB_VIP)),
+        owner.clone(),
+    )])));
+    let p = pkt(LB_VIP, 50000, POD, 8080, Some(Tag::Vip), Some(Tag::Pod));
+    c.ingest(suspect(S, &p));
+    let r = only_report(&c.ingest(local_source(S + MS, &p)));
+    let e = &r.event;
+    assert_eq!(e.kind, LoopbackKind::VipAsSource, "{e:#?}");
+    assert_eq!(e.facts.owner, Some(owner), "{e:#?}");
+    assert!(
+        has_line(&e.remedy, "held on lo by kube-vip, not bound by kube-proxy"),
+        "{:#?}",
+        e.remedy
+    );
+    assert!(!has_line(&e.remedy, "kube-ipvs0"), "{:#?}", e.remedy);
+    assert!(
+        has_line(&e.evidence, "local through a VIP on lo held by kube-vip"),
+        "{:#?}",
+        e.evidence
+    );
+    invariants(&c);
 }

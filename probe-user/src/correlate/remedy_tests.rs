@@ -217,10 +217,15 @@ fn check(e: &LoopbackEvent, what: &str) {
                 "{what}: no node-file edit: {all}"
             );
         }
-        Some(AddressOwner::Interface { iface }) if owner_matters(e.kind) => {
+        Some(AddressOwner::Interface { iface, announcer }) if owner_matters(e.kind) => {
             assert!(!all.contains("kube-ipvs0"), "{what}: {all}");
             assert!(!all.contains("a controller that sets"), "{what}: {all}");
             assert!(all.contains(&format!("on {iface}")), "{what}: {all}");
+            // An announcer's VIP is the announcer's to move, and the checks' to leave.
+            if let Some(a) = announcer {
+                assert!(all.contains(&format!("by {}", a.name)), "{what}: {all}");
+                assert!(all.contains("from a source that is not"), "{what}: {all}");
+            }
         }
         _ => assert!(!all.contains("a controller that sets"), "{what}: {all}"),
     }
@@ -243,13 +248,19 @@ fn check(e: &LoopbackEvent, what: &str) {
 
 /// Who makes the local address local: kube-proxy (kube-ipvs0), keepalived / kube-vip (a NIC
 /// address), the GCE guest agent (a protocol 66 route), an operator's static route, unknown.
-fn owners() -> [Option<AddressOwner>; 5] {
+fn owners() -> [Option<AddressOwner>; 6] {
     [
         Some(AddressOwner::VipInterface {
             iface: "kube-ipvs0".into(),
         }),
+        Some(AddressOwner::interface("eth0")),
         Some(AddressOwner::Interface {
-            iface: "eth0".into(),
+            iface: "lo".into(),
+            announcer: Some(probe_contract::facts::Announcer {
+                name: "kube-vip".into(),
+                why: "a deprecated /32 on lo".into(),
+                pod: None,
+            }),
         }),
         Some(AddressOwner::local_route(Some("eth0".into()), 66)),
         Some(AddressOwner::local_route(None, 4)),
@@ -314,7 +325,7 @@ fn every_kind_policy_name_sender_and_owner_gives_a_consistent_remedy() {
             }
         }
     }
-    assert_eq!(cases, 5 * 3 * 5 * 3 * 4 + 3 * 5 * 2);
+    assert_eq!(cases, 5 * 3 * 6 * 3 * 4 + 3 * 6 * 2);
 }
 
 fn apiserver() -> probe_contract::Listener {

@@ -17,7 +17,7 @@ use super::index::Index;
 use crate::correlate::remedy;
 use probe_contract::{
     LoopbackEvent, LoopbackKind,
-    facts::{Etp, ServiceFact, SourceKind},
+    facts::{AddressOwner, Announcer, Etp, ServiceFact, SourceKind},
 };
 
 /// Names `event` from `index`; `node` is this node's Kubernetes name.
@@ -38,6 +38,7 @@ pub fn enrich(event: &mut LoopbackEvent, index: &Index, node: Option<&str>) {
             pod.key()
         ));
     }
+    let announcer_named = name_announcer(event, index);
     // The sender is named by its address when it is a pod's own (never a node's or a VIP).
     let client = match event.facts.source {
         SourceKind::Pod | SourceKind::Unknown => index.pod_by_ip(event.src),
@@ -45,6 +46,9 @@ pub fn enrich(event: &mut LoopbackEvent, index: &Index, node: Option<&str>) {
     };
     let service = find_service(event, index);
     if client.is_none() && service.is_none() {
+        if announcer_named {
+            event.remedy = remedy::build(event);
+        }
         return;
     }
     let mut facts = Vec::new();
@@ -71,6 +75,35 @@ pub fn enrich(event: &mut LoopbackEvent, index: &Index, node: Option<&str>) {
         .evidence
         .push(format!("Kubernetes API: {}", facts.join("; ")));
     event.remedy = remedy::build(event);
+}
+
+/// Names the announcer of a VIP held on this node's NIC or `lo` by its pod on this node: the
+/// address's marks say what it looks like, the pod says who runs here. A pod of another
+/// announcer than the marks name is not taken for it (the marks are the kernel's word).
+fn name_announcer(event: &mut LoopbackEvent, index: &Index) -> bool {
+    let Some(node) = event.node.clone() else {
+        return false;
+    };
+    let Some(AddressOwner::Interface {
+        iface,
+        announcer: Some(a),
+    }) = event.facts.owner.as_mut()
+    else {
+        return false;
+    };
+    let Some((pod, name)) = index.announcer_pod(&node) else {
+        return false;
+    };
+    if a.pod.is_some() || (a.name != Announcer::UNKNOWN && a.name != name) {
+        return false;
+    }
+    a.name = name.to_string();
+    a.pod = Some(pod.key());
+    event.evidence.push(format!(
+        "Kubernetes API: host-network pod {} runs {name} on this node: it holds the VIP on {iface}",
+        pod.key()
+    ));
+    true
 }
 
 /// The LB address whose ingress entry (ipMode) applies: the health check's source, else the
@@ -545,6 +578,91 @@ mod tests {
         named.service = Some("shop/web:http-from-rules".into());
         enrich(&mut named, &index("Cluster"), None);
         assert_eq!(named.service.as_deref(), Some("shop/web:http-from-rules"));
+    }
+
+    /// kube-vip's DaemonSet pod as `kube-vip manifest daemonset` writes it
+    /// (kube-vip/kube-vip pkg/kubevip/config_generator.go: labels, hostNetwork, NET_ADMIN).
+    pub(crate) fn kube_vip_pod(node: &str) -> k8s_openapi::api::core::v1::Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "namespace": "kube-system", "name": format!("kube-vip-ds-{node}"),
+                "labels": {"app.kubernetes.io/name": "kube-vip-ds",
+                           "app.kubernetes.io/version": "v0.8.9"},
+            },
+            "spec": {"nodeName": node, "hostNetwork": true, "containers": [{
+                "name": "kube-vip", "image": "ghcr.io/kube-vip/kube-vip:v0.8.9",
+                "args": ["manager"],
+                "env": [{"name": "vip_arp", "value": "true"},
+                        {"name": "vip_interface", "value": "eth0"},
+                        {"name": "svc_enable", "value": "true"}],
+                "securityContext": {"capabilities": {"add": ["NET_ADMIN", "NET_RAW"],
+                                                     "drop": ["ALL"]}},
+            }]},
+            "status": {"podIP": "198.18.0.2"},
+        }))
+        .unwrap()
+    }
+
+    /// The node's kube-vip pod names the announcer of a VIP held on the NIC with no mark, and
+    /// the remedy then names that pod; another node's pod, or a pod of another announcer than
+    /// the address's marks say, is not taken for it.
+    #[test]
+    fn the_announcer_of_a_held_vip_is_named_by_its_pod_on_this_node() {
+        let held = |name: &str| AddressOwner::Interface {
+            iface: "eth0".into(),
+            announcer: Some(Announcer {
+                name: name.into(),
+                why: "/32 on eth0".into(),
+                pod: None,
+            }),
+        };
+        let idx = Index::build([&kube_vip_pod("node-1")], &[], &[]);
+        let blackhole = |owner: AddressOwner| {
+            let mut e = event(
+                LoopbackKind::HealthcheckBlackhole,
+                "203.0.113.10",
+                "198.18.0.2",
+                30080,
+                None,
+            );
+            e.facts.owner = Some(owner);
+            e
+        };
+        let mut e = blackhole(held(Announcer::UNKNOWN));
+        enrich(&mut e, &idx, Some("node-1"));
+        let a = e.facts.owner.as_ref().and_then(AddressOwner::announcer);
+        assert_eq!(a.map(|a| a.name.as_str()), Some("kube-vip"));
+        assert_eq!(
+            a.and_then(|a| a.pod.as_deref()),
+            Some("kube-system/kube-vip-ds-node-1")
+        );
+        assert!(
+            e.remedy
+                .iter()
+                .any(|l| l.contains("by kube-vip (pod kube-system/kube-vip-ds-node-1)")),
+            "{:#?}",
+            e.remedy
+        );
+        assert!(
+            !e.remedy.iter().any(|l| l.contains("kube-ipvs0")),
+            "{:#?}",
+            e.remedy
+        );
+        assert!(
+            e.evidence
+                .iter()
+                .any(|l| l.contains("pod kube-system/kube-vip-ds-node-1 runs kube-vip")),
+            "{:#?}",
+            e.evidence
+        );
+        for (owner, node) in [
+            (held(Announcer::UNKNOWN), "node-2"),
+            (held(Announcer::KEEPALIVED), "node-1"),
+        ] {
+            let mut e = blackhole(owner.clone());
+            enrich(&mut e, &idx, Some(node));
+            assert_eq!(e.facts.owner, Some(owner), "{node}");
+        }
     }
 
     /// A host-listener hairpin names the host-network pod that declares the port on this node

@@ -52,6 +52,8 @@ pub struct Index {
     /// (port, protocol) -> the host-network pod that declares it: a container port, or the
     /// numeric port of a probe (kubeadm's static API server declares no ports, only probes).
     host_ports: HashMap<(u16, String), PodRef>,
+    /// Host-network pods that hold VIPs as node addresses, with the announcer's name.
+    announcers: Vec<(PodRef, &'static str)>,
 }
 
 impl Index {
@@ -83,6 +85,9 @@ impl Index {
                         .host_ports
                         .entry(key)
                         .or_insert_with(|| pod_ref.clone());
+                }
+                if let Some(name) = spec.and_then(announcer_of) {
+                    index.announcers.push((pod_ref, name));
                 }
                 continue;
             }
@@ -190,6 +195,16 @@ impl Index {
             .filter(|p| node.is_none() || p.node.is_none() || p.node.as_deref() == node)
     }
 
+    /// The host-network pod on node `node` that holds VIPs as addresses (kube-vip, keepalived),
+    /// with the announcer's name; the first by name when several run there.
+    pub fn announcer_pod(&self, node: &str) -> Option<(&PodRef, &'static str)> {
+        self.announcers
+            .iter()
+            .filter(|(p, _)| p.node.as_deref() == Some(node))
+            .min_by_key(|(p, _)| p.key())
+            .map(|(p, n)| (p, *n))
+    }
+
     /// The Service serving `ip:port/proto` (a ClusterIP, external IP or LB ingress IP).
     pub fn service_by_frontend(
         &self,
@@ -214,6 +229,22 @@ impl Index {
             .map(|at| at.iter().map(|i| &*self.services[*i]).collect())
             .unwrap_or_default()
     }
+}
+
+/// The announcer a host-network pod runs, by its containers' images: kube-vip publishes
+/// `ghcr.io/kube-vip/kube-vip` (earlier `plndr/kube-vip`; kube-vip/kube-vip README and
+/// `kube-vip manifest daemonset|pod`, which set hostNetwork: true and NET_ADMIN), keepalived
+/// runs from images named after it (osixia/keepalived, kube-keepalived-vip, ...; no one
+/// official image). MetalLB's `speaker` is left out: it holds no address on the node
+/// (metallb/metallb `speaker/`, `internal/layer2/`: ARP/NDP answered from userspace).
+fn announcer_of(spec: &k8s_openapi::api::core::v1::PodSpec) -> Option<&'static str> {
+    let images = || spec.containers.iter().filter_map(|c| c.image.as_deref());
+    if images().any(|i| i.contains("kube-vip/kube-vip") || i.contains("plndr/kube-vip")) {
+        return Some(probe_contract::facts::Announcer::KUBE_VIP);
+    }
+    images()
+        .any(|i| i.contains("keepalived"))
+        .then_some(probe_contract::facts::Announcer::KEEPALIVED)
 }
 
 /// The (port, protocol) keys a host-network pod's spec declares: container ports (on the host

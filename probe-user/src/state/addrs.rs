@@ -30,14 +30,17 @@ use std::{
 
 use futures::TryStreamExt as _;
 use netlink_packet_route::{
-    address::AddressAttribute,
+    address::{AddressAttribute, AddressFlags, AddressHeaderFlags},
     link::{InfoKind, LinkAttribute, LinkInfo},
     route::{RouteAddress, RouteAttribute, RouteType},
 };
 use rtnetlink::{Handle, RouteMessageBuilder};
 use serde::Serialize;
 
-use probe_contract::{Tag, facts::AddressOwner};
+use probe_contract::{
+    Tag,
+    facts::{AddressOwner, Announcer},
+};
 
 /// Who made each local address local (the agent's node sync publishes it; the correlator and
 /// the node report's writer read it). Shared by pointer: a new `Arc` only when owners change.
@@ -117,6 +120,27 @@ pub struct AddrEntry {
     pub ifindex: u32,
     pub addr: IpAddr,
     pub prefix_len: u8,
+    /// IFA_F_DEPRECATED: preferred_lft 0, never picked as a source (kube-vip's VIPs).
+    pub deprecated: bool,
+    /// IFA_PROTO (Linux >= 5.18): who added it; 0 unset, 1-3 the kernel's own (loopback, RA,
+    /// link-local), keepalived tags its VIPs with its `rt_addrprotos` number.
+    pub protocol: u8,
+    /// A finite valid lifetime (IFA_F_PERMANENT unset): a DHCP or DHCPv6 lease, SLAAC.
+    pub dynamic: bool,
+}
+
+impl AddrEntry {
+    /// An address as `ip addr add` adds it (no marks).
+    pub fn plain(ifindex: u32, addr: IpAddr, prefix_len: u8) -> Self {
+        Self {
+            ifindex,
+            addr,
+            prefix_len,
+            deprecated: false,
+            protocol: 0,
+            dynamic: false,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -139,6 +163,9 @@ pub struct NodeState {
     pub links: Vec<Link>,
     pub addrs: Vec<AddrEntry>,
     pub routes: Vec<RouteEntry>,
+    /// The preferred source (RTA_PREFSRC) of every route: the node's own addresses are; a VIP
+    /// an announcer holds never is (kube-vip deprecates it so it is not picked as a source).
+    pub route_sources: Vec<IpAddr>,
 }
 
 /// What the operator told us.
@@ -255,6 +282,59 @@ fn tag_rank(tag: Tag) -> u8 {
     }
 }
 
+/// IFA_PROTO values the kernel sets itself (IFAPROT_KERNEL_LO, _RA, _LL).
+const KERNEL_ADDR_PROTOCOLS: [u8; 3] = [1, 2, 3];
+
+/// The announcer holding `a` on a NIC or `lo`, when it is held like a VIP: a host prefix
+/// (/32, /128: kube-vip's default `vip_cidr`, keepalived's default for a virtual_ipaddress) or
+/// any address on `lo` (kube-vip's BGP mode, or a BGP speaker's anycast VIP), that is no
+/// route's preferred source (the node's own address is, also a GCE-style /32 on the NIC).
+/// Loopback addresses are the kernel's. Named from the address's marks: preferred_lft 0
+/// is kube-vip's (kube-vip/kube-vip pkg/vip/address.go: "set address as deprecated so it isn't
+/// used as source address"), an address protocol outside the kernel's is keepalived's
+/// (acassen/keepalived keepalived/vrrp/vrrp_ipaddress.c, IFA_PROTO); else unknown, until
+/// the node's pods name it (`kube::enrich`).
+fn announced(a: &AddrEntry, iface: &str, route_sources: &[IpAddr]) -> Option<Announcer> {
+    let host = a.prefix_len == if a.addr.is_ipv4() { 32 } else { 128 };
+    // Announcers add their VIPs for good (kube-vip: ValidLft MaxInt, keepalived:
+    // INFINITY_LIFE_TIME); a leased address (a DHCPv6 /128, a DHCP /32) is the node's own.
+    if a.addr.is_loopback()
+        || a.dynamic
+        || !(host || iface == "lo")
+        || route_sources.contains(&a.addr)
+    {
+        return None;
+    }
+    let len = a.prefix_len;
+    let (name, why) = if a.deprecated {
+        (
+            Announcer::KUBE_VIP,
+            format!(
+                "/{len} on {iface} with preferred_lft 0 (deprecated), as kube-vip adds its VIPs"
+            ),
+        )
+    } else if a.protocol != 0 && !KERNEL_ADDR_PROTOCOLS.contains(&a.protocol) {
+        (
+            Announcer::KEEPALIVED,
+            format!(
+                "/{len} on {iface} with address protocol {} (keepalived tags its VIPs with its \
+                 rt_addrprotos entry)",
+                a.protocol
+            ),
+        )
+    } else {
+        (
+            Announcer::UNKNOWN,
+            format!("/{len} on {iface}, the preferred source of no route: held like a VIP"),
+        )
+    };
+    Some(Announcer {
+        name: name.to_string(),
+        why,
+        pod: None,
+    })
+}
+
 /// Pure classification of a dump; see the module docs for the rules.
 pub fn classify(state: &NodeState, cfg: &AddrConfig) -> AddressSets {
     let by_index: BTreeMap<u32, &Link> = state.links.iter().map(|l| (l.index, l)).collect();
@@ -306,10 +386,21 @@ pub fn classify(state: &NodeState, cfg: &AddrConfig) -> AddressSets {
         let tag = if on_vip_iface { Tag::Vip } else { Tag::Node };
         put(Prefix::host(a.addr), tag);
         let iface = name_of(a.ifindex).unwrap_or_else(|| format!("if{}", a.ifindex));
+        let on_nic_or_lo = iface == "lo" || nics.iter().any(|(_, i)| *i == a.ifindex);
+        let announcer = if on_vip_iface || !on_nic_or_lo {
+            None
+        } else {
+            announced(a, &iface, &state.route_sources)
+        };
+        // A VIP an announcer holds is the LB's address, not the node's: its checks and the
+        // calls that loop through it are judged as for kube-ipvs0.
+        if announcer.is_some() {
+            put(Prefix::host(a.addr), Tag::Vip);
+        }
         let owner = if on_vip_iface {
             AddressOwner::VipInterface { iface }
         } else {
-            AddressOwner::Interface { iface }
+            AddressOwner::Interface { iface, announcer }
         };
         // The VIP interface names the owner when the same address is on both.
         let e = owners.entry(Prefix::host(a.addr)).or_insert(owner.clone());
@@ -404,11 +495,29 @@ pub async fn read(handle: &Handle) -> Result<NodeState, rtnetlink::Error> {
             AddressAttribute::Address(ip) => Some(*ip),
             _ => None,
         });
+        // IFA_FLAGS (32 bits) supersedes the header's 8-bit flags when present.
+        let deprecated = msg.attributes.iter().any(
+            |a| matches!(a, AddressAttribute::Flags(f) if f.contains(AddressFlags::Deprecated)),
+        ) || msg.header.flags.contains(AddressHeaderFlags::Deprecated);
+        let permanent = msg.attributes.iter().any(
+            |a| matches!(a, AddressAttribute::Flags(f) if f.contains(AddressFlags::Permanent)),
+        ) || msg.header.flags.contains(AddressHeaderFlags::Permanent);
+        let protocol = msg
+            .attributes
+            .iter()
+            .find_map(|a| match a {
+                AddressAttribute::Protocol(p) => Some(u8::from(*p)),
+                _ => None,
+            })
+            .unwrap_or(0);
         if let Some(addr) = local.or(address) {
             state.addrs.push(AddrEntry {
                 ifindex: msg.header.index,
                 addr,
                 prefix_len: msg.header.prefix_len,
+                deprecated,
+                protocol,
+                dynamic: !permanent,
             });
         }
     }
@@ -422,12 +531,14 @@ pub async fn read(handle: &Handle) -> Result<NodeState, rtnetlink::Error> {
             let mut dst = None;
             let mut oif = None;
             let mut gateway = None;
+            let mut pref_source = None;
             for attr in &msg.attributes {
                 match attr {
                     RouteAttribute::Table(t) => table = *t,
                     RouteAttribute::Destination(a) => dst = route_ip(a),
                     RouteAttribute::Oif(i) => oif = Some(*i),
                     RouteAttribute::Gateway(a) => gateway = route_ip(a),
+                    RouteAttribute::PrefSource(a) => pref_source = route_ip(a),
                     _ => {}
                 }
             }
@@ -436,6 +547,11 @@ pub async fn read(handle: &Handle) -> Result<NodeState, rtnetlink::Error> {
                 RouteType::Local => true,
                 _ => continue,
             };
+            // A local route's source is its own address (a VIP's too): only unicast routes say
+            // which addresses the node sends from.
+            if !local {
+                state.route_sources.extend(pref_source);
+            }
             let v4 = msg.header.address_family == netlink_packet_route::AddressFamily::Inet;
             let addr = dst.unwrap_or(if v4 {
                 IpAddr::V4(Ipv4Addr::UNSPECIFIED)

@@ -14,11 +14,7 @@ fn lab_node() -> NodeState {
         name: name.into(),
         kind: kind.map(Into::into),
     };
-    let addr = |ifindex, a: &str, prefix_len| AddrEntry {
-        ifindex,
-        addr: ip(a),
-        prefix_len,
-    };
+    let addr = |ifindex, a: &str, prefix_len| AddrEntry::plain(ifindex, ip(a), prefix_len);
     let route = |dst: &str, oif, gw: Option<&str>| RouteEntry {
         dst: Prefix::parse(dst).unwrap(),
         oif: Some(oif),
@@ -49,6 +45,7 @@ fn lab_node() -> NodeState {
             route("198.19.1.10/32", 4, None),
             route("198.19.1.11/32", 5, None),
         ],
+        route_sources: vec![ip("198.18.0.2")],
     }
 }
 
@@ -190,11 +187,7 @@ fn explicit_nics_and_pod_cidrs() {
 fn vip_wins_over_node_and_node_over_pod() {
     let mut st = lab_node();
     // The same address on the NIC and on kube-ipvs0.
-    st.addrs.push(AddrEntry {
-        ifindex: 2,
-        addr: ip("203.0.113.10"),
-        prefix_len: 32,
-    });
+    st.addrs.push(AddrEntry::plain(2, ip("203.0.113.10"), 32));
     // A pod route covering a node address.
     st.routes.push(RouteEntry {
         dst: Prefix::parse("198.19.1.1/32").unwrap(),
@@ -299,12 +292,8 @@ fn local_routes_are_vips_and_every_local_address_has_an_owner() {
         table: 254,
         ..local("203.0.113.30/32", 2, 4)
     });
-    // keepalived's VIP: an address on the NIC.
-    st.addrs.push(AddrEntry {
-        ifindex: 2,
-        addr: ip("198.18.0.50"),
-        prefix_len: 32,
-    });
+    // A VIP on the NIC with no mark: held like an announcer holds it, by whom is unknown.
+    st.addrs.push(AddrEntry::plain(2, ip("198.18.0.50"), 32));
     let sets = classify(&st, &cfg());
     assert_eq!(sets.lookup(ip("203.0.113.20")), Some(Tag::Vip));
     assert_eq!(sets.lookup(ip("2001:db8::20")), Some(Tag::Vip));
@@ -329,14 +318,80 @@ fn local_routes_are_vips_and_every_local_address_has_an_owner() {
         owner("203.0.113.10").as_deref(),
         Some("an address on kube-ipvs0 (kube-proxy IPVS)")
     );
-    assert_eq!(owner("198.18.0.50").as_deref(), Some("an address on eth0"));
+    assert_eq!(
+        sets.owner(ip("198.18.0.50"))
+            .and_then(AddressOwner::announcer)
+            .map(|a| a.name.as_str()),
+        Some("unknown")
+    );
     assert_eq!(owner("198.18.0.2").as_deref(), Some("an address on eth0"));
     assert_eq!(sets.owner(ip("198.51.100.1")), None);
     let labels: Vec<String> = ["203.0.113.20", "203.0.113.10", "198.18.0.50"]
         .iter()
         .map(|a| sets.owner(ip(a)).unwrap().label())
         .collect();
-    assert_eq!(labels, ["route:66", "kube-ipvs0", "nic:eth0"]);
+    assert_eq!(labels, ["route:66", "kube-ipvs0", "announcer:eth0"]);
+}
+
+#[test]
+fn a_vip_held_like_an_announcer_holds_it_is_a_vip_named_by_its_marks() {
+    let mut st = lab_node();
+    // kube-vip, ARP mode: a /32 on the NIC with preferred_lft 0.
+    st.addrs.push(AddrEntry {
+        deprecated: true,
+        ..AddrEntry::plain(2, ip("203.0.113.40"), 32)
+    });
+    // kube-vip, BGP mode: on lo (host scope).
+    st.addrs.push(AddrEntry {
+        deprecated: true,
+        ..AddrEntry::plain(1, ip("203.0.113.41"), 32)
+    });
+    // keepalived: its address protocol (an rt_addrprotos number), IPv6 /128.
+    st.addrs.push(AddrEntry {
+        protocol: 99,
+        ..AddrEntry::plain(2, ip("2001:db8::41"), 128)
+    });
+    // Not VIPs: the kernel's own protocol, a /32 that routes send from (a GCE-style node
+    // address), a /32 on a pod-facing veth (a CNI's gateway), a second subnet address.
+    st.addrs.push(AddrEntry {
+        protocol: 1,
+        ..AddrEntry::plain(2, ip("198.18.0.60"), 24)
+    });
+    st.addrs.push(AddrEntry::plain(2, ip("198.18.7.7"), 32));
+    st.route_sources.push(ip("198.18.7.7"));
+    st.addrs.push(AddrEntry::plain(5, ip("198.19.1.2"), 32));
+    // A DHCPv6 lease: a /128 with a finite lifetime, the node's own.
+    st.addrs.push(AddrEntry {
+        dynamic: true,
+        ..AddrEntry::plain(2, ip("2001:db8::77"), 128)
+    });
+    let sets = classify(&st, &cfg());
+    let announcer = |a: &str| {
+        sets.owner(ip(a))
+            .and_then(AddressOwner::announcer)
+            .map(|x| x.name.clone())
+    };
+    assert_eq!(announcer("203.0.113.40").as_deref(), Some("kube-vip"));
+    assert_eq!(announcer("203.0.113.41").as_deref(), Some("kube-vip"));
+    assert_eq!(announcer("2001:db8::41").as_deref(), Some("keepalived"));
+    for vip in ["203.0.113.40", "203.0.113.41", "2001:db8::41"] {
+        assert_eq!(sets.lookup(ip(vip)), Some(Tag::Vip), "{vip}");
+    }
+    for own in ["198.18.0.60", "198.18.7.7", "198.19.1.1", "198.18.0.2"] {
+        assert_eq!(announcer(own), None, "{own}");
+        assert_eq!(sets.lookup(ip(own)), Some(Tag::Node), "{own}");
+    }
+    assert_eq!(announcer("198.19.1.2"), None);
+    assert_eq!(announcer("2001:db8::77"), None, "a lease is the node's own");
+    assert_eq!(announcer("127.0.0.1"), None, "loopback is the kernel's");
+    assert_eq!(
+        sets.owner(ip("203.0.113.41")).unwrap().to_string(),
+        "a VIP on lo held by kube-vip"
+    );
+    assert_eq!(
+        sets.owner(ip("203.0.113.40")).unwrap().label(),
+        "kube-vip:eth0"
+    );
 }
 
 #[test]

@@ -13,6 +13,13 @@ pub const SERVICE_WEB: &str = include_str!("fixtures/service-web.json");
 pub const SERVICE_DNS: &str = include_str!("fixtures/service-dns.json");
 pub const ENDPOINTSLICE_WEB: &str = include_str!("fixtures/endpointslice-web.json");
 pub const ENDPOINTSLICE_DNS: &str = include_str!("fixtures/endpointslice-dns.json");
+/// kube-vip's DaemonSet pod on `clb-node` in ARP mode with `svc_enable`, shaped as
+/// `kube-vip manifest daemonset --arp --services --interface eth0` writes it
+/// (kube-vip/kube-vip pkg/kubevip/config_generator.go: labels, hostNetwork, NET_ADMIN/NET_RAW)
+/// and as the API server returns it. Not in [`lab`]: the tests of a VIP held on the node add it.
+pub const POD_KUBE_VIP: &str = include_str!("fixtures/pod-kube-vip.json");
+/// The name of kube-vip's pod.
+pub const KUBE_VIP_POD: &str = "kube-vip-ds-7x95f";
 
 /// The name of pod A's pod (the in-cluster client).
 pub const CLIENT_POD: &str = "client-5d8f7c9b6-x2x9q";

@@ -99,6 +99,16 @@ pub enum Scenario {
     /// Failure 1 with the VIP local through a `local` route (proto 66, no address), as the
     /// GCE guest agent makes LB IPs local: the LB's health check from the VIP is a martian.
     HealthcheckBlackholeLocalRoute,
+    /// Failure 1 with the VIP held on the node's NIC as kube-vip holds it (a /32 with
+    /// preferred_lft 0): the LB's health check from the VIP is a martian.
+    HealthcheckBlackholeAnnounced,
+    /// The sending side of `vip_as_source` with the VIP held on the node's NIC as kube-vip
+    /// holds it (kube-vip/kube-vip#1086: the VIP unreachable from the node holding it): the
+    /// node's call to VIP:8443 (ETP Local, endpoint only on the peer) leaves with the VIP as
+    /// source and the peer drops it.
+    VipAsSourceOutAnnounced,
+    /// Twin: the same node's call to VIP:8444 (ETP Cluster): masqueraded, answered.
+    VipAsSourceOutAnnouncedCluster,
     /// A pod reaches itself through its own Service: pod B -> ClusterIP:80 -> pod B without
     /// the hairpin SNAT; it comes back with its own address as source and pod B drops it.
     SelfLoop,
@@ -133,6 +143,7 @@ const OFF: Variants = Variants {
     ipvs_filter: false,
     peer_node: false,
     vip_local_route: false,
+    vip_announced: false,
     self_snat_missing: false,
     bridge_pod: false,
 };
@@ -160,7 +171,7 @@ struct Row {
 }
 
 /// Every scenario, in the order of [`Scenario`]'s variants (checked when compiled).
-const ROWS: [Row; 29] = [
+const ROWS: [Row; 32] = [
     Row {
         scenario: Scenario::HealthcheckBlackhole,
         name: "healthcheck-blackhole",
@@ -485,6 +496,46 @@ const ROWS: [Row; 29] = [
             expected: Outcome::Timeout,
             what: "LB health check VIP -> node:30080; the node has the VIP as a `local` route \
                  (proto 66, no address, as a cloud guest agent adds it): martian source, dropped",
+        },
+    },
+    Row {
+        scenario: Scenario::HealthcheckBlackholeAnnounced,
+        name: "healthcheck-blackhole-announced",
+        spec: ScenarioSpec {
+            variants: on(Variant::VipAnnounced),
+            from_ns: NS_LB,
+            src: Some(VIP),
+            dst: NODEPORT,
+            expected: Outcome::Timeout,
+            what: "LB health check VIP -> node:30080; the node holds the VIP on eth0 as kube-vip \
+                 does (a /32, preferred_lft 0): martian source, dropped",
+        },
+    },
+    Row {
+        scenario: Scenario::VipAsSourceOutAnnounced,
+        name: "vip-as-source-out-announced",
+        spec: ScenarioSpec {
+            variants: on(Variant::PeerNode).with(Variant::VipAnnounced, true),
+            from_ns: NS_NODE,
+            src: None,
+            dst: SocketAddrV4::new(VIP, VIP_ETP_LOCAL_PORT),
+            expected: Outcome::Timeout,
+            what: "the node holds the VIP on eth0 as kube-vip does and calls VIP:8443 (ETP \
+                 Local, endpoint only on the peer): it leaves with the VIP as source, the peer \
+                 drops it as martian",
+        },
+    },
+    Row {
+        scenario: Scenario::VipAsSourceOutAnnouncedCluster,
+        name: "vip-as-source-out-announced-cluster",
+        spec: ScenarioSpec {
+            variants: on(Variant::PeerNode).with(Variant::VipAnnounced, true),
+            from_ns: NS_NODE,
+            src: None,
+            dst: SocketAddrV4::new(VIP, VIP_ETP_CLUSTER_PORT),
+            expected: Outcome::Ok,
+            what: "the node holds the VIP as kube-vip does and calls VIP:8444 (ETP Cluster): \
+                 masqueraded to the node IP, the peer's pod answers",
         },
     },
     Row {

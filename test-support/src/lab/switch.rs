@@ -77,6 +77,7 @@ fn set_variant_in(mode: KubeProxyMode, variant: Variant, on: bool) -> Result<()>
         Variant::IpvsFilter => set_ipvs_filter(mode, on),
         Variant::PeerNode => set_peer_node(on),
         Variant::VipLocalRoute => set_vip_local_route(on),
+        Variant::VipAnnounced => set_vip_announced(on),
         Variant::VipBound if mode == KubeProxyMode::Cilium => {
             if on {
                 bail!(
@@ -147,6 +148,7 @@ pub(super) fn set_variants_in(mode: KubeProxyMode, v: &Variants) -> Result<()> {
     set_variant_in(mode, Variant::IpvsFilter, v.ipvs_filter)?;
     set_variant_in(mode, Variant::PeerNode, v.peer_node)?;
     set_variant_in(mode, Variant::VipLocalRoute, v.vip_local_route)?;
+    set_variant_in(mode, Variant::VipAnnounced, v.vip_announced)?;
     set_variant_in(mode, Variant::SelfSnatMissing, v.self_snat_missing)?;
     set_variant_in(mode, Variant::BridgePod, v.bridge_pod)
 }
@@ -190,6 +192,26 @@ fn set_vip_local_route(on: bool) -> Result<()> {
     ip(NS_NODE, &args).map(|_| ())
 }
 
+/// The VIP held on the NIC as kube-vip holds it (ARP mode): a /32 with preferred_lft 0.
+fn vip_announced() -> Result<bool> {
+    let out = ip(NS_NODE, &["-4", "-o", "addr", "show", "dev", NODE_NIC])?;
+    Ok(out.contains("203.0.113.10/32"))
+}
+
+fn set_vip_announced(on: bool) -> Result<()> {
+    let have = vip_announced()?;
+    let cidr = "203.0.113.10/32";
+    match (on, have) {
+        (true, false) => ip(
+            NS_NODE,
+            &["addr", "add", cidr, "dev", NODE_NIC, "preferred_lft", "0"],
+        )
+        .map(|_| ()),
+        (false, true) => ip(NS_NODE, &["addr", "del", cidr, "dev", NODE_NIC]).map(|_| ()),
+        _ => Ok(()),
+    }
+}
+
 fn vip_address_bound() -> Result<bool> {
     let out = ip(NS_NODE, &["-4", "-o", "addr", "show", "dev", KUBE_IPVS0])?;
     Ok(out.contains("203.0.113.10/32"))
@@ -211,6 +233,7 @@ pub(crate) fn read_variants() -> Result<Variants> {
         ipvs_filter: ipvs_filter_present(),
         peer_node: peer_node()?,
         vip_local_route: vip_local_route()?,
+        vip_announced: vip_announced()?,
         self_snat_missing: !self_snat(node_mode()?),
         bridge_pod: bridge_pod(),
     })

@@ -24,6 +24,10 @@ pub enum Variant {
     /// <VIP> dev eth0 proto 66 table local`, as the GCE guest agent makes forwarding-rule IPs
     /// local. Exclusive with `vip-bound` (its address brings its own local route).
     VipLocalRoute,
+    /// The VIP is held on the node's NIC as kube-vip holds it in ARP mode: `ip addr add
+    /// <VIP>/32 dev eth0 preferred_lft 0` (kube-vip/kube-vip pkg/vip/address.go: `vip_cidr`
+    /// 32, deprecated so it is never picked as a source). Exclusive with `vip-bound`.
+    VipAnnounced,
     /// kube-proxy's masquerade for pod-b calling its own Service is missing: the KUBE-SEP
     /// rule `-s pod-b -j KUBE-MARK-MASQ` (iptables), the endpoint chain's `ip saddr pod-b jump
     /// mark-for-masquerade` (nftables), the KUBE-LOOP-BACK entry (IPVS, kubernetes#134884).
@@ -35,13 +39,14 @@ pub enum Variant {
 }
 
 impl Variant {
-    pub const ALL: [Variant; 8] = [
+    pub const ALL: [Variant; 9] = [
         Variant::VipBound,
         Variant::RpFilter,
         Variant::Masquerade,
         Variant::IpvsFilter,
         Variant::PeerNode,
         Variant::VipLocalRoute,
+        Variant::VipAnnounced,
         Variant::SelfSnatMissing,
         Variant::BridgePod,
     ];
@@ -54,6 +59,7 @@ impl Variant {
             Variant::IpvsFilter => "ipvs-filter",
             Variant::PeerNode => "peer-node",
             Variant::VipLocalRoute => "vip-local-route",
+            Variant::VipAnnounced => "vip-announced",
             Variant::SelfSnatMissing => "self-snat-missing",
             Variant::BridgePod => "bridge-pod",
         }
@@ -75,6 +81,7 @@ pub struct Variants {
     pub ipvs_filter: bool,
     pub peer_node: bool,
     pub vip_local_route: bool,
+    pub vip_announced: bool,
     pub self_snat_missing: bool,
     pub bridge_pod: bool,
 }
@@ -89,6 +96,7 @@ impl Default for Variants {
             ipvs_filter: false,
             peer_node: false,
             vip_local_route: false,
+            vip_announced: false,
             self_snat_missing: false,
             bridge_pod: false,
         }
@@ -104,6 +112,7 @@ impl Variants {
             Variant::IpvsFilter => self.ipvs_filter,
             Variant::PeerNode => self.peer_node,
             Variant::VipLocalRoute => self.vip_local_route,
+            Variant::VipAnnounced => self.vip_announced,
             Variant::SelfSnatMissing => self.self_snat_missing,
             Variant::BridgePod => self.bridge_pod,
         }
@@ -117,6 +126,7 @@ impl Variants {
             Variant::IpvsFilter => self.ipvs_filter = on,
             Variant::PeerNode => self.peer_node = on,
             Variant::VipLocalRoute => self.vip_local_route = on,
+            Variant::VipAnnounced => self.vip_announced = on,
             Variant::SelfSnatMissing => self.self_snat_missing = on,
             Variant::BridgePod => self.bridge_pod = on,
         }

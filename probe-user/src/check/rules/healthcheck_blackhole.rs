@@ -36,7 +36,23 @@ pub fn healthcheck_blackhole(inp: &Inputs) -> Vec<Finding> {
                 "{ip} is {} (a local address of this node)",
                 where_local(inp, ip)
             )];
-            if targets.is_empty() {
+            let announcer = inp.owners.get(&ip).and_then(|o| o.announcer());
+            if let Some(a) = announcer {
+                evidence.push(format!("held by {}: {}", a.who(), a.why));
+            }
+            // An announcer's VIP that neither the API nor kube-proxy's rules name as a Service's
+            // address may be a control-plane VIP (kube-vip `cp_enable`, keepalived in front of
+            // the API servers) that no LB checks: a warning until something names it.
+            let unnamed_announced = announcer.is_some()
+                && targets.is_empty()
+                && !inp.services.services.iter().any(|s| s.vip == ip);
+            if unnamed_announced {
+                evidence.push(
+                    "named as a Service's address neither by the API nor by kube-proxy's rules: \
+                     a control-plane VIP no LB checks is no risk"
+                        .into(),
+                );
+            } else if targets.is_empty() {
                 evidence.push(
                     "not named as a ClusterIP by kube-proxy's sets: taken for an LB ingress or \
                      external IP"
@@ -58,8 +74,10 @@ pub fn healthcheck_blackhole(inp: &Inputs) -> Vec<Finding> {
             }
             evidence.extend(inp.nics.iter().map(|n| local_source_verdict(n, ip)));
             let guard = prevent_loopback(&targets);
-            let severity = if guard.is_empty() {
+            let severity = if guard.is_empty() && !unnamed_announced {
                 Severity::Risk
+            } else if unnamed_announced {
+                Severity::Warn
             } else {
                 evidence.push(format!(
                     "provider prevent-loopback annotation set ({}): the LB is expected to \

@@ -8,7 +8,10 @@ use probe_contract::{
     sock,
 };
 
-use probe_contract::{LoopbackEvent, facts::AddressOwner};
+use probe_contract::{
+    LoopbackEvent,
+    facts::{AddressOwner, Announcer},
+};
 
 /// The Service's name for a sentence: the API's, else the rules' `namespace/name`, else none.
 pub(super) fn service_key(e: &LoopbackEvent) -> Option<String> {
@@ -44,7 +47,18 @@ pub(super) fn bound(vip: IpAddr, owner: Option<&AddressOwner>) -> String {
             "bound on {iface} here (kube-proxy in IPVS mode binds LoadBalancer ingress IPs so \
              in-cluster calls short-circuit)"
         ),
-        Some(AddressOwner::Interface { iface }) => {
+        Some(AddressOwner::Interface {
+            iface,
+            announcer: Some(a),
+        }) => format!(
+            "a VIP on {iface} here, held by {} to announce it (the node answers for it as its \
+             own address; kube-proxy did not bind it)",
+            a.who()
+        ),
+        Some(AddressOwner::Interface {
+            iface,
+            announcer: None,
+        }) => {
             format!("an address on {iface} here (keepalived, kube-vip or a manual address)")
         }
         Some(AddressOwner::LocalRoute {
@@ -123,13 +137,52 @@ pub(super) fn owner_fix(vip: IpAddr, owner: &AddressOwner) -> String {
                 .map(|i| format!(", dev {i}"))
                 .unwrap_or_default()
         ),
-        AddressOwner::Interface { iface } => format!(
+        AddressOwner::Interface {
+            iface,
+            announcer: Some(a),
+        } => announcer_fix(vip, iface, a),
+        AddressOwner::Interface {
+            iface,
+            announcer: None,
+        } => format!(
             "{vip} is an address on {iface}, not kube-proxy's binding: if keepalived or kube-vip \
              hold it as a VIP, remove it from {iface} on this node or keep that VIP off the nodes \
              this LB targets (or the LB's checks and calls off that VIP); kube-proxy settings and \
              the Service's ipMode do not change it."
         ),
     }
+}
+
+/// What removes the loop of a VIP an announcer holds on this node: the announcer's placement
+/// of the VIP, or checks and calls that do not use it; kube-proxy's settings, ipMode and the
+/// Service's annotations do not touch an address kube-proxy did not add.
+fn announcer_fix(vip: IpAddr, iface: &str, a: &Announcer) -> String {
+    let who = a.who();
+    let placement = match a.name.as_str() {
+        // kube-vip adds the VIP on its `vip_interface` (BGP mode: `lo`) on the node that leads
+        // for it (kube-vip/kube-vip pkg/vip/address.go, pkg/kubevip/config_envvar.go).
+        Announcer::KUBE_VIP => format!(
+            "kube-vip adds {vip} to {iface} (its vip_interface; lo in BGP mode) on the node that \
+             leads for it: keep kube-vip (its DaemonSet's nodeSelector, or svc_enable off for \
+             this Service) on nodes that are not this LB's targets"
+        ),
+        // keepalived's MASTER adds each virtual_ipaddress (acassen/keepalived
+        // keepalived/vrrp/vrrp_ipaddress.c).
+        Announcer::KEEPALIVED => format!(
+            "keepalived's MASTER adds {vip} (a virtual_ipaddress) to {iface}: run that VRRP \
+             instance on nodes that are not this LB's targets"
+        ),
+        _ => format!(
+            "remove {vip} from {iface} where it is configured, or keep whatever announces it on \
+             nodes that are not this LB's targets"
+        ),
+    };
+    format!(
+        "{vip} is held on {iface} by {who}, not bound by kube-proxy: kube-proxy's settings, the \
+         Service's ipMode and its annotations do not remove it. Have whatever checks {vip}'s \
+         backends check from a source that is not {vip} (the checker's own address), and have \
+         this node's callers use the Service's ClusterIP instead of {vip}; or {placement}."
+    )
 }
 
 /// The one "call the Service in-cluster" advice, for `subject` (`In pod x: c` / `C`).
@@ -181,7 +234,14 @@ pub(super) fn mismatch(e: &LoopbackEvent) -> Option<String> {
 pub(super) fn owner_short(owner: Option<&AddressOwner>) -> String {
     match owner {
         Some(AddressOwner::VipInterface { iface }) => format!("bound on {iface}"),
-        Some(AddressOwner::Interface { iface }) => format!("an address on {iface}"),
+        Some(AddressOwner::Interface {
+            iface,
+            announcer: Some(a),
+        }) => format!("held on {iface} by {}", a.who()),
+        Some(AddressOwner::Interface {
+            iface,
+            announcer: None,
+        }) => format!("an address on {iface}"),
         Some(AddressOwner::LocalRoute {
             protocol,
             protocol_name,

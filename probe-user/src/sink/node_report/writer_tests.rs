@@ -553,9 +553,7 @@ fn outside_a_pod_the_nodes_internal_ip_must_be_local() {
     let local: crate::state::addrs::Owners = std::sync::Arc::new(
         [(
             Prefix::host(ip("198.18.0.2")),
-            AddressOwner::Interface {
-                iface: "eth0".into(),
-            },
+            AddressOwner::interface("eth0"),
         )]
         .into_iter()
         .collect(),
