@@ -238,3 +238,31 @@ fn nftables_service_self_loop_twin_with_the_hairpin_mark_reports_nothing() {
         silent(Scenario::SelfLoopSnat);
     }
 }
+
+/// Issue 39 item 1: kube-proxy's own drop. `default/web-local` (ETP Local) on a node without a
+/// local endpoint: its LB IP:port is a `drop` element of `no-endpoint-services`, so pod-a's
+/// call and the node's own call die in kube-proxy's filter chains (kubernetes#131765); with a
+/// local endpoint (the twin) pod-a is answered.
+#[test]
+fn nftables_no_endpoint_drop_lab_reproduces_kube_proxys_drop_and_its_twin() {
+    if !require_root("nftables_no_endpoint_drop_lab") {
+        return;
+    }
+    let lab = lab_up();
+    let to = std::net::SocketAddrV4::new(lab::VIP, lab::VIP_NFT_ETP_LOCAL_PORT);
+    lab.set_nft_web_local(false).unwrap();
+    assert!(lab::nft::web_local_dropped());
+    let pod = lab.connect(lab::NS_POD_A, None, to).unwrap();
+    assert_eq!(pod.outcome, Outcome::Timeout, "{pod:?}");
+    let node = lab.connect(lab::NS_NODE, None, to).unwrap();
+    assert_eq!(node.outcome, Outcome::Timeout, "{node:?}");
+    lab.set_nft_web_local(true).unwrap();
+    assert!(!lab::nft::web_local_dropped());
+    let pod = lab.connect(lab::NS_POD_A, None, to).unwrap();
+    assert_eq!(pod.outcome, Outcome::Ok, "{pod:?}");
+    // And back: the rewrite is idempotent in both directions.
+    lab.set_nft_web_local(false).unwrap();
+    assert!(lab::nft::web_local_dropped());
+    let pod = lab.connect(lab::NS_POD_A, None, to).unwrap();
+    assert_eq!(pod.outcome, Outcome::Timeout, "{pod:?}");
+}
