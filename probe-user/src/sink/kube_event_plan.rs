@@ -178,7 +178,7 @@ fn severity(kind: LoopbackKind) -> u8 {
     match kind {
         LoopbackKind::HealthcheckBlackhole => 0,
         LoopbackKind::Hairpin | LoopbackKind::ServiceSelfLoop => 1,
-        LoopbackKind::VipAsSource => 2,
+        LoopbackKind::VipAsSource | LoopbackKind::EtpLocalDrop => 2,
         LoopbackKind::VipPortUnserved => 3,
     }
 }

@@ -182,6 +182,11 @@ pub fn parse_nft_json(text: &str) -> Result<ServiceTable, String> {
     };
     // Every element first, merged once (a Service's IP may appear under several elements).
     let mut found = ServiceTable::default();
+    // (address, proto, port) that `service-ips` sends to an `external-` chain: LB and external
+    // IPs. A `drop` element of `no-endpoint-services` counts only for those: kube-proxy also
+    // writes `drop` for a ClusterIP of an internalTrafficPolicy Local Service without a local
+    // endpoint (`internalTrafficFilterVerdict`), which is that policy doing what it says.
+    let mut external: HashSet<(IpAddr, Proto, u16)> = HashSet::new();
 
     for (key, verdict) in maps.get(SERVICE_IPS).map(Vec::as_slice).unwrap_or_default() {
         let (Some([addr, proto, port]), Some(target)) = (key.parts(), verdict.target()) else {
@@ -194,6 +199,9 @@ pub fn parse_nft_json(text: &str) -> Result<ServiceTable, String> {
         ) else {
             continue;
         };
+        if target.starts_with("external-") {
+            external.insert((vip, proto, port));
+        }
         found.services.push(ServiceEntry {
             vip,
             port,
@@ -239,6 +247,9 @@ pub fn parse_nft_json(text: &str) -> Result<ServiceTable, String> {
         ) else {
             continue;
         };
+        if !external.contains(&(addr, proto, port)) {
+            continue;
+        }
         table.no_endpoint_drops.push(NoEndpointDrop {
             addr,
             proto,
@@ -496,12 +507,18 @@ mod tests {
     }
 
     /// `no-endpoint-services` as `nft -j` prints it (kube-proxy's shapes, kubernetes#131765):
-    /// only `drop` elements are kept, with their comment; `goto reject-chain` (a Service with no
-    /// endpoints at all) and other tables are not.
+    /// only `drop` elements of LB/external IPs (sent to an `external-` chain by
+    /// `service-ips`) are kept, with their comment; `goto reject-chain` (a Service with no
+    /// endpoints at all), a ClusterIP's `drop` (internalTrafficPolicy Local) and other tables
+    /// are not.
     #[test]
     fn no_endpoint_services_drop_elements_are_read() {
         let text = r#"{"nftables": [
+            {"map": {"family": "ip", "table": "kube-proxy", "name": "service-ips", "map": "verdict", "elem": [
+                [{"concat": ["203.0.113.10", "tcp", 8445]}, {"goto": {"target": "external-MW3VTDQO-default/web-local/tcp/http"}}],
+                [{"concat": ["203.0.113.11", "udp", 53]}, {"goto": {"target": "external-AAAAAAAA-default/dns/udp/dns"}}]]}},
             {"map": {"family": "ip", "table": "kube-proxy", "name": "no-endpoint-services", "map": "verdict", "elem": [
+                [{"elem": {"val": {"concat": ["198.18.100.13", "tcp", 80]}, "comment": "default/itp-local:http"}}, {"drop": null}],
                 [{"elem": {"val": {"concat": ["203.0.113.10", "tcp", 8445]}, "comment": "default/web-local:http"}}, {"drop": null}],
                 [{"concat": ["203.0.113.11", "udp", 53]}, {"drop": null}],
                 [{"elem": {"val": {"concat": ["198.18.100.12", "tcp", 80]}, "comment": "default/none:http"}}, {"goto": {"target": "reject-chain"}}],
@@ -535,10 +552,7 @@ mod tests {
             t.no_endpoint_drop(ip("203.0.113.10"), 80, Proto::Tcp)
                 .is_none()
         );
-        assert!(
-            t.services.is_empty(),
-            "no-endpoint elements are no services"
-        );
+        assert_eq!(t.services.len(), 2, "no-endpoint elements are no services");
         // The lab capture (all endpoints local) has none.
         assert!(fixture("lab-ip.json").no_endpoint_drops.is_empty());
     }
