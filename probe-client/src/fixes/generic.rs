@@ -33,6 +33,9 @@ pub(super) static CALL_BY_SERVICE_NAME: Entry = Entry {
 
 /// Reference 002's shape: kube-proxy writes rules for the LB IP and, under `Local`, does not
 /// mark pod traffic to it for masquerade, so it leaves un-SNATed; under `Cluster` it does.
+/// For `etp_local_drop` too: under `Cluster` kube-proxy's nftables mode writes no
+/// `no-endpoint-services` drop for the LB IP (`hasExternalEndpoints` is `hasEndpoints`,
+/// kubernetes/kubernetes `pkg/proxy/nftables/proxier.go`).
 /// Gate: the policy is Local and kube-proxy programs the LB IP
 /// ([`super::Facts::kube_proxy_programs_lb_ip`]); with ipMode Proxy, a hostname-only LB or no
 /// kube-proxy there is no rule for the policy to change (`check/services.rs` says the same).
@@ -41,9 +44,7 @@ pub(super) static ETP_CLUSTER: Entry = Entry {
     provider: Provider::Generic,
     kinds: &[Hairpin, VipAsSource, EtpLocalDrop],
     change: "Set externalTrafficPolicy: Cluster: kube-proxy then marks pod traffic to the LB IP \
-             for masquerade, so it no longer leaves with a pod or VIP source (and, in nftables \
-             mode, no longer writes the LB IP into no-endpoint-services on nodes without an \
-             endpoint)",
+             for masquerade, so it no longer leaves with a pod or VIP source",
     preconditions: &[],
     side_effects: &[
         "backends no longer see the external client's source IP",
