@@ -348,7 +348,7 @@ pub fn event_doc(event: &LoopbackEvent, names: &Names, node: &str, wall: SystemT
         });
     let regarding = service.unwrap_or_else(|| ObjectRef::node(node));
     let related = match event.kind {
-        LoopbackKind::Hairpin | LoopbackKind::ServiceSelfLoop => names
+        LoopbackKind::Hairpin | LoopbackKind::ServiceSelfLoop | LoopbackKind::EtpLocalDrop => names
             .client_pod
             .as_deref()
             .and_then(|p| ObjectRef::namespaced("Pod", p)),

@@ -36,15 +36,27 @@ fn etp_local_drop(e: &LoopbackEvent) -> Vec<String> {
     let svc = service_key(e)
         .map(|k| format!("Service {k}"))
         .unwrap_or_else(|| "the Service".into());
-    let caller = match e.facts.source {
-        SourceKind::Node => "a host-network caller on this node".to_string(),
-        _ => format!("the pod {}", e.src),
+    // Who called, and what happened to the call (`probe check`'s risk has no caller yet).
+    let (caller, fate) = match e.facts.source {
+        SourceKind::Node => (
+            "a host-network caller on this node called".to_string(),
+            "dropped the call before it reached",
+        ),
+        SourceKind::Unknown => (
+            "this node's pods (and, before kubernetes#132456, its host-network callers) call"
+                .to_string(),
+            "drop such calls before they reach",
+        ),
+        _ => (
+            format!("the pod {} called", e.src),
+            "dropped the call before it reached",
+        ),
     };
     let mut out = vec![format!(
-        "Cause: {caller} called {at}/{proto}, an LB IP of {svc}, which kube-proxy here handles \
-         as externalTrafficPolicy Local without an endpoint on this node: in nftables mode it \
+        "Cause: {caller} {at}/{proto}, an LB IP of {svc}, which kube-proxy here handles as \
+         externalTrafficPolicy Local without an endpoint on this node: in nftables mode it \
          writes that IP:port into its map no-endpoint-services with verdict drop, and its \
-         filter chains dropped the call before it was sent to an endpoint on another node \
+         filter chains {fate} an endpoint on another node \
          (kubernetes#131765). In iptables and IPVS mode kube-proxy sends such calls to the \
          cluster-wide endpoints. Affected: kube-proxy 1.29 to 1.32 in nftables mode, and 1.33 \
          before the cherry-pick of kubernetes#132456 (#133969); and, for pod calls, any \
