@@ -44,6 +44,13 @@ pub const THREE_KINDS_TEST: &str = "ipvs_mode_failures_are_confirmed_and_twins_a
 /// A unit test holds every `ipvs.rs` test (IPVS exists only in the VM) to a kernel here. The
 /// rest of datapath.rs and check.rs runs on the host.
 pub const PLAN: &[(&str, &str, &[&str])] = &[
+    // First in its boot: after the IPVS-mode tests its agent did not get past loading (run
+    // of 2026-11-27: its stderr closed with no error line, in the 1 GiB guest).
+    (
+        "5.10",
+        "nftables",
+        &["nftables_no_endpoint_drop_of_a_pods_call_is_confirmed_with_the_element"],
+    ),
     (
         "5.10",
         "ipvs",
@@ -54,11 +61,6 @@ pub const PLAN: &[(&str, &str, &[&str])] = &[
             "ipvs_mode_hairpin_variants_are_confirmed_and_twins_are_silent",
             "ipvs_mode_service_self_loop_is_confirmed_and_twins_are_silent",
         ],
-    ),
-    (
-        "5.10",
-        "nftables",
-        &["nftables_no_endpoint_drop_of_a_pods_call_is_confirmed_with_the_element"],
     ),
     ("6.1", "ipvs", &[THREE_KINDS_TEST]),
     (
