@@ -272,6 +272,18 @@ pub struct EgressSourceKey {
     pub _pad: [u8; 3],
 }
 
+/// Key of `DROP_DESTINATIONS`: a destination address that is not local but whose drops the
+/// drop program reports (kube-proxy's nftables `no-endpoint-services` drop elements).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct DropDestinationKey {
+    /// IPv4 in the first 4 bytes, rest zero.
+    pub addr: [u8; 16],
+    /// One of [`family`].
+    pub family: u8,
+    pub _pad: [u8; 3],
+}
+
 /// Flows remembered per source in `EGRESS_SOURCES` (a power of two: the slot is masked).
 pub const EGRESS_SOURCE_SLOTS: usize = 16;
 
@@ -450,6 +462,7 @@ pin_layout!(EgressValue, size 40, align 8, {
     daddr: 0, dport: 16, _pad: 18, ifindex: 20, ts_ns: 24, last_ns: 32,
 });
 pin_layout!(EgressSourceKey, size 20, align 1, { addr: 0, family: 16, _pad: 17 });
+pin_layout!(DropDestinationKey, size 20, align 1, { addr: 0, family: 16, _pad: 17 });
 pin_layout!(EgressSourceFlows, size 68, align 4, { next: 0, flows: 4 });
 pin_layout!(FlowKey, size 40, align 2, {
     saddr: 0, daddr: 16, sport: 32, dport: 34, proto: 36, family: 37, kind: 38, _pad: 39,
@@ -479,6 +492,7 @@ mod pod {
     unsafe impl aya::Pod for EgressKey {}
     unsafe impl aya::Pod for EgressValue {}
     unsafe impl aya::Pod for EgressSourceKey {}
+    unsafe impl aya::Pod for DropDestinationKey {}
     unsafe impl aya::Pod for EgressSourceFlows {}
     unsafe impl aya::Pod for FlowKey {}
     unsafe impl aya::Pod for Budget {}

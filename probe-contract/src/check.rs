@@ -49,6 +49,10 @@ pub enum Kind {
     /// KUBE-LOOP-BACK entry (IPVS mode), or bridge ports without hairpin mode while
     /// br_netfilter runs kube-proxy's DNAT in the bridge.
     ServiceSelfLoop,
+    /// kube-proxy's nftables mode drops calls from this node's pods to an LB IP:port: an
+    /// externalTrafficPolicy Local Service without an endpoint here (its
+    /// `no-endpoint-services` element has verdict `drop`, kubernetes#131765).
+    EtpLocalDrop,
     /// A NIC's `rp_filter` / `accept_local` / `route_localnet` (drop vs reply).
     NicSourceValidation,
     /// `kernel.kptr_restrict` hides kernel addresses: drop sites unreadable.
@@ -72,6 +76,7 @@ impl Kind {
             Kind::VipPortUnserved => "vip_port_unserved",
             Kind::Hairpin => "hairpin",
             Kind::ServiceSelfLoop => "service_self_loop",
+            Kind::EtpLocalDrop => "etp_local_drop",
             Kind::NicSourceValidation => "nic_source_validation",
             Kind::KptrRestrict => "kptr_restrict",
             Kind::KernelVisibility => "kernel_visibility",

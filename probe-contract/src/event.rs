@@ -114,6 +114,11 @@ pub enum LoopbackKind {
     /// address as source and was dropped (in the pod as a local source, or at its bridge port
     /// without hairpin mode).
     ServiceSelfLoop,
+    /// kube-proxy (nftables mode) dropped a call from this node to an external or LB IP of an
+    /// externalTrafficPolicy Local Service that has no endpoint on this node: the IP:port is a
+    /// `drop` element of its `no-endpoint-services` map (kubernetes#131765). iptables and IPVS
+    /// mode send such calls to the cluster-wide endpoints instead.
+    EtpLocalDrop,
 }
 
 impl LoopbackKind {
@@ -124,6 +129,7 @@ impl LoopbackKind {
             LoopbackKind::VipPortUnserved => "vip_port_unserved",
             LoopbackKind::VipAsSource => "vip_as_source",
             LoopbackKind::ServiceSelfLoop => "service_self_loop",
+            LoopbackKind::EtpLocalDrop => "etp_local_drop",
         }
     }
 }
@@ -188,6 +194,8 @@ pub enum Layer {
 ///   Service sent it to, the Service address called when known, proto). The site keeps two
 ///   causes apart (the hairpin SNAT, the bridge's hairpin mode). The source port is ignored:
 ///   every call uses a new one.
+/// - `etp_local_drop`: (the dropped IP, port, proto). The caller and its port are ignored: the
+///   failure is kube-proxy's element, whoever calls it (the event shows the latest caller).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum AggregateKey {
     HealthcheckBlackhole {
@@ -224,6 +232,11 @@ pub enum AggregateKey {
         service: Option<(IpAddr, u16)>,
         proto: Proto,
     },
+    EtpLocalDrop {
+        addr: IpAddr,
+        port: u16,
+        proto: Proto,
+    },
 }
 
 impl AggregateKey {
@@ -234,6 +247,7 @@ impl AggregateKey {
             AggregateKey::VipPortUnserved { .. } => LoopbackKind::VipPortUnserved,
             AggregateKey::VipAsSource { .. } => LoopbackKind::VipAsSource,
             AggregateKey::ServiceSelfLoop { .. } => LoopbackKind::ServiceSelfLoop,
+            AggregateKey::EtpLocalDrop { .. } => LoopbackKind::EtpLocalDrop,
         }
     }
 }
@@ -308,6 +322,12 @@ impl fmt::Display for AggregateKey {
                 if *in_pod { "pod" } else { "node" },
                 service.map_or_else(|| "?".to_string(), |(ip, p)| sock(ip, p)),
                 sock(*pod, *port),
+                proto.as_str()
+            ),
+            AggregateKey::EtpLocalDrop { addr, port, proto } => write!(
+                f,
+                "etp_local_drop/{}/{}",
+                sock(*addr, *port),
                 proto.as_str()
             ),
         }

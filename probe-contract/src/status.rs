@@ -164,6 +164,7 @@ pub struct KindCounts {
     pub vip_port_unserved: u64,
     pub vip_as_source: u64,
     pub service_self_loop: u64,
+    pub etp_local_drop: u64,
 }
 
 /// Counters. Invariants (checked by the tests):

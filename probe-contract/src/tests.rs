@@ -171,6 +171,7 @@ fn every_kind_has_a_reason_that_names_it_back() {
         LoopbackKind::VipPortUnserved,
         LoopbackKind::VipAsSource,
         LoopbackKind::ServiceSelfLoop,
+        LoopbackKind::EtpLocalDrop,
     ] {
         assert_eq!(
             kube_event::kind_of_reason(kube_event::reason(kind)),
@@ -192,6 +193,7 @@ fn as_str_is_the_json_spelling() {
         LoopbackKind::VipPortUnserved,
         LoopbackKind::VipAsSource,
         LoopbackKind::ServiceSelfLoop,
+        LoopbackKind::EtpLocalDrop,
     ] {
         same(k, k.as_str());
     }

@@ -1,6 +1,7 @@
 //! `clb_kfree_skb` and its variants (tp_btf, raw tracepoint as fallback; with and without the
-//! drop reason): the kernel's drops of suspect packets, of packets to bound VIPs and of
-//! self-addressed local pod packets, read from the skb through BTF offsets.
+//! drop reason): the kernel's drops of suspect packets, of packets to bound VIPs, of
+//! self-addressed local pod packets and of local pod packets to a watched destination
+//! (`DROP_DESTINATIONS`), read from the skb through BTF offsets.
 
 use aya_ebpf::{
     EbpfContext,
@@ -8,13 +9,13 @@ use aya_ebpf::{
     macros::{btf_tracepoint, raw_tracepoint},
     programs::{BtfTracePointContext, RawTracePointContext},
 };
-use probe_common::{DropKey, KernelOffsets, family, kind, stat, tag};
+use probe_common::{DropDestinationKey, DropKey, KernelOffsets, family, kind, stat, tag};
 
 use crate::{
     emit::{Meta, count, emit, flow_of, may_emit, stat_add},
     lookup::lookup_tag,
-    maps::{CONFIG, DROPS, NICS, OFFSETS},
-    packet::{IPPROTO_TCP, IPPROTO_UDP, Packet},
+    maps::{CONFIG, DROP_DESTINATIONS, DROPS, NICS, OFFSETS},
+    packet::{IPPROTO_TCP, IPPROTO_UDP, Packet, bytes},
 };
 
 #[inline(always)]
@@ -87,6 +88,24 @@ fn self_addressed(skb: *const u8, off: &KernelOffsets) -> bool {
     }
 }
 
+/// Whether a dropped packet's destination is one of `DROP_DESTINATIONS`.
+///
+/// Why a map of its own and not a tag in the address tries: the tries answer "is this address
+/// local" for the TC programs on every packet; an LB IP tagged there would turn the LB's own
+/// packets into suspects on NIC ingress and stop the node's SYNs to it from being recorded on
+/// egress (they record only non-local destinations). This hash is read only here, on a drop
+/// (never per packet), and only for a local pod's packet that did not come in through a NIC
+/// and whose destination both look-ups missed: a third look-up on that path alone.
+#[inline(always)]
+fn watched_destination(pkt: &Packet) -> bool {
+    let key = DropDestinationKey {
+        addr: bytes(pkt.daddr),
+        family: pkt.family,
+        _pad: [0; 3],
+    };
+    unsafe { DROP_DESTINATIONS.get(key) }.is_some()
+}
+
 /// Common body of the tp_btf and raw tracepoint programs: both get (skb, location, reason).
 /// Kernels before 5.17 pass no reason: their variants give 0 (`SKB_NOT_DROPPED_YET` where the
 /// enum exists, never a real drop's reason) and userspace classifies by the drop site.
@@ -144,10 +163,18 @@ fn on_kfree_skb<C: EbpfContext>(ctx: &C, skb: *const u8, location: u64, reason: 
     // A local-source packet matters only when it came in through a monitored NIC: the node's
     // own outbound packets (iif 0) carry node sources legitimately.
     let src_relevant = self_loop || (src_tag != tag::NONE && unsafe { NICS.get(iif) }.is_some());
-    if !src_relevant && dst_tag != tag::VIP {
+    // A local pod's call dropped on its way to a watched destination (kube-proxy's nftables
+    // `no-endpoint-services` drop): reported with the pod as source, whatever the interface.
+    let pod_to_watched =
+        !src_relevant && src_tag == tag::POD && dst_tag == tag::NONE && watched_destination(&pkt);
+    if !src_relevant && !pod_to_watched && dst_tag != tag::VIP {
         return;
     }
-    let src_tag = if src_relevant { src_tag } else { tag::NONE };
+    let src_tag = if src_relevant || pod_to_watched {
+        src_tag
+    } else {
+        tag::NONE
+    };
     stat_add(stat::DROPS_MATCHED);
     // Off unless the agent runs with --ebpf-log (then one global check per matched drop).
     aya_log_ebpf::debug!(

@@ -64,6 +64,16 @@ pub(crate) static TRIE_V6_SIZE: aya_ebpf::maps::Array<u32> =
 pub(crate) static NICS: aya_ebpf::maps::HashMap<u32, u32> =
     aya_ebpf::maps::HashMap::with_max_entries(64, 0);
 
+/// Destinations that are not local but whose drops matter (value unused): the LB and
+/// external IPs kube-proxy's nftables mode drops for an externalTrafficPolicy Local Service
+/// on a node without a local endpoint (`no-endpoint-services`, kubernetes#131765). Read only
+/// by the drop program, only for a local pod's drop that both address look-ups missed.
+#[map]
+pub(crate) static DROP_DESTINATIONS: aya_ebpf::maps::HashMap<
+    probe_common::DropDestinationKey,
+    u32,
+> = aya_ebpf::maps::HashMap::with_max_entries(4096, 0);
+
 /// Exact suspect counters by (ifindex, tag, proto).
 #[map]
 pub(crate) static SUSPECTS: PerCpuHashMap<SuspectKey, u64> =

@@ -550,3 +550,40 @@ fn a_kube_ipvs0_left_behind_after_the_switch_to_nftables_is_named() {
     let (_, after) = report();
     assert!(named(&after, Kind::ModeLeftover).is_empty(), "{after:#?}");
 }
+
+/// Issue 39 item 1: kube-proxy's nftables `no-endpoint-services` drop of an ETP Local LB IP
+/// on a node without a local endpoint is named before any pod calls it (`default/web-local`,
+/// LB IP:8445); with a local endpoint (no drop element) it is not.
+#[test]
+fn an_etp_local_lb_ip_kube_proxy_drops_is_named_and_its_twin_is_not() {
+    if !require_root("probe check on the lab") {
+        return;
+    }
+    let lab = LabGuard::up_in(
+        KubeProxyMode::Nftables,
+        &Variants::default(),
+        &Default::default(),
+    )
+    .expect("lab up (nftables mode)");
+    let subject = format!("{}:{}/tcp", lab::VIP, lab::VIP_NFT_ETP_LOCAL_PORT);
+    lab.set_nft_web_local(false).unwrap();
+    let (code, json) = report();
+    assert_eq!(code, 1, "{json:#?}");
+    assert_eq!(
+        named(&json, Kind::EtpLocalDrop),
+        vec![("risk".to_string(), subject.clone())],
+        "{json:#?}"
+    );
+    let finding = find(&json, Kind::EtpLocalDrop);
+    assert!(
+        lines(&finding.evidence).contains("map no-endpoint-services has the element"),
+        "{finding:#?}"
+    );
+    assert!(
+        lines(&finding.remedy).contains("kubernetes#132456"),
+        "{finding:#?}"
+    );
+    lab.set_nft_web_local(true).unwrap();
+    let (_, twin) = report();
+    assert!(named(&twin, Kind::EtpLocalDrop).is_empty(), "{twin:#?}");
+}

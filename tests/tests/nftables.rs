@@ -238,3 +238,94 @@ fn nftables_service_self_loop_twin_with_the_hairpin_mark_reports_nothing() {
         silent(Scenario::SelfLoopSnat);
     }
 }
+
+/// Issue 39 item 1: kube-proxy's own drop. `default/web-local` (ETP Local) on a node without a
+/// local endpoint: its LB IP:port is a `drop` element of `no-endpoint-services`, so pod-a's
+/// call and the node's own call die in kube-proxy's filter chains (kubernetes#131765); with a
+/// local endpoint (the twin) pod-a is answered.
+#[test]
+fn nftables_no_endpoint_drop_lab_reproduces_kube_proxys_drop_and_its_twin() {
+    if !require_root("nftables_no_endpoint_drop_lab") {
+        return;
+    }
+    let lab = lab_up();
+    let to = std::net::SocketAddrV4::new(lab::VIP, lab::VIP_NFT_ETP_LOCAL_PORT);
+    lab.set_nft_web_local(false).unwrap();
+    assert!(lab::nft::web_local_dropped());
+    let pod = lab.connect(lab::NS_POD_A, None, to).unwrap();
+    assert_eq!(pod.outcome, Outcome::Timeout, "{pod:?}");
+    let node = lab.connect(lab::NS_NODE, None, to).unwrap();
+    assert_eq!(node.outcome, Outcome::Timeout, "{node:?}");
+    lab.set_nft_web_local(true).unwrap();
+    assert!(!lab::nft::web_local_dropped());
+    let pod = lab.connect(lab::NS_POD_A, None, to).unwrap();
+    assert_eq!(pod.outcome, Outcome::Ok, "{pod:?}");
+    // And back: the rewrite is idempotent in both directions.
+    lab.set_nft_web_local(false).unwrap();
+    assert!(lab::nft::web_local_dropped());
+    let pod = lab.connect(lab::NS_POD_A, None, to).unwrap();
+    assert_eq!(pod.outcome, Outcome::Timeout, "{pod:?}");
+}
+
+/// Issue 39 item 1: pod-a's call to `default/web-local`'s LB IP:8445 (ETP Local, no endpoint
+/// on the node) dies in kube-proxy's `filter-forward` on the `no-endpoint-services` element;
+/// the agent sees the drop (the LB IP is a watched destination, not a local address) and
+/// confirms `etp_local_drop` naming the element and the fixes.
+#[test]
+fn nftables_no_endpoint_drop_of_a_pods_call_is_confirmed_with_the_element() {
+    if !require_root("nftables_no_endpoint_drop") {
+        return;
+    }
+    let lab = lab_up();
+    lab.set_nft_web_local(false).unwrap();
+    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    let to = std::net::SocketAddrV4::new(lab::VIP, lab::VIP_NFT_ETP_LOCAL_PORT);
+    let pod = lab.connect(lab::NS_POD_A, None, to).unwrap();
+    assert_eq!(pod.outcome, Outcome::Timeout, "{pod:?}");
+    let e = agent.only_event(LoopbackKind::EtpLocalDrop, WAIT);
+    assert_eq!(e.src, IpAddr::V4(lab::POD_A_IP));
+    assert_eq!(e.vip, Some(IpAddr::V4(lab::VIP)));
+    assert_eq!(e.vip_port, Some(lab::VIP_NFT_ETP_LOCAL_PORT));
+    assert_eq!(e.outcome, Fate::Dropped);
+    // The kernel's netfilter drop: named on 5.17+, inferred from nf_hook_slow before.
+    assert_eq!(e.drop_reason.as_deref(), Some("NETFILTER_DROP"));
+    assert_eq!(e.service.as_deref(), Some("default/web-local"));
+    let ev = lines(&e.evidence);
+    assert!(
+        ev.contains(
+            "map no-endpoint-services has the element 203.0.113.10 . tcp . 8445 comment \
+             \"default/web-local:http\" : drop"
+        ),
+        "{ev}"
+    );
+    assert!(
+        ev.contains("none of them on this node: 198.19.2.10:30080"),
+        "{ev}"
+    );
+    let remedy = lines(&e.remedy);
+    assert!(remedy.contains("kubernetes#132456"), "{remedy}");
+    assert!(
+        e.fixes.iter().any(|f| f.id == "kube-proxy-nftables-fix"),
+        "{:?}",
+        e.fixes
+    );
+    drop(lab);
+}
+
+/// The twin: the same call with a local endpoint (kube-proxy writes no drop element) is
+/// answered, and the agent reports nothing.
+#[test]
+fn nftables_no_endpoint_drop_twin_with_a_local_endpoint_reports_nothing() {
+    if !require_root("nftables_no_endpoint_drop_twin") {
+        return;
+    }
+    let lab = lab_up();
+    lab.set_nft_web_local(true).unwrap();
+    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    let to = std::net::SocketAddrV4::new(lab::VIP, lab::VIP_NFT_ETP_LOCAL_PORT);
+    let pod = lab.connect(lab::NS_POD_A, None, to).unwrap();
+    assert_eq!(pod.outcome, Outcome::Ok, "{pod:?}");
+    std::thread::sleep(SETTLE);
+    assert!(agent.events().is_empty(), "{:#?}", agent.events());
+    drop(lab);
+}

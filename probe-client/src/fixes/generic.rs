@@ -5,7 +5,9 @@ use probe_contract::{LoopbackKind, SnatState, facts::SelfLoopMissing};
 use serde_json::json;
 
 use super::{Entry, Etp, IpMode, Offer, Provider, Source};
-use LoopbackKind::{Hairpin, HealthcheckBlackhole, ServiceSelfLoop, VipAsSource, VipPortUnserved};
+use LoopbackKind::{
+    EtpLocalDrop, Hairpin, HealthcheckBlackhole, ServiceSelfLoop, VipAsSource, VipPortUnserved,
+};
 
 /// Calling the Service by name never leaves the node for the LB, whatever the cloud. Gate: the
 /// looping caller is in the cluster (not the LB's own checks). For a host-network caller
@@ -14,7 +16,7 @@ use LoopbackKind::{Hairpin, HealthcheckBlackhole, ServiceSelfLoop, VipAsSource, 
 pub(super) static CALL_BY_SERVICE_NAME: Entry = Entry {
     id: "call-by-service-name",
     provider: Provider::Generic,
-    kinds: &[Hairpin, VipPortUnserved, VipAsSource],
+    kinds: &[Hairpin, VipPortUnserved, VipAsSource, EtpLocalDrop],
     change: "Call the Service by its cluster DNS name or ClusterIP instead of the LB address \
              (a change of the caller's configuration; nothing to patch)",
     preconditions: &[
@@ -31,13 +33,16 @@ pub(super) static CALL_BY_SERVICE_NAME: Entry = Entry {
 
 /// Reference 002's shape: kube-proxy writes rules for the LB IP and, under `Local`, does not
 /// mark pod traffic to it for masquerade, so it leaves un-SNATed; under `Cluster` it does.
+/// For `etp_local_drop` too: under `Cluster` kube-proxy's nftables mode writes no
+/// `no-endpoint-services` drop for the LB IP (`hasExternalEndpoints` is `hasEndpoints`,
+/// kubernetes/kubernetes `pkg/proxy/nftables/proxier.go`).
 /// Gate: the policy is Local and kube-proxy programs the LB IP
 /// ([`super::Facts::kube_proxy_programs_lb_ip`]); with ipMode Proxy, a hostname-only LB or no
 /// kube-proxy there is no rule for the policy to change (`check/services.rs` says the same).
 pub(super) static ETP_CLUSTER: Entry = Entry {
     id: "etp-cluster",
     provider: Provider::Generic,
-    kinds: &[Hairpin, VipAsSource],
+    kinds: &[Hairpin, VipAsSource, EtpLocalDrop],
     change: "Set externalTrafficPolicy: Cluster: kube-proxy then marks pod traffic to the LB IP \
              for masquerade, so it no longer leaves with a pod or VIP source",
     preconditions: &[],
@@ -208,4 +213,48 @@ pub(super) static RESTORE_POD_HAIRPIN: Entry = Entry {
             preconditions: missing.into_iter().collect(),
         })
     },
+};
+
+/// kube-proxy's nftables mode dropped the call with its own `no-endpoint-services` element
+/// (`etp_local_drop`). kubernetes#132456 ("nftables short-circuit local traffic to external
+/// addresses", fixing kubernetes#131765) runs the filter chains after DNAT, so calls that
+/// kube-proxy short-circuits to the cluster-wide endpoints are no longer dropped; 1.33 got it
+/// through the cherry-pick kubernetes#133969 (merged 2025-09-09). No 1.32 or 1.31 cherry-pick
+/// was found (issues searched for "cherry pick of #132456"). A pod's call is short-circuited
+/// only when kube-proxy has a local-traffic detector (`proxier.localDetector.IsImplemented()`
+/// in `pkg/proxy/nftables/proxier.go`), hence the second half of the change.
+pub(super) static KUBE_PROXY_NFTABLES_FIX: Entry = Entry {
+    id: "kube-proxy-nftables-fix",
+    provider: Provider::Generic,
+    kinds: &[EtpLocalDrop],
+    change: "Upgrade kube-proxy to a release with kubernetes#132456 (1.34, or a 1.33 patch \
+             release with its cherry-pick #133969; 1.29-1.32 have no fix), and give it a \
+             local-traffic detector (--detect-local-mode ClusterCIDR with --cluster-cidr, \
+             NodeCIDR, BridgeInterface or InterfaceNamePrefix) so that pod calls to the LB IP \
+             are sent to the cluster-wide endpoints instead of being dropped",
+    preconditions: &["kube-proxy runs in nftables mode (the rule that dropped the call is its)"],
+    side_effects: &[
+        "kube-proxy restarts on every node (its rules are rewritten; connections keep their \
+         conntrack entries)",
+    ],
+    source: "https://github.com/kubernetes/kubernetes/issues/131765",
+    offer: |_| Some(Offer::advice(85)),
+};
+
+/// An endpoint on every node that calls the LB IP: kube-proxy writes the `drop` element only
+/// for nodes without a local endpoint (`!hasExternalEndpoints`).
+pub(super) static LOCAL_ENDPOINT_EVERY_NODE: Entry = Entry {
+    id: "local-endpoint-every-node",
+    provider: Provider::Generic,
+    kinds: &[EtpLocalDrop],
+    change: "Run an endpoint of the Service on every node whose pods call its LB IP (a \
+             DaemonSet, or a topology spread over those nodes): kube-proxy then has a local \
+             endpoint there and writes no drop for the LB IP",
+    preconditions: &[],
+    side_effects: &[
+        "more replicas; calls from those nodes stay on the node (the Local policy's own \
+         behaviour)",
+    ],
+    source: "https://kubernetes.io/docs/reference/networking/virtual-ips/#external-traffic-policy",
+    offer: |_| Some(Offer::advice(40)),
 };

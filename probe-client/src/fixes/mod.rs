@@ -24,7 +24,7 @@ use std::collections::BTreeMap;
 
 use probe_contract::{
     Fix, Layer, LoopbackEvent, LoopbackKind, Proto, SnatState,
-    facts::{AddressOwner, SelfLoopMissing},
+    facts::{AddressOwner, SelfLoopMissing, SourceKind},
 };
 use serde_json::{Value, json};
 
@@ -124,6 +124,10 @@ impl Facts {
             LoopbackKind::VipPortUnserved if event.client_pod.is_some() => Some(Source::Pod),
             LoopbackKind::VipPortUnserved => None,
             LoopbackKind::ServiceSelfLoop => Some(Source::Pod),
+            LoopbackKind::EtpLocalDrop if event.facts.source == SourceKind::Node => {
+                Some(Source::Node)
+            }
+            LoopbackKind::EtpLocalDrop => Some(Source::Pod),
         };
         Facts {
             kind: event.kind,
@@ -168,7 +172,7 @@ impl Facts {
             LoopbackKind::HealthcheckBlackhole => Some(Source::Lb),
             LoopbackKind::VipAsSource => Some(Source::Node),
             LoopbackKind::VipPortUnserved => None,
-            LoopbackKind::ServiceSelfLoop => Some(Source::Pod),
+            LoopbackKind::ServiceSelfLoop | LoopbackKind::EtpLocalDrop => Some(Source::Pod),
         };
         let all_udp = !service.ports.is_empty()
             && service
@@ -297,6 +301,8 @@ pub static TABLE: &[&Entry] = &[
     &generic::SNAT_POD_EGRESS_TO_LB,
     &generic::LB_HEALTHCHECK_SOURCE,
     &generic::RESTORE_POD_HAIRPIN,
+    &generic::KUBE_PROXY_NFTABLES_FIX,
+    &generic::LOCAL_ENDPOINT_EVERY_NODE,
     &aws::NLB_TARGET_TYPE_IP,
     &aws::PRESERVE_CLIENT_IP_OFF,
     &aws::IN_TREE_PRESERVE_CLIENT_IP_OFF,

@@ -5,12 +5,13 @@ use serde_json::{Value, json};
 
 use super::*;
 
-const KINDS: [LoopbackKind; 5] = [
+const KINDS: [LoopbackKind; 6] = [
     LoopbackKind::HealthcheckBlackhole,
     LoopbackKind::Hairpin,
     LoopbackKind::VipPortUnserved,
     LoopbackKind::VipAsSource,
     LoopbackKind::ServiceSelfLoop,
+    LoopbackKind::EtpLocalDrop,
 ];
 
 /// RFC 7386 merge patch.

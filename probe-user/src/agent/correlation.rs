@@ -17,7 +17,7 @@ use super::{AbortOnDrop, queries, services};
 use crate::{
     correlate::{Answer, Correlator, CorrelatorConfig, Output},
     hub::Shared,
-    kernel::{counters::EgressTable, reader::IfNames},
+    kernel::{DropDestinations, counters::EgressTable, reader::IfNames},
     kube::{hold::Hold, index::Index},
     resolution::{Observed, ProofRequest, Tracker, proof, service_fields},
     state,
@@ -28,6 +28,8 @@ use probe_contract::{Confirmation, record::KernelEvent};
 pub(super) struct CorrelateLoop {
     pub events: mpsc::Receiver<KernelEvent>,
     pub egress: EgressTable,
+    /// The drop program's watched destinations, kept from each service table.
+    pub drop_destinations: DropDestinations,
     pub ifnames: IfNames,
     /// `--record`: every kernel event, as read, before correlation.
     pub record: Option<crate::sink::json::JsonLines>,
@@ -51,6 +53,18 @@ pub(super) struct CorrelateLoop {
     pub status: watch::Sender<probe_contract::NodeStatus>,
     /// Each confirmed loop's life: active, quiet, resolved (`crate::resolution`).
     pub tracker: Tracker,
+}
+
+/// Puts the addresses of kube-proxy's nftables `no-endpoint-services` drop elements into the
+/// drop program's watched destinations: a local pod's call to one of them, dropped by
+/// kube-proxy's filter chains, then reaches the correlator (`correlate/no_endpoint.rs`).
+/// A map write that fails is said and retried with the next table.
+fn watch_drop_destinations(maps: &mut DropDestinations, table: &state::ServiceTable) {
+    let want: std::collections::BTreeSet<std::net::IpAddr> =
+        table.no_endpoint_drops.iter().map(|d| d.addr).collect();
+    if let Err(e) = maps.sync(&want) {
+        tracing::warn!(error = %e, "writing the drop program's watched destinations");
+    }
 }
 
 /// One proof look-up's results: (loop key, what it found or None).
@@ -92,6 +106,7 @@ pub(super) async fn run(mut l: CorrelateLoop) -> anyhow::Result<()> {
         vip_iface: l.vip_iface.clone(),
         ..CorrelatorConfig::default()
     });
+    watch_drop_destinations(&mut l.drop_destinations, &l.services);
     correlator.set_services(std::mem::take(&mut l.services));
     correlator.set_owners(l.owners.borrow_and_update().clone());
     let mut tick = tokio::time::interval(Duration::from_millis(250));
@@ -168,6 +183,7 @@ pub(super) async fn run(mut l: CorrelateLoop) -> anyhow::Result<()> {
                     s.dataplane = dataplane;
                     changed
                 });
+                watch_drop_destinations(&mut l.drop_destinations, &table);
                 correlator.set_services(table);
                 Vec::new()
             }

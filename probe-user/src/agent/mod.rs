@@ -229,6 +229,7 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
     let result = correlation::run(CorrelateLoop {
         events: ev_rx,
         egress: loaded.egress,
+        drop_destinations: loaded.drop_destinations,
         ifnames,
         record: surfaces.record,
         shared,

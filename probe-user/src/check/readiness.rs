@@ -247,6 +247,7 @@ fn fixes_of(
         Kind::VipPortUnserved => L::VipPortUnserved,
         Kind::Hairpin => L::Hairpin,
         Kind::ServiceSelfLoop => L::ServiceSelfLoop,
+        Kind::EtpLocalDrop => L::EtpLocalDrop,
         _ => return Vec::new(),
     };
     let Some((ip, port)) = parse_subject(subject) else {

@@ -51,6 +51,7 @@ pub(super) fn lab() -> Inputs {
             }],
             masquerade_rules: vec![KUBE_MASQ.into()],
             access_filter: vec![],
+            no_endpoint_drops: vec![],
         },
         nics: vec![NicSysctls {
             name: "eth0".into(),

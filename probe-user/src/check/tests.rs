@@ -628,3 +628,66 @@ fn an_lb_ip_held_by_an_announcer_is_named_for_it() {
     assert!(f.summary.contains("bound on kube-ipvs0"), "{}", f.summary);
     assert!(!f.summary.contains("kube-vip"), "{}", f.summary);
 }
+
+/// kube-proxy's nftables `no-endpoint-services` drop of an ETP Local LB IP (issue 39, item
+/// 1): a risk naming the element and the fixed release; without the element, none.
+#[test]
+fn an_etp_local_lb_ip_in_no_endpoint_services_is_a_risk_and_its_twin_is_not() {
+    let nft = |dropped: bool| {
+        let mut i = masquerade(unbind(lab()));
+        i.services.source = Some(ServiceSource::Nftables);
+        i.services.services.push(crate::state::ServiceEntry {
+            vip: ip(VIP),
+            port: 8445,
+            proto: probe_contract::Proto::Tcp,
+            service: Some("default/web-local:http".into()),
+            backends: vec!["198.19.2.10:30080".into()],
+        });
+        if dropped {
+            i.services
+                .no_endpoint_drops
+                .push(crate::state::NoEndpointDrop {
+                    addr: ip(VIP),
+                    proto: probe_contract::Proto::Tcp,
+                    port: 8445,
+                    service: Some("default/web-local:http".into()),
+                });
+        }
+        i
+    };
+    let risk = v(Kind::EtpLocalDrop, Severity::Risk, "203.0.113.10:8445/tcp");
+    assert!(
+        verdicts(&nft(true)).contains(&risk),
+        "{:#?}",
+        verdicts(&nft(true))
+    );
+    assert!(
+        verdicts(&nft(false))
+            .iter()
+            .all(|(k, _, _)| *k != Kind::EtpLocalDrop),
+        "{:#?}",
+        verdicts(&nft(false))
+    );
+    let findings = rules::judge(&nft(true));
+    let f = findings
+        .iter()
+        .find(|f| f.kind == Kind::EtpLocalDrop)
+        .unwrap();
+    assert!(f.summary.contains("default/web-local"), "{}", f.summary);
+    let evidence = f.evidence.join("\n");
+    assert!(
+        evidence.contains(
+            "map no-endpoint-services has the element 203.0.113.10 . tcp . 8445 comment \
+             \"default/web-local:http\" : drop"
+        ),
+        "{evidence}"
+    );
+    assert!(evidence.contains("198.19.2.10:30080"), "{evidence}");
+    let remedy = f.remedy.join("\n");
+    assert!(remedy.starts_with("Cause: this node's pods"), "{remedy}");
+    assert!(remedy.contains("kubernetes#132456"), "{remedy}");
+    assert!(
+        remedy.contains("set externalTrafficPolicy: Cluster"),
+        "{remedy}"
+    );
+}

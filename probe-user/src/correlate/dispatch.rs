@@ -102,6 +102,10 @@ impl Correlator {
             self.confirm_unserved(&packet, info, out);
             return;
         }
+        if self.is_etp_local_drop(&packet, &info) {
+            self.confirm_etp_local_drop(&packet, info, out);
+            return;
+        }
 
         if self.flows.contains_key(&t) {
             self.on_flow_drop(&t, info, out);

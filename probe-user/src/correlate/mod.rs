@@ -60,6 +60,12 @@
 //!   Not for a TCP reply (ACK set) to a VIP, nor an opener from outside through a NIC
 //!   (`vip_reply.rs`): a reply that pairs with a VIP-source suspect is the health-check black
 //!   hole as IPv6 shows it (no martian check: the node's answer to the VIP dies locally).
+//! - **`etp_local_drop`**: a netfilter drop (`NETFILTER_DROP`, or `NOT_SPECIFIED` at a
+//!   netfilter site) of a `Pod`- or `Node`-source TCP/UDP packet to a non-local address whose
+//!   (address, protocol, port) is a `drop` element of kube-proxy's nftables map
+//!   `no-endpoint-services` (an externalTrafficPolicy Local Service's LB or external IP on a
+//!   node without a local endpoint; kubernetes#131765): see `etp_local_drop.rs`. Outcome
+//!   `dropped`; `vip`/`vip_port` = the dropped IP:port.
 //! - Anything else is counted in [`CorrelatorStats`], never reported.
 //!
 //! Kernels without drop reasons (< 5.17) report every drop as `UNREPORTED` with its site:
@@ -91,6 +97,9 @@ mod config;
 mod conntrack;
 mod dispatch;
 mod drop_reason;
+mod etp_local_drop;
+#[cfg(test)]
+mod etp_local_drop_tests;
 mod evidence;
 mod hairpin;
 #[cfg(test)]

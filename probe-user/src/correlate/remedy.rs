@@ -23,7 +23,8 @@ mod sentences;
 pub(crate) use self::check::placeholder;
 pub(crate) use self::{
     check::{
-        healthcheck_blackhole, proxy_mode, service_self_loop_risk, sock_of, vip_port_unserved,
+        etp_local_drop_risk, healthcheck_blackhole, proxy_mode, service_self_loop_risk, sock_of,
+        vip_port_unserved,
     },
     kinds::build,
     self_loop::self_masq_rule,

@@ -14,12 +14,13 @@ use probe_contract::{
     },
 };
 
-const KINDS: [LoopbackKind; 5] = [
+const KINDS: [LoopbackKind; 6] = [
     LoopbackKind::HealthcheckBlackhole,
     LoopbackKind::Hairpin,
     LoopbackKind::VipPortUnserved,
     LoopbackKind::VipAsSource,
     LoopbackKind::ServiceSelfLoop,
+    LoopbackKind::EtpLocalDrop,
 ];
 
 fn ip(s: &str) -> IpAddr {
@@ -33,6 +34,7 @@ fn event(kind: LoopbackKind, source: SourceKind) -> LoopbackEvent {
         LoopbackKind::VipPortUnserved => ("198.19.1.10", "203.0.113.10", 443, Some(443)),
         LoopbackKind::Hairpin => ("198.19.1.10", "198.18.0.2", 30080, Some(80)),
         LoopbackKind::ServiceSelfLoop => ("198.19.1.11", "198.19.1.11", 8080, Some(80)),
+        LoopbackKind::EtpLocalDrop => ("198.19.1.10", "203.0.113.10", 8445, Some(8445)),
     };
     let src = match (kind, source) {
         (LoopbackKind::Hairpin | LoopbackKind::VipPortUnserved, SourceKind::Node) => "198.18.0.2",
@@ -187,6 +189,18 @@ fn check(e: &LoopbackEvent, what: &str) {
         LoopbackKind::ServiceSelfLoop => {
             assert!(cause.contains("pod 198.19.1.11"), "{what}: {cause}");
         }
+        LoopbackKind::EtpLocalDrop => {
+            let caller = match f.source {
+                SourceKind::Node => "host-network caller on this node",
+                _ => "the pod 198.19.1.10",
+            };
+            assert!(cause.contains(caller), "{what}: {cause}");
+            assert!(cause.contains("no-endpoint-services"), "{what}: {cause}");
+            assert!(
+                all.contains("kubernetes#132456"),
+                "{what}: the fixed release"
+            );
+        }
         LoopbackKind::Hairpin | LoopbackKind::VipPortUnserved => match f.source {
             SourceKind::Pod => {
                 assert!(cause.contains("pod "), "{what}: {cause}");
@@ -325,7 +339,7 @@ fn every_kind_policy_name_sender_and_owner_gives_a_consistent_remedy() {
             }
         }
     }
-    assert_eq!(cases, 5 * 3 * 6 * 3 * 4 + 3 * 6 * 2);
+    assert_eq!(cases, KINDS.len() * 3 * 6 * 3 * 4 + 3 * 6 * 2);
 }
 
 fn apiserver() -> probe_contract::Listener {

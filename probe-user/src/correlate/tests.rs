@@ -130,6 +130,7 @@ pub(super) fn table() -> ServiceTable {
             "-A KUBE-POSTROUTING -m mark --mark 0x4000/0x4000 -j MASQUERADE".into(),
         ],
         access_filter: Vec::new(),
+        no_endpoint_drops: Vec::new(),
     }
 }
 

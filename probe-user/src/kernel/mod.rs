@@ -17,7 +17,7 @@ pub mod sizing;
 pub mod tc;
 
 pub use btf::{DropReasons, KernelBtf};
-pub use probe::{AddressMaps, Probe, ProbeSettings};
+pub use probe::{AddressMaps, DropDestinations, Probe, ProbeSettings};
 
 /// An underlying error of any kind, kept as the source of a [`KernelError`].
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

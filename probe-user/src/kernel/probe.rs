@@ -131,6 +131,41 @@ impl AddressMaps {
     }
 }
 
+/// `DROP_DESTINATIONS`: non-local destinations whose drops of a local pod's packets the drop
+/// program reports (see `probe-ebpf/src/drops.rs`, `watched_destination`). The agent keeps in
+/// it the addresses of kube-proxy's nftables `no-endpoint-services` drop elements, from each
+/// new service table ([`Self::sync`]).
+pub struct DropDestinations {
+    map: BpfHashMap<MapData, probe_common::DropDestinationKey, u32>,
+    held: std::collections::BTreeSet<IpAddr>,
+}
+
+impl DropDestinations {
+    /// Makes the map hold exactly `want` (a diff against what it holds). Past the map's
+    /// capacity the rest is left out: their drops then stay unreported, as before.
+    pub fn sync(&mut self, want: &std::collections::BTreeSet<IpAddr>) -> Result<(), KernelError> {
+        let key = |a: IpAddr| probe_common::DropDestinationKey {
+            addr: super::codec::addr_bytes(a),
+            family: super::codec::family_of(a),
+            _pad: [0; 3],
+        };
+        let gone: Vec<IpAddr> = self.held.difference(want).copied().collect();
+        for a in gone {
+            self.map
+                .remove(&key(a))
+                .map_err(map_err("DROP_DESTINATIONS"))?;
+            self.held.remove(&a);
+        }
+        for a in want.difference(&self.held.clone()) {
+            self.map
+                .insert(key(*a), 1, 0)
+                .map_err(map_err("DROP_DESTINATIONS"))?;
+            self.held.insert(*a);
+        }
+        Ok(())
+    }
+}
+
 fn map_err(map: &'static str) -> impl Fn(aya::maps::MapError) -> KernelError {
     move |source| KernelError::Map { map, source }
 }
@@ -160,6 +195,7 @@ pub struct Loaded {
     pub addresses: AddressMaps,
     pub counters: Counters,
     pub egress: EgressTable,
+    pub drop_destinations: DropDestinations,
     /// The programs' aya-log records (`--ebpf-log`), forwarded to `tracing` by [`run_logger`].
     pub logger: Option<EbpfLogger>,
 }
@@ -286,6 +322,10 @@ impl Probe {
             map: take(&mut ebpf, "EGRESS_FLOWS")?,
             sources: take(&mut ebpf, "EGRESS_SOURCES")?,
         };
+        let drop_destinations = DropDestinations {
+            map: take(&mut ebpf, "DROP_DESTINATIONS")?,
+            held: std::collections::BTreeSet::new(),
+        };
         Ok(Loaded {
             probe: Probe {
                 ebpf,
@@ -297,6 +337,7 @@ impl Probe {
             addresses,
             counters,
             egress,
+            drop_destinations,
             logger,
         })
     }

@@ -186,6 +186,8 @@ fn find_service<'a>(event: &LoopbackEvent, index: &'a Index) -> Option<&'a Servi
         LoopbackKind::VipAsSource => by_vip
             .or_else(|| index.service_by_node_port(event.dst_port, proto))
             .or_else(|| event.vip.and_then(|vip| only(index.services_by_lb_ip(vip)))),
+        // The LB or external IP:port kube-proxy dropped the call to.
+        LoopbackKind::EtpLocalDrop => by_vip,
         // The address the pod called: a ClusterIP or LB IP, or a node address's NodePort.
         LoopbackKind::ServiceSelfLoop => by_vip.or_else(|| {
             event

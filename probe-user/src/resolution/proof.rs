@@ -81,7 +81,8 @@ impl Shape {
         match e.kind {
             LoopbackKind::Hairpin
             | LoopbackKind::VipPortUnserved
-            | LoopbackKind::ServiceSelfLoop => Some(Shape::To {
+            | LoopbackKind::ServiceSelfLoop
+            | LoopbackKind::EtpLocalDrop => Some(Shape::To {
                 addr: e.vip?,
                 port: e.vip_port?,
                 proto: e.proto,

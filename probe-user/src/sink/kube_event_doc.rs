@@ -227,6 +227,10 @@ pub fn note(event: &LoopbackEvent) -> String {
             "A packet with the LB VIP {} as its source left this node for {dst}/{proto} without SNAT: a host-network call to the LB IP, forwarded to another node.",
             event.src
         ),
+        LoopbackKind::EtpLocalDrop => format!(
+            "kube-proxy dropped a call from {} to {vip}/{proto}: an externalTrafficPolicy Local Service without an endpoint on this node, in nftables mode.",
+            event.src
+        ),
         LoopbackKind::ServiceSelfLoop => format!(
             "Pod {} called its own Service at {vip}/{proto} and was picked as the endpoint; without the hairpin SNAT the call came back with its own address as source and was dropped.",
             event.src
@@ -344,7 +348,7 @@ pub fn event_doc(event: &LoopbackEvent, names: &Names, node: &str, wall: SystemT
         });
     let regarding = service.unwrap_or_else(|| ObjectRef::node(node));
     let related = match event.kind {
-        LoopbackKind::Hairpin | LoopbackKind::ServiceSelfLoop => names
+        LoopbackKind::Hairpin | LoopbackKind::ServiceSelfLoop | LoopbackKind::EtpLocalDrop => names
             .client_pod
             .as_deref()
             .and_then(|p| ObjectRef::namespaced("Pod", p)),

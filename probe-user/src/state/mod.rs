@@ -142,6 +142,27 @@ pub struct ServiceTable {
     /// filter table, as text; empty when the chain does not exist.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub access_filter: Vec<String>,
+    /// kube-proxy's nftables mode: the elements of `no-endpoint-services` whose verdict is
+    /// `drop` (see [`NoEndpointDrop`]); empty in other modes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub no_endpoint_drops: Vec<NoEndpointDrop>,
+}
+
+/// An element `addr . proto . port : drop` of kube-proxy's nftables verdict map
+/// `no-endpoint-services`: an external or LB IP of an externalTrafficPolicy Local Service
+/// whose node has no local endpoint (`!hasExternalEndpoints` in kubernetes/kubernetes
+/// `pkg/proxy/nftables/proxier.go`). kube-proxy's filter chains drop every new connection to
+/// it that was not DNATed first: calls from the node before kubernetes#132456 (filter chains
+/// before DNAT), and pod calls that its external chain does not short-circuit
+/// (kubernetes#131765). A Service without any endpoint gets `goto reject-chain` instead: that is
+/// no drop, and not listed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NoEndpointDrop {
+    pub addr: IpAddr,
+    pub proto: Proto,
+    pub port: u16,
+    /// The element's comment: kube-proxy writes `namespace/name:port`.
+    pub service: Option<String>,
 }
 
 impl ServiceTable {
@@ -150,6 +171,18 @@ impl ServiceTable {
         self.services
             .iter()
             .find(|s| s.vip == vip && s.port == port && s.proto == proto)
+    }
+
+    /// kube-proxy's `no-endpoint-services` drop element for `addr:port/proto`, if any.
+    pub fn no_endpoint_drop(
+        &self,
+        addr: IpAddr,
+        port: u16,
+        proto: Proto,
+    ) -> Option<&NoEndpointDrop> {
+        self.no_endpoint_drops
+            .iter()
+            .find(|d| d.addr == addr && d.port == port && d.proto == proto)
     }
 
     pub fn nodeport(&self, port: u16, proto: Proto) -> Option<&NodePortEntry> {

@@ -120,13 +120,20 @@ impl Scalar<'_> {
     }
 }
 
-/// A verdict: `{"goto": {"target": chain}}` or `{"jump": ...}`.
+/// A verdict: `{"goto": {"target": chain}}`, `{"jump": ...}` or `{"drop": null}`.
 #[derive(Debug, Default, Deserialize)]
 pub struct Verdict<'a> {
     #[serde(borrow, default)]
     pub goto: Option<Target<'a>>,
     #[serde(borrow, default)]
     pub jump: Option<Target<'a>>,
+    /// The key `drop` is there (its value is `null`, which `Option` would read as absent).
+    #[serde(default, deserialize_with = "present")]
+    pub drop: bool,
+}
+
+fn present<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    IgnoredAny::deserialize(d).map(|_| true)
 }
 
 impl Verdict<'_> {
@@ -158,9 +165,16 @@ pub struct ElemKey<'a> {
 pub struct ElemVal<'a> {
     #[serde(borrow, default)]
     pub val: ElemKey<'a>,
+    #[serde(borrow, default)]
+    pub comment: Option<Cow<'a, str>>,
 }
 
 impl ElemKey<'_> {
+    /// The element's comment (kube-proxy writes the Service's `namespace/name:port`).
+    pub fn comment(&self) -> Option<&str> {
+        self.elem.as_ref().and_then(|e| e.comment.as_deref())
+    }
+
     /// The concatenated key's parts.
     pub fn parts(&self) -> Option<&[Scalar<'_>]> {
         match (&self.concat, &self.elem) {

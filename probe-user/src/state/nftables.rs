@@ -16,6 +16,9 @@
 //!   (an unconditional `jump mark-for-masquerade`) then goes to `service-...`; `Local`
 //!   short-circuits pod and local traffic ("short-circuit pod traffic", "masquerade local
 //!   traffic": `fib saddr type local jump mark-for-masquerade`) and goes to `local-...`;
+//! - the verdict map `no-endpoint-services` (`addr . proto . port : drop | goto reject-chain`):
+//!   its `drop` elements as [`NoEndpointDrop`]s (an ETP Local external or LB IP on a node
+//!   without a local endpoint; kubernetes#131765);
 //! - every rule with a `masquerade` statement (kube-proxy's `masquerading` chain), as
 //!   `nftables <family> kube-proxy chain <chain>: masquerade <flags>`, for evidence.
 //!
@@ -34,7 +37,7 @@ use std::{
 use std::borrow::Cow;
 
 use super::{
-    NodePortEntry, ParseCache, ServiceEntry, ServiceSource, ServiceTable, iptables,
+    NoEndpointDrop, NodePortEntry, ParseCache, ServiceEntry, ServiceSource, ServiceTable, iptables,
     nft_json::{self, ExprFacts, Scalar},
 };
 use probe_contract::Proto;
@@ -47,6 +50,8 @@ pub const FAMILIES: [&str; 2] = ["ip", "ip6"];
 pub const SERVICE_IPS: &str = "service-ips";
 /// The verdict map of NodePorts.
 pub const SERVICE_NODEPORTS: &str = "service-nodeports";
+/// The verdict map of destinations without (usable) endpoints: `drop` or `goto reject-chain`.
+pub const NO_ENDPOINT_SERVICES: &str = "no-endpoint-services";
 /// The chain every masquerade decision jumps to.
 pub const MARK_FOR_MASQUERADE: &str = "mark-for-masquerade";
 
@@ -156,7 +161,12 @@ pub fn parse_nft_json(text: &str) -> Result<ServiceTable, String> {
                 comment: r.comment.clone(),
             });
         } else if let Some(m) = &o.map {
-            if m.table != TABLE || (m.name != SERVICE_IPS && m.name != SERVICE_NODEPORTS) {
+            if m.table != TABLE
+                || !matches!(
+                    m.name.as_ref(),
+                    SERVICE_IPS | SERVICE_NODEPORTS | NO_ENDPOINT_SERVICES
+                )
+            {
                 continue;
             }
             if let Some(raw) = m.elem {
@@ -172,6 +182,11 @@ pub fn parse_nft_json(text: &str) -> Result<ServiceTable, String> {
     };
     // Every element first, merged once (a Service's IP may appear under several elements).
     let mut found = ServiceTable::default();
+    // (address, proto, port) that `service-ips` sends to an `external-` chain: LB and external
+    // IPs. A `drop` element of `no-endpoint-services` counts only for those: kube-proxy also
+    // writes `drop` for a ClusterIP of an internalTrafficPolicy Local Service without a local
+    // endpoint (`internalTrafficFilterVerdict`), which is that policy doing what it says.
+    let mut external: HashSet<(IpAddr, Proto, u16)> = HashSet::new();
 
     for (key, verdict) in maps.get(SERVICE_IPS).map(Vec::as_slice).unwrap_or_default() {
         let (Some([addr, proto, port]), Some(target)) = (key.parts(), verdict.target()) else {
@@ -184,6 +199,9 @@ pub fn parse_nft_json(text: &str) -> Result<ServiceTable, String> {
         ) else {
             continue;
         };
+        if target.starts_with("external-") {
+            external.insert((vip, proto, port));
+        }
         found.services.push(ServiceEntry {
             vip,
             port,
@@ -212,6 +230,33 @@ pub fn parse_nft_json(text: &str) -> Result<ServiceTable, String> {
         });
     }
     iptables::merge(&mut table, found);
+
+    for (key, verdict) in maps
+        .get(NO_ENDPOINT_SERVICES)
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+    {
+        let Some([addr, proto, port]) = key.parts() else {
+            continue;
+        };
+        let (true, Some(addr), Some(proto), Some(port)) = (
+            verdict.drop,
+            addr.as_str().and_then(|a| a.parse::<IpAddr>().ok()),
+            parse_proto(proto),
+            parse_port(port),
+        ) else {
+            continue;
+        };
+        if !external.contains(&(addr, proto, port)) {
+            continue;
+        }
+        table.no_endpoint_drops.push(NoEndpointDrop {
+            addr,
+            proto,
+            port,
+            service: key.comment().map(str::to_owned),
+        });
+    }
 
     for r in &rules {
         if let Some(flags) = r.expr.iter().find_map(|e| e.masquerade.as_ref()) {
@@ -459,6 +504,57 @@ mod tests {
         for cut in (0..text.len()).step_by(11) {
             let _ = parse_nft_json(&text[..cut]);
         }
+    }
+
+    /// `no-endpoint-services` as `nft -j` prints it (kube-proxy's shapes, kubernetes#131765):
+    /// only `drop` elements of LB/external IPs (sent to an `external-` chain by
+    /// `service-ips`) are kept, with their comment; `goto reject-chain` (a Service with no
+    /// endpoints at all), a ClusterIP's `drop` (internalTrafficPolicy Local) and other tables
+    /// are not.
+    #[test]
+    fn no_endpoint_services_drop_elements_are_read() {
+        let text = r#"{"nftables": [
+            {"map": {"family": "ip", "table": "kube-proxy", "name": "service-ips", "map": "verdict", "elem": [
+                [{"concat": ["203.0.113.10", "tcp", 8445]}, {"goto": {"target": "external-MW3VTDQO-default/web-local/tcp/http"}}],
+                [{"concat": ["203.0.113.11", "udp", 53]}, {"goto": {"target": "external-AAAAAAAA-default/dns/udp/dns"}}]]}},
+            {"map": {"family": "ip", "table": "kube-proxy", "name": "no-endpoint-services", "map": "verdict", "elem": [
+                [{"elem": {"val": {"concat": ["198.18.100.13", "tcp", 80]}, "comment": "default/itp-local:http"}}, {"drop": null}],
+                [{"elem": {"val": {"concat": ["203.0.113.10", "tcp", 8445]}, "comment": "default/web-local:http"}}, {"drop": null}],
+                [{"concat": ["203.0.113.11", "udp", 53]}, {"drop": null}],
+                [{"elem": {"val": {"concat": ["198.18.100.12", "tcp", 80]}, "comment": "default/none:http"}}, {"goto": {"target": "reject-chain"}}],
+                [{"concat": ["nope", "tcp", 80]}, {"drop": null}]]}},
+            {"map": {"family": "ip", "table": "other", "name": "no-endpoint-services", "elem": [
+                [{"concat": ["192.0.2.1", "tcp", 80]}, {"drop": null}]]}}
+        ]}"#;
+        let t = parse_nft_json(text).unwrap();
+        assert_eq!(
+            t.no_endpoint_drops,
+            vec![
+                NoEndpointDrop {
+                    addr: ip("203.0.113.10"),
+                    proto: Proto::Tcp,
+                    port: 8445,
+                    service: Some("default/web-local:http".into()),
+                },
+                NoEndpointDrop {
+                    addr: ip("203.0.113.11"),
+                    proto: Proto::Udp,
+                    port: 53,
+                    service: None,
+                },
+            ]
+        );
+        assert!(
+            t.no_endpoint_drop(ip("203.0.113.10"), 8445, Proto::Tcp)
+                .is_some()
+        );
+        assert!(
+            t.no_endpoint_drop(ip("203.0.113.10"), 80, Proto::Tcp)
+                .is_none()
+        );
+        assert_eq!(t.services.len(), 2, "no-endpoint elements are no services");
+        // The lab capture (all endpoints local) has none.
+        assert!(fixture("lab-ip.json").no_endpoint_drops.is_empty());
     }
 
     /// `read_blocking` in a scratch namespace holding the dual-stack fixture ruleset (root and

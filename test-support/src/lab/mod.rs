@@ -99,6 +99,10 @@ pub const PEER_POD_CIDR: &str = "198.19.2.0/24";
 pub const VIP_ETP_LOCAL_PORT: u16 = 8443;
 /// Variant `peer-node`: the same with externalTrafficPolicy Cluster (masqueraded).
 pub const VIP_ETP_CLUSTER_PORT: u16 = 8444;
+/// nftables mode, [`Lab::set_nft_web_local`]: the port of `default/web-local`, an
+/// externalTrafficPolicy Local Service on the LB IP (kube-proxy's `no-endpoint-services`
+/// drop when the node has no local endpoint).
+pub const VIP_NFT_ETP_LOCAL_PORT: u16 = 8445;
 /// A listener of the LB without its guard against sending a request back to the node it came
 /// from (-> node:30080, client address kept): the node-sourced loop.
 pub const VIP_NO_GUARD_PORT: u16 = 8081;
@@ -274,6 +278,21 @@ impl Lab {
     pub fn set_pod_b_hairpin_mode(&self, on: bool) -> Result<()> {
         net::require_up()?;
         switch::set_pod_b_hairpin_mode(on)
+    }
+
+    /// nftables mode: writes kube-proxy's rules of `default/web-local` (LB IP
+    /// [`VIP`]:[`VIP_NFT_ETP_LOCAL_PORT`], externalTrafficPolicy Local), replacing what was
+    /// there: with `local_endpoint` its endpoint is pod-b (the healthy twin), without it the
+    /// only endpoint is on another node and the LB IP:port is a `drop` element of
+    /// `no-endpoint-services` (kubernetes#131765). See [`nft::set_web_local`].
+    pub fn set_nft_web_local(&self, local_endpoint: bool) -> Result<()> {
+        net::require_up()?;
+        anyhow::ensure!(
+            nft::present(),
+            "default/web-local is written in kube-proxy's nftables table: the lab is not in \
+             nftables mode"
+        );
+        nft::set_web_local(local_endpoint)
     }
 
     /// One TCP attempt from inside `ns` (bound to `src` if given), with this lab's timeout.

@@ -12,7 +12,9 @@
 use anyhow::{Context, Result};
 
 use super::cmd::{exec, run_stdin, succeeds};
-use super::{NS_NODE, SERVICE_PORT, VIP};
+use super::{
+    NODE_PORT, NS_NODE, PEER_POD_IP, POD_B_IP, POD_PORT, SERVICE_PORT, VIP, VIP_NFT_ETP_LOCAL_PORT,
+};
 
 /// kube-proxy's table name (family `ip`).
 pub const NFT_TABLE: &str = "kube-proxy";
@@ -216,3 +218,138 @@ pub(crate) fn set_lb_ip_short_circuited(on: bool) -> Result<()> {
         .map(drop)
     }
 }
+
+/// `default/web-local`'s chains: kube-proxy's hashes of "default/web-local/tcp/http" and of
+/// its endpoints ("...__198.19.1.11/8080" on pod-b, "...__198.19.2.10/30080" on another node).
+pub const NFT_WEB_LOCAL_SERVICE_CHAIN: &str = "service-MW3VTDQO-default/web-local/tcp/http";
+pub const NFT_WEB_LOCAL_EXTERNAL_CHAIN: &str = "external-MW3VTDQO-default/web-local/tcp/http";
+pub const NFT_WEB_LOCAL_LOCAL_CHAIN: &str = "local-MW3VTDQO-default/web-local/tcp/http";
+const NFT_WEB_LOCAL_EP_POD_B: &str =
+    "endpoint-QL4FIQQY-default/web-local/tcp/http__198.19.1.11/8080";
+const NFT_WEB_LOCAL_EP_REMOTE: &str =
+    "endpoint-6PGTBTN2-default/web-local/tcp/http__198.19.2.10/30080";
+/// kube-proxy's map of destinations without (usable) endpoints.
+pub const NFT_NO_ENDPOINT_SERVICES: &str = "no-endpoint-services";
+
+fn web_local_key() -> String {
+    format!("{{ {VIP} . tcp . {VIP_NFT_ETP_LOCAL_PORT} }}")
+}
+
+fn has_element(map: &str, key: &str) -> bool {
+    succeeds(&[
+        "ip", "netns", "exec", NS_NODE, "nft", "get", "element", "ip", NFT_TABLE, map, key,
+    ])
+}
+
+/// Whether `default/web-local`'s LB IP:port is a `drop` element of `no-endpoint-services`.
+pub fn web_local_dropped() -> bool {
+    has_element(NFT_NO_ENDPOINT_SERVICES, &web_local_key())
+}
+
+/// The rules of `default/web-local` (LB IP VIP:8445, externalTrafficPolicy Local, no
+/// ClusterIP rules: nothing here calls it) as kube-proxy's nftables proxier writes them
+/// (kubernetes/kubernetes `pkg/proxy/nftables/proxier.go`, `syncProxyRules`, read at
+/// 01d7de5464ba): the LB IP is an element of `service-ips` whenever the Service has endpoints
+/// anywhere (`goto external-...`), and, when the node has no local endpoint
+/// (`!hasExternalEndpoints`), also an element of `no-endpoint-services` with verdict `drop`
+/// ("DROP anything that didn't get short-circuited by the EXT chain"). The `external-` chain
+/// of an ETP Local Service short-circuits the node's own traffic (`fib saddr type local`) to
+/// the cluster-wide `service-` chain and falls through to `local-` only when there are local
+/// endpoints. The "short-circuit pod traffic" rule (`ip saddr <cluster CIDR> goto service-`)
+/// is written only when kube-proxy has a local-traffic detector
+/// (`proxier.localDetector.IsImplemented()`); the lab's kube-proxy has none (e.g.
+/// `--detect-local-mode=ClusterCIDR` without `--cluster-cidr`), so pod-a's call is never
+/// DNATed and dies in `filter-forward` (`service-endpoints-check`, priority -110).
+///
+/// Before kubernetes#132456 (in 1.34, cherry-picked to 1.33 by #133969) the filter chains run
+/// at priority -110, before DNAT, so the node's own call to the LB IP dies in `filter-output`
+/// too; after it they run at priority 0 (kubernetes#131765). The lab's table is the pre-fix
+/// one.
+fn web_local_rules(local_endpoint: bool) -> String {
+    let t = NFT_TABLE;
+    let (svc, ext, local) = (
+        NFT_WEB_LOCAL_SERVICE_CHAIN,
+        NFT_WEB_LOCAL_EXTERNAL_CHAIN,
+        NFT_WEB_LOCAL_LOCAL_CHAIN,
+    );
+    let (ep_b, ep_r) = (NFT_WEB_LOCAL_EP_POD_B, NFT_WEB_LOCAL_EP_REMOTE);
+    let mut s = String::new();
+    for c in [svc, ext, local, ep_b, ep_r] {
+        s += &format!("add chain ip {t} {c}\nflush chain ip {t} {c}\n");
+    }
+    s += &format!("add rule ip {t} {ep_b} ip saddr {POD_B_IP} jump mark-for-masquerade\n");
+    s += &format!("add rule ip {t} {ep_b} meta l4proto tcp dnat to {POD_B_IP}:{POD_PORT}\n");
+    s += &format!("add rule ip {t} {ep_r} ip saddr {PEER_POD_IP} jump mark-for-masquerade\n");
+    s += &format!("add rule ip {t} {ep_r} meta l4proto tcp dnat to {PEER_POD_IP}:{NODE_PORT}\n");
+    // Cluster-wide endpoints: pod-b when it is the local one, else the other node's pod.
+    let cluster_ep = if local_endpoint { ep_b } else { ep_r };
+    s += &format!("add rule ip {t} {svc} numgen random mod 1 vmap {{ 0 : goto {cluster_ep} }}\n");
+    s += &format!(
+        "add rule ip {t} {ext} fib saddr type local jump mark-for-masquerade comment \"masquerade local traffic\"\n"
+    );
+    s += &format!(
+        "add rule ip {t} {ext} fib saddr type local goto {svc} comment \"short-circuit local traffic\"\n"
+    );
+    if local_endpoint {
+        s += &format!("add rule ip {t} {local} numgen random mod 1 vmap {{ 0 : goto {ep_b} }}\n");
+        s += &format!("add rule ip {t} {ext} goto {local}\n");
+    }
+    s
+}
+
+/// Writes `default/web-local` (see [`web_local_rules`]): with `local_endpoint`, pod-b is its
+/// endpoint and pod-a's call is answered; without, kube-proxy's `no-endpoint-services` drop
+/// element is in place. Chains are flushed and rewritten, never deleted: a chain a map
+/// element pointed at stays busy for a moment after the element goes on kernels before 6.2
+/// (kube-proxy's own comment in `syncProxyRules`).
+pub(crate) fn set_web_local(local_endpoint: bool) -> Result<()> {
+    let key = web_local_key();
+    for map in [SERVICE_IPS_MAP, NFT_NO_ENDPOINT_SERVICES] {
+        if has_element(map, &key) {
+            exec(
+                NS_NODE,
+                &["nft", "delete", "element", "ip", NFT_TABLE, map, &key],
+            )?;
+        }
+    }
+    run_stdin(
+        &["ip", "netns", "exec", NS_NODE, "nft", "-f", "-"],
+        &web_local_rules(local_endpoint),
+    )
+    .context("writing default/web-local's chains")?;
+    let service_ip = format!(
+        "{{ {VIP} . tcp . {VIP_NFT_ETP_LOCAL_PORT} : goto {NFT_WEB_LOCAL_EXTERNAL_CHAIN} }}"
+    );
+    exec(
+        NS_NODE,
+        &[
+            "nft",
+            "add",
+            "element",
+            "ip",
+            NFT_TABLE,
+            SERVICE_IPS_MAP,
+            &service_ip,
+        ],
+    )?;
+    if !local_endpoint {
+        let drop = format!(
+            "{{ {VIP} . tcp . {VIP_NFT_ETP_LOCAL_PORT} comment \"default/web-local:http\" : drop }}"
+        );
+        exec(
+            NS_NODE,
+            &[
+                "nft",
+                "add",
+                "element",
+                "ip",
+                NFT_TABLE,
+                NFT_NO_ENDPOINT_SERVICES,
+                &drop,
+            ],
+        )?;
+    }
+    Ok(())
+}
+
+const SERVICE_IPS_MAP: &str = "service-ips";

@@ -6,6 +6,7 @@ use super::Inputs;
 use probe_contract::check::Finding;
 
 mod dataplane;
+mod etp_local_drop;
 mod hairpin;
 mod healthcheck_blackhole;
 mod kernel_visibility;
@@ -18,6 +19,7 @@ mod targets;
 mod vip_port_unserved;
 
 use dataplane::dataplane;
+use etp_local_drop::etp_local_drop;
 pub use hairpin::covers_pod_egress;
 use hairpin::hairpin;
 use healthcheck_blackhole::healthcheck_blackhole;
@@ -36,6 +38,7 @@ pub fn judge(inp: &Inputs) -> Vec<Finding> {
     out.extend(vip_port_unserved(inp));
     out.extend(hairpin(inp));
     out.extend(service_self_loop(inp));
+    out.extend(etp_local_drop(inp));
     out.extend(nic_source_validation(inp));
     out.extend(kptr_restrict(inp));
     out.extend(kernel_visibility(inp));

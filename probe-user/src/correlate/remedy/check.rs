@@ -48,6 +48,33 @@ pub(crate) fn vip_port_unserved(
     unserved_options(vip, port, proto, owner, &facts, "this node or its pods")
 }
 
+/// `probe check`'s `etp_local_drop` risk: `addr:port/proto` is a `drop` element of kube-proxy's
+/// nftables `no-endpoint-services`, of `service` (`namespace/name`), whose policy the API
+/// says `etp_api` (None: not read).
+pub(crate) fn etp_local_drop_risk(
+    addr: IpAddr,
+    port: u16,
+    proto: Proto,
+    service: Option<&str>,
+    etp_api: Option<probe_contract::facts::Etp>,
+) -> Vec<String> {
+    let e = LoopbackEvent {
+        vip: Some(addr),
+        vip_port: Some(port),
+        proto,
+        service: service.map(str::to_owned),
+        facts: Facts {
+            source: SourceKind::Unknown,
+            etp_rules: Some(probe_contract::facts::Etp::Local),
+            etp_api,
+            proxy_mode: Some(ProxyMode::Nftables),
+            ..Facts::default()
+        },
+        ..placeholder(LoopbackKind::EtpLocalDrop, addr, port)
+    };
+    build(&e)
+}
+
 /// An event with only its kind and the addresses a remedy names (`probe check`'s risks and
 /// tests build remedies through it).
 pub(crate) fn placeholder(kind: LoopbackKind, src: IpAddr, dst_port: u16) -> LoopbackEvent {

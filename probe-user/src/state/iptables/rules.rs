@@ -41,7 +41,8 @@ pub fn parse_access_filter(text: &str) -> Vec<String> {
 }
 
 /// Merges `other` into `table`: services by VIP:port/proto (backends united), NodePorts by
-/// port/proto (`local_only` if either says so), masquerade rules deduplicated.
+/// port/proto (`local_only` if either says so), masquerade rules and nftables
+/// `no-endpoint-services` drops deduplicated.
 pub fn merge(table: &mut ServiceTable, other: ServiceTable) {
     use std::collections::HashMap;
     if table.source.is_none() {
@@ -99,6 +100,11 @@ pub fn merge(table: &mut ServiceTable, other: ServiceTable) {
     for m in other.masquerade_rules {
         if !table.masquerade_rules.contains(&m) {
             table.masquerade_rules.push(m);
+        }
+    }
+    for d in other.no_endpoint_drops {
+        if !table.no_endpoint_drops.contains(&d) {
+            table.no_endpoint_drops.push(d);
         }
     }
 }

@@ -1,0 +1,206 @@
+//! `etp_local_drop` without a kernel: kube-proxy's nftables `no-endpoint-services` drop of a
+//! pod's call to an ETP Local LB IP, confirmed from the drop (reason or site) and the element
+//! in the service table; every twin stays silent.
+
+use super::tests::{MS, NODE, POD, S, drop_ev, invariants, ip, only_report, pkt, table};
+use super::*;
+use crate::state::{NoEndpointDrop, ServiceEntry, ServiceSource};
+use probe_contract::{KindCounts, facts::Etp};
+
+/// An LB IP of `default/web-local` (ETP Local) with no endpoint on this node.
+const LB_IP: &str = "203.0.113.10";
+const PORT: u16 = 8445;
+
+/// The nftables-mode table: the LB IP:port in `service-ips` (endpoints elsewhere) and, with
+/// `dropped`, in `no-endpoint-services` with verdict drop.
+fn nft_table(dropped: bool) -> ServiceTable {
+    let mut t = table();
+    t.source = Some(ServiceSource::Nftables);
+    t.services.push(ServiceEntry {
+        vip: ip(LB_IP),
+        port: PORT,
+        proto: Proto::Tcp,
+        service: Some("default/web-local:http".into()),
+        backends: vec!["198.19.2.10:30080".into()],
+    });
+    if dropped {
+        t.no_endpoint_drops.push(NoEndpointDrop {
+            addr: ip(LB_IP),
+            proto: Proto::Tcp,
+            port: PORT,
+            service: Some("default/web-local:http".into()),
+        });
+    }
+    t
+}
+
+fn corr_with(t: ServiceTable) -> Correlator {
+    let mut c = Correlator::new(CorrelatorConfig::default());
+    c.set_services(t);
+    c
+}
+
+/// pod -> LB IP:8445 (the LB IP is not local: no tag).
+fn call(sport: u16) -> Packet {
+    pkt(POD, sport, LB_IP, PORT, Some(Tag::Pod), None)
+}
+
+/// The forward hook's drop as the kernel reports it: on the pod's veth, NETFILTER_DROP (6.x)
+/// or, without reasons (< 5.17), only the site.
+fn nf_drop(ts: u64, p: &Packet, reason: &str) -> KernelEvent {
+    let (code, site) = match reason {
+        "NETFILTER_DROP" => (7, "nf_hook_slow+0xa5"),
+        DropReason::UNREPORTED => (0, "nf_hook_slow+0xa5"),
+        _ => (1, "nf_hook_slow+0xa5"),
+    };
+    let mut ev = drop_ev(ts, p, reason, code, Some(site));
+    if let KernelEvent::Drop { iface, .. } = &mut ev {
+        *iface = Some("veth-pod-a".into());
+    }
+    ev
+}
+
+#[test]
+fn a_pods_call_dropped_by_the_no_endpoint_element_is_confirmed_with_the_rule() {
+    // 6.x names the reason; 6.1 the same; kernels before 5.17 give only the site.
+    for reason in ["NETFILTER_DROP", DropReason::UNREPORTED] {
+        let mut c = corr_with(nft_table(true));
+        let r = only_report(&c.ingest(nf_drop(S, &call(40000), reason)));
+        let e = &r.event;
+        assert_eq!(e.kind, LoopbackKind::EtpLocalDrop, "{reason}");
+        assert_eq!(e.key, format!("etp_local_drop/{LB_IP}:{PORT}/tcp"));
+        assert_eq!(e.src, ip(POD));
+        assert_eq!(e.vip, Some(ip(LB_IP)));
+        assert_eq!(e.vip_port, Some(PORT));
+        assert_eq!(e.outcome, probe_contract::Outcome::Dropped);
+        assert_eq!(e.drop_reason.as_deref(), Some("NETFILTER_DROP"));
+        assert_eq!(e.service.as_deref(), Some("default/web-local"));
+        assert_eq!(e.facts.etp_rules, Some(Etp::Local));
+        let ev = e.evidence.join("\n");
+        assert!(
+            ev.contains(&format!(
+                "map no-endpoint-services has the element {LB_IP} . tcp . {PORT} comment \
+                 \"default/web-local:http\" : drop"
+            )),
+            "{ev}"
+        );
+        assert!(
+            ev.contains("none of them on this node: 198.19.2.10:30080"),
+            "{ev}"
+        );
+        if reason == DropReason::UNREPORTED {
+            assert!(ev.contains("inferred from the drop site"), "{ev}");
+        }
+        let remedy = e.remedy.join("\n");
+        for needle in [
+            "kubernetes#131765",
+            "kubernetes#132456",
+            "#133969",
+            "1.29 to 1.32",
+            "set externalTrafficPolicy: Cluster",
+            "an endpoint of Service default/web-local on every node",
+            "local-traffic detector",
+        ] {
+            assert!(remedy.contains(needle), "{needle}: {remedy}");
+        }
+        assert_eq!(c.stats().confirmed.etp_local_drop, 1);
+        invariants(&c);
+    }
+}
+
+#[test]
+fn repeats_fold_into_one_aggregate_whoever_calls() {
+    let mut c = corr_with(nft_table(true));
+    let first = only_report(&c.ingest(nf_drop(S, &call(40000), "NETFILTER_DROP")));
+    let other = pkt("198.18.1.9", 40001, LB_IP, PORT, Some(Tag::Pod), None);
+    let again = only_report(&c.ingest(nf_drop(S + 100 * MS, &other, "NETFILTER_DROP")));
+    assert!(first.is_new && !again.is_new);
+    assert_eq!(again.event.count, 2);
+    assert_eq!(again.event.src, ip("198.18.1.9"), "the latest caller");
+    invariants(&c);
+}
+
+/// What must stay silent: each case is one drop the kind must not claim.
+#[test]
+fn twins_confirm_nothing() {
+    let udp = Packet {
+        proto: Proto::Udp,
+        ..call(40000)
+    };
+    let cases: Vec<(&str, ServiceTable, KernelEvent)> = vec![
+        (
+            "no drop element (a local endpoint, ETP Cluster, or a fixed rule set)",
+            nft_table(false),
+            nf_drop(S, &call(40000), "NETFILTER_DROP"),
+        ),
+        (
+            "another port of the same LB IP",
+            nft_table(true),
+            nf_drop(
+                S,
+                &pkt(POD, 40000, LB_IP, 443, Some(Tag::Pod), None),
+                "NETFILTER_DROP",
+            ),
+        ),
+        (
+            "another protocol on the element's port",
+            nft_table(true),
+            nf_drop(S, &udp, "NETFILTER_DROP"),
+        ),
+        (
+            "not a netfilter drop (a route or neighbour failure on the way out)",
+            nft_table(true),
+            drop_ev(
+                S,
+                &call(40000),
+                "NEIGH_FAILED",
+                70,
+                Some("neigh_invalidate+0x8c"),
+            ),
+        ),
+        (
+            "NOT_SPECIFIED away from netfilter",
+            nft_table(true),
+            drop_ev(
+                S,
+                &call(40000),
+                "NOT_SPECIFIED",
+                2,
+                Some("sk_stream_kill_queues+0x50"),
+            ),
+        ),
+        (
+            "an outside source (not ours: kube-proxy's drop of outside traffic is the policy)",
+            nft_table(true),
+            nf_drop(
+                S,
+                &pkt("198.51.100.7", 40000, LB_IP, PORT, None, None),
+                "NETFILTER_DROP",
+            ),
+        ),
+    ];
+    for (name, t, ev) in cases {
+        let mut c = corr_with(t);
+        let outs = c.ingest(ev);
+        assert!(
+            outs.iter().all(|o| !matches!(o, Output::Report(_))),
+            "{name}: {outs:?}"
+        );
+        let _ = c.tick(10 * S);
+        assert_eq!(c.stats().confirmed, KindCounts::default(), "{name}");
+        invariants(&c);
+    }
+}
+
+#[test]
+fn the_nodes_own_call_is_named_as_a_host_network_caller() {
+    let mut c = corr_with(nft_table(true));
+    let p = pkt(NODE, 40000, LB_IP, PORT, Some(Tag::Node), None);
+    let r = only_report(&c.ingest(nf_drop(S, &p, "NETFILTER_DROP")));
+    assert_eq!(r.event.kind, LoopbackKind::EtpLocalDrop);
+    assert!(
+        r.event.remedy[0].contains("a host-network caller on this node"),
+        "{:?}",
+        r.event.remedy
+    );
+}
