@@ -1,0 +1,141 @@
+//! Issue 39, item 2: an LB with PROXY protocol on, short-circuited by kube-proxy. On the real
+//! lab node (iptables mode, any kernel): pod A's call to the LB IP is DNATed by kube-proxy's
+//! rules to a backend in pod B that requires the PROXY header, which resets it right after
+//! the first data; the same call with the header the LB would add is answered (the twin).
+//! `probe check`, with the Service from the fake API, names the risk for that Service and
+//! port before the call fails; the same Service without the annotation is not named.
+//!
+//! Root only (prints a skip line otherwise); iptables mode only (the rules are written for it).
+
+use std::process::Command;
+
+use probe_contract::check::{CheckReport, Kind, Severity};
+use probe_tests::agent::{probe_bin, require_root};
+use serde_json::{Value, json};
+use test_support::{
+    kubeapi::fixtures,
+    lab::{self, KubeProxyMode, LabGuard, Outcome, Variants, proxy_protocol},
+};
+
+/// DigitalOcean's PROXY protocol annotation (digitalocean-cloud-controller-manager
+/// `annDOEnableProxyProtocol`): the classic "broken header" case (kubernetes/ingress-nginx#3996).
+const DO_PROXY_PROTOCOL: &str = "service.beta.kubernetes.io/do-loadbalancer-enable-proxy-protocol";
+
+/// `default/ingress`: the captured `default/web` Service re-shaped as a DigitalOcean LB with
+/// PROXY protocol on (when `proxy_protocol`) in front of pod B's backend on 9443.
+fn ingress_service(proxy_protocol: bool) -> Value {
+    let mut svc = fixtures::parse(fixtures::SERVICE_WEB);
+    svc["metadata"]["name"] = json!("ingress");
+    svc["metadata"]["annotations"] = if proxy_protocol {
+        json!({ (DO_PROXY_PROTOCOL): "true" })
+    } else {
+        json!({ "service.beta.kubernetes.io/do-loadbalancer-name": "ingress" })
+    };
+    svc["spec"]["clusterIP"] = json!("198.18.100.20");
+    svc["spec"]["clusterIPs"] = json!(["198.18.100.20"]);
+    svc["spec"]["ports"] = json!([{
+        "name": "https", "protocol": "TCP", "port": proxy_protocol::PROXY_PROTOCOL_PORT,
+        "targetPort": proxy_protocol::PROXY_PROTOCOL_PORT, "nodePort": 30943
+    }]);
+    svc["status"]["loadBalancer"]["ingress"][0]["ports"] =
+        json!([{ "port": proxy_protocol::PROXY_PROTOCOL_PORT, "protocol": "TCP" }]);
+    svc
+}
+
+fn check(kubeconfig: &str) -> (i32, CheckReport) {
+    let o = Command::new("ip")
+        .args(["netns", "exec", lab::NS_NODE])
+        .arg(probe_bin())
+        .args([
+            "check",
+            "--json",
+            "--nic",
+            lab::NODE_NIC,
+            "--kubeconfig",
+            kubeconfig,
+        ])
+        .output()
+        .expect("run probe check");
+    let report = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not the contract's check report ({e}): {}\nstderr: {}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    });
+    (o.status.code().expect("exit code"), report)
+}
+
+#[test]
+fn a_proxy_protocol_lb_short_circuited_resets_and_check_names_it_first() {
+    use probe_tests::kube_fixture::KubeFixture;
+    if !require_root("the PROXY protocol short-circuit") {
+        return;
+    }
+    if KubeProxyMode::from_env().unwrap() != KubeProxyMode::Iptables {
+        eprintln!("skipping: the PROXY protocol backend's rules are written for iptables mode");
+        return;
+    }
+    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    proxy_protocol::serve_behind_lb().expect("PROXY protocol backend behind the LB IP");
+    let api = KubeFixture::builder()
+        .tag("proxy-protocol")
+        .object(ingress_service(true))
+        .start();
+
+    // Before any call: the risk, named per Service and port, with its remedy.
+    let subject = format!("{}:{}/tcp", lab::VIP, proxy_protocol::PROXY_PROTOCOL_PORT);
+    let (code, report) = check(api.kubeconfig());
+    assert_eq!(code, 1, "{report:#?}");
+    let named: Vec<_> = report
+        .findings
+        .iter()
+        .filter(|f| f.kind == Kind::ProxyProtocolShortCircuit)
+        .collect();
+    assert_eq!(named.len(), 1, "{report:#?}");
+    let f = named[0];
+    assert_eq!(
+        (f.severity, f.subject.as_str()),
+        (Severity::Risk, subject.as_str())
+    );
+    assert!(f.summary.contains("default/ingress"), "{f:#?}");
+    assert!(
+        f.evidence.iter().any(|e| e.contains(DO_PROXY_PROTOCOL)),
+        "{f:#?}"
+    );
+    assert!(
+        f.remedy
+            .iter()
+            .any(|r| r.contains("service.beta.kubernetes.io/do-loadbalancer-hostname")),
+        "{f:#?}"
+    );
+
+    // The failure, for real: pod A -> LB IP, DNATed to pod B on the node, no header: reset.
+    let short = proxy_protocol::call_in(lab::NS_POD_A, false, lab::DEFAULT_TIMEOUT)
+        .expect("pod A calls the LB IP");
+    assert_eq!(short.outcome, Outcome::Reset, "{short:?}");
+    // The twin: the same call with the header the LB adds is answered by the same backend.
+    let with_header = proxy_protocol::call_in(lab::NS_POD_A, true, lab::DEFAULT_TIMEOUT)
+        .expect("pod A calls the LB IP with a PROXY header");
+    assert_eq!(with_header.outcome, Outcome::Ok, "{with_header:?}");
+    assert!(
+        with_header
+            .answer
+            .as_deref()
+            .is_some_and(|a| a.contains("proxy-protocol backend")),
+        "{with_header:?}"
+    );
+
+    // The twin Service: the same node and rules, no PROXY protocol on the LB: not named.
+    api.apply(ingress_service(false));
+    let (_, report) = check(api.kubeconfig());
+    assert!(
+        !report
+            .findings
+            .iter()
+            .any(|f| f.kind == Kind::ProxyProtocolShortCircuit),
+        "{report:#?}"
+    );
+    drop(api);
+    drop(lab);
+}
