@@ -42,6 +42,27 @@ fn ingress_service(proxy_protocol: bool) -> Value {
     svc
 }
 
+/// The node's conntrack entry of the call from `client` to the LB IP's PROXY protocol port,
+/// as `conntrack -L` prints it.
+fn conntrack_of(client: std::net::SocketAddrV4) -> String {
+    let o = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            lab::NS_NODE,
+            "conntrack",
+            "-L",
+            "-p",
+            "tcp",
+        ])
+        .args(["--orig-src", &client.ip().to_string()])
+        .args(["--orig-port-src", &client.port().to_string()])
+        .args(["--orig-dst", &lab::VIP.to_string()])
+        .output()
+        .expect("conntrack -L");
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
 fn check(kubeconfig: &str) -> (i32, CheckReport) {
     let o = Command::new("ip")
         .args(["netns", "exec", lab::NS_NODE])
@@ -114,10 +135,23 @@ fn a_proxy_protocol_lb_short_circuited_resets_and_check_names_it_first() {
     let short = proxy_protocol::call_in(lab::NS_POD_A, false, lab::DEFAULT_TIMEOUT)
         .expect("pod A calls the LB IP");
     assert_eq!(short.outcome, Outcome::Reset, "{short:?}");
+    // What the agent's correlation (correlate/proxy_protocol.rs) reads: the node's entry of
+    // the call, DNATed, ASSURED, in CLOSE after the reset.
+    let entry = conntrack_of(short.local.expect("the client's address"));
+    assert!(
+        entry.contains(" CLOSE ") && entry.contains("[ASSURED]") && entry.contains("sport=9443"),
+        "{entry}"
+    );
     // The twin: the same call with the header the LB adds is answered by the same backend.
     let with_header = proxy_protocol::call_in(lab::NS_POD_A, true, lab::DEFAULT_TIMEOUT)
         .expect("pod A calls the LB IP with a PROXY header");
     assert_eq!(with_header.outcome, Outcome::Ok, "{with_header:?}");
+    // Its entry is closing cleanly (FIN: TIME_WAIT once both sides are done): no reset.
+    let entry = conntrack_of(with_header.local.expect("the client's address"));
+    assert!(
+        entry.contains("dport=9443") && !entry.contains(" CLOSE "),
+        "{entry}"
+    );
     assert!(
         with_header
             .answer

@@ -98,6 +98,9 @@ mod hairpin_tests;
 mod held;
 #[cfg(test)]
 mod host_tests;
+pub mod proxy_protocol;
+#[cfg(test)]
+mod proxy_protocol_tests;
 mod queries;
 pub(crate) mod remedy;
 pub mod replay;
