@@ -28,8 +28,11 @@ fn findings(i: &Inputs) -> Vec<Finding> {
         .collect()
 }
 
+/// One expected finding: (severity, subject).
+type Verdict = (Severity, String);
+
 /// (severity, subject), sorted.
-fn verdicts(i: &Inputs) -> Vec<(Severity, String)> {
+fn verdicts(i: &Inputs) -> Vec<Verdict> {
     let mut v: Vec<_> = findings(i)
         .into_iter()
         .map(|f| (f.severity, f.subject))
@@ -41,7 +44,7 @@ fn verdicts(i: &Inputs) -> Vec<(Severity, String)> {
 #[test]
 fn a_proxy_protocol_lb_short_circuited_by_the_node_is_a_risk_per_port_and_only_then() {
     let port80 = format!("{VIP}:80/tcp");
-    let cases: Vec<(&str, Inputs, Vec<(Severity, String)>)> = vec![
+    let cases: Vec<(&str, Inputs, Vec<Verdict>)> = vec![
         (
             "iptables: 80 served (443 only declared: refused, not this kind)",
             with_service(lab(), None, &[HCLOUD_PP]),

@@ -137,7 +137,13 @@ fn a_reset_short_circuited_call_is_confirmed_and_its_twins_are_not() {
     ] {
         assert!(confirm(std::slice::from_ref(e), &t).is_empty(), "{what}");
     }
-    assert!(confirm(&[reset.clone()], &targets(&[ingress(&[], None)])).is_empty());
+    assert!(
+        confirm(
+            std::slice::from_ref(&reset),
+            &targets(&[ingress(&[], None)])
+        )
+        .is_empty()
+    );
 
     // ipMode Proxy, yet DNATed on this node (an older kube-proxy): confirmed, and said.
     let got = confirm(&[reset], &targets(&[ingress(&[DO_PP], Some("Proxy"))]));
