@@ -114,6 +114,10 @@ pub enum LoopbackKind {
     /// address as source and was dropped (in the pod as a local source, or at its bridge port
     /// without hairpin mode).
     ServiceSelfLoop,
+    /// An in-cluster call to the LB IP of an LB that sends PROXY protocol headers was
+    /// short-circuited by kube-proxy (DNATed to an endpoint on this node, never reaching the
+    /// LB) and reset: the backend got no header.
+    ProxyProtocolShortCircuit,
 }
 
 impl LoopbackKind {
@@ -124,6 +128,7 @@ impl LoopbackKind {
             LoopbackKind::VipPortUnserved => "vip_port_unserved",
             LoopbackKind::VipAsSource => "vip_as_source",
             LoopbackKind::ServiceSelfLoop => "service_self_loop",
+            LoopbackKind::ProxyProtocolShortCircuit => "proxy_protocol_short_circuit",
         }
     }
 }
@@ -224,6 +229,14 @@ pub enum AggregateKey {
         service: Option<(IpAddr, u16)>,
         proto: Proto,
     },
+    ProxyProtocolShortCircuit {
+        /// The LB IP:port called.
+        lb: IpAddr,
+        lb_port: u16,
+        /// The endpoint kube-proxy sent it to.
+        endpoint: IpAddr,
+        endpoint_port: u16,
+    },
 }
 
 impl AggregateKey {
@@ -234,6 +247,9 @@ impl AggregateKey {
             AggregateKey::VipPortUnserved { .. } => LoopbackKind::VipPortUnserved,
             AggregateKey::VipAsSource { .. } => LoopbackKind::VipAsSource,
             AggregateKey::ServiceSelfLoop { .. } => LoopbackKind::ServiceSelfLoop,
+            AggregateKey::ProxyProtocolShortCircuit { .. } => {
+                LoopbackKind::ProxyProtocolShortCircuit
+            }
         }
     }
 }
@@ -309,6 +325,17 @@ impl fmt::Display for AggregateKey {
                 service.map_or_else(|| "?".to_string(), |(ip, p)| sock(ip, p)),
                 sock(*pod, *port),
                 proto.as_str()
+            ),
+            AggregateKey::ProxyProtocolShortCircuit {
+                lb,
+                lb_port,
+                endpoint,
+                endpoint_port,
+            } => write!(
+                f,
+                "proxy_protocol_short_circuit/{}->{}/tcp",
+                sock(*lb, *lb_port),
+                sock(*endpoint, *endpoint_port)
             ),
         }
     }

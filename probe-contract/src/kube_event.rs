@@ -57,6 +57,7 @@ pub fn reason(kind: LoopbackKind) -> &'static str {
         LoopbackKind::VipPortUnserved => "VipPortUnserved",
         LoopbackKind::VipAsSource => "VipAsSource",
         LoopbackKind::ServiceSelfLoop => "ServiceSelfLoop",
+        LoopbackKind::ProxyProtocolShortCircuit => "ProxyProtocolShortCircuit",
     }
 }
 
@@ -68,6 +69,7 @@ pub fn kind_of_reason(reason: &str) -> Option<LoopbackKind> {
         LoopbackKind::VipPortUnserved,
         LoopbackKind::VipAsSource,
         LoopbackKind::ServiceSelfLoop,
+        LoopbackKind::ProxyProtocolShortCircuit,
     ]
     .into_iter()
     .find(|k| self::reason(*k) == reason)

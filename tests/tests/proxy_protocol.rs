@@ -3,19 +3,39 @@
 //! rules to a backend in pod B that requires the PROXY header, which resets it right after
 //! the first data; the same call with the header the LB would add is answered (the twin).
 //! `probe check`, with the Service from the fake API, names the risk for that Service and
-//! port before the call fails; the same Service without the annotation is not named.
+//! port before the call fails; the agent confirms the reset call from the node's conntrack
+//! (`proxy_protocol_short_circuit`) and counts the answered twin as nothing; the same Service
+//! without the annotation is not named.
 //!
 //! Root only (prints a skip line otherwise); iptables mode only (the rules are written for it).
 
 use std::process::Command;
 
-use probe_contract::check::{CheckReport, Kind, Severity};
-use probe_tests::agent::{probe_bin, require_root};
+use std::{net::IpAddr, time::Duration};
+
+use probe_contract::{
+    LoopbackKind,
+    check::{CheckReport, Kind, Severity},
+};
+use probe_tests::agent::{lines, probe_bin, require_root, wait_for};
 use serde_json::{Value, json};
 use test_support::{
     kubeapi::fixtures,
     lab::{self, KubeProxyMode, LabGuard, Outcome, Variants, proxy_protocol},
 };
+
+/// Where the agent serves /metrics inside the node namespace.
+const METRICS: &str = "127.0.0.1:19467";
+/// Every report of the kind, repeats included, summed over its labels.
+fn reports_counted() -> u64 {
+    let prefix = "clbprobe_loopback_events_total{kind=\"proxy_protocol_short_circuit\"";
+    let (_, body) = lab::http_get_in(lab::NS_NODE, METRICS, "/metrics").expect("/metrics");
+    body.lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+const WAIT: Duration = Duration::from_secs(15);
 
 /// DigitalOcean's PROXY protocol annotation (digitalocean-cloud-controller-manager
 /// `annDOEnableProxyProtocol`): the classic "broken header" case (kubernetes/ingress-nginx#3996).
@@ -131,6 +151,10 @@ fn a_proxy_protocol_lb_short_circuited_resets_and_check_names_it_first() {
         "{f:#?}"
     );
 
+    // The agent, with the same API: it reads the node's conntrack while such an LB exists.
+    let mut agent = api.start_agent(&["--metrics-addr", METRICS, "--kube-events", "off"]);
+    agent.wait_log("Kubernetes attribution connected", WAIT);
+
     // The failure, for real: pod A -> LB IP, DNATed to pod B on the node, no header: reset.
     let short = proxy_protocol::call_in(lab::NS_POD_A, false, lab::DEFAULT_TIMEOUT)
         .expect("pod A calls the LB IP");
@@ -141,6 +165,41 @@ fn a_proxy_protocol_lb_short_circuited_resets_and_check_names_it_first() {
     assert!(
         entry.contains(" CLOSE ") && entry.contains("[ASSURED]") && entry.contains("sport=9443"),
         "{entry}"
+    );
+    // The agent confirms it, named and remedied.
+    let e = agent.wait_event("proxy_protocol_short_circuit", WAIT, |es| {
+        es.iter()
+            .find(|e| e.kind == LoopbackKind::ProxyProtocolShortCircuit)
+            .cloned()
+    });
+    assert_eq!(e.outcome, probe_contract::Outcome::Reset, "{e:#?}");
+    assert_eq!(
+        (e.src, e.dst, e.dst_port),
+        (
+            IpAddr::V4(lab::POD_A_IP),
+            IpAddr::V4(lab::POD_B_IP),
+            proxy_protocol::PROXY_PROTOCOL_PORT
+        ),
+        "{e:#?}"
+    );
+    assert_eq!(
+        (e.vip, e.vip_port),
+        (
+            Some(IpAddr::V4(lab::VIP)),
+            Some(proxy_protocol::PROXY_PROTOCOL_PORT)
+        ),
+        "{e:#?}"
+    );
+    assert!(
+        e.service
+            .as_deref()
+            .is_some_and(|s| s.starts_with("default/ingress")),
+        "{e:#?}"
+    );
+    assert!(lines(&e.evidence).contains(DO_PROXY_PROTOCOL), "{e:#?}");
+    assert!(
+        lines(&e.remedy).contains("service.beta.kubernetes.io/do-loadbalancer-hostname"),
+        "{e:#?}"
     );
     // The twin: the same call with the header the LB adds is answered by the same backend.
     let with_header = proxy_protocol::call_in(lab::NS_POD_A, true, lab::DEFAULT_TIMEOUT)
@@ -159,6 +218,18 @@ fn a_proxy_protocol_lb_short_circuited_resets_and_check_names_it_first() {
             .is_some_and(|a| a.contains("proxy-protocol backend")),
         "{with_header:?}"
     );
+
+    // Another reset call after the twin: the agent counts it (every report is counted, the
+    // repeat included), and the twin between them added none.
+    let second = proxy_protocol::call_in(lab::NS_POD_A, false, lab::DEFAULT_TIMEOUT)
+        .expect("pod A calls the LB IP again");
+    assert_eq!(second.outcome, Outcome::Reset, "{second:?}");
+    let counted = wait_for("the second reset counted", WAIT, || {
+        let n = reports_counted();
+        (n >= 2).then_some(n)
+    });
+    assert_eq!(counted, Some(2), "the reset calls, not the answered twin");
+    let _ = agent.stop();
 
     // The twin Service: the same node and rules, no PROXY protocol on the LB: not named.
     api.apply(ingress_service(false));

@@ -124,6 +124,7 @@ impl Facts {
             LoopbackKind::VipPortUnserved if event.client_pod.is_some() => Some(Source::Pod),
             LoopbackKind::VipPortUnserved => None,
             LoopbackKind::ServiceSelfLoop => Some(Source::Pod),
+            LoopbackKind::ProxyProtocolShortCircuit => Some(Source::Pod),
         };
         Facts {
             kind: event.kind,
@@ -169,6 +170,7 @@ impl Facts {
             LoopbackKind::VipAsSource => Some(Source::Node),
             LoopbackKind::VipPortUnserved => None,
             LoopbackKind::ServiceSelfLoop => Some(Source::Pod),
+            LoopbackKind::ProxyProtocolShortCircuit => Some(Source::Pod),
         };
         let all_udp = !service.ports.is_empty()
             && service

@@ -21,7 +21,9 @@ fn base(provider: Provider, kind: LoopbackKind) -> Facts {
             HealthcheckBlackhole => Some(Source::Lb),
             VipPortUnserved => None,
             LoopbackKind::VipAsSource => Some(Source::Node),
-            Hairpin | ServiceSelfLoop => Some(Source::Pod),
+            Hairpin | ServiceSelfLoop | LoopbackKind::ProxyProtocolShortCircuit => {
+                Some(Source::Pod)
+            }
         },
         snat: SnatState::No,
         layer: (kind == Hairpin).then_some(Layer::L4),

@@ -27,7 +27,82 @@ use std::net::IpAddr;
 use clb_probe_client::service::ServiceFacts;
 use probe_contract::{Proto, sock};
 
-use crate::state::ConntrackEntry;
+use super::{Correlator, Output};
+use crate::state::{ConntrackEntry, Tuple};
+use probe_contract::{AggregateKey, LoopbackEvent, LoopbackKind, Outcome, SnatState};
+
+/// How long a confirmed entry is remembered: longer than conntrack keeps it in `CLOSE`
+/// (`nf_conntrack_tcp_timeout_close`, 10 s by default), so one reset counts once.
+const DONE_FOR_NS: u64 = 30_000_000_000;
+/// The most confirmed entries remembered (the oldest go first).
+const DONE_MAX: usize = 4096;
+
+impl Correlator {
+    /// The resets of short-circuited calls to `targets` in a conntrack dump ([`confirm`]),
+    /// each counted once (its entry stays in the table across dumps), as reports of
+    /// `proxy_protocol_short_circuit`. `now_ns`: CLOCK_MONOTONIC.
+    pub fn proxy_protocol(
+        &mut self,
+        entries: &[ConntrackEntry],
+        targets: &[ProxyProtocolTarget],
+        now_ns: u64,
+    ) -> Vec<Output> {
+        self.proxy_protocol_done
+            .retain(|_, at| at.saturating_add(DONE_FOR_NS) >= now_ns);
+        let mut out = Vec::new();
+        for r in confirm(entries, targets) {
+            let orig = Tuple {
+                src: r.client.0,
+                dst: r.lb.0,
+                sport: r.client.1,
+                dport: r.lb.1,
+                proto: Proto::Tcp,
+            };
+            if self.proxy_protocol_done.contains_key(&orig) {
+                continue;
+            }
+            if self.proxy_protocol_done.len() >= DONE_MAX
+                && let Some(oldest) = self
+                    .proxy_protocol_done
+                    .iter()
+                    .min_by_key(|(_, at)| **at)
+                    .map(|(t, _)| t.clone())
+            {
+                self.proxy_protocol_done.remove(&oldest);
+            }
+            self.proxy_protocol_done.insert(orig, now_ns);
+            let key = AggregateKey::ProxyProtocolShortCircuit {
+                lb: r.lb.0,
+                lb_port: r.lb.1,
+                endpoint: r.endpoint.0,
+                endpoint_port: r.endpoint.1,
+            };
+            let event = LoopbackEvent {
+                key: key.to_string(),
+                vip: Some(r.lb.0),
+                vip_port: Some(r.lb.1),
+                snat: if r.snat {
+                    SnatState::Yes
+                } else {
+                    SnatState::No
+                },
+                service: Some(r.service.clone()),
+                evidence: r.evidence,
+                first_seen_ns: now_ns,
+                last_seen_ns: now_ns,
+                ..LoopbackEvent::between(
+                    LoopbackKind::ProxyProtocolShortCircuit,
+                    r.client,
+                    r.endpoint,
+                    Proto::Tcp,
+                    Outcome::Reset,
+                )
+            };
+            out.push(Output::Report(self.record(key, event, now_ns)));
+        }
+        out
+    }
+}
 
 /// An LB ingress IP:port whose LB sends PROXY protocol headers to the backends.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -44,7 +119,9 @@ pub struct ProxyProtocolTarget {
 
 /// The TCP LB IP:ports of these Services whose LB sends PROXY protocol headers
 /// (`clb_probe_client::service::proxy_protocol`).
-pub fn targets(services: &[ServiceFacts]) -> Vec<ProxyProtocolTarget> {
+pub fn targets<'a>(
+    services: impl IntoIterator<Item = &'a ServiceFacts>,
+) -> Vec<ProxyProtocolTarget> {
     let mut out = Vec::new();
     for s in services {
         let Some(annotation) = clb_probe_client::service::proxy_protocol(&s.annotations) else {

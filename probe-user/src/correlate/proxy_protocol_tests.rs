@@ -207,3 +207,49 @@ fn the_kernel_s_entries_of_a_reset_and_an_answered_call_are_told_apart() {
     assert_eq!(got[0].client, (ip(POD_A), 54084));
     assert_eq!(got[0].endpoint, (ip(POD_B), 9443));
 }
+
+/// The correlator's report: one per reset call, however many dumps still show its entry
+/// (10 s in CLOSE); another call is another occurrence of the same aggregate.
+#[test]
+fn each_reset_call_is_one_occurrence_of_its_aggregate() {
+    use super::{Correlator, CorrelatorConfig, Output};
+    use probe_contract::{LoopbackKind, Outcome, SnatState};
+    let mut c = Correlator::new(CorrelatorConfig::default());
+    let t = targets(&[ingress(&[DO_PP], None)]);
+    let reports = |out: Vec<Output>| -> Vec<probe_contract::Confirmation> {
+        out.into_iter()
+            .filter_map(|o| match o {
+                Output::Report(r) => Some(r),
+                Output::Query(_) => None,
+            })
+            .collect()
+    };
+    let first = reports(c.proxy_protocol(&[entry("CLOSE", true)], &t, 1_000_000_000));
+    assert_eq!(first.len(), 1);
+    let e = &first[0].event;
+    assert_eq!(e.kind, LoopbackKind::ProxyProtocolShortCircuit);
+    assert_eq!(e.outcome, Outcome::Reset);
+    assert_eq!(e.snat, SnatState::Yes);
+    assert_eq!((e.vip, e.vip_port), (Some(ip(LB)), Some(9443)));
+    assert_eq!((e.src, e.dst, e.dst_port), (ip(POD_A), ip(POD_B), 9443));
+    assert_eq!(
+        e.key,
+        "proxy_protocol_short_circuit/203.0.113.10:9443->198.19.1.11:9443/tcp"
+    );
+    assert!(
+        e.remedy
+            .iter()
+            .any(|r| r.contains("do-loadbalancer-hostname")),
+        "{e:#?}"
+    );
+    assert!(first[0].is_new);
+    // The same entry in the next dump: already counted.
+    assert!(reports(c.proxy_protocol(&[entry("CLOSE", true)], &t, 4_000_000_000)).is_empty());
+    // Another call: the aggregate's second occurrence.
+    let mut other = entry("CLOSE", true);
+    other.orig.sport = 54100;
+    let second = reports(c.proxy_protocol(&[other], &t, 7_000_000_000));
+    assert_eq!(second.len(), 1);
+    assert_eq!(second[0].event.count, 2);
+    assert!(!second[0].is_new);
+}

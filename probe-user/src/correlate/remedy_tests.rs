@@ -33,6 +33,7 @@ fn event(kind: LoopbackKind, source: SourceKind) -> LoopbackEvent {
         LoopbackKind::VipPortUnserved => ("198.19.1.10", "203.0.113.10", 443, Some(443)),
         LoopbackKind::Hairpin => ("198.19.1.10", "198.18.0.2", 30080, Some(80)),
         LoopbackKind::ServiceSelfLoop => ("198.19.1.11", "198.19.1.11", 8080, Some(80)),
+        LoopbackKind::ProxyProtocolShortCircuit => ("198.19.1.10", "198.19.1.11", 9443, Some(9443)),
     };
     let src = match (kind, source) {
         (LoopbackKind::Hairpin | LoopbackKind::VipPortUnserved, SourceKind::Node) => "198.18.0.2",
@@ -186,6 +187,9 @@ fn check(e: &LoopbackEvent, what: &str) {
         }
         LoopbackKind::ServiceSelfLoop => {
             assert!(cause.contains("pod 198.19.1.11"), "{what}: {cause}");
+        }
+        LoopbackKind::ProxyProtocolShortCircuit => {
+            assert!(cause.contains("PROXY protocol"), "{what}: {cause}");
         }
         LoopbackKind::Hairpin | LoopbackKind::VipPortUnserved => match f.source {
             SourceKind::Pod => {

@@ -154,6 +154,9 @@ fn find_service<'a>(event: &LoopbackEvent, index: &'a Index) -> Option<&'a Servi
             .or_else(|| index.service_by_node_port(event.dst_port, proto))
             .or_else(|| event.vip.and_then(|vip| only(index.services_by_lb_ip(vip)))),
         // The address the pod called: a ClusterIP or LB IP, or a node address's NodePort.
+        LoopbackKind::ProxyProtocolShortCircuit => {
+            by_vip.or_else(|| event.vip.and_then(|vip| only(index.services_by_lb_ip(vip))))
+        }
         LoopbackKind::ServiceSelfLoop => by_vip.or_else(|| {
             event
                 .vip_port

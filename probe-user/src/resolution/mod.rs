@@ -385,12 +385,13 @@ impl Tracker {
 }
 
 /// Every kind, for gauges that list each.
-pub const ALL_KINDS: [LoopbackKind; 5] = [
+pub const ALL_KINDS: [LoopbackKind; 6] = [
     LoopbackKind::HealthcheckBlackhole,
     LoopbackKind::Hairpin,
     LoopbackKind::VipPortUnserved,
     LoopbackKind::VipAsSource,
     LoopbackKind::ServiceSelfLoop,
+    LoopbackKind::ProxyProtocolShortCircuit,
 ];
 
 /// The Service's fields a fix changes, as `field -> value` (the fixes patch these:

@@ -227,6 +227,10 @@ pub fn note(event: &LoopbackEvent) -> String {
             "A packet with the LB VIP {} as its source left this node for {dst}/{proto} without SNAT: a host-network call to the LB IP, forwarded to another node.",
             event.src
         ),
+        LoopbackKind::ProxyProtocolShortCircuit => format!(
+            "{} called {vip}/{proto}, whose load balancer adds a PROXY protocol header; kube-proxy short-circuited it to {dst} on this node, so it arrived without the header and was reset.",
+            event.src
+        ),
         LoopbackKind::ServiceSelfLoop => format!(
             "Pod {} called its own Service at {vip}/{proto} and was picked as the endpoint; without the hairpin SNAT the call came back with its own address as source and was dropped.",
             event.src
