@@ -150,6 +150,8 @@ fn a_proxy_protocol_lb_short_circuited_resets_and_check_names_it_first() {
             .any(|r| r.contains("service.beta.kubernetes.io/do-loadbalancer-hostname")),
         "{f:#?}"
     );
+    // The provider's fix: publish the LB as a hostname (advice: the DNS name is yours to fill).
+    assert!(f.fixes.iter().any(|x| x.id == "do-lb-hostname"), "{f:#?}");
 
     // The agent, with the same API: it reads the node's conntrack while such an LB exists.
     let mut agent = api.start_agent(&["--metrics-addr", METRICS, "--kube-events", "off"]);
@@ -197,6 +199,7 @@ fn a_proxy_protocol_lb_short_circuited_resets_and_check_names_it_first() {
         "{e:#?}"
     );
     assert!(lines(&e.evidence).contains(DO_PROXY_PROTOCOL), "{e:#?}");
+    assert!(e.fixes.iter().any(|x| x.id == "do-lb-hostname"), "{e:#?}");
     assert!(
         lines(&e.remedy).contains("service.beta.kubernetes.io/do-loadbalancer-hostname"),
         "{e:#?}"

@@ -248,6 +248,7 @@ pub fn attach_fixes(
             Kind::VipPortUnserved => L::VipPortUnserved,
             Kind::Hairpin => L::Hairpin,
             Kind::ServiceSelfLoop => L::ServiceSelfLoop,
+            Kind::ProxyProtocolShortCircuit => L::ProxyProtocolShortCircuit,
             _ => continue,
         };
         // `ip` or `ip:port/proto` (`[v6]:port/proto`).
