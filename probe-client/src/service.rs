@@ -42,6 +42,96 @@ pub fn loop_guards(annotations: &BTreeMap<String, String>) -> Vec<String> {
         .collect()
 }
 
+/// The Service annotations that make the LB prepend a PROXY protocol header to every
+/// connection it passes to the backends, each with how its controller reads the value. A
+/// backend that requires the header resets a connection without one, so an in-cluster call
+/// that kube-proxy short-circuits (it never passes the LB) fails ("broken header":
+/// kubernetes/ingress-nginx#9643, #3996, hetznercloud/hcloud-cloud-controller-manager#160,
+/// kubernetes/cloud-provider-openstack#1287).
+pub const PROXY_PROTOCOL_ANNOTATIONS: [(&str, ProxyProtocolValue); 5] = [
+    // AWS: only "*" is accepted (PROXY v2 on every target group): kubernetes-sigs/
+    // aws-load-balancer-controller pkg/annotations/constants.go `SvcLBSuffixProxyProtocol`,
+    // read in pkg/service/model_build_target_group.go (any other value is an error); in-tree
+    // kubernetes/cloud-provider-aws pkg/providers/v1/aws.go
+    // `ServiceAnnotationLoadBalancerProxyProtocol`: "we only accept the value *" (PROXY v1 on
+    // a classic ELB).
+    (
+        "service.beta.kubernetes.io/aws-load-balancer-proxy-protocol",
+        ProxyProtocolValue::Star,
+    ),
+    // Hetzner: a Go bool (hetznercloud/hcloud-cloud-controller-manager
+    // internal/annotation/load_balancer.go `LBSvcProxyProtocol`, `BoolFromService`); the CCM
+    // also has a cluster-wide default this Service does not show, but with PROXY protocol on
+    // it publishes ipMode Proxy (hcloud/load_balancers.go), which the rule reads.
+    (
+        "load-balancer.hetzner.cloud/uses-proxyprotocol",
+        ProxyProtocolValue::GoBool,
+    ),
+    // OpenStack: "true" / "v1" (PROXY) or "v2" (PROXYV2): kubernetes/cloud-provider-openstack
+    // pkg/openstack/loadbalancer.go `ServiceAnnotationLoadBalancerProxyEnabled`,
+    // `getProxyProtocolFromServiceAnnotation` (older releases: a Go bool).
+    (
+        "loadbalancer.openstack.org/proxy-protocol",
+        ProxyProtocolValue::OpenStack,
+    ),
+    // DigitalOcean: strconv.ParseBool (digitalocean/digitalocean-cloud-controller-manager
+    // cloud-controller-manager/do/loadbalancers.go `annDOEnableProxyProtocol`,
+    // `getEnableProxyProtocol`).
+    (
+        "service.beta.kubernetes.io/do-loadbalancer-enable-proxy-protocol",
+        ProxyProtocolValue::GoBool,
+    ),
+    // Alibaba: "on" (kubernetes/cloud-provider-alibaba-cloud, the CLB and NLB listener
+    // builders: `reqCtx.Anno.Get(annotation.ProxyProtocol) == string(model.OnFlag)`; the NLB's
+    // compares without case). The CCM also reads the legacy `alicloud-` spelling
+    // (annotation.go, AnnotationLegacyPrefix).
+    (
+        "service.beta.kubernetes.io/alibaba-cloud-loadbalancer-proxy-protocol",
+        ProxyProtocolValue::On,
+    ),
+];
+
+/// How a controller reads its PROXY protocol annotation's value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProxyProtocolValue {
+    /// Exactly `*`.
+    Star,
+    /// Go's `strconv.ParseBool` true: `1`, `t`, `T`, `TRUE`, `true`, `True`.
+    GoBool,
+    /// OpenStack: `true`, `v1`, `v2` (and the Go bool spellings of older releases).
+    OpenStack,
+    /// `on`, any case.
+    On,
+}
+
+impl ProxyProtocolValue {
+    fn is_on(self, value: &str) -> bool {
+        let go_bool = matches!(value, "1" | "t" | "T" | "TRUE" | "true" | "True");
+        match self {
+            ProxyProtocolValue::Star => value == "*",
+            ProxyProtocolValue::GoBool => go_bool,
+            ProxyProtocolValue::OpenStack => go_bool || matches!(value, "v1" | "v2"),
+            ProxyProtocolValue::On => value.eq_ignore_ascii_case("on"),
+        }
+    }
+}
+
+/// The annotation (`key: value`) that turns PROXY protocol on for this Service's LB, if one
+/// does. The legacy Alibaba spelling is read like the CCM reads it.
+pub fn proxy_protocol(annotations: &BTreeMap<String, String>) -> Option<String> {
+    annotations.iter().find_map(|(k, v)| {
+        let key = k
+            .strip_prefix("service.beta.kubernetes.io/alicloud-")
+            .map_or(k.clone(), |rest| {
+                format!("service.beta.kubernetes.io/alibaba-cloud-{rest}")
+            });
+        PROXY_PROTOCOL_ANNOTATIONS
+            .iter()
+            .find(|(name, how)| *name == key && how.is_on(v.trim()))
+            .map(|_| format!("{k}: {v}"))
+    })
+}
+
 /// One port of a Service.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServicePort {
@@ -301,4 +391,50 @@ pub fn facts(
             .collect(),
         resource_version: service.metadata.resource_version.clone(),
     })
+}
+
+#[cfg(test)]
+mod proxy_protocol_tests {
+    use super::proxy_protocol;
+    use std::collections::BTreeMap;
+
+    fn on(k: &str, v: &str) -> Option<String> {
+        proxy_protocol(&BTreeMap::from([(k.to_string(), v.to_string())]))
+    }
+
+    /// Each controller's own spelling turns it on; what the controller rejects or reads as
+    /// off does not.
+    #[test]
+    fn each_controller_s_value_turns_proxy_protocol_on_and_no_other() {
+        let aws = "service.beta.kubernetes.io/aws-load-balancer-proxy-protocol";
+        let hcloud = "load-balancer.hetzner.cloud/uses-proxyprotocol";
+        let occm = "loadbalancer.openstack.org/proxy-protocol";
+        let doks = "service.beta.kubernetes.io/do-loadbalancer-enable-proxy-protocol";
+        let ack = "service.beta.kubernetes.io/alibaba-cloud-loadbalancer-proxy-protocol";
+        let legacy_ack = "service.beta.kubernetes.io/alicloud-loadbalancer-proxy-protocol";
+        for (k, v) in [
+            (aws, "*"),
+            (hcloud, "true"),
+            (hcloud, "1"),
+            (occm, "v2"),
+            (occm, "True"),
+            (doks, "true"),
+            (ack, "on"),
+            (ack, "ON"),
+            (legacy_ack, "on"),
+        ] {
+            assert_eq!(on(k, v), Some(format!("{k}: {v}")), "{k}={v}");
+        }
+        for (k, v) in [
+            (aws, "true"),
+            (hcloud, "false"),
+            (hcloud, "yes"),
+            (occm, "v3"),
+            (doks, "on"),
+            (ack, "true"),
+            ("service.beta.kubernetes.io/aws-load-balancer-type", "nlb"),
+        ] {
+            assert_eq!(on(k, v), None, "{k}={v}");
+        }
+    }
 }

@@ -67,6 +67,9 @@ pub enum Kind {
     /// IPs local), IPVS virtual services, or kube-proxy's nftables table, while kube-proxy
     /// runs in another mode or not at all.
     ModeLeftover,
+    /// An LB that sends PROXY protocol headers to its backends, whose IP this node
+    /// short-circuits: in-cluster calls to it reach the backend without the header.
+    ProxyProtocolShortCircuit,
 }
 
 impl Kind {
@@ -83,6 +86,7 @@ impl Kind {
             Kind::KubeApi => "kube_api",
             Kind::Dataplane => "dataplane",
             Kind::ModeLeftover => "mode_leftover",
+            Kind::ProxyProtocolShortCircuit => "proxy_protocol_short_circuit",
         }
     }
 }

@@ -119,6 +119,10 @@ pub enum LoopbackKind {
     /// `drop` element of its `no-endpoint-services` map (kubernetes#131765). iptables and IPVS
     /// mode send such calls to the cluster-wide endpoints instead.
     EtpLocalDrop,
+    /// An in-cluster call to the LB IP of an LB that sends PROXY protocol headers was
+    /// short-circuited by kube-proxy (DNATed to an endpoint on this node, never reaching the
+    /// LB) and reset: the backend got no header.
+    ProxyProtocolShortCircuit,
 }
 
 impl LoopbackKind {
@@ -130,6 +134,7 @@ impl LoopbackKind {
             LoopbackKind::VipAsSource => "vip_as_source",
             LoopbackKind::ServiceSelfLoop => "service_self_loop",
             LoopbackKind::EtpLocalDrop => "etp_local_drop",
+            LoopbackKind::ProxyProtocolShortCircuit => "proxy_protocol_short_circuit",
         }
     }
 }
@@ -237,6 +242,14 @@ pub enum AggregateKey {
         port: u16,
         proto: Proto,
     },
+    ProxyProtocolShortCircuit {
+        /// The LB IP:port called.
+        lb: IpAddr,
+        lb_port: u16,
+        /// The endpoint kube-proxy sent it to.
+        endpoint: IpAddr,
+        endpoint_port: u16,
+    },
 }
 
 impl AggregateKey {
@@ -248,6 +261,9 @@ impl AggregateKey {
             AggregateKey::VipAsSource { .. } => LoopbackKind::VipAsSource,
             AggregateKey::ServiceSelfLoop { .. } => LoopbackKind::ServiceSelfLoop,
             AggregateKey::EtpLocalDrop { .. } => LoopbackKind::EtpLocalDrop,
+            AggregateKey::ProxyProtocolShortCircuit { .. } => {
+                LoopbackKind::ProxyProtocolShortCircuit
+            }
         }
     }
 }
@@ -329,6 +345,17 @@ impl fmt::Display for AggregateKey {
                 "etp_local_drop/{}/{}",
                 sock(*addr, *port),
                 proto.as_str()
+            ),
+            AggregateKey::ProxyProtocolShortCircuit {
+                lb,
+                lb_port,
+                endpoint,
+                endpoint_port,
+            } => write!(
+                f,
+                "proxy_protocol_short_circuit/{}->{}/tcp",
+                sock(*lb, *lb_port),
+                sock(*endpoint, *endpoint_port)
             ),
         }
     }

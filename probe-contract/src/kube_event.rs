@@ -58,6 +58,7 @@ pub fn reason(kind: LoopbackKind) -> &'static str {
         LoopbackKind::VipAsSource => "VipAsSource",
         LoopbackKind::ServiceSelfLoop => "ServiceSelfLoop",
         LoopbackKind::EtpLocalDrop => "EtpLocalDrop",
+        LoopbackKind::ProxyProtocolShortCircuit => "ProxyProtocolShortCircuit",
     }
 }
 
@@ -70,6 +71,7 @@ pub fn kind_of_reason(reason: &str) -> Option<LoopbackKind> {
         LoopbackKind::VipAsSource,
         LoopbackKind::ServiceSelfLoop,
         LoopbackKind::EtpLocalDrop,
+        LoopbackKind::ProxyProtocolShortCircuit,
     ]
     .into_iter()
     .find(|k| self::reason(*k) == reason)

@@ -332,7 +332,12 @@ fn a_check_report_reads_back_as_written() {
     assert_eq!(v["dataplane"]["mode"], "none");
     assert_eq!(v["dataplane"]["replacement"], "cilium");
     assert!(v["dataplane"].get("cannot_confirm").is_none());
-    for k in [Kind::Hairpin, Kind::ModeLeftover, Kind::NicSourceValidation] {
+    for k in [
+        Kind::Hairpin,
+        Kind::ModeLeftover,
+        Kind::NicSourceValidation,
+        Kind::ProxyProtocolShortCircuit,
+    ] {
         assert_eq!(serde_json::to_value(k).unwrap(), k.as_str());
     }
 }

@@ -14,7 +14,7 @@
 use probe_contract::{Layer, LoopbackKind};
 
 use super::{Entry, Facts, IpMode, Offer, Provider, annotation_on, annotation_patch};
-use LoopbackKind::{Hairpin, HealthcheckBlackhole, VipPortUnserved};
+use LoopbackKind::{Hairpin, HealthcheckBlackhole, ProxyProtocolShortCircuit, VipPortUnserved};
 
 pub(super) const TENCENT_PREVENT_LOOPBACK_KEY: &str = "service.cloud.tencent.com/prevent-loopback";
 pub(super) const ACK_HOSTNAME: &str =
@@ -119,7 +119,10 @@ pub(super) static TENCENT_INGRESS_KEEPALIVE: Entry = Entry {
 pub(super) static ACK_LB_HOSTNAME: Entry = Entry {
     id: "ack-lb-hostname",
     provider: Provider::Alicloud,
-    kinds: &[VipPortUnserved],
+    // Also the documented way around a PROXY protocol listener called in-cluster by its IP
+    // (the same page, "Configure Proxy Protocol": such calls "may be intercepted internally",
+    // see "Setting a Hostname").
+    kinds: &[VipPortUnserved, ProxyProtocolShortCircuit],
     change: "Annotate the Service with service.beta.kubernetes.io/alibaba-cloud-loadbalancer-hostname: \
              <a DNS name for the CLB>: the CCM then publishes the hostname, kube-proxy stops \
              binding the CLB IP, and in-cluster calls to it go through the CLB",
@@ -185,7 +188,13 @@ pub(super) static HCLOUD_DISABLE_PRIVATE_INGRESS: Entry = Entry {
 pub(super) static OPENSTACK_LB_HOSTNAME: Entry = Entry {
     id: "openstack-lb-hostname",
     provider: Provider::OpenStack,
-    kinds: &[HealthcheckBlackhole, VipPortUnserved],
+    // With PROXY protocol, in-cluster calls by the IP fail without it
+    // (kubernetes/cloud-provider-openstack#1287; the same doc's PROXY protocol section).
+    kinds: &[
+        HealthcheckBlackhole,
+        VipPortUnserved,
+        ProxyProtocolShortCircuit,
+    ],
     change: "Annotate the Service with loadbalancer.openstack.org/hostname: <a DNS name for \
              the LB>: OCCM then publishes only the hostname and kube-proxy stops binding the \
              LB IP",
@@ -207,7 +216,13 @@ pub(super) static OPENSTACK_LB_HOSTNAME: Entry = Entry {
 pub(super) static DO_LB_HOSTNAME: Entry = Entry {
     id: "do-lb-hostname",
     provider: Provider::DigitalOcean,
-    kinds: &[HealthcheckBlackhole, VipPortUnserved],
+    // The guide's own case: PROXY protocol breaks in-cluster calls by the IP
+    // (kubernetes/ingress-nginx#3996).
+    kinds: &[
+        HealthcheckBlackhole,
+        VipPortUnserved,
+        ProxyProtocolShortCircuit,
+    ],
     change: "Annotate the Service with service.beta.kubernetes.io/do-loadbalancer-hostname: \
              <a DNS name for the LB>: the CCM then publishes the hostname instead of the IP \
              and kube-proxy stops binding it on the nodes",

@@ -128,6 +128,7 @@ impl Facts {
                 Some(Source::Node)
             }
             LoopbackKind::EtpLocalDrop => Some(Source::Pod),
+            LoopbackKind::ProxyProtocolShortCircuit => Some(Source::Pod),
         };
         Facts {
             kind: event.kind,
@@ -172,7 +173,9 @@ impl Facts {
             LoopbackKind::HealthcheckBlackhole => Some(Source::Lb),
             LoopbackKind::VipAsSource => Some(Source::Node),
             LoopbackKind::VipPortUnserved => None,
-            LoopbackKind::ServiceSelfLoop | LoopbackKind::EtpLocalDrop => Some(Source::Pod),
+            LoopbackKind::ServiceSelfLoop
+            | LoopbackKind::EtpLocalDrop
+            | LoopbackKind::ProxyProtocolShortCircuit => Some(Source::Pod),
         };
         let all_udp = !service.ports.is_empty()
             && service

@@ -21,7 +21,10 @@ fn base(provider: Provider, kind: LoopbackKind) -> Facts {
             HealthcheckBlackhole => Some(Source::Lb),
             VipPortUnserved => None,
             LoopbackKind::VipAsSource => Some(Source::Node),
-            Hairpin | ServiceSelfLoop | LoopbackKind::EtpLocalDrop => Some(Source::Pod),
+            Hairpin
+            | ServiceSelfLoop
+            | LoopbackKind::EtpLocalDrop
+            | LoopbackKind::ProxyProtocolShortCircuit => Some(Source::Pod),
         },
         snat: SnatState::No,
         layer: (kind == Hairpin).then_some(Layer::L4),

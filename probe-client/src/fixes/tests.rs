@@ -5,13 +5,14 @@ use serde_json::{Value, json};
 
 use super::*;
 
-const KINDS: [LoopbackKind; 6] = [
+const KINDS: [LoopbackKind; 7] = [
     LoopbackKind::HealthcheckBlackhole,
     LoopbackKind::Hairpin,
     LoopbackKind::VipPortUnserved,
     LoopbackKind::VipAsSource,
     LoopbackKind::ServiceSelfLoop,
     LoopbackKind::EtpLocalDrop,
+    LoopbackKind::ProxyProtocolShortCircuit,
 ];
 
 /// RFC 7386 merge patch.
@@ -333,6 +334,28 @@ fn a_self_loop_gets_the_hairpin_fix_and_nothing_else() {
             .any(|p| p.contains("cni0 port veth1")),
         "{fix:#?}"
     );
+}
+
+/// A short-circuited PROXY-protocol call gets its provider's hostname annotation (the
+/// documented way in-cluster calls go through the LB) where the table has one, and no
+/// generic fix (none of them adds the header).
+#[test]
+fn a_proxy_protocol_short_circuit_gets_the_provider_s_hostname_fix_only() {
+    for (provider, want) in [
+        (Provider::DigitalOcean, vec!["do-lb-hostname"]),
+        (Provider::OpenStack, vec!["openstack-lb-hostname"]),
+        (Provider::Alicloud, vec!["ack-lb-hostname"]),
+        (Provider::Generic, vec![]),
+        (Provider::Aws, vec![]),
+    ] {
+        let mut f = hairpin(provider, Some(Etp::Cluster));
+        f.kind = LoopbackKind::ProxyProtocolShortCircuit;
+        f.layer = None;
+        assert_eq!(ids(&f), want, "{provider:?}");
+        // Already published as a hostname (ipMode Proxy): nothing to offer.
+        f.ip_mode = Some(IpMode::Proxy);
+        assert!(ids(&f).is_empty(), "{provider:?}");
+    }
 }
 
 /// E2: an annotation value the agent's index cut is never written back by a patch (nor

@@ -67,6 +67,43 @@ fn watch_drop_destinations(maps: &mut DropDestinations, table: &state::ServiceTa
     }
 }
 
+/// How often the conntrack table is read for PROXY-protocol resets (less than the 10 s an
+/// entry stays in `CLOSE`).
+const PROXY_PROTOCOL_EVERY: Duration = Duration::from_secs(3);
+
+/// One dump for the PROXY-protocol proof: the entries, and the targets they were read for.
+type ProxyProtocolDump = (
+    Vec<state::ConntrackEntry>,
+    Vec<crate::correlate::proxy_protocol::ProxyProtocolTarget>,
+);
+
+/// Starts a conntrack dump when the API names LBs with PROXY protocol on (none: nothing to
+/// read); returns whether one is out. A failed dump proves nothing and is said at debug level.
+fn look_for_proxy_protocol(l: &CorrelateLoop, tx: &mpsc::Sender<ProxyProtocolDump>) -> bool {
+    let Some(rx) = &l.kube_index else {
+        return false;
+    };
+    let targets = crate::correlate::proxy_protocol::targets(rx.borrow().services());
+    if targets.is_empty() {
+        return false;
+    }
+    let tx = tx.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut entries = Vec::new();
+        for v6 in [false, true] {
+            if !targets.iter().any(|t| t.ip.is_ipv6() == v6) {
+                continue;
+            }
+            match state::conntrack::dump_family(v6) {
+                Ok(e) => entries.extend(e),
+                Err(error) => debug!(%error, "conntrack dump for PROXY-protocol resets"),
+            }
+        }
+        let _ = tx.blocking_send((entries, targets));
+    });
+    true
+}
+
 /// One proof look-up's results: (loop key, what it found or None).
 type ProofResults = Vec<(String, Option<proof::Found>)>;
 
@@ -131,6 +168,12 @@ pub(super) async fn run(mut l: CorrelateLoop) -> anyhow::Result<()> {
     let check_every = Duration::from_secs(l.tracker.config().check_every_s());
     let mut next_check = tokio::time::Instant::now() + check_every;
     let mut proof_out = false;
+    // PROXY-protocol resets (`correlate::proxy_protocol`): a conntrack dump off this loop every
+    // PROXY_PROTOCOL_EVERY while the API names an LB with PROXY protocol on; its reset entries
+    // stay 10 s in CLOSE, so none is missed between dumps.
+    let (pp_tx, mut pp_rx) = mpsc::channel::<ProxyProtocolDump>(1);
+    let mut next_pp = tokio::time::Instant::now() + PROXY_PROTOCOL_EVERY;
+    let mut pp_out = false;
     // Every kind's gauges and counters from the start, at 0.
     l.shared.publish_loops(l.tracker.lifecycle(), None);
     loop {
@@ -165,7 +208,15 @@ pub(super) async fn run(mut l: CorrelateLoop) -> anyhow::Result<()> {
                         l.shared.publish_loops(l.tracker.lifecycle(), None);
                     }
                 }
+                if !pp_out && now >= next_pp {
+                    next_pp = now + PROXY_PROTOCOL_EVERY;
+                    pp_out = look_for_proxy_protocol(&l, &pp_tx);
+                }
                 correlator.tick(monotonic_ns())
+            }
+            Some((entries, targets)) = pp_rx.recv() => {
+                pp_out = false;
+                correlator.proxy_protocol(&entries, &targets, monotonic_ns())
             }
             Some(results) = proof_rx.recv() => {
                 proof_out = false;

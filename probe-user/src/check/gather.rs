@@ -222,6 +222,7 @@ pub fn ipset_targets(
                 health_check_node_port: None,
                 prevent_loopback: Vec::new(),
                 kube_proxy_masquerades: !is_local,
+                proxy_protocol: None,
                 source: format!("ipset {}", if is_local { LB_LOCAL_SET } else { LB_SET }),
             }
         })

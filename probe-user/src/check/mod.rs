@@ -28,6 +28,8 @@ pub mod gather;
 pub mod kube;
 #[cfg(test)]
 mod mode_leftover_tests;
+#[cfg(test)]
+mod proxy_protocol_tests;
 pub mod readiness;
 #[cfg(test)]
 mod readiness_tests;
@@ -75,6 +77,9 @@ pub struct LbTarget {
     /// kube-proxy marks pod traffic to it for masquerade (IPVS mode: in `KUBE-LOAD-BALANCER`
     /// and not in `KUBE-LOAD-BALANCER-LOCAL`).
     pub kube_proxy_masquerades: bool,
+    /// The annotation (`key: value`) that has the LB send a PROXY protocol header to the
+    /// backends (`clb_probe_client::service::PROXY_PROTOCOL_ANNOTATIONS`); None: none read.
+    pub proxy_protocol: Option<String>,
     /// Where it came from: `ipset KUBE-LOAD-BALANCER`, `service default/web`, ...
     pub source: String,
 }
@@ -244,6 +249,7 @@ pub fn attach_fixes(
             Kind::Hairpin => L::Hairpin,
             Kind::ServiceSelfLoop => L::ServiceSelfLoop,
             Kind::EtpLocalDrop => L::EtpLocalDrop,
+            Kind::ProxyProtocolShortCircuit => L::ProxyProtocolShortCircuit,
             _ => continue,
         };
         // `ip` or `ip:port/proto` (`[v6]:port/proto`).

@@ -128,11 +128,15 @@ pub fn as_nftables(inp: &Inputs) -> Inputs {
     out
 }
 
-const LOOP_KINDS: [Kind; 4] = [
+/// `etp_local_drop` is not predicted: it needs the API's endpoints per node, which the
+/// prediction from today's rules does not have. The PROXY-protocol short-circuit stays as it
+/// is (nftables mode short-circuits LB IPs too).
+const LOOP_KINDS: [Kind; 5] = [
     Kind::HealthcheckBlackhole,
     Kind::VipPortUnserved,
     Kind::Hairpin,
     Kind::ServiceSelfLoop,
+    Kind::ProxyProtocolShortCircuit,
 ];
 
 fn risks(findings: &[Finding]) -> Vec<&Finding> {
@@ -248,6 +252,7 @@ fn fixes_of(
         Kind::Hairpin => L::Hairpin,
         Kind::ServiceSelfLoop => L::ServiceSelfLoop,
         Kind::EtpLocalDrop => L::EtpLocalDrop,
+        Kind::ProxyProtocolShortCircuit => L::ProxyProtocolShortCircuit,
         _ => return Vec::new(),
     };
     let Some((ip, port)) = parse_subject(subject) else {

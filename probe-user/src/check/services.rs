@@ -26,6 +26,7 @@ pub fn targets(services: &[ServiceFacts]) -> (Vec<LbTarget>, Vec<IpAddr>) {
         // The provider annotations that keep the LB from looping back, when switched on.
         let guard = clb_probe_client::service::loop_guards(&s.loopback_annotations);
         let etp_local = s.is_etp_local();
+        let proxy_protocol = clb_probe_client::service::proxy_protocol(&s.annotations);
         for ing in &s.ingress {
             let Some(ip) = ing.ip else { continue };
             for p in &s.ports {
@@ -44,6 +45,7 @@ pub fn targets(services: &[ServiceFacts]) -> (Vec<LbTarget>, Vec<IpAddr>) {
                     // kube-proxy (iptables / IPVS) marks pod traffic to a Cluster-policy LB IP
                     // it handles; with ipMode Proxy it writes no rule for the IP at all.
                     kube_proxy_masquerades: !etp_local && ing.ip_mode.as_deref() != Some("Proxy"),
+                    proxy_protocol: proxy_protocol.clone(),
                     source: format!("service {}", s.key()),
                 });
             }

@@ -107,6 +107,9 @@ mod hairpin_tests;
 mod held;
 #[cfg(test)]
 mod host_tests;
+pub mod proxy_protocol;
+#[cfg(test)]
+mod proxy_protocol_tests;
 mod queries;
 pub(crate) mod remedy;
 pub mod replay;
@@ -176,6 +179,9 @@ pub struct Correlator {
     self_loops: held::Pending,
     /// Self-loop connects confirmed, by tuple -> time: their retransmits fold in. Bounded.
     self_loop_done: HashMap<Tuple, u64>,
+    /// PROXY-protocol resets confirmed, by the conntrack entry's original tuple -> time: the
+    /// entry stays in `CLOSE` for 10 s, over several dumps, and counts once. Bounded.
+    proxy_protocol_done: HashMap<Tuple, u64>,
     /// Connect attempts already confirmed as hairpins, by source (address, port, protocol):
     /// their retransmits fold in instead of counting again. Bounded by `max_pending`.
     confirmed_attempts: HashMap<(IpAddr, u16, Proto), Attempt>,
@@ -225,6 +231,7 @@ impl Correlator {
             flows: HashMap::new(),
             self_loops: HashMap::new(),
             self_loop_done: HashMap::new(),
+            proxy_protocol_done: HashMap::new(),
             confirmed_attempts: HashMap::new(),
             queries: HashMap::new(),
             egress_inflight: HashMap::new(),

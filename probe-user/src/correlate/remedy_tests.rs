@@ -14,13 +14,14 @@ use probe_contract::{
     },
 };
 
-const KINDS: [LoopbackKind; 6] = [
+const KINDS: [LoopbackKind; 7] = [
     LoopbackKind::HealthcheckBlackhole,
     LoopbackKind::Hairpin,
     LoopbackKind::VipPortUnserved,
     LoopbackKind::VipAsSource,
     LoopbackKind::ServiceSelfLoop,
     LoopbackKind::EtpLocalDrop,
+    LoopbackKind::ProxyProtocolShortCircuit,
 ];
 
 fn ip(s: &str) -> IpAddr {
@@ -35,6 +36,7 @@ fn event(kind: LoopbackKind, source: SourceKind) -> LoopbackEvent {
         LoopbackKind::Hairpin => ("198.19.1.10", "198.18.0.2", 30080, Some(80)),
         LoopbackKind::ServiceSelfLoop => ("198.19.1.11", "198.19.1.11", 8080, Some(80)),
         LoopbackKind::EtpLocalDrop => ("198.19.1.10", "203.0.113.10", 8445, Some(8445)),
+        LoopbackKind::ProxyProtocolShortCircuit => ("198.19.1.10", "198.19.1.11", 9443, Some(9443)),
     };
     let src = match (kind, source) {
         (LoopbackKind::Hairpin | LoopbackKind::VipPortUnserved, SourceKind::Node) => "198.18.0.2",
@@ -165,10 +167,13 @@ fn check(e: &LoopbackEvent, what: &str) {
             }
         }
     }
-    // Said where the policy matters (an unserved port has no policy to disagree on).
+    // Said where the policy matters (an unserved port has no policy to disagree on, and a
+    // PROXY-protocol short-circuit happens under either policy).
     let policy_matters = !matches!(
         e.kind,
-        LoopbackKind::VipPortUnserved | LoopbackKind::ServiceSelfLoop
+        LoopbackKind::VipPortUnserved
+            | LoopbackKind::ServiceSelfLoop
+            | LoopbackKind::ProxyProtocolShortCircuit
     );
     assert_eq!(
         r.iter()
@@ -200,6 +205,9 @@ fn check(e: &LoopbackEvent, what: &str) {
                 all.contains("kubernetes#132456"),
                 "{what}: the fixed release"
             );
+        }
+        LoopbackKind::ProxyProtocolShortCircuit => {
+            assert!(cause.contains("PROXY protocol"), "{what}: {cause}");
         }
         LoopbackKind::Hairpin | LoopbackKind::VipPortUnserved => match f.source {
             SourceKind::Pod => {

@@ -87,6 +87,7 @@ fn the_service_is_conntracks_original_destination_else_the_endpoints_only_servic
         snat: false,
         dnat: true,
         seen_reply: false,
+        assured: false,
         tcp_state: Some("SYN_SENT".into()),
         timeout_s: None,
     };

@@ -64,6 +64,7 @@ fn entry(sport: u16, snat: bool) -> ConntrackEntry {
         snat,
         dnat: true,
         seen_reply: false,
+        assured: false,
         tcp_state: Some("SYN_SENT".into()),
         timeout_s: None,
     }

@@ -204,6 +204,7 @@ pub(super) fn ct(orig: Tuple, snat: bool, state: Option<&str>) -> ConntrackEntry
         snat,
         dnat: false,
         seen_reply: false,
+        assured: false,
         tcp_state: state.map(Into::into),
         timeout_s: None,
     }

@@ -189,6 +189,9 @@ fn find_service<'a>(event: &LoopbackEvent, index: &'a Index) -> Option<&'a Servi
         // The LB or external IP:port kube-proxy dropped the call to.
         LoopbackKind::EtpLocalDrop => by_vip,
         // The address the pod called: a ClusterIP or LB IP, or a node address's NodePort.
+        LoopbackKind::ProxyProtocolShortCircuit => {
+            by_vip.or_else(|| event.vip.and_then(|vip| only(index.services_by_lb_ip(vip))))
+        }
         LoopbackKind::ServiceSelfLoop => by_vip.or_else(|| {
             event
                 .vip_port

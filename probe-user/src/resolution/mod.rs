@@ -385,13 +385,14 @@ impl Tracker {
 }
 
 /// Every kind, for gauges that list each.
-pub const ALL_KINDS: [LoopbackKind; 6] = [
+pub const ALL_KINDS: [LoopbackKind; 7] = [
     LoopbackKind::HealthcheckBlackhole,
     LoopbackKind::Hairpin,
     LoopbackKind::VipPortUnserved,
     LoopbackKind::VipAsSource,
     LoopbackKind::ServiceSelfLoop,
     LoopbackKind::EtpLocalDrop,
+    LoopbackKind::ProxyProtocolShortCircuit,
 ];
 
 /// The Service's fields a fix changes, as `field -> value` (the fixes patch these:

@@ -90,6 +90,8 @@ impl Shape {
                 other_ports: Vec::new(),
                 lb_picks_backend: e.kind == LoopbackKind::Hairpin,
             }),
+            // Its proof is a reset entry, not an answered call: no shape to prove it gone by.
+            LoopbackKind::ProxyProtocolShortCircuit => None,
             LoopbackKind::HealthcheckBlackhole | LoopbackKind::VipAsSource => Some(Shape::From {
                 addr: e.vip.unwrap_or(e.src),
                 to: BTreeSet::from([e.dst]),

@@ -28,6 +28,7 @@ fn entry(
         snat: true,
         dnat: false,
         seen_reply: answered,
+        assured: false,
         tcp_state: Some(state.into()),
         timeout_s: Some(left),
     }

@@ -234,6 +234,7 @@ fn answered(src: &str, snat: bool) -> crate::state::ConntrackEntry {
         snat,
         dnat: false,
         seen_reply: true,
+        assured: false,
         tcp_state: Some("TIME_WAIT".into()),
         timeout_s: Some(115),
     }

@@ -231,6 +231,10 @@ pub fn note(event: &LoopbackEvent) -> String {
             "kube-proxy dropped a call from {} to {vip}/{proto}: an externalTrafficPolicy Local Service without an endpoint on this node, in nftables mode.",
             event.src
         ),
+        LoopbackKind::ProxyProtocolShortCircuit => format!(
+            "{} called {vip}/{proto}, whose load balancer adds a PROXY protocol header; kube-proxy short-circuited it to {dst} on this node, so it arrived without the header and was reset.",
+            event.src
+        ),
         LoopbackKind::ServiceSelfLoop => format!(
             "Pod {} called its own Service at {vip}/{proto} and was picked as the endpoint; without the hairpin SNAT the call came back with its own address as source and was dropped.",
             event.src

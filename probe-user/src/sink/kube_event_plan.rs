@@ -177,7 +177,10 @@ pub struct EventPlanner {
 fn severity(kind: LoopbackKind) -> u8 {
     match kind {
         LoopbackKind::HealthcheckBlackhole => 0,
-        LoopbackKind::Hairpin | LoopbackKind::ServiceSelfLoop | LoopbackKind::EtpLocalDrop => 1,
+        LoopbackKind::Hairpin
+        | LoopbackKind::ServiceSelfLoop
+        | LoopbackKind::EtpLocalDrop
+        | LoopbackKind::ProxyProtocolShortCircuit => 1,
         LoopbackKind::VipAsSource => 2,
         LoopbackKind::VipPortUnserved => 3,
     }

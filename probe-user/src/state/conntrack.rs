@@ -33,6 +33,7 @@ use probe_contract::Proto;
 
 /// conntrack status bits (uapi `nf_conntrack_common.h`).
 pub const IPS_SEEN_REPLY: u32 = 1 << 1;
+pub const IPS_ASSURED: u32 = 1 << 2;
 pub const IPS_SRC_NAT: u32 = 1 << 4;
 pub const IPS_DST_NAT: u32 = 1 << 5;
 
@@ -359,6 +360,7 @@ pub fn entry_from_attributes(attrs: &[ConntrackAttribute]) -> Option<ConntrackEn
         snat: status & IPS_SRC_NAT != 0,
         dnat: status & IPS_DST_NAT != 0,
         seen_reply: status & IPS_SEEN_REPLY != 0,
+        assured: status & IPS_ASSURED != 0,
         tcp_state,
         timeout_s,
     })

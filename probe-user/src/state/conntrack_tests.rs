@@ -23,6 +23,7 @@ fn a_self_call_is_matched_by_its_ports_whatever_answered_it() {
         snat: reply_dst != "198.19.1.11",
         dnat: true,
         seen_reply: false,
+        assured: false,
         tcp_state: None,
         timeout_s: None,
     };

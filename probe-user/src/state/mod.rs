@@ -226,6 +226,10 @@ pub struct ConntrackEntry {
     pub dnat: bool,
     /// IPS_SEEN_REPLY: a packet came back in the reply direction.
     pub seen_reply: bool,
+    /// IPS_ASSURED: TCP: the handshake completed (conntrack sets it on the way to
+    /// ESTABLISHED), so a later `CLOSE` is a reset of an established connection.
+    #[serde(default)]
+    pub assured: bool,
     /// TCP state name as conntrack reports it (`SYN_SENT`, `ESTABLISHED`, `CLOSE`, ...).
     pub tcp_state: Option<String>,
     /// Seconds left before the entry expires (CTA_TIMEOUT); each packet resets it to its

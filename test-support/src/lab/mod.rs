@@ -22,6 +22,7 @@ pub(crate) mod kube_proxy;
 mod mode;
 pub mod net;
 pub mod nft;
+pub mod proxy_protocol;
 mod scenario;
 pub mod servers;
 mod status;

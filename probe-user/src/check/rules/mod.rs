@@ -14,6 +14,7 @@ mod kptr_restrict;
 mod kube_api;
 mod mode_leftover;
 mod nic_source_validation;
+mod proxy_protocol;
 mod service_self_loop;
 mod targets;
 mod vip_port_unserved;
@@ -28,6 +29,7 @@ use kptr_restrict::kptr_restrict;
 use kube_api::kube_api;
 use mode_leftover::mode_leftover;
 use nic_source_validation::nic_source_validation;
+use proxy_protocol::proxy_protocol;
 use service_self_loop::service_self_loop;
 use vip_port_unserved::vip_port_unserved;
 
@@ -39,6 +41,7 @@ pub fn judge(inp: &Inputs) -> Vec<Finding> {
     out.extend(hairpin(inp));
     out.extend(service_self_loop(inp));
     out.extend(etp_local_drop(inp));
+    out.extend(proxy_protocol(inp));
     out.extend(nic_source_validation(inp));
     out.extend(kptr_restrict(inp));
     out.extend(kernel_visibility(inp));

@@ -20,6 +20,7 @@ pub(crate) fn build(e: &LoopbackEvent) -> Vec<String> {
         LoopbackKind::VipAsSource => vip_as_source(e),
         LoopbackKind::ServiceSelfLoop => service_self_loop(e),
         LoopbackKind::EtpLocalDrop => etp_local_drop(e),
+        LoopbackKind::ProxyProtocolShortCircuit => proxy_protocol(e),
     }
 }
 
@@ -81,6 +82,37 @@ fn etp_local_drop(e: &LoopbackEvent) -> Vec<String> {
          topology spread), or have callers use the Service's cluster DNS name or ClusterIP."
     ));
     out
+}
+
+/// `proxy_protocol_short_circuit`: the call never passed the LB that adds the header.
+fn proxy_protocol(e: &LoopbackEvent) -> Vec<String> {
+    let lb = e
+        .vip
+        .zip(e.vip_port)
+        .map_or_else(|| "the LB IP".to_string(), |(ip, port)| sock(ip, port));
+    let svc = service_key(e).unwrap_or_else(|| "the Service".to_string());
+    vec![
+        format!(
+            "Cause: {} called {lb}, whose LB sends a PROXY protocol header to {svc}'s backends; \
+             kube-proxy short-circuits that IP on the node, so the call went straight to {} \
+             without the header and the backend reset it (\"broken header\", \
+             kubernetes/ingress-nginx#9643).",
+            e.src,
+            sock(e.dst, e.dst_port)
+        ),
+        format!(
+            "Call {svc} from inside the cluster by its cluster DNS name or ClusterIP, sending \
+             the PROXY protocol header yourself when the backend requires it on every \
+             connection."
+        ),
+        "Or make in-cluster calls go through the LB: the provider's hostname annotation \
+         (Hetzner load-balancer.hetzner.cloud/hostname, OpenStack \
+         loadbalancer.openstack.org/hostname, DigitalOcean \
+         service.beta.kubernetes.io/do-loadbalancer-hostname: kubernetes/ingress-nginx#3996, \
+         Alibaba service.beta.kubernetes.io/alibaba-cloud-loadbalancer-hostname) or ipMode: \
+         Proxy on the ingress (Kubernetes >= 1.30), so kube-proxy writes no rule for the IP."
+            .to_string(),
+    ]
 }
 
 fn healthcheck(e: &LoopbackEvent) -> Vec<String> {

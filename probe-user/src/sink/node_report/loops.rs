@@ -58,14 +58,15 @@ const FLOOD_EXAMPLES: usize = 3;
 
 /// How bad a kind is for the node, higher worse (the report's order, the condition's pick):
 /// a black-holed health check takes the node out of its LBs (every Service on it); a hairpin
-/// fails a Service's calls from pods; a self-loop a pod's calls to its own Service; a VIP as
-/// source and an unserved port are what any local user makes with one connect. kube-proxy's
-/// ETP Local drop fails the pods' calls to one LB IP:port, as a self-loop fails one pod's.
+/// fails a Service's calls from pods; a self-loop a pod's calls to its own Service, a PROXY
+/// protocol short-circuit the in-cluster calls to one LB; a VIP as source and an unserved
+/// port are what any local user makes with one connect. kube-proxy's ETP Local drop fails
+/// the pods' calls to one LB IP:port, as a self-loop fails one pod's.
 pub fn severity(kind: &str) -> u8 {
     match kind {
         "healthcheck_blackhole" => 4,
         "hairpin" => 3,
-        "service_self_loop" | "etp_local_drop" => 2,
+        "service_self_loop" | "etp_local_drop" | "proxy_protocol_short_circuit" => 2,
         "vip_as_source" => 1,
         _ => 0,
     }
