@@ -32,7 +32,11 @@ pub const THREE_KINDS_TEST: &str = "ipvs_mode_failures_are_confirmed_and_twins_a
 ///   is 6.1's class, the host's 6.18 the `IP_*_SOURCE` one); on 5.10 also the hairpin, its
 ///   variants and the self-loop, whose drops are named from their sites there; and
 ///   `etp_local_drop` (nftables.rs, its own nftables-mode lab: kube-proxy's drop is named
-///   `NETFILTER_DROP` only from its `nf_hook_slow` site there);
+///   `NETFILTER_DROP` only from its `nf_hook_slow` site there). kube-proxy's nftables mode
+///   itself wants 5.13 or later (kubernetes `pkg/proxy/nftables/supported.go`'s kernel
+///   check; "requires Linux kernel 5.13 or later", docs.aws.amazon.com/eks/latest/
+///   best-practices/nftables.html), so no real node runs it on 5.10: the boot stands for the
+///   5.13-5.16 kernels (Ubuntu 22.04's 5.15) that pass no drop reason either;
 /// - on 6.1, the one amd64 kernel without tcx: the clsact datapath tests (kube-ipvs0
 ///   re-attached, nothing left after SIGTERM or SIGKILL, foreign filters kept) and the
 ///   iptables-mode older-kernel script;
