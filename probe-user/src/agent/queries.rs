@@ -101,9 +101,18 @@ fn answer_self_loop(
     } else {
         state::conntrack::lookup_reply(&call.reversed())
             .and_then(|found| match found {
-                None if reply_dropped => Ok(state::conntrack::dump_family(call.src.is_ipv6())?
-                    .into_iter()
-                    .find(|e| state::conntrack::is_self_call(e, call))),
+                // Only the caller's entries from its port cross netlink (the kernel filters
+                // on Linux >= 5.8), not the whole table per question.
+                None if reply_dropped => Ok(state::conntrack::dump_filtered(
+                    &state::conntrack::OrigFilter {
+                        src: Some(call.src),
+                        proto: Some(call.proto),
+                        sport: Some(call.sport),
+                        ..Default::default()
+                    },
+                )?
+                .into_iter()
+                .find(|e| state::conntrack::is_self_call(e, call))),
                 found => Ok(found),
             })
             .map_err(|e| e.to_string())

@@ -226,7 +226,9 @@ pub struct OrigFilter {
     pub src: Option<IpAddr>,
     pub dst: Option<IpAddr>,
     pub proto: Option<Proto>,
-    /// Only with `proto` TCP or UDP (the kernel reads ports only under a protocol number).
+    /// Ports: only with `proto` TCP or UDP (the kernel reads ports only under a protocol
+    /// number).
+    pub sport: Option<u16>,
     pub dport: Option<u16>,
 }
 
@@ -236,6 +238,7 @@ impl OrigFilter {
         self.src.is_none_or(|a| e.orig.src == a)
             && self.dst.is_none_or(|a| e.orig.dst == a)
             && self.proto.is_none_or(|p| e.orig.proto == p)
+            && self.sport.is_none_or(|p| e.orig.sport == p)
             && self.dport.is_none_or(|p| e.orig.dport == p)
     }
 
@@ -258,6 +261,7 @@ const CTA_FILTER_ORIG_FLAGS: u16 = 1;
 const CTA_FILTER_FLAG_CTA_IP_SRC: u32 = 1 << 0;
 const CTA_FILTER_FLAG_CTA_IP_DST: u32 = 1 << 1;
 const CTA_FILTER_FLAG_CTA_PROTO_NUM: u32 = 1 << 3;
+const CTA_FILTER_FLAG_CTA_PROTO_SRC_PORT: u32 = 1 << 4;
 const CTA_FILTER_FLAG_CTA_PROTO_DST_PORT: u32 = 1 << 5;
 
 /// The entries of `filter`'s family that match it, filtered by the kernel where it can, and
@@ -278,6 +282,12 @@ const CTA_FILTER_FLAG_CTA_PROTO_DST_PORT: u32 = 1 << 5;
 ///   wanted entries (so merged in 5.8, and still so in 6.18.44 here: asked for `2001:db8::10`,
 ///   it returned only the entry to `2001:db8::20`); IPv6
 ///   filters send only the protocol and port to the kernel and compare addresses here.
+///
+/// What it saves, measured once (not a test) in a scratch namespace holding 50,000 UDP
+/// entries, debug build, 6.18.44 on a 2-core VM: a full IPv4 dump is 8.2 MB of netlink and
+/// 165-250 ms with decoding; a filtered one (50 matching entries) 8.2 KB and 14-21 ms, what
+/// is left being the kernel's walk of the table. At 500,000 entries every 3 s that is ~27 MB/s
+/// of copies and decoding avoided per node.
 ///
 /// netlink-packet-netfilter 0.4.0 has no variant for `CTA_FILTER`: the request is raw
 /// `DefaultNla`s ([`filter_attributes`] says why not `ConntrackAttribute::Other`); a nested
@@ -329,9 +339,15 @@ pub fn filter_attributes(filter: &OrigFilter) -> Vec<DefaultNla> {
         let v6 = filter.family() == NetfilterProtoFamily::IPv6;
         protos.push(ProtoTuple::Protocol(Protocol::from(p.to_raw(v6))));
         flags |= CTA_FILTER_FLAG_CTA_PROTO_NUM;
-        if let (Some(port), Proto::Tcp | Proto::Udp) = (filter.dport, p) {
-            protos.push(ProtoTuple::DestinationPort(port));
-            flags |= CTA_FILTER_FLAG_CTA_PROTO_DST_PORT;
+        if matches!(p, Proto::Tcp | Proto::Udp) {
+            if let Some(port) = filter.sport {
+                protos.push(ProtoTuple::SourcePort(port));
+                flags |= CTA_FILTER_FLAG_CTA_PROTO_SRC_PORT;
+            }
+            if let Some(port) = filter.dport {
+                protos.push(ProtoTuple::DestinationPort(port));
+                flags |= CTA_FILTER_FLAG_CTA_PROTO_DST_PORT;
+            }
         }
     }
     if flags == 0 {

@@ -396,6 +396,13 @@ fn filtered_dumps_are_filtered_by_the_kernel() {
         src: Some(ip("198.18.0.10")),
         ..OrigFilter::default()
     };
+    // The agent's self-call question: the caller's entries from its port.
+    let from_client_port = OrigFilter {
+        src: Some(ip("198.18.0.10")),
+        proto: Some(Proto::Tcp),
+        sport: Some(40002),
+        ..OrigFilter::default()
+    };
     let to_lb6 = OrigFilter {
         dst: Some(ip("2001:db8::10")),
         ..to_lb
@@ -409,17 +416,19 @@ fn filtered_dumps_are_filtered_by_the_kernel() {
         p.sort_unstable();
         p
     };
-    let (all, lb_raw, client_raw, lb6_raw, lb, client, lb6) = ns.run_in(0, move || {
-        (
-            sports(dump_raw(NetfilterProtoFamily::IPv4)),
-            sports(dump_filtered_raw(&to_lb)),
-            sports(dump_filtered_raw(&from_client)),
-            sports(dump_filtered_raw(&to_lb6)),
-            dump_by_orig_destination(ip("203.0.113.10"), 443),
-            dump_by_source(ip("198.18.0.10")),
-            dump_by_orig_destination(ip("2001:db8::10"), 443),
-        )
-    });
+    let (all, lb_raw, client_raw, client_port_raw, lb6_raw, lb, client, lb6) =
+        ns.run_in(0, move || {
+            (
+                sports(dump_raw(NetfilterProtoFamily::IPv4)),
+                sports(dump_filtered_raw(&to_lb)),
+                sports(dump_filtered_raw(&from_client)),
+                sports(dump_filtered_raw(&from_client_port)),
+                sports(dump_filtered_raw(&to_lb6)),
+                dump_by_orig_destination(ip("203.0.113.10"), 443),
+                dump_by_source(ip("198.18.0.10")),
+                dump_by_orig_destination(ip("2001:db8::10"), 443),
+            )
+        });
     assert_eq!(
         all,
         vec![40000, 40001, 40002, 40003],
@@ -428,6 +437,7 @@ fn filtered_dumps_are_filtered_by_the_kernel() {
     // What the kernel sent: CTA_FILTER was honoured.
     assert_eq!(lb_raw, vec![40000]);
     assert_eq!(client_raw, vec![40000, 40002]);
+    assert_eq!(client_port_raw, vec![40002]);
     // IPv6: protocol and port by the kernel, the address here.
     assert_eq!(lb6_raw, vec![40004, 40005]);
     let sport_of = |r: Result<Vec<ConntrackEntry>, ConntrackError>| -> Vec<u16> {
