@@ -86,7 +86,8 @@ pub(super) fn answer_query(
 /// A pod's call to its own Service looped: conntrack by the reply tuple (the call reversed:
 /// the answer it would get without SNAT), and the node's pieces of the hairpin. When the
 /// packet dropped was the call's answer, the call was masqueraded and the entry's reply tuple
-/// holds the node's address: then the family's table is searched for the call's connection
+/// holds the node's address: then the caller's entries from its port are searched (a dump
+/// the kernel filters) for the call's connection
 /// ([`state::conntrack::is_self_call`]; one dump per confirmed connect, retransmits fold).
 /// Blocking (netlink, `ipset`, sysfs).
 fn answer_self_loop(
