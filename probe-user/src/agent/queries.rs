@@ -86,7 +86,8 @@ pub(super) fn answer_query(
 /// A pod's call to its own Service looped: conntrack by the reply tuple (the call reversed:
 /// the answer it would get without SNAT), and the node's pieces of the hairpin. When the
 /// packet dropped was the call's answer, the call was masqueraded and the entry's reply tuple
-/// holds the node's address: then the family's table is searched for the call's connection
+/// holds the node's address: then the caller's entries from its port are searched (a dump
+/// the kernel filters) for the call's connection
 /// ([`state::conntrack::is_self_call`]; one dump per confirmed connect, retransmits fold).
 /// Blocking (netlink, `ipset`, sysfs).
 fn answer_self_loop(
@@ -101,9 +102,18 @@ fn answer_self_loop(
     } else {
         state::conntrack::lookup_reply(&call.reversed())
             .and_then(|found| match found {
-                None if reply_dropped => Ok(state::conntrack::dump_family(call.src.is_ipv6())?
-                    .into_iter()
-                    .find(|e| state::conntrack::is_self_call(e, call))),
+                // Only the caller's entries from its port cross netlink (the kernel filters
+                // on Linux >= 5.8), not the whole table per question.
+                None if reply_dropped => Ok(state::conntrack::dump_filtered(
+                    &state::conntrack::OrigFilter {
+                        src: Some(call.src),
+                        proto: Some(call.proto),
+                        sport: Some(call.sport),
+                        ..Default::default()
+                    },
+                )?
+                .into_iter()
+                .find(|e| state::conntrack::is_self_call(e, call))),
                 found => Ok(found),
             })
             .map_err(|e| e.to_string())

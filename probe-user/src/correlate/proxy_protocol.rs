@@ -15,8 +15,8 @@
 //! to a PROXY-protocol LB IP:port, DNATed on this node, is an established short-circuited
 //! connection that was reset: on the lab node exactly what a backend that requires the
 //! header leaves (`tests/tests/proxy_protocol.rs`), while the same call with the header ends
-//! in `TIME_WAIT`. The agent reads it with the dump it already makes for its proofs
-//! (`state::conntrack::dump_family`), no change to the per-packet path.
+//! in `TIME_WAIT`. The agent reads it with one kernel-filtered conntrack dump per LB IP:port
+//! (`state::conntrack::dump_by_orig_destination`), no change to the per-packet path.
 //!
 //! What conntrack does not say: which side sent the RST, nor that the client sent data first
 //! (`ASSURED` proves the handshake; the bytes need `nf_conntrack_acct`, off by default). The

@@ -8,14 +8,17 @@
 //!
 //! - [`lookup`]: one exact `IPCTNL_MSG_CT_GET` by original tuple; `None` when the kernel says
 //!   `ENOENT`;
-//! - [`dump_by_source`]: an `IPCTNL_MSG_CT_GET` dump of the family's table, filtered in userspace
-//!   on the original source address;
+//! - [`dump_by_source`] / [`dump_by_orig_destination`]: an `IPCTNL_MSG_CT_GET` dump of the
+//!   family's table that asks the kernel to filter it ([`OrigFilter`], `CTA_FILTER`), filtered
+//!   again here for kernels that cannot;
 //! - [`parse_messages`]: the pure decoder from raw netlink bytes to [`ConntrackEntry`]s, used by
 //!   both and by the tests on captured kernel replies.
 
 use std::net::IpAddr;
 
-use netlink_packet_core::{NetlinkBuffer, NetlinkMessage, NetlinkPayload};
+use netlink_packet_core::{
+    DefaultNla, Emitable, NLA_F_NESTED, NetlinkBuffer, NetlinkMessage, NetlinkPayload, Nla,
+};
 use netlink_packet_netfilter::{
     NetfilterHeader, NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily,
     conntrack::{
@@ -192,11 +195,181 @@ pub fn is_self_call(e: &ConntrackEntry, call: &Tuple) -> bool {
 }
 
 /// Every conntrack entry of `src`'s family whose original source is `src`, in the calling
-/// thread's network namespace. Dumps the whole table and filters here. Blocking.
+/// thread's network namespace. A filtered dump ([`dump_filtered`]). Blocking.
 pub fn dump_by_source(src: IpAddr) -> Result<Vec<ConntrackEntry>, ConntrackError> {
-    let mut entries = dump(family_of(src))?;
-    entries.retain(|e| e.orig.src == src);
+    dump_filtered(&OrigFilter {
+        src: Some(src),
+        ..OrigFilter::default()
+    })
+}
+
+/// Every TCP conntrack entry whose original destination is `dst`:`dport` (an LB IP:port, as
+/// the client called it, before kube-proxy's DNAT), in the calling thread's network
+/// namespace. A filtered dump ([`dump_filtered`]). Blocking.
+pub fn dump_by_orig_destination(
+    dst: IpAddr,
+    dport: u16,
+) -> Result<Vec<ConntrackEntry>, ConntrackError> {
+    dump_filtered(&OrigFilter {
+        dst: Some(dst),
+        proto: Some(Proto::Tcp),
+        dport: Some(dport),
+        ..OrigFilter::default()
+    })
+}
+
+/// Which original tuples a filtered dump keeps: every field that is `Some` must match (AND,
+/// as the kernel does); `None` matches anything. One family: `src` and `dst`, when both are
+/// given, must be of the same family.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OrigFilter {
+    pub src: Option<IpAddr>,
+    pub dst: Option<IpAddr>,
+    pub proto: Option<Proto>,
+    /// Ports: only with `proto` TCP or UDP (the kernel reads ports only under a protocol
+    /// number).
+    pub sport: Option<u16>,
+    pub dport: Option<u16>,
+}
+
+impl OrigFilter {
+    /// Whether the entry's original tuple matches: the userspace half of the filter.
+    pub fn matches(&self, e: &ConntrackEntry) -> bool {
+        self.src.is_none_or(|a| e.orig.src == a)
+            && self.dst.is_none_or(|a| e.orig.dst == a)
+            && self.proto.is_none_or(|p| e.orig.proto == p)
+            && self.sport.is_none_or(|p| e.orig.sport == p)
+            && self.dport.is_none_or(|p| e.orig.dport == p)
+    }
+
+    /// The family to dump: the address's; IPv4 without one.
+    fn family(&self) -> NetfilterProtoFamily {
+        self.src
+            .or(self.dst)
+            .map_or(NetfilterProtoFamily::IPv4, family_of)
+    }
+}
+
+// ctnetlink's dump filter (uapi `include/uapi/linux/netfilter/nfnetlink_conntrack.h`:
+// `CTA_FILTER` in `enum ctattr_type`, `enum ctattr_filter`, the `CTA_FILTER_FLAG_*` bits),
+// added by "netfilter: ctnetlink: add kernel side filtering for dump" (Romain Bellan,
+// torvalds/linux cb8aa9a3affb, Linux 5.8).
+const CTA_FILTER: u16 = 25;
+/// uapi `enum cntl_msg_types`.
+const IPCTNL_MSG_CT_GET: u8 = 1;
+const CTA_FILTER_ORIG_FLAGS: u16 = 1;
+const CTA_FILTER_FLAG_CTA_IP_SRC: u32 = 1 << 0;
+const CTA_FILTER_FLAG_CTA_IP_DST: u32 = 1 << 1;
+const CTA_FILTER_FLAG_CTA_PROTO_NUM: u32 = 1 << 3;
+const CTA_FILTER_FLAG_CTA_PROTO_SRC_PORT: u32 = 1 << 4;
+const CTA_FILTER_FLAG_CTA_PROTO_DST_PORT: u32 = 1 << 5;
+
+/// The entries of `filter`'s family that match it, filtered by the kernel where it can, and
+/// always again here. Blocking.
+///
+/// The request is an `IPCTNL_MSG_CT_GET` dump carrying `CTA_TUPLE_ORIG` with the wanted fields
+/// and `CTA_FILTER { CTA_FILTER_ORIG_FLAGS: which of them to compare }` (kernel
+/// `net/netfilter/nf_conntrack_netlink.c`: `ctnetlink_start` -> `ctnetlink_alloc_filter` parses
+/// them, `ctnetlink_filter_match_tuple` skips the entries that differ, so only matching ones
+/// are copied to the socket). The nfgenmsg family is `AF_INET` or `AF_INET6`: the kernel
+/// parses the partial tuple's addresses by that family, and `AF_UNSPEC` has none.
+///
+/// Why the userspace filter stays on every kernel:
+/// - kernels before 5.8 do not know `CTA_FILTER` (above their `CTA_MAX`, ignored) and return
+///   the whole family;
+/// - the kernel's IPv6 address comparison is `!ipv6_addr_cmp(filter, ct)`, true when the
+///   addresses are *equal*, so asking it to filter on an IPv6 address would drop exactly the
+///   wanted entries (so merged in 5.8, and still so in 6.18.44 here: asked for `2001:db8::10`,
+///   it returned only the entry to `2001:db8::20`); IPv6
+///   filters send only the protocol and port to the kernel and compare addresses here.
+///
+/// What it saves, measured once (not a test) in a scratch namespace holding 50,000 UDP
+/// entries, debug build, 6.18.44 on a 2-core VM: a full IPv4 dump is 8.2 MB of netlink and
+/// 165-250 ms with decoding; a filtered one (50 matching entries) 8.2 KB and 14-21 ms, what
+/// is left being the kernel's walk of the table. At 500,000 entries every 3 s that is ~27 MB/s
+/// of copies and decoding avoided per node.
+///
+/// netlink-packet-netfilter 0.4.0 has no variant for `CTA_FILTER`: the request is raw
+/// `DefaultNla`s ([`filter_attributes`] says why not `ConntrackAttribute::Other`); a nested
+/// attribute holding one u32 needs no `Nla` impl of our own.
+pub fn dump_filtered(filter: &OrigFilter) -> Result<Vec<ConntrackEntry>, ConntrackError> {
+    let raw = dump_filtered_raw(filter)?;
+    let mut entries = parse_all("conntrack filtered dump", &raw)?;
+    entries.retain(|e| filter.matches(e));
     Ok(entries)
+}
+
+/// The raw reply bytes of [`dump_filtered`]'s request, before the userspace filter (what the
+/// kernel sent). For tests and measurements.
+#[doc(hidden)]
+pub fn dump_filtered_raw(filter: &OrigFilter) -> Result<Vec<u8>, ConntrackError> {
+    request(
+        "conntrack filtered dump",
+        filter.family(),
+        ConntrackMessage::Other {
+            message_type: IPCTNL_MSG_CT_GET,
+            attributes: filter_attributes(filter),
+        },
+        true,
+    )
+}
+
+/// The request's attributes for `filter`: `CTA_TUPLE_ORIG` with the fields the kernel is asked
+/// to compare, and `CTA_FILTER`. Empty when nothing is left for the kernel (a plain dump of the
+/// family). Pure.
+///
+/// Raw `DefaultNla`s, sent as `ConntrackMessage::Other` of type `IPCTNL_MSG_CT_GET`:
+/// `ConntrackAttribute::Other` would carry `CTA_FILTER` but drops its `NLA_F_NESTED` bit when
+/// emitted (its `is_nested` is true only for the crate's own nested variants), and the kernel
+/// parses `CTA_FILTER` with `nla_parse_nested`, which refuses an attribute without it (EINVAL).
+pub fn filter_attributes(filter: &OrigFilter) -> Vec<DefaultNla> {
+    let mut flags = 0u32;
+    let mut ips = Vec::new();
+    // See `dump_filtered`: IPv6 addresses are compared here only.
+    if let Some(a) = filter.src.filter(IpAddr::is_ipv4) {
+        ips.push(IPTuple::SourceAddress(a));
+        flags |= CTA_FILTER_FLAG_CTA_IP_SRC;
+    }
+    if let Some(a) = filter.dst.filter(IpAddr::is_ipv4) {
+        ips.push(IPTuple::DestinationAddress(a));
+        flags |= CTA_FILTER_FLAG_CTA_IP_DST;
+    }
+    let mut protos = Vec::new();
+    if let Some(p) = filter.proto {
+        let v6 = filter.family() == NetfilterProtoFamily::IPv6;
+        protos.push(ProtoTuple::Protocol(Protocol::from(p.to_raw(v6))));
+        flags |= CTA_FILTER_FLAG_CTA_PROTO_NUM;
+        if matches!(p, Proto::Tcp | Proto::Udp) {
+            if let Some(port) = filter.sport {
+                protos.push(ProtoTuple::SourcePort(port));
+                flags |= CTA_FILTER_FLAG_CTA_PROTO_SRC_PORT;
+            }
+            if let Some(port) = filter.dport {
+                protos.push(ProtoTuple::DestinationPort(port));
+                flags |= CTA_FILTER_FLAG_CTA_PROTO_DST_PORT;
+            }
+        }
+    }
+    if flags == 0 {
+        return Vec::new();
+    }
+    let mut tuple = Vec::new();
+    if !ips.is_empty() {
+        tuple.push(CtTuple::Ip(ips));
+    }
+    if !protos.is_empty() {
+        tuple.push(CtTuple::Proto(protos));
+    }
+    let orig = ConntrackAttribute::CtaTupleOrig(tuple);
+    let mut orig_bytes = vec![0u8; orig.buffer_len()];
+    orig.emit(&mut orig_bytes);
+    let mut orig_flags = vec![0u8; 8];
+    // NLA_U32 in the kernel's policy: host byte order.
+    DefaultNla::new(CTA_FILTER_ORIG_FLAGS, flags.to_ne_bytes().to_vec()).emit(&mut orig_flags);
+    vec![
+        DefaultNla::new(orig.kind() | NLA_F_NESTED, orig_bytes[4..].to_vec()),
+        DefaultNla::new(CTA_FILTER | NLA_F_NESTED, orig_flags),
+    ]
 }
 
 /// Every conntrack entry of one family (`v6 = false`: IPv4) in the calling thread's network

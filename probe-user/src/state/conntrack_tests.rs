@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::state::test_netns::Netns;
+use netlink_packet_core::Nla;
 use std::process::{Command, Stdio};
 
 /// The call's connection, masqueraded or not; not another call of the pod's, nor an
@@ -167,6 +168,72 @@ fn icmp_lookup_is_unsupported() {
     assert!(matches!(r, Err(ConntrackError::Unsupported(Proto::Icmp))));
 }
 
+/// The filtered dump's request as the kernel parses it: `CTA_TUPLE_ORIG` (1) nesting
+/// `CTA_TUPLE_IP` { `CTA_IP_V4_DST` (2): the address in network order } and `CTA_TUPLE_PROTO`
+/// { `CTA_PROTO_NUM` (1): 6, `CTA_PROTO_DST_PORT` (3): the port in network order }, then
+/// `CTA_FILTER` (25, `NLA_F_NESTED` set: the kernel's `nla_parse_nested` refuses it without)
+/// { `CTA_FILTER_ORIG_FLAGS` (1): IP_DST | PROTO_NUM | PROTO_DST_PORT as a host-order u32 }.
+#[test]
+fn filtered_dump_request_encodes_the_tuple_and_cta_filter() {
+    let attrs = filter_attributes(&OrigFilter {
+        dst: Some(ip("203.0.113.10")),
+        proto: Some(Proto::Tcp),
+        dport: Some(443),
+        ..OrigFilter::default()
+    });
+    let mut bytes = vec![0u8; attrs.as_slice().buffer_len()];
+    attrs.as_slice().emit(&mut bytes);
+    let nla = |len: u16, kind: u16| [len.to_ne_bytes(), kind.to_ne_bytes()].concat();
+    let mut want = Vec::new();
+    want.extend(nla(36, 1 | NLA_F_NESTED)); // CTA_TUPLE_ORIG
+    want.extend(nla(12, 1 | NLA_F_NESTED)); //   CTA_TUPLE_IP
+    want.extend(nla(8, 2)); //                     CTA_IP_V4_DST
+    want.extend([203, 0, 113, 10]);
+    want.extend(nla(20, 2 | NLA_F_NESTED)); //   CTA_TUPLE_PROTO
+    want.extend(nla(5, 1)); //                     CTA_PROTO_NUM
+    want.extend([6, 0, 0, 0]);
+    want.extend(nla(6, 3)); //                     CTA_PROTO_DST_PORT
+    want.extend([0x01, 0xbb, 0, 0]);
+    want.extend(nla(12, 25 | NLA_F_NESTED)); // CTA_FILTER
+    want.extend(nla(8, 1)); //                   CTA_FILTER_ORIG_FLAGS
+    want.extend(((1u32 << 1) | (1 << 3) | (1 << 5)).to_ne_bytes());
+    assert_eq!(bytes, want);
+}
+
+/// IPv6 addresses are compared in userspace only (the kernel's comparison is inverted, see
+/// `dump_filtered`); IPv4 ones go to the kernel; nothing to filter is a plain dump.
+#[test]
+fn ipv6_addresses_are_not_sent_to_the_kernel_filter() {
+    let flags_of = |f: &OrigFilter| {
+        filter_attributes(f)
+            .iter()
+            .find(|nla| nla.kind() == CTA_FILTER | NLA_F_NESTED)
+            .map(|nla| {
+                let mut v = vec![0u8; nla.value_len()];
+                nla.emit_value(&mut v);
+                u32::from_ne_bytes(v[4..8].try_into().unwrap())
+            })
+    };
+    let v6 = OrigFilter {
+        dst: Some(ip("2001:db8::10")),
+        proto: Some(Proto::Tcp),
+        dport: Some(443),
+        ..OrigFilter::default()
+    };
+    assert_eq!(flags_of(&v6), Some((1 << 3) | (1 << 5)));
+    assert_eq!(v6.family(), NetfilterProtoFamily::IPv6);
+    let v4_src = OrigFilter {
+        src: Some(ip("198.18.0.10")),
+        ..OrigFilter::default()
+    };
+    assert_eq!(flags_of(&v4_src), Some(1));
+    let v6_src = OrigFilter {
+        src: Some(ip("2001:db8::1")),
+        ..OrigFilter::default()
+    };
+    assert!(filter_attributes(&v6_src).is_empty());
+}
+
 // ---- root-only: real namespaces ----
 
 fn is_root() -> bool {
@@ -278,6 +345,109 @@ fn lookup_and_dump_in_namespace() {
     let elsewhere = Netns::new("ct", &["other"]);
     let none = elsewhere.run_in(0, move || lookup(&orig));
     assert_eq!(none.unwrap(), None);
+}
+
+/// The kernel filters the dump (the raw reply, before the userspace filter, holds only the
+/// matching entries, where a plain dump holds all of them), and the userspace filter does the
+/// rest for IPv6 addresses.
+#[test]
+fn filtered_dumps_are_filtered_by_the_kernel() {
+    if skip() {
+        return;
+    }
+    let ns = Netns::new("ctf", &["node"]);
+    let insert = |proto: &str, src: &str, sport: &str, dst: &str, dport: &str| {
+        let mut args = vec![
+            "conntrack",
+            "-I",
+            "-p",
+            proto,
+            "-s",
+            src,
+            "-d",
+            dst,
+            "--sport",
+            sport,
+            "--dport",
+            dport,
+            "--timeout",
+            "120",
+        ];
+        if proto == "tcp" {
+            args.extend(["--state", "ESTABLISHED"]);
+        }
+        ns.exec(0, &args);
+    };
+    // The wanted LB IP:port, the same IP on another port, another IP on the same port, UDP.
+    insert("tcp", "198.18.0.10", "40000", "203.0.113.10", "443");
+    insert("tcp", "198.18.0.11", "40001", "203.0.113.10", "80");
+    insert("tcp", "198.18.0.10", "40002", "203.0.113.20", "443");
+    insert("udp", "198.18.0.12", "40003", "203.0.113.10", "443");
+    insert("tcp", "2001:db8::1", "40004", "2001:db8::10", "443");
+    insert("tcp", "2001:db8::1", "40005", "2001:db8::20", "443");
+    insert("tcp", "2001:db8::1", "40006", "2001:db8::10", "80");
+    let to_lb = OrigFilter {
+        dst: Some(ip("203.0.113.10")),
+        proto: Some(Proto::Tcp),
+        dport: Some(443),
+        ..OrigFilter::default()
+    };
+    let from_client = OrigFilter {
+        src: Some(ip("198.18.0.10")),
+        ..OrigFilter::default()
+    };
+    // The agent's self-call question: the caller's entries from its port.
+    let from_client_port = OrigFilter {
+        src: Some(ip("198.18.0.10")),
+        proto: Some(Proto::Tcp),
+        sport: Some(40002),
+        ..OrigFilter::default()
+    };
+    let to_lb6 = OrigFilter {
+        dst: Some(ip("2001:db8::10")),
+        ..to_lb
+    };
+    let sports = |raw: Result<Vec<u8>, ConntrackError>| -> Vec<u16> {
+        let mut p: Vec<u16> = parse_messages(&raw.expect("dump"))
+            .expect("decodable")
+            .iter()
+            .map(|e| e.orig.sport)
+            .collect();
+        p.sort_unstable();
+        p
+    };
+    let (all, lb_raw, client_raw, client_port_raw, lb6_raw, lb, client, lb6) =
+        ns.run_in(0, move || {
+            (
+                sports(dump_raw(NetfilterProtoFamily::IPv4)),
+                sports(dump_filtered_raw(&to_lb)),
+                sports(dump_filtered_raw(&from_client)),
+                sports(dump_filtered_raw(&from_client_port)),
+                sports(dump_filtered_raw(&to_lb6)),
+                dump_by_orig_destination(ip("203.0.113.10"), 443),
+                dump_by_source(ip("198.18.0.10")),
+                dump_by_orig_destination(ip("2001:db8::10"), 443),
+            )
+        });
+    assert_eq!(
+        all,
+        vec![40000, 40001, 40002, 40003],
+        "a plain dump holds every entry"
+    );
+    // What the kernel sent: CTA_FILTER was honoured.
+    assert_eq!(lb_raw, vec![40000]);
+    assert_eq!(client_raw, vec![40000, 40002]);
+    assert_eq!(client_port_raw, vec![40002]);
+    // IPv6: protocol and port by the kernel, the address here.
+    assert_eq!(lb6_raw, vec![40004, 40005]);
+    let sport_of = |r: Result<Vec<ConntrackEntry>, ConntrackError>| -> Vec<u16> {
+        r.expect("dump").iter().map(|e| e.orig.sport).collect()
+    };
+    assert_eq!(sport_of(lb), vec![40000]);
+    let mut client = sport_of(client);
+    client.sort_unstable();
+    assert_eq!(client, vec![40000, 40002]);
+    assert_eq!(sport_of(lb6), vec![40004]);
 }
 
 /// Regenerates tests/data/conntrack/dump-v{4,6}.bin from a real kernel:
