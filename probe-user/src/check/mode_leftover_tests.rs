@@ -142,6 +142,14 @@ fn a_nftables_table_beside_ipvs_is_named_as_a_leftover_or_as_ambiguous() {
         "{}",
         found[0].summary
     );
+    // Continued string literals read as one sentence (no run of the source's indentation).
+    let f = &found[0];
+    for line in std::iter::once(&f.summary)
+        .chain(&f.evidence)
+        .chain(&f.remedy)
+    {
+        assert!(!line.contains("  "), "{line:?}");
+    }
 }
 
 #[test]

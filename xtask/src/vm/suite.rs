@@ -41,7 +41,8 @@ pub const THREE_KINDS_TEST: &str = "ipvs_mode_failures_are_confirmed_and_twins_a
 ///   re-attached, nothing left after SIGTERM or SIGKILL, foreign filters kept) and the
 ///   iptables-mode older-kernel script;
 /// - on 6.12: the rest of `ipvs.rs` (the access filter, IPVS changes read without a timer,
-///   names, `--as nftables`) and `probe check`'s IPVS-mode prediction.
+///   names, `--as nftables`, IPVS services left after a switch to nftables mode) and
+///   `probe check`'s IPVS-mode prediction.
 ///
 /// The two lanes balance: 5.10 is the slowest guest (its reader takes twice 6.1's time).
 ///
@@ -84,6 +85,7 @@ pub const PLAN: &[(&str, &str, &[&str])] = &[
             "ipvs_mode_virtual_service_added_is_read_without_a_timer_tick",
             "ipvs_mode_first_events_are_named_and_on_the_service",
             "ipvs_mode_as_nftables_prediction_matches_the_nftables_lab",
+            "ipvs_services_left_after_the_switch_to_nftables_are_named",
         ],
     ),
     (

@@ -142,14 +142,18 @@ fn both_modes(ipvs: usize, nft: usize) -> Finding {
         severity: Severity::Warn,
         subject: "ipvs, table ip kube-proxy".into(),
         summary: format!(
-            "IPVS ({ipvs} virtual services) and kube-proxy's nftables table ({nft} Services)              both hold Services: one mode's state is a leftover"
+            "IPVS ({ipvs} virtual services) and kube-proxy's nftables table ({nft} Services) \
+             both hold Services: one mode's state is a leftover"
         ),
         evidence: vec![
-            "kube-proxy's /proxyMode did not answer on 127.0.0.1:10249 (another              --metrics-bind-address?)"
+            "kube-proxy's /proxyMode did not answer on 127.0.0.1:10249 (another \
+             --metrics-bind-address?)"
                 .into(),
         ],
         remedy: vec![
-            "Ask kube-proxy (`curl 127.0.0.1:10249/proxyMode`, or its ConfigMap's `mode`), then              run the other mode's cleanup (`kube-proxy --proxy-mode=<old> --cleanup`) or              restart kube-proxy in its mode (it removes the other modes' state at start)."
+            "Ask kube-proxy (`curl 127.0.0.1:10249/proxyMode`, or its ConfigMap's `mode`), then \
+             run the other mode's cleanup (`kube-proxy --proxy-mode=<old> --cleanup`) or \
+             restart kube-proxy in its mode (it removes the other modes' state at start)."
                 .into(),
         ],
         fixes: Vec::new(),
