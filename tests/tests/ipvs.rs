@@ -731,11 +731,63 @@ fn check_report() -> probe_contract::check::CheckReport {
     })
 }
 
+/// kube-proxy's `/proxyMode` (its metrics address, 127.0.0.1:10249) in the lab node,
+/// answering `mode`: kube-proxy saying which mode it runs. Stopped when dropped.
+struct ProxyModeAnswer(std::process::Child);
+
+impl ProxyModeAnswer {
+    fn start(mode: &str) -> ProxyModeAnswer {
+        let server = format!(
+            "import http.server\n\
+             class H(http.server.BaseHTTPRequestHandler):\n\
+             \x20   def do_GET(self):\n\
+             \x20       body = b'{mode}' if self.path == '/proxyMode' else b''\n\
+             \x20       self.send_response(200 if body else 404)\n\
+             \x20       self.send_header('Content-Length', str(len(body)))\n\
+             \x20       self.end_headers()\n\
+             \x20       self.wfile.write(body)\n\
+             \x20   def log_message(self, *args):\n\
+             \x20       pass\n\
+             http.server.HTTPServer(('127.0.0.1', 10249), H).serve_forever()\n"
+        );
+        let child = std::process::Command::new("ip")
+            .args(["netns", "exec", lab::NS_NODE, "python3", "-c", &server])
+            .spawn()
+            .expect("python3");
+        let answer = ProxyModeAnswer(child);
+        wait_for("kube-proxy's /proxyMode stand-in", WAIT, || {
+            let out = std::process::Command::new("ip")
+                .args([
+                    "netns",
+                    "exec",
+                    lab::NS_NODE,
+                    "ss",
+                    "-Hltn",
+                    "sport = :10249",
+                ])
+                .output()
+                .ok()?;
+            (!out.stdout.is_empty()).then_some(())
+        })
+        .expect("/proxyMode listening");
+        answer
+    }
+}
+
+impl Drop for ProxyModeAnswer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Issue 39 item 4 with real IPVS (the host has none): kube-proxy moved to nftables mode and
-/// IPVS mode's virtual services were left behind (no `--cleanup`). `probe check` names them
-/// as a `mode_leftover` warning (subject `ipvs`, with their count); once cleared as kube-proxy's
-/// cleanup clears them (`ipvsadm -C`), nothing is named. (kube-ipvs0 left with addresses, the
-/// risk, runs on the host: a bridge stands in for its dummy there.)
+/// IPVS mode's virtual services were left behind (no `--cleanup`). Read from the kernel's
+/// IPVS: while kube-proxy does not say its mode, both modes' state is named as ambiguous;
+/// once its `/proxyMode` says nftables, the IPVS services are a `mode_leftover` warning
+/// (subject `ipvs`, with their count and the cleanup); cleared as kube-proxy's cleanup clears
+/// them (`ipvsadm -C`), nothing is named. (kube-ipvs0 left with addresses, the risk, runs on
+/// the host: a bridge stands in for its dummy there.)
 #[test]
 fn ipvs_services_left_after_the_switch_to_nftables_are_named() {
     use probe_contract::check::{CheckReport, Kind, Severity};
@@ -758,6 +810,13 @@ fn ipvs_services_left_after_the_switch_to_nftables_are_named() {
             .map(|f| (f.severity, f.subject.clone()))
             .collect()
     };
+    let leftover = |r: &CheckReport| {
+        r.findings
+            .iter()
+            .find(|f| f.kind == Kind::ModeLeftover)
+            .cloned()
+            .unwrap_or_else(|| panic!("no mode_leftover: {r:#?}"))
+    };
     let ipvsadm = |args: &[&str]| {
         let out = std::process::Command::new("ip")
             .args(["netns", "exec", lab::NS_NODE, "ipvsadm"])
@@ -770,6 +829,21 @@ fn ipvs_services_left_after_the_switch_to_nftables_are_named() {
     assert!(leftovers(&clean).is_empty(), "{clean:#?}");
     ipvsadm(&["-A", "-t", &format!("{}:80", lab::VIP), "-s", "rr"]);
     ipvsadm(&["-A", "-u", &format!("{}:53", lab::VIP), "-s", "rr"]);
+    // kube-proxy silent: IPVS and its nftables table both hold services, neither guessed.
+    let unsaid = check_report();
+    assert_eq!(
+        leftovers(&unsaid),
+        vec![(Severity::Warn, "ipvs, table ip kube-proxy".to_string())],
+        "{unsaid:#?}"
+    );
+    let finding = leftover(&unsaid);
+    assert!(
+        finding.summary.contains("IPVS (2 virtual services)"),
+        "{}",
+        finding.summary
+    );
+    // kube-proxy says nftables: the IPVS services are the leftover.
+    let answer = ProxyModeAnswer::start("nftables");
     let left = check_report();
     say!(
         "ipvs-vm: after the switch, IPVS left: {:?}",
@@ -780,11 +854,7 @@ fn ipvs_services_left_after_the_switch_to_nftables_are_named() {
         vec![(Severity::Warn, "ipvs".to_string())],
         "{left:#?}"
     );
-    let finding = left
-        .findings
-        .iter()
-        .find(|f| f.kind == Kind::ModeLeftover)
-        .expect("the leftover");
+    let finding = leftover(&left);
     assert!(
         finding.summary.contains("holds 2 virtual service"),
         "{}",
@@ -797,5 +867,6 @@ fn ipvs_services_left_after_the_switch_to_nftables_are_named() {
     ipvsadm(&["-C"]);
     let after = check_report();
     assert!(leftovers(&after).is_empty(), "{after:#?}");
+    drop(answer);
     drop(lab);
 }
