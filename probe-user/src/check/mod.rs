@@ -84,6 +84,21 @@ pub struct LbTarget {
     pub source: String,
 }
 
+impl LbTarget {
+    /// A finding's subject for it: `IP:port/proto` (`[IPv6]:port/proto`), or the IP alone
+    /// when its ports are not known.
+    pub fn subject(&self) -> String {
+        match self.port {
+            Some(p) => format!(
+                "{}/{}",
+                std::net::SocketAddr::new(self.ip, p),
+                self.proto.as_str()
+            ),
+            None => self.ip.to_string(),
+        }
+    }
+}
+
 /// What the kernel lets the probe see.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct KernelView {

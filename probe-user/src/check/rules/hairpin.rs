@@ -114,14 +114,7 @@ pub fn hairpin(inp: &Inputs) -> Vec<Finding> {
         if !pod_masq.is_empty() || t.kube_proxy_masquerades {
             continue;
         }
-        let subject = match t.port {
-            Some(p) => format!(
-                "{}/{}",
-                std::net::SocketAddr::new(t.ip, p),
-                t.proto.as_str()
-            ),
-            None => t.ip.to_string(),
-        };
+        let subject = t.subject();
         let mut evidence = vec![
             format!(
                 "nothing on this node serves {subject}{}: pod calls to it leave for the LB",

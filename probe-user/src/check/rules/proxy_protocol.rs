@@ -67,14 +67,7 @@ pub fn proxy_protocol(inp: &Inputs) -> Vec<Finding> {
             continue;
         }
         seen.push(key);
-        let subject = match t.port {
-            Some(p) => format!(
-                "{}/{}",
-                std::net::SocketAddr::new(t.ip, p),
-                t.proto.as_str()
-            ),
-            None => t.ip.to_string(),
-        };
+        let subject = t.subject();
         let svc = t.service.as_deref().unwrap_or("the Service");
         let mut evidence = vec![format!(
             "{svc}: {annotation}: the LB prepends a PROXY protocol header, so its backends \
