@@ -355,6 +355,11 @@ pub struct Facts {
     /// `vip_port_unserved`: kube-proxy's IPVS access filter REJECTed it.
     #[serde(default)]
     pub access_filtered: bool,
+    /// `vip_port_unserved`: the API's Service serves this port, but this node's kube-proxy has
+    /// not programmed it (the dataplane, read when the packet was refused, holds no rule for
+    /// it): kube-proxy lags the API or failed to sync.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub kube_proxy_lags: bool,
     /// `hairpin`: the LB sent the request to a host-network listener of a node address (a
     /// port that is no NodePort; the event's `listener` names the socket when found): no
     /// Service rule is involved.

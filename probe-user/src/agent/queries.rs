@@ -62,6 +62,21 @@ pub(super) fn answer_query(
                 let _ = tx.blocking_send(answer);
             });
         }
+        Query::Programmed {
+            id,
+            addr,
+            port,
+            proto,
+        } => {
+            let tx = tx.clone();
+            tokio::task::spawn_blocking(move || {
+                let read = state::dataplane::programmed(addr, port, proto).map_err(|e| {
+                    debug!(error = %e, "dataplane read for a refused VIP port");
+                    e.to_string()
+                });
+                let _ = tx.blocking_send(Answer::Programmed { id, read });
+            });
+        }
         Query::Conntrack { id, tuple } => {
             let tx = tx.clone();
             let caps = caps.clone();

@@ -102,6 +102,9 @@ impl Correlator {
             self.confirm_unserved(&packet, info, out);
             return;
         }
+        if self.ask_if_programmed(&packet, &info, out) {
+            return;
+        }
         if self.is_etp_local_drop(&packet, &info) {
             self.confirm_etp_local_drop(&packet, info, out);
             return;

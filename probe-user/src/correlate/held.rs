@@ -58,6 +58,12 @@ pub(super) enum QueryCtx {
     SelfLoop {
         flow: Tuple,
     },
+    /// A refused VIP packet the table from the API says is served, waiting for the dataplane
+    /// to say whether kube-proxy programmed its port (`unserved.rs`).
+    Programmed {
+        packet: Box<Packet>,
+        info: Box<DropInfo>,
+    },
 }
 
 pub(super) struct PendingQuery {

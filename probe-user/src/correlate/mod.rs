@@ -134,7 +134,7 @@ use std::{
 use self::held::Stage;
 pub use self::{
     config::CorrelatorConfig,
-    queries::{Answer, EgressFlowKey, Output, Query},
+    queries::{Answer, DataplaneRead, EgressFlowKey, Output, Query},
 };
 use self::{
     config::{MS, SEC},
@@ -186,6 +186,9 @@ pub struct Correlator {
     /// their retransmits fold in instead of counting again. Bounded by `max_pending`.
     confirmed_attempts: HashMap<(IpAddr, u16, Proto), Attempt>,
     queries: HashMap<u64, PendingQuery>,
+    /// Refused VIP ports the table from the API serves: the dataplane's answer, by VIP:port
+    /// (`unserved.rs`). Bounded.
+    programmed: HashMap<(IpAddr, u16, Proto), unserved::ProgrammedAsk>,
     /// Egress query in flight per source address (shared by its flows).
     egress_inflight: HashMap<IpAddr, u64>,
     aggregates: HashMap<AggregateKey, Aggregate>,
@@ -234,6 +237,7 @@ impl Correlator {
             proxy_protocol_done: HashMap::new(),
             confirmed_attempts: HashMap::new(),
             queries: HashMap::new(),
+            programmed: HashMap::new(),
             egress_inflight: HashMap::new(),
             aggregates: HashMap::new(),
             known_local: HashSet::new(),
@@ -341,7 +345,8 @@ impl Correlator {
             | Answer::Conntrack { id, .. }
             | Answer::ConntrackFailed { id, .. }
             | Answer::Listener { id, .. }
-            | Answer::SelfLoop { id, .. } => *id,
+            | Answer::SelfLoop { id, .. }
+            | Answer::Programmed { id, .. } => *id,
         };
         let Some(q) = self.queries.remove(&id) else {
             self.stats.answers_stale += 1;
@@ -373,6 +378,9 @@ impl Correlator {
                 },
             ) => {
                 self.on_self_loop_answer(&flow, Some((conntrack, facts)), &mut out);
+            }
+            (QueryCtx::Programmed { packet, info }, Answer::Programmed { read, .. }) => {
+                self.on_programmed(&packet, *info, read, &mut out);
             }
             (ctx, _) => {
                 // Wrong answer type for the id: keep waiting for the right one.
@@ -510,6 +518,9 @@ impl Correlator {
                     self.on_listener(&flow, Err("no answer in time".into()), out)
                 }
                 QueryCtx::SelfLoop { flow } => self.on_self_loop_answer(&flow, None, out),
+                QueryCtx::Programmed { packet, info } => {
+                    self.on_programmed(&packet, *info, Err("no answer in time".into()), out)
+                }
             }
         }
     }

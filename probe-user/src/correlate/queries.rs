@@ -59,6 +59,16 @@ pub enum Query {
         iface: Option<String>,
         reply_dropped: bool,
     },
+    /// Whether this node's kube-proxy really programmed `addr:port/proto` (read from the
+    /// dataplane over netlink, one chain, set or IPVS service): asked when the table from the
+    /// API says a Service serves a VIP port the kernel just refused. Answered with
+    /// [`Answer::Programmed`].
+    Programmed {
+        id: u64,
+        addr: IpAddr,
+        port: u16,
+        proto: Proto,
+    },
 }
 
 impl Query {
@@ -67,7 +77,8 @@ impl Query {
             Query::Egress { id, .. }
             | Query::Conntrack { id, .. }
             | Query::Listener { id, .. }
-            | Query::SelfLoop { id, .. } => *id,
+            | Query::SelfLoop { id, .. }
+            | Query::Programmed { id, .. } => *id,
         }
     }
 }
@@ -110,4 +121,12 @@ pub enum Answer {
         conntrack: Result<Option<ConntrackEntry>, String>,
         facts: SelfLoopFacts,
     },
+    /// The answer to [`Query::Programmed`]: what the dataplane holds, or why it could not be
+    /// read.
+    Programmed {
+        id: u64,
+        read: Result<DataplaneRead, String>,
+    },
 }
+
+pub use crate::state::dataplane::DataplaneRead;

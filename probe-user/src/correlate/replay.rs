@@ -36,6 +36,9 @@ pub struct ScriptedAnswers {
     /// What the node's ipsets, bridge and sysctls say to every self-loop query.
     #[serde(default)]
     pub self_loop: SelfLoopFacts,
+    /// What the dataplane says to every [`Query::Programmed`]; absent: it could not be read.
+    #[serde(default)]
+    pub dataplane: Option<super::DataplaneRead>,
 }
 
 impl ScriptedAnswers {
@@ -50,6 +53,13 @@ impl ScriptedAnswers {
                     .filter(|r| r.src == *src && r.ts_ns <= now_ns)
                     .cloned()
                     .collect(),
+            },
+            Query::Programmed { id, .. } => Answer::Programmed {
+                id: *id,
+                read: self
+                    .dataplane
+                    .clone()
+                    .ok_or_else(|| "the recording holds no dataplane".to_string()),
             },
             // Recordings hold no sockets: nothing listens.
             Query::Listener { id, .. } => Answer::Listener {

@@ -3,6 +3,7 @@
 
 use std::net::IpAddr;
 
+use super::unserved::PROGRAMMED_TTL_NS;
 use super::*;
 use crate::state::{NodePortEntry, ServiceEntry};
 
@@ -131,6 +132,7 @@ pub(super) fn table() -> ServiceTable {
         ],
         access_filter: Vec::new(),
         no_endpoint_drops: Vec::new(),
+        from_api: false,
     }
 }
 
@@ -1030,7 +1032,10 @@ fn egress_query_is_shared_and_may_be_answered_late() {
         .iter()
         .find_map(|q| match q {
             Query::Egress { id, src, keys } => Some((*id, *src, keys.clone())),
-            Query::Conntrack { .. } | Query::Listener { .. } | Query::SelfLoop { .. } => None,
+            Query::Conntrack { .. }
+            | Query::Listener { .. }
+            | Query::SelfLoop { .. }
+            | Query::Programmed { .. } => None,
         })
         .expect("b's egress asked again");
     let key_b = EgressFlowKey {
@@ -1148,6 +1153,103 @@ fn unserved_vip_port_refused() {
     let r = only_report(&c.ingest(drop_ev(2 * S, &p, "NO_SOCKET", 3, None)));
     assert_eq!((r.event.count, r.event.src), (2, ip(POD_B)));
     invariants(&c);
+}
+
+/// With the table from the API, a refused port the API's Service serves is asked of the
+/// dataplane once: kube-proxy holding no rule for it is the disagreement, confirmed as
+/// `vip_port_unserved` with kube-proxy (not the Service) as its remedy; a rule found, an
+/// unreadable dataplane or no answer in time confirm nothing.
+#[test]
+fn a_port_the_api_serves_and_kube_proxy_did_not_program_is_the_disagreement() {
+    let api_corr = || {
+        let mut c = Correlator::new(CorrelatorConfig::default());
+        c.set_services(ServiceTable {
+            from_api: true,
+            ..table()
+        });
+        c
+    };
+    let refused = |ts| drop_ev(ts, &to_vip(80, Proto::Tcp), "NO_SOCKET", 3, None);
+    let missing = DataplaneRead {
+        read: "kube-proxy iptables nat KUBE-SERVICES".into(),
+        found: None,
+    };
+
+    // Not programmed: one question, then confirmed with the disagreement.
+    let mut c = api_corr();
+    let q = only_query(&c.ingest(refused(S)));
+    assert!(matches!(
+        q,
+        Query::Programmed {
+            port: 80,
+            proto: Proto::Tcp,
+            ..
+        }
+    ));
+    // Retransmits while the question is out ask nothing more.
+    assert!(c.ingest(refused(S + S / 2)).is_empty());
+    let r = only_report(&c.answer(Answer::Programmed {
+        id: q.id(),
+        read: Ok(missing.clone()),
+    }));
+    let e = &r.event;
+    assert_eq!(e.kind, LoopbackKind::VipPortUnserved);
+    assert!(e.facts.kube_proxy_lags);
+    assert!(has_line(
+        &e.evidence,
+        "the API and this node disagree: default/web:http serves 192.0.2.10:80/tcp"
+    ));
+    assert!(has_line(&e.evidence, "KUBE-SERVICES holds nothing for it"));
+    assert!(!has_line(&e.evidence, "no entry for"));
+    assert!(has_line(
+        &e.remedy,
+        "kube-proxy on this node has not programmed it"
+    ));
+    assert!(!has_line(&e.remedy, "add it to the Service's ports"));
+    // A later refusal within the answer's life is confirmed from it, without a new question.
+    let outs = c.ingest(refused(3 * S));
+    assert!(queries(&outs).is_empty());
+    assert_eq!(only_report(&outs).event.count, 2);
+    // After it, asked again.
+    assert!(matches!(
+        only_query(&c.ingest(refused(3 * S + PROGRAMMED_TTL_NS))),
+        Query::Programmed { .. }
+    ));
+    invariants(&c);
+
+    // Programmed: nothing confirmed.
+    let mut c = api_corr();
+    let q = only_query(&c.ingest(refused(S)));
+    let outs = c.answer(Answer::Programmed {
+        id: q.id(),
+        read: Ok(DataplaneRead {
+            found: Some("192.0.2.10:80/tcp (default/web:http)".into()),
+            ..missing.clone()
+        }),
+    });
+    assert!(reports(&outs).is_empty());
+    assert!(reports(&c.ingest(refused(2 * S))).is_empty());
+
+    // Unreadable, or no answer in time: nothing confirmed, asked again on the next drop.
+    let mut c = api_corr();
+    let q = only_query(&c.ingest(refused(S)));
+    assert!(
+        reports(&c.answer(Answer::Programmed {
+            id: q.id(),
+            read: Err("EPERM".into())
+        }))
+        .is_empty()
+    );
+    assert!(matches!(
+        only_query(&c.ingest(refused(2 * S))),
+        Query::Programmed { .. }
+    ));
+    assert!(reports(&c.tick(60 * S)).is_empty());
+    assert!(c.queries.is_empty());
+
+    // The table read from the rules (not the API) is the verdict as before: served, silent.
+    let mut c = corr();
+    assert!(c.ingest(refused(S)).is_empty());
 }
 
 /// A NO_SOCKET drop of an unserved VIP port confirms `vip_port_unserved` (refused) for UDP,

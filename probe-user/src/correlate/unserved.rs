@@ -1,29 +1,176 @@
 //! `vip_port_unserved`: a packet to a bound VIP refused because nothing serves that port: no
 //! socket (`NO_SOCKET`), or kube-proxy's IPVS access filter (`KUBE-IPVS-FILTER`, kube-proxy
 //! >= 1.25 in IPVS mode: `NETFILTER_DROP` at `nf_hook_slow`, after an ICMP port unreachable).
+//!
+//! With the service table from the API (`ServiceTable::from_api`), a refused port the API's
+//! Service does serve is a disagreement, not a verdict: kube-proxy should have DNATed it. The
+//! dataplane is asked ([`Query::Programmed`]: one chain, set or IPVS service, read over
+//! netlink); when it holds nothing for the port, kube-proxy on this node has not programmed
+//! the API's Service (it lags, or failed), and that is confirmed as `vip_port_unserved` with
+//! the disagreement as its evidence and `facts.kube_proxy_lags` (its remedy is kube-proxy,
+//! not the Service). One question per VIP:port at a time; its answer is reused for
+//! [`PROGRAMMED_TTL_NS`], so a flood of refused packets costs one read.
 
 use super::{
-    Correlator, DropInfo, Output,
+    Correlator, DropInfo, Output, Query,
     aggregate::NewEvent as _,
     drop_reason::{is_netfilter_drop, is_no_socket},
     evidence::{drop_line, refusal_line, service_name},
+    held::QueryCtx,
+    queries::DataplaneRead,
     tuple_of,
 };
 use probe_contract::{
-    AggregateKey, LoopbackEvent, Outcome, Proto, Tag, facts::Facts, record::Packet,
+    AggregateKey, LoopbackEvent, Outcome, Proto, Tag, facts::Facts, record::Packet, sock,
 };
+
+/// How long a dataplane answer for a VIP:port is reused (kube-proxy re-syncs every second or
+/// more; a lag shorter than this is no finding anyway).
+pub(super) const PROGRAMMED_TTL_NS: u64 = 5_000_000_000;
+/// VIP:ports whose dataplane answer is remembered at most (a spoofed flood over many ports
+/// must not grow it).
+const PROGRAMMED_MAX: usize = 1024;
+
+/// One VIP:port's dataplane question: out, or answered at a time.
+pub(super) enum ProgrammedAsk {
+    Asked { since: u64 },
+    Known { at: u64, read: DataplaneRead },
+}
 
 impl Correlator {
     /// A drop to a bound VIP for no socket (or by kube-proxy's IPVS access filter), TCP or
     /// UDP, on a port the service table does not serve.
     pub(super) fn is_unserved_drop(&self, packet: &Packet, info: &DropInfo) -> bool {
-        packet.dst_tag == Some(Tag::Vip)
-            && (is_no_socket(&info.reason) || self.is_access_filter_drop(info))
-            && matches!(packet.proto, Proto::Tcp | Proto::Udp)
+        self.is_refused_vip_drop(packet, info)
             && self
                 .services
                 .serves(packet.dst, packet.dport, packet.proto)
                 .is_none()
+    }
+
+    fn is_refused_vip_drop(&self, packet: &Packet, info: &DropInfo) -> bool {
+        packet.dst_tag == Some(Tag::Vip)
+            && (is_no_socket(&info.reason) || self.is_access_filter_drop(info))
+            && matches!(packet.proto, Proto::Tcp | Proto::Udp)
+    }
+
+    /// A refused VIP packet on a port the table *from the API* serves: kube-proxy should have
+    /// DNATed it. True when it was taken (asked about, or confirmed from a recent answer).
+    pub(super) fn ask_if_programmed(
+        &mut self,
+        packet: &Packet,
+        info: &DropInfo,
+        out: &mut Vec<Output>,
+    ) -> bool {
+        if !self.services.from_api || !self.is_refused_vip_drop(packet, info) {
+            return false;
+        }
+        let key = (packet.dst, packet.dport, packet.proto);
+        match self.programmed.get(&key) {
+            Some(ProgrammedAsk::Asked { .. }) => {
+                // The question is out: this packet is a retransmit of the same refusal.
+                self.stats.drops_unmatched += 1;
+                return true;
+            }
+            Some(ProgrammedAsk::Known { at, read })
+                if self.now.saturating_sub(*at) < PROGRAMMED_TTL_NS =>
+            {
+                if read.found.is_none() {
+                    let read = read.clone();
+                    self.confirm_not_programmed(packet, info.clone(), Ok(read), out);
+                }
+                return true;
+            }
+            _ => {}
+        }
+        if self.programmed.len() >= PROGRAMMED_MAX {
+            let now = self.now;
+            self.programmed.retain(|_, a| match a {
+                ProgrammedAsk::Asked { since, .. } => {
+                    now.saturating_sub(*since) < PROGRAMMED_TTL_NS
+                }
+                ProgrammedAsk::Known { at, .. } => now.saturating_sub(*at) < PROGRAMMED_TTL_NS,
+            });
+            if self.programmed.len() >= PROGRAMMED_MAX {
+                return true;
+            }
+        }
+        // The drop waits with its question (`pending_drops` until the answer).
+        self.held_drops += 1;
+        let id = self.new_query(QueryCtx::Programmed {
+            packet: Box::new(packet.clone()),
+            info: Box::new(info.clone()),
+        });
+        self.programmed
+            .insert(key, ProgrammedAsk::Asked { since: self.now });
+        out.push(Output::Query(Query::Programmed {
+            id,
+            addr: packet.dst,
+            port: packet.dport,
+            proto: packet.proto,
+        }));
+        true
+    }
+
+    /// The dataplane's answer (or none in time: `Err`) for a refused VIP packet.
+    pub(super) fn on_programmed(
+        &mut self,
+        packet: &Packet,
+        info: DropInfo,
+        read: Result<DataplaneRead, String>,
+        out: &mut Vec<Output>,
+    ) {
+        let key = (packet.dst, packet.dport, packet.proto);
+        self.held_drops -= 1;
+        match read {
+            Ok(read) => {
+                let not_programmed = read.found.is_none();
+                self.programmed.insert(
+                    key,
+                    ProgrammedAsk::Known {
+                        at: self.now,
+                        read: read.clone(),
+                    },
+                );
+                if not_programmed {
+                    self.confirm_not_programmed(packet, info, Ok(read), out);
+                } else {
+                    // kube-proxy programmed it and the kernel still refused: not a shape this
+                    // kind names (the packet bypassed the rules); counted, not reported.
+                    tracing::debug!(vip = %packet.dst, port = packet.dport, found = ?read.found, "refused VIP port is programmed");
+                    self.stats.drops_unmatched += 1;
+                }
+            }
+            Err(error) => {
+                // Unreadable: nothing is confirmed from a guess; asked again on the next drop.
+                self.programmed.remove(&key);
+                tracing::debug!(%error, vip = %packet.dst, port = packet.dport, "dataplane read for a refused VIP port");
+                self.stats.drops_unmatched += 1;
+            }
+        }
+    }
+
+    fn confirm_not_programmed(
+        &mut self,
+        packet: &Packet,
+        info: DropInfo,
+        read: Result<DataplaneRead, String>,
+        out: &mut Vec<Output>,
+    ) {
+        let Ok(read) = read else { return };
+        let api = self
+            .services
+            .serves(packet.dst, packet.dport, packet.proto)
+            .map(|s| s.service.clone().unwrap_or_else(|| "a Service".into()))
+            .unwrap_or_else(|| "a Service".into());
+        let disagreement = format!(
+            "the API and this node disagree: {api} serves {}/{} (the service table from the \
+             API), but kube-proxy has not programmed it here: {} holds nothing for it",
+            sock(packet.dst, packet.dport),
+            packet.proto.as_str(),
+            read.read
+        );
+        self.confirm_unserved_with(packet, info, Some(disagreement), out);
     }
 
     /// Netfilter dropped it and kube-proxy's `KUBE-IPVS-FILTER` chain exists: the filter
@@ -39,6 +186,18 @@ impl Correlator {
         info: DropInfo,
         out: &mut Vec<Output>,
     ) {
+        self.confirm_unserved_with(packet, info, None, out);
+    }
+
+    /// `not_programmed`: the API's Service serves the port and the dataplane has no rule for
+    /// it (the disagreement, said as evidence instead of the table's "no entry").
+    fn confirm_unserved_with(
+        &mut self,
+        packet: &Packet,
+        info: DropInfo,
+        not_programmed: Option<String>,
+        out: &mut Vec<Output>,
+    ) {
         let t = tuple_of(packet);
         let mut evidence = vec![drop_line(&info, &t)];
         let owner = self
@@ -51,7 +210,11 @@ impl Correlator {
         if filtered {
             self.access_filter_evidence(&mut evidence);
         }
-        self.unserved_table_evidence(packet, &mut evidence);
+        let kube_proxy_lags = not_programmed.is_some();
+        match not_programmed {
+            Some(line) => evidence.push(line),
+            None => self.unserved_table_evidence(packet, &mut evidence),
+        }
         evidence.push(refusal_line(packet.proto, filtered));
         self.owner_evidence(packet.dst, &mut evidence);
         let owner_name = owner.flatten().map(|s| service_name(&s));
@@ -74,6 +237,7 @@ impl Correlator {
             facts: Facts {
                 owner: self.vip_owner(packet.dst, packet.dst_tag),
                 access_filtered: filtered,
+                kube_proxy_lags,
                 ..event.facts.clone()
             },
             ..event

@@ -5,6 +5,7 @@
 //!   the legacy tables' sizes, an IPVS service digest), so it is read on change;
 //! - `addrs`: interface addresses and routes (rtnetlink), shared with the datapath's sync;
 //! - `conntrack`: ctnetlink lookups: was a flow SNATed, what happened to it;
+//! - `dataplane`: what kube-proxy programmed for one VIP:port, read per question;
 //! - `iptables`: kube-proxy's nat rules (`iptables-save -t nat`, nft and legacy backends);
 //! - `ipset`: kube-proxy's IPVS-mode ipsets naming externalTrafficPolicy Local NodePorts;
 //! - `ipvs`: IPVS virtual services over generic netlink (absent on kernels without IPVS);
@@ -30,6 +31,7 @@ pub mod addrs;
 pub mod bridge;
 pub mod changes;
 pub mod conntrack;
+pub mod dataplane;
 pub mod ipset;
 pub mod iptables;
 pub mod ipvs;
@@ -132,7 +134,13 @@ pub struct NodePortEntry {
 /// The node's service table and masquerade configuration, from one reader.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ServiceTable {
+    /// The kube-proxy mode this table is for.
     pub source: Option<ServiceSource>,
+    /// The services and NodePorts are what kube-proxy *should* program in that mode, from the
+    /// API's Services and EndpointSlices (`kube::service_table`), not read from the rules; the
+    /// masquerade rules and the access filter are still read from the dataplane.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub from_api: bool,
     pub services: Vec<ServiceEntry>,
     pub nodeports: Vec<NodePortEntry>,
     /// Masquerade rules found for traffic leaving the node (`-j MASQUERADE` / `KUBE-POSTROUTING`

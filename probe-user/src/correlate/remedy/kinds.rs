@@ -273,6 +273,9 @@ fn hairpin(e: &LoopbackEvent) -> Vec<String> {
 fn unserved(e: &LoopbackEvent) -> Vec<String> {
     let vip = e.vip.unwrap_or(e.dst);
     let port = e.vip_port.unwrap_or(e.dst_port);
+    if e.facts.kube_proxy_lags {
+        return not_programmed(e, vip, port);
+    }
     let from = match e.facts.source {
         SourceKind::Pod | SourceKind::Node => sender(e),
         _ => "this node or its pods".to_string(),
@@ -298,6 +301,33 @@ fn unserved(e: &LoopbackEvent) -> Vec<String> {
         );
     }
     out
+}
+
+/// The API's Service serves the port and this node's kube-proxy has not programmed it (metric
+/// names: kubernetes/kubernetes pkg/proxy/metrics/metrics.go): the
+/// Service is right, kube-proxy is what to look at (changing the Service or the LB would
+/// move nothing).
+fn not_programmed(e: &LoopbackEvent, vip: IpAddr, port: u16) -> Vec<String> {
+    let svc = service_key(e)
+        .map(|k| format!("Service {k}"))
+        .unwrap_or_else(|| "the Service".into());
+    vec![
+        format!(
+            "Cause: {svc} serves {}/{} in the API, but kube-proxy on this node has not \
+             programmed it: calls to it from this node and its pods are refused while the LB \
+             still reaches other nodes. kube-proxy lags the API or its last sync failed.",
+            sock(vip, port),
+            e.proto.as_str()
+        ),
+        "Look at kube-proxy on this node: its log (sync errors), its metrics \
+         `kubeproxy_sync_proxy_rules_last_timestamp_seconds` (stale) and \
+         `kubeproxy_sync_proxy_rules_iptables_restore_failures_total` / \
+         `kubeproxy_sync_proxy_rules_nftables_sync_failures_total`, and its /healthz."
+            .to_string(),
+        "If it is stuck, restart the kube-proxy pod on this node; it re-programs every Service \
+         at start. Do not change the Service or the LB: they are right."
+            .to_string(),
+    ]
 }
 
 pub(super) fn unserved_options(
