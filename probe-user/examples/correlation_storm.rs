@@ -300,6 +300,13 @@ fn main() {
                         facts: Default::default(),
                     }));
                 }
+                // The storm's table is read from rules, not the API: never asked.
+                Output::Query(Query::Programmed { id, .. }) => {
+                    pending.extend(correlator.answer(Answer::Programmed {
+                        id,
+                        read: Err("not in the storm".into()),
+                    }));
+                }
             }
         }
     }
