@@ -24,6 +24,7 @@
 pub mod enrich;
 pub mod hold;
 pub mod index;
+pub mod service_table;
 pub mod watcher;
 pub mod watches;
 
