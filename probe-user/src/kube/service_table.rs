@@ -713,12 +713,20 @@ fn program<'a>(
                     // ipvs/proxier.go `syncProxyRules`: a virtual server for every ClusterIP,
                     // external IP, LB IP and (node IP, NodePort), endpoints or not; its real
                     // servers from `syncEndpoint(svcPortName, onlyNodeLocalEndpoints, vs)`:
-                    // the Local endpoints when the frontend's policy is Local
-                    // (ITP for the ClusterIP, ETP for the rest), else the Cluster ones.
-                    let internal = if itp_local { &c.local } else { &c.cluster };
+                    // when the frontend's policy is Local (ITP for the ClusterIP, ETP for the
+                    // rest) the Local endpoints, or the Cluster ones when there is no local
+                    // one ("Allow access from local PODs even if no local endpoints exist",
+                    // kubernetes/kubernetes#97081); else the Cluster ones.
+                    let real = |local_policy: bool| {
+                        if local_policy && !c.local.is_empty() {
+                            backends(&[&c.local])
+                        } else {
+                            backends(&[&c.cluster])
+                        }
+                    };
                     out.services
-                        .push(entry(cluster_ip, port.port, backends(&[internal])));
-                    let ext = backends(&[if etp_local { &c.local } else { &c.cluster }]);
+                        .push(entry(cluster_ip, port.port, real(itp_local)));
+                    let ext = real(etp_local);
                     for &ip in &external {
                         out.services.push(entry(ip, port.port, ext.clone()));
                     }

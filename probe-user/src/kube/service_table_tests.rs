@@ -278,13 +278,13 @@ fn ipvs_nodeport_is_a_virtual_server_per_node_ip() {
 }
 
 #[test]
-fn ipvs_etp_local_real_servers_are_the_local_endpoints() {
+fn ipvs_etp_local_real_servers_are_the_local_endpoints_if_any() {
     let svc = web(json!({"externalTrafficPolicy": "Local"}));
     let eps = [web_slice(
         "a",
         &[ep("10.0.2.1", "other", READY), ep("10.0.1.1", NODE, READY)],
     )];
-    let t = table(ServiceSource::Ipvs, svc, &eps);
+    let t = table(ServiceSource::Ipvs, svc.clone(), &eps);
     let both = ["10.0.1.1:8080", "10.0.2.1:8080"];
     assert_eq!(
         t.serves(ip("10.96.0.10"), 80, Proto::Tcp).unwrap().backends,
@@ -298,14 +298,52 @@ fn ipvs_etp_local_real_servers_are_the_local_endpoints() {
         );
     }
     assert!(t.nodeport(30080, Proto::Tcp).unwrap().local_only);
-}
-
-#[test]
-fn ipvs_itp_local_cluster_ip_real_servers_are_the_local_endpoints() {
-    let svc = web(json!({"internalTrafficPolicy": "Local"}));
+    // No local endpoint: the Cluster ones (kubernetes#97081), unlike iptables and nftables.
     let t = table(
         ServiceSource::Ipvs,
         svc,
+        &[web_slice("a", &[ep("10.0.2.1", "other", READY)])],
+    );
+    assert_eq!(
+        t.serves(ip("203.0.113.10"), 80, Proto::Tcp)
+            .unwrap()
+            .backends,
+        ["10.0.2.1:8080"]
+    );
+}
+
+#[test]
+fn ipvs_itp_local_cluster_ip_real_servers_are_the_local_endpoints_if_any() {
+    let svc = web(json!({"internalTrafficPolicy": "Local"}));
+    let t = table(
+        ServiceSource::Ipvs,
+        svc.clone(),
+        &[web_slice(
+            "a",
+            &[ep("10.0.2.1", "other", READY), ep("10.0.1.1", NODE, READY)],
+        )],
+    );
+    assert_eq!(
+        t.serves(ip("10.96.0.10"), 80, Proto::Tcp).unwrap().backends,
+        ["10.0.1.1:8080"]
+    );
+    assert_eq!(
+        t.serves(ip("203.0.113.10"), 80, Proto::Tcp)
+            .unwrap()
+            .backends,
+        ["10.0.1.1:8080", "10.0.2.1:8080"]
+    );
+    // ITP Local on a ClusterIP-only Service uses no Cluster endpoints at all: none local,
+    // the virtual server has no real server.
+    let cluster_ip_only = PrunedService::from_api(&service(json!({
+        "metadata": {"namespace": "shop", "name": "web"},
+        "spec": {"clusterIP": "10.96.0.10", "internalTrafficPolicy": "Local",
+                 "ports": [{"name": "http", "port": 80}]}
+    })))
+    .unwrap();
+    let t = table(
+        ServiceSource::Ipvs,
+        cluster_ip_only,
         &[web_slice("a", &[ep("10.0.2.1", "other", READY)])],
     );
     assert!(
@@ -313,12 +351,6 @@ fn ipvs_itp_local_cluster_ip_real_servers_are_the_local_endpoints() {
             .unwrap()
             .backends
             .is_empty()
-    );
-    assert_eq!(
-        t.serves(ip("203.0.113.10"), 80, Proto::Tcp)
-            .unwrap()
-            .backends,
-        ["10.0.2.1:8080"]
     );
 }
 
