@@ -26,8 +26,9 @@
 //! `--cluster-cidr`-less nodes (no pod short-circuit).
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
+    collections::{BTreeMap, HashMap, HashSet},
     net::{IpAddr, SocketAddr},
+    sync::Arc,
 };
 
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
@@ -174,7 +175,8 @@ pub struct PrunedEndpoint {
     pub serving: bool,
     /// `conditions.terminating`, unset = false.
     pub terminating: bool,
-    pub node: Option<Box<str>>,
+    /// Shared with the other endpoints on that node in the table.
+    pub node: Option<Arc<str>>,
 }
 
 /// A port of a slice.
@@ -261,28 +263,51 @@ pub struct NodeView {
     pub node_ips: Vec<IpAddr>,
 }
 
-/// What kube-proxy programs for one Service on this node.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-struct Programmed {
-    services: Vec<ServiceEntry>,
-    nodeports: Vec<NodePortEntry>,
-    drops: Vec<NoEndpointDrop>,
+/// A frontend kube-proxy programs for one Service port: a ClusterIP (internal) or an external
+/// IP, LB IP or (IPVS) node IP with the NodePort (external).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Frontend {
+    vip: IpAddr,
+    port: u16,
+    external: bool,
+}
+
+/// What kube-proxy programs for one port of a Service in one IP family, held compact (the
+/// readers' entry shapes, with their strings, are made on a look-up).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct PortPlan {
+    /// Index of the port in the Service's `ports` (its name).
+    index: usize,
+    proto: Proto,
+    port: u16,
+    frontends: Vec<Frontend>,
+    internal: Box<[SocketAddr]>,
+    /// None: the same as `internal`.
+    external: Option<Box<[SocketAddr]>>,
+    /// `Some((NodePort, local_only))` when a NodePort entry is programmed.
+    node_port: Option<(u16, bool)>,
+    /// nftables' `no-endpoint-services` drops (external and LB IPs).
+    drops: Box<[IpAddr]>,
 }
 
 /// The store: pruned Services and EndpointSlices, and per Service what kube-proxy programs
-/// from them on this node, with the look-up indexes.
+/// from them on this node, with the look-up indexes. Keys (`namespace/name`) are shared
+/// between the maps.
 #[derive(Clone, Debug)]
 pub struct ApiServiceTable {
     node: NodeView,
-    services: HashMap<String, PrunedService>,
+    services: HashMap<Arc<str>, PrunedService>,
     /// By slice key (`namespace/name` of the slice).
-    slices: HashMap<String, PrunedSlice>,
-    /// Service key -> its slices' keys, in name order (kube-proxy merges them in that order).
-    slices_of: HashMap<String, BTreeSet<String>>,
-    programmed: HashMap<String, Programmed>,
-    frontends: HashMap<(IpAddr, u16, Proto), String>,
-    nodeports: HashMap<(u16, Proto), String>,
-    drops: HashMap<(IpAddr, u16, Proto), String>,
+    slices: HashMap<Arc<str>, PrunedSlice>,
+    /// Service key -> its slices' keys, in name order (kube-proxy merges them in that order);
+    /// a sorted Vec: a Service has a few slices, and a B-tree's node is ~200 bytes.
+    slices_of: HashMap<Arc<str>, Vec<Arc<str>>>,
+    programmed: HashMap<Arc<str>, Vec<PortPlan>>,
+    frontends: HashMap<(IpAddr, u16, Proto), Arc<str>>,
+    nodeports: HashMap<(u16, Proto), Arc<str>>,
+    drops: HashMap<(IpAddr, u16, Proto), Arc<str>>,
+    /// Node names, held once (every endpoint names one).
+    nodes: HashSet<Arc<str>>,
     /// Services recomputed since the table was made (each event costs one or two).
     recomputed: u64,
 }
@@ -298,18 +323,19 @@ impl ApiServiceTable {
             frontends: HashMap::new(),
             nodeports: HashMap::new(),
             drops: HashMap::new(),
+            nodes: HashSet::new(),
             recomputed: 0,
         }
+    }
+
+    pub fn node(&self) -> &NodeView {
+        &self.node
     }
 
     /// How many times a Service's entries were computed (an event: one or two; a relist or
     /// [`Self::set_node`]: one per Service).
     pub fn recomputed(&self) -> u64 {
         self.recomputed
-    }
-
-    pub fn node(&self) -> &NodeView {
-        &self.node
     }
 
     /// Another mode, node name or node IPs: every Service is recomputed (rare: kube-proxy's
@@ -326,48 +352,79 @@ impl ApiServiceTable {
         self.services.len()
     }
 
+    /// The shared key for `key` (the Service's, when it is held).
+    fn key(&self, key: &str) -> Arc<str> {
+        match self.services.get_key_value(key) {
+            Some((k, _)) => k.clone(),
+            None => match self.slices_of.get_key_value(key) {
+                Some((k, _)) => k.clone(),
+                None => key.into(),
+            },
+        }
+    }
+
     /// A watch event on Service `key` (`namespace/name`): its new pruned form, or None when it
     /// was deleted (or kube-proxy ignores it). Recomputes that Service only.
     pub fn apply_service(&mut self, key: &str, service: Option<PrunedService>) {
+        let key = self.key(key);
         match service {
             Some(s) => {
-                self.services.insert(key.to_string(), s);
+                self.services.insert(key.clone(), s);
             }
             None => {
-                self.services.remove(key);
+                self.services.remove(&key);
             }
         }
-        self.recompute(key);
+        self.recompute(&key);
     }
 
     /// A watch event on EndpointSlice `key` (`namespace/name` of the slice). Recomputes the
     /// Service it belonged to and the one it belongs to (the same but for a relabel).
     pub fn apply_slice(&mut self, key: &str, slice: Option<PrunedSlice>) {
-        let old = self.slices.remove(key).map(|s| s.service);
-        if let Some(old) = &old
-            && let Some(keys) = self.slices_of.get_mut(&**old)
-        {
-            keys.remove(key);
-            if keys.is_empty() {
-                self.slices_of.remove(&**old);
+        let old = self.slices.remove_entry(key);
+        if let Some((slice_key, old)) = &old {
+            if let Some(keys) = self.slices_of.get_mut(&*old.service) {
+                keys.retain(|k| k != slice_key);
+                if keys.is_empty() {
+                    self.slices_of.remove(&*old.service);
+                }
             }
         }
-        let new = slice.as_ref().map(|s| s.service.clone());
-        if let Some(s) = slice {
-            self.slices_of
-                .entry(s.service.to_string())
-                .or_default()
-                .insert(key.to_string());
-            self.slices.insert(key.to_string(), s);
-        }
-        if let Some(old) = &old {
+        let old_service = old.as_ref().map(|(_, s)| self.key(&s.service));
+        let new_service = match slice {
+            Some(s) => Some(self.insert_slice(key, s)),
+            None => None,
+        };
+        if let Some(old) = &old_service {
             self.recompute(old);
         }
-        if let Some(new) = new
-            && old.as_ref() != Some(&new)
+        if let Some(new) = new_service
+            && old_service.as_ref() != Some(&new)
         {
             self.recompute(&new);
         }
+    }
+
+    /// Holds `slice` under `key` (its node names interned); its Service's key.
+    fn insert_slice(&mut self, key: &str, mut slice: PrunedSlice) -> Arc<str> {
+        for e in &mut slice.endpoints {
+            if let Some(n) = &mut e.node {
+                match self.nodes.get(&**n) {
+                    Some(held) => *n = held.clone(),
+                    None => {
+                        self.nodes.insert(n.clone());
+                    }
+                }
+            }
+        }
+        let service = self.key(&slice.service);
+        let slice_key: Arc<str> = key.into();
+        let keys = self.slices_of.entry(service.clone()).or_default();
+        if let Err(at) = keys.binary_search(&slice_key) {
+            keys.insert(at, slice_key.clone());
+        }
+        self.slices.insert(slice_key, slice);
+        service
     }
 
     /// A relist's content, replacing everything (once per relist, not per object).
@@ -376,14 +433,14 @@ impl ApiServiceTable {
         services: impl IntoIterator<Item = (String, PrunedService)>,
         slices: impl IntoIterator<Item = (String, PrunedSlice)>,
     ) {
-        self.services = services.into_iter().collect();
-        self.slices = slices.into_iter().collect();
+        self.services = services
+            .into_iter()
+            .map(|(k, s)| (Arc::from(k), s))
+            .collect();
+        self.slices.clear();
         self.slices_of.clear();
-        for (key, s) in &self.slices {
-            self.slices_of
-                .entry(s.service.to_string())
-                .or_default()
-                .insert(key.clone());
+        for (key, s) in slices {
+            self.insert_slice(&key, s);
         }
         self.recompute_all();
     }
@@ -393,31 +450,33 @@ impl ApiServiceTable {
         self.frontends.clear();
         self.nodeports.clear();
         self.drops.clear();
-        let keys: Vec<String> = self.services.keys().cloned().collect();
+        let keys: Vec<Arc<str>> = self.services.keys().cloned().collect();
         for key in keys {
             self.recompute(&key);
         }
     }
 
-    fn recompute(&mut self, key: &str) {
+    fn recompute(&mut self, key: &Arc<str>) {
         self.recomputed += 1;
         if let Some(old) = self.programmed.remove(key) {
-            for s in old.services {
-                let k = (s.vip, s.port, s.proto);
-                if self.frontends.get(&k).is_some_and(|owner| owner == key) {
-                    self.frontends.remove(&k);
+            for p in &old {
+                for f in &p.frontends {
+                    let k = (f.vip, f.port, p.proto);
+                    if self.frontends.get(&k) == Some(key) {
+                        self.frontends.remove(&k);
+                    }
                 }
-            }
-            for n in old.nodeports {
-                let k = (n.port, n.proto);
-                if self.nodeports.get(&k).is_some_and(|owner| owner == key) {
-                    self.nodeports.remove(&k);
+                if let Some((node_port, _)) = p.node_port {
+                    let k = (node_port, p.proto);
+                    if self.nodeports.get(&k) == Some(key) {
+                        self.nodeports.remove(&k);
+                    }
                 }
-            }
-            for d in old.drops {
-                let k = (d.addr, d.port, d.proto);
-                if self.drops.get(&k).is_some_and(|owner| owner == key) {
-                    self.drops.remove(&k);
+                for &ip in &p.drops {
+                    let k = (ip, p.port, p.proto);
+                    if self.drops.get(&k) == Some(key) {
+                        self.drops.remove(&k);
+                    }
                 }
             }
         }
@@ -430,39 +489,73 @@ impl ApiServiceTable {
             .into_iter()
             .flatten()
             .filter_map(|k| self.slices.get(k));
-        let programmed = program(key, service, slices, &self.node);
-        for s in &programmed.services {
-            self.frontends
-                .insert((s.vip, s.port, s.proto), key.to_string());
+        let plans = program(service, slices, &self.node);
+        for p in &plans {
+            for f in &p.frontends {
+                self.frontends.insert((f.vip, f.port, p.proto), key.clone());
+            }
+            if let Some((node_port, _)) = p.node_port {
+                self.nodeports.insert((node_port, p.proto), key.clone());
+            }
+            for &ip in &p.drops {
+                self.drops.insert((ip, p.port, p.proto), key.clone());
+            }
         }
-        for n in &programmed.nodeports {
-            self.nodeports.insert((n.port, n.proto), key.to_string());
+        if !plans.is_empty() {
+            self.programmed.insert(key.clone(), plans);
         }
-        for d in &programmed.drops {
-            self.drops
-                .insert((d.addr, d.port, d.proto), key.to_string());
+    }
+
+    /// `ns/name:port`, `ns/name` for an unnamed port (`pkg/proxy/types.go`
+    /// `ServicePortName.String`), as kube-proxy's rule comments say it.
+    fn port_name(key: &str, spec: &PortSpec) -> String {
+        if spec.name.is_empty() {
+            key.to_string()
+        } else {
+            format!("{key}:{}", spec.name)
         }
-        if programmed != Programmed::default() {
-            self.programmed.insert(key.to_string(), programmed);
+    }
+
+    fn entry(key: &str, spec: &PortSpec, p: &PortPlan, f: &Frontend) -> ServiceEntry {
+        let backends = match (&p.external, f.external) {
+            (Some(external), true) => external,
+            _ => &p.internal,
+        };
+        ServiceEntry {
+            vip: f.vip,
+            port: f.port,
+            proto: p.proto,
+            service: Some(Self::port_name(key, spec)),
+            backends: backends.iter().map(SocketAddr::to_string).collect(),
         }
     }
 
     /// The entry kube-proxy programs for `vip:port/proto`, if any.
-    pub fn serves(&self, vip: IpAddr, port: u16, proto: Proto) -> Option<&ServiceEntry> {
-        let owner = self.frontends.get(&(vip, port, proto))?;
-        self.programmed[owner]
-            .services
-            .iter()
-            .find(|s| s.vip == vip && s.port == port && s.proto == proto)
+    pub fn serves(&self, vip: IpAddr, port: u16, proto: Proto) -> Option<ServiceEntry> {
+        let (key, service) = self.owner(self.frontends.get(&(vip, port, proto))?)?;
+        self.programmed[key].iter().find_map(|p| {
+            let f = p
+                .frontends
+                .iter()
+                .find(|f| f.vip == vip && f.port == port && p.proto == proto)?;
+            Some(Self::entry(key, &service.ports[p.index], p, f))
+        })
     }
 
     /// The NodePort kube-proxy programs for `port/proto`, if any.
-    pub fn nodeport(&self, port: u16, proto: Proto) -> Option<&NodePortEntry> {
-        let owner = self.nodeports.get(&(port, proto))?;
-        self.programmed[owner]
-            .nodeports
-            .iter()
-            .find(|n| n.port == port && n.proto == proto)
+    pub fn nodeport(&self, port: u16, proto: Proto) -> Option<NodePortEntry> {
+        let (key, service) = self.owner(self.nodeports.get(&(port, proto))?)?;
+        self.programmed[key].iter().find_map(|p| {
+            let (_, local_only) = p
+                .node_port
+                .filter(|(n, _)| *n == port && p.proto == proto)?;
+            Some(NodePortEntry {
+                port,
+                proto,
+                service: Some(Self::port_name(key, &service.ports[p.index])),
+                local_only,
+            })
+        })
     }
 
     /// The `no-endpoint-services` drop element kube-proxy's nftables mode programs for
@@ -472,28 +565,65 @@ impl ApiServiceTable {
         addr: IpAddr,
         port: u16,
         proto: Proto,
-    ) -> Option<&NoEndpointDrop> {
-        let owner = self.drops.get(&(addr, port, proto))?;
-        self.programmed[owner]
-            .drops
-            .iter()
-            .find(|d| d.addr == addr && d.port == port && d.proto == proto)
+    ) -> Option<NoEndpointDrop> {
+        let (key, service) = self.owner(self.drops.get(&(addr, port, proto))?)?;
+        self.programmed[key].iter().find_map(|p| {
+            (p.port == port && p.proto == proto && p.drops.contains(&addr)).then(|| {
+                NoEndpointDrop {
+                    addr,
+                    proto,
+                    port,
+                    service: Some(Self::port_name(key, &service.ports[p.index])),
+                }
+            })
+        })
+    }
+
+    fn owner(&self, key: &Arc<str>) -> Option<(&Arc<str>, &PrunedService)> {
+        let (key, service) = self.services.get_key_value(key)?;
+        self.programmed.contains_key(key).then_some((key, service))
     }
 
     /// The whole table, as the dataplane readers write it (Services in key order); the
     /// masquerade rules and the access filter are the dataplane's, left empty.
     pub fn expected(&self) -> ServiceTable {
-        let mut keys: Vec<&String> = self.programmed.keys().collect();
+        let mut keys: Vec<&Arc<str>> = self.programmed.keys().collect();
         keys.sort();
         let mut table = ServiceTable {
             source: Some(self.node.mode),
             ..ServiceTable::default()
         };
         for key in keys {
-            let p = &self.programmed[key];
-            table.services.extend(p.services.iter().cloned());
-            table.nodeports.extend(p.nodeports.iter().cloned());
-            table.no_endpoint_drops.extend(p.drops.iter().cloned());
+            let Some((key, service)) = self.owner(key) else {
+                continue;
+            };
+            let mut nodeports = HashSet::new();
+            for p in &self.programmed[key] {
+                let spec = &service.ports[p.index];
+                for f in &p.frontends {
+                    table.services.push(Self::entry(key, spec, p, f));
+                }
+                // A dual-stack Service's NodePort is one entry (the readers merge the
+                // families).
+                if let Some((node_port, local_only)) = p.node_port
+                    && nodeports.insert((node_port, p.proto))
+                {
+                    table.nodeports.push(NodePortEntry {
+                        port: node_port,
+                        proto: p.proto,
+                        service: Some(Self::port_name(key, spec)),
+                        local_only,
+                    });
+                }
+                for &addr in &p.drops {
+                    table.no_endpoint_drops.push(NoEndpointDrop {
+                        addr,
+                        proto: p.proto,
+                        port: p.port,
+                        service: Some(Self::port_name(key, spec)),
+                    });
+                }
+            }
         }
         table
     }
@@ -584,28 +714,23 @@ fn categorize(endpoints: &[Endpoint], uses_cluster: bool, uses_local: bool) -> C
     c
 }
 
-fn backends(lists: &[&[SocketAddr]]) -> Vec<String> {
-    // As the readers write them: `ip:port`, `[ip6]:port`, sorted, once each.
-    let mut out: Vec<String> = lists
-        .iter()
-        .flat_map(|l| l.iter())
-        .map(SocketAddr::to_string)
-        .collect();
-    out.sort();
+/// One backend set, as the readers write it: sorted by its `ip:port` text, once each.
+fn backends(lists: &[&[SocketAddr]]) -> Box<[SocketAddr]> {
+    let mut out: Vec<SocketAddr> = lists.iter().flat_map(|l| l.iter().copied()).collect();
+    out.sort_by_cached_key(SocketAddr::to_string);
     out.dedup();
-    out
+    out.into_boxed_slice()
 }
 
-/// What kube-proxy in `node.mode` programs on `node` for Service `key`. Per IP family of its
+/// What kube-proxy in `node.mode` programs on `node` for one Service. Per IP family of its
 /// ClusterIPs (kube-proxy runs one proxier per family, each reading the Service's IPs and the
-/// slices of its family), per port:
+/// slices of its family), per port.
 fn program<'a>(
-    key: &str,
     svc: &PrunedService,
     slices: impl Iterator<Item = &'a PrunedSlice> + Clone,
     node: &NodeView,
-) -> Programmed {
-    let mut out = Programmed::default();
+) -> Vec<PortPlan> {
+    let mut out = Vec::new();
     for &cluster_ip in &svc.cluster_ips {
         let ipv6 = cluster_ip.is_ipv6();
         let same_family = |ip: &&IpAddr| ip.is_ipv6() == ipv6;
@@ -616,14 +741,7 @@ fn program<'a>(
             .filter(same_family)
             .copied()
             .collect();
-        for port in &svc.ports {
-            // `ns/name:port`, `ns/name` for an unnamed port (`pkg/proxy/types.go`
-            // `ServicePortName.String`), as kube-proxy's rule comments say it.
-            let name = if port.name.is_empty() {
-                key.to_string()
-            } else {
-                format!("{key}:{}", port.name)
-            };
+        for (index, port) in svc.ports.iter().enumerate() {
             let eps = endpoints_of(
                 slices.clone(),
                 ipv6,
@@ -639,12 +757,20 @@ fn program<'a>(
             let uses_cluster = !itp_local || (externally_accessible && !etp_local);
             let uses_local = itp_local || (externally_accessible && etp_local);
             let c = categorize(&eps, uses_cluster, uses_local);
-            let entry = |vip: IpAddr, port_no: u16, b: Vec<String>| ServiceEntry {
-                vip,
-                port: port_no,
+            let mut plan = PortPlan {
+                index,
                 proto: port.proto,
-                service: Some(name.clone()),
-                backends: b,
+                port: port.port,
+                frontends: Vec::new(),
+                internal: Box::new([]),
+                external: None,
+                node_port: None,
+                drops: Box::new([]),
+            };
+            let frontend = |vip: IpAddr, port: u16, external: bool| Frontend {
+                vip,
+                port,
+                external,
             };
             match node.mode {
                 ServiceSource::Iptables | ServiceSource::Nftables => {
@@ -665,16 +791,15 @@ fn program<'a>(
                     };
                     let cluster_chain: &[SocketAddr] = if uses_cluster { &c.cluster } else { &[] };
                     if has_internal {
-                        let internal = if itp_local { &c.local } else { &c.cluster };
-                        out.services
-                            .push(entry(cluster_ip, port.port, backends(&[internal])));
+                        plan.internal = backends(&[if itp_local { &c.local } else { &c.cluster }]);
+                        plan.frontends.push(frontend(cluster_ip, port.port, false));
                     }
                     // External IPs and LB IPs jump to the EXT / external- chain when the
                     // Service has any endpoint (`usesExternalTrafficChain`). With ETP Local
                     // that chain sends pod and node-local traffic to the Cluster chain
                     // ("short-circuit") and the rest to the local endpoints: the readers
                     // follow both, so the backends are both.
-                    let ext_backends = if etp_local {
+                    let ext = if etp_local {
                         let local: &[SocketAddr] = if has_external { &c.local } else { &[] };
                         backends(&[cluster_chain, local])
                     } else {
@@ -682,16 +807,10 @@ fn program<'a>(
                     };
                     if c.any {
                         for &ip in &external {
-                            out.services
-                                .push(entry(ip, port.port, ext_backends.clone()));
+                            plan.frontends.push(frontend(ip, port.port, true));
                         }
                         if port.node_port != 0 {
-                            out.nodeports.push(NodePortEntry {
-                                port: port.node_port,
-                                proto: port.proto,
-                                service: Some(name.clone()),
-                                local_only: etp_local,
-                            });
+                            plan.node_port = Some((port.node_port, etp_local));
                         }
                     }
                     // nftables: `no-endpoint-services` gets `drop` for an external / LB IP
@@ -699,14 +818,10 @@ fn program<'a>(
                     // (`externalTrafficFilterVerdict`), `goto reject-chain` when it has none
                     // at all (not a drop, not listed: see `state::NoEndpointDrop`).
                     if node.mode == ServiceSource::Nftables && c.any && !has_external {
-                        for &ip in &external {
-                            out.drops.push(NoEndpointDrop {
-                                addr: ip,
-                                proto: port.proto,
-                                port: port.port,
-                                service: Some(name.clone()),
-                            });
-                        }
+                        plan.drops = external.clone().into_boxed_slice();
+                    }
+                    if ext != plan.internal {
+                        plan.external = Some(ext);
                     }
                 }
                 ServiceSource::Ipvs => {
@@ -724,30 +839,28 @@ fn program<'a>(
                             backends(&[&c.cluster])
                         }
                     };
-                    out.services
-                        .push(entry(cluster_ip, port.port, real(itp_local)));
-                    let ext = real(etp_local);
+                    plan.internal = real(itp_local);
+                    plan.frontends.push(frontend(cluster_ip, port.port, false));
                     for &ip in &external {
-                        out.services.push(entry(ip, port.port, ext.clone()));
+                        plan.frontends.push(frontend(ip, port.port, true));
                     }
                     if port.node_port != 0 {
-                        for ip in node.node_ips.iter().filter(same_family) {
-                            out.services.push(entry(*ip, port.node_port, ext.clone()));
+                        for &ip in node.node_ips.iter().filter(same_family) {
+                            plan.frontends.push(frontend(ip, port.node_port, true));
                         }
-                        out.nodeports.push(NodePortEntry {
-                            port: port.node_port,
-                            proto: port.proto,
-                            service: Some(name.clone()),
-                            local_only: etp_local,
-                        });
+                        plan.node_port = Some((port.node_port, etp_local));
+                    }
+                    let ext = real(etp_local);
+                    if ext != plan.internal {
+                        plan.external = Some(ext);
                     }
                 }
             }
+            if !plan.frontends.is_empty() || plan.node_port.is_some() || !plan.drops.is_empty() {
+                out.push(plan);
+            }
         }
     }
-    // A dual-stack Service's NodePort is one entry (the readers merge the families).
-    let mut seen = HashSet::new();
-    out.nodeports.retain(|n| seen.insert((n.port, n.proto)));
     out
 }
 
