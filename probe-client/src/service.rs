@@ -235,6 +235,12 @@ impl ServiceFacts {
     }
 }
 
+/// Whether [`facts`] reads the annotation `key`: a [`LOOPBACK_ANNOTATIONS`] one or an LB
+/// controller's. The agent's reflectors keep no other (`probe-user`'s `kube::watcher`).
+pub fn is_read_annotation(key: &str) -> bool {
+    LOOPBACK_ANNOTATIONS.contains(&key) || is_provider_annotation(key)
+}
+
 /// An LB controller's annotation (the only ones the fixes and remedies read).
 fn is_provider_annotation(key: &str) -> bool {
     crate::fixes::provider::ANNOTATION_PREFIXES

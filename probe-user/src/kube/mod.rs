@@ -10,8 +10,14 @@
 //! - [`connect`]`(&KubeSource) -> Result<kube::Client>`: a client (lazy: nothing is sent yet);
 //!   the Events writer reuses it.
 //! - [`KubeStatus`]: connection state shared with the metrics (`clbprobe_kube_connected`).
-//! - [`watcher::spawn`]: reflectors on this node's Pods, Services and EndpointSlices; hands
-//!   out [`index::Index`] snapshots on a `tokio::sync::watch` channel; reconnects with backoff.
+//! - [`watcher::spawn`]: reflectors on this node's Pods, Services and EndpointSlices (stored
+//!   pruned: `watcher::prune_*`); hands out [`index::Index`] snapshots on a
+//!   `tokio::sync::watch` channel; reconnects with backoff. [`watcher::spawn_with_table`] also
+//!   keeps the [`service_table::ApiServiceTable`] per watch event and shares it
+//!   ([`watcher::SharedApiTable`]: `table.read()`, `changed` counts updates).
+//! - [`service_table`]: pure: what kube-proxy should program on this node (iptables, nftables,
+//!   IPVS) from the pruned Services and EndpointSlices, with the look-ups of
+//!   `state::ServiceTable` (`serves`, `nodeport`, `no_endpoint_drop`).
 //! - [`index`]: pure address -> name index (`Index::pod_by_ip`, `service_by_frontend`,
 //!   `service_by_node_port`, `services_by_lb_ip`, of `clb_probe_client::service::ServiceFacts`).
 //! - [`enrich::enrich`]`(&mut LoopbackEvent, &Index, node)`: pure attribution of one event.
@@ -24,6 +30,7 @@
 pub mod enrich;
 pub mod hold;
 pub mod index;
+pub mod service_table;
 pub mod watcher;
 pub mod watches;
 

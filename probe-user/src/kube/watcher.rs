@@ -1,5 +1,11 @@
 //! Reflectors (kube-runtime) on this node's Pods (field selector `spec.nodeName`), all
-//! Services and all EndpointSlices, turned into [`Index`] snapshots.
+//! Services and all EndpointSlices, turned into [`Index`] snapshots, and (with
+//! [`spawn_with_table`]) into the [`ApiServiceTable`], applied per watch event.
+//!
+//! The stores hold pruned objects ([`prune_service`], [`prune_slice`], [`prune_pod`], applied
+//! before the reflector stores them): no managedFields, and only the annotations and labels
+//! the agent reads. At 10,000 Services a store of whole objects is mostly kubectl's
+//! `last-applied-configuration` copy and the managedFields, held for nothing.
 //!
 //! kube-runtime's watcher relists on a 410 Gone and retries every failure with its default
 //! backoff (exponential, up to about 30 s), so this task never ends on an API error: it marks
@@ -7,7 +13,10 @@
 //! when every source has a complete list and no error since, or its watch was restarted
 //! after the error (which kube-runtime does not report: see `watches`).
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::{Arc, RwLock},
+    time::Duration,
+};
 
 use futures::{StreamExt as _, stream::BoxStream};
 use k8s_openapi::api::{
@@ -21,11 +30,113 @@ use kube::{
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use super::{KubeStatus, index::Index};
+use super::{
+    KubeStatus,
+    index::Index,
+    service_table::{ApiServiceTable, NodeView, PrunedService, PrunedSlice, READ_LABELS},
+};
 
 /// Whether a watcher event means the store holds a complete list (not a relist in progress).
-fn listed<K>(event: watcher::Event<K>) -> bool {
+fn listed<K>(event: &watcher::Event<K>) -> bool {
     !matches!(event, watcher::Event::Init | watcher::Event::InitApply(_))
+}
+
+/// A Service as the store keeps it: no managedFields; of the annotations only those
+/// `clb_probe_client::service::facts` reads (LB controllers', loopback settings), of the
+/// labels only those the service table reads.
+pub fn prune_service(service: &mut Service) {
+    service.metadata.managed_fields = None;
+    if let Some(a) = &mut service.metadata.annotations {
+        a.retain(|k, _| clb_probe_client::service::is_read_annotation(k));
+    }
+    if let Some(l) = &mut service.metadata.labels {
+        l.retain(|k, _| READ_LABELS.contains(&k.as_str()));
+    }
+}
+
+/// An EndpointSlice as the store keeps it: no managedFields or annotations, of the labels only
+/// the Service's name and kube-proxy's selector labels.
+pub fn prune_slice(slice: &mut EndpointSlice) {
+    slice.metadata.managed_fields = None;
+    slice.metadata.annotations = None;
+    if let Some(l) = &mut slice.metadata.labels {
+        l.retain(|k, _| READ_LABELS.contains(&k.as_str()));
+    }
+}
+
+/// A Pod as the store keeps it: the index reads its names, node, host-network flag, IPs and
+/// its containers' images, ports and probes (`index::Index::build`); no labels, annotations
+/// or managedFields, no containers' environment, commands, mounts or resources, no volumes.
+pub fn prune_pod(pod: &mut Pod) {
+    let meta = &mut pod.metadata;
+    meta.managed_fields = None;
+    meta.annotations = None;
+    meta.labels = None;
+    meta.owner_references = None;
+    if let Some(spec) = &mut pod.spec {
+        spec.volumes = None;
+        spec.init_containers = None;
+        for c in &mut spec.containers {
+            c.env = None;
+            c.env_from = None;
+            c.command = None;
+            c.args = None;
+            c.volume_mounts = None;
+            c.resources = None;
+        }
+    }
+    if let Some(status) = &mut pod.status {
+        status.conditions = None;
+        status.container_statuses = None;
+        status.init_container_statuses = None;
+    }
+}
+
+/// The API service table as [`spawn_with_table`] shares it: read under the lock (never held
+/// across an await); `changed` counts its updates (a receiver waits on it).
+#[derive(Clone)]
+pub struct SharedApiTable {
+    pub table: Arc<RwLock<ApiServiceTable>>,
+    pub changed: watch::Receiver<u64>,
+}
+
+/// What a watcher event does to the service table.
+enum TableChange {
+    None,
+    Service(String, Option<PrunedService>),
+    Slice(String, Option<PrunedSlice>),
+    /// A relist completed: the store holds the new list; the table takes it whole, once.
+    Relisted,
+}
+
+fn object_key(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
+    format!(
+        "{}/{}",
+        meta.namespace.as_deref().unwrap_or(""),
+        meta.name.as_deref().unwrap_or("")
+    )
+}
+
+fn service_change(event: &watcher::Event<Service>) -> TableChange {
+    match event {
+        watcher::Event::Apply(s) => {
+            TableChange::Service(object_key(&s.metadata), PrunedService::from_api(s))
+        }
+        watcher::Event::Delete(s) => TableChange::Service(object_key(&s.metadata), None),
+        watcher::Event::InitDone => TableChange::Relisted,
+        watcher::Event::Init | watcher::Event::InitApply(_) => TableChange::None,
+    }
+}
+
+fn slice_change(event: &watcher::Event<EndpointSlice>) -> TableChange {
+    match event {
+        watcher::Event::Apply(s) => {
+            TableChange::Slice(object_key(&s.metadata), PrunedSlice::from_api(s))
+        }
+        watcher::Event::Delete(s) => TableChange::Slice(object_key(&s.metadata), None),
+        watcher::Event::InitDone => TableChange::Relisted,
+        watcher::Event::Init | watcher::Event::InitApply(_) => TableChange::None,
+    }
 }
 
 /// How long index rebuilds are batched (a relist applies every object at once).
@@ -42,8 +153,35 @@ pub fn spawn(
     status: Arc<KubeStatus>,
 ) -> (watch::Receiver<Arc<Index>>, tokio::task::JoinHandle<()>) {
     let (tx, rx) = watch::channel(Arc::new(Index::default()));
-    let task = tokio::spawn(run(client, node, status, tx));
+    let task = tokio::spawn(run(client, node, status, tx, None));
     (rx, task)
+}
+
+/// [`spawn`], also keeping the [`ApiServiceTable`] for `view` (its `node_name` is `node`'s)
+/// from the same reflectors, per watch event. `view`'s mode and node IPs can change later
+/// (`table.write().set_node(..)`).
+pub fn spawn_with_table(
+    client: Client,
+    node: Option<String>,
+    status: Arc<KubeStatus>,
+    mut view: NodeView,
+) -> (
+    watch::Receiver<Arc<Index>>,
+    SharedApiTable,
+    tokio::task::JoinHandle<()>,
+) {
+    let (tx, rx) = watch::channel(Arc::new(Index::default()));
+    view.node_name = node.clone();
+    let table = Arc::new(RwLock::new(ApiServiceTable::new(view)));
+    let (changed_tx, changed) = watch::channel(0);
+    let task = tokio::spawn(run(
+        client,
+        node,
+        status,
+        tx,
+        Some((table.clone(), changed_tx)),
+    ));
+    (rx, SharedApiTable { table, changed }, task)
 }
 
 async fn run(
@@ -51,6 +189,7 @@ async fn run(
     node: Option<String>,
     status: Arc<KubeStatus>,
     tx: watch::Sender<Arc<Index>>,
+    table: Option<(Arc<RwLock<ApiServiceTable>>, watch::Sender<u64>)>,
 ) {
     let mut pod_config = watcher::Config::default();
     match &node {
@@ -60,29 +199,47 @@ async fn run(
     let (pods, pods_writer) = reflector::store::<Pod>();
     let (services, services_writer) = reflector::store::<Service>();
     let (slices, slices_writer) = reflector::store::<EndpointSlice>();
-    let streams: Vec<BoxStream<'static, (usize, Result<bool, watcher::Error>)>> = vec![
+    let keep_table = table.is_some();
+    type Item = (usize, Result<(bool, TableChange), watcher::Error>);
+    let streams: Vec<BoxStream<'static, Item>> = vec![
         watcher(Api::<Pod>::all(client.clone()), pod_config)
             .default_backoff()
+            .modify(prune_pod)
             .reflect(pods_writer)
-            .map(|r| (0, r.map(listed)))
+            .map(|r| (0, r.map(|e| (listed(&e), TableChange::None))))
             .boxed(),
         watcher(
             Api::<Service>::all(client.clone()),
             watcher::Config::default(),
         )
         .default_backoff()
+        .modify(prune_service)
         .reflect(services_writer)
-        .map(|r| (1, r.map(listed)))
+        .map(move |r| {
+            let change = |e: &watcher::Event<Service>| match keep_table {
+                true => service_change(e),
+                false => TableChange::None,
+            };
+            (1, r.map(|e| (listed(&e), change(&e))))
+        })
         .boxed(),
         watcher(
             Api::<EndpointSlice>::all(client),
             watcher::Config::default(),
         )
         .default_backoff()
+        .modify(prune_slice)
         .reflect(slices_writer)
-        .map(|r| (2, r.map(listed)))
+        .map(move |r| {
+            let change = |e: &watcher::Event<EndpointSlice>| match keep_table {
+                true => slice_change(e),
+                false => TableChange::None,
+            };
+            (2, r.map(|e| (listed(&e), change(&e))))
+        })
         .boxed(),
     ];
+    let mut table_generation = 0u64;
     let mut events = futures::stream::select_all(streams);
     let mut healthy = [false; 3];
     // Per source, the accepted-watch count at its last error: a higher count means the
@@ -96,10 +253,16 @@ async fn run(
     loop {
         tokio::select! {
             item = events.next() => match item {
-                Some((source, Ok(listed))) => {
+                Some((source, Ok((listed, change)))) => {
                     // Healthy once a (re)list is complete: the store holds all of it then.
                     healthy[source] |= listed;
                     dirty = true;
+                    if let Some((table, changed)) = &table
+                        && apply(table, change, &services, &slices)
+                    {
+                        table_generation += 1;
+                        changed.send_replace(table_generation);
+                    }
                 }
                 Some((source, Err(error))) => {
                     healthy[source] = false;
@@ -144,5 +307,122 @@ async fn run(
                 }
             }
         }
+    }
+}
+
+/// Applies one watcher event's change to the table (the lock is held for that Service's
+/// recomputation only; a relist's for the whole store, once). Whether the table changed.
+fn apply(
+    table: &RwLock<ApiServiceTable>,
+    change: TableChange,
+    services: &reflector::Store<Service>,
+    slices: &reflector::Store<EndpointSlice>,
+) -> bool {
+    let Ok(mut table) = table.write() else {
+        return false;
+    };
+    match change {
+        TableChange::None => return false,
+        TableChange::Service(key, s) => table.apply_service(&key, s),
+        TableChange::Slice(key, s) => table.apply_slice(&key, s),
+        TableChange::Relisted => table.replace(
+            services
+                .state()
+                .iter()
+                .filter_map(|s| Some((object_key(&s.metadata), PrunedService::from_api(s)?))),
+            slices
+                .state()
+                .iter()
+                .filter_map(|s| Some((object_key(&s.metadata), PrunedSlice::from_api(s)?))),
+        ),
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// What the stores keep of a Service: no managedFields, no kubectl copy, no tenant
+    /// annotation or label; the annotations `facts` reads and kube-proxy's label stay.
+    #[test]
+    fn stores_keep_only_what_is_read() {
+        let last_applied = "kubectl.kubernetes.io/last-applied-configuration";
+        let aws = "service.beta.kubernetes.io/aws-load-balancer-proxy-protocol";
+        let tencent = "service.cloud.tencent.com/prevent-loopback";
+        let mut service: Service = serde_json::from_value(json!({
+            "metadata": {
+                "namespace": "shop", "name": "web",
+                "annotations": {last_applied: "{\"big\": \"copy\"}", aws: "*", tencent: "true",
+                                "tenant.example.com/notes": "x"},
+                "labels": {"app": "web", "service.kubernetes.io/service-proxy-name": "other"},
+                "managedFields": [{"manager": "kubectl", "operation": "Apply",
+                                   "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {}}}]
+            },
+            "spec": {"clusterIP": "10.96.0.10", "ports": [{"port": 80}]}
+        }))
+        .unwrap();
+        prune_service(&mut service);
+        let meta = &service.metadata;
+        assert_eq!(meta.managed_fields, None);
+        let annotations: Vec<&str> = meta
+            .annotations
+            .iter()
+            .flatten()
+            .map(|(k, _)| k.as_str())
+            .collect();
+        assert_eq!(annotations, [aws, tencent]);
+        let labels: Vec<&str> = meta
+            .labels
+            .iter()
+            .flatten()
+            .map(|(k, _)| k.as_str())
+            .collect();
+        assert_eq!(labels, ["service.kubernetes.io/service-proxy-name"]);
+        // What the index makes of it is unchanged by the pruning.
+        assert!(service.spec.is_some());
+
+        let mut slice: EndpointSlice = serde_json::from_value(json!({
+            "metadata": {
+                "namespace": "shop", "name": "web-abc",
+                "labels": {"kubernetes.io/service-name": "web",
+                           "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"},
+                "annotations": {"endpoints.kubernetes.io/last-change-trigger-time": "2026-01-01T00:00:00Z"},
+                "managedFields": [{"manager": "kube-controller-manager"}]
+            },
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": ["10.0.0.5"], "nodeName": "n1"}]
+        }))
+        .unwrap();
+        prune_slice(&mut slice);
+        assert_eq!(slice.metadata.managed_fields, None);
+        assert_eq!(slice.metadata.annotations, None);
+        assert_eq!(
+            slice.metadata.labels.unwrap().keys().collect::<Vec<_>>(),
+            ["kubernetes.io/service-name"]
+        );
+
+        let mut pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+            "metadata": {"namespace": "shop", "name": "web-1",
+                         "annotations": {last_applied: "{}"},
+                         "managedFields": [{"manager": "kubelet"}]},
+            "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "nginx",
+                     "env": [{"name": "SECRET", "value": "x"}],
+                     "ports": [{"containerPort": 80}]}]},
+            "status": {"podIP": "10.0.0.5", "podIPs": [{"ip": "10.0.0.5"}]}
+        }))
+        .unwrap();
+        prune_pod(&mut pod);
+        assert_eq!(pod.metadata.managed_fields, None);
+        assert_eq!(pod.metadata.annotations, None);
+        let spec = pod.spec.as_ref().unwrap();
+        assert_eq!(spec.containers[0].env, None);
+        // The index still names the pod by its IP.
+        let index = Index::build([&pod], [], []);
+        assert_eq!(
+            index.pod_by_ip("10.0.0.5".parse().unwrap()).unwrap().key(),
+            "shop/web-1"
+        );
     }
 }
