@@ -227,40 +227,6 @@ fn count_dump() {
     DUMPS.with(|d| d.set(d.get() + 1));
 }
 
-/// The calling thread's network namespace, by its cookie (`SO_NETNS_COOKIE`, Linux 5.14+):
-/// unlike the namespace file's inode, never reused by a later namespace, and a generation
-/// (which starts again low in every new namespace) is only meaningful within one. Falls back
-/// to the inode.
-fn netns_id() -> u64 {
-    use std::os::unix::fs::MetadataExt;
-    const SO_NETNS_COOKIE: libc::c_int = 71;
-    // SAFETY: plain socket calls on a descriptor this function owns and closes; the option
-    // value is a u64 with its size passed.
-    let cookie = unsafe {
-        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
-        if fd < 0 {
-            None
-        } else {
-            let mut v: u64 = 0;
-            let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
-            let rc = libc::getsockopt(
-                fd,
-                libc::SOL_SOCKET,
-                SO_NETNS_COOKIE,
-                (&mut v as *mut u64).cast(),
-                &mut len,
-            );
-            libc::close(fd);
-            (rc == 0).then_some(v)
-        }
-    };
-    cookie.unwrap_or_else(|| {
-        std::fs::metadata("/proc/thread-self/ns/net")
-            .map(|m| m.ino() | 1 << 63)
-            .unwrap_or(0)
-    })
-}
-
 fn take_held(family: u8, netns: u64) -> Option<Held> {
     let mut held = HELD.lock().ok()?;
     let i = held
@@ -281,7 +247,7 @@ fn put_held(h: Held) {
 /// re-read (one filtered dump each) when they are few, else one dump of the table.
 fn read_nft_family(family: u8, touched: &Touched) -> Result<NftRead, IptablesError> {
     let reuse = crate::state::reuse_parses();
-    let netns = netns_id();
+    let netns = nft_netlink::netns_id();
     let generation = nft_netlink::generation()?;
     if let Some(mut h) = reuse.then(|| take_held(family, netns)).flatten() {
         let fresh = h.generation == Some(generation)
@@ -393,7 +359,7 @@ pub fn read_chain(family: u8, table: &str, chain: &str) -> Result<Vec<Rule>, Ipt
     static CACHE: Mutex<Vec<Cached>> = Mutex::new(Vec::new());
     const KEPT: usize = 32;
     let generation = nft_netlink::generation()?;
-    let netns = netns_id();
+    let netns = nft_netlink::netns_id();
     let same = |c: &Cached| c.0 == netns && c.1 == family && c.2 == table && c.3 == chain;
     if let Ok(cache) = CACHE.lock()
         && let Some(hit) = cache.iter().find(|c| same(c) && c.4 == generation)

@@ -133,6 +133,40 @@ fn dump(
     })
 }
 
+/// The calling thread's network namespace, by its cookie (`SO_NETNS_COOKIE`, Linux 5.14+), to
+/// key what a reader keeps with the generation it read at: unlike the namespace file's inode, never reused by a later namespace, and a generation
+/// (which starts again low in every new namespace) is only meaningful within one. Falls back
+/// to the inode.
+pub fn netns_id() -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    const SO_NETNS_COOKIE: libc::c_int = 71;
+    // SAFETY: plain socket calls on a descriptor this function owns and closes; the option
+    // value is a u64 with its size passed.
+    let cookie = unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            None
+        } else {
+            let mut v: u64 = 0;
+            let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+            let rc = libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                SO_NETNS_COOKIE,
+                (&mut v as *mut u64).cast(),
+                &mut len,
+            );
+            libc::close(fd);
+            (rc == 0).then_some(v)
+        }
+    };
+    cookie.unwrap_or_else(|| {
+        std::fs::metadata("/proc/thread-self/ns/net")
+            .map(|m| m.ino() | 1 << 63)
+            .unwrap_or(0)
+    })
+}
+
 /// The ruleset generation of the calling thread's network namespace (`NFTA_GEN_ID`).
 pub fn generation() -> Result<u32, NftNetlinkError> {
     let what = || "generation".to_string();
@@ -155,6 +189,22 @@ pub fn generation() -> Result<u32, NftNetlinkError> {
             missing: "NFT_MSG_NEWGEN",
         },
     })
+}
+
+/// Whether table `table` of `family` exists (`NFT_MSG_GETTABLE`: the kernel refuses with
+/// `ENOENT` when not).
+pub fn table_exists(family: u8, table: &str) -> Result<bool, NftNetlinkError> {
+    let what = || format!("table {} {table}", family_name(family));
+    match ask(
+        &what,
+        NftRequest::new(wire::NFT_MSG_GETTABLE, family).with_str(wire::NFTA_TABLE_NAME, table),
+        false,
+        &mut |_| Ok(()),
+    ) {
+        Ok(()) => Ok(true),
+        Err(e) if e.is_absent() => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 /// The rules of `table` in `family`, of chain `chain` only when given, in the kernel's order

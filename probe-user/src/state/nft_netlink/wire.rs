@@ -13,6 +13,7 @@ use netlink_packet_core::{NLMSG_DONE, NLMSG_ERROR, NLMSG_NOOP, NetlinkSerializab
 pub const NFNL_SUBSYS_NFTABLES: u16 = 10;
 
 // enum nf_tables_msg_types
+pub const NFT_MSG_GETTABLE: u8 = 1;
 pub const NFT_MSG_NEWCHAIN: u8 = 3;
 pub const NFT_MSG_GETCHAIN: u8 = 4;
 pub const NFT_MSG_NEWRULE: u8 = 6;
@@ -30,6 +31,8 @@ const NFGENMSG_LEN: usize = 4;
 
 // enum nft_gen_attributes
 const NFTA_GEN_ID: u16 = 1;
+/// `NFTA_TABLE_NAME`.
+pub const NFTA_TABLE_NAME: u16 = 1;
 // enum nft_chain_attributes
 pub const NFTA_CHAIN_TABLE: u16 = 1;
 const NFTA_CHAIN_HANDLE: u16 = 2;
