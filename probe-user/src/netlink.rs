@@ -96,9 +96,27 @@ impl Connection {
     pub fn request<T>(
         &mut self,
         op: &'static str,
-        mut msg: NetlinkMessage<T>,
+        msg: NetlinkMessage<T>,
         dump: bool,
     ) -> Result<Vec<u8>, NetlinkError>
+    where
+        T: NetlinkSerializable,
+    {
+        let mut out = Vec::new();
+        self.request_each(op, msg, dump, &mut |bytes| out.extend_from_slice(bytes))?;
+        Ok(out)
+    }
+
+    /// [`Connection::request`] handing each reply message to `on_message` as it arrives
+    /// instead of collecting them: a dump of 60,000 rules is decoded datagram by datagram,
+    /// never held whole.
+    pub fn request_each<T>(
+        &mut self,
+        op: &'static str,
+        mut msg: NetlinkMessage<T>,
+        dump: bool,
+        on_message: &mut dyn FnMut(&[u8]),
+    ) -> Result<(), NetlinkError>
     where
         T: NetlinkSerializable,
     {
@@ -112,7 +130,6 @@ impl Connection {
         let sock_err = |call| move |source| NetlinkError::Socket { op, call, source };
         self.socket.send(&tx, 0).map_err(sock_err("send"))?;
 
-        let mut out = Vec::new();
         let mut rx = vec![0u8; RECV_BUF];
         loop {
             let n = self
@@ -132,7 +149,7 @@ impl Connection {
                 if header.sequence_number() != seq {
                     continue;
                 }
-                out.extend_from_slice(bytes);
+                on_message(bytes);
                 match header.message_type() {
                     NLMSG_DONE | NLMSG_ERROR => {
                         if let Some(source) = kernel_error(bytes) {
@@ -140,7 +157,7 @@ impl Connection {
                         }
                         // An ACK inside a dump (some families send one first) is not its end.
                         if header.message_type() == NLMSG_DONE || !dump {
-                            return Ok(out);
+                            return Ok(());
                         }
                     }
                     _ => {}
@@ -217,6 +234,34 @@ where
         }
         other => other,
     };
+    if matches!(result, Ok(_) | Err(NetlinkError::Kernel { .. })) {
+        KEPT.with(|k| k.borrow_mut().push((protocol, ns, conn)));
+    }
+    result
+}
+
+/// Runs `f` on this thread's kept socket of `protocol` in the calling thread's network
+/// namespace (see [`request_kept`] for why sockets are kept), opened on first use. A socket
+/// that failed (not a kernel refusal) is closed, not kept; `f` is not run again: a caller
+/// that streams a dump ([`Connection::request_each`]) restarts it whole.
+pub fn with_kept<R>(
+    protocol: isize,
+    op: &'static str,
+    f: impl FnOnce(&mut Connection) -> Result<R, NetlinkError>,
+) -> Result<R, NetlinkError> {
+    let Some(ns) = thread_netns() else {
+        return f(&mut Connection::open(protocol, op)?);
+    };
+    let kept = KEPT.with(|k| {
+        let mut k = k.borrow_mut();
+        let at = k.iter().position(|(p, n, _)| *p == protocol && *n == ns)?;
+        Some(k.swap_remove(at).2)
+    });
+    let mut conn = match kept {
+        Some(c) => c,
+        None => Connection::open(protocol, op)?,
+    };
+    let result = f(&mut conn);
     if matches!(result, Ok(_) | Err(NetlinkError::Kernel { .. })) {
         KEPT.with(|k| k.borrow_mut().push((protocol, ns, conn)));
     }

@@ -150,7 +150,8 @@ pub fn gather_with(
 /// The other kube-proxy modes' state beside the service table's own source, and what
 /// kube-proxy says it runs (see `rules::mode_leftover`). Unreadable counts as none. IPVS is a
 /// netlink dump and `/proxyMode` one local request; kube-proxy's nftables table is read only
-/// when `read_nft` (`probe check`: it runs `nft -j`, which the agent's steady path never does).
+/// when `read_nft` (`probe check`: one more netlink read, which the agent's steady path does
+/// not need when its own source is another mode).
 fn mode_state(
     services: &state::ServiceTable,
     vip_iface_present: bool,

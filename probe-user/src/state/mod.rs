@@ -36,6 +36,7 @@ pub mod ipset;
 pub mod iptables;
 pub mod ipvs;
 pub mod nft_json;
+pub mod nft_netlink;
 pub mod nftables;
 pub mod proxy_mode;
 pub mod sockets;

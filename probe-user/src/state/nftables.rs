@@ -1,7 +1,7 @@
-//! kube-proxy's nftables mode: the tables `ip kube-proxy` and `ip6 kube-proxy`, read as
-//! libnftables JSON (`nft -j list table <family> kube-proxy`).
-//!
-//! [`parse_nft_json`] is pure. It reads what kube-proxy (>= 1.29, GA in 1.33) writes:
+//! kube-proxy's nftables mode: the tables `ip kube-proxy` and `ip6 kube-proxy`, read over
+//! nf_tables netlink ([`read_blocking`], no `nft` process), or from libnftables JSON
+//! (`nft -j list table <family> kube-proxy`: [`parse_nft_json`], for saved files and fixtures).
+//! Both make the same table (`build_table`) of what kube-proxy (>= 1.29, GA in 1.33) writes:
 //!
 //! - the verdict map `service-ips` (`addr . proto . port : goto <chain>`): one [`ServiceEntry`]
 //!   per element; the target is `service-<HASH>-<ns>/<name>/<proto>/<port>` for a ClusterIP,
@@ -24,21 +24,28 @@
 //!
 //! Service names come from the chain names (`default/web/tcp/http` -> `default/web:http`).
 //!
-//! [`read_blocking`] runs `nft`. A node without the `nft` command or without kube-proxy's
-//! tables has no nftables service table (`Ok(None)`): kube-proxy is then in another mode.
+//! [`read_blocking`] asks the kernel (one rule dump and three map dumps per family) and keeps
+//! what it read with the ruleset generation (`NFT_MSG_GETGEN`): while nothing was committed, a
+//! read costs one generation request. A node without kube-proxy's tables has no nftables
+//! service table (`Ok(None)`): kube-proxy is then in another mode.
 
 use std::{
     collections::{HashMap, HashSet},
     net::IpAddr,
-    process::Command,
-    sync::atomic::{AtomicBool, Ordering},
+    sync::Mutex,
 };
 
 use std::borrow::Cow;
 
 use super::{
-    NoEndpointDrop, NodePortEntry, ParseCache, ServiceEntry, ServiceSource, ServiceTable, iptables,
+    NoEndpointDrop, NodePortEntry, ServiceEntry, ServiceSource, ServiceTable,
+    changes::{FAMILY_IP, FAMILY_IP6},
+    iptables,
     nft_json::{self, ExprFacts, Scalar},
+    nft_netlink::{
+        self, NftNetlinkError,
+        wire::{self, Data, Expr, NftRule, SetElem},
+    },
 };
 use probe_contract::Proto;
 
@@ -55,65 +62,242 @@ pub const NO_ENDPOINT_SERVICES: &str = "no-endpoint-services";
 /// The chain every masquerade decision jumps to.
 pub const MARK_FOR_MASQUERADE: &str = "mark-for-masquerade";
 
-static SAID_NO_NFT: AtomicBool = AtomicBool::new(false);
-
-/// Why kube-proxy's tables could not be read (they exist, `nft` failed on them).
+/// Why kube-proxy's tables could not be read (they exist, the kernel's answer failed).
 #[derive(Debug, thiserror::Error)]
 pub enum NftError {
-    #[error("`{command}` failed ({status}): {stderr}")]
-    Failed {
-        command: String,
-        status: String,
-        stderr: String,
-    },
-    #[error("`{command}` printed JSON this reader does not understand: {why}")]
-    Json { command: String, why: String },
+    #[error(transparent)]
+    Netlink(#[from] NftNetlinkError),
 }
 
 /// kube-proxy's nftables tables of the calling thread's network namespace, merged over both
-/// families, or None when neither table exists (or `nft` is not installed). Blocking.
+/// families, or None when neither table exists. Read over netlink (see [`read_family`]) and
+/// kept with the ruleset generation: while no commit happened, a read costs one generation
+/// request. Blocking.
 pub fn read_blocking() -> Result<Option<ServiceTable>, NftError> {
-    static PARSED: ParseCache<Result<ServiceTable, String>> = ParseCache::new();
+    /// (netns, generation, table): the last read.
+    static LAST: Mutex<Option<(u64, u32, Option<ServiceTable>)>> = Mutex::new(None);
+    let netns = nft_netlink::netns_id();
+    let generation = nft_netlink::generation()?;
+    let reuse = super::reuse_parses();
+    if reuse
+        && let Ok(last) = LAST.lock()
+        && let Some((n, g, table)) = last.as_ref()
+        && *n == netns
+        && *g == generation
+    {
+        return Ok(table.clone());
+    }
     let mut table: Option<ServiceTable> = None;
-    for family in FAMILIES {
-        let args = ["-j", "list", "table", family, TABLE];
-        let command = format!("nft {}", args.join(" "));
-        let out = match Command::new("nft").args(args).output() {
-            Ok(out) => out,
-            Err(e) => {
-                if !SAID_NO_NFT.swap(true, Ordering::Relaxed) {
-                    tracing::info!(
-                        "nftables: cannot run `nft` ({e}); kube-proxy's nftables mode is not read"
-                    );
-                }
-                return Ok(None);
-            }
+    for family in [FAMILY_IP, FAMILY_IP6] {
+        let Some(parsed) = read_family(family)? else {
+            continue;
         };
-        if !out.status.success() {
-            let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
-            // No such table: kube-proxy is not in nftables mode for this family.
-            if stderr.contains("No such file or directory") {
-                continue;
-            }
-            return Err(NftError::Failed {
-                command,
-                status: out.status.to_string(),
-                stderr,
-            });
-        }
-        let text = String::from_utf8_lossy(&out.stdout);
-        let parsed = PARSED
-            .parse(family, &text, digest, parse_nft_json)
-            .map_err(|why| NftError::Json {
-                command: command.clone(),
-                why,
-            })?;
         match &mut table {
             Some(t) => iptables::merge(t, parsed),
             None => table = Some(parsed),
         }
     }
+    if reuse && let Ok(mut last) = LAST.lock() {
+        *last = Some((netns, generation, table.clone()));
+    }
     Ok(table)
+}
+
+/// kube-proxy's table of one family over netlink, None when there is none: one rule dump of
+/// the table and one element dump of each of `service-ips`, `service-nodeports` and
+/// `no-endpoint-services`, made into what [`parse_nft_json`] reads from JSON
+/// (`build_table`: the same table by construction).
+///
+/// The endpoints behind a `numgen ... vmap { 0 : goto endpoint-..., ... }` are in an anonymous
+/// map (`__mapN`), one per service chain: dumping each would be one request per Service
+/// port. kube-proxy names every endpoint chain after its Service port
+/// (`endpoint-<hash>-<ns>/<name>/<proto>/<port>__<ip>/<port>` beside
+/// `service-<hash>-<ns>/<name>/<proto>/<port>`; kubernetes `pkg/proxy/nftables/proxier.go`,
+/// `servicePortEndpointChainNameBase`), so the chain list says which endpoint chains a
+/// service chain's map holds; only a chain whose name finds none (a truncated name) has its
+/// anonymous map dumped.
+pub fn read_family(family: u8) -> Result<Option<ServiceTable>, NftError> {
+    let fam: &'static str = if family == FAMILY_IP6 { "ip6" } else { "ip" };
+    // A rule dump of a missing table is empty, not an error: asked first.
+    if !nft_netlink::table_exists(family, TABLE)? {
+        return Ok(None);
+    }
+    let raw = match nft_netlink::rules_vec(family, TABLE, None) {
+        Ok(rules) => rules,
+        Err(e) if e.is_absent() => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let elems = |set: &str, width: usize| -> Result<Vec<Elem<'static>>, NftError> {
+        match nft_netlink::set_elems(family, TABLE, set) {
+            // In key order, as `nft` lists them (the kernel's is its hash table's).
+            Ok(mut v) => Ok({
+                v.sort_by(|a, b| a.key.cmp(&b.key));
+                v
+            }
+            .iter()
+            .filter_map(|e| elem_from_netlink(e, family, width))
+            .collect()),
+            Err(e) if e.is_absent() => Ok(Vec::new()),
+            Err(e) => Err(e.into()),
+        }
+    };
+    let service_ips = elems(SERVICE_IPS, 3)?;
+    let nodeports = elems(SERVICE_NODEPORTS, 2)?;
+    let no_endpoint = elems(NO_ENDPOINT_SERVICES, 3)?;
+
+    // Endpoint chains by their Service port's name part.
+    let mut endpoints: HashMap<&str, Vec<&str>> = HashMap::new();
+    for r in &raw {
+        if let Some(rest) = r.chain.strip_prefix("endpoint-")
+            && let Some((_hash, name)) = rest.split_once('-')
+            && let Some((port_name, _)) = name.split_once("__")
+        {
+            let list = endpoints.entry(port_name).or_default();
+            if !list.contains(&r.chain.as_str()) {
+                list.push(&r.chain);
+            }
+        }
+    }
+    let mut rules = Vec::with_capacity(raw.len());
+    for r in &raw {
+        rules.push(Rule {
+            chain: Cow::Owned(r.chain.clone()),
+            family: Cow::Borrowed(fam),
+            expr: facts_from_netlink(family, r, &endpoints)?,
+            comment: r.comment.clone().map(Cow::Owned),
+        });
+    }
+    Ok(Some(build_table(
+        &service_ips,
+        &nodeports,
+        &no_endpoint,
+        &rules,
+    )))
+}
+
+/// A map element's key (`addr . proto . port`, or `proto . port` with `width` 2), each field
+/// in a 4-byte register: the address (4 or 16 bytes), the protocol in the first byte, the
+/// port big-endian in the first two.
+fn elem_from_netlink(e: &SetElem, family: u8, width: usize) -> Option<Elem<'static>> {
+    let addr_len = if width == 3 {
+        if family == FAMILY_IP6 { 16 } else { 4 }
+    } else {
+        0
+    };
+    if e.key.len() != addr_len + 8 {
+        return None;
+    }
+    let addr = match addr_len {
+        4 => <[u8; 4]>::try_from(&e.key[..4]).ok().map(IpAddr::from),
+        16 => <[u8; 16]>::try_from(&e.key[..16]).ok().map(IpAddr::from),
+        _ => None,
+    };
+    let (target, drop) = match &e.data {
+        Some(Data::Verdict(v)) => (
+            v.target().map(|t| Cow::Owned(t.to_string())),
+            v.code == wire::NF_DROP,
+        ),
+        _ => (None, false),
+    };
+    Some(Elem {
+        addr,
+        proto: Some(Proto::from_raw(e.key[addr_len])),
+        port: Some(u16::from_be_bytes([
+            e.key[addr_len + 4],
+            e.key[addr_len + 5],
+        ])),
+        target,
+        drop,
+        comment: e.comment.clone().map(Cow::Owned),
+    })
+}
+
+/// What a rule's expressions say, as [`nft_json::exprs`] gathers it from JSON: one entry per
+/// statement-like expression (counters left out), so an unconditional `jump` is a rule of one.
+fn facts_from_netlink(
+    family: u8,
+    r: &NftRule,
+    endpoints: &HashMap<&str, Vec<&str>>,
+) -> Result<Vec<ExprFacts<'static>>, NftError> {
+    let mut regs: HashMap<u32, &[u8]> = HashMap::new();
+    let mut out = Vec::with_capacity(r.exprs.len());
+    for e in &r.exprs {
+        let mut f = ExprFacts::default();
+        match e {
+            Expr::Counter { .. } => continue,
+            Expr::Immediate {
+                dreg: 0,
+                data: Data::Verdict(v),
+            } => {
+                if let Some(t) = v.target() {
+                    f.verdict = Some(Cow::Owned(t.to_string()));
+                    f.targets.push(Cow::Owned(t.to_string()));
+                }
+            }
+            Expr::Immediate {
+                dreg,
+                data: Data::Value(v),
+            } => {
+                regs.insert(*dreg, v);
+            }
+            Expr::Nat {
+                kind: wire::NFT_NAT_DNAT,
+                reg_addr_min: Some(ra),
+                reg_proto_min,
+                ..
+            } => {
+                let addr = regs.get(ra).and_then(|b| match b.len() {
+                    4 => <[u8; 4]>::try_from(*b).ok().map(IpAddr::from),
+                    16 => <[u8; 16]>::try_from(*b).ok().map(IpAddr::from),
+                    _ => None,
+                });
+                let port = reg_proto_min
+                    .and_then(|r| regs.get(&r))
+                    .and_then(|b| Some(u16::from_be_bytes([*b.first()?, *b.get(1)?])));
+                if let Some(addr) = addr {
+                    f.dnats.push((Cow::Owned(addr.to_string()), port));
+                }
+            }
+            Expr::Masq { flags, .. } => f.masquerade = Some(masquerade_flags(*flags)),
+            // A verdict map look-up: a named one (`@service-ips`) the maps above answer; an
+            // anonymous one (`numgen ... vmap { ... }`) is a service chain's endpoints.
+            Expr::Lookup {
+                set, dreg: Some(0), ..
+            } if set.starts_with("__") => {
+                let port_name = r
+                    .chain
+                    .split_once('-')
+                    .and_then(|(_, rest)| rest.split_once('-'))
+                    .map(|(_, name)| name);
+                match port_name.and_then(|n| endpoints.get(n)) {
+                    Some(chains) => {
+                        f.targets = chains.iter().map(|c| Cow::Owned(c.to_string())).collect()
+                    }
+                    None => {
+                        for e in nft_netlink::set_elems(family, TABLE, set)? {
+                            if let Some(Data::Verdict(v)) = &e.data
+                                && let Some(t) = v.target()
+                            {
+                                f.targets.push(Cow::Owned(t.to_string()));
+                            }
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+        out.push(f);
+    }
+    Ok(out)
+}
+
+/// nft's names of `NF_NAT_RANGE_*` flags, in the order nft prints them (`nat_stmt_print`).
+fn masquerade_flags(flags: u32) -> Vec<Cow<'static, str>> {
+    [(4, "random"), (16, "fully-random"), (8, "persistent")]
+        .into_iter()
+        .filter(|(bit, _)| flags & bit != 0)
+        .map(|(_, name)| Cow::Borrowed(name))
+        .collect()
 }
 
 /// What of `nft -j` output is the rules: the objects' `"handle": N` (new ones on every
@@ -175,7 +359,63 @@ pub fn parse_nft_json(text: &str) -> Result<ServiceTable, String> {
             }
         }
     }
-    let chains = Chains::new(&rules);
+    let elems = |name: &str, width: usize| -> Vec<Elem<'_>> {
+        maps.get(name)
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|(key, verdict)| {
+                let parts = key.parts().filter(|p| p.len() == width)?;
+                let (addr, proto, port) = match parts {
+                    [addr, proto, port] => (
+                        addr.as_str().and_then(|a| a.parse::<IpAddr>().ok()),
+                        parse_proto(proto),
+                        parse_port(port),
+                    ),
+                    [proto, port] => (None, parse_proto(proto), parse_port(port)),
+                    _ => return None,
+                };
+                Some(Elem {
+                    addr,
+                    proto,
+                    port,
+                    target: verdict.target().map(Cow::Borrowed),
+                    drop: verdict.drop,
+                    comment: key.comment().map(Cow::Borrowed),
+                })
+            })
+            .collect()
+    };
+    Ok(build_table(
+        &elems(SERVICE_IPS, 3),
+        &elems(SERVICE_NODEPORTS, 2),
+        &elems(NO_ENDPOINT_SERVICES, 3),
+        &rules,
+    ))
+}
+
+/// An element of one of kube-proxy's verdict maps, typed: what both readers (JSON and
+/// netlink) make of `addr . proto . port : verdict` (a NodePort's has no address). A field that
+/// did not parse is None, and the element is skipped where it is needed.
+struct Elem<'a> {
+    addr: Option<IpAddr>,
+    proto: Option<Proto>,
+    port: Option<u16>,
+    /// A `goto`/`jump` verdict's chain.
+    target: Option<Cow<'a, str>>,
+    drop: bool,
+    comment: Option<Cow<'a, str>>,
+}
+
+/// The service table of kube-proxy's maps and rules, however they were read: the JSON and the
+/// netlink reader make the same table by construction.
+fn build_table(
+    service_ips: &[Elem<'_>],
+    nodeports: &[Elem<'_>],
+    no_endpoint: &[Elem<'_>],
+    rules: &[Rule<'_>],
+) -> ServiceTable {
+    let chains = Chains::new(rules);
     let mut table = ServiceTable {
         source: Some(ServiceSource::Nftables),
         ..ServiceTable::default()
@@ -188,15 +428,10 @@ pub fn parse_nft_json(text: &str) -> Result<ServiceTable, String> {
     // endpoint (`internalTrafficFilterVerdict`), which is that policy doing what it says.
     let mut external: HashSet<(IpAddr, Proto, u16)> = HashSet::new();
 
-    for (key, verdict) in maps.get(SERVICE_IPS).map(Vec::as_slice).unwrap_or_default() {
-        let (Some([addr, proto, port]), Some(target)) = (key.parts(), verdict.target()) else {
-            continue;
-        };
-        let (Some(vip), Some(proto), Some(port)) = (
-            addr.as_str().and_then(|a| a.parse::<IpAddr>().ok()),
-            parse_proto(proto),
-            parse_port(port),
-        ) else {
+    for e in service_ips {
+        let (Some(vip), Some(proto), Some(port), Some(target)) =
+            (e.addr, e.proto, e.port, e.target.as_deref())
+        else {
             continue;
         };
         if target.starts_with("external-") {
@@ -211,15 +446,8 @@ pub fn parse_nft_json(text: &str) -> Result<ServiceTable, String> {
         });
     }
 
-    for (key, verdict) in maps
-        .get(SERVICE_NODEPORTS)
-        .map(Vec::as_slice)
-        .unwrap_or_default()
-    {
-        let (Some([proto, port]), Some(target)) = (key.parts(), verdict.target()) else {
-            continue;
-        };
-        let (Some(proto), Some(port)) = (parse_proto(proto), parse_port(port)) else {
+    for e in nodeports {
+        let (Some(proto), Some(port), Some(target)) = (e.proto, e.port, e.target.as_deref()) else {
             continue;
         };
         found.nodeports.push(NodePortEntry {
@@ -231,20 +459,8 @@ pub fn parse_nft_json(text: &str) -> Result<ServiceTable, String> {
     }
     iptables::merge(&mut table, found);
 
-    for (key, verdict) in maps
-        .get(NO_ENDPOINT_SERVICES)
-        .map(Vec::as_slice)
-        .unwrap_or_default()
-    {
-        let Some([addr, proto, port]) = key.parts() else {
-            continue;
-        };
-        let (true, Some(addr), Some(proto), Some(port)) = (
-            verdict.drop,
-            addr.as_str().and_then(|a| a.parse::<IpAddr>().ok()),
-            parse_proto(proto),
-            parse_port(port),
-        ) else {
+    for e in no_endpoint {
+        let (true, Some(addr), Some(proto), Some(port)) = (e.drop, e.addr, e.proto, e.port) else {
             continue;
         };
         if !external.contains(&(addr, proto, port)) {
@@ -254,11 +470,11 @@ pub fn parse_nft_json(text: &str) -> Result<ServiceTable, String> {
             addr,
             proto,
             port,
-            service: key.comment().map(str::to_owned),
+            service: e.comment.as_deref().map(str::to_owned),
         });
     }
 
-    for r in &rules {
+    for r in rules {
         if let Some(flags) = r.expr.iter().find_map(|e| e.masquerade.as_ref()) {
             let flags: String = flags.iter().map(|f| format!(" {f}")).collect();
             let text = format!(
@@ -275,7 +491,7 @@ pub fn parse_nft_json(text: &str) -> Result<ServiceTable, String> {
             }
         }
     }
-    Ok(table)
+    table
 }
 
 fn parse_proto(v: &Scalar<'_>) -> Option<Proto> {
@@ -387,6 +603,7 @@ impl<'r, 'a> Chains<'r, 'a> {
 mod tests {
     use super::*;
     use crate::state::test_netns::Netns;
+    use std::process::Command;
 
     const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/nftables/");
 
@@ -583,5 +800,87 @@ mod tests {
         let mut want = fixture("etp-local-ip.json");
         iptables::merge(&mut want, fixture("dualstack-ip6.json"));
         assert_eq!(ns.run_in(0, read_blocking).unwrap().unwrap(), want);
+    }
+
+    /// Every JSON fixture, loaded with `nft -j -f` into a fresh namespace and read back over
+    /// netlink, makes the table [`parse_nft_json`] makes of it.
+    #[test]
+    fn netlink_table_equals_the_json_table_of_every_fixture() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 || Command::new("nft").arg("--version").output().is_err()
+        {
+            eprintln!("skipping: needs root and nft");
+            return;
+        }
+        let mut checked = 0;
+        for (name, family) in [
+            ("lab-ip.json", FAMILY_IP),
+            ("etp-local-ip.json", FAMILY_IP),
+            ("dualstack-ip6.json", FAMILY_IP6),
+        ] {
+            let ns = Netns::new("nftnl", &[""]);
+            // As input, a rule's `handle` is a position (an existing rule to add after): the
+            // listing's handles are left out.
+            let mut doc: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(format!("{DATA}{name}")).unwrap())
+                    .unwrap();
+            let objects = doc["nftables"].as_array_mut().unwrap();
+            for o in objects.iter_mut() {
+                for v in o.as_object_mut().unwrap().values_mut() {
+                    if let Some(obj) = v.as_object_mut() {
+                        obj.remove("handle");
+                    }
+                }
+            }
+            // A map's `goto` elements need their chains: chains before maps, rules last.
+            let rank = |o: &serde_json::Value| {
+                ["metainfo", "table", "set", "chain", "map", "rule"]
+                    .iter()
+                    .position(|k| o.get(k).is_some())
+                    .unwrap_or(6)
+            };
+            objects.sort_by_key(rank);
+            let input =
+                std::env::temp_dir().join(format!("clb-nftnl-{}-{name}", std::process::id()));
+            std::fs::write(&input, doc.to_string()).unwrap();
+            ns.exec(0, &["nft", "-j", "-f", input.to_str().unwrap()]);
+            let _ = std::fs::remove_file(&input);
+            let got = ns.run_in(0, move || read_family(family)).unwrap();
+            let want = fixture(name);
+            assert!(!want.services.is_empty() && !want.masquerade_rules.is_empty());
+            assert_eq!(got, Some(want), "{name}");
+            checked += 1;
+        }
+        assert_eq!(checked, 3);
+    }
+
+    /// The generation cache: an unchanged ruleset is not read again, a commit is.
+    #[test]
+    fn a_read_follows_the_generation() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 || Command::new("nft").arg("--version").output().is_err()
+        {
+            eprintln!("skipping: needs root and nft");
+            return;
+        }
+        let ns = Netns::new("nftgen", &[""]);
+        ns.exec(0, &["nft", "-f", &format!("{DATA}etp-local.nft")]);
+        let first = ns.run_in(0, read_blocking).unwrap().unwrap();
+        ns.exec(
+            0,
+            &[
+                "nft",
+                "add",
+                "element",
+                "ip",
+                "kube-proxy",
+                "service-ips",
+                "{ 10.96.9.9 . tcp . 8080 : goto service-DZ3B7L2Q-shop/api/tcp/https }",
+            ],
+        );
+        let second = ns.run_in(0, read_blocking).unwrap().unwrap();
+        assert_eq!(second.services.len(), first.services.len() + 1);
+        let added = second.serves(ip("10.96.9.9"), 8080, Proto::Tcp).unwrap();
+        assert_eq!(added.backends, ["10.244.1.5:8443", "10.244.2.9:8443"]);
     }
 }

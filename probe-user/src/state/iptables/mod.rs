@@ -1,4 +1,5 @@
-//! kube-proxy's nat rules, read from `iptables-save -t nat` (and `ip6tables-save -t nat`).
+//! kube-proxy's nat rules: iptables-nft's over nf_tables netlink, iptables-legacy's from
+//! `iptables-legacy-save -t nat`.
 //!
 //! [`parse_iptables_save`] is pure: it turns the text of `iptables-save -t nat` (or of
 //! `iptables -t nat -S [-v]`, or a `grep` of either) into a [`ServiceTable`]:
@@ -19,27 +20,35 @@
 //! The parser ([`rules`]) never fails and never panics: lines it does not understand are
 //! skipped.
 //!
-//! [`read`] runs the commands. A node can hold rules in both iptables backends (nft and legacy):
-//! the default `iptables-save` is read, and the other backend is read too when it holds a nat
-//! table with `KUBE-` chains; the results are merged.
+//! [`read`] reads both iptables backends. A node can hold rules in both (nft and legacy): the
+//! default backend (`iptables --version`, asked once) is read, and the other is read too when
+//! its nat table has `KUBE-` chains; the results are merged.
 //!
-//! Reading what changed, not everything: on the nf_tables backend (iptables-nft, the default
-//! of every current distribution) every commit names the chains it touched
-//! ([`super::changes::Touched`]). The nat table is held here chain by chain between reads
-//! ([`NatChains`]), and [`read_blocking_after`] re-reads only the touched chains, one
-//! `iptables -t nat -S CHAIN` each: iptables-nft fetches that chain alone from the kernel,
-//! so at 10,000 Services `-S KUBE-SERVICES` takes 0.1 s where `iptables-save -t nat` takes
-//! 1.6 s (measured here). kube-proxy >= 1.28 writes only the chains that changed (plus
-//! `KUBE-SERVICES` and `KUBE-NODEPORTS`, always rewritten) and that is what is read. A full
-//! restore touches every chain: more than [`MAX_CHAIN_READS`] chains, or a chain count above
-//! 1/[`CHAIN_READ_SHARE`] of the table, is one full dump instead. What the messages cannot say
-//! (a renamed chain) waits for the next full read: the `--services-every` safety net reads
-//! everything. The legacy backend has no messages and is always dumped whole.
+//! The nf_tables backend (iptables-nft, the default of every current distribution) is read
+//! over netlink ([`crate::state::nft_netlink`]), no `iptables-save` process and no text: its
+//! nat table is the nf_tables table `nat` of family `ip` / `ip6`, each rule's expressions are
+//! decoded back into the [`Rule`] the text parser makes (`nft_rules`), and [`NatChains`] builds
+//! the same table from either. What is held between reads is keyed by the ruleset generation
+//! (`NFT_MSG_GETGEN`): while no commit happened, a read costs one generation request and no
+//! dump. After a commit, only the chains it touched ([`super::changes::Touched`]) are dumped
+//! again, one filtered dump each (kube-proxy >= 1.28 writes only the chains that changed,
+//! plus `KUBE-SERVICES` and `KUBE-NODEPORTS`). A full restore touches every chain: more than
+//! [`MAX_CHAIN_READS`] chains, or a chain count above 1/[`CHAIN_READ_SHARE`] of the table, is
+//! one dump of the table instead. What the messages cannot say (a renamed chain) waits for the
+//! next full read: the `--services-every` safety net reads everything (a table patched chain
+//! by chain is not trusted by generation). [`read_chain`] answers one question (one chain)
+//! the same way.
+//!
+//! The legacy backend (x_tables) has no netlink interface: its rules are one binary blob per
+//! table behind `IPT_SO_GET_ENTRIES` (getsockopt), whose match and target structs are
+//! per-extension and per-revision. Decoding that blob means reimplementing libiptc and every
+//! extension's layout; `iptables-legacy-save` does exactly that, so the legacy backend (rare
+//! on current nodes, and without change messages anyway) is still read with it.
 
+mod nft_rules;
 mod rules;
 
 use std::{
-    hash::{DefaultHasher, Hasher},
     path::Path,
     process::Command,
     sync::{Mutex, OnceLock},
@@ -48,10 +57,11 @@ use std::{
 use crate::state::{
     ParseCache, ServiceTable,
     changes::{FAMILY_IP, FAMILY_IP6, TableChange, Touched},
+    nft_netlink::{self, NftNetlinkError},
 };
 
 pub use rules::{
-    ACCESS_FILTER_CHAIN, NatChains, digest, merge, parse_access_filter, parse_iptables_save,
+    ACCESS_FILTER_CHAIN, NatChains, Rule, digest, merge, parse_access_filter, parse_iptables_save,
 };
 
 /// Why the nat rules could not be read.
@@ -71,6 +81,9 @@ pub enum IptablesError {
         status: String,
         stderr: String,
     },
+    /// The nf_tables backend could not be read over netlink.
+    #[error(transparent)]
+    Netlink(#[from] NftNetlinkError),
     /// The blocking reader task did not complete.
     #[error("iptables reader task failed: {0}")]
     Join(String),
@@ -107,32 +120,42 @@ pub fn read_blocking_after(touched: &Touched) -> Result<ServiceTable, IptablesEr
             .unwrap_or(false)
     });
     let mut table = if default_is_nft {
-        read_nft_family(&NFT_V4, touched)?
+        read_nft_family(FAMILY_IP, touched)?.table
     } else {
         let v4 = run("iptables-save", &["-t", "nat"])?;
         PARSED.parse("iptables-save", &v4, digest, parse_iptables_save)
     };
 
-    let mut extra: Vec<(&str, Option<&str>)> = Vec::new();
     if default_is_nft {
-        match read_nft_family(&NFT_V6, touched) {
-            Ok(v6) => merge(&mut table, v6),
-            Err(e) => tracing::debug!(error = %e, "skipping ip6tables-save"),
+        match read_nft_family(FAMILY_IP6, touched) {
+            Ok(v6) => merge(&mut table, v6.table),
+            Err(e) => tracing::debug!(error = %e, "skipping the ip6 nat table"),
         }
-        extra.push((
+    } else {
+        // The nf_tables backend beside a legacy default: only when kube-proxy (or a stale
+        // kube-proxy) wrote into it.
+        for family in [FAMILY_IP, FAMILY_IP6] {
+            match read_nft_family(family, touched) {
+                Ok(read) if read.kube => merge(&mut table, read.table),
+                Ok(_) => {}
+                Err(e) => tracing::debug!(error = %e, "skipping the nf_tables nat table"),
+            }
+        }
+    }
+    let mut legacy: Vec<(&str, Option<&str>)> = Vec::new();
+    if default_is_nft {
+        legacy.push((
             "iptables-legacy-save",
             Some("/proc/thread-self/net/ip_tables_names"),
         ));
-        extra.push((
+        legacy.push((
             "ip6tables-legacy-save",
             Some("/proc/thread-self/net/ip6_tables_names"),
         ));
     } else {
-        extra.push(("ip6tables-save", None));
-        extra.push(("iptables-nft-save", None));
-        extra.push(("ip6tables-nft-save", None));
+        legacy.push(("ip6tables-save", None));
     }
-    for (cmd, needs_proc_table) in extra {
+    for (cmd, needs_proc_table) in legacy {
         if let Some(names) = needs_proc_table {
             let loaded = std::fs::read_to_string(names)
                 .map(|t| t.lines().any(|l| l.trim() == "nat"))
@@ -146,8 +169,8 @@ pub fn read_blocking_after(touched: &Touched) -> Result<ServiceTable, IptablesEr
         }
         match run(cmd, &["-t", "nat"]) {
             Ok(text) => {
-                // The second backend only matters when kube-proxy (or a stale kube-proxy) wrote
-                // into it; ip6tables-save is always merged.
+                // The legacy backend beside an nft default only matters when kube-proxy (or
+                // a stale kube-proxy) wrote into it; ip6tables-save is always merged.
                 if cmd == "ip6tables-save" || text.contains("KUBE-") {
                     merge(
                         &mut table,
@@ -158,188 +181,230 @@ pub fn read_blocking_after(touched: &Touched) -> Result<ServiceTable, IptablesEr
             Err(e) => tracing::debug!(error = %e, "skipping {cmd}"),
         }
     }
-    table.access_filter = read_access_filter(default_is_nft, touched);
+    table.access_filter = read_access_filter(default_is_nft);
     Ok(table)
 }
 
-/// A chain count above which one full dump is cheaper than one `-S` per chain (a process
-/// each, a few ms; a full dump of 10,000 Services is 1.6 s, of 100 Services 15 ms).
+/// A chain count above which one full dump is cheaper than one dump per chain.
 pub const MAX_CHAIN_READS: usize = 64;
 /// Chains are read one by one only while they are at most 1/this of the held chains.
 pub const CHAIN_READ_SHARE: usize = 16;
 
-/// One family of the nf_tables backend: its dump and listing commands and its nfgenmsg family.
-struct NftFamily {
-    save: &'static str,
-    list: &'static str,
-    family: u8,
+/// The nat table of one nf_tables family as read, and whether kube-proxy wrote in it.
+struct NftRead {
+    table: ServiceTable,
+    kube: bool,
 }
 
-const NFT_V4: NftFamily = NftFamily {
-    save: "iptables-save",
-    list: "iptables",
-    family: FAMILY_IP,
-};
-const NFT_V6: NftFamily = NftFamily {
-    save: "ip6tables-save",
-    list: "ip6tables",
-    family: FAMILY_IP6,
-};
-
-/// What is held of one family between reads: its chains, the digest of the dump they came
-/// from (an unchanged dump is not parsed again), the table they make.
+/// What is held of one family between reads: its chains, the ruleset generation of the
+/// whole dump they are (None once patched chain by chain: then only the commit messages say
+/// they are current, and a full read reads again), the table they make.
 struct Held {
-    save: &'static str,
+    family: u8,
     /// The network namespace read (its inode): a process may read several (tests do).
     netns: u64,
+    generation: Option<u32>,
     chains: NatChains,
-    dump_digest: u64,
     table: ServiceTable,
 }
 
 /// Per family and network namespace; a full read (every `probe check`, the safety net)
-/// replaces it.
+/// replaces it unless the generation says nothing changed.
 static HELD: Mutex<Vec<Held>> = Mutex::new(Vec::new());
 
-/// The calling thread's network namespace (the one the commands it spawns run in).
-fn netns_id() -> u64 {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata("/proc/thread-self/ns/net")
-        .map(|m| m.ino())
-        .unwrap_or(0)
+thread_local! {
+    /// Rule dumps this thread asked the kernel for (whole tables and single chains).
+    static DUMPS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
-fn take_held(save: &str, netns: u64) -> Option<Held> {
+/// How many rule dumps (a whole nat table, or one chain) the calling thread has asked the
+/// kernel for: what the generation cache saves is visible in tests and measurements.
+pub fn rule_dumps() -> u64 {
+    DUMPS.with(|d| d.get())
+}
+
+fn count_dump() {
+    DUMPS.with(|d| d.set(d.get() + 1));
+}
+
+fn take_held(family: u8, netns: u64) -> Option<Held> {
     let mut held = HELD.lock().ok()?;
     let i = held
         .iter()
-        .position(|h| h.save == save && h.netns == netns)?;
+        .position(|h| h.family == family && h.netns == netns)?;
     Some(held.swap_remove(i))
 }
 
 fn put_held(h: Held) {
     if let Ok(mut held) = HELD.lock() {
-        held.retain(|o| !(o.save == h.save && o.netns == h.netns));
+        held.retain(|o| !(o.family == h.family && o.netns == h.netns));
         held.push(h);
     }
 }
 
-/// The nat table of one nf_tables family: the held table when `touched` says nothing of it,
-/// the touched chains re-read when they are few, else a full dump.
-fn read_nft_family(f: &NftFamily, touched: &Touched) -> Result<ServiceTable, IptablesError> {
+/// The nat table of one nf_tables family, over netlink: the held table when the generation
+/// is the one it was read at or `touched` says nothing of the table, the touched chains
+/// re-read (one filtered dump each) when they are few, else one dump of the table.
+fn read_nft_family(family: u8, touched: &Touched) -> Result<NftRead, IptablesError> {
     let reuse = crate::state::reuse_parses();
-    let netns = netns_id();
-    let held = if reuse {
-        take_held(f.save, netns)
-    } else {
-        None
-    };
-    if let Some(mut h) = held {
-        match touched.table(f.family, "nat") {
-            TableChange::Untouched => {
-                let table = h.table.clone();
-                put_held(h);
-                return Ok(table);
-            }
-            TableChange::Named(names)
-                if names.len() <= MAX_CHAIN_READS
-                    && names.len() * CHAIN_READ_SHARE <= h.chains.len().max(CHAIN_READ_SHARE) =>
-            {
-                match reread_chains(f, &mut h.chains, names) {
-                    Ok(()) => {
-                        h.table = h.chains.table();
-                        let table = h.table.clone();
-                        put_held(h);
-                        return Ok(table);
-                    }
-                    // The held chains may be half patched: dropped, and the table read whole.
-                    Err(e) => {
-                        tracing::debug!(error = %e, "re-reading chains; reading the whole nat table")
+    let netns = nft_netlink::netns_id();
+    let generation = nft_netlink::generation()?;
+    if let Some(mut h) = reuse.then(|| take_held(family, netns)).flatten() {
+        let fresh = h.generation == Some(generation)
+            || match touched.table(family, "nat") {
+                TableChange::Untouched => true,
+                TableChange::Named(names)
+                    if names.len() <= MAX_CHAIN_READS
+                        && names.len() * CHAIN_READ_SHARE
+                            <= h.chains.len().max(CHAIN_READ_SHARE) =>
+                {
+                    h.generation = None;
+                    match reread_chains(family, &mut h.chains, names) {
+                        Ok(()) => {
+                            h.table = h.chains.table();
+                            true
+                        }
+                        // The held chains may be half patched: dropped, and the table read whole.
+                        Err(e) => {
+                            tracing::debug!(error = %e, "re-reading chains; reading the whole nat table");
+                            false
+                        }
                     }
                 }
-            }
-            _ => {
-                // Read whole below; the held digest still saves a parse of the same dump.
-                let text = run(f.save, &["-t", "nat"])?;
-                let d = dump_digest(&text);
-                if d != h.dump_digest {
-                    h.chains = NatChains::parse(&text);
-                    h.table = h.chains.table();
-                    h.dump_digest = d;
-                }
-                let table = h.table.clone();
-                put_held(h);
-                return Ok(table);
-            }
+                _ => false,
+            };
+        if fresh {
+            let read = NftRead {
+                table: h.table.clone(),
+                kube: h.chains.has_kube_chains(),
+            };
+            put_held(h);
+            return Ok(read);
         }
     }
-    let text = run(f.save, &["-t", "nat"])?;
-    let chains = NatChains::parse(&text);
+    let chains = read_nat_chains(family)?;
     let table = chains.table();
+    let kube = chains.has_kube_chains();
     if reuse {
         put_held(Held {
-            save: f.save,
+            family,
             netns,
+            generation: Some(generation),
             chains,
-            dump_digest: dump_digest(&text),
             table: table.clone(),
         });
     }
-    Ok(table)
+    Ok(NftRead { table, kube })
 }
 
-fn dump_digest(text: &str) -> u64 {
-    let mut h = DefaultHasher::new();
-    digest(text, &mut h);
-    h.finish()
+/// Every rule of the `nat` table of `family`, decoded as they arrive. No table: no rules.
+fn read_nat_chains(family: u8) -> Result<NatChains, IptablesError> {
+    let chains = std::cell::RefCell::new(NatChains::default());
+    count_dump();
+    match nft_netlink::rules(
+        family,
+        "nat",
+        None,
+        &mut || *chains.borrow_mut() = NatChains::default(),
+        &mut |r| {
+            chains
+                .borrow_mut()
+                .push(nft_rules::rule_from_nft(&r, false))
+        },
+    ) {
+        Ok(()) => {
+            let mut chains = chains.into_inner();
+            chains.sort_like_iptables_save();
+            Ok(chains)
+        }
+        Err(e) if e.is_absent() => Ok(NatChains::default()),
+        Err(e) => Err(e.into()),
+    }
 }
 
-/// Re-reads each named chain (`-S CHAIN`); a chain that no longer exists is removed.
+/// Re-reads each named chain (one filtered dump each); a chain without rules (or gone) is
+/// removed.
 fn reread_chains(
-    f: &NftFamily,
+    family: u8,
     chains: &mut NatChains,
     names: &std::collections::BTreeSet<String>,
 ) -> Result<(), IptablesError> {
     for chain in names {
-        match run(f.list, &["-w", "-t", "nat", "-S", chain]) {
-            Ok(listing) => chains.replace(chain, &listing),
-            Err(IptablesError::Failed { stderr, .. }) if is_no_such_chain(&stderr) => {
-                chains.remove(chain)
-            }
-            Err(e) => return Err(e),
+        count_dump();
+        let rules: Vec<Rule> = nft_netlink::rules_vec(family, "nat", Some(chain))?
+            .iter()
+            .map(|r| nft_rules::rule_from_nft(r, false))
+            .collect();
+        if rules.is_empty() {
+            chains.remove(chain);
+        } else {
+            chains.replace_rules(chain, rules);
         }
     }
+    chains.sort_like_iptables_save();
     Ok(())
 }
 
-/// iptables' words for a chain that does not exist (`iptables: No chain/target/match by that
-/// name.`; iptables-nft 1.8.10+: `chain `X' in table `nat' is incompatible` is not this).
-fn is_no_such_chain(stderr: &str) -> bool {
-    stderr.contains("No chain/target/match by that name")
-}
-
-/// Reads [`ACCESS_FILTER_CHAIN`] (one chain, not the whole filter table), again only when a
-/// commit touched the filter table (nf_tables backend). A missing chain or a failing command
-/// is no filter.
-fn read_access_filter(default_is_nft: bool, touched: &Touched) -> Vec<String> {
-    static LAST: Mutex<Option<Vec<String>>> = Mutex::new(None);
-    let untouched = default_is_nft
-        && crate::state::reuse_parses()
-        && touched.table(FAMILY_IP, "filter") == TableChange::Untouched;
-    if untouched
-        && let Ok(last) = LAST.lock()
-        && let Some(filter) = last.as_ref()
+/// The rules of one chain of an iptables-nft table (`table` `nat`, `filter`, ...; `family`
+/// [`FAMILY_IP`] or [`FAMILY_IP6`]), read over netlink (one filtered dump) and kept with the
+/// ruleset generation: asked again while nothing was committed, it costs one generation
+/// request. Each rule carries its `iptables -S` text (`Rule::text`) for evidence. A missing
+/// table or chain has no rules. For the lead's per-question reads: "kube-proxy programmed
+/// the `KUBE-SERVICES` rule for VIP:port" is `read_chain(FAMILY_IP, "nat", "KUBE-SERVICES")`
+/// and [`Rule::is_for`]; `KUBE-POSTROUTING`'s MASQUERADE is a rule whose `target` says so.
+/// Blocking; works in the calling thread's network namespace.
+pub fn read_chain(family: u8, table: &str, chain: &str) -> Result<Vec<Rule>, IptablesError> {
+    /// (netns, family, table, chain, generation, rules); a few entries, the oldest dropped.
+    type Cached = (u64, u8, String, String, u32, Vec<Rule>);
+    static CACHE: Mutex<Vec<Cached>> = Mutex::new(Vec::new());
+    const KEPT: usize = 32;
+    let generation = nft_netlink::generation()?;
+    let netns = nft_netlink::netns_id();
+    let same = |c: &Cached| c.0 == netns && c.1 == family && c.2 == table && c.3 == chain;
+    if let Ok(cache) = CACHE.lock()
+        && let Some(hit) = cache.iter().find(|c| same(c) && c.4 == generation)
     {
-        return filter.clone();
+        return Ok(hit.5.clone());
     }
-    let filter = read_access_filter_now();
-    if let Ok(mut last) = LAST.lock() {
-        *last = Some(filter.clone());
+    count_dump();
+    let rules: Vec<Rule> = match nft_netlink::rules_vec(family, table, Some(chain)) {
+        Ok(rules) => rules
+            .iter()
+            .map(|r| nft_rules::rule_from_nft(r, true))
+            .collect(),
+        Err(e) if e.is_absent() => Vec::new(),
+        Err(e) => return Err(e.into()),
+    };
+    if let Ok(mut cache) = CACHE.lock() {
+        cache.retain(|c| !same(c));
+        if cache.len() >= KEPT {
+            cache.remove(0);
+        }
+        cache.push((
+            netns,
+            family,
+            table.to_string(),
+            chain.to_string(),
+            generation,
+            rules.clone(),
+        ));
     }
-    filter
+    Ok(rules)
 }
 
-fn read_access_filter_now() -> Vec<String> {
+/// Reads [`ACCESS_FILTER_CHAIN`] (one chain, not the whole filter table): over netlink on the
+/// nf_tables backend (generation-cached, [`read_chain`]), with `iptables -S` on the legacy
+/// one. A missing chain or a failed read is no filter.
+fn read_access_filter(default_is_nft: bool) -> Vec<String> {
+    if default_is_nft {
+        return match read_chain(FAMILY_IP, "filter", ACCESS_FILTER_CHAIN) {
+            Ok(rules) => rules.into_iter().map(|r| r.text).collect(),
+            Err(e) => {
+                tracing::trace!(error = %e, "no {ACCESS_FILTER_CHAIN}");
+                Vec::new()
+            }
+        };
+    }
     match run(
         "iptables",
         &["-w", "-t", "filter", "-S", ACCESS_FILTER_CHAIN],

@@ -110,24 +110,35 @@ pub fn merge(table: &mut ServiceTable, other: ServiceTable) {
 }
 
 /// One `-A` rule, reduced to the matches and targets kube-proxy uses.
-#[derive(Debug, Default, Clone)]
-pub(super) struct Rule {
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Rule {
     /// The rule as written (without `[pkts:bytes]` counters), kept for `MASQUERADE` rules
     /// only: they are quoted as evidence; the other rules' text would be most of the held
     /// chains' memory (66,000 rules at 10,000 Services) for nothing.
-    pub(super) text: String,
-    pub(super) chain: String,
+    pub text: String,
+    pub chain: String,
     /// `-d` address/prefix, when not negated.
-    pub(super) dst: Option<String>,
-    pub(super) dst_negated: bool,
-    pub(super) proto: Option<String>,
-    pub(super) dport: Option<u16>,
-    pub(super) comment: Option<String>,
+    pub dst: Option<String>,
+    pub dst_negated: bool,
+    pub proto: Option<String>,
+    pub dport: Option<u16>,
+    pub comment: Option<String>,
     /// `-j` or `-g` target.
-    pub(super) target: Option<String>,
-    pub(super) to_destination: Option<String>,
+    pub target: Option<String>,
+    pub to_destination: Option<String>,
     /// `-m addrtype --src-type LOCAL`.
-    pub(super) src_type_local: bool,
+    pub src_type_local: bool,
+}
+
+impl Rule {
+    /// This rule sends `vip:port/proto` somewhere (`-d VIP/32 -p PROTO --dport PORT`, not
+    /// negated): how a `KUBE-SERVICES` rule for a Service port is recognised.
+    pub fn is_for(&self, vip: IpAddr, port: u16, proto: Proto) -> bool {
+        !self.dst_negated
+            && self.dst.as_deref().and_then(parse_host) == Some(vip)
+            && self.dport == Some(port)
+            && parse_proto(self.proto.as_deref()) == Some(proto)
+    }
 }
 
 const SERVICE_CHAIN_PREFIXES: [&str; 5] = [
@@ -190,7 +201,39 @@ impl NatChains {
         held
     }
 
-    fn push(&mut self, rule: Rule) {
+    /// The chains of `rules` (decoded from nf_tables expressions, or parsed), in their order:
+    /// the text and the netlink readers build their table with the same [`NatChains::table`].
+    pub fn from_rules(rules: impl IntoIterator<Item = Rule>) -> NatChains {
+        let mut held = NatChains::default();
+        for r in rules {
+            held.push(r);
+        }
+        held
+    }
+
+    /// Puts the chains in the order `iptables-save` prints them (the built-in chains in hook
+    /// order, then the others by name; see `tests/data/iptables/lab-capture-v4.txt`), which
+    /// is the order of the masquerade rules: a table read over netlink (the kernel lists
+    /// chains in creation order) then equals the table of the same rules' `iptables-save`.
+    pub fn sort_like_iptables_save(&mut self) {
+        const BUILTIN: [&str; 5] = ["PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"];
+        self.order.sort_by(|a, b| {
+            let rank = |c: &str| {
+                BUILTIN
+                    .iter()
+                    .position(|x| *x == c)
+                    .unwrap_or(BUILTIN.len())
+            };
+            rank(a).cmp(&rank(b)).then_with(|| a.cmp(b))
+        });
+    }
+
+    /// Whether any chain is kube-proxy's (`KUBE-*`): a second backend matters only then.
+    pub fn has_kube_chains(&self) -> bool {
+        self.order.iter().any(|c| c.starts_with("KUBE-"))
+    }
+
+    pub(super) fn push(&mut self, rule: Rule) {
         match self.chains.get_mut(&rule.chain) {
             Some(rules) => rules.push(rule),
             None => {
@@ -207,6 +250,11 @@ impl NatChains {
             .chains
             .remove(chain)
             .unwrap_or_default();
+        self.replace_rules(chain, rules);
+    }
+
+    /// Replaces `chain` with `rules` (a re-read of that chain alone).
+    pub fn replace_rules(&mut self, chain: &str, rules: Vec<Rule>) {
         match self.chains.get_mut(chain) {
             Some(held) => *held = rules,
             None => {

@@ -399,3 +399,160 @@ fn only_the_touched_chains_are_read_again() {
     assert!(gone.serves(vip, 80, Proto::Tcp).is_none());
     assert_eq!(gone, ns.run_in(0, read_blocking).unwrap());
 }
+
+/// Loads iptables-save `text` into namespace 0 of `ns` with `restore` (`iptables-nft-restore`
+/// or `ip6tables-nft-restore`), `#` lines left out.
+fn nft_restore(ns: &Netns, restore: &str, text: &str) {
+    let rules: String = text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", ns.name(0), restore])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(rules.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{restore}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn nft_tools() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipping: needs root");
+        return false;
+    }
+    if !command_exists("iptables-nft-restore") || !command_exists("ip") {
+        eprintln!("skipping: needs ip and iptables-nft-restore");
+        return false;
+    }
+    true
+}
+
+/// Every fixture `iptables-restore` accepts (a whole `*nat` table with its `COMMIT`: the
+/// `.rules` files and the captures; the grep and `-S` excerpts are not restorable and are
+/// skipped), loaded with iptables-nft into a fresh namespace and read back over netlink, makes
+/// the table its text makes.
+#[test]
+fn netlink_table_equals_the_text_table_of_every_restorable_fixture() {
+    use crate::state::changes::{FAMILY_IP, FAMILY_IP6};
+    if !nft_tools() {
+        return;
+    }
+    let mut names: Vec<String> = std::fs::read_dir(DATA)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    let (mut checked, mut skipped) = (Vec::new(), Vec::new());
+    for name in names {
+        let text = std::fs::read_to_string(format!("{DATA}{name}")).unwrap();
+        let restorable =
+            text.lines().any(|l| l.trim() == "*nat") && text.lines().any(|l| l.trim() == "COMMIT");
+        if !restorable {
+            skipped.push(name);
+            continue;
+        }
+        let v6 = name.contains("v6");
+        let ns = Netns::new("iptnl", &[""]);
+        nft_restore(
+            &ns,
+            if v6 {
+                "ip6tables-nft-restore"
+            } else {
+                "iptables-nft-restore"
+            },
+            &text,
+        );
+        let family = if v6 { FAMILY_IP6 } else { FAMILY_IP };
+        let got = ns
+            .run_in(0, move || read_nat_chains(family))
+            .unwrap()
+            .table();
+        let want = parse_iptables_save(&text);
+        assert!(!want.services.is_empty(), "{name}: a fixture with services");
+        assert_eq!(got, want, "{name}");
+        checked.push(name);
+    }
+    assert_eq!(
+        checked,
+        [
+            "lab-capture-v4.txt",
+            "lab-capture-v6.txt",
+            "lab-kube-proxy-v6.rules",
+            "lab-kube-proxy.rules"
+        ]
+    );
+    assert!(
+        skipped
+            .iter()
+            .all(|n| n.ends_with(".txt") || n.ends_with(".sh"))
+    );
+}
+
+/// A per-chain read asks the kernel again only after a commit: an unchanged generation costs
+/// no dump, a new rule is in the next read; the whole-table read likewise.
+#[test]
+fn a_chain_read_follows_the_generation() {
+    use crate::state::changes::FAMILY_IP;
+    if !nft_tools() {
+        return;
+    }
+    let ns = Netns::new("iptgen", &[""]);
+    let text = std::fs::read_to_string(format!("{DATA}lab-kube-proxy.rules")).unwrap();
+    nft_restore(&ns, "iptables-nft-restore", &text);
+    ns.run_in(0, || {
+        let first = read_chain(FAMILY_IP, "nat", "KUBE-SERVICES").unwrap();
+        assert!(
+            first
+                .iter()
+                .any(|r| r.is_for(ip("198.18.96.10"), 80, Proto::Tcp))
+        );
+        let dumps = rule_dumps();
+        assert_eq!(read_chain(FAMILY_IP, "nat", "KUBE-SERVICES").unwrap(), first);
+        assert_eq!(rule_dumps(), dumps, "same generation: no dump");
+
+        // The child process runs in this thread's namespace.
+        let ok = Command::new("iptables-nft")
+            .args([
+                "-t", "nat", "-I", "KUBE-SERVICES", "1", "-d", "10.96.5.5/32", "-p", "tcp",
+                "-m", "tcp", "--dport", "8080", "-j", "KUBE-SVC-WEB",
+            ])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok);
+        let after = read_chain(FAMILY_IP, "nat", "KUBE-SERVICES").unwrap();
+        assert_eq!(rule_dumps(), dumps + 1);
+        assert_eq!(after.len(), first.len() + 1);
+        assert!(after.iter().any(|r| r.is_for(ip("10.96.5.5"), 8080, Proto::Tcp)
+            && r.target.as_deref() == Some("KUBE-SVC-WEB")));
+
+        let post = read_chain(FAMILY_IP, "nat", "KUBE-POSTROUTING").unwrap();
+        assert!(
+            post.iter().any(|r| r.text
+                == "-A KUBE-POSTROUTING -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE --random-fully"),
+            "{post:#?}"
+        );
+        assert!(read_chain(FAMILY_IP, "nat", "NO-SUCH-CHAIN").unwrap().is_empty());
+
+        let whole = read_blocking().unwrap();
+        assert!(whole.serves(ip("10.96.5.5"), 8080, Proto::Tcp).is_some());
+        let dumps = rule_dumps();
+        assert_eq!(read_blocking().unwrap(), whole);
+        assert_eq!(rule_dumps(), dumps, "same generation: the held table");
+    });
+}

@@ -1,0 +1,355 @@
+//! An nf_tables netlink client (`NETLINK_NETFILTER`, `NFNL_SUBSYS_NFTABLES`): the questions the
+//! iptables and nftables readers ask the kernel directly, instead of running `iptables-save`,
+//! `iptables -S` or `nft -j` and parsing their text.
+//!
+//! - [`generation`]: the ruleset generation (`NFT_MSG_GETGEN`), bumped by every commit of any
+//!   table in the network namespace: a reader that keeps what it read with the generation it
+//!   read at re-reads nothing while it is unchanged;
+//! - [`rules`]: the rules of one table, or of one chain only (`NFT_MSG_GETRULE` dump with
+//!   `NFTA_RULE_TABLE` and `NFTA_RULE_CHAIN`: the kernel filters, `nf_tables_dump_rules`),
+//!   handed over one by one as they are decoded (a 10,000-Service nat table is ~60,000 rules:
+//!   never held as bytes);
+//! - [`chains`]: a table's chains (`NFT_MSG_GETCHAIN`);
+//! - [`set_elems`]: a set's or map's elements (`NFT_MSG_GETSETELEM`).
+//!
+//! Rules come decoded into typed expressions ([`wire::Expr`]); what they mean for iptables-nft
+//! is `state::iptables`' business, for kube-proxy's nftables mode `state::nftables`'.
+//! Every call works in the calling thread's network namespace, on a socket the thread keeps
+//! ([`crate::netlink::with_kept`]). A dump the kernel marks as interrupted
+//! (`NLM_F_DUMP_INTR`: a commit landed during it) is run again, up to [`DUMP_TRIES`] times.
+
+pub mod wire;
+
+use crate::netlink::{self, NetlinkError};
+use netlink_packet_core::{NetlinkHeader, NetlinkMessage, NetlinkPayload};
+pub use wire::{Data, Expr, NftChain, NftRule, SetElem, Verdict, WireError};
+use wire::{NFT_MSG_GETCHAIN, NFT_MSG_GETGEN, NFT_MSG_GETRULE, NFT_MSG_GETSETELEM, NftRequest};
+
+/// `NETLINK_NETFILTER`.
+const NETLINK_NETFILTER: isize = 12;
+/// `NFPROTO_UNSPEC`: the family of a generation request.
+const FAMILY_UNSPEC: u8 = 0;
+/// How many times a dump interrupted by a commit is started again before giving up.
+pub const DUMP_TRIES: u32 = 4;
+
+/// Why an nf_tables question could not be answered; `what` names it (family, table, chain).
+#[derive(Debug, thiserror::Error)]
+pub enum NftNetlinkError {
+    /// The socket failed, or the kernel refused (`ENOENT`: no such table or set).
+    #[error("nf_tables {what}: {source}")]
+    Netlink {
+        what: String,
+        #[source]
+        source: NetlinkError,
+    },
+    #[error("nf_tables {what}: undecodable reply: {source}")]
+    Decode {
+        what: String,
+        #[source]
+        source: WireError,
+    },
+    #[error("nf_tables {what}: the ruleset changed during each of {tries} dumps")]
+    Interrupted { what: String, tries: u32 },
+}
+
+impl NftNetlinkError {
+    /// The kernel said the table, chain or set does not exist.
+    pub fn is_absent(&self) -> bool {
+        matches!(self, NftNetlinkError::Netlink { source, .. }
+            if source.kernel_errno() == Some(libc::ENOENT))
+    }
+}
+
+/// nft's name of an nfgenmsg family (`ip`, `ip6`, ...), for messages.
+pub fn family_name(family: u8) -> &'static str {
+    match family {
+        1 => "inet",
+        2 => "ip",
+        3 => "arp",
+        7 => "bridge",
+        10 => "ip6",
+        0 => "unspec",
+        _ => "family?",
+    }
+}
+
+/// Sends `req` and hands each nf_tables message of the reply to `on_message`; the first
+/// decode error (or an interrupted dump) stops the handing and is returned.
+fn ask(
+    what: &dyn Fn() -> String,
+    req: NftRequest,
+    dump: bool,
+    on_message: &mut dyn FnMut(wire::NftMessage<'_>) -> Result<(), WireError>,
+) -> Result<(), NftNetlinkError> {
+    let msg = NetlinkMessage::new(NetlinkHeader::default(), NetlinkPayload::InnerMessage(req));
+    let mut failed: Option<WireError> = None;
+    let sent = netlink::with_kept(NETLINK_NETFILTER, "nf_tables request", |conn| {
+        conn.request_each("nf_tables request", msg, dump, &mut |bytes| {
+            if failed.is_some() {
+                return;
+            }
+            let handled = wire::message(bytes).and_then(|m| match m {
+                Some(m) => on_message(m),
+                None => Ok(()),
+            });
+            if let Err(e) = handled {
+                failed = Some(e);
+            }
+        })
+    });
+    sent.map_err(|source| NftNetlinkError::Netlink {
+        what: what(),
+        source,
+    })?;
+    match failed {
+        Some(source) => Err(NftNetlinkError::Decode {
+            what: what(),
+            source,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// [`ask`] for a dump, started again while the kernel marks it interrupted; `reset` drops
+/// what a try had handed over.
+fn dump(
+    what: &dyn Fn() -> String,
+    req: NftRequest,
+    reset: &mut dyn FnMut(),
+    on_message: &mut dyn FnMut(wire::NftMessage<'_>) -> Result<(), WireError>,
+) -> Result<(), NftNetlinkError> {
+    for _ in 0..DUMP_TRIES {
+        match ask(what, req.clone(), true, on_message) {
+            Err(NftNetlinkError::Decode {
+                source: WireError::Interrupted,
+                ..
+            }) => reset(),
+            other => return other,
+        }
+    }
+    Err(NftNetlinkError::Interrupted {
+        what: what(),
+        tries: DUMP_TRIES,
+    })
+}
+
+/// The calling thread's network namespace, by its cookie (`SO_NETNS_COOKIE`, Linux 5.14+), to
+/// key what a reader keeps with the generation it read at: unlike the namespace file's inode, never reused by a later namespace, and a generation
+/// (which starts again low in every new namespace) is only meaningful within one. Falls back
+/// to the inode.
+pub fn netns_id() -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    const SO_NETNS_COOKIE: libc::c_int = 71;
+    // SAFETY: plain socket calls on a descriptor this function owns and closes; the option
+    // value is a u64 with its size passed.
+    let cookie = unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            None
+        } else {
+            let mut v: u64 = 0;
+            let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+            let rc = libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                SO_NETNS_COOKIE,
+                (&mut v as *mut u64).cast(),
+                &mut len,
+            );
+            libc::close(fd);
+            (rc == 0).then_some(v)
+        }
+    };
+    cookie.unwrap_or_else(|| {
+        std::fs::metadata("/proc/thread-self/ns/net")
+            .map(|m| m.ino() | 1 << 63)
+            .unwrap_or(0)
+    })
+}
+
+/// The ruleset generation of the calling thread's network namespace (`NFTA_GEN_ID`).
+pub fn generation() -> Result<u32, NftNetlinkError> {
+    let what = || "generation".to_string();
+    let mut id = None;
+    ask(
+        &what,
+        NftRequest::new(NFT_MSG_GETGEN, FAMILY_UNSPEC),
+        false,
+        &mut |m| {
+            if let Some(g) = wire::generation(&m)? {
+                id = Some(g);
+            }
+            Ok(())
+        },
+    )?;
+    id.ok_or(NftNetlinkError::Decode {
+        what: what(),
+        source: WireError::Missing {
+            what: "generation reply",
+            missing: "NFT_MSG_NEWGEN",
+        },
+    })
+}
+
+/// Whether table `table` of `family` exists (`NFT_MSG_GETTABLE`: the kernel refuses with
+/// `ENOENT` when not).
+pub fn table_exists(family: u8, table: &str) -> Result<bool, NftNetlinkError> {
+    let what = || format!("table {} {table}", family_name(family));
+    match ask(
+        &what,
+        NftRequest::new(wire::NFT_MSG_GETTABLE, family).with_str(wire::NFTA_TABLE_NAME, table),
+        false,
+        &mut |_| Ok(()),
+    ) {
+        Ok(()) => Ok(true),
+        Err(e) if e.is_absent() => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// The rules of `table` in `family`, of chain `chain` only when given, in the kernel's order
+/// (chain by chain, each in rule order), handed to `on_rule` one by one. `on_reset` is called
+/// when an interrupted dump starts again (what was handed over is stale). A chain that does
+/// not exist has no rules (the kernel's dump filter finds none); a missing table is
+/// [`NftNetlinkError::is_absent`].
+pub fn rules(
+    family: u8,
+    table: &str,
+    chain: Option<&str>,
+    on_reset: &mut dyn FnMut(),
+    on_rule: &mut dyn FnMut(NftRule),
+) -> Result<(), NftNetlinkError> {
+    let what = || match chain {
+        Some(c) => format!("rules of {} {table} chain {c}", family_name(family)),
+        None => format!("rules of table {} {table}", family_name(family)),
+    };
+    let mut req = NftRequest::new(NFT_MSG_GETRULE, family).with_str(wire::NFTA_RULE_TABLE, table);
+    if let Some(c) = chain {
+        req = req.with_str(wire::NFTA_RULE_CHAIN, c);
+    }
+    dump(&what, req, on_reset, &mut |m| {
+        if let Some(r) = wire::rule(&m)?
+            && r.table == table
+            && chain.is_none_or(|c| c == r.chain)
+        {
+            on_rule(r);
+        }
+        Ok(())
+    })
+}
+
+/// [`rules`], collected.
+pub fn rules_vec(
+    family: u8,
+    table: &str,
+    chain: Option<&str>,
+) -> Result<Vec<NftRule>, NftNetlinkError> {
+    let out = std::cell::RefCell::new(Vec::new());
+    rules(
+        family,
+        table,
+        chain,
+        &mut || out.borrow_mut().clear(),
+        &mut |r| out.borrow_mut().push(r),
+    )?;
+    Ok(out.into_inner())
+}
+
+/// The chains of `table` in `family`.
+pub fn chains(family: u8, table: &str) -> Result<Vec<NftChain>, NftNetlinkError> {
+    let what = || format!("chains of table {} {table}", family_name(family));
+    let out = std::cell::RefCell::new(Vec::new());
+    dump(
+        &what,
+        NftRequest::new(NFT_MSG_GETCHAIN, family).with_str(wire::NFTA_CHAIN_TABLE, table),
+        &mut || out.borrow_mut().clear(),
+        &mut |m| {
+            if let Some(c) = wire::chain(&m)?
+                && c.table == table
+            {
+                out.borrow_mut().push(c);
+            }
+            Ok(())
+        },
+    )?;
+    Ok(out.into_inner())
+}
+
+/// The elements of set or map `set` of `table` in `family`.
+pub fn set_elems(family: u8, table: &str, set: &str) -> Result<Vec<SetElem>, NftNetlinkError> {
+    let what = || format!("elements of {} {table} set {set}", family_name(family));
+    let out = std::cell::RefCell::new(Vec::new());
+    dump(
+        &what,
+        NftRequest::new(NFT_MSG_GETSETELEM, family)
+            .with_str(wire::NFTA_SET_ELEM_LIST_TABLE, table)
+            .with_str(wire::NFTA_SET_ELEM_LIST_SET, set),
+        &mut || out.borrow_mut().clear(),
+        &mut |m| {
+            out.borrow_mut().extend(wire::set_elems(&m)?);
+            Ok(())
+        },
+    )?;
+    Ok(out.into_inner())
+}
+
+/// The raw reply of a rule dump of `table` (the messages as received, concatenated): how the
+/// test captures are made (`CLB_NFT_CAPTURE`).
+pub fn raw_rules(family: u8, table: &str) -> Result<Vec<u8>, NftNetlinkError> {
+    raw(
+        &|| format!("rules of table {} {table}", family_name(family)),
+        NftRequest::new(NFT_MSG_GETRULE, family).with_str(wire::NFTA_RULE_TABLE, table),
+    )
+}
+
+/// The raw reply of an element dump of `set` (see [`raw_rules`]).
+pub fn raw_set_elems(family: u8, table: &str, set: &str) -> Result<Vec<u8>, NftNetlinkError> {
+    raw(
+        &|| format!("elements of {} {table} set {set}", family_name(family)),
+        NftRequest::new(NFT_MSG_GETSETELEM, family)
+            .with_str(wire::NFTA_SET_ELEM_LIST_TABLE, table)
+            .with_str(wire::NFTA_SET_ELEM_LIST_SET, set),
+    )
+}
+
+fn raw(what: &dyn Fn() -> String, req: NftRequest) -> Result<Vec<u8>, NftNetlinkError> {
+    let msg = NetlinkMessage::new(NetlinkHeader::default(), NetlinkPayload::InnerMessage(req));
+    netlink::with_kept(NETLINK_NETFILTER, "nf_tables request", |conn| {
+        conn.request("nf_tables request", msg, true)
+    })
+    .map_err(|source| NftNetlinkError::Netlink {
+        what: what(),
+        source,
+    })
+}
+
+/// The rules in a captured reply (whole netlink messages, as [`raw_rules`] returns them).
+pub fn decode_rules(bytes: &[u8]) -> Result<Vec<NftRule>, WireError> {
+    let mut out = Vec::new();
+    for m in split(bytes)? {
+        if let Some(m) = wire::message(m)?
+            && let Some(r) = wire::rule(&m)?
+        {
+            out.push(r);
+        }
+    }
+    Ok(out)
+}
+
+/// The set elements in a captured reply (see [`decode_rules`]).
+pub fn decode_set_elems(bytes: &[u8]) -> Result<Vec<SetElem>, WireError> {
+    let mut out = Vec::new();
+    for m in split(bytes)? {
+        if let Some(m) = wire::message(m)? {
+            out.extend(wire::set_elems(&m)?);
+        }
+    }
+    Ok(out)
+}
+
+fn split(bytes: &[u8]) -> Result<Vec<&[u8]>, WireError> {
+    netlink::split(bytes).map_err(|_| WireError::ShortMessage { len: bytes.len() })
+}
+
+#[cfg(test)]
+mod tests;
