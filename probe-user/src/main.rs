@@ -148,6 +148,17 @@ struct AgentArgs {
         hide = true
     )]
     services_reader: clb_probe::agent::services::ReaderMode,
+    /// Where the service table's Services come from: `api` (default: the Kubernetes API's
+    /// Services and EndpointSlices when the agent has API access, kube-proxy's rules read only
+    /// for masquerade, NodePorts and per question) or `rules` (kube-proxy's rules read whole on
+    /// every change, as without API access).
+    #[arg(
+        long,
+        env = "CLB_PROBE_SERVICE_TABLE_FROM",
+        value_enum,
+        default_value_t
+    )]
+    service_table_from: clb_probe::agent::services::TableFrom,
     #[command(flatten)]
     kube: clb_probe::kube::KubeArgs,
     #[command(flatten)]
@@ -400,6 +411,7 @@ fn agent(args: AgentArgs) -> ExitCode {
         tc_mode: args.tc_mode,
         services_every: Duration::from_secs(args.services_every),
         services_reader: args.services_reader,
+        service_table_from: args.service_table_from,
         resolve_after: Duration::from_secs(args.resolve_after),
         metrics_addr: args.metrics_addr,
         socket: Some(args.socket),

@@ -261,6 +261,81 @@ fn without_api_access_events_are_confirmed_by_address() {
     drop(lab);
 }
 
+/// The service table from the API (`--service-table-from api`, the default with API access)
+/// against the rules: the API's Service `default/web` also serves 443 on the LB IP, and the
+/// lab's kube-proxy rules (like a kube-proxy that has not synced) do not. A pod's call to
+/// VIP:443 is refused; the agent asks the dataplane (`KUBE-SERVICES` over netlink), finds no
+/// rule, and names the disagreement: `vip_port_unserved` with `kube_proxy_lags` and
+/// kube-proxy, not the Service, as the remedy. Without the port in the API the same call is
+/// the plain unserved port (the twin, `loopback.rs` and `kube_events.rs`).
+#[test]
+fn a_port_the_api_serves_and_kube_proxy_did_not_program_is_named() {
+    if !require_root("kube_not_programmed") {
+        return;
+    }
+    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    let mut objects = fixtures::lab();
+    let web = objects
+        .iter_mut()
+        .find(|o| o["kind"] == "Service" && o["metadata"]["name"] == "web")
+        .expect("the lab's Service web");
+    web["spec"]["ports"]
+        .as_array_mut()
+        .expect("ports")
+        .push(serde_json::json!({
+            "name": "https", "protocol": "TCP", "port": lab::VIP_UNSERVED_PORT,
+            "targetPort": 8443, "nodePort": 30443
+        }));
+    // With an endpoint: kube-proxy programs a port only when it has one (else it REJECTs it
+    // in the filter table, which is an unserved port in both views).
+    let slice = objects
+        .iter_mut()
+        .find(|o| o["kind"] == "EndpointSlice" && o["metadata"]["name"] == "web-x7k2d")
+        .expect("the lab's EndpointSlice of web");
+    slice["ports"]
+        .as_array_mut()
+        .expect("ports")
+        .push(serde_json::json!({ "name": "https", "protocol": "TCP", "port": 8443 }));
+    let api = KubeFixture::builder().objects(objects).start();
+    let mut agent = api.start_agent(AGENT);
+    agent.wait_log("service table from the API", WAIT);
+
+    assert_eq!(
+        lab.traffic(Scenario::VipPortUnserved).unwrap(),
+        Outcome::Refused
+    );
+    let e = event(&agent, LoopbackKind::VipPortUnserved);
+    assert_eq!(
+        (e.vip, e.vip_port),
+        (Some(IpAddr::V4(lab::VIP)), Some(lab::VIP_UNSERVED_PORT))
+    );
+    assert!(e.facts.kube_proxy_lags, "{e:#?}");
+    let evidence = lines(&e.evidence);
+    assert!(
+        evidence.contains(
+            "the API and this node disagree: default/web:https serves 203.0.113.10:443/tcp"
+        ),
+        "{evidence}"
+    );
+    assert!(evidence.contains("KUBE-SERVICES"), "{evidence}");
+    assert!(
+        e.remedy[0].contains("kube-proxy on this node has not programmed it"),
+        "{:#?}",
+        e.remedy
+    );
+    assert!(
+        !e.remedy
+            .iter()
+            .any(|r| r.contains("add it to the Service's ports")),
+        "{:#?}",
+        e.remedy
+    );
+    // The served port is still served: the API's table did not make the rules' port unserved.
+    assert_eq!(lab.traffic(Scenario::VipPortServed).unwrap(), Outcome::Ok);
+    assert!(agent.stop().success());
+    drop(lab);
+}
+
 /// kube-runtime restarts a watch after a non-410 error without a word to its consumer (no
 /// relist, no event until an object changes): `clbprobe_kube_connected` must come back with
 /// the restarted watches, not with the next change.

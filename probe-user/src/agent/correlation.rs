@@ -36,6 +36,8 @@ pub(super) struct CorrelateLoop {
     pub shared: Shared,
     pub services_every: Duration,
     pub services_reader: services::ReaderMode,
+    /// The service table from the API (None: no API access, or `--service-table-from rules`).
+    pub api_table: Option<crate::kube::watcher::SharedApiTable>,
     pub services_first: services::Pending,
     pub services: state::ServiceTable,
     pub signals: Signals,
@@ -159,6 +161,14 @@ pub(super) async fn run(mut l: CorrelateLoop) -> anyhow::Result<()> {
             every: l.services_every,
             first: std::mem::take(&mut l.services_first),
             tx: services_tx,
+            api: match (l.api_table.take(), &l.kube_index) {
+                (Some(table), Some(index)) => Some(services::ApiFeed {
+                    table,
+                    index: index.clone(),
+                    owners: l.owners.clone(),
+                }),
+                _ => None,
+            },
         }
         .run(),
     ));

@@ -58,6 +58,8 @@ pub struct AgentConfig {
     pub services_every: Duration,
     /// `--services-reader`: on change (default) or the old timer (the bench's baseline).
     pub services_reader: services::ReaderMode,
+    /// `--service-table-from`: the API's Services (default) or the rules.
+    pub service_table_from: services::TableFrom,
     /// `--resolve-after`: how long a loop stays unconfirmed, its traffic answered, before it
     /// is called resolved (`crate::resolution`).
     pub resolve_after: Duration,
@@ -235,6 +237,7 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         shared,
         services_every: cfg.services_every,
         services_reader: cfg.services_reader,
+        api_table: kube.api_table,
         services_first,
         services,
         signals,
@@ -496,6 +499,8 @@ impl Serving {
 struct Attribution {
     status: Arc<crate::kube::KubeStatus>,
     index: Option<watch::Receiver<Arc<crate::kube::index::Index>>>,
+    /// The service table from the API (`--service-table-from api`).
+    api_table: Option<crate::kube::watcher::SharedApiTable>,
     _task: Option<AbortOnDrop>,
 }
 
@@ -509,15 +514,36 @@ impl Attribution {
             return Ok(Attribution {
                 status,
                 index: None,
+                api_table: None,
                 _task: None,
             });
         };
         let client = crate::kube::connect_watched(source, &status).await?;
-        let (index, task) =
-            crate::kube::watcher::spawn(client, cfg.node_name.clone(), status.clone());
+        // The timer reader is the bench's old baseline: it reads the rules only.
+        let from_api = cfg.service_table_from == services::TableFrom::Api
+            && cfg.services_reader == services::ReaderMode::Change;
+        let (index, api_table, task) = if from_api {
+            let (index, table, task) = crate::kube::watcher::spawn_with_table(
+                client,
+                cfg.node_name.clone(),
+                status.clone(),
+                crate::kube::service_table::NodeView {
+                    // Set from the rules' mode before the first table is made.
+                    mode: crate::state::ServiceSource::Iptables,
+                    node_name: None,
+                    node_ips: Vec::new(),
+                },
+            );
+            (index, Some(table), task)
+        } else {
+            let (index, task) =
+                crate::kube::watcher::spawn(client, cfg.node_name.clone(), status.clone());
+            (index, None, task)
+        };
         Ok(Attribution {
             status,
             index: Some(index),
+            api_table,
             _task: Some(AbortOnDrop(task)),
         })
     }

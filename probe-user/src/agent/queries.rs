@@ -64,13 +64,14 @@ pub(super) fn answer_query(
         }
         Query::Programmed {
             id,
+            mode,
             addr,
             port,
             proto,
         } => {
             let tx = tx.clone();
             tokio::task::spawn_blocking(move || {
-                let read = state::dataplane::programmed(addr, port, proto).map_err(|e| {
+                let read = state::dataplane::programmed(mode, addr, port, proto).map_err(|e| {
                     debug!(error = %e, "dataplane read for a refused VIP port");
                     e.to_string()
                 });

@@ -16,6 +16,15 @@
 //! hash. A commit during a read triggers one more read after it. A failed read keeps the last
 //! good table and is retried after [`RETRY`].
 //!
+//! With API access ([`ApiFeed`]), once the API's lists are complete and the first dataplane
+//! read has said kube-proxy's mode, the table is the API's (`kube::service_table`: what
+//! kube-proxy should program, kept per watch event) and from then on a commit makes it read
+//! only the chains [`state::dataplane::read_facts`] keeps (masquerade rules, NodePorts as
+//! programmed, the access filter), never the whole rule set: at 30,000 Services that is the
+//! difference between reading 210,000 rules per change and reading a few. An API change
+//! makes a new table at most every [`API_EVERY`]. Without API access, or while its lists are
+//! incomplete, the dataplane is read whole as before (over netlink).
+//!
 //! The first read starts with the agent and is not waited for: detection that needs no service
 //! table (the correlator treats a missing table as unknown, as it does when the rules cannot be
 //! read) starts at once and the table fills in behind.
@@ -31,7 +40,10 @@ use tokio::{
 };
 use tracing::{info, warn};
 
-use crate::state::{self, ServiceTable, changes};
+use crate::{
+    kube::{index::Index, service_table::NodeView, watcher::SharedApiTable},
+    state::{self, ServiceSource, ServiceTable, addrs::Owners, changes},
+};
 
 /// How long a signal waits for the rest of its burst of commits.
 pub const SETTLE: Duration = Duration::from_millis(200);
@@ -50,6 +62,76 @@ pub const MAX_GAP: Duration = Duration::from_secs(30);
 pub const POLL: Duration = Duration::from_secs(1);
 /// A failed read is retried after this (or on the next signal).
 pub const RETRY: Duration = Duration::from_secs(5);
+/// The least time between two tables made from the API (a relist or a rollout applies many
+/// objects at once).
+pub const API_EVERY: Duration = Duration::from_millis(200);
+
+/// The table from the API, when the agent has API access.
+pub struct ApiFeed {
+    pub table: SharedApiTable,
+    /// Its `synced`: every list complete once (before that, a missing Service may only be not
+    /// listed yet).
+    pub index: watch::Receiver<Arc<Index>>,
+    /// The node's addresses (IPVS mode makes each NodePort a virtual service on each).
+    pub owners: watch::Receiver<Owners>,
+}
+
+impl ApiFeed {
+    fn synced(&self) -> bool {
+        self.index.borrow().synced
+    }
+
+    /// The node's own addresses: interface addresses no announcer holds.
+    fn node_ips(&self) -> Vec<std::net::IpAddr> {
+        use probe_contract::facts::AddressOwner;
+        self.owners
+            .borrow()
+            .iter()
+            .filter(|(p, o)| {
+                p.is_host()
+                    && matches!(o, AddressOwner::Interface { iface, announcer: None } if iface != "lo")
+            })
+            .map(|(p, _)| p.addr)
+            .collect()
+    }
+
+    /// The table for `mode` from the API, with what only the node's rules say (`facts`).
+    fn compose(&self, mode: ServiceSource, facts: &ServiceTable) -> Option<ServiceTable> {
+        let view = NodeView {
+            mode,
+            node_name: None,
+            node_ips: self.node_ips(),
+        };
+        let mut shared = self.table.table.write().ok()?;
+        let node = shared.node().clone();
+        shared.set_node(NodeView {
+            node_name: node.node_name,
+            ..view
+        });
+        let mut table = shared.expected();
+        drop(shared);
+        table.from_api = true;
+        table.masquerade_rules = facts.masquerade_rules.clone();
+        table.access_filter = facts.access_filter.clone();
+        // NodePorts as the rules apply them (their policy is what the kernel did); IPVS mode's
+        // are virtual services, the API's.
+        if mode != ServiceSource::Ipvs && !facts.nodeports.is_empty() {
+            table.nodeports = facts.nodeports.clone();
+        }
+        Some(table)
+    }
+}
+
+/// Where the Services of the table come from (`--service-table-from`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum TableFrom {
+    /// The API's Services and EndpointSlices when the agent has API access (the rules are
+    /// read only for what the API cannot say, and per question); the rules without it.
+    #[default]
+    Api,
+    /// Always kube-proxy's rules (or IPVS), read whole on change: the reader before the API's.
+    Rules,
+}
 
 /// How the refresher decides to read (`--services-reader`, hidden: the bench's baseline).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -136,6 +218,8 @@ pub struct Refresher {
     pub first: Pending,
     /// Where each new table goes (the correlation loop).
     pub tx: mpsc::Sender<ServiceTable>,
+    /// The table from the API (None: no API access).
+    pub api: Option<ApiFeed>,
 }
 
 /// What the agent's start left for the refresher.
@@ -277,6 +361,7 @@ fn poll(ipvs: bool) -> Polled {
 
 async fn on_change(r: Refresher) {
     let mut commits = r.first.commits;
+    let mut api = r.api;
     let mut pacer = Pacer::default();
     let mut last: Option<ServiceTable> = None;
     let mut first = r.first.read;
@@ -285,11 +370,49 @@ async fn on_change(r: Refresher) {
     let mut read_whole = true;
     let mut polled = Polled::default();
     let mut ipvs_mode = false;
+    // kube-proxy's mode, from the last whole dataplane read (the API cannot say it).
+    let mut mode: Option<ServiceSource> = None;
+    // The table is the API's (see the module docs); `facts`: the dataplane's part of it.
+    let mut api_on = false;
+    let mut facts = ServiceTable::default();
+    let mut api_dirty = false;
+    let mut api_next = tokio::time::Instant::now();
     let mut safety = tokio::time::Instant::now() + r.every;
     let mut poll_tick = tokio::time::interval(POLL);
     poll_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     pacer.signal(Instant::now());
     loop {
+        // The API's lists are complete and the rules said the mode: its table from now on,
+        // with the last whole read's masquerade rules and NodePorts as the dataplane's part.
+        if !api_on
+            && let (Some(feed), Some(m), Some(read)) = (&api, mode, &last)
+            && feed.synced()
+        {
+            api_on = true;
+            api_dirty = true;
+            ipvs_mode = false;
+            facts = ServiceTable {
+                services: Vec::new(),
+                ..read.clone()
+            };
+            info!(
+                mode = ?m,
+                "service table: from the API from now on; the rules are read only for masquerade, NodePorts and per question"
+            );
+            // The whole nat table held for chain re-reads is not needed now.
+            tokio::task::spawn_blocking(state::iptables::release_held);
+        }
+        // The API's table, when it changed (at most every API_EVERY).
+        if api_dirty && api_on && tokio::time::Instant::now() >= api_next {
+            api_dirty = false;
+            api_next = tokio::time::Instant::now() + API_EVERY;
+            if let (Some(feed), Some(m)) = (&api, mode)
+                && !send_from_api(feed, m, &facts, &mut last, &r.tx, "API change").await
+            {
+                return;
+            }
+            continue;
+        }
         let whole =
             read_whole || first.is_some() || commits.as_ref().is_none_or(CommitFeed::reads_whole);
         if let Some(due) = pacer.due(whole)
@@ -310,6 +433,7 @@ async fn on_change(r: Refresher) {
             }
             tracing::debug!(
                 whole,
+                api_on,
                 everything = touched.is_everything(),
                 named = touched.named(),
                 "service table read starts"
@@ -322,6 +446,7 @@ async fn on_change(r: Refresher) {
                     .unwrap_or_default()
             };
             let started = Instant::now();
+            let facts_mode = mode.filter(|_| api_on);
             let read = match first.take() {
                 Some(handle) => {
                     let read = handle.await;
@@ -331,7 +456,11 @@ async fn on_change(r: Refresher) {
                     read
                 }
                 None => {
-                    tokio::task::spawn_blocking(move || state::read_services_after(&touched)).await
+                    tokio::task::spawn_blocking(move || match facts_mode {
+                        Some(m) => state::dataplane::read_facts(&touched, m),
+                        None => state::read_services_after(&touched),
+                    })
+                    .await
                 }
             };
             let took = started.elapsed();
@@ -339,8 +468,22 @@ async fn on_change(r: Refresher) {
             safety = tokio::time::Instant::now() + r.every;
             match read {
                 Ok(Ok(table)) => {
-                    ipvs_mode = table.source == Some(state::ServiceSource::Ipvs);
+                    if facts_mode.is_none() {
+                        mode = table.source;
+                    }
                     polled = before;
+                    if let (Some(feed), Some(m)) = (&api, facts_mode) {
+                        facts = ServiceTable {
+                            services: Vec::new(),
+                            ..table
+                        };
+                        if !send_from_api(feed, m, &facts, &mut last, &r.tx, "rules changed").await
+                        {
+                            return;
+                        }
+                        continue;
+                    }
+                    ipvs_mode = table.source == Some(state::ServiceSource::Ipvs);
                     if ipvs_mode && polled.ipvs.is_none() {
                         polled.ipvs = tokio::task::spawn_blocking(|| poll(true))
                             .await
@@ -369,10 +512,13 @@ async fn on_change(r: Refresher) {
             }
             continue;
         }
-        let wake = pacer
+        let mut wake = pacer
             .due(whole)
             .map(|d| tokio::time::Instant::from_std(d).min(safety))
             .unwrap_or(safety);
+        if api_dirty && api_on {
+            wake = wake.min(api_next);
+        }
         tokio::select! {
             changed = async {
                 match &mut commits {
@@ -384,6 +530,23 @@ async fn on_change(r: Refresher) {
                     commits = None;
                 } else {
                     pacer.signal(Instant::now());
+                }
+            }
+            // The API's table changed (true), or its lists' state (false).
+            event = async {
+                match &mut api {
+                    Some(feed) if api_on => feed.table.changed.changed().await.map(|_| true),
+                    Some(feed) => tokio::select! {
+                        r = feed.table.changed.changed() => r.map(|_| true),
+                        r = feed.index.changed() => r.map(|_| false),
+                    },
+                    None => std::future::pending().await,
+                }
+            } => {
+                match event {
+                    // The watcher ended: the last table stays.
+                    Err(_) => api = None,
+                    Ok(table_changed) => api_dirty |= table_changed,
                 }
             }
             _ = poll_tick.tick() => {
@@ -403,6 +566,38 @@ async fn on_change(r: Refresher) {
             }
         }
     }
+}
+
+/// Makes the table from the API and sends it when it differs from the last; false when the
+/// correlation loop is gone.
+async fn send_from_api(
+    feed: &ApiFeed,
+    mode: ServiceSource,
+    facts: &ServiceTable,
+    last: &mut Option<ServiceTable>,
+    tx: &mpsc::Sender<ServiceTable>,
+    why: &str,
+) -> bool {
+    let started = Instant::now();
+    let Some(table) = feed.compose(mode, facts) else {
+        return true;
+    };
+    if last.as_ref() == Some(&table) {
+        return true;
+    }
+    let line = TableLine::of(&table);
+    *last = Some(table.clone());
+    if tx.send(table).await.is_err() {
+        return false;
+    }
+    info!(
+        source = ?line.source,
+        services = line.services,
+        nodeports = line.nodeports,
+        made_ms = started.elapsed().as_millis() as u64,
+        "service table from the API ({why})"
+    );
+    true
 }
 
 /// One INFO line per new table: what a change did, visible on any node. Logged only once the

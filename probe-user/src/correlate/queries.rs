@@ -65,6 +65,8 @@ pub enum Query {
     /// [`Answer::Programmed`].
     Programmed {
         id: u64,
+        /// The mode the table is for: where to look.
+        mode: Option<crate::state::ServiceSource>,
         addr: IpAddr,
         port: u16,
         proto: Proto,

@@ -105,6 +105,7 @@ impl Correlator {
             .insert(key, ProgrammedAsk::Asked { since: self.now });
         out.push(Output::Query(Query::Programmed {
             id,
+            mode: self.services.source,
             addr: packet.dst,
             port: packet.dport,
             proto: packet.proto,
@@ -200,11 +201,12 @@ impl Correlator {
     ) {
         let t = tuple_of(packet);
         let mut evidence = vec![drop_line(&info, &t)];
-        let owner = self
-            .services
-            .services
-            .iter()
-            .find(|s| s.vip == packet.dst)
+        // The Service the VIP belongs to: one serving the same protocol there first (an LB IP
+        // shared by a TCP and a UDP Service: a refused TCP port is the TCP one's), else any.
+        let on_vip = || self.services.services.iter().filter(|s| s.vip == packet.dst);
+        let owner = on_vip()
+            .find(|s| s.proto == packet.proto)
+            .or_else(|| on_vip().next())
             .map(|s| s.service.clone());
         let filtered = !is_no_socket(&info.reason) && self.is_access_filter_drop(&info);
         if filtered {

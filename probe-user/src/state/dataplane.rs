@@ -1,14 +1,40 @@
-//! What kube-proxy really programmed for one VIP:port, read per question: the correlator asks
-//! when the service table from the API says a Service serves a port the kernel just refused
-//! (`correlate/unserved.rs`, [`crate::correlate::Query::Programmed`]).
+//! The dataplane beside the table from the API: what only the node's rules can say, read over
+//! netlink a chain, set or service at a time, never the whole rule set in steady state.
+//!
+//! With API access the agent takes the Services (VIP:port -> endpoints, the bulk of kube-proxy's
+//! rules: `KUBE-SERVICES`, `KUBE-SVC-*`, `KUBE-SEP-*`, the `service-ips` map, the IPVS virtual
+//! services) from the API (`kube::service_table`). From the dataplane it keeps:
+//!
+//! - [`read_facts`]: what the correlator reads as "what this node's kube-proxy applied" and
+//!   the API cannot say: the masquerade rules (every chain `POSTROUTING` reaches: kube-proxy's
+//!   `KUBE-POSTROUTING`, a CNI's or ip-masq-agent's chains), the NodePorts as programmed
+//!   (`KUBE-NODEPORTS` and the chains it jumps to, so externalTrafficPolicy is the one the
+//!   rules apply; its disagreement with the API's is evidence already, `Facts::etp_mismatch`),
+//!   IPVS mode's access filter and Local-NodePort ipsets. On a commit only the chains it names
+//!   are read again; at 10,000 Services with 2,000 NodePorts that is a few thousand rules held
+//!   instead of 70,000.
+//! - [`programmed`]: per question, whether kube-proxy programmed one VIP:port (the
+//!   correlator asks when the API says a Service serves a port the kernel refused).
+//!
+//! iptables' legacy backend (x_tables) has no netlink dump: on such a node both fall back to
+//! the whole-table reader (`iptables-legacy-save`), which is what `state::iptables` does there.
 
-use std::net::IpAddr;
+use std::{
+    collections::{BTreeSet, HashMap},
+    net::IpAddr,
+    sync::Mutex,
+};
 
 use serde::{Deserialize, Serialize};
 
 use probe_contract::{Proto, sock};
 
-use super::ServiceTable;
+use super::{
+    ServiceSource, ServiceTable,
+    changes::{FAMILY_IP, FAMILY_IP6, TableChange, Touched},
+    iptables::{self, NatChains, Rule},
+    nft_netlink, nftables,
+};
 
 /// One dataplane read: where it looked, and what it found there.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -19,18 +45,227 @@ pub struct DataplaneRead {
     pub found: Option<String>,
 }
 
-/// Reads what the node's kube-proxy programmed for `addr:port/proto`. Blocking.
-pub fn programmed(addr: IpAddr, port: u16, proto: Proto) -> anyhow::Result<DataplaneRead> {
-    let table = super::read_services()?;
-    Ok(lookup(&table, addr, port, proto))
+/// The nat chains whose rules [`read_facts`] keeps, and those it follows from: every chain
+/// `POSTROUTING` reaches (masquerading happens only there), `KUBE-NODEPORTS` and the chains
+/// its rules jump to (one level: `KUBE-EXT-*` / `KUBE-XLB-*` decide externalTrafficPolicy).
+const MASQUERADE_ROOT: &str = "POSTROUTING";
+const NODEPORTS_ROOT: &str = "KUBE-NODEPORTS";
+/// Chains followed at most (a hostile rule set must not make the walk unbounded).
+const MAX_CHAINS: usize = 20_000;
+
+/// The chains held per family between reads.
+#[derive(Default)]
+struct Held {
+    netns: u64,
+    chains: HashMap<u8, NatChains>,
 }
 
-/// The answer from a dataplane table (pure).
+static HELD: Mutex<Option<Held>> = Mutex::new(None);
+
+fn family_ok(family: u8) -> bool {
+    family == FAMILY_IP || family == FAMILY_IP6
+}
+
+/// Reads the chains below the roots of one family, re-reading only what `touched` names when
+/// the held chains are there. Blocking.
+fn read_family_chains(
+    family: u8,
+    held: Option<NatChains>,
+    touched: &Touched,
+) -> Result<NatChains, iptables::IptablesError> {
+    debug_assert!(family_ok(family));
+    let (mut chains, reread): (NatChains, Option<BTreeSet<String>>) =
+        match (held, touched.table(family, "nat")) {
+            (Some(h), TableChange::Untouched) => return Ok(h),
+            (Some(h), TableChange::Named(names)) => (h, Some(names.clone())),
+            _ => (NatChains::default(), None),
+        };
+    // Which chains to (re-)read: all below the roots, or the touched ones and whatever new
+    // chain their rules now jump to.
+    let mut queue: Vec<(String, bool)> = Vec::new();
+    match &reread {
+        None => {
+            queue.push((MASQUERADE_ROOT.to_string(), true));
+            queue.push((NODEPORTS_ROOT.to_string(), true));
+        }
+        Some(names) => {
+            let held: BTreeSet<String> = chains.order().cloned().collect();
+            for n in names {
+                if held.contains(n) || n == MASQUERADE_ROOT || n == NODEPORTS_ROOT {
+                    queue.push((n.clone(), follows(n)));
+                }
+            }
+        }
+    }
+    let mut seen: BTreeSet<String> = BTreeSet::new();
+    while let Some((chain, follow)) = queue.pop() {
+        if !seen.insert(chain.clone()) || seen.len() > MAX_CHAINS {
+            continue;
+        }
+        let rules: Vec<Rule> = iptables::read_chain(family, "nat", &chain)?;
+        if follow {
+            for t in rules.iter().filter_map(|r| r.target.as_deref()) {
+                if is_user_chain(t) && (reread.is_none() || !chains.holds(t)) {
+                    // Below POSTROUTING every chain is followed; below KUBE-NODEPORTS one level.
+                    queue.push((t.to_string(), chain != NODEPORTS_ROOT && follows(t)));
+                }
+            }
+        }
+        if rules.is_empty() {
+            chains.remove(&chain);
+        } else {
+            chains.replace_rules(&chain, rules);
+        }
+    }
+    chains.sort_like_iptables_save();
+    Ok(chains)
+}
+
+/// Whether the chains a chain jumps to are read too: all but kube-proxy's per-Service chains
+/// (reached from `KUBE-NODEPORTS`; what they jump to is the API's part).
+fn follows(chain: &str) -> bool {
+    !(chain.starts_with("KUBE-EXT-")
+        || chain.starts_with("KUBE-XLB-")
+        || chain.starts_with("KUBE-SVC-")
+        || chain.starts_with("KUBE-SVL-")
+        || chain.starts_with("KUBE-FW-")
+        || chain.starts_with("KUBE-SEP-"))
+}
+
+/// A jump target that is a chain (not a built-in target).
+fn is_user_chain(target: &str) -> bool {
+    !matches!(
+        target,
+        "ACCEPT"
+            | "DROP"
+            | "RETURN"
+            | "REJECT"
+            | "MASQUERADE"
+            | "SNAT"
+            | "DNAT"
+            | "MARK"
+            | "CONNMARK"
+            | "LOG"
+            | "NOTRACK"
+            | "CT"
+            | "REDIRECT"
+            | "TPROXY"
+            | "NFLOG"
+            | "ULOG"
+    ) && !target.is_empty()
+}
+
+/// iptables-nft holds a nat table (the legacy backend, or no iptables at all, does not).
+fn nft_nat() -> bool {
+    nft_netlink::table_exists(FAMILY_IP, "nat").unwrap_or(false)
+}
+
+/// What the correlator needs from the node's own rules beside the table from the API (see
+/// the module docs): masquerade rules, NodePorts as programmed, the access filter, for
+/// kube-proxy's `mode`. The services are left empty. Blocking.
+pub fn read_facts(touched: &Touched, mode: ServiceSource) -> anyhow::Result<ServiceTable> {
+    let mut table = match mode {
+        ServiceSource::Nftables => nftables::read_facts()?.unwrap_or_default(),
+        ServiceSource::Iptables | ServiceSource::Ipvs if nft_nat() => {
+            let netns = nft_netlink::netns_id();
+            let mut guard = HELD.lock().map_err(|_| anyhow::anyhow!("dataplane lock"))?;
+            let held = guard.get_or_insert_with(Held::default);
+            if held.netns != netns {
+                *held = Held {
+                    netns,
+                    ..Held::default()
+                };
+            }
+            let mut table = ServiceTable::default();
+            for family in [FAMILY_IP, FAMILY_IP6] {
+                let chains = read_family_chains(family, held.chains.remove(&family), touched)?;
+                iptables::merge(&mut table, chains.table());
+                held.chains.insert(family, chains);
+            }
+            if mode == ServiceSource::Ipvs {
+                table.access_filter = iptables::read_access_filter_now();
+            }
+            table
+        }
+        // The legacy backend: no per-chain reads there.
+        _ => {
+            let mut t = iptables::read_blocking_after(touched)?;
+            t.services.clear();
+            t
+        }
+    };
+    table.services.clear();
+    table.source = Some(mode);
+    Ok(table)
+}
+
+/// Reads what the node's kube-proxy (in `mode`) programmed for `addr:port/proto`: one chain
+/// (`KUBE-SERVICES`), one map (`service-ips`) or the IPVS virtual services. Blocking.
+pub fn programmed(
+    mode: Option<ServiceSource>,
+    addr: IpAddr,
+    port: u16,
+    proto: Proto,
+) -> anyhow::Result<DataplaneRead> {
+    let what = format!("{}/{}", sock(addr, port), proto.as_str());
+    match mode {
+        Some(ServiceSource::Iptables) if nft_nat() => {
+            let family = if addr.is_ipv6() { FAMILY_IP6 } else { FAMILY_IP };
+            let rules = iptables::read_chain(family, "nat", "KUBE-SERVICES")?;
+            Ok(DataplaneRead {
+                read: format!(
+                    "kube-proxy's iptables chain KUBE-SERVICES ({} rules, read over netlink)",
+                    rules.len()
+                ),
+                found: rules
+                    .iter()
+                    .find(|r| r.is_for(addr, port, proto))
+                    .map(|r| r.text.clone()),
+            })
+        }
+        Some(ServiceSource::Nftables) => {
+            let found = nftables::service_ip_element(addr, port, proto)?;
+            Ok(DataplaneRead {
+                read: format!(
+                    "kube-proxy's nftables map service-ips (table {} kube-proxy, read over netlink)",
+                    if addr.is_ipv6() { "ip6" } else { "ip" }
+                ),
+                found,
+            })
+        }
+        Some(ServiceSource::Ipvs) => {
+            let services = super::ipvs::read()?.unwrap_or_default();
+            Ok(DataplaneRead {
+                read: format!(
+                    "the IPVS virtual services ({} read over generic netlink)",
+                    services.services.len()
+                ),
+                found: services
+                    .serves(addr, port, proto)
+                    .map(|s| format!("IPVS virtual service {}/{}", sock(s.vip, s.port), s.proto.as_str())),
+            })
+        }
+        // The legacy backend, or no mode known: the whole table, once per question.
+        _ => {
+            let table = super::read_services()?;
+            Ok(lookup(&table, addr, port, proto))
+        }
+    }
+    .map(|mut r: DataplaneRead| {
+        if r.found.is_none() {
+            tracing::debug!(%what, read = %r.read, "not programmed");
+        }
+        r.read = r.read.trim().to_string();
+        r
+    })
+}
+
+/// The answer from a whole dataplane table (pure).
 pub fn lookup(table: &ServiceTable, addr: IpAddr, port: u16, proto: Proto) -> DataplaneRead {
     let read = match table.source {
-        Some(super::ServiceSource::Ipvs) => "IPVS virtual services".to_string(),
-        Some(super::ServiceSource::Nftables) => "kube-proxy nftables map service-ips".to_string(),
-        Some(super::ServiceSource::Iptables) => "kube-proxy iptables nat KUBE-SERVICES".to_string(),
+        Some(ServiceSource::Ipvs) => "the IPVS virtual services".to_string(),
+        Some(ServiceSource::Nftables) => "kube-proxy's nftables map service-ips".to_string(),
+        Some(ServiceSource::Iptables) => "kube-proxy's iptables chain KUBE-SERVICES".to_string(),
         None => "the node's rules (no kube-proxy rules found)".to_string(),
     };
     let found = table.serves(addr, port, proto).map(|s| {

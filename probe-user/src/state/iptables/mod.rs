@@ -447,3 +447,17 @@ fn run(cmd: &str, args: &[&str]) -> Result<String, IptablesError> {
 
 #[cfg(test)]
 mod tests;
+
+/// [`ACCESS_FILTER_CHAIN`] of the installed backend, read now (one chain).
+pub fn read_access_filter_now() -> Vec<String> {
+    read_access_filter(nft_netlink::table_exists(FAMILY_IP, "filter").unwrap_or(false))
+}
+
+/// Lets go of the nat chains held for the next read (the agent takes its table from the API
+/// and reads only `state::dataplane`'s chains: the whole table would be held for nothing).
+pub fn release_held() {
+    if let Ok(mut held) = HELD.lock() {
+        held.clear();
+        held.shrink_to_fit();
+    }
+}

@@ -616,3 +616,15 @@ fn merge_service(
         }
     }
 }
+
+impl NatChains {
+    /// The chains held, in the order first seen.
+    pub fn order(&self) -> impl Iterator<Item = &String> {
+        self.order.iter()
+    }
+
+    /// Whether `chain` is held.
+    pub fn holds(&self, chain: &str) -> bool {
+        self.chains.contains_key(chain)
+    }
+}
