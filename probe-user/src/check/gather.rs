@@ -141,6 +141,8 @@ pub fn gather_with(
         nics,
         kernel: kernel_known.unwrap_or_else(kernel_view),
         api: super::ApiState::NotUsed,
+        api_table: None,
+        api_table_error: None,
         self_loop,
         dataplane: Some(dataplane),
         leftovers,

@@ -8,7 +8,7 @@
 use std::{path::PathBuf, time::Duration};
 
 use anyhow::Context as _;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 use kube::{Api, Client, Config, api::ListParams, config::Kubeconfig};
 
 use clb_probe_client::service::ServiceFacts;
@@ -38,12 +38,25 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Lists every Service. Blocking (its own small runtime).
 pub fn list_services(access: &ApiAccess) -> anyhow::Result<Vec<ServiceFacts>> {
+    Ok(list(access)?
+        .0
+        .iter()
+        .filter_map(ServiceFacts::from_service)
+        .collect())
+}
+
+/// Every Service and, as a second result (its failure is no failure of the Services: an RBAC
+/// may allow Services only), every EndpointSlice. Blocking (its own small runtime).
+#[allow(clippy::type_complexity)]
+pub fn list(
+    access: &ApiAccess,
+) -> anyhow::Result<(Vec<Service>, anyhow::Result<Vec<EndpointSlice>>)> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     rt.block_on(async {
         let mut config = match access {
-            ApiAccess::None => return Ok(Vec::new()),
+            ApiAccess::None => return Ok((Vec::new(), Ok(Vec::new()))),
             ApiAccess::InCluster => Config::incluster().context("in-cluster config")?,
             ApiAccess::Kubeconfig(path) => {
                 let kc = Kubeconfig::read_from(path)
@@ -58,15 +71,22 @@ pub fn list_services(access: &ApiAccess) -> anyhow::Result<Vec<ServiceFacts>> {
         let client = Client::try_from(config).context("API client")?;
         let list = tokio::time::timeout(
             TIMEOUT,
-            Api::<Service>::all(client).list(&ListParams::default()),
+            Api::<Service>::all(client.clone()).list(&ListParams::default()),
         )
         .await
         .context("listing Services: no answer within 10 s")?
         .context("listing Services")?;
-        Ok(list
-            .items
-            .iter()
-            .filter_map(ServiceFacts::from_service)
-            .collect())
+        let slices = async {
+            let list = tokio::time::timeout(
+                TIMEOUT,
+                Api::<EndpointSlice>::all(client).list(&ListParams::default()),
+            )
+            .await
+            .context("listing EndpointSlices: no answer within 10 s")?
+            .context("listing EndpointSlices")?;
+            anyhow::Ok(list.items)
+        }
+        .await;
+        Ok((list.items, slices))
     })
 }

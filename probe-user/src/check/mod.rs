@@ -138,6 +138,13 @@ pub struct Inputs {
     pub kernel: KernelView,
     /// Whether Services were read from the API (the Service side of the rules).
     pub api: ApiState,
+    /// What kube-proxy should program on this node, from the API's Services and
+    /// EndpointSlices (`kube::service_table`): a second source beside the dataplane's table,
+    /// compared with it by the `kube_api` rule. None: not read (no API access, or the
+    /// EndpointSlices could not be listed: `api_table_error`).
+    pub api_table: Option<crate::kube::service_table::ApiServiceTable>,
+    /// Why the API's table could not be made, when the Services were read but not the slices.
+    pub api_table_error: Option<String>,
     /// What lets a pod reach itself through its Service.
     pub self_loop: SelfLoopNode,
     /// What serves the node's Services ([`dataplane::detect`]); None: not read.
@@ -214,10 +221,18 @@ fn read(
     let mut inputs = gather::gather(cfg)?;
     let mut listed = Vec::new();
     if *api != kube::ApiAccess::None {
-        match kube::list_services(api) {
-            Ok(list) => {
-                services::merge(&mut inputs, &list);
-                listed = list;
+        match kube::list(api) {
+            Ok((list, slices)) => {
+                let facts: Vec<_> = list
+                    .iter()
+                    .filter_map(clb_probe_client::service::ServiceFacts::from_service)
+                    .collect();
+                services::merge(&mut inputs, &facts);
+                match slices {
+                    Ok(slices) => inputs.api_table = services::api_table(&inputs, &list, &slices),
+                    Err(e) => inputs.api_table_error = Some(format!("{e:#}")),
+                }
+                listed = facts;
             }
             Err(e) => inputs.api = ApiState::Failed(format!("{e:#}")),
         }

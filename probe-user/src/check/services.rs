@@ -79,3 +79,80 @@ pub fn merge(inputs: &mut super::Inputs, services: &[ServiceFacts]) {
         lb_ips: lb_ips.len(),
     };
 }
+
+/// The API's service table for this node (`kube::service_table`), in the mode the dataplane's
+/// table came from; None when the dataplane's table has no source (nothing to compare with).
+/// The node is `NODE_NAME` (the DaemonSet sets it) or the host name (the kubelet's default
+/// node name). IPVS mode's NodePort virtual services (one per node IP kube-proxy picks with
+/// `--nodeport-addresses`) are left out: no node IPs are given.
+pub fn api_table(
+    inputs: &super::Inputs,
+    services: &[k8s_openapi::api::core::v1::Service],
+    slices: &[k8s_openapi::api::discovery::v1::EndpointSlice],
+) -> Option<crate::kube::service_table::ApiServiceTable> {
+    use crate::kube::service_table::{ApiServiceTable, NodeView, PrunedService, PrunedSlice};
+    let mode = inputs.services.source?;
+    let node_name = std::env::var("NODE_NAME").ok().or_else(|| {
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .ok()
+            .map(|h| h.trim().to_ascii_lowercase())
+    });
+    let key = |m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
+        format!(
+            "{}/{}",
+            m.namespace.as_deref().unwrap_or(""),
+            m.name.as_deref().unwrap_or("")
+        )
+    };
+    let mut table = ApiServiceTable::new(NodeView {
+        mode,
+        node_name,
+        node_ips: Vec::new(),
+    });
+    table.replace(
+        services
+            .iter()
+            .filter_map(|s| Some((key(&s.metadata), PrunedService::from_api(s)?))),
+        slices
+            .iter()
+            .filter_map(|s| Some((key(&s.metadata), PrunedSlice::from_api(s)?))),
+    );
+    Some(table)
+}
+
+/// What the API's table says kube-proxy should program and the dataplane's table lacks: the
+/// frontends (`ns/name:port at ip:port/proto`) and, but in IPVS mode, the NodePorts
+/// (`ns/name:port NodePort port/proto`); with the count of what was compared.
+pub fn missing_from_dataplane(inputs: &super::Inputs) -> Option<(usize, Vec<String>)> {
+    use crate::state::ServiceSource;
+    let api = inputs.api_table.as_ref()?.expected();
+    let have = &inputs.services;
+    let name = |s: &Option<String>| s.clone().unwrap_or_default();
+    let mut missing: Vec<String> = api
+        .services
+        .iter()
+        .filter(|e| have.serves(e.vip, e.port, e.proto).is_none())
+        .map(|e| {
+            let at = std::net::SocketAddr::new(e.vip, e.port);
+            format!("{} at {at}/{}", name(&e.service), e.proto.as_str())
+        })
+        .collect();
+    let mut compared = api.services.len();
+    if api.source != Some(ServiceSource::Ipvs) {
+        compared += api.nodeports.len();
+        missing.extend(
+            api.nodeports
+                .iter()
+                .filter(|n| have.nodeport(n.port, n.proto).is_none())
+                .map(|n| {
+                    format!(
+                        "{} NodePort {}/{}",
+                        name(&n.service),
+                        n.port,
+                        n.proto.as_str()
+                    )
+                }),
+        );
+    }
+    Some((compared, missing))
+}

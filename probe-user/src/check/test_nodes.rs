@@ -68,6 +68,8 @@ pub(super) fn lab() -> Inputs {
             kallsyms_readable: true,
         },
         api: super::ApiState::NotUsed,
+        api_table: None,
+        api_table_error: None,
         self_loop: Default::default(),
         dataplane: None,
         leftovers: Default::default(),

@@ -691,3 +691,79 @@ fn an_etp_local_lb_ip_in_no_endpoint_services_is_a_risk_and_its_twin_is_not() {
         "{remedy}"
     );
 }
+
+/// With the Services and EndpointSlices listed, the API's table (what kube-proxy should
+/// program) is compared with the dataplane's: all there is said; a Service the rules lack is
+/// named by its frontend.
+#[test]
+fn the_api_table_beside_the_dataplane_names_what_it_lacks() {
+    use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+    use serde_json::json;
+    let service = |name: &str, cluster_ip: &str, lb: bool| -> Service {
+        let mut s = json!({
+            "metadata": {"namespace": "default", "name": name},
+            "spec": {"type": "ClusterIP", "clusterIP": cluster_ip,
+                     "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}
+        });
+        if lb {
+            s["spec"]["type"] = json!("LoadBalancer");
+            s["spec"]["ports"][0]["nodePort"] = json!(30080);
+            s["status"] = json!({"loadBalancer": {"ingress": [{"ip": VIP}]}});
+        }
+        serde_json::from_value(s).unwrap()
+    };
+    let slice = |name: &str, addr: &str| -> EndpointSlice {
+        serde_json::from_value(json!({
+            "metadata": {"namespace": "default", "name": format!("{name}-1"),
+                         "labels": {"kubernetes.io/service-name": name}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": [addr]}],
+            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]
+        }))
+        .unwrap()
+    };
+    let kube_api = |i: &Inputs| {
+        rules::judge(i)
+            .into_iter()
+            .find(|f| f.kind == Kind::KubeApi)
+            .unwrap()
+    };
+    let mut i = lab();
+    let web = [service("web", "198.18.100.10", true)];
+    let web_slices = [slice("web", "198.19.1.11")];
+    services::merge(
+        &mut i,
+        &web.iter()
+            .filter_map(ServiceFacts::from_service)
+            .collect::<Vec<_>>(),
+    );
+    i.api_table = services::api_table(&i, &web, &web_slices);
+    let f = kube_api(&i);
+    assert_eq!(f.severity, Severity::Info);
+    assert!(
+        f.summary.contains("the dataplane has all 3 frontend(s)"),
+        "{}",
+        f.summary
+    );
+
+    let both = [web[0].clone(), service("api", "198.18.100.20", false)];
+    let slices = [web_slices[0].clone(), slice("api", "198.19.1.12")];
+    i.api_table = services::api_table(&i, &both, &slices);
+    let f = kube_api(&i);
+    assert_eq!(f.severity, Severity::Info, "evidence, not a verdict");
+    assert!(f.summary.contains("lacks 1 of the 4"), "{}", f.summary);
+    assert_eq!(
+        f.evidence,
+        ["missing from the dataplane: default/api:http at 198.18.100.20:80/tcp"]
+    );
+
+    // EndpointSlices not listed: said, nothing compared.
+    i.api_table = None;
+    i.api_table_error = Some("listing EndpointSlices: 403".into());
+    let f = kube_api(&i);
+    assert_eq!(f.severity, Severity::Info);
+    assert_eq!(
+        f.evidence,
+        ["not compared with the dataplane: listing EndpointSlices: 403"]
+    );
+}

@@ -382,19 +382,16 @@ impl ApiServiceTable {
     /// Service it belonged to and the one it belongs to (the same but for a relabel).
     pub fn apply_slice(&mut self, key: &str, slice: Option<PrunedSlice>) {
         let old = self.slices.remove_entry(key);
-        if let Some((slice_key, old)) = &old {
-            if let Some(keys) = self.slices_of.get_mut(&*old.service) {
-                keys.retain(|k| k != slice_key);
-                if keys.is_empty() {
-                    self.slices_of.remove(&*old.service);
-                }
+        if let Some((slice_key, old)) = &old
+            && let Some(keys) = self.slices_of.get_mut(&*old.service)
+        {
+            keys.retain(|k| k != slice_key);
+            if keys.is_empty() {
+                self.slices_of.remove(&*old.service);
             }
         }
         let old_service = old.as_ref().map(|(_, s)| self.key(&s.service));
-        let new_service = match slice {
-            Some(s) => Some(self.insert_slice(key, s)),
-            None => None,
-        };
+        let new_service = slice.map(|s| self.insert_slice(key, s));
         if let Some(old) = &old_service {
             self.recompute(old);
         }

@@ -344,6 +344,117 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// kube-proxy's overall fixtures (`tests/data/kube-proxy/overall/`) as API objects.
+    fn overall(file: &str) -> Vec<serde_json::Value> {
+        let path = format!(
+            "{}/tests/data/kube-proxy/overall/{file}",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let list: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        list["items"].as_array().unwrap().clone()
+    }
+
+    /// Waits (20 s at most) until the shared table satisfies `done`.
+    async fn until(
+        shared: &mut SharedApiTable,
+        what: &str,
+        done: impl Fn(&ApiServiceTable) -> bool,
+    ) {
+        let wait = async {
+            loop {
+                if done(&shared.table.read().unwrap()) {
+                    return;
+                }
+                shared.changed.changed().await.unwrap();
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(20), wait)
+            .await
+            .unwrap_or_else(|_| panic!("{what}: not within 20 s"));
+    }
+
+    /// The real reflectors against the fake API: the table fills from the lists, then each
+    /// event recomputes one Service (not the table); a relist replaces it once.
+    #[tokio::test]
+    async fn the_table_follows_the_watch_events() {
+        use crate::state::ServiceSource;
+        use probe_contract::Proto;
+        let api = test_support::kubeapi::FakeApiServer::start().unwrap();
+        let kubeconfig =
+            std::env::temp_dir().join(format!("clb-apitable-{}.kubeconfig", std::process::id()));
+        api.write_kubeconfig(&kubeconfig).unwrap();
+        for o in overall("services.json")
+            .into_iter()
+            .chain(overall("endpointslices.json"))
+        {
+            api.apply(o);
+        }
+        let client = crate::kube::connect(&crate::kube::KubeSource::Kubeconfig(kubeconfig.clone()))
+            .await
+            .unwrap();
+        std::fs::remove_file(&kubeconfig).unwrap();
+        let view = NodeView {
+            mode: ServiceSource::Nftables,
+            node_name: None,
+            node_ips: vec![],
+        };
+        let (_index, mut shared, task) = spawn_with_table(
+            client,
+            Some("test-node".into()),
+            Arc::new(KubeStatus::default()),
+            view,
+        );
+        until(&mut shared, "the listed table", |t| {
+            let e = t.expected();
+            e.services.len() == 9 && e.no_endpoint_drops.len() == 2
+        })
+        .await;
+        let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+        let listed = shared.table.read().unwrap().recomputed();
+
+        // ns6/svc6 gets an endpoint: its ClusterIP is served, one Service recomputed.
+        api.apply(json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"namespace": "ns6", "name": "svc6-1",
+                         "labels": {"kubernetes.io/service-name": "svc6"}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": ["10.180.0.6"]}],
+            "ports": [{"name": "p80", "port": 80, "protocol": "TCP"}]
+        }));
+        until(&mut shared, "svc6's endpoint", |t| {
+            t.serves(ip("172.30.0.46"), 80, Proto::Tcp)
+                .is_some_and(|s| s.backends == ["10.180.0.6:80"])
+        })
+        .await;
+        assert_eq!(shared.table.read().unwrap().recomputed(), listed + 1);
+
+        // ns2/svc2 deleted: its entries and drops go, one Service recomputed.
+        api.delete("Service", "ns2", "svc2");
+        until(&mut shared, "svc2 gone", |t| {
+            t.serves(ip("1.2.3.4"), 80, Proto::Tcp).is_none()
+        })
+        .await;
+        {
+            let t = shared.table.read().unwrap();
+            assert_eq!(t.recomputed(), listed + 2);
+            assert!(t.expected().no_endpoint_drops.is_empty());
+            assert!(t.nodeport(3001, Proto::Tcp).is_none());
+        }
+
+        // A relist (410 Gone on the re-watch): the table is taken whole from the new list.
+        let before = shared.table.read().unwrap().recomputed();
+        api.expire_history();
+        api.end_watches();
+        until(&mut shared, "the relisted table", |t| {
+            t.recomputed() > before + 2
+        })
+        .await;
+        let t = shared.table.read().unwrap().expected();
+        assert_eq!(t.services.len(), 7, "svc1, svc3, svc4 (2), svc5 (2), svc6");
+        task.abort();
+    }
+
     /// What the stores keep of a Service: no managedFields, no kubectl copy, no tenant
     /// annotation or label; the annotations `facts` reads and kube-proxy's label stay.
     #[test]
