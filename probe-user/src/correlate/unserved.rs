@@ -203,7 +203,12 @@ impl Correlator {
         let mut evidence = vec![drop_line(&info, &t)];
         // The Service the VIP belongs to: one serving the same protocol there first (an LB IP
         // shared by a TCP and a UDP Service: a refused TCP port is the TCP one's), else any.
-        let on_vip = || self.services.services.iter().filter(|s| s.vip == packet.dst);
+        let on_vip = || {
+            self.services
+                .services
+                .iter()
+                .filter(|s| s.vip == packet.dst)
+        };
         let owner = on_vip()
             .find(|s| s.proto == packet.proto)
             .or_else(|| on_vip().next())

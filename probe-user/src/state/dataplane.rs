@@ -281,3 +281,103 @@ pub fn lookup(table: &ServiceTable, addr: IpAddr, port: u16, proto: Proto) -> Da
     });
     DataplaneRead { read, found }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::{io::Write as _, process::Command};
+
+    use super::*;
+    use crate::state::{iptables::parse_iptables_save, test_netns::Netns};
+
+    const RULES: &str = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/iptables/lab-kube-proxy.rules"
+    );
+
+    fn restore(ns: &Netns, text: &str) {
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", ns.name(0), "iptables-nft-restore"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(text.as_bytes())
+            .unwrap();
+        assert!(child.wait().unwrap().success());
+    }
+
+    /// The dataplane's part beside the API's table, from the lab's kube-proxy rules in a
+    /// scratch namespace: the same NodePorts and masquerade rules the whole-table reader finds,
+    /// no Services; a Service's own chains are never read; `programmed` finds the
+    /// `KUBE-SERVICES` rule of a served VIP:port and none for an unserved one.
+    #[test]
+    fn the_facts_and_one_port_are_read_without_the_services() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0
+            || Command::new("iptables-nft-restore")
+                .arg("--version")
+                .output()
+                .is_err()
+        {
+            eprintln!("skipping: needs root and iptables-nft-restore");
+            return;
+        }
+        let text = std::fs::read_to_string(RULES).unwrap();
+        let whole = parse_iptables_save(&text);
+        let ns = Netns::new("dataplane", &[""]);
+        restore(&ns, &text);
+
+        let facts = ns
+            .run_in(0, || {
+                read_facts(&Touched::everything(), ServiceSource::Iptables)
+            })
+            .unwrap();
+        assert!(facts.services.is_empty());
+        assert_eq!(facts.source, Some(ServiceSource::Iptables));
+        assert_eq!(facts.nodeports, whole.nodeports);
+        assert!(!facts.nodeports.is_empty());
+        assert_eq!(facts.masquerade_rules, whole.masquerade_rules);
+        assert_eq!(facts.masquerade_rules.len(), 2, "{facts:#?}");
+
+        // A commit naming only a Service's own chain changes nothing held.
+        let again = ns
+            .run_in(0, || {
+                read_facts(
+                    &Touched::naming(FAMILY_IP, "nat", ["KUBE-SVC-WEB"]),
+                    ServiceSource::Iptables,
+                )
+            })
+            .unwrap();
+        assert_eq!(again, facts);
+
+        let served = whole.services.first().expect("a served VIP:port").clone();
+        let found = ns
+            .run_in(0, move || {
+                programmed(
+                    Some(ServiceSource::Iptables),
+                    served.vip,
+                    served.port,
+                    served.proto,
+                )
+            })
+            .unwrap();
+        assert!(found.read.contains("KUBE-SERVICES"), "{found:?}");
+        assert!(
+            found
+                .found
+                .as_deref()
+                .is_some_and(|r| r.contains("-A KUBE-SERVICES")),
+            "{found:?}"
+        );
+        let vip = served.vip;
+        let missing = ns
+            .run_in(0, move || {
+                programmed(Some(ServiceSource::Iptables), vip, 4, Proto::Tcp)
+            })
+            .unwrap();
+        assert_eq!(missing.found, None);
+    }
+}

@@ -599,6 +599,100 @@ impl<'r, 'a> Chains<'r, 'a> {
     }
 }
 
+/// kube-proxy's chain that masquerades what `mark-for-masquerade` marked
+/// (kubernetes `pkg/proxy/nftables/proxier.go`, `masqueradingChain`).
+pub const MASQUERADING: &str = "masquerading";
+
+/// Beside the table from the API (`state::dataplane`): the NodePorts as programmed (the
+/// `service-nodeports` map and the `external-` chains its elements go to, which say
+/// externalTrafficPolicy) and the masquerade rules (chain `masquerading`), of both families;
+/// no `service-ips`, no service or endpoint chain. One element dump and one rule dump per
+/// chain. None: kube-proxy has no nftables table here. Blocking.
+pub fn read_facts() -> Result<Option<ServiceTable>, NftError> {
+    let mut table: Option<ServiceTable> = None;
+    for family in [FAMILY_IP, FAMILY_IP6] {
+        if !nft_netlink::table_exists(family, TABLE)? {
+            continue;
+        }
+        let fam: &'static str = if family == FAMILY_IP6 { "ip6" } else { "ip" };
+        let nodeports: Vec<Elem<'static>> =
+            match nft_netlink::set_elems(family, TABLE, SERVICE_NODEPORTS) {
+                Ok(mut v) => {
+                    v.sort_by(|a, b| a.key.cmp(&b.key));
+                    v.iter()
+                        .filter_map(|e| elem_from_netlink(e, family, 2))
+                        .collect()
+                }
+                Err(e) if e.is_absent() => Vec::new(),
+                Err(e) => return Err(e.into()),
+            };
+        let mut chains: Vec<String> = nodeports
+            .iter()
+            .filter_map(|e| e.target.as_deref().map(str::to_string))
+            .collect();
+        chains.sort();
+        chains.dedup();
+        chains.push(MASQUERADING.to_string());
+        let no_endpoints = HashMap::new();
+        let mut rules = Vec::new();
+        for chain in chains {
+            let raw = match nft_netlink::rules_vec(family, TABLE, Some(&chain)) {
+                Ok(r) => r,
+                Err(e) if e.is_absent() => continue,
+                Err(e) => return Err(e.into()),
+            };
+            for r in &raw {
+                rules.push(Rule {
+                    chain: Cow::Owned(r.chain.clone()),
+                    family: Cow::Borrowed(fam),
+                    expr: facts_from_netlink(family, r, &no_endpoints)?,
+                    comment: r.comment.clone().map(Cow::Owned),
+                });
+            }
+        }
+        let parsed = build_table(&[], &nodeports, &[], &rules);
+        match &mut table {
+            Some(t) => iptables::merge(t, parsed),
+            None => table = Some(parsed),
+        }
+    }
+    Ok(table)
+}
+
+/// The `service-ips` element for `addr . proto . port`, as `nft` would print it, or None:
+/// what kube-proxy's nftables mode programmed for one VIP:port (`state::dataplane`). One
+/// element dump of the family's map. Blocking.
+pub fn service_ip_element(
+    addr: IpAddr,
+    port: u16,
+    proto: Proto,
+) -> Result<Option<String>, NftError> {
+    let family = if addr.is_ipv6() {
+        FAMILY_IP6
+    } else {
+        FAMILY_IP
+    };
+    let elems = match nft_netlink::set_elems(family, TABLE, SERVICE_IPS) {
+        Ok(v) => v,
+        Err(e) if e.is_absent() => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    Ok(elems
+        .iter()
+        .filter_map(|e| elem_from_netlink(e, family, 3))
+        .find(|e| e.addr == Some(addr) && e.port == Some(port) && e.proto == Some(proto))
+        .map(|e| {
+            format!(
+                "{addr} . {} . {port} : {}",
+                proto.as_str(),
+                e.target
+                    .as_deref()
+                    .map(|t| format!("goto {t}"))
+                    .unwrap_or_else(|| "(no verdict)".into())
+            )
+        }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -883,98 +977,4 @@ mod tests {
         let added = second.serves(ip("10.96.9.9"), 8080, Proto::Tcp).unwrap();
         assert_eq!(added.backends, ["10.244.1.5:8443", "10.244.2.9:8443"]);
     }
-}
-
-/// kube-proxy's chain that masquerades what `mark-for-masquerade` marked
-/// (kubernetes `pkg/proxy/nftables/proxier.go`, `masqueradingChain`).
-pub const MASQUERADING: &str = "masquerading";
-
-/// Beside the table from the API (`state::dataplane`): the NodePorts as programmed (the
-/// `service-nodeports` map and the `external-` chains its elements go to, which say
-/// externalTrafficPolicy) and the masquerade rules (chain `masquerading`), of both families;
-/// no `service-ips`, no service or endpoint chain. One element dump and one rule dump per
-/// chain. None: kube-proxy has no nftables table here. Blocking.
-pub fn read_facts() -> Result<Option<ServiceTable>, NftError> {
-    let mut table: Option<ServiceTable> = None;
-    for family in [FAMILY_IP, FAMILY_IP6] {
-        if !nft_netlink::table_exists(family, TABLE)? {
-            continue;
-        }
-        let fam: &'static str = if family == FAMILY_IP6 { "ip6" } else { "ip" };
-        let nodeports: Vec<Elem<'static>> =
-            match nft_netlink::set_elems(family, TABLE, SERVICE_NODEPORTS) {
-                Ok(mut v) => {
-                    v.sort_by(|a, b| a.key.cmp(&b.key));
-                    v.iter()
-                        .filter_map(|e| elem_from_netlink(e, family, 2))
-                        .collect()
-                }
-                Err(e) if e.is_absent() => Vec::new(),
-                Err(e) => return Err(e.into()),
-            };
-        let mut chains: Vec<String> = nodeports
-            .iter()
-            .filter_map(|e| e.target.as_deref().map(str::to_string))
-            .collect();
-        chains.sort();
-        chains.dedup();
-        chains.push(MASQUERADING.to_string());
-        let no_endpoints = HashMap::new();
-        let mut rules = Vec::new();
-        for chain in chains {
-            let raw = match nft_netlink::rules_vec(family, TABLE, Some(&chain)) {
-                Ok(r) => r,
-                Err(e) if e.is_absent() => continue,
-                Err(e) => return Err(e.into()),
-            };
-            for r in &raw {
-                rules.push(Rule {
-                    chain: Cow::Owned(r.chain.clone()),
-                    family: Cow::Borrowed(fam),
-                    expr: facts_from_netlink(family, r, &no_endpoints)?,
-                    comment: r.comment.clone().map(Cow::Owned),
-                });
-            }
-        }
-        let parsed = build_table(&[], &nodeports, &[], &rules);
-        match &mut table {
-            Some(t) => iptables::merge(t, parsed),
-            None => table = Some(parsed),
-        }
-    }
-    Ok(table)
-}
-
-/// The `service-ips` element for `addr . proto . port`, as `nft` would print it, or None:
-/// what kube-proxy's nftables mode programmed for one VIP:port (`state::dataplane`). One
-/// element dump of the family's map. Blocking.
-pub fn service_ip_element(
-    addr: IpAddr,
-    port: u16,
-    proto: Proto,
-) -> Result<Option<String>, NftError> {
-    let family = if addr.is_ipv6() {
-        FAMILY_IP6
-    } else {
-        FAMILY_IP
-    };
-    let elems = match nft_netlink::set_elems(family, TABLE, SERVICE_IPS) {
-        Ok(v) => v,
-        Err(e) if e.is_absent() => return Ok(None),
-        Err(e) => return Err(e.into()),
-    };
-    Ok(elems
-        .iter()
-        .filter_map(|e| elem_from_netlink(e, family, 3))
-        .find(|e| e.addr == Some(addr) && e.port == Some(port) && e.proto == Some(proto))
-        .map(|e| {
-            format!(
-                "{addr} . {} . {port} : {}",
-                proto.as_str(),
-                e.target
-                    .as_deref()
-                    .map(|t| format!("goto {t}"))
-                    .unwrap_or_else(|| "(no verdict)".into())
-            )
-        }))
 }
