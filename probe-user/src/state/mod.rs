@@ -155,7 +155,33 @@ pub struct ServiceTable {
     /// `drop` (see [`NoEndpointDrop`]); empty in other modes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub no_endpoint_drops: Vec<NoEndpointDrop>,
+    /// [`ServiceTable::serves`]'s index (not data: never compared, never serialized).
+    #[serde(skip)]
+    pub serves_index: ServesIndex,
 }
+
+/// `serves` by (VIP, port, protocol), built on the first look-up of a large table: the
+/// correlator asks for every anomaly, and a table from the API at 30,000 Services holds
+/// 60,000 entries. Tables are handed out whole; one whose services changed in number since
+/// the index was built is scanned instead (its index is stale).
+#[derive(Clone, Debug, Default)]
+pub struct ServesIndex(
+    std::sync::OnceLock<(
+        usize,
+        std::collections::HashMap<(IpAddr, u16, Proto), usize>,
+    )>,
+);
+
+impl PartialEq for ServesIndex {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for ServesIndex {}
+
+/// Below this many entries a scan is as fast as a hash look-up.
+const SERVES_INDEXED_FROM: usize = 64;
 
 /// An element `addr . proto . port : drop` of kube-proxy's nftables verdict map
 /// `no-endpoint-services`: an external or LB IP of an externalTrafficPolicy Local Service
@@ -177,9 +203,29 @@ pub struct NoEndpointDrop {
 impl ServiceTable {
     /// The service serving `vip:port/proto`, if any.
     pub fn serves(&self, vip: IpAddr, port: u16, proto: Proto) -> Option<&ServiceEntry> {
-        self.services
-            .iter()
-            .find(|s| s.vip == vip && s.port == port && s.proto == proto)
+        let scan = || {
+            self.services
+                .iter()
+                .find(|s| s.vip == vip && s.port == port && s.proto == proto)
+        };
+        if self.services.len() < SERVES_INDEXED_FROM {
+            return scan();
+        }
+        let (len, index) = self.serves_index.0.get_or_init(|| {
+            let mut index = std::collections::HashMap::with_capacity(self.services.len());
+            for (i, s) in self.services.iter().enumerate() {
+                // The first entry wins, as the scan's.
+                index.entry((s.vip, s.port, s.proto)).or_insert(i);
+            }
+            (self.services.len(), index)
+        });
+        if *len != self.services.len() {
+            return scan();
+        }
+        index
+            .get(&(vip, port, proto))
+            .and_then(|i| self.services.get(*i))
+            .filter(|s| s.vip == vip && s.port == port && s.proto == proto)
     }
 
     /// kube-proxy's `no-endpoint-services` drop element for `addr:port/proto`, if any.
@@ -361,3 +407,49 @@ pub fn add_ipvs_nodeports(table: &mut ServiceTable) {
 
 #[cfg(test)]
 pub(crate) mod test_netns;
+
+#[cfg(test)]
+mod serves_tests {
+    use super::*;
+
+    fn entry(i: u32, service: &str) -> ServiceEntry {
+        ServiceEntry {
+            vip: IpAddr::from([10, 0, (i >> 8) as u8, i as u8]),
+            port: 80,
+            proto: Proto::Tcp,
+            service: Some(service.into()),
+            backends: Vec::new(),
+        }
+    }
+
+    /// A large table answers from its index as a scan would (the first entry of a key wins),
+    /// and one edited in number after the index was built is scanned, not misread.
+    #[test]
+    fn serves_is_indexed_and_never_stale() {
+        let mut table = ServiceTable {
+            services: (0..1000).map(|i| entry(i, "a")).collect(),
+            ..ServiceTable::default()
+        };
+        table.services.push(entry(7, "duplicate"));
+        let vip7 = IpAddr::from([10, 0, 0, 7]);
+        assert_eq!(
+            table
+                .serves(vip7, 80, Proto::Tcp)
+                .and_then(|s| s.service.as_deref()),
+            Some("a")
+        );
+        assert!(table.serves(vip7, 81, Proto::Tcp).is_none());
+        assert!(table.serves(vip7, 80, Proto::Udp).is_none());
+        // Edited after the index was built: the new entry is found, the removed one is not.
+        table.services.retain(|s| s.vip != vip7);
+        table.services.push(entry(5000, "late"));
+        assert!(table.serves(vip7, 80, Proto::Tcp).is_none());
+        let late = IpAddr::from([10, 0, (5000u32 >> 8) as u8, 5000u32 as u8]);
+        assert_eq!(
+            table
+                .serves(late, 80, Proto::Tcp)
+                .and_then(|s| s.service.as_deref()),
+            Some("late")
+        );
+    }
+}
