@@ -165,12 +165,9 @@ pub struct ServiceTable {
 /// 60,000 entries. Tables are handed out whole; one whose services changed in number since
 /// the index was built is scanned instead (its index is stale).
 #[derive(Clone, Debug, Default)]
-pub struct ServesIndex(
-    std::sync::OnceLock<(
-        usize,
-        std::collections::HashMap<(IpAddr, u16, Proto), usize>,
-    )>,
-);
+pub struct ServesIndex(std::sync::OnceLock<(usize, ServesMap)>);
+
+type ServesMap = std::collections::HashMap<(IpAddr, u16, Proto), usize>;
 
 impl PartialEq for ServesIndex {
     fn eq(&self, _: &Self) -> bool {
