@@ -552,3 +552,48 @@ fn kube_proxy_overall_nftables_rules() {
     );
     assert_eq!(sorted(from_api), sorted(from_rules));
 }
+
+/// kube-proxy's `TestOverallIPTablesRules` rules loaded into a scratch namespace with
+/// `iptables-nft-restore` and read back over netlink (`state::iptables`, no text dump): the
+/// same table as the API's, as the text parse above.
+#[test]
+fn kube_proxy_overall_iptables_rules_over_netlink() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0
+        || std::process::Command::new("iptables-nft-restore")
+            .arg("--version")
+            .output()
+            .is_err()
+    {
+        eprintln!("skipping: needs root and iptables-nft-restore");
+        return;
+    }
+    let text = std::fs::read_to_string(format!("{OVERALL}iptables-expected.txt")).unwrap();
+    // Its nat table only (the service table is the nat table's), without kube-proxy's
+    // `-m nfacct` counters: this kernel has no nfacct module (kube-proxy writes them only when
+    // the kernel has it: kubernetes#125015 added them, #142068 is a kernel with the subsystem
+    // but not the match); the matches decide nothing of the table.
+    let start = text.find("*nat").expect("a nat table");
+    let end = start + text[start..].find("COMMIT").expect("its COMMIT") + "COMMIT\n".len();
+    let text: String = text[start..end]
+        .lines()
+        .map(|l| l.replace(" -m nfacct --nfacct-name localhost_nps_accepted_pkts", "") + "\n")
+        .collect();
+    let ns = Netns::new("apitable-ipt", &[""]);
+    let mut child = std::process::Command::new("ip")
+        .args(["netns", "exec", ns.name(0), "iptables-nft-restore"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), text.as_bytes()).unwrap();
+    assert!(child.wait().unwrap().success());
+    let mut from_netlink = ns
+        .run_in(0, crate::state::iptables::read_blocking)
+        .expect("read over netlink");
+    assert_eq!(from_netlink.masquerade_rules.len(), 1);
+    from_netlink.masquerade_rules.clear();
+    from_netlink.access_filter.clear();
+    let from_api = overall(ServiceSource::Iptables).expected();
+    assert_eq!(from_api.services.len(), 9);
+    assert_eq!(sorted(from_api), sorted(from_netlink));
+}
