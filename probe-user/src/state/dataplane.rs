@@ -165,7 +165,7 @@ fn nft_nat() -> bool {
 /// kube-proxy's `mode`. The services are left empty. Blocking.
 pub fn read_facts(touched: &Touched, mode: ServiceSource) -> anyhow::Result<ServiceTable> {
     let mut table = match mode {
-        ServiceSource::Nftables => nftables::read_facts()?.unwrap_or_default(),
+        ServiceSource::Nftables => read_nft_facts(touched)?,
         ServiceSource::Iptables | ServiceSource::Ipvs if nft_nat() => {
             let netns = nft_netlink::netns_id();
             let mut guard = HELD.lock().map_err(|_| anyhow::anyhow!("dataplane lock"))?;
@@ -196,6 +196,39 @@ pub fn read_facts(touched: &Touched, mode: ServiceSource) -> anyhow::Result<Serv
     };
     table.services.clear();
     table.source = Some(mode);
+    Ok(table)
+}
+
+/// kube-proxy's nftables part: read again only when a commit touched the NodePort map, an
+/// `external-` chain or the masquerading chain (kube-proxy's syncs rewrite Services' chains
+/// and `service-ips` far more often).
+fn read_nft_facts(touched: &Touched) -> anyhow::Result<ServiceTable> {
+    static HELD_NFT: Mutex<Option<(u64, ServiceTable)>> = Mutex::new(None);
+    let netns = nft_netlink::netns_id();
+    let relevant = |name: &str| {
+        name == nftables::SERVICE_NODEPORTS
+            || name == nftables::MASQUERADING
+            || name.starts_with("external-")
+    };
+    let untouched =
+        [FAMILY_IP, FAMILY_IP6]
+            .iter()
+            .all(|f| match touched.table(*f, nftables::TABLE) {
+                TableChange::Untouched => true,
+                TableChange::Named(names) => !names.iter().any(|n| relevant(n)),
+                TableChange::Whole => false,
+            });
+    if untouched
+        && let Ok(held) = HELD_NFT.lock()
+        && let Some((n, table)) = held.as_ref()
+        && *n == netns
+    {
+        return Ok(table.clone());
+    }
+    let table = nftables::read_facts()?.unwrap_or_default();
+    if let Ok(mut held) = HELD_NFT.lock() {
+        *held = Some((netns, table.clone()));
+    }
     Ok(table)
 }
 
@@ -376,6 +409,79 @@ mod tests {
         let missing = ns
             .run_in(0, move || {
                 programmed(Some(ServiceSource::Iptables), vip, 4, Proto::Tcp)
+            })
+            .unwrap();
+        assert_eq!(missing.found, None);
+    }
+
+    /// kube-proxy's nftables mode: the NodePorts and masquerade rules the whole reader finds,
+    /// no Services; a commit naming only a Service's chain re-reads nothing; `programmed`
+    /// finds a `service-ips` element and none for an unserved port.
+    #[test]
+    fn nftables_facts_and_one_port() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 || Command::new("nft").arg("--version").output().is_err()
+        {
+            eprintln!("skipping: needs root and nft");
+            return;
+        }
+        let ns = Netns::new("dataplane-nft", &[""]);
+        ns.exec(
+            0,
+            &[
+                "nft",
+                "-f",
+                concat!(
+                    env!("CARGO_MANIFEST_DIR"),
+                    "/tests/data/nftables/etp-local.nft"
+                ),
+            ],
+        );
+        let whole = ns.run_in(0, nftables::read_blocking).unwrap().unwrap();
+        let facts = ns
+            .run_in(0, || {
+                read_facts(&Touched::everything(), ServiceSource::Nftables)
+            })
+            .unwrap();
+        assert!(facts.services.is_empty());
+        assert!(!facts.nodeports.is_empty());
+        assert_eq!(facts.nodeports, whole.nodeports);
+        assert_eq!(facts.masquerade_rules, whole.masquerade_rules);
+        assert!(!facts.masquerade_rules.is_empty());
+        let again = ns
+            .run_in(0, || {
+                read_facts(
+                    &Touched::naming(FAMILY_IP, nftables::TABLE, ["service-ips"]),
+                    ServiceSource::Nftables,
+                )
+            })
+            .unwrap();
+        assert_eq!(again, facts);
+
+        let served = whole
+            .services
+            .iter()
+            .find(|s| s.vip.is_ipv4())
+            .expect("a served IPv4 VIP:port")
+            .clone();
+        let found = ns
+            .run_in(0, move || {
+                programmed(
+                    Some(ServiceSource::Nftables),
+                    served.vip,
+                    served.port,
+                    served.proto,
+                )
+            })
+            .unwrap();
+        assert!(found.read.contains("service-ips"), "{found:?}");
+        assert!(
+            found.found.as_deref().is_some_and(|e| e.contains("goto ")),
+            "{found:?}"
+        );
+        let missing = ns
+            .run_in(0, move || {
+                programmed(Some(ServiceSource::Nftables), served.vip, 4, Proto::Tcp)
             })
             .unwrap();
         assert_eq!(missing.found, None);
