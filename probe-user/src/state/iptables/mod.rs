@@ -322,6 +322,15 @@ fn read_nat_chains(family: u8) -> Result<NatChains, IptablesError> {
     }
 }
 
+/// The chains iptables-nft `rules` (a dump of one `nat` table) make, in `iptables-save`'s
+/// order: what the netlink reader builds its table from (and what the fuzz tests feed).
+pub fn rules_from_netlink(rules: &[nft_netlink::NftRule]) -> NatChains {
+    let mut chains =
+        NatChains::from_rules(rules.iter().map(|r| nft_rules::rule_from_nft(r, false)));
+    chains.sort_like_iptables_save();
+    chains
+}
+
 /// Re-reads each named chain (one filtered dump each); a chain without rules (or gone) is
 /// removed.
 fn reread_chains(
