@@ -699,3 +699,52 @@ fn other_iptables_nft_shapes_decode() {
         }
     }
 }
+
+/// kube-proxy's IPVS access filter (`filter` table, rules shaped as test-support's lab writes
+/// them) read over netlink: its ipsets by name, as `iptables -S` prints them.
+#[test]
+fn the_access_filter_chain_names_its_ipsets() {
+    use crate::state::changes::FAMILY_IP;
+    if !nft_tools() || !command_exists("ipset") {
+        return;
+    }
+    let ns = Netns::new("iptset", &[""]);
+    let sets = "create KUBE-CLUSTER-IP hash:ip,port family inet hashsize 1024 maxelem 65536\n\
+                create KUBE-IPVS-IPS hash:ip family inet hashsize 1024 maxelem 65536\n";
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", ns.name(0), "ipset", "restore"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(sets.as_bytes())
+        .unwrap();
+    assert!(child.wait().unwrap().success());
+    nft_restore(
+        &ns,
+        "iptables-nft-restore",
+        "*filter\n:KUBE-IPVS-FILTER - [0:0]\n\
+         -A KUBE-IPVS-FILTER -m set --match-set KUBE-CLUSTER-IP dst,dst -j RETURN\n\
+         -A KUBE-IPVS-FILTER -m conntrack --ctstate NEW -m set --match-set KUBE-IPVS-IPS dst -j REJECT --reject-with icmp-port-unreachable\n\
+         COMMIT\n",
+    );
+    let texts: Vec<String> = ns
+        .run_in(0, || read_chain(FAMILY_IP, "filter", ACCESS_FILTER_CHAIN))
+        .unwrap()
+        .into_iter()
+        .map(|r| r.text)
+        .collect();
+    assert_eq!(texts.len(), 2, "{texts:?}");
+    assert_eq!(
+        texts[0],
+        "-A KUBE-IPVS-FILTER -m set --match-set KUBE-CLUSTER-IP dst,dst -j RETURN"
+    );
+    assert!(
+        texts[1].contains("--match-set KUBE-IPVS-IPS dst") && texts[1].contains("-j REJECT"),
+        "{texts:?}"
+    );
+}
