@@ -24,7 +24,8 @@
 //!
 //! Service names come from the chain names (`default/web/tcp/http` -> `default/web:http`).
 //!
-//! [`read_blocking`] asks the kernel (one rule dump and three map dumps per family) and keeps
+//! [`read_blocking`] asks the kernel (per family one rule dump, three map dumps and one dump of
+//! each service chain's anonymous endpoint map) and keeps
 //! what it read with the ruleset generation (`NFT_MSG_GETGEN`): while nothing was committed, a
 //! read costs one generation request. A node without kube-proxy's tables has no nftables
 //! service table (`Ok(None)`): kube-proxy is then in another mode.
@@ -104,18 +105,10 @@ pub fn read_blocking() -> Result<Option<ServiceTable>, NftError> {
 }
 
 /// kube-proxy's table of one family over netlink, None when there is none: one rule dump of
-/// the table and one element dump of each of `service-ips`, `service-nodeports` and
-/// `no-endpoint-services`, made into what [`parse_nft_json`] reads from JSON
+/// the table, one element dump of each of `service-ips`, `service-nodeports` and
+/// `no-endpoint-services`, and one of each anonymous verdict map (a service chain's
+/// `numgen ... vmap`: its endpoint chains), made into what [`parse_nft_json`] reads from JSON
 /// (`build_table`: the same table by construction).
-///
-/// The endpoints behind a `numgen ... vmap { 0 : goto endpoint-..., ... }` are in an anonymous
-/// map (`__mapN`), one per service chain: dumping each would be one request per Service
-/// port. kube-proxy names every endpoint chain after its Service port
-/// (`endpoint-<hash>-<ns>/<name>/<proto>/<port>__<ip>/<port>` beside
-/// `service-<hash>-<ns>/<name>/<proto>/<port>`; kubernetes `pkg/proxy/nftables/proxier.go`,
-/// `servicePortEndpointChainNameBase`), so the chain list says which endpoint chains a
-/// service chain's map holds; only a chain whose name finds none (a truncated name) has its
-/// anonymous map dumped.
 pub fn read_family(family: u8) -> Result<Option<ServiceTable>, NftError> {
     let fam: &'static str = if family == FAMILY_IP6 { "ip6" } else { "ip" };
     // A rule dump of a missing table is empty, not an error: asked first.
@@ -145,16 +138,26 @@ pub fn read_family(family: u8) -> Result<Option<ServiceTable>, NftError> {
     let nodeports = elems(SERVICE_NODEPORTS, 2)?;
     let no_endpoint = elems(NO_ENDPOINT_SERVICES, 3)?;
 
-    // Endpoint chains by their Service port's name part.
-    let mut endpoints: HashMap<&str, Vec<&str>> = HashMap::new();
+    // The anonymous verdict maps (`numgen ... vmap { 0 : goto endpoint-..., ... }`), each
+    // dumped once: chain names are no guide (kube-proxy keeps an endpoint's chain while its
+    // endpoint is out of the maps: the lab's `web-local` without its local endpoint).
+    let mut anonymous: HashMap<&str, Vec<String>> = HashMap::new();
     for r in &raw {
-        if let Some(rest) = r.chain.strip_prefix("endpoint-")
-            && let Some((_hash, name)) = rest.split_once('-')
-            && let Some((port_name, _)) = name.split_once("__")
-        {
-            let list = endpoints.entry(port_name).or_default();
-            if !list.contains(&r.chain.as_str()) {
-                list.push(&r.chain);
+        for e in &r.exprs {
+            if let Expr::Lookup {
+                set, dreg: Some(0), ..
+            } = e
+                && set.starts_with("__")
+                && !anonymous.contains_key(set.as_str())
+            {
+                let targets = nft_netlink::set_elems(family, TABLE, set)?
+                    .iter()
+                    .filter_map(|e| match &e.data {
+                        Some(Data::Verdict(v)) => v.target().map(str::to_string),
+                        _ => None,
+                    })
+                    .collect();
+                anonymous.insert(set, targets);
             }
         }
     }
@@ -163,7 +166,7 @@ pub fn read_family(family: u8) -> Result<Option<ServiceTable>, NftError> {
         rules.push(Rule {
             chain: Cow::Owned(r.chain.clone()),
             family: Cow::Borrowed(fam),
-            expr: facts_from_netlink(family, r, &endpoints)?,
+            expr: facts_from_netlink(r, &anonymous),
             comment: r.comment.clone().map(Cow::Owned),
         });
     }
@@ -215,10 +218,9 @@ fn elem_from_netlink(e: &SetElem, family: u8, width: usize) -> Option<Elem<'stat
 /// What a rule's expressions say, as [`nft_json::exprs`] gathers it from JSON: one entry per
 /// statement-like expression (counters left out), so an unconditional `jump` is a rule of one.
 fn facts_from_netlink(
-    family: u8,
     r: &NftRule,
-    endpoints: &HashMap<&str, Vec<&str>>,
-) -> Result<Vec<ExprFacts<'static>>, NftError> {
+    anonymous: &HashMap<&str, Vec<String>>,
+) -> Vec<ExprFacts<'static>> {
     let mut regs: HashMap<u32, &[u8]> = HashMap::new();
     let mut out = Vec::with_capacity(r.exprs.len());
     for e in &r.exprs {
@@ -260,35 +262,19 @@ fn facts_from_netlink(
             }
             Expr::Masq { flags, .. } => f.masquerade = Some(masquerade_flags(*flags)),
             // A verdict map look-up: a named one (`@service-ips`) the maps above answer; an
-            // anonymous one (`numgen ... vmap { ... }`) is a service chain's endpoints.
+            // anonymous one (`numgen ... vmap { ... }`) holds a service chain's endpoints.
             Expr::Lookup {
                 set, dreg: Some(0), ..
-            } if set.starts_with("__") => {
-                let port_name = r
-                    .chain
-                    .split_once('-')
-                    .and_then(|(_, rest)| rest.split_once('-'))
-                    .map(|(_, name)| name);
-                match port_name.and_then(|n| endpoints.get(n)) {
-                    Some(chains) => {
-                        f.targets = chains.iter().map(|c| Cow::Owned(c.to_string())).collect()
-                    }
-                    None => {
-                        for e in nft_netlink::set_elems(family, TABLE, set)? {
-                            if let Some(Data::Verdict(v)) = &e.data
-                                && let Some(t) = v.target()
-                            {
-                                f.targets.push(Cow::Owned(t.to_string()));
-                            }
-                        }
-                    }
+            } => {
+                if let Some(targets) = anonymous.get(set.as_str()) {
+                    f.targets = targets.iter().map(|t| Cow::Owned(t.clone())).collect();
                 }
             }
             _ => {}
         }
         out.push(f);
     }
-    Ok(out)
+    out
 }
 
 /// nft's names of `NF_NAT_RANGE_*` flags, in the order nft prints them (`nat_stmt_print`).
