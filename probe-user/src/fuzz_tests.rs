@@ -8,7 +8,7 @@ use proptest::prelude::*;
 
 use crate::{
     correlate::replay,
-    state::{addrs::Prefix, conntrack, iptables, ipvs},
+    state::{addrs::Prefix, conntrack, iptables, ipvs, nft_netlink},
 };
 
 const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data");
@@ -85,6 +85,11 @@ fn netlink_parsers(bytes: &[u8]) {
     let _ = ipvs::parse_services(bytes);
     let _ = ipvs::parse_dests(bytes);
     let _ = conntrack::parse_messages(bytes);
+    if let Ok(rules) = nft_netlink::decode_rules(bytes) {
+        // What the iptables reader makes of any decoded rule: never a panic either.
+        let _ = iptables::rules_from_netlink(&rules);
+    }
+    let _ = nft_netlink::decode_set_elems(bytes);
 }
 
 proptest! {
@@ -92,6 +97,7 @@ proptest! {
     fn fuzz_netlink_replies_from_real_captures(m in mutation()) {
         let mut all = seeds("ipvs", ".bin");
         all.extend(seeds("conntrack", ".bin"));
+        all.extend(seeds("nft_netlink", ".bin"));
         netlink_parsers(&apply(&all, &m));
     }
 

@@ -1,5 +1,5 @@
-//! Cheap signals that the service table may have changed, so the full read (`iptables-save`,
-//! `nft -j`, the IPVS dump) runs on change instead of on a timer.
+//! Cheap signals that the service table may have changed, so the full read (the nf_tables
+//! dumps, `iptables-legacy-save`, the IPVS dump) runs on change instead of on a timer.
 //!
 //! - nf_tables: every commit (iptables-nft, `iptables-restore` on the nft backend, `nft -f`,
 //!   kube-proxy's nftables mode) ends with an `NFT_MSG_NEWGEN` message on the

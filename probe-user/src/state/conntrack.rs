@@ -455,6 +455,9 @@ pub enum MessageError {
     },
 }
 
+/// `NFNL_SUBSYS_CTNETLINK`: the high byte of a conntrack message's type.
+const NFNL_SUBSYS_CTNETLINK: u16 = 1;
+
 /// Decodes a sequence of netlink messages (ctnetlink replies, as received) into conntrack
 /// entries. Messages that are not conntrack entries (`NLMSG_DONE`, ACKs, other subsystems) are
 /// skipped; an entry message the decoder cannot read is skipped too, and reported in the error
@@ -468,6 +471,14 @@ pub fn parse_messages(bytes: &[u8]) -> Result<Vec<ConntrackEntry>, ReplyError> {
         if len < 16 || offset + len > bytes.len() {
             errors.push(MessageError::Truncated { offset });
             break;
+        }
+        // Only ctnetlink's (and the control messages) are handed to the crate's decoder: its
+        // nf_tables decoder panics on a malformed message (found by fuzz_tests with the
+        // nf_tables captures), and a conntrack reply holds none anyway.
+        let subsystem = NetlinkBuffer::new(&bytes[offset..]).message_type() >> 8;
+        if subsystem != NFNL_SUBSYS_CTNETLINK && subsystem != 0 {
+            offset += (len + 3) & !3;
+            continue;
         }
         match NetlinkMessage::<NetfilterMessage>::deserialize(&bytes[offset..offset + len]) {
             Ok(msg) => {

@@ -5,11 +5,14 @@
 //!   the legacy tables' sizes, an IPVS service digest), so it is read on change;
 //! - `addrs`: interface addresses and routes (rtnetlink), shared with the datapath's sync;
 //! - `conntrack`: ctnetlink lookups: was a flow SNATed, what happened to it;
-//! - `dataplane`: what kube-proxy programmed for one VIP:port, read per question;
-//! - `iptables`: kube-proxy's nat rules (`iptables-save -t nat`, nft and legacy backends);
+//! - `dataplane`: beside the API's table, what only the rules say (masquerade, NodePorts as
+//!   programmed, the access filter), and what kube-proxy programmed for one VIP:port;
+//! - `iptables`: kube-proxy's nat rules (the nf_tables backend over netlink, the legacy one
+//!   from `iptables-legacy-save`);
 //! - `ipset`: kube-proxy's IPVS-mode ipsets naming externalTrafficPolicy Local NodePorts;
 //! - `ipvs`: IPVS virtual services over generic netlink (absent on kernels without IPVS);
-//! - `nftables`: kube-proxy's nftables-mode tables (`nft -j list table ip|ip6 kube-proxy`);
+//! - `nftables`: kube-proxy's nftables-mode tables `ip|ip6 kube-proxy`, over netlink;
+//! - `nft_netlink`: the nf_tables netlink client of those two (generation, rules, maps);
 //! - `sockets`: which socket (and process) serves a port, over sock_diag;
 //! - `bridge`: a pod's bridge port and its `hairpin_mode`, and br_netfilter's sysctl (sysfs and
 //!   procfs), for a pod that called its own Service (`service_self_loop`).

@@ -307,9 +307,9 @@ fn read_nat_chains(family: u8) -> Result<NatChains, IptablesError> {
         None,
         &mut || *chains.borrow_mut() = NatChains::default(),
         &mut |r| {
-            chains
-                .borrow_mut()
-                .push(nft_rules::rule_from_nft(&r, false))
+            let mut rule = nft_rules::rule_from_nft(&r, false);
+            name_ipsets(&mut rule.text);
+            chains.borrow_mut().push(rule)
         },
     ) {
         Ok(()) => {
@@ -319,6 +319,37 @@ fn read_nat_chains(family: u8) -> Result<NatChains, IptablesError> {
         }
         Err(e) if e.is_absent() => Ok(NatChains::default()),
         Err(e) => Err(e.into()),
+    }
+}
+
+/// The chains iptables-nft `rules` (a dump of one `nat` table) make, in `iptables-save`'s
+/// order: what the netlink reader builds its table from (and what the fuzz tests feed).
+pub fn rules_from_netlink(rules: &[nft_netlink::NftRule]) -> NatChains {
+    let mut chains =
+        NatChains::from_rules(rules.iter().map(|r| nft_rules::rule_from_nft(r, false)));
+    chains.sort_like_iptables_save();
+    chains
+}
+
+/// Writes the ipsets of `-m set` matches by name (`set#7` -> `KUBE-LOOP-BACK`), as
+/// `iptables-save` does: the kernel's rule holds the set's index (`nft_rules`), the name is
+/// one ipset request away. An index no set has stays as it is.
+fn name_ipsets(text: &mut String) {
+    const MARK: &str = "--match-set set#";
+    while let Some(at) = text.find(MARK) {
+        let start = at + "--match-set ".len();
+        let digits_at = at + MARK.len();
+        let end = text[digits_at..]
+            .find(|c: char| !c.is_ascii_digit())
+            .map_or(text.len(), |e| digits_at + e);
+        let name = text[digits_at..end]
+            .parse::<u16>()
+            .ok()
+            .and_then(|i| nft_netlink::ipset_name(i).ok().flatten());
+        match name {
+            Some(name) => text.replace_range(start..end, &name),
+            None => break,
+        }
     }
 }
 
@@ -333,7 +364,11 @@ fn reread_chains(
         count_dump();
         let rules: Vec<Rule> = nft_netlink::rules_vec(family, "nat", Some(chain))?
             .iter()
-            .map(|r| nft_rules::rule_from_nft(r, false))
+            .map(|r| {
+                let mut rule = nft_rules::rule_from_nft(r, false);
+                name_ipsets(&mut rule.text);
+                rule
+            })
             .collect();
         if rules.is_empty() {
             chains.remove(chain);
@@ -370,7 +405,11 @@ pub fn read_chain(family: u8, table: &str, chain: &str) -> Result<Vec<Rule>, Ipt
     let rules: Vec<Rule> = match nft_netlink::rules_vec(family, table, Some(chain)) {
         Ok(rules) => rules
             .iter()
-            .map(|r| nft_rules::rule_from_nft(r, true))
+            .map(|r| {
+                let mut rule = nft_rules::rule_from_nft(r, true);
+                name_ipsets(&mut rule.text);
+                rule
+            })
             .collect(),
         Err(e) if e.is_absent() => Vec::new(),
         Err(e) => return Err(e.into()),

@@ -218,6 +218,7 @@ pub(super) fn rule_from_nft(r: &NftRule, keep_text: bool) -> Rule {
                 match name.as_str() {
                     "DNAT" => {
                         if let Some(to) = dnat_destination(*rev, info, v6) {
+                            target_text.push_str(&format!(" --to-destination {to}"));
                             rule.to_destination = Some(to);
                         }
                     }
@@ -351,6 +352,37 @@ fn compat_match(rule: &mut Rule, name: &str, rev: u32, info: &[u8]) -> String {
                 _ => format!("-m {name}"),
             }
         }
+        // struct xt_mark_mtinfo1 { u32 mark, mask; u8 invert; } (iptables-nft before 1.8.9;
+        // 1.8.9 writes `meta mark` natively, read above).
+        "mark" if rev >= 1 => match (u32_at(info, 0), u32_at(info, 4)) {
+            (Some(mark), Some(mask)) => {
+                let bang = if info.get(8).is_some_and(|i| *i != 0) {
+                    "! "
+                } else {
+                    ""
+                };
+                if mask == u32::MAX {
+                    format!("-m mark {bang}--mark {mark:#x}")
+                } else {
+                    format!("-m mark {bang}--mark {mark:#x}/{mask:#x}")
+                }
+            }
+            _ => "-m mark".into(),
+        },
+        // struct xt_set_info_match_v1.. { struct xt_set_info { u16 index; u8 dim; u8 flags; }
+        // match_set; ... }: flags bit 0 negates, bit i says dimension i is `src`
+        // (uapi `linux/netfilter/ipset/ip_set.h`, iptables `extensions/libxt_set.c`). The
+        // kernel keeps the set's index, not its name: it is written `set#INDEX`.
+        "set" if rev >= 1 => match (u16_at(info, 0), info.get(2), info.get(3)) {
+            (Some(index), Some(&dim), Some(&flags)) => {
+                let dirs: Vec<&str> = (1..=dim.min(6))
+                    .map(|i| if flags & (1 << i) != 0 { "src" } else { "dst" })
+                    .collect();
+                let bang = if flags & 1 != 0 { "! " } else { "" };
+                format!("-m set {bang}--match-set set#{index} {}", dirs.join(","))
+            }
+            _ => "-m set".into(),
+        },
         other => format!("-m {other}"),
     }
 }

@@ -168,7 +168,8 @@ pub fn parse_iptables_save(text: &str) -> ServiceTable {
 }
 
 /// A nat table's rules, chain by chain, so that one chain can be replaced by a re-read of that
-/// chain alone (`iptables -t nat -S CHAIN`) and the table rebuilt without re-reading the rest.
+/// chain alone (one netlink dump of that chain, or `iptables -t nat -S CHAIN` text) and the table
+/// rebuilt without re-reading the rest.
 #[derive(Debug, Default, Clone)]
 pub struct NatChains {
     chains: HashMap<String, Vec<Rule>>,

@@ -556,3 +556,195 @@ fn a_chain_read_follows_the_generation() {
         assert_eq!(rule_dumps(), dumps, "same generation: the held table");
     });
 }
+
+/// The captured netlink dump of the lab's nat table (`tests/data/nft_netlink/`), decoded
+/// without a kernel, makes the table its `iptables-save` capture makes.
+#[test]
+fn the_captured_dump_decodes_to_the_captured_text_table() {
+    let bytes = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/nft_netlink/lab-nat-rules.bin"
+    ))
+    .unwrap();
+    let rules = nft_netlink::decode_rules(&bytes).unwrap();
+    let mut chains =
+        NatChains::from_rules(rules.iter().map(|r| nft_rules::rule_from_nft(r, false)));
+    chains.sort_like_iptables_save();
+    assert_eq!(chains.table(), fixture("lab-capture-v4.txt"));
+    let texts: Vec<String> = rules
+        .iter()
+        .filter(|r| r.chain == "KUBE-SEP-WEB1")
+        .map(|r| nft_rules::rule_from_nft(r, true).text)
+        .collect();
+    assert_eq!(
+        texts,
+        [
+            "-A KUBE-SEP-WEB1 -s 198.19.1.5/32 -m comment --comment \"default/web:http\" -j KUBE-MARK-MASQ",
+            "-A KUBE-SEP-WEB1 -p tcp -m comment --comment \"default/web:http\" -m tcp -j DNAT --to-destination 198.19.1.5:8080",
+        ],
+        "what iptables -S prints"
+    );
+}
+
+/// Shapes the lab's capture lacks: `fib saddr type local` for `--src-type LOCAL`, a rev-0
+/// DNAT range, an ipset match, native masquerade, a goto.
+#[test]
+fn other_iptables_nft_shapes_decode() {
+    use crate::state::nft_netlink::wire::{Data, Expr, NFT_GOTO, NftRule, Verdict};
+    let rule = |chain: &str, exprs: Vec<Expr>| NftRule {
+        family: crate::state::changes::FAMILY_IP,
+        table: "nat".into(),
+        chain: chain.into(),
+        handle: 1,
+        exprs,
+        comment: None,
+    };
+    let fib_local = rule(
+        "KUBE-EXT-X",
+        vec![
+            Expr::Fib {
+                dreg: 1,
+                result: 3,
+                flags: 1,
+            },
+            Expr::Cmp {
+                sreg: 1,
+                op: 0,
+                data: 2u32.to_ne_bytes().to_vec(),
+            },
+            Expr::Immediate {
+                dreg: 0,
+                data: Data::Verdict(Verdict {
+                    code: NFT_GOTO,
+                    chain: Some("KUBE-SVL-X".into()),
+                }),
+            },
+        ],
+    );
+    let r = nft_rules::rule_from_nft(&fib_local, true);
+    assert!(r.src_type_local);
+    assert_eq!(r.target.as_deref(), Some("KUBE-SVL-X"));
+    assert_eq!(
+        r.text,
+        "-A KUBE-EXT-X -m addrtype --src-type LOCAL -g KUBE-SVL-X"
+    );
+
+    // rev 0: { u32 rangesize; { u32 flags; be32 min_ip, max_ip; be16 min, max; } }
+    let mut info = 1u32.to_ne_bytes().to_vec();
+    info.extend(3u32.to_ne_bytes());
+    info.extend([10, 244, 1, 5, 10, 244, 1, 5]);
+    info.extend(8443u16.to_be_bytes());
+    info.extend(8443u16.to_be_bytes());
+    let dnat = rule(
+        "KUBE-SEP-X",
+        vec![Expr::Target {
+            name: "DNAT".into(),
+            rev: 0,
+            info,
+        }],
+    );
+    let r = nft_rules::rule_from_nft(&dnat, false);
+    assert_eq!(r.to_destination.as_deref(), Some("10.244.1.5:8443"));
+    assert_eq!(r.text, "", "only MASQUERADE rules keep their text");
+
+    // IPVS mode's hairpin rule: `-m set --match-set KUBE-LOOP-BACK dst,dst,src`.
+    let masq = rule(
+        "KUBE-POSTROUTING",
+        vec![
+            Expr::Match {
+                name: "set".into(),
+                rev: 4,
+                info: vec![7, 0, 3, 0b1000],
+            },
+            Expr::Masq {
+                flags: 16,
+                reg_proto_min: None,
+                reg_proto_max: None,
+            },
+        ],
+    );
+    let r = nft_rules::rule_from_nft(&masq, false);
+    assert_eq!(
+        r.text,
+        "-A KUBE-POSTROUTING -m set --match-set set#7 dst,dst,src -j MASQUERADE --random-fully"
+    );
+    // Garbage info never panics and yields nothing.
+    for name in [
+        "comment",
+        "addrtype",
+        "tcp",
+        "udp",
+        "mark",
+        "set",
+        "DNAT",
+        "MASQUERADE",
+    ] {
+        for info in [vec![], vec![0xff; 3], vec![0xff; 41]] {
+            let r = rule(
+                "X",
+                vec![
+                    Expr::Match {
+                        name: name.into(),
+                        rev: 1,
+                        info: info.clone(),
+                    },
+                    Expr::Target {
+                        name: name.into(),
+                        rev: 2,
+                        info,
+                    },
+                ],
+            );
+            let _ = nft_rules::rule_from_nft(&r, true);
+        }
+    }
+}
+
+/// kube-proxy's IPVS access filter (`filter` table, rules shaped as test-support's lab writes
+/// them) read over netlink: its ipsets by name, as `iptables -S` prints them.
+#[test]
+fn the_access_filter_chain_names_its_ipsets() {
+    use crate::state::changes::FAMILY_IP;
+    if !nft_tools() || !command_exists("ipset") {
+        return;
+    }
+    let ns = Netns::new("iptset", &[""]);
+    let sets = "create KUBE-CLUSTER-IP hash:ip,port family inet hashsize 1024 maxelem 65536\n\
+                create KUBE-IPVS-IPS hash:ip family inet hashsize 1024 maxelem 65536\n";
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", ns.name(0), "ipset", "restore"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(sets.as_bytes())
+        .unwrap();
+    assert!(child.wait().unwrap().success());
+    nft_restore(
+        &ns,
+        "iptables-nft-restore",
+        "*filter\n:KUBE-IPVS-FILTER - [0:0]\n\
+         -A KUBE-IPVS-FILTER -m set --match-set KUBE-CLUSTER-IP dst,dst -j RETURN\n\
+         -A KUBE-IPVS-FILTER -m conntrack --ctstate NEW -m set --match-set KUBE-IPVS-IPS dst -j REJECT --reject-with icmp-port-unreachable\n\
+         COMMIT\n",
+    );
+    let texts: Vec<String> = ns
+        .run_in(0, || read_chain(FAMILY_IP, "filter", ACCESS_FILTER_CHAIN))
+        .unwrap()
+        .into_iter()
+        .map(|r| r.text)
+        .collect();
+    assert_eq!(texts.len(), 2, "{texts:?}");
+    assert_eq!(
+        texts[0],
+        "-A KUBE-IPVS-FILTER -m set --match-set KUBE-CLUSTER-IP dst,dst -j RETURN"
+    );
+    assert!(
+        texts[1].contains("--match-set KUBE-IPVS-IPS dst") && texts[1].contains("-j REJECT"),
+        "{texts:?}"
+    );
+}

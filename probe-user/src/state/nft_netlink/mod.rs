@@ -293,6 +293,44 @@ pub fn set_elems(family: u8, table: &str, set: &str) -> Result<Vec<SetElem>, Nft
     Ok(out.into_inner())
 }
 
+/// The name of the ipset of kernel index `index` (`IPSET_CMD_GET_BYINDEX`), None when no set
+/// has it: what an iptables `-m set` match holds is the index.
+pub fn ipset_name(index: u16) -> Result<Option<String>, NftNetlinkError> {
+    let what = || format!("ipset of index {index}");
+    let req = NftRequest::new(wire::IPSET_CMD_GET_BYINDEX, libc::AF_INET as u8)
+        .with_bytes(wire::IPSET_ATTR_PROTOCOL, &[wire::IPSET_PROTOCOL])
+        .with_bytes(wire::IPSET_ATTR_INDEX, &index.to_be_bytes());
+    let req = NftRequest {
+        subsystem: wire::NFNL_SUBSYS_IPSET,
+        ..req
+    };
+    let msg = NetlinkMessage::new(NetlinkHeader::default(), NetlinkPayload::InnerMessage(req));
+    let reply = match netlink::with_kept(NETLINK_NETFILTER, "ipset request", |conn| {
+        conn.request("ipset request", msg, false)
+    }) {
+        Ok(reply) => reply,
+        Err(e) if e.kernel_errno() == Some(libc::ENOENT) => return Ok(None),
+        Err(source) => {
+            return Err(NftNetlinkError::Netlink {
+                what: what(),
+                source,
+            });
+        }
+    };
+    for m in split(&reply).map_err(|source| NftNetlinkError::Decode {
+        what: what(),
+        source,
+    })? {
+        if let Some(name) = wire::ipset_name(m).map_err(|source| NftNetlinkError::Decode {
+            what: what(),
+            source,
+        })? {
+            return Ok(Some(name));
+        }
+    }
+    Ok(None)
+}
+
 /// The raw reply of a rule dump of `table` (the messages as received, concatenated): how the
 /// test captures are made (`CLB_NFT_CAPTURE`).
 pub fn raw_rules(family: u8, table: &str) -> Result<Vec<u8>, NftNetlinkError> {

@@ -177,6 +177,9 @@ fn udata_comment(buf: &[u8], comment_type: u8) -> Option<String> {
 /// sent NUL-terminated).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NftRequest {
+    /// The nfnetlink subsystem: [`NFNL_SUBSYS_NFTABLES`], or [`NFNL_SUBSYS_IPSET`] for the one
+    /// ipset question the iptables reader asks (a set's name by its index).
+    pub subsystem: u16,
     pub msg: u8,
     pub family: u8,
     pub attrs: Vec<(u16, Vec<u8>)>,
@@ -185,10 +188,16 @@ pub struct NftRequest {
 impl NftRequest {
     pub fn new(msg: u8, family: u8) -> NftRequest {
         NftRequest {
+            subsystem: NFNL_SUBSYS_NFTABLES,
             msg,
             family,
             attrs: Vec::new(),
         }
+    }
+
+    pub fn with_bytes(mut self, kind: u16, value: &[u8]) -> NftRequest {
+        self.attrs.push((kind, value.to_vec()));
+        self
     }
 
     pub fn with_str(mut self, kind: u16, value: &str) -> NftRequest {
@@ -201,7 +210,7 @@ impl NftRequest {
 
 impl NetlinkSerializable for NftRequest {
     fn message_type(&self) -> u16 {
-        (NFNL_SUBSYS_NFTABLES << 8) | self.msg as u16
+        (self.subsystem << 8) | self.msg as u16
     }
 
     fn buffer_len(&self) -> usize {
@@ -227,6 +236,37 @@ impl NetlinkSerializable for NftRequest {
             at += padded;
         }
     }
+}
+
+// ----- ipset: a set's name by its index -------------------------------------------------------
+
+/// `NFNL_SUBSYS_IPSET` and what `IPSET_CMD_GET_BYINDEX` takes and answers (uapi
+/// `linux/netfilter/ipset/ip_set.h`; the kernel's `ip_set_get_byindex`): an xtables `set`
+/// match holds the set's index, `iptables-save` prints its name.
+pub const NFNL_SUBSYS_IPSET: u16 = 6;
+pub const IPSET_CMD_GET_BYINDEX: u8 = 15;
+pub const IPSET_ATTR_PROTOCOL: u16 = 1;
+pub const IPSET_ATTR_SETNAME: u16 = 2;
+pub const IPSET_ATTR_INDEX: u16 = 11;
+/// `IPSET_PROTOCOL` (7; the kernel takes 6 and 7).
+pub const IPSET_PROTOCOL: u8 = 7;
+
+/// The set name in a reply to `IPSET_CMD_GET_BYINDEX` (one netlink message, header included).
+pub fn ipset_name(bytes: &[u8]) -> Result<Option<String>, WireError> {
+    if bytes.len() < HEADER_LEN + NFGENMSG_LEN {
+        return Ok(None);
+    }
+    let kind = u16::from_ne_bytes([bytes[4], bytes[5]]);
+    if kind != (NFNL_SUBSYS_IPSET << 8) | IPSET_CMD_GET_BYINDEX as u16 {
+        return Ok(None);
+    }
+    for a in attrs("ipset reply", &bytes[HEADER_LEN + NFGENMSG_LEN..]) {
+        let (kind, v) = a?;
+        if kind == IPSET_ATTR_SETNAME {
+            return Ok(Some(string(v)));
+        }
+    }
+    Ok(None)
 }
 
 // ----- replies ----------------------------------------------------------------------------------
