@@ -9,9 +9,11 @@
 //! - CPU of the agent and its children (`iptables-save`, `nft`: utime + stime + cutime + cstime
 //!   of the agent, so a child counts when it is reaped) over three windows of
 //!   `--scale-window` seconds: rules unchanged; kube-proxy-like re-syncs each second with the
-//!   content unchanged (`iptables-restore --noflush` of every KUBE chain / `flush table` and the
-//!   whole `ip kube-proxy` table in one `nft -f` transaction); re-syncs with one Service's
-//!   endpoint changed per sync;
+//!   content unchanged (iptables mode: `iptables-restore --noflush` of every KUBE chain;
+//!   nftables mode: kube-proxy's partial sync, one Service's chains rewritten); re-syncs with
+//!   one Service's endpoint changed per sync; iptables mode: kube-proxy >= 1.28's partial
+//!   syncs. nftables rules are loaded in `nft -f` transactions of 2,000 Services (one
+//!   transaction of 30,000 did not finish);
 //! - freshness: a Service added (then removed, then added: three samples), from the commit
 //!   returning to the agent's log line with the new count (`service table read ... services=`;
 //!   its timestamp);
@@ -31,7 +33,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 
 pub use super::scale_plot::plot;
-pub use super::scale_rules::{iptables_partial, iptables_rules, nft_rules};
+pub use super::scale_rules::{iptables_partial, iptables_rules, nft_load, nft_partial};
 use super::{
     net,
     report::{Table, median},
@@ -95,7 +97,7 @@ pub struct Point {
     pub services: usize,
     pub ready_ms: f64,
     /// Percent of one core: rules unchanged, re-sync unchanged, re-sync one changed, partial
-    /// sync one changed (iptables mode; NaN in nftables mode).
+    /// sync one changed.
     pub cpu: [f64; 4],
     pub syncs: [usize; 3],
     pub fresh_ms: Vec<f64>,
@@ -103,11 +105,59 @@ pub struct Point {
     pub rss_mib: f64,
 }
 
-/// The rules of `n` Services in `mode`, `changed` moved: one commit, applied now.
-fn apply(mode: Mode, n: usize, changed: Option<usize>) -> Result<()> {
+/// Re-sync `k` of a window (kube-proxy's, each second) of `n` Services in `mode`; `changed`:
+/// Service `k` has its endpoint moved (and Service `k - 1`, moved by the previous one, is
+/// back). iptables mode: a full restore of every KUBE chain (kube-proxy < 1.28, or its full
+/// syncs); nftables mode: a partial sync of those Services (kube-proxy's nftables mode writes
+/// only what changed; unchanged: Service `k` rewritten with the same content, as after an
+/// update of its objects that does not change its rules).
+fn resync(mode: Mode, n: usize, k: usize, changed: bool) -> Result<()> {
+    let n1 = n.max(1);
+    match mode {
+        Mode::Iptables => apply_text(mode, n, iptables_rules(n, changed.then_some(k % n1))),
+        Mode::Nftables if changed => apply_text(
+            mode,
+            n,
+            nft_partial(&[((k + n1 - 1) % n1, false), (k % n1, true)], None),
+        ),
+        Mode::Nftables => apply_text(mode, n, nft_partial(&[(k % n1, false)], None)),
+    }
+}
+
+/// The first load of `n` Services' rules (nftables mode: the table recreated, then batches).
+fn load(mode: Mode, n: usize) -> Result<()> {
+    let t = Instant::now();
+    match mode {
+        Mode::Iptables => apply_text(mode, n, iptables_rules(n, None))?,
+        Mode::Nftables => {
+            for tx in nft_load(n) {
+                apply_text(mode, n, tx)?;
+            }
+        }
+    }
+    eprintln!(
+        "bench: scale   {} rules of {n} Services loaded in {:.1} s",
+        mode.name(),
+        t.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// A kube-proxy partial sync: Service `write` (re)written (`moved`: its endpoint the other
+/// one), Service `delete` removed; the others untouched. `n`: Services after it.
+fn apply_partial(
+    mode: Mode,
+    n: usize,
+    write: Option<usize>,
+    moved: bool,
+    delete: Option<usize>,
+) -> Result<()> {
     let text = match mode {
-        Mode::Iptables => iptables_rules(n, changed),
-        Mode::Nftables => nft_rules(n, changed),
+        Mode::Iptables => iptables_partial(n, write, moved, delete),
+        Mode::Nftables => {
+            let writes: Vec<(usize, bool)> = write.map(|i| (i, moved)).into_iter().collect();
+            nft_partial(&writes, delete)
+        }
     };
     apply_text(mode, n, text)
 }
@@ -282,7 +332,7 @@ fn point(
     window: Duration,
 ) -> Result<Point> {
     clear();
-    apply(mode, n, None)?;
+    load(mode, n)?;
     let env: &[(&str, &str)] = match reader {
         Reader::Change => &[],
         Reader::Timer => &[
@@ -307,25 +357,28 @@ fn point(
     // behind it wait for that read (its duty gap) instead of being read on their own.
     let (partial, syncs_partial) = match mode {
         Mode::Iptables => cpu_during(pid, window, |k| {
-            apply_text(
+            apply_partial(
                 mode,
                 n,
-                iptables_partial(
-                    n,
-                    Some(k % n.max(1)),
-                    (k / n.max(1)).is_multiple_of(2),
-                    None,
-                ),
+                Some(k % n.max(1)),
+                (k / n.max(1)).is_multiple_of(2),
+                None,
             )
         })?,
+        // Its re-sync columns already are kube-proxy's partial syncs.
         Mode::Nftables => (f64::NAN, 0),
     };
-    let (same, syncs_same) = cpu_during(pid, window, |_| apply(mode, n, None))?;
-    let (changed, syncs_changed) = cpu_during(pid, window, |k| apply(mode, n, Some(k % n.max(1))))?;
+    let (same, syncs_same) = cpu_during(pid, window, |k| resync(mode, n, k, false))?;
+    let (changed, syncs_changed) = cpu_during(pid, window, |k| resync(mode, n, k, true))?;
     // Back to the base content, read (a full restore: at 10,000 Services up to 30 s behind the
-    // last whole read), then Services added and removed (iptables mode: as kube-proxy >= 1.28
-    // does, a partial sync; nftables mode: the whole table).
-    apply(mode, n, None)?;
+    // last whole read), then Services added and removed as kube-proxy's partial syncs do.
+    match mode {
+        Mode::Iptables => resync(mode, n, 0, false)?,
+        Mode::Nftables => {
+            let last = syncs_changed.saturating_sub(1) % n.max(1);
+            apply_text(mode, n, nft_partial(&[(last, false)], None))?
+        }
+    }
     // Best effort: when the agent's last table already was the base content, no new table
     // is logged (MAX_GAP is 30 s).
     let _ = wait_table_for(work, n, now_of_day(), Duration::from_secs(35));
@@ -334,14 +387,10 @@ fn point(
     let mut fresh_ms = Vec::new();
     for s in 0..FRESHNESS_SAMPLES {
         let count = if s % 2 == 0 { n + 1 } else { n };
-        match mode {
-            Mode::Iptables if count > n => {
-                apply_text(mode, count, iptables_partial(count, Some(n), false, None))?
-            }
-            Mode::Iptables => {
-                apply_text(mode, count, iptables_partial(count, None, false, Some(n)))?
-            }
-            Mode::Nftables => apply(mode, count, None)?,
+        if count > n {
+            apply_partial(mode, count, Some(n), false, None)?;
+        } else {
+            apply_partial(mode, count, None, false, Some(n))?;
         }
         let committed = now_of_day();
         let (seen, _) = wait_table(work, count, committed)?;
@@ -467,16 +516,14 @@ pub fn tables(
         t.note = format!(
             "{} Services with one endpoint each, a NodePort for the first 2,000 ({} rules per \
              Service). Each row is one agent start: CPU of the agent and its children \
-             (`iptables-save`, `nft`) over {} s windows: rules unchanged; a kube-proxy-like \
-             re-sync each second (the whole rule set re-committed, content unchanged); a \
-             re-sync each second with one Service's endpoint changed; {} Freshness: a Service \
-             added or removed ({}), from the commit to the agent's log line of the new table \
-             ({FRESHNESS_SAMPLES} samples). Read: `read_ms` of the reads that produced a new \
-             table. The baseline is the old reader (`--services-reader timer --services-every \
-             5`: a full read and parse every 5 s, ready after the first read), measured up to \
-             {BASELINE_MAX} Services. The machine (2 \
-             cores) is shared with other engineers' builds and tests: figures are indicative, \
-             CPU% most of all.{plot}",
+             (`iptables-save`, `nft`) over {} s windows: rules unchanged; {} {} Freshness: a \
+             Service added or removed (a kube-proxy partial sync), from the commit to the \
+             agent's log line of the new table ({FRESHNESS_SAMPLES} samples). Read: `read_ms` \
+             of the reads that produced a new table. The baseline is the old reader \
+             (`--services-reader timer --services-every 5`: a full read and parse every 5 s, \
+             ready after the first read), measured up to {BASELINE_MAX} Services. The machine \
+             (2 cores) is shared with other engineers' builds and tests: figures are \
+             indicative, CPU% most of all.{plot}",
             mode.name(),
             match mode {
                 Mode::Iptables => "7 nat",
@@ -485,14 +532,24 @@ pub fn tables(
             window.as_secs(),
             match mode {
                 Mode::Iptables =>
+                    "a kube-proxy-like re-sync each second (a full `iptables-restore --noflush` \
+                     of every KUBE chain, content unchanged); the same with one Service's \
+                     endpoint changed per re-sync;",
+                Mode::Nftables =>
+                    "a re-sync each second as kube-proxy's nftables mode writes it, a partial \
+                     sync (one Service's chains flushed and rewritten with the same content); \
+                     the same with one Service's endpoint moved (its new endpoint chain, the old \
+                     one deleted, the previous Service moved back);",
+            },
+            match mode {
+                Mode::Iptables =>
                     "a partial sync each second as kube-proxy >= 1.28 writes it \
                      (`KUBE-SERVICES` and `KUBE-NODEPORTS` rewritten whole, one Service's own \
                      chains rewritten with its endpoint moved, nothing else).",
-                Mode::Nftables => "(no partial-sync column: this reader reads the table whole).",
-            },
-            match mode {
-                Mode::Iptables => "a kube-proxy >= 1.28 partial sync",
-                Mode::Nftables => "the whole table re-committed",
+                Mode::Nftables =>
+                    "(no separate partial-sync column: the re-syncs already are partial). The \
+                     table is loaded in `nft -f` transactions of 2,000 Services (one of 30,000 \
+                     did not finish).",
             },
         );
         for p in points.iter().filter(|p| p.mode == mode) {
@@ -566,7 +623,35 @@ mod tests {
             .filter(|(a, b)| a != b)
             .collect();
         assert_eq!(diff.len(), 3, "{diff:?}");
-        assert!(nft_rules(2, None).contains("10.96.0.2 . tcp . 80 : goto service-S0000001"));
-        assert_ne!(nft_rules(2, None), nft_rules(2, Some(0)));
+        let load = nft_load(2).concat();
+        assert!(load.contains("10.96.0.2 . tcp . 80 : goto service-S0000001"));
+        let (same, moved) = (
+            nft_partial(&[(1, false)], None),
+            nft_partial(&[(1, true)], None),
+        );
+        assert!(same.contains("dnat to 10.244.0.2:8080") && !same.contains("dnat to 10.245"));
+        assert!(moved.contains("dnat to 10.245.0.2:8080"));
+        // The chain of the endpoint it no longer has goes.
+        assert!(moved.contains(
+            "delete chain ip kube-proxy endpoint-E0000001-scale/svc-1/tcp/http__10.244.0.2/8080"
+        ));
+    }
+
+    #[test]
+    fn nftables_rules_come_in_batches_of_whole_services() {
+        let txs = nft_load(4_500);
+        // The table, then 2,000 + 2,000 + 500 Services.
+        assert_eq!(txs.len(), 4);
+        let svcs = |t: &str| t.matches("add chain ip kube-proxy service-S").count();
+        assert_eq!(
+            txs[1..].iter().map(|t| svcs(t)).collect::<Vec<_>>(),
+            [2_000, 2_000, 500]
+        );
+        // A Service's chains and its map element commit together.
+        assert!(txs[3].contains("10.96.17.250 . tcp . 80 : goto service-S0004499"));
+        let partial = nft_partial(&[], Some(3));
+        assert!(
+            partial.contains("delete element ip kube-proxy service-ips { 10.96.0.4 . tcp . 80 }")
+        );
     }
 }
