@@ -37,6 +37,8 @@ pub use super::scale_rules::{iptables_partial, iptables_rules, nft_load, nft_par
 use super::{
     net,
     report::{Table, median},
+    scale_api::{self, ScaleApi},
+    scale_conntrack::Fill,
     tools::{Agent, clock_ticks_per_sec, pause},
 };
 
@@ -62,6 +64,14 @@ pub struct Plan<'a> {
     pub modes: &'a [Mode],
     /// The old timer reader beside the change-driven one (up to [`BASELINE_MAX`] Services).
     pub baseline: bool,
+    /// A row with the agent given API access: the fake API holding the same Services
+    /// ([`super::scale_api`]).
+    pub api: bool,
+    /// What marks a new service table in the agent's log (any of them).
+    pub table_patterns: &'a [String],
+    /// Conntrack entries created in the bench namespace before each agent start
+    /// ([`super::scale_conntrack`]).
+    pub conntrack: usize,
     pub window: Duration,
 }
 
@@ -78,6 +88,8 @@ impl Mode {
 pub enum Reader {
     Change,
     Timer,
+    /// The change-driven reader with API access (the fake API holding the same Services).
+    Api,
 }
 
 impl Reader {
@@ -85,6 +97,7 @@ impl Reader {
         match self {
             Reader::Change => "on change",
             Reader::Timer => "timer 5 s (old)",
+            Reader::Api => "on change, with the API",
         }
     }
 }
@@ -103,6 +116,8 @@ pub struct Point {
     pub fresh_ms: Vec<f64>,
     pub read_ms: Vec<f64>,
     pub rss_mib: f64,
+    /// Conntrack entries in the namespace while the agent ran.
+    pub conntrack: usize,
 }
 
 /// Re-sync `k` of a window (kube-proxy's, each second) of `n` Services in `mode`; `changed`:
@@ -243,9 +258,14 @@ fn now_of_day() -> f64 {
     t % 86_400.0
 }
 
-/// A `service table read` line of the agent's log: (seconds of day, services, read ms).
-pub fn parse_table_line(line: &str) -> Option<(f64, usize, Option<f64>)> {
-    if !line.contains("service table read") {
+/// The agent's log lines that say it has a new service table: the dataplane reader's, and
+/// the line the agent logs when it takes the table from the API.
+pub const TABLE_PATTERNS: [&str; 2] = ["service table read", "service table from the API"];
+
+/// A line of the agent's log that contains one of `patterns` and a `services=` field:
+/// (seconds of day, services, read ms).
+pub fn parse_table_line(line: &str, patterns: &[String]) -> Option<(f64, usize, Option<f64>)> {
+    if !patterns.iter().any(|p| line.contains(p.as_str())) {
         return None;
     }
     let ts = line.split_whitespace().next()?;
@@ -264,37 +284,46 @@ pub fn parse_table_line(line: &str) -> Option<(f64, usize, Option<f64>)> {
     Some((h * 3600.0 + m * 60.0 + s, services, read_ms))
 }
 
-fn table_lines(work: &Path) -> Vec<(f64, usize, Option<f64>)> {
-    std::fs::read_to_string(work.join("agent.log"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(parse_table_line)
-        .collect()
+/// The agent's log in `work`, read for its table lines.
+#[derive(Clone, Copy)]
+struct TableLog<'a> {
+    work: &'a Path,
+    patterns: &'a [String],
 }
 
-/// Waits for a table line of `services` Services stamped after `after` (seconds of day).
-fn wait_table(work: &Path, services: usize, after: f64) -> Result<(f64, Option<f64>)> {
-    wait_table_for(work, services, after, TABLE_WAIT)
-}
+impl TableLog<'_> {
+    fn lines(&self) -> Vec<(f64, usize, Option<f64>)> {
+        std::fs::read_to_string(self.work.join("agent.log"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| parse_table_line(l, self.patterns))
+            .collect()
+    }
 
-fn wait_table_for(
-    work: &Path,
-    services: usize,
-    after: f64,
-    wait: Duration,
-) -> Result<(f64, Option<f64>)> {
-    let t = Instant::now();
-    loop {
-        if let Some((at, _, read)) = table_lines(work)
-            .into_iter()
-            .find(|(at, n, _)| *n == services && *at >= after)
-        {
-            return Ok((at, read));
+    /// Waits for a table line of `services` Services stamped after `after` (seconds of day).
+    fn wait(&self, services: usize, after: f64) -> Result<(f64, Option<f64>)> {
+        self.wait_for(services, after, TABLE_WAIT)
+    }
+
+    fn wait_for(&self, services: usize, after: f64, wait: Duration) -> Result<(f64, Option<f64>)> {
+        let t = Instant::now();
+        loop {
+            if let Some((at, _, read)) = self
+                .lines()
+                .into_iter()
+                .find(|(at, n, _)| *n == services && *at >= after)
+            {
+                return Ok((at, read));
+            }
+            if t.elapsed() > wait {
+                bail!(
+                    "no service table of {services} Services in the agent's log after {wait:?} \
+                     (lines matching {:?})",
+                    self.patterns
+                );
+            }
+            pause(Duration::from_millis(10))?;
         }
-        if t.elapsed() > wait {
-            bail!("no service table of {services} Services in the agent's log after {wait:?}");
-        }
-        pause(Duration::from_millis(10))?;
     }
 }
 
@@ -329,27 +358,48 @@ fn point(
     mode: Mode,
     reader: Reader,
     n: usize,
-    window: Duration,
+    plan: &Plan,
 ) -> Result<Point> {
+    let window = plan.window;
+    let log = TableLog {
+        work,
+        patterns: plan.table_patterns,
+    };
     clear();
     load(mode, n)?;
-    let env: &[(&str, &str)] = match reader {
-        Reader::Change => &[],
-        Reader::Timer => &[
+    let api = match reader {
+        Reader::Api => Some(ScaleApi::start(work, n)?),
+        _ => None,
+    };
+    let conntrack = match plan.conntrack {
+        0 => None,
+        count => Some(Fill::new(count, n)?),
+    };
+    let kubeconfig = api
+        .as_ref()
+        .map(|a| a.kubeconfig().display().to_string())
+        .unwrap_or_default();
+    let env: Vec<(&str, &str)> = match reader {
+        Reader::Change => vec![],
+        Reader::Timer => vec![
             ("CLB_PROBE_SERVICES_READER", "timer"),
             ("CLB_PROBE_SERVICES_EVERY", "5"),
         ],
+        Reader::Api => vec![
+            ("CLB_PROBE_KUBECONFIG", kubeconfig.as_str()),
+            ("NODE_NAME", scale_api::NODE_NAME),
+        ],
     };
-    let agent = Agent::start_with(
-        probe,
-        work,
-        port,
-        "warn,clb_probe::agent::services=info",
-        env,
-    )?;
+    // With the API, the agent's own modules at info too: the line of a table taken from the
+    // API may come from either.
+    let filter = match reader {
+        Reader::Api => "warn,clb_probe::agent=info,clb_probe::kube=info",
+        _ => "warn,clb_probe::agent::services=info",
+    };
+    let agent = Agent::start_with(probe, work, port, filter, &env)?;
     let pid = agent.pid();
     let ready_ms = agent.startup.as_secs_f64() * 1e3;
-    wait_table(work, n, 0.0)?;
+    log.wait(n, 0.0)?;
     pause(Duration::from_secs(1))?;
     let (idle, _) = cpu_during(pid, window, |_| Ok(()))?;
     // kube-proxy >= 1.28 writes only what changed (and its two top chains). Measured before
@@ -381,27 +431,17 @@ fn point(
     }
     // Best effort: when the agent's last table already was the base content, no new table
     // is logged (MAX_GAP is 30 s).
-    let _ = wait_table_for(work, n, now_of_day(), Duration::from_secs(35));
+    let _ = log.wait_for(n, now_of_day(), Duration::from_secs(35));
     pause(Duration::from_secs(1))?;
     pause(Duration::from_secs(2))?;
-    let mut fresh_ms = Vec::new();
-    for s in 0..FRESHNESS_SAMPLES {
-        let count = if s % 2 == 0 { n + 1 } else { n };
-        if count > n {
-            apply_partial(mode, count, Some(n), false, None)?;
-        } else {
-            apply_partial(mode, count, None, false, Some(n))?;
-        }
-        let committed = now_of_day();
-        let (seen, _) = wait_table(work, count, committed)?;
-        fresh_ms.push((seen - committed) * 1e3);
-    }
-    let read_ms = table_lines(work)
-        .into_iter()
-        .filter_map(|(_, _, r)| r)
-        .collect();
+    let fresh_ms = match &api {
+        None => fresh_from_rules(mode, n, log)?,
+        Some(api) => fresh_from_api(mode, n, log, api)?,
+    };
+    let read_ms = log.lines().into_iter().filter_map(|(_, _, r)| r).collect();
     let rss_mib = vm_hwm_mib(pid);
     drop(agent);
+    let conntrack = conntrack.map_or(0, |c| c.entries);
     Ok(Point {
         mode,
         reader,
@@ -412,19 +452,76 @@ fn point(
         fresh_ms,
         read_ms,
         rss_mib,
+        conntrack,
     })
+}
+
+/// Freshness without the API: a Service added (then removed, then added) by a kube-proxy
+/// partial sync, from the commit returning to the agent's table line with the new count.
+fn fresh_from_rules(mode: Mode, n: usize, log: TableLog) -> Result<Vec<f64>> {
+    let mut fresh_ms = Vec::new();
+    for s in 0..FRESHNESS_SAMPLES {
+        let count = if s % 2 == 0 { n + 1 } else { n };
+        if count > n {
+            apply_partial(mode, count, Some(n), false, None)?;
+        } else {
+            apply_partial(mode, count, None, false, Some(n))?;
+        }
+        let committed = now_of_day();
+        let (seen, _) = log.wait(count, committed)?;
+        fresh_ms.push((seen - committed) * 1e3);
+    }
+    Ok(fresh_ms)
+}
+
+/// Freshness with the API: a Service added, its EndpointSlice changed (its endpoint moved),
+/// the Service removed; each from the API's change to the agent's table line. After each
+/// change the bench commits the rules kube-proxy would (a partial sync), as kube-proxy does
+/// after it: an agent that still takes its table from the dataplane sees it there, one that
+/// takes it from the API does not wait for it.
+fn fresh_from_api(mode: Mode, n: usize, log: TableLog, api: &ScaleApi) -> Result<Vec<f64>> {
+    let mut fresh_ms = Vec::new();
+    for step in 0..3 {
+        let changed = now_of_day();
+        // The API change, then the rules kube-proxy writes for it; the Services after it.
+        let count = match step {
+            0 => {
+                api.add(n);
+                apply_partial(mode, n + 1, Some(n), false, None)?;
+                n + 1
+            }
+            1 => {
+                api.move_endpoint(n, true);
+                apply_partial(mode, n + 1, Some(n), true, None)?;
+                n + 1
+            }
+            _ => {
+                api.remove(n);
+                apply_partial(mode, n, None, false, Some(n))?;
+                n
+            }
+        };
+        // A change the agent's table does not show (an endpoint, for a table without them)
+        // is said and left out, not the whole row.
+        match log.wait_for(count, changed, Duration::from_secs(30)) {
+            Ok((seen, _)) => fresh_ms.push((seen - changed) * 1e3),
+            Err(e) => eprintln!("bench: scale   a freshness sample left out: {e:#}"),
+        }
+    }
+    Ok(fresh_ms)
 }
 
 /// Every point: for each mode and size, the change-driven reader then the timer baseline.
 pub fn measure(probe: &Path, work: &Path, port: u16, plan: &Plan) -> Result<Vec<Point>> {
     let _clear = Clear;
-    let window = plan.window;
     let mut points = Vec::new();
     let mut failed = Vec::new();
     for &mode in plan.modes {
         for &n in plan.sizes {
-            for reader in [Reader::Change, Reader::Timer] {
-                if reader == Reader::Timer && !plan.baseline {
+            for reader in [Reader::Change, Reader::Api, Reader::Timer] {
+                if (reader == Reader::Timer && !plan.baseline)
+                    || (reader == Reader::Api && !plan.api)
+                {
                     continue;
                 }
                 if reader == Reader::Timer && n > BASELINE_MAX {
@@ -442,7 +539,7 @@ pub fn measure(probe: &Path, work: &Path, port: u16, plan: &Plan) -> Result<Vec<
                 );
                 // One start that fails (a table that never came within the wait) is said and
                 // left out: the other rows of a half-hour run still count.
-                match point(probe, work, port, mode, reader, n, window) {
+                match point(probe, work, port, mode, reader, n, plan) {
                     Ok(p) => {
                         eprintln!("bench: scale   {p:?}");
                         points.push(p);
@@ -493,6 +590,10 @@ pub fn tables(
         ),
     ] {
         let _ = key;
+        // A mode not measured in this run keeps its section as it was.
+        if !points.iter().any(|p| p.mode == mode) {
+            continue;
+        }
         let mut t = Table::new(
             title,
             &[
@@ -506,6 +607,7 @@ pub fn tables(
                 "read, ms (median, max)",
                 "freshness, ms (median, max)",
                 "RSS peak, MiB",
+                "conntrack entries",
             ],
         );
         let plot = plots
@@ -521,7 +623,14 @@ pub fn tables(
              agent's log line of the new table ({FRESHNESS_SAMPLES} samples). Read: `read_ms` \
              of the reads that produced a new table. The baseline is the old reader \
              (`--services-reader timer --services-every 5`: a full read and parse every 5 s, \
-             ready after the first read), measured up to {BASELINE_MAX} Services. The machine \
+             ready after the first read), measured up to {BASELINE_MAX} Services. RSS: VmHWM, \
+             with the last column's conntrack entries in the namespace (ESTABLISHED TCP to \
+             the ClusterIPs, created over ctnetlink before the start). Rows \"on change, with \
+             the API\": the agent given test-support's fake API holding the same Services and \
+             their EndpointSlices (with managedFields and kubectl's last-applied annotation, \
+             as a cluster returns them); their freshness runs from the API change (a Service \
+             added, its endpoint moved, the Service removed; the bench then commits the \
+             partial sync kube-proxy would) to the agent's table line. The machine \
              (2 cores) is shared with other engineers' builds and tests: figures are \
              indicative, CPU% most of all.{plot}",
             mode.name(),
@@ -568,6 +677,7 @@ pub fn tables(
                 fmt_ms(&p.read_ms),
                 fmt_ms(&p.fresh_ms),
                 format!("{:.0}", p.rss_mib),
+                p.conntrack.to_string(),
             ]);
         }
         if let Some(big) = points
@@ -606,10 +716,18 @@ mod tests {
     #[test]
     fn reads_the_agents_table_line() {
         let line = "2026-11-24T19:10:10.611351Z  INFO clb_probe::agent::services: service table read (change) source=Some(Iptables) services=2 nodeports=2 read_ms=40";
-        let (at, n, read) = parse_table_line(line).unwrap();
+        let patterns: Vec<String> = TABLE_PATTERNS.map(String::from).to_vec();
+        let (at, n, read) = parse_table_line(line, &patterns).unwrap();
         assert!((at - (19.0 * 3600.0 + 600.0 + 10.611351)).abs() < 1e-6);
         assert_eq!((n, read), (2, Some(40.0)));
-        assert!(parse_table_line("2026-11-24T19:10:10Z INFO other line services=3").is_none());
+        assert!(
+            parse_table_line("2026-11-24T19:10:10Z INFO other line services=3", &patterns)
+                .is_none()
+        );
+        // The line of a table taken from the API counts too, without a read time.
+        let api = "2026-11-24T19:10:11.5Z  INFO clb_probe::agent::services: service table from the API services=30001";
+        assert_eq!(parse_table_line(api, &patterns).unwrap().1, 30_001);
+        assert!(parse_table_line(api, &["service table read".into()]).is_none());
     }
 
     #[test]
