@@ -7,7 +7,7 @@
 //!
 //! - ready: spawn to `/readyz` 200;
 //! - CPU of the agent and its children (`iptables-save`, `nft`: utime + stime + cutime + cstime
-//!   of the agent, so a child counts when it is reaped) over three windows of
+//!   of the agent and of its live children, so a child counts inside the window) over windows of
 //!   `--scale-window` seconds: rules unchanged; kube-proxy-like re-syncs each second with the
 //!   content unchanged (iptables mode: `iptables-restore --noflush` of every KUBE chain;
 //!   nftables mode: kube-proxy's partial sync, one Service's chains rewritten); re-syncs with
@@ -33,7 +33,10 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 
 pub use super::scale_plot::plot;
-pub use super::scale_rules::{iptables_partial, iptables_rules, nft_load, nft_partial};
+pub use super::scale_rules::{
+    iptables_partial, iptables_rules, ipvs_addr, ipvs_delete, ipvs_move, ipvs_rules, ipvs_service,
+    nft_load, nft_partial,
+};
 use super::{
     net,
     report::{Table, median},
@@ -56,6 +59,8 @@ pub enum Mode {
     Iptables,
     /// kube-proxy's nftables mode.
     Nftables,
+    /// kube-proxy's IPVS mode (a kernel with IPVS: the VM tier, see `cargo xtask vm-test`).
+    Ipvs,
 }
 
 /// What one `--only scale` run measures.
@@ -80,6 +85,7 @@ impl Mode {
         match self {
             Mode::Iptables => "iptables",
             Mode::Nftables => "nftables",
+            Mode::Ipvs => "ipvs",
         }
     }
 }
@@ -136,6 +142,22 @@ fn resync(mode: Mode, n: usize, k: usize, changed: bool) -> Result<()> {
             nft_partial(&[((k + n1 - 1) % n1, false), (k % n1, true)], None),
         ),
         Mode::Nftables => apply_text(mode, n, nft_partial(&[(k % n1, false)], None)),
+        // kube-proxy's IPVS sync sends nothing for an unchanged Service; the bench edits one
+        // virtual server with its own settings (a netlink write that changes nothing).
+        Mode::Ipvs if !changed => apply_text(
+            mode,
+            n,
+            format!(
+                "-E -t {}:80 -s rr\n",
+                super::scale_rules::cluster_ip(k % n1)
+            ),
+        ),
+        // Service k moved and left so (as the iptables partial syncs): back after n syncs.
+        Mode::Ipvs => apply_text(
+            mode,
+            n,
+            ipvs_move(k % n1, &node_ip(), (k / n1).is_multiple_of(2)),
+        ),
     }
 }
 
@@ -148,6 +170,15 @@ fn load(mode: Mode, n: usize) -> Result<()> {
             for tx in nft_load(n) {
                 apply_text(mode, n, tx)?;
             }
+        }
+        Mode::Ipvs => {
+            // Best effort: a kernel with IPVS built in has no modules to load.
+            let _ = Command::new("modprobe")
+                .args(["-a", "ip_vs", "ip_vs_rr"])
+                .output();
+            let (addrs, ipvs) = ipvs_rules(n, &node_ip());
+            ip_batch(&addrs)?;
+            apply_text(mode, n, ipvs)?;
         }
     }
     eprintln!(
@@ -173,6 +204,24 @@ fn apply_partial(
             let writes: Vec<(usize, bool)> = write.map(|i| (i, moved)).into_iter().collect();
             nft_partial(&writes, delete)
         }
+        Mode::Ipvs => {
+            let mut text = String::new();
+            if let Some(i) = write {
+                if i + 1 == n && delete.is_none() && !moved {
+                    // A new Service: its ClusterIP bound, its virtual servers created.
+                    ip_batch(&ipvs_addr("add", i))?;
+                    text.push_str(&ipvs_service(i, &node_ip(), false));
+                } else {
+                    text.push_str(&ipvs_move(i, &node_ip(), moved));
+                }
+            }
+            if let Some(i) = delete {
+                text.push_str(&ipvs_delete(i, &node_ip()));
+                apply_text(mode, n, std::mem::take(&mut text))?;
+                return ip_batch(&ipvs_addr("del", i));
+            }
+            text
+        }
     };
     apply_text(mode, n, text)
 }
@@ -182,6 +231,7 @@ fn apply_text(mode: Mode, n: usize, text: String) -> Result<()> {
     let argv: &[&str] = match mode {
         Mode::Iptables => &["iptables-restore", "-w", "--noflush"],
         Mode::Nftables => &["nft", "-f", "-"],
+        Mode::Ipvs => &["ipvsadm", "-R"],
     };
     let mut child = Command::new("ip")
         .args(["netns", "exec", net::NS_NODE])
@@ -206,6 +256,35 @@ fn apply_text(mode: Mode, n: usize, text: String) -> Result<()> {
     Ok(())
 }
 
+/// The node address kube-proxy's IPVS mode puts NodePort virtual servers on.
+fn node_ip() -> String {
+    net::NODE_IP.to_string()
+}
+
+/// `ip -batch -` of `lines` in the node namespace.
+fn ip_batch(lines: &str) -> Result<()> {
+    let mut child = Command::new("ip")
+        .args(["-n", net::NS_NODE, "-batch", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("running ip -batch")?;
+    child
+        .stdin
+        .take()
+        .context("stdin")?
+        .write_all(lines.as_bytes())?;
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        bail!(
+            "ip -batch failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
 /// Removes what [`apply`] put in the node namespace (both modes).
 fn clear() {
     let node = |argv: &[&str]| {
@@ -217,6 +296,18 @@ fn clear() {
     node(&["iptables", "-w", "-t", "nat", "-F"]);
     node(&["iptables", "-w", "-t", "nat", "-X"]);
     node(&["nft", "delete", "table", "ip", "kube-proxy"]);
+    node(&["ipvsadm", "-C"]);
+    // The ClusterIPs only: kube-ipvs0 also holds the bench's VIP.
+    node(&[
+        "ip",
+        "-4",
+        "addr",
+        "flush",
+        "dev",
+        net::VIP_IF,
+        "to",
+        "10.96.0.0/12",
+    ]);
 }
 
 struct Clear;
@@ -226,8 +317,24 @@ impl Drop for Clear {
     }
 }
 
-/// utime + stime + cutime + cstime of `pid`, in clock ticks.
+/// utime + stime + cutime + cstime of `pid` and of its live descendants, in clock ticks.
+///
+/// A child counts in its parent's cutime only once reaped: an `nft -j` of 30,000 Services runs
+/// 35 s, longer than a window, and would count in none. Adding the live descendants' own
+/// ticks at both ends of a window counts each child's share inside it (one reaped during the
+/// window adds its whole life to cutime, minus the part counted live at the start).
 fn cpu_ticks(pid: i32) -> Result<u64> {
+    let mut total = stat_ticks(pid)?;
+    let mut pending = children(pid);
+    while let Some(child) = pending.pop() {
+        // Gone since listed: counted in its parent's cutime instead.
+        total += stat_ticks(child).unwrap_or(0);
+        pending.extend(children(child));
+    }
+    Ok(total)
+}
+
+fn stat_ticks(pid: i32) -> Result<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     let rest = stat.rsplit_once(')').context("/proc/pid/stat")?.1;
     let f: Vec<&str> = rest.split_whitespace().collect();
@@ -236,6 +343,22 @@ fn cpu_ticks(pid: i32) -> Result<u64> {
         t += v.parse::<i64>()?.max(0) as u64;
     }
     Ok(t)
+}
+
+/// The children of every thread of `pid` (`/proc/PID/task/TID/children`).
+fn children(pid: i32) -> Vec<i32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|c| {
+            c.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<i32>>()
+        })
+        .collect()
 }
 
 fn vm_hwm_mib(pid: i32) -> f64 {
@@ -289,9 +412,19 @@ pub fn parse_table_line(line: &str, patterns: &[String]) -> Option<(f64, usize, 
 struct TableLog<'a> {
     work: &'a Path,
     patterns: &'a [String],
+    mode: Mode,
 }
 
 impl TableLog<'_> {
+    /// Whether a table of `logged` entries is the table of `services` Services: the agent's
+    /// IPVS table counts virtual servers, so a Service with a NodePort is two there (a table
+    /// taken from the API counts Services).
+    fn is_count(&self, logged: usize, services: usize) -> bool {
+        logged == services
+            || (self.mode == Mode::Ipvs
+                && logged == services + services.min(super::scale_rules::NODEPORTS))
+    }
+
     fn lines(&self) -> Vec<(f64, usize, Option<f64>)> {
         std::fs::read_to_string(self.work.join("agent.log"))
             .unwrap_or_default()
@@ -311,7 +444,7 @@ impl TableLog<'_> {
             if let Some((at, _, read)) = self
                 .lines()
                 .into_iter()
-                .find(|(at, n, _)| *n == services && *at >= after)
+                .find(|(at, n, _)| self.is_count(*n, services) && *at >= after)
             {
                 return Ok((at, read));
             }
@@ -347,7 +480,10 @@ fn cpu_during(
         }
     }
     let secs = t.elapsed().as_secs_f64();
-    Ok(((cpu_ticks(pid)? - before) as f64 / hz / secs * 100.0, k))
+    Ok((
+        cpu_ticks(pid)?.saturating_sub(before) as f64 / hz / secs * 100.0,
+        k,
+    ))
 }
 
 /// One start: the rules of `n` Services loaded, the agent started with `reader`, measured.
@@ -364,6 +500,7 @@ fn point(
     let log = TableLog {
         work,
         patterns: plan.table_patterns,
+        mode,
     };
     clear();
     load(mode, n)?;
@@ -415,8 +552,9 @@ fn point(
                 None,
             )
         })?,
-        // Its re-sync columns already are kube-proxy's partial syncs.
-        Mode::Nftables => (f64::NAN, 0),
+        // Its re-sync columns already are kube-proxy's partial syncs (IPVS: per-Service
+        // netlink writes).
+        Mode::Nftables | Mode::Ipvs => (f64::NAN, 0),
     };
     let (same, syncs_same) = cpu_during(pid, window, |k| resync(mode, n, k, false))?;
     let (changed, syncs_changed) = cpu_during(pid, window, |k| resync(mode, n, k, true))?;
@@ -427,6 +565,15 @@ fn point(
         Mode::Nftables => {
             let last = syncs_changed.saturating_sub(1) % n.max(1);
             apply_text(mode, n, nft_partial(&[(last, false)], None))?
+        }
+        // The Services the changed window moved (and left so), moved back.
+        Mode::Ipvs => {
+            let moved: String = (0..syncs_changed.min(n))
+                .map(|i| ipvs_move(i, &node_ip(), false))
+                .collect();
+            if !moved.is_empty() {
+                apply_text(mode, n, moved)?;
+            }
         }
     }
     // Best effort: when the agent's last table already was the base content, no new table
@@ -503,7 +650,7 @@ fn fresh_from_api(mode: Mode, n: usize, log: TableLog, api: &ScaleApi) -> Result
         };
         // A change the agent's table does not show (an endpoint, for a table without them)
         // is said and left out, not the whole row.
-        match log.wait_for(count, changed, Duration::from_secs(30)) {
+        match log.wait(count, changed) {
             Ok((seen, _)) => fresh_ms.push((seen - changed) * 1e3),
             Err(e) => eprintln!("bench: scale   a freshness sample left out: {e:#}"),
         }
@@ -588,6 +735,11 @@ pub fn tables(
             "9b",
             "9b. Service table at cluster scale: kube-proxy nftables mode",
         ),
+        (
+            Mode::Ipvs,
+            "9d",
+            "9d. Service table at cluster scale: kube-proxy IPVS mode (VM tier)",
+        ),
     ] {
         let _ = key;
         // A mode not measured in this run keeps its section as it was.
@@ -637,6 +789,7 @@ pub fn tables(
             match mode {
                 Mode::Iptables => "7 nat",
                 Mode::Nftables => "a map element and 2-3 chains",
+                Mode::Ipvs => "a kube-ipvs0 address, 1-2 virtual servers with their real server",
             },
             window.as_secs(),
             match mode {
@@ -649,6 +802,10 @@ pub fn tables(
                      sync (one Service's chains flushed and rewritten with the same content); \
                      the same with one Service's endpoint moved (its new endpoint chain, the old \
                      one deleted, the previous Service moved back);",
+                Mode::Ipvs =>
+                    "a re-sync each second as kube-proxy's IPVS mode writes one (per-Service \
+                     netlink writes: one virtual server edited with its own settings); one \
+                     Service's real server swapped per re-sync (the new added, the old deleted);",
             },
             match mode {
                 Mode::Iptables =>
@@ -659,6 +816,11 @@ pub fn tables(
                     "(no separate partial-sync column: the re-syncs already are partial). The \
                      table is loaded in `nft -f` transactions of 2,000 Services (one of 30,000 \
                      did not finish).",
+                Mode::Ipvs =>
+                    "(no partial-sync column). Rules: ClusterIPs bound to kube-ipvs0 (`ip \
+                     -batch`), virtual and real servers (`ipvsadm -R`); kube-proxy's ipsets and \
+                     iptables rules of IPVS mode left out. Run in the VM tier (QEMU, emulated \
+                     CPU here): CPU and times are not comparable with 9 and 9b.",
             },
         );
         for p in points.iter().filter(|p| p.mode == mode) {
@@ -771,5 +933,20 @@ mod tests {
         assert!(
             partial.contains("delete element ip kube-proxy service-ips { 10.96.0.4 . tcp . 80 }")
         );
+    }
+
+    #[test]
+    fn ipvs_rules_are_kube_proxys_virtual_servers() {
+        let (addrs, ipvs) = ipvs_rules(2_001, "10.200.0.2");
+        assert_eq!(addrs.lines().count(), 2_001);
+        assert!(addrs.starts_with("address add 10.96.0.1/32 dev kube-ipvs0\n"));
+        // A ClusterIP virtual server for each, a NodePort one for the first 2,000.
+        assert_eq!(ipvs.matches("-A -t 10.96.").count(), 2_001);
+        assert_eq!(ipvs.matches("-A -t 10.200.0.2:").count(), 2_000);
+        assert!(ipvs.contains("-a -t 10.96.0.1:80 -r 10.244.0.1:8080 -m -w 1\n"));
+        let moved = ipvs_move(0, "10.200.0.2", true);
+        assert!(moved.contains("-a -t 10.96.0.1:80 -r 10.245.0.1:8080 -m -w 1\n"));
+        assert!(moved.contains("-d -t 10.200.0.2:30000 -r 10.244.0.1:8080\n"));
+        assert_eq!(ipvs_delete(2_000, "10.200.0.2"), "-D -t 10.96.8.1:80\n");
     }
 }

@@ -14,7 +14,7 @@ pub fn plot(points: &[Point], root: &Path) -> Result<Vec<(Mode, String)>> {
     let dir = root.join("benchmarks");
     std::fs::create_dir_all(&dir)?;
     let mut out = Vec::new();
-    for mode in [Mode::Iptables, Mode::Nftables] {
+    for mode in [Mode::Iptables, Mode::Nftables, Mode::Ipvs] {
         let ps: Vec<&Point> = points.iter().filter(|p| p.mode == mode).collect();
         if ps.is_empty() {
             continue;

@@ -264,3 +264,64 @@ fn nft_services(s: &mut String, writes: &[(usize, bool)]) {
         ));
     }
 }
+
+/// kube-proxy's IPVS mode for `n` Services, as two inputs: `ip -batch` lines binding every
+/// ClusterIP to `kube-ipvs0`, and `ipvsadm -R` lines with a virtual server per ClusterIP:80
+/// (round robin) and one per NodePort on `node_ip`, each with its endpoint as a masqueraded
+/// real server (kubernetes/kubernetes pkg/proxy/ipvs/proxier.go `syncService` /
+/// `syncEndpoint`: ClusterIP and NodePort virtual servers, `ipvs.ConnectionFlagMasq`, scheduler
+/// `rr` by default; kube-proxy's ipsets and iptables rules of IPVS mode are left out: the
+/// table is read from IPVS).
+pub fn ipvs_rules(n: usize, node_ip: &str) -> (String, String) {
+    let mut addrs = String::with_capacity(n * 48);
+    let mut ipvs = String::with_capacity(n * 120);
+    for i in 0..n {
+        addrs.push_str(&ipvs_addr("add", i));
+        ipvs.push_str(&ipvs_service(i, node_ip, false));
+    }
+    (addrs, ipvs)
+}
+
+/// `ip -batch` line binding (`add`) or unbinding (`del`) Service `i`'s ClusterIP.
+pub fn ipvs_addr(verb: &str, i: usize) -> String {
+    format!("address {verb} {}/32 dev kube-ipvs0\n", cluster_ip(i))
+}
+
+/// `ipvsadm -R` lines creating Service `i`'s virtual servers and real servers.
+pub fn ipvs_service(i: usize, node_ip: &str, moved: bool) -> String {
+    let b = backend(i, moved);
+    let mut s = format!(
+        "-A -t {ip}:80 -s rr\n-a -t {ip}:80 -r {b}:8080 -m -w 1\n",
+        ip = cluster_ip(i)
+    );
+    if i < NODEPORTS {
+        s.push_str(&format!(
+            "-A -t {node_ip}:{p} -s rr\n-a -t {node_ip}:{p} -r {b}:8080 -m -w 1\n",
+            p = 30_000 + i
+        ));
+    }
+    s
+}
+
+/// `ipvsadm -R` lines moving Service `i`'s endpoint (`moved`: to the other address), as
+/// kube-proxy's IPVS sync does: the new real server added, the old one deleted (kube-proxy
+/// first sets its weight to 0 for graceful termination; the bench deletes at once).
+pub fn ipvs_move(i: usize, node_ip: &str, moved: bool) -> String {
+    let (new, old) = (backend(i, moved), backend(i, !moved));
+    let mut vips = vec![format!("{}:80", cluster_ip(i))];
+    if i < NODEPORTS {
+        vips.push(format!("{node_ip}:{}", 30_000 + i));
+    }
+    vips.iter()
+        .map(|v| format!("-a -t {v} -r {new}:8080 -m -w 1\n-d -t {v} -r {old}:8080\n"))
+        .collect()
+}
+
+/// `ipvsadm -R` lines deleting Service `i`'s virtual servers.
+pub fn ipvs_delete(i: usize, node_ip: &str) -> String {
+    let mut s = format!("-D -t {}:80\n", cluster_ip(i));
+    if i < NODEPORTS {
+        s.push_str(&format!("-D -t {node_ip}:{}\n", 30_000 + i));
+    }
+    s
+}
