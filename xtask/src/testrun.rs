@@ -574,6 +574,11 @@ fn bench_quick() -> crate::bench::BenchArgs {
             crate::bench::scale::Mode::Nftables,
         ],
         scale_no_baseline: false,
+        scale_api: false,
+        scale_conntrack: None,
+        scale_table_pattern: crate::bench::scale::TABLE_PATTERNS
+            .map(String::from)
+            .to_vec(),
         out: None,
         detect: false,
         baseline_agent: None,

@@ -51,6 +51,8 @@ pub(crate) mod net;
 pub(crate) mod ratio;
 pub mod report;
 pub mod scale;
+pub mod scale_api;
+pub mod scale_conntrack;
 pub mod scale_plot;
 pub mod scale_rules;
 pub mod storm;
@@ -120,6 +122,23 @@ pub struct BenchArgs {
     /// With `--only scale`: leave the old timer reader (the baseline) out.
     #[arg(long)]
     pub scale_no_baseline: bool,
+    /// With `--only scale`: add a row per size with the agent given API access (test-support's
+    /// fake API in the bench namespace holding the same Services and EndpointSlices).
+    #[arg(long)]
+    pub scale_api: bool,
+    /// With `--only scale`: what marks a new service table in the agent's log (any of these;
+    /// the line also needs `services=N`).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "service table read,service table from the API"
+    )]
+    pub scale_table_pattern: Vec<String>,
+    /// With `--only scale`: conntrack entries in the bench namespace while each agent runs
+    /// (its RSS is read with them; the target counts 500,000). Default: 500000, 0 with
+    /// --quick.
+    #[arg(long)]
+    pub scale_conntrack: Option<usize>,
     /// With `--detect`: another agent binary measured in alternating rounds (before/after).
     #[arg(long, requires = "detect")]
     pub baseline_agent: Option<PathBuf>,
@@ -261,6 +280,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 sizes: &args.scale_sizes,
                 modes: &args.scale_modes,
                 baseline: !args.scale_no_baseline,
+                api: args.scale_api,
+                conntrack: args
+                    .scale_conntrack
+                    .unwrap_or(if args.quick { 0 } else { 500_000 }),
+                table_patterns: &args.scale_table_pattern,
                 window,
             };
             let points = scale::measure(&probe, &work, METRICS_PORT, &plan)?;

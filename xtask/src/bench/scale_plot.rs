@@ -14,7 +14,7 @@ pub fn plot(points: &[Point], root: &Path) -> Result<Vec<(Mode, String)>> {
     let dir = root.join("benchmarks");
     std::fs::create_dir_all(&dir)?;
     let mut out = Vec::new();
-    for mode in [Mode::Iptables, Mode::Nftables] {
+    for mode in [Mode::Iptables, Mode::Nftables, Mode::Ipvs] {
         let ps: Vec<&Point> = points.iter().filter(|p| p.mode == mode).collect();
         if ps.is_empty() {
             continue;
@@ -53,6 +53,9 @@ pub fn plot(points: &[Point], root: &Path) -> Result<Vec<(Mode, String)>> {
                 "read latency, ms (median)",
                 vec![
                     ("on change", Reader::Change, |p| median(&p.read_ms)),
+                    ("on change, with the API", Reader::Api, |p| {
+                        median(&p.read_ms)
+                    }),
                     ("timer (old)", Reader::Timer, |p| median(&p.read_ms)),
                 ],
             ),
@@ -60,6 +63,9 @@ pub fn plot(points: &[Point], root: &Path) -> Result<Vec<(Mode, String)>> {
                 "freshness, ms (median)",
                 vec![
                     ("on change", Reader::Change, |p| median(&p.fresh_ms)),
+                    ("on change, with the API", Reader::Api, |p| {
+                        median(&p.fresh_ms)
+                    }),
                     ("timer (old)", Reader::Timer, |p| median(&p.fresh_ms)),
                 ],
             ),
@@ -67,6 +73,7 @@ pub fn plot(points: &[Point], root: &Path) -> Result<Vec<(Mode, String)>> {
                 "RSS peak, MiB",
                 vec![
                     ("on change", Reader::Change, |p| p.rss_mib),
+                    ("on change, with the API", Reader::Api, |p| p.rss_mib),
                     ("timer (old)", Reader::Timer, |p| p.rss_mib),
                 ],
             ),

@@ -17,6 +17,9 @@ fn quick_is_short() {
         scale_window: 3,
         scale_modes: vec![super::scale::Mode::Iptables, super::scale::Mode::Nftables],
         scale_no_baseline: false,
+        scale_api: false,
+        scale_conntrack: None,
+        scale_table_pattern: vec![],
         out: None,
         detect: false,
         baseline_agent: None,
@@ -28,4 +31,25 @@ fn quick_is_short() {
     );
     assert_eq!((a.cycles, a.window_ms, a.starts), (4, 300, 2));
     assert!(a.runs(Part::Ratio) && !a.runs(Part::Datapath));
+}
+
+#[test]
+fn the_table_line_patterns_default_to_both_lines() {
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        bench: BenchArgs,
+    }
+    let cli = <Cli as clap::Parser>::try_parse_from(["bench"]).unwrap();
+    assert_eq!(cli.bench.scale_table_pattern, scale::TABLE_PATTERNS);
+    let cli = <Cli as clap::Parser>::try_parse_from([
+        "bench",
+        "--scale-table-pattern",
+        "service table from the API",
+    ])
+    .unwrap();
+    assert_eq!(
+        cli.bench.scale_table_pattern,
+        ["service table from the API"]
+    );
 }
