@@ -152,7 +152,7 @@ pub(super) async fn run(mut l: CorrelateLoop) -> anyhow::Result<()> {
     correlator.set_services(std::mem::take(&mut l.services));
     correlator.set_owners(l.owners.borrow_and_update().clone());
     let mut tick = tokio::time::interval(Duration::from_millis(250));
-    // The service table is re-read off this loop: iptables-save and the IPVS dump can take a
+    // The service table is re-read off this loop: a whole nat table or IPVS dump can take a
     // second on a busy node, and events must not wait behind them (the egress map moves on).
     let (services_tx, mut services_rx) = mpsc::channel::<state::ServiceTable>(1);
     let _services_task = AbortOnDrop(tokio::spawn(

@@ -317,7 +317,7 @@ async fn shut_down(
 
 /// Reads started first and run beside BTF parsing and program loading (both CPU-bound on
 /// this thread), off the path to ready: the symbol table (awaited when the reader starts),
-/// the first service table (it shells out to iptables-save/nft on some nodes), and aya's own
+/// the first service table (a whole dump of the rules; `iptables-legacy-save` on legacy nodes), and aya's own
 /// BTF parse.
 struct EarlyReads {
     kallsyms: std::thread::JoinHandle<kernel::kallsyms::Kallsyms>,

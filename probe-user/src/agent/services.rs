@@ -6,7 +6,7 @@
 //! `getsockopt` or one netlink dump, no process); and `--services-every`, now a safety net for
 //! what no signal covers (IPVS destination-only and ipset-only edits, a same-size legacy
 //! rewrite, a lost subscription). Its default is long (600 s) because a full read of a large
-//! table is what costs: `iptables-save` of 100,000 rules is seconds of CPU, so one read per 10
+//! table is what costs: a whole dump of 100,000 rules is a second of CPU, so one read per 10
 //! minutes keeps even 10,000 Services under 1% of a core.
 //!
 //! Commits come in bursts (an `iptables-restore` is one commit, but kube-proxy syncs every
@@ -50,7 +50,7 @@ pub const SETTLE: Duration = Duration::from_millis(200);
 /// The least time between the starts of two reads.
 pub const MIN_GAP: Duration = Duration::from_secs(1);
 /// Reads start at least this many times their own duration apart (but at most [`MAX_GAP`]):
-/// a full read of a large table (an `iptables-save` of 100,000 rules takes seconds) under a
+/// a full read of a large table (a dump of 100,000 rules takes a second) under a
 /// writer that changes the rules every second then costs about 1/20 = 5% of a core, paid in
 /// freshness. A change after a quiet spell is read after [`SETTLE`].
 pub const READ_DUTY: u32 = 20;
