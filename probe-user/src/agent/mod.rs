@@ -102,7 +102,10 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         instance::InstanceLock::acquire(u64::from(kernel::current_netns_inode()))?.serve(),
     ));
     steps.mark("checks");
-    let early = EarlyReads::start(cfg.services_reader)?;
+    let early = EarlyReads::start(
+        cfg.services_reader,
+        cfg.kube.is_some() && cfg.service_table_from == services::TableFrom::Api,
+    )?;
     let kbtf = KernelBtf::load()?;
     steps.mark("kernel-btf");
     let (rt_conn, rt_handle, _) =
@@ -326,13 +329,13 @@ struct EarlyReads {
 }
 
 impl EarlyReads {
-    fn start(reader: services::ReaderMode) -> anyhow::Result<EarlyReads> {
+    fn start(reader: services::ReaderMode, facts_first: bool) -> anyhow::Result<EarlyReads> {
         let kallsyms = std::thread::Builder::new()
             .name("kallsyms".into())
             .spawn(kernel::kallsyms::Kallsyms::load)
             .context("starting the kallsyms reader")?;
         state::set_reuse_parses(reader == services::ReaderMode::Change);
-        let services = services::start_first_read(reader);
+        let services = services::start_first_read(reader, facts_first);
         let aya_btf = std::thread::Builder::new()
             .name("btf".into())
             .spawn(kernel::probe::parse_btf_for_aya)

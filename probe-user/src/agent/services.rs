@@ -62,6 +62,10 @@ pub const MAX_GAP: Duration = Duration::from_secs(30);
 pub const POLL: Duration = Duration::from_secs(1);
 /// A failed read is retried after this (or on the next signal).
 pub const RETRY: Duration = Duration::from_secs(5);
+/// How long a start that read only the dataplane's part waits for the API's lists before it
+/// reads the rules whole (API access refused, an API server that never answers).
+pub const API_WAIT: Duration = Duration::from_secs(15);
+
 /// The least time between two tables made from the API (a relist or a rollout applies many
 /// objects at once).
 pub const API_EVERY: Duration = Duration::from_millis(200);
@@ -235,10 +239,20 @@ pub struct Pending {
 
 /// Subscribes to nf_tables commits (change mode), then starts the first read (on the blocking
 /// pool, now).
-pub fn start_first_read(mode: ReaderMode) -> Pending {
+///
+/// `facts_first` (the table will come from the API): the mode and the dataplane's part only
+/// ([`state::dataplane::first_read`]), not the whole rule set: at 10,000 Services the whole
+/// nat table held while the API's lists arrive was a third of the agent's peak memory. Should
+/// the API not list everything within [`API_WAIT`], the rules are read whole after all.
+pub fn start_first_read(mode: ReaderMode, facts_first: bool) -> Pending {
     let commits = (mode == ReaderMode::Change).then(watch_commits).flatten();
+    let read = if facts_first && mode == ReaderMode::Change {
+        tokio::task::spawn_blocking(state::dataplane::first_read)
+    } else {
+        tokio::task::spawn_blocking(state::read_services)
+    };
     Pending {
-        read: Some(tokio::task::spawn_blocking(state::read_services)),
+        read: Some(read),
         commits,
     }
 }
@@ -377,6 +391,9 @@ async fn on_change(r: Refresher) {
     let mut facts = ServiceTable::default();
     let mut api_dirty = false;
     let mut api_next = tokio::time::Instant::now();
+    // A facts-first start (see `start_first_read`): the whole rules are read if the API's
+    // lists are not complete by then.
+    let mut whole_unless_api = api.as_ref().map(|_| tokio::time::Instant::now() + API_WAIT);
     let mut safety = tokio::time::Instant::now() + r.every;
     let mut poll_tick = tokio::time::interval(POLL);
     poll_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -518,6 +535,24 @@ async fn on_change(r: Refresher) {
             .unwrap_or(safety);
         if api_dirty && api_on {
             wake = wake.min(api_next);
+        }
+        if api_on {
+            whole_unless_api = None;
+        }
+        if let Some(at) = whole_unless_api {
+            if tokio::time::Instant::now() >= at {
+                whole_unless_api = None;
+                if last.as_ref().is_some_and(|t| t.services.is_empty()) {
+                    warn!(
+                        "the API's lists are not complete after {API_WAIT:?}: reading kube-proxy's rules whole meanwhile"
+                    );
+                    read_whole = true;
+                    pacer.signal(Instant::now());
+                    continue;
+                }
+            } else {
+                wake = wake.min(at);
+            }
         }
         tokio::select! {
             changed = async {

@@ -232,6 +232,39 @@ fn read_nft_facts(touched: &Touched) -> anyhow::Result<ServiceTable> {
     Ok(table)
 }
 
+/// kube-proxy's mode from the rules, cheaply: IPVS virtual services, an `ip kube-proxy`
+/// nf_tables table, or kube-proxy's `KUBE-SERVICES` nat chain (iptables-nft). None: none of
+/// them (no kube-proxy, or the legacy backend, which only a whole read sees). Blocking.
+pub fn detect_mode() -> Option<ServiceSource> {
+    if super::ipvs::services_digest()
+        .ok()
+        .flatten()
+        .is_some_and(|d| d != super::ipvs::empty_digest())
+    {
+        return Some(ServiceSource::Ipvs);
+    }
+    if nft_netlink::table_exists(FAMILY_IP, nftables::TABLE).unwrap_or(false)
+        || nft_netlink::table_exists(FAMILY_IP6, nftables::TABLE).unwrap_or(false)
+    {
+        return Some(ServiceSource::Nftables);
+    }
+    [FAMILY_IP, FAMILY_IP6]
+        .into_iter()
+        .any(|f| {
+            iptables::read_chain(f, "nat", "KUBE-SERVICES").is_ok_and(|rules| !rules.is_empty())
+        })
+        .then_some(ServiceSource::Iptables)
+}
+
+/// The first read of an agent whose table will be the API's: the mode and the dataplane's
+/// part ([`read_facts`]), or the whole rules when no mode shows that way. Blocking.
+pub fn first_read() -> anyhow::Result<ServiceTable> {
+    match detect_mode() {
+        Some(mode) => read_facts(&Touched::everything(), mode),
+        None => super::read_services(),
+    }
+}
+
 /// Reads what the node's kube-proxy (in `mode`) programmed for `addr:port/proto`: one chain
 /// (`KUBE-SERVICES`), one map (`service-ips`) or the IPVS virtual services. Blocking.
 pub fn programmed(
@@ -360,8 +393,16 @@ mod tests {
         }
         let text = std::fs::read_to_string(RULES).unwrap();
         let whole = parse_iptables_save(&text);
-        let ns = Netns::new("dataplane", &[""]);
+        let ns = Netns::new("dataplane", &["", "empty"]);
+        assert_eq!(
+            ns.run_in(1, detect_mode),
+            None,
+            "no kube-proxy rules: no mode"
+        );
         restore(&ns, &text);
+        assert_eq!(ns.run_in(0, detect_mode), Some(ServiceSource::Iptables));
+        let first = ns.run_in(0, first_read).unwrap();
+        assert!(first.services.is_empty() && !first.nodeports.is_empty());
 
         let facts = ns
             .run_in(0, || {
@@ -438,6 +479,7 @@ mod tests {
             ],
         );
         let whole = ns.run_in(0, nftables::read_blocking).unwrap().unwrap();
+        assert_eq!(ns.run_in(0, detect_mode), Some(ServiceSource::Nftables));
         let facts = ns
             .run_in(0, || {
                 read_facts(&Touched::everything(), ServiceSource::Nftables)

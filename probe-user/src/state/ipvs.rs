@@ -201,6 +201,11 @@ pub fn services_digest() -> Result<Option<u64>, IpvsError> {
     Ok(Some(h.finish()))
 }
 
+/// The digest of no virtual service at all (what [`services_digest`] says of an empty table).
+pub fn empty_digest() -> u64 {
+    std::hash::Hasher::finish(&std::collections::hash_map::DefaultHasher::new())
+}
+
 /// The service table the correlator uses: address services with their real servers as
 /// `ip:port`; firewall-mark services have no address and are left out.
 pub fn table_from(services: &[ServiceWithDests]) -> ServiceTable {
