@@ -140,16 +140,6 @@ impl Agent {
         Self::start_with(probe, dir, metrics_port, log, &[])
     }
 
-    /// [`Agent::start`] with extra environment (the agent's `CLB_PROBE_*` settings).
-    pub fn start_with_env(
-        probe: &Path,
-        dir: &Path,
-        metrics_port: u16,
-        env: &[(&str, &str)],
-    ) -> Result<Agent> {
-        Self::start_with(probe, dir, metrics_port, "warn", env)
-    }
-
     /// The agent with `CLB_PROBE_LOG=log` and extra environment `env`.
     pub fn start_with(
         probe: &Path,

@@ -262,7 +262,9 @@ fn fill_egress(pid: i32, work: &Path) -> Result<Duration> {
     Ok(t.elapsed())
 }
 
-/// Watches the agent's `iptables-save` children (a service-table re-read in progress).
+/// Watches for service-table re-reads: the agent's `iptables*` children (the legacy backend's
+/// dumps), and its log's `service table read (...) read_ms=T` lines (the nf_tables backend is
+/// read over netlink, no process: a line ending a read of T ms at time t is the span t-T..t).
 struct RereadWatch {
     stop: Arc<AtomicBool>,
     /// (start, end) CLOCK_MONOTONIC ns of each re-read seen.
@@ -285,16 +287,43 @@ fn children_reading(pid: i32) -> bool {
     })
 }
 
+/// The `read_ms` of a `service table read (...)` log line.
+fn read_ms_of(line: &str) -> Option<u64> {
+    if !line.contains("service table read (") {
+        return None;
+    }
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix("read_ms="))
+        .and_then(|v| {
+            v.trim_start_matches("Some(")
+                .trim_end_matches(')')
+                .parse()
+                .ok()
+        })
+}
+
 impl RereadWatch {
-    fn start(pid: i32) -> RereadWatch {
+    fn start(pid: i32, log: std::path::PathBuf) -> RereadWatch {
         let stop = Arc::new(AtomicBool::new(false));
         let spans = Arc::new(Mutex::new(Vec::new()));
         let (s, sp) = (stop.clone(), spans.clone());
         let thread = std::thread::spawn(move || {
             let mut open: Option<u64> = None;
+            // Lines already in the log (the first read) are not during the hairpins.
+            let mut seen = std::fs::read_to_string(&log).map(|t| t.len()).unwrap_or(0);
             while !s.load(Ordering::Relaxed) {
                 let busy = children_reading(pid);
                 let now = monotonic_ns();
+                if let Ok(text) = std::fs::read_to_string(&log)
+                    && text.len() > seen
+                {
+                    for ms in text[seen..].lines().filter_map(read_ms_of) {
+                        if let Ok(mut v) = sp.lock() {
+                            v.push((now.saturating_sub(ms * 1_000_000), now));
+                        }
+                    }
+                    seen = text.len();
+                }
                 match (busy, open) {
                     (true, None) => open = Some(now),
                     (false, Some(start)) => {
@@ -322,7 +351,8 @@ impl RereadWatch {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        let spans = self.spans.lock().map(|v| v.clone()).unwrap_or_default();
+        let mut spans = self.spans.lock().map(|v| v.clone()).unwrap_or_default();
+        spans.sort_unstable();
         let mut merged: Vec<(u64, u64)> = Vec::new();
         for (a, b) in spans {
             match merged.last_mut() {
@@ -447,9 +477,9 @@ pub(super) fn scale(probe: &Path, work: &Path, size: &Scale) -> Result<Row> {
     let rules = node(&["iptables-save", "-t", "nat"])?.lines().count();
     let save_ms = t.elapsed().as_secs_f64() * 1e3;
 
-    let agent = Agent::start_with_env(probe, work, METRICS_PORT, &[])?;
+    let agent = Agent::start_with_log(probe, work, METRICS_PORT, "info")?;
     let fill = fill_egress(agent.pid(), work)?;
-    let watch = RereadWatch::start(agent.pid());
+    let watch = RereadWatch::start(agent.pid(), work.join("agent.log"));
     let from_node = RawSender::new(net::NS_NODE)?;
     let from_tx = RawSender::new(net::NS_TX)?;
     let resync = Resync::start(size.services);
@@ -524,7 +554,7 @@ pub(super) fn scale(probe: &Path, work: &Path, size: &Scale) -> Result<Row> {
             size.services
         ),
         checked: "every hairpin confirmed (egress match by the per-source index); \
-                  confirmations arrive while an iptables-save re-read runs; conntrack, rules \
+                  confirmations arrive while a re-read runs; conntrack, rules \
                   and limit restored"
             .into(),
         figure: format!(
@@ -567,4 +597,20 @@ fn ipvs_dump_scale(probe: &Path, services: usize) -> Result<serde_json::Value> {
         bail!("{}", String::from_utf8_lossy(&out.stderr).trim());
     }
     serde_json::from_slice(&out.stdout).context("ipvs_dump_scale's output")
+}
+
+#[cfg(test)]
+mod reread_tests {
+    use super::read_ms_of;
+
+    #[test]
+    fn a_read_is_its_log_line() {
+        let line = "2026-11-27T12:00:00.1Z  INFO clb_probe::agent::services: service table read (change) source=Some(Iptables) services=1000 nodeports=1000 read_ms=12";
+        assert_eq!(read_ms_of(line), Some(12));
+        assert_eq!(
+            read_ms_of("INFO service table from the API (API change) services=3 made_ms=1"),
+            None
+        );
+        assert_eq!(read_ms_of("service table read starts whole=true"), None);
+    }
 }
