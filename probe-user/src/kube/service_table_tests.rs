@@ -580,13 +580,7 @@ fn kube_proxy_overall_iptables_rules_over_netlink() {
         .map(|l| l.replace(" -m nfacct --nfacct-name localhost_nps_accepted_pkts", "") + "\n")
         .collect();
     let ns = Netns::new("apitable-ipt", &[""]);
-    let mut child = std::process::Command::new("ip")
-        .args(["netns", "exec", ns.name(0), "iptables-nft-restore"])
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::io::Write::write_all(&mut child.stdin.take().unwrap(), text.as_bytes()).unwrap();
-    assert!(child.wait().unwrap().success());
+    ns.restore(0, &["iptables-nft-restore"], &text);
     let mut from_netlink = ns
         .run_in(0, crate::state::iptables::read_blocking)
         .expect("read over netlink");

@@ -350,7 +350,7 @@ pub fn lookup(table: &ServiceTable, addr: IpAddr, port: u16, proto: Proto) -> Da
 
 #[cfg(test)]
 mod tests {
-    use std::{io::Write as _, process::Command};
+    use std::process::Command;
 
     use super::*;
     use crate::state::{iptables::parse_iptables_save, test_netns::Netns};
@@ -359,21 +359,6 @@ mod tests {
         env!("CARGO_MANIFEST_DIR"),
         "/tests/data/iptables/lab-kube-proxy.rules"
     );
-
-    fn restore(ns: &Netns, text: &str) {
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", ns.name(0), "iptables-nft-restore"])
-            .stdin(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(text.as_bytes())
-            .unwrap();
-        assert!(child.wait().unwrap().success());
-    }
 
     /// The dataplane's part beside the API's table, from the lab's kube-proxy rules in a
     /// scratch namespace: the same NodePorts and masquerade rules the whole-table reader finds,
@@ -399,7 +384,7 @@ mod tests {
             None,
             "no kube-proxy rules: no mode"
         );
-        restore(&ns, &text);
+        ns.restore(0, &["iptables-nft-restore"], &text);
         assert_eq!(ns.run_in(0, detect_mode), Some(ServiceSource::Iptables));
         let first = ns.run_in(0, first_read).unwrap();
         assert!(first.services.is_empty() && !first.nodeports.is_empty());

@@ -40,6 +40,25 @@ impl Netns {
         sh(&full);
     }
 
+    /// Runs `args` (a restore tool: `iptables-nft-restore`, `ipset restore`, ...) in namespace
+    /// `i` with `text` on its standard input; panics if it fails.
+    pub fn restore(&self, i: usize, args: &[&str], text: &str) {
+        use std::io::Write as _;
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", self.0[i].as_str()])
+            .args(args)
+            .stdin(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(text.as_bytes())
+            .expect("write");
+        assert!(child.wait().expect("wait").success(), "{args:?} failed");
+    }
+
     /// Runs `f` on a new thread that has entered namespace `i`.
     pub fn run_in<T: Send + 'static>(&self, i: usize, f: impl FnOnce() -> T + Send + 'static) -> T {
         let path = format!("/run/netns/{}", self.0[i]);

@@ -236,19 +236,7 @@ fn read_in_namespace() {
     }
     let ns = Netns::new("ipt", &[""]);
     let rules = std::fs::read_to_string(format!("{DATA}lab-kube-proxy.rules")).unwrap();
-    let mut child = Command::new("ip")
-        .args(["netns", "exec", ns.name(0), "iptables-restore"])
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(rules.as_bytes())
-        .unwrap();
-    assert!(child.wait().unwrap().success());
+    ns.restore(0, &["iptables-restore"], &rules);
 
     let table = ns.run_in(0, read_blocking).unwrap();
     assert_eq!(table, fixture("lab-capture-v4.txt"));
@@ -711,19 +699,7 @@ fn the_access_filter_chain_names_its_ipsets() {
     let ns = Netns::new("iptset", &[""]);
     let sets = "create KUBE-CLUSTER-IP hash:ip,port family inet hashsize 1024 maxelem 65536\n\
                 create KUBE-IPVS-IPS hash:ip family inet hashsize 1024 maxelem 65536\n";
-    let mut child = Command::new("ip")
-        .args(["netns", "exec", ns.name(0), "ipset", "restore"])
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(sets.as_bytes())
-        .unwrap();
-    assert!(child.wait().unwrap().success());
+    ns.restore(0, &["ipset", "restore"], sets);
     nft_restore(
         &ns,
         "iptables-nft-restore",
