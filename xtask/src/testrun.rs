@@ -575,6 +575,7 @@ fn bench_quick() -> crate::bench::BenchArgs {
         ],
         scale_no_baseline: false,
         scale_api: false,
+        scale_api_only: false,
         scale_conntrack: None,
         scale_table_pattern: crate::bench::scale::TABLE_PATTERNS
             .map(String::from)

@@ -154,7 +154,7 @@ pub(super) async fn run(mut l: CorrelateLoop) -> anyhow::Result<()> {
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     // The service table is re-read off this loop: a whole nat table or IPVS dump can take a
     // second on a busy node, and events must not wait behind them (the egress map moves on).
-    let (services_tx, mut services_rx) = mpsc::channel::<state::ServiceTable>(1);
+    let (services_tx, mut services_rx) = mpsc::channel::<Arc<state::ServiceTable>>(1);
     let _services_task = AbortOnDrop(tokio::spawn(
         services::Refresher {
             mode: l.services_reader,
@@ -238,7 +238,7 @@ pub(super) async fn run(mut l: CorrelateLoop) -> anyhow::Result<()> {
             }
             Some(table) = services_rx.recv() => {
                 if l.tables.receiver_count() > 0 {
-                    l.tables.send_replace(Some(Arc::new(table.clone())));
+                    l.tables.send_replace(Some(table.clone()));
                 }
                 // A new table only (on change): two sysfs/bpffs listings, microseconds.
                 let dataplane = crate::check::dataplane::of_node(&table).name();

@@ -159,7 +159,8 @@ use probe_contract::{KindCounts, Listener, LoopbackEvent, LoopbackKind, SnatStat
 /// See the [module documentation](self).
 pub struct Correlator {
     cfg: CorrelatorConfig,
-    services: ServiceTable,
+    /// Shared with the refresher and the node report (`Arc`): never copied.
+    services: Arc<ServiceTable>,
     now: u64,
     next_id: u64,
     next_seq: u64,
@@ -222,7 +223,7 @@ impl Correlator {
     pub fn new(cfg: CorrelatorConfig) -> Self {
         Correlator {
             cfg,
-            services: ServiceTable::default(),
+            services: Arc::default(),
             now: 0,
             next_id: 1,
             next_seq: 0,
@@ -254,8 +255,8 @@ impl Correlator {
     }
 
     /// Replaces the service table (used at confirmation time).
-    pub fn set_services(&mut self, table: ServiceTable) {
-        self.services = table;
+    pub fn set_services(&mut self, table: impl Into<Arc<ServiceTable>>) {
+        self.services = table.into();
     }
 
     pub fn stats(&self) -> &CorrelatorStats {

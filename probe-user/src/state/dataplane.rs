@@ -225,7 +225,7 @@ fn read_nft_facts(touched: &Touched) -> anyhow::Result<ServiceTable> {
     {
         return Ok(table.clone());
     }
-    let table = nftables::read_facts()?.unwrap_or_default();
+    let table = nftables::read_facts_after(touched)?.unwrap_or_default();
     if let Ok(mut held) = HELD_NFT.lock() {
         *held = Some((netns, table.clone()));
     }
@@ -484,6 +484,53 @@ mod tests {
             })
             .unwrap();
         assert_eq!(again, facts);
+
+        // Incremental: a commit re-reads the chains it names, the rest comes from the last
+        // read. The Local Service's external chain gains an unconditional masquerade (now
+        // Cluster's shape); a commit naming another relevant chain leaves the NodePort Local,
+        // one naming this chain makes it Cluster, as a whole read does.
+        const EXT: &str = "external-DZ3B7L2Q-shop/api/tcp/https";
+        let local_31443 = |t: &ServiceTable| {
+            t.nodeports
+                .iter()
+                .find(|n| n.port == 31443)
+                .map(|n| n.local_only)
+        };
+        assert_eq!(local_31443(&facts), Some(true));
+        ns.exec(
+            0,
+            &[
+                "nft",
+                "insert",
+                "rule",
+                "ip",
+                "kube-proxy",
+                EXT,
+                "jump",
+                "mark-for-masquerade",
+            ],
+        );
+        let read_naming = |name: &'static str| {
+            ns.run_in(0, move || {
+                read_facts(
+                    &Touched::naming(FAMILY_IP, nftables::TABLE, [name]),
+                    ServiceSource::Nftables,
+                )
+            })
+            .unwrap()
+        };
+        assert_eq!(
+            local_31443(&read_naming(nftables::MASQUERADING)),
+            Some(true)
+        );
+        let named = read_naming(EXT);
+        assert_eq!(local_31443(&named), Some(false));
+        let whole_again = ns
+            .run_in(0, || {
+                read_facts(&Touched::everything(), ServiceSource::Nftables)
+            })
+            .unwrap();
+        assert_eq!(named, whole_again);
 
         let served = whole
             .services

@@ -126,6 +126,10 @@ pub struct BenchArgs {
     /// fake API in the bench namespace holding the same Services and EndpointSlices).
     #[arg(long)]
     pub scale_api: bool,
+    /// With `--scale-api`: only the rows with API access (a before/after of the API path;
+    /// pair it with `--out`).
+    #[arg(long, requires = "scale_api")]
+    pub scale_api_only: bool,
     /// With `--only scale`: what marks a new service table in the agent's log (any of these;
     /// the line also needs `services=N`).
     #[arg(
@@ -281,6 +285,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 modes: &args.scale_modes,
                 baseline: !args.scale_no_baseline,
                 api: args.scale_api,
+                api_only: args.scale_api_only,
                 conntrack: args
                     .scale_conntrack
                     .unwrap_or(if args.quick { 0 } else { 500_000 }),

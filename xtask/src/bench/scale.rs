@@ -72,6 +72,8 @@ pub struct Plan<'a> {
     /// A row with the agent given API access: the fake API holding the same Services
     /// ([`super::scale_api`]).
     pub api: bool,
+    /// Only the rows with API access.
+    pub api_only: bool,
     /// What marks a new service table in the agent's log (any of them).
     pub table_patterns: &'a [String],
     /// Conntrack entries created in the bench namespace before each agent start
@@ -668,6 +670,7 @@ pub fn measure(probe: &Path, work: &Path, port: u16, plan: &Plan) -> Result<Vec<
             for reader in [Reader::Change, Reader::Api, Reader::Timer] {
                 if (reader == Reader::Timer && !plan.baseline)
                     || (reader == Reader::Api && !plan.api)
+                    || (reader != Reader::Api && plan.api_only)
                 {
                     continue;
                 }

@@ -18,6 +18,7 @@ fn quick_is_short() {
         scale_modes: vec![super::scale::Mode::Iptables, super::scale::Mode::Nftables],
         scale_no_baseline: false,
         scale_api: false,
+        scale_api_only: false,
         scale_conntrack: None,
         scale_table_pattern: vec![],
         out: None,
