@@ -64,6 +64,50 @@ impl Index {
         services: impl IntoIterator<Item = &'a Service>,
         slices: impl IntoIterator<Item = &'a EndpointSlice>,
     ) -> Index {
+        let mut endpoints: HashMap<(String, String), Vec<IpAddr>> = HashMap::new();
+        for slice in slices {
+            let (Some(namespace), Some(service)) = (
+                &slice.metadata.namespace,
+                slice
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get("kubernetes.io/service-name")),
+            ) else {
+                continue;
+            };
+            let ready = slice
+                .endpoints
+                .iter()
+                .filter(|e| e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true))
+                .flat_map(|e| e.addresses.iter())
+                .filter_map(|a| a.parse::<IpAddr>().ok());
+            endpoints
+                .entry((namespace.clone(), service.clone()))
+                .or_default()
+                .extend(ready);
+        }
+        // In address order, whatever order the slices came in (`kept::Kept` keeps them so).
+        for ips in endpoints.values_mut() {
+            ips.sort_unstable();
+            ips.dedup();
+        }
+        let mut list: Vec<ServiceFacts> = services
+            .into_iter()
+            .filter_map(|s| facts(s, &mut endpoints))
+            .filter(|s| is_api_name(&s.namespace) && is_api_name(&s.name))
+            .map(bounded)
+            .collect();
+        list.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        Index::from_facts(pods, list.into_iter().map(Arc::new))
+    }
+
+    /// The index of `pods` and of Services' facts already made (`kept::Kept` keeps them per
+    /// watch event), in (namespace, name) order: the facts are shared, not copied.
+    pub fn from_facts<'a>(
+        pods: impl IntoIterator<Item = &'a Pod>,
+        services: impl IntoIterator<Item = Arc<ServiceFacts>>,
+    ) -> Index {
         let mut index = Index::default();
         for pod in pods {
             let (Some(namespace), Some(name)) = (&pod.metadata.namespace, &pod.metadata.name)
@@ -107,36 +151,7 @@ impl Index {
                 index.pods.insert(ip, pod_ref.clone());
             }
         }
-        let mut endpoints: HashMap<(String, String), Vec<IpAddr>> = HashMap::new();
-        for slice in slices {
-            let (Some(namespace), Some(service)) = (
-                &slice.metadata.namespace,
-                slice
-                    .metadata
-                    .labels
-                    .as_ref()
-                    .and_then(|l| l.get("kubernetes.io/service-name")),
-            ) else {
-                continue;
-            };
-            let ready = slice
-                .endpoints
-                .iter()
-                .filter(|e| e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true))
-                .flat_map(|e| e.addresses.iter())
-                .filter_map(|a| a.parse::<IpAddr>().ok());
-            endpoints
-                .entry((namespace.clone(), service.clone()))
-                .or_default()
-                .extend(ready);
-        }
-        let mut list: Vec<ServiceFacts> = services
-            .into_iter()
-            .filter_map(|s| facts(s, &mut endpoints))
-            .filter(|s| is_api_name(&s.namespace) && is_api_name(&s.name))
-            .map(bounded)
-            .collect();
-        list.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        let list: Vec<Arc<ServiceFacts>> = services.into_iter().collect();
         for (i, service) in list.iter().enumerate() {
             let lb_ips: Vec<IpAddr> = service
                 .ingress
@@ -166,7 +181,7 @@ impl Index {
                 index.node_ports.entry((hc, "TCP".into())).or_insert(i);
             }
         }
-        index.services = list.into_iter().map(Arc::new).collect();
+        index.services = list;
         index
     }
 

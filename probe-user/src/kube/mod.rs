@@ -30,6 +30,7 @@
 pub mod enrich;
 pub mod hold;
 pub mod index;
+pub mod kept;
 pub mod service_table;
 pub mod watcher;
 pub mod watches;

@@ -442,6 +442,28 @@ impl ApiServiceTable {
         self.recompute_all();
     }
 
+    /// A Services relist's content, replacing the Services (the slices stay).
+    pub fn replace_services(
+        &mut self,
+        services: impl IntoIterator<Item = (String, PrunedService)>,
+    ) {
+        self.services = services
+            .into_iter()
+            .map(|(k, s)| (Arc::from(k), s))
+            .collect();
+        self.recompute_all();
+    }
+
+    /// An EndpointSlices relist's content, replacing the slices (the Services stay).
+    pub fn replace_slices(&mut self, slices: impl IntoIterator<Item = (String, PrunedSlice)>) {
+        self.slices.clear();
+        self.slices_of.clear();
+        for (key, s) in slices {
+            self.insert_slice(&key, s);
+        }
+        self.recompute_all();
+    }
+
     fn recompute_all(&mut self) {
         self.programmed.clear();
         self.frontends.clear();
