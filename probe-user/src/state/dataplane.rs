@@ -299,16 +299,23 @@ pub fn programmed(
                 found,
             })
         }
+        // The virtual services alone: whether one exists is the question, not its real
+        // servers (a dump per service).
         Some(ServiceSource::Ipvs) => {
-            let services = super::ipvs::read()?.unwrap_or_default();
+            let services = super::ipvs::virtual_services()?.unwrap_or_default();
             Ok(DataplaneRead {
                 read: format!(
                     "the IPVS virtual services ({} read over generic netlink)",
-                    services.services.len()
+                    services.len()
                 ),
                 found: services
-                    .serves(addr, port, proto)
-                    .map(|s| format!("IPVS virtual service {}/{}", sock(s.vip, s.port), s.proto.as_str())),
+                    .iter()
+                    .find(|s| {
+                        s.addr == Some(addr)
+                            && s.port == port
+                            && Proto::from_raw(s.protocol as u8) == proto
+                    })
+                    .map(|_| format!("IPVS virtual service {}/{}", sock(addr, port), proto.as_str())),
             })
         }
         // The legacy backend, or no mode known: the whole table, once per question.

@@ -172,11 +172,9 @@ pub fn capture() -> Result<Option<Capture>, IpvsError> {
     Ok(Some(cap))
 }
 
-/// A digest of the virtual services alone (one dump, no per-service destination dumps), or
-/// None without IPVS: the cheap change test of [`super::changes`]. Statistics are not part of
-/// the decoded services, so traffic does not move it.
-pub fn services_digest() -> Result<Option<u64>, IpvsError> {
-    use std::hash::{Hash, Hasher};
+/// The virtual services alone (one dump, no per-service destination dumps), or None without
+/// IPVS.
+pub fn virtual_services() -> Result<Option<Vec<IpvsService>>, IpvsError> {
     if !std::path::Path::new(PROC_IP_VS).exists() {
         return Ok(None);
     }
@@ -189,11 +187,21 @@ pub fn services_digest() -> Result<Option<u64>, IpvsError> {
     let Some(family) = parse_family_id(&family_reply)? else {
         return Ok(None);
     };
-    let services = parse_services(&conn.request(
+    Ok(Some(parse_services(&conn.request(
         "IPVS service dump",
         genl(IpvsMessage::get_services(), family),
         true,
-    )?)?;
+    )?)?))
+}
+
+/// A digest of the virtual services alone ([`virtual_services`]), or None without IPVS: the
+/// cheap change test of [`super::changes`]. Statistics are not part of the decoded services,
+/// so traffic does not move it.
+pub fn services_digest() -> Result<Option<u64>, IpvsError> {
+    use std::hash::{Hash, Hasher};
+    let Some(services) = virtual_services()? else {
+        return Ok(None);
+    };
     let mut h = std::collections::hash_map::DefaultHasher::new();
     for s in &services {
         (s.af, s.protocol, s.addr, s.port, s.fwmark, &s.scheduler).hash(&mut h);
