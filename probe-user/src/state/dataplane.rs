@@ -248,11 +248,12 @@ pub fn detect_mode() -> Option<ServiceSource> {
     {
         return Some(ServiceSource::Nftables);
     }
+    // The chain's existence, not its rules: at 30,000 Services `KUBE-SERVICES` holds 30,000
+    // rules, and reading them (with their text, cached) to learn the mode was most of an
+    // API agent's peak memory.
     [FAMILY_IP, FAMILY_IP6]
         .into_iter()
-        .any(|f| {
-            iptables::read_chain(f, "nat", "KUBE-SERVICES").is_ok_and(|rules| !rules.is_empty())
-        })
+        .any(|f| nft_netlink::chain_exists(f, "nat", "KUBE-SERVICES").unwrap_or(false))
         .then_some(ServiceSource::Iptables)
 }
 

@@ -207,6 +207,25 @@ pub fn table_exists(family: u8, table: &str) -> Result<bool, NftNetlinkError> {
     }
 }
 
+/// Whether chain `chain` of table `table` in `family` exists (`NFT_MSG_GETCHAIN` for that one
+/// chain: the kernel refuses with `ENOENT` when the table or the chain does not exist). No
+/// rule is read.
+pub fn chain_exists(family: u8, table: &str, chain: &str) -> Result<bool, NftNetlinkError> {
+    let what = || format!("chain {} {table} {chain}", family_name(family));
+    match ask(
+        &what,
+        NftRequest::new(NFT_MSG_GETCHAIN, family)
+            .with_str(wire::NFTA_CHAIN_TABLE, table)
+            .with_str(wire::NFTA_CHAIN_NAME, chain),
+        false,
+        &mut |_| Ok(()),
+    ) {
+        Ok(()) => Ok(true),
+        Err(e) if e.is_absent() => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// The rules of `table` in `family`, of chain `chain` only when given, in the kernel's order
 /// (chain by chain, each in rule order), handed to `on_rule` one by one. `on_reset` is called
 /// when an interrupted dump starts again (what was handed over is stale). A chain that does
