@@ -12,6 +12,8 @@ use probe_contract::{
 use probe_tests::{
     agent::{Agent, require_root, tempdir::TempDir, wait_for},
     capture::{packet_comments, tcpdump_read},
+    kube_fixture::{KubeFixture, NODE_NAME, plugin_bin},
+    written::{clb_events, is},
 };
 use test_support::lab::{
     self, LabGuard, Outcome, Scenario, Variants, http_get_bytes_in, http_get_in,
@@ -145,4 +147,162 @@ fn with_the_capture_off_the_loop_is_listed_without_packets() {
     .expect("the loop is listed");
     // Confirmed as before, from plain records: nothing to keep.
     assert_eq!(listed.packets, 0);
+}
+
+/// The agent's pod as the DaemonSet makes it: hostNetwork (its IP is the node's), its
+/// metrics port named.
+fn agent_pod(name: &str, node: &str, ip: &str, port: u16) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "clb-probe",
+                     "labels": {"app.kubernetes.io/name": "clb-probe"},
+                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
+                                          "name": "clb-probe", "uid": "u1", "controller": true}]},
+        "spec": {"nodeName": node, "hostNetwork": true, "containers": [{
+            "name": "agent", "image": "clb-probe",
+            "ports": [{"name": "metrics", "containerPort": port}]}]},
+        "status": {"phase": "Running", "podIP": ip},
+    })
+}
+
+/// `kubectl-clb_probe --kubeconfig K ARGS` run in the lab's node namespace, where the fake
+/// API server listens.
+fn plugin_in_node(api: &KubeFixture, args: &[&str]) -> std::process::Output {
+    std::process::Command::new("ip")
+        .args(["netns", "exec", lab::NS_NODE])
+        .arg(plugin_bin())
+        .args(["--kubeconfig", api.kubeconfig()])
+        .args(args)
+        .env_remove("KUBECONFIG")
+        .output()
+        .expect("run kubectl-clb_probe")
+}
+
+#[test]
+fn kubectl_evidence_writes_each_nodes_capture_through_the_api_servers_pod_proxy() {
+    if !require_root("evidence_kubectl") {
+        return;
+    }
+    const PORT: u16 = 19968;
+    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    let api = KubeFixture::builder().tag("evidence").start();
+    // The fake's pods/proxy connects from the node's namespace, as the API server reaches a
+    // hostNetwork pod at the node's address.
+    api.proxy_pods_in(lab::NS_NODE);
+    let node_ip = lab::NODE_IP.to_string();
+    api.apply(agent_pod("clb-probe-aaaaa", NODE_NAME, &node_ip, PORT));
+    // A second node that reported the same Service, whose agent does not answer.
+    api.apply(agent_pod("clb-probe-bbbbb", "node-b", "127.0.0.1", 1));
+    let listen = format!("{node_ip}:{PORT}");
+    let agent = api.start_agent(&["--metrics-addr", &listen]);
+    assert_eq!(
+        lab.traffic(Scenario::HealthcheckBlackhole).unwrap(),
+        Outcome::Timeout
+    );
+    let event = agent.only_event(LoopbackKind::HealthcheckBlackhole, Duration::from_secs(10));
+    let svc = event
+        .facts
+        .service
+        .clone()
+        .unwrap_or_else(|| panic!("the Service is named: {event:#?}"));
+    let service = format!("{}/{}", svc.namespace, svc.name);
+    let ours = wait_for("the agent's Event", Duration::from_secs(10), || {
+        clb_events(&api)
+            .into_iter()
+            .find(|e| is(&e.reason, "HealthCheckBlackhole"))
+    })
+    .unwrap_or_else(|| panic!("no Event: {:#?}", clb_events(&api)));
+    let mut other = serde_json::to_value(&ours).unwrap();
+    other["metadata"] = serde_json::json!({"name": "from-node-b", "namespace": svc.namespace});
+    other["reportingInstance"] = "node-b".into();
+    api.apply(other);
+    wait_for(
+        "the loop's packets are kept",
+        Duration::from_secs(10),
+        || {
+            let (_, body) = http_get_in(lab::NS_NODE, &listen, "/evidence")?;
+            let index: EvidenceIndex = serde_json::from_str(&body).ok()?;
+            index
+                .loops
+                .iter()
+                .find(|l| l.key == event.key && l.packets > 0)
+                .cloned()
+        },
+    )
+    .expect("evidence kept for the loop");
+
+    let dir = TempDir::new("evidence-out");
+    let out_dir = dir.path().join("out");
+    let out = plugin_in_node(
+        &api,
+        &["evidence", &service, "-o", out_dir.to_str().unwrap()],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // node-b's agent does not answer: exit 1, named; this node's folder is written anyway.
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("node-b") && stderr.contains("no evidence from node-b"),
+        "{stderr}"
+    );
+    let node_dir = out_dir.join(NODE_NAME);
+    for file in [
+        "capture.pcapng",
+        "events.json",
+        "conntrack.json",
+        "rules.txt",
+        "check.json",
+    ] {
+        assert!(
+            node_dir.join(file).is_file(),
+            "{file} missing in {}",
+            node_dir.display()
+        );
+    }
+    let readme = std::fs::read_to_string(out_dir.join("README.txt")).unwrap();
+    assert!(
+        readme.contains(&format!("{NODE_NAME}/: 1 loop(s)")),
+        "{readme}"
+    );
+    assert!(readme.contains("node-b: NOT WRITTEN"), "{readme}");
+    let capture = node_dir.join("capture.pcapng");
+    let packets = tcpdump_read(&capture);
+    let flow = format!("IP {}.{} > ", event.src, event.src_port);
+    assert!(
+        packets.contains(&flow),
+        "no packet of {flow:?} in:\n{packets}"
+    );
+    let comments = packet_comments(&std::fs::read(&capture).unwrap());
+    assert!(
+        comments
+            .iter()
+            .any(|c| c.contains("hook kfree_skb") && c.contains("drop reason")),
+        "{comments:#?}"
+    );
+    let bundles: Vec<EvidenceBundle> =
+        serde_json::from_slice(&std::fs::read(node_dir.join("events.json")).unwrap()).unwrap();
+    assert_eq!(bundles.len(), 1);
+    assert_eq!(bundles[0].event.key, event.key);
+
+    // DIR is not empty now: refused before anything is asked.
+    let again = plugin_in_node(
+        &api,
+        &["evidence", &service, "-o", out_dir.to_str().unwrap()],
+    );
+    assert_eq!(again.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&again.stderr).contains("exists and is not empty"));
+
+    // Without pods/proxy: each node says which permission is missing.
+    api.forbid("pods/proxy", "get");
+    let denied_dir = dir.path().join("denied");
+    let denied = plugin_in_node(
+        &api,
+        &["evidence", &service, "-o", denied_dir.to_str().unwrap()],
+    );
+    let stderr = String::from_utf8_lossy(&denied.stderr);
+    assert_eq!(denied.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("forbidden") && stderr.contains("pods/proxy"),
+        "{stderr}"
+    );
+    assert!(!denied_dir.join(NODE_NAME).exists());
 }
