@@ -459,7 +459,9 @@ impl Default for ProbeConfig {
         Self {
             dedup_ns: 1_000_000_000,
             events_per_sec: 256,
-            wakeup_bytes: 64 * size_of::<PacketEvent>() as u64,
+            // 64 records of the default, captured size (a bare record is 72 bytes: with
+            // `capture_bytes` 0 a batch is larger, the wake-ups fewer).
+            wakeup_bytes: 64 * size_of::<CapturedPacketEvent>() as u64,
             wakeups_per_sec: 100,
             netns_ino: 0,
             reason_consumed: u32::MAX,

@@ -15,7 +15,7 @@ use probe_common::{
 pub(crate) static CONFIG: Global<ProbeConfig> = Global::new(ProbeConfig {
     dedup_ns: 1_000_000_000,
     events_per_sec: 256,
-    wakeup_bytes: 64 * 72,
+    wakeup_bytes: 64 * 208,
     wakeups_per_sec: 100,
     netns_ino: 0,
     reason_consumed: u32::MAX,
