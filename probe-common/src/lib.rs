@@ -392,6 +392,25 @@ pub struct PacketEvent {
     pub _pad: [u8; 2],
 }
 
+/// Most bytes of a packet a record carries (from its network header on): the IP header, the
+/// TCP or UDP header and a few bytes of payload, enough to show the looping packet in a
+/// capture. The agent's `--capture-bytes` (0 = none) sets how many within it.
+pub const CAPTURE_MAX: usize = 128;
+
+/// A record with the first bytes of its packet: a [`PacketEvent`] followed by up to
+/// [`CAPTURE_MAX`] bytes from the network header. Written instead of a bare [`PacketEvent`]
+/// when `ProbeConfig::capture_bytes` is not 0; the reader tells the two apart by length.
+/// Only records (anomalies) carry it: ordinary packets are never copied.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CapturedPacketEvent {
+    pub event: PacketEvent,
+    /// Bytes of `data` holding the packet (0: it could not be read); the rest is stale.
+    pub cap_len: u16,
+    pub _pad: [u8; 6],
+    pub data: [u8; CAPTURE_MAX],
+}
+
 /// Offsets into kernel structs, read from the running kernel's BTF by the agent and passed to
 /// the `kfree_skb` program as a global: aya-ebpf has no CO-RE field relocations, and these
 /// offsets differ between kernels.
@@ -406,7 +425,9 @@ pub struct KernelOffsets {
     pub net_ns_inum: u32,
     /// 1 when the offsets above were filled in; the drop program does nothing otherwise.
     pub valid: u32,
-    pub _pad: u32,
+    /// `sk_buff.tail`: the end of the linear data, as an offset from `head` (64-bit kernels'
+    /// `sk_buff_data_t`), so a drop's capture never reads past the packet.
+    pub skb_tail: u32,
 }
 
 /// Tunables passed to the programs as globals at load time.
@@ -427,6 +448,10 @@ pub struct ProbeConfig {
     pub netns_ino: u32,
     /// `SKB_CONSUMED`'s value on this kernel (not a drop), or u32::MAX when the kernel has none.
     pub reason_consumed: u32,
+    /// Bytes of each recorded packet copied into its record, from the network header on (at
+    /// most [`CAPTURE_MAX`]; 0 = no copy, plain [`PacketEvent`] records).
+    pub capture_bytes: u32,
+    pub _pad: u32,
 }
 
 impl Default for ProbeConfig {
@@ -434,10 +459,14 @@ impl Default for ProbeConfig {
         Self {
             dedup_ns: 1_000_000_000,
             events_per_sec: 256,
-            wakeup_bytes: 64 * size_of::<PacketEvent>() as u64,
+            // 64 records of the default, captured size (a bare record is 72 bytes: with
+            // `capture_bytes` 0 a batch is larger, the wake-ups fewer).
+            wakeup_bytes: 64 * size_of::<CapturedPacketEvent>() as u64,
             wakeups_per_sec: 100,
             netns_ino: 0,
             reason_consumed: u32::MAX,
+            capture_bytes: CAPTURE_MAX as u32,
+            _pad: 0,
         }
     }
 }
@@ -475,11 +504,12 @@ pin_layout!(PacketEvent, size 72, align 8, {
 });
 pin_layout!(KernelOffsets, size 32, align 4, {
     skb_head: 0, skb_network_header: 4, skb_dev: 8, skb_iif: 12, dev_nd_net: 16,
-    net_ns_inum: 20, valid: 24, _pad: 28,
+    net_ns_inum: 20, valid: 24, skb_tail: 28,
 });
-pin_layout!(ProbeConfig, size 40, align 8, {
+pin_layout!(CapturedPacketEvent, size 208, align 8, { event: 0, cap_len: 72, _pad: 74, data: 80 });
+pin_layout!(ProbeConfig, size 48, align 8, {
     dedup_ns: 0, events_per_sec: 8, wakeup_bytes: 16, wakeups_per_sec: 24, netns_ino: 32,
-    reason_consumed: 36,
+    reason_consumed: 36, capture_bytes: 40, _pad: 44,
 });
 
 #[cfg(feature = "user")]
@@ -497,6 +527,7 @@ mod pod {
     unsafe impl aya::Pod for FlowKey {}
     unsafe impl aya::Pod for Budget {}
     unsafe impl aya::Pod for PacketEvent {}
+    unsafe impl aya::Pod for CapturedPacketEvent {}
     unsafe impl aya::Pod for KernelOffsets {}
     unsafe impl aya::Pod for ProbeConfig {}
 }

@@ -22,6 +22,7 @@ pub mod check;
 pub mod clock;
 pub mod condition;
 mod event;
+pub mod evidence;
 pub mod facts;
 mod fix;
 pub mod kube_event;

@@ -106,6 +106,16 @@ impl KernelEvent {
     }
 }
 
+/// What the reader passes on for one ring-buffer record: the event, and the first bytes of
+/// its packet from the network header on (IPv4 or IPv6 header first) when the kernel copied
+/// them (`probe agent --capture-bytes`, on by default); empty when it did not. The bytes go
+/// to the evidence capture only (`GET /evidence`), never into the record stream or events.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelRecord {
+    pub event: KernelEvent,
+    pub packet_bytes: Vec<u8>,
+}
+
 /// A pod's connection opener that left the node without SNAT (from the `EGRESS_FLOWS` map).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EgressRecord {

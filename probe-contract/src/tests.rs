@@ -449,3 +449,49 @@ fn an_announcer_owner_is_an_added_field_of_the_interface_owner() {
     };
     assert_eq!(odd.label(), "announcer:lo", "labels stay bounded");
 }
+
+#[test]
+fn the_evidence_index_and_bundle_read_back_as_written() {
+    use crate::evidence::{EvidenceBundle, EvidenceIndex, Hook, LoopSummary, PacketSummary};
+    let index = EvidenceIndex {
+        node: Some("node-a".into()),
+        mode: "headers".into(),
+        loops: vec![LoopSummary {
+            id: "00112233445566ff".into(),
+            key: event().key,
+            kind: LoopbackKind::Hairpin,
+            service: Some("default/web".into()),
+            count: 3,
+            packets: 2,
+        }],
+    };
+    let text = serde_json::to_string(&index).unwrap();
+    assert_eq!(serde_json::from_str::<EvidenceIndex>(&text).unwrap(), index);
+    let bundle = EvidenceBundle {
+        id: "00112233445566ff".into(),
+        node: None,
+        capture: "/evidence/00112233445566ff/capture.pcapng".into(),
+        event: event(),
+        packets: vec![PacketSummary {
+            ts_ns: 7,
+            hook: Hook::KfreeSkb,
+            iface: Some("eth0".into()),
+            drop_reason: Some("IP_RPFILTER".into()),
+            src: "10.0.0.5".parse().unwrap(),
+            sport: 40000,
+            dst: "10.0.0.1".parse().unwrap(),
+            dport: 30080,
+            proto: Proto::Tcp,
+            captured: 60,
+        }],
+        conntrack: vec!["conntrack (egress flow): ...".into()],
+        rules: vec!["nat rule: -A KUBE-POSTROUTING".into()],
+        check: vec![],
+    };
+    let text = serde_json::to_string(&bundle).unwrap();
+    assert!(text.contains("\"hook\":\"kfree_skb\""), "{text}");
+    assert_eq!(
+        serde_json::from_str::<EvidenceBundle>(&text).unwrap(),
+        bundle
+    );
+}

@@ -5,14 +5,17 @@
 
 use aya_ebpf::{
     EbpfContext,
-    helpers::{bpf_ktime_get_ns, bpf_probe_read_kernel},
+    cty::c_void,
+    helpers::{
+        bpf_ktime_get_ns, bpf_probe_read_kernel, generated::bpf_probe_read_kernel as gen_read,
+    },
     macros::{btf_tracepoint, raw_tracepoint},
     programs::{BtfTracePointContext, RawTracePointContext},
 };
 use probe_common::{DropDestinationKey, DropKey, KernelOffsets, family, kind, stat, tag};
 
 use crate::{
-    emit::{Meta, count, emit, flow_of, may_emit, stat_add},
+    emit::{Meta, PacketBytes, count, emit, flow_of, may_emit, stat_add},
     lookup::lookup_tag,
     maps::{CONFIG, DROP_DESTINATIONS, DROPS, NICS, OFFSETS},
     packet::{IPPROTO_TCP, IPPROTO_UDP, Packet, bytes},
@@ -65,6 +68,52 @@ fn parse_skb(skb: *const u8, off: &KernelOffsets) -> Option<Packet> {
         }
     }
     Some(pkt)
+}
+
+/// A dropped skb's packet as record bytes: from `head + network_header` to the end of the
+/// linear data (`head + tail`) and no further than the IP packet's own length, read with
+/// `bpf_probe_read_kernel` (a tracepoint cannot use the skb helpers). Read only for a drop
+/// that is being recorded.
+struct SkbBytes<'a> {
+    skb: *const u8,
+    off: &'a KernelOffsets,
+}
+
+impl SkbBytes<'_> {
+    #[inline(always)]
+    fn network_header(&self) -> Option<(*const u8, u32)> {
+        let head: *const u8 = read(self.skb, self.off.skb_head)?;
+        let nh: u16 = read(self.skb, self.off.skb_network_header)?;
+        if nh == u16::MAX || head.is_null() || self.off.skb_tail == 0 {
+            return None;
+        }
+        let tail: u32 = read(self.skb, self.off.skb_tail)?;
+        let linear = tail.checked_sub(u32::from(nh))?;
+        let ip = unsafe { head.add(nh as usize) };
+        // The IP packet's length: the linear data may hold link-layer padding after it.
+        let ip_len = match read::<u8>(ip, 0)? >> 4 {
+            4 => u32::from(u16::from_be(read::<u16>(ip, 2)?)),
+            6 => 40 + u32::from(u16::from_be(read::<u16>(ip, 4)?)),
+            _ => return None,
+        };
+        Some((ip, linear.min(ip_len)))
+    }
+}
+
+impl PacketBytes for SkbBytes<'_> {
+    #[inline(always)]
+    fn available(&self) -> u32 {
+        self.network_header().map_or(0, |(_, n)| n)
+    }
+
+    #[inline(always)]
+    fn copy_to(&self, dst: *mut u8, len: u32) -> bool {
+        let Some((ip, _)) = self.network_header() else {
+            return false;
+        };
+        // SAFETY: the caller bounds `len` to the record's buffer at `dst`.
+        unsafe { gen_read(dst as *mut c_void, len, ip as *const c_void) == 0 }
+    }
 }
 
 /// Whether a dropped skb's IP source equals its destination (IPv4, or IPv6 compared as four
@@ -211,6 +260,7 @@ fn on_kfree_skb<C: EbpfContext>(ctx: &C, skb: *const u8, location: u64, reason: 
             netns,
             now,
         },
+        &SkbBytes { skb, off: &off },
     );
 }
 

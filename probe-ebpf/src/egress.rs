@@ -11,7 +11,7 @@ use crate::{
     emit::{Meta, emit, flow_of, may_emit, stat_add},
     lookup::lookup_tag,
     maps::{CONFIG, EGRESS_FLOWS, EGRESS_SOURCES},
-    packet::{IPPROTO_TCP, IPPROTO_UDP, Packet, TCP_ACK, TCP_SYN, bytes, parse},
+    packet::{IPPROTO_TCP, IPPROTO_UDP, Packet, TCP_ACK, TCP_SYN, TcBytes, bytes, parse},
 };
 
 /// A TCP SYN leaving a NIC with a bound VIP as source: a call to the LB IP forwarded to
@@ -38,6 +38,7 @@ fn on_vip_egress(ctx: &TcContext, pkt: &Packet) {
             netns: 0,
             now,
         },
+        &TcBytes(ctx),
     );
 }
 

@@ -8,7 +8,9 @@ use aya_ebpf::{
     },
     maps::PerCpuHashMap,
 };
-use probe_common::{FlowKey, PacketEvent, ProbeConfig, budget, kind, stat};
+use probe_common::{
+    CAPTURE_MAX, CapturedPacketEvent, FlowKey, PacketEvent, ProbeConfig, budget, kind, stat,
+};
 
 use crate::{
     maps::{BUDGET, EVENTS, RECENT, STATS, WAKE_POS},
@@ -109,10 +111,21 @@ pub(crate) struct Meta {
     pub(crate) now: u64,
 }
 
+/// Where a record's packet bytes come from: the hook's own way of reading its packet.
+/// Asked only once a record is being written (an anomaly), never for an ordinary packet.
+pub(crate) trait PacketBytes {
+    /// Bytes readable from the network header on (at most what the packet holds).
+    fn available(&self) -> u32;
+    /// Copies `len` bytes (1..=`CAPTURE_MAX`) from the network header to `dst`; false if
+    /// they could not be read.
+    fn copy_to(&self, dst: *mut u8, len: u32) -> bool;
+}
+
 /// Writes one record straight into the ring buffer (no stack copy: the verifier's 512-byte
-/// stack limit is shared by every frame).
+/// stack limit is shared by every frame). With `capture_bytes` set, the record carries the
+/// packet's first bytes as well (`CapturedPacketEvent`), copied from `bytes` into the ring.
 #[inline(always)]
-pub(crate) fn emit(cfg: &ProbeConfig, pkt: &Packet, m: Meta) {
+pub(crate) fn emit<B: PacketBytes>(cfg: &ProbeConfig, pkt: &Packet, m: Meta, bytes: &B) {
     // Waking the reader per record costs an IPI per packet (see PERFORMANCE.md): wake it when
     // a batch has built up, or for a record that can confirm an event, else leave the record
     // to the reader's backstop timer.
@@ -123,12 +136,49 @@ pub(crate) fn emit(cfg: &ProbeConfig, pkt: &Packet, m: Meta) {
     } else {
         BPF_RB_NO_WAKEUP as u64
     };
-    let Some(mut entry) = EVENTS.reserve::<PacketEvent>(0) else {
-        stat_add(stat::RINGBUF_FULL);
-        return;
-    };
-    let ev = entry.as_mut_ptr();
-    // SAFETY: `ev` points at a reserved, exclusively owned record; every field is written.
+    if cfg.capture_bytes == 0 {
+        let Some(mut entry) = EVENTS.reserve::<PacketEvent>(0) else {
+            stat_add(stat::RINGBUF_FULL);
+            return;
+        };
+        // SAFETY: a reserved, exclusively owned record.
+        unsafe { write_event(entry.as_mut_ptr(), pkt, &m) };
+        entry.submit(flags);
+    } else {
+        let Some(mut entry) = EVENTS.reserve::<CapturedPacketEvent>(0) else {
+            stat_add(stat::RINGBUF_FULL);
+            return;
+        };
+        let rec = entry.as_mut_ptr();
+        // SAFETY: a reserved, exclusively owned record; `event` is its first field.
+        unsafe { write_event(rec.cast(), pkt, &m) };
+        let want = cfg.capture_bytes.min(bytes.available());
+        // Masked and bounded again for the verifier: the copy's length must be provably
+        // within 1..=CAPTURE_MAX, the record's `data`.
+        let len = want & 0xff;
+        let copied = if len > 0 && len <= CAPTURE_MAX as u32 {
+            // SAFETY: `data` holds CAPTURE_MAX bytes; `len` is at most that.
+            bytes.copy_to(unsafe { (*rec).data.as_mut_ptr() }, len)
+        } else {
+            false
+        };
+        // SAFETY: as above. Bytes of `data` past `cap_len` are left as the ring had them
+        // (our own earlier records): the reader reads only `cap_len`.
+        unsafe {
+            (*rec).cap_len = if copied { len as u16 } else { 0 };
+            (*rec)._pad = [0; 6];
+        }
+        entry.submit(flags);
+    }
+    stat_add(stat::EMITTED);
+}
+
+/// Fills the `PacketEvent` at `ev`, every field.
+///
+/// # Safety
+/// `ev` points at a reserved ring-buffer record owned by the caller.
+#[inline(always)]
+unsafe fn write_event(ev: *mut PacketEvent, pkt: &Packet, m: &Meta) {
     unsafe {
         (*ev).ts_ns = m.now;
         (*ev).location = m.location;
@@ -147,8 +197,6 @@ pub(crate) fn emit(cfg: &ProbeConfig, pkt: &Packet, m: Meta) {
         (*ev).tcp_flags = pkt.tcp_flags;
         (*ev)._pad = [0; 2];
     }
-    entry.submit(flags);
-    stat_add(stat::EMITTED);
 }
 
 #[inline(always)]

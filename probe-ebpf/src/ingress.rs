@@ -10,7 +10,7 @@ use crate::{
     emit::{Meta, count, emit, flow_of, may_emit},
     lookup::lookup_tag,
     maps::{CONFIG, SUSPECTS},
-    packet::{Packet, parse_l3, parse_l4},
+    packet::{Packet, TcBytes, parse_l3, parse_l4},
 };
 
 #[classifier]
@@ -61,5 +61,6 @@ fn on_suspect(ctx: &TcContext, pkt: &Packet, src_tag: u8) {
             netns: 0,
             now,
         },
+        &TcBytes(ctx),
     );
 }

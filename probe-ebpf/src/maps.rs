@@ -15,10 +15,12 @@ use probe_common::{
 pub(crate) static CONFIG: Global<ProbeConfig> = Global::new(ProbeConfig {
     dedup_ns: 1_000_000_000,
     events_per_sec: 256,
-    wakeup_bytes: 64 * 72,
+    wakeup_bytes: 64 * 208,
     wakeups_per_sec: 100,
     netns_ino: 0,
     reason_consumed: u32::MAX,
+    capture_bytes: probe_common::CAPTURE_MAX as u32,
+    _pad: 0,
 });
 
 #[unsafe(no_mangle)]
@@ -30,7 +32,7 @@ pub(crate) static OFFSETS: Global<KernelOffsets> = Global::new(KernelOffsets {
     dev_nd_net: 0,
     net_ns_inum: 0,
     valid: 0,
-    _pad: 0,
+    skb_tail: 0,
 });
 
 /// The node's own IPv4 host addresses (/32), tagged: one hash lookup answers most packets.

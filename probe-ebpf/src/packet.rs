@@ -1,7 +1,9 @@
 //! Parsing a packet on a tc hook: Ethernet, the IPv4/IPv6 fixed header, ports and TCP flags.
 
-use aya_ebpf::programs::TcContext;
+use aya_ebpf::{cty::c_void, helpers::bpf_skb_load_bytes, programs::TcContext};
 use probe_common::family;
+
+use crate::emit::PacketBytes;
 
 pub(crate) const ETH_HLEN: usize = 14;
 pub(crate) const ETH_P_IP: u16 = 0x0800;
@@ -113,6 +115,30 @@ pub(crate) fn parse_l3(ctx: &TcContext) -> Option<(Packet, usize)> {
         _ => return None,
     }
     Some((pkt, l4))
+}
+
+/// A tc hook's packet as record bytes: from the network header (after Ethernet) to the end
+/// of the skb, read with `bpf_skb_load_bytes` (linear or not).
+pub(crate) struct TcBytes<'a>(pub(crate) &'a TcContext);
+
+impl PacketBytes for TcBytes<'_> {
+    #[inline(always)]
+    fn available(&self) -> u32 {
+        self.0.len().saturating_sub(ETH_HLEN as u32)
+    }
+
+    #[inline(always)]
+    fn copy_to(&self, dst: *mut u8, len: u32) -> bool {
+        // SAFETY: the caller bounds `len` to the record's buffer at `dst`.
+        unsafe {
+            bpf_skb_load_bytes(
+                self.0.skb.skb as *const c_void,
+                ETH_HLEN as u32,
+                dst as *mut c_void,
+                len,
+            ) == 0
+        }
+    }
 }
 
 /// [`parse_l3`] and the ports and TCP flags.

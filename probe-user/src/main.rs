@@ -190,6 +190,17 @@ struct AgentArgs {
     /// log record, over gRPC to an OpenTelemetry collector (http://HOST:4317). Off by default.
     #[arg(long, env = "CLB_PROBE_OTLP_ENDPOINT", value_name = "URL", value_parser = clb_probe::sink::otlp::parse_endpoint)]
     otlp_endpoint: Option<String>,
+    /// Bytes of each packet the kernel records (an anomaly only: a suspect, a matched drop, a
+    /// SYN from a VIP) copied into its record, from the IP header on (0-128; 0 = none).
+    /// Ordinary packets are never copied. The bytes feed `GET /evidence` (see --evidence).
+    #[arg(long, env = "CLB_PROBE_CAPTURE_BYTES", default_value_t = 128, value_name = "BYTES", value_parser = clap::value_parser!(u32).range(0..=128))]
+    capture_bytes: u32,
+    /// What `GET /evidence` on the --metrics-addr port keeps and serves of each confirmed
+    /// loop's first packets: `headers` (default: IP and TCP/UDP headers, payload bytes
+    /// zeroed), `full` (the captured bytes as they are) or `off` (nothing kept, nothing
+    /// copied in the kernel). See SECURITY.md.
+    #[arg(long, env = "CLB_PROBE_EVIDENCE", value_enum, default_value_t)]
+    evidence: clb_probe::hub::evidence::EvidenceMode,
     /// Seconds between OTLP metric exports (with --otlp-endpoint).
     #[arg(long, env = "CLB_PROBE_OTLP_INTERVAL", default_value_t = clb_probe::sink::otlp::DEFAULT_INTERVAL_SECS, value_parser = clap::value_parser!(u64).range(1..=3600))]
     otlp_interval: u64,
@@ -429,6 +440,8 @@ fn agent(args: AgentArgs) -> ExitCode {
                 endpoint,
                 interval: Duration::from_secs(args.otlp_interval),
             }),
+        capture_bytes: args.capture_bytes,
+        evidence: args.evidence,
     };
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

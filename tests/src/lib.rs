@@ -7,6 +7,7 @@
 //! through `cargo xtask test` (one test at a time: the tests share the lab's fixed namespaces).
 
 pub mod agent;
+pub mod capture;
 pub mod kernel_view;
 pub mod kube_fixture;
 pub mod kube_names;

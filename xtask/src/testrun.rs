@@ -564,6 +564,7 @@ fn bench_quick() -> crate::bench::BenchArgs {
         cycles: 4,
         window_ms: 300,
         starts: 2,
+        capture_bytes: Vec::new(),
         only: Vec::new(),
         quick: true,
         storm_only: false,

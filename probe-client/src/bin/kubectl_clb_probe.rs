@@ -62,6 +62,27 @@ enum Command {
         #[arg(long)]
         print_command: bool,
     },
+    /// Fetch each node's evidence of the loops it confirmed for SERVICE (the first packets as
+    /// pcapng, the event, the conntrack entries and rules it cites, `probe check`'s risks)
+    /// from the agents, through the API server's pod proxy (RBAC: pods/proxy get in the
+    /// agent's namespace), into DIR: one folder per node and a README.txt. Exit 1 when a
+    /// node's agent could not be read (the others are still written).
+    Evidence {
+        /// NAME, or NAMESPACE/NAME as `report` prints it.
+        service: String,
+        /// The Service's namespace (default: `default`, or the one SERVICE names).
+        #[arg(short, long)]
+        namespace: Option<String>,
+        /// Where to write (a new or empty directory).
+        #[arg(short, long, value_name = "DIR")]
+        output: std::path::PathBuf,
+        /// The agent's namespace: only the DaemonSet's pods there are asked.
+        #[arg(long, default_value = plugin::AGENT_NAMESPACE)]
+        agent_namespace: String,
+        /// The agent's HTTP port when its pod names no `metrics` port.
+        #[arg(long, default_value_t = plugin::evidence::DEFAULT_PORT)]
+        port: u16,
+    },
     /// List the fixes for SERVICE (from the agents' Events and the Service and Nodes as read);
     /// `--apply ID` applies one: a server-side dry run shown as a diff of the Service, then
     /// the patch, with its undo kept on the Service (annotation clb-probe.io/undo);
@@ -209,6 +230,23 @@ async fn run(command: Command, kube: KubeArgs) -> anyhow::Result<ExitCode> {
                 std::process::Command::new(&kubectl).args(&cmd[1..]),
             );
             anyhow::bail!("running {kubectl}: {err} (is kubectl on PATH? set KUBECTL to its path)")
+        }
+        Command::Evidence {
+            service,
+            namespace,
+            output,
+            agent_namespace,
+            port,
+        } => {
+            evidence(
+                client,
+                &service,
+                namespace.as_deref(),
+                &output,
+                &agent_namespace,
+                port,
+            )
+            .await
         }
         Command::Fix {
             service,
@@ -405,6 +443,121 @@ fn names(svc: &k8s_openapi::api::core::v1::Service) -> (String, String) {
 
 /// API text (annotation values, an error Status's `message`, names) made safe for a terminal:
 /// issue 36, E11 and E16. JSON output (`-o json`) is printed as it is: JSON escapes controls.
+/// `evidence`: see the command's help and `plugin::evidence`.
+#[expect(clippy::print_stdout, reason = "the plugin's output")]
+async fn evidence(
+    client: kube::Client,
+    service: &str,
+    namespace: Option<&str>,
+    dir: &std::path::Path,
+    agent_namespace: &str,
+    port: u16,
+) -> anyhow::Result<ExitCode> {
+    use plugin::evidence::{self as ev, NodeOutcome};
+    let (namespace, name) = plugin::fix::service_ref(service, namespace)?;
+    ev::check_dir(dir).map_err(anyhow::Error::msg)?;
+    let events = api::service_events(client.clone(), &namespace, &name).await?;
+    let nodes = ev::nodes_of(&events);
+    if nodes.is_empty() {
+        anyhow::bail!(
+            "no clb-probe Event regards Service {namespace}/{name}: no agent confirmed a loop for \
+             it (or Events are off: --kube-events)"
+        );
+    }
+    let full = format!("{namespace}/{name}");
+    let mut outcomes = Vec::new();
+    for node in &nodes {
+        let outcome = match node_evidence(&client, node, &full, agent_namespace, port).await {
+            Ok((bundles, captures)) if bundles.is_empty() => {
+                let _ = captures;
+                NodeOutcome::NoLoops
+            }
+            Ok((bundles, captures)) => {
+                let folder = ev::node_dir(dir, node);
+                std::fs::create_dir_all(&folder)
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", folder.display()))?;
+                for (file, bytes) in ev::node_files(&bundles, &captures) {
+                    let path = folder.join(file);
+                    std::fs::write(&path, bytes)
+                        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+                }
+                NodeOutcome::Written(
+                    bundles
+                        .iter()
+                        .map(|b| (b.id.clone(), b.packets.len()))
+                        .collect(),
+                )
+            }
+            Err(e) => NodeOutcome::Failed(format!("{e:#}")),
+        };
+        outcomes.push((node.clone(), outcome));
+    }
+    std::fs::create_dir_all(dir).map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
+    let readme = ev::readme(&full, &outcomes);
+    std::fs::write(dir.join("README.txt"), &readme)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
+    print!("{}", esc(&readme));
+    let failed: Vec<&str> = outcomes
+        .iter()
+        .filter(|(_, o)| matches!(o, NodeOutcome::Failed(_)))
+        .map(|(n, _)| n.as_str())
+        .collect();
+    if failed.is_empty() {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        for (node, o) in &outcomes {
+            if let NodeOutcome::Failed(why) = o {
+                eprintln!("kubectl clb-probe: error: node {}: {}", esc(node), esc(why));
+            }
+        }
+        eprintln!(
+            "kubectl clb-probe: error: no evidence from {} (the other nodes were written)",
+            esc(&failed.join(", "))
+        );
+        Ok(ExitCode::from(1))
+    }
+}
+
+/// One node's bundles for `service` and their captures, through the pod proxy.
+async fn node_evidence(
+    client: &kube::Client,
+    node: &str,
+    service: &str,
+    agent_namespace: &str,
+    port: u16,
+) -> anyhow::Result<(Vec<probe_contract::evidence::EvidenceBundle>, Vec<Vec<u8>>)> {
+    use plugin::evidence as ev;
+    let pods = api::agent_pods(client.clone(), agent_namespace, node).await?;
+    let (ns, pod) = plugin::agent_pod(&pods, agent_namespace, node).map_err(anyhow::Error::msg)?;
+    let port = pods
+        .iter()
+        .find(|p| p.metadata.name.as_deref() == Some(pod.as_str()))
+        .map_or(port, |p| ev::metrics_port(p, port));
+    let index: probe_contract::evidence::EvidenceIndex =
+        serde_json::from_slice(&api::proxy_get(client, &ns, &pod, port, "/evidence").await?)
+            .map_err(|e| anyhow::anyhow!("the agent's /evidence on {pod}: {e}"))?;
+    let mut bundles = Vec::new();
+    let mut captures = Vec::new();
+    for id in ev::loops_of(&index, service) {
+        let bundle: probe_contract::evidence::EvidenceBundle = serde_json::from_slice(
+            &api::proxy_get(client, &ns, &pod, port, &format!("/evidence/{id}")).await?,
+        )
+        .map_err(|e| anyhow::anyhow!("the agent's /evidence/{id} on {pod}: {e}"))?;
+        captures.push(
+            api::proxy_get(
+                client,
+                &ns,
+                &pod,
+                port,
+                &format!("/evidence/{id}/capture.pcapng"),
+            )
+            .await?,
+        );
+        bundles.push(bundle);
+    }
+    Ok((bundles, captures))
+}
+
 fn esc(s: &str) -> std::borrow::Cow<'_, str> {
     clb_probe_client::term::escape_lines(s)
 }

@@ -253,3 +253,44 @@ pub async fn node_reports(
         }
     }
 }
+
+/// `GET path` of `pod`'s `port` through the API server's pod proxy
+/// (`/api/v1/namespaces/NS/pods/POD:PORT/proxy/PATH`): the body as bytes. A refusal by the API
+/// server (403 without `pods/proxy`, 503 when it cannot reach the pod) or an error answer of
+/// the agent is one line saying which.
+pub async fn proxy_get(
+    client: &Client,
+    namespace: &str,
+    pod: &str,
+    port: u16,
+    path: &str,
+) -> anyhow::Result<Vec<u8>> {
+    let what = format!("get pods/proxy {pod}:{port}{path} in namespace {namespace}");
+    let request = http::Request::get(format!(
+        "/api/v1/namespaces/{namespace}/pods/{pod}:{port}/proxy{path}"
+    ))
+    .body(kube::client::Body::from(Vec::new()))
+    .with_context(|| what.clone())?;
+    let response = client.send(request).await.map_err(|e| explain(e, &what))?;
+    let status = response.status();
+    let body = response
+        .into_body()
+        .collect_bytes()
+        .await
+        .map_err(|e| explain(e, &what))?;
+    if status.is_success() {
+        return Ok(body.to_vec());
+    }
+    // The API server's own refusal is a Status; anything else is the agent's answer.
+    if let Ok(s) = serde_json::from_slice::<kube::core::Status>(&body)
+        && s.code != 0
+    {
+        return Err(explain(kube::Error::Api(Box::new(s)), &what));
+    }
+    let text = String::from_utf8_lossy(&body);
+    Err(anyhow::anyhow!(
+        "{what}: the agent answered {}: {}",
+        status.as_u16(),
+        crate::term::escape(text.trim())
+    ))
+}

@@ -21,9 +21,12 @@
 //!   `kubectl exec -it -n NS POD -c agent -- probe watch`: the live view is a terminal UI on the
 //!   agent's Unix socket, which only a process in the pod can reach, and `kubectl exec` is how a
 //!   plugin user already gets there (same kubeconfig, same RBAC: `pods/exec`).
+//! - `evidence SERVICE -o DIR`: each node's capture and evidence of the loops it confirmed
+//!   for SERVICE, through the API server's pod proxy ([`evidence`]).
 
 pub mod api;
 pub mod confirm;
+pub mod evidence;
 pub mod fix;
 pub mod undo;
 

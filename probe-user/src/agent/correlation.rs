@@ -22,11 +22,11 @@ use crate::{
     resolution::{Observed, ProofRequest, Tracker, proof, service_fields},
     state,
 };
-use probe_contract::{Confirmation, record::KernelEvent};
+use probe_contract::{Confirmation, record::KernelRecord};
 
 /// What the loop owns and reads.
 pub(super) struct CorrelateLoop {
-    pub events: mpsc::Receiver<KernelEvent>,
+    pub events: mpsc::Receiver<KernelRecord>,
     pub egress: EgressTable,
     /// The drop program's watched destinations, kept from each service table.
     pub drop_destinations: DropDestinations,
@@ -197,11 +197,14 @@ pub(super) async fn run(mut l: CorrelateLoop) -> anyhow::Result<()> {
             .unwrap_or_else(tokio::time::Instant::now);
         let outputs = tokio::select! {
             ev = l.events.recv() => {
-                let Some(ev) = ev else { anyhow::bail!("the kernel event reader stopped") };
+                let Some(rec) = ev else { anyhow::bail!("the kernel event reader stopped") };
                 if let Some(out) = &mut l.record {
-                    out.write(&ev);
+                    out.write(&rec.event);
                 }
-                correlator.ingest(ev)
+                if !rec.packet_bytes.is_empty() {
+                    l.shared.evidence_packet(&rec);
+                }
+                correlator.ingest(rec.event)
             }
             Some(answer) = answer_rx.recv() => correlator.answer(answer),
             _ = tick.tick() => {
@@ -345,6 +348,7 @@ fn emit(l: &mut CorrelateLoop, mut report: Confirmation) {
             "confirmed loopback"
         );
     }
+    l.shared.evidence_confirmed(&report.event);
     l.shared.publish(report);
 }
 

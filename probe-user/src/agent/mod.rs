@@ -41,7 +41,7 @@ use crate::{
 
 use correlation::{CorrelateLoop, Signals};
 use nodesync::NodeSync;
-use probe_contract::{NodeStatus, record::KernelEvent};
+use probe_contract::NodeStatus;
 
 /// Everything `probe agent` was told.
 #[derive(Clone, Debug)]
@@ -86,6 +86,10 @@ pub struct AgentConfig {
     pub node_report_interval: Duration,
     /// `--otlp-endpoint`, `--otlp-interval`: OTLP export (None: off).
     pub otlp: Option<crate::sink::otlp::OtlpConfig>,
+    /// `--capture-bytes`: bytes of each recorded packet the kernel copies (0: none).
+    pub capture_bytes: u32,
+    /// `--evidence`: what `GET /evidence` keeps and serves.
+    pub evidence: crate::hub::evidence::EvidenceMode,
 }
 
 /// Runs until SIGINT, SIGTERM, SIGHUP or SIGQUIT. Every exit path detaches: the probe is owned
@@ -163,7 +167,7 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
     if let Some(logger) = loaded.logger {
         tokio::spawn(kernel::probe::run_logger(logger));
     }
-    let (ev_tx, ev_rx) = mpsc::channel::<KernelEvent>(4096);
+    let (ev_tx, ev_rx) = mpsc::channel::<probe_contract::record::KernelRecord>(4096);
     let reader_stats = Arc::new(ReaderStats::default());
     let decoder = Decoder {
         reasons: kbtf.drop_reasons.clone(),
@@ -195,6 +199,11 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         otlp: surfaces.otlp_logs.as_ref().map(|o| o.stats()),
         loops: Default::default(),
         resolutions: broadcast::channel(256).0,
+        evidence: Arc::new(std::sync::Mutex::new(hub::evidence::EvidenceStore::new(
+            cfg.evidence,
+        ))),
+        check_risks: Default::default(),
+        node_name: cfg.node_name.clone(),
     };
     // Subscribed before the first report; the writers run beside the loop, never in it.
     let subscription = || crate::sink::Subscription {
@@ -587,6 +596,17 @@ fn spawn_node_report(
         owners.clone(),
         kernel(),
     );
+    // The evidence bundles show the same risks for a loop's Service.
+    let mut risks_rx = checks.clone();
+    let risks = shared.check_risks.clone();
+    tokio::spawn(async move {
+        while risks_rx.changed().await.is_ok() {
+            let latest = risks_rx.borrow_and_update().risks.clone();
+            if let Ok(mut r) = risks.lock() {
+                *r = latest;
+            }
+        }
+    });
     Some(AbortOnDrop(tokio::spawn(
         crate::sink::node_report::writer::start(
             source.clone(),
@@ -620,6 +640,11 @@ fn probe_settings(cfg: &AgentConfig, kbtf: &KernelBtf) -> ProbeSettings {
     };
     settings.config.netns_ino = kernel::current_netns_inode();
     settings.config.reason_consumed = kbtf.drop_reasons.code("SKB_CONSUMED").unwrap_or(u32::MAX);
+    // Nothing would keep the bytes with the evidence off: the kernel copies none then.
+    settings.config.capture_bytes = match cfg.evidence {
+        crate::hub::evidence::EvidenceMode::Off => 0,
+        _ => cfg.capture_bytes.min(probe_common::CAPTURE_MAX as u32),
+    };
     settings
 }
 

@@ -10,6 +10,7 @@
 //! `/metrics` reads, and neither imports the other.
 
 pub mod capability;
+pub mod evidence;
 pub mod outputs;
 
 use std::{
@@ -63,9 +64,30 @@ pub struct Shared {
     pub loops: Arc<Mutex<LoopLifecycle>>,
     /// Every resolution, for the Kubernetes Events writer (`LoopbackResolved`).
     pub resolutions: broadcast::Sender<Arc<LoopResolution>>,
+    /// Each confirmed loop's first packets (`GET /evidence`): the correlation loop fills it.
+    pub evidence: Arc<Mutex<evidence::EvidenceStore>>,
+    /// `probe check`'s latest risks (the node report's check pass; empty without it), for
+    /// the evidence bundles.
+    pub check_risks: Arc<Mutex<Vec<probe_contract::report::RiskStatus>>>,
+    /// This node's name (`--node-name`), when given.
+    pub node_name: Option<String>,
 }
 
 impl Shared {
+    /// A kernel record with packet bytes, for the evidence of the loop it may confirm.
+    pub fn evidence_packet(&self, record: &probe_contract::record::KernelRecord) {
+        if let Ok(mut e) = self.evidence.lock() {
+            e.packet(record);
+        }
+    }
+
+    /// A confirmation about to be published: its loop takes its packets.
+    pub fn evidence_confirmed(&self, event: &LoopbackEvent) {
+        if let Ok(mut e) = self.evidence.lock() {
+            e.confirmed(event);
+        }
+    }
+
     /// The read-only handle a surface gets.
     pub fn view(&self) -> View {
         View(self.clone())
@@ -176,6 +198,24 @@ impl View {
     /// The node report's writer's counters.
     pub fn node_report(&self) -> &outputs::ReportStats {
         &self.0.node_report
+    }
+
+    /// The confirmed loops' evidence (read under its lock; never held across an await).
+    pub fn evidence(&self) -> std::sync::MutexGuard<'_, evidence::EvidenceStore> {
+        self.0.evidence.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `probe check`'s latest risks (empty when the node report's checks do not run).
+    pub fn check_risks(&self) -> Vec<probe_contract::report::RiskStatus> {
+        self.0
+            .check_risks
+            .lock()
+            .map(|r| r.clone())
+            .unwrap_or_default()
+    }
+
+    pub fn node_name(&self) -> Option<&str> {
+        self.0.node_name.as_deref()
     }
 }
 

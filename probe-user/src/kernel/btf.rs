@@ -101,7 +101,7 @@ impl KernelBtf {
             dev_nd_net: off("net_device", &["nd_net", "net"])?,
             net_ns_inum: off("net", &["ns", "inum"])?,
             valid: 1,
-            _pad: 0,
+            skb_tail: off("sk_buff", &["tail"])?,
         };
         Ok(Self {
             offsets,

@@ -5,7 +5,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use probe_common::{PacketEvent, family};
+use probe_common::{CAPTURE_MAX, CapturedPacketEvent, PacketEvent, family};
 
 use probe_contract::record::Packet;
 
@@ -53,9 +53,74 @@ pub fn packet(raw: &PacketEvent) -> Packet {
     }
 }
 
+/// A ring-buffer record's bytes as the event and its packet's first bytes: a bare
+/// [`PacketEvent`] (no capture: empty bytes) or a [`CapturedPacketEvent`] (its `cap_len`
+/// bytes, never more than [`CAPTURE_MAX`]). None for a record shorter than a `PacketEvent`.
+pub fn split_record(item: &[u8]) -> Option<(PacketEvent, Vec<u8>)> {
+    if item.len() >= size_of::<CapturedPacketEvent>() {
+        // SAFETY: length checked; the record is a CapturedPacketEvent written by our program
+        // (Pod: every bit pattern is valid).
+        let rec: CapturedPacketEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+        let len = usize::from(rec.cap_len).min(CAPTURE_MAX);
+        return Some((rec.event, rec.data[..len].to_vec()));
+    }
+    if item.len() >= size_of::<PacketEvent>() {
+        // SAFETY: length checked, as above.
+        let raw: PacketEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+        return Some((raw, Vec::new()));
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn record_bytes<T>(rec: &T) -> Vec<u8> {
+        // SAFETY: reading a plain repr(C) value as bytes.
+        unsafe { std::slice::from_raw_parts((rec as *const T).cast::<u8>(), size_of::<T>()) }
+            .to_vec()
+    }
+
+    #[test]
+    fn a_captured_record_yields_its_event_and_exactly_its_bytes() {
+        let event = PacketEvent {
+            kind: probe_common::kind::DROP,
+            family: family::V4,
+            sport: 40000,
+            ..Default::default()
+        };
+        let mut data = [0xeeu8; CAPTURE_MAX];
+        data[..4].copy_from_slice(&[0x45, 0, 0, 60]);
+        let rec = CapturedPacketEvent {
+            event,
+            cap_len: 4,
+            _pad: [0; 6],
+            data,
+        };
+        let (got, bytes) = split_record(&record_bytes(&rec)).unwrap();
+        assert_eq!(got, event);
+        // The stale rest of the buffer is not passed on.
+        assert_eq!(bytes, [0x45, 0, 0, 60]);
+        // A cap_len past the buffer (a corrupt record) is clamped, never read beyond it.
+        let (_, bytes) = split_record(&record_bytes(&CapturedPacketEvent {
+            cap_len: 4000,
+            ..rec
+        }))
+        .unwrap();
+        assert_eq!(bytes.len(), CAPTURE_MAX);
+    }
+
+    #[test]
+    fn a_bare_record_has_no_bytes_and_a_short_one_is_refused() {
+        let event = PacketEvent {
+            kind: probe_common::kind::SUSPECT,
+            ..Default::default()
+        };
+        let raw = record_bytes(&event);
+        assert_eq!(split_record(&raw), Some((event, Vec::new())));
+        assert_eq!(split_record(&raw[..40]), None);
+    }
 
     #[test]
     fn address_bytes_round_trip() {

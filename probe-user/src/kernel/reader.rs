@@ -20,7 +20,7 @@ use tokio::{io::unix::AsyncFd, sync::mpsc};
 use tracing::warn;
 
 use super::{DropReasons, codec, kallsyms::Kallsyms};
-use probe_contract::record::{DropReason, KernelEvent};
+use probe_contract::record::{DropReason, KernelEvent, KernelRecord};
 
 /// How often the reader drains the ring without a wake-up while it is quiet: the latency bound
 /// of records the kernel left without one when nothing else is arriving.
@@ -94,7 +94,7 @@ pub struct ReaderStats {
 pub async fn run(
     ring: RingBuf<MapData>,
     decoder: Decoder,
-    tx: mpsc::Sender<KernelEvent>,
+    tx: mpsc::Sender<KernelRecord>,
     stats: Arc<ReaderStats>,
 ) -> std::io::Result<()> {
     // SAFETY: the ring buffer's map fd is owned by `ring`, which the AsyncFd owns until it
@@ -127,22 +127,25 @@ pub async fn run(
 fn drain(
     ring: &mut RingBuf<MapData>,
     decoder: &Decoder,
-    tx: &mpsc::Sender<KernelEvent>,
+    tx: &mpsc::Sender<KernelRecord>,
     stats: &ReaderStats,
 ) -> usize {
     let mut read = 0;
     while let Some(item) = ring.next() {
-        if item.len() < std::mem::size_of::<PacketEvent>() {
+        let Some((raw, packet_bytes)) = codec::split_record(&item) else {
             warn!(len = item.len(), "short ring buffer record");
             continue;
-        }
-        // SAFETY: length checked; the record is a PacketEvent written by our program.
-        let raw: PacketEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+        };
         drop(item);
         read += 1;
         stats.read.fetch_add(1, Ordering::Relaxed);
-        if let Some(ev) = decoder.decode(&raw)
-            && tx.try_send(ev).is_err()
+        if let Some(event) = decoder.decode(&raw)
+            && tx
+                .try_send(KernelRecord {
+                    event,
+                    packet_bytes,
+                })
+                .is_err()
         {
             stats.queue_full.fetch_add(1, Ordering::Relaxed);
         }

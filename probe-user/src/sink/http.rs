@@ -55,8 +55,8 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_millis(200);
 /// Read buffer per connection: requests here are a line and a few headers.
 const MAX_BUF: usize = 16 * 1024;
 
-/// What a handler returns: status, content type, body.
-pub type Reply = (StatusCode, &'static str, String);
+/// What a handler returns: status, content type, body (text, JSON or a pcapng file).
+pub type Reply = (StatusCode, &'static str, Bytes);
 
 /// Serves `route(path, headers)` for GET/HEAD on `listener` until `stop` resolves, then lets
 /// open requests finish for [`SHUTDOWN_GRACE`] and returns.
@@ -179,10 +179,10 @@ where
         _ => (
             StatusCode::METHOD_NOT_ALLOWED,
             "text/plain",
-            "method not allowed: GET or HEAD\n".to_string(),
+            Bytes::from_static(b"method not allowed: GET or HEAD\n"),
         ),
     };
-    let mut response = Response::new(Full::new(Bytes::from(body)));
+    let mut response = Response::new(Full::new(body));
     *response.status_mut() = status;
     let headers = response.headers_mut();
     headers.insert(

@@ -16,6 +16,7 @@
 //! [`node_report`] (the LoopbackReport and the Node condition); [`http`] and [`process`]
 //! serve the HTTP ones.
 
+pub mod evidence_http;
 pub mod http;
 pub mod json;
 pub mod kube_event_doc;

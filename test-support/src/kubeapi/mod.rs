@@ -113,6 +113,8 @@ pub(crate) struct Shared {
     pub(crate) lists_held: tokio::sync::watch::Sender<bool>,
     /// Every watch ends once it sent its backlog ([`FakeApiServer::end_watches_at_once`]).
     pub(crate) end_at_once: std::sync::atomic::AtomicBool,
+    /// Where `pods/proxy` connects from ([`FakeApiServer::proxy_pods_in`]; None: here).
+    pub(crate) proxy_netns: Mutex<Option<String>>,
 }
 
 /// The fake API server; see the module documentation.
@@ -164,6 +166,7 @@ impl FakeApiServer {
             end_watches,
             lists_held: tokio::sync::watch::Sender::new(false),
             end_at_once: std::sync::atomic::AtomicBool::new(false),
+            proxy_netns: Mutex::new(None),
         });
         let (shutdown, shutdown_rx) = tokio::sync::oneshot::channel();
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -244,7 +247,14 @@ impl FakeApiServer {
         existed
     }
 
-    /// Answers `verb` on `resource` (e.g. `("pods", "watch")`) with 403 Forbidden from now on.
+    /// `pods/proxy` requests connect to the pod's `status.podIP` from network namespace
+    /// `netns` (the lab's node, where a hostNetwork agent listens) from now on.
+    pub fn proxy_pods_in(&self, netns: &str) {
+        *self.shared.proxy_netns.lock().unwrap() = Some(netns.to_owned());
+    }
+
+    /// Answers `verb` on `resource` (e.g. `("pods", "watch")`, `("pods/proxy", "get")`) with
+    /// 403 Forbidden from now on.
     pub fn forbid(&self, resource: &str, verb: &str) {
         self.shared
             .forbidden

@@ -55,22 +55,29 @@ pub fn connect_in(
 /// One HTTP/1.0 GET of `path` from `addr` (`ip:port`) inside network namespace `ns`:
 /// (status, body), or None when nothing answered in time.
 pub fn http_get_in(ns: &str, addr: &str, path: &str) -> Option<(u16, String)> {
+    http_get_bytes_in(ns, addr, path)
+        .map(|(status, body)| (status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+/// [`http_get_in`] with the body as bytes (a pcapng file).
+pub fn http_get_bytes_in(ns: &str, addr: &str, path: &str) -> Option<(u16, Vec<u8>)> {
     in_netns(ns, || {
         let mut s = TcpStream::connect(addr)?;
         s.set_read_timeout(Some(Duration::from_secs(5)))?;
         write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
-        let mut text = String::new();
-        s.read_to_string(&mut text)?;
-        let status = text
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw)?;
+        let split = raw
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .context("no HTTP body")?;
+        let head = String::from_utf8_lossy(&raw[..split]);
+        let status = head
             .split_whitespace()
             .nth(1)
             .and_then(|c| c.parse().ok())
             .context("no HTTP status")?;
-        let body = text
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .context("no HTTP body")?;
-        Ok((status, body))
+        Ok((status, raw[split + 4..].to_vec()))
     })
     .ok()
 }

@@ -59,10 +59,11 @@ fn ns_per_run(f: impl FnOnce() -> Result<()>) -> Result<Vec<(String, f64, u64)>>
     Ok(out)
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mode {
     Nothing,
-    Agent,
+    /// The agent, with `--capture-bytes` at this value (None: its default).
+    Agent(Option<u32>),
     Tcpdump,
 }
 
@@ -112,16 +113,33 @@ fn per_packet_costs(
 #[derive(Default)]
 struct Series {
     base: Vec<f64>,
+    /// The first agent variant (the one part 2 and the summary read).
     probe: Vec<f64>,
+    /// Every agent variant, in the order of `--capture-bytes`.
+    agents: Vec<(Option<u32>, Vec<f64>)>,
     tcpdump: Vec<f64>,
 }
 
 impl Series {
-    fn of(&mut self, mode: Mode) -> &mut Vec<f64> {
+    fn new(variants: &[Option<u32>]) -> Self {
+        Series {
+            agents: variants.iter().map(|v| (*v, Vec::new())).collect(),
+            ..Series::default()
+        }
+    }
+
+    fn push(&mut self, mode: Mode, v: f64) {
         match mode {
-            Mode::Nothing => &mut self.base,
-            Mode::Agent => &mut self.probe,
-            Mode::Tcpdump => &mut self.tcpdump,
+            Mode::Nothing => self.base.push(v),
+            Mode::Agent(c) => {
+                if self.agents.first().is_some_and(|(f, _)| *f == c) {
+                    self.probe.push(v);
+                }
+                if let Some((_, s)) = self.agents.iter_mut().find(|(f, _)| *f == c) {
+                    s.push(v);
+                }
+            }
+            Mode::Tcpdump => self.tcpdump.push(v),
         }
     }
 
@@ -131,14 +149,14 @@ impl Series {
             let v: Vec<f64> = v.iter().map(|x| x * scale).collect();
             format!("{} {unit}", spread(&v, digits))
         };
-        vec![
-            case.to_string(),
-            shown(&self.base),
-            shown(&self.probe),
-            spread(&ratios(&self.probe, &self.base), 3),
-            shown(&self.tcpdump),
-            spread(&ratios(&self.tcpdump, &self.base), 3),
-        ]
+        let mut row = vec![case.to_string(), shown(&self.base)];
+        for (_, s) in &self.agents {
+            row.push(shown(s));
+            row.push(spread(&ratios(s, &self.base), 3));
+        }
+        row.push(shown(&self.tcpdump));
+        row.push(spread(&ratios(&self.tcpdump, &self.base), 3));
+        row
     }
 }
 
@@ -157,22 +175,38 @@ pub(super) fn datapath(
     std::fs::write(&mixed, tools::trafgen_config(net, 99, Some(net::NODE_IP)))?;
     std::fs::write(&suspects, tools::trafgen_config(net, 0, Some(net::VIP)))?;
 
-    let (mut udp, mut udp_mixed, mut tcp) =
-        (Series::default(), Series::default(), Series::default());
+    let variants: Vec<Option<u32>> = if args.capture_bytes.is_empty() {
+        vec![None]
+    } else {
+        args.capture_bytes.iter().map(|b| Some(*b)).collect()
+    };
+    let (mut udp, mut udp_mixed, mut tcp) = (
+        Series::new(&variants),
+        Series::new(&variants),
+        Series::new(&variants),
+    );
     let mut costs: Vec<(String, String, f64, u64)> = Vec::new();
     let (mut startups, mut idle_rss) = (Vec::new(), Vec::new());
     let secs = args.secs;
-    // The three set-ups in a different order each round (rotating), so a drift of the
-    // machine's speed during a round (steal time on a shared host) does not favour one.
-    const MODES: [Mode; 3] = [Mode::Nothing, Mode::Agent, Mode::Tcpdump];
+    // The set-ups in a different order each round (rotating), so a drift of the machine's
+    // speed during a round (steal time on a shared host) does not favour one.
+    let modes: Vec<Mode> = std::iter::once(Mode::Nothing)
+        .chain(variants.iter().map(|v| Mode::Agent(*v)))
+        .chain(std::iter::once(Mode::Tcpdump))
+        .collect();
     for round in 0..args.rounds {
-        for k in 0..MODES.len() {
-            let mode = MODES[(round + k) % MODES.len()];
+        for k in 0..modes.len() {
+            let mode = modes[(round + k) % modes.len()];
             eprintln!("bench: round {}/{}: {mode:?}", round + 1, args.rounds);
             // Whatever this mode attaches lives until the end of this block.
             let agent = match mode {
-                Mode::Agent => {
-                    let agent = Agent::start(probe, work, METRICS_PORT)?;
+                Mode::Agent(capture) => {
+                    let bytes = capture.map(|b| b.to_string());
+                    let env: Vec<(&str, &str)> = bytes
+                        .as_deref()
+                        .map(|b| vec![("CLB_PROBE_CAPTURE_BYTES", b)])
+                        .unwrap_or_default();
+                    let agent = Agent::start_with(probe, work, METRICS_PORT, "warn", &env)?;
                     startups.push(agent.startup.as_secs_f64() * 1e3);
                     pause(Duration::from_secs(1))?;
                     idle_rss.push(tools::proc_usage(agent.pid())?.1 as f64 / 1024.0);
@@ -184,10 +218,12 @@ pub(super) fn datapath(
                 Mode::Tcpdump => Some(tools::tcpdump()?),
                 _ => None,
             };
-            udp.of(mode).push(udp_rate(net, &ordinary, secs)?);
-            udp_mixed.of(mode).push(udp_rate(net, &mixed, secs)?);
-            tcp.of(mode).push(tcp_rate(secs)?);
-            if agent.is_some() {
+            udp.push(mode, udp_rate(net, &ordinary, secs)?);
+            udp_mixed.push(mode, udp_rate(net, &mixed, secs)?);
+            tcp.push(mode, tcp_rate(secs)?);
+            // Part 2 with the first agent variant only: the others differ in what a record
+            // carries, not in the per-packet path part 2 measures.
+            if agent.is_some() && mode == Mode::Agent(variants[0]) {
                 per_packet_costs(&ordinary, &suspects, secs, work, &mut costs)?;
             }
             drop(dump);
@@ -195,17 +231,22 @@ pub(super) fn datapath(
         }
     }
 
-    let mut overhead = Table::new(
-        "1. Datapath overhead",
-        &[
-            "traffic",
-            "nothing attached",
-            "agent attached",
-            "agent / nothing",
-            "tcpdump (local-source filter)",
-            "tcpdump / nothing",
-        ],
-    );
+    let mut header = vec!["traffic".to_string(), "nothing attached".to_string()];
+    for v in &variants {
+        match v {
+            None => header.extend(["agent attached".into(), "agent / nothing".into()]),
+            Some(b) => header.extend([
+                format!("agent, --capture-bytes {b}"),
+                format!("agent ({b}) / nothing"),
+            ]),
+        }
+    }
+    header.extend([
+        "tcpdump (local-source filter)".into(),
+        "tcpdump / nothing".into(),
+    ]);
+    let header: Vec<&str> = header.iter().map(String::as_str).collect();
+    let mut overhead = Table::new("1. Datapath overhead", &header);
     overhead.note = format!(
         "Through a veth NIC into a forwarding sink. UDP: 64-byte frames from trafgen on one \
          CPU, packets/s reaching the sink; \"1% suspects\" adds one node-source frame per 99 \

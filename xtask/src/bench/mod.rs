@@ -88,6 +88,11 @@ pub struct BenchArgs {
     /// Milliseconds of each paired-ratio window.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(100..))]
     pub window_ms: u64,
+    /// Part 1: one agent column per value, each agent started with `--capture-bytes VALUE`
+    /// (issue 40: the packet prefix the kernel copies into each record), side by side in every
+    /// round; default: one agent with the agent's default.
+    #[arg(long, value_delimiter = ',', value_name = "BYTES,...")]
+    pub capture_bytes: Vec<u32>,
     /// Agent starts timed for the footprint (startup, idle RSS).
     #[arg(long, default_value_t = 5)]
     pub starts: usize,

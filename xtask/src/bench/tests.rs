@@ -10,6 +10,7 @@ fn quick_is_short() {
         cycles: 60,
         window_ms: 1000,
         starts: 5,
+        capture_bytes: Vec::new(),
         only: vec![Part::Ratio],
         quick: true,
         storm_only: false,

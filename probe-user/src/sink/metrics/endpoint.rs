@@ -1,4 +1,5 @@
-//! `/metrics`, `/healthz` and `/readyz` on the bounded HTTP server ([`crate::sink::http`]).
+//! `/metrics`, `/healthz`, `/readyz` (and `/evidence`, [`crate::sink::evidence_http`]) on the
+//! bounded HTTP server ([`crate::sink::http`]).
 
 use std::sync::Mutex;
 
@@ -20,7 +21,10 @@ pub async fn serve(
     // counters read, registry encoded) per RENDER_REUSE, so `/healthz` keeps its share.
     let cache: Mutex<Option<(std::time::Instant, String)>> = Mutex::new(None);
     let route = move |path: &str, headers: &hyper::HeaderMap| -> http::Reply {
-        match path {
+        if path == "/evidence" || path.starts_with("/evidence/") {
+            return crate::sink::evidence_http::route(path, &hub);
+        }
+        let (status, content_type, body): (StatusCode, &'static str, String) = match path {
             "/metrics" => {
                 let wants_openmetrics = headers
                     .get_all(hyper::header::ACCEPT)
@@ -65,7 +69,8 @@ pub async fn serve(
                 "text/plain",
                 "not found\n".to_string(),
             ),
-        }
+        };
+        (status, content_type, body.into())
     };
     let result = http::serve(listener, route, stop).await;
     feed.abort();

@@ -2,6 +2,7 @@
 //! by path and verb to the files beside this one.
 
 mod discovery;
+mod proxy;
 mod reads;
 mod response;
 mod route;
@@ -91,6 +92,17 @@ async fn handle(shared: Arc<Shared>, request: hyper::Request<Incoming>) -> Respo
         && let Some(document) = discovery(path)
     {
         return json_response(StatusCode::OK, &document);
+    }
+    if let Some(target) = proxy::route(path) {
+        if method != Method::GET {
+            return status(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "MethodNotAllowed",
+                format!("the fake proxies GET to pods only: {method} {path}"),
+                json!({}),
+            );
+        }
+        return proxy::forward(&shared, target, uri.query()).await;
     }
     let Some(target) = route(path) else {
         return not_found_path(path);

@@ -1,0 +1,308 @@
+//! The evidence capture end to end (issue 40): the real programs copy the first bytes of the
+//! packets they record, the agent keeps each confirmed loop's first packets and serves them
+//! on its HTTP port; the pcapng is opened by tcpdump (the packets) and by pcap-parser (the
+//! comments), neither of them the agent's writer.
+
+use std::time::Duration;
+
+use probe_contract::{
+    LoopbackKind,
+    evidence::{EvidenceBundle, EvidenceIndex, Hook},
+};
+use probe_tests::{
+    agent::{Agent, require_root, tempdir::TempDir, wait_for},
+    capture::{packet_comments, tcpdump_read},
+    kube_fixture::{KubeFixture, NODE_NAME, plugin_bin},
+    written::{clb_events, is},
+};
+use test_support::lab::{
+    self, LabGuard, Outcome, Scenario, Variants, http_get_bytes_in, http_get_in,
+};
+
+const METRICS: &str = "127.0.0.1:19967";
+
+fn index() -> EvidenceIndex {
+    let (status, body) = http_get_in(lab::NS_NODE, METRICS, "/evidence").expect("GET /evidence");
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"))
+}
+
+#[test]
+fn a_confirmed_health_check_black_hole_has_its_packets_in_a_capture_tcpdump_reads() {
+    if !require_root("evidence") {
+        return;
+    }
+    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    let agent = Agent::start(
+        lab::NS_NODE,
+        &["--nic", lab::NODE_NIC, "--metrics-addr", METRICS],
+    );
+    assert_eq!(
+        lab.traffic(Scenario::HealthcheckBlackhole).unwrap(),
+        Outcome::Timeout
+    );
+    let event = agent.only_event(LoopbackKind::HealthcheckBlackhole, Duration::from_secs(10));
+
+    // The loop is listed with packets that include its drop (the store takes them when the
+    // confirmation is published, which the JSON line may precede).
+    let summary = wait_for(
+        "the loop's packets are kept",
+        Duration::from_secs(10),
+        || {
+            index()
+                .loops
+                .into_iter()
+                .find(|l| l.key == event.key && l.packets > 0)
+        },
+    )
+    .unwrap_or_else(|| panic!("no evidence for {} in {:#?}", event.key, index()));
+    assert_eq!(summary.kind, LoopbackKind::HealthcheckBlackhole);
+    assert_eq!(index().mode, "headers");
+
+    let (status, body) =
+        http_get_in(lab::NS_NODE, METRICS, &format!("/evidence/{}", summary.id)).unwrap();
+    assert_eq!(status, 200, "{body}");
+    let bundle: EvidenceBundle = serde_json::from_str(&body).unwrap();
+    assert_eq!(bundle.event.key, event.key);
+    let drop = bundle
+        .packets
+        .iter()
+        .find(|p| p.hook == Hook::KfreeSkb)
+        .unwrap_or_else(|| panic!("no drop among the kept packets: {:#?}", bundle.packets));
+    let reason = drop.drop_reason.clone().expect("a drop names its reason");
+    assert!(drop.captured >= 40, "IP and TCP headers captured: {drop:?}");
+    assert_eq!((drop.src, drop.sport), (event.src, event.src_port));
+
+    // The capture: tcpdump shows the looping flow's source; the comments name the drop reason.
+    let (status, file) = http_get_bytes_in(
+        lab::NS_NODE,
+        METRICS,
+        &format!("/evidence/{}/capture.pcapng", summary.id),
+    )
+    .unwrap();
+    assert_eq!(status, 200);
+    let dir = TempDir::new("evidence");
+    let path = dir.path().join("capture.pcapng");
+    std::fs::write(&path, &file).unwrap();
+    let packets = tcpdump_read(&path);
+    let flow = format!("IP {}.{} > ", event.src, event.src_port);
+    assert!(
+        packets.contains(&flow),
+        "no packet of {flow:?} in:\n{packets}"
+    );
+    let comments = packet_comments(&file);
+    assert!(
+        comments
+            .iter()
+            .any(|c| c.contains(&format!("drop reason {reason}")) && c.contains("hook kfree_skb")),
+        "no comment names the drop reason {reason}: {comments:#?}"
+    );
+    assert!(
+        comments
+            .iter()
+            .all(|c| c.contains(&format!("loop {}", summary.id))
+                && c.contains("kind healthcheck_blackhole"))
+    );
+
+    // Unknown loops and paths: clear 404s.
+    let (status, body) = http_get_in(lab::NS_NODE, METRICS, "/evidence/0123456789abcdef").unwrap();
+    assert_eq!(status, 404);
+    assert!(
+        body.contains("no evidence for loop 0123456789abcdef"),
+        "{body}"
+    );
+    assert_eq!(
+        http_get_in(lab::NS_NODE, METRICS, "/evidence/x/y")
+            .unwrap()
+            .0,
+        404
+    );
+}
+
+#[test]
+fn with_the_capture_off_the_loop_is_listed_without_packets() {
+    if !require_root("evidence") {
+        return;
+    }
+    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    let agent = Agent::start(
+        lab::NS_NODE,
+        &[
+            "--nic",
+            lab::NODE_NIC,
+            "--metrics-addr",
+            METRICS,
+            "--capture-bytes",
+            "0",
+        ],
+    );
+    assert_eq!(
+        lab.traffic(Scenario::HealthcheckBlackhole).unwrap(),
+        Outcome::Timeout
+    );
+    let event = agent.only_event(LoopbackKind::HealthcheckBlackhole, Duration::from_secs(10));
+    let listed = wait_for("the loop is listed", Duration::from_secs(10), || {
+        index().loops.into_iter().find(|l| l.key == event.key)
+    })
+    .expect("the loop is listed");
+    // Confirmed as before, from plain records: nothing to keep.
+    assert_eq!(listed.packets, 0);
+}
+
+/// The agent's pod as the DaemonSet makes it: hostNetwork (its IP is the node's), its
+/// metrics port named.
+fn agent_pod(name: &str, node: &str, ip: &str, port: u16) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "clb-probe",
+                     "labels": {"app.kubernetes.io/name": "clb-probe"},
+                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
+                                          "name": "clb-probe", "uid": "u1", "controller": true}]},
+        "spec": {"nodeName": node, "hostNetwork": true, "containers": [{
+            "name": "agent", "image": "clb-probe",
+            "ports": [{"name": "metrics", "containerPort": port}]}]},
+        "status": {"phase": "Running", "podIP": ip},
+    })
+}
+
+/// `kubectl-clb_probe --kubeconfig K ARGS` run in the lab's node namespace, where the fake
+/// API server listens.
+fn plugin_in_node(api: &KubeFixture, args: &[&str]) -> std::process::Output {
+    std::process::Command::new("ip")
+        .args(["netns", "exec", lab::NS_NODE])
+        .arg(plugin_bin())
+        .args(["--kubeconfig", api.kubeconfig()])
+        .args(args)
+        .env_remove("KUBECONFIG")
+        .output()
+        .expect("run kubectl-clb_probe")
+}
+
+#[test]
+fn kubectl_evidence_writes_each_nodes_capture_through_the_api_servers_pod_proxy() {
+    if !require_root("evidence_kubectl") {
+        return;
+    }
+    const PORT: u16 = 19968;
+    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    let api = KubeFixture::builder().tag("evidence").start();
+    // The fake's pods/proxy connects from the node's namespace, as the API server reaches a
+    // hostNetwork pod at the node's address.
+    api.proxy_pods_in(lab::NS_NODE);
+    let node_ip = lab::NODE_IP.to_string();
+    api.apply(agent_pod("clb-probe-aaaaa", NODE_NAME, &node_ip, PORT));
+    // A second node that reported the same Service, whose agent does not answer.
+    api.apply(agent_pod("clb-probe-bbbbb", "node-b", "127.0.0.1", 1));
+    let listen = format!("{node_ip}:{PORT}");
+    let agent = api.start_agent(&["--metrics-addr", &listen]);
+    assert_eq!(
+        lab.traffic(Scenario::HealthcheckBlackhole).unwrap(),
+        Outcome::Timeout
+    );
+    let event = agent.only_event(LoopbackKind::HealthcheckBlackhole, Duration::from_secs(10));
+    let svc = event
+        .facts
+        .service
+        .clone()
+        .unwrap_or_else(|| panic!("the Service is named: {event:#?}"));
+    let service = format!("{}/{}", svc.namespace, svc.name);
+    let ours = wait_for("the agent's Event", Duration::from_secs(10), || {
+        clb_events(&api)
+            .into_iter()
+            .find(|e| is(&e.reason, "HealthCheckBlackhole"))
+    })
+    .unwrap_or_else(|| panic!("no Event: {:#?}", clb_events(&api)));
+    let mut other = serde_json::to_value(&ours).unwrap();
+    other["metadata"] = serde_json::json!({"name": "from-node-b", "namespace": svc.namespace});
+    other["reportingInstance"] = "node-b".into();
+    api.apply(other);
+    wait_for(
+        "the loop's packets are kept",
+        Duration::from_secs(10),
+        || {
+            let (_, body) = http_get_in(lab::NS_NODE, &listen, "/evidence")?;
+            let index: EvidenceIndex = serde_json::from_str(&body).ok()?;
+            index
+                .loops
+                .iter()
+                .find(|l| l.key == event.key && l.packets > 0)
+                .cloned()
+        },
+    )
+    .expect("evidence kept for the loop");
+
+    let dir = TempDir::new("evidence-out");
+    let out_dir = dir.path().join("out");
+    let out = plugin_in_node(
+        &api,
+        &["evidence", &service, "-o", out_dir.to_str().unwrap()],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // node-b's agent does not answer: exit 1, named; this node's folder is written anyway.
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("node-b") && stderr.contains("no evidence from node-b"),
+        "{stderr}"
+    );
+    let node_dir = out_dir.join(NODE_NAME);
+    for file in [
+        "capture.pcapng",
+        "events.json",
+        "conntrack.json",
+        "rules.txt",
+        "check.json",
+    ] {
+        assert!(
+            node_dir.join(file).is_file(),
+            "{file} missing in {}",
+            node_dir.display()
+        );
+    }
+    let readme = std::fs::read_to_string(out_dir.join("README.txt")).unwrap();
+    assert!(
+        readme.contains(&format!("{NODE_NAME}/: 1 loop(s)")),
+        "{readme}"
+    );
+    assert!(readme.contains("node-b: NOT WRITTEN"), "{readme}");
+    let capture = node_dir.join("capture.pcapng");
+    let packets = tcpdump_read(&capture);
+    let flow = format!("IP {}.{} > ", event.src, event.src_port);
+    assert!(
+        packets.contains(&flow),
+        "no packet of {flow:?} in:\n{packets}"
+    );
+    let comments = packet_comments(&std::fs::read(&capture).unwrap());
+    assert!(
+        comments
+            .iter()
+            .any(|c| c.contains("hook kfree_skb") && c.contains("drop reason")),
+        "{comments:#?}"
+    );
+    let bundles: Vec<EvidenceBundle> =
+        serde_json::from_slice(&std::fs::read(node_dir.join("events.json")).unwrap()).unwrap();
+    assert_eq!(bundles.len(), 1);
+    assert_eq!(bundles[0].event.key, event.key);
+
+    // DIR is not empty now: refused before anything is asked.
+    let again = plugin_in_node(
+        &api,
+        &["evidence", &service, "-o", out_dir.to_str().unwrap()],
+    );
+    assert_eq!(again.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&again.stderr).contains("exists and is not empty"));
+
+    // Without pods/proxy: each node says which permission is missing.
+    api.forbid("pods/proxy", "get");
+    let denied_dir = dir.path().join("denied");
+    let denied = plugin_in_node(
+        &api,
+        &["evidence", &service, "-o", denied_dir.to_str().unwrap()],
+    );
+    let stderr = String::from_utf8_lossy(&denied.stderr);
+    assert_eq!(denied.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("forbidden") && stderr.contains("pods/proxy"),
+        "{stderr}"
+    );
+    assert!(!denied_dir.join(NODE_NAME).exists());
+}
