@@ -11,6 +11,7 @@
 
 pub mod capability;
 pub mod outputs;
+pub mod test_traffic;
 
 use std::{
     collections::BTreeMap,
@@ -63,6 +64,9 @@ pub struct Shared {
     pub loops: Arc<Mutex<LoopLifecycle>>,
     /// Every resolution, for the Kubernetes Events writer (`LoopbackResolved`).
     pub resolutions: broadcast::Sender<Arc<LoopResolution>>,
+    /// The agent's own test connections (verify, canary): counters, and the canary's flows
+    /// whose confirmations [`Shared::publish`] marks.
+    pub test_traffic: Arc<test_traffic::TestTraffic>,
 }
 
 impl Shared {
@@ -115,7 +119,11 @@ impl Shared {
     }
 
     /// Records a report for late joiners and broadcasts it (no receiver is fine).
-    pub fn publish(&self, report: Confirmation) {
+    pub fn publish(&self, mut report: Confirmation) {
+        // Marked here, before any writer or the late-joiner map sees it.
+        if self.test_traffic.is_canary(&report.event) {
+            report.event.facts.canary = true;
+        }
         if let Ok(mut m) = self.confirmed.lock() {
             m.insert(report.event.key.clone(), report.event.clone());
             while m.len() > RECENT_EVENTS {
@@ -176,6 +184,11 @@ impl View {
     /// The node report's writer's counters.
     pub fn node_report(&self) -> &outputs::ReportStats {
         &self.0.node_report
+    }
+
+    /// The agent's own test connections' counters.
+    pub fn test_traffic(&self) -> &test_traffic::TestTraffic {
+        &self.0.test_traffic
     }
 }
 

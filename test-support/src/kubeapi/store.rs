@@ -19,7 +19,7 @@ pub(crate) struct ResourceInfo {
     pub status_subresource: bool,
 }
 
-pub(crate) const RESOURCES: [ResourceInfo; 7] = [
+pub(crate) const RESOURCES: [ResourceInfo; 8] = [
     ResourceInfo {
         resource: "pods",
         kind: "Pod",
@@ -64,6 +64,16 @@ pub(crate) const RESOURCES: [ResourceInfo; 7] = [
     ResourceInfo {
         resource: "loopbackreports",
         kind: "LoopbackReport",
+        api_version: "clb-probe.io/v1alpha1",
+        group: "clb-probe.io",
+        namespaced: false,
+        status_subresource: true,
+    },
+    // A request to the agents to test a Service now (the chart's CRD
+    // `loopbackverifications.clb-probe.io`); each agent patches its node's entry of `status`.
+    ResourceInfo {
+        resource: "loopbackverifications",
+        kind: "LoopbackVerification",
         api_version: "clb-probe.io/v1alpha1",
         group: "clb-probe.io",
         namespaced: false,
