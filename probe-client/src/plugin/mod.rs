@@ -26,6 +26,7 @@ pub mod api;
 pub mod confirm;
 pub mod fix;
 pub mod undo;
+pub mod verify;
 
 use std::fmt::Write as _;
 

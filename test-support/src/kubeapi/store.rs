@@ -305,7 +305,9 @@ impl Store {
                 self.next_uid += 1;
                 (
                     json!(format!("00000000-0000-4000-8000-{:012x}", self.next_uid)),
-                    json!("2026-01-01T00:00:00Z"),
+                    // Set when created, as the API server does (an agent ignores verification
+                    // requests older than a bound).
+                    json!(super::table::rfc3339_now()),
                 )
             }
         };
