@@ -35,7 +35,7 @@ const METRICS: &str = "127.0.0.1:19467";
 const EDGE_TARGET: &str = "203.0.113.10:8081/tcp";
 
 /// `default/edge`: the LB IP on the listener without the source-node guard, and a UDP port.
-fn edge_service(etp: &str) -> Value {
+fn edge_service(etp: &str, ip_mode: &str) -> Value {
     json!({
         "apiVersion": "v1", "kind": "Service",
         "metadata": {"namespace": "default", "name": "edge"},
@@ -50,7 +50,7 @@ fn edge_service(etp: &str) -> Value {
                  "targetPort": 5353, "nodePort": 30054},
             ],
         },
-        "status": {"loadBalancer": {"ingress": [{"ip": lab::VIP.to_string(), "ipMode": "Proxy"}]}},
+        "status": {"loadBalancer": {"ingress": [{"ip": lab::VIP.to_string(), "ipMode": ip_mode}]}},
     })
 }
 
@@ -147,7 +147,7 @@ fn verify_confirms_a_loop_no_client_trips_and_is_clean_once_the_lb_guards_it() {
     }
     let lab = LabGuard::up(&unbound()).expect("lab up");
     let api = KubeFixture::builder()
-        .object(edge_service("Cluster"))
+        .object(edge_service("Cluster", "Proxy"))
         .start();
     let mut agent = api.start_agent(&["--metrics-addr", METRICS, "--kube-events", "off"]);
     agent.wait_log("Kubernetes attribution connected", WAIT);
@@ -249,7 +249,8 @@ fn fix_apply_verify_says_resolved_without_waiting_for_resolve_after() {
     let lab = LabGuard::up(&unbound()).expect("lab up");
     // The node's agent confirmed a hairpin on edge earlier: its Warning Event.
     let api = KubeFixture::builder()
-        .object(edge_service("Local"))
+        // ipMode VIP: etp-cluster is offered only where kube-proxy programs the LB IP.
+        .object(edge_service("Local", "VIP"))
         .object(json!({
             "apiVersion": "events.k8s.io/v1", "kind": "Event",
             "metadata": {"name": "clb-probe.clb-node.hairpin.1", "namespace": "default"},
@@ -336,7 +337,7 @@ fn the_canary_confirms_a_loop_no_user_trips_and_labels_it() {
     }
     let lab = LabGuard::up(&unbound()).expect("lab up");
     let api = KubeFixture::builder()
-        .object(edge_service("Cluster"))
+        .object(edge_service("Cluster", "Proxy"))
         .start();
     let mut agent = api.start_agent(&[
         "--metrics-addr",
