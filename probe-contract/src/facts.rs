@@ -371,6 +371,10 @@ pub struct Facts {
     /// The kube-proxy mode the node's service table was read from (null: no table read).
     #[serde(default)]
     pub proxy_mode: Option<ProxyMode>,
+    /// The looping connection was the agent's own canary (`--canary-every`), not a user's:
+    /// the loop is real, its traffic is the agent's test (left out when false).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub canary: bool,
 }
 
 impl Facts {

@@ -33,6 +33,7 @@ pub mod record;
 pub mod report;
 mod resolution;
 mod status;
+pub mod verify;
 
 pub use event::{
     AggregateKey, Confirmation, Layer, Listener, LoopbackEvent, LoopbackKind, Outcome, Proto,

@@ -124,6 +124,10 @@ pub struct ActiveLoop {
     /// `report::loops`): "flood: N more KIND loops on SERVICE-OR-ADDRESS ...; e.g. ...".
     #[serde(skip_serializing_if = "Option::is_none")]
     pub flood: Option<String>,
+    /// Only the agent's canary (`--canary-every`) has tripped this loop so far: no user's
+    /// call was seen looping (left out when false).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub canary: bool,
 }
 
 /// A loop no longer seen.

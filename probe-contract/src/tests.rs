@@ -495,3 +495,71 @@ fn the_evidence_index_and_bundle_read_back_as_written() {
         bundle
     );
 }
+
+#[test]
+fn a_verification_round_trips_and_a_node_patch_names_only_its_entry() {
+    use verify::*;
+    let spec = VerificationSpec {
+        service: ServiceRef {
+            namespace: "default".into(),
+            name: "web".into(),
+        },
+        nodes: vec!["node-a".into()],
+        kinds: vec!["hairpin".into()],
+    };
+    let text = serde_json::to_string(&spec).unwrap();
+    assert_eq!(
+        serde_json::from_str::<VerificationSpec>(&text).unwrap(),
+        spec
+    );
+    assert_eq!(spec.service.key(), "default/web");
+    let entry = NodeVerification {
+        phase: Phase::Done,
+        started_at: "2026-01-01T00:00:00Z".into(),
+        finished_at: "2026-01-01T00:00:05Z".into(),
+        message: String::new(),
+        results: vec![
+            VerifyResult {
+                kind: "hairpin".into(),
+                target: "203.0.113.10:8081/tcp".into(),
+                outcome: VerifyOutcome::Confirmed,
+                evidence: vec!["hairpin/l4/...".into()],
+                tried: String::new(),
+                reason: String::new(),
+            },
+            VerifyResult {
+                kind: "healthcheck_blackhole".into(),
+                target: "203.0.113.10".into(),
+                outcome: VerifyOutcome::NotTestable,
+                evidence: vec![],
+                tried: String::new(),
+                reason: "no health check arrived".into(),
+            },
+        ],
+    };
+    let status = VerificationStatus {
+        nodes: [("node-a".to_string(), entry.clone())].into(),
+    };
+    let text = serde_json::to_string(&status).unwrap();
+    assert_eq!(
+        serde_json::from_str::<VerificationStatus>(&text).unwrap(),
+        status
+    );
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["nodes"]["node-a"]["phase"], "done");
+    assert_eq!(v["nodes"]["node-a"]["startedAt"], "2026-01-01T00:00:00Z");
+    assert_eq!(
+        v["nodes"]["node-a"]["results"][1]["outcome"],
+        "not_testable"
+    );
+    let patch = status_patch("node-a", &entry);
+    assert_eq!(
+        patch["status"]["nodes"].as_object().unwrap().len(),
+        1,
+        "{patch}"
+    );
+    assert_eq!(
+        patch["status"]["nodes"]["node-a"]["results"][0]["kind"],
+        "hairpin"
+    );
+}

@@ -26,3 +26,4 @@ pub mod sink;
 pub mod state;
 #[cfg(test)]
 mod test_events;
+pub mod verify;

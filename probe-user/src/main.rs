@@ -201,6 +201,18 @@ struct AgentArgs {
     /// copied in the kernel). See SECURITY.md.
     #[arg(long, env = "CLB_PROBE_EVIDENCE", value_enum, default_value_t)]
     evidence: clb_probe::hub::evidence::EvidenceMode,
+    /// Answer `kubectl clb-probe verify` (LoopbackVerification requests for this node) by
+    /// connecting from the node to the named Service's LB IP:ports (bounded: a few
+    /// connections, one request at a time). Needs API access; `off` answers each request
+    /// refused, saying so.
+    #[arg(long, env = "CLB_PROBE_VERIFY", value_enum, default_value_t = OnOff::On)]
+    verify: OnOff,
+    /// The canary: every DURATION (e.g. 10m, 1h), the same node-sourced test as verify on the
+    /// next 4 LB IP:ports of the cluster's Services, so a risk turns into a confirmed loop or a
+    /// clean bill without waiting for users (its loops carry facts.canary). Off by default;
+    /// needs API access.
+    #[arg(long, env = "CLB_PROBE_CANARY_EVERY", value_name = "DURATION", value_parser = parse_canary_every)]
+    canary_every: Option<Duration>,
     /// Seconds between OTLP metric exports (with --otlp-endpoint).
     #[arg(long, env = "CLB_PROBE_OTLP_INTERVAL", default_value_t = clb_probe::sink::otlp::DEFAULT_INTERVAL_SECS, value_parser = clap::value_parser!(u64).range(1..=3600))]
     otlp_interval: u64,
@@ -434,6 +446,8 @@ fn agent(args: AgentArgs) -> ExitCode {
         node_report,
         node_condition: args.node_condition == OnOff::On,
         node_report_interval: Duration::from_secs(args.node_report_interval),
+        verify: args.verify == OnOff::On,
+        canary_every: args.canary_every,
         otlp: args
             .otlp_endpoint
             .map(|endpoint| clb_probe::sink::otlp::OtlpConfig {
@@ -459,6 +473,24 @@ fn agent(args: AgentArgs) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(&e),
     }
+}
+
+/// `--canary-every`: `90s`, `10m`, `1h` (or plain seconds), at least 10 s and at most a day.
+fn parse_canary_every(s: &str) -> Result<Duration, String> {
+    let (digits, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{s:?}: give a number with s, m or h (90s, 10m, 1h)"))?;
+    let secs = match unit {
+        "" | "s" => n,
+        "m" => n.saturating_mul(60),
+        "h" => n.saturating_mul(3600),
+        _ => return Err(format!("{s:?}: the unit is s, m or h (90s, 10m, 1h)")),
+    };
+    if !(10..=86_400).contains(&secs) {
+        return Err(format!("{s:?}: between 10s and 24h"));
+    }
+    Ok(Duration::from_secs(secs))
 }
 
 /// One clear line on stderr, exit 1.

@@ -125,6 +125,10 @@ fn the_chart_renders_lints_and_validates_for_every_ci_values_file() {
         "jsonPath: .status.lastUpdate",
         "resources: [loopbackreports/status]",
         "- --node-report=on",
+        // Verify on demand (#40): its CRD, the agent's read and status-patch RBAC, the flag.
+        "name: loopbackverifications.clb-probe.io",
+        "resources: [loopbackverifications/status]",
+        "- --verify=on",
     ] {
         assert!(
             default.contains(present),
@@ -143,7 +147,7 @@ fn the_chart_renders_lints_and_validates_for_every_ci_values_file() {
         if v.ends_with("node-report-off-values.yaml") {
             assert!(stream.contains("- --node-report=off"));
             for absent in [
-                "CustomResourceDefinition",
+                "name: loopbackreports.clb-probe.io",
                 "loopbackreports",
                 "resources: [nodes]",
                 "nodes/status",
@@ -178,6 +182,7 @@ fn the_chart_renders_lints_and_validates_for_every_ci_values_file() {
                 "- --node-report=on",
                 "- --node-condition=on",
                 "- --resolve-after=120",
+                "- --canary-every=30m",
                 "resources: [nodes/status]",
                 "automountServiceAccountToken: true",
                 "containerPort: 9100",
@@ -210,6 +215,11 @@ fn the_values_schema_rejects_bad_values() {
             "endpoint",
         ),
         ("otlp-bare", "otlp: {endpoint: \"c:4317\"}\n", "endpoint"),
+        (
+            "canary",
+            "kube: {canaryEvery: \"5 minutes\"}\n",
+            "canaryEvery",
+        ),
     ] {
         let file = dir.join(format!("{name}.yaml"));
         std::fs::write(&file, bad).unwrap();

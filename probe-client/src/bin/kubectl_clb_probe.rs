@@ -1,7 +1,8 @@
 //! `kubectl-clb_probe` (`kubectl clb-probe` once on PATH, krew's naming): confirmed loopbacks
 //! cluster-wide from the Kubernetes Events, and one node's live view. Exit codes: 0 ok,
 //! 1 runtime failure, 2 usage error. `report` gates a pipeline instead: 0 clean, 1 a risk or
-//! an active loop, 2 any error.
+//! an active loop, 2 any error. `verify` (and `fix --apply --verify`): 0 nothing confirmed,
+//! 3 a loop confirmed (still looping), 1 an error (a node that did not answer included).
 
 use std::process::ExitCode;
 
@@ -119,6 +120,35 @@ enum Command {
         /// openstack, generic). Default: the Nodes' providerIDs, else the Service's settings.
         #[arg(long, env = "CLB_PROBE_PROVIDER")]
         provider: Option<clb_probe_client::fixes::Provider>,
+        /// With --apply: then verify on every node that had the loop (its Events, the
+        /// reports' active loops) and say "resolved" only when every one is clean (exit 3
+        /// when a node still loops).
+        #[arg(long, requires = "apply")]
+        verify: bool,
+        /// --verify's wait for the agents' answers, in seconds.
+        #[arg(long, value_name = "SECS", default_value_t = plugin::verify::DEFAULT_TIMEOUT_S, value_parser = clap::value_parser!(u64).range(1..=plugin::verify::MAX_TIMEOUT_S))]
+        timeout: u64,
+    },
+    /// Ask the agents to test SERVICE's LB IP:ports now (a LoopbackVerification request they
+    /// answer through the API) and print per node and kind: confirmed (with the evidence),
+    /// clean (what was tried), not testable (why). Exit 0 nothing confirmed, 3 a loop
+    /// confirmed, 1 an error (a node that did not answer in time is named).
+    Verify {
+        /// NAME, or NAMESPACE/NAME.
+        service: String,
+        /// The Service's namespace (default: `default`, or the one SERVICE names).
+        #[arg(short, long)]
+        namespace: Option<String>,
+        /// Test from this node (repeatable). Default: the nodes whose report or Events name
+        /// a loop or a risk for the Service.
+        #[arg(long = "node", value_name = "NODE")]
+        nodes: Vec<String>,
+        /// How long to wait for the agents' answers, in seconds.
+        #[arg(long, value_name = "SECS", default_value_t = plugin::verify::DEFAULT_TIMEOUT_S, value_parser = clap::value_parser!(u64).range(1..=plugin::verify::MAX_TIMEOUT_S))]
+        timeout: u64,
+        /// Output format.
+        #[arg(short, long, value_enum, default_value_t = Output::Table)]
+        output: Output,
     },
 }
 
@@ -258,6 +288,8 @@ async fn run(command: Command, kube: KubeArgs) -> anyhow::Result<ExitCode> {
             yes,
             undo,
             provider,
+            verify,
+            timeout,
         } => {
             use plugin::fix;
             if dry_run && apply.is_none() && !undo {
@@ -309,15 +341,107 @@ async fn run(command: Command, kube: KubeArgs) -> anyhow::Result<ExitCode> {
                 return Ok(ExitCode::SUCCESS);
             };
             let chosen = fix::select(&plan, &id, resource_version.as_deref())?;
-            apply_fix(
-                client,
+            let applied = apply_fix(
+                client.clone(),
                 &svc,
                 chosen,
                 plan.resource_version.as_deref(),
                 dry_run,
                 yes,
             )
-            .await
+            .await?;
+            if !verify || dry_run {
+                return Ok(applied);
+            }
+            // The nodes that had the loop: their Events about the Service, and the reports'
+            // active loops naming it.
+            let key = format!("{namespace}/{service}");
+            let active: Vec<_> = reports
+                .iter()
+                .filter(|(_, r)| {
+                    r.active_loops
+                        .iter()
+                        .any(|l| l.service.as_deref() == Some(key.as_str()))
+                })
+                .cloned()
+                .collect();
+            let looped = plugin::verify::nodes_for(
+                &key,
+                &active,
+                &plugin::verify::event_nodes(&events, &namespace, &service),
+            );
+            if looped.is_empty() {
+                anyhow::bail!(
+                    "applied, but no node has a confirmed loop for {key} to verify (no Event, no active loop in the reports): run `kubectl clb-probe verify -n {namespace} {service} --node NODE`"
+                );
+            }
+            let spec = plugin::verify::spec(&namespace, &service, &looped);
+            let v = api::run_verification(client, &spec, std::time::Duration::from_secs(timeout))
+                .await?;
+            print!("{}", esc(&plugin::verify::render(&v)));
+            if v.confirmed() {
+                for (node, what) in v.still_looping() {
+                    println!("still looping on node {}: {}", esc(&node), esc(&what));
+                }
+                return Ok(ExitCode::from(plugin::verify::CONFIRMED_EXIT));
+            }
+            if !v.missing.is_empty() {
+                anyhow::bail!(plugin::verify::missing_error(&v.missing, timeout));
+            }
+            if v.clean_everywhere() {
+                println!(
+                    "resolved: verify is clean on every node that had the loop ({})",
+                    esc(&looped.join(", "))
+                );
+                Ok(ExitCode::SUCCESS)
+            } else {
+                println!("not proven resolved: a node refused or could test nothing (see above)");
+                Ok(ExitCode::from(1))
+            }
+        }
+        Command::Verify {
+            service,
+            namespace,
+            nodes,
+            timeout,
+            output,
+        } => {
+            let (namespace, service) = plugin::fix::service_ref(&service, namespace.as_deref())?;
+            // A clear error for a Service that does not exist, before anything is created.
+            api::get_service(client.clone(), &namespace, &service).await?;
+            let key = format!("{namespace}/{service}");
+            let nodes = if nodes.is_empty() {
+                let reports = api::node_reports(client.clone()).await.unwrap_or_default();
+                let events = api::service_events(client.clone(), &namespace, &service)
+                    .await
+                    .unwrap_or_default();
+                plugin::verify::nodes_for(
+                    &key,
+                    &reports,
+                    &plugin::verify::event_nodes(&events, &namespace, &service),
+                )
+            } else {
+                nodes
+            };
+            if nodes.is_empty() {
+                anyhow::bail!(
+                    "no node has a loop or a risk for {key} (reports, Events): name the nodes to test from with --node NODE"
+                );
+            }
+            let spec = plugin::verify::spec(&namespace, &service, &nodes);
+            let v = api::run_verification(client, &spec, std::time::Duration::from_secs(timeout))
+                .await?;
+            match output {
+                Output::Json => println!("{}", serde_json::to_string_pretty(&v)?),
+                Output::Table => print!("{}", esc(&plugin::verify::render(&v))),
+            }
+            if v.confirmed() {
+                return Ok(ExitCode::from(plugin::verify::CONFIRMED_EXIT));
+            }
+            if !v.missing.is_empty() {
+                anyhow::bail!(plugin::verify::missing_error(&v.missing, timeout));
+            }
+            Ok(ExitCode::SUCCESS)
         }
     }
 }

@@ -294,3 +294,94 @@ pub async fn proxy_get(
         crate::term::escape(text.trim())
     ))
 }
+
+/// The API resource of `LoopbackVerification`, for `kube::Api<DynamicObject>`.
+pub fn verification_resource() -> kube::core::ApiResource {
+    use probe_contract::verify::{API_VERSION, GROUP, KIND, PLURAL, VERSION};
+    kube::core::ApiResource {
+        group: GROUP.into(),
+        version: VERSION.into(),
+        api_version: API_VERSION.into(),
+        kind: KIND.into(),
+        plural: PLURAL.into(),
+    }
+}
+
+/// `verify`: creates the request, waits (polling every half second) until every node in
+/// `spec.nodes` answered or `timeout` passed, deletes the request, and returns the answers
+/// (nodes without one in `missing`).
+pub async fn run_verification(
+    client: Client,
+    spec: &probe_contract::verify::VerificationSpec,
+    timeout: std::time::Duration,
+) -> anyhow::Result<super::verify::Verification> {
+    use probe_contract::verify::{GENERATE_NAME, PLURAL, VerificationStatus};
+    let api: Api<kube::api::DynamicObject> = Api::all_with(client, &verification_resource());
+    let mut object = kube::api::DynamicObject::new("", &verification_resource());
+    object.metadata.name = None;
+    object.metadata.generate_name = Some(GENERATE_NAME.to_owned());
+    object.data = serde_json::json!({ "spec": spec });
+    let created = api
+        .create(&kube::api::PostParams::default(), &object)
+        .await
+        .map_err(|e| match e {
+            kube::Error::Api(status) if status.code == 404 => anyhow::anyhow!(
+                "the LoopbackVerification CRD ({PLURAL}.{}) is not installed: install the chart with kube.verify=true",
+                probe_contract::verify::GROUP
+            ),
+            other => explain(other, &format!("create {PLURAL}.{}", probe_contract::verify::GROUP)),
+        })?;
+    let name = created.metadata.name.clone().unwrap_or_default();
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut status = VerificationStatus::default();
+    let result = loop {
+        match api.get(&name).await {
+            Ok(o) => {
+                status = o
+                    .data
+                    .get("status")
+                    .cloned()
+                    .and_then(|s| serde_json::from_value(s).ok())
+                    .unwrap_or_default();
+            }
+            Err(e) => break Err(explain(e, &format!("get {PLURAL} {name}"))),
+        }
+        let all = spec
+            .nodes
+            .iter()
+            .all(|n| super::verify::answered(status.nodes.get(n)));
+        if all || tokio::time::Instant::now() >= deadline {
+            break Ok(());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    };
+    // Deleted whatever happened: a request left behind would be answered by no one (too old)
+    // and only clutter the list. A denied delete is said, not fatal.
+    if let Err(e) = api.delete(&name, &Default::default()).await {
+        eprintln!(
+            "kubectl clb-probe: warning: {}",
+            crate::term::escape_lines(&format!(
+                "{:#}",
+                explain(e, &format!("delete {PLURAL} {name}"))
+            ))
+        );
+    }
+    result?;
+    let missing = spec
+        .nodes
+        .iter()
+        .filter(|n| !super::verify::answered(status.nodes.get(*n)))
+        .cloned()
+        .collect();
+    let nodes = status
+        .nodes
+        .into_iter()
+        .filter(|(n, _)| spec.nodes.contains(n))
+        .collect();
+    Ok(super::verify::Verification {
+        request: name,
+        service: spec.service.key(),
+        nodes,
+        missing,
+    })
+}

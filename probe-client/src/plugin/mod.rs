@@ -29,6 +29,7 @@ pub mod confirm;
 pub mod evidence;
 pub mod fix;
 pub mod undo;
+pub mod verify;
 
 use std::fmt::Write as _;
 

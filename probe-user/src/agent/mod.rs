@@ -13,6 +13,7 @@ pub mod nodesync;
 mod queries;
 pub mod services;
 pub mod startup;
+pub mod verify;
 
 pub use queries::CONNTRACK_FAIL_ENV;
 
@@ -90,6 +91,11 @@ pub struct AgentConfig {
     pub capture_bytes: u32,
     /// `--evidence`: what `GET /evidence` keeps and serves.
     pub evidence: crate::hub::evidence::EvidenceMode,
+    /// `--verify`: answer `LoopbackVerification` requests by testing (false: answer each
+    /// `refused`). Needs API access (`kube`).
+    pub verify: bool,
+    /// `--canary-every`: the canary's period (None: off). Needs API access (`kube`).
+    pub canary_every: Option<Duration>,
 }
 
 /// Runs until SIGINT, SIGTERM, SIGHUP or SIGQUIT. Every exit path detaches: the probe is owned
@@ -204,6 +210,7 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         ))),
         check_risks: Default::default(),
         node_name: cfg.node_name.clone(),
+        test_traffic: Default::default(),
     };
     // Subscribed before the first report; the writers run beside the loop, never in it.
     let subscription = || crate::sink::Subscription {
@@ -224,6 +231,7 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
     let _node_report_task = spawn_node_report(&cfg, &shared, &kube, tables_rx, &owners_rx, || {
         crate::check::gather::kernel_view_of(Ok(&kbtf), kallsyms_readable)
     });
+    let _verify_tasks = spawn_verify(&cfg, &shared, &kube).await;
     let serving = surfaces.serve(&shared, &stop_rx);
     let otlp_metrics =
         surfaces
@@ -576,6 +584,35 @@ fn spawn_kube_events(cfg: &AgentConfig, shared: &Shared) -> Option<AbortOnDrop> 
         shared.resolutions.subscribe(),
         shared.kube_events.clone(),
     ))))
+}
+
+/// The verify requests' watch and tester, and the canary (empty: no API access, or the
+/// index is off).
+async fn spawn_verify(cfg: &AgentConfig, shared: &Shared, kube: &Attribution) -> Vec<AbortOnDrop> {
+    let (Some(source), Some(index)) = (&cfg.kube, &kube.index) else {
+        if cfg.canary_every.is_some() {
+            warn!("--canary-every needs Kubernetes API access (the Services' LB IPs): canary off");
+        }
+        return Vec::new();
+    };
+    let tester = verify::Tester {
+        node: cfg.node_name.clone().unwrap_or_else(hub::node_name),
+        shared: shared.clone(),
+        index: index.clone(),
+    };
+    let mut tasks = Vec::new();
+    match crate::kube::connect(source).await {
+        Ok(client) => tasks.push(AbortOnDrop(tokio::spawn(verify::serve(
+            client,
+            tester.clone(),
+            cfg.verify,
+        )))),
+        Err(e) => warn!(error = %e, "verify: no API client: requests are not answered"),
+    }
+    if let Some(every) = cfg.canary_every {
+        tasks.push(AbortOnDrop(tokio::spawn(verify::canary(tester, every))));
+    }
+    tasks
 }
 
 /// The node report's writer (and the Node condition), subscribed to the reports (None: off).

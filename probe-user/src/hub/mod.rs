@@ -12,6 +12,7 @@
 pub mod capability;
 pub mod evidence;
 pub mod outputs;
+pub mod test_traffic;
 
 use std::{
     collections::BTreeMap,
@@ -71,6 +72,9 @@ pub struct Shared {
     pub check_risks: Arc<Mutex<Vec<probe_contract::report::RiskStatus>>>,
     /// This node's name (`--node-name`), when given.
     pub node_name: Option<String>,
+    /// The agent's own test connections (verify, canary): counters, and the canary's flows
+    /// whose confirmations [`Shared::publish`] marks.
+    pub test_traffic: Arc<test_traffic::TestTraffic>,
 }
 
 impl Shared {
@@ -137,7 +141,11 @@ impl Shared {
     }
 
     /// Records a report for late joiners and broadcasts it (no receiver is fine).
-    pub fn publish(&self, report: Confirmation) {
+    pub fn publish(&self, mut report: Confirmation) {
+        // Marked here, before any writer or the late-joiner map sees it.
+        if self.test_traffic.is_canary(&report.event) {
+            report.event.facts.canary = true;
+        }
         if let Ok(mut m) = self.confirmed.lock() {
             m.insert(report.event.key.clone(), report.event.clone());
             while m.len() > RECENT_EVENTS {
@@ -216,6 +224,11 @@ impl View {
 
     pub fn node_name(&self) -> Option<&str> {
         self.0.node_name.as_deref()
+    }
+
+    /// The agent's own test connections' counters.
+    pub fn test_traffic(&self) -> &test_traffic::TestTraffic {
+        &self.0.test_traffic
     }
 }
 

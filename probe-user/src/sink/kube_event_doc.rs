@@ -240,6 +240,14 @@ pub fn note(event: &LoopbackEvent) -> String {
             event.src
         ),
     };
+    // The canary's own connection tripped it (`--canary-every`): a real loop, no user's call.
+    let cause = if event.facts.canary {
+        format!(
+            "{cause} Found by the agent's canary (its own connection from this node), not by a user's call."
+        )
+    } else {
+        cause
+    };
     // The first (best-fitting) fix when there is one: the exact change, and the command that
     // applies it when it is a patch of the named Service.
     let remedy = event.remedy.iter().find(|r| !r.starts_with("Cause:"));
@@ -403,6 +411,20 @@ mod tests {
         });
         e.remedy = vec![format!("Reach host process {process} without the LB")];
         e
+    }
+
+    /// #40: a loop the canary's own connection tripped says so in its Event's note; a user's
+    /// does not.
+    #[test]
+    fn a_canary_loop_s_note_says_the_canary_found_it() {
+        let mut e = crate::test_events::hairpin("k");
+        assert!(!note(&e).contains("canary"));
+        e.facts.canary = true;
+        assert!(
+            note(&e).contains("Found by the agent's canary"),
+            "{}",
+            note(&e)
+        );
     }
 
     /// E8: the note names the host process and, for the node's own call, the node (it said

@@ -19,7 +19,7 @@ pub(crate) struct ResourceInfo {
     pub status_subresource: bool,
 }
 
-pub(crate) const RESOURCES: [ResourceInfo; 7] = [
+pub(crate) const RESOURCES: [ResourceInfo; 8] = [
     ResourceInfo {
         resource: "pods",
         kind: "Pod",
@@ -64,6 +64,16 @@ pub(crate) const RESOURCES: [ResourceInfo; 7] = [
     ResourceInfo {
         resource: "loopbackreports",
         kind: "LoopbackReport",
+        api_version: "clb-probe.io/v1alpha1",
+        group: "clb-probe.io",
+        namespaced: false,
+        status_subresource: true,
+    },
+    // A request to the agents to test a Service now (the chart's CRD
+    // `loopbackverifications.clb-probe.io`); each agent patches its node's entry of `status`.
+    ResourceInfo {
+        resource: "loopbackverifications",
+        kind: "LoopbackVerification",
         api_version: "clb-probe.io/v1alpha1",
         group: "clb-probe.io",
         namespaced: false,
@@ -295,7 +305,9 @@ impl Store {
                 self.next_uid += 1;
                 (
                     json!(format!("00000000-0000-4000-8000-{:012x}", self.next_uid)),
-                    json!("2026-01-01T00:00:00Z"),
+                    // Set when created, as the API server does (an agent ignores verification
+                    // requests older than a bound).
+                    json!(super::table::rfc3339_now()),
                 )
             }
         };

@@ -198,6 +198,36 @@ pub fn loopbackreport_columns() -> Vec<Column> {
         .unwrap_or_default()
 }
 
+/// `unix_secs` as RFC 3339 UTC (`2026-11-27T13:00:00Z`): the inverse of [`unix_of_rfc3339`]
+/// (days to civil date as in H. Hinnant's `civil_from_days`).
+pub fn rfc3339_of_unix(unix_secs: i64) -> String {
+    let (days, secs) = (unix_secs.div_euclid(86_400), unix_secs.rem_euclid(86_400));
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        secs / 3600,
+        secs % 3600 / 60,
+        secs % 60
+    )
+}
+
+/// Now, as [`rfc3339_of_unix`].
+pub fn rfc3339_now() -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_secs()).unwrap_or(0))
+        .unwrap_or(0);
+    rfc3339_of_unix(now)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

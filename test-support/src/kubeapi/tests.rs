@@ -658,3 +658,15 @@ fn lists_page_with_limit_and_continue() {
         assert_eq!(pages, 2);
     });
 }
+
+#[test]
+fn creation_times_are_rfc3339_and_read_back() {
+    for t in [0, 951_782_400, 1_795_700_000, 4_102_444_799] {
+        let text = super::table::rfc3339_of_unix(t);
+        assert_eq!(super::table::unix_of_rfc3339(&text), Some(t), "{text}");
+    }
+    assert_eq!(
+        super::table::rfc3339_of_unix(951_782_400),
+        "2000-02-29T00:00:00Z"
+    );
+}

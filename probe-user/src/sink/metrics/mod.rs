@@ -79,6 +79,15 @@ pub const OVERFLOW_LABEL: &str = "other";
 impl EventTotals {
     pub fn add(&mut self, e: &LoopbackEvent) {
         self.seq += 1;
+        // The canary's own loops are not users' traffic (`clbprobe_canary_tests_total` counts
+        // them): the count is remembered, so a user's next occurrence adds only itself.
+        if e.facts.canary {
+            if let Some((_, seq)) = self.last.insert(e.key.clone(), (e.count, self.seq)) {
+                self.by_age.remove(&seq);
+            }
+            self.by_age.insert(self.seq, e.key.clone());
+            return;
+        }
         let prev = match self.last.insert(e.key.clone(), (e.count, self.seq)) {
             Some((count, seq)) => {
                 self.by_age.remove(&seq);
@@ -204,6 +213,9 @@ pub struct MetricsInput {
     pub kube_writes_failed: Vec<(String, u64)>,
     /// Why the node report writes nothing (E12), if it does not.
     pub node_report_refused: Option<String>,
+    /// The canary's tests by outcome; verify requests answered by phase.
+    pub canary_tests: Vec<(String, u64)>,
+    pub verify_requests: Vec<(String, u64)>,
 }
 
 impl MetricsInput {
@@ -298,6 +310,8 @@ impl MetricsInput {
             },
             kube_writes_failed: Vec::new(),
             node_report_refused: None,
+            canary_tests: Vec::new(),
+            verify_requests: Vec::new(),
         }
     }
 }
@@ -348,6 +362,8 @@ pub fn gather(hub: &View, totals: &Mutex<EventTotals>) -> MetricsInput {
     }
     input.kube_writes_failed = hub.node_report().failed();
     input.node_report_refused = hub.node_report().refused();
+    input.canary_tests = hub.test_traffic().canary_counts();
+    input.verify_requests = hub.test_traffic().request_counts();
     input
 }
 

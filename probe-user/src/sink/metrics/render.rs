@@ -138,6 +138,8 @@ fn labelled(input: &MetricsInput) -> Vec<(Family, Vec<Row>)> {
         (m::LOOPBACK_QUIET, by_kind(&l.quiet)),
         (m::LOOPBACK_RESOLUTIONS, by_kind(&l.resolutions)),
         (m::LOOPBACK_REGRESSIONS, by_kind(&l.regressions)),
+        (m::CANARY_TESTS, pairs(&input.canary_tests)),
+        (m::VERIFY_REQUESTS, pairs(&input.verify_requests)),
     ]
 }
 

@@ -49,6 +49,8 @@ fn input() -> MetricsInput {
         otlp: vec![("logs".into(), 4, 2), ("metrics".into(), 5, 1)],
         kube_writes_failed: vec![("report".into(), 0), ("condition".into(), 7)],
         node_report_refused: Some("pod_on_other_node".into()),
+        canary_tests: vec![("confirmed".into(), 2), ("clean".into(), 5)],
+        verify_requests: vec![("done".into(), 1)],
         loops: probe_contract::LoopLifecycle {
             active: [("hairpin".to_string(), 0)].into_iter().collect(),
             quiet: [("hairpin".to_string(), 1)].into_iter().collect(),

@@ -105,6 +105,8 @@ struct Entry {
     group: String,
     /// The VIP's address without the port.
     address: String,
+    /// A confirmation not caused by the agent's canary was seen.
+    user_seen: bool,
 }
 
 /// The node's loops, by aggregate key.
@@ -188,7 +190,9 @@ impl Loops {
             last: now,
             first_fix: None,
             fixes: Vec::new(),
+            user_seen: false,
         });
+        entry.user_seen |= !e.facts.canary;
         entry.last = now;
         // The aggregate's own count (repeats included); never goes back.
         entry.count = entry.count.max(e.count);
@@ -434,6 +438,7 @@ impl Loops {
                 first_fix: e.first_fix.clone(),
                 fixes: e.fixes.clone(),
                 flood: None,
+                canary: !e.user_seen,
             })
             .chain(floods)
             .collect()
@@ -473,6 +478,21 @@ mod tests {
     }
 
     const T0: i64 = 1_800_000_000;
+
+    /// #40: a loop only the agent's canary tripped says so; a user's call clears it.
+    #[test]
+    fn a_loop_only_the_canary_tripped_is_marked_until_a_user_trips_it() {
+        let mut l = Loops::default();
+        let mut canary = ev("k1", 1, None);
+        canary.facts.canary = true;
+        l.observe(&canary, T0);
+        assert!(l.active()[0].canary);
+        l.observe(&ev("k1", 2, Some("shop/client-0")), T0 + 1);
+        assert!(!l.active()[0].canary);
+        canary.count = 3;
+        l.observe(&canary, T0 + 2);
+        assert!(!l.active()[0].canary, "a user's loop stays one");
+    }
 
     #[test]
     fn a_loop_is_active_while_seen_within_the_window_then_resolved() {

@@ -308,6 +308,7 @@ fn a_full_report_stays_far_below_the_object_size_limit() {
                 first_fix: Some("aws-nlb-target-type-ip".into()),
                 fixes: worst_fix_ids(),
                 flood: None,
+                canary: true,
             })
             // And every flood (E5).
             .chain((0..MAX_FLOODS).map(|i| ActiveLoop {

@@ -1,0 +1,350 @@
+//! `kubectl clb-probe verify [-n NS] SERVICE [--node NODE]...` (#40), the pure part: which
+//! nodes to ask, the request's spec, the answers as a table or JSON, the exit code. The plugin
+//! creates a `LoopbackVerification` (generated name), waits until every chosen node answered
+//! (`--timeout`, bounded), prints, and deletes the request (`api::run_verification`). No exec,
+//! no port on the agents: the request and its answers go through the API server.
+//!
+//! Exit codes: 0 nothing confirmed (every answer clean or not testable), 3 a loop confirmed
+//! on some node, 1 an error (a node did not answer in time: named; the Service does not exist;
+//! RBAC forbids creating the request), 2 a usage error.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use probe_contract::{
+    report::ReportStatus,
+    verify::{NodeVerification, Phase, ServiceRef, VerificationSpec, VerifyOutcome},
+};
+use serde::{Deserialize, Serialize};
+
+/// The exit code when a loop was confirmed.
+pub const CONFIRMED_EXIT: u8 = 3;
+/// `--timeout`'s default and bounds (seconds): a node tests at most 8 targets x 3 connections
+/// x 1.5 s + 2.5 s (the agent's `verify` bounds), and waits for its turn.
+pub const DEFAULT_TIMEOUT_S: u64 = 60;
+pub const MAX_TIMEOUT_S: u64 = 120;
+
+/// The nodes to ask about `service` (`namespace/name`) when none is named: those whose
+/// LoopbackReport has an active or resolved loop or a risk naming it, and those whose agent
+/// wrote an Event about it (`event_nodes`). Sorted, once each.
+pub fn nodes_for(
+    service: &str,
+    reports: &[(String, ReportStatus)],
+    event_nodes: &[String],
+) -> Vec<String> {
+    let mut nodes: Vec<String> = reports
+        .iter()
+        .filter(|(_, r)| {
+            let named = |s: &Option<String>| s.as_deref() == Some(service);
+            r.active_loops.iter().any(|l| named(&l.service))
+                || r.resolved_loops.iter().any(|l| named(&l.service))
+                || r.risks
+                    .iter()
+                    .any(|k| named(&k.service) || k.services.iter().any(|s| s == service))
+        })
+        .map(|(name, r)| {
+            if r.node.is_empty() {
+                name.clone()
+            } else {
+                r.node.clone()
+            }
+        })
+        .chain(event_nodes.iter().cloned())
+        .collect();
+    nodes.sort();
+    nodes.dedup();
+    nodes
+}
+
+/// The nodes whose agents wrote a (not forged, not resolved) Event about the Service
+/// `namespace/name`: where a loop was confirmed.
+pub fn event_nodes(
+    events: &[k8s_openapi::api::events::v1::Event],
+    namespace: &str,
+    name: &str,
+) -> Vec<String> {
+    use probe_contract::kube_event::{REPORTING_CONTROLLER, RESOLVED_REASON};
+    let mut nodes: Vec<String> = events
+        .iter()
+        .filter(|ev| {
+            ev.reporting_controller.as_deref() == Some(REPORTING_CONTROLLER)
+                && ev.reason.as_deref() != Some(RESOLVED_REASON)
+                && super::forged_because(ev).is_none()
+                && ev.regarding.as_ref().is_some_and(|r| {
+                    r.kind.as_deref() == Some("Service")
+                        && r.namespace.as_deref() == Some(namespace)
+                        && r.name.as_deref() == Some(name)
+                })
+        })
+        .filter_map(|ev| ev.reporting_instance.clone())
+        .collect();
+    nodes.sort();
+    nodes.dedup();
+    nodes
+}
+
+/// The request's spec.
+pub fn spec(namespace: &str, name: &str, nodes: &[String]) -> VerificationSpec {
+    VerificationSpec {
+        service: ServiceRef {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        },
+        nodes: nodes.to_vec(),
+        kinds: Vec::new(),
+    }
+}
+
+/// Whether `node` answered for good (done or refused; running is not an answer yet).
+pub fn answered(entry: Option<&NodeVerification>) -> bool {
+    entry.is_some_and(|e| matches!(e.phase, Phase::Done | Phase::Refused))
+}
+
+/// `verify -o json`: the request, the Service, each node's answer, the nodes that did not
+/// answer in time.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Verification {
+    /// The request's name (deleted when the plugin is done).
+    pub request: String,
+    /// `namespace/name`.
+    pub service: String,
+    pub nodes: BTreeMap<String, NodeVerification>,
+    /// Asked, no answer within `--timeout`.
+    pub missing: Vec<String>,
+}
+
+impl Verification {
+    /// Whether any node confirmed a loop.
+    pub fn confirmed(&self) -> bool {
+        self.nodes.values().any(|n| {
+            n.results
+                .iter()
+                .any(|r| r.outcome == VerifyOutcome::Confirmed)
+        })
+    }
+
+    /// The nodes where a loop was confirmed, with the first confirmed result's kind, target
+    /// and evidence.
+    pub fn still_looping(&self) -> Vec<(String, String)> {
+        self.nodes
+            .iter()
+            .filter_map(|(node, n)| {
+                let r = n
+                    .results
+                    .iter()
+                    .find(|r| r.outcome == VerifyOutcome::Confirmed)?;
+                Some((
+                    node.clone(),
+                    format!(
+                        "{} at {}: {}",
+                        r.kind,
+                        r.target,
+                        r.evidence.first().map(String::as_str).unwrap_or("")
+                    ),
+                ))
+            })
+            .collect()
+    }
+
+    /// Every asked node answered `done` with nothing confirmed and at least one clean test.
+    pub fn clean_everywhere(&self) -> bool {
+        self.missing.is_empty()
+            && !self.nodes.is_empty()
+            && self.nodes.values().all(|n| {
+                n.phase == Phase::Done
+                    && n.results
+                        .iter()
+                        .all(|r| r.outcome != VerifyOutcome::Confirmed)
+                    && n.results.iter().any(|r| r.outcome == VerifyOutcome::Clean)
+            })
+    }
+}
+
+/// The table: per node, its phase, then per target its confirmed kinds (with their evidence),
+/// its clean kinds on one line (with what was tried) and its not-testable kinds (with why).
+/// Every string from the API goes through [`crate::term::escape`] by the caller.
+pub fn render(v: &Verification) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "verify {} (request {}):", v.service, v.request);
+    for (node, n) in &v.nodes {
+        let _ = writeln!(out, "node {node}: {}", n.phase.as_str());
+        if !n.message.is_empty() {
+            let _ = writeln!(out, "  {}", n.message);
+        }
+        let mut targets: Vec<&str> = n.results.iter().map(|r| r.target.as_str()).collect();
+        targets.dedup();
+        let mut seen = std::collections::HashSet::new();
+        targets.retain(|t| seen.insert(*t));
+        for target in targets {
+            let at: Vec<_> = n.results.iter().filter(|r| r.target == target).collect();
+            for r in at.iter().filter(|r| r.outcome == VerifyOutcome::Confirmed) {
+                let _ = writeln!(out, "  {target}  CONFIRMED {}", r.kind);
+                for line in &r.evidence {
+                    let _ = writeln!(out, "      {line}");
+                }
+            }
+            let clean: Vec<&str> = at
+                .iter()
+                .filter(|r| r.outcome == VerifyOutcome::Clean)
+                .map(|r| r.kind.as_str())
+                .collect();
+            if let Some(first) = at.iter().find(|r| r.outcome == VerifyOutcome::Clean) {
+                let _ = writeln!(
+                    out,
+                    "  {target}  clean: {} ({})",
+                    clean.join(", "),
+                    first.tried
+                );
+            }
+            for r in at
+                .iter()
+                .filter(|r| r.outcome == VerifyOutcome::NotTestable)
+            {
+                let _ = writeln!(out, "  {target}  not testable: {}: {}", r.kind, r.reason);
+            }
+        }
+    }
+    for node in &v.missing {
+        let _ = writeln!(out, "node {node}: no answer in time");
+    }
+    out
+}
+
+/// The error for the nodes that did not answer.
+pub fn missing_error(missing: &[String], timeout_s: u64) -> String {
+    format!(
+        "no answer from node{} {} within {timeout_s} s: its agent is not running, runs with no API access, or cannot watch loopbackverifications (chart: kube.verify)",
+        if missing.len() == 1 { "" } else { "s" },
+        missing.join(", ")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use probe_contract::{
+        report::{ActiveLoop, RiskStatus},
+        verify::VerifyResult,
+    };
+
+    fn result(kind: &str, outcome: VerifyOutcome) -> VerifyResult {
+        VerifyResult {
+            kind: kind.into(),
+            target: "203.0.113.10:8081/tcp".into(),
+            outcome,
+            evidence: if outcome == VerifyOutcome::Confirmed {
+                vec!["hairpin/l4/... (dropped, drop reason IP_LOCAL_SOURCE)".into()]
+            } else {
+                vec![]
+            },
+            tried: if outcome == VerifyOutcome::Clean {
+                "3 TCP connections from the node: 3 connected (<= 2 ms)".into()
+            } else {
+                String::new()
+            },
+            reason: if outcome == VerifyOutcome::NotTestable {
+                "why".into()
+            } else {
+                String::new()
+            },
+        }
+    }
+
+    #[test]
+    fn nodes_are_those_whose_report_or_events_name_the_service() {
+        let report = |node: &str, loops: Vec<ActiveLoop>, risks: Vec<RiskStatus>| {
+            (
+                node.to_owned(),
+                ReportStatus {
+                    node: node.into(),
+                    active_loops: loops,
+                    risks,
+                    ..Default::default()
+                },
+            )
+        };
+        let reports = vec![
+            report(
+                "a",
+                vec![ActiveLoop {
+                    service: Some("shop/web".into()),
+                    ..Default::default()
+                }],
+                vec![],
+            ),
+            report(
+                "b",
+                vec![],
+                vec![RiskStatus {
+                    services: vec!["other/x".into(), "shop/web".into()],
+                    ..Default::default()
+                }],
+            ),
+            report("c", vec![], vec![]),
+        ];
+        assert_eq!(
+            nodes_for("shop/web", &reports, &["d".into(), "a".into()]),
+            ["a", "b", "d"]
+        );
+        assert!(nodes_for("shop/none", &reports, &[]).is_empty());
+    }
+
+    #[test]
+    fn the_table_groups_by_node_and_target_and_the_verdicts_follow_the_answers() {
+        let mut v = Verification {
+            request: "verify-x".into(),
+            service: "shop/web".into(),
+            ..Default::default()
+        };
+        v.nodes.insert(
+            "a".into(),
+            NodeVerification {
+                phase: Phase::Done,
+                results: vec![
+                    result("hairpin", VerifyOutcome::Confirmed),
+                    result("vip_port_unserved", VerifyOutcome::Clean),
+                    result("etp_local_drop", VerifyOutcome::Clean),
+                    result("service_self_loop", VerifyOutcome::NotTestable),
+                ],
+                ..Default::default()
+            },
+        );
+        let text = render(&v);
+        assert!(
+            text.contains("203.0.113.10:8081/tcp  CONFIRMED hairpin\n      hairpin/l4/"),
+            "{text}"
+        );
+        assert!(
+            text.contains("clean: vip_port_unserved, etp_local_drop (3 TCP connections"),
+            "{text}"
+        );
+        assert!(
+            text.contains("not testable: service_self_loop: why"),
+            "{text}"
+        );
+        assert!(v.confirmed());
+        assert!(!v.clean_everywhere());
+        assert_eq!(v.still_looping()[0].0, "a");
+
+        v.nodes.get_mut("a").unwrap().results.remove(0);
+        assert!(!v.confirmed());
+        assert!(v.clean_everywhere());
+        v.missing.push("b".into());
+        assert!(
+            !v.clean_everywhere(),
+            "a node that did not answer is no proof"
+        );
+        assert!(render(&v).contains("node b: no answer in time"));
+        assert!(missing_error(&v.missing, 60).contains("node b within 60 s"));
+    }
+
+    #[test]
+    fn running_is_no_answer() {
+        assert!(!answered(None));
+        assert!(!answered(Some(&NodeVerification::default())));
+        assert!(answered(Some(&NodeVerification {
+            phase: Phase::Refused,
+            ..Default::default()
+        })));
+    }
+}

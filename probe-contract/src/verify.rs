@@ -1,0 +1,159 @@
+//! The `LoopbackVerification` (#40): a request to the agents to test a Service's LB IP:ports
+//! now, and each agent's answer in its `status` (`kubectl clb-probe verify` creates one and
+//! reads the answers; `fix --apply ID --verify` does the same after applying). camelCase JSON;
+//! the chart's CRD schema (`crd-loopbackverification.yaml`) lists the same fields.
+//!
+//! Decisions (docs/cluster-view.md, "Verify"):
+//! - Cluster-scoped, like the reports: the agents watch one resource, and the Service it names
+//!   is data (`spec.service`), never an address: an agent tests only the LB ingress IPs and
+//!   ports of that Service as its own API cache holds them.
+//! - `status.nodes` is a map keyed by node name: each agent writes only its own entry, with a
+//!   JSON merge patch to `/status`, so agents never overwrite each other's answers.
+//! - An agent answers a request once (an entry for its node exists: answered), one at a time,
+//!   and ignores requests older than [`MAX_AGE_S`]; the plugin deletes the object when done.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+pub use crate::report::{API_VERSION, GROUP, VERSION};
+
+pub const KIND: &str = "LoopbackVerification";
+pub const PLURAL: &str = "loopbackverifications";
+/// The prefix of the names the plugin generates (`metadata.generateName`).
+pub const GENERATE_NAME: &str = "verify-";
+
+/// A request older than this (by `metadata.creationTimestamp`) is not answered: whoever asked
+/// has given up (the plugin waits at most its `--timeout`, 120 s at most), and an agent that
+/// starts late must not replay an old queue of connections.
+pub const MAX_AGE_S: i64 = 300;
+
+/// The targets one request tests at most on a node (LB IPs x ports of one Service); the rest
+/// are answered `not_testable` ("over the limit").
+pub const MAX_TARGETS: usize = 8;
+
+/// The request.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct VerificationSpec {
+    pub service: ServiceRef,
+    /// The nodes to test from. Empty: every agent that has a loop or a risk for the Service
+    /// (an active or resolved loop in its memory, a risk in its node report) answers.
+    pub nodes: Vec<String>,
+    /// Only these kinds (`hairpin`, `vip_port_unserved`, ...); empty: every kind.
+    pub kinds: Vec<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ServiceRef {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ServiceRef {
+    /// `namespace/name`.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+/// The answers, by node name.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct VerificationStatus {
+    pub nodes: BTreeMap<String, NodeVerification>,
+}
+
+/// Where one node's answer is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// The agent took the request and is testing.
+    #[default]
+    Running,
+    /// Every target has a result.
+    Done,
+    /// The agent will not test (its flags forbid it, the Service is not in its cache):
+    /// `message` says why.
+    Refused,
+}
+
+impl Phase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Running => "running",
+            Phase::Done => "done",
+            Phase::Refused => "refused",
+        }
+    }
+}
+
+/// One node's answer.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct NodeVerification {
+    pub phase: Phase,
+    /// RFC 3339 UTC.
+    pub started_at: String,
+    /// RFC 3339 UTC; empty while running.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub finished_at: String,
+    /// Why the request was refused, or a note on the whole answer.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    pub results: Vec<VerifyResult>,
+}
+
+/// What a test came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VerifyOutcome {
+    /// The agent confirmed the loop during the test (`evidence`).
+    Confirmed,
+    /// Tested, nothing confirmed (`tried` says what was tried and what happened).
+    Clean,
+    /// This node cannot test it (`reason`).
+    NotTestable,
+}
+
+impl VerifyOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VerifyOutcome::Confirmed => "confirmed",
+            VerifyOutcome::Clean => "clean",
+            VerifyOutcome::NotTestable => "not_testable",
+        }
+    }
+}
+
+/// One kind tested at one target.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VerifyResult {
+    /// `hairpin`, `vip_port_unserved`, ... (a `LoopbackKind`'s spelling).
+    pub kind: String,
+    /// `ip:port/proto`, or `ip` for a kind tested per LB IP (health checks).
+    pub target: String,
+    pub outcome: VerifyOutcome,
+    /// `confirmed`: the confirmation's evidence lines (its key first).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub evidence: Vec<String>,
+    /// `clean`: what was tried and what happened.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub tried: String,
+    /// `not_testable`: why.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+}
+
+/// The status a merge patch sets for `node`'s entry alone (`{"status":{"nodes":{NODE:..}}}`):
+/// other nodes' entries are left as they are.
+pub fn status_patch(node: &str, entry: &NodeVerification) -> serde_json::Value {
+    let mut nodes = serde_json::Map::new();
+    nodes.insert(
+        node.to_owned(),
+        serde_json::to_value(entry).unwrap_or_default(),
+    );
+    serde_json::json!({ "status": { "nodes": nodes } })
+}

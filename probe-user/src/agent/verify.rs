@@ -1,0 +1,400 @@
+//! Verify on demand and the canary (#40), the I/O: the watch on `LoopbackVerification`
+//! requests, the test connections, the answer written to the request's `/status` (this node's
+//! entry only, a JSON merge patch), and the canary's timer. What a test comes to is
+//! [`crate::verify`]'s (pure).
+//!
+//! Bounds: one request at a time on this node (a queue of [`QUEUE`]; a request that finds it
+//! full is answered on its next watch event, or not at all once older than
+//! `verify::MAX_AGE_S`); at most `MAX_TARGETS` LB IP:ports per request, [`ATTEMPTS`]
+//! connections each with a [`CONNECT_TIMEOUT`], then a [`GRACE`] wait: a request takes at
+//! most about 8 x 3 x 1.5 s + 2.5 s. The agent connects only to the LB ingress IPs and ports
+//! of the Service the request names, as its own API cache holds that Service: a request
+//! carries no address (SECURITY.md).
+
+use std::{
+    collections::HashSet,
+    net::{IpAddr, SocketAddr},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use futures::StreamExt as _;
+use kube::{
+    Api, Client,
+    api::{DynamicObject, Patch, PatchParams},
+    runtime::{WatchStreamExt as _, watcher},
+};
+use probe_contract::{
+    LoopbackEvent, LoopbackKind,
+    verify::{self as contract, NodeVerification, Phase, VerificationSpec, VerifyOutcome},
+};
+use tokio::sync::{broadcast, mpsc, watch};
+use tracing::{info, warn};
+
+use crate::{
+    hub::Shared,
+    kube::index::Index,
+    verify::{
+        ATTEMPTS, Attempt, CONNECT_TIMEOUT, GRACE, Target, decide, decide_healthcheck, kinds,
+        targets,
+    },
+};
+
+/// Requests waiting for this node's tester.
+const QUEUE: usize = 8;
+/// Request names remembered as taken (the watch sends the object again on every status
+/// patch, ours and other nodes').
+const TAKEN_MAX: usize = 1024;
+/// Targets one canary round tests at most.
+pub const CANARY_TARGETS: usize = 4;
+
+/// The API resource, for `kube::Api<DynamicObject>`.
+pub fn api_resource() -> kube::core::ApiResource {
+    kube::core::ApiResource {
+        group: contract::GROUP.into(),
+        version: contract::VERSION.into(),
+        api_version: contract::API_VERSION.into(),
+        kind: contract::KIND.into(),
+        plural: contract::PLURAL.into(),
+    }
+}
+
+/// What verify and the canary need from the agent.
+#[derive(Clone)]
+pub struct Tester {
+    pub node: String,
+    pub shared: Shared,
+    pub index: watch::Receiver<Arc<Index>>,
+}
+
+/// A request taken from the watch.
+struct Request {
+    name: String,
+    spec: VerificationSpec,
+}
+
+/// `--verify`: watches the requests and answers those for this node (`allowed`: false answers
+/// each with `refused`, saying why). Runs until aborted.
+pub async fn serve(client: Client, tester: Tester, allowed: bool) {
+    let api: Api<DynamicObject> = Api::all_with(client, &api_resource());
+    let (tx, rx) = mpsc::channel::<Request>(QUEUE);
+    let worker = tokio::spawn(answer_requests(api.clone(), tester.clone(), allowed, rx));
+    let mut taken: HashSet<String> = HashSet::new();
+    let mut failing = false;
+    let mut events = std::pin::pin!(
+        watcher(api, watcher::Config::default())
+            .default_backoff()
+            .modify(|o: &mut DynamicObject| o.metadata.managed_fields = None)
+    );
+    while let Some(event) = events.next().await {
+        let object = match event {
+            Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => o,
+            Ok(_) => continue,
+            Err(e) => {
+                if !failing {
+                    warn!(error = %e, "verify: cannot watch loopbackverifications (CRD not installed, or no RBAC list/watch); retrying");
+                }
+                failing = true;
+                continue;
+            }
+        };
+        if failing {
+            info!("verify: watching loopbackverifications");
+            failing = false;
+        }
+        let Some(request) = take(&object, &tester, &taken) else {
+            continue;
+        };
+        if taken.len() >= TAKEN_MAX {
+            taken.clear();
+        }
+        match tx.try_send(request) {
+            Ok(()) => {
+                taken.insert(object.metadata.name.clone().unwrap_or_default());
+            }
+            // Full: taken on a later watch event, or not at all once too old.
+            Err(mpsc::error::TrySendError::Full(r)) => {
+                warn!(request = %r.name, "verify: {QUEUE} requests waiting; this one later")
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => break,
+        }
+    }
+    worker.abort();
+}
+
+/// The request in `object` when this node should answer it: not answered yet here, not too
+/// old, and for this node.
+fn take(object: &DynamicObject, tester: &Tester, taken: &HashSet<String>) -> Option<Request> {
+    let name = object.metadata.name.clone()?;
+    if taken.contains(&name) || object.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    let answered = object
+        .data
+        .pointer(&format!(
+            "/status/nodes/{}",
+            json_pointer_escape(&tester.node)
+        ))
+        .is_some();
+    let created = object.metadata.creation_timestamp.as_ref()?.0.as_second();
+    let now = k8s_openapi::jiff::Timestamp::now().as_second();
+    if answered || now.saturating_sub(created) > contract::MAX_AGE_S {
+        return None;
+    }
+    let spec: VerificationSpec = serde_json::from_value(object.data.get("spec")?.clone()).ok()?;
+    let key = spec.service.key();
+    let has_loop = tester
+        .shared
+        .confirmed
+        .lock()
+        .map(|m| m.values().any(|e| e.service.as_deref() == Some(&key)))
+        .unwrap_or(false);
+    crate::verify::is_for(&spec.nodes, &tester.node, has_loop).then_some(Request { name, spec })
+}
+
+/// RFC 6901: `~` and `/` in a map key.
+fn json_pointer_escape(s: &str) -> String {
+    s.replace('~', "~0").replace('/', "~1")
+}
+
+/// One request at a time: `running` written, tested, the answer written.
+async fn answer_requests(
+    api: Api<DynamicObject>,
+    tester: Tester,
+    allowed: bool,
+    mut requests: mpsc::Receiver<Request>,
+) {
+    while let Some(r) = requests.recv().await {
+        let started_at = now_rfc3339();
+        let mut entry = NodeVerification {
+            phase: Phase::Running,
+            started_at: started_at.clone(),
+            ..Default::default()
+        };
+        let service = r.spec.service.key();
+        let refusal = if allowed {
+            None
+        } else {
+            Some("this agent runs with --verify off".to_owned())
+        };
+        let planned = match refusal {
+            Some(why) => Err(why),
+            None => plan(&tester, &r.spec),
+        };
+        match planned {
+            Err(why) => {
+                entry.phase = Phase::Refused;
+                entry.message = why;
+            }
+            Ok((targets, untestable, kinds)) => {
+                write(&api, &r.name, &tester.node, &entry).await;
+                info!(request = %r.name, %service, targets = targets.len(), "verify: testing");
+                let mut results = run_test(&tester, &targets, &kinds, false).await;
+                results.extend(untestable);
+                entry.results = results;
+                entry.phase = Phase::Done;
+            }
+        }
+        entry.finished_at = now_rfc3339();
+        tester.shared.test_traffic.count_request(entry.phase);
+        info!(request = %r.name, %service, phase = entry.phase.as_str(), "verify: answered");
+        write(&api, &r.name, &tester.node, &entry).await;
+    }
+}
+
+/// What a request tests here: the targets, the results known without a test (not
+/// testable), the kinds asked for.
+type Plan = (
+    Vec<Target>,
+    Vec<probe_contract::verify::VerifyResult>,
+    Vec<LoopbackKind>,
+);
+
+/// The Service's targets and the kinds asked for, or why this node will not test.
+fn plan(tester: &Tester, spec: &VerificationSpec) -> Result<Plan, String> {
+    let kinds = kinds(&spec.kinds)?;
+    let index = tester.index.borrow().clone();
+    let key = spec.service.key();
+    let Some(svc) = index.services().find(|s| s.key() == key) else {
+        return Err(format!(
+            "Service {key} is not in this agent's API cache (it does not exist, or the agent cannot list Services{})",
+            if index.synced {
+                ""
+            } else {
+                "; its cache is not synced yet"
+            }
+        ));
+    };
+    let (tests, untestable) = targets(svc);
+    Ok((tests, untestable, kinds))
+}
+
+/// Writes this node's entry (a merge patch of `/status`: other nodes' entries stay).
+async fn write(api: &Api<DynamicObject>, name: &str, node: &str, entry: &NodeVerification) {
+    let patch = contract::status_patch(node, entry);
+    if let Err(e) = api
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        warn!(request = %name, error = %e, "verify: cannot write the answer (RBAC patch loopbackverifications/status?)");
+    }
+}
+
+fn now_rfc3339() -> String {
+    k8s_openapi::jiff::Timestamp::now()
+        .round(k8s_openapi::jiff::Unit::Second)
+        .map(|t| t.to_string())
+        .unwrap_or_default()
+}
+
+/// Tests `targets` from this node: [`ATTEMPTS`] connections each (fewer once the target's
+/// loop is confirmed), then the [`GRACE`] wait; the results per kind, and per LB IP for the
+/// health checks when asked. `canary`: the connections are noted as the canary's, so the
+/// confirmations they cause are marked.
+pub async fn run_test(
+    tester: &Tester,
+    targets: &[Target],
+    kinds: &[LoopbackKind],
+    canary: bool,
+) -> Vec<probe_contract::verify::VerifyResult> {
+    // Subscribed before the first connection: nothing it causes is missed.
+    let mut reports = tester.shared.subscribe();
+    let started = Instant::now();
+    let mut seen: Vec<LoopbackEvent> = Vec::new();
+    let mut attempts: Vec<Vec<Attempt>> = Vec::new();
+    for target in targets {
+        let mut made = Vec::new();
+        for _ in 0..ATTEMPTS {
+            drain(&mut reports, &mut seen);
+            if seen.iter().any(|e| target.is_of(e)) {
+                break;
+            }
+            made.push(connect(tester, target, canary).await);
+        }
+        attempts.push(made);
+    }
+    let deadline = tokio::time::Instant::now() + GRACE;
+    while let Ok(received) = tokio::time::timeout_at(deadline, reports.recv()).await {
+        match received {
+            Ok(c) => seen.push(c.event.clone()),
+            Err(broadcast::error::RecvError::Lagged(_)) => {}
+            Err(broadcast::error::RecvError::Closed) => break,
+        }
+    }
+    let waited = started.elapsed();
+    let mut results = Vec::new();
+    for (target, made) in targets.iter().zip(&attempts) {
+        results.extend(decide(target, kinds, made, &seen));
+    }
+    if kinds.contains(&LoopbackKind::HealthcheckBlackhole) {
+        let mut ips: Vec<IpAddr> = targets.iter().map(|t| t.ip).collect();
+        ips.dedup();
+        for ip in ips {
+            results.push(decide_healthcheck(ip, waited, &seen));
+        }
+    }
+    results
+}
+
+fn drain(
+    reports: &mut broadcast::Receiver<Arc<probe_contract::Confirmation>>,
+    seen: &mut Vec<LoopbackEvent>,
+) {
+    loop {
+        match reports.try_recv() {
+            Ok(c) => seen.push(c.event.clone()),
+            Err(broadcast::error::TryRecvError::Lagged(_)) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+/// One TCP connection from this node's namespace to `target`, closed at once.
+async fn connect(tester: &Tester, target: &Target, canary: bool) -> Attempt {
+    let remote = SocketAddr::new(target.ip, target.port);
+    let socket = match remote {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
+    };
+    let socket = match socket {
+        Ok(s) => s,
+        Err(e) => return Attempt::Failed(e.to_string()),
+    };
+    // Bound first, so the canary's source port is known before its SYN leaves.
+    let any: SocketAddr = match remote {
+        SocketAddr::V4(_) => (std::net::Ipv4Addr::UNSPECIFIED, 0).into(),
+        SocketAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
+    };
+    if let Err(e) = socket.bind(any) {
+        return Attempt::Failed(e.to_string());
+    }
+    if canary && let Ok(local) = socket.local_addr() {
+        tester.shared.test_traffic.note_canary_flow(
+            local,
+            remote,
+            probe_contract::clock::monotonic_ns(),
+        );
+    }
+    let started = Instant::now();
+    match tokio::time::timeout(CONNECT_TIMEOUT, socket.connect(remote)).await {
+        Ok(Ok(stream)) => {
+            let ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+            drop(stream);
+            Attempt::Connected(ms)
+        }
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => Attempt::Refused,
+        Ok(Err(e)) => Attempt::Failed(e.to_string()),
+        Err(_) => Attempt::TimedOut,
+    }
+}
+
+/// `--canary-every`: every `every` (jittered by up to a quarter), the next
+/// [`CANARY_TARGETS`] TCP LB IP:ports of the Services in the API cache (in turn, so every
+/// target comes up), tested like a verify request; each target's worst outcome counted in
+/// `clbprobe_canary_tests_total{outcome}`. Runs until aborted.
+pub async fn canary(tester: Tester, every: Duration) {
+    info!(
+        every_s = every.as_secs(),
+        "canary on: node-sourced tests of LB IP:ports"
+    );
+    let mut next = 0usize;
+    let kinds = crate::verify::NODE_TESTABLE.to_vec();
+    loop {
+        let jitter = every.mul_f64(jitter_fraction() * 0.25);
+        tokio::time::sleep(every + jitter).await;
+        let index = tester.index.borrow().clone();
+        let mut all: Vec<Target> = index.services().flat_map(|s| targets(s).0).collect();
+        all.sort_by_key(|t| (t.ip, t.port));
+        all.dedup();
+        if all.is_empty() {
+            continue;
+        }
+        let round: Vec<Target> = (0..CANARY_TARGETS.min(all.len()))
+            .map(|i| all[(next + i) % all.len()])
+            .collect();
+        next = (next + round.len()) % all.len();
+        let results = run_test(&tester, &round, &kinds, true).await;
+        for target in &round {
+            let text = target.text();
+            let mine: Vec<_> = results
+                .iter()
+                .filter(|r| r.target == text)
+                .cloned()
+                .collect();
+            let outcome = crate::verify::worst(&mine).unwrap_or(VerifyOutcome::NotTestable);
+            tester.shared.test_traffic.count_canary(outcome);
+            if outcome == VerifyOutcome::Confirmed {
+                info!(target = %text, "canary: a loop confirmed");
+            }
+        }
+    }
+}
+
+/// A fraction in [0, 1) from the clock's nanoseconds: jitter, not randomness.
+fn jitter_fraction() -> f64 {
+    let ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    f64::from(ns % 1000) / 1000.0
+}
