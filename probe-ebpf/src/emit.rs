@@ -121,6 +121,9 @@ pub(crate) trait PacketBytes {
     fn copy_to(&self, dst: *mut u8, len: u32) -> bool;
 }
 
+// The capture's length is bounded by a mask (see `emit`).
+const _: () = assert!(CAPTURE_MAX.is_power_of_two());
+
 /// Writes one record straight into the ring buffer (no stack copy: the verifier's 512-byte
 /// stack limit is shared by every frame). With `capture_bytes` set, the record carries the
 /// packet's first bytes as well (`CapturedPacketEvent`), copied from `bytes` into the ring.
@@ -153,14 +156,21 @@ pub(crate) fn emit<B: PacketBytes>(cfg: &ProbeConfig, pkt: &Packet, m: Meta, byt
         // SAFETY: a reserved, exclusively owned record; `event` is its first field.
         unsafe { write_event(rec.cast(), pkt, &m) };
         let want = cfg.capture_bytes.min(bytes.available());
-        // Masked and bounded again for the verifier: the copy's length must be provably
-        // within 1..=CAPTURE_MAX, the record's `data`.
-        let len = want & 0xff;
-        let copied = if len > 0 && len <= CAPTURE_MAX as u32 {
-            // SAFETY: `data` holds CAPTURE_MAX bytes; `len` is at most that.
-            bytes.copy_to(unsafe { (*rec).data.as_mut_ptr() }, len)
+        // The copy's length must be provably within 1..=CAPTURE_MAX (the record's `data`;
+        // the helpers refuse a length that may be 0). A range check is not enough: LLVM
+        // turns it into a form the 5.10-6.12 verifiers lose track of ("invalid access to
+        // memory ... size=0"), and it folds an arithmetic bound away when it already knows
+        // the range. So the length minus one goes through the stack (a volatile load: LLVM
+        // knows nothing of it) and is bounded by a mask and a +1 every verifier follows.
+        let (copied, len) = if want == 0 {
+            (false, 0)
         } else {
-            false
+            let below = want - 1;
+            // SAFETY: a read of a local.
+            let below = unsafe { core::ptr::read_volatile(&below) };
+            let len = (below & (CAPTURE_MAX as u32 - 1)) + 1;
+            // SAFETY: `data` holds CAPTURE_MAX bytes; `len` is at most that.
+            (bytes.copy_to(unsafe { (*rec).data.as_mut_ptr() }, len), len)
         };
         // SAFETY: as above. Bytes of `data` past `cap_len` are left as the ring had them
         // (our own earlier records): the reader reads only `cap_len`.
