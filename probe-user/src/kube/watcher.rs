@@ -130,64 +130,75 @@ struct TableFeed {
 }
 
 impl TableFeed {
-    /// Applies one event (the lock is held for that Service's recomputation only; a relist's
-    /// for the whole table, once, at its end).
     fn service(&mut self, event: &watcher::Event<Service>) {
-        let Ok(mut table) = self.table.write() else {
-            return;
-        };
-        match event {
-            watcher::Event::Apply(s) => {
-                table.apply_service(&object_key(&s.metadata), PrunedService::from_api(s))
-            }
-            watcher::Event::Delete(s) => table.apply_service(&object_key(&s.metadata), None),
-            watcher::Event::Init => {
-                self.services = Some(Vec::new());
-                return;
-            }
-            watcher::Event::InitApply(s) => {
-                if let (Some(list), Some(p)) = (&mut self.services, PrunedService::from_api(s)) {
-                    list.push((object_key(&s.metadata), p));
-                }
-                return;
-            }
-            watcher::Event::InitDone => match self.services.take() {
-                Some(list) => table.replace_services(list),
-                None => return,
-            },
-        }
-        drop(table);
-        self.generation += 1;
-        self.changed.send_replace(self.generation);
+        let changed = table_event(
+            &self.table,
+            &mut self.services,
+            event,
+            PrunedService::from_api,
+            ApiServiceTable::apply_service,
+            ApiServiceTable::replace_services,
+        );
+        self.bump(changed);
     }
 
     fn slice(&mut self, event: &watcher::Event<EndpointSlice>) {
-        let Ok(mut table) = self.table.write() else {
-            return;
-        };
-        match event {
-            watcher::Event::Apply(s) => {
-                table.apply_slice(&object_key(&s.metadata), PrunedSlice::from_api(s))
-            }
-            watcher::Event::Delete(s) => table.apply_slice(&object_key(&s.metadata), None),
-            watcher::Event::Init => {
-                self.slices = Some(Vec::new());
-                return;
-            }
-            watcher::Event::InitApply(s) => {
-                if let (Some(list), Some(p)) = (&mut self.slices, PrunedSlice::from_api(s)) {
-                    list.push((object_key(&s.metadata), p));
-                }
-                return;
-            }
-            watcher::Event::InitDone => match self.slices.take() {
-                Some(list) => table.replace_slices(list),
-                None => return,
-            },
+        let changed = table_event(
+            &self.table,
+            &mut self.slices,
+            event,
+            PrunedSlice::from_api,
+            ApiServiceTable::apply_slice,
+            ApiServiceTable::replace_slices,
+        );
+        self.bump(changed);
+    }
+
+    fn bump(&mut self, changed: bool) {
+        if changed {
+            self.generation += 1;
+            self.changed.send_replace(self.generation);
         }
-        drop(table);
-        self.generation += 1;
-        self.changed.send_replace(self.generation);
+    }
+}
+
+/// Applies one event of a source to the table (the lock is held for that Service's
+/// recomputation only; a relist is gathered in `relist` and replaces the source's part of the
+/// table once, at its end). Whether the table changed.
+fn table_event<K: kube::Resource, P>(
+    table: &RwLock<ApiServiceTable>,
+    relist: &mut Option<Vec<(String, P)>>,
+    event: &watcher::Event<K>,
+    prune: fn(&K) -> Option<P>,
+    apply: fn(&mut ApiServiceTable, &str, Option<P>),
+    replace: fn(&mut ApiServiceTable, Vec<(String, P)>),
+) -> bool {
+    match event {
+        watcher::Event::Init => {
+            *relist = Some(Vec::new());
+            false
+        }
+        watcher::Event::InitApply(o) => {
+            if let (Some(list), Some(p)) = (relist.as_mut(), prune(o)) {
+                list.push((object_key(o.meta()), p));
+            }
+            false
+        }
+        watcher::Event::InitDone => match (relist.take(), table.write()) {
+            (Some(list), Ok(mut t)) => {
+                replace(&mut t, list);
+                true
+            }
+            _ => false,
+        },
+        watcher::Event::Apply(o) => table
+            .write()
+            .map(|mut t| apply(&mut t, &object_key(o.meta()), prune(o)))
+            .is_ok(),
+        watcher::Event::Delete(o) => table
+            .write()
+            .map(|mut t| apply(&mut t, &object_key(o.meta()), None))
+            .is_ok(),
     }
 }
 
