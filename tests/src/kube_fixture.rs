@@ -37,6 +37,19 @@ pub fn plugin_bin() -> PathBuf {
     probe_bin().with_file_name("kubectl-clb_probe")
 }
 
+/// `kubectl-clb_probe --kubeconfig K ARGS` run in the lab's node namespace, where the fake
+/// API server listens on 127.0.0.1 (`Listen::Node`).
+pub fn plugin_in_node(api: &KubeFixture, args: &[&str]) -> std::process::Output {
+    std::process::Command::new("ip")
+        .args(["netns", "exec", lab::NS_NODE])
+        .arg(plugin_bin())
+        .args(["--kubeconfig", api.kubeconfig()])
+        .args(args)
+        .env_remove("KUBECONFIG")
+        .output()
+        .expect("run kubectl-clb_probe")
+}
+
 /// Where the server listens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Listen {

@@ -12,7 +12,7 @@ use probe_contract::{
 use probe_tests::{
     agent::{Agent, require_root, tempdir::TempDir, wait_for},
     capture::{packet_comments, tcpdump_read},
-    kube_fixture::{KubeFixture, NODE_NAME, plugin_bin},
+    kube_fixture::{KubeFixture, NODE_NAME, plugin_in_node},
     written::{clb_events, is},
 };
 use test_support::lab::{
@@ -163,19 +163,6 @@ fn agent_pod(name: &str, node: &str, ip: &str, port: u16) -> serde_json::Value {
             "ports": [{"name": "metrics", "containerPort": port}]}]},
         "status": {"phase": "Running", "podIP": ip},
     })
-}
-
-/// `kubectl-clb_probe --kubeconfig K ARGS` run in the lab's node namespace, where the fake
-/// API server listens.
-fn plugin_in_node(api: &KubeFixture, args: &[&str]) -> std::process::Output {
-    std::process::Command::new("ip")
-        .args(["netns", "exec", lab::NS_NODE])
-        .arg(plugin_bin())
-        .args(["--kubeconfig", api.kubeconfig()])
-        .args(args)
-        .env_remove("KUBECONFIG")
-        .output()
-        .expect("run kubectl-clb_probe")
 }
 
 #[test]

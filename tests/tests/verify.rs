@@ -12,10 +12,7 @@
 //! Root only (each lab test prints a skip line otherwise); the plugin-only errors need no
 //! root. One at a time: they share the lab.
 
-use std::{
-    process::{Command, Output},
-    time::Duration,
-};
+use std::{process::Command, time::Duration};
 
 use clb_probe_client::plugin::verify::Verification;
 use probe_contract::{
@@ -24,7 +21,7 @@ use probe_contract::{
 };
 use probe_tests::{
     agent::{lines, require_root, wait_for},
-    kube_fixture::{KubeFixture, Listen, NODE_NAME, plugin_bin},
+    kube_fixture::{KubeFixture, Listen, NODE_NAME, plugin_in_node},
 };
 use serde_json::{Value, json};
 use test_support::kubeapi::fixtures;
@@ -92,18 +89,6 @@ fn guard_listener_8081() {
         .status()
         .expect("iptables in the LB");
     assert!(status.success(), "guarding listener 8081");
-}
-
-/// `kubectl-clb_probe ARGS` in the lab's node (where the fake API listens on 127.0.0.1).
-fn plugin_in_node(api: &KubeFixture, args: &[&str]) -> Output {
-    Command::new("ip")
-        .args(["netns", "exec", lab::NS_NODE])
-        .arg(plugin_bin())
-        .args(["--kubeconfig", api.kubeconfig()])
-        .args(args)
-        .env_remove("KUBECONFIG")
-        .output()
-        .expect("run kubectl-clb_probe")
 }
 
 fn text(b: &[u8]) -> String {

@@ -298,13 +298,7 @@ pub async fn proxy_get(
 /// The API resource of `LoopbackVerification`, for `kube::Api<DynamicObject>`.
 pub fn verification_resource() -> kube::core::ApiResource {
     use probe_contract::verify::{API_VERSION, GROUP, KIND, PLURAL, VERSION};
-    kube::core::ApiResource {
-        group: GROUP.into(),
-        version: VERSION.into(),
-        api_version: API_VERSION.into(),
-        kind: KIND.into(),
-        plural: PLURAL.into(),
-    }
+    crate::report::custom_resource(GROUP, VERSION, API_VERSION, KIND, PLURAL)
 }
 
 /// `verify`: creates the request, waits (polling every half second) until every node in
