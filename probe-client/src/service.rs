@@ -294,6 +294,13 @@ pub fn bounded(mut service: ServiceFacts) -> ServiceFacts {
     service.load_balancer_class.as_mut().map(field);
     service.external_traffic_policy.as_mut().map(field);
     field(&mut service.service_type);
+    // Held for the Service's life in the agent's index: no spare room (a Vec collected from
+    // a filter, or pushed to once, holds 4).
+    service.cluster_ips.shrink_to_fit();
+    service.external_ips.shrink_to_fit();
+    service.ingress.shrink_to_fit();
+    service.ports.shrink_to_fit();
+    service.endpoints.shrink_to_fit();
     service
 }
 

@@ -126,9 +126,7 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
     let mut surfaces = Surfaces::open(&cfg)?;
     let kube = Attribution::connect(&cfg).await?;
     steps.mark("interfaces");
-    let aya_btf = joined_btf(early.aya_btf);
-    steps.mark("btf-wait");
-    let loaded = Probe::load_with_btf(&probe_settings(&cfg, &kbtf), &kbtf, aya_btf)?;
+    let loaded = Probe::load(&probe_settings(&cfg, &kbtf), &kbtf)?;
     steps.mark("load");
     info!(features = %loaded.probe.features(), "programs loaded");
     let capabilities = Arc::new(Capabilities::default());
@@ -287,18 +285,6 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
     result
 }
 
-/// The BTF parsed for aya on its own thread (a panic there is a BTF error, not ours).
-fn joined_btf<T>(
-    parsing: std::thread::JoinHandle<Result<T, kernel::KernelError>>,
-) -> Result<T, kernel::KernelError> {
-    parsing.join().unwrap_or_else(|_| {
-        Err(kernel::KernelError::Btf {
-            what: "parsing /sys/kernel/btf/vmlinux for aya".into(),
-            source: "the parsing thread panicked".into(),
-        })
-    })
-}
-
 /// Whether kallsyms was readable; when not, drop sites are an unavailable capability, with
 /// the `kptr_restrict` that explains it.
 fn note_kallsyms(kallsyms: &kernel::kallsyms::Kallsyms, capabilities: &Capabilities) -> bool {
@@ -336,13 +322,12 @@ async fn shut_down(
 }
 
 /// Reads started first and run beside BTF parsing and program loading (both CPU-bound on
-/// this thread), off the path to ready: the symbol table (awaited when the reader starts),
-/// the first service table (a whole dump of the rules; `iptables-legacy-save` on legacy nodes), and aya's own
-/// BTF parse.
+/// this thread), off the path to ready: the symbol table (awaited when the reader starts) and
+/// the first service table (a whole dump of the rules; `iptables-legacy-save` on legacy
+/// nodes). aya's BTF parses are not among them: see `Probe::load`.
 struct EarlyReads {
     kallsyms: std::thread::JoinHandle<kernel::kallsyms::Kallsyms>,
     services: services::Pending,
-    aya_btf: std::thread::JoinHandle<Result<kernel::probe::AyaBtf, kernel::KernelError>>,
 }
 
 impl EarlyReads {
@@ -353,15 +338,7 @@ impl EarlyReads {
             .context("starting the kallsyms reader")?;
         state::set_reuse_parses(reader == services::ReaderMode::Change);
         let services = services::start_first_read(reader, facts_first);
-        let aya_btf = std::thread::Builder::new()
-            .name("btf".into())
-            .spawn(kernel::probe::parse_btf_for_aya)
-            .context("starting the BTF reader")?;
-        Ok(EarlyReads {
-            kallsyms,
-            services,
-            aya_btf,
-        })
+        Ok(EarlyReads { kallsyms, services })
     }
 }
 

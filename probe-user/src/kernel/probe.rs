@@ -227,36 +227,33 @@ where
 
 impl Probe {
     /// Loads the programs with this kernel's offsets and tunables, and hooks `kfree_skb`.
+    ///
+    /// aya parses the kernel's BTF twice here, one parse after the other, never both held:
+    /// `EbpfLoader::new` parses it for the relocations (aya 0.14 has no loader without that
+    /// parse, and keeps it private), and the `tp_btf` hook needs a parse of its own once the
+    /// loader is gone. A parse of 6.18's BTF is ~13 MiB of heap; the agent used to parse its
+    /// own copy on a thread beside the loader's, and the two together were its peak RSS with
+    /// 1,000 Services (heaptrack, BENCHMARKS.md 9f).
     pub fn load(settings: &ProbeSettings, kbtf: &KernelBtf) -> Result<Loaded, KernelError> {
-        Self::load_with_btf(settings, kbtf, parse_btf_for_aya())
-    }
-
-    /// [`Probe::load`] with aya's parse of the kernel BTF done elsewhere (the agent does it in
-    /// parallel with its own BTF reading: the two parses are most of the time to ready).
-    pub fn load_with_btf(
-        settings: &ProbeSettings,
-        kbtf: &KernelBtf,
-        btf: Result<aya::Btf, KernelError>,
-    ) -> Result<Loaded, KernelError> {
         if PROGRAMS.is_empty() {
             return Err(KernelError::NoPrograms);
         }
         raise_memlock();
-        let btf = btf?;
         // aya-log's kernel side defaults to every level on: turn it off unless asked.
         let level: u8 = if settings.ebpf_log {
             aya_log::Level::Debug as u8
         } else {
             0
         };
-        let mut loader = EbpfLoader::new();
-        loader
-            .btf(Some(&btf))
-            .override_global("CONFIG", &settings.config, true)
-            .override_global("OFFSETS", &kbtf.offsets, true)
-            .override_global(aya_log::LEVEL, &level, false);
-        settings.sizes.apply(&mut loader);
-        let mut ebpf = loader.load(PROGRAMS)?;
+        let mut ebpf = {
+            let mut loader = EbpfLoader::new();
+            loader
+                .override_global("CONFIG", &settings.config, true)
+                .override_global("OFFSETS", &kbtf.offsets, true)
+                .override_global(aya_log::LEVEL, &level, false);
+            settings.sizes.apply(&mut loader);
+            loader.load(PROGRAMS)?
+        };
         let logger = if settings.ebpf_log {
             aya_log::EbpfLogger::init(&mut ebpf)
                 .map_err(|e| warn!(error = %e, "eBPF logging unavailable"))
@@ -276,7 +273,7 @@ impl Probe {
         let drop_hook = if std::env::var_os(NO_DROP_HOOK_ENV).is_some() {
             DropHook::None
         } else {
-            hook_kfree_skb(&mut ebpf, &btf, drop_reason_arg)
+            hook_kfree_skb(&mut ebpf, &parse_btf_for_aya()?, drop_reason_arg)
         };
         let kernel = KernelVersion::current()
             .map(|v| v.to_string())
@@ -599,11 +596,8 @@ fn hook_kfree_skb(ebpf: &mut Ebpf, btf: &aya::Btf, with_reason: bool) -> DropHoo
     }
 }
 
-/// The kernel's BTF as aya needs it for relocations and tp_btf.
-/// aya's parse of the kernel's BTF (named here so that aya stays inside `kernel/`).
-pub type AyaBtf = aya::Btf;
-
-pub fn parse_btf_for_aya() -> Result<AyaBtf, KernelError> {
+/// aya's parse of the kernel's BTF, for the `tp_btf` hook.
+fn parse_btf_for_aya() -> Result<aya::Btf, KernelError> {
     aya::Btf::from_sys_fs().map_err(|e| KernelError::Btf {
         what: "loading /sys/kernel/btf/vmlinux for aya".into(),
         source: e.into(),

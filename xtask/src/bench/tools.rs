@@ -154,34 +154,41 @@ impl Agent {
         let addr = format!("127.0.0.1:{metrics_port}");
         let socket = dir.join("agent.sock");
         let t0 = Instant::now();
+        // A profiler around the agent, for looking into a figure by hand (e.g.
+        // `CLB_BENCH_AGENT_WRAP="heaptrack -o /tmp/agent"`); never set by the bench itself.
+        let wrap = std::env::var("CLB_BENCH_AGENT_WRAP").unwrap_or_default();
+        let probe_path = probe.display().to_string();
+        let (record_path, socket_path) =
+            (record.display().to_string(), socket.display().to_string());
+        let argv: Vec<&str> = wrap
+            .split_whitespace()
+            .chain([
+                probe_path.as_str(),
+                "agent",
+                "--nic",
+                net::NODE_IF,
+                "--vip-iface",
+                net::VIP_IF,
+                "--pod-cidr",
+                net::POD_CIDR,
+                "--metrics-addr",
+                &addr,
+                "--events",
+                "-",
+                "--record",
+                &record_path,
+                "--socket",
+                &socket_path,
+            ])
+            .collect();
         let mut proc = Proc::spawn(
             "the agent",
-            in_ns(
-                net::NS_NODE,
-                &[
-                    &probe.display().to_string(),
-                    "agent",
-                    "--nic",
-                    net::NODE_IF,
-                    "--vip-iface",
-                    net::VIP_IF,
-                    "--pod-cidr",
-                    net::POD_CIDR,
-                    "--metrics-addr",
-                    &addr,
-                    "--events",
-                    "-",
-                    "--record",
-                    &record.display().to_string(),
-                    "--socket",
-                    &socket.display().to_string(),
-                ],
-            )
-            .env("CLB_PROBE_LOG", log)
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(log_file),
+            in_ns(net::NS_NODE, &argv)
+                .env("CLB_PROBE_LOG", log)
+                .envs(env.iter().copied())
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(log_file),
         )?;
         let events = Arc::new(Mutex::new(Vec::new()));
         let stdout = proc.child.stdout.take().context("agent stdout")?;
