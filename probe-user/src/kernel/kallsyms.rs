@@ -1,82 +1,69 @@
 //! Drop sites: kernel text addresses to `symbol+0xoffset`, from /proc/kallsyms.
 
-/// A sorted symbol table. Empty when kallsyms hides addresses (kptr_restrict, no root).
+use std::{collections::HashMap, sync::Mutex};
+
+/// Names resolved and kept; beyond this a name is looked up again each time (drop sites are a
+/// few dozen call sites of `kfree_skb`, so this is never reached in practice).
+const NAMES_KEPT: usize = 4096;
+
+/// Where the names are read from when an address is first resolved.
+#[derive(Debug, Default)]
+enum Names {
+    /// /proc/kallsyms, read again for a symbol not seen before.
+    #[default]
+    Proc,
+    /// Text given to [`Kallsyms::parse`] (tests).
+    Text(String),
+}
+
+/// The kernel's text symbol addresses, sorted; names are looked up when an address is first
+/// resolved, and kept. Empty when kallsyms hides addresses (kptr_restrict, no root).
 ///
-/// Compact, because it lives as long as the agent: ~120,000 text symbols as one string of
-/// names with (address, offset) pairs take ~4 MiB, where a `String` per symbol took ~8.
+/// Addresses only, because this lives as long as the agent: ~120,000 text symbols take
+/// ~1 MiB as addresses, ~4.9 MiB with every name held (one string of names, heaptrack of
+/// the agent, BENCHMARKS.md 9f), ~8 MiB as a `String` per symbol. A drop is resolved on the
+/// reader's task; the first drop at a new site pays one read of /proc/kallsyms (~30 ms on
+/// 6.18 here), every later one a map look-up.
 #[derive(Debug, Default)]
 pub struct Kallsyms {
-    /// (address, end of its name in `names`), sorted by address.
-    symbols: Vec<(u64, u32)>,
-    names: String,
+    /// Text symbols' addresses, sorted.
+    addrs: Vec<u64>,
+    names: Names,
+    /// Address of a symbol -> its name (None: not found when read again).
+    resolved: Mutex<HashMap<u64, Option<Box<str>>>>,
 }
 
 impl Kallsyms {
     /// Reads /proc/kallsyms line by line (no copy of the whole text is held).
     pub fn load() -> Self {
-        use std::io::BufRead as _;
-        let Ok(file) = std::fs::File::open("/proc/kallsyms") else {
-            return Self::default();
-        };
-        let mut k = Self::default();
-        let mut reader = std::io::BufReader::with_capacity(64 * 1024, file);
-        let mut line = String::new();
-        while matches!(reader.read_line(&mut line), Ok(n) if n > 0) {
-            k.push_line(&line);
-            line.clear();
-        }
-        k.finish()
+        let mut addrs = Vec::new();
+        for_each_text_symbol(&Names::Proc, |addr, _| {
+            addrs.push(addr);
+            true
+        });
+        Self::of(addrs, Names::Proc)
     }
 
     /// Parses kallsyms text; keeps text symbols (t/T) only, since drop sites are code.
     pub fn parse(text: &str) -> Self {
-        let mut k = Self::default();
-        for line in text.lines() {
-            k.push_line(line);
-        }
-        k.finish()
+        let names = Names::Text(text.to_string());
+        let mut addrs = Vec::new();
+        for_each_text_symbol(&names, |addr, _| {
+            addrs.push(addr);
+            true
+        });
+        Self::of(addrs, names)
     }
 
-    fn push_line(&mut self, line: &str) {
-        let mut parts = line.split_whitespace();
-        let (Some(addr), Some(kind), Some(name)) = (parts.next(), parts.next(), parts.next())
-        else {
-            return;
-        };
-        let Ok(addr) = u64::from_str_radix(addr, 16) else {
-            return;
-        };
-        if addr != 0 && matches!(kind, "t" | "T") {
-            self.names.push_str(name);
-            self.symbols.push((addr, self.names.len() as u32));
+    fn of(mut addrs: Vec<u64>, names: Names) -> Self {
+        addrs.sort_unstable();
+        addrs.dedup();
+        addrs.shrink_to_fit();
+        Kallsyms {
+            addrs,
+            names,
+            resolved: Mutex::default(),
         }
-    }
-
-    fn finish(mut self) -> Self {
-        // Names are referenced by their end offset; the start is the previous entry's end in
-        // file order, so remember both before sorting by address.
-        let mut start = 0u32;
-        let mut spans: Vec<(u64, u32, u32)> = self
-            .symbols
-            .iter()
-            .map(|&(addr, end)| {
-                let span = (addr, start, end);
-                start = end;
-                span
-            })
-            .collect();
-        spans.sort_unstable_by_key(|s| s.0);
-        let mut names = String::with_capacity(self.names.len());
-        self.symbols = spans
-            .into_iter()
-            .map(|(addr, s, e)| {
-                names.push_str(&self.names[s as usize..e as usize]);
-                (addr, names.len() as u32)
-            })
-            .collect();
-        self.symbols.shrink_to_fit();
-        self.names = names;
-        self
     }
 
     /// `symbol+0xoff` for an address, or None when unknown.
@@ -84,18 +71,74 @@ impl Kallsyms {
         if addr == 0 {
             return None;
         }
-        let idx = self
-            .symbols
-            .partition_point(|(a, _)| *a <= addr)
-            .checked_sub(1)?;
-        let (base, end) = self.symbols[idx];
-        let start = idx.checked_sub(1).map_or(0, |i| self.symbols[i].1);
-        let name = &self.names[start as usize..end as usize];
+        let idx = self.addrs.partition_point(|a| *a <= addr).checked_sub(1)?;
+        let base = self.addrs[idx];
+        let name = self.name_at(base)?;
         Some(format!("{name}+{:#x}", addr - base))
     }
 
+    /// The name of the text symbol at `base`: kept, or read again (the first of several at
+    /// one address, in kallsyms' order).
+    fn name_at(&self, base: u64) -> Option<Box<str>> {
+        let mut resolved = self.resolved.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(name) = resolved.get(&base) {
+            return name.clone();
+        }
+        let mut found = None;
+        for_each_text_symbol(&self.names, |addr, name| {
+            if addr == base {
+                found = Some(Box::from(name));
+                return false;
+            }
+            true
+        });
+        if resolved.len() < NAMES_KEPT {
+            resolved.insert(base, found.clone());
+        }
+        found
+    }
+
     pub fn is_empty(&self) -> bool {
-        self.symbols.is_empty()
+        self.addrs.is_empty()
+    }
+}
+
+/// Calls `f(address, name)` for each text symbol (t/T) with an address, in order, until it
+/// returns false.
+fn for_each_text_symbol(names: &Names, mut f: impl FnMut(u64, &str) -> bool) {
+    let mut line_of = |line: &str| -> bool {
+        let mut parts = line.split_whitespace();
+        let (Some(addr), Some(kind), Some(name)) = (parts.next(), parts.next(), parts.next())
+        else {
+            return true;
+        };
+        match u64::from_str_radix(addr, 16) {
+            Ok(addr) if addr != 0 && matches!(kind, "t" | "T") => f(addr, name),
+            _ => true,
+        }
+    };
+    match names {
+        Names::Text(text) => {
+            for line in text.lines() {
+                if !line_of(line) {
+                    return;
+                }
+            }
+        }
+        Names::Proc => {
+            use std::io::BufRead as _;
+            let Ok(file) = std::fs::File::open("/proc/kallsyms") else {
+                return;
+            };
+            let mut reader = std::io::BufReader::with_capacity(64 * 1024, file);
+            let mut line = String::new();
+            while matches!(reader.read_line(&mut line), Ok(n) if n > 0) {
+                if !line_of(&line) {
+                    return;
+                }
+                line.clear();
+            }
+        }
     }
 }
 
@@ -136,6 +179,15 @@ mod tests {
             k.resolve(0xffffffff81a00500).as_deref(),
             Some("ip_rcv+0x100")
         );
+    }
+
+    /// A name is read once and kept: the text it came from can change without changing it.
+    #[test]
+    fn a_resolved_name_is_kept() {
+        let mut k = Kallsyms::parse("ffffffff81a00400 T ip_rcv\n");
+        assert_eq!(k.resolve(0xffffffff81a00401).as_deref(), Some("ip_rcv+0x1"));
+        k.names = Names::Text(String::new());
+        assert_eq!(k.resolve(0xffffffff81a00402).as_deref(), Some("ip_rcv+0x2"));
     }
 
     #[test]

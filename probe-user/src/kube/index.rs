@@ -31,8 +31,17 @@ impl PodRef {
     }
 }
 
-fn proto_key(protocol: &str) -> String {
-    protocol.to_ascii_uppercase()
+/// A protocol name as a look-up key: upper-cased, in place (the API's names are `TCP`, `UDP`
+/// and `SCTP`; a longer one is cut at 8 bytes). Not a String: the index holds one per
+/// frontend, 60,000 at 30,000 Services, each an allocation of its own as a String.
+type ProtoKey = [u8; 8];
+
+fn proto_key(protocol: &str) -> ProtoKey {
+    let mut key = [0u8; 8];
+    for (k, b) in key.iter_mut().zip(protocol.bytes()) {
+        *k = b.to_ascii_uppercase();
+    }
+    key
 }
 
 /// The snapshot the enrichment reads. Cheap to share (`Arc`); rebuilt on every change.
@@ -44,14 +53,14 @@ pub struct Index {
     pods: HashMap<IpAddr, PodRef>,
     services: Vec<Arc<ServiceFacts>>,
     /// (frontend IP, port, protocol) -> service.
-    frontends: HashMap<(IpAddr, u16, String), usize>,
+    frontends: HashMap<(IpAddr, u16, ProtoKey), usize>,
     /// (NodePort or healthCheckNodePort, protocol) -> service; health checks use TCP.
-    node_ports: HashMap<(u16, String), usize>,
+    node_ports: HashMap<(u16, ProtoKey), usize>,
     /// LB ingress / external IP -> services (one IP can front several Services, by port).
     lb_ips: HashMap<IpAddr, Vec<usize>>,
     /// (port, protocol) -> the host-network pod that declares it: a container port, or the
     /// numeric port of a probe (kubeadm's static API server declares no ports, only probes).
-    host_ports: HashMap<(u16, String), PodRef>,
+    host_ports: HashMap<(u16, ProtoKey), PodRef>,
     /// Host-network pods that hold VIPs as node addresses, with the announcer's name.
     announcers: Vec<(PodRef, &'static str)>,
 }
@@ -168,17 +177,14 @@ impl Index {
             for port in &service.ports {
                 let proto = proto_key(&port.protocol);
                 for ip in service.cluster_ips.iter().chain(&lb_ips) {
-                    index
-                        .frontends
-                        .entry((*ip, port.port, proto.clone()))
-                        .or_insert(i);
+                    index.frontends.entry((*ip, port.port, proto)).or_insert(i);
                 }
                 if let Some(node_port) = port.node_port {
                     index.node_ports.entry((node_port, proto)).or_insert(i);
                 }
             }
             if let Some(hc) = service.health_check_node_port {
-                index.node_ports.entry((hc, "TCP".into())).or_insert(i);
+                index.node_ports.entry((hc, proto_key("TCP"))).or_insert(i);
             }
         }
         index.services = list;
@@ -265,7 +271,7 @@ fn announcer_of(spec: &k8s_openapi::api::core::v1::PodSpec) -> Option<&'static s
 /// The (port, protocol) keys a host-network pod's spec declares: container ports (on the host
 /// network the container port is the host port) and the numeric ports of its TCP and HTTP
 /// probes.
-fn host_ports(spec: &k8s_openapi::api::core::v1::PodSpec) -> Vec<(u16, String)> {
+fn host_ports(spec: &k8s_openapi::api::core::v1::PodSpec) -> Vec<(u16, ProtoKey)> {
     use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
     let mut out = Vec::new();
     for c in &spec.containers {
@@ -287,7 +293,7 @@ fn host_ports(spec: &k8s_openapi::api::core::v1::PodSpec) -> Vec<(u16, String)> 
                 if let IntOrString::Int(n) = port
                     && let Ok(n) = u16::try_from(*n)
                 {
-                    out.push((n, "TCP".to_string()));
+                    out.push((n, proto_key("TCP")));
                 }
             }
         }
