@@ -312,22 +312,39 @@ fn client(f: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitCode 
     }
 }
 
-/// At most two glibc malloc arenas (before any thread starts; `MALLOC_ARENA_MAX` in the
-/// environment still wins, glibc reads it first). glibc gives each thread that allocates
-/// under contention an arena of its own, up to 8 per core, and memory freed in one is never
-/// reused by another: the API watcher fills the service table on a runtime thread, the
-/// blocking pool recomputes and materialises it on others. Measured at 30,000 Services
-/// (BENCHMARKS.md 9f): the peak RSS 235 MiB with glibc's default, 193 MiB with two arenas.
-fn limit_malloc_arenas() {
+/// glibc malloc tuned for a long-lived agent whose heap is mostly the service table (before
+/// any thread starts; `MALLOC_ARENA_MAX` and `MALLOC_MMAP_THRESHOLD_` in the environment still
+/// win, glibc reads them first):
+///
+/// - one arena: glibc gives each thread that allocates under contention an arena of its own,
+///   up to 8 per core, and memory freed in one is never reused by another. The kernel's BTF is
+///   parsed on the main thread, the API's lists are kept on runtime threads, the table is made
+///   on the blocking pool: each left its freed memory where the others could not use it.
+///   The agent allocates little per packet, so one arena's lock costs nothing measurable.
+/// - allocations from 256 KiB up in their own mappings, returned when freed: glibc's default
+///   threshold moves up to the largest block freed (the BTF's 5.5 MiB read), after which a
+///   hash table's old buckets, left behind when it grows, stay in the heap.
+///
+/// Peak RSS with the API, 10,000 Services and 500,000 conntrack entries (`cargo xtask bench
+/// --only scale`, BENCHMARKS.md 9f): 72 MiB with two arenas, 65 with one, 60 with one and the
+/// threshold (30,000 Services: 235 MiB with glibc's defaults, 193 with two arenas, before
+/// the other changes of 9f).
+fn tune_malloc() {
     #[cfg(target_env = "gnu")]
-    if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
-        // SAFETY: mallopt only sets an allocator parameter; no thread has started yet.
-        unsafe { libc::mallopt(libc::M_ARENA_MAX, 2) };
+    {
+        // SAFETY: mallopt only sets allocator parameters; no thread has started yet.
+        if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
+            unsafe { libc::mallopt(libc::M_ARENA_MAX, 1) };
+        }
+        if std::env::var_os("MALLOC_MMAP_THRESHOLD_").is_none() {
+            // SAFETY: as above.
+            unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, 256 * 1024) };
+        }
     }
 }
 
 fn main() -> ExitCode {
-    limit_malloc_arenas();
+    tune_malloc();
     let cli = Cli::parse();
     match cli.command {
         Command::Watch(args) => client(clb_probe_client::watch::watch(&args.socket, args.once)),
