@@ -351,6 +351,11 @@ async fn run(
                 }
                 Some((source, Err(error))) => {
                     healthy[source] = false;
+                    match source {
+                        1 => kept.relist_failed(true),
+                        2 => kept.relist_failed(false),
+                        _ => {}
+                    }
                     accepted_at_error[source] = Some(status.watches.count(source));
                     if status.set_connected(false) || !reported_down {
                         warn!(
@@ -372,7 +377,8 @@ async fn run(
                         dirty = true;
                     }
                 }
-                if dirty {
+                // During a relist the last index stays (it is complete; see `Kept::relisting`).
+                if dirty && !kept.relisting() {
                     dirty = false;
                     synced |= healthy.iter().all(|h| *h);
                     let mut index = Index::from_facts(
