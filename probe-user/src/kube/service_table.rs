@@ -613,6 +613,9 @@ impl ApiServiceTable {
             source: Some(self.node.mode),
             ..ServiceTable::default()
         };
+        // Sized once: grown by doubling, the entries' Vec held up to twice its room, and the
+        // correlator holds the table until the next (BENCHMARKS.md 9f).
+        table.services.reserve_exact(self.frontends.len());
         for key in keys {
             let Some((key, service)) = self.owner(key) else {
                 continue;
@@ -645,6 +648,9 @@ impl ApiServiceTable {
                 }
             }
         }
+        table.services.shrink_to_fit();
+        table.nodeports.shrink_to_fit();
+        table.no_endpoint_drops.shrink_to_fit();
         table
     }
 }
