@@ -26,19 +26,12 @@ use super::service_table::tight;
 /// `(namespace, name)`.
 type Key = (String, String);
 
-/// One EndpointSlice as kept: its Service and its ready addresses (what the index reads).
+/// One EndpointSlice as kept: its Service's name (in the slice's namespace) and its ready
+/// addresses (what the index reads).
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct KeptSlice {
-    service: Key,
-    ready: Vec<IpAddr>,
-}
-
-/// Adds slice `name` to `service`'s sorted list (once).
-fn link(slices_of: &mut HashMap<Key, Vec<String>>, service: Key, name: String) {
-    let names = slices_of.entry(service).or_default();
-    if let Err(at) = names.binary_search(&name) {
-        names.insert(at, name);
-    }
+    service: Box<str>,
+    ready: Box<[IpAddr]>,
 }
 
 impl KeptSlice {
@@ -50,36 +43,43 @@ impl KeptSlice {
             .metadata
             .labels
             .as_ref()?
-            .get("kubernetes.io/service-name")?
-            .clone();
+            .get("kubernetes.io/service-name")?;
         // Ready unless said otherwise (the index's reading, `Index::build`).
-        let ready = slice
+        let ready: Vec<IpAddr> = slice
             .endpoints
             .iter()
             .filter(|e| e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true))
             .flat_map(|e| e.addresses.iter())
             .filter_map(|a| a.parse::<IpAddr>().ok())
             .collect();
-        let ready = tight(ready);
         Some((
-            (namespace.clone(), name),
+            (namespace, name),
             KeptSlice {
-                service: (namespace, service),
-                ready,
+                service: service.as_str().into(),
+                ready: ready.into_boxed_slice(),
             },
         ))
     }
+}
+
+/// What is kept under one Service's key: its facts when it is a Service the index keeps, and
+/// the names of the slices that name it (a slice may come before its Service, or stay after
+/// it). One map for both: at 30,000 Services a second map keyed by Service held ~7 MiB of
+/// buckets and keys (heaptrack, BENCHMARKS.md 9f).
+#[derive(Debug, Default)]
+struct KeptService {
+    facts: Option<Arc<ServiceFacts>>,
+    /// Sorted; a Service has one slice or a few.
+    slices: Vec<Box<str>>,
 }
 
 /// The Services' facts and their slices' ready addresses, kept per watch event.
 #[derive(Debug, Default)]
 pub struct Kept {
     /// By (namespace, name): the index lists Services in this order.
-    services: BTreeMap<Key, Arc<ServiceFacts>>,
+    services: BTreeMap<Key, KeptService>,
+    /// By (namespace, slice name).
     slices: HashMap<Key, KeptSlice>,
-    /// Service -> its slices' names, sorted (a Service has one or a few: a B-tree set's first
-    /// node alone is ~280 bytes, 8 MiB at 30,000 Services).
-    slices_of: HashMap<Key, Vec<String>>,
     /// A Services relist in progress: the facts listed so far.
     relisting_services: Option<BTreeMap<Key, Arc<ServiceFacts>>>,
     /// An EndpointSlices relist in progress: the slices listed so far.
@@ -89,11 +89,7 @@ pub struct Kept {
 impl Kept {
     /// The Services' facts, in (namespace, name) order.
     pub fn facts(&self) -> impl Iterator<Item = &Arc<ServiceFacts>> {
-        self.services.values()
-    }
-
-    pub fn service_count(&self) -> usize {
-        self.services.len()
+        self.services.values().filter_map(|s| s.facts.as_ref())
     }
 
     /// A relist of Services or EndpointSlices is in progress. An index built now would share
@@ -106,12 +102,13 @@ impl Kept {
 
     /// The ready addresses of `service`'s slices, sorted (as `Index::build` sorts them).
     fn endpoints_of(&self, service: &Key) -> Vec<IpAddr> {
-        let mut ips: Vec<IpAddr> = self
-            .slices_of
-            .get(service)
-            .into_iter()
-            .flatten()
-            .filter_map(|name| self.slices.get(&(service.0.clone(), name.clone())))
+        let Some(kept) = self.services.get(service) else {
+            return Vec::new();
+        };
+        let mut ips: Vec<IpAddr> = kept
+            .slices
+            .iter()
+            .filter_map(|name| self.slices.get(&(service.0.clone(), name.to_string())))
             .flat_map(|s| s.ready.iter().copied())
             .collect();
         ips.sort_unstable();
@@ -130,26 +127,33 @@ impl Kept {
         (is_api_name(&f.namespace) && is_api_name(&f.name)).then(|| (key, Arc::new(bounded(f))))
     }
 
-    /// A Service created or changed.
-    pub fn apply_service(&mut self, service: &Service) {
-        match self.facts_of(service) {
-            Some((key, f)) => {
-                self.services.insert(key, f);
-            }
-            // Not indexable now (e.g. a name the index refuses): not kept either.
+    /// Sets or clears `key`'s facts; an entry with neither facts nor slices is removed.
+    fn set_facts(&mut self, key: Key, facts: Option<Arc<ServiceFacts>>) {
+        match facts {
+            Some(f) => self.services.entry(key).or_default().facts = Some(f),
             None => {
-                if let (Some(ns), Some(name)) =
-                    (&service.metadata.namespace, &service.metadata.name)
-                {
-                    self.services.remove(&(ns.clone(), name.clone()));
+                if let Some(kept) = self.services.get_mut(&key) {
+                    kept.facts = None;
+                    if kept.slices.is_empty() {
+                        self.services.remove(&key);
+                    }
                 }
             }
         }
     }
 
+    /// A Service created or changed.
+    pub fn apply_service(&mut self, service: &Service) {
+        match self.facts_of(service) {
+            Some((key, f)) => self.set_facts(key, Some(f)),
+            // Not indexable now (e.g. a name the index refuses): not kept either.
+            None => self.delete_service(service),
+        }
+    }
+
     pub fn delete_service(&mut self, service: &Service) {
         if let (Some(ns), Some(name)) = (&service.metadata.namespace, &service.metadata.name) {
-            self.services.remove(&(ns.clone(), name.clone()));
+            self.set_facts((ns.clone(), name.clone()), None);
         }
     }
 
@@ -161,15 +165,16 @@ impl Kept {
             self.delete_slice(slice);
             return;
         };
-        let new_service = kept.service.clone();
+        let new_service = (key.0.clone(), kept.service.to_string());
         let old = self.slices.insert(key.clone(), kept);
         if let Some(old) = old
-            && old.service != new_service
+            && *old.service != *new_service.1
         {
-            self.unlink(&old.service, &key.1);
-            self.refresh_endpoints(&old.service);
+            let old_service = (key.0.clone(), old.service.to_string());
+            self.unlink(&old_service, &key.1);
+            self.refresh_endpoints(&old_service);
         }
-        link(&mut self.slices_of, new_service.clone(), key.1);
+        self.link(new_service.clone(), &key.1);
         self.refresh_endpoints(&new_service);
     }
 
@@ -178,24 +183,38 @@ impl Kept {
             return;
         };
         if let Some(old) = self.slices.remove(&(ns.clone(), name.clone())) {
-            self.unlink(&old.service, name);
-            self.refresh_endpoints(&old.service);
+            let service = (ns.clone(), old.service.to_string());
+            self.unlink(&service, name);
+            self.refresh_endpoints(&service);
+        }
+    }
+
+    /// Adds slice `name` to `service`'s sorted list (once).
+    fn link(&mut self, service: Key, name: &str) {
+        let names = &mut self.services.entry(service).or_default().slices;
+        if let Err(at) = names.binary_search_by(|n| (**n).cmp(name)) {
+            names.insert(at, name.into());
+            names.shrink_to_fit();
         }
     }
 
     fn unlink(&mut self, service: &Key, slice: &str) {
-        if let Some(names) = self.slices_of.get_mut(service) {
-            names.retain(|n| n != slice);
-            if names.is_empty() {
-                self.slices_of.remove(service);
+        if let Some(kept) = self.services.get_mut(service) {
+            kept.slices.retain(|n| &**n != slice);
+            if kept.slices.is_empty() && kept.facts.is_none() {
+                self.services.remove(service);
             }
         }
     }
 
-    /// `service`'s facts with its endpoints as kept now (a copy of one Service's facts).
+    /// `service`'s facts with its endpoints as kept now (a copy of one Service's facts when
+    /// an index holds them; changed in place when not).
     fn refresh_endpoints(&mut self, service: &Key) {
         let endpoints = self.endpoints_of(service);
-        if let Some(f) = self.services.get_mut(service)
+        if let Some(f) = self
+            .services
+            .get_mut(service)
+            .and_then(|s| s.facts.as_mut())
             && f.endpoints != endpoints
         {
             Arc::make_mut(f).endpoints = endpoints;
@@ -225,10 +244,18 @@ impl Kept {
         }
     }
 
-    /// The Services relist is complete (`InitDone`): it replaces the kept Services.
+    /// The Services relist is complete (`InitDone`): it replaces the kept Services (the
+    /// slices' links stay).
     pub fn services_relist_done(&mut self) {
-        if let Some(list) = self.relisting_services.take() {
-            self.services = list;
+        let Some(list) = self.relisting_services.take() else {
+            return;
+        };
+        for kept in self.services.values_mut() {
+            kept.facts = None;
+        }
+        self.services.retain(|_, kept| !kept.slices.is_empty());
+        for (key, f) in list {
+            self.services.entry(key).or_default().facts = Some(f);
         }
     }
 
@@ -251,10 +278,17 @@ impl Kept {
         let Some(list) = self.relisting_slices.take() else {
             return;
         };
+        for kept in self.services.values_mut() {
+            kept.slices = Vec::new();
+        }
+        self.services.retain(|_, kept| kept.facts.is_some());
+        let links: Vec<(Key, String)> = list
+            .iter()
+            .map(|((ns, name), s)| ((ns.clone(), s.service.to_string()), name.clone()))
+            .collect();
         self.slices = list;
-        self.slices_of.clear();
-        for (key, s) in &self.slices {
-            link(&mut self.slices_of, s.service.clone(), key.1.clone());
+        for (service, name) in links {
+            self.link(service, &name);
         }
         let services: Vec<Key> = self.services.keys().cloned().collect();
         for s in services {
@@ -332,7 +366,11 @@ mod tests {
         };
         same(&kept, &services, &slices);
         assert_eq!(
-            kept.services[&("shop".into(), "web".into())].endpoints,
+            kept.services[&("shop".into(), "web".into())]
+                .facts
+                .as_ref()
+                .unwrap()
+                .endpoints,
             [
                 "10.244.1.5".parse::<IpAddr>().unwrap(),
                 "10.244.2.9".parse().unwrap()
@@ -373,6 +411,31 @@ mod tests {
         kept.relist_failed(false);
         assert!(!kept.relisting());
         same(&kept, &relisted, &relisted_slices);
+    }
+
+    /// A slice may come before its Service and stay after it: the Service's endpoints are
+    /// there whenever it is.
+    #[test]
+    fn slices_outlive_their_service_s_facts() {
+        let mut kept = Kept::default();
+        let web = service("shop", "web", "10.96.0.10", None);
+        kept.apply_slice(&slice("shop", "web-1", "web", &["10.244.1.5"], &[]));
+        assert_eq!(kept.facts().count(), 0);
+        kept.apply_service(&web);
+        let ready = ["10.244.1.5".parse::<IpAddr>().unwrap()];
+        assert_eq!(kept.facts().next().unwrap().endpoints, ready);
+        kept.delete_service(&web);
+        assert_eq!(kept.facts().count(), 0);
+        kept.apply_service(&web);
+        assert_eq!(kept.facts().next().unwrap().endpoints, ready);
+        // The Service relisted: its slices' links stay.
+        kept.services_relist();
+        kept.services_relisted(&web);
+        kept.services_relist_done();
+        assert_eq!(kept.facts().next().unwrap().endpoints, ready);
+        kept.delete_slice(&slice("shop", "web-1", "web", &[], &[]));
+        kept.delete_service(&web);
+        assert!(kept.services.is_empty() && kept.slices.is_empty());
     }
 
     /// Facts the slices' relist changes are changed in place when nothing else holds them
