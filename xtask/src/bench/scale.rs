@@ -845,16 +845,24 @@ pub fn tables(
                 p.conntrack.to_string(),
             ]);
         }
-        if let Some(big) = points
-            .iter()
-            .filter(|p| p.mode == mode && p.reader == Reader::Change)
-            .max_by_key(|p| p.services)
-        {
+        // The largest size's row with the API (what the DaemonSet runs), then the rules-only
+        // reader's (a node without API access).
+        for big in [Reader::Api, Reader::Change].into_iter().filter_map(|reader| {
+            points
+                .iter()
+                .filter(|p| p.mode == mode && p.reader == reader)
+                .max_by_key(|p| p.services)
+        }) {
             let old = points.iter().find(|p| {
                 p.mode == mode && p.reader == Reader::Timer && p.services == big.services
             });
             summary.push((
-                format!("service table, {} mode, {} Services", mode.name(), big.services),
+                format!(
+                    "service table, {} mode, {} Services, {}",
+                    mode.name(),
+                    big.services,
+                    big.reader.name()
+                ),
                 format!(
                     "CPU idle {:.1}% / re-sync unchanged {:.1}% / 1 changed {:.1}% / partial sync {} of a core (old reader: {}), freshness {} ms, ready {:.0} ms, RSS {:.0} MiB",
                     big.cpu[0],
