@@ -847,12 +847,15 @@ pub fn tables(
         }
         // The largest size's row with the API (what the DaemonSet runs), then the rules-only
         // reader's (a node without API access).
-        for big in [Reader::Api, Reader::Change].into_iter().filter_map(|reader| {
-            points
-                .iter()
-                .filter(|p| p.mode == mode && p.reader == reader)
-                .max_by_key(|p| p.services)
-        }) {
+        for big in [Reader::Api, Reader::Change]
+            .into_iter()
+            .filter_map(|reader| {
+                points
+                    .iter()
+                    .filter(|p| p.mode == mode && p.reader == reader)
+                    .max_by_key(|p| p.services)
+            })
+        {
             let old = points.iter().find(|p| {
                 p.mode == mode && p.reader == Reader::Timer && p.services == big.services
             });
