@@ -124,7 +124,7 @@ families! {
     LOOPBACK_REGRESSIONS: Counter "loopback_regressions" ["kind"]
         "Resolved loops confirmed again (each opens a new Warning Event), by kind";
     CANARY_TESTS: Counter "canary_tests" ["outcome"]
-        "--canary-every: the canary's node-sourced tests of LB IP:ports, by outcome (confirmed, clean, not_testable); its confirmations carry facts.canary and are not user traffic";
+        "--canary-every: the canary's node-sourced tests of LB IP:ports, by outcome (confirmed, not_proven, clean, not_testable); its confirmations carry facts.canary and are not user traffic";
     VERIFY_REQUESTS: Counter "verify_requests" ["phase"]
         "LoopbackVerification requests this agent answered, by phase (done, refused)";
 }

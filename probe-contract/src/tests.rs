@@ -526,6 +526,8 @@ fn a_verification_round_trips_and_a_node_patch_names_only_its_entry() {
                 evidence: vec!["hairpin/l4/...".into()],
                 tried: String::new(),
                 reason: String::new(),
+                source: "pod default/a (10.0.0.5)".into(),
+                looped: true,
             },
             VerifyResult {
                 kind: "healthcheck_blackhole".into(),
@@ -534,6 +536,8 @@ fn a_verification_round_trips_and_a_node_patch_names_only_its_entry() {
                 evidence: vec![],
                 tried: String::new(),
                 reason: "no health check arrived".into(),
+                source: String::new(),
+                looped: false,
             },
         ],
     };
@@ -552,6 +556,10 @@ fn a_verification_round_trips_and_a_node_patch_names_only_its_entry() {
         v["nodes"]["node-a"]["results"][1]["outcome"],
         "not_testable"
     );
+    // The source and the loop mark are written when set, left out when not.
+    assert_eq!(v["nodes"]["node-a"]["results"][0]["looped"], true);
+    assert!(v["nodes"]["node-a"]["results"][1].get("looped").is_none());
+    assert!(v["nodes"]["node-a"]["results"][1].get("source").is_none());
     let patch = status_patch("node-a", &entry);
     assert_eq!(
         patch["status"]["nodes"].as_object().unwrap().len(),

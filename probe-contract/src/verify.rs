@@ -32,6 +32,19 @@ pub const MAX_AGE_S: i64 = 300;
 /// are answered `not_testable` ("over the limit").
 pub const MAX_TARGETS: usize = 8;
 
+/// The loop clients (pods) one request tests from at most on a node; the rest are answered
+/// `not_testable` ("over the limit").
+pub const MAX_CLIENTS: usize = 4;
+
+/// The kinds a request may name at most (the CRD's `maxItems`: there are 7 kinds, and a repeat
+/// says nothing). Issue #49: one request repeating a kind 140,000 times made an agent build
+/// 1,120,000 results (2.3 GiB) and a 144 MB status patch.
+pub const MAX_KINDS: usize = 16;
+
+/// The results one node's answer carries at most: targets x kinds x clients, bounded above,
+/// plus the not-testable lines; past it the answer says how many were left out.
+pub const MAX_RESULTS: usize = 256;
+
 /// The request.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
@@ -40,7 +53,8 @@ pub struct VerificationSpec {
     /// The nodes to test from. Empty: every agent that has a loop or a risk for the Service
     /// (an active or resolved loop in its memory, a risk in its node report) answers.
     pub nodes: Vec<String>,
-    /// Only these kinds (`hairpin`, `vip_port_unserved`, ...); empty: every kind.
+    /// Only these kinds (`hairpin`, `vip_port_unserved`, ...); empty: every kind. At most
+    /// [`MAX_KINDS`], each a known kind (the CRD's `enum`); repeats count once.
     pub kinds: Vec<String>,
 }
 
@@ -111,17 +125,31 @@ pub struct NodeVerification {
 pub enum VerifyOutcome {
     /// The agent confirmed the loop during the test (`evidence`).
     Confirmed,
-    /// Tested, nothing confirmed (`tried` says what was tried and what happened).
+    /// Tested, the path completed (a connection answered, or refused by the far end), and
+    /// nothing was confirmed (`tried` says what was tried and what happened).
     Clean,
+    /// Tested, but no connection got an answer (all timed out or failed) and nothing was
+    /// confirmed: silence is no verdict (`tried` says what happened). Issue #49: an LB that
+    /// drops every call reads like a fixed loop.
+    NotProven,
     /// This node cannot test it (`reason`).
     NotTestable,
 }
 
 impl VerifyOutcome {
+    /// Every outcome, worst first (the order [`crate::verify`]'s consumers rank them in).
+    pub const ALL: [VerifyOutcome; 4] = [
+        VerifyOutcome::Confirmed,
+        VerifyOutcome::NotProven,
+        VerifyOutcome::Clean,
+        VerifyOutcome::NotTestable,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             VerifyOutcome::Confirmed => "confirmed",
             VerifyOutcome::Clean => "clean",
+            VerifyOutcome::NotProven => "not_proven",
             VerifyOutcome::NotTestable => "not_testable",
         }
     }
@@ -145,7 +173,19 @@ pub struct VerifyResult {
     /// `not_testable`: why.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub reason: String,
+    /// Where the test connections were made from: `node`, or `pod NAMESPACE/NAME (IP)` for a
+    /// loop whose client is a pod (the call made from inside that pod's network namespace,
+    /// along the path that looped). Empty in answers written before it existed.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub source: String,
+    /// This result tests a loop this node confirmed (its kind, from its client, at its LB
+    /// IP:port): `fix --apply --verify` says "resolved" only when every such result is clean.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub looped: bool,
 }
+
+/// What [`VerifyResult::source`] says for a test made from the node itself.
+pub const FROM_NODE: &str = "node";
 
 /// The status a merge patch sets for `node`'s entry alone (`{"status":{"nodes":{NODE:..}}}`):
 /// other nodes' entries are left as they are.

@@ -232,6 +232,48 @@ fn a_proxy_protocol_lb_short_circuited_resets_and_check_names_it_first() {
         (n >= 2).then_some(n)
     });
     assert_eq!(counted, Some(2), "the reset calls, not the answered twin");
+
+    // Issue #49: verify confirms it too. Its test connections send bytes (a connection closed
+    // without one gives the backend nothing to reset) and wait out the correlation's
+    // conntrack dump interval; pod A's loop is tested from pod A.
+    let out = probe_tests::kube_fixture::plugin_in_node(
+        &api,
+        &[
+            "verify",
+            "-n",
+            "default",
+            "ingress",
+            "--node",
+            probe_tests::kube_fixture::NODE_NAME,
+            "-o",
+            "json",
+        ],
+    );
+    let v: clb_probe_client::plugin::verify::Verification = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| {
+            panic!(
+                "not a verification ({e}): {}\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+    assert_eq!(out.status.code(), Some(3), "{v:#?}");
+    let node = &v.nodes[probe_tests::kube_fixture::NODE_NAME];
+    let from_pod = node
+        .results
+        .iter()
+        .find(|r| {
+            r.kind == "proxy_protocol_short_circuit"
+                && r.target == subject
+                && r.source.contains(&lab::POD_A_IP.to_string())
+        })
+        .unwrap_or_else(|| panic!("no PROXY-protocol result from pod A: {node:#?}"));
+    assert_eq!(
+        from_pod.outcome,
+        probe_contract::verify::VerifyOutcome::Confirmed,
+        "{from_pod:#?}"
+    );
+    assert!(from_pod.looped, "{from_pod:#?}");
     let _ = agent.stop();
 
     // The twin Service: the same node and rules, no PROXY protocol on the LB: not named.

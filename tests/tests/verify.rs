@@ -20,12 +20,12 @@ use probe_contract::{
     verify::{Phase, VerifyOutcome},
 };
 use probe_tests::{
-    agent::{lines, require_root, wait_for},
+    agent::{Agent, lines, require_root, wait_for},
     kube_fixture::{KubeFixture, Listen, NODE_NAME, plugin_in_node},
 };
 use serde_json::{Value, json};
 use test_support::kubeapi::fixtures;
-use test_support::lab::{self, LabGuard, Scenario, Variants};
+use test_support::lab::{self, LabGuard, Scenario, Variant, Variants};
 
 const WAIT: Duration = Duration::from_secs(20);
 const METRICS: &str = "127.0.0.1:19467";
@@ -206,6 +206,7 @@ fn verify_confirms_a_loop_no_client_trips_and_is_clean_once_the_lb_guards_it() {
             .starts_with("3 TCP connections from the node: 3 connected"),
         "{clean:#?}"
     );
+    assert!(clean.looped, "the node's loop, tested again: {clean:#?}");
     // The table says the same.
     let out = plugin_in_node(
         &api,
@@ -214,7 +215,9 @@ fn verify_confirms_a_loop_no_client_trips_and_is_clean_once_the_lb_guards_it() {
     let table = text(&out.stdout);
     assert!(out.status.success(), "{table}\n{}", text(&out.stderr));
     assert!(
-        table.contains(&format!("{EDGE_TARGET}  clean: hairpin,")),
+        table.contains(&format!(
+            "{EDGE_TARGET}  from node:\n    clean: hairpin (the loop),"
+        )),
         "{table}"
     );
     assert!(table.contains("not testable: *:"), "{table}");
@@ -226,15 +229,11 @@ fn verify_confirms_a_loop_no_client_trips_and_is_clean_once_the_lb_guards_it() {
     drop(lab);
 }
 
-#[test]
-fn fix_apply_verify_says_resolved_without_waiting_for_resolve_after() {
-    if !require_root("verify_fix") {
-        return;
-    }
-    let lab = LabGuard::up(&unbound()).expect("lab up");
-    // The node's agent confirmed a hairpin on edge earlier: its Warning Event.
-    let api = KubeFixture::builder()
-        // ipMode VIP: etp-cluster is offered only where kube-proxy programs the LB IP.
+/// `default/edge` with ETP Local and ipMode VIP (etp-cluster is offered only where
+/// kube-proxy programs the LB IP), and the node agent's Warning Event of an earlier hairpin
+/// on it (what `fix` reads the confirmed kinds from).
+fn edge_fix_fixture() -> KubeFixture {
+    KubeFixture::builder()
         .object(edge_service("Local", "VIP"))
         .object(json!({
             "apiVersion": "events.k8s.io/v1", "kind": "Event",
@@ -246,17 +245,15 @@ fn fix_apply_verify_says_resolved_without_waiting_for_resolve_after() {
             "note": "cause. Remedy: fix",
             "regarding": {"apiVersion": "v1", "kind": "Service", "namespace": "default", "name": "edge"},
         }))
-        .start();
-    // An hour: "resolved" below can only come from verify.
-    let mut agent = api.start_agent(&["--kube-events", "off", "--resolve-after", "3600"]);
-    agent.wait_log("Kubernetes attribution connected", WAIT);
+        .start()
+}
 
-    // The test stands in for what the fix changes in the datapath: once the Service carries
-    // the fix, the LB's listener is guarded (as the controller would reconfigure it). It
-    // polls every 20 ms; the plugin creates its request only after the patch, and the agent
-    // takes it only after the watch delivers it and its "running" write is answered.
-    let fixed = std::thread::scope(|s| {
-        let guard = s.spawn(|| {
+/// `fix --apply etp-cluster --verify --yes` on `default/edge`, with `datapath` run once the
+/// Service carries the fix (the test's stand-in for what the fix changes in the datapath:
+/// it polls every 20 ms; the plugin creates its request only after the patch).
+fn fix_edge_with(api: &KubeFixture, datapath: impl FnOnce() + Send) -> std::process::Output {
+    std::thread::scope(|s| {
+        let changed = s.spawn(|| {
             let deadline = std::time::Instant::now() + WAIT;
             while api.stored_etp("edge") != "Cluster" {
                 if std::time::Instant::now() > deadline {
@@ -264,11 +261,11 @@ fn fix_apply_verify_says_resolved_without_waiting_for_resolve_after() {
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }
-            guard_listener_8081();
+            datapath();
             true
         });
         let out = plugin_in_node(
-            &api,
+            api,
             &[
                 "fix",
                 "-n",
@@ -281,13 +278,50 @@ fn fix_apply_verify_says_resolved_without_waiting_for_resolve_after() {
             ],
         );
         assert!(
-            guard.join().unwrap(),
+            changed.join().unwrap(),
             "the fix never reached the Service:\n{}\n{}",
             text(&out.stdout),
             text(&out.stderr)
         );
         out
-    });
+    })
+}
+
+/// The node's loop on edge, confirmed by the agent's own test (a verify before the fix): what
+/// the agent must hold to test the loop again after it.
+fn confirm_the_node_loop_first(api: &KubeFixture) {
+    let (code, v, stderr) = verify_json(api);
+    assert_eq!(code, Some(3), "the loop first: {v:#?}\n{stderr}");
+    let hairpin = result_from(&v, "hairpin", EDGE_TARGET, "node");
+    assert!(hairpin.looped, "{hairpin:#?}");
+}
+
+fn result_from<'a>(
+    v: &'a Verification,
+    kind: &str,
+    target: &str,
+    source: &str,
+) -> &'a probe_contract::verify::VerifyResult {
+    let node = &v.nodes[NODE_NAME];
+    node.results
+        .iter()
+        .find(|r| r.kind == kind && r.target == target && r.source == source)
+        .unwrap_or_else(|| panic!("no {kind} at {target} from {source}: {node:#?}"))
+}
+
+#[test]
+fn fix_apply_verify_says_resolved_without_waiting_for_resolve_after() {
+    if !require_root("verify_fix") {
+        return;
+    }
+    let lab = LabGuard::up(&unbound()).expect("lab up");
+    let api = edge_fix_fixture();
+    // An hour: "resolved" below can only come from verify.
+    let mut agent = api.start_agent(&["--kube-events", "off", "--resolve-after", "3600"]);
+    agent.wait_log("Kubernetes attribution connected", WAIT);
+    confirm_the_node_loop_first(&api);
+
+    let fixed = fix_edge_with(&api, guard_listener_8081);
     let stdout = text(&fixed.stdout);
     assert_eq!(
         fixed.status.code(),
@@ -298,12 +332,14 @@ fn fix_apply_verify_says_resolved_without_waiting_for_resolve_after() {
     assert!(stdout.contains("applied etp-cluster"), "{stdout}");
     assert!(
         stdout.contains(&format!(
-            "resolved: verify is clean on every node that had the loop ({NODE_NAME})"
+            "resolved: every loop tested from its own client is clean on every node that had it ({NODE_NAME})"
         )),
         "{stdout}"
     );
     assert!(
-        stdout.contains(&format!("{EDGE_TARGET}  clean: hairpin")),
+        stdout.contains(&format!(
+            "{EDGE_TARGET}  from node:\n    clean: hairpin (the loop)"
+        )),
         "{stdout}"
     );
     assert_eq!(
@@ -311,6 +347,248 @@ fn fix_apply_verify_says_resolved_without_waiting_for_resolve_after() {
         0,
         "not the agent's own resolution"
     );
+    assert!(agent.stop().success());
+    drop(lab);
+}
+
+/// Issue #49: an LB that drops every call from the node (an AWS NLB with client IP
+/// preservation does so to a hairpinned connection) used to read "clean", and `fix --verify`
+/// said "resolved". Silence is no verdict: `not proven`, exit 4, and no "resolved".
+#[test]
+fn an_lb_that_drops_the_nodes_calls_is_not_proven_and_fix_verify_does_not_resolve() {
+    if !require_root("verify_silence") {
+        return;
+    }
+    let lab = LabGuard::up(&unbound()).expect("lab up");
+    let api = edge_fix_fixture();
+    let mut agent = api.start_agent(&["--kube-events", "off", "--resolve-after", "3600"]);
+    agent.wait_log("Kubernetes attribution connected", WAIT);
+    confirm_the_node_loop_first(&api);
+
+    // The LB now drops the node's calls to 8081: no answer, nothing for the agent to confirm.
+    drop_node_calls_at_the_lb();
+    let (code, v, stderr) = verify_json(&api);
+    assert_eq!(code, Some(4), "not proven exits 4: {v:#?}\n{stderr}");
+    let hairpin = result_from(&v, "hairpin", EDGE_TARGET, "node");
+    assert_eq!(hairpin.outcome, VerifyOutcome::NotProven, "{hairpin:#?}");
+    assert!(hairpin.looped);
+    assert!(hairpin.tried.contains("timed out"), "{hairpin:#?}");
+
+    let fixed = fix_edge_with(&api, || {});
+    let stdout = text(&fixed.stdout);
+    assert_eq!(
+        fixed.status.code(),
+        Some(4),
+        "{stdout}\n{}",
+        text(&fixed.stderr)
+    );
+    assert!(!stdout.contains("resolved: every"), "{stdout}");
+    assert!(stdout.contains("not proven resolved:"), "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "node {NODE_NAME}: hairpin at {EDGE_TARGET} from node: not_proven"
+        )),
+        "{stdout}"
+    );
+    assert!(agent.stop().success());
+    drop(lab);
+}
+
+/// The LB drops every TCP call from the node's address to listener 8081.
+fn drop_node_calls_at_the_lb() {
+    let status = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            lab::NS_LB,
+            "iptables",
+            "-t",
+            "raw",
+            "-I",
+            "PREROUTING",
+        ])
+        .args([
+            "-s",
+            &lab::NODE_IP.to_string(),
+            "-p",
+            "tcp",
+            "--dport",
+            "8081",
+        ])
+        .args(["-j", "DROP"])
+        .status()
+        .expect("iptables in the LB");
+    assert!(status.success(), "dropping the node's calls at the LB");
+}
+
+/// Issue #49: the commonest loop, a pod calling its own LB, read "clean" from the node (the
+/// LB's guard sends the node's own call elsewhere). verify tests it from the pod, along the
+/// path that looped: confirmed before any fix, still confirmed after a fix that changes
+/// nothing (no "resolved"), clean once the path is fixed.
+#[test]
+fn a_pods_hairpin_is_tested_from_the_pod_and_a_fix_that_changes_nothing_is_not_resolved() {
+    if !require_root("verify_pod") {
+        return;
+    }
+    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    let api = KubeFixture::builder().tag("verify-pod").start();
+    let mut agent = api.start_agent(&["--metrics-addr", METRICS]);
+    agent.wait_log("Kubernetes attribution connected", WAIT);
+    lab.traffic(Scenario::Hairpin).expect("pod A's call");
+    agent.wait_event("pod A's hairpin", WAIT, |es| {
+        es.iter()
+            .find(|e| e.kind == LoopbackKind::Hairpin && e.client_pod.is_some())
+            .cloned()
+    });
+    let web = format!("{}:80/tcp", lab::VIP);
+    let pod = format!("pod default/{} ({})", fixtures::CLIENT_POD, lab::POD_A_IP);
+    let verify_web = |api: &KubeFixture| {
+        let out = plugin_in_node(
+            api,
+            &[
+                "verify", "-n", "default", "web", "--node", NODE_NAME, "-o", "json",
+            ],
+        );
+        let v: Verification = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "not a verification ({e}): {}\n{}",
+                text(&out.stdout),
+                text(&out.stderr)
+            )
+        });
+        (out.status.code(), v)
+    };
+    let (code, v) = verify_web(&api);
+    assert_eq!(code, Some(3), "{v:#?}");
+    let from_pod = result_from(&v, "hairpin", &web, &pod);
+    assert_eq!(from_pod.outcome, VerifyOutcome::Confirmed, "{from_pod:#?}");
+    assert!(from_pod.looped);
+    assert!(
+        from_pod.evidence[0].starts_with(&format!("hairpin/l4/{}->", lab::POD_A_IP)),
+        "the pod's own call looped: {from_pod:#?}"
+    );
+    // The same target from the node is answered: what verify used to report alone.
+    let from_node = result_from(&v, "hairpin", &web, "node");
+    assert_eq!(from_node.outcome, VerifyOutcome::Clean, "{from_node:#?}");
+    assert!(!from_node.looped);
+
+    // A fix that the lab's datapath does not act on (no controller re-registers targets).
+    wait_for("the hairpin's Warning Event", WAIT, || {
+        api.objects("events")
+            .into_iter()
+            .find(|e| e["reason"] == "LoopbackHairpin")
+    })
+    .expect("the agent wrote the hairpin's Event");
+    let out = plugin_in_node(
+        &api,
+        &[
+            "fix",
+            "-n",
+            "default",
+            "web",
+            "--provider",
+            "aws",
+            "--apply",
+            "aws-nlb-target-type-ip",
+            "--verify",
+            "--yes",
+        ],
+    );
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("applied aws-nlb-target-type-ip"),
+        "{stdout}\n{}",
+        text(&out.stderr)
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{stdout}\n{}",
+        text(&out.stderr)
+    );
+    assert!(
+        stdout.contains(&format!(
+            "still looping on node {NODE_NAME}: hairpin at {web}"
+        )),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("resolved: every"), "{stdout}");
+
+    // The fix that works, in the lab: pod egress masqueraded on the node, so the LB's guard
+    // sends the pod's call elsewhere. Tested from the pod: clean, and said so.
+    lab.set(Variant::Masquerade, true).expect("masquerade");
+    let (code, v) = verify_web(&api);
+    assert_eq!(code, Some(0), "{v:#?}");
+    let from_pod = result_from(&v, "hairpin", &web, &pod);
+    assert_eq!(from_pod.outcome, VerifyOutcome::Clean, "{from_pod:#?}");
+    assert!(
+        from_pod
+            .tried
+            .starts_with(&format!("3 TCP connections from {pod}: 3 connected")),
+        "{from_pod:#?}"
+    );
+    assert!(agent.stop().success());
+    drop(lab);
+}
+
+/// Issue #49: an agent told another node's name (E12) used to answer that node's requests,
+/// and the real node's agent then skipped them as answered. It answers none.
+#[test]
+fn an_agent_with_another_nodes_name_does_not_answer_its_requests() {
+    if !require_root("verify_wrong_node") {
+        return;
+    }
+    let lab = LabGuard::up(&unbound()).expect("lab up");
+    let mut peer = fixtures::parse(fixtures::NODE);
+    peer["metadata"]["name"] = json!("clb-peer");
+    peer["status"]["addresses"] = json!([
+        {"type": "InternalIP", "address": lab::PEER_IP.to_string()},
+        {"type": "Hostname", "address": "clb-peer"},
+    ]);
+    let api = KubeFixture::builder()
+        .object(edge_service("Cluster", "Proxy"))
+        .object(peer)
+        .start();
+    let mut agent = Agent::start_with_env(
+        lab::NS_NODE,
+        &[
+            "--nic",
+            lab::NODE_NIC,
+            "--kubeconfig",
+            api.kubeconfig(),
+            "--node-name",
+            "clb-peer",
+            "--kube-events",
+            "off",
+        ],
+        &[],
+    );
+    agent.wait_log("it answers no verify request", WAIT);
+    let out = plugin_in_node(
+        &api,
+        &[
+            "verify",
+            "-n",
+            "default",
+            "edge",
+            "--node",
+            "clb-peer",
+            "--timeout",
+            "8",
+        ],
+    );
+    let stderr = text(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}\n{stderr}",
+        text(&out.stdout)
+    );
+    assert!(
+        stderr.contains("no answer from node clb-peer within 8 s"),
+        "{stderr}"
+    );
+    assert_eq!(agent.count_log("verify: testing"), 0);
     assert!(agent.stop().success());
     drop(lab);
 }

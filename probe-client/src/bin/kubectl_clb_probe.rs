@@ -1,8 +1,10 @@
 //! `kubectl-clb_probe` (`kubectl clb-probe` once on PATH, krew's naming): confirmed loopbacks
 //! cluster-wide from the Kubernetes Events, and one node's live view. Exit codes: 0 ok,
 //! 1 runtime failure, 2 usage error. `report` gates a pipeline instead: 0 clean, 1 a risk or
-//! an active loop, 2 any error. `verify` (and `fix --apply --verify`): 0 nothing confirmed,
-//! 3 a loop confirmed (still looping), 1 an error (a node that did not answer included).
+//! an active loop, 2 any error. `verify`: 0 nothing confirmed and nothing unproven, 3 a loop
+//! confirmed (still looping), 4 not proven (a test got no answer), 1 an error (a node that
+//! did not answer included). `fix --apply --verify`: 0 resolved (every loop tested from its own
+//! client, clean), 3 still looping, 4 not proven resolved (each reason printed), 1 an error.
 
 use std::process::ExitCode;
 
@@ -121,8 +123,8 @@ enum Command {
         #[arg(long, env = "CLB_PROBE_PROVIDER")]
         provider: Option<clb_probe_client::fixes::Provider>,
         /// With --apply: then verify on every node that had the loop (its Events, the
-        /// reports' active loops) and say "resolved" only when every one is clean (exit 3
-        /// when a node still loops).
+        /// reports' active loops) and say "resolved" only when every loop, tested from its own
+        /// client, is clean (exit 3 when a node still loops, 4 when not proven).
         #[arg(long, requires = "apply")]
         verify: bool,
         /// --verify's wait for the agents' answers, in seconds.
@@ -131,8 +133,9 @@ enum Command {
     },
     /// Ask the agents to test SERVICE's LB IP:ports now (a LoopbackVerification request they
     /// answer through the API) and print per node and kind: confirmed (with the evidence),
-    /// clean (what was tried), not testable (why). Exit 0 nothing confirmed, 3 a loop
-    /// confirmed, 1 an error (a node that did not answer in time is named).
+    /// clean (what was tried), not proven (no answer), not testable (why); a pod's loop is
+    /// tested from that pod. Exit 0 nothing confirmed or unproven, 3 a loop confirmed, 4 not
+    /// proven, 1 an error (a node that did not answer in time is named).
     Verify {
         /// NAME, or NAMESPACE/NAME.
         service: String,
@@ -167,6 +170,12 @@ enum Output {
 }
 
 fn main() -> ExitCode {
+    // `events -o json | head`: a closed pipe ends the plugin quietly, as it ends `cat`, instead
+    // of a panic in println! (Rust ignores SIGPIPE by default).
+    // SAFETY: restoring the default disposition of one signal, before any thread exists.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     // `report` is a gate: 1 means "a risk or a loop", so its errors are 2.
     let error_code = if matches!(cli.command, Command::Report { .. }) {
@@ -388,15 +397,19 @@ async fn run(command: Command, kube: KubeArgs) -> anyhow::Result<ExitCode> {
             if !v.missing.is_empty() {
                 anyhow::bail!(plugin::verify::missing_error(&v.missing, timeout));
             }
-            if v.clean_everywhere() {
+            let because = v.not_resolved_because();
+            if because.is_empty() {
                 println!(
-                    "resolved: verify is clean on every node that had the loop ({})",
+                    "resolved: every loop tested from its own client is clean on every node that had it ({})",
                     esc(&looped.join(", "))
                 );
                 Ok(ExitCode::SUCCESS)
             } else {
-                println!("not proven resolved: a node refused or could test nothing (see above)");
-                Ok(ExitCode::from(1))
+                println!("not proven resolved:");
+                for line in because {
+                    println!("  {}", esc(&line));
+                }
+                Ok(ExitCode::from(plugin::verify::NOT_PROVEN_EXIT))
             }
         }
         Command::Verify {
@@ -440,6 +453,9 @@ async fn run(command: Command, kube: KubeArgs) -> anyhow::Result<ExitCode> {
             }
             if !v.missing.is_empty() {
                 anyhow::bail!(plugin::verify::missing_error(&v.missing, timeout));
+            }
+            if v.not_proven() {
+                return Ok(ExitCode::from(plugin::verify::NOT_PROVEN_EXIT));
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -598,12 +614,10 @@ async fn evidence(
             }
             Ok((bundles, captures)) => {
                 let folder = ev::node_dir(dir, node);
-                std::fs::create_dir_all(&folder)
-                    .map_err(|e| anyhow::anyhow!("{}: {e}", folder.display()))?;
+                ev::create_private_dir(dir).map_err(anyhow::Error::msg)?;
+                ev::create_node_dir(&folder).map_err(anyhow::Error::msg)?;
                 for (file, bytes) in ev::node_files(&bundles, &captures) {
-                    let path = folder.join(file);
-                    std::fs::write(&path, bytes)
-                        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+                    ev::write_new(&folder.join(file), &bytes).map_err(anyhow::Error::msg)?;
                 }
                 NodeOutcome::Written(
                     bundles
@@ -616,10 +630,9 @@ async fn evidence(
         };
         outcomes.push((node.clone(), outcome));
     }
-    std::fs::create_dir_all(dir).map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
+    ev::create_private_dir(dir).map_err(anyhow::Error::msg)?;
     let readme = ev::readme(&full, &outcomes);
-    std::fs::write(dir.join("README.txt"), &readme)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
+    ev::write_new(&dir.join("README.txt"), readme.as_bytes()).map_err(anyhow::Error::msg)?;
     print!("{}", esc(&readme));
     let failed: Vec<&str> = outcomes
         .iter()

@@ -94,6 +94,79 @@ pub fn check_dir(dir: &Path) -> Result<(), String> {
     }
 }
 
+/// A loop id from an agent as it may name a file: letters, digits, `-`, `_` and `.` kept,
+/// anything else (a `/`, a `..`) replaced, so no id names a path outside its node's folder
+/// (hostile round 4: the ids come from the agents, not from this plugin).
+pub fn safe_id(id: &str) -> String {
+    let safe: String = id
+        .chars()
+        .take(128)
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if safe.is_empty() || safe.starts_with('.') {
+        format!("id_{safe}")
+    } else {
+        safe
+    }
+}
+
+/// Creates DIR (mode 0700) when it does not exist; an existing one must be a directory of its
+/// own, not a link: the files go nowhere else.
+pub fn create_private_dir(dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    match std::fs::symlink_metadata(dir) {
+        Ok(m) if m.file_type().is_symlink() => Err(format!(
+            "{} is a symbolic link: name a new directory (-o DIR)",
+            dir.display()
+        )),
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(format!("{} is not a directory", dir.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| format!("{}: {e}", dir.display())),
+        Err(e) => Err(format!("{}: {e}", dir.display())),
+    }
+}
+
+/// Creates a node's folder inside DIR (mode 0700); it must not exist yet (a folder or link
+/// placed there after DIR was checked empty is refused, not followed).
+pub fn create_node_dir(folder: &Path) -> Result<(), String> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(folder)
+        .map_err(|e| {
+            format!(
+                "{}: {e} (created by someone else since DIR was checked?)",
+                folder.display()
+            )
+        })
+}
+
+/// Writes a new file (mode 0600): never one that exists, never through a link
+/// (`O_CREAT|O_EXCL|O_NOFOLLOW`): another local user's link placed in DIR after its check
+/// cannot redirect the operator's write.
+pub fn write_new(path: &Path, bytes: &[u8]) -> Result<(), String> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    file.write_all(bytes)
+        .map_err(|e| format!("{}: {e}", path.display()))
+}
+
 /// A node's folder name: the node name where it is a plain one, else made safe.
 pub fn node_dir(dir: &Path, node: &str) -> PathBuf {
     let safe: String = node
@@ -145,7 +218,7 @@ pub fn node_files(bundles: &[EvidenceBundle], captures: &[Vec<u8>]) -> Vec<(Stri
         let name = if i == 0 {
             "capture.pcapng".to_string()
         } else {
-            format!("capture-{}.pcapng", b.id)
+            format!("capture-{}.pcapng", safe_id(&b.id))
         };
         files.push((name, c.clone()));
     }
@@ -230,6 +303,50 @@ pub fn readme(service: &str, outcomes: &[(String, NodeOutcome)]) -> String {
         };
     }
     s
+}
+
+#[cfg(test)]
+mod write_tests {
+    use super::*;
+
+    /// Hostile round 4: a link placed in DIR after its check is refused, not followed; an id
+    /// from an agent never names a path outside its folder.
+    #[test]
+    fn files_are_new_never_through_a_link_and_ids_stay_in_their_folder() {
+        let base = std::env::temp_dir().join(format!("clb-evidence-write-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        create_private_dir(&base).unwrap();
+        use std::os::unix::fs::PermissionsExt as _;
+        assert_eq!(
+            std::fs::metadata(&base).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
+        let victim = base.join("victim");
+        std::fs::write(&victim, "the operator's file").unwrap();
+        let planted = base.join("README.txt");
+        std::os::unix::fs::symlink(&victim, &planted).unwrap();
+        assert!(write_new(&planted, b"evidence").is_err());
+        assert_eq!(
+            std::fs::read_to_string(&victim).unwrap(),
+            "the operator's file"
+        );
+        let link_dir = base.join("linkdir");
+        std::os::unix::fs::symlink(&base, &link_dir).unwrap();
+        assert!(
+            create_private_dir(&link_dir)
+                .unwrap_err()
+                .contains("symbolic link")
+        );
+        assert!(create_node_dir(&link_dir).is_err());
+        write_new(&base.join("new.txt"), b"x").unwrap();
+        assert!(
+            write_new(&base.join("new.txt"), b"y").is_err(),
+            "never overwritten"
+        );
+        assert_eq!(safe_id("../../etc/passwd"), "id_.._.._etc_passwd");
+        assert_eq!(safe_id("hairpin-1a2b"), "hairpin-1a2b");
+        std::fs::remove_dir_all(&base).unwrap();
+    }
 }
 
 #[cfg(test)]

@@ -4,9 +4,15 @@
 //! (`--timeout`, bounded), prints, and deletes the request (`api::run_verification`). No exec,
 //! no port on the agents: the request and its answers go through the API server.
 //!
-//! Exit codes: 0 nothing confirmed (every answer clean or not testable), 3 a loop confirmed
-//! on some node, 1 an error (a node did not answer in time: named; the Service does not exist;
-//! RBAC forbids creating the request), 2 a usage error.
+//! Exit codes: 0 nothing confirmed and nothing unproven (every answer clean or not testable),
+//! 3 a loop confirmed on some node, 4 not proven (no loop confirmed, but some test got no
+//! answer: silence is no verdict), 1 an error (a node did not answer in time: named; the
+//! Service does not exist; RBAC forbids creating the request), 2 a usage error.
+//!
+//! "Resolved" (`fix --apply ID --verify`, [`Verification::resolved`]): every node that had the
+//! loop answered, nothing was confirmed, and each loop it had (its kind, from its own client,
+//! at its LB IP:port: the results marked `looped`) was tested and is clean. A loop that could
+//! not be tested from its client, or whose test got no answer, is not resolved.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -19,6 +25,9 @@ use serde::{Deserialize, Serialize};
 
 /// The exit code when a loop was confirmed.
 pub const CONFIRMED_EXIT: u8 = 3;
+/// The exit code when nothing was confirmed but something was not proven (a test with no
+/// answer), or `fix --verify` could not prove every loop gone.
+pub const NOT_PROVEN_EXIT: u8 = 4;
 /// `--timeout`'s default and bounds (seconds): a node tests at most 8 targets x 3 connections
 /// x 1.5 s + 2.5 s (the agent's `verify` bounds), and waits for its turn.
 pub const DEFAULT_TIMEOUT_S: u64 = 60;
@@ -146,17 +155,82 @@ impl Verification {
             .collect()
     }
 
-    /// Every asked node answered `done` with nothing confirmed and at least one clean test.
-    pub fn clean_everywhere(&self) -> bool {
-        self.missing.is_empty()
-            && !self.nodes.is_empty()
-            && self.nodes.values().all(|n| {
-                n.phase == Phase::Done
-                    && n.results
-                        .iter()
-                        .all(|r| r.outcome != VerifyOutcome::Confirmed)
-                    && n.results.iter().any(|r| r.outcome == VerifyOutcome::Clean)
-            })
+    /// Whether any test got no answer (and so proves nothing either way).
+    pub fn not_proven(&self) -> bool {
+        self.nodes.values().any(|n| {
+            n.results
+                .iter()
+                .any(|r| r.outcome == VerifyOutcome::NotProven)
+        })
+    }
+
+    /// Why the loops are not proven gone, one line each (empty: resolved). Resolved: every
+    /// asked node answered `done`, nothing was confirmed, and every node has its loops'
+    /// results (`looped`), each clean: tested from the loop's own client, answered.
+    pub fn not_resolved_because(&self) -> Vec<String> {
+        let mut why = Vec::new();
+        if self.nodes.is_empty() && self.missing.is_empty() {
+            why.push("no node was asked".to_owned());
+        }
+        for node in &self.missing {
+            why.push(format!("node {node}: no answer in time"));
+        }
+        for (node, n) in &self.nodes {
+            if n.phase != Phase::Done {
+                why.push(format!("node {node}: {} ({})", n.phase.as_str(), n.message));
+                continue;
+            }
+            let looped: Vec<_> = n.results.iter().filter(|r| r.looped).collect();
+            if looped.is_empty() {
+                why.push(format!(
+                    "node {node}: its agent holds no loop of this Service to test from the loop's own client (restarted, or the loop was never confirmed there)"
+                ));
+            }
+            for r in n
+                .results
+                .iter()
+                .filter(|r| r.outcome == VerifyOutcome::Confirmed)
+            {
+                why.push(format!(
+                    "node {node}: {} at {} from {}: confirmed",
+                    r.kind,
+                    r.target,
+                    source_of(r)
+                ));
+            }
+            for r in looped
+                .iter()
+                .filter(|r| !matches!(r.outcome, VerifyOutcome::Clean | VerifyOutcome::Confirmed))
+            {
+                why.push(format!(
+                    "node {node}: {} at {} from {}: {} ({})",
+                    r.kind,
+                    r.target,
+                    source_of(r),
+                    r.outcome.as_str(),
+                    if r.reason.is_empty() {
+                        &r.tried
+                    } else {
+                        &r.reason
+                    }
+                ));
+            }
+        }
+        why
+    }
+
+    /// [`Verification::not_resolved_because`] is empty.
+    pub fn resolved(&self) -> bool {
+        self.not_resolved_because().is_empty()
+    }
+}
+
+/// Where a result's connections came from ("node" for answers written before `source`).
+fn source_of(r: &probe_contract::verify::VerifyResult) -> &str {
+    if r.source.is_empty() {
+        probe_contract::verify::FROM_NODE
+    } else {
+        &r.source
     }
 }
 
@@ -171,36 +245,55 @@ pub fn render(v: &Verification) -> String {
         if !n.message.is_empty() {
             let _ = writeln!(out, "  {}", n.message);
         }
-        let mut targets: Vec<&str> = n.results.iter().map(|r| r.target.as_str()).collect();
-        targets.dedup();
-        let mut seen = std::collections::HashSet::new();
-        targets.retain(|t| seen.insert(*t));
-        for target in targets {
-            let at: Vec<_> = n.results.iter().filter(|r| r.target == target).collect();
+        let mut groups: Vec<(&str, &str)> = Vec::new();
+        for r in &n.results {
+            let g = (r.target.as_str(), source_of(r));
+            if !groups.contains(&g) {
+                groups.push(g);
+            }
+        }
+        for (target, source) in groups {
+            let at: Vec<_> = n
+                .results
+                .iter()
+                .filter(|r| r.target == target && source_of(r) == source)
+                .collect();
+            let _ = writeln!(out, "  {target}  from {source}:");
             for r in at.iter().filter(|r| r.outcome == VerifyOutcome::Confirmed) {
-                let _ = writeln!(out, "  {target}  CONFIRMED {}", r.kind);
+                let _ = writeln!(out, "    CONFIRMED {}{}", r.kind, looped_mark(r));
                 for line in &r.evidence {
                     let _ = writeln!(out, "      {line}");
                 }
             }
-            let clean: Vec<&str> = at
-                .iter()
-                .filter(|r| r.outcome == VerifyOutcome::Clean)
-                .map(|r| r.kind.as_str())
-                .collect();
-            if let Some(first) = at.iter().find(|r| r.outcome == VerifyOutcome::Clean) {
+            for r in at.iter().filter(|r| r.outcome == VerifyOutcome::NotProven) {
                 let _ = writeln!(
                     out,
-                    "  {target}  clean: {} ({})",
-                    clean.join(", "),
-                    first.tried
+                    "    NOT PROVEN {}{}: {} ({})",
+                    r.kind,
+                    looped_mark(r),
+                    r.tried,
+                    r.reason
                 );
+            }
+            let clean: Vec<String> = at
+                .iter()
+                .filter(|r| r.outcome == VerifyOutcome::Clean)
+                .map(|r| format!("{}{}", r.kind, looped_mark(r)))
+                .collect();
+            if let Some(first) = at.iter().find(|r| r.outcome == VerifyOutcome::Clean) {
+                let _ = writeln!(out, "    clean: {} ({})", clean.join(", "), first.tried);
             }
             for r in at
                 .iter()
                 .filter(|r| r.outcome == VerifyOutcome::NotTestable)
             {
-                let _ = writeln!(out, "  {target}  not testable: {}: {}", r.kind, r.reason);
+                let kind = if r.kind.is_empty() { "*" } else { &r.kind };
+                let _ = writeln!(
+                    out,
+                    "    not testable: {kind}{}: {}",
+                    looped_mark(r),
+                    r.reason
+                );
             }
         }
     }
@@ -208,6 +301,11 @@ pub fn render(v: &Verification) -> String {
         let _ = writeln!(out, "node {node}: no answer in time");
     }
     out
+}
+
+/// " (the loop)" after a result that tests a loop the node had.
+fn looped_mark(r: &probe_contract::verify::VerifyResult) -> &'static str {
+    if r.looped { " (the loop)" } else { "" }
 }
 
 /// The error for the nodes that did not answer.
@@ -247,6 +345,16 @@ mod tests {
             } else {
                 String::new()
             },
+            source: "node".into(),
+            looped: false,
+        }
+    }
+
+    fn looped(kind: &str, outcome: VerifyOutcome, source: &str) -> VerifyResult {
+        VerifyResult {
+            source: source.into(),
+            looped: true,
+            ..result(kind, outcome)
         }
     }
 
@@ -311,11 +419,13 @@ mod tests {
         );
         let text = render(&v);
         assert!(
-            text.contains("203.0.113.10:8081/tcp  CONFIRMED hairpin\n      hairpin/l4/"),
+            text.contains(
+                "203.0.113.10:8081/tcp  from node:\n    CONFIRMED hairpin\n      hairpin/l4/"
+            ),
             "{text}"
         );
         assert!(
-            text.contains("clean: vip_port_unserved, etp_local_drop (3 TCP connections"),
+            text.contains("    clean: vip_port_unserved, etp_local_drop (3 TCP connections"),
             "{text}"
         );
         assert!(
@@ -323,19 +433,79 @@ mod tests {
             "{text}"
         );
         assert!(v.confirmed());
-        assert!(!v.clean_everywhere());
+        assert!(!v.resolved());
         assert_eq!(v.still_looping()[0].0, "a");
 
+        // Clean from the node, but the node's agent holds no loop to test: not resolved.
         v.nodes.get_mut("a").unwrap().results.remove(0);
         assert!(!v.confirmed());
-        assert!(v.clean_everywhere());
+        let why = v.not_resolved_because();
+        assert!(why[0].contains("holds no loop"), "{why:?}");
+        // The pod's loop tested from the pod and clean: resolved.
+        let pod = "pod shop/client (10.0.0.5)";
+        v.nodes
+            .get_mut("a")
+            .unwrap()
+            .results
+            .push(looped("hairpin", VerifyOutcome::Clean, pod));
+        assert!(v.resolved(), "{:?}", v.not_resolved_because());
+        assert!(render(&v).contains(&format!("  from {pod}:\n    clean: hairpin (the loop)")));
         v.missing.push("b".into());
-        assert!(
-            !v.clean_everywhere(),
-            "a node that did not answer is no proof"
-        );
+        assert!(!v.resolved(), "a node that did not answer is no proof");
         assert!(render(&v).contains("node b: no answer in time"));
         assert!(missing_error(&v.missing, 60).contains("node b within 60 s"));
+    }
+
+    /// Issue #49: silence is no verdict, and a loop its client could not test is not gone.
+    #[test]
+    fn a_loop_not_proven_or_not_testable_from_its_client_is_not_resolved() {
+        let pod = "pod shop/client (10.0.0.5)";
+        let mut v = Verification {
+            request: "verify-y".into(),
+            service: "shop/web".into(),
+            ..Default::default()
+        };
+        let node = |results| NodeVerification {
+            phase: Phase::Done,
+            results,
+            ..Default::default()
+        };
+        v.nodes.insert(
+            "a".into(),
+            node(vec![
+                result("hairpin", VerifyOutcome::Clean),
+                looped("hairpin", VerifyOutcome::NotProven, pod),
+            ]),
+        );
+        assert!(v.not_proven());
+        assert!(!v.confirmed());
+        let why = v.not_resolved_because();
+        assert_eq!(why.len(), 1, "{why:?}");
+        assert!(
+            why[0].contains(&format!("from {pod}: not_proven")),
+            "{why:?}"
+        );
+        assert!(render(&v).contains("NOT PROVEN hairpin (the loop)"));
+
+        v.nodes.insert(
+            "a".into(),
+            node(vec![
+                result("hairpin", VerifyOutcome::Clean),
+                looped("hairpin", VerifyOutcome::NotTestable, pod),
+            ]),
+        );
+        assert!(!v.not_proven());
+        assert!(!v.resolved());
+        // A refusal is no answer either.
+        v.nodes.insert(
+            "a".into(),
+            NodeVerification {
+                phase: Phase::Refused,
+                message: "this agent runs with --verify off".into(),
+                ..Default::default()
+            },
+        );
+        assert!(v.not_resolved_because()[0].contains("refused"));
     }
 
     #[test]

@@ -229,7 +229,7 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
     let _node_report_task = spawn_node_report(&cfg, &shared, &kube, tables_rx, &owners_rx, || {
         crate::check::gather::kernel_view_of(Ok(&kbtf), kallsyms_readable)
     });
-    let _verify_tasks = spawn_verify(&cfg, &shared, &kube).await;
+    let _verify_tasks = spawn_verify(&cfg, &shared, &kube, &owners_rx).await;
     let serving = surfaces.serve(&shared, &stop_rx);
     let otlp_metrics =
         surfaces
@@ -565,7 +565,12 @@ fn spawn_kube_events(cfg: &AgentConfig, shared: &Shared) -> Option<AbortOnDrop> 
 
 /// The verify requests' watch and tester, and the canary (empty: no API access, or the
 /// index is off).
-async fn spawn_verify(cfg: &AgentConfig, shared: &Shared, kube: &Attribution) -> Vec<AbortOnDrop> {
+async fn spawn_verify(
+    cfg: &AgentConfig,
+    shared: &Shared,
+    kube: &Attribution,
+    owners: &watch::Receiver<crate::state::addrs::Owners>,
+) -> Vec<AbortOnDrop> {
     let (Some(source), Some(index)) = (&cfg.kube, &kube.index) else {
         if cfg.canary_every.is_some() {
             warn!("--canary-every needs Kubernetes API access (the Services' LB IPs): canary off");
@@ -583,6 +588,7 @@ async fn spawn_verify(cfg: &AgentConfig, shared: &Shared, kube: &Attribution) ->
             client,
             tester.clone(),
             cfg.verify,
+            owners.clone(),
         )))),
         Err(e) => warn!(error = %e, "verify: no API client: requests are not answered"),
     }

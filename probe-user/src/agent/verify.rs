@@ -5,14 +5,21 @@
 //!
 //! Bounds: one request at a time on this node (a queue of [`QUEUE`]; a request that finds it
 //! full is answered on its next watch event, or not at all once older than
-//! `verify::MAX_AGE_S`); at most `MAX_TARGETS` LB IP:ports per request, [`ATTEMPTS`]
-//! connections each with a [`CONNECT_TIMEOUT`], then a [`GRACE`] wait: a request takes at
-//! most about 8 x 3 x 1.5 s + 2.5 s. The agent connects only to the LB ingress IPs and ports
-//! of the Service the request names, as its own API cache holds that Service: a request
-//! carries no address (SECURITY.md).
+//! `verify::MAX_AGE_S`); at most `MAX_TARGETS` LB IP:ports per request from the node and
+//! `MAX_CLIENTS` pods, [`ATTEMPTS`] connections each with a [`CONNECT_TIMEOUT`], then a
+//! [`GRACE`] wait; an answer carries at most `MAX_RESULTS` results. The agent connects only to
+//! the LB ingress IPs and ports of the Service the request names, as its own API cache holds
+//! that Service: a request carries no address (SECURITY.md).
+//!
+//! From where (issue #49): the node's targets from the node; a pod's loop from inside that
+//! pod's network namespace (`state::netns`, a thread of its own per call), to the LB IP:port
+//! it looped through. A request is marked `running` in this node's entry before anything is
+//! planned, and an entry, once there, is never taken again: a request that crashed the agent
+//! is not retaken by its restart. An agent that is not the node it was named
+//! (`--node-name`, E12) answers nothing.
 
 use std::{
-    collections::HashSet,
+    collections::{HashMap, HashSet},
     net::{IpAddr, SocketAddr},
     sync::Arc,
     time::{Duration, Instant},
@@ -20,7 +27,7 @@ use std::{
 
 use futures::StreamExt as _;
 use kube::{
-    Api, Client,
+    Api,
     api::{DynamicObject, Patch, PatchParams},
     runtime::{WatchStreamExt as _, watcher},
 };
@@ -34,9 +41,10 @@ use tracing::{info, warn};
 use crate::{
     hub::Shared,
     kube::index::Index,
+    state::netns,
     verify::{
-        ATTEMPTS, Attempt, CONNECT_TIMEOUT, GRACE, Target, decide, decide_healthcheck, kinds,
-        targets,
+        ATTEMPTS, Attempt, CONNECT_TIMEOUT, Client, GRACE, PROBE_BYTES, PROXY_PROTOCOL_GRACE,
+        Target, Test, decide, decide_healthcheck, kinds, targets,
     },
 };
 
@@ -45,6 +53,11 @@ const QUEUE: usize = 8;
 /// Request names remembered as taken (the watch sends the object again on every status
 /// patch, ours and other nodes').
 const TAKEN_MAX: usize = 1024;
+/// Requests one node tests in a minute at most (hostile round 4: one requester could keep
+/// every node connecting; a black-holed Service ties a node's tester up ~40 s a request). Past
+/// it a request is answered `refused` at once, counted in
+/// `clbprobe_verify_requests_total{phase="refused"}`.
+pub const MAX_TESTS_PER_MINUTE: usize = 6;
 /// Targets one canary round tests at most.
 pub const CANARY_TARGETS: usize = 4;
 
@@ -75,7 +88,28 @@ struct Request {
 
 /// `--verify`: watches the requests and answers those for this node (`allowed`: false answers
 /// each with `refused`, saying why). Runs until aborted.
-pub async fn serve(client: Client, tester: Tester, allowed: bool) {
+pub async fn serve(
+    client: kube::Client,
+    tester: Tester,
+    allowed: bool,
+    local: watch::Receiver<crate::state::addrs::Owners>,
+) {
+    // E12: an agent told another node's name answers nothing as that node (the real node's
+    // agent would skip the request as answered).
+    let stats = tester.shared.node_report.clone();
+    let interval = 1000;
+    if !crate::sink::node_report::writer::is_this_node(
+        &client,
+        &tester.node,
+        Some(local),
+        &stats,
+        interval,
+    )
+    .await
+    {
+        tracing::error!(node = %tester.node, "verify: this agent is not node {:?} (--node-name / NODE_NAME): it answers no verify request", tester.node);
+        return;
+    }
     let api: Api<DynamicObject> = Api::all_with(client, &api_resource());
     let (tx, rx) = mpsc::channel::<Request>(QUEUE);
     let worker = tokio::spawn(answer_requests(api.clone(), tester.clone(), allowed, rx));
@@ -147,7 +181,7 @@ fn take(object: &DynamicObject, tester: &Tester, taken: &HashSet<String>) -> Opt
         .shared
         .confirmed
         .lock()
-        .map(|m| m.values().any(|e| e.service.as_deref() == Some(&key)))
+        .map(|m| m.values().any(|e| crate::verify::names_service(e, &key)))
         .unwrap_or(false);
     crate::verify::is_for(&spec.nodes, &tester.node, has_loop).then_some(Request { name, spec })
 }
@@ -157,14 +191,24 @@ fn json_pointer_escape(s: &str) -> String {
     s.replace('~', "~0").replace('/', "~1")
 }
 
-/// One request at a time: `running` written, tested, the answer written.
+/// One request at a time: `running` written first (an entry, once written, is never taken
+/// again: a request that crashes the agent is not retaken by its restart), then planned,
+/// tested and answered.
 async fn answer_requests(
     api: Api<DynamicObject>,
     tester: Tester,
     allowed: bool,
     mut requests: mpsc::Receiver<Request>,
 ) {
+    let mut recent: std::collections::VecDeque<Instant> = std::collections::VecDeque::new();
     while let Some(r) = requests.recv().await {
+        while recent
+            .front()
+            .is_some_and(|t| t.elapsed() > Duration::from_secs(60))
+        {
+            recent.pop_front();
+        }
+        let limited = recent.len() >= MAX_TESTS_PER_MINUTE;
         let started_at = now_rfc3339();
         let mut entry = NodeVerification {
             phase: Phase::Running,
@@ -172,26 +216,29 @@ async fn answer_requests(
             ..Default::default()
         };
         let service = r.spec.service.key();
-        let refusal = if allowed {
-            None
+        write(&api, &r.name, &tester.node, &entry).await;
+        let planned = if !allowed {
+            Err("this agent runs with --verify off".to_owned())
+        } else if limited {
+            Err(format!(
+                "rate limited: this node tests at most {MAX_TESTS_PER_MINUTE} requests a minute; ask again later"
+            ))
         } else {
-            Some("this agent runs with --verify off".to_owned())
-        };
-        let planned = match refusal {
-            Some(why) => Err(why),
-            None => plan(&tester, &r.spec),
+            recent.push_back(Instant::now());
+            plan(&tester, &r.spec)
         };
         match planned {
             Err(why) => {
                 entry.phase = Phase::Refused;
                 entry.message = why;
             }
-            Ok((targets, untestable, kinds)) => {
-                write(&api, &r.name, &tester.node, &entry).await;
-                info!(request = %r.name, %service, targets = targets.len(), "verify: testing");
-                let mut results = run_test(&tester, &targets, &kinds, false).await;
-                results.extend(untestable);
+            Ok(p) => {
+                info!(request = %r.name, %service, tests = p.tests.len(), "verify: testing");
+                let mut results = run_test(&tester, &p, false).await;
+                results.extend(p.untestable);
+                let (results, note) = crate::verify::bounded(results);
                 entry.results = results;
+                entry.message = note.unwrap_or_default();
                 entry.phase = Phase::Done;
             }
         }
@@ -202,15 +249,18 @@ async fn answer_requests(
     }
 }
 
-/// What a request tests here: the targets, the results known without a test (not
-/// testable), the kinds asked for.
-type Plan = (
-    Vec<Target>,
-    Vec<probe_contract::verify::VerifyResult>,
-    Vec<LoopbackKind>,
-);
+/// What a request tests here: the tests (the node's, then the pods' that looped), the
+/// results known without a test (not testable), whether the health checks are asked for,
+/// and the LB IP:ports with PROXY protocol on (their test connections send bytes).
+pub struct Plan {
+    pub tests: Vec<Test>,
+    pub untestable: Vec<probe_contract::verify::VerifyResult>,
+    pub healthchecks: bool,
+    pub proxy_protocol: HashSet<(IpAddr, u16)>,
+}
 
-/// The Service's targets and the kinds asked for, or why this node will not test.
+/// The Service's targets, this node's loops of it and the kinds asked for, or why this node
+/// will not test.
 fn plan(tester: &Tester, spec: &VerificationSpec) -> Result<Plan, String> {
     let kinds = kinds(&spec.kinds)?;
     let index = tester.index.borrow().clone();
@@ -225,8 +275,24 @@ fn plan(tester: &Tester, spec: &VerificationSpec) -> Result<Plan, String> {
             }
         ));
     };
-    let (tests, untestable) = targets(svc);
-    Ok((tests, untestable, kinds))
+    let loops = tester
+        .shared
+        .confirmed
+        .lock()
+        .map(|m| crate::verify::loops_of(m.values(), &key))
+        .unwrap_or_default();
+    let (tests, untestable) =
+        crate::verify::plan(targets(svc), &kinds, spec.kinds.is_empty(), &loops);
+    let proxy_protocol = crate::correlate::proxy_protocol::targets(std::iter::once(svc))
+        .into_iter()
+        .map(|t| (t.ip, t.port))
+        .collect();
+    Ok(Plan {
+        tests,
+        untestable,
+        healthchecks: kinds.contains(&LoopbackKind::HealthcheckBlackhole),
+        proxy_protocol,
+    })
 }
 
 /// Writes this node's entry (a merge patch of `/status`: other nodes' entries stay).
@@ -247,33 +313,84 @@ fn now_rfc3339() -> String {
         .unwrap_or_default()
 }
 
-/// Tests `targets` from this node: [`ATTEMPTS`] connections each (fewer once the target's
-/// loop is confirmed), then the [`GRACE`] wait; the results per kind, and per LB IP for the
-/// health checks when asked. `canary`: the connections are noted as the canary's, so the
-/// confirmations they cause are marked.
+/// Runs `plan`'s tests: [`ATTEMPTS`] connections each from its client (fewer once its
+/// loop is confirmed), then the grace wait ([`PROXY_PROTOCOL_GRACE`] when a PROXY-protocol
+/// target was tested); the results per test and kind, and per LB IP for the health checks
+/// when asked. A pod whose namespace cannot be found or entered is `not_testable`, with why.
+/// `canary`: the connections are noted as the canary's, so the confirmations they cause are
+/// marked.
 pub async fn run_test(
     tester: &Tester,
-    targets: &[Target],
-    kinds: &[LoopbackKind],
+    plan: &Plan,
     canary: bool,
 ) -> Vec<probe_contract::verify::VerifyResult> {
     // Subscribed before the first connection: nothing it causes is missed.
     let mut reports = tester.shared.subscribe();
     let started = Instant::now();
     let mut seen: Vec<LoopbackEvent> = Vec::new();
-    let mut attempts: Vec<Vec<Attempt>> = Vec::new();
-    for target in targets {
+    let mut made_per_test: Vec<Result<Vec<Attempt>, String>> = Vec::new();
+    let mut namespaces: HashMap<IpAddr, Result<netns::Netns, String>> = HashMap::new();
+    let mut sent_bytes = false;
+    for test in &plan.tests {
+        let send = plan
+            .proxy_protocol
+            .contains(&(test.target.ip, test.target.port));
+        sent_bytes |= send;
+        let ns = match &test.client {
+            Client::Node => None,
+            Client::Pod { ip, .. } => {
+                let ip = *ip;
+                let found = match namespaces.get(&ip) {
+                    Some(found) => found.clone(),
+                    None => {
+                        let found = tokio::task::spawn_blocking(move || netns::find_by_addr(ip))
+                            .await
+                            .unwrap_or_else(|e| Err(e.to_string()));
+                        namespaces.insert(ip, found.clone());
+                        found
+                    }
+                };
+                match found {
+                    Ok(ns) => Some((ns, ip)),
+                    Err(why) => {
+                        made_per_test.push(Err(why));
+                        continue;
+                    }
+                }
+            }
+        };
         let mut made = Vec::new();
         for _ in 0..ATTEMPTS {
             drain(&mut reports, &mut seen);
-            if seen.iter().any(|e| target.is_of(e)) {
+            if seen
+                .iter()
+                .any(|e| test.target.is_of(e) && test.client.sent(e))
+            {
                 break;
             }
-            made.push(connect(tester, target, canary).await);
+            let attempt = match &ns {
+                None => connect(tester, &test.target, canary, send).await,
+                Some((ns, ip)) => {
+                    let (ns, ip, target) = (ns.clone(), *ip, test.target);
+                    tokio::task::spawn_blocking(move || {
+                        netns::run_in(&ns, ip, move || connect_blocking(&target, send))
+                    })
+                    .await
+                    .map_err(|e| e.to_string())
+                    .and_then(|r| r)
+                    .unwrap_or_else(Attempt::Failed)
+                }
+            };
+            made.push(attempt);
         }
-        attempts.push(made);
+        made_per_test.push(Ok(made));
     }
-    let deadline = tokio::time::Instant::now() + GRACE;
+    let grace = if sent_bytes {
+        PROXY_PROTOCOL_GRACE
+    } else {
+        GRACE
+    };
+    let deadline = tokio::time::Instant::now() + grace;
     while let Ok(received) = tokio::time::timeout_at(deadline, reports.recv()).await {
         match received {
             Ok(c) => seen.push(c.event.clone()),
@@ -283,11 +400,18 @@ pub async fn run_test(
     }
     let waited = started.elapsed();
     let mut results = Vec::new();
-    for (target, made) in targets.iter().zip(&attempts) {
-        results.extend(decide(target, kinds, made, &seen));
+    for (test, made) in plan.tests.iter().zip(&made_per_test) {
+        match made {
+            Ok(made) => results.extend(decide(test, made, &seen)),
+            Err(why) => results.extend(crate::verify::untestable_client(
+                test,
+                &format!("cannot call from the pod's own network namespace: {why}"),
+            )),
+        }
     }
-    if kinds.contains(&LoopbackKind::HealthcheckBlackhole) {
-        let mut ips: Vec<IpAddr> = targets.iter().map(|t| t.ip).collect();
+    if plan.healthchecks {
+        let mut ips: Vec<IpAddr> = plan.tests.iter().map(|t| t.target.ip).collect();
+        ips.sort();
         ips.dedup();
         for ip in ips {
             results.push(decide_healthcheck(ip, waited, &seen));
@@ -309,8 +433,39 @@ fn drain(
     }
 }
 
-/// One TCP connection from this node's namespace to `target`, closed at once.
-async fn connect(tester: &Tester, target: &Target, canary: bool) -> Attempt {
+/// One TCP connection from the calling thread's namespace (a pod's: `netns::run_in`) to
+/// `target`, blocking; `send`: [`PROBE_BYTES`] written once connected, and an answer (bytes,
+/// the close or a reset) awaited for a [`CONNECT_TIMEOUT`].
+fn connect_blocking(target: &Target, send: bool) -> Attempt {
+    use std::io::{Read as _, Write as _};
+    let remote = SocketAddr::new(target.ip, target.port);
+    let started = Instant::now();
+    match std::net::TcpStream::connect_timeout(&remote, CONNECT_TIMEOUT) {
+        Ok(mut stream) => {
+            let ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+            if send {
+                let _ = stream.set_read_timeout(Some(CONNECT_TIMEOUT));
+                let _ = stream.write_all(PROBE_BYTES);
+                let _ = stream.read(&mut [0u8; 64]);
+            }
+            Attempt::Connected(ms)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Attempt::Refused,
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock
+            ) =>
+        {
+            Attempt::TimedOut
+        }
+        Err(e) => Attempt::Failed(e.to_string()),
+    }
+}
+
+/// One TCP connection from this node's namespace to `target`, closed at once (`send`: after
+/// [`PROBE_BYTES`] and an answer, as [`connect_blocking`]).
+async fn connect(tester: &Tester, target: &Target, canary: bool, send: bool) -> Attempt {
     let remote = SocketAddr::new(target.ip, target.port);
     let socket = match remote {
         SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
@@ -337,8 +492,14 @@ async fn connect(tester: &Tester, target: &Target, canary: bool) -> Attempt {
     }
     let started = Instant::now();
     match tokio::time::timeout(CONNECT_TIMEOUT, socket.connect(remote)).await {
-        Ok(Ok(stream)) => {
+        Ok(Ok(mut stream)) => {
             let ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+            if send {
+                use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+                let _ = stream.write_all(PROBE_BYTES).await;
+                let mut buf = [0u8; 64];
+                let _ = tokio::time::timeout(CONNECT_TIMEOUT, stream.read(&mut buf)).await;
+            }
             drop(stream);
             Attempt::Connected(ms)
         }
@@ -373,7 +534,21 @@ pub async fn canary(tester: Tester, every: Duration) {
             .map(|i| all[(next + i) % all.len()])
             .collect();
         next = (next + round.len()) % all.len();
-        let results = run_test(&tester, &round, &kinds, true).await;
+        let plan = Plan {
+            tests: round
+                .iter()
+                .map(|t| Test {
+                    client: Client::Node,
+                    target: *t,
+                    kinds: kinds.clone(),
+                    looped: Vec::new(),
+                })
+                .collect(),
+            untestable: Vec::new(),
+            healthchecks: false,
+            proxy_protocol: HashSet::new(),
+        };
+        let results = run_test(&tester, &plan, true).await;
         for target in &round {
             let text = target.text();
             let mine: Vec<_> = results

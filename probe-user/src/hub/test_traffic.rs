@@ -26,8 +26,8 @@ const MAX_FLOWS: usize = 256;
 
 #[derive(Debug, Default)]
 pub struct TestTraffic {
-    /// The canary's tests by outcome: confirmed, clean, not_testable.
-    canary: [AtomicU64; 3],
+    /// The canary's tests by outcome, in [`VerifyOutcome::ALL`]'s order.
+    canary: [AtomicU64; 4],
     /// Requests answered, by phase: done, refused.
     verify: [AtomicU64; 2],
     /// (local, remote, opened at CLOCK_MONOTONIC ns) of the canary's connections.
@@ -35,11 +35,10 @@ pub struct TestTraffic {
 }
 
 fn outcome_slot(o: VerifyOutcome) -> usize {
-    match o {
-        VerifyOutcome::Confirmed => 0,
-        VerifyOutcome::Clean => 1,
-        VerifyOutcome::NotTestable => 2,
-    }
+    VerifyOutcome::ALL
+        .iter()
+        .position(|a| *a == o)
+        .unwrap_or_default()
 }
 
 impl TestTraffic {
@@ -54,17 +53,13 @@ impl TestTraffic {
 
     /// `clbprobe_canary_tests_total{outcome}`.
     pub fn canary_counts(&self) -> Vec<(String, u64)> {
-        [
-            VerifyOutcome::Confirmed,
-            VerifyOutcome::Clean,
-            VerifyOutcome::NotTestable,
-        ]
-        .into_iter()
-        .map(|o| {
-            let n = self.canary[outcome_slot(o)].load(Ordering::Relaxed);
-            (o.as_str().to_owned(), n)
-        })
-        .collect()
+        VerifyOutcome::ALL
+            .into_iter()
+            .map(|o| {
+                let n = self.canary[outcome_slot(o)].load(Ordering::Relaxed);
+                (o.as_str().to_owned(), n)
+            })
+            .collect()
     }
 
     /// `clbprobe_verify_requests_total{phase}`.

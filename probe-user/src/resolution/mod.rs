@@ -267,10 +267,9 @@ impl Tracker {
 
     /// A look-up's result for `key`: what it found (None: nothing, or the look-up failed)
     /// and the Service's fields now. Returns the resolution when there is one. A loop
-    /// confirmed again while the look-up was out stays active. A hairpin's calls answered by
-    /// the LB alone (no NAT on this node) prove it only when the Service changed since the
-    /// loop was first seen: else the LB may have sent them to another node while this one
-    /// still loops ([`proof`]).
+    /// confirmed again while the look-up was out stays active. Whether a hairpin's calls
+    /// answered by the LB alone prove it is [`proof`]'s decision (enough of them); the
+    /// Service's change is reported with the resolution, never taken as proof.
     pub fn proved(
         &mut self,
         key: &str,
@@ -288,16 +287,14 @@ impl Tracker {
             (Some(before), Some(after)) => changed(before, after),
             _ => Vec::new(),
         };
-        if found.only_through_lb && changed.is_empty() {
-            return None;
-        }
+        // What changed is reported, never a proof: a changed annotation nothing acted on
+        // leaves the loop standing (issue #49).
         let mut proof = found.lines;
         if found.only_through_lb {
-            proof.push(
-                "answered by the LB with no NAT on this node, after the Service changed \
-                 (a fix at the LB)"
-                    .to_string(),
-            );
+            proof.push(format!(
+                "answered by the LB with no NAT on this node, {} calls or more from the loop's own clients to its own ports, none confirmed looping (a standing loop sends some back here)",
+                proof::MIN_ANSWERED_THROUGH_LB
+            ));
         }
         t.state = State::Resolved;
         self.changed = true;

@@ -14,11 +14,18 @@
 //! node's own call to the LB is never sent back to it (the LB's guard skips the backend equal
 //! to the source), so it is answered while a pod on the node still loops.
 //!
-//! Why a hairpin wants NAT on this node: the LB picks the backend, and in a cluster of several
-//! nodes the looping pod's call that the LB sent to another node is answered too, with no NAT
-//! here, while the loop stands. A call masqueraded or short-circuited (DNAT) on this node shows
-//! the node's path changed; one answered by the LB alone proves the fix only when the Service
-//! changed since the loop was first seen (a fix at the LB: the tracker decides, [`Found`]).
+//! Why the same client *and* port (issue #49): a loop is a client's calls to one LB IP:port;
+//! the node's answered calls to another port of the same Service (which the LB sends
+//! elsewhere) say nothing about the pod's loop on this one. A shape keeps the (client, port)
+//! pairs that looped, and only those prove.
+//!
+//! Why a hairpin wants NAT on this node, or many calls: the LB picks the backend, and in a
+//! cluster of several nodes the looping pod's call that the LB sent to another node is
+//! answered too, with no NAT here, while the loop stands. A call masqueraded or
+//! short-circuited (DNAT) on this node shows the node's path changed. Calls answered by the LB
+//! alone prove it only when there are [`MIN_ANSWERED_THROUGH_LB`] of them since the loop was
+//! last confirmed, across which a standing loop would have been confirmed again. A change of
+//! the Service alone proves nothing (a fix that changed an annotation nothing acted on).
 
 use std::{collections::BTreeSet, net::IpAddr};
 
@@ -28,6 +35,12 @@ use crate::state::{ConntrackEntry, conntrack::StateTimeouts};
 
 /// The loop's client (or destination) addresses kept at most: one per aggregate.
 pub const MAX_ADDRESSES: usize = super::MAX_AGGREGATES;
+
+/// A hairpin's answered calls with no NAT on this node that prove it gone: the LB sends a
+/// call back to the caller's own node with a chance of one in the number of nodes it picks
+/// from; at one in two, 8 calls answered elsewhere in a row while the loop stands is a
+/// 1-in-256 chance (and each looping call would have been confirmed again).
+pub const MIN_ANSWERED_THROUGH_LB: usize = 8;
 
 /// What traffic of a loop looks like in conntrack.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -49,6 +62,9 @@ pub enum Shape {
         /// A hairpin: the LB chose the backend, so an answer with no NAT on this node may be
         /// the LB having sent the call elsewhere ([`Found::only_through_lb`]).
         lb_picks_backend: bool,
+        /// The (client, port, protocol) calls that looped: only the same client's calls to
+        /// the same port prove (bounded like the clients).
+        pairs: BTreeSet<(IpAddr, u16, Proto)>,
     },
     /// Connections *from* `addr` (healthcheck_blackhole: the LB's health checks, whose source
     /// is the VIP, to the node addresses they were dropped at; vip_as_source: the node's own
@@ -69,8 +85,9 @@ pub enum Shape {
 pub struct Found {
     /// The proof's lines: what was seen, then the connections quoted by 5-tuple.
     pub lines: Vec<String>,
-    /// A hairpin's calls answered with no NAT on this node only: proof only with a change of
-    /// the Service (else the LB may just have picked another node).
+    /// A hairpin's calls answered with no NAT on this node only: at least
+    /// [`MIN_ANSWERED_THROUGH_LB`] of them (fewer is no proof: the LB may just have picked
+    /// another node).
     pub only_through_lb: bool,
 }
 
@@ -89,6 +106,7 @@ impl Shape {
                 clients: BTreeSet::from([e.src]),
                 other_ports: Vec::new(),
                 lb_picks_backend: e.kind == LoopbackKind::Hairpin,
+                pairs: BTreeSet::from([(e.src, e.vip_port?, e.proto)]),
             }),
             // Its proof is a reset entry, not an answered call: no shape to prove it gone by.
             LoopbackKind::ProxyProtocolShortCircuit => None,
@@ -102,6 +120,13 @@ impl Shape {
 
     /// Another aggregate of the same loop: its client (or destination) joins the shape.
     pub fn widen(&mut self, e: &LoopbackEvent) {
+        if let Shape::To { addr, pairs, .. } = self
+            && e.vip == Some(*addr)
+            && let Some(p) = e.vip_port
+            && pairs.len() < MAX_ADDRESSES
+        {
+            pairs.insert((e.src, p, e.proto));
+        }
         if let Shape::To {
             addr,
             port,
@@ -145,23 +170,14 @@ impl Shape {
     /// bind it, listen on it and connect from it).
     fn matches(&self, e: &ConntrackEntry, addr_is_local: bool) -> bool {
         match self {
-            Shape::To {
-                addr,
-                port,
-                proto,
-                clients,
-                other_ports,
-                ..
-            } => {
+            Shape::To { addr, pairs, .. } => {
                 // Served by a listener on the VIP itself (nothing rewrote the destination)
                 // while the VIP is local: a local socket answered, not the LB path.
                 let local_listener = addr_is_local
                     && !e.dnat
                     && (e.reply.src, e.reply.sport) == (e.orig.dst, e.orig.dport);
                 e.orig.dst == *addr
-                    && ((e.orig.dport, e.orig.proto) == (*port, *proto)
-                        || other_ports.contains(&(e.orig.dport, e.orig.proto)))
-                    && clients.contains(&e.orig.src)
+                    && pairs.contains(&(e.orig.src, e.orig.dport, e.orig.proto))
                     // A connection from the VIP is a local socket bound to it, no client's.
                     && e.orig.src != *addr
                     && !local_listener
@@ -271,6 +287,9 @@ pub fn find_on_node(
         .copied()
         .collect();
     let only_through_lb = lb_picks_backend && natted.is_empty();
+    if only_through_lb && fresh.len() < MIN_ANSWERED_THROUGH_LB {
+        return None;
+    }
     let quoted = if lb_picks_backend && !natted.is_empty() {
         natted
     } else {

@@ -47,6 +47,7 @@ fn to_lb(clients: &[&str], lb_picks_backend: bool) -> Shape {
         clients: clients.iter().map(|c| ip(c)).collect(),
         other_ports: Vec::new(),
         lb_picks_backend,
+        pairs: clients.iter().map(|c| (ip(c), 80, Proto::Tcp)).collect(),
     }
 }
 
@@ -133,9 +134,19 @@ fn a_hairpin_answered_by_the_lb_alone_is_flagged_not_quoted_as_node_proof() {
     let t = StateTimeouts::kernel_defaults();
     let shape = to_lb(&[POD], true);
     // The looping pod's call, answered with no NAT here: the LB may have sent it to another
-    // node while the loop stands. Found, but only through the LB.
+    // node while the loop stands. One is no proof; enough of them (each a chance for a
+    // standing loop to be confirmed again) are, flagged as through the LB.
     let lucky = bare(entry(POD, LB, 80, "TIME_WAIT", 115, true));
-    let found = find(&shape, std::slice::from_ref(&lucky), 60_000, &t).expect("seen");
+    assert_eq!(find(&shape, std::slice::from_ref(&lucky), 60_000, &t), None);
+    let many: Vec<_> = (0..MIN_ANSWERED_THROUGH_LB as u16)
+        .map(|i| {
+            let mut e = lucky.clone();
+            e.orig.sport += i;
+            e.reply.dport += i;
+            e
+        })
+        .collect();
+    let found = find(&shape, &many, 60_000, &t).expect("seen");
     assert!(found.only_through_lb);
     assert!(found.lines[1].contains("no NAT on this node"), "{found:?}");
     // With a call NATed here beside it, the NATed one is the proof.

@@ -63,6 +63,9 @@ fn a_loop_is_resolved_only_after_the_window_and_with_proof() {
             clients: [event(1).src].into_iter().collect(),
             other_ports: Vec::new(),
             lb_picks_backend: true,
+            pairs: [(event(1).src, 80, probe_contract::Proto::Tcp)]
+                .into_iter()
+                .collect(),
         }
     );
     // The look-up is out: not asked again.
@@ -281,31 +284,88 @@ fn a_loop_whose_other_clients_succeed_is_not_resolved_its_own_client_succeeding_
     assert_eq!(t.lifecycle().resolutions["hairpin"], 1);
 }
 
+/// `answered`, from another source port (another connection of the same client).
+fn answered_from_port(
+    src: &str,
+    sport: u16,
+    snat: bool,
+    dport: u16,
+) -> crate::state::ConntrackEntry {
+    let mut e = answered(src, snat);
+    e.orig.sport = sport;
+    e.reply.dport = sport;
+    e.orig.dport = dport;
+    e.reply.sport = dport;
+    e
+}
+
+/// Issue #49: a change of the Service alone proves nothing (a fix that changed an annotation
+/// nothing acted on). A hairpin's calls answered by the LB alone prove it only when there are
+/// enough of them that a standing loop would have been confirmed again.
 #[test]
-fn a_hairpin_answered_by_the_lb_alone_is_resolved_only_after_a_change_of_the_service() {
+fn a_hairpin_answered_by_the_lb_alone_is_resolved_only_by_enough_calls_never_by_a_change() {
     let mut t = tracker();
     let looping = event(1);
     let pod = looping.src.to_string();
     t.observe(&looping, Some(fields("Local")), T0);
     let now = T0 + W;
-    // The looping pod's call answered with no NAT here: the LB may have picked another node.
+    // The looping pod's one call answered with no NAT here, after the Service changed: the
+    // LB may have picked another node. Not proof.
     let lucky = [answered(&pod, false)];
     let found = look_up(&mut t, now, &lucky);
-    assert!(found.as_ref().is_some_and(|f| f.only_through_lb));
-    assert_eq!(t.proved(LOOP, found, Some(fields("Local")), now), None);
+    assert_eq!(found, None);
+    assert_eq!(t.proved(LOOP, found, Some(fields("Cluster")), now), None);
     assert_eq!(t.lifecycle().quiet["hairpin"], 1);
-    // The same answer after the Service changed (a fix at the LB): resolved, and said so.
-    let found = look_up(&mut t, now + 30 * S, &lucky);
+    // As many answered calls as a standing loop could not dodge: resolved, and said how.
+    let many: Vec<_> = (0..proof::MIN_ANSWERED_THROUGH_LB as u16)
+        .map(|i| answered_from_port(&pod, 41000 + i, false, 80))
+        .collect();
+    let found = look_up(&mut t, now + 30 * S, &many);
+    assert!(found.as_ref().is_some_and(|f| f.only_through_lb));
     let r = t
-        .proved(LOOP, found, Some(fields("Cluster")), now + 30 * S)
+        .proved(LOOP, found, Some(fields("Local")), now + 30 * S)
         .expect("resolved");
     assert!(
-        r.proof
-            .last()
-            .unwrap()
-            .contains("after the Service changed"),
+        r.proof.last().unwrap().contains("none confirmed looping"),
         "{:?}",
         r.proof
+    );
+}
+
+/// Issue #49, seen: the node looped on :8083 of a Service, a fix changed an annotation nothing
+/// acted on, and the node's answered calls to :80 (which the LB sends elsewhere) resolved pod
+/// A's loop on :8083. Only the same client's calls to the same port prove.
+#[test]
+fn a_service_change_and_answered_calls_on_another_port_do_not_resolve_a_loop() {
+    let mut t = tracker();
+    let mut pod_loop = event(1);
+    pod_loop.vip_port = Some(8083);
+    let mut node_loop = event(1);
+    node_loop.key = "hairpin/node".into();
+    node_loop.src = "192.0.2.1".parse().unwrap();
+    node_loop.vip_port = Some(80);
+    let pod = pod_loop.src.to_string();
+    t.observe(&pod_loop, Some(fields("Local")), T0);
+    t.observe(&node_loop, Some(fields("Local")), T0);
+    let now = T0 + W;
+    // The node's calls to :80, NATed and answered, and the pod's to :80 (it never looped
+    // there): nothing about the pod's loop on :8083.
+    let others = [
+        answered_from_port("192.0.2.1", 42000, true, 8083),
+        answered_from_port(&pod, 42001, true, 80),
+    ];
+    let found = look_up(&mut t, now, &others);
+    assert_eq!(
+        found, None,
+        "another client's or another port's calls proved it"
+    );
+    assert_eq!(t.proved(LOOP, found, Some(fields("Cluster")), now), None);
+    // The pod's own call to :8083, masqueraded here: proof.
+    let own = [answered_from_port(&pod, 42002, true, 8083)];
+    let found = look_up(&mut t, now + 30 * S, &own);
+    assert!(
+        t.proved(LOOP, found, Some(fields("Local")), now + 30 * S)
+            .is_some()
     );
 }
 

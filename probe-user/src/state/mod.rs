@@ -38,6 +38,7 @@ pub mod dataplane;
 pub mod ipset;
 pub mod iptables;
 pub mod ipvs;
+pub mod netns;
 pub mod nft_json;
 pub mod nft_netlink;
 pub mod nftables;

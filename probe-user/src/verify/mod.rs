@@ -14,13 +14,28 @@
 //! and says not testable when none was confirmed dropped), `service_self_loop` needs a call
 //! from a pod that is its own endpoint, and UDP has no connection whose failure tells a loop
 //! from silence.
+//!
+//! From where (issue #49): the node's own call is what most LBs never send back to it (they
+//! skip the backend equal to the source), so a node-sourced test says nothing of a pod's
+//! loop. Each loop this node confirmed for the Service ([`loops_of`]) is tested from its own
+//! client: a pod's from inside the pod's network namespace (`state::netns`), to the LB
+//! IP:port it looped through ([`plan`]); the node's from the node. Each result names its
+//! `source`, and the results of loops this node had are marked `looped`.
+//!
+//! What is a verdict: `confirmed` needs the correlator's confirmation of that kind, target
+//! and client during the test; `clean` needs every connection answered (connected, or
+//! refused by the far end) with nothing confirmed; a test whose connections timed out or
+//! failed is `not_proven` (an LB that drops every call reads like a fixed loop); a client the
+//! agent cannot test from is `not_testable` with why. Never `clean` from silence.
 
 use std::{net::IpAddr, time::Duration};
 
 use clb_probe_client::service::ServiceFacts;
 use probe_contract::{
-    LoopbackEvent, LoopbackKind, Proto, sock,
-    verify::{MAX_TARGETS, VerifyOutcome, VerifyResult},
+    LoopbackEvent, LoopbackKind, Proto,
+    facts::SourceKind,
+    sock,
+    verify::{FROM_NODE, MAX_CLIENTS, MAX_KINDS, MAX_TARGETS, VerifyOutcome, VerifyResult},
 };
 
 /// Connections per target and request ("a few"): enough for a loop the LB hits on one of
@@ -32,6 +47,15 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_millis(1500);
 /// How long after the last connection the test still takes confirmations: the correlator
 /// holds a confirmation until the API cache names it (at most 2 s, `kube::hold`).
 pub const GRACE: Duration = Duration::from_millis(2500);
+/// The same when a PROXY-protocol short circuit is tested: its proof is a conntrack dump the
+/// correlation loop makes every 3 s (`agent::correlation::PROXY_PROTOCOL_EVERY`), so the
+/// test waits one interval more than the hold, or the reset it caused is read after it ended.
+pub const PROXY_PROTOCOL_GRACE: Duration = Duration::from_millis(3000 + 2500 + 1000);
+/// What a test connection sends once connected, when the Service has PROXY protocol on: a
+/// backend that requires the header resets a connection whose first bytes are not one (what
+/// the loop is); closed without a byte, it has nothing to reset. Any other server answers
+/// or closes, and either is an answer.
+pub const PROBE_BYTES: &[u8] = b"HEAD / HTTP/1.0\r\nUser-Agent: clb-probe-verify\r\n\r\n";
 
 /// The kinds a connection from the node can trip (module doc).
 pub const NODE_TESTABLE: [LoopbackKind; 5] = [
@@ -53,28 +77,255 @@ pub const ALL_KINDS: [LoopbackKind; 7] = [
     LoopbackKind::ServiceSelfLoop,
 ];
 
-/// The kinds a request asks for: its `kinds` read (an unknown name is an error), or, when
+/// The kinds a call from a pod can trip: those a node-sourced call trips but the VIP as
+/// source (a node's own socket's), and a pod's call to its own Service.
+pub const POD_TESTABLE: [LoopbackKind; 5] = [
+    LoopbackKind::Hairpin,
+    LoopbackKind::VipPortUnserved,
+    LoopbackKind::EtpLocalDrop,
+    LoopbackKind::ProxyProtocolShortCircuit,
+    LoopbackKind::ServiceSelfLoop,
+];
+
+/// The kinds a request asks for: its `kinds` read (an unknown name is an error; a repeat
+/// counts once; more than [`MAX_KINDS`] names is an error before any is read), or, when
 /// empty, the node-testable kinds and the health checks (`service_self_loop` only when
-/// named: it is never testable from the node, and listing it on every target says nothing).
+/// named: never testable from the node; a pod that had it is tested for it, [`plan`]).
 pub fn kinds(requested: &[String]) -> Result<Vec<LoopbackKind>, String> {
     if requested.is_empty() {
         let mut all = NODE_TESTABLE.to_vec();
         all.push(LoopbackKind::HealthcheckBlackhole);
         return Ok(all);
     }
-    requested
+    if requested.len() > MAX_KINDS {
+        return Err(format!(
+            "spec.kinds names {} kinds; at most {MAX_KINDS} (there are {})",
+            requested.len(),
+            ALL_KINDS.len()
+        ));
+    }
+    let mut out: Vec<LoopbackKind> = Vec::new();
+    for k in requested {
+        let kind = ALL_KINDS
+            .iter()
+            .copied()
+            .find(|known| known.as_str() == k)
+            .ok_or_else(|| {
+                format!(
+                    "unknown kind {:?} (known: {})",
+                    clb_probe_client::untrusted::text(k, 64),
+                    ALL_KINDS.map(LoopbackKind::as_str).join(", ")
+                )
+            })?;
+        if !out.contains(&kind) {
+            out.push(kind);
+        }
+    }
+    Ok(out)
+}
+
+/// Where a test's connections are made from.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Client {
+    /// The node itself (the agent's own namespace).
+    Node,
+    /// A pod of this node, by its IP (and `namespace/name` when the API named it): the call is
+    /// made from inside its network namespace.
+    Pod { ip: IpAddr, name: Option<String> },
+}
+
+impl Client {
+    /// What a result's `source` says.
+    pub fn text(&self) -> String {
+        match self {
+            Client::Node => FROM_NODE.to_owned(),
+            Client::Pod { ip, name } => {
+                format!("pod {} ({ip})", name.as_deref().unwrap_or("(name unknown)"))
+            }
+        }
+    }
+
+    /// Whether `e`'s looping packet came from this client.
+    pub fn sent(&self, e: &LoopbackEvent) -> bool {
+        match self {
+            Client::Node => !from_pod(e),
+            Client::Pod { ip, .. } => e.src == *ip,
+        }
+    }
+
+    /// Whether a call from this client can trip `kind`.
+    pub fn can_trip(&self, kind: LoopbackKind) -> bool {
+        match self {
+            Client::Node => NODE_TESTABLE.contains(&kind),
+            Client::Pod { .. } => POD_TESTABLE.contains(&kind),
+        }
+    }
+}
+
+/// Whether `e`'s packet came from a pod: the correlator's address tags say so, or (a kind
+/// whose sender it does not tag, the PROXY-protocol reset) the API named the pod.
+fn from_pod(e: &LoopbackEvent) -> bool {
+    e.facts.source == SourceKind::Pod
+        || (e.facts.source == SourceKind::Unknown && e.client_pod.is_some())
+}
+
+/// Whether `e` names the Service `namespace/name` (an event names it `namespace/name:port`
+/// when the port has a name).
+pub fn names_service(e: &LoopbackEvent, service: &str) -> bool {
+    e.service
+        .as_deref()
+        .is_some_and(|s| s == service || s.split_once(':').is_some_and(|(key, _)| key == service))
+}
+
+/// A loop this node confirmed for a Service: its kind, its client, the LB IP:port it looped
+/// through.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Looped {
+    pub kind: LoopbackKind,
+    pub client: Client,
+    pub target: Target,
+}
+
+/// The loops of `service` (`namespace/name`) among this node's confirmations, once each
+/// (an aggregate per client and port: the events' sources). Health checks are the LB's own
+/// calls (tested per LB IP by waiting, [`decide_healthcheck`]), not a client's.
+pub fn loops_of<'a>(
+    confirmed: impl IntoIterator<Item = &'a LoopbackEvent>,
+    service: &str,
+) -> Vec<Looped> {
+    let mut out: Vec<Looped> = Vec::new();
+    for e in confirmed {
+        if !names_service(e, service) || e.kind == LoopbackKind::HealthcheckBlackhole {
+            continue;
+        }
+        let (Some(ip), Some(port)) = (e.vip, e.vip_port) else {
+            continue;
+        };
+        let client = if from_pod(e) {
+            Client::Pod {
+                ip: e.src,
+                name: e.client_pod.clone(),
+            }
+        } else {
+            Client::Node
+        };
+        let l = Looped {
+            kind: e.kind,
+            client,
+            target: Target {
+                ip,
+                port,
+                proto: e.proto,
+            },
+        };
+        if !out.contains(&l) {
+            out.push(l);
+        }
+    }
+    out
+}
+
+/// One test: connections from `client` to `target`, judged for `kinds`; `looped`: the kinds
+/// this node confirmed a loop of from that client at that target.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Test {
+    pub client: Client,
+    pub target: Target,
+    pub kinds: Vec<LoopbackKind>,
+    pub looped: Vec<LoopbackKind>,
+}
+
+/// What a request tests on this node: every TCP target of the Service from the node (the
+/// node's own loops among them), then each pod that looped (at most [`MAX_CLIENTS`]) at the
+/// targets it looped through, for the kinds it looped with; and the results known without a
+/// test. `service_targets` is [`targets`]'s answer; `every_kind`: the request named no kind
+/// (then every loop is tested, `service_self_loop` too). Pure.
+pub fn plan(
+    service_targets: (Vec<Target>, Vec<VerifyResult>),
+    kinds: &[LoopbackKind],
+    every_kind: bool,
+    loops: &[Looped],
+) -> (Vec<Test>, Vec<VerifyResult>) {
+    let (targets, mut untestable) = service_targets;
+    let asked: Vec<&Looped> = loops
         .iter()
-        .map(|k| {
-            ALL_KINDS
+        .filter(|l| every_kind || kinds.contains(&l.kind))
+        .collect();
+    let mut tests: Vec<Test> = targets
+        .iter()
+        .map(|t| Test {
+            client: Client::Node,
+            target: *t,
+            kinds: kinds.to_vec(),
+            looped: asked
                 .iter()
-                .copied()
-                .find(|known| known.as_str() == k)
-                .ok_or_else(|| {
-                    format!(
-                        "unknown kind {k:?} (known: {})",
-                        ALL_KINDS.map(LoopbackKind::as_str).join(", ")
-                    )
-                })
+                .filter(|l| l.client == Client::Node && l.target == *t)
+                .map(|l| l.kind)
+                .collect(),
+        })
+        .collect();
+    // A node loop at an LB IP:port the Service no longer has cannot be tested (the agent
+    // connects only to the Service's targets as the API lists them).
+    for l in asked.iter().filter(|l| l.client == Client::Node) {
+        if !targets.contains(&l.target) {
+            untestable.push(not_testable_loop(l, "the loop's LB IP:port is not one of the Service's now (the API's ingress and ports): the agent tests only those"));
+        }
+    }
+    let mut clients: Vec<&Client> = Vec::new();
+    for l in asked.iter().filter(|l| l.client != Client::Node) {
+        if !clients.contains(&&l.client) {
+            clients.push(&l.client);
+        }
+    }
+    for (i, client) in clients.into_iter().enumerate() {
+        let mine: Vec<&&Looped> = asked.iter().filter(|l| l.client == *client).collect();
+        for l in &mine {
+            if i >= MAX_CLIENTS {
+                untestable.push(not_testable_loop(
+                    l,
+                    &format!("over the limit of {MAX_CLIENTS} pods a request tests from"),
+                ));
+            } else if !targets.contains(&l.target) {
+                untestable.push(not_testable_loop(l, "the loop's LB IP:port is not one of the Service's now (the API's ingress and ports): the agent tests only those"));
+            } else if let Some(test) = tests
+                .iter_mut()
+                .find(|t| t.client == *client && t.target == l.target)
+            {
+                test.kinds.push(l.kind);
+                test.looped.push(l.kind);
+            } else {
+                tests.push(Test {
+                    client: client.clone(),
+                    target: l.target,
+                    kinds: vec![l.kind],
+                    looped: vec![l.kind],
+                });
+            }
+        }
+    }
+    (tests, untestable)
+}
+
+fn not_testable_loop(l: &Looped, reason: &str) -> VerifyResult {
+    VerifyResult {
+        kind: l.kind.as_str().to_owned(),
+        source: l.client.text(),
+        looped: true,
+        ..not_testable("", l.target.text(), reason)
+    }
+}
+
+/// The results of `test` when its client cannot be tested from (`why`): every kind it asks
+/// for, `not_testable`.
+pub fn untestable_client(test: &Test, why: &str) -> Vec<VerifyResult> {
+    test.kinds
+        .iter()
+        .filter(|k| **k != LoopbackKind::HealthcheckBlackhole)
+        .map(|k| VerifyResult {
+            kind: k.as_str().to_owned(),
+            source: test.client.text(),
+            looped: test.looped.contains(k),
+            ..not_testable("", test.target.text(), why)
         })
         .collect()
 }
@@ -161,6 +412,8 @@ fn not_testable(kind: &str, target: impl Into<String>, reason: &str) -> VerifyRe
         evidence: Vec::new(),
         tried: String::new(),
         reason: reason.to_owned(),
+        source: String::new(),
+        looped: false,
     }
 }
 
@@ -177,8 +430,20 @@ pub enum Attempt {
     Failed(String),
 }
 
+impl Attempt {
+    /// Whether the far end answered (a handshake, or a refusal): the path completed.
+    pub fn answered(&self) -> bool {
+        matches!(self, Attempt::Connected(_) | Attempt::Refused)
+    }
+}
+
 /// "3 TCP connections from the node: 2 connected (≤ 12 ms), 1 timed out after 1.5 s".
 pub fn tried(attempts: &[Attempt]) -> String {
+    tried_from(attempts, &Client::Node)
+}
+
+/// [`tried`] from `client` ("from pod default/a (10.0.0.5)").
+pub fn tried_from(attempts: &[Attempt], client: &Client) -> String {
     let connected: Vec<u64> = attempts
         .iter()
         .filter_map(|a| match a {
@@ -212,8 +477,12 @@ pub fn tried(attempts: &[Attempt]) -> String {
     for e in failed {
         parts.push(format!("failed: {e}"));
     }
+    let from = match client {
+        Client::Node => "the node".to_owned(),
+        pod => pod.text(),
+    };
     format!(
-        "{} TCP connection{} from the node: {}",
+        "{} TCP connection{} from {from}: {}",
         attempts.len(),
         if attempts.len() == 1 { "" } else { "s" },
         parts.join(", ")
@@ -236,39 +505,47 @@ pub fn evidence_of(e: &LoopbackEvent) -> Vec<String> {
     lines
 }
 
-/// The results of the node-testable `kinds` at `target`, from the connections made and the
-/// confirmations published during the test (any target: this picks its own).
+/// The results of `test` from the connections made and the confirmations published during
+/// the test (any target, any client: this picks its own). Per kind: `confirmed` when the
+/// correlator confirmed that kind at the target from the test's client; `not_testable` when
+/// the client cannot trip it or no connection was made; `clean` only when every connection
+/// was answered; else `not_proven`. Health checks are [`decide_healthcheck`]'s.
 pub fn decide(
-    target: &Target,
-    kinds: &[LoopbackKind],
+    test: &Test,
     attempts: &[Attempt],
     confirmations: &[LoopbackEvent],
 ) -> Vec<VerifyResult> {
-    kinds
+    test.kinds
         .iter()
         .filter(|k| !matches!(k, LoopbackKind::HealthcheckBlackhole))
         .map(|kind| {
             let confirmed = confirmations
                 .iter()
                 .rev()
-                .find(|e| e.kind == *kind && target.is_of(e));
+                .find(|e| e.kind == *kind && test.target.is_of(e) && test.client.sent(e));
             let base = VerifyResult {
                 kind: kind.as_str().to_owned(),
-                target: target.text(),
+                target: test.target.text(),
                 outcome: VerifyOutcome::Clean,
                 evidence: Vec::new(),
                 tried: String::new(),
                 reason: String::new(),
+                source: test.client.text(),
+                looped: test.looped.contains(kind),
             };
             match confirmed {
                 Some(e) => VerifyResult {
                     outcome: VerifyOutcome::Confirmed,
                     evidence: evidence_of(e),
+                    tried: tried_from(attempts, &test.client),
                     ..base
                 },
-                None if !NODE_TESTABLE.contains(kind) => VerifyResult {
+                None if !test.client.can_trip(*kind) => VerifyResult {
                     outcome: VerifyOutcome::NotTestable,
-                    reason: "needs a call from a pod that is its own Service's endpoint; the agent tests from the node only".into(),
+                    reason: match test.client {
+                        Client::Node => "needs a call from a pod that is its own Service's endpoint: tested from a pod only when this node confirmed that pod's loop".into(),
+                        Client::Pod { .. } => "a pod's call cannot trip it (the VIP as a source is a node socket's)".into(),
+                    },
                     ..base
                 },
                 None if attempts.is_empty() => VerifyResult {
@@ -276,9 +553,15 @@ pub fn decide(
                     reason: "no connection was made".into(),
                     ..base
                 },
-                None => VerifyResult {
+                None if attempts.iter().all(Attempt::answered) => VerifyResult {
                     outcome: VerifyOutcome::Clean,
-                    tried: tried(attempts),
+                    tried: tried_from(attempts, &test.client),
+                    ..base
+                },
+                None => VerifyResult {
+                    outcome: VerifyOutcome::NotProven,
+                    tried: tried_from(attempts, &test.client),
+                    reason: "not every connection was answered and nothing was confirmed: a call that gets no answer may be the loop (an LB that drops hairpinned calls) or anything else on the path; silence proves neither".into(),
                     ..base
                 },
             }
@@ -300,6 +583,8 @@ pub fn decide_healthcheck(
         evidence: Vec::new(),
         tried: String::new(),
         reason: String::new(),
+        source: String::new(),
+        looped: false,
     };
     match confirmations
         .iter()
@@ -331,14 +616,28 @@ pub fn is_for(nodes: &[String], node: &str, has_loop_or_risk: bool) -> bool {
     }
 }
 
-/// The overall outcome of a set of results, worst first: confirmed, clean, not testable.
+/// The overall outcome of a set of results, worst first ([`VerifyOutcome::ALL`]'s order:
+/// confirmed, not proven, clean, not testable).
 pub fn worst(results: &[VerifyResult]) -> Option<VerifyOutcome> {
-    let rank = |o: VerifyOutcome| match o {
-        VerifyOutcome::Confirmed => 0,
-        VerifyOutcome::Clean => 1,
-        VerifyOutcome::NotTestable => 2,
-    };
+    let rank = |o: VerifyOutcome| VerifyOutcome::ALL.iter().position(|a| *a == o);
     results.iter().map(|r| r.outcome).min_by_key(|o| rank(*o))
+}
+
+/// Bounds an answer to [`probe_contract::verify::MAX_RESULTS`] results: the first ones kept
+/// (the tests' order: the node's, then the pods'), and a note of how many were left out.
+pub fn bounded(mut results: Vec<VerifyResult>) -> (Vec<VerifyResult>, Option<String>) {
+    let max = probe_contract::verify::MAX_RESULTS;
+    if results.len() <= max {
+        return (results, None);
+    }
+    let left = results.len() - max;
+    results.truncate(max);
+    (
+        results,
+        Some(format!(
+            "{left} results left out (an answer carries at most {max})"
+        )),
+    )
 }
 
 #[cfg(test)]

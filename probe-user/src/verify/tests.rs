@@ -1,7 +1,10 @@
 use std::net::IpAddr;
 
 use clb_probe_client::service::ServiceFacts;
-use probe_contract::{LoopbackEvent, LoopbackKind, Outcome, Proto, verify::VerifyOutcome};
+use probe_contract::{
+    LoopbackEvent, LoopbackKind, Outcome, Proto,
+    verify::{VerifyOutcome, VerifyResult},
+};
 
 use super::*;
 
@@ -109,8 +112,7 @@ fn a_confirmation_at_the_target_makes_its_kind_confirmed_with_its_evidence() {
         confirmation(LoopbackKind::VipPortUnserved, 443),
     ];
     let results = decide(
-        &target(8081),
-        &kinds(&[]).unwrap(),
+        &node_test(8081, &kinds(&[]).unwrap()),
         &[Attempt::TimedOut, Attempt::TimedOut],
         &found,
     );
@@ -125,12 +127,14 @@ fn a_confirmation_at_the_target_makes_its_kind_confirmed_with_its_evidence() {
             .iter()
             .any(|l| l.starts_with("ingress eth0"))
     );
+    // Timed out and nothing confirmed: silence is no verdict (issue #49).
     let unserved = by_kind(LoopbackKind::VipPortUnserved);
-    assert_eq!(unserved.outcome, VerifyOutcome::Clean);
+    assert_eq!(unserved.outcome, VerifyOutcome::NotProven);
     assert_eq!(
         unserved.tried,
         "2 TCP connections from the node: 2 timed out after 1.5 s"
     );
+    assert_eq!(unserved.source, "node");
     // Health checks are decided per IP, apart.
     assert!(
         !results
@@ -143,8 +147,10 @@ fn a_confirmation_at_the_target_makes_its_kind_confirmed_with_its_evidence() {
 #[test]
 fn nothing_confirmed_is_clean_with_what_was_tried_and_self_loops_are_not_testable() {
     let results = decide(
-        &target(80),
-        &[LoopbackKind::VipPortUnserved, LoopbackKind::ServiceSelfLoop],
+        &node_test(
+            80,
+            &[LoopbackKind::VipPortUnserved, LoopbackKind::ServiceSelfLoop],
+        ),
         &[
             Attempt::Connected(3),
             Attempt::Connected(12),
@@ -161,8 +167,156 @@ fn nothing_confirmed_is_clean_with_what_was_tried_and_self_loops_are_not_testabl
     assert!(results[1].reason.contains("from a pod"), "{results:#?}");
     assert_eq!(worst(&results), Some(VerifyOutcome::Clean));
     // No connection at all (the agent could not open one): nothing is called clean.
-    let none = decide(&target(80), &[LoopbackKind::Hairpin], &[], &[]);
+    let none = decide(&node_test(80, &[LoopbackKind::Hairpin]), &[], &[]);
     assert_eq!(none[0].outcome, VerifyOutcome::NotTestable);
+    // One answered, one timed out, nothing confirmed: not proven either.
+    let mixed = decide(
+        &node_test(80, &[LoopbackKind::Hairpin]),
+        &[Attempt::Connected(2), Attempt::TimedOut],
+        &[],
+    );
+    assert_eq!(mixed[0].outcome, VerifyOutcome::NotProven);
+    assert_eq!(worst(&mixed), Some(VerifyOutcome::NotProven));
+}
+
+fn node_test(port: u16, kinds: &[LoopbackKind]) -> Test {
+    Test {
+        client: Client::Node,
+        target: target(port),
+        kinds: kinds.to_vec(),
+        looped: Vec::new(),
+    }
+}
+
+const POD_A: &str = "198.19.1.10";
+
+/// A pod's hairpin through the LB, as the correlator confirms it.
+fn pod_hairpin(port: u16) -> LoopbackEvent {
+    let mut e = LoopbackEvent {
+        key: format!("hairpin/l4/{POD_A}->{VIP}:{port}"),
+        vip: Some(ip(VIP)),
+        vip_port: Some(port),
+        service: Some("default/web".into()),
+        client_pod: Some("default/pod-a".into()),
+        ..LoopbackEvent::between(
+            LoopbackKind::Hairpin,
+            (ip(POD_A), 40000),
+            (ip("198.18.0.2"), 30080),
+            Proto::Tcp,
+            Outcome::Dropped,
+        )
+    };
+    e.facts.source = probe_contract::facts::SourceKind::Pod;
+    e
+}
+
+/// Issue #49: a pod's loop is tested from that pod at the LB IP:port it looped through; the
+/// node's own test of the same target says nothing of it, and the node's loops stay the
+/// node's.
+#[test]
+fn a_pods_loop_is_planned_from_the_pod_at_its_own_target() {
+    let svc = service(
+        serde_json::json!([{"port": 80, "protocol": "TCP"}, {"port": 8081, "protocol": "TCP"}]),
+        serde_json::json!([{"ip": VIP}]),
+    );
+    let mut node_loop = confirmation(LoopbackKind::Hairpin, 8081);
+    node_loop.service = Some("default/web".into());
+    node_loop.facts.source = probe_contract::facts::SourceKind::Node;
+    let other_service = LoopbackEvent {
+        service: Some("default/other".into()),
+        ..pod_hairpin(80)
+    };
+    // As attribution names it: the Service and its port's name.
+    let named_port = LoopbackEvent {
+        service: Some("default/web:http".into()),
+        ..pod_hairpin(80)
+    };
+    let confirmed = [pod_hairpin(80), named_port, node_loop, other_service];
+    let loops = loops_of(&confirmed, "default/web");
+    assert_eq!(loops.len(), 2, "{loops:#?}");
+    let (tests, untestable) = plan(targets(&svc), &kinds(&[]).unwrap(), true, &loops);
+    assert!(untestable.is_empty(), "{untestable:#?}");
+    // The node's two targets, then the pod's one.
+    assert_eq!(tests.len(), 3, "{tests:#?}");
+    assert_eq!(
+        tests[1].looped,
+        vec![LoopbackKind::Hairpin],
+        "node at :8081"
+    );
+    assert!(tests[0].looped.is_empty(), "node at :80 never looped");
+    let pod = &tests[2];
+    assert_eq!(
+        pod.client,
+        Client::Pod {
+            ip: ip(POD_A),
+            name: Some("default/pod-a".into())
+        }
+    );
+    assert_eq!(pod.target, target(80));
+    assert_eq!(pod.kinds, vec![LoopbackKind::Hairpin]);
+
+    // The node's call at :80 answered, the pod's timed out and the correlator confirmed the
+    // pod's loop: the pod's result is confirmed, the node's clean, each saying its source.
+    let seen = [pod_hairpin(80)];
+    let from_node = decide(&tests[0], &vec![Attempt::Connected(2); 3], &seen);
+    let hairpin = from_node.iter().find(|r| r.kind == "hairpin").unwrap();
+    assert_eq!(hairpin.outcome, VerifyOutcome::Clean);
+    assert!(!hairpin.looped);
+    let from_pod = decide(pod, &[Attempt::TimedOut], &seen);
+    assert_eq!(from_pod.len(), 1);
+    assert_eq!(from_pod[0].outcome, VerifyOutcome::Confirmed);
+    assert_eq!(from_pod[0].source, "pod default/pod-a (198.19.1.10)");
+    assert!(from_pod[0].looped);
+    // Answered from the pod, nothing confirmed: clean, and said to be from the pod.
+    let clean = decide(pod, &vec![Attempt::Connected(3); 3], &[]);
+    assert_eq!(clean[0].outcome, VerifyOutcome::Clean);
+    assert!(
+        clean[0].tried.contains("from pod default/pod-a"),
+        "{clean:#?}"
+    );
+    // A pod whose namespace cannot be entered: not testable, marked as the loop.
+    let no_ns = untestable_client(pod, "no network namespace on this node has 198.19.1.10");
+    assert_eq!(no_ns[0].outcome, VerifyOutcome::NotTestable);
+    assert!(no_ns[0].looped);
+
+    // Asked for another kind only: the pod's hairpin is not planned.
+    let (tests, _) = plan(
+        targets(&svc),
+        &[LoopbackKind::VipPortUnserved],
+        false,
+        &loops,
+    );
+    assert!(tests.iter().all(|t| t.client == Client::Node));
+    // A loop at a port the Service no longer has is not testable, and says so.
+    let gone = loops_of(&[pod_hairpin(9999)], "default/web");
+    let (_, untestable) = plan(targets(&svc), &kinds(&[]).unwrap(), true, &gone);
+    assert_eq!(untestable.len(), 1);
+    assert!(untestable[0].looped && untestable[0].reason.contains("not one of the Service's"));
+}
+
+/// Hostile round 4: a request repeating a kind is one kind; too many names is refused before
+/// any result is built; an answer is bounded.
+#[test]
+fn kinds_are_deduplicated_and_bounded_and_so_is_the_answer() {
+    let repeated = vec!["hairpin".to_string(); probe_contract::verify::MAX_KINDS];
+    assert_eq!(kinds(&repeated).unwrap(), vec![LoopbackKind::Hairpin]);
+    let flood = vec!["hairpin".to_string(); 140_000];
+    assert!(kinds(&flood).unwrap_err().contains("at most"));
+    let many: Vec<_> = (0..1000)
+        .map(|i| VerifyResult {
+            kind: "hairpin".into(),
+            target: format!("{i}"),
+            outcome: VerifyOutcome::Clean,
+            evidence: vec![],
+            tried: String::new(),
+            reason: String::new(),
+            source: "node".into(),
+            looped: false,
+        })
+        .collect();
+    let (kept, note) = bounded(many);
+    assert_eq!(kept.len(), probe_contract::verify::MAX_RESULTS);
+    assert!(note.unwrap().contains("left out"));
 }
 
 #[test]

@@ -513,16 +513,35 @@ pub async fn start(
             return;
         }
     };
-    let here = match own_pod() {
-        Some(pod) => {
-            scheduled_here(&client, &pod, &facts.node, &stats, writer.write_interval_ms).await
-        }
-        None => node_address_here(&client, &facts.node, settings.local, &stats).await,
-    };
+    let here = is_this_node(
+        &client,
+        &facts.node,
+        settings.local,
+        &stats,
+        writer.write_interval_ms,
+    )
+    .await;
     if !here {
         return;
     }
     run(writer, facts, caps, reports, resolutions, checks).await;
+}
+
+/// E12, for everything that speaks as node `node` (the report and condition writer, the verify
+/// answers): in a Pod, the Pod is scheduled on `node`; outside one, one of the Node's
+/// InternalIPs is an address of this host (`local`). False is said in one ERROR and
+/// `clbprobe_node_report_refused{reason}`.
+pub async fn is_this_node(
+    client: &Client,
+    node: &str,
+    local: Option<watch::Receiver<crate::state::addrs::Owners>>,
+    stats: &ReportStats,
+    first_wait_ms: u64,
+) -> bool {
+    match own_pod() {
+        Some(pod) => scheduled_here(client, &pod, node, stats, first_wait_ms).await,
+        None => node_address_here(client, node, local, stats).await,
+    }
 }
 
 /// This agent's Pod (namespace, name), from the downward API's `POD_NAMESPACE` and
