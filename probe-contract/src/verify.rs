@@ -41,6 +41,12 @@ pub const MAX_CLIENTS: usize = 4;
 /// 1,120,000 results (2.3 GiB) and a 144 MB status patch.
 pub const MAX_KINDS: usize = 16;
 
+/// Requests one node tests in a minute at most (hostile round 4: one requester could keep
+/// every node connecting; a black-holed Service ties a node's tester up ~40 s a request). Past
+/// it a request is answered `refused` at once ("rate limited"), counted in
+/// `clbprobe_verify_requests_total{phase="refused"}`.
+pub const MAX_TESTS_PER_MINUTE: usize = 6;
+
 /// The results one node's answer carries at most: targets x kinds x clients, bounded above,
 /// plus the not-testable lines; past it the answer says how many were left out.
 pub const MAX_RESULTS: usize = 256;

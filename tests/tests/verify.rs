@@ -293,7 +293,7 @@ fn confirm_the_node_loop_first(api: &KubeFixture) {
     let (code, v, stderr) = verify_json(api);
     assert_eq!(code, Some(3), "the loop first: {v:#?}\n{stderr}");
     let hairpin = result_from(&v, "hairpin", EDGE_TARGET, "node");
-    assert!(hairpin.looped, "{hairpin:#?}");
+    assert_eq!(hairpin.outcome, VerifyOutcome::Confirmed, "{hairpin:#?}");
 }
 
 fn result_from<'a>(
@@ -321,7 +321,11 @@ fn fix_apply_verify_says_resolved_without_waiting_for_resolve_after() {
     agent.wait_log("Kubernetes attribution connected", WAIT);
     confirm_the_node_loop_first(&api);
 
-    let fixed = fix_edge_with(&api, guard_listener_8081);
+    // What the fix changes in the datapath, in the lab: the LB's guard on 8081. Applied first:
+    // the plugin's request follows its patch within milliseconds, and the agent's first test
+    // connection then races any change made after the patch.
+    guard_listener_8081();
+    let fixed = fix_edge_with(&api, || {});
     let stdout = text(&fixed.stdout);
     assert_eq!(
         fixed.status.code(),
@@ -677,4 +681,79 @@ fn verify_errors_are_one_clear_line_and_exit_1() {
         "{}",
         text(&out.stderr)
     );
+}
+
+/// Hostile round 4 (issue #49): one requester could keep every node connecting, a request
+/// after another. A node tests at most `MAX_TESTS_PER_MINUTE` requests a minute and answers
+/// the rest `refused` at once, counted; a request repeating a kind is refused before anything
+/// is built.
+#[test]
+fn requests_past_the_nodes_rate_and_a_flood_of_kinds_are_refused_and_counted() {
+    if !require_root("verify_rate") {
+        return;
+    }
+    let lab = LabGuard::up(&unbound()).expect("lab up");
+    let api = KubeFixture::builder()
+        .object(edge_service("Cluster", "Proxy"))
+        .start();
+    let mut agent = api.start_agent(&["--metrics-addr", METRICS, "--kube-events", "off"]);
+    agent.wait_log("verify: answering requests as this node", WAIT);
+    let request = |name: &str, kinds: Value| {
+        api.apply(json!({
+            "apiVersion": "clb-probe.io/v1alpha1", "kind": "LoopbackVerification",
+            "metadata": {"name": name},
+            "spec": {"service": {"namespace": "default", "name": "nope"},
+                     "nodes": [NODE_NAME], "kinds": kinds},
+        }));
+    };
+    let answer = |name: &str| {
+        api.objects("loopbackverifications")
+            .iter()
+            .find(|o| o["metadata"]["name"] == name)
+            .filter(|o| o["status"]["nodes"][NODE_NAME]["phase"] == "refused")
+            .and_then(|o| {
+                o["status"]["nodes"][NODE_NAME]["message"]
+                    .as_str()
+                    .map(String::from)
+            })
+    };
+    // 140,000 repeats of one kind (1.4 MB, under the API's object limit; the CRD's maxItems
+    // refuses it at a real API server): refused before a result is built.
+    request("kinds-flood", json!(vec!["hairpin"; 140_000]));
+    let why = wait_for("the kinds flood answered", Duration::from_secs(60), || {
+        answer("kinds-flood")
+    })
+    .expect("the kinds flood answered");
+    assert!(why.contains("at most 16"), "{why}");
+    // Then more requests than the node tests in a minute (each refused at once here: the
+    // Service does not exist, so the minute holds them all).
+    let limit = probe_contract::verify::MAX_TESTS_PER_MINUTE;
+    let more = limit + 2;
+    for i in 0..more {
+        request(&format!("flood-{i}"), json!([]));
+    }
+    let answers = wait_for("every request answered", Duration::from_secs(40), || {
+        let all: Vec<String> = (0..more)
+            .filter_map(|i| answer(&format!("flood-{i}")))
+            .collect();
+        (all.len() == more).then_some(all)
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "not every request answered: {:#?}",
+            api.objects("loopbackverifications")
+        )
+    });
+    // The kinds flood took one of the minute's tests.
+    let limited = answers
+        .iter()
+        .filter(|m| m.starts_with("rate limited"))
+        .count();
+    assert_eq!(limited, more - (limit - 1), "{answers:#?}");
+    assert_eq!(
+        metric("clbprobe_verify_requests_total{phase=\"refused\"}"),
+        Some(more as u64 + 1)
+    );
+    assert!(agent.stop().success());
+    drop(lab);
 }

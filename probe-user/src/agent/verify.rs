@@ -33,7 +33,10 @@ use kube::{
 };
 use probe_contract::{
     LoopbackEvent, LoopbackKind,
-    verify::{self as contract, NodeVerification, Phase, VerificationSpec, VerifyOutcome},
+    verify::{
+        self as contract, MAX_TESTS_PER_MINUTE, NodeVerification, Phase, VerificationSpec,
+        VerifyOutcome,
+    },
 };
 use tokio::sync::{broadcast, mpsc, watch};
 use tracing::{info, warn};
@@ -53,11 +56,6 @@ const QUEUE: usize = 8;
 /// Request names remembered as taken (the watch sends the object again on every status
 /// patch, ours and other nodes').
 const TAKEN_MAX: usize = 1024;
-/// Requests one node tests in a minute at most (hostile round 4: one requester could keep
-/// every node connecting; a black-holed Service ties a node's tester up ~40 s a request). Past
-/// it a request is answered `refused` at once, counted in
-/// `clbprobe_verify_requests_total{phase="refused"}`.
-pub const MAX_TESTS_PER_MINUTE: usize = 6;
 /// Targets one canary round tests at most.
 pub const CANARY_TARGETS: usize = 4;
 
@@ -110,6 +108,7 @@ pub async fn serve(
         tracing::error!(node = %tester.node, "verify: this agent is not node {:?} (--node-name / NODE_NAME): it answers no verify request", tester.node);
         return;
     }
+    info!(node = %tester.node, "verify: answering requests as this node");
     let api: Api<DynamicObject> = Api::all_with(client, &api_resource());
     let (tx, rx) = mpsc::channel::<Request>(QUEUE);
     let worker = tokio::spawn(answer_requests(api.clone(), tester.clone(), allowed, rx));
@@ -275,14 +274,15 @@ fn plan(tester: &Tester, spec: &VerificationSpec) -> Result<Plan, String> {
             }
         ));
     };
+    let service_targets = targets(svc);
     let loops = tester
         .shared
         .confirmed
         .lock()
-        .map(|m| crate::verify::loops_of(m.values(), &key))
+        .map(|m| crate::verify::loops_of(m.values(), &key, &service_targets.0))
         .unwrap_or_default();
     let (tests, untestable) =
-        crate::verify::plan(targets(svc), &kinds, spec.kinds.is_empty(), &loops);
+        crate::verify::plan(service_targets, &kinds, spec.kinds.is_empty(), &loops);
     let proxy_protocol = crate::correlate::proxy_protocol::targets(std::iter::once(svc))
         .into_iter()
         .map(|t| (t.ip, t.port))

@@ -187,20 +187,30 @@ pub struct Looped {
 }
 
 /// The loops of `service` (`namespace/name`) among this node's confirmations, once each
-/// (an aggregate per client and port: the events' sources). Health checks are the LB's own
-/// calls (tested per LB IP by waiting, [`decide_healthcheck`]), not a client's.
+/// (an aggregate per client and port: the events' sources): those that name it, and those
+/// that looped through one of its LB IP:ports `lb` (the LB may send a call to another
+/// Service's NodePort, and the event then names that one: the path still went through this
+/// Service's LB). Health checks are the LB's own calls (tested per LB IP by waiting,
+/// [`decide_healthcheck`]), not a client's.
 pub fn loops_of<'a>(
     confirmed: impl IntoIterator<Item = &'a LoopbackEvent>,
     service: &str,
+    lb: &[Target],
 ) -> Vec<Looped> {
     let mut out: Vec<Looped> = Vec::new();
     for e in confirmed {
-        if !names_service(e, service) || e.kind == LoopbackKind::HealthcheckBlackhole {
+        if e.kind == LoopbackKind::HealthcheckBlackhole {
             continue;
         }
         let (Some(ip), Some(port)) = (e.vip, e.vip_port) else {
             continue;
         };
+        let through_lb = lb
+            .iter()
+            .any(|t| t.ip == ip && t.port == port && t.proto == e.proto);
+        if !names_service(e, service) && !through_lb {
+            continue;
+        }
         let client = if from_pod(e) {
             Client::Pod {
                 ip: e.src,

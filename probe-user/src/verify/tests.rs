@@ -232,8 +232,19 @@ fn a_pods_loop_is_planned_from_the_pod_at_its_own_target() {
         ..pod_hairpin(80)
     };
     let confirmed = [pod_hairpin(80), named_port, node_loop, other_service];
-    let loops = loops_of(&confirmed, "default/web");
+    let loops = loops_of(&confirmed, "default/web", &[]);
     assert_eq!(loops.len(), 2, "{loops:#?}");
+    // A loop through the Service's LB IP:port that the event names by another Service (the
+    // LB sent the call to that one's NodePort): the Service's all the same.
+    let via_other = LoopbackEvent {
+        service: Some("default/other".into()),
+        ..pod_hairpin(80)
+    };
+    assert_eq!(
+        loops_of([&via_other], "default/web", &[target(80)]).len(),
+        1
+    );
+    assert!(loops_of([&via_other], "default/web", &[target(8081)]).is_empty());
     let (tests, untestable) = plan(targets(&svc), &kinds(&[]).unwrap(), true, &loops);
     assert!(untestable.is_empty(), "{untestable:#?}");
     // The node's two targets, then the pod's one.
@@ -288,7 +299,7 @@ fn a_pods_loop_is_planned_from_the_pod_at_its_own_target() {
     );
     assert!(tests.iter().all(|t| t.client == Client::Node));
     // A loop at a port the Service no longer has is not testable, and says so.
-    let gone = loops_of(&[pod_hairpin(9999)], "default/web");
+    let gone = loops_of(&[pod_hairpin(9999)], "default/web", &[]);
     let (_, untestable) = plan(targets(&svc), &kinds(&[]).unwrap(), true, &gone);
     assert_eq!(untestable.len(), 1);
     assert!(untestable[0].looped && untestable[0].reason.contains("not one of the Service's"));
