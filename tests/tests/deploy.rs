@@ -381,3 +381,20 @@ fn daemonset_follows_the_security_policy() {
     assert!(ds.contains("path: /healthz") && ds.contains("path: /readyz"));
     assert!(ds.contains("prometheus.io/scrape: \"true\""));
 }
+
+/// Issue #49: verify from pods is opt-in; with it the agent gets `CAP_SYS_ADMIN` (setns) and
+/// the host's `/run/netns`, read-only, and nothing else more. No root needed.
+#[test]
+fn verify_from_pods_adds_setns_and_the_netns_mount_only_when_asked() {
+    if !chart_tools() {
+        return;
+    }
+    let all_on = chart::render(Some(&chart::chart_dir().join("ci/all-on-values.yaml"))).unwrap();
+    assert!(all_on.contains("- SYS_ADMIN"), "{all_on}");
+    assert!(all_on.contains("mountPath: /run/netns"));
+    assert!(all_on.contains("mountPropagation: HostToContainer"));
+    assert!(all_on.contains("path: /run/netns"));
+    let default = chart::render(None).unwrap();
+    assert!(!default.contains("SYS_ADMIN"));
+    assert!(!default.contains("/run/netns"));
+}

@@ -757,3 +757,47 @@ fn requests_past_the_nodes_rate_and_a_flood_of_kinds_are_refused_and_counted() {
     assert!(agent.stop().success());
     drop(lab);
 }
+
+/// Issue #49: an interrupted `verify` (Ctrl-C, SIGTERM) used to leave its request behind. It
+/// is deleted, and the plugin says nothing was concluded. No lab.
+#[test]
+fn an_interrupted_verify_deletes_its_request() {
+    let api = KubeFixture::builder()
+        .objects(fixtures::lab())
+        .listen(Listen::Host)
+        .tag("verify-interrupted")
+        .start();
+    for signal in [libc::SIGINT, libc::SIGTERM] {
+        let child = Command::new(probe_tests::kube_fixture::plugin_bin())
+            .args(["--kubeconfig", api.kubeconfig()])
+            .args([
+                "verify",
+                "-n",
+                "default",
+                "web",
+                "--node",
+                "ghost",
+                "--timeout",
+                "60",
+            ])
+            .env_remove("KUBECONFIG")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run kubectl-clb_probe");
+        wait_for("the request created", WAIT, || {
+            (!api.objects("loopbackverifications").is_empty()).then_some(())
+        })
+        .expect("the plugin created its request");
+        // SAFETY: a signal to the child this test started.
+        unsafe { libc::kill(child.id() as i32, signal) };
+        let out = child.wait_with_output().expect("the plugin ends");
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains("interrupted"), "{stderr}");
+        assert!(
+            api.objects("loopbackverifications").is_empty(),
+            "the interrupted request is deleted"
+        );
+    }
+}

@@ -328,26 +328,49 @@ pub async fn run_verification(
     let name = created.metadata.name.clone().unwrap_or_default();
     let deadline = tokio::time::Instant::now() + timeout;
     let mut status = VerificationStatus::default();
-    let result = loop {
-        match api.get(&name).await {
-            Ok(o) => {
-                status = o
-                    .data
-                    .get("status")
-                    .cloned()
-                    .and_then(|s| serde_json::from_value(s).ok())
-                    .unwrap_or_default();
+    // Ctrl-C or SIGTERM while waiting: the request is deleted all the same (issue #49: an
+    // interrupted verify left its request behind).
+    let interrupted = async {
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => "SIGINT",
+            _ = async {
+                match term.as_mut() {
+                    Some(t) => { t.recv().await; }
+                    None => std::future::pending::<()>().await,
+                }
+            } => "SIGTERM",
+        }
+    };
+    let wait = async {
+        loop {
+            match api.get(&name).await {
+                Ok(o) => {
+                    status = o
+                        .data
+                        .get("status")
+                        .cloned()
+                        .and_then(|s| serde_json::from_value(s).ok())
+                        .unwrap_or_default();
+                }
+                Err(e) => break Err(explain(e, &format!("get {PLURAL} {name}"))),
             }
-            Err(e) => break Err(explain(e, &format!("get {PLURAL} {name}"))),
+            let all = spec
+                .nodes
+                .iter()
+                .all(|n| super::verify::answered(status.nodes.get(n)));
+            if all || tokio::time::Instant::now() >= deadline {
+                break Ok(());
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
         }
-        let all = spec
-            .nodes
-            .iter()
-            .all(|n| super::verify::answered(status.nodes.get(n)));
-        if all || tokio::time::Instant::now() >= deadline {
-            break Ok(());
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    };
+    let result = tokio::select! {
+        r = wait => r,
+        signal = interrupted => Err(anyhow::anyhow!(
+            "interrupted ({signal}): the request {name} was deleted, nothing was concluded"
+        )),
     };
     // Deleted whatever happened: a request left behind would be answered by no one (too old)
     // and only clutter the list. A denied delete is said, not fatal.

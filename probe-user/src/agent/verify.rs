@@ -509,31 +509,45 @@ async fn connect(tester: &Tester, target: &Target, canary: bool, send: bool) -> 
     }
 }
 
-/// `--canary-every`: every `every` (jittered by up to a quarter), the next
-/// [`CANARY_TARGETS`] TCP LB IP:ports of the Services in the API cache (in turn, so every
-/// target comes up), tested like a verify request; each target's worst outcome counted in
+/// `--canary-every`: every `every` (jittered by up to a quarter), one TCP LB IP:port of each
+/// of the next [`CANARY_TARGETS`] Services in the API cache (risks first, in turn:
+/// `verify::canary_round`), tested like a verify request; each target's worst outcome counted in
 /// `clbprobe_canary_tests_total{outcome}`. Runs until aborted.
 pub async fn canary(tester: Tester, every: Duration) {
     info!(
         every_s = every.as_secs(),
         "canary on: node-sourced tests of LB IP:ports"
     );
-    let mut next = 0usize;
+    let mut cursor = 0usize;
+    let mut next = HashMap::new();
     let kinds = crate::verify::NODE_TESTABLE.to_vec();
     loop {
         let jitter = every.mul_f64(jitter_fraction() * 0.25);
         tokio::time::sleep(every + jitter).await;
         let index = tester.index.borrow().clone();
-        let mut all: Vec<Target> = index.services().flat_map(|s| targets(s).0).collect();
-        all.sort_by_key(|t| (t.ip, t.port));
-        all.dedup();
-        if all.is_empty() {
+        let risks = tester
+            .shared
+            .check_risks
+            .lock()
+            .map(|r| r.clone())
+            .unwrap_or_default();
+        let services: Vec<(String, Vec<Target>, bool)> = index
+            .services()
+            .map(|s| {
+                let key = s.key();
+                let risky = risks.iter().any(|r| {
+                    r.service.as_deref() == Some(key.as_str()) || r.services.contains(&key)
+                });
+                (key, targets(s).0, risky)
+            })
+            .collect();
+        let mut round =
+            crate::verify::canary_round(&services, &mut cursor, &mut next, CANARY_TARGETS);
+        round.sort_by_key(|t| (t.ip, t.port));
+        round.dedup();
+        if round.is_empty() {
             continue;
         }
-        let round: Vec<Target> = (0..CANARY_TARGETS.min(all.len()))
-            .map(|i| all[(next + i) % all.len()])
-            .collect();
-        next = (next + round.len()) % all.len();
         let plan = Plan {
             tests: round
                 .iter()

@@ -243,7 +243,7 @@ mod tests {
             candidates(&[me.clone(), missing], std::slice::from_ref(&me), Some(own)).is_empty()
         );
         // Not excluded: once, though named twice.
-        let c = candidates(&[me.clone()], &[me], None);
+        let c = candidates(std::slice::from_ref(&me), std::slice::from_ref(&me), None);
         assert_eq!(c.len(), 1);
         assert_eq!(c[0].inode, own);
     }

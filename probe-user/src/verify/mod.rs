@@ -633,6 +633,39 @@ pub fn worst(results: &[VerifyResult]) -> Option<VerifyOutcome> {
     results.iter().map(|r| r.outcome).min_by_key(|o| rank(*o))
 }
 
+/// One canary round's targets (hostile round 4: first-come, one tenant Service with 5,000 ports
+/// put every other Service 1,250 rounds away). Rounds are shared per Service: each round takes
+/// the next `n` Services in turn (those with a risk in the node's checks first), and from each
+/// its next target, so every Service comes up every `services / n` rounds whatever its number
+/// of ports. `services`: (key, its TCP targets, has a risk), any order; `cursor` and `next`
+/// carry the turn between rounds. Pure.
+pub fn canary_round(
+    services: &[(String, Vec<Target>, bool)],
+    cursor: &mut usize,
+    next: &mut std::collections::HashMap<String, usize>,
+    n: usize,
+) -> Vec<Target> {
+    let mut order: Vec<&(String, Vec<Target>, bool)> =
+        services.iter().filter(|(_, t, _)| !t.is_empty()).collect();
+    // Risks first, then by name: a stable order for the cursor to walk.
+    order.sort_by(|a, b| b.2.cmp(&a.2).then_with(|| a.0.cmp(&b.0)));
+    if order.is_empty() {
+        return Vec::new();
+    }
+    let take = n.min(order.len());
+    let mut round = Vec::with_capacity(take);
+    for i in 0..take {
+        let (key, targets, _) = order[(*cursor + i) % order.len()];
+        let at = next.entry(key.clone()).or_default();
+        round.push(targets[*at % targets.len()]);
+        *at = (*at + 1) % targets.len();
+    }
+    *cursor = (*cursor + take) % order.len();
+    // Services gone from the cache are forgotten.
+    next.retain(|k, _| order.iter().any(|(key, _, _)| key == k));
+    round
+}
+
 /// Bounds an answer to [`probe_contract::verify::MAX_RESULTS`] results: the first ones kept
 /// (the tests' order: the node's, then the pods'), and a note of how many were left out.
 pub fn bounded(mut results: Vec<VerifyResult>) -> (Vec<VerifyResult>, Option<String>) {

@@ -363,3 +363,36 @@ fn a_request_is_for_the_named_nodes_or_with_none_named_for_those_with_a_loop() {
     assert!(is_for(&[], "a", true));
     assert!(!is_for(&[], "a", false));
 }
+
+/// Hostile round 4: one tenant Service with 5,000 ports no longer puts every other Service
+/// 1,250 rounds away; a Service with a risk comes first.
+#[test]
+fn canary_rounds_are_shared_per_service_risks_first() {
+    let tenant: Vec<Target> = (0..5000).map(|p| target(10_000 + p)).collect();
+    let services = vec![
+        ("tenant/many".to_string(), tenant, false),
+        ("shop/web".to_string(), vec![target(80)], false),
+        ("shop/risky".to_string(), vec![target(8081)], true),
+        ("shop/none".to_string(), vec![], false),
+    ];
+    let (mut cursor, mut next) = (0, std::collections::HashMap::new());
+    let first = canary_round(&services, &mut cursor, &mut next, 2);
+    assert_eq!(
+        first,
+        vec![target(8081), target(80)],
+        "the risk first, then by name"
+    );
+    let second = canary_round(&services, &mut cursor, &mut next, 2);
+    assert_eq!(second, vec![target(10_000), target(8081)]);
+    // Every Service comes up every (3 / 2) rounds, whatever its ports.
+    let mut seen_web = 0;
+    for _ in 0..10 {
+        seen_web += canary_round(&services, &mut cursor, &mut next, 2)
+            .iter()
+            .filter(|t| **t == target(80))
+            .count();
+    }
+    assert!(seen_web >= 6, "web tested {seen_web} times in 10 rounds");
+    // The tenant's targets advance in turn.
+    assert!(next["tenant/many"] > 1);
+}
