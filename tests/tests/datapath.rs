@@ -244,7 +244,36 @@ fn address_changes_after_start_are_followed_and_kube_ipvs0_is_reattached() {
             .count()
     };
 
-    // Added after start: matched on the next packet, within a second.
+    // The agent's local prefixes, as its address sync last loaded them (its `prefixes=N`
+    // lines): each step below waits for the sync it causes instead of a fixed sleep, so a
+    // loaded machine (the VM tier under TCG beside the host tests) waits longer rather than
+    // testing before the agent has seen the change (issue 54).
+    let prefixes = |agent: &mut Agent| {
+        agent.log_lines().iter().rev().find_map(|l| {
+            l.split("prefixes=")
+                .nth(1)?
+                .split(|c: char| !c.is_ascii_digit())
+                .next()?
+                .parse::<usize>()
+                .ok()
+        })
+    };
+    let synced_to = |agent: &mut Agent, want: usize, what: &str| {
+        wait_for(what, WAIT, || (prefixes(agent) == Some(want)).then_some(())).unwrap_or_else(
+            || {
+                panic!(
+                    "{what}: the agent's prefixes never {want}: {:?}",
+                    prefixes(agent)
+                )
+            },
+        );
+    };
+    let base = wait_for("the agent's first address sync", WAIT, || {
+        prefixes(&mut agent)
+    })
+    .expect("the agent logs its prefixes");
+
+    // Added after start: matched on the next packet once synced.
     sh(&[
         "ip",
         "-n",
@@ -255,7 +284,7 @@ fn address_changes_after_start_are_followed_and_kube_ipvs0_is_reattached() {
         "dev",
         lab::KUBE_IPVS0,
     ]);
-    std::thread::sleep(Duration::from_secs(1));
+    synced_to(&mut agent, base + 1, "the new VIP synced");
     lab.connect(lab::NS_LB, Some(vip2), node_port).unwrap();
     wait_for("suspect from the new VIP", WAIT, || {
         (from_vip2(&agent) >= 1).then_some(())
@@ -273,7 +302,7 @@ fn address_changes_after_start_are_followed_and_kube_ipvs0_is_reattached() {
         "dev",
         lab::KUBE_IPVS0,
     ]);
-    std::thread::sleep(Duration::from_secs(1));
+    synced_to(&mut agent, base, "the removed VIP synced");
     let before = from_vip2(&agent);
     let attempt = lab.connect(lab::NS_LB, Some(vip2), node_port).unwrap();
     assert_eq!(attempt.outcome, Outcome::Ok);
