@@ -70,8 +70,8 @@ fn watch_drop_destinations(maps: &mut DropDestinations, table: &state::ServiceTa
 }
 
 /// How often the conntrack table is read for PROXY-protocol resets (less than the 10 s an
-/// entry stays in `CLOSE`).
-const PROXY_PROTOCOL_EVERY: Duration = Duration::from_secs(3);
+/// entry stays in `CLOSE`). verify's `PROXY_PROTOCOL_GRACE` waits one of these more.
+pub const PROXY_PROTOCOL_EVERY: Duration = Duration::from_secs(3);
 
 /// One dump for the PROXY-protocol proof: the entries, and the targets they were read for.
 type ProxyProtocolDump = (
@@ -91,16 +91,24 @@ fn look_for_proxy_protocol(l: &CorrelateLoop, tx: &mpsc::Sender<ProxyProtocolDum
     }
     let tx = tx.clone();
     tokio::task::spawn_blocking(move || {
-        // One kernel-filtered dump per LB IP:port, not the whole table every 3 s: on a node
-        // with 500,000 entries that would be ~100 MB/s of netlink copies (see
-        // `state::conntrack::dump_filtered`). Once per IP:port: two Services may name the
-        // same one, and an entry read twice would be counted twice.
-        let wanted: std::collections::BTreeSet<_> =
-            targets.iter().map(|t| (t.ip, t.port)).collect();
+        // One kernel-filtered dump per LB IP, not the whole table every 3 s (on a node with
+        // 500,000 entries that would be ~100 MB/s of netlink copies, see
+        // `state::conntrack::dump_filtered`), nor one per IP:port (a tenant's 5,000 ports
+        // were 5,000 dumps a round). Once per IP: two Services may name the same one, and an
+        // entry read twice would be counted twice.
+        let (ips, wanted) = crate::correlate::proxy_protocol::dump_plan(&targets);
         let mut entries = Vec::new();
-        for (ip, port) in wanted {
-            match state::conntrack::dump_by_orig_destination(ip, port) {
-                Ok(e) => entries.extend(e),
+        for ip in ips {
+            let filter = state::conntrack::OrigFilter {
+                dst: Some(ip),
+                proto: Some(probe_contract::Proto::Tcp),
+                ..Default::default()
+            };
+            match state::conntrack::dump_filtered(&filter) {
+                Ok(e) => entries.extend(
+                    e.into_iter()
+                        .filter(|e| wanted.contains(&(e.orig.dst, e.orig.dport))),
+                ),
                 Err(error) => debug!(%error, "conntrack dump for PROXY-protocol resets"),
             }
         }

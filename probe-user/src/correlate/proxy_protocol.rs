@@ -147,6 +147,25 @@ pub fn targets<'a>(
     out
 }
 
+/// LB IPs dumped at most per round (every 3 s); past it the rest wait (said once, at debug).
+pub const MAX_DUMPED_IPS: usize = 256;
+
+/// What one round of PROXY-protocol dumps reads: one kernel-filtered dump per LB IP (TCP, any
+/// port; at most [`MAX_DUMPED_IPS`]) and the IP:ports whose entries count. Hostile round 4: one
+/// tenant Service with 5,000 ports cost 5,000 dumps every 3 s, each walking the whole table
+/// (99% of a core); now one. Pure.
+pub fn dump_plan(
+    targets: &[ProxyProtocolTarget],
+) -> (Vec<IpAddr>, std::collections::HashSet<(IpAddr, u16)>) {
+    let wanted: std::collections::HashSet<(IpAddr, u16)> =
+        targets.iter().map(|t| (t.ip, t.port)).collect();
+    let mut ips: Vec<IpAddr> = wanted.iter().map(|(ip, _)| *ip).collect();
+    ips.sort_unstable();
+    ips.dedup();
+    ips.truncate(MAX_DUMPED_IPS);
+    (ips, wanted)
+}
+
 /// One confirmed occurrence: a short-circuited call to a PROXY-protocol LB, reset.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProxyProtocolReset {

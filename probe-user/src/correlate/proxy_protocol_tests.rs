@@ -253,3 +253,29 @@ fn each_reset_call_is_one_occurrence_of_its_aggregate() {
     assert_eq!(second[0].event.count, 2);
     assert!(!second[0].is_new);
 }
+
+/// Hostile round 4: a tenant Service with 5,000 ports is one dump a round (its LB IP), not
+/// 5,000; the IP:ports still say which entries count.
+#[test]
+fn a_round_dumps_each_lb_ip_once_whatever_its_ports() {
+    let many: Vec<ProxyProtocolTarget> = (0..5000u16)
+        .map(|p| ProxyProtocolTarget {
+            ip: ip("203.0.113.10"),
+            port: 10_000 + p,
+            service: "tenant/many".into(),
+            annotation: "x".into(),
+            ip_mode_proxy: false,
+        })
+        .chain(std::iter::once(ProxyProtocolTarget {
+            ip: ip("203.0.113.11"),
+            port: 443,
+            service: "shop/web".into(),
+            annotation: "x".into(),
+            ip_mode_proxy: false,
+        }))
+        .collect();
+    let (ips, wanted) = super::proxy_protocol::dump_plan(&many);
+    assert_eq!(ips, vec![ip("203.0.113.10"), ip("203.0.113.11")]);
+    assert_eq!(wanted.len(), 5001);
+    assert!(wanted.contains(&(ip("203.0.113.11"), 443)));
+}
