@@ -74,7 +74,7 @@ pub(crate) static NICS: aya_ebpf::maps::HashMap<u32, u32> =
 pub(crate) static DROP_DESTINATIONS: aya_ebpf::maps::HashMap<
     probe_common::DropDestinationKey,
     u32,
-> = aya_ebpf::maps::HashMap::with_max_entries(4096, 0);
+> = aya_ebpf::maps::HashMap::with_max_entries(16_384, 0);
 
 /// Exact suspect counters by (ifindex, tag, proto).
 #[map]

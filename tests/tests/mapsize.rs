@@ -77,6 +77,8 @@ fn map_capacities_follow_the_flags() {
         ("HOSTS_V6", 16_384, 2_048),
         ("LOCAL_V4", 16_384, 2_048),
         ("LOCAL_V6", 16_384, 2_048),
+        // DROP_DESTINATIONS, as the kernel names it (15 characters).
+        ("DROP_DESTINATIO", 16_384, 2_048),
         ("RECENT", 16_384, 512),
         ("SUSPECTS", 1_024, 128),
         ("DROPS", 1_024, 128),

@@ -141,28 +141,47 @@ pub struct DropDestinations {
 }
 
 impl DropDestinations {
-    /// Makes the map hold exactly `want` (a diff against what it holds). Past the map's
-    /// capacity the rest is left out: their drops then stay unreported, as before.
-    pub fn sync(&mut self, want: &std::collections::BTreeSet<IpAddr>) -> Result<(), KernelError> {
+    /// Makes the map hold `want`, in its order (a diff against what it holds), as far as the
+    /// map's capacity (`--address-entries`) goes: returns the addresses left out (their drops
+    /// stay unreported). The caller orders `want` by priority (LB IPs first), so a tenant with
+    /// many low external IPs cannot choose whose loops are missed.
+    pub fn sync(&mut self, want: &[IpAddr]) -> Result<Vec<IpAddr>, KernelError> {
+        let wanted: std::collections::BTreeSet<IpAddr> = want.iter().copied().collect();
         let key = |a: IpAddr| probe_common::DropDestinationKey {
             addr: super::codec::addr_bytes(a),
             family: super::codec::family_of(a),
             _pad: [0; 3],
         };
-        let gone: Vec<IpAddr> = self.held.difference(want).copied().collect();
+        let gone: Vec<IpAddr> = self.held.difference(&wanted).copied().collect();
         for a in gone {
             self.map
                 .remove(&key(a))
                 .map_err(map_err("DROP_DESTINATIONS"))?;
             self.held.remove(&a);
         }
-        for a in want.difference(&self.held.clone()) {
-            self.map
-                .insert(key(*a), 1, 0)
-                .map_err(map_err("DROP_DESTINATIONS"))?;
-            self.held.insert(*a);
+        let mut left_out = Vec::new();
+        for a in want {
+            if self.held.contains(a) {
+                continue;
+            }
+            if !left_out.is_empty() {
+                left_out.push(*a);
+                continue;
+            }
+            match self.map.insert(key(*a), 1, 0) {
+                Ok(()) => {
+                    self.held.insert(*a);
+                }
+                // Full (E2BIG): the rest is left out, said by the caller.
+                Err(aya::maps::MapError::SyscallError(e))
+                    if e.io_error.raw_os_error() == Some(libc::E2BIG) =>
+                {
+                    left_out.push(*a);
+                }
+                Err(e) => return Err(map_err("DROP_DESTINATIONS")(e)),
+            }
         }
-        Ok(())
+        Ok(left_out)
     }
 }
 
