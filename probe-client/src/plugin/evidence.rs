@@ -281,6 +281,16 @@ pub fn readme(service: &str, outcomes: &[(String, NodeOutcome)]) -> String {
     for (file, what) in FILES {
         let _ = writeln!(s, "  {file}: {what}");
     }
+    s.push_str(
+        "\nWhat the captures are (issue #49): the packets the agent's eBPF programs saw on this \
+         node's side of the loop, as they arrived back from the LB or as the kernel dropped them \
+         (each packet's comment names its hook: tc ingress on the NIC, or kfree_skb with the drop \
+         reason), not the client's outgoing leg. The Ethernet header is synthetic (the programs \
+         copy from the IP header). With the agent's default `--evidence headers`, every payload \
+         byte after the IP and transport headers is zeroed (fragments, ICMP echo data and SCTP \
+         chunks included): addresses and ports are what a loop is about; `--evidence full` keeps \
+         them.\n",
+    );
     s.push_str("\nNodes:\n");
     for (node, outcome) in outcomes {
         let _ = match outcome {

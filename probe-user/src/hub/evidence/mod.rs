@@ -302,36 +302,77 @@ fn summary(event: &KernelEvent, captured: usize) -> PacketSummary {
     }
 }
 
-/// Zeroes every byte after the IP and TCP/UDP headers (the IPv6 header's extension headers
-/// are not walked: everything after its fixed header and a TCP/UDP header is zeroed). Bytes
-/// it cannot place (an unknown version, a header longer than the capture) stay as they are
-/// only when they are header bytes; anything else is zeroed.
+/// Zeroes every byte after the IP and transport headers: TCP (its data offset), UDP (8),
+/// SCTP (its 12-byte common header: the chunks are data), ICMP and ICMPv6 (8; an error
+/// message keeps the header of the packet it quotes, 28 bytes more, since that packet is what
+/// it is about; an echo's data is data). IPv6 extension headers are walked (hop-by-hop,
+/// routing, destination options, fragment). A fragment that is not the first carries no
+/// transport header: everything after the IP headers is zeroed, as it is for any other
+/// protocol and any header the capture cannot place (hostile round 4: non-first fragments,
+/// extension headers, echo and SCTP kept payload bytes).
 pub fn zero_payload(bytes: &mut [u8]) {
-    let Some(&first) = bytes.first() else {
-        return;
-    };
-    let (l4, proto) = match first >> 4 {
-        4 => (usize::from(first & 0x0f) * 4, bytes.get(9).copied()),
-        6 => (40, bytes.get(6).copied()),
-        _ => {
-            bytes.fill(0);
-            return;
-        }
-    };
-    let end = match proto {
-        // TCP: the data offset (header length in words) at byte 12 of its header.
-        Some(6) => bytes
-            .get(l4 + 12)
-            .map_or(bytes.len(), |b| l4 + usize::from(b >> 4) * 4),
-        Some(17) => l4 + 8,
-        // ICMP and the rest: the first 8 bytes (type, code, checksum, rest of header) and, for
-        // an ICMP error, the quoted packet's header after them is left as it is: it is the
-        // packet the error is about.
-        _ => l4 + 8 + 28,
-    };
+    let end = headers_end(bytes).unwrap_or(0);
     if let Some(payload) = bytes.get_mut(end.min(bytes.len())..) {
         payload.fill(0);
     }
+}
+
+/// Where the headers [`zero_payload`] keeps end (None: nothing is a known header).
+fn headers_end(bytes: &[u8]) -> Option<usize> {
+    let first = *bytes.first()?;
+    let (mut at, mut proto, v6) = match first >> 4 {
+        4 => {
+            let ihl = usize::from(first & 0x0f) * 4;
+            // Fragment offset (13 bits of bytes 6-7): not the first fragment, no L4 header.
+            let offset = u16::from_be_bytes([*bytes.get(6)?, *bytes.get(7)?]) & 0x1fff;
+            if offset != 0 {
+                return Some(ihl);
+            }
+            (ihl, *bytes.get(9)?, false)
+        }
+        6 => (40, *bytes.get(6)?, true),
+        _ => return None,
+    };
+    if v6 {
+        // Extension headers, bounded: each at least 8 bytes.
+        for _ in 0..8 {
+            match proto {
+                0 | 43 | 60 => {
+                    let next = *bytes.get(at)?;
+                    let len = (usize::from(*bytes.get(at + 1)?) + 1) * 8;
+                    proto = next;
+                    at += len;
+                }
+                44 => {
+                    let next = *bytes.get(at)?;
+                    let offset =
+                        u16::from_be_bytes([*bytes.get(at + 2)?, *bytes.get(at + 3)?]) >> 3;
+                    at += 8;
+                    if offset != 0 {
+                        return Some(at);
+                    }
+                    proto = next;
+                }
+                _ => break,
+            }
+        }
+    }
+    let end = match proto {
+        6 => at + usize::from(bytes.get(at + 12).map_or(5, |b| b >> 4)) * 4,
+        17 => at + 8,
+        132 => at + 12,
+        1 | 58 => {
+            let kind = bytes.get(at).copied();
+            let error = if proto == 1 {
+                matches!(kind, Some(3 | 4 | 5 | 11 | 12))
+            } else {
+                matches!(kind, Some(1..=4))
+            };
+            at + 8 + if error { 28 } else { 0 }
+        }
+        _ => at,
+    };
+    Some(end)
 }
 
 #[cfg(test)]

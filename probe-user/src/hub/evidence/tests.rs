@@ -369,3 +369,67 @@ fn zeroing_handles_short_and_odd_captures() {
     assert_eq!(odd, [0, 0, 0]);
     let _ = Hook::KfreeSkb;
 }
+
+/// Hostile round 4: `--evidence headers` kept payload bytes of IPv4 non-first fragments,
+/// behind IPv6 extension headers, of ICMP echo and of SCTP. Each is zeroed now; the headers a
+/// loop is about stay.
+#[test]
+fn headers_mode_zeroes_fragments_extension_headers_echo_and_sctp_payloads() {
+    let secret = [0xaa_u8; 24];
+    // IPv4 with protocol `proto`, fragment offset `frag` (8-byte units), then `l4`.
+    let v4 = |proto: u8, frag: u16, l4: &[u8]| {
+        let mut b = vec![0x45, 0, 0, 0, 0, 0];
+        b.extend_from_slice(&frag.to_be_bytes());
+        b.extend_from_slice(&[64, proto, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2]);
+        b.extend_from_slice(l4);
+        b
+    };
+    // A non-first fragment: what follows the IP header is the middle of some payload.
+    let mut frag = v4(6, 185, &secret);
+    zero_payload(&mut frag);
+    assert!(frag[20..].iter().all(|&b| b == 0), "{frag:?}");
+    // ICMP echo: its 8-byte header stays, its data goes.
+    let mut echo_l4 = vec![8, 0, 0, 0, 0, 1, 0, 1];
+    echo_l4.extend_from_slice(&secret);
+    let mut echo = v4(1, 0, &echo_l4);
+    zero_payload(&mut echo);
+    assert_eq!(echo[20..28], [8, 0, 0, 0, 0, 1, 0, 1]);
+    assert!(echo[28..].iter().all(|&b| b == 0));
+    // ICMP port unreachable keeps the packet it quotes (its header).
+    let mut unreach_l4 = vec![3, 3, 0, 0, 0, 0, 0, 0];
+    unreach_l4.extend_from_slice(&[0x45; 28]);
+    unreach_l4.extend_from_slice(&secret);
+    let mut unreach = v4(1, 0, &unreach_l4);
+    zero_payload(&mut unreach);
+    assert!(unreach[28..56].iter().all(|&b| b == 0x45));
+    assert!(unreach[56..].iter().all(|&b| b == 0));
+    // SCTP: the 12-byte common header stays, the chunks go.
+    let mut sctp_l4 = vec![0x13, 0x88, 0x13, 0x89, 1, 2, 3, 4, 5, 6, 7, 8];
+    sctp_l4.extend_from_slice(&secret);
+    let mut sctp = v4(132, 0, &sctp_l4);
+    zero_payload(&mut sctp);
+    assert_eq!(sctp[20..32], sctp_l4[..12]);
+    assert!(sctp[32..].iter().all(|&b| b == 0));
+    // IPv6, a destination-options header (8 bytes) then TCP: the TCP header stays.
+    let mut v6 = vec![0x60, 0, 0, 0, 0, 0, 60, 64];
+    v6.extend_from_slice(&[0x20; 32]);
+    v6.extend_from_slice(&[6, 0, 1, 4, 0, 0, 0, 0]);
+    let mut tcp = vec![0u8; 20];
+    tcp[12] = 5 << 4;
+    tcp[0] = 0x1f;
+    v6.extend_from_slice(&tcp);
+    v6.extend_from_slice(&secret);
+    zero_payload(&mut v6);
+    assert_eq!(
+        v6[48], 0x1f,
+        "the TCP header behind the extension header stays"
+    );
+    assert!(v6[68..].iter().all(|&b| b == 0), "{:?}", &v6[68..]);
+    // IPv6, a fragment header of a non-first fragment: all after it zeroed.
+    let mut v6frag = vec![0x60, 0, 0, 0, 0, 0, 44, 64];
+    v6frag.extend_from_slice(&[0x20; 32]);
+    v6frag.extend_from_slice(&[6, 0, 0x05, 0x00, 0, 0, 0, 1]);
+    v6frag.extend_from_slice(&secret);
+    zero_payload(&mut v6frag);
+    assert!(v6frag[48..].iter().all(|&b| b == 0));
+}
