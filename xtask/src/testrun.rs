@@ -521,7 +521,7 @@ fn smokes(args: &TestArgs, totals: &mut Totals, clock: &mut Clock) -> anyhow::Re
             out: None,
         };
         let result = timed(clock, "chaos smoke run (cargo xtask chaos --quick)", || {
-            crate::chaos::run(&quick)
+            unpanicked("the chaos smoke run", || crate::chaos::run(&quick))
         });
         match result {
             Ok(()) => totals.passed += 1,
@@ -541,7 +541,11 @@ fn smokes(args: &TestArgs, totals: &mut Totals, clock: &mut Clock) -> anyhow::Re
         let result = timed(
             clock,
             "benchmark smoke run (cargo xtask bench --quick)",
-            || crate::bench::run(&bench_quick()),
+            || {
+                unpanicked("the benchmark smoke run", || {
+                    crate::bench::run(&bench_quick())
+                })
+            },
         );
         match result {
             Ok(()) => totals.passed += 1,
@@ -552,6 +556,14 @@ fn smokes(args: &TestArgs, totals: &mut Totals, clock: &mut Clock) -> anyhow::Re
         }
     }
     Ok(())
+}
+
+/// Runs `f`; a panic in it is its failure, not the whole run's end: the lane beside is still
+/// joined and the closing table and `summary:` line still printed (a bench smoke's panic once
+/// ended a CI run with neither).
+fn unpanicked(what: &str, f: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<()> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+        .unwrap_or_else(|_| Err(anyhow::anyhow!("{what} panicked (its message is above)")))
 }
 
 /// `cargo xtask bench --quick`'s arguments: every part for a second or three.

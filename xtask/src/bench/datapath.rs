@@ -46,14 +46,23 @@ fn ns_per_run(f: impl FnOnce() -> Result<()>) -> Result<Vec<(String, f64, u64)>>
     write_sysctl("kernel.bpf_stats_enabled", "0")?;
     r?;
     let after = after?;
-    let mut out = Vec::new();
-    for (name, t1, c1) in after {
+    let mut out: Vec<(String, f64, u64)> = Vec::new();
+    for (name, id, t1, c1) in after {
         let (t0, c0) = before
             .iter()
-            .find(|(n, ..)| *n == name)
-            .map_or((0, 0), |(_, t, c)| (*t, *c));
-        if c1 > c0 {
-            out.push((name, (t1 - t0) as f64 / (c1 - c0) as f64, c1 - c0));
+            .find(|(_, i, ..)| *i == id)
+            .map_or((0, 0), |(_, _, t, c)| (*t, *c));
+        if c1 > c0 && t1 >= t0 {
+            let (ns, runs) = ((t1 - t0) as f64, c1 - c0);
+            // Programs of one name (several agents, or one re-attached): their runs summed.
+            match out.iter_mut().find(|(n, ..)| *n == name) {
+                Some((_, avg, n)) => {
+                    let total = *avg * *n as f64 + ns;
+                    *n += runs;
+                    *avg = total / *n as f64;
+                }
+                None => out.push((name, ns / runs as f64, runs)),
+            }
         }
     }
     Ok(out)

@@ -528,14 +528,17 @@ fn our_progs() -> Result<Vec<serde_json::Value>> {
         .collect())
 }
 
-/// (name, run_time_ns, run_cnt) of each of our programs (needs
-/// `kernel.bpf_stats_enabled=1` to move).
-pub fn prog_stats() -> Result<Vec<(String, u64, u64)>> {
+/// (name, program id, run_time_ns, run_cnt) of each of our programs (needs
+/// `kernel.bpf_stats_enabled=1` to move). By id: another agent on the machine (a test beside
+/// the smoke run) loads programs of the same names, and a by-name match once subtracted one
+/// program's counters from another's (an overflow panic that ended a CI run, issue 54).
+pub fn prog_stats() -> Result<Vec<(String, u64, u64, u64)>> {
     Ok(our_progs()?
         .iter()
         .map(|p| {
             (
                 p["name"].as_str().unwrap_or_default().to_string(),
+                p["id"].as_u64().unwrap_or(0),
                 p["run_time_ns"].as_u64().unwrap_or(0),
                 p["run_cnt"].as_u64().unwrap_or(0),
             )
