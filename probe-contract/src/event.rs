@@ -126,7 +126,38 @@ pub enum LoopbackKind {
 }
 
 impl LoopbackKind {
-    pub fn as_str(self) -> &'static str {
+    /// Every kind, in the order every list of kinds shows them (the report's columns, verify's
+    /// names): the three of the mission first, then the field's later shapes. Adding a kind
+    /// adds it here, and every `match` on the kind says where else it must go.
+    pub const ALL: [LoopbackKind; 7] = [
+        LoopbackKind::Hairpin,
+        LoopbackKind::HealthcheckBlackhole,
+        LoopbackKind::VipPortUnserved,
+        LoopbackKind::VipAsSource,
+        LoopbackKind::ServiceSelfLoop,
+        LoopbackKind::EtpLocalDrop,
+        LoopbackKind::ProxyProtocolShortCircuit,
+    ];
+
+    /// The kind spelled as [`LoopbackKind::as_str`] writes it.
+    pub fn parse(s: &str) -> Option<LoopbackKind> {
+        LoopbackKind::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+
+    /// A table column's header for the kind (`kubectl clb-probe report`).
+    pub const fn column(self) -> &'static str {
+        match self {
+            LoopbackKind::HealthcheckBlackhole => "HC-BLACKHOLE",
+            LoopbackKind::Hairpin => "HAIRPIN",
+            LoopbackKind::VipPortUnserved => "VIP-UNSERVED",
+            LoopbackKind::VipAsSource => "VIP-AS-SOURCE",
+            LoopbackKind::ServiceSelfLoop => "SELF-LOOP",
+            LoopbackKind::EtpLocalDrop => "ETP-LOCAL-DROP",
+            LoopbackKind::ProxyProtocolShortCircuit => "PROXY-PROTOCOL",
+        }
+    }
+
+    pub const fn as_str(self) -> &'static str {
         match self {
             LoopbackKind::HealthcheckBlackhole => "healthcheck_blackhole",
             LoopbackKind::Hairpin => "hairpin",

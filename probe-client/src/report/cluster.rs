@@ -19,13 +19,20 @@ pub const STALE_AFTER: i64 = 900;
 /// Services shown in the table.
 pub const TOP_SERVICES: usize = 10;
 
-/// The loop kinds, in column order.
-pub const KINDS: [(&str, &str); 4] = [
-    ("hairpin", "HAIRPIN"),
-    ("healthcheck_blackhole", "HC-BLACKHOLE"),
-    ("vip_port_unserved", "VIP-UNSERVED"),
-    ("vip_as_source", "VIP-AS-SOURCE"),
-];
+/// The loop kinds, in column order: (spelling, column header), every kind
+/// ([`LoopbackKind::ALL`]). Issue #49: `service_self_loop`, `etp_local_drop` and
+/// `proxy_protocol_short_circuit` had no column, so a node row read zeros while the exit code
+/// was 1.
+pub const KINDS: [(&str, &str); 7] = {
+    let mut out = [("", ""); 7];
+    let mut i = 0;
+    while i < 7 {
+        let k = probe_contract::LoopbackKind::ALL[i];
+        out[i] = (k.as_str(), k.column());
+        i += 1;
+    }
+    out
+};
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct NodeRow {
@@ -401,6 +408,30 @@ mod tests {
 
     fn nodes(n: &[&str]) -> Vec<String> {
         n.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// Issue #49: the later kinds had no column, so a node with only such a loop read zeros
+    /// while the exit code was 1.
+    #[test]
+    fn every_kind_has_its_column() {
+        let reports = vec![report(
+            "node-a",
+            NOW - 5,
+            &[
+                ("etp_local_drop", "shop/web"),
+                ("proxy_protocol_short_circuit", "shop/pp"),
+            ],
+            &[],
+        )];
+        let v = build(&nodes(&["node-a"]), &reports, NOW, &Filter::default());
+        let text = table(&v, NOW, false);
+        let head: Vec<&str> = text.lines().next().unwrap().split_whitespace().collect();
+        let row: Vec<&str> = text.lines().nth(1).unwrap().split_whitespace().collect();
+        let at = |col: &str| row[head.iter().position(|h| *h == col).unwrap()];
+        assert_eq!(at("ETP-LOCAL-DROP"), "1", "{text}");
+        assert_eq!(at("PROXY-PROTOCOL"), "1", "{text}");
+        assert_eq!(at("SELF-LOOP"), "0", "{text}");
+        assert_eq!(KINDS.len(), probe_contract::LoopbackKind::ALL.len());
     }
 
     #[test]

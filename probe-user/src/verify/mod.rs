@@ -67,15 +67,7 @@ pub const NODE_TESTABLE: [LoopbackKind; 5] = [
 ];
 
 /// Every kind, as a request may name them (`spec.kinds`).
-pub const ALL_KINDS: [LoopbackKind; 7] = [
-    LoopbackKind::Hairpin,
-    LoopbackKind::VipPortUnserved,
-    LoopbackKind::VipAsSource,
-    LoopbackKind::EtpLocalDrop,
-    LoopbackKind::ProxyProtocolShortCircuit,
-    LoopbackKind::HealthcheckBlackhole,
-    LoopbackKind::ServiceSelfLoop,
-];
+pub const ALL_KINDS: [LoopbackKind; 7] = LoopbackKind::ALL;
 
 /// The kinds a call from a pod can trip: those a node-sourced call trips but the VIP as
 /// source (a node's own socket's), and a pod's call to its own Service.
