@@ -325,6 +325,13 @@ async fn run(command: Command, kube: KubeArgs) -> anyhow::Result<ExitCode> {
             // The Nodes, to believe only Events naming one (none listed: shape and namespace).
             let nodes = api::node_names(client.clone()).await.ok();
             let kinds = fix::confirmed_kinds(&events, &namespace, &service, nodes.as_deref());
+            let unknown =
+                fix::events_from_unknown_nodes(&events, &namespace, &service, nodes.as_deref());
+            if unknown > 0 {
+                eprintln!(
+                    "kubectl clb-probe: warning: {unknown} clb-probe Event(s) about {namespace}/{service} ignored: their reportingInstance is no Node the API lists (a deleted node, or not an agent's)"
+                );
+            }
             // The agents' own fix lists; without the reports (CRD not installed, `list
             // loopbackreports` denied) the fixes are recomputed from the Service.
             let reports = api::node_reports(client.clone()).await.unwrap_or_else(|e| {

@@ -110,6 +110,34 @@ pub fn agent_fixes(
 /// listed (`nodes`: `Some`), names a Node of the cluster. What is left is an Event written by
 /// someone who may create Events in the Service's own namespace, i.e. its owners: they can
 /// mislead only themselves. SECURITY.md says what closes even that (an admission policy).
+/// How many clb-probe-shaped Events about the Service `confirmed_kinds` leaves out because
+/// their `reportingInstance` is no Node the API lists (issue #49: dropped without a word).
+pub fn events_from_unknown_nodes(
+    events: &[Event],
+    namespace: &str,
+    name: &str,
+    nodes: Option<&[String]>,
+) -> usize {
+    let Some(nodes) = nodes else { return 0 };
+    events
+        .iter()
+        .filter(|ev| {
+            ev.reporting_controller.as_deref() == Some(REPORTING_CONTROLLER)
+                && ev.metadata.namespace.as_deref() == Some(namespace)
+                && super::forged_because(ev).is_none()
+                && ev.regarding.as_ref().is_some_and(|r| {
+                    r.kind.as_deref() == Some("Service") && r.name.as_deref() == Some(name)
+                })
+        })
+        .filter(|ev| {
+            let instance = ev.reporting_instance.as_deref().unwrap_or_default();
+            !nodes
+                .iter()
+                .any(|n| probe_contract::kube_event::reporting_instance(n) == instance)
+        })
+        .count()
+}
+
 pub fn confirmed_kinds(
     events: &[Event],
     namespace: &str,

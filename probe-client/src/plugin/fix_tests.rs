@@ -221,3 +221,30 @@ fn the_nodes_provider_s_own_fixes_come_before_an_agent_s_generic_list() {
     let ids: Vec<&str> = generic.fixes.iter().map(|f| f.id.as_str()).collect();
     assert_eq!(ids, ["etp-cluster", "call-by-service-name"]);
 }
+
+/// Issue #49: Events from a reportingInstance that is no listed Node were dropped without a
+/// word; they are counted so the plugin can say so.
+#[test]
+fn events_from_unknown_nodes_are_counted() {
+    let ev = |instance: &str| -> Event {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": format!("e-{instance}"), "namespace": "shop"},
+            "eventTime": "2026-11-23T01:00:00.000000Z",
+            "type": "Warning", "action": "Detected", "reason": "LoopbackHairpin",
+            "reportingController": "clb-probe", "reportingInstance": instance,
+            "regarding": {"kind": "Service", "namespace": "shop", "name": "web"},
+        }))
+        .unwrap()
+    };
+    let events = [ev("node-a"), ev("node-gone")];
+    let nodes = vec!["node-a".to_string()];
+    assert_eq!(
+        events_from_unknown_nodes(&events, "shop", "web", Some(&nodes)),
+        1
+    );
+    assert_eq!(events_from_unknown_nodes(&events, "shop", "web", None), 0);
+    assert_eq!(
+        confirmed_kinds(&events, "shop", "web", Some(&nodes)).len(),
+        1
+    );
+}
