@@ -64,15 +64,7 @@ pub fn reason(kind: LoopbackKind) -> &'static str {
 
 /// The kind a `reason` names (for `kubectl clb-probe events`).
 pub fn kind_of_reason(reason: &str) -> Option<LoopbackKind> {
-    [
-        LoopbackKind::HealthcheckBlackhole,
-        LoopbackKind::Hairpin,
-        LoopbackKind::VipPortUnserved,
-        LoopbackKind::VipAsSource,
-        LoopbackKind::ServiceSelfLoop,
-        LoopbackKind::EtpLocalDrop,
-        LoopbackKind::ProxyProtocolShortCircuit,
-    ]
-    .into_iter()
-    .find(|k| self::reason(*k) == reason)
+    LoopbackKind::ALL
+        .into_iter()
+        .find(|k| self::reason(*k) == reason)
 }

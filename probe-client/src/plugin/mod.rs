@@ -155,9 +155,24 @@ pub fn row(ev: &Event) -> Option<Row> {
         .or(ev.metadata.creation_timestamp.as_ref().map(|t| t.0))
         .unwrap_or(Timestamp::UNIX_EPOCH);
     let reason = ev.reason.clone().unwrap_or_default();
-    let kind = kind_of_reason(&reason)
-        .map(|k| k.as_str().to_string())
-        .unwrap_or(reason);
+    // A resolution is the loop's, not a kind of its own (issue #49): `hairpin resolved`, the
+    // kind read from the note the agent writes ("Resolved: hairpin at ...").
+    let kind = match kind_of_reason(&reason) {
+        Some(k) => k.as_str().to_string(),
+        None if reason == RESOLVED_REASON => {
+            let resolved_kind = ev
+                .note
+                .as_deref()
+                .and_then(|n| n.strip_prefix("Resolved: "))
+                .and_then(|n| n.split_whitespace().next())
+                .and_then(probe_contract::LoopbackKind::parse);
+            match resolved_kind {
+                Some(k) => format!("{} resolved", k.as_str()),
+                None => "resolved".to_string(),
+            }
+        }
+        None => reason,
+    };
     let count = ev
         .series
         .as_ref()

@@ -252,3 +252,24 @@ fn the_exec_command_carries_kubeconfig_and_context() {
     let plain = exec_command(&KubeArgs::default(), "ns", "p");
     assert_eq!(plain[1], "exec");
 }
+
+/// Issue #49: a LoopbackResolved Event was listed as if it were a kind of its own, untied to
+/// the loop it resolved: it reads `<kind> resolved` now.
+#[test]
+fn a_resolution_is_listed_as_its_loops_kind_resolved() {
+    let mut e = hairpin("r", "node-a", "2026-11-23T01:30:00.000000Z", 1);
+    e.type_ = Some("Normal".into());
+    e.action = Some("Resolved".into());
+    e.reason = Some("LoopbackResolved".into());
+    e.note =
+        Some("Resolved: hairpin at 203.0.113.10:80 is no longer confirmed; it lasted 21 s".into());
+    assert_eq!(row(&e).unwrap().kind, "hairpin resolved");
+    e.note = Some("something else".into());
+    assert_eq!(row(&e).unwrap().kind, "resolved");
+    assert_eq!(
+        row(&hairpin("h", "node-a", "2026-11-23T01:30:00.000000Z", 1))
+            .unwrap()
+            .kind,
+        "hairpin"
+    );
+}
