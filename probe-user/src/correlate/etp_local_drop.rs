@@ -10,8 +10,10 @@
 //! A pod's call is DNATed first only when kube-proxy's `external-` chain short-circuits it
 //! ("short-circuit pod traffic", written only with a local-traffic detector); the node's own
 //! call was checked before DNAT until kubernetes#132456 moved the filter chains after it
-//! (kubernetes#131765; 1.33 got it as #133969). iptables and IPVS mode send such calls to the
-//! cluster-wide endpoints instead (kubernetes#77523, #93456).
+//! (kubernetes#131765; 1.33 got it as #133969). iptables and IPVS mode send a pod's call to
+//! the cluster-wide endpoints only when the local-traffic detector matches the pod
+//! (kubernetes#77523, #93456); a pod outside it is dropped there too
+//! (`KUBE-EXTERNAL-SERVICES`, kubernetes#112820), not yet named here (issue #51).
 //!
 //! Confirmed from a drop (`NETFILTER_DROP`, or `NOT_SPECIFIED` at a netfilter site on kernels
 //! without the reason: [`is_netfilter_drop`]) of a local pod's (or the node's) TCP/UDP packet

@@ -58,8 +58,9 @@ fn etp_local_drop(e: &LoopbackEvent) -> Vec<String> {
          externalTrafficPolicy Local without an endpoint on this node: in nftables mode it \
          writes that IP:port into its map no-endpoint-services with verdict drop, and its \
          filter chains {fate} an endpoint on another node \
-         (kubernetes#131765). In iptables and IPVS mode kube-proxy sends such calls to the \
-         cluster-wide endpoints. Affected: kube-proxy 1.29 to 1.32 in nftables mode, and 1.33 \
+         (kubernetes#131765). In iptables and IPVS mode kube-proxy sends a pod's such call to \
+         the cluster-wide endpoints only when its local-traffic detector matches the pod \
+         (kubernetes#112820: a pod outside it is dropped there too). Affected: kube-proxy 1.29 to 1.32 in nftables mode, and 1.33 \
          before the cherry-pick of kubernetes#132456 (#133969); and, for pod calls, any \
          release whose kube-proxy has no local-traffic detector."
     )];
@@ -67,8 +68,10 @@ fn etp_local_drop(e: &LoopbackEvent) -> Vec<String> {
     out.push(
         "Upgrade kube-proxy to a release with kubernetes#132456 (1.34, or a 1.33 patch release \
          with #133969), and give it a local-traffic detector (--detect-local-mode ClusterCIDR \
-         with --cluster-cidr, or NodeCIDR, BridgeInterface, InterfaceNamePrefix) so that pod \
-         calls to the LB IP are short-circuited to the cluster-wide endpoints."
+         with --cluster-cidr, or NodeCIDR, BridgeInterface, InterfaceNamePrefix; in \
+         nftables mode the BridgeInterface and InterfaceNamePrefix detectors work only from \
+         1.33.6, 1.34.2 and 1.35, kubernetes#134024) so that pod calls to the LB IP are \
+         short-circuited to the cluster-wide endpoints."
             .to_string(),
     );
     if e.facts.etp() != Some(Etp::Cluster) {
