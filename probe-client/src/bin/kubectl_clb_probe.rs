@@ -375,9 +375,11 @@ async fn run(command: Command, kube: KubeArgs) -> anyhow::Result<ExitCode> {
             let active: Vec<_> = reports
                 .iter()
                 .filter(|(_, r)| {
-                    r.active_loops
-                        .iter()
-                        .any(|l| l.service.as_deref() == Some(key.as_str()))
+                    r.active_loops.iter().any(|l| {
+                        l.service.as_deref().is_some_and(|s| {
+                            s == key || s.split_once(':').is_some_and(|(k, _)| k == key)
+                        })
+                    })
                 })
                 .cloned()
                 .collect();

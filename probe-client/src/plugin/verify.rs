@@ -44,7 +44,12 @@ pub fn nodes_for(
     let mut nodes: Vec<String> = reports
         .iter()
         .filter(|(_, r)| {
-            let named = |s: &Option<String>| s.as_deref() == Some(service);
+            // A loop names a Service with a named port as `namespace/name:port`.
+            let named = |s: &Option<String>| {
+                s.as_deref().is_some_and(|s| {
+                    s == service || s.split_once(':').is_some_and(|(key, _)| key == service)
+                })
+            };
             r.active_loops.iter().any(|l| named(&l.service))
                 || r.resolved_loops.iter().any(|l| named(&l.service))
                 || r.risks
@@ -394,6 +399,17 @@ mod tests {
             nodes_for("shop/web", &reports, &["d".into(), "a".into()]),
             ["a", "b", "d"]
         );
+        // A loop names a Service with a named port as `namespace/name:port`.
+        let named_port = vec![report(
+            "e",
+            vec![ActiveLoop {
+                service: Some("shop/web:http".into()),
+                ..Default::default()
+            }],
+            vec![],
+        )];
+        assert_eq!(nodes_for("shop/web", &named_port, &[]), ["e"]);
+        assert!(nodes_for("shop/we", &named_port, &[]).is_empty());
         assert!(nodes_for("shop/none", &reports, &[]).is_empty());
     }
 
