@@ -517,7 +517,7 @@ pub async fn start(
         &client,
         &facts.node,
         settings.local,
-        &stats,
+        Some(&stats),
         writer.write_interval_ms,
     )
     .await;
@@ -529,18 +529,24 @@ pub async fn start(
 
 /// E12, for everything that speaks as node `node` (the report and condition writer, the verify
 /// answers): in a Pod, the Pod is scheduled on `node`; outside one, one of the Node's
-/// InternalIPs is an address of this host (`local`). False is said in one ERROR and
-/// `clbprobe_node_report_refused{reason}`.
+/// InternalIPs is an address of this host (`local`). With `stats` (the node report's own
+/// check), false is said in one ERROR and `clbprobe_node_report_refused{reason}`; without
+/// (another speaker, which says it its own way), nothing is logged or counted.
 pub async fn is_this_node(
     client: &Client,
     node: &str,
     local: Option<watch::Receiver<crate::state::addrs::Owners>>,
-    stats: &ReportStats,
+    stats: Option<&ReportStats>,
     first_wait_ms: u64,
 ) -> bool {
+    let quiet = ReportStats::default();
+    let (stats, speak) = match stats {
+        Some(s) => (s, true),
+        None => (&quiet, false),
+    };
     match own_pod() {
-        Some(pod) => scheduled_here(client, &pod, node, stats, first_wait_ms).await,
-        None => node_address_here(client, node, local, stats).await,
+        Some(pod) => scheduled_here(client, &pod, node, stats, first_wait_ms, speak).await,
+        None => node_address_here(client, node, local, stats, speak).await,
     }
 }
 
@@ -589,6 +595,7 @@ async fn node_address_here(
     node: &str,
     local: Option<watch::Receiver<crate::state::addrs::Owners>>,
     stats: &ReportStats,
+    speak: bool,
 ) -> bool {
     let nodes: Api<Node> = Api::all(client.clone());
     let ips: Vec<std::net::IpAddr> =
@@ -614,11 +621,15 @@ async fn node_address_here(
             if let Ok(mut r) = stats.refused.lock() {
                 *r = "node_address_not_local".into();
             }
-            error!(node = %node, internal_ips = ?ips, "node report: none of the Node's InternalIPs is an address of this host, so this is not node {node:?} (--node-name / NODE_NAME): refusing to write any node's report or condition (clbprobe_node_report_refused{{reason=\"node_address_not_local\"}}; detection keeps running)");
+            if speak {
+                error!(node = %node, internal_ips = ?ips, "node report: none of the Node's InternalIPs is an address of this host, so this is not node {node:?} (--node-name / NODE_NAME): refusing to write any node's report or condition (clbprobe_node_report_refused{{reason=\"node_address_not_local\"}}; detection keeps running)");
+            }
             false
         }
         None => {
-            warn!(node = %node, "node report: cannot check that this host is node {node:?} (the Node or its InternalIP unreadable, or no local address yet): believing the flag");
+            if speak {
+                warn!(node = %node, "node report: cannot check that this host is node {node:?} (the Node or its InternalIP unreadable, or no local address yet): believing the flag");
+            }
             true
         }
     }
@@ -634,6 +645,7 @@ async fn scheduled_here(
     node: &str,
     stats: &ReportStats,
     first_wait_ms: u64,
+    speak: bool,
 ) -> bool {
     let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), namespace);
     let mut backoff = Backoff::new(first_wait_ms, HEARTBEAT.as_millis() as u64);
@@ -653,7 +665,9 @@ async fn scheduled_here(
                     }
                     Some(why) => {
                         set_refused("pod_on_other_node");
-                        error!(pod = %format!("{namespace}/{name}"), "node report: {why}: refusing to write any node's report or condition (clbprobe_node_report_refused{{reason=\"pod_on_other_node\"}}; detection keeps running)");
+                        if speak {
+                            error!(pod = %format!("{namespace}/{name}"), "node report: {why}: refusing to write any node's report or condition (clbprobe_node_report_refused{{reason=\"pod_on_other_node\"}}; detection keeps running)");
+                        }
                         false
                     }
                 };
@@ -665,7 +679,7 @@ async fn scheduled_here(
                 };
                 set_refused("own_pod_unreadable");
                 let wait = backoff.failed(0);
-                if backoff.failures() == 1 {
+                if speak && backoff.failures() == 1 {
                     warn!(pod = %format!("{namespace}/{name}"), error = %e, "node report: cannot read this agent's own Pod (get pods) to check the node it runs on: nothing is written until it can (retried with a backoff)");
                 }
                 tokio::time::sleep(Duration::from_millis(wait)).await;
