@@ -232,8 +232,9 @@ fn verify_confirms_a_loop_no_client_trips_and_is_clean_once_the_lb_guards_it() {
 /// `default/edge` with ETP Local and ipMode VIP (etp-cluster is offered only where
 /// kube-proxy programs the LB IP), and the node agent's Warning Event of an earlier hairpin
 /// on it (what `fix` reads the confirmed kinds from).
-fn edge_fix_fixture() -> KubeFixture {
+fn edge_fix_fixture(tag: &str) -> KubeFixture {
     KubeFixture::builder()
+        .tag(tag)
         .object(edge_service("Local", "VIP"))
         .object(json!({
             "apiVersion": "events.k8s.io/v1", "kind": "Event",
@@ -248,43 +249,43 @@ fn edge_fix_fixture() -> KubeFixture {
         .start()
 }
 
-/// `fix --apply etp-cluster --verify --yes` on `default/edge`, with `datapath` run once the
-/// Service carries the fix (the test's stand-in for what the fix changes in the datapath:
-/// it polls every 20 ms; the plugin creates its request only after the patch).
-fn fix_edge_with(api: &KubeFixture, datapath: impl FnOnce() + Send) -> std::process::Output {
-    std::thread::scope(|s| {
-        let changed = s.spawn(|| {
-            let deadline = std::time::Instant::now() + WAIT;
-            while api.stored_etp("edge") != "Cluster" {
-                if std::time::Instant::now() > deadline {
-                    return false;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            datapath();
-            true
-        });
-        let out = plugin_in_node(
-            api,
-            &[
-                "fix",
-                "-n",
-                "default",
-                "edge",
-                "--apply",
-                "etp-cluster",
-                "--verify",
-                "--yes",
-            ],
-        );
-        assert!(
-            changed.join().unwrap(),
-            "the fix never reached the Service:\n{}\n{}",
-            text(&out.stdout),
-            text(&out.stderr)
-        );
-        out
-    })
+/// `fix --apply etp-cluster --verify --yes` on `default/edge`; the patch must reach the Service.
+fn fix_edge(api: &KubeFixture) -> std::process::Output {
+    let out = plugin_in_node(
+        api,
+        &[
+            "fix",
+            "-n",
+            "default",
+            "edge",
+            "--apply",
+            "etp-cluster",
+            "--verify",
+            "--yes",
+        ],
+    );
+    assert_eq!(
+        api.stored_etp("edge"),
+        "Cluster",
+        "the fix never reached the Service:\n{}\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    out
+}
+
+/// The unbound lab, `default/edge` with the node agent's Event of an earlier hairpin, the
+/// agent (events off, resolution an hour away: "resolved" can only come from verify), and
+/// the node's loop on edge confirmed by a verify before any fix: what the agent must hold to
+/// test the loop again after it. Bound as `(lab, api, agent)`, they drop in reverse: the agent,
+/// the API, the lab.
+fn edge_with_its_loop(tag: &str) -> (LabGuard, KubeFixture, Agent) {
+    let lab = LabGuard::up(&unbound()).expect("lab up");
+    let api = edge_fix_fixture(tag);
+    let mut agent = api.start_agent(&["--kube-events", "off", "--resolve-after", "3600"]);
+    agent.wait_log("Kubernetes attribution connected", WAIT);
+    confirm_the_node_loop_first(&api);
+    (lab, api, agent)
 }
 
 /// The node's loop on edge, confirmed by the agent's own test (a verify before the fix): what
@@ -314,18 +315,12 @@ fn fix_apply_verify_says_resolved_without_waiting_for_resolve_after() {
     if !require_root("verify_fix") {
         return;
     }
-    let lab = LabGuard::up(&unbound()).expect("lab up");
-    let api = edge_fix_fixture();
-    // An hour: "resolved" below can only come from verify.
-    let mut agent = api.start_agent(&["--kube-events", "off", "--resolve-after", "3600"]);
-    agent.wait_log("Kubernetes attribution connected", WAIT);
-    confirm_the_node_loop_first(&api);
-
+    let (lab, api, mut agent) = edge_with_its_loop("verify-fix");
     // What the fix changes in the datapath, in the lab: the LB's guard on 8081. Applied first:
     // the plugin's request follows its patch within milliseconds, and the agent's first test
     // connection then races any change made after the patch.
     guard_listener_8081();
-    let fixed = fix_edge_with(&api, || {});
+    let fixed = fix_edge(&api);
     let stdout = text(&fixed.stdout);
     assert_eq!(
         fixed.status.code(),
@@ -363,11 +358,7 @@ fn an_lb_that_drops_the_nodes_calls_is_not_proven_and_fix_verify_does_not_resolv
     if !require_root("verify_silence") {
         return;
     }
-    let lab = LabGuard::up(&unbound()).expect("lab up");
-    let api = edge_fix_fixture();
-    let mut agent = api.start_agent(&["--kube-events", "off", "--resolve-after", "3600"]);
-    agent.wait_log("Kubernetes attribution connected", WAIT);
-    confirm_the_node_loop_first(&api);
+    let (lab, api, mut agent) = edge_with_its_loop("verify-silence");
 
     // The LB now drops the node's calls to 8081: no answer, nothing for the agent to confirm.
     drop_node_calls_at_the_lb();
@@ -378,7 +369,7 @@ fn an_lb_that_drops_the_nodes_calls_is_not_proven_and_fix_verify_does_not_resolv
     assert!(hairpin.looped);
     assert!(hairpin.tried.contains("timed out"), "{hairpin:#?}");
 
-    let fixed = fix_edge_with(&api, || {});
+    let fixed = fix_edge(&api);
     let stdout = text(&fixed.stdout);
     assert_eq!(
         fixed.status.code(),
