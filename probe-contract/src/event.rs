@@ -94,6 +94,16 @@ impl Proto {
     }
 }
 
+/// Whether an event's `service` (`namespace/name`, or `namespace/name:port` when the service
+/// table named the port) is the Service `service` (`namespace/name`): every reader of that
+/// field matches both spellings.
+pub fn names_service(named: &str, service: &str) -> bool {
+    named == service
+        || named
+            .strip_prefix(service)
+            .is_some_and(|rest| rest.starts_with(':'))
+}
+
 /// What kind of loopback was confirmed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

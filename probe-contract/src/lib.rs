@@ -37,7 +37,7 @@ pub mod verify;
 
 pub use event::{
     AggregateKey, Confirmation, Layer, Listener, LoopbackEvent, LoopbackKind, Outcome, Proto,
-    SnatState, Tag, sock,
+    SnatState, Tag, names_service, sock,
 };
 pub use fix::Fix;
 pub use live::{Message, Snapshot};

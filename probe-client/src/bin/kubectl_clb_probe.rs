@@ -376,9 +376,9 @@ async fn run(command: Command, kube: KubeArgs) -> anyhow::Result<ExitCode> {
                 .iter()
                 .filter(|(_, r)| {
                     r.active_loops.iter().any(|l| {
-                        l.service.as_deref().is_some_and(|s| {
-                            s == key || s.split_once(':').is_some_and(|(k, _)| k == key)
-                        })
+                        l.service
+                            .as_deref()
+                            .is_some_and(|s| probe_contract::names_service(s, &key))
                     })
                 })
                 .cloned()

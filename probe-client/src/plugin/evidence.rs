@@ -203,13 +203,7 @@ pub fn loops_of(index: &EvidenceIndex, service: &str) -> Vec<String> {
         .collect()
 }
 
-/// Whether an event's `service` (`namespace/name[:port]`) is `service` (`namespace/name`).
-pub fn names_service(named: &str, service: &str) -> bool {
-    named == service
-        || named
-            .strip_prefix(service)
-            .is_some_and(|rest| rest.starts_with(':'))
-}
+pub use probe_contract::names_service;
 
 /// One node's files from its bundles (and their captures, in the same order).
 pub fn node_files(bundles: &[EvidenceBundle], captures: &[Vec<u8>]) -> Vec<(String, Vec<u8>)> {

@@ -44,11 +44,9 @@ pub fn nodes_for(
     let mut nodes: Vec<String> = reports
         .iter()
         .filter(|(_, r)| {
-            // A loop names a Service with a named port as `namespace/name:port`.
             let named = |s: &Option<String>| {
-                s.as_deref().is_some_and(|s| {
-                    s == service || s.split_once(':').is_some_and(|(key, _)| key == service)
-                })
+                s.as_deref()
+                    .is_some_and(|s| probe_contract::names_service(s, service))
             };
             r.active_loops.iter().any(|l| named(&l.service))
                 || r.resolved_loops.iter().any(|l| named(&l.service))

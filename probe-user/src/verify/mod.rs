@@ -166,7 +166,7 @@ fn from_pod(e: &LoopbackEvent) -> bool {
 pub fn names_service(e: &LoopbackEvent, service: &str) -> bool {
     e.service
         .as_deref()
-        .is_some_and(|s| s == service || s.split_once(':').is_some_and(|(key, _)| key == service))
+        .is_some_and(|s| probe_contract::names_service(s, service))
 }
 
 /// A loop this node confirmed for a Service: its kind, its client, the LB IP:port it looped
