@@ -45,25 +45,22 @@ pub const MIN_ANSWERED_THROUGH_LB: usize = 8;
 /// What traffic of a loop looks like in conntrack.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Shape {
-    /// Connections *to* `addr:port` from the loop's `clients` (hairpin: the pods or the node
-    /// calling the LB; vip_port_unserved: the callers of the VIP port; service_self_loop: the
-    /// pod calling its Service).
+    /// Connections *to* `addr` from the loop's own clients, each to the port it looped on
+    /// (hairpin: the pods or the node calling the LB; vip_port_unserved: the callers of the VIP
+    /// port; service_self_loop: the pod calling its Service).
     To {
         addr: IpAddr,
+        /// The port and protocol of the loop's first aggregate (the proof's text names it
+        /// first).
         port: u16,
         proto: Proto,
-        /// The sources that looped (the events' sources, across the loop's aggregates).
-        clients: BTreeSet<IpAddr>,
-        /// The loop's other VIP ports: a loop is one Service's, and its aggregates may call
-        /// several of its ports (the node-sourced hairpin on one, the pods' on another).
-        /// Without them, an episode opened by one port's aggregate was never proved by the
-        /// fixed calls to another (the demo's last act). `(port, proto)`, bounded.
-        other_ports: Vec<(u16, Proto)>,
         /// A hairpin: the LB chose the backend, so an answer with no NAT on this node may be
         /// the LB having sent the call elsewhere ([`Found::only_through_lb`]).
         lb_picks_backend: bool,
-        /// The (client, port, protocol) calls that looped: only the same client's calls to
-        /// the same port prove (bounded like the clients).
+        /// The (client, port, protocol) calls that looped, across the loop's aggregates: only
+        /// the same client's calls to the same port prove (a loop is one Service's, and its
+        /// aggregates may call several of its ports: the node-sourced hairpin on one, the
+        /// pods' on another). Bounded by [`MAX_ADDRESSES`].
         pairs: BTreeSet<(IpAddr, u16, Proto)>,
     },
     /// Connections *from* `addr` (healthcheck_blackhole: the LB's health checks, whose source
@@ -103,8 +100,6 @@ impl Shape {
                 addr: e.vip?,
                 port: e.vip_port?,
                 proto: e.proto,
-                clients: BTreeSet::from([e.src]),
-                other_ports: Vec::new(),
                 lb_picks_backend: e.kind == LoopbackKind::Hairpin,
                 pairs: BTreeSet::from([(e.src, e.vip_port?, e.proto)]),
             }),
@@ -118,37 +113,48 @@ impl Shape {
         }
     }
 
-    /// Another aggregate of the same loop: its client (or destination) joins the shape.
+    /// Another aggregate of the same loop: its (client, port) (or its destination) joins the
+    /// shape.
     pub fn widen(&mut self, e: &LoopbackEvent) {
-        if let Shape::To { addr, pairs, .. } = self
-            && e.vip == Some(*addr)
-            && let Some(p) = e.vip_port
-            && pairs.len() < MAX_ADDRESSES
-        {
-            pairs.insert((e.src, p, e.proto));
+        match self {
+            Shape::To { addr, pairs, .. } => {
+                if e.vip == Some(*addr)
+                    && let Some(p) = e.vip_port
+                    && pairs.len() < MAX_ADDRESSES
+                {
+                    pairs.insert((e.src, p, e.proto));
+                }
+            }
+            Shape::From { to, .. } => {
+                if to.len() < MAX_ADDRESSES {
+                    to.insert(e.dst);
+                }
+            }
         }
-        if let Shape::To {
-            addr,
-            port,
-            proto,
-            other_ports,
-            ..
+    }
+
+    /// The loop's clients (a To shape's pairs' sources; none for a From shape).
+    fn clients(&self) -> BTreeSet<IpAddr> {
+        match self {
+            Shape::To { pairs, .. } => pairs.iter().map(|(c, ..)| *c).collect(),
+            Shape::From { .. } => BTreeSet::new(),
+        }
+    }
+
+    /// A To shape's ports other than its first, once each.
+    fn other_ports(&self) -> Vec<(u16, Proto)> {
+        let Shape::To {
+            port, proto, pairs, ..
         } = self
-            && e.vip == Some(*addr)
-            && let Some(p) = e.vip_port
-            && (p, e.proto) != (*port, *proto)
-            && !other_ports.contains(&(p, e.proto))
-            && other_ports.len() < MAX_ADDRESSES
-        {
-            other_ports.push((p, e.proto));
-        }
-        let (set, addr) = match self {
-            Shape::To { clients, .. } => (clients, e.src),
-            Shape::From { to, .. } => (to, e.dst),
+        else {
+            return Vec::new();
         };
-        if set.len() < MAX_ADDRESSES {
-            set.insert(addr);
-        }
+        let set: BTreeSet<(u16, Proto)> = pairs
+            .iter()
+            .map(|(_, p, pr)| (*p, *pr))
+            .filter(|pp| *pp != (*port, *proto))
+            .collect();
+        set.into_iter().collect()
     }
 
     /// The address family the entries must come from.
@@ -201,21 +207,16 @@ impl Shape {
         };
         match self {
             Shape::To {
-                addr,
-                port,
-                proto,
-                clients,
-                other_ports,
-                ..
+                addr, port, proto, ..
             } => format!(
                 "connections to {}/{}{} from the loop's own clients ({})",
                 std::net::SocketAddr::new(*addr, *port),
                 proto.as_str(),
-                other_ports
+                self.other_ports()
                     .iter()
                     .map(|(p, proto)| format!(", :{p}/{}", proto.as_str()))
                     .collect::<String>(),
-                list(clients)
+                list(&self.clients())
             ),
             Shape::From { addr, to, .. } => {
                 format!("connections from {addr} to {}", list(to))

@@ -60,8 +60,6 @@ fn a_loop_is_resolved_only_after_the_window_and_with_proof() {
             addr: "203.0.113.10".parse().unwrap(),
             port: 80,
             proto: probe_contract::Proto::Tcp,
-            clients: [event(1).src].into_iter().collect(),
-            other_ports: Vec::new(),
             lb_picks_backend: true,
             pairs: [(event(1).src, 80, probe_contract::Proto::Tcp)]
                 .into_iter()
