@@ -310,6 +310,25 @@ pub async fn run_verification(
     timeout: std::time::Duration,
 ) -> anyhow::Result<super::verify::Verification> {
     use probe_contract::verify::{GENERATE_NAME, PLURAL, VerificationStatus};
+    // Ctrl-C or SIGTERM from here on: the request is deleted all the same (issue #49: an
+    // interrupted verify left its request behind). The handlers are installed before the
+    // request is created, so no signal ends the plugin between the two.
+    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok();
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    let interrupted = async move {
+        async fn next(s: &mut Option<tokio::signal::unix::Signal>) {
+            match s.as_mut() {
+                Some(s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        }
+        tokio::select! {
+            () = next(&mut int) => "SIGINT",
+            () = next(&mut term) => "SIGTERM",
+        }
+    };
     let api: Api<kube::api::DynamicObject> = Api::all_with(client, &verification_resource());
     let mut object = kube::api::DynamicObject::new("", &verification_resource());
     object.metadata.name = None;
@@ -328,21 +347,6 @@ pub async fn run_verification(
     let name = created.metadata.name.clone().unwrap_or_default();
     let deadline = tokio::time::Instant::now() + timeout;
     let mut status = VerificationStatus::default();
-    // Ctrl-C or SIGTERM while waiting: the request is deleted all the same (issue #49: an
-    // interrupted verify left its request behind).
-    let interrupted = async {
-        let mut term =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => "SIGINT",
-            _ = async {
-                match term.as_mut() {
-                    Some(t) => { t.recv().await; }
-                    None => std::future::pending::<()>().await,
-                }
-            } => "SIGTERM",
-        }
-    };
     let wait = async {
         loop {
             match api.get(&name).await {
