@@ -107,9 +107,8 @@ pub(super) fn drop_destinations_in_order(
     addrs
 }
 
-/// How often the conntrack table is read for PROXY-protocol resets (less than the 10 s an
-/// entry stays in `CLOSE`). verify's `PROXY_PROTOCOL_GRACE` waits one of these more.
-pub const PROXY_PROTOCOL_EVERY: Duration = Duration::from_secs(3);
+/// How often the conntrack table is read for PROXY-protocol resets.
+const PROXY_PROTOCOL_EVERY: Duration = crate::correlate::proxy_protocol::DUMP_EVERY;
 
 /// One dump for the PROXY-protocol proof: the entries, and the targets they were read for.
 type ProxyProtocolDump = (

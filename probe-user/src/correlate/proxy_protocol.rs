@@ -147,7 +147,11 @@ pub fn targets<'a>(
     out
 }
 
-/// LB IPs dumped at most per round (every 3 s); past it the rest wait (said once, at debug).
+/// How often the conntrack table is read for PROXY-protocol resets (less than the 10 s an
+/// entry stays in `CLOSE`); verify's test waits one of these more than its usual grace.
+pub const DUMP_EVERY: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// LB IPs dumped at most per round (every [`DUMP_EVERY`]).
 pub const MAX_DUMPED_IPS: usize = 256;
 
 /// What one round of PROXY-protocol dumps reads: one kernel-filtered dump per LB IP (TCP, any

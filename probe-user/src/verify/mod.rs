@@ -48,9 +48,14 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_millis(1500);
 /// holds a confirmation until the API cache names it (at most 2 s, `kube::hold`).
 pub const GRACE: Duration = Duration::from_millis(2500);
 /// The same when a PROXY-protocol short circuit is tested: its proof is a conntrack dump the
-/// correlation loop makes every 3 s (`agent::correlation::PROXY_PROTOCOL_EVERY`), so the
-/// test waits one interval more than the hold, or the reset it caused is read after it ended.
-pub const PROXY_PROTOCOL_GRACE: Duration = Duration::from_millis(3000 + 2500 + 1000);
+/// correlation loop makes every [`crate::correlate::proxy_protocol::DUMP_EVERY`], so the test
+/// waits one interval (and a second) more than the hold, or the reset it caused is read after
+/// it ended.
+pub const PROXY_PROTOCOL_GRACE: Duration = Duration::from_millis(
+    crate::correlate::proxy_protocol::DUMP_EVERY.as_millis() as u64
+        + GRACE.as_millis() as u64
+        + 1000,
+);
 /// What a test connection sends once connected, when the Service has PROXY protocol on: a
 /// backend that requires the header resets a connection whose first bytes are not one (what
 /// the loop is); closed without a byte, it has nothing to reset. Any other server answers
@@ -439,13 +444,9 @@ impl Attempt {
     }
 }
 
-/// "3 TCP connections from the node: 2 connected (≤ 12 ms), 1 timed out after 1.5 s".
-pub fn tried(attempts: &[Attempt]) -> String {
-    tried_from(attempts, &Client::Node)
-}
-
-/// [`tried`] from `client` ("from pod default/a (10.0.0.5)").
-pub fn tried_from(attempts: &[Attempt], client: &Client) -> String {
+/// "3 TCP connections from the node: 2 connected (≤ 12 ms), 1 timed out after 1.5 s" (or
+/// "from pod default/a (10.0.0.5)").
+pub fn tried(attempts: &[Attempt], client: &Client) -> String {
     let connected: Vec<u64> = attempts
         .iter()
         .filter_map(|a| match a {
@@ -539,7 +540,7 @@ pub fn decide(
                 Some(e) => VerifyResult {
                     outcome: VerifyOutcome::Confirmed,
                     evidence: evidence_of(e),
-                    tried: tried_from(attempts, &test.client),
+                    tried: tried(attempts, &test.client),
                     ..base
                 },
                 None if !test.client.can_trip(*kind) => VerifyResult {
@@ -557,12 +558,12 @@ pub fn decide(
                 },
                 None if attempts.iter().all(Attempt::answered) => VerifyResult {
                     outcome: VerifyOutcome::Clean,
-                    tried: tried_from(attempts, &test.client),
+                    tried: tried(attempts, &test.client),
                     ..base
                 },
                 None => VerifyResult {
                     outcome: VerifyOutcome::NotProven,
-                    tried: tried_from(attempts, &test.client),
+                    tried: tried(attempts, &test.client),
                     reason: "not every connection was answered and nothing was confirmed: a call that gets no answer may be the loop (an LB that drops hairpinned calls) or anything else on the path; silence proves neither".into(),
                     ..base
                 },
