@@ -336,26 +336,13 @@ pub async fn run_test(
         sent_bytes |= send;
         let ns = match &test.client {
             Client::Node => None,
-            Client::Pod { ip, .. } => {
-                let ip = *ip;
-                let found = match namespaces.get(&ip) {
-                    Some(found) => found.clone(),
-                    None => {
-                        let found = tokio::task::spawn_blocking(move || netns::find_by_addr(ip))
-                            .await
-                            .unwrap_or_else(|e| Err(e.to_string()));
-                        namespaces.insert(ip, found.clone());
-                        found
-                    }
-                };
-                match found {
-                    Ok(ns) => Some((ns, ip)),
-                    Err(why) => {
-                        made_per_test.push(Err(why));
-                        continue;
-                    }
+            Client::Pod { ip, .. } => match namespace_of(&mut namespaces, *ip).await {
+                Ok(ns) => Some((ns, *ip)),
+                Err(why) => {
+                    made_per_test.push(Err(why));
+                    continue;
                 }
-            }
+            },
         };
         let mut made = Vec::new();
         for _ in 0..ATTEMPTS {
@@ -416,6 +403,21 @@ pub async fn run_test(
         }
     }
     results
+}
+
+/// The network namespace holding `ip`, searched once per request (`cache`) off the runtime.
+async fn namespace_of(
+    cache: &mut HashMap<IpAddr, Result<netns::Netns, String>>,
+    ip: IpAddr,
+) -> Result<netns::Netns, String> {
+    if let Some(found) = cache.get(&ip) {
+        return found.clone();
+    }
+    let found = tokio::task::spawn_blocking(move || netns::find_by_addr(ip))
+        .await
+        .unwrap_or_else(|e| Err(e.to_string()));
+    cache.insert(ip, found.clone());
+    found
 }
 
 fn drain(
