@@ -9,6 +9,8 @@
 //!   ports of that Service as its own API cache holds them.
 //! - `status.nodes` is a map keyed by node name: each agent writes only its own entry, with a
 //!   JSON merge patch to `/status`, so agents never overwrite each other's answers.
+//! - One object per node (issue #49, H3), labelled [`NODE_LABEL`] with that node and
+//!   [`RUN_LABEL`] with the run: each agent watches its own node's objects only.
 //! - An agent answers a request once (an entry for its node exists: answered), one at a time,
 //!   and ignores requests older than [`MAX_AGE_S`]; the plugin deletes the object when done.
 
@@ -50,6 +52,43 @@ pub const MAX_TESTS_PER_MINUTE: usize = 6;
 /// The results one node's answer carries at most: targets x kinds x clients, bounded above,
 /// plus the not-testable lines; past it the answer says how many were left out.
 pub const MAX_RESULTS: usize = 256;
+
+/// The label naming the one node a request object is for (issue #49, H3): the plugin creates
+/// one object per node, and each agent watches only the objects with its own node's value
+/// ([`node_label_value`]), so an agent receives its own request and its own answer, not every
+/// node's answers to everyone's requests (one request naming 100 nodes sent each agent 201
+/// watch events, 52 MiB). The agent still answers only when `spec.nodes` names it: a label
+/// set by hand selects, it does not authorize.
+pub const NODE_LABEL: &str = "verify.clb-probe.io/node";
+
+/// The label shared by the objects of one `verify` run (one per node): the plugin lists them
+/// by it and deletes them when done.
+pub const RUN_LABEL: &str = "verify.clb-probe.io/run";
+
+/// The nodes one `verify` run asks at most (one request object each). More: the plugin says
+/// so and asks for `--node`; nothing is created.
+pub const MAX_NODES: usize = 256;
+
+/// [`NODE_LABEL`]'s value for `node`: the name itself when it is a valid label value (at most
+/// 63 characters, `[A-Za-z0-9._-]`, alphanumeric at both ends: every node name of 63
+/// characters or fewer is), else `h` and 16 hex digits of its FNV-1a hash (node names may be
+/// 253 characters; a collision only makes another agent see, and skip, the object).
+pub fn node_label_value(node: &str) -> String {
+    let valid = !node.is_empty()
+        && node.len() <= 63
+        && node
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        && node.as_bytes()[0].is_ascii_alphanumeric()
+        && node.as_bytes()[node.len() - 1].is_ascii_alphanumeric();
+    if valid {
+        return node.to_owned();
+    }
+    let hash = node.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    format!("h{hash:016x}")
+}
 
 /// The request.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -202,4 +241,26 @@ pub fn status_patch(node: &str, entry: &NodeVerification) -> serde_json::Value {
         serde_json::to_value(entry).unwrap_or_default(),
     );
     serde_json::json!({ "status": { "nodes": nodes } })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_name_is_its_own_label_value_unless_it_cannot_be() {
+        assert_eq!(
+            node_label_value("ip-10-0-1-7.ec2.internal"),
+            "ip-10-0-1-7.ec2.internal"
+        );
+        let long = format!("{}.example.com", "a".repeat(60));
+        let value = node_label_value(&long);
+        assert_eq!(value.len(), 17);
+        assert!(value.starts_with('h'));
+        assert_eq!(value, node_label_value(&long), "stable");
+        assert_ne!(value, node_label_value(&format!("b{long}")));
+        assert!(node_label_value("-x").starts_with('h'));
+        assert!(node_label_value("").starts_with('h'));
+        assert!(node_label_value("a/b").starts_with('h'));
+    }
 }

@@ -692,7 +692,8 @@ fn requests_past_the_nodes_rate_and_a_flood_of_kinds_are_refused_and_counted() {
     let request = |name: &str, kinds: Value| {
         api.apply(json!({
             "apiVersion": "clb-probe.io/v1alpha1", "kind": "LoopbackVerification",
-            "metadata": {"name": name},
+            "metadata": {"name": name,
+                         "labels": {probe_contract::verify::NODE_LABEL: NODE_NAME}},
             "spec": {"service": {"namespace": "default", "name": "nope"},
                      "nodes": [NODE_NAME], "kinds": kinds},
         }));
@@ -744,6 +745,94 @@ fn requests_past_the_nodes_rate_and_a_flood_of_kinds_are_refused_and_counted() {
     assert_eq!(
         metric("clbprobe_verify_requests_total{phase=\"refused\"}"),
         Some(more as u64 + 1)
+    );
+    assert!(agent.stop().success());
+    drop(lab);
+}
+
+/// Issue #49, H3: every agent watched every request in full, so one `verify` naming 100 nodes
+/// sent each agent every node's answer (201 watch events, 52 MiB). Now one object per node,
+/// and each agent watches its own: here a run asks this node and 20 others, whose answers
+/// (written by the test as their agents would, each ~60 KB) never reach this agent's watch.
+#[test]
+fn an_agent_receives_only_its_own_nodes_request_and_answer() {
+    if !require_root("verify_own_node") {
+        return;
+    }
+    let lab = LabGuard::up(&unbound()).expect("lab up");
+    let api = KubeFixture::builder()
+        .object(edge_service("Cluster", "Proxy"))
+        .start();
+    let mut agent = api.start_agent(&["--metrics-addr", METRICS, "--kube-events", "off"]);
+    agent.wait_log("verify: answering requests as this node", WAIT);
+    let others: Vec<String> = (0..20).map(|i| format!("far-{i:02}")).collect();
+    let mut args = vec!["verify", "-n", "default", "edge", "--node", NODE_NAME];
+    for n in &others {
+        args.extend(["--node", n.as_str()]);
+    }
+    args.extend(["--timeout", "60", "-o", "json"]);
+    // The other nodes' agents, as the test: each answers its own object with 200 results.
+    let bulky: Vec<Value> = (0..200)
+        .map(|i| {
+            json!({"kind": "hairpin", "target": format!("203.0.113.10:{i}/tcp"),
+                   "outcome": "clean", "tried": "x".repeat(250)})
+        })
+        .collect();
+    let one_answer = json!({"phase": "done", "startedAt": "2026-11-28T00:00:00Z",
+                            "finishedAt": "2026-11-28T00:00:01Z", "results": bulky});
+    let answer_len = one_answer.to_string().len() as u64;
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let out = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for mut o in api.objects("loopbackverifications") {
+                    let node = o["spec"]["nodes"][0]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned();
+                    if node.starts_with("far-") && o["status"].is_null() {
+                        o["status"] = json!({"nodes": {node: one_answer.clone()}});
+                        api.apply(o);
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        let out = plugin_in_node(&api, &args);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        out
+    });
+    let stderr = text(&out.stderr);
+    let v: Verification = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not a verification ({e}): {}\n{stderr}", text(&out.stdout)));
+    assert!(
+        v.missing.is_empty(),
+        "every node answered: {:?}\n{stderr}",
+        v.missing
+    );
+    assert_eq!(v.nodes.len(), 21, "{stderr}");
+    assert_eq!(
+        v.nodes[NODE_NAME].phase,
+        Phase::Done,
+        "{:#?}",
+        v.nodes[NODE_NAME]
+    );
+    assert_eq!(v.nodes["far-07"].results.len(), 200);
+    // What this agent's watch received: its own object's events only, less than one of the
+    // others' answers (it received all 20, and more with every rewrite, when it watched all).
+    let sent = api.watch_sent("loopbackverifications");
+    eprintln!("this agent's watch received {sent:?}; one other node's answer: {answer_len} bytes");
+    assert!(
+        sent.events >= 2,
+        "the agent's own request reached it: {sent:?}"
+    );
+    assert!(
+        sent.bytes < answer_len,
+        "the agent received others' answers: {sent:?} (one answer is {answer_len} bytes)"
+    );
+    assert!(
+        api.objects("loopbackverifications").is_empty(),
+        "the run's 21 objects are deleted"
     );
     assert!(agent.stop().success());
     drop(lab);

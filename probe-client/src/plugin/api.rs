@@ -301,18 +301,29 @@ pub fn verification_resource() -> kube::core::ApiResource {
     crate::report::custom_resource(GROUP, VERSION, API_VERSION, KIND, PLURAL)
 }
 
-/// `verify`: creates the request, waits (polling every half second) until every node in
-/// `spec.nodes` answered or `timeout` passed, deletes the request, and returns the answers
-/// (nodes without one in `missing`).
+/// `verify`: creates one request object per node in `spec.nodes` (labelled with the node and
+/// this run, issue #49 H3: each agent watches its own node's objects only), waits (listing the
+/// run's objects every half second) until every node answered or `timeout` passed, deletes
+/// them, and returns the answers (nodes without one in `missing`). Any exit deletes what was
+/// created: an error half-way, Ctrl-C or SIGTERM.
 pub async fn run_verification(
     client: Client,
     spec: &probe_contract::verify::VerificationSpec,
     timeout: std::time::Duration,
 ) -> anyhow::Result<super::verify::Verification> {
-    use probe_contract::verify::{GENERATE_NAME, PLURAL, VerificationStatus};
-    // Ctrl-C or SIGTERM from here on: the request is deleted all the same (issue #49: an
+    use probe_contract::verify::{
+        GENERATE_NAME, MAX_NODES, NODE_LABEL, NodeVerification, PLURAL, RUN_LABEL,
+        VerificationSpec, VerificationStatus, node_label_value,
+    };
+    if spec.nodes.len() > MAX_NODES {
+        anyhow::bail!(
+            "{} nodes to ask; verify asks at most {MAX_NODES} at a time: name them with --node",
+            spec.nodes.len()
+        );
+    }
+    // Ctrl-C or SIGTERM from here on: the requests are deleted all the same (issue #49: an
     // interrupted verify left its request behind). The handlers are installed before the
-    // request is created, so no signal ends the plugin between the two.
+    // first request is created, so no signal ends the plugin between the two.
     let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok();
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
     let interrupted = async move {
@@ -330,79 +341,114 @@ pub async fn run_verification(
         }
     };
     let api: Api<kube::api::DynamicObject> = Api::all_with(client, &verification_resource());
-    let mut object = kube::api::DynamicObject::new("", &verification_resource());
-    object.metadata.name = None;
-    object.metadata.generate_name = Some(GENERATE_NAME.to_owned());
-    object.data = serde_json::json!({ "spec": spec });
-    let created = api
-        .create(&kube::api::PostParams::default(), &object)
-        .await
-        .map_err(|e| match e {
-            kube::Error::Api(status) if status.code == 404 => anyhow::anyhow!(
-                "the LoopbackVerification CRD ({PLURAL}.{}) is not installed: install the chart with kube.verify=true",
-                probe_contract::verify::GROUP
-            ),
-            other => explain(other, &format!("create {PLURAL}.{}", probe_contract::verify::GROUP)),
-        })?;
-    let name = created.metadata.name.clone().unwrap_or_default();
-    let deadline = tokio::time::Instant::now() + timeout;
-    let mut status = VerificationStatus::default();
-    let wait = async {
+    let run = run_id();
+    // (object name, node), in the order created: what is deleted at the end.
+    let mut created: Vec<(String, String)> = Vec::new();
+    let mut answers: std::collections::BTreeMap<String, NodeVerification> = Default::default();
+    let work = async {
+        for node in &spec.nodes {
+            let mut object = kube::api::DynamicObject::new("", &verification_resource());
+            object.metadata.name = None;
+            object.metadata.generate_name = Some(GENERATE_NAME.to_owned());
+            object.metadata.labels = Some(
+                [
+                    (NODE_LABEL.to_owned(), node_label_value(node)),
+                    (RUN_LABEL.to_owned(), run.clone()),
+                ]
+                .into(),
+            );
+            let one = VerificationSpec {
+                nodes: vec![node.clone()],
+                ..spec.clone()
+            };
+            object.data = serde_json::json!({ "spec": one });
+            let made = api
+                .create(&kube::api::PostParams::default(), &object)
+                .await
+                .map_err(|e| match e {
+                    kube::Error::Api(status) if status.code == 404 => anyhow::anyhow!(
+                        "the LoopbackVerification CRD ({PLURAL}.{}) is not installed: install the chart with kube.verify=true",
+                        probe_contract::verify::GROUP
+                    ),
+                    other => explain(other, &format!("create {PLURAL}.{}", probe_contract::verify::GROUP)),
+                })?;
+            created.push((made.metadata.name.clone().unwrap_or_default(), node.clone()));
+        }
+        let deadline = tokio::time::Instant::now() + timeout;
+        let params = ListParams::default().labels(&format!("{RUN_LABEL}={run}"));
         loop {
-            match api.get(&name).await {
-                Ok(o) => {
-                    status = o
-                        .data
-                        .get("status")
-                        .cloned()
-                        .and_then(|s| serde_json::from_value(s).ok())
-                        .unwrap_or_default();
+            let list = api
+                .list(&params)
+                .await
+                .map_err(|e| explain(e, &format!("list {PLURAL} -l {RUN_LABEL}={run}")))?;
+            for object in list.items {
+                // Only the objects this run created, and in each only its own node's entry.
+                let Some((_, node)) = created
+                    .iter()
+                    .find(|(name, _)| object.metadata.name.as_deref() == Some(name))
+                else {
+                    continue;
+                };
+                let status: VerificationStatus = object
+                    .data
+                    .get("status")
+                    .cloned()
+                    .and_then(|s| serde_json::from_value(s).ok())
+                    .unwrap_or_default();
+                if let Some(entry) = status.nodes.get(node) {
+                    answers.insert(node.clone(), entry.clone());
                 }
-                Err(e) => break Err(explain(e, &format!("get {PLURAL} {name}"))),
             }
             let all = spec
                 .nodes
                 .iter()
-                .all(|n| super::verify::answered(status.nodes.get(n)));
+                .all(|n| super::verify::answered(answers.get(n)));
             if all || tokio::time::Instant::now() >= deadline {
-                break Ok(());
+                break anyhow::Ok(());
             }
             tokio::time::sleep(std::time::Duration::from_millis(500)).await;
         }
     };
     let result = tokio::select! {
-        r = wait => r,
+        r = work => r,
         signal = interrupted => Err(anyhow::anyhow!(
-            "interrupted ({signal}): the request {name} was deleted, nothing was concluded"
+            "interrupted ({signal}): the requests of run {run} were deleted, nothing was concluded"
         )),
     };
     // Deleted whatever happened: a request left behind would be answered by no one (too old)
     // and only clutter the list. A denied delete is said, not fatal.
-    if let Err(e) = api.delete(&name, &Default::default()).await {
-        eprintln!(
-            "kubectl clb-probe: warning: {}",
-            crate::term::escape_lines(&format!(
-                "{:#}",
-                explain(e, &format!("delete {PLURAL} {name}"))
-            ))
-        );
+    for (name, _) in &created {
+        if let Err(e) = api.delete(name, &Default::default()).await {
+            eprintln!(
+                "kubectl clb-probe: warning: {}",
+                crate::term::escape_lines(&format!(
+                    "{:#}",
+                    explain(e, &format!("delete {PLURAL} {name}"))
+                ))
+            );
+        }
     }
     result?;
     let missing = spec
         .nodes
         .iter()
-        .filter(|n| !super::verify::answered(status.nodes.get(*n)))
+        .filter(|n| !super::verify::answered(answers.get(*n)))
         .cloned()
         .collect();
-    let nodes = status
-        .nodes
-        .into_iter()
-        .filter(|(n, _)| spec.nodes.contains(n))
-        .collect();
     Ok(super::verify::Verification {
-        request: name,
+        request: run,
         service: spec.service.key(),
-        nodes,
+        nodes: answers,
         missing,
     })
+}
+
+/// A label value naming one `verify` run: the time in nanoseconds and the process id, hex
+/// (unique enough: a clash only merges two runs' lists, and each keeps to its own objects).
+fn run_id() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    format!("r{nanos:x}-{:x}", std::process::id())
 }

@@ -54,7 +54,7 @@ use crate::{
 /// Requests waiting for this node's tester.
 const QUEUE: usize = 8;
 /// Request names remembered as taken (the watch sends the object again on every status
-/// patch, ours and other nodes').
+/// patch of ours).
 const TAKEN_MAX: usize = 1024;
 /// Targets one canary round tests at most.
 pub const CANARY_TARGETS: usize = 4;
@@ -113,9 +113,17 @@ pub async fn serve(
     let mut taken: HashSet<String> = HashSet::new();
     let mut failing = false;
     let mut events = std::pin::pin!(
-        watcher(api, watcher::Config::default())
-            .default_backoff()
-            .modify(|o: &mut DynamicObject| o.metadata.managed_fields = None)
+        // This node's request objects only (H3): not every node's answers to every request.
+        watcher(
+            api,
+            watcher::Config::default().labels(&format!(
+                "{}={}",
+                contract::NODE_LABEL,
+                contract::node_label_value(&tester.node)
+            ))
+        )
+        .default_backoff()
+        .modify(|o: &mut DynamicObject| o.metadata.managed_fields = None)
     );
     while let Some(event) = events.next().await {
         let object = match event {

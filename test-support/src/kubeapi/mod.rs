@@ -63,6 +63,7 @@
 //! api.end_watches_at_once(true);                   // every watch ends right after its backlog
 //! let _services: Vec<serde_json::Value> = api.objects("services");
 //! let _writes = api.requests().iter().filter(|r| r.method == "POST").count();
+//! let _sent = api.watch_sent("loopbackverifications"); // events and bytes the watches sent
 //! api.stop();                                      // also on drop
 //! # anyhow::Ok(())
 //! ```
@@ -115,6 +116,16 @@ pub(crate) struct Shared {
     pub(crate) end_at_once: std::sync::atomic::AtomicBool,
     /// Where `pods/proxy` connects from ([`FakeApiServer::proxy_pods_in`]; None: here).
     pub(crate) proxy_netns: Mutex<Option<String>>,
+    /// What the watches sent, by resource ([`FakeApiServer::watch_sent`]).
+    pub(crate) watch_sent: Mutex<std::collections::HashMap<String, WatchSent>>,
+}
+
+/// What the watches of one resource sent in all: events other than BOOKMARKs, and their bytes
+/// (what a watcher pays to receive; the fleet's cost per agent, issue #49 H3).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WatchSent {
+    pub events: u64,
+    pub bytes: u64,
 }
 
 /// The fake API server; see the module documentation.
@@ -167,6 +178,7 @@ impl FakeApiServer {
             lists_held: tokio::sync::watch::Sender::new(false),
             end_at_once: std::sync::atomic::AtomicBool::new(false),
             proxy_netns: Mutex::new(None),
+            watch_sent: Mutex::new(std::collections::HashMap::new()),
         });
         let (shutdown, shutdown_rx) = tokio::sync::oneshot::channel();
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -309,6 +321,17 @@ impl FakeApiServer {
     pub fn objects(&self, kind: &str) -> Vec<Value> {
         let resource = store::resource_of(kind).expect("objects: unknown kind");
         self.shared.store.lock().unwrap().objects(resource)
+    }
+
+    /// What every watch of `resource` (plural, e.g. `loopbackverifications`) sent so far.
+    pub fn watch_sent(&self, resource: &str) -> WatchSent {
+        self.shared
+            .watch_sent
+            .lock()
+            .unwrap()
+            .get(resource)
+            .copied()
+            .unwrap_or_default()
     }
 
     /// Every request received so far, in order.

@@ -44,6 +44,13 @@ pub(super) fn watch_stream(
         let mut changed = shared.changed.subscribe();
         let mut end = shared.end_watches.subscribe();
         let info = target.info;
+        // Counted as queued for the client: what this watcher receives.
+        let tally = |line: &Bytes| {
+            let mut sent = shared.watch_sent.lock().unwrap();
+            let entry = sent.entry(info.resource.to_string()).or_default();
+            entry.events += 1;
+            entry.bytes += line.len() as u64;
+        };
         let namespace = target.namespace;
         let in_scope = |object: &Value| {
             namespace
@@ -62,7 +69,9 @@ pub(super) fn watch_stream(
                     )
                 };
                 for object in objects.iter().filter(|o| in_scope(o)) {
-                    if tx.send(watch_line("ADDED", object)).await.is_err() {
+                    let line = watch_line("ADDED", object);
+                    tally(&line);
+                    if tx.send(line).await.is_err() {
                         return;
                     }
                 }
@@ -89,12 +98,12 @@ pub(super) fn watch_stream(
                 Ok((changes, current)) => {
                     for change in changes {
                         seen = change.resource_version;
-                        if in_scope(&change.object)
-                            && tx
-                                .send(watch_line(change.kind, &change.object))
-                                .await
-                                .is_err()
-                        {
+                        if !in_scope(&change.object) {
+                            continue;
+                        }
+                        let line = watch_line(change.kind, &change.object);
+                        tally(&line);
+                        if tx.send(line).await.is_err() {
                             return;
                         }
                     }
