@@ -11,6 +11,21 @@ use serde::{Deserialize, Serialize};
 
 use crate::{LoopbackEvent, LoopbackKind, Proto};
 
+/// The request header that carries the evidence token (issue #49, H9): `GET /evidence` hands
+/// out every loop's client pods, namespaces and first packets, so the agent serves it only to
+/// a request carrying the token of the Secret [`TOKEN_SECRET`] (key [`TOKEN_KEY`]) in its own
+/// namespace. The API server's pod proxy forwards this header (it strips only the caller's own
+/// credentials), so whoever may `get` that Secret, and nobody else, may read the evidence:
+/// the API's authorization, by possession.
+pub const TOKEN_HEADER: &str = "x-clb-probe-evidence-token";
+/// The Secret holding the evidence token, in the agent's namespace (the chart mounts it,
+/// optional: no Secret, no `/evidence`).
+pub const TOKEN_SECRET: &str = "clb-probe-evidence";
+/// The Secret's key.
+pub const TOKEN_KEY: &str = "token";
+/// A token file or Secret value longer than this is refused (a token is 32-64 bytes).
+pub const TOKEN_MAX_BYTES: usize = 4096;
+
 /// Packets kept per loop: the first ones (a loop repeats the same packet; the first show how
 /// it started).
 pub const PACKETS_PER_LOOP: usize = 16;

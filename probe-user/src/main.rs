@@ -201,6 +201,13 @@ struct AgentArgs {
     /// copied in the kernel). See SECURITY.md.
     #[arg(long, env = "CLB_PROBE_EVIDENCE", value_enum, default_value_t)]
     evidence: clb_probe::hub::evidence::EvidenceMode,
+    /// The file holding the token `GET /evidence` requires in its x-clb-probe-evidence-token
+    /// header (the chart mounts Secret clb-probe-evidence here, optional). Without it, or while
+    /// the file is missing or empty, `GET /evidence` answers 403: it hands out every loop's
+    /// clients and first packets, so any pod that reaches the metrics port must not read it
+    /// (SECURITY.md, "Evidence"). Read on each request: a Secret created later turns it on.
+    #[arg(long, env = "CLB_PROBE_EVIDENCE_TOKEN_FILE", value_name = "PATH")]
+    evidence_token_file: Option<PathBuf>,
     /// Answer `kubectl clb-probe verify` (LoopbackVerification requests for this node) by
     /// connecting from the node to the named Service's LB IP:ports (bounded: a few
     /// connections, one request at a time). Needs API access; `off` answers each request
@@ -488,6 +495,7 @@ fn agent(args: AgentArgs) -> ExitCode {
             }),
         capture_bytes: args.capture_bytes,
         evidence: args.evidence,
+        evidence_token_file: args.evidence_token_file,
     };
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -15,14 +15,37 @@ use probe_tests::{
     kube_fixture::{KubeFixture, NODE_NAME, plugin_in_node},
     written::{clb_events, is},
 };
-use test_support::lab::{
-    self, LabGuard, Outcome, Scenario, Variants, http_get_bytes_in, http_get_in,
-};
+use test_support::lab::{self, LabGuard, Outcome, Scenario, Variants, http_get_with_in};
 
 const METRICS: &str = "127.0.0.1:19967";
+/// The token the agents get in a file (the chart: Secret clb-probe-evidence, mounted).
+const TOKEN: &str = "s3cret-evidence-token";
+
+/// The agent's `--evidence-token-file`, holding [`TOKEN`].
+fn token_file(dir: &TempDir) -> String {
+    let path = dir.path().join("token");
+    std::fs::write(&path, format!("{TOKEN}\n")).unwrap();
+    path.to_str().unwrap().to_owned()
+}
+
+/// `GET path` with the token: (status, body).
+fn get(addr: &str, path: &str) -> (u16, Vec<u8>) {
+    http_get_with_in(
+        lab::NS_NODE,
+        addr,
+        path,
+        &[(probe_contract::evidence::TOKEN_HEADER, TOKEN)],
+    )
+    .unwrap_or_else(|| panic!("GET {path}"))
+}
+
+fn get_text(addr: &str, path: &str) -> (u16, String) {
+    let (status, body) = get(addr, path);
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
 
 fn index() -> EvidenceIndex {
-    let (status, body) = http_get_in(lab::NS_NODE, METRICS, "/evidence").expect("GET /evidence");
+    let (status, body) = get_text(METRICS, "/evidence");
     assert_eq!(status, 200, "{body}");
     serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"))
 }
@@ -33,9 +56,18 @@ fn a_confirmed_health_check_black_hole_has_its_packets_in_a_capture_tcpdump_read
         return;
     }
     let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    let dir = TempDir::new("evidence");
+    let token = token_file(&dir);
     let agent = Agent::start(
         lab::NS_NODE,
-        &["--nic", lab::NODE_NIC, "--metrics-addr", METRICS],
+        &[
+            "--nic",
+            lab::NODE_NIC,
+            "--metrics-addr",
+            METRICS,
+            "--evidence-token-file",
+            &token,
+        ],
     );
     assert_eq!(
         lab.traffic(Scenario::HealthcheckBlackhole).unwrap(),
@@ -59,8 +91,30 @@ fn a_confirmed_health_check_black_hole_has_its_packets_in_a_capture_tcpdump_read
     assert_eq!(summary.kind, LoopbackKind::HealthcheckBlackhole);
     assert_eq!(index().mode, "headers");
 
-    let (status, body) =
-        http_get_in(lab::NS_NODE, METRICS, &format!("/evidence/{}", summary.id)).unwrap();
+    // Issue #49, H9: the evidence names every loop's clients and carries their packets; any
+    // pod reaching the metrics port read it. Without the token, or with another, 401; the
+    // counters stay open.
+    for headers in [
+        vec![],
+        vec![(probe_contract::evidence::TOKEN_HEADER, "guess")],
+    ] {
+        let (status, body) = http_get_with_in(
+            lab::NS_NODE,
+            METRICS,
+            &format!("/evidence/{}", summary.id),
+            &headers,
+        )
+        .unwrap();
+        assert_eq!(status, 401, "{}", String::from_utf8_lossy(&body));
+        assert!(!String::from_utf8_lossy(&body).contains(&event.src.to_string()));
+    }
+    assert_eq!(
+        http_get_with_in(lab::NS_NODE, METRICS, "/metrics", &[])
+            .unwrap()
+            .0,
+        200
+    );
+    let (status, body) = get_text(METRICS, &format!("/evidence/{}", summary.id));
     assert_eq!(status, 200, "{body}");
     let bundle: EvidenceBundle = serde_json::from_str(&body).unwrap();
     assert_eq!(bundle.event.key, event.key);
@@ -74,14 +128,8 @@ fn a_confirmed_health_check_black_hole_has_its_packets_in_a_capture_tcpdump_read
     assert_eq!((drop.src, drop.sport), (event.src, event.src_port));
 
     // The capture: tcpdump shows the looping flow's source; the comments name the drop reason.
-    let (status, file) = http_get_bytes_in(
-        lab::NS_NODE,
-        METRICS,
-        &format!("/evidence/{}/capture.pcapng", summary.id),
-    )
-    .unwrap();
+    let (status, file) = get(METRICS, &format!("/evidence/{}/capture.pcapng", summary.id));
     assert_eq!(status, 200);
-    let dir = TempDir::new("evidence");
     let path = dir.path().join("capture.pcapng");
     std::fs::write(&path, &file).unwrap();
     let packets = tcpdump_read(&path);
@@ -105,18 +153,59 @@ fn a_confirmed_health_check_black_hole_has_its_packets_in_a_capture_tcpdump_read
     );
 
     // Unknown loops and paths: clear 404s.
-    let (status, body) = http_get_in(lab::NS_NODE, METRICS, "/evidence/0123456789abcdef").unwrap();
+    let (status, body) = get_text(METRICS, "/evidence/0123456789abcdef");
     assert_eq!(status, 404);
     assert!(
         body.contains("no evidence for loop 0123456789abcdef"),
         "{body}"
     );
-    assert_eq!(
-        http_get_in(lab::NS_NODE, METRICS, "/evidence/x/y")
-            .unwrap()
-            .0,
-        404
+    assert_eq!(get(METRICS, "/evidence/x/y").0, 404);
+}
+
+/// Issue #49, H9: an agent without a token (no `--evidence-token-file`, or its Secret not
+/// created yet) serves no evidence, and says how to turn it on; the token's file appearing
+/// later turns it on without a restart (the kubelet syncs a Secret created after the pod).
+#[test]
+fn without_a_token_evidence_is_off_until_its_file_appears() {
+    if !require_root("evidence") {
+        return;
+    }
+    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    let dir = TempDir::new("evidence-off");
+    let later = dir.path().join("token");
+    let agent = Agent::start(
+        lab::NS_NODE,
+        &[
+            "--nic",
+            lab::NODE_NIC,
+            "--metrics-addr",
+            METRICS,
+            "--evidence-token-file",
+            later.to_str().unwrap(),
+        ],
     );
+    assert_eq!(
+        lab.traffic(Scenario::HealthcheckBlackhole).unwrap(),
+        Outcome::Timeout
+    );
+    agent.only_event(LoopbackKind::HealthcheckBlackhole, Duration::from_secs(10));
+    let (status, body) = get_text(METRICS, "/evidence");
+    assert_eq!(status, 403, "{body}");
+    assert!(
+        body.contains("off") && body.contains("clb-probe-evidence"),
+        "{body}"
+    );
+    std::fs::write(&later, TOKEN).unwrap();
+    let (status, body) = get_text(METRICS, "/evidence");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        serde_json::from_str::<EvidenceIndex>(&body)
+            .unwrap()
+            .loops
+            .len(),
+        1
+    );
+    drop(lab);
 }
 
 #[test]
@@ -125,6 +214,8 @@ fn with_the_capture_off_the_loop_is_listed_without_packets() {
         return;
     }
     let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    let dir = TempDir::new("evidence-nocapture");
+    let token = token_file(&dir);
     let agent = Agent::start(
         lab::NS_NODE,
         &[
@@ -134,6 +225,8 @@ fn with_the_capture_off_the_loop_is_listed_without_packets() {
             METRICS,
             "--capture-bytes",
             "0",
+            "--evidence-token-file",
+            &token,
         ],
     );
     assert_eq!(
@@ -147,6 +240,11 @@ fn with_the_capture_off_the_loop_is_listed_without_packets() {
     .expect("the loop is listed");
     // Confirmed as before, from plain records: nothing to keep.
     assert_eq!(listed.packets, 0);
+}
+
+/// A Secret's `data` value (base64, as k8s-openapi writes it).
+fn base64_of(s: &str) -> serde_json::Value {
+    serde_json::to_value(k8s_openapi::ByteString(s.as_bytes().to_vec())).unwrap()
 }
 
 /// The agent's pod as the DaemonSet makes it: hostNetwork (its IP is the node's), its
@@ -181,7 +279,9 @@ fn kubectl_evidence_writes_each_nodes_capture_through_the_api_servers_pod_proxy(
     // A second node that reported the same Service, whose agent does not answer.
     api.apply(agent_pod("clb-probe-bbbbb", "node-b", "127.0.0.1", 1));
     let listen = format!("{node_ip}:{PORT}");
-    let agent = api.start_agent(&["--metrics-addr", &listen]);
+    let dir = TempDir::new("evidence-out");
+    let token = token_file(&dir);
+    let agent = api.start_agent(&["--metrics-addr", &listen, "--evidence-token-file", &token]);
     assert_eq!(
         lab.traffic(Scenario::HealthcheckBlackhole).unwrap(),
         Outcome::Timeout
@@ -207,7 +307,7 @@ fn kubectl_evidence_writes_each_nodes_capture_through_the_api_servers_pod_proxy(
         "the loop's packets are kept",
         Duration::from_secs(10),
         || {
-            let (_, body) = http_get_in(lab::NS_NODE, &listen, "/evidence")?;
+            let (_, body) = get_text(&listen, "/evidence");
             let index: EvidenceIndex = serde_json::from_str(&body).ok()?;
             index
                 .loops
@@ -218,8 +318,26 @@ fn kubectl_evidence_writes_each_nodes_capture_through_the_api_servers_pod_proxy(
     )
     .expect("evidence kept for the loop");
 
-    let dir = TempDir::new("evidence-out");
     let out_dir = dir.path().join("out");
+    // No Secret yet: the plugin says the agents serve no evidence and how to turn it on.
+    let off = plugin_in_node(
+        &api,
+        &["evidence", &service, "-o", out_dir.to_str().unwrap()],
+    );
+    let stderr = String::from_utf8_lossy(&off.stderr);
+    assert_eq!(off.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("clb-probe/clb-probe-evidence does not exist")
+            && stderr.contains("create secret generic"),
+        "{stderr}"
+    );
+    // The Secret as the operator creates it (its token is what the agent's file holds).
+    api.apply(serde_json::json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "clb-probe-evidence", "namespace": "clb-probe"},
+        "data": {"token": base64_of(TOKEN)},
+    }));
+    let out_dir = dir.path().join("out2");
     let out = plugin_in_node(
         &api,
         &["evidence", &service, "-o", out_dir.to_str().unwrap()],

@@ -679,14 +679,16 @@ async fn node_evidence(
         .iter()
         .find(|p| p.metadata.name.as_deref() == Some(pod.as_str()))
         .map_or(port, |p| ev::metrics_port(p, port));
+    let token = api::evidence_token(client, &ns).await?;
+    let auth = [(probe_contract::evidence::TOKEN_HEADER, token.as_str())];
     let index: probe_contract::evidence::EvidenceIndex =
-        serde_json::from_slice(&api::proxy_get(client, &ns, &pod, port, "/evidence").await?)
+        serde_json::from_slice(&api::proxy_get(client, &ns, &pod, port, "/evidence", &auth).await?)
             .map_err(|e| anyhow::anyhow!("the agent's /evidence on {pod}: {e}"))?;
     let mut bundles = Vec::new();
     let mut captures = Vec::new();
     for id in ev::loops_of(&index, service) {
         let bundle: probe_contract::evidence::EvidenceBundle = serde_json::from_slice(
-            &api::proxy_get(client, &ns, &pod, port, &format!("/evidence/{id}")).await?,
+            &api::proxy_get(client, &ns, &pod, port, &format!("/evidence/{id}"), &auth).await?,
         )
         .map_err(|e| anyhow::anyhow!("the agent's /evidence/{id} on {pod}: {e}"))?;
         captures.push(
@@ -696,6 +698,7 @@ async fn node_evidence(
                 &pod,
                 port,
                 &format!("/evidence/{id}/capture.pcapng"),
+                &auth,
             )
             .await?,
         );

@@ -264,13 +264,18 @@ pub async fn proxy_get(
     pod: &str,
     port: u16,
     path: &str,
+    headers: &[(&str, &str)],
 ) -> anyhow::Result<Vec<u8>> {
     let what = format!("get pods/proxy {pod}:{port}{path} in namespace {namespace}");
-    let request = http::Request::get(format!(
+    let mut request = http::Request::get(format!(
         "/api/v1/namespaces/{namespace}/pods/{pod}:{port}/proxy{path}"
-    ))
-    .body(kube::client::Body::from(Vec::new()))
-    .with_context(|| what.clone())?;
+    ));
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let request = request
+        .body(kube::client::Body::from(Vec::new()))
+        .with_context(|| what.clone())?;
     let response = client.send(request).await.map_err(|e| explain(e, &what))?;
     let status = response.status();
     let body = response
@@ -299,6 +304,38 @@ pub async fn proxy_get(
 pub fn verification_resource() -> kube::core::ApiResource {
     use probe_contract::verify::{API_VERSION, GROUP, KIND, PLURAL, VERSION};
     crate::report::custom_resource(GROUP, VERSION, API_VERSION, KIND, PLURAL)
+}
+
+/// The token the agents' `GET /evidence` requires (issue #49, H9): key `token` of Secret
+/// `clb-probe-evidence` in the agents' namespace. Reading it needs `get` on that Secret: who
+/// may read the evidence is decided by the API's RBAC, as for everything else the plugin does.
+pub async fn evidence_token(client: &Client, namespace: &str) -> anyhow::Result<String> {
+    use probe_contract::evidence::{TOKEN_KEY, TOKEN_MAX_BYTES, TOKEN_SECRET};
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(client.clone(), namespace);
+    let what = format!("get secret {TOKEN_SECRET} in namespace {namespace}");
+    let secret = match secrets.get(TOKEN_SECRET).await {
+        Ok(s) => s,
+        Err(kube::Error::Api(status)) if status.code == 404 => anyhow::bail!(
+            "the agents serve no evidence: Secret {namespace}/{TOKEN_SECRET} does not exist. Create it \
+             (the agents read it within a minute, no restart): kubectl -n {namespace} create secret \
+             generic {TOKEN_SECRET} --from-literal={TOKEN_KEY}=\"$(head -c 32 /dev/urandom | base64 -w0)\" \
+             (SECURITY.md, \"Evidence\")"
+        ),
+        Err(e) => return Err(explain(e, &what)),
+    };
+    let token = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(TOKEN_KEY))
+        .map(|b| String::from_utf8_lossy(&b.0).trim().to_owned())
+        .unwrap_or_default();
+    if token.is_empty() || token.len() > TOKEN_MAX_BYTES || token.contains(['\r', '\n']) {
+        anyhow::bail!(
+            "Secret {namespace}/{TOKEN_SECRET} has no usable key {TOKEN_KEY} (one line, 1 to {TOKEN_MAX_BYTES} bytes)"
+        );
+    }
+    Ok(token)
 }
 
 /// `verify`: creates one request object per node in `spec.nodes` (labelled with the node and

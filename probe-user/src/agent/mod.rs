@@ -91,6 +91,8 @@ pub struct AgentConfig {
     pub capture_bytes: u32,
     /// `--evidence`: what `GET /evidence` keeps and serves.
     pub evidence: crate::hub::evidence::EvidenceMode,
+    /// `--evidence-token-file`: who may read `GET /evidence` (None: nobody, it is off).
+    pub evidence_token_file: Option<PathBuf>,
     /// `--verify`: answer `LoopbackVerification` requests by testing (false: answer each
     /// `refused`). Needs API access (`kube`).
     pub verify: bool,
@@ -369,6 +371,7 @@ async fn check_interfaces(rt: &rtnetlink::Handle, addr: &AddrConfig) -> anyhow::
 /// use or a path that cannot be written fails with nothing attached.
 struct Surfaces {
     metrics: Option<std::net::TcpListener>,
+    evidence_access: crate::sink::evidence_http::EvidenceAccess,
     live: Option<(tokio::net::UnixListener, crate::sink::live::SocketFile)>,
     /// `--events`: confirmed events as JSON lines (a writer of the hub's reports).
     events: Option<JsonLines>,
@@ -420,6 +423,9 @@ impl Surfaces {
         }
         Ok(Surfaces {
             metrics,
+            evidence_access: crate::sink::evidence_http::EvidenceAccess {
+                token_file: cfg.evidence_token_file.clone(),
+            },
             live,
             events,
             record,
@@ -445,6 +451,7 @@ impl Surfaces {
             tokio::spawn(crate::sink::metrics::serve(
                 listener,
                 shared.view(),
+                self.evidence_access.clone(),
                 async move {
                     let _ = stop.wait_for(|stop| *stop).await;
                 },

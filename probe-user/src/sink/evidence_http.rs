@@ -5,6 +5,8 @@
 
 use hyper::{StatusCode, body::Bytes};
 
+use probe_contract::evidence::{TOKEN_HEADER, TOKEN_KEY, TOKEN_MAX_BYTES, TOKEN_SECRET};
+
 use crate::{
     hub::{View, evidence::EvidenceMode},
     sink::http::Reply,
@@ -13,7 +15,74 @@ use crate::{
 /// The pcapng media type (IANA registration draft, as Wireshark serves it).
 pub const PCAPNG: &str = "application/x-pcapng";
 
-pub fn route(path: &str, hub: &View) -> Reply {
+/// Who may read `/evidence` (issue #49, H9: it was open to any pod that reaches the metrics
+/// port, and hands out more than `/metrics` does): a request carrying the token read from
+/// `--evidence-token-file` in [`TOKEN_HEADER`]. No file (or an empty one): `/evidence` is off,
+/// 403, saying how to turn it on. The file is read on each request (a few bytes), so a Secret
+/// created or rotated after the start takes effect once the kubelet has synced its volume.
+#[derive(Clone, Debug, Default)]
+pub struct EvidenceAccess {
+    pub token_file: Option<std::path::PathBuf>,
+}
+
+impl EvidenceAccess {
+    /// The token, when one is configured and readable.
+    fn token(&self) -> Result<Vec<u8>, String> {
+        let Some(path) = &self.token_file else {
+            return Err("GET /evidence is off on this agent: it runs without --evidence-token-file (SECURITY.md, \"Evidence\")\n".into());
+        };
+        let off = |why: &str| {
+            format!(
+                "GET /evidence is off on this agent: {why} {} (create Secret {TOKEN_SECRET} with key {TOKEN_KEY} in the agent's namespace; SECURITY.md, \"Evidence\")\n",
+                path.display()
+            )
+        };
+        let mut buf = Vec::new();
+        let file = std::fs::File::open(path).map_err(|_| off("no token at"))?;
+        std::io::Read::read_to_end(
+            &mut std::io::Read::take(file, TOKEN_MAX_BYTES as u64 + 1),
+            &mut buf,
+        )
+        .map_err(|_| off("cannot read"))?;
+        let token = buf.trim_ascii().to_vec();
+        if token.is_empty() || buf.len() > TOKEN_MAX_BYTES {
+            return Err(off("no usable token (empty or over 4 KiB) in"));
+        }
+        Ok(token)
+    }
+
+    /// None: the request may read; Some: the refusal.
+    fn refuse(&self, headers: &hyper::HeaderMap) -> Option<Reply> {
+        let token = match self.token() {
+            Ok(t) => t,
+            Err(why) => return Some((StatusCode::FORBIDDEN, "text/plain", Bytes::from(why))),
+        };
+        let given = headers
+            .get(TOKEN_HEADER)
+            .map(|v| v.as_bytes().trim_ascii())
+            .unwrap_or_default();
+        if constant_time_eq(given, &token) {
+            return None;
+        }
+        Some((
+            StatusCode::UNAUTHORIZED,
+            "text/plain",
+            Bytes::from(format!(
+                "GET /evidence needs the {TOKEN_HEADER} header with the token of Secret {TOKEN_SECRET} (kubectl clb-probe evidence sends it)\n"
+            )),
+        ))
+    }
+}
+
+/// Equal bytes, in a time that does not depend on where they differ.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
+}
+
+pub fn route(path: &str, headers: &hyper::HeaderMap, access: &EvidenceAccess, hub: &View) -> Reply {
+    if let Some(refusal) = access.refuse(headers) {
+        return refusal;
+    }
     let store = hub.evidence();
     if store.mode() == EvidenceMode::Off {
         return not_found("evidence is off on this agent (--evidence off)\n".into());
@@ -85,4 +154,46 @@ fn unix_offset_ns() -> i128 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as i128);
     wall - i128::from(probe_contract::clock::monotonic_ns())
+}
+
+#[cfg(test)]
+mod access_tests {
+    use super::*;
+
+    fn with_token(value: Option<&str>) -> Result<Vec<u8>, String> {
+        let dir = std::env::temp_dir().join(format!("clb-evidence-token-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(format!("t{}", value.map_or(0, str::len)));
+        let _ = std::fs::remove_file(&path);
+        if let Some(v) = value {
+            std::fs::write(&path, v).unwrap();
+        }
+        let access = EvidenceAccess {
+            token_file: Some(path),
+        };
+        access.token()
+    }
+
+    #[test]
+    fn no_flag_no_file_or_an_empty_or_huge_file_is_off_and_a_token_is_trimmed() {
+        let off = EvidenceAccess::default().token().unwrap_err();
+        assert!(off.contains("--evidence-token-file"), "{off}");
+        assert!(with_token(None).unwrap_err().contains("no token at"));
+        assert!(
+            with_token(Some(" \n"))
+                .unwrap_err()
+                .contains("no usable token")
+        );
+        let huge = "x".repeat(TOKEN_MAX_BYTES + 1);
+        assert!(with_token(Some(&huge)).is_err());
+        assert_eq!(with_token(Some("abc\n")).unwrap(), b"abc");
+    }
+
+    #[test]
+    fn only_the_exact_token_is_equal() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"ab", b"abc"));
+        assert!(!constant_time_eq(b"", b"abc"));
+    }
 }

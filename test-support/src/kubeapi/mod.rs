@@ -7,7 +7,7 @@
 //! what a client can observe:
 //!
 //! - `GET /version`; `404` (a Status, reason `NotFound`) for any path or object it does not know.
-//! - Resources: core/v1 `pods`, `services`, `nodes` (cluster-scoped), discovery.k8s.io/v1
+//! - Resources: core/v1 `pods`, `services`, `secrets`, `nodes` (cluster-scoped), discovery.k8s.io/v1
 //!   `endpointslices`, events.k8s.io/v1 `events`, clb-probe.io/v1alpha1 `loopbackreports` and
 //!   `loopbackverifications` (cluster-scoped, with a `/status` subresource: writes to the object ignore `status`,
 //!   `PATCH .../NAME/status` changes only `status` and never creates the object); `nodes`

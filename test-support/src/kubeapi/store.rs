@@ -19,7 +19,7 @@ pub(crate) struct ResourceInfo {
     pub status_subresource: bool,
 }
 
-pub(crate) const RESOURCES: [ResourceInfo; 8] = [
+pub(crate) const RESOURCES: [ResourceInfo; 9] = [
     ResourceInfo {
         resource: "pods",
         kind: "Pod",
@@ -31,6 +31,15 @@ pub(crate) const RESOURCES: [ResourceInfo; 8] = [
     ResourceInfo {
         resource: "services",
         kind: "Service",
+        api_version: "v1",
+        group: "",
+        namespaced: true,
+        status_subresource: false,
+    },
+    // The evidence token's Secret (issue #49, H9), read by `kubectl clb-probe evidence`.
+    ResourceInfo {
+        resource: "secrets",
+        kind: "Secret",
         api_version: "v1",
         group: "",
         namespaced: true,

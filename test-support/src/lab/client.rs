@@ -61,10 +61,25 @@ pub fn http_get_in(ns: &str, addr: &str, path: &str) -> Option<(u16, String)> {
 
 /// [`http_get_in`] with the body as bytes (a pcapng file).
 pub fn http_get_bytes_in(ns: &str, addr: &str, path: &str) -> Option<(u16, Vec<u8>)> {
+    http_get_with_in(ns, addr, path, &[])
+}
+
+/// [`http_get_bytes_in`] sending `headers` too (`GET /evidence`'s token).
+pub fn http_get_with_in(
+    ns: &str,
+    addr: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Option<(u16, Vec<u8>)> {
     in_netns(ns, || {
         let mut s = TcpStream::connect(addr)?;
         s.set_read_timeout(Some(Duration::from_secs(5)))?;
-        write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+        let mut request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n");
+        for (name, value) in headers {
+            request.push_str(&format!("{name}: {value}\r\n"));
+        }
+        request.push_str("\r\n");
+        s.write_all(request.as_bytes())?;
         let mut raw = Vec::new();
         s.read_to_end(&mut raw)?;
         let split = raw

@@ -37,7 +37,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
-pub use client::{Attempt, connect_here, connect_in, http_get_bytes_in, http_get_in, in_netns};
+pub use client::{
+    Attempt, connect_here, connect_in, http_get_bytes_in, http_get_in, http_get_with_in, in_netns,
+};
 pub use guard::{LOCK_PATH, LabGuard, LabLock};
 pub use mode::KubeProxyMode;
 pub use net::UP_STEPS;

@@ -14,6 +14,7 @@ use probe_contract::NodeStatus;
 pub async fn serve(
     listener: std::net::TcpListener,
     hub: View,
+    evidence: crate::sink::evidence_http::EvidenceAccess,
     stop: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let (totals, feed) = feed_totals(&hub);
@@ -22,7 +23,7 @@ pub async fn serve(
     let cache: Mutex<Option<(std::time::Instant, String)>> = Mutex::new(None);
     let route = move |path: &str, headers: &hyper::HeaderMap| -> http::Reply {
         if path == "/evidence" || path.starts_with("/evidence/") {
-            return crate::sink::evidence_http::route(path, &hub);
+            return crate::sink::evidence_http::route(path, headers, &evidence, &hub);
         }
         let (status, content_type, body): (StatusCode, &'static str, String) = match path {
             "/metrics" => {

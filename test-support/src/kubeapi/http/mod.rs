@@ -102,7 +102,15 @@ async fn handle(shared: Arc<Shared>, request: hyper::Request<Incoming>) -> Respo
                 json!({}),
             );
         }
-        return proxy::forward(&shared, target, uri.query()).await;
+        // As the API server: the caller's headers go on, less its credentials (the
+        // authentication filter removes `Authorization`) and the hop-by-hop ones.
+        let forwarded: Vec<(String, String)> = request
+            .headers()
+            .iter()
+            .filter(|(name, _)| !proxy::NOT_FORWARDED.contains(&name.as_str()))
+            .filter_map(|(name, value)| Some((name.to_string(), value.to_str().ok()?.to_owned())))
+            .collect();
+        return proxy::forward(&shared, target, uri.query(), forwarded).await;
     }
     let Some(target) = route(path) else {
         return not_found_path(path);

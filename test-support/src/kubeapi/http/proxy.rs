@@ -46,7 +46,27 @@ pub(super) fn route(path: &str) -> Option<ProxyTarget> {
     })
 }
 
-pub(super) async fn forward(shared: &Shared, target: ProxyTarget, query: Option<&str>) -> Response {
+/// The request headers the proxy does not pass on to the pod: the caller's credentials and
+/// the hop-by-hop headers (the fake speaks HTTP/1.0 to the pod with a `Host` of its own).
+pub(super) const NOT_FORWARDED: &[&str] = &[
+    "authorization",
+    "host",
+    "connection",
+    "keep-alive",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "content-length",
+];
+
+pub(super) async fn forward(
+    shared: &Shared,
+    target: ProxyTarget,
+    query: Option<&str>,
+    headers: Vec<(String, String)>,
+) -> Response {
     if shared
         .forbidden
         .lock()
@@ -86,7 +106,7 @@ pub(super) async fn forward(shared: &Shared, target: ProxyTarget, query: Option<
         Some(q) => format!("{}?{q}", target.rest),
         None => target.rest,
     };
-    let fetched = tokio::task::spawn_blocking(move || get(netns.as_deref(), addr, &path))
+    let fetched = tokio::task::spawn_blocking(move || get(netns.as_deref(), addr, &path, &headers))
         .await
         .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
     match fetched {
@@ -115,6 +135,7 @@ fn get(
     netns: Option<&str>,
     addr: std::net::SocketAddr,
     path: &str,
+    headers: &[(String, String)],
 ) -> std::io::Result<(u16, Option<String>, Vec<u8>)> {
     let connect = || std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(3));
     let mut s = match netns {
@@ -123,7 +144,12 @@ fn get(
         None => connect()?,
     };
     s.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    let mut request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    s.write_all(request.as_bytes())?;
     let mut raw = Vec::new();
     s.read_to_end(&mut raw)?;
     let split = raw
