@@ -127,4 +127,6 @@ families! {
         "--canary-every: the canary's node-sourced tests of LB IP:ports, by outcome (confirmed, not_proven, clean, not_testable); its confirmations carry facts.canary and are not user traffic";
     VERIFY_REQUESTS: Counter "verify_requests" ["phase"]
         "LoopbackVerification requests this agent answered, by phase (done, refused)";
+    VERIFY_RATE_LIMITED: Counter "verify_rate_limited" ["limit"]
+        "LoopbackVerification requests refused by a rate limit, by limit: node (6 a minute) or requester (3 a minute from one requester annotation)";
 }

@@ -49,6 +49,16 @@ pub const MAX_KINDS: usize = 16;
 /// `clbprobe_verify_requests_total{phase="refused"}`.
 pub const MAX_TESTS_PER_MINUTE: usize = 6;
 
+/// Of those, the requests one requester (the [`REQUESTER_ANNOTATION`]) may have tested on a
+/// node in a minute: one requester cannot take a node's whole minute from the others.
+pub const MAX_TESTS_PER_REQUESTER_PER_MINUTE: usize = 3;
+
+/// Who asked: the user name the API server authenticated for the plugin (a
+/// SelfSubjectReview), set by the plugin on every request object. Trustworthy where the
+/// chart's ValidatingAdmissionPolicy refuses a request whose annotation is not its creator's
+/// user name (SECURITY.md); the agents rate-limit per value.
+pub const REQUESTER_ANNOTATION: &str = "verify.clb-probe.io/requester";
+
 /// The results one node's answer carries at most: targets x kinds x clients, bounded above,
 /// plus the not-testable lines; past it the answer says how many were left out.
 pub const MAX_RESULTS: usize = 256;

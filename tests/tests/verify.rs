@@ -679,7 +679,7 @@ fn verify_errors_are_one_clear_line_and_exit_1() {
 /// the rest `refused` at once, counted; a request repeating a kind is refused before anything
 /// is built.
 #[test]
-fn requests_past_the_nodes_rate_and_a_flood_of_kinds_are_refused_and_counted() {
+fn requests_past_a_requesters_or_the_nodes_rate_and_a_flood_of_kinds_are_refused_and_counted() {
     if !require_root("verify_rate") {
         return;
     }
@@ -689,11 +689,12 @@ fn requests_past_the_nodes_rate_and_a_flood_of_kinds_are_refused_and_counted() {
         .start();
     let mut agent = api.start_agent(&["--metrics-addr", METRICS, "--kube-events", "off"]);
     agent.wait_log("verify: answering requests as this node", WAIT);
-    let request = |name: &str, kinds: Value| {
+    let request = |name: &str, kinds: Value, requester: &str| {
         api.apply(json!({
             "apiVersion": "clb-probe.io/v1alpha1", "kind": "LoopbackVerification",
             "metadata": {"name": name,
-                         "labels": {probe_contract::verify::NODE_LABEL: NODE_NAME}},
+                         "labels": {probe_contract::verify::NODE_LABEL: NODE_NAME},
+                         "annotations": {probe_contract::verify::REQUESTER_ANNOTATION: requester}},
             "spec": {"service": {"namespace": "default", "name": "nope"},
                      "nodes": [NODE_NAME], "kinds": kinds},
         }));
@@ -711,18 +712,26 @@ fn requests_past_the_nodes_rate_and_a_flood_of_kinds_are_refused_and_counted() {
     };
     // 140,000 repeats of one kind (1.4 MB, under the API's object limit; the CRD's maxItems
     // refuses it at a real API server): refused before a result is built.
-    request("kinds-flood", json!(vec!["hairpin"; 140_000]));
+    request("kinds-flood", json!(vec!["hairpin"; 140_000]), "mallory");
     let why = wait_for("the kinds flood answered", Duration::from_secs(60), || {
         answer("kinds-flood")
     })
     .expect("the kinds flood answered");
     assert!(why.contains("at most 16"), "{why}");
-    // Then more requests than the node tests in a minute (each refused at once here: the
-    // Service does not exist, so the minute holds them all).
+    // Then more requests than one requester may have tested in a minute, and more than the
+    // node tests in a minute (each refused at once here: the Service does not exist, so the
+    // minute holds them all): mallory's 4 more (she has 3 a minute, the kinds flood took one),
+    // then 4 from other users (the node has 6 a minute).
+    let per_requester = probe_contract::verify::MAX_TESTS_PER_REQUESTER_PER_MINUTE;
     let limit = probe_contract::verify::MAX_TESTS_PER_MINUTE;
-    let more = limit + 2;
+    let more = 8;
     for i in 0..more {
-        request(&format!("flood-{i}"), json!([]));
+        let requester = if i < 4 {
+            "mallory".to_owned()
+        } else {
+            format!("user-{i}")
+        };
+        request(&format!("flood-{i}"), json!([]), &requester);
     }
     let answers = wait_for("every request answered", Duration::from_secs(40), || {
         let all: Vec<String> = (0..more)
@@ -736,12 +745,26 @@ fn requests_past_the_nodes_rate_and_a_flood_of_kinds_are_refused_and_counted() {
             api.objects("loopbackverifications")
         )
     });
-    // The kinds flood took one of the minute's tests.
-    let limited = answers
+    // Mallory: the kinds flood and 2 more tested, 2 refused as hers; the node: 3 of hers and
+    // 3 others' tested, the last refused as the node's.
+    let by_requester = answers
         .iter()
-        .filter(|m| m.starts_with("rate limited"))
+        .filter(|m| m.starts_with("rate limited") && m.contains("(mallory)"))
         .count();
-    assert_eq!(limited, more - (limit - 1), "{answers:#?}");
+    let by_node = answers
+        .iter()
+        .filter(|m| m.starts_with("rate limited: this node tests at most 6 requests a minute;"))
+        .count();
+    assert_eq!(by_requester, 4 - (per_requester - 1), "{answers:#?}");
+    assert_eq!(by_node, 4 - (limit - per_requester), "{answers:#?}");
+    assert_eq!(
+        metric("clbprobe_verify_rate_limited_total{limit=\"requester\"}"),
+        Some(by_requester as u64)
+    );
+    assert_eq!(
+        metric("clbprobe_verify_rate_limited_total{limit=\"node\"}"),
+        Some(by_node as u64)
+    );
     assert_eq!(
         metric("clbprobe_verify_requests_total{phase=\"refused\"}"),
         Some(more as u64 + 1)

@@ -349,8 +349,8 @@ pub async fn run_verification(
     timeout: std::time::Duration,
 ) -> anyhow::Result<super::verify::Verification> {
     use probe_contract::verify::{
-        GENERATE_NAME, MAX_NODES, NODE_LABEL, NodeVerification, PLURAL, RUN_LABEL,
-        VerificationSpec, VerificationStatus, node_label_value,
+        GENERATE_NAME, MAX_NODES, NODE_LABEL, NodeVerification, PLURAL, REQUESTER_ANNOTATION,
+        RUN_LABEL, VerificationSpec, VerificationStatus, node_label_value,
     };
     if spec.nodes.len() > MAX_NODES {
         anyhow::bail!(
@@ -377,6 +377,7 @@ pub async fn run_verification(
             () = next(&mut term) => "SIGTERM",
         }
     };
+    let requester = whoami(&client).await;
     let api: Api<kube::api::DynamicObject> = Api::all_with(client, &verification_resource());
     let run = run_id();
     // (object name, node), in the order created: what is deleted at the end.
@@ -398,6 +399,8 @@ pub async fn run_verification(
                 nodes: vec![node.clone()],
                 ..spec.clone()
             };
+            object.metadata.annotations =
+                Some([(REQUESTER_ANNOTATION.to_owned(), requester.clone())].into());
             object.data = serde_json::json!({ "spec": one });
             let made = api
                 .create(&kube::api::PostParams::default(), &object)
@@ -478,6 +481,24 @@ pub async fn run_verification(
         nodes: answers,
         missing,
     })
+}
+
+/// The user the API server authenticates this plugin as (a SelfSubjectReview, GA since
+/// Kubernetes 1.28): the requester the agents rate-limit by. Empty when the server cannot say
+/// (older, or the review denied): the request is then unnamed, and where the chart's
+/// admission policy is installed, refused by it with its message.
+async fn whoami(client: &Client) -> String {
+    use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+    let reviews: Api<SelfSubjectReview> = Api::all(client.clone());
+    reviews
+        .create(
+            &kube::api::PostParams::default(),
+            &SelfSubjectReview::default(),
+        )
+        .await
+        .ok()
+        .and_then(|r| r.status?.user_info?.username)
+        .unwrap_or_default()
 }
 
 /// A label value naming one `verify` run: the time in nanoseconds and the process id, hex

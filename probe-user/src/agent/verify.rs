@@ -33,10 +33,7 @@ use kube::{
 };
 use probe_contract::{
     LoopbackEvent, LoopbackKind,
-    verify::{
-        self as contract, MAX_TESTS_PER_MINUTE, NodeVerification, Phase, VerificationSpec,
-        VerifyOutcome,
-    },
+    verify::{self as contract, NodeVerification, Phase, VerificationSpec, VerifyOutcome},
 };
 use tokio::sync::{broadcast, mpsc, watch};
 use tracing::{info, warn};
@@ -82,7 +79,14 @@ pub struct Tester {
 struct Request {
     name: String,
     spec: VerificationSpec,
+    /// Its requester annotation (empty: none), at most [`REQUESTER_MAX`] bytes.
+    requester: String,
 }
+
+/// How long a request waits for the agent's API cache to sync before it is planned.
+const SYNC_WAIT: Duration = Duration::from_secs(15);
+/// A requester name longer than this is cut (a Kubernetes user name is rarely over 100).
+const REQUESTER_MAX: usize = 256;
 
 /// `--verify`: watches the requests and answers those for this node (`allowed`: false answers
 /// each with `refused`, saying why). Runs until aborted.
@@ -188,7 +192,25 @@ fn take(object: &DynamicObject, tester: &Tester, taken: &HashSet<String>) -> Opt
         .lock()
         .map(|m| m.values().any(|e| crate::verify::names_service(e, &key)))
         .unwrap_or(false);
-    crate::verify::is_for(&spec.nodes, &tester.node, has_loop).then_some(Request { name, spec })
+    let mut requester = object
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(contract::REQUESTER_ANNOTATION))
+        .cloned()
+        .unwrap_or_default();
+    if requester.len() > REQUESTER_MAX {
+        let cut = (0..=REQUESTER_MAX)
+            .rev()
+            .find(|i| requester.is_char_boundary(*i))
+            .unwrap_or(0);
+        requester.truncate(cut);
+    }
+    crate::verify::is_for(&spec.nodes, &tester.node, has_loop).then_some(Request {
+        name,
+        spec,
+        requester,
+    })
 }
 
 /// RFC 6901: `~` and `/` in a map key.
@@ -205,15 +227,8 @@ async fn answer_requests(
     allowed: bool,
     mut requests: mpsc::Receiver<Request>,
 ) {
-    let mut recent: std::collections::VecDeque<Instant> = std::collections::VecDeque::new();
+    let mut limits = crate::verify::rate::RateLimits::default();
     while let Some(r) = requests.recv().await {
-        while recent
-            .front()
-            .is_some_and(|t| t.elapsed() > Duration::from_secs(60))
-        {
-            recent.pop_front();
-        }
-        let limited = recent.len() >= MAX_TESTS_PER_MINUTE;
         let started_at = now_rfc3339();
         let mut entry = NodeVerification {
             phase: Phase::Running,
@@ -224,12 +239,14 @@ async fn answer_requests(
         write(&api, &r.name, &tester.node, &entry).await;
         let planned = if !allowed {
             Err("this agent runs with --verify off".to_owned())
-        } else if limited {
-            Err(format!(
-                "rate limited: this node tests at most {MAX_TESTS_PER_MINUTE} requests a minute; ask again later"
-            ))
+        } else if let Err(limit) = limits.admit(&r.requester, Instant::now()) {
+            tester.shared.test_traffic.count_rate_limited(limit);
+            Err(limit.message(&r.requester))
         } else {
-            recent.push_back(Instant::now());
+            // A request that arrives while the agent starts is planned once its API cache is
+            // synced (within SYNC_WAIT), not refused for a Service it has not read yet.
+            let mut index = tester.index.clone();
+            let _ = tokio::time::timeout(SYNC_WAIT, index.wait_for(|i| i.synced)).await;
             plan(&tester, &r.spec)
         };
         match planned {

@@ -30,6 +30,8 @@ pub struct TestTraffic {
     canary: [AtomicU64; 4],
     /// Requests answered, by phase: done, refused.
     verify: [AtomicU64; 2],
+    /// Requests refused by a rate limit: the node's, a requester's.
+    rate_limited: [AtomicU64; 2],
     /// (local, remote, opened at CLOCK_MONOTONIC ns) of the canary's connections.
     canary_flows: Mutex<Vec<(SocketAddr, SocketAddr, u64)>>,
 }
@@ -58,6 +60,24 @@ impl TestTraffic {
             .map(|o| {
                 let n = self.canary[outcome_slot(o)].load(Ordering::Relaxed);
                 (o.as_str().to_owned(), n)
+            })
+            .collect()
+    }
+
+    pub fn count_rate_limited(&self, limit: crate::verify::rate::Limit) {
+        self.rate_limited[limit as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// `clbprobe_verify_rate_limited_total{limit}`.
+    pub fn rate_limited_counts(&self) -> Vec<(String, u64)> {
+        use crate::verify::rate::Limit;
+        [Limit::Node, Limit::Requester]
+            .into_iter()
+            .map(|l| {
+                (
+                    l.as_str().to_owned(),
+                    self.rate_limited[l as usize].load(Ordering::Relaxed),
+                )
             })
             .collect()
     }

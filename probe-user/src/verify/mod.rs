@@ -676,5 +676,7 @@ pub fn bounded(mut results: Vec<VerifyResult>) -> (Vec<VerifyResult>, Option<Str
     )
 }
 
+pub mod rate;
+
 #[cfg(test)]
 mod tests;

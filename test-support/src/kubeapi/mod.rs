@@ -6,7 +6,7 @@
 //! resourceVersion counter for everything (as etcd has), JSON only. What it does implement is
 //! what a client can observe:
 //!
-//! - `GET /version`; `404` (a Status, reason `NotFound`) for any path or object it does not know.
+//! - `GET /version`; `POST .../selfsubjectreviews` (everyone is [`FAKE_USER`]); `404` (a Status, reason `NotFound`) for any path or object it does not know.
 //! - Resources: core/v1 `pods`, `services`, `secrets`, `nodes` (cluster-scoped), discovery.k8s.io/v1
 //!   `endpointslices`, events.k8s.io/v1 `events`, clb-probe.io/v1alpha1 `loopbackreports` and
 //!   `loopbackverifications` (cluster-scoped, with a `/status` subresource: writes to the object ignore `status`,
@@ -100,6 +100,10 @@ pub struct Request {
     /// The `Content-Type` header, if any.
     pub content_type: Option<String>,
 }
+
+/// The user the fake authenticates every caller as (a SelfSubjectReview's answer, the name in
+/// its Forbidden messages).
+pub const FAKE_USER: &str = "fake-user";
 
 /// State shared between the server thread and the test's handle.
 pub(crate) struct Shared {

@@ -216,6 +216,8 @@ pub struct MetricsInput {
     /// The canary's tests by outcome; verify requests answered by phase.
     pub canary_tests: Vec<(String, u64)>,
     pub verify_requests: Vec<(String, u64)>,
+    /// Verify requests refused by a rate limit, by limit (node, requester).
+    pub verify_rate_limited: Vec<(String, u64)>,
 }
 
 impl MetricsInput {
@@ -312,6 +314,7 @@ impl MetricsInput {
             node_report_refused: None,
             canary_tests: Vec::new(),
             verify_requests: Vec::new(),
+            verify_rate_limited: Vec::new(),
         }
     }
 }
@@ -364,6 +367,7 @@ pub fn gather(hub: &View, totals: &Mutex<EventTotals>) -> MetricsInput {
     input.node_report_refused = hub.node_report().refused();
     input.canary_tests = hub.test_traffic().canary_counts();
     input.verify_requests = hub.test_traffic().request_counts();
+    input.verify_rate_limited = hub.test_traffic().rate_limited_counts();
     input
 }
 

@@ -140,6 +140,7 @@ fn labelled(input: &MetricsInput) -> Vec<(Family, Vec<Row>)> {
         (m::LOOPBACK_REGRESSIONS, by_kind(&l.regressions)),
         (m::CANARY_TESTS, pairs(&input.canary_tests)),
         (m::VERIFY_REQUESTS, pairs(&input.verify_requests)),
+        (m::VERIFY_RATE_LIMITED, pairs(&input.verify_rate_limited)),
     ]
 }
 

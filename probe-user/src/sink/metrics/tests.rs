@@ -51,6 +51,7 @@ fn input() -> MetricsInput {
         node_report_refused: Some("pod_on_other_node".into()),
         canary_tests: vec![("confirmed".into(), 2), ("clean".into(), 5)],
         verify_requests: vec![("done".into(), 1)],
+        verify_rate_limited: vec![("requester".into(), 2)],
         loops: probe_contract::LoopLifecycle {
             active: [("hairpin".to_string(), 0)].into_iter().collect(),
             quiet: [("hairpin".to_string(), 1)].into_iter().collect(),

@@ -93,6 +93,19 @@ async fn handle(shared: Arc<Shared>, request: hyper::Request<Incoming>) -> Respo
     {
         return json_response(StatusCode::OK, &document);
     }
+    // Who the caller is (kubectl auth whoami; the plugin names the verify requester with it):
+    // the fake authenticates everyone as `fake-user`.
+    if path == "/apis/authentication.k8s.io/v1/selfsubjectreviews" && method == Method::POST {
+        return json_response(
+            StatusCode::CREATED,
+            &json!({
+                "apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview",
+                "metadata": {"creationTimestamp": null},
+                "status": {"userInfo": {"username": crate::kubeapi::FAKE_USER,
+                                        "groups": ["system:authenticated"]}},
+            }),
+        );
+    }
     if let Some(target) = proxy::route(path) {
         if method != Method::GET {
             return status(
