@@ -23,6 +23,10 @@ pub struct NodeStatus {
     pub left_out: BTreeMap<String, usize>,
     /// `--address-entries`: the capacity of each kernel address map.
     pub address_capacity: u32,
+    /// kube-proxy's no-endpoint drop addresses that did not fit the drop program's watched
+    /// destinations (`--address-entries`; LB IPs are kept first): a pod's call dropped at one
+    /// of them is not confirmed (issue #49, H5).
+    pub drop_destinations_left_out: usize,
     /// Local (`vip` and `node`) addresses by owner label (`kube-ipvs0`, `nic:eth0`,
     /// `route:66`): the metrics' `clbprobe_local_address_owners`.
     pub owner_counts: BTreeMap<String, usize>,

@@ -329,3 +329,105 @@ fn nftables_no_endpoint_drop_twin_with_a_local_endpoint_reports_nothing() {
     assert!(agent.events().is_empty(), "{:#?}", agent.events());
     drop(lab);
 }
+
+/// An ETP Local Service whose only endpoint is on another node: kube-proxy (nftables mode)
+/// drops calls to its external addresses on this node (`no-endpoint-services`), and so does
+/// the agent's model of it from the API. `lb`: its LB ingress IP, else `external` is its
+/// external IP (a LoadBalancer still pending).
+fn etp_local_elsewhere(
+    ns: &str,
+    name: &str,
+    port: u16,
+    lb: Option<&str>,
+    external: Option<&str>,
+) -> Vec<serde_json::Value> {
+    let ingress: Vec<serde_json::Value> = lb
+        .map(|ip| serde_json::json!({"ip": ip, "ipMode": "VIP"}))
+        .into_iter()
+        .collect();
+    vec![
+        serde_json::json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"namespace": ns, "name": name},
+            "spec": {"type": "LoadBalancer", "externalTrafficPolicy": "Local",
+                     "clusterIP": "198.18.200.1", "clusterIPs": ["198.18.200.1"],
+                     "externalIPs": external.into_iter().collect::<Vec<_>>(),
+                     "ports": [{"name": "http", "protocol": "TCP", "port": port,
+                                "targetPort": 8080, "nodePort": 31000}]},
+            "status": {"loadBalancer": {"ingress": ingress}},
+        }),
+        serde_json::json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"namespace": ns, "name": format!("{name}-abcde"),
+                         "labels": {"kubernetes.io/service-name": name}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": ["198.19.2.10"], "nodeName": "peer-node",
+                           "conditions": {"ready": true, "serving": true, "terminating": false}}],
+            "ports": [{"name": "http", "protocol": "TCP", "port": 8080}],
+        }),
+    ]
+}
+
+/// Issue #49, H5: past the drop program's watched destinations (`--address-entries`), a
+/// tenant's many no-endpoint elements at low addresses used to push the victim's LB IP out
+/// silently (0 of 3 calls confirmed; one unclear WARN). LB IPs (from the API) are kept first,
+/// and what does not fit is a gauge and a line of `/readyz`.
+#[test]
+fn nftables_no_endpoint_elements_past_the_watched_destinations_keep_lb_ips_and_are_counted() {
+    if !require_root("nftables_no_endpoint_overflow") {
+        return;
+    }
+    const METRICS: &str = "127.0.0.1:19487";
+    const EXTRA: usize = 300;
+    let lab = lab_up();
+    lab.set_nft_web_local(false).unwrap();
+    // The victim, and a tenant's ETP Local Services without endpoints here, at external
+    // addresses that sort first (as kube-proxy would write them, the API's model of them).
+    let mut objects = test_support::kubeapi::fixtures::lab();
+    objects.extend(etp_local_elsewhere(
+        "default",
+        "web-local",
+        lab::VIP_NFT_ETP_LOCAL_PORT,
+        Some(&lab::VIP.to_string()),
+        None,
+    ));
+    for i in 0..EXTRA {
+        let ip = format!("10.1.{}.{}", i / 250, i % 250 + 1);
+        objects.extend(etp_local_elsewhere(
+            "tenant",
+            &format!("svc-{i}"),
+            80,
+            None,
+            Some(&ip),
+        ));
+    }
+    let api = probe_tests::kube_fixture::KubeFixture::builder()
+        .objects(objects)
+        .start();
+    let agent = api.start_agent(&["--address-entries", "256", "--metrics-addr", METRICS]);
+    let metric = |name: &str| -> Option<u64> {
+        let (_, body) = lab::http_get_in(lab::NS_NODE, METRICS, "/metrics")?;
+        body.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+    };
+    // The LB IP and the tenant's 300 addresses, 256 watched.
+    let left_out = probe_tests::agent::wait_for("the left-out count", WAIT, || {
+        metric("clbprobe_drop_destinations_left_out ").filter(|n| *n > 0)
+    });
+    assert_eq!(left_out, Some((EXTRA + 1 - 256) as u64));
+    let (status, readyz) = lab::http_get_in(lab::NS_NODE, METRICS, "/readyz").unwrap();
+    assert_eq!(status, 200, "{readyz}");
+    assert!(
+        readyz
+            .contains("45 of kube-proxy's no-endpoint drop addresses over --address-entries (256)"),
+        "{readyz}"
+    );
+    // The victim's LB IP was kept: its pod's dropped call is confirmed.
+    let to = std::net::SocketAddrV4::new(lab::VIP, lab::VIP_NFT_ETP_LOCAL_PORT);
+    let pod = lab.connect(lab::NS_POD_A, None, to).unwrap();
+    assert_eq!(pod.outcome, Outcome::Timeout, "{pod:?}");
+    let e = agent.only_event(LoopbackKind::EtpLocalDrop, WAIT);
+    assert_eq!(e.vip, Some(IpAddr::V4(lab::VIP)));
+    drop(lab);
+}

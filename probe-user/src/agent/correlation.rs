@@ -61,21 +61,32 @@ pub(super) struct CorrelateLoop {
 /// drop program's watched destinations: a local pod's call to one of them, dropped by
 /// kube-proxy's filter chains, then reaches the correlator (`correlate/no_endpoint.rs`).
 /// A map write that fails is said and retried with the next table.
+/// How many did not fit is published in the node status (`/readyz`'s detail and
+/// `clbprobe_drop_destinations_left_out`), and said once per change.
 fn watch_drop_destinations(
     maps: &mut DropDestinations,
     table: &state::ServiceTable,
     lb_ips: &std::collections::HashSet<std::net::IpAddr>,
+    status: &watch::Sender<probe_contract::NodeStatus>,
 ) {
     let want = drop_destinations_in_order(table, lb_ips);
     match maps.sync(&want) {
-        Ok(left_out) if !left_out.is_empty() => tracing::warn!(
-            left_out = left_out.len(),
-            first = %left_out[0],
-            "kube-proxy's no-endpoint drop elements: {} of {} addresses do not fit the drop program's watched destinations (--address-entries): a pod's call dropped at them is not confirmed (LB IPs were kept first)",
-            left_out.len(),
-            want.len()
-        ),
-        Ok(_) => {}
+        Ok(left_out) => {
+            let changed = status.send_if_modified(|s| {
+                let changed = s.drop_destinations_left_out != left_out.len();
+                s.drop_destinations_left_out = left_out.len();
+                changed
+            });
+            if changed && !left_out.is_empty() {
+                tracing::warn!(
+                    left_out = left_out.len(),
+                    first = %left_out[0],
+                    "kube-proxy's no-endpoint drop elements: {} of {} addresses do not fit the drop program's watched destinations (--address-entries): a pod's call dropped at them is not confirmed (LB IPs were kept first)",
+                    left_out.len(),
+                    want.len()
+                );
+            }
+        }
         Err(e) => tracing::warn!(error = %e, "writing the drop program's watched destinations"),
     }
 }
@@ -194,7 +205,7 @@ pub(super) async fn run(mut l: CorrelateLoop) -> anyhow::Result<()> {
         ..CorrelatorConfig::default()
     });
     let lb_ips = lb_ips_of(&l.kube_index);
-    watch_drop_destinations(&mut l.drop_destinations, &l.services, &lb_ips);
+    watch_drop_destinations(&mut l.drop_destinations, &l.services, &lb_ips, &l.status);
     correlator.set_services(std::mem::take(&mut l.services));
     correlator.set_owners(l.owners.borrow_and_update().clone());
     let mut tick = tokio::time::interval(Duration::from_millis(250));
@@ -297,7 +308,7 @@ pub(super) async fn run(mut l: CorrelateLoop) -> anyhow::Result<()> {
                     changed
                 });
                 let lb_ips = lb_ips_of(&l.kube_index);
-                watch_drop_destinations(&mut l.drop_destinations, &table, &lb_ips);
+                watch_drop_destinations(&mut l.drop_destinations, &table, &lb_ips, &l.status);
                 correlator.set_services(table);
                 Vec::new()
             }

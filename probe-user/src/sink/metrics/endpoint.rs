@@ -104,6 +104,12 @@ pub fn readiness(status: &NodeStatus) -> (bool, String) {
             status.address_capacity
         ));
     }
+    if status.drop_destinations_left_out > 0 {
+        body.push_str(&format!(
+            "; {} of kube-proxy's no-endpoint drop addresses over --address-entries ({}) are not watched: a pod's call dropped at them is not confirmed",
+            status.drop_destinations_left_out, status.address_capacity
+        ));
+    }
     body.push('\n');
     (true, body)
 }

@@ -186,6 +186,8 @@ pub struct MetricsInput {
     pub addresses_left_out: Vec<(String, u64)>,
     /// `--address-entries`.
     pub address_capacity: u64,
+    /// No-endpoint drop addresses over `--address-entries`.
+    pub drop_destinations_left_out: u64,
     pub attached_interfaces: u64,
     pub ready: bool,
     /// Whether `--vip-iface` exists (health-check detection waits for it otherwise).
@@ -293,6 +295,7 @@ impl MetricsInput {
                 })
                 .collect(),
             address_capacity: u64::from(snap.status.address_capacity),
+            drop_destinations_left_out: snap.status.drop_destinations_left_out as u64,
             attached_interfaces: snap.status.attached.len() as u64,
             ready: snap.status.ready,
             vip_iface_present: snap.status.vip_iface_present,

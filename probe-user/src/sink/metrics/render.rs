@@ -149,6 +149,10 @@ fn single(input: &MetricsInput) -> Vec<(Family, Vec<Row>)> {
     let one = |v: u64| vec![(Vec::new(), v)];
     vec![
         (m::LOCAL_ADDRESSES_CAPACITY, one(input.address_capacity)),
+        (
+            m::DROP_DESTINATIONS_LEFT_OUT,
+            one(input.drop_destinations_left_out),
+        ),
         (m::ATTACHED_INTERFACES, one(input.attached_interfaces)),
         (m::READY, one(u64::from(input.ready))),
         (m::KUBE_CONNECTED, one(u64::from(input.kube_connected))),

@@ -34,6 +34,7 @@ fn input() -> MetricsInput {
         set_sizes: vec![("vip".into(), 2), ("node".into(), 4), ("pod".into(), 2)],
         addresses_left_out: vec![("vip".into(), 50), ("node".into(), 0)],
         address_capacity: 256,
+        drop_destinations_left_out: 7,
         attached_interfaces: 2,
         ready: true,
         vip_iface_present: true,
@@ -77,6 +78,7 @@ fn renders_every_family_with_bounded_labels() {
         "clbprobe_events_budget_suppressed_total{record=\"drop\",source=\"vip\"} 0",
         "clbprobe_local_addresses{set=\"vip\"} 2",
         "clbprobe_local_addresses_left_out{set=\"vip\"} 50",
+        "clbprobe_drop_destinations_left_out 7",
         "clbprobe_local_addresses_capacity 256",
         "clbprobe_local_address_owners{owner=\"route:66\"} 1",
         "clbprobe_loopback_events_by_owner_total{kind=\"healthcheck_blackhole\",owner=\"route:66\"} 3",
@@ -392,4 +394,27 @@ fn an_evicted_series_that_comes_back_starts_afresh_and_other_never_goes_down() {
     assert!(t.totals[&other_key] >= 5);
     let total: u64 = t.totals.values().sum();
     assert_eq!(total, 7 + EVENT_SERIES as u64);
+}
+
+#[test]
+fn readyz_says_when_no_endpoint_drop_addresses_are_left_out_and_stays_ready() {
+    let mut status = probe_contract::NodeStatus {
+        ready: true,
+        vip_iface_present: true,
+        address_capacity: 16,
+        ..Default::default()
+    };
+    let (ready, body) = crate::sink::metrics::readiness(&status);
+    assert!(ready);
+    assert!(!body.contains("drop addresses"), "{body}");
+    status.drop_destinations_left_out = 3;
+    let (ready, body) = crate::sink::metrics::readiness(&status);
+    assert!(
+        ready,
+        "a tenant's elements must not take the agent out of its rollout"
+    );
+    assert!(
+        body.contains("3 of kube-proxy's no-endpoint drop addresses over --address-entries (16)"),
+        "{body}"
+    );
 }
