@@ -246,3 +246,46 @@ fn after_two_lookups(mut agent: Agent, kind: &str) -> (Option<()>, usize, String
     drop(agent);
     (ran, resolved, log)
 }
+
+/// Issue #49, G4: pod A's hairpin at the LB's :80 goes quiet (`--resolve-after 2`); then the
+/// Service changes (an annotation nothing acts on) and the node's own calls to the same LB
+/// IP:port are answered, ten of them (the LB's guard sends the node to the peer). Before:
+/// "the Service changed" plus answered calls of the Service from any of its clients resolved
+/// pod A's loop, which stood (pod A looped again seconds later). After: the look-ups run and
+/// resolve nothing: only pod A's own calls to :80, NATed here or enough of them, prove it.
+#[test]
+fn a_service_change_and_another_clients_answered_calls_resolve_no_pods_hairpin() {
+    if !require_root("hostile_proof_service_change") {
+        return;
+    }
+    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    let api = KubeFixture::builder().tag("g4-service-change").start();
+    let mut agent = api.start_agent(&["--resolve-after", "2"]);
+    agent.wait_log("Kubernetes attribution connected", WAIT);
+    lab.traffic(Scenario::Hairpin).expect("pod A's call");
+    agent.wait_event("pod A's hairpin", WAIT, |es| {
+        es.iter()
+            .find(|e| e.kind == LoopbackKind::Hairpin && e.client_pod.is_some())
+            .cloned()
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    let mut web = test_support::kubeapi::fixtures::lab()
+        .into_iter()
+        .find(|o| o["kind"] == "Service" && o["metadata"]["name"] == "web")
+        .expect("the web Service");
+    web["metadata"]["annotations"]["example.com/changed-by-a-fix"] = "true".into();
+    api.apply(web);
+    let to = std::net::SocketAddrV4::new(lab::VIP, 80);
+    for _ in 0..10 {
+        let attempt = lab.connect(lab::NS_NODE, None, to).expect("connect");
+        assert_eq!(attempt.outcome, lab::Outcome::Ok, "{attempt:?}");
+    }
+    let (ran, resolved, log) = after_two_lookups(agent, "hairpin");
+    drop(api);
+    drop(lab);
+    assert!(ran.is_some(), "no proof look-up ran:\n{log}");
+    assert_eq!(
+        resolved, 0,
+        "a Service change and the node's answered calls resolved pod A's hairpin:\n{log}"
+    );
+}
