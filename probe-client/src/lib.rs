@@ -4,7 +4,8 @@
 //!
 //! A crate of its own so that the plugin builds without the kernel side: no aya, no eBPF
 //! object, no probe-user (`cargo tree -p probe-client` names no aya crate). The agent
-//! (`probe-user`) depends on this crate, never the other way round. Layout, and why:
+//! (`probe-user`) depends on this crate only for `probe watch` and `probe events`, never the
+//! other way round. Layout, and why:
 //!
 //! - the types a client reads are the output contract's (`probe-contract`): the live view's
 //!   [`probe_contract::Message`], the `LoopbackReport` (`probe_contract::report`), the Event's
@@ -13,19 +14,14 @@
 //! - [`report`]: the `LoopbackReport` API resource and the plugin's cluster table;
 //! - [`watch`]: `probe watch` and `probe events`, the clients of the agent's live-view socket
 //!   (the agent's `probe` binary runs them; the socket's server stays in the agent);
-//! - [`fixes`]: the fixes as data (pure), which the plugin lists and applies and the agent
-//!   attaches to events (the function that reads the agent's address index, `attach_fixes`,
-//!   stays in probe-user's `kube::enrich`);
-//! - [`service`]: a Service as the fixes read it ([`service::ServiceFacts`]); the agent's
-//!   address index over them stays in probe-user (`kube::index`);
-//! - [`term`]: outside text (NIC names, Event fields) made safe to print on a terminal;
-//! - [`untrusted`]: strings from tenants and the node (annotation values, process names)
-//!   bounded and escaped where they enter.
+//! - `fixes`, `service`, `term`, `untrusted`: the pure core's (`probe_core`), re-exported:
+//!   the fixes as data, a Service as the fixes read it, outside text made safe to print,
+//!   strings bounded where they enter.
 
-pub mod fixes;
 pub mod plugin;
 pub mod report;
-pub mod service;
-pub mod term;
-pub mod untrusted;
 pub mod watch;
+
+// The pure pieces are the core's (`probe_core`): re-exported under the paths the plugin and
+// its tests have always used.
+pub use probe_core::{fixes, service, term, untrusted};

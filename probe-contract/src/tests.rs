@@ -61,6 +61,7 @@ fn snapshot() -> Snapshot {
             set_sizes: [("vip".to_string(), 1)].into(),
             left_out: [("vip".to_string(), 0)].into(),
             address_capacity: 16_384,
+            drop_destinations_left_out: 0,
             owner_counts: [("kube-ipvs0".to_string(), 1)].into(),
             features: Some(Features {
                 tc_mode: TcMode::Tcx,
@@ -263,7 +264,7 @@ fn a_recorded_stream_reads_back_as_written() {
             "{line}"
         );
     }
-    // The spelling replay files are written in (probe-user/tests/data/streams).
+    // The spelling replay files are written in (probe-core/tests/data/streams).
     let drop = serde_json::to_value(&stream[1]).unwrap();
     assert_eq!(drop["type"], "drop");
     assert_eq!(drop["reason"]["name"], "IP_LOCAL_SOURCE");

@@ -185,7 +185,7 @@ struct AgentArgs {
     /// digitalocean, openstack, generic). Default: from the Service's LB class and
     /// annotations, else generic.
     #[arg(long, env = "CLB_PROBE_PROVIDER", value_name = "NAME")]
-    provider: Option<clb_probe_client::fixes::Provider>,
+    provider: Option<probe_core::fixes::Provider>,
     /// Export the /metrics counters as OTLP metrics and every confirmed loopback as an OTLP
     /// log record, over gRPC to an OpenTelemetry collector (http://HOST:4317). Off by default.
     #[arg(long, env = "CLB_PROBE_OTLP_ENDPOINT", value_name = "URL", value_parser = clb_probe::sink::otlp::parse_endpoint)]

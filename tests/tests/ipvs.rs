@@ -7,7 +7,7 @@
 //! Prints the kernel, `ipvsadm -Ln` and each scenario's verdict. With `CLB_VM_RESULTS` set it
 //! also writes what it saw there (`streams/<name>/`: the agent's recorded kernel events, the
 //! service table, the egress records the agent looked up, the confirmed events) for
-//! `probe-user/tests/data/streams/`.
+//! `probe-core/tests/data/streams/`.
 
 use std::{net::IpAddr, path::PathBuf, time::Duration};
 

@@ -39,6 +39,8 @@ pub fn rust_sbom(rust_target: &str, arch: &str, out: &Path) -> anyhow::Result<Pa
     for member in [
         "probe-common",
         "probe-contract",
+        "probe-core",
+        "probe-client",
         "probe-ebpf",
         "test-support",
         "tests",

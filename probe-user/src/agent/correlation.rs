@@ -44,7 +44,7 @@ pub(super) struct CorrelateLoop {
     /// Kubernetes attribution's latest index (None: attribution off).
     pub kube_index: Option<watch::Receiver<Arc<Index>>>,
     pub node_name: Option<String>,
-    pub provider: Option<clb_probe_client::fixes::Provider>,
+    pub provider: Option<probe_core::fixes::Provider>,
     /// `--vip-iface`: the owner the events name for a VIP bound there.
     pub vip_iface: String,
     /// Who made each local address local (the node sync's latest).
@@ -433,7 +433,7 @@ fn look_for_proof(tracker: &mut Tracker, tx: &mpsc::Sender<ProofResults>) -> boo
 /// One conntrack dump per address family the requests need, the node's timeouts once.
 /// Blocking. A failed dump proves nothing (the loops stay quiet) and is said at debug level.
 fn read_proofs(due: &[ProofRequest]) -> ProofResults {
-    let timeouts = state::conntrack::StateTimeouts::read();
+    let timeouts = state::conntrack::read_state_timeouts();
     let mut tables: [Option<Vec<state::ConntrackEntry>>; 2] = [None, None];
     due.iter()
         .map(|r| {

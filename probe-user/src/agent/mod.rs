@@ -77,7 +77,7 @@ pub struct AgentConfig {
     /// `--kube-events`: where to write Kubernetes Events (None: off, or no API access).
     pub kube_events: Option<crate::kube::KubeSource>,
     /// `--provider`: the provider profile of the events' fixes (None: from each Service).
-    pub provider: Option<clb_probe_client::fixes::Provider>,
+    pub provider: Option<probe_core::fixes::Provider>,
     /// `--node-report`: where to write this node's `LoopbackReport` (None: off, or no API
     /// access).
     pub node_report: Option<crate::kube::KubeSource>,

@@ -11,7 +11,7 @@ use anyhow::Context as _;
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 use kube::{Api, Client, Config, api::ListParams, config::Kubeconfig};
 
-use clb_probe_client::service::ServiceFacts;
+use probe_core::service::ServiceFacts;
 
 /// Where to find the API.
 #[derive(Clone, Debug, PartialEq, Eq)]

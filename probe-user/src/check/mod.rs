@@ -78,7 +78,7 @@ pub struct LbTarget {
     /// and not in `KUBE-LOAD-BALANCER-LOCAL`).
     pub kube_proxy_masquerades: bool,
     /// The annotation (`key: value`) that has the LB send a PROXY protocol header to the
-    /// backends (`clb_probe_client::service::PROXY_PROTOCOL_ANNOTATIONS`); None: none read.
+    /// backends (`probe_core::service::PROXY_PROTOCOL_ANNOTATIONS`); None: none read.
     pub proxy_protocol: Option<String>,
     /// Where it came from: `ipset KUBE-LOAD-BALANCER`, `service default/web`, ...
     pub source: String,
@@ -217,7 +217,7 @@ pub fn run(
 fn read(
     cfg: &crate::state::addrs::AddrConfig,
     api: &kube::ApiAccess,
-) -> anyhow::Result<(Inputs, Vec<clb_probe_client::service::ServiceFacts>)> {
+) -> anyhow::Result<(Inputs, Vec<probe_core::service::ServiceFacts>)> {
     let mut inputs = gather::gather(cfg)?;
     let mut listed = Vec::new();
     if *api != kube::ApiAccess::None {
@@ -225,7 +225,7 @@ fn read(
             Ok((list, slices)) => {
                 let facts: Vec<_> = list
                     .iter()
-                    .filter_map(clb_probe_client::service::ServiceFacts::from_service)
+                    .filter_map(probe_core::service::ServiceFacts::from_service)
                     .collect();
                 services::merge(&mut inputs, &facts);
                 match slices {
@@ -268,7 +268,7 @@ pub fn run_as(
 /// whether kube-proxy's rules were read on this node ([`Inputs::kube_proxy_runs`]).
 pub fn attach_fixes(
     findings: &mut [Finding],
-    services: &[clb_probe_client::service::ServiceFacts],
+    services: &[probe_core::service::ServiceFacts],
     kube_proxy: Option<bool>,
 ) {
     use probe_contract::LoopbackKind as L;
@@ -312,14 +312,14 @@ pub fn attach_fixes(
             {
                 continue;
             }
-            let provider = clb_probe_client::fixes::service_provider(service)
-                .unwrap_or(clb_probe_client::fixes::Provider::Generic);
-            let mut facts = clb_probe_client::fixes::Facts::of_risk(kind, ip, service, provider);
+            let provider = probe_core::fixes::service_provider(service)
+                .unwrap_or(probe_core::fixes::Provider::Generic);
+            let mut facts = probe_core::fixes::Facts::of_risk(kind, ip, service, provider);
             facts.kube_proxy = kube_proxy;
             if let Some((p, proto)) = port {
                 facts = facts.with_port(p, proto);
             }
-            for fix in clb_probe_client::fixes::fixes(&facts) {
+            for fix in probe_core::fixes::fixes(&facts) {
                 // A fix without a patch reads the same for every Service: once.
                 if !fixes
                     .iter()

@@ -12,7 +12,7 @@ use crate::state::ServiceSource;
 const HCLOUD_PP: (&str, &str) = ("load-balancer.hetzner.cloud/uses-proxyprotocol", "true");
 
 fn with_service(mut i: Inputs, ip_mode: Option<&str>, annotations: &[(&str, &str)]) -> Inputs {
-    let svc = clb_probe_client::service::ServiceFacts {
+    let svc = probe_core::service::ServiceFacts {
         annotations: pairs(annotations),
         ..web(false, ip_mode)
     };

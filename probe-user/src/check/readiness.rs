@@ -38,11 +38,11 @@ use probe_contract::check::Severity;
 
 use probe_contract::check::Dataplane;
 
-use clb_probe_client::{
+use probe_contract::check::Mode;
+use probe_core::{
     fixes::{self, Facts, Provider},
     service::ServiceFacts,
 };
-use probe_contract::check::Mode;
 
 mod ip_mode;
 mod node;

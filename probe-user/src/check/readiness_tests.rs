@@ -25,8 +25,8 @@ use super::test_nodes::pairs;
 
 use probe_contract::check::Kind;
 
-use clb_probe_client::service::{LbIngress, ServiceFacts};
 use probe_contract::{check::Mode, facts::AddressOwner};
+use probe_core::service::{LbIngress, ServiceFacts};
 
 /// `shop/web` (`test_nodes::web`) with `annotations`.
 fn web(etp_local: bool, ip_mode: Option<&str>, annotations: &[(&str, &str)]) -> ServiceFacts {

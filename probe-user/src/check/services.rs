@@ -5,8 +5,8 @@
 use std::net::IpAddr;
 
 use super::LbTarget;
-use clb_probe_client::service::ServiceFacts;
 use probe_contract::Proto;
+use probe_core::service::ServiceFacts;
 
 /// A Service port's protocol as the probe follows it (SCTP: not followed).
 fn proto(protocol: &str) -> Option<Proto> {
@@ -24,9 +24,9 @@ pub fn targets(services: &[ServiceFacts]) -> (Vec<LbTarget>, Vec<IpAddr>) {
     for s in services {
         cluster_ips.extend(s.cluster_ips.iter().copied());
         // The provider annotations that keep the LB from looping back, when switched on.
-        let guard = clb_probe_client::service::loop_guards(&s.loopback_annotations);
+        let guard = probe_core::service::loop_guards(&s.loopback_annotations);
         let etp_local = s.is_etp_local();
-        let proxy_protocol = clb_probe_client::service::proxy_protocol(&s.annotations);
+        let proxy_protocol = probe_core::service::proxy_protocol(&s.annotations);
         for ing in &s.ingress {
             let Some(ip) = ing.ip else { continue };
             for p in &s.ports {

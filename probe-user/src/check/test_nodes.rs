@@ -6,8 +6,8 @@ use std::{collections::BTreeMap, net::IpAddr};
 
 use super::{Inputs, KernelView, NicSysctls, gather};
 use crate::state::{NodePortEntry, ServiceEntry, ServiceSource, ServiceTable, addrs::Prefix};
-use clb_probe_client::service::{LbIngress, ServiceFacts, ServicePort};
 use probe_contract::Proto;
+use probe_core::service::{LbIngress, ServiceFacts, ServicePort};
 
 pub(super) fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()

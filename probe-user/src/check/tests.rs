@@ -38,8 +38,8 @@ use probe_contract::check::Kind;
 use probe_contract::check::CheckReport;
 
 use crate::state::{ServiceSource, ServiceTable, addrs::Prefix};
-use clb_probe_client::service::{LbIngress, ServiceFacts};
 use probe_contract::check::Severity;
+use probe_core::service::{LbIngress, ServiceFacts};
 
 /// (kind, severity, subject) of every finding that is not info.
 fn verdicts(i: &Inputs) -> Vec<Verdict> {
@@ -526,7 +526,7 @@ fn a_node_without_kube_proxy_is_a_warning_never_silence() {
 fn a_shared_lb_ip_s_fixes_regard_every_service_on_it() {
     let api = ServiceFacts {
         name: "api".into(),
-        ports: vec![clb_probe_client::service::ServicePort {
+        ports: vec![probe_core::service::ServicePort {
             name: None,
             protocol: "TCP".into(),
             port: 8443,

@@ -11,7 +11,7 @@
 
 use std::net::IpAddr;
 
-use clb_probe_client::{fixes, service::ServiceFacts};
+use probe_core::{fixes, service::ServiceFacts};
 
 use super::index::Index;
 use crate::correlate::remedy;
@@ -208,7 +208,7 @@ fn only(list: Vec<&ServiceFacts>) -> Option<&ServiceFacts> {
 fn port_of<'a>(
     service: &'a ServiceFacts,
     event: &LoopbackEvent,
-) -> Option<&'a clb_probe_client::service::ServicePort> {
+) -> Option<&'a probe_core::service::ServicePort> {
     event
         .vip_port
         .and_then(|p| service.port(p, event.proto))

@@ -12,7 +12,7 @@ use k8s_openapi::api::{
     discovery::v1::EndpointSlice,
 };
 
-use clb_probe_client::service::{ServiceFacts, bounded, facts, is_api_name};
+use probe_core::service::{ServiceFacts, bounded, facts, is_api_name};
 
 use probe_contract::Proto;
 
@@ -306,7 +306,7 @@ pub(crate) mod tests {
     use serde_json::json;
 
     use super::*;
-    use clb_probe_client::service::ANNOTATIONS_MAX;
+    use probe_core::service::ANNOTATIONS_MAX;
 
     pub(crate) fn pod(ns: &str, name: &str, ips: &[&str]) -> Pod {
         serde_json::from_value(json!({
@@ -431,7 +431,7 @@ pub(crate) mod tests {
         for map in [&web.annotations, &web.loopback_annotations] {
             let guard = &map["service.cloud.tencent.com/prevent-loopback"];
             assert!(
-                guard.len() <= clb_probe_client::untrusted::ANNOTATION_VALUE_MAX,
+                guard.len() <= probe_core::untrusted::ANNOTATION_VALUE_MAX,
                 "{}",
                 guard.len()
             );

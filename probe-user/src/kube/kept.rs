@@ -19,7 +19,7 @@ use std::{
 
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 
-use clb_probe_client::service::{ServiceFacts, bounded, facts, is_api_name};
+use probe_core::service::{ServiceFacts, bounded, facts, is_api_name};
 
 use super::service_table::tight;
 

@@ -19,7 +19,7 @@
 //!   IPVS) from the pruned Services and EndpointSlices, with the look-ups of
 //!   `state::ServiceTable` (`serves`, `nodeport`, `no_endpoint_drop`).
 //! - [`index`]: pure address -> name index (`Index::pod_by_ip`, `service_by_frontend`,
-//!   `service_by_node_port`, `services_by_lb_ip`, of `clb_probe_client::service::ServiceFacts`).
+//!   `service_by_node_port`, `services_by_lb_ip`, of `probe_core::service::ServiceFacts`).
 //! - [`enrich::enrich`]`(&mut LoopbackEvent, &Index, node)`: pure attribution of one event.
 //! - [`hold::Hold`]: holds a confirmed report (at most 2 s) until the cache can name it.
 //!

@@ -46,12 +46,12 @@ fn listed<K>(event: &watcher::Event<K>) -> bool {
 }
 
 /// A Service as the store keeps it: no managedFields; of the annotations only those
-/// `clb_probe_client::service::facts` reads (LB controllers', loopback settings), of the
+/// `probe_core::service::facts` reads (LB controllers', loopback settings), of the
 /// labels only those the service table reads.
 pub fn prune_service(service: &mut Service) {
     service.metadata.managed_fields = None;
     if let Some(a) = &mut service.metadata.annotations {
-        a.retain(|k, _| clb_probe_client::service::is_read_annotation(k));
+        a.retain(|k, _| probe_core::service::is_read_annotation(k));
     }
     if let Some(l) = &mut service.metadata.labels {
         l.retain(|k, _| READ_LABELS.contains(&k.as_str()));

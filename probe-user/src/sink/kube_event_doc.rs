@@ -269,9 +269,9 @@ pub fn note(event: &LoopbackEvent) -> String {
 }
 
 /// A note's text as written: terminal controls escaped (a second fence: the names in it were
-/// escaped where they entered, `clb_probe_client::untrusted`), cut to [`NOTE_MAX`] bytes.
+/// escaped where they entered, `probe_core::untrusted`), cut to [`NOTE_MAX`] bytes.
 fn note_text(text: &str) -> String {
-    truncate(clb_probe_client::term::escape(text).into_owned(), NOTE_MAX)
+    truncate(probe_core::term::escape(text).into_owned(), NOTE_MAX)
 }
 
 /// A hairpin's cause: who called (a pod, or the node itself: a host-network caller) and what

@@ -34,6 +34,9 @@ use crate::{
 };
 use probe_contract::Proto;
 
+// The pure half (the timeouts' arithmetic, what a self call looks like) is the core's.
+pub use probe_core::state::conntrack::{StateTimeouts, is_self_call};
+
 /// conntrack status bits (uapi `nf_conntrack_common.h`).
 pub const IPS_SEEN_REPLY: u32 = 1 << 1;
 pub const IPS_ASSURED: u32 = 1 << 2;
@@ -115,83 +118,27 @@ fn lookup_by(tuple: &Tuple, reply: bool) -> Result<Option<ConntrackEntry>, Connt
     }
 }
 
-/// The node's conntrack timeouts per state (`net.netfilter.nf_conntrack_*timeout*`, per
-/// network namespace): what a packet resets an entry's timeout to.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StateTimeouts {
-    /// By TCP state name as [`tcp_state_name`] spells it.
-    pub tcp: std::collections::BTreeMap<String, u32>,
-    /// `nf_conntrack_udp_timeout_stream` (an answered UDP flow is a stream once assured; the
-    /// longer of the two is taken, so an age is never underestimated).
-    pub udp: u32,
-}
-
-impl StateTimeouts {
-    /// The kernel's defaults (6.x), for a namespace whose sysctls cannot be read.
-    pub fn kernel_defaults() -> Self {
-        let tcp = [
-            ("SYN_SENT", 120),
-            ("SYN_RECV", 60),
-            ("ESTABLISHED", 432_000),
-            ("FIN_WAIT", 120),
-            ("CLOSE_WAIT", 60),
-            ("LAST_ACK", 30),
-            ("TIME_WAIT", 120),
-            ("CLOSE", 10),
-        ]
-        .into_iter()
-        .map(|(s, t)| (s.to_string(), t))
-        .collect();
-        Self { tcp, udp: 120 }
-    }
-
-    /// Reads the calling thread's network namespace's sysctls; a missing one keeps its
-    /// default. Blocking (procfs).
-    pub fn read() -> Self {
-        let mut t = Self::kernel_defaults();
-        let dir = std::path::Path::new("/proc/sys/net/netfilter");
-        let read = |name: &str| {
-            std::fs::read_to_string(dir.join(name))
-                .ok()
-                .and_then(|v| v.trim().parse::<u32>().ok())
-        };
-        for (state, value) in t.tcp.iter_mut() {
-            let name = format!("nf_conntrack_tcp_timeout_{}", state.to_ascii_lowercase());
-            if let Some(v) = read(&name) {
-                *value = v;
-            }
+/// The calling thread's network namespace's conntrack timeouts (the sysctls
+/// `net.netfilter.nf_conntrack_*timeout*`); a missing one keeps the kernel's default.
+/// Blocking (procfs).
+pub fn read_state_timeouts() -> StateTimeouts {
+    let mut t = StateTimeouts::kernel_defaults();
+    let dir = std::path::Path::new("/proc/sys/net/netfilter");
+    let read = |name: &str| {
+        std::fs::read_to_string(dir.join(name))
+            .ok()
+            .and_then(|v| v.trim().parse::<u32>().ok())
+    };
+    for (state, value) in t.tcp.iter_mut() {
+        let name = format!("nf_conntrack_tcp_timeout_{}", state.to_ascii_lowercase());
+        if let Some(v) = read(&name) {
+            *value = v;
         }
-        if let Some(v) = read("nf_conntrack_udp_timeout_stream") {
-            t.udp = v;
-        }
-        t
     }
-
-    /// How long ago the entry's latest packet passed, in seconds: its state's timeout minus
-    /// what is left. None without a timeout or a known state. An entry whose timeout was
-    /// lowered (unacknowledged data, retransmits) looks older than it is, never younger: an
-    /// upper bound. Pure.
-    pub fn idle_s(&self, e: &ConntrackEntry) -> Option<u32> {
-        let left = e.timeout_s?;
-        let full = match e.orig.proto {
-            Proto::Tcp => *self.tcp.get(e.tcp_state.as_deref()?)?,
-            Proto::Udp => self.udp,
-            _ => return None,
-        };
-        Some(full.saturating_sub(left))
+    if let Some(v) = read("nf_conntrack_udp_timeout_stream") {
+        t.udp = v;
     }
-}
-
-/// Whether `e` is the connection of a pod's call to itself, `call` as it reached the pod
-/// (pod:client port -> pod:endpoint port, after DNAT): sent from the call's source, answered
-/// from the call's destination, masqueraded or not (the reply's destination is the pod, or
-/// the node's address when the call was SNATed). Pure.
-pub fn is_self_call(e: &ConntrackEntry, call: &Tuple) -> bool {
-    e.orig.proto == call.proto
-        && e.orig.src == call.src
-        && e.orig.sport == call.sport
-        && e.reply.src == call.dst
-        && e.reply.sport == call.dport
+    t
 }
 
 /// Every conntrack entry of `src`'s family whose original source is `src`, in the calling

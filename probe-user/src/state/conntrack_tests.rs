@@ -4,6 +4,7 @@
 use super::*;
 use crate::state::test_netns::Netns;
 use netlink_packet_core::Nla;
+use probe_core::test_events::{DO_PP, LB, POD_A, POD_B, proxy_protocol_ingress};
 use std::process::{Command, Stdio};
 
 /// The call's connection, masqueraded or not; not another call of the pod's, nor an
@@ -620,4 +621,59 @@ fn capture_ctnetlink_fixtures() {
     std::fs::write(format!("{DATA}dump-v6.bin"), &v6).unwrap();
     eprintln!("{:#?}", parse_messages(&v4).unwrap());
     eprintln!("{:#?}", parse_messages(&v6).unwrap());
+}
+
+/// The kernel's own encoding: entries made in a scratch namespace with `conntrack -I` as the
+/// lab's reset call leaves them (CLOSE, ASSURED, DNAT to pod B) and as its answered twin does
+/// (TIME_WAIT), read back through the agent's ctnetlink dump.
+#[test]
+fn the_kernel_s_entries_of_a_reset_and_an_answered_call_are_told_apart() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0
+        || std::process::Command::new("conntrack")
+            .arg("--version")
+            .output()
+            .is_err()
+    {
+        eprintln!("skipping: needs root and the conntrack tool");
+        return;
+    }
+    let ns = Netns::new("pp", &[""]);
+    for (sport, state) in [("54084", "CLOSE"), ("54096", "TIME_WAIT")] {
+        ns.exec(
+            0,
+            &[
+                "conntrack",
+                "-I",
+                "-p",
+                "tcp",
+                "-s",
+                POD_A,
+                "-d",
+                LB,
+                "--sport",
+                sport,
+                "--dport",
+                "9443",
+                "--state",
+                state,
+                "--timeout",
+                "60",
+                "-u",
+                "SEEN_REPLY,ASSURED",
+                "--dst-nat",
+                "198.19.1.11:9443",
+            ],
+        );
+    }
+    let entries = ns.run_in(0, || dump_family(false)).expect("ctnetlink dump");
+    assert_eq!(entries.len(), 2, "{entries:#?}");
+    assert!(entries.iter().all(|e| e.dnat && e.assured), "{entries:#?}");
+    let got = probe_core::correlate::proxy_protocol::confirm(
+        &entries,
+        &probe_core::correlate::proxy_protocol::targets(&[proxy_protocol_ingress(&[DO_PP], None)]),
+    );
+    assert_eq!(got.len(), 1, "{got:#?}");
+    assert_eq!(got[0].client, (POD_A.parse().unwrap(), 54084));
+    assert_eq!(got[0].endpoint, (POD_B.parse().unwrap(), 9443));
 }

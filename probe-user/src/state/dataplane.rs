@@ -25,8 +25,6 @@ use std::{
     sync::Mutex,
 };
 
-use serde::{Deserialize, Serialize};
-
 use probe_contract::{Proto, sock};
 
 use super::{
@@ -36,14 +34,7 @@ use super::{
     nft_netlink, nftables,
 };
 
-/// One dataplane read: where it looked, and what it found there.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DataplaneRead {
-    /// Where, as evidence: `kube-proxy iptables rules (nat KUBE-SERVICES, netlink)`.
-    pub read: String,
-    /// The rule, map element or virtual service for the VIP:port, as text; None: none.
-    pub found: Option<String>,
-}
+pub use probe_core::state::dataplane::DataplaneRead;
 
 /// The nat chains whose rules [`read_facts`] keeps, and those it follows from: every chain
 /// `POSTROUTING` reaches (masquerading happens only there), `KUBE-NODEPORTS` and the chains

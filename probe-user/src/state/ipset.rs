@@ -81,16 +81,7 @@ pub fn mark_local_nodeports(table: &mut ServiceTable) {
     }
 }
 
-/// kube-proxy IPVS mode's hairpin set: `endpoint,proto:port,endpoint` for every endpoint, so
-/// the `KUBE-POSTROUTING` rule `--match-set KUBE-LOOP-BACK dst,dst,src -j MASQUERADE`
-/// masquerades a pod's call to its own Service (IPv6: `KUBE-6-LOOP-BACK`).
-pub fn loop_back_set(v6: bool) -> &'static str {
-    if v6 {
-        "KUBE-6-LOOP-BACK"
-    } else {
-        "KUBE-LOOP-BACK"
-    }
-}
+pub use probe_core::state::ipset::loop_back_set;
 
 /// Whether the hairpin set holds `pod`'s entry for `port`/`proto`; `None` when there is no
 /// such set (not IPVS mode). Pure.

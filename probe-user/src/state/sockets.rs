@@ -147,7 +147,7 @@ pub fn pick(sockets: &[DiagSocket], addr: IpAddr, port: u16, proto: Proto) -> Op
 
 /// The process holding socket `inode`: (pid, command name), from `proc`'s fd links. Stops at
 /// the first holder (a forked server shares its socket: any holder names it). The name is
-/// escaped and bounded ([`clb_probe_client::untrusted::text`]).
+/// escaped and bounded ([`probe_core::untrusted::text`]).
 pub fn find_owner(proc: &Path, inode: u32) -> Option<(u32, String)> {
     let want = format!("socket:[{inode}]");
     for entry in std::fs::read_dir(proc).ok()?.flatten() {
@@ -170,9 +170,9 @@ pub fn find_owner(proc: &Path, inode: u32) -> Option<(u32, String)> {
             let comm = std::fs::read(entry.path().join("comm"))
                 .map(|c| {
                     let name = String::from_utf8_lossy(&c);
-                    clb_probe_client::untrusted::text(
+                    probe_core::untrusted::text(
                         name.trim(),
-                        clb_probe_client::untrusted::PROCESS_NAME_MAX,
+                        probe_core::untrusted::PROCESS_NAME_MAX,
                     )
                 })
                 .unwrap_or_else(|_| "?".into());

@@ -6,12 +6,12 @@ use std::net::IpAddr;
 
 use super::node::{kube_proxy_binds, parse_subject};
 use crate::check::Inputs;
-use clb_probe_client::{
+use probe_contract::check::{Finding, Kind};
+use probe_contract::readiness::IpModeAdvice;
+use probe_core::{
     fixes::{self, Facts, Provider},
     service::ServiceFacts,
 };
-use probe_contract::check::{Finding, Kind};
-use probe_contract::readiness::IpModeAdvice;
 
 /// The AWS Load Balancer Controller annotations that make the NLB not keep a TCP client's
 /// address (fixes table: `aws-nlb-target-type-ip`, `aws-preserve-client-ip-off`).
@@ -76,7 +76,7 @@ pub(super) fn ip_mode_advice(
                 .or_else(|| svc.and_then(fixes::service_provider))
                 .unwrap_or(Provider::Generic);
             let guard: Vec<String> = svc
-                .map(|s| clb_probe_client::service::loop_guards(&s.loopback_annotations))
+                .map(|s| probe_core::service::loop_guards(&s.loopback_annotations))
                 .unwrap_or_default();
             let aws = svc.and_then(aws_client_ip_not_kept);
             let not_looping = if pod_masq {

@@ -30,7 +30,7 @@ fn hostname_annotation(proxy_annotation: &str) -> Option<&'static str> {
     // `LBHostname`; kubernetes/cloud-provider-openstack pkg/openstack/loadbalancer.go
     // (`loadbalancer.openstack.org/hostname`); the DigitalOcean workaround of
     // kubernetes/ingress-nginx#3996 (digitalocean-cloud-controller-manager
-    // docs/controllers/services/annotations.md); Alibaba: `clb_probe_client::service::
+    // docs/controllers/services/annotations.md); Alibaba: `probe_core::service::
     // LOOPBACK_ANNOTATIONS`. AWS publishes its LBs as hostnames already.
     if key.starts_with("load-balancer.hetzner.cloud/") {
         Some("load-balancer.hetzner.cloud/hostname")

@@ -71,8 +71,8 @@ pub fn condition(status: &ReportStatus) -> Condition {
         status: ConditionStatus::True,
         reason: reason_of_kind(kind),
         // `kubectl describe node` prints it raw: escaped and bounded as a second fence (the
-        // names in it were escaped where they entered, `clb_probe_client::untrusted`).
-        message: clb_probe_client::untrusted::text(&message, MESSAGE_MAX),
+        // names in it were escaped where they entered, `probe_core::untrusted`).
+        message: probe_core::untrusted::text(&message, MESSAGE_MAX),
     }
 }
 
@@ -167,6 +167,6 @@ mod tests {
         );
         let c = condition(&status("x".repeat(100_000)));
         assert!(c.message.len() <= MESSAGE_MAX, "{}", c.message.len());
-        assert!(clb_probe_client::untrusted::is_cut(&c.message));
+        assert!(probe_core::untrusted::is_cut(&c.message));
     }
 }

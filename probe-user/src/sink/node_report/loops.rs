@@ -456,11 +456,7 @@ impl Loops {
 
 /// A hairpin event for tests (the writer's too).
 #[cfg(test)]
-pub(crate) fn tests_event(key: &str, service: Option<&str>) -> LoopbackEvent {
-    let mut e = tests::ev(key, 1, None);
-    e.service = service.map(String::from);
-    e
-}
+pub(crate) use probe_core::test_events::hairpin_for as tests_event;
 
 #[cfg(test)]
 mod tests {

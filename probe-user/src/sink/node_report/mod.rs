@@ -5,7 +5,7 @@
 //! The object's schema (`status` only; the CRD ships in the chart), its API coordinates and its
 //! name check (the agent writes only the object named after its own node) are the output
 //! contract's, `probe_contract::report`; its API resource and the plugin's cluster table from the
-//! objects and the Nodes are the client crate's, `clb_probe_client::report`.
+//! objects and the Nodes are the plugin's (`clb_probe_client::report`).
 //!
 //! - [`loops`]: pure: which loops are *active* and which were *resolved* (see there).
 //! - [`gate`]: pure: the write rate limit (one write per node per 10 s, coalesced, newest wins).

@@ -66,7 +66,7 @@ use super::{
 use crate::hub::capability::{Capabilities, Capability};
 
 /// The status is rewritten at least this often, unchanged or not: a report older than
-/// [`clb_probe_client::report::cluster::STALE_AFTER`] means the agent is gone or cannot write.
+/// the plugin's `report::cluster::STALE_AFTER` means the agent is gone or cannot write.
 pub const HEARTBEAT: Duration = Duration::from_secs(300);
 /// How often `probe check`'s rules run for the report.
 pub const CHECK_EVERY: Duration = Duration::from_secs(60);
@@ -111,7 +111,7 @@ pub struct CheckState {
 /// `probe check`'s risks (severity `risk`), with their Services and first fixes (pure).
 pub fn check_state(
     inputs: &crate::check::Inputs,
-    services: &[clb_probe_client::service::ServiceFacts],
+    services: &[probe_core::service::ServiceFacts],
 ) -> CheckState {
     let mut inputs = inputs.clone();
     if !services.is_empty() {
@@ -319,7 +319,7 @@ impl ReportWriter {
     /// Err: `node` is not a valid object name (nothing is ever written then).
     pub fn new(client: Client, node: &str) -> Result<ReportWriter, String> {
         Ok(ReportWriter {
-            reports: Api::all_with(client.clone(), &clb_probe_client::report::api_resource()),
+            reports: Api::all_with(client.clone(), &report_resource()),
             nodes: Api::all(client),
             name: object_name(node)?,
             created: false,
@@ -823,3 +823,16 @@ async fn write_error<E: std::fmt::Display>(
 #[cfg(test)]
 #[path = "writer_tests.rs"]
 mod tests;
+
+/// The LoopbackReport API resource, for `kube::Api<DynamicObject>` (the plugin builds the same
+/// from the same contract names).
+fn report_resource() -> kube::core::ApiResource {
+    use probe_contract::report::{API_VERSION, GROUP, KIND, PLURAL, VERSION};
+    kube::core::ApiResource {
+        group: GROUP.into(),
+        version: VERSION.into(),
+        api_version: API_VERSION.into(),
+        kind: KIND.into(),
+        plural: PLURAL.into(),
+    }
+}

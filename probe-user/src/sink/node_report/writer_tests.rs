@@ -522,7 +522,7 @@ async fn nothing_is_written_before_the_first_check() {
 
 /// The longest fix ids of the table, as many as a report keeps per entry.
 fn worst_fix_ids() -> Vec<String> {
-    let mut ids: Vec<String> = clb_probe_client::fixes::TABLE
+    let mut ids: Vec<String> = probe_core::fixes::TABLE
         .iter()
         .map(|e| e.id.to_string())
         .collect();

@@ -26,9 +26,7 @@ pub fn digest(text: &str, h: &mut std::hash::DefaultHasher) {
     }
 }
 
-/// kube-proxy's IPVS access filter chain (filter table, jumped from INPUT; kube-proxy >= 1.25
-/// in IPVS mode): REJECTs new connections to kube-ipvs0 addresses on ports no service uses.
-pub const ACCESS_FILTER_CHAIN: &str = "KUBE-IPVS-FILTER";
+pub use probe_core::state::iptables::ACCESS_FILTER_CHAIN;
 
 /// The rules of [`ACCESS_FILTER_CHAIN`] in `iptables -S` or `iptables-save` text.
 pub fn parse_access_filter(text: &str) -> Vec<String> {

@@ -19,9 +19,10 @@ mod kinds;
 mod self_loop;
 mod sentences;
 
-#[cfg(test)]
-pub(crate) use self::check::placeholder;
-pub(crate) use self::{
+// Test support: the agent's tests build a placeholder event with it.
+#[doc(hidden)]
+pub use self::check::placeholder;
+pub use self::{
     check::{
         etp_local_drop_risk, healthcheck_blackhole, proxy_mode, service_self_loop_risk, sock_of,
         vip_port_unserved,

@@ -8,7 +8,7 @@ use probe_contract::Tag;
 /// Symbol prefixes of the IPv4 route-input path, where an older kernel drops a packet with a
 /// local (martian) source without a specific reason (Debian 6.1: `NOT_SPECIFIED` at
 /// `ip_rcv_finish_core.constprop.0+0x1ab`).
-pub(crate) const ROUTE_INPUT_SITES: [&str; 4] = [
+pub const ROUTE_INPUT_SITES: [&str; 4] = [
     "ip_rcv_finish_core",
     "ip_route_input",
     "fib_validate_source",
@@ -17,14 +17,14 @@ pub(crate) const ROUTE_INPUT_SITES: [&str; 4] = [
 
 /// The function name of a drop site `symbol[.suffix...]+0xoff[/0xsize]`, without compiler
 /// suffixes (`.constprop.0`, `.isra.0`, `.cold`) and leading underscores.
-pub(crate) fn site_symbol(location: &str) -> &str {
+pub fn site_symbol(location: &str) -> &str {
     let sym = location.split('+').next().unwrap_or("");
     let sym = sym.split('.').next().unwrap_or("");
     sym.trim_start_matches('_')
 }
 
 /// The drop site is on the route-input path (see [`ROUTE_INPUT_SITES`]).
-pub(crate) fn is_route_input_site(location: Option<&str>) -> bool {
+pub fn is_route_input_site(location: Option<&str>) -> bool {
     location.is_some_and(|loc| {
         let sym = site_symbol(loc);
         !sym.is_empty() && ROUTE_INPUT_SITES.iter().any(|p| sym.starts_with(p))
@@ -32,13 +32,13 @@ pub(crate) fn is_route_input_site(location: Option<&str>) -> bool {
 }
 
 /// A source-validation reason: `IP_LOCAL_SOURCE`, `IP_INVALID_SOURCE`, any `*_SOURCE`.
-pub(crate) fn is_source_reason(reason: &DropReason) -> bool {
+pub fn is_source_reason(reason: &DropReason) -> bool {
     reason.name.ends_with("_SOURCE")
 }
 
 /// Why a drop counts as a local-source drop, if it does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum LocalSourceDrop {
+pub enum LocalSourceDrop {
     /// The kernel named a source-validation reason.
     Named,
     /// `NOT_SPECIFIED` at a route-input drop site (kernels before the `IP_*_SOURCE` reasons).
@@ -46,10 +46,7 @@ pub(crate) enum LocalSourceDrop {
 }
 
 /// Classifies a drop of a packet whose source is a local address.
-pub(crate) fn local_source_drop(
-    reason: &DropReason,
-    location: Option<&str>,
-) -> Option<LocalSourceDrop> {
+pub fn local_source_drop(reason: &DropReason, location: Option<&str>) -> Option<LocalSourceDrop> {
     if is_source_reason(reason) {
         Some(LocalSourceDrop::Named)
     } else if reason.name == "NOT_SPECIFIED" && is_route_input_site(location) {
@@ -61,13 +58,12 @@ pub(crate) fn local_source_drop(
 
 /// Symbols of the transport receive paths, where a kernel drops a packet nobody listens for
 /// (`tcp_v4_rcv`, `__udp4_lib_rcv` and their IPv6 twins; underscores are stripped).
-pub(crate) const NO_SOCKET_SITES: [&str; 4] =
-    ["tcp_v4_rcv", "udp4_lib_rcv", "tcp_v6_rcv", "udp6_lib_rcv"];
+pub const NO_SOCKET_SITES: [&str; 4] = ["tcp_v4_rcv", "udp4_lib_rcv", "tcp_v6_rcv", "udp6_lib_rcv"];
 
 /// Where netfilter drops a packet (a DROP or REJECT verdict): the hook loop, or the table
 /// walk itself where the kernel frees the packet there (seen on Debian 6.1:
 /// `nft_do_chain`).
-pub(crate) const NETFILTER_SITES: [&str; 3] = ["nf_hook_slow", "nft_do_chain", "ipt_do_table"];
+pub const NETFILTER_SITES: [&str; 3] = ["nf_hook_slow", "nft_do_chain", "ipt_do_table"];
 
 /// The reason a kernel without drop reasons (< 5.17: `kfree_skb` passes only the skb and the
 /// site) would have named, judged by the drop site; None when the site says nothing we use.
@@ -77,7 +73,7 @@ pub(crate) const NETFILTER_SITES: [&str; 3] = ["nf_hook_slow", "nft_do_chain", "
 /// self-addressed pod packet (`service_self_loop`, dropped in the pod's own namespace, where
 /// no NIC of ours is seen) can only fail route input as a local source: its source is the
 /// receiving namespace's own address (seen on Debian 5.10).
-pub(crate) fn reason_from_site(
+pub fn reason_from_site(
     location: Option<&str>,
     src_tag: Option<Tag>,
     from_nic: bool,
@@ -108,14 +104,14 @@ pub(crate) fn reason_from_site(
 
 /// Netfilter dropped it: `NETFILTER_DROP`, or `NOT_SPECIFIED` at `nf_hook_slow` (kernels
 /// before the netfilter reason).
-pub(crate) fn is_netfilter_drop(reason: &DropReason, location: Option<&str>) -> bool {
+pub fn is_netfilter_drop(reason: &DropReason, location: Option<&str>) -> bool {
     reason.name == "NETFILTER_DROP"
         || (reason.name == "NOT_SPECIFIED"
             && location.is_some_and(|l| NETFILTER_SITES.contains(&site_symbol(l))))
 }
 
 /// No socket for the packet (`NO_SOCKET`, and any future reason with that in its name).
-pub(crate) fn is_no_socket(reason: &DropReason) -> bool {
+pub fn is_no_socket(reason: &DropReason) -> bool {
     reason.name.contains("NO_SOCKET")
 }
 

@@ -1,9 +1,9 @@
 //! `proxy_protocol_short_circuit`'s correlation over conntrack entries: shaped as the lab
-//! node leaves them (no kernel), and as the kernel encodes them over ctnetlink (root only).
+//! node leaves them (no kernel; the kernel's own encoding is probe-user's `state::conntrack`
+//! test).
 
 use std::net::IpAddr;
 
-use clb_probe_client::service::{LbIngress, ServiceFacts, ServicePort};
 use probe_contract::Proto;
 
 use super::proxy_protocol::{ProxyProtocolTarget, confirm, targets};
@@ -13,48 +13,7 @@ fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
-const LB: &str = "203.0.113.10";
-const POD_A: &str = "198.19.1.10";
-const POD_B: &str = "198.19.1.11";
-
-/// `default/ingress` on the LB IP's 9443 (and 53/udp), with `annotations`.
-fn ingress(annotations: &[(&str, &str)], ip_mode: Option<&str>) -> ServiceFacts {
-    let port = |port: u16, protocol: &str| ServicePort {
-        name: None,
-        protocol: protocol.into(),
-        port,
-        node_port: None,
-    };
-    ServiceFacts {
-        namespace: "default".into(),
-        name: "ingress".into(),
-        uid: None,
-        service_type: "LoadBalancer".into(),
-        cluster_ips: vec![ip("198.18.100.20")],
-        external_ips: vec![],
-        ingress: vec![LbIngress {
-            ip: Some(ip(LB)),
-            hostname: None,
-            ip_mode: ip_mode.map(Into::into),
-        }],
-        ports: vec![port(9443, "TCP"), port(53, "UDP")],
-        external_traffic_policy: None,
-        health_check_node_port: None,
-        loopback_annotations: Default::default(),
-        endpoints: vec![ip(POD_B)],
-        load_balancer_class: None,
-        annotations: annotations
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-        resource_version: None,
-    }
-}
-
-const DO_PP: (&str, &str) = (
-    "service.beta.kubernetes.io/do-loadbalancer-enable-proxy-protocol",
-    "true",
-);
+use crate::test_events::{DO_PP, LB, POD_A, POD_B, proxy_protocol_ingress as ingress};
 
 /// pod A -> LB:9443, DNATed to pod B:9443 and masqueraded to the pod gateway (what the lab's
 /// kube-proxy rules make of it), in `state`.
@@ -152,60 +111,6 @@ fn a_reset_short_circuited_call_is_confirmed_and_its_twins_are_not() {
         got[0].evidence.iter().any(|e| e.contains("ignores ipMode")),
         "{got:#?}"
     );
-}
-
-/// The kernel's own encoding: entries made in a scratch namespace with `conntrack -I` as the
-/// lab's reset call leaves them (CLOSE, ASSURED, DNAT to pod B) and as its answered twin does
-/// (TIME_WAIT), read back through the agent's ctnetlink dump.
-#[test]
-fn the_kernel_s_entries_of_a_reset_and_an_answered_call_are_told_apart() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0
-        || std::process::Command::new("conntrack")
-            .arg("--version")
-            .output()
-            .is_err()
-    {
-        eprintln!("skipping: needs root and the conntrack tool");
-        return;
-    }
-    let ns = crate::state::test_netns::Netns::new("pp", &[""]);
-    for (sport, state) in [("54084", "CLOSE"), ("54096", "TIME_WAIT")] {
-        ns.exec(
-            0,
-            &[
-                "conntrack",
-                "-I",
-                "-p",
-                "tcp",
-                "-s",
-                POD_A,
-                "-d",
-                LB,
-                "--sport",
-                sport,
-                "--dport",
-                "9443",
-                "--state",
-                state,
-                "--timeout",
-                "60",
-                "-u",
-                "SEEN_REPLY,ASSURED",
-                "--dst-nat",
-                "198.19.1.11:9443",
-            ],
-        );
-    }
-    let entries = ns
-        .run_in(0, || crate::state::conntrack::dump_family(false))
-        .expect("ctnetlink dump");
-    assert_eq!(entries.len(), 2, "{entries:#?}");
-    assert!(entries.iter().all(|e| e.dnat && e.assured), "{entries:#?}");
-    let got = confirm(&entries, &targets(&[ingress(&[DO_PP], None)]));
-    assert_eq!(got.len(), 1, "{got:#?}");
-    assert_eq!(got[0].client, (ip(POD_A), 54084));
-    assert_eq!(got[0].endpoint, (ip(POD_B), 9443));
 }
 
 /// The correlator's report: one per reset call, however many dumps still show its entry

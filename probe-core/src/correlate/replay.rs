@@ -2,7 +2,7 @@
 //! queries from a script, and checks the reports against expectations.
 //!
 //! Pure (strings in, values out) so tests and tools can feed it files. Stream layout (see
-//! `probe-user/tests/data/streams/README.md`): `events.jsonl` (one `KernelEvent` a line, as
+//! `probe-core/tests/data/streams/README.md`): `events.jsonl` (one `KernelEvent` a line, as
 //! `probe agent --record` writes them), `services.json` (a [`ServiceTable`]), `answers.json`
 //! ([`ScriptedAnswers`]), `expect.json` (see [`check`]).
 

@@ -111,7 +111,7 @@ pub mod proxy_protocol;
 #[cfg(test)]
 mod proxy_protocol_tests;
 mod queries;
-pub(crate) mod remedy;
+pub mod remedy;
 pub mod replay;
 mod self_loop;
 #[cfg(test)]

@@ -102,7 +102,7 @@ fn service_source(mode: ProxyMode) -> ServiceSource {
 
 /// kube-proxy's rule that marks an endpoint's call to itself for masquerade, in the mode the
 /// service table came from (both spellings when unknown).
-pub(crate) fn self_masq_rule(pod: IpAddr, source: Option<ServiceSource>) -> String {
+pub fn self_masq_rule(pod: IpAddr, source: Option<ServiceSource>) -> String {
     let iptables = format!("iptables mode: KUBE-SEP-* `-s {pod}/32 -j KUBE-MARK-MASQ`");
     let nftables =
         format!("nftables mode: `ip saddr {pod} jump mark-for-masquerade` in the endpoint chain");

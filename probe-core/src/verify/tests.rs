@@ -1,6 +1,6 @@
 use std::net::IpAddr;
 
-use clb_probe_client::service::ServiceFacts;
+use crate::service::ServiceFacts;
 use probe_contract::{
     LoopbackEvent, LoopbackKind, Outcome, Proto,
     verify::{VerifyOutcome, VerifyResult},

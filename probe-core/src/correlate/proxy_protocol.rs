@@ -24,7 +24,7 @@
 
 use std::net::IpAddr;
 
-use clb_probe_client::service::ServiceFacts;
+use crate::service::ServiceFacts;
 use probe_contract::{Proto, sock};
 
 use super::{Correlator, Output};
@@ -118,13 +118,13 @@ pub struct ProxyProtocolTarget {
 }
 
 /// The TCP LB IP:ports of these Services whose LB sends PROXY protocol headers
-/// (`clb_probe_client::service::proxy_protocol`).
+/// (`crate::service::proxy_protocol`).
 pub fn targets<'a>(
     services: impl IntoIterator<Item = &'a ServiceFacts>,
 ) -> Vec<ProxyProtocolTarget> {
     let mut out = Vec::new();
     for s in services {
-        let Some(annotation) = clb_probe_client::service::proxy_protocol(&s.annotations) else {
+        let Some(annotation) = crate::service::proxy_protocol(&s.annotations) else {
             continue;
         };
         for ing in &s.ingress {

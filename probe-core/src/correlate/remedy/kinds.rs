@@ -12,7 +12,7 @@ use probe_contract::{
 
 /// The remedy of a confirmed event, from its facts (the correlator's, and after attribution
 /// the API's too).
-pub(crate) fn build(e: &LoopbackEvent) -> Vec<String> {
+pub fn build(e: &LoopbackEvent) -> Vec<String> {
     match e.kind {
         LoopbackKind::HealthcheckBlackhole => healthcheck(e),
         LoopbackKind::Hairpin => hairpin(e),

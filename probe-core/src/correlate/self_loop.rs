@@ -59,14 +59,14 @@ const ATTEMPT_NS: u64 = 130 * SEC;
 /// TCP segment with ACK set. A looped call never completes its handshake, so the pod sends
 /// no ACK-bearing segment of it that could loop; the SYN-ACK (and its retransmits) is the
 /// pod's answer. UDP and other protocols carry no direction: read as the call. Pure.
-pub(crate) fn is_answer(p: &Packet) -> bool {
+pub fn is_answer(p: &Packet) -> bool {
     p.proto == probe_contract::Proto::Tcp
         && p.tcp_flags & probe_contract::record::tcp_flags::ACK != 0
 }
 
 /// The call a self-addressed drop belongs to: the packet itself, or for an answer the packet
 /// reversed (same address both ways, tags both Pod). Pure.
-pub(crate) fn call_of(p: &Packet) -> Packet {
+pub fn call_of(p: &Packet) -> Packet {
     if !is_answer(p) {
         return p.clone();
     }
@@ -83,10 +83,10 @@ pub(crate) fn call_of(p: &Packet) -> Packet {
 
 /// What the node's state and the drop say was missing: the contract's fact (the remedy is
 /// built from it, `remedy::build`).
-pub(crate) use probe_contract::facts::SelfLoopMissing as Missing;
+pub use probe_contract::facts::SelfLoopMissing as Missing;
 
 /// Which piece the drop site and the node's state say was missing. Pure.
-pub(crate) fn missing_piece(foreign_netns: bool, facts: &SelfLoopFacts) -> Missing {
+pub fn missing_piece(foreign_netns: bool, facts: &SelfLoopFacts) -> Missing {
     if foreign_netns {
         return Missing::HairpinSnat {
             loop_back_entry: facts.loop_back_entry,
@@ -105,7 +105,7 @@ pub(crate) fn missing_piece(foreign_netns: bool, facts: &SelfLoopFacts) -> Missi
 /// The Service a self-loop went through: the conntrack entry's original destination when
 /// there is one, else the only service whose endpoints hold `pod:port`. Returns the address
 /// called (ip, port) and the service table's `namespace/name:port`. Pure.
-pub(crate) fn called_service(
+pub fn called_service(
     services: &ServiceTable,
     entry: Option<&ConntrackEntry>,
     pod: IpAddr,
@@ -162,7 +162,7 @@ pub(crate) fn called_service(
 ///   bridge could still forge a frame to its own MAC; the node then does have the broken
 ///   piece named (hairpin mode off under br_netfilter breaks the pod's real self-calls), so
 ///   the event stays true about the node. Decision of issue #36, E4.
-pub(crate) fn kernel_evidence(
+pub fn kernel_evidence(
     services: &ServiceTable,
     entry: Option<&ConntrackEntry>,
     foreign_netns: bool,

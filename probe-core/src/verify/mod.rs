@@ -30,7 +30,7 @@
 
 use std::{net::IpAddr, time::Duration};
 
-use clb_probe_client::service::ServiceFacts;
+use crate::service::ServiceFacts;
 use probe_contract::{
     LoopbackEvent, LoopbackKind, Proto,
     facts::SourceKind,
@@ -110,7 +110,7 @@ pub fn kinds(requested: &[String]) -> Result<Vec<LoopbackKind>, String> {
             .ok_or_else(|| {
                 format!(
                     "unknown kind {:?} (known: {})",
-                    clb_probe_client::untrusted::text(k, 64),
+                    crate::untrusted::text(k, 64),
                     ALL_KINDS.map(LoopbackKind::as_str).join(", ")
                 )
             })?;

@@ -1,7 +1,7 @@
 //! The tracker's states over injected time and proof results.
 
 use super::*;
-use crate::sink::node_report::loops::tests_event;
+use crate::test_events::hairpin_for as tests_event;
 
 const T0: i64 = 1_800_000_000_000;
 /// One second, in the tracker's milliseconds.

@@ -1,4 +1,4 @@
-//! Recorded-stream tests: every directory under `probe-user/tests/data/streams/` is replayed
+//! Recorded-stream tests: every directory under `probe-core/tests/data/streams/` is replayed
 //! through the correlator (see [`super::replay`]) and checked against its `expect.json`.
 //! A real recording dropped in there (with an `expect.json`) is picked up automatically.
 

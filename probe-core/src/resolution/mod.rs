@@ -31,7 +31,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use probe_contract::{LoopLifecycle, LoopResolution, LoopbackEvent, LoopbackKind};
 
-use clb_probe_client::service::ServiceFacts;
+use crate::service::ServiceFacts;
 use probe_contract::report::rfc3339;
 
 pub use proof::Shape;

@@ -13,7 +13,7 @@ use probe_contract::{
 
 /// `probe check`'s health-check risk: a VIP local through `owner` (kube-ipvs0 when not known)
 /// that the LB health-checks `node_port` from.
-pub(crate) fn healthcheck_blackhole(
+pub fn healthcheck_blackhole(
     vip: IpAddr,
     node_port: u16,
     owner: Option<&AddressOwner>,
@@ -32,7 +32,7 @@ pub(crate) fn healthcheck_blackhole(
 
 /// `probe check`'s unserved-port risk: a VIP local through `local_owner` (kube-ipvs0 when not
 /// known), `port` unserved.
-pub(crate) fn vip_port_unserved(
+pub fn vip_port_unserved(
     vip: IpAddr,
     port: u16,
     proto: Proto,
@@ -51,7 +51,7 @@ pub(crate) fn vip_port_unserved(
 /// `probe check`'s `etp_local_drop` risk: `addr:port/proto` is a `drop` element of kube-proxy's
 /// nftables `no-endpoint-services`, of `service` (`namespace/name`), whose policy the API
 /// says `etp_api` (None: not read).
-pub(crate) fn etp_local_drop_risk(
+pub fn etp_local_drop_risk(
     addr: IpAddr,
     port: u16,
     proto: Proto,
@@ -77,7 +77,7 @@ pub(crate) fn etp_local_drop_risk(
 
 /// An event with only its kind and the addresses a remedy names (`probe check`'s risks and
 /// tests build remedies through it).
-pub(crate) fn placeholder(kind: LoopbackKind, src: IpAddr, dst_port: u16) -> LoopbackEvent {
+pub fn placeholder(kind: LoopbackKind, src: IpAddr, dst_port: u16) -> LoopbackEvent {
     LoopbackEvent {
         count: 1,
         ..LoopbackEvent::between(
@@ -98,7 +98,7 @@ fn kube_ipvs0() -> AddressOwner {
 
 /// `probe check`'s self-loop risk: the remedy of the confirmed event for pod `pod`:`port`
 /// (`service` when the rules name it) missing `missing`, without its "Cause:" line.
-pub(crate) fn service_self_loop_risk(
+pub fn service_self_loop_risk(
     pod: IpAddr,
     port: u16,
     service: Option<&str>,
@@ -115,7 +115,7 @@ pub(crate) fn service_self_loop_risk(
 }
 
 /// The contract's name of the mode a service table came from.
-pub(crate) fn proxy_mode(source: ServiceSource) -> ProxyMode {
+pub fn proxy_mode(source: ServiceSource) -> ProxyMode {
     match source {
         ServiceSource::Ipvs => ProxyMode::Ipvs,
         ServiceSource::Iptables => ProxyMode::Iptables,
@@ -124,6 +124,6 @@ pub(crate) fn proxy_mode(source: ServiceSource) -> ProxyMode {
 }
 
 /// `ip:port`, with brackets for IPv6 (for `probe check`).
-pub(crate) fn sock_of(ip: IpAddr, port: u16) -> String {
+pub fn sock_of(ip: IpAddr, port: u16) -> String {
     sock(ip, port)
 }

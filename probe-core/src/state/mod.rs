@@ -1,0 +1,285 @@
+//! The plain data the node's state readers fill (probe-user's `state`: rtnetlink, ctnetlink,
+//! kube-proxy's rules, IPVS) and the correlator reads: a service table, conntrack entries,
+//! address prefixes, a pod's bridge port. No reader lives here: the types only, with their
+//! pure look-ups, so the core builds and tests without a kernel.
+
+pub mod addrs;
+pub mod conntrack;
+pub mod dataplane;
+pub mod ipset;
+pub mod iptables;
+
+use std::net::IpAddr;
+
+use probe_contract::Proto;
+use serde::{Deserialize, Serialize};
+
+/// Where a service table came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ServiceSource {
+    Ipvs,
+    Iptables,
+    /// kube-proxy's nftables mode (tables `ip kube-proxy` / `ip6 kube-proxy`).
+    Nftables,
+}
+
+/// A VIP:port that something on the node serves (an IPVS virtual service, or a kube-proxy
+/// `KUBE-SERVICES` rule for a ClusterIP / external / load-balancer IP).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceEntry {
+    pub vip: IpAddr,
+    pub port: u16,
+    pub proto: Proto,
+    /// `namespace/name:port` when the rules say it (kube-proxy's rule comments), else None.
+    pub service: Option<String>,
+    /// Real servers (IPVS) or endpoints (KUBE-SEP DNAT targets), as `ip:port`.
+    pub backends: Vec<String>,
+}
+
+/// A NodePort, with whether `externalTrafficPolicy: Local` rules apply to it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodePortEntry {
+    pub port: u16,
+    pub proto: Proto,
+    pub service: Option<String>,
+    /// kube-proxy installed `externalTrafficPolicy: Local` handling for it (KUBE-XLB-* / KUBE-EXT
+    /// chains without masquerade): traffic keeps its client source and goes only to local pods.
+    pub local_only: bool,
+}
+
+/// The node's service table and masquerade configuration, from one reader.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceTable {
+    /// The kube-proxy mode this table is for.
+    pub source: Option<ServiceSource>,
+    /// The services and NodePorts are what kube-proxy *should* program in that mode, from the
+    /// API's Services and EndpointSlices (`kube::service_table`), not read from the rules; the
+    /// masquerade rules and the access filter are still read from the dataplane.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub from_api: bool,
+    pub services: Vec<ServiceEntry>,
+    pub nodeports: Vec<NodePortEntry>,
+    /// Masquerade rules found for traffic leaving the node (`-j MASQUERADE` / `KUBE-POSTROUTING`
+    /// with a mark, CNI masquerade chains), as the rule text, for evidence.
+    pub masquerade_rules: Vec<String>,
+    /// kube-proxy's IPVS access filter (>= 1.25): the rules of chain `KUBE-IPVS-FILTER` in the
+    /// filter table, as text; empty when the chain does not exist.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub access_filter: Vec<String>,
+    /// kube-proxy's nftables mode: the elements of `no-endpoint-services` whose verdict is
+    /// `drop` (see [`NoEndpointDrop`]); empty in other modes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub no_endpoint_drops: Vec<NoEndpointDrop>,
+    /// [`ServiceTable::serves`]'s index (not data: never compared, never serialized).
+    #[serde(skip)]
+    pub serves_index: ServesIndex,
+}
+
+/// `serves` by (VIP, port, protocol), built on the first look-up of a large table: the
+/// correlator asks for every anomaly, and a table from the API at 30,000 Services holds
+/// 60,000 entries. Tables are handed out whole; one whose services changed in number since
+/// the index was built is scanned instead (its index is stale).
+#[derive(Clone, Debug, Default)]
+pub struct ServesIndex(std::sync::OnceLock<(usize, ServesMap)>);
+
+type ServesMap = std::collections::HashMap<(IpAddr, u16, Proto), usize>;
+
+impl PartialEq for ServesIndex {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for ServesIndex {}
+
+/// Below this many entries a scan is as fast as a hash look-up.
+const SERVES_INDEXED_FROM: usize = 64;
+
+/// An element `addr . proto . port : drop` of kube-proxy's nftables verdict map
+/// `no-endpoint-services`: an external or LB IP of an externalTrafficPolicy Local Service
+/// whose node has no local endpoint (`!hasExternalEndpoints` in kubernetes/kubernetes
+/// `pkg/proxy/nftables/proxier.go`). kube-proxy's filter chains drop every new connection to
+/// it that was not DNATed first: calls from the node before kubernetes#132456 (filter chains
+/// before DNAT), and pod calls that its external chain does not short-circuit
+/// (kubernetes#131765). A Service without any endpoint gets `goto reject-chain` instead: that is
+/// no drop, and not listed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NoEndpointDrop {
+    pub addr: IpAddr,
+    pub proto: Proto,
+    pub port: u16,
+    /// The element's comment: kube-proxy writes `namespace/name:port`.
+    pub service: Option<String>,
+}
+
+impl ServiceTable {
+    /// The service serving `vip:port/proto`, if any.
+    pub fn serves(&self, vip: IpAddr, port: u16, proto: Proto) -> Option<&ServiceEntry> {
+        let scan = || {
+            self.services
+                .iter()
+                .find(|s| s.vip == vip && s.port == port && s.proto == proto)
+        };
+        if self.services.len() < SERVES_INDEXED_FROM {
+            return scan();
+        }
+        let (len, index) = self.serves_index.0.get_or_init(|| {
+            let mut index = std::collections::HashMap::with_capacity(self.services.len());
+            for (i, s) in self.services.iter().enumerate() {
+                // The first entry wins, as the scan's.
+                index.entry((s.vip, s.port, s.proto)).or_insert(i);
+            }
+            (self.services.len(), index)
+        });
+        if *len != self.services.len() {
+            return scan();
+        }
+        index
+            .get(&(vip, port, proto))
+            .and_then(|i| self.services.get(*i))
+            .filter(|s| s.vip == vip && s.port == port && s.proto == proto)
+    }
+
+    /// kube-proxy's `no-endpoint-services` drop element for `addr:port/proto`, if any.
+    pub fn no_endpoint_drop(
+        &self,
+        addr: IpAddr,
+        port: u16,
+        proto: Proto,
+    ) -> Option<&NoEndpointDrop> {
+        self.no_endpoint_drops
+            .iter()
+            .find(|d| d.addr == addr && d.port == port && d.proto == proto)
+    }
+
+    pub fn nodeport(&self, port: u16, proto: Proto) -> Option<&NodePortEntry> {
+        self.nodeports
+            .iter()
+            .find(|n| n.port == port && n.proto == proto)
+    }
+}
+
+/// One direction of a conntrack tuple.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Tuple {
+    pub src: IpAddr,
+    pub dst: IpAddr,
+    pub sport: u16,
+    pub dport: u16,
+    pub proto: Proto,
+}
+
+impl Tuple {
+    /// The other direction: how the answer to this packet travels.
+    pub fn reversed(&self) -> Tuple {
+        Tuple {
+            src: self.dst,
+            dst: self.src,
+            sport: self.dport,
+            dport: self.sport,
+            proto: self.proto,
+        }
+    }
+}
+
+/// A conntrack entry, reduced to what proves or disproves a loopback.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConntrackEntry {
+    pub orig: Tuple,
+    pub reply: Tuple,
+    /// IPS_SRC_NAT: the connection's source was rewritten (SNAT / masquerade).
+    pub snat: bool,
+    /// IPS_DST_NAT: the destination was rewritten (DNAT: NodePort, ClusterIP).
+    pub dnat: bool,
+    /// IPS_SEEN_REPLY: a packet came back in the reply direction.
+    pub seen_reply: bool,
+    /// IPS_ASSURED: TCP: the handshake completed (conntrack sets it on the way to
+    /// ESTABLISHED), so a later `CLOSE` is a reset of an established connection.
+    #[serde(default)]
+    pub assured: bool,
+    /// TCP state name as conntrack reports it (`SYN_SENT`, `ESTABLISHED`, `CLOSE`, ...).
+    pub tcp_state: Option<String>,
+    /// Seconds left before the entry expires (CTA_TIMEOUT); each packet resets it to its
+    /// state's timeout, so the two tell how long ago the latest packet passed
+    /// ([`crate::state::conntrack::StateTimeouts::idle_s`]).
+    #[serde(default)]
+    pub timeout_s: Option<u32>,
+}
+
+/// A pod's port on a Linux bridge (kubenet's `cbr0`, the bridge CNI's `cni0`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BridgePort {
+    pub bridge: String,
+    pub port: String,
+    /// `/sys/class/net/<bridge>/brif/<port>/hairpin_mode`: the bridge may send a frame back
+    /// out the port it came in on (the kubelet's `--hairpin-mode=hairpin-veth` sets it).
+    pub hairpin_mode: bool,
+}
+
+/// The node's pieces a pod's call to its own Service needs, read when such a call looped
+/// (`service_self_loop`): each is `None` when it does not apply or could not be read.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SelfLoopFacts {
+    /// kube-proxy IPVS mode's hairpin set `KUBE-LOOP-BACK` holds `pod,proto:port,pod` (its
+    /// POSTROUTING rule masquerades those); `None`: no such set (not IPVS mode) or unreadable.
+    #[serde(default)]
+    pub loop_back_entry: Option<bool>,
+    /// The pod's bridge port; `None` when the pod is not behind a bridge (a routed veth) or
+    /// its port could not be found.
+    #[serde(default)]
+    pub bridge_port: Option<BridgePort>,
+    /// `net.bridge.bridge-nf-call-iptables` (`-ip6tables` for IPv6): bridged traffic passes
+    /// iptables/nftables (br_netfilter); `None` when br_netfilter is not loaded here.
+    #[serde(default)]
+    pub br_netfilter: Option<bool>,
+}
+
+/// kube-proxy's default `--service-node-port-range`.
+pub const NODEPORT_RANGE: std::ops::RangeInclusive<u16> = 30000..=32767;
+
+#[cfg(test)]
+mod serves_tests {
+    use super::*;
+
+    fn entry(i: u32, service: &str) -> ServiceEntry {
+        ServiceEntry {
+            vip: IpAddr::from([10, 0, (i >> 8) as u8, i as u8]),
+            port: 80,
+            proto: Proto::Tcp,
+            service: Some(service.into()),
+            backends: Vec::new(),
+        }
+    }
+
+    /// A large table answers from its index as a scan would (the first entry of a key wins),
+    /// and one edited in number after the index was built is scanned, not misread.
+    #[test]
+    fn serves_is_indexed_and_never_stale() {
+        let mut table = ServiceTable {
+            services: (0..1000).map(|i| entry(i, "a")).collect(),
+            ..ServiceTable::default()
+        };
+        table.services.push(entry(7, "duplicate"));
+        let vip7 = IpAddr::from([10, 0, 0, 7]);
+        assert_eq!(
+            table
+                .serves(vip7, 80, Proto::Tcp)
+                .and_then(|s| s.service.as_deref()),
+            Some("a")
+        );
+        assert!(table.serves(vip7, 81, Proto::Tcp).is_none());
+        assert!(table.serves(vip7, 80, Proto::Udp).is_none());
+        // Edited after the index was built: the new entry is found, the removed one is not.
+        table.services.retain(|s| s.vip != vip7);
+        table.services.push(entry(5000, "late"));
+        assert!(table.serves(vip7, 80, Proto::Tcp).is_none());
+        let late = IpAddr::from([10, 0, (5000u32 >> 8) as u8, 5000u32 as u8]);
+        assert_eq!(
+            table
+                .serves(late, 80, Proto::Tcp)
+                .and_then(|s| s.service.as_deref()),
+            Some("late")
+        );
+    }
+}

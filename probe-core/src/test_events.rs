@@ -1,0 +1,89 @@
+//! One confirmed event for the unit tests that need any (the report's loops, the Event
+//! planner, the OTLP records, the resolution tracker): a hairpin of `shop/web`'s LB, pod
+//! 10.244.1.7 -> LB 203.0.113.10:80, back to this node's NodePort 198.51.100.20:30080, every
+//! optional fact empty. Each test sets what it is about. And the PROXY-protocol Service the
+//! core's and the agent's conntrack tests share. Test support (the agent's tests use it too):
+//! not the product's API.
+
+use std::net::IpAddr;
+
+use probe_contract::{LoopbackEvent, LoopbackKind, Outcome, Proto, SnatState};
+
+use crate::service::{LbIngress, ServiceFacts, ServicePort};
+
+/// [`hairpin`] of `service` (or none), counted once, with a remedy: the node report's and the
+/// resolution tracker's tests.
+pub fn hairpin_for(key: &str, service: Option<&str>) -> LoopbackEvent {
+    LoopbackEvent {
+        count: 1,
+        remedy: vec!["call web.shop.svc instead".to_string()],
+        service: service.map(String::from),
+        ..hairpin(key)
+    }
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+pub fn hairpin(key: &str) -> LoopbackEvent {
+    LoopbackEvent {
+        key: key.to_string(),
+        vip: Some("203.0.113.10".parse().unwrap()),
+        vip_port: Some(80),
+        snat: SnatState::No,
+        count: 1,
+        first_seen_ns: 1,
+        last_seen_ns: 2,
+        ..LoopbackEvent::between(
+            LoopbackKind::Hairpin,
+            ("10.244.1.7".parse().unwrap(), 40000),
+            ("198.51.100.20".parse().unwrap(), 30080),
+            Proto::Tcp,
+            Outcome::NoReply,
+        )
+    }
+}
+
+pub const LB: &str = "203.0.113.10";
+pub const POD_A: &str = "198.19.1.10";
+pub const POD_B: &str = "198.19.1.11";
+
+/// `default/ingress` on the LB IP's 9443 (and 53/udp), with `annotations`.
+pub fn proxy_protocol_ingress(annotations: &[(&str, &str)], ip_mode: Option<&str>) -> ServiceFacts {
+    let port = |port: u16, protocol: &str| ServicePort {
+        name: None,
+        protocol: protocol.into(),
+        port,
+        node_port: None,
+    };
+    ServiceFacts {
+        namespace: "default".into(),
+        name: "ingress".into(),
+        uid: None,
+        service_type: "LoadBalancer".into(),
+        cluster_ips: vec![ip("198.18.100.20")],
+        external_ips: vec![],
+        ingress: vec![LbIngress {
+            ip: Some(ip(LB)),
+            hostname: None,
+            ip_mode: ip_mode.map(Into::into),
+        }],
+        ports: vec![port(9443, "TCP"), port(53, "UDP")],
+        external_traffic_policy: None,
+        health_check_node_port: None,
+        loopback_annotations: Default::default(),
+        endpoints: vec![ip(POD_B)],
+        load_balancer_class: None,
+        annotations: annotations
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        resource_version: None,
+    }
+}
+
+pub const DO_PP: (&str, &str) = (
+    "service.beta.kubernetes.io/do-loadbalancer-enable-proxy-protocol",
+    "true",
+);
