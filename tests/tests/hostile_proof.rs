@@ -247,37 +247,76 @@ fn after_two_lookups(mut agent: Agent, kind: &str) -> (Option<()>, usize, String
     (ran, resolved, log)
 }
 
-/// Issue #49, G4: pod A's hairpin at the LB's :80 goes quiet (`--resolve-after 2`); then the
-/// Service changes (an annotation nothing acts on) and the node's own calls to the same LB
-/// IP:port are answered, ten of them (the LB's guard sends the node to the peer). Before:
-/// "the Service changed" plus answered calls of the Service from any of its clients resolved
-/// pod A's loop, which stood (pod A looped again seconds later). After: the look-ups run and
-/// resolve nothing: only pod A's own calls to :80, NATed here or enough of them, prove it.
+/// Issue #49, G4, the issue's own shape: `default/web` with two ports on the LB, :80 (the LB
+/// never sends a call back to the node it came from) and :8081 (no such guard). Pod A's call
+/// to :80 hairpins, and so does the node's own call to :8081: one loop of the Service, clients
+/// pod A and the node (`--resolve-after 2`). Then the Service changes (the annotation of the fix
+/// `aws-nlb-target-type-ip`, which nothing in the lab acts on) and the node's calls to :80 are answered, ten of them (the LB sends the node to the
+/// peer). Before: "the Service changed" plus an answered call with no NAT here from one of the
+/// loop's clients to one of its ports resolved the loop, though pod A's :80 and the node's
+/// :8081 both still loop. After: the look-ups run and resolve nothing: only a pair that looped
+/// (pod A to :80, the node to :8081), answered, proves it.
 #[test]
 fn a_service_change_and_another_clients_answered_calls_resolve_no_pods_hairpin() {
     if !require_root("hostile_proof_service_change") {
         return;
     }
-    let lab = LabGuard::up(&Variants::default()).expect("lab up");
-    let api = KubeFixture::builder().tag("g4-service-change").start();
+    let lab = LabGuard::up(&Scenario::HairpinNodeSourced.spec().variants).expect("lab up");
+    let with_no_guard_port = |annotated: bool| {
+        let mut web = test_support::kubeapi::fixtures::lab()
+            .into_iter()
+            .find(|o| o["kind"] == "Service" && o["metadata"]["name"] == "web")
+            .expect("the web Service");
+        web["spec"]["ports"].as_array_mut().unwrap().push(
+            serde_json::json!({"name": "no-guard", "protocol": "TCP",
+                                     "port": lab::VIP_NO_GUARD_PORT, "targetPort": 8080,
+                                     "nodePort": 30081}),
+        );
+        if annotated {
+            // The AWS fix `aws-nlb-target-type-ip`, which nothing in the lab acts on.
+            web["metadata"]["annotations"]["service.beta.kubernetes.io/aws-load-balancer-nlb-target-type"] =
+                "ip".into();
+        }
+        web
+    };
+    let mut objects: Vec<serde_json::Value> = test_support::kubeapi::fixtures::lab()
+        .into_iter()
+        .filter(|o| !(o["kind"] == "Service" && o["metadata"]["name"] == "web"))
+        .collect();
+    objects.push(with_no_guard_port(false));
+    let api = KubeFixture::builder()
+        .objects(objects)
+        .tag("g4-service-change")
+        .start();
     let mut agent = api.start_agent(&["--resolve-after", "2"]);
     agent.wait_log("Kubernetes attribution connected", WAIT);
-    lab.traffic(Scenario::Hairpin).expect("pod A's call");
-    agent.wait_event("pod A's hairpin", WAIT, |es| {
-        es.iter()
-            .find(|e| e.kind == LoopbackKind::Hairpin && e.client_pod.is_some())
-            .cloned()
-    });
+    let web80 = std::net::SocketAddrV4::new(lab::VIP, 80);
+    let no_guard = std::net::SocketAddrV4::new(lab::VIP, lab::VIP_NO_GUARD_PORT);
+    let pod = lab.connect(lab::NS_POD_A, None, web80).expect("connect");
+    assert_ne!(pod.outcome, lab::Outcome::Ok, "pod A's call loops: {pod:?}");
+    let node = lab.connect(lab::NS_NODE, None, no_guard).expect("connect");
+    assert_ne!(
+        node.outcome,
+        lab::Outcome::Ok,
+        "the node's call loops: {node:?}"
+    );
+    for (what, client) in [("pod A's", lab::POD_A_IP), ("the node's", lab::NODE_IP)] {
+        agent.wait_event(what, WAIT, |es| {
+            es.iter()
+                .find(|e| {
+                    e.kind == LoopbackKind::Hairpin
+                        && e.src == std::net::IpAddr::V4(client)
+                        && e.service
+                            .as_deref()
+                            .is_some_and(|s| s.starts_with("default/web"))
+                })
+                .cloned()
+        });
+    }
     std::thread::sleep(Duration::from_secs(1));
-    let mut web = test_support::kubeapi::fixtures::lab()
-        .into_iter()
-        .find(|o| o["kind"] == "Service" && o["metadata"]["name"] == "web")
-        .expect("the web Service");
-    web["metadata"]["annotations"]["example.com/changed-by-a-fix"] = "true".into();
-    api.apply(web);
-    let to = std::net::SocketAddrV4::new(lab::VIP, 80);
+    api.apply(with_no_guard_port(true));
     for _ in 0..10 {
-        let attempt = lab.connect(lab::NS_NODE, None, to).expect("connect");
+        let attempt = lab.connect(lab::NS_NODE, None, web80).expect("connect");
         assert_eq!(attempt.outcome, lab::Outcome::Ok, "{attempt:?}");
     }
     let (ran, resolved, log) = after_two_lookups(agent, "hairpin");
@@ -286,6 +325,6 @@ fn a_service_change_and_another_clients_answered_calls_resolve_no_pods_hairpin()
     assert!(ran.is_some(), "no proof look-up ran:\n{log}");
     assert_eq!(
         resolved, 0,
-        "a Service change and the node's answered calls resolved pod A's hairpin:\n{log}"
+        "a Service change and the node's answered calls to :80 resolved the loop:\n{log}"
     );
 }
