@@ -153,6 +153,15 @@ enum Command {
         #[arg(short, long, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
+    /// Serve the read-only views above (report, events, fixes, evidence) to an AI assistant
+    /// as a Model Context Protocol server on stdin/stdout (the assistant starts this command;
+    /// no port is opened), with this kubeconfig and its RBAC. Nothing is applied, ever.
+    Mcp {
+        /// Also offer the `verify` tool, which creates a LoopbackVerification request (as
+        /// `verify` does). Without it the tool is not listed.
+        #[arg(long)]
+        allow_verify: bool,
+    },
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -375,6 +384,10 @@ async fn run(command: Command, kube: KubeArgs) -> anyhow::Result<ExitCode> {
                 }
                 Ok(ExitCode::from(plugin::verify::NOT_PROVEN_EXIT))
             }
+        }
+        Command::Mcp { allow_verify } => {
+            plugin::mcp::serve(client, allow_verify).await?;
+            Ok(ExitCode::SUCCESS)
         }
         Command::Verify {
             service,

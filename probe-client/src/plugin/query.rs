@@ -1,5 +1,6 @@
 //! What `report`, `events` and `fix`'s listing read from the API and build from it, in one
-//! place, apart from how the binary prints it.
+//! place for the terminal commands (the binary prints it) and the MCP server ([`super::mcp`]
+//! returns it): both show the same data, computed the same way.
 
 use k8s_openapi::api::{core::v1::Service, events::v1::Event};
 use kube::Client;
