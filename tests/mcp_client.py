@@ -49,6 +49,13 @@ async def main(calls, command):
     json.dump(out, sys.stdout)
 
 
+# A server that stops answering fails the test instead of hanging it.
+TIMEOUT_S = 90
+
 if __name__ == "__main__":
     sep = sys.argv.index("--")
-    asyncio.run(main(json.loads(sys.argv[1]), sys.argv[sep + 1 :]))
+    calls, command = json.loads(sys.argv[1]), sys.argv[sep + 1 :]
+    try:
+        asyncio.run(asyncio.wait_for(main(calls, command), TIMEOUT_S))
+    except TimeoutError:
+        sys.exit(f"mcp_client.py: no answer from {command} within {TIMEOUT_S} s")

@@ -52,6 +52,19 @@ fn cluster(tag: &str) -> KubeFixture {
     );
     hostile["note"] = json!(HOSTILE_NOTE);
     a.apply(hostile);
+    // An earlier loop of shop/web on node-a, resolved with proof: a Normal Event.
+    let mut resolved = clb_event(
+        "clb-probe.node-a.resolved.0",
+        "shop",
+        "node-a",
+        "LoopbackResolved",
+        "2026-11-22T01:10:00.000000Z",
+        1,
+    );
+    resolved["type"] = json!("Normal");
+    resolved["action"] = json!("Resolved");
+    resolved["note"] = json!("Resolved: hairpin at 203.0.113.10:80");
+    a.apply(resolved);
     a
 }
 
@@ -196,7 +209,19 @@ fn mcp_serves_the_read_only_views_with_api_text_escaped() {
         "the fixture's note needs escaping"
     );
     let rows = events["structured"]["events"].as_array().unwrap();
-    assert_eq!(rows.len(), 2);
+    // The confirmed loop, the tenant's Event and the resolution, newest first.
+    let kinds: Vec<(&str, &str)> = rows
+        .iter()
+        .map(|r| (r["name"].as_str().unwrap(), r["kind"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("clb-probe.node-a.hairpin.1", "hairpin"),
+            ("tenant-note", "hairpin"),
+            ("clb-probe.node-a.resolved.0", "hairpin resolved"),
+        ]
+    );
     let note = rows
         .iter()
         .find(|r| r["name"] == "tenant-note")
@@ -312,9 +337,17 @@ fn fake_agent(index: Value, connections: usize) -> u16 {
     std::thread::spawn(move || {
         for stream in listener.incoming().take(connections) {
             let Ok(mut s) = stream else { continue };
-            let mut buf = [0u8; 4096];
-            let n = s.read(&mut buf).unwrap_or(0);
-            let request = String::from_utf8_lossy(&buf[..n]);
+            // The whole request head: answering and closing with part of it unread would make
+            // the kernel reset the connection (then the API server's proxy answers 503).
+            let mut head = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                match s.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => head.extend_from_slice(&buf[..n]),
+                }
+            }
+            let request = String::from_utf8_lossy(&head);
             let body = if request.starts_with("GET /evidence ") {
                 index.to_string()
             } else {
