@@ -303,14 +303,21 @@ impl Server {
         if !(1..=MAX_TIMEOUT_S).contains(&timeout) {
             anyhow::bail!("timeout_s {timeout}: give 1 to {MAX_TIMEOUT_S} seconds");
         }
-        query::verify(
-            self.client.clone(),
-            &namespace,
-            &service,
-            a.nodes,
-            std::time::Duration::from_secs(timeout),
-        )
+        // A task of its own: a client that cancels the call (or gives up on it) drops this
+        // future, and the request must still be waited on and deleted, not left behind.
+        let client = self.client.clone();
+        tokio::spawn(async move {
+            query::verify(
+                client,
+                &namespace,
+                &service,
+                a.nodes,
+                std::time::Duration::from_secs(timeout),
+            )
+            .await
+        })
         .await
+        .map_err(|e| anyhow::anyhow!("the verification task: {e}"))?
     }
 }
 
