@@ -8,6 +8,7 @@
 
 pub mod agent;
 pub mod capture;
+pub mod cluster_objects;
 pub mod kernel_view;
 pub mod kube_fixture;
 pub mod kube_names;

@@ -374,10 +374,13 @@ fn is_demo_complete() -> bool {
         && cargo_bin().join("bpf-linker").is_file()
 }
 
-/// Python tools the deployment checks use, pinned, in a venv of their own (PyPI).
+/// Python tools the deployment checks and the tests use, pinned, in a venv of their own (PyPI),
+/// each with the command it installs (the "already there" check).
 const PYTHON_TOOLS: &[(&str, &str)] = &[
     ("yamllint==1.38.0", "yamllint"),
     ("kubernetes-validate==1.37.0", "kubernetes-validate"),
+    // The official MCP SDK: its client drives `kubectl clb-probe mcp` (tests/tests/mcp.rs).
+    ("mcp==2.3.0", "mcp"),
 ];
 
 /// Helm's own library for Python (libhelm_c, no helm binary): renders and lints the chart.
@@ -405,14 +408,15 @@ pub fn node_models() -> anyhow::Result<()> {
     .context("npm install of the Prometheus Operator schemas failed")
 }
 
-/// yamllint, kubernetes-validate and Helm's library for the manifest checks.
+/// yamllint, kubernetes-validate and Helm's library for the manifest checks; the MCP SDK for
+/// the MCP server's test.
 pub fn python_tools() -> anyhow::Result<()> {
     if PYTHON_TOOLS.iter().all(|(_, bin)| venv_bin(bin).is_file()) && venv_has_module("helm_python")
     {
-        say("python tools (yamllint, kubernetes-validate, helm-python-sdk): present");
+        say("python tools (yamllint, kubernetes-validate, mcp, helm-python-sdk): present");
         return Ok(());
     }
-    say("installing yamllint, kubernetes-validate and helm-python-sdk into a venv");
+    say("installing yamllint, kubernetes-validate, mcp and helm-python-sdk into a venv");
     if !venv_bin("pip").is_file() {
         run(Command::new("python3")
             .arg("-m")
@@ -424,7 +428,7 @@ pub fn python_tools() -> anyhow::Result<()> {
         .args(["install", "-q", "--disable-pip-version-check"])
         .args(PYTHON_TOOLS.iter().map(|(spec, _)| *spec))
         .arg(HELM_PYTHON))
-    .context("pip install of the manifest checkers failed")
+    .context("pip install of the manifest checkers and the MCP SDK failed")
 }
 
 /// Everything: the build toolchain, the test tools, the mounts.

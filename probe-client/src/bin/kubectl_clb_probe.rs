@@ -153,6 +153,15 @@ enum Command {
         #[arg(short, long, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
+    /// Serve the read-only views above (report, events, fixes, evidence) to an AI assistant
+    /// as a Model Context Protocol server on stdin/stdout (the assistant starts this command;
+    /// no port is opened), with this kubeconfig and its RBAC. Nothing is applied, ever.
+    Mcp {
+        /// Also offer the `verify` tool, which creates a LoopbackVerification request (as
+        /// `verify` does). Without it the tool is not listed.
+        #[arg(long)]
+        allow_verify: bool,
+    },
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -209,8 +218,7 @@ async fn run(command: Command, kube: KubeArgs) -> anyhow::Result<ExitCode> {
     let client = api::client(&kube).await?;
     match command {
         Command::Events { namespace, output } => {
-            let mut rows = api::event_rows(client, namespace.as_deref()).await?;
-            plugin::sort_rows(&mut rows);
+            let rows = plugin::query::events(client, namespace.as_deref()).await?;
             match output {
                 Output::Json => println!("{}", serde_json::to_string_pretty(&rows)?),
                 Output::Table if rows.is_empty() => println!("{}", plugin::NO_EVENTS),
@@ -227,22 +235,8 @@ async fn run(command: Command, kube: KubeArgs) -> anyhow::Result<ExitCode> {
             node,
         } => {
             use clb_probe_client::report::cluster;
-            if let Some(s) = &service
-                && s.split_once('/')
-                    .is_none_or(|(ns, n)| ns.is_empty() || n.is_empty())
-            {
-                anyhow::bail!("--service {s:?}: give it as NAMESPACE/NAME");
-            }
-            let nodes = api::node_names(client.clone()).await?;
-            let reports = api::node_reports(client).await?;
-            if let Some(n) = &node
-                && !nodes.contains(n)
-                && !reports.iter().any(|(r, _)| r == n)
-            {
-                anyhow::bail!("--node {n:?}: no such node and no report for it");
-            }
+            let view = plugin::query::report(client, cluster::Filter { service, node }).await?;
             let now = k8s_openapi::jiff::Timestamp::now().as_second();
-            let view = cluster::build(&nodes, &reports, now, &cluster::Filter { service, node });
             match output {
                 ReportOutput::Json => println!("{}", serde_json::to_string_pretty(&view)?),
                 ReportOutput::Table => print!("{}", cluster::table(&view, now, false)),
@@ -309,46 +303,16 @@ async fn run(command: Command, kube: KubeArgs) -> anyhow::Result<ExitCode> {
             if undo {
                 return undo_fixes(client, &svc, dry_run, yes).await;
             }
-            let provider_ids = match provider {
-                Some(_) => Vec::new(),
-                None => api::node_provider_ids(client.clone())
-                    .await
-                    .unwrap_or_else(|e| {
-                        eprintln!(
-                            "kubectl clb-probe: warning: {} (provider from the Service)",
-                            esc(&format!("{e:#}"))
-                        );
-                        Vec::new()
-                    }),
-            };
-            let events = api::service_events(client.clone(), &namespace, &service).await?;
-            // The Nodes, to believe only Events naming one (none listed: shape and namespace).
-            let nodes = api::node_names(client.clone()).await.ok();
-            let kinds = fix::confirmed_kinds(&events, &namespace, &service, nodes.as_deref());
-            let unknown =
-                fix::events_from_unknown_nodes(&events, &namespace, &service, nodes.as_deref());
-            if unknown > 0 {
-                eprintln!(
-                    "kubectl clb-probe: warning: {unknown} clb-probe Event(s) about {namespace}/{service} ignored: their reportingInstance is no Node the API lists (a deleted node, or not an agent's)"
-                );
+            let plugin::query::FixListing {
+                plan,
+                events,
+                reports,
+                warnings,
+            } = plugin::query::fix_listing(client.clone(), &namespace, &service, &svc, provider)
+                .await?;
+            for w in &warnings {
+                eprintln!("kubectl clb-probe: warning: {}", esc(w));
             }
-            // The agents' own fix lists; without the reports (CRD not installed, `list
-            // loopbackreports` denied) the fixes are recomputed from the Service.
-            let reports = api::node_reports(client.clone()).await.unwrap_or_else(|e| {
-                eprintln!(
-                    "kubectl clb-probe: warning: {} (fixes recomputed from the Service)",
-                    esc(&format!("{e:#}"))
-                );
-                Vec::new()
-            });
-            let agent = fix::agent_fixes(&reports, &format!("{namespace}/{service}"));
-            let plan = fix::plan(
-                &svc,
-                provider_ids.iter().map(String::as_str),
-                provider,
-                &kinds,
-                &agent,
-            )?;
             let Some(id) = apply else {
                 match output {
                     Output::Json => println!("{}", serde_json::to_string_pretty(&plan)?),
@@ -421,6 +385,10 @@ async fn run(command: Command, kube: KubeArgs) -> anyhow::Result<ExitCode> {
                 Ok(ExitCode::from(plugin::verify::NOT_PROVEN_EXIT))
             }
         }
+        Command::Mcp { allow_verify } => {
+            plugin::mcp::serve(client, allow_verify).await?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Verify {
             service,
             namespace,
@@ -429,30 +397,14 @@ async fn run(command: Command, kube: KubeArgs) -> anyhow::Result<ExitCode> {
             output,
         } => {
             let (namespace, service) = plugin::fix::service_ref(&service, namespace.as_deref())?;
-            // A clear error for a Service that does not exist, before anything is created.
-            api::get_service(client.clone(), &namespace, &service).await?;
-            let key = format!("{namespace}/{service}");
-            let nodes = if nodes.is_empty() {
-                let reports = api::node_reports(client.clone()).await.unwrap_or_default();
-                let events = api::service_events(client.clone(), &namespace, &service)
-                    .await
-                    .unwrap_or_default();
-                plugin::verify::nodes_for(
-                    &key,
-                    &reports,
-                    &plugin::verify::event_nodes(&events, &namespace, &service),
-                )
-            } else {
-                nodes
-            };
-            if nodes.is_empty() {
-                anyhow::bail!(
-                    "no node has a loop or a risk for {key} (reports, Events): name the nodes to test from with --node NODE"
-                );
-            }
-            let spec = plugin::verify::spec(&namespace, &service, &nodes);
-            let v = api::run_verification(client, &spec, std::time::Duration::from_secs(timeout))
-                .await?;
+            let v = plugin::query::verify(
+                client,
+                &namespace,
+                &service,
+                nodes,
+                std::time::Duration::from_secs(timeout),
+            )
+            .await?;
             match output {
                 Output::Json => println!("{}", serde_json::to_string_pretty(&v)?),
                 Output::Table => print!("{}", esc(&plugin::verify::render(&v))),
@@ -673,17 +625,14 @@ async fn node_evidence(
     port: u16,
 ) -> anyhow::Result<(Vec<probe_contract::evidence::EvidenceBundle>, Vec<Vec<u8>>)> {
     use plugin::evidence as ev;
-    let pods = api::agent_pods(client.clone(), agent_namespace, node).await?;
-    let (ns, pod) = plugin::agent_pod(&pods, agent_namespace, node).map_err(anyhow::Error::msg)?;
-    let port = pods
-        .iter()
-        .find(|p| p.metadata.name.as_deref() == Some(pod.as_str()))
-        .map_or(port, |p| ev::metrics_port(p, port));
-    let token = api::evidence_token(client, &ns).await?;
+    let plugin::query::AgentIndex {
+        namespace: ns,
+        pod,
+        port,
+        index,
+        token,
+    } = plugin::query::evidence_index(client, node, agent_namespace, port).await?;
     let auth = [(probe_contract::evidence::TOKEN_HEADER, token.as_str())];
-    let index: probe_contract::evidence::EvidenceIndex =
-        serde_json::from_slice(&api::proxy_get(client, &ns, &pod, port, "/evidence", &auth).await?)
-            .map_err(|e| anyhow::anyhow!("the agent's /evidence on {pod}: {e}"))?;
     let mut bundles = Vec::new();
     let mut captures = Vec::new();
     for id in ev::loops_of(&index, service) {

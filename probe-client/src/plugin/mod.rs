@@ -28,6 +28,8 @@ pub mod api;
 pub mod confirm;
 pub mod evidence;
 pub mod fix;
+pub mod mcp;
+pub mod query;
 pub mod undo;
 pub mod verify;
 

@@ -1,8 +1,9 @@
 //! `kubectl get`'s server-side printing: a list asked for as a `meta.k8s.io/v1` Table (the
 //! `Accept: application/json;as=Table;...` kubectl sends) comes back as the API server would
 //! answer it, with the columns a CRD declares (`additionalPrinterColumns`). For the chart's
-//! `loopbackreports.clb-probe.io` the columns are read from the chart's own CRD template, so a
-//! test of `kubectl get loopbackreports` checks the columns users will see. Other resources
+//! `loopbackreports.clb-probe.io` and `loopbackverifications.clb-probe.io` the columns are read
+//! from the chart's own CRD templates, so a test of `kubectl get loopbackreports` (or
+//! `loopbackverifications`) checks the columns users will see. Other resources
 //! answer with NAME and AGE (what the API server's default table has).
 
 use serde_json::{Value, json};
@@ -72,12 +73,21 @@ pub fn printer_columns(crd_yaml: &str) -> Vec<Column> {
     columns
 }
 
-/// The value at a simple JSONPath (`.status.node`), null when absent.
+/// The value at a simple JSONPath (`.status.node`, `.spec.nodes[0]`), null when absent.
 fn at(object: &Value, path: &str) -> Value {
     path.trim_start_matches('.')
         .split('.')
         .filter(|p| !p.is_empty())
-        .try_fold(object, |v, key| v.get(key))
+        .try_fold(object, |v, step| {
+            // `name[i]`: the field, then its i-th item.
+            match step.split_once('[') {
+                Some((key, index)) => {
+                    let i: usize = index.strip_suffix(']')?.parse().ok()?;
+                    v.get(key)?.get(i)
+                }
+                None => v.get(step),
+            }
+        })
         .cloned()
         .unwrap_or(Value::Null)
 }
@@ -191,8 +201,24 @@ pub fn table(columns: &[Column], items: &[Value], resource_version: &str) -> Val
 
 /// The printer columns of the chart's LoopbackReport CRD.
 pub fn loopbackreport_columns() -> Vec<Column> {
-    let path =
-        crate::workspace_root().join("deploy/helm/clb-probe/templates/crd-loopbackreport.yaml");
+    chart_crd_columns("crd-loopbackreport.yaml")
+}
+
+/// The printer columns of the chart's CRD for `resource` (`loopbackreports`,
+/// `loopbackverifications`), read from its template as for [`loopbackreport_columns`]; none for
+/// the built-in resources (the API server's default NAME and AGE).
+pub fn columns_of(resource: &str) -> Vec<Column> {
+    match resource {
+        "loopbackreports" => loopbackreport_columns(),
+        "loopbackverifications" => chart_crd_columns("crd-loopbackverification.yaml"),
+        _ => Vec::new(),
+    }
+}
+
+fn chart_crd_columns(template: &str) -> Vec<Column> {
+    let path = crate::workspace_root()
+        .join("deploy/helm/clb-probe/templates")
+        .join(template);
     std::fs::read_to_string(path)
         .map(|t| printer_columns(&t))
         .unwrap_or_default()

@@ -32,8 +32,9 @@ pub(super) fn discovery(path: &str) -> Option<Value> {
                         "services" => json!(["svc"]),
                         "nodes" => json!(["no"]),
                         "events" => json!(["ev"]),
-                        // The chart's CRD declares `lbr`.
+                        // The chart's CRDs declare `lbr` and `lbv`.
                         "loopbackreports" => json!(["lbr"]),
+                        "loopbackverifications" => json!(["lbv"]),
                         _ => json!([]),
                     },
                 })

@@ -152,11 +152,7 @@ pub(super) fn list(
         .collect();
     if as_table {
         // kubectl get: server-side printing, with a CRD's printer columns.
-        let columns = if target.info.resource == "loopbackreports" {
-            crate::kubeapi::table::loopbackreport_columns()
-        } else {
-            Vec::new()
-        };
+        let columns = crate::kubeapi::table::columns_of(target.info.resource);
         return json_response(
             StatusCode::OK,
             &crate::kubeapi::table::table(&columns, &items, &store.resource_version().to_string()),
