@@ -142,7 +142,7 @@ pub enum LoopbackKind {
 impl LoopbackKind {
     /// Every kind, in the order every list of kinds shows them (the report's columns, verify's
     /// names): the three of the mission first, then the field's later shapes. Adding a kind
-    /// adds it here, and every `match` on the kind says where else it must go.
+    /// adds it here and a row to [`KINDS`] (docs/architecture.md, "Adding a kind").
     pub const ALL: [LoopbackKind; 7] = [
         LoopbackKind::Hairpin,
         LoopbackKind::HealthcheckBlackhole,
@@ -158,31 +158,156 @@ impl LoopbackKind {
         LoopbackKind::ALL.into_iter().find(|k| k.as_str() == s)
     }
 
-    /// A table column's header for the kind (`kubectl clb-probe report`).
-    pub const fn column(self) -> &'static str {
-        match self {
-            LoopbackKind::HealthcheckBlackhole => "HC-BLACKHOLE",
-            LoopbackKind::Hairpin => "HAIRPIN",
-            LoopbackKind::VipPortUnserved => "VIP-UNSERVED",
-            LoopbackKind::VipAsSource => "VIP-AS-SOURCE",
-            LoopbackKind::ServiceSelfLoop => "SELF-LOOP",
-            LoopbackKind::EtpLocalDrop => "ETP-LOCAL-DROP",
-            LoopbackKind::ProxyProtocolShortCircuit => "PROXY-PROTOCOL",
+    /// The kind's row of [`KINDS`].
+    pub const fn spec(self) -> &'static KindSpec {
+        let mut i = 0;
+        while i < KINDS.len() {
+            if KINDS[i].kind as u8 == self as u8 {
+                return &KINDS[i];
+            }
+            i += 1;
         }
+        panic!("every kind has a row in KINDS (a test checks)")
     }
 
+    /// A table column's header for the kind (`kubectl clb-probe report`).
+    pub const fn column(self) -> &'static str {
+        self.spec().column
+    }
+
+    /// The JSON spelling.
     pub const fn as_str(self) -> &'static str {
-        match self {
-            LoopbackKind::HealthcheckBlackhole => "healthcheck_blackhole",
-            LoopbackKind::Hairpin => "hairpin",
-            LoopbackKind::VipPortUnserved => "vip_port_unserved",
-            LoopbackKind::VipAsSource => "vip_as_source",
-            LoopbackKind::ServiceSelfLoop => "service_self_loop",
-            LoopbackKind::EtpLocalDrop => "etp_local_drop",
-            LoopbackKind::ProxyProtocolShortCircuit => "proxy_protocol_short_circuit",
-        }
+        self.spec().name
     }
 }
+
+/// Who makes a kind's looping call: the fixes' `Source` (which change helps depends on it),
+/// and where verify tests from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Caller {
+    /// The LB itself (its health checks).
+    Lb,
+    /// A pod.
+    Pod,
+    /// The node (a host-network socket).
+    Node,
+    /// A pod, or the node when the event's facts say the call was the node's
+    /// (`facts.source: node`).
+    PodOrNode,
+    /// A pod when the event names one, else not known (an unserved port anyone can call).
+    PodIfNamed,
+}
+
+/// What is true of a kind wherever the product handles it: its names, how its Event is
+/// written, who calls, what verify can test. One row per kind in [`KINDS`]; the code that
+/// differs per kind (its rule, remedy and proof) is the core's, one function per kind
+/// (docs/architecture.md, "Adding a kind").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KindSpec {
+    pub kind: LoopbackKind,
+    /// The JSON spelling (`hairpin`, ...).
+    pub name: &'static str,
+    /// The report's column header.
+    pub column: &'static str,
+    /// The Kubernetes Event's `reason` (UpperCamelCase, as Kubernetes reasons are).
+    pub reason: &'static str,
+    /// The order Events are written in when the API's budget is short: 0 first (a blackhole
+    /// takes the node out of the LB for every client; an unserved port is what anyone can
+    /// make by the thousand).
+    pub severity: u8,
+    /// Who makes the looping call.
+    pub caller: Caller,
+    /// A call from the node can trip it (verify's node-sourced test).
+    pub node_testable: bool,
+    /// A call from a pod can trip it (verify from the loop's pod).
+    pub pod_testable: bool,
+    /// Its Event names the client pod as `related`.
+    pub relates_client_pod: bool,
+}
+
+/// Every kind's row, in [`LoopbackKind::ALL`]'s order.
+pub const KINDS: [KindSpec; 7] = [
+    KindSpec {
+        kind: LoopbackKind::Hairpin,
+        name: "hairpin",
+        column: "HAIRPIN",
+        reason: "LoopbackHairpin",
+        severity: 1,
+        caller: Caller::Pod,
+        node_testable: true,
+        pod_testable: true,
+        relates_client_pod: true,
+    },
+    KindSpec {
+        kind: LoopbackKind::HealthcheckBlackhole,
+        name: "healthcheck_blackhole",
+        column: "HC-BLACKHOLE",
+        reason: "HealthCheckBlackhole",
+        severity: 0,
+        caller: Caller::Lb,
+        // The LB's own checks: only its next checks show it (verify waits for them).
+        node_testable: false,
+        pod_testable: false,
+        relates_client_pod: false,
+    },
+    KindSpec {
+        kind: LoopbackKind::VipPortUnserved,
+        name: "vip_port_unserved",
+        column: "VIP-UNSERVED",
+        reason: "VipPortUnserved",
+        severity: 3,
+        caller: Caller::PodIfNamed,
+        node_testable: true,
+        pod_testable: true,
+        relates_client_pod: false,
+    },
+    KindSpec {
+        kind: LoopbackKind::VipAsSource,
+        name: "vip_as_source",
+        column: "VIP-AS-SOURCE",
+        reason: "VipAsSource",
+        severity: 2,
+        caller: Caller::Node,
+        node_testable: true,
+        // The VIP as source is a node socket's.
+        pod_testable: false,
+        relates_client_pod: false,
+    },
+    KindSpec {
+        kind: LoopbackKind::ServiceSelfLoop,
+        name: "service_self_loop",
+        column: "SELF-LOOP",
+        reason: "ServiceSelfLoop",
+        severity: 1,
+        caller: Caller::Pod,
+        // A pod calling its own Service: never the node's call.
+        node_testable: false,
+        pod_testable: true,
+        relates_client_pod: true,
+    },
+    KindSpec {
+        kind: LoopbackKind::EtpLocalDrop,
+        name: "etp_local_drop",
+        column: "ETP-LOCAL-DROP",
+        reason: "EtpLocalDrop",
+        severity: 1,
+        caller: Caller::PodOrNode,
+        node_testable: true,
+        pod_testable: true,
+        relates_client_pod: true,
+    },
+    KindSpec {
+        kind: LoopbackKind::ProxyProtocolShortCircuit,
+        name: "proxy_protocol_short_circuit",
+        column: "PROXY-PROTOCOL",
+        reason: "ProxyProtocolShortCircuit",
+        severity: 1,
+        caller: Caller::Pod,
+        node_testable: true,
+        pod_testable: true,
+        relates_client_pod: false,
+    },
+];
 
 /// Whether the looping flow was source-NATed on its way out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -49,17 +49,9 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
     })
 }
 
-/// The Event's `reason` per kind (UpperCamelCase, as Kubernetes reasons are).
+/// The Event's `reason` per kind (its row of `event::KINDS`).
 pub fn reason(kind: LoopbackKind) -> &'static str {
-    match kind {
-        LoopbackKind::HealthcheckBlackhole => "HealthCheckBlackhole",
-        LoopbackKind::Hairpin => "LoopbackHairpin",
-        LoopbackKind::VipPortUnserved => "VipPortUnserved",
-        LoopbackKind::VipAsSource => "VipAsSource",
-        LoopbackKind::ServiceSelfLoop => "ServiceSelfLoop",
-        LoopbackKind::EtpLocalDrop => "EtpLocalDrop",
-        LoopbackKind::ProxyProtocolShortCircuit => "ProxyProtocolShortCircuit",
-    }
+    kind.spec().reason
 }
 
 /// The kind a `reason` names (for `kubectl clb-probe events`).

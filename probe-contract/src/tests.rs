@@ -572,3 +572,29 @@ fn a_verification_round_trips_and_a_node_patch_names_only_its_entry() {
         "hairpin"
     );
 }
+
+#[test]
+fn every_kind_has_one_row_in_all_s_order_with_distinct_names() {
+    use crate::{KINDS, LoopbackKind};
+    assert_eq!(KINDS.len(), LoopbackKind::ALL.len());
+    for (row, kind) in KINDS.iter().zip(LoopbackKind::ALL) {
+        assert_eq!(row.kind, kind);
+        assert_eq!(kind.spec(), row);
+        assert_eq!(LoopbackKind::parse(row.name), Some(kind));
+        // The JSON spelling is serde's.
+        assert_eq!(
+            serde_json::to_value(kind).unwrap(),
+            serde_json::json!(row.name)
+        );
+    }
+    for field in [
+        |r: &crate::KindSpec| r.name,
+        |r: &crate::KindSpec| r.column,
+        |r: &crate::KindSpec| r.reason,
+    ] {
+        let mut seen: Vec<&str> = KINDS.iter().map(field).collect();
+        seen.sort();
+        seen.dedup();
+        assert_eq!(seen.len(), KINDS.len(), "{seen:?}");
+    }
+}

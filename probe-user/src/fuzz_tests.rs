@@ -27,8 +27,9 @@ fn seeds(dir: &str, ext: &str) -> Vec<Vec<u8>> {
 }
 
 fn stream_seeds() -> Vec<Vec<u8>> {
-    let root = format!("{DATA}/streams");
-    let mut out: Vec<Vec<u8>> = std::fs::read_dir(&root)
+    // The recorded streams are the pure core's test data (its correlator replays them).
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../probe-core/tests/data/streams");
+    let mut out: Vec<Vec<u8>> = std::fs::read_dir(root)
         .unwrap()
         .filter_map(Result::ok)
         .filter_map(|d| std::fs::read(d.path().join("events.jsonl")).ok())

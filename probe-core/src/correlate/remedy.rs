@@ -14,12 +14,14 @@
 //! missing piece, per proxy mode); `remedy/check.rs` the entry points `probe check` tells its
 //! risks with. This file only hands their names on.
 
+mod cause;
 mod check;
 mod kinds;
 mod self_loop;
 mod sentences;
 
 // Test support: the agent's tests build a placeholder event with it.
+pub use self::cause::cause;
 #[doc(hidden)]
 pub use self::check::placeholder;
 pub use self::{

@@ -23,7 +23,7 @@ mod tests;
 use std::collections::BTreeMap;
 
 use probe_contract::{
-    Fix, Layer, LoopbackEvent, LoopbackKind, Proto, SnatState,
+    Caller, Fix, Layer, LoopbackEvent, LoopbackKind, Proto, SnatState,
     facts::{AddressOwner, SelfLoopMissing, SourceKind},
 };
 use serde_json::{Value, json};
@@ -80,6 +80,21 @@ pub enum Source {
     Lb,
 }
 
+impl Source {
+    /// Who sent it, from the kind's caller (the contract's `KINDS`), whether the event names a
+    /// client pod, and whether its facts say the node made the call. None: not known.
+    pub fn of(caller: Caller, names_pod: bool, node_called: bool) -> Option<Source> {
+        match caller {
+            Caller::Lb => Some(Source::Lb),
+            Caller::Pod => Some(Source::Pod),
+            Caller::Node => Some(Source::Node),
+            Caller::PodOrNode if node_called => Some(Source::Node),
+            Caller::PodOrNode => Some(Source::Pod),
+            Caller::PodIfNamed => names_pod.then_some(Source::Pod),
+        }
+    }
+}
+
 /// The facts the table reads.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Facts {
@@ -117,19 +132,11 @@ pub struct Facts {
 impl Facts {
     /// The facts of `event`, with `service` when the API named it.
     pub fn of(event: &LoopbackEvent, service: Option<&ServiceFacts>, provider: Provider) -> Facts {
-        let source = match event.kind {
-            LoopbackKind::HealthcheckBlackhole => Some(Source::Lb),
-            LoopbackKind::Hairpin => Some(Source::Pod),
-            LoopbackKind::VipAsSource => Some(Source::Node),
-            LoopbackKind::VipPortUnserved if event.client_pod.is_some() => Some(Source::Pod),
-            LoopbackKind::VipPortUnserved => None,
-            LoopbackKind::ServiceSelfLoop => Some(Source::Pod),
-            LoopbackKind::EtpLocalDrop if event.facts.source == SourceKind::Node => {
-                Some(Source::Node)
-            }
-            LoopbackKind::EtpLocalDrop => Some(Source::Pod),
-            LoopbackKind::ProxyProtocolShortCircuit => Some(Source::Pod),
-        };
+        let source = Source::of(
+            event.kind.spec().caller,
+            event.client_pod.is_some(),
+            event.facts.source == SourceKind::Node,
+        );
         Facts {
             kind: event.kind,
             provider,
@@ -168,15 +175,7 @@ impl Facts {
         service: &ServiceFacts,
         provider: Provider,
     ) -> Facts {
-        let source = match kind {
-            LoopbackKind::Hairpin => Some(Source::Pod),
-            LoopbackKind::HealthcheckBlackhole => Some(Source::Lb),
-            LoopbackKind::VipAsSource => Some(Source::Node),
-            LoopbackKind::VipPortUnserved => None,
-            LoopbackKind::ServiceSelfLoop
-            | LoopbackKind::EtpLocalDrop
-            | LoopbackKind::ProxyProtocolShortCircuit => Some(Source::Pod),
-        };
+        let source = Source::of(kind.spec().caller, false, false);
         let all_udp = !service.ports.is_empty()
             && service
                 .ports

@@ -62,27 +62,23 @@ pub const PROXY_PROTOCOL_GRACE: Duration = Duration::from_millis(
 /// or closes, and either is an answer.
 pub const PROBE_BYTES: &[u8] = b"HEAD / HTTP/1.0\r\nUser-Agent: clb-probe-verify\r\n\r\n";
 
-/// The kinds a connection from the node can trip (module doc).
-pub const NODE_TESTABLE: [LoopbackKind; 5] = [
-    LoopbackKind::Hairpin,
-    LoopbackKind::VipPortUnserved,
-    LoopbackKind::VipAsSource,
-    LoopbackKind::EtpLocalDrop,
-    LoopbackKind::ProxyProtocolShortCircuit,
-];
+/// The kinds a connection from the node can trip (module doc; their rows of the contract's
+/// `KINDS`).
+pub fn node_testable() -> Vec<LoopbackKind> {
+    LoopbackKind::ALL
+        .into_iter()
+        .filter(|k| k.spec().node_testable)
+        .collect()
+}
 
 /// Every kind, as a request may name them (`spec.kinds`).
 pub const ALL_KINDS: [LoopbackKind; 7] = LoopbackKind::ALL;
 
 /// The kinds a call from a pod can trip: those a node-sourced call trips but the VIP as
 /// source (a node's own socket's), and a pod's call to its own Service.
-pub const POD_TESTABLE: [LoopbackKind; 5] = [
-    LoopbackKind::Hairpin,
-    LoopbackKind::VipPortUnserved,
-    LoopbackKind::EtpLocalDrop,
-    LoopbackKind::ProxyProtocolShortCircuit,
-    LoopbackKind::ServiceSelfLoop,
-];
+pub fn pod_testable(kind: LoopbackKind) -> bool {
+    kind.spec().pod_testable
+}
 
 /// The kinds a request asks for: its `kinds` read (an unknown name is an error; a repeat
 /// counts once; more than [`MAX_KINDS`] names is an error before any is read), or, when
@@ -90,7 +86,7 @@ pub const POD_TESTABLE: [LoopbackKind; 5] = [
 /// named: never testable from the node; a pod that had it is tested for it, [`plan`]).
 pub fn kinds(requested: &[String]) -> Result<Vec<LoopbackKind>, String> {
     if requested.is_empty() {
-        let mut all = NODE_TESTABLE.to_vec();
+        let mut all = node_testable();
         all.push(LoopbackKind::HealthcheckBlackhole);
         return Ok(all);
     }
@@ -153,8 +149,8 @@ impl Client {
     /// Whether a call from this client can trip `kind`.
     pub fn can_trip(&self, kind: LoopbackKind) -> bool {
         match self {
-            Client::Node => NODE_TESTABLE.contains(&kind),
-            Client::Pod { .. } => POD_TESTABLE.contains(&kind),
+            Client::Node => kind.spec().node_testable,
+            Client::Pod { .. } => pod_testable(kind),
         }
     }
 }

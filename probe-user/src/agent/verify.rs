@@ -545,7 +545,7 @@ pub async fn canary(tester: Tester, every: Duration) {
     );
     let mut cursor = 0usize;
     let mut next = HashMap::new();
-    let kinds = crate::verify::NODE_TESTABLE.to_vec();
+    let kinds = crate::verify::node_testable();
     loop {
         let jitter = every.mul_f64(jitter_fraction() * 0.25);
         tokio::time::sleep(every + jitter).await;

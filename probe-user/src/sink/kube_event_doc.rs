@@ -7,7 +7,6 @@ use std::time::SystemTime;
 
 use probe_contract::LoopResolution;
 
-use probe_contract::facts::SourceKind;
 
 use probe_contract::{
     LoopbackEvent, LoopbackKind,
@@ -202,44 +201,10 @@ pub fn resolved_note(r: &LoopResolution) -> String {
 
 /// The cause in one sentence and the first remedy, cut to [`NOTE_MAX`] bytes.
 pub fn note(event: &LoopbackEvent) -> String {
-    let vip = event
-        .vip
-        .map(|v| match event.vip_port {
-            Some(p) => sock(v, p),
-            None => v.to_string(),
-        })
-        .unwrap_or_else(|| "the LB VIP".to_string());
-    let proto = event.proto.as_str();
-    let dst = sock(event.dst, event.dst_port);
     let port = service_port(event)
         .map(|p| format!(" Service port: {p}."))
         .unwrap_or_default();
-    let cause = match event.kind {
-        LoopbackKind::HealthcheckBlackhole => format!(
-            "The load balancer's health checks from {vip} to {dst}/{proto} are dropped: the VIP is bound on this node, so the kernel drops them as a local source."
-        ),
-        LoopbackKind::Hairpin => hairpin_cause(event, &vip, proto, &dst),
-        LoopbackKind::VipPortUnserved => format!(
-            "{vip}/{proto} is bound on this node but nothing serves that port: calls from {} are refused locally instead of reaching the load balancer.",
-            event.src
-        ),
-        LoopbackKind::VipAsSource => format!(
-            "A packet with the LB VIP {} as its source left this node for {dst}/{proto} without SNAT: a host-network call to the LB IP, forwarded to another node.",
-            event.src
-        ),
-        LoopbackKind::EtpLocalDrop => format!(
-            "kube-proxy dropped a call from {} to {vip}/{proto}: an externalTrafficPolicy Local Service without an endpoint on this node, in nftables mode.",
-            event.src
-        ),
-        LoopbackKind::ProxyProtocolShortCircuit => format!(
-            "{} called {vip}/{proto}, whose load balancer adds a PROXY protocol header; kube-proxy short-circuited it to {dst} on this node, so it arrived without the header and was reset.",
-            event.src
-        ),
-        LoopbackKind::ServiceSelfLoop => format!(
-            "Pod {} called its own Service at {vip}/{proto} and was picked as the endpoint; without the hairpin SNAT the call came back with its own address as source and was dropped.",
-            event.src
-        ),
-    };
+    let cause = probe_core::correlate::remedy::cause(event);
     // The canary's own connection tripped it (`--canary-every`): a real loop, no user's call.
     let cause = if event.facts.canary {
         format!(
@@ -272,34 +237,6 @@ pub fn note(event: &LoopbackEvent) -> String {
 /// escaped where they entered, `probe_core::untrusted`), cut to [`NOTE_MAX`] bytes.
 fn note_text(text: &str) -> String {
     truncate(probe_core::term::escape(text).into_owned(), NOTE_MAX)
-}
-
-/// A hairpin's cause: who called (a pod, or the node itself: a host-network caller) and what
-/// the LB sent the call back to (a host listener by its process or pod, else the node).
-fn hairpin_cause(event: &LoopbackEvent, vip: &str, proto: &str, dst: &str) -> String {
-    let from_node = event.facts.source == SourceKind::Node;
-    let caller = if from_node {
-        format!("This node ({})", event.src)
-    } else {
-        format!("Pod {}", event.src)
-    };
-    let target = match &event.listener {
-        Some(l) => match (&l.pod, &l.process) {
-            (Some(pod), _) => format!("host-network pod {pod} on this node ({dst})"),
-            (None, Some(process)) => format!("host process {process} on this node ({dst})"),
-            (None, None) => format!("a host-network listener on this node ({dst})"),
-        },
-        None => format!("this node ({dst})"),
-    };
-    if from_node {
-        format!(
-            "{caller} called the load balancer at {vip}/{proto}; the LB sent it back to {target} with the node's own address as source, so the kernel drops it as a local source."
-        )
-    } else {
-        format!(
-            "{caller} called the load balancer at {vip}/{proto} without SNAT; the LB sent it back to {target} and the reply cannot reach the pod."
-        )
-    }
 }
 
 /// The Service port the event went through, `http (80/TCP)`: from the API, else the port
@@ -359,13 +296,11 @@ pub fn event_doc(event: &LoopbackEvent, names: &Names, node: &str, wall: SystemT
                 .and_then(|s| ObjectRef::namespaced("Service", s))
         });
     let regarding = service.unwrap_or_else(|| ObjectRef::node(node));
-    let related = match event.kind {
-        LoopbackKind::Hairpin | LoopbackKind::ServiceSelfLoop | LoopbackKind::EtpLocalDrop => names
-            .client_pod
-            .as_deref()
-            .and_then(|p| ObjectRef::namespaced("Pod", p)),
-        _ => None,
-    };
+    let related = names
+        .client_pod
+        .as_deref()
+        .filter(|_| event.kind.spec().relates_client_pod)
+        .and_then(|p| ObjectRef::namespaced("Pod", p));
     EventDoc {
         namespace: regarding.event_namespace(),
         name: event_name(node, &event.key, event.kind),
@@ -387,7 +322,7 @@ pub fn event_doc(event: &LoopbackEvent, names: &Names, node: &str, wall: SystemT
 #[cfg(test)]
 mod tests {
     use super::*;
-    use probe_contract::{Listener, Proto};
+    use probe_contract::{Listener, Proto, facts::SourceKind};
 
     /// A host-listener hairpin of `src` (a pod's address, or the node's own) to a listener
     /// whose command name is `process`.

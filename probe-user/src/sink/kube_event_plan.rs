@@ -172,18 +172,9 @@ pub struct EventPlanner {
     held_resolved: std::collections::VecDeque<EventDoc>,
 }
 
-/// 0 is written first: a blackhole takes the node out of the LB for every client; an unserved
-/// port is what anyone can make by the thousand.
+/// 0 is written first (the kind's row of the contract's `KINDS`).
 fn severity(kind: LoopbackKind) -> u8 {
-    match kind {
-        LoopbackKind::HealthcheckBlackhole => 0,
-        LoopbackKind::Hairpin
-        | LoopbackKind::ServiceSelfLoop
-        | LoopbackKind::EtpLocalDrop
-        | LoopbackKind::ProxyProtocolShortCircuit => 1,
-        LoopbackKind::VipAsSource => 2,
-        LoopbackKind::VipPortUnserved => 3,
-    }
+    kind.spec().severity
 }
 
 fn lane_of(event: &LoopbackEvent, doc: &EventDoc) -> String {
