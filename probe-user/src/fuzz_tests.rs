@@ -28,7 +28,10 @@ fn seeds(dir: &str, ext: &str) -> Vec<Vec<u8>> {
 
 fn stream_seeds() -> Vec<Vec<u8>> {
     // The recorded streams are the pure core's test data (its correlator replays them).
-    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../probe-core/tests/data/streams");
+    let root = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../probe-core/tests/data/streams"
+    );
     let mut out: Vec<Vec<u8>> = std::fs::read_dir(root)
         .unwrap()
         .filter_map(Result::ok)

@@ -7,7 +7,6 @@ use std::time::SystemTime;
 
 use probe_contract::LoopResolution;
 
-
 use probe_contract::{
     LoopbackEvent, LoopbackKind,
     kube_event::{ACTION, RESOLVED_ACTION, RESOLVED_REASON, fnv1a, reason, reporting_instance},
