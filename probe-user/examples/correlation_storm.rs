@@ -16,6 +16,10 @@
 //!
 //! The loop stops 3 s after the storm at the latest. Prints one JSON object. Options: `--secs S` `--rate R` `--pods P` `--walk` (the storm
 //! answers egress queries with the walk: the "before" figure) `--samples N`.
+#![allow(
+    clippy::print_stdout,
+    reason = "a benchmark's measurement goes to stdout, where the bench reads it"
+)]
 
 use std::{
     net::{IpAddr, Ipv4Addr},

@@ -4,6 +4,10 @@
 //! repeated with a distinct address and port each time, each with the captured destination
 //! dump of that service; then decoded by the reader's own decoder ([`decode_capture`]) and
 //! turned into the service table ([`table_from`]). Prints one JSON object with the times.
+#![allow(
+    clippy::print_stdout,
+    reason = "a benchmark's measurement goes to stdout, where the bench reads it"
+)]
 
 use std::{path::Path, time::Instant};
 

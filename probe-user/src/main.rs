@@ -1,4 +1,8 @@
 //! `probe`: clb-probe's command line. Exit codes: 0 ok, 1 runtime failure, 2 usage error.
+#![allow(
+    clippy::print_stdout,
+    reason = "the probe binary's commands (check, version, watch) print their answer on stdout"
+)]
 
 use std::{path::PathBuf, process::ExitCode, time::Duration};
 

@@ -96,6 +96,10 @@ async fn stdout_reader_gone() {
 }
 
 /// `probe watch`.
+#[expect(
+    clippy::print_stdout,
+    reason = "`probe watch --once` and a pipe get the view as text on stdout"
+)]
 pub async fn watch(socket: &Path, once: bool) -> anyhow::Result<()> {
     let stream = connect(socket).await?;
     let mut lines = BufReader::new(stream).lines();

@@ -266,6 +266,7 @@ mod tests {
     /// A second lock in the same namespace fails and names this process; the first one's
     /// release frees the namespace.
     #[test]
+    #[allow(clippy::print_stdout, reason = "a test's diagnostics")]
     fn a_second_agent_is_refused_with_the_first_ones_pid() {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {

@@ -243,6 +243,7 @@ mod tests {
 
     /// Reads this machine's BTF: the fields the drop program needs exist and are sane.
     #[test]
+    #[allow(clippy::print_stdout, reason = "a test's diagnostics")]
     fn reads_running_kernel_btf() {
         if !Path::new(VMLINUX_BTF).exists() {
             eprintln!("skipping: no {VMLINUX_BTF}");
@@ -268,6 +269,7 @@ mod tests {
 
     /// The memfd copy (the path older kernels take) reads the same facts as the direct map.
     #[test]
+    #[allow(clippy::print_stdout, reason = "a test's diagnostics")]
     fn memfd_copy_reads_the_same_btf() {
         if !Path::new(VMLINUX_BTF).exists() {
             eprintln!("skipping: no {VMLINUX_BTF}");

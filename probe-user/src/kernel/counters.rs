@@ -392,6 +392,7 @@ mod tests {
     /// flows each, TCP and UDP, some rings wrapped): the keyed look-up answers
     /// exactly what the walk of the whole table answers, for every sampled source.
     #[test]
+    #[allow(clippy::print_stdout, reason = "a test's diagnostics")]
     fn keyed_egress_lookup_answers_what_the_walk_answers() {
         if !is_root() {
             eprintln!("skipped: needs root (creates BPF maps)");
@@ -435,6 +436,7 @@ mod tests {
     /// index with its latest 16 (each exactly as the walk reads it), never with another
     /// source's flows; a flow recorded twice (its port reused) is answered once, as it is now.
     #[test]
+    #[allow(clippy::print_stdout, reason = "a test's diagnostics")]
     fn keyed_egress_lookup_answers_a_busy_source_with_its_latest_flows() {
         if !is_root() {
             eprintln!("skipped: needs root (creates BPF maps)");
@@ -463,6 +465,7 @@ mod tests {
     /// the index already names is answered once; a key the source never opened, or the same
     /// port of another protocol, adds nothing.
     #[test]
+    #[allow(clippy::print_stdout, reason = "a test's diagnostics")]
     fn a_carried_flow_key_is_answered_beyond_the_index() {
         if !is_root() {
             eprintln!("skipped: needs root (creates BPF maps)");
@@ -521,6 +524,7 @@ mod tests {
     /// A full 65,536-entry table (256 pods x 256 ports) in a real kernel hash map: a pod's
     /// openers are answered exactly, in 17 syscalls or fewer (the per-entry walk took 131,072).
     #[test]
+    #[allow(clippy::print_stdout, reason = "a test's diagnostics")]
     fn full_egress_table_is_read_in_batches() {
         if !is_root() {
             eprintln!("skipped: needs root (creates a BPF map)");

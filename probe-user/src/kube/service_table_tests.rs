@@ -504,6 +504,7 @@ fn kube_proxy_overall_iptables_rules() {
 }
 
 #[test]
+#[allow(clippy::print_stdout, reason = "a test's diagnostics")]
 fn kube_proxy_overall_nftables_rules() {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0
@@ -557,6 +558,7 @@ fn kube_proxy_overall_nftables_rules() {
 /// `iptables-nft-restore` and read back over netlink (`state::iptables`, no text dump): the
 /// same table as the API's, as the text parse above.
 #[test]
+#[allow(clippy::print_stdout, reason = "a test's diagnostics")]
 fn kube_proxy_overall_iptables_rules_over_netlink() {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0

@@ -439,6 +439,7 @@ fn at(kind: LoopbackKind, key: &str, vip: &str, port: Option<u16>, count: u64) -
 /// writer's loop is replayed: a report is observed as it comes, `due` every 2 s. The real
 /// blackhole gets its Event, and the flood is written as a few Events, not one per port.
 #[test]
+#[allow(clippy::print_stdout, reason = "a test's diagnostics")]
 fn a_flood_of_unserved_ports_does_not_starve_a_real_blackhole() {
     let mut p = EventPlanner::new(PlanConfig::default(), NODE);
     let mut writes: Vec<(Duration, Write)> = Vec::new();

@@ -263,6 +263,7 @@ fn have(cmd: &str) -> bool {
         .is_ok()
 }
 
+#[allow(clippy::print_stdout, reason = "a test's diagnostics")]
 fn skip() -> bool {
     if !is_root() {
         eprintln!("skipping: needs root");
@@ -455,6 +456,7 @@ fn filtered_dumps_are_filtered_by_the_kernel() {
 /// `cargo test -p probe-user --lib conntrack -- --ignored capture_ctnetlink_fixtures`.
 #[test]
 #[ignore = "regenerates fixtures; needs root, nc, iptables"]
+#[allow(clippy::print_stdout, reason = "a test's diagnostics")]
 fn capture_ctnetlink_fixtures() {
     if skip() {
         return;
@@ -627,6 +629,7 @@ fn capture_ctnetlink_fixtures() {
 /// lab's reset call leaves them (CLOSE, ASSURED, DNAT to pod B) and as its answered twin does
 /// (TIME_WAIT), read back through the agent's ctnetlink dump.
 #[test]
+#[allow(clippy::print_stdout, reason = "a test's diagnostics")]
 fn the_kernel_s_entries_of_a_reset_and_an_answered_call_are_told_apart() {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0

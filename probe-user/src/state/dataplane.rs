@@ -364,6 +364,7 @@ mod tests {
     /// no Services; a Service's own chains are never read; `programmed` finds the
     /// `KUBE-SERVICES` rule of a served VIP:port and none for an unserved one.
     #[test]
+    #[allow(clippy::print_stdout, reason = "a test's diagnostics")]
     fn the_facts_and_one_port_are_read_without_the_services() {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0
@@ -443,6 +444,7 @@ mod tests {
     /// no Services; a commit naming only a Service's chain re-reads nothing; `programmed`
     /// finds a `service-ips` element and none for an unserved port.
     #[test]
+    #[allow(clippy::print_stdout, reason = "a test's diagnostics")]
     fn nftables_facts_and_one_port() {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 || Command::new("nft").arg("--version").output().is_err()

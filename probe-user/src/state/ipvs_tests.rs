@@ -251,6 +251,7 @@ fn sh(args: &[&str]) {
 /// netlink from inside it. With `CLB_IPVS_CAPTURE=<dir>` the raw replies are written there
 /// (how `tests/data/ipvs/` was made). Skips (with a line) outside the VM.
 #[test]
+#[allow(clippy::print_stdout, reason = "a test's diagnostics")]
 fn real_ipvs_in_a_namespace() {
     if !vm_root() {
         eprintln!("skipping real_ipvs_in_a_namespace: needs the VM tier (CLB_VM) and root");

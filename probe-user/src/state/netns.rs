@@ -257,6 +257,7 @@ mod tests {
     /// Root only: a scratch namespace with an address is found by it, and a call made in it
     /// runs there (it sees the address; the test's thread does not).
     #[test]
+    #[allow(clippy::print_stdout, reason = "a test's diagnostics")]
     fn a_namespace_is_found_by_its_address_and_entered() {
         if unsafe { libc::geteuid() } != 0 {
             eprintln!("skipped: needs root (network namespaces)");

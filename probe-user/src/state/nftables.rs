@@ -979,6 +979,7 @@ mod tests {
     /// `read_blocking` in a scratch namespace holding the dual-stack fixture ruleset (root and
     /// `nft` only): both families, merged.
     #[test]
+    #[allow(clippy::print_stdout, reason = "a test's diagnostics")]
     fn read_in_namespace() {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 || Command::new("nft").arg("--version").output().is_err()
@@ -1007,6 +1008,7 @@ mod tests {
     /// Every JSON fixture, loaded with `nft -j -f` into a fresh namespace and read back over
     /// netlink, makes the table [`parse_nft_json`] makes of it.
     #[test]
+    #[allow(clippy::print_stdout, reason = "a test's diagnostics")]
     fn netlink_table_equals_the_json_table_of_every_fixture() {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 || Command::new("nft").arg("--version").output().is_err()
@@ -1058,6 +1060,7 @@ mod tests {
 
     /// The generation cache: an unchanged ruleset is not read again, a commit is.
     #[test]
+    #[allow(clippy::print_stdout, reason = "a test's diagnostics")]
     fn a_read_follows_the_generation() {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 || Command::new("nft").arg("--version").output().is_err()
@@ -1090,6 +1093,7 @@ mod tests {
     /// without its local endpoint) is no backend: the netlink read equals the JSON of the same
     /// table, and the stray address is in neither.
     #[test]
+    #[allow(clippy::print_stdout, reason = "a test's diagnostics")]
     fn an_endpoint_chain_out_of_the_maps_is_no_backend() {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 || Command::new("nft").arg("--version").output().is_err()

@@ -137,6 +137,7 @@ fn the_exposition_is_the_contract_table() {
 
 /// promtool is the reference checker of the exposition format.
 #[test]
+#[allow(clippy::print_stdout, reason = "a test's diagnostics")]
 fn promtool_accepts_the_exposition() {
     let Ok(mut child) = std::process::Command::new("promtool")
         .args(["check", "metrics"])

@@ -654,6 +654,7 @@ mod tests {
     /// writes' worth) the real loop is in the report and the Node condition names it; the
     /// flood is one entry that says it is a flood, with its count and examples.
     #[test]
+    #[allow(clippy::print_stdout, reason = "a test's diagnostics")]
     fn a_flood_of_cheap_loops_never_hides_a_real_one_of_another_kind() {
         let mut l = Loops::default();
         let mut real = crate::test_events::hairpin("hc/203.0.113.99");

@@ -270,6 +270,7 @@ fn repeats_of_a_loop_are_not_a_change_a_new_loop_or_risk_is() {
 
 /// The object size the README's API-load figures use: every list at its bound.
 #[test]
+#[allow(clippy::print_stdout, reason = "a test's diagnostics")]
 fn a_full_report_stays_far_below_the_object_size_limit() {
     use crate::sink::node_report::loops::{MAX_ACTIVE, MAX_CLIENT_PODS, MAX_FLOODS, MAX_RESOLVED};
     use probe_contract::report::{MAX_RISK_SERVICES, MAX_RISKS, ResolvedLoop};

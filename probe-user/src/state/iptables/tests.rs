@@ -224,6 +224,7 @@ fn quoted_comments() {
 
 /// `read_blocking` in a scratch namespace holding the lab ruleset (root only).
 #[test]
+#[allow(clippy::print_stdout, reason = "a test's diagnostics")]
 fn read_in_namespace() {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
@@ -286,6 +287,7 @@ fn garbage_never_panics() {
 /// `read_blocking_after` in a scratch namespace: a commit's named chains are read again, one by
 /// one, and nothing else is (root only).
 #[test]
+#[allow(clippy::print_stdout, reason = "a test's diagnostics")]
 fn only_the_touched_chains_are_read_again() {
     use crate::state::changes::{FAMILY_IP, Touched};
     // SAFETY: geteuid has no preconditions.
@@ -417,6 +419,7 @@ fn nft_restore(ns: &Netns, restore: &str, text: &str) {
     );
 }
 
+#[allow(clippy::print_stdout, reason = "a test's diagnostics")]
 fn nft_tools() -> bool {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {

@@ -194,6 +194,7 @@ fn requests_encode() {
     );
 }
 
+#[allow(clippy::print_stdout, reason = "a test's diagnostics")]
 fn root_with_tools() -> bool {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
