@@ -277,7 +277,7 @@ enum LogFormat {
     Json,
 }
 
-fn parse_pod_cidr(s: &str) -> Result<Prefix, String> {
+fn parse_pod_cidr(s: &str) -> Result<Prefix, agent::checks::PodCidrError> {
     let p = Prefix::parse(s)?;
     match agent::checks::pod_cidr_error(&p) {
         Some(e) => Err(e),
@@ -519,20 +519,31 @@ fn agent(args: AgentArgs) -> ExitCode {
     }
 }
 
+/// Why `--canary-every` was refused.
+#[derive(Debug, thiserror::Error)]
+enum CanaryEveryError {
+    #[error("{0:?}: give a number with s, m or h (90s, 10m, 1h)")]
+    NotANumber(String),
+    #[error("{0:?}: the unit is s, m or h (90s, 10m, 1h)")]
+    Unit(String),
+    #[error("{0:?}: between 10s and 24h")]
+    Range(String),
+}
+
 /// `--canary-every`: `90s`, `10m`, `1h` (or plain seconds), at least 10 s and at most a day.
-fn parse_canary_every(s: &str) -> Result<Duration, String> {
+fn parse_canary_every(s: &str) -> Result<Duration, CanaryEveryError> {
     let (digits, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
     let n: u64 = digits
         .parse()
-        .map_err(|_| format!("{s:?}: give a number with s, m or h (90s, 10m, 1h)"))?;
+        .map_err(|_| CanaryEveryError::NotANumber(s.to_owned()))?;
     let secs = match unit {
         "" | "s" => n,
         "m" => n.saturating_mul(60),
         "h" => n.saturating_mul(3600),
-        _ => return Err(format!("{s:?}: the unit is s, m or h (90s, 10m, 1h)")),
+        _ => return Err(CanaryEveryError::Unit(s.to_owned())),
     };
     if !(10..=86_400).contains(&secs) {
-        return Err(format!("{s:?}: between 10s and 24h"));
+        return Err(CanaryEveryError::Range(s.to_owned()));
     }
     Ok(Duration::from_secs(secs))
 }

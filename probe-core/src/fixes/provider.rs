@@ -154,21 +154,21 @@ impl fmt::Display for Provider {
     }
 }
 
+/// `--provider` named no profile.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown provider {0:?} (one of: {list})", list = Provider::ALL.map(Provider::as_str).join(", "))]
+pub struct UnknownProvider(pub String);
+
 impl FromStr for Provider {
-    type Err = String;
+    type Err = UnknownProvider;
 
     /// `--provider`: a profile name, or a providerID scheme spelling (`qcloud`, `alibaba`).
-    fn from_str(s: &str) -> Result<Provider, String> {
+    fn from_str(s: &str) -> Result<Provider, UnknownProvider> {
         let s = s.trim().to_ascii_lowercase();
         if let Some(p) = Provider::ALL.iter().find(|p| p.as_str() == s) {
             return Ok(*p);
         }
-        Provider::from_provider_id(&format!("{s}://")).ok_or_else(|| {
-            format!(
-                "unknown provider {s:?} (one of: {})",
-                Provider::ALL.map(Provider::as_str).join(", ")
-            )
-        })
+        Provider::from_provider_id(&format!("{s}://")).ok_or(UnknownProvider(s))
     }
 }
 
@@ -303,6 +303,9 @@ mod tests {
         assert_eq!("qcloud".parse::<Provider>(), Ok(Provider::Tencent));
         assert_eq!("generic".parse::<Provider>(), Ok(Provider::Generic));
         let err = "ibm".parse::<Provider>().unwrap_err();
-        assert!(err.contains("unknown provider \"ibm\""), "{err}");
+        assert!(
+            err.to_string().contains("unknown provider \"ibm\""),
+            "{err}"
+        );
     }
 }

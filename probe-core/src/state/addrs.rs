@@ -9,6 +9,15 @@ use serde::Serialize;
 /// the node report's writer read it). Shared by pointer: a new `Arc` only when owners change.
 pub type Owners = std::sync::Arc<BTreeMap<Prefix, probe_contract::facts::AddressOwner>>;
 
+/// Why a prefix did not parse.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PrefixError {
+    #[error("{0:?} is not an IP address or CIDR")]
+    NotAnAddress(String),
+    #[error("{input:?}: prefix length must be 0..={max}")]
+    Length { input: String, max: u8 },
+}
+
 /// An IP prefix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub struct Prefix {
@@ -23,23 +32,25 @@ impl Prefix {
     }
 
     /// Parses `a.b.c.d/n`, `x::/n` or a bare address.
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, PrefixError> {
         let (addr, len) = match s.split_once('/') {
             Some((a, l)) => (a, Some(l)),
             None => (s, None),
         };
         let addr: IpAddr = addr
             .parse()
-            .map_err(|_| format!("{s:?} is not an IP address or CIDR"))?;
+            .map_err(|_| PrefixError::NotAnAddress(s.to_owned()))?;
         let max = if addr.is_ipv4() { 32 } else { 128 };
-        let len = match len {
-            Some(l) => l
-                .parse::<u8>()
-                .ok()
-                .filter(|l| *l <= max)
-                .ok_or_else(|| format!("{s:?}: prefix length must be 0..={max}"))?,
-            None => max,
-        };
+        let len =
+            match len {
+                Some(l) => l.parse::<u8>().ok().filter(|l| *l <= max).ok_or_else(|| {
+                    PrefixError::Length {
+                        input: s.to_owned(),
+                        max,
+                    }
+                })?,
+                None => max,
+            };
         Ok(Self { addr, len })
     }
 

@@ -7,21 +7,28 @@ use std::net::IpAddr;
 use crate::state::addrs::{NodeState, Prefix};
 
 /// A `--pod-cidr` that cannot be meant: a usage error (exit 2) with the reason.
-pub fn pod_cidr_error(p: &Prefix) -> Option<String> {
+pub fn pod_cidr_error(p: &Prefix) -> Option<PodCidrError> {
     if p.len == 0 {
-        return Some(format!(
-            "--pod-cidr {p} makes every address a pod address: every packet from outside the node \
-             would be a hairpin suspect (counted, events shed by the budget) and a pod's egress to \
-             anything would be remembered; name the node's pod range (e.g. 10.244.1.0/24)"
-        ));
+        return Some(PodCidrError::Everything(*p));
     }
     let network = network(p);
     if network.addr != p.addr {
-        return Some(format!(
-            "--pod-cidr {p} has host bits set: did you mean {network}?"
-        ));
+        return Some(PodCidrError::HostBits { given: *p, network });
     }
     None
+}
+
+/// Why a `--pod-cidr` was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PodCidrError {
+    #[error(transparent)]
+    Prefix(#[from] probe_core::state::addrs::PrefixError),
+    #[error(
+        "--pod-cidr {0} makes every address a pod address: every packet from outside the node would be a hairpin suspect (counted, events shed by the budget) and a pod's egress to anything would be remembered; name the node's pod range (e.g. 10.244.1.0/24)"
+    )]
+    Everything(Prefix),
+    #[error("--pod-cidr {given} has host bits set: did you mean {network}?")]
+    HostBits { given: Prefix, network: Prefix },
 }
 
 /// `p` with its host bits cleared.
@@ -122,7 +129,7 @@ mod tests {
             ("fd00::1/64", "did you mean fd00::/64?"),
         ] {
             let e = pod_cidr_error(&p(cidr)).unwrap_or_else(|| panic!("{cidr} accepted"));
-            assert!(e.contains(says), "{cidr}: {e}");
+            assert!(e.to_string().contains(says), "{cidr}: {e}");
         }
         for ok in ["10.244.1.0/24", "10.244.1.7", "fd00::/64", "fd00::1"] {
             assert_eq!(pod_cidr_error(&p(ok)), None, "{ok}");

@@ -68,24 +68,39 @@ impl MapSizes {
     }
 }
 
+/// Why a size flag was refused (clap prints it).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SizeError {
+    #[error("{0:?} is not a whole number")]
+    NotANumber(String),
+    #[error("{n} is outside {min}..={max}")]
+    OutOfRange { n: u32, min: u32, max: u32 },
+    #[error("{0} KiB is not a power of two")]
+    NotAPowerOfTwo(u32),
+}
+
 /// A count flag within `range`: the clap error names the range.
-pub fn parse_count(s: &str, range: (u32, u32)) -> Result<u32, String> {
+pub fn parse_count(s: &str, range: (u32, u32)) -> Result<u32, SizeError> {
     let n: u32 = s
         .replace('_', "")
         .parse()
-        .map_err(|_| format!("{s:?} is not a whole number"))?;
+        .map_err(|_| SizeError::NotANumber(s.to_owned()))?;
     if n < range.0 || n > range.1 {
-        return Err(format!("{n} is outside {}..={}", range.0, range.1));
+        return Err(SizeError::OutOfRange {
+            n,
+            min: range.0,
+            max: range.1,
+        });
     }
     Ok(n)
 }
 
 /// `--ringbuf-kib`: a power of two within [`RINGBUF_KIB_RANGE`] (the kernel wants a power of
 /// two number of pages); returns bytes.
-pub fn parse_ringbuf_kib(s: &str) -> Result<u32, String> {
+pub fn parse_ringbuf_kib(s: &str) -> Result<u32, SizeError> {
     let kib = parse_count(s, RINGBUF_KIB_RANGE)?;
     if !kib.is_power_of_two() {
-        return Err(format!("{kib} KiB is not a power of two"));
+        return Err(SizeError::NotAPowerOfTwo(kib));
     }
     Ok(kib * 1024)
 }
@@ -112,6 +127,7 @@ mod tests {
         assert!(
             parse_ringbuf_kib("300")
                 .unwrap_err()
+                .to_string()
                 .contains("power of two")
         );
         assert!(parse_ringbuf_kib("8").is_err());

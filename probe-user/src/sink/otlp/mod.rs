@@ -55,24 +55,35 @@ pub struct OtlpConfig {
     pub interval: Duration,
 }
 
+/// Why `--otlp-endpoint` was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum EndpointError {
+    #[error("not a URL ({0}): give http://HOST:PORT, e.g. http://otel-collector:4317")]
+    NotAUrl(String),
+    #[error(
+        "https is not supported (the agent has no TLS client for OTLP): give the collector's plain gRPC endpoint, http://HOST:PORT"
+    )]
+    Https,
+    #[error("give http://HOST:PORT, e.g. http://otel-collector:4317")]
+    NotHttp,
+    #[error("no host: give http://HOST:PORT")]
+    NoHost,
+}
+
 /// `--otlp-endpoint`'s parser: `http://HOST:PORT` (a path is allowed; `https` is not: TLS to
 /// the collector is not built in).
-pub fn parse_endpoint(s: &str) -> Result<String, String> {
-    let uri: http::Uri = s.parse().map_err(|e| {
-        format!("not a URL ({e}): give http://HOST:PORT, e.g. http://otel-collector:4317")
-    })?;
+pub fn parse_endpoint(s: &str) -> Result<String, EndpointError> {
+    let uri: http::Uri = s
+        .parse()
+        .map_err(|e: http::uri::InvalidUri| EndpointError::NotAUrl(e.to_string()))?;
     match uri.scheme_str() {
         Some("http") => {}
-        Some("https") => {
-            return Err(
-                "https is not supported (the agent has no TLS client for OTLP): give the collector's plain gRPC endpoint, http://HOST:PORT".into(),
-            );
-        }
-        _ => return Err("give http://HOST:PORT, e.g. http://otel-collector:4317".into()),
+        Some("https") => return Err(EndpointError::Https),
+        _ => return Err(EndpointError::NotHttp),
     }
     match uri.host() {
         Some(h) if !h.is_empty() => {}
-        _ => return Err("no host: give http://HOST:PORT".into()),
+        _ => return Err(EndpointError::NoHost),
     }
     Ok(s.to_string())
 }
