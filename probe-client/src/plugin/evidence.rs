@@ -76,21 +76,33 @@ pub fn metrics_port(pod: &Pod, fallback: u16) -> u16 {
         .unwrap_or(fallback)
 }
 
+/// Why `evidence -o DIR` writes nothing there (or stopped).
+#[derive(Debug, thiserror::Error)]
+pub enum OutputDirError {
+    #[error("{0} exists and is not empty: name a new or empty directory (-o DIR)")]
+    NotEmpty(PathBuf),
+    #[error("{0} is a symbolic link: name a new directory (-o DIR)")]
+    Link(PathBuf),
+    #[error("{0} is not a directory")]
+    NotADirectory(PathBuf),
+    #[error("{0}: {1} (created by someone else since DIR was checked?)")]
+    NodeFolder(PathBuf, std::io::Error),
+    #[error("{0}: {1}")]
+    Io(PathBuf, std::io::Error),
+}
+
 /// DIR must be new or empty: the command never mixes its files with others.
-pub fn check_dir(dir: &Path) -> Result<(), String> {
+pub fn check_dir(dir: &Path) -> Result<(), OutputDirError> {
     match std::fs::read_dir(dir) {
         Ok(mut entries) => {
             if entries.next().is_some() {
-                Err(format!(
-                    "{} exists and is not empty: name a new or empty directory (-o DIR)",
-                    dir.display()
-                ))
+                Err(OutputDirError::NotEmpty(dir.to_owned()))
             } else {
                 Ok(())
             }
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(format!("{}: {e}", dir.display())),
+        Err(e) => Err(OutputDirError::Io(dir.to_owned(), e)),
     }
 }
 
@@ -118,42 +130,34 @@ pub fn safe_id(id: &str) -> String {
 
 /// Creates DIR (mode 0700) when it does not exist; an existing one must be a directory of its
 /// own, not a link: the files go nowhere else.
-pub fn create_private_dir(dir: &Path) -> Result<(), String> {
+pub fn create_private_dir(dir: &Path) -> Result<(), OutputDirError> {
     use std::os::unix::fs::DirBuilderExt as _;
     match std::fs::symlink_metadata(dir) {
-        Ok(m) if m.file_type().is_symlink() => Err(format!(
-            "{} is a symbolic link: name a new directory (-o DIR)",
-            dir.display()
-        )),
+        Ok(m) if m.file_type().is_symlink() => Err(OutputDirError::Link(dir.to_owned())),
         Ok(m) if m.is_dir() => Ok(()),
-        Ok(_) => Err(format!("{} is not a directory", dir.display())),
+        Ok(_) => Err(OutputDirError::NotADirectory(dir.to_owned())),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::DirBuilder::new()
             .mode(0o700)
             .create(dir)
-            .map_err(|e| format!("{}: {e}", dir.display())),
-        Err(e) => Err(format!("{}: {e}", dir.display())),
+            .map_err(|e| OutputDirError::Io(dir.to_owned(), e)),
+        Err(e) => Err(OutputDirError::Io(dir.to_owned(), e)),
     }
 }
 
 /// Creates a node's folder inside DIR (mode 0700); it must not exist yet (a folder or link
 /// placed there after DIR was checked empty is refused, not followed).
-pub fn create_node_dir(folder: &Path) -> Result<(), String> {
+pub fn create_node_dir(folder: &Path) -> Result<(), OutputDirError> {
     use std::os::unix::fs::DirBuilderExt as _;
     std::fs::DirBuilder::new()
         .mode(0o700)
         .create(folder)
-        .map_err(|e| {
-            format!(
-                "{}: {e} (created by someone else since DIR was checked?)",
-                folder.display()
-            )
-        })
+        .map_err(|e| OutputDirError::NodeFolder(folder.to_owned(), e))
 }
 
 /// Writes a new file (mode 0600): never one that exists, never through a link
 /// (`O_CREAT|O_EXCL|O_NOFOLLOW`): another local user's link placed in DIR after its check
 /// cannot redirect the operator's write.
-pub fn write_new(path: &Path, bytes: &[u8]) -> Result<(), String> {
+pub fn write_new(path: &Path, bytes: &[u8]) -> Result<(), OutputDirError> {
     use std::io::Write as _;
     use std::os::unix::fs::OpenOptionsExt as _;
     let mut file = std::fs::OpenOptions::new()
@@ -162,9 +166,9 @@ pub fn write_new(path: &Path, bytes: &[u8]) -> Result<(), String> {
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW)
         .open(path)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+        .map_err(|e| OutputDirError::Io(path.to_owned(), e))?;
     file.write_all(bytes)
-        .map_err(|e| format!("{}: {e}", path.display()))
+        .map_err(|e| OutputDirError::Io(path.to_owned(), e))
 }
 
 /// A node's folder name: the node name where it is a plain one, else made safe.
@@ -339,6 +343,7 @@ mod write_tests {
         assert!(
             create_private_dir(&link_dir)
                 .unwrap_err()
+                .to_string()
                 .contains("symbolic link")
         );
         assert!(create_node_dir(&link_dir).is_err());
@@ -366,7 +371,7 @@ mod tests {
         assert!(check_dir(&base).is_ok());
         std::fs::write(base.join("x"), "x").unwrap();
         let e = check_dir(&base).unwrap_err();
-        assert!(e.contains("exists and is not empty"), "{e}");
+        assert!(e.to_string().contains("exists and is not empty"), "{e}");
         std::fs::remove_dir_all(&base).unwrap();
     }
 

@@ -351,8 +351,9 @@ pub async fn run_test(
     let mut reports = tester.shared.subscribe();
     let started = Instant::now();
     let mut seen: Vec<LoopbackEvent> = Vec::new();
-    let mut made_per_test: Vec<Result<Vec<Attempt>, String>> = Vec::new();
-    let mut namespaces: HashMap<IpAddr, Result<netns::Netns, String>> = HashMap::new();
+    let mut made_per_test: Vec<Result<Vec<Attempt>, Arc<netns::NetnsError>>> = Vec::new();
+    let mut namespaces: HashMap<IpAddr, Result<netns::Netns, Arc<netns::NetnsError>>> =
+        HashMap::new();
     let mut sent_bytes = false;
     for test in &plan.tests {
         let send = plan
@@ -386,9 +387,9 @@ pub async fn run_test(
                         netns::run_in(&ns, ip, move || connect_blocking(&target, send))
                     })
                     .await
-                    .map_err(|e| e.to_string())
+                    .map_err(|_| netns::NetnsError::Panicked)
                     .and_then(|r| r)
-                    .unwrap_or_else(Attempt::Failed)
+                    .unwrap_or_else(|e| Attempt::Failed(e.to_string()))
                 }
             };
             made.push(attempt);
@@ -432,15 +433,16 @@ pub async fn run_test(
 
 /// The network namespace holding `ip`, searched once per request (`cache`) off the runtime.
 async fn namespace_of(
-    cache: &mut HashMap<IpAddr, Result<netns::Netns, String>>,
+    cache: &mut HashMap<IpAddr, Result<netns::Netns, Arc<netns::NetnsError>>>,
     ip: IpAddr,
-) -> Result<netns::Netns, String> {
+) -> Result<netns::Netns, Arc<netns::NetnsError>> {
     if let Some(found) = cache.get(&ip) {
         return found.clone();
     }
     let found = tokio::task::spawn_blocking(move || netns::find_by_addr(ip))
         .await
-        .unwrap_or_else(|e| Err(e.to_string()));
+        .unwrap_or(Err(netns::NetnsError::Panicked))
+        .map_err(Arc::new);
     cache.insert(ip, found.clone());
     found
 }

@@ -137,19 +137,63 @@ fn enter(file: &File) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Why a pod's network namespace could not be found or entered: each a `not_testable` answer.
+#[derive(Debug, thiserror::Error)]
+pub enum NetnsError {
+    #[error("cannot start the namespace thread: {0}")]
+    Thread(std::io::Error),
+    #[error("the namespace thread panicked")]
+    Panicked,
+    #[error(
+        "looked at {looked} of {of} network namespaces in {budget_s} s without finding {ip} (budget spent)"
+    )]
+    BudgetSpent {
+        looked: usize,
+        of: usize,
+        budget_s: u64,
+        ip: IpAddr,
+    },
+    #[error(
+        "cannot enter other network namespaces to find {ip} ({source}: the agent needs CAP_SYS_ADMIN for setns; chart: verify.fromPods)"
+    )]
+    Denied { ip: IpAddr, source: std::io::Error },
+    #[error(
+        "no network namespace on this node has {ip} (looked at {looked}: the pod is gone, or its namespace is pinned where the agent cannot see it; chart: verify.fromPods mounts /var/run/netns)"
+    )]
+    NotFound { ip: IpAddr, looked: usize },
+    #[error(
+        "{n} network namespaces on this node have {ip} ({paths}): which is the pod's is not known"
+    )]
+    Ambiguous { n: usize, ip: IpAddr, paths: String },
+    #[error("{path}: {source}")]
+    Open {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{0} names another namespace now (the pod was replaced)")]
+    Replaced(PathBuf),
+    #[error("setns {path}: {source}")]
+    Enter {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path} no longer holds {ip}")]
+    Moved { path: PathBuf, ip: IpAddr },
+}
+
 /// The network namespace that holds `ip` on an interface (a pod's, by its IP), searched on a
 /// thread of its own. Errors say why none could be named (none holds it, two do, no
 /// permission to enter), for a `not_testable` answer.
-pub fn find_by_addr(ip: IpAddr) -> Result<Netns, String> {
+pub fn find_by_addr(ip: IpAddr) -> Result<Netns, NetnsError> {
     std::thread::Builder::new()
         .name("clb-netns-find".into())
         .spawn(move || search(ip))
-        .map_err(|e| format!("cannot start the namespace search: {e}"))?
+        .map_err(NetnsError::Thread)?
         .join()
-        .map_err(|_| "the namespace search panicked".to_string())?
+        .map_err(|_| NetnsError::Panicked)?
 }
 
-fn search(ip: IpAddr) -> Result<Netns, String> {
+fn search(ip: IpAddr) -> Result<Netns, NetnsError> {
     let own = std::fs::metadata("/proc/thread-self/ns/net")
         .ok()
         .map(|m| m.ino());
@@ -162,11 +206,12 @@ fn search(ip: IpAddr) -> Result<Netns, String> {
     let (mut found, mut denied, mut looked) = (Vec::new(), None, 0usize);
     for ns in &all {
         if started.elapsed() > SEARCH_BUDGET {
-            return Err(format!(
-                "looked at {looked} of {} network namespaces in {} s without finding {ip} (budget spent)",
-                all.len(),
-                SEARCH_BUDGET.as_secs()
-            ));
+            return Err(NetnsError::BudgetSpent {
+                looked,
+                of: all.len(),
+                budget_s: SEARCH_BUDGET.as_secs(),
+                ip,
+            });
         }
         let Ok(file) = File::open(&ns.path) else {
             continue;
@@ -182,20 +227,17 @@ fn search(ip: IpAddr) -> Result<Netns, String> {
     }
     match (found.len(), denied) {
         (1, _) => Ok(found.remove(0)),
-        (0, Some(e)) => Err(format!(
-            "cannot enter other network namespaces to find {ip} ({e}: the agent needs CAP_SYS_ADMIN for setns; chart: verify.fromPods)"
-        )),
-        (0, None) => Err(format!(
-            "no network namespace on this node has {ip} (looked at {looked}: the pod is gone, or its namespace is pinned where the agent cannot see it; chart: verify.fromPods mounts /var/run/netns)"
-        )),
-        (n, _) => Err(format!(
-            "{n} network namespaces on this node have {ip} ({}): which is the pod's is not known",
-            found
+        (0, Some(source)) => Err(NetnsError::Denied { ip, source }),
+        (0, None) => Err(NetnsError::NotFound { ip, looked }),
+        (n, _) => Err(NetnsError::Ambiguous {
+            n,
+            ip,
+            paths: found
                 .iter()
                 .map(|n| n.path.display().to_string())
                 .collect::<Vec<_>>()
-                .join(", ")
-        )),
+                .join(", "),
+        }),
     }
 }
 
@@ -205,28 +247,34 @@ pub fn run_in<T: Send + 'static>(
     ns: &Netns,
     ip: IpAddr,
     f: impl FnOnce() -> T + Send + 'static,
-) -> Result<T, String> {
+) -> Result<T, NetnsError> {
     let ns = ns.clone();
     std::thread::Builder::new()
         .name("clb-netns-call".into())
         .spawn(move || {
-            let file = File::open(&ns.path).map_err(|e| format!("{}: {e}", ns.path.display()))?;
+            let file = File::open(&ns.path).map_err(|source| NetnsError::Open {
+                path: ns.path.clone(),
+                source,
+            })?;
             let inode = file.metadata().map(|m| m.ino()).unwrap_or(0);
             if inode != ns.inode {
-                return Err(format!(
-                    "{} names another namespace now (the pod was replaced)",
-                    ns.path.display()
-                ));
+                return Err(NetnsError::Replaced(ns.path.clone()));
             }
-            enter(&file).map_err(|e| format!("setns {}: {e}", ns.path.display()))?;
+            enter(&file).map_err(|source| NetnsError::Enter {
+                path: ns.path.clone(),
+                source,
+            })?;
             if !has_addr_here(ip) {
-                return Err(format!("{} no longer holds {ip}", ns.path.display()));
+                return Err(NetnsError::Moved {
+                    path: ns.path.clone(),
+                    ip,
+                });
             }
             Ok(f())
         })
-        .map_err(|e| format!("cannot start the namespace thread: {e}"))?
+        .map_err(NetnsError::Thread)?
         .join()
-        .map_err(|_| "the namespace thread panicked".to_string())?
+        .map_err(|_| NetnsError::Panicked)?
 }
 
 #[cfg(test)]
@@ -276,9 +324,9 @@ mod tests {
             "found {found:?}, not {}",
             ns.name(0)
         );
-        assert_eq!(run_in(&found, ip, move || has_addr_here(ip)), Ok(true));
+        assert!(run_in(&found, ip, move || has_addr_here(ip)).unwrap());
         assert!(!has_addr_here(ip), "the caller's thread never moved");
         let err = find_by_addr(IpAddr::from([192, 0, 2, 78])).unwrap_err();
-        assert!(err.contains("no network namespace"), "{err}");
+        assert!(err.to_string().contains("no network namespace"), "{err}");
     }
 }
