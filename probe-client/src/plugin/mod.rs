@@ -297,7 +297,29 @@ fn daemonset_owned(pod: &Pod) -> bool {
 /// The agent pod to exec into on `node`: the Running one in `namespace` carrying
 /// [`AGENT_LABEL`] and controlled by a DaemonSet. Pods elsewhere, or not a DaemonSet's, are
 /// never chosen, whatever their labels (a tenant may label its own pods anything).
-pub fn agent_pod(pods: &[Pod], namespace: &str, node: &str) -> Result<(String, String), String> {
+/// Why no agent pod could be chosen on a node.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AgentPodError {
+    #[error(
+        "no clb-probe agent pod on node {node} in namespace {namespace} (DaemonSet pods labelled {label}); is the DaemonSet scheduled there? (-n NAMESPACE if the agent runs in another namespace)",
+        label = format!("{}={}", AGENT_LABEL.0, AGENT_LABEL.1)
+    )]
+    None { node: String, namespace: String },
+    #[error("the clb-probe pod on node {node} is not Running ({pods})")]
+    NotRunning { node: String, pods: String },
+    #[error("{n} clb-probe pods run on node {node} ({pods}); delete the stale one")]
+    Several {
+        n: usize,
+        node: String,
+        pods: String,
+    },
+}
+
+pub fn agent_pod(
+    pods: &[Pod],
+    namespace: &str,
+    node: &str,
+) -> Result<(String, String), AgentPodError> {
     let on_node: Vec<&Pod> = pods
         .iter()
         .filter(|p| {
@@ -325,30 +347,27 @@ pub fn agent_pod(pods: &[Pod], namespace: &str, node: &str) -> Result<(String, S
             p.metadata.name.clone().unwrap_or_default(),
         )
     };
+    let names = |pods: &[&Pod]| {
+        pods.iter()
+            .map(|p| format!("{}/{}", name(p).0, name(p).1))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     match running.as_slice() {
         [one] => Ok(name(one)),
-        [] if on_node.is_empty() => Err(format!(
-            "no clb-probe agent pod on node {node} in namespace {namespace} (DaemonSet pods \
-             labelled {}={}); is the DaemonSet scheduled there? (-n NAMESPACE if the agent runs \
-             in another namespace)",
-            AGENT_LABEL.0, AGENT_LABEL.1
-        )),
-        [] => Err(format!(
-            "the clb-probe pod on node {node} is not Running ({})",
-            on_node
-                .iter()
-                .map(|p| format!("{}/{}", name(p).0, name(p).1))
-                .collect::<Vec<_>>()
-                .join(", ")
-        )),
-        many => Err(format!(
-            "{} clb-probe pods run on node {node} ({}); delete the stale one",
-            many.len(),
-            many.iter()
-                .map(|p| format!("{}/{}", name(p).0, name(p).1))
-                .collect::<Vec<_>>()
-                .join(", ")
-        )),
+        [] if on_node.is_empty() => Err(AgentPodError::None {
+            node: node.to_owned(),
+            namespace: namespace.to_owned(),
+        }),
+        [] => Err(AgentPodError::NotRunning {
+            node: node.to_owned(),
+            pods: names(&on_node),
+        }),
+        many => Err(AgentPodError::Several {
+            n: many.len(),
+            node: node.to_owned(),
+            pods: names(many),
+        }),
     }
 }
 

@@ -136,11 +136,15 @@ fn the_agent_pod_is_the_running_one_on_the_node() {
     );
     let none = agent_pod(&pods, "clb-probe", "node-z").unwrap_err();
     assert!(
-        none.contains("no clb-probe agent pod on node node-z"),
+        none.to_string()
+            .contains("no clb-probe agent pod on node node-z"),
         "{none}"
     );
     let not_running = agent_pod(&pods[..1], "clb-probe", "node-a").unwrap_err();
-    assert!(not_running.contains("not Running"), "{not_running}");
+    assert!(
+        not_running.to_string().contains("not Running"),
+        "{not_running}"
+    );
     let two = [
         pods[1].clone(),
         pod("clb-probe", "clb-probe-z", "node-a", "Running", true),
@@ -148,6 +152,7 @@ fn the_agent_pod_is_the_running_one_on_the_node() {
     assert!(
         agent_pod(&two, "clb-probe", "node-a")
             .unwrap_err()
+            .to_string()
             .contains("2 clb-probe pods")
     );
 }

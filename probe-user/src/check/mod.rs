@@ -243,7 +243,7 @@ fn read(
 /// Why `--as` cannot run: a usage error (exit 2) or the node could not be read (exit 1).
 #[derive(Debug)]
 pub enum AsError {
-    Usage(String),
+    Usage(readiness::AsUsage),
     Node(anyhow::Error),
 }
 

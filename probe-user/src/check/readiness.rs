@@ -58,23 +58,26 @@ use probe_contract::readiness::{Change, Exposure, Prediction};
 /// The modes `--as` predicts.
 pub const TARGETS: &[Mode] = &[Mode::Nftables];
 
+/// Why `--as MODE` is a usage error (exit 2).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AsUsage {
+    #[error("--as {0}: only `--as nftables` is predicted (the move off IPVS mode)")]
+    NotPredicted(String),
+    #[error("--as {0}: this node already runs kube-proxy in {0} mode")]
+    Already(String),
+    #[error("--as {0}: this node runs no kube-proxy (dataplane none): nothing to predict")]
+    NoKubeProxy(String),
+}
+
 /// Checks `--as MODE` against the node's mode: the one-line error of exit 2.
-pub fn validate(target: &str, current: Option<Mode>) -> Result<Mode, String> {
+pub fn validate(target: &str, current: Option<Mode>) -> Result<Mode, AsUsage> {
     let mode = match target {
         "nftables" => Mode::Nftables,
-        other => {
-            return Err(format!(
-                "--as {other}: only `--as nftables` is predicted (the move off IPVS mode)"
-            ));
-        }
+        other => return Err(AsUsage::NotPredicted(other.to_owned())),
     };
     match current {
-        Some(m) if m == mode => Err(format!(
-            "--as {target}: this node already runs kube-proxy in {target} mode"
-        )),
-        Some(Mode::None) => Err(format!(
-            "--as {target}: this node runs no kube-proxy (dataplane none): nothing to predict"
-        )),
+        Some(m) if m == mode => Err(AsUsage::Already(target.to_owned())),
+        Some(Mode::None) => Err(AsUsage::NoKubeProxy(target.to_owned())),
         _ => Ok(mode),
     }
 }

@@ -312,7 +312,9 @@ fn as_takes_nftables_only_and_not_on_a_node_already_there() {
         ),
         ("nftables", Some(Mode::None), "runs no kube-proxy"),
     ] {
-        let e = readiness::validate(target, current).unwrap_err();
+        let e = readiness::validate(target, current)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains(needle), "{target} {current:?}: {e}");
         assert!(!e.contains('\n'), "one line: {e}");
     }
