@@ -272,7 +272,10 @@ pub(super) fn host_listener_line(p: &Packet) -> String {
 }
 
 /// The socket that serves a host-listener hairpin's port (sock_diag).
-pub(super) fn listener_line(p: &Packet, answer: &Result<Option<Listener>, String>) -> String {
+pub(super) fn listener_line(
+    p: &Packet,
+    answer: &Result<Option<Listener>, crate::state::ReadFailed>,
+) -> String {
     let at = format!("{}/{}", sock(p.dst, p.dport), p.proto.as_str());
     match answer {
         Ok(Some(l)) => format!("listener of {at} on this node: {l}"),

@@ -165,7 +165,7 @@ impl Correlator {
     pub(super) fn on_listener(
         &mut self,
         t: &Tuple,
-        listener: Result<Option<Listener>, String>,
+        listener: Result<Option<Listener>, crate::state::ReadFailed>,
         out: &mut Vec<Output>,
     ) {
         let Some(f) = self.flows.get_mut(t) else {

@@ -108,7 +108,7 @@ pub(super) enum ListenerState {
     /// Asked (query id).
     Asked(u64),
     /// The answer: `Ok(None)`, nothing listens there now; `Err`, the look-up failed.
-    Known(Result<Option<Listener>, String>),
+    Known(Result<Option<Listener>, crate::state::ReadFailed>),
 }
 
 /// The egress record that explains a hairpin suspect, and how (layer 4 or 7).

@@ -114,20 +114,20 @@ pub enum Answer {
     /// failed.
     Listener {
         id: u64,
-        listener: Result<Option<Listener>, String>,
+        listener: Result<Option<Listener>, crate::state::ReadFailed>,
     },
     /// The answer to [`Query::SelfLoop`]: the conntrack look-up (an error as text) and what
     /// the node's ipsets, bridge and sysctls say.
     SelfLoop {
         id: u64,
-        conntrack: Result<Option<ConntrackEntry>, String>,
+        conntrack: Result<Option<ConntrackEntry>, crate::state::ReadFailed>,
         facts: SelfLoopFacts,
     },
     /// The answer to [`Query::Programmed`]: what the dataplane holds, or why it could not be
     /// read.
     Programmed {
         id: u64,
-        read: Result<DataplaneRead, String>,
+        read: Result<DataplaneRead, crate::state::ReadFailed>,
     },
 }
 

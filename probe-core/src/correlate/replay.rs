@@ -59,7 +59,7 @@ impl ScriptedAnswers {
                 read: self
                     .dataplane
                     .clone()
-                    .ok_or_else(|| "the recording holds no dataplane".to_string()),
+                    .ok_or_else(|| "the recording holds no dataplane".into()),
             },
             // Recordings hold no sockets: nothing listens.
             Query::Listener { id, .. } => Answer::Listener {

@@ -260,7 +260,10 @@ impl Correlator {
     pub(super) fn on_self_loop_answer(
         &mut self,
         flow: &Tuple,
-        answer: Option<(Result<Option<ConntrackEntry>, String>, SelfLoopFacts)>,
+        answer: Option<(
+            Result<Option<ConntrackEntry>, crate::state::ReadFailed>,
+            SelfLoopFacts,
+        )>,
         out: &mut Vec<Output>,
     ) {
         let Some(p) = self.self_loops.remove(flow) else {
@@ -270,7 +273,7 @@ impl Correlator {
         let (ct, facts) = match answer {
             Some((Ok(Some(e)), f)) => (Ct::Found(e), f),
             Some((Ok(None), f)) => (Ct::Missing, f),
-            Some((Err(e), f)) => (Ct::Failed(e), f),
+            Some((Err(e), f)) => (Ct::Failed(e.0), f),
             None => (Ct::Unanswered, SelfLoopFacts::default()),
         };
         // An answer un-NATed back to the pod and dropped at a bridge port is the loop even

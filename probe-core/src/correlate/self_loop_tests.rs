@@ -85,7 +85,7 @@ fn facts(loop_back_entry: Option<bool>, hairpin_mode: Option<bool>) -> SelfLoopF
 fn answer(
     c: &mut Correlator,
     q: &Query,
-    ct: Result<Option<ConntrackEntry>, String>,
+    ct: Result<Option<ConntrackEntry>, crate::state::ReadFailed>,
     f: SelfLoopFacts,
 ) -> Vec<Output> {
     c.answer(Answer::SelfLoop {
@@ -362,7 +362,7 @@ fn a_forged_self_addressed_packet_without_a_service_dnat_confirms_nothing() {
         e.orig.dst = ip("198.18.77.77");
         e
     };
-    let answers: [Result<Option<ConntrackEntry>, String>; 4] = [
+    let answers: [Result<Option<ConntrackEntry>, crate::state::ReadFailed>; 4] = [
         Ok(Some(forged(40020))),
         Ok(Some(forged(40021))),
         Ok(Some(not_a_service(40022))),

@@ -118,7 +118,7 @@ impl Correlator {
         &mut self,
         packet: &Packet,
         info: DropInfo,
-        read: Result<DataplaneRead, String>,
+        read: Result<DataplaneRead, crate::state::ReadFailed>,
         out: &mut Vec<Output>,
     ) {
         let key = (packet.dst, packet.dport, packet.proto);
@@ -155,7 +155,7 @@ impl Correlator {
         &mut self,
         packet: &Packet,
         info: DropInfo,
-        read: Result<DataplaneRead, String>,
+        read: Result<DataplaneRead, crate::state::ReadFailed>,
         out: &mut Vec<Output>,
     ) {
         let Ok(read) = read else { return };

@@ -11,6 +11,26 @@ pub mod iptables;
 
 use std::net::IpAddr;
 
+/// A reader of the node's state failed (a netlink error, a rule set that did not parse): the
+/// correlator gets the reader's message as the answer to its question, and cites it in the
+/// evidence. The readers' own errors are typed where they are raised (probe-user's `state`);
+/// the core needs only what to say.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{0}")]
+pub struct ReadFailed(pub String);
+
+impl From<String> for ReadFailed {
+    fn from(s: String) -> Self {
+        ReadFailed(s)
+    }
+}
+
+impl From<&str> for ReadFailed {
+    fn from(s: &str) -> Self {
+        ReadFailed(s.to_owned())
+    }
+}
+
 use probe_contract::Proto;
 use serde::{Deserialize, Serialize};
 

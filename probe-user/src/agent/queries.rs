@@ -44,7 +44,7 @@ pub(super) fn answer_query(
             tokio::task::spawn_blocking(move || {
                 let listener = state::sockets::listener(addr, port, proto).map_err(|e| {
                     debug!(error = %e, "listener look-up");
-                    e.to_string()
+                    state::ReadFailed(e.to_string())
                 });
                 let _ = tx.blocking_send(Answer::Listener { id, listener });
             });
@@ -73,7 +73,7 @@ pub(super) fn answer_query(
             tokio::task::spawn_blocking(move || {
                 let read = state::dataplane::programmed(mode, addr, port, proto).map_err(|e| {
                     debug!(error = %e, "dataplane read for a refused VIP port");
-                    e.to_string()
+                    state::ReadFailed(e.to_string())
                 });
                 let _ = tx.blocking_send(Answer::Programmed { id, read });
             });
@@ -89,8 +89,8 @@ pub(super) fn answer_query(
                     }
                     Err(error) => {
                         debug!(%error, "conntrack lookup");
-                        caps.set(Capability::Conntrack, false, &error);
-                        Answer::ConntrackFailed { id, error }
+                        caps.set(Capability::Conntrack, false, &error.0);
+                        Answer::ConntrackFailed { id, error: error.0 }
                     }
                 };
                 let _ = tx.blocking_send(answer);
@@ -114,7 +114,7 @@ fn answer_self_loop(
     caps: &Capabilities,
 ) -> Answer {
     let conntrack = if let Some(injected) = std::env::var_os(CONNTRACK_FAIL_ENV) {
-        Err(injected.to_string_lossy().into_owned())
+        Err(state::ReadFailed(injected.to_string_lossy().into_owned()))
     } else {
         state::conntrack::lookup_reply(&call.reversed())
             .and_then(|found| match found {
@@ -132,11 +132,11 @@ fn answer_self_loop(
                 .find(|e| state::conntrack::is_self_call(e, call))),
                 found => Ok(found),
             })
-            .map_err(|e| e.to_string())
+            .map_err(|e| state::ReadFailed(e.to_string()))
     };
     match &conntrack {
         Ok(_) => caps.set(Capability::Conntrack, true, ""),
-        Err(error) => caps.set(Capability::Conntrack, false, error),
+        Err(error) => caps.set(Capability::Conntrack, false, &error.0),
     };
     let (bridge_port, br_netfilter) = state::bridge::read(call.src, iface);
     let facts = state::SelfLoopFacts {
@@ -157,9 +157,11 @@ fn answer_self_loop(
 pub const CONNTRACK_FAIL_ENV: &str = "CLB_PROBE_TEST_CONNTRACK_ERROR";
 
 /// One conntrack look-up; errors as text (the correlator only reports them).
-fn lookup_conntrack(tuple: &state::Tuple) -> Result<Option<state::ConntrackEntry>, String> {
+fn lookup_conntrack(
+    tuple: &state::Tuple,
+) -> Result<Option<state::ConntrackEntry>, state::ReadFailed> {
     if let Some(injected) = std::env::var_os(CONNTRACK_FAIL_ENV) {
-        return Err(injected.to_string_lossy().into_owned());
+        return Err(state::ReadFailed(injected.to_string_lossy().into_owned()));
     }
-    state::conntrack::lookup(tuple).map_err(|e| e.to_string())
+    state::conntrack::lookup(tuple).map_err(|e| state::ReadFailed(e.to_string()))
 }
