@@ -152,7 +152,7 @@ pub struct ResolvedLoop {
 
 /// The object's name for `node`: the node's own name, checked to be one the API accepts (a
 /// DNS subdomain). The agent never writes any other object: the name comes from here only.
-pub fn object_name(node: &str) -> Result<String, String> {
+pub fn object_name(node: &str) -> Result<String, InvalidNodeName> {
     let ok = !node.is_empty()
         && node.len() <= 253
         && node.split('.').all(|label| {
@@ -166,12 +166,26 @@ pub fn object_name(node: &str) -> Result<String, String> {
     if ok {
         Ok(node.to_string())
     } else {
-        Err(format!(
-            "node name {node:?} is not a valid object name (lowercase DNS subdomain): no \
-             LoopbackReport is written"
-        ))
+        Err(InvalidNodeName(node.to_string()))
     }
 }
+
+/// A node name the API would not accept as an object's name: no LoopbackReport is written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InvalidNodeName(pub String);
+
+impl std::fmt::Display for InvalidNodeName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "node name {:?} is not a valid object name (lowercase DNS subdomain): no \
+             LoopbackReport is written",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for InvalidNodeName {}
 
 /// RFC 3339 of a Unix time in seconds.
 pub fn rfc3339(unix_secs: i64) -> String {
@@ -198,7 +212,10 @@ mod tests {
         );
         for bad in ["", "Node-A", "a/b", "-a", "a..b", "../x", "a b"] {
             let e = object_name(bad).unwrap_err();
-            assert!(e.contains("not a valid object name"), "{bad}: {e}");
+            assert!(
+                e.to_string().contains("not a valid object name"),
+                "{bad}: {e}"
+            );
         }
     }
 

@@ -84,37 +84,33 @@ pub fn pod_testable(kind: LoopbackKind) -> bool {
 /// counts once; more than [`MAX_KINDS`] names is an error before any is read), or, when
 /// empty, the node-testable kinds and the health checks (`service_self_loop` only when
 /// named: never testable from the node; a pod that had it is tested for it, [`plan`]).
-pub fn kinds(requested: &[String]) -> Result<Vec<LoopbackKind>, String> {
+pub fn kinds(requested: &[String]) -> Result<Vec<LoopbackKind>, KindsError> {
     if requested.is_empty() {
         let mut all = node_testable();
         all.push(LoopbackKind::HealthcheckBlackhole);
         return Ok(all);
     }
     if requested.len() > MAX_KINDS {
-        return Err(format!(
-            "spec.kinds names {} kinds; at most {MAX_KINDS} (there are {})",
-            requested.len(),
-            ALL_KINDS.len()
-        ));
+        return Err(KindsError::TooMany(requested.len()));
     }
     let mut out: Vec<LoopbackKind> = Vec::new();
     for k in requested {
-        let kind = ALL_KINDS
-            .iter()
-            .copied()
-            .find(|known| known.as_str() == k)
-            .ok_or_else(|| {
-                format!(
-                    "unknown kind {:?} (known: {})",
-                    crate::untrusted::text(k, 64),
-                    ALL_KINDS.map(LoopbackKind::as_str).join(", ")
-                )
-            })?;
+        let kind = LoopbackKind::parse(k)
+            .ok_or_else(|| KindsError::Unknown(crate::untrusted::text(k, 64)))?;
         if !out.contains(&kind) {
             out.push(kind);
         }
     }
     Ok(out)
+}
+
+/// Why a request's `spec.kinds` is refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum KindsError {
+    #[error("spec.kinds names {0} kinds; at most {MAX_KINDS} (there are {n})", n = ALL_KINDS.len())]
+    TooMany(usize),
+    #[error("unknown kind {0:?} (known: {known})", known = ALL_KINDS.map(LoopbackKind::as_str).join(", "))]
+    Unknown(String),
 }
 
 /// Where a test's connections are made from.

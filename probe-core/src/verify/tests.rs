@@ -312,7 +312,7 @@ fn kinds_are_deduplicated_and_bounded_and_so_is_the_answer() {
     let repeated = vec!["hairpin".to_string(); probe_contract::verify::MAX_KINDS];
     assert_eq!(kinds(&repeated).unwrap(), vec![LoopbackKind::Hairpin]);
     let flood = vec!["hairpin".to_string(); 140_000];
-    assert!(kinds(&flood).unwrap_err().contains("at most"));
+    assert!(kinds(&flood).unwrap_err().to_string().contains("at most"));
     let many: Vec<_> = (0..1000)
         .map(|i| VerifyResult {
             kind: "hairpin".into(),
@@ -351,6 +351,7 @@ fn requested_kinds_are_read_and_an_unknown_one_is_an_error() {
     assert!(
         kinds(&["loop".into()])
             .unwrap_err()
+            .to_string()
             .contains("unknown kind")
     );
     assert!(!kinds(&[]).unwrap().contains(&LoopbackKind::ServiceSelfLoop));

@@ -238,10 +238,13 @@ async fn answer_requests(
         let service = r.spec.service.key();
         write(&api, &r.name, &tester.node, &entry).await;
         let planned = if !allowed {
-            Err("this agent runs with --verify off".to_owned())
+            Err(Refusal::Off)
         } else if let Err(limit) = limits.admit(&r.requester, Instant::now()) {
             tester.shared.test_traffic.count_rate_limited(limit);
-            Err(limit.message(&r.requester))
+            Err(Refusal::RateLimited {
+                limit,
+                requester: r.requester.clone(),
+            })
         } else {
             // A request that arrives while the agent starts is planned once its API cache is
             // synced (within SYNC_WAIT), not refused for a Service it has not read yet.
@@ -252,7 +255,7 @@ async fn answer_requests(
         match planned {
             Err(why) => {
                 entry.phase = Phase::Refused;
-                entry.message = why;
+                entry.message = why.to_string();
             }
             Ok(p) => {
                 info!(request = %r.name, %service, tests = p.tests.len(), "verify: testing");
@@ -281,21 +284,36 @@ pub struct Plan {
     pub proxy_protocol: HashSet<(IpAddr, u16)>,
 }
 
+/// Why this node answers a request `refused` (its entry's message).
+#[derive(Debug, thiserror::Error)]
+enum Refusal {
+    #[error("this agent runs with --verify off")]
+    Off,
+    #[error("{}", .limit.message(.requester))]
+    RateLimited {
+        limit: crate::verify::rate::Limit,
+        requester: String,
+    },
+    #[error(transparent)]
+    Kinds(#[from] crate::verify::KindsError),
+    #[error(
+        "Service {key} is not in this agent's API cache (it does not exist, or the agent cannot list Services{})",
+        if *.synced { "" } else { "; its cache is not synced yet" }
+    )]
+    NotInCache { key: String, synced: bool },
+}
+
 /// The Service's targets, this node's loops of it and the kinds asked for, or why this node
 /// will not test.
-fn plan(tester: &Tester, spec: &VerificationSpec) -> Result<Plan, String> {
+fn plan(tester: &Tester, spec: &VerificationSpec) -> Result<Plan, Refusal> {
     let kinds = kinds(&spec.kinds)?;
     let index = tester.index.borrow().clone();
     let key = spec.service.key();
     let Some(svc) = index.services().find(|s| s.key() == key) else {
-        return Err(format!(
-            "Service {key} is not in this agent's API cache (it does not exist, or the agent cannot list Services{})",
-            if index.synced {
-                ""
-            } else {
-                "; its cache is not synced yet"
-            }
-        ));
+        return Err(Refusal::NotInCache {
+            key,
+            synced: index.synced,
+        });
     };
     let service_targets = targets(svc);
     let loops = tester

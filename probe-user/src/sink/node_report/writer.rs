@@ -317,7 +317,10 @@ pub struct ReportWriter {
 
 impl ReportWriter {
     /// Err: `node` is not a valid object name (nothing is ever written then).
-    pub fn new(client: Client, node: &str) -> Result<ReportWriter, String> {
+    pub fn new(
+        client: Client,
+        node: &str,
+    ) -> Result<ReportWriter, probe_contract::report::InvalidNodeName> {
         Ok(ReportWriter {
             reports: Api::all_with(client.clone(), &report_resource()),
             nodes: Api::all(client),
