@@ -86,3 +86,58 @@ fn the_agents_readers_rules_and_attribution_do_not_use_the_plugins_crate() {
     }
     assert!(offenders.is_empty(), "{offenders:#?}");
 }
+
+/// Issue #50: errors are typed per domain (thiserror), never a bare `String`, in the product's
+/// crates (tests may use what they like).
+#[test]
+fn the_product_returns_no_string_errors() {
+    let mut offenders = Vec::new();
+    for krate in ["probe-contract", "probe-core", "probe-client", "probe-user"] {
+        for file in sources(&root().join(krate).join("src")) {
+            let name = file.to_string_lossy();
+            if name.ends_with("_tests.rs") || name.ends_with("/tests.rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&file).unwrap();
+            // Up to the first `#[cfg(test)] mod`: the product's code, not its unit tests.
+            let product = text.split("#[cfg(test)]\nmod ").next().unwrap_or_default();
+            for (i, line) in product.lines().enumerate() {
+                let code = line.split("//").next().unwrap_or_default();
+                if result_errors(code).any(|e| e == "String") {
+                    offenders.push(format!("{name}:{}: {}", i + 1, line.trim()));
+                }
+            }
+        }
+    }
+    assert!(offenders.is_empty(), "{offenders:#?}");
+}
+
+/// The error type of each `Result<T, E>` on `line` (its last top-level argument), as written.
+fn result_errors(line: &str) -> impl Iterator<Item = String> + '_ {
+    line.match_indices("Result<").filter_map(|(at, _)| {
+        let rest = &line[at + "Result<".len()..];
+        let (mut depth, mut last_comma) = (0i32, None);
+        for (i, c) in rest.char_indices() {
+            match c {
+                '<' | '(' | '[' => depth += 1,
+                '>' | ')' | ']' if depth > 0 => depth -= 1,
+                '>' => return last_comma.map(|c: usize| rest[c + 1..i].trim().to_string()),
+                ',' if depth == 0 => last_comma = Some(i),
+                _ => {}
+            }
+        }
+        None
+    })
+}
+
+#[test]
+fn a_results_error_type_is_its_last_top_level_argument() {
+    let errors = |l: &str| result_errors(l).collect::<Vec<_>>();
+    assert_eq!(errors("fn a() -> Result<Vec<u8>, String> {"), ["String"]);
+    assert_eq!(
+        errors("x: Result<Option<(u8, u16)>, BTreeMap<String, String>>,"),
+        ["BTreeMap<String, String>"]
+    );
+    assert!(errors("service: Option<BTreeMap<String, String>>,").is_empty());
+    assert_eq!(errors("anyhow::Result<String>"), Vec::<String>::new());
+}

@@ -117,13 +117,31 @@ pub struct ReplayResult {
     pub stats: CorrelatorStats,
 }
 
+/// Where a replay's result differs from its expectation, one line each.
+#[derive(Debug, thiserror::Error)]
+#[error("{}", .0.join("\n"))]
+pub struct Mismatches(pub Vec<String>);
+
+/// A line of a recording that is not a [`KernelEvent`].
+#[derive(Debug, thiserror::Error)]
+#[error("line {line}: {source}")]
+pub struct BadLine {
+    pub line: usize,
+    pub source: serde_json::Error,
+}
+
 /// Parses JSON lines of [`KernelEvent`]s; blank lines are skipped.
-pub fn parse_events(jsonl: &str) -> Result<Vec<KernelEvent>, String> {
+pub fn parse_events(jsonl: &str) -> Result<Vec<KernelEvent>, BadLine> {
     jsonl
         .lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(i, l)| serde_json::from_str(l).map_err(|e| format!("line {}: {e}", i + 1)))
+        .map(|(i, l)| {
+            serde_json::from_str(l).map_err(|source| BadLine {
+                line: i + 1,
+                source,
+            })
+        })
         .collect()
 }
 
@@ -222,7 +240,7 @@ pub fn report_json(r: &Confirmation) -> Value {
 /// be equal (others are not checked), plus `evidence_contains` / `remedy_contains`: strings
 /// each of which must occur in some line. `stats` fields must be equal (objects compared
 /// field by field).
-pub fn check(res: &ReplayResult, expect: &Value) -> Result<(), String> {
+pub fn check(res: &ReplayResult, expect: &Value) -> Result<(), Mismatches> {
     let mut errs = Vec::new();
     if let Some(want) = expect.get("reports").and_then(Value::as_array) {
         if want.len() != res.reports.len() {
@@ -271,7 +289,7 @@ pub fn check(res: &ReplayResult, expect: &Value) -> Result<(), String> {
     if errs.is_empty() {
         Ok(())
     } else {
-        Err(errs.join("\n"))
+        Err(Mismatches(errs))
     }
 }
 

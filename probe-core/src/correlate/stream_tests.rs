@@ -121,7 +121,7 @@ fn check_reports_mismatches() {
     expect["reports"][0]["outcome"] = "reset".into();
     expect["reports"][0]["evidence_contains"] = serde_json::json!(["no such line"]);
     expect["stats"]["drops_seen"] = 99.into();
-    let err = replay::check(&res, &expect).unwrap_err();
+    let err = replay::check(&res, &expect).unwrap_err().to_string();
     assert!(err.contains("reports[0].outcome"), "{err}");
     assert!(err.contains("no such line"), "{err}");
     assert!(err.contains("stats.drops_seen"), "{err}");
@@ -129,6 +129,7 @@ fn check_reports_mismatches() {
     assert!(
         replay::check(&res, &expect)
             .unwrap_err()
+            .to_string()
             .contains("expected 1 reports, got 2")
     );
 }

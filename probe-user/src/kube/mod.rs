@@ -86,17 +86,17 @@ pub enum KubeSource {
 impl KubeArgs {
     /// The configuration attribution uses, None when it is off. `Err` is a usage error (one
     /// line): `on` without a configuration, or a `--kubeconfig` that does not exist.
-    pub fn source(&self) -> Result<Option<KubeSource>, String> {
+    pub fn source(&self) -> Result<Option<KubeSource>, SourceError> {
         self.source_with(std::path::Path::new(SERVICE_ACCOUNT_TOKEN).exists())
     }
 
-    fn source_with(&self, token_mounted: bool) -> Result<Option<KubeSource>, String> {
+    fn source_with(&self, token_mounted: bool) -> Result<Option<KubeSource>, SourceError> {
         if self.kube_attribution == Attribution::Off {
             return Ok(None);
         }
         if let Some(path) = &self.kubeconfig {
             if !path.is_file() {
-                return Err(format!("--kubeconfig {}: no such file", path.display()));
+                return Err(SourceError::NoKubeconfig(path.clone()));
             }
             return Ok(Some(KubeSource::Kubeconfig(path.clone())));
         }
@@ -104,13 +104,21 @@ impl KubeArgs {
             return Ok(Some(KubeSource::InCluster));
         }
         match self.kube_attribution {
-            Attribution::On => Err(format!(
-                "--kube-attribution on: no API access configured (no --kubeconfig, no in-cluster \
-                 token at {SERVICE_ACCOUNT_TOKEN})"
-            )),
+            Attribution::On => Err(SourceError::NoAccess),
             _ => Ok(None),
         }
     }
+}
+
+/// Why the API access asked for cannot be configured (a usage error, one line).
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SourceError {
+    #[error("--kubeconfig {}: no such file", .0.display())]
+    NoKubeconfig(PathBuf),
+    #[error(
+        "--kube-attribution on: no API access configured (no --kubeconfig, no in-cluster token at {SERVICE_ACCOUNT_TOKEN})"
+    )]
+    NoAccess,
 }
 
 /// A client for `source` (reads the kubeconfig or the in-cluster files; sends nothing).
@@ -188,7 +196,7 @@ mod tests {
             kube_attribution: Attribution::On,
             ..Default::default()
         };
-        let error = on.source_with(false).unwrap_err();
+        let error = on.source_with(false).unwrap_err().to_string();
         assert!(
             error.starts_with("--kube-attribution on: no API access"),
             "{error}"
@@ -202,6 +210,7 @@ mod tests {
             missing
                 .source_with(false)
                 .unwrap_err()
+                .to_string()
                 .contains("no such file")
         );
         let file = std::env::temp_dir().join(format!("kubeconfig-unit-{}", std::process::id()));

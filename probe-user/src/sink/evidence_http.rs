@@ -27,15 +27,13 @@ pub struct EvidenceAccess {
 
 impl EvidenceAccess {
     /// The token, when one is configured and readable.
-    fn token(&self) -> Result<Vec<u8>, String> {
+    fn token(&self) -> Result<Vec<u8>, EvidenceOff> {
         let Some(path) = &self.token_file else {
-            return Err("GET /evidence is off on this agent: it runs without --evidence-token-file (SECURITY.md, \"Evidence\")\n".into());
+            return Err(EvidenceOff::NoFlag);
         };
-        let off = |why: &str| {
-            format!(
-                "GET /evidence is off on this agent: {why} {} (create Secret {TOKEN_SECRET} with key {TOKEN_KEY} in the agent's namespace; SECURITY.md, \"Evidence\")\n",
-                path.display()
-            )
+        let off = |why: &'static str| EvidenceOff::NoToken {
+            why,
+            path: path.clone(),
         };
         let mut buf = Vec::new();
         let file = std::fs::File::open(path).map_err(|_| off("no token at"))?;
@@ -55,7 +53,13 @@ impl EvidenceAccess {
     fn refuse(&self, headers: &hyper::HeaderMap) -> Option<Reply> {
         let token = match self.token() {
             Ok(t) => t,
-            Err(why) => return Some((StatusCode::FORBIDDEN, "text/plain", Bytes::from(why))),
+            Err(why) => {
+                return Some((
+                    StatusCode::FORBIDDEN,
+                    "text/plain",
+                    Bytes::from(format!("{why}\n")),
+                ));
+            }
         };
         let given = headers
             .get(TOKEN_HEADER)
@@ -72,6 +76,23 @@ impl EvidenceAccess {
             )),
         ))
     }
+}
+
+/// Why `/evidence` is off: the 403's text.
+#[derive(Debug, thiserror::Error)]
+enum EvidenceOff {
+    #[error(
+        "GET /evidence is off on this agent: it runs without --evidence-token-file (SECURITY.md, \"Evidence\")"
+    )]
+    NoFlag,
+    #[error(
+        "GET /evidence is off on this agent: {why} {} (create Secret {TOKEN_SECRET} with key {TOKEN_KEY} in the agent's namespace; SECURITY.md, \"Evidence\")",
+        .path.display()
+    )]
+    NoToken {
+        why: &'static str,
+        path: std::path::PathBuf,
+    },
 }
 
 /// Equal bytes, in a time that does not depend on where they differ.
@@ -160,7 +181,7 @@ fn unix_offset_ns() -> i128 {
 mod access_tests {
     use super::*;
 
-    fn with_token(value: Option<&str>) -> Result<Vec<u8>, String> {
+    fn with_token(value: Option<&str>) -> Result<Vec<u8>, EvidenceOff> {
         let dir = std::env::temp_dir().join(format!("clb-evidence-token-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join(format!("t{}", value.map_or(0, str::len)));
@@ -176,12 +197,18 @@ mod access_tests {
 
     #[test]
     fn no_flag_no_file_or_an_empty_or_huge_file_is_off_and_a_token_is_trimmed() {
-        let off = EvidenceAccess::default().token().unwrap_err();
+        let off = EvidenceAccess::default().token().unwrap_err().to_string();
         assert!(off.contains("--evidence-token-file"), "{off}");
-        assert!(with_token(None).unwrap_err().contains("no token at"));
+        assert!(
+            with_token(None)
+                .unwrap_err()
+                .to_string()
+                .contains("no token at")
+        );
         assert!(
             with_token(Some(" \n"))
                 .unwrap_err()
+                .to_string()
                 .contains("no usable token")
         );
         let huge = "x".repeat(TOKEN_MAX_BYTES + 1);

@@ -344,12 +344,29 @@ struct Rule<'a> {
     comment: Option<Cow<'a, str>>,
 }
 
+/// Why `nft -j` text was not read.
+#[derive(Debug, thiserror::Error)]
+pub enum NftJsonError {
+    #[error("{0}")]
+    Doc(serde_json::Error),
+    #[error("rule of chain {chain}: {source}")]
+    Rule {
+        chain: String,
+        source: serde_json::Error,
+    },
+    #[error("map {name}: {source}")]
+    Map {
+        name: String,
+        source: serde_json::Error,
+    },
+}
+
 /// Parses `nft -j list table <family> kube-proxy` (or `nft -j list ruleset`: objects of other
 /// tables are skipped unread). Fails only when the text is not libnftables JSON (or a
 /// kube-proxy rule or map is not shaped as libnftables writes one); anything inside that is not
 /// shaped as kube-proxy writes it is skipped. Typed and borrowed ([`nft_json`]): no JSON tree.
-pub fn parse_nft_json(text: &str) -> Result<ServiceTable, String> {
-    let doc: nft_json::Doc<'_> = serde_json::from_str(text).map_err(|e| e.to_string())?;
+pub fn parse_nft_json(text: &str) -> Result<ServiceTable, NftJsonError> {
+    let doc: nft_json::Doc<'_> = serde_json::from_str(text).map_err(NftJsonError::Doc)?;
     let mut rules: Vec<Rule<'_>> = Vec::new();
     let mut maps: HashMap<&str, Vec<(nft_json::ElemKey<'_>, nft_json::Verdict<'_>)>> =
         HashMap::new();
@@ -362,8 +379,10 @@ pub fn parse_nft_json(text: &str) -> Result<ServiceTable, String> {
             rules.push(Rule {
                 chain: r.chain.clone(),
                 family: r.family.clone().unwrap_or(Cow::Borrowed("ip")),
-                expr: nft_json::exprs(raw)
-                    .map_err(|e| format!("rule of chain {}: {e}", r.chain))?,
+                expr: nft_json::exprs(raw).map_err(|source| NftJsonError::Rule {
+                    chain: r.chain.to_string(),
+                    source,
+                })?,
                 comment: r.comment.clone(),
             });
         } else if let Some(m) = &o.map {
@@ -376,7 +395,10 @@ pub fn parse_nft_json(text: &str) -> Result<ServiceTable, String> {
                 continue;
             }
             if let Some(raw) = m.elem {
-                let elems = nft_json::elements(raw).map_err(|e| format!("map {}: {e}", m.name))?;
+                let elems = nft_json::elements(raw).map_err(|source| NftJsonError::Map {
+                    name: m.name.to_string(),
+                    source,
+                })?;
                 maps.insert(m.name.as_ref(), elems);
             }
         }
