@@ -1,7 +1,7 @@
 //! Exclusive use of the lab across processes: the lock, and the guard that brings the lab up
 //! and always tears it down.
 
-use super::*;
+use super::{Context, KubeProxyMode, Lab, Result, UpOptions, Variants, bail};
 
 /// The lock file that serializes users of the (one, fixed) lab across processes.
 /// (`/run/clb-lab.lock` itself is left to people who wrap whole test runs in `flock`.)

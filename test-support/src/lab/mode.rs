@@ -1,6 +1,8 @@
 //! How kube-proxy programs the lab node's services: the modes the lab can build.
 
-use super::*;
+use super::{
+    CLUSTER_IP, MODE_ENV, NODE_IP, NODE_PORT, Result, SERVICE_PORT, SocketAddrV4, VIP, bail, fmt,
+};
 
 /// How kube-proxy programs the node's services.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, clap::ValueEnum)]

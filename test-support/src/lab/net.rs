@@ -13,7 +13,11 @@ use super::kube_proxy::{
 };
 use super::servers::{start_server, start_udp_server, wait_listening, wait_udp_bound};
 use super::switch::set_variants_in;
-use super::*;
+use super::{
+    CLUSTER_IP, FAIL_AFTER_ENV, KUBE_IPVS0, KubeProxyMode, MODE_ENV, NAMESPACES, NODE_NIC,
+    NS_CLIENT, NS_LB, NS_NODE, NS_PEER, NS_POD_A, NS_POD_B, POD_BRIDGE, POD_CIDR, SERVERS,
+    UpOptions, Variants,
+};
 
 /// The steps of `up`, in order (names accepted by [`UpOptions::fail_after`]).
 pub const UP_STEPS: &[&str] = &[

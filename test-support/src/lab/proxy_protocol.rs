@@ -13,7 +13,9 @@ use anyhow::{Context, Result, bail};
 
 use super::cmd::{restore_rules, run_detached};
 use super::servers::{SERVER_TAG, wait_listening};
-use super::*;
+use super::{
+    Attempt, KubeProxyMode, NS_NODE, NS_POD_B, Outcome, POD_B_IP, VIP, in_netns, kube_proxy,
+};
 
 /// The LB IP's port of `default/ingress:https`, and pod B's backend port behind it.
 pub const PROXY_PROTOCOL_PORT: u16 = 9443;

@@ -1,7 +1,12 @@
 //! The scenarios: the failures of DOMAIN.md and their healthy twins, how each drives its
 //! traffic, what it must come to, and what a run of one saw.
 
-use super::*;
+use super::{
+    Attempt, CLUSTER_IP, Context, Ipv4Addr, KubeProxyMode, NODE_IP, NODE_PORT, NS_CLIENT, NS_LB,
+    NS_NODE, NS_PEER, NS_POD_A, NS_POD_B, POD_B_IP, POD_PORT, Result, SERVICE_PORT, SocketAddrV4,
+    VIP, VIP_ETP_CLUSTER_PORT, VIP_ETP_LOCAL_PORT, VIP_HOST_LISTENER_PORT, VIP_NO_GUARD_PORT,
+    VIP_TO_POD_PORT, VIP_UDP_PORT, VIP_UNSERVED_PORT, Variant, Variants, fmt,
+};
 
 /// What a TCP client saw.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

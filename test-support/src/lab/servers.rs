@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 use super::cmd::{exec, run_detached};
-use super::*;
+use super::{HOST_LISTENER_PORT, NODE_PORT, NS_NODE, NS_PEER, NS_POD_B, PEER_TLS_PORT, POD_PORT};
 
 /// A server the lab runs: (namespace, port, name it answers with).
 pub const SERVERS: &[(&str, u16, &str)] = &[

@@ -1,6 +1,6 @@
 //! What of the lab exists: `status` and the leftovers after `down`.
 
-use super::*;
+use super::{Context, KubeProxyMode, NAMESPACES, Result, Variants, cmd, fmt, net, servers};
 
 /// What `status` found.
 #[derive(Debug, Clone, PartialEq, Eq)]

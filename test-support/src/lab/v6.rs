@@ -14,7 +14,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 use super::cmd::{exec, ip, neigh_permanent, restore_rules, sysctl};
-use super::*;
+use super::{
+    KUBE_EXT_CHAIN, KUBE_IPVS0, KUBE_SEP_CHAIN, KUBE_SVC_CHAIN, KubeProxyMode, Lab, NAMESPACES,
+    NODE_NIC, NODE_PORT, NS_CLIENT, NS_LB, NS_NODE, NS_PEER, NS_POD_A, NS_POD_B, Outcome,
+    PEER_TLS_PORT, POD_PORT, SERVICE_PORT, SETTLE, VIP_UNSERVED_PORT, Variants, client, in_netns,
+    kube_proxy, net, servers,
+};
 
 pub const NODE_IP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x18, 0, 0, 0, 0, 2);
 pub const LB_NODE_SIDE_IP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x18, 0, 0, 0, 0, 1);

@@ -1,7 +1,6 @@
 //! The node's switchable properties (variants) and the state of all of them.
 
-use super::*;
-
+use super::fmt;
 /// One switchable property of the node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum)]
 pub enum Variant {
