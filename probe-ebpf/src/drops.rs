@@ -23,6 +23,7 @@ use crate::{
 
 #[inline(always)]
 fn read<T>(base: *const u8, offset: u32) -> Option<T> {
+    // SAFETY: bpf_probe_read_kernel checks the address and fails instead of faulting; only a value comes back.
     unsafe { bpf_probe_read_kernel(base.add(offset as usize) as *const T).ok() }
 }
 
@@ -35,6 +36,7 @@ fn parse_skb(skb: *const u8, off: &KernelOffsets) -> Option<Packet> {
     if nh == u16::MAX || head.is_null() {
         return None;
     }
+    // SAFETY: address arithmetic only: the address is read through bpf_probe_read_kernel, never dereferenced here.
     let ip = unsafe { head.add(nh as usize) };
     let first: u8 = read(ip, 0)?;
     let mut pkt = Packet::default();
@@ -89,6 +91,7 @@ impl SkbBytes<'_> {
         }
         let tail: u32 = read(self.skb, self.off.skb_tail)?;
         let linear = tail.checked_sub(u32::from(nh))?;
+        // SAFETY: address arithmetic only: the address is read through bpf_probe_read_kernel, never dereferenced here.
         let ip = unsafe { head.add(nh as usize) };
         // The IP packet's length: the linear data may hold link-layer padding after it.
         let ip_len = match read::<u8>(ip, 0)? >> 4 {
@@ -129,6 +132,7 @@ fn self_addressed(skb: *const u8, off: &KernelOffsets) -> bool {
     if nh == u16::MAX || head.is_null() {
         return false;
     }
+    // SAFETY: address arithmetic only: the address is read through bpf_probe_read_kernel, never dereferenced here.
     let ip = unsafe { head.add(nh as usize) };
     match read::<u8>(ip, 0).map(|b| b >> 4) {
         Some(4) => matches!(read::<[u32; 2]>(ip, 12), Some([s, d]) if s == d),
@@ -152,6 +156,7 @@ fn watched_destination(pkt: &Packet) -> bool {
         family: pkt.family,
         _pad: [0; 3],
     };
+    // SAFETY: a map look-up whose value is only read during this run (userspace may replace it: a stale read is a stale answer, not a fault).
     unsafe { DROP_DESTINATIONS.get(key) }.is_some()
 }
 
@@ -211,6 +216,7 @@ fn on_kfree_skb<C: EbpfContext>(ctx: &C, skb: *const u8, location: u64, reason: 
     };
     // A local-source packet matters only when it came in through a monitored NIC: the node's
     // own outbound packets (iif 0) carry node sources legitimately.
+    // SAFETY: a map look-up whose value is only read during this run (userspace may replace it: a stale read is a stale answer, not a fault).
     let src_relevant = self_loop || (src_tag != tag::NONE && unsafe { NICS.get(iif) }.is_some());
     // A local pod's call dropped on its way to a watched destination (kube-proxy's nftables
     // `no-endpoint-services` drop): reported with the pod as source, whatever the interface.
@@ -243,6 +249,7 @@ fn on_kfree_skb<C: EbpfContext>(ctx: &C, skb: *const u8, location: u64, reason: 
             _pad: [0; 2],
         },
     );
+    // SAFETY: a helper with no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     if !may_emit(&flow_of(&pkt, kind::DROP), src_tag, now, &cfg) {
         return;

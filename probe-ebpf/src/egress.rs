@@ -21,6 +21,7 @@ use crate::{
 #[inline(never)]
 fn on_vip_egress(ctx: &TcContext, pkt: &Packet) {
     let cfg = CONFIG.load();
+    // SAFETY: a helper with no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     if !may_emit(&flow_of(pkt, kind::VIP_EGRESS), tag::VIP, now, &cfg) {
         return;
@@ -32,6 +33,7 @@ fn on_vip_egress(ctx: &TcContext, pkt: &Packet) {
             kind: kind::VIP_EGRESS,
             src_tag: tag::VIP,
             dst_tag: lookup_tag(pkt.family, &pkt.daddr),
+            // SAFETY: the program's own skb, valid for the whole run.
             ifindex: unsafe { (*ctx.skb.skb).ifindex },
             reason: 0,
             location: 0,
@@ -86,12 +88,14 @@ pub fn clb_egress(ctx: TcContext) -> i32 {
         proto: pkt.proto,
         family: pkt.family,
     };
+    // SAFETY: a helper with no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     // The same opener again (a SYN retransmit, the next UDP datagram): keep the first
     // packet's time, so the record says when the flow started, and only move `last_ns`.
     // The agent matches a hairpin suspect against the first time: a retransmit must not
     // make the egress look later than the suspect it caused.
     if let Some(v) = EGRESS_FLOWS.get_ptr_mut(key) {
+        // SAFETY: a valid pointer into the map's value, for this program run.
         let v = unsafe { &mut *v };
         // SAFETY: `daddr` is the first field of an 8-aligned struct; compare it as words
         // (byte arrays cost one stack slot per byte in BPF).
@@ -106,6 +110,7 @@ pub fn clb_egress(ctx: TcContext) -> i32 {
         daddr: bytes(pkt.daddr),
         dport: pkt.dport,
         _pad: [0; 2],
+        // SAFETY: the program's own skb, valid for the whole run.
         ifindex: unsafe { (*ctx.skb.skb).ifindex },
         ts_ns: now,
         last_ns: now,

@@ -20,6 +20,7 @@ use crate::{
 #[inline(always)]
 pub(crate) fn stat_add(index: u32) {
     if let Some(slot) = STATS.get_ptr_mut(index) {
+        // SAFETY: a valid pointer into this CPU's slot of a per-CPU map: no concurrent writer.
         unsafe { *slot += 1 };
     }
 }
@@ -29,6 +30,7 @@ pub(crate) fn stat_add(index: u32) {
 #[inline(always)]
 pub(crate) fn count<K>(map: &PerCpuHashMap<K, u64>, key: &K) {
     match map.get_ptr_mut(key) {
+        // SAFETY: a valid pointer into this CPU's value of a per-CPU map: no concurrent writer.
         Some(v) => unsafe { *v += 1 },
         None => {
             let _ = map.insert(key, 1, 0);
@@ -42,6 +44,7 @@ pub(crate) fn count<K>(map: &PerCpuHashMap<K, u64>, key: &K) {
 #[inline(always)]
 pub(crate) fn may_emit(flow: &FlowKey, src_tag: u8, now: u64, cfg: &ProbeConfig) -> bool {
     if let Some(last) = RECENT.get_ptr_mut(flow)
+        // SAFETY: a valid pointer into the map's value for this run; a torn read only changes one dedup decision.
         && now.wrapping_sub(unsafe { *last }) < cfg.dedup_ns
     {
         stat_add(stat::DEDUP_SUPPRESSED);
@@ -50,6 +53,7 @@ pub(crate) fn may_emit(flow: &FlowKey, src_tag: u8, now: u64, cfg: &ProbeConfig)
     let Some(budget) = BUDGET.get_ptr_mut(0) else {
         return false;
     };
+    // SAFETY: a valid pointer into this CPU's value of a per-CPU map: no concurrent writer.
     let budget = unsafe { &mut *budget };
     if now.wrapping_sub(budget.window_start_ns) >= 1_000_000_000 {
         budget.window_start_ns = now;
@@ -82,18 +86,21 @@ pub(crate) fn confirming_wakeup(cfg: &ProbeConfig) -> u64 {
     let Some(wake_pos) = WAKE_POS.get_ptr_mut(0) else {
         return BPF_RB_NO_WAKEUP as u64;
     };
+    // SAFETY: a valid pointer into this CPU's value of a per-CPU map: no concurrent writer.
     if EVENTS.query(BPF_RB_CONS_POS as u64) < unsafe { *wake_pos } {
         return BPF_RB_NO_WAKEUP as u64;
     }
     let Some(budget) = BUDGET.get_ptr_mut(0) else {
         return BPF_RB_NO_WAKEUP as u64;
     };
+    // SAFETY: a valid pointer into this CPU's value of a per-CPU map: no concurrent writer.
     let budget = unsafe { &mut *budget };
     if u64::from(budget.wakeups) >= cfg.wakeups_per_sec {
         stat_add(stat::WAKEUP_BUDGET_SUPPRESSED);
         return BPF_RB_NO_WAKEUP as u64;
     }
     budget.wakeups += 1;
+    // SAFETY: a valid pointer into this CPU's value of a per-CPU map: no concurrent writer.
     unsafe { *wake_pos = EVENTS.query(BPF_RB_PROD_POS as u64) + 1 };
     stat_add(stat::WAKEUPS);
     BPF_RB_FORCE_WAKEUP as u64
@@ -189,6 +196,7 @@ pub(crate) fn emit<B: PacketBytes>(cfg: &ProbeConfig, pkt: &Packet, m: Meta, byt
 /// `ev` points at a reserved ring-buffer record owned by the caller.
 #[inline(always)]
 unsafe fn write_event(ev: *mut PacketEvent, pkt: &Packet, m: &Meta) {
+    // SAFETY: the function's contract: `ev` is a reserved record this run owns alone.
     unsafe {
         (*ev).ts_ns = m.now;
         (*ev).location = m.location;

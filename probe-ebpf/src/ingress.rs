@@ -32,6 +32,7 @@ pub fn clb_ingress(ctx: TcContext) -> i32 {
 
 #[inline(never)]
 fn on_suspect(ctx: &TcContext, pkt: &Packet, src_tag: u8) {
+    // SAFETY: the program's own skb, valid for the whole run.
     let ifindex = unsafe { (*ctx.skb.skb).ifindex };
     count(
         &SUSPECTS,
@@ -43,6 +44,7 @@ fn on_suspect(ctx: &TcContext, pkt: &Packet, src_tag: u8) {
         },
     );
     let cfg = CONFIG.load();
+    // SAFETY: a helper with no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     if !may_emit(&flow_of(pkt, kind::SUSPECT), src_tag, now, &cfg) {
         return;

@@ -40,6 +40,7 @@ pub(crate) fn lookup_tag(fam: u8, addr: &[u32; 4]) -> u8 {
     if fam == family::V4 {
         let raw = addr[0];
         if prefilter_bit(prefilter::host_bit(raw))
+            // SAFETY: a map look-up whose value is only read during this run (userspace may replace it: a stale read is a stale answer, not a fault).
             && let Some(v) = unsafe { HOSTS_V4.get(raw) }
         {
             return v.tag;
@@ -49,6 +50,7 @@ pub(crate) fn lookup_tag(fam: u8, addr: &[u32; 4]) -> u8 {
             return LOCAL_V4.get(&key).map(|v| v.tag).unwrap_or(tag::NONE);
         }
     } else {
+        // SAFETY: a map look-up whose value is only read during this run (userspace may replace it: a stale read is a stale answer, not a fault).
         if let Some(v) = unsafe { HOSTS_V6.get(addr) } {
             return v.tag;
         }

@@ -11,6 +11,7 @@ use probe_common::{
     SuspectKey, prefilter, stat,
 };
 
+// SAFETY: the loader finds the map by this symbol name; no other symbol has it.
 #[unsafe(no_mangle)]
 pub(crate) static CONFIG: Global<ProbeConfig> = Global::new(ProbeConfig {
     dedup_ns: 1_000_000_000,
@@ -23,6 +24,7 @@ pub(crate) static CONFIG: Global<ProbeConfig> = Global::new(ProbeConfig {
     _pad: 0,
 });
 
+// SAFETY: the loader finds the map by this symbol name; no other symbol has it.
 #[unsafe(no_mangle)]
 pub(crate) static OFFSETS: Global<KernelOffsets> = Global::new(KernelOffsets {
     skb_head: 0,

@@ -51,6 +51,7 @@ pub(crate) fn ptr_at<T>(ctx: &TcContext, offset: usize) -> Option<*const T> {
 #[inline(always)]
 pub(crate) fn field<T: Copy>(ctx: &TcContext, offset: usize) -> Option<T> {
     match ptr_at::<T>(ctx, offset) {
+        // SAFETY: ptr_at checked that a T at `offset` lies within the packet's data.
         Some(p) => Some(unsafe { *p }),
         None => ctx.load::<T>(offset).ok(),
     }

@@ -141,3 +141,28 @@ fn a_results_error_type_is_its_last_top_level_argument() {
     assert!(errors("service: Option<BTreeMap<String, String>>,").is_empty());
     assert_eq!(errors("anyhow::Result<String>"), Vec::<String>::new());
 }
+
+/// Issue #50: every `unsafe` in the eBPF programs says why it is sound, in a `SAFETY:` comment
+/// just above it (an `unsafe fn` in its `# Safety` section).
+#[test]
+fn every_unsafe_in_the_ebpf_programs_says_why_it_is_sound() {
+    let mut bare = Vec::new();
+    for file in sources(&root().join("probe-ebpf/src")) {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            let code = line.split("//").next().unwrap_or_default();
+            if !code.contains("unsafe") {
+                continue;
+            }
+            let above = &lines[i.saturating_sub(4)..i];
+            let said = above
+                .iter()
+                .any(|l| l.contains("SAFETY:") || l.contains("# Safety"));
+            if !said {
+                bare.push(format!("{}:{}: {}", file.display(), i + 1, line.trim()));
+            }
+        }
+    }
+    assert!(bare.is_empty(), "{bare:#?}");
+}
