@@ -70,6 +70,9 @@ pub enum Kind {
     /// An LB that sends PROXY protocol headers to its backends, whose IP this node
     /// short-circuits: in-cluster calls to it reach the backend without the header.
     ProxyProtocolShortCircuit,
+    /// An LB IP whose Service sets `loadBalancerSourceRanges` that leave out this node's pod
+    /// range: kube-proxy drops the pods' calls to it (issue #51, shape 1).
+    SourceRanges,
 }
 
 impl Kind {
@@ -87,6 +90,7 @@ impl Kind {
             Kind::Dataplane => "dataplane",
             Kind::ModeLeftover => "mode_leftover",
             Kind::ProxyProtocolShortCircuit => "proxy_protocol_short_circuit",
+            Kind::SourceRanges => "source_ranges",
         }
     }
 }

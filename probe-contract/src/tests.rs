@@ -338,6 +338,7 @@ fn a_check_report_reads_back_as_written() {
         Kind::ModeLeftover,
         Kind::NicSourceValidation,
         Kind::ProxyProtocolShortCircuit,
+        Kind::SourceRanges,
     ] {
         assert_eq!(serde_json::to_value(k).unwrap(), k.as_str());
     }

@@ -152,6 +152,10 @@ pub struct LbIngress {
     pub ip_mode: Option<String>,
 }
 
+/// Source ranges kept per Service (a tenant's list is bounded where it enters; past it the
+/// rule may miss a range that would cover a pod range, and says nothing wrong, only less).
+pub const MAX_SOURCE_RANGES: usize = 64;
+
 /// A Service and the settings its remedies depend on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServiceFacts {
@@ -175,6 +179,11 @@ pub struct ServiceFacts {
     pub endpoints: Vec<IpAddr>,
     /// `spec.loadBalancerClass` (which controller runs the LB), when set.
     pub load_balancer_class: Option<String>,
+    /// `spec.loadBalancerSourceRanges` as written (CIDRs), at most [`MAX_SOURCE_RANGES`]:
+    /// kube-proxy drops an in-cluster call to the LB IP whose source is outside them
+    /// (`probe check`'s `source_ranges`).
+    #[doc(alias = "loadBalancerSourceRanges")]
+    pub load_balancer_source_ranges: Vec<String>,
     /// The LB controllers' annotations ([`crate::fixes::provider::ANNOTATION_PREFIXES`]):
     /// the provider fixes read them and never offer one already set. No other annotation is
     /// kept (a tenant's own, kubectl's last-applied copy): nothing reads them, and each would
@@ -394,6 +403,13 @@ pub fn facts(
             .and_then(|n| u16::try_from(n).ok()),
         loopback_annotations,
         load_balancer_class: spec.load_balancer_class,
+        load_balancer_source_ranges: spec
+            .load_balancer_source_ranges
+            .into_iter()
+            .flatten()
+            .take(MAX_SOURCE_RANGES)
+            .map(|r| crate::untrusted::text(&r, 64))
+            .collect(),
         annotations: service
             .metadata
             .annotations

@@ -75,6 +75,7 @@ pub fn proxy_protocol_ingress(annotations: &[(&str, &str)], ip_mode: Option<&str
         loopback_annotations: Default::default(),
         endpoints: vec![ip(POD_B)],
         load_balancer_class: None,
+        load_balancer_source_ranges: Vec::new(),
         annotations: annotations
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))

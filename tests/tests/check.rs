@@ -408,11 +408,51 @@ fn services_from_the_api_name_the_risks() {
         .as_array_mut()
         .unwrap()
         .push(serde_json::json!({"name": "https", "protocol": "TCP", "port": 443, "targetPort": 8443, "nodePort": 30443}));
-    api.apply(web);
+    api.apply(web.clone());
     let (_, json) = run();
     let unserved = find(&json, Kind::VipPortUnserved);
     assert_eq!(unserved.severity, Severity::Risk, "{unserved:#?}");
     assert!(unserved.summary.contains("443/tcp"), "{unserved:#?}");
+
+    // Issue #51, shape 1: source ranges that leave out the node's pod range are a risk (kube-
+    // proxy drops the pods' calls to the LB IP); a range that holds it is silent.
+    let with_pods = || {
+        let o = check(&[
+            "--json",
+            "--nic",
+            lab::NODE_NIC,
+            "--kubeconfig",
+            kc,
+            "--pod-cidr",
+            "198.19.1.0/24",
+        ]);
+        parse(&o)
+    };
+    assert!(
+        with_pods()
+            .findings
+            .iter()
+            .all(|f| f.kind != Kind::SourceRanges),
+        "no ranges, no risk"
+    );
+    web["spec"]["loadBalancerSourceRanges"] = serde_json::json!(["192.0.2.0/24"]);
+    api.apply(web.clone());
+    let json = with_pods();
+    let ranges = find(&json, Kind::SourceRanges);
+    assert_eq!(ranges.severity, Severity::Risk, "{ranges:#?}");
+    assert!(
+        ranges.summary.contains("default/web") && ranges.summary.contains("198.19.1.0/24"),
+        "{ranges:#?}"
+    );
+    web["spec"]["loadBalancerSourceRanges"] = serde_json::json!(["192.0.2.0/24", "198.19.0.0/16"]);
+    api.apply(web);
+    assert!(
+        with_pods()
+            .findings
+            .iter()
+            .all(|f| f.kind != Kind::SourceRanges),
+        "a range holding the pods: no risk"
+    );
 
     // RBAC denies the list: a warning, and the node side still judged.
     api.forbid("services", "list");

@@ -226,6 +226,7 @@ pub fn ipset_targets(
                 prevent_loopback: Vec::new(),
                 kube_proxy_masquerades: !is_local,
                 proxy_protocol: None,
+                source_ranges: Vec::new(),
                 source: format!("ipset {}", if is_local { LB_LOCAL_SET } else { LB_SET }),
             }
         })

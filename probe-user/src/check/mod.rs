@@ -80,6 +80,8 @@ pub struct LbTarget {
     /// The annotation (`key: value`) that has the LB send a PROXY protocol header to the
     /// backends (`probe_core::service::PROXY_PROTOCOL_ANNOTATIONS`); None: none read.
     pub proxy_protocol: Option<String>,
+    /// The Service's `loadBalancerSourceRanges`, as written (empty: none, or not known).
+    pub source_ranges: Vec<String>,
     /// Where it came from: `ipset KUBE-LOAD-BALANCER`, `service default/web`, ...
     pub source: String,
 }

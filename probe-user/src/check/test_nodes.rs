@@ -141,6 +141,7 @@ pub(super) fn web(etp_local: bool, ip_mode: Option<&str>) -> ServiceFacts {
         loopback_annotations: Default::default(),
         endpoints: vec![],
         load_balancer_class: None,
+        load_balancer_source_ranges: Vec::new(),
         annotations: Default::default(),
         resource_version: None,
     }

@@ -16,6 +16,7 @@ mod mode_leftover;
 mod nic_source_validation;
 mod proxy_protocol;
 mod service_self_loop;
+mod source_ranges;
 mod targets;
 mod vip_port_unserved;
 
@@ -31,6 +32,7 @@ use mode_leftover::mode_leftover;
 use nic_source_validation::nic_source_validation;
 use proxy_protocol::proxy_protocol;
 use service_self_loop::service_self_loop;
+use source_ranges::source_ranges;
 use vip_port_unserved::vip_port_unserved;
 
 /// Every finding for these inputs.
@@ -42,6 +44,7 @@ pub fn judge(inp: &Inputs) -> Vec<Finding> {
     out.extend(service_self_loop(inp));
     out.extend(etp_local_drop(inp));
     out.extend(proxy_protocol(inp));
+    out.extend(source_ranges(inp));
     out.extend(nic_source_validation(inp));
     out.extend(kptr_restrict(inp));
     out.extend(kernel_visibility(inp));
