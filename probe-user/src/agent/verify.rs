@@ -58,13 +58,13 @@ pub const CANARY_TARGETS: usize = 4;
 
 /// The API resource, for `kube::Api<DynamicObject>`.
 pub fn api_resource() -> kube::core::ApiResource {
-    kube::core::ApiResource {
-        group: contract::GROUP.into(),
-        version: contract::VERSION.into(),
-        api_version: contract::API_VERSION.into(),
-        kind: contract::KIND.into(),
-        plural: contract::PLURAL.into(),
-    }
+    crate::kube::custom_resource(
+        contract::GROUP,
+        contract::VERSION,
+        contract::API_VERSION,
+        contract::KIND,
+        contract::PLURAL,
+    )
 }
 
 /// What verify and the canary need from the agent.
@@ -85,7 +85,8 @@ struct Request {
 
 /// How long a request waits for the agent's API cache to sync before it is planned.
 const SYNC_WAIT: Duration = Duration::from_secs(15);
-/// A requester name longer than this is cut (a Kubernetes user name is rarely over 100).
+/// A requester name longer than this is cut (a Kubernetes user name is rarely over 100); a cut
+/// one ends in its size, so two long names share a limit only when alike to that point.
 const REQUESTER_MAX: usize = 256;
 
 /// `--verify`: watches the requests and answers those for this node (`allowed`: false answers
@@ -192,20 +193,13 @@ fn take(object: &DynamicObject, tester: &Tester, taken: &HashSet<String>) -> Opt
         .lock()
         .map(|m| m.values().any(|e| crate::verify::names_service(e, &key)))
         .unwrap_or(false);
-    let mut requester = object
+    let requester = object
         .metadata
         .annotations
         .as_ref()
         .and_then(|a| a.get(contract::REQUESTER_ANNOTATION))
-        .cloned()
+        .map(|r| probe_core::untrusted::cut(r, REQUESTER_MAX))
         .unwrap_or_default();
-    if requester.len() > REQUESTER_MAX {
-        let cut = (0..=REQUESTER_MAX)
-            .rev()
-            .find(|i| requester.is_char_boundary(*i))
-            .unwrap_or(0);
-        requester.truncate(cut);
-    }
     crate::verify::is_for(&spec.nodes, &tester.node, has_loop).then_some(Request {
         name,
         spec,

@@ -827,15 +827,8 @@ async fn write_error<E: std::fmt::Display>(
 #[path = "writer_tests.rs"]
 mod tests;
 
-/// The LoopbackReport API resource, for `kube::Api<DynamicObject>` (the plugin builds the same
-/// from the same contract names).
+/// The LoopbackReport API resource, for `kube::Api<DynamicObject>`.
 fn report_resource() -> kube::core::ApiResource {
     use probe_contract::report::{API_VERSION, GROUP, KIND, PLURAL, VERSION};
-    kube::core::ApiResource {
-        group: GROUP.into(),
-        version: VERSION.into(),
-        api_version: API_VERSION.into(),
-        kind: KIND.into(),
-        plural: PLURAL.into(),
-    }
+    crate::kube::custom_resource(GROUP, VERSION, API_VERSION, KIND, PLURAL)
 }
