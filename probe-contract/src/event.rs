@@ -223,6 +223,59 @@ pub struct KindSpec {
     pub pod_testable: bool,
     /// Its Event names the client pod as `related`.
     pub relates_client_pod: bool,
+    /// The traffic that proves its loop gone.
+    pub proof: ProofShape,
+    /// How its Service is found from its addresses: each way in turn until one finds it.
+    pub attribution: &'static [ServiceLookup],
+    /// The LB address whose ingress entry (its `ipMode`) applies.
+    pub lb_address: LbAddress,
+}
+
+/// The shape of traffic that proves a kind's loop gone (probe-core's `resolution::proof`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProofShape {
+    /// Calls *to* the loop's VIP and port from its clients, answered.
+    To {
+        /// The LB picks the backend node (a hairpin): an answer may only mean it picked
+        /// another node, so only answers through the LB with no NAT here prove.
+        lb_picks_backend: bool,
+    },
+    /// Connections *from* the loop's address (its VIP, else its source) to where its packets
+    /// were dropped, answered.
+    From {
+        /// The loop's packets come from outside the node (the LB's health checks): a
+        /// connection from that address made on the node is never theirs.
+        from_outside: bool,
+    },
+    /// No answered call proves it: its proof is a reset entry, not an answer.
+    Unprovable,
+}
+
+/// One way to find the Service a kind's event is about (probe-user's `kube::enrich`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ServiceLookup {
+    /// The Service whose frontend is the event's VIP and VIP port.
+    Frontend,
+    /// The Service whose NodePort (or healthCheckNodePort) is the event's destination port.
+    NodePortOfDestination,
+    /// The Service whose NodePort is the event's VIP port (a call to a node address).
+    NodePortOfVipPort,
+    /// The only Service whose LB IP is the event's source (several: none).
+    OnlyOwnerOfSource,
+    /// The only Service whose LB IP is the event's VIP (several: none).
+    OnlyOwnerOfVip,
+    /// Of the Services whose LB IP is the event's VIP, the one the service table named,
+    /// else the only one.
+    NamedOwnerOfVip,
+}
+
+/// Which of an event's addresses is the LB's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LbAddress {
+    /// The event's VIP.
+    Vip,
+    /// The event's VIP, else its source (the LB's health checks come from the LB address).
+    VipElseSource,
 }
 
 /// Every kind's row, in [`LoopbackKind::ALL`]'s order.
@@ -237,6 +290,14 @@ pub const KINDS: [KindSpec; 7] = [
         node_testable: true,
         pod_testable: true,
         relates_client_pod: true,
+        proof: ProofShape::To {
+            lb_picks_backend: true,
+        },
+        attribution: &[
+            ServiceLookup::Frontend,
+            ServiceLookup::NodePortOfDestination,
+        ],
+        lb_address: LbAddress::Vip,
     },
     KindSpec {
         kind: LoopbackKind::HealthcheckBlackhole,
@@ -249,6 +310,13 @@ pub const KINDS: [KindSpec; 7] = [
         node_testable: false,
         pod_testable: false,
         relates_client_pod: false,
+        proof: ProofShape::From { from_outside: true },
+        // The check's destination is the NodePort (or healthCheckNodePort) on this node.
+        attribution: &[
+            ServiceLookup::NodePortOfDestination,
+            ServiceLookup::OnlyOwnerOfSource,
+        ],
+        lb_address: LbAddress::VipElseSource,
     },
     KindSpec {
         kind: LoopbackKind::VipPortUnserved,
@@ -260,6 +328,13 @@ pub const KINDS: [KindSpec; 7] = [
         node_testable: true,
         pod_testable: true,
         relates_client_pod: false,
+        proof: ProofShape::To {
+            lb_picks_backend: false,
+        },
+        // No Service serves the port: the one that owns the VIP (none when several do, unless
+        // the service table named one of them).
+        attribution: &[ServiceLookup::Frontend, ServiceLookup::NamedOwnerOfVip],
+        lb_address: LbAddress::Vip,
     },
     KindSpec {
         kind: LoopbackKind::VipAsSource,
@@ -272,6 +347,15 @@ pub const KINDS: [KindSpec; 7] = [
         // The VIP as source is a node socket's.
         pod_testable: false,
         relates_client_pod: false,
+        proof: ProofShape::From {
+            from_outside: false,
+        },
+        attribution: &[
+            ServiceLookup::Frontend,
+            ServiceLookup::NodePortOfDestination,
+            ServiceLookup::OnlyOwnerOfVip,
+        ],
+        lb_address: LbAddress::Vip,
     },
     KindSpec {
         kind: LoopbackKind::ServiceSelfLoop,
@@ -284,6 +368,11 @@ pub const KINDS: [KindSpec; 7] = [
         node_testable: false,
         pod_testable: true,
         relates_client_pod: true,
+        proof: ProofShape::To {
+            lb_picks_backend: false,
+        },
+        attribution: &[ServiceLookup::Frontend, ServiceLookup::NodePortOfVipPort],
+        lb_address: LbAddress::Vip,
     },
     KindSpec {
         kind: LoopbackKind::EtpLocalDrop,
@@ -295,6 +384,12 @@ pub const KINDS: [KindSpec; 7] = [
         node_testable: true,
         pod_testable: true,
         relates_client_pod: true,
+        proof: ProofShape::To {
+            lb_picks_backend: false,
+        },
+        // The LB or external IP and port kube-proxy dropped the call to.
+        attribution: &[ServiceLookup::Frontend],
+        lb_address: LbAddress::Vip,
     },
     KindSpec {
         kind: LoopbackKind::ProxyProtocolShortCircuit,
@@ -306,6 +401,11 @@ pub const KINDS: [KindSpec; 7] = [
         node_testable: true,
         pod_testable: true,
         relates_client_pod: false,
+        // Its proof is a reset entry, not an answered call.
+        proof: ProofShape::Unprovable,
+        // The address the pod called: a ClusterIP or LB IP, or a node address's NodePort.
+        attribution: &[ServiceLookup::Frontend, ServiceLookup::OnlyOwnerOfVip],
+        lb_address: LbAddress::Vip,
     },
 ];
 

@@ -36,8 +36,8 @@ mod status;
 pub mod verify;
 
 pub use event::{
-    AggregateKey, Caller, Confirmation, KINDS, KindSpec, Layer, Listener, LoopbackEvent,
-    LoopbackKind, Outcome, Proto, SnatState, Tag, names_service, sock,
+    AggregateKey, Caller, Confirmation, KINDS, KindSpec, Layer, LbAddress, Listener, LoopbackEvent,
+    LoopbackKind, Outcome, ProofShape, Proto, ServiceLookup, SnatState, Tag, names_service, sock,
 };
 pub use fix::Fix;
 pub use live::{Message, Snapshot};

@@ -29,7 +29,7 @@
 
 use std::{collections::BTreeSet, net::IpAddr};
 
-use probe_contract::{LoopbackEvent, LoopbackKind, Proto};
+use probe_contract::{LoopbackEvent, ProofShape, Proto};
 
 use crate::state::{ConntrackEntry, conntrack::StateTimeouts};
 
@@ -92,23 +92,19 @@ impl Shape {
     /// The shape of a loop's traffic, from its event. None when the event lacks the address
     /// the shape needs (then nothing can prove it and it stays quiet).
     pub fn of(e: &LoopbackEvent) -> Option<Shape> {
-        match e.kind {
-            LoopbackKind::Hairpin
-            | LoopbackKind::VipPortUnserved
-            | LoopbackKind::ServiceSelfLoop
-            | LoopbackKind::EtpLocalDrop => Some(Shape::To {
+        match e.kind.spec().proof {
+            ProofShape::To { lb_picks_backend } => Some(Shape::To {
                 addr: e.vip?,
                 port: e.vip_port?,
                 proto: e.proto,
-                lb_picks_backend: e.kind == LoopbackKind::Hairpin,
+                lb_picks_backend,
                 pairs: BTreeSet::from([(e.src, e.vip_port?, e.proto)]),
             }),
-            // Its proof is a reset entry, not an answered call: no shape to prove it gone by.
-            LoopbackKind::ProxyProtocolShortCircuit => None,
-            LoopbackKind::HealthcheckBlackhole | LoopbackKind::VipAsSource => Some(Shape::From {
+            ProofShape::Unprovable => None,
+            ProofShape::From { from_outside } => Some(Shape::From {
                 addr: e.vip.unwrap_or(e.src),
                 to: BTreeSet::from([e.dst]),
-                from_outside: e.kind == LoopbackKind::HealthcheckBlackhole,
+                from_outside,
             }),
         }
     }

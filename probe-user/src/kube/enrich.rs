@@ -16,7 +16,7 @@ use probe_core::{fixes, service::ServiceFacts};
 use super::index::Index;
 use crate::correlate::remedy;
 use probe_contract::{
-    LoopbackEvent, LoopbackKind,
+    LbAddress, LoopbackEvent, ServiceLookup,
     facts::{AddressOwner, Announcer, Etp, ServiceFact, SourceKind},
 };
 
@@ -109,9 +109,9 @@ fn name_announcer(event: &mut LoopbackEvent, index: &Index) -> bool {
 /// The LB address whose ingress entry (ipMode) applies: the health check's source, else the
 /// event's VIP.
 fn lb_address(event: &LoopbackEvent) -> Option<IpAddr> {
-    match event.kind {
-        LoopbackKind::HealthcheckBlackhole => Some(event.vip.unwrap_or(event.src)),
-        _ => event.vip,
+    match event.kind.spec().lb_address {
+        LbAddress::VipElseSource => Some(event.vip.unwrap_or(event.src)),
+        LbAddress::Vip => event.vip,
     }
 }
 
@@ -152,23 +152,36 @@ fn sock(ip: IpAddr, port: u16) -> String {
     std::net::SocketAddr::new(ip, port).to_string()
 }
 
+/// The event's Service: its kind's ways to find it (`KindSpec::attribution`), in turn.
 fn find_service<'a>(event: &LoopbackEvent, index: &'a Index) -> Option<&'a ServiceFacts> {
+    event
+        .kind
+        .spec()
+        .attribution
+        .iter()
+        .find_map(|lookup| look_up(*lookup, event, index))
+}
+
+fn look_up<'a>(
+    lookup: ServiceLookup,
+    event: &LoopbackEvent,
+    index: &'a Index,
+) -> Option<&'a ServiceFacts> {
     let proto = event.proto;
-    let by_vip = event
-        .vip
-        .zip(event.vip_port)
-        .and_then(|(vip, port)| index.service_by_frontend(vip, port, proto));
-    match event.kind {
-        LoopbackKind::Hairpin => {
-            by_vip.or_else(|| index.service_by_node_port(event.dst_port, proto))
+    match lookup {
+        ServiceLookup::Frontend => event
+            .vip
+            .zip(event.vip_port)
+            .and_then(|(vip, port)| index.service_by_frontend(vip, port, proto)),
+        ServiceLookup::NodePortOfDestination => index.service_by_node_port(event.dst_port, proto),
+        ServiceLookup::NodePortOfVipPort => event
+            .vip_port
+            .and_then(|port| index.service_by_node_port(port, proto)),
+        ServiceLookup::OnlyOwnerOfSource => only(index.services_by_lb_ip(event.src)),
+        ServiceLookup::OnlyOwnerOfVip => {
+            event.vip.and_then(|vip| only(index.services_by_lb_ip(vip)))
         }
-        // The check's destination is the NodePort (or healthCheckNodePort) on this node.
-        LoopbackKind::HealthcheckBlackhole => index
-            .service_by_node_port(event.dst_port, proto)
-            .or_else(|| only(index.services_by_lb_ip(event.src))),
-        // No Service serves the port: name the one that owns the VIP (none when several do,
-        // unless the service table named one of them).
-        LoopbackKind::VipPortUnserved => by_vip.or_else(|| {
+        ServiceLookup::NamedOwnerOfVip => {
             let owners = event
                 .vip
                 .map(|vip| index.services_by_lb_ip(vip))
@@ -182,21 +195,7 @@ fn find_service<'a>(event: &LoopbackEvent, index: &'a Index) -> Option<&'a Servi
                 .find(|s| named == Some(s.key().as_str()))
                 .copied()
                 .or_else(|| only(owners))
-        }),
-        LoopbackKind::VipAsSource => by_vip
-            .or_else(|| index.service_by_node_port(event.dst_port, proto))
-            .or_else(|| event.vip.and_then(|vip| only(index.services_by_lb_ip(vip)))),
-        // The LB or external IP:port kube-proxy dropped the call to.
-        LoopbackKind::EtpLocalDrop => by_vip,
-        // The address the pod called: a ClusterIP or LB IP, or a node address's NodePort.
-        LoopbackKind::ProxyProtocolShortCircuit => {
-            by_vip.or_else(|| event.vip.and_then(|vip| only(index.services_by_lb_ip(vip))))
         }
-        LoopbackKind::ServiceSelfLoop => by_vip.or_else(|| {
-            event
-                .vip_port
-                .and_then(|port| index.service_by_node_port(port, proto))
-        }),
     }
 }
 
@@ -268,7 +267,7 @@ mod tests {
     use super::*;
     use crate::kube::index::tests::{pod, web_service};
     use probe_contract::{
-        Outcome, Proto, SnatState,
+        LoopbackKind, Outcome, Proto, SnatState,
         facts::{AddressOwner, Facts},
     };
 
