@@ -3,7 +3,7 @@
 //! and the agent use.
 //!
 //! A crate of its own so that the plugin builds without the kernel side: no aya, no eBPF
-//! object, no probe-user (`cargo tree -p probe-client` names no aya crate). The agent
+//! object, no probe-user (`cargo tree -p clb-probe-client` names no aya crate). The agent
 //! (`probe-user`) depends on this crate only for `probe watch` and `probe events`, never the
 //! other way round. Layout, and why:
 //!

@@ -4,7 +4,7 @@
 //! costs instead of a parse), and the memory the reader holds between reads (the chains and
 //! the table they make: resident set growth while they are held, and the peak). Prints one
 //! JSON object. Profiling aid for the service-table reader
-//! (`cargo run --release -p probe-user --example iptables_parse_scale -- --services 10000`).
+//! (`cargo run --release -p clb-probe --example iptables_parse_scale -- --services 10000`).
 #![allow(
     clippy::print_stdout,
     reason = "a benchmark's measurement goes to stdout, where the bench reads it"

@@ -31,7 +31,7 @@ pub fn probe_bin() -> PathBuf {
                 .expect("a test executable under <target dir>/<profile>/deps")
                 .join("probe")
                 .canonicalize()
-                .expect("probe beside the tests: run `cargo build -p probe-user` first")
+                .expect("probe beside the tests: run `cargo build -p clb-probe` first")
         })
 }
 
@@ -52,7 +52,7 @@ pub fn probe_arm64_bin() -> PathBuf {
                 .canonicalize()
                 .expect(
                     "target/aarch64-unknown-linux-gnu/debug/probe: run `cargo build -p \
-                     probe-user --target aarch64-unknown-linux-gnu` first",
+                     clb-probe --target aarch64-unknown-linux-gnu` first",
                 )
         })
 }

@@ -166,3 +166,49 @@ fn every_unsafe_in_the_ebpf_programs_says_why_it_is_sound() {
     }
     assert!(bare.is_empty(), "{bare:#?}");
 }
+
+/// Issue #50: a package's name is its library's (`clb-probe` is `clb_probe`), so a search for
+/// either finds the other and an import drawing draws the arrow. The folders keep the design's
+/// names (probe-user/ holds the package clb-probe, probe-client/ clb-probe-client): the library
+/// names are what operators already filter logs on (`CLB_PROBE_LOG=clb_probe=debug`).
+#[test]
+fn every_package_is_named_as_its_library() {
+    let cargo = option_env!("CARGO").unwrap_or("cargo");
+    let out = Command::new(cargo)
+        .current_dir(root())
+        .args([
+            "metadata",
+            "--offline",
+            "--no-deps",
+            "--format-version",
+            "1",
+        ])
+        .output()
+        .expect("cargo metadata");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let metadata: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut libraries = 0;
+    let mut offenders = Vec::new();
+    for package in metadata["packages"].as_array().unwrap() {
+        let name = package["name"].as_str().unwrap();
+        for target in package["targets"].as_array().unwrap() {
+            let kinds = target["kind"].as_array().unwrap();
+            if kinds.iter().any(|k| k == "lib") {
+                libraries += 1;
+                let library = target["name"].as_str().unwrap();
+                if library != name.replace('-', "_") {
+                    offenders.push(format!("package {name}, library {library}"));
+                }
+            }
+        }
+    }
+    assert!(
+        libraries >= 5,
+        "cargo metadata listed {libraries} libraries"
+    );
+    assert!(offenders.is_empty(), "{offenders:?}");
+}

@@ -3,7 +3,7 @@
 //! Cargo unifies features over the packages one command selects, so `cargo build -p
 //! probe-user`, `cargo test -p probe-tests` and `cargo test` (the default members) each built
 //! probe-user, kube, tonic and OpenTelemetry again with their own feature set (measured: `cargo
-//! build -p probe-user` after `cargo test --workspace --no-run` recompiled 13 crates in 35 s,
+//! build -p clb-probe` after `cargo test --workspace --no-run` recompiled 13 crates in 35 s,
 //! probe-user among them). Every host step (tests, the agent the tests start, the VM suite, the
 //! chaos and bench smokes, the demo) now names the same selection, [`WORKSPACE`], so the first
 //! build ([`host`]) leaves all the others nothing to compile. The arm64 steps share
@@ -26,14 +26,8 @@ pub const ARM64: &str = "aarch64-unknown-linux-gnu";
 /// The arm64 selection: the agent and the test files the arm64 VM run uses (test-support, and
 /// for the image and deploy tests xtask, come in as probe-tests' dependencies). probe-common's arm64 unit tests are their own `cargo test -p
 /// probe-common`: a crate with no dependencies, so its own selection costs nothing.
-pub const ARM64_SELECTION: &[&str] = &[
-    "-p",
-    "probe-common",
-    "-p",
-    "probe-user",
-    "-p",
-    "probe-tests",
-];
+pub const ARM64_SELECTION: &[&str] =
+    &["-p", "probe-common", "-p", "clb-probe", "-p", "probe-tests"];
 
 /// Where cargo builds: `CARGO_TARGET_DIR` (relative to `root` when relative), else
 /// `root/target`.

@@ -181,7 +181,7 @@ pub fn repro() -> anyhow::Result<()> {
         let status = cargo()
             // The agent and the plugin (probe-client's binary).
             .args(["build", "--release", "--locked"])
-            .args(["-p", "probe-user", "-p", "probe-client"])
+            .args(["-p", "clb-probe", "-p", "clb-probe-client"])
             .arg("--target-dir")
             .arg(&dir)
             .current_dir(&root)

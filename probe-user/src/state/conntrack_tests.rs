@@ -453,7 +453,7 @@ fn filtered_dumps_are_filtered_by_the_kernel() {
 }
 
 /// Regenerates tests/data/conntrack/dump-v{4,6}.bin from a real kernel:
-/// `cargo test -p probe-user --lib conntrack -- --ignored capture_ctnetlink_fixtures`.
+/// `cargo test -p clb-probe --lib conntrack -- --ignored capture_ctnetlink_fixtures`.
 #[test]
 #[ignore = "regenerates fixtures; needs root, nc, iptables"]
 #[allow(clippy::print_stdout, reason = "a test's diagnostics")]

@@ -368,7 +368,7 @@ fn build_agent(root: &Path, quick: bool) -> Result<PathBuf> {
         return Ok(PathBuf::from(path));
     }
     let profile = if quick { "debug" } else { "release" };
-    eprintln!("bench: cargo build ({profile}) -p probe-user");
+    eprintln!("bench: cargo build ({profile}) -p clb-probe");
     let mut build = crate::build::workspace_cargo(root, "build");
     build.args(["--bin", "probe"]);
     if !quick {

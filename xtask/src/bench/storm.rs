@@ -34,7 +34,7 @@ fn storm(root: &Path, profile: &str, args: &[&str]) -> Result<serde_json::Value>
 /// Builds the example: release for figures; `--quick` (CI's smoke run) takes the debug build,
 /// whose dev-dependencies the tests have already built.
 fn build(root: &Path, release: bool) -> Result<()> {
-    eprintln!("bench: cargo build -p probe-user --example correlation_storm (release: {release})");
+    eprintln!("bench: cargo build -p clb-probe --example correlation_storm (release: {release})");
     let mut build = crate::build::workspace_cargo(root, "build");
     build.args(["--example", "correlation_storm"]);
     if release {

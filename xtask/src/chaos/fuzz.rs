@@ -15,9 +15,9 @@ pub(super) fn fuzz(cases: u32) -> Result<Row> {
     // probe-user` would compile probe-user again with its own feature set).
     let unit = crate::build::host(&workspace_root())?
         .into_iter()
-        .find(|(p, _, k, _)| p == "probe-user" && k.iter().any(|k| k == "lib"))
+        .find(|(p, _, k, _)| p == "clb-probe" && k.iter().any(|k| k == "lib"))
         .map(|a| a.3)
-        .ok_or_else(|| anyhow::anyhow!("cargo built no probe-user unit-test executable"))?;
+        .ok_or_else(|| anyhow::anyhow!("cargo built no clb-probe unit-test executable"))?;
     let out = Command::new(unit)
         .arg("fuzz_")
         .env("PROPTEST_CASES", cases.to_string())

@@ -15,7 +15,7 @@ use crate::workspace_root;
 /// The release agent for `arch`: the host's in target/release, arm64 cross-compiled.
 pub fn release_build(arch: Arch) -> anyhow::Result<PathBuf> {
     let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-    cmd.args(["build", "--release", "--locked", "-p", "probe-user"])
+    cmd.args(["build", "--release", "--locked", "-p", "clb-probe"])
         .current_dir(workspace_root());
     if arch != Arch::host() {
         cmd.args(["--target", arch.rust_target()]);
@@ -45,7 +45,7 @@ pub fn ebpf_object(arch: Arch) -> anyhow::Result<PathBuf> {
     std::fs::read_dir(&build)
         .with_context(|| format!("reading {}", build.display()))?
         .filter_map(|e| e.ok())
-        .filter(|e| e.file_name().to_string_lossy().starts_with("probe-user-"))
+        .filter(|e| e.file_name().to_string_lossy().starts_with("clb-probe-"))
         .map(|e| e.path().join("out/probe"))
         .filter_map(|p| Some((p.metadata().ok()?.modified().ok()?, p)))
         .max()

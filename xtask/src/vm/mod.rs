@@ -4,8 +4,8 @@
 //! and exit code come back to the host.
 //!
 //! Without `-c` it runs **the suite** ([`suite`]): the test binaries are built on the host once
-//! (`cargo build -p probe-user -p xtask`, `cargo test -p probe-tests --no-run`, `cargo test -p
-//! probe-user --lib --no-run`, all with `--message-format=json` to find the executables, in
+//! (`cargo build -p clb-probe -p xtask`, `cargo test -p probe-tests --no-run`, `cargo test -p
+//! clb-probe --lib --no-run`, all with `--message-format=json` to find the executables, in
 //! cargo's target dir: `CARGO_TARGET_DIR` if set, else the workspace's `target/`), then each
 //! kernel's boot runs the IPVS generic-netlink reader against real IPVS, then its share of the
 //! IPVS-mode lab tests ([`suite::PLAN`], which says why each runs where): the three kinds with

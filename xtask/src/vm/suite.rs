@@ -122,9 +122,9 @@ pub fn build(root: &Path) -> anyhow::Result<Bins> {
     let probe = crate::build::probe_binary(&built, "")?;
     let unit = built
         .iter()
-        .find(|(p, _, k, _)| p == "probe-user" && k.iter().any(|k| k == "lib"))
+        .find(|(p, _, k, _)| p == "clb-probe" && k.iter().any(|k| k == "lib"))
         .map(|a| a.3.clone())
-        .context("cargo built no probe-user unit-test executable")?;
+        .context("cargo built no clb-probe unit-test executable")?;
     let tests = crate::build::test_executables(&built, TEST_FILES, "")?;
     let older_kernel = root.join("xtask/src/vm/older-kernel.sh").is_file()
         && probe == root.join("target/debug/probe");
