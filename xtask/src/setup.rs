@@ -225,7 +225,8 @@ fn nightly_sysroot() -> anyhow::Result<PathBuf> {
     Ok(PathBuf::from(s.trim()))
 }
 
-/// The nightly toolchain with rust-src (the eBPF build uses `-Z build-std=core`).
+/// The nightly toolchain with rust-src (the eBPF build uses `-Z build-std=core`), clippy (the
+/// eBPF crate's lint) and rustfmt (the house's import grouping).
 pub fn nightly() -> anyhow::Result<()> {
     if nightly_sysroot().is_err() {
         say("installing the nightly toolchain");
@@ -250,16 +251,18 @@ pub fn nightly() -> anyhow::Result<()> {
         .context("rustup component add rust-src failed")?;
     }
     // clippy for the eBPF crate (linted on its own target with the nightly).
-    if !Command::new("cargo")
-        .args(["+nightly", "clippy", "--version"])
-        .output()
-        .is_ok_and(|o| o.status.success())
-    {
+    if !nightly_runs("clippy") {
         say("adding clippy to the nightly toolchain");
         run(Command::new("rustup").args(["component", "add", "clippy", "--toolchain", "nightly"]))
             .context("rustup component add clippy failed")?;
     }
-    say("nightly rust-src and clippy: present");
+    // rustfmt for `cargo +nightly fmt`: rustfmt.toml's import grouping is nightly-only.
+    if !nightly_runs("fmt") {
+        say("adding rustfmt to the nightly toolchain");
+        run(Command::new("rustup").args(["component", "add", "rustfmt", "--toolchain", "nightly"]))
+            .context("rustup component add rustfmt failed")?;
+    }
+    say("nightly rust-src, clippy and rustfmt: present");
     Ok(())
 }
 
@@ -363,6 +366,16 @@ pub fn is_complete() -> bool {
         && venv_has_module("helm_python")
         && node_prefix().join(NODE_MODELS.1).is_dir()
         && RUST_TARGETS.iter().all(|t| has_rust_target(t))
+        && nightly_runs("clippy")
+        && nightly_runs("fmt")
+}
+
+/// `cargo +nightly <subcommand> --version` runs: the nightly has that component.
+fn nightly_runs(subcommand: &str) -> bool {
+    Command::new("cargo")
+        .args(["+nightly", subcommand, "--version"])
+        .output()
+        .is_ok_and(|o| o.status.success())
 }
 
 /// True when what the demo needs is there: the lab's packages and the eBPF build (the

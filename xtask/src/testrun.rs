@@ -185,8 +185,15 @@ fn stages(
     clock: &mut Clock,
 ) -> anyhow::Result<()> {
     if !args.no_lint {
-        timed(clock, "cargo fmt --check", || {
-            run_step(cargo().args(["fmt", "--all", "--", "--check"]))
+        // The nightly's rustfmt: rustfmt.toml groups and merges imports (`group_imports`,
+        // `imports_granularity`), options only the nightly applies (issue #50). The nightly is
+        // there already: the eBPF build needs it (setup adds its rustfmt).
+        timed(clock, "cargo +nightly fmt --check", || {
+            run_step(
+                Command::new("cargo")
+                    .current_dir(root)
+                    .args(["+nightly", "fmt", "--all", "--", "--check"]),
+            )
         })?;
     }
     // One host build that every later step reuses (crate::build), while nothing else wants
