@@ -14,6 +14,12 @@ use super::{
 use crate::state::{NODEPORT_RANGE, Tuple};
 use probe_contract::{AggregateKey, LoopbackEvent, Outcome, SnatState, Tag, record::Packet};
 
+use super::remedy::{
+    cause::CauseAddresses,
+    sentences::{bound, mismatch, service_key, unbind},
+};
+use probe_contract::facts::Etp;
+
 impl Correlator {
     pub(super) fn on_vip_suspect(
         &mut self,
@@ -224,4 +230,55 @@ impl Correlator {
         self.stats.suspects_unconfirmed += n_unconf;
         self.held_suspects -= n_unconf;
     }
+}
+
+// Its remedy, one option a line, and its cause: read through `super::KIND_TEXTS`.
+
+pub(super) fn remedy(e: &LoopbackEvent) -> Vec<String> {
+    let vip = e.vip.unwrap_or(e.src);
+    let f = &e.facts;
+    let checked = match (
+        f.service.as_ref().and_then(|s| s.health_check_node_port),
+        f.etp(),
+    ) {
+        (Some(hc), Some(Etp::Local)) if hc == e.dst_port => {
+            format!("its healthCheckNodePort {hc} (externalTrafficPolicy: Local)")
+        }
+        (_, Some(Etp::Cluster)) => format!(
+            "NodePort {} (externalTrafficPolicy: Cluster: the LB checks the traffic port)",
+            e.dst_port
+        ),
+        _ => format!("port {}", e.dst_port),
+    };
+    let mut out = vec![format!(
+        "Cause: the LB{} health-checks this node from its own VIP {vip} on {checked}, and {vip} \
+         is {}, so the kernel discards every check as a packet with a local (martian) source.",
+        service_key(e)
+            .map(|k| format!(" of Service {k}"))
+            .unwrap_or_default(),
+        bound(vip, f.owner.as_ref()),
+    )];
+    out.extend(mismatch(e));
+    out.push(
+        "Have the LB send health checks from a source range that is not a VIP (a provider \
+         option: a dedicated health-check source range, e.g. turned on together with the \
+         provider's prevent-loopback Service annotation)."
+            .to_string(),
+    );
+    out.push(unbind(vip, f));
+    out.push(
+        "Do not read the LB's health status as fine: when every check fails the LB treats all \
+         backends as alive, which hides this until a backend really fails and still gets \
+         traffic."
+            .to_string(),
+    );
+    out
+}
+
+/// Its cause in one sentence (the Event note's first words).
+pub(super) fn cause(event: &LoopbackEvent) -> String {
+    let CauseAddresses { vip, proto, dst } = CauseAddresses::of(event);
+    format!(
+        "The load balancer's health checks from {vip} to {dst}/{proto} are dropped: the VIP is bound on this node, so the kernel drops them as a local source."
+    )
 }

@@ -37,6 +37,12 @@ use probe_contract::{
     sock,
 };
 
+use super::remedy::{
+    cause::CauseAddresses,
+    sentences::{mismatch, service_key},
+};
+use probe_contract::facts::SourceKind;
+
 impl Correlator {
     /// A netfilter drop of a local pod's (or the node's) call to a `no-endpoint-services`
     /// `drop` element of kube-proxy's nftables rules.
@@ -127,4 +133,78 @@ impl Correlator {
         self.stats.confirmed.etp_local_drop += 1;
         out.push(Output::Report(self.record(key, event, info.ts)));
     }
+}
+
+// Its remedy, one option a line, and its cause: read through `super::KIND_TEXTS`.
+
+/// kube-proxy's nftables `no-endpoint-services` drop of a call to an ETP Local Service's LB
+/// IP (kubernetes#131765). The version range: nftables mode exists since 1.29 (alpha; beta
+/// 1.31, GA 1.33, KEP-3866); kubernetes#132456 moved the filter chains after DNAT (1.34) and
+/// was cherry-picked to 1.33 only (#133969, merged 2025-09-09; no 1.32/1.31 cherry-pick found).
+/// A pod's call is also dropped by a fixed kube-proxy without a local-traffic detector (no
+/// "short-circuit pod traffic" rule in the external chain: `proxier.localDetector
+/// .IsImplemented()` in `pkg/proxy/nftables/proxier.go`).
+pub(super) fn remedy(e: &LoopbackEvent) -> Vec<String> {
+    let at = sock(e.vip.unwrap_or(e.dst), e.vip_port.unwrap_or(e.dst_port));
+    let proto = e.proto.as_str();
+    let svc = service_key(e)
+        .map(|k| format!("Service {k}"))
+        .unwrap_or_else(|| "the Service".into());
+    // Who called, and what happened to the call (`probe check`'s risk has no caller yet).
+    let (caller, fate) = match e.facts.source {
+        SourceKind::Node => (
+            "a host-network caller on this node called".to_string(),
+            "dropped the call before it reached",
+        ),
+        SourceKind::Unknown => (
+            "this node's pods (and, before kubernetes#132456, its host-network callers) call"
+                .to_string(),
+            "drop such calls before they reach",
+        ),
+        _ => (
+            format!("the pod {} called", e.src),
+            "dropped the call before it reached",
+        ),
+    };
+    let mut out = vec![format!(
+        "Cause: {caller} {at}/{proto}, an LB IP of {svc}, which kube-proxy here handles as \
+         externalTrafficPolicy Local without an endpoint on this node: in nftables mode it \
+         writes that IP:port into its map no-endpoint-services with verdict drop, and its \
+         filter chains {fate} an endpoint on another node \
+         (kubernetes#131765). In iptables and IPVS mode kube-proxy sends a pod's such call to \
+         the cluster-wide endpoints only when its local-traffic detector matches the pod \
+         (kubernetes#112820: a pod outside it is dropped there too). Affected: kube-proxy 1.29 to 1.32 in nftables mode, and 1.33 \
+         before the cherry-pick of kubernetes#132456 (#133969); and, for pod calls, any \
+         release whose kube-proxy has no local-traffic detector."
+    )];
+    out.extend(mismatch(e));
+    out.push(
+        "Upgrade kube-proxy to a release with kubernetes#132456 (1.34, or a 1.33 patch release \
+         with #133969), and give it a local-traffic detector (--detect-local-mode ClusterCIDR \
+         with --cluster-cidr, or NodeCIDR, BridgeInterface, InterfaceNamePrefix; in \
+         nftables mode the BridgeInterface and InterfaceNamePrefix detectors work only from \
+         1.33.6, 1.34.2 and 1.35, kubernetes#134024) so that pod calls to the LB IP are \
+         short-circuited to the cluster-wide endpoints."
+            .to_string(),
+    );
+    if e.facts.etp() != Some(Etp::Cluster) {
+        out.push(format!(
+            "Or set externalTrafficPolicy: Cluster on {svc} (kube-proxy then writes no drop for \
+             its LB IP; backends no longer see client source IPs)."
+        ));
+    }
+    out.push(format!(
+        "Or run an endpoint of {svc} on every node whose pods call {at} (a DaemonSet or a \
+         topology spread), or have callers use the Service's cluster DNS name or ClusterIP."
+    ));
+    out
+}
+
+/// Its cause in one sentence (the Event note's first words).
+pub(super) fn cause(event: &LoopbackEvent) -> String {
+    let CauseAddresses { vip, proto, .. } = CauseAddresses::of(event);
+    format!(
+        "kube-proxy dropped a call from {} to {vip}/{proto}: an externalTrafficPolicy Local Service without an endpoint on this node, in nftables mode.",
+        event.src
+    )
 }

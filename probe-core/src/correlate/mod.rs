@@ -156,6 +156,66 @@ use probe_contract::{Confirmation, CorrelatorStats};
 #[cfg(test)]
 use probe_contract::{KindCounts, Listener, LoopbackEvent, LoopbackKind, SnatState};
 
+/// What the core writes per kind, each from the kind's own module (beside its rule): its
+/// remedy, one option a line, and its cause in one sentence. With the contract's row
+/// (`probe_contract::KINDS`) and the rule's hook in `dispatch.rs`, this row is what a new kind
+/// adds (docs/architecture.md, "Adding a kind").
+pub(crate) struct KindTexts {
+    pub kind: probe_contract::LoopbackKind,
+    pub remedy: fn(&probe_contract::LoopbackEvent) -> Vec<String>,
+    pub cause: fn(&probe_contract::LoopbackEvent) -> String,
+}
+
+/// One row per kind, in `LoopbackKind::ALL`'s order (a test checks).
+pub(crate) const KIND_TEXTS: [KindTexts; probe_contract::KINDS.len()] = {
+    use probe_contract::LoopbackKind as K;
+    [
+        KindTexts {
+            kind: K::Hairpin,
+            remedy: remedy::kinds::hairpin,
+            cause: remedy::cause::hairpin,
+        },
+        KindTexts {
+            kind: K::HealthcheckBlackhole,
+            remedy: blackhole::remedy,
+            cause: blackhole::cause,
+        },
+        KindTexts {
+            kind: K::VipPortUnserved,
+            remedy: unserved::remedy,
+            cause: unserved::cause,
+        },
+        KindTexts {
+            kind: K::VipAsSource,
+            remedy: vip_as_source::remedy,
+            cause: vip_as_source::cause,
+        },
+        KindTexts {
+            kind: K::ServiceSelfLoop,
+            remedy: remedy::self_loop::service_self_loop,
+            cause: remedy::cause::service_self_loop,
+        },
+        KindTexts {
+            kind: K::EtpLocalDrop,
+            remedy: etp_local_drop::remedy,
+            cause: etp_local_drop::cause,
+        },
+        KindTexts {
+            kind: K::ProxyProtocolShortCircuit,
+            remedy: proxy_protocol::remedy,
+            cause: proxy_protocol::cause,
+        },
+    ]
+};
+
+/// `kind`'s row of [`KIND_TEXTS`].
+pub(crate) fn kind_texts(kind: probe_contract::LoopbackKind) -> &'static KindTexts {
+    KIND_TEXTS
+        .iter()
+        .find(|t| t.kind == kind)
+        .expect("every kind has a row in KIND_TEXTS (a test checks)")
+}
+
 /// See the [module documentation](self).
 pub struct Correlator {
     cfg: CorrelatorConfig,

@@ -31,6 +31,8 @@ use super::{Correlator, Output};
 use crate::state::{ConntrackEntry, Tuple};
 use probe_contract::{AggregateKey, LoopbackEvent, LoopbackKind, Outcome, SnatState};
 
+use super::remedy::{cause::CauseAddresses, sentences::service_key};
+
 /// How long a confirmed entry is remembered: longer than conntrack keeps it in `CLOSE`
 /// (`nf_conntrack_tcp_timeout_close`, 10 s by default), so one reset counts once.
 const DONE_FOR_NS: u64 = 30_000_000_000;
@@ -240,4 +242,46 @@ pub fn confirm(
             })
         })
         .collect()
+}
+
+// Its remedy, one option a line, and its cause: read through `super::KIND_TEXTS`.
+
+/// `proxy_protocol_short_circuit`: the call never passed the LB that adds the header.
+pub(super) fn remedy(e: &LoopbackEvent) -> Vec<String> {
+    let lb = e
+        .vip
+        .zip(e.vip_port)
+        .map_or_else(|| "the LB IP".to_string(), |(ip, port)| sock(ip, port));
+    let svc = service_key(e).unwrap_or_else(|| "the Service".to_string());
+    vec![
+        format!(
+            "Cause: {} called {lb}, whose LB sends a PROXY protocol header to {svc}'s backends; \
+             kube-proxy short-circuits that IP on the node, so the call went straight to {} \
+             without the header and the backend reset it (\"broken header\", \
+             kubernetes/ingress-nginx#9643).",
+            e.src,
+            sock(e.dst, e.dst_port)
+        ),
+        format!(
+            "Call {svc} from inside the cluster by its cluster DNS name or ClusterIP, sending \
+             the PROXY protocol header yourself when the backend requires it on every \
+             connection."
+        ),
+        "Or make in-cluster calls go through the LB: the provider's hostname annotation \
+         (Hetzner load-balancer.hetzner.cloud/hostname, OpenStack \
+         loadbalancer.openstack.org/hostname, DigitalOcean \
+         service.beta.kubernetes.io/do-loadbalancer-hostname: kubernetes/ingress-nginx#3996, \
+         Alibaba service.beta.kubernetes.io/alibaba-cloud-loadbalancer-hostname) or ipMode: \
+         Proxy on the ingress (Kubernetes >= 1.30), so kube-proxy writes no rule for the IP."
+            .to_string(),
+    ]
+}
+
+/// Its cause in one sentence (the Event note's first words).
+pub(super) fn cause(event: &LoopbackEvent) -> String {
+    let CauseAddresses { vip, proto, dst } = CauseAddresses::of(event);
+    format!(
+        "{} called {vip}/{proto}, whose load balancer adds a PROXY protocol header; kube-proxy short-circuited it to {dst} on this node, so it arrived without the header and was reset.",
+        event.src
+    )
 }

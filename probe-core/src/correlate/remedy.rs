@@ -9,16 +9,18 @@
 //! - each piece of advice appears once (calling the Service by its DNS name: one line);
 //! - the subject is the sender the facts name: a pod, this node, or a host-network caller.
 //!
-//! Layout: `remedy/kinds.rs` builds the remedy of each kind ([`build`]), from the sentences
-//! they share (`remedy/sentences.rs`); `remedy/self_loop.rs` the `service_self_loop` remedy (the
-//! missing piece, per proxy mode); `remedy/check.rs` the entry points `probe check` tells its
-//! risks with. This file only hands their names on.
+//! Layout: each kind's remedy and cause sentence live in its own module beside its rule
+//! (`correlate/<kind>.rs`, found through `correlate::KIND_TEXTS`; [`build`] and [`cause`] look
+//! them up), from the sentences they share (`remedy/sentences.rs`, `remedy/cause.rs`);
+//! `hairpin`'s and `service_self_loop`'s are still here (`remedy/kinds.rs`, `remedy/self_loop.rs`:
+//! the missing piece, per proxy mode); `remedy/check.rs` the entry points `probe check` tells
+//! its risks with.
 
-mod cause;
+pub(super) mod cause;
 mod check;
-mod kinds;
-mod self_loop;
-mod sentences;
+pub(super) mod kinds;
+pub(super) mod self_loop;
+pub(super) mod sentences;
 
 // Test support: the agent's tests build a placeholder event with it.
 pub use self::cause::cause;
@@ -29,9 +31,14 @@ pub use self::{
         etp_local_drop_risk, healthcheck_blackhole, proxy_mode, service_self_loop_risk, sock_of,
         vip_port_unserved,
     },
-    kinds::build,
     self_loop::self_masq_rule,
 };
+
+/// The remedy of a confirmed event, from its facts (the correlator's, and after attribution
+/// the API's too): its kind's own (`super::KIND_TEXTS`).
+pub fn build(e: &probe_contract::LoopbackEvent) -> Vec<String> {
+    (super::kind_texts(e.kind).remedy)(e)
+}
 
 #[cfg(test)]
 #[path = "remedy_tests.rs"]

@@ -515,3 +515,13 @@ fn a_self_loop_remedy_names_the_missing_piece_only() {
         assert!(all.contains("localhost"), "{missing:?}: {all}");
     }
 }
+
+/// Every kind has its texts' row, in the contract's order (issue #50: one row per kind).
+#[test]
+fn every_kind_has_its_texts_in_the_contracts_order() {
+    let texts: Vec<LoopbackKind> = crate::correlate::KIND_TEXTS
+        .iter()
+        .map(|t| t.kind)
+        .collect();
+    assert_eq!(texts, LoopbackKind::ALL.to_vec());
+}

@@ -24,6 +24,13 @@ use probe_contract::{
     AggregateKey, LoopbackEvent, Outcome, Proto, Tag, facts::Facts, record::Packet, sock,
 };
 
+use super::remedy::{
+    cause::CauseAddresses,
+    sentences::{sender, service_key, unserved_options},
+};
+use probe_contract::facts::SourceKind;
+use std::net::IpAddr;
+
 /// How long a dataplane answer for a VIP:port is reused (kube-proxy re-syncs every second or
 /// more; a lag shorter than this is no finding anyway).
 pub(super) const PROGRAMMED_TTL_NS: u64 = 5_000_000_000;
@@ -253,4 +260,75 @@ impl Correlator {
         self.stats.confirmed.vip_port_unserved += 1;
         out.push(Output::Report(self.record(key, event, info.ts)));
     }
+}
+
+// Its remedy, one option a line, and its cause: read through `super::KIND_TEXTS`.
+
+pub(super) fn remedy(e: &LoopbackEvent) -> Vec<String> {
+    let vip = e.vip.unwrap_or(e.dst);
+    let port = e.vip_port.unwrap_or(e.dst_port);
+    if e.facts.kube_proxy_lags {
+        return not_programmed(e, vip, port);
+    }
+    let from = match e.facts.source {
+        SourceKind::Pod | SourceKind::Node => sender(e),
+        _ => "this node or its pods".to_string(),
+    };
+    let mut out = unserved_options(
+        vip,
+        port,
+        e.proto,
+        service_key(e).as_deref(),
+        &e.facts,
+        &from,
+    );
+    if let Some(s) = &e.facts.service
+        && !s.ports.is_empty()
+    {
+        // The named form of "add it to the Service's ports": which ones it has.
+        out[1] = format!(
+            "Service {} serves {} only on {vip}: call {} on one of those ports, or, if port \
+             {port} belongs to the cluster, add it to the Service's ports.",
+            s.key(),
+            s.ports.join(", "),
+            s.dns_name()
+        );
+    }
+    out
+}
+
+/// The API's Service serves the port and this node's kube-proxy has not programmed it (metric
+/// names: kubernetes/kubernetes pkg/proxy/metrics/metrics.go): the
+/// Service is right, kube-proxy is what to look at (changing the Service or the LB would
+/// move nothing).
+fn not_programmed(e: &LoopbackEvent, vip: IpAddr, port: u16) -> Vec<String> {
+    let svc = service_key(e)
+        .map(|k| format!("Service {k}"))
+        .unwrap_or_else(|| "the Service".into());
+    vec![
+        format!(
+            "Cause: {svc} serves {}/{} in the API, but kube-proxy on this node has not \
+             programmed it: calls to it from this node and its pods are refused while the LB \
+             still reaches other nodes. kube-proxy lags the API or its last sync failed.",
+            sock(vip, port),
+            e.proto.as_str()
+        ),
+        "Look at kube-proxy on this node: its log (sync errors), its metrics \
+         `kubeproxy_sync_proxy_rules_last_timestamp_seconds` (stale) and \
+         `kubeproxy_sync_proxy_rules_iptables_restore_failures_total` / \
+         `kubeproxy_sync_proxy_rules_nftables_sync_failures_total`, and its /healthz."
+            .to_string(),
+        "If it is stuck, restart the kube-proxy pod on this node; it re-programs every Service \
+         at start. Do not change the Service or the LB: they are right."
+            .to_string(),
+    ]
+}
+
+/// Its cause in one sentence (the Event note's first words).
+pub(super) fn cause(event: &LoopbackEvent) -> String {
+    let CauseAddresses { vip, proto, .. } = CauseAddresses::of(event);
+    format!(
+        "{vip}/{proto} is bound on this node but nothing serves that port: calls from {} are refused locally instead of reaching the load balancer.",
+        event.src
+    )
 }

@@ -22,6 +22,12 @@ use probe_contract::{
     record::Packet,
 };
 
+use super::remedy::{
+    cause::CauseAddresses,
+    sentences::{call_in_cluster, mismatch, owner_fix, owner_short, service_key},
+};
+use probe_contract::{facts::AddressOwner, sock};
+
 impl Correlator {
     /// A local-source drop of a `Vip`-source packet that is no health check.
     pub(super) fn confirm_vip_as_source(
@@ -115,4 +121,83 @@ impl Correlator {
             }
         })
     }
+}
+
+// Its remedy, one option a line, and its cause: read through `super::KIND_TEXTS`.
+
+pub(super) fn remedy(e: &LoopbackEvent) -> Vec<String> {
+    let f = &e.facts;
+    let vip = e.vip.unwrap_or(e.src);
+    let to = sock(e.dst, e.dst_port);
+    let svc = service_key(e)
+        .map(|k| format!("Service {k}"))
+        .unwrap_or_else(|| "the Service".into());
+    // Why IPVS forwarded the call without SNAT, as far as the facts say.
+    let why = match f.etp() {
+        Some(Etp::Local) => format!(
+            "{svc} has externalTrafficPolicy: Local and the calling node has no local endpoint, \
+             so IPVS forwarded the call without SNAT"
+        ),
+        Some(Etp::Cluster) => format!(
+            "{svc} has externalTrafficPolicy: Cluster, under which kube-proxy masquerades a \
+             forwarded call, yet IPVS forwarded this one without SNAT (the calling node's \
+             masquerade rules did not match it)"
+        ),
+        None => "IPVS forwarded the call without SNAT (kube-proxy does so under \
+                 externalTrafficPolicy: Local when the calling node has no local endpoint)"
+            .to_string(),
+    };
+    let cause = match f.side.unwrap_or(VipSourceSide::Receiving) {
+        VipSourceSide::Receiving => format!(
+            "Cause: a host-network caller on another node called the LB IP {vip}; {vip} is a \
+             local address there, so the kernel picked {vip} itself as the source; {why} to {to} here; \
+             this node has {vip} as a local address too ({}) and drops every packet from it as \
+             a local (martian) source. The caller times out.",
+            owner_short(f.owner.as_ref())
+        ),
+        VipSourceSide::Sending => format!(
+            "Cause: a host-network caller on this node called the LB IP {vip}, a local address \
+             here ({}), so the kernel picked {vip} itself as the source; {why} to {to} on \
+             another node; that node has {vip} as a local address too and drops it as a local \
+             (martian) source. The caller times out.",
+            owner_short(f.owner.as_ref())
+        ),
+    };
+    let mut out = vec![cause];
+    // The story above is kube-proxy's; a VIP that something else made local here is that
+    // owner's to remove.
+    if let Some(owner @ (AddressOwner::Interface { .. } | AddressOwner::LocalRoute { .. })) =
+        &f.owner
+    {
+        out.push(owner_fix(vip, owner));
+    }
+    out.extend(mismatch(e));
+    out.push(call_in_cluster(e, vip, e.vip_port));
+    out.push(
+        "Or set internalTrafficPolicy / move such callers to nodes with a local endpoint, so \
+         in-cluster calls are not forwarded to another node."
+            .to_string(),
+    );
+    if f.etp() != Some(Etp::Cluster) {
+        out.push(format!(
+            "Or set externalTrafficPolicy: Cluster on {svc}: IPVS then masquerades the \
+             forwarded call to the node IP (the client source IP is no longer preserved)."
+        ));
+    } else {
+        out.push(
+            "Check kube-proxy's masquerade rules on the calling node (KUBE-MARK-MASQ for the \
+             LB IP, KUBE-POSTROUTING): under Cluster policy they SNAT this call."
+                .to_string(),
+        );
+    }
+    out
+}
+
+/// Its cause in one sentence (the Event note's first words).
+pub(super) fn cause(event: &LoopbackEvent) -> String {
+    let CauseAddresses { proto, dst, .. } = CauseAddresses::of(event);
+    format!(
+        "A packet with the LB VIP {} as its source left this node for {dst}/{proto} without SNAT: a host-network call to the LB IP, forwarded to another node.",
+        event.src
+    )
 }

@@ -1,50 +1,52 @@
 //! The loop's cause in one sentence, per kind: the first words of its Kubernetes Event's note
 //! (the agent's `sink::kube_event_doc`), beside the remedies it leads to.
 
-use probe_contract::{LoopbackEvent, LoopbackKind, facts::SourceKind, sock};
+use probe_contract::{LoopbackEvent, facts::SourceKind, sock};
 
-/// The cause of `event`, in one sentence (before attribution's names: addresses only).
+/// The cause of `event`, in one sentence (before attribution's names: addresses only): its
+/// kind's own (`super::super::KIND_TEXTS`).
 pub fn cause(event: &LoopbackEvent) -> String {
-    let vip = event
-        .vip
-        .map(|v| match event.vip_port {
-            Some(p) => sock(v, p),
-            None => v.to_string(),
-        })
-        .unwrap_or_else(|| "the LB VIP".to_string());
-    let proto = event.proto.as_str();
-    let dst = sock(event.dst, event.dst_port);
-    match event.kind {
-        LoopbackKind::HealthcheckBlackhole => format!(
-            "The load balancer's health checks from {vip} to {dst}/{proto} are dropped: the VIP is bound on this node, so the kernel drops them as a local source."
-        ),
-        LoopbackKind::Hairpin => hairpin_cause(event, &vip, proto, &dst),
-        LoopbackKind::VipPortUnserved => format!(
-            "{vip}/{proto} is bound on this node but nothing serves that port: calls from {} are refused locally instead of reaching the load balancer.",
-            event.src
-        ),
-        LoopbackKind::VipAsSource => format!(
-            "A packet with the LB VIP {} as its source left this node for {dst}/{proto} without SNAT: a host-network call to the LB IP, forwarded to another node.",
-            event.src
-        ),
-        LoopbackKind::EtpLocalDrop => format!(
-            "kube-proxy dropped a call from {} to {vip}/{proto}: an externalTrafficPolicy Local Service without an endpoint on this node, in nftables mode.",
-            event.src
-        ),
-        LoopbackKind::ProxyProtocolShortCircuit => format!(
-            "{} called {vip}/{proto}, whose load balancer adds a PROXY protocol header; kube-proxy short-circuited it to {dst} on this node, so it arrived without the header and was reset.",
-            event.src
-        ),
-        LoopbackKind::ServiceSelfLoop => format!(
-            "Pod {} called its own Service at {vip}/{proto} and was picked as the endpoint; without the hairpin SNAT the call came back with its own address as source and was dropped.",
-            event.src
-        ),
+    (super::super::kind_texts(event.kind).cause)(event)
+}
+
+/// The addresses a cause sentence names: the VIP (with its port when known), the protocol,
+/// the destination.
+pub(in crate::correlate) struct CauseAddresses {
+    pub vip: String,
+    pub proto: &'static str,
+    pub dst: String,
+}
+
+impl CauseAddresses {
+    pub(in crate::correlate) fn of(event: &LoopbackEvent) -> CauseAddresses {
+        let vip = event
+            .vip
+            .map(|v| match event.vip_port {
+                Some(p) => sock(v, p),
+                None => v.to_string(),
+            })
+            .unwrap_or_else(|| "the LB VIP".to_string());
+        CauseAddresses {
+            vip,
+            proto: event.proto.as_str(),
+            dst: sock(event.dst, event.dst_port),
+        }
     }
+}
+
+/// `service_self_loop`'s cause.
+pub(in crate::correlate) fn service_self_loop(event: &LoopbackEvent) -> String {
+    let CauseAddresses { vip, proto, .. } = CauseAddresses::of(event);
+    format!(
+        "Pod {} called its own Service at {vip}/{proto} and was picked as the endpoint; without the hairpin SNAT the call came back with its own address as source and was dropped.",
+        event.src
+    )
 }
 
 /// A hairpin's cause: who called (a pod, or the node itself: a host-network caller) and what
 /// the LB sent the call back to (a host listener by its process or pod, else the node).
-fn hairpin_cause(event: &LoopbackEvent, vip: &str, proto: &str, dst: &str) -> String {
+pub(in crate::correlate) fn hairpin(event: &LoopbackEvent) -> String {
+    let CauseAddresses { vip, proto, dst } = CauseAddresses::of(event);
     let from_node = event.facts.source == SourceKind::Node;
     let caller = if from_node {
         format!("This node ({})", event.src)

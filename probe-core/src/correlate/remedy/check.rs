@@ -3,7 +3,8 @@
 
 use std::net::IpAddr;
 
-use super::kinds::{build, unserved_options};
+use super::build;
+use super::sentences::unserved_options;
 use crate::state::ServiceSource;
 use probe_contract::{
     LoopbackEvent, LoopbackKind, Outcome, Proto,

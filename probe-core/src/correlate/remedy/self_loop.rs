@@ -10,7 +10,7 @@ use probe_contract::{LoopbackEvent, facts::ProxyMode, sock};
 /// A pod's call to its own Service came back to it unSNATed: the remedy names the piece the
 /// drop site and the node's state say is missing (`facts.self_loop`, from
 /// `self_loop::missing_piece`), in the rules of the node's kube-proxy mode.
-pub(super) fn service_self_loop(e: &LoopbackEvent) -> Vec<String> {
+pub(in crate::correlate) fn service_self_loop(e: &LoopbackEvent) -> Vec<String> {
     use probe_contract::facts::SelfLoopMissing as Missing;
     let (pod, port) = (e.src, e.dst_port);
     let missing = e.facts.self_loop.clone().unwrap_or(Missing::Undetermined);

@@ -4,17 +4,13 @@
 use std::net::IpAddr;
 
 use probe_contract::{
-    facts::{Facts, SourceKind},
+    LoopbackEvent, Proto,
+    facts::{AddressOwner, Announcer, Facts, SourceKind},
     sock,
 };
 
-use probe_contract::{
-    LoopbackEvent,
-    facts::{AddressOwner, Announcer},
-};
-
 /// The Service's name for a sentence: the API's, else the rules' `namespace/name`, else none.
-pub(super) fn service_key(e: &LoopbackEvent) -> Option<String> {
+pub(in crate::correlate) fn service_key(e: &LoopbackEvent) -> Option<String> {
     e.facts
         .service
         .as_ref()
@@ -23,12 +19,12 @@ pub(super) fn service_key(e: &LoopbackEvent) -> Option<String> {
 }
 
 /// `namespace/name` out of `namespace/name:port`.
-pub(super) fn strip_port(s: &str) -> String {
+pub(in crate::correlate) fn strip_port(s: &str) -> String {
     s.split(':').next().unwrap_or(s).to_string()
 }
 
 /// The sender, as the subject of a sentence.
-pub(super) fn sender(e: &LoopbackEvent) -> String {
+pub(in crate::correlate) fn sender(e: &LoopbackEvent) -> String {
     match e.facts.source {
         SourceKind::Pod => match &e.client_pod {
             Some(pod) => format!("pod {pod} ({})", e.src),
@@ -41,7 +37,7 @@ pub(super) fn sender(e: &LoopbackEvent) -> String {
 }
 
 /// What makes `vip` a local address, after "`vip` is ".
-pub(super) fn bound(vip: IpAddr, owner: Option<&AddressOwner>) -> String {
+pub(in crate::correlate) fn bound(vip: IpAddr, owner: Option<&AddressOwner>) -> String {
     match owner {
         Some(AddressOwner::VipInterface { iface }) => format!(
             "bound on {iface} here (kube-proxy in IPVS mode binds LoadBalancer ingress IPs so \
@@ -74,7 +70,7 @@ pub(super) fn bound(vip: IpAddr, owner: Option<&AddressOwner>) -> String {
 }
 
 /// How to stop `vip` being local, addressed to its owner.
-pub(super) fn unbind(vip: IpAddr, facts: &Facts) -> String {
+pub(in crate::correlate) fn unbind(vip: IpAddr, facts: &Facts) -> String {
     match &facts.owner {
         Some(AddressOwner::VipInterface { iface }) => match facts.ip_mode.as_deref() {
             Some("Proxy") => format!(
@@ -108,7 +104,7 @@ pub(super) fn unbind(vip: IpAddr, facts: &Facts) -> String {
 /// What removes a local address that kube-proxy did not make local (an address on a NIC, a
 /// `local` route): kube-proxy's settings, the Service's ipMode or its annotations do not touch
 /// it. The GCE guest agent's routes (protocol 66) get the agent's own switch.
-pub(super) fn owner_fix(vip: IpAddr, owner: &AddressOwner) -> String {
+pub(in crate::correlate) fn owner_fix(vip: IpAddr, owner: &AddressOwner) -> String {
     match owner {
         AddressOwner::VipInterface { iface } => format!(
             "{vip} is bound on {iface} by kube-proxy in IPVS mode: stop the binding as its \
@@ -186,7 +182,11 @@ fn announcer_fix(vip: IpAddr, iface: &str, a: &Announcer) -> String {
 }
 
 /// The one "call the Service in-cluster" advice, for `subject` (`In pod x: c` / `C`).
-pub(super) fn call_in_cluster(e: &LoopbackEvent, vip: IpAddr, vip_port: Option<u16>) -> String {
+pub(in crate::correlate) fn call_in_cluster(
+    e: &LoopbackEvent,
+    vip: IpAddr,
+    vip_port: Option<u16>,
+) -> String {
     let lb = match vip_port {
         Some(p) => sock(vip, p),
         None => vip.to_string(),
@@ -218,7 +218,7 @@ pub(super) fn call_in_cluster(e: &LoopbackEvent, vip: IpAddr, vip_port: Option<u
 }
 
 /// One sentence when the node's rules and the API disagree on the policy.
-pub(super) fn mismatch(e: &LoopbackEvent) -> Option<String> {
+pub(in crate::correlate) fn mismatch(e: &LoopbackEvent) -> Option<String> {
     let (rules, api) = e.facts.etp_mismatch()?;
     Some(format!(
         "This node's kube-proxy rules apply externalTrafficPolicy: {} while the API says {} \
@@ -231,7 +231,7 @@ pub(super) fn mismatch(e: &LoopbackEvent) -> Option<String> {
 }
 
 /// The owner in a parenthesis.
-pub(super) fn owner_short(owner: Option<&AddressOwner>) -> String {
+pub(in crate::correlate) fn owner_short(owner: Option<&AddressOwner>) -> String {
     match owner {
         Some(AddressOwner::VipInterface { iface }) => format!("bound on {iface}"),
         Some(AddressOwner::Interface {
@@ -249,4 +249,39 @@ pub(super) fn owner_short(owner: Option<&AddressOwner>) -> String {
         }) => format!("a local route, protocol {protocol} {protocol_name}"),
         None => "a local address".to_string(),
     }
+}
+
+pub(in crate::correlate) fn unserved_options(
+    vip: IpAddr,
+    port: u16,
+    proto: Proto,
+    owner: Option<&str>,
+    facts: &Facts,
+    from: &str,
+) -> Vec<String> {
+    let user = owner.map_or_else(|| "a Service".to_string(), |o| format!("Service {o}"));
+    let refusal = match proto {
+        _ if facts.access_filtered => {
+            "rejects it: kube-proxy's KUBE-IPVS-FILTER answers with ICMP port unreachable \
+             (connection refused)"
+        }
+        Proto::Udp => "answers with ICMP port unreachable",
+        _ => "answers with a TCP RST (connection refused)",
+    };
+    let mut out = vec![
+        format!(
+            "Cause: {vip} is {} and {user} uses it on other ports, so calls from {from} to {} \
+             never leave the node and never reach the LB listener; nothing here serves port \
+             {port}/{}, so the kernel {refusal}.",
+            bound(vip, facts.owner.as_ref()),
+            sock(vip, port),
+            proto.as_str()
+        ),
+        format!("If port {port} belongs to the cluster, add it to the Service's ports."),
+        "If the listener belongs to something outside the cluster, give it its own LB or \
+         address, separate from the one the Service uses."
+            .to_string(),
+    ];
+    out.push(unbind(vip, facts));
+    out
 }
