@@ -11,6 +11,7 @@ mod correlation;
 pub mod instance;
 pub mod nodesync;
 mod queries;
+mod refresh_policy;
 pub mod services;
 pub mod startup;
 pub mod verify;
