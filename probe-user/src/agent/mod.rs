@@ -9,6 +9,7 @@
 pub mod checks;
 mod correlation;
 pub mod instance;
+mod lookup_timers;
 pub mod nodesync;
 mod queries;
 mod refresh_policy;
