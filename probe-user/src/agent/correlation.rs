@@ -3,7 +3,10 @@
 //! to the sinks (through the Kubernetes hold when attribution is on). Queries go to
 //! [`super::queries`], which answers off this loop.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use tokio::{
     signal::unix::{Signal, SignalKind, signal},
@@ -13,7 +16,11 @@ use tracing::{debug, info};
 
 use probe_contract::clock::monotonic_ns;
 
-use super::{AbortOnDrop, queries, services};
+use super::{
+    AbortOnDrop,
+    lookup_timers::{self, Lookup, LookupTimers},
+    queries, services,
+};
 use crate::{
     correlate::{Answer, Correlator, CorrelatorConfig, Output},
     hub::Shared,
@@ -212,38 +219,21 @@ pub(super) async fn run(mut l: CorrelateLoop) -> anyhow::Result<()> {
     // The service table is re-read off this loop: a whole nat table or IPVS dump can take a
     // second on a busy node, and events must not wait behind them (the egress map moves on).
     let (services_tx, mut services_rx) = mpsc::channel::<Arc<state::ServiceTable>>(1);
-    let _services_task = AbortOnDrop(tokio::spawn(
-        services::Refresher {
-            mode: l.services_reader,
-            every: l.services_every,
-            first: std::mem::take(&mut l.services_first),
-            tx: services_tx,
-            api: match (l.api_table.take(), &l.kube_index) {
-                (Some(table), Some(index)) => Some(services::ApiFeed {
-                    table,
-                    index: index.clone(),
-                    owners: l.owners.clone(),
-                }),
-                _ => None,
-            },
-        }
-        .run(),
-    ));
+    let _services_task = AbortOnDrop(tokio::spawn(refresher(&mut l, services_tx).run()));
     let (answer_tx, mut answer_rx) = mpsc::channel::<Answer>(1024);
     // Confirmed reports waiting (at most 2 s) for the API cache to name them.
     let mut hold = Hold::default();
     // Quiet loops' proof look-ups (a conntrack dump each) run off this loop, one batch at a
-    // time, every `check_every`.
+    // time, every `check_every`; PROXY-protocol resets (`correlate::proxy_protocol`) likewise,
+    // a conntrack dump every PROXY_PROTOCOL_EVERY while the API names an LB with PROXY
+    // protocol on (its reset entries stay 10 s in CLOSE, so none is missed between dumps).
     let (proof_tx, mut proof_rx) = mpsc::channel::<ProofResults>(4);
-    let check_every = Duration::from_secs(l.tracker.config().check_every_s());
-    let mut next_check = tokio::time::Instant::now() + check_every;
-    let mut proof_out = false;
-    // PROXY-protocol resets (`correlate::proxy_protocol`): a conntrack dump off this loop every
-    // PROXY_PROTOCOL_EVERY while the API names an LB with PROXY protocol on; its reset entries
-    // stay 10 s in CLOSE, so none is missed between dumps.
     let (pp_tx, mut pp_rx) = mpsc::channel::<ProxyProtocolDump>(1);
-    let mut next_pp = tokio::time::Instant::now() + PROXY_PROTOCOL_EVERY;
-    let mut pp_out = false;
+    let mut lookups = LookupTimers::new(
+        Instant::now(),
+        Duration::from_secs(l.tracker.config().check_every_s()),
+        PROXY_PROTOCOL_EVERY,
+    );
     // Every kind's gauges and counters from the start, at 0.
     l.shared.publish_loops(l.tracker.lifecycle(), None);
     loop {
@@ -265,65 +255,35 @@ pub(super) async fn run(mut l: CorrelateLoop) -> anyhow::Result<()> {
             }
             Some(answer) = answer_rx.recv() => correlator.answer(answer),
             _ = tick.tick() => {
-                if let Ok(mut stats) = l.shared.correlator.lock() {
-                    stats.clone_from(correlator.stats());
-                }
-                correlator.set_nics(l.shared.status.borrow().nics.clone());
-                if l.owners.has_changed().unwrap_or(false) {
-                    correlator.set_owners(l.owners.borrow_and_update().clone());
-                }
-                let now = tokio::time::Instant::now();
-                if !proof_out && now >= next_check {
-                    next_check = now + check_every;
-                    proof_out = look_for_proof(&mut l.tracker, &proof_tx);
-                    // Loops gone quiet: the gauges follow.
-                    if l.tracker.take_changed() {
-                        l.shared.publish_loops(l.tracker.lifecycle(), None);
-                    }
-                }
-                if !pp_out && now >= next_pp {
-                    next_pp = now + PROXY_PROTOCOL_EVERY;
-                    pp_out = look_for_proxy_protocol(&l, &pp_tx);
-                }
+                on_tick(&mut l, &mut correlator);
+                start_lookups(&mut l, &mut lookups, &proof_tx, &pp_tx);
                 correlator.tick(monotonic_ns())
             }
             Some((entries, targets)) = pp_rx.recv() => {
-                pp_out = false;
+                lookups.step(lookup_timers::Signal::Answered(Lookup::ProxyProtocol), Instant::now());
                 correlator.proxy_protocol(&entries, &targets, monotonic_ns())
             }
             Some(results) = proof_rx.recv() => {
-                proof_out = false;
+                lookups.step(lookup_timers::Signal::Answered(Lookup::Proof), Instant::now());
                 proved(&mut l, results);
                 Vec::new()
             }
             Some(table) = services_rx.recv() => {
-                if l.tables.receiver_count() > 0 {
-                    l.tables.send_replace(Some(table.clone()));
-                }
-                // A new table only (on change): two sysfs/bpffs listings, microseconds.
-                let dataplane = crate::check::dataplane::of_node(&table).name();
-                l.status.send_if_modified(|s| {
-                    let changed = s.dataplane != dataplane;
-                    s.dataplane = dataplane;
-                    changed
-                });
-                let lb_ips = lb_ips_of(&l.kube_index);
-                watch_drop_destinations(&mut l.drop_destinations, &table, &lb_ips, &l.status);
-                correlator.set_services(table);
+                new_table(&mut l, &mut correlator, table);
                 Vec::new()
             }
             _ = index_changed(&mut l.kube_index), if waiting => {
-                release(&mut hold, &mut l, std::time::Instant::now());
+                release(&mut hold, &mut l, Instant::now());
                 Vec::new()
             }
             _ = tokio::time::sleep_until(deadline), if waiting => {
-                release(&mut hold, &mut l, std::time::Instant::now());
+                release(&mut hold, &mut l, Instant::now());
                 Vec::new()
             }
             name = l.signals.recv() => {
                 info!("{name}: shutting down");
                 // Held reports go out as they are.
-                release(&mut hold, &mut l, std::time::Instant::now() + crate::kube::hold::HOLD_MAX);
+                release(&mut hold, &mut l, Instant::now() + crate::kube::hold::HOLD_MAX);
                 return Ok(());
             }
         };
@@ -340,6 +300,80 @@ pub(super) async fn run(mut l: CorrelateLoop) -> anyhow::Result<()> {
             }
         }
     }
+}
+
+/// The service-table refresher, fed by the API's table when the agent has one.
+fn refresher(
+    l: &mut CorrelateLoop,
+    tx: mpsc::Sender<Arc<state::ServiceTable>>,
+) -> services::Refresher {
+    services::Refresher {
+        mode: l.services_reader,
+        every: l.services_every,
+        first: std::mem::take(&mut l.services_first),
+        tx,
+        api: match (l.api_table.take(), &l.kube_index) {
+            (Some(table), Some(index)) => Some(services::ApiFeed {
+                table,
+                index: index.clone(),
+                owners: l.owners.clone(),
+            }),
+            _ => None,
+        },
+    }
+}
+
+/// The tick's bookkeeping: the correlator's stats out, the NICs and local-address owners in.
+fn on_tick(l: &mut CorrelateLoop, correlator: &mut Correlator) {
+    if let Ok(mut stats) = l.shared.correlator.lock() {
+        stats.clone_from(correlator.stats());
+    }
+    correlator.set_nics(l.shared.status.borrow().nics.clone());
+    if l.owners.has_changed().unwrap_or(false) {
+        correlator.set_owners(l.owners.borrow_and_update().clone());
+    }
+}
+
+/// Starts the look-ups the timers say are due.
+fn start_lookups(
+    l: &mut CorrelateLoop,
+    lookups: &mut LookupTimers,
+    proof_tx: &mpsc::Sender<ProofResults>,
+    pp_tx: &mpsc::Sender<ProxyProtocolDump>,
+) {
+    let now = Instant::now();
+    for lookup in lookups.step(lookup_timers::Signal::Tick, now) {
+        let out = match lookup {
+            Lookup::Proof => {
+                let out = look_for_proof(&mut l.tracker, proof_tx);
+                // Loops gone quiet: the gauges follow.
+                if l.tracker.take_changed() {
+                    l.shared.publish_loops(l.tracker.lifecycle(), None);
+                }
+                out
+            }
+            Lookup::ProxyProtocol => look_for_proxy_protocol(l, pp_tx),
+        };
+        lookups.step(lookup_timers::Signal::Started { lookup, out }, now);
+    }
+}
+
+/// A new service table (on change): published beside the loop, its dataplane named in the
+/// node status, its no-endpoint drops watched, and the correlator's.
+fn new_table(l: &mut CorrelateLoop, correlator: &mut Correlator, table: Arc<state::ServiceTable>) {
+    if l.tables.receiver_count() > 0 {
+        l.tables.send_replace(Some(table.clone()));
+    }
+    // A new table only (on change): two sysfs/bpffs listings, microseconds.
+    let dataplane = crate::check::dataplane::of_node(&table).name();
+    l.status.send_if_modified(|s| {
+        let changed = s.dataplane != dataplane;
+        s.dataplane = dataplane;
+        changed
+    });
+    let lb_ips = lb_ips_of(&l.kube_index);
+    watch_drop_destinations(&mut l.drop_destinations, &table, &lb_ips, &l.status);
+    correlator.set_services(table);
 }
 
 /// A confirmed report: out now without attribution; with it, when the API cache can name it

@@ -9,8 +9,10 @@
 pub mod checks;
 mod correlation;
 pub mod instance;
+mod lookup_timers;
 pub mod nodesync;
 mod queries;
+mod refresh_policy;
 pub mod services;
 pub mod startup;
 pub mod verify;

@@ -42,40 +42,20 @@ use tokio::{
 };
 use tracing::{info, warn};
 
+use super::refresh_policy::{Action, RefreshPolicy, Seen, Signal};
 use crate::{
     kube::{index::Index, service_table::NodeView, watcher::SharedApiTable},
     state::{self, ServiceSource, ServiceTable, addrs::Owners, changes},
 };
 
-/// How long a signal waits for the rest of its burst of commits.
-pub const SETTLE: Duration = Duration::from_millis(200);
-/// The least time between the starts of two reads.
-pub const MIN_GAP: Duration = Duration::from_secs(1);
-/// Reads start at least this many times their own duration apart (but at most [`MAX_GAP`]):
-/// a full read of a large table (a dump of 100,000 rules takes a second) under a
-/// writer that changes the rules every second then costs about 1/20 = 5% of a core, paid in
-/// freshness. A change after a quiet spell is read after [`SETTLE`].
-pub const READ_DUTY: u32 = 20;
-/// The longest a change waits behind the previous read: freshness wins over the duty bound
-/// when one read takes more than 1.5 s (10,000 Services: 5 s reads, 30 s apart, ~17% of a
-/// core under continuous churn, against 100% for the old 5 s timer).
-pub const MAX_GAP: Duration = Duration::from_secs(30);
+// The pacing rules, named here as the module docs name them; the decisions are
+// `refresh_policy`'s.
+pub use super::refresh_policy::{
+    API_DUTY, API_EVERY, API_WAIT, MAX_GAP, MIN_GAP, READ_DUTY, RETRY, SETTLE,
+};
+
 /// The interval of the cheap IPVS and legacy change tests.
 pub const POLL: Duration = Duration::from_secs(1);
-/// A failed read is retried after this (or on the next signal).
-pub const RETRY: Duration = Duration::from_secs(5);
-/// How long a start that read only the dataplane's part waits for the API's lists before it
-/// reads the rules whole (API access refused, an API server that never answers).
-pub const API_WAIT: Duration = Duration::from_secs(15);
-
-/// The least time between two tables made from the API (a relist or a rollout applies many
-/// objects at once).
-pub const API_EVERY: Duration = Duration::from_millis(200);
-/// Tables from the API are made at least this many times their own making's duration apart:
-/// at 30,000 Services one takes ~130 ms (60,000 entries), so under continuous API churn
-/// (endpoints move every second on a large cluster) the agent spends at most ~1/10 of a core
-/// on them, and a change waits at most ~1.3 s (the freshness target is 2 s).
-pub const API_DUTY: u32 = 10;
 
 /// The table from the API, when the agent has API access.
 pub struct ApiFeed {
@@ -184,71 +164,6 @@ pub enum ReaderMode {
     /// Every `--services-every`, re-parsing every dump, ready only after the first read: the
     /// reader as it was, kept for the bench to measure against.
     Timer,
-}
-
-/// When to read next, from the signals seen. Pure: the times are given.
-///
-/// Two kinds of read are paced apart: a whole read (every dump parsed again: the first, the
-/// safety net, a full restore) and a small one (only the chains a commit named). Each kind
-/// starts at least [`READ_DUTY`] times its own last duration after the last read of that
-/// kind (whole: at most [`MAX_GAP`]), and every read at least [`MIN_GAP`] after the last one:
-/// each kind then costs at most ~5% of a core, and the 1.6 s dump kube-proxy's full restore
-/// forced does not hold the next Service's 0.1 s read back by 30 s.
-#[derive(Debug, Default)]
-pub struct Pacer {
-    /// When the first unanswered signal came.
-    pending_since: Option<Instant>,
-    last_start: Option<Instant>,
-    last_whole_start: Option<Instant>,
-    last_small_start: Option<Instant>,
-    /// How long the last read of each kind took.
-    whole_took: Duration,
-    small_took: Duration,
-}
-
-impl Pacer {
-    /// Something may have changed.
-    pub fn signal(&mut self, now: Instant) {
-        self.pending_since.get_or_insert(now);
-    }
-
-    /// When the pending read is due (None: nothing pending); `whole`: it will be a whole read.
-    pub fn due(&self, whole: bool) -> Option<Instant> {
-        let since = self.pending_since?;
-        let Some(last) = self.last_start else {
-            return Some(since);
-        };
-        let (kind_start, took) = if whole {
-            (self.last_whole_start, self.whole_took)
-        } else {
-            (self.last_small_start, self.small_took)
-        };
-        let mut due = (since + SETTLE).max(last + MIN_GAP);
-        if let Some(kind_start) = kind_start {
-            due = due.max(kind_start + (took * READ_DUTY).min(MAX_GAP));
-        }
-        Some(due)
-    }
-
-    /// A read starts: every signal so far is answered by it.
-    pub fn started(&mut self, now: Instant, whole: bool) {
-        self.pending_since = None;
-        self.last_start = Some(now);
-        if whole {
-            self.last_whole_start = Some(now);
-        } else {
-            self.last_small_start = Some(now);
-        }
-    }
-
-    /// The read that started last took `took`.
-    pub fn finished(&mut self, took: Duration, whole: bool) {
-        if whole {
-            self.whole_took = took;
-        } else {
-            self.small_took = took;
-        }
-    }
 }
 
 /// The refresher's inputs.
@@ -412,207 +327,254 @@ fn poll(ipvs: bool) -> Polled {
     }
 }
 
+/// The change-mode refresher's state: what it read and what it follows. When to do what is
+/// [`RefreshPolicy`]'s to say.
+struct OnChange {
+    policy: RefreshPolicy,
+    commits: Option<CommitFeed>,
+    api: Option<ApiFeed>,
+    first: Option<JoinHandle<anyhow::Result<ServiceTable>>>,
+    tx: mpsc::Sender<Arc<ServiceTable>>,
+    last: Option<Arc<ServiceTable>>,
+    poll_tick: tokio::time::Interval,
+    polled: Polled,
+    ipvs_mode: bool,
+    /// kube-proxy's mode, from the last whole dataplane read (the API cannot say it).
+    mode: Option<ServiceSource>,
+    /// The dataplane's part of the API's table (see the module docs).
+    facts: Arc<ServiceTable>,
+}
+
 async fn on_change(r: Refresher) {
-    let mut commits = r.first.commits;
-    let mut api = r.api;
-    let mut pacer = Pacer::default();
-    let mut last: Option<Arc<ServiceTable>> = None;
-    let mut first = r.first.read;
-    // What no commit message says (the first read, the safety net, a failed read, a signal
-    // from the polled tests) is read whole.
-    let mut read_whole = true;
-    let mut polled = Polled::default();
-    let mut ipvs_mode = false;
-    // kube-proxy's mode, from the last whole dataplane read (the API cannot say it).
-    let mut mode: Option<ServiceSource> = None;
-    // The table is the API's (see the module docs); `facts`: the dataplane's part of it.
-    let mut api_on = false;
-    let mut facts = Arc::new(ServiceTable::default());
-    let mut api_dirty = false;
-    let mut api_next = tokio::time::Instant::now();
-    // A facts-first start (see `start_first_read`): the whole rules are read if the API's
-    // lists are not complete by then.
-    let mut whole_unless_api = api.as_ref().map(|_| tokio::time::Instant::now() + API_WAIT);
-    let mut safety = tokio::time::Instant::now() + r.every;
     let mut poll_tick = tokio::time::interval(POLL);
     poll_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    pacer.signal(Instant::now());
+    let mut s = OnChange {
+        policy: RefreshPolicy::new(Instant::now(), r.every, r.api.is_some()),
+        commits: r.first.commits,
+        api: r.api,
+        first: r.first.read,
+        tx: r.tx,
+        last: None,
+        poll_tick,
+        polled: Polled::default(),
+        ipvs_mode: false,
+        mode: None,
+        facts: Arc::new(ServiceTable::default()),
+    };
     loop {
-        // The API's lists are complete and the rules said the mode: its table from now on,
-        // with the last whole read's masquerade rules and NodePorts as the dataplane's part.
-        if !api_on
-            && let (Some(feed), Some(m), Some(read)) = (&api, mode, &last)
-            && feed.synced()
+        let going_on = match s.policy.next(s.seen(), Instant::now()) {
+            Action::ApiOn => {
+                s.api_on();
+                true
+            }
+            Action::MakeFromApi => s.make_from_api().await,
+            Action::Read { whole, everything } => s.read(whole, everything).await,
+            Action::ApiLate => {
+                warn!(
+                    "the API's lists are not complete after {API_WAIT:?}: reading kube-proxy's rules whole meanwhile"
+                );
+                true
+            }
+            Action::Wait { until } => {
+                s.wait(until).await;
+                true
+            }
+        };
+        if !going_on {
+            return;
+        }
+    }
+}
+
+impl OnChange {
+    fn seen(&self) -> Seen {
+        Seen {
+            api_ready: self.api.as_ref().is_some_and(ApiFeed::synced)
+                && self.mode.is_some()
+                && self.last.is_some(),
+            touched_whole: self.first.is_some()
+                || self.commits.as_ref().is_none_or(CommitFeed::reads_whole),
+            no_services: self.last.as_ref().is_some_and(|t| t.services.is_empty()),
+        }
+    }
+
+    /// The API's lists are complete and the rules said the mode: its table from now on, with
+    /// the last whole read's masquerade rules and NodePorts as the dataplane's part.
+    fn api_on(&mut self) {
+        let (Some(mode), Some(read)) = (self.mode, &self.last) else {
+            return;
+        };
+        self.ipvs_mode = false;
+        self.facts = facts_of(read);
+        info!(
+            ?mode,
+            "service table: from the API from now on; the rules are read only for masquerade, NodePorts and per question"
+        );
+        // The whole nat table held for chain re-reads is not needed now.
+        tokio::task::spawn_blocking(state::iptables::release_held);
+    }
+
+    /// The API's table changed: a new one, when it differs; false when the correlation loop
+    /// is gone.
+    async fn make_from_api(&mut self) -> bool {
+        let started = Instant::now();
+        if let (Some(feed), Some(m)) = (&self.api, self.mode)
+            && !send_from_api(feed, m, &self.facts, &mut self.last, &self.tx, "API change").await
         {
-            api_on = true;
-            api_dirty = true;
-            ipvs_mode = false;
-            facts = facts_of(read);
-            info!(
-                mode = ?m,
-                "service table: from the API from now on; the rules are read only for masquerade, NodePorts and per question"
-            );
-            // The whole nat table held for chain re-reads is not needed now.
-            tokio::task::spawn_blocking(state::iptables::release_held);
+            return false;
         }
-        // The API's table, when it changed (at most every API_EVERY).
-        if api_dirty && api_on && tokio::time::Instant::now() >= api_next {
-            api_dirty = false;
-            let started = tokio::time::Instant::now();
-            if let (Some(feed), Some(m)) = (&api, mode)
-                && !send_from_api(feed, m, &facts, &mut last, &r.tx, "API change").await
-            {
-                return;
+        let took = started.elapsed();
+        self.policy
+            .step(Signal::MadeFromApi { started, took }, Instant::now());
+        true
+    }
+
+    /// One read of the dataplane (the first, or the one now due); false when the correlation
+    /// loop is gone.
+    async fn read(&mut self, whole: bool, everything: bool) -> bool {
+        if let Some(feed) = &mut self.commits {
+            feed.count.borrow_and_update();
+        }
+        // The first read began with the agent: what was touched since is left for the next.
+        let mut touched = match (&self.commits, self.first.is_some()) {
+            (_, true) => changes::Touched::everything(),
+            (Some(feed), false) => feed.take(),
+            (None, false) => changes::Touched::everything(),
+        };
+        if everything {
+            touched = changes::Touched::everything();
+        }
+        let api_on = self.policy.api_on();
+        tracing::debug!(
+            whole,
+            api_on,
+            everything = touched.is_everything(),
+            named = touched.named(),
+            "service table read starts"
+        );
+        // The change tests' state before the read: a change during it is seen next poll.
+        let before = {
+            let ipvs = self.ipvs_mode;
+            tokio::task::spawn_blocking(move || poll(ipvs))
+                .await
+                .unwrap_or_default()
+        };
+        let started = Instant::now();
+        let facts_mode = self.mode.filter(|_| api_on);
+        let read = match self.first.take() {
+            Some(handle) => {
+                let read = handle.await;
+                if self.commits.as_ref().is_some_and(|f| !f.is_empty()) {
+                    self.policy.step(Signal::Changed, Instant::now());
+                }
+                read
             }
-            api_next = started + API_EVERY.max(started.elapsed() * API_DUTY);
-            continue;
-        }
-        let whole =
-            read_whole || first.is_some() || commits.as_ref().is_none_or(CommitFeed::reads_whole);
-        if let Some(due) = pacer.due(whole)
-            && due <= Instant::now()
-        {
-            pacer.started(Instant::now(), whole);
-            if let Some(feed) = &mut commits {
-                feed.count.borrow_and_update();
+            None => {
+                tokio::task::spawn_blocking(move || match facts_mode {
+                    Some(m) => state::dataplane::read_facts(&touched, m),
+                    None => state::read_services_after(&touched),
+                })
+                .await
             }
-            // The first read began with the agent: what was touched since is left for the next.
-            let mut touched = match (&commits, first.is_some()) {
-                (_, true) => changes::Touched::everything(),
-                (Some(feed), false) => feed.take(),
-                (None, false) => changes::Touched::everything(),
-            };
-            if std::mem::take(&mut read_whole) {
-                touched = changes::Touched::everything();
+        };
+        let took = started.elapsed();
+        let ok = matches!(read, Ok(Ok(_)));
+        self.policy
+            .step(Signal::ReadDone { took, whole, ok }, Instant::now());
+        match read {
+            Ok(Ok(table)) => self.took_in(table, facts_mode, before, took).await,
+            Ok(Err(e)) => {
+                warn!(error = %e, "reading the service table; keeping the last one, retrying in {RETRY:?}");
+                true
             }
-            tracing::debug!(
-                whole,
-                api_on,
-                everything = touched.is_everything(),
-                named = touched.named(),
-                "service table read starts"
-            );
-            // The change tests' state before the read: a change during it is seen next poll.
-            let before = {
-                let ipvs = ipvs_mode;
-                tokio::task::spawn_blocking(move || poll(ipvs))
-                    .await
-                    .unwrap_or_default()
-            };
-            let started = Instant::now();
-            let facts_mode = mode.filter(|_| api_on);
-            let read = match first.take() {
-                Some(handle) => {
-                    let read = handle.await;
-                    if commits.as_ref().is_some_and(|f| !f.is_empty()) {
-                        pacer.signal(Instant::now());
-                    }
-                    read
-                }
-                None => {
-                    tokio::task::spawn_blocking(move || match facts_mode {
-                        Some(m) => state::dataplane::read_facts(&touched, m),
-                        None => state::read_services_after(&touched),
-                    })
-                    .await
-                }
-            };
-            let took = started.elapsed();
-            pacer.finished(took, whole);
-            safety = tokio::time::Instant::now() + r.every;
-            match read {
-                Ok(Ok(table)) => {
-                    if facts_mode.is_none() {
-                        mode = table.source;
-                    }
-                    polled = before;
-                    if let (Some(feed), Some(m)) = (&api, facts_mode) {
-                        let read = facts_of(&table);
-                        drop(table);
-                        // A commit that left the dataplane's part as it was (a kube-proxy
-                        // sync rewriting a Service's chains) makes no new table: making one
-                        // is the API table's whole size (130 ms at 30,000 Services).
-                        if read == facts {
-                            continue;
-                        }
-                        facts = read;
-                        if !send_from_api(feed, m, &facts, &mut last, &r.tx, "rules changed").await
-                        {
-                            return;
-                        }
-                        continue;
-                    }
-                    ipvs_mode = table.source == Some(state::ServiceSource::Ipvs);
-                    if ipvs_mode && polled.ipvs.is_none() {
-                        polled.ipvs = tokio::task::spawn_blocking(|| poll(true))
-                            .await
-                            .unwrap_or_default()
-                            .ipvs;
-                    }
-                    if last.as_deref() != Some(&table) {
-                        let line = TableLine::of(&table);
-                        let table = Arc::new(table);
-                        last = Some(table.clone());
-                        if r.tx.send(table).await.is_err() {
-                            return;
-                        }
-                        line.log("change", Some(took));
-                    }
-                }
-                Ok(Err(e)) => {
-                    warn!(error = %e, "reading the service table; keeping the last one, retrying in {RETRY:?}");
-                    safety = tokio::time::Instant::now() + RETRY;
-                    read_whole = true;
-                }
-                Err(e) => {
-                    warn!(error = %e, "the service table reader failed; keeping the last one");
-                    safety = tokio::time::Instant::now() + RETRY;
-                    read_whole = true;
-                }
-            }
-            continue;
-        }
-        let mut wake = pacer
-            .due(whole)
-            .map(|d| tokio::time::Instant::from_std(d).min(safety))
-            .unwrap_or(safety);
-        if api_dirty && api_on {
-            wake = wake.min(api_next);
-        }
-        if api_on {
-            whole_unless_api = None;
-        }
-        if let Some(at) = whole_unless_api {
-            if tokio::time::Instant::now() >= at {
-                whole_unless_api = None;
-                if last.as_ref().is_some_and(|t| t.services.is_empty()) {
-                    warn!(
-                        "the API's lists are not complete after {API_WAIT:?}: reading kube-proxy's rules whole meanwhile"
-                    );
-                    read_whole = true;
-                    pacer.signal(Instant::now());
-                    continue;
-                }
-            } else {
-                wake = wake.min(at);
+            Err(e) => {
+                warn!(error = %e, "the service table reader failed; keeping the last one");
+                true
             }
         }
-        tokio::select! {
+    }
+
+    /// A read's table: the API's made again with its dataplane's part (`facts_mode`: the API's
+    /// table is on), or itself sent; false when the correlation loop is gone.
+    async fn took_in(
+        &mut self,
+        table: ServiceTable,
+        facts_mode: Option<ServiceSource>,
+        before: Polled,
+        took: Duration,
+    ) -> bool {
+        if facts_mode.is_none() {
+            self.mode = table.source;
+        }
+        self.polled = before;
+        if let (Some(feed), Some(m)) = (&self.api, facts_mode) {
+            let read = facts_of(&table);
+            drop(table);
+            // A commit that left the dataplane's part as it was (a kube-proxy sync rewriting a
+            // Service's chains) makes no new table: making one is the API table's whole size
+            // (130 ms at 30,000 Services).
+            if read == self.facts {
+                return true;
+            }
+            self.facts = read;
+            return send_from_api(
+                feed,
+                m,
+                &self.facts,
+                &mut self.last,
+                &self.tx,
+                "rules changed",
+            )
+            .await;
+        }
+        self.ipvs_mode = table.source == Some(state::ServiceSource::Ipvs);
+        if self.ipvs_mode && self.polled.ipvs.is_none() {
+            self.polled.ipvs = tokio::task::spawn_blocking(|| poll(true))
+                .await
+                .unwrap_or_default()
+                .ipvs;
+        }
+        if self.last.as_deref() != Some(&table) {
+            let line = TableLine::of(&table);
+            let table = Arc::new(table);
+            self.last = Some(table.clone());
+            if self.tx.send(table).await.is_err() {
+                return false;
+            }
+            line.log("change", Some(took));
+        }
+        true
+    }
+
+    /// Waits until `until` or the next commit, API change or polled test, and tells the policy.
+    async fn wait(&mut self, until: Instant) {
+        let OnChange {
+            policy,
+            commits,
+            api,
+            poll_tick,
+            polled,
+            ipvs_mode,
+            ..
+        } = self;
+        let api_on = policy.api_on();
+        let signal = tokio::select! {
             changed = async {
-                match &mut commits {
+                match commits {
                     Some(feed) => feed.count.changed().await,
                     None => std::future::pending().await,
                 }
             } => {
                 if changed.is_err() {
-                    commits = None;
+                    *commits = None;
+                    None
                 } else {
-                    pacer.signal(Instant::now());
+                    Some(Signal::Changed)
                 }
             }
             // The API's table changed (true), or its lists' state (false).
             event = async {
-                match &mut api {
+                match api {
                     Some(feed) if api_on => feed.table.changed.changed().await.map(|_| true),
                     Some(feed) => tokio::select! {
                         r = feed.table.changed.changed() => r.map(|_| true),
@@ -623,25 +585,25 @@ async fn on_change(r: Refresher) {
             } => {
                 match event {
                     // The watcher ended: the last table stays.
-                    Err(_) => api = None,
-                    Ok(table_changed) => api_dirty |= table_changed,
+                    Err(_) => {
+                        *api = None;
+                        None
+                    }
+                    Ok(table_changed) => table_changed.then_some(Signal::ApiChanged),
                 }
             }
             _ = poll_tick.tick() => {
-                let ipvs = ipvs_mode;
+                let ipvs = *ipvs_mode;
                 let now = tokio::task::spawn_blocking(move || poll(ipvs)).await.unwrap_or_default();
-                if now != polled {
-                    polled = now;
-                    pacer.signal(Instant::now());
-                }
+                (now != *polled).then(|| {
+                    *polled = now;
+                    Signal::Changed
+                })
             }
-            _ = tokio::time::sleep_until(wake) => {
-                if tokio::time::Instant::now() >= safety {
-                    pacer.signal(Instant::now());
-                    read_whole = true;
-                    safety = tokio::time::Instant::now() + r.every;
-                }
-            }
+            _ = tokio::time::sleep_until(tokio::time::Instant::from_std(until)) => Some(Signal::Woke),
+        };
+        if let Some(signal) = signal {
+            policy.step(signal, Instant::now());
         }
     }
 }
@@ -729,71 +691,4 @@ pub async fn initial(mode: ReaderMode, mut first: Pending) -> (ServiceTable, Pen
             (ServiceTable::default(), first)
         }
     }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_burst_of_signals_is_one_read_and_reads_are_a_gap_apart() {
-        let t0 = Instant::now();
-        let mut p = Pacer::default();
-        assert_eq!(p.due(true), None);
-        // The first signal (start) is due at once.
-        p.signal(t0);
-        assert_eq!(p.due(true), Some(t0));
-        p.started(t0, true);
-        assert_eq!(p.due(true), None);
-        // A burst during the next 100 ms: one read, MIN_GAP after the last start.
-        for ms in [10, 50, 100] {
-            p.signal(t0 + Duration::from_millis(ms));
-        }
-        assert_eq!(p.due(true), Some(t0 + MIN_GAP));
-        p.started(t0 + MIN_GAP, true);
-        // Long after: due SETTLE after the signal.
-        let later = t0 + Duration::from_secs(10);
-        p.signal(later);
-        p.signal(later + Duration::from_millis(150));
-        assert_eq!(p.due(true), Some(later + SETTLE));
-        // A read that took 1 s: the next one 20 s after its start, however soon it is asked.
-        p.started(later + SETTLE, true);
-        p.finished(Duration::from_secs(1), true);
-        p.signal(later + Duration::from_secs(5));
-        assert_eq!(
-            p.due(true),
-            Some(later + SETTLE + Duration::from_secs(READ_DUTY.into()))
-        );
-        // One that took 10 s: MAX_GAP, not 200 s.
-        p.started(later + Duration::from_secs(30), true);
-        p.finished(Duration::from_secs(10), true);
-        p.signal(later + Duration::from_secs(41));
-        assert_eq!(p.due(true), Some(later + Duration::from_secs(30) + MAX_GAP));
-    }
-}
-
-#[test]
-fn a_small_read_is_not_held_back_by_a_long_whole_one() {
-    let t0 = Instant::now();
-    let mut p = Pacer::default();
-    // A full restore: a whole read of 1.6 s.
-    p.signal(t0);
-    p.started(t0, true);
-    p.finished(Duration::from_millis(1600), true);
-    // A Service added 2 s later names three chains: read once MIN_GAP and SETTLE allow,
-    // not 30 s after the whole read.
-    let added = t0 + Duration::from_secs(2);
-    p.signal(added);
-    assert_eq!(p.due(false), Some(added + SETTLE));
-    // Another full restore then waits for the whole read's duty gap.
-    assert_eq!(p.due(true), Some(t0 + MAX_GAP));
-    p.started(added + SETTLE, false);
-    p.finished(Duration::from_millis(100), false);
-    // Small reads of 0.1 s each: 2 s apart (20 x 0.1 s), at least MIN_GAP.
-    let next = added + Duration::from_secs(1);
-    p.signal(next);
-    assert_eq!(
-        p.due(false),
-        Some(added + SETTLE + Duration::from_millis(100) * READ_DUTY)
-    );
 }
