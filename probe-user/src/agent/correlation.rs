@@ -265,10 +265,8 @@ pub(super) async fn run(mut l: CorrelateLoop) -> anyhow::Result<()> {
             }
             Some(answer) = answer_rx.recv() => correlator.answer(answer),
             _ = tick.tick() => {
-                if let Ok(mut stats) = l.shared.correlator.lock() {
-                    stats.clone_from(correlator.stats());
-                }
-                correlator.set_nics(l.shared.status.borrow().nics.clone());
+                l.shared.set_correlator_stats(correlator.stats());
+                correlator.set_nics(l.shared.status().nics);
                 if l.owners.has_changed().unwrap_or(false) {
                     correlator.set_owners(l.owners.borrow_and_update().clone());
                 }
@@ -334,7 +332,7 @@ pub(super) async fn run(mut l: CorrelateLoop) -> anyhow::Result<()> {
                     query,
                     &l.egress,
                     &l.ifnames,
-                    &l.shared.capabilities,
+                    l.shared.capabilities(),
                     &answer_tx,
                 ),
             }

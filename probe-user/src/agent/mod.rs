@@ -24,7 +24,7 @@ use std::{
 };
 
 use anyhow::Context as _;
-use tokio::sync::{broadcast, mpsc, watch};
+use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
 use crate::{
@@ -188,34 +188,23 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         reader_stats.clone(),
     ));
 
-    let shared = Shared {
+    let shared = Shared::new(hub::HubInputs {
         status: status_rx,
-        counters: Arc::new(loaded.counters),
+        counters: loaded.counters,
         reader: reader_stats,
-        drop_reasons: Arc::new(kbtf.drop_reasons.clone()),
-        reports: broadcast::channel(1024).0,
-        confirmed: Default::default(),
-        correlator: Default::default(),
+        drop_reasons: kbtf.drop_reasons.clone(),
         capabilities,
         kube: kube.status.clone(),
-        version: env!("CARGO_PKG_VERSION"),
-        kube_events: Default::default(),
-        node_report: Default::default(),
-        outputs: Arc::new(surfaces.output_stats()),
+        outputs: surfaces.output_stats(),
         otlp: surfaces.otlp_logs.as_ref().map(|o| o.stats()),
-        loops: Default::default(),
-        resolutions: broadcast::channel(256).0,
-        evidence: Arc::new(std::sync::Mutex::new(hub::evidence::EvidenceStore::new(
-            cfg.evidence,
-        ))),
-        check_risks: Default::default(),
+        evidence: cfg.evidence,
         node_name: cfg.node_name.clone(),
-        test_traffic: Default::default(),
-    };
+        stop: stop_rx.clone(),
+    });
     // Subscribed before the first report; the writers run beside the loop, never in it.
     let subscription = || crate::sink::Subscription {
         reports: shared.subscribe(),
-        resolutions: shared.resolutions.subscribe(),
+        resolutions: shared.subscribe_resolutions(),
         stop: stop_rx.clone(),
     };
     let mut writers = Vec::new();
@@ -237,7 +226,7 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         surfaces
             .otlp_metrics
             .take()
-            .zip(shared.otlp.clone())
+            .zip(shared.otlp_stats())
             .map(|(pending, stats)| {
                 crate::sink::otlp::OtlpMetrics::start(pending, &shared.view(), stats)
             });
@@ -565,8 +554,8 @@ fn spawn_kube_events(cfg: &AgentConfig, shared: &Shared) -> Option<AbortOnDrop> 
         source.clone(),
         cfg.node_name.clone().unwrap_or_else(hub::node_name),
         shared.subscribe(),
-        shared.resolutions.subscribe(),
-        shared.kube_events.clone(),
+        shared.subscribe_resolutions(),
+        shared.kube_event_stats(),
     ))))
 }
 
@@ -625,13 +614,11 @@ fn spawn_node_report(
     );
     // The evidence bundles show the same risks for a loop's Service.
     let mut risks_rx = checks.clone();
-    let risks = shared.check_risks.clone();
+    let hub = shared.clone();
     tokio::spawn(async move {
         while risks_rx.changed().await.is_ok() {
             let latest = risks_rx.borrow_and_update().risks.clone();
-            if let Ok(mut r) = risks.lock() {
-                *r = latest;
-            }
+            hub.set_check_risks(latest);
         }
     });
     Some(AbortOnDrop(tokio::spawn(
@@ -644,13 +631,13 @@ fn spawn_node_report(
                     .unwrap_or(i64::MAX),
                 write_interval_ms: u64::try_from(cfg.node_report_interval.as_millis())
                     .unwrap_or(u64::MAX),
-                stats: shared.node_report.clone(),
+                stats: shared.node_report_stats(),
                 local: Some(owners.clone()),
             },
             crate::sink::node_report::writer::NodeFacts::of_this_node(&node),
-            shared.capabilities.clone(),
+            shared.capabilities().clone(),
             shared.subscribe(),
-            shared.resolutions.subscribe(),
+            shared.subscribe_resolutions(),
             checks,
         ),
     )))
