@@ -202,11 +202,7 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         stop: stop_rx.clone(),
     });
     // Subscribed before the first report; the writers run beside the loop, never in it.
-    let subscription = || crate::sink::Subscription {
-        reports: shared.subscribe(),
-        resolutions: shared.subscribe_resolutions(),
-        stop: stop_rx.clone(),
-    };
+    let subscription = || crate::sink::Subscription::to(&shared);
     let mut writers = Vec::new();
     if let Some(events) = surfaces.events.take() {
         writers.push(subscription().run(crate::sink::json::EventLines(events)));
@@ -553,8 +549,7 @@ fn spawn_kube_events(cfg: &AgentConfig, shared: &Shared) -> Option<AbortOnDrop> 
     Some(AbortOnDrop(tokio::spawn(crate::sink::kube_events::start(
         source.clone(),
         cfg.node_name.clone().unwrap_or_else(hub::node_name),
-        shared.subscribe(),
-        shared.subscribe_resolutions(),
+        crate::sink::Subscription::to(shared),
         shared.kube_event_stats(),
     ))))
 }
@@ -605,7 +600,7 @@ fn spawn_node_report(
 ) -> Option<AbortOnDrop> {
     let source = cfg.node_report.as_ref()?;
     let node = cfg.node_name.clone().unwrap_or_else(hub::node_name);
-    let checks = crate::sink::node_report::writer::spawn_checks(
+    let checks = crate::sink::node_report::checks::spawn_checks(
         cfg.addr.clone(),
         kube.index.clone(),
         tables,
@@ -634,10 +629,9 @@ fn spawn_node_report(
                 stats: shared.node_report_stats(),
                 local: Some(owners.clone()),
             },
-            crate::sink::node_report::writer::NodeFacts::of_this_node(&node),
+            crate::sink::node_report::status::NodeFacts::of_this_node(&node),
             shared.capabilities().clone(),
-            shared.subscribe(),
-            shared.subscribe_resolutions(),
+            crate::sink::Subscription::to(shared),
             checks,
         ),
     )))

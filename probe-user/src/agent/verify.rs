@@ -99,7 +99,7 @@ pub async fn serve(
 ) {
     // E12: an agent told another node's name answers nothing as that node (the real node's
     // agent would skip the request as answered).
-    if !crate::sink::node_report::writer::is_this_node(
+    if !crate::sink::node_report::this_node::is_this_node(
         &client,
         &tester.node,
         Some(local),
