@@ -183,3 +183,72 @@ async fn lagged<W: Writer>(writer: &mut W, n: u64) {
         LagPolicy::Tell => writer.lost(n).await,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Counts what it is fed.
+    #[derive(Default)]
+    struct Tally {
+        reports: usize,
+        lost: u64,
+        policy: Option<LagPolicy>,
+    }
+
+    impl Writer for Tally {
+        async fn report(&mut self, _report: &Confirmation) {
+            self.reports += 1;
+        }
+
+        fn lag_policy(&self) -> LagPolicy {
+            self.policy.unwrap_or(LagPolicy::Tell)
+        }
+
+        async fn lost(&mut self, n: u64) {
+            self.lost += n;
+        }
+    }
+
+    fn confirmation() -> Arc<Confirmation> {
+        Arc::new(Confirmation {
+            event: crate::sink::node_report::loops::tests_event("k1", None),
+            is_new: true,
+            write_json: true,
+        })
+    }
+
+    /// Two items of room, five published before the writer reads: it missed three.
+    async fn fed_behind(policy: LagPolicy) -> Tally {
+        let (reports_tx, reports) = broadcast::channel(2);
+        let (_resolutions_tx, resolutions) = broadcast::channel(2);
+        let (stop_tx, stop) = watch::channel(false);
+        let subscription = Subscription {
+            reports,
+            resolutions,
+            stop,
+        };
+        for _ in 0..5 {
+            reports_tx.send(confirmation()).unwrap();
+        }
+        stop_tx.send(true).unwrap();
+        let mut tally = Tally {
+            policy: Some(policy),
+            ..Default::default()
+        };
+        subscription.feed(&mut tally).await;
+        tally
+    }
+
+    #[tokio::test]
+    async fn a_writer_that_is_told_counts_what_it_missed_and_gets_the_rest_after_the_stop() {
+        let tally = fed_behind(LagPolicy::Tell).await;
+        assert_eq!((tally.reports, tally.lost), (2, 3));
+    }
+
+    #[tokio::test]
+    async fn a_writer_that_ignores_lags_is_never_told() {
+        let tally = fed_behind(LagPolicy::Ignore).await;
+        assert_eq!((tally.reports, tally.lost), (2, 0));
+    }
+}
