@@ -294,7 +294,7 @@ pub(super) async fn run(mut l: CorrelateLoop) -> anyhow::Result<()> {
                     query,
                     &l.egress,
                     &l.ifnames,
-                    &l.shared.capabilities,
+                    l.shared.capabilities(),
                     &answer_tx,
                 ),
             }
@@ -325,10 +325,8 @@ fn refresher(
 
 /// The tick's bookkeeping: the correlator's stats out, the NICs and local-address owners in.
 fn on_tick(l: &mut CorrelateLoop, correlator: &mut Correlator) {
-    if let Ok(mut stats) = l.shared.correlator.lock() {
-        stats.clone_from(correlator.stats());
-    }
-    correlator.set_nics(l.shared.status.borrow().nics.clone());
+    l.shared.set_correlator_stats(correlator.stats());
+    correlator.set_nics(l.shared.status().nics);
     if l.owners.has_changed().unwrap_or(false) {
         correlator.set_owners(l.owners.borrow_and_update().clone());
     }

@@ -26,7 +26,7 @@ use std::{
 };
 
 use anyhow::Context as _;
-use tokio::sync::{broadcast, mpsc, watch};
+use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
 use crate::{
@@ -104,15 +104,123 @@ pub struct AgentConfig {
 
 /// Runs until SIGINT, SIGTERM, SIGHUP or SIGQUIT. Every exit path detaches: the probe is owned
 /// by the node-sync task, which detaches before it returns, and by Drop if anything unwinds.
+/// The phases: the checks (everything user input can break), the kernel (load and attach),
+/// the state readers, the hub, the writers and the surfaces; then the wait (the correlation
+/// loop, until a signal); then the shutdown, in reverse.
 pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
     let mut steps = startup::StartupSteps::default();
     // Signals first: a SIGTERM that lands while we load and attach must still end in an
     // orderly detach, not the default action.
     let signals = Signals::install()?;
+    let Prepared {
+        _instance,
+        early,
+        kbtf,
+        rt_handle,
+        mut surfaces,
+        kube,
+    } = prepare(&cfg, &mut steps).await?;
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let kernel = attach(
+        &cfg,
+        &kbtf,
+        &rt_handle,
+        early.services,
+        &stop_rx,
+        &mut steps,
+    )
+    .await?;
+    let reader = StateReader::start(
+        early.kallsyms,
+        &kbtf,
+        kernel.parts,
+        &kernel.ifnames,
+        &kernel.capabilities,
+        &mut steps,
+    );
+    let shared = Shared::new(hub::HubInputs {
+        status: kernel.status,
+        counters: reader.counters,
+        reader: reader.stats,
+        drop_reasons: kbtf.drop_reasons.clone(),
+        capabilities: kernel.capabilities,
+        kube: kube.status.clone(),
+        outputs: surfaces.output_stats(),
+        otlp: surfaces.otlp_logs.as_ref().map(|o| o.stats()),
+        evidence: cfg.evidence,
+        node_name: cfg.node_name.clone(),
+        stop: stop_rx.clone(),
+    });
+    // The correlator's latest service table, for readers beside it (the node report's checks).
+    let (tables_tx, tables_rx) = watch::channel(None);
+    let kallsyms_readable = reader.kallsyms_readable;
+    let writers = Writers::start(
+        &cfg,
+        &shared,
+        &mut surfaces,
+        &kube,
+        tables_rx,
+        &kernel.owners,
+        || crate::check::gather::kernel_view_of(Ok(&kbtf), kallsyms_readable),
+    )
+    .await;
+    let serving = surfaces.serve(&shared, &stop_rx);
+    steps.mark("serve");
+    info!("{}", steps.line());
+    // Parsing BTF twice and loading the object peak at several times the steady heap; glibc
+    // keeps what was freed below the top of its heaps until asked. Once, after startup.
+    // SAFETY: malloc_trim only releases free memory back to the kernel.
+    unsafe { libc::malloc_trim(0) };
+
+    let result = correlation::run(CorrelateLoop {
+        events: reader.events,
+        egress: reader.egress,
+        drop_destinations: reader.drop_destinations,
+        ifnames: kernel.ifnames,
+        record: surfaces.record,
+        shared,
+        services_every: cfg.services_every,
+        services_reader: cfg.services_reader,
+        api_table: kube.api_table,
+        services_first: kernel.services_first,
+        services: kernel.services,
+        signals,
+        kube_index: kube.index,
+        node_name: cfg.node_name.clone(),
+        provider: cfg.provider,
+        vip_iface: cfg.addr.vip_iface.clone(),
+        owners: kernel.owners,
+        tables: tables_tx,
+        status: kernel.dataplane_status,
+        tracker: crate::resolution::Tracker::new(crate::resolution::TrackerConfig {
+            resolve_after_s: cfg.resolve_after.as_secs().max(1),
+        }),
+    })
+    .await;
+    shut_down(stop_tx, serving, kernel.sync_task).await;
+    writers.drain().await;
+    reader.task.abort();
+    result
+}
+
+/// Everything that is ready before the kernel is touched: every failure that user input can
+/// cause has happened here.
+struct Prepared {
+    /// Held until run() returns, after everything is detached.
+    _instance: AbortOnDrop,
+    early: EarlyReads,
+    kbtf: KernelBtf,
+    rt_handle: rtnetlink::Handle,
+    surfaces: Surfaces,
+    kube: Attribution,
+}
+
+/// The checks: the kernel and the capabilities, the one instance per namespace, the
+/// interfaces, the surfaces' ports and paths, the API's configuration.
+async fn prepare(cfg: &AgentConfig, steps: &mut startup::StartupSteps) -> anyhow::Result<Prepared> {
     kernel::check_kernel_version()?;
     kernel::check_capabilities()?;
-    // Held until run() returns, after everything is detached.
-    let _instance = AbortOnDrop(tokio::spawn(
+    let instance = AbortOnDrop(tokio::spawn(
         instance::InstanceLock::acquire(u64::from(kernel::current_netns_inode()))?.serve(),
     ));
     steps.mark("checks");
@@ -127,10 +235,55 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
     tokio::spawn(rt_conn);
     // Everything user input can break fails here, before anything is loaded or attached.
     check_interfaces(&rt_handle, &cfg.addr).await?;
-    let mut surfaces = Surfaces::open(&cfg)?;
-    let kube = Attribution::connect(&cfg).await?;
+    let surfaces = Surfaces::open(cfg)?;
+    let kube = Attribution::connect(cfg).await?;
     steps.mark("interfaces");
-    let loaded = Probe::load(&probe_settings(&cfg, &kbtf), &kbtf)?;
+    Ok(Prepared {
+        _instance: instance,
+        early,
+        kbtf,
+        rt_handle,
+        surfaces,
+        kube,
+    })
+}
+
+/// The programs loaded and attached, the node sync running (it owns the probe), the first
+/// service table.
+struct Attached {
+    /// What the loaded object leaves for the state readers.
+    parts: LoadedParts,
+    capabilities: Arc<Capabilities>,
+    ifnames: IfNames,
+    status: watch::Receiver<NodeStatus>,
+    /// The correlation loop's sender of the node's status (the dataplane's part).
+    dataplane_status: watch::Sender<NodeStatus>,
+    owners: watch::Receiver<crate::state::addrs::Owners>,
+    services: state::ServiceTable,
+    services_first: services::Pending,
+    sync_task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+/// What of the loaded object the node sync does not own.
+struct LoadedParts {
+    ring: aya::maps::RingBuf<aya::maps::MapData>,
+    counters: kernel::counters::Counters,
+    egress: kernel::counters::EgressTable,
+    drop_destinations: kernel::DropDestinations,
+    logger: Option<kernel::probe::EbpfLogger>,
+}
+
+/// The kernel phase: load the programs, attach them (the node sync), read the first service
+/// table; the node sync then runs until `stop`.
+async fn attach(
+    cfg: &AgentConfig,
+    kbtf: &KernelBtf,
+    rt_handle: &rtnetlink::Handle,
+    first_services: services::Pending,
+    stop: &watch::Receiver<bool>,
+    steps: &mut startup::StartupSteps,
+) -> anyhow::Result<Attached> {
+    let loaded = Probe::load(&probe_settings(cfg, kbtf), kbtf)?;
     steps.mark("load");
     info!(features = %loaded.probe.features(), "programs loaded");
     let capabilities = Arc::new(Capabilities::default());
@@ -141,7 +294,6 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
             "tp_btf and raw tracepoint refused",
         );
     }
-
     let ifnames: IfNames = Arc::new(RwLock::new(Default::default()));
     let (status_tx, status_rx) = watch::channel(NodeStatus::default());
     let dataplane_status = status_tx.clone();
@@ -155,10 +307,10 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         status_tx,
         owners_tx,
     );
-    let sets = sync.sync(&rt_handle).await?;
+    let sets = sync.sync(rt_handle).await?;
     steps.mark("attach");
     // Not waited for (the table fills in behind; see services.rs), except by the timer baseline.
-    let (services, services_first) = services::initial(cfg.services_reader, early.services).await;
+    let (services, services_first) = services::initial(cfg.services_reader, first_services).await;
     steps.mark("services");
     info!(
         nics = ?sets.nics,
@@ -166,127 +318,125 @@ pub async fn run(cfg: AgentConfig) -> anyhow::Result<()> {
         prefixes = sets.prefixes.len(),
         "attached and address sets loaded"
     );
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let sync_task = tokio::spawn(sync.run(rt_handle.clone(), stop_rx.clone()));
-
-    let kallsyms = early.kallsyms.join().unwrap_or_default();
-    let kallsyms_readable = note_kallsyms(&kallsyms, &capabilities);
-    steps.mark("kallsyms");
-    if let Some(logger) = loaded.logger {
-        tokio::spawn(kernel::probe::run_logger(logger));
-    }
-    let (ev_tx, ev_rx) = mpsc::channel::<probe_contract::record::KernelRecord>(4096);
-    let reader_stats = Arc::new(ReaderStats::default());
-    let decoder = Decoder {
-        reasons: kbtf.drop_reasons.clone(),
-        kallsyms,
-        ifnames: ifnames.clone(),
-        netns: kernel::current_netns_inode(),
-    };
-    let reader_task = tokio::spawn(reader::run(
-        loaded.ring,
-        decoder,
-        ev_tx,
-        reader_stats.clone(),
-    ));
-
-    let shared = Shared {
-        status: status_rx,
-        counters: Arc::new(loaded.counters),
-        reader: reader_stats,
-        drop_reasons: Arc::new(kbtf.drop_reasons.clone()),
-        reports: broadcast::channel(1024).0,
-        confirmed: Default::default(),
-        correlator: Default::default(),
+    let sync_task = tokio::spawn(sync.run(rt_handle.clone(), stop.clone()));
+    Ok(Attached {
+        parts: LoadedParts {
+            ring: loaded.ring,
+            counters: loaded.counters,
+            egress: loaded.egress,
+            drop_destinations: loaded.drop_destinations,
+            logger: loaded.logger,
+        },
         capabilities,
-        kube: kube.status.clone(),
-        version: env!("CARGO_PKG_VERSION"),
-        kube_events: Default::default(),
-        node_report: Default::default(),
-        outputs: Arc::new(surfaces.output_stats()),
-        otlp: surfaces.otlp_logs.as_ref().map(|o| o.stats()),
-        loops: Default::default(),
-        resolutions: broadcast::channel(256).0,
-        evidence: Arc::new(std::sync::Mutex::new(hub::evidence::EvidenceStore::new(
-            cfg.evidence,
-        ))),
-        check_risks: Default::default(),
-        node_name: cfg.node_name.clone(),
-        test_traffic: Default::default(),
-    };
-    // Subscribed before the first report; the writers run beside the loop, never in it.
-    let subscription = || crate::sink::Subscription {
-        reports: shared.subscribe(),
-        resolutions: shared.resolutions.subscribe(),
-        stop: stop_rx.clone(),
-    };
-    let mut writers = Vec::new();
-    if let Some(events) = surfaces.events.take() {
-        writers.push(subscription().run(crate::sink::json::EventLines(events)));
-    }
-    if let Some(otlp) = surfaces.otlp_logs.take() {
-        writers.push(subscription().run(otlp));
-    }
-    let _kube_events_task = spawn_kube_events(&cfg, &shared);
-    // The correlator's latest service table, for readers beside it (the node report's checks).
-    let (tables_tx, tables_rx) = watch::channel(None);
-    let _node_report_task = spawn_node_report(&cfg, &shared, &kube, tables_rx, &owners_rx, || {
-        crate::check::gather::kernel_view_of(Ok(&kbtf), kallsyms_readable)
-    });
-    let _verify_tasks = spawn_verify(&cfg, &shared, &kube, &owners_rx).await;
-    let serving = surfaces.serve(&shared, &stop_rx);
-    let otlp_metrics =
-        surfaces
-            .otlp_metrics
-            .take()
-            .zip(shared.otlp.clone())
-            .map(|(pending, stats)| {
-                crate::sink::otlp::OtlpMetrics::start(pending, &shared.view(), stats)
-            });
-    steps.mark("serve");
-    info!("{}", steps.line());
-    // Parsing BTF twice and loading the object peak at several times the steady heap; glibc
-    // keeps what was freed below the top of its heaps until asked. Once, after startup.
-    // SAFETY: malloc_trim only releases free memory back to the kernel.
-    unsafe { libc::malloc_trim(0) };
-
-    let result = correlation::run(CorrelateLoop {
-        events: ev_rx,
-        egress: loaded.egress,
-        drop_destinations: loaded.drop_destinations,
         ifnames,
-        record: surfaces.record,
-        shared,
-        services_every: cfg.services_every,
-        services_reader: cfg.services_reader,
-        api_table: kube.api_table,
-        services_first,
-        services,
-        signals,
-        kube_index: kube.index,
-        node_name: cfg.node_name.clone(),
-        provider: cfg.provider,
-        vip_iface: cfg.addr.vip_iface.clone(),
+        status: status_rx,
+        dataplane_status,
         owners: owners_rx,
-        tables: tables_tx,
-        status: dataplane_status,
-        tracker: crate::resolution::Tracker::new(crate::resolution::TrackerConfig {
-            resolve_after_s: cfg.resolve_after.as_secs().max(1),
-        }),
+        services,
+        services_first,
+        sync_task,
     })
-    .await;
-    shut_down(stop_tx, serving, otlp_metrics, sync_task).await;
-    // The stop is sent: the writers drain what was published before it, then end.
-    for writer in writers {
-        if tokio::time::timeout(Duration::from_secs(2), writer)
-            .await
-            .is_err()
-        {
-            warn!("an output did not drain in 2 s");
+}
+
+/// The state readers: the ring-buffer reader (kernel events onto a bounded queue, decoded
+/// with the symbol table) and the programs' log; what the correlation loop and the hub read.
+struct StateReader {
+    events: mpsc::Receiver<probe_contract::record::KernelRecord>,
+    stats: Arc<ReaderStats>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+    kallsyms_readable: bool,
+    counters: kernel::counters::Counters,
+    egress: kernel::counters::EgressTable,
+    drop_destinations: kernel::DropDestinations,
+}
+
+impl StateReader {
+    fn start(
+        kallsyms: std::thread::JoinHandle<kernel::kallsyms::Kallsyms>,
+        kbtf: &KernelBtf,
+        parts: LoadedParts,
+        ifnames: &IfNames,
+        capabilities: &Capabilities,
+        steps: &mut startup::StartupSteps,
+    ) -> StateReader {
+        let kallsyms = kallsyms.join().unwrap_or_default();
+        let kallsyms_readable = note_kallsyms(&kallsyms, capabilities);
+        steps.mark("kallsyms");
+        if let Some(logger) = parts.logger {
+            tokio::spawn(kernel::probe::run_logger(logger));
+        }
+        let (ev_tx, events) = mpsc::channel::<probe_contract::record::KernelRecord>(4096);
+        let stats = Arc::new(ReaderStats::default());
+        let decoder = Decoder {
+            reasons: kbtf.drop_reasons.clone(),
+            kallsyms,
+            ifnames: ifnames.clone(),
+            netns: kernel::current_netns_inode(),
+        };
+        let task = tokio::spawn(reader::run(parts.ring, decoder, ev_tx, stats.clone()));
+        StateReader {
+            events,
+            stats,
+            task,
+            kallsyms_readable,
+            counters: parts.counters,
+            egress: parts.egress,
+            drop_destinations: parts.drop_destinations,
         }
     }
-    reader_task.abort();
-    result
+}
+
+/// The writers of the hub's reports, and the verify tasks beside them: subscribed before the
+/// first report; they run beside the correlation loop, never in it.
+struct Writers {
+    /// `--events` and OTLP's log records: drained at the shutdown.
+    drained: Vec<tokio::task::JoinHandle<()>>,
+    /// The Kubernetes ones (Events, node report, verify): aborted when run() returns.
+    _kube_events: Option<AbortOnDrop>,
+    _node_report: Option<AbortOnDrop>,
+    _verify: Vec<AbortOnDrop>,
+}
+
+impl Writers {
+    async fn start(
+        cfg: &AgentConfig,
+        shared: &Shared,
+        surfaces: &mut Surfaces,
+        kube: &Attribution,
+        tables: watch::Receiver<Option<Arc<state::ServiceTable>>>,
+        owners: &watch::Receiver<crate::state::addrs::Owners>,
+        kernel: impl FnOnce() -> crate::check::KernelView,
+    ) -> Writers {
+        let subscription = || crate::sink::Subscription::to(shared);
+        let mut drained = Vec::new();
+        if let Some(events) = surfaces.events.take() {
+            drained.push(subscription().run(crate::sink::json::EventLines(events)));
+        }
+        if let Some(otlp) = surfaces.otlp_logs.take() {
+            drained.push(subscription().run(otlp));
+        }
+        let kube_events = spawn_kube_events(cfg, shared);
+        let node_report = spawn_node_report(cfg, shared, kube, tables, owners, kernel);
+        let verify = spawn_verify(cfg, shared, kube, owners).await;
+        Writers {
+            drained,
+            _kube_events: kube_events,
+            _node_report: node_report,
+            _verify: verify,
+        }
+    }
+
+    /// The stop is sent: the drained writers write what was published before it, then end.
+    async fn drain(self) {
+        for writer in self.drained {
+            if tokio::time::timeout(Duration::from_secs(2), writer)
+                .await
+                .is_err()
+            {
+                warn!("an output did not drain in 2 s");
+            }
+        }
+    }
 }
 
 /// Whether kallsyms was readable; when not, drop sites are an unavailable capability, with
@@ -302,21 +452,15 @@ fn note_kallsyms(kallsyms: &kernel::kallsyms::Kallsyms, capabilities: &Capabilit
     readable
 }
 
-/// Orderly shutdown: stop the surfaces and the sync task (it detaches); the caller then stops
-/// the reader.
+/// Orderly shutdown: stop the surfaces and the sync task (it detaches); the caller then drains
+/// the writers and stops the reader.
 async fn shut_down(
     stop_tx: watch::Sender<bool>,
     serving: Serving,
-    otlp_metrics: Option<crate::sink::otlp::OtlpMetrics>,
     sync_task: tokio::task::JoinHandle<anyhow::Result<()>>,
 ) {
     let _ = stop_tx.send(true);
     serving.stop().await;
-    if let Some(otlp) = otlp_metrics {
-        // A last export, bounded (otlp::metrics::SHUTDOWN_WAIT): a receiver that hangs does
-        // not hold the exit.
-        tokio::task::block_in_place(|| otlp.shutdown());
-    }
     match tokio::time::timeout(Duration::from_secs(5), sync_task).await {
         Ok(Ok(Ok(()))) => {}
         Ok(Ok(Err(e))) => warn!(error = %e, "node sync ended with an error"),
@@ -444,8 +588,8 @@ impl Surfaces {
             .collect()
     }
 
-    /// Starts the metrics server (until `stop`) and the live view; the sinks stay behind for
-    /// the correlation loop.
+    /// Starts the metrics server (until `stop`), the live view and the OTLP metric exporter;
+    /// the sinks stay behind for the correlation loop.
     fn serve(&mut self, shared: &Shared, stop: &watch::Receiver<bool>) -> Serving {
         let metrics = self.metrics.take().map(|listener| {
             info!(addr = ?listener.local_addr().ok(), "serving /metrics, /healthz, /readyz");
@@ -469,10 +613,18 @@ impl Surfaces {
             }
             None => (None, None),
         };
+        let otlp_metrics =
+            self.otlp_metrics
+                .take()
+                .zip(shared.otlp_stats())
+                .map(|(pending, stats)| {
+                    crate::sink::otlp::OtlpMetrics::start(pending, &shared.view(), stats)
+                });
         Serving {
             metrics,
             live,
             socket_file,
+            otlp_metrics,
         }
     }
 }
@@ -482,6 +634,8 @@ struct Serving {
     metrics: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
     live: Option<AbortOnDrop>,
     socket_file: Option<crate::sink::live::SocketFile>,
+    /// `--otlp-endpoint`'s metric exporter.
+    otlp_metrics: Option<crate::sink::otlp::OtlpMetrics>,
 }
 
 impl Serving {
@@ -496,6 +650,11 @@ impl Serving {
         }
         if let Some(file) = self.socket_file {
             file.remove();
+        }
+        if let Some(otlp) = self.otlp_metrics {
+            // A last export, bounded (otlp::metrics::SHUTDOWN_WAIT): a receiver that hangs does
+            // not hold the exit.
+            tokio::task::block_in_place(|| otlp.shutdown());
         }
     }
 }
@@ -566,9 +725,8 @@ fn spawn_kube_events(cfg: &AgentConfig, shared: &Shared) -> Option<AbortOnDrop> 
     Some(AbortOnDrop(tokio::spawn(crate::sink::kube_events::start(
         source.clone(),
         cfg.node_name.clone().unwrap_or_else(hub::node_name),
-        shared.subscribe(),
-        shared.resolutions.subscribe(),
-        shared.kube_events.clone(),
+        crate::sink::Subscription::to(shared),
+        shared.kube_event_stats(),
     ))))
 }
 
@@ -618,7 +776,7 @@ fn spawn_node_report(
 ) -> Option<AbortOnDrop> {
     let source = cfg.node_report.as_ref()?;
     let node = cfg.node_name.clone().unwrap_or_else(hub::node_name);
-    let checks = crate::sink::node_report::writer::spawn_checks(
+    let checks = crate::sink::node_report::checks::spawn_checks(
         cfg.addr.clone(),
         kube.index.clone(),
         tables,
@@ -627,13 +785,11 @@ fn spawn_node_report(
     );
     // The evidence bundles show the same risks for a loop's Service.
     let mut risks_rx = checks.clone();
-    let risks = shared.check_risks.clone();
+    let hub = shared.clone();
     tokio::spawn(async move {
         while risks_rx.changed().await.is_ok() {
             let latest = risks_rx.borrow_and_update().risks.clone();
-            if let Ok(mut r) = risks.lock() {
-                *r = latest;
-            }
+            hub.set_check_risks(latest);
         }
     });
     Some(AbortOnDrop(tokio::spawn(
@@ -646,13 +802,12 @@ fn spawn_node_report(
                     .unwrap_or(i64::MAX),
                 write_interval_ms: u64::try_from(cfg.node_report_interval.as_millis())
                     .unwrap_or(u64::MAX),
-                stats: shared.node_report.clone(),
+                stats: shared.node_report_stats(),
                 local: Some(owners.clone()),
             },
-            crate::sink::node_report::writer::NodeFacts::of_this_node(&node),
-            shared.capabilities.clone(),
-            shared.subscribe(),
-            shared.resolutions.subscribe(),
+            crate::sink::node_report::status::NodeFacts::of_this_node(&node),
+            shared.capabilities().clone(),
+            crate::sink::Subscription::to(shared),
             checks,
         ),
     )))

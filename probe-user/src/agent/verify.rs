@@ -99,7 +99,7 @@ pub async fn serve(
 ) {
     // E12: an agent told another node's name answers nothing as that node (the real node's
     // agent would skip the request as answered).
-    if !crate::sink::node_report::writer::is_this_node(
+    if !crate::sink::node_report::this_node::is_this_node(
         &client,
         &tester.node,
         Some(local),
@@ -189,10 +189,9 @@ fn take(object: &DynamicObject, tester: &Tester, taken: &HashSet<String>) -> Opt
     let key = spec.service.key();
     let has_loop = tester
         .shared
-        .confirmed
-        .lock()
-        .map(|m| m.values().any(|e| crate::verify::names_service(e, &key)))
-        .unwrap_or(false);
+        .confirmed()
+        .iter()
+        .any(|e| crate::verify::names_service(e, &key));
     let requester = object
         .metadata
         .annotations
@@ -234,7 +233,7 @@ async fn answer_requests(
         let planned = if !allowed {
             Err(Refusal::Off)
         } else if let Err(limit) = limits.admit(&r.requester, Instant::now()) {
-            tester.shared.test_traffic.count_rate_limited(limit);
+            tester.shared.test_traffic().count_rate_limited(limit);
             Err(Refusal::RateLimited {
                 limit,
                 requester: r.requester.clone(),
@@ -262,7 +261,7 @@ async fn answer_requests(
             }
         }
         entry.finished_at = now_rfc3339();
-        tester.shared.test_traffic.count_request(entry.phase);
+        tester.shared.test_traffic().count_request(entry.phase);
         info!(request = %r.name, %service, phase = entry.phase.as_str(), "verify: answered");
         write(&api, &r.name, &tester.node, &entry).await;
     }
@@ -310,12 +309,7 @@ fn plan(tester: &Tester, spec: &VerificationSpec) -> Result<Plan, Refusal> {
         });
     };
     let service_targets = targets(svc);
-    let loops = tester
-        .shared
-        .confirmed
-        .lock()
-        .map(|m| crate::verify::loops_of(m.values(), &key, &service_targets.0))
-        .unwrap_or_default();
+    let loops = crate::verify::loops_of(&tester.shared.confirmed(), &key, &service_targets.0);
     let (tests, untestable) =
         crate::verify::plan(service_targets, &kinds, spec.kinds.is_empty(), &loops);
     let proxy_protocol = crate::correlate::proxy_protocol::targets(std::iter::once(svc))
@@ -523,7 +517,7 @@ async fn connect(tester: &Tester, target: &Target, canary: bool, send: bool) -> 
         return Attempt::Failed(e.to_string());
     }
     if canary && let Ok(local) = socket.local_addr() {
-        tester.shared.test_traffic.note_canary_flow(
+        tester.shared.test_traffic().note_canary_flow(
             local,
             remote,
             probe_contract::clock::monotonic_ns(),
@@ -564,12 +558,7 @@ pub async fn canary(tester: Tester, every: Duration) {
         let jitter = every.mul_f64(jitter_fraction() * 0.25);
         tokio::time::sleep(every + jitter).await;
         let index = tester.index.borrow().clone();
-        let risks = tester
-            .shared
-            .check_risks
-            .lock()
-            .map(|r| r.clone())
-            .unwrap_or_default();
+        let risks = tester.shared.check_risks();
         let services: Vec<(String, Vec<Target>, bool)> = index
             .services()
             .map(|s| {
@@ -610,7 +599,7 @@ pub async fn canary(tester: Tester, every: Duration) {
                 .cloned()
                 .collect();
             let outcome = crate::verify::worst(&mine).unwrap_or(VerifyOutcome::NotTestable);
-            tester.shared.test_traffic.count_canary(outcome);
+            tester.shared.test_traffic().count_canary(outcome);
             if outcome == VerifyOutcome::Confirmed {
                 info!(target = %text, "canary: a loop confirmed");
             }

@@ -377,7 +377,7 @@ fn api_services_become_facts() {
 #[test]
 fn the_node_report_takes_the_risks_with_their_service_and_first_fix() {
     let web = web(true, None);
-    let state = crate::sink::node_report::writer::check_state(&lab(), std::slice::from_ref(&web));
+    let state = crate::sink::node_report::status::check_state(&lab(), std::slice::from_ref(&web));
     assert_eq!(state.mode, "iptables");
     assert!(!state.risks.is_empty(), "the lab's bound VIP is a risk");
     for r in &state.risks {
@@ -390,7 +390,7 @@ fn the_node_report_takes_the_risks_with_their_service_and_first_fix() {
         "the lab has non-risk findings, and the report leaves them out"
     );
     // Without the API: the same risks, unnamed, the mode still known.
-    let bare = crate::sink::node_report::writer::check_state(&lab(), &[]);
+    let bare = crate::sink::node_report::status::check_state(&lab(), &[]);
     assert_eq!(bare.mode, "iptables");
     assert_eq!(bare.risks.len(), full.risks);
 }

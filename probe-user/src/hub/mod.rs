@@ -34,50 +34,100 @@ use crate::kernel::{DropReasons, counters::Counters, reader::ReaderStats};
 /// How many recent confirmed aggregates the live view gets on connect.
 pub const RECENT_EVENTS: usize = 200;
 
-/// Everything a surface may read. Cheap to clone (all `Arc`s and channel handles).
+/// Everything the agent shares with its surfaces and writers, behind the methods they use:
+/// the correlation loop publishes and records, the writers subscribe and count, the surfaces
+/// read a [`View`]. Cheap to clone (all `Arc`s and channel handles).
 #[derive(Clone)]
 pub struct Shared {
-    pub status: watch::Receiver<NodeStatus>,
-    pub counters: Arc<Counters>,
-    pub reader: Arc<ReaderStats>,
-    pub drop_reasons: Arc<DropReasons>,
+    status: watch::Receiver<NodeStatus>,
+    counters: Arc<Counters>,
+    reader: Arc<ReaderStats>,
+    drop_reasons: Arc<DropReasons>,
     /// Every report (new confirmations and repeats), for `probe watch` / `probe events`.
-    pub reports: broadcast::Sender<Arc<Confirmation>>,
+    reports: broadcast::Sender<Arc<Confirmation>>,
     /// Latest state of each confirmed aggregate (by its key), for a surface that connects late.
-    pub confirmed: Arc<Mutex<BTreeMap<String, LoopbackEvent>>>,
-    pub correlator: Arc<Mutex<CorrelatorStats>>,
+    confirmed: Arc<Mutex<BTreeMap<String, LoopbackEvent>>>,
+    correlator: Arc<Mutex<CorrelatorStats>>,
     /// What can be confirmed on this node (`clbprobe_capability`).
-    pub capabilities: Arc<Capabilities>,
+    capabilities: Arc<Capabilities>,
     /// Kubernetes attribution's connection (`clbprobe_kube_connected`).
-    pub kube: Arc<crate::kube::KubeStatus>,
-    pub version: &'static str,
+    kube: Arc<crate::kube::KubeStatus>,
+    version: &'static str,
     /// Kubernetes Events written (`clbprobe_kube_event_writes_total`).
-    pub kube_events: Arc<KubeEventStats>,
+    kube_events: Arc<KubeEventStats>,
     /// The node report's writer (`clbprobe_kube_writes_failed_total`,
     /// `clbprobe_node_report_refused`).
-    pub node_report: Arc<outputs::ReportStats>,
+    node_report: Arc<outputs::ReportStats>,
     /// `--events` / `--record` writers (`clbprobe_output_*`), by output name.
-    pub outputs: Arc<Vec<(&'static str, Arc<outputs::OutputStats>)>>,
+    outputs: Arc<Vec<(&'static str, Arc<outputs::OutputStats>)>>,
     /// `--otlp-endpoint`'s counters (`clbprobe_otlp_*`); None when OTLP export is off.
-    pub otlp: Option<Arc<outputs::OtlpStats>>,
+    otlp: Option<Arc<outputs::OtlpStats>>,
     /// The loops by state and the latest resolutions (`clbprobe_loopback_active{kind}`, ...),
     /// as the correlation loop's resolution tracker last published them.
-    pub loops: Arc<Mutex<LoopLifecycle>>,
+    loops: Arc<Mutex<LoopLifecycle>>,
     /// Every resolution, for the Kubernetes Events writer (`LoopbackResolved`).
-    pub resolutions: broadcast::Sender<Arc<LoopResolution>>,
+    resolutions: broadcast::Sender<Arc<LoopResolution>>,
     /// Each confirmed loop's first packets (`GET /evidence`): the correlation loop fills it.
-    pub evidence: Arc<Mutex<evidence::EvidenceStore>>,
+    evidence: Arc<Mutex<evidence::EvidenceStore>>,
     /// `probe check`'s latest risks (the node report's check pass; empty without it), for
     /// the evidence bundles.
-    pub check_risks: Arc<Mutex<Vec<probe_contract::report::RiskStatus>>>,
+    check_risks: Arc<Mutex<Vec<probe_contract::report::RiskStatus>>>,
     /// This node's name (`--node-name`), when given.
-    pub node_name: Option<String>,
+    node_name: Option<String>,
     /// The agent's own test connections (verify, canary): counters, and the canary's flows
     /// whose confirmations [`Shared::publish`] marks.
-    pub test_traffic: Arc<test_traffic::TestTraffic>,
+    test_traffic: Arc<test_traffic::TestTraffic>,
+    /// The agent's stop: true once it stops (the writers drain, then end).
+    stop: watch::Receiver<bool>,
 }
 
+/// What the agent hands the hub when it makes it: the live state the hub reads from and the
+/// writers' counters made before it; everything else the hub makes itself.
+pub struct HubInputs {
+    pub status: watch::Receiver<NodeStatus>,
+    pub counters: Counters,
+    pub reader: Arc<ReaderStats>,
+    pub drop_reasons: DropReasons,
+    pub capabilities: Arc<Capabilities>,
+    pub kube: Arc<crate::kube::KubeStatus>,
+    pub outputs: Vec<(&'static str, Arc<outputs::OutputStats>)>,
+    pub otlp: Option<Arc<outputs::OtlpStats>>,
+    pub evidence: evidence::EvidenceMode,
+    pub node_name: Option<String>,
+    pub stop: watch::Receiver<bool>,
+}
+
+/// How many reports and resolutions a writer may fall behind before it loses the oldest.
+const REPORTS_QUEUE: usize = 1024;
+const RESOLUTIONS_QUEUE: usize = 256;
+
 impl Shared {
+    pub fn new(inputs: HubInputs) -> Shared {
+        Shared {
+            status: inputs.status,
+            counters: Arc::new(inputs.counters),
+            reader: inputs.reader,
+            drop_reasons: Arc::new(inputs.drop_reasons),
+            reports: broadcast::channel(REPORTS_QUEUE).0,
+            confirmed: Default::default(),
+            correlator: Default::default(),
+            capabilities: inputs.capabilities,
+            kube: inputs.kube,
+            version: env!("CARGO_PKG_VERSION"),
+            kube_events: Default::default(),
+            node_report: Default::default(),
+            outputs: Arc::new(inputs.outputs),
+            otlp: inputs.otlp,
+            loops: Default::default(),
+            resolutions: broadcast::channel(RESOLUTIONS_QUEUE).0,
+            evidence: Arc::new(Mutex::new(evidence::EvidenceStore::new(inputs.evidence))),
+            check_risks: Default::default(),
+            node_name: inputs.node_name,
+            test_traffic: Default::default(),
+            stop: inputs.stop,
+        }
+    }
+
     /// A kernel record with packet bytes, for the evidence of the loop it may confirm.
     pub fn evidence_packet(&self, record: &probe_contract::record::KernelRecord) {
         if let Ok(mut e) = self.evidence.lock() {
@@ -105,11 +155,7 @@ impl Shared {
                 .entry(self.drop_reasons.name(*code))
                 .or_insert(0) += n;
         }
-        let confirmed = self
-            .confirmed
-            .lock()
-            .map(|m| m.values().cloned().collect())
-            .unwrap_or_default();
+        let confirmed = self.confirmed();
         Snapshot {
             node: node_name(),
             status: self.status.borrow().clone(),
@@ -166,6 +212,76 @@ impl Shared {
     pub fn subscribe(&self) -> broadcast::Receiver<Arc<Confirmation>> {
         self.reports.subscribe()
     }
+
+    /// Every resolution from now on (bounded like the reports).
+    pub fn subscribe_resolutions(&self) -> broadcast::Receiver<Arc<LoopResolution>> {
+        self.resolutions.subscribe()
+    }
+
+    /// The agent's stop signal (true once it stops).
+    pub fn stop_signal(&self) -> watch::Receiver<bool> {
+        self.stop.clone()
+    }
+
+    /// The node's status as last published.
+    pub fn status(&self) -> NodeStatus {
+        self.status.borrow().clone()
+    }
+
+    /// The correlator's counters, as of its latest tick.
+    pub fn set_correlator_stats(&self, stats: &CorrelatorStats) {
+        if let Ok(mut s) = self.correlator.lock() {
+            s.clone_from(stats);
+        }
+    }
+
+    /// The latest state of each recently confirmed aggregate.
+    pub fn confirmed(&self) -> Vec<LoopbackEvent> {
+        self.confirmed
+            .lock()
+            .map(|m| m.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// What can be confirmed on this node: the agent's tasks set it, the surfaces read it.
+    pub fn capabilities(&self) -> &Arc<Capabilities> {
+        &self.capabilities
+    }
+
+    /// The Kubernetes Events writer's counters.
+    pub fn kube_event_stats(&self) -> Arc<KubeEventStats> {
+        self.kube_events.clone()
+    }
+
+    /// The node report writer's counters.
+    pub fn node_report_stats(&self) -> Arc<outputs::ReportStats> {
+        self.node_report.clone()
+    }
+
+    /// `--otlp-endpoint`'s counters; None when OTLP export is off.
+    pub fn otlp_stats(&self) -> Option<Arc<outputs::OtlpStats>> {
+        self.otlp.clone()
+    }
+
+    /// `probe check`'s latest risks (empty when the node report's checks do not run).
+    pub fn check_risks(&self) -> Vec<probe_contract::report::RiskStatus> {
+        self.check_risks
+            .lock()
+            .map(|r| r.clone())
+            .unwrap_or_default()
+    }
+
+    /// The node report's latest check pass found these risks.
+    pub fn set_check_risks(&self, risks: Vec<probe_contract::report::RiskStatus>) {
+        if let Ok(mut r) = self.check_risks.lock() {
+            *r = risks;
+        }
+    }
+
+    /// The agent's own test connections (counted by verify and the canary).
+    pub fn test_traffic(&self) -> &test_traffic::TestTraffic {
+        &self.test_traffic
+    }
 }
 
 /// What a surface (metrics, live view, OTLP metrics) may read of the hub: nothing it can
@@ -184,9 +300,19 @@ impl View {
         self.0.subscribe()
     }
 
+    /// Every resolution from now on.
+    pub fn subscribe_resolutions(&self) -> broadcast::Receiver<Arc<LoopResolution>> {
+        self.0.subscribe_resolutions()
+    }
+
+    /// The agent's stop signal (true once it stops).
+    pub fn stop_signal(&self) -> watch::Receiver<bool> {
+        self.0.stop_signal()
+    }
+
     /// The node's status as last published (readiness).
     pub fn status(&self) -> NodeStatus {
-        self.0.status.borrow().clone()
+        self.0.status()
     }
 
     pub fn version(&self) -> &'static str {
@@ -215,11 +341,7 @@ impl View {
 
     /// `probe check`'s latest risks (empty when the node report's checks do not run).
     pub fn check_risks(&self) -> Vec<probe_contract::report::RiskStatus> {
-        self.0
-            .check_risks
-            .lock()
-            .map(|r| r.clone())
-            .unwrap_or_default()
+        self.0.check_risks()
     }
 
     pub fn node_name(&self) -> Option<&str> {
@@ -228,7 +350,7 @@ impl View {
 
     /// The agent's own test connections' counters.
     pub fn test_traffic(&self) -> &test_traffic::TestTraffic {
-        &self.0.test_traffic
+        self.0.test_traffic()
     }
 }
 

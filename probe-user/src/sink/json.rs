@@ -100,13 +100,18 @@ impl JsonLines {
 pub struct EventLines(pub JsonLines);
 
 impl super::Writer for EventLines {
-    fn report(&mut self, report: &probe_contract::Confirmation) {
+    async fn report(&mut self, report: &probe_contract::Confirmation) {
         if report.write_json {
             self.0.write(&report.event);
         }
     }
 
-    fn lost(&mut self, n: u64) {
+    /// A line missed is a line lost: counted (`clbprobe_output_lost_total`).
+    fn lag_policy(&self) -> super::LagPolicy {
+        super::LagPolicy::Tell
+    }
+
+    async fn lost(&mut self, n: u64) {
         self.0.stats.lost.fetch_add(n, Ordering::Relaxed);
     }
 }

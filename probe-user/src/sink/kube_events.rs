@@ -25,10 +25,10 @@ use kube::{
     Api, Client,
     api::{Patch, PatchParams, PostParams},
 };
-use tokio::sync::broadcast::{self, error::RecvError};
 use tracing::{info, warn};
 
 use super::{
+    LagPolicy, Subscription,
     kube_event_doc::{EventDoc, Names, ObjectRef},
     kube_event_plan::{EventPlanner, Held, PlanConfig, Write},
 };
@@ -46,101 +46,118 @@ pub const PER_AGGREGATE_ENV: &str = "CLB_PROBE_TEST_KUBE_EVENTS_EVERY_MS";
 use crate::hub::KubeEventStats;
 
 /// `--kube-events on` with API access (`--kubeconfig`, else the pod's service account, as
-/// attribution): writes until the report broadcast closes. A broken configuration is said
-/// once; the agent works as without the flag.
+/// attribution): writes until the agent stops. A broken configuration is said once; the agent
+/// works as without the flag.
 pub async fn start(
     source: crate::kube::KubeSource,
     node: String,
-    reports: broadcast::Receiver<Arc<Confirmation>>,
-    resolutions: broadcast::Receiver<Arc<LoopResolution>>,
+    subscription: Subscription,
     stats: Arc<KubeEventStats>,
 ) {
     match crate::kube::connect(&source).await {
-        Ok(client) => run(client, node, reports, resolutions, stats).await,
+        Ok(client) => {
+            subscription
+                .feed(&mut EventsWriter::new(client, &node, stats))
+                .await
+        }
         Err(e) => warn!(error = %format!("{e:#}"), "no API client: Kubernetes Events are off"),
     }
 }
 
-/// Runs until the report broadcast closes.
-pub async fn run(
-    client: Client,
-    node: String,
-    mut reports: broadcast::Receiver<Arc<Confirmation>>,
-    mut resolutions: broadcast::Receiver<Arc<LoopResolution>>,
-    stats: Arc<KubeEventStats>,
-) {
-    let mut resolutions_open = true;
-    let mut cfg = PlanConfig::default();
-    // Test hook: the per-aggregate window (60 s) shortened so a test sees a patch.
-    if let Some(ms) = std::env::var(PER_AGGREGATE_ENV)
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-    {
-        cfg.per_aggregate = Duration::from_millis(ms);
+/// The writer of the hub's reports and resolutions as Events: the planner decides, the API
+/// writes; held writes are looked at every [`DUE_EVERY`].
+struct EventsWriter {
+    planner: EventPlanner,
+    api: EventApi,
+    origin: Instant,
+    due: tokio::time::Interval,
+}
+
+impl EventsWriter {
+    fn new(client: Client, node: &str, stats: Arc<KubeEventStats>) -> EventsWriter {
+        let mut cfg = PlanConfig::default();
+        // Test hook: the per-aggregate window (60 s) shortened so a test sees a patch.
+        if let Some(ms) = std::env::var(PER_AGGREGATE_ENV)
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+        {
+            cfg.per_aggregate = Duration::from_millis(ms);
+        }
+        let mut due = tokio::time::interval(DUE_EVERY);
+        due.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        info!(node = %node, "writing confirmed loopbacks as Kubernetes Events");
+        EventsWriter {
+            planner: EventPlanner::new(cfg, node),
+            api: EventApi {
+                client,
+                stats,
+                failing: false,
+            },
+            origin: Instant::now(),
+            due,
+        }
     }
-    let mut planner = EventPlanner::new(cfg, &node);
-    let mut writer = Writer {
-        client,
-        stats,
-        failing: false,
-    };
-    let origin = Instant::now();
-    let mut due = tokio::time::interval(DUE_EVERY);
-    due.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    info!(node = %node, "writing confirmed loopbacks as Kubernetes Events");
-    loop {
-        let writes = tokio::select! {
-            report = reports.recv() => match report {
-                Ok(report) => match planner.observe(
-                    &report.event,
-                    &Names::of(&report.event),
-                    origin.elapsed(),
-                    SystemTime::now(),
-                ) {
-                    Ok(w) => vec![w],
-                    Err(Held::RateLimited) => {
-                        writer.stats.rate_limited.fetch_add(1, Ordering::Relaxed);
-                        vec![]
-                    }
-                    Err(_) => vec![],
-                },
-                Err(RecvError::Lagged(n)) => {
-                    writer.stats.dropped.fetch_add(n, Ordering::Relaxed);
-                    vec![]
-                }
-                Err(RecvError::Closed) => return,
-            },
-            resolution = resolutions.recv(), if resolutions_open => match resolution {
-                Ok(r) => planner
-                    .resolved(&r, origin.elapsed(), SystemTime::now())
-                    .into_iter()
-                    .collect(),
-                Err(RecvError::Lagged(n)) => {
-                    writer.stats.dropped.fetch_add(n, Ordering::Relaxed);
-                    vec![]
-                }
-                // The agent is stopping: reports only, until they close too.
-                Err(RecvError::Closed) => {
-                    resolutions_open = false;
-                    vec![]
-                }
-            },
-            _ = due.tick() => planner.due(origin.elapsed()),
-        };
+
+    async fn write_all(&mut self, writes: impl IntoIterator<Item = Write>) {
         for w in writes {
-            writer.write(w).await;
+            self.api.write(w).await;
         }
     }
 }
 
-struct Writer {
+impl super::Writer for EventsWriter {
+    async fn report(&mut self, report: &Confirmation) {
+        let planned = self.planner.observe(
+            &report.event,
+            &Names::of(&report.event),
+            self.origin.elapsed(),
+            SystemTime::now(),
+        );
+        match planned {
+            Ok(w) => self.api.write(w).await,
+            Err(Held::RateLimited) => {
+                self.api.stats.rate_limited.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(_) => {}
+        }
+    }
+
+    async fn resolution(&mut self, r: &LoopResolution) {
+        let writes = self
+            .planner
+            .resolved(r, self.origin.elapsed(), SystemTime::now());
+        self.write_all(writes).await;
+    }
+
+    /// Missed reports and resolutions are counted as `dropped`; the next report of the same
+    /// aggregate carries its count anyway.
+    fn lag_policy(&self) -> LagPolicy {
+        LagPolicy::Tell
+    }
+
+    async fn lost(&mut self, n: u64) {
+        self.api.stats.dropped.fetch_add(n, Ordering::Relaxed);
+    }
+
+    async fn tick_due(&mut self) {
+        self.due.tick().await;
+    }
+
+    async fn tick(&mut self) {
+        let writes = self.planner.due(self.origin.elapsed());
+        self.write_all(writes).await;
+    }
+}
+
+/// The Events API: one write at a time, each with its time limit.
+struct EventApi {
     client: Client,
     stats: Arc<KubeEventStats>,
     /// Said once per failing stretch.
     failing: bool,
 }
 
-impl Writer {
+impl EventApi {
     async fn write(&mut self, w: Write) {
         let doc = w.doc().clone();
         let api: Api<Event> = Api::namespaced(self.client.clone(), &doc.namespace);

@@ -21,16 +21,18 @@
 //! WARN a minute, one INFO when accepting works again) and retried with a backoff up to
 //! [`ACCEPT_BACKOFF_MAX`]: the listener never ends while the agent runs.
 
-use std::{os::unix::fs::PermissionsExt as _, path::Path, sync::Arc, time::Duration};
+use std::{os::unix::fs::PermissionsExt as _, path::Path, time::Duration};
 
 use tokio::{
     io::AsyncWriteExt as _,
     net::{UnixListener, UnixStream},
-    sync::broadcast,
 };
 use tracing::{debug, info, warn};
 
-use crate::hub::View;
+use crate::{
+    hub::View,
+    sink::{LagPolicy, Subscription, Writer},
+};
 use probe_contract::{Confirmation, Message, Snapshot};
 
 fn snapshot(s: Snapshot) -> Message {
@@ -207,10 +209,11 @@ pub async fn serve(listener: UnixListener, hub: View) -> anyhow::Result<()> {
             failures = 0;
             backoff = Duration::from_millis(10);
         }
+        // Subscribed before the snapshot: nothing published in between is missed.
+        let subscription = Subscription::to_view(&hub);
         let hub = hub.clone();
-        let reports = hub.subscribe();
         tokio::spawn(async move {
-            if let Err(e) = client(stream, hub, reports).await {
+            if let Err(e) = client(stream, hub, subscription).await {
                 debug!(error = %e, "live-view client went away");
             }
         });
@@ -223,23 +226,66 @@ async fn send(stream: &mut UnixStream, msg: &Message) -> std::io::Result<()> {
     stream.write_all(&line).await
 }
 
+/// One client: the snapshot, then its [`LiveClient`] until the client goes away or the agent
+/// stops.
 async fn client(
     mut stream: UnixStream,
     hub: View,
-    mut reports: broadcast::Receiver<Arc<Confirmation>>,
+    subscription: Subscription,
 ) -> std::io::Result<()> {
     send(&mut stream, &snapshot(hub.snapshot())).await?;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.tick().await;
-    loop {
-        let msg = tokio::select! {
-            r = reports.recv() => match r {
-                Ok(r) => report(&r),
-                Err(broadcast::error::RecvError::Lagged(_)) => snapshot(hub.snapshot()),
-                Err(broadcast::error::RecvError::Closed) => return Ok(()),
-            },
-            _ = tick.tick() => snapshot(hub.snapshot()),
-        };
-        send(&mut stream, &msg).await?;
+    let mut client = LiveClient {
+        stream,
+        hub,
+        tick,
+        gone: None,
+    };
+    subscription.feed(&mut client).await;
+    client.gone.map_or(Ok(()), Err)
+}
+
+/// The writer of one connected client: every report, and a snapshot every second.
+struct LiveClient {
+    stream: UnixStream,
+    hub: View,
+    tick: tokio::time::Interval,
+    /// Why the client is gone (a write failed): nothing more is written.
+    gone: Option<std::io::Error>,
+}
+
+impl LiveClient {
+    async fn send(&mut self, msg: &Message) {
+        if let Err(e) = send(&mut self.stream, msg).await {
+            self.gone = Some(e);
+        }
+    }
+}
+
+impl Writer for LiveClient {
+    async fn report(&mut self, r: &Confirmation) {
+        self.send(&report(r)).await;
+    }
+
+    /// A client that fell behind gets a snapshot instead of the reports it missed.
+    fn lag_policy(&self) -> LagPolicy {
+        LagPolicy::Tell
+    }
+
+    async fn lost(&mut self, _n: u64) {
+        self.send(&snapshot(self.hub.snapshot())).await;
+    }
+
+    async fn tick_due(&mut self) {
+        self.tick.tick().await;
+    }
+
+    async fn tick(&mut self) {
+        self.send(&snapshot(self.hub.snapshot())).await;
+    }
+
+    fn finished(&self) -> bool {
+        self.gone.is_some()
     }
 }

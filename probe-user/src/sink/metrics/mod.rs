@@ -37,8 +37,6 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use tokio::sync::broadcast;
-
 use super::process::ProcessStats;
 use crate::hub::View;
 use probe_contract::{LoopbackEvent, Snapshot, Tag};
@@ -326,25 +324,24 @@ impl MetricsInput {
 /// the caller): `/metrics` and the OTLP exporter each keep one.
 pub fn feed_totals(hub: &View) -> (Arc<Mutex<EventTotals>>, tokio::task::JoinHandle<()>) {
     let totals = Arc::new(Mutex::new(EventTotals::default()));
-    let mut reports = hub.subscribe();
-    let feed = {
-        let totals = totals.clone();
-        tokio::spawn(async move {
-            loop {
-                match reports.recv().await {
-                    Ok(report) => {
-                        if let Ok(mut t) = totals.lock() {
-                            t.add(&report.event);
-                        }
-                    }
-                    // Cumulative counts: the next report of an aggregate carries what was missed.
-                    Err(broadcast::error::RecvError::Lagged(_)) => {}
-                    Err(broadcast::error::RecvError::Closed) => break,
-                }
-            }
-        })
-    };
+    let feed = crate::sink::Subscription::to_view(hub).run(TotalsWriter(totals.clone()));
     (totals, feed)
+}
+
+/// The writer that adds each report to the totals.
+struct TotalsWriter(Arc<Mutex<EventTotals>>);
+
+impl crate::sink::Writer for TotalsWriter {
+    async fn report(&mut self, report: &probe_contract::Confirmation) {
+        if let Ok(mut t) = self.0.lock() {
+            t.add(&report.event);
+        }
+    }
+
+    /// Cumulative counts: the next report of an aggregate carries what was missed.
+    fn lag_policy(&self) -> crate::sink::LagPolicy {
+        crate::sink::LagPolicy::Ignore
+    }
 }
 
 /// Everything one rendering shows, read now: the kernel's counters, the hub's, the totals.

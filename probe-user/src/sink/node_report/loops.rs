@@ -673,11 +673,11 @@ mod tests {
                 e.vip_port = Some(port);
                 l.observe(&e, T0 + second);
             }
-            let facts = crate::sink::node_report::writer::NodeFacts {
+            let facts = crate::sink::node_report::status::NodeFacts {
                 node: "node-a".into(),
                 ..Default::default()
             };
-            let status = crate::sink::node_report::writer::build(
+            let status = crate::sink::node_report::status::build(
                 &facts,
                 &Default::default(),
                 &Default::default(),

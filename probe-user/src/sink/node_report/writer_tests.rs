@@ -8,7 +8,12 @@ use serde_json::json;
 use test_support::kubeapi::FakeApiServer;
 
 use super::*;
+use crate::{
+    hub::capability::Capability,
+    sink::node_report::checks::{CHECK_EVERY, CHECK_MIN_GAP, check_due},
+};
 use probe_contract::report::ActiveLoop;
+use probe_contract::report::{RiskStatus, rfc3339};
 
 struct Fake {
     api: FakeApiServer,
@@ -52,6 +57,18 @@ fn status(node: &str, loops: u32) -> ReportStatus {
             .collect(),
         last_update: rfc3339(1_800_000_000),
         ..Default::default()
+    }
+}
+
+/// The task's subscription: `reports`, no resolutions, and the agent's stop.
+fn subscription(
+    reports: tokio::sync::broadcast::Receiver<Arc<Confirmation>>,
+    stop: watch::Receiver<bool>,
+) -> crate::sink::Subscription {
+    crate::sink::Subscription {
+        reports,
+        resolutions: tokio::sync::broadcast::channel(1).1,
+        stop,
     }
 }
 
@@ -156,7 +173,8 @@ async fn the_task_writes_a_confirmed_loop_then_stops_with_the_broadcast() {
     };
     let caps = Arc::new(Capabilities::default());
     caps.set(Capability::Conntrack, false, "test");
-    let task = tokio::spawn(run(w, facts, caps, rx, broadcast::channel(1).1, checks));
+    let (_stop_tx, stop) = watch::channel(false);
+    let task = tokio::spawn(run(w, facts, caps, subscription(rx, stop), checks));
     let ev = crate::sink::node_report::loops::tests_event("k1", Some("shop/web"));
     tx.send(Arc::new(Confirmation {
         event: ev,
@@ -467,6 +485,7 @@ async fn nothing_is_written_before_the_first_check() {
     let w = ReportWriter::new(client(&f).await, "node-a").unwrap();
     let (tx, rx) = tokio::sync::broadcast::channel(16);
     let (checks_tx, checks) = watch::channel(CheckState::default());
+    let (_stop_tx, stop) = watch::channel(false);
     let facts = NodeFacts {
         node: "node-a".into(),
         ..Default::default()
@@ -475,8 +494,7 @@ async fn nothing_is_written_before_the_first_check() {
         w,
         facts,
         Arc::new(Capabilities::default()),
-        rx,
-        broadcast::channel(1).1,
+        subscription(rx, stop),
         checks,
     ));
     tx.send(Arc::new(Confirmation {
@@ -535,7 +553,7 @@ fn worst_fix_ids() -> Vec<String> {
 /// E12: the Pod's node must be the flag's; a Pod not scheduled is not on any node.
 #[test]
 fn the_agents_pod_must_run_on_the_node_it_writes() {
-    use crate::sink::node_report::writer::node_mismatch;
+    use crate::sink::node_report::this_node::node_mismatch;
     assert_eq!(node_mismatch(Some("node-a"), "node-a"), None);
     let why = node_mismatch(Some("node-a"), "node-b").unwrap();
     assert!(
@@ -549,7 +567,7 @@ fn the_agents_pod_must_run_on_the_node_it_writes() {
 /// compare is not a refusal.
 #[test]
 fn outside_a_pod_the_nodes_internal_ip_must_be_local() {
-    use crate::{sink::node_report::writer::internal_ip_is_local, state::addrs::Prefix};
+    use crate::{sink::node_report::this_node::internal_ip_is_local, state::addrs::Prefix};
     use probe_contract::facts::AddressOwner;
     let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
     let local: crate::state::addrs::Owners = std::sync::Arc::new(

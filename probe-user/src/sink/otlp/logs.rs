@@ -67,17 +67,22 @@ impl OtlpLogs {
 impl crate::sink::Writer for OtlpLogs {
     /// One record per line the JSON stream shows (the same dedup), whether or not `--events`
     /// is on.
-    fn report(&mut self, report: &probe_contract::Confirmation) {
+    async fn report(&mut self, report: &probe_contract::Confirmation) {
         if report.write_json {
             self.write(&report.event);
         }
     }
 
-    fn resolution(&mut self, r: &LoopResolution) {
+    async fn resolution(&mut self, r: &LoopResolution) {
         self.write_resolution(r);
     }
 
-    fn lost(&mut self, n: u64) {
+    /// A record missed is a record lost: counted (`clbprobe_otlp_dropped_total{signal="logs"}`).
+    fn lag_policy(&self) -> crate::sink::LagPolicy {
+        crate::sink::LagPolicy::Tell
+    }
+
+    async fn lost(&mut self, n: u64) {
         self.stats.logs_dropped.fetch_add(n, Ordering::Relaxed);
     }
 }
