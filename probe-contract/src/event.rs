@@ -215,6 +215,13 @@ pub struct KindSpec {
     /// takes the node out of the LB for every client; an unserved port is what anyone can
     /// make by the thousand).
     pub severity: u8,
+    /// How bad it is for the node, higher worse: the node report's order and the Node
+    /// condition's pick. A black-holed health check takes the node out of its LBs (every
+    /// Service on it); a hairpin fails a Service's calls from pods; a self-loop a pod's calls
+    /// to its own Service, a PROXY protocol short-circuit the in-cluster calls to one LB,
+    /// kube-proxy's ETP Local drop the pods' calls to one LB IP:port; a VIP as source and an
+    /// unserved port are what any local user makes with one connect.
+    pub harm: u8,
     /// Who makes the looping call.
     pub caller: Caller,
     /// A call from the node can trip it (verify's node-sourced test).
@@ -286,6 +293,7 @@ pub const KINDS: [KindSpec; 7] = [
         column: "HAIRPIN",
         reason: "LoopbackHairpin",
         severity: 1,
+        harm: 3,
         caller: Caller::Pod,
         node_testable: true,
         pod_testable: true,
@@ -305,6 +313,7 @@ pub const KINDS: [KindSpec; 7] = [
         column: "HC-BLACKHOLE",
         reason: "HealthCheckBlackhole",
         severity: 0,
+        harm: 4,
         caller: Caller::Lb,
         // The LB's own checks: only its next checks show it (verify waits for them).
         node_testable: false,
@@ -324,6 +333,7 @@ pub const KINDS: [KindSpec; 7] = [
         column: "VIP-UNSERVED",
         reason: "VipPortUnserved",
         severity: 3,
+        harm: 0,
         caller: Caller::PodIfNamed,
         node_testable: true,
         pod_testable: true,
@@ -342,6 +352,7 @@ pub const KINDS: [KindSpec; 7] = [
         column: "VIP-AS-SOURCE",
         reason: "VipAsSource",
         severity: 2,
+        harm: 1,
         caller: Caller::Node,
         node_testable: true,
         // The VIP as source is a node socket's.
@@ -363,6 +374,7 @@ pub const KINDS: [KindSpec; 7] = [
         column: "SELF-LOOP",
         reason: "ServiceSelfLoop",
         severity: 1,
+        harm: 2,
         caller: Caller::Pod,
         // A pod calling its own Service: never the node's call.
         node_testable: false,
@@ -380,6 +392,7 @@ pub const KINDS: [KindSpec; 7] = [
         column: "ETP-LOCAL-DROP",
         reason: "EtpLocalDrop",
         severity: 1,
+        harm: 2,
         caller: Caller::PodOrNode,
         node_testable: true,
         pod_testable: true,
@@ -397,6 +410,7 @@ pub const KINDS: [KindSpec; 7] = [
         column: "PROXY-PROTOCOL",
         reason: "ProxyProtocolShortCircuit",
         severity: 1,
+        harm: 2,
         caller: Caller::Pod,
         node_testable: true,
         pod_testable: true,

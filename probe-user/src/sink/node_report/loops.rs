@@ -40,7 +40,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use probe_contract::LoopbackEvent;
+use probe_contract::{LoopbackEvent, LoopbackKind};
 
 use probe_contract::report::{ActiveLoop, ResolvedLoop, rfc3339};
 
@@ -57,19 +57,9 @@ pub const MAX_FLOODS: usize = 20;
 const FLOOD_EXAMPLES: usize = 3;
 
 /// How bad a kind is for the node, higher worse (the report's order, the condition's pick):
-/// a black-holed health check takes the node out of its LBs (every Service on it); a hairpin
-/// fails a Service's calls from pods; a self-loop a pod's calls to its own Service, a PROXY
-/// protocol short-circuit the in-cluster calls to one LB; a VIP as source and an unserved
-/// port are what any local user makes with one connect. kube-proxy's ETP Local drop fails
-/// the pods' calls to one LB IP:port, as a self-loop fails one pod's.
+/// its row's `harm` (`probe_contract::KindSpec::harm`); a kind this agent does not know, 0.
 pub fn severity(kind: &str) -> u8 {
-    match kind {
-        "healthcheck_blackhole" => 4,
-        "hairpin" => 3,
-        "service_self_loop" | "etp_local_drop" | "proxy_protocol_short_circuit" => 2,
-        "vip_as_source" => 1,
-        _ => 0,
-    }
+    LoopbackKind::parse(kind).map_or(0, |k| k.spec().harm)
 }
 
 /// The many loops of one group beyond [`MAX_PER_GROUP`], as one entry.
