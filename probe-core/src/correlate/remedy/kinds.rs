@@ -230,6 +230,9 @@ fn hairpin_cause(e: &LoopbackEvent, vip: IpAddr, node_sourced: bool) -> String {
     }
 }
 
+/// The `kubectl patch` body that sets externalTrafficPolicy: Cluster, shell-quoted.
+const ETP_CLUSTER_PATCH: &str = r#"'{"spec":{"externalTrafficPolicy":"Cluster"}}'"#;
+
 /// A pod's call through a NodePort under externalTrafficPolicy: Local: why it left
 /// unmasqueraded, and the two ways out.
 fn etp_local_hairpin(e: &LoopbackEvent) -> [String; 3] {
@@ -240,8 +243,7 @@ fn etp_local_hairpin(e: &LoopbackEvent) -> [String; 3] {
         .as_ref()
         .map(|s| {
             format!(
-                ": kubectl -n {} patch service {} -p \
-                 '{{\"spec\":{{\"externalTrafficPolicy\":\"Cluster\"}}}}'",
+                ": kubectl -n {} patch service {} -p {ETP_CLUSTER_PATCH}",
                 s.namespace, s.name
             )
         })

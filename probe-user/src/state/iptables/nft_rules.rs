@@ -155,17 +155,22 @@ pub(super) fn rule_from_nft(r: &NftRule, keep_text: bool) -> Rule {
         }
     }
     if keep_text || rule.target.as_deref() == Some("MASQUERADE") {
-        let mut parts = vec![format!("-A {}", r.chain)];
-        parts.extend(
-            [text.src, text.dst, text.iif, text.oif, text.proto]
-                .into_iter()
-                .flatten(),
-        );
-        parts.extend(text.matches);
-        parts.push(target_text);
-        rule.text = parts.join(" ");
+        rule.text = save_text(&r.chain, text, target_text);
     }
     rule
+}
+
+/// The rule as `iptables -S` prints it.
+fn save_text(chain: &str, text: Text, target_text: String) -> String {
+    let mut parts = vec![format!("-A {chain}")];
+    parts.extend(
+        [text.src, text.dst, text.iif, text.oif, text.proto]
+            .into_iter()
+            .flatten(),
+    );
+    parts.extend(text.matches);
+    parts.push(target_text);
+    parts.join(" ")
 }
 
 /// A `cmp` against what the last load put in the register: the match it reads as, into
