@@ -42,15 +42,23 @@ use super::{
         drop_line, egress_line, host_listener_line, layer_line, listener_line, node_sourced_line,
         service_name, suspect_line,
     },
-    held::{Attempt, Flow, ListenerState, Stage},
+    held::{Attempt, EgressMatch, Flow, ListenerState, Stage},
     tuple_of,
 };
-use crate::state::{ConntrackEntry, Tuple};
+use crate::state::{ConntrackEntry, NodePortEntry, Tuple};
 use probe_contract::{
     AggregateKey, Listener, LoopbackEvent, Outcome, Proto, SnatState, Tag,
-    facts::{Etp, Facts, SourceKind},
+    facts::{AddressOwner, Etp, Facts, SourceKind},
     record::{EgressRecord, Packet},
 };
+
+/// What the node's state said about a confirmed hairpin ([`Correlator::hairpin_evidence`]).
+struct HairpinEvidence {
+    lines: Vec<String>,
+    local_owner: Option<AddressOwner>,
+    listener: Option<Listener>,
+    nodeport: Option<NodePortEntry>,
+}
 
 /// The longest gap between a TCP SYN and its next retransmit (Linux doubles from 1 s: 1, 2,
 /// 4, ..., 64 s), with slack: a suspect of a confirmed source address and port within this
@@ -365,20 +373,75 @@ impl Correlator {
             f.deferred = Some((outcome, extra));
             return;
         }
-        let Some(f) = self.flows.remove(t) else {
+        let Some(mut f) = self.flows.remove(t) else {
             return;
         };
         self.held_suspects -= f.n_suspects;
         self.held_drops -= f.n_drops;
-        let Some(m) = f.egress else {
+        let Some(m) = f.egress.take() else {
             // Not reachable: only flows with an egress match get here.
             self.stats.suspects_unconfirmed += f.n_suspects;
             self.stats.drops_unmatched += f.n_drops;
             return;
         };
+        let host_listener = f.listener.is_some();
+        let gathered = self.hairpin_evidence(&mut f, &m, t, extra);
+        let p = &f.packet;
+        let facts = self.hairpin_facts(
+            p,
+            gathered.nodeport.as_ref(),
+            gathered.local_owner,
+            host_listener,
+        );
+        let key = AggregateKey::Hairpin {
+            layer: m.layer,
+            pod: p.src,
+            vip: m.record.dst,
+            vip_port: m.record.dport,
+            node: p.dst,
+            node_port: p.dport,
+            proto: p.proto,
+        };
+        let event = LoopbackEvent {
+            vip: Some(m.record.dst),
+            vip_port: Some(m.record.dport),
+            drop_reason: f.drop.as_ref().map(|d| d.reason.name.clone()),
+            drop_location: f.drop.as_ref().and_then(|d| d.location.clone()),
+            snat: if f.snat_unknown {
+                SnatState::Unknown
+            } else {
+                SnatState::No
+            },
+            evidence: gathered.lines,
+            facts,
+            nic: Some(f.nic.clone()),
+            service: gathered
+                .nodeport
+                .as_ref()
+                .and_then(|n| n.service.as_deref())
+                .map(service_name),
+            layer: Some(m.layer),
+            listener: gathered.listener,
+            ..LoopbackEvent::new(&key, p, f.ts, outcome)
+        };
+        self.stats.suspects_confirmed += f.n_suspects;
+        self.stats.drops_confirming += f.n_drops;
+        self.stats.confirmed.hairpin += 1;
+        self.remember_attempt(p, f.ts);
+        out.push(Output::Report(self.record(key, event, f.ts)));
+    }
+
+    /// The evidence lines of a confirmed hairpin, in the report's order, with the node's
+    /// state read on the way (takes the flow's listener answer and gathered lines).
+    fn hairpin_evidence(
+        &self,
+        f: &mut Flow,
+        m: &EgressMatch,
+        t: &Tuple,
+        extra: Vec<String>,
+    ) -> HairpinEvidence {
         let p = &f.packet;
         let node_sourced = p.src_tag == Some(Tag::Node);
-        let host_listener = f.listener.is_some();
         let mut evidence = vec![
             egress_line(&m.record, node_sourced),
             suspect_line(f.ts, &f.nic, p),
@@ -390,7 +453,7 @@ impl Correlator {
         } else {
             None
         };
-        let listener = match f.listener {
+        let listener = match f.listener.take() {
             Some(ListenerState::Known(answer)) => {
                 evidence.push(host_listener_line(p));
                 evidence.push(listener_line(p, &answer));
@@ -405,25 +468,36 @@ impl Correlator {
                 probe_contract::sock(p.dst, p.dport)
             ));
         }
-        evidence.extend(f.evidence);
+        evidence.append(&mut f.evidence);
         if let Some(d) = &f.drop {
             evidence.push(drop_line(d, t));
         }
         evidence.extend(extra);
-        let np = self.hairpin_nodeport_evidence(p, &mut evidence);
+        let nodeport = self.hairpin_nodeport_evidence(p, &mut evidence);
         self.masquerade_evidence(&mut evidence);
-        let service = np
-            .as_ref()
-            .and_then(|n| n.service.as_deref())
-            .map(service_name);
-        let drop_reason = f.drop.as_ref().map(|d| d.reason.name.clone());
-        let facts = Facts {
-            source: if node_sourced {
+        HairpinEvidence {
+            lines: evidence,
+            local_owner,
+            listener,
+            nodeport,
+        }
+    }
+
+    /// The facts the hairpin's remedy is built from.
+    fn hairpin_facts(
+        &self,
+        p: &Packet,
+        nodeport: Option<&NodePortEntry>,
+        local_owner: Option<AddressOwner>,
+        host_listener: bool,
+    ) -> Facts {
+        Facts {
+            source: if p.src_tag == Some(Tag::Node) {
                 SourceKind::Node
             } else {
                 SourceKind::Pod
             },
-            etp_rules: np.as_ref().map(|n| {
+            etp_rules: nodeport.map(|n| {
                 if n.local_only {
                     Etp::Local
                 } else {
@@ -435,39 +509,7 @@ impl Correlator {
             owner: local_owner,
             host_listener,
             ..Facts::default()
-        };
-        let key = AggregateKey::Hairpin {
-            layer: m.layer,
-            pod: p.src,
-            vip: m.record.dst,
-            vip_port: m.record.dport,
-            node: p.dst,
-            node_port: p.dport,
-            proto: p.proto,
-        };
-        let event = LoopbackEvent {
-            vip: Some(m.record.dst),
-            vip_port: Some(m.record.dport),
-            drop_reason,
-            drop_location: f.drop.as_ref().and_then(|d| d.location.clone()),
-            snat: if f.snat_unknown {
-                SnatState::Unknown
-            } else {
-                SnatState::No
-            },
-            evidence,
-            facts,
-            nic: Some(f.nic.clone()),
-            service,
-            layer: Some(m.layer),
-            listener,
-            ..LoopbackEvent::new(&key, p, f.ts, outcome)
-        };
-        self.stats.suspects_confirmed += f.n_suspects;
-        self.stats.drops_confirming += f.n_drops;
-        self.stats.confirmed.hairpin += 1;
-        self.remember_attempt(p, f.ts);
-        out.push(Output::Report(self.record(key, event, f.ts)));
+        }
     }
 
     /// Drops a hairpin candidate without confirming it.

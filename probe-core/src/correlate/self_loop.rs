@@ -334,94 +334,18 @@ impl Correlator {
         );
         let missing = missing_piece(info.foreign_netns, facts);
 
-        let mut evidence = vec![drop_line(&info, answer.as_ref().unwrap_or(&t))];
-        evidence.push(if let Some(a) = &answer {
-            format!(
-                "source = destination = {}, a pod of this node: the dropped packet is the \
-                 pod's answer ({}) to its own call {}, dropped on the node{}",
-                packet.src,
-                sock(a.src, a.sport),
-                fmt_tuple(&t),
-                info.iface
-                    .as_deref()
-                    .map(|i| format!(" after arriving on {i}"))
-                    .unwrap_or_default()
-            )
-        } else if info.foreign_netns {
-            format!(
-                "source = destination = {}, a pod of this node, dropped in the pod's own network \
-                 namespace as a local source: the pod's own packet was sent back to it unSNATed",
-                packet.src
-            )
-        } else {
-            format!(
-                "source = destination = {}, a pod of this node, dropped on the node{}: the pod's \
-                 own packet was DNATed back to it unSNATed",
-                packet.src,
-                info.iface
-                    .as_deref()
-                    .map(|i| format!(" after arriving on {i}"))
-                    .unwrap_or_default()
-            )
-        });
-        evidence.push(match ct {
-            Ct::Found(e) if e.snat || e.reply.dst != packet.src => format!(
-                "conntrack: {}: the pod called {}, the call was masqueraded (answered to {}), \
-                 and the answer, un-NATed back to the pod's own address in the bridge, had to \
-                 leave by the port it came in on",
-                fmt_entry(e),
-                sock(e.orig.dst, e.orig.dport),
-                sock(e.reply.dst, e.reply.dport)
-            ),
-            Ct::Found(e) => format!(
-                "conntrack: {}: the pod called {} and the reply would come from the pod to \
-                 itself (no SNAT)",
-                fmt_entry(e),
-                sock(e.orig.dst, e.orig.dport)
-            ),
-            Ct::Missing => format!(
-                "conntrack: no entry answers as {}{}",
-                fmt_tuple(&t.reversed()),
-                if info.foreign_netns {
-                    ""
-                } else {
-                    " (a packet dropped in the bridge dies before conntrack confirms its \
-                     connection)"
-                }
-            ),
-            Ct::Failed(e) => format!(
-                "conntrack look-up failed ({e}): whether the call was SNATed cannot be confirmed"
-            ),
-            Ct::Unanswered => "the node's state (conntrack, ipsets, bridge) was not read in \
-                               time: confirmed from the drop alone"
-                .to_string(),
-        });
+        let mut evidence = vec![
+            drop_line(&info, answer.as_ref().unwrap_or(&t)),
+            self_addressed_line(&info, &packet, answer.as_ref(), &t),
+            conntrack_line(ct, &packet, &t, info.foreign_netns),
+        ];
         if entry.is_none() {
-            evidence.push(match (&called, &svc) {
-                (Some((ip, port)), name) => format!(
-                    "service table ({}): {} is the endpoint of {}{}",
-                    source_name(&self.services),
-                    sock(packet.src, packet.dport),
-                    sock(*ip, *port),
-                    name.as_deref()
-                        .map(|n| format!(" ({n})"))
-                        .unwrap_or_default()
-                ),
-                (None, Some(name)) => format!(
-                    "service table ({}): {} is the endpoint of several addresses of {name}: \
-                     which one was called is not known",
-                    source_name(&self.services),
-                    sock(packet.src, packet.dport)
-                ),
-                _ if table_missing(&self.services) => "no service table was available: the \
-                                                       Service called is not known"
-                    .to_string(),
-                _ => format!(
-                    "service table ({}): no single service has the endpoint {}",
-                    source_name(&self.services),
-                    sock(packet.src, packet.dport)
-                ),
-            });
+            evidence.push(service_table_line(
+                &self.services,
+                called,
+                svc.as_deref(),
+                &packet,
+            ));
         }
         evidence.extend(facts_lines(facts, &packet));
         evidence.push(missing_line(&missing, &packet, self.services.source));
@@ -464,6 +388,113 @@ impl Correlator {
     pub(super) fn expire_self_loops(&mut self, now: u64) {
         self.self_loop_done
             .retain(|_, ts| ts.saturating_add(ATTEMPT_NS) >= now);
+    }
+}
+
+/// What the self-addressed packet was and where it died.
+fn self_addressed_line(
+    info: &DropInfo,
+    packet: &Packet,
+    answer: Option<&Tuple>,
+    t: &Tuple,
+) -> String {
+    if let Some(a) = answer {
+        format!(
+            "source = destination = {}, a pod of this node: the dropped packet is the \
+             pod's answer ({}) to its own call {}, dropped on the node{}",
+            packet.src,
+            sock(a.src, a.sport),
+            fmt_tuple(t),
+            info.iface
+                .as_deref()
+                .map(|i| format!(" after arriving on {i}"))
+                .unwrap_or_default()
+        )
+    } else if info.foreign_netns {
+        format!(
+            "source = destination = {}, a pod of this node, dropped in the pod's own network \
+             namespace as a local source: the pod's own packet was sent back to it unSNATed",
+            packet.src
+        )
+    } else {
+        format!(
+            "source = destination = {}, a pod of this node, dropped on the node{}: the pod's \
+             own packet was DNATed back to it unSNATed",
+            packet.src,
+            info.iface
+                .as_deref()
+                .map(|i| format!(" after arriving on {i}"))
+                .unwrap_or_default()
+        )
+    }
+}
+
+/// What conntrack says about the call: whether it was masqueraded.
+fn conntrack_line(ct: &Ct, packet: &Packet, t: &Tuple, in_pod: bool) -> String {
+    match ct {
+        Ct::Found(e) if e.snat || e.reply.dst != packet.src => format!(
+            "conntrack: {}: the pod called {}, the call was masqueraded (answered to {}), \
+             and the answer, un-NATed back to the pod's own address in the bridge, had to \
+             leave by the port it came in on",
+            fmt_entry(e),
+            sock(e.orig.dst, e.orig.dport),
+            sock(e.reply.dst, e.reply.dport)
+        ),
+        Ct::Found(e) => format!(
+            "conntrack: {}: the pod called {} and the reply would come from the pod to \
+             itself (no SNAT)",
+            fmt_entry(e),
+            sock(e.orig.dst, e.orig.dport)
+        ),
+        Ct::Missing => format!(
+            "conntrack: no entry answers as {}{}",
+            fmt_tuple(&t.reversed()),
+            if in_pod {
+                ""
+            } else {
+                " (a packet dropped in the bridge dies before conntrack confirms its \
+                 connection)"
+            }
+        ),
+        Ct::Failed(e) => format!(
+            "conntrack look-up failed ({e}): whether the call was SNATed cannot be confirmed"
+        ),
+        Ct::Unanswered => "the node's state (conntrack, ipsets, bridge) was not read in \
+                           time: confirmed from the drop alone"
+            .to_string(),
+    }
+}
+
+/// Which Service the pod called, from the service table's endpoints (no conntrack entry said
+/// it).
+fn service_table_line(
+    services: &ServiceTable,
+    called: Option<(IpAddr, u16)>,
+    svc: Option<&str>,
+    packet: &Packet,
+) -> String {
+    match (called, svc) {
+        (Some((ip, port)), name) => format!(
+            "service table ({}): {} is the endpoint of {}{}",
+            source_name(services),
+            sock(packet.src, packet.dport),
+            sock(ip, port),
+            name.map(|n| format!(" ({n})")).unwrap_or_default()
+        ),
+        (None, Some(name)) => format!(
+            "service table ({}): {} is the endpoint of several addresses of {name}: \
+             which one was called is not known",
+            source_name(services),
+            sock(packet.src, packet.dport)
+        ),
+        _ if table_missing(services) => "no service table was available: the \
+                                               Service called is not known"
+            .to_string(),
+        _ => format!(
+            "service table ({}): no single service has the endpoint {}",
+            source_name(services),
+            sock(packet.src, packet.dport)
+        ),
     }
 }
 

@@ -109,6 +109,15 @@ pub fn of_node(table: &ServiceTable) -> Dataplane {
 
 /// The verdict (pure).
 pub fn detect(t: &Traces) -> Dataplane {
+    let cilium_evidence = cilium_evidence(t);
+    match kube_proxy_source(t) {
+        Some(source) => kube_proxy_dataplane(source, cilium_evidence),
+        None => replaced_dataplane(t, cilium_evidence),
+    }
+}
+
+/// The evidence lines of Cilium's traces (none when it left none).
+fn cilium_evidence(t: &Traces) -> Vec<String> {
     let cilium_links: Vec<&String> = t
         .links
         .iter()
@@ -140,7 +149,12 @@ pub fn detect(t: &Traces) -> Dataplane {
             }
         ));
     }
-    let kube_proxy = match t.source {
+    cilium_evidence
+}
+
+/// The kube-proxy mode whose traces the node shows (None: no kube-proxy trace at all).
+fn kube_proxy_source(t: &Traces) -> Option<ServiceSource> {
+    match t.source {
         Some(ServiceSource::Ipvs | ServiceSource::Nftables) if t.table_has_services => t.source,
         _ if t.table_has_services || !t.kube_rules.is_empty() || !t.kube_ipsets.is_empty() => {
             // IPVS mode's ipsets with an empty IPVS table is still IPVS mode.
@@ -154,24 +168,31 @@ pub fn detect(t: &Traces) -> Dataplane {
             }
         }
         _ => None,
-    };
-    if let Some(source) = kube_proxy {
-        let mode = mode_of(source);
-        let mut evidence = vec![match mode {
-            Mode::Ipvs => "IPVS virtual services and kube-proxy's ipsets".to_string(),
-            Mode::Nftables => "kube-proxy's nftables table (ip kube-proxy)".to_string(),
-            _ => "kube-proxy's KUBE-* chains in the iptables nat table".to_string(),
-        }];
-        // Cilium as a CNI beside kube-proxy: kube-proxy still serves Services.
-        evidence.extend(cilium_evidence);
-        return Dataplane {
-            mode,
-            replacement: None,
-            evidence,
-            still_possible: Vec::new(),
-            cannot_confirm: Vec::new(),
-        };
     }
+}
+
+/// kube-proxy serves Services in the mode of `source`.
+fn kube_proxy_dataplane(source: ServiceSource, cilium_evidence: Vec<String>) -> Dataplane {
+    let mode = mode_of(source);
+    let mut evidence = vec![match mode {
+        Mode::Ipvs => "IPVS virtual services and kube-proxy's ipsets".to_string(),
+        Mode::Nftables => "kube-proxy's nftables table (ip kube-proxy)".to_string(),
+        _ => "kube-proxy's KUBE-* chains in the iptables nat table".to_string(),
+    }];
+    // Cilium as a CNI beside kube-proxy: kube-proxy still serves Services.
+    evidence.extend(cilium_evidence);
+    Dataplane {
+        mode,
+        replacement: None,
+        evidence,
+        still_possible: Vec::new(),
+        cannot_confirm: Vec::new(),
+    }
+}
+
+/// No kube-proxy: Cilium (when its traces are seen) or an unknown replacement serves
+/// Services, and what that leaves possible and unconfirmable is stated (a list of texts).
+fn replaced_dataplane(t: &Traces, cilium_evidence: Vec<String>) -> Dataplane {
     let replacement = if cilium_evidence.is_empty() {
         Replacement::Unknown
     } else {

@@ -4,7 +4,7 @@
 //! rules), kube-proxy's ipsets ([`ipset::parse_save`]), the source-validation sysctls, and the
 //! kernel's BTF and kallsyms ([`kernel`]).
 
-use std::{net::IpAddr, process::Command};
+use std::{collections::BTreeMap, net::IpAddr, process::Command};
 
 use anyhow::Context as _;
 
@@ -15,7 +15,7 @@ use crate::{
     state,
     state::{addrs, addrs::AddrConfig, ipset},
 };
-use probe_contract::Proto;
+use probe_contract::{Proto, check::Dataplane};
 
 /// kube-proxy's IPVS-mode sets: every LB ingress IP:port, the Local ones, the ClusterIPs.
 pub const LB_SET: &str = "KUBE-LOAD-BALANCER";
@@ -36,45 +36,9 @@ pub fn gather_with(
     services: Option<state::ServiceTable>,
     kernel_known: Option<KernelView>,
 ) -> anyhow::Result<Inputs> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the runtime")?;
-    let node = rt
-        .block_on(async {
-            let (conn, handle, _) = rtnetlink::new_connection()?;
-            tokio::spawn(conn);
-            addrs::read(&handle).await.map_err(anyhow::Error::from)
-        })
-        .context("reading interfaces over rtnetlink")?;
-    for nic in &cfg.nics {
-        if !node.links.iter().any(|l| &l.name == nic) {
-            return Err(kernel::KernelError::UnknownInterface { name: nic.clone() }.into());
-        }
-    }
+    let node = read_node(cfg)?;
     let sets = addrs::classify(&node, cfg);
-    let mut bound: Vec<std::net::IpAddr> = match &sets.vip_iface {
-        Some((_, index)) => node
-            .addrs
-            .iter()
-            .filter(|a| a.ifindex == *index)
-            .map(|a| a.addr)
-            .collect(),
-        None => Vec::new(),
-    };
-    // Local routes without an address, and VIPs an announcer holds on a NIC or lo (kube-vip,
-    // keepalived), make an LB IP as local as kube-ipvs0 does.
-    let route_owned: Vec<(std::net::IpAddr, probe_contract::facts::AddressOwner)> = sets
-        .owners
-        .iter()
-        .filter(|(p, o)| {
-            p.is_host()
-                && (matches!(o, probe_contract::facts::AddressOwner::LocalRoute { .. })
-                    || o.announcer().is_some())
-        })
-        .map(|(p, o)| (p.addr, o.clone()))
-        .collect();
-    bound.extend(route_owned.iter().map(|(ip, _)| *ip));
+    let bound = bound_addresses(&node, &sets);
     let owners = bound
         .iter()
         .filter_map(|ip| Some((*ip, sets.owner(*ip)?.clone())))
@@ -99,31 +63,8 @@ pub fn gather_with(
         .map(|o| ipset::parse_save(&String::from_utf8_lossy(&o.stdout)))
         .unwrap_or_default();
     let (lb_targets, cluster_ips) = ipset_targets(&ipsets);
-    let loop_back: Vec<String> = [ipset::loop_back_set(false), ipset::loop_back_set(true)]
-        .iter()
-        .filter_map(|s| ipsets.get(*s))
-        .flatten()
-        .cloned()
-        .collect();
-    let has_loop_back = [ipset::loop_back_set(false), ipset::loop_back_set(true)]
-        .iter()
-        .any(|s| ipsets.contains_key(*s));
-    let self_loop = super::SelfLoopNode {
-        loop_back: has_loop_back.then_some(loop_back),
-        bridge_ports: state::bridge::ports(std::path::Path::new("/sys/class/net")),
-        br_netfilter: state::bridge::br_netfilter(false),
-    };
-    let dataplane = {
-        let names: Vec<String> = ipsets.keys().cloned().collect();
-        let mut traces = super::dataplane::read_traces(
-            super::dataplane::Traces::of_table(&services, &names),
-            std::path::Path::new("/sys/class/net"),
-            std::path::Path::new(super::dataplane::CILIUM_PIN_DIR),
-        );
-        // The namespace's own interfaces (sysfs may be another namespace's).
-        traces.links = node.links.iter().map(|l| l.name.clone()).collect();
-        super::dataplane::detect(&traces)
-    };
+    let self_loop = self_loop_node(&ipsets);
+    let dataplane = dataplane_of(&services, &ipsets, &node);
     let nics = sets
         .nics
         .iter()
@@ -147,6 +88,90 @@ pub fn gather_with(
         dataplane: Some(dataplane),
         leftovers,
     })
+}
+
+/// The node's links, addresses and routes over rtnetlink; every interface the config names
+/// must exist.
+fn read_node(cfg: &AddrConfig) -> anyhow::Result<addrs::NodeState> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    let node = rt
+        .block_on(async {
+            let (conn, handle, _) = rtnetlink::new_connection()?;
+            tokio::spawn(conn);
+            addrs::read(&handle).await.map_err(anyhow::Error::from)
+        })
+        .context("reading interfaces over rtnetlink")?;
+    for nic in &cfg.nics {
+        if !node.links.iter().any(|l| &l.name == nic) {
+            return Err(kernel::KernelError::UnknownInterface { name: nic.clone() }.into());
+        }
+    }
+    Ok(node)
+}
+
+/// The addresses an LB IP is local as: the VIP interface's, and host routes or announcers'.
+fn bound_addresses(node: &addrs::NodeState, sets: &addrs::AddressSets) -> Vec<IpAddr> {
+    let mut bound: Vec<std::net::IpAddr> = match &sets.vip_iface {
+        Some((_, index)) => node
+            .addrs
+            .iter()
+            .filter(|a| a.ifindex == *index)
+            .map(|a| a.addr)
+            .collect(),
+        None => Vec::new(),
+    };
+    // Local routes without an address, and VIPs an announcer holds on a NIC or lo (kube-vip,
+    // keepalived), make an LB IP as local as kube-ipvs0 does.
+    let route_owned: Vec<(std::net::IpAddr, probe_contract::facts::AddressOwner)> = sets
+        .owners
+        .iter()
+        .filter(|(p, o)| {
+            p.is_host()
+                && (matches!(o, probe_contract::facts::AddressOwner::LocalRoute { .. })
+                    || o.announcer().is_some())
+        })
+        .map(|(p, o)| (p.addr, o.clone()))
+        .collect();
+    bound.extend(route_owned.iter().map(|(ip, _)| *ip));
+    bound
+}
+
+/// kube-proxy's loop-back entries (IPVS mode) and the bridges' hairpin state.
+fn self_loop_node(ipsets: &BTreeMap<String, Vec<String>>) -> super::SelfLoopNode {
+    let loop_back: Vec<String> = [ipset::loop_back_set(false), ipset::loop_back_set(true)]
+        .iter()
+        .filter_map(|s| ipsets.get(*s))
+        .flatten()
+        .cloned()
+        .collect();
+    let has_loop_back = [ipset::loop_back_set(false), ipset::loop_back_set(true)]
+        .iter()
+        .any(|s| ipsets.contains_key(*s));
+    super::SelfLoopNode {
+        loop_back: has_loop_back.then_some(loop_back),
+        bridge_ports: state::bridge::ports(std::path::Path::new("/sys/class/net")),
+        br_netfilter: state::bridge::br_netfilter(false),
+    }
+}
+
+/// Which dataplane serves Services, from kube-proxy's traces and this namespace's links.
+fn dataplane_of(
+    services: &state::ServiceTable,
+    ipsets: &BTreeMap<String, Vec<String>>,
+    node: &addrs::NodeState,
+) -> Dataplane {
+    let names: Vec<String> = ipsets.keys().cloned().collect();
+    let mut traces = super::dataplane::read_traces(
+        super::dataplane::Traces::of_table(services, &names),
+        std::path::Path::new("/sys/class/net"),
+        std::path::Path::new(super::dataplane::CILIUM_PIN_DIR),
+    );
+    // The namespace's own interfaces (sysfs may be another namespace's).
+    traces.links = node.links.iter().map(|l| l.name.clone()).collect();
+    super::dataplane::detect(&traces)
 }
 
 /// The other kube-proxy modes' state beside the service table's own source, and what

@@ -244,6 +244,43 @@ where
     T::try_from(map).map_err(|source| KernelError::Map { map: name, source })
 }
 
+/// The eBPF object with this kernel's offsets and the settings' tunables written into it.
+fn load_object(settings: &ProbeSettings, kbtf: &KernelBtf) -> Result<Ebpf, KernelError> {
+    // aya-log's kernel side defaults to every level on: turn it off unless asked.
+    let level: u8 = if settings.ebpf_log {
+        aya_log::Level::Debug as u8
+    } else {
+        0
+    };
+    let mut loader = EbpfLoader::new();
+    loader
+        .override_global("CONFIG", &settings.config, true)
+        .override_global("OFFSETS", &kbtf.offsets, true)
+        .override_global(aya_log::LEVEL, &level, false);
+    settings.sizes.apply(&mut loader);
+    Ok(loader.load(PROGRAMS)?)
+}
+
+/// How the tc programs attach: as configured, else through tcx where the kernel has it (6.6).
+fn attach_mode(configured: Option<TcMode>, kernel: &str) -> TcMode {
+    let tc_mode = configured.unwrap_or(
+        if KernelVersion::current().is_ok_and(|v| v >= KernelVersion::new(6, 6, 0)) {
+            TcMode::Tcx
+        } else {
+            TcMode::Netlink
+        },
+    );
+    if tc_mode == TcMode::Netlink {
+        let why = if configured.is_some() {
+            "as configured (--tc-mode netlink)"
+        } else {
+            "this kernel has no tcx (needs 6.6)"
+        };
+        info!("kernel {kernel}: attaching through a clsact qdisc: {why}");
+    }
+    tc_mode
+}
+
 impl Probe {
     /// Loads the programs with this kernel's offsets and tunables, and hooks `kfree_skb`.
     ///
@@ -258,21 +295,7 @@ impl Probe {
             return Err(KernelError::NoPrograms);
         }
         raise_memlock();
-        // aya-log's kernel side defaults to every level on: turn it off unless asked.
-        let level: u8 = if settings.ebpf_log {
-            aya_log::Level::Debug as u8
-        } else {
-            0
-        };
-        let mut ebpf = {
-            let mut loader = EbpfLoader::new();
-            loader
-                .override_global("CONFIG", &settings.config, true)
-                .override_global("OFFSETS", &kbtf.offsets, true)
-                .override_global(aya_log::LEVEL, &level, false);
-            settings.sizes.apply(&mut loader);
-            loader.load(PROGRAMS)?
-        };
+        let mut ebpf = load_object(settings, kbtf)?;
         let logger = if settings.ebpf_log {
             aya_log::EbpfLogger::init(&mut ebpf)
                 .map_err(|e| warn!(error = %e, "eBPF logging unavailable"))
@@ -297,21 +320,7 @@ impl Probe {
         let kernel = KernelVersion::current()
             .map(|v| v.to_string())
             .unwrap_or_else(|_| "unknown".into());
-        let tc_mode = settings.tc_mode.unwrap_or(
-            if KernelVersion::current().is_ok_and(|v| v >= KernelVersion::new(6, 6, 0)) {
-                TcMode::Tcx
-            } else {
-                TcMode::Netlink
-            },
-        );
-        if tc_mode == TcMode::Netlink {
-            let why = if settings.tc_mode.is_some() {
-                "as configured (--tc-mode netlink)"
-            } else {
-                "this kernel has no tcx (needs 6.6)"
-            };
-            info!("kernel {kernel}: attaching through a clsact qdisc: {why}");
-        }
+        let tc_mode = attach_mode(settings.tc_mode, &kernel);
         let features = Features {
             tc_mode,
             drop_hook,

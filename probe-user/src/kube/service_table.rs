@@ -793,94 +793,19 @@ fn program<'a>(
                 node_port: None,
                 drops: Box::new([]),
             };
-            let frontend = |vip: IpAddr, port: u16, external: bool| Frontend {
-                vip,
+            let view = PortView {
+                cluster_ip,
                 port,
-                external,
+                external: &external,
+                etp_local,
+                itp_local,
+                uses_cluster,
             };
             match node.mode {
                 ServiceSource::Iptables | ServiceSource::Nftables => {
-                    // iptables/proxier.go and nftables/proxier.go `syncProxyRules`, same in
-                    // both: `hasEndpoints` (any usable endpoint), `hasInternalEndpoints`
-                    // (ITP Local: a local one), `hasExternalEndpoints` (ETP Local: a local
-                    // one). A Service port without endpoints gets a REJECT (filter table /
-                    // `no-endpoint-services : goto reject-chain`), no service entry.
-                    let has_internal = if itp_local {
-                        !c.local.is_empty()
-                    } else {
-                        c.any
-                    };
-                    let has_external = if etp_local {
-                        !c.local.is_empty()
-                    } else {
-                        c.any
-                    };
-                    let cluster_chain: &[SocketAddr] = if uses_cluster { &c.cluster } else { &[] };
-                    if has_internal {
-                        plan.internal = backends(&[if itp_local { &c.local } else { &c.cluster }]);
-                        plan.frontends.push(frontend(cluster_ip, port.port, false));
-                    }
-                    // External IPs and LB IPs jump to the EXT / external- chain when the
-                    // Service has any endpoint (`usesExternalTrafficChain`). With ETP Local
-                    // that chain sends pod and node-local traffic to the Cluster chain
-                    // ("short-circuit") and the rest to the local endpoints: the readers
-                    // follow both, so the backends are both.
-                    let ext = if etp_local {
-                        let local: &[SocketAddr] = if has_external { &c.local } else { &[] };
-                        backends(&[cluster_chain, local])
-                    } else {
-                        backends(&[cluster_chain])
-                    };
-                    if c.any {
-                        for &ip in &external {
-                            plan.frontends.push(frontend(ip, port.port, true));
-                        }
-                        if port.node_port != 0 {
-                            plan.node_port = Some((port.node_port, etp_local));
-                        }
-                    }
-                    // nftables: `no-endpoint-services` gets `drop` for an external / LB IP
-                    // whose Service has endpoints but none for external traffic
-                    // (`externalTrafficFilterVerdict`), `goto reject-chain` when it has none
-                    // at all (not a drop, not listed: see `state::NoEndpointDrop`).
-                    if node.mode == ServiceSource::Nftables && c.any && !has_external {
-                        plan.drops = external.clone().into_boxed_slice();
-                    }
-                    if ext != plan.internal {
-                        plan.external = Some(ext);
-                    }
+                    rules_plan(&mut plan, &view, &c, node.mode == ServiceSource::Nftables)
                 }
-                ServiceSource::Ipvs => {
-                    // ipvs/proxier.go `syncProxyRules`: a virtual server for every ClusterIP,
-                    // external IP, LB IP and (node IP, NodePort), endpoints or not; its real
-                    // servers from `syncEndpoint(svcPortName, onlyNodeLocalEndpoints, vs)`:
-                    // when the frontend's policy is Local (ITP for the ClusterIP, ETP for the
-                    // rest) the Local endpoints, or the Cluster ones when there is no local
-                    // one ("Allow access from local PODs even if no local endpoints exist",
-                    // kubernetes/kubernetes#97081); else the Cluster ones.
-                    let real = |local_policy: bool| {
-                        if local_policy && !c.local.is_empty() {
-                            backends(&[&c.local])
-                        } else {
-                            backends(&[&c.cluster])
-                        }
-                    };
-                    plan.internal = real(itp_local);
-                    plan.frontends.push(frontend(cluster_ip, port.port, false));
-                    for &ip in &external {
-                        plan.frontends.push(frontend(ip, port.port, true));
-                    }
-                    if port.node_port != 0 {
-                        for &ip in node.node_ips.iter().filter(same_family) {
-                            plan.frontends.push(frontend(ip, port.node_port, true));
-                        }
-                        plan.node_port = Some((port.node_port, etp_local));
-                    }
-                    let ext = real(etp_local);
-                    if ext != plan.internal {
-                        plan.external = Some(ext);
-                    }
-                }
+                ServiceSource::Ipvs => ipvs_plan(&mut plan, &view, &c, node),
             }
             if !plan.frontends.is_empty() || plan.node_port.is_some() || !plan.drops.is_empty() {
                 plan.frontends.shrink_to_fit();
@@ -889,6 +814,118 @@ fn program<'a>(
         }
     }
     tight(out)
+}
+
+/// One Service port's frontends and policies, as kube-proxy's proxier of its family sees
+/// them.
+struct PortView<'a> {
+    cluster_ip: IpAddr,
+    port: &'a PortSpec,
+    /// External IPs and LB IPs of the ClusterIP's family.
+    external: &'a [IpAddr],
+    etp_local: bool,
+    itp_local: bool,
+    uses_cluster: bool,
+}
+
+fn frontend(vip: IpAddr, port: u16, external: bool) -> Frontend {
+    Frontend {
+        vip,
+        port,
+        external,
+    }
+}
+
+/// What kube-proxy in iptables or nftables mode programs for one port.
+fn rules_plan(plan: &mut PortPlan, v: &PortView, c: &Categorized, nftables: bool) {
+    // iptables/proxier.go and nftables/proxier.go `syncProxyRules`, same in
+    // both: `hasEndpoints` (any usable endpoint), `hasInternalEndpoints`
+    // (ITP Local: a local one), `hasExternalEndpoints` (ETP Local: a local
+    // one). A Service port without endpoints gets a REJECT (filter table /
+    // `no-endpoint-services : goto reject-chain`), no service entry.
+    let has_internal = if v.itp_local {
+        !c.local.is_empty()
+    } else {
+        c.any
+    };
+    let has_external = if v.etp_local {
+        !c.local.is_empty()
+    } else {
+        c.any
+    };
+    let cluster_chain: &[SocketAddr] = if v.uses_cluster { &c.cluster } else { &[] };
+    if has_internal {
+        plan.internal = backends(&[if v.itp_local { &c.local } else { &c.cluster }]);
+        plan.frontends
+            .push(frontend(v.cluster_ip, v.port.port, false));
+    }
+    // External IPs and LB IPs jump to the EXT / external- chain when the
+    // Service has any endpoint (`usesExternalTrafficChain`). With ETP Local
+    // that chain sends pod and node-local traffic to the Cluster chain
+    // ("short-circuit") and the rest to the local endpoints: the readers
+    // follow both, so the backends are both.
+    let ext = if v.etp_local {
+        let local: &[SocketAddr] = if has_external { &c.local } else { &[] };
+        backends(&[cluster_chain, local])
+    } else {
+        backends(&[cluster_chain])
+    };
+    if c.any {
+        for &ip in v.external {
+            plan.frontends.push(frontend(ip, v.port.port, true));
+        }
+        if v.port.node_port != 0 {
+            plan.node_port = Some((v.port.node_port, v.etp_local));
+        }
+    }
+    // nftables: `no-endpoint-services` gets `drop` for an external / LB IP
+    // whose Service has endpoints but none for external traffic
+    // (`externalTrafficFilterVerdict`), `goto reject-chain` when it has none
+    // at all (not a drop, not listed: see `state::NoEndpointDrop`).
+    if nftables && c.any && !has_external {
+        plan.drops = v.external.to_vec().into_boxed_slice();
+    }
+    if ext != plan.internal {
+        plan.external = Some(ext);
+    }
+}
+
+/// What kube-proxy in IPVS mode programs for one port.
+fn ipvs_plan(plan: &mut PortPlan, v: &PortView, c: &Categorized, node: &NodeView) {
+    // ipvs/proxier.go `syncProxyRules`: a virtual server for every ClusterIP,
+    // external IP, LB IP and (node IP, NodePort), endpoints or not; its real
+    // servers from `syncEndpoint(svcPortName, onlyNodeLocalEndpoints, vs)`:
+    // when the frontend's policy is Local (ITP for the ClusterIP, ETP for the
+    // rest) the Local endpoints, or the Cluster ones when there is no local
+    // one ("Allow access from local PODs even if no local endpoints exist",
+    // kubernetes/kubernetes#97081); else the Cluster ones.
+    let real = |local_policy: bool| {
+        if local_policy && !c.local.is_empty() {
+            backends(&[&c.local])
+        } else {
+            backends(&[&c.cluster])
+        }
+    };
+    plan.internal = real(v.itp_local);
+    plan.frontends
+        .push(frontend(v.cluster_ip, v.port.port, false));
+    for &ip in v.external {
+        plan.frontends.push(frontend(ip, v.port.port, true));
+    }
+    if v.port.node_port != 0 {
+        for &ip in node
+            .node_ips
+            .iter()
+            .filter(|ip| ip.is_ipv6() == v.cluster_ip.is_ipv6())
+        {
+            plan.frontends.push(frontend(ip, v.port.node_port, true));
+        }
+        plan.node_port = Some((v.port.node_port, v.etp_local));
+    }
+    let ext = real(v.etp_local);
+    if ext != plan.internal {
+        plan.external = Some(ext);
+    }
 }
 
 /// `v` without spare capacity. A Vec collected from a filtering iterator, or pushed to once,

@@ -268,23 +268,24 @@ pub fn spawn_with_table(
     (rx, SharedApiTable { table, changed }, task)
 }
 
-async fn run(
+/// One watch event: its source (0 pods, 1 Services, 2 EndpointSlices) and whether it
+/// completes a list.
+type WatchItem = (usize, Result<(bool, Watched), watcher::Error>);
+
+/// The three watches (this node's pods, into a store; every Service and EndpointSlice).
+fn watch_streams(
     client: Client,
-    node: Option<String>,
-    status: Arc<KubeStatus>,
-    tx: watch::Sender<Arc<Index>>,
-    table: Option<(Arc<RwLock<ApiServiceTable>>, watch::Sender<u64>)>,
-) {
+    node: Option<&str>,
+) -> (Vec<BoxStream<'static, WatchItem>>, reflector::Store<Pod>) {
     let mut pod_config = watcher::Config::default();
-    match &node {
+    match node {
         Some(node) => pod_config = pod_config.fields(&format!("spec.nodeName={node}")),
         None => info!("no --node-name / NODE_NAME: watching the pods of every node"),
     }
     let (pods, pods_writer) = reflector::store::<Pod>();
     // Services and EndpointSlices are not stored as objects: `Kept` keeps what the index
     // reads, the API table what it reads (see `kept`).
-    type Item = (usize, Result<(bool, Watched), watcher::Error>);
-    let streams: Vec<BoxStream<'static, Item>> = vec![
+    let streams: Vec<BoxStream<'static, WatchItem>> = vec![
         watcher(Api::<Pod>::all(client.clone()), pod_config)
             .default_backoff()
             .modify(prune_pod)
@@ -308,6 +309,36 @@ async fn run(
         .map(|r| (2, r.map(|e| (listed(&e), Watched::Slice(Box::new(e))))))
         .boxed(),
     ];
+    (streams, pods)
+}
+
+/// Keeps what the index and the API table read of a Service or EndpointSlice event.
+fn keep_watched(kept: &mut Kept, table: Option<&mut TableFeed>, watched: &Watched) {
+    match watched {
+        Watched::Pod => {}
+        Watched::Service(e) => {
+            keep_service(kept, e);
+            if let Some(t) = table {
+                t.service(e);
+            }
+        }
+        Watched::Slice(e) => {
+            keep_slice(kept, e);
+            if let Some(t) = table {
+                t.slice(e);
+            }
+        }
+    }
+}
+
+async fn run(
+    client: Client,
+    node: Option<String>,
+    status: Arc<KubeStatus>,
+    tx: watch::Sender<Arc<Index>>,
+    table: Option<(Arc<RwLock<ApiServiceTable>>, watch::Sender<u64>)>,
+) {
+    let (streams, pods) = watch_streams(client, node.as_deref());
     let mut kept = Kept::default();
     let mut table = table.map(|(table, changed)| TableFeed {
         table,
@@ -333,21 +364,7 @@ async fn run(
                     // Healthy once a (re)list is complete: all of it is kept then.
                     healthy[source] |= listed;
                     dirty = true;
-                    match &watched {
-                        Watched::Pod => {}
-                        Watched::Service(e) => {
-                            keep_service(&mut kept, e);
-                            if let Some(t) = &mut table {
-                                t.service(e);
-                            }
-                        }
-                        Watched::Slice(e) => {
-                            keep_slice(&mut kept, e);
-                            if let Some(t) = &mut table {
-                                t.slice(e);
-                            }
-                        }
-                    }
+                    keep_watched(&mut kept, table.as_mut(), &watched);
                 }
                 Some((source, Err(error))) => {
                     healthy[source] = false;

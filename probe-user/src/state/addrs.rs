@@ -281,32 +281,7 @@ pub fn classify(state: &NodeState, cfg: &AddrConfig) -> AddressSets {
         .iter()
         .find(|l| l.name == cfg.vip_iface)
         .map(|l| (l.name.clone(), l.index));
-    let nics: Vec<(String, u32)> = if cfg.nics.is_empty() {
-        let physical = state
-            .links
-            .iter()
-            .filter(|l| l.kind.is_none() && l.name != "lo");
-        let default_route = state
-            .routes
-            .iter()
-            .filter(|r| r.dst.len == 0)
-            .filter_map(|r| by_index.get(&r.oif?).copied());
-        let mut v: Vec<(String, u32)> = physical
-            .chain(default_route)
-            .filter(|l| Some(l.index) != vip_iface.as_ref().map(|(_, i)| *i))
-            .map(|l| (l.name.clone(), l.index))
-            .collect();
-        v.sort();
-        v.dedup();
-        v
-    } else {
-        cfg.nics
-            .iter()
-            .filter_map(|n| state.links.iter().find(|l| &l.name == n))
-            .map(|l| (l.name.clone(), l.index))
-            .collect()
-    };
-
+    let nics = node_nics(state, cfg, &by_index, vip_iface.as_ref());
     let mut prefixes: BTreeMap<Prefix, Tag> = BTreeMap::new();
     let mut owners: BTreeMap<Prefix, AddressOwner> = BTreeMap::new();
     let name_of = |i: u32| by_index.get(&i).map(|l| l.name.clone());
@@ -365,22 +340,8 @@ pub fn classify(state: &NodeState, cfg: &AddrConfig) -> AddressSets {
         .map(|(_, i)| *i)
         .chain(vip_iface.iter().map(|(_, i)| *i))
         .collect();
-    for r in state
-        .routes
-        .iter()
-        .filter(|r| r.table == MAIN_TABLE && !r.local)
-    {
-        let Some(oif) = r.oif else { continue };
-        if r.gateway.is_some() || r.dst.len == 0 || skip.contains(&oif) {
-            continue;
-        }
-        let pod_facing = by_index
-            .get(&oif)
-            .and_then(|l| l.kind.as_deref())
-            .is_some_and(|k| POD_LINK_KINDS.contains(&k));
-        if pod_facing && !is_v6_link_local(r.dst.addr) {
-            put(r.dst, Tag::Pod);
-        }
+    for p in pod_routes(state, &by_index, &skip) {
+        put(p, Tag::Pod);
     }
     for p in &cfg.pod_cidrs {
         put(*p, Tag::Pod);
@@ -393,10 +354,79 @@ pub fn classify(state: &NodeState, cfg: &AddrConfig) -> AddressSets {
     }
 }
 
+/// The node's NICs: the configured ones, else the physical links and those of default
+/// routes (never the VIP interface).
+fn node_nics(
+    state: &NodeState,
+    cfg: &AddrConfig,
+    by_index: &BTreeMap<u32, &Link>,
+    vip_iface: Option<&(String, u32)>,
+) -> Vec<(String, u32)> {
+    if cfg.nics.is_empty() {
+        let physical = state
+            .links
+            .iter()
+            .filter(|l| l.kind.is_none() && l.name != "lo");
+        let default_route = state
+            .routes
+            .iter()
+            .filter(|r| r.dst.len == 0)
+            .filter_map(|r| by_index.get(&r.oif?).copied());
+        let mut v: Vec<(String, u32)> = physical
+            .chain(default_route)
+            .filter(|l| Some(l.index) != vip_iface.map(|(_, i)| *i))
+            .map(|l| (l.name.clone(), l.index))
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    } else {
+        cfg.nics
+            .iter()
+            .filter_map(|n| state.links.iter().find(|l| &l.name == n))
+            .map(|l| (l.name.clone(), l.index))
+            .collect()
+    }
+}
+
+/// Routes of the main table to pod-facing links (veth and the like) that no NIC or VIP
+/// interface (`skip`) carries: the node's pods.
+fn pod_routes<'a>(
+    state: &'a NodeState,
+    by_index: &'a BTreeMap<u32, &Link>,
+    skip: &'a [u32],
+) -> impl Iterator<Item = Prefix> + 'a {
+    state
+        .routes
+        .iter()
+        .filter(|r| r.table == MAIN_TABLE && !r.local)
+        .filter_map(move |r| {
+            let oif = r.oif?;
+            if r.gateway.is_some() || r.dst.len == 0 || skip.contains(&oif) {
+                return None;
+            }
+            let pod_facing = by_index
+                .get(&oif)
+                .and_then(|l| l.kind.as_deref())
+                .is_some_and(|k| POD_LINK_KINDS.contains(&k));
+            (pod_facing && !is_v6_link_local(r.dst.addr)).then_some(r.dst)
+        })
+}
+
 /// Dumps links, addresses, unicast routes (every table) and local routes of the current network
 /// namespace.
 pub async fn read(handle: &Handle) -> Result<NodeState, rtnetlink::Error> {
-    let mut state = NodeState::default();
+    let mut state = NodeState {
+        links: read_links(handle).await?,
+        addrs: read_addrs(handle).await?,
+        ..NodeState::default()
+    };
+    read_routes(handle, &mut state).await?;
+    Ok(state)
+}
+
+async fn read_links(handle: &Handle) -> Result<Vec<Link>, rtnetlink::Error> {
+    let mut out = Vec::new();
     let mut links = handle.link().get().execute();
     while let Some(msg) = links.try_next().await? {
         let mut name = None;
@@ -415,13 +445,18 @@ pub async fn read(handle: &Handle) -> Result<NodeState, rtnetlink::Error> {
             }
         }
         if let Some(name) = name {
-            state.links.push(Link {
+            out.push(Link {
                 index: msg.header.index,
                 name,
                 kind,
             });
         }
     }
+    Ok(out)
+}
+
+async fn read_addrs(handle: &Handle) -> Result<Vec<AddrEntry>, rtnetlink::Error> {
+    let mut out = Vec::new();
     let mut addrs = handle.address().get().execute();
     while let Some(msg) = addrs.try_next().await? {
         // IFA_LOCAL is the interface's own address (differs from IFA_ADDRESS on p2p links).
@@ -449,7 +484,7 @@ pub async fn read(handle: &Handle) -> Result<NodeState, rtnetlink::Error> {
             })
             .unwrap_or(0);
         if let Some(addr) = local.or(address) {
-            state.addrs.push(AddrEntry {
+            out.push(AddrEntry {
                 ifindex: msg.header.index,
                 addr,
                 prefix_len: msg.header.prefix_len,
@@ -459,6 +494,12 @@ pub async fn read(handle: &Handle) -> Result<NodeState, rtnetlink::Error> {
             });
         }
     }
+    Ok(out)
+}
+
+/// The unicast and local routes of every table, and the source addresses unicast routes
+/// name (`route_sources`).
+async fn read_routes(handle: &Handle, state: &mut NodeState) -> Result<(), rtnetlink::Error> {
     for request in [
         RouteMessageBuilder::<Ipv4Addr>::new().build(),
         RouteMessageBuilder::<Ipv6Addr>::new().build(),
@@ -509,7 +550,7 @@ pub async fn read(handle: &Handle) -> Result<NodeState, rtnetlink::Error> {
             });
         }
     }
-    Ok(state)
+    Ok(())
 }
 
 fn route_ip(a: &RouteAddress) -> Option<IpAddr> {

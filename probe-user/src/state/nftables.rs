@@ -140,17 +140,29 @@ pub fn read_family(family: u8) -> Result<Option<ServiceTable>, NftError> {
     let nodeports = elems(SERVICE_NODEPORTS, 2)?;
     let no_endpoint = elems(NO_ENDPOINT_SERVICES, 3)?;
 
-    // The anonymous verdict maps (`numgen random mod N vmap { 0 : goto endpoint-..., ... }`):
-    // their endpoint chains. kube-proxy names an endpoint's chain after its Service port
-    // (`endpoint-<hash>-<ns>/<name>/<proto>/<port>__<ip>/<port>` beside
-    // `service-<hash>-<ns>/<name>/<proto>/<port>`; kubernetes `pkg/proxy/nftables/proxier.go`,
-    // `servicePortEndpointChainNameBase`), and a map's N elements are N distinct endpoint chains
-    // of that port: when the port has exactly N such chains, they are the map's. Otherwise
-    // (a `local-` chain's subset, an endpoint's chain kept while it is out of the maps, a
-    // truncated name) the map is dumped. Dumping every map is not an option: the kernel finds a
-    // set by name in a list, so 10,000 of them took 5-7 s (measured here, 10,000 Services).
-    let mut by_port: HashMap<&str, Vec<&str>> = HashMap::new();
+    let by_port = endpoint_chains_by_port(&raw);
+    let anonymous = anonymous_map_targets(family, &raw, &by_port)?;
+    let mut rules = Vec::with_capacity(raw.len());
     for r in &raw {
+        rules.push(Rule {
+            chain: Cow::Owned(r.chain.clone()),
+            family: Cow::Borrowed(fam),
+            expr: facts_from_netlink(r, &anonymous),
+            comment: r.comment.clone().map(Cow::Owned),
+        });
+    }
+    Ok(Some(build_table(
+        &service_ips,
+        &nodeports,
+        &no_endpoint,
+        &rules,
+    )))
+}
+
+/// The endpoint chains of each Service port, by the port's name in their chain names.
+fn endpoint_chains_by_port(raw: &[NftRule]) -> HashMap<&str, Vec<&str>> {
+    let mut by_port: HashMap<&str, Vec<&str>> = HashMap::new();
+    for r in raw {
         if let Some(port_name) = r
             .chain
             .strip_prefix("endpoint-")
@@ -164,8 +176,25 @@ pub fn read_family(family: u8) -> Result<Option<ServiceTable>, NftError> {
             }
         }
     }
+    by_port
+}
+
+/// The anonymous verdict maps (`numgen random mod N vmap { 0 : goto endpoint-..., ... }`):
+/// their endpoint chains. kube-proxy names an endpoint's chain after its Service port
+/// (`endpoint-<hash>-<ns>/<name>/<proto>/<port>__<ip>/<port>` beside
+/// `service-<hash>-<ns>/<name>/<proto>/<port>`; kubernetes `pkg/proxy/nftables/proxier.go`,
+/// `servicePortEndpointChainNameBase`), and a map's N elements are N distinct endpoint chains
+/// of that port: when the port has exactly N such chains, they are the map's. Otherwise
+/// (a `local-` chain's subset, an endpoint's chain kept while it is out of the maps, a
+/// truncated name) the map is dumped. Dumping every map is not an option: the kernel finds a
+/// set by name in a list, so 10,000 of them took 5-7 s (measured here, 10,000 Services).
+fn anonymous_map_targets<'a>(
+    family: u8,
+    raw: &'a [NftRule],
+    by_port: &HashMap<&str, Vec<&str>>,
+) -> Result<HashMap<&'a str, Vec<String>>, NftError> {
     let mut anonymous: HashMap<&str, Vec<String>> = HashMap::new();
-    for r in &raw {
+    for r in raw {
         let port_name = r
             .chain
             .split_once('-')
@@ -197,21 +226,7 @@ pub fn read_family(family: u8) -> Result<Option<ServiceTable>, NftError> {
             }
         }
     }
-    let mut rules = Vec::with_capacity(raw.len());
-    for r in &raw {
-        rules.push(Rule {
-            chain: Cow::Owned(r.chain.clone()),
-            family: Cow::Borrowed(fam),
-            expr: facts_from_netlink(r, &anonymous),
-            comment: r.comment.clone().map(Cow::Owned),
-        });
-    }
-    Ok(Some(build_table(
-        &service_ips,
-        &nodeports,
-        &no_endpoint,
-        &rules,
-    )))
+    Ok(anonymous)
 }
 
 /// A map element's key (`addr . proto . port`, or `proto . port` with `width` 2), each field

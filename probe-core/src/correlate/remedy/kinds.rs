@@ -14,14 +14,54 @@ pub(in crate::correlate) fn hairpin(e: &LoopbackEvent) -> Vec<String> {
         return host_listener_hairpin(e);
     }
     let vip = e.vip.unwrap_or(e.dst);
-    let at = sock(vip, e.vip_port.unwrap_or(e.dst_port));
     let node_sourced = f.source == SourceKind::Node;
-    let target = if f.lb_targets_pod {
+    let mut out = vec![hairpin_cause(e, vip, node_sourced)];
+    out.extend(mismatch(e));
+    // The NodePort's policy matters for a pod's call only: it decides whether kube-proxy
+    // masquerades it. A node-sourced call already carries the node's address, and an LB that
+    // targets pods ignores the policy.
+    if !node_sourced && !f.lb_targets_pod && f.etp() == Some(Etp::Local) {
+        out.extend(etp_local_hairpin(e));
+    }
+    out.push(call_in_cluster(e, vip, e.vip_port));
+    out.push(hairpin_snat(node_sourced, f.masquerade_rules));
+    out.push(
+        "Or make the LB source-NAT toward backends (layer 7: the LB's SNAT/keepalive option, \
+         client IP then in X-Forwarded-For), or enable the provider's prevent-loopback option."
+            .to_string(),
+    );
+    if f.lb_targets_pod {
+        out.push(
+            "The LB targets pods directly (no NodePort): externalTrafficPolicy does not change \
+             its choice of backend; keep callers off the nodes that host the Service's pods \
+             (pod anti-affinity)."
+                .to_string(),
+        );
+    }
+    out.push(hairpin_symptom(e.layer));
+    if !node_sourced
+        && e.outcome == Outcome::Dropped
+        && e.drop_reason.as_deref() == Some("IP_RPFILTER")
+    {
+        out.push(
+            "Relaxing rp_filter does not fix this: the packet would then reach the backend and \
+             the pod would reset the asymmetric reply instead."
+                .to_string(),
+        );
+    }
+    out
+}
+
+/// How the call came back to this node: from the node itself (a martian source) or from a
+/// pod that left unSNATed.
+fn hairpin_cause(e: &LoopbackEvent, vip: IpAddr, node_sourced: bool) -> String {
+    let at = sock(vip, e.vip_port.unwrap_or(e.dst_port));
+    let target = if e.facts.lb_targets_pod {
         format!("the local pod {} directly", sock(e.dst, e.dst_port))
     } else {
         format!("this same node ({})", sock(e.dst, e.dst_port))
     };
-    let mut out = vec![if node_sourced {
+    if node_sourced {
         format!(
             "Cause: {} (a host-network client, or pod traffic masqueraded to the node IP) \
              called the LB at {at}; the LB keeps the client address and picked {target} as \
@@ -36,71 +76,65 @@ pub(in crate::correlate) fn hairpin(e: &LoopbackEvent) -> Vec<String> {
              reply cannot return through the LB.",
             sender(e)
         )
-    }];
-    out.extend(mismatch(e));
-    let svc = service_key(e);
-    let svc_name = svc.clone().unwrap_or_else(|| "the Service".into());
-    // The NodePort's policy matters for a pod's call only: it decides whether kube-proxy
-    // masquerades it. A node-sourced call already carries the node's address, and an LB that
-    // targets pods ignores the policy.
-    if !node_sourced && !f.lb_targets_pod && f.etp() == Some(Etp::Local) {
-        out.push(format!(
+    }
+}
+
+/// The `kubectl patch` body that sets externalTrafficPolicy: Cluster, shell-quoted.
+const ETP_CLUSTER_PATCH: &str = r#"'{"spec":{"externalTrafficPolicy":"Cluster"}}'"#;
+
+/// A pod's call through a NodePort under externalTrafficPolicy: Local: why it left
+/// unmasqueraded, and the two ways out.
+fn etp_local_hairpin(e: &LoopbackEvent) -> [String; 3] {
+    let svc_name = service_key(e).unwrap_or_else(|| "the Service".into());
+    let patch = e
+        .facts
+        .service
+        .as_ref()
+        .map(|s| {
+            format!(
+                ": kubectl -n {} patch service {} -p {ETP_CLUSTER_PATCH}",
+                s.namespace, s.name
+            )
+        })
+        .unwrap_or_default();
+    [
+        format!(
             "NodePort {} ({svc_name}) uses externalTrafficPolicy: Local; its Local rules on this \
              node let pod traffic to the LB leave unmasqueraded, which is why the pod address \
              reached the LB (under Cluster policy the same call is SNATed and the LB avoids the \
              calling node).",
             e.dst_port
-        ));
-        let patch = f
-            .service
-            .as_ref()
-            .map(|s| {
-                format!(
-                    ": kubectl -n {} patch service {} -p \
-                     '{{\"spec\":{{\"externalTrafficPolicy\":\"Cluster\"}}}}'",
-                    s.namespace, s.name
-                )
-            })
-            .unwrap_or_default();
-        out.push(format!(
+        ),
+        format!(
             "Set externalTrafficPolicy: Cluster on {svc_name} if the client source IP need not \
              be preserved{patch}."
-        ));
-        out.push(format!(
+        ),
+        format!(
             "Or keep Local and add pod anti-affinity so callers never run on a node hosting \
              {svc_name}'s backends (with Local the LB only sends to nodes that have backends)."
-        ));
-    }
-    out.push(call_in_cluster(e, vip, e.vip_port));
+        ),
+    ]
+}
+
+/// Whether SNAT to the node IP avoids the loop: not for a call that already is the node's.
+fn hairpin_snat(node_sourced: bool, masquerade_rules: usize) -> String {
     if node_sourced {
-        out.push(
-            "SNAT to the node IP does not avoid this one: the source already is the node. The \
-             LB's guard against sending a request back to its source node avoids it where the \
-             LB has it; this LB did not apply it (a listener or LB type without that guard)."
-                .to_string(),
-        );
+        "SNAT to the node IP does not avoid this one: the source already is the node. The \
+         LB's guard against sending a request back to its source node avoids it where the \
+         LB has it; this LB did not apply it (a listener or LB type without that guard)."
+            .to_string()
     } else {
-        out.push(format!(
-            "Masquerade (SNAT) pod traffic to the LB to the node IP ({} masquerade rule(s) \
-             found on this node): the LB then sees the node as the source and will not send the \
-             request back to it.",
-            f.masquerade_rules
-        ));
+        format!(
+            "Masquerade (SNAT) pod traffic to the LB to the node IP ({masquerade_rules} \
+             masquerade rule(s) found on this node): the LB then sees the node as the source \
+             and will not send the request back to it."
+        )
     }
-    out.push(
-        "Or make the LB source-NAT toward backends (layer 7: the LB's SNAT/keepalive option, \
-         client IP then in X-Forwarded-For), or enable the provider's prevent-loopback option."
-            .to_string(),
-    );
-    if f.lb_targets_pod {
-        out.push(
-            "The LB targets pods directly (no NodePort): externalTrafficPolicy does not change \
-             its choice of backend; keep callers off the nodes that host the Service's pods \
-             (pod anti-affinity)."
-                .to_string(),
-        );
-    }
-    out.push(match e.layer {
+}
+
+/// What the caller sees, by the LB's layer.
+fn hairpin_symptom(layer: Option<Layer>) -> String {
+    match layer {
         Some(Layer::L7) => "Symptom to expect (layer 7): the LB gives up on this node after \
                             about 4 s and retries another one, so requests are slow rather than \
                             failed; on a one-node cluster they fail."
@@ -108,18 +142,7 @@ pub(in crate::correlate) fn hairpin(e: &LoopbackEvent) -> Vec<String> {
         _ => "Symptom to expect (layer 4): the LB does not retry another node, so connections \
               hang or break intermittently; on a one-node cluster they always fail."
             .to_string(),
-    });
-    if !node_sourced
-        && e.outcome == Outcome::Dropped
-        && e.drop_reason.as_deref() == Some("IP_RPFILTER")
-    {
-        out.push(
-            "Relaxing rp_filter does not fix this: the packet would then reach the backend and \
-             the pod would reset the asymmetric reply instead."
-                .to_string(),
-        );
     }
-    out
 }
 
 /// A hairpin to a host-network listener (a node address on a port that is no NodePort): no

@@ -48,26 +48,7 @@ pub(super) fn ip_mode_advice(
         .masquerade_rules
         .iter()
         .any(|r| crate::check::rules::covers_pod_egress(r, &inp.pod_prefixes));
-    // (ip, Service) pairs: from the API when listed, else the node's LB targets.
-    let mut pairs: Vec<(IpAddr, Option<&ServiceFacts>)> = Vec::new();
-    for s in services {
-        for ip in s.ingress.iter().filter_map(|i| i.ip) {
-            if !pairs
-                .iter()
-                .any(|(i, x)| *i == ip && x.map(|x| x.key()) == Some(s.key()))
-            {
-                pairs.push((ip, Some(s)));
-            }
-        }
-    }
-    if services.is_empty() {
-        for t in &inp.lb_targets {
-            if !pairs.iter().any(|(i, _)| *i == t.ip) {
-                pairs.push((t.ip, None));
-            }
-        }
-    }
-    pairs
+    ingress_pairs(inp, services)
         .into_iter()
         .map(|(ip, svc)| {
             let proxy = svc.is_some_and(|s| s.ip_mode(ip) == Some("Proxy"))
@@ -90,62 +71,13 @@ pub(super) fn ip_mode_advice(
                 aws.map(str::to_string)
             };
             let would_hairpin = not_looping.is_none();
-            let bound_now = inp.bound.contains(&ip);
-            let now: Vec<&str> = risks_now
-                .iter()
-                .filter(|f| {
-                    matches!(f.kind, Kind::HealthcheckBlackhole | Kind::VipPortUnserved)
-                        && parse_subject(&f.subject).is_some_and(|(i, _)| i == ip)
-                })
-                .map(|f| f.kind.as_str())
-                .collect();
             let hairpin_note = match &not_looping {
                 None => "with Proxy, a pod's call to it leaves for the LB without SNAT and can \
                          hairpin (fixes listed)"
                     .to_string(),
                 Some(why) => format!("Proxy would not loop here: {why}"),
             };
-            let (verdict, advice) = if proxy {
-                (
-                    "already",
-                    format!(
-                        "ipMode is Proxy already: no kube-proxy mode binds or short-circuits \
-                         it; {hairpin_note}"
-                    ),
-                )
-            } else if bound_now && !kube_proxy_binds(inp, ip) {
-                (
-                    "does_not_help",
-                    format!(
-                        "{ip} is made local by {}, not kube-proxy: ipMode does not unbind it",
-                        inp.owners
-                            .get(&ip)
-                            .map_or_else(|| "another owner".to_string(), ToString::to_string)
-                    ),
-                )
-            } else if bound_now {
-                (
-                    "avoids_now",
-                    format!(
-                        "Proxy would stop kube-proxy binding it now ({}); nftables mode binds \
-                         nothing, so after the move VIP (the default) loops no more and keeps \
-                         in-cluster calls on the node; {hairpin_note}",
-                        if now.is_empty() {
-                            "no risk on it now".to_string()
-                        } else {
-                            format!("its {} go", now.join(", "))
-                        }
-                    ),
-                )
-            } else {
-                (
-                    "not_needed",
-                    format!(
-                        "not bound on this node: Proxy removes no loop here and would only send \
-                         in-cluster calls out through the LB; {hairpin_note}"
-                    ),
-                )
-            };
+            let (verdict, advice) = proxy_verdict(inp, ip, proxy, risks_now, &hairpin_note);
             let fixes = match (would_hairpin, svc) {
                 (true, Some(s)) => {
                     let mut f = Facts::of_risk(probe_contract::LoopbackKind::Hairpin, ip, s, prov);
@@ -171,4 +103,90 @@ pub(super) fn ip_mode_advice(
             }
         })
         .collect()
+}
+
+/// The (ip, Service) pairs to advise on: from the API when listed, else the node's LB targets.
+fn ingress_pairs<'a>(
+    inp: &Inputs,
+    services: &'a [ServiceFacts],
+) -> Vec<(IpAddr, Option<&'a ServiceFacts>)> {
+    let mut pairs: Vec<(IpAddr, Option<&ServiceFacts>)> = Vec::new();
+    for s in services {
+        for ip in s.ingress.iter().filter_map(|i| i.ip) {
+            if !pairs
+                .iter()
+                .any(|(i, x)| *i == ip && x.map(|x| x.key()) == Some(s.key()))
+            {
+                pairs.push((ip, Some(s)));
+            }
+        }
+    }
+    if services.is_empty() {
+        for t in &inp.lb_targets {
+            if !pairs.iter().any(|(i, _)| *i == t.ip) {
+                pairs.push((t.ip, None));
+            }
+        }
+    }
+    pairs
+}
+
+/// Whether ipMode Proxy would help for `ip`, and the advice in words.
+fn proxy_verdict(
+    inp: &Inputs,
+    ip: IpAddr,
+    proxy: bool,
+    risks_now: &[&Finding],
+    hairpin_note: &str,
+) -> (&'static str, String) {
+    let bound_now = inp.bound.contains(&ip);
+    if proxy {
+        (
+            "already",
+            format!(
+                "ipMode is Proxy already: no kube-proxy mode binds or short-circuits \
+                 it; {hairpin_note}"
+            ),
+        )
+    } else if bound_now && !kube_proxy_binds(inp, ip) {
+        (
+            "does_not_help",
+            format!(
+                "{ip} is made local by {}, not kube-proxy: ipMode does not unbind it",
+                inp.owners
+                    .get(&ip)
+                    .map_or_else(|| "another owner".to_string(), ToString::to_string)
+            ),
+        )
+    } else if bound_now {
+        let now: Vec<&str> = risks_now
+            .iter()
+            .filter(|f| {
+                matches!(f.kind, Kind::HealthcheckBlackhole | Kind::VipPortUnserved)
+                    && parse_subject(&f.subject).is_some_and(|(i, _)| i == ip)
+            })
+            .map(|f| f.kind.as_str())
+            .collect();
+        (
+            "avoids_now",
+            format!(
+                "Proxy would stop kube-proxy binding it now ({}); nftables mode binds \
+                 nothing, so after the move VIP (the default) loops no more and keeps \
+                 in-cluster calls on the node; {hairpin_note}",
+                if now.is_empty() {
+                    "no risk on it now".to_string()
+                } else {
+                    format!("its {} go", now.join(", "))
+                }
+            ),
+        )
+    } else {
+        (
+            "not_needed",
+            format!(
+                "not bound on this node: Proxy removes no loop here and would only send \
+                 in-cluster calls out through the LB; {hairpin_note}"
+            ),
+        )
+    }
 }

@@ -10,7 +10,10 @@
 //! that keeps client addresses.
 
 use super::targets::prevent_loopback;
-use crate::{check::Inputs, state::addrs::Prefix};
+use crate::{
+    check::{Inputs, LbTarget},
+    state::addrs::Prefix,
+};
 use probe_contract::check::{Finding, Kind, Severity};
 
 /// A MASQUERADE rule that applies to pods' egress off the node: not kube-proxy's marked
@@ -77,17 +80,7 @@ pub fn hairpin(inp: &Inputs) -> Vec<Finding> {
         .iter()
         .filter(|r| covers_pod_egress(r, &inp.pod_prefixes))
         .collect();
-    // A node has a /32 route per pod: name a few, count the rest.
-    let mut pods = inp
-        .pod_prefixes
-        .iter()
-        .take(3)
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(", ");
-    if inp.pod_prefixes.len() > 3 {
-        pods.push_str(&format!(" and {} more", inp.pod_prefixes.len() - 3));
-    }
+    let pods = pod_list(&inp.pod_prefixes);
     let no_masq = match inp.services.masquerade_rules.len() {
         0 => format!("no masquerade rule covers pod egress from {pods} (none found)"),
         n => format!(
@@ -114,82 +107,10 @@ pub fn hairpin(inp: &Inputs) -> Vec<Finding> {
         if !pod_masq.is_empty() || t.kube_proxy_masquerades {
             continue;
         }
-        let subject = t.subject();
-        let mut evidence = vec![
-            format!(
-                "nothing on this node serves {subject}{}: pod calls to it leave for the LB",
-                if t.ip_mode_proxy {
-                    " (ipMode: Proxy)"
-                } else {
-                    ""
-                }
-            ),
-            no_masq.clone(),
-        ];
-        if t.etp_local == Some(true) {
-            evidence.push(format!(
-                "externalTrafficPolicy: Local (per {}): kube-proxy does not mark pod traffic to \
-                 it for masquerade",
-                t.source
-            ));
-        }
-        let guard = prevent_loopback(&[t]);
-        let severity = if guard.is_empty() {
-            Severity::Risk
-        } else {
-            evidence.push(format!(
-                "provider prevent-loopback annotation set ({})",
-                guard.join(", ")
-            ));
-            Severity::Warn
-        };
-        let svc = t.service.as_deref().unwrap_or("the Service");
-        out.push(Finding {
-            kind: Kind::Hairpin,
-            severity,
-            subject: subject.clone(),
-            summary: format!(
-                "pod calls to LB {subject} ({svc}) leave without SNAT: the LB can send them back to \
-                 this node"
-            ),
-            evidence,
-            // With ipMode Proxy kube-proxy writes no rule for the LB IP: the policy changes
-            // nothing there.
-            remedy: hairpin_remedy(svc, t.etp_local == Some(true) && !t.ip_mode_proxy),
-            fixes: Vec::new(),
-        });
+        out.push(target_finding(t, &no_masq));
     }
     if out.is_empty() && pod_masq.is_empty() && seen.is_empty() {
-        let mut evidence = vec![
-            no_masq,
-            "masquerade is read from the iptables nat table and kube-proxy's nftables table: a \
-             CNI that masquerades in eBPF (e.g. Cilium) or in its own nftables table is not seen"
-                .to_string(),
-        ];
-        for n in inp.services.nodeports.iter().filter(|n| n.local_only) {
-            evidence.push(format!(
-                "NodePort {}/{}{} has externalTrafficPolicy: Local rules",
-                n.port,
-                n.proto.as_str(),
-                n.service
-                    .as_deref()
-                    .map(|s| format!(" ({s})"))
-                    .unwrap_or_default()
-            ));
-        }
-        let local = inp.services.nodeports.iter().any(|n| n.local_only);
-        out.push(Finding {
-            kind: Kind::Hairpin,
-            severity: Severity::Risk,
-            subject: "pod egress".into(),
-            summary: format!(
-                "pods ({pods}) reach LB IPs this node does not serve without SNAT: an LB that keeps \
-                 client addresses can send them back to this node"
-            ),
-            evidence,
-            remedy: hairpin_remedy("the Service", local),
-            fixes: Vec::new(),
-        });
+        out.push(pod_egress_finding(inp, &pods, no_masq));
     }
     // Without kube-proxy, its replacement may serve LB IPs to pods and masquerade in eBPF,
     // neither of which the probe reads: possible, not established.
@@ -210,6 +131,104 @@ pub fn hairpin(inp: &Inputs) -> Vec<Finding> {
         }
     }
     out
+}
+
+/// The node's pod prefixes for a sentence: a node has a /32 route per pod, so a few are
+/// named and the rest counted.
+fn pod_list(prefixes: &[Prefix]) -> String {
+    let mut pods = prefixes
+        .iter()
+        .take(3)
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ");
+    if prefixes.len() > 3 {
+        pods.push_str(&format!(" and {} more", prefixes.len() - 3));
+    }
+    pods
+}
+
+/// A known LB target whose pod calls leave the node unSNATed.
+fn target_finding(t: &LbTarget, no_masq: &str) -> Finding {
+    let subject = t.subject();
+    let mut evidence = vec![
+        format!(
+            "nothing on this node serves {subject}{}: pod calls to it leave for the LB",
+            if t.ip_mode_proxy {
+                " (ipMode: Proxy)"
+            } else {
+                ""
+            }
+        ),
+        no_masq.to_string(),
+    ];
+    if t.etp_local == Some(true) {
+        evidence.push(format!(
+            "externalTrafficPolicy: Local (per {}): kube-proxy does not mark pod traffic to \
+             it for masquerade",
+            t.source
+        ));
+    }
+    let guard = prevent_loopback(&[t]);
+    let severity = if guard.is_empty() {
+        Severity::Risk
+    } else {
+        evidence.push(format!(
+            "provider prevent-loopback annotation set ({})",
+            guard.join(", ")
+        ));
+        Severity::Warn
+    };
+    let svc = t.service.as_deref().unwrap_or("the Service");
+    Finding {
+        kind: Kind::Hairpin,
+        severity,
+        subject: subject.clone(),
+        summary: format!(
+            "pod calls to LB {subject} ({svc}) leave without SNAT: the LB can send them back to \
+             this node"
+        ),
+        evidence,
+        // With ipMode Proxy kube-proxy writes no rule for the LB IP: the policy changes
+        // nothing there.
+        remedy: hairpin_remedy(svc, t.etp_local == Some(true) && !t.ip_mode_proxy),
+        fixes: Vec::new(),
+    }
+}
+
+/// No LB target known: unmasqueraded pod egress is one risk for any LB that keeps client
+/// addresses.
+fn pod_egress_finding(inp: &Inputs, pods: &str, no_masq: String) -> Finding {
+    let mut evidence = vec![
+        no_masq,
+        "masquerade is read from the iptables nat table and kube-proxy's nftables table: a \
+         CNI that masquerades in eBPF (e.g. Cilium) or in its own nftables table is not seen"
+            .to_string(),
+    ];
+    for n in inp.services.nodeports.iter().filter(|n| n.local_only) {
+        evidence.push(format!(
+            "NodePort {}/{}{} has externalTrafficPolicy: Local rules",
+            n.port,
+            n.proto.as_str(),
+            n.service
+                .as_deref()
+                .map(|s| format!(" ({s})"))
+                .unwrap_or_default()
+        ));
+    }
+    let local = inp.services.nodeports.iter().any(|n| n.local_only);
+    Finding {
+        kind: Kind::Hairpin,
+        severity: Severity::Risk,
+        subject: "pod egress".into(),
+        summary: format!(
+            "pods ({pods}) reach LB IPs this node does not serve without SNAT: an LB that keeps \
+             client addresses can send them back to this node"
+        ),
+        evidence,
+        remedy: hairpin_remedy("the Service", local),
+        fixes: Vec::new(),
+    }
 }
 
 fn hairpin_remedy(svc: &str, etp_local: bool) -> Vec<String> {

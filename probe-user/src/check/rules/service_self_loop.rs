@@ -26,73 +26,88 @@ use probe_contract::facts::SelfLoopMissing;
 /// out its port; in IPVS mode the reply is un-NATed in the bridge and dies the same way).
 pub fn service_self_loop(inp: &Inputs) -> Vec<Finding> {
     let mut out = Vec::new();
-    let sl = &inp.self_loop;
     if inp.services.source == Some(ServiceSource::Ipvs) {
-        let mut seen = Vec::new();
-        for s in &inp.services.services {
-            for b in &s.backends {
-                let Ok(ep) = b.parse::<std::net::SocketAddr>() else {
-                    continue;
-                };
-                let (ip, port) = (ep.ip(), ep.port());
-                if !inp.pod_prefixes.iter().any(|p| p.contains(ip)) || seen.contains(&(ip, port)) {
-                    continue;
-                }
-                seen.push((ip, port));
-                let entry = format!("{ip},{}:{port},{ip}", s.proto.as_str());
-                let set = loop_back_set(ip.is_ipv6());
-                let lacks = match &sl.loop_back {
-                    Some(members) if members.contains(&entry) => continue,
-                    Some(_) => format!("ipset {set} lacks {entry}"),
-                    // Unread (no `ipset` here) is no proof of a missing entry.
-                    None => continue,
-                };
-                out.push(Finding {
-                    kind: Kind::ServiceSelfLoop,
-                    severity: Severity::Risk,
-                    subject: format!("{ep}/{}", s.proto.as_str()),
-                    summary: format!(
-                        "pod {ip} cannot reach itself through {}: {lacks}",
-                        remedy::sock_of(s.vip, s.port)
-                    ),
-                    evidence: vec![
-                        format!(
-                            "IPVS: {ep} is a real server of {}/{}{}, and {ip} is a pod of this \
-                             node",
-                            remedy::sock_of(s.vip, s.port),
-                            s.proto.as_str(),
-                            s.service
-                                .as_deref()
-                                .map(|n| format!(" ({n})"))
-                                .unwrap_or_default()
-                        ),
-                        format!(
-                            "{lacks}: KUBE-POSTROUTING masquerades an endpoint's call to itself \
-                             only through it"
-                        ),
-                    ],
-                    // No Service setting fixes it (the fixes table has no entry for the kind).
-                    fixes: Vec::new(),
-                    // The confirmed event's remedy without its "Cause:" line.
-                    remedy: remedy::service_self_loop_risk(
-                        ip,
-                        port,
-                        s.service.as_deref(),
-                        SelfLoopMissing::HairpinSnat {
-                            loop_back_entry: Some(false),
-                        },
-                        ServiceSource::Ipvs,
-                    ),
-                });
-            }
-        }
+        out.extend(missing_loop_back_entries(inp));
     }
     let Some(source) = inp.services.source else {
         return out;
     };
-    if sl.br_netfilter != Some(true) {
+    if inp.self_loop.br_netfilter != Some(true) {
         return out;
     }
+    out.extend(ports_without_hairpin_mode(inp, source));
+    out
+}
+
+/// IPVS mode: the endpoints on pods of this node whose `KUBE-LOOP-BACK` entry is missing.
+fn missing_loop_back_entries(inp: &Inputs) -> Vec<Finding> {
+    let mut out = Vec::new();
+    let sl = &inp.self_loop;
+    let mut seen = Vec::new();
+    for s in &inp.services.services {
+        for b in &s.backends {
+            let Ok(ep) = b.parse::<std::net::SocketAddr>() else {
+                continue;
+            };
+            let (ip, port) = (ep.ip(), ep.port());
+            if !inp.pod_prefixes.iter().any(|p| p.contains(ip)) || seen.contains(&(ip, port)) {
+                continue;
+            }
+            seen.push((ip, port));
+            let entry = format!("{ip},{}:{port},{ip}", s.proto.as_str());
+            let set = loop_back_set(ip.is_ipv6());
+            let lacks = match &sl.loop_back {
+                Some(members) if members.contains(&entry) => continue,
+                Some(_) => format!("ipset {set} lacks {entry}"),
+                // Unread (no `ipset` here) is no proof of a missing entry.
+                None => continue,
+            };
+            out.push(Finding {
+                kind: Kind::ServiceSelfLoop,
+                severity: Severity::Risk,
+                subject: format!("{ep}/{}", s.proto.as_str()),
+                summary: format!(
+                    "pod {ip} cannot reach itself through {}: {lacks}",
+                    remedy::sock_of(s.vip, s.port)
+                ),
+                evidence: vec![
+                    format!(
+                        "IPVS: {ep} is a real server of {}/{}{}, and {ip} is a pod of this \
+                         node",
+                        remedy::sock_of(s.vip, s.port),
+                        s.proto.as_str(),
+                        s.service
+                            .as_deref()
+                            .map(|n| format!(" ({n})"))
+                            .unwrap_or_default()
+                    ),
+                    format!(
+                        "{lacks}: KUBE-POSTROUTING masquerades an endpoint's call to itself \
+                         only through it"
+                    ),
+                ],
+                // No Service setting fixes it (the fixes table has no entry for the kind).
+                fixes: Vec::new(),
+                // The confirmed event's remedy without its "Cause:" line.
+                remedy: remedy::service_self_loop_risk(
+                    ip,
+                    port,
+                    s.service.as_deref(),
+                    SelfLoopMissing::HairpinSnat {
+                        loop_back_entry: Some(false),
+                    },
+                    ServiceSource::Ipvs,
+                ),
+            });
+        }
+    }
+    out
+}
+
+/// br_netfilter on: the bridge ports without hairpin mode, one finding per bridge.
+fn ports_without_hairpin_mode(inp: &Inputs, source: ServiceSource) -> Vec<Finding> {
+    let mut out = Vec::new();
+    let sl = &inp.self_loop;
     let mut bridges: Vec<&str> = sl.bridge_ports.iter().map(|p| p.bridge.as_str()).collect();
     bridges.dedup();
     for br in bridges {

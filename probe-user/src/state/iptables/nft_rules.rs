@@ -65,7 +65,6 @@ struct Text {
 /// kept for a `MASQUERADE` rule (evidence) or with `keep_text`.
 pub(super) fn rule_from_nft(r: &NftRule, keep_text: bool) -> Rule {
     let v6 = r.family == FAMILY_IP6;
-    let (src_at, dst_at, addr_len) = if v6 { (8, 24, 16) } else { (12, 16, 4) };
     let mut rule = Rule {
         chain: r.chain.clone(),
         comment: r.comment.clone(),
@@ -108,89 +107,8 @@ pub(super) fn rule_from_nft(r: &NftRule, keep_text: bool) -> Rule {
                     // Ranges (`--dport A:B`) are not a port kube-proxy matches on.
                     _ => continue,
                 };
-                let bang = if neg { "! " } else { "" };
-                match loaded {
-                    Loaded::Payload {
-                        base: wire::NFT_PAYLOAD_NETWORK_HEADER,
-                        offset,
-                        len,
-                    } if (offset == src_at || offset == dst_at) && len as usize <= addr_len => {
-                        let Some(addr) = prefix_text(data, mask, addr_len) else {
-                            continue;
-                        };
-                        if offset == dst_at {
-                            text.dst = Some(format!("{bang}-d {addr}"));
-                            rule.dst = Some(addr);
-                            rule.dst_negated = neg;
-                        } else {
-                            text.src = Some(format!("{bang}-s {addr}"));
-                        }
-                    }
-                    Loaded::Payload {
-                        base: wire::NFT_PAYLOAD_NETWORK_HEADER,
-                        offset: 9,
-                        len: 1,
-                    } if !v6 => set_proto(&mut rule, &mut text, data, neg),
-                    Loaded::Meta(wire::NFT_META_L4PROTO) => {
-                        set_proto(&mut rule, &mut text, data, neg)
-                    }
-                    Loaded::Payload {
-                        base: wire::NFT_PAYLOAD_TRANSPORT_HEADER,
-                        offset: 2,
-                        len: 2,
-                    } => {
-                        if let [a, b, ..] = data[..] {
-                            let port = u16::from_be_bytes([a, b]);
-                            if !neg {
-                                rule.dport = Some(port);
-                            }
-                            let m = rule.proto.clone().unwrap_or_else(|| "tcp".into());
-                            text.matches.push(format!("-m {m} {bang}--dport {port}"));
-                        }
-                    }
-                    Loaded::Meta(key @ (wire::NFT_META_IIFNAME | wire::NFT_META_OIFNAME)) => {
-                        let name = interface_text(data);
-                        let flag = if key == wire::NFT_META_IIFNAME {
-                            &mut text.iif
-                        } else {
-                            &mut text.oif
-                        };
-                        let opt = if key == wire::NFT_META_IIFNAME {
-                            "-i"
-                        } else {
-                            "-o"
-                        };
-                        *flag = Some(format!("{bang}{opt} {name}"));
-                    }
-                    Loaded::Meta(wire::NFT_META_MARK) => {
-                        let value = u32_ne(data).unwrap_or(0);
-                        let m = mask.and_then(u32_ne).unwrap_or(u32::MAX);
-                        let mark = if m == u32::MAX {
-                            format!("{value:#x}")
-                        } else {
-                            format!("{value:#x}/{m:#x}")
-                        };
-                        text.matches.push(format!("-m mark {bang}--mark {mark}"));
-                    }
-                    Loaded::Fib {
-                        flags,
-                        result: wire::NFT_FIB_RESULT_ADDRTYPE,
-                    } => {
-                        let local = u32_ne(data) == Some(RTN_LOCAL);
-                        let which = if flags & wire::NFTA_FIB_F_SADDR != 0 {
-                            if local && !neg {
-                                rule.src_type_local = true;
-                            }
-                            "--src-type"
-                        } else {
-                            "--dst-type"
-                        };
-                        if local {
-                            text.matches
-                                .push(format!("-m addrtype {bang}{which} LOCAL"));
-                        }
-                    }
-                    _ => {}
+                if !compare_loaded(&mut rule, &mut text, loaded, mask, data, neg, v6) {
+                    continue;
                 }
                 loaded = Loaded::Nothing;
                 mask = None;
@@ -237,17 +155,120 @@ pub(super) fn rule_from_nft(r: &NftRule, keep_text: bool) -> Rule {
         }
     }
     if keep_text || rule.target.as_deref() == Some("MASQUERADE") {
-        let mut parts = vec![format!("-A {}", r.chain)];
-        parts.extend(
-            [text.src, text.dst, text.iif, text.oif, text.proto]
-                .into_iter()
-                .flatten(),
-        );
-        parts.extend(text.matches);
-        parts.push(target_text);
-        rule.text = parts.join(" ");
+        rule.text = save_text(&r.chain, text, target_text);
     }
     rule
+}
+
+/// The rule as `iptables -S` prints it.
+fn save_text(chain: &str, text: Text, target_text: String) -> String {
+    let mut parts = vec![format!("-A {chain}")];
+    parts.extend(
+        [text.src, text.dst, text.iif, text.oif, text.proto]
+            .into_iter()
+            .flatten(),
+    );
+    parts.extend(text.matches);
+    parts.push(target_text);
+    parts.join(" ")
+}
+
+/// A `cmp` against what the last load put in the register: the match it reads as, into
+/// `rule` and `text`. False when the value is not one the rule can hold (the load then stays
+/// for a later `cmp`).
+fn compare_loaded(
+    rule: &mut Rule,
+    text: &mut Text,
+    loaded: Loaded,
+    mask: Option<&[u8]>,
+    data: &[u8],
+    neg: bool,
+    v6: bool,
+) -> bool {
+    let (src_at, dst_at, addr_len) = if v6 { (8, 24, 16) } else { (12, 16, 4) };
+    let bang = if neg { "! " } else { "" };
+    match loaded {
+        Loaded::Payload {
+            base: wire::NFT_PAYLOAD_NETWORK_HEADER,
+            offset,
+            len,
+        } if (offset == src_at || offset == dst_at) && len as usize <= addr_len => {
+            let Some(addr) = prefix_text(data, mask, addr_len) else {
+                return false;
+            };
+            if offset == dst_at {
+                text.dst = Some(format!("{bang}-d {addr}"));
+                rule.dst = Some(addr);
+                rule.dst_negated = neg;
+            } else {
+                text.src = Some(format!("{bang}-s {addr}"));
+            }
+        }
+        Loaded::Payload {
+            base: wire::NFT_PAYLOAD_NETWORK_HEADER,
+            offset: 9,
+            len: 1,
+        } if !v6 => set_proto(rule, text, data, neg),
+        Loaded::Meta(wire::NFT_META_L4PROTO) => set_proto(rule, text, data, neg),
+        Loaded::Payload {
+            base: wire::NFT_PAYLOAD_TRANSPORT_HEADER,
+            offset: 2,
+            len: 2,
+        } => {
+            if let [a, b, ..] = data[..] {
+                let port = u16::from_be_bytes([a, b]);
+                if !neg {
+                    rule.dport = Some(port);
+                }
+                let m = rule.proto.clone().unwrap_or_else(|| "tcp".into());
+                text.matches.push(format!("-m {m} {bang}--dport {port}"));
+            }
+        }
+        Loaded::Meta(key @ (wire::NFT_META_IIFNAME | wire::NFT_META_OIFNAME)) => {
+            let name = interface_text(data);
+            let flag = if key == wire::NFT_META_IIFNAME {
+                &mut text.iif
+            } else {
+                &mut text.oif
+            };
+            let opt = if key == wire::NFT_META_IIFNAME {
+                "-i"
+            } else {
+                "-o"
+            };
+            *flag = Some(format!("{bang}{opt} {name}"));
+        }
+        Loaded::Meta(wire::NFT_META_MARK) => {
+            let value = u32_ne(data).unwrap_or(0);
+            let m = mask.and_then(u32_ne).unwrap_or(u32::MAX);
+            let mark = if m == u32::MAX {
+                format!("{value:#x}")
+            } else {
+                format!("{value:#x}/{m:#x}")
+            };
+            text.matches.push(format!("-m mark {bang}--mark {mark}"));
+        }
+        Loaded::Fib {
+            flags,
+            result: wire::NFT_FIB_RESULT_ADDRTYPE,
+        } => {
+            let local = u32_ne(data) == Some(RTN_LOCAL);
+            let which = if flags & wire::NFTA_FIB_F_SADDR != 0 {
+                if local && !neg {
+                    rule.src_type_local = true;
+                }
+                "--src-type"
+            } else {
+                "--dst-type"
+            };
+            if local {
+                text.matches
+                    .push(format!("-m addrtype {bang}{which} LOCAL"));
+            }
+        }
+        _ => {}
+    }
+    true
 }
 
 fn set_proto(rule: &mut Rule, text: &mut Text, data: &[u8], neg: bool) {

@@ -719,6 +719,11 @@ pub fn expr(buf: &[u8]) -> Result<Expr, WireError> {
         what: "expression",
         missing: "NFTA_EXPR_NAME",
     })?;
+    expr_of(name, body)
+}
+
+/// An expression's fields by its name: a table, one arm per expression kind.
+fn expr_of(name: String, body: &[u8]) -> Result<Expr, WireError> {
     // Attribute numbers: each expression's enum in nf_tables.h (NFTA_PAYLOAD_*, NFTA_CMP_*, ...).
     Ok(match name.as_str() {
         "payload" => {
