@@ -1,5 +1,7 @@
 //! `hairpin`'s remedy, from the event's facts (the other kinds' are in their own modules).
 
+use std::net::IpAddr;
+
 use super::sentences::*;
 use probe_contract::{
     Layer, LoopbackEvent, Outcome,
