@@ -34,6 +34,7 @@
 use std::{collections::HashSet, net::IpAddr};
 
 mod steps;
+pub(super) mod texts;
 
 use super::{
     Correlator, DropInfo, EgressFlowKey, Output, PendingQuery, Query, QueryCtx, RecentDrop, SEC,

@@ -172,8 +172,8 @@ pub(crate) const KIND_TEXTS: [KindTexts; probe_contract::KINDS.len()] = {
     [
         KindTexts {
             kind: K::Hairpin,
-            remedy: remedy::kinds::hairpin,
-            cause: remedy::cause::hairpin,
+            remedy: hairpin::texts::remedy,
+            cause: hairpin::texts::cause,
         },
         KindTexts {
             kind: K::HealthcheckBlackhole,
@@ -192,8 +192,8 @@ pub(crate) const KIND_TEXTS: [KindTexts; probe_contract::KINDS.len()] = {
         },
         KindTexts {
             kind: K::ServiceSelfLoop,
-            remedy: remedy::self_loop::service_self_loop,
-            cause: remedy::cause::service_self_loop,
+            remedy: self_loop::texts::remedy,
+            cause: self_loop::texts::cause,
         },
         KindTexts {
             kind: K::EtpLocalDrop,

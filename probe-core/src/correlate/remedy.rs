@@ -12,26 +12,21 @@
 //! Layout: each kind's remedy and cause sentence live in its own module beside its rule
 //! (`correlate/<kind>.rs`, found through `correlate::KIND_TEXTS`; [`build`] and [`cause`] look
 //! them up), from the sentences they share (`remedy/sentences.rs`, `remedy/cause.rs`);
-//! `hairpin`'s and `service_self_loop`'s are still here (`remedy/kinds.rs`, `remedy/self_loop.rs`:
-//! the missing piece, per proxy mode); `remedy/check.rs` the entry points `probe check` tells
-//! its risks with.
+//! the two largest kinds keep theirs in a file of their own beside the rule
+//! (`correlate/hairpin/texts.rs`, `correlate/self_loop/texts.rs`: the missing piece, per proxy
+//! mode); `remedy/check.rs` the entry points `probe check` tells its risks with.
 
 pub(super) mod cause;
 mod check;
-pub(super) mod kinds;
-pub(super) mod self_loop;
 pub(super) mod sentences;
 
 // Test support: the agent's tests build a placeholder event with it.
 pub use self::cause::cause;
 #[doc(hidden)]
 pub use self::check::placeholder;
-pub use self::{
-    check::{
-        etp_local_drop_risk, healthcheck_blackhole, proxy_mode, service_self_loop_risk, sock_of,
-        vip_port_unserved,
-    },
-    self_loop::self_masq_rule,
+pub use self::check::{
+    etp_local_drop_risk, healthcheck_blackhole, proxy_mode, service_self_loop_risk, sock_of,
+    vip_port_unserved,
 };
 
 /// The remedy of a confirmed event, from its facts (the correlator's, and after attribution

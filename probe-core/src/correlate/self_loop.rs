@@ -40,13 +40,15 @@
 
 use std::net::IpAddr;
 
+pub(super) mod texts;
+
 use super::{
     Correlator, DropInfo, Output, Query, QueryCtx, SEC,
     aggregate::NewEvent as _,
     drop_reason::local_source_drop,
     evidence::{drop_line, fmt_entry, fmt_tuple, service_name, source_name, table_missing},
     held::PendingSelfLoop,
-    remedy, tuple_of,
+    tuple_of,
 };
 use crate::state::{ConntrackEntry, SelfLoopFacts, ServiceSource, ServiceTable, Tuple};
 use probe_contract::{AggregateKey, LoopbackEvent, Outcome, SnatState, record::Packet, sock};
@@ -375,7 +377,7 @@ impl Correlator {
         };
         // The remedy is built from these (`remedy::build`, again after attribution).
         event.facts.self_loop = Some(missing);
-        event.facts.proxy_mode = self.services.source.map(remedy::proxy_mode);
+        event.facts.proxy_mode = self.services.source.map(super::remedy::proxy_mode);
         self.stats.confirmed.service_self_loop += 1;
         self.stats.drops_confirming += 1;
         if self.self_loop_done.len() < self.cfg.max_pending {
@@ -554,7 +556,7 @@ fn missing_line(m: &Missing, p: &Packet, source: Option<ServiceSource>) -> Strin
         } => format!(
             "missing: the hairpin SNAT; kube-proxy's masquerade mark for an endpoint calling \
              itself ({}) did not apply",
-            remedy::self_masq_rule(p.src, source)
+            texts::self_masq_rule(p.src, source)
         ),
         Missing::HairpinMode {
             bridge,

@@ -1,8 +1,8 @@
-//! `hairpin`'s remedy, from the event's facts (the other kinds' are in their own modules).
+//! `hairpin`'s remedy, from the event's facts, and its cause sentence.
 
 use std::net::IpAddr;
 
-use super::sentences::*;
+use crate::correlate::remedy::{cause::CauseAddresses, sentences::*};
 use probe_contract::{
     Layer, LoopbackEvent, Outcome,
     facts::{Etp, SourceKind},
@@ -10,7 +10,7 @@ use probe_contract::{
 };
 
 /// `hairpin`'s remedy.
-pub(in crate::correlate) fn hairpin(e: &LoopbackEvent) -> Vec<String> {
+pub(in crate::correlate) fn remedy(e: &LoopbackEvent) -> Vec<String> {
     let f = &e.facts;
     if f.host_listener {
         return host_listener_hairpin(e);
@@ -199,4 +199,33 @@ fn host_listener_hairpin(e: &LoopbackEvent) -> Vec<String> {
         },
         "externalTrafficPolicy does not apply: no Service rule serves this port.".to_string(),
     ]
+}
+
+/// A hairpin's cause: who called (a pod, or the node itself: a host-network caller) and what
+/// the LB sent the call back to (a host listener by its process or pod, else the node).
+pub(in crate::correlate) fn cause(event: &LoopbackEvent) -> String {
+    let CauseAddresses { vip, proto, dst } = CauseAddresses::of(event);
+    let from_node = event.facts.source == SourceKind::Node;
+    let caller = if from_node {
+        format!("This node ({})", event.src)
+    } else {
+        format!("Pod {}", event.src)
+    };
+    let target = match &event.listener {
+        Some(l) => match (&l.pod, &l.process) {
+            (Some(pod), _) => format!("host-network pod {pod} on this node ({dst})"),
+            (None, Some(process)) => format!("host process {process} on this node ({dst})"),
+            (None, None) => format!("a host-network listener on this node ({dst})"),
+        },
+        None => format!("this node ({dst})"),
+    };
+    if from_node {
+        format!(
+            "{caller} called the load balancer at {vip}/{proto}; the LB sent it back to {target} with the node's own address as source, so the kernel drops it as a local source."
+        )
+    } else {
+        format!(
+            "{caller} called the load balancer at {vip}/{proto} without SNAT; the LB sent it back to {target} and the reply cannot reach the pod."
+        )
+    }
 }

@@ -3,14 +3,14 @@
 
 use std::net::IpAddr;
 
-use super::sentences::service_key;
+use crate::correlate::remedy::{cause::CauseAddresses, sentences::service_key};
 use crate::state::ServiceSource;
 use probe_contract::{LoopbackEvent, facts::ProxyMode, sock};
 
 /// A pod's call to its own Service came back to it unSNATed: the remedy names the piece the
 /// drop site and the node's state say is missing (`facts.self_loop`, from
 /// `self_loop::missing_piece`), in the rules of the node's kube-proxy mode.
-pub(in crate::correlate) fn service_self_loop(e: &LoopbackEvent) -> Vec<String> {
+pub(in crate::correlate) fn remedy(e: &LoopbackEvent) -> Vec<String> {
     use probe_contract::facts::SelfLoopMissing as Missing;
     let (pod, port) = (e.src, e.dst_port);
     let missing = e.facts.self_loop.clone().unwrap_or(Missing::Undetermined);
@@ -115,4 +115,13 @@ pub fn self_masq_rule(pod: IpAddr, source: Option<ServiceSource>) -> String {
         }
         None => format!("{iptables}; {nftables}"),
     }
+}
+
+/// `service_self_loop`'s cause.
+pub(in crate::correlate) fn cause(event: &LoopbackEvent) -> String {
+    let CauseAddresses { vip, proto, .. } = CauseAddresses::of(event);
+    format!(
+        "Pod {} called its own Service at {vip}/{proto} and was picked as the endpoint; without the hairpin SNAT the call came back with its own address as source and was dropped.",
+        event.src
+    )
 }
