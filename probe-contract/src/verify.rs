@@ -18,6 +18,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::LoopbackKind;
 pub use crate::report::{API_VERSION, GROUP, VERSION};
 
 pub const KIND: &str = "LoopbackVerification";
@@ -110,7 +111,32 @@ pub struct VerificationSpec {
     pub nodes: Vec<String>,
     /// Only these kinds (`hairpin`, `vip_port_unserved`, ...); empty: every kind. At most
     /// [`MAX_KINDS`], each a known kind (the CRD's `enum`); repeats count once.
-    pub kinds: Vec<String>,
+    pub kinds: Vec<RequestedKind>,
+}
+
+/// One name in a request's `spec.kinds`, as written: a kind, or a name no kind has. An unknown
+/// name is kept, so that the agent refuses the request saying which, rather than the whole
+/// request failing to parse (then no agent would answer it at all). On the wire it is the
+/// name either way (`hairpin`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum RequestedKind {
+    Known(LoopbackKind),
+    Unknown(String),
+}
+
+impl From<LoopbackKind> for RequestedKind {
+    fn from(kind: LoopbackKind) -> Self {
+        RequestedKind::Known(kind)
+    }
+}
+
+impl From<&str> for RequestedKind {
+    /// The kind spelled `name`, else the name as an unknown one.
+    fn from(name: &str) -> Self {
+        LoopbackKind::parse(name)
+            .map_or_else(|| RequestedKind::Unknown(name.to_owned()), Into::into)
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -256,6 +282,30 @@ pub fn status_patch(node: &str, entry: &NodeVerification) -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `spec.kinds` on the wire is names, as it always was: a known one reads as its kind, an
+    /// unknown one is kept as written (the agent refuses it by name).
+    #[test]
+    fn requested_kinds_are_names_on_the_wire_and_an_unknown_one_is_kept() {
+        let spec: VerificationSpec =
+            serde_json::from_str(r#"{"kinds":["hairpin","loop"]}"#).unwrap();
+        assert_eq!(
+            spec.kinds,
+            [
+                RequestedKind::Known(LoopbackKind::Hairpin),
+                RequestedKind::Unknown("loop".into())
+            ]
+        );
+        assert_eq!(
+            serde_json::to_value(&spec).unwrap()["kinds"],
+            serde_json::json!(["hairpin", "loop"])
+        );
+        assert_eq!(
+            RequestedKind::from("vip_port_unserved"),
+            RequestedKind::Known(LoopbackKind::VipPortUnserved)
+        );
+        assert!(serde_json::from_str::<VerificationSpec>(r#"{"kinds":[7]}"#).is_err());
+    }
 
     #[test]
     fn a_node_name_is_its_own_label_value_unless_it_cannot_be() {
