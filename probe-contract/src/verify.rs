@@ -153,11 +153,43 @@ impl ServiceRef {
     }
 }
 
+impl VerificationSpec {
+    /// A request object's content (`{"spec": ...}`, beside its metadata): what the plugin
+    /// creates and [`VerificationSpec::of_object`] reads.
+    pub fn object_data(&self) -> serde_json::Value {
+        serde_json::json!({ "spec": self })
+    }
+
+    /// The request in an object's content (`spec`), when it reads as one.
+    pub fn of_object(data: &serde_json::Value) -> Option<VerificationSpec> {
+        serde_json::from_value(data.get("spec")?.clone()).ok()
+    }
+}
+
 /// The answers, by node name.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct VerificationStatus {
     pub nodes: BTreeMap<String, NodeVerification>,
+}
+
+impl VerificationStatus {
+    /// The answers in an object's content (`status`); none yet, or unreadable: empty.
+    pub fn of_object(data: &serde_json::Value) -> VerificationStatus {
+        data.get("status")
+            .cloned()
+            .and_then(|s| serde_json::from_value(s).ok())
+            .unwrap_or_default()
+    }
+
+    /// Whether an object's content holds an entry for `node` (answered or under way), read
+    /// without parsing the other nodes' entries.
+    pub fn has_entry(data: &serde_json::Value, node: &str) -> bool {
+        data.get("status")
+            .and_then(|s| s.get("nodes"))
+            .and_then(|n| n.get(node))
+            .is_some()
+    }
 }
 
 /// Where one node's answer is.
@@ -305,6 +337,34 @@ mod tests {
             RequestedKind::Known(LoopbackKind::VipPortUnserved)
         );
         assert!(serde_json::from_str::<VerificationSpec>(r#"{"kinds":[7]}"#).is_err());
+    }
+
+    /// The plugin writes the object's content and the agent reads it back through the same
+    /// two functions; a node's entry is found by its name whatever characters it holds.
+    #[test]
+    fn a_request_object_reads_back_and_a_node_entry_is_found_by_name() {
+        let spec = VerificationSpec {
+            nodes: vec!["a/b~c".into()],
+            kinds: vec![LoopbackKind::Hairpin.into()],
+            ..Default::default()
+        };
+        let mut data = spec.object_data();
+        assert_eq!(VerificationSpec::of_object(&data), Some(spec));
+        assert_eq!(
+            VerificationStatus::of_object(&data),
+            VerificationStatus::default()
+        );
+        assert!(!VerificationStatus::has_entry(&data, "a/b~c"));
+        let patch = status_patch("a/b~c", &NodeVerification::default());
+        data["status"] = patch["status"].clone();
+        assert!(VerificationStatus::has_entry(&data, "a/b~c"));
+        assert!(!VerificationStatus::has_entry(&data, "a"));
+        assert!(
+            VerificationStatus::of_object(&data)
+                .nodes
+                .contains_key("a/b~c")
+        );
+        assert_eq!(VerificationSpec::of_object(&serde_json::json!({})), None);
     }
 
     #[test]

@@ -448,7 +448,7 @@ fn request_object(
     };
     object.metadata.annotations =
         Some([(REQUESTER_ANNOTATION.to_owned(), requester.to_owned())].into());
-    object.data = serde_json::json!({ "spec": one });
+    object.data = one.object_data();
     object
 }
 
@@ -512,12 +512,7 @@ fn own_answer(
     let (_, node) = created
         .iter()
         .find(|(name, _)| object.metadata.name.as_deref() == Some(name))?;
-    let status: VerificationStatus = object
-        .data
-        .get("status")
-        .cloned()
-        .and_then(|s| serde_json::from_value(s).ok())
-        .unwrap_or_default();
+    let status = VerificationStatus::of_object(&object.data);
     let entry = status.nodes.get(node)?;
     Some((node.clone(), entry.clone()))
 }
