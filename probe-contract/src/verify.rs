@@ -18,6 +18,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::LoopbackKind;
 pub use crate::report::{API_VERSION, GROUP, VERSION};
 
 pub const KIND: &str = "LoopbackVerification";
@@ -110,7 +111,32 @@ pub struct VerificationSpec {
     pub nodes: Vec<String>,
     /// Only these kinds (`hairpin`, `vip_port_unserved`, ...); empty: every kind. At most
     /// [`MAX_KINDS`], each a known kind (the CRD's `enum`); repeats count once.
-    pub kinds: Vec<String>,
+    pub kinds: Vec<RequestedKind>,
+}
+
+/// One name in a request's `spec.kinds`, as written: a kind, or a name no kind has. An unknown
+/// name is kept, so that the agent refuses the request saying which, rather than the whole
+/// request failing to parse (then no agent would answer it at all). On the wire it is the
+/// name either way (`hairpin`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum RequestedKind {
+    Known(LoopbackKind),
+    Unknown(String),
+}
+
+impl From<LoopbackKind> for RequestedKind {
+    fn from(kind: LoopbackKind) -> Self {
+        RequestedKind::Known(kind)
+    }
+}
+
+impl From<&str> for RequestedKind {
+    /// The kind spelled `name`, else the name as an unknown one.
+    fn from(name: &str) -> Self {
+        LoopbackKind::parse(name)
+            .map_or_else(|| RequestedKind::Unknown(name.to_owned()), Into::into)
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -127,11 +153,43 @@ impl ServiceRef {
     }
 }
 
+impl VerificationSpec {
+    /// A request object's content (`{"spec": ...}`, beside its metadata): what the plugin
+    /// creates and [`VerificationSpec::of_object`] reads.
+    pub fn object_data(&self) -> serde_json::Value {
+        serde_json::json!({ "spec": self })
+    }
+
+    /// The request in an object's content (`spec`), when it reads as one.
+    pub fn of_object(data: &serde_json::Value) -> Option<VerificationSpec> {
+        serde_json::from_value(data.get("spec")?.clone()).ok()
+    }
+}
+
 /// The answers, by node name.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct VerificationStatus {
     pub nodes: BTreeMap<String, NodeVerification>,
+}
+
+impl VerificationStatus {
+    /// The answers in an object's content (`status`); none yet, or unreadable: empty.
+    pub fn of_object(data: &serde_json::Value) -> VerificationStatus {
+        data.get("status")
+            .cloned()
+            .and_then(|s| serde_json::from_value(s).ok())
+            .unwrap_or_default()
+    }
+
+    /// Whether an object's content holds an entry for `node` (answered or under way), read
+    /// without parsing the other nodes' entries.
+    pub fn has_entry(data: &serde_json::Value, node: &str) -> bool {
+        data.get("status")
+            .and_then(|s| s.get("nodes"))
+            .and_then(|n| n.get(node))
+            .is_some()
+    }
 }
 
 /// Where one node's answer is.
@@ -256,6 +314,58 @@ pub fn status_patch(node: &str, entry: &NodeVerification) -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `spec.kinds` on the wire is names, as it always was: a known one reads as its kind, an
+    /// unknown one is kept as written (the agent refuses it by name).
+    #[test]
+    fn requested_kinds_are_names_on_the_wire_and_an_unknown_one_is_kept() {
+        let spec: VerificationSpec =
+            serde_json::from_str(r#"{"kinds":["hairpin","loop"]}"#).unwrap();
+        assert_eq!(
+            spec.kinds,
+            [
+                RequestedKind::Known(LoopbackKind::Hairpin),
+                RequestedKind::Unknown("loop".into())
+            ]
+        );
+        assert_eq!(
+            serde_json::to_value(&spec).unwrap()["kinds"],
+            serde_json::json!(["hairpin", "loop"])
+        );
+        assert_eq!(
+            RequestedKind::from("vip_port_unserved"),
+            RequestedKind::Known(LoopbackKind::VipPortUnserved)
+        );
+        assert!(serde_json::from_str::<VerificationSpec>(r#"{"kinds":[7]}"#).is_err());
+    }
+
+    /// The plugin writes the object's content and the agent reads it back through the same
+    /// two functions; a node's entry is found by its name whatever characters it holds.
+    #[test]
+    fn a_request_object_reads_back_and_a_node_entry_is_found_by_name() {
+        let spec = VerificationSpec {
+            nodes: vec!["a/b~c".into()],
+            kinds: vec![LoopbackKind::Hairpin.into()],
+            ..Default::default()
+        };
+        let mut data = spec.object_data();
+        assert_eq!(VerificationSpec::of_object(&data), Some(spec));
+        assert_eq!(
+            VerificationStatus::of_object(&data),
+            VerificationStatus::default()
+        );
+        assert!(!VerificationStatus::has_entry(&data, "a/b~c"));
+        let patch = status_patch("a/b~c", &NodeVerification::default());
+        data["status"] = patch["status"].clone();
+        assert!(VerificationStatus::has_entry(&data, "a/b~c"));
+        assert!(!VerificationStatus::has_entry(&data, "a"));
+        assert!(
+            VerificationStatus::of_object(&data)
+                .nodes
+                .contains_key("a/b~c")
+        );
+        assert_eq!(VerificationSpec::of_object(&serde_json::json!({})), None);
+    }
 
     #[test]
     fn a_node_name_is_its_own_label_value_unless_it_cannot_be() {

@@ -84,8 +84,19 @@ struct CheckArgs {
     /// Predict what moving kube-proxy to this mode changes (`nftables`, from IPVS or iptables
     /// mode): risks that disappear and appear, fixes to apply first, ipMode advice. Exit 0
     /// when no risk is predicted after the move, 1 when some is.
-    #[arg(long = "as", value_name = "MODE")]
-    as_mode: Option<String>,
+    #[arg(
+        long = "as",
+        value_name = "MODE",
+        value_enum,
+        hide_possible_values = true
+    )]
+    as_mode: Option<AsMode>,
+}
+
+/// The modes `probe check --as` predicts a move to.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum AsMode {
+    Nftables,
 }
 
 #[derive(clap::Args, Debug)]
@@ -356,7 +367,7 @@ fn tune_malloc() {
 
 fn main() -> ExitCode {
     tune_malloc();
-    let cli = Cli::parse();
+    let cli = Cli::try_parse().unwrap_or_else(|e| parse_error(e));
     match cli.command {
         Command::Watch(args) => client(clb_probe_client::watch::watch(&args.socket, args.once)),
         Command::Events(args) => client(clb_probe_client::watch::events(&args.socket, args.all)),
@@ -364,6 +375,23 @@ fn main() -> ExitCode {
         Command::Check(args) => check(args),
         Command::Agent(args) => agent(*args),
     }
+}
+
+/// clap's usage error (exit 2), except for a mode `--as` does not predict: the one line
+/// `probe check` has always said it with (`--as` without a mode stays clap's error).
+fn parse_error(e: clap::Error) -> ! {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if e.kind() == ErrorKind::InvalidValue
+        && let Some(ContextValue::String(arg)) = e.get(ContextKind::InvalidArg)
+        && arg.starts_with("--as ")
+        && let Some(ContextValue::String(mode)) = e.get(ContextKind::InvalidValue)
+        && !mode.is_empty()
+    {
+        let why = clb_probe::check::readiness::AsUsage::NotPredicted(mode.clone());
+        eprintln!("probe: error: {why}");
+        std::process::exit(2);
+    }
+    e.exit()
 }
 
 /// A usage error the way clap prints its own (exit 2).
@@ -390,9 +418,13 @@ fn services() -> ExitCode {
 fn check(args: CheckArgs) -> ExitCode {
     let cfg = args.node.checked();
     let api = clb_probe::check::kube::ApiAccess::choose(args.kubeconfig);
-    if let Some(target) = &args.as_mode {
+    if let Some(target) = args.as_mode {
         use clb_probe::check::{AsError, readiness};
-        return match clb_probe::check::run_as(&cfg, &api, target) {
+        let target = clap::ValueEnum::to_possible_value(&target)
+            .expect("every --as mode has a name")
+            .get_name()
+            .to_owned();
+        return match clb_probe::check::run_as(&cfg, &api, &target) {
             Ok(p) => {
                 if args.json {
                     // Plain data: serializing cannot fail.

@@ -5,15 +5,13 @@
 //! confirmed (still looping), 4 not proven (a test got no answer), 1 an error (a node that
 //! did not answer included). `fix --apply --verify`: 0 resolved (every loop tested from its own
 //! client, clean), 3 still looping, 4 not proven resolved (each reason printed), 1 an error.
-#![allow(
-    clippy::print_stdout,
-    reason = "the plugin's output is its job: tables, JSON and fixes on stdout"
-)]
-
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand, ValueEnum};
-use clb_probe_client::plugin::{self, KubeArgs, api};
+use clap::{Parser, Subcommand};
+use clb_probe_client::plugin::{
+    self, KubeArgs, api,
+    command::{self, Output, ReportOutput, esc},
+};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -168,20 +166,6 @@ enum Command {
     },
 }
 
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum ReportOutput {
-    Table,
-    /// The table with each agent's version and what it cannot confirm.
-    Wide,
-    Json,
-}
-
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum Output {
-    Table,
-    Json,
-}
-
 fn main() -> ExitCode {
     // `events -o json | head`: a closed pipe ends the plugin quietly, as it ends `cat`, instead
     // of a panic in println! (Rust ignores SIGPIPE by default).
@@ -217,57 +201,26 @@ fn main() -> ExitCode {
     }
 }
 
-#[expect(clippy::print_stdout, reason = "the plugin's output")]
+/// Dispatches the parsed command to its flow (`plugin::command`).
 async fn run(command: Command, kube: KubeArgs) -> anyhow::Result<ExitCode> {
     let client = api::client(&kube).await?;
     match command {
         Command::Events { namespace, output } => {
-            let rows = plugin::query::events(client, namespace.as_deref()).await?;
-            match output {
-                Output::Json => println!("{}", serde_json::to_string_pretty(&rows)?),
-                Output::Table if rows.is_empty() => println!("{}", plugin::NO_EVENTS),
-                Output::Table => print!(
-                    "{}",
-                    plugin::table(&rows, k8s_openapi::jiff::Timestamp::now())
-                ),
-            }
-            Ok(ExitCode::SUCCESS)
+            command::events::run(client, namespace.as_deref(), output).await
         }
         Command::Report {
             output,
             service,
             node,
         } => {
-            use clb_probe_client::report::cluster;
-            let view = plugin::query::report(client, cluster::Filter { service, node }).await?;
-            let now = k8s_openapi::jiff::Timestamp::now().as_second();
-            match output {
-                ReportOutput::Json => println!("{}", serde_json::to_string_pretty(&view)?),
-                ReportOutput::Table => print!("{}", cluster::table(&view, now, false)),
-                ReportOutput::Wide => print!("{}", cluster::table(&view, now, true)),
-            }
-            Ok(ExitCode::from(view.exit_code()))
+            let filter = clb_probe_client::report::cluster::Filter { service, node };
+            command::report::run(client, filter, output).await
         }
         Command::Watch {
             node,
             namespace,
             print_command,
-        } => {
-            let pods = api::agent_pods(client, &namespace, &node).await?;
-            let (ns, pod) =
-                plugin::agent_pod(&pods, &namespace, &node).map_err(anyhow::Error::msg)?;
-            let cmd = plugin::exec_command(&kube, &ns, &pod);
-            if print_command {
-                println!("{}", plugin::shell_words(&cmd));
-                return Ok(ExitCode::SUCCESS);
-            }
-            // Replace this process: the terminal, signals and exit status are kubectl's.
-            let kubectl = std::env::var("KUBECTL").unwrap_or_else(|_| cmd[0].clone());
-            let err = std::os::unix::process::CommandExt::exec(
-                std::process::Command::new(&kubectl).args(&cmd[1..]),
-            );
-            anyhow::bail!("running {kubectl}: {err} (is kubectl on PATH? set KUBECTL to its path)")
-        }
+        } => command::watch::run(client, &kube, &node, &namespace, print_command).await,
         Command::Evidence {
             service,
             namespace,
@@ -275,15 +228,14 @@ async fn run(command: Command, kube: KubeArgs) -> anyhow::Result<ExitCode> {
             agent_namespace,
             port,
         } => {
-            evidence(
-                client,
-                &service,
-                namespace.as_deref(),
-                &output,
-                &agent_namespace,
+            let request = command::evidence::EvidenceRequest {
+                service: &service,
+                namespace: namespace.as_deref(),
+                dir: &output,
+                agent_namespace: &agent_namespace,
                 port,
-            )
-            .await
+            };
+            command::evidence::run(client, request).await
         }
         Command::Fix {
             service,
@@ -298,96 +250,20 @@ async fn run(command: Command, kube: KubeArgs) -> anyhow::Result<ExitCode> {
             verify,
             timeout,
         } => {
-            use plugin::fix;
-            if dry_run && apply.is_none() && !undo {
-                anyhow::bail!("--dry-run goes with --apply ID or --undo");
-            }
-            let (namespace, service) = fix::service_ref(&service, namespace.as_deref())?;
-            let svc = api::get_service(client.clone(), &namespace, &service).await?;
-            if undo {
-                return undo_fixes(client, &svc, dry_run, yes).await;
-            }
-            let plugin::query::FixListing {
-                plan,
-                events,
-                reports,
-                warnings,
-            } = plugin::query::fix_listing(client.clone(), &namespace, &service, &svc, provider)
-                .await?;
-            for w in &warnings {
-                eprintln!("kubectl clb-probe: warning: {}", esc(w));
-            }
-            let Some(id) = apply else {
-                match output {
-                    Output::Json => println!("{}", serde_json::to_string_pretty(&plan)?),
-                    Output::Table => print!("{}", esc(&fix::render(&plan))),
-                }
-                return Ok(ExitCode::SUCCESS);
-            };
-            let chosen = fix::select(&plan, &id, resource_version.as_deref())?;
-            let applied = apply_fix(
-                client.clone(),
-                &svc,
-                chosen,
-                plan.resource_version.as_deref(),
+            let request = command::fix::FixRequest {
+                service,
+                namespace,
+                output,
+                apply,
+                resource_version,
                 dry_run,
                 yes,
-            )
-            .await?;
-            if !verify || dry_run {
-                return Ok(applied);
-            }
-            // The nodes that had the loop: their Events about the Service, and the reports'
-            // active loops naming it.
-            let key = format!("{namespace}/{service}");
-            let active: Vec<_> = reports
-                .iter()
-                .filter(|(_, r)| {
-                    r.active_loops.iter().any(|l| {
-                        l.service
-                            .as_deref()
-                            .is_some_and(|s| probe_contract::names_service(s, &key))
-                    })
-                })
-                .cloned()
-                .collect();
-            let looped = plugin::verify::nodes_for(
-                &key,
-                &active,
-                &plugin::verify::event_nodes(&events, &namespace, &service),
-            );
-            if looped.is_empty() {
-                anyhow::bail!(
-                    "applied, but no node has a confirmed loop for {key} to verify (no Event, no active loop in the reports): run `kubectl clb-probe verify -n {namespace} {service} --node NODE`"
-                );
-            }
-            let spec = plugin::verify::spec(&namespace, &service, &looped);
-            let v = api::run_verification(client, &spec, std::time::Duration::from_secs(timeout))
-                .await?;
-            print!("{}", esc(&plugin::verify::render(&v)));
-            if v.confirmed() {
-                for (node, what) in v.still_looping() {
-                    println!("still looping on node {}: {}", esc(&node), esc(&what));
-                }
-                return Ok(ExitCode::from(plugin::verify::CONFIRMED_EXIT));
-            }
-            if !v.missing.is_empty() {
-                anyhow::bail!(plugin::verify::missing_error(&v.missing, timeout));
-            }
-            let because = v.not_resolved_because();
-            if because.is_empty() {
-                println!(
-                    "resolved: every loop tested from its own client is clean on every node that had it ({})",
-                    esc(&looped.join(", "))
-                );
-                Ok(ExitCode::SUCCESS)
-            } else {
-                println!("not proven resolved:");
-                for line in because {
-                    println!("  {}", esc(&line));
-                }
-                Ok(ExitCode::from(plugin::verify::NOT_PROVEN_EXIT))
-            }
+                undo,
+                provider,
+                verify,
+                timeout_s: timeout,
+            };
+            command::fix::run(client, request).await
         }
         Command::Mcp { allow_verify } => {
             plugin::mcp::serve(client, allow_verify).await?;
@@ -400,268 +276,17 @@ async fn run(command: Command, kube: KubeArgs) -> anyhow::Result<ExitCode> {
             timeout,
             output,
         } => {
-            let (namespace, service) = plugin::fix::service_ref(&service, namespace.as_deref())?;
-            let v = plugin::query::verify(
+            command::verify::run(
                 client,
-                &namespace,
                 &service,
+                namespace.as_deref(),
                 nodes,
-                std::time::Duration::from_secs(timeout),
+                timeout,
+                output,
             )
-            .await?;
-            match output {
-                Output::Json => println!("{}", serde_json::to_string_pretty(&v)?),
-                Output::Table => print!("{}", esc(&plugin::verify::render(&v))),
-            }
-            if v.confirmed() {
-                return Ok(ExitCode::from(plugin::verify::CONFIRMED_EXIT));
-            }
-            if !v.missing.is_empty() {
-                anyhow::bail!(plugin::verify::missing_error(&v.missing, timeout));
-            }
-            if v.not_proven() {
-                return Ok(ExitCode::from(plugin::verify::NOT_PROVEN_EXIT));
-            }
-            Ok(ExitCode::SUCCESS)
+            .await
         }
     }
-}
-
-/// `--apply ID`: the server's dry run as a diff, then (unless `dry_run`) the patch carrying
-/// the undo computed from that answer (kept in the annotation, one write).
-#[expect(clippy::print_stdout, reason = "the plugin's output")]
-async fn apply_fix(
-    client: kube::Client,
-    svc: &k8s_openapi::api::core::v1::Service,
-    chosen: &probe_contract::Fix,
-    resource_version: Option<&str>,
-    dry_run: bool,
-    yes: bool,
-) -> anyhow::Result<ExitCode> {
-    use plugin::{fix, undo};
-    let (namespace, service) = names(svc);
-    let before = serde_json::to_value(svc)?;
-    let id = &chosen.id;
-    let patch = fix::guarded_patch(chosen, resource_version);
-    let answer = api::patch_service(client.clone(), &namespace, &service, &patch, true).await?;
-    let answer = serde_json::to_value(&answer)?;
-    let diff = undo::changes(&before, &answer);
-    println!("dry run of {id} on service {namespace}/{service} (the API server's answer):");
-    if diff.is_empty() {
-        return Err(fix::Refused(format!(
-            "the API server's dry run of {id} changes nothing on service {namespace}/{service}: not applied"
-        ))
-        .into());
-    }
-    print!("{}", esc(&undo::render_changes(&diff)));
-    let record = undo::undo_of(id, &before, &answer).on_top_of(undo::kept(&before)?);
-    if dry_run {
-        println!(
-            "nothing applied (--dry-run); the undo would restore: {}",
-            esc(&record.restore.to_string())
-        );
-        return Ok(ExitCode::SUCCESS);
-    }
-    plugin::confirm::ask(
-        yes,
-        &format!("apply {id} to service {namespace}/{service} as shown above?"),
-    )?;
-    let sent = undo::apply_patch(&patch, &record);
-    let done = api::patch_service(client, &namespace, &service, &sent, false).await?;
-    println!(
-        "applied {id}: service {namespace}/{service} now at resourceVersion {}",
-        done.metadata.resource_version.as_deref().unwrap_or("?")
-    );
-    // The undo was computed from the dry run; say so if the write moved other fields.
-    let applied = undo::changes(&before, &serde_json::to_value(&done)?);
-    if applied != diff {
-        eprintln!(
-            "kubectl clb-probe: warning: the applied change differs from the dry run:\n{}\
-             the kept undo restores only the dry run's fields",
-            esc(&undo::render_changes(&applied))
-        );
-    }
-    println!(
-        "undo: kubectl clb-probe fix -n {namespace} {service} --undo   (kept in annotation {})",
-        undo::UNDO_ANNOTATION
-    );
-    println!(
-        "  or: {}",
-        esc(&fix::patch_command(
-            &undo::restore_patch(&record),
-            &namespace,
-            &service
-        ))
-    );
-    Ok(ExitCode::SUCCESS)
-}
-
-/// `--undo`: the kept undo, checked against the Service as read now and guarded by its
-/// resourceVersion; dry-run first and shown as a diff.
-#[expect(clippy::print_stdout, reason = "the plugin's output")]
-async fn undo_fixes(
-    client: kube::Client,
-    svc: &k8s_openapi::api::core::v1::Service,
-    dry_run: bool,
-    yes: bool,
-) -> anyhow::Result<ExitCode> {
-    use plugin::undo;
-    let (namespace, service) = names(svc);
-    let current = serde_json::to_value(svc)?;
-    let (record, patch) = undo::undo_request(&current)?;
-    // The record is an annotation anyone with `patch services` may have written.
-    let fixes = esc(&record.fixes.join(", ")).into_owned();
-    let answer = api::patch_service(client.clone(), &namespace, &service, &patch, true).await?;
-    println!(
-        "dry run of the undo of {fixes} on service {namespace}/{service} (the API server's answer):"
-    );
-    print!(
-        "{}",
-        esc(&undo::render_changes(&undo::changes(
-            &current,
-            &serde_json::to_value(&answer)?
-        )))
-    );
-    if dry_run {
-        println!("nothing applied (--dry-run)");
-        return Ok(ExitCode::SUCCESS);
-    }
-    plugin::confirm::ask(
-        yes,
-        &format!("undo {fixes} on service {namespace}/{service} as shown above?"),
-    )?;
-    let done = api::patch_service(client, &namespace, &service, &patch, false).await?;
-    println!(
-        "undone {fixes}: service {namespace}/{service} now at resourceVersion {}",
-        done.metadata.resource_version.as_deref().unwrap_or("?")
-    );
-    Ok(ExitCode::SUCCESS)
-}
-
-/// The Service's namespace and name as read.
-fn names(svc: &k8s_openapi::api::core::v1::Service) -> (String, String) {
-    (
-        svc.metadata.namespace.clone().unwrap_or_default(),
-        svc.metadata.name.clone().unwrap_or_default(),
-    )
-}
-
-/// API text (annotation values, an error Status's `message`, names) made safe for a terminal:
-/// issue 36, E11 and E16. JSON output (`-o json`) is printed as it is: JSON escapes controls.
-/// `evidence`: see the command's help and `plugin::evidence`.
-#[expect(clippy::print_stdout, reason = "the plugin's output")]
-async fn evidence(
-    client: kube::Client,
-    service: &str,
-    namespace: Option<&str>,
-    dir: &std::path::Path,
-    agent_namespace: &str,
-    port: u16,
-) -> anyhow::Result<ExitCode> {
-    use plugin::evidence::{self as ev, NodeOutcome};
-    let (namespace, name) = plugin::fix::service_ref(service, namespace)?;
-    ev::check_dir(dir).map_err(anyhow::Error::msg)?;
-    let events = api::service_events(client.clone(), &namespace, &name).await?;
-    let nodes = ev::nodes_of(&events);
-    if nodes.is_empty() {
-        anyhow::bail!(
-            "no clb-probe Event regards Service {namespace}/{name}: no agent confirmed a loop for \
-             it (or Events are off: --kube-events)"
-        );
-    }
-    let full = format!("{namespace}/{name}");
-    let mut outcomes = Vec::new();
-    for node in &nodes {
-        let outcome = match node_evidence(&client, node, &full, agent_namespace, port).await {
-            Ok((bundles, captures)) if bundles.is_empty() => {
-                let _ = captures;
-                NodeOutcome::NoLoops
-            }
-            Ok((bundles, captures)) => {
-                let folder = ev::node_dir(dir, node);
-                ev::create_private_dir(dir).map_err(anyhow::Error::msg)?;
-                ev::create_node_dir(&folder).map_err(anyhow::Error::msg)?;
-                for (file, bytes) in ev::node_files(&bundles, &captures) {
-                    ev::write_new(&folder.join(file), &bytes).map_err(anyhow::Error::msg)?;
-                }
-                NodeOutcome::Written(
-                    bundles
-                        .iter()
-                        .map(|b| (b.id.clone(), b.packets.len()))
-                        .collect(),
-                )
-            }
-            Err(e) => NodeOutcome::Failed(format!("{e:#}")),
-        };
-        outcomes.push((node.clone(), outcome));
-    }
-    ev::create_private_dir(dir).map_err(anyhow::Error::msg)?;
-    let readme = ev::readme(&full, &outcomes);
-    ev::write_new(&dir.join("README.txt"), readme.as_bytes()).map_err(anyhow::Error::msg)?;
-    print!("{}", esc(&readme));
-    let failed: Vec<&str> = outcomes
-        .iter()
-        .filter(|(_, o)| matches!(o, NodeOutcome::Failed(_)))
-        .map(|(n, _)| n.as_str())
-        .collect();
-    if failed.is_empty() {
-        Ok(ExitCode::SUCCESS)
-    } else {
-        for (node, o) in &outcomes {
-            if let NodeOutcome::Failed(why) = o {
-                eprintln!("kubectl clb-probe: error: node {}: {}", esc(node), esc(why));
-            }
-        }
-        eprintln!(
-            "kubectl clb-probe: error: no evidence from {} (the other nodes were written)",
-            esc(&failed.join(", "))
-        );
-        Ok(ExitCode::from(1))
-    }
-}
-
-/// One node's bundles for `service` and their captures, through the pod proxy.
-async fn node_evidence(
-    client: &kube::Client,
-    node: &str,
-    service: &str,
-    agent_namespace: &str,
-    port: u16,
-) -> anyhow::Result<(Vec<probe_contract::evidence::EvidenceBundle>, Vec<Vec<u8>>)> {
-    use plugin::evidence as ev;
-    let plugin::query::AgentIndex {
-        namespace: ns,
-        pod,
-        port,
-        index,
-        token,
-    } = plugin::query::evidence_index(client, node, agent_namespace, port).await?;
-    let auth = [(probe_contract::evidence::TOKEN_HEADER, token.as_str())];
-    let mut bundles = Vec::new();
-    let mut captures = Vec::new();
-    for id in ev::loops_of(&index, service) {
-        let bundle: probe_contract::evidence::EvidenceBundle = serde_json::from_slice(
-            &api::proxy_get(client, &ns, &pod, port, &format!("/evidence/{id}"), &auth).await?,
-        )
-        .map_err(|e| anyhow::anyhow!("the agent's /evidence/{id} on {pod}: {e}"))?;
-        captures.push(
-            api::proxy_get(
-                client,
-                &ns,
-                &pod,
-                port,
-                &format!("/evidence/{id}/capture.pcapng"),
-                &auth,
-            )
-            .await?,
-        );
-        bundles.push(bundle);
-    }
-    Ok((bundles, captures))
-}
-
-fn esc(s: &str) -> std::borrow::Cow<'_, str> {
-    clb_probe_client::term::escape_lines(s)
 }
 
 /// One clear line on stderr, exit `code`.

@@ -5,13 +5,18 @@ use k8s_openapi::api::{
     core::v1::{Node, Pod, Service},
     events::v1::Event,
 };
+use std::collections::BTreeMap;
+
 use kube::{
     Api, Client, Config,
-    api::{ListParams, Patch, PatchParams},
+    api::{DynamicObject, ListParams, Patch, PatchParams},
     config::{KubeConfigOptions, Kubeconfig},
 };
 
-use probe_contract::kube_event::REPORTING_CONTROLLER;
+use probe_contract::{
+    kube_event::REPORTING_CONTROLLER,
+    verify::{NodeVerification, VerificationSpec, VerificationStatus},
+};
 
 use super::{AGENT_LABEL, KubeArgs};
 
@@ -345,13 +350,10 @@ pub async fn evidence_token(client: &Client, namespace: &str) -> anyhow::Result<
 /// created: an error half-way, Ctrl-C or SIGTERM.
 pub async fn run_verification(
     client: Client,
-    spec: &probe_contract::verify::VerificationSpec,
+    spec: &VerificationSpec,
     timeout: std::time::Duration,
 ) -> anyhow::Result<super::verify::Verification> {
-    use probe_contract::verify::{
-        GENERATE_NAME, MAX_NODES, NODE_LABEL, NodeVerification, PLURAL, REQUESTER_ANNOTATION,
-        RUN_LABEL, VerificationSpec, VerificationStatus, node_label_value,
-    };
+    use probe_contract::verify::MAX_NODES;
     if spec.nodes.len() > MAX_NODES {
         anyhow::bail!(
             "{} nodes to ask; verify asks at most {MAX_NODES} at a time: name them with --node",
@@ -361,93 +363,19 @@ pub async fn run_verification(
     // Ctrl-C or SIGTERM from here on: the requests are deleted all the same (issue #49: an
     // interrupted verify left its request behind). The handlers are installed before the
     // first request is created, so no signal ends the plugin between the two.
-    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok();
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-    let interrupted = async move {
-        async fn next(s: &mut Option<tokio::signal::unix::Signal>) {
-            match s.as_mut() {
-                Some(s) => {
-                    s.recv().await;
-                }
-                None => std::future::pending::<()>().await,
-            }
-        }
-        tokio::select! {
-            () = next(&mut int) => "SIGINT",
-            () = next(&mut term) => "SIGTERM",
-        }
-    };
+    let interrupted = interruption();
     let requester = whoami(&client).await;
-    let api: Api<kube::api::DynamicObject> = Api::all_with(client, &verification_resource());
+    let api: Api<DynamicObject> = Api::all_with(client, &verification_resource());
     let run = run_id();
     // (object name, node), in the order created: what is deleted at the end.
     let mut created: Vec<(String, String)> = Vec::new();
-    let mut answers: std::collections::BTreeMap<String, NodeVerification> = Default::default();
+    let mut answers = BTreeMap::new();
     let work = async {
         for node in &spec.nodes {
-            let mut object = kube::api::DynamicObject::new("", &verification_resource());
-            object.metadata.name = None;
-            object.metadata.generate_name = Some(GENERATE_NAME.to_owned());
-            object.metadata.labels = Some(
-                [
-                    (NODE_LABEL.to_owned(), node_label_value(node)),
-                    (RUN_LABEL.to_owned(), run.clone()),
-                ]
-                .into(),
-            );
-            let one = VerificationSpec {
-                nodes: vec![node.clone()],
-                ..spec.clone()
-            };
-            object.metadata.annotations =
-                Some([(REQUESTER_ANNOTATION.to_owned(), requester.clone())].into());
-            object.data = serde_json::json!({ "spec": one });
-            let made = api
-                .create(&kube::api::PostParams::default(), &object)
-                .await
-                .map_err(|e| match e {
-                    kube::Error::Api(status) if status.code == 404 => anyhow::anyhow!(
-                        "the LoopbackVerification CRD ({PLURAL}.{}) is not installed: install the chart with kube.verify=true",
-                        probe_contract::verify::GROUP
-                    ),
-                    other => explain(other, &format!("create {PLURAL}.{}", probe_contract::verify::GROUP)),
-                })?;
-            created.push((made.metadata.name.clone().unwrap_or_default(), node.clone()));
+            let object = request_object(spec, node, &run, &requester);
+            created.push((create_request(&api, &object).await?, node.clone()));
         }
-        let deadline = tokio::time::Instant::now() + timeout;
-        let params = ListParams::default().labels(&format!("{RUN_LABEL}={run}"));
-        loop {
-            let list = api
-                .list(&params)
-                .await
-                .map_err(|e| explain(e, &format!("list {PLURAL} -l {RUN_LABEL}={run}")))?;
-            for object in list.items {
-                // Only the objects this run created, and in each only its own node's entry.
-                let Some((_, node)) = created
-                    .iter()
-                    .find(|(name, _)| object.metadata.name.as_deref() == Some(name))
-                else {
-                    continue;
-                };
-                let status: VerificationStatus = object
-                    .data
-                    .get("status")
-                    .cloned()
-                    .and_then(|s| serde_json::from_value(s).ok())
-                    .unwrap_or_default();
-                if let Some(entry) = status.nodes.get(node) {
-                    answers.insert(node.clone(), entry.clone());
-                }
-            }
-            let all = spec
-                .nodes
-                .iter()
-                .all(|n| super::verify::answered(answers.get(n)));
-            if all || tokio::time::Instant::now() >= deadline {
-                break anyhow::Ok(());
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-        }
+        wait_for_answers(&api, spec, &run, &created, timeout, &mut answers).await
     };
     let result = tokio::select! {
         r = work => r,
@@ -455,19 +383,7 @@ pub async fn run_verification(
             "interrupted ({signal}): the requests of run {run} were deleted, nothing was concluded"
         )),
     };
-    // Deleted whatever happened: a request left behind would be answered by no one (too old)
-    // and only clutter the list. A denied delete is said, not fatal.
-    for (name, _) in &created {
-        if let Err(e) = api.delete(name, &Default::default()).await {
-            eprintln!(
-                "kubectl clb-probe: warning: {}",
-                crate::term::escape_lines(&format!(
-                    "{:#}",
-                    explain(e, &format!("delete {PLURAL} {name}"))
-                ))
-            );
-        }
-    }
+    delete_requests(&api, &created).await;
     result?;
     let missing = spec
         .nodes
@@ -481,6 +397,141 @@ pub async fn run_verification(
         nodes: answers,
         missing,
     })
+}
+
+/// The first SIGINT or SIGTERM, by name. The handlers are installed when this is called, not
+/// when the future is first polled.
+fn interruption() -> impl std::future::Future<Output = &'static str> {
+    use tokio::signal::unix::{Signal, SignalKind, signal};
+    let mut int = signal(SignalKind::interrupt()).ok();
+    let mut term = signal(SignalKind::terminate()).ok();
+    async move {
+        async fn next(s: &mut Option<Signal>) {
+            match s.as_mut() {
+                Some(s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        }
+        tokio::select! {
+            () = next(&mut int) => "SIGINT",
+            () = next(&mut term) => "SIGTERM",
+        }
+    }
+}
+
+/// The request object for `node` alone: a generated name, labelled with the node and the
+/// `run`, annotated with the `requester`.
+fn request_object(
+    spec: &VerificationSpec,
+    node: &str,
+    run: &str,
+    requester: &str,
+) -> DynamicObject {
+    use probe_contract::verify::{
+        GENERATE_NAME, NODE_LABEL, REQUESTER_ANNOTATION, RUN_LABEL, node_label_value,
+    };
+    let mut object = DynamicObject::new("", &verification_resource());
+    object.metadata.name = None;
+    object.metadata.generate_name = Some(GENERATE_NAME.to_owned());
+    object.metadata.labels = Some(
+        [
+            (NODE_LABEL.to_owned(), node_label_value(node)),
+            (RUN_LABEL.to_owned(), run.to_owned()),
+        ]
+        .into(),
+    );
+    let one = VerificationSpec {
+        nodes: vec![node.to_owned()],
+        ..spec.clone()
+    };
+    object.metadata.annotations =
+        Some([(REQUESTER_ANNOTATION.to_owned(), requester.to_owned())].into());
+    object.data = one.object_data();
+    object
+}
+
+/// Creates `object`: its generated name.
+async fn create_request(
+    api: &Api<DynamicObject>,
+    object: &DynamicObject,
+) -> anyhow::Result<String> {
+    use probe_contract::verify::{GROUP, PLURAL};
+    let made = api
+        .create(&kube::api::PostParams::default(), object)
+        .await
+        .map_err(|e| match e {
+            kube::Error::Api(status) if status.code == 404 => anyhow::anyhow!(
+                "the LoopbackVerification CRD ({PLURAL}.{GROUP}) is not installed: install the chart with kube.verify=true"
+            ),
+            other => explain(other, &format!("create {PLURAL}.{GROUP}")),
+        })?;
+    Ok(made.metadata.name.unwrap_or_default())
+}
+
+/// Lists the `run`'s objects every half second into `answers` until every node of `spec`
+/// answered or `timeout` passed.
+async fn wait_for_answers(
+    api: &Api<DynamicObject>,
+    spec: &VerificationSpec,
+    run: &str,
+    created: &[(String, String)],
+    timeout: std::time::Duration,
+    answers: &mut BTreeMap<String, NodeVerification>,
+) -> anyhow::Result<()> {
+    use probe_contract::verify::{PLURAL, RUN_LABEL};
+    let deadline = tokio::time::Instant::now() + timeout;
+    let params = ListParams::default().labels(&format!("{RUN_LABEL}={run}"));
+    loop {
+        let list = api
+            .list(&params)
+            .await
+            .map_err(|e| explain(e, &format!("list {PLURAL} -l {RUN_LABEL}={run}")))?;
+        for object in list.items {
+            if let Some((node, entry)) = own_answer(&object, created) {
+                answers.insert(node, entry);
+            }
+        }
+        let all = spec
+            .nodes
+            .iter()
+            .all(|n| super::verify::answered(answers.get(n)));
+        if all || tokio::time::Instant::now() >= deadline {
+            return Ok(());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+}
+
+/// The answer in `object`, when it is one this run `created`: only its own node's entry.
+fn own_answer(
+    object: &DynamicObject,
+    created: &[(String, String)],
+) -> Option<(String, NodeVerification)> {
+    let (_, node) = created
+        .iter()
+        .find(|(name, _)| object.metadata.name.as_deref() == Some(name))?;
+    let status = VerificationStatus::of_object(&object.data);
+    let entry = status.nodes.get(node)?;
+    Some((node.clone(), entry.clone()))
+}
+
+/// Deletes the `created` objects whatever happened: a request left behind would be answered
+/// by no one (too old) and only clutter the list. A denied delete is said, not fatal.
+async fn delete_requests(api: &Api<DynamicObject>, created: &[(String, String)]) {
+    use probe_contract::verify::PLURAL;
+    for (name, _) in created {
+        if let Err(e) = api.delete(name, &Default::default()).await {
+            eprintln!(
+                "kubectl clb-probe: warning: {}",
+                crate::term::escape_lines(&format!(
+                    "{:#}",
+                    explain(e, &format!("delete {PLURAL} {name}"))
+                ))
+            );
+        }
+    }
 }
 
 /// The user the API server authenticates this plugin as (a SelfSubjectReview, GA since

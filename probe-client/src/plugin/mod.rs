@@ -1,6 +1,8 @@
 //! `kubectl clb-probe`: the cluster-wide view of what the agents confirmed, and a way onto
 //! one node's live view. This module is the pure part (rows from Events, the table, the
-//! choice of the agent pod, the `kubectl exec` command line); [`api`] talks to the API server.
+//! choice of the agent pod, the `kubectl exec` command line); [`api`] talks to the API server,
+//! [`query`] composes its reads, and [`command`] holds each subcommand's flow (the binary only
+//! parses and dispatches).
 //!
 //! - `events`: every `events.k8s.io/v1` Event whose `reportingController` is `clb-probe`, in
 //!   every namespace or the one `-n` names (Service events live in the Service's namespace,
@@ -25,6 +27,7 @@
 //!   for SERVICE, through the API server's pod proxy ([`evidence`]).
 
 pub mod api;
+pub mod command;
 pub mod confirm;
 pub mod evidence;
 pub mod fix;

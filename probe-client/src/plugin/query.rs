@@ -112,13 +112,25 @@ pub async fn verify(
     nodes: Vec<String>,
     timeout: std::time::Duration,
 ) -> anyhow::Result<super::verify::Verification> {
+    let spec = verify_spec(client.clone(), namespace, service, nodes).await?;
+    api::run_verification(client, &spec, timeout).await
+}
+
+/// `verify`'s request for `namespace/service` from `nodes`, or (none named) from the nodes
+/// whose reports or Events name a loop or a risk for it. An error for a Service that does not
+/// exist, before anything is created.
+pub async fn verify_spec(
+    client: Client,
+    namespace: &str,
+    service: &str,
+    nodes: Vec<String>,
+) -> anyhow::Result<probe_contract::verify::VerificationSpec> {
     use super::verify as v;
-    // A clear error for a Service that does not exist, before anything is created.
     api::get_service(client.clone(), namespace, service).await?;
     let key = format!("{namespace}/{service}");
     let nodes = if nodes.is_empty() {
         let reports = api::node_reports(client.clone()).await.unwrap_or_default();
-        let events = api::service_events(client.clone(), namespace, service)
+        let events = api::service_events(client, namespace, service)
             .await
             .unwrap_or_default();
         v::nodes_for(&key, &reports, &v::event_nodes(&events, namespace, service))
@@ -130,8 +142,7 @@ pub async fn verify(
             "no node has a loop or a risk for {key} (reports, Events): name the nodes to test from with --node NODE"
         );
     }
-    let spec = v::spec(namespace, service, &nodes);
-    api::run_verification(client, &spec, timeout).await
+    Ok(v::spec(namespace, service, &nodes))
 }
 
 /// One node's agent, as `evidence` reaches it, and its evidence index (`GET /evidence`).

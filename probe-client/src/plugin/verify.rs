@@ -228,6 +228,45 @@ impl Verification {
     }
 }
 
+/// What a verify run comes to: `verify` and `fix --apply --verify` print and exit by it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// A loop was confirmed on some node (exit [`CONFIRMED_EXIT`]).
+    Confirmed,
+    /// A node did not answer in time (an error naming it, [`missing_error`]).
+    Unanswered,
+    /// Nothing confirmed, but not proven either (exit [`NOT_PROVEN_EXIT`]): `fix --verify`'s
+    /// reasons, one line each ([`Verification::not_resolved_because`]); none for `verify`.
+    NotProven(Vec<String>),
+    /// Every answer clean or not testable; `resolving`: every loop gone (exit 0).
+    Clean,
+}
+
+/// The verdict on `v`: `verify`'s (is a loop there?), or with `resolving` `fix --verify`'s (is
+/// every loop the nodes had gone, each tested from its own client?). A confirmed loop comes
+/// first, then a node that did not answer.
+pub fn verdict(v: &Verification, resolving: bool) -> Verdict {
+    if v.confirmed() {
+        return Verdict::Confirmed;
+    }
+    if !v.missing.is_empty() {
+        return Verdict::Unanswered;
+    }
+    if resolving {
+        let because = v.not_resolved_because();
+        return if because.is_empty() {
+            Verdict::Clean
+        } else {
+            Verdict::NotProven(because)
+        };
+    }
+    if v.not_proven() {
+        Verdict::NotProven(Vec::new())
+    } else {
+        Verdict::Clean
+    }
+}
+
 /// Where a result's connections came from ("node" for answers written before `source`).
 fn source_of(r: &probe_contract::verify::VerifyResult) -> &str {
     if r.source.is_empty() {
@@ -530,5 +569,48 @@ mod tests {
             phase: Phase::Refused,
             ..Default::default()
         })));
+    }
+
+    /// `verify` and `fix --verify` read one run the same way until their questions differ: a
+    /// confirmed loop first, then a silent node; then "not proven" for `verify` is a test with
+    /// no answer, for `fix --verify` any loop not shown gone.
+    #[test]
+    fn the_verdict_puts_a_confirmed_loop_first_then_a_silent_node() {
+        let pod = "pod shop/client (10.0.0.5)";
+        let node = |results| NodeVerification {
+            phase: Phase::Done,
+            results,
+            ..Default::default()
+        };
+        let mut v = Verification::default();
+        v.nodes.insert(
+            "a".into(),
+            node(vec![looped("hairpin", VerifyOutcome::Clean, pod)]),
+        );
+        assert_eq!(verdict(&v, false), Verdict::Clean);
+        assert_eq!(verdict(&v, true), Verdict::Clean);
+        v.nodes.insert(
+            "b".into(),
+            node(vec![result("hairpin", VerifyOutcome::Clean)]),
+        );
+        assert_eq!(verdict(&v, false), Verdict::Clean);
+        assert!(
+            matches!(verdict(&v, true), Verdict::NotProven(why) if why[0].contains("node b")),
+            "node b holds no loop to test: not proven resolved"
+        );
+        v.nodes.insert(
+            "c".into(),
+            node(vec![result("hairpin", VerifyOutcome::NotProven)]),
+        );
+        assert_eq!(verdict(&v, false), Verdict::NotProven(Vec::new()));
+        v.missing.push("d".into());
+        assert_eq!(verdict(&v, false), Verdict::Unanswered);
+        assert_eq!(verdict(&v, true), Verdict::Unanswered);
+        v.nodes.insert(
+            "e".into(),
+            node(vec![result("hairpin", VerifyOutcome::Confirmed)]),
+        );
+        assert_eq!(verdict(&v, false), Verdict::Confirmed);
+        assert_eq!(verdict(&v, true), Verdict::Confirmed);
     }
 }

@@ -109,26 +109,20 @@ pub fn build(
         if filter.node.as_deref().is_some_and(|n| n != name) {
             continue;
         }
-        let has_node = nodes.iter().any(|n| n == name);
         let Some(r) = by_name.get(name) else {
             view.missing += 1;
             view.nodes.push(NodeRow {
                 node: name.into(),
                 state: "missing".into(),
-                active_loops: KINDS.iter().map(|(k, _)| (k.to_string(), 0)).collect(),
+                active_loops: zero_by_kind(),
                 ..Default::default()
             });
             continue;
         };
-        let updated = parse_rfc3339(&r.last_update);
-        let state = if !has_node {
-            "no-node"
-        } else if updated.is_none_or(|t| now - t > STALE_AFTER) {
+        let state = node_state(nodes.iter().any(|n| n == name), &r.last_update, now);
+        if state == "stale" {
             view.stale += 1;
-            "stale"
-        } else {
-            "ok"
-        };
+        }
         // A risk on a shared LB IP regards each of its Services, not only the first.
         let risks: Vec<_> = r
             .risks
@@ -146,21 +140,11 @@ pub fn build(
         if filter.service.is_some() && risks.is_empty() && loops.is_empty() && state == "ok" {
             continue;
         }
-        let mut by_kind: BTreeMap<String, u32> =
-            KINDS.iter().map(|(k, _)| (k.to_string(), 0)).collect();
+        let mut by_kind = zero_by_kind();
         for l in &loops {
             *by_kind.entry(l.kind.clone()).or_insert(0) += 1;
             if let Some(s) = &l.service {
-                let row = services.entry(s.clone()).or_insert_with(|| ServiceRow {
-                    service: s.clone(),
-                    ..Default::default()
-                });
-                row.active_loops += 1;
-                row.nodes.insert(name.into());
-                row.kinds.insert(l.kind.clone());
-                if row.first_fix.is_none() {
-                    row.first_fix = l.first_fix.clone();
-                }
+                tally(&mut services, s, name, &l.kind, &l.first_fix).active_loops += 1;
             }
         }
         for x in &risks {
@@ -170,36 +154,85 @@ pub fn build(
                 named.extend(&x.service);
             }
             for s in named {
-                let row = services.entry(s.clone()).or_insert_with(|| ServiceRow {
-                    service: s.clone(),
-                    ..Default::default()
-                });
-                row.risks += 1;
-                row.nodes.insert(name.into());
-                row.kinds.insert(x.kind.clone());
-                if row.first_fix.is_none() {
-                    row.first_fix = x.first_fix.clone();
-                }
+                tally(&mut services, s, name, &x.kind, &x.first_fix).risks += 1;
             }
         }
         let risk_count = u32::try_from(risks.len()).unwrap_or(u32::MAX);
-        let loop_count = u32::try_from(loops.len()).unwrap_or(u32::MAX);
         view.risks += risk_count;
-        view.active_loops += loop_count;
-        view.nodes.push(NodeRow {
-            node: name.into(),
-            state: state.into(),
-            mode: Some(r.kube_proxy_mode.clone()),
-            kernel: Some(r.kernel.clone()),
-            agent_version: Some(r.agent_version.clone()),
-            risks: risk_count,
-            active_loops: by_kind,
-            last_update: Some(r.last_update.clone()),
-            cannot_confirm: r.capabilities.iter().map(|c| c.name.clone()).collect(),
-            nftables_readiness: (!r.nftables_readiness.is_empty())
-                .then(|| r.nftables_readiness.clone()),
-        });
+        view.active_loops += u32::try_from(loops.len()).unwrap_or(u32::MAX);
+        view.nodes
+            .push(node_row(name, state, r, risk_count, by_kind));
     }
+    view.services = top_services(services);
+    view
+}
+
+/// Every kind's count at 0.
+fn zero_by_kind() -> BTreeMap<String, u32> {
+    KINDS.iter().map(|(k, _)| (k.to_string(), 0)).collect()
+}
+
+/// `ok`, `stale` (not updated within [`STALE_AFTER`] of `now`) or `no-node` (the report's Node
+/// is gone).
+fn node_state(has_node: bool, last_update: &str, now: i64) -> &'static str {
+    if !has_node {
+        "no-node"
+    } else if parse_rfc3339(last_update).is_none_or(|t| now - t > STALE_AFTER) {
+        "stale"
+    } else {
+        "ok"
+    }
+}
+
+/// `service`'s row, noting that `node` has a `kind` for it (and its first fix, if the row has
+/// none yet); the caller counts the loop or the risk.
+fn tally<'a>(
+    services: &'a mut BTreeMap<String, ServiceRow>,
+    service: &str,
+    node: &str,
+    kind: &str,
+    first_fix: &Option<String>,
+) -> &'a mut ServiceRow {
+    let row = services
+        .entry(service.to_owned())
+        .or_insert_with(|| ServiceRow {
+            service: service.to_owned(),
+            ..Default::default()
+        });
+    row.nodes.insert(node.into());
+    row.kinds.insert(kind.to_owned());
+    if row.first_fix.is_none() {
+        row.first_fix = first_fix.clone();
+    }
+    row
+}
+
+/// A node's row from its report.
+fn node_row(
+    name: &str,
+    state: &str,
+    r: &ReportStatus,
+    risks: u32,
+    active_loops: BTreeMap<String, u32>,
+) -> NodeRow {
+    NodeRow {
+        node: name.into(),
+        state: state.into(),
+        mode: Some(r.kube_proxy_mode.clone()),
+        kernel: Some(r.kernel.clone()),
+        agent_version: Some(r.agent_version.clone()),
+        risks,
+        active_loops,
+        last_update: Some(r.last_update.clone()),
+        cannot_confirm: r.capabilities.iter().map(|c| c.name.clone()).collect(),
+        nftables_readiness: (!r.nftables_readiness.is_empty())
+            .then(|| r.nftables_readiness.clone()),
+    }
+}
+
+/// The most affected Services first (active loops, then risks, then nodes, then name), at
+/// most [`TOP_SERVICES`].
+fn top_services(services: BTreeMap<String, ServiceRow>) -> Vec<ServiceRow> {
     let mut services: Vec<ServiceRow> = services.into_values().collect();
     services.sort_by(|a, b| {
         (b.active_loops, b.risks, b.nodes.len())
@@ -207,8 +240,7 @@ pub fn build(
             .then(a.service.cmp(&b.service))
     });
     services.truncate(TOP_SERVICES);
-    view.services = services;
-    view
+    services
 }
 
 /// The table's FIRST FIX: a fix's id (`id: what it changes`), else the remedy line cut to 60

@@ -105,6 +105,8 @@ async fn run_loop(
     }
 }
 
+/// The whole screen: the header, the table of loops, the recent reports, the selected loop's
+/// detail, the footer, and the help over them when asked for.
 fn draw(f: &mut Frame, m: &Model, input: &Input) {
     // Header: three lines plus the PAUSED marker, inside borders.
     let [header, table, recent, detail, footer] = Layout::vertical([
@@ -115,22 +117,43 @@ fn draw(f: &mut Frame, m: &Model, input: &Input) {
         Constraint::Length(1),
     ])
     .areas(f.area());
+    f.render_widget(header_widget(m), header);
+    f.render_widget(loops_table(m), table);
+    let items: Vec<ListItem> = m.recent.iter().map(|l| ListItem::new(l.as_str())).collect();
+    f.render_widget(
+        List::new(items).block(Block::new().borders(Borders::ALL).title(" recent reports ")),
+        recent,
+    );
+    f.render_widget(detail_widget(m), detail);
+    let foot = match input {
+        Input::Filter(text) => format!("filter: {text}_   (Enter apply, Esc clear)"),
+        Input::Normal => "q quit  j/k select  p pause  / filter  ? help".to_string(),
+    };
+    f.render_widget(Paragraph::new(foot), footer);
+    if m.help {
+        let area = f.area().inner(ratatui::layout::Margin::new(10, 5));
+        f.render_widget(Clear, area);
+        f.render_widget(help_widget(), area);
+    }
+}
 
+/// The header's lines, and PAUSED while paused.
+fn header_widget(m: &Model) -> Paragraph<'static> {
     let mut head: Vec<Line> = m.header_lines().into_iter().map(Line::from).collect();
     if m.paused {
         head.push(
             Line::from("PAUSED (p to resume)").style(Style::new().add_modifier(Modifier::BOLD)),
         );
     }
-    f.render_widget(
-        Paragraph::new(head).block(
-            Block::new()
-                .borders(Borders::ALL)
-                .title(" clb-probe watch "),
-        ),
-        header,
-    );
+    Paragraph::new(head).block(
+        Block::new()
+            .borders(Borders::ALL)
+            .title(" clb-probe watch "),
+    )
+}
 
+/// One row per confirmed loop (the filter's), the selected one reversed.
+fn loops_table(m: &Model) -> Table<'static> {
     let rows: Vec<TRow> = m
         .visible()
         .iter()
@@ -157,32 +180,26 @@ fn draw(f: &mut Frame, m: &Model, input: &Input) {
     } else {
         format!(" confirmed loopback (filter: {}) ", m.filter)
     };
-    f.render_widget(
-        Table::new(
-            rows,
-            [
-                Constraint::Length(22),
-                Constraint::Length(16),
-                Constraint::Length(5),
-                Constraint::Length(7),
-                Constraint::Length(9),
-                Constraint::Length(9),
-                Constraint::Min(10),
-            ],
-        )
-        .header(TRow::new(vec![
-            "KIND", "VIP", "PORT", "COUNT", "RATE", "OUTCOME", "REASON",
-        ]))
-        .block(Block::new().borders(Borders::ALL).title(title)),
-        table,
-    );
+    Table::new(
+        rows,
+        [
+            Constraint::Length(22),
+            Constraint::Length(16),
+            Constraint::Length(5),
+            Constraint::Length(7),
+            Constraint::Length(9),
+            Constraint::Length(9),
+            Constraint::Min(10),
+        ],
+    )
+    .header(TRow::new(vec![
+        "KIND", "VIP", "PORT", "COUNT", "RATE", "OUTCOME", "REASON",
+    ]))
+    .block(Block::new().borders(Borders::ALL).title(title))
+}
 
-    let items: Vec<ListItem> = m.recent.iter().map(|l| ListItem::new(l.as_str())).collect();
-    f.render_widget(
-        List::new(items).block(Block::new().borders(Borders::ALL).title(" recent reports ")),
-        recent,
-    );
-
+/// The selected loop's flow, evidence, remedy and fixes.
+fn detail_widget(m: &Model) -> Paragraph<'static> {
     let detail_lines: Vec<Line> = match m.selected_row() {
         Some(r) => std::iter::once(Line::from(format!("{}  {}", r.kind, r.flow)))
             .chain(std::iter::once(Line::from("evidence:")))
@@ -194,35 +211,22 @@ fn draw(f: &mut Frame, m: &Model, input: &Input) {
             .collect(),
         None => vec![Line::from("no confirmed loopback events yet")],
     };
-    f.render_widget(
-        Paragraph::new(detail_lines)
-            .wrap(Wrap { trim: false })
-            .block(Block::new().borders(Borders::ALL).title(" detail ")),
-        detail,
-    );
+    Paragraph::new(detail_lines)
+        .wrap(Wrap { trim: false })
+        .block(Block::new().borders(Borders::ALL).title(" detail "))
+}
 
-    let foot = match input {
-        Input::Filter(text) => format!("filter: {text}_   (Enter apply, Esc clear)"),
-        Input::Normal => "q quit  j/k select  p pause  / filter  ? help".to_string(),
-    };
-    f.render_widget(Paragraph::new(foot), footer);
-
-    if m.help {
-        let area = f.area().inner(ratatui::layout::Margin::new(10, 5));
-        f.render_widget(Clear, area);
-        f.render_widget(
-            Paragraph::new(vec![
-                Line::from("HELP"),
-                Line::from(""),
-                Line::from("q        quit"),
-                Line::from("j / Down select the next event"),
-                Line::from("k / Up   select the previous event"),
-                Line::from("p        pause / resume the view"),
-                Line::from("/        filter by kind, VIP or address (Enter applies, Esc clears)"),
-                Line::from("?        this help (? or Esc closes)"),
-            ])
-            .block(Block::new().borders(Borders::ALL).title(" help ")),
-            area,
-        );
-    }
+/// The keys (`?`).
+fn help_widget() -> Paragraph<'static> {
+    Paragraph::new(vec![
+        Line::from("HELP"),
+        Line::from(""),
+        Line::from("q        quit"),
+        Line::from("j / Down select the next event"),
+        Line::from("k / Up   select the previous event"),
+        Line::from("p        pause / resume the view"),
+        Line::from("/        filter by kind, VIP or address (Enter applies, Esc clears)"),
+        Line::from("?        this help (? or Esc closes)"),
+    ])
+    .block(Block::new().borders(Borders::ALL).title(" help "))
 }

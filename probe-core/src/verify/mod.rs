@@ -35,7 +35,9 @@ use probe_contract::{
     LoopbackEvent, LoopbackKind, Proto,
     facts::SourceKind,
     sock,
-    verify::{FROM_NODE, MAX_CLIENTS, MAX_KINDS, MAX_TARGETS, VerifyOutcome, VerifyResult},
+    verify::{
+        FROM_NODE, MAX_CLIENTS, MAX_KINDS, MAX_TARGETS, RequestedKind, VerifyOutcome, VerifyResult,
+    },
 };
 
 /// Connections per target and request ("a few"): enough for a loop the LB hits on one of
@@ -84,7 +86,7 @@ pub fn pod_testable(kind: LoopbackKind) -> bool {
 /// counts once; more than [`MAX_KINDS`] names is an error before any is read), or, when
 /// empty, the node-testable kinds and the health checks (`service_self_loop` only when
 /// named: never testable from the node; a pod that had it is tested for it, [`plan`]).
-pub fn kinds(requested: &[String]) -> Result<Vec<LoopbackKind>, KindsError> {
+pub fn kinds(requested: &[RequestedKind]) -> Result<Vec<LoopbackKind>, KindsError> {
     if requested.is_empty() {
         let mut all = node_testable();
         all.push(LoopbackKind::HealthcheckBlackhole);
@@ -95,8 +97,12 @@ pub fn kinds(requested: &[String]) -> Result<Vec<LoopbackKind>, KindsError> {
     }
     let mut out: Vec<LoopbackKind> = Vec::new();
     for k in requested {
-        let kind = LoopbackKind::parse(k)
-            .ok_or_else(|| KindsError::Unknown(crate::untrusted::text(k, 64)))?;
+        let kind = match k {
+            RequestedKind::Known(kind) => *kind,
+            RequestedKind::Unknown(name) => {
+                return Err(KindsError::Unknown(crate::untrusted::text(name, 64)));
+            }
+        };
         if !out.contains(&kind) {
             out.push(kind);
         }

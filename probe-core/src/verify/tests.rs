@@ -309,9 +309,9 @@ fn a_pods_loop_is_planned_from_the_pod_at_its_own_target() {
 /// any result is built; an answer is bounded.
 #[test]
 fn kinds_are_deduplicated_and_bounded_and_so_is_the_answer() {
-    let repeated = vec!["hairpin".to_string(); probe_contract::verify::MAX_KINDS];
+    let repeated = vec![RequestedKind::from("hairpin"); probe_contract::verify::MAX_KINDS];
     assert_eq!(kinds(&repeated).unwrap(), vec![LoopbackKind::Hairpin]);
-    let flood = vec!["hairpin".to_string(); 140_000];
+    let flood = vec![RequestedKind::from("hairpin"); 140_000];
     assert!(kinds(&flood).unwrap_err().to_string().contains("at most"));
     let many: Vec<_> = (0..1000)
         .map(|i| VerifyResult {

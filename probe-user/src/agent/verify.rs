@@ -173,19 +173,13 @@ fn take(object: &DynamicObject, tester: &Tester, taken: &HashSet<String>) -> Opt
     if taken.contains(&name) || object.metadata.deletion_timestamp.is_some() {
         return None;
     }
-    let answered = object
-        .data
-        .pointer(&format!(
-            "/status/nodes/{}",
-            json_pointer_escape(&tester.node)
-        ))
-        .is_some();
+    let answered = contract::VerificationStatus::has_entry(&object.data, &tester.node);
     let created = object.metadata.creation_timestamp.as_ref()?.0.as_second();
     let now = k8s_openapi::jiff::Timestamp::now().as_second();
     if answered || now.saturating_sub(created) > contract::MAX_AGE_S {
         return None;
     }
-    let spec: VerificationSpec = serde_json::from_value(object.data.get("spec")?.clone()).ok()?;
+    let spec = VerificationSpec::of_object(&object.data)?;
     let key = spec.service.key();
     let has_loop = tester
         .shared
@@ -204,11 +198,6 @@ fn take(object: &DynamicObject, tester: &Tester, taken: &HashSet<String>) -> Opt
         spec,
         requester,
     })
-}
-
-/// RFC 6901: `~` and `/` in a map key.
-fn json_pointer_escape(s: &str) -> String {
-    s.replace('~', "~0").replace('/', "~1")
 }
 
 /// One request at a time: `running` written first (an entry, once written, is never taken
