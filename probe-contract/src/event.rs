@@ -423,6 +423,19 @@ pub const KINDS: [KindSpec; 7] = [
     },
 ];
 
+/// Confirmations (reports, repeats included), by kind: the agent's `/status` (a kind
+/// confirmed by a later look-up, `proxy_protocol_short_circuit`, has no count here).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct KindCounts {
+    pub healthcheck_blackhole: u64,
+    pub hairpin: u64,
+    pub vip_port_unserved: u64,
+    pub vip_as_source: u64,
+    pub service_self_loop: u64,
+    pub etp_local_drop: u64,
+}
+
 /// Whether the looping flow was source-NATed on its way out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -36,14 +36,15 @@ mod status;
 pub mod verify;
 
 pub use event::{
-    AggregateKey, Caller, Confirmation, KINDS, KindSpec, Layer, LbAddress, Listener, LoopbackEvent,
-    LoopbackKind, Outcome, ProofShape, Proto, ServiceLookup, SnatState, Tag, names_service, sock,
+    AggregateKey, Caller, Confirmation, KINDS, KindCounts, KindSpec, Layer, LbAddress, Listener,
+    LoopbackEvent, LoopbackKind, Outcome, ProofShape, Proto, ServiceLookup, SnatState, Tag,
+    names_service, sock,
 };
 pub use fix::Fix;
 pub use live::{Message, Snapshot};
 pub use resolution::{LoopLifecycle, LoopResolution};
 pub use status::{
-    CorrelatorStats, CounterSnapshot, DropHook, Features, KindCounts, NodeStatus, TagCounts, TcMode,
+    CorrelatorStats, CounterSnapshot, DropHook, Features, NodeStatus, TagCounts, TcMode,
 };
 
 #[cfg(test)]

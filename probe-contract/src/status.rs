@@ -159,17 +159,7 @@ impl TagCounts {
     }
 }
 
-/// Confirmations (reports, repeats included), by kind.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct KindCounts {
-    pub healthcheck_blackhole: u64,
-    pub hairpin: u64,
-    pub vip_port_unserved: u64,
-    pub vip_as_source: u64,
-    pub service_self_loop: u64,
-    pub etp_local_drop: u64,
-}
+pub use crate::event::KindCounts;
 
 /// Counters. Invariants (checked by the tests):
 /// `suspects_seen.total() == suspects_confirmed + suspects_unconfirmed + pending_suspects`,
