@@ -17,6 +17,40 @@ pub const PLURAL: &str = "loopbackreports";
 /// `group/version`.
 pub const API_VERSION: &str = "clb-probe.io/v1alpha1";
 
+/// The LoopbackReport resource: the agent writes it, the plugin reads it.
+pub const RESOURCE: CustomResource = CustomResource {
+    group: GROUP,
+    version: VERSION,
+    api_version: API_VERSION,
+    kind: KIND,
+    plural: PLURAL,
+};
+
+/// One of the project's custom resources by its API names, the same at both ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CustomResource {
+    pub group: &'static str,
+    pub version: &'static str,
+    /// `group/version`.
+    pub api_version: &'static str,
+    pub kind: &'static str,
+    pub plural: &'static str,
+}
+
+#[cfg(feature = "kube")]
+impl CustomResource {
+    /// For `kube::Api<DynamicObject>`.
+    pub fn api_resource(&self) -> kube_core::discovery::ApiResource {
+        kube_core::discovery::ApiResource {
+            group: self.group.into(),
+            version: self.version.into(),
+            api_version: self.api_version.into(),
+            kind: self.kind.into(),
+            plural: self.plural.into(),
+        }
+    }
+}
+
 /// Risks kept in a report (most severe first, as `probe check` sorts them).
 pub const MAX_RISKS: usize = 50;
 /// The Services one risk names at most.

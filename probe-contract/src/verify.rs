@@ -23,6 +23,14 @@ pub use crate::report::{API_VERSION, GROUP, VERSION};
 
 pub const KIND: &str = "LoopbackVerification";
 pub const PLURAL: &str = "loopbackverifications";
+/// The LoopbackVerification resource: the plugin writes it, the agents answer in its status.
+pub const RESOURCE: crate::report::CustomResource = crate::report::CustomResource {
+    group: GROUP,
+    version: VERSION,
+    api_version: API_VERSION,
+    kind: KIND,
+    plural: PLURAL,
+};
 /// The prefix of the names the plugin generates (`metadata.generateName`).
 pub const GENERATE_NAME: &str = "verify-";
 

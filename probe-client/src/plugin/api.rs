@@ -307,8 +307,7 @@ pub async fn proxy_get(
 
 /// The API resource of `LoopbackVerification`, for `kube::Api<DynamicObject>`.
 pub fn verification_resource() -> kube::core::ApiResource {
-    use probe_contract::verify::{API_VERSION, GROUP, KIND, PLURAL, VERSION};
-    crate::report::custom_resource(GROUP, VERSION, API_VERSION, KIND, PLURAL)
+    probe_contract::verify::RESOURCE.api_resource()
 }
 
 /// The token the agents' `GET /evidence` requires (issue #49, H9): key `token` of Secret

@@ -7,24 +7,5 @@ pub mod cluster;
 
 /// The API resource, for `kube::Api<DynamicObject>`.
 pub fn api_resource() -> kube::core::ApiResource {
-    use probe_contract::report::{API_VERSION, GROUP, KIND, PLURAL, VERSION};
-    custom_resource(GROUP, VERSION, API_VERSION, KIND, PLURAL)
-}
-
-/// One of clb-probe's custom resources (LoopbackReport, LoopbackVerification), for
-/// `kube::Api<DynamicObject>`.
-pub fn custom_resource(
-    group: &str,
-    version: &str,
-    api_version: &str,
-    kind: &str,
-    plural: &str,
-) -> kube::core::ApiResource {
-    kube::core::ApiResource {
-        group: group.into(),
-        version: version.into(),
-        api_version: api_version.into(),
-        kind: kind.into(),
-        plural: plural.into(),
-    }
+    probe_contract::report::RESOURCE.api_resource()
 }

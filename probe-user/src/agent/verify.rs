@@ -58,13 +58,7 @@ pub const CANARY_TARGETS: usize = 4;
 
 /// The API resource, for `kube::Api<DynamicObject>`.
 pub fn api_resource() -> kube::core::ApiResource {
-    crate::kube::custom_resource(
-        contract::GROUP,
-        contract::VERSION,
-        contract::API_VERSION,
-        contract::KIND,
-        contract::PLURAL,
-    )
+    contract::RESOURCE.api_resource()
 }
 
 /// What verify and the canary need from the agent.

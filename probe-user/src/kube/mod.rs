@@ -110,24 +110,6 @@ impl KubeArgs {
     }
 }
 
-/// One of clb-probe's custom resources (LoopbackReport, LoopbackVerification), for
-/// `kube::Api<DynamicObject>`, from the contract's names.
-pub fn custom_resource(
-    group: &str,
-    version: &str,
-    api_version: &str,
-    kind: &str,
-    plural: &str,
-) -> kube::core::ApiResource {
-    kube::core::ApiResource {
-        group: group.into(),
-        version: version.into(),
-        api_version: api_version.into(),
-        kind: kind.into(),
-        plural: plural.into(),
-    }
-}
-
 /// Why the API access asked for cannot be configured (a usage error, one line).
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum SourceError {

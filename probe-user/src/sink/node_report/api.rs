@@ -188,6 +188,5 @@ impl ReportWriter {
 
 /// The LoopbackReport API resource, for `kube::Api<DynamicObject>`.
 fn report_resource() -> kube::core::ApiResource {
-    use probe_contract::report::{API_VERSION, GROUP, KIND, PLURAL, VERSION};
-    crate::kube::custom_resource(GROUP, VERSION, API_VERSION, KIND, PLURAL)
+    probe_contract::report::RESOURCE.api_resource()
 }
