@@ -160,6 +160,19 @@ fn watched_destination(pkt: &Packet) -> bool {
     unsafe { DROP_DESTINATIONS.get(key) }.is_some()
 }
 
+/// The inode of the network namespace of the skb's device (0 when it has none).
+#[inline(always)]
+fn skb_netns(skb: *const u8, off: &KernelOffsets) -> u32 {
+    if let Some(dev) = read::<*const u8>(skb, off.skb_dev)
+        && !dev.is_null()
+        && let Some(net) = read::<*const u8>(dev, off.dev_nd_net)
+        && !net.is_null()
+    {
+        return read(net, off.net_ns_inum).unwrap_or(0);
+    }
+    0
+}
+
 /// Common body of the tp_btf and raw tracepoint programs: both get (skb, location, reason).
 /// Kernels before 5.17 pass no reason: their variants give 0 (`SKB_NOT_DROPPED_YET` where the
 /// enum exists, never a real drop's reason) and userspace classifies by the drop site.
@@ -175,14 +188,7 @@ fn on_kfree_skb<C: EbpfContext>(ctx: &C, skb: *const u8, location: u64, reason: 
     }
     // Cheapest filter first: every namespace's drops (each pod's) hit this hook, and the
     // namespace costs three reads where parsing and two lookups cost more.
-    let mut netns = 0u32;
-    if let Some(dev) = read::<*const u8>(skb, off.skb_dev)
-        && !dev.is_null()
-        && let Some(net) = read::<*const u8>(dev, off.dev_nd_net)
-        && !net.is_null()
-    {
-        netns = read(net, off.net_ns_inum).unwrap_or(0);
-    }
+    let netns = skb_netns(skb, &off);
     // Another namespace's drop (a pod's) matters only when it is self-addressed: a pod's call
     // to its own Service, DNATed back to itself without the hairpin SNAT, dies in the pod's
     // namespace as a local source (`service_self_loop`). Two address reads decide it before
