@@ -420,11 +420,10 @@ fn check(args: CheckArgs) -> ExitCode {
     let api = clb_probe::check::kube::ApiAccess::choose(args.kubeconfig);
     if let Some(target) = args.as_mode {
         use clb_probe::check::{AsError, readiness};
-        let target = clap::ValueEnum::to_possible_value(&target)
-            .expect("every --as mode has a name")
-            .get_name()
-            .to_owned();
-        return match clb_probe::check::run_as(&cfg, &api, &target) {
+        let target = match target {
+            AsMode::Nftables => probe_contract::check::Mode::Nftables,
+        };
+        return match clb_probe::check::run_as(&cfg, &api, target) {
             Ok(p) => {
                 if args.json {
                     // Plain data: serializing cannot fail.

@@ -254,7 +254,7 @@ pub enum AsError {
 pub fn run_as(
     cfg: &crate::state::addrs::AddrConfig,
     api: &kube::ApiAccess,
-    target: &str,
+    target: probe_contract::check::Mode,
 ) -> Result<probe_contract::readiness::Prediction, AsError> {
     // A mode --as never predicts fails before the node is read.
     readiness::validate(target, None).map_err(AsError::Usage)?;

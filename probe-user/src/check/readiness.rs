@@ -70,15 +70,15 @@ pub enum AsUsage {
 }
 
 /// Checks `--as MODE` against the node's mode: the one-line error of exit 2.
-pub fn validate(target: &str, current: Option<Mode>) -> Result<Mode, AsUsage> {
-    let mode = match target {
-        "nftables" => Mode::Nftables,
-        other => return Err(AsUsage::NotPredicted(other.to_owned())),
-    };
+pub fn validate(target: Mode, current: Option<Mode>) -> Result<Mode, AsUsage> {
+    let name = target.as_str().to_owned();
+    if target != Mode::Nftables {
+        return Err(AsUsage::NotPredicted(name));
+    }
     match current {
-        Some(m) if m == mode => Err(AsUsage::Already(target.to_owned())),
-        Some(Mode::None) => Err(AsUsage::NoKubeProxy(target.to_owned())),
-        _ => Ok(mode),
+        Some(m) if m == target => Err(AsUsage::Already(name)),
+        Some(Mode::None) => Err(AsUsage::NoKubeProxy(name)),
+        _ => Ok(target),
     }
 }
 

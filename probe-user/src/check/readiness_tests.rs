@@ -294,28 +294,28 @@ fn ip_mode_advice_follows_the_binding_the_provider_and_the_snat() {
 #[test]
 fn as_takes_nftables_only_and_not_on_a_node_already_there() {
     assert_eq!(
-        readiness::validate("nftables", Some(Mode::Ipvs)),
+        readiness::validate(Mode::Nftables, Some(Mode::Ipvs)),
         Ok(Mode::Nftables)
     );
     assert_eq!(
-        readiness::validate("nftables", Some(Mode::Iptables)),
+        readiness::validate(Mode::Nftables, Some(Mode::Iptables)),
         Ok(Mode::Nftables)
     );
     for (target, current, needle) in [
-        ("iptables", None, "only `--as nftables`"),
-        ("ipvs", Some(Mode::Iptables), "only `--as nftables`"),
-        ("", None, "only `--as nftables`"),
+        (Mode::Iptables, None, "only `--as nftables`"),
+        (Mode::Ipvs, Some(Mode::Iptables), "only `--as nftables`"),
+        (Mode::None, None, "only `--as nftables`"),
         (
-            "nftables",
+            Mode::Nftables,
             Some(Mode::Nftables),
             "already runs kube-proxy in nftables",
         ),
-        ("nftables", Some(Mode::None), "runs no kube-proxy"),
+        (Mode::Nftables, Some(Mode::None), "runs no kube-proxy"),
     ] {
         let e = readiness::validate(target, current)
             .unwrap_err()
             .to_string();
-        assert!(e.contains(needle), "{target} {current:?}: {e}");
+        assert!(e.contains(needle), "{target:?} {current:?}: {e}");
         assert!(!e.contains('\n'), "one line: {e}");
     }
 }
