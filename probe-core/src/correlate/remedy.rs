@@ -38,3 +38,7 @@ pub fn build(e: &probe_contract::LoopbackEvent) -> Vec<String> {
 #[cfg(test)]
 #[path = "remedy_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "remedy_golden_tests.rs"]
+mod golden_tests;

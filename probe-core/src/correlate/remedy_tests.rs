@@ -28,7 +28,7 @@ fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
-fn event(kind: LoopbackKind, source: SourceKind) -> LoopbackEvent {
+pub(super) fn event(kind: LoopbackKind, source: SourceKind) -> LoopbackEvent {
     let (src, dst, dst_port, vip_port) = match kind {
         LoopbackKind::HealthcheckBlackhole => ("203.0.113.10", "198.18.0.2", 30080, None),
         LoopbackKind::VipAsSource => ("203.0.113.10", "198.19.1.11", 8080, None),
@@ -67,7 +67,7 @@ fn event(kind: LoopbackKind, source: SourceKind) -> LoopbackEvent {
     }
 }
 
-fn named(e: &mut LoopbackEvent, etp_api: Option<Etp>) {
+pub(super) fn named(e: &mut LoopbackEvent, etp_api: Option<Etp>) {
     e.client_pod = (e.facts.source == SourceKind::Pod).then(|| "shop/client-1".to_string());
     e.service = Some("shop/web".into());
     e.facts.etp_api = etp_api;
@@ -270,7 +270,7 @@ fn check(e: &LoopbackEvent, what: &str) {
 
 /// Who makes the local address local: kube-proxy (kube-ipvs0), keepalived / kube-vip (a NIC
 /// address), the GCE guest agent (a protocol 66 route), an operator's static route, unknown.
-fn owners() -> [Option<AddressOwner>; 6] {
+pub(super) fn owners() -> [Option<AddressOwner>; 6] {
     [
         Some(AddressOwner::VipInterface {
             iface: "kube-ipvs0".into(),
@@ -350,7 +350,7 @@ fn every_kind_policy_name_sender_and_owner_gives_a_consistent_remedy() {
     assert_eq!(cases, KINDS.len() * 3 * 6 * 3 * 4 + 3 * 6 * 2);
 }
 
-fn apiserver() -> probe_contract::Listener {
+pub(super) fn apiserver() -> probe_contract::Listener {
     probe_contract::Listener {
         addr: ip("0.0.0.0"),
         port: 6443,
