@@ -92,47 +92,7 @@ enum Command {
     /// `--apply ID` applies one: a server-side dry run shown as a diff of the Service, then
     /// the patch, with its undo kept on the Service (annotation clb-probe.io/undo);
     /// `--undo` restores what the applied fixes moved.
-    Fix {
-        /// NAME, or NAMESPACE/NAME as `report` prints it.
-        service: String,
-        /// The Service's namespace (default: `default`, or the one SERVICE names).
-        #[arg(short, long)]
-        namespace: Option<String>,
-        /// Output format of the listing.
-        #[arg(short, long, value_enum, default_value_t = Output::Table)]
-        output: Output,
-        /// Apply the fix with this id.
-        #[arg(long, value_name = "ID")]
-        apply: Option<String>,
-        /// Refuse unless the Service is still at this resourceVersion (the one a listing
-        /// showed).
-        #[arg(long, value_name = "RV", requires = "apply")]
-        resource_version: Option<String>,
-        /// With --apply or --undo: only the server's dry run (dryRun=All), shown as a diff
-        /// of the Service; nothing is changed.
-        #[arg(long)]
-        dry_run: bool,
-        /// Apply without asking. Without it, --apply and --undo show the dry run's diff and
-        /// ask on the terminal; with no terminal on stdin they refuse (exit 2).
-        #[arg(short, long)]
-        yes: bool,
-        /// Restore every field the fixes applied with --apply moved (the undo kept on the
-        /// Service); refused if one of them changed since.
-        #[arg(long, conflicts_with_all = ["apply", "resource_version"])]
-        undo: bool,
-        /// The cloud (aws, azure, gce, alicloud, tencentcloud, hcloud, digitalocean,
-        /// openstack, generic). Default: the Nodes' providerIDs, else the Service's settings.
-        #[arg(long, env = "CLB_PROBE_PROVIDER")]
-        provider: Option<clb_probe_client::fixes::Provider>,
-        /// With --apply: then verify on every node that had the loop (its Events, the
-        /// reports' active loops) and say "resolved" only when every loop, tested from its own
-        /// client, is clean (exit 3 when a node still loops, 4 when not proven).
-        #[arg(long, requires = "apply")]
-        verify: bool,
-        /// --verify's wait for the agents' answers, in seconds.
-        #[arg(long, value_name = "SECS", default_value_t = plugin::verify::DEFAULT_TIMEOUT_S, value_parser = clap::value_parser!(u64).range(1..=plugin::verify::MAX_TIMEOUT_S))]
-        timeout: u64,
-    },
+    Fix(command::fix::FixRequest),
     /// Ask the agents to test SERVICE's LB IP:ports now (a LoopbackVerification request they
     /// answer through the API) and print per node and kind: confirmed (with the evidence),
     /// clean (what was tried), not proven (no answer), not testable (why); a pod's loop is
@@ -237,34 +197,7 @@ async fn run(command: Command, kube: KubeArgs) -> anyhow::Result<ExitCode> {
             };
             command::evidence::run(client, request).await
         }
-        Command::Fix {
-            service,
-            namespace,
-            output,
-            apply,
-            resource_version,
-            dry_run,
-            yes,
-            undo,
-            provider,
-            verify,
-            timeout,
-        } => {
-            let request = command::fix::FixRequest {
-                service,
-                namespace,
-                output,
-                apply,
-                resource_version,
-                dry_run,
-                yes,
-                undo,
-                provider,
-                verify,
-                timeout_s: timeout,
-            };
-            command::fix::run(client, request).await
-        }
+        Command::Fix(request) => command::fix::run(client, request).await,
         Command::Mcp { allow_verify } => {
             plugin::mcp::serve(client, allow_verify).await?;
             Ok(ExitCode::SUCCESS)

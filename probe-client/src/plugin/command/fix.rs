@@ -10,20 +10,52 @@ use probe_contract::report::ReportStatus;
 use super::{Output, esc, verify::Question};
 use crate::plugin::{self, api, confirm, fix, query, undo};
 
-/// `fix`'s arguments as parsed.
+/// `fix`'s arguments (the binary's `fix` subcommand parses them as they are).
+#[derive(clap::Args, Debug)]
 pub struct FixRequest {
-    /// NAME, or NAMESPACE/NAME.
+    /// NAME, or NAMESPACE/NAME as `report` prints it.
     pub service: String,
+    /// The Service's namespace (default: `default`, or the one SERVICE names).
+    #[arg(short, long)]
     pub namespace: Option<String>,
+    /// Output format of the listing.
+    #[arg(short, long, value_enum, default_value_t = Output::Table)]
     pub output: Output,
+    /// Apply the fix with this id.
+    #[arg(long, value_name = "ID")]
     pub apply: Option<String>,
+    /// Refuse unless the Service is still at this resourceVersion (the one a listing
+    /// showed).
+    #[arg(long, value_name = "RV", requires = "apply")]
     pub resource_version: Option<String>,
+    /// With --apply or --undo: only the server's dry run (dryRun=All), shown as a diff
+    /// of the Service; nothing is changed.
+    #[arg(long)]
     pub dry_run: bool,
+    /// Apply without asking. Without it, --apply and --undo show the dry run's diff and
+    /// ask on the terminal; with no terminal on stdin they refuse (exit 2).
+    #[arg(short, long)]
     pub yes: bool,
+    /// Restore every field the fixes applied with --apply moved (the undo kept on the
+    /// Service); refused if one of them changed since.
+    #[arg(long, conflicts_with_all = ["apply", "resource_version"])]
     pub undo: bool,
+    /// The cloud (aws, azure, gce, alicloud, tencentcloud, hcloud, digitalocean,
+    /// openstack, generic). Default: the Nodes' providerIDs, else the Service's settings.
+    #[arg(long, env = "CLB_PROBE_PROVIDER")]
     pub provider: Option<crate::fixes::Provider>,
+    /// With --apply: then verify on every node that had the loop (its Events, the
+    /// reports' active loops) and say "resolved" only when every loop, tested from its own
+    /// client, is clean (exit 3 when a node still loops, 4 when not proven).
+    #[arg(long, requires = "apply")]
     pub verify: bool,
-    /// `--verify`'s wait, in seconds.
+    /// --verify's wait for the agents' answers, in seconds.
+    #[arg(
+        long = "timeout",
+        value_name = "SECS",
+        default_value_t = plugin::verify::DEFAULT_TIMEOUT_S,
+        value_parser = clap::value_parser!(u64).range(1..=plugin::verify::MAX_TIMEOUT_S)
+    )]
     pub timeout_s: u64,
 }
 
