@@ -93,6 +93,11 @@ impl Kind {
             Kind::SourceRanges => "source_ranges",
         }
     }
+
+    /// The event kind a finding of this kind predicts: the one of the same name, if any.
+    pub fn predicted(self) -> Option<crate::LoopbackKind> {
+        crate::LoopbackKind::parse(self.as_str())
+    }
 }
 
 /// One finding: what, about which object, why we think so, what to do.

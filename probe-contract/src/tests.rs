@@ -599,3 +599,20 @@ fn every_kind_has_one_row_in_all_s_order_with_distinct_names() {
         assert_eq!(seen.len(), KINDS.len(), "{seen:?}");
     }
 }
+
+/// A check finding predicts the event kind of its name, and only the loop kinds do.
+#[test]
+fn check_kinds_predict_the_event_kind_of_their_name() {
+    use crate::check::Kind;
+    assert_eq!(Kind::Hairpin.predicted(), Some(LoopbackKind::Hairpin));
+    assert_eq!(
+        Kind::ProxyProtocolShortCircuit.predicted(),
+        Some(LoopbackKind::ProxyProtocolShortCircuit)
+    );
+    assert_eq!(
+        Kind::EtpLocalDrop.predicted(),
+        Some(LoopbackKind::EtpLocalDrop)
+    );
+    assert_eq!(Kind::KptrRestrict.predicted(), None);
+    assert_eq!(Kind::SourceRanges.predicted(), None);
+}

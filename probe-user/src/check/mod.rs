@@ -17,7 +17,7 @@
 
 use std::net::IpAddr;
 
-use probe_contract::check::{CheckReport, Finding, Kind};
+use probe_contract::check::{CheckReport, Finding};
 
 use crate::state::ServiceTable;
 
@@ -273,16 +273,9 @@ pub fn attach_fixes(
     services: &[probe_core::service::ServiceFacts],
     kube_proxy: Option<bool>,
 ) {
-    use probe_contract::LoopbackKind as L;
     for f in findings {
-        let kind = match f.kind {
-            Kind::HealthcheckBlackhole => L::HealthcheckBlackhole,
-            Kind::VipPortUnserved => L::VipPortUnserved,
-            Kind::Hairpin => L::Hairpin,
-            Kind::ServiceSelfLoop => L::ServiceSelfLoop,
-            Kind::EtpLocalDrop => L::EtpLocalDrop,
-            Kind::ProxyProtocolShortCircuit => L::ProxyProtocolShortCircuit,
-            _ => continue,
+        let Some(kind) = f.kind.predicted() else {
+            continue;
         };
         // `ip` or `ip:port/proto` (`[v6]:port/proto`).
         let (ip, port) = match f.subject.parse::<std::net::IpAddr>() {
@@ -309,7 +302,7 @@ pub fn attach_fixes(
         {
             // A port the Service does not serve is another Service's on the shared IP.
             if let Some((p, proto)) = port
-                && kind != L::VipPortUnserved
+                && kind != probe_contract::LoopbackKind::VipPortUnserved
                 && service.port(p, proto).is_none()
             {
                 continue;

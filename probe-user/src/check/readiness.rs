@@ -248,15 +248,8 @@ fn fixes_of(
     services: &[ServiceFacts],
     provider: Option<Provider>,
 ) -> Vec<probe_contract::Fix> {
-    use probe_contract::LoopbackKind as L;
-    let kind = match kind {
-        Kind::HealthcheckBlackhole => L::HealthcheckBlackhole,
-        Kind::VipPortUnserved => L::VipPortUnserved,
-        Kind::Hairpin => L::Hairpin,
-        Kind::ServiceSelfLoop => L::ServiceSelfLoop,
-        Kind::EtpLocalDrop => L::EtpLocalDrop,
-        Kind::ProxyProtocolShortCircuit => L::ProxyProtocolShortCircuit,
-        _ => return Vec::new(),
+    let Some(kind) = kind.predicted() else {
+        return Vec::new();
     };
     let Some((ip, port)) = parse_subject(subject) else {
         return Vec::new();
