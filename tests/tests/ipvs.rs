@@ -687,31 +687,7 @@ fn ipvs_mode_as_nftables_prediction_matches_the_nftables_lab() {
         r.observed
     );
     assert_eq!(p.from, probe_contract::check::Mode::Ipvs, "{p:#?}");
-    assert_eq!(
-        r.predicted, r.observed,
-        "prediction {p:#?}\nobserved {:#?}",
-        r.observed_report
-    );
-    use probe_contract::check::Kind;
-    let vip = lab::VIP.to_string();
-    let gone: Vec<(Kind, &str)> = p
-        .disappear
-        .iter()
-        .map(|c| (c.kind, c.subject.as_str()))
-        .collect();
-    assert!(
-        gone.contains(&(Kind::HealthcheckBlackhole, vip.as_str())),
-        "{p:#?}"
-    );
-    assert!(
-        gone.contains(&(Kind::VipPortUnserved, vip.as_str())),
-        "{p:#?}"
-    );
-    assert_eq!(p.appear.len(), 1, "{p:#?}");
-    assert_eq!(p.appear[0].kind, Kind::Hairpin);
-    assert_eq!(p.appear[0].subject, format!("{vip}:53/udp"));
-    assert_eq!(p.appear[0].service.as_deref(), Some("default/dns"));
-    assert_eq!(r.as_on_nftables.0, 2, "{}", r.as_on_nftables.1);
+    r.assert_the_move_to_nftables_as_predicted();
 }
 
 /// `probe check --json --nic <the node's NIC>` in the lab node, read as the contract's report.

@@ -556,6 +556,12 @@ fn event_json_contract() {
 // ----- hairpin ---------------------------------------------------------------------------------
 
 /// Drives a hairpin suspect through the egress and SNAT look-ups.
+/// [`hairpin_to_settling`] after the pod's own call to the LB IP on port 80 from the same
+/// port, a millisecond before the hairpin.
+fn hairpin_to_settling_after_a_call_to_80(c: &mut Correlator, ts: u64, p: &Packet) {
+    hairpin_to_settling(c, ts, p, vec![egress(p.sport, EXT_VIP, 80, ts - MS)]);
+}
+
 pub(super) fn hairpin_to_settling(
     c: &mut Correlator,
     ts: u64,
@@ -831,12 +837,7 @@ fn hairpin_l7_reset_generic_remedy() {
 fn hairpin_no_reply_and_unanswered_outcome() {
     let mut c = corr();
     let p = hp(52000, 30080);
-    hairpin_to_settling(
-        &mut c,
-        5 * S,
-        &p,
-        vec![egress(52000, EXT_VIP, 80, 5 * S - MS)],
-    );
+    hairpin_to_settling_after_a_call_to_80(&mut c, 5 * S, &p);
     let q = only_query(&c.tick(7 * S));
     let r = only_report(&c.answer(Answer::Conntrack {
         id: q.id(),
@@ -846,12 +847,7 @@ fn hairpin_no_reply_and_unanswered_outcome() {
 
     // Unanswered: no_reply once the query expires.
     let p2 = hp(52001, 30080);
-    hairpin_to_settling(
-        &mut c,
-        20 * S,
-        &p2,
-        vec![egress(52001, EXT_VIP, 80, 20 * S - MS)],
-    );
+    hairpin_to_settling_after_a_call_to_80(&mut c, 20 * S, &p2);
     let _q = only_query(&c.tick(22 * S));
     assert!(c.tick(26 * S).is_empty());
     let r = only_report(&c.tick(28 * S));
@@ -866,12 +862,7 @@ fn hairpin_no_reply_and_unanswered_outcome() {
 fn hairpin_drop_during_settle_wins() {
     let mut c = corr();
     let p = hp(40001, 30080);
-    hairpin_to_settling(
-        &mut c,
-        5 * S,
-        &p,
-        vec![egress(40001, EXT_VIP, 80, 5 * S - MS)],
-    );
+    hairpin_to_settling_after_a_call_to_80(&mut c, 5 * S, &p);
     let r = only_report(&c.ingest(drop_ev(5 * S + S, &p, "IP_RPFILTER", 16, None)));
     assert_eq!(r.event.outcome, Outcome::Dropped);
     // Nothing further for that flow.
