@@ -138,7 +138,12 @@ pub(super) fn table() -> ServiceTable {
 }
 
 pub(super) fn corr() -> Correlator {
-    let mut c = Correlator::new(CorrelatorConfig::default());
+    corr_configured(CorrelatorConfig::default())
+}
+
+/// A correlator with `cfg` and the test table.
+fn corr_configured(cfg: CorrelatorConfig) -> Correlator {
+    let mut c = Correlator::new(cfg);
     c.set_services(table());
     c
 }
@@ -499,8 +504,7 @@ fn aggregates_expire_and_are_bounded() {
         aggregate_ttl_ns: 60 * S,
         ..Default::default()
     };
-    let mut c = Correlator::new(cfg);
-    c.set_services(table());
+    let mut c = corr_configured(cfg);
     for port in [30001, 30002, 30003] {
         let mut p = hc(41000);
         p.dport = port;
@@ -1331,8 +1335,7 @@ fn flood_of_spoofed_pod_suspects_stays_bounded() {
         ..Default::default()
     };
     let max = cfg.max_pending;
-    let mut c = Correlator::new(cfg);
-    c.set_services(table());
+    let mut c = corr_configured(cfg);
     let mut queries_out = Vec::new();
     let n: u64 = 100_000;
     for i in 0..n {
@@ -1376,8 +1379,7 @@ fn flood_of_vip_suspects_and_drops_stays_bounded() {
         max_pending: 512,
         ..Default::default()
     };
-    let mut c = Correlator::new(cfg);
-    c.set_services(table());
+    let mut c = corr_configured(cfg);
     for i in 0..100_000u64 {
         let p = hc((i % 60_000) as u16);
         let p = Packet {
