@@ -441,6 +441,11 @@ pub fn sh(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// [`sh`] inside the lab's node namespace (`ip netns exec`).
+pub fn sh_in_node(args: &[&str]) -> String {
+    sh(&[&["ip", "netns", "exec", test_support::lab::NS_NODE], args].concat())
+}
+
 /// An event's list of lines (`evidence`, `remedy`) as one text, a line each.
 pub fn lines(lines: &[String]) -> String {
     lines.join("\n")

@@ -128,3 +128,13 @@ pub fn active(kind: &str, service: &str, vip: &str) -> Value {
            "count": 12, "firstSeen": "2026-11-24T20:00:00Z", "lastSeen": "2026-11-24T20:05:00Z",
            "firstFix": "etp-cluster: set externalTrafficPolicy: Cluster"})
 }
+
+/// The ids of a fix plan's fixes (`fix -o json`, MCP's `fixes`), in its order.
+pub fn fix_ids(plan: &Value) -> Vec<&str> {
+    plan["fixes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["id"].as_str().unwrap())
+        .collect()
+}

@@ -16,7 +16,7 @@ use probe_contract::{
 };
 use probe_tests::agent::{
     Agent, dropped_as_local_source, hex_bytes, lines, our_loaded_programs, our_tc_attachments,
-    probe_bin, require_root, sh, wait_for,
+    probe_bin, require_root, sh, sh_in_node, wait_for,
 };
 use serde_json::{Value, json};
 use test_support::lab::{self, KubeProxyMode, LabGuard, Outcome, Scenario, UpOptions, Variants};
@@ -114,14 +114,7 @@ fn egress_records() -> Vec<Value> {
 /// `probe services` in the node namespace: the service table the agent reads.
 fn services_json() -> String {
     let probe = probe_bin();
-    sh(&[
-        "ip",
-        "netns",
-        "exec",
-        lab::NS_NODE,
-        probe.to_str().unwrap(),
-        "services",
-    ])
+    sh_in_node(&[probe.to_str().unwrap(), "services"])
 }
 
 struct Run<'a> {
@@ -273,17 +266,7 @@ fn left_behind() -> Vec<String> {
     let gone = wait_for("programs freed", Duration::from_secs(10), || {
         (our_tc_attachments().is_empty() && our_loaded_programs().is_empty()).then_some(())
     });
-    let qdiscs = sh(&[
-        "ip",
-        "netns",
-        "exec",
-        lab::NS_NODE,
-        "tc",
-        "qdisc",
-        "show",
-        "dev",
-        lab::NODE_NIC,
-    ]);
+    let qdiscs = sh_in_node(&["tc", "qdisc", "show", "dev", lab::NODE_NIC]);
     let clsact = qdiscs.contains("clsact");
     say!(
         "ipvs-vm: after the agent's exit: attached {:?}, loaded {:?}, clsact on {}: {clsact}",

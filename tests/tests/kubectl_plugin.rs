@@ -8,7 +8,7 @@ use clb_probe_client::plugin::{Row, fix::Plan};
 use probe_tests::{
     agent::{assert_contains, assert_lacks, text},
     cluster_objects::{
-        active, clb_event, lb_service, node_a_hairpin_event, node_b_blackhole_event,
+        active, clb_event, fix_ids, lb_service, node_a_hairpin_event, node_b_blackhole_event,
     },
     kube_fixture::{KubeFixture, node_object, plugin_bin},
 };
@@ -394,12 +394,7 @@ fn fix_offers_the_provider_s_own_fixes_first() {
     let out = a.run(&["fix", "-n", "shop", "web", "-o", "json"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let plan: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let ids: Vec<&str> = plan["fixes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f["id"].as_str().unwrap())
-        .collect();
+    let ids = fix_ids(&plan);
     // The provider's own first; etp-cluster later (the plugin does not see kube-proxy).
     assert_eq!(
         ids[..2],

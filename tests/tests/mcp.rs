@@ -15,7 +15,8 @@ use clb_probe_client::plugin::mcp::escaped;
 use probe_tests::{
     agent::{assert_contains, text},
     cluster_objects::{
-        active, clb_event, kubectl, lb_service, node_a_hairpin_event, node_report, plugin_path,
+        active, clb_event, fix_ids, kubectl, lb_service, node_a_hairpin_event, node_report,
+        plugin_path,
     },
     kube_fixture::{KubeFixture, node_object, plugin_bin},
 };
@@ -255,12 +256,7 @@ fn mcp_serves_the_read_only_views_with_api_text_escaped() {
     );
     assert_eq!(plan["service"], "shop/web");
     assert_eq!(plan["provider"], "aws");
-    let ids: Vec<&str> = plan["fixes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f["id"].as_str().unwrap())
-        .collect();
+    let ids = fix_ids(plan);
     assert!(ids.contains(&"etp-cluster"), "{ids:?}");
     let confirmed = fixes["structured"]["confirmed_by"].as_array().unwrap();
     assert!(
