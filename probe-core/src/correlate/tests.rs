@@ -562,7 +562,7 @@ fn event_json_contract() {
 /// Drives a hairpin suspect through the egress and SNAT look-ups.
 /// [`hairpin_to_settling`] after the pod's own call to the LB IP on port 80 from the same
 /// port, a millisecond before the hairpin.
-fn hairpin_to_settling_after_a_call_to_80(c: &mut Correlator, ts: u64, p: &Packet) {
+pub(super) fn hairpin_to_settling_after_a_call_to_80(c: &mut Correlator, ts: u64, p: &Packet) {
     hairpin_to_settling(c, ts, p, vec![egress(p.sport, EXT_VIP, 80, ts - MS)]);
 }
 
