@@ -42,6 +42,21 @@ fn target_dir() -> PathBuf {
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"))
 }
 
+/// `probe ARGS`: run inside network namespace `netns` (`ip netns exec`) when given, else
+/// here.
+pub fn probe_command(netns: Option<&str>, args: &[&str]) -> Command {
+    let mut cmd = match netns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns]).arg(probe_bin());
+            c
+        }
+        None => Command::new(probe_bin()),
+    };
+    cmd.args(args);
+    cmd
+}
+
 /// The arm64 agent under test: `CLB_PROBE_ARM64_BIN`, else the cross-compiled debug build.
 pub fn probe_arm64_bin() -> PathBuf {
     std::env::var_os("CLB_PROBE_ARM64_BIN")
@@ -424,6 +439,11 @@ pub fn sh(args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// [`sh`] inside the lab's node namespace (`ip netns exec`).
+pub fn sh_in_node(args: &[&str]) -> String {
+    sh(&[&["ip", "netns", "exec", test_support::lab::NS_NODE], args].concat())
 }
 
 /// An event's list of lines (`evidence`, `remedy`) as one text, a line each.

@@ -65,6 +65,30 @@ pub fn clb_event(name: &str, ns: &str, node: &str, reason: &str, last: &str, cou
     })
 }
 
+/// node-a's Event of its confirmed hairpin of `shop/web`: 4 times, last at 01:10.
+pub fn node_a_hairpin_event() -> Value {
+    clb_event(
+        "clb-probe.node-a.hairpin.1",
+        "shop",
+        "node-a",
+        "LoopbackHairpin",
+        "2026-11-23T01:10:00.000000Z",
+        4,
+    )
+}
+
+/// node-b's Event of a health-check black hole, about the Node: 9 times, last at 02:10.
+pub fn node_b_blackhole_event() -> Value {
+    clb_event(
+        "clb-probe.node-b.healthcheck-blackhole.2",
+        "default",
+        "node-b",
+        "HealthCheckBlackhole",
+        "2026-11-23T02:10:00.000000Z",
+        9,
+    )
+}
+
 /// A LoadBalancer Service `shop/web` (port 80, LB IP 203.0.113.10).
 pub fn lb_service(etp: &str) -> Value {
     json!({
@@ -103,4 +127,14 @@ pub fn active(kind: &str, service: &str, vip: &str) -> Value {
     json!({"kind": kind, "service": service, "vip": vip, "clientPods": ["shop/client-0"],
            "count": 12, "firstSeen": "2026-11-24T20:00:00Z", "lastSeen": "2026-11-24T20:05:00Z",
            "firstFix": "etp-cluster: set externalTrafficPolicy: Cluster"})
+}
+
+/// The ids of a fix plan's fixes (`fix -o json`, MCP's `fixes`), in its order.
+pub fn fix_ids(plan: &Value) -> Vec<&str> {
+    plan["fixes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["id"].as_str().unwrap())
+        .collect()
 }

@@ -43,6 +43,43 @@ pub struct Round {
     pub as_on_nftables: (i32, String),
 }
 
+impl Round {
+    /// What both rounds (from iptables and from IPVS mode) see: the prediction is what the
+    /// nftables lab shows; the bound LB IP's black hole and refused port disappear; the one
+    /// new risk is `default/dns`'s 53/udp hairpin; and `--as nftables` on the nftables lab is
+    /// a usage error (exit 2).
+    pub fn assert_the_move_to_nftables_as_predicted(&self) {
+        use probe_contract::check::Kind;
+        let p = &self.prediction;
+        assert_eq!(
+            self.predicted, self.observed,
+            "prediction {p:#?}\nobserved {:#?}",
+            self.observed_report
+        );
+        let vip = lab::VIP.to_string();
+        let gone: Vec<(Kind, &str)> = p
+            .disappear
+            .iter()
+            .map(|c| (c.kind, c.subject.as_str()))
+            .collect();
+        assert!(
+            gone.contains(&(Kind::HealthcheckBlackhole, vip.as_str())),
+            "{p:#?}"
+        );
+        assert!(
+            gone.contains(&(Kind::VipPortUnserved, vip.as_str())),
+            "{p:#?}"
+        );
+        assert_eq!(p.appear.len(), 1, "{p:#?}");
+        let new = &p.appear[0];
+        assert_eq!(new.kind, Kind::Hairpin);
+        assert_eq!(new.subject, format!("{vip}:53/udp"));
+        assert_eq!(new.service.as_deref(), Some("default/dns"));
+        let (code, err) = &self.as_on_nftables;
+        assert_eq!(*code, 2, "{err}");
+    }
+}
+
 /// The lab's Services, `default/dns` with externalTrafficPolicy Local.
 fn services() -> Vec<Value> {
     let mut objects = fixtures::lab();

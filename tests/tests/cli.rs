@@ -5,19 +5,13 @@ use std::{
     process::{Command, Output},
 };
 
-use probe_tests::agent::{assert_nothing_attached, error_line, probe_bin, require_root, stderr};
+use probe_tests::agent::{
+    assert_nothing_attached, error_line, probe_bin, probe_command, require_root, stderr,
+};
 use test_support::lab::{self, LabGuard, Variants};
 
 fn probe_in(netns: Option<&str>, args: &[&str]) -> Output {
-    let mut cmd = match netns {
-        Some(ns) => {
-            let mut c = Command::new("ip");
-            c.args(["netns", "exec", ns]).arg(probe_bin());
-            c
-        }
-        None => Command::new(probe_bin()),
-    };
-    cmd.args(args)
+    probe_command(netns, args)
         .env("CLB_PROBE_LOG", "warn")
         .output()
         .expect("run probe")

@@ -16,7 +16,7 @@ use probe_contract::{
 
 use probe_tests::agent::{
     Agent, is_local_source_drop, kernel_has_tcx, our_loaded_programs, our_tc_attachments,
-    our_tc_links, percpu_map_sum, require_root, sh, wait_for,
+    our_tc_links, percpu_map_sum, require_root, sh, sh_in_node, wait_for,
 };
 use serde_json::Value;
 use test_support::lab::{self, LabGuard, Outcome, Scenario, Variants};
@@ -403,33 +403,10 @@ fn nothing_stays_attached_after_exit_sigterm_or_sigkill() {
 fn tc_state(dev: &str) -> (String, String) {
     let filters = ["ingress", "egress"]
         .iter()
-        .map(|hook| {
-            sh(&[
-                "ip",
-                "netns",
-                "exec",
-                lab::NS_NODE,
-                "tc",
-                "filter",
-                "show",
-                "dev",
-                dev,
-                hook,
-            ])
-        })
+        .map(|hook| sh_in_node(&["tc", "filter", "show", "dev", dev, hook]))
         .collect::<Vec<_>>()
         .join("");
-    let qdiscs = sh(&[
-        "ip",
-        "netns",
-        "exec",
-        lab::NS_NODE,
-        "tc",
-        "qdisc",
-        "show",
-        "dev",
-        dev,
-    ]);
+    let qdiscs = sh_in_node(&["tc", "qdisc", "show", "dev", dev]);
     (filters, qdiscs)
 }
 

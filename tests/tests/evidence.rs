@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use probe_contract::{
-    LoopbackKind,
+    LoopbackEvent, LoopbackKind,
     evidence::{EvidenceBundle, EvidenceIndex, Hook},
 };
 use probe_tests::{
@@ -50,6 +50,21 @@ fn index() -> EvidenceIndex {
     serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"))
 }
 
+/// The agent in the lab node (`--nic`, `--metrics-addr`, then `extra`, its token file at
+/// `token`), and the health-check black hole it confirms once the lab's scenario times out.
+fn agent_with_a_black_hole(lab: &LabGuard, extra: &[&str], token: &str) -> (Agent, LoopbackEvent) {
+    let mut args = vec!["--nic", lab::NODE_NIC, "--metrics-addr", METRICS];
+    args.extend_from_slice(extra);
+    args.extend(["--evidence-token-file", token]);
+    let agent = Agent::start(lab::NS_NODE, &args);
+    assert_eq!(
+        lab.traffic(Scenario::HealthcheckBlackhole).unwrap(),
+        Outcome::Timeout
+    );
+    let event = agent.only_event(LoopbackKind::HealthcheckBlackhole, Duration::from_secs(10));
+    (agent, event)
+}
+
 #[test]
 fn a_confirmed_health_check_black_hole_has_its_packets_in_a_capture_tcpdump_reads() {
     if !require_root("evidence") {
@@ -58,22 +73,7 @@ fn a_confirmed_health_check_black_hole_has_its_packets_in_a_capture_tcpdump_read
     let lab = LabGuard::up(&Variants::default()).expect("lab up");
     let dir = TempDir::new("evidence");
     let token = token_file(&dir);
-    let agent = Agent::start(
-        lab::NS_NODE,
-        &[
-            "--nic",
-            lab::NODE_NIC,
-            "--metrics-addr",
-            METRICS,
-            "--evidence-token-file",
-            &token,
-        ],
-    );
-    assert_eq!(
-        lab.traffic(Scenario::HealthcheckBlackhole).unwrap(),
-        Outcome::Timeout
-    );
-    let event = agent.only_event(LoopbackKind::HealthcheckBlackhole, Duration::from_secs(10));
+    let (_agent, event) = agent_with_a_black_hole(&lab, &[], &token);
 
     // The loop is listed with packets that include its drop (the store takes them when the
     // confirmation is published, which the JSON line may precede).
@@ -173,22 +173,7 @@ fn without_a_token_evidence_is_off_until_its_file_appears() {
     let lab = LabGuard::up(&Variants::default()).expect("lab up");
     let dir = TempDir::new("evidence-off");
     let later = dir.path().join("token");
-    let agent = Agent::start(
-        lab::NS_NODE,
-        &[
-            "--nic",
-            lab::NODE_NIC,
-            "--metrics-addr",
-            METRICS,
-            "--evidence-token-file",
-            later.to_str().unwrap(),
-        ],
-    );
-    assert_eq!(
-        lab.traffic(Scenario::HealthcheckBlackhole).unwrap(),
-        Outcome::Timeout
-    );
-    agent.only_event(LoopbackKind::HealthcheckBlackhole, Duration::from_secs(10));
+    let (_agent, _) = agent_with_a_black_hole(&lab, &[], later.to_str().unwrap());
     let (status, body) = get_text(METRICS, "/evidence");
     assert_eq!(status, 403, "{body}");
     assert!(
@@ -216,24 +201,7 @@ fn with_the_capture_off_the_loop_is_listed_without_packets() {
     let lab = LabGuard::up(&Variants::default()).expect("lab up");
     let dir = TempDir::new("evidence-nocapture");
     let token = token_file(&dir);
-    let agent = Agent::start(
-        lab::NS_NODE,
-        &[
-            "--nic",
-            lab::NODE_NIC,
-            "--metrics-addr",
-            METRICS,
-            "--capture-bytes",
-            "0",
-            "--evidence-token-file",
-            &token,
-        ],
-    );
-    assert_eq!(
-        lab.traffic(Scenario::HealthcheckBlackhole).unwrap(),
-        Outcome::Timeout
-    );
-    let event = agent.only_event(LoopbackKind::HealthcheckBlackhole, Duration::from_secs(10));
+    let (_agent, event) = agent_with_a_black_hole(&lab, &["--capture-bytes", "0"], &token);
     let listed = wait_for("the loop is listed", Duration::from_secs(10), || {
         index().loops.into_iter().find(|l| l.key == event.key)
     })

@@ -21,8 +21,8 @@ use std::{
 };
 
 use probe_tests::agent::{
-    Agent, assert_nothing_attached, error_line, probe_bin, require_root, stderr, tempdir::TempDir,
-    wait_for,
+    Agent, assert_nothing_attached, error_line, probe_command, require_root, stderr,
+    tempdir::TempDir, wait_for,
 };
 use test_support::lab::{self, LabGuard, Scenario, Variants, in_netns};
 
@@ -35,16 +35,8 @@ const HELPER_ENV: &str = "CLB_HOSTILE_HELPER";
 /// Runs `probe` with `args` (in `netns` if given); None when it was still running after
 /// `limit` (then SIGKILLed: a defect here is an agent that blocks and ignores SIGTERM).
 fn probe_run(netns: Option<&str>, args: &[&str], limit: Duration, umask0: bool) -> Option<Output> {
-    let mut cmd = match netns {
-        Some(ns) => {
-            let mut c = Command::new("ip");
-            c.args(["netns", "exec", ns]).arg(probe_bin());
-            c
-        }
-        None => Command::new(probe_bin()),
-    };
-    cmd.args(args)
-        .env("CLB_PROBE_LOG", "info")
+    let mut cmd = probe_command(netns, args);
+    cmd.env("CLB_PROBE_LOG", "info")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());

@@ -19,7 +19,7 @@ use std::{
 
 use probe_contract::{LoopbackEvent, LoopbackKind};
 use probe_tests::{
-    agent::{require_root, sh, wait_for},
+    agent::{require_root, sh_in_node, wait_for},
     kube_fixture::{KubeFixture, NODE_NAME},
 };
 use serde_json::{Value, json};
@@ -238,11 +238,7 @@ impl Drop for HostileListener {
 
 /// The pid listening on the host listener's port in the node, per `ss -p`.
 fn listening_pid() -> Option<u32> {
-    let out = sh(&[
-        "ip",
-        "netns",
-        "exec",
-        lab::NS_NODE,
+    let out = sh_in_node(&[
         "ss",
         "-Hltnp",
         &format!("sport = :{}", lab::HOST_LISTENER_PORT),

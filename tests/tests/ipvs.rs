@@ -16,7 +16,7 @@ use probe_contract::{
 };
 use probe_tests::agent::{
     Agent, dropped_as_local_source, hex_bytes, lines, our_loaded_programs, our_tc_attachments,
-    probe_bin, require_root, sh, wait_for,
+    probe_bin, require_root, sh, sh_in_node, wait_for,
 };
 use serde_json::{Value, json};
 use test_support::lab::{self, KubeProxyMode, LabGuard, Outcome, Scenario, UpOptions, Variants};
@@ -114,14 +114,7 @@ fn egress_records() -> Vec<Value> {
 /// `probe services` in the node namespace: the service table the agent reads.
 fn services_json() -> String {
     let probe = probe_bin();
-    sh(&[
-        "ip",
-        "netns",
-        "exec",
-        lab::NS_NODE,
-        probe.to_str().unwrap(),
-        "services",
-    ])
+    sh_in_node(&[probe.to_str().unwrap(), "services"])
 }
 
 struct Run<'a> {
@@ -273,17 +266,7 @@ fn left_behind() -> Vec<String> {
     let gone = wait_for("programs freed", Duration::from_secs(10), || {
         (our_tc_attachments().is_empty() && our_loaded_programs().is_empty()).then_some(())
     });
-    let qdiscs = sh(&[
-        "ip",
-        "netns",
-        "exec",
-        lab::NS_NODE,
-        "tc",
-        "qdisc",
-        "show",
-        "dev",
-        lab::NODE_NIC,
-    ]);
+    let qdiscs = sh_in_node(&["tc", "qdisc", "show", "dev", lab::NODE_NIC]);
     let clsact = qdiscs.contains("clsact");
     say!(
         "ipvs-vm: after the agent's exit: attached {:?}, loaded {:?}, clsact on {}: {clsact}",
@@ -687,31 +670,7 @@ fn ipvs_mode_as_nftables_prediction_matches_the_nftables_lab() {
         r.observed
     );
     assert_eq!(p.from, probe_contract::check::Mode::Ipvs, "{p:#?}");
-    assert_eq!(
-        r.predicted, r.observed,
-        "prediction {p:#?}\nobserved {:#?}",
-        r.observed_report
-    );
-    use probe_contract::check::Kind;
-    let vip = lab::VIP.to_string();
-    let gone: Vec<(Kind, &str)> = p
-        .disappear
-        .iter()
-        .map(|c| (c.kind, c.subject.as_str()))
-        .collect();
-    assert!(
-        gone.contains(&(Kind::HealthcheckBlackhole, vip.as_str())),
-        "{p:#?}"
-    );
-    assert!(
-        gone.contains(&(Kind::VipPortUnserved, vip.as_str())),
-        "{p:#?}"
-    );
-    assert_eq!(p.appear.len(), 1, "{p:#?}");
-    assert_eq!(p.appear[0].kind, Kind::Hairpin);
-    assert_eq!(p.appear[0].subject, format!("{vip}:53/udp"));
-    assert_eq!(p.appear[0].service.as_deref(), Some("default/dns"));
-    assert_eq!(r.as_on_nftables.0, 2, "{}", r.as_on_nftables.1);
+    r.assert_the_move_to_nftables_as_predicted();
 }
 
 /// `probe check --json --nic <the node's NIC>` in the lab node, read as the contract's report.

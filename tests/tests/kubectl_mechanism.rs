@@ -9,7 +9,10 @@ use std::path::Path;
 use clb_probe_client::plugin::{Row, fix::Plan};
 use probe_tests::{
     agent::{assert_contains, text},
-    cluster_objects::{active, clb_event, kubectl_with, lb_service, node_report, plugin_path},
+    cluster_objects::{
+        active, kubectl_with, lb_service, node_a_hairpin_event, node_b_blackhole_event,
+        node_report, plugin_path,
+    },
     kube_fixture::{KubeFixture, node_object},
 };
 use serde_json::{Value, json};
@@ -21,22 +24,8 @@ fn cluster(tag: &str) -> KubeFixture {
     a.apply(node_object("node-a", "aws:///eu-west-1a/i-0abc"));
     a.apply(node_object("node-b", "aws:///eu-west-1b/i-0def"));
     a.apply(lb_service("Local"));
-    a.apply(clb_event(
-        "clb-probe.node-a.hairpin.1",
-        "shop",
-        "node-a",
-        "LoopbackHairpin",
-        "2026-11-23T01:10:00.000000Z",
-        4,
-    ));
-    a.apply(clb_event(
-        "clb-probe.node-b.healthcheck-blackhole.2",
-        "default",
-        "node-b",
-        "HealthCheckBlackhole",
-        "2026-11-23T02:10:00.000000Z",
-        9,
-    ));
+    a.apply(node_a_hairpin_event());
+    a.apply(node_b_blackhole_event());
     a.apply(node_report(
         "node-a",
         json!([active("hairpin", "shop/web", "203.0.113.10:80")]),

@@ -7,6 +7,9 @@ use std::{path::Path, process::Command};
 use clb_probe_client::plugin::{Row, fix::Plan};
 use probe_tests::{
     agent::{assert_contains, assert_lacks, text},
+    cluster_objects::{
+        active, clb_event, fix_ids, lb_service, node_a_hairpin_event, node_b_blackhole_event,
+    },
     kube_fixture::{KubeFixture, node_object, plugin_bin},
 };
 use serde_json::{Value, json};
@@ -15,45 +18,11 @@ fn api(tag: &str) -> KubeFixture {
     KubeFixture::bare(&format!("plugin-{tag}"))
 }
 
-/// An Event as the agent writes it (and as the API stores it).
-fn clb_event(name: &str, ns: &str, node: &str, reason: &str, last: &str, count: i64) -> Value {
-    let regarding = if ns == "default" {
-        json!({"apiVersion": "v1", "kind": "Node", "name": node})
-    } else {
-        json!({"apiVersion": "v1", "kind": "Service", "namespace": ns, "name": "web"})
-    };
-    json!({
-        "apiVersion": "events.k8s.io/v1", "kind": "Event",
-        "metadata": {"name": name, "namespace": ns},
-        "eventTime": "2026-11-23T01:00:00.000000Z",
-        "series": {"count": count, "lastObservedTime": last},
-        "type": "Warning", "action": "Detected", "reason": reason,
-        "reportingController": "clb-probe", "reportingInstance": node,
-        "note": "cause. Remedy: fix",
-        "regarding": regarding,
-        "related": {"apiVersion": "v1", "kind": "Pod", "namespace": ns, "name": "client-0"},
-    })
-}
-
 #[test]
 fn events_lists_clb_probes_events_newest_first_with_every_column() {
     let a = api("events");
-    a.apply(clb_event(
-        "clb-probe.node-a.hairpin.1",
-        "shop",
-        "node-a",
-        "LoopbackHairpin",
-        "2026-11-23T01:10:00.000000Z",
-        4,
-    ));
-    a.apply(clb_event(
-        "clb-probe.node-b.healthcheck-blackhole.2",
-        "default",
-        "node-b",
-        "HealthCheckBlackhole",
-        "2026-11-23T02:10:00.000000Z",
-        9,
-    ));
+    a.apply(node_a_hairpin_event());
+    a.apply(node_b_blackhole_event());
     a.apply(json!({
         "apiVersion": "events.k8s.io/v1", "kind": "Event",
         "metadata": {"name": "kubelet-pulled", "namespace": "shop"},
@@ -274,37 +243,16 @@ fn the_krew_manifest_template_has_the_required_fields() {
     }
 }
 
-fn lb_service(etp: &str, annotations: Value) -> Value {
-    json!({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": {"namespace": "shop", "name": "web", "annotations": annotations},
-        "spec": {"type": "LoadBalancer", "externalTrafficPolicy": etp,
-                 "ports": [{"name": "http", "port": 80, "protocol": "TCP", "nodePort": 30080}]},
-        "status": {"loadBalancer": {"ingress": [{"ip": "203.0.113.10", "ipMode": "VIP"}]}},
-    })
-}
-
-fn node(name: &str, provider_id: &str) -> Value {
-    node_object(name, provider_id)
-}
-
 /// `fix` lists the fixes for a Service from its confirmed hairpin (an Event) and the provider
 /// the Nodes' providerIDs name; `--apply` dry-runs, patches, prints the undo; refusals exit 2
 /// and change nothing.
 #[test]
 fn fix_lists_dry_runs_applies_and_prints_the_undo() {
     let a = api("fix");
-    a.apply(node("node-a", "aws:///eu-west-1a/i-0abc"));
-    a.apply(node("node-b", "aws:///eu-west-1b/i-0def"));
-    a.apply(lb_service("Local", json!({})));
-    a.apply(clb_event(
-        "clb-probe.node-a.hairpin.1",
-        "shop",
-        "node-a",
-        "LoopbackHairpin",
-        "2026-11-23T01:10:00.000000Z",
-        4,
-    ));
+    a.apply(node_object("node-a", "aws:///eu-west-1a/i-0abc"));
+    a.apply(node_object("node-b", "aws:///eu-west-1b/i-0def"));
+    a.apply(lb_service("Local"));
+    a.apply(node_a_hairpin_event());
 
     let out = a.run(&["fix", "-n", "shop", "web"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -409,16 +357,7 @@ fn fix_lists_dry_runs_applies_and_prints_the_undo() {
     assert!(dry_runs >= 1, "a server-side dry run first");
 
     // The listing's version is stale now: refused; and Cluster is in place: not offered.
-    let out = a.run(&[
-        "fix",
-        "-n",
-        "shop",
-        "web",
-        "--apply",
-        "etp-cluster",
-        "--resource-version",
-        &rv,
-    ]);
+    let out = a.run(&apply_at_rv);
     assert_eq!(out.status.code(), Some(2));
     assert_contains(&text(&out.stderr), "changed since the fix was computed");
     let out = a.run(&["fix", "-n", "shop", "web"]);
@@ -447,27 +386,15 @@ fn fix_lists_dry_runs_applies_and_prints_the_undo() {
 #[test]
 fn fix_offers_the_provider_s_own_fixes_first() {
     let a = api("fix-aws");
-    a.apply(node("node-a", "aws:///eu-west-1a/i-0abc"));
-    let mut svc = lb_service("Local", json!({}));
+    a.apply(node_object("node-a", "aws:///eu-west-1a/i-0abc"));
+    let mut svc = lb_service("Local");
     svc["spec"]["loadBalancerClass"] = json!("service.k8s.aws/nlb");
     a.apply(svc);
-    a.apply(clb_event(
-        "clb-probe.node-a.hairpin.1",
-        "shop",
-        "node-a",
-        "LoopbackHairpin",
-        "2026-11-23T01:10:00.000000Z",
-        4,
-    ));
+    a.apply(node_a_hairpin_event());
     let out = a.run(&["fix", "-n", "shop", "web", "-o", "json"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let plan: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let ids: Vec<&str> = plan["fixes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f["id"].as_str().unwrap())
-        .collect();
+    let ids = fix_ids(&plan);
     // The provider's own first; etp-cluster later (the plugin does not see kube-proxy).
     assert_eq!(
         ids[..2],
@@ -482,8 +409,8 @@ fn fix_offers_the_provider_s_own_fixes_first() {
     );
 
     let b = api("fix-do");
-    b.apply(node("node-a", "digitalocean://123"));
-    b.apply(lb_service("Cluster", json!({})));
+    b.apply(node_object("node-a", "digitalocean://123"));
+    b.apply(lb_service("Cluster"));
     b.apply(clb_event(
         "clb-probe.node-a.hc.1",
         "shop",
@@ -531,16 +458,10 @@ fn node_report(node: &str, updated_secs_ago: u64, loops: Value, risks: Value) ->
     })
 }
 
-fn active(kind: &str, service: &str, vip: &str) -> Value {
-    json!({"kind": kind, "service": service, "vip": vip, "clientPods": ["shop/client-0"],
-           "count": 12, "firstSeen": "2026-11-24T20:00:00Z", "lastSeen": "2026-11-24T20:05:00Z",
-           "firstFix": "etp-cluster: set externalTrafficPolicy: Cluster"})
-}
-
 fn three_nodes_two_reports(tag: &str) -> KubeFixture {
     let a = api(tag);
     for n in ["node-a", "node-b", "node-c"] {
-        a.apply(node(n, ""));
+        a.apply(node_object(n, ""));
     }
     a.apply(node_report(
         "node-a",

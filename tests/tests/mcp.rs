@@ -14,7 +14,10 @@ use std::{
 use clb_probe_client::plugin::mcp::escaped;
 use probe_tests::{
     agent::{assert_contains, text},
-    cluster_objects::{active, clb_event, kubectl, lb_service, node_report, plugin_path},
+    cluster_objects::{
+        active, clb_event, fix_ids, kubectl, lb_service, node_a_hairpin_event, node_report,
+        plugin_path,
+    },
     kube_fixture::{KubeFixture, node_object, plugin_bin},
 };
 use serde_json::{Value, json};
@@ -34,14 +37,7 @@ fn cluster(tag: &str) -> KubeFixture {
         json!([active("hairpin", "shop/web", "203.0.113.10:80")]),
         json!([]),
     ));
-    a.apply(clb_event(
-        "clb-probe.node-a.hairpin.1",
-        "shop",
-        "node-a",
-        "LoopbackHairpin",
-        "2026-11-23T01:10:00.000000Z",
-        4,
-    ));
+    a.apply(node_a_hairpin_event());
     let mut hostile = clb_event(
         "tenant-note",
         "shop",
@@ -260,12 +256,7 @@ fn mcp_serves_the_read_only_views_with_api_text_escaped() {
     );
     assert_eq!(plan["service"], "shop/web");
     assert_eq!(plan["provider"], "aws");
-    let ids: Vec<&str> = plan["fixes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f["id"].as_str().unwrap())
-        .collect();
+    let ids = fix_ids(plan);
     assert!(ids.contains(&"etp-cluster"), "{ids:?}");
     let confirmed = fixes["structured"]["confirmed_by"].as_array().unwrap();
     assert!(

@@ -13,8 +13,8 @@ use std::{
 };
 
 use probe_tests::agent::{
-    Agent, assert_nothing_attached, error_line, our_tc_attachments, probe_bin, require_root,
-    stderr, tempdir::TempDir, wait_for,
+    Agent, assert_nothing_attached, error_line, our_tc_attachments, probe_bin, probe_command,
+    require_root, stderr, tempdir::TempDir, wait_for,
 };
 use test_support::lab::{self, LabGuard, Variants, http_get_in, in_netns};
 
@@ -23,16 +23,7 @@ const METRICS: &str = "127.0.0.1:19967";
 /// Runs `probe` with `args` (in `netns` if given); a run still going after `limit` is killed
 /// and reported as such (what a defect looks like when the agent does not refuse).
 fn probe_run(netns: Option<&str>, args: &[&str], limit: Duration) -> Output {
-    let mut cmd = match netns {
-        Some(ns) => {
-            let mut c = Command::new("ip");
-            c.args(["netns", "exec", ns]).arg(probe_bin());
-            c
-        }
-        None => Command::new(probe_bin()),
-    };
-    let mut child = cmd
-        .args(args)
+    let mut child = probe_command(netns, args)
         .env("CLB_PROBE_LOG", "info")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

@@ -125,17 +125,24 @@ fn metric(line_prefix: &str) -> Option<u64> {
         .and_then(|v| v.parse().ok())
 }
 
-#[test]
-fn verify_confirms_a_loop_no_client_trips_and_is_clean_once_the_lb_guards_it() {
-    if !require_root("verify_confirms") {
-        return;
-    }
+/// The lab with the LB IP unbound, the fake API with `default/edge` (externalTrafficPolicy
+/// Cluster, ipMode Proxy), and the agent (metrics on, no Events) once it logs `ready`.
+fn edge_lab_with_agent(ready: &str) -> (LabGuard, KubeFixture, Agent) {
     let lab = LabGuard::up(&unbound()).expect("lab up");
     let api = KubeFixture::builder()
         .object(edge_service("Cluster", "Proxy"))
         .start();
     let mut agent = api.start_agent(&["--metrics-addr", METRICS, "--kube-events", "off"]);
-    agent.wait_log("Kubernetes attribution connected", WAIT);
+    agent.wait_log(ready, WAIT);
+    (lab, api, agent)
+}
+
+#[test]
+fn verify_confirms_a_loop_no_client_trips_and_is_clean_once_the_lb_guards_it() {
+    if !require_root("verify_confirms") {
+        return;
+    }
+    let (lab, api, mut agent) = edge_lab_with_agent("Kubernetes attribution connected");
 
     // Nothing calls the LB: the agent's own test trips the loop.
     let (code, v, stderr) = verify_json(&api);
@@ -628,15 +635,20 @@ fn the_canary_confirms_a_loop_no_user_trips_and_labels_it() {
     drop(lab);
 }
 
+/// The fake API with the lab's objects, reachable from the host (the tests without a lab).
+fn lab_objects_api_on_the_host(tag: &str) -> KubeFixture {
+    KubeFixture::builder()
+        .objects(fixtures::lab())
+        .listen(Listen::Host)
+        .tag(tag)
+        .start()
+}
+
 /// The plugin's errors, no lab: RBAC forbids the request, the Service does not exist, a node
 /// that does not answer, no node to ask.
 #[test]
 fn verify_errors_are_one_clear_line_and_exit_1() {
-    let api = KubeFixture::builder()
-        .objects(fixtures::lab())
-        .listen(Listen::Host)
-        .tag("verify-errors")
-        .start();
+    let api = lab_objects_api_on_the_host("verify-errors");
     let words = |w: &str| api.run(&w.split_whitespace().collect::<Vec<_>>());
     api.forbid("loopbackverifications", "create");
     let out = words("verify -n default web --node clb-node");
@@ -683,12 +695,7 @@ fn requests_past_a_requesters_or_the_nodes_rate_and_a_flood_of_kinds_are_refused
     if !require_root("verify_rate") {
         return;
     }
-    let lab = LabGuard::up(&unbound()).expect("lab up");
-    let api = KubeFixture::builder()
-        .object(edge_service("Cluster", "Proxy"))
-        .start();
-    let mut agent = api.start_agent(&["--metrics-addr", METRICS, "--kube-events", "off"]);
-    agent.wait_log("verify: answering requests as this node", WAIT);
+    let (lab, api, mut agent) = edge_lab_with_agent("verify: answering requests as this node");
     let request = |name: &str, kinds: Value, requester: &str| {
         api.apply(json!({
             "apiVersion": "clb-probe.io/v1alpha1", "kind": "LoopbackVerification",
@@ -782,12 +789,7 @@ fn an_agent_receives_only_its_own_nodes_request_and_answer() {
     if !require_root("verify_own_node") {
         return;
     }
-    let lab = LabGuard::up(&unbound()).expect("lab up");
-    let api = KubeFixture::builder()
-        .object(edge_service("Cluster", "Proxy"))
-        .start();
-    let mut agent = api.start_agent(&["--metrics-addr", METRICS, "--kube-events", "off"]);
-    agent.wait_log("verify: answering requests as this node", WAIT);
+    let (lab, api, mut agent) = edge_lab_with_agent("verify: answering requests as this node");
     let others: Vec<String> = (0..20).map(|i| format!("far-{i:02}")).collect();
     let mut args = vec!["verify", "-n", "default", "edge", "--node", NODE_NAME];
     for n in &others {
@@ -865,11 +867,7 @@ fn an_agent_receives_only_its_own_nodes_request_and_answer() {
 /// is deleted, and the plugin says nothing was concluded. No lab.
 #[test]
 fn an_interrupted_verify_deletes_its_request() {
-    let api = KubeFixture::builder()
-        .objects(fixtures::lab())
-        .listen(Listen::Host)
-        .tag("verify-interrupted")
-        .start();
+    let api = lab_objects_api_on_the_host("verify-interrupted");
     for signal in [libc::SIGINT, libc::SIGTERM] {
         let child = Command::new(probe_tests::kube_fixture::plugin_bin())
             .args(["--kubeconfig", api.kubeconfig()])

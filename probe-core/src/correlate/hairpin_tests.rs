@@ -4,8 +4,8 @@
 use super::{
     tests::{
         CLIENT, EXT_VIP, LB_VIP, MS, NODE, POD, POD_B, S, corr, ct, drop_ev, egress,
-        hairpin_to_settling, hairpin_without_egress, has_line, hp, invariants, ip, local_source,
-        only_query, only_report, pkt, queries, suspect,
+        hairpin_to_settling, hairpin_to_settling_after_a_call_to_80, hairpin_without_egress,
+        has_line, hp, invariants, ip, local_source, only_query, only_report, pkt, queries, suspect,
     },
     *,
 };
@@ -158,7 +158,7 @@ fn answered_connections_are_no_failure() {
     for (what, state, want) in outcome_rows {
         let mut c = corr();
         let p = hp(40001, 30080);
-        hairpin_to_settling(&mut c, t0, &p, vec![egress(40001, EXT_VIP, 80, t0 - MS)]);
+        hairpin_to_settling_after_a_call_to_80(&mut c, t0, &p);
         let q = only_query(&c.tick(t0 + 2 * S));
         let outs = c.answer(Answer::Conntrack {
             id: q.id(),
@@ -183,7 +183,7 @@ fn one_failed_connect_counts_once() {
     let mut c = corr();
     let t0 = 5 * S;
     let p = hp(40001, 30080);
-    hairpin_to_settling(&mut c, t0, &p, vec![egress(40001, EXT_VIP, 80, t0 - MS)]);
+    hairpin_to_settling_after_a_call_to_80(&mut c, t0, &p);
     let r = only_report(&c.ingest(drop_ev(t0 + MS, &p, "IP_RPFILTER", 16, None)));
     assert_eq!(r.event.count, 1);
     // Retransmits at +1 s and +3 s: a suspect each, and drops carrying the endpoint.
@@ -205,7 +205,7 @@ fn one_failed_connect_counts_once() {
         (40001, t0 + 3 * S + hairpin::RETRY_GAP_NS + S),
     ] {
         let p = hp(sport, 30080);
-        hairpin_to_settling(&mut c, at, &p, vec![egress(sport, EXT_VIP, 80, at - MS)]);
+        hairpin_to_settling_after_a_call_to_80(&mut c, at, &p);
         let r = only_report(&c.ingest(drop_ev(at + MS, &p, "IP_RPFILTER", 16, None)));
         assert!(r.event.count >= 2, "{sport}");
     }
@@ -348,7 +348,7 @@ fn ipvs_local_nodeport_names_its_ipset() {
     let mut c = corr();
     let t0 = 5 * S;
     let p = hp(40001, 30081);
-    hairpin_to_settling(&mut c, t0, &p, vec![egress(40001, EXT_VIP, 80, t0 - MS)]);
+    hairpin_to_settling_after_a_call_to_80(&mut c, t0, &p);
     let r = only_report(&c.ingest(drop_ev(t0 + MS, &p, "IP_RPFILTER", 16, None)));
     let e = &r.event;
     assert!(

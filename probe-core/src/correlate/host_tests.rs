@@ -68,16 +68,13 @@ fn egress_proven(c: &mut Correlator, egress_id: u64, records: Vec<EgressRecord>)
     assert!(c.answer(Answer::Conntrack { id, entry }).is_empty());
 }
 
-/// pod -> LB -> node:6443 (no NodePort): the exact layer-4 match confirms it; the confirmation
-/// waits for the listener, which the event names.
-#[test]
-fn host_listener_hairpin_is_confirmed_on_the_exact_layer_4_match_and_names_the_listener() {
-    let mut c = corr();
-    let t0 = 5 * S;
+/// pod -> LB -> node:6443 from port 40001, its call to the LB 1 ms before, up to the drop
+/// (reverse path filter) the test then ingests: (the listener query's id, the drop).
+fn pod_to_host_listener_dropped(c: &mut Correlator, t0: u64) -> (u64, KernelEvent) {
     let p = pkt(POD, 40001, NODE, HOST_PORT, Some(Tag::Pod), Some(Tag::Node));
-    let (listener_id, egress_id) = host_suspect(&mut c, t0, &p);
+    let (listener_id, egress_id) = host_suspect(c, t0, &p);
     egress_proven(
-        &mut c,
+        c,
         egress_id,
         vec![egress(40001, EXT_VIP, HOST_PORT, t0 - MS)],
     );
@@ -88,6 +85,16 @@ fn host_listener_hairpin_is_confirmed_on_the_exact_layer_4_match_and_names_the_l
         12,
         Some("ip_rcv_finish_core+0x1"),
     );
+    (listener_id, drop)
+}
+
+/// pod -> LB -> node:6443 (no NodePort): the exact layer-4 match confirms it; the confirmation
+/// waits for the listener, which the event names.
+#[test]
+fn host_listener_hairpin_is_confirmed_on_the_exact_layer_4_match_and_names_the_listener() {
+    let mut c = corr();
+    let t0 = 5 * S;
+    let (listener_id, drop) = pod_to_host_listener_dropped(&mut c, t0);
     assert!(
         c.ingest(drop).is_empty(),
         "the confirmation waits for the listener"
@@ -224,20 +231,7 @@ fn node_sourced_host_listener_hairpin_names_the_owner_of_the_node_address() {
 fn an_unanswered_listener_look_up_confirms_without_it() {
     let mut c = corr();
     let t0 = 5 * S;
-    let p = pkt(POD, 40001, NODE, HOST_PORT, Some(Tag::Pod), Some(Tag::Node));
-    let (_, egress_id) = host_suspect(&mut c, t0, &p);
-    egress_proven(
-        &mut c,
-        egress_id,
-        vec![egress(40001, EXT_VIP, HOST_PORT, t0 - MS)],
-    );
-    let drop = drop_ev(
-        t0 + MS,
-        &p,
-        "IP_RPFILTER",
-        12,
-        Some("ip_rcv_finish_core+0x1"),
-    );
+    let (_, drop) = pod_to_host_listener_dropped(&mut c, t0);
     assert!(c.ingest(drop).is_empty());
     let r = only_report(&c.tick(t0 + 6 * S));
     assert_eq!(r.event.listener, None);

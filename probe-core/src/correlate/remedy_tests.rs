@@ -14,16 +14,6 @@ use probe_contract::{
     },
 };
 
-const KINDS: [LoopbackKind; 7] = [
-    LoopbackKind::HealthcheckBlackhole,
-    LoopbackKind::Hairpin,
-    LoopbackKind::VipPortUnserved,
-    LoopbackKind::VipAsSource,
-    LoopbackKind::ServiceSelfLoop,
-    LoopbackKind::EtpLocalDrop,
-    LoopbackKind::ProxyProtocolShortCircuit,
-];
-
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
@@ -294,7 +284,7 @@ pub(super) fn owners() -> [Option<AddressOwner>; 6] {
 fn every_kind_policy_name_sender_and_owner_gives_a_consistent_remedy() {
     let policies = [None, Some(Etp::Local), Some(Etp::Cluster)];
     let mut cases = 0;
-    for kind in KINDS {
+    for kind in LoopbackKind::ALL {
         for source in [SourceKind::Pod, SourceKind::Node, SourceKind::Vip] {
             for owner in owners() {
                 for rules in policies {
@@ -347,7 +337,7 @@ fn every_kind_policy_name_sender_and_owner_gives_a_consistent_remedy() {
             }
         }
     }
-    assert_eq!(cases, KINDS.len() * 3 * 6 * 3 * 4 + 3 * 6 * 2);
+    assert_eq!(cases, LoopbackKind::ALL.len() * 3 * 6 * 3 * 4 + 3 * 6 * 2);
 }
 
 pub(super) fn apiserver() -> probe_contract::Listener {

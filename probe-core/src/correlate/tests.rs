@@ -138,7 +138,12 @@ pub(super) fn table() -> ServiceTable {
 }
 
 pub(super) fn corr() -> Correlator {
-    let mut c = Correlator::new(CorrelatorConfig::default());
+    corr_configured(CorrelatorConfig::default())
+}
+
+/// A correlator with `cfg` and the test table.
+fn corr_configured(cfg: CorrelatorConfig) -> Correlator {
+    let mut c = Correlator::new(cfg);
     c.set_services(table());
     c
 }
@@ -499,8 +504,7 @@ fn aggregates_expire_and_are_bounded() {
         aggregate_ttl_ns: 60 * S,
         ..Default::default()
     };
-    let mut c = Correlator::new(cfg);
-    c.set_services(table());
+    let mut c = corr_configured(cfg);
     for port in [30001, 30002, 30003] {
         let mut p = hc(41000);
         p.dport = port;
@@ -556,6 +560,12 @@ fn event_json_contract() {
 // ----- hairpin ---------------------------------------------------------------------------------
 
 /// Drives a hairpin suspect through the egress and SNAT look-ups.
+/// [`hairpin_to_settling`] after the pod's own call to the LB IP on port 80 from the same
+/// port, a millisecond before the hairpin.
+pub(super) fn hairpin_to_settling_after_a_call_to_80(c: &mut Correlator, ts: u64, p: &Packet) {
+    hairpin_to_settling(c, ts, p, vec![egress(p.sport, EXT_VIP, 80, ts - MS)]);
+}
+
 pub(super) fn hairpin_to_settling(
     c: &mut Correlator,
     ts: u64,
@@ -831,12 +841,7 @@ fn hairpin_l7_reset_generic_remedy() {
 fn hairpin_no_reply_and_unanswered_outcome() {
     let mut c = corr();
     let p = hp(52000, 30080);
-    hairpin_to_settling(
-        &mut c,
-        5 * S,
-        &p,
-        vec![egress(52000, EXT_VIP, 80, 5 * S - MS)],
-    );
+    hairpin_to_settling_after_a_call_to_80(&mut c, 5 * S, &p);
     let q = only_query(&c.tick(7 * S));
     let r = only_report(&c.answer(Answer::Conntrack {
         id: q.id(),
@@ -846,12 +851,7 @@ fn hairpin_no_reply_and_unanswered_outcome() {
 
     // Unanswered: no_reply once the query expires.
     let p2 = hp(52001, 30080);
-    hairpin_to_settling(
-        &mut c,
-        20 * S,
-        &p2,
-        vec![egress(52001, EXT_VIP, 80, 20 * S - MS)],
-    );
+    hairpin_to_settling_after_a_call_to_80(&mut c, 20 * S, &p2);
     let _q = only_query(&c.tick(22 * S));
     assert!(c.tick(26 * S).is_empty());
     let r = only_report(&c.tick(28 * S));
@@ -866,12 +866,7 @@ fn hairpin_no_reply_and_unanswered_outcome() {
 fn hairpin_drop_during_settle_wins() {
     let mut c = corr();
     let p = hp(40001, 30080);
-    hairpin_to_settling(
-        &mut c,
-        5 * S,
-        &p,
-        vec![egress(40001, EXT_VIP, 80, 5 * S - MS)],
-    );
+    hairpin_to_settling_after_a_call_to_80(&mut c, 5 * S, &p);
     let r = only_report(&c.ingest(drop_ev(5 * S + S, &p, "IP_RPFILTER", 16, None)));
     assert_eq!(r.event.outcome, Outcome::Dropped);
     // Nothing further for that flow.
@@ -1340,8 +1335,7 @@ fn flood_of_spoofed_pod_suspects_stays_bounded() {
         ..Default::default()
     };
     let max = cfg.max_pending;
-    let mut c = Correlator::new(cfg);
-    c.set_services(table());
+    let mut c = corr_configured(cfg);
     let mut queries_out = Vec::new();
     let n: u64 = 100_000;
     for i in 0..n {
@@ -1385,8 +1379,7 @@ fn flood_of_vip_suspects_and_drops_stays_bounded() {
         max_pending: 512,
         ..Default::default()
     };
-    let mut c = Correlator::new(cfg);
-    c.set_services(table());
+    let mut c = corr_configured(cfg);
     for i in 0..100_000u64 {
         let p = hc((i % 60_000) as u16);
         let p = Packet {

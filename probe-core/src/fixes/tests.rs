@@ -5,16 +5,6 @@ use serde_json::{Value, json};
 
 use super::*;
 
-const KINDS: [LoopbackKind; 7] = [
-    LoopbackKind::HealthcheckBlackhole,
-    LoopbackKind::Hairpin,
-    LoopbackKind::VipPortUnserved,
-    LoopbackKind::VipAsSource,
-    LoopbackKind::ServiceSelfLoop,
-    LoopbackKind::EtpLocalDrop,
-    LoopbackKind::ProxyProtocolShortCircuit,
-];
-
 /// RFC 7386 merge patch.
 fn merge(target: &mut Value, patch: &Value) {
     let Value::Object(p) = patch else {
@@ -58,7 +48,7 @@ fn all_facts() -> Vec<Facts> {
     )]
     .into();
     for provider in Provider::ALL {
-        for kind in KINDS {
+        for kind in LoopbackKind::ALL {
             for etp in [Some(Etp::Local), Some(Etp::Cluster), None] {
                 for ip_mode in [
                     Some(IpMode::Vip),

@@ -1,5 +1,11 @@
 use super::*;
 
+/// The whole table read with every Service: what a due refresh without names does.
+const READ_EVERYTHING: Action = Action::Read {
+    whole: true,
+    everything: true,
+};
+
 #[test]
 fn a_burst_of_signals_is_one_read_and_reads_are_a_gap_apart() {
     let t0 = Instant::now();
@@ -87,13 +93,7 @@ fn after_first_read(api: bool, took: Duration) -> (RefreshPolicy, Instant) {
         touched_whole: true,
         ..NAMED
     };
-    assert_eq!(
-        p.next(first, t0),
-        Action::Read {
-            whole: true,
-            everything: true
-        }
-    );
+    assert_eq!(p.next(first, t0), READ_EVERYTHING);
     let done = t0 + took;
     p.step(
         Signal::ReadDone {
@@ -190,13 +190,7 @@ fn a_failed_read_is_retried_whole_after_retry() {
             until: retry + SETTLE
         }
     );
-    assert_eq!(
-        p.next(NAMED, retry + SETTLE),
-        Action::Read {
-            whole: true,
-            everything: true
-        }
-    );
+    assert_eq!(p.next(NAMED, retry + SETTLE), READ_EVERYTHING);
 }
 
 #[test]
@@ -205,13 +199,7 @@ fn the_safety_net_reads_whole_every_interval() {
     let net = done + EVERY;
     assert_eq!(p.next(NAMED, done), Action::Wait { until: net });
     p.step(Signal::Woke, net);
-    assert_eq!(
-        p.next(NAMED, net + SETTLE),
-        Action::Read {
-            whole: true,
-            everything: true
-        }
-    );
+    assert_eq!(p.next(NAMED, net + SETTLE), READ_EVERYTHING);
     let read = net + SETTLE + ms(10);
     p.step(
         Signal::ReadDone {
@@ -308,13 +296,7 @@ fn without_the_apis_lists_a_start_that_read_no_services_reads_whole_after_api_wa
             until: late + SETTLE
         }
     );
-    assert_eq!(
-        p.next(empty, late + SETTLE),
-        Action::Read {
-            whole: true,
-            everything: true
-        }
-    );
+    assert_eq!(p.next(empty, late + SETTLE), READ_EVERYTHING);
 }
 
 #[test]

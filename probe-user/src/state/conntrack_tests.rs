@@ -2,7 +2,7 @@
 //! ups in a real network namespace.
 
 use super::*;
-use crate::state::test_netns::Netns;
+use crate::state::test_netns::{Netns, sh};
 use netlink_packet_core::Nla;
 use probe_core::test_events::{DO_PP, LB, POD_A, POD_B, proxy_protocol_ingress};
 use std::process::{Command, Stdio};
@@ -242,18 +242,6 @@ fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-fn sh(args: &[&str]) {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .expect("spawn");
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 fn have(cmd: &str) -> bool {
     Command::new(cmd)
         .arg("--version")
@@ -276,14 +264,11 @@ fn skip() -> bool {
     false
 }
 
-#[test]
-fn lookup_and_dump_in_namespace() {
-    if skip() {
-        return;
-    }
-    let ns = Netns::new("ct", &["node"]);
+/// Inserts, in the namespace `ns` holds at `index`, the answered call 198.18.0.10:40000 ->
+/// 203.0.113.10:80/tcp masqueraded to 198.51.100.1, kept for `timeout` seconds.
+fn insert_the_snatted_call(ns: &Netns, index: usize, timeout: &str) {
     ns.exec(
-        0,
+        index,
         &[
             "conntrack",
             "-I",
@@ -300,13 +285,22 @@ fn lookup_and_dump_in_namespace() {
             "--state",
             "ESTABLISHED",
             "--timeout",
-            "120",
+            timeout,
             "-u",
             "SEEN_REPLY,ASSURED",
             "--src-nat",
             "198.51.100.1",
         ],
     );
+}
+
+#[test]
+fn lookup_and_dump_in_namespace() {
+    if skip() {
+        return;
+    }
+    let ns = Netns::new("ct", &["node"]);
+    insert_the_snatted_call(&ns, 0, "120");
     let orig = t("198.18.0.10", 40000, "203.0.113.10", 80, Proto::Tcp);
     let orig2 = orig.clone();
     let reply = t("203.0.113.10", 80, "198.51.100.1", 40000, Proto::Tcp);
@@ -542,31 +536,7 @@ fn capture_ctnetlink_fixtures() {
         let _ = server.wait();
         assert!(client.success(), "client to {dst}:{port}");
     }
-    ns.exec(
-        1,
-        &[
-            "conntrack",
-            "-I",
-            "-p",
-            "tcp",
-            "-s",
-            "198.18.0.10",
-            "-d",
-            "203.0.113.10",
-            "--sport",
-            "40000",
-            "--dport",
-            "80",
-            "--state",
-            "ESTABLISHED",
-            "--timeout",
-            "600",
-            "-u",
-            "SEEN_REPLY,ASSURED",
-            "--src-nat",
-            "198.51.100.1",
-        ],
-    );
+    insert_the_snatted_call(&ns, 1, "600");
     ns.exec(
         1,
         &[

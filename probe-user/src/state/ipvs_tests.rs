@@ -5,7 +5,7 @@ use netlink_packet_core::{NlaBuffer, NlasIterator, ParseableParametrized};
 use netlink_packet_generic::GenlHeader;
 
 use super::{wire::*, *};
-use crate::state::test_netns::Netns;
+use crate::state::test_netns::{Netns, sh};
 use std::{
     path::{Path, PathBuf},
     process::Command,
@@ -235,15 +235,6 @@ fn request_encoding() {
 fn vm_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     std::env::var_os("CLB_VM").is_some() && unsafe { libc::geteuid() } == 0
-}
-
-fn sh(args: &[&str]) {
-    let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// Against the real kernel (the VM tier, where IPVS exists): a scratch namespace with the

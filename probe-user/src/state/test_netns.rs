@@ -41,13 +41,14 @@ impl Netns {
     }
 
     /// Runs `args` (a restore tool: `iptables-nft-restore`, `ipset restore`, ...) in namespace
-    /// `i` with `text` on its standard input; panics if it fails.
+    /// `i` with `text` on its standard input; panics with its stderr if it fails.
     pub fn restore(&self, i: usize, args: &[&str], text: &str) {
         use std::io::Write as _;
         let mut child = Command::new("ip")
             .args(["netns", "exec", self.0[i].as_str()])
             .args(args)
             .stdin(Stdio::piped())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("spawn");
         child
@@ -56,7 +57,23 @@ impl Netns {
             .expect("stdin")
             .write_all(text.as_bytes())
             .expect("write");
-        assert!(child.wait().expect("wait").success(), "{args:?} failed");
+        let out = child.wait_with_output().expect("wait");
+        assert!(
+            out.status.success(),
+            "{args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// [`Netns::restore`] of `text` without its `#` lines (the captures' comments, which the
+    /// nft backends refuse).
+    pub fn restore_without_comments(&self, i: usize, args: &[&str], text: &str) {
+        let text: String = text
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        self.restore(i, args, &text);
     }
 
     /// Runs `f` on a new thread that has entered namespace `i`.
@@ -85,7 +102,8 @@ impl Drop for Netns {
     }
 }
 
-fn sh(args: &[&str]) {
+/// Runs `args` here (no namespace); panics with its stderr if it fails.
+pub fn sh(args: &[&str]) {
     let out = Command::new(args[0])
         .args(&args[1..])
         .output()

@@ -73,28 +73,40 @@ pub fn http_get_with_in(
 ) -> Option<(u16, Vec<u8>)> {
     in_netns(ns, || {
         let mut s = TcpStream::connect(addr)?;
-        s.set_read_timeout(Some(Duration::from_secs(5)))?;
-        let mut request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n");
-        for (name, value) in headers {
-            request.push_str(&format!("{name}: {value}\r\n"));
-        }
-        request.push_str("\r\n");
-        s.write_all(request.as_bytes())?;
-        let mut raw = Vec::new();
-        s.read_to_end(&mut raw)?;
-        let split = raw
-            .windows(4)
-            .position(|w| w == b"\r\n\r\n")
-            .context("no HTTP body")?;
-        let head = String::from_utf8_lossy(&raw[..split]);
-        let status = head
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .context("no HTTP status")?;
-        Ok((status, raw[split + 4..].to_vec()))
+        let (status, _, body) = http_get_over(&mut s, addr, path, headers.iter().copied())?;
+        Ok((status, body))
     })
     .ok()
+}
+
+/// One HTTP/1.0 GET of `path` over the connected `s` (to `host`), with `headers`, read to its
+/// end (5 s at most between reads): (status, head, body).
+pub(crate) fn http_get_over(
+    s: &mut TcpStream,
+    host: impl std::fmt::Display,
+    path: &str,
+    headers: impl IntoIterator<Item = (impl std::fmt::Display, impl std::fmt::Display)>,
+) -> std::io::Result<(u16, String, Vec<u8>)> {
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let mut request = format!("GET {path} HTTP/1.0\r\nHost: {host}\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    s.write_all(request.as_bytes())?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| std::io::Error::other("no HTTP header end"))?;
+    let head = String::from_utf8_lossy(&raw[..split]).into_owned();
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| std::io::Error::other("no HTTP status"))?;
+    Ok((status, head, raw[split + 4..].to_vec()))
 }
 
 fn classify(e: &std::io::Error) -> Option<Outcome> {

@@ -37,6 +37,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
+pub(crate) use client::http_get_over;
 pub use client::{
     Attempt, connect_here, connect_in, http_get_bytes_in, http_get_in, http_get_with_in, in_netns,
 };

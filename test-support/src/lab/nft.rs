@@ -165,20 +165,12 @@ fn lb_element() -> String {
 
 /// Whether the LB IP is an element of `service-ips` (short-circuited, `ipMode: VIP`).
 pub(crate) fn lb_ip_short_circuited() -> bool {
-    let key = format!("{{ {VIP} . tcp . {SERVICE_PORT} }}");
-    succeeds(&[
-        "ip",
-        "netns",
-        "exec",
-        NS_NODE,
-        "nft",
-        "get",
-        "element",
-        "ip",
-        NFT_TABLE,
-        "service-ips",
-        &key,
-    ])
+    has_element(SERVICE_IPS_MAP, &lb_key())
+}
+
+/// The LB IP's key in kube-proxy's maps: `{ VIP . tcp . 80 }`.
+fn lb_key() -> String {
+    format!("{{ {VIP} . tcp . {SERVICE_PORT} }}")
 }
 
 /// Adds or removes the LB IP's `service-ips` element.
@@ -187,36 +179,19 @@ pub(crate) fn set_lb_ip_short_circuited(on: bool) -> Result<()> {
         return Ok(());
     }
     if on {
-        let elem = lb_element();
-        exec(
-            NS_NODE,
-            &[
-                "nft",
-                "add",
-                "element",
-                "ip",
-                NFT_TABLE,
-                "service-ips",
-                &elem,
-            ],
-        )
-        .map(drop)
+        change_element("add", SERVICE_IPS_MAP, &lb_element())
     } else {
-        let key = format!("{{ {VIP} . tcp . {SERVICE_PORT} }}");
-        exec(
-            NS_NODE,
-            &[
-                "nft",
-                "delete",
-                "element",
-                "ip",
-                NFT_TABLE,
-                "service-ips",
-                &key,
-            ],
-        )
-        .map(drop)
+        change_element("delete", SERVICE_IPS_MAP, &lb_key())
     }
+}
+
+/// `nft <verb> element` (`add`, `delete`) of kube-proxy's table's `map`, in the node.
+fn change_element(verb: &str, map: &str, element: &str) -> Result<()> {
+    exec(
+        NS_NODE,
+        &["nft", verb, "element", "ip", NFT_TABLE, map, element],
+    )
+    .map(drop)
 }
 
 /// `default/web-local`'s chains: kube-proxy's hashes of "default/web-local/tcp/http" and of
@@ -306,10 +281,7 @@ pub(crate) fn set_web_local(local_endpoint: bool) -> Result<()> {
     let key = web_local_key();
     for map in [SERVICE_IPS_MAP, NFT_NO_ENDPOINT_SERVICES] {
         if has_element(map, &key) {
-            exec(
-                NS_NODE,
-                &["nft", "delete", "element", "ip", NFT_TABLE, map, &key],
-            )?;
+            change_element("delete", map, &key)?;
         }
     }
     run_stdin(
@@ -320,34 +292,12 @@ pub(crate) fn set_web_local(local_endpoint: bool) -> Result<()> {
     let service_ip = format!(
         "{{ {VIP} . tcp . {VIP_NFT_ETP_LOCAL_PORT} : goto {NFT_WEB_LOCAL_EXTERNAL_CHAIN} }}"
     );
-    exec(
-        NS_NODE,
-        &[
-            "nft",
-            "add",
-            "element",
-            "ip",
-            NFT_TABLE,
-            SERVICE_IPS_MAP,
-            &service_ip,
-        ],
-    )?;
+    change_element("add", SERVICE_IPS_MAP, &service_ip)?;
     if !local_endpoint {
         let drop = format!(
             "{{ {VIP} . tcp . {VIP_NFT_ETP_LOCAL_PORT} comment \"default/web-local:http\" : drop }}"
         );
-        exec(
-            NS_NODE,
-            &[
-                "nft",
-                "add",
-                "element",
-                "ip",
-                NFT_TABLE,
-                NFT_NO_ENDPOINT_SERVICES,
-                &drop,
-            ],
-        )?;
+        change_element("add", NFT_NO_ENDPOINT_SERVICES, &drop)?;
     }
     Ok(())
 }

@@ -11,24 +11,30 @@ use super::{
     VIP_ETP_LOCAL_PORT, Variant, Variants,
 };
 
-/// The KUBE-SERVICES rule that serves the VIP:80 locally (what binding the VIP to kube-ipvs0
-/// gives IPVS mode; kube-proxy's iptables mode writes it for a LB ingress IP).
-const VIP_RULE: &[&str] = &[
-    "-d",
-    "203.0.113.10/32",
-    "-p",
-    "tcp",
-    "-m",
-    "comment",
-    "--comment",
-    "default/web:http loadbalancer IP",
-    "-m",
-    "tcp",
-    "--dport",
-    "80",
-    "-j",
-    KUBE_EXT_CHAIN,
-];
+/// The KUBE-SERVICES rule that serves `dst` (the LB IP as a /32 or /128), port 80, locally
+/// (what binding the VIP to kube-ipvs0 gives IPVS mode; kube-proxy's iptables mode writes it
+/// for a LB ingress IP).
+pub(super) fn lb_ip_rule(dst: &str) -> [&str; 14] {
+    [
+        "-d",
+        dst,
+        "-p",
+        "tcp",
+        "-m",
+        "comment",
+        "--comment",
+        "default/web:http loadbalancer IP",
+        "-m",
+        "tcp",
+        "--dport",
+        "80",
+        "-j",
+        KUBE_EXT_CHAIN,
+    ]
+}
+
+/// The IPv4 LB IP's [`lb_ip_rule`].
+const VIP_CIDR: &str = "203.0.113.10/32";
 
 const MASQ_RULE: &[&str] = &[
     "-s",
@@ -124,7 +130,7 @@ fn set_variant_in(mode: KubeProxyMode, variant: Variant, on: bool) -> Result<()>
                     &["addr", "del", "203.0.113.10/32", "dev", KUBE_IPVS0],
                 )?;
             }
-            ensure_rule("KUBE-SERVICES", VIP_RULE, on, true)
+            ensure_rule("KUBE-SERVICES", &lb_ip_rule(VIP_CIDR), on, true)
         }
         Variant::RpFilter => {
             let v = u8::from(on);
@@ -575,6 +581,6 @@ pub(crate) fn vip_rule_present() -> bool {
     match node_mode() {
         Ok(KubeProxyMode::Ipvs) => ipvs_has_service(SocketAddrV4::new(VIP, SERVICE_PORT)),
         Ok(KubeProxyMode::Nftables) => super::nft::lb_ip_short_circuited(),
-        _ => has_rule("KUBE-SERVICES", VIP_RULE),
+        _ => has_rule("KUBE-SERVICES", &lb_ip_rule(VIP_CIDR)),
     }
 }

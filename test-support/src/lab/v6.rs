@@ -173,9 +173,9 @@ impl Lab {
         } else if !on && bound {
             ip(NS_NODE, &["-6", "addr", "del", &cidr, "dev", KUBE_IPVS0])?;
         }
-        let rule = vip6_rule();
+        let rule = super::switch::lb_ip_rule(&cidr);
         let mut check = vec!["ip6tables", "-w", "-t", "nat", "-C", "KUBE-SERVICES"];
-        check.extend(rule.iter().map(String::as_str));
+        check.extend(rule);
         let present =
             super::cmd::succeeds(&[&["ip", "netns", "exec", NS_NODE][..], &check[..]].concat());
         if on != present {
@@ -190,7 +190,7 @@ impl Lab {
             if on {
                 a.push("1");
             }
-            a.extend(rule.iter().map(String::as_str));
+            a.extend(rule);
             exec(NS_NODE, &a)?;
         }
         Ok(())
@@ -210,28 +210,6 @@ impl Lab {
             .with_context(|| format!("IPv6 scenario {scenario:?}"))?;
         Ok((attempt.outcome, expected))
     }
-}
-
-fn vip6_rule() -> Vec<String> {
-    [
-        "-d",
-        &format!("{VIP6}/128"),
-        "-p",
-        "tcp",
-        "-m",
-        "comment",
-        "--comment",
-        "default/web:http loadbalancer IP",
-        "-m",
-        "tcp",
-        "--dport",
-        "80",
-        "-j",
-        KUBE_EXT_CHAIN,
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect()
 }
 
 /// kube-proxy's iptables-mode rules for `default/web`'s IPv6 side (NodePort 30080 to pod-b's

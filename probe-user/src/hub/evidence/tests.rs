@@ -39,6 +39,16 @@ fn ipv4_tcp(src: [u8; 4], sport: u16, dst: [u8; 4], dport: u16, payload: &[u8]) 
     b
 }
 
+/// The SYN of the loop the tests confirm: 203.0.113.10:40000 -> 10.244.1.5:8080.
+fn the_syn() -> Vec<u8> {
+    ipv4_tcp([203, 0, 113, 10], 40000, [10, 244, 1, 5], 8080, b"")
+}
+
+/// [`the_syn`], dropped on eth0 at `ts_ns`.
+fn the_syn_dropped_at(ts_ns: u64) -> KernelRecord {
+    drop_record(ts_ns, "203.0.113.10", 40000, "10.244.1.5", 8080, the_syn())
+}
+
 fn drop_record(
     ts_ns: u64,
     src: &str,
@@ -91,15 +101,8 @@ fn loop_event(key: &str, src: &str, sport: u16, last_seen_ns: u64) -> LoopbackEv
 #[test]
 fn a_confirmation_takes_the_recent_packets_of_its_flow_only() {
     let mut store = EvidenceStore::new(EvidenceMode::Full);
-    let syn = ipv4_tcp([203, 0, 113, 10], 40000, [10, 244, 1, 5], 8080, b"");
-    store.packet(&drop_record(
-        1_000,
-        "203.0.113.10",
-        40000,
-        "10.244.1.5",
-        8080,
-        syn.clone(),
-    ));
+    let syn = the_syn();
+    store.packet(&the_syn_dropped_at(1_000));
     // Another flow, and a record without bytes: neither is this loop's packet.
     store.packet(&drop_record(
         1_100,
@@ -133,15 +136,7 @@ fn a_confirmation_takes_the_recent_packets_of_its_flow_only() {
 #[test]
 fn packets_recorded_long_before_the_confirmation_are_not_its_own() {
     let mut store = EvidenceStore::new(EvidenceMode::Full);
-    let syn = ipv4_tcp([203, 0, 113, 10], 40000, [10, 244, 1, 5], 8080, b"");
-    store.packet(&drop_record(
-        1_000,
-        "203.0.113.10",
-        40000,
-        "10.244.1.5",
-        8080,
-        syn,
-    ));
+    store.packet(&the_syn_dropped_at(1_000));
     store.confirmed(&loop_event(
         "hc/a",
         "203.0.113.10",
@@ -154,16 +149,9 @@ fn packets_recorded_long_before_the_confirmation_are_not_its_own() {
 #[test]
 fn each_loop_keeps_its_first_packets_and_the_oldest_loop_goes_first() {
     let mut store = EvidenceStore::new(EvidenceMode::Full);
-    let syn = ipv4_tcp([203, 0, 113, 10], 40000, [10, 244, 1, 5], 8080, b"");
+    let syn = the_syn();
     for i in 0..(PACKETS_PER_LOOP as u64 + 5) {
-        store.packet(&drop_record(
-            1_000 + i,
-            "203.0.113.10",
-            40000,
-            "10.244.1.5",
-            8080,
-            syn.clone(),
-        ));
+        store.packet(&the_syn_dropped_at(1_000 + i));
     }
     store.confirmed(&loop_event("hc/first", "203.0.113.10", 40000, 2_000));
     let l = store.get(&loop_id("hc/first")).unwrap();
@@ -276,15 +264,8 @@ fn the_bundle_splits_the_cited_conntrack_entries_and_rules_and_keeps_the_service
 #[test]
 fn the_pcapng_reads_back_with_another_parser_with_its_packets_and_comments() {
     let mut store = EvidenceStore::new(EvidenceMode::Full);
-    let syn = ipv4_tcp([203, 0, 113, 10], 40000, [10, 244, 1, 5], 8080, b"");
-    store.packet(&drop_record(
-        1_000,
-        "203.0.113.10",
-        40000,
-        "10.244.1.5",
-        8080,
-        syn.clone(),
-    ));
+    let syn = the_syn();
+    store.packet(&the_syn_dropped_at(1_000));
     let mut suspect = drop_record(900, "203.0.113.10", 40000, "198.18.0.2", 30080, syn.clone());
     suspect.event = KernelEvent::Suspect {
         ts_ns: 900,

@@ -166,6 +166,15 @@ fn promtool_accepts_the_exposition() {
     );
 }
 
+/// Adds to `t` the unserved port `port` of 203.0.113.10, seen `count` times in all.
+fn add_unserved(t: &mut EventTotals, port: u16, count: u64) {
+    let mut e = sample_event();
+    e.key = format!("vip_port_unserved/203.0.113.10:{port}/tcp");
+    e.vip_port = Some(port);
+    e.count = count;
+    t.add(&e);
+}
+
 fn sample_event() -> LoopbackEvent {
     let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
     LoopbackEvent {
@@ -225,14 +234,9 @@ fn event_totals_stay_exact_past_the_bookkeeping_bound() {
 #[test]
 fn event_series_are_capped_with_an_exact_overflow() {
     let mut t = EventTotals::default();
-    let mut e = sample_event();
     for port in 0..5_000u16 {
-        e.key = format!("vip_port_unserved/203.0.113.10:{port}/tcp");
-        e.vip_port = Some(port);
-        e.count = 1;
-        t.add(&e);
-        e.count = 3; // two repeats
-        t.add(&e);
+        add_unserved(&mut t, port, 1);
+        add_unserved(&mut t, port, 3); // two repeats
     }
     let input = MetricsInput {
         events: t.totals.iter().map(|(k, v)| (k.clone(), *v)).collect(),
@@ -269,6 +273,7 @@ fn event_series_are_capped_with_an_exact_overflow() {
         !t.totals
             .contains_key(&(own.0.clone(), own.1.clone(), "0".to_string()))
     );
+    let mut e = sample_event();
     e.vip_port = Some(4999);
     e.key = "a new aggregate on port 4999".into();
     e.count = 1;
@@ -291,12 +296,8 @@ fn own_series(t: &EventTotals, kind: &str, vip: &str, port: &str) -> Option<u64>
 fn a_flood_of_one_vip_does_not_take_the_series_of_later_real_loops() {
     let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
     let mut t = EventTotals::default();
-    let mut e = sample_event();
     for port in 0..5_000u16 {
-        e.key = format!("vip_port_unserved/203.0.113.10:{port}/tcp");
-        e.vip_port = Some(port);
-        e.count = 1;
-        t.add(&e);
+        add_unserved(&mut t, port, 1);
     }
     let mut blackhole = sample_event();
     blackhole.kind = probe_contract::LoopbackKind::HealthcheckBlackhole;
@@ -315,10 +316,7 @@ fn a_flood_of_one_vip_does_not_take_the_series_of_later_real_loops() {
         // The flood goes on between the real loop's confirmations.
         for port in 0..1_000u16 {
             let port = 10_000 + 1_000 * u16::try_from(count).unwrap() + port;
-            e.key = format!("vip_port_unserved/203.0.113.10:{port}/tcp");
-            e.vip_port = Some(port);
-            e.count = 1;
-            t.add(&e);
+            add_unserved(&mut t, port, 1);
         }
     }
     let mut hairpin = sample_event();
@@ -363,16 +361,9 @@ fn a_flood_of_one_vip_does_not_take_the_series_of_later_real_loops() {
 #[test]
 fn an_evicted_series_that_comes_back_starts_afresh_and_other_never_goes_down() {
     let mut t = EventTotals::default();
-    let mut e = sample_event();
-    let mut add = |t: &mut EventTotals, port: u16, count: u64| {
-        e.key = format!("vip_port_unserved/203.0.113.10:{port}/tcp");
-        e.vip_port = Some(port);
-        e.count = count;
-        t.add(&e);
-    };
-    add(&mut t, 0, 5);
+    add_unserved(&mut t, 0, 5);
     for port in 1..=EVENT_SERIES as u16 {
-        add(&mut t, port, 1);
+        add_unserved(&mut t, port, 1);
     }
     let other_key = (
         "vip_port_unserved".to_string(),
@@ -386,7 +377,7 @@ fn an_evicted_series_that_comes_back_starts_afresh_and_other_never_goes_down() {
     );
     assert!(!t.totals.contains_key(&own0), "the oldest series went");
     assert_eq!(t.totals[&other_key], 5);
-    add(&mut t, 0, 7);
+    add_unserved(&mut t, 0, 7);
     assert_eq!(
         t.totals.get(&own0),
         Some(&2),

@@ -79,6 +79,23 @@ fn report_of(f: &Fake, name: &str) -> Option<serde_json::Value> {
         .find(|o| o["metadata"]["name"] == name)
 }
 
+/// The report `name` once `written` holds of it, polled every 50 ms `tries` times at the
+/// most (what is written is asserted, not when).
+async fn report_once(
+    f: &Fake,
+    name: &str,
+    tries: u32,
+    written: impl Fn(&serde_json::Value) -> bool,
+) -> Option<serde_json::Value> {
+    for _ in 0..tries {
+        if let Some(o) = report_of(f, name).filter(|o| written(o)) {
+            return Some(o);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
+}
+
 #[tokio::test]
 async fn the_report_is_named_after_the_node_owned_by_it_and_applied_to_status() {
     let f = fake("own");
@@ -183,17 +200,9 @@ async fn the_task_writes_a_confirmed_loop_then_stops_with_the_broadcast() {
     }))
     .unwrap();
     // Waits for the write (bounded); asserts what was written, not when.
-    let mut written = None;
-    for _ in 0..200 {
-        if let Some(o) = report_of(&f, "node-a")
-            && o["status"]["activeLoopCount"] == 1
-        {
-            written = Some(o);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let o = written.expect("the task wrote the loop");
+    let o = report_once(&f, "node-a", 200, |o| o["status"]["activeLoopCount"] == 1)
+        .await
+        .expect("the task wrote the loop");
     assert_eq!(o["status"]["activeLoops"][0]["service"], "shop/web");
     assert_eq!(o["status"]["activeLoops"][0]["kind"], "hairpin");
     assert_eq!(o["status"]["kubeProxyMode"], "iptables");
@@ -516,17 +525,9 @@ async fn nothing_is_written_before_the_first_check() {
             }],
         })
         .unwrap();
-    let mut written = None;
-    for _ in 0..400 {
-        if let Some(o) = report_of(&f, "node-a")
-            && o["status"]["riskCount"] == 1
-        {
-            written = Some(o);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let o = written.expect("written once the check is in");
+    let o = report_once(&f, "node-a", 400, |o| o["status"]["riskCount"] == 1)
+        .await
+        .expect("written once the check is in");
     assert_eq!(o["status"]["activeLoopCount"], 1);
     let status_writes = f
         .api

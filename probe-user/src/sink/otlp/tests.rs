@@ -43,29 +43,20 @@ fn records_carry_the_event_s_facts_and_leave_out_what_it_lacks() {
     e.node = Some("clb-node".into());
     e.service = Some("default/web".into());
     e.client_pod = Some("default/client".into());
+    let fix = |id: &str, change: &str| probe_contract::Fix {
+        id: id.into(),
+        provider: "generic".into(),
+        change: change.into(),
+        service: None,
+        patch: None,
+        undo: None,
+        preconditions: vec![],
+        side_effects: vec![],
+        source: String::new(),
+    };
     e.fixes = vec![
-        probe_contract::Fix {
-            id: "etp-cluster".into(),
-            provider: "generic".into(),
-            change: "Set externalTrafficPolicy: Cluster".into(),
-            service: None,
-            patch: None,
-            undo: None,
-            preconditions: vec![],
-            side_effects: vec![],
-            source: String::new(),
-        },
-        probe_contract::Fix {
-            id: "second".into(),
-            provider: "generic".into(),
-            change: "not this one".into(),
-            service: None,
-            patch: None,
-            undo: None,
-            preconditions: vec![],
-            side_effects: vec![],
-            source: String::new(),
-        },
+        fix("etp-cluster", "Set externalTrafficPolicy: Cluster"),
+        fix("second", "not this one"),
     ];
     let full: BTreeMap<_, _> = attributes(&e, "node-a").into_iter().collect();
     assert_eq!(full["clb_probe.node"], AnyValue::from("clb-node"));

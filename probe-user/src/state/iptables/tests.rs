@@ -226,13 +226,7 @@ fn quoted_comments() {
 #[test]
 #[allow(clippy::print_stdout, reason = "a test's diagnostics")]
 fn read_in_namespace() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipping: needs root");
-        return;
-    }
-    if !command_exists("iptables-restore") || !command_exists("ip") {
-        eprintln!("skipping: needs ip and iptables-restore");
+    if !root_with(&["ip", "iptables-restore"]) {
         return;
     }
     let ns = Netns::new("ipt", &[""]);
@@ -290,13 +284,7 @@ fn garbage_never_panics() {
 #[allow(clippy::print_stdout, reason = "a test's diagnostics")]
 fn only_the_touched_chains_are_read_again() {
     use crate::state::changes::{FAMILY_IP, Touched};
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipping: needs root");
-        return;
-    }
-    if !command_exists("iptables-restore") || !command_exists("ip") {
-        eprintln!("skipping: needs ip and iptables-restore");
+    if !root_with(&["ip", "iptables-restore"]) {
         return;
     }
     let is_nft = run("iptables", &["--version"]).is_ok_and(|v| v.contains("nf_tables"));
@@ -316,21 +304,7 @@ fn only_the_touched_chains_are_read_again() {
     }
     pad.push_str("COMMIT\n");
     rules.push_str(&pad);
-    let restore = |text: &str| {
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", ns.name(0), "iptables-restore", "--noflush"])
-            .stdin(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        use std::io::Write;
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(text.as_bytes())
-            .unwrap();
-        assert!(child.wait().unwrap().success());
-    };
+    let restore = |text: &str| ns.restore(0, &["iptables-restore", "--noflush"], text);
     restore(&rules);
     let before = ns.run_in(0, read_blocking).unwrap();
     let vip = ip("10.96.77.77");
@@ -390,44 +364,20 @@ fn only_the_touched_chains_are_read_again() {
     assert_eq!(gone, ns.run_in(0, read_blocking).unwrap());
 }
 
-/// Loads iptables-save `text` into namespace 0 of `ns` with `restore` (`iptables-nft-restore`
-/// or `ip6tables-nft-restore`), `#` lines left out.
-fn nft_restore(ns: &Netns, restore: &str, text: &str) {
-    let rules: String = text
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .map(|l| format!("{l}\n"))
-        .collect();
-    let mut child = Command::new("ip")
-        .args(["netns", "exec", ns.name(0), restore])
-        .stdin(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(rules.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{restore}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+fn nft_tools() -> bool {
+    root_with(&["ip", "iptables-nft-restore"])
 }
 
+/// Root and every one of `tools`; or a line saying what is missing (the test then skips).
 #[allow(clippy::print_stdout, reason = "a test's diagnostics")]
-fn nft_tools() -> bool {
+fn root_with(tools: &[&str]) -> bool {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         eprintln!("skipping: needs root");
         return false;
     }
-    if !command_exists("iptables-nft-restore") || !command_exists("ip") {
-        eprintln!("skipping: needs ip and iptables-nft-restore");
+    if !tools.iter().all(|t| command_exists(t)) {
+        eprintln!("skipping: needs {}", tools.join(" and "));
         return false;
     }
     true
@@ -459,15 +409,12 @@ fn netlink_table_equals_the_text_table_of_every_restorable_fixture() {
         }
         let v6 = name.contains("v6");
         let ns = Netns::new("iptnl", &[""]);
-        nft_restore(
-            &ns,
-            if v6 {
-                "ip6tables-nft-restore"
-            } else {
-                "iptables-nft-restore"
-            },
-            &text,
-        );
+        let restore = if v6 {
+            "ip6tables-nft-restore"
+        } else {
+            "iptables-nft-restore"
+        };
+        ns.restore_without_comments(0, &[restore], &text);
         let family = if v6 { FAMILY_IP6 } else { FAMILY_IP };
         let got = ns
             .run_in(0, move || read_nat_chains(family))
@@ -504,7 +451,7 @@ fn a_chain_read_follows_the_generation() {
     }
     let ns = Netns::new("iptgen", &[""]);
     let text = std::fs::read_to_string(format!("{DATA}lab-kube-proxy.rules")).unwrap();
-    nft_restore(&ns, "iptables-nft-restore", &text);
+    ns.restore_without_comments(0, &["iptables-nft-restore"], &text);
     ns.run_in(0, || {
         let first = read_chain(FAMILY_IP, "nat", "KUBE-SERVICES").unwrap();
         assert!(
@@ -703,9 +650,9 @@ fn the_access_filter_chain_names_its_ipsets() {
     let sets = "create KUBE-CLUSTER-IP hash:ip,port family inet hashsize 1024 maxelem 65536\n\
                 create KUBE-IPVS-IPS hash:ip family inet hashsize 1024 maxelem 65536\n";
     ns.restore(0, &["ipset", "restore"], sets);
-    nft_restore(
-        &ns,
-        "iptables-nft-restore",
+    ns.restore_without_comments(
+        0,
+        &["iptables-nft-restore"],
         "*filter\n:KUBE-IPVS-FILTER - [0:0]\n\
          -A KUBE-IPVS-FILTER -m set --match-set KUBE-CLUSTER-IP dst,dst -j RETURN\n\
          -A KUBE-IPVS-FILTER -m conntrack --ctstate NEW -m set --match-set KUBE-IPVS-IPS dst -j REJECT --reject-with icmp-port-unreachable\n\

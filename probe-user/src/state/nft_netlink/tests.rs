@@ -210,32 +210,9 @@ fn root_with_tools() -> bool {
     root && tools
 }
 
+/// Loads `file` into `ns`'s namespace with the restore tool `cmd`, its `#` lines left out.
 fn load(ns: &Netns, cmd: &[&str], file: &Path) {
-    let text = std::fs::read_to_string(file).unwrap();
-    let text: String = text
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .map(|l| format!("{l}\n"))
-        .collect();
-    let mut args = vec!["netns", "exec", ns.name(0)];
-    args.extend_from_slice(cmd);
-    let mut child = Command::new("ip")
-        .args(&args)
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    assert!(
-        child.wait().unwrap().success(),
-        "{cmd:?} {}",
-        file.display()
-    );
+    ns.restore_without_comments(0, cmd, &std::fs::read_to_string(file).unwrap());
 }
 
 /// The live client in a scratch namespace holding the lab's iptables-nft nat table and the

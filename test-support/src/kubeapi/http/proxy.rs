@@ -6,8 +6,6 @@
 //! the `pods/proxy` resource's `get` ([`crate::kubeapi::FakeApiServer::forbid`]
 //! `("pods/proxy", "get")`); an unreachable pod is the API server's 503.
 
-use std::io::{Read as _, Write as _};
-
 use http_body_util::Full;
 use hyper::StatusCode;
 use hyper::body::Bytes;
@@ -143,29 +141,16 @@ fn get(
             .map_err(|e| std::io::Error::other(format!("{e:#}")))?,
         None => connect()?,
     };
-    s.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
-    let mut request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n");
-    for (name, value) in headers {
-        request.push_str(&format!("{name}: {value}\r\n"));
-    }
-    request.push_str("\r\n");
-    s.write_all(request.as_bytes())?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw)?;
-    let split = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or_else(|| std::io::Error::other("no HTTP header end"))?;
-    let head = String::from_utf8_lossy(&raw[..split]).into_owned();
-    let code = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| std::io::Error::other("no HTTP status"))?;
+    let (code, head, body) = crate::lab::http_get_over(
+        &mut s,
+        addr,
+        path,
+        headers.iter().map(|(name, value)| (name, value)),
+    )?;
     let content_type = head.lines().find_map(|l| {
         let (k, v) = l.split_once(':')?;
         k.eq_ignore_ascii_case("content-type")
             .then(|| v.trim().to_owned())
     });
-    Ok((code, content_type, raw[split + 4..].to_vec()))
+    Ok((code, content_type, body))
 }
