@@ -53,8 +53,9 @@ use crate::state::{NoEndpointDrop, PodShortCircuit, ServiceSource};
 use probe_contract::facts::{ProxyMode, SourceKind};
 
 impl Correlator {
-    /// A netfilter drop of a local pod's (or the node's) call to a `no-endpoint-services`
-    /// `drop` element of kube-proxy's nftables rules.
+    /// A netfilter drop of a local pod's (or the node's) call to a no-endpoint drop of
+    /// kube-proxy's rules (a `no-endpoint-services` `drop` element, a `KUBE-EXTERNAL-SERVICES`
+    /// `DROP` rule).
     pub(super) fn is_etp_local_drop(&self, packet: &Packet, info: &DropInfo) -> bool {
         matches!(packet.src_tag, Some(Tag::Pod | Tag::Node))
             && packet.dst_tag.is_none()
@@ -84,6 +85,12 @@ impl Correlator {
         let proto = packet.proto.as_str();
         let mut evidence = vec![drop_line(&info, &t), self.drop_rule_line(packet, &element)];
         evidence.extend(self.detector_line(packet));
+        // Where kube-proxy's rules list the Service's frontends.
+        let frontends = if self.services.source == Some(ServiceSource::Iptables) {
+            "KUBE-SERVICES"
+        } else {
+            "service-ips"
+        };
         evidence.push(
             match self.services.serves(packet.dst, packet.dport, packet.proto) {
                 Some(s) if !s.backends.is_empty() => format!(
@@ -91,10 +98,10 @@ impl Correlator {
                     s.backends.join(", ")
                 ),
                 Some(_) => format!(
-                    "service table: {to}/{proto} is in service-ips (its endpoints are not named \
+                    "service table: {to}/{proto} is in {frontends} (its endpoints are not named \
                      in the rules read)"
                 ),
-                None => format!("service table: {to}/{proto} is not in service-ips"),
+                None => format!("service table: {to}/{proto} is not in {frontends}"),
             },
         );
         let key = AggregateKey::EtpLocalDrop {
