@@ -124,14 +124,13 @@ pub enum LoopbackKind {
     /// address as source and was dropped (in the pod as a local source, or at its bridge port
     /// without hairpin mode).
     ServiceSelfLoop,
-    /// kube-proxy (nftables mode) dropped a call from this node to an external or LB IP of an
-    /// externalTrafficPolicy Local Service that has no endpoint on this node: the IP:port is a
-    /// `drop` element of its `no-endpoint-services` map (kubernetes#131765). iptables and IPVS
-    /// mode short-circuit a pod's call to the cluster-wide endpoints only when kube-proxy's
-    /// local-traffic detector matches the pod (`--cluster-cidr`, or the interface detectors);
-    /// a pod outside it is treated as external and dropped on a node with no local endpoint
-    /// there too (`KUBE-EXTERNAL-SERVICES`, kubernetes#112820), which this kind does not yet
-    /// name (issue #51).
+    /// kube-proxy dropped a call from this node to an external or LB IP of an
+    /// externalTrafficPolicy Local Service that has no endpoint on this node: in nftables mode
+    /// the IP:port is a `drop` element of its `no-endpoint-services` map (kubernetes#131765);
+    /// in iptables mode a `DROP` rule of `KUBE-EXTERNAL-SERVICES` ("has no local endpoints"),
+    /// which a pod's call escapes only when kube-proxy's local-traffic detector matches the
+    /// pod (`--cluster-cidr`, or the interface detectors; kubernetes#112820): the evidence
+    /// names the detector the pod missed.
     EtpLocalDrop,
     /// An in-cluster call to the LB IP of an LB that sends PROXY protocol headers was
     /// short-circuited by kube-proxy (DNATed to an endpoint on this node, never reaching the

@@ -1,10 +1,11 @@
-//! `etp_local_drop` without a kernel: kube-proxy's nftables `no-endpoint-services` drop of a
-//! pod's call to an ETP Local LB IP, confirmed from the drop (reason or site) and the element
-//! in the service table; every twin stays silent.
+//! `etp_local_drop` without a kernel: kube-proxy's nftables `no-endpoint-services` drop, and
+//! its iptables `KUBE-EXTERNAL-SERVICES` drop, of a pod's call to an ETP Local LB IP,
+//! confirmed from the drop (reason or site) and the drop in the service table, naming the
+//! local-traffic detector the pod missed in iptables mode; every twin stays silent.
 
 use super::tests::{MS, NODE, POD, S, drop_ev, invariants, ip, only_report, pkt, table};
 use super::*;
-use crate::state::{NoEndpointDrop, ServiceEntry, ServiceSource};
+use crate::state::{NoEndpointDrop, PodShortCircuit, ServiceEntry, ServiceSource};
 use probe_contract::{KindCounts, facts::Etp};
 
 /// An LB IP of `default/web-local` (ETP Local) with no endpoint on this node.
@@ -203,4 +204,172 @@ fn the_nodes_own_call_is_named_as_a_host_network_caller() {
         "{:?}",
         r.event.remedy
     );
+}
+
+/// The iptables-mode table read from the rules: the same LB IP:port with the
+/// `KUBE-EXTERNAL-SERVICES` drop, and with `detector` the external chain's pod short circuit.
+fn iptables_table(detector: Option<&str>) -> ServiceTable {
+    let mut t = nft_table(true);
+    t.source = Some(ServiceSource::Iptables);
+    if let Some(d) = detector {
+        t.pod_short_circuits.push(PodShortCircuit {
+            addr: ip(LB_IP),
+            proto: Proto::Tcp,
+            port: PORT,
+            chain: "KUBE-EXT-MW3VTDQOVRN3LBGC".into(),
+            detector: d.into(),
+        });
+    }
+    t
+}
+
+fn confirmed_in(t: ServiceTable) -> LoopbackEvent {
+    let mut c = corr_with(t);
+    let r = only_report(&c.ingest(nf_drop(S, &call(40000), "NETFILTER_DROP")));
+    assert_eq!(c.stats().confirmed.etp_local_drop, 1);
+    invariants(&c);
+    r.event
+}
+
+#[test]
+fn iptables_modes_drop_is_confirmed_with_the_external_services_rule() {
+    let e = confirmed_in(iptables_table(None));
+    assert_eq!(e.kind, LoopbackKind::EtpLocalDrop);
+    assert_eq!(e.service.as_deref(), Some("default/web-local"));
+    assert_eq!(
+        e.facts.proxy_mode,
+        Some(probe_contract::facts::ProxyMode::Iptables)
+    );
+    let ev = e.evidence.join("\n");
+    assert!(
+        ev.contains(&format!(
+            "chain KUBE-EXTERNAL-SERVICES has -d {LB_IP}/32 -p tcp --dport {PORT} -m comment \
+             --comment \"default/web-local:http has no local endpoints\" -j DROP"
+        )),
+        "{ev}"
+    );
+    assert!(!ev.contains("no-endpoint-services"), "{ev}");
+    assert!(
+        ev.contains("kube-proxy has no local-traffic detector"),
+        "{ev}"
+    );
+    let remedy = e.remedy.join("\n");
+    for needle in [
+        "in iptables mode its filter chain KUBE-EXTERNAL-SERVICES",
+        "kube-proxy here has no local-traffic detector",
+        "Give kube-proxy a local-traffic detector",
+        "1.33.6, 1.34.2 and 1.35, kubernetes#134024",
+        "set externalTrafficPolicy: Cluster",
+    ] {
+        assert!(remedy.contains(needle), "{needle}: {remedy}");
+    }
+    assert!(!remedy.contains("no-endpoint-services"), "{remedy}");
+    assert!(
+        !remedy.contains("kubernetes#132456"),
+        "not an nftables fix: {remedy}"
+    );
+    let cause = super::etp_local_drop::cause(&e);
+    assert!(
+        cause.ends_with("in iptables mode, whose kube-proxy has no local-traffic detector."),
+        "{cause}"
+    );
+}
+
+#[test]
+fn a_cidr_detector_that_misses_the_pod_is_named_with_the_pod() {
+    // The detector covers another pool (198.19.0.0/16); the pod is in 198.18.1.0/24.
+    let e = confirmed_in(iptables_table(Some("-s 198.19.0.0/16")));
+    let ev = e.evidence.join("\n");
+    assert!(
+        ev.contains(&format!(
+            "kube-proxy's local-traffic detector `-s 198.19.0.0/16` (chain \
+             KUBE-EXT-MW3VTDQOVRN3LBGC sends only the pods it matches to the cluster-wide \
+             endpoints: rule \"pod traffic for ... external destinations\"): the pod {POD} is \
+             outside it"
+        )),
+        "{ev}"
+    );
+    let remedy = e.remedy.join("\n");
+    for needle in [
+        format!("Its detector here is `-s 198.19.0.0/16`, and it does not match the pod {POD}"),
+        "kubernetes#112820".into(),
+        format!("--cluster-cidr must cover {POD}"),
+        "--detect-local-mode InterfaceNamePrefix".into(),
+        "from 1.33.6, 1.34.2 and 1.35, kubernetes#134024".into(),
+    ] {
+        assert!(remedy.contains(&needle), "{needle}: {remedy}");
+    }
+    let cause = super::etp_local_drop::cause(&e);
+    assert!(
+        cause.contains("its local-traffic detector (-s 198.19.0.0/16) missed the pod"),
+        "{cause}"
+    );
+}
+
+#[test]
+fn an_interface_detector_that_misses_the_pod_is_named_with_the_interface() {
+    let e = confirmed_in(iptables_table(Some("-i cali+")));
+    let ev = e.evidence.join("\n");
+    assert!(
+        ev.contains("detector `-i cali+`")
+            && ev.contains(&format!("did not match the pod {POD}'s interface")),
+        "{ev}"
+    );
+    let remedy = e.remedy.join("\n");
+    assert!(remedy.contains("--pod-interface-name-prefix or --pod-bridge-interface must name the interface of the pod"), "{remedy}");
+    assert!(
+        remedy.contains("(the drop was seen on veth-pod-a)"),
+        "{remedy}"
+    );
+}
+
+#[test]
+fn the_apis_table_names_no_detector() {
+    // From the API the nat rules are not read: whether a detector exists is not known.
+    let mut t = iptables_table(None);
+    t.from_api = true;
+    let e = confirmed_in(t);
+    assert!(
+        !e.evidence.join("\n").contains("local-traffic detector"),
+        "{:?}",
+        e.evidence
+    );
+    let remedy = e.remedy.join("\n");
+    assert!(
+        remedy.contains("Give kube-proxy a local-traffic detector"),
+        "{remedy}"
+    );
+    assert!(
+        !remedy.contains("has no local-traffic detector"),
+        "{remedy}"
+    );
+}
+
+#[test]
+fn a_short_circuit_matches_by_source_within_its_prefix_only() {
+    let short = |d: &str| PodShortCircuit {
+        addr: ip(LB_IP),
+        proto: Proto::Tcp,
+        port: PORT,
+        chain: "KUBE-EXT-X".into(),
+        detector: d.into(),
+    };
+    for (detector, src, expected) in [
+        ("-s 198.19.0.0/16", "198.19.255.1", Some(true)),
+        ("-s 198.19.0.0/16", "198.20.0.1", Some(false)),
+        ("-s 10.0.0.0/8", "fd00::1", Some(false)),
+        ("-s fd00:10::/64", "fd00:10::5", Some(true)),
+        ("-s fd00:10::/64", "fd00:11::5", Some(false)),
+        ("-s 0.0.0.0/0", "203.0.113.1", Some(true)),
+        ("-s 198.19.1.10/32", "198.19.1.10", Some(true)),
+        ("-s 198.19.1.10", "198.19.1.11", Some(false)),
+        ("-i veth+", "198.19.1.10", None),
+        ("-s not-an-address/8", "198.19.1.10", None),
+    ] {
+        assert_eq!(
+            short(detector).matches_source(ip(src)),
+            expected,
+            "{detector} {src}"
+        );
+    }
 }

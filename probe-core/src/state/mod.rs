@@ -91,6 +91,10 @@ pub struct ServiceTable {
     /// `drop` (see [`NoEndpointDrop`]); empty in other modes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub no_endpoint_drops: Vec<NoEndpointDrop>,
+    /// kube-proxy's iptables mode, read from the rules (not the API): the pod short circuits
+    /// of externalTrafficPolicy Local Services' external chains (see [`PodShortCircuit`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pod_short_circuits: Vec<PodShortCircuit>,
     /// [`ServiceTable::serves`]'s index (not data: never compared, never serialized).
     #[serde(skip)]
     pub serves_index: ServesIndex,
@@ -133,7 +137,70 @@ pub struct NoEndpointDrop {
     pub service: Option<String>,
 }
 
+/// kube-proxy's iptables mode: the rule "pod traffic for <svc> external destinations" of an
+/// externalTrafficPolicy Local Service's external chain (`KUBE-EXT-*`), which sends a pod's
+/// call to an external or LB IP to the cluster-wide endpoints (`-j KUBE-SVC-*`) when
+/// kube-proxy's local-traffic detector matches the pod (`proxier.localDetector.IfLocal()` in
+/// kubernetes/kubernetes `pkg/proxy/iptables/proxier.go`, `syncProxyRules`). kube-proxy writes
+/// none without a detector. A pod it does not match falls through to the local endpoints and,
+/// without one on the node, to the `KUBE-EXTERNAL-SERVICES` drop ([`NoEndpointDrop`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodShortCircuit {
+    pub addr: IpAddr,
+    pub proto: Proto,
+    pub port: u16,
+    /// The external chain that holds the rule.
+    pub chain: String,
+    /// The detector's match as the rule has it (`IfLocal()` in kubernetes/kubernetes
+    /// `pkg/proxy/util/localdetector.go`): `-s <CIDR>` (ClusterCIDR, NodeCIDR), `-i <prefix>+`
+    /// (InterfaceNamePrefix), `-i <bridge>` (BridgeInterface).
+    pub detector: String,
+}
+
+impl PodShortCircuit {
+    /// Whether the detector matches a pod by source address (`-s <CIDR>`), and if so whether
+    /// it matches `src`; None for an interface detector (the address does not decide).
+    pub fn matches_source(&self, src: IpAddr) -> Option<bool> {
+        let cidr = self.detector.strip_prefix("-s ")?.trim();
+        let (net, bits) = cidr.split_once('/').unwrap_or((cidr, ""));
+        let net: IpAddr = net.parse().ok()?;
+        let width = if net.is_ipv4() { 32 } else { 128 };
+        let bits: u32 = if bits.is_empty() {
+            width
+        } else {
+            bits.parse().ok().filter(|b| *b <= width)?
+        };
+        let to_bits = |a: IpAddr| match a {
+            IpAddr::V4(v) => u128::from(u32::from(v)) << 96,
+            IpAddr::V6(v) => u128::from(v),
+        };
+        if net.is_ipv4() != src.is_ipv4() {
+            return Some(false);
+        }
+        let mask = if bits == 0 {
+            0
+        } else {
+            // Both families sit in the top bits (IPv4 shifted up): a prefix is the top `bits`.
+            u128::MAX << (128 - bits)
+        };
+        Some(to_bits(net) & mask == to_bits(src) & mask)
+    }
+}
+
 impl ServiceTable {
+    /// The pod short circuit of the external chain kube-proxy's iptables mode sends
+    /// `addr:port/proto` to, if the rules read have one.
+    pub fn pod_short_circuit(
+        &self,
+        addr: IpAddr,
+        port: u16,
+        proto: Proto,
+    ) -> Option<&PodShortCircuit> {
+        self.pod_short_circuits
+            .iter()
+            .find(|s| s.addr == addr && s.port == port && s.proto == proto)
+    }
+
     /// The service serving `vip:port/proto`, if any.
     pub fn serves(&self, vip: IpAddr, port: u16, proto: Proto) -> Option<&ServiceEntry> {
         let scan = || {

@@ -140,6 +140,7 @@ fn facts_of(read: &ServiceTable) -> Arc<ServiceTable> {
         masquerade_rules: read.masquerade_rules.clone(),
         access_filter: read.access_filter.clone(),
         no_endpoint_drops: read.no_endpoint_drops.clone(),
+        pod_short_circuits: read.pod_short_circuits.clone(),
         serves_index: Default::default(),
     })
 }

@@ -286,7 +286,8 @@ struct PortPlan {
     external: Option<Box<[SocketAddr]>>,
     /// `Some((NodePort, local_only))` when a NodePort entry is programmed.
     node_port: Option<(u16, bool)>,
-    /// nftables' `no-endpoint-services` drops (external and LB IPs).
+    /// nftables' `no-endpoint-services` drops, iptables' `KUBE-EXTERNAL-SERVICES` ones
+    /// (external and LB IPs).
     drops: Box<[IpAddr]>,
 }
 
@@ -578,8 +579,8 @@ impl ApiServiceTable {
         })
     }
 
-    /// The `no-endpoint-services` drop element kube-proxy's nftables mode programs for
-    /// `addr:port/proto`, if any.
+    /// The no-endpoint drop kube-proxy programs for `addr:port/proto` (nftables mode's
+    /// `no-endpoint-services` element, iptables mode's `KUBE-EXTERNAL-SERVICES` rule), if any.
     pub fn no_endpoint_drop(
         &self,
         addr: IpAddr,
@@ -803,7 +804,7 @@ fn program<'a>(
             };
             match node.mode {
                 ServiceSource::Iptables | ServiceSource::Nftables => {
-                    rules_plan(&mut plan, &view, &c, node.mode == ServiceSource::Nftables)
+                    rules_plan(&mut plan, &view, &c)
                 }
                 ServiceSource::Ipvs => ipvs_plan(&mut plan, &view, &c, node),
             }
@@ -837,7 +838,7 @@ fn frontend(vip: IpAddr, port: u16, external: bool) -> Frontend {
 }
 
 /// What kube-proxy in iptables or nftables mode programs for one port.
-fn rules_plan(plan: &mut PortPlan, v: &PortView, c: &Categorized, nftables: bool) {
+fn rules_plan(plan: &mut PortPlan, v: &PortView, c: &Categorized) {
     // iptables/proxier.go and nftables/proxier.go `syncProxyRules`, same in
     // both: `hasEndpoints` (any usable endpoint), `hasInternalEndpoints`
     // (ITP Local: a local one), `hasExternalEndpoints` (ETP Local: a local
@@ -881,8 +882,10 @@ fn rules_plan(plan: &mut PortPlan, v: &PortView, c: &Categorized, nftables: bool
     // nftables: `no-endpoint-services` gets `drop` for an external / LB IP
     // whose Service has endpoints but none for external traffic
     // (`externalTrafficFilterVerdict`), `goto reject-chain` when it has none
-    // at all (not a drop, not listed: see `state::NoEndpointDrop`).
-    if nftables && c.any && !has_external {
+    // at all (not a drop, not listed: see `state::NoEndpointDrop`); iptables:
+    // `KUBE-EXTERNAL-SERVICES` gets `-j DROP` ("has no local endpoints") and
+    // `-j REJECT` the same way (`externalTrafficFilterTarget`).
+    if c.any && !has_external {
         plan.drops = v.external.to_vec().into_boxed_slice();
     }
     if ext != plan.internal {

@@ -193,7 +193,7 @@ fn no_endpoint_no_entry_in_iptables_and_nftables_modes() {
 }
 
 #[test]
-fn etp_local_without_local_endpoint_drops_in_nftables_mode_only() {
+fn etp_local_without_local_endpoint_drops_in_iptables_and_nftables_modes() {
     let svc = web(json!({"externalTrafficPolicy": "Local"}));
     let remote = [web_slice("a", &[ep("10.0.2.1", "other", READY)])];
     let nft = table(ServiceSource::Nftables, svc.clone(), &remote);
@@ -206,8 +206,12 @@ fn etp_local_without_local_endpoint_drops_in_nftables_mode_only() {
         ["10.0.2.1:8080"]
     );
     assert!(nft.nodeport(30080, Proto::Tcp).unwrap().local_only);
+    // iptables mode: the same drop, a `KUBE-EXTERNAL-SERVICES` rule.
     let ipt = table(ServiceSource::Iptables, svc.clone(), &remote);
-    assert!(ipt.expected().no_endpoint_drops.is_empty());
+    assert_eq!(
+        ipt.expected().no_endpoint_drops,
+        std::slice::from_ref(&drop)
+    );
     // A local endpoint: no drop, and the external backends are both sets.
     let both = [web_slice(
         "a",
@@ -486,6 +490,8 @@ fn sorted(mut t: ServiceTable) -> ServiceTable {
     t.nodeports.sort_by_key(|n| (n.port, n.proto.as_str()));
     t.no_endpoint_drops
         .sort_by_key(|d| (d.addr, d.port, d.proto.as_str()));
+    // The external chains' pod short circuits: the rules' only (kube-proxy's flags).
+    t.pod_short_circuits.clear();
     t
 }
 
@@ -493,6 +499,15 @@ fn sorted(mut t: ServiceTable) -> ServiceTable {
 fn kube_proxy_overall_iptables_rules() {
     let text = std::fs::read_to_string(format!("{OVERALL}iptables-expected.txt")).unwrap();
     let mut from_rules = parse_iptables_save(&text);
+    // The filter table's no-endpoint drops (the whole-table reader reads that chain alone).
+    from_rules.no_endpoint_drops = crate::state::iptables::parse_external_drops(&text);
+    assert_eq!(from_rules.no_endpoint_drops.len(), 2);
+    assert_eq!(
+        from_rules.pod_short_circuits.len(),
+        2,
+        "{:?}",
+        from_rules.pod_short_circuits
+    );
     // KUBE-POSTROUTING's MASQUERADE: kube-proxy's configuration, not in the API objects.
     assert_eq!(from_rules.masquerade_rules.len(), 1);
     from_rules.masquerade_rules.clear();
@@ -581,11 +596,31 @@ fn kube_proxy_overall_iptables_rules_over_netlink() {
         .lines()
         .map(|l| l.replace(" -m nfacct --nfacct-name localhost_nps_accepted_pkts", "") + "\n")
         .collect();
+    // And the filter table's no-endpoint drops (the reader reads that chain alone).
+    let all = std::fs::read_to_string(format!("{OVERALL}iptables-expected.txt")).unwrap();
+    let drops: String = all
+        .lines()
+        .filter(|l| l.starts_with("-A KUBE-EXTERNAL-SERVICES "))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let filter = format!("*filter\n:KUBE-EXTERNAL-SERVICES - [0:0]\n{drops}COMMIT\n");
     let ns = Netns::new("apitable-ipt", &[""]);
     ns.restore(0, &["iptables-nft-restore"], &text);
+    ns.restore(0, &["iptables-nft-restore"], &filter);
     let mut from_netlink = ns
         .run_in(0, crate::state::iptables::read_blocking)
         .expect("read over netlink");
+    // The pod short circuit decoded from nf_tables expressions: its detector as kube-proxy
+    // wrote it (`-s 10.0.0.0/8`), for svc2's LB and external IP.
+    assert_eq!(from_netlink.pod_short_circuits.len(), 2);
+    assert!(
+        from_netlink
+            .pod_short_circuits
+            .iter()
+            .all(|p| p.detector == "-s 10.0.0.0/8" && p.chain == "KUBE-EXT-GNZBNJ2PO5MGZ6GT"),
+        "{:?}",
+        from_netlink.pod_short_circuits
+    );
     assert_eq!(from_netlink.masquerade_rules.len(), 1);
     from_netlink.masquerade_rules.clear();
     from_netlink.access_filter.clear();

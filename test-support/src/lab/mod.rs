@@ -17,6 +17,7 @@
 mod client;
 /// The commands the lab runs (`ip`, `iptables`, ...), also xtask's bench and chaos helpers.
 pub mod cmd;
+pub mod etp_local;
 mod guard;
 pub(crate) mod kube_proxy;
 mod mode;

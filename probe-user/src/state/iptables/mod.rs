@@ -61,7 +61,8 @@ use crate::state::{
 };
 
 pub use rules::{
-    ACCESS_FILTER_CHAIN, NatChains, Rule, digest, merge, parse_access_filter, parse_iptables_save,
+    ACCESS_FILTER_CHAIN, EXTERNAL_SERVICES_CHAIN, NatChains, Rule, digest, external_drops, merge,
+    parse_access_filter, parse_external_drops, parse_iptables_save,
 };
 
 /// Why the nat rules could not be read.
@@ -182,6 +183,11 @@ pub fn read_blocking_after(touched: &Touched) -> Result<ServiceTable, IptablesEr
         }
     }
     table.access_filter = read_access_filter(default_is_nft);
+    for drop in read_external_drops(default_is_nft) {
+        if !table.no_endpoint_drops.contains(&drop) {
+            table.no_endpoint_drops.push(drop);
+        }
+    }
     Ok(table)
 }
 
@@ -454,6 +460,30 @@ fn read_access_filter(default_is_nft: bool) -> Vec<String> {
             Vec::new()
         }
     }
+}
+
+/// kube-proxy's no-endpoint drops of external and LB IPs ([`EXTERNAL_SERVICES_CHAIN`] of the
+/// filter table, both families; one chain each, not the whole table): over netlink on the
+/// nf_tables backend (generation-cached, [`read_chain`]), with `iptables -S` on the legacy
+/// one. A missing chain or a failed read is no drop.
+fn read_external_drops(default_is_nft: bool) -> Vec<crate::state::NoEndpointDrop> {
+    let mut drops = Vec::new();
+    if default_is_nft {
+        for family in [FAMILY_IP, FAMILY_IP6] {
+            match read_chain(family, "filter", EXTERNAL_SERVICES_CHAIN) {
+                Ok(rules) => drops.extend(external_drops(&rules)),
+                Err(e) => tracing::trace!(error = %e, "no {EXTERNAL_SERVICES_CHAIN}"),
+            }
+        }
+        return drops;
+    }
+    for cmd in ["iptables", "ip6tables"] {
+        match run(cmd, &["-w", "-t", "filter", "-S", EXTERNAL_SERVICES_CHAIN]) {
+            Ok(text) => drops.extend(parse_external_drops(&text)),
+            Err(e) => tracing::trace!(error = %e, "no {EXTERNAL_SERVICES_CHAIN}"),
+        }
+    }
+    drops
 }
 
 fn command_exists(cmd: &str) -> bool {

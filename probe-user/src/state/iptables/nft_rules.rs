@@ -62,7 +62,8 @@ struct Text {
 }
 
 /// The [`Rule`] an iptables-nft rule of an `ip`/`ip6` table is; its `iptables -S` text is
-/// kept for a `MASQUERADE` rule (evidence) or with `keep_text`.
+/// kept for a `MASQUERADE` rule (evidence), a pod short circuit (its detector) or with
+/// `keep_text`.
 pub(super) fn rule_from_nft(r: &NftRule, keep_text: bool) -> Rule {
     let v6 = r.family == FAMILY_IP6;
     let mut rule = Rule {
@@ -154,7 +155,7 @@ pub(super) fn rule_from_nft(r: &NftRule, keep_text: bool) -> Rule {
             _ => {}
         }
     }
-    if keep_text || rule.target.as_deref() == Some("MASQUERADE") {
+    if keep_text || super::rules::keeps_text(&rule) {
         rule.text = save_text(&r.chain, text, target_text);
     }
     rule

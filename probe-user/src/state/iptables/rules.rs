@@ -7,7 +7,9 @@ use std::{
     net::IpAddr,
 };
 
-use crate::state::{NodePortEntry, ServiceEntry, ServiceSource, ServiceTable};
+use crate::state::{
+    NoEndpointDrop, NodePortEntry, PodShortCircuit, ServiceEntry, ServiceSource, ServiceTable,
+};
 use probe_contract::Proto;
 
 /// What of an `iptables-save` dump is the rules: its `#` lines (the date of the dump) and the
@@ -105,6 +107,101 @@ pub fn merge(table: &mut ServiceTable, other: ServiceTable) {
             table.no_endpoint_drops.push(d);
         }
     }
+    for p in other.pod_short_circuits {
+        if !table.pod_short_circuits.contains(&p) {
+            table.pod_short_circuits.push(p);
+        }
+    }
+}
+
+/// kube-proxy's filter chain for external and LB IPs (iptables mode): an externalTrafficPolicy
+/// Local Service without a local endpoint gets, per external or LB IP:port,
+/// `-m comment --comment "<ns>/<svc>:<port> has no local endpoints" -d <ip> --dport <port>
+/// -j DROP` ("DROP anything that didn't get short-circuited by the EXT chain",
+/// kubernetes/kubernetes `pkg/proxy/iptables/proxier.go`, `syncProxyRules`), jumped from
+/// `INPUT` and `FORWARD` for new connections.
+pub const EXTERNAL_SERVICES_CHAIN: &str = "KUBE-EXTERNAL-SERVICES";
+/// The comment's tail on those drops (a Service without any endpoint gets "has no endpoints"
+/// and `-j REJECT`: no drop).
+const NO_LOCAL_ENDPOINTS: &str = " has no local endpoints";
+/// The comment's head of an external chain's pod short circuit ([`PodShortCircuit`]).
+const POD_SHORT_CIRCUIT: &str = "pod traffic for ";
+
+/// The no-endpoint drops among `rules` (those of [`EXTERNAL_SERVICES_CHAIN`]): the `-j DROP`
+/// rules with a host destination, protocol and port whose comment says "has no local
+/// endpoints" (the NodePort ones match `--dst-type LOCAL`, no address: not ours).
+pub fn external_drops(rules: &[Rule]) -> Vec<NoEndpointDrop> {
+    let mut out: Vec<NoEndpointDrop> = Vec::new();
+    for r in rules {
+        if r.chain != EXTERNAL_SERVICES_CHAIN || r.target.as_deref() != Some("DROP") {
+            continue;
+        }
+        let Some(service) = r
+            .comment
+            .as_deref()
+            .and_then(|c| c.trim().strip_suffix(NO_LOCAL_ENDPOINTS))
+        else {
+            continue;
+        };
+        let (Some(addr), Some(port), Some(proto)) = (
+            r.dst
+                .as_deref()
+                .filter(|_| !r.dst_negated)
+                .and_then(parse_host),
+            r.dport,
+            parse_proto(r.proto.as_deref()),
+        ) else {
+            continue;
+        };
+        let drop = NoEndpointDrop {
+            addr,
+            proto,
+            port,
+            service: Some(service.to_string()),
+        };
+        if !out.contains(&drop) {
+            out.push(drop);
+        }
+    }
+    out
+}
+
+/// [`external_drops`] of `iptables -S KUBE-EXTERNAL-SERVICES` text (the legacy backend) or
+/// of an `iptables-save` dump (its filter table's rules of that chain).
+pub fn parse_external_drops(text: &str) -> Vec<NoEndpointDrop> {
+    let prefix = format!("-A {EXTERNAL_SERVICES_CHAIN} ");
+    let rules: Vec<Rule> = text
+        .lines()
+        .map(|l| strip_counters(l.trim()))
+        .filter(|l| l.starts_with(&prefix))
+        .filter_map(parse_rule)
+        .collect();
+    external_drops(&rules)
+}
+
+/// Whether a rule's text is kept when it is read: `MASQUERADE` rules and pod short circuits
+/// are quoted or read again (the detector's match); the other rules' text would be most of
+/// the held chains' memory for nothing.
+pub(super) fn keeps_text(rule: &Rule) -> bool {
+    rule.target.as_deref() == Some("MASQUERADE")
+        || rule
+            .comment
+            .as_deref()
+            .is_some_and(|c| c.starts_with(POD_SHORT_CIRCUIT))
+}
+
+/// The local-traffic detector's match of a pod short circuit's text: `-s <CIDR>` or
+/// `-i <interface>` (not negated: `IfLocal()` writes them plain).
+fn detector_of(text: &str) -> Option<String> {
+    let tokens = tokenize(text);
+    tokens.windows(2).enumerate().find_map(|(i, w)| {
+        let negated = i > 0 && tokens[i - 1] == "!";
+        match w[0].as_str() {
+            "-s" | "--source" | "--src" if !negated => Some(format!("-s {}", w[1])),
+            "-i" | "--in-interface" if !negated => Some(format!("-i {}", w[1])),
+            _ => None,
+        }
+    })
 }
 
 /// One `-A` rule, reduced to the matches and targets kube-proxy uses.
@@ -394,7 +491,7 @@ pub(super) fn parse_rule(line: &str) -> Option<Rule> {
             }
         }
     }
-    if rule.target.as_deref() == Some("MASQUERADE") {
+    if keeps_text(&rule) {
         rule.text = line.to_string();
     }
     Some(rule)
@@ -484,6 +581,36 @@ impl<'a> Chains<'a> {
         }
     }
 
+    /// The external chain `target` is or leads to (an LB IP with source ranges goes through
+    /// `KUBE-FW-*` first) and its pod short circuit's detector match, if it has one.
+    fn pod_short_circuit(&self, target: &str) -> Option<(String, String)> {
+        let external = if target.starts_with("KUBE-FW-") {
+            self.rules(target)
+                .iter()
+                .filter_map(|r| r.target.as_deref())
+                .find(|t| t.starts_with("KUBE-EXT-"))?
+        } else {
+            target
+        };
+        if !external.starts_with("KUBE-EXT-") {
+            return None;
+        }
+        self.rules(external).iter().find_map(|r| {
+            let pod = r
+                .comment
+                .as_deref()
+                .is_some_and(|c| c.starts_with(POD_SHORT_CIRCUIT));
+            let to_cluster = r
+                .target
+                .as_deref()
+                .is_some_and(|t| t.starts_with("KUBE-SVC-"));
+            (pod && to_cluster)
+                .then(|| detector_of(&r.text))
+                .flatten()
+                .map(|d| (external.to_string(), d))
+        })
+    }
+
     /// Whether a NodePort whose rule jumps to `target` has externalTrafficPolicy: Local.
     pub(super) fn local_only(&self, target: &str) -> bool {
         if target.starts_with("KUBE-XLB-") || target.starts_with("KUBE-SVL-") {
@@ -549,6 +676,18 @@ fn build_table(held: &NatChains) -> ServiceTable {
             service: service_name(r.comment.as_deref()),
             backends: chains.backends(target),
         };
+        if let Some(detector) = chains.pod_short_circuit(target) {
+            let short = PodShortCircuit {
+                addr: vip,
+                proto,
+                port,
+                chain: detector.0,
+                detector: detector.1,
+            };
+            if !table.pod_short_circuits.contains(&short) {
+                table.pod_short_circuits.push(short);
+            }
+        }
         merge_service(&mut table.services, &mut index, entry);
     }
 

@@ -674,3 +674,78 @@ fn the_access_filter_chain_names_its_ipsets() {
         "{texts:?}"
     );
 }
+
+/// kube-proxy's iptables rules of an externalTrafficPolicy Local LB IP without a local
+/// endpoint (`pkg/proxy/iptables/proxier.go`): the nat chains (with the pod short circuit
+/// `detector` writes, when it is Some) and the filter drop.
+fn etp_local_rules(detector: Option<&str>) -> (String, String) {
+    let short = detector
+        .map(|d| {
+            format!(
+                "-A KUBE-EXT-WL {d} -m comment --comment \"pod traffic for default/web-local:http \
+                 external destinations\" -j KUBE-SVC-WL\n"
+            )
+        })
+        .unwrap_or_default();
+    let nat = format!(
+        "*nat\n\
+         -A KUBE-SERVICES -d 203.0.113.10/32 -p tcp -m comment --comment \"default/web-local:http loadbalancer IP\" -m tcp --dport 8445 -j KUBE-EXT-WL\n\
+         {short}\
+         -A KUBE-EXT-WL -m comment --comment \"masquerade LOCAL traffic for default/web-local:http external destinations\" -m addrtype --src-type LOCAL -j KUBE-MARK-MASQ\n\
+         -A KUBE-EXT-WL -m comment --comment \"route LOCAL traffic for default/web-local:http external destinations\" -m addrtype --src-type LOCAL -j KUBE-SVC-WL\n\
+         -A KUBE-EXT-WL -j KUBE-SVL-WL\n\
+         -A KUBE-SVC-WL -m comment --comment \"default/web-local:http -> 198.19.2.10:8080\" -j KUBE-SEP-WL\n\
+         -A KUBE-SEP-WL -p tcp -m comment --comment \"default/web-local:http\" -m tcp -j DNAT --to-destination 198.19.2.10:8080\n\
+         COMMIT\n"
+    );
+    let filter = "-N KUBE-EXTERNAL-SERVICES\n\
+         -A KUBE-EXTERNAL-SERVICES -d 203.0.113.10/32 -p tcp -m comment --comment \"default/web-local:http has no local endpoints\" -m tcp --dport 8445 -j DROP\n\
+         -A KUBE-EXTERNAL-SERVICES -d 203.0.113.11/32 -p tcp -m comment --comment \"default/empty:http has no endpoints\" -m tcp --dport 80 -j REJECT --reject-with icmp-port-unreachable\n\
+         -A KUBE-EXTERNAL-SERVICES -p tcp -m comment --comment \"default/web-local:http has no local endpoints\" -m addrtype --dst-type LOCAL -m tcp --dport 31000 -j DROP\n"
+        .to_string();
+    (nat, filter)
+}
+
+#[test]
+fn external_services_drops_become_no_endpoint_drops_named_by_their_comment() {
+    let (_, filter) = etp_local_rules(None);
+    let drops = parse_external_drops(&filter);
+    assert_eq!(
+        drops,
+        [crate::state::NoEndpointDrop {
+            addr: ip("203.0.113.10"),
+            proto: Proto::Tcp,
+            port: 8445,
+            service: Some("default/web-local:http".into()),
+        }],
+        "the REJECT (no endpoints at all) and the NodePort drop (no address) are not ours"
+    );
+}
+
+#[test]
+fn the_pod_short_circuit_of_an_external_chain_names_its_detector() {
+    for (detector, by_source) in [
+        ("-s 198.19.0.0/16", Some(true)),
+        ("-i veth+", None),
+        ("-i cbr0", None),
+    ] {
+        let (nat, _) = etp_local_rules(Some(detector));
+        let t = parse_iptables_save(&nat);
+        let short = t
+            .pod_short_circuit(ip("203.0.113.10"), 8445, Proto::Tcp)
+            .expect(detector);
+        assert_eq!(short.chain, "KUBE-EXT-WL");
+        assert_eq!(short.detector, detector);
+        assert_eq!(short.matches_source(ip("198.19.1.10")), by_source);
+    }
+    let (nat, _) = etp_local_rules(Some("-s 198.19.2.0/24"));
+    let t = parse_iptables_save(&nat);
+    let short = t.pod_short_circuit(ip("203.0.113.10"), 8445, Proto::Tcp);
+    assert_eq!(
+        short.unwrap().matches_source(ip("198.19.1.10")),
+        Some(false)
+    );
+    // No detector: no short circuit.
+    let (nat, _) = etp_local_rules(None);
+    assert!(parse_iptables_save(&nat).pod_short_circuits.is_empty());
+}

@@ -1,0 +1,149 @@
+//! Issue 51, shape 2: kube-proxy's iptables-mode drop of a pod's call to an
+//! externalTrafficPolicy Local LB IP on a node without a local endpoint. On the real lab node
+//! (iptables mode, any kernel) with kube-proxy's rules of `default/web-local`
+//! (`lab::etp_local`): the filter chain `KUBE-EXTERNAL-SERVICES` drops the call unless the
+//! Service's `KUBE-EXT-*` chain short-circuits the pod first, which it does only when
+//! kube-proxy's local-traffic detector matches the pod. The agent confirms `etp_local_drop`
+//! naming the iptables rule, and the detector the pod missed; the twin (the detector matches
+//! the pod) is answered and reported as nothing.
+//!
+//! Root only (prints a skip line otherwise). One at a time: they share the lab.
+
+use std::net::{IpAddr, SocketAddrV4};
+use std::time::Duration;
+
+use probe_contract::{LoopbackKind, Outcome as Fate, facts::ProxyMode};
+use probe_tests::agent::{Agent, lines, require_root};
+use test_support::lab::{self, KubeProxyMode, LabGuard, Outcome, Variants, etp_local};
+
+const SETTLE: Duration = Duration::from_secs(4);
+const WAIT: Duration = Duration::from_secs(10);
+
+/// The lab in iptables mode with `default/web-local`'s rules (`detector`: the pod short
+/// circuit's match, None: kube-proxy without a detector), the agent on its node (reading
+/// the rules), and pod-a's call to the LB IP made.
+fn called(detector: Option<&str>) -> (LabGuard, Agent, lab::Attempt) {
+    // kube-proxy's iptables mode binds no LB IP on the node (the lab's `vip-bound` stands in
+    // for IPVS mode's kube-ipvs0 and for announcers): the call is forwarded.
+    let variants = Variants {
+        vip_bound: false,
+        ..Variants::default()
+    };
+    let lab = LabGuard::up_in(KubeProxyMode::Iptables, &variants, &Default::default())
+        .expect("lab up (iptables mode)");
+    lab.set_all(&variants).expect("the LB IP unbound");
+    etp_local::set_web_local(detector).expect("default/web-local's rules");
+    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    let to = SocketAddrV4::new(lab::VIP, lab::VIP_NFT_ETP_LOCAL_PORT);
+    let pod = lab.connect(lab::NS_POD_A, None, to).unwrap();
+    (lab, agent, pod)
+}
+
+/// What every confirmed case says: the call, the drop, the iptables rule (not nftables'),
+/// and a remedy of iptables mode.
+fn assert_iptables_drop(e: &probe_contract::LoopbackEvent) {
+    assert_eq!(e.src, IpAddr::V4(lab::POD_A_IP));
+    assert_eq!(e.vip, Some(IpAddr::V4(lab::VIP)));
+    assert_eq!(e.vip_port, Some(lab::VIP_NFT_ETP_LOCAL_PORT));
+    assert_eq!(e.outcome, Fate::Dropped);
+    // The kernel's netfilter drop: named on 5.17+, inferred from nf_hook_slow before.
+    assert_eq!(e.drop_reason.as_deref(), Some("NETFILTER_DROP"));
+    assert_eq!(e.service.as_deref(), Some("default/web-local"));
+    assert_eq!(e.facts.proxy_mode, Some(ProxyMode::Iptables));
+    let ev = lines(&e.evidence);
+    assert!(
+        ev.contains(
+            "chain KUBE-EXTERNAL-SERVICES has -d 203.0.113.10/32 -p tcp --dport 8445 -m \
+             comment --comment \"default/web-local:http has no local endpoints\" -j DROP"
+        ),
+        "{ev}"
+    );
+    assert!(!ev.contains("no-endpoint-services"), "{ev}");
+    let remedy = lines(&e.remedy);
+    assert!(
+        remedy.contains("in iptables mode its filter chain KUBE-EXTERNAL-SERVICES"),
+        "{remedy}"
+    );
+    assert!(!remedy.contains("no-endpoint-services"), "{remedy}");
+}
+
+/// kube-proxy without a local-traffic detector (no "pod traffic for" rule): pod-a's call
+/// dies in `FORWARD`'s `KUBE-EXTERNAL-SERVICES`, confirmed naming the rule and the missing
+/// detector.
+#[test]
+fn iptables_external_services_drop_of_a_pods_call_is_confirmed_with_the_rule() {
+    if !require_root("iptables_etp_local_drop") {
+        return;
+    }
+    let (lab, agent, pod) = called(None);
+    assert_eq!(pod.outcome, Outcome::Timeout, "{pod:?}");
+    let e = agent.only_event(LoopbackKind::EtpLocalDrop, WAIT);
+    assert_iptables_drop(&e);
+    let ev = lines(&e.evidence);
+    assert!(
+        ev.contains("kube-proxy has no local-traffic detector"),
+        "{ev}"
+    );
+    let remedy = lines(&e.remedy);
+    assert!(
+        remedy.contains("Give kube-proxy a local-traffic detector"),
+        "{remedy}"
+    );
+    drop(lab);
+}
+
+/// The detector miss (kubernetes#112820): kube-proxy's detector is a CIDR (ClusterCIDR mode)
+/// that leaves out pod-a's pool; the short circuit is there, pod-a is not matched, its call is
+/// dropped and confirmed naming the detector and pod-a's address.
+#[test]
+fn iptables_detector_that_misses_the_pod_is_named_in_the_drop() {
+    if !require_root("iptables_etp_local_detector_miss") {
+        return;
+    }
+    let detector = format!("-s {}", lab::PEER_POD_CIDR);
+    let (lab, agent, pod) = called(Some(&detector));
+    assert_eq!(pod.outcome, Outcome::Timeout, "{pod:?}");
+    let e = agent.only_event(LoopbackKind::EtpLocalDrop, WAIT);
+    assert_iptables_drop(&e);
+    let ev = lines(&e.evidence);
+    assert!(
+        ev.contains(&format!(
+            "kube-proxy's local-traffic detector `{detector}` (chain {}",
+            etp_local::WEB_LOCAL_EXT_CHAIN
+        )),
+        "{ev}"
+    );
+    assert!(
+        ev.contains(&format!("the pod {} is outside it", lab::POD_A_IP)),
+        "{ev}"
+    );
+    let remedy = lines(&e.remedy);
+    assert!(
+        remedy.contains(&format!(
+            "Its detector here is `{detector}`, and it does not match the pod {}",
+            lab::POD_A_IP
+        )),
+        "{remedy}"
+    );
+    assert!(
+        remedy.contains(&format!("--cluster-cidr must cover {}", lab::POD_A_IP)),
+        "{remedy}"
+    );
+    assert!(remedy.contains("1.33.6, 1.34.2 and 1.35"), "{remedy}");
+    drop(lab);
+}
+
+/// The twin: the detector matches pod-a (the lab's cluster CIDR), the external chain sends
+/// its call to the cluster-wide endpoints before the filter drop: answered, nothing reported.
+#[test]
+fn iptables_detector_that_matches_the_pod_short_circuits_it_and_reports_nothing() {
+    if !require_root("iptables_etp_local_twin") {
+        return;
+    }
+    let detector = format!("-s {}", lab::CLUSTER_CIDR);
+    let (lab, agent, pod) = called(Some(&detector));
+    assert_eq!(pod.outcome, Outcome::Ok, "{pod:?}");
+    std::thread::sleep(SETTLE);
+    assert!(agent.events().is_empty(), "{:#?}", agent.events());
+    drop(lab);
+}
