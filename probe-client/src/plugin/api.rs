@@ -44,7 +44,16 @@ pub async fn client(args: &KubeArgs) -> anyhow::Result<Client> {
             .await
             .context("no kubeconfig ($KUBECONFIG, ~/.kube/config) and not in a cluster")?,
     };
-    Client::try_from(config).context("building the API client")
+    Client::try_from(without_retries(config)).context("building the API client")
+}
+
+/// No client-side retries: kube's default retries a 503 up to 15 times with a backoff that
+/// grows to minutes (kube-client 5's `RetryPolicy::server_retry`), and the API server's 503
+/// for a pod it cannot reach (`pods/proxy`: an agent down) is not transient. A command someone
+/// waits for at the terminal says so at once and names the node instead.
+fn without_retries(mut config: Config) -> Config {
+    config.default_retry = false;
+    config
 }
 
 /// The one line for an API failure: a denied verb says which permission is missing.
