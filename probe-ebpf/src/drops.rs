@@ -15,9 +15,10 @@ use aya_ebpf::{
 use probe_common::{DropDestinationKey, DropKey, KernelOffsets, family, kind, stat, tag};
 
 use crate::{
-    emit::{Meta, PacketBytes, count, emit, flow_of, may_emit, stat_add},
+    emit::{Meta, count, emit, flow_of, may_emit, stat_add},
     lookup::lookup_tag,
     maps::{CONFIG, DROP_DESTINATIONS, DROPS, NICS, OFFSETS},
+    packet::PacketBytes,
     packet::{IPPROTO_TCP, IPPROTO_UDP, Packet, bytes},
 };
 

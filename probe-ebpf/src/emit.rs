@@ -14,7 +14,7 @@ use probe_common::{
 
 use crate::{
     maps::{BUDGET, EVENTS, RECENT, STATS, WAKE_POS},
-    packet::{Packet, bytes},
+    packet::{Packet, PacketBytes, bytes},
 };
 
 #[inline(always)]
@@ -116,16 +116,6 @@ pub(crate) struct Meta {
     pub(crate) location: u64,
     pub(crate) netns: u32,
     pub(crate) now: u64,
-}
-
-/// Where a record's packet bytes come from: the hook's own way of reading its packet.
-/// Asked only once a record is being written (an anomaly), never for an ordinary packet.
-pub(crate) trait PacketBytes {
-    /// Bytes readable from the network header on (at most what the packet holds).
-    fn available(&self) -> u32;
-    /// Copies `len` bytes (1..=`CAPTURE_MAX`) from the network header to `dst`; false if
-    /// they could not be read.
-    fn copy_to(&self, dst: *mut u8, len: u32) -> bool;
 }
 
 // The capture's length is bounded by a mask (see `emit`).

@@ -3,7 +3,15 @@
 use aya_ebpf::{cty::c_void, helpers::bpf_skb_load_bytes, programs::TcContext};
 use probe_common::family;
 
-use crate::emit::PacketBytes;
+/// Where a record's packet bytes come from: the hook's own way of reading its packet.
+/// Asked only once a record is being written (an anomaly), never for an ordinary packet.
+pub(crate) trait PacketBytes {
+    /// Bytes readable from the network header on (at most what the packet holds).
+    fn available(&self) -> u32;
+    /// Copies `len` bytes (1..=`CAPTURE_MAX`) from the network header to `dst`; false if
+    /// they could not be read.
+    fn copy_to(&self, dst: *mut u8, len: u32) -> bool;
+}
 
 pub(crate) const ETH_HLEN: usize = 14;
 pub(crate) const ETH_P_IP: u16 = 0x0800;

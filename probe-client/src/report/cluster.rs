@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use probe_contract::report::{ReportStatus, parse_rfc3339};
 
-/// Three heartbeats (the agent's `sink::node_report::writer::HEARTBEAT`) without an update: stale.
+/// Three heartbeats (the agent's `sink::node_report::api::HEARTBEAT`) without an update: stale.
 pub const STALE_AFTER: i64 = 900;
 /// Services shown in the table.
 pub const TOP_SERVICES: usize = 10;

@@ -10,11 +10,17 @@ use probe_contract::{
     report::{API_VERSION, KIND, ReportStatus, object_name, rfc3339},
 };
 use serde_json::json;
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 use tracing::warn;
 
 use super::{FIELD_MANAGER, condition::condition};
 use crate::hub::outputs::ReportStats;
+
+/// The status is rewritten at least this often, unchanged or not: a report older than
+/// the plugin's `report::cluster::STALE_AFTER` means the agent is gone or cannot write.
+pub const HEARTBEAT: Duration = Duration::from_secs(300);
+/// One API call's time limit.
+pub(super) const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Writes one node's report object (and, with `--node-condition on`, its Node condition).
 pub struct ReportWriter {

@@ -136,7 +136,7 @@ pub fn build(
 /// What counts as a change worth a write: everything but the time of the update and an
 /// active loop's `count` and `lastSeen` (they move with every repeat: a looping node would
 /// write at the rate limit for as long as it loops). Those are refreshed by the next change
-/// or the [`super::writer::HEARTBEAT`], well inside the 10 min active window.
+/// or the [`super::api::HEARTBEAT`], well inside the 10 min active window.
 pub fn change_key(status: &ReportStatus) -> ReportStatus {
     let mut key = status.clone();
     key.last_update.clear();

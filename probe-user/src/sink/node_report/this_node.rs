@@ -7,8 +7,8 @@ use tokio::sync::watch;
 use tracing::{error, warn};
 
 use super::{
+    api::{HEARTBEAT, WRITE_TIMEOUT},
     gate::Backoff,
-    writer::{HEARTBEAT, WRITE_TIMEOUT},
 };
 use crate::hub::outputs::ReportStats;
 

@@ -41,7 +41,7 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use super::{
-    api::ReportWriter,
+    api::{HEARTBEAT, ReportWriter, WRITE_TIMEOUT},
     checks::CHECK_EVERY,
     gate::{Backoff, Gate},
     loops::Loops,
@@ -53,13 +53,8 @@ use crate::{
     sink::{LagPolicy, Subscription, Writer},
 };
 
-/// The status is rewritten at least this often, unchanged or not: a report older than
-/// the plugin's `report::cluster::STALE_AFTER` means the agent is gone or cannot write.
-pub const HEARTBEAT: Duration = Duration::from_secs(300);
 /// How often the status is built and offered without a report.
 const TICK: Duration = Duration::from_secs(1);
-/// One API call's time limit.
-pub(super) const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
 fn unix_now() -> i64 {
     SystemTime::now()
