@@ -2,7 +2,11 @@
 //! last time, JSON throttling); least recently seen aggregates are evicted at the bound and
 //! forgotten after the TTL.
 
-use super::{Correlator, held::Aggregate, remedy};
+use super::{
+    Correlator,
+    held::{Aggregate, DropInfo},
+    remedy,
+};
 use probe_contract::{
     AggregateKey, Confirmation, LoopbackEvent, Outcome,
     facts::{AddressOwner, Facts, SourceKind},
@@ -18,6 +22,19 @@ use probe_contract::Tag;
 /// The rules import it (`NewEvent as _`) and call `LoopbackEvent::new` as before.
 pub(super) trait NewEvent {
     fn new(key: &AggregateKey, p: &Packet, ts: u64, outcome: Outcome) -> Self;
+
+    /// A call the kernel dropped (or refused) on its way to the frontend it was sent to (the
+    /// packet's destination and port, an LB IP or VIP): [`NewEvent::new`] with the drop's
+    /// reason, site and interface, the frontend as the event's VIP, `evidence` and the Service
+    /// the rule named.
+    fn dropped_call(
+        key: &AggregateKey,
+        p: &Packet,
+        drop: &DropInfo,
+        outcome: Outcome,
+        evidence: Vec<String>,
+        service: Option<String>,
+    ) -> Self;
 }
 
 impl NewEvent for LoopbackEvent {
@@ -40,6 +57,26 @@ impl NewEvent for LoopbackEvent {
                 p.proto,
                 outcome,
             )
+        }
+    }
+
+    fn dropped_call(
+        key: &AggregateKey,
+        p: &Packet,
+        drop: &DropInfo,
+        outcome: Outcome,
+        evidence: Vec<String>,
+        service: Option<String>,
+    ) -> Self {
+        LoopbackEvent {
+            vip: Some(p.dst),
+            vip_port: Some(p.dport),
+            drop_reason: Some(drop.reason.name.clone()),
+            drop_location: drop.location.clone(),
+            evidence,
+            nic: drop.iface.clone(),
+            service,
+            ..LoopbackEvent::new(key, p, drop.ts, outcome)
         }
     }
 }

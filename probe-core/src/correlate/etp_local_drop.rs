@@ -109,16 +109,14 @@ impl Correlator {
             port: packet.dport,
             proto: packet.proto,
         };
-        let event = LoopbackEvent {
-            vip: Some(packet.dst),
-            vip_port: Some(packet.dport),
-            drop_reason: Some(info.reason.name.clone()),
-            drop_location: info.location.clone(),
+        let event = LoopbackEvent::dropped_call(
+            &key,
+            packet,
+            &info,
+            Outcome::Dropped,
             evidence,
-            nic: info.iface.clone(),
-            service: element.service.as_deref().map(service_name),
-            ..LoopbackEvent::new(&key, packet, info.ts, Outcome::Dropped)
-        };
+            element.service.as_deref().map(service_name),
+        );
         let event = LoopbackEvent {
             facts: Facts {
                 // Only an externalTrafficPolicy Local Service's external IPs get a `drop`

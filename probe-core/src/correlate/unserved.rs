@@ -237,16 +237,14 @@ impl Correlator {
             port: packet.dport,
             proto: packet.proto,
         };
-        let event = LoopbackEvent {
-            vip: Some(packet.dst),
-            vip_port: Some(packet.dport),
-            drop_reason: Some(info.reason.name.clone()),
-            drop_location: info.location.clone(),
+        let event = LoopbackEvent::dropped_call(
+            &key,
+            packet,
+            &info,
+            Outcome::Refused,
             evidence,
-            nic: info.iface.clone(),
-            service: owner_name,
-            ..LoopbackEvent::new(&key, packet, info.ts, Outcome::Refused)
-        };
+            owner_name,
+        );
         let event = LoopbackEvent {
             facts: Facts {
                 owner: self.vip_owner(packet.dst, packet.dst_tag),
