@@ -206,6 +206,19 @@ fn look_for_stale_udp(correlator: &Correlator, tx: &mpsc::Sender<StaleUdpDump>) 
     true
 }
 
+/// A stale UDP dump's entries, to the correlator.
+fn stale_udp_read(
+    lookups: &mut LookupTimers,
+    correlator: &mut Correlator,
+    (entries, at_ns): StaleUdpDump,
+) -> Vec<Output> {
+    lookups.step(
+        lookup_timers::Signal::Answered(Lookup::StaleUdp),
+        Instant::now(),
+    );
+    correlator.stale_udp(&entries, at_ns)
+}
+
 /// One proof look-up's results: (loop key, what it found or None).
 type ProofResults = Vec<(String, Option<proof::Found>)>;
 
@@ -260,11 +273,10 @@ pub(super) async fn run(mut l: CorrelateLoop) -> anyhow::Result<()> {
     // Quiet loops' proof look-ups (a conntrack dump each) run off this loop, one batch at a
     // time, every `check_every`; PROXY-protocol resets (`correlate::proxy_protocol`) likewise,
     // a conntrack dump every PROXY_PROTOCOL_EVERY while the API names an LB with PROXY
-    // protocol on (its reset entries stay 10 s in CLOSE, so none is missed between dumps).
+    // protocol on (its reset entries stay 10 s in CLOSE, so none is missed between dumps);
+    // stale UDP entries (`correlate::stale_udp`) every STALE_UDP_EVERY.
     let (proof_tx, mut proof_rx) = mpsc::channel::<ProofResults>(4);
     let (pp_tx, mut pp_rx) = mpsc::channel::<ProxyProtocolDump>(1);
-    // Stale UDP entries (`correlate::stale_udp`): the Service IPs' UDP entries every
-    // STALE_UDP_EVERY, each dump compared with the one before.
     let (udp_tx, mut udp_rx) = mpsc::channel::<StaleUdpDump>(1);
     let mut lookups = LookupTimers::new(
         Instant::now(),
@@ -301,10 +313,7 @@ pub(super) async fn run(mut l: CorrelateLoop) -> anyhow::Result<()> {
                 lookups.step(lookup_timers::Signal::Answered(Lookup::ProxyProtocol), Instant::now());
                 correlator.proxy_protocol(&entries, &targets, monotonic_ns())
             }
-            Some((entries, at_ns)) = udp_rx.recv() => {
-                lookups.step(lookup_timers::Signal::Answered(Lookup::StaleUdp), Instant::now());
-                correlator.stale_udp(&entries, at_ns)
-            }
+            Some(dump) = udp_rx.recv() => stale_udp_read(&mut lookups, &mut correlator, dump),
             Some(results) = proof_rx.recv() => {
                 lookups.step(lookup_timers::Signal::Answered(Lookup::Proof), Instant::now());
                 proved(&mut l, results);
