@@ -136,13 +136,18 @@ pub enum LoopbackKind {
     /// short-circuited by kube-proxy (DNATed to an endpoint on this node, never reaching the
     /// LB) and reset: the backend got no header.
     ProxyProtocolShortCircuit,
+    /// A UDP sender with a fixed 5-tuple (statsd, DNS, syslog) keeps refreshing a conntrack
+    /// entry to a Service IP that is DNATed to an endpoint that is no longer one (or that has
+    /// no DNAT at all while the Service now has endpoints): unreplied, its datagrams go nowhere
+    /// (kubernetes#139628).
+    StaleUdpConntrack,
 }
 
 impl LoopbackKind {
     /// Every kind, in the order every list of kinds shows them (the report's columns, verify's
     /// names): the three of the mission first, then the field's later shapes. Adding a kind
     /// adds it here and a row to [`KINDS`] (docs/architecture.md, "Adding a kind").
-    pub const ALL: [LoopbackKind; 7] = [
+    pub const ALL: [LoopbackKind; 8] = [
         LoopbackKind::Hairpin,
         LoopbackKind::HealthcheckBlackhole,
         LoopbackKind::VipPortUnserved,
@@ -150,6 +155,7 @@ impl LoopbackKind {
         LoopbackKind::ServiceSelfLoop,
         LoopbackKind::EtpLocalDrop,
         LoopbackKind::ProxyProtocolShortCircuit,
+        LoopbackKind::StaleUdpConntrack,
     ];
 
     /// The kind spelled as [`LoopbackKind::as_str`] writes it.
@@ -285,7 +291,7 @@ pub enum LbAddress {
 }
 
 /// Every kind's row, in [`LoopbackKind::ALL`]'s order.
-pub const KINDS: [KindSpec; 7] = [
+pub const KINDS: [KindSpec; 8] = [
     KindSpec {
         kind: LoopbackKind::Hairpin,
         name: "hairpin",
@@ -420,10 +426,32 @@ pub const KINDS: [KindSpec; 7] = [
         attribution: &[ServiceLookup::Frontend, ServiceLookup::OnlyOwnerOfVip],
         lb_address: LbAddress::Vip,
     },
+    KindSpec {
+        kind: LoopbackKind::StaleUdpConntrack,
+        name: "stale_udp_conntrack",
+        column: "STALE-UDP-CT",
+        reason: "StaleUdpConntrack",
+        severity: 1,
+        // Every datagram of one sender to one Service is lost, for as long as it sends.
+        harm: 2,
+        caller: Caller::PodOrNode,
+        // Tripping it takes a rule change under a fixed-port sender: not a call verify makes.
+        node_testable: false,
+        pod_testable: false,
+        relates_client_pod: false,
+        // Its proof is a refreshed entry in a conntrack dump, not an answered call: it is
+        // gone when the entry is (the remedy deletes it), and an answer to a new source port
+        // says nothing about the sender's fixed one.
+        proof: ProofShape::Unprovable,
+        // The ClusterIP or LB IP:port the sender calls.
+        attribution: &[ServiceLookup::Frontend, ServiceLookup::OnlyOwnerOfVip],
+        lb_address: LbAddress::Vip,
+    },
 ];
 
 /// Confirmations (reports, repeats included), by kind: the agent's `/status` (a kind
-/// confirmed by a later look-up, `proxy_protocol_short_circuit`, has no count here).
+/// confirmed by a later look-up, `proxy_protocol_short_circuit` and `stale_udp_conntrack`, has no
+/// count here).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct KindCounts {
@@ -546,6 +574,14 @@ pub enum AggregateKey {
         endpoint: IpAddr,
         endpoint_port: u16,
     },
+    StaleUdpConntrack {
+        /// The sender, with its fixed source port.
+        sender: IpAddr,
+        sender_port: u16,
+        /// The Service IP:port it sends to.
+        service: IpAddr,
+        service_port: u16,
+    },
 }
 
 impl AggregateKey {
@@ -560,6 +596,7 @@ impl AggregateKey {
             AggregateKey::ProxyProtocolShortCircuit { .. } => {
                 LoopbackKind::ProxyProtocolShortCircuit
             }
+            AggregateKey::StaleUdpConntrack { .. } => LoopbackKind::StaleUdpConntrack,
         }
     }
 }
@@ -652,6 +689,17 @@ impl fmt::Display for AggregateKey {
                 "proxy_protocol_short_circuit/{}->{}/tcp",
                 sock(*lb, *lb_port),
                 sock(*endpoint, *endpoint_port)
+            ),
+            AggregateKey::StaleUdpConntrack {
+                sender,
+                sender_port,
+                service,
+                service_port,
+            } => write!(
+                f,
+                "stale_udp_conntrack/{}->{}/udp",
+                sock(*sender, *sender_port),
+                sock(*service, *service_port)
             ),
         }
     }

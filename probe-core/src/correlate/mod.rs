@@ -116,6 +116,9 @@ pub mod replay;
 mod self_loop;
 #[cfg(test)]
 mod self_loop_tests;
+pub mod stale_udp;
+#[cfg(test)]
+mod stale_udp_tests;
 #[cfg(test)]
 mod stream_tests;
 #[cfg(test)]
@@ -205,6 +208,11 @@ pub(crate) const KIND_TEXTS: [KindTexts; probe_contract::KINDS.len()] = {
             remedy: proxy_protocol::remedy,
             cause: proxy_protocol::cause,
         },
+        KindTexts {
+            kind: K::StaleUdpConntrack,
+            remedy: stale_udp::remedy,
+            cause: stale_udp::cause,
+        },
     ]
 };
 
@@ -243,6 +251,8 @@ pub struct Correlator {
     /// PROXY-protocol resets confirmed, by the conntrack entry's original tuple -> time: the
     /// entry stays in `CLOSE` for 10 s, over several dumps, and counts once. Bounded.
     proxy_protocol_done: HashMap<Tuple, u64>,
+    /// The previous UDP dump's stale entries and those reported (`stale_udp.rs`). Bounded.
+    stale_udp: stale_udp::StaleUdpMemory,
     /// Connect attempts already confirmed as hairpins, by source (address, port, protocol):
     /// their retransmits fold in instead of counting again. Bounded by `max_pending`.
     confirmed_attempts: HashMap<(IpAddr, u16, Proto), Attempt>,
@@ -296,6 +306,7 @@ impl Correlator {
             self_loops: HashMap::new(),
             self_loop_done: HashMap::new(),
             proxy_protocol_done: HashMap::new(),
+            stale_udp: stale_udp::StaleUdpMemory::default(),
             confirmed_attempts: HashMap::new(),
             queries: HashMap::new(),
             programmed: HashMap::new(),

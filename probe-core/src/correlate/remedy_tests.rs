@@ -27,6 +27,7 @@ pub(super) fn event(kind: LoopbackKind, source: SourceKind) -> LoopbackEvent {
         LoopbackKind::ServiceSelfLoop => ("198.19.1.11", "198.19.1.11", 8080, Some(80)),
         LoopbackKind::EtpLocalDrop => ("198.19.1.10", "203.0.113.10", 8445, Some(8445)),
         LoopbackKind::ProxyProtocolShortCircuit => ("198.19.1.10", "198.19.1.11", 9443, Some(9443)),
+        LoopbackKind::StaleUdpConntrack => ("198.19.1.10", "198.19.1.20", 8125, Some(8125)),
     };
     let src = match (kind, source) {
         (LoopbackKind::Hairpin | LoopbackKind::VipPortUnserved, SourceKind::Node) => "198.18.0.2",
@@ -157,13 +158,15 @@ fn check(e: &LoopbackEvent, what: &str) {
             }
         }
     }
-    // Said where the policy matters (an unserved port has no policy to disagree on, and a
-    // PROXY-protocol short-circuit happens under either policy).
+    // Said where the policy matters (an unserved port has no policy to disagree on, a
+    // PROXY-protocol short-circuit happens under either policy, and a stale UDP entry under
+    // either too).
     let policy_matters = !matches!(
         e.kind,
         LoopbackKind::VipPortUnserved
             | LoopbackKind::ServiceSelfLoop
             | LoopbackKind::ProxyProtocolShortCircuit
+            | LoopbackKind::StaleUdpConntrack
     );
     assert_eq!(
         r.iter()
@@ -198,6 +201,10 @@ fn check(e: &LoopbackEvent, what: &str) {
         }
         LoopbackKind::ProxyProtocolShortCircuit => {
             assert!(cause.contains("PROXY protocol"), "{what}: {cause}");
+        }
+        LoopbackKind::StaleUdpConntrack => {
+            assert!(cause.contains("conntrack entry"), "{what}: {cause}");
+            assert!(all.contains("conntrack -D"), "{what}: the delete line");
         }
         LoopbackKind::Hairpin | LoopbackKind::VipPortUnserved => match f.source {
             SourceKind::Pod => {

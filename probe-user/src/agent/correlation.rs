@@ -172,6 +172,53 @@ fn look_for_proxy_protocol(l: &CorrelateLoop, tx: &mpsc::Sender<ProxyProtocolDum
     true
 }
 
+/// How often the Service IPs' UDP entries are read for stale translations.
+const STALE_UDP_EVERY: Duration = crate::correlate::stale_udp::DUMP_EVERY;
+
+/// One dump for the stale UDP proof: the entries, and CLOCK_MONOTONIC when it was read.
+type StaleUdpDump = (Vec<state::ConntrackEntry>, u64);
+
+/// Starts a dump of the UDP entries of the service table's UDP Service IPs (one
+/// kernel-filtered dump each, as for PROXY protocol; none: nothing to read); returns whether
+/// one is out. A failed dump proves nothing and is said at debug level.
+fn look_for_stale_udp(correlator: &Correlator, tx: &mpsc::Sender<StaleUdpDump>) -> bool {
+    let ips = correlator.stale_udp_dump_ips();
+    if ips.is_empty() {
+        return false;
+    }
+    let tx = tx.clone();
+    tokio::task::spawn_blocking(move || {
+        let at_ns = monotonic_ns();
+        let mut entries = Vec::new();
+        for ip in ips {
+            let filter = state::conntrack::OrigFilter {
+                dst: Some(ip),
+                proto: Some(probe_contract::Proto::Udp),
+                ..Default::default()
+            };
+            match state::conntrack::dump_filtered(&filter) {
+                Ok(e) => entries.extend(e),
+                Err(error) => debug!(%error, "conntrack dump for stale UDP entries"),
+            }
+        }
+        let _ = tx.blocking_send((entries, at_ns));
+    });
+    true
+}
+
+/// A stale UDP dump's entries, to the correlator.
+fn stale_udp_read(
+    lookups: &mut LookupTimers,
+    correlator: &mut Correlator,
+    (entries, at_ns): StaleUdpDump,
+) -> Vec<Output> {
+    lookups.step(
+        lookup_timers::Signal::Answered(Lookup::StaleUdp),
+        Instant::now(),
+    );
+    correlator.stale_udp(&entries, at_ns)
+}
+
 /// One proof look-up's results: (loop key, what it found or None).
 type ProofResults = Vec<(String, Option<proof::Found>)>;
 
@@ -226,13 +273,16 @@ pub(super) async fn run(mut l: CorrelateLoop) -> anyhow::Result<()> {
     // Quiet loops' proof look-ups (a conntrack dump each) run off this loop, one batch at a
     // time, every `check_every`; PROXY-protocol resets (`correlate::proxy_protocol`) likewise,
     // a conntrack dump every PROXY_PROTOCOL_EVERY while the API names an LB with PROXY
-    // protocol on (its reset entries stay 10 s in CLOSE, so none is missed between dumps).
+    // protocol on (its reset entries stay 10 s in CLOSE, so none is missed between dumps);
+    // stale UDP entries (`correlate::stale_udp`) every STALE_UDP_EVERY.
     let (proof_tx, mut proof_rx) = mpsc::channel::<ProofResults>(4);
     let (pp_tx, mut pp_rx) = mpsc::channel::<ProxyProtocolDump>(1);
+    let (udp_tx, mut udp_rx) = mpsc::channel::<StaleUdpDump>(1);
     let mut lookups = LookupTimers::new(
         Instant::now(),
         Duration::from_secs(l.tracker.config().check_every_s()),
         PROXY_PROTOCOL_EVERY,
+        STALE_UDP_EVERY,
     );
     // Every kind's gauges and counters from the start, at 0.
     l.shared.publish_loops(l.tracker.lifecycle(), None);
@@ -256,13 +306,14 @@ pub(super) async fn run(mut l: CorrelateLoop) -> anyhow::Result<()> {
             Some(answer) = answer_rx.recv() => correlator.answer(answer),
             _ = tick.tick() => {
                 on_tick(&mut l, &mut correlator);
-                start_lookups(&mut l, &mut lookups, &proof_tx, &pp_tx);
+                start_lookups(&mut l, &correlator, &mut lookups, (&proof_tx, &pp_tx, &udp_tx));
                 correlator.tick(monotonic_ns())
             }
             Some((entries, targets)) = pp_rx.recv() => {
                 lookups.step(lookup_timers::Signal::Answered(Lookup::ProxyProtocol), Instant::now());
                 correlator.proxy_protocol(&entries, &targets, monotonic_ns())
             }
+            Some(dump) = udp_rx.recv() => stale_udp_read(&mut lookups, &mut correlator, dump),
             Some(results) = proof_rx.recv() => {
                 lookups.step(lookup_timers::Signal::Answered(Lookup::Proof), Instant::now());
                 proved(&mut l, results);
@@ -335,9 +386,13 @@ fn on_tick(l: &mut CorrelateLoop, correlator: &mut Correlator) {
 /// Starts the look-ups the timers say are due.
 fn start_lookups(
     l: &mut CorrelateLoop,
+    correlator: &Correlator,
     lookups: &mut LookupTimers,
-    proof_tx: &mpsc::Sender<ProofResults>,
-    pp_tx: &mpsc::Sender<ProxyProtocolDump>,
+    (proof_tx, pp_tx, udp_tx): (
+        &mpsc::Sender<ProofResults>,
+        &mpsc::Sender<ProxyProtocolDump>,
+        &mpsc::Sender<StaleUdpDump>,
+    ),
 ) {
     let now = Instant::now();
     for lookup in lookups.step(lookup_timers::Signal::Tick, now) {
@@ -351,6 +406,7 @@ fn start_lookups(
                 out
             }
             Lookup::ProxyProtocol => look_for_proxy_protocol(l, pp_tx),
+            Lookup::StaleUdp => look_for_stale_udp(correlator, udp_tx),
         };
         lookups.step(lookup_timers::Signal::Started { lookup, out }, now);
     }

@@ -1,6 +1,7 @@
 //! When the correlation loop ([`super::correlation`]) starts its look-ups off the loop: the
 //! quiet loops' proof (a conntrack dump every `check_every`) and the PROXY-protocol resets
-//! (a conntrack dump every `correlate::proxy_protocol::DUMP_EVERY`). Pure, with the times
+//! (a conntrack dump every `correlate::proxy_protocol::DUMP_EVERY`) and the stale UDP entries
+//! (a dump of the Service IPs' UDP entries every `correlate::stale_udp::DUMP_EVERY`). Pure, with the times
 //! given: the loop's tick asks which are due, starts them, and says what came of it. One of
 //! each kind is out at a time, and each is due an interval after the last one was asked for.
 
@@ -11,6 +12,7 @@ use std::time::{Duration, Instant};
 pub(super) enum Lookup {
     Proof,
     ProxyProtocol,
+    StaleUdp,
 }
 
 /// What the loop tells the timers.
@@ -55,13 +57,20 @@ impl Timer {
 pub(super) struct LookupTimers {
     proof: Timer,
     proxy_protocol: Timer,
+    stale_udp: Timer,
 }
 
 impl LookupTimers {
-    pub fn new(now: Instant, proof_every: Duration, proxy_protocol_every: Duration) -> Self {
+    pub fn new(
+        now: Instant,
+        proof_every: Duration,
+        proxy_protocol_every: Duration,
+        stale_udp_every: Duration,
+    ) -> Self {
         LookupTimers {
             proof: Timer::new(now, proof_every),
             proxy_protocol: Timer::new(now, proxy_protocol_every),
+            stale_udp: Timer::new(now, stale_udp_every),
         }
     }
 
@@ -69,13 +78,14 @@ impl LookupTimers {
         match lookup {
             Lookup::Proof => &mut self.proof,
             Lookup::ProxyProtocol => &mut self.proxy_protocol,
+            Lookup::StaleUdp => &mut self.stale_udp,
         }
     }
 
     /// The look-ups to start now, in this order (a tick's answer; the other signals' is none).
     pub fn step(&mut self, signal: Signal, now: Instant) -> Vec<Lookup> {
         match signal {
-            Signal::Tick => [Lookup::Proof, Lookup::ProxyProtocol]
+            Signal::Tick => [Lookup::Proof, Lookup::ProxyProtocol, Lookup::StaleUdp]
                 .into_iter()
                 .filter(|&lookup| self.timer(lookup).take_due(now))
                 .collect(),
@@ -97,6 +107,8 @@ mod tests {
 
     const PROOF: Duration = Duration::from_secs(10);
     const PP: Duration = Duration::from_secs(3);
+    /// Longer than these tests look: they are about the first two.
+    const UDP: Duration = Duration::from_secs(1000);
 
     fn s(n: u64) -> Duration {
         Duration::from_secs(n)
@@ -105,7 +117,7 @@ mod tests {
     #[test]
     fn each_look_up_is_due_its_interval_after_the_start_and_then_after_the_last_one() {
         let t0 = Instant::now();
-        let mut t = LookupTimers::new(t0, PROOF, PP);
+        let mut t = LookupTimers::new(t0, PROOF, PP, UDP);
         assert_eq!(t.step(Signal::Tick, t0), []);
         assert_eq!(t.step(Signal::Tick, t0 + s(3)), [Lookup::ProxyProtocol]);
         // Nothing to look up (no LB with PROXY protocol): asked again an interval later.
@@ -135,7 +147,7 @@ mod tests {
     #[test]
     fn a_look_up_out_is_not_started_again_until_it_is_answered() {
         let t0 = Instant::now();
-        let mut t = LookupTimers::new(t0, PROOF, PP);
+        let mut t = LookupTimers::new(t0, PROOF, PP, UDP);
         assert_eq!(
             t.step(Signal::Tick, t0 + s(10)),
             [Lookup::Proof, Lookup::ProxyProtocol]
@@ -150,5 +162,28 @@ mod tests {
         t.step(Signal::Answered(Lookup::Proof), t0 + s(26));
         // Answered after its time: started again at the next tick.
         assert_eq!(t.step(Signal::Tick, t0 + s(26)), [Lookup::Proof]);
+    }
+
+    #[test]
+    fn the_stale_udp_dump_comes_last_on_its_own_interval() {
+        let t0 = Instant::now();
+        let mut t = LookupTimers::new(t0, PROOF, PP, s(5));
+        assert_eq!(
+            t.step(Signal::Tick, t0 + s(5)),
+            [Lookup::ProxyProtocol, Lookup::StaleUdp]
+        );
+        t.step(
+            Signal::Started {
+                lookup: Lookup::StaleUdp,
+                out: true,
+            },
+            t0 + s(5),
+        );
+        assert_eq!(
+            t.step(Signal::Tick, t0 + s(10)),
+            [Lookup::Proof, Lookup::ProxyProtocol]
+        );
+        t.step(Signal::Answered(Lookup::StaleUdp), t0 + s(10));
+        assert_eq!(t.step(Signal::Tick, t0 + s(10)), [Lookup::StaleUdp]);
     }
 }

@@ -1,0 +1,185 @@
+//! A stale UDP conntrack entry (issue #51, shape 3; kubernetes#139628): a statsd-like sender
+//! in pod A with a fixed source port sends to a ClusterIP whose kube-proxy-shaped rules DNAT
+//! it to pod B:8125 (the endpoint that goes away); then the rules move the Service to pod
+//! B:8126 (the new endpoint) and nothing deletes the node's conntrack entry, so the sender's
+//! datagrams keep going to 8125. Pod B only receives (statsd answers nothing): the entry stays
+//! UNREPLIED, as the field's are.
+
+use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::sync::{
+    Arc,
+    atomic::{AtomicBool, Ordering},
+};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+
+use super::cmd::{restore_rules, run_detached};
+use super::servers::SERVER_TAG;
+use super::{KubeProxyMode, NS_NODE, NS_POD_A, NS_POD_B, POD_B_IP, in_netns, kube_proxy};
+
+/// The Service's ClusterIP and port (`monitoring/statsd:statsd`, UDP).
+pub const STATSD_CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 100, 30);
+pub const STATSD_PORT: u16 = 8125;
+/// Pod B's port that is the endpoint first, and the one it moves to.
+pub const OLD_ENDPOINT_PORT: u16 = 8125;
+pub const NEW_ENDPOINT_PORT: u16 = 8126;
+/// The sender's fixed source port (a statsd client keeps one socket).
+pub const SENDER_PORT: u16 = 40125;
+/// The Service's name as kube-proxy's rule comments write it.
+pub const STATSD_SERVICE: &str = "monitoring/statsd:statsd";
+
+/// kube-proxy's chains for the Service (made-up hashes of kube-proxy's shape).
+const SVC_CHAIN: &str = "KUBE-SVC-CLBSTATSDUDP8125";
+const OLD_SEP_CHAIN: &str = "KUBE-SEP-CLBSTATSDEPOLD01";
+const NEW_SEP_CHAIN: &str = "KUBE-SEP-CLBSTATSDEPNEW01";
+
+/// Pod B's sink: reads datagrams on both ports and answers none (statsd does not).
+const SINK_PY: &str = r#"
+import select, socket, sys
+socks = []
+for port in sys.argv[2:]:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("0.0.0.0", int(port)))
+    socks.append(s)
+while True:
+    for s in select.select(socks, [], [])[0]:
+        s.recvfrom(2048)
+"#;
+
+/// The Service's rules with its endpoint on pod B at `endpoint_port`: the `cluster IP` rule of
+/// KUBE-SERVICES (once: `with_service_rule`), the SVC chain (re-declared: flushed) and the
+/// endpoint's SEP chain (kubernetes/kubernetes pkg/proxy/iptables/proxier.go).
+fn rules(endpoint_port: u16, with_service_rule: bool) -> String {
+    let sep = if endpoint_port == OLD_ENDPOINT_PORT {
+        OLD_SEP_CHAIN
+    } else {
+        NEW_SEP_CHAIN
+    };
+    let service_rule = if with_service_rule {
+        format!(
+            "-A KUBE-SERVICES -d {STATSD_CLUSTER_IP}/32 -p udp -m comment --comment \"{STATSD_SERVICE} cluster IP\" -m udp --dport {STATSD_PORT} -j {SVC_CHAIN}\n"
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        r#"*nat
+:{SVC_CHAIN} - [0:0]
+:{sep} - [0:0]
+{service_rule}-A {SVC_CHAIN} -m comment --comment "{STATSD_SERVICE} -> {POD_B_IP}:{endpoint_port}" -j {sep}
+-A {sep} -s {POD_B_IP}/32 -m comment --comment "{STATSD_SERVICE}" -j KUBE-MARK-MASQ
+-A {sep} -p udp -m comment --comment "{STATSD_SERVICE}" -m udp -j DNAT --to-destination {POD_B_IP}:{endpoint_port}
+COMMIT
+"#
+    )
+}
+
+/// Starts pod B's sink and writes the Service's rules with pod B:8125 as its endpoint.
+/// iptables mode only (the lab's default). Removed with the lab.
+pub fn serve_statsd() -> Result<()> {
+    if kube_proxy::node_mode()? != KubeProxyMode::Iptables {
+        bail!("the statsd Service's rules are written for kube-proxy's iptables mode");
+    }
+    let (old, new) = (OLD_ENDPOINT_PORT.to_string(), NEW_ENDPOINT_PORT.to_string());
+    let argv = [
+        "ip", "netns", "exec", NS_POD_B, "setsid", "-f", "python3", "-c", SINK_PY, SERVER_TAG,
+        &old, &new,
+    ];
+    run_detached(&argv).context("starting the statsd sink in pod B")?;
+    restore_rules(NS_NODE, "iptables-restore", &rules(OLD_ENDPOINT_PORT, true))
+        .context("kube-proxy's rules for the statsd Service")?;
+    Ok(())
+}
+
+/// Moves the Service's endpoint to pod B:8126, as kube-proxy rewrites the chains when the
+/// endpoint changes; the node's conntrack entries are left as they are.
+pub fn move_endpoint() -> Result<()> {
+    restore_rules(
+        NS_NODE,
+        "iptables-restore",
+        &rules(NEW_ENDPOINT_PORT, false),
+    )
+    .context("moving the statsd Service's endpoint")?;
+    Ok(())
+}
+
+/// A sender in pod A: one datagram to the ClusterIP every `every` from `source_port` (0: a
+/// new socket, so a new port, for each datagram), until dropped.
+pub struct Sender {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Sender {
+    pub fn start(source_port: u16, every: Duration) -> Result<Sender> {
+        let bind = move || {
+            in_netns(NS_POD_A, move || {
+                UdpSocket::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, source_port))
+                    .context("bind the sender")
+            })
+        };
+        let first = bind()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        let dst = SocketAddrV4::new(STATSD_CLUSTER_IP, STATSD_PORT);
+        let thread = std::thread::spawn(move || {
+            let mut sock = Some(first);
+            while !stopped.load(Ordering::Relaxed) {
+                let s = match sock.take() {
+                    Some(s) => s,
+                    None => match bind() {
+                        Ok(s) => s,
+                        Err(_) => break,
+                    },
+                };
+                let _ = s.send_to(b"lab.counter:1|c\n", dst);
+                if source_port != 0 {
+                    sock = Some(s);
+                }
+                std::thread::sleep(every);
+            }
+        });
+        Ok(Sender {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Sender {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The node's conntrack entries to the ClusterIP, as `conntrack -L` prints them.
+pub fn entries() -> Result<String> {
+    let o = std::process::Command::new("ip")
+        .args(["netns", "exec", NS_NODE, "conntrack", "-L", "-p", "udp"])
+        .args(["--orig-dst", &STATSD_CLUSTER_IP.to_string()])
+        .output()
+        .context("conntrack -L")?;
+    Ok(String::from_utf8_lossy(&o.stdout).into_owned())
+}
+
+/// Runs a `conntrack ...` command line (the remedy's) in the node namespace.
+pub fn run_in_node(command_line: &str) -> Result<()> {
+    let args: Vec<&str> = command_line.split_whitespace().collect();
+    let o = std::process::Command::new("ip")
+        .args(["netns", "exec", NS_NODE])
+        .args(&args)
+        .output()
+        .with_context(|| format!("running {command_line}"))?;
+    if !o.status.success() {
+        bail!(
+            "{command_line}: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,125 @@
+//! Issue #51, shape 3: the stale UDP conntrack black hole (kubernetes#139628). On the real
+//! lab node (iptables mode, real conntrack): pod A sends statsd-like datagrams from one fixed
+//! source port to a ClusterIP DNATed to pod B:8125; kube-proxy-shaped rules then move the
+//! Service's endpoint to pod B:8126 and nothing deletes the entry, so the datagrams keep
+//! going to 8125, unanswered. The agent confirms `stale_udp_conntrack` naming the Service
+//! and the stale endpoint. Silent twins: the entry while its endpoint is current; after the
+//! remedy's own `conntrack -D` line (the next datagram takes the new rules); a sender whose
+//! source port changes with each datagram.
+//!
+//! Root only (prints a skip line otherwise); iptables mode only (the rules are written for it).
+
+use std::{net::IpAddr, time::Duration};
+
+use probe_contract::LoopbackKind;
+use probe_tests::agent::{Agent, require_root};
+use test_support::lab::{self, KubeProxyMode, LabGuard, Variants, stale_udp};
+
+/// Two dumps (every 5 s) after the service table has the change, with room for a slow machine.
+const WAIT: Duration = Duration::from_secs(40);
+/// How long a silent twin is watched: three dumps and more.
+const QUIET: Duration = Duration::from_secs(17);
+const EVERY: Duration = Duration::from_millis(300);
+
+fn stale_events(agent: &Agent) -> usize {
+    agent
+        .events()
+        .iter()
+        .filter(|e| e.kind == LoopbackKind::StaleUdpConntrack)
+        .count()
+}
+
+#[test]
+fn a_fixed_port_udp_sender_on_a_stale_dnat_is_confirmed_and_its_twins_are_silent() {
+    if !require_root("the stale UDP conntrack black hole") {
+        return;
+    }
+    if KubeProxyMode::from_env().unwrap() != KubeProxyMode::Iptables {
+        eprintln!("skipping: the statsd Service's rules are written for iptables mode");
+        return;
+    }
+    let _lab = LabGuard::up(&Variants::default()).expect("lab up");
+    stale_udp::serve_statsd().expect("the statsd Service and its sink");
+    let agent = Agent::start_with_table(lab::NS_NODE, &[]);
+
+    // The endpoint is current: the sender's entry is DNATed to it; no report.
+    let sender = stale_udp::Sender::start(stale_udp::SENDER_PORT, EVERY).expect("sender");
+    // The reply tuple names the endpoint: `src=<pod B> ... sport=<endpoint port>`.
+    let old = format!("sport={}", stale_udp::OLD_ENDPOINT_PORT);
+    assert!(
+        probe_tests::agent::wait_for("the entry", Duration::from_secs(5), || {
+            stale_udp::entries()
+                .ok()
+                .filter(|e| e.contains(&old) && e.contains("[UNREPLIED]"))
+        })
+        .is_some(),
+        "{:?}",
+        stale_udp::entries()
+    );
+    std::thread::sleep(QUIET);
+    assert_eq!(stale_events(&agent), 0, "{:#?}", agent.events());
+
+    // kube-proxy moves the endpoint; the entry stays, refreshed by every datagram.
+    stale_udp::move_endpoint().expect("move the endpoint");
+    let e = agent.wait_event("stale_udp_conntrack", WAIT, |es| {
+        es.iter()
+            .find(|e| e.kind == LoopbackKind::StaleUdpConntrack)
+            .cloned()
+    });
+    let pod_b = IpAddr::V4(lab::POD_B_IP);
+    assert_eq!(
+        (e.src, e.src_port),
+        (IpAddr::V4(lab::POD_A_IP), stale_udp::SENDER_PORT),
+        "{e:#?}"
+    );
+    assert_eq!((e.dst, e.dst_port), (pod_b, stale_udp::OLD_ENDPOINT_PORT));
+    assert_eq!(
+        (e.vip, e.vip_port),
+        (
+            Some(IpAddr::V4(stale_udp::STATSD_CLUSTER_IP)),
+            Some(stale_udp::STATSD_PORT)
+        )
+    );
+    assert!(
+        e.service
+            .as_deref()
+            .is_some_and(|s| s.starts_with(stale_udp::STATSD_SERVICE)),
+        "{e:#?}"
+    );
+    let evidence = e.evidence.join("\n");
+    assert!(
+        evidence.contains(&format!(
+            "current endpoints: {}:{}",
+            lab::POD_B_IP,
+            stale_udp::NEW_ENDPOINT_PORT
+        )),
+        "{evidence}"
+    );
+    let delete = format!(
+        "conntrack -D -p udp --orig-src {} --orig-dst {} --sport {} --dport {}",
+        lab::POD_A_IP,
+        stale_udp::STATSD_CLUSTER_IP,
+        stale_udp::SENDER_PORT,
+        stale_udp::STATSD_PORT
+    );
+    let remedy = e.remedy.join("\n");
+    assert!(remedy.contains(&delete), "{remedy}");
+    assert!(remedy.contains("#139629"), "{remedy}");
+
+    // Twin: the remedy's line deletes the entry; the next datagram takes the new endpoint.
+    stale_udp::run_in_node(&delete).expect("the remedy's conntrack -D");
+    let new = format!("sport={}", stale_udp::NEW_ENDPOINT_PORT);
+    assert!(
+        probe_tests::agent::wait_for("the new entry", Duration::from_secs(5), || {
+            stale_udp::entries().ok().filter(|e| e.contains(&new))
+        })
+        .is_some(),
+        "{:?}",
+        stale_udp::entries()
+    );
+    // Twin: a sender whose source port changes with each datagram (its entries are new).
+    let changing = stale_udp::Sender::start(0, EVERY).expect("changing-port sender");
+    std::thread::sleep(QUIET);
+    assert_eq!(stale_events(&agent), 1, "{:#?}", agent.events());
+    drop((sender, changing));
+}
