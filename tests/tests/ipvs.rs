@@ -57,6 +57,8 @@ fn ipvs_mode_fails_clearly_without_ipvs() {
         eprintln!("skipping ipvs_mode_fails_clearly: this kernel has IPVS and dummy");
         return;
     }
+    // The lab's lock held: another test's lab going up or down meanwhile is not ours.
+    let _lock = lab::LabLock::acquire().expect("the lab's lock");
     let before = lab::leftovers().unwrap();
     let err = lab::Lab::up_in(
         KubeProxyMode::Ipvs,
