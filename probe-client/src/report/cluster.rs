@@ -23,10 +23,10 @@ pub const TOP_SERVICES: usize = 10;
 /// ([`LoopbackKind::ALL`]). Issue #49: `service_self_loop`, `etp_local_drop` and
 /// `proxy_protocol_short_circuit` had no column, so a node row read zeros while the exit code
 /// was 1.
-pub const KINDS: [(&str, &str); 7] = {
-    let mut out = [("", ""); 7];
+pub const KINDS: [(&str, &str); probe_contract::LoopbackKind::ALL.len()] = {
+    let mut out = [("", ""); probe_contract::LoopbackKind::ALL.len()];
     let mut i = 0;
-    while i < 7 {
+    while i < out.len() {
         let k = probe_contract::LoopbackKind::ALL[i];
         out[i] = (k.as_str(), k.column());
         i += 1;

@@ -16,6 +16,9 @@ use super::{
 
 /// (cases, FNV-1a 64 of every remedy line and cause, in the loops' order).
 const RECORDED: (usize, u64) = (1548, 17_611_456_782_656_444_629);
+/// The kinds there were at the recording, `LoopbackKind::ALL`'s first: a kind added since
+/// (at the end of `ALL`) is held by its own tests, and leaves the recorded digest as it was.
+const RECORDED_KINDS: usize = 7;
 
 fn fnv1a(hash: &mut u64, text: &str) {
     for b in text.bytes().chain(std::iter::once(b'\n')) {
@@ -36,7 +39,7 @@ fn the_remedy_tables_texts_are_the_recorded_ones() {
         fnv1a(&mut hash, &cause(e));
         cases += 1;
     };
-    for kind in LoopbackKind::ALL {
+    for kind in LoopbackKind::ALL.into_iter().take(RECORDED_KINDS) {
         for source in [SourceKind::Pod, SourceKind::Node, SourceKind::Vip] {
             for owner in owners() {
                 for rules in policies {

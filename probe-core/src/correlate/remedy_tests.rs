@@ -14,7 +14,7 @@ use probe_contract::{
     },
 };
 
-const KINDS: [LoopbackKind; 7] = [
+const KINDS: [LoopbackKind; 8] = [
     LoopbackKind::HealthcheckBlackhole,
     LoopbackKind::Hairpin,
     LoopbackKind::VipPortUnserved,
@@ -22,6 +22,7 @@ const KINDS: [LoopbackKind; 7] = [
     LoopbackKind::ServiceSelfLoop,
     LoopbackKind::EtpLocalDrop,
     LoopbackKind::ProxyProtocolShortCircuit,
+    LoopbackKind::SourceRangesDrop,
 ];
 
 fn ip(s: &str) -> IpAddr {
@@ -37,6 +38,7 @@ pub(super) fn event(kind: LoopbackKind, source: SourceKind) -> LoopbackEvent {
         LoopbackKind::ServiceSelfLoop => ("198.19.1.11", "198.19.1.11", 8080, Some(80)),
         LoopbackKind::EtpLocalDrop => ("198.19.1.10", "203.0.113.10", 8445, Some(8445)),
         LoopbackKind::ProxyProtocolShortCircuit => ("198.19.1.10", "198.19.1.11", 9443, Some(9443)),
+        LoopbackKind::SourceRangesDrop => ("198.19.1.10", "203.0.113.10", 80, Some(80)),
     };
     let src = match (kind, source) {
         (LoopbackKind::Hairpin | LoopbackKind::VipPortUnserved, SourceKind::Node) => "198.18.0.2",
@@ -174,6 +176,7 @@ fn check(e: &LoopbackEvent, what: &str) {
         LoopbackKind::VipPortUnserved
             | LoopbackKind::ServiceSelfLoop
             | LoopbackKind::ProxyProtocolShortCircuit
+            | LoopbackKind::SourceRangesDrop
     );
     assert_eq!(
         r.iter()
@@ -208,6 +211,16 @@ fn check(e: &LoopbackEvent, what: &str) {
         }
         LoopbackKind::ProxyProtocolShortCircuit => {
             assert!(cause.contains("PROXY protocol"), "{what}: {cause}");
+        }
+        LoopbackKind::SourceRangesDrop => {
+            assert!(
+                cause.contains("loadBalancerSourceRanges"),
+                "{what}: {cause}"
+            );
+            assert!(
+                all.contains("kubernetes#109575"),
+                "{what}: the upstream issue"
+            );
         }
         LoopbackKind::Hairpin | LoopbackKind::VipPortUnserved => match f.source {
             SourceKind::Pod => {

@@ -132,6 +132,7 @@ pub(super) fn table() -> ServiceTable {
         ],
         access_filter: Vec::new(),
         no_endpoint_drops: Vec::new(),
+        firewall: Vec::new(),
         from_api: false,
         serves_index: Default::default(),
     }

@@ -24,7 +24,8 @@ fn base(provider: Provider, kind: LoopbackKind) -> Facts {
             Hairpin
             | ServiceSelfLoop
             | LoopbackKind::EtpLocalDrop
-            | LoopbackKind::ProxyProtocolShortCircuit => Some(Source::Pod),
+            | LoopbackKind::ProxyProtocolShortCircuit
+            | LoopbackKind::SourceRangesDrop => Some(Source::Pod),
         },
         snat: SnatState::No,
         layer: (kind == Hairpin).then_some(Layer::L4),

@@ -382,7 +382,7 @@ impl Tracker {
 }
 
 /// Every kind, for gauges that list each.
-pub const ALL_KINDS: [LoopbackKind; 7] = LoopbackKind::ALL;
+pub const ALL_KINDS: [LoopbackKind; LoopbackKind::ALL.len()] = LoopbackKind::ALL;
 
 /// The Service's fields a fix changes, as `field -> value` (the fixes patch these:
 /// traffic policies, type, LB class, the LB controller's annotations, the ingress `ipMode`).

@@ -74,7 +74,7 @@ pub fn node_testable() -> Vec<LoopbackKind> {
 }
 
 /// Every kind, as a request may name them (`spec.kinds`).
-pub const ALL_KINDS: [LoopbackKind; 7] = LoopbackKind::ALL;
+pub const ALL_KINDS: [LoopbackKind; LoopbackKind::ALL.len()] = LoopbackKind::ALL;
 
 /// The kinds a call from a pod can trip: those a node-sourced call trips but the VIP as
 /// source (a node's own socket's), and a pod's call to its own Service.

@@ -52,6 +52,7 @@ pub(super) fn lab() -> Inputs {
             masquerade_rules: vec![KUBE_MASQ.into()],
             access_filter: vec![],
             no_endpoint_drops: vec![],
+            firewall: vec![],
             from_api: false,
             serves_index: Default::default(),
         },

@@ -105,6 +105,8 @@ pub fn merge(table: &mut ServiceTable, other: ServiceTable) {
             table.no_endpoint_drops.push(d);
         }
     }
+    // nftables `firewall-ips` entries (issue #51): one family's each, never the same.
+    table.firewall.extend(other.firewall);
 }
 
 /// One `-A` rule, reduced to the matches and targets kube-proxy uses.
