@@ -73,7 +73,7 @@ impl Correlator {
                 entry
                     .service
                     .as_deref()
-                    .map(|c| format!(" comment \"{c}\""))
+                    .map(|c| format!(" of {c}"))
                     .unwrap_or_default(),
                 entry.allowed_text(),
             ),

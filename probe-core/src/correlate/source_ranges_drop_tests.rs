@@ -60,8 +60,8 @@ fn a_pods_call_from_outside_the_ranges_is_confirmed_with_the_firewall_entry() {
         let ev = e.evidence.join("\n");
         assert!(
             ev.contains(&format!(
-                "map firewall-ips has the element {LB_IP} . tcp . {PORT} comment \
-                 \"default/web:http\", whose chain drops every new connection from a source \
+                "map firewall-ips has the element {LB_IP} . tcp . {PORT} of \
+                 default/web:http, whose chain drops every new connection from a source \
                  outside {{ 192.0.2.0/24 }}"
             )),
             "{ev}"

@@ -751,6 +751,9 @@ pub fn read_facts_after(touched: &Touched) -> Result<Option<ServiceTable>, NftEr
 /// One family's NodePort map and the chains [`read_facts_after`] reads, as last read.
 struct FamilyFacts {
     nodeports: Vec<Elem<'static>>,
+    /// kube-proxy's firewall (`firewall-ips` and its chains' ranges), read whole when the map
+    /// or a `firewall-` chain was touched: only the rules say what it drops (issue #51).
+    firewall: Vec<probe_core::state::FirewallEntry>,
     /// The `external-` chains the map's elements go to, and `masquerading`.
     chains: HashMap<String, Vec<Rule<'static>>>,
 }
@@ -768,6 +771,7 @@ impl FamilyFacts {
             _ => (
                 FamilyFacts {
                     nodeports: Vec::new(),
+                    firewall: Vec::new(),
                     chains: HashMap::new(),
                 },
                 None,
@@ -785,6 +789,13 @@ impl FamilyFacts {
                 Err(e) if e.is_absent() => Vec::new(),
                 Err(e) => return Err(e.into()),
             };
+        }
+        let firewall_touched = named.is_none_or(|n| {
+            n.iter()
+                .any(|c| c == FIREWALL_IPS || nft_firewall::is_firewall_chain(c))
+        });
+        if firewall_touched {
+            facts.firewall = read_firewall(family)?;
         }
         let mut wanted: HashSet<String> = facts
             .nodeports
@@ -827,8 +838,37 @@ impl FamilyFacts {
         let mut names: Vec<&String> = self.chains.keys().collect();
         names.sort();
         let rules = names.into_iter().flat_map(|n| self.chains[n].iter());
-        build_table_of(&[], &self.nodeports, &[], Chains::new(rules))
+        let mut table = build_table_of(&[], &self.nodeports, &[], Chains::new(rules));
+        table.firewall = self.firewall.clone();
+        table
     }
+}
+
+/// One family's firewall: the `firewall-ips` elements and the rules of each element's chain.
+fn read_firewall(family: u8) -> Result<Vec<probe_core::state::FirewallEntry>, NftError> {
+    let elems = match nft_netlink::set_elems(family, TABLE, FIREWALL_IPS) {
+        Ok(mut v) => {
+            v.sort_by(|a, b| a.key.cmp(&b.key));
+            firewall_elems(
+                &v.iter()
+                    .filter_map(|e| elem_from_netlink(e, family, 3))
+                    .collect::<Vec<_>>(),
+            )
+        }
+        Err(e) if e.is_absent() => return Ok(Vec::new()),
+        Err(e) => return Err(e.into()),
+    };
+    let mut rules = Vec::new();
+    let chains: HashSet<&str> = elems.iter().map(|e| e.chain.as_str()).collect();
+    for chain in chains {
+        match nft_netlink::rules_vec(family, TABLE, Some(chain)) {
+            Ok(r) => rules.extend(r),
+            Err(e) if e.is_absent() => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let ranges = nft_firewall::ranges_from_netlink(family, TABLE, &rules)?;
+    Ok(nft_firewall::entries(&elems, &ranges))
 }
 
 /// The `service-ips` element for `addr . proto . port`, as `nft` would print it, or None:

@@ -25,6 +25,7 @@ pub mod nft;
 pub mod proxy_protocol;
 mod scenario;
 pub mod servers;
+pub mod source_ranges;
 mod status;
 pub(crate) mod switch;
 mod udp;
