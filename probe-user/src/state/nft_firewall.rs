@@ -222,7 +222,11 @@ pub fn ranges_from_json(expr: &str) -> Option<Vec<SourceRange>> {
             Some(Value::Array(items)) => items.iter().collect(),
             _ => vec![right],
         };
-        items.into_iter().map(json_range).collect()
+        let mut ranges: Vec<SourceRange> =
+            items.into_iter().map(json_range).collect::<Option<_>>()?;
+        // In address order, as the netlink reader gives them.
+        ranges.sort_by_key(|r| r.first);
+        Some(ranges)
     })
 }
 
@@ -286,7 +290,7 @@ mod tests {
             .iter()
             .map(|r| r.to_string())
             .collect();
-        assert_eq!(r, ["192.0.2.0/24", "10.0.0.7", "10.1.0.1-10.1.0.4"]);
+        assert_eq!(r, ["10.0.0.7", "10.1.0.1-10.1.0.4", "192.0.2.0/24"]);
         let one = r#"[{"match": {"op": "!=", "left": {"payload": {"protocol": "ip6", "field": "saddr"}},
             "right": {"prefix": {"addr": "2001:db8::", "len": 32}}}}, {"drop": null}]"#;
         assert_eq!(
@@ -296,6 +300,70 @@ mod tests {
         // Not the range rule: no drop, or a destination match.
         assert!(ranges_from_json(&set.replace("drop", "accept")).is_none());
         assert!(ranges_from_json(&set.replace("saddr", "daddr")).is_none());
+    }
+
+    /// kube-proxy's firewall as `nft -f` loads it into a scratch namespace, read back over
+    /// netlink and from `nft -j list table` (the two readers): the same entries, with the
+    /// set's prefix, address and range, and the Service from the chain name.
+    #[test]
+    fn both_readers_read_a_real_firewall_alike() {
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        if !root
+            || std::process::Command::new("nft")
+                .arg("--version")
+                .output()
+                .is_err()
+        {
+            eprintln!("skipping: needs root and nft");
+            return;
+        }
+        let ns = crate::state::test_netns::Netns::new("nftfw", &[""]);
+        ns.restore(
+            0,
+            &["nft", "-f", "-"],
+            "add table ip kube-proxy\n\
+             add map ip kube-proxy firewall-ips { type ipv4_addr . inet_proto . inet_service : verdict ; }\n\
+             add chain ip kube-proxy firewall-check\n\
+             add rule ip kube-proxy firewall-check ip daddr . meta l4proto . th dport vmap @firewall-ips\n\
+             add chain ip kube-proxy firewall-HVFWP5L3-ns5/svc5/tcp/p80\n\
+             add rule ip kube-proxy firewall-HVFWP5L3-ns5/svc5/tcp/p80 ip saddr != { 203.0.113.0/25, 192.0.2.7, 10.1.0.1-10.1.0.4 } drop\n\
+             add element ip kube-proxy firewall-ips { 5.6.7.8 . tcp . 80 : goto firewall-HVFWP5L3-ns5/svc5/tcp/p80 }\n",
+        );
+        let netlink = ns
+            .run_in(0, || {
+                crate::state::nftables::read_family(crate::state::changes::FAMILY_IP)
+            })
+            .unwrap()
+            .unwrap();
+        let json = std::process::Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                ns.name(0),
+                "nft",
+                "-j",
+                "list",
+                "table",
+                "ip",
+                "kube-proxy",
+            ])
+            .output()
+            .unwrap();
+        let from_json =
+            crate::state::nftables::parse_nft_json(&String::from_utf8_lossy(&json.stdout)).unwrap();
+        assert_eq!(netlink.firewall.len(), 1, "{:?}", netlink.firewall);
+        let f = &netlink.firewall[0];
+        assert_eq!(f.addr, IpAddr::from([5, 6, 7, 8]));
+        assert_eq!(f.service.as_deref(), Some("ns5/svc5:p80"));
+        assert_eq!(
+            f.allowed_text(),
+            "10.1.0.1-10.1.0.4, 192.0.2.7, 203.0.113.0/25"
+        );
+        assert_eq!(
+            from_json.firewall, netlink.firewall,
+            "the JSON reader agrees"
+        );
     }
 
     /// `ip saddr != 198.19.0.0/16 drop` as the kernel holds it (nft folds a one-element
