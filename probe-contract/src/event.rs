@@ -141,13 +141,19 @@ pub enum LoopbackKind {
     /// no DNAT at all while the Service now has endpoints): unreplied, its datagrams go nowhere
     /// (kubernetes#139628).
     StaleUdpConntrack,
+    /// kube-proxy dropped a call from this node (a local pod's, or the node's own) to an LB IP
+    /// whose Service sets `loadBalancerSourceRanges`, because the caller's source is outside
+    /// those ranges: nftables mode's `firewall-ips` map and the Service's `firewall-` chain
+    /// (`ip saddr != { ranges } drop`, kubernetes PR #122614, 1.30); iptables mode has done it
+    /// since 1.25 (`KUBE-FW-*`, PR #110289), not yet named here. kubernetes#109575.
+    SourceRangesDrop,
 }
 
 impl LoopbackKind {
     /// Every kind, in the order every list of kinds shows them (the report's columns, verify's
     /// names): the three of the mission first, then the field's later shapes. Adding a kind
     /// adds it here and a row to [`KINDS`] (docs/architecture.md, "Adding a kind").
-    pub const ALL: [LoopbackKind; 8] = [
+    pub const ALL: [LoopbackKind; 9] = [
         LoopbackKind::Hairpin,
         LoopbackKind::HealthcheckBlackhole,
         LoopbackKind::VipPortUnserved,
@@ -156,6 +162,7 @@ impl LoopbackKind {
         LoopbackKind::EtpLocalDrop,
         LoopbackKind::ProxyProtocolShortCircuit,
         LoopbackKind::StaleUdpConntrack,
+        LoopbackKind::SourceRangesDrop,
     ];
 
     /// The kind spelled as [`LoopbackKind::as_str`] writes it.
@@ -291,7 +298,7 @@ pub enum LbAddress {
 }
 
 /// Every kind's row, in [`LoopbackKind::ALL`]'s order.
-pub const KINDS: [KindSpec; 8] = [
+pub const KINDS: [KindSpec; 9] = [
     KindSpec {
         kind: LoopbackKind::Hairpin,
         name: "hairpin",
@@ -447,6 +454,30 @@ pub const KINDS: [KindSpec; 8] = [
         attribution: &[ServiceLookup::Frontend, ServiceLookup::OnlyOwnerOfVip],
         lb_address: LbAddress::Vip,
     },
+    KindSpec {
+        kind: LoopbackKind::SourceRangesDrop,
+        name: "source_ranges_drop",
+        column: "SOURCE-RANGES",
+        reason: "SourceRangesDrop",
+        // Every in-cluster caller of one LB IP:port outside its ranges fails, as with
+        // kube-proxy's ETP Local drop.
+        severity: 1,
+        harm: 2,
+        caller: Caller::PodOrNode,
+        // kube-proxy's firewall chain runs in prerouting (a pod's call) and output (the
+        // node's): both callers trip it, and both prove it gone when answered.
+        node_testable: true,
+        pod_testable: true,
+        relates_client_pod: true,
+        // Gone when calls to the LB IP:port from the same callers are answered (the ranges
+        // now hold them, or the firewall element went).
+        proof: ProofShape::To {
+            lb_picks_backend: false,
+        },
+        // The LB IP and port kube-proxy's firewall guards.
+        attribution: &[ServiceLookup::Frontend, ServiceLookup::NamedOwnerOfVip],
+        lb_address: LbAddress::Vip,
+    },
 ];
 
 /// Confirmations (reports, repeats included), by kind: the agent's `/status` (a kind
@@ -461,6 +492,7 @@ pub struct KindCounts {
     pub vip_as_source: u64,
     pub service_self_loop: u64,
     pub etp_local_drop: u64,
+    pub source_ranges_drop: u64,
 }
 
 /// Whether the looping flow was source-NATed on its way out.
@@ -525,6 +557,8 @@ pub enum Layer {
 ///   every call uses a new one.
 /// - `etp_local_drop`: (the dropped IP, port, proto). The caller and its port are ignored: the
 ///   failure is kube-proxy's element, whoever calls it (the event shows the latest caller).
+/// - `source_ranges_drop`: (the firewalled LB IP, port, proto). The caller and its port are
+///   ignored: every caller outside the ranges is dropped the same (the event shows the latest).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum AggregateKey {
     HealthcheckBlackhole {
@@ -566,6 +600,11 @@ pub enum AggregateKey {
         port: u16,
         proto: Proto,
     },
+    SourceRangesDrop {
+        addr: IpAddr,
+        port: u16,
+        proto: Proto,
+    },
     ProxyProtocolShortCircuit {
         /// The LB IP:port called.
         lb: IpAddr,
@@ -597,6 +636,7 @@ impl AggregateKey {
                 LoopbackKind::ProxyProtocolShortCircuit
             }
             AggregateKey::StaleUdpConntrack { .. } => LoopbackKind::StaleUdpConntrack,
+            AggregateKey::SourceRangesDrop { .. } => LoopbackKind::SourceRangesDrop,
         }
     }
 }
@@ -676,6 +716,12 @@ impl fmt::Display for AggregateKey {
             AggregateKey::EtpLocalDrop { addr, port, proto } => write!(
                 f,
                 "etp_local_drop/{}/{}",
+                sock(*addr, *port),
+                proto.as_str()
+            ),
+            AggregateKey::SourceRangesDrop { addr, port, proto } => write!(
+                f,
+                "source_ranges_drop/{}/{}",
                 sock(*addr, *port),
                 proto.as_str()
             ),

@@ -102,6 +102,11 @@ impl Correlator {
             self.confirm_unserved(&packet, info, out);
             return;
         }
+        // kube-proxy's source-range firewall runs before DNAT and before its other drops.
+        if self.is_source_ranges_drop(&packet, &info) {
+            self.confirm_source_ranges_drop(&packet, info, out);
+            return;
+        }
         if self.ask_if_programmed(&packet, &info, out) {
             return;
         }

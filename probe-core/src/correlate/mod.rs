@@ -66,6 +66,10 @@
 //!   `no-endpoint-services` (an externalTrafficPolicy Local Service's LB or external IP on a
 //!   node without a local endpoint; kubernetes#131765): see `etp_local_drop.rs`. Outcome
 //!   `dropped`; `vip`/`vip_port` = the dropped IP:port.
+//! - **`source_ranges_drop`**: a netfilter drop of a `Pod`- or `Node`-source TCP/UDP packet to
+//!   an (address, protocol, port) of kube-proxy's nftables map `firewall-ips`
+//!   (`loadBalancerSourceRanges`), the source outside that entry's ranges: see
+//!   `source_ranges_drop.rs`. Outcome `dropped`; `vip`/`vip_port` = the firewalled IP:port.
 //! - Anything else is counted in [`CorrelatorStats`], never reported.
 //!
 //! Kernels without drop reasons (< 5.17) report every drop as `UNREPORTED` with its site:
@@ -116,6 +120,9 @@ pub mod replay;
 mod self_loop;
 #[cfg(test)]
 mod self_loop_tests;
+mod source_ranges_drop;
+#[cfg(test)]
+mod source_ranges_drop_tests;
 pub mod stale_udp;
 #[cfg(test)]
 mod stale_udp_tests;
@@ -212,6 +219,11 @@ pub(crate) const KIND_TEXTS: [KindTexts; probe_contract::KINDS.len()] = {
             kind: K::StaleUdpConntrack,
             remedy: stale_udp::remedy,
             cause: stale_udp::cause,
+        },
+        KindTexts {
+            kind: K::SourceRangesDrop,
+            remedy: source_ranges_drop::remedy,
+            cause: source_ranges_drop::cause,
         },
     ]
 };

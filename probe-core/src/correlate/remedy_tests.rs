@@ -28,6 +28,7 @@ pub(super) fn event(kind: LoopbackKind, source: SourceKind) -> LoopbackEvent {
         LoopbackKind::EtpLocalDrop => ("198.19.1.10", "203.0.113.10", 8445, Some(8445)),
         LoopbackKind::ProxyProtocolShortCircuit => ("198.19.1.10", "198.19.1.11", 9443, Some(9443)),
         LoopbackKind::StaleUdpConntrack => ("198.19.1.10", "198.19.1.20", 8125, Some(8125)),
+        LoopbackKind::SourceRangesDrop => ("198.19.1.10", "203.0.113.10", 80, Some(80)),
     };
     let src = match (kind, source) {
         (LoopbackKind::Hairpin | LoopbackKind::VipPortUnserved, SourceKind::Node) => "198.18.0.2",
@@ -167,6 +168,7 @@ fn check(e: &LoopbackEvent, what: &str) {
             | LoopbackKind::ServiceSelfLoop
             | LoopbackKind::ProxyProtocolShortCircuit
             | LoopbackKind::StaleUdpConntrack
+            | LoopbackKind::SourceRangesDrop
     );
     assert_eq!(
         r.iter()
@@ -205,6 +207,16 @@ fn check(e: &LoopbackEvent, what: &str) {
         LoopbackKind::StaleUdpConntrack => {
             assert!(cause.contains("conntrack entry"), "{what}: {cause}");
             assert!(all.contains("conntrack -D"), "{what}: the delete line");
+        }
+        LoopbackKind::SourceRangesDrop => {
+            assert!(
+                cause.contains("loadBalancerSourceRanges"),
+                "{what}: {cause}"
+            );
+            assert!(
+                all.contains("kubernetes#109575"),
+                "{what}: the upstream issue"
+            );
         }
         LoopbackKind::Hairpin | LoopbackKind::VipPortUnserved => match f.source {
             SourceKind::Pod => {

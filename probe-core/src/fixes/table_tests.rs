@@ -25,7 +25,8 @@ fn base(provider: Provider, kind: LoopbackKind) -> Facts {
             | ServiceSelfLoop
             | LoopbackKind::EtpLocalDrop
             | LoopbackKind::ProxyProtocolShortCircuit
-            | LoopbackKind::StaleUdpConntrack => Some(Source::Pod),
+            | LoopbackKind::StaleUdpConntrack
+            | LoopbackKind::SourceRangesDrop => Some(Source::Pod),
         },
         snat: SnatState::No,
         layer: (kind == Hairpin).then_some(Layer::L4),

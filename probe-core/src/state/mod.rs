@@ -95,6 +95,10 @@ pub struct ServiceTable {
     /// of externalTrafficPolicy Local Services' external chains (see [`PodShortCircuit`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pod_short_circuits: Vec<PodShortCircuit>,
+    /// kube-proxy's nftables mode: the elements of `firewall-ips` with their chain's allowed
+    /// sources (see [`FirewallEntry`]); empty in other modes, and one entry per element.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub firewall: Vec<FirewallEntry>,
     /// [`ServiceTable::serves`]'s index (not data: never compared, never serialized).
     #[serde(skip)]
     pub serves_index: ServesIndex,
@@ -187,6 +191,101 @@ impl PodShortCircuit {
     }
 }
 
+/// An element `addr . proto . port : goto firewall-<HASH>-<ns>/<name>/<proto>/<port>` of
+/// kube-proxy's nftables verdict map `firewall-ips` (kubernetes PR #122614, 1.30): an LB IP of
+/// a Service with `loadBalancerSourceRanges`. Its chain holds `ip saddr != { ranges } drop`,
+/// and chain `firewall-check` (hooked in prerouting and output, before DNAT) sends every new
+/// connection to the element's chain, so a pod's or the node's call from outside the ranges
+/// dies on the node (kubernetes#109575). `ipMode: Proxy` and hostname LBs get no element.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FirewallEntry {
+    pub addr: IpAddr,
+    pub proto: Proto,
+    pub port: u16,
+    /// `namespace/name:port`, from the element's comment or its chain's name.
+    pub service: Option<String>,
+    /// The chain's `saddr != { ... }` set: the sources that pass. Empty when the chain held no
+    /// such rule (then nothing is dropped there).
+    pub allowed: Vec<SourceRange>,
+}
+
+impl FirewallEntry {
+    /// The chain drops `src`: it has a range rule and `src` is in none of its ranges.
+    pub fn drops(&self, src: IpAddr) -> bool {
+        !self.allowed.is_empty() && !self.allowed.iter().any(|r| r.contains(src))
+    }
+
+    /// The allowed ranges as kube-proxy wrote them, comma-separated.
+    pub fn allowed_text(&self) -> String {
+        let ranges: Vec<String> = self.allowed.iter().map(|r| r.to_string()).collect();
+        ranges.join(", ")
+    }
+}
+
+/// An inclusive address interval of an nftables interval set (a prefix, a range or one
+/// address, as `nft` prints them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceRange {
+    pub first: IpAddr,
+    pub last: IpAddr,
+}
+
+impl SourceRange {
+    /// The interval of `a.b.c.d/n`, `x::/n` or one address; None when it does not parse.
+    pub fn parse(s: &str) -> Option<SourceRange> {
+        let p = addrs::Prefix::parse(s).ok()?;
+        let (first, last) = match p.addr {
+            IpAddr::V4(a) => {
+                let mask = u32::MAX.checked_shl(32 - p.len as u32).unwrap_or(0);
+                let first = u32::from(a) & mask;
+                (
+                    IpAddr::from(std::net::Ipv4Addr::from(first)),
+                    IpAddr::from(std::net::Ipv4Addr::from(first | !mask)),
+                )
+            }
+            IpAddr::V6(a) => {
+                let mask = u128::MAX.checked_shl(128 - p.len as u32).unwrap_or(0);
+                let first = u128::from(a) & mask;
+                (
+                    IpAddr::from(std::net::Ipv6Addr::from(first)),
+                    IpAddr::from(std::net::Ipv6Addr::from(first | !mask)),
+                )
+            }
+        };
+        Some(SourceRange { first, last })
+    }
+
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        ip.is_ipv4() == self.first.is_ipv4() && self.first <= ip && ip <= self.last
+    }
+
+    /// The prefix length when the interval is exactly one prefix.
+    fn prefix_len(&self) -> Option<u32> {
+        let (first, last, bits) = match (self.first, self.last) {
+            (IpAddr::V4(f), IpAddr::V4(l)) => (u32::from(f) as u128, u32::from(l) as u128, 32),
+            (IpAddr::V6(f), IpAddr::V6(l)) => (u128::from(f), u128::from(l), 128),
+            _ => return None,
+        };
+        let span = last.checked_sub(first)?;
+        let host_bits = 128 - span.leading_zeros();
+        let aligned = span.checked_add(1).is_none_or(|n| n.is_power_of_two())
+            && first.trailing_zeros() >= host_bits;
+        (aligned && host_bits <= bits).then_some(bits - host_bits)
+    }
+}
+
+impl std::fmt::Display for SourceRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.first == self.last {
+            return write!(f, "{}", self.first);
+        }
+        match self.prefix_len() {
+            Some(len) => write!(f, "{}/{len}", self.first),
+            None => write!(f, "{}-{}", self.first, self.last),
+        }
+    }
+}
+
 impl ServiceTable {
     /// The pod short circuit of the external chain kube-proxy's iptables mode sends
     /// `addr:port/proto` to, if the rules read have one.
@@ -199,6 +298,13 @@ impl ServiceTable {
         self.pod_short_circuits
             .iter()
             .find(|s| s.addr == addr && s.port == port && s.proto == proto)
+    }
+
+    /// kube-proxy's `firewall-ips` entry for `addr:port/proto`, if any.
+    pub fn firewall_entry(&self, addr: IpAddr, port: u16, proto: Proto) -> Option<&FirewallEntry> {
+        self.firewall
+            .iter()
+            .find(|f| f.addr == addr && f.port == port && f.proto == proto)
     }
 
     /// The service serving `vip:port/proto`, if any.
@@ -324,6 +430,54 @@ pub struct SelfLoopFacts {
 
 /// kube-proxy's default `--service-node-port-range`.
 pub const NODEPORT_RANGE: std::ops::RangeInclusive<u16> = 30000..=32767;
+
+#[cfg(test)]
+mod firewall_tests {
+    use super::*;
+
+    #[test]
+    fn source_ranges_parse_print_and_contain() {
+        let r = SourceRange::parse("198.19.0.0/16").unwrap();
+        assert_eq!(r.to_string(), "198.19.0.0/16");
+        assert!(r.contains("198.19.1.10".parse().unwrap()));
+        assert!(!r.contains("198.20.0.1".parse().unwrap()));
+        assert!(!r.contains("::1".parse().unwrap()));
+        assert_eq!(
+            SourceRange::parse("10.0.0.7").unwrap().to_string(),
+            "10.0.0.7"
+        );
+        assert_eq!(
+            SourceRange::parse("0.0.0.0/0").unwrap().to_string(),
+            "0.0.0.0/0"
+        );
+        assert_eq!(
+            SourceRange::parse("2001:db8::/32").unwrap().to_string(),
+            "2001:db8::/32"
+        );
+        let odd = SourceRange {
+            first: "10.0.0.1".parse().unwrap(),
+            last: "10.0.0.4".parse().unwrap(),
+        };
+        assert_eq!(odd.to_string(), "10.0.0.1-10.0.0.4");
+        let entry = FirewallEntry {
+            addr: "203.0.113.10".parse().unwrap(),
+            proto: Proto::Tcp,
+            port: 80,
+            service: None,
+            allowed: vec![SourceRange::parse("192.0.2.0/24").unwrap(), odd],
+        };
+        assert!(entry.drops("198.19.1.10".parse().unwrap()));
+        assert!(!entry.drops("10.0.0.3".parse().unwrap()));
+        assert_eq!(entry.allowed_text(), "192.0.2.0/24, 10.0.0.1-10.0.0.4");
+        assert!(
+            !FirewallEntry {
+                allowed: vec![],
+                ..entry
+            }
+            .drops("198.19.1.10".parse().unwrap())
+        );
+    }
+}
 
 #[cfg(test)]
 mod serves_tests {

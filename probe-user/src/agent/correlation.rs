@@ -120,6 +120,8 @@ pub(super) fn drop_destinations_in_order(
     lb_ips: &std::collections::HashSet<std::net::IpAddr>,
 ) -> Vec<std::net::IpAddr> {
     let mut addrs: Vec<std::net::IpAddr> = table.no_endpoint_drops.iter().map(|d| d.addr).collect();
+    // kube-proxy's `firewall-ips` addresses too: a call dropped there is `source_ranges_drop`.
+    addrs.extend(table.firewall.iter().map(|f| f.addr));
     addrs.sort_by_key(|a| (!lb_ips.contains(a), *a));
     addrs.dedup();
     addrs

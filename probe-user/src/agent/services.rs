@@ -116,6 +116,8 @@ impl ApiFeed {
             table.from_api = true;
             table.masquerade_rules = facts.masquerade_rules.clone();
             table.access_filter = facts.access_filter.clone();
+            // kube-proxy's firewall as programmed: only the rules say what it drops.
+            table.firewall = facts.firewall.clone();
             // NodePorts as the rules apply them (their policy is what the kernel did); IPVS
             // mode's are virtual services, the API's.
             if mode != ServiceSource::Ipvs && !facts.nodeports.is_empty() {
@@ -141,6 +143,7 @@ fn facts_of(read: &ServiceTable) -> Arc<ServiceTable> {
         access_filter: read.access_filter.clone(),
         no_endpoint_drops: read.no_endpoint_drops.clone(),
         pod_short_circuits: read.pod_short_circuits.clone(),
+        firewall: read.firewall.clone(),
         serves_index: Default::default(),
     })
 }

@@ -53,6 +53,7 @@ pub(super) fn lab() -> Inputs {
             access_filter: vec![],
             no_endpoint_drops: vec![],
             pod_short_circuits: vec![],
+            firewall: vec![],
             from_api: false,
             serves_index: Default::default(),
         },

@@ -559,6 +559,16 @@ fn kube_proxy_overall_nftables_rules() {
     // The `masquerading` chain's rule: kube-proxy's configuration, not in the API objects.
     assert_eq!(from_rules.masquerade_rules.len(), 1);
     from_rules.masquerade_rules.clear();
+    // kube-proxy's firewall for svc5's loadBalancerSourceRanges (issue #51): read from the
+    // rules only (`ip saddr != { 203.0.113.0/25 } drop`, the element has no comment).
+    let firewall = std::mem::take(&mut from_rules.firewall);
+    assert_eq!(firewall.len(), 1, "{firewall:?}");
+    assert_eq!(firewall[0].addr.to_string(), "5.6.7.8");
+    assert_eq!((firewall[0].port, firewall[0].proto), (80, Proto::Tcp));
+    assert_eq!(firewall[0].service.as_deref(), Some("ns5/svc5:p80"));
+    assert_eq!(firewall[0].allowed_text(), "203.0.113.0/25");
+    assert!(firewall[0].drops("10.180.0.1".parse().unwrap()));
+    assert!(!firewall[0].drops("203.0.113.9".parse().unwrap()));
     let from_api = overall(ServiceSource::Nftables).expected();
     assert_eq!(from_api.services.len(), 9);
     assert_eq!(

@@ -200,6 +200,7 @@ fn read_nft_facts(touched: &Touched) -> anyhow::Result<ServiceTable> {
         name == nftables::SERVICE_NODEPORTS
             || name == nftables::MASQUERADING
             || name.starts_with("external-")
+            || name.starts_with("firewall-")
     };
     let untouched =
         [FAMILY_IP, FAMILY_IP6]
@@ -464,7 +465,25 @@ mod tests {
                 ),
             ],
         );
+        // kube-proxy's firewall for loadBalancerSourceRanges (issue #51): a two-range set.
+        let firewall = std::env::temp_dir().join(format!("fw-{}.nft", std::process::id()));
+        std::fs::write(
+            &firewall,
+            "add map ip kube-proxy firewall-ips { type ipv4_addr . inet_proto . inet_service : verdict ; }\n\
+             add chain ip kube-proxy firewall-HVFWP5L3-ns5/svc5/tcp/p80\n\
+             add rule ip kube-proxy firewall-HVFWP5L3-ns5/svc5/tcp/p80 ip saddr != { 203.0.113.0/25, 192.0.2.7 } drop\n\
+             add element ip kube-proxy firewall-ips { 5.6.7.8 . tcp . 80 : goto firewall-HVFWP5L3-ns5/svc5/tcp/p80 }\n",
+        )
+        .unwrap();
+        ns.exec(0, &["nft", "-f", firewall.to_str().unwrap()]);
+        std::fs::remove_file(&firewall).unwrap();
         let whole = ns.run_in(0, nftables::read_blocking).unwrap().unwrap();
+        assert_eq!(whole.firewall.len(), 1, "{:?}", whole.firewall);
+        assert_eq!(
+            whole.firewall[0].allowed_text(),
+            "192.0.2.7, 203.0.113.0/25"
+        );
+        assert_eq!(whole.firewall[0].service.as_deref(), Some("ns5/svc5:p80"));
         assert_eq!(ns.run_in(0, detect_mode), Some(ServiceSource::Nftables));
         let facts = ns
             .run_in(0, || {
@@ -476,6 +495,10 @@ mod tests {
         assert_eq!(facts.nodeports, whole.nodeports);
         assert_eq!(facts.masquerade_rules, whole.masquerade_rules);
         assert!(!facts.masquerade_rules.is_empty());
+        assert_eq!(
+            facts.firewall, whole.firewall,
+            "the firewall beside the API's table"
+        );
         let again = ns
             .run_in(0, || {
                 read_facts(

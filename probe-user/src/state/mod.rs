@@ -43,6 +43,7 @@ pub mod ipset;
 pub mod iptables;
 pub mod ipvs;
 pub mod netns;
+pub mod nft_firewall;
 pub mod nft_json;
 pub mod nft_netlink;
 pub mod nftables;

@@ -19,6 +19,9 @@
 //! - the verdict map `no-endpoint-services` (`addr . proto . port : drop | goto reject-chain`):
 //!   its `drop` elements as [`NoEndpointDrop`]s (an ETP Local external or LB IP on a node
 //!   without a local endpoint; kubernetes#131765);
+//! - the verdict map `firewall-ips` and each element's `firewall-` chain's
+//!   `saddr != { ranges } drop` rule: `loadBalancerSourceRanges` as kube-proxy enforces it
+//!   (`super::nft_firewall`);
 //! - every rule with a `masquerade` statement (kube-proxy's `masquerading` chain), as
 //!   `nftables <family> kube-proxy chain <chain>: masquerade <flags>`, for evidence.
 //!
@@ -42,6 +45,7 @@ use super::{
     NoEndpointDrop, NodePortEntry, ServiceEntry, ServiceSource, ServiceTable,
     changes::{FAMILY_IP, FAMILY_IP6, TableChange, Touched},
     iptables,
+    nft_firewall::{self, FIREWALL_IPS, FirewallElem},
     nft_json::{self, ExprFacts, Scalar},
     nft_netlink::{
         self, NftNetlinkError,
@@ -139,6 +143,8 @@ pub fn read_family(family: u8) -> Result<Option<ServiceTable>, NftError> {
     let service_ips = elems(SERVICE_IPS, 3)?;
     let nodeports = elems(SERVICE_NODEPORTS, 2)?;
     let no_endpoint = elems(NO_ENDPOINT_SERVICES, 3)?;
+    let firewall = firewall_elems(&elems(FIREWALL_IPS, 3)?);
+    let ranges = nft_firewall::ranges_from_netlink(family, TABLE, &raw)?;
 
     let by_port = endpoint_chains_by_port(&raw);
     let anonymous = anonymous_map_targets(family, &raw, &by_port)?;
@@ -151,12 +157,25 @@ pub fn read_family(family: u8) -> Result<Option<ServiceTable>, NftError> {
             comment: r.comment.clone().map(Cow::Owned),
         });
     }
-    Ok(Some(build_table(
-        &service_ips,
-        &nodeports,
-        &no_endpoint,
-        &rules,
-    )))
+    let mut table = build_table(&service_ips, &nodeports, &no_endpoint, &rules);
+    table.firewall = nft_firewall::entries(&firewall, &ranges);
+    Ok(Some(table))
+}
+
+/// The `firewall-ips` elements that parsed whole.
+fn firewall_elems(elems: &[Elem<'_>]) -> Vec<FirewallElem> {
+    elems
+        .iter()
+        .filter_map(|e| {
+            Some(FirewallElem {
+                addr: e.addr?,
+                proto: e.proto?,
+                port: e.port?,
+                chain: e.target.as_deref()?.to_string(),
+                comment: e.comment.as_deref().map(str::to_string),
+            })
+        })
+        .collect()
 }
 
 /// The endpoint chains of each Service port, by the port's name in their chain names.
@@ -385,12 +404,18 @@ pub fn parse_nft_json(text: &str) -> Result<ServiceTable, NftJsonError> {
     let mut rules: Vec<Rule<'_>> = Vec::new();
     let mut maps: HashMap<&str, Vec<(nft_json::ElemKey<'_>, nft_json::Verdict<'_>)>> =
         HashMap::new();
+    let mut ranges = HashMap::new();
     for o in &doc.nftables {
         if let Some(r) = &o.rule {
             if r.table != TABLE {
                 continue;
             }
             let Some(raw) = r.expr else { continue };
+            if nft_firewall::is_firewall_chain(&r.chain)
+                && let Some(allowed) = nft_firewall::ranges_from_json(raw.get())
+            {
+                ranges.insert(r.chain.to_string(), allowed);
+            }
             rules.push(Rule {
                 chain: r.chain.clone(),
                 family: r.family.clone().unwrap_or(Cow::Borrowed("ip")),
@@ -404,7 +429,7 @@ pub fn parse_nft_json(text: &str) -> Result<ServiceTable, NftJsonError> {
             if m.table != TABLE
                 || !matches!(
                     m.name.as_ref(),
-                    SERVICE_IPS | SERVICE_NODEPORTS | NO_ENDPOINT_SERVICES
+                    SERVICE_IPS | SERVICE_NODEPORTS | NO_ENDPOINT_SERVICES | FIREWALL_IPS
                 )
             {
                 continue;
@@ -445,12 +470,14 @@ pub fn parse_nft_json(text: &str) -> Result<ServiceTable, NftJsonError> {
             })
             .collect()
     };
-    Ok(build_table(
+    let mut table = build_table(
         &elems(SERVICE_IPS, 3),
         &elems(SERVICE_NODEPORTS, 2),
         &elems(NO_ENDPOINT_SERVICES, 3),
         &rules,
-    ))
+    );
+    table.firewall = nft_firewall::entries(&firewall_elems(&elems(FIREWALL_IPS, 3)), &ranges);
+    Ok(table)
 }
 
 /// An element of one of kube-proxy's verdict maps, typed: what both readers (JSON and
@@ -589,7 +616,7 @@ fn parse_port(v: &Scalar<'_>) -> Option<u16> {
 }
 
 /// `service-SUSTUHLJ-default/web/tcp/http` (or `external-`, `local-`) -> `default/web:http`.
-fn service_name(chain: &str) -> Option<String> {
+pub(super) fn service_name(chain: &str) -> Option<String> {
     let (_kind, rest) = chain.split_once('-')?;
     let (_hash, name) = rest.split_once('-')?;
     let name = name.split("__").next()?;
@@ -724,6 +751,9 @@ pub fn read_facts_after(touched: &Touched) -> Result<Option<ServiceTable>, NftEr
 /// One family's NodePort map and the chains [`read_facts_after`] reads, as last read.
 struct FamilyFacts {
     nodeports: Vec<Elem<'static>>,
+    /// kube-proxy's firewall (`firewall-ips` and its chains' ranges), read whole when the map
+    /// or a `firewall-` chain was touched: only the rules say what it drops (issue #51).
+    firewall: Vec<probe_core::state::FirewallEntry>,
     /// The `external-` chains the map's elements go to, and `masquerading`.
     chains: HashMap<String, Vec<Rule<'static>>>,
 }
@@ -741,6 +771,7 @@ impl FamilyFacts {
             _ => (
                 FamilyFacts {
                     nodeports: Vec::new(),
+                    firewall: Vec::new(),
                     chains: HashMap::new(),
                 },
                 None,
@@ -758,6 +789,13 @@ impl FamilyFacts {
                 Err(e) if e.is_absent() => Vec::new(),
                 Err(e) => return Err(e.into()),
             };
+        }
+        let firewall_touched = named.is_none_or(|n| {
+            n.iter()
+                .any(|c| c == FIREWALL_IPS || nft_firewall::is_firewall_chain(c))
+        });
+        if firewall_touched {
+            facts.firewall = read_firewall(family)?;
         }
         let mut wanted: HashSet<String> = facts
             .nodeports
@@ -800,8 +838,37 @@ impl FamilyFacts {
         let mut names: Vec<&String> = self.chains.keys().collect();
         names.sort();
         let rules = names.into_iter().flat_map(|n| self.chains[n].iter());
-        build_table_of(&[], &self.nodeports, &[], Chains::new(rules))
+        let mut table = build_table_of(&[], &self.nodeports, &[], Chains::new(rules));
+        table.firewall = self.firewall.clone();
+        table
     }
+}
+
+/// One family's firewall: the `firewall-ips` elements and the rules of each element's chain.
+fn read_firewall(family: u8) -> Result<Vec<probe_core::state::FirewallEntry>, NftError> {
+    let elems = match nft_netlink::set_elems(family, TABLE, FIREWALL_IPS) {
+        Ok(mut v) => {
+            v.sort_by(|a, b| a.key.cmp(&b.key));
+            firewall_elems(
+                &v.iter()
+                    .filter_map(|e| elem_from_netlink(e, family, 3))
+                    .collect::<Vec<_>>(),
+            )
+        }
+        Err(e) if e.is_absent() => return Ok(Vec::new()),
+        Err(e) => return Err(e.into()),
+    };
+    let mut rules = Vec::new();
+    let chains: HashSet<&str> = elems.iter().map(|e| e.chain.as_str()).collect();
+    for chain in chains {
+        match nft_netlink::rules_vec(family, TABLE, Some(chain)) {
+            Ok(r) => rules.extend(r),
+            Err(e) if e.is_absent() => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let ranges = nft_firewall::ranges_from_netlink(family, TABLE, &rules)?;
+    Ok(nft_firewall::entries(&elems, &ranges))
 }
 
 /// The `service-ips` element for `addr . proto . port`, as `nft` would print it, or None:

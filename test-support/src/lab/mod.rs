@@ -26,6 +26,7 @@ pub mod nft;
 pub mod proxy_protocol;
 mod scenario;
 pub mod servers;
+pub mod source_ranges;
 pub mod stale_udp;
 mod status;
 pub(crate) mod switch;

@@ -112,6 +112,8 @@ pub fn merge(table: &mut ServiceTable, other: ServiceTable) {
             table.pod_short_circuits.push(p);
         }
     }
+    // nftables `firewall-ips` entries (issue #51): one family's each, never the same.
+    table.firewall.extend(other.firewall);
 }
 
 /// kube-proxy's filter chain for external and LB IPs (iptables mode): an externalTrafficPolicy

@@ -1,0 +1,168 @@
+//! `source_ranges_drop`: kube-proxy dropped a call from this node (a local pod's, or the
+//! node's own) to an LB IP whose Service sets `loadBalancerSourceRanges`, because the caller's
+//! source is outside those ranges.
+//!
+//! kube-proxy's nftables mode (kubernetes PR #122614, 1.30) writes each such LB IP:port into
+//! its verdict map `firewall-ips` (`goto firewall-<HASH>-<ns>/<name>/<proto>/<port>`), whose
+//! chain holds `ip saddr != { ranges } drop`; chain `firewall-check`, jumped from
+//! `filter-prerouting` and `filter-output` before DNAT, applies it to every new connection, so
+//! an in-cluster caller is dropped before any short-circuit. iptables mode has done the same
+//! since 1.25 (`KUBE-FW-*`, PR #110289), not yet named here. Upstream keeps it
+//! (kubernetes#109575, open): its advice is to list the pod CIDR in the ranges. A LB with
+//! `ipMode: Proxy` or published as a hostname gets no element: nothing is dropped on the node.
+//!
+//! Confirmed from a netfilter drop (`NETFILTER_DROP`, or `NOT_SPECIFIED` at a netfilter site)
+//! of a local pod's (or the node's) TCP/UDP packet to an (address, protocol, port) that has a
+//! `firewall-ips` entry in the service table read from the live ruleset, with the source
+//! outside that entry's ranges. The kernel side reports these drops only for the entries'
+//! addresses (`DROP_DESTINATIONS`, kept by the agent from each service table).
+
+use super::{
+    Correlator, DropInfo, Output,
+    aggregate::NewEvent as _,
+    drop_reason::is_netfilter_drop,
+    evidence::{drop_line, service_name},
+    remedy::cause::CauseAddresses,
+    tuple_of,
+};
+use probe_contract::{
+    AggregateKey, LoopbackEvent, Outcome, Proto, Tag,
+    facts::{Facts, SourceKind},
+    record::Packet,
+    sock,
+};
+
+impl Correlator {
+    /// A netfilter drop of a local pod's (or the node's) call to a `firewall-ips` entry whose
+    /// ranges leave the caller out.
+    pub(super) fn is_source_ranges_drop(&self, packet: &Packet, info: &DropInfo) -> bool {
+        matches!(packet.src_tag, Some(Tag::Pod | Tag::Node))
+            && matches!(packet.proto, Proto::Tcp | Proto::Udp)
+            && is_netfilter_drop(&info.reason, info.location.as_deref())
+            && self
+                .services
+                .firewall_entry(packet.dst, packet.dport, packet.proto)
+                .is_some_and(|f| f.drops(packet.src))
+    }
+
+    pub(super) fn confirm_source_ranges_drop(
+        &mut self,
+        packet: &Packet,
+        info: DropInfo,
+        out: &mut Vec<Output>,
+    ) {
+        let Some(entry) = self
+            .services
+            .firewall_entry(packet.dst, packet.dport, packet.proto)
+            .cloned()
+        else {
+            return;
+        };
+        let t = tuple_of(packet);
+        let proto = packet.proto.as_str();
+        let family = if packet.dst.is_ipv4() { "ip" } else { "ip6" };
+        let evidence = vec![
+            drop_line(&info, &t),
+            format!(
+                "kube-proxy's nftables rules (table {family} kube-proxy): map firewall-ips has \
+                 the element {} . {proto} . {}{}, whose chain drops every new connection from a \
+                 source outside {{ {} }} ({family} saddr != {{ ... }} drop; chain \
+                 firewall-check runs it in prerouting and output, before DNAT)",
+                packet.dst,
+                packet.dport,
+                entry
+                    .service
+                    .as_deref()
+                    .map(|c| format!(" of {c}"))
+                    .unwrap_or_default(),
+                entry.allowed_text(),
+            ),
+            format!(
+                "the caller {} is in none of the Service's loadBalancerSourceRanges",
+                packet.src
+            ),
+        ];
+        let key = AggregateKey::SourceRangesDrop {
+            addr: packet.dst,
+            port: packet.dport,
+            proto: packet.proto,
+        };
+        let event = LoopbackEvent {
+            vip: Some(packet.dst),
+            vip_port: Some(packet.dport),
+            drop_reason: Some(info.reason.name.clone()),
+            drop_location: info.location.clone(),
+            evidence,
+            nic: info.iface.clone(),
+            service: entry.service.as_deref().map(service_name),
+            ..LoopbackEvent::new(&key, packet, info.ts, Outcome::Dropped)
+        };
+        let event = LoopbackEvent {
+            facts: Facts {
+                proxy_mode: self.services.source.map(super::remedy::proxy_mode),
+                ..event.facts.clone()
+            },
+            ..event
+        };
+        self.stats.drops_confirming += 1;
+        self.stats.confirmed.source_ranges_drop += 1;
+        out.push(Output::Report(self.record(key, event, info.ts)));
+    }
+}
+
+// Its remedy, one option a line, and its cause: read through `super::KIND_TEXTS`.
+
+/// The firewall's ranges as the evidence quoted them (`{ ... }`), when it did.
+fn ranges_of(e: &LoopbackEvent) -> Option<&str> {
+    e.evidence.iter().find_map(|l| {
+        let (_, rest) = l.split_once("source outside { ")?;
+        rest.split_once(" }").map(|(ranges, _)| ranges)
+    })
+}
+
+/// kube-proxy's `loadBalancerSourceRanges` firewall dropped an in-cluster call to the LB IP
+/// (kubernetes#109575; nftables PR #122614, iptables PR #110289).
+pub(super) fn remedy(e: &LoopbackEvent) -> Vec<String> {
+    let at = sock(e.vip.unwrap_or(e.dst), e.vip_port.unwrap_or(e.dst_port));
+    let proto = e.proto.as_str();
+    let svc = e
+        .service
+        .as_deref()
+        .map(|k| format!("Service {k}"))
+        .unwrap_or_else(|| "the Service".into());
+    let ranges = ranges_of(e).map(|r| format!(" ({r})")).unwrap_or_default();
+    let caller = match e.facts.source {
+        SourceKind::Node => format!("a host-network caller on this node ({})", e.src),
+        SourceKind::Unknown => "this node's pods and host-network callers".to_string(),
+        _ => format!("the pod {}", e.src),
+    };
+    vec![
+        format!(
+            "Cause: {svc} sets loadBalancerSourceRanges{ranges}, and kube-proxy enforces them on \
+             every node, in-cluster callers included: {caller} called {at}/{proto} from a \
+             source outside them, and kube-proxy's firewall chain dropped the call before it \
+             reached the LB or an endpoint (nftables mode since 1.30, kubernetes PR #122614; \
+             iptables mode since 1.25, PR #110289; kubernetes#109575). An LB with ipMode: Proxy \
+             or published as a hostname gets no such rule."
+        ),
+        format!(
+            "Have in-cluster callers use the Service's cluster DNS name or its ClusterIP \
+             instead of {at}: kube-proxy applies loadBalancerSourceRanges only to the LB IP."
+        ),
+        format!(
+            "Or add the pod CIDR (and the node IPs, for host-network callers) to \
+             loadBalancerSourceRanges of {svc}. Side effect: the cloud applies the same ranges \
+             to the LB's own firewall or security group, so those sources may then reach the \
+             LB from the network too."
+        ),
+    ]
+}
+
+/// Its cause in one sentence (the Event note's first words).
+pub(super) fn cause(event: &LoopbackEvent) -> String {
+    let CauseAddresses { vip, proto, .. } = CauseAddresses::of(event);
+    format!(
+        "kube-proxy dropped a call from {} to {vip}/{proto}: the source is outside the Service's loadBalancerSourceRanges.",
+        event.src
+    )
+}

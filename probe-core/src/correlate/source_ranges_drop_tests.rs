@@ -1,0 +1,165 @@
+//! `source_ranges_drop` without a kernel: kube-proxy's nftables `firewall-ips` drop of a pod's
+//! (or the node's) call to a LB IP whose Service sets `loadBalancerSourceRanges`, confirmed
+//! from the drop and the firewall entry in the service table; every twin stays silent.
+
+use super::tests::{MS, NODE, POD, S, drop_ev, invariants, ip, only_report, pkt, table};
+use super::*;
+use crate::state::{FirewallEntry, ServiceSource, SourceRange};
+use probe_contract::KindCounts;
+
+/// An LB IP of `default/web` with `loadBalancerSourceRanges: [192.0.2.0/24]`.
+const LB_IP: &str = "203.0.113.10";
+const PORT: u16 = 80;
+
+/// The nftables-mode table with the LB IP:port in `firewall-ips`, allowing `allowed`.
+fn fw_table(allowed: &[&str]) -> ServiceTable {
+    let mut t = table();
+    t.source = Some(ServiceSource::Nftables);
+    t.firewall.push(FirewallEntry {
+        addr: ip(LB_IP),
+        proto: Proto::Tcp,
+        port: PORT,
+        service: Some("default/web:http".into()),
+        allowed: allowed
+            .iter()
+            .map(|r| SourceRange::parse(r).unwrap())
+            .collect(),
+    });
+    t
+}
+
+fn corr_with(t: ServiceTable) -> Correlator {
+    let mut c = Correlator::new(CorrelatorConfig::default());
+    c.set_services(t);
+    c
+}
+
+fn call(src: &str, tag: Tag, port: u16) -> Packet {
+    pkt(src, 40000, LB_IP, port, Some(tag), None)
+}
+
+/// The prerouting (or output) hook's drop: NETFILTER_DROP, or only the site before 5.17.
+fn nf_drop(ts: u64, p: &Packet, reason: &str) -> KernelEvent {
+    let code = if reason == "NETFILTER_DROP" { 7 } else { 0 };
+    drop_ev(ts, p, reason, code, Some("nf_hook_slow+0xa5"))
+}
+
+#[test]
+fn a_pods_call_from_outside_the_ranges_is_confirmed_with_the_firewall_entry() {
+    for reason in ["NETFILTER_DROP", DropReason::UNREPORTED] {
+        let mut c = corr_with(fw_table(&["192.0.2.0/24"]));
+        let r = only_report(&c.ingest(nf_drop(S, &call(POD, Tag::Pod, PORT), reason)));
+        let e = &r.event;
+        assert_eq!(e.kind, LoopbackKind::SourceRangesDrop, "{reason}");
+        assert_eq!(e.key, format!("source_ranges_drop/{LB_IP}:{PORT}/tcp"));
+        assert_eq!(e.src, ip(POD));
+        assert_eq!(e.vip, Some(ip(LB_IP)));
+        assert_eq!(e.vip_port, Some(PORT));
+        assert_eq!(e.outcome, probe_contract::Outcome::Dropped);
+        assert_eq!(e.service.as_deref(), Some("default/web"));
+        let ev = e.evidence.join("\n");
+        assert!(
+            ev.contains(&format!(
+                "map firewall-ips has the element {LB_IP} . tcp . {PORT} of \
+                 default/web:http, whose chain drops every new connection from a source \
+                 outside {{ 192.0.2.0/24 }}"
+            )),
+            "{ev}"
+        );
+        assert!(ev.contains(&format!("the caller {POD} is in none")), "{ev}");
+        let remedy = e.remedy.join("\n");
+        for needle in [
+            "kubernetes#109575",
+            "PR #122614",
+            "PR #110289",
+            "(192.0.2.0/24)",
+            &format!("the pod {POD}"),
+            "cluster DNS name or its ClusterIP",
+            "add the pod CIDR",
+            "security group",
+            "ipMode: Proxy",
+        ] {
+            assert!(remedy.contains(needle), "{needle}: {remedy}");
+        }
+        assert_eq!(c.stats().confirmed.source_ranges_drop, 1);
+        invariants(&c);
+    }
+}
+
+#[test]
+fn the_nodes_call_is_confirmed_and_repeats_fold_into_one_aggregate() {
+    let mut c = corr_with(fw_table(&["192.0.2.0/24"]));
+    let first = only_report(&c.ingest(nf_drop(S, &call(NODE, Tag::Node, PORT), "NETFILTER_DROP")));
+    assert!(
+        first.event.remedy[0].contains("a host-network caller on this node"),
+        "{:?}",
+        first.event.remedy
+    );
+    let again = only_report(&c.ingest(nf_drop(
+        S + 100 * MS,
+        &call(POD, Tag::Pod, PORT),
+        "NETFILTER_DROP",
+    )));
+    assert!(first.is_new && !again.is_new);
+    assert_eq!(again.event.count, 2);
+    assert_eq!(again.event.src, ip(POD), "the latest caller");
+    invariants(&c);
+}
+
+/// What must stay silent: each case is one drop the kind must not claim.
+#[test]
+fn twins_confirm_nothing() {
+    let cases: Vec<(&str, ServiceTable, KernelEvent)> = vec![
+        (
+            "the source is inside the ranges (the pod CIDR is listed)",
+            fw_table(&["192.0.2.0/24", "198.18.1.0/24"]),
+            nf_drop(S, &call(POD, Tag::Pod, PORT), "NETFILTER_DROP"),
+        ),
+        (
+            "no firewall entry (ipMode: Proxy, a hostname LB, or no ranges)",
+            table(),
+            nf_drop(S, &call(POD, Tag::Pod, PORT), "NETFILTER_DROP"),
+        ),
+        (
+            "a drop to another port of the same LB IP",
+            fw_table(&["192.0.2.0/24"]),
+            nf_drop(S, &call(POD, Tag::Pod, 443), "NETFILTER_DROP"),
+        ),
+        (
+            "a firewall chain without a range rule drops nothing",
+            fw_table(&[]),
+            nf_drop(S, &call(POD, Tag::Pod, PORT), "NETFILTER_DROP"),
+        ),
+        (
+            "not a netfilter drop",
+            fw_table(&["192.0.2.0/24"]),
+            drop_ev(
+                S,
+                &call(POD, Tag::Pod, PORT),
+                "NEIGH_FAILED",
+                70,
+                Some("neigh_invalidate+0x8c"),
+            ),
+        ),
+        (
+            "an outside source (the firewall doing its job)",
+            fw_table(&["192.0.2.0/24"]),
+            nf_drop(
+                S,
+                &pkt("198.51.100.7", 40000, LB_IP, PORT, None, None),
+                "NETFILTER_DROP",
+            ),
+        ),
+    ];
+    for (name, t, ev) in cases {
+        let mut c = corr_with(t);
+        let outs = c.ingest(ev);
+        assert!(
+            outs.iter().all(|o| !matches!(o, Output::Report(_))),
+            "{name}: {outs:?}"
+        );
+        let _ = c.tick(10 * S);
+        assert_eq!(c.stats().confirmed, KindCounts::default(), "{name}");
+        invariants(&c);
+    }
+}
