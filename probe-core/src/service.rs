@@ -424,8 +424,9 @@ pub fn facts(
 
 #[cfg(test)]
 mod proxy_protocol_tests {
-    use super::proxy_protocol;
     use std::collections::BTreeMap;
+
+    use super::proxy_protocol;
 
     fn on(k: &str, v: &str) -> Option<String> {
         proxy_protocol(&BTreeMap::from([(k.to_string(), v.to_string())]))

@@ -18,8 +18,7 @@ use crate::{
     emit::{Meta, count, emit, flow_of, may_emit, stat_add},
     lookup::lookup_tag,
     maps::{CONFIG, DROP_DESTINATIONS, DROPS, NICS, OFFSETS},
-    packet::PacketBytes,
-    packet::{IPPROTO_TCP, IPPROTO_UDP, Packet, bytes},
+    packet::{IPPROTO_TCP, IPPROTO_UDP, Packet, PacketBytes, bytes},
 };
 
 #[inline(always)]

@@ -10,7 +10,10 @@
     reason = "a benchmark's measurement goes to stdout, where the bench reads it"
 )]
 
-use std::{hash::DefaultHasher, hash::Hasher, time::Instant};
+use std::{
+    hash::{DefaultHasher, Hasher},
+    time::Instant,
+};
 
 use clb_probe::state::iptables::{NatChains, digest, parse_iptables_save};
 

@@ -25,7 +25,7 @@ pub mod netlink;
 pub mod sink;
 pub mod state;
 
-pub use probe_core::{correlate, resolution, verify};
 // Test support shared with the core's tests (a hairpin event every unit test starts from).
 #[cfg(test)]
 use probe_core::test_events;
+pub use probe_core::{correlate, resolution, verify};

@@ -13,7 +13,6 @@ use probe_contract::{
     Proto, Tag,
     record::{KernelEvent, Packet},
 };
-
 use probe_tests::agent::{
     Agent, is_local_source_drop, kernel_has_tcx, our_loaded_programs, our_tc_attachments,
     our_tc_links, percpu_map_sum, require_root, sh, sh_in_node, wait_for,

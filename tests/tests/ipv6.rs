@@ -12,8 +12,10 @@ use std::{net::IpAddr, time::Duration};
 
 use probe_contract::{LoopbackEvent, LoopbackKind, Outcome as Fate, SnatState};
 use probe_tests::agent::{Agent, lines, require_root};
-use test_support::lab::v6::{self, Scenario6};
-use test_support::lab::{self, LabGuard, Variants};
+use test_support::lab::{
+    self, LabGuard, Variants,
+    v6::{self, Scenario6},
+};
 
 const SETTLE: Duration = Duration::from_secs(4);
 const WAIT: Duration = Duration::from_secs(10);
@@ -114,8 +116,10 @@ fn ipv6_served_vip_port_reports_nothing() {
 /// as it is (no mapping to IPv4, no truncation in the view or the labels).
 #[test]
 fn ipv6_addresses_reach_events_watch_and_metrics_unchanged() {
-    use std::io::{BufRead as _, BufReader};
-    use std::process::{Command, Stdio};
+    use std::{
+        io::{BufRead as _, BufReader},
+        process::{Command, Stdio},
+    };
 
     if !require_root("ipv6_surfaces") {
         return;

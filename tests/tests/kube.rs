@@ -24,8 +24,10 @@ use probe_tests::{
     kube_fixture::KubeFixture,
 };
 use serde_json::Value;
-use test_support::kubeapi::fixtures;
-use test_support::lab::{self, LabGuard, Outcome, Scenario, Variants, http_get_in};
+use test_support::{
+    kubeapi::fixtures,
+    lab::{self, LabGuard, Outcome, Scenario, Variants, http_get_in},
+};
 
 const METRICS: &str = "127.0.0.1:19466";
 const WAIT: Duration = Duration::from_secs(15);

@@ -6,9 +6,7 @@
 //!
 //! Root only (each test prints a skip line otherwise). One at a time: they share the lab.
 
-use std::net::IpAddr;
-use std::process::Command;
-use std::time::Duration;
+use std::{net::IpAddr, process::Command, time::Duration};
 
 use probe_contract::{LoopbackKind, Outcome as Fate, SnatState};
 use probe_tests::agent::{Agent, lines, probe_bin, require_root};

@@ -9,9 +9,7 @@
 //!
 //! Root only (prints a skip line otherwise); iptables mode only (the rules are written for it).
 
-use std::process::Command;
-
-use std::{net::IpAddr, time::Duration};
+use std::{net::IpAddr, process::Command, time::Duration};
 
 use probe_contract::{
     LoopbackKind,

@@ -6,8 +6,7 @@
 //!
 //! Root only (each test prints a skip line otherwise). One at a time: they share the lab.
 
-use std::process::Command;
-use std::time::Duration;
+use std::{process::Command, time::Duration};
 
 use probe_tests::agent::{Agent, require_root};
 use test_support::lab::{self, KubeProxyMode, LabGuard};

@@ -7,8 +7,10 @@
 //!
 //! Root only (each test prints a skip line otherwise). One at a time: they share the lab.
 
-use std::net::{IpAddr, SocketAddrV4};
-use std::time::Duration;
+use std::{
+    net::{IpAddr, SocketAddrV4},
+    time::Duration,
+};
 
 use probe_contract::{LoopbackKind, Outcome as Fate};
 use probe_tests::agent::{Agent, lines, require_root};

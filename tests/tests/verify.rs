@@ -24,8 +24,10 @@ use probe_tests::{
     kube_fixture::{KubeFixture, Listen, NODE_NAME, plugin_in_node},
 };
 use serde_json::{Value, json};
-use test_support::kubeapi::fixtures;
-use test_support::lab::{self, LabGuard, Scenario, Variant, Variants};
+use test_support::{
+    kubeapi::fixtures,
+    lab::{self, LabGuard, Scenario, Variant, Variants},
+};
 
 const WAIT: Duration = Duration::from_secs(20);
 const METRICS: &str = "127.0.0.1:19467";

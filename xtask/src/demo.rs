@@ -15,7 +15,6 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
-
 use test_support::lab::{self, LabGuard, Scenario, Variants};
 
 use crate::setup;

@@ -1,8 +1,10 @@
 //! `cargo xtask lab ...`
 
-use std::net::{Ipv4Addr, SocketAddrV4};
-use std::process::ExitCode;
-use std::time::Duration;
+use std::{
+    net::{Ipv4Addr, SocketAddrV4},
+    process::ExitCode,
+    time::Duration,
+};
 
 use anyhow::{Result, bail};
 use clap::{Args, Subcommand, ValueEnum};

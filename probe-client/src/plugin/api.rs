@@ -1,18 +1,17 @@
 //! The plugin's API calls: a client configured as kubectl would be, Events and agent pods.
 
+use std::collections::BTreeMap;
+
 use anyhow::Context as _;
 use k8s_openapi::api::{
     core::v1::{Node, Pod, Service},
     events::v1::Event,
 };
-use std::collections::BTreeMap;
-
 use kube::{
     Api, Client, Config,
     api::{DynamicObject, ListParams, Patch, PatchParams},
     config::{KubeConfigOptions, Kubeconfig},
 };
-
 use probe_contract::{
     kube_event::REPORTING_CONTROLLER,
     verify::{NodeVerification, VerificationSpec, VerificationStatus},

@@ -158,8 +158,7 @@ pub fn create_node_dir(folder: &Path) -> Result<(), OutputDirError> {
 /// (`O_CREAT|O_EXCL|O_NOFOLLOW`): another local user's link placed in DIR after its check
 /// cannot redirect the operator's write.
 pub fn write_new(path: &Path, bytes: &[u8]) -> Result<(), OutputDirError> {
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
+    use std::{io::Write as _, os::unix::fs::OpenOptionsExt as _};
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)

@@ -42,12 +42,11 @@ use k8s_openapi::{
     api::{core::v1::Pod, events::v1::Event},
     jiff::Timestamp,
 };
-use serde::{Deserialize, Serialize};
-
 use probe_contract::kube_event::{
     ACTION, REPORTING_CONTROLLER, RESOLVED_ACTION, RESOLVED_REASON, kind_of_reason,
     reporting_instance,
 };
+use serde::{Deserialize, Serialize};
 
 use crate::term::escape;
 

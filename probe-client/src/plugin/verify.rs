@@ -14,8 +14,7 @@
 //! at its LB IP:port: the results marked `looped`) was tested and is clean. A loop that could
 //! not be tested from its client, or whose test got no answer, is not resolved.
 
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
+use std::{collections::BTreeMap, fmt::Write as _};
 
 use probe_contract::{
     report::ReportStatus,
@@ -361,11 +360,12 @@ pub fn missing_error(missing: &[String], timeout_s: u64) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use probe_contract::{
         report::{ActiveLoop, RiskStatus},
         verify::VerifyResult,
     };
+
+    use super::*;
 
     fn result(kind: &str, outcome: VerifyOutcome) -> VerifyResult {
         VerifyResult {

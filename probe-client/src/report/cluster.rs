@@ -10,9 +10,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde::Serialize;
-
 use probe_contract::report::{ReportStatus, parse_rfc3339};
+use serde::Serialize;
 
 /// Three heartbeats (the agent's `sink::node_report::api::HEARTBEAT`) without an update: stale.
 pub const STALE_AFTER: i64 = 900;
@@ -395,8 +394,9 @@ pub fn table(view: &ClusterView, now: i64, wide: bool) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use probe_contract::report::{ActiveLoop, RiskStatus, rfc3339};
+
+    use super::*;
 
     const NOW: i64 = 1_800_000_000;
 

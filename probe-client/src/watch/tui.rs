@@ -5,6 +5,7 @@
 use std::time::Instant;
 
 use crossterm::event::{self, Event, KeyCode, KeyEventKind};
+use probe_contract::Message;
 use ratatui::{
     DefaultTerminal, Frame,
     layout::{Constraint, Layout},
@@ -19,7 +20,6 @@ use tokio::{
 };
 
 use super::view::Model;
-use probe_contract::Message;
 
 /// Keyboard input mode.
 #[derive(Default, PartialEq)]

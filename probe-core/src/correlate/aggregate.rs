@@ -2,20 +2,19 @@
 //! last time, JSON throttling); least recently seen aggregates are evicted at the bound and
 //! forgotten after the TTL.
 
+use std::net::IpAddr;
+
+use probe_contract::{
+    AggregateKey, Confirmation, LoopbackEvent, Outcome, Tag,
+    facts::{AddressOwner, Facts, SourceKind},
+    record::Packet,
+};
+
 use super::{
     Correlator,
     held::{Aggregate, DropInfo},
     remedy,
 };
-use probe_contract::{
-    AggregateKey, Confirmation, LoopbackEvent, Outcome,
-    facts::{AddressOwner, Facts, SourceKind},
-};
-use std::net::IpAddr;
-
-use probe_contract::record::Packet;
-
-use probe_contract::Tag;
 
 /// `LoopbackEvent::new`: the event type is the output contract's (`probe-contract`), building
 /// one from the packet the kernel saw is the correlator's, so the constructor is a trait here.

@@ -2,6 +2,10 @@
 //! healthCheckNodePort) of a node address, dropped as a local source. The same drop to any
 //! other destination is `vip_as_source` (see `vip_as_source.rs`).
 
+use probe_contract::{
+    AggregateKey, LoopbackEvent, Outcome, SnatState, Tag, facts::Etp, record::Packet,
+};
+
 use super::{
     Correlator, DropInfo, Output, RecentDrop,
     aggregate::NewEvent as _,
@@ -9,16 +13,13 @@ use super::{
         drop_line, local_source_line, suspect_line, table_missing, unauthenticated_source_line,
     },
     held::VipSuspect,
+    remedy::{
+        cause::CauseAddresses,
+        sentences::{bound, mismatch, service_key, unbind},
+    },
     tuple_of,
 };
 use crate::state::{NODEPORT_RANGE, Tuple};
-use probe_contract::{AggregateKey, LoopbackEvent, Outcome, SnatState, Tag, record::Packet};
-
-use super::remedy::{
-    cause::CauseAddresses,
-    sentences::{bound, mismatch, service_key, unbind},
-};
-use probe_contract::facts::Etp;
 
 impl Correlator {
     pub(super) fn on_vip_suspect(

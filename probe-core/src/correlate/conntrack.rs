@@ -2,9 +2,9 @@
 //! record is looked up by. Its own room so that `hairpin` (which asks) and `evidence` (which
 //! words the answers) both read it without importing each other.
 
-use crate::state::{ConntrackEntry, Tuple};
-
 use probe_contract::record::EgressRecord;
+
+use crate::state::{ConntrackEntry, Tuple};
 
 /// What a conntrack look-up came to.
 pub(super) enum CtAnswer {

@@ -1,9 +1,10 @@
 //! Where a suspect or a drop goes: each to the rule of its kind (`blackhole`, `hairpin`,
 //! `unserved`, `vip_reply`, `vip_as_source`), after a drop's NodePort DNAT is undone.
 
+use probe_contract::{Tag, record::Packet};
+
 use super::{Correlator, DropInfo, Output, drop_reason::local_source_drop, tuple_of};
 use crate::state::Tuple;
-use probe_contract::{Tag, record::Packet};
 
 impl Correlator {
     // ----- suspects ---------------------------------------------------------------------------

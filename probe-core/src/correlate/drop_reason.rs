@@ -1,9 +1,7 @@
 //! Drop-reason and drop-site classification. Reason numbers differ between kernels, so
 //! everything here matches names (from the kernel's BTF) and symbols only.
 
-use probe_contract::record::DropReason;
-
-use probe_contract::Tag;
+use probe_contract::{Tag, record::DropReason};
 
 /// Symbol prefixes of the IPv4 route-input path, where an older kernel drops a packet with a
 /// local (martian) source without a specific reason (Debian 6.1: `NOT_SPECIFIED` at

@@ -31,26 +31,25 @@
 //! firewall). The kernel side reports these drops only for the drops' addresses
 //! (`DROP_DESTINATIONS`, kept by the agent from each service table).
 
+use probe_contract::{
+    AggregateKey, LoopbackEvent, Outcome, Proto, Tag,
+    facts::{Etp, Facts, ProxyMode, SourceKind},
+    record::Packet,
+    sock,
+};
+
 use super::{
     Correlator, DropInfo, Output,
     aggregate::NewEvent as _,
     drop_reason::is_netfilter_drop,
     evidence::{drop_line, service_name},
+    remedy::{
+        cause::CauseAddresses,
+        sentences::{mismatch, service_key},
+    },
     tuple_of,
 };
-use probe_contract::{
-    AggregateKey, LoopbackEvent, Outcome, Proto, Tag,
-    facts::{Etp, Facts},
-    record::Packet,
-    sock,
-};
-
-use super::remedy::{
-    cause::CauseAddresses,
-    sentences::{mismatch, service_key},
-};
 use crate::state::{NoEndpointDrop, PodShortCircuit, ServiceSource};
-use probe_contract::facts::{ProxyMode, SourceKind};
 
 impl Correlator {
     /// A netfilter drop of a local pod's (or the node's) call to a no-endpoint drop of

@@ -3,10 +3,13 @@
 //! confirmed from the drop (reason or site) and the drop in the service table, naming the
 //! local-traffic detector the pod missed in iptables mode; every twin stays silent.
 
-use super::tests::{MS, NODE, POD, S, drop_ev, invariants, ip, only_report, pkt, table};
-use super::*;
-use crate::state::{NoEndpointDrop, PodShortCircuit, ServiceEntry, ServiceSource};
 use probe_contract::{KindCounts, facts::Etp};
+
+use super::{
+    tests::{MS, NODE, POD, S, drop_ev, invariants, ip, only_report, pkt, table},
+    *,
+};
+use crate::state::{NoEndpointDrop, PodShortCircuit, ServiceEntry, ServiceSource};
 
 /// An LB IP of `default/web-local` (ETP Local) with no endpoint on this node.
 const LB_IP: &str = "203.0.113.10";

@@ -2,23 +2,22 @@
 
 use std::net::IpAddr;
 
+use probe_contract::{
+    Layer, Listener, Proto, Tag,
+    facts::AddressOwner,
+    record::{EgressRecord, Packet, tcp_flags},
+    sock,
+};
+
 use super::{
     Correlator, DropInfo, MS, SEC,
     conntrack::{CtAnswer, egress_tuple},
     drop_reason::{LocalSourceDrop, local_source_drop},
     tuple_of,
 };
-use probe_contract::sock;
-
 use crate::state::{
     ConntrackEntry, NodePortEntry, ServiceSource, ServiceTable, Tuple,
     iptables::ACCESS_FILTER_CHAIN,
-};
-
-use probe_contract::{
-    Layer, Listener, Proto, Tag,
-    facts::AddressOwner,
-    record::{EgressRecord, Packet, tcp_flags},
 };
 
 /// `12.345678901s` (monotonic).

@@ -36,6 +36,12 @@ use std::{collections::HashSet, net::IpAddr};
 mod steps;
 pub(super) mod texts;
 
+use probe_contract::{
+    AggregateKey, Listener, LoopbackEvent, Outcome, Proto, SnatState, Tag,
+    facts::{AddressOwner, Etp, Facts, SourceKind},
+    record::{EgressRecord, Packet},
+};
+
 use super::{
     Correlator, DropInfo, EgressFlowKey, Output, PendingQuery, Query, QueryCtx, RecentDrop, SEC,
     aggregate::NewEvent as _,
@@ -47,11 +53,6 @@ use super::{
     tuple_of,
 };
 use crate::state::{ConntrackEntry, NodePortEntry, Tuple};
-use probe_contract::{
-    AggregateKey, Listener, LoopbackEvent, Outcome, Proto, SnatState, Tag,
-    facts::{AddressOwner, Etp, Facts, SourceKind},
-    record::{EgressRecord, Packet},
-};
 
 /// What the node's state said about a confirmed hairpin ([`Correlator::hairpin_evidence`]).
 struct HairpinEvidence {

@@ -6,14 +6,13 @@
 
 use std::{collections::HashMap, net::IpAddr};
 
-use super::queries::EgressFlowKey;
-
-use crate::state::Tuple;
-
 use probe_contract::{
     AggregateKey, Layer, Listener, LoopbackEvent, Outcome,
     record::{DropReason, EgressRecord, Packet},
 };
+
+use super::queries::EgressFlowKey;
+use crate::state::Tuple;
 
 /// A drop, as evidence.
 #[derive(Clone)]

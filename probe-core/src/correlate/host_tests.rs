@@ -3,6 +3,8 @@
 
 use std::collections::BTreeMap;
 
+use probe_contract::facts::Announcer;
+
 use super::{
     tests::{
         EXT_VIP, LB_VIP, MS, NODE, POD, S, corr, ct, drop_ev, egress, has_line, invariants, ip,
@@ -11,7 +13,6 @@ use super::{
     *,
 };
 use crate::state::addrs::Prefix;
-use probe_contract::facts::Announcer;
 
 /// The node's API server port: no NodePort of the test table.
 const HOST_PORT: u16 = 6443;

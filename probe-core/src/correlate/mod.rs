@@ -141,6 +141,16 @@ use std::{
 };
 
 #[cfg(test)]
+use probe_contract::record::{DropReason, EgressRecord, tcp_flags};
+use probe_contract::{
+    AggregateKey, Confirmation, CorrelatorStats, Layer, Outcome, Proto, Tag,
+    facts::AddressOwner,
+    record::{KernelEvent, Packet},
+};
+#[cfg(test)]
+use probe_contract::{KindCounts, Listener, LoopbackEvent, LoopbackKind, SnatState};
+
+#[cfg(test)]
 use self::held::Stage;
 pub use self::{
     config::CorrelatorConfig,
@@ -154,17 +164,6 @@ use self::{
 #[cfg(test)]
 use crate::state::{ConntrackEntry, SelfLoopFacts, ServiceSource};
 use crate::state::{ServiceTable, Tuple, addrs::Prefix};
-#[cfg(test)]
-use probe_contract::record::{DropReason, EgressRecord, tcp_flags};
-use probe_contract::{
-    AggregateKey, Layer, Outcome, Proto, Tag,
-    facts::AddressOwner,
-    record::{KernelEvent, Packet},
-};
-
-use probe_contract::{Confirmation, CorrelatorStats};
-#[cfg(test)]
-use probe_contract::{KindCounts, Listener, LoopbackEvent, LoopbackKind, SnatState};
 
 /// What the core writes per kind, each from the kind's own module (beside its rule): its
 /// remedy, one option a line, and its cause in one sentence. With the contract's row

@@ -24,14 +24,16 @@
 
 use std::net::IpAddr;
 
-use crate::service::ServiceFacts;
-use probe_contract::{Proto, sock};
+use probe_contract::{AggregateKey, LoopbackEvent, LoopbackKind, Outcome, Proto, SnatState, sock};
 
-use super::{Correlator, Output};
-use crate::state::{ConntrackEntry, Tuple};
-use probe_contract::{AggregateKey, LoopbackEvent, LoopbackKind, Outcome, SnatState};
-
-use super::remedy::{cause::CauseAddresses, sentences::service_key};
+use super::{
+    Correlator, Output,
+    remedy::{cause::CauseAddresses, sentences::service_key},
+};
+use crate::{
+    service::ServiceFacts,
+    state::{ConntrackEntry, Tuple},
+};
 
 /// How long a confirmed entry is remembered: longer than conntrack keeps it in `CLOSE`
 /// (`nf_conntrack_tcp_timeout_close`, 10 s by default), so one reset counts once.

@@ -117,8 +117,9 @@ fn a_reset_short_circuited_call_is_confirmed_and_its_twins_are_not() {
 /// (10 s in CLOSE); another call is another occurrence of the same aggregate.
 #[test]
 fn each_reset_call_is_one_occurrence_of_its_aggregate() {
-    use super::{Correlator, CorrelatorConfig, Output};
     use probe_contract::{LoopbackKind, Outcome, SnatState};
+
+    use super::{Correlator, CorrelatorConfig, Output};
     let mut c = Correlator::new(CorrelatorConfig::default());
     let t = targets(&[ingress(&[DO_PP], None)]);
     let reports = |out: Vec<Output>| -> Vec<probe_contract::Confirmation> {

@@ -4,14 +4,10 @@
 
 use std::net::IpAddr;
 
-use probe_contract::Confirmation;
+use probe_contract::{Confirmation, Listener, Proto, record::EgressRecord};
 use serde::{Deserialize, Serialize};
 
 use crate::state::{ConntrackEntry, SelfLoopFacts, Tuple};
-
-use probe_contract::record::EgressRecord;
-
-use probe_contract::{Listener, Proto};
 
 /// What the correlator hands back: a report for the sinks, or a question for the agent.
 #[derive(Clone, Debug, PartialEq, Eq)]

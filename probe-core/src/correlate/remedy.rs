@@ -21,12 +21,14 @@ mod check;
 pub(super) mod sentences;
 
 // Test support: the agent's tests build a placeholder event with it.
-pub use self::cause::cause;
 #[doc(hidden)]
 pub use self::check::placeholder;
-pub use self::check::{
-    etp_local_drop_risk, healthcheck_blackhole, proxy_mode, service_self_loop_risk, sock_of,
-    vip_port_unserved,
+pub use self::{
+    cause::cause,
+    check::{
+        etp_local_drop_risk, healthcheck_blackhole, proxy_mode, service_self_loop_risk, sock_of,
+        vip_port_unserved,
+    },
 };
 
 /// The remedy of a confirmed event, from its facts (the correlator's, and after attribution

@@ -5,7 +5,6 @@
 
 use std::net::IpAddr;
 
-use super::*;
 use probe_contract::{
     Layer, LoopbackEvent, LoopbackKind, Proto, SnatState,
     facts::{
@@ -13,6 +12,8 @@ use probe_contract::{
         VipSourceSide,
     },
 };
+
+use super::*;
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()

@@ -8,12 +8,12 @@
 
 use std::{collections::VecDeque, net::IpAddr};
 
+use probe_contract::record::{EgressRecord, KernelEvent};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{Answer, Confirmation, Correlator, CorrelatorConfig, CorrelatorStats, Output, Query};
 use crate::state::{ConntrackEntry, SelfLoopFacts, ServiceTable, conntrack::is_self_call};
-use probe_contract::record::{EgressRecord, KernelEvent};
 
 /// A conntrack entry the script returns once time has reached `visible_from_ns`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

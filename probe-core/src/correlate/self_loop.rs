@@ -42,6 +42,8 @@ use std::net::IpAddr;
 
 pub(super) mod texts;
 
+use probe_contract::{AggregateKey, LoopbackEvent, Outcome, SnatState, record::Packet, sock};
+
 use super::{
     Correlator, DropInfo, Output, Query, QueryCtx, SEC,
     aggregate::NewEvent as _,
@@ -51,7 +53,6 @@ use super::{
     tuple_of,
 };
 use crate::state::{ConntrackEntry, SelfLoopFacts, ServiceSource, ServiceTable, Tuple};
-use probe_contract::{AggregateKey, LoopbackEvent, Outcome, SnatState, record::Packet, sock};
 
 /// How long a confirmed connect's retransmits (same tuple) fold into it instead of counting
 /// again: Linux gives up a SYN after 6 retries, 127 s.

@@ -1,9 +1,10 @@
 //! Unit tests of `self_loop.rs`'s pure helpers: what the node facts say is missing, and which
 //! Service a self-call went through (the end-to-end cases are in `self_loop_tests.rs`).
 
+use probe_contract::Proto;
+
 use super::*;
 use crate::state::{BridgePort, ServiceEntry};
-use probe_contract::Proto;
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()

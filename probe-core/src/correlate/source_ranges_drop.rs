@@ -17,6 +17,13 @@
 //! outside that entry's ranges. The kernel side reports these drops only for the entries'
 //! addresses (`DROP_DESTINATIONS`, kept by the agent from each service table).
 
+use probe_contract::{
+    AggregateKey, LoopbackEvent, Outcome, Proto, Tag,
+    facts::{Facts, SourceKind},
+    record::Packet,
+    sock,
+};
+
 use super::{
     Correlator, DropInfo, Output,
     aggregate::NewEvent as _,
@@ -24,12 +31,6 @@ use super::{
     evidence::{drop_line, service_name},
     remedy::cause::CauseAddresses,
     tuple_of,
-};
-use probe_contract::{
-    AggregateKey, LoopbackEvent, Outcome, Proto, Tag,
-    facts::{Facts, SourceKind},
-    record::Packet,
-    sock,
 };
 
 impl Correlator {

@@ -2,10 +2,13 @@
 //! (or the node's) call to a LB IP whose Service sets `loadBalancerSourceRanges`, confirmed
 //! from the drop and the firewall entry in the service table; every twin stays silent.
 
-use super::tests::{MS, NODE, POD, S, drop_ev, invariants, ip, only_report, pkt, table};
-use super::*;
-use crate::state::{FirewallEntry, ServiceSource, SourceRange};
 use probe_contract::KindCounts;
+
+use super::{
+    tests::{MS, NODE, POD, S, drop_ev, invariants, ip, only_report, pkt, table},
+    *,
+};
+use crate::state::{FirewallEntry, ServiceSource, SourceRange};
 
 /// An LB IP of `default/web` with `loadBalancerSourceRanges: [192.0.2.0/24]`.
 const LB_IP: &str = "203.0.113.10";

@@ -33,8 +33,10 @@
 //! A Service the table does not list (kube-proxy's iptables mode writes no nat chain for a
 //! Service with no endpoint) cannot be named: such an entry is not reported.
 
-use std::collections::{HashMap, HashSet};
-use std::net::{IpAddr, SocketAddr};
+use std::{
+    collections::{HashMap, HashSet},
+    net::{IpAddr, SocketAddr},
+};
 
 use probe_contract::{AggregateKey, LoopbackEvent, LoopbackKind, Outcome, Proto, sock};
 

@@ -3,13 +3,14 @@
 //! to the endpoint that was 198.19.1.20:8125 while the Service's endpoint is now
 //! 198.19.1.21:8125.
 
-use std::collections::HashMap;
-use std::net::IpAddr;
+use std::{collections::HashMap, net::IpAddr};
 
 use probe_contract::{LoopbackKind, Proto};
 
-use super::stale_udp::{confirm, delete_command, dump_ips};
-use super::{Correlator, CorrelatorConfig, Output};
+use super::{
+    Correlator, CorrelatorConfig, Output,
+    stale_udp::{confirm, delete_command, dump_ips},
+};
 use crate::state::{ConntrackEntry, ServiceEntry, ServiceTable, Tuple};
 
 const SENDER: &str = "198.19.1.10";

@@ -3,8 +3,7 @@
 
 use std::net::IpAddr;
 
-use super::unserved::PROGRAMMED_TTL_NS;
-use super::*;
+use super::{unserved::PROGRAMMED_TTL_NS, *};
 use crate::state::{NodePortEntry, ServiceEntry};
 
 /// Field variants (issue 10): the IPVS access filter, `vip_as_source`, health checks only.

@@ -11,6 +11,15 @@
 //! not the Service). One question per VIP:port at a time; its answer is reused for
 //! [`PROGRAMMED_TTL_NS`], so a flood of refused packets costs one read.
 
+use std::net::IpAddr;
+
+use probe_contract::{
+    AggregateKey, LoopbackEvent, Outcome, Proto, Tag,
+    facts::{Facts, SourceKind},
+    record::Packet,
+    sock,
+};
+
 use super::{
     Correlator, DropInfo, Output, Query,
     aggregate::NewEvent as _,
@@ -18,18 +27,12 @@ use super::{
     evidence::{drop_line, refusal_line, service_name},
     held::QueryCtx,
     queries::DataplaneRead,
+    remedy::{
+        cause::CauseAddresses,
+        sentences::{sender, service_key, unserved_options},
+    },
     tuple_of,
 };
-use probe_contract::{
-    AggregateKey, LoopbackEvent, Outcome, Proto, Tag, facts::Facts, record::Packet, sock,
-};
-
-use super::remedy::{
-    cause::CauseAddresses,
-    sentences::{sender, service_key, unserved_options},
-};
-use probe_contract::facts::SourceKind;
-use std::net::IpAddr;
 
 /// How long a dataplane answer for a VIP:port is reused (kube-proxy re-syncs every second or
 /// more; a lag shorter than this is no finding anyway).

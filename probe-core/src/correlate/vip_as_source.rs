@@ -10,23 +10,23 @@
 //! [`Correlator::is_health_check`]; everything else that `blackhole.rs` would confirm lands
 //! here.
 
+use probe_contract::{
+    AggregateKey, LoopbackEvent, Outcome, Tag,
+    facts::{AddressOwner, Etp, VipSourceSide},
+    record::Packet,
+    sock,
+};
+
 use super::{
     Correlator, DropInfo, Output,
     aggregate::NewEvent as _,
     evidence::{destination_line, vip_egress_line},
     held::VipSuspect,
+    remedy::{
+        cause::CauseAddresses,
+        sentences::{call_in_cluster, mismatch, owner_fix, owner_short, service_key},
+    },
 };
-use probe_contract::{
-    AggregateKey, LoopbackEvent, Outcome, Tag,
-    facts::{Etp, VipSourceSide},
-    record::Packet,
-};
-
-use super::remedy::{
-    cause::CauseAddresses,
-    sentences::{call_in_cluster, mismatch, owner_fix, owner_short, service_key},
-};
-use probe_contract::{facts::AddressOwner, sock};
 
 impl Correlator {
     /// A local-source drop of a `Vip`-source packet that is no health check.

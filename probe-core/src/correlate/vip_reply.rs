@@ -13,6 +13,11 @@
 //!   bound VIP. `vip_port_unserved` blames in-cluster callers (this node or its pods), so
 //!   this is counted as unmatched.
 
+use probe_contract::{
+    AggregateKey, LoopbackEvent, Outcome, Proto, SnatState, Tag,
+    record::{Packet, tcp_flags},
+};
+
 use super::{
     Correlator, DropInfo, Output,
     aggregate::NewEvent as _,
@@ -20,10 +25,6 @@ use super::{
     evidence::{drop_line, suspect_line},
     held::VipSuspect,
     tuple_of,
-};
-use probe_contract::{
-    AggregateKey, LoopbackEvent, Outcome, Proto, SnatState, Tag,
-    record::{Packet, tcp_flags},
 };
 
 impl Correlator {
@@ -121,11 +122,13 @@ impl Correlator {
 mod tests {
     use std::net::IpAddr;
 
-    use super::super::{CorrelatorConfig, KernelEvent};
-
-    use super::*;
-    use crate::state::{NodePortEntry, ServiceSource, ServiceTable};
     use probe_contract::{LoopbackKind, record::DropReason};
+
+    use super::{
+        super::{CorrelatorConfig, KernelEvent},
+        *,
+    };
+    use crate::state::{NodePortEntry, ServiceSource, ServiceTable};
 
     const S: u64 = 1_000_000_000;
     const VIP6: &str = "2001:db8:113::10";

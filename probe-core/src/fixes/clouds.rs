@@ -11,10 +11,10 @@
 //!   needs to accept the LB's traffic); guest-agent#555 (open) asks for a switch. No node-file
 //!   edit is offered as a fix: the ClusterIP for host-network callers is (generic).
 
+use LoopbackKind::{Hairpin, HealthcheckBlackhole, ProxyProtocolShortCircuit, VipPortUnserved};
 use probe_contract::{Layer, LoopbackKind};
 
 use super::{Entry, Facts, IpMode, Offer, Provider, annotation_on, annotation_patch};
-use LoopbackKind::{Hairpin, HealthcheckBlackhole, ProxyProtocolShortCircuit, VipPortUnserved};
 
 pub(super) const TENCENT_PREVENT_LOOPBACK_KEY: &str = "service.cloud.tencent.com/prevent-loopback";
 pub(super) const ACK_HOSTNAME: &str =

@@ -1,13 +1,13 @@
 //! The generic entries: Kubernetes settings and caller changes that fit every provider whose
 //! facts allow them.
 
+use LoopbackKind::{
+    EtpLocalDrop, Hairpin, HealthcheckBlackhole, ServiceSelfLoop, VipAsSource, VipPortUnserved,
+};
 use probe_contract::{LoopbackKind, SnatState, facts::SelfLoopMissing};
 use serde_json::json;
 
 use super::{Entry, Etp, IpMode, Offer, Provider, Source};
-use LoopbackKind::{
-    EtpLocalDrop, Hairpin, HealthcheckBlackhole, ServiceSelfLoop, VipAsSource, VipPortUnserved,
-};
 
 /// Calling the Service by name never leaves the node for the LB, whatever the cloud. Gate: the
 /// looping caller is in the cluster (not the LB's own checks). For a host-network caller

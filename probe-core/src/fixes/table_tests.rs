@@ -3,11 +3,11 @@
 
 use std::collections::BTreeMap;
 
+use LoopbackKind::{Hairpin, HealthcheckBlackhole, ServiceSelfLoop, VipPortUnserved};
 use probe_contract::{Layer, LoopbackKind, Proto, SnatState};
 use serde_json::json;
 
 use super::*;
-use LoopbackKind::{Hairpin, HealthcheckBlackhole, ServiceSelfLoop, VipPortUnserved};
 
 /// A confirmed loop of `kind` on a Service read from the API: TCP port 80, Cluster policy, LB
 /// IP published with ipMode VIP, kube-proxy on the node and binding the IP, no annotations.

@@ -29,12 +29,10 @@ pub mod proof;
 
 use std::collections::{BTreeMap, VecDeque};
 
-use probe_contract::{LoopLifecycle, LoopResolution, LoopbackEvent, LoopbackKind};
+use probe_contract::{LoopLifecycle, LoopResolution, LoopbackEvent, LoopbackKind, report::rfc3339};
+pub use proof::Shape;
 
 use crate::service::ServiceFacts;
-use probe_contract::report::rfc3339;
-
-pub use proof::Shape;
 
 /// How many loops are tracked at most (the least recently seen resolved, then quiet, then
 /// active loop is forgotten first).

@@ -30,7 +30,6 @@
 
 use std::{net::IpAddr, time::Duration};
 
-use crate::service::ServiceFacts;
 use probe_contract::{
     LoopbackEvent, LoopbackKind, Proto,
     facts::SourceKind,
@@ -39,6 +38,8 @@ use probe_contract::{
         FROM_NODE, MAX_CLIENTS, MAX_KINDS, MAX_TARGETS, RequestedKind, VerifyOutcome, VerifyResult,
     },
 };
+
+use crate::service::ServiceFacts;
 
 /// Connections per target and request ("a few"): enough for a loop the LB hits on one of
 /// two or three picks (a two-node LB pool picks this node about half the time).

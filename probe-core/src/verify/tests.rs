@@ -1,12 +1,12 @@
 use std::net::IpAddr;
 
-use crate::service::ServiceFacts;
 use probe_contract::{
     LoopbackEvent, LoopbackKind, Outcome, Proto,
     verify::{VerifyOutcome, VerifyResult},
 };
 
 use super::*;
+use crate::service::ServiceFacts;
 
 const VIP: &str = "203.0.113.10";
 

@@ -8,13 +8,12 @@ use std::{
     time::{Duration, Instant},
 };
 
+use probe_contract::{Confirmation, clock::monotonic_ns, record::KernelRecord};
 use tokio::{
     signal::unix::{Signal, SignalKind, signal},
     sync::{mpsc, watch},
 };
 use tracing::{debug, info};
-
-use probe_contract::clock::monotonic_ns;
 
 use super::{
     AbortOnDrop,
@@ -29,7 +28,6 @@ use crate::{
     resolution::{Observed, ProofRequest, Tracker, proof, service_fields},
     state,
 };
-use probe_contract::{Confirmation, record::KernelRecord};
 
 /// What the loop owns and reads.
 pub(super) struct CorrelateLoop {

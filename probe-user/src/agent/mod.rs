@@ -17,8 +17,6 @@ pub mod services;
 pub mod startup;
 pub mod verify;
 
-pub use queries::CONNTRACK_FAIL_ENV;
-
 use std::{
     path::PathBuf,
     sync::{Arc, RwLock},
@@ -26,6 +24,10 @@ use std::{
 };
 
 use anyhow::Context as _;
+use correlation::{CorrelateLoop, Signals};
+use nodesync::NodeSync;
+use probe_contract::NodeStatus;
+pub use queries::CONNTRACK_FAIL_ENV;
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
@@ -41,10 +43,6 @@ use crate::{
     sink::json::JsonLines,
     state::{self, addrs::AddrConfig},
 };
-
-use correlation::{CorrelateLoop, Signals};
-use nodesync::NodeSync;
-use probe_contract::NodeStatus;
 
 /// Everything `probe agent` was told.
 #[derive(Clone, Debug)]

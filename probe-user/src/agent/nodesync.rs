@@ -19,6 +19,7 @@ use std::{
 
 use futures::StreamExt as _;
 use probe_common::AddrValue;
+use probe_contract::{NodeStatus, Tag};
 use rtnetlink::{Handle, MulticastGroup};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
@@ -30,10 +31,6 @@ use crate::{
         addrs::{AddrConfig, AddressSets, Owners, Prefix},
     },
 };
-
-use probe_contract::Tag;
-
-use probe_contract::NodeStatus;
 
 pub struct NodeSync {
     probe: Probe,

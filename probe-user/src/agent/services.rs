@@ -42,16 +42,15 @@ use tokio::{
 };
 use tracing::{info, warn};
 
-use super::refresh_policy::{Action, RefreshPolicy, Seen, Signal};
-use crate::{
-    kube::{index::Index, service_table::NodeView, watcher::SharedApiTable},
-    state::{self, ServiceSource, ServiceTable, addrs::Owners, changes},
-};
-
 // The pacing rules, named here as the module docs name them; the decisions are
 // `refresh_policy`'s.
 pub use super::refresh_policy::{
     API_DUTY, API_EVERY, API_WAIT, MAX_GAP, MIN_GAP, READ_DUTY, RETRY, SETTLE,
+};
+use super::refresh_policy::{Action, RefreshPolicy, Seen, Signal};
+use crate::{
+    kube::{index::Index, service_table::NodeView, watcher::SharedApiTable},
+    state::{self, ServiceSource, ServiceTable, addrs::Owners, changes},
 };
 
 /// The interval of the cheap IPVS and legacy change tests.

@@ -7,6 +7,7 @@
 use std::{collections::BTreeMap, net::IpAddr, process::Command};
 
 use anyhow::Context as _;
+use probe_contract::{Proto, check::Dataplane};
 
 use super::{Inputs, KernelView, LbTarget, NicSysctls};
 use crate::{
@@ -15,7 +16,6 @@ use crate::{
     state,
     state::{addrs, addrs::AddrConfig, ipset},
 };
-use probe_contract::{Proto, check::Dataplane};
 
 /// kube-proxy's IPVS-mode sets: every LB ingress IP:port, the Local ones, the ClusterIPs.
 pub const LB_SET: &str = "KUBE-LOAD-BALANCER";

@@ -10,7 +10,6 @@ use std::{path::PathBuf, time::Duration};
 use anyhow::Context as _;
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 use kube::{Api, Client, Config, api::ListParams, config::Kubeconfig};
-
 use probe_core::service::ServiceFacts;
 
 /// Where to find the API.

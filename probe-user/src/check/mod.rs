@@ -17,11 +17,12 @@
 
 use std::net::IpAddr;
 
-use probe_contract::check::{CheckReport, Finding};
+use probe_contract::{
+    Proto,
+    check::{CheckReport, Finding},
+};
 
 use crate::state::ServiceTable;
-
-use probe_contract::Proto;
 
 pub mod dataplane;
 pub mod gather;

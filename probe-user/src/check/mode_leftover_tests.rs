@@ -1,28 +1,15 @@
 //! `mode_leftover` (issue 39, IPVS retirement): another mode's state is named only where the
 //! live mode is known, and kube-ipvs0's addresses after a switch are a risk.
 
-use super::Inputs;
+use probe_contract::check::{Kind, Severity};
 
-use super::ModeState;
-
-use super::dataplane::Traces;
-
-use super::dataplane::detect;
-
-use super::readiness;
-
-use super::rules;
-
-use super::test_nodes::VIP;
-
-use super::test_nodes::ip;
-
-use super::test_nodes::lab;
-
-use probe_contract::check::Kind;
-
+use super::{
+    Inputs, ModeState,
+    dataplane::{Traces, detect},
+    readiness, rules,
+    test_nodes::{VIP, ip, lab},
+};
 use crate::state::ServiceSource;
-use probe_contract::check::Severity;
 
 /// The lab node with its service table from `source`, the dataplane detected from it, and
 /// kube-ipvs0 holding the VIP when `vip_iface_present`.

@@ -28,32 +28,25 @@
 //! per-Service `ipMode: Proxy` advice, `readiness/node.rs` what both read off the node,
 //! `readiness/render.rs` the prediction as text.
 
-use super::Inputs;
-
-use probe_contract::check::Finding;
-
-use probe_contract::check::Kind;
-
-use probe_contract::check::Severity;
-
-use probe_contract::check::Dataplane;
-
-use probe_contract::check::Mode;
+use probe_contract::check::{Dataplane, Finding, Kind, Mode, Severity};
 use probe_core::{
     fixes::{self, Facts, Provider},
     service::ServiceFacts,
 };
 
+use super::Inputs;
+
 mod ip_mode;
 mod node;
 mod render;
+
+use probe_contract::readiness::{Change, Exposure, Prediction};
 
 pub use self::render::table;
 use self::{
     ip_mode::ip_mode_advice,
     node::{kube_proxy_binds, parse_subject},
 };
-use probe_contract::readiness::{Change, Exposure, Prediction};
 
 /// The modes `--as` predicts.
 pub const TARGETS: &[Mode] = &[Mode::Nftables];

@@ -1,32 +1,17 @@
 //! `--as nftables`, table-driven over IPVS-mode node snapshots (no kernel): what disappears,
 //! appears and remains, the fixes to apply first, and the per-Service ipMode advice.
 
-use super::Inputs;
-
-use super::readiness;
-
-use probe_contract::readiness::Prediction;
-
-use super::services;
-
-use super::test_nodes;
-
-use super::test_nodes::POD_MASQ;
-
-use super::test_nodes::VIP;
-
-use super::test_nodes::ip;
-
-use super::test_nodes::ipvs;
-
-use super::test_nodes::lab;
-
-use super::test_nodes::pairs;
-
-use probe_contract::check::Kind;
-
-use probe_contract::{check::Mode, facts::AddressOwner};
+use probe_contract::{
+    check::{Kind, Mode},
+    facts::AddressOwner,
+    readiness::Prediction,
+};
 use probe_core::service::{LbIngress, ServiceFacts};
+
+use super::{
+    Inputs, readiness, services, test_nodes,
+    test_nodes::{POD_MASQ, VIP, ip, ipvs, lab, pairs},
+};
 
 /// `shop/web` (`test_nodes::web`) with `annotations`.
 fn web(etp_local: bool, ip_mode: Option<&str>, annotations: &[(&str, &str)]) -> ServiceFacts {

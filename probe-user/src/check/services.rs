@@ -4,9 +4,10 @@
 
 use std::net::IpAddr;
 
-use super::LbTarget;
 use probe_contract::Proto;
 use probe_core::service::ServiceFacts;
+
+use super::LbTarget;
 
 /// A Service port's protocol as the probe follows it (SCTP: not followed).
 fn proto(protocol: &str) -> Option<Proto> {

@@ -4,10 +4,11 @@
 
 use std::{collections::BTreeMap, net::IpAddr};
 
-use super::{Inputs, KernelView, NicSysctls, gather};
-use crate::state::{NodePortEntry, ServiceEntry, ServiceSource, ServiceTable, addrs::Prefix};
 use probe_contract::Proto;
 use probe_core::service::{LbIngress, ServiceFacts, ServicePort};
+
+use super::{Inputs, KernelView, NicSysctls, gather};
+use crate::state::{NodePortEntry, ServiceEntry, ServiceSource, ServiceTable, addrs::Prefix};
 
 pub(super) fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()

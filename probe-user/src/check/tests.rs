@@ -1,45 +1,14 @@
 //! The rules of `probe check`, table-driven over node snapshots shaped like the lab's and
 //! like kube-proxy's IPVS mode (no kernel).
 
-use super::Inputs;
-
-use super::KernelView;
-
-use super::attach_fixes;
-
-use super::render;
-
-use super::rules;
-
-use super::services;
-
-use super::test_nodes::KUBE_MASQ;
-
-use super::test_nodes::POD_MASQ;
-
-use super::test_nodes::VIP;
-
-use super::test_nodes::ip;
-
-use super::test_nodes::ipvs;
-
-use super::test_nodes::lab;
-
-use super::test_nodes::masquerade;
-
-use super::test_nodes::pairs;
-
-use super::test_nodes::unbind;
-
-use super::test_nodes::web;
-
-use probe_contract::check::Kind;
-
-use probe_contract::check::CheckReport;
-
-use crate::state::{ServiceSource, ServiceTable, addrs::Prefix};
-use probe_contract::check::Severity;
+use probe_contract::check::{CheckReport, Kind, Severity};
 use probe_core::service::{LbIngress, ServiceFacts};
+
+use super::{
+    Inputs, KernelView, attach_fixes, render, rules, services,
+    test_nodes::{KUBE_MASQ, POD_MASQ, VIP, ip, ipvs, lab, masquerade, pairs, unbind, web},
+};
+use crate::state::{ServiceSource, ServiceTable, addrs::Prefix};
 
 /// (kind, severity, subject) of every finding that is not info.
 fn verdicts(i: &Inputs) -> Vec<Verdict> {

@@ -6,9 +6,9 @@ use std::{collections::BTreeMap, path::Path};
 
 use btf_rs::{Backend, Btf, Type};
 use probe_common::KernelOffsets;
+use probe_contract::record::DropReason;
 
 use super::KernelError;
-use probe_contract::record::DropReason;
 
 pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 

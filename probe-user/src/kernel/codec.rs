@@ -6,10 +6,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use probe_common::{CAPTURE_MAX, CapturedPacketEvent, PacketEvent, family};
-
-use probe_contract::record::Packet;
-
-use probe_contract::{Proto, Tag};
+use probe_contract::{Proto, Tag, record::Packet};
 
 /// The address a record carries as `bytes` in family `fam`.
 pub fn addr_from(fam: u8, bytes: [u8; 16]) -> IpAddr {

@@ -7,10 +7,7 @@ use probe_common::{
     DropKey, EgressKey, EgressSourceFlows, EgressSourceKey, EgressValue, SuspectKey, budget, kind,
     stat, tag,
 };
-
-use probe_contract::record::EgressRecord;
-
-use probe_contract::{Proto, Tag};
+use probe_contract::{Proto, Tag, record::EgressRecord};
 
 /// The per-CPU counter maps; values are summed over CPUs at read time.
 pub struct Counters {

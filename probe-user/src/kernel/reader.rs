@@ -16,11 +16,11 @@ use std::{
 
 use aya::maps::{MapData, RingBuf};
 use probe_common::{PacketEvent, kind};
+use probe_contract::record::{DropReason, KernelEvent, KernelRecord};
 use tokio::{io::unix::AsyncFd, sync::mpsc};
 use tracing::warn;
 
 use super::{DropReasons, codec, kallsyms::Kallsyms};
-use probe_contract::record::{DropReason, KernelEvent, KernelRecord};
 
 /// How often the reader drains the ring without a wake-up while it is quiet: the latency bound
 /// of records the kernel left without one when nothing else is arriving.
@@ -158,9 +158,9 @@ mod tests {
     use std::net::IpAddr;
 
     use probe_common::family;
+    use probe_contract::Tag;
 
     use super::*;
-    use probe_contract::Tag;
 
     fn decoder() -> Decoder {
         let mut names = HashMap::new();

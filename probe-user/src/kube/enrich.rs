@@ -11,14 +11,14 @@
 
 use std::net::IpAddr;
 
-use probe_core::{fixes, service::ServiceFacts};
-
-use super::index::Index;
-use crate::correlate::remedy;
 use probe_contract::{
     LbAddress, LoopbackEvent, ServiceLookup,
     facts::{AddressOwner, Announcer, Etp, ServiceFact, SourceKind},
 };
+use probe_core::{fixes, service::ServiceFacts};
+
+use super::index::Index;
+use crate::correlate::remedy;
 
 /// Names `event` from `index`; `node` is this node's Kubernetes name.
 pub fn enrich(event: &mut LoopbackEvent, index: &Index, node: Option<&str>) {
@@ -264,12 +264,13 @@ pub fn attach_fixes(event: &mut LoopbackEvent, index: &Index, flag: Option<fixes
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use crate::kube::index::tests::{pod, web_service};
     use probe_contract::{
         LoopbackKind, Outcome, Proto, SnatState,
         facts::{AddressOwner, Facts},
     };
+
+    use super::*;
+    use crate::kube::index::tests::{pod, web_service};
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()

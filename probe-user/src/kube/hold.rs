@@ -15,8 +15,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{enrich::enrich, index::Index};
 use probe_contract::{Confirmation, LoopbackEvent, facts::SourceKind};
+
+use super::{enrich::enrich, index::Index};
 
 /// The longest a report waits for names.
 pub const HOLD_MAX: Duration = Duration::from_secs(2);
@@ -92,12 +93,13 @@ impl Hold {
 
 #[cfg(test)]
 mod tests {
+    use probe_contract::{LoopbackKind, SnatState};
+
     use super::*;
     use crate::{
         correlate::remedy,
         kube::index::tests::{pod, web_service},
     };
-    use probe_contract::{LoopbackKind, SnatState};
 
     fn report(src: &str) -> Confirmation {
         let mut event = remedy::placeholder(LoopbackKind::Hairpin, src.parse().unwrap(), 30080);

@@ -11,10 +11,8 @@ use k8s_openapi::api::{
     core::v1::{Pod, Service},
     discovery::v1::EndpointSlice,
 };
-
-use probe_core::service::{ServiceFacts, bounded, facts, is_api_name};
-
 use probe_contract::Proto;
+use probe_core::service::{ServiceFacts, bounded, facts, is_api_name};
 
 /// A pod, by name.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -303,10 +301,10 @@ fn host_ports(spec: &k8s_openapi::api::core::v1::PodSpec) -> Vec<(u16, ProtoKey)
 
 #[cfg(test)]
 pub(crate) mod tests {
+    use probe_core::service::ANNOTATIONS_MAX;
     use serde_json::json;
 
     use super::*;
-    use probe_core::service::ANNOTATIONS_MAX;
 
     pub(crate) fn pod(ns: &str, name: &str, ips: &[&str]) -> Pod {
         serde_json::from_value(json!({

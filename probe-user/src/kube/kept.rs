@@ -18,7 +18,6 @@ use std::{
 };
 
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
-
 use probe_core::service::{ServiceFacts, bounded, facts, is_api_name};
 
 use super::service_table::tight;
@@ -299,9 +298,10 @@ impl Kept {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
     use crate::kube::index::Index;
-    use serde_json::json;
 
     fn service(ns: &str, name: &str, ip: &str, lb: Option<&str>) -> Service {
         let mut s = json!({

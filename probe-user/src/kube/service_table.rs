@@ -32,9 +32,9 @@ use std::{
 };
 
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+use probe_contract::Proto;
 
 use crate::state::{NoEndpointDrop, NodePortEntry, ServiceEntry, ServiceSource, ServiceTable};
-use probe_contract::Proto;
 
 /// kube-proxy watches only Services (and EndpointSlices) without this label: another proxy
 /// serves them (kubernetes/kubernetes `cmd/kube-proxy/app/server.go`, the informers' label

@@ -1,6 +1,7 @@
+use serde_json::json;
+
 use super::*;
 use crate::state::{iptables::parse_iptables_save, test_netns::Netns};
-use serde_json::json;
 
 const NODE: &str = "test-node";
 

@@ -419,8 +419,9 @@ async fn run(
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use serde_json::json;
+
+    use super::*;
 
     /// kube-proxy's overall fixtures (`tests/data/kube-proxy/overall/`) as API objects.
     fn overall(file: &str) -> Vec<serde_json::Value> {
@@ -456,8 +457,9 @@ mod tests {
     /// event recomputes one Service (not the table); a relist replaces it once.
     #[tokio::test]
     async fn the_table_follows_the_watch_events() {
-        use crate::state::ServiceSource;
         use probe_contract::Proto;
+
+        use crate::state::ServiceSource;
         let api = test_support::kubeapi::FakeApiServer::start().unwrap();
         let kubeconfig =
             std::env::temp_dir().join(format!("clb-apitable-{}.kubeconfig", std::process::id()));

@@ -4,7 +4,6 @@
 //! each per loop); an unknown loop or a store that is off is a 404 that says why.
 
 use hyper::{StatusCode, body::Bytes};
-
 use probe_contract::evidence::{TOKEN_HEADER, TOKEN_KEY, TOKEN_MAX_BYTES, TOKEN_SECRET};
 
 use crate::{

@@ -5,10 +5,8 @@
 
 use std::time::SystemTime;
 
-use probe_contract::LoopResolution;
-
 use probe_contract::{
-    LoopbackEvent, LoopbackKind,
+    LoopResolution, LoopbackEvent, LoopbackKind,
     kube_event::{ACTION, RESOLVED_ACTION, RESOLVED_REASON, fnv1a, reason, reporting_instance},
 };
 
@@ -320,8 +318,9 @@ pub fn event_doc(event: &LoopbackEvent, names: &Names, node: &str, wall: SystemT
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use probe_contract::{Listener, Proto, facts::SourceKind};
+
+    use super::*;
 
     /// A host-listener hairpin of `src` (a pod's address, or the node's own) to a listener
     /// whose command name is `process`.

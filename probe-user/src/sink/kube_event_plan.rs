@@ -42,9 +42,7 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use probe_contract::{LoopbackEvent, LoopbackKind};
-
-use probe_contract::LoopResolution;
+use probe_contract::{LoopResolution, LoopbackEvent, LoopbackKind};
 
 use super::kube_event_doc::{
     EventDoc, NOTE_MAX, Names, Series, event_doc, event_name, resolved_doc, truncate,

@@ -2,12 +2,13 @@
 
 use std::time::{Duration, SystemTime};
 
-use super::*;
-use crate::sink::kube_event_doc::{ObjectRef, note};
 use probe_contract::{
     LoopbackKind,
     kube_event::{fnv1a, kind_of_reason, reason},
 };
+
+use super::*;
+use crate::sink::kube_event_doc::{ObjectRef, note};
 
 const NODE: &str = "node-a";
 

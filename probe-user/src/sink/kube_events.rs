@@ -25,6 +25,7 @@ use kube::{
     Api, Client,
     api::{Patch, PatchParams, PostParams},
 };
+use probe_contract::{Confirmation, LoopResolution, kube_event::REPORTING_CONTROLLER};
 use tracing::{info, warn};
 
 use super::{
@@ -32,8 +33,6 @@ use super::{
     kube_event_doc::{EventDoc, Names, ObjectRef},
     kube_event_plan::{EventPlanner, Held, PlanConfig, Write},
 };
-
-use probe_contract::{Confirmation, LoopResolution, kube_event::REPORTING_CONTROLLER};
 
 /// One write's time limit: a hung API server must not hold the queue forever.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);

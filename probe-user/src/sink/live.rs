@@ -23,6 +23,7 @@
 
 use std::{os::unix::fs::PermissionsExt as _, path::Path, time::Duration};
 
+use probe_contract::{Confirmation, Message, Snapshot};
 use tokio::{
     io::AsyncWriteExt as _,
     net::{UnixListener, UnixStream},
@@ -33,7 +34,6 @@ use crate::{
     hub::View,
     sink::{LagPolicy, Subscription, Writer},
 };
-use probe_contract::{Confirmation, Message, Snapshot};
 
 fn snapshot(s: Snapshot) -> Message {
     Message::Snapshot {

@@ -34,15 +34,13 @@ use netlink_packet_route::{
     link::{InfoKind, LinkAttribute, LinkInfo},
     route::{RouteAddress, RouteAttribute, RouteType},
 };
-use rtnetlink::{Handle, RouteMessageBuilder};
-use serde::Serialize;
-
 use probe_contract::{
     Tag,
     facts::{AddressOwner, Announcer},
 };
-
 pub use probe_core::state::addrs::{Owners, Prefix};
+use rtnetlink::{Handle, RouteMessageBuilder};
+use serde::Serialize;
 
 /// A link as rtnetlink reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]

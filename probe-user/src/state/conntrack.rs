@@ -27,15 +27,14 @@ use netlink_packet_netfilter::{
     },
 };
 use netlink_sys::protocols::NETLINK_NETFILTER;
+use probe_contract::Proto;
+// The pure half (the timeouts' arithmetic, what a self call looks like) is the core's.
+pub use probe_core::state::conntrack::{StateTimeouts, is_self_call};
 
 use crate::{
     netlink::{self, NetlinkError},
     state::{ConntrackEntry, Tuple},
 };
-use probe_contract::Proto;
-
-// The pure half (the timeouts' arithmetic, what a self call looks like) is the core's.
-pub use probe_core::state::conntrack::{StateTimeouts, is_self_call};
 
 /// conntrack status bits (uapi `nf_conntrack_common.h`).
 pub const IPS_SEEN_REPLY: u32 = 1 << 1;

@@ -1,11 +1,13 @@
 //! Unit tests of `conntrack.rs`: the netlink dump parser on captured replies, bad input, and look-
 //! ups in a real network namespace.
 
-use super::*;
-use crate::state::test_netns::{Netns, sh};
+use std::process::{Command, Stdio};
+
 use netlink_packet_core::Nla;
 use probe_core::test_events::{DO_PP, LB, POD_A, POD_B, proxy_protocol_ingress};
-use std::process::{Command, Stdio};
+
+use super::*;
+use crate::state::test_netns::{Netns, sh};
 
 /// The call's connection, masqueraded or not; not another call of the pod's, nor an
 /// answer from another port.

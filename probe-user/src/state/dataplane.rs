@@ -26,6 +26,7 @@ use std::{
 };
 
 use probe_contract::{Proto, sock};
+pub use probe_core::state::dataplane::DataplaneRead;
 
 use super::{
     ServiceSource, ServiceTable,
@@ -33,8 +34,6 @@ use super::{
     iptables::{self, NatChains, Rule},
     nft_netlink, nftables,
 };
-
-pub use probe_core::state::dataplane::DataplaneRead;
 
 /// The nat chains whose rules [`read_facts`] keeps, and those it follows from: every chain
 /// `POSTROUTING` reaches (masquerading happens only there), `KUBE-NODEPORTS` and the chains

@@ -9,9 +9,9 @@
 
 use std::{collections::BTreeMap, net::IpAddr, process::Command};
 
-use crate::state::ServiceTable;
-
 use probe_contract::Proto;
+
+use crate::state::ServiceTable;
 
 /// The sets of NodePorts with externalTrafficPolicy Local, by protocol.
 pub const NODE_PORT_LOCAL_SETS: [(&str, Proto); 2] = [

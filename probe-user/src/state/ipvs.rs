@@ -28,10 +28,10 @@ use netlink_packet_generic::{
     ctrl::{GenlCtrl, GenlCtrlCmd, nlas::GenlCtrlAttrs},
 };
 use netlink_sys::protocols::NETLINK_GENERIC;
+use probe_contract::Proto;
 
 use super::{ServiceEntry, ServiceSource, ServiceTable};
 use crate::netlink::Connection;
-use probe_contract::Proto;
 
 mod wire;
 

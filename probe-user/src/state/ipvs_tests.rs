@@ -1,15 +1,16 @@
 //! Unit tests of `ipvs.rs`: the generic-netlink decoder on captured replies, bad input, and the
 //! service table read from a real network namespace.
 
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
 use netlink_packet_core::{NlaBuffer, NlasIterator, ParseableParametrized};
 use netlink_packet_generic::GenlHeader;
 
 use super::{wire::*, *};
 use crate::state::test_netns::{Netns, sh};
-use std::{
-    path::{Path, PathBuf},
-    process::Command,
-};
 
 fn data_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/ipvs")

@@ -8,13 +8,13 @@
 
 use std::{collections::HashMap, net::IpAddr};
 
+use probe_core::state::{FirewallEntry, SourceRange};
 use serde_json::Value;
 
 use super::nft_netlink::{
     self,
     wire::{self, Data, Expr, NftRule, SetElem},
 };
-use probe_core::state::{FirewallEntry, SourceRange};
 
 /// The verdict map of firewalled destinations.
 pub const FIREWALL_IPS: &str = "firewall-ips";

@@ -34,12 +34,13 @@
 //! service table (`Ok(None)`): kube-proxy is then in another mode.
 
 use std::{
+    borrow::Cow,
     collections::{HashMap, HashSet},
     net::IpAddr,
     sync::Mutex,
 };
 
-use std::borrow::Cow;
+use probe_contract::Proto;
 
 use super::{
     NoEndpointDrop, NodePortEntry, ServiceEntry, ServiceSource, ServiceTable,
@@ -52,7 +53,6 @@ use super::{
         wire::{self, Data, Expr, NftRule, SetElem},
     },
 };
-use probe_contract::Proto;
 
 /// kube-proxy's table name (in both the `ip` and the `ip6` family).
 pub const TABLE: &str = "kube-proxy";
@@ -907,9 +907,10 @@ pub fn service_ip_element(
 
 #[cfg(test)]
 mod tests {
+    use std::process::Command;
+
     use super::*;
     use crate::state::test_netns::Netns;
-    use std::process::Command;
 
     const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/nftables/");
 

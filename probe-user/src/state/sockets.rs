@@ -18,10 +18,9 @@ use netlink_packet_sock_diag::{
     constants::{AF_INET, AF_INET6, IPPROTO_TCP, IPPROTO_UDP, TCP_LISTEN},
     inet::{ExtensionFlags, InetRequest, SocketId, StateFlags},
 };
+use probe_contract::{Listener, Proto};
 
 use crate::{netlink, netlink::NetlinkError};
-
-use probe_contract::{Listener, Proto};
 
 /// One socket of a dump, reduced to what names a listener.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -74,16 +74,17 @@ mod selector;
 mod store;
 mod table;
 
-use std::collections::HashSet;
-use std::net::SocketAddr;
-use std::path::Path;
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
-use std::time::Duration;
+use std::{
+    collections::HashSet,
+    net::SocketAddr,
+    path::Path,
+    sync::{Arc, Mutex},
+    thread::JoinHandle,
+    time::Duration,
+};
 
 use anyhow::{Context, Result};
 use serde_json::Value;
-
 use store::Store;
 
 /// How often a watch with `allowWatchBookmarks=true` gets a BOOKMARK (the real API: about a

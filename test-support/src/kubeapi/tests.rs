@@ -3,13 +3,15 @@
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{Pod, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
-use k8s_openapi::api::events::v1::Event;
-use kube::api::{
-    Api, ListParams, Patch, PatchParams, PostParams, VersionMatch, WatchEvent, WatchParams,
+use k8s_openapi::api::{
+    core::v1::{Pod, Service},
+    discovery::v1::EndpointSlice,
+    events::v1::Event,
 };
-use kube::runtime::watcher;
+use kube::{
+    api::{Api, ListParams, Patch, PatchParams, PostParams, VersionMatch, WatchEvent, WatchParams},
+    runtime::watcher,
+};
 use serde_json::json;
 
 use super::*;

@@ -1,10 +1,12 @@
 //! The lab's TCP client: connects from inside a namespace (a thread that `setns`es into it).
 
-use std::fs::File;
-use std::io::{ErrorKind, Read, Write};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
-use std::os::fd::AsRawFd;
-use std::time::{Duration, Instant};
+use std::{
+    fs::File,
+    io::{ErrorKind, Read, Write},
+    net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream},
+    os::fd::AsRawFd,
+    time::{Duration, Instant},
+};
 
 use anyhow::{Context, Result, anyhow, bail};
 use socket2::{Domain, Protocol, Socket, Type};

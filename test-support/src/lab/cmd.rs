@@ -1,7 +1,9 @@
 //! Running the lab's commands: every failure names the command and its stderr.
 
-use std::io::Write;
-use std::process::{Command, Stdio};
+use std::{
+    io::Write,
+    process::{Command, Stdio},
+};
 
 use anyhow::{Context, Result, bail};
 

@@ -19,8 +19,11 @@
 
 use anyhow::{Context, Result, bail};
 
-use super::cmd::{iptables, iptables_ok, restore_rules};
-use super::{KubeProxyMode, NS_NODE, POD_B_IP, POD_PORT, VIP, VIP_NFT_ETP_LOCAL_PORT, kube_proxy};
+use super::{
+    KubeProxyMode, NS_NODE, POD_B_IP, POD_PORT, VIP, VIP_NFT_ETP_LOCAL_PORT,
+    cmd::{iptables, iptables_ok, restore_rules},
+    kube_proxy,
+};
 
 /// kube-proxy's chains for `default/web-local:http` (its hashes: base32(sha256(
 /// "default/web-local:http" + "tcp"))[:16], the endpoint chain with "198.19.1.11:8080"

@@ -3,11 +3,11 @@
 
 use anyhow::Result;
 
-use super::cmd::{exec, iptables_ok};
 use super::{
     CLUSTER_CIDR, CLUSTER_IP, IPVS_SCHEDULER, KUBE_EXT_CHAIN, KUBE_SEP_CHAIN, KUBE_SVC_CHAIN,
     KubeProxyMode, MASQ_CHAIN, NODE_IP, NODE_PORT, NODE_PORT_UDP, NS_NODE, POD_B_IP, POD_PORT,
     POD_UDP_PORT, SERVICE_PORT, SocketAddrV4, VIP,
+    cmd::{exec, iptables_ok},
 };
 
 /// Cilium's host interface (mode `cilium`).

@@ -34,12 +34,13 @@ mod udp;
 pub mod v6;
 mod variant;
 
-use std::fmt;
-use std::net::{Ipv4Addr, SocketAddrV4};
-use std::time::Duration;
+use std::{
+    fmt,
+    net::{Ipv4Addr, SocketAddrV4},
+    time::Duration,
+};
 
 use anyhow::{Context, Result, bail};
-
 pub(crate) use client::http_get_over;
 pub use client::{
     Attempt, connect_here, connect_in, http_get_bytes_in, http_get_in, http_get_with_in, in_netns,

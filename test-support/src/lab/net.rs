@@ -1,22 +1,24 @@
 //! Building, reading and tearing down the namespaces: the links, addresses and sysctls of
 //! every namespace, the LB's rules, and the order of `up`'s steps.
 
-use std::thread::sleep;
-use std::time::{Duration, Instant};
+use std::{
+    thread::sleep,
+    time::{Duration, Instant},
+};
 
 use anyhow::{Context, Result, bail};
 
-use super::cmd::{exec, ip, neigh_permanent, restore_rules, run, run_stdin, sysctl};
-use super::kube_proxy::{
-    CILIUM_HOST, ipvs_service, ipvs_udp_nodeport, kube_proxy_ipsets, kube_proxy_ipvs_rules,
-    kube_proxy_rules, lab_masq_chain,
-};
-use super::servers::{start_server, start_udp_server, wait_listening, wait_udp_bound};
-use super::switch::set_variants_in;
 use super::{
     CLUSTER_IP, FAIL_AFTER_ENV, KUBE_IPVS0, KubeProxyMode, MODE_ENV, NAMESPACES, NODE_NIC,
     NS_CLIENT, NS_LB, NS_NODE, NS_PEER, NS_POD_A, NS_POD_B, POD_BRIDGE, POD_CIDR, SERVERS,
     UpOptions, Variants,
+    cmd::{exec, ip, neigh_permanent, restore_rules, run, run_stdin, sysctl},
+    kube_proxy::{
+        CILIUM_HOST, ipvs_service, ipvs_udp_nodeport, kube_proxy_ipsets, kube_proxy_ipvs_rules,
+        kube_proxy_rules, lab_masq_chain,
+    },
+    servers::{start_server, start_udp_server, wait_listening, wait_udp_bound},
+    switch::set_variants_in,
 };
 
 /// The steps of `up`, in order (names accepted by [`UpOptions::fail_after`]).

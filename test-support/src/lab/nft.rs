@@ -11,9 +11,9 @@
 
 use anyhow::{Context, Result};
 
-use super::cmd::{exec, run_stdin, succeeds};
 use super::{
     NODE_PORT, NS_NODE, PEER_POD_IP, POD_B_IP, POD_PORT, SERVICE_PORT, VIP, VIP_NFT_ETP_LOCAL_PORT,
+    cmd::{exec, run_stdin, succeeds},
 };
 
 /// kube-proxy's table name (family `ip`).

@@ -5,16 +5,19 @@
 //! LB IP:port `default/ingress:https`, so pod A's call to the LB IP is DNATed to pod B on the
 //! node and never passes the LB that would add the header.
 
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
-use std::time::Duration;
+use std::{
+    io::{Read, Write},
+    net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream},
+    time::Duration,
+};
 
 use anyhow::{Context, Result, bail};
 
-use super::cmd::{restore_rules, run_detached};
-use super::servers::{SERVER_TAG, wait_listening};
 use super::{
-    Attempt, KubeProxyMode, NS_NODE, NS_POD_B, Outcome, POD_B_IP, VIP, in_netns, kube_proxy,
+    Attempt, KubeProxyMode, NS_NODE, NS_POD_B, Outcome, POD_B_IP, VIP,
+    cmd::{restore_rules, run_detached},
+    in_netns, kube_proxy,
+    servers::{SERVER_TAG, wait_listening},
 };
 
 /// The LB IP's port of `default/ingress:https`, and pod B's backend port behind it.

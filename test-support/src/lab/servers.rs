@@ -1,13 +1,17 @@
 //! The lab's servers: the TCP and UDP servers each namespace runs, started detached, and
 //! waiting until they listen.
 
-use std::thread::sleep;
-use std::time::{Duration, Instant};
+use std::{
+    thread::sleep,
+    time::{Duration, Instant},
+};
 
 use anyhow::{Context, Result, bail};
 
-use super::cmd::{exec, run_detached};
-use super::{HOST_LISTENER_PORT, NODE_PORT, NS_NODE, NS_PEER, NS_POD_B, PEER_TLS_PORT, POD_PORT};
+use super::{
+    HOST_LISTENER_PORT, NODE_PORT, NS_NODE, NS_PEER, NS_POD_B, PEER_TLS_PORT, POD_PORT,
+    cmd::{exec, run_detached},
+};
 
 /// A server the lab runs: (namespace, port, name it answers with).
 pub const SERVERS: &[(&str, u16, &str)] = &[

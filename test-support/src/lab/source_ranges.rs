@@ -9,9 +9,11 @@
 
 use anyhow::{Context, Result};
 
-use super::cmd::{exec, run_stdin, succeeds};
-use super::nft::NFT_TABLE;
-use super::{NS_NODE, SERVICE_PORT, VIP};
+use super::{
+    NS_NODE, SERVICE_PORT, VIP,
+    cmd::{exec, run_stdin, succeeds},
+    nft::NFT_TABLE,
+};
 
 /// `default/web:http`'s firewall chain (kube-proxy's hash of "default/web/tcp/http").
 pub const NFT_FIREWALL_CHAIN: &str = "firewall-SUSTUHLJ-default/web/tcp/http";

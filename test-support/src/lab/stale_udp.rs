@@ -5,19 +5,24 @@
 //! datagrams keep going to 8125. Pod B only receives (statsd answers nothing): the entry stays
 //! UNREPLIED, as the field's are.
 
-use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
-use std::sync::{
-    Arc,
-    atomic::{AtomicBool, Ordering},
+use std::{
+    net::{Ipv4Addr, SocketAddrV4, UdpSocket},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread::JoinHandle,
+    time::Duration,
 };
-use std::thread::JoinHandle;
-use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
-use super::cmd::{restore_rules, run_detached};
-use super::servers::SERVER_TAG;
-use super::{KubeProxyMode, NS_NODE, NS_POD_A, NS_POD_B, POD_B_IP, in_netns, kube_proxy};
+use super::{
+    KubeProxyMode, NS_NODE, NS_POD_A, NS_POD_B, POD_B_IP,
+    cmd::{restore_rules, run_detached},
+    in_netns, kube_proxy,
+    servers::SERVER_TAG,
+};
 
 /// The Service's ClusterIP and port (`monitoring/statsd:statsd`, UDP).
 pub const STATSD_CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 100, 30);

@@ -2,13 +2,13 @@
 
 use anyhow::{Context, Result, bail};
 
-use super::cmd::{exec, ip, iptables, iptables_ok, restore_rules, run_stdin, sysctl, sysctl_read};
-use super::kube_proxy::{LB_SET, ipvs_has_service, ipvs_service, node_mode};
 use super::{
     CLUSTER_IP, GUEST_AGENT_ROUTE_PROTO, KUBE_EXT_CHAIN, KUBE_IPVS0, KUBE_SEP_CHAIN, KubeProxyMode,
     MASQ_CHAIN, NODE_NIC, NODE_PORT, NS_LB, NS_NODE, NS_PEER, PEER_POD_CIDR, PEER_POD_IP, POD_B_IP,
     POD_CIDR, POD_GW_IP, POD_PORT, SERVICE_PORT, SocketAddrV4, VIP, VIP_ETP_CLUSTER_PORT,
     VIP_ETP_LOCAL_PORT, Variant, Variants,
+    cmd::{exec, ip, iptables, iptables_ok, restore_rules, run_stdin, sysctl, sysctl_read},
+    kube_proxy::{LB_SET, ipvs_has_service, ipvs_service, node_mode},
 };
 
 /// The KUBE-SERVICES rule that serves `dst` (the LB IP as a /32 or /128), port 80, locally

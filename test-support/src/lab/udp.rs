@@ -1,7 +1,9 @@
 //! The lab's UDP client and server: one datagram out, one answer back (a DNS-like exchange).
 
-use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
-use std::time::{Duration, Instant};
+use std::{
+    net::{Ipv4Addr, SocketAddrV4, UdpSocket},
+    time::{Duration, Instant},
+};
 
 use anyhow::{Context, Result};
 

@@ -8,17 +8,19 @@
 //! the VIP is routed to the node itself and dropped for no socket: the check still times out.
 //! The hairpin and the unserved port happen as over IPv4.
 
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
-use std::time::{Duration, Instant};
+use std::{
+    net::{IpAddr, Ipv6Addr, SocketAddr},
+    time::{Duration, Instant},
+};
 
 use anyhow::{Context, Result, bail};
 
-use super::cmd::{exec, ip, neigh_permanent, restore_rules, sysctl};
 use super::{
     KUBE_EXT_CHAIN, KUBE_IPVS0, KUBE_SEP_CHAIN, KUBE_SVC_CHAIN, KubeProxyMode, Lab, NAMESPACES,
     NODE_NIC, NODE_PORT, NS_CLIENT, NS_LB, NS_NODE, NS_PEER, NS_POD_A, NS_POD_B, Outcome,
-    PEER_TLS_PORT, POD_PORT, SERVICE_PORT, SETTLE, VIP_UNSERVED_PORT, Variants, client, in_netns,
-    kube_proxy, net, servers,
+    PEER_TLS_PORT, POD_PORT, SERVICE_PORT, SETTLE, VIP_UNSERVED_PORT, Variants, client,
+    cmd::{exec, ip, neigh_permanent, restore_rules, sysctl},
+    in_netns, kube_proxy, net, servers,
 };
 
 pub const NODE_IP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x18, 0, 0, 0, 0, 2);

@@ -6,7 +6,6 @@
 use std::net::Ipv4Addr;
 
 use anyhow::{Context as _, Result};
-
 use test_support::lab::{cmd::run, net::remove_namespaces};
 
 pub const NS_TX: &str = "clb-bench-tx";

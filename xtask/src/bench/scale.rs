@@ -32,17 +32,19 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-pub use super::scale_plot::plot;
-pub use super::scale_rules::{
-    iptables_partial, iptables_rules, ipvs_addr, ipvs_delete, ipvs_move, ipvs_rules, ipvs_service,
-    nft_load, nft_partial,
-};
 use super::{
     net,
     report::{Table, median},
     scale_api::{self, ScaleApi},
     scale_conntrack::Fill,
     tools::{Agent, clock_ticks_per_sec, pause},
+};
+pub use super::{
+    scale_plot::plot,
+    scale_rules::{
+        iptables_partial, iptables_rules, ipvs_addr, ipvs_delete, ipvs_move, ipvs_rules,
+        ipvs_service, nft_load, nft_partial,
+    },
 };
 
 /// The old timer reader is measured up to this many Services: at 10,000 it already spends

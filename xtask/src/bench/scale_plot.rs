@@ -4,8 +4,10 @@ use std::path::Path;
 
 use anyhow::Result;
 
-use super::report::median;
-use super::scale::{Mode, Point, Reader};
+use super::{
+    report::median,
+    scale::{Mode, Point, Reader},
+};
 
 /// One SVG per mode: CPU, read latency, freshness and RSS against Services (log scale), the
 /// change-driven reader beside the timer baseline. Returns each mode's path relative to `root`.

@@ -7,14 +7,13 @@ use std::{
 
 use anyhow::Result;
 
-use crate::bench::{
-    net::{self},
-    tools::{Agent, proc_usage},
-};
-
 use super::{
     observe::{iface_vips, kernel_vips, node_ip_batch},
     row::{METRICS_PORT, Row},
+};
+use crate::bench::{
+    net::{self},
+    tools::{Agent, proc_usage},
 };
 
 /// A storm of `rate` address changes a second on kube-ipvs0 for `secs` s (one `ip -batch` every

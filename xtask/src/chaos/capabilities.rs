@@ -9,12 +9,11 @@ use std::{
 
 use anyhow::{Context as _, Result};
 
-use crate::bench::net::{self};
-
 use super::{
     observe::{prog_ids_of, wait_gone},
     row::Row,
 };
+use crate::bench::net::{self};
 
 /// The DaemonSet's capabilities (deploy/daemonset.yaml).
 const DAEMONSET_CAPS: [&str; 5] = ["bpf", "perfmon", "net_admin", "syslog", "sys_resource"];

@@ -4,9 +4,8 @@ use std::{process::Command, time::Instant};
 
 use anyhow::Result;
 
-use crate::workspace_root;
-
 use super::row::Row;
+use crate::workspace_root;
 
 /// proptest over every reader's input (probe-user's `fuzz_` tests) with `cases` cases each.
 pub(super) fn fuzz(cases: u32) -> Result<Row> {

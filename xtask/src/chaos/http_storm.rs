@@ -8,17 +8,16 @@ use std::{
 };
 
 use anyhow::Result;
-
-use crate::bench::{
-    net::{self},
-    report::percentile,
-    tools::Agent,
-};
 use test_support::lab::in_netns;
 
 use super::{
     observe::{get, probe_health},
     row::{METRICS_PORT, Row},
+};
+use crate::bench::{
+    net::{self},
+    report::percentile,
+    tools::Agent,
 };
 
 /// Hostile HTTP clients while `/healthz` is probed.

@@ -7,17 +7,16 @@ use std::{
 };
 
 use anyhow::Result;
-
-use crate::bench::{
-    net::{self},
-    report::percentile,
-    tools::Agent,
-};
 use test_support::lab::in_netns;
 
 use super::{
     observe::{live_status, probe_health, proc_threads},
     row::{METRICS_PORT, Row},
+};
+use crate::bench::{
+    net::{self},
+    report::percentile,
+    tools::Agent,
 };
 
 /// Many live-view clients that never read, some writing garbage, while `/healthz` is probed.

@@ -7,14 +7,13 @@ use std::{
 
 use anyhow::Result;
 
-use crate::bench::{
-    net::{self},
-    tools::{Agent, metric_sum, pause},
-};
-
 use super::{
     observe::{live_status, node_ifindex, node_ip},
     row::{METRICS_PORT, Row},
+};
+use crate::bench::{
+    net::{self},
+    tools::{Agent, metric_sum, pause},
 };
 
 /// The probed NIC taken down and up, renamed away and back, deleted and re-created (a new veth

@@ -5,18 +5,16 @@ use std::{
     time::{Duration, Instant},
 };
 
-use probe_contract::{LoopbackEvent, LoopbackKind};
-
 use anyhow::{Context as _, Result};
-
-use crate::bench::{
-    net::{self, BenchNet},
-    tools::{Agent, RawSender, pause, proc_usage, trafgen, trafgen_config},
-};
+use probe_contract::{LoopbackEvent, LoopbackKind};
 
 use super::{
     observe::suspects_vip,
     row::{METRICS_PORT, Row},
+};
+use crate::bench::{
+    net::{self, BenchNet},
+    tools::{Agent, RawSender, pause, proc_usage, trafgen, trafgen_config},
 };
 
 /// The DaemonSet's memory limit (deploy/helm/clb-probe/values.yaml, `resources.limits`).

@@ -33,6 +33,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
+use probe_contract::clock::monotonic_ns;
 
 use super::{
     observe::prog_ids_of,
@@ -43,7 +44,6 @@ use crate::bench::{
     report::percentile,
     tools::{Agent, RawSender, metric_sum},
 };
-use probe_contract::clock::monotonic_ns;
 
 /// The sizes of one run.
 pub(super) struct Scale {

@@ -7,14 +7,13 @@ use std::{
 
 use anyhow::Result;
 
-use crate::bench::{
-    net::{self, BenchNet},
-    tools::{Agent, pause, trafgen, trafgen_config},
-};
-
 use super::{
     observe::{prog_ids_of, suspects_vip, wait_gone},
     row::{METRICS_PORT, Row},
+};
+use crate::bench::{
+    net::{self, BenchNet},
+    tools::{Agent, pause, trafgen, trafgen_config},
 };
 
 /// SIGKILL mid-flood, then restart under the same flood; then SIGTERM under it.

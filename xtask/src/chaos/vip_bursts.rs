@@ -7,14 +7,13 @@ use std::{
 
 use anyhow::Result;
 
-use crate::bench::{
-    net::{self},
-    tools::Agent,
-};
-
 use super::{
     observe::{iface_vips, kernel_vips, node_ip_batch},
     row::{METRICS_PORT, Row},
+};
+use crate::bench::{
+    net::{self},
+    tools::Agent,
 };
 
 /// `count` VIPs bound on kube-ipvs0 in bursts of `burst` (one `ip -batch` each), then

@@ -6,19 +6,17 @@ use std::{
     time::{Duration, Instant},
 };
 
-use probe_contract::{LoopbackEvent, LoopbackKind};
-
 use anyhow::{Context as _, Result};
-
-use crate::bench::{
-    net::{self},
-    report::percentile,
-    tools::{Agent, RawSender, metric_sum},
-};
+use probe_contract::{LoopbackEvent, LoopbackKind};
 
 use super::{
     observe::{live_status, node_ifindex, node_ip},
     row::{METRICS_PORT, Row},
+};
+use crate::bench::{
+    net::{self},
+    report::percentile,
+    tools::{Agent, RawSender, metric_sum},
 };
 
 /// kube-ipvs0 deleted and re-created (a new ifindex) with its VIP re-bound, `rounds` times; after

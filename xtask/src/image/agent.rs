@@ -9,8 +9,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use crate::arch::Arch;
-use crate::workspace_root;
+use crate::{arch::Arch, workspace_root};
 
 /// The release agent for `arch`: the host's in target/release, arm64 cross-compiled.
 pub fn release_build(arch: Arch) -> anyhow::Result<PathBuf> {

@@ -25,12 +25,12 @@ use std::{
     process::Command,
 };
 
+pub use agent::{ebpf_code, ebpf_object, release_build};
 use anyhow::bail;
+use rootfs::rootfs;
 
 pub use crate::arch::Arch;
 use crate::{setup, workspace_root};
-pub use agent::{ebpf_code, ebpf_object, release_build};
-use rootfs::rootfs;
 
 /// The label naming the image's inputs (the cache key).
 const INPUTS_LABEL: &str = "io.github.clb-probe.inputs";

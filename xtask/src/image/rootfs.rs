@@ -6,9 +6,8 @@ use std::{path::PathBuf, process::Command};
 
 use anyhow::{Context as _, bail};
 
-use crate::arch::Arch;
-
 use super::{output, sha256};
+use crate::arch::Arch;
 
 /// Debian packages whose tools the agent runs (`Command::new` in probe-user): iptables
 /// (`iptables-save` and its `-legacy`/`-nft` variants, `ip6tables-save`: kube-proxy's rules)

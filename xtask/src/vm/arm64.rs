@@ -23,15 +23,14 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use crate::arch::Arch;
-
-use super::suite::THREE_KINDS_TEST;
 use super::{
     KernelSpec,
     apt::{SuiteApt, closure, output, say},
     kernel::{self, Kernel},
     shell_quote,
+    suite::THREE_KINDS_TEST,
 };
+use crate::arch::Arch;
 
 /// The arm64 kernel: bookworm's 6.1, the series the amd64 tier's full suite runs on. Pinned
 /// like [`kernel::KERNELS`] (a superseded ABI falls back to what `linux-image-arm64` names).

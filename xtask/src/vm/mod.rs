@@ -47,14 +47,14 @@ use std::{
     time::Duration,
 };
 
-use crate::workspace_root;
 use anyhow::{Context as _, bail};
-
-pub use crate::arch::Arch;
 use jobs::label;
 pub use jobs::{Job, KernelRun, prepare, run_jobs, run_with_output, verdict};
 pub use kernel::{KERNELS, KernelSpec};
 pub use qemu::Ending;
+
+pub use crate::arch::Arch;
+use crate::workspace_root;
 
 /// The default command's script: the IPVS smoke scenario that proves the tier works.
 pub const SMOKE: &str = include_str!("smoke.sh");

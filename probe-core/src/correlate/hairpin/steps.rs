@@ -3,6 +3,8 @@
 //! the outcome; and the expiry of settled or stuck flows. The intake of suspects and drops and
 //! the confirmation are in [`super`].
 
+use probe_contract::record::EgressRecord;
+
 use super::answered;
 use crate::{
     correlate::{
@@ -13,7 +15,6 @@ use crate::{
     },
     state::Tuple,
 };
-use probe_contract::record::EgressRecord;
 
 impl Correlator {
     /// The egress answer for flow `t` (`None`: the query expired).

@@ -2,12 +2,13 @@
 
 use std::net::IpAddr;
 
-use crate::correlate::remedy::{cause::CauseAddresses, sentences::*};
 use probe_contract::{
     Layer, LoopbackEvent, Outcome,
     facts::{Etp, SourceKind},
     sock,
 };
+
+use crate::correlate::remedy::{cause::CauseAddresses, sentences::*};
 
 /// `hairpin`'s remedy.
 pub(in crate::correlate) fn remedy(e: &LoopbackEvent) -> Vec<String> {

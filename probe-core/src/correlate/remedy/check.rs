@@ -3,14 +3,14 @@
 
 use std::net::IpAddr;
 
-use super::build;
-use super::sentences::unserved_options;
-use crate::state::ServiceSource;
 use probe_contract::{
     LoopbackEvent, LoopbackKind, Outcome, Proto,
     facts::{AddressOwner, Facts, ProxyMode, SourceKind},
     sock,
 };
+
+use super::{build, sentences::unserved_options};
+use crate::state::ServiceSource;
 
 /// `probe check`'s health-check risk: a VIP local through `owner` (kube-ipvs0 when not known)
 /// that the LB health-checks `node_port` from.

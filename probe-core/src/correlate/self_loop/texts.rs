@@ -3,9 +3,12 @@
 
 use std::net::IpAddr;
 
-use crate::correlate::remedy::{cause::CauseAddresses, sentences::service_key};
-use crate::state::ServiceSource;
 use probe_contract::{LoopbackEvent, facts::ProxyMode, sock};
+
+use crate::{
+    correlate::remedy::{cause::CauseAddresses, sentences::service_key},
+    state::ServiceSource,
+};
 
 /// A pod's call to its own Service came back to it unSNATed: the remedy names the piece the
 /// drop site and the node's state say is missing (`facts.self_loop`, from

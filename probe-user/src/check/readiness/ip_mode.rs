@@ -4,14 +4,17 @@
 
 use std::net::IpAddr;
 
-use super::node::{kube_proxy_binds, parse_subject};
-use crate::check::Inputs;
-use probe_contract::check::{Finding, Kind};
-use probe_contract::readiness::IpModeAdvice;
+use probe_contract::{
+    check::{Finding, Kind},
+    readiness::IpModeAdvice,
+};
 use probe_core::{
     fixes::{self, Facts, Provider},
     service::ServiceFacts,
 };
+
+use super::node::{kube_proxy_binds, parse_subject};
+use crate::check::Inputs;
 
 /// The AWS Load Balancer Controller annotations that make the NLB not keep a TCP client's
 /// address (fixes table: `aws-nlb-target-type-ip`, `aws-preserve-client-ip-off`).

@@ -2,9 +2,9 @@
 
 use std::net::IpAddr;
 
-use crate::check::Inputs;
-
 use probe_contract::facts::AddressOwner;
+
+use crate::check::Inputs;
 
 /// kube-proxy made `ip` local: bound on the VIP interface (or owner unknown, as on IPVS nodes).
 pub(super) fn kube_proxy_binds(inp: &Inputs, ip: IpAddr) -> bool {

@@ -2,15 +2,9 @@
 //! can still happen there and what the check cannot confirm, so an empty list of risks is
 //! never read as "no risk" where the rules had no service table to judge.
 
+use probe_contract::check::{Finding, Kind, Mode, Severity};
+
 use crate::check::Inputs;
-
-use probe_contract::check::Finding;
-
-use probe_contract::check::Kind;
-
-use probe_contract::check::Severity;
-
-use probe_contract::check::Mode;
 
 pub fn dataplane(inp: &Inputs) -> Vec<Finding> {
     let Some(d) = &inp.dataplane else {

@@ -7,12 +7,13 @@
 //! fails from this node before it is made. The API, when read, adds the Service's policy (a
 //! Service the API says is Cluster while the rules still drop: kube-proxy lags the API).
 
-use crate::{check::Inputs, correlate::remedy};
 use probe_contract::{
     check::{Finding, Kind, Severity},
     facts::Etp,
     sock,
 };
+
+use crate::{check::Inputs, correlate::remedy};
 
 pub fn etp_local_drop(inp: &Inputs) -> Vec<Finding> {
     // iptables mode's `KUBE-EXTERNAL-SERVICES` drops (the same table field) reach a pod's call

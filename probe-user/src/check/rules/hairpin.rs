@@ -9,12 +9,13 @@
 //! leaves unSNATed is a risk; with none known, unmasqueraded pod egress is one risk for any LB
 //! that keeps client addresses.
 
+use probe_contract::check::{Finding, Kind, Severity};
+
 use super::targets::prevent_loopback;
 use crate::{
     check::{Inputs, LbTarget},
     state::addrs::Prefix,
 };
-use probe_contract::check::{Finding, Kind, Severity};
 
 /// A MASQUERADE rule that applies to pods' egress off the node: not kube-proxy's marked
 /// masquerade (`KUBE-POSTROUTING` / `--mark` / nftables `masquerading`, which covers only the

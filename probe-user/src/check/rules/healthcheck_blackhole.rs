@@ -2,12 +2,13 @@
 
 use std::net::IpAddr;
 
+use probe_contract::check::{Finding, Kind, Severity};
+
 use super::targets::{bound_lb_ips, named, prevent_loopback, targets_of, where_local};
 use crate::{
     check::{Inputs, NicSysctls},
     correlate::remedy,
 };
-use probe_contract::check::{Finding, Kind, Severity};
 
 /// How a NIC treats a packet whose source is a local address (`fib_validate_source`).
 fn local_source_verdict(nic: &NicSysctls, src: IpAddr) -> String {

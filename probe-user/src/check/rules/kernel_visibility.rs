@@ -1,12 +1,8 @@
 //! What the running kernel lets the probe see.
 
+use probe_contract::check::{Finding, Kind, Severity};
+
 use crate::check::Inputs;
-
-use probe_contract::check::Finding;
-
-use probe_contract::check::Kind;
-
-use probe_contract::check::Severity;
 
 /// What the running kernel lets the probe see.
 pub fn kernel_visibility(inp: &Inputs) -> Vec<Finding> {

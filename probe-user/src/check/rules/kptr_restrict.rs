@@ -1,12 +1,8 @@
 //! `kernel.kptr_restrict`: kallsyms without addresses means unresolved drop sites.
 
+use probe_contract::check::{Finding, Kind, Severity};
+
 use crate::check::Inputs;
-
-use probe_contract::check::Finding;
-
-use probe_contract::check::Kind;
-
-use probe_contract::check::Severity;
 
 /// `kernel.kptr_restrict`: kallsyms without addresses means unresolved drop sites.
 pub fn kptr_restrict(inp: &Inputs) -> Vec<Finding> {

@@ -1,14 +1,8 @@
 //! Whether the Service side was judged.
 
-use crate::check::ApiState;
+use probe_contract::check::{Finding, Kind, Severity};
 
-use crate::check::Inputs;
-
-use probe_contract::check::Finding;
-
-use probe_contract::check::Kind;
-
-use probe_contract::check::Severity;
+use crate::check::{ApiState, Inputs};
 
 /// Whether the Service side was judged.
 pub fn kube_api(inp: &Inputs) -> Vec<Finding> {

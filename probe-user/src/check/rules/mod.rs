@@ -1,9 +1,9 @@
 //! The rules of `probe check`, pure: [`Inputs`] in, [`Finding`]s out. One function per kind,
 //! each in its own file; what several rules ask of the LB targets is in `targets.rs`.
 
-use super::Inputs;
-
 use probe_contract::check::Finding;
+
+use super::Inputs;
 
 mod dataplane;
 mod etp_local_drop;

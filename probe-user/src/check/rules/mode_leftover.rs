@@ -24,15 +24,9 @@
 
 use std::net::IpAddr;
 
+use probe_contract::check::{Finding, Kind, Mode, Severity};
+
 use crate::check::Inputs;
-
-use probe_contract::check::Finding;
-
-use probe_contract::check::Kind;
-
-use probe_contract::check::Severity;
-
-use probe_contract::check::Mode;
 
 /// Addresses listed in a finding's evidence at most (a node can hold thousands).
 const LISTED: usize = 8;

@@ -1,12 +1,8 @@
 //! The sysctls that decide whether a looping packet is dropped or answered, per NIC.
 
+use probe_contract::check::{Finding, Kind, Severity};
+
 use crate::check::Inputs;
-
-use probe_contract::check::Finding;
-
-use probe_contract::check::Kind;
-
-use probe_contract::check::Severity;
 
 /// The sysctls that decide whether a looping packet is dropped or answered, per NIC.
 pub fn nic_source_validation(inp: &Inputs) -> Vec<Finding> {

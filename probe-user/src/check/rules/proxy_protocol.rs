@@ -5,8 +5,9 @@
 //! header": kubernetes/ingress-nginx#9643, #3996, hetznercloud/hcloud-cloud-controller-manager
 //! #160, kubernetes/cloud-provider-openstack#1287, cert-manager's HTTP-01 self check).
 
-use crate::check::{Inputs, LbTarget};
 use probe_contract::check::{Finding, Kind, Severity};
+
+use crate::check::{Inputs, LbTarget};
 
 /// Whether kube-proxy's rules keep calls to `t` on this node and hand them to an endpoint: the
 /// service table serves the IP:port (iptables `KUBE-SERVICES` / `KUBE-FW-`, nftables

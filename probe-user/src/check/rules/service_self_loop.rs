@@ -3,21 +3,16 @@
 
 use std::net::IpAddr;
 
-use crate::check::Inputs;
+use probe_contract::{
+    check::{Finding, Kind, Severity},
+    facts::SelfLoopMissing,
+};
 
-use crate::correlate::remedy;
-
-use crate::state::ServiceSource;
-
-use crate::state::ipset::loop_back_set;
-
-use probe_contract::check::Finding;
-
-use probe_contract::check::Kind;
-
-use probe_contract::check::Severity;
-
-use probe_contract::facts::SelfLoopMissing;
+use crate::{
+    check::Inputs,
+    correlate::remedy,
+    state::{ServiceSource, ipset::loop_back_set},
+};
 
 /// `service_self_loop`: a local endpoint that cannot reach itself through its Service. IPVS
 /// mode: an endpoint on a pod of this node without its `KUBE-LOOP-BACK` entry (kube-proxy 1.31

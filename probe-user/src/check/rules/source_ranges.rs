@@ -8,11 +8,12 @@
 //! `ipMode: Proxy`, or an LB published as a hostname, gets no firewall rule: nothing is
 //! dropped on the node (those in-cluster calls go to the LB, whose own firewall decides).
 
+use probe_contract::check::{Finding, Kind, Severity};
+
 use crate::{
     check::{Inputs, LbTarget},
     state::addrs::Prefix,
 };
-use probe_contract::check::{Finding, Kind, Severity};
 
 /// Whether `range` holds every address of `pods`.
 fn covers(range: &Prefix, pods: &Prefix) -> bool {

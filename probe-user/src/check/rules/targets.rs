@@ -3,9 +3,9 @@
 
 use std::net::IpAddr;
 
-use crate::check::{Inputs, LbTarget};
-
 use probe_contract::facts::AddressOwner;
+
+use crate::check::{Inputs, LbTarget};
 
 /// Where `ip` is local, for evidence and summaries: "bound on kube-ipvs0", or its owner.
 pub(super) fn where_local(inp: &Inputs, ip: IpAddr) -> String {

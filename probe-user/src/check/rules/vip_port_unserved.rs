@@ -4,14 +4,15 @@
 
 use std::net::IpAddr;
 
+use probe_contract::{
+    Proto,
+    check::{Finding, Kind, Severity},
+};
+
 use super::targets::{bound_lb_ips, named, targets_of};
 use crate::{
     check::{Inputs, LbTarget},
     correlate::remedy,
-};
-use probe_contract::{
-    Proto,
-    check::{Finding, Kind, Severity},
 };
 
 fn port_list(ports: &[(u16, Proto)]) -> String {

@@ -4,10 +4,10 @@
 use std::sync::Mutex;
 
 use hyper::StatusCode;
+use probe_contract::NodeStatus;
 
 use super::{feed_totals, gather, render, to_prometheus_text};
 use crate::{hub::View, sink::http};
-use probe_contract::NodeStatus;
 
 /// Serves `/metrics`, `/healthz` and `/readyz` on an already bound listener until `stop`
 /// resolves (see [`http`] for the connection bounds).

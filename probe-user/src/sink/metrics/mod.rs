@@ -29,17 +29,17 @@
 mod endpoint;
 mod render;
 
-pub use endpoint::{RENDER_REUSE, readiness, serve};
-pub use render::{render, to_prometheus_text};
-
 use std::{
     collections::{BTreeMap, HashMap},
     sync::{Arc, Mutex},
 };
 
+pub use endpoint::{RENDER_REUSE, readiness, serve};
+use probe_contract::{LoopbackEvent, Snapshot, Tag};
+pub use render::{render, to_prometheus_text};
+
 use super::process::ProcessStats;
 use crate::hub::View;
-use probe_contract::{LoopbackEvent, Snapshot, Tag};
 
 /// (kind, vip, port) labels of `clbprobe_loopback_events_total`.
 type SeriesLabels = (String, String, String);

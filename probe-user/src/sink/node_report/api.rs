@@ -1,5 +1,7 @@
 //! The report object's and the Node condition's writes through the API.
 
+use std::{sync::Arc, time::Duration};
+
 use k8s_openapi::api::core::v1::Node;
 use kube::{
     Api, Client,
@@ -10,7 +12,6 @@ use probe_contract::{
     report::{API_VERSION, KIND, ReportStatus, object_name, rfc3339},
 };
 use serde_json::json;
-use std::{sync::Arc, time::Duration};
 use tracing::warn;
 
 use super::{FIELD_MANAGER, condition::condition};

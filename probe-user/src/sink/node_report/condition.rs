@@ -7,11 +7,10 @@
 //! reason `NoLoopback`. Pure: [`condition`]; the writer patches it after the report, behind
 //! the same rate limit, only when it changed (or on the report's heartbeat).
 
-use probe_contract::condition::{
-    Condition, ConditionStatus, NO_LOOPBACK, NodeCondition, reason_of_kind,
+use probe_contract::{
+    condition::{Condition, ConditionStatus, NO_LOOPBACK, NodeCondition, reason_of_kind},
+    report::ReportStatus,
 };
-
-use probe_contract::report::ReportStatus;
 
 /// The message's bound (bytes), as an Event's note: the Service and the first fix fit.
 const MESSAGE_MAX: usize = 1024;
@@ -83,8 +82,9 @@ pub fn patch(c: &Condition, heartbeat: &str, transition: &str) -> serde_json::Va
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use probe_contract::report::{ActiveLoop, RiskStatus};
+
+    use super::*;
 
     #[test]
     fn true_with_a_loop_or_a_risk_reason_the_kind_message_the_service_and_fix() {

@@ -40,9 +40,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use probe_contract::{LoopbackEvent, LoopbackKind};
-
-use probe_contract::report::{ActiveLoop, ResolvedLoop, rfc3339};
+use probe_contract::{
+    LoopbackEvent, LoopbackKind,
+    report::{ActiveLoop, ResolvedLoop, rfc3339},
+};
 
 pub const ACTIVE_WINDOW: i64 = 600;
 pub const RESOLVED_KEEP: i64 = 24 * 3600;
@@ -450,8 +451,9 @@ pub(crate) use probe_core::test_events::hairpin_for as tests_event;
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use probe_contract::LoopbackKind;
+
+    use super::*;
 
     pub(super) fn ev(key: &str, count: u64, pod: Option<&str>) -> LoopbackEvent {
         LoopbackEvent {

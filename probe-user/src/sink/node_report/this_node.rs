@@ -1,8 +1,9 @@
 //! E12: the agent writes as node `node` only when this is that node.
 
+use std::time::Duration;
+
 use k8s_openapi::api::core::v1::Node;
 use kube::{Api, Client};
-use std::time::Duration;
 use tokio::sync::watch;
 use tracing::{error, warn};
 

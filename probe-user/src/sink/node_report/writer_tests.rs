@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use probe_contract::report::{ActiveLoop, RiskStatus, rfc3339};
 use serde_json::json;
 use test_support::kubeapi::FakeApiServer;
 
@@ -12,8 +13,6 @@ use crate::{
     hub::capability::Capability,
     sink::node_report::checks::{CHECK_EVERY, CHECK_MIN_GAP, check_due},
 };
-use probe_contract::report::ActiveLoop;
-use probe_contract::report::{RiskStatus, rfc3339};
 
 struct Fake {
     api: FakeApiServer,
@@ -299,8 +298,9 @@ fn repeats_of_a_loop_are_not_a_change_a_new_loop_or_risk_is() {
 #[test]
 #[allow(clippy::print_stdout, reason = "a test's diagnostics")]
 fn a_full_report_stays_far_below_the_object_size_limit() {
-    use crate::sink::node_report::loops::{MAX_ACTIVE, MAX_CLIENT_PODS, MAX_FLOODS, MAX_RESOLVED};
     use probe_contract::report::{MAX_RISK_SERVICES, MAX_RISKS, ResolvedLoop};
+
+    use crate::sink::node_report::loops::{MAX_ACTIVE, MAX_CLIENT_PODS, MAX_FLOODS, MAX_RESOLVED};
     let t = rfc3339(1_800_000_000);
     let full = ReportStatus {
         node: "ip-10-0-123-234.eu-west-1.compute.internal".into(),
@@ -568,8 +568,9 @@ fn the_agents_pod_must_run_on_the_node_it_writes() {
 /// compare is not a refusal.
 #[test]
 fn outside_a_pod_the_nodes_internal_ip_must_be_local() {
-    use crate::{sink::node_report::this_node::internal_ip_is_local, state::addrs::Prefix};
     use probe_contract::facts::AddressOwner;
+
+    use crate::{sink::node_report::this_node::internal_ip_is_local, state::addrs::Prefix};
     let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
     let local: crate::state::addrs::Owners = std::sync::Arc::new(
         [(

@@ -13,13 +13,12 @@ use opentelemetry::{
 };
 use opentelemetry_otlp::WithExportConfig as _;
 use opentelemetry_sdk::logs::{LogBatch, LogExporter as _, SdkLoggerProvider};
+use probe_contract::{LoopResolution, LoopbackEvent};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
-use crate::hub::outputs::OtlpStats;
-use probe_contract::{LoopResolution, LoopbackEvent};
-
 use super::{EVENT_NAME, EXPORT_TIMEOUT, LOG_BATCH, LOG_QUEUE_EVENTS, OtlpConfig, SCOPE, resource};
+use crate::hub::outputs::OtlpStats;
 
 /// The log records' side of the sink: a [`crate::sink::Writer`] of the hub's reports.
 pub struct OtlpLogs {

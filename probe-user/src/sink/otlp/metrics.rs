@@ -21,10 +21,8 @@ use opentelemetry_sdk::{
 };
 use tracing::{info, warn};
 
-use crate::hub::View;
-use crate::hub::outputs::OtlpStats;
-
 use super::{EXPORT_TIMEOUT, OtlpConfig, SCOPE, resource};
+use crate::hub::{View, outputs::OtlpStats};
 
 /// The metrics side: the SDK's meter provider and its periodic reader, shut down (bounded)
 /// by [`OtlpMetrics::shutdown`].

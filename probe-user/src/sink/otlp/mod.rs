@@ -26,11 +26,10 @@
 mod logs;
 mod metrics;
 
-pub use logs::{OtlpLogs, RESOLVED_EVENT_NAME, attributes, resolution_attributes};
-pub use metrics::{Family, OtlpMetrics, PendingMetrics, parse_openmetrics};
-
 use std::time::Duration;
 
+pub use logs::{OtlpLogs, RESOLVED_EVENT_NAME, attributes, resolution_attributes};
+pub use metrics::{Family, OtlpMetrics, PendingMetrics, parse_openmetrics};
 use opentelemetry::KeyValue;
 use opentelemetry_sdk::Resource;
 

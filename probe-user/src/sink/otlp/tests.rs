@@ -5,13 +5,12 @@ use std::{
     sync::{Arc, atomic::Ordering},
 };
 
-use tokio::sync::mpsc;
-
 use opentelemetry::logs::AnyValue;
+use probe_contract::LoopbackEvent;
+use tokio::sync::mpsc;
 
 use super::*;
 use crate::hub::outputs::OtlpStats;
-use probe_contract::LoopbackEvent;
 
 fn event() -> LoopbackEvent {
     LoopbackEvent {

@@ -54,15 +54,15 @@ use std::{
     sync::{Mutex, OnceLock},
 };
 
+pub use rules::{
+    ACCESS_FILTER_CHAIN, EXTERNAL_SERVICES_CHAIN, NatChains, Rule, digest, external_drops, merge,
+    parse_access_filter, parse_external_drops, parse_iptables_save,
+};
+
 use crate::state::{
     ParseCache, ServiceTable,
     changes::{FAMILY_IP, FAMILY_IP6, TableChange, Touched},
     nft_netlink::{self, NftNetlinkError},
-};
-
-pub use rules::{
-    ACCESS_FILTER_CHAIN, EXTERNAL_SERVICES_CHAIN, NatChains, Rule, digest, external_drops, merge,
-    parse_access_filter, parse_external_drops, parse_iptables_save,
 };
 
 /// Why the nat rules could not be read.

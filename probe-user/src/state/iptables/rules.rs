@@ -7,10 +7,11 @@ use std::{
     net::IpAddr,
 };
 
+use probe_contract::Proto;
+
 use crate::state::{
     NoEndpointDrop, NodePortEntry, PodShortCircuit, ServiceEntry, ServiceSource, ServiceTable,
 };
-use probe_contract::Proto;
 
 /// What of an `iptables-save` dump is the rules: its `#` lines (the date of the dump) and the
 /// chains' counters (`:PREROUTING ACCEPT [12:3456]`, moving with traffic) are left out.

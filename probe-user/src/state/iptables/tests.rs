@@ -28,12 +28,13 @@ fn the_digest_is_the_rules_not_the_date_or_the_counters() {
 
 use std::net::IpAddr;
 
+use probe_contract::Proto;
+
 use super::{
     rules::{Chains, parse_rule},
     *,
 };
 use crate::state::{NodePortEntry, ServiceSource, test_netns::Netns};
-use probe_contract::Proto;
 
 const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/iptables/");
 

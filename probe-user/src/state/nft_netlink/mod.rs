@@ -20,10 +20,11 @@
 
 pub mod wire;
 
-use crate::netlink::{self, NetlinkError};
 use netlink_packet_core::{NetlinkHeader, NetlinkMessage, NetlinkPayload};
 pub use wire::{Data, Expr, NftChain, NftRule, SetElem, Verdict, WireError};
 use wire::{NFT_MSG_GETCHAIN, NFT_MSG_GETGEN, NFT_MSG_GETRULE, NFT_MSG_GETSETELEM, NftRequest};
+
+use crate::netlink::{self, NetlinkError};
 
 /// `NETLINK_NETFILTER`.
 const NETLINK_NETFILTER: isize = 12;

@@ -2,14 +2,15 @@
 //! made by [`real_tables_in_a_namespace`] with `CLB_NFT_CAPTURE`), truncated and garbled
 //! input, and the live client in a scratch namespace.
 
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
 use super::{wire::*, *};
 use crate::state::{
     changes::{FAMILY_IP, FAMILY_IP6},
     test_netns::Netns,
-};
-use std::{
-    path::{Path, PathBuf},
-    process::Command,
 };
 
 fn data_dir() -> PathBuf {

@@ -2,8 +2,7 @@
 
 use serde_json::{Value, json};
 
-use crate::kubeapi::store;
-use crate::kubeapi::store::ResourceInfo;
+use crate::kubeapi::{store, store::ResourceInfo};
 
 /// Legacy discovery (`/api`, `/apis`, `/api/v1`, `/apis/GROUP/VERSION`), which kubectl reads
 /// to map `service` to a resource: the resources of [`store::RESOURCES`], nothing else.

@@ -9,23 +9,19 @@ mod route;
 mod watch;
 mod writes;
 
-use std::convert::Infallible;
-use std::sync::Arc;
+use std::{convert::Infallible, sync::Arc};
 
-use http_body_util::BodyExt;
-use hyper::body::Incoming;
-use hyper::{Method, StatusCode};
-use serde_json::json;
-
-use crate::kubeapi::store;
-use crate::kubeapi::store::WriteMode;
-use crate::kubeapi::{Request, Shared};
 use discovery::discovery;
+use http_body_util::BodyExt;
+use hyper::{Method, StatusCode, body::Incoming};
 use reads::{get, list};
 use response::{Response, bad_request, json_response, not_found_path, status};
 use route::{forbidden, query_params, route};
+use serde_json::json;
 use watch::watch_stream;
 use writes::{delete, patch, write};
+
+use crate::kubeapi::{Request, Shared, store, store::WriteMode};
 
 pub(crate) async fn serve(
     listener: std::net::TcpListener,

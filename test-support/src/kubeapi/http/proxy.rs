@@ -7,8 +7,7 @@
 //! `("pods/proxy", "get")`); an unreachable pod is the API server's 503.
 
 use http_body_util::Full;
-use hyper::StatusCode;
-use hyper::body::Bytes;
+use hyper::{StatusCode, body::Bytes};
 use serde_json::json;
 
 use super::response::{Body, Response, status};

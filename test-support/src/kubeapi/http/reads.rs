@@ -9,11 +9,11 @@ use std::collections::HashMap;
 use hyper::StatusCode;
 use serde_json::{Value, json};
 
-use super::response::{Response, bad_request, expired, json_response, not_found_object};
-use super::route::Target;
-use crate::kubeapi::Shared;
-use crate::kubeapi::selector::Selector;
-use crate::kubeapi::store;
+use super::{
+    response::{Response, bad_request, expired, json_response, not_found_object},
+    route::Target,
+};
+use crate::kubeapi::{Shared, selector::Selector, store};
 
 pub(super) fn get(shared: &Shared, target: &Target) -> Response {
     let name = target.name.as_deref().unwrap_or_default();

@@ -1,13 +1,17 @@
 //! What the fake answers with: a full or streamed body, JSON responses and the API's `Status`
 //! errors.
 
-use std::convert::Infallible;
-use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::{
+    convert::Infallible,
+    pin::Pin,
+    task::{Context, Poll},
+};
 
 use http_body_util::Full;
-use hyper::StatusCode;
-use hyper::body::{Bytes, Frame};
+use hyper::{
+    StatusCode,
+    body::{Bytes, Frame},
+};
 use serde_json::{Value, json};
 
 use crate::kubeapi::store::ResourceInfo;

@@ -1,16 +1,15 @@
 //! Watch streams: history replay, BOOKMARKs, timeouts, 410 Gone as an ERROR event.
 
-use std::collections::HashMap;
-use std::sync::Arc;
-use std::time::Duration;
+use std::{collections::HashMap, sync::Arc, time::Duration};
 
-use hyper::StatusCode;
-use hyper::body::Bytes;
+use hyper::{StatusCode, body::Bytes};
 use serde_json::{Value, json};
 
-use super::reads::{Filters, requested_version};
-use super::response::{Body, Response, expired};
-use super::route::Target;
+use super::{
+    reads::{Filters, requested_version},
+    response::{Body, Response, expired},
+    route::Target,
+};
 use crate::kubeapi::{BOOKMARK_INTERVAL, Shared};
 
 pub(super) fn watch_line(kind: &str, object: &Value) -> Bytes {

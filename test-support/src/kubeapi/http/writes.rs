@@ -6,14 +6,17 @@
 
 use std::collections::HashMap;
 
-use hyper::StatusCode;
-use hyper::body::Bytes;
+use hyper::{StatusCode, body::Bytes};
 use serde_json::{Value, json};
 
-use super::response::{Response, bad_request, json_response, not_found_object, qualified, status};
-use super::route::Target;
-use crate::kubeapi::Shared;
-use crate::kubeapi::store::{WriteError, WriteMode, merge_patch, strategic_merge_patch};
+use super::{
+    response::{Response, bad_request, json_response, not_found_object, qualified, status},
+    route::Target,
+};
+use crate::kubeapi::{
+    Shared,
+    store::{WriteError, WriteMode, merge_patch, strategic_merge_patch},
+};
 
 pub(super) fn parse_body(body: &Bytes) -> Result<Value, Response> {
     serde_json::from_slice(body)
