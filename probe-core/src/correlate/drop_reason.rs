@@ -100,6 +100,22 @@ pub fn reason_from_site(
     }
 }
 
+/// A local pod's or the node's TCP or UDP call that netfilter dropped: what kube-proxy's own
+/// drops (`etp_local_drop`, `source_ranges_drop`) look like to the kernel.
+pub fn is_local_call_netfilter_drop(
+    src_tag: Option<Tag>,
+    proto: probe_contract::Proto,
+    reason: &DropReason,
+    location: Option<&str>,
+) -> bool {
+    matches!(src_tag, Some(Tag::Pod | Tag::Node))
+        && matches!(
+            proto,
+            probe_contract::Proto::Tcp | probe_contract::Proto::Udp
+        )
+        && is_netfilter_drop(reason, location)
+}
+
 /// Netfilter dropped it: `NETFILTER_DROP`, or `NOT_SPECIFIED` at `nf_hook_slow` (kernels
 /// before the netfilter reason).
 pub fn is_netfilter_drop(reason: &DropReason, location: Option<&str>) -> bool {

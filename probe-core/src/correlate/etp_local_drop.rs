@@ -32,7 +32,7 @@
 //! (`DROP_DESTINATIONS`, kept by the agent from each service table).
 
 use probe_contract::{
-    AggregateKey, LoopbackEvent, Outcome, Proto, Tag,
+    AggregateKey, LoopbackEvent, Outcome, Tag,
     facts::{Etp, Facts, ProxyMode, SourceKind},
     record::Packet,
     sock,
@@ -41,7 +41,7 @@ use probe_contract::{
 use super::{
     Correlator, DropInfo, Output,
     aggregate::NewEvent as _,
-    drop_reason::is_netfilter_drop,
+    drop_reason::is_local_call_netfilter_drop,
     evidence::{drop_line, service_name},
     remedy::{
         cause::CauseAddresses,
@@ -56,10 +56,12 @@ impl Correlator {
     /// kube-proxy's rules (a `no-endpoint-services` `drop` element, a `KUBE-EXTERNAL-SERVICES`
     /// `DROP` rule).
     pub(super) fn is_etp_local_drop(&self, packet: &Packet, info: &DropInfo) -> bool {
-        matches!(packet.src_tag, Some(Tag::Pod | Tag::Node))
-            && packet.dst_tag.is_none()
-            && matches!(packet.proto, Proto::Tcp | Proto::Udp)
-            && is_netfilter_drop(&info.reason, info.location.as_deref())
+        is_local_call_netfilter_drop(
+            packet.src_tag,
+            packet.proto,
+            &info.reason,
+            info.location.as_deref(),
+        ) && packet.dst_tag.is_none()
             && self
                 .services
                 .no_endpoint_drop(packet.dst, packet.dport, packet.proto)

@@ -18,7 +18,7 @@
 //! addresses (`DROP_DESTINATIONS`, kept by the agent from each service table).
 
 use probe_contract::{
-    AggregateKey, LoopbackEvent, Outcome, Proto, Tag,
+    AggregateKey, LoopbackEvent, Outcome,
     facts::{Facts, SourceKind},
     record::Packet,
     sock,
@@ -27,7 +27,7 @@ use probe_contract::{
 use super::{
     Correlator, DropInfo, Output,
     aggregate::NewEvent as _,
-    drop_reason::is_netfilter_drop,
+    drop_reason::is_local_call_netfilter_drop,
     evidence::{drop_line, service_name},
     remedy::cause::CauseAddresses,
     tuple_of,
@@ -37,13 +37,15 @@ impl Correlator {
     /// A netfilter drop of a local pod's (or the node's) call to a `firewall-ips` entry whose
     /// ranges leave the caller out.
     pub(super) fn is_source_ranges_drop(&self, packet: &Packet, info: &DropInfo) -> bool {
-        matches!(packet.src_tag, Some(Tag::Pod | Tag::Node))
-            && matches!(packet.proto, Proto::Tcp | Proto::Udp)
-            && is_netfilter_drop(&info.reason, info.location.as_deref())
-            && self
-                .services
-                .firewall_entry(packet.dst, packet.dport, packet.proto)
-                .is_some_and(|f| f.drops(packet.src))
+        is_local_call_netfilter_drop(
+            packet.src_tag,
+            packet.proto,
+            &info.reason,
+            info.location.as_deref(),
+        ) && self
+            .services
+            .firewall_entry(packet.dst, packet.dport, packet.proto)
+            .is_some_and(|f| f.drops(packet.src))
     }
 
     pub(super) fn confirm_source_ranges_drop(

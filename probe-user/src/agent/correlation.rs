@@ -86,7 +86,7 @@ fn watch_drop_destinations(
                 tracing::warn!(
                     left_out = left_out.len(),
                     first = %left_out[0],
-                    "kube-proxy's no-endpoint drop elements: {} of {} addresses do not fit the drop program's watched destinations (--address-entries): a pod's call dropped at them is not confirmed (LB IPs were kept first)",
+                    "kube-proxy's drop destinations (no-endpoint drops, firewall entries): {} of {} addresses do not fit the drop program's watched destinations (--address-entries): a pod's call dropped at them is not confirmed (LB IPs were kept first)",
                     left_out.len(),
                     want.len()
                 );
