@@ -18,10 +18,7 @@
 //! addresses (`DROP_DESTINATIONS`, kept by the agent from each service table).
 
 use probe_contract::{
-    AggregateKey, LoopbackEvent, Outcome,
-    facts::{Facts, SourceKind},
-    record::Packet,
-    sock,
+    AggregateKey, LoopbackEvent, Outcome, facts::SourceKind, record::Packet, sock,
 };
 
 use super::{
@@ -90,23 +87,15 @@ impl Correlator {
             port: packet.dport,
             proto: packet.proto,
         };
-        let event = LoopbackEvent {
-            vip: Some(packet.dst),
-            vip_port: Some(packet.dport),
-            drop_reason: Some(info.reason.name.clone()),
-            drop_location: info.location.clone(),
+        let mut event = LoopbackEvent::dropped_call(
+            &key,
+            packet,
+            &info,
+            Outcome::Dropped,
             evidence,
-            nic: info.iface.clone(),
-            service: entry.service.as_deref().map(service_name),
-            ..LoopbackEvent::new(&key, packet, info.ts, Outcome::Dropped)
-        };
-        let event = LoopbackEvent {
-            facts: Facts {
-                proxy_mode: self.services.source.map(super::remedy::proxy_mode),
-                ..event.facts.clone()
-            },
-            ..event
-        };
+            entry.service.as_deref().map(service_name),
+        );
+        event.facts.proxy_mode = self.services.source.map(super::remedy::proxy_mode);
         self.stats.drops_confirming += 1;
         self.stats.confirmed.source_ranges_drop += 1;
         out.push(Output::Report(self.record(key, event, info.ts)));
