@@ -7,14 +7,17 @@
 //! chain holds `ip saddr != { ranges } drop`; chain `firewall-check`, jumped from
 //! `filter-prerouting` and `filter-output` before DNAT, applies it to every new connection, so
 //! an in-cluster caller is dropped before any short-circuit. iptables mode has done the same
-//! since 1.25 (`KUBE-FW-*`, PR #110289), not yet named here. Upstream keeps it
-//! (kubernetes#109575, open): its advice is to list the pod CIDR in the ranges. A LB with
-//! `ipMode: Proxy` or published as a hostname gets no element: nothing is dropped on the node.
+//! since 1.25 (PR #110289): the LB IP's nat chain `KUBE-FW-<HASH>` sends on only the sources
+//! in the ranges, and the filter chain `KUBE-PROXY-FIREWALL` (jumped from `INPUT`, `FORWARD`
+//! and `OUTPUT`) drops what was not DNATed (`-d <LB IP> --dport <port> -j DROP`). Upstream
+//! keeps it (kubernetes#109575, open): its advice is to list the pod CIDR in the ranges. A LB
+//! with `ipMode: Proxy` or published as a hostname gets no element: nothing is dropped on the
+//! node.
 //!
 //! Confirmed from a netfilter drop (`NETFILTER_DROP`, or `NOT_SPECIFIED` at a netfilter site)
 //! of a local pod's (or the node's) TCP/UDP packet to an (address, protocol, port) that has a
-//! `firewall-ips` entry in the service table read from the live ruleset, with the source
-//! outside that entry's ranges. The kernel side reports these drops only for the entries'
+//! firewall entry (a `firewall-ips` element, a `KUBE-PROXY-FIREWALL` rule) in the service
+//! table read from the live ruleset, with the source outside that entry's ranges. The kernel side reports these drops only for the entries'
 //! addresses (`DROP_DESTINATIONS`, kept by the agent from each service table).
 
 use probe_contract::{
@@ -29,10 +32,11 @@ use super::{
     remedy::cause::CauseAddresses,
     tuple_of,
 };
+use crate::state::{FirewallEntry, ServiceSource};
 
 impl Correlator {
-    /// A netfilter drop of a local pod's (or the node's) call to a `firewall-ips` entry whose
-    /// ranges leave the caller out.
+    /// A netfilter drop of a local pod's (or the node's) call to a firewall entry whose ranges
+    /// leave the caller out.
     pub(super) fn is_source_ranges_drop(&self, packet: &Packet, info: &DropInfo) -> bool {
         is_local_call_netfilter_drop(
             packet.src_tag,
@@ -59,24 +63,9 @@ impl Correlator {
             return;
         };
         let t = tuple_of(packet);
-        let proto = packet.proto.as_str();
-        let family = if packet.dst.is_ipv4() { "ip" } else { "ip6" };
         let evidence = vec![
             drop_line(&info, &t),
-            format!(
-                "kube-proxy's nftables rules (table {family} kube-proxy): map firewall-ips has \
-                 the element {} . {proto} . {}{}, whose chain drops every new connection from a \
-                 source outside {{ {} }} ({family} saddr != {{ ... }} drop; chain \
-                 firewall-check runs it in prerouting and output, before DNAT)",
-                packet.dst,
-                packet.dport,
-                entry
-                    .service
-                    .as_deref()
-                    .map(|c| format!(" of {c}"))
-                    .unwrap_or_default(),
-                entry.allowed_text(),
-            ),
+            firewall_rule_line(self.services.source, packet, &entry),
             format!(
                 "the caller {} is in none of the Service's loadBalancerSourceRanges",
                 packet.src
@@ -100,6 +89,55 @@ impl Correlator {
         self.stats.confirmed.source_ranges_drop += 1;
         out.push(Output::Report(self.record(key, event, info.ts)));
     }
+}
+
+/// The rule that dropped the call, as the service table read it: nftables' `firewall-ips`
+/// element and its chain, or iptables' `KUBE-PROXY-FIREWALL` rule and its `KUBE-FW-*` chain.
+/// Both say `source outside { <ranges> }` (the remedy reads the ranges back).
+fn firewall_rule_line(
+    mode: Option<ServiceSource>,
+    packet: &Packet,
+    entry: &FirewallEntry,
+) -> String {
+    let proto = packet.proto.as_str();
+    let of_service = entry
+        .service
+        .as_deref()
+        .map(|c| format!(" of {c}"))
+        .unwrap_or_default();
+    if mode == Some(ServiceSource::Iptables) {
+        let (cmd, host) = if packet.dst.is_ipv4() {
+            ("iptables", 32)
+        } else {
+            ("ip6tables", 128)
+        };
+        let fw = entry.chain.as_deref().unwrap_or("KUBE-FW-*");
+        let comment = entry
+            .service
+            .as_deref()
+            .map(|c| format!(" -m comment --comment \"{c} traffic not accepted by {fw}\""))
+            .unwrap_or_default();
+        return format!(
+            "kube-proxy's iptables rules ({cmd}): filter chain KUBE-PROXY-FIREWALL has -d \
+             {}/{host} -p {proto} --dport {}{comment} -j DROP (INPUT, FORWARD and OUTPUT jump \
+             to it for every new connection), and nat chain {fw} sends on (DNATs) only the \
+             sources it lists, so every new connection from a source outside {{ {} }} is \
+             dropped (kubernetes PR #110289)",
+            packet.dst,
+            packet.dport,
+            entry.allowed_text(),
+        );
+    }
+    let family = if packet.dst.is_ipv4() { "ip" } else { "ip6" };
+    format!(
+        "kube-proxy's nftables rules (table {family} kube-proxy): map firewall-ips has the \
+         element {} . {proto} . {}{of_service}, whose chain drops every new connection from a \
+         source outside {{ {} }} ({family} saddr != {{ ... }} drop; chain firewall-check runs \
+         it in prerouting and output, before DNAT)",
+        packet.dst,
+        packet.dport,
+        entry.allowed_text(),
+    )
 }
 
 // Its remedy, one option a line, and its cause: read through `super::KIND_TEXTS`.

@@ -23,6 +23,7 @@ fn fw_table(allowed: &[&str]) -> ServiceTable {
         proto: Proto::Tcp,
         port: PORT,
         service: Some("default/web:http".into()),
+        chain: Some("firewall-SUSTUHLJ-default/web/tcp/http".into()),
         allowed: allowed
             .iter()
             .map(|r| SourceRange::parse(r).unwrap())
@@ -87,6 +88,40 @@ fn a_pods_call_from_outside_the_ranges_is_confirmed_with_the_firewall_entry() {
         assert_eq!(c.stats().confirmed.source_ranges_drop, 1);
         invariants(&c);
     }
+}
+
+/// iptables mode (PR #110289): the entry read from `KUBE-PROXY-FIREWALL` and its `KUBE-FW-*`
+/// chain; the evidence quotes the filter rule and names the nat chain, not nftables' map.
+#[test]
+fn iptables_mode_names_the_proxy_firewall_rule_and_its_fw_chain() {
+    let mut t = fw_table(&["192.0.2.0/24"]);
+    t.source = Some(ServiceSource::Iptables);
+    t.firewall[0].chain = Some("KUBE-FW-CDGGSHYLG3RE2FKL".into());
+    let mut c = corr_with(t);
+    let r = only_report(&c.ingest(nf_drop(S, &call(POD, Tag::Pod, PORT), "NETFILTER_DROP")));
+    let e = &r.event;
+    assert_eq!(e.kind, LoopbackKind::SourceRangesDrop);
+    assert_eq!(
+        e.facts.proxy_mode,
+        Some(probe_contract::facts::ProxyMode::Iptables)
+    );
+    let ev = e.evidence.join("\n");
+    assert!(
+        ev.contains(&format!(
+            "kube-proxy's iptables rules (iptables): filter chain KUBE-PROXY-FIREWALL has -d \
+             {LB_IP}/32 -p tcp --dport {PORT} -m comment --comment \"default/web:http traffic \
+             not accepted by KUBE-FW-CDGGSHYLG3RE2FKL\" -j DROP"
+        )),
+        "{ev}"
+    );
+    assert!(
+        ev.contains("nat chain KUBE-FW-CDGGSHYLG3RE2FKL sends on (DNATs) only the sources"),
+        "{ev}"
+    );
+    assert!(!ev.contains("firewall-ips"), "{ev}");
+    // The remedy reads the ranges back from either mode's line.
+    assert!(e.remedy[0].contains("(192.0.2.0/24)"), "{:?}", e.remedy);
+    invariants(&c);
 }
 
 #[test]

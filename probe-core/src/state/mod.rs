@@ -197,6 +197,11 @@ impl PodShortCircuit {
 /// and chain `firewall-check` (hooked in prerouting and output, before DNAT) sends every new
 /// connection to the element's chain, so a pod's or the node's call from outside the ranges
 /// dies on the node (kubernetes#109575). `ipMode: Proxy` and hostname LBs get no element.
+///
+/// iptables mode (PR #110289, 1.25) gives the same facts another shape: the filter chain
+/// `KUBE-PROXY-FIREWALL`'s `-d <LB IP> --dport <port> -j DROP` rule ("<svc> traffic not
+/// accepted by KUBE-FW-<HASH>"), and the `-s <range>` rules of that nat chain that send the
+/// allowed sources on (DNATed, so the drop no longer matches them).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FirewallEntry {
     pub addr: IpAddr,
@@ -204,6 +209,10 @@ pub struct FirewallEntry {
     pub port: u16,
     /// `namespace/name:port`, from the element's comment or its chain's name.
     pub service: Option<String>,
+    /// The chain that holds the ranges: nftables' `firewall-<HASH>-...`, iptables' nat
+    /// `KUBE-FW-<HASH>` (named in the evidence).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chain: Option<String>,
     /// The chain's `saddr != { ... }` set: the sources that pass. Empty when the chain held no
     /// such rule (then nothing is dropped there).
     pub allowed: Vec<SourceRange>,
@@ -464,6 +473,7 @@ mod firewall_tests {
             proto: Proto::Tcp,
             port: 80,
             service: None,
+            chain: None,
             allowed: vec![SourceRange::parse("192.0.2.0/24").unwrap(), odd],
         };
         assert!(entry.drops("198.19.1.10".parse().unwrap()));

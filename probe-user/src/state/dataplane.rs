@@ -10,8 +10,9 @@
 //!   `KUBE-POSTROUTING`, a CNI's or ip-masq-agent's chains), the NodePorts as programmed
 //!   (`KUBE-NODEPORTS` and the chains it jumps to, so externalTrafficPolicy is the one the
 //!   rules apply; its disagreement with the API's is evidence already, `Facts::etp_mismatch`),
-//!   IPVS mode's access filter and Local-NodePort ipsets. On a commit only the chains it names
-//!   are read again; at 10,000 Services with 2,000 NodePorts that is a few thousand rules held
+//!   IPVS mode's access filter and Local-NodePort ipsets, the `loadBalancerSourceRanges`
+//!   firewall (nftables' `firewall-ips`, iptables' `KUBE-PROXY-FIREWALL`). On a commit only
+//!   the chains it names are read again; at 10,000 Services with 2,000 NodePorts that is a few thousand rules held
 //!   instead of 70,000.
 //! - [`programmed`]: per question, whether kube-proxy programmed one VIP:port (the
 //!   correlator asks when the API says a Service serves a port the kernel refused).
@@ -174,6 +175,10 @@ pub fn read_facts(touched: &Touched, mode: ServiceSource) -> anyhow::Result<Serv
             }
             if mode == ServiceSource::Ipvs {
                 table.access_filter = iptables::read_access_filter_now();
+            } else {
+                // kube-proxy's loadBalancerSourceRanges firewall: only the rules say what
+                // it drops (issue #51).
+                table.firewall = iptables::read_firewall_now(touched);
             }
             table
         }
@@ -411,6 +416,38 @@ mod tests {
             })
             .unwrap();
         assert_eq!(again, facts);
+        assert!(facts.firewall.is_empty());
+
+        // kube-proxy's loadBalancerSourceRanges firewall (issue #51): read when a commit names
+        // the filter table, then held while commits name other chains.
+        ns.restore(
+            0,
+            &["iptables-nft-restore", "--noflush"],
+            "*nat\n:KUBE-FW-NUKIZ6OKUXPJNT4C - [0:0]\n:KUBE-EXT-NUKIZ6OKUXPJNT4C - [0:0]\n\
+             -A KUBE-FW-NUKIZ6OKUXPJNT4C -s 203.0.113.0/25 -j KUBE-EXT-NUKIZ6OKUXPJNT4C\n\
+             COMMIT\n*filter\n:KUBE-PROXY-FIREWALL - [0:0]\n\
+             -A KUBE-PROXY-FIREWALL -m comment --comment \"ns5/svc5:p80 traffic not accepted by \
+             KUBE-FW-NUKIZ6OKUXPJNT4C\" -m tcp -p tcp -d 5.6.7.8 --dport 80 -j DROP\nCOMMIT\n",
+        );
+        let fw = ns
+            .run_in(0, || {
+                read_facts(
+                    &Touched::naming(FAMILY_IP, "filter", ["KUBE-PROXY-FIREWALL"]),
+                    ServiceSource::Iptables,
+                )
+            })
+            .unwrap();
+        assert_eq!(fw.firewall.len(), 1, "{:?}", fw.firewall);
+        assert_eq!(fw.firewall[0].allowed_text(), "203.0.113.0/25");
+        let held = ns
+            .run_in(0, || {
+                read_facts(
+                    &Touched::naming(FAMILY_IP, "nat", ["KUBE-SVC-WEB"]),
+                    ServiceSource::Iptables,
+                )
+            })
+            .unwrap();
+        assert_eq!(held.firewall, fw.firewall);
 
         let served = whole.services.first().expect("a served VIP:port").clone();
         let found = ns

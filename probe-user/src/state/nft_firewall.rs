@@ -56,6 +56,7 @@ pub fn entries(
                 .comment
                 .clone()
                 .or_else(|| super::nftables::service_name(&e.chain)),
+            chain: Some(e.chain.clone()),
             allowed: ranges.get(&e.chain).cloned().unwrap_or_default(),
         })
         .collect()

@@ -7,11 +7,20 @@
 //! `filter-output` at priority -110, before DNAT): a pod's call from outside the ranges dies
 //! there, before the short-circuit to pod-b (kubernetes#109575).
 
-use anyhow::{Context, Result};
+//!
+//! iptables mode ([`set_iptables_source_ranges`]; kubernetes PR #110289, 1.25;
+//! `pkg/proxy/iptables/proxier.go`, `syncProxyRules`): the LB IP's `KUBE-SERVICES` rule jumps
+//! to `KUBE-FW-<HASH>`, which sends each range on to the Service's `KUBE-EXT-*` chain and lets
+//! the rest fall through undNATed; the filter chain `KUBE-PROXY-FIREWALL` (jumped from `INPUT`,
+//! `FORWARD` and `OUTPUT` for new connections) drops the LB IP:port: a pod's call from outside
+//! the ranges dies in `FORWARD`.
+
+use anyhow::{Context, Result, bail};
 
 use super::{
-    NS_NODE, SERVICE_PORT, VIP,
-    cmd::{exec, run_stdin, succeeds},
+    KUBE_EXT_CHAIN, KubeProxyMode, NS_NODE, SERVICE_PORT, VIP,
+    cmd::{exec, iptables, iptables_ok, restore_rules, run_stdin, succeeds},
+    kube_proxy,
     nft::NFT_TABLE,
 };
 
@@ -73,4 +82,135 @@ pub fn set_source_ranges(ranges: Option<&[&str]>) -> Result<()> {
     run_stdin(&["ip", "netns", "exec", NS_NODE, "nft", "-f", "-"], &script)
         .context("writing default/web's loadBalancerSourceRanges firewall")
         .map(drop)
+}
+
+/// `default/web:http`'s firewall chain in iptables mode (kube-proxy's hash of
+/// "default/web:http" + "tcp", the one its `KUBE-SVC-*` and `KUBE-EXT-*` chains carry).
+pub const IPT_FIREWALL_CHAIN: &str = "KUBE-FW-CDGGSHYLG3RE2FKL";
+/// kube-proxy's filter chain of the source-range drops.
+pub const IPT_PROXY_FIREWALL_CHAIN: &str = "KUBE-PROXY-FIREWALL";
+
+/// The nat chain `KUBE-FW-*` of `ranges` (kube-proxy writes one rule per range, then a
+/// comment-only rule the rest falls through).
+fn iptables_fw_chain(ranges: &[&str]) -> String {
+    let fw = IPT_FIREWALL_CHAIN;
+    let name = "default/web:http";
+    let mut rules = format!("*nat\n:{fw} - [0:0]\n");
+    for r in ranges {
+        rules += &format!(
+            "-A {fw} -m comment --comment \"{name} loadbalancer IP\" -s {r} -j {KUBE_EXT_CHAIN}\n"
+        );
+    }
+    rules += &format!(
+        "-A {fw} -m comment --comment \"other traffic to {name} will be dropped by \
+         KUBE-PROXY-FIREWALL\"\nCOMMIT\n"
+    );
+    rules
+}
+
+/// `KUBE-PROXY-FIREWALL` with the LB IP:port's drop.
+fn iptables_proxy_firewall() -> String {
+    let c = IPT_PROXY_FIREWALL_CHAIN;
+    format!(
+        "*filter\n:{c} - [0:0]\n\
+         -A {c} -m comment --comment \"default/web:http traffic not accepted by \
+         {IPT_FIREWALL_CHAIN}\" -m tcp -p tcp -d {VIP}/32 --dport {SERVICE_PORT} -j DROP\n\
+         COMMIT\n"
+    )
+}
+
+/// The LB IP's `KUBE-SERVICES` rule, to the firewall chain.
+fn iptables_lb_rule() -> Vec<String> {
+    [
+        "KUBE-SERVICES",
+        "-d",
+        &format!("{VIP}/32"),
+        "-p",
+        "tcp",
+        "-m",
+        "comment",
+        "--comment",
+        "default/web:http loadbalancer IP",
+        "-m",
+        "tcp",
+        "--dport",
+        &SERVICE_PORT.to_string(),
+        "-j",
+        IPT_FIREWALL_CHAIN,
+    ]
+    .map(str::to_string)
+    .to_vec()
+}
+
+/// The jump kube-proxy prepends to `INPUT`, `FORWARD` and `OUTPUT` of the filter table.
+fn iptables_firewall_jump(chain: &str) -> Vec<String> {
+    [
+        chain,
+        "-m",
+        "conntrack",
+        "--ctstate",
+        "NEW",
+        "-m",
+        "comment",
+        "--comment",
+        "kubernetes load balancer firewall",
+        "-j",
+        IPT_PROXY_FIREWALL_CHAIN,
+    ]
+    .map(str::to_string)
+    .to_vec()
+}
+
+/// Inserts `rule` (chain first) at position 1 of `table` unless it is there (`on`), or
+/// deletes every copy (`!on`).
+fn iptables_first(table: &str, rule: &[String], on: bool) -> Result<()> {
+    let rule: Vec<&str> = rule.iter().map(String::as_str).collect();
+    let with = |op: &'static str| {
+        let mut a = vec!["-t", table, op];
+        a.extend_from_slice(&rule);
+        a
+    };
+    if !on {
+        while iptables_ok(NS_NODE, &with("-C")) {
+            iptables(NS_NODE, &with("-D"))?;
+        }
+        return Ok(());
+    }
+    if iptables_ok(NS_NODE, &with("-C")) {
+        return Ok(());
+    }
+    let mut insert = vec!["-t", table, "-I", rule[0], "1"];
+    insert.extend_from_slice(&rule[1..]);
+    iptables(NS_NODE, &insert).map(drop)
+}
+
+/// Whether `default/web`'s LB IP:port has its `KUBE-PROXY-FIREWALL` drop (iptables mode).
+pub fn iptables_firewalled() -> bool {
+    iptables(NS_NODE, &["-t", "filter", "-S", IPT_PROXY_FIREWALL_CHAIN])
+        .is_ok_and(|out| out.contains(IPT_FIREWALL_CHAIN))
+}
+
+/// Gives `default/web` `loadBalancerSourceRanges: ranges` in kube-proxy's iptables mode (see
+/// the module docs), or none (`None`: the LB IP's rule goes, both chains are flushed). The
+/// lab's LB IP must not be bound (`vip_bound: false`: kube-proxy's iptables mode binds none).
+pub fn set_iptables_source_ranges(ranges: Option<&[&str]>) -> Result<()> {
+    if kube_proxy::node_mode()? != KubeProxyMode::Iptables {
+        bail!("the iptables firewall is written for kube-proxy's iptables mode");
+    }
+    restore_rules(
+        NS_NODE,
+        "iptables-restore",
+        &iptables_fw_chain(ranges.unwrap_or_default()),
+    )
+    .context("kube-proxy's KUBE-FW chain of default/web")?;
+    let filter = match ranges {
+        Some(_) => iptables_proxy_firewall(),
+        None => format!("*filter\n:{IPT_PROXY_FIREWALL_CHAIN} - [0:0]\nCOMMIT\n"),
+    };
+    restore_rules(NS_NODE, "iptables-restore", &filter).context("KUBE-PROXY-FIREWALL")?;
+    iptables_first("nat", &iptables_lb_rule(), ranges.is_some())?;
+    for chain in ["INPUT", "FORWARD", "OUTPUT"] {
+        iptables_first("filter", &iptables_firewall_jump(chain), true)?;
+    }
+    Ok(())
 }

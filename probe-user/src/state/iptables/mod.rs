@@ -45,6 +45,7 @@
 //! extension's layout; `iptables-legacy-save` does exactly that, so the legacy backend (rare
 //! on current nodes, and without change messages anyway) is still read with it.
 
+mod firewall;
 mod nft_rules;
 mod rules;
 
@@ -54,6 +55,7 @@ use std::{
     sync::{Mutex, OnceLock},
 };
 
+pub use firewall::{PROXY_FIREWALL_CHAIN, allowed_sources, firewall_drops, parse_firewall_drops};
 pub use rules::{
     ACCESS_FILTER_CHAIN, EXTERNAL_SERVICES_CHAIN, NatChains, Rule, digest, external_drops, merge,
     parse_access_filter, parse_external_drops, parse_iptables_save,
@@ -188,6 +190,7 @@ pub fn read_blocking_after(touched: &Touched) -> Result<ServiceTable, IptablesEr
             table.no_endpoint_drops.push(drop);
         }
     }
+    table.firewall = read_firewall_after(touched, default_is_nft);
     Ok(table)
 }
 
@@ -484,6 +487,107 @@ fn read_external_drops(default_is_nft: bool) -> Vec<crate::state::NoEndpointDrop
         }
     }
     drops
+}
+
+/// kube-proxy's `loadBalancerSourceRanges` firewall (`firewall`'s module docs), both families,
+/// as held since the last read unless `touched` names the filter table or a `KUBE-FW-*` nat
+/// chain (kube-proxy's syncs rewrite Services' nat chains far more often). A failed read is
+/// no firewall: nothing is confirmed from it.
+fn read_firewall_after(
+    touched: &Touched,
+    default_is_nft: bool,
+) -> Vec<probe_core::state::FirewallEntry> {
+    type HeldFirewall = (u64, Vec<probe_core::state::FirewallEntry>);
+    static HELD_FIREWALL: Mutex<Option<HeldFirewall>> = Mutex::new(None);
+    let netns = nft_netlink::netns_id();
+    let touches = |family: u8| {
+        touched.table(family, "filter") != TableChange::Untouched
+            || match touched.table(family, "nat") {
+                TableChange::Untouched => false,
+                TableChange::Named(names) => names.iter().any(|c| c.starts_with("KUBE-FW-")),
+                TableChange::Whole => true,
+            }
+    };
+    // The legacy backend sends no change messages: read every time.
+    if default_is_nft
+        && !touches(FAMILY_IP)
+        && !touches(FAMILY_IP6)
+        && let Ok(held) = HELD_FIREWALL.lock()
+        && let Some((n, entries)) = held.as_ref()
+        && *n == netns
+    {
+        return entries.clone();
+    }
+    let entries: Vec<probe_core::state::FirewallEntry> = if default_is_nft {
+        [FAMILY_IP, FAMILY_IP6]
+            .into_iter()
+            .flat_map(read_nft_firewall)
+            .collect()
+    } else {
+        ["iptables", "ip6tables"]
+            .into_iter()
+            .flat_map(read_legacy_firewall)
+            .collect()
+    };
+    if let Ok(mut held) = HELD_FIREWALL.lock() {
+        *held = Some((netns, entries.clone()));
+    }
+    entries
+}
+
+/// One family's firewall over netlink: `KUBE-PROXY-FIREWALL` of the filter table, then each
+/// drop's `KUBE-FW-*` chain of the nat table (one filtered dump each, generation-cached).
+fn read_nft_firewall(family: u8) -> Vec<probe_core::state::FirewallEntry> {
+    let drops = match read_chain(family, "filter", PROXY_FIREWALL_CHAIN) {
+        Ok(rules) => firewall_drops(&rules),
+        Err(e) => {
+            tracing::trace!(error = %e, "no {PROXY_FIREWALL_CHAIN}");
+            return Vec::new();
+        }
+    };
+    drops
+        .into_iter()
+        .map(|d| {
+            let allowed = match read_chain(family, "nat", &d.chain) {
+                Ok(rules) => allowed_sources(rules.iter().map(|r| r.text.as_str())),
+                Err(e) => {
+                    tracing::debug!(error = %e, chain = %d.chain, "firewall chain unread");
+                    Vec::new()
+                }
+            };
+            firewall::entry(d, allowed)
+        })
+        .collect()
+}
+
+/// One family's firewall on the legacy backend, with `iptables -S` (`cmd`: `iptables` or
+/// `ip6tables`): the filter chain, then each drop's nat chain.
+fn read_legacy_firewall(cmd: &str) -> Vec<probe_core::state::FirewallEntry> {
+    let drops = match run(cmd, &["-w", "-t", "filter", "-S", PROXY_FIREWALL_CHAIN]) {
+        Ok(text) => parse_firewall_drops(&text),
+        Err(e) => {
+            tracing::trace!(error = %e, "no {PROXY_FIREWALL_CHAIN}");
+            return Vec::new();
+        }
+    };
+    drops
+        .into_iter()
+        .map(|d| {
+            let allowed = run(cmd, &["-w", "-t", "nat", "-S", &d.chain])
+                .map(|text| allowed_sources(text.lines()))
+                .unwrap_or_default();
+            firewall::entry(d, allowed)
+        })
+        .collect()
+}
+
+/// [`read_firewall_after`] everything, on the installed backend (the dataplane reader beside
+/// the API's table), held between reads while `touched` names none of its chains.
+pub fn read_firewall_now(touched: &Touched) -> Vec<probe_core::state::FirewallEntry> {
+    read_firewall_after(
+        touched,
+        nft_netlink::table_exists(FAMILY_IP, "filter").unwrap_or(false),
+    )
 }
 
 fn command_exists(cmd: &str) -> bool {

@@ -390,7 +390,7 @@ impl NatChains {
 }
 
 /// Drops the `[pkts:bytes] ` prefix `iptables-save -c` writes.
-fn strip_counters(line: &str) -> &str {
+pub(super) fn strip_counters(line: &str) -> &str {
     if line.starts_with('[')
         && let Some(end) = line.find(']')
     {
@@ -401,7 +401,7 @@ fn strip_counters(line: &str) -> &str {
 
 /// Splits a rule line like a shell would for iptables-save's quoting: double quotes group,
 /// backslash escapes the next character inside quotes.
-fn tokenize(line: &str) -> Vec<String> {
+pub(super) fn tokenize(line: &str) -> Vec<String> {
     let mut tokens = Vec::new();
     let mut cur = String::new();
     let mut in_token = false;
@@ -500,7 +500,7 @@ pub(super) fn parse_rule(line: &str) -> Option<Rule> {
     Some(rule)
 }
 
-fn parse_proto(p: Option<&str>) -> Option<Proto> {
+pub(super) fn parse_proto(p: Option<&str>) -> Option<Proto> {
     match p? {
         "tcp" | "6" => Some(Proto::Tcp),
         "udp" | "17" => Some(Proto::Udp),
@@ -510,7 +510,7 @@ fn parse_proto(p: Option<&str>) -> Option<Proto> {
 }
 
 /// `10.96.0.10/32` -> 10.96.0.10; a non-host prefix is not a VIP.
-fn parse_host(addr: &str) -> Option<IpAddr> {
+pub(super) fn parse_host(addr: &str) -> Option<IpAddr> {
     let (ip, prefix) = match addr.split_once('/') {
         Some((ip, p)) => (ip, Some(p)),
         None => (addr, None),
