@@ -71,8 +71,10 @@ pub enum Kind {
     /// short-circuits: in-cluster calls to it reach the backend without the header.
     ProxyProtocolShortCircuit,
     /// An LB IP whose Service sets `loadBalancerSourceRanges` that leave out this node's pod
-    /// range: kube-proxy drops the pods' calls to it (issue #51, shape 1).
-    SourceRanges,
+    /// range: kube-proxy drops the pods' calls to it (issue #51, shape 1). Named as the event
+    /// kind it predicts; `source_ranges`, its first name, still reads back.
+    #[serde(alias = "source_ranges")]
+    SourceRangesDrop,
 }
 
 impl Kind {
@@ -90,7 +92,7 @@ impl Kind {
             Kind::Dataplane => "dataplane",
             Kind::ModeLeftover => "mode_leftover",
             Kind::ProxyProtocolShortCircuit => "proxy_protocol_short_circuit",
-            Kind::SourceRanges => "source_ranges",
+            Kind::SourceRangesDrop => "source_ranges_drop",
         }
     }
 

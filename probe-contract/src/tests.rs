@@ -338,7 +338,7 @@ fn a_check_report_reads_back_as_written() {
         Kind::ModeLeftover,
         Kind::NicSourceValidation,
         Kind::ProxyProtocolShortCircuit,
-        Kind::SourceRanges,
+        Kind::SourceRangesDrop,
     ] {
         assert_eq!(serde_json::to_value(k).unwrap(), k.as_str());
     }
@@ -614,5 +614,13 @@ fn check_kinds_predict_the_event_kind_of_their_name() {
         Some(LoopbackKind::EtpLocalDrop)
     );
     assert_eq!(Kind::KptrRestrict.predicted(), None);
-    assert_eq!(Kind::SourceRanges.predicted(), None);
+    assert_eq!(
+        Kind::SourceRangesDrop.predicted(),
+        Some(LoopbackKind::SourceRangesDrop)
+    );
+    // Its first name reads back as the same kind.
+    assert_eq!(
+        serde_json::from_str::<Kind>("\"source_ranges\"").unwrap(),
+        Kind::SourceRangesDrop
+    );
 }

@@ -408,13 +408,13 @@ fn services_from_the_api_name_the_risks() {
         with_pods()
             .findings
             .iter()
-            .all(|f| f.kind != Kind::SourceRanges),
+            .all(|f| f.kind != Kind::SourceRangesDrop),
         "no ranges, no risk"
     );
     web["spec"]["loadBalancerSourceRanges"] = serde_json::json!(["192.0.2.0/24"]);
     api.apply(web.clone());
     let json = with_pods();
-    let ranges = find(&json, Kind::SourceRanges);
+    let ranges = find(&json, Kind::SourceRangesDrop);
     assert_eq!(ranges.severity, Severity::Risk, "{ranges:#?}");
     assert!(
         ranges.summary.contains("default/web") && ranges.summary.contains("198.19.1.0/24"),
@@ -426,7 +426,7 @@ fn services_from_the_api_name_the_risks() {
         with_pods()
             .findings
             .iter()
-            .all(|f| f.kind != Kind::SourceRanges),
+            .all(|f| f.kind != Kind::SourceRangesDrop),
         "a range holding the pods: no risk"
     );
 

@@ -1,5 +1,5 @@
-//! `source_ranges`: a LoadBalancer Service with `spec.loadBalancerSourceRanges` that leave out
-//! this node's pod range. kube-proxy filters calls to the LB IP by source before any
+//! `source_ranges_drop` (the risk of the event kind it predicts): a LoadBalancer Service with
+//! `spec.loadBalancerSourceRanges` that leave out this node's pod range. kube-proxy filters calls to the LB IP by source before any
 //! short-circuit, so a pod's call from outside the ranges is dropped on the node: in iptables
 //! mode since 1.25 (kubernetes PR #110289: the `KUBE-FW-*` chain returns, and the filter
 //! table's `KUBE-PROXY-FIREWALL` drops), in nftables mode since 1.30 (PR #122614:
@@ -53,7 +53,7 @@ pub fn source_ranges(inp: &Inputs) -> Vec<Finding> {
             .join(", ");
         let ranges = t.source_ranges.join(", ");
         out.push(Finding {
-            kind: Kind::SourceRanges,
+            kind: Kind::SourceRangesDrop,
             severity: Severity::Risk,
             subject: t.subject(),
             summary: format!(
@@ -119,7 +119,12 @@ mod tests {
     fn ranges_without_the_pod_range_are_a_risk_naming_both() {
         let f = source_ranges(&inputs(target(&["192.0.2.0/24", "198.51.100.7/32"], false)));
         assert_eq!(f.len(), 1, "{f:#?}");
-        assert_eq!(f[0].kind, Kind::SourceRanges);
+        assert_eq!(f[0].kind, Kind::SourceRangesDrop);
+        assert_eq!(
+            f[0].kind.predicted(),
+            Some(probe_contract::LoopbackKind::SourceRangesDrop),
+            "the risk names the event kind it predicts"
+        );
         assert_eq!(f[0].severity, Severity::Risk);
         assert_eq!(f[0].subject, "203.0.113.10:443/tcp");
         assert!(f[0].summary.contains("10.244.1.0/24"), "{}", f[0].summary);
