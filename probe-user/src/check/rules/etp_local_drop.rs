@@ -17,10 +17,10 @@ use crate::{check::Inputs, correlate::remedy};
 
 pub fn etp_local_drop(inp: &Inputs) -> Vec<Finding> {
     // iptables mode's `KUBE-EXTERNAL-SERVICES` drops (the same table field) reach a pod's call
-    // only when kube-proxy's local-traffic detector misses the pod, which this check cannot
-    // tell yet: named when it happens (the correlator's `etp_local_drop`), not as a risk.
+    // only when kube-proxy's local-traffic detector misses the pod: judged against the node's
+    // pod ranges there.
     if inp.services.source == Some(crate::state::ServiceSource::Iptables) {
-        return Vec::new();
+        return super::etp_local_detector::etp_local_detector_miss(inp);
     }
     inp.services
         .no_endpoint_drops

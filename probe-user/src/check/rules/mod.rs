@@ -6,6 +6,7 @@ use probe_contract::check::Finding;
 use super::Inputs;
 
 mod dataplane;
+mod etp_local_detector;
 mod etp_local_drop;
 mod hairpin;
 mod healthcheck_blackhole;
