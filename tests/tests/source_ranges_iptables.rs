@@ -5,8 +5,7 @@
 //! `source_ranges_drop` naming the iptables rule, the Service, the ranges and the pod; with the
 //! pod CIDR in the ranges (the twin) the call is DNATed, answered, and nothing is reported.
 //!
-//! IPv4 only: the lab's IPv6 side has no iptables-mode Service (the reader reads ip6tables'
-//! chains alike, unit-tested in `probe-user`'s `state::iptables::firewall`).
+//! IPv6 too: the dual-stack lab's VIP6 with the same rules in `ip6tables`.
 //!
 //! Root only (each test prints a skip line otherwise). One at a time: they share the lab.
 
@@ -17,16 +16,21 @@ use std::{
 
 use probe_contract::{LoopbackKind, Outcome as Fate, facts::ProxyMode};
 use probe_tests::agent::{Agent, lines, require_root};
-use test_support::lab::{self, KubeProxyMode, LabGuard, Outcome, Variants, source_ranges};
+use test_support::lab::{
+    self, KubeProxyMode, LabGuard, Outcome, Variants,
+    source_ranges::{self, IpFamily},
+    v6,
+};
 
 const SETTLE: Duration = Duration::from_secs(4);
 const WAIT: Duration = Duration::from_secs(10);
 /// Ranges that leave the lab's pods (198.19.1.0/24) and node out.
 const OUTSIDE: &[&str] = &["192.0.2.0/24", "198.51.100.0/24"];
 
-/// The iptables-mode lab with `default/web`'s firewall allowing `ranges`, its LB IP not bound
-/// (kube-proxy's iptables mode binds none), and the agent on its node reading the rules.
-fn lab_with(ranges: &[&str]) -> (LabGuard, Agent) {
+/// The iptables-mode lab with `default/web`'s firewall allowing `ranges` (in `family`'s rules;
+/// IPv6: the dual-stack layer added), its LB IP not bound (kube-proxy's iptables mode binds
+/// none), and the agent on its node reading the rules.
+fn lab_with(family: IpFamily, ranges: &[&str]) -> (LabGuard, Agent) {
     let variants = Variants {
         vip_bound: false,
         ..Variants::default()
@@ -34,8 +38,12 @@ fn lab_with(ranges: &[&str]) -> (LabGuard, Agent) {
     let lab = LabGuard::up_in(KubeProxyMode::Iptables, &variants, &Default::default())
         .expect("lab up (iptables mode)");
     lab.set_all(&variants).expect("the LB IP unbound");
-    source_ranges::set_iptables_source_ranges(Some(ranges)).expect("default/web's firewall");
-    assert!(source_ranges::iptables_firewalled());
+    if family == IpFamily::V6 {
+        lab.add_ipv6().expect("dual-stack layer");
+    }
+    source_ranges::set_iptables_source_ranges(family, Some(ranges))
+        .expect("default/web's firewall");
+    assert!(source_ranges::iptables_firewalled(family));
     let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
     (lab, agent)
 }
@@ -49,7 +57,7 @@ fn iptables_source_ranges_drop_of_a_pods_call_is_confirmed_with_the_rule() {
     if !require_root("iptables_source_ranges_drop") {
         return;
     }
-    let (lab, agent) = lab_with(OUTSIDE);
+    let (lab, agent) = lab_with(IpFamily::V4, OUTSIDE);
     let pod = lab.connect(lab::NS_POD_A, None, to_lb()).unwrap();
     assert_eq!(pod.outcome, Outcome::Timeout, "{pod:?}");
     let e = agent.only_event(LoopbackKind::SourceRangesDrop, WAIT);
@@ -88,7 +96,7 @@ fn iptables_source_ranges_drop_of_a_pods_call_is_confirmed_with_the_rule() {
     // the drop has no device yet, as for etp_local_drop).
     let node = lab.connect(lab::NS_NODE, None, to_lb()).unwrap();
     assert_eq!(node.outcome, Outcome::Timeout, "{node:?}");
-    source_ranges::set_iptables_source_ranges(None).unwrap();
+    source_ranges::set_iptables_source_ranges(IpFamily::V4, None).unwrap();
     drop(lab);
 }
 
@@ -99,11 +107,53 @@ fn iptables_source_ranges_with_the_pod_cidr_report_nothing() {
     if !require_root("iptables_source_ranges_twin") {
         return;
     }
-    let (lab, agent) = lab_with(&["192.0.2.0/24", lab::POD_CIDR]);
+    let (lab, agent) = lab_with(IpFamily::V4, &["192.0.2.0/24", lab::POD_CIDR]);
     let pod = lab.connect(lab::NS_POD_A, None, to_lb()).unwrap();
     assert_eq!(pod.outcome, Outcome::Ok, "{pod:?}");
     std::thread::sleep(SETTLE);
     assert!(agent.events().is_empty(), "{:#?}", agent.events());
-    source_ranges::set_iptables_source_ranges(None).unwrap();
+    source_ranges::set_iptables_source_ranges(IpFamily::V4, None).unwrap();
+    drop(lab);
+}
+
+/// IPv6: pod-a's call to [VIP6]:80 from outside the ranges dies in ip6tables' `FORWARD` and is
+/// confirmed quoting the ip6tables rule; with the pod range listed it is answered, silent.
+#[test]
+fn ipv6_iptables_source_ranges_drop_is_confirmed_and_its_twin_is_silent() {
+    if !require_root("ipv6_iptables_source_ranges_drop") {
+        return;
+    }
+    let to = std::net::SocketAddr::new(IpAddr::V6(v6::VIP6), lab::SERVICE_PORT);
+    let call = || {
+        lab::in_netns(lab::NS_POD_A, || {
+            lab::connect_any(None, to, Duration::from_secs(2))
+        })
+        .unwrap()
+    };
+    let (lab, agent) = lab_with(IpFamily::V6, &["2001:db8:51::/48"]);
+    let pod = call();
+    assert_eq!(pod.outcome, Outcome::Timeout, "{pod:?}");
+    let e = agent.only_event(LoopbackKind::SourceRangesDrop, WAIT);
+    assert_eq!(e.src, IpAddr::V6(v6::POD_A_IP6));
+    assert_eq!(e.vip, Some(IpAddr::V6(v6::VIP6)));
+    assert_eq!(e.service.as_deref(), Some("default/web"));
+    let ev = lines(&e.evidence);
+    assert!(
+        ev.contains(
+            "kube-proxy's iptables rules (ip6tables): filter chain KUBE-PROXY-FIREWALL has -d \
+             2001:db8:113::10/128 -p tcp --dport 80"
+        ),
+        "{ev}"
+    );
+    assert!(ev.contains("source outside { 2001:db8:51::/48 }"), "{ev}");
+    drop(agent);
+    source_ranges::set_iptables_source_ranges(IpFamily::V6, None).unwrap();
+    drop(lab);
+
+    let (lab, agent) = lab_with(IpFamily::V6, &["2001:db8:51::/48", v6::POD_CIDR6]);
+    let pod = call();
+    assert_eq!(pod.outcome, Outcome::Ok, "{pod:?}");
+    std::thread::sleep(SETTLE);
+    assert!(agent.events().is_empty(), "{:#?}", agent.events());
     drop(lab);
 }

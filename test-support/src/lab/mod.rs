@@ -43,7 +43,8 @@ use std::{
 use anyhow::{Context, Result, bail};
 pub(crate) use client::http_get_over;
 pub use client::{
-    Attempt, connect_here, connect_in, http_get_bytes_in, http_get_in, http_get_with_in, in_netns,
+    Attempt, connect_any, connect_here, connect_in, http_get_bytes_in, http_get_in,
+    http_get_with_in, in_netns,
 };
 pub use guard::{LOCK_PATH, LabGuard, LabLock};
 pub use mode::KubeProxyMode;

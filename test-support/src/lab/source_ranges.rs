@@ -13,15 +13,16 @@
 //! to `KUBE-FW-<HASH>`, which sends each range on to the Service's `KUBE-EXT-*` chain and lets
 //! the rest fall through undNATed; the filter chain `KUBE-PROXY-FIREWALL` (jumped from `INPUT`,
 //! `FORWARD` and `OUTPUT` for new connections) drops the LB IP:port: a pod's call from outside
-//! the ranges dies in `FORWARD`.
+//! the ranges dies in `FORWARD`. In `ip6tables` too, for the dual-stack lab's VIP6.
 
 use anyhow::{Context, Result, bail};
 
 use super::{
     KUBE_EXT_CHAIN, KubeProxyMode, NS_NODE, SERVICE_PORT, VIP,
-    cmd::{exec, iptables, iptables_ok, restore_rules, run_stdin, succeeds},
+    cmd::{exec, restore_rules, run_stdin, succeeds},
     kube_proxy,
     nft::NFT_TABLE,
+    v6::VIP6,
 };
 
 /// `default/web:http`'s firewall chain (kube-proxy's hash of "default/web/tcp/http").
@@ -90,6 +91,38 @@ pub const IPT_FIREWALL_CHAIN: &str = "KUBE-FW-CDGGSHYLG3RE2FKL";
 /// kube-proxy's filter chain of the source-range drops.
 pub const IPT_PROXY_FIREWALL_CHAIN: &str = "KUBE-PROXY-FIREWALL";
 
+/// Which side of kube-proxy's iptables rules: `iptables` with the LB IP, or `ip6tables` with
+/// the dual-stack lab's VIP6 (`Lab::add_ipv6` first).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IpFamily {
+    V4,
+    V6,
+}
+
+impl IpFamily {
+    fn cmd(self) -> &'static str {
+        match self {
+            IpFamily::V4 => "iptables",
+            IpFamily::V6 => "ip6tables",
+        }
+    }
+
+    fn restore(self) -> &'static str {
+        match self {
+            IpFamily::V4 => "iptables-restore",
+            IpFamily::V6 => "ip6tables-restore",
+        }
+    }
+
+    /// The LB IP as kube-proxy's rules match it.
+    fn lb_ip(self) -> String {
+        match self {
+            IpFamily::V4 => format!("{VIP}/32"),
+            IpFamily::V6 => format!("{VIP6}/128"),
+        }
+    }
+}
+
 /// The nat chain `KUBE-FW-*` of `ranges` (kube-proxy writes one rule per range, then a
 /// comment-only rule the rest falls through).
 fn iptables_fw_chain(ranges: &[&str]) -> String {
@@ -109,22 +142,23 @@ fn iptables_fw_chain(ranges: &[&str]) -> String {
 }
 
 /// `KUBE-PROXY-FIREWALL` with the LB IP:port's drop.
-fn iptables_proxy_firewall() -> String {
+fn iptables_proxy_firewall(family: IpFamily) -> String {
     let c = IPT_PROXY_FIREWALL_CHAIN;
     format!(
         "*filter\n:{c} - [0:0]\n\
          -A {c} -m comment --comment \"default/web:http traffic not accepted by \
-         {IPT_FIREWALL_CHAIN}\" -m tcp -p tcp -d {VIP}/32 --dport {SERVICE_PORT} -j DROP\n\
-         COMMIT\n"
+         {IPT_FIREWALL_CHAIN}\" -m tcp -p tcp -d {} --dport {SERVICE_PORT} -j DROP\n\
+         COMMIT\n",
+        family.lb_ip()
     )
 }
 
 /// The LB IP's `KUBE-SERVICES` rule, to the firewall chain.
-fn iptables_lb_rule() -> Vec<String> {
+fn iptables_lb_rule(family: IpFamily) -> Vec<String> {
     [
         "KUBE-SERVICES",
         "-d",
-        &format!("{VIP}/32"),
+        &family.lb_ip(),
         "-p",
         "tcp",
         "-m",
@@ -163,54 +197,66 @@ fn iptables_firewall_jump(chain: &str) -> Vec<String> {
 
 /// Inserts `rule` (chain first) at position 1 of `table` unless it is there (`on`), or
 /// deletes every copy (`!on`).
-fn iptables_first(table: &str, rule: &[String], on: bool) -> Result<()> {
+fn iptables_first(family: IpFamily, table: &str, rule: &[String], on: bool) -> Result<()> {
     let rule: Vec<&str> = rule.iter().map(String::as_str).collect();
     let with = |op: &'static str| {
-        let mut a = vec!["-t", table, op];
+        let mut a = vec![family.cmd(), "-w", "-t", table, op];
         a.extend_from_slice(&rule);
         a
     };
+    let present = || succeeds(&[&["ip", "netns", "exec", NS_NODE][..], &with("-C")].concat());
     if !on {
-        while iptables_ok(NS_NODE, &with("-C")) {
-            iptables(NS_NODE, &with("-D"))?;
+        while present() {
+            exec(NS_NODE, &with("-D"))?;
         }
         return Ok(());
     }
-    if iptables_ok(NS_NODE, &with("-C")) {
+    if present() {
         return Ok(());
     }
-    let mut insert = vec!["-t", table, "-I", rule[0], "1"];
+    let mut insert = vec![family.cmd(), "-w", "-t", table, "-I", rule[0], "1"];
     insert.extend_from_slice(&rule[1..]);
-    iptables(NS_NODE, &insert).map(drop)
+    exec(NS_NODE, &insert).map(drop)
 }
 
 /// Whether `default/web`'s LB IP:port has its `KUBE-PROXY-FIREWALL` drop (iptables mode).
-pub fn iptables_firewalled() -> bool {
-    iptables(NS_NODE, &["-t", "filter", "-S", IPT_PROXY_FIREWALL_CHAIN])
-        .is_ok_and(|out| out.contains(IPT_FIREWALL_CHAIN))
+pub fn iptables_firewalled(family: IpFamily) -> bool {
+    exec(
+        NS_NODE,
+        &[
+            family.cmd(),
+            "-w",
+            "-t",
+            "filter",
+            "-S",
+            IPT_PROXY_FIREWALL_CHAIN,
+        ],
+    )
+    .is_ok_and(|out| out.contains(IPT_FIREWALL_CHAIN))
 }
 
-/// Gives `default/web` `loadBalancerSourceRanges: ranges` in kube-proxy's iptables mode (see
-/// the module docs), or none (`None`: the LB IP's rule goes, both chains are flushed). The
-/// lab's LB IP must not be bound (`vip_bound: false`: kube-proxy's iptables mode binds none).
-pub fn set_iptables_source_ranges(ranges: Option<&[&str]>) -> Result<()> {
+/// Gives `default/web` `loadBalancerSourceRanges: ranges` in kube-proxy's iptables mode, in
+/// `family`'s rules (see the module docs), or none (`None`: the LB IP's rule goes, both
+/// chains are flushed). The LB IP must not be bound (`vip_bound: false`: kube-proxy's iptables
+/// mode binds none).
+pub fn set_iptables_source_ranges(family: IpFamily, ranges: Option<&[&str]>) -> Result<()> {
     if kube_proxy::node_mode()? != KubeProxyMode::Iptables {
         bail!("the iptables firewall is written for kube-proxy's iptables mode");
     }
     restore_rules(
         NS_NODE,
-        "iptables-restore",
+        family.restore(),
         &iptables_fw_chain(ranges.unwrap_or_default()),
     )
     .context("kube-proxy's KUBE-FW chain of default/web")?;
     let filter = match ranges {
-        Some(_) => iptables_proxy_firewall(),
+        Some(_) => iptables_proxy_firewall(family),
         None => format!("*filter\n:{IPT_PROXY_FIREWALL_CHAIN} - [0:0]\nCOMMIT\n"),
     };
-    restore_rules(NS_NODE, "iptables-restore", &filter).context("KUBE-PROXY-FIREWALL")?;
-    iptables_first("nat", &iptables_lb_rule(), ranges.is_some())?;
+    restore_rules(NS_NODE, family.restore(), &filter).context("KUBE-PROXY-FIREWALL")?;
+    iptables_first(family, "nat", &iptables_lb_rule(family), ranges.is_some())?;
     for chain in ["INPUT", "FORWARD", "OUTPUT"] {
-        iptables_first("filter", &iptables_firewall_jump(chain), true)?;
+        iptables_first(family, "filter", &iptables_firewall_jump(chain), true)?;
     }
     Ok(())
 }
