@@ -48,6 +48,25 @@ fn lab_with(family: IpFamily, ranges: &[&str]) -> (LabGuard, Agent) {
     (lab, agent)
 }
 
+/// The subjects of `probe check --json`'s `source_ranges_drop` findings on the lab node (no
+/// API access: kube-proxy's firewall as its rules hold it).
+fn check_subjects() -> Vec<String> {
+    let o = std::process::Command::new("ip")
+        .args(["netns", "exec", lab::NS_NODE])
+        .arg(probe_tests::agent::probe_bin())
+        .args(["check", "--json", "--nic", lab::NODE_NIC])
+        .output()
+        .expect("run probe check");
+    let report: probe_contract::check::CheckReport = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&o.stdout)));
+    report
+        .findings
+        .into_iter()
+        .filter(|f| f.kind == probe_contract::check::Kind::SourceRangesDrop)
+        .map(|f| f.subject)
+        .collect()
+}
+
 fn to_lb() -> SocketAddrV4 {
     SocketAddrV4::new(lab::VIP, lab::SERVICE_PORT)
 }
@@ -58,6 +77,8 @@ fn iptables_source_ranges_drop_of_a_pods_call_is_confirmed_with_the_rule() {
         return;
     }
     let (lab, agent) = lab_with(IpFamily::V4, OUTSIDE);
+    // `probe check` names it before any call, from the rules alone.
+    assert_eq!(check_subjects(), ["203.0.113.10:80/tcp"]);
     let pod = lab.connect(lab::NS_POD_A, None, to_lb()).unwrap();
     assert_eq!(pod.outcome, Outcome::Timeout, "{pod:?}");
     let e = agent.only_event(LoopbackKind::SourceRangesDrop, WAIT);
@@ -108,6 +129,7 @@ fn iptables_source_ranges_with_the_pod_cidr_report_nothing() {
         return;
     }
     let (lab, agent) = lab_with(IpFamily::V4, &["192.0.2.0/24", lab::POD_CIDR]);
+    assert!(check_subjects().is_empty());
     let pod = lab.connect(lab::NS_POD_A, None, to_lb()).unwrap();
     assert_eq!(pod.outcome, Outcome::Ok, "{pod:?}");
     std::thread::sleep(SETTLE);

@@ -8,11 +8,15 @@
 //! `ipMode: Proxy`, or an LB published as a hostname, gets no firewall rule: nothing is
 //! dropped on the node (those in-cluster calls go to the LB, whose own firewall decides).
 
-use probe_contract::check::{Finding, Kind, Severity};
+use probe_contract::{
+    check::{Finding, Kind, Severity},
+    sock,
+};
+use probe_core::state::{FirewallEntry, SourceRange};
 
 use crate::{
     check::{Inputs, LbTarget},
-    state::addrs::Prefix,
+    state::{ServiceSource, addrs::Prefix},
 };
 
 /// Whether `range` holds every address of `pods`.
@@ -83,6 +87,92 @@ pub fn source_ranges(inp: &Inputs) -> Vec<Finding> {
             fixes: Vec::new(),
         });
     }
+    out.extend(from_rules(inp, &out));
+    out
+}
+
+/// The node's pod ranges a firewall entry's ranges leave out (in its family).
+fn uncovered_by_entry<'a>(e: &FirewallEntry, pods: &'a [Prefix]) -> Vec<&'a Prefix> {
+    pods.iter()
+        .filter(|p| p.addr.is_ipv4() == e.addr.is_ipv4())
+        .filter(|p| {
+            let Some(span) = SourceRange::parse(&p.to_string()) else {
+                return true;
+            };
+            !e.allowed
+                .iter()
+                .any(|r| r.contains(span.first) && r.contains(span.last))
+        })
+        .collect()
+}
+
+/// Without the API's Services (or for an LB IP they do not list): kube-proxy's firewall as
+/// its rules hold it (`ServiceTable::firewall`: nftables' `firewall-ips`, iptables'
+/// `KUBE-PROXY-FIREWALL` and `KUBE-FW-*`), one risk per entry whose ranges leave out a pod
+/// range of this node, unless `reported` already names its subject.
+fn from_rules(inp: &Inputs, reported: &[Finding]) -> Vec<Finding> {
+    let mut out = Vec::new();
+    for e in &inp.services.firewall {
+        let subject = format!("{}/{}", sock(e.addr, e.port), e.proto.as_str());
+        if e.allowed.is_empty() || reported.iter().any(|f| f.subject == subject) {
+            continue;
+        }
+        let missed = uncovered_by_entry(e, &inp.pod_prefixes);
+        if missed.is_empty() {
+            continue;
+        }
+        let missed_text = missed
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ");
+        let svc = e
+            .service
+            .as_deref()
+            .map(|s| s.split(':').next().unwrap_or(s).to_string());
+        let svc_text = svc.as_deref().unwrap_or("the Service");
+        let rules = match (inp.services.source, e.chain.as_deref()) {
+            (Some(ServiceSource::Iptables), chain) => format!(
+                "kube-proxy's iptables rules: filter chain KUBE-PROXY-FIREWALL drops {subject}; \
+                 nat chain {} passes only {{ {} }} (kubernetes PR #110289)",
+                chain.unwrap_or("KUBE-FW-*"),
+                e.allowed_text()
+            ),
+            _ => format!(
+                "kube-proxy's nftables rules: map firewall-ips has {subject}, whose chain drops \
+                 a source outside {{ {} }} (kubernetes PR #122614)",
+                e.allowed_text()
+            ),
+        };
+        out.push(Finding {
+            kind: Kind::SourceRangesDrop,
+            severity: Severity::Risk,
+            subject: subject.clone(),
+            summary: format!(
+                "{svc_text}'s loadBalancerSourceRanges leave out this node's pods \
+                 ({missed_text}): kube-proxy drops their calls to {subject}"
+            ),
+            evidence: vec![
+                rules,
+                format!("pod ranges of this node outside them: {missed_text}"),
+                "kubernetes#109575 (open): kube-proxy applies the ranges to in-cluster callers \
+                 too"
+                .into(),
+            ],
+            remedy: vec![
+                format!(
+                    "call {svc_text} by its DNS name or ClusterIP from inside the cluster (no \
+                     firewall check applies to those)"
+                ),
+                format!(
+                    "or add the pod CIDR ({missed_text}) and the nodes' addresses to \
+                     loadBalancerSourceRanges: the cloud's firewall for the LB then also \
+                     admits those ranges (private addresses: no Internet source is let in)"
+                ),
+            ],
+            fixes: Vec::new(),
+        });
+    }
     out
 }
 
@@ -143,5 +233,44 @@ mod tests {
             source_ranges(&inputs(target(&["10.244.1.0/25"], false))).len(),
             1
         );
+    }
+
+    /// No API: kube-proxy's firewall from the rules (iptables mode here) names the risk; a
+    /// range holding the pods, or the API's finding for the same subject, names none more.
+    #[test]
+    fn the_rules_firewall_is_a_risk_without_the_api() {
+        let entry = |allowed: &[&str]| FirewallEntry {
+            addr: "203.0.113.10".parse().unwrap(),
+            proto: probe_contract::Proto::Tcp,
+            port: 443,
+            service: Some("shop/web:https".into()),
+            chain: Some("KUBE-FW-ABC".into()),
+            allowed: allowed
+                .iter()
+                .map(|r| SourceRange::parse(r).unwrap())
+                .collect(),
+        };
+        let mut inp = Inputs {
+            pod_prefixes: vec![Prefix::parse("10.244.1.0/24").unwrap()],
+            ..Default::default()
+        };
+        inp.services.source = Some(ServiceSource::Iptables);
+        inp.services.firewall.push(entry(&["192.0.2.0/24"]));
+        let f = source_ranges(&inp);
+        assert_eq!(f.len(), 1, "{f:#?}");
+        assert_eq!(f[0].kind, Kind::SourceRangesDrop);
+        assert_eq!(f[0].subject, "203.0.113.10:443/tcp");
+        assert!(f[0].summary.starts_with("shop/web's"), "{}", f[0].summary);
+        assert!(
+            f[0].evidence[0].contains("nat chain KUBE-FW-ABC passes only { 192.0.2.0/24 }"),
+            "{:?}",
+            f[0].evidence
+        );
+        inp.services.firewall[0] = entry(&["192.0.2.0/24", "10.244.0.0/16"]);
+        assert!(source_ranges(&inp).is_empty());
+        // The API's target for the same IP:port names it once.
+        inp.services.firewall[0] = entry(&["192.0.2.0/24"]);
+        inp.lb_targets.push(target(&["192.0.2.0/24"], false));
+        assert_eq!(source_ranges(&inp).len(), 1);
     }
 }
