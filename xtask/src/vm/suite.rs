@@ -14,7 +14,14 @@ use super::{KernelSpec, shell_quote};
 /// The integration test files (tests/tests/*.rs) the VM runs (built once on the host).
 /// (`loopback` is not here: `ipvs` drives the same failures and twins in the IPVS-mode lab with
 /// the same assertions, in two lab start-ups instead of ten.)
-pub const TEST_FILES: &[&str] = &["ipvs", "datapath", "check", "nftables"];
+pub const TEST_FILES: &[&str] = &[
+    "ipvs",
+    "datapath",
+    "check",
+    "nftables",
+    "source_ranges",
+    "etp_local_iptables",
+];
 
 /// The three kinds and their twins in the IPVS-mode lab, with that kernel's drop reasons or
 /// drop sites (also the arm64 run's).
@@ -42,7 +49,12 @@ pub const THREE_KINDS_TEST: &str = "ipvs_mode_failures_are_confirmed_and_twins_a
 ///   iptables-mode older-kernel script;
 /// - on 6.12: the rest of `ipvs.rs` (the access filter, IPVS changes read without a timer,
 ///   names, `--as nftables`, IPVS services left after a switch to nftables mode) and
-///   `probe check`'s IPVS-mode prediction.
+///   `probe check`'s IPVS-mode prediction;
+/// - on 5.10 and 6.12, issue #51's two shapes that end in kube-proxy's own netfilter drop,
+///   each confirmed with its silent twin: `source_ranges_drop` (source_ranges.rs, its own
+///   nftables-mode lab; on 5.10 for the same 5.13-5.16 kernels as above) and the
+///   local-traffic detector's miss (etp_local_iptables.rs, its own iptables-mode lab). 5.10
+///   names the drop from its `nf_hook_slow` site, 6.12 from its reason.
 ///
 /// The two lanes balance: 5.10 is the slowest guest (its reader takes twice 6.1's time).
 ///
@@ -56,6 +68,9 @@ pub const PLAN: &[(&str, &str, &[&str])] = &[
         "nftables",
         &["nftables_no_endpoint_drop_of_a_pods_call_is_confirmed_with_the_element"],
     ),
+    // Before the IPVS-mode tests too, for the same reason.
+    ("5.10", "source_ranges", SOURCE_RANGES_SHAPE),
+    ("5.10", "etp_local_iptables", DETECTOR_MISS_SHAPE),
     (
         "5.10",
         "ipvs",
@@ -93,7 +108,33 @@ pub const PLAN: &[(&str, &str, &[&str])] = &[
         "check",
         &["each_lab_risk_is_named_and_its_twin_is_not"],
     ),
+    ("6.12", "source_ranges", SOURCE_RANGES_SHAPE),
+    ("6.12", "etp_local_iptables", DETECTOR_MISS_SHAPE),
 ];
+
+/// Issue #51's source-range shape: a pod outside `loadBalancerSourceRanges` confirmed, the
+/// pod CIDR in the ranges silent.
+const SOURCE_RANGES_SHAPE: &[&str] = &[
+    "source_ranges_drop_of_a_pods_call_is_confirmed_with_the_ranges",
+    "source_ranges_with_the_pod_cidr_report_nothing",
+];
+
+/// Issue #51's detector-miss shape: the local-traffic detector that misses the pod confirmed
+/// in iptables mode's drop, the one that matches it silent.
+const DETECTOR_MISS_SHAPE: &[&str] = &[
+    "iptables_detector_that_misses_the_pod_is_named_in_the_drop",
+    "iptables_detector_that_matches_the_pod_short_circuits_it_and_reports_nothing",
+];
+
+/// The lab a test file brings up: most files take `CLB_LAB_MODE` (ipvs here); these start
+/// their own mode's lab, whatever it says.
+fn lab_of(file: &str) -> &'static str {
+    match file {
+        "nftables" | "source_ranges" => "nftables-mode lab",
+        "etp_local_iptables" => "iptables-mode lab",
+        _ => "IPVS-mode lab",
+    }
+}
 
 /// The kernel that also runs the iptables-mode older-kernel script.
 pub const OLDER_KERNEL_SCRIPT_ON: &str = "6.1";
@@ -177,12 +218,7 @@ pub fn script(b: &Bins, kernel: &KernelSpec) -> String {
             [THREE_KINDS_TEST] => "the three kinds".to_string(),
             t => format!("{} of its tests", t.len()),
         };
-        // nftables.rs brings up its own nftables-mode lab, whatever CLB_LAB_MODE says.
-        let lab = if *file == "nftables" {
-            "nftables-mode lab"
-        } else {
-            "IPVS-mode lab"
-        };
+        let lab = lab_of(file);
         s.push_str(&format!(
             "CLB_LAB_MODE=ipvs part 'tests/{file}.rs ({what}) ({lab})' {path} --exact {} \
              --test-threads=1\n",
@@ -223,6 +259,11 @@ mod tests {
                 ("datapath".into(), "/t/datapath-1".into()),
                 ("check".into(), "/t/check-1".into()),
                 ("nftables".into(), "/t/nftables-1".into()),
+                ("source_ranges".into(), "/t/source_ranges-1".into()),
+                (
+                    "etp_local_iptables".into(),
+                    "/t/etp_local_iptables-1".into(),
+                ),
             ],
             older_kernel: false,
         };
@@ -268,6 +309,30 @@ mod tests {
         ));
         assert!(s.contains("ipvs_mode_virtual_service_added_is_read_without_a_timer_tick"));
         assert!(!s.contains("/t/datapath-1") && !s.contains("older-kernel"));
+        // Issue #51's two shapes on 5.10 and 6.12, each in its own mode's lab; not on 6.1.
+        for name in ["5.10", "6.12"] {
+            let s = script_of(name);
+            assert!(
+                s.contains(
+                    "part 'tests/source_ranges.rs (2 of its tests) (nftables-mode lab)' \
+                     '/t/source_ranges-1' --exact \
+                     source_ranges_drop_of_a_pods_call_is_confirmed_with_the_ranges \
+                     source_ranges_with_the_pod_cidr_report_nothing --test-threads=1"
+                ),
+                "{name}"
+            );
+            assert!(
+                s.contains(
+                    "part 'tests/etp_local_iptables.rs (2 of its tests) (iptables-mode lab)' \
+                     '/t/etp_local_iptables-1' --exact \
+                     iptables_detector_that_misses_the_pod_is_named_in_the_drop \
+                     iptables_detector_that_matches_the_pod_short_circuits_it_and_reports_nothing"
+                ),
+                "{name}"
+            );
+        }
+        let s = script_of("6.1");
+        assert!(!s.contains("/t/source_ranges-1") && !s.contains("/t/etp_local_iptables-1"));
     }
 
     /// The `#[test]` functions of tests/tests/<file>.rs.
@@ -320,6 +385,23 @@ mod tests {
             );
         }
         assert!(tests_of("ipvs").iter().any(|x| x == THREE_KINDS_TEST));
+    }
+
+    /// Issue #51's done-when: the source-range and detector-miss shapes, each confirmed case
+    /// with its twin, run on 5.10 and 6.12.
+    #[test]
+    fn issue_51_shapes_run_on_5_10_and_6_12() {
+        for kernel in ["5.10", "6.12"] {
+            for (file, shape) in [
+                ("source_ranges", SOURCE_RANGES_SHAPE),
+                ("etp_local_iptables", DETECTOR_MISS_SHAPE),
+            ] {
+                let planned = PLAN
+                    .iter()
+                    .any(|(k, f, list)| *k == kernel && *f == file && *list == shape);
+                assert!(planned, "{kernel} runs no {file} shape");
+            }
+        }
     }
 
     #[test]
