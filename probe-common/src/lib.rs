@@ -192,6 +192,21 @@ mod budget_tests {
     }
 }
 
+#[cfg(test)]
+mod probe_ports_tests {
+    use super::probe_ports;
+
+    #[test]
+    fn every_port_has_one_bit_within_the_words() {
+        assert_eq!(probe_ports::slot(0), (0, 1));
+        assert_eq!(probe_ports::slot(10256), (160, 1 << 16));
+        assert_eq!(
+            probe_ports::slot(u16::MAX),
+            (probe_ports::WORDS - 1, 1 << 63)
+        );
+    }
+}
+
 /// Address family, as stored in records (not the kernel's AF_* numbers, to keep them one byte).
 pub mod family {
     pub const V4: u8 = 4;
@@ -270,6 +285,21 @@ pub struct EgressSourceKey {
     /// One of [`family`].
     pub family: u8,
     pub _pad: [u8; 3],
+}
+
+/// `PROBE_PORTS`: the TCP ports the LB's own node probes use (kube-proxy's healthz :10256 and
+/// the healthCheckNodePorts the agent knows), one bit per port in an array map of [`WORDS`]
+/// u64 words. The drop program reads one word, and only for the drop of an outside packet to a
+/// node address (`lb_probe_refused`): never on the TC path.
+pub mod probe_ports {
+    /// u64 words: 65,536 ports, one bit each.
+    pub const WORDS: u32 = 1024;
+
+    /// The word holding `port`'s bit, and the bit's mask in it.
+    #[inline(always)]
+    pub fn slot(port: u16) -> (u32, u64) {
+        (u32::from(port >> 6), 1u64 << (port & 63))
+    }
 }
 
 /// Key of `DROP_DESTINATIONS`: a destination address that is not local but whose drops the

@@ -55,6 +55,7 @@ pub(super) fn lab() -> Inputs {
             no_endpoint_drops: vec![],
             pod_short_circuits: vec![],
             firewall: vec![],
+            health_checks: vec![],
             from_api: false,
             serves_index: Default::default(),
         },

@@ -34,7 +34,9 @@ use std::{
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 use probe_contract::Proto;
 
-use crate::state::{NoEndpointDrop, NodePortEntry, ServiceEntry, ServiceSource, ServiceTable};
+use crate::state::{
+    HealthCheckPort, NoEndpointDrop, NodePortEntry, ServiceEntry, ServiceSource, ServiceTable,
+};
 
 /// kube-proxy watches only Services (and EndpointSlices) without this label: another proxy
 /// serves them (kubernetes/kubernetes `cmd/kube-proxy/app/server.go`, the informers' label
@@ -621,6 +623,12 @@ impl ApiServiceTable {
             let Some((key, service)) = self.owner(key) else {
                 continue;
             };
+            if service.external_policy_local && service.health_check_node_port != 0 {
+                table.health_checks.push(HealthCheckPort {
+                    port: service.health_check_node_port,
+                    service: key.to_string(),
+                });
+            }
             let mut nodeports = HashSet::new();
             for p in &self.programmed[key] {
                 let spec = &service.ports[p.index];

@@ -493,6 +493,8 @@ fn sorted(mut t: ServiceTable) -> ServiceTable {
         .sort_by_key(|d| (d.addr, d.port, d.proto.as_str()));
     // The external chains' pod short circuits: the rules' only (kube-proxy's flags).
     t.pod_short_circuits.clear();
+    // The healthCheckNodePorts: the API's only (kube-proxy writes no rule for them).
+    t.health_checks.clear();
     t
 }
 
@@ -515,6 +517,14 @@ fn kube_proxy_overall_iptables_rules() {
     let from_api = overall(ServiceSource::Iptables).expected();
     // Not vacuous: 9 frontends (svc6 has no endpoint: REJECT, no nat rule), 3 NodePorts.
     assert_eq!(from_api.services.len(), 9);
+    // svc2's healthCheckNodePort (its externalTrafficPolicy Local).
+    assert_eq!(
+        from_api.health_checks,
+        vec![crate::state::HealthCheckPort {
+            port: 30000,
+            service: "ns2/svc2".into()
+        }]
+    );
     assert_eq!(from_api.nodeports.len(), 3);
     assert_eq!(sorted(from_api), sorted(from_rules));
 }
