@@ -1,0 +1,35 @@
+//! The LB's own node probes (issue #51 shape 4, `lb_probe_refused`): a provider's documented
+//! probe source on the LB's side of the lab, so a probe to the node's :10256 (kube-proxy's
+//! healthz port) arrives through the node's NIC from an outside address, as a cloud's health
+//! checker's does. The node's default route already leads back to the LB namespace, so the
+//! node's answer (a RST when nothing listens) reaches the prober.
+
+use std::net::Ipv4Addr;
+
+use anyhow::Result;
+
+use super::{NS_LB, cmd::exec};
+
+/// A Google Cloud health checker's address: 35.191.0.0/16 is a documented probe range
+/// (https://cloud.google.com/load-balancing/docs/health-check-concepts, "Probe IP ranges").
+pub const GCE_PROBE_IP: Ipv4Addr = Ipv4Addr::new(35, 191, 0, 10);
+/// kube-proxy's healthz port (`--healthz-bind-address`, default `0.0.0.0:10256`).
+pub const HEALTHZ_PORT: u16 = 10256;
+
+/// Puts `addr` on the LB namespace's loopback, so a connection there can use it as source.
+pub fn add_probe_source(addr: Ipv4Addr) -> Result<()> {
+    exec(
+        NS_LB,
+        &["ip", "addr", "replace", &format!("{addr}/32"), "dev", "lo"],
+    )?;
+    Ok(())
+}
+
+/// Takes `addr` off the LB namespace again (the lab's teardown would as well).
+pub fn remove_probe_source(addr: Ipv4Addr) -> Result<()> {
+    exec(
+        NS_LB,
+        &["ip", "addr", "del", &format!("{addr}/32"), "dev", "lo"],
+    )?;
+    Ok(())
+}
