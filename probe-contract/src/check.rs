@@ -73,6 +73,10 @@ pub enum Kind {
     /// An LB IP whose Service sets `loadBalancerSourceRanges` that leave out this node's pod
     /// range: kube-proxy drops the pods' calls to it (issue #51, shape 1).
     SourceRanges,
+    /// A port the LB probes on every node (kube-proxy's healthz :10256, an ETP Local
+    /// Service's healthCheckNodePort) on which nothing listens here: the LB's probe is
+    /// refused and the node taken out (issue #51, shape 4).
+    LbProbeRefused,
 }
 
 impl Kind {
@@ -91,6 +95,7 @@ impl Kind {
             Kind::ModeLeftover => "mode_leftover",
             Kind::ProxyProtocolShortCircuit => "proxy_protocol_short_circuit",
             Kind::SourceRanges => "source_ranges",
+            Kind::LbProbeRefused => "lb_probe_refused",
         }
     }
 
