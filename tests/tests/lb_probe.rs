@@ -17,7 +17,7 @@ use probe_contract::{LoopbackKind, Outcome as Fate};
 use probe_tests::agent::{Agent, lines, require_root};
 use test_support::lab::{
     self, LabGuard, Outcome, Variants,
-    lb_probe::{GCE_PROBE_IP, HEALTHZ_PORT, add_probe_source, remove_probe_source},
+    lb_probe::{GCE_PROBE_IP, HEALTHZ_PORT, add_probe_source, block_probe, remove_probe_source},
 };
 
 const SETTLE: Duration = Duration::from_secs(4);
@@ -86,6 +86,40 @@ fn an_answered_healthz_probe_reports_nothing() {
     assert_eq!(probe.outcome, Outcome::Ok, "{probe:?}");
     std::thread::sleep(SETTLE);
     assert!(agent.events().is_empty(), "{:#?}", agent.events());
+    remove_probe_source(GCE_PROBE_IP).unwrap();
+    drop(lab);
+}
+
+/// A host firewall that leaves the provider's probe range out: kube-proxy's healthz listens,
+/// but the probe is dropped in the input hook (`NETFILTER_DROP`); confirmed as a drop whose
+/// remedy is to allow the range.
+#[test]
+fn a_firewalled_healthz_probe_is_confirmed_as_a_drop() {
+    if !require_root("lb_probe_firewall") {
+        return;
+    }
+    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    add_probe_source(GCE_PROBE_IP).unwrap();
+    let _healthz = lab::in_netns(lab::NS_NODE, || {
+        Ok(TcpListener::bind(("0.0.0.0", HEALTHZ_PORT))?)
+    })
+    .unwrap();
+    block_probe(Some(("35.191.0.0/16", HEALTHZ_PORT))).unwrap();
+    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    let probe = lab
+        .connect(lab::NS_LB, Some(GCE_PROBE_IP), healthz())
+        .unwrap();
+    assert_eq!(probe.outcome, Outcome::Timeout, "{probe:?}");
+    let e = agent.only_event(LoopbackKind::LbProbeRefused, WAIT);
+    assert_eq!(e.src, IpAddr::V4(GCE_PROBE_IP));
+    assert_eq!(e.outcome, Fate::Dropped);
+    assert_eq!(e.drop_reason.as_deref(), Some("NETFILTER_DROP"));
+    let remedy = lines(&e.remedy);
+    assert!(
+        remedy.contains("allow TCP 10256 from 35.191.0.0/16"),
+        "{remedy}"
+    );
+    block_probe(None).unwrap();
     remove_probe_source(GCE_PROBE_IP).unwrap();
     drop(lab);
 }

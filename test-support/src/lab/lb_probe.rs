@@ -8,7 +8,10 @@ use std::net::Ipv4Addr;
 
 use anyhow::Result;
 
-use super::{NS_LB, cmd::exec};
+use super::{
+    NS_LB,
+    cmd::{exec, run_stdin},
+};
 
 /// A Google Cloud health checker's address: 35.191.0.0/16 is a documented probe range
 /// (https://cloud.google.com/load-balancing/docs/health-check-concepts, "Probe IP ranges").
@@ -31,5 +34,28 @@ pub fn remove_probe_source(addr: Ipv4Addr) -> Result<()> {
         NS_LB,
         &["ip", "addr", "del", &format!("{addr}/32"), "dev", "lo"],
     )?;
+    Ok(())
+}
+
+/// The node's own firewall table for the probe (not kube-proxy's: a host firewall).
+const FIREWALL_TABLE: &str = "clb-lab-host-firewall";
+
+/// A host firewall on the node that drops `port` from `source` in the input hook (`None`:
+/// removes it), as a node's own nftables policy that forgot the LB's probe range would.
+pub fn block_probe(source: Option<(&str, u16)>) -> Result<()> {
+    let _ = exec(
+        super::NS_NODE,
+        &["nft", "delete", "table", "inet", FIREWALL_TABLE],
+    );
+    if let Some((range, port)) = source {
+        let rules = format!(
+            "table inet {FIREWALL_TABLE} {{\n chain input {{\n  type filter hook input priority 0; \
+             policy accept;\n  ip saddr {range} tcp dport {port} drop\n }}\n}}\n"
+        );
+        run_stdin(
+            &["ip", "netns", "exec", super::NS_NODE, "nft", "-f", "-"],
+            &rules,
+        )?;
+    }
     Ok(())
 }
