@@ -14,17 +14,39 @@ use std::{
 };
 
 use probe_contract::{LoopbackKind, Outcome as Fate};
-use probe_tests::agent::{Agent, lines, require_root};
+use probe_tests::agent::{Agent, lines, require_root, wait_for};
 use test_support::lab::{
     self, LabGuard, Outcome, Variants,
     lb_probe::{GCE_PROBE_IP, HEALTHZ_PORT, add_probe_source, block_probe, remove_probe_source},
 };
 
 const SETTLE: Duration = Duration::from_secs(4);
-const WAIT: Duration = Duration::from_secs(10);
+const WAIT: Duration = Duration::from_secs(20);
 
 fn healthz() -> SocketAddrV4 {
     SocketAddrV4::new(lab::NODE_IP, HEALTHZ_PORT)
+}
+
+/// Probes `to` from the GCE probe address, as the LB does every few seconds, until the agent
+/// reports the refused probe (the agent writes the probe ports at its start and with each
+/// service table: a probe in the first moments may come before them). Each probe must end in
+/// `outcome`.
+fn probe_until_reported(
+    lab: &LabGuard,
+    agent: &Agent,
+    to: SocketAddrV4,
+    outcome: Outcome,
+) -> probe_contract::LoopbackEvent {
+    wait_for("the refused probe", WAIT, || {
+        let probe = lab.connect(lab::NS_LB, Some(GCE_PROBE_IP), to).ok()?;
+        assert_eq!(probe.outcome, outcome, "{probe:?}");
+        std::thread::sleep(Duration::from_millis(500));
+        agent
+            .events()
+            .into_iter()
+            .find(|e| e.kind == LoopbackKind::LbProbeRefused)
+    })
+    .unwrap_or_else(|| panic!("no lb_probe_refused; events: {:#?}", agent.events()))
 }
 
 #[test]
@@ -35,11 +57,7 @@ fn a_refused_healthz_probe_from_a_gce_range_is_confirmed() {
     let lab = LabGuard::up(&Variants::default()).expect("lab up");
     add_probe_source(GCE_PROBE_IP).unwrap();
     let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
-    let probe = lab
-        .connect(lab::NS_LB, Some(GCE_PROBE_IP), healthz())
-        .unwrap();
-    assert_eq!(probe.outcome, Outcome::Refused, "{probe:?}");
-    let e = agent.only_event(LoopbackKind::LbProbeRefused, WAIT);
+    let e = probe_until_reported(&lab, &agent, healthz(), Outcome::Refused);
     assert_eq!(e.src, IpAddr::V4(GCE_PROBE_IP));
     assert_eq!(e.dst, IpAddr::V4(lab::NODE_IP));
     assert_eq!(e.dst_port, HEALTHZ_PORT);
@@ -106,11 +124,7 @@ fn a_firewalled_healthz_probe_is_confirmed_as_a_drop() {
     .unwrap();
     block_probe(Some(("35.191.0.0/16", HEALTHZ_PORT))).unwrap();
     let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
-    let probe = lab
-        .connect(lab::NS_LB, Some(GCE_PROBE_IP), healthz())
-        .unwrap();
-    assert_eq!(probe.outcome, Outcome::Timeout, "{probe:?}");
-    let e = agent.only_event(LoopbackKind::LbProbeRefused, WAIT);
+    let e = probe_until_reported(&lab, &agent, healthz(), Outcome::Timeout);
     assert_eq!(e.src, IpAddr::V4(GCE_PROBE_IP));
     assert_eq!(e.outcome, Fate::Dropped);
     assert_eq!(e.drop_reason.as_deref(), Some("NETFILTER_DROP"));
@@ -120,6 +134,46 @@ fn a_firewalled_healthz_probe_is_confirmed_as_a_drop() {
         "{remedy}"
     );
     block_probe(None).unwrap();
+    remove_probe_source(GCE_PROBE_IP).unwrap();
+    drop(lab);
+}
+
+/// `default/hc`: the captured `default/web` Service as an externalTrafficPolicy Local LB with
+/// healthCheckNodePort 32000.
+fn etp_local_service() -> serde_json::Value {
+    use test_support::kubeapi::fixtures;
+    let mut svc = fixtures::parse(fixtures::SERVICE_WEB);
+    svc["metadata"]["name"] = serde_json::json!("hc");
+    svc["spec"]["externalTrafficPolicy"] = serde_json::json!("Local");
+    svc["spec"]["healthCheckNodePort"] = serde_json::json!(HC_PORT);
+    svc
+}
+
+const HC_PORT: u16 = 32000;
+
+/// With API access the agent watches the healthCheckNodePorts too: the LB's probe of
+/// `default/hc`'s port, refused on a node where nothing serves it, names the Service.
+#[test]
+fn a_refused_health_check_node_port_probe_names_its_service() {
+    use probe_tests::kube_fixture::KubeFixture;
+    if !require_root("lb_probe_refused (healthCheckNodePort)") {
+        return;
+    }
+    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    add_probe_source(GCE_PROBE_IP).unwrap();
+    let api = KubeFixture::builder()
+        .tag("lb-probe")
+        .object(etp_local_service())
+        .start();
+    let mut agent = api.start_agent(&["--kube-events", "off"]);
+    agent.wait_log("Kubernetes attribution connected", WAIT);
+    // The port joins the watched ones with the first table from the API.
+    let to = SocketAddrV4::new(lab::NODE_IP, HC_PORT);
+    let e = probe_until_reported(&lab, &agent, to, Outcome::Refused);
+    assert_eq!(e.dst_port, HC_PORT);
+    assert_eq!(e.service.as_deref(), Some("default/hc"), "{e:#?}");
+    let ev = lines(&e.evidence);
+    assert!(ev.contains("the healthCheckNodePort of default/hc"), "{ev}");
     remove_probe_source(GCE_PROBE_IP).unwrap();
     drop(lab);
 }

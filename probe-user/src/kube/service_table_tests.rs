@@ -194,6 +194,24 @@ fn no_endpoint_no_entry_in_iptables_and_nftables_modes() {
 }
 
 #[test]
+fn a_health_check_node_port_is_listed_with_or_without_endpoints() {
+    let svc = web(json!({"externalTrafficPolicy": "Local", "healthCheckNodePort": 32000}));
+    let want = vec![crate::state::HealthCheckPort {
+        port: 32000,
+        service: "shop/web".into(),
+    }];
+    for slices in [
+        &[][..],
+        &[web_slice("a", &[ep("10.0.2.1", "other", READY)])][..],
+    ] {
+        let t = table(ServiceSource::Iptables, svc.clone(), slices);
+        assert_eq!(t.expected().health_checks, want, "{slices:?}");
+    }
+    let cluster = table(ServiceSource::Iptables, web(json!({})), &[]);
+    assert!(cluster.expected().health_checks.is_empty());
+}
+
+#[test]
 fn etp_local_without_local_endpoint_drops_in_iptables_and_nftables_modes() {
     let svc = web(json!({"externalTrafficPolicy": "Local"}));
     let remote = [web_slice("a", &[ep("10.0.2.1", "other", READY)])];
