@@ -159,7 +159,8 @@ pub mod stat {
     /// Egress openers recorded in `EGRESS_FLOWS` (un-SNATed pod flows, node TCP openers to
     /// non-local addresses).
     pub const EGRESS_RECORDED: u32 = 4;
-    /// Drops seen on the `kfree_skb` tracepoint that matched (suspect source or VIP destination).
+    /// Drops seen on the `kfree_skb` tracepoint that matched (suspect source, VIP destination,
+    /// a watched destination, or an outside packet to one of the LB's probe ports).
     pub const DROPS_MATCHED: u32 = 5;
     /// Records that woke the reader at once: confirming records (drops) while the reader had
     /// caught up, within the per-CPU wake-up budget (`ProbeConfig::wakeups_per_sec`).
