@@ -177,3 +177,40 @@ fn a_refused_health_check_node_port_probe_names_its_service() {
     remove_probe_source(GCE_PROBE_IP).unwrap();
     drop(lab);
 }
+
+/// Azure's IPv6 probe comes from the link-local fe80::1234:5678:9abc (cilium#25242): refused
+/// on the node's healthz over IPv6, confirmed naming Azure's source.
+#[test]
+fn a_refused_ipv6_probe_from_azures_link_local_source_is_confirmed() {
+    use test_support::lab::{lb_probe, v6};
+    if !require_root("lb_probe_refused (IPv6)") {
+        return;
+    }
+    let lab = LabGuard::up_in(
+        lab::KubeProxyMode::Iptables,
+        &Variants::default(),
+        &Default::default(),
+    )
+    .expect("lab up");
+    lab.add_ipv6().expect("dual-stack layer");
+    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    let e = wait_for("the refused IPv6 probe", WAIT, || {
+        let outcome = lb_probe::probe6_from_link_local(v6::NODE_IP6, HEALTHZ_PORT).unwrap();
+        assert_eq!(outcome, "refused");
+        std::thread::sleep(Duration::from_millis(500));
+        agent
+            .events()
+            .into_iter()
+            .find(|e| e.kind == LoopbackKind::LbProbeRefused)
+    })
+    .unwrap_or_else(|| panic!("no lb_probe_refused; events: {:#?}", agent.events()));
+    assert_eq!(e.src, lb_probe::AZURE_PROBE_IP6.parse::<IpAddr>().unwrap());
+    assert_eq!(e.dst, IpAddr::V6(v6::NODE_IP6));
+    assert_eq!(e.drop_reason.as_deref(), Some("NO_SOCKET"));
+    let ev = lines(&e.evidence);
+    assert!(
+        ev.contains("Azure's documented probe range fe80::1234:5678:9abc/128"),
+        "{ev}"
+    );
+    drop(lab);
+}

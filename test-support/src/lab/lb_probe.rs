@@ -59,3 +59,37 @@ pub fn block_probe(source: Option<(&str, u16)>) -> Result<()> {
     }
     Ok(())
 }
+
+/// Azure's IPv6 probe source: link-local (cilium#25242, cilium#31326).
+pub const AZURE_PROBE_IP6: &str = "fe80::1234:5678:9abc";
+
+/// One probe over IPv6 from [`AZURE_PROBE_IP6`] on the LB's link to the node (the dual-stack
+/// layer must be up): the address is put on the LB's side of the link, and a connection made
+/// from it (a link-local source needs its interface: python3 binds with the scope id).
+/// Returns `refused`, `ok` or the error's name.
+pub fn probe6_from_link_local(dst: std::net::Ipv6Addr, port: u16) -> Result<String> {
+    exec(
+        NS_LB,
+        &[
+            "ip",
+            "-6",
+            "addr",
+            "replace",
+            &format!("{AZURE_PROBE_IP6}/64"),
+            "dev",
+            "vnode",
+            "nodad",
+        ],
+    )?;
+    let script = format!(
+        "import socket\n\
+         s = socket.socket(socket.AF_INET6)\n\
+         s.settimeout(2)\n\
+         s.bind(('{AZURE_PROBE_IP6}', 0, 0, socket.if_nametoindex('vnode')))\n\
+         try:\n    s.connect(('{dst}', {port}))\n    print('ok')\n\
+         except ConnectionRefusedError:\n    print('refused')\n\
+         except Exception as e:\n    print(type(e).__name__)\n"
+    );
+    let out = exec(NS_LB, &["python3", "-c", &script])?;
+    Ok(out.trim().to_string())
+}
