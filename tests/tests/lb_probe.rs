@@ -3,7 +3,9 @@
 //! the node's kube-proxy healthz port, :10256. Nothing listens there in the lab's node (a
 //! kube-proxy-free node without the healthz bind): the kernel answers with a RST and frees the
 //! SYN as `NO_SOCKET`, and the agent confirms `lb_probe_refused` naming the provider's range,
-//! the port and the remedy. The twin: a listener on :10256 answers, nothing is reported.
+//! the port and the remedy. The twin: a listener on :10256 answers, nothing is reported. Also:
+//! a host firewall dropping the range (`NETFILTER_DROP`), an ETP Local Service's
+//! healthCheckNodePort named by the fake API, and Azure's IPv6 link-local probe source.
 //!
 //! Root only (each test prints a skip line otherwise). One at a time: they share the lab.
 
