@@ -176,6 +176,16 @@ fn is_probe_to_node(pkt: &Packet, src_tag: u8, dst_tag: u8) -> bool {
     PROBE_PORTS.get(word).is_some_and(|w| w & bit != 0)
 }
 
+/// The interface a dropped skb came in on (`skb_iif`); 0 for another namespace's drop, whose
+/// interface numbers name nothing on the node.
+#[inline(always)]
+fn input_ifindex(skb: *const u8, off: &KernelOffsets, foreign: bool) -> u32 {
+    if foreign {
+        return 0;
+    }
+    read(skb, off.skb_iif).unwrap_or(0)
+}
+
 /// The inode of the network namespace of the skb's device (0 when it has none).
 #[inline(always)]
 fn skb_netns(skb: *const u8, off: &KernelOffsets) -> u32 {
@@ -232,23 +242,17 @@ fn on_kfree_skb<C: EbpfContext>(ctx: &C, skb: *const u8, location: u64, reason: 
     if src_tag == tag::NONE && dst_tag != tag::VIP && !outside_probe {
         return;
     }
-    let iif: u32 = if foreign {
-        0
-    } else {
-        read(skb, off.skb_iif).unwrap_or(0)
-    };
-    // A local-source packet matters only when it came in through a monitored NIC: the node's
-    // own outbound packets (iif 0) carry node sources legitimately.
+    let iif = input_ifindex(skb, &off, foreign);
+    // A local-source packet (and the LB's probe) matters only when it came in through a
+    // monitored NIC: the node's own outbound packets (iif 0) carry node sources legitimately.
     // SAFETY: a map look-up whose value is only read during this run (userspace may replace it: a stale read is a stale answer, not a fault).
-    let src_relevant = self_loop || (src_tag != tag::NONE && unsafe { NICS.get(iif) }.is_some());
+    let from_nic = (src_tag != tag::NONE || outside_probe) && unsafe { NICS.get(iif) }.is_some();
+    let src_relevant = self_loop || (src_tag != tag::NONE && from_nic);
+    let probe_refused = outside_probe && from_nic;
     // A local pod's call dropped on its way to a watched destination (kube-proxy's nftables
     // `no-endpoint-services` drop): reported with the pod as source, whatever the interface.
     let pod_to_watched =
         !src_relevant && src_tag == tag::POD && dst_tag == tag::NONE && watched_destination(&pkt);
-    // The LB's probe from outside, refused or dropped here: only when it came in through a
-    // monitored NIC (a node's own call to its healthz is not the LB's).
-    // SAFETY: as above.
-    let probe_refused = outside_probe && unsafe { NICS.get(iif) }.is_some();
     if !src_relevant && !pod_to_watched && !probe_refused && dst_tag != tag::VIP {
         return;
     }
