@@ -747,15 +747,12 @@ impl fmt::Display for AggregateKey {
                 sock(*pod, *port),
                 proto.as_str()
             ),
-            AggregateKey::EtpLocalDrop { addr, port, proto } => write!(
+            // The same shape: the kind's name, the dropped IP:port and the protocol.
+            AggregateKey::EtpLocalDrop { addr, port, proto }
+            | AggregateKey::SourceRangesDrop { addr, port, proto } => write!(
                 f,
-                "etp_local_drop/{}/{}",
-                sock(*addr, *port),
-                proto.as_str()
-            ),
-            AggregateKey::SourceRangesDrop { addr, port, proto } => write!(
-                f,
-                "source_ranges_drop/{}/{}",
+                "{}/{}/{}",
+                self.kind().as_str(),
                 sock(*addr, *port),
                 proto.as_str()
             ),
