@@ -5,7 +5,8 @@
 //! SYN as `NO_SOCKET`, and the agent confirms `lb_probe_refused` naming the provider's range,
 //! the port and the remedy. The twin: a listener on :10256 answers, nothing is reported. Also:
 //! a host firewall dropping the range (`NETFILTER_DROP`), an ETP Local Service's
-//! healthCheckNodePort named by the fake API, and Azure's IPv6 link-local probe source.
+//! healthCheckNodePort named by the fake API, and Azure's IPv6 link-local probe source; and
+//! `probe check` naming the unserved healthCheckNodePort before any probe.
 //!
 //! Root only (each test prints a skip line otherwise). One at a time: they share the lab.
 
@@ -213,6 +214,73 @@ fn a_refused_ipv6_probe_from_azures_link_local_source_is_confirmed() {
     assert!(
         ev.contains("Azure's documented probe range fe80::1234:5678:9abc/128"),
         "{ev}"
+    );
+    drop(lab);
+}
+
+/// `probe check --json` in the node's namespace with the fake API.
+fn check(kubeconfig: &str) -> probe_contract::check::CheckReport {
+    let o = std::process::Command::new("ip")
+        .args(["netns", "exec", lab::NS_NODE])
+        .arg(probe_tests::agent::probe_bin())
+        .args([
+            "check",
+            "--json",
+            "--nic",
+            lab::NODE_NIC,
+            "--kubeconfig",
+            kubeconfig,
+        ])
+        .output()
+        .expect("run probe check");
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not the contract's check report ({e}): {}\nstderr: {}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    })
+}
+
+/// Before any probe: `probe check` names the healthCheckNodePort nothing serves as the risk
+/// of the same kind; with a listener on it (kube-proxy's), no such risk.
+#[test]
+fn check_names_an_unserved_health_check_node_port_and_its_twin_is_not() {
+    use probe_contract::check::{Kind, Severity};
+    use probe_tests::kube_fixture::KubeFixture;
+    if !require_root("probe check: lb_probe_refused") {
+        return;
+    }
+    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    let api = KubeFixture::builder()
+        .tag("lb-probe-check")
+        .object(etp_local_service())
+        .start();
+    let subject = format!("tcp/{HC_PORT}");
+    let report = check(api.kubeconfig());
+    let named: Vec<_> = report
+        .findings
+        .iter()
+        .filter(|f| f.kind == Kind::LbProbeRefused && f.subject == subject)
+        .collect();
+    assert_eq!(named.len(), 1, "{report:#?}");
+    assert_eq!(named[0].severity, Severity::Risk);
+    assert!(named[0].summary.contains("default/hc"), "{:#?}", named[0]);
+    assert_eq!(
+        named[0].kind.predicted(),
+        Some(LoopbackKind::LbProbeRefused)
+    );
+    let _served = lab::in_netns(lab::NS_NODE, || {
+        Ok(TcpListener::bind(("0.0.0.0", HC_PORT))?)
+    })
+    .unwrap();
+    let report = check(api.kubeconfig());
+    assert!(
+        !report
+            .findings
+            .iter()
+            .any(|f| f.kind == Kind::LbProbeRefused && f.subject == subject),
+        "{report:#?}"
     );
     drop(lab);
 }
