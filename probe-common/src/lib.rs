@@ -159,7 +159,8 @@ pub mod stat {
     /// Egress openers recorded in `EGRESS_FLOWS` (un-SNATed pod flows, node TCP openers to
     /// non-local addresses).
     pub const EGRESS_RECORDED: u32 = 4;
-    /// Drops seen on the `kfree_skb` tracepoint that matched (suspect source or VIP destination).
+    /// Drops seen on the `kfree_skb` tracepoint that matched (suspect source, VIP destination,
+    /// a watched destination, or an outside packet to one of the LB's probe ports).
     pub const DROPS_MATCHED: u32 = 5;
     /// Records that woke the reader at once: confirming records (drops) while the reader had
     /// caught up, within the per-CPU wake-up budget (`ProbeConfig::wakeups_per_sec`).
@@ -189,6 +190,21 @@ mod budget_tests {
             }
         }
         assert!(stat::BUDGET_SUPPRESSED_BY_CLASS + budget::CLASSES as u32 <= stat::COUNT);
+    }
+}
+
+#[cfg(test)]
+mod probe_ports_tests {
+    use super::probe_ports;
+
+    #[test]
+    fn every_port_has_one_bit_within_the_words() {
+        assert_eq!(probe_ports::slot(0), (0, 1));
+        assert_eq!(probe_ports::slot(10256), (160, 1 << 16));
+        assert_eq!(
+            probe_ports::slot(u16::MAX),
+            (probe_ports::WORDS - 1, 1 << 63)
+        );
     }
 }
 
@@ -270,6 +286,21 @@ pub struct EgressSourceKey {
     /// One of [`family`].
     pub family: u8,
     pub _pad: [u8; 3],
+}
+
+/// `PROBE_PORTS`: the TCP ports the LB's own node probes use (kube-proxy's healthz :10256 and
+/// the healthCheckNodePorts the agent knows), one bit per port in an array map of [`WORDS`]
+/// u64 words. The drop program reads one word, and only for the drop of an outside packet to a
+/// node address (`lb_probe_refused`): never on the TC path.
+pub mod probe_ports {
+    /// u64 words: 65,536 ports, one bit each.
+    pub const WORDS: u32 = 1024;
+
+    /// The word holding `port`'s bit, and the bit's mask in it.
+    #[inline(always)]
+    pub fn slot(port: u16) -> (u32, u64) {
+        (u32::from(port >> 6), 1u64 << (port & 63))
+    }
 }
 
 /// Key of `DROP_DESTINATIONS`: a destination address that is not local but whose drops the

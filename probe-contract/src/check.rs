@@ -75,6 +75,10 @@ pub enum Kind {
     /// kind it predicts; `source_ranges`, its first name, still reads back.
     #[serde(alias = "source_ranges")]
     SourceRangesDrop,
+    /// A port the LB probes on every node (kube-proxy's healthz :10256, an ETP Local
+    /// Service's healthCheckNodePort) on which nothing listens here: the LB's probe is
+    /// refused and the node taken out (issue #51, shape 4).
+    LbProbeRefused,
 }
 
 impl Kind {
@@ -93,6 +97,7 @@ impl Kind {
             Kind::ModeLeftover => "mode_leftover",
             Kind::ProxyProtocolShortCircuit => "proxy_protocol_short_circuit",
             Kind::SourceRangesDrop => "source_ranges_drop",
+            Kind::LbProbeRefused => "lb_probe_refused",
         }
     }
 

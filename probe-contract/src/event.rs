@@ -147,13 +147,18 @@ pub enum LoopbackKind {
     /// (`ip saddr != { ranges } drop`, kubernetes PR #122614, 1.30); iptables mode has done it
     /// since 1.25 (`KUBE-FW-*`, PR #110289), not yet named here. kubernetes#109575.
     SourceRangesDrop,
+    /// The LB's own health probe to this node, on kube-proxy's healthz :10256 (probed for
+    /// externalTrafficPolicy Cluster) or a Service's healthCheckNodePort (Local), was refused
+    /// (nothing listens: `NO_SOCKET`) or dropped here (a firewall, a probe source the kernel
+    /// refuses): the LB takes the node out (issue #51, shape 4).
+    LbProbeRefused,
 }
 
 impl LoopbackKind {
     /// Every kind, in the order every list of kinds shows them (the report's columns, verify's
     /// names): the three of the mission first, then the field's later shapes. Adding a kind
     /// adds it here and a row to [`KINDS`] (docs/architecture.md, "Adding a kind").
-    pub const ALL: [LoopbackKind; 9] = [
+    pub const ALL: [LoopbackKind; 10] = [
         LoopbackKind::Hairpin,
         LoopbackKind::HealthcheckBlackhole,
         LoopbackKind::VipPortUnserved,
@@ -163,6 +168,7 @@ impl LoopbackKind {
         LoopbackKind::ProxyProtocolShortCircuit,
         LoopbackKind::StaleUdpConntrack,
         LoopbackKind::SourceRangesDrop,
+        LoopbackKind::LbProbeRefused,
     ];
 
     /// The kind spelled as [`LoopbackKind::as_str`] writes it.
@@ -298,7 +304,7 @@ pub enum LbAddress {
 }
 
 /// Every kind's row, in [`LoopbackKind::ALL`]'s order.
-pub const KINDS: [KindSpec; 9] = [
+pub const KINDS: [KindSpec; 10] = [
     KindSpec {
         kind: LoopbackKind::Hairpin,
         name: "hairpin",
@@ -478,6 +484,26 @@ pub const KINDS: [KindSpec; 9] = [
         attribution: &[ServiceLookup::Frontend, ServiceLookup::NamedOwnerOfVip],
         lb_address: LbAddress::Vip,
     },
+    KindSpec {
+        kind: LoopbackKind::LbProbeRefused,
+        name: "lb_probe_refused",
+        column: "LB-PROBE",
+        reason: "LbProbeRefused",
+        // As the black-holed health check: the LB takes the node out (of every ETP Cluster
+        // Service's backends for :10256, of one ETP Local Service's for its port).
+        severity: 0,
+        harm: 4,
+        caller: Caller::Lb,
+        // The LB's own probes: only its next probes show it.
+        node_testable: false,
+        pod_testable: false,
+        relates_client_pod: false,
+        // Gone when the probe's source is answered on the port.
+        proof: ProofShape::From { from_outside: true },
+        // A healthCheckNodePort names its Service; :10256 is every ETP Cluster Service's.
+        attribution: &[ServiceLookup::NodePortOfDestination],
+        lb_address: LbAddress::VipElseSource,
+    },
 ];
 
 /// Confirmations (reports, repeats included), by kind: the agent's `/status` (a kind
@@ -493,6 +519,7 @@ pub struct KindCounts {
     pub service_self_loop: u64,
     pub etp_local_drop: u64,
     pub source_ranges_drop: u64,
+    pub lb_probe_refused: u64,
 }
 
 /// Whether the looping flow was source-NATed on its way out.
@@ -559,6 +586,8 @@ pub enum Layer {
 ///   failure is kube-proxy's element, whoever calls it (the event shows the latest caller).
 /// - `source_ranges_drop`: (the firewalled LB IP, port, proto). The caller and its port are
 ///   ignored: every caller outside the ranges is dropped the same (the event shows the latest).
+/// - `lb_probe_refused`: (the node address, the probed port; TCP). The probe's source is
+///   ignored: a provider probes from many addresses of its range (the event shows the latest).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum AggregateKey {
     HealthcheckBlackhole {
@@ -605,6 +634,10 @@ pub enum AggregateKey {
         port: u16,
         proto: Proto,
     },
+    LbProbeRefused {
+        node: IpAddr,
+        port: u16,
+    },
     ProxyProtocolShortCircuit {
         /// The LB IP:port called.
         lb: IpAddr,
@@ -637,6 +670,7 @@ impl AggregateKey {
             }
             AggregateKey::StaleUdpConntrack { .. } => LoopbackKind::StaleUdpConntrack,
             AggregateKey::SourceRangesDrop { .. } => LoopbackKind::SourceRangesDrop,
+            AggregateKey::LbProbeRefused { .. } => LoopbackKind::LbProbeRefused,
         }
     }
 }
@@ -713,18 +747,18 @@ impl fmt::Display for AggregateKey {
                 sock(*pod, *port),
                 proto.as_str()
             ),
-            AggregateKey::EtpLocalDrop { addr, port, proto } => write!(
+            // The same shape: the kind's name, the dropped IP:port and the protocol.
+            AggregateKey::EtpLocalDrop { addr, port, proto }
+            | AggregateKey::SourceRangesDrop { addr, port, proto } => write!(
                 f,
-                "etp_local_drop/{}/{}",
+                "{}/{}/{}",
+                self.kind().as_str(),
                 sock(*addr, *port),
                 proto.as_str()
             ),
-            AggregateKey::SourceRangesDrop { addr, port, proto } => write!(
-                f,
-                "source_ranges_drop/{}/{}",
-                sock(*addr, *port),
-                proto.as_str()
-            ),
+            AggregateKey::LbProbeRefused { node, port } => {
+                write!(f, "lb_probe_refused/{}/tcp", sock(*node, *port))
+            }
             AggregateKey::ProxyProtocolShortCircuit {
                 lb,
                 lb_port,

@@ -339,6 +339,7 @@ fn a_check_report_reads_back_as_written() {
         Kind::NicSourceValidation,
         Kind::ProxyProtocolShortCircuit,
         Kind::SourceRangesDrop,
+        Kind::LbProbeRefused,
     ] {
         assert_eq!(serde_json::to_value(k).unwrap(), k.as_str());
     }

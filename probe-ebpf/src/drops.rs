@@ -1,7 +1,8 @@
 //! `clb_kfree_skb` and its variants (tp_btf, raw tracepoint as fallback; with and without the
 //! drop reason): the kernel's drops of suspect packets, of packets to bound VIPs, of
-//! self-addressed local pod packets and of local pod packets to a watched destination
-//! (`DROP_DESTINATIONS`), read from the skb through BTF offsets.
+//! self-addressed local pod packets, of local pod packets to a watched destination
+//! (`DROP_DESTINATIONS`) and of outside TCP packets to a node address on one of the LB's
+//! node-probe ports (`PROBE_PORTS`), read from the skb through BTF offsets.
 
 use aya_ebpf::{
     EbpfContext,
@@ -12,12 +13,14 @@ use aya_ebpf::{
     macros::{btf_tracepoint, raw_tracepoint},
     programs::{BtfTracePointContext, RawTracePointContext},
 };
-use probe_common::{DropDestinationKey, DropKey, KernelOffsets, family, kind, stat, tag};
+use probe_common::{
+    DropDestinationKey, DropKey, KernelOffsets, family, kind, probe_ports, stat, tag,
+};
 
 use crate::{
     emit::{Meta, count, emit, flow_of, may_emit, stat_add},
     lookup::lookup_tag,
-    maps::{CONFIG, DROP_DESTINATIONS, DROPS, NICS, OFFSETS},
+    maps::{CONFIG, DROP_DESTINATIONS, DROPS, NICS, OFFSETS, PROBE_PORTS},
     packet::{IPPROTO_TCP, IPPROTO_UDP, Packet, PacketBytes, bytes},
 };
 
@@ -160,6 +163,29 @@ fn watched_destination(pkt: &Packet) -> bool {
     unsafe { DROP_DESTINATIONS.get(key) }.is_some()
 }
 
+/// Whether a dropped packet is an outside TCP packet to a node address on one of the LB's
+/// node-probe ports (`PROBE_PORTS`: kube-proxy's healthz :10256, the healthCheckNodePorts):
+/// the LB's health check refused (`NO_SOCKET`: nothing listens) or dropped (a firewall) on
+/// this node, `lb_probe_refused`. Three compares, then one array load, on a drop only.
+#[inline(always)]
+fn is_probe_to_node(pkt: &Packet, src_tag: u8, dst_tag: u8) -> bool {
+    if src_tag != tag::NONE || dst_tag != tag::NODE || pkt.proto != IPPROTO_TCP {
+        return false;
+    }
+    let (word, bit) = probe_ports::slot(pkt.dport);
+    PROBE_PORTS.get(word).is_some_and(|w| w & bit != 0)
+}
+
+/// The interface a dropped skb came in on (`skb_iif`); 0 for another namespace's drop, whose
+/// interface numbers name nothing on the node.
+#[inline(always)]
+fn input_ifindex(skb: *const u8, off: &KernelOffsets, foreign: bool) -> u32 {
+    if foreign {
+        return 0;
+    }
+    read(skb, off.skb_iif).unwrap_or(0)
+}
+
 /// The inode of the network namespace of the skb's device (0 when it has none).
 #[inline(always)]
 fn skb_netns(skb: *const u8, off: &KernelOffsets) -> u32 {
@@ -212,23 +238,22 @@ fn on_kfree_skb<C: EbpfContext>(ctx: &C, skb: *const u8, location: u64, reason: 
     } else {
         lookup_tag(pkt.family, &pkt.daddr)
     };
-    if src_tag == tag::NONE && dst_tag != tag::VIP {
+    let outside_probe = !foreign && is_probe_to_node(&pkt, src_tag, dst_tag);
+    if src_tag == tag::NONE && dst_tag != tag::VIP && !outside_probe {
         return;
     }
-    let iif: u32 = if foreign {
-        0
-    } else {
-        read(skb, off.skb_iif).unwrap_or(0)
-    };
-    // A local-source packet matters only when it came in through a monitored NIC: the node's
-    // own outbound packets (iif 0) carry node sources legitimately.
+    let iif = input_ifindex(skb, &off, foreign);
+    // A local-source packet (and the LB's probe) matters only when it came in through a
+    // monitored NIC: the node's own outbound packets (iif 0) carry node sources legitimately.
     // SAFETY: a map look-up whose value is only read during this run (userspace may replace it: a stale read is a stale answer, not a fault).
-    let src_relevant = self_loop || (src_tag != tag::NONE && unsafe { NICS.get(iif) }.is_some());
+    let from_nic = (src_tag != tag::NONE || outside_probe) && unsafe { NICS.get(iif) }.is_some();
+    let src_relevant = self_loop || (src_tag != tag::NONE && from_nic);
+    let probe_refused = outside_probe && from_nic;
     // A local pod's call dropped on its way to a watched destination (kube-proxy's nftables
     // `no-endpoint-services` drop): reported with the pod as source, whatever the interface.
     let pod_to_watched =
         !src_relevant && src_tag == tag::POD && dst_tag == tag::NONE && watched_destination(&pkt);
-    if !src_relevant && !pod_to_watched && dst_tag != tag::VIP {
+    if !src_relevant && !pod_to_watched && !probe_refused && dst_tag != tag::VIP {
         return;
     }
     let src_tag = if src_relevant || pod_to_watched {

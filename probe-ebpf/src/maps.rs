@@ -78,6 +78,14 @@ pub(crate) static DROP_DESTINATIONS: aya_ebpf::maps::HashMap<
     u32,
 > = aya_ebpf::maps::HashMap::with_max_entries(16_384, 0);
 
+/// The LB's node-probe ports (`probe_common::probe_ports`): kube-proxy's healthz :10256 and the
+/// healthCheckNodePorts the agent knows, one bit each. Read only by the drop program, only for
+/// the drop of an outside TCP packet to a node address that came in through a NIC: one plain
+/// array load on that path alone (`lb_probe_refused`).
+#[map]
+pub(crate) static PROBE_PORTS: aya_ebpf::maps::Array<u64> =
+    aya_ebpf::maps::Array::with_max_entries(probe_common::probe_ports::WORDS, 0);
+
 /// Exact suspect counters by (ifindex, tag, proto).
 #[map]
 pub(crate) static SUSPECTS: PerCpuHashMap<SuspectKey, u64> =

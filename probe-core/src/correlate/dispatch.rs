@@ -90,6 +90,11 @@ impl Correlator {
             return;
         }
 
+        // The LB's own probe to a node address, refused or dropped here (lb_probe_refused.rs).
+        if self.is_lb_probe_refused(&packet, &info) {
+            self.confirm_lb_probe_refused(&packet, info, out);
+            return;
+        }
         // Replies to a VIP and outside openers are never vip_port_unserved (vip_reply.rs).
         if self.is_reply_to_vip(&packet, &info) {
             self.on_reply_to_vip(packet, info, out);

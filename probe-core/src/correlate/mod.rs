@@ -70,6 +70,10 @@
 //!   an (address, protocol, port) of kube-proxy's nftables map `firewall-ips`
 //!   (`loadBalancerSourceRanges`), the source outside that entry's ranges: see
 //!   `source_ranges_drop.rs`. Outcome `dropped`; `vip`/`vip_port` = the firewalled IP:port.
+//! - **`lb_probe_refused`**: the drop of an untagged (outside) TCP SYN to a `Node` address,
+//!   through a monitored NIC, on kube-proxy's healthz :10256 or a healthCheckNodePort of the
+//!   table: the LB's own probe refused (`NO_SOCKET`) or dropped: see `lb_probe_refused.rs`.
+//!   Outcome `refused` (no listener) or `dropped`; no `vip` (the probe's source is the loop's).
 //! - Anything else is counted in [`CorrelatorStats`], never reported.
 //!
 //! Kernels without drop reasons (< 5.17) report every drop as `UNREPORTED` with its site:
@@ -111,6 +115,9 @@ mod hairpin_tests;
 mod held;
 #[cfg(test)]
 mod host_tests;
+pub mod lb_probe_refused;
+#[cfg(test)]
+mod lb_probe_refused_tests;
 pub mod proxy_protocol;
 #[cfg(test)]
 mod proxy_protocol_tests;
@@ -223,6 +230,11 @@ pub(crate) const KIND_TEXTS: [KindTexts; probe_contract::KINDS.len()] = {
             kind: K::SourceRangesDrop,
             remedy: source_ranges_drop::remedy,
             cause: source_ranges_drop::cause,
+        },
+        KindTexts {
+            kind: K::LbProbeRefused,
+            remedy: lb_probe_refused::remedy,
+            cause: lb_probe_refused::cause,
         },
     ]
 };

@@ -6,6 +6,8 @@
 //! - issue #51 (etp_local_drop in iptables mode, h5): only `etp_local_drop`'s texts changed
 //!   (per mode; the nftables fix's 1.33.0-1.33.5 range made explicit), checked by dumping every
 //!   case's texts before and after.
+//! - issue #51 shape 4 (p2): the new kind `lb_probe_refused` adds its texts after the nine
+//!   kinds' ([`RECORDED_NINE`], the digest before it, still checked); no earlier text changed.
 
 use probe_contract::{
     LoopbackKind,
@@ -26,8 +28,13 @@ const RECORDED: (usize, u64) = (1548, 7_769_936_233_094_412_841);
 /// stays checked as it was.
 const RECORDED_KINDS: usize = 7;
 
-/// The same over every kind.
-const RECORDED_ALL: (usize, u64) = (1980, 17_844_437_333_801_397_743);
+/// The same over the first [`RECORDED_NINE_KINDS`] kinds, as recorded before
+/// `lb_probe_refused` (issue #51, shape 4) was added: still checked, unchanged.
+const RECORDED_NINE: (usize, u64) = (1980, 17_844_437_333_801_397_743);
+const RECORDED_NINE_KINDS: usize = 9;
+
+/// The same over every kind: `lb_probe_refused`'s texts added after the nine above.
+const RECORDED_ALL: (usize, u64) = (2196, 6_583_367_085_863_806_691);
 
 fn fnv1a(hash: &mut u64, text: &str) {
     for b in text.bytes().chain(std::iter::once(b'\n')) {
@@ -49,9 +56,13 @@ fn the_remedy_tables_texts_are_the_recorded_ones() {
         digest.0 += 1;
     };
     let mut recorded_kinds = None;
+    let mut recorded_nine = None;
     for (i, kind) in LoopbackKind::ALL.into_iter().enumerate() {
         if i == RECORDED_KINDS {
             recorded_kinds = Some(digest);
+        }
+        if i == RECORDED_NINE_KINDS {
+            recorded_nine = Some(digest);
         }
         for source in [SourceKind::Pod, SourceKind::Node, SourceKind::Vip] {
             for owner in owners() {
@@ -88,6 +99,11 @@ fn the_remedy_tables_texts_are_the_recorded_ones() {
         recorded_kinds,
         Some(RECORDED),
         "the remedy table's texts changed"
+    );
+    assert_eq!(
+        recorded_nine,
+        Some(RECORDED_NINE),
+        "the nine kinds' remedy texts before lb_probe_refused changed"
     );
     assert_eq!(
         digest, RECORDED_ALL,

@@ -30,6 +30,7 @@ pub(super) fn event(kind: LoopbackKind, source: SourceKind) -> LoopbackEvent {
         LoopbackKind::ProxyProtocolShortCircuit => ("198.19.1.10", "198.19.1.11", 9443, Some(9443)),
         LoopbackKind::StaleUdpConntrack => ("198.19.1.10", "198.19.1.20", 8125, Some(8125)),
         LoopbackKind::SourceRangesDrop => ("198.19.1.10", "203.0.113.10", 80, Some(80)),
+        LoopbackKind::LbProbeRefused => ("35.191.0.10", "198.18.0.2", 10256, None),
     };
     let src = match (kind, source) {
         (LoopbackKind::Hairpin | LoopbackKind::VipPortUnserved, SourceKind::Node) => "198.18.0.2",
@@ -161,8 +162,8 @@ fn check(e: &LoopbackEvent, what: &str) {
         }
     }
     // Said where the policy matters (an unserved port has no policy to disagree on, a
-    // PROXY-protocol short-circuit happens under either policy, and a stale UDP entry under
-    // either too).
+    // PROXY-protocol short-circuit happens under either policy, and a stale UDP entry and a
+    // refused LB probe under either too).
     let policy_matters = !matches!(
         e.kind,
         LoopbackKind::VipPortUnserved
@@ -170,6 +171,7 @@ fn check(e: &LoopbackEvent, what: &str) {
             | LoopbackKind::ProxyProtocolShortCircuit
             | LoopbackKind::StaleUdpConntrack
             | LoopbackKind::SourceRangesDrop
+            | LoopbackKind::LbProbeRefused
     );
     assert_eq!(
         r.iter()
@@ -218,6 +220,10 @@ fn check(e: &LoopbackEvent, what: &str) {
                 all.contains("kubernetes#109575"),
                 "{what}: the upstream issue"
             );
+        }
+        LoopbackKind::LbProbeRefused => {
+            assert!(cause.contains("the LB's health probe"), "{what}: {cause}");
+            assert!(cause.contains("35.191.0.0/16"), "{what}: {cause}");
         }
         LoopbackKind::Hairpin | LoopbackKind::VipPortUnserved => match f.source {
             SourceKind::Pod => {

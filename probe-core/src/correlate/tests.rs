@@ -133,6 +133,7 @@ pub(super) fn table() -> ServiceTable {
         no_endpoint_drops: Vec::new(),
         pod_short_circuits: Vec::new(),
         firewall: Vec::new(),
+        health_checks: Vec::new(),
         from_api: false,
         serves_index: Default::default(),
     }

@@ -18,7 +18,7 @@ fn base(provider: Provider, kind: LoopbackKind) -> Facts {
         proto: Proto::Tcp,
         port: Some(80),
         source: match kind {
-            HealthcheckBlackhole => Some(Source::Lb),
+            HealthcheckBlackhole | LoopbackKind::LbProbeRefused => Some(Source::Lb),
             VipPortUnserved => None,
             LoopbackKind::VipAsSource => Some(Source::Node),
             Hairpin

@@ -99,9 +99,25 @@ pub struct ServiceTable {
     /// sources (see [`FirewallEntry`]); empty in other modes, and one entry per element.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub firewall: Vec<FirewallEntry>,
+    /// The healthCheckNodePorts of externalTrafficPolicy Local LoadBalancer Services (see
+    /// [`HealthCheckPort`]): from the API only (kube-proxy writes no rule for them); empty
+    /// without API access.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub health_checks: Vec<HealthCheckPort>,
     /// [`ServiceTable::serves`]'s index (not data: never compared, never serialized).
     #[serde(skip)]
     pub serves_index: ServesIndex,
+}
+
+/// The `spec.healthCheckNodePort` of an externalTrafficPolicy Local LoadBalancer Service: the
+/// port the cloud LB probes on every node to learn whether it has a local endpoint. kube-proxy
+/// serves it itself, an HTTP server per port (kubernetes `pkg/proxy/healthcheck/
+/// service_health.go`), and programs no rule for it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HealthCheckPort {
+    pub port: u16,
+    /// `namespace/name`.
+    pub service: String,
 }
 
 /// `serves` by (VIP, port, protocol), built on the first look-up of a large table: the

@@ -63,7 +63,7 @@ pub(super) struct CorrelateLoop {
 }
 
 /// Puts the addresses of kube-proxy's nftables `no-endpoint-services` drop elements into the
-/// drop program's watched destinations: a local pod's call to one of them, dropped by
+/// drop program's watched destinations, and the LB's node-probe ports into its probe ports: a local pod's call to one of them, dropped by
 /// kube-proxy's filter chains, then reaches the correlator (`correlate/no_endpoint.rs`).
 /// A map write that fails is said and retried with the next table.
 /// How many did not fit is published in the node status (`/readyz`'s detail and
@@ -93,6 +93,12 @@ fn watch_drop_destinations(
             }
         }
         Err(e) => tracing::warn!(error = %e, "writing the drop program's watched destinations"),
+    }
+    // The LB's node-probe ports: kube-proxy's healthz and the API's healthCheckNodePorts
+    // (`lb_probe_refused`); a bit each, never full.
+    let ports = crate::correlate::lb_probe_refused::watched_probe_ports(table);
+    if let Err(e) = maps.sync_probe_ports(&ports) {
+        tracing::warn!(error = %e, "writing the drop program's probe ports");
     }
 }
 

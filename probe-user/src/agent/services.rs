@@ -143,6 +143,8 @@ fn facts_of(read: &ServiceTable) -> Arc<ServiceTable> {
         no_endpoint_drops: read.no_endpoint_drops.clone(),
         pod_short_circuits: read.pod_short_circuits.clone(),
         firewall: read.firewall.clone(),
+        // The API's alone (the rules do not name them).
+        health_checks: Vec::new(),
         serves_index: Default::default(),
     })
 }

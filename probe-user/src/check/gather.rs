@@ -87,6 +87,9 @@ pub fn gather_with(
         self_loop,
         dataplane: Some(dataplane),
         leftovers,
+        tcp_listeners: crate::state::sockets::tcp_listeners()
+            .map_err(|e| tracing::debug!(error = %e, "reading the node's TCP listeners"))
+            .ok(),
     })
 }
 

@@ -154,6 +154,9 @@ pub struct Inputs {
     pub dataplane: Option<probe_contract::check::Dataplane>,
     /// The state of kube-proxy's modes other than the one the service table came from.
     pub leftovers: ModeState,
+    /// The node's listening TCP sockets (sock_diag), for the LB's probe ports
+    /// (`lb_probe_refused`); None: not read.
+    pub tcp_listeners: Option<Vec<crate::state::sockets::DiagSocket>>,
 }
 
 /// What another kube-proxy mode left, beside the service table's own source (`mode_leftover`).

@@ -55,6 +55,7 @@ pub(super) fn lab() -> Inputs {
             no_endpoint_drops: vec![],
             pod_short_circuits: vec![],
             firewall: vec![],
+            health_checks: vec![],
             from_api: false,
             serves_index: Default::default(),
         },
@@ -77,6 +78,8 @@ pub(super) fn lab() -> Inputs {
         self_loop: Default::default(),
         dataplane: None,
         leftovers: Default::default(),
+        // Not read: no probe-port findings unless a test gives listeners.
+        tcp_listeners: None,
     }
 }
 

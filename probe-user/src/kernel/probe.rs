@@ -135,12 +135,43 @@ impl AddressMaps {
 /// program reports (see `probe-ebpf/src/drops.rs`, `watched_destination`). The agent keeps in
 /// it the addresses of kube-proxy's nftables `no-endpoint-services` drop elements, from each
 /// new service table ([`Self::sync`]).
+///
+/// It also keeps `PROBE_PORTS`, the LB's node-probe ports whose refused or dropped probes the
+/// drop program reports ([`Self::sync_probe_ports`]).
 pub struct DropDestinations {
     map: BpfHashMap<MapData, probe_common::DropDestinationKey, u32>,
     held: std::collections::BTreeSet<IpAddr>,
+    probe_ports: aya::maps::Array<MapData, u64>,
+    /// `PROBE_PORTS`' words as written (all zero at load).
+    probe_words: Vec<u64>,
+}
+
+/// The `PROBE_PORTS` bitmap of `ports` (see `probe_common::probe_ports`). Pure.
+pub fn probe_port_words(ports: &[u16]) -> Vec<u64> {
+    let mut words = vec![0u64; probe_common::probe_ports::WORDS as usize];
+    for &port in ports {
+        let (word, bit) = probe_common::probe_ports::slot(port);
+        words[word as usize] |= bit;
+    }
+    words
 }
 
 impl DropDestinations {
+    /// Makes `PROBE_PORTS` hold exactly `ports` (a bit each: never full), writing only the
+    /// words that change.
+    pub fn sync_probe_ports(&mut self, ports: &[u16]) -> Result<(), KernelError> {
+        let want = probe_port_words(ports);
+        for (index, (&new, old)) in want.iter().zip(self.probe_words.iter_mut()).enumerate() {
+            if new != *old {
+                self.probe_ports
+                    .set(index as u32, new, 0)
+                    .map_err(map_err("PROBE_PORTS"))?;
+                *old = new;
+            }
+        }
+        Ok(())
+    }
+
     /// Makes the map hold `want`, in its order (a diff against what it holds), as far as the
     /// map's capacity (`--address-entries`) goes: returns the addresses left out (their drops
     /// stay unreported). The caller orders `want` by priority (LB IPs first), so a tenant with
@@ -350,6 +381,8 @@ impl Probe {
         let drop_destinations = DropDestinations {
             map: take(&mut ebpf, "DROP_DESTINATIONS")?,
             held: std::collections::BTreeSet::new(),
+            probe_ports: take(&mut ebpf, "PROBE_PORTS")?,
+            probe_words: vec![0; probe_common::probe_ports::WORDS as usize],
         };
         Ok(Loaded {
             probe: Probe {

@@ -34,7 +34,9 @@ use std::{
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 use probe_contract::Proto;
 
-use crate::state::{NoEndpointDrop, NodePortEntry, ServiceEntry, ServiceSource, ServiceTable};
+use crate::state::{
+    HealthCheckPort, NoEndpointDrop, NodePortEntry, ServiceEntry, ServiceSource, ServiceTable,
+};
 
 /// kube-proxy watches only Services (and EndpointSlices) without this label: another proxy
 /// serves them (kubernetes/kubernetes `cmd/kube-proxy/app/server.go`, the informers' label
@@ -600,6 +602,23 @@ impl ApiServiceTable {
         })
     }
 
+    /// Every healthCheckNodePort, in Service key order: kube-proxy serves one for each
+    /// externalTrafficPolicy Local Service whether or not it has endpoints (it answers 503
+    /// without a local one), so the programmed ports do not limit them.
+    fn health_checks(&self) -> Vec<HealthCheckPort> {
+        let mut out: Vec<HealthCheckPort> = self
+            .services
+            .iter()
+            .filter(|(_, s)| s.external_policy_local && s.health_check_node_port != 0)
+            .map(|(key, s)| HealthCheckPort {
+                port: s.health_check_node_port,
+                service: key.to_string(),
+            })
+            .collect();
+        out.sort_by(|a, b| a.service.cmp(&b.service));
+        out
+    }
+
     fn owner(&self, key: &Arc<str>) -> Option<(&Arc<str>, &PrunedService)> {
         let (key, service) = self.services.get_key_value(key)?;
         self.programmed.contains_key(key).then_some((key, service))
@@ -649,6 +668,7 @@ impl ApiServiceTable {
                 }
             }
         }
+        table.health_checks = self.health_checks();
         table.services.shrink_to_fit();
         table.nodeports.shrink_to_fit();
         table.no_endpoint_drops.shrink_to_fit();

@@ -194,6 +194,24 @@ fn no_endpoint_no_entry_in_iptables_and_nftables_modes() {
 }
 
 #[test]
+fn a_health_check_node_port_is_listed_with_or_without_endpoints() {
+    let svc = web(json!({"externalTrafficPolicy": "Local", "healthCheckNodePort": 32000}));
+    let want = vec![crate::state::HealthCheckPort {
+        port: 32000,
+        service: "shop/web".into(),
+    }];
+    for slices in [
+        &[][..],
+        &[web_slice("a", &[ep("10.0.2.1", "other", READY)])][..],
+    ] {
+        let t = table(ServiceSource::Iptables, svc.clone(), slices);
+        assert_eq!(t.expected().health_checks, want, "{slices:?}");
+    }
+    let cluster = table(ServiceSource::Iptables, web(json!({})), &[]);
+    assert!(cluster.expected().health_checks.is_empty());
+}
+
+#[test]
 fn etp_local_without_local_endpoint_drops_in_iptables_and_nftables_modes() {
     let svc = web(json!({"externalTrafficPolicy": "Local"}));
     let remote = [web_slice("a", &[ep("10.0.2.1", "other", READY)])];
@@ -493,6 +511,8 @@ fn sorted(mut t: ServiceTable) -> ServiceTable {
         .sort_by_key(|d| (d.addr, d.port, d.proto.as_str()));
     // The external chains' pod short circuits: the rules' only (kube-proxy's flags).
     t.pod_short_circuits.clear();
+    // The healthCheckNodePorts: the API's only (kube-proxy writes no rule for them).
+    t.health_checks.clear();
     t
 }
 
@@ -515,6 +535,14 @@ fn kube_proxy_overall_iptables_rules() {
     let from_api = overall(ServiceSource::Iptables).expected();
     // Not vacuous: 9 frontends (svc6 has no endpoint: REJECT, no nat rule), 3 NodePorts.
     assert_eq!(from_api.services.len(), 9);
+    // svc2's healthCheckNodePort (its externalTrafficPolicy Local).
+    assert_eq!(
+        from_api.health_checks,
+        vec![crate::state::HealthCheckPort {
+            port: 30000,
+            service: "ns2/svc2".into()
+        }]
+    );
     assert_eq!(from_api.nodeports.len(), 3);
     assert_eq!(sorted(from_api), sorted(from_rules));
 }

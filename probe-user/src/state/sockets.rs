@@ -67,6 +67,14 @@ pub fn listener(addr: IpAddr, port: u16, proto: Proto) -> Result<Option<Listener
     }))
 }
 
+/// Every listening TCP socket of the calling thread's network namespace, both families.
+/// Blocking.
+pub fn tcp_listeners() -> Result<Vec<DiagSocket>, NetlinkError> {
+    let mut sockets = dump(AF_INET, IPPROTO_TCP)?;
+    sockets.extend(dump(AF_INET6, IPPROTO_TCP)?);
+    Ok(sockets)
+}
+
 fn dump(family: u8, protocol: u8) -> Result<Vec<DiagSocket>, NetlinkError> {
     let socket_id = if family == AF_INET {
         SocketId::new_v4()

@@ -20,6 +20,7 @@ pub mod cmd;
 pub mod etp_local;
 mod guard;
 pub(crate) mod kube_proxy;
+pub mod lb_probe;
 mod mode;
 pub mod net;
 pub mod nft;
