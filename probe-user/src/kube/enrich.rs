@@ -703,15 +703,20 @@ mod tests {
             pid: None,
             pod: None,
         };
-        let mut e = event(
-            LoopbackKind::Hairpin,
-            "10.0.0.9",
-            "198.18.0.2",
-            6443,
-            Some(6443),
-        );
-        e.listener = Some(listener(6443));
-        enrich(&mut e, &idx, Some("node-1"));
+        // A hairpin to `port` whose listener sock_diag found, enriched on node-1.
+        let enriched = |port, idx: &Index| {
+            let mut e = event(
+                LoopbackKind::Hairpin,
+                "10.0.0.9",
+                "198.18.0.2",
+                port,
+                Some(port),
+            );
+            e.listener = Some(listener(port));
+            enrich(&mut e, idx, Some("node-1"));
+            e
+        };
+        let e = enriched(6443, &idx);
         assert_eq!(
             e.listener.as_ref().and_then(|l| l.pod.as_deref()),
             Some("kube-system/kube-apiserver-node-1")
@@ -727,27 +732,11 @@ mod tests {
         // The host-network pod is no client pod: its IP is the node's.
         assert_eq!(e.client_pod, None);
         // Port 443 is declared on node-2 only.
-        let mut other = event(
-            LoopbackKind::Hairpin,
-            "10.0.0.9",
-            "198.18.0.2",
-            443,
-            Some(443),
-        );
-        other.listener = Some(listener(443));
-        enrich(&mut other, &idx, Some("node-1"));
+        let other = enriched(443, &idx);
         assert_eq!(other.listener.and_then(|l| l.pod), None);
         ingress.spec.as_mut().unwrap().node_name = Some("node-1".into());
         let idx = Index::build([&ingress], &[], &[]);
-        let mut same = event(
-            LoopbackKind::Hairpin,
-            "10.0.0.9",
-            "198.18.0.2",
-            443,
-            Some(443),
-        );
-        same.listener = Some(listener(443));
-        enrich(&mut same, &idx, Some("node-1"));
+        let same = enriched(443, &idx);
         assert_eq!(
             same.listener.and_then(|l| l.pod).as_deref(),
             Some("ingress/controller-x")
