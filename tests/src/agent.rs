@@ -72,15 +72,8 @@ pub fn probe_arm64_bin() -> PathBuf {
         })
 }
 
-/// True when running as root; otherwise prints a skip line for the calling test.
-pub fn require_root(test: &str) -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
-    }
-    eprintln!("skipping {test}: needs root (network namespaces, eBPF)");
-    false
-}
+/// The lab's root check, where the tests have always imported it from.
+pub use test_support::lab::require_root;
 
 /// A running agent; SIGTERM and wait on drop.
 pub struct Agent {

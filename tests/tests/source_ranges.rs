@@ -13,7 +13,7 @@ use std::{
 };
 
 use probe_contract::{LoopbackKind, Outcome as Fate};
-use probe_tests::agent::{Agent, lines, require_root};
+use probe_tests::agent::{Agent, lines};
 use test_support::lab::{self, KubeProxyMode, LabGuard, Outcome, Variants, source_ranges};
 
 const SETTLE: Duration = Duration::from_secs(4);
@@ -21,14 +21,15 @@ const WAIT: Duration = Duration::from_secs(10);
 /// Ranges that leave the lab's pods (198.19.1.0/24) and node out.
 const OUTSIDE: &[&str] = &["192.0.2.0/24", "198.51.100.0/24"];
 
-/// The nftables-mode lab, the LB IP short-circuited (`ipMode: VIP`, the default).
-fn lab_up() -> LabGuard {
-    LabGuard::up_in(
+/// The nftables-mode lab, the LB IP short-circuited (`ipMode: VIP`, the default), or None
+/// where `test` cannot run (not root: it says it skips).
+fn lab_for(test: &str) -> Option<LabGuard> {
+    LabGuard::for_test_in(
+        test,
         KubeProxyMode::Nftables,
         &Variants::default(),
         &Default::default(),
     )
-    .expect("lab up (nftables mode)")
 }
 
 fn to_lb() -> SocketAddrV4 {
@@ -37,10 +38,9 @@ fn to_lb() -> SocketAddrV4 {
 
 #[test]
 fn source_ranges_drop_of_a_pods_call_is_confirmed_with_the_ranges() {
-    if !require_root("source_ranges_drop") {
+    let Some(lab) = lab_for("source_ranges_drop") else {
         return;
-    }
-    let lab = lab_up();
+    };
     source_ranges::set_source_ranges(Some(OUTSIDE)).unwrap();
     assert!(source_ranges::firewalled());
     let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
@@ -85,10 +85,9 @@ fn source_ranges_drop_of_a_pods_call_is_confirmed_with_the_ranges() {
 /// is short-circuited to pod-b and answered; nothing is reported.
 #[test]
 fn source_ranges_with_the_pod_cidr_report_nothing() {
-    if !require_root("source_ranges_twin") {
+    let Some(lab) = lab_for("source_ranges_twin") else {
         return;
-    }
-    let lab = lab_up();
+    };
     source_ranges::set_source_ranges(Some(&["192.0.2.0/24", lab::POD_CIDR])).unwrap();
     assert!(source_ranges::firewalled());
     let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
