@@ -311,6 +311,17 @@ mod tests {
         }
     }
 
+    /// shop/client-1's hairpin through the node to shop/web's NodePort.
+    fn hairpin_to_web() -> LoopbackEvent {
+        event(
+            LoopbackKind::Hairpin,
+            "10.0.0.9",
+            "198.18.0.2",
+            30080,
+            Some(80),
+        )
+    }
+
     fn index(etp: &str) -> Index {
         Index::build(
             &[pod("shop", "client-1", &["10.0.0.9"])],
@@ -324,22 +335,8 @@ mod tests {
     #[test]
     fn fixes_follow_the_named_service_s_settings() {
         let attach = |etp: &str, index: &Index| {
-            let mut e = event(
-                LoopbackKind::Hairpin,
-                "10.0.0.9",
-                "198.18.0.2",
-                30080,
-                Some(80),
-            );
-            enrich(
-                &mut e,
-                &crate::kube::index::Index::build(
-                    &[pod("shop", "client-1", &["10.0.0.9"])],
-                    &[web_service(etp)],
-                    &[],
-                ),
-                None,
-            );
+            let mut e = hairpin_to_web();
+            enrich(&mut e, &self::index(etp), None);
             // kube-proxy's rules were read (the fact etp-cluster is gated on).
             e.facts.proxy_mode = Some(probe_contract::facts::ProxyMode::Iptables);
             attach_fixes(&mut e, index, None);
@@ -366,13 +363,7 @@ mod tests {
 
     #[test]
     fn hairpin_gets_pod_service_node_and_a_remedy_rebuilt_from_the_api_facts() {
-        let mut e = event(
-            LoopbackKind::Hairpin,
-            "10.0.0.9",
-            "198.18.0.2",
-            30080,
-            Some(80),
-        );
+        let mut e = hairpin_to_web();
         enrich(&mut e, &index("Local"), Some("node-1"));
         assert_eq!(e.client_pod.as_deref(), Some("shop/client-1"));
         assert_eq!(e.service.as_deref(), Some("shop/web:http"));
@@ -573,13 +564,7 @@ mod tests {
         enrich(&mut e, &Index::default(), Some("n"));
         assert_eq!((e.node.as_deref(), e.remedy.len()), (Some("n"), 2));
 
-        let mut named = event(
-            LoopbackKind::Hairpin,
-            "10.0.0.9",
-            "198.18.0.2",
-            30080,
-            Some(80),
-        );
+        let mut named = hairpin_to_web();
         named.service = Some("shop/web:http-from-rules".into());
         enrich(&mut named, &index("Cluster"), None);
         assert_eq!(named.service.as_deref(), Some("shop/web:http-from-rules"));
