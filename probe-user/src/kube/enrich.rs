@@ -322,6 +322,17 @@ mod tests {
         )
     }
 
+    /// shop/client-1's call to port 443 of shop/web's LB IP, which serves 80 only.
+    fn unserved_443() -> LoopbackEvent {
+        event(
+            LoopbackKind::VipPortUnserved,
+            "10.0.0.9",
+            "203.0.113.10",
+            443,
+            Some(443),
+        )
+    }
+
     fn index(etp: &str) -> Index {
         Index::build(
             &[pod("shop", "client-1", &["10.0.0.9"])],
@@ -416,13 +427,7 @@ mod tests {
             "x".repeat(250_000),
         );
         let index = Index::build(&[pod("shop", "client-1", &["10.0.0.9"])], &[service], &[]);
-        let mut e = event(
-            LoopbackKind::VipPortUnserved,
-            "10.0.0.9",
-            "203.0.113.10",
-            443,
-            Some(443),
-        );
+        let mut e = unserved_443();
         enrich(&mut e, &index, Some("node-1"));
         attach_fixes(&mut e, &index, None);
         let line = serde_json::to_string(&e).unwrap();
@@ -505,13 +510,7 @@ mod tests {
 
     #[test]
     fn unserved_port_names_the_ports_the_service_serves() {
-        let mut e = event(
-            LoopbackKind::VipPortUnserved,
-            "10.0.0.9",
-            "203.0.113.10",
-            443,
-            Some(443),
-        );
+        let mut e = unserved_443();
         enrich(&mut e, &index("Cluster"), None);
         assert_eq!(e.service.as_deref(), Some("shop/web"));
         assert!(
