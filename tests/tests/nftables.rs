@@ -9,7 +9,9 @@
 use std::{net::IpAddr, process::Command, time::Duration};
 
 use probe_contract::{LoopbackKind, Outcome as Fate, SnatState};
-use probe_tests::agent::{Agent, lines, probe_bin, require_root};
+use probe_tests::agent::{
+    Agent, assert_pod_a_call_dropped_by_netfilter, lines, probe_bin, require_root,
+};
 use serde_json::Value;
 use test_support::lab::{self, KubeProxyMode, LabGuard, Outcome, Scenario, Variants};
 
@@ -288,13 +290,7 @@ fn nftables_no_endpoint_drop_of_a_pods_call_is_confirmed_with_the_element() {
     let pod = lab.connect(lab::NS_POD_A, None, to).unwrap();
     assert_eq!(pod.outcome, Outcome::Timeout, "{pod:?}");
     let e = agent.only_event(LoopbackKind::EtpLocalDrop, WAIT);
-    assert_eq!(e.src, IpAddr::V4(lab::POD_A_IP));
-    assert_eq!(e.vip, Some(IpAddr::V4(lab::VIP)));
-    assert_eq!(e.vip_port, Some(lab::VIP_NFT_ETP_LOCAL_PORT));
-    assert_eq!(e.outcome, Fate::Dropped);
-    // The kernel's netfilter drop: named on 5.17+, inferred from nf_hook_slow before.
-    assert_eq!(e.drop_reason.as_deref(), Some("NETFILTER_DROP"));
-    assert_eq!(e.service.as_deref(), Some("default/web-local"));
+    assert_pod_a_call_dropped_by_netfilter(&e, lab::VIP_NFT_ETP_LOCAL_PORT, "default/web-local");
     let ev = lines(&e.evidence);
     assert!(
         ev.contains(

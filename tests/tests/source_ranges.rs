@@ -7,13 +7,10 @@
 //!
 //! Root only (each test prints a skip line otherwise). One at a time: they share the lab.
 
-use std::{
-    net::{IpAddr, SocketAddrV4},
-    time::Duration,
-};
+use std::{net::SocketAddrV4, time::Duration};
 
-use probe_contract::{LoopbackKind, Outcome as Fate};
-use probe_tests::agent::{Agent, lines};
+use probe_contract::LoopbackKind;
+use probe_tests::agent::{Agent, assert_pod_a_call_dropped_by_netfilter, lines};
 use test_support::lab::{self, KubeProxyMode, LabGuard, Outcome, Variants, source_ranges};
 
 const SETTLE: Duration = Duration::from_secs(4);
@@ -47,12 +44,7 @@ fn source_ranges_drop_of_a_pods_call_is_confirmed_with_the_ranges() {
     let pod = lab.connect(lab::NS_POD_A, None, to_lb()).unwrap();
     assert_eq!(pod.outcome, Outcome::Timeout, "{pod:?}");
     let e = agent.only_event(LoopbackKind::SourceRangesDrop, WAIT);
-    assert_eq!(e.src, IpAddr::V4(lab::POD_A_IP));
-    assert_eq!(e.vip, Some(IpAddr::V4(lab::VIP)));
-    assert_eq!(e.vip_port, Some(lab::SERVICE_PORT));
-    assert_eq!(e.outcome, Fate::Dropped);
-    assert_eq!(e.drop_reason.as_deref(), Some("NETFILTER_DROP"));
-    assert_eq!(e.service.as_deref(), Some("default/web"));
+    assert_pod_a_call_dropped_by_netfilter(&e, lab::SERVICE_PORT, "default/web");
     let ev = lines(&e.evidence);
     assert!(
         ev.contains(
