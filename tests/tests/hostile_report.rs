@@ -21,7 +21,7 @@ use probe_tests::{
 use serde_json::{Value, json};
 use test_support::{
     kubeapi::FakeApiServer,
-    lab::{self, LabGuard, Variants},
+    lab::{LabGuard, Variants},
 };
 
 const METRICS: &str = "127.0.0.1:19971";
@@ -213,15 +213,9 @@ fn never_writes_node_b(
     reason: &str,
     label: &str,
 ) -> Agent {
-    let mut agent = Agent::start_with_env(
-        lab::NS_NODE,
+    let mut agent = api.start_agent_as(
+        "node-b",
         &[
-            "--nic",
-            lab::NODE_NIC,
-            "--kubeconfig",
-            api.kubeconfig(),
-            "--node-name",
-            "node-b",
             "--node-report",
             "on",
             "--node-condition",

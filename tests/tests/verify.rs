@@ -551,20 +551,7 @@ fn an_agent_with_another_nodes_name_does_not_answer_its_requests() {
         .object(edge_service("Cluster", "Proxy"))
         .object(peer)
         .start();
-    let mut agent = Agent::start_with_env(
-        lab::NS_NODE,
-        &[
-            "--nic",
-            lab::NODE_NIC,
-            "--kubeconfig",
-            api.kubeconfig(),
-            "--node-name",
-            "clb-peer",
-            "--kube-events",
-            "off",
-        ],
-        &[],
-    );
+    let mut agent = api.start_agent_as("clb-peer", &["--kube-events", "off"], &[]);
     agent.wait_log("it answers no verify request", WAIT);
     let out = plugin_in_node(
         &api,
