@@ -190,7 +190,6 @@ fn a_node_without_kube_proxy_names_its_dataplane_and_its_limits() {
             vip_local_route: true,
             ..Variants::default()
         },
-        &Default::default(),
     ) else {
         return;
     };
@@ -466,13 +465,17 @@ fn an_lb_ip_an_announcer_holds_is_named_before_it_fails() {
         return;
     };
     let api = KubeFixture::builder().tag("check-announced").start();
-    let o = check(&[
-        "--json",
-        "--nic",
-        lab::NODE_NIC,
-        "--kubeconfig",
-        api.kubeconfig(),
-    ]);
+    // `probe check --json` on the lab's node with the fake API's Services.
+    let check_json_with_api = || {
+        check(&[
+            "--json",
+            "--nic",
+            lab::NODE_NIC,
+            "--kubeconfig",
+            api.kubeconfig(),
+        ])
+    };
+    let o = check_json_with_api();
     let json = parse(&o);
     assert_eq!(o.status.code(), Some(1), "{json:#?}");
     let hc = find(&json, Kind::HealthcheckBlackhole);
@@ -487,13 +490,7 @@ fn an_lb_ip_an_announcer_holds_is_named_before_it_fails() {
     // The twin: the VIP not held on the node.
     lab.set(Variant::VipAnnounced, false)
         .expect("release the VIP");
-    let o = check(&[
-        "--json",
-        "--nic",
-        lab::NODE_NIC,
-        "--kubeconfig",
-        api.kubeconfig(),
-    ]);
+    let o = check_json_with_api();
     let json = parse(&o);
     assert!(
         named(&json, Kind::HealthcheckBlackhole).is_empty(),
@@ -516,7 +513,6 @@ fn a_kube_ipvs0_left_behind_after_the_switch_to_nftables_is_named() {
             vip_bound: false,
             ..Variants::default()
         },
-        &Default::default(),
     ) else {
         return;
     };
@@ -575,7 +571,6 @@ fn an_etp_local_lb_ip_kube_proxy_drops_is_named_and_its_twin_is_not() {
         "probe check on the lab",
         KubeProxyMode::Nftables,
         &Variants::default(),
-        &Default::default(),
     ) else {
         return;
     };

@@ -21,12 +21,7 @@ const OUTSIDE: &[&str] = &["192.0.2.0/24", "198.51.100.0/24"];
 /// The nftables-mode lab, the LB IP short-circuited (`ipMode: VIP`, the default), or None
 /// where `test` cannot run (not root: it says it skips).
 fn lab_for(test: &str) -> Option<LabGuard> {
-    LabGuard::for_test_in(
-        test,
-        KubeProxyMode::Nftables,
-        &Variants::default(),
-        &Default::default(),
-    )
+    LabGuard::for_test_in(test, KubeProxyMode::Nftables, &Variants::default())
 }
 
 fn to_lb() -> SocketAddrV4 {

@@ -64,14 +64,9 @@ impl LabGuard {
     }
 
     /// [`LabGuard::for_test`] in an explicit kube-proxy mode.
-    pub fn for_test_in(
-        test: &str,
-        mode: KubeProxyMode,
-        variants: &Variants,
-        opts: &UpOptions,
-    ) -> Option<LabGuard> {
+    pub fn for_test_in(test: &str, mode: KubeProxyMode, variants: &Variants) -> Option<LabGuard> {
         super::require_root(test).then(|| {
-            LabGuard::up_in(mode, variants, opts)
+            LabGuard::up_in(mode, variants, &UpOptions::default())
                 .unwrap_or_else(|e| panic!("lab up ({} mode): {e:?}", mode.name()))
         })
     }
