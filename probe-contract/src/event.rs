@@ -716,10 +716,18 @@ impl fmt::Display for AggregateKey {
                 sock(*node, *node_port),
                 proto.as_str()
             ),
-            AggregateKey::VipPortUnserved { vip, port, proto } => write!(
+            // One address, port and protocol: the kind's name says which rule keyed it.
+            AggregateKey::VipPortUnserved {
+                vip: addr,
+                port,
+                proto,
+            }
+            | AggregateKey::EtpLocalDrop { addr, port, proto }
+            | AggregateKey::SourceRangesDrop { addr, port, proto } => write!(
                 f,
-                "vip_port_unserved/{}/{}",
-                sock(*vip, *port),
+                "{}/{}/{}",
+                self.kind().as_str(),
+                sock(*addr, *port),
                 proto.as_str()
             ),
             AggregateKey::VipAsSource {
@@ -745,15 +753,6 @@ impl fmt::Display for AggregateKey {
                 if *in_pod { "pod" } else { "node" },
                 service.map_or_else(|| "?".to_string(), |(ip, p)| sock(ip, p)),
                 sock(*pod, *port),
-                proto.as_str()
-            ),
-            // The same shape: the kind's name, the dropped IP:port and the protocol.
-            AggregateKey::EtpLocalDrop { addr, port, proto }
-            | AggregateKey::SourceRangesDrop { addr, port, proto } => write!(
-                f,
-                "{}/{}/{}",
-                self.kind().as_str(),
-                sock(*addr, *port),
                 proto.as_str()
             ),
             AggregateKey::LbProbeRefused { node, port } => {

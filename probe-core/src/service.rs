@@ -8,7 +8,7 @@ use std::{
     net::IpAddr,
 };
 
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{LoadBalancerIngress, Service};
 use probe_contract::Proto;
 
 /// Annotations that change how a provider's LB loops back (shown in remedies when set).
@@ -330,6 +330,17 @@ pub fn is_api_name(s: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
 }
 
+/// The Service's `status.loadBalancer.ingress` entries (none before a provider wrote them).
+pub fn lb_ingress(service: &Service) -> impl Iterator<Item = &LoadBalancerIngress> {
+    service
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .into_iter()
+        .flatten()
+}
+
 /// The facts of one API Service with its ready `endpoints` (taken out of the map); None without
 /// a namespace or name.
 pub fn facts(
@@ -351,13 +362,7 @@ pub fn facts(
     {
         cluster_ips.push(ip);
     }
-    let ingress = service
-        .status
-        .as_ref()
-        .and_then(|s| s.load_balancer.as_ref())
-        .and_then(|lb| lb.ingress.as_ref())
-        .into_iter()
-        .flatten()
+    let ingress = lb_ingress(service)
         .map(|i| LbIngress {
             ip: i.ip.as_deref().and_then(|ip| ip.parse().ok()),
             hostname: i.hostname.clone(),

@@ -9,7 +9,10 @@ use std::net::IpAddr;
 
 use probe_contract::{LoopbackEvent, LoopbackKind, Outcome, Proto, SnatState};
 
-use crate::service::{LbIngress, ServiceFacts, ServicePort};
+use crate::{
+    service::{LbIngress, ServiceFacts, ServicePort},
+    state::Tuple,
+};
 
 /// [`hairpin`] of `service` (or none), counted once, with a remedy: the node report's and the
 /// resolution tracker's tests.
@@ -19,6 +22,17 @@ pub fn hairpin_for(key: &str, service: Option<&str>) -> LoopbackEvent {
         remedy: vec!["call web.shop.svc instead".to_string()],
         service: service.map(String::from),
         ..hairpin(key)
+    }
+}
+
+/// A TCP connection's tuple, as conntrack entries hold them (the conntrack tests').
+pub fn tcp_tuple(src: &str, sport: u16, dst: &str, dport: u16) -> Tuple {
+    Tuple {
+        src: ip(src),
+        dst: ip(dst),
+        sport,
+        dport,
+        proto: Proto::Tcp,
     }
 }
 

@@ -72,15 +72,8 @@ pub fn probe_arm64_bin() -> PathBuf {
         })
 }
 
-/// True when running as root; otherwise prints a skip line for the calling test.
-pub fn require_root(test: &str) -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
-    }
-    eprintln!("skipping {test}: needs root (network namespaces, eBPF)");
-    false
-}
+/// The lab's root check, where the tests have always imported it from.
+pub use test_support::lab::require_root;
 
 /// A running agent; SIGTERM and wait on drop.
 pub struct Agent {
@@ -499,4 +492,18 @@ pub fn dropped_as_local_source(e: &LoopbackEvent) -> bool {
         e.drop_reason.as_deref().unwrap_or_default(),
         e.drop_location.as_deref().unwrap_or_default(),
     )
+}
+
+/// What a pod-a call that netfilter dropped on its way to the LB IP's `port` says: the call,
+/// the drop (named on 5.17+, inferred from nf_hook_slow before) and the Service `service`.
+pub fn assert_pod_a_call_dropped_by_netfilter(e: &LoopbackEvent, port: u16, service: &str) {
+    use std::net::IpAddr;
+
+    use test_support::lab;
+    assert_eq!(e.src, IpAddr::V4(lab::POD_A_IP));
+    assert_eq!(e.vip, Some(IpAddr::V4(lab::VIP)));
+    assert_eq!(e.vip_port, Some(port));
+    assert_eq!(e.outcome, probe_contract::Outcome::Dropped);
+    assert_eq!(e.drop_reason.as_deref(), Some("NETFILTER_DROP"));
+    assert_eq!(e.service.as_deref(), Some(service));
 }

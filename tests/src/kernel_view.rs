@@ -16,6 +16,31 @@ fn bpftool_json(args: &[&str]) -> Value {
     serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
 }
 
+/// The BPF maps process `pid` holds, found through its own descriptors (/proc/<pid>/fdinfo),
+/// so another agent's maps of the same name do not count: each map's id and its
+/// `bpftool map show` JSON.
+pub fn maps_held_by(pid: u32) -> Vec<(String, Value)> {
+    let mut maps = Vec::new();
+    for entry in std::fs::read_dir(format!("/proc/{pid}/fdinfo")).expect("fdinfo") {
+        let Ok(fdinfo) = std::fs::read_to_string(entry.unwrap().path()) else {
+            continue;
+        };
+        let Some(id) = fdinfo
+            .lines()
+            .find_map(|l| l.strip_prefix("map_id:"))
+            .map(|v| v.trim().to_string())
+        else {
+            continue;
+        };
+        let info: Value = serde_json::from_str(&crate::agent::sh(&[
+            "bpftool", "-j", "map", "show", "id", &id,
+        ]))
+        .unwrap();
+        maps.push((id, info));
+    }
+    maps
+}
+
 /// The inodes of the lab's network namespaces: the only ones the tests' agents run in.
 fn lab_netns_inodes() -> Vec<u64> {
     use std::os::unix::fs::MetadataExt as _;

@@ -176,13 +176,19 @@ impl KubeFixture {
     /// [`start_agent`](Self::start_agent) with extra environment variables (the agent's test
     /// hooks).
     pub fn start_agent_with_env(&self, extra: &[&str], env: &[(&str, &str)]) -> Agent {
+        self.start_agent_as(NODE_NAME, extra, env)
+    }
+
+    /// [`start_agent_with_env`](Self::start_agent_with_env) told that its node is `node` (an
+    /// agent given another node's name).
+    pub fn start_agent_as(&self, node: &str, extra: &[&str], env: &[(&str, &str)]) -> Agent {
         let mut args = vec![
             "--nic",
             lab::NODE_NIC,
             "--kubeconfig",
             self.kubeconfig(),
             "--node-name",
-            NODE_NAME,
+            node,
         ];
         args.extend_from_slice(extra);
         Agent::start_with_env(lab::NS_NODE, &args, env)

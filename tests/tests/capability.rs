@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use probe_contract::{Outcome as Fate, SnatState};
-use probe_tests::agent::{Agent, lines, require_root};
+use probe_tests::agent::{Agent, lines};
 use test_support::lab::{self, LabGuard, Outcome, Scenario, Variants, http_get_in};
 
 const METRICS: &str = "127.0.0.1:9978";
@@ -42,11 +42,10 @@ impl Drop for Restore {
 
 #[test]
 fn unresolvable_drop_sites_are_said_once_and_exposed() {
-    if !require_root("kptr_restrict") {
-        return;
-    }
     const KPTR: &str = "/proc/sys/kernel/kptr_restrict";
-    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    let Some(lab) = LabGuard::for_test("kptr_restrict", &Variants::default()) else {
+        return;
+    };
     let old = std::fs::read_to_string(KPTR).expect("kptr_restrict");
     let _restore = Restore(KPTR, old.trim().to_string());
     std::fs::write(KPTR, "2").expect("set kptr_restrict=2");
@@ -72,10 +71,9 @@ fn unresolvable_drop_sites_are_said_once_and_exposed() {
 
 #[test]
 fn failing_conntrack_is_not_no_entry_and_is_said_once() {
-    if !require_root("conntrack_failure") {
+    let Some(lab) = LabGuard::for_test("conntrack_failure", &Variants::default()) else {
         return;
-    }
-    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    };
     let mut agent = agent(&[(
         "CLB_PROBE_TEST_CONNTRACK_ERROR",
         "netlink: Operation not permitted (injected)",
@@ -96,10 +94,9 @@ fn failing_conntrack_is_not_no_entry_and_is_said_once() {
 
 #[test]
 fn a_missing_drop_hook_is_said_once_and_exposed() {
-    if !require_root("no_drop_hook") {
+    let Some(lab) = LabGuard::for_test("no_drop_hook", &Variants::default()) else {
         return;
-    }
-    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    };
     let mut agent = agent(&[("CLB_PROBE_TEST_NO_DROP_HOOK", "1")]);
     assert_eq!(capability("drop_hook"), Some(0));
     assert_eq!(

@@ -182,19 +182,17 @@ fn each_lab_risk_is_named_and_its_twin_is_not() {
 /// still judged (the healthcheck black hole needs no kube-proxy).
 #[test]
 fn a_node_without_kube_proxy_names_its_dataplane_and_its_limits() {
-    if !require_root("probe check on the lab") {
-        return;
-    }
-    let lab = LabGuard::up_in(
+    let Some(lab) = LabGuard::for_test_in(
+        "probe check on the lab",
         KubeProxyMode::Cilium,
         &Variants {
             vip_bound: false,
             vip_local_route: true,
             ..Variants::default()
         },
-        &Default::default(),
-    )
-    .expect("lab up (cilium mode)");
+    ) else {
+        return;
+    };
     let o = check(&["--nic", lab::NODE_NIC]);
     let table = String::from_utf8_lossy(&o.stdout);
     eprintln!("{table}");
@@ -455,24 +453,29 @@ fn services_from_the_api_name_the_risks() {
 #[test]
 fn an_lb_ip_an_announcer_holds_is_named_before_it_fails() {
     use probe_tests::kube_fixture::KubeFixture;
-    if !require_root("probe check of an announced VIP") {
-        return;
-    }
     let vip = lab::VIP.to_string();
-    let lab = LabGuard::up(&Variants {
-        vip_bound: false,
-        vip_announced: true,
-        ..Variants::default()
-    })
-    .expect("lab up");
+    let Some(lab) = LabGuard::for_test(
+        "probe check of an announced VIP",
+        &Variants {
+            vip_bound: false,
+            vip_announced: true,
+            ..Variants::default()
+        },
+    ) else {
+        return;
+    };
     let api = KubeFixture::builder().tag("check-announced").start();
-    let o = check(&[
-        "--json",
-        "--nic",
-        lab::NODE_NIC,
-        "--kubeconfig",
-        api.kubeconfig(),
-    ]);
+    // `probe check --json` on the lab's node with the fake API's Services.
+    let check_json_with_api = || {
+        check(&[
+            "--json",
+            "--nic",
+            lab::NODE_NIC,
+            "--kubeconfig",
+            api.kubeconfig(),
+        ])
+    };
+    let o = check_json_with_api();
     let json = parse(&o);
     assert_eq!(o.status.code(), Some(1), "{json:#?}");
     let hc = find(&json, Kind::HealthcheckBlackhole);
@@ -487,13 +490,7 @@ fn an_lb_ip_an_announcer_holds_is_named_before_it_fails() {
     // The twin: the VIP not held on the node.
     lab.set(Variant::VipAnnounced, false)
         .expect("release the VIP");
-    let o = check(&[
-        "--json",
-        "--nic",
-        lab::NODE_NIC,
-        "--kubeconfig",
-        api.kubeconfig(),
-    ]);
+    let o = check_json_with_api();
     let json = parse(&o);
     assert!(
         named(&json, Kind::HealthcheckBlackhole).is_empty(),
@@ -509,18 +506,16 @@ fn an_lb_ip_an_announcer_holds_is_named_before_it_fails() {
 /// leftover as a risk with its remedy; the same node after the cleanup (no kube-ipvs0) does not.
 #[test]
 fn a_kube_ipvs0_left_behind_after_the_switch_to_nftables_is_named() {
-    if !require_root("probe check on the lab") {
-        return;
-    }
-    let _lab = LabGuard::up_in(
+    let Some(_lab) = LabGuard::for_test_in(
+        "probe check on the lab",
         KubeProxyMode::Nftables,
         &Variants {
             vip_bound: false,
             ..Variants::default()
         },
-        &Default::default(),
-    )
-    .expect("lab up (nftables mode)");
+    ) else {
+        return;
+    };
     let (_, clean) = report();
     assert!(named(&clean, Kind::ModeLeftover).is_empty(), "{clean:#?}");
     // What IPVS mode leaves: kube-ipvs0 (a bridge with no ports stands in for its dummy) with
@@ -572,15 +567,13 @@ fn a_kube_ipvs0_left_behind_after_the_switch_to_nftables_is_named() {
 /// LB IP:8445); with a local endpoint (no drop element) it is not.
 #[test]
 fn an_etp_local_lb_ip_kube_proxy_drops_is_named_and_its_twin_is_not() {
-    if !require_root("probe check on the lab") {
-        return;
-    }
-    let lab = LabGuard::up_in(
+    let Some(lab) = LabGuard::for_test_in(
+        "probe check on the lab",
         KubeProxyMode::Nftables,
         &Variants::default(),
-        &Default::default(),
-    )
-    .expect("lab up (nftables mode)");
+    ) else {
+        return;
+    };
     let subject = format!("{}:{}/tcp", lab::VIP, lab::VIP_NFT_ETP_LOCAL_PORT);
     lab.set_nft_web_local(false).unwrap();
     let (code, json) = report();

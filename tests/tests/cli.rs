@@ -75,10 +75,9 @@ fn a_bad_otlp_endpoint_is_named_before_anything_starts() {
 
 #[test]
 fn unknown_interface_is_named_and_nothing_is_attached() {
-    if !require_root("unknown_interface") {
+    let Some(_lab) = LabGuard::for_test("unknown_interface", &Variants::default()) else {
         return;
-    }
-    let _lab = LabGuard::up(&Variants::default()).expect("lab up");
+    };
     let o = probe_in(
         Some(lab::NS_NODE),
         &[
@@ -97,10 +96,9 @@ fn unknown_interface_is_named_and_nothing_is_attached() {
 
 #[test]
 fn metrics_port_in_use_fails_before_anything_is_attached() {
-    if !require_root("port_in_use") {
+    let Some(_lab) = LabGuard::for_test("port_in_use", &Variants::default()) else {
         return;
-    }
-    let _lab = LabGuard::up(&Variants::default()).expect("lab up");
+    };
     // Hold a port inside the node namespace from a thread that entered it.
     let ns = std::fs::File::open(format!("/run/netns/{}", lab::NS_NODE)).unwrap();
     let (tx, rx) = std::sync::mpsc::channel();

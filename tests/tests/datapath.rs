@@ -22,10 +22,6 @@ use test_support::lab::{self, LabGuard, Outcome, Scenario, Variants};
 
 const WAIT: Duration = Duration::from_secs(10);
 
-fn lab_up(variants: Variants) -> LabGuard {
-    LabGuard::up(&variants).expect("lab up")
-}
-
 fn agent() -> Agent {
     Agent::start(lab::NS_NODE, &["--nic", lab::NODE_NIC])
 }
@@ -45,10 +41,9 @@ fn suspects_of_tag(tag: u8) -> u64 {
 
 #[test]
 fn vip_source_on_the_nic_is_counted_evented_and_its_drop_has_the_reason() {
-    if !require_root("vip_source") {
+    let Some(lab) = LabGuard::for_test("vip_source", &Variants::default()) else {
         return;
-    }
-    let lab = lab_up(Variants::default());
+    };
     let agent = agent();
     assert_eq!(
         lab.traffic(Scenario::HealthcheckBlackhole).unwrap(),
@@ -101,7 +96,7 @@ fn suspects_in_nonlinear_skbs_are_counted_exactly() {
     if !probe_tests::trafgen::available("nonlinear_skbs") {
         return;
     }
-    let lab = lab_up(Variants::default());
+    let lab = LabGuard::up(&Variants::default()).expect("lab up");
     let agent = agent();
     // TX ring mode (the helper's): the non-linear layout under test.
     probe_tests::trafgen::send_from_lb(
@@ -124,10 +119,9 @@ fn suspects_in_nonlinear_skbs_are_counted_exactly() {
 
 #[test]
 fn hairpin_pod_source_is_evented_and_tied_to_the_pods_egress_record() {
-    if !require_root("hairpin_pod_source") {
+    let Some(lab) = LabGuard::for_test("hairpin_pod_source", &Variants::default()) else {
         return;
-    }
-    let lab = lab_up(Variants::default());
+    };
     let agent = agent();
     let outcome = lab.traffic(Scenario::Hairpin).unwrap();
     assert_ne!(outcome, Outcome::Ok);
@@ -171,10 +165,12 @@ fn hairpin_pod_source_is_evented_and_tied_to_the_pods_egress_record() {
 
 #[test]
 fn ordinary_packets_produce_no_events_and_no_suspect_counts() {
-    if !require_root("ordinary_packets") {
+    let Some(lab) = LabGuard::for_test(
+        "ordinary_packets",
+        &Variants::default().with(lab::Variant::VipBound, false),
+    ) else {
         return;
-    }
-    let lab = lab_up(Variants::default().with(lab::Variant::VipBound, false));
+    };
     let agent = agent();
     // 10,000 ICMP echoes from the outside client to the node (through the LB), plus ordinary
     // TCP through the LB and between pods.
@@ -216,10 +212,9 @@ fn ordinary_packets_produce_no_events_and_no_suspect_counts() {
 
 #[test]
 fn address_changes_after_start_are_followed_and_kube_ipvs0_is_reattached() {
-    if !require_root("address_changes") {
+    let Some(lab) = LabGuard::for_test("address_changes", &Variants::default()) else {
         return;
-    }
-    let lab = lab_up(Variants::default());
+    };
     let mut agent = agent();
     let vip2 = std::net::Ipv4Addr::new(203, 0, 113, 20);
     let node_port = SocketAddrV4::new(lab::NODE_IP, lab::NODE_PORT);
@@ -352,10 +347,9 @@ fn address_changes_after_start_are_followed_and_kube_ipvs0_is_reattached() {
 
 #[test]
 fn nothing_stays_attached_after_exit_sigterm_or_sigkill() {
-    if !require_root("nothing_stays_attached") {
+    let Some(_lab) = LabGuard::for_test("nothing_stays_attached", &Variants::default()) else {
         return;
-    }
-    let _lab = lab_up(Variants::default());
+    };
 
     let mut a = agent();
     assert_eq!(
@@ -414,10 +408,9 @@ fn tc_state(dev: &str) -> (String, String) {
 /// followed by a restart.
 #[test]
 fn clsact_fallback_sees_packets_and_leaves_nothing_behind() {
-    if !require_root("clsact_fallback") {
+    let Some(lab) = LabGuard::for_test("clsact_fallback", &Variants::default()) else {
         return;
-    }
-    let lab = lab_up(Variants::default());
+    };
     let args = ["--nic", lab::NODE_NIC, "--tc-mode", "netlink"];
     let mut a = Agent::start(lab::NS_NODE, &args);
     let (filters, qdiscs) = tc_state(lab::NODE_NIC);
@@ -523,10 +516,9 @@ fn assert_foreign_filters_intact() {
 /// SIGKILL removes the orphaned filters, again only ours.
 #[test]
 fn clsact_fallback_keeps_foreign_filters() {
-    if !require_root("clsact_foreign_filters") {
+    let Some(_lab) = LabGuard::for_test("clsact_foreign_filters", &Variants::default()) else {
         return;
-    }
-    let _lab = lab_up(Variants::default());
+    };
     let args = ["--nic", lab::NODE_NIC, "--tc-mode", "netlink"];
 
     // The agent adds the qdisc; another tool then adds filters to it.

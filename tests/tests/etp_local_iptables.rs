@@ -9,13 +9,10 @@
 //!
 //! Root only (prints a skip line otherwise). One at a time: they share the lab.
 
-use std::{
-    net::{IpAddr, SocketAddrV4},
-    time::Duration,
-};
+use std::{net::SocketAddrV4, time::Duration};
 
-use probe_contract::{LoopbackKind, Outcome as Fate, facts::ProxyMode};
-use probe_tests::agent::{Agent, lines, require_root};
+use probe_contract::{LoopbackKind, facts::ProxyMode};
+use probe_tests::agent::{Agent, assert_pod_a_call_dropped_by_netfilter, lines, require_root};
 use test_support::lab::{self, KubeProxyMode, LabGuard, Outcome, Variants, etp_local};
 
 const SETTLE: Duration = Duration::from_secs(4);
@@ -44,13 +41,7 @@ fn called(detector: Option<&str>) -> (LabGuard, Agent, lab::Attempt) {
 /// What every confirmed case says: the call, the drop, the iptables rule (not nftables'),
 /// and a remedy of iptables mode.
 fn assert_iptables_drop(e: &probe_contract::LoopbackEvent) {
-    assert_eq!(e.src, IpAddr::V4(lab::POD_A_IP));
-    assert_eq!(e.vip, Some(IpAddr::V4(lab::VIP)));
-    assert_eq!(e.vip_port, Some(lab::VIP_NFT_ETP_LOCAL_PORT));
-    assert_eq!(e.outcome, Fate::Dropped);
-    // The kernel's netfilter drop: named on 5.17+, inferred from nf_hook_slow before.
-    assert_eq!(e.drop_reason.as_deref(), Some("NETFILTER_DROP"));
-    assert_eq!(e.service.as_deref(), Some("default/web-local"));
+    assert_pod_a_call_dropped_by_netfilter(e, lab::VIP_NFT_ETP_LOCAL_PORT, "default/web-local");
     assert_eq!(e.facts.proxy_mode, Some(ProxyMode::Iptables));
     let ev = lines(&e.evidence);
     assert!(

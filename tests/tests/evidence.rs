@@ -10,7 +10,7 @@ use probe_contract::{
     evidence::{EvidenceBundle, EvidenceIndex, Hook},
 };
 use probe_tests::{
-    agent::{Agent, require_root, tempdir::TempDir, wait_for},
+    agent::{Agent, tempdir::TempDir, wait_for},
     capture::{packet_comments, tcpdump_read},
     kube_fixture::{KubeFixture, NODE_NAME, plugin_in_node},
     written::{clb_events, is},
@@ -67,10 +67,9 @@ fn agent_with_a_black_hole(lab: &LabGuard, extra: &[&str], token: &str) -> (Agen
 
 #[test]
 fn a_confirmed_health_check_black_hole_has_its_packets_in_a_capture_tcpdump_reads() {
-    if !require_root("evidence") {
+    let Some(lab) = LabGuard::for_test("evidence", &Variants::default()) else {
         return;
-    }
-    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    };
     let dir = TempDir::new("evidence");
     let token = token_file(&dir);
     let (_agent, event) = agent_with_a_black_hole(&lab, &[], &token);
@@ -167,10 +166,9 @@ fn a_confirmed_health_check_black_hole_has_its_packets_in_a_capture_tcpdump_read
 /// later turns it on without a restart (the kubelet syncs a Secret created after the pod).
 #[test]
 fn without_a_token_evidence_is_off_until_its_file_appears() {
-    if !require_root("evidence") {
+    let Some(lab) = LabGuard::for_test("evidence", &Variants::default()) else {
         return;
-    }
-    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    };
     let dir = TempDir::new("evidence-off");
     let later = dir.path().join("token");
     let (_agent, _) = agent_with_a_black_hole(&lab, &[], later.to_str().unwrap());
@@ -195,10 +193,9 @@ fn without_a_token_evidence_is_off_until_its_file_appears() {
 
 #[test]
 fn with_the_capture_off_the_loop_is_listed_without_packets() {
-    if !require_root("evidence") {
+    let Some(lab) = LabGuard::for_test("evidence", &Variants::default()) else {
         return;
-    }
-    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    };
     let dir = TempDir::new("evidence-nocapture");
     let token = token_file(&dir);
     let (_agent, event) = agent_with_a_black_hole(&lab, &["--capture-bytes", "0"], &token);
@@ -233,11 +230,10 @@ fn agent_pod(name: &str, node: &str, ip: &str, port: u16) -> serde_json::Value {
 
 #[test]
 fn kubectl_evidence_writes_each_nodes_capture_through_the_api_servers_pod_proxy() {
-    if !require_root("evidence_kubectl") {
-        return;
-    }
     const PORT: u16 = 19968;
-    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    let Some(lab) = LabGuard::for_test("evidence_kubectl", &Variants::default()) else {
+        return;
+    };
     let api = KubeFixture::builder().tag("evidence").start();
     // The fake's pods/proxy connects from the node's namespace, as the API server reaches a
     // hostNetwork pod at the node's address.

@@ -21,8 +21,7 @@ use std::{
 };
 
 use probe_tests::agent::{
-    Agent, assert_nothing_attached, error_line, probe_command, require_root, stderr,
-    tempdir::TempDir, wait_for,
+    Agent, assert_nothing_attached, error_line, probe_command, stderr, tempdir::TempDir, wait_for,
 };
 use test_support::lab::{self, LabGuard, Scenario, Variants, in_netns};
 
@@ -122,10 +121,9 @@ fn helper_process_for_the_other_tests() {
 /// a real second agent is still refused in one line naming the first.
 #[test]
 fn a_lock_squatter_does_not_keep_the_agent_out_and_a_second_agent_is_still_refused() {
-    if !require_root("lock_squatter") {
+    let Some(_lab) = LabGuard::for_test("lock_squatter", &Variants::default()) else {
         return;
-    }
-    let _lab = LabGuard::up(&Variants::default()).expect("lab up");
+    };
     let mut squatter = as_nobody(lab::NS_NODE, "squat")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -200,10 +198,9 @@ fn healthz_probe() -> bool {
 /// `/healthz` probe answers.
 #[test]
 fn healthz_answers_every_probe_through_a_flood_of_half_sent_requests() {
-    if !require_root("healthz_flood") {
+    let Some(_lab) = LabGuard::for_test("healthz_flood", &Variants::default()) else {
         return;
-    }
-    let _lab = LabGuard::up(&Variants::default()).expect("lab up");
+    };
     let mut agent = Agent::start(
         lab::NS_NODE,
         &["--nic", lab::NODE_NIC, "--metrics-addr", METRICS],
@@ -281,11 +278,10 @@ fn metric(name: &str) -> Option<f64> {
 /// second per class), which would otherwise shed the suspects themselves.
 #[test]
 fn an_output_nobody_reads_never_stops_detection_or_shutdown() {
-    if !require_root("stalled_output") {
-        return;
-    }
     const PORTS: u16 = 450;
-    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    let Some(lab) = LabGuard::for_test("stalled_output", &Variants::default()) else {
+        return;
+    };
     let dir = TempDir::new("hostile-stall");
     let socket = dir.path().join("probe.sock");
     let mut cmd = Agent::command(lab::NS_NODE);
@@ -351,10 +347,9 @@ fn an_output_nobody_reads_never_stops_detection_or_shutdown() {
 /// minute; an INFO when accepting works again).
 #[test]
 fn the_live_view_survives_running_out_of_descriptors() {
-    if !require_root("live_view_emfile") {
+    let Some(_lab) = LabGuard::for_test("live_view_emfile", &Variants::default()) else {
         return;
-    }
-    let _lab = LabGuard::up(&Variants::default()).expect("lab up");
+    };
     let dir = TempDir::new("hostile-emfile");
     let socket = dir.path().join("probe.sock");
     let mut cmd = Agent::command(lab::NS_NODE);
@@ -416,10 +411,9 @@ fn the_live_view_survives_running_out_of_descriptors() {
 /// usage error (exit 2); files are appended to, and created 0600 under umask 000.
 #[test]
 fn outputs_never_clobber_files() {
-    if !require_root("outputs_clobber") {
+    let Some(_lab) = LabGuard::for_test("outputs_clobber", &Variants::default()) else {
         return;
-    }
-    let _lab = LabGuard::up(&Variants::default()).expect("lab up");
+    };
     let dir = TempDir::new("hostile-outputs");
     let d = dir.path();
     std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -518,10 +512,9 @@ fn outputs_never_clobber_files() {
 /// nothing attached, the socket removed.
 #[test]
 fn sighup_and_sigquit_shut_down_cleanly_in_both_tc_modes() {
-    if !require_root("sighup_sigquit") {
+    let Some(_lab) = LabGuard::for_test("sighup_sigquit", &Variants::default()) else {
         return;
-    }
-    let _lab = LabGuard::up(&Variants::default()).expect("lab up");
+    };
     for mode in ["tcx", "netlink"] {
         for (name, sig) in [("SIGHUP", libc::SIGHUP), ("SIGQUIT", libc::SIGQUIT)] {
             let dir = TempDir::new("hostile-signals");
@@ -546,10 +539,9 @@ fn sighup_and_sigquit_shut_down_cleanly_in_both_tc_modes() {
 /// loop; no connection succeeds.
 #[test]
 fn the_live_view_socket_is_never_connectable_by_another_user() {
-    if !require_root("socket_race") {
+    let Some(_lab) = LabGuard::for_test("socket_race", &Variants::default()) else {
         return;
-    }
-    let _lab = LabGuard::up(&Variants::default()).expect("lab up");
+    };
     let dir = TempDir::new("hostile-socket");
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let socket = dir.path().join("probe.sock");

@@ -22,7 +22,6 @@ use std::{
 use k8s_openapi::api::events::v1::Event;
 use probe_contract::LoopbackKind;
 use probe_tests::{
-    agent::require_root,
     kube_fixture::KubeFixture,
     written::{clb_events, is},
 };
@@ -79,10 +78,9 @@ impl Drop for Flood {
 
 #[test]
 fn a_flood_of_unserved_ports_does_not_starve_the_blackhole_event() {
-    if !require_root("hostile_flood_events") {
+    let Some(lab) = LabGuard::for_test("hostile_flood_events", &Variants::default()) else {
         return;
-    }
-    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    };
     let api = KubeFixture::builder().tag("flood").start();
     let agent = api.start_agent(&[]);
     lab.traffic(Scenario::VipPortUnserved).expect("traffic");
@@ -157,10 +155,9 @@ fn event_series() -> Vec<String> {
 /// (`vip="203.0.113.10"`), not only `vip="other"`.
 #[test]
 fn a_flood_of_unserved_ports_does_not_take_the_blackholes_metric_series() {
-    if !require_root("hostile_flood_series") {
+    let Some(lab) = LabGuard::for_test("hostile_flood_series", &Variants::default()) else {
         return;
-    }
-    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    };
     let api = KubeFixture::builder().tag("flood-series").start();
     let agent = api.start_agent(&["--metrics-addr", METRICS]);
     lab.traffic(Scenario::VipPortUnserved).expect("traffic");

@@ -17,7 +17,7 @@ use std::{process::Command, time::Duration};
 
 use probe_contract::LoopbackKind;
 use probe_tests::{
-    agent::{Agent, node_metric, require_root, wait_for},
+    agent::{Agent, node_metric, wait_for},
     kube_fixture::KubeFixture,
 };
 use test_support::lab::{self, LabGuard, Scenario, Variants};
@@ -84,10 +84,10 @@ fn node_mac(dev: &str) -> String {
 /// Before: one `service_self_loop` event, count 3, "restart kube-proxy". After: none.
 #[test]
 fn a_pod_forging_its_own_address_both_ways_confirms_no_self_loop() {
-    if !require_root("hostile_proof_forged_self_loop") {
+    let Some(lab) = LabGuard::for_test("hostile_proof_forged_self_loop", &Variants::default())
+    else {
         return;
-    }
-    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    };
     let agent = Agent::start_with_table(
         lab::NS_NODE,
         &["--nic", lab::NODE_NIC, "--metrics-addr", METRICS],
@@ -168,10 +168,10 @@ fn proof_lookups(agent: &mut Agent, kind: &str) -> usize {
 /// made on the node: the LB's checks never arrive with a local source).
 #[test]
 fn an_unprivileged_connect_from_the_vip_resolves_no_healthcheck_blackhole() {
-    if !require_root("hostile_proof_connect_from_the_vip") {
+    let Some(lab) = LabGuard::for_test("hostile_proof_connect_from_the_vip", &Variants::default())
+    else {
         return;
-    }
-    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    };
     let api = KubeFixture::builder().tag("e3-from-vip").start();
     let agent = api.start_agent(&["--resolve-after", "2"]);
     lab.traffic(Scenario::HealthcheckBlackhole)
@@ -203,11 +203,13 @@ fn an_unprivileged_connect_from_the_vip_resolves_no_healthcheck_blackhole() {
 /// the loop broke, not its client).
 #[test]
 fn an_unprivileged_listen_and_connect_on_the_vip_port_resolves_no_unserved_port() {
-    if !require_root("hostile_proof_listen_connect_vip_port") {
-        return;
-    }
     const PORT: u16 = 45679;
-    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    let Some(lab) = LabGuard::for_test(
+        "hostile_proof_listen_connect_vip_port",
+        &Variants::default(),
+    ) else {
+        return;
+    };
     lab.set_all(&Scenario::VipPortUnserved.spec().variants)
         .expect("the VIP bound");
     let api = KubeFixture::builder().tag("e3-listen-connect").start();
@@ -258,10 +260,12 @@ fn after_two_lookups(mut agent: Agent, kind: &str) -> (Option<()>, usize, String
 /// (pod A to :80, the node to :8081), answered, proves it.
 #[test]
 fn a_service_change_and_another_clients_answered_calls_resolve_no_pods_hairpin() {
-    if !require_root("hostile_proof_service_change") {
+    let Some(lab) = LabGuard::for_test(
+        "hostile_proof_service_change",
+        &Scenario::HairpinNodeSourced.spec().variants,
+    ) else {
         return;
-    }
-    let lab = LabGuard::up(&Scenario::HairpinNodeSourced.spec().variants).expect("lab up");
+    };
     let with_no_guard_port = |annotated: bool| {
         let mut web = test_support::kubeapi::fixtures::lab()
             .into_iter()

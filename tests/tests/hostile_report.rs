@@ -15,13 +15,13 @@
 use std::time::Duration;
 
 use probe_tests::{
-    agent::{Agent, node_metric, require_root, wait_for},
+    agent::{Agent, node_metric, wait_for},
     kube_fixture::{KubeFixture, NODE_NAME},
 };
 use serde_json::{Value, json};
 use test_support::{
     kubeapi::FakeApiServer,
-    lab::{self, LabGuard, Variants},
+    lab::{LabGuard, Variants},
 };
 
 const METRICS: &str = "127.0.0.1:19971";
@@ -69,10 +69,9 @@ fn pod(name: &str, node: &str) -> Value {
 /// the condition is written and an INFO says so.
 #[test]
 fn a_forbidden_node_status_is_counted_backed_off_and_never_rewrites_the_report() {
-    if !require_root("hostile_report_forbidden") {
+    let Some(_lab) = LabGuard::for_test("hostile_report_forbidden", &Variants::default()) else {
         return;
-    }
-    let _lab = LabGuard::up(&Variants::default()).expect("lab up");
+    };
     let api = KubeFixture::builder().tag("hostile-report-e7").start();
     api.forbid("nodes", "patch");
     let mut agent = api.start_agent(&[
@@ -127,10 +126,9 @@ fn a_forbidden_node_status_is_counted_backed_off_and_never_rewrites_the_report()
 /// them write.
 #[test]
 fn a_restart_keeps_the_conditions_transition_time() {
-    if !require_root("hostile_report_restart") {
+    let Some(_lab) = LabGuard::for_test("hostile_report_restart", &Variants::default()) else {
         return;
-    }
-    let _lab = LabGuard::up(&Variants::default()).expect("lab up");
+    };
     let api = KubeFixture::builder()
         .tag("hostile-report-e13")
         .object(pod("clb-probe-here", NODE_NAME))
@@ -172,10 +170,9 @@ fn a_restart_keeps_the_conditions_transition_time() {
 /// neither node-b's report nor its condition, says so in one ERROR, and the metric says why.
 #[test]
 fn an_agent_never_writes_another_nodes_report() {
-    if !require_root("hostile_report_node_name") {
+    let Some(_lab) = LabGuard::for_test("hostile_report_node_name", &Variants::default()) else {
         return;
-    }
-    let _lab = LabGuard::up(&Variants::default()).expect("lab up");
+    };
     let api = KubeFixture::builder()
         .tag("hostile-report-e12")
         .object(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"}}))
@@ -194,10 +191,9 @@ fn an_agent_never_writes_another_nodes_report() {
 /// address of this host, writes nothing either; the metric says why.
 #[test]
 fn outside_a_pod_an_agent_never_writes_a_node_whose_address_is_elsewhere() {
-    if !require_root("hostile_report_node_address") {
+    let Some(_lab) = LabGuard::for_test("hostile_report_node_address", &Variants::default()) else {
         return;
-    }
-    let _lab = LabGuard::up(&Variants::default()).expect("lab up");
+    };
     let api = KubeFixture::builder()
         .tag("hostile-report-e12-host")
         .object(
@@ -217,15 +213,9 @@ fn never_writes_node_b(
     reason: &str,
     label: &str,
 ) -> Agent {
-    let mut agent = Agent::start_with_env(
-        lab::NS_NODE,
+    let mut agent = api.start_agent_as(
+        "node-b",
         &[
-            "--nic",
-            lab::NODE_NIC,
-            "--kubeconfig",
-            api.kubeconfig(),
-            "--node-name",
-            "node-b",
             "--node-report",
             "on",
             "--node-condition",

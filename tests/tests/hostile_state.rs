@@ -19,7 +19,8 @@ use std::{
 };
 
 use probe_tests::{
-    agent::{Agent, hex_bytes, node_metric, probe_bin, require_root, sh, text, wait_for},
+    agent::{Agent, hex_bytes, node_metric, probe_bin, sh, text, wait_for},
+    kernel_view::maps_held_by,
     kube_fixture::KubeFixture,
 };
 use serde_json::{Value, json};
@@ -37,27 +38,14 @@ fn raw_controls(s: &str) -> Vec<char> {
 
 // ----- item 6: a full address set ---------------------------------------------------------
 
-/// The id of the map named `name` among the descriptors of process `pid` (mapsize.rs's way:
-/// other agents on the machine have maps of the same name).
+/// The id of the map named `name` among the descriptors of process `pid` (other agents on
+/// the machine have maps of the same name).
 fn map_id_of(pid: u32, name: &str) -> String {
-    for entry in std::fs::read_dir(format!("/proc/{pid}/fdinfo")).expect("fdinfo") {
-        let Ok(fdinfo) = std::fs::read_to_string(entry.unwrap().path()) else {
-            continue;
-        };
-        let Some(id) = fdinfo
-            .lines()
-            .find_map(|l| l.strip_prefix("map_id:"))
-            .map(|v| v.trim().to_string())
-        else {
-            continue;
-        };
-        let info: Value =
-            serde_json::from_str(&sh(&["bpftool", "-j", "map", "show", "id", &id])).unwrap();
-        if info["name"] == name {
-            return id;
-        }
-    }
-    panic!("no map {name} held by pid {pid}");
+    maps_held_by(pid)
+        .into_iter()
+        .find(|(_, info)| info["name"] == name)
+        .map(|(id, _)| id)
+        .unwrap_or_else(|| panic!("no map {name} held by pid {pid}"))
 }
 
 /// Entries of the agent's HOSTS_V4 by tag byte, read from the kernel.
@@ -102,10 +90,12 @@ fn vips(verb: &str, n: u32) {
 
 #[test]
 fn a_full_address_set_says_what_the_kernel_holds() {
-    if !require_root("a_full_address_set_says_what_the_kernel_holds") {
+    let Some(_lab) = LabGuard::for_test(
+        "a_full_address_set_says_what_the_kernel_holds",
+        &Variants::default(),
+    ) else {
         return;
-    }
-    let _lab = LabGuard::up(&Variants::default()).expect("lab up");
+    };
     const CAPACITY: u32 = 256; // the flag's minimum
     let mut agent = Agent::start(
         lab::NS_NODE,
@@ -214,10 +204,12 @@ fn watches_by_resource(requests: &[test_support::kubeapi::Request]) -> [usize; 3
 
 #[test]
 fn watches_the_server_ends_at_once_are_paced_and_said() {
-    if !require_root("watches_the_server_ends_at_once_are_paced_and_said") {
+    let Some(_lab) = LabGuard::for_test(
+        "watches_the_server_ends_at_once_are_paced_and_said",
+        &Variants::default(),
+    ) else {
         return;
-    }
-    let _lab = LabGuard::up(&Variants::default()).expect("lab up");
+    };
     let api = KubeFixture::lab();
     let mut agent = api.start_agent(&["--metrics-addr", METRICS, "--kube-events", "off"]);
     agent.wait_log("Kubernetes attribution connected", WAIT);
@@ -263,10 +255,12 @@ fn watches_the_server_ends_at_once_are_paced_and_said() {
 
 #[test]
 fn probe_watch_prints_a_hostile_nic_name_escaped() {
-    if !require_root("probe_watch_prints_a_hostile_nic_name_escaped") {
+    let Some(_lab) = LabGuard::for_test(
+        "probe_watch_prints_a_hostile_nic_name_escaped",
+        &Variants::default(),
+    ) else {
         return;
-    }
-    let _lab = LabGuard::up(&Variants::default()).expect("lab up");
+    };
     // CSI "clear screen" and an OSC retitle ended by BEL: 11 bytes, a valid interface name (a
     // bridge: this kernel has no dummy driver; any kind does).
     let name = "e\x1b[2J\x1b]0;x\x07";

@@ -19,7 +19,7 @@ use std::{
 
 use probe_contract::{LoopbackEvent, LoopbackKind};
 use probe_tests::{
-    agent::{require_root, sh_in_node, wait_for},
+    agent::{sh_in_node, wait_for},
     kube_fixture::{KubeFixture, NODE_NAME},
 };
 use serde_json::{Value, json};
@@ -103,10 +103,10 @@ fn lab_objects_with_huge_annotations() -> Vec<Value> {
 /// the product reads are kept, each value at most 256 bytes (cut visibly).
 #[test]
 fn a_tenant_s_huge_annotation_is_not_copied_into_every_event() {
-    if !require_root("hostile_strings_huge_annotation") {
+    let Some(lab) = LabGuard::for_test("hostile_strings_huge_annotation", &Variants::default())
+    else {
         return;
-    }
-    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    };
     let api = KubeFixture::builder()
         .tag("huge-annotation")
         .objects(lab_objects_with_huge_annotations())
@@ -291,10 +291,10 @@ fn report(api: &KubeFixture) -> Option<Value> {
 /// every output carries that form, and the notes name the host process and the node.
 #[test]
 fn a_host_listener_named_with_escapes_reaches_no_output_raw() {
-    if !require_root("hostile_strings_listener_name") {
+    let Some(lab) = LabGuard::for_test("hostile_strings_listener_name", &Variants::default())
+    else {
         return;
-    }
-    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    };
     stop_the_lab_s_host_listener();
     let listener = HostileListener::start();
     let api = KubeFixture::lab();

@@ -20,7 +20,7 @@ use probe_contract::{
     facts::{AddressOwner, Etp},
 };
 use probe_tests::{
-    agent::{Agent, lines, probe_bin, require_root, wait_for},
+    agent::{Agent, lines, probe_bin, wait_for},
     kube_fixture::KubeFixture,
 };
 use serde_json::Value;
@@ -54,10 +54,9 @@ fn metric(name: &str) -> String {
 
 #[test]
 fn hairpin_and_healthcheck_blackhole_carry_pod_and_service_names() {
-    if !require_root("kube_names") {
+    let Some(lab) = LabGuard::for_test("kube_names", &Variants::default()) else {
         return;
-    }
-    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    };
     let api = KubeFixture::lab();
     let mut agent = api.start_agent(AGENT);
     agent.wait_log("Kubernetes attribution connected", WAIT);
@@ -182,14 +181,15 @@ fn hairpin_and_healthcheck_blackhole_carry_pod_and_service_names() {
 /// owner, and the remedy addresses that pod, not kube-proxy (issue 39, item 3).
 #[test]
 fn a_vip_an_announcer_holds_is_named_for_its_pod_on_the_node() {
-    if !require_root("kube_announcer") {
+    let Some(lab) = LabGuard::for_test(
+        "kube_announcer",
+        &Variants {
+            vip_bound: false,
+            ..Variants::default()
+        },
+    ) else {
         return;
-    }
-    let lab = LabGuard::up(&Variants {
-        vip_bound: false,
-        ..Variants::default()
-    })
-    .expect("lab up");
+    };
     let api = KubeFixture::builder()
         .object(fixtures::parse(fixtures::POD_KUBE_VIP))
         .start();
@@ -228,10 +228,9 @@ fn a_vip_an_announcer_holds_is_named_for_its_pod_on_the_node() {
 
 #[test]
 fn without_api_access_events_are_confirmed_by_address() {
-    if !require_root("kube_forbidden") {
+    let Some(lab) = LabGuard::for_test("kube_forbidden", &Variants::default()) else {
         return;
-    }
-    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    };
     let api = KubeFixture::lab();
     for resource in ["pods", "services", "endpointslices"] {
         api.forbid(resource, "list");
@@ -272,10 +271,9 @@ fn without_api_access_events_are_confirmed_by_address() {
 /// the plain unserved port (the twin, `loopback.rs` and `kube_events.rs`).
 #[test]
 fn a_port_the_api_serves_and_kube_proxy_did_not_program_is_named() {
-    if !require_root("kube_not_programmed") {
+    let Some(lab) = LabGuard::for_test("kube_not_programmed", &Variants::default()) else {
         return;
-    }
-    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    };
     let mut objects = fixtures::lab();
     let web = objects
         .iter_mut()
@@ -343,10 +341,9 @@ fn a_port_the_api_serves_and_kube_proxy_did_not_program_is_named() {
 /// the restarted watches, not with the next change.
 #[test]
 fn connected_again_when_the_watches_resume_after_a_non_410_error() {
-    if !require_root("kube_rewatch") {
+    let Some(lab) = LabGuard::for_test("kube_rewatch", &Variants::default()) else {
         return;
-    }
-    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    };
     let api = KubeFixture::lab();
     let mut agent = api.start_agent(AGENT);
     // The metrics read a snapshot taken every so often: wait for a state, do not sample it.
@@ -400,10 +397,9 @@ fn connected_again_when_the_watches_resume_after_a_non_410_error() {
 
 #[test]
 fn a_service_added_after_a_410_relist_is_attributed() {
-    if !require_root("kube_410") {
+    let Some(lab) = LabGuard::for_test("kube_410", &Variants::default()) else {
         return;
-    }
-    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    };
     let without_web: Vec<Value> = fixtures::lab()
         .into_iter()
         .filter(|o| o["metadata"]["name"] != "web" && o["metadata"]["name"] != "web-x7k2d")

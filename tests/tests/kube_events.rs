@@ -28,14 +28,15 @@ struct Setup {
     lab: LabGuard,
 }
 
-/// Lab up, the fake API server in the node's namespace, the agent pointed at it.
+/// Lab up, the fake API server in the node's namespace, the agent pointed at it; None where
+/// the test `kube_events_<tag>` cannot run (not root: it says it skips).
 fn setup(
     tag: &str,
     extra: &[&str],
     every_ms: Option<&str>,
     prepare: impl FnOnce(&FakeApiServer),
-) -> Setup {
-    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+) -> Option<Setup> {
+    let lab = LabGuard::for_test(&format!("kube_events_{tag}"), &Variants::default())?;
     // The lab's Node, Pods, Services and EndpointSlices: attribution names the Service.
     let api = KubeFixture::builder().tag(tag).start();
     prepare(&api);
@@ -44,7 +45,7 @@ fn setup(
         env.push((clb_probe_every_env(), ms));
     }
     let agent = api.start_agent_with_env(extra, &env);
-    Setup { agent, api, lab }
+    Some(Setup { agent, api, lab })
 }
 
 /// `CLB_PROBE_TEST_KUBE_EVENTS_EVERY_MS` (probe-user's kube_events::PER_AGGREGATE_ENV).
@@ -72,10 +73,9 @@ fn metric(ns: &str, addr: &str, line_prefix: &str) -> Option<u64> {
 
 #[test]
 fn a_confirmed_failure_is_one_event_whose_series_grows() {
-    if !require_root("kube_events_series") {
+    let Some(s) = setup("series", &[], Some("1000"), |_| {}) else {
         return;
-    }
-    let s = setup("series", &[], Some("1000"), |_| {});
+    };
     s.lab
         .traffic(Scenario::HealthcheckBlackhole)
         .expect("traffic");
@@ -126,10 +126,9 @@ fn a_confirmed_failure_is_one_event_whose_series_grows() {
 
 #[test]
 fn a_storm_of_distinct_failures_stays_under_the_rate_limit() {
-    if !require_root("kube_events_storm") {
+    let Some(s) = setup("storm", &[], None, |_| {}) else {
         return;
-    }
-    let s = setup("storm", &[], None, |_| {});
+    };
     let started = std::time::Instant::now();
     s.lab.traffic(Scenario::VipPortUnserved).expect("traffic");
     // 40 distinct aggregates: the VIP called on 40 ports nothing serves.
@@ -167,14 +166,13 @@ fn a_storm_of_distinct_failures_stays_under_the_rate_limit() {
 
 #[test]
 fn denied_events_are_counted_once_logged_and_the_agent_keeps_confirming() {
-    if !require_root("kube_events_forbidden") {
-        return;
-    }
     let metrics = "127.0.0.1:9977";
-    let mut s = setup("forbidden", &["--metrics-addr", metrics], None, |api| {
+    let Some(mut s) = setup("forbidden", &["--metrics-addr", metrics], None, |api| {
         api.forbid("events", "create");
         api.forbid("events", "patch");
-    });
+    }) else {
+        return;
+    };
     s.lab
         .traffic(Scenario::HealthcheckBlackhole)
         .expect("traffic");
@@ -208,10 +206,9 @@ fn denied_events_are_counted_once_logged_and_the_agent_keeps_confirming() {
 
 #[test]
 fn kube_events_off_writes_nothing() {
-    if !require_root("kube_events_off") {
+    let Some(s) = setup("off", &["--kube-events", "off"], None, |_| {}) else {
         return;
-    }
-    let s = setup("off", &["--kube-events", "off"], None, |_| {});
+    };
     s.lab
         .traffic(Scenario::HealthcheckBlackhole)
         .expect("traffic");
@@ -227,10 +224,9 @@ fn kube_events_off_writes_nothing() {
 
 #[test]
 fn a_hairpin_event_regards_the_service_and_relates_the_client_pod() {
-    if !require_root("kube_events_hairpin") {
+    let Some(s) = setup("hairpin", &[], None, |_| {}) else {
         return;
-    }
-    let s = setup("hairpin", &[], None, |_| {});
+    };
     s.lab.traffic(Scenario::Hairpin).expect("traffic");
     let confirmed = s.agent.wait_event("hairpin", WAIT, |es| {
         es.iter().find(|e| e.kind == LoopbackKind::Hairpin).cloned()
@@ -348,16 +344,15 @@ fn nftables_first_events_are_named_and_on_the_service() {
 /// regression counted.
 #[test]
 fn a_fixed_loop_is_resolved_with_proof_and_its_recurrence_is_a_regression() {
-    if !require_root("kube_events_resolved") {
-        return;
-    }
     let metrics = "127.0.0.1:9978";
-    let mut s = setup(
+    let Some(mut s) = setup(
         "resolved",
         &["--metrics-addr", metrics, "--resolve-after", "2"],
         None,
         |_| {},
-    );
+    ) else {
+        return;
+    };
     let gauge = |family: &str, want: u64| {
         wait_for(family, WAIT, || {
             metric(

@@ -437,10 +437,9 @@ twins! {
 /// count grows, written once, then at most once per 10 s.
 #[test]
 fn repeated_health_checks_aggregate_into_one_event() {
-    if !require_root("repeated_health_checks") {
+    let Some(lab) = LabGuard::for_test("repeated_health_checks", &Variants::default()) else {
         return;
-    }
-    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    };
     let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
     for _ in 0..3 {
         assert_eq!(
@@ -624,10 +623,9 @@ const METRICS: &str = "127.0.0.1:9977";
 /// (repeats included), read before the lab goes, stays at 1.
 #[test]
 fn a_failed_connect_and_its_retransmits_count_once() {
-    if !require_root("hairpin_counts_once") {
+    let Some(lab) = LabGuard::for_test("hairpin_counts_once", &Variants::default()) else {
         return;
-    }
-    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    };
     let agent = Agent::start_with_table(
         lab::NS_NODE,
         &["--nic", lab::NODE_NIC, "--metrics-addr", METRICS],
@@ -793,11 +791,10 @@ twins! {
 /// `--hairpin-mode=hairpin-veth`) and kube-proxy's masquerade: answered, nothing reported.
 #[test]
 fn healthy_twin_bridge_port_with_hairpin_mode_reports_nothing() {
-    if !require_root("twin_self_loop_hairpin_mode") {
-        return;
-    }
     let variants = Scenario::SelfLoopBridge.spec().variants;
-    let lab = LabGuard::up(&variants).expect("lab up");
+    let Some(lab) = LabGuard::for_test("twin_self_loop_hairpin_mode", &variants) else {
+        return;
+    };
     lab.set_pod_b_hairpin_mode(true).expect("hairpin mode on");
     let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
     let spec = Scenario::SelfLoopBridge.spec();

@@ -7,31 +7,23 @@
 
 use std::process::Command;
 
-use probe_tests::agent::{Agent, probe_bin, require_root, sh};
+use probe_tests::{
+    agent::{Agent, probe_bin},
+    kernel_view::maps_held_by,
+};
 use test_support::lab::{self, LabGuard, Variants};
 
 /// (name, max_entries) of each BPF map process `pid` holds.
 fn maps_of(pid: u32) -> Vec<(String, u64)> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(format!("/proc/{pid}/fdinfo")).expect("fdinfo") {
-        let Ok(text) = std::fs::read_to_string(entry.unwrap().path()) else {
-            continue;
-        };
-        let Some(id) = text
-            .lines()
-            .find_map(|l| l.strip_prefix("map_id:"))
-            .map(|v| v.trim().to_string())
-        else {
-            continue;
-        };
-        let info: serde_json::Value =
-            serde_json::from_str(&sh(&["bpftool", "-j", "map", "show", "id", &id])).unwrap();
-        out.push((
-            info["name"].as_str().unwrap_or_default().to_string(),
-            info["max_entries"].as_u64().unwrap_or(0),
-        ));
-    }
-    out
+    maps_held_by(pid)
+        .into_iter()
+        .map(|(_, info)| {
+            (
+                info["name"].as_str().unwrap_or_default().to_string(),
+                info["max_entries"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect()
 }
 
 fn max_entries(maps: &[(String, u64)], name: &str) -> u64 {
@@ -43,10 +35,9 @@ fn max_entries(maps: &[(String, u64)], name: &str) -> u64 {
 
 #[test]
 fn map_capacities_follow_the_flags() {
-    if !require_root("map_capacities") {
+    let Some(_lab) = LabGuard::for_test("map_capacities", &Variants::default()) else {
         return;
-    }
-    let _lab = LabGuard::up(&Variants::default()).expect("lab up");
+    };
     let defaults = {
         let agent = Agent::start(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
         maps_of(agent.pid())

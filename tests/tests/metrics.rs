@@ -8,7 +8,7 @@ use std::{
     time::Duration,
 };
 
-use probe_tests::agent::{Agent, require_root, tempdir::TempDir, wait_for};
+use probe_tests::agent::{Agent, tempdir::TempDir, wait_for};
 use test_support::lab::{self, LabGuard, Outcome, Scenario, Variants, http_get_in};
 
 const METRICS: &str = "127.0.0.1:19966";
@@ -59,10 +59,9 @@ fn start_prometheus(netns: &str) -> Option<Prometheus> {
 
 #[test]
 fn failures_show_in_metrics_and_a_real_prometheus_scrapes_them() {
-    if !require_root("metrics") {
+    let Some(lab) = LabGuard::for_test("metrics", &Variants::default()) else {
         return;
-    }
-    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    };
     let agent = Agent::start(
         lab::NS_NODE,
         &["--nic", lab::NODE_NIC, "--metrics-addr", METRICS],

@@ -9,7 +9,9 @@
 use std::{net::IpAddr, process::Command, time::Duration};
 
 use probe_contract::{LoopbackKind, Outcome as Fate, SnatState};
-use probe_tests::agent::{Agent, lines, probe_bin, require_root};
+use probe_tests::agent::{
+    Agent, assert_pod_a_call_dropped_by_netfilter, lines, probe_bin, require_root,
+};
 use serde_json::Value;
 use test_support::lab::{self, KubeProxyMode, LabGuard, Outcome, Scenario, Variants};
 
@@ -18,6 +20,11 @@ const WAIT: Duration = Duration::from_secs(10);
 
 fn lab_up() -> LabGuard {
     lab_up_in(&Variants::default())
+}
+
+/// A test's nftables-mode lab, or None where it cannot run (not root: it says it skips).
+fn lab_for(test: &str) -> Option<LabGuard> {
+    LabGuard::for_test_in(test, KubeProxyMode::Nftables, &Variants::default())
 }
 
 /// The nftables-mode lab with `variants` set.
@@ -51,10 +58,9 @@ fn drive(lab: LabGuard, scenario: Scenario) -> Agent {
 
 #[test]
 fn nftables_service_table_is_read_from_kube_proxys_table() {
-    if !require_root("nftables_service_table") {
+    let Some(lab) = lab_for("nftables_service_table") else {
         return;
-    }
-    let lab = lab_up();
+    };
     // `probe services`' table (JSON): not an output type of the contract yet.
     let services = |lab: &LabGuard| -> Value {
         let _ = lab;
@@ -243,10 +249,9 @@ fn nftables_service_self_loop_twin_with_the_hairpin_mark_reports_nothing() {
 /// local endpoint (the twin) pod-a is answered.
 #[test]
 fn nftables_no_endpoint_drop_lab_reproduces_kube_proxys_drop_and_its_twin() {
-    if !require_root("nftables_no_endpoint_drop_lab") {
+    let Some(lab) = lab_for("nftables_no_endpoint_drop_lab") else {
         return;
-    }
-    let lab = lab_up();
+    };
     let to = std::net::SocketAddrV4::new(lab::VIP, lab::VIP_NFT_ETP_LOCAL_PORT);
     lab.set_nft_web_local(false).unwrap();
     assert!(lab::nft::web_local_dropped());
@@ -271,23 +276,16 @@ fn nftables_no_endpoint_drop_lab_reproduces_kube_proxys_drop_and_its_twin() {
 /// confirms `etp_local_drop` naming the element and the fixes.
 #[test]
 fn nftables_no_endpoint_drop_of_a_pods_call_is_confirmed_with_the_element() {
-    if !require_root("nftables_no_endpoint_drop") {
+    let Some(lab) = lab_for("nftables_no_endpoint_drop") else {
         return;
-    }
-    let lab = lab_up();
+    };
     lab.set_nft_web_local(false).unwrap();
     let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
     let to = std::net::SocketAddrV4::new(lab::VIP, lab::VIP_NFT_ETP_LOCAL_PORT);
     let pod = lab.connect(lab::NS_POD_A, None, to).unwrap();
     assert_eq!(pod.outcome, Outcome::Timeout, "{pod:?}");
     let e = agent.only_event(LoopbackKind::EtpLocalDrop, WAIT);
-    assert_eq!(e.src, IpAddr::V4(lab::POD_A_IP));
-    assert_eq!(e.vip, Some(IpAddr::V4(lab::VIP)));
-    assert_eq!(e.vip_port, Some(lab::VIP_NFT_ETP_LOCAL_PORT));
-    assert_eq!(e.outcome, Fate::Dropped);
-    // The kernel's netfilter drop: named on 5.17+, inferred from nf_hook_slow before.
-    assert_eq!(e.drop_reason.as_deref(), Some("NETFILTER_DROP"));
-    assert_eq!(e.service.as_deref(), Some("default/web-local"));
+    assert_pod_a_call_dropped_by_netfilter(&e, lab::VIP_NFT_ETP_LOCAL_PORT, "default/web-local");
     let ev = lines(&e.evidence);
     assert!(
         ev.contains(
@@ -314,10 +312,9 @@ fn nftables_no_endpoint_drop_of_a_pods_call_is_confirmed_with_the_element() {
 /// answered, and the agent reports nothing.
 #[test]
 fn nftables_no_endpoint_drop_twin_with_a_local_endpoint_reports_nothing() {
-    if !require_root("nftables_no_endpoint_drop_twin") {
+    let Some(lab) = lab_for("nftables_no_endpoint_drop_twin") else {
         return;
-    }
-    let lab = lab_up();
+    };
     lab.set_nft_web_local(true).unwrap();
     let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
     let to = std::net::SocketAddrV4::new(lab::VIP, lab::VIP_NFT_ETP_LOCAL_PORT);
@@ -372,12 +369,11 @@ fn etp_local_elsewhere(
 /// and what does not fit is a gauge and a line of `/readyz`.
 #[test]
 fn nftables_no_endpoint_elements_past_the_watched_destinations_keep_lb_ips_and_are_counted() {
-    if !require_root("nftables_no_endpoint_overflow") {
-        return;
-    }
     const METRICS: &str = "127.0.0.1:19487";
     const EXTRA: usize = 300;
-    let lab = lab_up();
+    let Some(lab) = lab_for("nftables_no_endpoint_overflow") else {
+        return;
+    };
     lab.set_nft_web_local(false).unwrap();
     // The victim, and a tenant's ETP Local Services without endpoints here, at external
     // addresses that sort first (as kube-proxy would write them, the API's model of them).

@@ -4,15 +4,14 @@
 //!
 //! Root only.
 
-use probe_tests::agent::{Agent, require_root, sh};
+use probe_tests::agent::{Agent, sh};
 use test_support::lab::{self, LabGuard, Variants};
 
 #[test]
 fn a_default_route_in_a_per_eni_table_makes_a_nic() {
-    if !require_root("default_nics") {
+    let Some(_lab) = LabGuard::for_test("default_nics", &Variants::default()) else {
         return;
-    }
-    let _lab = LabGuard::up(&Variants::default()).expect("lab up");
+    };
     let ip = |args: &[&str]| {
         let mut v = vec!["ip", "-n", lab::NS_NODE];
         v.extend_from_slice(args);

@@ -16,7 +16,7 @@ use probe_contract::{
     report::ReportStatus,
 };
 use probe_tests::{
-    agent::{Agent, probe_bin, require_root, wait_for},
+    agent::{Agent, probe_bin, wait_for},
     kube_fixture::{KubeFixture, Listen, NODE_NAME},
 };
 use serde_json::{Value, json};
@@ -65,10 +65,9 @@ fn node_condition(api: &FakeApiServer) -> Option<NodeCondition> {
 
 #[test]
 fn the_agent_writes_its_node_report_and_the_plugin_tables_the_cluster() {
-    if !require_root("node_report") {
+    let Some(lab) = LabGuard::for_test("node_report", &Variants::default()) else {
         return;
-    }
-    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    };
     let api = KubeFixture::builder()
         .tag("node-report")
         // A second Node, with no agent: the plugin must list it as missing.
@@ -271,11 +270,10 @@ fn the_agent_writes_its_node_report_and_the_plugin_tables_the_cluster() {
 /// third as missing, and exits 1 for the node with the loop.
 #[test]
 fn two_agents_on_two_nodes_each_write_their_own_report() {
-    if !require_root("node_report_two_agents") {
-        return;
-    }
     const PEER: &str = "clb-peer";
-    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    let Some(lab) = LabGuard::for_test("node_report_two_agents", &Variants::default()) else {
+        return;
+    };
     let api = KubeFixture::builder()
         .listen(Listen::NodeForAll)
         .tag("node-report-2")

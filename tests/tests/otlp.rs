@@ -85,10 +85,9 @@ fn assert_record_matches(r: &Record, e: &LoopbackEvent) {
 
 #[test]
 fn a_confirmed_hairpin_arrives_as_log_records_and_the_counters_as_metrics() {
-    if !require_root("otlp") {
+    let Some(lab) = LabGuard::for_test("otlp", &Variants::default()) else {
         return;
-    }
-    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    };
     let receiver = Receiver::start_in_netns(lab::NS_NODE, Mode::Accept);
     let (_api, mut agent) = start(&receiver.endpoint());
 

@@ -14,7 +14,7 @@ use std::{
 
 use probe_tests::agent::{
     Agent, assert_nothing_attached, error_line, our_tc_attachments, probe_bin, probe_command,
-    require_root, stderr, tempdir::TempDir, wait_for,
+    stderr, tempdir::TempDir, wait_for,
 };
 use test_support::lab::{self, LabGuard, Variants, http_get_in, in_netns};
 
@@ -78,10 +78,9 @@ fn metric(name: &str) -> Option<f64> {
 /// those clients still connected), detached, its socket removed.
 #[test]
 fn healthz_answers_through_misbehaving_clients_and_sigterm_ends_the_agent() {
-    if !require_root("healthz_and_sigterm") {
+    let Some(_lab) = LabGuard::for_test("healthz_and_sigterm", &Variants::default()) else {
         return;
-    }
-    let _lab = LabGuard::up(&Variants::default()).expect("lab up");
+    };
     let dir = TempDir::new("reliability-http");
     let socket = dir.path().join("probe.sock");
     let mut agent = Agent::start(
@@ -160,10 +159,9 @@ fn healthz_answers_through_misbehaving_clients_and_sigterm_ends_the_agent() {
 /// and attaches nothing.
 #[test]
 fn a_second_agent_in_the_namespace_is_refused_naming_the_first() {
-    if !require_root("second_agent") {
+    let Some(_lab) = LabGuard::for_test("second_agent", &Variants::default()) else {
         return;
-    }
-    let _lab = LabGuard::up(&Variants::default()).expect("lab up");
+    };
     let dir = TempDir::new("reliability-second");
     let first_socket = dir.path().join("first.sock");
     let mut first = Agent::start(
@@ -225,10 +223,9 @@ fn a_second_agent_in_the_namespace_is_refused_naming_the_first() {
 /// were; a missing directory other than the default is not created.
 #[test]
 fn the_socket_path_is_never_destroyed_or_hijacked() {
-    if !require_root("socket_path") {
+    let Some(_lab) = LabGuard::for_test("socket_path", &Variants::default()) else {
         return;
-    }
-    let _lab = LabGuard::up(&Variants::default()).expect("lab up");
+    };
     let dir = TempDir::new("reliability-socket");
     let refuse = |path: &Path, says: &str| {
         let attached_before = our_tc_attachments();
@@ -348,10 +345,9 @@ fn wrong_interfaces_and_pod_cidrs_are_usage_errors() {
 /// watched. Defect 7: a pod CIDR over the NIC's own subnet is warned about.
 #[test]
 fn an_absent_vip_interface_is_said_and_waited_for() {
-    if !require_root("absent_vip_iface") {
+    let Some(_lab) = LabGuard::for_test("absent_vip_iface", &Variants::default()) else {
         return;
-    }
-    let _lab = LabGuard::up(&Variants::default()).expect("lab up");
+    };
     let dir = TempDir::new("reliability-vip");
     let mut agent = Agent::start(
         lab::NS_NODE,
@@ -419,10 +415,9 @@ fn an_absent_vip_interface_is_said_and_waited_for() {
 /// Defect 8: an output that cannot be written fails before any program is loaded.
 #[test]
 fn unwritable_outputs_fail_before_the_kernel_is_touched() {
-    if !require_root("outputs") {
+    let Some(_lab) = LabGuard::for_test("outputs", &Variants::default()) else {
         return;
-    }
-    let _lab = LabGuard::up(&Variants::default()).expect("lab up");
+    };
     for (flag, says) in [("--events", "--events"), ("--record", "--record")] {
         let o = probe_run(
             Some(lab::NS_NODE),

@@ -7,13 +7,10 @@
 //!
 //! Root only (each test prints a skip line otherwise). One at a time: they share the lab.
 
-use std::{
-    net::{IpAddr, SocketAddrV4},
-    time::Duration,
-};
+use std::{net::SocketAddrV4, time::Duration};
 
-use probe_contract::{LoopbackKind, Outcome as Fate};
-use probe_tests::agent::{Agent, lines, require_root};
+use probe_contract::LoopbackKind;
+use probe_tests::agent::{Agent, assert_pod_a_call_dropped_by_netfilter, lines};
 use test_support::lab::{self, KubeProxyMode, LabGuard, Outcome, Variants, source_ranges};
 
 const SETTLE: Duration = Duration::from_secs(4);
@@ -21,14 +18,10 @@ const WAIT: Duration = Duration::from_secs(10);
 /// Ranges that leave the lab's pods (198.19.1.0/24) and node out.
 const OUTSIDE: &[&str] = &["192.0.2.0/24", "198.51.100.0/24"];
 
-/// The nftables-mode lab, the LB IP short-circuited (`ipMode: VIP`, the default).
-fn lab_up() -> LabGuard {
-    LabGuard::up_in(
-        KubeProxyMode::Nftables,
-        &Variants::default(),
-        &Default::default(),
-    )
-    .expect("lab up (nftables mode)")
+/// The nftables-mode lab, the LB IP short-circuited (`ipMode: VIP`, the default), or None
+/// where `test` cannot run (not root: it says it skips).
+fn lab_for(test: &str) -> Option<LabGuard> {
+    LabGuard::for_test_in(test, KubeProxyMode::Nftables, &Variants::default())
 }
 
 fn to_lb() -> SocketAddrV4 {
@@ -37,22 +30,16 @@ fn to_lb() -> SocketAddrV4 {
 
 #[test]
 fn source_ranges_drop_of_a_pods_call_is_confirmed_with_the_ranges() {
-    if !require_root("source_ranges_drop") {
+    let Some(lab) = lab_for("source_ranges_drop") else {
         return;
-    }
-    let lab = lab_up();
+    };
     source_ranges::set_source_ranges(Some(OUTSIDE)).unwrap();
     assert!(source_ranges::firewalled());
     let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
     let pod = lab.connect(lab::NS_POD_A, None, to_lb()).unwrap();
     assert_eq!(pod.outcome, Outcome::Timeout, "{pod:?}");
     let e = agent.only_event(LoopbackKind::SourceRangesDrop, WAIT);
-    assert_eq!(e.src, IpAddr::V4(lab::POD_A_IP));
-    assert_eq!(e.vip, Some(IpAddr::V4(lab::VIP)));
-    assert_eq!(e.vip_port, Some(lab::SERVICE_PORT));
-    assert_eq!(e.outcome, Fate::Dropped);
-    assert_eq!(e.drop_reason.as_deref(), Some("NETFILTER_DROP"));
-    assert_eq!(e.service.as_deref(), Some("default/web"));
+    assert_pod_a_call_dropped_by_netfilter(&e, lab::SERVICE_PORT, "default/web");
     let ev = lines(&e.evidence);
     assert!(
         ev.contains(
@@ -85,10 +72,9 @@ fn source_ranges_drop_of_a_pods_call_is_confirmed_with_the_ranges() {
 /// is short-circuited to pod-b and answered; nothing is reported.
 #[test]
 fn source_ranges_with_the_pod_cidr_report_nothing() {
-    if !require_root("source_ranges_twin") {
+    let Some(lab) = lab_for("source_ranges_twin") else {
         return;
-    }
-    let lab = lab_up();
+    };
     source_ranges::set_source_ranges(Some(&["192.0.2.0/24", lab::POD_CIDR])).unwrap();
     assert!(source_ranges::firewalled());
     let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);

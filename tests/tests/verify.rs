@@ -20,7 +20,7 @@ use probe_contract::{
     verify::{Phase, VerifyOutcome},
 };
 use probe_tests::{
-    agent::{Agent, lines, require_root, wait_for},
+    agent::{Agent, lines, wait_for},
     kube_fixture::{KubeFixture, Listen, NODE_NAME, plugin_in_node},
 };
 use serde_json::{Value, json};
@@ -129,22 +129,24 @@ fn metric(line_prefix: &str) -> Option<u64> {
 
 /// The lab with the LB IP unbound, the fake API with `default/edge` (externalTrafficPolicy
 /// Cluster, ipMode Proxy), and the agent (metrics on, no Events) once it logs `ready`.
-fn edge_lab_with_agent(ready: &str) -> (LabGuard, KubeFixture, Agent) {
-    let lab = LabGuard::up(&unbound()).expect("lab up");
+/// None where `test` cannot run (not root: it says it skips).
+fn edge_lab_with_agent(test: &str, ready: &str) -> Option<(LabGuard, KubeFixture, Agent)> {
+    let lab = LabGuard::for_test(test, &unbound())?;
     let api = KubeFixture::builder()
         .object(edge_service("Cluster", "Proxy"))
         .start();
     let mut agent = api.start_agent(&["--metrics-addr", METRICS, "--kube-events", "off"]);
     agent.wait_log(ready, WAIT);
-    (lab, api, agent)
+    Some((lab, api, agent))
 }
 
 #[test]
 fn verify_confirms_a_loop_no_client_trips_and_is_clean_once_the_lb_guards_it() {
-    if !require_root("verify_confirms") {
+    let Some((lab, api, mut agent)) =
+        edge_lab_with_agent("verify_confirms", "Kubernetes attribution connected")
+    else {
         return;
-    }
-    let (lab, api, mut agent) = edge_lab_with_agent("Kubernetes attribution connected");
+    };
 
     // Nothing calls the LB: the agent's own test trips the loop.
     let (code, v, stderr) = verify_json(&api);
@@ -287,14 +289,14 @@ fn fix_edge(api: &KubeFixture) -> std::process::Output {
 /// agent (events off, resolution an hour away: "resolved" can only come from verify), and
 /// the node's loop on edge confirmed by a verify before any fix: what the agent must hold to
 /// test the loop again after it. Bound as `(lab, api, agent)`, they drop in reverse: the agent,
-/// the API, the lab.
-fn edge_with_its_loop(tag: &str) -> (LabGuard, KubeFixture, Agent) {
-    let lab = LabGuard::up(&unbound()).expect("lab up");
+/// the API, the lab. None where `test` cannot run (not root: it says it skips).
+fn edge_with_its_loop(test: &str, tag: &str) -> Option<(LabGuard, KubeFixture, Agent)> {
+    let lab = LabGuard::for_test(test, &unbound())?;
     let api = edge_fix_fixture(tag);
     let mut agent = api.start_agent(&["--kube-events", "off", "--resolve-after", "3600"]);
     agent.wait_log("Kubernetes attribution connected", WAIT);
     confirm_the_node_loop_first(&api);
-    (lab, api, agent)
+    Some((lab, api, agent))
 }
 
 /// The node's loop on edge, confirmed by the agent's own test (a verify before the fix): what
@@ -321,10 +323,9 @@ fn result_from<'a>(
 
 #[test]
 fn fix_apply_verify_says_resolved_without_waiting_for_resolve_after() {
-    if !require_root("verify_fix") {
+    let Some((lab, api, mut agent)) = edge_with_its_loop("verify_fix", "verify-fix") else {
         return;
-    }
-    let (lab, api, mut agent) = edge_with_its_loop("verify-fix");
+    };
     // What the fix changes in the datapath, in the lab: the LB's guard on 8081. Applied first:
     // the plugin's request follows its patch within milliseconds, and the agent's first test
     // connection then races any change made after the patch.
@@ -364,10 +365,9 @@ fn fix_apply_verify_says_resolved_without_waiting_for_resolve_after() {
 /// said "resolved". Silence is no verdict: `not proven`, exit 4, and no "resolved".
 #[test]
 fn an_lb_that_drops_the_nodes_calls_is_not_proven_and_fix_verify_does_not_resolve() {
-    if !require_root("verify_silence") {
+    let Some((lab, api, mut agent)) = edge_with_its_loop("verify_silence", "verify-silence") else {
         return;
-    }
-    let (lab, api, mut agent) = edge_with_its_loop("verify-silence");
+    };
 
     // The LB now drops the node's calls to 8081: no answer, nothing for the agent to confirm.
     drop_node_calls_at_the_lb();
@@ -431,10 +431,9 @@ fn drop_node_calls_at_the_lb() {
 /// nothing (no "resolved"), clean once the path is fixed.
 #[test]
 fn a_pods_hairpin_is_tested_from_the_pod_and_a_fix_that_changes_nothing_is_not_resolved() {
-    if !require_root("verify_pod") {
+    let Some(lab) = LabGuard::for_test("verify_pod", &Variants::default()) else {
         return;
-    }
-    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    };
     let api = KubeFixture::builder().tag("verify-pod").start();
     let mut agent = api.start_agent(&["--metrics-addr", METRICS]);
     agent.wait_log("Kubernetes attribution connected", WAIT);
@@ -539,10 +538,9 @@ fn a_pods_hairpin_is_tested_from_the_pod_and_a_fix_that_changes_nothing_is_not_r
 /// and the real node's agent then skipped them as answered. It answers none.
 #[test]
 fn an_agent_with_another_nodes_name_does_not_answer_its_requests() {
-    if !require_root("verify_wrong_node") {
+    let Some(lab) = LabGuard::for_test("verify_wrong_node", &unbound()) else {
         return;
-    }
-    let lab = LabGuard::up(&unbound()).expect("lab up");
+    };
     let mut peer = fixtures::parse(fixtures::NODE);
     peer["metadata"]["name"] = json!("clb-peer");
     peer["status"]["addresses"] = json!([
@@ -553,20 +551,7 @@ fn an_agent_with_another_nodes_name_does_not_answer_its_requests() {
         .object(edge_service("Cluster", "Proxy"))
         .object(peer)
         .start();
-    let mut agent = Agent::start_with_env(
-        lab::NS_NODE,
-        &[
-            "--nic",
-            lab::NODE_NIC,
-            "--kubeconfig",
-            api.kubeconfig(),
-            "--node-name",
-            "clb-peer",
-            "--kube-events",
-            "off",
-        ],
-        &[],
-    );
+    let mut agent = api.start_agent_as("clb-peer", &["--kube-events", "off"], &[]);
     agent.wait_log("it answers no verify request", WAIT);
     let out = plugin_in_node(
         &api,
@@ -599,10 +584,9 @@ fn an_agent_with_another_nodes_name_does_not_answer_its_requests() {
 
 #[test]
 fn the_canary_confirms_a_loop_no_user_trips_and_labels_it() {
-    if !require_root("verify_canary") {
+    let Some(lab) = LabGuard::for_test("verify_canary", &unbound()) else {
         return;
-    }
-    let lab = LabGuard::up(&unbound()).expect("lab up");
+    };
     let api = KubeFixture::builder()
         .object(edge_service("Cluster", "Proxy"))
         .start();
@@ -694,10 +678,11 @@ fn verify_errors_are_one_clear_line_and_exit_1() {
 /// is built.
 #[test]
 fn requests_past_a_requesters_or_the_nodes_rate_and_a_flood_of_kinds_are_refused_and_counted() {
-    if !require_root("verify_rate") {
+    let Some((lab, api, mut agent)) =
+        edge_lab_with_agent("verify_rate", "verify: answering requests as this node")
+    else {
         return;
-    }
-    let (lab, api, mut agent) = edge_lab_with_agent("verify: answering requests as this node");
+    };
     let request = |name: &str, kinds: Value, requester: &str| {
         api.apply(json!({
             "apiVersion": "clb-probe.io/v1alpha1", "kind": "LoopbackVerification",
@@ -788,10 +773,11 @@ fn requests_past_a_requesters_or_the_nodes_rate_and_a_flood_of_kinds_are_refused
 /// (written by the test as their agents would, each ~60 KB) never reach this agent's watch.
 #[test]
 fn an_agent_receives_only_its_own_nodes_request_and_answer() {
-    if !require_root("verify_own_node") {
+    let Some((lab, api, mut agent)) =
+        edge_lab_with_agent("verify_own_node", "verify: answering requests as this node")
+    else {
         return;
-    }
-    let (lab, api, mut agent) = edge_lab_with_agent("verify: answering requests as this node");
+    };
     let others: Vec<String> = (0..20).map(|i| format!("far-{i:02}")).collect();
     let mut args = vec!["verify", "-n", "default", "edge", "--node", NODE_NAME];
     for n in &others {

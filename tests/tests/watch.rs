@@ -8,7 +8,7 @@ use std::{
     time::Duration,
 };
 
-use probe_tests::agent::{Agent, probe_bin, require_root, wait_for};
+use probe_tests::agent::{Agent, probe_bin, wait_for};
 use test_support::lab::{self, LabGuard, Outcome, Scenario, Variants};
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -55,10 +55,9 @@ impl Drop for Tmux {
 
 #[test]
 fn events_watch_once_and_the_live_view_in_a_terminal() {
-    if !require_root("watch") {
+    let Some(lab) = LabGuard::for_test("watch", &Variants::default()) else {
         return;
-    }
-    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    };
     let socket = std::env::temp_dir().join(format!("clb-watch-test-{}.sock", std::process::id()));
     let socket_arg = socket.to_str().unwrap().to_string();
     let _agent = Agent::start(

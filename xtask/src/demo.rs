@@ -464,25 +464,33 @@ fn pretty(line: &str, verbose: bool) -> String {
             f("port")
         )
     });
-    let summary = format!(
-        "CONFIRMED {kind}: {src}:{sport} -> {dst}:{dport} vip={vip}:{vport} reason={reason} snat={snat} outcome={outcome} count={count} pod={pod} service={service}{owner}{listener}\n{fixes}",
-        fixes = fix_lines(&v, if verbose { 3 } else { 1 }),
-        owner = owner.unwrap_or_default(),
-        listener = listener.unwrap_or_default(),
-        kind = s("kind"),
-        src = host("src"),
-        sport = s("src_port"),
-        dst = host("dst"),
-        dport = s("dst_port"),
-        vip = host("vip"),
-        vport = s("vip_port"),
-        reason = s("drop_reason"),
-        snat = s("snat"),
-        outcome = s("outcome"),
-        count = s("count"),
-        pod = s("client_pod"),
-        service = s("service"),
+    let mut summary = format!(
+        "CONFIRMED {}: {}:{} -> {}:{} vip={}:{}",
+        s("kind"),
+        host("src"),
+        s("src_port"),
+        host("dst"),
+        s("dst_port"),
+        host("vip"),
+        s("vip_port"),
     );
+    // The rest as `label=field`, in the order the demo has always printed them.
+    for (label, field) in [
+        ("reason", "drop_reason"),
+        ("snat", "snat"),
+        ("outcome", "outcome"),
+        ("count", "count"),
+        ("pod", "client_pod"),
+        ("service", "service"),
+    ] {
+        summary.push_str(&format!(" {label}={}", s(field)));
+    }
+    summary.push_str(&format!(
+        "{}{}\n{}",
+        owner.unwrap_or_default(),
+        listener.unwrap_or_default(),
+        fix_lines(&v, if verbose { 3 } else { 1 })
+    ));
     let summary = summary.trim_end();
     if verbose {
         format!("{summary}\n  {line}")

@@ -21,19 +21,6 @@ use super::{
 /// The rules import it (`NewEvent as _`) and call `LoopbackEvent::new` as before.
 pub(super) trait NewEvent {
     fn new(key: &AggregateKey, p: &Packet, ts: u64, outcome: Outcome) -> Self;
-
-    /// A call the kernel dropped (or refused) on its way to the frontend it was sent to (the
-    /// packet's destination and port, an LB IP or VIP): [`NewEvent::new`] with the drop's
-    /// reason, site and interface, the frontend as the event's VIP, `evidence` and the Service
-    /// the rule named.
-    fn dropped_call(
-        key: &AggregateKey,
-        p: &Packet,
-        drop: &DropInfo,
-        outcome: Outcome,
-        evidence: Vec<String>,
-        service: Option<String>,
-    ) -> Self;
 }
 
 impl NewEvent for LoopbackEvent {
@@ -58,25 +45,29 @@ impl NewEvent for LoopbackEvent {
             )
         }
     }
+}
 
-    fn dropped_call(
-        key: &AggregateKey,
-        p: &Packet,
-        drop: &DropInfo,
-        outcome: Outcome,
-        evidence: Vec<String>,
-        service: Option<String>,
-    ) -> Self {
-        LoopbackEvent {
-            vip: Some(p.dst),
-            vip_port: Some(p.dport),
-            drop_reason: Some(drop.reason.name.clone()),
-            drop_location: drop.location.clone(),
-            evidence,
-            nic: drop.iface.clone(),
-            service,
-            ..LoopbackEvent::new(key, p, drop.ts, outcome)
-        }
+/// A call the kernel dropped (or refused) on its way to the frontend it was sent to (the
+/// packet's destination and port, an LB IP or VIP): [`NewEvent::new`] with the drop's
+/// reason, site and interface, the frontend as the event's VIP, `evidence` and the Service
+/// the rule named.
+pub(super) fn dropped_call(
+    key: &AggregateKey,
+    p: &Packet,
+    drop: &DropInfo,
+    outcome: Outcome,
+    evidence: Vec<String>,
+    service: Option<String>,
+) -> LoopbackEvent {
+    LoopbackEvent {
+        vip: Some(p.dst),
+        vip_port: Some(p.dport),
+        drop_reason: Some(drop.reason.name.clone()),
+        drop_location: drop.location.clone(),
+        evidence,
+        nic: drop.iface.clone(),
+        service,
+        ..LoopbackEvent::new(key, p, drop.ts, outcome)
     }
 }
 

@@ -40,7 +40,7 @@ use probe_contract::{
 
 use super::{
     Correlator, DropInfo, Output,
-    aggregate::NewEvent as _,
+    aggregate::dropped_call,
     drop_reason::is_local_call_netfilter_drop,
     evidence::{drop_line, service_name},
     remedy::{
@@ -110,7 +110,7 @@ impl Correlator {
             port: packet.dport,
             proto: packet.proto,
         };
-        let event = LoopbackEvent::dropped_call(
+        let event = dropped_call(
             &key,
             packet,
             &info,

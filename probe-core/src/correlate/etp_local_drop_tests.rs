@@ -3,10 +3,13 @@
 //! confirmed from the drop (reason or site) and the drop in the service table, naming the
 //! local-traffic detector the pod missed in iptables mode; every twin stays silent.
 
-use probe_contract::{KindCounts, facts::Etp};
+use probe_contract::facts::Etp;
 
 use super::{
-    tests::{MS, NODE, POD, S, drop_ev, invariants, ip, only_report, pkt, table},
+    tests::{
+        MS, NODE, POD, S, assert_none_confirmed, corr_with, drop_ev, invariants, ip, only_report,
+        pkt, table,
+    },
     *,
 };
 use crate::state::{NoEndpointDrop, PodShortCircuit, ServiceEntry, ServiceSource};
@@ -36,12 +39,6 @@ fn nft_table(dropped: bool) -> ServiceTable {
         });
     }
     t
-}
-
-fn corr_with(t: ServiceTable) -> Correlator {
-    let mut c = Correlator::new(CorrelatorConfig::default());
-    c.set_services(t);
-    c
 }
 
 /// pod -> LB IP:8445 (the LB IP is not local: no tag).
@@ -183,17 +180,7 @@ fn twins_confirm_nothing() {
             ),
         ),
     ];
-    for (name, t, ev) in cases {
-        let mut c = corr_with(t);
-        let outs = c.ingest(ev);
-        assert!(
-            outs.iter().all(|o| !matches!(o, Output::Report(_))),
-            "{name}: {outs:?}"
-        );
-        let _ = c.tick(10 * S);
-        assert_eq!(c.stats().confirmed, KindCounts::default(), "{name}");
-        invariants(&c);
-    }
+    assert_none_confirmed(cases);
 }
 
 #[test]

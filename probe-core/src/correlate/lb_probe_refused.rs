@@ -30,7 +30,7 @@ use probe_contract::{
 
 use super::{
     Correlator, DropInfo, Output,
-    aggregate::NewEvent as _,
+    aggregate::dropped_call,
     drop_reason::{is_netfilter_drop, is_no_socket},
     evidence::drop_line,
     tuple_of,
@@ -222,7 +222,7 @@ impl Correlator {
             ProbeTarget::KubeProxyHealthz => None,
         };
         let mut event =
-            LoopbackEvent::dropped_call(&key, packet, &info, outcome, evidence, service);
+            dropped_call(&key, packet, &info, outcome, evidence, service);
         // The probe's address is the loop's (its proof: the same source answered later).
         event.vip = None;
         event.vip_port = None;

@@ -9,15 +9,9 @@
 //! - issue #51 shape 4 (p2): the new kind `lb_probe_refused` adds its texts after the nine
 //!   kinds' ([`RECORDED_NINE`], the digest before it, still checked); no earlier text changed.
 
-use probe_contract::{
-    LoopbackKind,
-    facts::{Etp, SourceKind},
-};
+use probe_contract::LoopbackKind;
 
-use super::{
-    build, cause,
-    tests::{apiserver, event, named, owners},
-};
+use super::{build, cause, tests::each_case};
 
 /// (cases, FNV-1a 64 of every remedy line and cause, in the loops' order), over the kinds
 /// recorded at 7818a15 (the first [`RECORDED_KINDS`] of `LoopbackKind::ALL`).
@@ -45,56 +39,24 @@ fn fnv1a(hash: &mut u64, text: &str) {
 
 #[test]
 fn the_remedy_tables_texts_are_the_recorded_ones() {
-    let policies = [None, Some(Etp::Local), Some(Etp::Cluster)];
     // (cases, hash) so far.
     let mut digest = (0_usize, 0xcbf2_9ce4_8422_2325_u64);
-    let take = |digest: &mut (usize, u64), e: &probe_contract::LoopbackEvent| {
+    let mut recorded_kinds = None;
+    let mut recorded_nine = None;
+    each_case(|e, _| {
+        // The digests as they stood when the first kind after each recorded set began.
+        if recorded_kinds.is_none() && e.kind == LoopbackKind::ALL[RECORDED_KINDS] {
+            recorded_kinds = Some(digest);
+        }
+        if recorded_nine.is_none() && e.kind == LoopbackKind::ALL[RECORDED_NINE_KINDS] {
+            recorded_nine = Some(digest);
+        }
         for line in build(e) {
             fnv1a(&mut digest.1, &line);
         }
         fnv1a(&mut digest.1, &cause(e));
         digest.0 += 1;
-    };
-    let mut recorded_kinds = None;
-    let mut recorded_nine = None;
-    for (i, kind) in LoopbackKind::ALL.into_iter().enumerate() {
-        if i == RECORDED_KINDS {
-            recorded_kinds = Some(digest);
-        }
-        if i == RECORDED_NINE_KINDS {
-            recorded_nine = Some(digest);
-        }
-        for source in [SourceKind::Pod, SourceKind::Node, SourceKind::Vip] {
-            for owner in owners() {
-                for rules in policies {
-                    for names in [false, true] {
-                        let apis: &[Option<Etp>] = if names { &policies } else { &[None] };
-                        for api in apis {
-                            let mut e = event(kind, source);
-                            e.facts.etp_rules = rules;
-                            e.facts.owner = owner.clone();
-                            if names {
-                                named(&mut e, *api);
-                            }
-                            take(&mut digest, &e);
-                        }
-                    }
-                }
-            }
-            if kind == LoopbackKind::Hairpin {
-                for owner in owners() {
-                    for listener in [None, Some(apiserver())] {
-                        let mut e = event(kind, source);
-                        e.dst_port = 6443;
-                        e.facts.owner = owner.clone();
-                        e.facts.host_listener = true;
-                        e.listener = listener;
-                        take(&mut digest, &e);
-                    }
-                }
-            }
-        }
-    }
+    });
     assert_eq!(
         recorded_kinds,
         Some(RECORDED),

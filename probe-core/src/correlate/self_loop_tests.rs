@@ -51,13 +51,7 @@ fn at_bridge(ts: u64, sport: u16) -> KernelEvent {
 
 /// The node's entry for a call to `LB_VIP:80` DNATed to the pod itself (`snat`: masqueraded).
 fn entry(sport: u16, snat: bool) -> ConntrackEntry {
-    let t = |src: &str, sport, dst: &str, dport| Tuple {
-        src: ip(src),
-        dst: ip(dst),
-        sport,
-        dport,
-        proto: Proto::Tcp,
-    };
+    let t = crate::test_events::tcp_tuple;
     ConntrackEntry {
         orig: t(EP, sport, super::tests::LB_VIP, 80),
         reply: t(EP, 8080, if snat { "198.18.1.1" } else { EP }, sport),

@@ -26,7 +26,7 @@ use probe_contract::{
 
 use super::{
     Correlator, DropInfo, Output,
-    aggregate::NewEvent as _,
+    aggregate::dropped_call,
     drop_reason::is_local_call_netfilter_drop,
     evidence::{drop_line, service_name},
     remedy::cause::CauseAddresses,
@@ -76,7 +76,7 @@ impl Correlator {
             port: packet.dport,
             proto: packet.proto,
         };
-        let mut event = LoopbackEvent::dropped_call(
+        let mut event = dropped_call(
             &key,
             packet,
             &info,

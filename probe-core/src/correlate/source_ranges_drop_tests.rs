@@ -2,10 +2,11 @@
 //! (or the node's) call to a LB IP whose Service sets `loadBalancerSourceRanges`, confirmed
 //! from the drop and the firewall entry in the service table; every twin stays silent.
 
-use probe_contract::KindCounts;
-
 use super::{
-    tests::{MS, NODE, POD, S, drop_ev, invariants, ip, only_report, pkt, table},
+    tests::{
+        MS, NODE, POD, S, assert_none_confirmed, corr_with, drop_ev, invariants, ip, only_report,
+        pkt, table,
+    },
     *,
 };
 use crate::state::{FirewallEntry, ServiceSource, SourceRange};
@@ -30,12 +31,6 @@ fn fw_table(allowed: &[&str]) -> ServiceTable {
             .collect(),
     });
     t
-}
-
-fn corr_with(t: ServiceTable) -> Correlator {
-    let mut c = Correlator::new(CorrelatorConfig::default());
-    c.set_services(t);
-    c
 }
 
 fn call(src: &str, tag: Tag, port: u16) -> Packet {
@@ -189,15 +184,5 @@ fn twins_confirm_nothing() {
             ),
         ),
     ];
-    for (name, t, ev) in cases {
-        let mut c = corr_with(t);
-        let outs = c.ingest(ev);
-        assert!(
-            outs.iter().all(|o| !matches!(o, Output::Report(_))),
-            "{name}: {outs:?}"
-        );
-        let _ = c.tick(10 * S);
-        assert_eq!(c.stats().confirmed, KindCounts::default(), "{name}");
-        invariants(&c);
-    }
+    assert_none_confirmed(cases);
 }

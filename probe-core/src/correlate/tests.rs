@@ -150,6 +150,29 @@ fn corr_configured(cfg: CorrelatorConfig) -> Correlator {
     c
 }
 
+/// A correlator with the default configuration reading service table `t`.
+pub(super) fn corr_with(t: ServiceTable) -> Correlator {
+    let mut c = Correlator::new(CorrelatorConfig::default());
+    c.set_services(t);
+    c
+}
+
+/// Each named case (a service table and one kernel event) reports nothing and confirms
+/// nothing, also after the windows close.
+pub(super) fn assert_none_confirmed(cases: Vec<(&str, ServiceTable, KernelEvent)>) {
+    for (name, t, ev) in cases {
+        let mut c = corr_with(t);
+        let outs = c.ingest(ev);
+        assert!(
+            outs.iter().all(|o| !matches!(o, Output::Report(_))),
+            "{name}: {outs:?}"
+        );
+        let _ = c.tick(10 * S);
+        assert_eq!(c.stats().confirmed, KindCounts::default(), "{name}");
+        invariants(&c);
+    }
+}
+
 pub(super) fn reports(outs: &[Output]) -> Vec<Confirmation> {
     outs.iter()
         .filter_map(|o| match o {

@@ -22,7 +22,7 @@ use probe_contract::{
 
 use super::{
     Correlator, DropInfo, Output, Query,
-    aggregate::NewEvent as _,
+    aggregate::dropped_call,
     drop_reason::{is_netfilter_drop, is_no_socket},
     evidence::{drop_line, refusal_line, service_name},
     held::QueryCtx,
@@ -240,14 +240,7 @@ impl Correlator {
             port: packet.dport,
             proto: packet.proto,
         };
-        let event = LoopbackEvent::dropped_call(
-            &key,
-            packet,
-            &info,
-            Outcome::Refused,
-            evidence,
-            owner_name,
-        );
+        let event = dropped_call(&key, packet, &info, Outcome::Refused, evidence, owner_name);
         let event = LoopbackEvent {
             facts: Facts {
                 owner: self.vip_owner(packet.dst, packet.dst_tag),

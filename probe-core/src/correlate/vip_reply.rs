@@ -139,6 +139,7 @@ mod tests {
         s.parse().unwrap()
     }
 
+    /// The correlator tests' packet with its own TCP flags.
     #[allow(clippy::too_many_arguments)]
     fn pkt(
         src: &str,
@@ -150,15 +151,22 @@ mod tests {
         dt: Option<Tag>,
     ) -> Packet {
         Packet {
-            src: ip(src),
-            dst: ip(dst),
-            sport,
-            dport,
-            proto: Proto::Tcp,
             tcp_flags: flags,
-            src_tag: st,
-            dst_tag: dt,
+            ..super::super::tests::pkt(src, sport, dst, dport, st, dt)
         }
+    }
+
+    /// The node's SYN-ACK to the VIP's health check.
+    fn reply_to_the_check() -> Packet {
+        pkt(
+            NODE6,
+            30080,
+            VIP6,
+            41000,
+            tcp_flags::SYN | tcp_flags::ACK,
+            None,
+            Some(Tag::Vip),
+        )
     }
 
     fn no_socket(ts: u64, p: &Packet, iface: &str) -> KernelEvent {
@@ -222,15 +230,7 @@ mod tests {
             })
             .is_empty()
         );
-        let reply = pkt(
-            NODE6,
-            30080,
-            VIP6,
-            41000,
-            tcp_flags::SYN | tcp_flags::ACK,
-            None,
-            Some(Tag::Vip),
-        );
+        let reply = reply_to_the_check();
         let outs = c.ingest(no_socket(S + 1_000_000, &reply, "vpod-b"));
         let r = reports(&outs);
         assert_eq!(r.len(), 1, "{outs:#?}");
@@ -257,15 +257,7 @@ mod tests {
     #[test]
     fn reply_to_a_vip_alone_is_never_unserved() {
         let mut c = corr();
-        let reply = pkt(
-            NODE6,
-            30080,
-            VIP6,
-            41000,
-            tcp_flags::SYN | tcp_flags::ACK,
-            None,
-            Some(Tag::Vip),
-        );
+        let reply = reply_to_the_check();
         assert!(reports(&c.ingest(no_socket(S, &reply, "vpod-b"))).is_empty());
         let ack = pkt(
             "192.0.2.10",

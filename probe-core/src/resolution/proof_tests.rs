@@ -1,7 +1,6 @@
 //! Proof from the loop's own clients, over injected conntrack entries.
 
 use super::*;
-use crate::state::Tuple;
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
@@ -15,13 +14,7 @@ fn entry(
     left: u32,
     answered: bool,
 ) -> ConntrackEntry {
-    let t = |src: &str, sport, dst: &str, dport| Tuple {
-        src: ip(src),
-        dst: ip(dst),
-        sport,
-        dport,
-        proto: Proto::Tcp,
-    };
+    let t = crate::test_events::tcp_tuple;
     ConntrackEntry {
         orig: t(src, 40000, dst, dport),
         reply: t(dst, dport, src, 40000),

@@ -39,27 +39,20 @@ pub(super) fn answer_query(
             addr,
             port,
             proto,
-        } => {
-            let tx = tx.clone();
-            tokio::task::spawn_blocking(move || {
-                let listener = state::sockets::listener(addr, port, proto).map_err(|e| {
-                    debug!(error = %e, "listener look-up");
-                    state::ReadFailed(e.to_string())
-                });
-                let _ = tx.blocking_send(Answer::Listener { id, listener });
-            });
-        }
+        } => answer_blocking(tx, move || Answer::Listener {
+            id,
+            listener: state::sockets::listener(addr, port, proto)
+                .map_err(|e| read_failed("listener look-up", e)),
+        }),
         Query::SelfLoop {
             id,
             tuple,
             iface,
             reply_dropped,
         } => {
-            let tx = tx.clone();
             let caps = caps.clone();
-            tokio::task::spawn_blocking(move || {
-                let answer = answer_self_loop(id, &tuple, reply_dropped, iface.as_deref(), &caps);
-                let _ = tx.blocking_send(answer);
+            answer_blocking(tx, move || {
+                answer_self_loop(id, &tuple, reply_dropped, iface.as_deref(), &caps)
             });
         }
         Query::Programmed {
@@ -68,35 +61,40 @@ pub(super) fn answer_query(
             addr,
             port,
             proto,
-        } => {
-            let tx = tx.clone();
-            tokio::task::spawn_blocking(move || {
-                let read = state::dataplane::programmed(mode, addr, port, proto).map_err(|e| {
-                    debug!(error = %e, "dataplane read for a refused VIP port");
-                    state::ReadFailed(e.to_string())
-                });
-                let _ = tx.blocking_send(Answer::Programmed { id, read });
-            });
-        }
+        } => answer_blocking(tx, move || Answer::Programmed {
+            id,
+            read: state::dataplane::programmed(mode, addr, port, proto)
+                .map_err(|e| read_failed("dataplane read for a refused VIP port", e)),
+        }),
         Query::Conntrack { id, tuple } => {
-            let tx = tx.clone();
             let caps = caps.clone();
-            tokio::task::spawn_blocking(move || {
-                let answer = match lookup_conntrack(&tuple) {
-                    Ok(entry) => {
-                        caps.set(Capability::Conntrack, true, "");
-                        Answer::Conntrack { id, entry }
-                    }
-                    Err(error) => {
-                        debug!(%error, "conntrack lookup");
-                        caps.set(Capability::Conntrack, false, &error.0);
-                        Answer::ConntrackFailed { id, error: error.0 }
-                    }
-                };
-                let _ = tx.blocking_send(answer);
+            answer_blocking(tx, move || match lookup_conntrack(&tuple) {
+                Ok(entry) => {
+                    caps.set(Capability::Conntrack, true, "");
+                    Answer::Conntrack { id, entry }
+                }
+                Err(error) => {
+                    debug!(%error, "conntrack lookup");
+                    caps.set(Capability::Conntrack, false, &error.0);
+                    Answer::ConntrackFailed { id, error: error.0 }
+                }
             });
         }
     }
+}
+
+/// Runs `answer` (a netlink or sysfs read) on the blocking pool and sends what it answers.
+fn answer_blocking(tx: &mpsc::Sender<Answer>, answer: impl FnOnce() -> Answer + Send + 'static) {
+    let tx = tx.clone();
+    tokio::task::spawn_blocking(move || {
+        let _ = tx.blocking_send(answer());
+    });
+}
+
+/// A read that failed, as the correlator is answered (logged at debug as `what`).
+fn read_failed(what: &str, error: impl std::fmt::Display) -> state::ReadFailed {
+    debug!(error = %error, "{what}");
+    state::ReadFailed(error.to_string())
 }
 
 /// A pod's call to its own Service looped: conntrack by the reply tuple (the call reversed:

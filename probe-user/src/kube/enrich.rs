@@ -311,6 +311,28 @@ mod tests {
         }
     }
 
+    /// shop/client-1's hairpin through the node to shop/web's NodePort.
+    fn hairpin_to_web() -> LoopbackEvent {
+        event(
+            LoopbackKind::Hairpin,
+            "10.0.0.9",
+            "198.18.0.2",
+            30080,
+            Some(80),
+        )
+    }
+
+    /// shop/client-1's call to port 443 of shop/web's LB IP, which serves 80 only.
+    fn unserved_443() -> LoopbackEvent {
+        event(
+            LoopbackKind::VipPortUnserved,
+            "10.0.0.9",
+            "203.0.113.10",
+            443,
+            Some(443),
+        )
+    }
+
     fn index(etp: &str) -> Index {
         Index::build(
             &[pod("shop", "client-1", &["10.0.0.9"])],
@@ -324,22 +346,8 @@ mod tests {
     #[test]
     fn fixes_follow_the_named_service_s_settings() {
         let attach = |etp: &str, index: &Index| {
-            let mut e = event(
-                LoopbackKind::Hairpin,
-                "10.0.0.9",
-                "198.18.0.2",
-                30080,
-                Some(80),
-            );
-            enrich(
-                &mut e,
-                &crate::kube::index::Index::build(
-                    &[pod("shop", "client-1", &["10.0.0.9"])],
-                    &[web_service(etp)],
-                    &[],
-                ),
-                None,
-            );
+            let mut e = hairpin_to_web();
+            enrich(&mut e, &self::index(etp), None);
             // kube-proxy's rules were read (the fact etp-cluster is gated on).
             e.facts.proxy_mode = Some(probe_contract::facts::ProxyMode::Iptables);
             attach_fixes(&mut e, index, None);
@@ -366,13 +374,7 @@ mod tests {
 
     #[test]
     fn hairpin_gets_pod_service_node_and_a_remedy_rebuilt_from_the_api_facts() {
-        let mut e = event(
-            LoopbackKind::Hairpin,
-            "10.0.0.9",
-            "198.18.0.2",
-            30080,
-            Some(80),
-        );
+        let mut e = hairpin_to_web();
         enrich(&mut e, &index("Local"), Some("node-1"));
         assert_eq!(e.client_pod.as_deref(), Some("shop/client-1"));
         assert_eq!(e.service.as_deref(), Some("shop/web:http"));
@@ -425,13 +427,7 @@ mod tests {
             "x".repeat(250_000),
         );
         let index = Index::build(&[pod("shop", "client-1", &["10.0.0.9"])], &[service], &[]);
-        let mut e = event(
-            LoopbackKind::VipPortUnserved,
-            "10.0.0.9",
-            "203.0.113.10",
-            443,
-            Some(443),
-        );
+        let mut e = unserved_443();
         enrich(&mut e, &index, Some("node-1"));
         attach_fixes(&mut e, &index, None);
         let line = serde_json::to_string(&e).unwrap();
@@ -514,13 +510,7 @@ mod tests {
 
     #[test]
     fn unserved_port_names_the_ports_the_service_serves() {
-        let mut e = event(
-            LoopbackKind::VipPortUnserved,
-            "10.0.0.9",
-            "203.0.113.10",
-            443,
-            Some(443),
-        );
+        let mut e = unserved_443();
         enrich(&mut e, &index("Cluster"), None);
         assert_eq!(e.service.as_deref(), Some("shop/web"));
         assert!(
@@ -573,13 +563,7 @@ mod tests {
         enrich(&mut e, &Index::default(), Some("n"));
         assert_eq!((e.node.as_deref(), e.remedy.len()), (Some("n"), 2));
 
-        let mut named = event(
-            LoopbackKind::Hairpin,
-            "10.0.0.9",
-            "198.18.0.2",
-            30080,
-            Some(80),
-        );
+        let mut named = hairpin_to_web();
         named.service = Some("shop/web:http-from-rules".into());
         enrich(&mut named, &index("Cluster"), None);
         assert_eq!(named.service.as_deref(), Some("shop/web:http-from-rules"));
@@ -703,15 +687,20 @@ mod tests {
             pid: None,
             pod: None,
         };
-        let mut e = event(
-            LoopbackKind::Hairpin,
-            "10.0.0.9",
-            "198.18.0.2",
-            6443,
-            Some(6443),
-        );
-        e.listener = Some(listener(6443));
-        enrich(&mut e, &idx, Some("node-1"));
+        // A hairpin to `port` whose listener sock_diag found, enriched on node-1.
+        let enriched = |port, idx: &Index| {
+            let mut e = event(
+                LoopbackKind::Hairpin,
+                "10.0.0.9",
+                "198.18.0.2",
+                port,
+                Some(port),
+            );
+            e.listener = Some(listener(port));
+            enrich(&mut e, idx, Some("node-1"));
+            e
+        };
+        let e = enriched(6443, &idx);
         assert_eq!(
             e.listener.as_ref().and_then(|l| l.pod.as_deref()),
             Some("kube-system/kube-apiserver-node-1")
@@ -727,27 +716,11 @@ mod tests {
         // The host-network pod is no client pod: its IP is the node's.
         assert_eq!(e.client_pod, None);
         // Port 443 is declared on node-2 only.
-        let mut other = event(
-            LoopbackKind::Hairpin,
-            "10.0.0.9",
-            "198.18.0.2",
-            443,
-            Some(443),
-        );
-        other.listener = Some(listener(443));
-        enrich(&mut other, &idx, Some("node-1"));
+        let other = enriched(443, &idx);
         assert_eq!(other.listener.and_then(|l| l.pod), None);
         ingress.spec.as_mut().unwrap().node_name = Some("node-1".into());
         let idx = Index::build([&ingress], &[], &[]);
-        let mut same = event(
-            LoopbackKind::Hairpin,
-            "10.0.0.9",
-            "198.18.0.2",
-            443,
-            Some(443),
-        );
-        same.listener = Some(listener(443));
-        enrich(&mut same, &idx, Some("node-1"));
+        let same = enriched(443, &idx);
         assert_eq!(
             same.listener.and_then(|l| l.pod).as_deref(),
             Some("ingress/controller-x")

@@ -140,13 +140,7 @@ impl PrunedService {
                 })
             })
             .collect();
-        let lb_ips = service
-            .status
-            .as_ref()
-            .and_then(|s| s.load_balancer.as_ref())
-            .and_then(|lb| lb.ingress.as_ref())
-            .into_iter()
-            .flatten()
+        let lb_ips = probe_core::service::lb_ingress(service)
             .filter(|i| i.ip_mode.as_deref().is_none_or(|m| m == "VIP"))
             .filter_map(|i| i.ip.as_deref()?.parse().ok())
             .collect();

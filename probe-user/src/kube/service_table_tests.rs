@@ -1,7 +1,10 @@
 use serde_json::json;
 
 use super::*;
-use crate::state::{iptables::parse_iptables_save, test_netns::Netns};
+use crate::state::{
+    iptables::parse_iptables_save,
+    test_netns::{Netns, root_with},
+};
 
 const NODE: &str = "test-node";
 
@@ -550,14 +553,7 @@ fn kube_proxy_overall_iptables_rules() {
 #[test]
 #[allow(clippy::print_stdout, reason = "a test's diagnostics")]
 fn kube_proxy_overall_nftables_rules() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0
-        || std::process::Command::new("nft")
-            .arg("--version")
-            .output()
-            .is_err()
-    {
-        eprintln!("skipping: needs root and nft");
+    if !root_with("nft") {
         return;
     }
     let text = std::fs::read_to_string(format!("{OVERALL}nftables-expected.nft")).unwrap();
@@ -614,14 +610,7 @@ fn kube_proxy_overall_nftables_rules() {
 #[test]
 #[allow(clippy::print_stdout, reason = "a test's diagnostics")]
 fn kube_proxy_overall_iptables_rules_over_netlink() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0
-        || std::process::Command::new("iptables-nft-restore")
-            .arg("--version")
-            .output()
-            .is_err()
-    {
-        eprintln!("skipping: needs root and iptables-nft-restore");
+    if !root_with("iptables-nft-restore") {
         return;
     }
     let text = std::fs::read_to_string(format!("{OVERALL}iptables-expected.txt")).unwrap();

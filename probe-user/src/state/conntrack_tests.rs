@@ -7,7 +7,7 @@ use netlink_packet_core::Nla;
 use probe_core::test_events::{DO_PP, LB, POD_A, POD_B, proxy_protocol_ingress};
 
 use super::*;
-use crate::state::test_netns::{Netns, sh};
+use crate::state::test_netns::{Netns, root_with, sh};
 
 /// The call's connection, masqueraded or not; not another call of the pod's, nor an
 /// answer from another port.
@@ -603,14 +603,7 @@ fn capture_ctnetlink_fixtures() {
 #[test]
 #[allow(clippy::print_stdout, reason = "a test's diagnostics")]
 fn the_kernel_s_entries_of_a_reset_and_an_answered_call_are_told_apart() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0
-        || std::process::Command::new("conntrack")
-            .arg("--version")
-            .output()
-            .is_err()
-    {
-        eprintln!("skipping: needs root and the conntrack tool");
+    if !root_with("conntrack") {
         return;
     }
     let ns = Netns::new("pp", &[""]);

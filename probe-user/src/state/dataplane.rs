@@ -354,10 +354,11 @@ pub fn lookup(table: &ServiceTable, addr: IpAddr, port: u16, proto: Proto) -> Da
 
 #[cfg(test)]
 mod tests {
-    use std::process::Command;
-
     use super::*;
-    use crate::state::{iptables::parse_iptables_save, test_netns::Netns};
+    use crate::state::{
+        iptables::parse_iptables_save,
+        test_netns::{Netns, root_with},
+    };
 
     const RULES: &str = concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -371,14 +372,7 @@ mod tests {
     #[test]
     #[allow(clippy::print_stdout, reason = "a test's diagnostics")]
     fn the_facts_and_one_port_are_read_without_the_services() {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0
-            || Command::new("iptables-nft-restore")
-                .arg("--version")
-                .output()
-                .is_err()
-        {
-            eprintln!("skipping: needs root and iptables-nft-restore");
+        if !root_with("iptables-nft-restore") {
             return;
         }
         let text = std::fs::read_to_string(RULES).unwrap();
@@ -483,10 +477,7 @@ mod tests {
     #[test]
     #[allow(clippy::print_stdout, reason = "a test's diagnostics")]
     fn nftables_facts_and_one_port() {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 || Command::new("nft").arg("--version").output().is_err()
-        {
-            eprintln!("skipping: needs root and nft");
+        if !root_with("nft") {
             return;
         }
         let ns = Netns::new("dataplane-nft", &[""]);

@@ -308,15 +308,7 @@ mod tests {
     /// set's prefix, address and range, and the Service from the chain name.
     #[test]
     fn both_readers_read_a_real_firewall_alike() {
-        // SAFETY: geteuid has no preconditions.
-        let root = unsafe { libc::geteuid() } == 0;
-        if !root
-            || std::process::Command::new("nft")
-                .arg("--version")
-                .output()
-                .is_err()
-        {
-            eprintln!("skipping: needs root and nft");
+        if !crate::state::test_netns::root_with("nft") {
             return;
         }
         let ns = crate::state::test_netns::Netns::new("nftfw", &[""]);
@@ -337,20 +329,7 @@ mod tests {
             })
             .unwrap()
             .unwrap();
-        let json = std::process::Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                ns.name(0),
-                "nft",
-                "-j",
-                "list",
-                "table",
-                "ip",
-                "kube-proxy",
-            ])
-            .output()
-            .unwrap();
+        let json = ns.nft_list_table(0, "ip", "kube-proxy");
         let from_json =
             crate::state::nftables::parse_nft_json(&String::from_utf8_lossy(&json.stdout)).unwrap();
         assert_eq!(netlink.firewall.len(), 1, "{:?}", netlink.firewall);

@@ -910,7 +910,7 @@ mod tests {
     use std::process::Command;
 
     use super::*;
-    use crate::state::test_netns::Netns;
+    use crate::state::test_netns::{Netns, root_with};
 
     const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/nftables/");
 
@@ -1086,10 +1086,7 @@ mod tests {
     #[test]
     #[allow(clippy::print_stdout, reason = "a test's diagnostics")]
     fn read_in_namespace() {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 || Command::new("nft").arg("--version").output().is_err()
-        {
-            eprintln!("skipping: needs root and nft");
+        if !root_with("nft") {
             return;
         }
         let ns = Netns::new("nft", &[""]);
@@ -1115,10 +1112,7 @@ mod tests {
     #[test]
     #[allow(clippy::print_stdout, reason = "a test's diagnostics")]
     fn netlink_table_equals_the_json_table_of_every_fixture() {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 || Command::new("nft").arg("--version").output().is_err()
-        {
-            eprintln!("skipping: needs root and nft");
+        if !root_with("nft") {
             return;
         }
         let mut checked = 0;
@@ -1167,10 +1161,7 @@ mod tests {
     #[test]
     #[allow(clippy::print_stdout, reason = "a test's diagnostics")]
     fn a_read_follows_the_generation() {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 || Command::new("nft").arg("--version").output().is_err()
-        {
-            eprintln!("skipping: needs root and nft");
+        if !root_with("nft") {
             return;
         }
         let ns = Netns::new("nftgen", &[""]);
@@ -1200,10 +1191,7 @@ mod tests {
     #[test]
     #[allow(clippy::print_stdout, reason = "a test's diagnostics")]
     fn an_endpoint_chain_out_of_the_maps_is_no_backend() {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 || Command::new("nft").arg("--version").output().is_err()
-        {
-            eprintln!("skipping: needs root and nft");
+        if !root_with("nft") {
             return;
         }
         let ns = Netns::new("nftstray", &[""]);
@@ -1227,20 +1215,7 @@ mod tests {
                 "10.244.9.9:8443",
             ],
         );
-        let json = Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                ns.name(0),
-                "nft",
-                "-j",
-                "list",
-                "table",
-                "ip",
-                TABLE,
-            ])
-            .output()
-            .unwrap();
+        let json = ns.nft_list_table(0, "ip", TABLE);
         assert!(json.status.success());
         let want = parse_nft_json(&String::from_utf8(json.stdout).unwrap()).unwrap();
         let got = ns.run_in(0, || read_family(FAMILY_IP)).unwrap().unwrap();

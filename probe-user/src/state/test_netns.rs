@@ -76,6 +76,16 @@ impl Netns {
         self.restore(i, args, &text);
     }
 
+    /// `nft -j list table <family> <table>` run in namespace `i` (the JSON reader's input).
+    pub fn nft_list_table(&self, i: usize, family: &str, table: &str) -> std::process::Output {
+        Command::new("ip")
+            .args([
+                "netns", "exec", &self.0[i], "nft", "-j", "list", "table", family, table,
+            ])
+            .output()
+            .unwrap()
+    }
+
     /// Runs `f` on a new thread that has entered namespace `i`.
     pub fn run_in<T: Send + 'static>(&self, i: usize, f: impl FnOnce() -> T + Send + 'static) -> T {
         let path = format!("/run/netns/{}", self.0[i]);
@@ -100,6 +110,17 @@ impl Drop for Netns {
                 .status();
         }
     }
+}
+
+/// Whether the test can load rulesets into scratch namespaces: root, and `tool` (`nft`,
+/// `iptables-nft-restore`) answers `--version`; else it says that it skips.
+pub fn root_with(tool: &str) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || Command::new(tool).arg("--version").output().is_err() {
+        eprintln!("skipping: needs root and {tool}");
+        return false;
+    }
+    true
 }
 
 /// Runs `args` here (no namespace); panics with its stderr if it fails.

@@ -57,6 +57,20 @@ impl LabGuard {
         LabGuard::up_in(KubeProxyMode::from_env()?, variants, opts)
     }
 
+    /// A lab test's start: the lab up in `variants` (panics when it cannot come up), or None
+    /// where the test cannot run (not root; it prints its skip line), so the test returns.
+    pub fn for_test(test: &str, variants: &Variants) -> Option<LabGuard> {
+        super::require_root(test).then(|| LabGuard::up(variants).expect("lab up"))
+    }
+
+    /// [`LabGuard::for_test`] in an explicit kube-proxy mode.
+    pub fn for_test_in(test: &str, mode: KubeProxyMode, variants: &Variants) -> Option<LabGuard> {
+        super::require_root(test).then(|| {
+            LabGuard::up_in(mode, variants, &UpOptions::default())
+                .unwrap_or_else(|e| panic!("lab up ({} mode): {e:?}", mode.name()))
+        })
+    }
+
     /// [`LabGuard::up_with`] in an explicit kube-proxy mode.
     pub fn up_in(mode: KubeProxyMode, variants: &Variants, opts: &UpOptions) -> Result<LabGuard> {
         let lock = LabLock::acquire()?;

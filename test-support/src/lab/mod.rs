@@ -170,6 +170,15 @@ pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
+/// True when running as root; otherwise prints a skip line for the calling test.
+pub fn require_root(test: &str) -> bool {
+    if is_root() {
+        return true;
+    }
+    eprintln!("skipping {test}: needs root (network namespaces, eBPF)");
+    false
+}
+
 /// A handle on the lab (the lab itself lives in the namespaces; this holds client settings).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lab {

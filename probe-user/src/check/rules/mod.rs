@@ -38,22 +38,25 @@ use service_self_loop::service_self_loop;
 use source_ranges::source_ranges;
 use vip_port_unserved::vip_port_unserved;
 
+/// The rules, in the order their findings are listed.
+const RULES: [fn(&Inputs) -> Vec<Finding>; 14] = [
+    healthcheck_blackhole,
+    vip_port_unserved,
+    hairpin,
+    service_self_loop,
+    etp_local_drop,
+    proxy_protocol,
+    source_ranges,
+    lb_probe,
+    nic_source_validation,
+    kptr_restrict,
+    kernel_visibility,
+    kube_api,
+    dataplane,
+    mode_leftover,
+];
+
 /// Every finding for these inputs.
 pub fn judge(inp: &Inputs) -> Vec<Finding> {
-    let mut out = Vec::new();
-    out.extend(healthcheck_blackhole(inp));
-    out.extend(vip_port_unserved(inp));
-    out.extend(hairpin(inp));
-    out.extend(service_self_loop(inp));
-    out.extend(etp_local_drop(inp));
-    out.extend(proxy_protocol(inp));
-    out.extend(source_ranges(inp));
-    out.extend(lb_probe(inp));
-    out.extend(nic_source_validation(inp));
-    out.extend(kptr_restrict(inp));
-    out.extend(kernel_visibility(inp));
-    out.extend(kube_api(inp));
-    out.extend(dataplane(inp));
-    out.extend(mode_leftover(inp));
-    out
+    RULES.iter().flat_map(|rule| rule(inp)).collect()
 }
