@@ -221,8 +221,7 @@ impl Correlator {
             ProbeTarget::HealthCheckNodePort(s) => Some(s),
             ProbeTarget::KubeProxyHealthz => None,
         };
-        let mut event =
-            dropped_call(&key, packet, &info, outcome, evidence, service);
+        let mut event = dropped_call(&key, packet, &info, outcome, evidence, service);
         // The probe's address is the loop's (its proof: the same source answered later).
         event.vip = None;
         event.vip_port = None;
