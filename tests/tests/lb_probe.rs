@@ -17,7 +17,7 @@ use std::{
 };
 
 use probe_contract::{LoopbackKind, Outcome as Fate};
-use probe_tests::agent::{Agent, lines, require_root, wait_for};
+use probe_tests::agent::{Agent, lines, wait_for};
 use test_support::lab::{
     self, LabGuard, Outcome, Variants,
     lb_probe::{GCE_PROBE_IP, HEALTHZ_PORT, add_probe_source, block_probe, remove_probe_source},
@@ -54,10 +54,9 @@ fn probe_until_reported(
 
 #[test]
 fn a_refused_healthz_probe_from_a_gce_range_is_confirmed() {
-    if !require_root("lb_probe_refused") {
+    let Some(lab) = LabGuard::for_test("lb_probe_refused", &Variants::default()) else {
         return;
-    }
-    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    };
     add_probe_source(GCE_PROBE_IP).unwrap();
     let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
     let e = probe_until_reported(&lab, &agent, healthz(), Outcome::Refused);
@@ -85,10 +84,9 @@ fn a_refused_healthz_probe_from_a_gce_range_is_confirmed() {
 /// is reported.
 #[test]
 fn an_answered_healthz_probe_reports_nothing() {
-    if !require_root("lb_probe_twin") {
+    let Some(lab) = LabGuard::for_test("lb_probe_twin", &Variants::default()) else {
         return;
-    }
-    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    };
     add_probe_source(GCE_PROBE_IP).unwrap();
     let healthz_server = lab::in_netns(lab::NS_NODE, || {
         Ok(TcpListener::bind(("0.0.0.0", HEALTHZ_PORT))?)
@@ -116,10 +114,9 @@ fn an_answered_healthz_probe_reports_nothing() {
 /// remedy is to allow the range.
 #[test]
 fn a_firewalled_healthz_probe_is_confirmed_as_a_drop() {
-    if !require_root("lb_probe_firewall") {
+    let Some(lab) = LabGuard::for_test("lb_probe_firewall", &Variants::default()) else {
         return;
-    }
-    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    };
     add_probe_source(GCE_PROBE_IP).unwrap();
     let _healthz = lab::in_netns(lab::NS_NODE, || {
         Ok(TcpListener::bind(("0.0.0.0", HEALTHZ_PORT))?)
@@ -159,10 +156,12 @@ const HC_PORT: u16 = 32000;
 #[test]
 fn a_refused_health_check_node_port_probe_names_its_service() {
     use probe_tests::kube_fixture::KubeFixture;
-    if !require_root("lb_probe_refused (healthCheckNodePort)") {
+    let Some(lab) = LabGuard::for_test(
+        "lb_probe_refused (healthCheckNodePort)",
+        &Variants::default(),
+    ) else {
         return;
-    }
-    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    };
     add_probe_source(GCE_PROBE_IP).unwrap();
     let api = KubeFixture::builder()
         .tag("lb-probe")
@@ -186,15 +185,13 @@ fn a_refused_health_check_node_port_probe_names_its_service() {
 #[test]
 fn a_refused_ipv6_probe_from_azures_link_local_source_is_confirmed() {
     use test_support::lab::{lb_probe, v6};
-    if !require_root("lb_probe_refused (IPv6)") {
-        return;
-    }
-    let lab = LabGuard::up_in(
+    let Some(lab) = LabGuard::for_test_in(
+        "lb_probe_refused (IPv6)",
         lab::KubeProxyMode::Iptables,
         &Variants::default(),
-        &Default::default(),
-    )
-    .expect("lab up");
+    ) else {
+        return;
+    };
     lab.add_ipv6().expect("dual-stack layer");
     let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
     let e = wait_for("the refused IPv6 probe", WAIT, || {
@@ -248,10 +245,10 @@ fn check(kubeconfig: &str) -> probe_contract::check::CheckReport {
 fn check_names_an_unserved_health_check_node_port_and_its_twin_is_not() {
     use probe_contract::check::{Kind, Severity};
     use probe_tests::kube_fixture::KubeFixture;
-    if !require_root("probe check: lb_probe_refused") {
+    let Some(lab) = LabGuard::for_test("probe check: lb_probe_refused", &Variants::default())
+    else {
         return;
-    }
-    let lab = LabGuard::up(&Variants::default()).expect("lab up");
+    };
     let api = KubeFixture::builder()
         .tag("lb-probe-check")
         .object(etp_local_service())
