@@ -4,10 +4,14 @@
 //! - [`PrunedService`] and [`PrunedSlice`] hold only what kube-proxy reads to program a node
 //!   (built by [`PrunedService::from_api`] / [`PrunedSlice::from_api`]; None for an object
 //!   kube-proxy ignores);
-//! - [`ApiServiceTable`] is the store, applied per watch event
-//!   ([`ApiServiceTable::apply_service`], [`ApiServiceTable::apply_slice`]): each event
+//! - [`ApiServiceTable`] is the store, the agent's only one of the API's Services and
+//!   EndpointSlices: per Service a [`StoredService`] (kube-proxy's pruned form and the address
+//!   index's `ServiceFacts`, whose ready endpoints it keeps from the held slices:
+//!   [`ApiServiceTable::facts`]), per slice one [`PrunedSlice`] both read
+//!   ([`PrunedSlice::held_from_api`]). Applied per watch event
+//!   ([`ApiServiceTable::apply_stored`], [`ApiServiceTable::apply_slice`]): each event
 //!   recomputes the entries of the one Service it touches, never the whole table; a relist
-//!   replaces the content once ([`ApiServiceTable::replace`]);
+//!   replaces the content once ([`ApiServiceTable::replace_services`], `replace_slices`);
 //! - the look-ups the dataplane readers' [`ServiceTable`] offers ([`ApiServiceTable::serves`],
 //!   [`ApiServiceTable::nodeport`], [`ApiServiceTable::no_endpoint_drop`]) answer from indexes
 //!   kept with the entries; [`ApiServiceTable::expected`] copies the whole table out (tests,
@@ -33,6 +37,7 @@ use std::{
 
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 use probe_contract::Proto;
+use probe_core::service::{ServiceFacts, bounded, facts, is_api_name};
 
 use crate::state::{NoEndpointDrop, NodePortEntry, ServiceEntry, ServiceSource, ServiceTable};
 
@@ -177,6 +182,9 @@ pub struct PrunedEndpoint {
     pub terminating: bool,
     /// Shared with the other endpoints on that node in the table.
     pub node: Option<Arc<str>>,
+    /// A second or later address of its endpoint: kube-proxy reads only the first, the
+    /// index names every ready one ([`PrunedSlice::held_from_api`]).
+    pub alias: bool,
 }
 
 /// A port of a slice.
@@ -196,6 +204,9 @@ pub struct PrunedSlice {
     pub ipv6: bool,
     pub endpoints: Vec<PrunedEndpoint>,
     pub ports: Vec<SlicePort>,
+    /// kube-proxy reads it (what [`PrunedSlice::from_api`] keeps); a slice it ignores is held
+    /// only for the index's ready addresses ([`PrunedSlice::held_from_api`]).
+    pub proxied: bool,
 }
 
 impl PrunedSlice {
@@ -228,6 +239,7 @@ impl PrunedSlice {
                     serving: c.and_then(|c| c.serving).unwrap_or(true),
                     terminating: c.and_then(|c| c.terminating).unwrap_or(false),
                     node: e.node_name.as_deref().map(Into::into),
+                    alias: false,
                 })
             })
             .collect();
@@ -248,7 +260,75 @@ impl PrunedSlice {
             ipv6,
             endpoints: tight(endpoints),
             ports: tight(ports),
+            proxied: true,
         })
+    }
+
+    /// The slice as the store holds it for kube-proxy and the index at once: what
+    /// [`Self::from_api`] reads, and for the index every address of an endpoint (the later
+    /// ones as aliases kube-proxy skips) and the slices kube-proxy ignores (a headless
+    /// Service's, another proxy's, FQDN: `proxied` false). None without a namespace or
+    /// Service label (neither reads it).
+    pub fn held_from_api(slice: &EndpointSlice) -> Option<PrunedSlice> {
+        let namespace = slice.metadata.namespace.as_deref()?;
+        let service = slice.metadata.labels.as_ref()?.get(SERVICE_NAME)?;
+        let Some(mut held) = Self::from_api(slice) else {
+            return Some(PrunedSlice {
+                service: format!("{namespace}/{service}").into(),
+                ipv6: slice.address_type == "IPv6",
+                endpoints: tight(addresses(slice, false)),
+                ports: Vec::new(),
+                proxied: false,
+            });
+        };
+        if slice.endpoints.iter().any(|e| e.addresses.len() > 1) {
+            held.endpoints = tight(addresses(slice, true));
+        }
+        Some(held)
+    }
+}
+
+/// Every parsed address of `slice`'s endpoints, the first of each as kube-proxy reads it and
+/// the later ones as aliases (the index's reading: `index::Index::build`). Without `node`,
+/// no node names (a slice kube-proxy ignores: the index reads only the ready addresses).
+fn addresses(slice: &EndpointSlice, node: bool) -> Vec<PrunedEndpoint> {
+    let mut out = Vec::new();
+    for e in &slice.endpoints {
+        let c = e.conditions.as_ref();
+        for (i, a) in e.addresses.iter().enumerate() {
+            let Ok(addr) = a.parse() else { continue };
+            out.push(PrunedEndpoint {
+                addr,
+                ready: c.and_then(|c| c.ready).unwrap_or(true),
+                serving: c.and_then(|c| c.serving).unwrap_or(true),
+                terminating: c.and_then(|c| c.terminating).unwrap_or(false),
+                node: e.node_name.as_deref().filter(|_| node).map(Into::into),
+                alias: i > 0,
+            });
+        }
+    }
+    out
+}
+
+/// One Service as the store holds it: what kube-proxy programs from it and the index's
+/// facts, one entry under one key. Either may be absent: kube-proxy ignores a headless
+/// Service the index names, the index refuses a name a faulty API sends.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StoredService {
+    pub proxy: Option<PrunedService>,
+    /// Shared with the indexes built from the store (by pointer); its `endpoints` are the
+    /// held slices' ready addresses, kept by the store.
+    pub facts: Option<Arc<ServiceFacts>>,
+}
+
+impl StoredService {
+    /// What the store holds of `service`; None when neither kube-proxy nor the index reads it.
+    pub fn from_api(service: &Service) -> Option<StoredService> {
+        let proxy = PrunedService::from_api(service);
+        let facts = facts(service, &mut HashMap::new())
+            .filter(|f| is_api_name(&f.namespace) && is_api_name(&f.name))
+            .map(|f| Arc::new(bounded(f)));
+        (proxy.is_some() || facts.is_some()).then_some(StoredService { proxy, facts })
     }
 }
 
@@ -291,13 +371,17 @@ struct PortPlan {
     drops: Box<[IpAddr]>,
 }
 
-/// The store: pruned Services and EndpointSlices, and per Service what kube-proxy programs
-/// from them on this node, with the look-up indexes. Keys (`namespace/name`) are shared
-/// between the maps.
+/// The store: pruned Services and EndpointSlices, held once for the address index (the
+/// Services' facts, `index::Index::from_facts`) and for kube-proxy's view, and per Service
+/// what kube-proxy programs from them on this node, with the look-up indexes. Keys
+/// (`namespace/name`) are shared between the maps.
 #[derive(Clone, Debug)]
 pub struct ApiServiceTable {
     node: NodeView,
-    services: HashMap<Arc<str>, PrunedService>,
+    /// False: the store only (the index's facts), nothing programmed (`--service-table-from
+    /// rules`: the dataplane's table is read whole instead).
+    plans: bool,
+    services: HashMap<Arc<str>, StoredService>,
     /// By slice key (`namespace/name` of the slice).
     slices: HashMap<Arc<str>, PrunedSlice>,
     /// Service key -> its slices' keys, in name order (kube-proxy merges them in that order);
@@ -317,6 +401,7 @@ impl ApiServiceTable {
     pub fn new(node: NodeView) -> ApiServiceTable {
         ApiServiceTable {
             node,
+            plans: true,
             services: HashMap::new(),
             slices: HashMap::new(),
             slices_of: HashMap::new(),
@@ -326,6 +411,15 @@ impl ApiServiceTable {
             drops: HashMap::new(),
             nodes: HashSet::new(),
             recomputed: 0,
+        }
+    }
+
+    /// The store without kube-proxy's view: holds the Services and slices for the index's
+    /// facts, computes no entries.
+    pub fn store_only(node: NodeView) -> ApiServiceTable {
+        ApiServiceTable {
+            plans: false,
+            ..ApiServiceTable::new(node)
         }
     }
 
@@ -348,9 +442,9 @@ impl ApiServiceTable {
         }
     }
 
-    /// The Services held (kube-proxy programs each).
+    /// The Services held that kube-proxy programs.
     pub fn service_count(&self) -> usize {
-        self.services.len()
+        self.services.values().filter(|s| s.proxy.is_some()).count()
     }
 
     /// The shared key for `key` (the Service's, when it is held).
@@ -367,10 +461,23 @@ impl ApiServiceTable {
     /// A watch event on Service `key` (`namespace/name`): its new pruned form, or None when it
     /// was deleted (or kube-proxy ignores it). Recomputes that Service only.
     pub fn apply_service(&mut self, key: &str, service: Option<PrunedService>) {
+        self.apply_stored(
+            key,
+            service.map(|proxy| StoredService {
+                proxy: Some(proxy),
+                facts: None,
+            }),
+        );
+    }
+
+    /// A watch event on Service `key`: what the store holds of it now ([`StoredService`]), or
+    /// None when it was deleted (or nothing reads it). Recomputes that Service only.
+    pub fn apply_stored(&mut self, key: &str, service: Option<StoredService>) {
         let key = self.key(key);
         match service {
             Some(s) => {
                 self.services.insert(key.clone(), s);
+                self.refresh_facts(&key);
             }
             None => {
                 self.services.remove(&key);
@@ -394,11 +501,13 @@ impl ApiServiceTable {
         let old_service = old.as_ref().map(|(_, s)| self.key(&s.service));
         let new_service = slice.map(|s| self.insert_slice(key, s));
         if let Some(old) = &old_service {
+            self.refresh_facts(old);
             self.recompute(old);
         }
         if let Some(new) = new_service
             && old_service.as_ref() != Some(&new)
         {
+            self.refresh_facts(&new);
             self.recompute(&new);
         }
     }
@@ -432,27 +541,31 @@ impl ApiServiceTable {
         services: impl IntoIterator<Item = (String, PrunedService)>,
         slices: impl IntoIterator<Item = (String, PrunedSlice)>,
     ) {
-        self.services = services
-            .into_iter()
-            .map(|(k, s)| (Arc::from(k), s))
-            .collect();
         self.slices.clear();
         self.slices_of.clear();
         for (key, s) in slices {
             self.insert_slice(&key, s);
         }
-        self.recompute_all();
+        self.replace_services(services.into_iter().map(|(k, proxy)| {
+            let held = StoredService {
+                proxy: Some(proxy),
+                facts: None,
+            };
+            (k, held)
+        }));
     }
 
     /// A Services relist's content, replacing the Services (the slices stay).
     pub fn replace_services(
         &mut self,
-        services: impl IntoIterator<Item = (String, PrunedService)>,
+        services: impl IntoIterator<Item = (String, StoredService)>,
     ) {
+        // The slices' keys of a Service are shared with it.
         self.services = services
             .into_iter()
-            .map(|(k, s)| (Arc::from(k), s))
+            .map(|(k, s)| (self.key(&k), s))
             .collect();
+        self.refresh_all_facts();
         self.recompute_all();
     }
 
@@ -463,6 +576,7 @@ impl ApiServiceTable {
         for (key, s) in slices {
             self.insert_slice(&key, s);
         }
+        self.refresh_all_facts();
         self.recompute_all();
     }
 
@@ -501,9 +615,12 @@ impl ApiServiceTable {
                 }
             }
         }
-        let Some(service) = self.services.get(key) else {
+        let Some(service) = self.services.get(key).and_then(|s| s.proxy.as_ref()) else {
             return;
         };
+        if !self.plans {
+            return;
+        }
         let slices = self
             .slices_of
             .get(key)
@@ -602,7 +719,8 @@ impl ApiServiceTable {
 
     fn owner(&self, key: &Arc<str>) -> Option<(&Arc<str>, &PrunedService)> {
         let (key, service) = self.services.get_key_value(key)?;
-        self.programmed.contains_key(key).then_some((key, service))
+        let proxy = service.proxy.as_ref()?;
+        self.programmed.contains_key(key).then_some((key, proxy))
     }
 
     /// The whole table, as the dataplane readers write it (Services in key order); the
@@ -678,7 +796,7 @@ fn endpoints_of<'a>(
     node: Option<&str>,
 ) -> Vec<Endpoint> {
     let mut out: Vec<Endpoint> = Vec::new();
-    for slice in slices.filter(|s| s.ipv6 == ipv6) {
+    for slice in slices.filter(|s| s.proxied && s.ipv6 == ipv6) {
         let Some(port) = slice
             .ports
             .iter()
@@ -686,7 +804,7 @@ fn endpoints_of<'a>(
         else {
             continue;
         };
-        for e in &slice.endpoints {
+        for e in slice.endpoints.iter().filter(|e| !e.alias) {
             let addr = SocketAddr::new(e.addr, port.port);
             if out.iter().any(|o| o.addr == addr) {
                 continue;
@@ -939,6 +1057,13 @@ pub fn tight<T>(mut v: Vec<T>) -> Vec<T> {
     v
 }
 
+#[path = "service_table_facts.rs"]
+mod held_facts;
+
 #[cfg(test)]
 #[path = "service_table_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "one_store_tests.rs"]
+mod one_store_tests;
