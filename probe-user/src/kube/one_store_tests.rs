@@ -1,8 +1,9 @@
 //! The one store (issue #52) against the stores it replaced: after every kind of watch event
-//! and a relist, the store fed event by event gives the same expected table, the same index
-//! and the same answers as (1) the API table made afresh from kube-proxy's pruned objects
-//! ([`PrunedService::from_api`], [`PrunedSlice::from_api`], the table's own store before) and
-//! (2) the index built from the objects (`Index::build`, what `kube::kept` was held equal to).
+//! and a relist, the store fed event by event derives for each Service the
+//! [`PrunedService::from_api`] the table held before, and gives the same expected table, the
+//! same index and the same answers as (1) the API table made afresh from kube-proxy's pruned
+//! objects ([`PrunedService::from_api`], [`PrunedSlice::from_api`]) and (2) the index built
+//! from the objects (`Index::build`, what `kube::kept` was held equal to).
 
 use std::{collections::BTreeMap, net::IpAddr};
 
@@ -104,6 +105,19 @@ impl Api {
 
 /// The store answers as the table made afresh and the index built from the objects do.
 fn same(store: &ApiServiceTable, api: &Api, node: &NodeView, after: &str) {
+    // kube-proxy's view of each Service, derived from the held facts, is what the table held
+    // before (and the table made afresh holds it through the same derivation: it must give
+    // back what it was given).
+    for (key, object) in &api.services {
+        let pruned = PrunedService::from_api(object);
+        let held = store.services.get(key.as_str());
+        let view = held.and_then(StoredService::proxy_view).map(|(v, _)| v);
+        assert_eq!(view, pruned, "{key} after {after}");
+        if let Some(p) = pruned {
+            let back = StoredService::from_proxy(key, p.clone()).proxy_view();
+            assert_eq!(back.map(|(v, _)| v), Some(p), "{key} after {after}");
+        }
+    }
     let old = api.table(node);
     let expected = old.expected();
     assert_eq!(store.expected(), expected, "table after {after}");
@@ -116,6 +130,7 @@ fn same(store: &ApiServiceTable, api: &Api, node: &NodeView, after: &str) {
         .collect();
     frontends.push(("10.96.0.10".parse().unwrap(), 81, Proto::Tcp));
     frontends.push(("203.0.113.10".parse().unwrap(), 80, Proto::Udp));
+    frontends.push(("203.0.113.40".parse().unwrap(), 443, Proto::Tcp));
     for &(vip, port, proto) in &frontends {
         assert_eq!(
             store.serves(vip, port, proto),
@@ -160,7 +175,7 @@ fn same(store: &ApiServiceTable, api: &Api, node: &NodeView, after: &str) {
             "{after}"
         );
     }
-    for port in [30080, 30443, 31000] {
+    for port in [30053, 30080, 30443, 31000] {
         assert_eq!(
             index.service_by_node_port(port, Proto::Tcp),
             built.service_by_node_port(port, Proto::Tcp),
@@ -258,6 +273,32 @@ fn the_one_store_equals_the_stores_it_replaced_after_every_event_and_a_relist() 
             ("a headless Service", Event::Service(headless)),
             ("its slice", Event::Slice(headless_slice)),
             ("another proxy's Service", Event::Service(other_proxy)),
+            (
+                "a Service of every other setting kube-proxy reads",
+                Event::Service(json!({
+                    "metadata": {"namespace": "shop", "name": "edge"},
+                    "spec": {"type": "NodePort", "clusterIP": "10.96.0.40",
+                             "clusterIPs": ["10.96.0.40"], "externalIPs": ["198.51.100.4"],
+                             "externalTrafficPolicy": "Local", "internalTrafficPolicy": "Local",
+                             "ports": [{"port": 443, "nodePort": 30443},
+                                       {"name": "sctp", "port": 9, "protocol": "SCTP"}]},
+                    "status": {"loadBalancer": {"ingress": [
+                        {"ip": "203.0.113.40", "ipMode": "Proxy"},
+                        {"ip": "203.0.113.41", "ipMode": "VIP"}]}}
+                })),
+            ),
+            (
+                "its slice",
+                Event::Slice(json!({
+                    "metadata": {"namespace": "shop", "name": "edge-1",
+                                 "labels": {"kubernetes.io/service-name": "edge"}},
+                    "addressType": "IPv4",
+                    "endpoints": [{"addresses": ["10.244.6.1"], "nodeName": "n1"},
+                                  {"addresses": ["10.244.6.2"], "nodeName": "n2"}],
+                    "ports": [{"port": 8443, "protocol": "TCP"},
+                              {"name": "sctp", "port": 9999, "protocol": "SCTP"}]
+                })),
+            ),
             (
                 "its slice",
                 Event::Slice(slice("mesh-1", "mesh", &[(&["10.244.5.1"], "n1", true)])),

@@ -5,9 +5,9 @@
 //!   (built by [`PrunedService::from_api`] / [`PrunedSlice::from_api`]; None for an object
 //!   kube-proxy ignores);
 //! - [`ApiServiceTable`] is the store, the agent's only one of the API's Services and
-//!   EndpointSlices: per Service a [`StoredService`] (kube-proxy's pruned form and the address
-//!   index's `ServiceFacts`, whose ready endpoints it keeps from the held slices:
-//!   [`ApiServiceTable::facts`]), per slice one [`PrunedSlice`] both read
+//!   EndpointSlices: per Service a [`StoredService`] (the address index's `ServiceFacts`, whose
+//!   ready endpoints it keeps from the held slices, [`ApiServiceTable::facts`]; kube-proxy's
+//!   pruned form is derived from them per recomputation), per slice one [`PrunedSlice`] both read
 //!   ([`PrunedSlice::held_from_api`]). Applied per watch event
 //!   ([`ApiServiceTable::apply_stored`], [`ApiServiceTable::apply_slice`]): each event
 //!   recomputes the entries of the one Service it touches, never the whole table; a relist
@@ -37,7 +37,7 @@ use std::{
 
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 use probe_contract::Proto;
-use probe_core::service::{ServiceFacts, bounded, facts, is_api_name};
+use probe_core::service::{LbIngress, ServiceFacts, ServicePort, bounded, facts, is_api_name};
 
 use crate::state::{NoEndpointDrop, NodePortEntry, ServiceEntry, ServiceSource, ServiceTable};
 
@@ -310,25 +310,135 @@ fn addresses(slice: &EndpointSlice, node: bool) -> Vec<PrunedEndpoint> {
     out
 }
 
-/// One Service as the store holds it: what kube-proxy programs from it and the index's
-/// facts, one entry under one key. Either may be absent: kube-proxy ignores a headless
-/// Service the index names, the index refuses a name a faulty API sends.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// One Service as the store holds it, once: its facts (the index's, `ServiceFacts` behind an
+/// `Arc` an index shares by pointer), from which kube-proxy's [`PrunedService`] is derived when
+/// the Service is recomputed ([`StoredService::proxy_view`]), with the two things kube-proxy
+/// reads that the facts do not say.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoredService {
-    pub proxy: Option<PrunedService>,
-    /// Shared with the indexes built from the store (by pointer); its `endpoints` are the
-    /// held slices' ready addresses, kept by the store.
-    pub facts: Option<Arc<ServiceFacts>>,
+    /// Its `endpoints` are the held slices' ready addresses, kept by the store.
+    pub facts: Arc<ServiceFacts>,
+    /// The index names it: its namespace and name are API names (`is_api_name`).
+    pub indexed: bool,
+    /// kube-proxy programs it ([`PrunedService::from_api`] is Some): decided on the object,
+    /// which holds the label and the `clusterIP` the facts do not keep.
+    pub proxied: bool,
+    /// internalTrafficPolicy Local (not in the facts).
+    pub internal_policy_local: bool,
 }
 
 impl StoredService {
-    /// What the store holds of `service`; None when neither kube-proxy nor the index reads it.
+    /// What the store holds of `service`; None when neither kube-proxy nor the index reads it
+    /// (or it has no namespace or name).
     pub fn from_api(service: &Service) -> Option<StoredService> {
         let proxy = PrunedService::from_api(service);
-        let facts = facts(service, &mut HashMap::new())
-            .filter(|f| is_api_name(&f.namespace) && is_api_name(&f.name))
-            .map(|f| Arc::new(bounded(f)));
-        (proxy.is_some() || facts.is_some()).then_some(StoredService { proxy, facts })
+        let facts = facts(service, &mut HashMap::new())?;
+        let indexed = is_api_name(&facts.namespace) && is_api_name(&facts.name);
+        (indexed || proxy.is_some()).then(|| StoredService {
+            facts: Arc::new(bounded(facts)),
+            indexed,
+            internal_policy_local: proxy.as_ref().is_some_and(|p| p.internal_policy_local),
+            proxied: proxy.is_some(),
+        })
+    }
+
+    /// kube-proxy's pruned form alone, as the store holds it (tests, `probe check`: no index
+    /// reads it). [`Self::proxy_view`] gives `proxy` back.
+    pub fn from_proxy(key: &str, proxy: PrunedService) -> StoredService {
+        let (namespace, name) = key.split_once('/').unwrap_or(("", key));
+        let protocol = |proto: Proto| match proto {
+            Proto::Udp => "UDP",
+            Proto::Other(132) => "SCTP",
+            _ => "TCP",
+        };
+        let facts = ServiceFacts {
+            namespace: namespace.into(),
+            name: name.into(),
+            uid: None,
+            service_type: if proxy.external_policy_local {
+                "LoadBalancer"
+            } else {
+                "ClusterIP"
+            }
+            .into(),
+            ports: proxy
+                .ports
+                .iter()
+                .map(|p| ServicePort {
+                    name: (!p.name.is_empty()).then(|| p.name.to_string()),
+                    protocol: protocol(p.proto).into(),
+                    port: p.port,
+                    node_port: (p.node_port != 0).then_some(p.node_port),
+                })
+                .collect(),
+            ingress: proxy
+                .lb_ips
+                .iter()
+                .map(|&ip| LbIngress {
+                    ip: Some(ip),
+                    hostname: None,
+                    ip_mode: None,
+                })
+                .collect(),
+            cluster_ips: proxy.cluster_ips,
+            external_ips: proxy.external_ips,
+            external_traffic_policy: proxy.external_policy_local.then(|| "Local".into()),
+            health_check_node_port: (proxy.health_check_node_port != 0)
+                .then_some(proxy.health_check_node_port),
+            loopback_annotations: Default::default(),
+            endpoints: Vec::new(),
+            load_balancer_class: None,
+            load_balancer_source_ranges: Vec::new(),
+            annotations: Default::default(),
+            resource_version: None,
+        };
+        StoredService {
+            facts: Arc::new(facts),
+            indexed: false,
+            proxied: true,
+            internal_policy_local: proxy.internal_policy_local,
+        }
+    }
+
+    /// What kube-proxy reads of the Service (what [`PrunedService::from_api`] made of the
+    /// object, for a Service a real API server accepted: its `clusterIPs` lead with
+    /// `clusterIP`, its addresses carry no spaces), with the index in the facts' ports of
+    /// each of its ports; None when kube-proxy ignores it.
+    fn proxy_view(&self) -> Option<(PrunedService, Vec<usize>)> {
+        if !self.proxied {
+            return None;
+        }
+        let f = &self.facts;
+        let (at, ports): (Vec<usize>, Vec<PortSpec>) = f
+            .ports
+            .iter()
+            .enumerate()
+            .filter_map(|(i, p)| {
+                let spec = PortSpec {
+                    name: p.name.as_deref().unwrap_or("").into(),
+                    proto: proto_of(Some(&p.protocol))?,
+                    port: p.port,
+                    node_port: p.node_port.unwrap_or(0),
+                };
+                Some((i, spec))
+            })
+            .unzip();
+        let view = PrunedService {
+            cluster_ips: f.cluster_ips.clone(),
+            ports,
+            external_ips: f.external_ips.clone(),
+            lb_ips: f
+                .ingress
+                .iter()
+                .filter(|i| i.ip_mode.as_deref().is_none_or(|m| m == "VIP"))
+                .filter_map(|i| i.ip)
+                .collect(),
+            external_policy_local: matches!(f.service_type.as_str(), "NodePort" | "LoadBalancer")
+                && f.is_etp_local(),
+            internal_policy_local: self.internal_policy_local,
+            health_check_node_port: f.health_check_node_port.unwrap_or(0),
+        };
+        Some((view, at))
     }
 }
 
@@ -444,7 +554,7 @@ impl ApiServiceTable {
 
     /// The Services held that kube-proxy programs.
     pub fn service_count(&self) -> usize {
-        self.services.values().filter(|s| s.proxy.is_some()).count()
+        self.services.values().filter(|s| s.proxied).count()
     }
 
     /// The shared key for `key` (the Service's, when it is held).
@@ -461,13 +571,8 @@ impl ApiServiceTable {
     /// A watch event on Service `key` (`namespace/name`): its new pruned form, or None when it
     /// was deleted (or kube-proxy ignores it). Recomputes that Service only.
     pub fn apply_service(&mut self, key: &str, service: Option<PrunedService>) {
-        self.apply_stored(
-            key,
-            service.map(|proxy| StoredService {
-                proxy: Some(proxy),
-                facts: None,
-            }),
-        );
+        let held = service.map(|proxy| StoredService::from_proxy(key, proxy));
+        self.apply_stored(key, held);
     }
 
     /// A watch event on Service `key`: what the store holds of it now ([`StoredService`]), or
@@ -547,10 +652,7 @@ impl ApiServiceTable {
             self.insert_slice(&key, s);
         }
         self.replace_services(services.into_iter().map(|(k, proxy)| {
-            let held = StoredService {
-                proxy: Some(proxy),
-                facts: None,
-            };
+            let held = StoredService::from_proxy(&k, proxy);
             (k, held)
         }));
     }
@@ -615,19 +717,23 @@ impl ApiServiceTable {
                 }
             }
         }
-        let Some(service) = self.services.get(key).and_then(|s| s.proxy.as_ref()) else {
-            return;
-        };
         if !self.plans {
             return;
         }
+        let Some((service, at)) = self.services.get(key).and_then(StoredService::proxy_view) else {
+            return;
+        };
         let slices = self
             .slices_of
             .get(key)
             .into_iter()
             .flatten()
             .filter_map(|k| self.slices.get(k));
-        let plans = program(service, slices, &self.node);
+        let mut plans = program(&service, slices, &self.node);
+        // Named by the facts' ports, which the table keeps.
+        for p in &mut plans {
+            p.index = at[p.index];
+        }
         for p in &plans {
             for f in &p.frontends {
                 self.frontends.insert((f.vip, f.port, p.proto), key.clone());
@@ -645,16 +751,16 @@ impl ApiServiceTable {
     }
 
     /// `ns/name:port`, `ns/name` for an unnamed port (`pkg/proxy/types.go`
-    /// `ServicePortName.String`), as kube-proxy's rule comments say it.
-    fn port_name(key: &str, spec: &PortSpec) -> String {
-        if spec.name.is_empty() {
-            key.to_string()
-        } else {
-            format!("{key}:{}", spec.name)
+    /// `ServicePortName.String`), as kube-proxy's rule comments say it; `p`'s port of
+    /// `service`.
+    fn port_name(key: &str, service: &ServiceFacts, p: &PortPlan) -> String {
+        match service.ports[p.index].name.as_deref() {
+            None | Some("") => key.to_string(),
+            Some(name) => format!("{key}:{name}"),
         }
     }
 
-    fn entry(key: &str, spec: &PortSpec, p: &PortPlan, f: &Frontend) -> ServiceEntry {
+    fn entry(key: &str, service: &ServiceFacts, p: &PortPlan, f: &Frontend) -> ServiceEntry {
         let backends = match (&p.external, f.external) {
             (Some(external), true) => external,
             _ => &p.internal,
@@ -663,7 +769,7 @@ impl ApiServiceTable {
             vip: f.vip,
             port: f.port,
             proto: p.proto,
-            service: Some(Self::port_name(key, spec)),
+            service: Some(Self::port_name(key, service, p)),
             backends: backends.iter().map(SocketAddr::to_string).collect(),
         }
     }
@@ -676,7 +782,7 @@ impl ApiServiceTable {
                 .frontends
                 .iter()
                 .find(|f| f.vip == vip && f.port == port && p.proto == proto)?;
-            Some(Self::entry(key, &service.ports[p.index], p, f))
+            Some(Self::entry(key, service, p, f))
         })
     }
 
@@ -690,7 +796,7 @@ impl ApiServiceTable {
             Some(NodePortEntry {
                 port,
                 proto,
-                service: Some(Self::port_name(key, &service.ports[p.index])),
+                service: Some(Self::port_name(key, service, p)),
                 local_only,
             })
         })
@@ -711,16 +817,15 @@ impl ApiServiceTable {
                     addr,
                     proto,
                     port,
-                    service: Some(Self::port_name(key, &service.ports[p.index])),
+                    service: Some(Self::port_name(key, service, p)),
                 }
             })
         })
     }
 
-    fn owner(&self, key: &Arc<str>) -> Option<(&Arc<str>, &PrunedService)> {
+    fn owner(&self, key: &Arc<str>) -> Option<(&Arc<str>, &ServiceFacts)> {
         let (key, service) = self.services.get_key_value(key)?;
-        let proxy = service.proxy.as_ref()?;
-        self.programmed.contains_key(key).then_some((key, proxy))
+        (service.proxied && self.programmed.contains_key(key)).then_some((key, &*service.facts))
     }
 
     /// The whole table, as the dataplane readers write it (Services in key order); the
@@ -741,9 +846,8 @@ impl ApiServiceTable {
             };
             let mut nodeports = HashSet::new();
             for p in &self.programmed[key] {
-                let spec = &service.ports[p.index];
                 for f in &p.frontends {
-                    table.services.push(Self::entry(key, spec, p, f));
+                    table.services.push(Self::entry(key, service, p, f));
                 }
                 // A dual-stack Service's NodePort is one entry (the readers merge the
                 // families).
@@ -753,7 +857,7 @@ impl ApiServiceTable {
                     table.nodeports.push(NodePortEntry {
                         port: node_port,
                         proto: p.proto,
-                        service: Some(Self::port_name(key, spec)),
+                        service: Some(Self::port_name(key, service, p)),
                         local_only,
                     });
                 }
@@ -762,7 +866,7 @@ impl ApiServiceTable {
                         addr,
                         proto: p.proto,
                         port: p.port,
-                        service: Some(Self::port_name(key, spec)),
+                        service: Some(Self::port_name(key, service, p)),
                     });
                 }
             }

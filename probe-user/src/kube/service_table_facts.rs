@@ -16,7 +16,8 @@ impl ApiServiceTable {
         let mut list: Vec<&Arc<ServiceFacts>> = self
             .services
             .values()
-            .filter_map(|s| s.facts.as_ref())
+            .filter(|s| s.indexed)
+            .map(|s| &s.facts)
             .collect();
         list.sort_unstable_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
         list.into_iter().cloned().collect()
@@ -42,20 +43,15 @@ impl ApiServiceTable {
     /// holds them, else one copy of this Service's facts (the index keeps the old ones).
     pub(super) fn refresh_facts(&mut self, key: &str) {
         let endpoints = self.ready_endpoints(key);
-        if let Some(f) = self.services.get_mut(key).and_then(|s| s.facts.as_mut())
-            && f.endpoints != endpoints
+        if let Some(s) = self.services.get_mut(key)
+            && s.facts.endpoints != endpoints
         {
-            Arc::make_mut(f).endpoints = endpoints;
+            Arc::make_mut(&mut s.facts).endpoints = endpoints;
         }
     }
 
     pub(super) fn refresh_all_facts(&mut self) {
-        let keys: Vec<Arc<str>> = self
-            .services
-            .iter()
-            .filter(|(_, s)| s.facts.is_some())
-            .map(|(k, _)| k.clone())
-            .collect();
+        let keys: Vec<Arc<str>> = self.services.keys().cloned().collect();
         for key in keys {
             self.refresh_facts(&key);
         }

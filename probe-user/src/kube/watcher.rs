@@ -6,7 +6,7 @@
 //! Objects are pruned as they arrive ([`prune_service`], [`prune_slice`], [`prune_pod`]): no
 //! managedFields, and only the annotations and labels the agent reads. Pods are kept in a
 //! reflector store (this node's only); Services and EndpointSlices are not kept as objects at
-//! all: the store holds per Service its pruned form and the index's facts
+//! all: the store holds per Service the index's facts, kube-proxy's form derived from them
 //! ([`super::service_table::StoredService`]), per slice one pruned form read by both, and the
 //! index is built from the held facts by pointer. Until issue #52 the index's facts and the
 //! slices' ready addresses were a second store beside the table's (`kube::kept`).
