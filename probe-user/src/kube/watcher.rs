@@ -525,6 +525,44 @@ mod tests {
         task.abort();
     }
 
+    /// A relist that fails is dropped (indexes are built again meanwhile) and the store keeps
+    /// the last complete list, as `kube::kept` did before the one store.
+    #[test]
+    fn a_failed_relist_is_dropped_and_the_last_list_kept() {
+        let view = NodeView {
+            mode: crate::state::ServiceSource::Iptables,
+            node_name: None,
+            node_ips: vec![],
+        };
+        let table = Arc::new(RwLock::new(ApiServiceTable::new(view)));
+        let mut feed = TableFeed::new(table.clone(), watch::channel(0).0);
+        let service = |name: &str| -> Service {
+            serde_json::from_value(json!({
+                "metadata": {"namespace": "shop", "name": name},
+                "spec": {"clusterIP": "10.96.0.10", "ports": [{"port": 80}]}
+            }))
+            .unwrap()
+        };
+        feed.service(&watcher::Event::Init);
+        feed.service(&watcher::Event::InitApply(service("web")));
+        assert!(feed.relisting());
+        feed.service(&watcher::Event::InitDone);
+        assert!(!feed.relisting());
+        feed.service(&watcher::Event::Init);
+        feed.service(&watcher::Event::InitApply(service("api")));
+        feed.relist_failed(1);
+        assert!(!feed.relisting());
+        let names: Vec<String> = table
+            .read()
+            .unwrap()
+            .facts()
+            .iter()
+            .map(|f| f.name.clone())
+            .collect();
+        assert_eq!(names, ["web"]);
+        assert_eq!(table.read().unwrap().service_count(), 1);
+    }
+
     /// What the stores keep of a Service: no managedFields, no kubectl copy, no tenant
     /// annotation or label; the annotations `facts` reads and kube-proxy's label stay.
     #[test]
