@@ -94,7 +94,7 @@ impl Index {
                 .or_default()
                 .extend(ready);
         }
-        // In address order, whatever order the slices came in (`kept::Kept` keeps them so).
+        // In address order, whatever order the slices came in (the store keeps them so: `service_table`'s `facts`).
         for ips in endpoints.values_mut() {
             ips.sort_unstable();
             ips.dedup();
@@ -109,7 +109,7 @@ impl Index {
         Index::from_facts(pods, list.into_iter().map(Arc::new))
     }
 
-    /// The index of `pods` and of Services' facts already made (`kept::Kept` keeps them per
+    /// The index of `pods` and of Services' facts already made (the store, `service_table::ApiServiceTable`, keeps them per
     /// watch event), in (namespace, name) order: the facts are shared, not copied.
     pub fn from_facts<'a>(
         pods: impl IntoIterator<Item = &'a Pod>,

@@ -10,10 +10,11 @@
 //! - [`connect`]`(&KubeSource) -> Result<kube::Client>`: a client (lazy: nothing is sent yet);
 //!   the Events writer reuses it.
 //! - [`KubeStatus`]: connection state shared with the metrics (`clbprobe_kube_connected`).
-//! - [`watcher::spawn`]: reflectors on this node's Pods, Services and EndpointSlices (stored
-//!   pruned: `watcher::prune_*`); hands out [`index::Index`] snapshots on a
-//!   `tokio::sync::watch` channel; reconnects with backoff. [`watcher::spawn_with_table`] also
-//!   keeps the [`service_table::ApiServiceTable`] per watch event and shares it
+//! - [`watcher::spawn`]: reflectors on this node's Pods, Services and EndpointSlices (pruned:
+//!   `watcher::prune_*`; the Services and slices held once, in the
+//!   [`service_table::ApiServiceTable`], per watch event); hands out [`index::Index`]
+//!   snapshots on a `tokio::sync::watch` channel; reconnects with backoff.
+//!   [`watcher::spawn_with_table`] also has the store compute kube-proxy's view and shares it
 //!   ([`watcher::SharedApiTable`]: `table.read()`, `changed` counts updates).
 //! - [`service_table`]: pure: what kube-proxy should program on this node (iptables, nftables,
 //!   IPVS) from the pruned Services and EndpointSlices, with the look-ups of
@@ -30,7 +31,6 @@
 pub mod enrich;
 pub mod hold;
 pub mod index;
-pub mod kept;
 pub mod service_table;
 pub mod watcher;
 pub mod watches;

@@ -4,10 +4,14 @@
 //! - [`PrunedService`] and [`PrunedSlice`] hold only what kube-proxy reads to program a node
 //!   (built by [`PrunedService::from_api`] / [`PrunedSlice::from_api`]; None for an object
 //!   kube-proxy ignores);
-//! - [`ApiServiceTable`] is the store, applied per watch event
-//!   ([`ApiServiceTable::apply_service`], [`ApiServiceTable::apply_slice`]): each event
+//! - [`ApiServiceTable`] is the store, the agent's only one of the API's Services and
+//!   EndpointSlices: per Service a [`StoredService`] (the address index's `ServiceFacts`, whose
+//!   ready endpoints it keeps from the held slices, [`ApiServiceTable::facts`]; kube-proxy's
+//!   pruned form is derived from them per recomputation), per slice one [`PrunedSlice`] both read
+//!   ([`PrunedSlice::held_from_api`]). Applied per watch event
+//!   ([`ApiServiceTable::apply_stored`], [`ApiServiceTable::apply_slice`]): each event
 //!   recomputes the entries of the one Service it touches, never the whole table; a relist
-//!   replaces the content once ([`ApiServiceTable::replace`]);
+//!   replaces the content once ([`ApiServiceTable::replace_services`], `replace_slices`);
 //! - the look-ups the dataplane readers' [`ServiceTable`] offers ([`ApiServiceTable::serves`],
 //!   [`ApiServiceTable::nodeport`], [`ApiServiceTable::no_endpoint_drop`]) answer from indexes
 //!   kept with the entries; [`ApiServiceTable::expected`] copies the whole table out (tests,
@@ -33,6 +37,7 @@ use std::{
 
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 use probe_contract::Proto;
+use probe_core::service::{LbIngress, ServiceFacts, ServicePort, bounded, facts, is_api_name};
 
 use crate::state::{
     HealthCheckPort, NoEndpointDrop, NodePortEntry, ServiceEntry, ServiceSource, ServiceTable,
@@ -173,6 +178,9 @@ pub struct PrunedEndpoint {
     pub terminating: bool,
     /// Shared with the other endpoints on that node in the table.
     pub node: Option<Arc<str>>,
+    /// A second or later address of its endpoint: kube-proxy reads only the first, the
+    /// index names every ready one ([`PrunedSlice::held_from_api`]).
+    pub alias: bool,
 }
 
 /// A port of a slice.
@@ -192,6 +200,9 @@ pub struct PrunedSlice {
     pub ipv6: bool,
     pub endpoints: Vec<PrunedEndpoint>,
     pub ports: Vec<SlicePort>,
+    /// kube-proxy reads it (what [`PrunedSlice::from_api`] keeps); a slice it ignores is held
+    /// only for the index's ready addresses ([`PrunedSlice::held_from_api`]).
+    pub proxied: bool,
 }
 
 impl PrunedSlice {
@@ -224,6 +235,7 @@ impl PrunedSlice {
                     serving: c.and_then(|c| c.serving).unwrap_or(true),
                     terminating: c.and_then(|c| c.terminating).unwrap_or(false),
                     node: e.node_name.as_deref().map(Into::into),
+                    alias: false,
                 })
             })
             .collect();
@@ -244,7 +256,185 @@ impl PrunedSlice {
             ipv6,
             endpoints: tight(endpoints),
             ports: tight(ports),
+            proxied: true,
         })
+    }
+
+    /// The slice as the store holds it for kube-proxy and the index at once: what
+    /// [`Self::from_api`] reads, and for the index every address of an endpoint (the later
+    /// ones as aliases kube-proxy skips) and the slices kube-proxy ignores (a headless
+    /// Service's, another proxy's, FQDN: `proxied` false). None without a namespace or
+    /// Service label (neither reads it).
+    pub fn held_from_api(slice: &EndpointSlice) -> Option<PrunedSlice> {
+        let namespace = slice.metadata.namespace.as_deref()?;
+        let service = slice.metadata.labels.as_ref()?.get(SERVICE_NAME)?;
+        let Some(mut held) = Self::from_api(slice) else {
+            return Some(PrunedSlice {
+                service: format!("{namespace}/{service}").into(),
+                ipv6: slice.address_type == "IPv6",
+                endpoints: tight(addresses(slice, false)),
+                ports: Vec::new(),
+                proxied: false,
+            });
+        };
+        if slice.endpoints.iter().any(|e| e.addresses.len() > 1) {
+            held.endpoints = tight(addresses(slice, true));
+        }
+        Some(held)
+    }
+}
+
+/// Every parsed address of `slice`'s endpoints, the first of each as kube-proxy reads it and
+/// the later ones as aliases (the index's reading: `index::Index::build`). Without `node`,
+/// no node names (a slice kube-proxy ignores: the index reads only the ready addresses).
+fn addresses(slice: &EndpointSlice, node: bool) -> Vec<PrunedEndpoint> {
+    let mut out = Vec::new();
+    for e in &slice.endpoints {
+        let c = e.conditions.as_ref();
+        for (i, a) in e.addresses.iter().enumerate() {
+            let Ok(addr) = a.parse() else { continue };
+            out.push(PrunedEndpoint {
+                addr,
+                ready: c.and_then(|c| c.ready).unwrap_or(true),
+                serving: c.and_then(|c| c.serving).unwrap_or(true),
+                terminating: c.and_then(|c| c.terminating).unwrap_or(false),
+                node: e.node_name.as_deref().filter(|_| node).map(Into::into),
+                alias: i > 0,
+            });
+        }
+    }
+    out
+}
+
+/// One Service as the store holds it, once: its facts (the index's, `ServiceFacts` behind an
+/// `Arc` an index shares by pointer), from which kube-proxy's [`PrunedService`] is derived when
+/// the Service is recomputed ([`StoredService::proxy_view`]), with the two things kube-proxy
+/// reads that the facts do not say.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredService {
+    /// Its `endpoints` are the held slices' ready addresses, kept by the store.
+    pub facts: Arc<ServiceFacts>,
+    /// The index names it: its namespace and name are API names (`is_api_name`).
+    pub indexed: bool,
+    /// kube-proxy programs it ([`PrunedService::from_api`] is Some): decided on the object,
+    /// which holds the label and the `clusterIP` the facts do not keep.
+    pub proxied: bool,
+    /// internalTrafficPolicy Local (not in the facts).
+    pub internal_policy_local: bool,
+}
+
+impl StoredService {
+    /// What the store holds of `service`; None when neither kube-proxy nor the index reads it
+    /// (or it has no namespace or name).
+    pub fn from_api(service: &Service) -> Option<StoredService> {
+        let proxy = PrunedService::from_api(service);
+        let facts = facts(service, &mut HashMap::new())?;
+        let indexed = is_api_name(&facts.namespace) && is_api_name(&facts.name);
+        (indexed || proxy.is_some()).then(|| StoredService {
+            facts: Arc::new(bounded(facts)),
+            indexed,
+            internal_policy_local: proxy.as_ref().is_some_and(|p| p.internal_policy_local),
+            proxied: proxy.is_some(),
+        })
+    }
+
+    /// kube-proxy's pruned form alone, as the store holds it (tests, `probe check`: no index
+    /// reads it). [`Self::proxy_view`] gives `proxy` back.
+    pub fn from_proxy(key: &str, proxy: PrunedService) -> StoredService {
+        let (namespace, name) = key.split_once('/').unwrap_or(("", key));
+        let protocol = |proto: Proto| match proto {
+            Proto::Udp => "UDP",
+            Proto::Other(132) => "SCTP",
+            _ => "TCP",
+        };
+        let facts = ServiceFacts {
+            namespace: namespace.into(),
+            name: name.into(),
+            uid: None,
+            service_type: if proxy.external_policy_local {
+                "LoadBalancer"
+            } else {
+                "ClusterIP"
+            }
+            .into(),
+            ports: proxy
+                .ports
+                .iter()
+                .map(|p| ServicePort {
+                    name: (!p.name.is_empty()).then(|| p.name.to_string()),
+                    protocol: protocol(p.proto).into(),
+                    port: p.port,
+                    node_port: (p.node_port != 0).then_some(p.node_port),
+                })
+                .collect(),
+            ingress: proxy
+                .lb_ips
+                .iter()
+                .map(|&ip| LbIngress {
+                    ip: Some(ip),
+                    hostname: None,
+                    ip_mode: None,
+                })
+                .collect(),
+            cluster_ips: proxy.cluster_ips,
+            external_ips: proxy.external_ips,
+            external_traffic_policy: proxy.external_policy_local.then(|| "Local".into()),
+            health_check_node_port: (proxy.health_check_node_port != 0)
+                .then_some(proxy.health_check_node_port),
+            loopback_annotations: Default::default(),
+            endpoints: Vec::new(),
+            load_balancer_class: None,
+            load_balancer_source_ranges: Vec::new(),
+            annotations: Default::default(),
+            resource_version: None,
+        };
+        StoredService {
+            facts: Arc::new(facts),
+            indexed: false,
+            proxied: true,
+            internal_policy_local: proxy.internal_policy_local,
+        }
+    }
+
+    /// What kube-proxy reads of the Service (what [`PrunedService::from_api`] made of the
+    /// object, for a Service a real API server accepted: its `clusterIPs` lead with
+    /// `clusterIP`, its addresses carry no spaces), with the index in the facts' ports of
+    /// each of its ports; None when kube-proxy ignores it.
+    fn proxy_view(&self) -> Option<(PrunedService, Vec<usize>)> {
+        if !self.proxied {
+            return None;
+        }
+        let f = &self.facts;
+        let (at, ports): (Vec<usize>, Vec<PortSpec>) = f
+            .ports
+            .iter()
+            .enumerate()
+            .filter_map(|(i, p)| {
+                let spec = PortSpec {
+                    name: p.name.as_deref().unwrap_or("").into(),
+                    proto: proto_of(Some(&p.protocol))?,
+                    port: p.port,
+                    node_port: p.node_port.unwrap_or(0),
+                };
+                Some((i, spec))
+            })
+            .unzip();
+        let view = PrunedService {
+            cluster_ips: f.cluster_ips.clone(),
+            ports,
+            external_ips: f.external_ips.clone(),
+            lb_ips: f
+                .ingress
+                .iter()
+                .filter(|i| i.ip_mode.as_deref().is_none_or(|m| m == "VIP"))
+                .filter_map(|i| i.ip)
+                .collect(),
+            external_policy_local: matches!(f.service_type.as_str(), "NodePort" | "LoadBalancer")
+                && f.is_etp_local(),
+            internal_policy_local: self.internal_policy_local,
+            health_check_node_port: f.health_check_node_port.unwrap_or(0),
+        };
+        Some((view, at))
     }
 }
 
@@ -287,13 +477,17 @@ struct PortPlan {
     drops: Box<[IpAddr]>,
 }
 
-/// The store: pruned Services and EndpointSlices, and per Service what kube-proxy programs
-/// from them on this node, with the look-up indexes. Keys (`namespace/name`) are shared
-/// between the maps.
+/// The store: pruned Services and EndpointSlices, held once for the address index (the
+/// Services' facts, `index::Index::from_facts`) and for kube-proxy's view, and per Service
+/// what kube-proxy programs from them on this node, with the look-up indexes. Keys
+/// (`namespace/name`) are shared between the maps.
 #[derive(Clone, Debug)]
 pub struct ApiServiceTable {
     node: NodeView,
-    services: HashMap<Arc<str>, PrunedService>,
+    /// False: the store only (the index's facts), nothing programmed (`--service-table-from
+    /// rules`: the dataplane's table is read whole instead).
+    plans: bool,
+    services: HashMap<Arc<str>, StoredService>,
     /// By slice key (`namespace/name` of the slice).
     slices: HashMap<Arc<str>, PrunedSlice>,
     /// Service key -> its slices' keys, in name order (kube-proxy merges them in that order);
@@ -313,6 +507,7 @@ impl ApiServiceTable {
     pub fn new(node: NodeView) -> ApiServiceTable {
         ApiServiceTable {
             node,
+            plans: true,
             services: HashMap::new(),
             slices: HashMap::new(),
             slices_of: HashMap::new(),
@@ -322,6 +517,15 @@ impl ApiServiceTable {
             drops: HashMap::new(),
             nodes: HashSet::new(),
             recomputed: 0,
+        }
+    }
+
+    /// The store without kube-proxy's view: holds the Services and slices for the index's
+    /// facts, computes no entries.
+    pub fn store_only(node: NodeView) -> ApiServiceTable {
+        ApiServiceTable {
+            plans: false,
+            ..ApiServiceTable::new(node)
         }
     }
 
@@ -344,9 +548,9 @@ impl ApiServiceTable {
         }
     }
 
-    /// The Services held (kube-proxy programs each).
+    /// The Services held that kube-proxy programs.
     pub fn service_count(&self) -> usize {
-        self.services.len()
+        self.services.values().filter(|s| s.proxied).count()
     }
 
     /// The shared key for `key` (the Service's, when it is held).
@@ -363,10 +567,18 @@ impl ApiServiceTable {
     /// A watch event on Service `key` (`namespace/name`): its new pruned form, or None when it
     /// was deleted (or kube-proxy ignores it). Recomputes that Service only.
     pub fn apply_service(&mut self, key: &str, service: Option<PrunedService>) {
+        let held = service.map(|proxy| StoredService::from_proxy(key, proxy));
+        self.apply_stored(key, held);
+    }
+
+    /// A watch event on Service `key`: what the store holds of it now ([`StoredService`]), or
+    /// None when it was deleted (or nothing reads it). Recomputes that Service only.
+    pub fn apply_stored(&mut self, key: &str, service: Option<StoredService>) {
         let key = self.key(key);
         match service {
             Some(s) => {
                 self.services.insert(key.clone(), s);
+                self.refresh_facts(&key);
             }
             None => {
                 self.services.remove(&key);
@@ -390,11 +602,13 @@ impl ApiServiceTable {
         let old_service = old.as_ref().map(|(_, s)| self.key(&s.service));
         let new_service = slice.map(|s| self.insert_slice(key, s));
         if let Some(old) = &old_service {
+            self.refresh_facts(old);
             self.recompute(old);
         }
         if let Some(new) = new_service
             && old_service.as_ref() != Some(&new)
         {
+            self.refresh_facts(&new);
             self.recompute(&new);
         }
     }
@@ -428,27 +642,28 @@ impl ApiServiceTable {
         services: impl IntoIterator<Item = (String, PrunedService)>,
         slices: impl IntoIterator<Item = (String, PrunedSlice)>,
     ) {
-        self.services = services
-            .into_iter()
-            .map(|(k, s)| (Arc::from(k), s))
-            .collect();
         self.slices.clear();
         self.slices_of.clear();
         for (key, s) in slices {
             self.insert_slice(&key, s);
         }
-        self.recompute_all();
+        self.replace_services(services.into_iter().map(|(k, proxy)| {
+            let held = StoredService::from_proxy(&k, proxy);
+            (k, held)
+        }));
     }
 
     /// A Services relist's content, replacing the Services (the slices stay).
     pub fn replace_services(
         &mut self,
-        services: impl IntoIterator<Item = (String, PrunedService)>,
+        services: impl IntoIterator<Item = (String, StoredService)>,
     ) {
+        // The slices' keys of a Service are shared with it.
         self.services = services
             .into_iter()
-            .map(|(k, s)| (Arc::from(k), s))
+            .map(|(k, s)| (self.key(&k), s))
             .collect();
+        self.refresh_all_facts();
         self.recompute_all();
     }
 
@@ -459,6 +674,7 @@ impl ApiServiceTable {
         for (key, s) in slices {
             self.insert_slice(&key, s);
         }
+        self.refresh_all_facts();
         self.recompute_all();
     }
 
@@ -497,7 +713,10 @@ impl ApiServiceTable {
                 }
             }
         }
-        let Some(service) = self.services.get(key) else {
+        if !self.plans {
+            return;
+        }
+        let Some((service, at)) = self.services.get(key).and_then(StoredService::proxy_view) else {
             return;
         };
         let slices = self
@@ -506,7 +725,11 @@ impl ApiServiceTable {
             .into_iter()
             .flatten()
             .filter_map(|k| self.slices.get(k));
-        let plans = program(service, slices, &self.node);
+        let mut plans = program(&service, slices, &self.node);
+        // Named by the facts' ports, which the table keeps.
+        for p in &mut plans {
+            p.index = at[p.index];
+        }
         for p in &plans {
             for f in &p.frontends {
                 self.frontends.insert((f.vip, f.port, p.proto), key.clone());
@@ -524,16 +747,16 @@ impl ApiServiceTable {
     }
 
     /// `ns/name:port`, `ns/name` for an unnamed port (`pkg/proxy/types.go`
-    /// `ServicePortName.String`), as kube-proxy's rule comments say it.
-    fn port_name(key: &str, spec: &PortSpec) -> String {
-        if spec.name.is_empty() {
-            key.to_string()
-        } else {
-            format!("{key}:{}", spec.name)
+    /// `ServicePortName.String`), as kube-proxy's rule comments say it; `p`'s port of
+    /// `service`.
+    fn port_name(key: &str, service: &ServiceFacts, p: &PortPlan) -> String {
+        match service.ports[p.index].name.as_deref() {
+            None | Some("") => key.to_string(),
+            Some(name) => format!("{key}:{name}"),
         }
     }
 
-    fn entry(key: &str, spec: &PortSpec, p: &PortPlan, f: &Frontend) -> ServiceEntry {
+    fn entry(key: &str, service: &ServiceFacts, p: &PortPlan, f: &Frontend) -> ServiceEntry {
         let backends = match (&p.external, f.external) {
             (Some(external), true) => external,
             _ => &p.internal,
@@ -542,7 +765,7 @@ impl ApiServiceTable {
             vip: f.vip,
             port: f.port,
             proto: p.proto,
-            service: Some(Self::port_name(key, spec)),
+            service: Some(Self::port_name(key, service, p)),
             backends: backends.iter().map(SocketAddr::to_string).collect(),
         }
     }
@@ -555,7 +778,7 @@ impl ApiServiceTable {
                 .frontends
                 .iter()
                 .find(|f| f.vip == vip && f.port == port && p.proto == proto)?;
-            Some(Self::entry(key, &service.ports[p.index], p, f))
+            Some(Self::entry(key, service, p, f))
         })
     }
 
@@ -569,7 +792,7 @@ impl ApiServiceTable {
             Some(NodePortEntry {
                 port,
                 proto,
-                service: Some(Self::port_name(key, &service.ports[p.index])),
+                service: Some(Self::port_name(key, service, p)),
                 local_only,
             })
         })
@@ -590,7 +813,7 @@ impl ApiServiceTable {
                     addr,
                     proto,
                     port,
-                    service: Some(Self::port_name(key, &service.ports[p.index])),
+                    service: Some(Self::port_name(key, service, p)),
                 }
             })
         })
@@ -603,19 +826,25 @@ impl ApiServiceTable {
         let mut out: Vec<HealthCheckPort> = self
             .services
             .iter()
-            .filter(|(_, s)| s.external_policy_local && s.health_check_node_port != 0)
-            .map(|(key, s)| HealthCheckPort {
-                port: s.health_check_node_port,
-                service: key.to_string(),
+            .filter(|(_, s)| s.proxied)
+            .filter_map(|(key, s)| {
+                let f = &s.facts;
+                let local = matches!(f.service_type.as_str(), "NodePort" | "LoadBalancer")
+                    && f.is_etp_local();
+                let port = f.health_check_node_port.filter(|p| local && *p != 0)?;
+                Some(HealthCheckPort {
+                    port,
+                    service: key.to_string(),
+                })
             })
             .collect();
         out.sort_by(|a, b| a.service.cmp(&b.service));
         out
     }
 
-    fn owner(&self, key: &Arc<str>) -> Option<(&Arc<str>, &PrunedService)> {
+    fn owner(&self, key: &Arc<str>) -> Option<(&Arc<str>, &ServiceFacts)> {
         let (key, service) = self.services.get_key_value(key)?;
-        self.programmed.contains_key(key).then_some((key, service))
+        (service.proxied && self.programmed.contains_key(key)).then_some((key, &*service.facts))
     }
 
     /// The whole table, as the dataplane readers write it (Services in key order); the
@@ -636,9 +865,8 @@ impl ApiServiceTable {
             };
             let mut nodeports = HashSet::new();
             for p in &self.programmed[key] {
-                let spec = &service.ports[p.index];
                 for f in &p.frontends {
-                    table.services.push(Self::entry(key, spec, p, f));
+                    table.services.push(Self::entry(key, service, p, f));
                 }
                 // A dual-stack Service's NodePort is one entry (the readers merge the
                 // families).
@@ -648,7 +876,7 @@ impl ApiServiceTable {
                     table.nodeports.push(NodePortEntry {
                         port: node_port,
                         proto: p.proto,
-                        service: Some(Self::port_name(key, spec)),
+                        service: Some(Self::port_name(key, service, p)),
                         local_only,
                     });
                 }
@@ -657,7 +885,7 @@ impl ApiServiceTable {
                         addr,
                         proto: p.proto,
                         port: p.port,
-                        service: Some(Self::port_name(key, spec)),
+                        service: Some(Self::port_name(key, service, p)),
                     });
                 }
             }
@@ -692,7 +920,7 @@ fn endpoints_of<'a>(
     node: Option<&str>,
 ) -> Vec<Endpoint> {
     let mut out: Vec<Endpoint> = Vec::new();
-    for slice in slices.filter(|s| s.ipv6 == ipv6) {
+    for slice in slices.filter(|s| s.proxied && s.ipv6 == ipv6) {
         let Some(port) = slice
             .ports
             .iter()
@@ -700,7 +928,7 @@ fn endpoints_of<'a>(
         else {
             continue;
         };
-        for e in &slice.endpoints {
+        for e in slice.endpoints.iter().filter(|e| !e.alias) {
             let addr = SocketAddr::new(e.addr, port.port);
             if out.iter().any(|o| o.addr == addr) {
                 continue;
@@ -953,6 +1181,13 @@ pub fn tight<T>(mut v: Vec<T>) -> Vec<T> {
     v
 }
 
+#[path = "service_table_facts.rs"]
+mod held_facts;
+
 #[cfg(test)]
 #[path = "service_table_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "one_store_tests.rs"]
+mod one_store_tests;

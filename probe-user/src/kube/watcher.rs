@@ -1,14 +1,15 @@
 //! Watchers (kube-runtime) on this node's Pods (field selector `spec.nodeName`), all
-//! Services and all EndpointSlices, turned into [`Index`] snapshots, and (with
-//! [`spawn_with_table`]) into the [`ApiServiceTable`], applied per watch event.
+//! Services and all EndpointSlices, kept in one store, the [`ApiServiceTable`], applied per
+//! watch event, and turned into [`Index`] snapshots (and, with [`spawn_with_table`], shared as
+//! kube-proxy's expected table).
 //!
 //! Objects are pruned as they arrive ([`prune_service`], [`prune_slice`], [`prune_pod`]): no
 //! managedFields, and only the annotations and labels the agent reads. Pods are kept in a
 //! reflector store (this node's only); Services and EndpointSlices are not kept as objects at
-//! all: [`Kept`] holds per Service the index's facts and per slice its ready addresses, the
-//! API table its own pruned forms, each updated per event. At 10,000 Services the two stores
-//! held 37 MiB of pruned objects, and the index built again from them on every change another
-//! 14 MiB; the index is now built from the kept facts by pointer (1.2 MiB).
+//! all: the store holds per Service the index's facts, kube-proxy's form derived from them
+//! ([`super::service_table::StoredService`]), per slice one pruned form read by both, and the
+//! index is built from the held facts by pointer. Until issue #52 the index's facts and the
+//! slices' ready addresses were a second store beside the table's (`kube::kept`).
 //!
 //! kube-runtime's watcher relists on a 410 Gone and retries every failure with its default
 //! backoff (exponential, up to about 30 s), so this task never ends on an API error: it marks
@@ -36,8 +37,7 @@ use tracing::{info, warn};
 use super::{
     KubeStatus,
     index::Index,
-    kept::Kept,
-    service_table::{ApiServiceTable, NodeView, PrunedService, PrunedSlice, READ_LABELS},
+    service_table::{ApiServiceTable, NodeView, PrunedSlice, READ_LABELS, StoredService},
 };
 
 /// Whether a watcher event means the store holds a complete list (not a relist in progress).
@@ -120,23 +120,33 @@ enum Watched {
     Slice(Box<watcher::Event<EndpointSlice>>),
 }
 
-/// The API service table with the relist it is gathering (per source).
+/// The store with the relist it is gathering (per source).
 struct TableFeed {
     table: Arc<RwLock<ApiServiceTable>>,
     changed: watch::Sender<u64>,
     generation: u64,
-    services: Option<Vec<(String, PrunedService)>>,
+    services: Option<Vec<(String, StoredService)>>,
     slices: Option<Vec<(String, PrunedSlice)>>,
 }
 
 impl TableFeed {
+    fn new(table: Arc<RwLock<ApiServiceTable>>, changed: watch::Sender<u64>) -> TableFeed {
+        TableFeed {
+            table,
+            changed,
+            generation: 0,
+            services: None,
+            slices: None,
+        }
+    }
+
     fn service(&mut self, event: &watcher::Event<Service>) {
         let changed = table_event(
             &self.table,
             &mut self.services,
             event,
-            PrunedService::from_api,
-            ApiServiceTable::apply_service,
+            StoredService::from_api,
+            ApiServiceTable::apply_stored,
             ApiServiceTable::replace_services,
         );
         self.bump(changed);
@@ -147,11 +157,29 @@ impl TableFeed {
             &self.table,
             &mut self.slices,
             event,
-            PrunedSlice::from_api,
+            PrunedSlice::held_from_api,
             ApiServiceTable::apply_slice,
             ApiServiceTable::replace_slices,
         );
         self.bump(changed);
+    }
+
+    /// A relist of Services or EndpointSlices is in progress. An index built now would share
+    /// the facts that the slices' `InitDone` then changes, one copy each: the watcher waits
+    /// (at 30,000 Services the first lists held two copies of every Service's facts, 11 MiB
+    /// of the agent's peak; heaptrack, BENCHMARKS.md 9f).
+    fn relisting(&self) -> bool {
+        self.services.is_some() || self.slices.is_some()
+    }
+
+    /// A watch failed (a relist that fails starts again with `Init`): what it listed so far is
+    /// dropped, the last complete list stays, and indexes are built again meanwhile.
+    fn relist_failed(&mut self, source: usize) {
+        match source {
+            1 => self.services = None,
+            2 => self.slices = None,
+            _ => {}
+        }
     }
 
     fn bump(&mut self, changed: bool) {
@@ -202,27 +230,6 @@ fn table_event<K: kube::Resource, P>(
     }
 }
 
-/// Applies a Service event to what is kept for the index.
-fn keep_service(kept: &mut Kept, event: &watcher::Event<Service>) {
-    match event {
-        watcher::Event::Apply(s) => kept.apply_service(s),
-        watcher::Event::Delete(s) => kept.delete_service(s),
-        watcher::Event::Init => kept.services_relist(),
-        watcher::Event::InitApply(s) => kept.services_relisted(s),
-        watcher::Event::InitDone => kept.services_relist_done(),
-    }
-}
-
-fn keep_slice(kept: &mut Kept, event: &watcher::Event<EndpointSlice>) {
-    match event {
-        watcher::Event::Apply(s) => kept.apply_slice(s),
-        watcher::Event::Delete(s) => kept.delete_slice(s),
-        watcher::Event::Init => kept.slices_relist(),
-        watcher::Event::InitApply(s) => kept.slices_relisted(s),
-        watcher::Event::InitDone => kept.slices_relist_done(),
-    }
-}
-
 /// How long index rebuilds are batched (a relist applies every object at once).
 const REBUILD_EVERY: Duration = Duration::from_millis(200);
 
@@ -237,7 +244,15 @@ pub fn spawn(
     status: Arc<KubeStatus>,
 ) -> (watch::Receiver<Arc<Index>>, tokio::task::JoinHandle<()>) {
     let (tx, rx) = watch::channel(Arc::new(Index::default()));
-    let task = tokio::spawn(run(client, node, status, tx, None));
+    // The store for the index alone: nobody reads kube-proxy's view.
+    let view = NodeView {
+        mode: crate::state::ServiceSource::Iptables,
+        node_name: node.clone(),
+        node_ips: Vec::new(),
+    };
+    let table = Arc::new(RwLock::new(ApiServiceTable::store_only(view)));
+    let feed = TableFeed::new(table, watch::channel(0).0);
+    let task = tokio::spawn(run(client, node, status, tx, feed));
     (rx, task)
 }
 
@@ -258,13 +273,8 @@ pub fn spawn_with_table(
     view.node_name = node.clone();
     let table = Arc::new(RwLock::new(ApiServiceTable::new(view)));
     let (changed_tx, changed) = watch::channel(0);
-    let task = tokio::spawn(run(
-        client,
-        node,
-        status,
-        tx,
-        Some((table.clone(), changed_tx)),
-    ));
+    let feed = TableFeed::new(table.clone(), changed_tx);
+    let task = tokio::spawn(run(client, node, status, tx, feed));
     (rx, SharedApiTable { table, changed }, task)
 }
 
@@ -283,8 +293,8 @@ fn watch_streams(
         None => info!("no --node-name / NODE_NAME: watching the pods of every node"),
     }
     let (pods, pods_writer) = reflector::store::<Pod>();
-    // Services and EndpointSlices are not stored as objects: `Kept` keeps what the index
-    // reads, the API table what it reads (see `kept`).
+    // Services and EndpointSlices are not stored as objects: the store (`TableFeed`) keeps
+    // what the index and kube-proxy's view read.
     let streams: Vec<BoxStream<'static, WatchItem>> = vec![
         watcher(Api::<Pod>::all(client.clone()), pod_config)
             .default_backoff()
@@ -313,21 +323,11 @@ fn watch_streams(
 }
 
 /// Keeps what the index and the API table read of a Service or EndpointSlice event.
-fn keep_watched(kept: &mut Kept, table: Option<&mut TableFeed>, watched: &Watched) {
+fn keep_watched(table: &mut TableFeed, watched: &Watched) {
     match watched {
         Watched::Pod => {}
-        Watched::Service(e) => {
-            keep_service(kept, e);
-            if let Some(t) = table {
-                t.service(e);
-            }
-        }
-        Watched::Slice(e) => {
-            keep_slice(kept, e);
-            if let Some(t) = table {
-                t.slice(e);
-            }
-        }
+        Watched::Service(e) => table.service(e),
+        Watched::Slice(e) => table.slice(e),
     }
 }
 
@@ -336,17 +336,9 @@ async fn run(
     node: Option<String>,
     status: Arc<KubeStatus>,
     tx: watch::Sender<Arc<Index>>,
-    table: Option<(Arc<RwLock<ApiServiceTable>>, watch::Sender<u64>)>,
+    mut table: TableFeed,
 ) {
     let (streams, pods) = watch_streams(client, node.as_deref());
-    let mut kept = Kept::default();
-    let mut table = table.map(|(table, changed)| TableFeed {
-        table,
-        changed,
-        generation: 0,
-        services: None,
-        slices: None,
-    });
     let mut events = futures::stream::select_all(streams);
     let mut healthy = [false; 3];
     // Per source, the accepted-watch count at its last error: a higher count means the
@@ -364,15 +356,11 @@ async fn run(
                     // Healthy once a (re)list is complete: all of it is kept then.
                     healthy[source] |= listed;
                     dirty = true;
-                    keep_watched(&mut kept, table.as_mut(), &watched);
+                    keep_watched(&mut table, &watched);
                 }
                 Some((source, Err(error))) => {
                     healthy[source] = false;
-                    match source {
-                        1 => kept.relist_failed(true),
-                        2 => kept.relist_failed(false),
-                        _ => {}
-                    }
+                    table.relist_failed(source);
                     accepted_at_error[source] = Some(status.watches.count(source));
                     if status.set_connected(false) || !reported_down {
                         warn!(
@@ -394,14 +382,16 @@ async fn run(
                         dirty = true;
                     }
                 }
-                // During a relist the last index stays (it is complete; see `Kept::relisting`).
-                if dirty && !kept.relisting() {
+                // During a relist the last index stays (it is complete; see
+                // `TableFeed::relisting`).
+                if dirty && !table.relisting() {
                     dirty = false;
                     synced |= healthy.iter().all(|h| *h);
-                    let mut index = Index::from_facts(
-                        pods.state().iter().map(|p| &**p),
-                        kept.facts().cloned(),
-                    );
+                    let facts = match table.table.read() {
+                        Ok(t) => t.facts(),
+                        Err(_) => return,
+                    };
+                    let mut index = Index::from_facts(pods.state().iter().map(|p| &**p), facts);
                     index.synced = synced;
                     let (pod_count, service_count) = (index.pod_count(), index.service_count());
                     if tx.send(Arc::new(index)).is_err() {
@@ -533,6 +523,44 @@ mod tests {
         let t = shared.table.read().unwrap().expected();
         assert_eq!(t.services.len(), 7, "svc1, svc3, svc4 (2), svc5 (2), svc6");
         task.abort();
+    }
+
+    /// A relist that fails is dropped (indexes are built again meanwhile) and the store keeps
+    /// the last complete list, as `kube::kept` did before the one store.
+    #[test]
+    fn a_failed_relist_is_dropped_and_the_last_list_kept() {
+        let view = NodeView {
+            mode: crate::state::ServiceSource::Iptables,
+            node_name: None,
+            node_ips: vec![],
+        };
+        let table = Arc::new(RwLock::new(ApiServiceTable::new(view)));
+        let mut feed = TableFeed::new(table.clone(), watch::channel(0).0);
+        let service = |name: &str| -> Service {
+            serde_json::from_value(json!({
+                "metadata": {"namespace": "shop", "name": name},
+                "spec": {"clusterIP": "10.96.0.10", "ports": [{"port": 80}]}
+            }))
+            .unwrap()
+        };
+        feed.service(&watcher::Event::Init);
+        feed.service(&watcher::Event::InitApply(service("web")));
+        assert!(feed.relisting());
+        feed.service(&watcher::Event::InitDone);
+        assert!(!feed.relisting());
+        feed.service(&watcher::Event::Init);
+        feed.service(&watcher::Event::InitApply(service("api")));
+        feed.relist_failed(1);
+        assert!(!feed.relisting());
+        let names: Vec<String> = table
+            .read()
+            .unwrap()
+            .facts()
+            .iter()
+            .map(|f| f.name.clone())
+            .collect();
+        assert_eq!(names, ["web"]);
+        assert_eq!(table.read().unwrap().service_count(), 1);
     }
 
     /// What the stores keep of a Service: no managedFields, no kubectl copy, no tenant
