@@ -20,7 +20,7 @@ use std::net::IpAddr;
 use probe_contract::Proto;
 use probe_core::state::{FirewallEntry, SourceRange};
 
-use super::rules::{Rule, parse_host, parse_proto, parse_rule, strip_counters, tokenize};
+use super::rules::{Rule, chain_rules, parse_host, parse_proto, strip_counters, tokenize};
 
 /// kube-proxy's filter chain of the source-range drops.
 pub const PROXY_FIREWALL_CHAIN: &str = "KUBE-PROXY-FIREWALL";
@@ -83,14 +83,7 @@ pub fn firewall_drops(rules: &[Rule]) -> Vec<FirewallDrop> {
 
 /// [`firewall_drops`] of `iptables -S KUBE-PROXY-FIREWALL` text (the legacy backend).
 pub fn parse_firewall_drops(text: &str) -> Vec<FirewallDrop> {
-    let prefix = format!("-A {PROXY_FIREWALL_CHAIN} ");
-    let rules: Vec<Rule> = text
-        .lines()
-        .map(|l| strip_counters(l.trim()))
-        .filter(|l| l.starts_with(&prefix))
-        .filter_map(parse_rule)
-        .collect();
-    firewall_drops(&rules)
+    firewall_drops(&chain_rules(text, PROXY_FIREWALL_CHAIN))
 }
 
 /// The sources a `KUBE-FW-*` chain sends on, from its rules' text (`iptables -S` lines, or the

@@ -538,33 +538,36 @@ fn read_firewall_after(
 /// One family's firewall over netlink: `KUBE-PROXY-FIREWALL` of the filter table, then each
 /// drop's `KUBE-FW-*` chain of the nat table (one filtered dump each, generation-cached).
 fn read_nft_firewall(family: u8) -> Vec<probe_core::state::FirewallEntry> {
-    let drops = match read_chain(family, "filter", PROXY_FIREWALL_CHAIN) {
-        Ok(rules) => firewall_drops(&rules),
-        Err(e) => {
-            tracing::trace!(error = %e, "no {PROXY_FIREWALL_CHAIN}");
-            return Vec::new();
-        }
-    };
-    drops
-        .into_iter()
-        .map(|d| {
-            let allowed = match read_chain(family, "nat", &d.chain) {
-                Ok(rules) => allowed_sources(rules.iter().map(|r| r.text.as_str())),
-                Err(e) => {
-                    tracing::debug!(error = %e, chain = %d.chain, "firewall chain unread");
-                    Vec::new()
-                }
-            };
-            firewall::entry(d, allowed)
-        })
-        .collect()
+    firewall_of(
+        read_chain(family, "filter", PROXY_FIREWALL_CHAIN).map(|rules| firewall_drops(&rules)),
+        |chain| {
+            read_chain(family, "nat", chain)
+                .map(|rules| allowed_sources(rules.iter().map(|r| r.text.as_str())))
+        },
+    )
 }
 
 /// One family's firewall on the legacy backend, with `iptables -S` (`cmd`: `iptables` or
 /// `ip6tables`): the filter chain, then each drop's nat chain.
 fn read_legacy_firewall(cmd: &str) -> Vec<probe_core::state::FirewallEntry> {
-    let drops = match run(cmd, &["-w", "-t", "filter", "-S", PROXY_FIREWALL_CHAIN]) {
-        Ok(text) => parse_firewall_drops(&text),
+    firewall_of(
+        run(cmd, &["-w", "-t", "filter", "-S", PROXY_FIREWALL_CHAIN])
+            .map(|text| parse_firewall_drops(&text)),
+        |chain| {
+            run(cmd, &["-w", "-t", "nat", "-S", chain]).map(|text| allowed_sources(text.lines()))
+        },
+    )
+}
+
+/// The firewall entries of `drops` (none when the filter chain is absent), each with the
+/// sources its nat chain sends on (none when that chain cannot be read: logged, the entry
+/// kept, since the filter rule alone says the address is firewalled).
+fn firewall_of(
+    drops: Result<Vec<firewall::FirewallDrop>, IptablesError>,
+    allowed: impl Fn(&str) -> Result<Vec<probe_core::state::SourceRange>, IptablesError>,
+) -> Vec<probe_core::state::FirewallEntry> {
+    let drops = match drops {
+        Ok(drops) => drops,
         Err(e) => {
             tracing::trace!(error = %e, "no {PROXY_FIREWALL_CHAIN}");
             return Vec::new();
@@ -573,10 +576,11 @@ fn read_legacy_firewall(cmd: &str) -> Vec<probe_core::state::FirewallEntry> {
     drops
         .into_iter()
         .map(|d| {
-            let allowed = run(cmd, &["-w", "-t", "nat", "-S", &d.chain])
-                .map(|text| allowed_sources(text.lines()))
-                .unwrap_or_default();
-            firewall::entry(d, allowed)
+            let sources = allowed(&d.chain).unwrap_or_else(|e| {
+                tracing::debug!(error = %e, chain = %d.chain, "firewall chain unread");
+                Vec::new()
+            });
+            firewall::entry(d, sources)
         })
         .collect()
 }

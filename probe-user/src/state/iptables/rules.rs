@@ -172,14 +172,17 @@ pub fn external_drops(rules: &[Rule]) -> Vec<NoEndpointDrop> {
 /// [`external_drops`] of `iptables -S KUBE-EXTERNAL-SERVICES` text (the legacy backend) or
 /// of an `iptables-save` dump (its filter table's rules of that chain).
 pub fn parse_external_drops(text: &str) -> Vec<NoEndpointDrop> {
-    let prefix = format!("-A {EXTERNAL_SERVICES_CHAIN} ");
-    let rules: Vec<Rule> = text
-        .lines()
+    external_drops(&chain_rules(text, EXTERNAL_SERVICES_CHAIN))
+}
+
+/// The rules of `chain` in `iptables -S` or `iptables-save` text (counters stripped).
+pub(super) fn chain_rules(text: &str, chain: &str) -> Vec<Rule> {
+    let prefix = format!("-A {chain} ");
+    text.lines()
         .map(|l| strip_counters(l.trim()))
         .filter(|l| l.starts_with(&prefix))
         .filter_map(parse_rule)
-        .collect();
-    external_drops(&rules)
+        .collect()
 }
 
 /// Whether a rule's text is kept when it is read: `MASQUERADE` rules and pod short circuits
