@@ -486,10 +486,10 @@ fn report_prints_the_cluster_table_with_a_missing_node_and_exits_1() {
     let stdout = text(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{stdout}{}", text(&out.stderr));
     let expected = "\
-NODE    STATE    MODE  KERNEL               RISKS  HAIRPIN  HC-BLACKHOLE  VIP-UNSERVED  VIP-AS-SOURCE  SELF-LOOP  ETP-LOCAL-DROP  PROXY-PROTOCOL  STALE-UDP-CT  SOURCE-RANGES  UPDATED
-node-a  ok       ipvs  6.12.48+deb13-amd64  1      2        1             0             0              0          0               0               0             0              10m
-node-b  stale    ipvs  6.12.48+deb13-amd64  0      0        0             0             0              0          0               0               0             0              2h
-node-c  missing  -     -                    -      -        -             -             -              -          -               -               -             -              -
+NODE    STATE    MODE  KERNEL               RISKS  HAIRPIN  HC-BLACKHOLE  VIP-UNSERVED  VIP-AS-SOURCE  SELF-LOOP  ETP-LOCAL-DROP  PROXY-PROTOCOL  STALE-UDP-CT  SOURCE-RANGES  LB-PROBE  UPDATED
+node-a  ok       ipvs  6.12.48+deb13-amd64  1      2        1             0             0              0          0               0               0             0              0         10m
+node-b  stale    ipvs  6.12.48+deb13-amd64  0      0        0             0             0              0          0               0               0             0              0         2h
+node-c  missing  -     -                    -      -        -             -             -              -          -               -               -             -              -         -
 
 SERVICE   ACTIVE-LOOPS  RISKS  NODES  KINDS                          FIRST FIX
 shop/web  2             1      1      hairpin,healthcheck_blackhole  etp-cluster
