@@ -7,12 +7,16 @@
 //! remedy's own `conntrack -D` line (the next datagram takes the new rules); a sender whose
 //! source port changes with each datagram.
 //!
-//! Root only (prints a skip line otherwise); iptables mode only (the rules are written for it).
+//! In kube-proxy's iptables mode and in its nftables mode (the same Service written into the
+//! lab's `ip kube-proxy` table): the confirmation reads conntrack and the service table, so
+//! both confirm it the same way.
+//!
+//! Root only (prints a skip line otherwise). One at a time: they share the lab.
 
 use std::{net::IpAddr, time::Duration};
 
 use probe_contract::LoopbackKind;
-use probe_tests::agent::{Agent, require_root};
+use probe_tests::agent::Agent;
 use test_support::lab::{self, KubeProxyMode, LabGuard, Variants, stale_udp};
 
 /// Two dumps (every 5 s) after the service table has the change, with room for a slow machine.
@@ -31,14 +35,22 @@ fn stale_events(agent: &Agent) -> usize {
 
 #[test]
 fn a_fixed_port_udp_sender_on_a_stale_dnat_is_confirmed_and_its_twins_are_silent() {
-    if !require_root("the stale UDP conntrack black hole") {
+    confirmed_with_silent_twins_in(KubeProxyMode::Iptables);
+}
+
+#[test]
+fn in_nftables_mode_a_fixed_port_udp_sender_on_a_stale_dnat_is_confirmed_and_its_twins_are_silent()
+{
+    confirmed_with_silent_twins_in(KubeProxyMode::Nftables);
+}
+
+/// The shape and its twins with kube-proxy's rules in `mode`.
+fn confirmed_with_silent_twins_in(mode: KubeProxyMode) {
+    let test = format!("the stale UDP conntrack black hole ({} mode)", mode.name());
+    let Some(lab) = LabGuard::for_test_in(&test, mode, &Variants::default()) else {
         return;
-    }
-    if KubeProxyMode::from_env().unwrap() != KubeProxyMode::Iptables {
-        eprintln!("skipping: the statsd Service's rules are written for iptables mode");
-        return;
-    }
-    let _lab = LabGuard::up(&Variants::default()).expect("lab up");
+    };
+    assert_eq!(lab.mode().unwrap(), mode);
     stale_udp::serve_statsd().expect("the statsd Service and its sink");
     let agent = Agent::start_with_table(lab::NS_NODE, &[]);
 
@@ -121,5 +133,5 @@ fn a_fixed_port_udp_sender_on_a_stale_dnat_is_confirmed_and_its_twins_are_silent
     let changing = stale_udp::Sender::start(0, EVERY).expect("changing-port sender");
     std::thread::sleep(QUIET);
     assert_eq!(stale_events(&agent), 1, "{:#?}", agent.events());
-    drop((sender, changing));
+    drop((sender, changing, lab));
 }
