@@ -161,6 +161,39 @@ pub fn move_endpoint() -> Result<()> {
     write_rules(NEW_ENDPOINT_PORT, false).context("moving the statsd Service's endpoint")
 }
 
+/// Scales the Service to zero as kube-proxy's iptables mode writes it
+/// (`pkg/proxy/iptables/proxier.go`, `syncProxyRules`: no endpoints, "we will not generate
+/// any chains in the "nat" table for the service; only rules in the "filter" table rejecting
+/// incoming packets"): its `KUBE-SERVICES` nat rule and chains go, and the filter chain
+/// `KUBE-SERVICES` (jumped from `OUTPUT` and `FORWARD` for new connections) REJECTs its
+/// ClusterIP:port, "<svc> has no endpoints". The node's conntrack entries are left as they
+/// are. iptables mode only.
+pub fn scale_to_zero() -> Result<()> {
+    if kube_proxy::node_mode()? != KubeProxyMode::Iptables {
+        bail!("scale_to_zero writes kube-proxy's iptables-mode rules");
+    }
+    let nat = format!(
+        "*nat\n\
+         -D KUBE-SERVICES -d {STATSD_CLUSTER_IP}/32 -p udp -m comment --comment \"{STATSD_SERVICE} cluster IP\" -m udp --dport {STATSD_PORT} -j {SVC_CHAIN}\n\
+         :{SVC_CHAIN} - [0:0]\n:{OLD_SEP_CHAIN} - [0:0]\n\
+         -X {SVC_CHAIN}\n-X {OLD_SEP_CHAIN}\n\
+         COMMIT\n"
+    );
+    restore_rules(NS_NODE, "iptables-restore", &nat).context("the statsd Service's nat rules")?;
+    let portals = "-m conntrack --ctstate NEW -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES";
+    let filter = format!(
+        "*filter\n\
+         :KUBE-SERVICES - [0:0]\n\
+         -I OUTPUT 1 {portals}\n\
+         -I FORWARD 1 {portals}\n\
+         -A KUBE-SERVICES -d {STATSD_CLUSTER_IP}/32 -p udp -m comment --comment \"{STATSD_SERVICE} has no endpoints\" -m udp --dport {STATSD_PORT} -j REJECT --reject-with icmp-port-unreachable\n\
+         COMMIT\n"
+    );
+    restore_rules(NS_NODE, "iptables-restore", &filter)
+        .context("the statsd Service's no-endpoints REJECT")?;
+    Ok(())
+}
+
 /// A sender in pod A: one datagram to the ClusterIP every `every` from `source_port` (0: a
 /// new socket, so a new port, for each datagram), until dropped.
 pub struct Sender {
