@@ -76,7 +76,7 @@ families! {
     LOCAL_ADDRESSES_CAPACITY: Gauge "local_addresses_capacity" []
         "Entries each kernel address map holds (--address-entries; IPv4 and IPv6 hosts and prefixes each have a map)";
     DROP_DESTINATIONS_LEFT_OUT: Gauge "drop_destinations_left_out" []
-        "kube-proxy no-endpoint drop addresses (nftables mode) over --address-entries: a pod's call dropped at one of them is not confirmed; LB IPs are kept first";
+        "kube-proxy drop destinations (addresses of its no-endpoint drops and loadBalancerSourceRanges firewall entries) over --address-entries: a pod's call dropped at one of them is not confirmed; LB IPs are kept first";
     LOCAL_ADDRESS_OWNERS: Gauge "local_address_owners" ["owner"]
         "Local addresses (node and VIP sets) by what made them local: the VIP interface (kube-ipvs0), an address on a NIC (nic:NAME), a local route of table local (route:PROTOCOL, 66 = cloud guest agent)";
     LOOPBACK_EVENTS_BY_OWNER: Counter "loopback_events_by_owner" ["kind", "owner"]

@@ -23,7 +23,8 @@ pub struct NodeStatus {
     pub left_out: BTreeMap<String, usize>,
     /// `--address-entries`: the capacity of each kernel address map.
     pub address_capacity: u32,
-    /// kube-proxy's no-endpoint drop addresses that did not fit the drop program's watched
+    /// kube-proxy's drop destinations (addresses of its no-endpoint drops and its
+    /// loadBalancerSourceRanges firewall entries) that did not fit the drop program's watched
     /// destinations (`--address-entries`; LB IPs are kept first): a pod's call dropped at one
     /// of them is not confirmed (issue #49, H5).
     pub drop_destinations_left_out: usize,

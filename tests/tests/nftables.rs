@@ -413,8 +413,10 @@ fn nftables_no_endpoint_elements_past_the_watched_destinations_keep_lb_ips_and_a
     let (status, readyz) = lab::http_get_in(lab::NS_NODE, METRICS, "/readyz").unwrap();
     assert_eq!(status, 200, "{readyz}");
     assert!(
-        readyz
-            .contains("45 of kube-proxy's no-endpoint drop addresses over --address-entries (256)"),
+        readyz.contains(
+            "45 of kube-proxy's drop destinations (no-endpoint drops and \
+                 loadBalancerSourceRanges firewall entries) over --address-entries (256)"
+        ),
         "{readyz}"
     );
     // The victim's LB IP was kept: its pod's dropped call is confirmed.

@@ -1,5 +1,5 @@
 //! Issue #51, shape 3: the stale UDP conntrack black hole (kubernetes#139628). On the real
-//! lab node (iptables mode, real conntrack): pod A sends statsd-like datagrams from one fixed
+//! lab node (real conntrack): pod A sends statsd-like datagrams from one fixed
 //! source port to a ClusterIP DNATed to pod B:8125; kube-proxy-shaped rules then move the
 //! Service's endpoint to pod B:8126 and nothing deletes the entry, so the datagrams keep
 //! going to 8125, unanswered. The agent confirms `stale_udp_conntrack` naming the Service
@@ -7,12 +7,17 @@
 //! remedy's own `conntrack -D` line (the next datagram takes the new rules); a sender whose
 //! source port changes with each datagram.
 //!
-//! Root only (prints a skip line otherwise); iptables mode only (the rules are written for it).
+//! In kube-proxy's iptables mode and in its nftables mode (the same Service written into the
+//! lab's `ip kube-proxy` table): the confirmation reads conntrack and the service table, so
+//! both confirm it the same way. And the issue's own case in iptables mode: the Service
+//! scaled to zero, named from kube-proxy's REJECT rule (no nat chain is left).
+//!
+//! Root only (prints a skip line otherwise). One at a time: they share the lab.
 
 use std::{net::IpAddr, time::Duration};
 
 use probe_contract::LoopbackKind;
-use probe_tests::agent::{Agent, require_root};
+use probe_tests::agent::Agent;
 use test_support::lab::{self, KubeProxyMode, LabGuard, Variants, stale_udp};
 
 /// Two dumps (every 5 s) after the service table has the change, with room for a slow machine.
@@ -31,14 +36,22 @@ fn stale_events(agent: &Agent) -> usize {
 
 #[test]
 fn a_fixed_port_udp_sender_on_a_stale_dnat_is_confirmed_and_its_twins_are_silent() {
-    if !require_root("the stale UDP conntrack black hole") {
+    confirmed_with_silent_twins_in(KubeProxyMode::Iptables);
+}
+
+#[test]
+fn in_nftables_mode_a_fixed_port_udp_sender_on_a_stale_dnat_is_confirmed_and_its_twins_are_silent()
+{
+    confirmed_with_silent_twins_in(KubeProxyMode::Nftables);
+}
+
+/// The shape and its twins with kube-proxy's rules in `mode`.
+fn confirmed_with_silent_twins_in(mode: KubeProxyMode) {
+    let test = format!("the stale UDP conntrack black hole ({} mode)", mode.name());
+    let Some(lab) = LabGuard::for_test_in(&test, mode, &Variants::default()) else {
         return;
-    }
-    if KubeProxyMode::from_env().unwrap() != KubeProxyMode::Iptables {
-        eprintln!("skipping: the statsd Service's rules are written for iptables mode");
-        return;
-    }
-    let _lab = LabGuard::up(&Variants::default()).expect("lab up");
+    };
+    assert_eq!(lab.mode().unwrap(), mode);
     stale_udp::serve_statsd().expect("the statsd Service and its sink");
     let agent = Agent::start_with_table(lab::NS_NODE, &[]);
 
@@ -121,5 +134,69 @@ fn a_fixed_port_udp_sender_on_a_stale_dnat_is_confirmed_and_its_twins_are_silent
     let changing = stale_udp::Sender::start(0, EVERY).expect("changing-port sender");
     std::thread::sleep(QUIET);
     assert_eq!(stale_events(&agent), 1, "{:#?}", agent.events());
-    drop((sender, changing));
+    drop((sender, changing, lab));
+}
+
+/// kubernetes#139628 itself, in iptables mode: the Service scaled to zero leaves no nat chain,
+/// only kube-proxy's filter REJECT "<svc> has no endpoints"; the sender's entry, still DNATed
+/// to pod B:8125, is confirmed naming the Service from that rule. Twin: after the remedy's
+/// `conntrack -D`, nothing more is reported.
+#[test]
+fn a_udp_service_scaled_to_zero_is_named_from_kube_proxys_reject_rule() {
+    let Some(lab) = LabGuard::for_test_in(
+        "stale_udp_conntrack of a Service scaled to zero (iptables mode)",
+        KubeProxyMode::Iptables,
+        &Variants::default(),
+    ) else {
+        return;
+    };
+    stale_udp::serve_statsd().expect("the statsd Service and its sink");
+    let agent = Agent::start_with_table(lab::NS_NODE, &[]);
+    let sender = stale_udp::Sender::start(stale_udp::SENDER_PORT, EVERY).expect("sender");
+    let old = format!("sport={}", stale_udp::OLD_ENDPOINT_PORT);
+    assert!(
+        probe_tests::agent::wait_for("the entry", Duration::from_secs(5), || {
+            stale_udp::entries().ok().filter(|e| e.contains(&old))
+        })
+        .is_some(),
+        "{:?}",
+        stale_udp::entries()
+    );
+    stale_udp::scale_to_zero().expect("scale the Service to zero");
+    let e = agent.wait_event("stale_udp_conntrack", WAIT, |es| {
+        es.iter()
+            .find(|e| e.kind == LoopbackKind::StaleUdpConntrack)
+            .cloned()
+    });
+    assert_eq!(
+        (e.dst, e.dst_port),
+        (IpAddr::V4(lab::POD_B_IP), stale_udp::OLD_ENDPOINT_PORT),
+        "{e:#?}"
+    );
+    assert!(
+        e.service
+            .as_deref()
+            .is_some_and(|s| s.starts_with(stale_udp::STATSD_SERVICE)),
+        "{e:#?}"
+    );
+    let evidence = e.evidence.join("\n");
+    for want in [
+        "current endpoints: none",
+        &format!("\"{} has no endpoints\"", stale_udp::STATSD_SERVICE),
+    ] {
+        assert!(evidence.contains(want), "{want}: {evidence}");
+    }
+    let delete = format!(
+        "conntrack -D -p udp --orig-src {} --orig-dst {} --sport {} --dport {}",
+        lab::POD_A_IP,
+        stale_udp::STATSD_CLUSTER_IP,
+        stale_udp::SENDER_PORT,
+        stale_udp::STATSD_PORT
+    );
+    assert!(e.remedy.join("\n").contains(&delete), "{:?}", e.remedy);
+    // Twin: the entry deleted, the next datagrams meet the REJECT (no DNAT): nothing more.
+    stale_udp::run_in_node(&delete).expect("the remedy's conntrack -D");
+    std::thread::sleep(QUIET);
+    assert_eq!(stale_events(&agent), 1, "{:#?}", agent.events());
+    drop((sender, lab));
 }

@@ -132,6 +132,8 @@ mod source_ranges_drop;
 mod source_ranges_drop_tests;
 pub mod stale_udp;
 #[cfg(test)]
+mod stale_udp_rejected_tests;
+#[cfg(test)]
 mod stale_udp_tests;
 #[cfg(test)]
 mod stream_tests;

@@ -30,8 +30,11 @@
 //!   time between the two dumps (measured, not assumed: a slow machine only widens the gap),
 //!   so a datagram passed after the first dump.
 //!
-//! A Service the table does not list (kube-proxy's iptables mode writes no nat chain for a
-//! Service with no endpoint) cannot be named: such an entry is not reported.
+//! A Service scaled to zero has no entry in the table's services (kube-proxy's iptables mode
+//! writes no nat chain for it): when the iptables reader found kube-proxy's REJECT rule for it
+//! ("<svc> has no endpoints", [`crate::state::NoEndpointReject`]), the Service is named from
+//! that rule and an entry still DNATed to an endpoint is stale (it has none at all). A Service
+//! neither lists cannot be named: such an entry is not reported.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -41,7 +44,7 @@ use std::{
 use probe_contract::{AggregateKey, LoopbackEvent, LoopbackKind, Outcome, Proto, sock};
 
 use super::{Correlator, Output};
-use crate::state::{ConntrackEntry, ServiceEntry, ServiceTable, Tuple};
+use crate::state::{ConntrackEntry, ServiceTable, Tuple};
 
 /// How often the UDP entries of the Service IPs are read: well under the 30 s an unreplied
 /// UDP entry lives without a datagram, so a sender that keeps one alive is seen in two dumps.
@@ -122,13 +125,21 @@ impl Correlator {
     }
 }
 
-/// The UDP Service IPs of `table`, sorted, once each, at most [`MAX_DUMPED_IPS`].
+/// The UDP Service IPs of `table` (those without endpoints that kube-proxy REJECTs too),
+/// sorted, once each, at most [`MAX_DUMPED_IPS`].
 pub fn dump_ips(table: &ServiceTable) -> Vec<IpAddr> {
     let mut ips: Vec<IpAddr> = table
         .services
         .iter()
         .filter(|s| s.proto == Proto::Udp)
         .map(|s| s.vip)
+        .chain(
+            table
+                .no_endpoint_rejects
+                .iter()
+                .filter(|r| r.proto == Proto::Udp)
+                .map(|r| r.addr),
+        )
         .collect();
     ips.sort_unstable();
     ips.dedup();
@@ -192,45 +203,68 @@ pub fn confirm(
     (confirmed, seen)
 }
 
+/// The Service an entry was sent to, as the table has it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SentService<'a> {
+    /// `namespace/name:port`, when the table names it.
+    pub name: Option<&'a str>,
+    /// Its current endpoints, `ip:port`.
+    pub endpoints: &'a [String],
+    /// Named by kube-proxy's REJECT rule for a Service without endpoints (not in the table's
+    /// services).
+    pub rejected: bool,
+}
+
 /// The Service whose IP:port `e` was sent to, when `e` is a stale UDP entry to it:
-/// unreplied, and DNATed to no current endpoint, or not DNATed while it has endpoints.
-pub fn stale_for<'a>(e: &ConntrackEntry, table: &'a ServiceTable) -> Option<&'a ServiceEntry> {
+/// unreplied, and DNATed to no current endpoint, or not DNATed while it has endpoints. A
+/// Service kube-proxy REJECTs for having no endpoints has none.
+pub fn stale_for<'a>(e: &ConntrackEntry, table: &'a ServiceTable) -> Option<SentService<'a>> {
     if e.orig.proto != Proto::Udp || e.seen_reply {
         return None;
     }
-    let service = table.serves(e.orig.dst, e.orig.dport, Proto::Udp)?;
-    let not_nated = (e.reply.src, e.reply.sport) == (e.orig.dst, e.orig.dport);
+    let (dst, dport) = (e.orig.dst, e.orig.dport);
+    let service = match table.serves(dst, dport, Proto::Udp) {
+        Some(s) => SentService {
+            name: s.service.as_deref(),
+            endpoints: &s.backends,
+            rejected: false,
+        },
+        None => SentService {
+            name: Some(&table.no_endpoint_reject(dst, dport, Proto::Udp)?.service),
+            endpoints: &[],
+            rejected: true,
+        },
+    };
+    let not_nated = (e.reply.src, e.reply.sport) == (dst, dport);
     let stale = if e.dnat && !not_nated {
-        !endpoints(service).contains(&SocketAddr::new(e.reply.src, e.reply.sport))
+        !endpoints(service.endpoints).contains(&SocketAddr::new(e.reply.src, e.reply.sport))
     } else {
-        !e.dnat && not_nated && !service.backends.is_empty()
+        !e.dnat && not_nated && !service.endpoints.is_empty()
     };
     stale.then_some(service)
 }
 
-/// The Service's current endpoints (its `ip:port` backends that parse).
-fn endpoints(service: &ServiceEntry) -> Vec<SocketAddr> {
-    service
-        .backends
-        .iter()
-        .filter_map(|b| b.parse().ok())
-        .collect()
+/// The current endpoints (the `ip:port` backends that parse).
+fn endpoints(backends: &[String]) -> Vec<SocketAddr> {
+    backends.iter().filter_map(|b| b.parse().ok()).collect()
 }
 
 fn stale(
     e: &ConntrackEntry,
-    service: &ServiceEntry,
+    service: SentService<'_>,
     before: SeenAt,
     timeout_s: u32,
     elapsed_s: u64,
 ) -> StaleUdp {
     let sender = sock(e.orig.src, e.orig.sport);
     let frontend = sock(e.orig.dst, e.orig.dport);
-    let name = service.service.clone().unwrap_or_else(|| frontend.clone());
-    let current = if service.backends.is_empty() {
+    let name = service
+        .name
+        .map_or_else(|| frontend.clone(), str::to_string);
+    let current = if service.endpoints.is_empty() {
         "none".to_string()
     } else {
-        service.backends.join(", ")
+        service.endpoints.join(", ")
     };
     let sent_to = if e.dnat {
         (e.reply.src, e.reply.sport)
@@ -245,7 +279,7 @@ fn stale(
     } else {
         "with no DNAT (made before the Service's rules existed)".to_string()
     };
-    let evidence = vec![
+    let mut evidence = vec![
         format!("conntrack: udp {sender} -> {frontend} {translation}; UNREPLIED"),
         format!("{name} ({frontend}/udp): current endpoints: {current}"),
         format!(
@@ -254,6 +288,15 @@ fn stale(
             before.timeout_s
         ),
     ];
+    if service.rejected {
+        evidence.insert(
+            2,
+            format!(
+                "iptables: KUBE-SERVICES (filter) REJECTs {frontend}/udp: \"{name} has no \
+                 endpoints\" (kube-proxy writes no nat chain for it)"
+            ),
+        );
+    }
     StaleUdp {
         orig: e.orig.clone(),
         sent_to,

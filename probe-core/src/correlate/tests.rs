@@ -131,6 +131,7 @@ pub(super) fn table() -> ServiceTable {
         ],
         access_filter: Vec::new(),
         no_endpoint_drops: Vec::new(),
+        no_endpoint_rejects: Vec::new(),
         pod_short_circuits: Vec::new(),
         firewall: Vec::new(),
         health_checks: Vec::new(),

@@ -2,12 +2,13 @@
 //! facts allow them.
 
 use LoopbackKind::{
-    EtpLocalDrop, Hairpin, HealthcheckBlackhole, ServiceSelfLoop, VipAsSource, VipPortUnserved,
+    EtpLocalDrop, Hairpin, HealthcheckBlackhole, LbProbeRefused, ServiceSelfLoop, VipAsSource,
+    VipPortUnserved,
 };
 use probe_contract::{LoopbackKind, SnatState, facts::SelfLoopMissing};
 use serde_json::json;
 
-use super::{Entry, Etp, IpMode, Offer, Provider, Source};
+use super::{Entry, Etp, Facts, IpMode, Offer, Provider, Source};
 
 /// Calling the Service by name never leaves the node for the LB, whatever the cloud. Gate: the
 /// looping caller is in the cluster (not the LB's own checks). For a host-network caller
@@ -257,4 +258,98 @@ pub(super) static LOCAL_ENDPOINT_EVERY_NODE: Entry = Entry {
     ],
     source: "https://kubernetes.io/docs/reference/networking/virtual-ips/#external-traffic-policy",
     offer: |_| Some(Offer::advice(40)),
+};
+
+/// Whether a healthz setting may answer `f`'s LB probe: Some(true) when the event's probe was
+/// refused at :10256 (nothing listened), Some(false) when the facts are not an event's (the
+/// plugin's re-check of an agent's fix, `probe check`'s risk: the probe is not known), None
+/// for a drop or a healthCheckNodePort (no healthz setting answers those).
+fn healthz_setting_fits(f: &Facts) -> Option<bool> {
+    match f.lb_probe {
+        Some(p) if p.healthz && p.refused => Some(true),
+        Some(_) => None,
+        None => Some(false),
+    }
+}
+
+/// The precondition of a healthz setting offered without the event's probe.
+const REFUSED_AT_HEALTHZ: &str =
+    "the LB's probe to :10256 is refused on the node (nothing listens there)";
+
+/// `lb_probe_refused` on :10256 with nothing listening: kube-proxy's healthz server is off (an
+/// empty `healthzBindAddress`), bound where the probe does not arrive (e.g. 127.0.0.1), or
+/// kube-proxy is not running. The setting and its default, `0.0.0.0:10256`: KubeProxyConfiguration
+/// v1alpha1 `healthzBindAddress` and the `--healthz-bind-address` flag
+/// (kubernetes `pkg/cluster/ports` `ProxyHealthzPort`). Gate: a probe refused at :10256 (or
+/// not known, said as a precondition) and no fact that kube-proxy is absent; first when the
+/// event's node has kube-proxy's rules.
+pub(super) static KUBE_PROXY_HEALTHZ_BIND: Entry = Entry {
+    id: "kube-proxy-healthz-bind",
+    provider: Provider::Generic,
+    kinds: &[LbProbeRefused],
+    change: "Serve kube-proxy's healthz on every node at :10256, where the LB probes it: \
+             KubeProxyConfiguration healthzBindAddress: 0.0.0.0:10256 (flag \
+             --healthz-bind-address; that is the default, an empty value turns it off, \
+             127.0.0.1:10256 hides it from the LB)",
+    preconditions: &["kube-proxy runs on the node (a kube-proxy replacement has its own setting)"],
+    side_effects: &[
+        "kube-proxy restarts on every node to take it (its rules are rewritten; connections \
+         keep their conntrack entries)",
+    ],
+    source: "https://kubernetes.io/docs/reference/config-api/kube-proxy-config.v1alpha1/#kubeproxy-config-k8s-io-v1alpha1-KubeProxyConfiguration",
+    offer: |f| {
+        let known = healthz_setting_fits(f)?;
+        if f.kube_proxy == Some(false) {
+            return None;
+        }
+        Some(Offer {
+            score: if known && f.kube_proxy == Some(true) {
+                80
+            } else {
+                50
+            },
+            patch: None,
+            preconditions: (!known)
+                .then(|| REFUSED_AT_HEALTHZ.to_string())
+                .into_iter()
+                .collect(),
+        })
+    },
+};
+
+/// `lb_probe_refused` on :10256 with nothing listening, on a node without kube-proxy: Cilium's
+/// kube-proxy replacement serves a kube-proxy-compatible healthz only when
+/// `kubeProxyReplacementHealthzBindAddr` is set (empty by default: off), per the Cilium
+/// documentation's "kube-proxy Replacement Health Check server" (kubeproxy-free page). Gate:
+/// a probe refused at :10256 (or not known, said as a precondition); not when the event's
+/// node has kube-proxy's rules (kube-proxy runs there: this is not its setting). Without the
+/// event (the plugin, `probe check`) `kube_proxy` is assumed, not read: no gate on it then.
+pub(super) static CILIUM_KPR_HEALTHZ_BIND: Entry = Entry {
+    id: "cilium-kpr-healthz-bind",
+    provider: Provider::Generic,
+    kinds: &[LbProbeRefused],
+    change: "With Cilium's kube-proxy replacement, turn on its kube-proxy-compatible healthz \
+             server: Helm value kubeProxyReplacementHealthzBindAddr: 0.0.0.0:10256 (off by \
+             default)",
+    preconditions: &["Cilium replaces kube-proxy on the node (kubeProxyReplacement: true)"],
+    side_effects: &["the Cilium agents restart to take it"],
+    source: "https://docs.cilium.io/en/stable/network/kubernetes/kubeproxy-free/#kube-proxy-replacement-health-check-server",
+    offer: |f| {
+        let known = healthz_setting_fits(f)?;
+        if known && f.kube_proxy == Some(true) {
+            return None;
+        }
+        Some(Offer {
+            score: match (f.kube_proxy, known) {
+                (Some(false), _) => 80,
+                (_, true) => 45,
+                _ => 40,
+            },
+            patch: None,
+            preconditions: (!known)
+                .then(|| REFUSED_AT_HEALTHZ.to_string())
+                .into_iter()
+                .collect(),
+        })
+    },
 };

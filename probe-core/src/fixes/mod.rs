@@ -14,6 +14,8 @@
 mod aws;
 mod clouds;
 mod generic;
+#[cfg(test)]
+mod lb_probe_tests;
 pub mod provider;
 #[cfg(test)]
 mod table_tests;
@@ -23,13 +25,13 @@ mod tests;
 use std::collections::BTreeMap;
 
 use probe_contract::{
-    Caller, Fix, Layer, LoopbackEvent, LoopbackKind, Proto, SnatState,
+    Caller, Fix, Layer, LoopbackEvent, LoopbackKind, Outcome, Proto, SnatState,
     facts::{AddressOwner, SelfLoopMissing, SourceKind},
 };
 use serde_json::{Value, json};
 
 pub use self::provider::{Origin, Profile, Provider};
-use crate::service::ServiceFacts;
+use crate::{correlate::lb_probe_refused::KUBE_PROXY_HEALTHZ_PORT, service::ServiceFacts};
 
 /// `externalTrafficPolicy` / `ipMode` as read: None when not read (no API access).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -127,6 +129,27 @@ pub struct Facts {
     pub kube_proxy_binds: bool,
     /// `service_self_loop`: the missing piece of the hairpin.
     pub self_loop: Option<SelfLoopMissing>,
+    /// `lb_probe_refused`: what the LB probed and how it died.
+    pub lb_probe: Option<LbProbe>,
+}
+
+/// The LB's node probe of an `lb_probe_refused` event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LbProbe {
+    /// It probed kube-proxy's healthz port (:10256), not a healthCheckNodePort.
+    pub healthz: bool,
+    /// Nothing listened there (the kernel answered with a RST), not a drop.
+    pub refused: bool,
+}
+
+impl LbProbe {
+    /// The probe of `event`, when it is an `lb_probe_refused` one.
+    pub fn of(event: &LoopbackEvent) -> Option<LbProbe> {
+        (event.kind == LoopbackKind::LbProbeRefused).then(|| LbProbe {
+            healthz: event.dst_port == KUBE_PROXY_HEALTHZ_PORT,
+            refused: event.outcome == Outcome::Refused,
+        })
+    }
 }
 
 impl Facts {
@@ -163,6 +186,7 @@ impl Facts {
                 Some(AddressOwner::Interface { .. } | AddressOwner::LocalRoute { .. })
             ),
             self_loop: event.facts.self_loop.clone(),
+            lb_probe: LbProbe::of(event),
         }
     }
 
@@ -199,6 +223,7 @@ impl Facts {
             annotations: service.annotations.clone(),
             kube_proxy_binds: true,
             self_loop: None,
+            lb_probe: None,
         }
     }
 
@@ -305,6 +330,8 @@ pub static TABLE: &[&Entry] = &[
     &generic::RESTORE_POD_HAIRPIN,
     &generic::KUBE_PROXY_NFTABLES_FIX,
     &generic::LOCAL_ENDPOINT_EVERY_NODE,
+    &generic::KUBE_PROXY_HEALTHZ_BIND,
+    &generic::CILIUM_KPR_HEALTHZ_BIND,
     &aws::NLB_TARGET_TYPE_IP,
     &aws::PRESERVE_CLIENT_IP_OFF,
     &aws::IN_TREE_PRESERVE_CLIENT_IP_OFF,

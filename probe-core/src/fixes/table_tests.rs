@@ -40,6 +40,7 @@ fn base(provider: Provider, kind: LoopbackKind) -> Facts {
         annotations: BTreeMap::new(),
         kube_proxy_binds: true,
         self_loop: None,
+        lb_probe: None,
     }
 }
 

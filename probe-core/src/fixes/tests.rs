@@ -96,6 +96,13 @@ fn all_facts() -> Vec<Facts> {
                                         annotations,
                                         kube_proxy_binds: true,
                                         self_loop: None,
+                                        // The probe a healthz setting answers.
+                                        lb_probe: (kind == LoopbackKind::LbProbeRefused).then_some(
+                                            LbProbe {
+                                                healthz: true,
+                                                refused: true,
+                                            },
+                                        ),
                                     });
                                 }
                             }
@@ -147,6 +154,10 @@ fn no_fix_contradicts_the_facts_or_is_already_in_place() {
                     assert_ne!(f.ip_mode, Some(IpMode::Proxy), "{ctx}")
                 }
                 "snat-pod-egress-to-lb" => assert_eq!(f.source, Some(Source::Pod), "{ctx}"),
+                "kube-proxy-healthz-bind" => assert_ne!(f.kube_proxy, Some(false), "{ctx}"),
+                "cilium-kpr-healthz-bind" if f.lb_probe.is_some() => {
+                    assert_ne!(f.kube_proxy, Some(true), "{ctx}")
+                }
                 "call-by-service-name" => assert_ne!(f.source, Some(Source::Lb), "{ctx}"),
                 "aws-nlb-target-type-ip"
                 | "aws-preserve-client-ip-off"
@@ -188,6 +199,7 @@ fn hairpin(provider: Provider, etp: Option<Etp>) -> Facts {
         annotations: BTreeMap::new(),
         kube_proxy_binds: true,
         self_loop: None,
+        lb_probe: None,
     }
 }
 

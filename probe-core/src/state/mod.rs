@@ -91,6 +91,11 @@ pub struct ServiceTable {
     /// `drop` (see [`NoEndpointDrop`]); empty in other modes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub no_endpoint_drops: Vec<NoEndpointDrop>,
+    /// kube-proxy's iptables mode, read from the rules: the Service ports without any
+    /// endpoint, which it REJECTs and writes no nat chain for (see [`NoEndpointReject`]);
+    /// empty in other modes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub no_endpoint_rejects: Vec<NoEndpointReject>,
     /// kube-proxy's iptables mode, read from the rules (not the API): the pod short circuits
     /// of externalTrafficPolicy Local Services' external chains (see [`PodShortCircuit`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -155,6 +160,21 @@ pub struct NoEndpointDrop {
     pub port: u16,
     /// The element's comment: kube-proxy writes `namespace/name:port`.
     pub service: Option<String>,
+}
+
+/// kube-proxy's iptables mode: a Service port without any endpoint. kube-proxy writes no nat
+/// chain for it, only a filter rule `-A KUBE-SERVICES -m comment --comment "<ns>/<svc>:<port>
+/// has no endpoints" -m <proto> -p <proto> -d <ClusterIP> --dport <port> -j REJECT`
+/// (kubernetes/kubernetes `pkg/proxy/iptables/proxier.go`, `syncProxyRules`: "the service has
+/// no endpoints at all ... only rules in the "filter" table rejecting incoming packets"): the
+/// one place the rules still name the Service and its IP:port.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NoEndpointReject {
+    pub addr: IpAddr,
+    pub proto: Proto,
+    pub port: u16,
+    /// `namespace/name:port`, from the comment.
+    pub service: String,
 }
 
 /// kube-proxy's iptables mode: the rule "pod traffic for <svc> external destinations" of an
@@ -369,6 +389,18 @@ impl ServiceTable {
         self.no_endpoint_drops
             .iter()
             .find(|d| d.addr == addr && d.port == port && d.proto == proto)
+    }
+
+    /// kube-proxy's REJECT of `addr:port/proto` as a Service port without endpoints, if any.
+    pub fn no_endpoint_reject(
+        &self,
+        addr: IpAddr,
+        port: u16,
+        proto: Proto,
+    ) -> Option<&NoEndpointReject> {
+        self.no_endpoint_rejects
+            .iter()
+            .find(|r| r.addr == addr && r.port == port && r.proto == proto)
     }
 
     pub fn nodeport(&self, port: u16, proto: Proto) -> Option<&NodePortEntry> {

@@ -62,9 +62,10 @@ pub(super) struct CorrelateLoop {
     pub tracker: Tracker,
 }
 
-/// Puts the addresses of kube-proxy's nftables `no-endpoint-services` drop elements into the
-/// drop program's watched destinations, and the LB's node-probe ports into its probe ports: a local pod's call to one of them, dropped by
-/// kube-proxy's filter chains, then reaches the correlator (`correlate/no_endpoint.rs`).
+/// Puts kube-proxy's drop destinations (the addresses of its no-endpoint drops and of its
+/// loadBalancerSourceRanges firewall entries) into the drop program's watched destinations,
+/// and the LB's node-probe ports into its probe ports: a local pod's call to one of them,
+/// dropped by kube-proxy's filter chains, then reaches the correlator.
 /// A map write that fails is said and retried with the next table.
 /// How many did not fit is published in the node status (`/readyz`'s detail and
 /// `clbprobe_drop_destinations_left_out`), and said once per change.
@@ -86,7 +87,7 @@ fn watch_drop_destinations(
                 tracing::warn!(
                     left_out = left_out.len(),
                     first = %left_out[0],
-                    "kube-proxy's drop destinations (no-endpoint drops, firewall entries): {} of {} addresses do not fit the drop program's watched destinations (--address-entries): a pod's call dropped at them is not confirmed (LB IPs were kept first)",
+                    "kube-proxy's drop destinations (no-endpoint drops and loadBalancerSourceRanges firewall entries): {} of {} addresses do not fit the drop program's watched destinations (--address-entries): a pod's call dropped at them is not confirmed (LB IPs were kept first)",
                     left_out.len(),
                     want.len()
                 );
@@ -117,7 +118,7 @@ fn lb_ips_of(
         .unwrap_or_default()
 }
 
-/// The no-endpoint drop elements' addresses, once each, LB ingress IPs (as the API lists them)
+/// The addresses of kube-proxy's no-endpoint drops and firewall entries, once each, LB ingress IPs (as the API lists them)
 /// first, then the others (external IPs), each group in address order. Pure.
 pub(super) fn drop_destinations_in_order(
     table: &state::ServiceTable,

@@ -141,6 +141,7 @@ fn facts_of(read: &ServiceTable) -> Arc<ServiceTable> {
         masquerade_rules: read.masquerade_rules.clone(),
         access_filter: read.access_filter.clone(),
         no_endpoint_drops: read.no_endpoint_drops.clone(),
+        no_endpoint_rejects: read.no_endpoint_rejects.clone(),
         pod_short_circuits: read.pod_short_circuits.clone(),
         firewall: read.firewall.clone(),
         // The API's alone (the rules do not name them).

@@ -53,6 +53,7 @@ pub(super) fn lab() -> Inputs {
             masquerade_rules: vec![KUBE_MASQ.into()],
             access_filter: vec![],
             no_endpoint_drops: vec![],
+            no_endpoint_rejects: Vec::new(),
             pod_short_circuits: vec![],
             firewall: vec![],
             health_checks: vec![],

@@ -11,7 +11,7 @@ pub struct MapSizes {
     pub egress_flows: u32,
     /// `HOSTS_V4`/`HOSTS_V6` (hashes) and `LOCAL_V4`/`LOCAL_V6` (tries), each: the node's
     /// addresses, VIPs bound on the VIP interface, pod routes and CIDRs; and
-    /// `DROP_DESTINATIONS` (kube-proxy's no-endpoint drop elements' addresses).
+    /// `DROP_DESTINATIONS` (the addresses of kube-proxy's no-endpoint drops and firewall entries).
     pub addresses: u32,
     /// `RECENT` (LRU): last report time per flow, the kernel's deduplication.
     pub dedup_flows: u32,
@@ -47,8 +47,9 @@ impl MapSizes {
         [
             ("EGRESS_FLOWS", self.egress_flows),
             ("HOSTS_V4", self.addresses),
-            // kube-proxy's no-endpoint drop elements: one per LB IP or external IP of an ETP
-            // Local Service (hostile round 4: a fixed 4,096 left the highest-sorting out).
+            // kube-proxy's drop destinations: one per LB IP or external IP of an ETP Local
+            // Service without a local endpoint, or with loadBalancerSourceRanges (hostile
+            // round 4: a fixed 4,096 left the highest-sorting out).
             ("DROP_DESTINATIONS", self.addresses),
             ("HOSTS_V6", self.addresses),
             ("LOCAL_V4", self.addresses),

@@ -29,9 +29,9 @@ use probe_contract::Proto;
 // The plain data the readers fill lives in the pure core (the correlator reads it); the
 // readers below fill it.
 pub use probe_core::state::{
-    BridgePort, ConntrackEntry, HealthCheckPort, NODEPORT_RANGE, NoEndpointDrop, NodePortEntry,
-    PodShortCircuit, ReadFailed, SelfLoopFacts, ServesIndex, ServiceEntry, ServiceSource,
-    ServiceTable, Tuple,
+    BridgePort, ConntrackEntry, HealthCheckPort, NODEPORT_RANGE, NoEndpointDrop, NoEndpointReject,
+    NodePortEntry, PodShortCircuit, ReadFailed, SelfLoopFacts, ServesIndex, ServiceEntry,
+    ServiceSource, ServiceTable, Tuple,
 };
 
 pub mod addrs;

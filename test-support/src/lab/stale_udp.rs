@@ -4,6 +4,9 @@
 //! B:8126 (the new endpoint) and nothing deletes the node's conntrack entry, so the sender's
 //! datagrams keep going to 8125. Pod B only receives (statsd answers nothing): the entry stays
 //! UNREPLIED, as the field's are.
+//!
+//! The rules are written as kube-proxy's iptables mode writes them, or, on a lab in nftables
+//! mode, as its nftables mode does (the chains of the lab's `ip kube-proxy` table).
 
 use std::{
     net::{Ipv4Addr, SocketAddrV4, UdpSocket},
@@ -19,8 +22,9 @@ use anyhow::{Context, Result, bail};
 
 use super::{
     KubeProxyMode, NS_NODE, NS_POD_A, NS_POD_B, POD_B_IP,
-    cmd::{restore_rules, run_detached},
+    cmd::{restore_rules, run_detached, run_stdin},
     in_netns, kube_proxy,
+    nft::NFT_TABLE,
     servers::SERVER_TAG,
 };
 
@@ -81,32 +85,112 @@ COMMIT
     )
 }
 
-/// Starts pod B's sink and writes the Service's rules with pod B:8125 as its endpoint.
-/// iptables mode only (the lab's default). Removed with the lab.
-pub fn serve_statsd() -> Result<()> {
-    if kube_proxy::node_mode()? != KubeProxyMode::Iptables {
-        bail!("the statsd Service's rules are written for kube-proxy's iptables mode");
+/// kube-proxy's nftables chains for the Service (`pkg/proxy/nftables/proxier.go`,
+/// `hashAndTruncate`: base32(sha256("monitoring/statsd/udp/statsd"))[:8], and for an
+/// endpoint the same with "__198.19.1.11/<port>" appended).
+const NFT_SVC_CHAIN: &str = "service-XTVCXYO3-monitoring/statsd/udp/statsd";
+const NFT_OLD_EP_CHAIN: &str = "endpoint-AMVF5QQN-monitoring/statsd/udp/statsd__198.19.1.11/8125";
+const NFT_NEW_EP_CHAIN: &str = "endpoint-YC6ZDBCE-monitoring/statsd/udp/statsd__198.19.1.11/8126";
+
+/// The Service's nftables rules with its endpoint on pod B at `endpoint_port`, as
+/// kube-proxy's nftables proxier writes them (`syncProxyRules`): the endpoint's chain, the
+/// service chain (flushed and rewritten when the endpoint changes) and, once
+/// (`with_service_ip`), the ClusterIP in `cluster-ips` and its `service-ips` element. The old
+/// endpoint's chain is flushed (kube-proxy deletes it in a later sync; nothing points at it).
+fn nft_rules(endpoint_port: u16, with_service_ip: bool) -> String {
+    let t = NFT_TABLE;
+    let (svc, old, new) = (NFT_SVC_CHAIN, NFT_OLD_EP_CHAIN, NFT_NEW_EP_CHAIN);
+    let ep = if endpoint_port == OLD_ENDPOINT_PORT {
+        old
+    } else {
+        new
+    };
+    let mut s = String::new();
+    for c in [svc, ep] {
+        s += &format!("add chain ip {t} {c}\nflush chain ip {t} {c}\n");
     }
+    s += &format!("add rule ip {t} {ep} ip saddr {POD_B_IP} jump mark-for-masquerade\n");
+    s += &format!("add rule ip {t} {ep} meta l4proto udp dnat to {POD_B_IP}:{endpoint_port}\n");
+    s += &format!("add rule ip {t} {svc} numgen random mod 1 vmap {{ 0 : goto {ep} }}\n");
+    if ep == new {
+        s += &format!("flush chain ip {t} {old}\n");
+    }
+    if with_service_ip {
+        s += &format!("add element ip {t} cluster-ips {{ {STATSD_CLUSTER_IP} }}\n");
+        s += &format!(
+            "add element ip {t} service-ips {{ {STATSD_CLUSTER_IP} . udp . {STATSD_PORT} : goto {svc} }}\n"
+        );
+    }
+    s
+}
+
+/// Writes the Service's rules in the node's kube-proxy mode: iptables or nftables.
+fn write_rules(endpoint_port: u16, first: bool) -> Result<()> {
+    match kube_proxy::node_mode()? {
+        KubeProxyMode::Iptables => {
+            restore_rules(NS_NODE, "iptables-restore", &rules(endpoint_port, first)).map(drop)
+        }
+        KubeProxyMode::Nftables => run_stdin(
+            &["ip", "netns", "exec", NS_NODE, "nft", "-f", "-"],
+            &nft_rules(endpoint_port, first),
+        )
+        .map(drop),
+        mode => bail!(
+            "the statsd Service's rules are written for kube-proxy's iptables and nftables \
+             modes, not {}",
+            mode.name()
+        ),
+    }
+}
+
+/// Starts pod B's sink and writes the Service's rules with pod B:8125 as its endpoint, in the
+/// lab's kube-proxy mode (iptables or nftables). Removed with the lab.
+pub fn serve_statsd() -> Result<()> {
     let (old, new) = (OLD_ENDPOINT_PORT.to_string(), NEW_ENDPOINT_PORT.to_string());
     let argv = [
         "ip", "netns", "exec", NS_POD_B, "setsid", "-f", "python3", "-c", SINK_PY, SERVER_TAG,
         &old, &new,
     ];
     run_detached(&argv).context("starting the statsd sink in pod B")?;
-    restore_rules(NS_NODE, "iptables-restore", &rules(OLD_ENDPOINT_PORT, true))
-        .context("kube-proxy's rules for the statsd Service")?;
-    Ok(())
+    write_rules(OLD_ENDPOINT_PORT, true).context("kube-proxy's rules for the statsd Service")
 }
 
 /// Moves the Service's endpoint to pod B:8126, as kube-proxy rewrites the chains when the
 /// endpoint changes; the node's conntrack entries are left as they are.
 pub fn move_endpoint() -> Result<()> {
-    restore_rules(
-        NS_NODE,
-        "iptables-restore",
-        &rules(NEW_ENDPOINT_PORT, false),
-    )
-    .context("moving the statsd Service's endpoint")?;
+    write_rules(NEW_ENDPOINT_PORT, false).context("moving the statsd Service's endpoint")
+}
+
+/// Scales the Service to zero as kube-proxy's iptables mode writes it
+/// (`pkg/proxy/iptables/proxier.go`, `syncProxyRules`: no endpoints, "we will not generate
+/// any chains in the "nat" table for the service; only rules in the "filter" table rejecting
+/// incoming packets"): its `KUBE-SERVICES` nat rule and chains go, and the filter chain
+/// `KUBE-SERVICES` (jumped from `OUTPUT` and `FORWARD` for new connections) REJECTs its
+/// ClusterIP:port, "<svc> has no endpoints". The node's conntrack entries are left as they
+/// are. iptables mode only.
+pub fn scale_to_zero() -> Result<()> {
+    if kube_proxy::node_mode()? != KubeProxyMode::Iptables {
+        bail!("scale_to_zero writes kube-proxy's iptables-mode rules");
+    }
+    let nat = format!(
+        "*nat\n\
+         -D KUBE-SERVICES -d {STATSD_CLUSTER_IP}/32 -p udp -m comment --comment \"{STATSD_SERVICE} cluster IP\" -m udp --dport {STATSD_PORT} -j {SVC_CHAIN}\n\
+         :{SVC_CHAIN} - [0:0]\n:{OLD_SEP_CHAIN} - [0:0]\n\
+         -X {SVC_CHAIN}\n-X {OLD_SEP_CHAIN}\n\
+         COMMIT\n"
+    );
+    restore_rules(NS_NODE, "iptables-restore", &nat).context("the statsd Service's nat rules")?;
+    let portals = "-m conntrack --ctstate NEW -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES";
+    let filter = format!(
+        "*filter\n\
+         :KUBE-SERVICES - [0:0]\n\
+         -I OUTPUT 1 {portals}\n\
+         -I FORWARD 1 {portals}\n\
+         -A KUBE-SERVICES -d {STATSD_CLUSTER_IP}/32 -p udp -m comment --comment \"{STATSD_SERVICE} has no endpoints\" -m udp --dport {STATSD_PORT} -j REJECT --reject-with icmp-port-unreachable\n\
+         COMMIT\n"
+    );
+    restore_rules(NS_NODE, "iptables-restore", &filter)
+        .context("the statsd Service's no-endpoints REJECT")?;
     Ok(())
 }
 

@@ -106,7 +106,7 @@ pub fn readiness(status: &NodeStatus) -> (bool, String) {
     }
     if status.drop_destinations_left_out > 0 {
         body.push_str(&format!(
-            "; {} of kube-proxy's no-endpoint drop addresses over --address-entries ({}) are not watched: a pod's call dropped at them is not confirmed",
+            "; {} of kube-proxy's drop destinations (no-endpoint drops and loadBalancerSourceRanges firewall entries) over --address-entries ({}) are not watched: a pod's call dropped at them is not confirmed",
             status.drop_destinations_left_out, status.address_capacity
         ));
     }

@@ -406,7 +406,7 @@ fn readyz_says_when_no_endpoint_drop_addresses_are_left_out_and_stays_ready() {
         "a tenant's elements must not take the agent out of its rollout"
     );
     assert!(
-        body.contains("3 of kube-proxy's no-endpoint drop addresses over --address-entries (16)"),
+        body.contains("3 of kube-proxy's drop destinations (no-endpoint drops and loadBalancerSourceRanges firewall entries) over --address-entries (16)"),
         "{body}"
     );
 }

@@ -57,8 +57,9 @@ use std::{
 
 pub use firewall::{PROXY_FIREWALL_CHAIN, allowed_sources, firewall_drops, parse_firewall_drops};
 pub use rules::{
-    ACCESS_FILTER_CHAIN, EXTERNAL_SERVICES_CHAIN, NatChains, Rule, digest, external_drops, merge,
-    parse_access_filter, parse_external_drops, parse_iptables_save,
+    ACCESS_FILTER_CHAIN, EXTERNAL_SERVICES_CHAIN, FILTER_SERVICES_CHAIN, NatChains, Rule, digest,
+    external_drops, merge, no_endpoint_rejects, parse_access_filter, parse_external_drops,
+    parse_iptables_save, parse_no_endpoint_rejects,
 };
 
 use crate::state::{
@@ -191,6 +192,7 @@ pub fn read_blocking_after(touched: &Touched) -> Result<ServiceTable, IptablesEr
         }
     }
     table.firewall = read_firewall_after(touched, default_is_nft);
+    table.no_endpoint_rejects = read_no_endpoint_rejects(default_is_nft);
     Ok(table)
 }
 
@@ -489,6 +491,30 @@ fn read_external_drops(default_is_nft: bool) -> Vec<crate::state::NoEndpointDrop
     drops
 }
 
+/// kube-proxy's REJECTs of Service ports without endpoints ([`FILTER_SERVICES_CHAIN`] of the
+/// filter table, both families; one chain each): over netlink on the nf_tables backend
+/// (generation-cached, [`read_chain`]), with `iptables -S` on the legacy one. A missing chain
+/// or a failed read is no reject: such a Service is then not named.
+fn read_no_endpoint_rejects(default_is_nft: bool) -> Vec<crate::state::NoEndpointReject> {
+    let mut rejects = Vec::new();
+    if default_is_nft {
+        for family in [FAMILY_IP, FAMILY_IP6] {
+            match read_chain(family, "filter", FILTER_SERVICES_CHAIN) {
+                Ok(rules) => rejects.extend(no_endpoint_rejects(&rules)),
+                Err(e) => tracing::trace!(error = %e, "no filter {FILTER_SERVICES_CHAIN}"),
+            }
+        }
+        return rejects;
+    }
+    for cmd in ["iptables", "ip6tables"] {
+        match run(cmd, &["-w", "-t", "filter", "-S", FILTER_SERVICES_CHAIN]) {
+            Ok(text) => rejects.extend(parse_no_endpoint_rejects(&text)),
+            Err(e) => tracing::trace!(error = %e, "no filter {FILTER_SERVICES_CHAIN}"),
+        }
+    }
+    rejects
+}
+
 /// kube-proxy's `loadBalancerSourceRanges` firewall (`firewall`'s module docs), both families,
 /// as held since the last read unless `touched` names the filter table or a `KUBE-FW-*` nat
 /// chain (kube-proxy's syncs rewrite Services' nat chains far more often). A failed read is
@@ -622,6 +648,8 @@ fn run(cmd: &str, args: &[&str]) -> Result<String, IptablesError> {
         .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
 }
 
+#[cfg(test)]
+mod rejects_tests;
 #[cfg(test)]
 mod tests;
 

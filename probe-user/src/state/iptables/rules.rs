@@ -10,7 +10,8 @@ use std::{
 use probe_contract::Proto;
 
 use crate::state::{
-    NoEndpointDrop, NodePortEntry, PodShortCircuit, ServiceEntry, ServiceSource, ServiceTable,
+    NoEndpointDrop, NoEndpointReject, NodePortEntry, PodShortCircuit, ServiceEntry, ServiceSource,
+    ServiceTable,
 };
 
 /// What of an `iptables-save` dump is the rules: its `#` lines (the date of the dump) and the
@@ -108,6 +109,11 @@ pub fn merge(table: &mut ServiceTable, other: ServiceTable) {
             table.no_endpoint_drops.push(d);
         }
     }
+    for r in other.no_endpoint_rejects {
+        if !table.no_endpoint_rejects.contains(&r) {
+            table.no_endpoint_rejects.push(r);
+        }
+    }
     for p in other.pod_short_circuits {
         if !table.pod_short_circuits.contains(&p) {
             table.pod_short_circuits.push(p);
@@ -183,6 +189,66 @@ pub(super) fn chain_rules(text: &str, chain: &str) -> Vec<Rule> {
         .filter(|l| l.starts_with(&prefix))
         .filter_map(parse_rule)
         .collect()
+}
+
+/// kube-proxy's filter chain `KUBE-SERVICES` (iptables mode), jumped from `OUTPUT` and
+/// `FORWARD` for new connections: a Service port without any endpoint gets
+/// `-m comment --comment "<ns>/<svc>:<port> has no endpoints" -m <proto> -p <proto> -d
+/// <ClusterIP> --dport <port> -j REJECT` and no nat chain (kubernetes/kubernetes
+/// `pkg/proxy/iptables/proxier.go`, `syncProxyRules`, `internalTrafficFilterTarget`).
+pub const FILTER_SERVICES_CHAIN: &str = "KUBE-SERVICES";
+/// The comment's tail on those rejects.
+const NO_ENDPOINTS: &str = " has no endpoints";
+
+/// The Service ports without endpoints among `rules` (those of [`FILTER_SERVICES_CHAIN`] in
+/// the filter table): the `-j REJECT` rules with a host destination, protocol and port whose
+/// comment says "has no endpoints".
+pub fn no_endpoint_rejects(rules: &[Rule]) -> Vec<NoEndpointReject> {
+    let mut out: Vec<NoEndpointReject> = Vec::new();
+    for r in rules {
+        if r.chain != FILTER_SERVICES_CHAIN || r.target.as_deref() != Some("REJECT") {
+            continue;
+        }
+        let Some(service) = r
+            .comment
+            .as_deref()
+            .and_then(|c| c.trim().strip_suffix(NO_ENDPOINTS))
+        else {
+            continue;
+        };
+        let (Some(addr), Some(port), Some(proto)) = (
+            r.dst
+                .as_deref()
+                .filter(|_| !r.dst_negated)
+                .and_then(parse_host),
+            r.dport,
+            parse_proto(r.proto.as_deref()),
+        ) else {
+            continue;
+        };
+        let reject = NoEndpointReject {
+            addr,
+            proto,
+            port,
+            service: service.to_string(),
+        };
+        if !out.contains(&reject) {
+            out.push(reject);
+        }
+    }
+    out
+}
+
+/// [`no_endpoint_rejects`] of `iptables -t filter -S KUBE-SERVICES` text (the legacy backend).
+pub fn parse_no_endpoint_rejects(text: &str) -> Vec<NoEndpointReject> {
+    let prefix = format!("-A {FILTER_SERVICES_CHAIN} ");
+    let rules: Vec<Rule> = text
+        .lines()
+        .map(|l| strip_counters(l.trim()))
+        .filter(|l| l.starts_with(&prefix))
+        .filter_map(parse_rule)
+        .collect();
+    no_endpoint_rejects(&rules)
 }
 
 /// Whether a rule's text is kept when it is read: `MASQUERADE` rules and pod short circuits
