@@ -20,7 +20,7 @@ use std::net::IpAddr;
 use probe_contract::Proto;
 use probe_core::state::{FirewallEntry, SourceRange};
 
-use super::rules::{Rule, chain_rules, parse_host, parse_proto, strip_counters, tokenize};
+use super::rules::{Rule, chain_rules, commented_destinations, strip_counters, tokenize};
 
 /// kube-proxy's filter chain of the source-range drops.
 pub const PROXY_FIREWALL_CHAIN: &str = "KUBE-PROXY-FIREWALL";
@@ -44,41 +44,21 @@ pub struct FirewallDrop {
 /// The source-range drops among `rules` (those of [`PROXY_FIREWALL_CHAIN`]): `-j DROP` with a
 /// host destination, protocol and port, whose comment names a `KUBE-FW-*` chain.
 pub fn firewall_drops(rules: &[Rule]) -> Vec<FirewallDrop> {
-    let mut out: Vec<FirewallDrop> = Vec::new();
-    for r in rules {
-        if r.chain != PROXY_FIREWALL_CHAIN || r.target.as_deref() != Some("DROP") {
-            continue;
-        }
-        let Some((service, chain)) = r
-            .comment
-            .as_deref()
-            .and_then(|c| c.trim().split_once(NOT_ACCEPTED_BY))
+    let named = |c: &str| {
+        c.split_once(NOT_ACCEPTED_BY)
             .filter(|(_, chain)| chain.starts_with(FW_CHAIN_PREFIX))
-        else {
-            continue;
-        };
-        let (Some(addr), Some(port), Some(proto)) = (
-            r.dst
-                .as_deref()
-                .filter(|_| !r.dst_negated)
-                .and_then(parse_host),
-            r.dport,
-            parse_proto(r.proto.as_deref()),
-        ) else {
-            continue;
-        };
-        let drop = FirewallDrop {
+            .map(|(service, chain)| (service.to_string(), chain.to_string()))
+    };
+    commented_destinations(rules, PROXY_FIREWALL_CHAIN, "DROP", named)
+        .into_iter()
+        .map(|(addr, proto, port, (service, chain))| FirewallDrop {
             addr,
             proto,
             port,
-            service: service.to_string(),
-            chain: chain.to_string(),
-        };
-        if !out.contains(&drop) {
-            out.push(drop);
-        }
-    }
-    out
+            service,
+            chain,
+        })
+        .collect()
 }
 
 /// [`firewall_drops`] of `iptables -S KUBE-PROXY-FIREWALL` text (the legacy backend).

@@ -140,19 +140,34 @@ const POD_SHORT_CIRCUIT: &str = "pod traffic for ";
 /// rules with a host destination, protocol and port whose comment says "has no local
 /// endpoints" (the NodePort ones match `--dst-type LOCAL`, no address: not ours).
 pub fn external_drops(rules: &[Rule]) -> Vec<NoEndpointDrop> {
-    let mut out: Vec<NoEndpointDrop> = Vec::new();
+    let service = |c: &str| c.strip_suffix(NO_LOCAL_ENDPOINTS).map(str::to_string);
+    commented_destinations(rules, EXTERNAL_SERVICES_CHAIN, "DROP", service)
+        .into_iter()
+        .map(|(addr, proto, port, service)| NoEndpointDrop {
+            addr,
+            proto,
+            port,
+            service: Some(service),
+        })
+        .collect()
+}
+
+/// kube-proxy's per-Service rules of one shape, each once, in rule order: in `chain`, jumping
+/// to `target`, with a host destination (not negated), a protocol and a port, and a comment
+/// `named` reads (what it names: the Service, and any chain the comment names).
+pub(super) fn commented_destinations<T: PartialEq>(
+    rules: &[Rule],
+    chain: &str,
+    target: &str,
+    named: impl Fn(&str) -> Option<T>,
+) -> Vec<(IpAddr, Proto, u16, T)> {
+    let mut out = Vec::new();
     for r in rules {
-        if r.chain != EXTERNAL_SERVICES_CHAIN || r.target.as_deref() != Some("DROP") {
+        if r.chain != chain || r.target.as_deref() != Some(target) {
             continue;
         }
-        let Some(service) = r
-            .comment
-            .as_deref()
-            .and_then(|c| c.trim().strip_suffix(NO_LOCAL_ENDPOINTS))
-        else {
-            continue;
-        };
-        let (Some(addr), Some(port), Some(proto)) = (
+        let (Some(name), Some(addr), Some(port), Some(proto)) = (
+            r.comment.as_deref().and_then(|c| named(c.trim())),
             r.dst
                 .as_deref()
                 .filter(|_| !r.dst_negated)
@@ -162,14 +177,9 @@ pub fn external_drops(rules: &[Rule]) -> Vec<NoEndpointDrop> {
         ) else {
             continue;
         };
-        let drop = NoEndpointDrop {
-            addr,
-            proto,
-            port,
-            service: Some(service.to_string()),
-        };
-        if !out.contains(&drop) {
-            out.push(drop);
+        let found = (addr, proto, port, name);
+        if !out.contains(&found) {
+            out.push(found);
         }
     }
     out
@@ -204,39 +214,16 @@ const NO_ENDPOINTS: &str = " has no endpoints";
 /// the filter table): the `-j REJECT` rules with a host destination, protocol and port whose
 /// comment says "has no endpoints".
 pub fn no_endpoint_rejects(rules: &[Rule]) -> Vec<NoEndpointReject> {
-    let mut out: Vec<NoEndpointReject> = Vec::new();
-    for r in rules {
-        if r.chain != FILTER_SERVICES_CHAIN || r.target.as_deref() != Some("REJECT") {
-            continue;
-        }
-        let Some(service) = r
-            .comment
-            .as_deref()
-            .and_then(|c| c.trim().strip_suffix(NO_ENDPOINTS))
-        else {
-            continue;
-        };
-        let (Some(addr), Some(port), Some(proto)) = (
-            r.dst
-                .as_deref()
-                .filter(|_| !r.dst_negated)
-                .and_then(parse_host),
-            r.dport,
-            parse_proto(r.proto.as_deref()),
-        ) else {
-            continue;
-        };
-        let reject = NoEndpointReject {
+    let service = |c: &str| c.strip_suffix(NO_ENDPOINTS).map(str::to_string);
+    commented_destinations(rules, FILTER_SERVICES_CHAIN, "REJECT", service)
+        .into_iter()
+        .map(|(addr, proto, port, service)| NoEndpointReject {
             addr,
             proto,
             port,
-            service: service.to_string(),
-        };
-        if !out.contains(&reject) {
-            out.push(reject);
-        }
-    }
-    out
+            service,
+        })
+        .collect()
 }
 
 /// [`no_endpoint_rejects`] of `iptables -t filter -S KUBE-SERVICES` text (the legacy backend).
