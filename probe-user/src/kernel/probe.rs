@@ -131,10 +131,11 @@ impl AddressMaps {
     }
 }
 
-/// `DROP_DESTINATIONS`: non-local destinations whose drops of a local pod's packets the drop
-/// program reports (see `probe-ebpf/src/drops.rs`, `watched_destination`). The agent keeps in
-/// it the addresses of kube-proxy's nftables `no-endpoint-services` drop elements, from each
-/// new service table ([`Self::sync`]).
+/// `DROP_DESTINATIONS`: non-local destinations (or VIPs bound on kube-ipvs0) whose drops of a
+/// local pod's packets the drop program reports (see `probe-ebpf/src/drops.rs`,
+/// `watched_destination`). The agent keeps in it the addresses of kube-proxy's nftables
+/// `no-endpoint-services` drop elements and of its source-range firewall entries (every
+/// mode), from each new service table ([`Self::sync`]).
 ///
 /// It also keeps `PROBE_PORTS`, the LB's node-probe ports whose refused or dropped probes the
 /// drop program reports ([`Self::sync_probe_ports`]).
