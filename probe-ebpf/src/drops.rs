@@ -151,7 +151,8 @@ fn self_addressed(skb: *const u8, off: &KernelOffsets) -> bool {
 /// packets into suspects on NIC ingress and stop the node's SYNs to it from being recorded on
 /// egress (they record only non-local destinations). This hash is read only here, on a drop
 /// (never per packet), and only for a local pod's packet that did not come in through a NIC
-/// and whose destination both look-ups missed: a third look-up on that path alone.
+/// and whose destination both look-ups missed or found a bound VIP: a third look-up on that
+/// path alone.
 #[inline(always)]
 fn watched_destination(pkt: &Packet) -> bool {
     let key = DropDestinationKey {
@@ -250,9 +251,13 @@ fn on_kfree_skb<C: EbpfContext>(ctx: &C, skb: *const u8, location: u64, reason: 
     let src_relevant = self_loop || (src_tag != tag::NONE && from_nic);
     let probe_refused = outside_probe && from_nic;
     // A local pod's call dropped on its way to a watched destination (kube-proxy's nftables
-    // `no-endpoint-services` drop): reported with the pod as source, whatever the interface.
-    let pod_to_watched =
-        !src_relevant && src_tag == tag::POD && dst_tag == tag::NONE && watched_destination(&pkt);
+    // `no-endpoint-services` drop, its source-range firewalls): reported with the pod as
+    // source, whatever the interface. IPVS mode binds the LB IP on kube-ipvs0 (a VIP here),
+    // and its source-range firewall drops the call in INPUT.
+    let pod_to_watched = !src_relevant
+        && src_tag == tag::POD
+        && (dst_tag == tag::NONE || dst_tag == tag::VIP)
+        && watched_destination(&pkt);
     if !src_relevant && !pod_to_watched && !probe_refused && dst_tag != tag::VIP {
         return;
     }

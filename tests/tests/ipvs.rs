@@ -831,3 +831,93 @@ fn ipvs_services_left_after_the_switch_to_nftables_are_named() {
     drop(answer);
     drop(lab);
 }
+
+/// The subjects of `probe check --json`'s `source_ranges_drop` findings on the lab node (no
+/// API access: kube-proxy's firewall as its ipsets hold it).
+fn source_ranges_check_subjects() -> Vec<String> {
+    // Its exit status says whether it found risks: only its JSON is read.
+    let o = std::process::Command::new("ip")
+        .args(["netns", "exec", lab::NS_NODE])
+        .arg(probe_bin())
+        .args(["check", "--json", "--nic", lab::NODE_NIC])
+        .output()
+        .expect("run probe check");
+    let report: probe_contract::check::CheckReport = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&o.stdout)));
+    report
+        .findings
+        .into_iter()
+        .filter(|f| f.kind == probe_contract::check::Kind::SourceRangesDrop)
+        .map(|f| f.subject)
+        .collect()
+}
+
+/// Issue #51 shape 1 in IPVS mode: `default/web`'s LB IP:80 in `KUBE-LOAD-BALANCER-FW`, its
+/// ranges in `KUBE-LOAD-BALANCER-SOURCE-CIDR`, and the filter chains that drop the rest
+/// (kubernetes PR #110628): pod-a's call to the LB IP (bound on kube-ipvs0) dies in `INPUT`,
+/// before IPVS, and is confirmed as `source_ranges_drop` with the sets named; `probe check`
+/// names the risk from the sets alone.
+#[test]
+fn ipvs_mode_source_ranges_drop_is_confirmed_with_the_ipsets() {
+    if !in_vm("ipvs_mode_source_ranges_drop") {
+        return;
+    }
+    use test_support::lab::source_ranges;
+    let lab = ipvs_lab(&Variants::default());
+    source_ranges::set_ipvs_source_ranges(Some(&["192.0.2.0/24", "198.51.100.0/24"]))
+        .expect("default/web's IPVS-mode firewall");
+    assert_eq!(source_ranges_check_subjects(), ["203.0.113.10:80/tcp"]);
+    let agent = ipvs_agent();
+    let to_lb = std::net::SocketAddrV4::new(lab::VIP, lab::SERVICE_PORT);
+    let pod = lab.connect(lab::NS_POD_A, None, to_lb).unwrap();
+    say!("ipvs-vm: source ranges without the pod CIDR: client {pod:?}");
+    assert_eq!(pod.outcome, Outcome::Timeout, "{pod:?}");
+    let e = agent.only_event(LoopbackKind::SourceRangesDrop, WAIT);
+    assert_eq!(e.src, IpAddr::V4(lab::POD_A_IP));
+    assert_eq!(e.vip, Some(IpAddr::V4(lab::VIP)));
+    assert_eq!(e.vip_port, Some(lab::SERVICE_PORT));
+    assert_eq!(e.outcome, Fate::Dropped);
+    assert_eq!(e.drop_reason.as_deref(), Some("NETFILTER_DROP"));
+    assert_eq!(
+        e.facts.proxy_mode,
+        Some(probe_contract::facts::ProxyMode::Ipvs)
+    );
+    let ev = lines(&e.evidence);
+    for needle in [
+        "ipset KUBE-LOAD-BALANCER-FW has 203.0.113.10,tcp:80",
+        "KUBE-SOURCE-RANGES-FIREWALL",
+        "source outside { 192.0.2.0/24, 198.51.100.0/24 }",
+        "the caller 198.19.1.10 is in none",
+    ] {
+        assert!(ev.contains(needle), "{needle}: {ev}");
+    }
+    say!("ipvs-vm: source ranges: confirmed source_ranges_drop ({ev})");
+    source_ranges::set_ipvs_source_ranges(None).unwrap();
+    drop(agent);
+    drop(lab);
+}
+
+/// The twin: the pod CIDR among the ranges (upstream's advice): the call is returned by
+/// `KUBE-SOURCE-RANGES-FIREWALL`, IPVS sends it to pod-b, it is answered; nothing is reported
+/// and `probe check` names no risk.
+#[test]
+fn ipvs_mode_source_ranges_with_the_pod_cidr_report_nothing() {
+    if !in_vm("ipvs_mode_source_ranges_twin") {
+        return;
+    }
+    use test_support::lab::source_ranges;
+    let lab = ipvs_lab(&Variants::default());
+    source_ranges::set_ipvs_source_ranges(Some(&["192.0.2.0/24", lab::POD_CIDR]))
+        .expect("default/web's IPVS-mode firewall");
+    assert!(source_ranges_check_subjects().is_empty());
+    let agent = ipvs_agent();
+    let to_lb = std::net::SocketAddrV4::new(lab::VIP, lab::SERVICE_PORT);
+    let pod = lab.connect(lab::NS_POD_A, None, to_lb).unwrap();
+    say!("ipvs-vm: source ranges with the pod CIDR (twin): client {pod:?}");
+    assert_eq!(pod.outcome, Outcome::Ok, "{pod:?}");
+    std::thread::sleep(SETTLE);
+    assert!(agent.events().is_empty(), "{:#?}", agent.events());
+    source_ranges::set_ipvs_source_ranges(None).unwrap();
+    drop(agent);
+    drop(lab);
+}

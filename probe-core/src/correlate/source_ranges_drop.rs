@@ -9,7 +9,11 @@
 //! an in-cluster caller is dropped before any short-circuit. iptables mode has done the same
 //! since 1.25 (PR #110289): the LB IP's nat chain `KUBE-FW-<HASH>` sends on only the sources
 //! in the ranges, and the filter chain `KUBE-PROXY-FIREWALL` (jumped from `INPUT`, `FORWARD`
-//! and `OUTPUT`) drops what was not DNATed (`-d <LB IP> --dport <port> -j DROP`). Upstream
+//! and `OUTPUT`) drops what was not DNATed (`-d <LB IP> --dport <port> -j DROP`). IPVS mode
+//! since 1.25 too (PR #110628): ipsets `KUBE-LOAD-BALANCER-FW` and
+//! `KUBE-LOAD-BALANCER-SOURCE-CIDR`, and the filter chain `KUBE-SOURCE-RANGES-FIREWALL`
+//! (from `KUBE-PROXY-FIREWALL`, in `INPUT` and `FORWARD`) that drops what they do not return;
+//! a pod's call to the LB IP (bound on kube-ipvs0) dies in `INPUT`, before IPVS. Upstream
 //! keeps it (kubernetes#109575, open): its advice is to list the pod CIDR in the ranges. A LB
 //! with `ipMode: Proxy` or published as a hostname gets no element: nothing is dropped on the
 //! node.
@@ -76,13 +80,19 @@ impl Correlator {
             port: packet.dport,
             proto: packet.proto,
         };
+        // IPVS mode's sets name no Service: the table's entry for the LB IP:port does.
+        let service = entry.service.clone().or_else(|| {
+            self.services
+                .serves(packet.dst, packet.dport, packet.proto)
+                .and_then(|s| s.service.clone())
+        });
         let mut event = dropped_call(
             &key,
             packet,
             &info,
             Outcome::Dropped,
             evidence,
-            entry.service.as_deref().map(service_name),
+            service.as_deref().map(service_name),
         );
         event.facts.proxy_mode = self.services.source.map(super::remedy::proxy_mode);
         self.stats.drops_confirming += 1;
@@ -128,6 +138,9 @@ fn firewall_rule_line(
             entry.allowed_text(),
         );
     }
+    if mode == Some(ServiceSource::Ipvs) {
+        return ipvs_rule_line(packet, entry);
+    }
     let family = if packet.dst.is_ipv4() { "ip" } else { "ip6" };
     format!(
         "kube-proxy's nftables rules (table {family} kube-proxy): map firewall-ips has the \
@@ -135,6 +148,36 @@ fn firewall_rule_line(
          source outside {{ {} }} ({family} saddr != {{ ... }} drop; chain firewall-check runs \
          it in prerouting and output, before DNAT)",
         packet.dst,
+        packet.dport,
+        entry.allowed_text(),
+    )
+}
+
+/// IPVS mode's form (kubernetes `pkg/proxy/ipvs/proxier.go`; filter-table DROP since 1.25,
+/// PR #110628): the ipsets and the filter chains that apply them.
+fn ipvs_rule_line(packet: &Packet, entry: &FirewallEntry) -> String {
+    let v6 = packet.dst.is_ipv6();
+    let (cmd, fw, cidr) = if v6 {
+        (
+            "ip6tables",
+            "KUBE-6-LOAD-BALANCER-FW",
+            "KUBE-6-LOAD-BALANCER-SOURCE-CID",
+        )
+    } else {
+        (
+            "iptables",
+            "KUBE-LOAD-BALANCER-FW",
+            "KUBE-LOAD-BALANCER-SOURCE-CIDR",
+        )
+    };
+    format!(
+        "kube-proxy's IPVS-mode rules ({cmd}, ipset): ipset {fw} has {},{}:{}, and filter chain \
+         KUBE-PROXY-FIREWALL (INPUT and FORWARD jump to it) sends it to \
+         KUBE-SOURCE-RANGES-FIREWALL, which returns only the sources ipset {cidr} (and \
+         KUBE-LOAD-BALANCER-SOURCE-IP) lists for it and drops the rest, so every new connection \
+         from a source outside {{ {} }} is dropped before IPVS (kubernetes PR #110628)",
+        packet.dst,
+        packet.proto.as_str(),
         packet.dport,
         entry.allowed_text(),
     )

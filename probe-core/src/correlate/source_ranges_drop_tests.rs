@@ -119,6 +119,45 @@ fn iptables_mode_names_the_proxy_firewall_rule_and_its_fw_chain() {
     invariants(&c);
 }
 
+/// IPVS mode: the entry comes from ipsets, which name no Service; the LB IP's IPVS virtual
+/// service (named by the table) names it, and the evidence quotes the sets and chains.
+#[test]
+fn ipvs_mode_names_the_ipsets_and_the_service_from_the_table() {
+    let mut t = fw_table(&["192.0.2.0/24"]);
+    t.source = Some(ServiceSource::Ipvs);
+    t.firewall[0].service = None;
+    t.firewall[0].chain = None;
+    t.services.push(crate::state::ServiceEntry {
+        vip: ip(LB_IP),
+        port: PORT,
+        proto: Proto::Tcp,
+        service: Some("default/web:http".into()),
+        backends: vec!["198.19.1.20:8080".into()],
+    });
+    let mut c = corr_with(t);
+    let r = only_report(&c.ingest(nf_drop(S, &call(POD, Tag::Pod, PORT), "NETFILTER_DROP")));
+    let e = &r.event;
+    assert_eq!(e.kind, LoopbackKind::SourceRangesDrop);
+    assert_eq!(e.service.as_deref(), Some("default/web"));
+    assert_eq!(
+        e.facts.proxy_mode,
+        Some(probe_contract::facts::ProxyMode::Ipvs)
+    );
+    let ev = e.evidence.join("\n");
+    for needle in [
+        &format!("ipset KUBE-LOAD-BALANCER-FW has {LB_IP},tcp:{PORT}"),
+        "KUBE-SOURCE-RANGES-FIREWALL",
+        "ipset KUBE-LOAD-BALANCER-SOURCE-CIDR",
+        "source outside { 192.0.2.0/24 }",
+        "PR #110628",
+    ] {
+        assert!(ev.contains(needle), "{needle}: {ev}");
+    }
+    assert!(!ev.contains("firewall-ips"), "{ev}");
+    assert!(e.remedy[0].contains("(192.0.2.0/24)"), "{:?}", e.remedy);
+    invariants(&c);
+}
+
 #[test]
 fn the_nodes_call_is_confirmed_and_repeats_fold_into_one_aggregate() {
     let mut c = corr_with(fw_table(&["192.0.2.0/24"]));

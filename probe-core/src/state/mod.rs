@@ -100,8 +100,9 @@ pub struct ServiceTable {
     /// of externalTrafficPolicy Local Services' external chains (see [`PodShortCircuit`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pod_short_circuits: Vec<PodShortCircuit>,
-    /// kube-proxy's nftables mode: the elements of `firewall-ips` with their chain's allowed
-    /// sources (see [`FirewallEntry`]); empty in other modes, and one entry per element.
+    /// kube-proxy's `loadBalancerSourceRanges` firewall, one entry per firewalled LB IP:port
+    /// with its allowed sources (see [`FirewallEntry`]): nftables' `firewall-ips` elements,
+    /// iptables' `KUBE-PROXY-FIREWALL` drops, IPVS mode's `KUBE-LOAD-BALANCER-FW` members.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub firewall: Vec<FirewallEntry>,
     /// The healthCheckNodePorts of externalTrafficPolicy Local LoadBalancer Services (see
@@ -238,6 +239,11 @@ impl PodShortCircuit {
 /// `KUBE-PROXY-FIREWALL`'s `-d <LB IP> --dport <port> -j DROP` rule ("<svc> traffic not
 /// accepted by KUBE-FW-<HASH>"), and the `-s <range>` rules of that nat chain that send the
 /// allowed sources on (DNATed, so the drop no longer matches them).
+///
+/// IPVS mode (PR #110628, 1.25) keeps them in ipsets: the LB IP,proto:port in
+/// `KUBE-LOAD-BALANCER-FW`, its allowed sources in `KUBE-LOAD-BALANCER-SOURCE-CIDR` (and
+/// `-SOURCE-IP`); the filter chain `KUBE-SOURCE-RANGES-FIREWALL` drops the rest. The sets name
+/// no Service and no chain (`service` and `chain` stay empty).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FirewallEntry {
     pub addr: IpAddr,

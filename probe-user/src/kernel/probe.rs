@@ -131,11 +131,12 @@ impl AddressMaps {
     }
 }
 
-/// `DROP_DESTINATIONS`: non-local destinations whose drops of a local pod's packets the drop
-/// program reports (see `probe-ebpf/src/drops.rs`, `watched_destination`). The agent keeps in
-/// it the addresses of kube-proxy's no-endpoint drops (nftables `no-endpoint-services` drop
-/// elements, iptables `KUBE-EXTERNAL-SERVICES` drops) and loadBalancerSourceRanges firewall
-/// entries, from each new service table ([`Self::sync`]).
+/// `DROP_DESTINATIONS`: non-local destinations (or VIPs bound on kube-ipvs0) whose drops of a
+/// local pod's packets the drop program reports (see `probe-ebpf/src/drops.rs`,
+/// `watched_destination`). The agent keeps in it the addresses of kube-proxy's no-endpoint
+/// drops (nftables `no-endpoint-services` drop elements, iptables `KUBE-EXTERNAL-SERVICES`
+/// drops) and of its loadBalancerSourceRanges firewall entries (every mode), from each new
+/// service table ([`Self::sync`]).
 ///
 /// It also keeps `PROBE_PORTS`, the LB's node-probe ports whose refused or dropped probes the
 /// drop program reports ([`Self::sync_probe_ports`]).

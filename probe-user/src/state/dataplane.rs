@@ -11,7 +11,8 @@
 //!   (`KUBE-NODEPORTS` and the chains it jumps to, so externalTrafficPolicy is the one the
 //!   rules apply; its disagreement with the API's is evidence already, `Facts::etp_mismatch`),
 //!   IPVS mode's access filter and Local-NodePort ipsets, the `loadBalancerSourceRanges`
-//!   firewall (nftables' `firewall-ips`, iptables' `KUBE-PROXY-FIREWALL`). On a commit only
+//!   firewall (nftables' `firewall-ips`, iptables' `KUBE-PROXY-FIREWALL`, IPVS mode's
+//!   `KUBE-LOAD-BALANCER-FW` ipsets). On a commit only
 //!   the chains it names are read again; at 10,000 Services with 2,000 NodePorts that is a few thousand rules held
 //!   instead of 70,000.
 //! - [`programmed`]: per question, whether kube-proxy programmed one VIP:port (the
@@ -175,6 +176,8 @@ pub fn read_facts(touched: &Touched, mode: ServiceSource) -> anyhow::Result<Serv
             }
             if mode == ServiceSource::Ipvs {
                 table.access_filter = iptables::read_access_filter_now();
+                // Its loadBalancerSourceRanges firewall is in ipsets (issue #51).
+                table.firewall = super::ipset::read_firewall();
             } else {
                 // kube-proxy's loadBalancerSourceRanges firewall: only the rules say what
                 // it drops (issue #51).
@@ -186,6 +189,9 @@ pub fn read_facts(touched: &Touched, mode: ServiceSource) -> anyhow::Result<Serv
         _ => {
             let mut t = iptables::read_blocking_after(touched)?;
             t.services.clear();
+            if mode == ServiceSource::Ipvs {
+                t.firewall = super::ipset::read_firewall();
+            }
             t
         }
     };

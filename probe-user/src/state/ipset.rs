@@ -5,7 +5,8 @@
 //! `KUBE-LOAD-BALANCER-LOCAL` (hash:ip,port) its LB ingress IP:port; the nat rules that use
 //! them `RETURN` before `KUBE-MARK-MASQ`, so traffic to them (pod traffic to the LB IP
 //! included) leaves without masquerade, which is how a pod's call to its own LB loops (reference
-//! 002, Local vs Cluster). [`parse_save`] is pure; [`mark_local_nodeports`] runs `ipset save`.
+//! 002, Local vs Cluster). [`parse_save`] is pure; [`read_ipvs_sets`] runs `ipset save` (and
+//! also reads the source-range sets, `super::ipvs_firewall`).
 
 use std::{collections::BTreeMap, net::IpAddr, process::Command};
 
@@ -62,23 +63,40 @@ pub fn apply_local_nodeports(table: &mut ServiceTable, local: &[(u16, Proto)]) {
     }
 }
 
-/// Reads the ipsets of the calling thread's network namespace (`ipset save`) and marks the
-/// Local NodePorts of an IPVS-mode table. Blocking. Without `ipset` (or its module) the table
-/// stays as it is: the hairpin then names no policy, which is said at debug level.
-pub fn mark_local_nodeports(table: &mut ServiceTable) {
+/// `ipset save` of the calling thread's network namespace, parsed; None without `ipset` (or
+/// its module), said at debug level: the facts read from the sets are then left out.
+fn save() -> Option<BTreeMap<String, Vec<String>>> {
     match Command::new("ipset").arg("save").output() {
-        Ok(out) if out.status.success() => {
-            let sets = parse_save(&String::from_utf8_lossy(&out.stdout));
-            apply_local_nodeports(table, &local_nodeports(&sets));
+        Ok(out) if out.status.success() => Some(parse_save(&String::from_utf8_lossy(&out.stdout))),
+        Ok(out) => {
+            tracing::debug!(
+                stderr = %String::from_utf8_lossy(&out.stderr).trim(),
+                "ipset save failed; externalTrafficPolicy Local and source ranges not read from ipsets"
+            );
+            None
         }
-        Ok(out) => tracing::debug!(
-            stderr = %String::from_utf8_lossy(&out.stderr).trim(),
-            "ipset save failed; externalTrafficPolicy Local not read from ipsets"
-        ),
         Err(e) => {
-            tracing::debug!(error = %e, "cannot run ipset; externalTrafficPolicy Local not read")
+            tracing::debug!(error = %e, "cannot run ipset; externalTrafficPolicy Local and source ranges not read");
+            None
         }
     }
+}
+
+/// Reads the ipsets (one `ipset save`) into an IPVS-mode table: marks its Local NodePorts
+/// (without them the hairpin names no policy) and fills its `loadBalancerSourceRanges`
+/// firewall ([`super::ipvs_firewall`]). Blocking.
+pub fn read_ipvs_sets(table: &mut ServiceTable) {
+    if let Some(sets) = save() {
+        apply_local_nodeports(table, &local_nodeports(&sets));
+        table.firewall = super::ipvs_firewall::firewall_entries(&sets);
+    }
+}
+
+/// IPVS mode's `loadBalancerSourceRanges` firewall alone (the API path's facts). Blocking.
+pub fn read_firewall() -> Vec<probe_core::state::FirewallEntry> {
+    save()
+        .map(|sets| super::ipvs_firewall::firewall_entries(&sets))
+        .unwrap_or_default()
 }
 
 pub use probe_core::state::ipset::loop_back_set;

@@ -42,6 +42,7 @@ pub mod dataplane;
 pub mod ipset;
 pub mod iptables;
 pub mod ipvs;
+pub mod ipvs_firewall;
 pub mod netns;
 pub mod nft_firewall;
 pub mod nft_json;
@@ -132,13 +133,13 @@ pub fn read_services_after(touched: &changes::Touched) -> anyhow::Result<Service
             table.masquerade_rules = ipt.masquerade_rules;
             table.access_filter = ipt.access_filter;
             add_ipvs_nodeports(&mut table);
-            ipset::mark_local_nodeports(&mut table);
+            ipset::read_ipvs_sets(&mut table);
             Ok(table)
         }
         (Some(mut table), Err(e)) if !table.services.is_empty() => {
             tracing::debug!(error = %e, "iptables unreadable; IPVS only");
             add_ipvs_nodeports(&mut table);
-            ipset::mark_local_nodeports(&mut table);
+            ipset::read_ipvs_sets(&mut table);
             Ok(table)
         }
         (_, iptables) => match nftables::read_blocking() {

@@ -260,3 +260,79 @@ pub fn set_iptables_source_ranges(family: IpFamily, ranges: Option<&[&str]>) -> 
     }
     Ok(())
 }
+
+/// IPVS mode's set of firewalled LB IP:ports (kubernetes `pkg/proxy/ipvs/proxier.go`,
+/// `ipsetInfo`).
+pub const IPVS_FW_SET: &str = "KUBE-LOAD-BALANCER-FW";
+/// IPVS mode's set of allowed (LB IP:port, range).
+pub const IPVS_SOURCE_CIDR_SET: &str = "KUBE-LOAD-BALANCER-SOURCE-CIDR";
+/// IPVS mode's filter chain that drops what the source sets do not return.
+pub const IPVS_SOURCE_RANGES_CHAIN: &str = "KUBE-SOURCE-RANGES-FIREWALL";
+
+/// kube-proxy's IPVS-mode filter rules for the source-range sets (`ipsetWithIptablesChain`
+/// and `iptablesJumpChain` in `pkg/proxy/ipvs/proxier.go`; filter-table DROP since 1.25,
+/// kubernetes PR #110628). Declaring the chains flushes them (`--noflush` keeps the rest).
+fn ipvs_firewall_rules(on: bool) -> String {
+    let mut rules = format!(
+        "*filter\n:{IPT_PROXY_FIREWALL_CHAIN} - [0:0]\n:{IPVS_SOURCE_RANGES_CHAIN} - [0:0]\n"
+    );
+    if on {
+        rules += &format!(
+            "-A {IPT_PROXY_FIREWALL_CHAIN} -m comment --comment \"Kubernetes service load \
+             balancer ip + port for load balancer with sourceRange\" -m set --match-set \
+             {IPVS_FW_SET} dst,dst -j {IPVS_SOURCE_RANGES_CHAIN}\n\
+             -A {IPVS_SOURCE_RANGES_CHAIN} -m comment --comment \"Kubernetes service load \
+             balancer ip + port + source cidr for packet filter purpose\" -m set --match-set \
+             {IPVS_SOURCE_CIDR_SET} dst,dst,src -j RETURN\n\
+             -A {IPVS_SOURCE_RANGES_CHAIN} -j DROP\n"
+        );
+    }
+    rules + "COMMIT\n"
+}
+
+/// Gives `default/web` `loadBalancerSourceRanges: ranges` in kube-proxy's IPVS mode (IPv4):
+/// its LB IP:port in [`IPVS_FW_SET`], each range in [`IPVS_SOURCE_CIDR_SET`], and the filter
+/// chains (jumped from `INPUT` and `FORWARD`) that drop the rest; or none (`None`: the sets
+/// emptied, the chains flushed, the jumps removed). The LB IP stays bound on kube-ipvs0, so a
+/// pod's call from outside the ranges dies in `INPUT`, before IPVS.
+pub fn set_ipvs_source_ranges(ranges: Option<&[&str]>) -> Result<()> {
+    if kube_proxy::node_mode()? != KubeProxyMode::Ipvs {
+        bail!("the IPVS firewall is written for kube-proxy's IPVS mode");
+    }
+    let mut sets = format!(
+        "create {IPVS_FW_SET} hash:ip,port family inet hashsize 1024 maxelem 65536\n\
+         create {IPVS_SOURCE_CIDR_SET} hash:ip,port,net family inet hashsize 1024 maxelem 65536\n\
+         flush {IPVS_FW_SET}\nflush {IPVS_SOURCE_CIDR_SET}\n"
+    );
+    if let Some(ranges) = ranges {
+        sets += &format!("add {IPVS_FW_SET} {VIP},tcp:{SERVICE_PORT}\n");
+        for r in ranges {
+            sets += &format!("add {IPVS_SOURCE_CIDR_SET} {VIP},tcp:{SERVICE_PORT},{r}\n");
+        }
+    }
+    run_stdin(
+        &["ip", "netns", "exec", NS_NODE, "ipset", "-exist", "restore"],
+        &sets,
+    )
+    .context("kube-proxy's source-range ipsets")?;
+    restore_rules(
+        NS_NODE,
+        "iptables-restore",
+        &ipvs_firewall_rules(ranges.is_some()),
+    )
+    .context("KUBE-PROXY-FIREWALL and KUBE-SOURCE-RANGES-FIREWALL")?;
+    for chain in ["INPUT", "FORWARD"] {
+        let jump = [
+            chain,
+            "-m",
+            "comment",
+            "--comment",
+            "kube-proxy firewall rules",
+            "-j",
+            IPT_PROXY_FIREWALL_CHAIN,
+        ]
+        .map(str::to_string);
+        iptables_first(IpFamily::V4, "filter", &jump, ranges.is_some())?;
+    }
+    Ok(())
+}

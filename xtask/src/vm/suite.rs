@@ -48,7 +48,8 @@ pub const THREE_KINDS_TEST: &str = "ipvs_mode_failures_are_confirmed_and_twins_a
 ///   re-attached, nothing left after SIGTERM or SIGKILL, foreign filters kept) and the
 ///   iptables-mode older-kernel script;
 /// - on 6.12: the rest of `ipvs.rs` (the access filter, IPVS changes read without a timer,
-///   names, `--as nftables`, IPVS services left after a switch to nftables mode) and
+///   names, `--as nftables`, IPVS services left after a switch to nftables mode, issue #51's
+///   source-range shape in IPVS mode with its twin) and
 ///   `probe check`'s IPVS-mode prediction;
 /// - on 5.10 and 6.12, issue #51's two shapes that end in kube-proxy's own netfilter drop,
 ///   each confirmed with its silent twin: `source_ranges_drop` (source_ranges.rs, its own
@@ -101,6 +102,8 @@ pub const PLAN: &[(&str, &str, &[&str])] = &[
             "ipvs_mode_first_events_are_named_and_on_the_service",
             "ipvs_mode_as_nftables_prediction_matches_the_nftables_lab",
             "ipvs_services_left_after_the_switch_to_nftables_are_named",
+            "ipvs_mode_source_ranges_drop_is_confirmed_with_the_ipsets",
+            "ipvs_mode_source_ranges_with_the_pod_cidr_report_nothing",
         ],
     ),
     (

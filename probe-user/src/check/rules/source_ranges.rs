@@ -3,7 +3,9 @@
 //! short-circuit, so a pod's call from outside the ranges is dropped on the node: in iptables
 //! mode since 1.25 (kubernetes PR #110289: the `KUBE-FW-*` chain returns, and the filter
 //! table's `KUBE-PROXY-FIREWALL` drops), in nftables mode since 1.30 (PR #122614:
-//! `firewall-check` in prerouting, `firewall-ips`, `ip saddr != { ranges } drop`).
+//! `firewall-check` in prerouting, `firewall-ips`, `ip saddr != { ranges } drop`), IPVS mode
+//! since 1.25 (PR #110628: ipsets `KUBE-LOAD-BALANCER-FW` / `-SOURCE-CIDR`, the filter
+//! table's `KUBE-SOURCE-RANGES-FIREWALL` drops).
 //! kubernetes#109575 is still open; upstream's advice is to list the pod CIDR. An ingress with
 //! `ipMode: Proxy`, or an LB published as a hostname, gets no firewall rule: nothing is
 //! dropped on the node (those in-cluster calls go to the LB, whose own firewall decides).
@@ -108,7 +110,7 @@ fn uncovered_by_entry<'a>(e: &FirewallEntry, pods: &'a [Prefix]) -> Vec<&'a Pref
 
 /// Without the API's Services (or for an LB IP they do not list): kube-proxy's firewall as
 /// its rules hold it (`ServiceTable::firewall`: nftables' `firewall-ips`, iptables'
-/// `KUBE-PROXY-FIREWALL` and `KUBE-FW-*`), one risk per entry whose ranges leave out a pod
+/// `KUBE-PROXY-FIREWALL` and `KUBE-FW-*`, IPVS mode's `KUBE-LOAD-BALANCER-FW` ipsets), one risk per entry whose ranges leave out a pod
 /// range of this node, unless `reported` already names its subject.
 fn from_rules(inp: &Inputs, reported: &[Finding]) -> Vec<Finding> {
     let mut out = Vec::new();
@@ -136,6 +138,14 @@ fn from_rules(inp: &Inputs, reported: &[Finding]) -> Vec<Finding> {
                 "kube-proxy's iptables rules: filter chain KUBE-PROXY-FIREWALL drops {subject}; \
                  nat chain {} passes only {{ {} }} (kubernetes PR #110289)",
                 chain.unwrap_or("KUBE-FW-*"),
+                e.allowed_text()
+            ),
+            (Some(ServiceSource::Ipvs), _) => format!(
+                "kube-proxy's IPVS-mode ipsets: {} has {subject}, and filter chain \
+                 KUBE-SOURCE-RANGES-FIREWALL drops a source {} does not list for it \
+                 (passes only {{ {} }}; kubernetes PR #110628)",
+                crate::state::ipvs_firewall::fw_set(e.addr.is_ipv6()),
+                crate::state::ipvs_firewall::source_cidr_set(e.addr.is_ipv6()),
                 e.allowed_text()
             ),
             _ => format!(
@@ -266,6 +276,15 @@ mod tests {
             "{:?}",
             f[0].evidence
         );
+        // IPVS mode's entry (from its ipsets) names the sets.
+        inp.services.source = Some(ServiceSource::Ipvs);
+        let ev = &source_ranges(&inp)[0].evidence[0];
+        assert!(
+            ev.contains("KUBE-LOAD-BALANCER-FW has 203.0.113.10:443/tcp")
+                && ev.contains("passes only { 192.0.2.0/24 }"),
+            "{ev}"
+        );
+        inp.services.source = Some(ServiceSource::Iptables);
         inp.services.firewall[0] = entry(&["192.0.2.0/24", "10.244.0.0/16"]);
         assert!(source_ranges(&inp).is_empty());
         // The API's target for the same IP:port names it once.
