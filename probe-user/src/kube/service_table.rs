@@ -377,15 +377,15 @@ impl StoredService {
                     ip_mode: None,
                 })
                 .collect(),
-            cluster_ips: proxy.cluster_ips,
-            external_ips: proxy.external_ips,
+            cluster_ips: proxy.cluster_ips.into(),
+            external_ips: proxy.external_ips.into(),
             external_traffic_policy: proxy.external_policy_local.then(|| "Local".into()),
             health_check_node_port: (proxy.health_check_node_port != 0)
                 .then_some(proxy.health_check_node_port),
             loopback_annotations: Default::default(),
-            endpoints: Vec::new(),
+            endpoints: Box::default(),
             load_balancer_class: None,
-            load_balancer_source_ranges: Vec::new(),
+            load_balancer_source_ranges: Box::default(),
             annotations: Default::default(),
             resource_version: None,
         };
@@ -421,9 +421,9 @@ impl StoredService {
             })
             .unzip();
         let view = PrunedService {
-            cluster_ips: f.cluster_ips.clone(),
+            cluster_ips: f.cluster_ips.to_vec(),
             ports,
-            external_ips: f.external_ips.clone(),
+            external_ips: f.external_ips.to_vec(),
             lb_ips: f
                 .ingress
                 .iter()
