@@ -156,7 +156,9 @@ pub struct LbIngress {
 /// rule may miss a range that would cover a pod range, and says nothing wrong, only less).
 pub const MAX_SOURCE_RANGES: usize = 64;
 
-/// A Service and the settings its remedies depend on.
+/// A Service and the settings its remedies depend on. Its lists are boxed slices, not Vecs:
+/// the agent's store holds one per Service for the Service's life (no spare room, and 8 bytes
+/// less each; decisions.md "One store").
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServiceFacts {
     pub namespace: String,
@@ -165,10 +167,10 @@ pub struct ServiceFacts {
     pub uid: Option<String>,
     /// `ClusterIP`, `NodePort`, `LoadBalancer`, `ExternalName`.
     pub service_type: String,
-    pub cluster_ips: Vec<IpAddr>,
-    pub external_ips: Vec<IpAddr>,
-    pub ingress: Vec<LbIngress>,
-    pub ports: Vec<ServicePort>,
+    pub cluster_ips: Box<[IpAddr]>,
+    pub external_ips: Box<[IpAddr]>,
+    pub ingress: Box<[LbIngress]>,
+    pub ports: Box<[ServicePort]>,
     /// `Cluster` or `Local` (None when unset: Cluster).
     pub external_traffic_policy: Option<String>,
     pub health_check_node_port: Option<u16>,
@@ -176,14 +178,14 @@ pub struct ServiceFacts {
     /// index, like `annotations`).
     pub loopback_annotations: BTreeMap<String, String>,
     /// Ready endpoint addresses from the Service's EndpointSlices.
-    pub endpoints: Vec<IpAddr>,
+    pub endpoints: Box<[IpAddr]>,
     /// `spec.loadBalancerClass` (which controller runs the LB), when set.
     pub load_balancer_class: Option<String>,
     /// `spec.loadBalancerSourceRanges` as written (CIDRs), at most [`MAX_SOURCE_RANGES`]:
     /// kube-proxy drops an in-cluster call to the LB IP whose source is outside them
     /// (`probe check`'s `source_ranges`).
     #[doc(alias = "loadBalancerSourceRanges")]
-    pub load_balancer_source_ranges: Vec<String>,
+    pub load_balancer_source_ranges: Box<[String]>,
     /// The LB controllers' annotations ([`crate::fixes::provider::ANNOTATION_PREFIXES`]):
     /// the provider fixes read them and never offer one already set. No other annotation is
     /// kept (a tenant's own, kubectl's last-applied copy): nothing reads them, and each would
@@ -303,13 +305,6 @@ pub fn bounded(mut service: ServiceFacts) -> ServiceFacts {
     service.load_balancer_class.as_mut().map(field);
     service.external_traffic_policy.as_mut().map(field);
     field(&mut service.service_type);
-    // Held for the Service's life in the agent's index: no spare room (a Vec collected from
-    // a filter, or pushed to once, holds 4).
-    service.cluster_ips.shrink_to_fit();
-    service.external_ips.shrink_to_fit();
-    service.ingress.shrink_to_fit();
-    service.ports.shrink_to_fit();
-    service.endpoints.shrink_to_fit();
     service
 }
 
@@ -393,13 +388,14 @@ pub fn facts(
     Some(ServiceFacts {
         endpoints: endpoints
             .remove(&(namespace.clone(), name.clone()))
-            .unwrap_or_default(),
+            .unwrap_or_default()
+            .into(),
         uid: service.metadata.uid.clone(),
         namespace,
         name,
         service_type: spec.type_.unwrap_or_else(|| "ClusterIP".into()),
-        cluster_ips,
-        external_ips: ips(spec.external_ips),
+        cluster_ips: cluster_ips.into(),
+        external_ips: ips(spec.external_ips).into(),
         ingress,
         ports,
         external_traffic_policy: spec.external_traffic_policy,

@@ -339,7 +339,8 @@ fn proxy_and_hostname_lbs_are_named_as_never_short_circuited() {
         ip: None,
         hostname: Some("lb-1.example.net".into()),
         ip_mode: None,
-    }];
+    }]
+    .into();
     let proxy = web(false, Some("Proxy"), &[]);
     let svcs = [proxy, hostname, web(false, None, &[])];
     let p = predict(&with_api(ipvs(false, false), &svcs), &svcs);

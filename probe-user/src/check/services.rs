@@ -47,7 +47,7 @@ pub fn targets(services: &[ServiceFacts]) -> (Vec<LbTarget>, Vec<IpAddr>) {
                     // it handles; with ipMode Proxy it writes no rule for the IP at all.
                     kube_proxy_masquerades: !etp_local && ing.ip_mode.as_deref() != Some("Proxy"),
                     proxy_protocol: proxy_protocol.clone(),
-                    source_ranges: s.load_balancer_source_ranges.clone(),
+                    source_ranges: s.load_balancer_source_ranges.to_vec(),
                     source: format!("service {}", s.key()),
                 });
             }

@@ -304,9 +304,9 @@ fn api_services_become_facts() {
     let svc: k8s_openapi::api::core::v1::Service = serde_json::from_str(SERVICE_WEB).unwrap();
     let facts = ServiceFacts::from_service(&svc).unwrap();
     assert_eq!(facts.key(), "default/web");
-    assert_eq!(facts.cluster_ips, [ip("198.18.100.10")]);
+    assert_eq!(*facts.cluster_ips, [ip("198.18.100.10")]);
     assert_eq!(
-        facts.ingress,
+        *facts.ingress,
         [LbIngress {
             ip: Some(ip(VIP)),
             hostname: None,
@@ -500,7 +500,8 @@ fn a_shared_lb_ip_s_fixes_regard_every_service_on_it() {
             protocol: "TCP".into(),
             port: 8443,
             node_port: Some(30843),
-        }],
+        }]
+        .into(),
         annotations: pairs(&[("load-balancer.hetzner.cloud/location", "hel1")]),
         ..web(false, None)
     };

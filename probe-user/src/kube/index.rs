@@ -371,7 +371,7 @@ pub(crate) mod tests {
             web.loopback_annotations.keys().collect::<Vec<_>>(),
             ["service.cloud.tencent.com/prevent-loopback"]
         );
-        assert_eq!(web.endpoints, [ip("10.0.0.5")]);
+        assert_eq!(*web.endpoints, [ip("10.0.0.5")]);
         assert!(
             index
                 .service_by_frontend(ip("10.96.0.10"), 80, Proto::Tcp)

@@ -388,10 +388,10 @@ fn an_index_keeps_the_facts_it_was_built_from() {
         &mut store,
         Event::Slice(slice("web-1", "web", &[(&["10.244.1.7"], "n1", true)])),
     );
-    let held: Vec<IpAddr> = index.services().next().unwrap().endpoints.clone();
+    let held: Vec<IpAddr> = index.services().next().unwrap().endpoints.to_vec();
     assert_eq!(held, ["10.244.1.5".parse::<IpAddr>().unwrap()]);
     assert_eq!(
-        store.facts()[0].endpoints,
+        *store.facts()[0].endpoints,
         ["10.244.1.7".parse::<IpAddr>().unwrap()]
     );
 }

@@ -198,8 +198,9 @@ pub struct PrunedSlice {
     pub service: Box<str>,
     /// addressType IPv6 (else IPv4; FQDN slices are not read).
     pub ipv6: bool,
-    pub endpoints: Vec<PrunedEndpoint>,
-    pub ports: Vec<SlicePort>,
+    /// Boxed slices, not Vecs: held per slice for its life, and never grown in place.
+    pub endpoints: Box<[PrunedEndpoint]>,
+    pub ports: Box<[SlicePort]>,
     /// kube-proxy reads it (what [`PrunedSlice::from_api`] keeps); a slice it ignores is held
     /// only for the index's ready addresses ([`PrunedSlice::held_from_api`]).
     pub proxied: bool,
@@ -223,7 +224,7 @@ impl PrunedSlice {
             "IPv6" => true,
             _ => return None,
         };
-        let endpoints = slice
+        let endpoints: Box<[PrunedEndpoint]> = slice
             .endpoints
             .iter()
             .filter_map(|e| {
@@ -239,7 +240,7 @@ impl PrunedSlice {
                 })
             })
             .collect();
-        let ports = slice
+        let ports: Box<[SlicePort]> = slice
             .ports
             .iter()
             .flatten()
@@ -254,8 +255,8 @@ impl PrunedSlice {
         Some(PrunedSlice {
             service: format!("{namespace}/{service}").into(),
             ipv6,
-            endpoints: tight(endpoints),
-            ports: tight(ports),
+            endpoints,
+            ports,
             proxied: true,
         })
     }
@@ -272,13 +273,13 @@ impl PrunedSlice {
             return Some(PrunedSlice {
                 service: format!("{namespace}/{service}").into(),
                 ipv6: slice.address_type == "IPv6",
-                endpoints: tight(addresses(slice, false)),
-                ports: Vec::new(),
+                endpoints: addresses(slice, false).into_boxed_slice(),
+                ports: Box::default(),
                 proxied: false,
             });
         };
         if slice.endpoints.iter().any(|e| e.addresses.len() > 1) {
-            held.endpoints = tight(addresses(slice, true));
+            held.endpoints = addresses(slice, true).into_boxed_slice();
         }
         Some(held)
     }
@@ -376,15 +377,15 @@ impl StoredService {
                     ip_mode: None,
                 })
                 .collect(),
-            cluster_ips: proxy.cluster_ips,
-            external_ips: proxy.external_ips,
+            cluster_ips: proxy.cluster_ips.into(),
+            external_ips: proxy.external_ips.into(),
             external_traffic_policy: proxy.external_policy_local.then(|| "Local".into()),
             health_check_node_port: (proxy.health_check_node_port != 0)
                 .then_some(proxy.health_check_node_port),
             loopback_annotations: Default::default(),
-            endpoints: Vec::new(),
+            endpoints: Box::default(),
             load_balancer_class: None,
-            load_balancer_source_ranges: Vec::new(),
+            load_balancer_source_ranges: Box::default(),
             annotations: Default::default(),
             resource_version: None,
         };
@@ -420,9 +421,9 @@ impl StoredService {
             })
             .unzip();
         let view = PrunedService {
-            cluster_ips: f.cluster_ips.clone(),
+            cluster_ips: f.cluster_ips.to_vec(),
             ports,
-            external_ips: f.external_ips.clone(),
+            external_ips: f.external_ips.to_vec(),
             lb_ips: f
                 .ingress
                 .iter()
@@ -488,8 +489,11 @@ pub struct ApiServiceTable {
     /// rules`: the dataplane's table is read whole instead).
     plans: bool,
     services: HashMap<Arc<str>, StoredService>,
-    /// By slice key (`namespace/name` of the slice).
-    slices: HashMap<Arc<str>, PrunedSlice>,
+    /// By slice key (`namespace/name` of the slice). Boxed: a map's buckets hold their
+    /// values inline and run up to twice the slices' count, so an inline `PrunedSlice`
+    /// (72 bytes) made the buckets 5.8 M at 30,000 slices (heaptrack, decisions.md "One
+    /// store"); a pointer is 8.
+    slices: HashMap<Arc<str>, Box<PrunedSlice>>,
     /// Service key -> its slices' keys, in name order (kube-proxy merges them in that order);
     /// a sorted Vec: a Service has a few slices, and a B-tree's node is ~200 bytes.
     slices_of: HashMap<Arc<str>, Vec<Arc<str>>>,
@@ -632,7 +636,7 @@ impl ApiServiceTable {
             keys.insert(at, slice_key.clone());
             keys.shrink_to_fit();
         }
-        self.slices.insert(slice_key, slice);
+        self.slices.insert(slice_key, Box::new(slice));
         service
     }
 
@@ -724,7 +728,7 @@ impl ApiServiceTable {
             .get(key)
             .into_iter()
             .flatten()
-            .filter_map(|k| self.slices.get(k));
+            .filter_map(|k| self.slices.get(k).map(|s| &**s));
         let mut plans = program(&service, slices, &self.node);
         // Named by the facts' ports, which the table keeps.
         for p in &mut plans {

@@ -7,7 +7,7 @@ use std::{net::IpAddr, sync::Arc};
 
 use probe_core::service::ServiceFacts;
 
-use super::{ApiServiceTable, tight};
+use super::ApiServiceTable;
 
 impl ApiServiceTable {
     /// The Services' facts for the index, in (namespace, name) order (the order the index
@@ -25,7 +25,7 @@ impl ApiServiceTable {
 
     /// The ready addresses of Service `key`'s slices, sorted, once each (as `Index::build`
     /// reads them: every address of a ready endpoint, of any slice naming the Service).
-    fn ready_endpoints(&self, key: &str) -> Vec<IpAddr> {
+    fn ready_endpoints(&self, key: &str) -> Box<[IpAddr]> {
         let mut ips: Vec<IpAddr> = self
             .slices_of
             .get(key)
@@ -36,7 +36,7 @@ impl ApiServiceTable {
             .collect();
         ips.sort_unstable();
         ips.dedup();
-        tight(ips)
+        ips.into()
     }
 
     /// Service `key`'s facts with its endpoints as held now: changed in place when no index
@@ -44,7 +44,7 @@ impl ApiServiceTable {
     pub(super) fn refresh_facts(&mut self, key: &str) {
         let endpoints = self.ready_endpoints(key);
         if let Some(s) = self.services.get_mut(key)
-            && s.facts.endpoints != endpoints
+            && *s.facts.endpoints != *endpoints
         {
             Arc::make_mut(&mut s.facts).endpoints = endpoints;
         }
