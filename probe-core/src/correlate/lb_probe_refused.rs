@@ -24,7 +24,7 @@ use std::net::IpAddr;
 
 use probe_contract::{
     AggregateKey, LoopbackEvent, Outcome, Proto, Tag,
-    record::{Packet, tcp_flags},
+    record::{DropReason, Packet, tcp_flags},
     sock,
 };
 
@@ -142,14 +142,25 @@ enum ProbeDeath {
     Other,
 }
 
-fn death_of(reason: &str) -> ProbeDeath {
-    if reason.contains("NO_SOCKET") {
+/// From the drop's reason and site, with the classifiers every kind uses (a netfilter drop
+/// is named from its `nf_hook_slow` site on kernels without reasons).
+fn death_of(reason: &DropReason, location: Option<&str>) -> ProbeDeath {
+    if is_no_socket(reason) {
         ProbeDeath::NoListener
-    } else if reason == "NETFILTER_DROP" {
+    } else if is_netfilter_drop(reason, location) {
         ProbeDeath::Firewall
     } else {
         ProbeDeath::Other
     }
+}
+
+/// [`death_of`] a reported event's drop.
+fn death_of_event(e: &LoopbackEvent) -> ProbeDeath {
+    let reason = DropReason {
+        code: 0,
+        name: e.drop_reason.clone().unwrap_or_default(),
+    };
+    death_of(&reason, e.drop_location.as_deref())
 }
 
 impl Correlator {
@@ -197,7 +208,8 @@ impl Correlator {
                 )
             },
         );
-        let death = match death_of(&info.reason.name) {
+        let death_kind = death_of(&info.reason, info.location.as_deref());
+        let death = match death_kind {
             ProbeDeath::NoListener => "nothing listens there: the kernel answered with a RST",
             ProbeDeath::Firewall => "a firewall rule on this node dropped it",
             ProbeDeath::Other => "the kernel dropped it",
@@ -212,7 +224,7 @@ impl Correlator {
             node: packet.dst,
             port: packet.dport,
         };
-        let outcome = if death_of(&info.reason.name) == ProbeDeath::NoListener {
+        let outcome = if death_kind == ProbeDeath::NoListener {
             Outcome::Refused
         } else {
             Outcome::Dropped
@@ -277,7 +289,7 @@ pub(super) fn remedy(e: &LoopbackEvent) -> Vec<String> {
         "Cause: the LB's health probe from {src} to {at}/tcp, {what}, died on this node{named}: \
          the LB takes this node out of its backends and nothing else on the node says why."
     )];
-    match death_of(reason) {
+    match death_of_event(e) {
         ProbeDeath::NoListener if healthz => lines.extend([
             "Nothing listens on :10256. Run kube-proxy on this node with its healthz server on \
              (--healthz-bind-address / KubeProxyConfiguration healthzBindAddress, default \
@@ -318,7 +330,7 @@ pub(super) fn remedy(e: &LoopbackEvent) -> Vec<String> {
 /// Its cause in one sentence (the Event note's first words).
 pub(super) fn cause(event: &LoopbackEvent) -> String {
     let at = sock(event.dst, event.dst_port);
-    let how = match death_of(event.drop_reason.as_deref().unwrap_or("")) {
+    let how = match death_of_event(event) {
         ProbeDeath::NoListener => "refused (nothing listens)",
         ProbeDeath::Firewall => "dropped by a firewall rule",
         ProbeDeath::Other => "dropped",
