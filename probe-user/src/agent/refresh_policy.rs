@@ -99,6 +99,31 @@ impl Pacer {
     }
 }
 
+/// When the polled IPVS change test (a dump of every virtual service: IPVS's generic-netlink
+/// family has no notifications) may run again: at least [`READ_DUTY`] times its own last
+/// duration after the last one started, and at most [`MAX_GAP`] (issue #52: at 10,000 Services
+/// under the VM tier's emulation a dump each second was half a core with nothing changing).
+/// With the API's table on, the test is not run at all (the refresher's `polls_ipvs`). Pure.
+#[derive(Debug, Default)]
+pub struct DigestPacer {
+    last_start: Option<Instant>,
+    took: Duration,
+}
+
+impl DigestPacer {
+    /// Whether the test may run at `now` (the poll tick adds its own least gap).
+    pub fn due(&self, now: Instant) -> bool {
+        self.last_start
+            .is_none_or(|last| now >= last + (self.took * READ_DUTY).min(MAX_GAP))
+    }
+
+    /// The test started at `started` and took `took`.
+    pub fn ran(&mut self, started: Instant, took: Duration) {
+        self.last_start = Some(started);
+        self.took = took;
+    }
+}
+
 /// What the refresher saw.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Signal {

@@ -321,3 +321,22 @@ fn a_start_whose_table_has_services_does_not_wait_for_the_api() {
         }
     );
 }
+
+#[test]
+fn the_ipvs_change_test_is_paced_by_its_own_cost() {
+    let t0 = Instant::now();
+    let mut p = DigestPacer::default();
+    assert!(p.due(t0), "the first test runs at once");
+    // A 10 ms dump: due again after 200 ms (the poll tick's 1 s is the real floor).
+    p.ran(t0, Duration::from_millis(10));
+    assert!(!p.due(t0 + Duration::from_millis(199)));
+    assert!(p.due(t0 + Duration::from_millis(200)));
+    // A 500 ms dump (10,000 virtual services under emulation): 10 s apart, not every second.
+    p.ran(t0, Duration::from_millis(500));
+    assert!(!p.due(t0 + Duration::from_secs(9)));
+    assert!(p.due(t0 + Duration::from_secs(10)));
+    // A 5 s dump: never more than MAX_GAP apart, or a change would wait for minutes.
+    p.ran(t0, Duration::from_secs(5));
+    assert!(!p.due(t0 + MAX_GAP - Duration::from_millis(1)));
+    assert!(p.due(t0 + MAX_GAP));
+}

@@ -1,9 +1,12 @@
 //! The service-table refresher: reads the table on change, not on a timer.
 //!
 //! What wakes it ([`crate::state::changes`]): an nf_tables commit (iptables-nft, nft, kube-proxy
-//! in nftables mode); in IPVS mode a change of the virtual services' digest; with legacy tables
-//! loaded a change of their entry counts and sizes (both polled every [`POLL`], each one
-//! `getsockopt` or one netlink dump, no process); and `--services-every`, now a safety net for
+//! in nftables mode); in IPVS mode without the API's table a change of the virtual services'
+//! digest (polled at most every [`POLL`] and at least [`READ_DUTY`] times its own duration
+//! apart, [`DigestPacer`]; with the API's table not at all: the API says what is served, and a
+//! question about one VIP:port asks the kernel for that virtual service alone); with legacy
+//! tables loaded a change of their entry counts and sizes (polled every [`POLL`], each one
+//! `getsockopt`, no process); and `--services-every`, now a safety net for
 //! what no signal covers (IPVS destination-only and ipset-only edits, a same-size legacy
 //! rewrite, a lost subscription). Its default is long (600 s) because a full read of a large
 //! table is what costs: a whole dump of 100,000 rules is a second of CPU, so one read per 10
@@ -47,7 +50,7 @@ use tracing::{info, warn};
 pub use super::refresh_policy::{
     API_DUTY, API_EVERY, API_WAIT, MAX_GAP, MIN_GAP, READ_DUTY, RETRY, SETTLE,
 };
-use super::refresh_policy::{Action, RefreshPolicy, Seen, Signal};
+use super::refresh_policy::{Action, DigestPacer, RefreshPolicy, Seen, Signal};
 use crate::{
     kube::{index::Index, service_table::NodeView, watcher::SharedApiTable},
     state::{self, ServiceSource, ServiceTable, addrs::Owners, changes},
@@ -322,15 +325,17 @@ struct Polled {
     legacy: Option<u64>,
 }
 
-fn poll(ipvs: bool) -> Polled {
-    Polled {
-        ipvs: if ipvs {
-            state::ipvs::services_digest().ok().flatten()
-        } else {
-            None
-        },
+/// The change tests now; the IPVS one only with `ipvs` (else its last answer is kept), with
+/// how long it took, for [`DigestPacer`].
+fn poll(ipvs: bool, last: Polled) -> (Polled, Option<Duration>) {
+    let started = Instant::now();
+    let digest = ipvs.then(|| state::ipvs::services_digest().ok().flatten());
+    let took = digest.is_some().then(|| started.elapsed());
+    let polled = Polled {
+        ipvs: digest.unwrap_or(last.ipvs),
         legacy: changes::legacy_fingerprint(),
-    }
+    };
+    (polled, took)
 }
 
 /// The change-mode refresher's state: what it read and what it follows. When to do what is
@@ -345,6 +350,8 @@ struct OnChange {
     poll_tick: tokio::time::Interval,
     polled: Polled,
     ipvs_mode: bool,
+    /// Paces the IPVS change test without the API (with it the test is not run).
+    ipvs_pacer: DigestPacer,
     /// kube-proxy's mode, from the last whole dataplane read (the API cannot say it).
     mode: Option<ServiceSource>,
     /// The dataplane's part of the API's table (see the module docs).
@@ -363,6 +370,7 @@ async fn on_change(r: Refresher) {
         last: None,
         poll_tick,
         polled: Polled::default(),
+        ipvs_pacer: DigestPacer::default(),
         ipvs_mode: false,
         mode: None,
         facts: Arc::new(ServiceTable::default()),
@@ -459,12 +467,7 @@ impl OnChange {
             "service table read starts"
         );
         // The change tests' state before the read: a change during it is seen next poll.
-        let before = {
-            let ipvs = self.ipvs_mode;
-            tokio::task::spawn_blocking(move || poll(ipvs))
-                .await
-                .unwrap_or_default()
-        };
+        let before = self.poll(self.polls_ipvs()).await;
         let started = Instant::now();
         let facts_mode = self.mode.filter(|_| api_on);
         let read = match self.first.take() {
@@ -534,11 +537,8 @@ impl OnChange {
             .await;
         }
         self.ipvs_mode = table.source == Some(state::ServiceSource::Ipvs);
-        if self.ipvs_mode && self.polled.ipvs.is_none() {
-            self.polled.ipvs = tokio::task::spawn_blocking(|| poll(true))
-                .await
-                .unwrap_or_default()
-                .ipvs;
+        if self.polls_ipvs() && self.polled.ipvs.is_none() {
+            self.polled = self.poll(true).await;
         }
         if self.last.as_deref() != Some(&table) {
             let line = TableLine::of(&table);
@@ -552,6 +552,27 @@ impl OnChange {
         true
     }
 
+    /// Whether the IPVS change test runs: in IPVS mode without the API's table. With it the
+    /// virtual services are the API's Services, and a question about one is asked of the
+    /// kernel alone (`dataplane::programmed`): a dump of 10,000 every second was half the VM
+    /// tier's core with nothing changing (issue #52, BENCHMARKS 9d).
+    fn polls_ipvs(&self) -> bool {
+        self.ipvs_mode && !self.policy.api_on()
+    }
+
+    /// The change tests now (the IPVS one only with `ipvs`), its cost told to the pacer.
+    async fn poll(&mut self, ipvs: bool) -> Polled {
+        let last = self.polled;
+        let started = Instant::now();
+        let (now, took) = tokio::task::spawn_blocking(move || poll(ipvs, last))
+            .await
+            .unwrap_or((last, None));
+        if let Some(took) = took {
+            self.ipvs_pacer.ran(started, took);
+        }
+        now
+    }
+
     /// Waits until `until` or the next commit, API change or polled test, and tells the policy.
     async fn wait(&mut self, until: Instant) {
         let OnChange {
@@ -559,12 +580,10 @@ impl OnChange {
             commits,
             api,
             poll_tick,
-            polled,
-            ipvs_mode,
             ..
         } = self;
         let api_on = policy.api_on();
-        let signal = tokio::select! {
+        let woken = tokio::select! {
             changed = async {
                 match commits {
                     Some(feed) => feed.count.changed().await,
@@ -573,9 +592,9 @@ impl OnChange {
             } => {
                 if changed.is_err() {
                     *commits = None;
-                    None
+                    Woken::By(None)
                 } else {
-                    Some(Signal::Changed)
+                    Woken::By(Some(Signal::Changed))
                 }
             }
             // The API's table changed (true), or its lists' state (false).
@@ -593,25 +612,38 @@ impl OnChange {
                     // The watcher ended: the last table stays.
                     Err(_) => {
                         *api = None;
-                        None
+                        Woken::By(None)
                     }
-                    Ok(table_changed) => table_changed.then_some(Signal::ApiChanged),
+                    Ok(table_changed) => Woken::By(table_changed.then_some(Signal::ApiChanged)),
                 }
             }
-            _ = poll_tick.tick() => {
-                let ipvs = *ipvs_mode;
-                let now = tokio::task::spawn_blocking(move || poll(ipvs)).await.unwrap_or_default();
-                (now != *polled).then(|| {
-                    *polled = now;
+            _ = poll_tick.tick() => Woken::PollTick,
+            _ = tokio::time::sleep_until(tokio::time::Instant::from_std(until)) => Woken::By(Some(Signal::Woke)),
+        };
+        let signal = match woken {
+            Woken::By(signal) => signal,
+            // The polled tests run here, once the borrows the select took are over.
+            Woken::PollTick => {
+                let ipvs = self.polls_ipvs() && self.ipvs_pacer.due(Instant::now());
+                let now = self.poll(ipvs).await;
+                (now != self.polled).then(|| {
+                    self.polled = now;
                     Signal::Changed
                 })
             }
-            _ = tokio::time::sleep_until(tokio::time::Instant::from_std(until)) => Some(Signal::Woke),
         };
         if let Some(signal) = signal {
-            policy.step(signal, Instant::now());
+            self.policy.step(signal, Instant::now());
         }
     }
+}
+
+/// What ended [`OnChange::wait`]'s select.
+enum Woken {
+    /// A signal for the policy (None: a feed ended, nothing to tell).
+    By(Option<Signal>),
+    /// Time for the polled change tests.
+    PollTick,
 }
 
 /// Makes the table from the API and sends it when it differs from the last; false when the

@@ -175,6 +175,19 @@ pub fn capture() -> Result<Option<Capture>, IpvsError> {
 /// The virtual services alone (one dump, no per-service destination dumps), or None without
 /// IPVS.
 pub fn virtual_services() -> Result<Option<Vec<IpvsService>>, IpvsError> {
+    let Some((mut conn, family)) = open_family()? else {
+        return Ok(None);
+    };
+    Ok(Some(parse_services(&conn.request(
+        "IPVS service dump",
+        genl(IpvsMessage::get_services(), family),
+        true,
+    )?)?))
+}
+
+/// A socket and the IPVS family id, or None without IPVS (never loading the module: see the
+/// module docs).
+fn open_family() -> Result<Option<(Connection, u16)>, IpvsError> {
     if !std::path::Path::new(PROC_IP_VS).exists() {
         return Ok(None);
     }
@@ -184,14 +197,52 @@ pub fn virtual_services() -> Result<Option<Vec<IpvsService>>, IpvsError> {
         Err(e) if e.kernel_errno() == Some(libc::ENOENT) => return Ok(None),
         Err(e) => return Err(e.into()),
     };
-    let Some(family) = parse_family_id(&family_reply)? else {
-        return Ok(None);
+    Ok(parse_family_id(&family_reply)?.map(|family| (conn, family)))
+}
+
+/// What one keyed look-up found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Lookup {
+    /// This kernel (or namespace) has no IPVS.
+    NoIpvs,
+    /// No virtual service has that address, port and protocol.
+    Absent,
+    Found(IpvsService),
+}
+
+/// The virtual service `addr:port/proto`, asked for alone (`IPVS_CMD_GET_SERVICE` with its key,
+/// not a dump): the per-question read of issue #52, whose cost does not grow with the table.
+pub fn virtual_service(addr: IpAddr, port: u16, proto: Proto) -> Result<Lookup, IpvsError> {
+    let Some((mut conn, family)) = open_family()? else {
+        return Ok(Lookup::NoIpvs);
     };
-    Ok(Some(parse_services(&conn.request(
-        "IPVS service dump",
-        genl(IpvsMessage::get_services(), family),
-        true,
-    )?)?))
+    let key = IpvsService {
+        af: if addr.is_ipv6() {
+            wire::AF_INET6
+        } else {
+            wire::AF_INET
+        },
+        protocol: u16::from(proto.to_raw(addr.is_ipv6())),
+        addr: Some(addr),
+        port,
+        fwmark: 0,
+        scheduler: String::new(),
+    };
+    match conn.request(
+        "IPVS service lookup",
+        genl(IpvsMessage::get_service(&key), family),
+        false,
+    ) {
+        Ok(reply) => Ok(parse_services(&reply)?
+            .into_iter()
+            .next()
+            .map_or(Lookup::Absent, Lookup::Found)),
+        // ESRCH: no such service (ip_vs_genl_get_cmd); ENOENT on kernels that answer so.
+        Err(e) if matches!(e.kernel_errno(), Some(libc::ESRCH | libc::ENOENT)) => {
+            Ok(Lookup::Absent)
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// A digest of the virtual services alone ([`virtual_services`]), or None without IPVS: the

@@ -233,6 +233,31 @@ fn request_encoding() {
     );
 }
 
+#[test]
+fn one_service_is_asked_for_with_the_same_key_as_its_real_servers() {
+    let svc = IpvsService {
+        af: AF_INET6,
+        protocol: 17,
+        addr: Some(ip("2001:db8::10")),
+        port: 53,
+        fwmark: 0,
+        scheduler: String::new(),
+    };
+    let one = IpvsMessage::get_service(&svc);
+    let dests = IpvsMessage::get_dests(&svc);
+    assert_eq!(one.cmd, IPVS_CMD_GET_SERVICE);
+    assert_eq!(
+        one.attrs, dests.attrs,
+        "ip_vs_genl_parse_service reads one key"
+    );
+    let IpvsAttr::Service(key) = &one.attrs[0] else {
+        panic!("{one:?}")
+    };
+    assert_eq!(key[0], ServiceAttr::Af(AF_INET6));
+    assert_eq!(key[1], ServiceAttr::Protocol(17));
+    assert_eq!(key[3], ServiceAttr::Port(53));
+}
+
 fn vm_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     std::env::var_os("CLB_VM").is_some() && unsafe { libc::geteuid() } == 0
@@ -364,6 +389,32 @@ fn real_ipvs_in_a_namespace() {
             .request("test", family_request("CLB_NO_SUCH"), false)
             .unwrap_err();
         assert_eq!(refused.kernel_errno(), Some(libc::ENOENT), "{refused}");
+        // One service asked for by its key (issue #52's per-question read): found with its
+        // scheduler, v4 and v6; another port, or TCP for the UDP service, is absent (ESRCH).
+        let Lookup::Found(web) = virtual_service(ip("203.0.113.10"), 80, Proto::Tcp).unwrap()
+        else {
+            panic!("203.0.113.10:80/tcp is a virtual service here")
+        };
+        assert_eq!((web.port, web.scheduler.as_str()), (80, "rr"));
+        assert!(matches!(
+            virtual_service(ip("2001:db8::10"), 443, Proto::Tcp).unwrap(),
+            Lookup::Found(s) if s.scheduler == "wrr"
+        ));
+        assert!(matches!(
+            virtual_service(ip("198.18.100.53"), 53, Proto::Udp).unwrap(),
+            Lookup::Found(_)
+        ));
+        for (addr, port, proto) in [
+            ("203.0.113.10", 81, Proto::Tcp),
+            ("198.18.100.53", 53, Proto::Tcp),
+            ("2001:db8::10", 80, Proto::Tcp),
+        ] {
+            assert_eq!(
+                virtual_service(ip(addr), port, proto).unwrap(),
+                Lookup::Absent,
+                "{addr}:{port}/{proto:?}"
+            );
+        }
         // Empty table: flush, then dump again.
         sh(&["ipvsadm", "-C"]);
         let empty = capture().unwrap().expect("IPVS present");

@@ -144,25 +144,42 @@ impl IpvsMessage {
     /// What identifies a service in a `GET_DEST` request: AF + protocol + address + port, or
     /// AF + firewall mark.
     pub(super) fn get_dests(svc: &IpvsService) -> IpvsMessage {
-        let mut key = vec![ServiceAttr::Af(svc.af)];
-        match svc.addr {
-            Some(addr) => {
-                let mut raw = vec![0u8; 16];
-                match addr {
-                    IpAddr::V4(a) => raw[..4].copy_from_slice(&a.octets()),
-                    IpAddr::V6(a) => raw.copy_from_slice(&a.octets()),
-                }
-                key.push(ServiceAttr::Protocol(svc.protocol));
-                key.push(ServiceAttr::Addr(raw));
-                key.push(ServiceAttr::Port(svc.port));
-            }
-            None => key.push(ServiceAttr::Fwmark(svc.fwmark)),
-        }
         IpvsMessage {
             cmd: IPVS_CMD_GET_DEST,
-            attrs: vec![IpvsAttr::Service(key)],
+            attrs: vec![IpvsAttr::Service(service_key(svc))],
         }
     }
+
+    /// One virtual service by its key (a request, not a dump): the kernel answers with that
+    /// service alone, or `ESRCH` when there is none (`ip_vs_genl_get_cmd` in
+    /// net/netfilter/ipvs/ip_vs_ctl.c). The per-question read of issue #52: one service's
+    /// message instead of a dump of 10,000.
+    pub(super) fn get_service(svc: &IpvsService) -> IpvsMessage {
+        IpvsMessage {
+            cmd: IPVS_CMD_GET_SERVICE,
+            attrs: vec![IpvsAttr::Service(service_key(svc))],
+        }
+    }
+}
+
+/// The attributes that name one service in a request: AF + protocol + address + port, or AF
+/// + firewall mark (`ip_vs_genl_parse_service`'s key).
+fn service_key(svc: &IpvsService) -> Vec<ServiceAttr> {
+    let mut key = vec![ServiceAttr::Af(svc.af)];
+    match svc.addr {
+        Some(addr) => {
+            let mut raw = vec![0u8; 16];
+            match addr {
+                IpAddr::V4(a) => raw[..4].copy_from_slice(&a.octets()),
+                IpAddr::V6(a) => raw.copy_from_slice(&a.octets()),
+            }
+            key.push(ServiceAttr::Protocol(svc.protocol));
+            key.push(ServiceAttr::Addr(raw));
+            key.push(ServiceAttr::Port(svc.port));
+        }
+        None => key.push(ServiceAttr::Fwmark(svc.fwmark)),
+    }
+    key
 }
 
 impl GenlFamily for IpvsMessage {
