@@ -1,8 +1,8 @@
 //! `clb_kfree_skb` and its variants (tp_btf, raw tracepoint as fallback; with and without the
 //! drop reason): the kernel's drops of suspect packets, of packets to bound VIPs, of
 //! self-addressed local pod packets, of local pod packets and the node's own outgoing ones to
-//! a watched destination (`DROP_DESTINATIONS`) and of outside TCP packets to a node address on one of the LB's
-//! node-probe ports (`PROBE_PORTS`), read from the skb through BTF offsets.
+//! a watched destination (`DROP_DESTINATIONS`) and of outside TCP packets to a node address
+//! on one of the LB's node-probe ports (`PROBE_PORTS`), read from the skb through BTF offsets.
 
 use aya_ebpf::{
     EbpfContext,
@@ -151,8 +151,8 @@ fn self_addressed(skb: *const u8, off: &KernelOffsets) -> bool {
 /// packets into suspects on NIC ingress and stop the node's SYNs to it from being recorded on
 /// egress (they record only non-local destinations). This hash is read only here, on a drop
 /// (never per packet), and only for a local pod's packet that did not come in through a NIC
-/// (or the node's own outgoing packet) and whose destination both look-ups missed or found a bound VIP: a third look-up on that
-/// path alone.
+/// (or the node's own outgoing packet) and whose destination both look-ups missed or found a
+/// bound VIP: a third look-up on that path alone.
 #[inline(always)]
 fn watched_destination(pkt: &Packet) -> bool {
     let key = DropDestinationKey {
