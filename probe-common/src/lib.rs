@@ -459,6 +459,12 @@ pub struct KernelOffsets {
     /// `sk_buff.tail`: the end of the linear data, as an offset from `head` (64-bit kernels'
     /// `sk_buff_data_t`), so a drop's capture never reads past the packet.
     pub skb_tail: u32,
+    /// `sk_buff.sk`: the sending socket, whose namespace a packet has before it has a device
+    /// (this host's own packet dropped at the output hook; `skb->dev` is set in `ip_output`).
+    pub skb_sk: u32,
+    /// `sock.__sk_common.skc_net.net`: a socket's network namespace (request and timewait
+    /// sockets share `sock_common`, so the same offset holds for them).
+    pub sk_net: u32,
 }
 
 /// Tunables passed to the programs as globals at load time.
@@ -533,9 +539,9 @@ pin_layout!(PacketEvent, size 72, align 8, {
     ts_ns: 0, location: 8, saddr: 16, daddr: 32, ifindex: 48, reason: 52, netns: 56, sport: 60,
     dport: 62, kind: 64, src_tag: 65, dst_tag: 66, proto: 67, family: 68, tcp_flags: 69, _pad: 70,
 });
-pin_layout!(KernelOffsets, size 32, align 4, {
+pin_layout!(KernelOffsets, size 40, align 4, {
     skb_head: 0, skb_network_header: 4, skb_dev: 8, skb_iif: 12, dev_nd_net: 16,
-    net_ns_inum: 20, valid: 24, skb_tail: 28,
+    net_ns_inum: 20, valid: 24, skb_tail: 28, skb_sk: 32, sk_net: 36,
 });
 pin_layout!(CapturedPacketEvent, size 208, align 8, { event: 0, cap_len: 72, _pad: 74, data: 80 });
 pin_layout!(ProbeConfig, size 48, align 8, {

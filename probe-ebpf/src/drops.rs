@@ -1,8 +1,8 @@
 //! `clb_kfree_skb` and its variants (tp_btf, raw tracepoint as fallback; with and without the
 //! drop reason): the kernel's drops of suspect packets, of packets to bound VIPs, of
-//! self-addressed local pod packets, of local pod packets to a watched destination
-//! (`DROP_DESTINATIONS`) and of outside TCP packets to a node address on one of the LB's
-//! node-probe ports (`PROBE_PORTS`), read from the skb through BTF offsets.
+//! self-addressed local pod packets, of local pod packets and the node's own outgoing ones to
+//! a watched destination (`DROP_DESTINATIONS`) and of outside TCP packets to a node address
+//! on one of the LB's node-probe ports (`PROBE_PORTS`), read from the skb through BTF offsets.
 
 use aya_ebpf::{
     EbpfContext,
@@ -151,8 +151,8 @@ fn self_addressed(skb: *const u8, off: &KernelOffsets) -> bool {
 /// packets into suspects on NIC ingress and stop the node's SYNs to it from being recorded on
 /// egress (they record only non-local destinations). This hash is read only here, on a drop
 /// (never per packet), and only for a local pod's packet that did not come in through a NIC
-/// and whose destination both look-ups missed or found a bound VIP: a third look-up on that
-/// path alone.
+/// (or the node's own outgoing packet) and whose destination both look-ups missed or found a
+/// bound VIP: a third look-up on that path alone.
 #[inline(always)]
 fn watched_destination(pkt: &Packet) -> bool {
     let key = DropDestinationKey {
@@ -187,17 +187,31 @@ fn input_ifindex(skb: *const u8, off: &KernelOffsets, foreign: bool) -> u32 {
     read(skb, off.skb_iif).unwrap_or(0)
 }
 
-/// The inode of the network namespace of the skb's device (0 when it has none).
+/// The inode of a dropped skb's network namespace: its device's, or, before it has one, its
+/// socket's (0 when it has neither). This host's own packet dropped at the output hook has no
+/// device yet (`ip_output` sets `skb->dev`, after `NF_INET_LOCAL_OUT`), so only its socket
+/// says whose it is: the node's host-network caller, or a pod's process in the pod's
+/// namespace. Three reads through the device; through the socket, one more.
 #[inline(always)]
 fn skb_netns(skb: *const u8, off: &KernelOffsets) -> u32 {
-    if let Some(dev) = read::<*const u8>(skb, off.skb_dev)
-        && !dev.is_null()
-        && let Some(net) = read::<*const u8>(dev, off.dev_nd_net)
-        && !net.is_null()
-    {
-        return read(net, off.net_ns_inum).unwrap_or(0);
+    let net = match read::<*const u8>(skb, off.skb_dev) {
+        Some(dev) if !dev.is_null() => read::<*const u8>(dev, off.dev_nd_net),
+        _ => socket_net(skb, off),
+    };
+    match net {
+        Some(net) if !net.is_null() => read(net, off.net_ns_inum).unwrap_or(0),
+        _ => 0,
     }
-    0
+}
+
+/// `skb->sk->__sk_common.skc_net.net`, when the skb has a socket.
+#[inline(always)]
+fn socket_net(skb: *const u8, off: &KernelOffsets) -> Option<*const u8> {
+    let sk = read::<*const u8>(skb, off.skb_sk)?;
+    if sk.is_null() {
+        return None;
+    }
+    read(sk, off.sk_net)
 }
 
 /// Common body of the tp_btf and raw tracepoint programs: both get (skb, location, reason).
@@ -214,7 +228,7 @@ fn on_kfree_skb<C: EbpfContext>(ctx: &C, skb: *const u8, location: u64, reason: 
         return;
     }
     // Cheapest filter first: every namespace's drops (each pod's) hit this hook, and the
-    // namespace costs three reads where parsing and two lookups cost more.
+    // namespace costs three or four reads where parsing and two lookups cost more.
     let netns = skb_netns(skb, &off);
     // Another namespace's drop (a pod's) matters only when it is self-addressed: a pod's call
     // to its own Service, DNATed back to itself without the hairpin SNAT, dies in the pod's
@@ -253,15 +267,19 @@ fn on_kfree_skb<C: EbpfContext>(ctx: &C, skb: *const u8, location: u64, reason: 
     // A local pod's call dropped on its way to a watched destination (kube-proxy's nftables
     // `no-endpoint-services` drop, its source-range firewalls): reported with the pod as
     // source, whatever the interface. IPVS mode binds the LB IP on kube-ipvs0 (a VIP here),
-    // and its source-range firewall drops the call in INPUT.
-    let pod_to_watched = !src_relevant
-        && src_tag == tag::POD
+    // and its source-range firewall drops the call in INPUT. The node's own call (a
+    // host-network caller: a node source that came in on no interface) dies the same way at
+    // the output hook, before DNAT, in kube-proxy's nftables mode before kubernetes#132456
+    // (`filter-output` at priority -110; moved after DNAT in 1.34, #133969 in 1.33.6).
+    let local_caller = src_tag == tag::POD || (src_tag == tag::NODE && iif == 0);
+    let call_to_watched = !src_relevant
+        && local_caller
         && (dst_tag == tag::NONE || dst_tag == tag::VIP)
         && watched_destination(&pkt);
-    if !src_relevant && !pod_to_watched && !probe_refused && dst_tag != tag::VIP {
+    if !src_relevant && !call_to_watched && !probe_refused && dst_tag != tag::VIP {
         return;
     }
-    let src_tag = if src_relevant || pod_to_watched {
+    let src_tag = if src_relevant || call_to_watched {
         src_tag
     } else {
         tag::NONE

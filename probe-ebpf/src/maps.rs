@@ -35,6 +35,8 @@ pub(crate) static OFFSETS: Global<KernelOffsets> = Global::new(KernelOffsets {
     net_ns_inum: 0,
     valid: 0,
     skb_tail: 0,
+    skb_sk: 0,
+    sk_net: 0,
 });
 
 /// The node's own IPv4 host addresses (/32), tagged: one hash lookup answers most packets.

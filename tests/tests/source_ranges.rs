@@ -60,8 +60,8 @@ fn source_ranges_drop_of_a_pods_call_is_confirmed_with_the_ranges() {
     ] {
         assert!(remedy.contains(needle), "{needle}: {remedy}");
     }
-    // The node's own call dies the same way, in filter-output (not reported live: at the
-    // output hook the drop has no device yet, as for etp_local_drop).
+    // The node's own call dies the same way, in filter-output (confirmed from the node in
+    // etp_local_host_caller.rs).
     let node = lab.connect(lab::NS_NODE, None, to_lb()).unwrap();
     assert_eq!(node.outcome, Outcome::Timeout, "{node:?}");
     source_ranges::set_source_ranges(None).unwrap();

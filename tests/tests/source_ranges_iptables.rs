@@ -113,8 +113,8 @@ fn iptables_source_ranges_drop_of_a_pods_call_is_confirmed_with_the_rule() {
     ] {
         assert!(remedy.contains(needle), "{needle}: {remedy}");
     }
-    // The node's own call dies the same way, in OUTPUT (not reported live: at the output hook
-    // the drop has no device yet, as for etp_local_drop).
+    // The node's own call dies the same way, in OUTPUT (confirmed from the node in
+    // etp_local_host_caller.rs).
     let node = lab.connect(lab::NS_NODE, None, to_lb()).unwrap();
     assert_eq!(node.outcome, Outcome::Timeout, "{node:?}");
     source_ranges::set_iptables_source_ranges(IpFamily::V4, None).unwrap();

@@ -85,6 +85,7 @@ impl Correlator {
         let to = sock(packet.dst, packet.dport);
         let proto = packet.proto.as_str();
         let mut evidence = vec![drop_line(&info, &t), self.drop_rule_line(packet, &element)];
+        evidence.extend(self.host_caller_line(packet, &info));
         evidence.extend(self.detector_line(packet));
         // Where kube-proxy's rules list the Service's frontends.
         let frontends = if self.services.source == Some(ServiceSource::Iptables) {
@@ -176,6 +177,29 @@ impl Correlator {
                 .unwrap_or_default(),
             family = if packet.dst.is_ipv4() { "ip" } else { "ip6" },
         )
+    }
+
+    /// The node's own call (a host-network caller): a node source that came in on no
+    /// interface. None for any other caller.
+    fn host_caller_line(&self, packet: &Packet, info: &DropInfo) -> Option<String> {
+        if packet.src_tag != Some(Tag::Node) || info.iface.is_some() {
+            return None;
+        }
+        let src = packet.src;
+        let caller = format!(
+            "the caller is this node: {src} is a node address and the packet came in on no \
+             interface, so a host-network process (or host-network pod) on this node sent it"
+        );
+        if self.services.source == Some(ServiceSource::Iptables) {
+            return Some(format!("{caller}; it was dropped on its way out"));
+        }
+        // kube-proxy's nftables `filter-output` ran before DNAT until kubernetes#132456 (1.34;
+        // 1.33.6 by #133969), so the node's call met no-endpoint-services undiverted.
+        Some(format!(
+            "{caller}; it was dropped on its way out, at the output hook, where kube-proxy's \
+             filter-output checks no-endpoint-services before its nat-output DNAT (kube-proxy \
+             before kubernetes#132456: 1.29 to 1.33.5)"
+        ))
     }
 
     /// iptables mode, a pod's call, the nat rules read (not the API's table): whether

@@ -196,6 +196,63 @@ fn the_nodes_own_call_is_named_as_a_host_network_caller() {
     );
 }
 
+/// The drop program's report of the node's own call: no interface (it was dropped at the
+/// output hook, before it had a device), on 6.x with its reason, before 5.17 by its site.
+fn output_drop(ts: u64, p: &Packet, reason: &str) -> KernelEvent {
+    let mut ev = nf_drop(ts, p, reason);
+    if let KernelEvent::Drop { iface, .. } = &mut ev {
+        *iface = None;
+    }
+    ev
+}
+
+#[test]
+fn the_nodes_own_call_dropped_on_its_way_out_says_the_caller_is_the_node() {
+    for reason in ["NETFILTER_DROP", DropReason::UNREPORTED] {
+        let mut c = corr_with(nft_table(true));
+        let p = pkt(NODE, 40000, LB_IP, PORT, Some(Tag::Node), None);
+        let r = only_report(&c.ingest(output_drop(S, &p, reason)));
+        let e = &r.event;
+        assert_eq!(e.kind, LoopbackKind::EtpLocalDrop, "{reason}");
+        assert_eq!(e.src, ip(NODE));
+        assert_eq!(e.facts.source, probe_contract::facts::SourceKind::Node);
+        assert_eq!(e.nic, None);
+        let ev = e.evidence.join("\n");
+        assert!(
+            ev.contains(&format!(
+                "the caller is this node: {NODE} is a node address and the packet came in on \
+                 no interface"
+            )),
+            "{ev}"
+        );
+        assert!(ev.contains("before kubernetes#132456"), "{ev}");
+        assert!(ev.contains("no-endpoint-services has the element"), "{ev}");
+        invariants(&c);
+    }
+    // A pod's call names no host caller.
+    let mut c = corr_with(nft_table(true));
+    let r = only_report(&c.ingest(nf_drop(S, &call(40001), "NETFILTER_DROP")));
+    assert!(
+        !r.event
+            .evidence
+            .join("\n")
+            .contains("the caller is this node"),
+        "{:?}",
+        r.event.evidence
+    );
+}
+
+#[test]
+fn the_nodes_own_call_to_an_lb_ip_without_the_drop_element_is_not_confirmed() {
+    let mut c = corr_with(nft_table(false));
+    let p = pkt(NODE, 40000, LB_IP, PORT, Some(Tag::Node), None);
+    let out = c.ingest(output_drop(S, &p, "NETFILTER_DROP"));
+    assert!(
+        !out.iter().any(|o| matches!(o, Output::Report(_))),
+        "{out:?}"
+    );
+}
+
 /// The iptables-mode table read from the rules: the same LB IP:port with the
 /// `KUBE-EXTERNAL-SERVICES` drop, and with `detector` the external chain's pod short circuit.
 fn iptables_table(detector: Option<&str>) -> ServiceTable {

@@ -102,6 +102,11 @@ impl KernelBtf {
             net_ns_inum: off("net", &["ns", "inum"])?,
             valid: 1,
             skb_tail: off("sk_buff", &["tail"])?,
+            // A plain member after the list union on 5.10, 6.12 and 6.18 alike (read from
+            // their BTF); `skc_net` is `possible_net_t` there, one pointer, the same path as
+            // `nd_net` above.
+            skb_sk: off("sk_buff", &["sk"])?,
+            sk_net: off("sock", &["__sk_common", "skc_net", "net"])?,
         };
         Ok(Self {
             offsets,
@@ -258,6 +263,10 @@ mod tests {
             o.skb_head > o.skb_dev && o.skb_network_header > o.skb_dev,
             "{o:?}"
         );
+        // sk_buff.sk follows the list union, still in the first cache line; a socket's
+        // namespace pointer sits inside its sock_common (136 bytes on 64-bit kernels).
+        assert!(o.skb_sk > o.skb_dev && o.skb_sk < 64, "{o:?}");
+        assert!(o.sk_net > 0 && o.sk_net < 136, "{o:?}");
         assert!(k.drop_reasons.len() > 10);
         assert!(k.drop_reasons.code("NOT_SPECIFIED").is_some());
         assert!(k.drop_reasons.code("NO_SOCKET").is_some());

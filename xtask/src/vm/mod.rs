@@ -12,8 +12,8 @@
 //! their twins on 5.10 and 6.1 (one kernel per drop-reason class), with the hairpin shapes and
 //! the self-loop on 5.10; the clsact datapath tests and the iptables-mode older-kernel script
 //! on 6.1; the rest of `ipvs` and `probe check`'s IPVS prediction on 6.12; issue #51's
-//! source-range and detector-miss shapes, in their own nftables- and iptables-mode labs, on 5.10
-//! and 6.12. Two one-vCPU guests boot at once (`--lanes`, `--cpus`).
+//! source-range and detector-miss shapes, in their own nftables- and iptables-mode labs, and the
+//! node's own call's `etp_local_drop` (nftables mode), on 5.10 and 6.12. Two one-vCPU guests boot at once (`--lanes`, `--cpus`).
 //! `loopback.rs` stays on the host: in the VM it repeated what `ipvs.rs` asserts, at 400 s of
 //! emulated CPU. `--smoke` runs the short IPVS smoke scenario instead.
 //!

@@ -21,6 +21,7 @@ pub const TEST_FILES: &[&str] = &[
     "nftables",
     "source_ranges",
     "etp_local_iptables",
+    "etp_local_host_caller",
 ];
 
 /// The three kinds and their twins in the IPVS-mode lab, with that kernel's drop reasons or
@@ -55,7 +56,11 @@ pub const THREE_KINDS_TEST: &str = "ipvs_mode_failures_are_confirmed_and_twins_a
 ///   each confirmed with its silent twin: `source_ranges_drop` (source_ranges.rs, its own
 ///   nftables-mode lab; on 5.10 for the same 5.13-5.16 kernels as above) and the
 ///   local-traffic detector's miss (etp_local_iptables.rs, its own iptables-mode lab). 5.10
-///   names the drop from its `nf_hook_slow` site, 6.12 from its reason.
+///   names the drop from its `nf_hook_slow` site, 6.12 from its reason. And the node's own
+///   (host-network) call in `etp_local_drop`'s nftables-mode lab, confirmed with its twin
+///   (etp_local_host_caller.rs): its drop has no device at the output hook, so the drop
+///   program reads its namespace through `skb->sk`, whose BTF offsets these kernels give
+///   (measured: 119 s on 5.10, 128 s on 6.12, on a loaded machine).
 ///
 /// The two lanes balance: 5.10 is the slowest guest (its reader takes twice 6.1's time).
 ///
@@ -72,6 +77,7 @@ pub const PLAN: &[(&str, &str, &[&str])] = &[
     // Before the IPVS-mode tests too, for the same reason.
     ("5.10", "source_ranges", SOURCE_RANGES_SHAPE),
     ("5.10", "etp_local_iptables", DETECTOR_MISS_SHAPE),
+    ("5.10", "etp_local_host_caller", HOST_CALLER_SHAPE),
     (
         "5.10",
         "ipvs",
@@ -113,6 +119,7 @@ pub const PLAN: &[(&str, &str, &[&str])] = &[
     ),
     ("6.12", "source_ranges", SOURCE_RANGES_SHAPE),
     ("6.12", "etp_local_iptables", DETECTOR_MISS_SHAPE),
+    ("6.12", "etp_local_host_caller", HOST_CALLER_SHAPE),
 ];
 
 /// Issue #51's source-range shape: a pod outside `loadBalancerSourceRanges` confirmed, the
@@ -129,11 +136,19 @@ const DETECTOR_MISS_SHAPE: &[&str] = &[
     "iptables_detector_that_matches_the_pod_short_circuits_it_and_reports_nothing",
 ];
 
+/// Issue #51 shape 2's host-network caller: the node's own call dropped by nftables mode's
+/// `no-endpoint-services` confirmed, the twin with a local endpoint silent.
+const HOST_CALLER_SHAPE: &[&str] = &[
+    "nftables_no_endpoint_drop_of_the_nodes_own_call_is_confirmed_as_a_host_caller",
+    "nftables_nodes_own_call_with_a_local_endpoint_is_answered_and_reports_nothing",
+];
+
 /// The lab a test file brings up: most files take `CLB_LAB_MODE` (ipvs here); these start
 /// their own mode's lab, whatever it says.
 fn lab_of(file: &str) -> &'static str {
     match file {
-        "nftables" | "source_ranges" => "nftables-mode lab",
+        // etp_local_host_caller's iptables-mode tests stay on the host.
+        "nftables" | "source_ranges" | "etp_local_host_caller" => "nftables-mode lab",
         "etp_local_iptables" => "iptables-mode lab",
         _ => "IPVS-mode lab",
     }
@@ -267,6 +282,10 @@ mod tests {
                     "etp_local_iptables".into(),
                     "/t/etp_local_iptables-1".into(),
                 ),
+                (
+                    "etp_local_host_caller".into(),
+                    "/t/etp_local_host_caller-1".into(),
+                ),
             ],
             older_kernel: false,
         };
@@ -333,9 +352,18 @@ mod tests {
                 ),
                 "{name}"
             );
+            assert!(
+                s.contains(
+                    "part 'tests/etp_local_host_caller.rs (2 of its tests) (nftables-mode lab)' \
+                     '/t/etp_local_host_caller-1' --exact \
+                     nftables_no_endpoint_drop_of_the_nodes_own_call_is_confirmed_as_a_host_caller"
+                ),
+                "{name}"
+            );
         }
         let s = script_of("6.1");
         assert!(!s.contains("/t/source_ranges-1") && !s.contains("/t/etp_local_iptables-1"));
+        assert!(!s.contains("/t/etp_local_host_caller-1"));
     }
 
     /// The `#[test]` functions of tests/tests/<file>.rs.
@@ -391,13 +419,14 @@ mod tests {
     }
 
     /// Issue #51's done-when: the source-range and detector-miss shapes, each confirmed case
-    /// with its twin, run on 5.10 and 6.12.
+    /// with its twin, run on 5.10 and 6.12; so does the host-network caller's drop.
     #[test]
     fn issue_51_shapes_run_on_5_10_and_6_12() {
         for kernel in ["5.10", "6.12"] {
             for (file, shape) in [
                 ("source_ranges", SOURCE_RANGES_SHAPE),
                 ("etp_local_iptables", DETECTOR_MISS_SHAPE),
+                ("etp_local_host_caller", HOST_CALLER_SHAPE),
             ] {
                 let planned = PLAN
                     .iter()
