@@ -1,0 +1,38 @@
+//! `probe check --json` run in the lab node, read as the contract's report: the lab tests that
+//! ask what `probe check` names before (or after) a call read it through here.
+
+use std::process::Command;
+
+use probe_contract::check::{CheckReport, Kind};
+use test_support::lab;
+
+use crate::agent::probe_bin;
+
+/// `probe check --json --nic <the node's NIC>` in the lab node (no API access: what the node's
+/// rules, routes and sets hold). Its exit status says whether it found risks: only its JSON is
+/// read; not a report fails the test with its stdout and stderr.
+pub fn lab_node_report() -> CheckReport {
+    let o = Command::new("ip")
+        .args(["netns", "exec", lab::NS_NODE])
+        .arg(probe_bin())
+        .args(["check", "--json", "--nic", lab::NODE_NIC])
+        .output()
+        .expect("run probe check");
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not a check report ({e}): {}\nstderr: {}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    })
+}
+
+/// The subjects of the lab node's `probe check` findings of `kind`, in the report's order.
+pub fn lab_node_subjects(kind: Kind) -> Vec<String> {
+    lab_node_report()
+        .findings
+        .into_iter()
+        .filter(|f| f.kind == kind)
+        .map(|f| f.subject)
+        .collect()
+}
