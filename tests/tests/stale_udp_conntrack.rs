@@ -93,11 +93,7 @@ fn wait_for_entry(what: &str, want: &[&str]) {
 /// The first `stale_udp_conntrack` event the agent writes, naming the statsd Service and
 /// pod B's first endpoint as the stale one.
 fn stale_event_of_the_first_endpoint(agent: &Agent) -> LoopbackEvent {
-    let e = agent.wait_event("stale_udp_conntrack", WAIT, |es| {
-        es.iter()
-            .find(|e| e.kind == LoopbackKind::StaleUdpConntrack)
-            .cloned()
-    });
+    let e = agent.first_event_of(LoopbackKind::StaleUdpConntrack, WAIT);
     assert_eq!(
         (e.dst, e.dst_port),
         (IpAddr::V4(lab::POD_B_IP), stale_udp::OLD_ENDPOINT_PORT),
