@@ -14,9 +14,9 @@ use std::{
     time::Duration,
 };
 
-use probe_contract::{LoopbackKind, Outcome as Fate, check::Kind, facts::ProxyMode};
+use probe_contract::{LoopbackKind, check::Kind, facts::ProxyMode};
 use probe_tests::{
-    agent::{Agent, lines, require_root},
+    agent::{Agent, assert_pod_a_call_dropped_by_netfilter, lines, require_root},
     lab_check::lab_node_subjects,
 };
 use test_support::lab::{
@@ -63,12 +63,7 @@ fn iptables_source_ranges_drop_of_a_pods_call_is_confirmed_with_the_rule() {
     let pod = lab.connect(lab::NS_POD_A, None, to_lb()).unwrap();
     assert_eq!(pod.outcome, Outcome::Timeout, "{pod:?}");
     let e = agent.only_event(LoopbackKind::SourceRangesDrop, WAIT);
-    assert_eq!(e.src, IpAddr::V4(lab::POD_A_IP));
-    assert_eq!(e.vip, Some(IpAddr::V4(lab::VIP)));
-    assert_eq!(e.vip_port, Some(lab::SERVICE_PORT));
-    assert_eq!(e.outcome, Fate::Dropped);
-    assert_eq!(e.drop_reason.as_deref(), Some("NETFILTER_DROP"));
-    assert_eq!(e.service.as_deref(), Some("default/web"));
+    assert_pod_a_call_dropped_by_netfilter(&e, lab::SERVICE_PORT, "default/web");
     assert_eq!(e.facts.proxy_mode, Some(ProxyMode::Iptables));
     let ev = lines(&e.evidence);
     assert!(
