@@ -328,6 +328,14 @@ impl Agent {
         })
     }
 
+    /// The first confirmed event of `kind`, once there is one (events of other kinds may come
+    /// before it).
+    pub fn first_event_of(&self, kind: LoopbackKind, timeout: Duration) -> LoopbackEvent {
+        self.wait_event(kind.as_str(), timeout, |es| {
+            es.iter().find(|e| e.kind == kind).cloned()
+        })
+    }
+
     /// The first confirmed event, once there is one; every event so far must be of `kind`.
     pub fn only_event(&self, kind: LoopbackKind, timeout: Duration) -> LoopbackEvent {
         let events = self.wait_event(kind.as_str(), timeout, |es| {

@@ -12,6 +12,7 @@ pub mod cluster_objects;
 pub mod kernel_view;
 pub mod kube_fixture;
 pub mod kube_names;
+pub mod lab_check;
 pub mod otlp;
 pub mod readiness;
 pub mod trafgen;

@@ -5,46 +5,24 @@
 //!
 //! Root only (prints a skip line otherwise). One at a time: they share the lab.
 
-use std::process::Command;
-
-use probe_contract::check::{CheckReport, Kind, Severity};
-use probe_tests::agent::{lines, probe_bin, require_root};
-use test_support::lab::{self, KubeProxyMode, LabGuard, Variants, etp_local};
-
-/// `probe check --json` in the lab node (the node's pod routes give its pod range).
-fn report() -> CheckReport {
-    let o = Command::new("ip")
-        .args(["netns", "exec", lab::NS_NODE])
-        .arg(probe_bin())
-        .args(["check", "--json", "--nic", lab::NODE_NIC])
-        .output()
-        .expect("run probe check");
-    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
-        panic!(
-            "not the check report ({e}): {}\nstderr: {}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        )
-    })
-}
+use probe_contract::check::{Kind, Severity};
+use probe_tests::{
+    agent::{lines, require_root},
+    lab_check::lab_node_report,
+};
+use test_support::lab::{self, LabGuard, etp_local};
 
 #[test]
 fn a_detector_that_misses_the_pods_is_named_before_a_call_and_its_twin_is_not() {
     if !require_root("probe check: iptables detector miss") {
         return;
     }
-    let variants = Variants {
-        vip_bound: false,
-        ..Variants::default()
-    };
-    let lab = LabGuard::up_in(KubeProxyMode::Iptables, &variants, &Default::default())
-        .expect("lab up (iptables mode)");
-    lab.set_all(&variants).expect("the LB IP unbound");
+    let lab = LabGuard::up_iptables_lb_ip_unbound().expect("lab up (iptables mode, LB IP unbound)");
     let subject = format!("{}:{}/tcp", lab::VIP, lab::VIP_NFT_ETP_LOCAL_PORT);
     // kube-proxy's ClusterCIDR detector holding only the peer node's pool: pod-a's range missed.
     let detector = format!("-s {}", lab::PEER_POD_CIDR);
     etp_local::set_web_local(Some(&detector)).expect("default/web-local's rules");
-    let json = report();
+    let json = lab_node_report();
     let risks: Vec<_> = json
         .findings
         .iter()
@@ -68,7 +46,7 @@ fn a_detector_that_misses_the_pods_is_named_before_a_call_and_its_twin_is_not() 
 
     // The twin: the detector holds every pod of the node (the cluster CIDR).
     etp_local::set_web_local(Some(&format!("-s {}", lab::CLUSTER_CIDR))).unwrap();
-    let twin = report();
+    let twin = lab_node_report();
     assert!(
         twin.findings.iter().all(|f| f.kind != Kind::EtpLocalDrop),
         "{twin:#?}"

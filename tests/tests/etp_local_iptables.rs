@@ -13,7 +13,7 @@ use std::{net::SocketAddrV4, time::Duration};
 
 use probe_contract::{LoopbackKind, facts::ProxyMode};
 use probe_tests::agent::{Agent, assert_pod_a_call_dropped_by_netfilter, lines, require_root};
-use test_support::lab::{self, KubeProxyMode, LabGuard, Outcome, Variants, etp_local};
+use test_support::lab::{self, LabGuard, Outcome, etp_local};
 
 const SETTLE: Duration = Duration::from_secs(4);
 const WAIT: Duration = Duration::from_secs(10);
@@ -22,15 +22,7 @@ const WAIT: Duration = Duration::from_secs(10);
 /// circuit's match, None: kube-proxy without a detector), the agent on its node (reading
 /// the rules), and pod-a's call to the LB IP made.
 fn called(detector: Option<&str>) -> (LabGuard, Agent, lab::Attempt) {
-    // kube-proxy's iptables mode binds no LB IP on the node (the lab's `vip-bound` stands in
-    // for IPVS mode's kube-ipvs0 and for announcers): the call is forwarded.
-    let variants = Variants {
-        vip_bound: false,
-        ..Variants::default()
-    };
-    let lab = LabGuard::up_in(KubeProxyMode::Iptables, &variants, &Default::default())
-        .expect("lab up (iptables mode)");
-    lab.set_all(&variants).expect("the LB IP unbound");
+    let lab = LabGuard::up_iptables_lb_ip_unbound().expect("lab up (iptables mode, LB IP unbound)");
     etp_local::set_web_local(detector).expect("default/web-local's rules");
     let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
     let to = SocketAddrV4::new(lab::VIP, lab::VIP_NFT_ETP_LOCAL_PORT);

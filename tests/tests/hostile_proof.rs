@@ -176,11 +176,7 @@ fn an_unprivileged_connect_from_the_vip_resolves_no_healthcheck_blackhole() {
     let agent = api.start_agent(&["--resolve-after", "2"]);
     lab.traffic(Scenario::HealthcheckBlackhole)
         .expect("traffic");
-    let confirmed = agent.wait_event("healthcheck_blackhole", WAIT, |es| {
-        es.iter()
-            .find(|e| e.kind == LoopbackKind::HealthcheckBlackhole)
-            .cloned()
-    });
+    let confirmed = agent.first_event_of(LoopbackKind::HealthcheckBlackhole, WAIT);
     let node_addr = confirmed.dst.to_string();
     // Conntrack tells an entry's age to the second: the attack must look later than the loop.
     std::thread::sleep(Duration::from_secs(1));

@@ -12,11 +12,15 @@
 use std::{net::IpAddr, path::PathBuf, time::Duration};
 
 use probe_contract::{
-    Layer, LoopbackEvent, LoopbackKind, Outcome as Fate, Proto, SnatState, record::KernelEvent,
+    Layer, LoopbackEvent, LoopbackKind, Outcome as Fate, Proto, SnatState,
+    check::Kind as CheckKind, record::KernelEvent,
 };
-use probe_tests::agent::{
-    Agent, dropped_as_local_source, hex_bytes, lines, our_loaded_programs, our_tc_attachments,
-    probe_bin, require_root, sh, sh_in_node, wait_for,
+use probe_tests::{
+    agent::{
+        Agent, dropped_as_local_source, hex_bytes, lines, our_loaded_programs, our_tc_attachments,
+        probe_bin, require_root, sh, sh_in_node, wait_for,
+    },
+    lab_check::{lab_node_report, lab_node_subjects},
 };
 use serde_json::{Value, json};
 use test_support::lab::{self, KubeProxyMode, LabGuard, Outcome, Scenario, UpOptions, Variants};
@@ -675,23 +679,6 @@ fn ipvs_mode_as_nftables_prediction_matches_the_nftables_lab() {
     r.assert_the_move_to_nftables_as_predicted();
 }
 
-/// `probe check --json --nic <the node's NIC>` in the lab node, read as the contract's report.
-fn check_report() -> probe_contract::check::CheckReport {
-    let o = std::process::Command::new("ip")
-        .args(["netns", "exec", lab::NS_NODE])
-        .arg(probe_bin())
-        .args(["check", "--json", "--nic", lab::NODE_NIC])
-        .output()
-        .expect("run probe check");
-    let out = String::from_utf8_lossy(&o.stdout);
-    serde_json::from_str(&out).unwrap_or_else(|e| {
-        panic!(
-            "not a check report ({e}): {out}\n{}",
-            String::from_utf8_lossy(&o.stderr)
-        )
-    })
-}
-
 /// kube-proxy's `/proxyMode` (its metrics address, 127.0.0.1:10249) in the lab node,
 /// answering `mode`: kube-proxy saying which mode it runs. Stopped when dropped.
 struct ProxyModeAnswer(std::process::Child);
@@ -786,12 +773,12 @@ fn ipvs_services_left_after_the_switch_to_nftables_are_named() {
             .expect("ipvsadm");
         assert!(out.status.success(), "ipvsadm {args:?}: {out:?}");
     };
-    let clean = check_report();
+    let clean = lab_node_report();
     assert!(leftovers(&clean).is_empty(), "{clean:#?}");
     ipvsadm(&["-A", "-t", &format!("{}:80", lab::VIP), "-s", "rr"]);
     ipvsadm(&["-A", "-u", &format!("{}:53", lab::VIP), "-s", "rr"]);
     // kube-proxy silent: IPVS and its nftables table both hold services, neither guessed.
-    let unsaid = check_report();
+    let unsaid = lab_node_report();
     assert_eq!(
         leftovers(&unsaid),
         vec![(Severity::Warn, "ipvs, table ip kube-proxy".to_string())],
@@ -805,7 +792,7 @@ fn ipvs_services_left_after_the_switch_to_nftables_are_named() {
     );
     // kube-proxy says nftables: the IPVS services are the leftover.
     let answer = ProxyModeAnswer::start("nftables");
-    let left = check_report();
+    let left = lab_node_report();
     say!(
         "ipvs-vm: after the switch, IPVS left: {:?}",
         leftovers(&left)
@@ -826,30 +813,10 @@ fn ipvs_services_left_after_the_switch_to_nftables_are_named() {
         "{finding:#?}"
     );
     ipvsadm(&["-C"]);
-    let after = check_report();
+    let after = lab_node_report();
     assert!(leftovers(&after).is_empty(), "{after:#?}");
     drop(answer);
     drop(lab);
-}
-
-/// The subjects of `probe check --json`'s `source_ranges_drop` findings on the lab node (no
-/// API access: kube-proxy's firewall as its ipsets hold it).
-fn source_ranges_check_subjects() -> Vec<String> {
-    // Its exit status says whether it found risks: only its JSON is read.
-    let o = std::process::Command::new("ip")
-        .args(["netns", "exec", lab::NS_NODE])
-        .arg(probe_bin())
-        .args(["check", "--json", "--nic", lab::NODE_NIC])
-        .output()
-        .expect("run probe check");
-    let report: probe_contract::check::CheckReport = serde_json::from_slice(&o.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&o.stdout)));
-    report
-        .findings
-        .into_iter()
-        .filter(|f| f.kind == probe_contract::check::Kind::SourceRangesDrop)
-        .map(|f| f.subject)
-        .collect()
 }
 
 /// Issue #51 shape 1 in IPVS mode: `default/web`'s LB IP:80 in `KUBE-LOAD-BALANCER-FW`, its
@@ -866,7 +833,10 @@ fn ipvs_mode_source_ranges_drop_is_confirmed_with_the_ipsets() {
     let lab = ipvs_lab(&Variants::default());
     source_ranges::set_ipvs_source_ranges(Some(&["192.0.2.0/24", "198.51.100.0/24"]))
         .expect("default/web's IPVS-mode firewall");
-    assert_eq!(source_ranges_check_subjects(), ["203.0.113.10:80/tcp"]);
+    assert_eq!(
+        lab_node_subjects(CheckKind::SourceRangesDrop),
+        ["203.0.113.10:80/tcp"]
+    );
     let agent = ipvs_agent();
     let to_lb = std::net::SocketAddrV4::new(lab::VIP, lab::SERVICE_PORT);
     let pod = lab.connect(lab::NS_POD_A, None, to_lb).unwrap();
@@ -909,7 +879,7 @@ fn ipvs_mode_source_ranges_with_the_pod_cidr_report_nothing() {
     let lab = ipvs_lab(&Variants::default());
     source_ranges::set_ipvs_source_ranges(Some(&["192.0.2.0/24", lab::POD_CIDR]))
         .expect("default/web's IPVS-mode firewall");
-    assert!(source_ranges_check_subjects().is_empty());
+    assert!(lab_node_subjects(CheckKind::SourceRangesDrop).is_empty());
     let agent = ipvs_agent();
     let to_lb = std::net::SocketAddrV4::new(lab::VIP, lab::SERVICE_PORT);
     let pod = lab.connect(lab::NS_POD_A, None, to_lb).unwrap();

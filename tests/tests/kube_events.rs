@@ -79,11 +79,9 @@ fn a_confirmed_failure_is_one_event_whose_series_grows() {
     s.lab
         .traffic(Scenario::HealthcheckBlackhole)
         .expect("traffic");
-    let first = s.agent.wait_event("healthcheck_blackhole", WAIT, |es| {
-        es.iter()
-            .find(|e| e.kind == LoopbackKind::HealthcheckBlackhole)
-            .cloned()
-    });
+    let first = s
+        .agent
+        .first_event_of(LoopbackKind::HealthcheckBlackhole, WAIT);
     // Repeats, spread beyond the (shortened) per-aggregate window.
     std::thread::sleep(Duration::from_millis(1500));
     s.lab
@@ -176,17 +174,10 @@ fn denied_events_are_counted_once_logged_and_the_agent_keeps_confirming() {
     s.lab
         .traffic(Scenario::HealthcheckBlackhole)
         .expect("traffic");
-    s.agent.wait_event("healthcheck_blackhole", WAIT, |es| {
-        es.iter()
-            .find(|e| e.kind == LoopbackKind::HealthcheckBlackhole)
-            .cloned()
-    });
+    s.agent
+        .first_event_of(LoopbackKind::HealthcheckBlackhole, WAIT);
     s.lab.traffic(Scenario::VipPortUnserved).expect("traffic");
-    s.agent.wait_event("vip_port_unserved", WAIT, |es| {
-        es.iter()
-            .find(|e| e.kind == LoopbackKind::VipPortUnserved)
-            .cloned()
-    });
+    s.agent.first_event_of(LoopbackKind::VipPortUnserved, WAIT);
     let failed = wait_for("failed writes counted", WAIT, || {
         metric(
             lab::NS_NODE,
@@ -212,11 +203,8 @@ fn kube_events_off_writes_nothing() {
     s.lab
         .traffic(Scenario::HealthcheckBlackhole)
         .expect("traffic");
-    s.agent.wait_event("healthcheck_blackhole", WAIT, |es| {
-        es.iter()
-            .find(|e| e.kind == LoopbackKind::HealthcheckBlackhole)
-            .cloned()
-    });
+    s.agent
+        .first_event_of(LoopbackKind::HealthcheckBlackhole, WAIT);
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(writes(&s.api), (0, 0));
     assert!(clb_events(&s.api).is_empty());
@@ -228,9 +216,7 @@ fn a_hairpin_event_regards_the_service_and_relates_the_client_pod() {
         return;
     };
     s.lab.traffic(Scenario::Hairpin).expect("traffic");
-    let confirmed = s.agent.wait_event("hairpin", WAIT, |es| {
-        es.iter().find(|e| e.kind == LoopbackKind::Hairpin).cloned()
-    });
+    let confirmed = s.agent.first_event_of(LoopbackKind::Hairpin, WAIT);
     let event = wait_for("the hairpin's Event", WAIT, || {
         clb_events(&s.api)
             .into_iter()
@@ -364,9 +350,7 @@ fn a_fixed_loop_is_resolved_with_proof_and_its_recurrence_is_a_regression() {
         })
     };
     s.lab.traffic(Scenario::Hairpin).expect("traffic");
-    s.agent.wait_event("hairpin", WAIT, |es| {
-        es.iter().find(|e| e.kind == LoopbackKind::Hairpin).cloned()
-    });
+    s.agent.first_event_of(LoopbackKind::Hairpin, WAIT);
     let warning = wait_for("the hairpin's Warning", WAIT, || {
         clb_events(&s.api)
             .into_iter()

@@ -8,7 +8,7 @@ use clb_probe_client::plugin::{Row, fix::Plan};
 use probe_tests::{
     agent::{assert_contains, assert_lacks, text},
     cluster_objects::{
-        active, clb_event, fix_ids, lb_service, node_a_hairpin_event, node_b_blackhole_event,
+        self, active, clb_event, fix_ids, lb_service, node_a_hairpin_event, node_b_blackhole_event,
     },
     kube_fixture::{KubeFixture, node_object, plugin_bin},
 };
@@ -439,23 +439,14 @@ fn rfc3339_ago(secs: u64) -> String {
     text(&out.stdout).trim().to_string()
 }
 
-/// A LoopbackReport as the agent's writer stores it (clb-probe.io/v1alpha1, status by apply).
+/// A LoopbackReport as the agent's writer stores it (clb-probe.io/v1alpha1, status by apply),
+/// updated `updated_secs_ago`, its agent unable to resolve drop sites.
 fn node_report(node: &str, updated_secs_ago: u64, loops: Value, risks: Value) -> Value {
-    let count = |v: &Value| v.as_array().map_or(0, Vec::len);
-    json!({
-        "apiVersion": "clb-probe.io/v1alpha1", "kind": "LoopbackReport",
-        "metadata": {"name": node, "ownerReferences": [
-            {"apiVersion": "v1", "kind": "Node", "name": node, "uid": "u"}]},
-        "status": {
-            "node": node, "agentVersion": "0.1.0", "kernel": "6.12.48+deb13-amd64",
-            "kubeProxyMode": "ipvs",
-            "capabilities": [{"name": "drop_sites", "available": false,
-                              "cannotConfirm": "drop sites cannot be resolved"}],
-            "riskCount": count(&risks), "activeLoopCount": count(&loops),
-            "risks": risks, "activeLoops": loops, "resolvedLoops": [],
-            "lastUpdate": rfc3339_ago(updated_secs_ago),
-        },
-    })
+    let mut report = cluster_objects::node_report(node, loops, risks);
+    report["status"]["capabilities"] = json!([{"name": "drop_sites", "available": false,
+                                               "cannotConfirm": "drop sites cannot be resolved"}]);
+    report["status"]["lastUpdate"] = json!(rfc3339_ago(updated_secs_ago));
+    report
 }
 
 fn three_nodes_two_reports(tag: &str) -> KubeFixture {

@@ -17,7 +17,10 @@ use std::{
 };
 
 use probe_contract::{LoopbackKind, Outcome as Fate};
-use probe_tests::agent::{Agent, lines, wait_for};
+use probe_tests::{
+    agent::{Agent, lines, wait_for},
+    lab_check::lab_node_check,
+};
 use test_support::lab::{
     self, LabGuard, Outcome, Variants,
     lb_probe::{GCE_PROBE_IP, HEALTHZ_PORT, add_probe_source, block_probe, remove_probe_source},
@@ -215,30 +218,6 @@ fn a_refused_ipv6_probe_from_azures_link_local_source_is_confirmed() {
     drop(lab);
 }
 
-/// `probe check --json` in the node's namespace with the fake API.
-fn check(kubeconfig: &str) -> probe_contract::check::CheckReport {
-    let o = std::process::Command::new("ip")
-        .args(["netns", "exec", lab::NS_NODE])
-        .arg(probe_tests::agent::probe_bin())
-        .args([
-            "check",
-            "--json",
-            "--nic",
-            lab::NODE_NIC,
-            "--kubeconfig",
-            kubeconfig,
-        ])
-        .output()
-        .expect("run probe check");
-    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
-        panic!(
-            "not the contract's check report ({e}): {}\nstderr: {}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        )
-    })
-}
-
 /// Before any probe: `probe check` names the healthCheckNodePort nothing serves as the risk
 /// of the same kind; with a listener on it (kube-proxy's), no such risk.
 #[test]
@@ -254,7 +233,7 @@ fn check_names_an_unserved_health_check_node_port_and_its_twin_is_not() {
         .object(etp_local_service())
         .start();
     let subject = format!("tcp/{HC_PORT}");
-    let report = check(api.kubeconfig());
+    let report = lab_node_check(&["--kubeconfig", api.kubeconfig()]).1;
     let named: Vec<_> = report
         .findings
         .iter()
@@ -271,7 +250,7 @@ fn check_names_an_unserved_health_check_node_port_and_its_twin_is_not() {
         Ok(TcpListener::bind(("0.0.0.0", HC_PORT))?)
     })
     .unwrap();
-    let report = check(api.kubeconfig());
+    let report = lab_node_check(&["--kubeconfig", api.kubeconfig()]).1;
     assert!(
         !report
             .findings

@@ -131,9 +131,7 @@ fn the_agent_writes_its_node_report_and_the_plugin_tables_the_cluster() {
     // Then the hairpin. Its scenario unbinds the LB IP (the pod's call must leave the node):
     // the risks go with it, at the check's next change-driven pass, not a minute later.
     lab.traffic(Scenario::Hairpin).expect("traffic");
-    agent.wait_event("hairpin", WAIT, |es| {
-        es.iter().find(|e| e.kind == LoopbackKind::Hairpin).cloned()
-    });
+    agent.first_event_of(LoopbackKind::Hairpin, WAIT);
     let st = wait_for(
         "the report with the loop and without the risks",
         WAIT,
@@ -297,9 +295,7 @@ fn two_agents_on_two_nodes_each_write_their_own_report() {
         ],
     );
     lab.traffic(Scenario::Hairpin).expect("traffic");
-    on_node.wait_event("hairpin", WAIT, |es| {
-        es.iter().find(|e| e.kind == LoopbackKind::Hairpin).cloned()
-    });
+    on_node.first_event_of(LoopbackKind::Hairpin, WAIT);
     let reports = wait_for("both reports, the node's with its loop", WAIT, || {
         let all = api.objects("loopbackreports");
         let of = |n: &str| all.iter().find(|o| o["metadata"]["name"] == n).cloned();

@@ -13,9 +13,12 @@ use std::{net::IpAddr, process::Command, time::Duration};
 
 use probe_contract::{
     LoopbackKind,
-    check::{CheckReport, Kind, Severity},
+    check::{Kind, Severity},
 };
-use probe_tests::agent::{lines, probe_bin, require_root, wait_for};
+use probe_tests::{
+    agent::{lines, require_root, wait_for},
+    lab_check::lab_node_check,
+};
 use serde_json::{Value, json};
 use test_support::{
     kubeapi::fixtures,
@@ -81,30 +84,6 @@ fn conntrack_of(client: std::net::SocketAddrV4) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
-fn check(kubeconfig: &str) -> (i32, CheckReport) {
-    let o = Command::new("ip")
-        .args(["netns", "exec", lab::NS_NODE])
-        .arg(probe_bin())
-        .args([
-            "check",
-            "--json",
-            "--nic",
-            lab::NODE_NIC,
-            "--kubeconfig",
-            kubeconfig,
-        ])
-        .output()
-        .expect("run probe check");
-    let report = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
-        panic!(
-            "not the contract's check report ({e}): {}\nstderr: {}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        )
-    });
-    (o.status.code().expect("exit code"), report)
-}
-
 #[test]
 fn a_proxy_protocol_lb_short_circuited_resets_and_check_names_it_first() {
     use probe_tests::kube_fixture::KubeFixture;
@@ -124,7 +103,7 @@ fn a_proxy_protocol_lb_short_circuited_resets_and_check_names_it_first() {
 
     // Before any call: the risk, named per Service and port, with its remedy.
     let subject = format!("{}:{}/tcp", lab::VIP, proxy_protocol::PROXY_PROTOCOL_PORT);
-    let (code, report) = check(api.kubeconfig());
+    let (code, report) = lab_node_check(&["--kubeconfig", api.kubeconfig()]);
     assert_eq!(code, 1, "{report:#?}");
     let named: Vec<_> = report
         .findings
@@ -167,11 +146,7 @@ fn a_proxy_protocol_lb_short_circuited_resets_and_check_names_it_first() {
         "{entry}"
     );
     // The agent confirms it, named and remedied.
-    let e = agent.wait_event("proxy_protocol_short_circuit", WAIT, |es| {
-        es.iter()
-            .find(|e| e.kind == LoopbackKind::ProxyProtocolShortCircuit)
-            .cloned()
-    });
+    let e = agent.first_event_of(LoopbackKind::ProxyProtocolShortCircuit, WAIT);
     assert_eq!(e.outcome, probe_contract::Outcome::Reset, "{e:#?}");
     assert_eq!(
         (e.src, e.dst, e.dst_port),
@@ -276,7 +251,7 @@ fn a_proxy_protocol_lb_short_circuited_resets_and_check_names_it_first() {
 
     // The twin Service: the same node and rules, no PROXY protocol on the LB: not named.
     api.apply(ingress_service(false));
-    let (_, report) = check(api.kubeconfig());
+    let (_, report) = lab_node_check(&["--kubeconfig", api.kubeconfig()]);
     assert!(
         !report
             .findings

@@ -14,10 +14,13 @@ use std::{
     time::Duration,
 };
 
-use probe_contract::{LoopbackKind, Outcome as Fate, facts::ProxyMode};
-use probe_tests::agent::{Agent, lines, require_root};
+use probe_contract::{LoopbackKind, check::Kind, facts::ProxyMode};
+use probe_tests::{
+    agent::{Agent, assert_pod_a_call_dropped_by_netfilter, lines, require_root},
+    lab_check::lab_node_subjects,
+};
 use test_support::lab::{
-    self, KubeProxyMode, LabGuard, Outcome, Variants,
+    self, LabGuard, Outcome,
     source_ranges::{self, IpFamily},
     v6,
 };
@@ -31,13 +34,7 @@ const OUTSIDE: &[&str] = &["192.0.2.0/24", "198.51.100.0/24"];
 /// IPv6: the dual-stack layer added), its LB IP not bound (kube-proxy's iptables mode binds
 /// none), and the agent on its node reading the rules.
 fn lab_with(family: IpFamily, ranges: &[&str]) -> (LabGuard, Agent) {
-    let variants = Variants {
-        vip_bound: false,
-        ..Variants::default()
-    };
-    let lab = LabGuard::up_in(KubeProxyMode::Iptables, &variants, &Default::default())
-        .expect("lab up (iptables mode)");
-    lab.set_all(&variants).expect("the LB IP unbound");
+    let lab = LabGuard::up_iptables_lb_ip_unbound().expect("lab up (iptables mode, LB IP unbound)");
     if family == IpFamily::V6 {
         lab.add_ipv6().expect("dual-stack layer");
     }
@@ -46,25 +43,6 @@ fn lab_with(family: IpFamily, ranges: &[&str]) -> (LabGuard, Agent) {
     assert!(source_ranges::iptables_firewalled(family));
     let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
     (lab, agent)
-}
-
-/// The subjects of `probe check --json`'s `source_ranges_drop` findings on the lab node (no
-/// API access: kube-proxy's firewall as its rules hold it).
-fn check_subjects() -> Vec<String> {
-    let o = std::process::Command::new("ip")
-        .args(["netns", "exec", lab::NS_NODE])
-        .arg(probe_tests::agent::probe_bin())
-        .args(["check", "--json", "--nic", lab::NODE_NIC])
-        .output()
-        .expect("run probe check");
-    let report: probe_contract::check::CheckReport = serde_json::from_slice(&o.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&o.stdout)));
-    report
-        .findings
-        .into_iter()
-        .filter(|f| f.kind == probe_contract::check::Kind::SourceRangesDrop)
-        .map(|f| f.subject)
-        .collect()
 }
 
 fn to_lb() -> SocketAddrV4 {
@@ -78,16 +56,14 @@ fn iptables_source_ranges_drop_of_a_pods_call_is_confirmed_with_the_rule() {
     }
     let (lab, agent) = lab_with(IpFamily::V4, OUTSIDE);
     // `probe check` names it before any call, from the rules alone.
-    assert_eq!(check_subjects(), ["203.0.113.10:80/tcp"]);
+    assert_eq!(
+        lab_node_subjects(Kind::SourceRangesDrop),
+        ["203.0.113.10:80/tcp"]
+    );
     let pod = lab.connect(lab::NS_POD_A, None, to_lb()).unwrap();
     assert_eq!(pod.outcome, Outcome::Timeout, "{pod:?}");
     let e = agent.only_event(LoopbackKind::SourceRangesDrop, WAIT);
-    assert_eq!(e.src, IpAddr::V4(lab::POD_A_IP));
-    assert_eq!(e.vip, Some(IpAddr::V4(lab::VIP)));
-    assert_eq!(e.vip_port, Some(lab::SERVICE_PORT));
-    assert_eq!(e.outcome, Fate::Dropped);
-    assert_eq!(e.drop_reason.as_deref(), Some("NETFILTER_DROP"));
-    assert_eq!(e.service.as_deref(), Some("default/web"));
+    assert_pod_a_call_dropped_by_netfilter(&e, lab::SERVICE_PORT, "default/web");
     assert_eq!(e.facts.proxy_mode, Some(ProxyMode::Iptables));
     let ev = lines(&e.evidence);
     assert!(
@@ -129,7 +105,7 @@ fn iptables_source_ranges_with_the_pod_cidr_report_nothing() {
         return;
     }
     let (lab, agent) = lab_with(IpFamily::V4, &["192.0.2.0/24", lab::POD_CIDR]);
-    assert!(check_subjects().is_empty());
+    assert!(lab_node_subjects(Kind::SourceRangesDrop).is_empty());
     let pod = lab.connect(lab::NS_POD_A, None, to_lb()).unwrap();
     assert_eq!(pod.outcome, Outcome::Ok, "{pod:?}");
     std::thread::sleep(SETTLE);

@@ -16,7 +16,7 @@
 
 use std::{net::IpAddr, time::Duration};
 
-use probe_contract::LoopbackKind;
+use probe_contract::{LoopbackEvent, LoopbackKind};
 use probe_tests::agent::Agent;
 use test_support::lab::{self, KubeProxyMode, LabGuard, Variants, stale_udp};
 
@@ -36,105 +36,21 @@ fn stale_events(agent: &Agent) -> usize {
 
 #[test]
 fn a_fixed_port_udp_sender_on_a_stale_dnat_is_confirmed_and_its_twins_are_silent() {
-    confirmed_with_silent_twins_in(KubeProxyMode::Iptables);
+    let Some(lab) = lab_serving_statsd(KubeProxyMode::Iptables) else {
+        return;
+    };
+    confirmed_with_silent_twins();
+    drop(lab);
 }
 
 #[test]
 fn in_nftables_mode_a_fixed_port_udp_sender_on_a_stale_dnat_is_confirmed_and_its_twins_are_silent()
 {
-    confirmed_with_silent_twins_in(KubeProxyMode::Nftables);
-}
-
-/// The shape and its twins with kube-proxy's rules in `mode`.
-fn confirmed_with_silent_twins_in(mode: KubeProxyMode) {
-    let test = format!("the stale UDP conntrack black hole ({} mode)", mode.name());
-    let Some(lab) = LabGuard::for_test_in(&test, mode, &Variants::default()) else {
+    let Some(lab) = lab_serving_statsd(KubeProxyMode::Nftables) else {
         return;
     };
-    assert_eq!(lab.mode().unwrap(), mode);
-    stale_udp::serve_statsd().expect("the statsd Service and its sink");
-    let agent = Agent::start_with_table(lab::NS_NODE, &[]);
-
-    // The endpoint is current: the sender's entry is DNATed to it; no report.
-    let sender = stale_udp::Sender::start(stale_udp::SENDER_PORT, EVERY).expect("sender");
-    // The reply tuple names the endpoint: `src=<pod B> ... sport=<endpoint port>`.
-    let old = format!("sport={}", stale_udp::OLD_ENDPOINT_PORT);
-    assert!(
-        probe_tests::agent::wait_for("the entry", Duration::from_secs(5), || {
-            stale_udp::entries()
-                .ok()
-                .filter(|e| e.contains(&old) && e.contains("[UNREPLIED]"))
-        })
-        .is_some(),
-        "{:?}",
-        stale_udp::entries()
-    );
-    std::thread::sleep(QUIET);
-    assert_eq!(stale_events(&agent), 0, "{:#?}", agent.events());
-
-    // kube-proxy moves the endpoint; the entry stays, refreshed by every datagram.
-    stale_udp::move_endpoint().expect("move the endpoint");
-    let e = agent.wait_event("stale_udp_conntrack", WAIT, |es| {
-        es.iter()
-            .find(|e| e.kind == LoopbackKind::StaleUdpConntrack)
-            .cloned()
-    });
-    let pod_b = IpAddr::V4(lab::POD_B_IP);
-    assert_eq!(
-        (e.src, e.src_port),
-        (IpAddr::V4(lab::POD_A_IP), stale_udp::SENDER_PORT),
-        "{e:#?}"
-    );
-    assert_eq!((e.dst, e.dst_port), (pod_b, stale_udp::OLD_ENDPOINT_PORT));
-    assert_eq!(
-        (e.vip, e.vip_port),
-        (
-            Some(IpAddr::V4(stale_udp::STATSD_CLUSTER_IP)),
-            Some(stale_udp::STATSD_PORT)
-        )
-    );
-    assert!(
-        e.service
-            .as_deref()
-            .is_some_and(|s| s.starts_with(stale_udp::STATSD_SERVICE)),
-        "{e:#?}"
-    );
-    let evidence = e.evidence.join("\n");
-    assert!(
-        evidence.contains(&format!(
-            "current endpoints: {}:{}",
-            lab::POD_B_IP,
-            stale_udp::NEW_ENDPOINT_PORT
-        )),
-        "{evidence}"
-    );
-    let delete = format!(
-        "conntrack -D -p udp --orig-src {} --orig-dst {} --sport {} --dport {}",
-        lab::POD_A_IP,
-        stale_udp::STATSD_CLUSTER_IP,
-        stale_udp::SENDER_PORT,
-        stale_udp::STATSD_PORT
-    );
-    let remedy = e.remedy.join("\n");
-    assert!(remedy.contains(&delete), "{remedy}");
-    assert!(remedy.contains("#139629"), "{remedy}");
-
-    // Twin: the remedy's line deletes the entry; the next datagram takes the new endpoint.
-    stale_udp::run_in_node(&delete).expect("the remedy's conntrack -D");
-    let new = format!("sport={}", stale_udp::NEW_ENDPOINT_PORT);
-    assert!(
-        probe_tests::agent::wait_for("the new entry", Duration::from_secs(5), || {
-            stale_udp::entries().ok().filter(|e| e.contains(&new))
-        })
-        .is_some(),
-        "{:?}",
-        stale_udp::entries()
-    );
-    // Twin: a sender whose source port changes with each datagram (its entries are new).
-    let changing = stale_udp::Sender::start(0, EVERY).expect("changing-port sender");
-    std::thread::sleep(QUIET);
-    assert_eq!(stale_events(&agent), 1, "{:#?}", agent.events());
-    drop((sender, changing, lab));
+    confirmed_with_silent_twins();
+    drop(lab);
 }
 
 /// kubernetes#139628 itself, in iptables mode: the Service scaled to zero leaves no nat chain,
@@ -143,31 +59,41 @@ fn confirmed_with_silent_twins_in(mode: KubeProxyMode) {
 /// `conntrack -D`, nothing more is reported.
 #[test]
 fn a_udp_service_scaled_to_zero_is_named_from_kube_proxys_reject_rule() {
-    let Some(lab) = LabGuard::for_test_in(
-        "stale_udp_conntrack of a Service scaled to zero (iptables mode)",
-        KubeProxyMode::Iptables,
-        &Variants::default(),
-    ) else {
+    let Some(lab) = lab_serving_statsd(KubeProxyMode::Iptables) else {
         return;
     };
+    scaled_to_zero_named_from_kube_proxys_reject_rule();
+    drop(lab);
+}
+
+/// The lab in `mode` with the statsd Service's rules (endpoint pod B:8125) and pod B's sink;
+/// None where the test cannot run (it printed its skip line).
+fn lab_serving_statsd(mode: KubeProxyMode) -> Option<LabGuard> {
+    let test = format!("the stale UDP conntrack black hole ({} mode)", mode.name());
+    let lab = LabGuard::for_test_in(&test, mode, &Variants::default())?;
+    assert_eq!(lab.mode().unwrap(), mode);
     stale_udp::serve_statsd().expect("the statsd Service and its sink");
-    let agent = Agent::start_with_table(lab::NS_NODE, &[]);
-    let sender = stale_udp::Sender::start(stale_udp::SENDER_PORT, EVERY).expect("sender");
-    let old = format!("sport={}", stale_udp::OLD_ENDPOINT_PORT);
+    Some(lab)
+}
+
+/// Waits for the node's conntrack entry to the ClusterIP whose text holds every one of `want`.
+fn wait_for_entry(what: &str, want: &[&str]) {
     assert!(
-        probe_tests::agent::wait_for("the entry", Duration::from_secs(5), || {
-            stale_udp::entries().ok().filter(|e| e.contains(&old))
+        probe_tests::agent::wait_for(what, Duration::from_secs(5), || {
+            stale_udp::entries()
+                .ok()
+                .filter(|e| want.iter().all(|w| e.contains(w)))
         })
         .is_some(),
         "{:?}",
         stale_udp::entries()
     );
-    stale_udp::scale_to_zero().expect("scale the Service to zero");
-    let e = agent.wait_event("stale_udp_conntrack", WAIT, |es| {
-        es.iter()
-            .find(|e| e.kind == LoopbackKind::StaleUdpConntrack)
-            .cloned()
-    });
+}
+
+/// The first `stale_udp_conntrack` event the agent writes, naming the statsd Service and
+/// pod B's first endpoint as the stale one.
+fn stale_event_of_the_first_endpoint(agent: &Agent) -> LoopbackEvent {
+    let e = agent.first_event_of(LoopbackKind::StaleUdpConntrack, WAIT);
     assert_eq!(
         (e.dst, e.dst_port),
         (IpAddr::V4(lab::POD_B_IP), stale_udp::OLD_ENDPOINT_PORT),
@@ -179,6 +105,81 @@ fn a_udp_service_scaled_to_zero_is_named_from_kube_proxys_reject_rule() {
             .is_some_and(|s| s.starts_with(stale_udp::STATSD_SERVICE)),
         "{e:#?}"
     );
+    e
+}
+
+/// The remedy's line that deletes the sender's entry.
+fn delete_line() -> String {
+    format!(
+        "conntrack -D -p udp --orig-src {} --orig-dst {} --sport {} --dport {}",
+        lab::POD_A_IP,
+        stale_udp::STATSD_CLUSTER_IP,
+        stale_udp::SENDER_PORT,
+        stale_udp::STATSD_PORT
+    )
+}
+
+/// The shape and its twins with kube-proxy's rules in the lab's mode, the Service serving
+/// on its first endpoint.
+fn confirmed_with_silent_twins() {
+    let agent = Agent::start_with_table(lab::NS_NODE, &[]);
+
+    // The endpoint is current: the sender's entry is DNATed to it; no report.
+    let sender = stale_udp::Sender::start(stale_udp::SENDER_PORT, EVERY).expect("sender");
+    // The reply tuple names the endpoint: `src=<pod B> ... sport=<endpoint port>`.
+    let old = format!("sport={}", stale_udp::OLD_ENDPOINT_PORT);
+    wait_for_entry("the entry", &[&old, "[UNREPLIED]"]);
+    std::thread::sleep(QUIET);
+    assert_eq!(stale_events(&agent), 0, "{:#?}", agent.events());
+
+    // kube-proxy moves the endpoint; the entry stays, refreshed by every datagram.
+    stale_udp::move_endpoint().expect("move the endpoint");
+    let e = stale_event_of_the_first_endpoint(&agent);
+    assert_eq!(
+        (e.src, e.src_port),
+        (IpAddr::V4(lab::POD_A_IP), stale_udp::SENDER_PORT),
+        "{e:#?}"
+    );
+    assert_eq!(
+        (e.vip, e.vip_port),
+        (
+            Some(IpAddr::V4(stale_udp::STATSD_CLUSTER_IP)),
+            Some(stale_udp::STATSD_PORT)
+        )
+    );
+    let evidence = e.evidence.join("\n");
+    assert!(
+        evidence.contains(&format!(
+            "current endpoints: {}:{}",
+            lab::POD_B_IP,
+            stale_udp::NEW_ENDPOINT_PORT
+        )),
+        "{evidence}"
+    );
+    let delete = delete_line();
+    let remedy = e.remedy.join("\n");
+    assert!(remedy.contains(&delete), "{remedy}");
+    assert!(remedy.contains("#139629"), "{remedy}");
+
+    // Twin: the remedy's line deletes the entry; the next datagram takes the new endpoint.
+    stale_udp::run_in_node(&delete).expect("the remedy's conntrack -D");
+    let new = format!("sport={}", stale_udp::NEW_ENDPOINT_PORT);
+    wait_for_entry("the new entry", &[&new]);
+    // Twin: a sender whose source port changes with each datagram (its entries are new).
+    let changing = stale_udp::Sender::start(0, EVERY).expect("changing-port sender");
+    std::thread::sleep(QUIET);
+    assert_eq!(stale_events(&agent), 1, "{:#?}", agent.events());
+    drop((sender, changing, agent));
+}
+
+/// The Service scaled to zero under a fixed-port sender, in iptables mode (see the test).
+fn scaled_to_zero_named_from_kube_proxys_reject_rule() {
+    let agent = Agent::start_with_table(lab::NS_NODE, &[]);
+    let sender = stale_udp::Sender::start(stale_udp::SENDER_PORT, EVERY).expect("sender");
+    let old = format!("sport={}", stale_udp::OLD_ENDPOINT_PORT);
+    wait_for_entry("the entry", &[&old]);
+    stale_udp::scale_to_zero().expect("scale the Service to zero");
+    let e = stale_event_of_the_first_endpoint(&agent);
     let evidence = e.evidence.join("\n");
     for want in [
         "current endpoints: none",
@@ -186,17 +187,11 @@ fn a_udp_service_scaled_to_zero_is_named_from_kube_proxys_reject_rule() {
     ] {
         assert!(evidence.contains(want), "{want}: {evidence}");
     }
-    let delete = format!(
-        "conntrack -D -p udp --orig-src {} --orig-dst {} --sport {} --dport {}",
-        lab::POD_A_IP,
-        stale_udp::STATSD_CLUSTER_IP,
-        stale_udp::SENDER_PORT,
-        stale_udp::STATSD_PORT
-    );
+    let delete = delete_line();
     assert!(e.remedy.join("\n").contains(&delete), "{:?}", e.remedy);
     // Twin: the entry deleted, the next datagrams meet the REJECT (no DNAT): nothing more.
     stale_udp::run_in_node(&delete).expect("the remedy's conntrack -D");
     std::thread::sleep(QUIET);
     assert_eq!(stale_events(&agent), 1, "{:#?}", agent.events());
-    drop((sender, lab));
+    drop((sender, agent));
 }

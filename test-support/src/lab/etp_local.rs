@@ -105,21 +105,11 @@ fn filter_rules() -> String {
 
 /// The jump kube-proxy prepends to `INPUT` and `FORWARD`.
 fn jump(chain: &str) -> Vec<String> {
-    [
+    kube_proxy::new_connections_jump(
         chain,
-        "-m",
-        "conntrack",
-        "--ctstate",
-        "NEW",
-        "-m",
-        "comment",
-        "--comment",
         "kubernetes externally-visible service portals",
-        "-j",
         EXTERNAL_SERVICES_CHAIN,
-    ]
-    .map(str::to_string)
-    .to_vec()
+    )
 }
 
 /// Inserts `rule` (chain first) at position 1 of `table` unless it is there.

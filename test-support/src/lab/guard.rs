@@ -71,6 +71,19 @@ impl LabGuard {
         })
     }
 
+    /// The lab in iptables mode with the LB IP bound nowhere on the node: kube-proxy's iptables
+    /// mode binds none (the lab's `vip_bound` stands in for IPVS mode's kube-ipvs0 and for
+    /// announcers), so a pod's call to it is forwarded through the rules.
+    pub fn up_iptables_lb_ip_unbound() -> Result<LabGuard> {
+        let variants = Variants {
+            vip_bound: false,
+            ..Variants::default()
+        };
+        let lab = LabGuard::up_in(KubeProxyMode::Iptables, &variants, &UpOptions::default())?;
+        lab.set_all(&variants).context("the LB IP unbound")?;
+        Ok(lab)
+    }
+
     /// [`LabGuard::up_with`] in an explicit kube-proxy mode.
     pub fn up_in(mode: KubeProxyMode, variants: &Variants, opts: &UpOptions) -> Result<LabGuard> {
         let lock = LabLock::acquire()?;

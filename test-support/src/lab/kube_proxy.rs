@@ -29,16 +29,41 @@ pub(crate) fn node_mode() -> Result<KubeProxyMode> {
     )
 }
 
+/// The nat table and the chains kube-proxy's iptables mode declares in it in every sync, as
+/// iptables-restore lines (kubernetes pkg/proxy/iptables/proxier.go, `syncProxyRules`).
+pub(super) const NAT_TABLE_HEAD: &str = "*nat\n\
+                                         :KUBE-SERVICES - [0:0]\n\
+                                         :KUBE-NODEPORTS - [0:0]\n\
+                                         :KUBE-POSTROUTING - [0:0]\n\
+                                         :KUBE-MARK-MASQ - [0:0]";
+
+/// A jump kube-proxy's iptables mode prepends to a filter chain (`INPUT`, `FORWARD`, `OUTPUT`)
+/// for new connections only: `<chain> -m conntrack --ctstate NEW -m comment --comment
+/// <comment> -j <target>` (kubernetes pkg/proxy/iptables/proxier.go, `iptablesJumpChains`).
+pub(super) fn new_connections_jump(chain: &str, comment: &str, target: &str) -> Vec<String> {
+    [
+        chain,
+        "-m",
+        "conntrack",
+        "--ctstate",
+        "NEW",
+        "-m",
+        "comment",
+        "--comment",
+        comment,
+        "-j",
+        target,
+    ]
+    .map(str::to_string)
+    .to_vec()
+}
+
 /// kube-proxy (iptables mode) nat rules for `default/web` port `http`, as kube-proxy writes them.
 /// The chain hashes are kube-proxy's own: base32(sha256("default/web:http" + "tcp"))[:16], and
 /// for the endpoint chain the same with "198.19.1.11:8080" appended.
 pub(super) fn kube_proxy_rules() -> String {
     format!(
-        r#"*nat
-:KUBE-SERVICES - [0:0]
-:KUBE-NODEPORTS - [0:0]
-:KUBE-POSTROUTING - [0:0]
-:KUBE-MARK-MASQ - [0:0]
+        r#"{NAT_TABLE_HEAD}
 :{svc} - [0:0]
 :{ext} - [0:0]
 :{sep} - [0:0]

@@ -155,44 +155,21 @@ fn iptables_proxy_firewall(family: IpFamily) -> String {
 
 /// The LB IP's `KUBE-SERVICES` rule, to the firewall chain.
 fn iptables_lb_rule(family: IpFamily) -> Vec<String> {
-    [
-        "KUBE-SERVICES",
-        "-d",
-        &family.lb_ip(),
-        "-p",
-        "tcp",
-        "-m",
-        "comment",
-        "--comment",
-        "default/web:http loadbalancer IP",
-        "-m",
-        "tcp",
-        "--dport",
-        &SERVICE_PORT.to_string(),
-        "-j",
-        IPT_FIREWALL_CHAIN,
-    ]
-    .map(str::to_string)
-    .to_vec()
+    let lb_ip = family.lb_ip();
+    let rule = super::switch::lb_ip_rule(&lb_ip, IPT_FIREWALL_CHAIN);
+    std::iter::once("KUBE-SERVICES")
+        .chain(rule)
+        .map(str::to_string)
+        .collect()
 }
 
 /// The jump kube-proxy prepends to `INPUT`, `FORWARD` and `OUTPUT` of the filter table.
 fn iptables_firewall_jump(chain: &str) -> Vec<String> {
-    [
+    kube_proxy::new_connections_jump(
         chain,
-        "-m",
-        "conntrack",
-        "--ctstate",
-        "NEW",
-        "-m",
-        "comment",
-        "--comment",
         "kubernetes load balancer firewall",
-        "-j",
         IPT_PROXY_FIREWALL_CHAIN,
-    ]
-    .map(str::to_string)
-    .to_vec()
+    )
 }
 
 /// Inserts `rule` (chain first) at position 1 of `table` unless it is there (`on`), or

@@ -11,10 +11,11 @@ use super::{
     kube_proxy::{LB_SET, ipvs_has_service, ipvs_service, node_mode},
 };
 
-/// The KUBE-SERVICES rule that serves `dst` (the LB IP as a /32 or /128), port 80, locally
-/// (what binding the VIP to kube-ipvs0 gives IPVS mode; kube-proxy's iptables mode writes it
-/// for a LB ingress IP).
-pub(super) fn lb_ip_rule(dst: &str) -> [&str; 14] {
+/// The KUBE-SERVICES rule that sends `dst` (the LB IP as a /32 or /128), port 80, to `target`:
+/// with the EXT chain it serves the LB IP locally (what binding the VIP to kube-ipvs0 gives IPVS
+/// mode; kube-proxy's iptables mode writes it for a LB ingress IP), with the firewall chain it
+/// checks the caller against `loadBalancerSourceRanges` first.
+pub(super) fn lb_ip_rule<'a>(dst: &'a str, target: &'a str) -> [&'a str; 14] {
     [
         "-d",
         dst,
@@ -29,7 +30,7 @@ pub(super) fn lb_ip_rule(dst: &str) -> [&str; 14] {
         "--dport",
         "80",
         "-j",
-        KUBE_EXT_CHAIN,
+        target,
     ]
 }
 
@@ -130,7 +131,12 @@ fn set_variant_in(mode: KubeProxyMode, variant: Variant, on: bool) -> Result<()>
                     &["addr", "del", "203.0.113.10/32", "dev", KUBE_IPVS0],
                 )?;
             }
-            ensure_rule("KUBE-SERVICES", &lb_ip_rule(VIP_CIDR), on, true)
+            ensure_rule(
+                "KUBE-SERVICES",
+                &lb_ip_rule(VIP_CIDR, KUBE_EXT_CHAIN),
+                on,
+                true,
+            )
         }
         Variant::RpFilter => {
             let v = u8::from(on);
@@ -581,6 +587,6 @@ pub(crate) fn vip_rule_present() -> bool {
     match node_mode() {
         Ok(KubeProxyMode::Ipvs) => ipvs_has_service(SocketAddrV4::new(VIP, SERVICE_PORT)),
         Ok(KubeProxyMode::Nftables) => super::nft::lb_ip_short_circuited(),
-        _ => has_rule("KUBE-SERVICES", &lb_ip_rule(VIP_CIDR)),
+        _ => has_rule("KUBE-SERVICES", &lb_ip_rule(VIP_CIDR, KUBE_EXT_CHAIN)),
     }
 }

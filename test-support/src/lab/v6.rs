@@ -20,7 +20,9 @@ use super::{
     NODE_NIC, NODE_PORT, NS_CLIENT, NS_LB, NS_NODE, NS_PEER, NS_POD_A, NS_POD_B, Outcome,
     PEER_TLS_PORT, POD_PORT, SERVICE_PORT, SETTLE, VIP_UNSERVED_PORT, Variants, client,
     cmd::{exec, ip, neigh_permanent, restore_rules, sysctl},
-    in_netns, kube_proxy, net, servers,
+    in_netns,
+    kube_proxy::{self, NAT_TABLE_HEAD},
+    net, servers,
 };
 
 pub const NODE_IP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x18, 0, 0, 0, 0, 2);
@@ -175,7 +177,7 @@ impl Lab {
         } else if !on && bound {
             ip(NS_NODE, &["-6", "addr", "del", &cidr, "dev", KUBE_IPVS0])?;
         }
-        let rule = super::switch::lb_ip_rule(&cidr);
+        let rule = super::switch::lb_ip_rule(&cidr, KUBE_EXT_CHAIN);
         let mut check = vec!["ip6tables", "-w", "-t", "nat", "-C", "KUBE-SERVICES"];
         check.extend(rule);
         let present =
@@ -218,11 +220,7 @@ impl Lab {
 /// IPv6 address; [VIP6]:80 while bound is added by [`Lab::set_vip6_bound`]).
 fn kube_proxy_rules6() -> String {
     format!(
-        r#"*nat
-:KUBE-SERVICES - [0:0]
-:KUBE-NODEPORTS - [0:0]
-:KUBE-POSTROUTING - [0:0]
-:KUBE-MARK-MASQ - [0:0]
+        r#"{NAT_TABLE_HEAD}
 :{svc} - [0:0]
 :{ext} - [0:0]
 :{sep} - [0:0]
