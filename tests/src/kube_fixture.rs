@@ -115,6 +115,35 @@ impl Builder {
     }
 }
 
+/// The lab's objects with the Service `default/web` also serving the lab's unserved port
+/// (`https`, [`lab::VIP_UNSERVED_PORT`]) with an endpoint, which the lab's kube-proxy rules
+/// (like a kube-proxy that has not synced) do not program: the API and the node disagree.
+pub fn lab_objects_with_unprogrammed_port() -> Vec<Value> {
+    let mut objects = fixtures::lab();
+    let web = objects
+        .iter_mut()
+        .find(|o| o["kind"] == "Service" && o["metadata"]["name"] == "web")
+        .expect("the lab's Service web");
+    web["spec"]["ports"]
+        .as_array_mut()
+        .expect("ports")
+        .push(serde_json::json!({
+            "name": "https", "protocol": "TCP", "port": lab::VIP_UNSERVED_PORT,
+            "targetPort": 8443, "nodePort": 30443
+        }));
+    // With an endpoint: kube-proxy programs a port only when it has one (else it REJECTs it
+    // in the filter table, which is an unserved port in both views).
+    let slice = objects
+        .iter_mut()
+        .find(|o| o["kind"] == "EndpointSlice" && o["metadata"]["name"] == "web-x7k2d")
+        .expect("the lab's EndpointSlice of web");
+    slice["ports"]
+        .as_array_mut()
+        .expect("ports")
+        .push(serde_json::json!({ "name": "https", "protocol": "TCP", "port": 8443 }));
+    objects
+}
+
 /// A running fake API server and its kubeconfig; both go on drop (the server first).
 pub struct KubeFixture {
     server: FakeApiServer,

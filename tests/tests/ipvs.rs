@@ -20,6 +20,7 @@ use probe_tests::{
         Agent, dropped_as_local_source, hex_bytes, lines, our_loaded_programs, our_tc_attachments,
         probe_bin, require_root, sh, sh_in_node, wait_for,
     },
+    kube_fixture::{KubeFixture, lab_objects_with_unprogrammed_port},
     lab_check::{lab_node_report, lab_node_subjects},
 };
 use serde_json::{Value, json};
@@ -450,6 +451,52 @@ fn ipvs_mode_access_filter_unserved_port_is_confirmed() {
     );
     run.twin(Scenario::VipPortServedFiltered);
     run.assert_no_failures();
+}
+
+/// With the API's table in IPVS mode (issue #52: no poll of the virtual services), the API's
+/// `default/web` also serves 443 on the LB IP and IPVS has no virtual service for it (a
+/// kube-proxy that has not synced): a pod's call to VIP:443 is refused, the agent asks the
+/// kernel for that one virtual service (`IPVS_CMD_GET_SERVICE`), finds none, reads the
+/// virtual services to be sure, and names the disagreement with kube-proxy as the remedy. The
+/// served port (a virtual service the keyed look-up finds) is answered. kube.rs holds the
+/// iptables-mode twin.
+#[test]
+fn ipvs_mode_a_port_the_api_serves_and_ipvs_lacks_is_named() {
+    if !in_vm("ipvs_mode_api_unprogrammed") {
+        return;
+    }
+    let lab = ipvs_lab(&Variants::default());
+    let api = KubeFixture::builder()
+        .objects(lab_objects_with_unprogrammed_port())
+        .start();
+    let mut agent = api.start_agent(&["--kube-events", "off"]);
+    agent.wait_log("service table from the API", WAIT);
+    assert_eq!(
+        lab.traffic(Scenario::VipPortUnserved).unwrap(),
+        Outcome::Refused
+    );
+    let e = agent.first_event_of(LoopbackKind::VipPortUnserved, WAIT);
+    say!("ipvs_mode_api_unprogrammed: {:?}", lines(&e.evidence));
+    assert_eq!(
+        (e.vip, e.vip_port),
+        (Some(IpAddr::V4(lab::VIP)), Some(lab::VIP_UNSERVED_PORT))
+    );
+    assert!(e.facts.kube_proxy_lags, "{e:#?}");
+    let evidence = lines(&e.evidence);
+    assert!(
+        evidence.contains("the API and this node disagree: default/web:https serves"),
+        "{evidence}"
+    );
+    assert!(evidence.contains("IPVS virtual services"), "{evidence}");
+    assert!(
+        e.remedy[0].contains("kube-proxy on this node has not programmed it"),
+        "{:#?}",
+        e.remedy
+    );
+    assert_eq!(lab.traffic(Scenario::VipPortServed).unwrap(), Outcome::Ok);
+    assert!(agent.stop().success());
+    drop(api);
+    drop(lab);
 }
 
 /// The hairpin variants in IPVS mode (issue 10, item 4), one agent: node-sourced through the

@@ -21,7 +21,7 @@ use probe_contract::{
 };
 use probe_tests::{
     agent::{Agent, lines, probe_bin, wait_for},
-    kube_fixture::KubeFixture,
+    kube_fixture::{KubeFixture, lab_objects_with_unprogrammed_port},
 };
 use serde_json::Value;
 use test_support::{
@@ -274,28 +274,7 @@ fn a_port_the_api_serves_and_kube_proxy_did_not_program_is_named() {
     let Some(lab) = LabGuard::for_test("kube_not_programmed", &Variants::default()) else {
         return;
     };
-    let mut objects = fixtures::lab();
-    let web = objects
-        .iter_mut()
-        .find(|o| o["kind"] == "Service" && o["metadata"]["name"] == "web")
-        .expect("the lab's Service web");
-    web["spec"]["ports"]
-        .as_array_mut()
-        .expect("ports")
-        .push(serde_json::json!({
-            "name": "https", "protocol": "TCP", "port": lab::VIP_UNSERVED_PORT,
-            "targetPort": 8443, "nodePort": 30443
-        }));
-    // With an endpoint: kube-proxy programs a port only when it has one (else it REJECTs it
-    // in the filter table, which is an unserved port in both views).
-    let slice = objects
-        .iter_mut()
-        .find(|o| o["kind"] == "EndpointSlice" && o["metadata"]["name"] == "web-x7k2d")
-        .expect("the lab's EndpointSlice of web");
-    slice["ports"]
-        .as_array_mut()
-        .expect("ports")
-        .push(serde_json::json!({ "name": "https", "protocol": "TCP", "port": 8443 }));
+    let objects = lab_objects_with_unprogrammed_port();
     let api = KubeFixture::builder().objects(objects).start();
     let mut agent = api.start_agent(AGENT);
     agent.wait_log("service table from the API", WAIT);
