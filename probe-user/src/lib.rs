@@ -17,6 +17,8 @@
 pub mod agent;
 pub mod check;
 #[cfg(test)]
+mod ebpf_prebuilt_tests;
+#[cfg(test)]
 mod fuzz_tests;
 pub mod hub;
 pub mod kernel;

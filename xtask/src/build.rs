@@ -5,8 +5,9 @@
 //! probe-user, kube, tonic and OpenTelemetry again with their own feature set (measured: `cargo
 //! build -p clb-probe` after `cargo test --workspace --no-run` recompiled 13 crates in 35 s,
 //! probe-user among them). Every host step (tests, the agent the tests start, the VM suite, the
-//! chaos and bench smokes, the demo) now names the same selection, [`WORKSPACE`], so the first
-//! build ([`host`]) leaves all the others nothing to compile. The arm64 steps share
+//! chaos and bench smokes) now names the same selection, [`WORKSPACE`], so the first build
+//! ([`host`]) leaves all the others nothing to compile. The demo is the exception: on a first
+//! run nothing is built yet, so it builds only the agent it runs (`-p clb-probe --bin probe`). The arm64 steps share
 //! [`ARM64_SELECTION`] the same way.
 
 use std::{

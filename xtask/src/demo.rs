@@ -125,8 +125,11 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
     trap_signals();
     let root = crate::workspace_root();
     eprintln!("demo: building the probe");
-    let status = crate::build::workspace_cargo(&root, "build")
-        .args(["--quiet", "--bins"])
+    // Only what the demo runs: the agent (not the plugin, not xtask's other tools), so a first
+    // run compiles no more than it needs.
+    let status = crate::build::cargo()
+        .args(["build", "--quiet", "-p", "clb-probe", "--bin", "probe"])
+        .current_dir(&root)
         .status()?;
     if !status.success() {
         bail!("building probe-user failed");

@@ -60,6 +60,7 @@ fn main() -> ExitCode {
             xtask::setup::all()
         }
         .map(|()| ExitCode::SUCCESS),
+        Command::Bench(args) if needs_plots(&args) => return rerun_with_plots(),
         Command::Bench(args) => xtask::bench::run(&args).map(|()| ExitCode::SUCCESS),
         Command::Chaos(args) => xtask::chaos::run(&args).map(|()| ExitCode::SUCCESS),
         Command::Test(args) => xtask::testrun::run(&args).map(|()| ExitCode::SUCCESS),
@@ -82,6 +83,38 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The bench's scale part plots; this build of xtask lacks plotters (the `plots` feature is off
+/// in the alias's light build, so the demo compiles none of it).
+fn needs_plots(args: &xtask::bench::BenchArgs) -> bool {
+    !cfg!(feature = "plots") && args.only.contains(&xtask::bench::Part::Scale)
+}
+
+/// `cargo run --package xtask --features plots -- <these arguments>`: the same command, with
+/// the plots.
+fn rerun_with_plots() -> ExitCode {
+    let status = xtask::build::cargo()
+        .args([
+            "run",
+            "--quiet",
+            "--package",
+            "xtask",
+            "--features",
+            "plots",
+            "--",
+        ])
+        .args(std::env::args_os().skip(1))
+        .current_dir(xtask::workspace_root())
+        .status();
+    match status {
+        Ok(s) if s.success() => ExitCode::SUCCESS,
+        Ok(s) => ExitCode::from(u8::try_from(s.code().unwrap_or(1)).unwrap_or(1)),
+        Err(e) => {
+            eprintln!("error: starting cargo run --features plots: {e}");
             ExitCode::FAILURE
         }
     }

@@ -360,7 +360,8 @@ pub fn is_root() -> bool {
 
 /// True when everything `setup` provides is already there (cheap checks only).
 pub fn is_complete() -> bool {
-    is_demo_complete()
+    DEMO_PACKAGES.iter().all(|(_, c)| have(c))
+        && has_ebpf_toolchain()
         && PACKAGES.iter().all(|(_, c)| have(c))
         && PYTHON_TOOLS.iter().all(|(_, bin)| venv_bin(bin).is_file())
         && venv_has_module("helm_python")
@@ -378,13 +379,30 @@ fn nightly_runs(subcommand: &str) -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
-/// True when what the demo needs is there: the lab's packages and the eBPF build (the
-/// nightly's rust-src, bpf-linker). Not the arm64 cross toolchain, podman, buildah, QEMU or
-/// the manifest checkers: those are the tests', the image's and the VM tier's.
+/// True when what the demo needs is there: the lab's packages and the eBPF object, from the
+/// eBPF toolchain or checked in for this machine's architecture. Not the arm64 cross
+/// toolchain, podman, buildah, QEMU or the manifest checkers: those are the tests', the
+/// image's and the VM tier's.
 fn is_demo_complete() -> bool {
-    DEMO_PACKAGES.iter().all(|(_, c)| have(c))
-        && nightly_sysroot().is_ok_and(|s| s.join("lib/rustlib/src/rust/library/core").is_dir())
+    DEMO_PACKAGES.iter().all(|(_, c)| have(c)) && (has_ebpf_toolchain() || has_prebuilt_ebpf())
+}
+
+/// The eBPF build's toolchain: the nightly's rust-src (`-Z build-std=core`) and bpf-linker.
+fn has_ebpf_toolchain() -> bool {
+    nightly_sysroot().is_ok_and(|s| s.join("lib/rustlib/src/rust/library/core").is_dir())
         && cargo_bin().join("bpf-linker").is_file()
+}
+
+/// The checked-in eBPF object for this machine's architecture, which probe-user's build script
+/// embeds when the eBPF toolchain is absent (docs/decisions.md, "The eBPF object of a first
+/// run"): the demo then needs neither the nightly's rust-src nor a source build of bpf-linker.
+fn has_prebuilt_ebpf() -> bool {
+    crate::workspace_root()
+        .join(format!(
+            "probe-user/ebpf-prebuilt/bpfel-{}.o",
+            std::env::consts::ARCH
+        ))
+        .is_file()
 }
 
 /// Python tools the deployment checks and the tests use, pinned, in a venv of their own (PyPI),
@@ -467,8 +485,10 @@ pub fn ensure_demo() -> anyhow::Result<()> {
     if !is_demo_complete() {
         say("something the demo needs is missing: installing it (the rest: cargo xtask setup)");
         apt_only(DEMO_PACKAGES.iter())?;
-        nightly()?;
-        bpf_linker()?;
+        if !has_prebuilt_ebpf() {
+            nightly()?;
+            bpf_linker()?;
+        }
     }
     mounts()
 }

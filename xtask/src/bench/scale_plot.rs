@@ -4,13 +4,22 @@ use std::path::Path;
 
 use anyhow::Result;
 
-use super::{
-    report::median,
-    scale::{Mode, Point, Reader},
-};
+use super::scale::{Mode, Point};
+#[cfg(feature = "plots")]
+use super::{report::median, scale::Reader};
+
+/// Without xtask's `plots` feature (the light build `cargo xtask` makes for the demo) there is
+/// no plotting; `cargo xtask bench` re-runs itself with the feature before it gets here.
+#[cfg(not(feature = "plots"))]
+pub fn plot(_points: &[Point], _root: &Path) -> Result<Vec<(Mode, String)>> {
+    anyhow::bail!(
+        "the scale plots need xtask's `plots` feature (cargo run -p xtask --features plots)"
+    )
+}
 
 /// One SVG per mode: CPU, read latency, freshness and RSS against Services (log scale), the
 /// change-driven reader beside the timer baseline. Returns each mode's path relative to `root`.
+#[cfg(feature = "plots")]
 pub fn plot(points: &[Point], root: &Path) -> Result<Vec<(Mode, String)>> {
     use plotters::prelude::*;
     let dir = root.join("benchmarks");
