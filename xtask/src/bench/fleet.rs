@@ -128,6 +128,12 @@ pub fn measure(probe: &Path, plugin: &Path, work: &Path, port: u16, plan: &Plan)
         pause(Duration::from_secs(k as u64).saturating_sub(t.elapsed()))?;
     }
     let end = api.api().traffic();
+    // What the first agent's report said at the end, for a look at why it wrote.
+    let report = api.report_of(&fleet_api::node_name(0)).unwrap_or_default();
+    std::fs::write(
+        work.join("fleet-report-node-0.json"),
+        serde_json::to_string_pretty(&report)?,
+    )?;
     let mut fleet = Fleet {
         plan: plan.clone(),
         agents: (0..plan.agents)

@@ -51,6 +51,9 @@ impl FleetApi {
             api.apply(scale_api::service(i));
             api.apply(scale_api::endpoint_slice(i, false));
         }
+        // Nobody watches yet: the history of the load is dropped (the clients list from the
+        // current version, as after an API server's compaction).
+        api.expire_history();
         Ok(FleetApi {
             api,
             work: work.to_path_buf(),
@@ -59,8 +62,9 @@ impl FleetApi {
         })
     }
 
-    /// Nodes, reports and Events up to `nodes` nodes; the history of the load dropped (the
-    /// clients list from the current version, as after an API server's compaction).
+    /// Nodes, reports and Events up to `nodes` nodes. The history is kept: the agents' watches
+    /// stay valid (an expiry would make every agent relist 30,000 Services while the plugin is
+    /// timed), and see only what they watch of it.
     pub fn grow(&mut self, nodes: usize) {
         for i in self.nodes..nodes {
             self.api.apply(node(i));
@@ -70,7 +74,6 @@ impl FleetApi {
             }
         }
         self.nodes = self.nodes.max(nodes);
-        self.api.expire_history();
     }
 
     /// A kubeconfig whose requests the request log counts under `client`.
@@ -93,6 +96,14 @@ impl FleetApi {
             self.api
                 .delete("Service", scale_api::NAMESPACE, &format!("svc-{i}"));
         }
+    }
+
+    /// Node `node`'s LoopbackReport as stored, for a look after the run.
+    pub fn report_of(&self, node: &str) -> Option<Value> {
+        self.api
+            .objects("LoopbackReport")
+            .into_iter()
+            .find(|r| r["metadata"]["name"] == node)
     }
 
     pub fn api(&self) -> &FakeApiServer {
