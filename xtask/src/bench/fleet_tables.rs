@@ -135,7 +135,10 @@ pub fn load_table(f: &Fleet, summary: &mut Vec<(String, String)>) -> Table {
          nothing at steady state, so every write of the agent is beyond its set. The report \
          writer's heartbeat (a write every 300 s without a change, then the condition) is \
          longer than a window shorter than 300 s can show: 12 report and 12 condition writes/h \
-         at most on top of what a short window counted.",
+         at most on top of what a short window counted. The agents' nodes have no loop here \
+         (no traffic): a node with a continuing loop also patches its Event's series, at most \
+         once a minute per loop and 10 writes a minute in all (the Event plan, \
+         probe-user/src/sink/kube_event_plan.rs), by design beyond the target while it loops.",
         agents = f.agents.len(),
         services = f.plan.services,
         le = super::fleet_api::LOOP_EVERY,
@@ -259,7 +262,7 @@ fn fanout_note(f: &Fleet, summary: &mut Vec<(String, String)>) -> String {
     format!(
         "One verify fan-out to {asked:.0} node(s): per node asked, {agent:.1} agent write(s) \
          (its answer in its request's status) and {plugin:.1} plugin write(s) (the request \
-         object created, then deleted), {kib:.1} KiB to each agent on its verification watch. \
+         object created, then deleted), {kib:.1} KiB sent to each agent for it (its watch's events, its patch's answer). \
          **Target: a verify to every node costs at most one write per node (the agent's): \
          {met}.** A fan-out to every node of a big fleet is {per_run}-node runs: the plugin asks \
          at most {per_run} nodes a run (`probe_contract::verify::MAX_NODES`), so 5,000 nodes are \

@@ -34,7 +34,8 @@
 //! The output is spliced section by section ([`doc`]): a run replaces the sections of the parts
 //! it ran (each under a line saying when, with what command, at which commit and on what
 //! machine) and their summary lines, and keeps every other section of `BENCHMARKS.md` as it is.
-//! `--only ratio,footprint` runs some parts; `CLB_BENCH_PROBE=<path>` benches a prebuilt agent (e.g. the previous commit's, for a
+//! `--only ratio,footprint` runs some parts; `CLB_BENCH_PROBE=<path>` benches a prebuilt agent
+//! (`CLB_BENCH_PLUGIN=<path>` a prebuilt plugin for the fleet part) (e.g. the previous commit's, for a
 //! before/after). Runs share fixed namespace names: one bench at a time on a machine, so a run
 //! takes `/run/clb-bench.lock` (flock, non-blocking) first and fails at once when another
 //! holds it.
@@ -429,8 +430,14 @@ fn build_agent(root: &Path, quick: bool) -> Result<PathBuf> {
     Ok(target.join(profile).join("probe"))
 }
 
-/// The plugin `--only fleet` times: the release build (debug for `--quick`), as the agent.
+/// The plugin `--only fleet` times: the release build (debug for `--quick`), as the agent;
+/// `CLB_BENCH_PLUGIN=<path>` times a prebuilt one.
 fn build_plugin(root: &Path, quick: bool) -> Result<PathBuf> {
+    // As CLB_BENCH_PROBE: a plugin built elsewhere (e.g. the previous commit's).
+    if let Some(path) = std::env::var_os("CLB_BENCH_PLUGIN") {
+        eprintln!("bench: using CLB_BENCH_PLUGIN={}", path.to_string_lossy());
+        return Ok(PathBuf::from(path));
+    }
     let profile = if quick { "debug" } else { "release" };
     eprintln!("bench: cargo build ({profile}) --bin kubectl-clb_probe");
     let mut build = crate::build::workspace_cargo(root, "build");
