@@ -118,7 +118,7 @@ pub fn load_table(f: &Fleet, summary: &mut Vec<(String, String)>) -> Table {
     };
     t.note = format!(
         "{agents} real agent(s) (release build, node report and Node condition on), each on a \
-         fleet node of its own, against the fake API with {services} Services and their \
+         fleet node of its own (in the bench's node namespace), against the fake API with {services} Services and their \
          EndpointSlices, one LoopbackReport per node (1 in {le} nodes with two active loops, 1 \
          in {re} with a risk) and the agents' Events; each agent's requests counted by the fake \
          under its own bearer token. Rates are the median agent's over a {secs:.0} s window, \
@@ -128,8 +128,9 @@ pub fn load_table(f: &Fleet, summary: &mut Vec<(String, String)>) -> Table {
          its request log; kube-proxy's: client-go's reflector, 5-10 min, 7.5 on average, for \
          Services, EndpointSlices and its Node). kube-proxy's bytes are the agent's on those \
          three resources (the same objects and events). One agent's start (its first lists, \
-         its first report and condition, {settle} s): {sl:.0} lists, {sw:.0} writes, {smib:.1} \
-         MiB received; a restart of the whole fleet of {last} nodes: {fleet_mib:.0} MiB. \
+         its first report and condition, {settle} s): {sl:.0} list requests (a list is read in \
+         pages of 500), {sw:.0} writes, {smib:.1} MiB received; a restart of the whole fleet \
+         of {last} nodes: {fleet_gib:.0} GiB. \
          **Target: at most 1 write per minute per agent beyond kube-proxy's watch set at steady \
          state: {beyond:.0} writes/h ({per_min:.2} a minute): {met}.** kube-proxy writes \
          nothing at steady state, so every write of the agent is beyond its set. The report \
@@ -148,7 +149,7 @@ pub fn load_table(f: &Fleet, summary: &mut Vec<(String, String)>) -> Table {
         sw = start.writes,
         smib = start.bytes / MIB,
         last = f.plan.sizes.last().copied().unwrap_or(0),
-        fleet_mib = start.bytes / MIB * f.plan.sizes.last().copied().unwrap_or(0) as f64,
+        fleet_gib = start.bytes / MIB / 1024.0 * f.plan.sizes.last().copied().unwrap_or(0) as f64,
         per_min = beyond / 60.0,
     );
     summary.push((

@@ -24,7 +24,7 @@ fn quick_is_short() {
         scale_table_pattern: vec![],
         fleet_sizes: vec![1000, 5000],
         fleet_services: 30_000,
-        fleet_agents: 3,
+        fleet_agents: 1,
         fleet_window: 120,
         out: None,
         detect: false,
