@@ -71,3 +71,31 @@ fn requests_and_bytes_are_counted_per_client_verb_and_resource() {
     assert!(!traffic.contains_key(&key("agent-b", "watch", "services")));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `list_metadata` gets each item's metadata alone, as the API server sends it: a client
+/// that asks for names only is not charged for whole objects.
+#[test]
+fn a_metadata_list_sends_metadata_only() {
+    use k8s_openapi::api::core::v1::Node;
+    let dir = std::env::temp_dir().join(format!("kubeapi-meta-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let api = FakeApiServer::start().unwrap();
+    api.apply(fixtures::parse(fixtures::NODE));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let nodes: Api<Node> = Api::all(client_as(&api, "names", &dir).await);
+        let meta = nodes.list_metadata(&ListParams::default()).await.unwrap();
+        assert_eq!(meta.items.len(), 1);
+        assert_eq!(meta.items[0].metadata.name.as_deref(), Some("clb-node"));
+        nodes.list(&ListParams::default()).await.unwrap();
+    });
+    let traffic = api.traffic();
+    let key = key("names", "list", "nodes");
+    // Two lists under one key: the whole one is more than twice the metadata one.
+    let whole = fixtures::NODE.len() as u64;
+    assert!(traffic[&key].bytes < whole * 3 / 2, "{:?}", traffic[&key]);
+    let _ = std::fs::remove_dir_all(&dir);
+}

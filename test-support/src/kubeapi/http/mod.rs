@@ -124,12 +124,14 @@ async fn respond(shared: Arc<Shared>, request: hyper::Request<Incoming>) -> Resp
         .get("content-type")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    let as_table = crate::kubeapi::table::wants_table(
-        request
-            .headers()
-            .get("accept")
-            .and_then(|v| v.to_str().ok()),
-    );
+    let accept = request
+        .headers()
+        .get("accept")
+        .and_then(|v| v.to_str().ok());
+    let as_table = crate::kubeapi::table::wants_table(accept);
+    // A metadata-only list (kube's `list_metadata`, client-go's metadata informers): the API
+    // server sends each item's `metadata` alone, as `PartialObjectMetadataList`.
+    let as_metadata = accept.is_some_and(|a| a.contains("as=PartialObjectMetadataList"));
     shared.requests.lock().unwrap().push(Request {
         method: method.to_string(),
         path: uri
@@ -247,7 +249,7 @@ async fn respond(shared: Arc<Shared>, request: hyper::Request<Incoming>) -> Resp
     }
     match verb {
         "get" => get(&shared, &target),
-        "list" => list(&shared, &target, &params, as_table),
+        "list" => list(&shared, &target, &params, as_table, as_metadata),
         "watch" => watch_stream(shared, target, params),
         "create" => write(&shared, &target, &body, WriteMode::Create),
         "update" => write(&shared, &target, &body, WriteMode::Replace),
