@@ -600,6 +600,11 @@ fn bench_quick() -> crate::bench::BenchArgs {
         scale_table_pattern: crate::bench::scale::TABLE_PATTERNS
             .map(String::from)
             .to_vec(),
+        // `--only fleet` is left out of the smoke run, as scale is (BenchArgs::runs).
+        fleet_sizes: vec![20, 60],
+        fleet_services: 200,
+        fleet_agents: 1,
+        fleet_window: 4,
         out: None,
         detect: false,
         baseline_agent: None,

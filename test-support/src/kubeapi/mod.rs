@@ -100,6 +100,8 @@ pub struct Request {
     pub path: String,
     /// The `Content-Type` header, if any.
     pub content_type: Option<String>,
+    /// Who sent it ([`TrafficKey::client`]).
+    pub client: String,
 }
 
 /// The user the fake authenticates every caller as (a SelfSubjectReview's answer, the name in
@@ -123,6 +125,42 @@ pub(crate) struct Shared {
     pub(crate) proxy_netns: Mutex<Option<String>>,
     /// What the watches sent, by resource ([`FakeApiServer::watch_sent`]).
     pub(crate) watch_sent: Mutex<std::collections::HashMap<String, WatchSent>>,
+    /// Requests and bytes sent, by client, verb and resource ([`FakeApiServer::traffic`]).
+    pub(crate) traffic: Mutex<std::collections::HashMap<TrafficKey, Arc<TrafficCell>>>,
+}
+
+impl Shared {
+    /// The counters of `key`, created at zero.
+    pub(crate) fn traffic_cell(&self, key: TrafficKey) -> Arc<TrafficCell> {
+        self.traffic.lock().unwrap().entry(key).or_default().clone()
+    }
+}
+
+/// Whose requests of which kind: the client (its bearer token, [`FakeApiServer::write_kubeconfig_as`];
+/// `anonymous` without one), the RBAC verb (`list`, `watch`, `get`, `create`, `patch`, `update`,
+/// `delete`; the method in lower case for a path that is no resource) and the resource
+/// (`services`, `endpointslices.discovery.k8s.io`, `loopbackreports.clb-probe.io/status`,
+/// `pods/proxy`; the path for a path that is no resource).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TrafficKey {
+    pub client: String,
+    pub verb: String,
+    pub resource: String,
+}
+
+/// What the server sent for one [`TrafficKey`]: requests, and the bytes of their response
+/// bodies (a watch's as its lines leave, BOOKMARKs included: what the client receives).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Traffic {
+    pub requests: u64,
+    pub bytes: u64,
+}
+
+/// [`Traffic`]'s live counters.
+#[derive(Debug, Default)]
+pub(crate) struct TrafficCell {
+    pub(crate) requests: std::sync::atomic::AtomicU64,
+    pub(crate) bytes: std::sync::atomic::AtomicU64,
 }
 
 /// What the watches of one resource sent in all: events other than BOOKMARKs, and their bytes
@@ -184,6 +222,7 @@ impl FakeApiServer {
             end_at_once: std::sync::atomic::AtomicBool::new(false),
             proxy_netns: Mutex::new(None),
             watch_sent: Mutex::new(std::collections::HashMap::new()),
+            traffic: Mutex::new(std::collections::HashMap::new()),
         });
         let (shutdown, shutdown_rx) = tokio::sync::oneshot::channel();
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -224,12 +263,22 @@ impl FakeApiServer {
     /// [`write_kubeconfig`](Self::write_kubeconfig) for a client that reaches the server at
     /// `host` (a server started with [`start_in_netns_for_all`](Self::start_in_netns_for_all)).
     pub fn write_kubeconfig_via(&self, path: &Path, host: std::net::IpAddr) -> Result<()> {
+        self.kubeconfig(path, host, "fake-token")
+    }
+
+    /// [`write_kubeconfig`](Self::write_kubeconfig) with bearer token `token`: the
+    /// [`traffic`](Self::traffic) of this kubeconfig's user is counted under that name.
+    pub fn write_kubeconfig_as(&self, path: &Path, token: &str) -> Result<()> {
+        self.kubeconfig(path, self.addr.ip(), token)
+    }
+
+    fn kubeconfig(&self, path: &Path, host: std::net::IpAddr, token: &str) -> Result<()> {
         let url = format!("http://{}", SocketAddr::new(host, self.addr.port()));
         let config = format!(
             "apiVersion: v1\nkind: Config\ncurrent-context: fake\n\
              clusters:\n- name: fake\n  cluster:\n    server: {url}\n\
              contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n    namespace: default\n\
-             users:\n- name: fake\n  user:\n    token: fake-token\n",
+             users:\n- name: fake\n  user:\n    token: {token}\n",
         );
         std::fs::write(path, config).with_context(|| format!("write {}", path.display()))
     }
@@ -339,6 +388,26 @@ impl FakeApiServer {
             .unwrap_or_default()
     }
 
+    /// Requests and response bytes so far by client, verb and resource (a request log for
+    /// what a fleet of clients costs the API server; [`TrafficKey`] says what each part is).
+    /// A watch still open counts the bytes it has sent so far.
+    pub fn traffic(&self) -> std::collections::BTreeMap<TrafficKey, Traffic> {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.shared
+            .traffic
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(key, cell)| {
+                let traffic = Traffic {
+                    requests: cell.requests.load(Relaxed),
+                    bytes: cell.bytes.load(Relaxed),
+                };
+                (key.clone(), traffic)
+            })
+            .collect()
+    }
+
     /// Every request received so far, in order.
     pub fn requests(&self) -> Vec<Request> {
         self.shared.requests.lock().unwrap().clone()
@@ -367,3 +436,5 @@ impl Drop for FakeApiServer {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod traffic_tests;

@@ -27,11 +27,15 @@
 //! 5. **Footprint** ([`footprint`]): agent starts of their own: time to ready and its steps,
 //!    idle RSS, each map's memory; peak RSS under the flood.
 //! 6. **Traffic classes** ([`classes`]): ns per ordinary packet by class, test run and live.
+//! 9. **Scale** ([`scale`], only with `--only scale`): the service table at cluster scale.
+//! 10. **Fleet** ([`fleet`], only with `--only fleet`): a fleet's load on the API server (real
+//!     agents against the fake API holding 1,000 and 5,000 nodes), the plugin's time and RSS.
 //!
 //! The output is spliced section by section ([`doc`]): a run replaces the sections of the parts
 //! it ran (each under a line saying when, with what command, at which commit and on what
 //! machine) and their summary lines, and keeps every other section of `BENCHMARKS.md` as it is.
-//! `--only ratio,footprint` runs some parts; `CLB_BENCH_PROBE=<path>` benches a prebuilt agent (e.g. the previous commit's, for a
+//! `--only ratio,footprint` runs some parts; `CLB_BENCH_PROBE=<path>` benches a prebuilt agent
+//! (`CLB_BENCH_PLUGIN=<path>` a prebuilt plugin for the fleet part) (e.g. the previous commit's, for a
 //! before/after). Runs share fixed namespace names: one bench at a time on a machine, so a run
 //! takes `/run/clb-bench.lock` (flock, non-blocking) first and fails at once when another
 //! holds it.
@@ -43,6 +47,9 @@ mod classes;
 mod datapath;
 pub(crate) mod detect;
 mod doc;
+pub mod fleet;
+pub mod fleet_api;
+mod fleet_tables;
 mod flood;
 pub(crate) mod footprint;
 mod latency;
@@ -148,6 +155,19 @@ pub struct BenchArgs {
     /// --quick.
     #[arg(long)]
     pub scale_conntrack: Option<usize>,
+    /// With `--only fleet`: the fleet's nodes, growing (the plugin is timed at each).
+    #[arg(long, value_delimiter = ',', default_value = "1000,5000")]
+    pub fleet_sizes: Vec<usize>,
+    /// With `--only fleet`: the Services (with their EndpointSlices) the fake API holds.
+    #[arg(long, default_value_t = 30_000)]
+    pub fleet_services: usize,
+    /// With `--only fleet`: real agents run side by side (1 for now: an agent refuses a
+    /// second in its network namespace, and the bench has one node namespace).
+    #[arg(long, default_value_t = 1)]
+    pub fleet_agents: usize,
+    /// With `--only fleet`: seconds of the steady window and of the changing one.
+    #[arg(long, default_value_t = 120)]
+    pub fleet_window: u64,
     /// With `--detect`: another agent binary measured in alternating rounds (before/after).
     #[arg(long, requires = "detect")]
     pub baseline_agent: Option<PathBuf>,
@@ -166,12 +186,17 @@ impl BenchArgs {
             a.starts = 2;
             a.scale_sizes = vec![100, 1000];
             a.scale_window = 3;
+            a.fleet_sizes = vec![20, 60];
+            a.fleet_services = 200;
+            a.fleet_agents = 1;
+            a.fleet_window = 4;
         }
         a
     }
 
     fn runs(&self, part: Part) -> bool {
-        (self.only.is_empty() && part != Part::Scale) || self.only.contains(&part)
+        let only_when_named = matches!(part, Part::Scale | Part::Fleet);
+        (self.only.is_empty() && !only_when_named) || self.only.contains(&part)
     }
 }
 
@@ -191,6 +216,9 @@ pub enum Part {
     Classes,
     /// 9: the service table at cluster scale ([`scale`]; ~10-15 minutes, so only when named).
     Scale,
+    /// 10: a fleet's load on the API server and the plugin at 1,000 and 5,000 nodes
+    /// ([`fleet`]; ~10 minutes, so only when named).
+    Fleet,
 }
 
 /// Port of the agent's `/metrics` inside the bench node namespace.
@@ -304,6 +332,25 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 tables.push(t);
             }
         }
+        if args.runs(Part::Fleet) {
+            let plan = fleet::Plan {
+                sizes: args.fleet_sizes.clone(),
+                services: args.fleet_services,
+                agents: args.fleet_agents,
+                window: Duration::from_secs(args.fleet_window),
+                settle: Duration::from_secs(if args.quick { 3 } else { 20 }),
+                verify_timeout_s: if args.quick { 20 } else { 60 },
+            };
+            let plugin = build_plugin(&root, args.quick)?;
+            let measured = fleet::measure(&probe, &plugin, &work, METRICS_PORT, &plan)?;
+            for t in [
+                fleet_tables::load_table(&measured, &mut summary),
+                fleet_tables::plugin_table(&measured, &mut summary),
+            ] {
+                tag(&mut rows, &mut summary, &t);
+                tables.push(t);
+            }
+        }
         if args.runs(Part::Storm) {
             tables.push(storm::correlation_at_scale(
                 &root,
@@ -382,6 +429,31 @@ fn build_agent(root: &Path, quick: bool) -> Result<PathBuf> {
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join("target"));
     Ok(target.join(profile).join("probe"))
+}
+
+/// The plugin `--only fleet` times: the release build (debug for `--quick`), as the agent;
+/// `CLB_BENCH_PLUGIN=<path>` times a prebuilt one.
+fn build_plugin(root: &Path, quick: bool) -> Result<PathBuf> {
+    // As CLB_BENCH_PROBE: a plugin built elsewhere (e.g. the previous commit's).
+    if let Some(path) = std::env::var_os("CLB_BENCH_PLUGIN") {
+        eprintln!("bench: using CLB_BENCH_PLUGIN={}", path.to_string_lossy());
+        return Ok(PathBuf::from(path));
+    }
+    let profile = if quick { "debug" } else { "release" };
+    eprintln!("bench: cargo build ({profile}) --bin kubectl-clb_probe");
+    let mut build = crate::build::workspace_cargo(root, "build");
+    build.args(["--bin", "kubectl-clb_probe"]);
+    if !quick {
+        build.arg("--release");
+    }
+    let status = build.status().context("running cargo build")?;
+    if !status.success() {
+        bail!("building the {profile} plugin failed ({status})");
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    Ok(target.join(profile).join("kubectl-clb_probe"))
 }
 
 fn read_sysctl(key: &str) -> Result<String> {

@@ -22,6 +22,10 @@ fn quick_is_short() {
         scale_api_only: false,
         scale_conntrack: None,
         scale_table_pattern: vec![],
+        fleet_sizes: vec![1000, 5000],
+        fleet_services: 30_000,
+        fleet_agents: 1,
+        fleet_window: 120,
         out: None,
         detect: false,
         baseline_agent: None,
@@ -33,6 +37,23 @@ fn quick_is_short() {
     );
     assert_eq!((a.cycles, a.window_ms, a.starts), (4, 300, 2));
     assert!(a.runs(Part::Ratio) && !a.runs(Part::Datapath));
+    assert_eq!((a.fleet_sizes, a.fleet_window), (vec![20, 60], 4));
+}
+
+/// The fleet (like scale) runs only when named: the bench smoke (`--quick`, no `--only`)
+/// leaves it out.
+#[test]
+fn fleet_runs_only_when_named() {
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        bench: BenchArgs,
+    }
+    let all = <Cli as clap::Parser>::try_parse_from(["bench", "--quick"]).unwrap();
+    assert!(all.bench.runs(Part::Datapath));
+    assert!(!all.bench.runs(Part::Fleet) && !all.bench.runs(Part::Scale));
+    let named = <Cli as clap::Parser>::try_parse_from(["bench", "--only", "fleet"]).unwrap();
+    assert!(named.bench.runs(Part::Fleet) && !named.bench.runs(Part::Datapath));
 }
 
 #[test]

@@ -9,19 +9,22 @@ mod route;
 mod watch;
 mod writes;
 
-use std::{convert::Infallible, sync::Arc};
+use std::{
+    convert::Infallible,
+    sync::{Arc, atomic::Ordering},
+};
 
 use discovery::discovery;
 use http_body_util::BodyExt;
 use hyper::{Method, StatusCode, body::Incoming};
 use reads::{get, list};
-use response::{Response, bad_request, json_response, not_found_path, status};
+use response::{Body, Response, bad_request, json_response, not_found_path, qualified, status};
 use route::{forbidden, query_params, route};
 use serde_json::json;
 use watch::watch_stream;
 use writes::{delete, patch, write};
 
-use crate::kubeapi::{Request, Shared, store, store::WriteMode};
+use crate::kubeapi::{Request, Shared, TrafficKey, store, store::WriteMode};
 
 pub(crate) async fn serve(
     listener: std::net::TcpListener,
@@ -50,7 +53,70 @@ pub(crate) async fn serve(
     }
 }
 
+/// Answers `request`, counting it and the bytes of its answer into the traffic of its client
+/// (the bearer token), verb and resource ([`crate::kubeapi::FakeApiServer::traffic`]).
 async fn handle(shared: Arc<Shared>, request: hyper::Request<Incoming>) -> Response {
+    let key = TrafficKey {
+        client: client_of(request.headers()),
+        verb: verb_of(request.method(), request.uri()),
+        resource: resource_of(request.uri().path()),
+    };
+    let meter = shared.traffic_cell(key);
+    meter.requests.fetch_add(1, Ordering::Relaxed);
+    let mut response = respond(shared, request).await;
+    match response.body_mut() {
+        Body::Full(_) => {
+            let size = hyper::body::Body::size_hint(response.body()).exact();
+            meter.bytes.fetch_add(size.unwrap_or(0), Ordering::Relaxed);
+        }
+        Body::Stream(_, slot) => *slot = Some(meter),
+    }
+    response
+}
+
+/// Who sent a request: its bearer token (the fake authenticates nobody; a bench gives each
+/// client a token of its own to tell their requests apart), else `anonymous`.
+fn client_of(headers: &hyper::HeaderMap) -> String {
+    headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map_or_else(|| "anonymous".to_owned(), str::to_owned)
+}
+
+/// The RBAC verb of a request on a resource, else its method in lower case.
+fn verb_of(method: &Method, uri: &hyper::Uri) -> String {
+    let named = route(uri.path()).map(|t| t.name.is_some());
+    let watch = matches!(
+        query_params(uri.query()).get("watch").map(String::as_str),
+        Some("1" | "true")
+    );
+    match (method, named) {
+        (&Method::GET, Some(true)) => "get",
+        (&Method::GET, Some(false)) if watch => "watch",
+        (&Method::GET, Some(false)) => "list",
+        (&Method::POST, Some(false)) => "create",
+        (&Method::PATCH, Some(true)) => "patch",
+        (&Method::PUT, Some(true)) => "update",
+        (&Method::DELETE, Some(true)) => "delete",
+        _ => return method.as_str().to_ascii_lowercase(),
+    }
+    .to_owned()
+}
+
+/// `resource.group` (`/status` when the subresource), `pods/proxy`, else the path.
+fn resource_of(path: &str) -> String {
+    if proxy::route(path).is_some() {
+        return "pods/proxy".to_owned();
+    }
+    match route(path) {
+        Some(target) if target.status => format!("{}/status", qualified(target.info)),
+        Some(target) => qualified(target.info),
+        None => path.to_owned(),
+    }
+}
+
+async fn respond(shared: Arc<Shared>, request: hyper::Request<Incoming>) -> Response {
     let method = request.method().clone();
     let uri = request.uri().clone();
     let content_type = request
@@ -58,12 +124,14 @@ async fn handle(shared: Arc<Shared>, request: hyper::Request<Incoming>) -> Respo
         .get("content-type")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    let as_table = crate::kubeapi::table::wants_table(
-        request
-            .headers()
-            .get("accept")
-            .and_then(|v| v.to_str().ok()),
-    );
+    let accept = request
+        .headers()
+        .get("accept")
+        .and_then(|v| v.to_str().ok());
+    let as_table = crate::kubeapi::table::wants_table(accept);
+    // A metadata-only list (kube's `list_metadata`, client-go's metadata informers): the API
+    // server sends each item's `metadata` alone, as `PartialObjectMetadataList`.
+    let as_metadata = accept.is_some_and(|a| a.contains("as=PartialObjectMetadataList"));
     shared.requests.lock().unwrap().push(Request {
         method: method.to_string(),
         path: uri
@@ -71,6 +139,7 @@ async fn handle(shared: Arc<Shared>, request: hyper::Request<Incoming>) -> Respo
             .map(ToString::to_string)
             .unwrap_or_default(),
         content_type: content_type.clone(),
+        client: client_of(request.headers()),
     });
     let path = uri.path();
     if path == "/version" && method == Method::GET {
@@ -180,7 +249,7 @@ async fn handle(shared: Arc<Shared>, request: hyper::Request<Incoming>) -> Respo
     }
     match verb {
         "get" => get(&shared, &target),
-        "list" => list(&shared, &target, &params, as_table),
+        "list" => list(&shared, &target, &params, as_table, as_metadata),
         "watch" => watch_stream(shared, target, params),
         "create" => write(&shared, &target, &body, WriteMode::Create),
         "update" => write(&shared, &target, &body, WriteMode::Replace),

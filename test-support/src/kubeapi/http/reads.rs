@@ -70,6 +70,7 @@ pub(super) fn list(
     target: &Target,
     params: &HashMap<String, String>,
     as_table: bool,
+    as_metadata: bool,
 ) -> Response {
     let filters = match Filters::parse(params) {
         Ok(filters) => filters,
@@ -158,11 +159,28 @@ pub(super) fn list(
             &crate::kubeapi::table::table(&columns, &items, &store.resource_version().to_string()),
         );
     }
+    let (kind, api_version, items) = if as_metadata {
+        let items = items
+            .into_iter()
+            .map(|o| json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": o["metadata"]}))
+            .collect();
+        (
+            "PartialObjectMetadataList".to_owned(),
+            "meta.k8s.io/v1",
+            items,
+        )
+    } else {
+        (
+            format!("{}List", target.info.kind),
+            target.info.api_version,
+            items,
+        )
+    };
     json_response(
         StatusCode::OK,
         &json!({
-            "kind": format!("{}List", target.info.kind),
-            "apiVersion": target.info.api_version,
+            "kind": kind,
+            "apiVersion": api_version,
             "metadata": match continue_token {
                 Some(token) => json!({"resourceVersion": store.resource_version().to_string(), "continue": token}),
                 None => json!({"resourceVersion": store.resource_version().to_string()}),

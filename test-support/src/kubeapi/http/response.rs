@@ -4,6 +4,7 @@
 use std::{
     convert::Infallible,
     pin::Pin,
+    sync::{Arc, atomic::Ordering},
     task::{Context, Poll},
 };
 
@@ -14,14 +15,15 @@ use hyper::{
 };
 use serde_json::{Value, json};
 
-use crate::kubeapi::store::ResourceInfo;
+use crate::kubeapi::{TrafficCell, store::ResourceInfo};
 
 pub(super) type Response = hyper::Response<Body>;
 
-/// A full body, or a watch stream fed by a channel.
+/// A full body, or a watch stream fed by a channel (its bytes counted into the request's
+/// traffic as they leave, [`crate::kubeapi::FakeApiServer::traffic`]).
 pub(crate) enum Body {
     Full(Full<Bytes>),
-    Stream(tokio::sync::mpsc::Receiver<Bytes>),
+    Stream(tokio::sync::mpsc::Receiver<Bytes>, Option<Arc<TrafficCell>>),
 }
 
 impl hyper::body::Body for Body {
@@ -34,9 +36,21 @@ impl hyper::body::Body for Body {
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         match self.get_mut() {
             Body::Full(full) => Pin::new(full).poll_frame(cx),
-            Body::Stream(rx) => rx
-                .poll_recv(cx)
-                .map(|chunk| chunk.map(|c| Ok(Frame::data(c)))),
+            Body::Stream(rx, meter) => rx.poll_recv(cx).map(|chunk| {
+                chunk.map(|c| {
+                    if let Some(meter) = meter {
+                        meter.bytes.fetch_add(c.len() as u64, Ordering::Relaxed);
+                    }
+                    Ok(Frame::data(c))
+                })
+            }),
+        }
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        match self {
+            Body::Full(full) => hyper::body::Body::size_hint(full),
+            Body::Stream(..) => hyper::body::SizeHint::default(),
         }
     }
 }

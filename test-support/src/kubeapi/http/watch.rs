@@ -137,6 +137,6 @@ pub(super) fn watch_stream(
         .status(StatusCode::OK)
         .header("content-type", "application/json")
         .header("transfer-encoding", "chunked")
-        .body(Body::Stream(rx))
+        .body(Body::Stream(rx, None))
         .expect("a valid response")
 }

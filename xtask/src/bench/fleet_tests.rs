@@ -1,0 +1,166 @@
+use std::{collections::BTreeMap, time::Duration};
+
+use test_support::kubeapi::{Traffic, TrafficKey};
+
+use super::*;
+use crate::bench::fleet_tables;
+
+fn key(client: &str, verb: &str, resource: &str) -> TrafficKey {
+    TrafficKey {
+        client: client.into(),
+        verb: verb.into(),
+        resource: resource.into(),
+    }
+}
+
+fn t(requests: u64, bytes: u64) -> Traffic {
+    Traffic { requests, bytes }
+}
+
+#[test]
+fn a_window_is_one_clients_difference() {
+    let before = BTreeMap::from([(key("agent-0", "watch", "services"), t(1, 100))]);
+    let after = BTreeMap::from([
+        (key("agent-0", "watch", "services"), t(1, 400)),
+        (key("agent-0", "list", "nodes"), t(0, 0)),
+        (key("agent-1", "watch", "services"), t(1, 999)),
+        (
+            key("agent-0", "patch", "loopbackreports.clb-probe.io/status"),
+            t(2, 50),
+        ),
+    ]);
+    let w = window_of(&before, &after, "agent-0");
+    assert_eq!(w.len(), 2, "{w:?}");
+    assert_eq!(w[&("watch".into(), "services".into())], t(0, 300));
+    let r = rates(&w, 60.0);
+    assert_eq!(r.reports, 120.0);
+    assert_eq!(r.writes, 120.0);
+    assert_eq!(r.bytes, 350.0 * 60.0);
+    assert_eq!(r.bytes_kube_proxy_set, 300.0 * 60.0);
+    assert_eq!(r.lists, 0.0);
+}
+
+#[test]
+fn writes_are_sorted_by_what_they_write() {
+    let w: Window = [
+        (("patch", "nodes/status"), t(1, 10)),
+        (("create", "events.events.k8s.io"), t(3, 10)),
+        (("patch", "events.events.k8s.io"), t(1, 10)),
+        (
+            ("patch", "loopbackverifications.clb-probe.io/status"),
+            t(2, 10),
+        ),
+        (("list", "services"), t(1, 10)),
+        (("get", "nodes"), t(5, 10)),
+    ]
+    .into_iter()
+    .map(|((v, r), t)| ((v.to_string(), r.to_string()), t))
+    .collect();
+    let r = rates(&w, 3600.0);
+    assert_eq!(
+        (r.conditions, r.events, r.verifications, r.writes, r.lists),
+        (1.0, 4.0, 2.0, 7.0, 1.0)
+    );
+}
+
+#[test]
+fn watches_are_reasked_as_they_time_out() {
+    let timeouts = BTreeMap::from([("services".to_string(), 290.0), ("nodes".into(), 290.0)]);
+    assert!((watches_per_hour(&timeouts) - 2.0 * 3600.0 / 290.0).abs() < 1e-9);
+    assert_eq!(kube_proxy_watches_per_hour(), 24.0);
+}
+
+fn fleet(report_wall_s: f64) -> Fleet {
+    let steady: Window = [(("patch", "loopbackreports.clb-probe.io/status"), t(1, 10))]
+        .into_iter()
+        .map(|((v, r), t)| ((v.to_string(), r.to_string()), t))
+        .collect();
+    Fleet {
+        plan: Plan {
+            sizes: vec![1000, 5000],
+            services: 30_000,
+            agents: 1,
+            window: Duration::from_secs(60),
+            settle: Duration::from_secs(20),
+            verify_timeout_s: 30,
+        },
+        agents: vec![[Window::new(), steady.clone(), steady]],
+        watch_timeouts: vec![BTreeMap::from([("services".into(), 290.0)])],
+        plugin: vec![PluginRun {
+            nodes: 5000,
+            command: "report".into(),
+            wall_s: report_wall_s,
+            peak_rss_mib: 100.0,
+            exit: 1,
+            requests: 3,
+            bytes: 1 << 20,
+        }],
+        verify: Some((
+            2,
+            BTreeMap::from([
+                (
+                    key(
+                        "agent-0",
+                        "patch",
+                        "loopbackverifications.clb-probe.io/status",
+                    ),
+                    t(1, 10),
+                ),
+                (
+                    key(
+                        "agent-1",
+                        "patch",
+                        "loopbackverifications.clb-probe.io/status",
+                    ),
+                    t(1, 10),
+                ),
+                (
+                    key("plugin", "create", "loopbackverifications.clb-probe.io"),
+                    t(2, 10),
+                ),
+                (
+                    key("plugin", "delete", "loopbackverifications.clb-probe.io"),
+                    t(2, 10),
+                ),
+            ]),
+        )),
+    }
+}
+
+#[test]
+fn the_sections_state_each_target_met_or_missed() {
+    let mut summary = Vec::new();
+    let load = fleet_tables::load_table(&fleet(1.0), &mut summary);
+    // One report write a minute: 60/h, at the target.
+    assert!(
+        load.note.contains("60 writes/h (1.00 a minute): met"),
+        "{}",
+        load.note
+    );
+    assert_eq!(load.rows.len(), 4 + 4);
+    assert_eq!(load.rows[4][0], "fleet of 1000 agents, steady");
+    assert_eq!(load.rows[4][3], "60000");
+    let plugin = fleet_tables::plugin_table(&fleet(1.0), &mut summary);
+    assert!(
+        plugin.note.contains("1.00 s, 100 MiB: met"),
+        "{}",
+        plugin.note
+    );
+    assert!(
+        plugin.note.contains("1.0 agent write(s)"),
+        "{}",
+        plugin.note
+    );
+    assert!(
+        plugin.note.contains("2.0 plugin write(s)"),
+        "{}",
+        plugin.note
+    );
+    let slow = fleet_tables::plugin_table(&fleet(4.0), &mut summary);
+    assert!(slow.note.contains("missed"), "{}", slow.note);
+    assert!(
+        summary
+            .iter()
+            .any(|(w, f)| w.contains("report") && f.contains("missed"))
+    );
+}
