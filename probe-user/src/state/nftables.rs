@@ -121,7 +121,8 @@ pub fn read_family(family: u8) -> Result<Option<ServiceTable>, NftError> {
     if !nft_netlink::table_exists(family, TABLE)? {
         return Ok(None);
     }
-    let raw = match nft_netlink::rules_vec(family, TABLE, None) {
+    // Chain by chain when the table is large: the kernel's whole-table dump is quadratic.
+    let raw = match nft_netlink::table_rules_vec(family, TABLE) {
         Ok(rules) => rules,
         Err(e) if e.is_absent() => return Ok(None),
         Err(e) => return Err(e.into()),

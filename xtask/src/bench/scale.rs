@@ -537,10 +537,19 @@ fn point(
         Reader::Api => "warn,clb_probe::agent=info,clb_probe::kube=info",
         _ => "warn,clb_probe::agent::services=info",
     };
+    let spawned = Instant::now();
     let agent = Agent::start_with(probe, work, port, filter, &env)?;
     let pid = agent.pid();
     let ready_ms = agent.startup.as_secs_f64() * 1e3;
     log.wait(n, 0.0)?;
+    // The first table's time (issue #52: 79 s at 30,000 Services without the API), for a
+    // before/after by hand; it is no column of the section.
+    eprintln!(
+        "bench: scale   {} {n} Services, {}: first table {:.0} ms after the spawn",
+        mode.name(),
+        reader.name(),
+        spawned.elapsed().as_secs_f64() * 1e3
+    );
     pause(Duration::from_secs(1))?;
     let (idle, _) = cpu_during(pid, window, |_| Ok(()))?;
     // kube-proxy >= 1.28 writes only what changed (and its two top chains). Measured before

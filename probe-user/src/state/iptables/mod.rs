@@ -34,10 +34,11 @@
 //! again, one filtered dump each (kube-proxy >= 1.28 writes only the chains that changed,
 //! plus `KUBE-SERVICES` and `KUBE-NODEPORTS`). A full restore touches every chain: more than
 //! [`MAX_CHAIN_READS`] chains, or a chain count above 1/[`CHAIN_READ_SHARE`] of the table, is
-//! one dump of the table instead. What the messages cannot say (a renamed chain) waits for the
-//! next full read: the `--services-every` safety net reads everything (a table patched chain
-//! by chain is not trusted by generation). [`read_chain`] answers one question (one chain)
-//! the same way.
+//! one read of the table instead: one dump, or chain by chain above
+//! [`nft_netlink::WHOLE_DUMP_MAX_CHAINS`] chains (the kernel's whole-table dump is
+//! quadratic). What the messages cannot say (a renamed chain) waits for the next full read:
+//! the `--services-every` safety net reads everything (a table patched chain by chain is not
+//! trusted by generation). [`read_chain`] answers one question (one chain) the same way.
 //!
 //! The legacy backend (x_tables) has no netlink interface: its rules are one binary blob per
 //! table behind `IPT_SO_GET_ENTRIES` (getsockopt), whose match and target structs are
@@ -308,14 +309,20 @@ fn read_nft_family(family: u8, touched: &Touched) -> Result<NftRead, IptablesErr
     Ok(NftRead { table, kube })
 }
 
-/// Every rule of the `nat` table of `family`, decoded as they arrive. No table: no rules.
+/// Every rule of the `nat` table of `family`, decoded as they arrive (one dump, or chain by
+/// chain when the table is large: [`nft_netlink::WHOLE_DUMP_MAX_CHAINS`]). No table: no rules.
 fn read_nat_chains(family: u8) -> Result<NatChains, IptablesError> {
+    read_nat_chains_with(family, nft_netlink::WHOLE_DUMP_MAX_CHAINS)
+}
+
+/// [`read_nat_chains`] with the chain count above which the table is read chain by chain.
+fn read_nat_chains_with(family: u8, max_whole_chains: usize) -> Result<NatChains, IptablesError> {
     let chains = std::cell::RefCell::new(NatChains::default());
     count_dump();
-    match nft_netlink::rules(
+    match nft_netlink::table_rules(
         family,
         "nat",
-        None,
+        max_whole_chains,
         &mut || *chains.borrow_mut() = NatChains::default(),
         &mut |r| {
             let mut rule = nft_rules::rule_from_nft(&r, false);
@@ -648,6 +655,8 @@ fn run(cmd: &str, args: &[&str]) -> Result<String, IptablesError> {
         .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
 }
 
+#[cfg(test)]
+mod chain_dump_tests;
 #[cfg(test)]
 mod rejects_tests;
 #[cfg(test)]

@@ -9,6 +9,8 @@
 //!   `NFTA_RULE_TABLE` and `NFTA_RULE_CHAIN`: the kernel filters, `nf_tables_dump_rules`),
 //!   handed over one by one as they are decoded (a 10,000-Service nat table is ~60,000 rules:
 //!   never held as bytes);
+//! - [`table_rules`]: every rule of a table, in one dump or chain by chain when the table is
+//!   large (the kernel's whole-table dump is quadratic, see [`WHOLE_DUMP_MAX_CHAINS`]);
 //! - [`chains`]: a table's chains (`NFT_MSG_GETCHAIN`);
 //! - [`set_elems`]: a set's or map's elements (`NFT_MSG_GETSETELEM`).
 //!
@@ -258,6 +260,59 @@ pub fn rules(
     })
 }
 
+/// Tables of more chains than this are dumped chain by chain ([`table_rules`]).
+///
+/// The kernel's dump of a whole table is quadratic in its rules: each reply batch (at most
+/// 32 KiB, `netlink_recvmsg` caps `max_recvmsg_len`) walks every chain and rule from the
+/// start again and skips the ones already sent (`nf_tables_dump_rules` and
+/// `__nf_tables_dump_rules`, net/netfilter/nf_tables_api.c: one running `idx` over all
+/// chains against `ctx->s_idx`). A dump filtered to one chain finds it in the table's chain
+/// hash (`rhltable_lookup` on `chains_ht`) and walks that chain only. Measured here (perf,
+/// `nft list table ip nat` of kube-proxy's rules for 30,000 Services, 32,000 chains and
+/// 164,000 rules): 82% of the time in `__nf_tables_dump_rules`, 9 s of system time (0.8 s at
+/// 10,000). One dump per chain costs a request each (tens of microseconds), so small tables
+/// keep the single dump.
+pub const WHOLE_DUMP_MAX_CHAINS: usize = 1_000;
+
+/// The rules of every chain of `table` in `family`, handed to `on_rule` in the order of a
+/// whole-table dump (chain by chain in the kernel's chain order, each in rule order): one
+/// dump of the table when it has at most `max_whole_chains` chains, else one filtered dump
+/// per chain (see [`WHOLE_DUMP_MAX_CHAINS`]). Chain by chain, a commit between two chains'
+/// dumps (the generation moved) starts the read again, up to [`DUMP_TRIES`] times, with
+/// `on_reset` first, as an interrupted dump does. A missing table is
+/// [`NftNetlinkError::is_absent`] (or no rules).
+pub fn table_rules(
+    family: u8,
+    table: &str,
+    max_whole_chains: usize,
+    on_reset: &mut dyn FnMut(),
+    on_rule: &mut dyn FnMut(NftRule),
+) -> Result<(), NftNetlinkError> {
+    for _ in 0..DUMP_TRIES {
+        let before = generation()?;
+        let names: Vec<String> = chains(family, table)?.into_iter().map(|c| c.name).collect();
+        if names.len() <= max_whole_chains {
+            return rules(family, table, None, on_reset, on_rule);
+        }
+        // An interrupted chain dump moved the generation too: the check below starts again.
+        let mut ignore_reset = || {};
+        for name in &names {
+            rules(family, table, Some(name), &mut ignore_reset, on_rule)?;
+        }
+        if generation()? == before {
+            return Ok(());
+        }
+        on_reset();
+    }
+    Err(NftNetlinkError::Interrupted {
+        what: format!(
+            "rules of table {} {table}, chain by chain",
+            family_name(family)
+        ),
+        tries: DUMP_TRIES,
+    })
+}
+
 /// [`rules`], collected.
 pub fn rules_vec(
     family: u8,
@@ -269,6 +324,19 @@ pub fn rules_vec(
         family,
         table,
         chain,
+        &mut || out.borrow_mut().clear(),
+        &mut |r| out.borrow_mut().push(r),
+    )?;
+    Ok(out.into_inner())
+}
+
+/// [`table_rules`] with [`WHOLE_DUMP_MAX_CHAINS`], collected.
+pub fn table_rules_vec(family: u8, table: &str) -> Result<Vec<NftRule>, NftNetlinkError> {
+    let out = std::cell::RefCell::new(Vec::new());
+    table_rules(
+        family,
+        table,
+        WHOLE_DUMP_MAX_CHAINS,
         &mut || out.borrow_mut().clear(),
         &mut |r| out.borrow_mut().push(r),
     )?;
@@ -409,5 +477,7 @@ fn split(bytes: &[u8]) -> Result<Vec<&[u8]>, WireError> {
     netlink::split(bytes).map_err(|_| WireError::ShortMessage { len: bytes.len() })
 }
 
+#[cfg(test)]
+mod chain_dump_tests;
 #[cfg(test)]
 mod tests;
