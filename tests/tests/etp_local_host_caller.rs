@@ -115,14 +115,7 @@ fn iptables_nodes_own_call_is_not_dropped_and_reports_nothing() {
     if !require_root("iptables_host_caller") {
         return;
     }
-    // kube-proxy's iptables mode binds no LB IP on the node.
-    let variants = Variants {
-        vip_bound: false,
-        ..Variants::default()
-    };
-    let lab = LabGuard::up_in(KubeProxyMode::Iptables, &variants, &Default::default())
-        .expect("lab up (iptables mode)");
-    lab.set_all(&variants).expect("the LB IP unbound");
+    let lab = LabGuard::up_iptables_lb_ip_unbound().expect("lab up (iptables mode, LB IP unbound)");
     etp_local::set_web_local(None).expect("default/web-local's rules");
     let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
     let node = lab.connect(lab::NS_NODE, None, lb()).unwrap();
@@ -182,13 +175,7 @@ fn iptables_source_ranges_drop_of_the_nodes_own_call_is_confirmed_from_the_node(
     if !require_root("iptables_host_caller_ranges") {
         return;
     }
-    let variants = Variants {
-        vip_bound: false,
-        ..Variants::default()
-    };
-    let lab = LabGuard::up_in(KubeProxyMode::Iptables, &variants, &Default::default())
-        .expect("lab up (iptables mode)");
-    lab.set_all(&variants).expect("the LB IP unbound");
+    let lab = LabGuard::up_iptables_lb_ip_unbound().expect("lab up (iptables mode, LB IP unbound)");
     source_ranges::set_iptables_source_ranges(IpFamily::V4, Some(OUTSIDE))
         .expect("default/web's firewall");
     let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
