@@ -144,6 +144,37 @@ pub fn lab_objects_with_unprogrammed_port() -> Vec<Value> {
     objects
 }
 
+/// The confirmation of a call to the port [`lab_objects_with_unprogrammed_port`] adds: the
+/// unserved port on the LB IP, named as kube-proxy lagging the API (the dataplane read that
+/// found no rule named by `dataplane`), with kube-proxy, not the Service, as the remedy.
+pub fn assert_unprogrammed_port_named(e: &probe_contract::LoopbackEvent, dataplane: &str) {
+    assert_eq!(
+        (e.vip, e.vip_port),
+        (Some(IpAddr::V4(lab::VIP)), Some(lab::VIP_UNSERVED_PORT))
+    );
+    assert!(e.facts.kube_proxy_lags, "{e:#?}");
+    let evidence = crate::agent::lines(&e.evidence);
+    assert!(
+        evidence.contains(
+            "the API and this node disagree: default/web:https serves 203.0.113.10:443/tcp"
+        ),
+        "{evidence}"
+    );
+    assert!(evidence.contains(dataplane), "{evidence}");
+    assert!(
+        e.remedy[0].contains("kube-proxy on this node has not programmed it"),
+        "{:#?}",
+        e.remedy
+    );
+    assert!(
+        !e.remedy
+            .iter()
+            .any(|r| r.contains("add it to the Service's ports")),
+        "{:#?}",
+        e.remedy
+    );
+}
+
 /// A running fake API server and its kubeconfig; both go on drop (the server first).
 pub struct KubeFixture {
     server: FakeApiServer,

@@ -21,7 +21,9 @@ use probe_contract::{
 };
 use probe_tests::{
     agent::{Agent, lines, probe_bin, wait_for},
-    kube_fixture::{KubeFixture, lab_objects_with_unprogrammed_port},
+    kube_fixture::{
+        KubeFixture, assert_unprogrammed_port_named, lab_objects_with_unprogrammed_port,
+    },
 };
 use serde_json::Value;
 use test_support::{
@@ -284,31 +286,7 @@ fn a_port_the_api_serves_and_kube_proxy_did_not_program_is_named() {
         Outcome::Refused
     );
     let e = event(&agent, LoopbackKind::VipPortUnserved);
-    assert_eq!(
-        (e.vip, e.vip_port),
-        (Some(IpAddr::V4(lab::VIP)), Some(lab::VIP_UNSERVED_PORT))
-    );
-    assert!(e.facts.kube_proxy_lags, "{e:#?}");
-    let evidence = lines(&e.evidence);
-    assert!(
-        evidence.contains(
-            "the API and this node disagree: default/web:https serves 203.0.113.10:443/tcp"
-        ),
-        "{evidence}"
-    );
-    assert!(evidence.contains("KUBE-SERVICES"), "{evidence}");
-    assert!(
-        e.remedy[0].contains("kube-proxy on this node has not programmed it"),
-        "{:#?}",
-        e.remedy
-    );
-    assert!(
-        !e.remedy
-            .iter()
-            .any(|r| r.contains("add it to the Service's ports")),
-        "{:#?}",
-        e.remedy
-    );
+    assert_unprogrammed_port_named(&e, "KUBE-SERVICES");
     // The served port is still served: the API's table did not make the rules' port unserved.
     assert_eq!(lab.traffic(Scenario::VipPortServed).unwrap(), Outcome::Ok);
     assert!(agent.stop().success());
