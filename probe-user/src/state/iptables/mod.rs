@@ -479,23 +479,12 @@ fn read_access_filter(default_is_nft: bool) -> Vec<String> {
 /// nf_tables backend (generation-cached, [`read_chain`]), with `iptables -S` on the legacy
 /// one. A missing chain or a failed read is no drop.
 fn read_external_drops(default_is_nft: bool) -> Vec<crate::state::NoEndpointDrop> {
-    let mut drops = Vec::new();
-    if default_is_nft {
-        for family in [FAMILY_IP, FAMILY_IP6] {
-            match read_chain(family, "filter", EXTERNAL_SERVICES_CHAIN) {
-                Ok(rules) => drops.extend(external_drops(&rules)),
-                Err(e) => tracing::trace!(error = %e, "no {EXTERNAL_SERVICES_CHAIN}"),
-            }
-        }
-        return drops;
-    }
-    for cmd in ["iptables", "ip6tables"] {
-        match run(cmd, &["-w", "-t", "filter", "-S", EXTERNAL_SERVICES_CHAIN]) {
-            Ok(text) => drops.extend(parse_external_drops(&text)),
-            Err(e) => tracing::trace!(error = %e, "no {EXTERNAL_SERVICES_CHAIN}"),
-        }
-    }
-    drops
+    read_filter_chain(
+        default_is_nft,
+        EXTERNAL_SERVICES_CHAIN,
+        external_drops,
+        parse_external_drops,
+    )
 }
 
 /// kube-proxy's REJECTs of Service ports without endpoints ([`FILTER_SERVICES_CHAIN`] of the
@@ -503,23 +492,40 @@ fn read_external_drops(default_is_nft: bool) -> Vec<crate::state::NoEndpointDrop
 /// (generation-cached, [`read_chain`]), with `iptables -S` on the legacy one. A missing chain
 /// or a failed read is no reject: such a Service is then not named.
 fn read_no_endpoint_rejects(default_is_nft: bool) -> Vec<crate::state::NoEndpointReject> {
-    let mut rejects = Vec::new();
+    read_filter_chain(
+        default_is_nft,
+        FILTER_SERVICES_CHAIN,
+        no_endpoint_rejects,
+        parse_no_endpoint_rejects,
+    )
+}
+
+/// One chain of the filter table in both families, decoded: over netlink on the nf_tables
+/// backend (generation-cached, [`read_chain`]) by `from_rules`, with `iptables -S` on the
+/// legacy one by `from_text`. A missing chain or a failed read contributes nothing.
+fn read_filter_chain<T>(
+    default_is_nft: bool,
+    chain: &str,
+    from_rules: fn(&[Rule]) -> Vec<T>,
+    from_text: fn(&str) -> Vec<T>,
+) -> Vec<T> {
+    let mut out = Vec::new();
     if default_is_nft {
         for family in [FAMILY_IP, FAMILY_IP6] {
-            match read_chain(family, "filter", FILTER_SERVICES_CHAIN) {
-                Ok(rules) => rejects.extend(no_endpoint_rejects(&rules)),
-                Err(e) => tracing::trace!(error = %e, "no filter {FILTER_SERVICES_CHAIN}"),
+            match read_chain(family, "filter", chain) {
+                Ok(rules) => out.extend(from_rules(&rules)),
+                Err(e) => tracing::trace!(error = %e, "no filter {chain}"),
             }
         }
-        return rejects;
+        return out;
     }
     for cmd in ["iptables", "ip6tables"] {
-        match run(cmd, &["-w", "-t", "filter", "-S", FILTER_SERVICES_CHAIN]) {
-            Ok(text) => rejects.extend(parse_no_endpoint_rejects(&text)),
-            Err(e) => tracing::trace!(error = %e, "no filter {FILTER_SERVICES_CHAIN}"),
+        match run(cmd, &["-w", "-t", "filter", "-S", chain]) {
+            Ok(text) => out.extend(from_text(&text)),
+            Err(e) => tracing::trace!(error = %e, "no filter {chain}"),
         }
     }
-    rejects
+    out
 }
 
 /// kube-proxy's `loadBalancerSourceRanges` firewall (`firewall`'s module docs), both families,
