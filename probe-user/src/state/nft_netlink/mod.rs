@@ -279,7 +279,8 @@ pub const WHOLE_DUMP_MAX_CHAINS: usize = 1_000;
 /// dump of the table when it has at most `max_whole_chains` chains, else one filtered dump
 /// per chain (see [`WHOLE_DUMP_MAX_CHAINS`]). Chain by chain, a commit between two chains'
 /// dumps (the generation moved) starts the read again, up to [`DUMP_TRIES`] times, with
-/// `on_reset` first, as an interrupted dump does. A missing table is
+/// `on_reset` first, as an interrupted dump does (a chain deleted after the chain list reads
+/// as empty, as `rules` says, and its commit moved the generation). A missing table is
 /// [`NftNetlinkError::is_absent`] (or no rules).
 pub fn table_rules(
     family: u8,
@@ -319,27 +320,24 @@ pub fn rules_vec(
     table: &str,
     chain: Option<&str>,
 ) -> Result<Vec<NftRule>, NftNetlinkError> {
-    let out = std::cell::RefCell::new(Vec::new());
-    rules(
-        family,
-        table,
-        chain,
-        &mut || out.borrow_mut().clear(),
-        &mut |r| out.borrow_mut().push(r),
-    )?;
-    Ok(out.into_inner())
+    collect_rules(|on_reset, on_rule| rules(family, table, chain, on_reset, on_rule))
 }
 
 /// [`table_rules`] with [`WHOLE_DUMP_MAX_CHAINS`], collected.
 pub fn table_rules_vec(family: u8, table: &str) -> Result<Vec<NftRule>, NftNetlinkError> {
+    collect_rules(|on_reset, on_rule| {
+        table_rules(family, table, WHOLE_DUMP_MAX_CHAINS, on_reset, on_rule)
+    })
+}
+
+/// A read's rules in a `Vec`, emptied when the read starts again.
+fn collect_rules(
+    read: impl FnOnce(&mut dyn FnMut(), &mut dyn FnMut(NftRule)) -> Result<(), NftNetlinkError>,
+) -> Result<Vec<NftRule>, NftNetlinkError> {
     let out = std::cell::RefCell::new(Vec::new());
-    table_rules(
-        family,
-        table,
-        WHOLE_DUMP_MAX_CHAINS,
-        &mut || out.borrow_mut().clear(),
-        &mut |r| out.borrow_mut().push(r),
-    )?;
+    read(&mut || out.borrow_mut().clear(), &mut |r| {
+        out.borrow_mut().push(r)
+    })?;
     Ok(out.into_inner())
 }
 
