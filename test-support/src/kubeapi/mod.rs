@@ -272,6 +272,17 @@ impl FakeApiServer {
         self.kubeconfig(path, self.addr.ip(), token)
     }
 
+    /// [`write_kubeconfig_as`](Self::write_kubeconfig_as) reaching the server at `host`
+    /// ([`write_kubeconfig_via`](Self::write_kubeconfig_via)).
+    pub fn write_kubeconfig_as_via(
+        &self,
+        path: &Path,
+        token: &str,
+        host: std::net::IpAddr,
+    ) -> Result<()> {
+        self.kubeconfig(path, host, token)
+    }
+
     fn kubeconfig(&self, path: &Path, host: std::net::IpAddr, token: &str) -> Result<()> {
         let url = format!("http://{}", SocketAddr::new(host, self.addr.port()));
         let config = format!(

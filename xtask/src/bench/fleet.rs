@@ -3,12 +3,12 @@
 //!
 //! The fake API ([`super::fleet_api`]) holds `--fleet-services` Services with their
 //! EndpointSlices and 1,000 then 5,000 Nodes, each with its LoopbackReport and its agent's
-//! Events. A real agent (the release build, in the bench node namespace, told it runs on a
-//! fleet node, with the node report and the Node condition on) runs against it with a bearer
-//! token of its own, so the fake's request log counts its requests and the bytes sent to it
-//! apart from the plugin's. One agent: an agent refuses a second in its network namespace,
-//! and the bench has one node namespace (`--fleet-agents` takes 1 until each agent gets a
-//! namespace of its own). One steady window and one window with one Service change
+//! Events. `--fleet-agents` real agents (the release build, each told it runs on a fleet node
+//! of its own, with the node report and the Node condition on; the first in the bench node
+//! namespace, each other in a namespace of its own linked to it, since an agent refuses a
+//! second in its namespace) run against it side by side, each with a bearer token of its own,
+//! so the fake's request log counts each agent's requests and the bytes sent to it apart from
+//! the others' and the plugin's. One steady window and one window with one Service change
 //! a second (a Service and its EndpointSlice added, then removed) give each agent's rates, per
 //! hour; the fleet's are one agent's times the nodes (every agent watches the same Services and
 //! EndpointSlices, and only its own Node, report and verification requests). kube-proxy's own
@@ -24,7 +24,10 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
-use test_support::kubeapi::{Traffic, TrafficKey};
+use test_support::{
+    kubeapi::{Traffic, TrafficKey},
+    lab::{cmd::run, net::remove_namespaces},
+};
 
 use super::{
     fleet_api::{self, FleetApi},
@@ -33,7 +36,7 @@ use super::{
 };
 
 /// Fleet nodes that carry the bench node's address (an agent's node must, to write its
-/// report outside a Pod): room for more agents than the one the bench runs now.
+/// report outside a Pod): the most agents `--fleet-agents` runs side by side.
 pub const MAX_AGENTS: usize = 8;
 /// kube-rs's watcher asks for watches of this length (`timeoutSeconds`), client-go's reflector
 /// for a random length in [5, 10) minutes: `minWatchTimeout = 5 * time.Minute`, timeout
@@ -177,18 +180,23 @@ fn start_agents(
     port: u16,
     api: &FleetApi,
     plan: &Plan,
-) -> Result<Vec<(Agent, PathBuf)>> {
-    // An agent refuses to start beside another in its network namespace (two would attach
-    // twice and detach each other: probe-user/src/agent/instance.rs), and the bench has one
-    // node namespace: more agents need a namespace each, with a route to the fake API.
-    if plan.agents != 1 {
-        bail!("--fleet-agents: 1 (one agent per network namespace, and the bench has one)");
+) -> Result<Agents> {
+    if !(1..=MAX_AGENTS).contains(&plan.agents) {
+        bail!("--fleet-agents: 1 to {MAX_AGENTS}");
     }
+    let nodes = OtherNodes::up(plan.agents)?;
     let mut agents = Vec::new();
     for i in 0..plan.agents {
         let dir = work.join(format!("fleet-agent-{i}"));
         std::fs::create_dir_all(&dir)?;
-        let kubeconfig = api.kubeconfig(&agent_client(i))?.display().to_string();
+        let (netns, kubeconfig) = match i {
+            0 => (net::NS_NODE.to_string(), api.kubeconfig(&agent_client(i))?),
+            _ => (
+                OtherNodes::netns(i),
+                api.kubeconfig_via(&agent_client(i), OtherNodes::api_side(i).into())?,
+            ),
+        };
+        let kubeconfig = kubeconfig.display().to_string();
         let node = fleet_api::node_name(i);
         let env = [
             ("CLB_PROBE_KUBECONFIG", kubeconfig.as_str()),
@@ -197,7 +205,7 @@ fn start_agents(
             ("CLB_PROBE_NODE_CONDITION", "on"),
         ];
         let filter = "warn,clb_probe::agent=info,clb_probe::kube=info";
-        let agent = Agent::start_with(probe, &dir, port + 1 + i as u16, filter, &env)
+        let agent = Agent::start_in(&netns, probe, &dir, port + 1 + i as u16, filter, &env)
             .with_context(|| format!("fleet agent {i}"))?;
         agents.push((agent, dir));
     }
@@ -227,7 +235,89 @@ fn start_agents(
         plan.agents,
         t.elapsed().as_secs_f64()
     );
-    Ok(agents)
+    Ok(Agents {
+        _agents: agents,
+        _nodes: nodes,
+    })
+}
+
+/// The running agents, and the namespaces of the ones beyond the first. Fields drop in
+/// order: the agents stop before their namespaces go.
+struct Agents {
+    _agents: Vec<(Agent, PathBuf)>,
+    _nodes: OtherNodes,
+}
+
+/// The fleet nodes of the agents beyond the first: an agent refuses to start beside another
+/// in its network namespace (two would attach twice and detach each other:
+/// probe-user/src/agent/instance.rs), so agent `i > 0` runs in a namespace of its own with
+/// the bench node's NIC and `kube-ipvs0` by their names, the NIC holding the bench node's
+/// address as its Node object says (`fleet_api::node`), and a link to the bench node
+/// namespace, where the fake API listens. Removed on drop, whatever way the bench ends.
+struct OtherNodes(Vec<String>);
+
+impl OtherNodes {
+    fn netns(i: usize) -> String {
+        format!("clb-bench-fleet-{i}")
+    }
+
+    /// The bench node namespace's end of agent `i`'s link: the fake API's address for it.
+    fn api_side(i: usize) -> std::net::Ipv4Addr {
+        std::net::Ipv4Addr::new(10, 252, i as u8, 1)
+    }
+
+    fn up(agents: usize) -> Result<OtherNodes> {
+        let names: Vec<String> = (1..agents).map(Self::netns).collect();
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        // A run killed hard leaves its namespaces: start clean.
+        remove_namespaces(&refs).context("removing a previous fleet run's namespaces")?;
+        let nodes = OtherNodes(names);
+        for i in 1..agents {
+            Self::build(i).with_context(|| format!("fleet node namespace {i}"))?;
+        }
+        Ok(nodes)
+    }
+
+    fn build(i: usize) -> Result<()> {
+        let ns = Self::netns(i);
+        let link = format!("fleet{i}");
+        let api = format!("{}/24", Self::api_side(i));
+        let node = format!("10.252.{i}.2/24");
+        let node_ip = format!("{}/32", net::NODE_IP);
+        let ip = |args: &[&str]| run(&[&["ip"][..], args].concat()).map(drop);
+        ip(&["netns", "add", &ns])?;
+        ip(&["-n", &ns, "link", "set", "lo", "up"])?;
+        ip(&[
+            "-n",
+            net::NS_NODE,
+            "link",
+            "add",
+            &link,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            net::NODE_IF,
+            "netns",
+            &ns,
+        ])?;
+        ip(&["-n", net::NS_NODE, "addr", "add", &api, "dev", &link])?;
+        ip(&["-n", net::NS_NODE, "link", "set", &link, "up"])?;
+        ip(&["-n", &ns, "addr", "add", &node, "dev", net::NODE_IF])?;
+        ip(&["-n", &ns, "addr", "add", &node_ip, "dev", net::NODE_IF])?;
+        ip(&["-n", &ns, "link", "set", net::NODE_IF, "up"])?;
+        ip(&["-n", &ns, "link", "add", net::VIP_IF, "type", "bridge"])?;
+        ip(&["-n", &ns, "link", "set", net::VIP_IF, "up"])
+    }
+}
+
+impl Drop for OtherNodes {
+    fn drop(&mut self) {
+        let refs: Vec<&str> = self.0.iter().map(String::as_str).collect();
+        if let Err(e) = remove_namespaces(&refs) {
+            eprintln!("bench: fleet teardown failed: {e:#}");
+        }
+    }
 }
 
 /// The `timeoutSeconds` of each watch `client` opened, by resource (the last one asked).

@@ -44,9 +44,10 @@ pub struct FleetApi {
 
 impl FleetApi {
     /// The fake API in the bench node namespace with `services` Services and their
-    /// EndpointSlices, and no nodes yet ([`grow`](Self::grow)).
+    /// EndpointSlices, and no nodes yet ([`grow`](Self::grow)). It listens on every address
+    /// of that namespace: the fleet's other nodes reach it over their link to it.
     pub fn start(work: &Path, services: usize) -> Result<FleetApi> {
-        let api = FakeApiServer::start_in_netns(net::NS_NODE)?;
+        let api = FakeApiServer::start_in_netns_for_all(net::NS_NODE)?;
         for i in 0..services {
             api.apply(scale_api::service(i));
             api.apply(scale_api::endpoint_slice(i, false));
@@ -80,6 +81,13 @@ impl FleetApi {
     pub fn kubeconfig(&self, client: &str) -> Result<PathBuf> {
         let path = self.work.join(format!("fleet-kubeconfig-{client}"));
         self.api.write_kubeconfig_as(&path, client)?;
+        Ok(path)
+    }
+
+    /// [`kubeconfig`](Self::kubeconfig) for a client that reaches the API at `host`.
+    pub fn kubeconfig_via(&self, client: &str, host: std::net::IpAddr) -> Result<PathBuf> {
+        let path = self.work.join(format!("fleet-kubeconfig-{client}"));
+        self.api.write_kubeconfig_as_via(&path, client, host)?;
         Ok(path)
     }
 

@@ -85,14 +85,31 @@ pub fn load_table(f: &Fleet, summary: &mut Vec<(String, String)>) -> Table {
         ],
     );
     let windows = [("steady", &steady), ("1 Service change/s", &changing)];
+    let one = match f.agents.len() {
+        1 => "one agent".to_string(),
+        n => format!("median of {n} agents"),
+    };
     for (name, r) in windows {
-        t.row(row(format!("one agent, {name}"), watches, r, 1.0));
+        t.row(row(format!("{one}, {name}"), watches, r, 1.0));
         t.row(row(
             format!("kube-proxy's watch set (floor), {name}"),
             floor_watches,
             &floor(r),
             1.0,
         ));
+    }
+    // Side by side, each agent's own: the spread the median hides.
+    if f.agents.len() > 1 {
+        for (i, (windows, timeouts)) in f.agents.iter().zip(&f.watch_timeouts).enumerate() {
+            for (w, name) in [(1, "steady"), (2, "1 Service change/s")] {
+                t.row(row(
+                    format!("agent {i}, {name}"),
+                    watches_per_hour(timeouts),
+                    &rates(&windows[w], secs),
+                    1.0,
+                ));
+            }
+        }
     }
     for &n in &f.plan.sizes {
         for (name, r) in windows {
@@ -118,7 +135,8 @@ pub fn load_table(f: &Fleet, summary: &mut Vec<(String, String)>) -> Table {
     };
     t.note = format!(
         "{agents} real agent(s) (release build, node report and Node condition on), each on a \
-         fleet node of its own (in the bench's node namespace), against the fake API with {services} Services and their \
+         fleet node of its own (the first in the bench's node namespace, each other in a \
+         network namespace of its own linked to it), side by side against the fake API with {services} Services and their \
          EndpointSlices, one LoopbackReport per node (1 in {le} nodes with two active loops, 1 \
          in {re} with a risk) and the agents' Events; each agent's requests counted by the fake \
          under its own bearer token. Rates are the median agent's over a {secs:.0} s window, \

@@ -164,3 +164,36 @@ fn the_sections_state_each_target_met_or_missed() {
             .any(|(w, f)| w.contains("report") && f.contains("missed"))
     );
 }
+
+#[test]
+fn several_agents_show_the_median_and_each_agent_side_by_side() {
+    let mut f = fleet(1.0);
+    // A second agent that wrote three times as often: the median is between the two, and
+    // each agent's own row shows the spread.
+    let mut busy = f.agents[0].clone();
+    busy[1] = [(
+        (
+            "patch".to_string(),
+            "loopbackreports.clb-probe.io/status".to_string(),
+        ),
+        t(3, 30),
+    )]
+    .into_iter()
+    .collect();
+    f.agents.push(busy);
+    f.watch_timeouts.push(f.watch_timeouts[0].clone());
+    f.plan.agents = 2;
+    let load = fleet_tables::load_table(&f, &mut Vec::new());
+    assert_eq!(load.rows[0][0], "median of 2 agents, steady");
+    assert_eq!(load.rows[0][3], "120");
+    let row = |name: &str| {
+        load.rows
+            .iter()
+            .find(|r| r[0] == name)
+            .unwrap_or_else(|| panic!("no row {name}: {:?}", load.rows))
+            .clone()
+    };
+    assert_eq!(row("agent 0, steady")[3], "60");
+    assert_eq!(row("agent 1, steady")[3], "180");
+    assert_eq!(load.rows.len(), 4 + 4 + 4);
+}

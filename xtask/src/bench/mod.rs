@@ -161,9 +161,9 @@ pub struct BenchArgs {
     /// With `--only fleet`: the Services (with their EndpointSlices) the fake API holds.
     #[arg(long, default_value_t = 30_000)]
     pub fleet_services: usize,
-    /// With `--only fleet`: real agents run side by side (1 for now: an agent refuses a
-    /// second in its network namespace, and the bench has one node namespace).
-    #[arg(long, default_value_t = 1)]
+    /// With `--only fleet`: real agents run side by side, each on a fleet node (and in a
+    /// network namespace) of its own (1 to 8).
+    #[arg(long, default_value_t = 3)]
     pub fleet_agents: usize,
     /// With `--only fleet`: seconds of the steady window and of the changing one.
     #[arg(long, default_value_t = 120)]
@@ -188,7 +188,7 @@ impl BenchArgs {
             a.scale_window = 3;
             a.fleet_sizes = vec![20, 60];
             a.fleet_services = 200;
-            a.fleet_agents = 1;
+            a.fleet_agents = 2;
             a.fleet_window = 4;
         }
         a

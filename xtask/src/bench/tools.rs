@@ -128,6 +128,8 @@ pub struct Agent {
     pub metrics_port: u16,
     /// From spawn to `/readyz` 200.
     pub startup: Duration,
+    /// The network namespace it runs in (its metrics address is that namespace's loopback).
+    netns: String,
 }
 
 impl Agent {
@@ -142,6 +144,19 @@ impl Agent {
 
     /// The agent with `CLB_PROBE_LOG=log` and extra environment `env`.
     pub fn start_with(
+        probe: &Path,
+        dir: &Path,
+        metrics_port: u16,
+        log: &str,
+        env: &[(&str, &str)],
+    ) -> Result<Agent> {
+        Self::start_in(net::NS_NODE, probe, dir, metrics_port, log, env)
+    }
+
+    /// [`start_with`](Self::start_with) in network namespace `netns`, which has the bench
+    /// node's NIC and `kube-ipvs0` by their names (the fleet's other nodes).
+    pub fn start_in(
+        netns: &str,
         probe: &Path,
         dir: &Path,
         metrics_port: u16,
@@ -183,7 +198,7 @@ impl Agent {
             .collect();
         let mut proc = Proc::spawn(
             "the agent",
-            in_ns(net::NS_NODE, &argv)
+            in_ns(netns, &argv)
                 .env("CLB_PROBE_LOG", log)
                 .envs(env.iter().copied())
                 .stdin(Stdio::null())
@@ -209,7 +224,7 @@ impl Agent {
                     std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default()
                 )
             })?;
-            if let Some((200, _)) = test_support::lab::http_get_in(net::NS_NODE, &addr, "/readyz") {
+            if let Some((200, _)) = test_support::lab::http_get_in(netns, &addr, "/readyz") {
                 break;
             }
             if t0.elapsed() > Duration::from_secs(60) {
@@ -223,12 +238,13 @@ impl Agent {
             events,
             record,
             metrics_port,
+            netns: netns.to_string(),
         })
     }
 
     pub fn metrics(&self) -> Option<String> {
         let addr = format!("127.0.0.1:{}", self.metrics_port);
-        match test_support::lab::http_get_in(net::NS_NODE, &addr, "/metrics") {
+        match test_support::lab::http_get_in(&self.netns, &addr, "/metrics") {
             Some((200, body)) => Some(body),
             _ => None,
         }
