@@ -214,6 +214,47 @@ fn socket_net(skb: *const u8, off: &KernelOffsets) -> Option<*const u8> {
     read(sk, off.sk_net)
 }
 
+/// The source tag a drop is reported with (`tag::NONE` when only its destination matters), or
+/// `None` when the drop is none of the probe's: a local source that did not come in through a
+/// monitored NIC, a call that is neither a local caller's to a watched destination nor the
+/// LB's probe, and not to a VIP.
+#[inline(always)]
+fn reported_source(
+    pkt: &Packet,
+    src_tag: u8,
+    dst_tag: u8,
+    iif: u32,
+    self_loop: bool,
+    outside_probe: bool,
+) -> Option<u8> {
+    // A local-source packet (and the LB's probe) matters only when it came in through a
+    // monitored NIC: the node's own outbound packets (iif 0) carry node sources legitimately.
+    // SAFETY: a map look-up whose value is only read during this run (userspace may replace it: a stale read is a stale answer, not a fault).
+    let from_nic = (src_tag != tag::NONE || outside_probe) && unsafe { NICS.get(iif) }.is_some();
+    let src_relevant = self_loop || (src_tag != tag::NONE && from_nic);
+    let probe_refused = outside_probe && from_nic;
+    // A local pod's call dropped on its way to a watched destination (kube-proxy's nftables
+    // `no-endpoint-services` drop, its source-range firewalls): reported with the pod as
+    // source, whatever the interface. IPVS mode binds the LB IP on kube-ipvs0 (a VIP here),
+    // and its source-range firewall drops the call in INPUT. The node's own call (a
+    // host-network caller: a node source that came in on no interface) dies the same way at
+    // the output hook, before DNAT, in kube-proxy's nftables mode before kubernetes#132456
+    // (`filter-output` at priority -110; moved after DNAT in 1.34, #133969 in 1.33.6).
+    let local_caller = src_tag == tag::POD || (src_tag == tag::NODE && iif == 0);
+    let call_to_watched = !src_relevant
+        && local_caller
+        && (dst_tag == tag::NONE || dst_tag == tag::VIP)
+        && watched_destination(pkt);
+    if !src_relevant && !call_to_watched && !probe_refused && dst_tag != tag::VIP {
+        return None;
+    }
+    Some(if src_relevant || call_to_watched {
+        src_tag
+    } else {
+        tag::NONE
+    })
+}
+
 /// Common body of the tp_btf and raw tracepoint programs: both get (skb, location, reason).
 /// Kernels before 5.17 pass no reason: their variants give 0 (`SKB_NOT_DROPPED_YET` where the
 /// enum exists, never a real drop's reason) and userspace classifies by the drop site.
@@ -258,31 +299,9 @@ fn on_kfree_skb<C: EbpfContext>(ctx: &C, skb: *const u8, location: u64, reason: 
         return;
     }
     let iif = input_ifindex(skb, &off, foreign);
-    // A local-source packet (and the LB's probe) matters only when it came in through a
-    // monitored NIC: the node's own outbound packets (iif 0) carry node sources legitimately.
-    // SAFETY: a map look-up whose value is only read during this run (userspace may replace it: a stale read is a stale answer, not a fault).
-    let from_nic = (src_tag != tag::NONE || outside_probe) && unsafe { NICS.get(iif) }.is_some();
-    let src_relevant = self_loop || (src_tag != tag::NONE && from_nic);
-    let probe_refused = outside_probe && from_nic;
-    // A local pod's call dropped on its way to a watched destination (kube-proxy's nftables
-    // `no-endpoint-services` drop, its source-range firewalls): reported with the pod as
-    // source, whatever the interface. IPVS mode binds the LB IP on kube-ipvs0 (a VIP here),
-    // and its source-range firewall drops the call in INPUT. The node's own call (a
-    // host-network caller: a node source that came in on no interface) dies the same way at
-    // the output hook, before DNAT, in kube-proxy's nftables mode before kubernetes#132456
-    // (`filter-output` at priority -110; moved after DNAT in 1.34, #133969 in 1.33.6).
-    let local_caller = src_tag == tag::POD || (src_tag == tag::NODE && iif == 0);
-    let call_to_watched = !src_relevant
-        && local_caller
-        && (dst_tag == tag::NONE || dst_tag == tag::VIP)
-        && watched_destination(&pkt);
-    if !src_relevant && !call_to_watched && !probe_refused && dst_tag != tag::VIP {
+    let Some(src_tag) = reported_source(&pkt, src_tag, dst_tag, iif, self_loop, outside_probe)
+    else {
         return;
-    }
-    let src_tag = if src_relevant || call_to_watched {
-        src_tag
-    } else {
-        tag::NONE
     };
     stat_add(stat::DROPS_MATCHED);
     // Off unless the agent runs with --ebpf-log (then one global check per matched drop).
