@@ -23,6 +23,7 @@ pub const TEST_FILES: &[&str] = &[
     "etp_local_iptables",
     "etp_local_host_caller",
     "ipvs_stale_udp",
+    "ipvs_source_ranges6",
 ];
 
 /// The three kinds and their twins in the IPVS-mode lab, with that kernel's drop reasons or
@@ -66,7 +67,10 @@ pub const THREE_KINDS_TEST: &str = "ipvs_mode_failures_are_confirmed_and_twins_a
 ///   look-up (`IPVS_CMD_GET_SERVICE`) names a port the API serves and IPVS lacks.
 /// - on 5.10 and 6.12, issue #51's stale UDP shape in IPVS mode (ipvs_stale_udp.rs): real
 ///   IPVS carries a fixed-port sender's datagrams to the current endpoint both ways in (the
-///   real server replaced; the sender older than the virtual service), nothing reported.
+///   real server replaced; the sender older than the virtual service), nothing reported;
+///   and its source-range shape over IPv6 (ipvs_source_ranges6.rs: the IPv6 proxier's
+///   `KUBE-6-` ipsets and ip6tables chains), confirmed with its silent twin (5.10 names the
+///   drop from its `nf_hook_slow` site, 6.12 from its reason).
 ///
 /// The two lanes balance: 5.10 is the slowest guest (its reader takes twice 6.1's time).
 ///
@@ -96,6 +100,7 @@ pub const PLAN: &[(&str, &str, &[&str])] = &[
         ],
     ),
     ("5.10", "ipvs_stale_udp", IPVS_STALE_UDP),
+    ("5.10", "ipvs_source_ranges6", IPVS_SOURCE_RANGES6),
     (
         "6.1",
         "ipvs",
@@ -135,6 +140,14 @@ pub const PLAN: &[(&str, &str, &[&str])] = &[
     ("6.12", "etp_local_iptables", DETECTOR_MISS_SHAPE),
     ("6.12", "etp_local_host_caller", HOST_CALLER_SHAPE),
     ("6.12", "ipvs_stale_udp", IPVS_STALE_UDP),
+    ("6.12", "ipvs_source_ranges6", IPVS_SOURCE_RANGES6),
+];
+
+/// Issue #51's source-range shape in IPVS mode over IPv6: confirmed with the `KUBE-6-` sets,
+/// the pod range in them silent.
+const IPVS_SOURCE_RANGES6: &[&str] = &[
+    "ipvs_mode_ipv6_source_ranges_drop_is_confirmed_with_the_v6_ipsets",
+    "ipvs_mode_ipv6_source_ranges_with_the_pod_range_report_nothing",
 ];
 
 /// Issue #51's stale UDP shape in IPVS mode: both ways into it, the datagrams delivered and
@@ -400,7 +413,7 @@ mod tests {
 
     /// The test files that run only in the VM (real IPVS): each of their tests must be in
     /// [`PLAN`].
-    const VM_ONLY_FILES: &[&str] = &["ipvs", "ipvs_stale_udp"];
+    const VM_ONLY_FILES: &[&str] = &["ipvs", "ipvs_stale_udp", "ipvs_source_ranges6"];
 
     /// `ipvs.rs` (and the other [`VM_ONLY_FILES`]) runs only in the VM: each of its tests must
     /// run on some kernel, so a new one that nobody placed in [`PLAN`] fails here instead of
@@ -422,16 +435,20 @@ mod tests {
         }
     }
 
-    /// Issue #51's stale UDP shape in IPVS mode runs on 5.10 and 6.12.
+    /// Issue #51's stale UDP and IPv6 source-range shapes in IPVS mode run on 5.10 and 6.12.
     #[test]
     fn the_ipvs_stale_udp_shape_runs_on_5_10_and_6_12() {
         for kernel in ["5.10", "6.12"] {
-            assert!(
-                PLAN.iter().any(|(k, f, list)| *k == kernel
-                    && *f == "ipvs_stale_udp"
-                    && *list == IPVS_STALE_UDP),
-                "{kernel}"
-            );
+            for (file, shape) in [
+                ("ipvs_stale_udp", IPVS_STALE_UDP),
+                ("ipvs_source_ranges6", IPVS_SOURCE_RANGES6),
+            ] {
+                assert!(
+                    PLAN.iter()
+                        .any(|(k, f, list)| *k == kernel && *f == file && *list == shape),
+                    "{kernel} {file}"
+                );
+            }
         }
     }
 
