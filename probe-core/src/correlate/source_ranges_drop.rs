@@ -157,24 +157,28 @@ fn firewall_rule_line(
 /// PR #110628): the ipsets and the filter chains that apply them.
 fn ipvs_rule_line(packet: &Packet, entry: &FirewallEntry) -> String {
     let v6 = packet.dst.is_ipv6();
-    let (cmd, fw, cidr) = if v6 {
+    // The IPv6 proxier's set names: `KUBE-6-` for `KUBE-`, cut to ipset's 31 characters
+    // (kubernetes `pkg/proxy/ipvs/ipset.go`, `NewIPSet`).
+    let (cmd, fw, cidr, ip) = if v6 {
         (
             "ip6tables",
             "KUBE-6-LOAD-BALANCER-FW",
             "KUBE-6-LOAD-BALANCER-SOURCE-CID",
+            "KUBE-6-LOAD-BALANCER-SOURCE-IP",
         )
     } else {
         (
             "iptables",
             "KUBE-LOAD-BALANCER-FW",
             "KUBE-LOAD-BALANCER-SOURCE-CIDR",
+            "KUBE-LOAD-BALANCER-SOURCE-IP",
         )
     };
     format!(
         "kube-proxy's IPVS-mode rules ({cmd}, ipset): ipset {fw} has {},{}:{}, and filter chain \
          KUBE-PROXY-FIREWALL (INPUT and FORWARD jump to it) sends it to \
          KUBE-SOURCE-RANGES-FIREWALL, which returns only the sources ipset {cidr} (and \
-         KUBE-LOAD-BALANCER-SOURCE-IP) lists for it and drops the rest, so every new connection \
+         {ip}) lists for it and drops the rest, so every new connection \
          from a source outside {{ {} }} is dropped before IPVS (kubernetes PR #110628)",
         packet.dst,
         packet.proto.as_str(),

@@ -158,6 +158,38 @@ fn ipvs_mode_names_the_ipsets_and_the_service_from_the_table() {
     invariants(&c);
 }
 
+/// IPVS mode over IPv6: the evidence names the IPv6 proxier's sets (`KUBE-6-`, the CIDR set's
+/// name cut to 31 characters), not the IPv4 ones (the VM lab's first run quoted
+/// `KUBE-LOAD-BALANCER-SOURCE-IP` for an IPv6 drop).
+#[test]
+fn ipvs_mode_over_ipv6_names_the_ipv6_sets() {
+    let (lb6, pod6) = ("2001:db8:113::10", "2001:db8:19:1::10");
+    let mut t = table();
+    t.source = Some(ServiceSource::Ipvs);
+    t.firewall.push(FirewallEntry {
+        addr: ip(lb6),
+        proto: Proto::Tcp,
+        port: PORT,
+        service: None,
+        chain: None,
+        allowed: vec![SourceRange::parse("2001:db8:51::/48").unwrap()],
+    });
+    let mut c = corr_with(t);
+    let call6 = pkt(pod6, 40000, lb6, PORT, Some(Tag::Pod), None);
+    let r = only_report(&c.ingest(nf_drop(S, &call6, "NETFILTER_DROP")));
+    let ev = r.event.evidence.join("\n");
+    for needle in [
+        "(ip6tables, ipset)",
+        &format!("ipset KUBE-6-LOAD-BALANCER-FW has {lb6},tcp:{PORT}"),
+        "ipset KUBE-6-LOAD-BALANCER-SOURCE-CID (and KUBE-6-LOAD-BALANCER-SOURCE-IP)",
+        "source outside { 2001:db8:51::/48 }",
+    ] {
+        assert!(ev.contains(needle), "{needle}: {ev}");
+    }
+    assert!(!ev.contains(" KUBE-LOAD-BALANCER"), "{ev}");
+    invariants(&c);
+}
+
 #[test]
 fn the_nodes_call_is_confirmed_and_repeats_fold_into_one_aggregate() {
     let mut c = corr_with(fw_table(&["192.0.2.0/24"]));

@@ -35,6 +35,19 @@
 //! ("<svc> has no endpoints", [`crate::state::NoEndpointReject`]), the Service is named from
 //! that rule and an entry still DNATed to an endpoint is stale (it has none at all). A Service
 //! neither lists cannot be named: such an entry is not reported.
+//!
+//! # Not in IPVS mode
+//!
+//! IPVS forwards each packet by its own connection table, not by conntrack's NAT
+//! (`net/netfilter/ipvs/ip_vs_core.c`, `ip_vs_in_hook`): a packet without an IPVS connection
+//! is scheduled to a current real server whatever conntrack holds for it
+//! (`ip_vs_update_conntrack`, `ip_vs_xmit.c`, leaves a confirmed entry as it is), and a
+//! connection whose real server is gone is expired under kube-proxy's `expire_nodest_conn=1`
+//! (kubernetes `pkg/proxy/ipvs/proxier.go`, `NewProxier`) together with its conntrack entry.
+//! So a sender that started before the virtual service keeps an un-NATed entry while its
+//! datagrams reach the endpoint, and one whose real server was deleted reaches the new one
+//! (measured on real IPVS, 5.10 and 6.12: `tests/tests/ipvs_stale_udp.rs`). With the table
+//! from IPVS mode ([`ServiceSource::Ipvs`]) nothing is dumped and no entry is stale.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -44,7 +57,7 @@ use std::{
 use probe_contract::{AggregateKey, LoopbackEvent, LoopbackKind, Outcome, Proto, sock};
 
 use super::{Correlator, Output};
-use crate::state::{ConntrackEntry, ServiceTable, Tuple};
+use crate::state::{ConntrackEntry, ServiceSource, ServiceTable, Tuple};
 
 /// How often the UDP entries of the Service IPs are read: well under the 30 s an unreplied
 /// UDP entry lives without a datagram, so a sender that keeps one alive is seen in two dumps.
@@ -126,8 +139,11 @@ impl Correlator {
 }
 
 /// The UDP Service IPs of `table` (those without endpoints that kube-proxy REJECTs too),
-/// sorted, once each, at most [`MAX_DUMPED_IPS`].
+/// sorted, once each, at most [`MAX_DUMPED_IPS`]; none in IPVS mode (see the module doc).
 pub fn dump_ips(table: &ServiceTable) -> Vec<IpAddr> {
+    if forwards_by_ipvs(table) {
+        return Vec::new();
+    }
     let mut ips: Vec<IpAddr> = table
         .services
         .iter()
@@ -219,7 +235,7 @@ pub struct SentService<'a> {
 /// unreplied, and DNATed to no current endpoint, or not DNATed while it has endpoints. A
 /// Service kube-proxy REJECTs for having no endpoints has none.
 pub fn stale_for<'a>(e: &ConntrackEntry, table: &'a ServiceTable) -> Option<SentService<'a>> {
-    if e.orig.proto != Proto::Udp || e.seen_reply {
+    if e.orig.proto != Proto::Udp || e.seen_reply || forwards_by_ipvs(table) {
         return None;
     }
     let (dst, dport) = (e.orig.dst, e.orig.dport);
@@ -242,6 +258,11 @@ pub fn stale_for<'a>(e: &ConntrackEntry, table: &'a ServiceTable) -> Option<Sent
         !e.dnat && not_nated && !service.endpoints.is_empty()
     };
     stale.then_some(service)
+}
+
+/// The table is IPVS mode's: IPVS, not conntrack, decides where each datagram goes.
+fn forwards_by_ipvs(table: &ServiceTable) -> bool {
+    table.source == Some(ServiceSource::Ipvs)
 }
 
 /// The current endpoints (the `ip:port` backends that parse).

@@ -116,6 +116,24 @@ fn an_entry_without_dnat_is_stale_once_the_service_has_endpoints() {
     assert_eq!(two_dumps(&table(&[]), &stale, &stale), 0);
 }
 
+/// IPVS mode: IPVS schedules each datagram without an IPVS connection whatever conntrack
+/// holds, so the un-NATed entry of a sender that predates the virtual service (and any other)
+/// is no black hole; nothing is dumped either.
+#[test]
+fn in_ipvs_mode_no_entry_is_stale_and_nothing_is_dumped() {
+    let mut t = table(&[NEW]);
+    t.source = Some(crate::state::ServiceSource::Ipvs);
+    let un_nated = entry(Proto::Udp, CLUSTER_IP, false, 30);
+    assert_eq!(two_dumps(&t, &un_nated, &un_nated), 0);
+    let to_old = entry(Proto::Udp, OLD, false, 30);
+    assert_eq!(two_dumps(&t, &to_old, &to_old), 0);
+    assert!(dump_ips(&t).is_empty());
+    // The same entries are stale with iptables or nftables mode's table.
+    t.source = Some(crate::state::ServiceSource::Iptables);
+    assert_eq!(two_dumps(&t, &un_nated, &un_nated), 1);
+    assert_eq!(dump_ips(&t), vec![ip(CLUSTER_IP)]);
+}
+
 #[test]
 fn the_silent_twins() {
     let t = table(&[NEW]);

@@ -243,13 +243,34 @@ pub fn set_iptables_source_ranges(family: IpFamily, ranges: Option<&[&str]>) -> 
 pub const IPVS_FW_SET: &str = "KUBE-LOAD-BALANCER-FW";
 /// IPVS mode's set of allowed (LB IP:port, range).
 pub const IPVS_SOURCE_CIDR_SET: &str = "KUBE-LOAD-BALANCER-SOURCE-CIDR";
+/// The IPv6 proxier's names for them: `KUBE-6-` for `KUBE-`, cut to ipset's 31 characters
+/// (`pkg/proxy/ipvs/ipset.go`, `NewIPSet`).
+pub const IPVS_FW_SET6: &str = "KUBE-6-LOAD-BALANCER-FW";
+pub const IPVS_SOURCE_CIDR_SET6: &str = "KUBE-6-LOAD-BALANCER-SOURCE-CID";
+
+impl IpFamily {
+    /// IPVS mode's (FW set, source CIDR set, ipset family, LB IP as the sets hold it).
+    fn ipvs_sets(self) -> (&'static str, &'static str, &'static str, String) {
+        match self {
+            IpFamily::V4 => (IPVS_FW_SET, IPVS_SOURCE_CIDR_SET, "inet", VIP.to_string()),
+            IpFamily::V6 => (
+                IPVS_FW_SET6,
+                IPVS_SOURCE_CIDR_SET6,
+                "inet6",
+                VIP6.to_string(),
+            ),
+        }
+    }
+}
 /// IPVS mode's filter chain that drops what the source sets do not return.
 pub const IPVS_SOURCE_RANGES_CHAIN: &str = "KUBE-SOURCE-RANGES-FIREWALL";
 
-/// kube-proxy's IPVS-mode filter rules for the source-range sets (`ipsetWithIptablesChain`
-/// and `iptablesJumpChain` in `pkg/proxy/ipvs/proxier.go`; filter-table DROP since 1.25,
-/// kubernetes PR #110628). Declaring the chains flushes them (`--noflush` keeps the rest).
-fn ipvs_firewall_rules(on: bool) -> String {
+/// kube-proxy's IPVS-mode filter rules for `family`'s source-range sets
+/// (`ipsetWithIptablesChain` and `iptablesJumpChain` in `pkg/proxy/ipvs/proxier.go`;
+/// filter-table DROP since 1.25, kubernetes PR #110628). Declaring the chains flushes them
+/// (`--noflush` keeps the rest).
+fn ipvs_firewall_rules(family: IpFamily, on: bool) -> String {
+    let (fw_set, cidr_set, _, _) = family.ipvs_sets();
     let mut rules = format!(
         "*filter\n:{IPT_PROXY_FIREWALL_CHAIN} - [0:0]\n:{IPVS_SOURCE_RANGES_CHAIN} - [0:0]\n"
     );
@@ -257,10 +278,10 @@ fn ipvs_firewall_rules(on: bool) -> String {
         rules += &format!(
             "-A {IPT_PROXY_FIREWALL_CHAIN} -m comment --comment \"Kubernetes service load \
              balancer ip + port for load balancer with sourceRange\" -m set --match-set \
-             {IPVS_FW_SET} dst,dst -j {IPVS_SOURCE_RANGES_CHAIN}\n\
+             {fw_set} dst,dst -j {IPVS_SOURCE_RANGES_CHAIN}\n\
              -A {IPVS_SOURCE_RANGES_CHAIN} -m comment --comment \"Kubernetes service load \
              balancer ip + port + source cidr for packet filter purpose\" -m set --match-set \
-             {IPVS_SOURCE_CIDR_SET} dst,dst,src -j RETURN\n\
+             {cidr_set} dst,dst,src -j RETURN\n\
              -A {IPVS_SOURCE_RANGES_CHAIN} -j DROP\n"
         );
     }
@@ -273,18 +294,26 @@ fn ipvs_firewall_rules(on: bool) -> String {
 /// emptied, the chains flushed, the jumps removed). The LB IP stays bound on kube-ipvs0, so a
 /// pod's call from outside the ranges dies in `INPUT`, before IPVS.
 pub fn set_ipvs_source_ranges(ranges: Option<&[&str]>) -> Result<()> {
+    set_ipvs_source_ranges_in(IpFamily::V4, ranges)
+}
+
+/// [`set_ipvs_source_ranges`] in `family`'s sets and rules: IPv6 is VIP6's (bound on
+/// kube-ipvs0 by [`super::Lab::serve_vip6_by_ipvs`]) in [`IPVS_FW_SET6`] and
+/// [`IPVS_SOURCE_CIDR_SET6`], with the filter chains in `ip6tables`.
+pub fn set_ipvs_source_ranges_in(family: IpFamily, ranges: Option<&[&str]>) -> Result<()> {
     if kube_proxy::node_mode()? != KubeProxyMode::Ipvs {
         bail!("the IPVS firewall is written for kube-proxy's IPVS mode");
     }
+    let (fw_set, cidr_set, inet, lb_ip) = family.ipvs_sets();
     let mut sets = format!(
-        "create {IPVS_FW_SET} hash:ip,port family inet hashsize 1024 maxelem 65536\n\
-         create {IPVS_SOURCE_CIDR_SET} hash:ip,port,net family inet hashsize 1024 maxelem 65536\n\
-         flush {IPVS_FW_SET}\nflush {IPVS_SOURCE_CIDR_SET}\n"
+        "create {fw_set} hash:ip,port family {inet} hashsize 1024 maxelem 65536\n\
+         create {cidr_set} hash:ip,port,net family {inet} hashsize 1024 maxelem 65536\n\
+         flush {fw_set}\nflush {cidr_set}\n"
     );
     if let Some(ranges) = ranges {
-        sets += &format!("add {IPVS_FW_SET} {VIP},tcp:{SERVICE_PORT}\n");
+        sets += &format!("add {fw_set} {lb_ip},tcp:{SERVICE_PORT}\n");
         for r in ranges {
-            sets += &format!("add {IPVS_SOURCE_CIDR_SET} {VIP},tcp:{SERVICE_PORT},{r}\n");
+            sets += &format!("add {cidr_set} {lb_ip},tcp:{SERVICE_PORT},{r}\n");
         }
     }
     run_stdin(
@@ -294,8 +323,8 @@ pub fn set_ipvs_source_ranges(ranges: Option<&[&str]>) -> Result<()> {
     .context("kube-proxy's source-range ipsets")?;
     restore_rules(
         NS_NODE,
-        "iptables-restore",
-        &ipvs_firewall_rules(ranges.is_some()),
+        family.restore(),
+        &ipvs_firewall_rules(family, ranges.is_some()),
     )
     .context("KUBE-PROXY-FIREWALL and KUBE-SOURCE-RANGES-FIREWALL")?;
     for chain in ["INPUT", "FORWARD"] {
@@ -309,7 +338,7 @@ pub fn set_ipvs_source_ranges(ranges: Option<&[&str]>) -> Result<()> {
             IPT_PROXY_FIREWALL_CHAIN,
         ]
         .map(str::to_string);
-        iptables_first(IpFamily::V4, "filter", &jump, ranges.is_some())?;
+        iptables_first(family, "filter", &jump, ranges.is_some())?;
     }
     Ok(())
 }

@@ -6,7 +6,8 @@
 //! UNREPLIED, as the field's are.
 //!
 //! The rules are written as kube-proxy's iptables mode writes them, or, on a lab in nftables
-//! mode, as its nftables mode does (the chains of the lab's `ip kube-proxy` table).
+//! mode, as its nftables mode does (the chains of the lab's `ip kube-proxy` table), or, on a
+//! lab in IPVS mode, as an IPVS virtual service ([`write_ipvs`]).
 
 use std::{
     net::{Ipv4Addr, SocketAddrV4, UdpSocket},
@@ -21,8 +22,8 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 use super::{
-    KubeProxyMode, NS_NODE, NS_POD_A, NS_POD_B, POD_B_IP,
-    cmd::{restore_rules, run_detached, run_stdin},
+    IPVS_SCHEDULER, KUBE_IPVS0, KubeProxyMode, NS_NODE, NS_POD_A, NS_POD_B, POD_B_IP,
+    cmd::{exec, ip, restore_rules, run_detached, run_stdin},
     in_netns, kube_proxy,
     nft::NFT_TABLE,
     servers::SERVER_TAG,
@@ -124,7 +125,40 @@ fn nft_rules(endpoint_port: u16, with_service_ip: bool) -> String {
     s
 }
 
-/// Writes the Service's rules in the node's kube-proxy mode: iptables or nftables.
+/// The statsd Service in kube-proxy's IPVS mode (`pkg/proxy/ipvs/proxier.go`, `syncService`
+/// and `syncEndpoint`): first (`first`) the ClusterIP in ipset `KUBE-CLUSTER-IP`, a UDP virtual
+/// service on it and the ClusterIP bound on kube-ipvs0, with pod B at `endpoint_port` as its
+/// masqueraded real server; a move adds the new real server and deletes the old one at once:
+/// kube-proxy gives a UDP real server no graceful termination, "existing connections will be
+/// deleted on the next packet because sysctlExpireNoDestConn=1"
+/// (`pkg/proxy/ipvs/graceful_termination.go`, `deleteRsFunc`). The node's conntrack entries
+/// are left as they are.
+fn write_ipvs(endpoint_port: u16, first: bool) -> Result<()> {
+    let vs = SocketAddrV4::new(STATSD_CLUSTER_IP, STATSD_PORT).to_string();
+    let rs = |port: u16| SocketAddrV4::new(POD_B_IP, port).to_string();
+    if first {
+        let member = format!("{STATSD_CLUSTER_IP},udp:{STATSD_PORT}");
+        exec(
+            NS_NODE,
+            &["ipset", "-exist", "add", "KUBE-CLUSTER-IP", &member],
+        )?;
+        exec(NS_NODE, &["ipvsadm", "-A", "-u", &vs, "-s", IPVS_SCHEDULER])?;
+        let cidr = format!("{STATSD_CLUSTER_IP}/32");
+        ip(NS_NODE, &["addr", "add", &cidr, "dev", KUBE_IPVS0])?;
+    }
+    let new = rs(endpoint_port);
+    exec(
+        NS_NODE,
+        &["ipvsadm", "-a", "-u", &vs, "-r", &new, "-m", "-w", "1"],
+    )?;
+    if !first {
+        let old = rs(OLD_ENDPOINT_PORT);
+        exec(NS_NODE, &["ipvsadm", "-d", "-u", &vs, "-r", &old])?;
+    }
+    Ok(())
+}
+
+/// Writes the Service's rules in the node's kube-proxy mode: iptables, nftables or IPVS.
 fn write_rules(endpoint_port: u16, first: bool) -> Result<()> {
     match kube_proxy::node_mode()? {
         KubeProxyMode::Iptables => {
@@ -135,24 +169,60 @@ fn write_rules(endpoint_port: u16, first: bool) -> Result<()> {
             &nft_rules(endpoint_port, first),
         )
         .map(drop),
+        KubeProxyMode::Ipvs => write_ipvs(endpoint_port, first),
         mode => bail!(
-            "the statsd Service's rules are written for kube-proxy's iptables and nftables \
-             modes, not {}",
+            "the statsd Service's rules are written for kube-proxy's iptables, nftables and \
+             IPVS modes, not {}",
             mode.name()
         ),
     }
 }
 
-/// Starts pod B's sink and writes the Service's rules with pod B:8125 as its endpoint, in the
-/// lab's kube-proxy mode (iptables or nftables). Removed with the lab.
-pub fn serve_statsd() -> Result<()> {
+/// Starts pod B's sink on both endpoint ports, each with a counting rule in pod B's `INPUT`
+/// ([`delivered`]). Removed with the lab.
+pub fn start_sink() -> Result<()> {
     let (old, new) = (OLD_ENDPOINT_PORT.to_string(), NEW_ENDPOINT_PORT.to_string());
+    for port in [&old, &new] {
+        let rule = ["-p", "udp", "--dport", port.as_str()];
+        exec(
+            NS_POD_B,
+            &[&["iptables", "-w", "-A", "INPUT"][..], &rule].concat(),
+        )
+        .context("pod B's counting rule")?;
+    }
     let argv = [
         "ip", "netns", "exec", NS_POD_B, "setsid", "-f", "python3", "-c", SINK_PY, SERVER_TAG,
         &old, &new,
     ];
-    run_detached(&argv).context("starting the statsd sink in pod B")?;
+    run_detached(&argv).context("starting the statsd sink in pod B")
+}
+
+/// Writes the Service's rules with pod B:8125 as its endpoint, in the lab's kube-proxy mode.
+pub fn write_service() -> Result<()> {
     write_rules(OLD_ENDPOINT_PORT, true).context("kube-proxy's rules for the statsd Service")
+}
+
+/// Starts pod B's sink and writes the Service's rules with pod B:8125 as its endpoint, in the
+/// lab's kube-proxy mode (iptables, nftables or IPVS). Removed with the lab.
+pub fn serve_statsd() -> Result<()> {
+    start_sink()?;
+    write_service()
+}
+
+/// How many datagrams reached pod B on `port` (its `INPUT` counting rule, [`start_sink`]).
+pub fn delivered(port: u16) -> Result<u64> {
+    let table = exec(NS_POD_B, &["iptables", "-w", "-nvxL", "INPUT"])?;
+    let dpt = format!("udp dpt:{port}");
+    table
+        .lines()
+        .find(|l| l.trim_end().ends_with(&dpt))
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+        .with_context(|| format!("pod B's counting rule for {port}/udp in {table}"))
+}
+
+/// The node's IPVS connection table (`ipvsadm -Lnc`).
+pub fn ipvs_connections() -> Result<String> {
+    exec(NS_NODE, &["ipvsadm", "-Lnc"])
 }
 
 /// Moves the Service's endpoint to pod B:8126, as kube-proxy rewrites the chains when the

@@ -1,4 +1,5 @@
-//! The dual-stack layer of the lab (iptables mode): IPv6 addresses from the documentation
+//! The dual-stack layer of the lab (iptables mode; IPVS mode without kube-proxy's ip6tables
+//! nat rules, [`Lab::serve_vip6_by_ipvs`]): IPv6 addresses from the documentation
 //! prefix 2001:db8::/32 on every namespace, the LB's and kube-proxy's rules in `ip6tables`,
 //! IPv6 servers beside the IPv4 ones, and the three failures driven over IPv6
 //! ([`Scenario6`]). Added to a lab that is up ([`Lab::add_ipv6`]); removed with it.
@@ -89,11 +90,14 @@ impl Scenario6 {
 }
 
 impl Lab {
-    /// Adds the dual-stack layer to the (iptables-mode) lab that is up, VIP6 not bound.
+    /// Adds the dual-stack layer to the lab that is up, VIP6 not bound. In iptables mode with
+    /// kube-proxy's ip6tables rules for `default/web`; in IPVS mode without them (IPVS serves
+    /// VIP6: [`Lab::serve_vip6_by_ipvs`]).
     pub fn add_ipv6(&self) -> Result<()> {
         net::require_up()?;
-        if kube_proxy::node_mode()? != KubeProxyMode::Iptables {
-            bail!("the dual-stack lab variant is built for kube-proxy's iptables mode");
+        let mode = kube_proxy::node_mode()?;
+        if !matches!(mode, KubeProxyMode::Iptables | KubeProxyMode::Ipvs) {
+            bail!("the dual-stack lab variant is built for kube-proxy's iptables and IPVS modes");
         }
         for ns in NAMESPACES {
             sysctl(
@@ -144,8 +148,10 @@ impl Lab {
         // As over IPv4, the LB knows the node's MAC statically (its checks come from VIP6).
         let mac = exec(NS_NODE, &["cat", "/sys/class/net/eth0/address"])?;
         neigh_permanent(NS_LB, "2001:db8:18::2", mac.trim(), "vnode")?;
-        restore_rules(NS_NODE, "ip6tables-restore", &kube_proxy_rules6())
-            .context("loading kube-proxy's ip6tables rules into clb-node")?;
+        if mode == KubeProxyMode::Iptables {
+            restore_rules(NS_NODE, "ip6tables-restore", &kube_proxy_rules6())
+                .context("loading kube-proxy's ip6tables rules into clb-node")?;
+        }
         restore_rules(NS_LB, "ip6tables-restore", &lb_rules6())
             .context("loading the LB's ip6tables rules into clb-lb")?;
         for (ns, port) in [
@@ -198,6 +204,31 @@ impl Lab {
             exec(NS_NODE, &a)?;
         }
         Ok(())
+    }
+
+    /// IPVS mode: VIP6 bound on kube-ipvs0 and `default/web`'s IPv6 virtual service [VIP6]:80
+    /// with pod-b's [IPv6]:8080 as its masqueraded real server, as kube-proxy's IPv6 proxier
+    /// makes them (`pkg/proxy/ipvs/proxier.go`, `syncService`).
+    pub fn serve_vip6_by_ipvs(&self) -> Result<()> {
+        if kube_proxy::node_mode()? != KubeProxyMode::Ipvs {
+            bail!("an IPVS virtual service for VIP6 needs the lab in IPVS mode");
+        }
+        let vs = SocketAddr::new(IpAddr::V6(VIP6), SERVICE_PORT).to_string();
+        let rs = SocketAddr::new(IpAddr::V6(POD_B_IP6), POD_PORT).to_string();
+        exec(
+            NS_NODE,
+            &["ipvsadm", "-A", "-t", &vs, "-s", super::IPVS_SCHEDULER],
+        )?;
+        exec(
+            NS_NODE,
+            &["ipvsadm", "-a", "-t", &vs, "-r", &rs, "-m", "-w", "1"],
+        )?;
+        let cidr = format!("{VIP6}/128");
+        ip(
+            NS_NODE,
+            &["-6", "addr", "add", &cidr, "dev", KUBE_IPVS0, "nodad"],
+        )
+        .map(drop)
     }
 
     /// Sets VIP6 for `scenario`, drives its traffic once over IPv6.

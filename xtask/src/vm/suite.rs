@@ -22,6 +22,8 @@ pub const TEST_FILES: &[&str] = &[
     "source_ranges",
     "etp_local_iptables",
     "etp_local_host_caller",
+    "ipvs_stale_udp",
+    "ipvs_source_ranges6",
 ];
 
 /// The three kinds and their twins in the IPVS-mode lab, with that kernel's drop reasons or
@@ -63,6 +65,12 @@ pub const THREE_KINDS_TEST: &str = "ipvs_mode_failures_are_confirmed_and_twins_a
 ///   (measured: 119 s on 5.10, 128 s on 6.12, on a loaded machine).
 /// - 6.1 also runs IPVS mode with the API's table (issue #52): the per-question virtual-service
 ///   look-up (`IPVS_CMD_GET_SERVICE`) names a port the API serves and IPVS lacks.
+/// - on 5.10 and 6.12, issue #51's stale UDP shape in IPVS mode (ipvs_stale_udp.rs): real
+///   IPVS carries a fixed-port sender's datagrams to the current endpoint both ways in (the
+///   real server replaced; the sender older than the virtual service), nothing reported;
+///   and its source-range shape over IPv6 (ipvs_source_ranges6.rs: the IPv6 proxier's
+///   `KUBE-6-` ipsets and ip6tables chains), confirmed with its silent twin (5.10 names the
+///   drop from its `nf_hook_slow` site, 6.12 from its reason).
 ///
 /// The two lanes balance: 5.10 is the slowest guest (its reader takes twice 6.1's time).
 ///
@@ -91,6 +99,8 @@ pub const PLAN: &[(&str, &str, &[&str])] = &[
             "ipvs_mode_service_self_loop_is_confirmed_and_twins_are_silent",
         ],
     ),
+    ("5.10", "ipvs_stale_udp", IPVS_STALE_UDP),
+    ("5.10", "ipvs_source_ranges6", IPVS_SOURCE_RANGES6),
     (
         "6.1",
         "ipvs",
@@ -129,6 +139,22 @@ pub const PLAN: &[(&str, &str, &[&str])] = &[
     ("6.12", "source_ranges", SOURCE_RANGES_SHAPE),
     ("6.12", "etp_local_iptables", DETECTOR_MISS_SHAPE),
     ("6.12", "etp_local_host_caller", HOST_CALLER_SHAPE),
+    ("6.12", "ipvs_stale_udp", IPVS_STALE_UDP),
+    ("6.12", "ipvs_source_ranges6", IPVS_SOURCE_RANGES6),
+];
+
+/// Issue #51's source-range shape in IPVS mode over IPv6: confirmed with the `KUBE-6-` sets,
+/// the pod range in them silent.
+const IPVS_SOURCE_RANGES6: &[&str] = &[
+    "ipvs_mode_ipv6_source_ranges_drop_is_confirmed_with_the_v6_ipsets",
+    "ipvs_mode_ipv6_source_ranges_with_the_pod_range_report_nothing",
+];
+
+/// Issue #51's stale UDP shape in IPVS mode: both ways into it, the datagrams delivered and
+/// nothing reported.
+const IPVS_STALE_UDP: &[&str] = &[
+    "ipvs_mode_a_fixed_port_udp_sender_follows_the_real_server_change_and_nothing_is_reported",
+    "ipvs_mode_a_sender_started_before_the_virtual_service_reaches_it_and_nothing_is_reported",
 ];
 
 /// Issue #51's source-range shape: a pod outside `loadBalancerSourceRanges` confirmed, the
@@ -385,20 +411,44 @@ mod tests {
             .collect()
     }
 
-    /// `ipvs.rs` runs only in the VM: each of its tests must run on some kernel, so a new one
-    /// that nobody placed in [`PLAN`] fails here instead of never running.
+    /// The test files that run only in the VM (real IPVS): each of their tests must be in
+    /// [`PLAN`].
+    const VM_ONLY_FILES: &[&str] = &["ipvs", "ipvs_stale_udp", "ipvs_source_ranges6"];
+
+    /// `ipvs.rs` (and the other [`VM_ONLY_FILES`]) runs only in the VM: each of its tests must
+    /// run on some kernel, so a new one that nobody placed in [`PLAN`] fails here instead of
+    /// never running.
     #[test]
     fn every_ipvs_test_runs_on_some_kernel() {
-        let tests = tests_of("ipvs");
-        assert!(tests.len() >= 9, "{tests:?}");
-        for t in tests {
-            let placed = PLAN
-                .iter()
-                .any(|(_, f, list)| *f == "ipvs" && list.contains(&t.as_str()));
-            assert!(
-                placed,
-                "tests/ipvs.rs's {t} runs on no VM kernel: add it to PLAN"
-            );
+        assert!(tests_of("ipvs").len() >= 9);
+        for file in VM_ONLY_FILES {
+            assert!(TEST_FILES.contains(file), "{file}");
+            for t in tests_of(file) {
+                let placed = PLAN
+                    .iter()
+                    .any(|(_, f, list)| f == file && list.contains(&t.as_str()));
+                assert!(
+                    placed,
+                    "tests/{file}.rs's {t} runs on no VM kernel: add it to PLAN"
+                );
+            }
+        }
+    }
+
+    /// Issue #51's stale UDP and IPv6 source-range shapes in IPVS mode run on 5.10 and 6.12.
+    #[test]
+    fn the_ipvs_stale_udp_shape_runs_on_5_10_and_6_12() {
+        for kernel in ["5.10", "6.12"] {
+            for (file, shape) in [
+                ("ipvs_stale_udp", IPVS_STALE_UDP),
+                ("ipvs_source_ranges6", IPVS_SOURCE_RANGES6),
+            ] {
+                assert!(
+                    PLAN.iter()
+                        .any(|(k, f, list)| *k == kernel && *f == file && *list == shape),
+                    "{kernel} {file}"
+                );
+            }
         }
     }
 
