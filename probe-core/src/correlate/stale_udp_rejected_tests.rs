@@ -7,7 +7,10 @@ use std::{collections::HashMap, net::IpAddr};
 
 use probe_contract::Proto;
 
-use super::stale_udp::{confirm, dump_ips};
+use super::{
+    stale_udp::{confirm, dump_ips},
+    tests::assert_mentions,
+};
 use crate::state::{ConntrackEntry, NoEndpointReject, ServiceTable, Tuple};
 
 const SENDER: &str = "198.19.1.10";
@@ -67,14 +70,14 @@ fn a_dnated_entry_to_a_service_kube_proxy_rejects_is_named_from_the_reject_rule(
     };
     assert_eq!(r.service, "monitoring/statsd:statsd");
     assert_eq!(r.sent_to, (ip(OLD), 8125));
-    let evidence = r.evidence.join("\n");
-    for want in [
-        "DNATed to 198.19.1.20:8125, which is no endpoint of it now",
-        "current endpoints: none",
-        "KUBE-SERVICES (filter) REJECTs 10.96.0.50:8125/udp: \"monitoring/statsd:statsd has no endpoints\"",
-    ] {
-        assert!(evidence.contains(want), "{want}: {evidence}");
-    }
+    assert_mentions(
+        &r.evidence,
+        &[
+            "DNATed to 198.19.1.20:8125, which is no endpoint of it now",
+            "current endpoints: none",
+            "KUBE-SERVICES (filter) REJECTs 10.96.0.50:8125/udp: \"monitoring/statsd:statsd has no endpoints\"",
+        ],
+    );
 }
 
 #[test]

@@ -10,6 +10,7 @@ use probe_contract::{LoopbackKind, Proto};
 use super::{
     Correlator, CorrelatorConfig, Output,
     stale_udp::{confirm, delete_command, dump_ips},
+    tests::assert_mentions,
 };
 use crate::state::{ConntrackEntry, ServiceEntry, ServiceTable, Tuple};
 
@@ -85,15 +86,15 @@ fn a_refreshed_unreplied_entry_to_a_gone_endpoint_is_confirmed_with_its_evidence
     assert_eq!((r.orig.src, r.orig.sport), (ip(SENDER), 40000));
     assert_eq!(r.sent_to, (ip(OLD), 8125));
     assert_eq!(r.service, "monitoring/statsd:statsd");
-    let evidence = r.evidence.join("\n");
-    for want in [
-        "198.19.1.10:40000 -> 10.96.0.50:8125 DNATed to 198.19.1.20:8125",
-        "UNREPLIED",
-        "current endpoints: 198.19.1.21:8125",
-        "from 29s to 30s",
-    ] {
-        assert!(evidence.contains(want), "{want}: {evidence}");
-    }
+    assert_mentions(
+        &r.evidence,
+        &[
+            "198.19.1.10:40000 -> 10.96.0.50:8125 DNATed to 198.19.1.20:8125",
+            "UNREPLIED",
+            "current endpoints: 198.19.1.21:8125",
+            "from 29s to 30s",
+        ],
+    );
 }
 
 #[test]
@@ -165,15 +166,15 @@ fn the_correlator_reports_an_entry_once_while_it_lives_and_again_after_it_was_de
     );
     assert_eq!((e.dst, e.dst_port), (ip(OLD), 8125));
     assert_eq!(e.service.as_deref(), Some("monitoring/statsd:statsd"));
-    let remedy = e.remedy.join("\n");
-    for want in [
-        "conntrack -D -p udp --orig-src 198.19.1.10 --orig-dst 10.96.0.50 --sport 40000 --dport 8125",
-        "kubernetes#139628",
-        "#139629",
-        "198.19.1.20:8125, which is no endpoint",
-    ] {
-        assert!(remedy.contains(want), "{want}: {remedy}");
-    }
+    assert_mentions(
+        &e.remedy,
+        &[
+            "conntrack -D -p udp --orig-src 198.19.1.10 --orig-dst 10.96.0.50 --sport 40000 --dport 8125",
+            "kubernetes#139628",
+            "#139629",
+            "198.19.1.20:8125, which is no endpoint",
+        ],
+    );
     assert!(
         c.stale_udp(&stale, 110 * S).is_empty(),
         "once while it lives"

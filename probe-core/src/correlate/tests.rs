@@ -224,6 +224,16 @@ pub(super) fn has_line(lines: &[String], needle: &str) -> bool {
     lines.iter().any(|l| l.contains(needle))
 }
 
+/// Every needle stands somewhere in `lines` (an event's evidence or remedy); a missing one is
+/// named with the whole text.
+#[track_caller]
+pub(super) fn assert_mentions(lines: &[String], needles: &[&str]) {
+    let text = lines.join("\n");
+    for needle in needles {
+        assert!(text.contains(needle), "{needle}: {text}");
+    }
+}
+
 pub(super) fn ct(orig: Tuple, snat: bool, state: Option<&str>) -> ConntrackEntry {
     let reply = Tuple {
         src: orig.dst,
