@@ -3,24 +3,16 @@
 //! named from kube-proxy's REJECT rule "<svc> has no endpoints" and an entry still DNATed to
 //! its old endpoint is stale.
 
-use std::{collections::HashMap, net::IpAddr};
+use std::collections::HashMap;
 
 use probe_contract::Proto;
 
 use super::{
     stale_udp::{confirm, dump_ips},
-    tests::assert_mentions,
+    stale_udp_tests::{CLUSTER_IP, OLD, SENDER},
+    tests::{S, assert_mentions, ip},
 };
 use crate::state::{ConntrackEntry, NoEndpointReject, ServiceTable, Tuple};
-
-const SENDER: &str = "198.19.1.10";
-const CLUSTER_IP: &str = "10.96.0.50";
-const OLD: &str = "198.19.1.20";
-const S: u64 = 1_000_000_000;
-
-fn ip(s: &str) -> IpAddr {
-    s.parse().unwrap()
-}
 
 /// The statsd Service scaled to zero: only kube-proxy's REJECT rule names it.
 fn scaled_to_zero(proto: Proto) -> ServiceTable {

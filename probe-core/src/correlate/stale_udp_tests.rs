@@ -3,26 +3,23 @@
 //! to the endpoint that was 198.19.1.20:8125 while the Service's endpoint is now
 //! 198.19.1.21:8125.
 
-use std::{collections::HashMap, net::IpAddr};
+use std::collections::HashMap;
 
 use probe_contract::{LoopbackKind, Proto};
 
 use super::{
     Correlator, CorrelatorConfig, Output,
     stale_udp::{confirm, delete_command, dump_ips},
-    tests::assert_mentions,
+    tests::{S, assert_mentions, ip},
 };
 use crate::state::{ConntrackEntry, ServiceEntry, ServiceTable, Tuple};
 
-const SENDER: &str = "198.19.1.10";
-const CLUSTER_IP: &str = "10.96.0.50";
-const OLD: &str = "198.19.1.20";
+/// The statsd sender, its Service's ClusterIP, and the endpoint that was (also the scenario
+/// of `stale_udp_rejected_tests`).
+pub(super) const SENDER: &str = "198.19.1.10";
+pub(super) const CLUSTER_IP: &str = "10.96.0.50";
+pub(super) const OLD: &str = "198.19.1.20";
 const NEW: &str = "198.19.1.21";
-const S: u64 = 1_000_000_000;
-
-fn ip(s: &str) -> IpAddr {
-    s.parse().unwrap()
-}
 
 fn table(backends: &[&str]) -> ServiceTable {
     ServiceTable {
