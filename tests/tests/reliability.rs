@@ -454,37 +454,22 @@ fn probe_events_into_a_closed_pipe_exits_quietly() {
     let listener = UnixListener::bind(&socket).unwrap();
     let server = std::thread::spawn(move || {
         let (mut s, _) = listener.accept().unwrap();
-        use probe_contract::{
-            LoopbackEvent, LoopbackKind, Message, Outcome, Proto, Snapshot, SnatState,
-        };
+        use probe_contract::{LoopbackEvent, LoopbackKind, Message, Outcome, Proto, Snapshot};
         let vip = "203.0.113.10".parse().unwrap();
         let event = |port: u16| LoopbackEvent {
-            kind: LoopbackKind::VipPortUnserved,
             key: format!("vip_port_unserved/203.0.113.10:{port}/tcp"),
-            src: "198.19.1.10".parse().unwrap(),
-            src_port: 40000,
-            dst: vip,
-            dst_port: port,
             vip: Some(vip),
             vip_port: Some(port),
-            proto: Proto::Tcp,
-            drop_reason: None,
-            drop_location: None,
-            snat: SnatState::Unknown,
-            outcome: Outcome::Refused,
             count: 1,
-            evidence: Vec::new(),
-            remedy: Vec::new(),
             first_seen_ns: 1,
             last_seen_ns: 1,
-            nic: None,
-            service: None,
-            layer: None,
-            client_pod: None,
-            node: None,
-            fixes: Vec::new(),
-            facts: Default::default(),
-            listener: None,
+            ..LoopbackEvent::between(
+                LoopbackKind::VipPortUnserved,
+                ("198.19.1.10".parse().unwrap(), 40000),
+                (vip, port),
+                Proto::Tcp,
+                Outcome::Refused,
+            )
         };
         let snapshot = Message::Snapshot {
             snapshot: Box::new(Snapshot {
