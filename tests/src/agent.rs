@@ -349,6 +349,15 @@ impl Agent {
         events[0].clone()
     }
 
+    /// A healthy twin's end: lets the agent settle for `settle`, then asserts it reported
+    /// nothing.
+    #[track_caller]
+    pub fn assert_reports_nothing_after(&self, settle: Duration) {
+        std::thread::sleep(settle);
+        let events = self.events();
+        assert!(events.is_empty(), "{events:#?}");
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.as_ref().map(|c| c.id()).unwrap_or(0)
     }
