@@ -451,6 +451,11 @@ pub fn sh(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// `ip -n ns ARGS...` through [`sh`].
+pub fn ip_in(ns: &str, args: &[&str]) -> String {
+    sh(&[&["ip", "-n", ns], args].concat())
+}
+
 /// [`sh`] inside the lab's node namespace (`ip netns exec`).
 pub fn sh_in_node(args: &[&str]) -> String {
     sh(&[&["ip", "netns", "exec", test_support::lab::NS_NODE], args].concat())

@@ -19,7 +19,7 @@ use std::{
 };
 
 use probe_tests::{
-    agent::{Agent, hex_bytes, node_metric, probe_bin, sh, text, wait_for},
+    agent::{Agent, hex_bytes, ip_in, node_metric, probe_bin, sh, text, wait_for},
     kernel_view::maps_held_by,
     kube_fixture::KubeFixture,
 };
@@ -264,18 +264,11 @@ fn probe_watch_prints_a_hostile_nic_name_escaped() {
     // CSI "clear screen" and an OSC retitle ended by BEL: 11 bytes, a valid interface name (a
     // bridge: this kernel has no dummy driver; any kind does).
     let name = "e\x1b[2J\x1b]0;x\x07";
-    sh(&[
-        "ip",
-        "-n",
+    ip_in(
         lab::NS_NODE,
-        "link",
-        "add",
-        "name",
-        name,
-        "type",
-        "bridge",
-    ]);
-    sh(&["ip", "-n", lab::NS_NODE, "link", "set", name, "up"]);
+        &["link", "add", "name", name, "type", "bridge"],
+    );
+    ip_in(lab::NS_NODE, &["link", "set", name, "up"]);
     let agent = Agent::start(lab::NS_NODE, &["--nic", lab::NODE_NIC, "--nic", name]);
     let out = Command::new(probe_bin())
         .args(["watch", "--once", "--socket"])
