@@ -43,13 +43,14 @@ fn a_refused_healthz_probe_from_gce_is_confirmed_with_its_range_and_remedy() {
     assert_eq!(e.outcome, probe_contract::Outcome::Refused);
     assert_eq!(e.vip, None);
     assert_eq!(e.service, None);
-    let ev = e.evidence.join("\n");
-    assert!(ev.contains("kube-proxy's healthz port"), "{ev}");
-    assert!(
-        ev.contains("Google Cloud's documented probe range 35.191.0.0/16"),
-        "{ev}"
+    assert_mentions(
+        &e.evidence,
+        &[
+            "kube-proxy's healthz port",
+            "Google Cloud's documented probe range 35.191.0.0/16",
+            "nothing listens there",
+        ],
     );
-    assert!(ev.contains("nothing listens there"), "{ev}");
     assert_mentions(
         &e.remedy,
         &[
