@@ -384,10 +384,8 @@ fn a_service_added_after_a_410_relist_is_attributed() {
     let hairpin = event(&agent, LoopbackKind::Hairpin);
     assert_eq!(hairpin.client_pod.as_deref(), Some(CLIENT_POD));
     assert!(
-        hairpin
-            .remedy
-            .iter()
-            .any(|r| r.contains("call web.default.svc.cluster.local:80 (Service default/web)")),
+        lines(&hairpin.remedy)
+            .contains("call web.default.svc.cluster.local:80 (Service default/web)"),
         "{hairpin:#?}"
     );
     assert!(agent.stop().success());
