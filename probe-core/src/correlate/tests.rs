@@ -47,6 +47,11 @@ fn hc(sport: u16) -> Packet {
     pkt(LB_VIP, sport, NODE, 30080, Some(Tag::Vip), Some(Tag::Node))
 }
 
+/// The node calling one of its own ports from its own address.
+pub(super) fn node_to_itself(sport: u16, dport: u16) -> Packet {
+    pkt(NODE, sport, NODE, dport, Some(Tag::Node), Some(Tag::Node))
+}
+
 pub(super) fn hp(sport: u16, dport: u16) -> Packet {
     pkt(POD, sport, NODE, dport, Some(Tag::Pod), Some(Tag::Node))
 }
@@ -1025,7 +1030,7 @@ fn healthy_outside_client_through_nodeport() {
     );
     // A node-sourced suspect is a hairpin candidate (the node-sourced loop): without an
     // egress record of the node's own it confirms nothing.
-    let n = pkt(NODE, 1, NODE, 30080, Some(Tag::Node), Some(Tag::Node));
+    let n = node_to_itself(1, 30080);
     let q = only_query(&c.ingest(suspect(S + 3, &n)));
     assert!(
         c.answer(Answer::Egress {
