@@ -437,6 +437,17 @@ pub fn node_metric(addr: &str, name: &str) -> u64 {
         .map_or(0, |v| v as u64)
 }
 
+/// The value of the first sample of the `/metrics` served at `addr` in `ns` whose line starts
+/// with `prefix` (a name, or a name and the start of its labels); None when the page or the
+/// sample is missing, or the value is no `T`.
+pub fn metric_sample<T: std::str::FromStr>(ns: &str, addr: &str, prefix: &str) -> Option<T> {
+    let (_, text) = test_support::lab::http_get_in(ns, addr, "/metrics")?;
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
 /// Runs a command and returns stdout; panics with stderr on failure.
 pub fn sh(args: &[&str]) -> String {
     let out = Command::new(args[0])

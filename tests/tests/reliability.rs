@@ -13,8 +13,8 @@ use std::{
 };
 
 use probe_tests::agent::{
-    Agent, assert_nothing_attached, error_line, our_tc_attachments, probe_bin, probe_command,
-    stderr, tempdir::TempDir, wait_for,
+    Agent, assert_contains, assert_nothing_attached, error_line, our_tc_attachments, probe_bin,
+    probe_command, stderr, tempdir::TempDir, wait_for,
 };
 use test_support::lab::{self, LabGuard, Variants, http_get_in, in_netns};
 
@@ -65,11 +65,7 @@ fn status_of(response: &str) -> Option<u16> {
 }
 
 fn metric(name: &str) -> Option<f64> {
-    let (_, text) = http_get_in(lab::NS_NODE, METRICS, "/metrics")?;
-    text.lines()
-        .find(|l| l.starts_with(name))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
+    probe_tests::agent::metric_sample(lab::NS_NODE, METRICS, name)
 }
 
 /// Defects 1 and 2: `/healthz` keeps answering while one client pipelines requests and never
@@ -278,7 +274,7 @@ fn the_socket_path_is_never_destroyed_or_hijacked() {
     let mut c = std::os::unix::net::UnixStream::connect(&live).expect("peer agent still serves");
     let mut first = String::new();
     BufReader::new(&mut c).read_line(&mut first).unwrap();
-    assert!(first.contains("\"snapshot\""), "{first}");
+    assert_contains(&first, "\"snapshot\"");
     assert!(peer_agent.stop().success());
 
     // A stale socket (a killed agent's): replaced, and removed at exit.
