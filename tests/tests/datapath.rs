@@ -14,8 +14,8 @@ use probe_contract::{
     record::{KernelEvent, Packet},
 };
 use probe_tests::agent::{
-    Agent, ip_in, is_local_source_drop, kernel_has_tcx, our_loaded_programs, our_tc_attachments,
-    our_tc_links, percpu_map_sum, require_root, sh, sh_in_node, wait_for,
+    Agent, assert_contains, ip_in, is_local_source_drop, kernel_has_tcx, our_loaded_programs,
+    our_tc_attachments, our_tc_links, percpu_map_sum, require_root, sh, sh_in_node, wait_for,
 };
 use serde_json::Value;
 use test_support::lab::{self, LabGuard, Outcome, Scenario, Variants};
@@ -394,7 +394,7 @@ fn clsact_fallback_sees_packets_and_leaves_nothing_behind() {
         filters.contains("clb_ingress") && filters.contains("clb_egress"),
         "{filters}"
     );
-    assert!(qdiscs.contains("clsact"), "{qdiscs}");
+    assert_contains(&qdiscs, "clsact");
     assert!(our_tc_links().is_empty(), "no tcx links in netlink mode");
     assert_eq!(
         lab.traffic(Scenario::HealthcheckBlackhole).unwrap(),
@@ -426,7 +426,7 @@ fn killed_then_adopted(args: &[&str]) -> Agent {
     let mut b = Agent::start(lab::NS_NODE, args);
     b.kill();
     let (filters, _) = tc_state(lab::NODE_NIC);
-    assert!(filters.contains("clb_ingress"), "{filters}");
+    assert_contains(&filters, "clb_ingress");
     let c = Agent::start(lab::NS_NODE, args);
     let (filters, _) = tc_state(lab::NODE_NIC);
     assert_eq!(
@@ -517,7 +517,7 @@ fn clsact_fallback_keeps_foreign_filters() {
     let (filters, qdiscs) = tc_state(lab::NODE_NIC);
     assert!(!filters.contains("clb_"), "filters left: {filters}");
     assert_foreign_filters_intact();
-    assert!(qdiscs.contains("clsact"), "{qdiscs}");
+    assert_contains(&qdiscs, "clsact");
     node_tc(&["qdisc", "del", "dev", lab::NODE_NIC, "clsact"]);
 }
 

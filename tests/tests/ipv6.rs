@@ -11,7 +11,7 @@
 use std::{net::IpAddr, time::Duration};
 
 use probe_contract::{LoopbackEvent, LoopbackKind, Outcome as Fate, SnatState};
-use probe_tests::agent::{Agent, lines, require_root};
+use probe_tests::agent::{Agent, assert_contains, lines, require_root};
 use test_support::lab::{
     self, LabGuard, Variants,
     v6::{self, Scenario6},
@@ -81,7 +81,7 @@ fn ipv6_healthcheck_blackhole_is_the_reply_dropped_locally_not_an_unserved_port(
         ev.contains(&format!("tc ingress on {}", lab::NODE_NIC)),
         "{ev}"
     );
-    assert!(ev.contains("IPv6 has no martian-source check"), "{ev}");
+    assert_contains(&ev, "IPv6 has no martian-source check");
 }
 
 #[test]

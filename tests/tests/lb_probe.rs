@@ -18,7 +18,7 @@ use std::{
 
 use probe_contract::{LoopbackKind, Outcome as Fate};
 use probe_tests::{
-    agent::{Agent, lines, wait_for},
+    agent::{Agent, assert_contains, lines, wait_for},
     lab_check::lab_node_check,
 };
 use test_support::lab::{
@@ -104,11 +104,8 @@ fn a_refused_healthz_probe_from_a_gce_range_is_confirmed() {
     assert_eq!(e.drop_reason.as_deref(), Some("NO_SOCKET"));
     assert_eq!(e.nic.as_deref(), Some(lab::NODE_NIC));
     let ev = lines(&e.evidence);
-    assert!(ev.contains("kube-proxy's healthz port"), "{ev}");
-    assert!(
-        ev.contains("Google Cloud's documented probe range 35.191.0.0/16"),
-        "{ev}"
-    );
+    assert_contains(&ev, "kube-proxy's healthz port");
+    assert_contains(&ev, "Google Cloud's documented probe range 35.191.0.0/16");
     let remedy = lines(&e.remedy);
     for needle in ["healthzBindAddress", "kubeProxyReplacementHealthzBindAddr"] {
         assert!(remedy.contains(needle), "{needle}: {remedy}");
@@ -155,10 +152,7 @@ fn a_firewalled_healthz_probe_is_confirmed_as_a_drop() {
     assert_eq!(e.outcome, Fate::Dropped);
     assert_eq!(e.drop_reason.as_deref(), Some("NETFILTER_DROP"));
     let remedy = lines(&e.remedy);
-    assert!(
-        remedy.contains("allow TCP 10256 from 35.191.0.0/16"),
-        "{remedy}"
-    );
+    assert_contains(&remedy, "allow TCP 10256 from 35.191.0.0/16");
     block_probe(None).unwrap();
     drop(lab);
 }
@@ -196,7 +190,7 @@ fn a_refused_health_check_node_port_probe_names_its_service() {
     assert_eq!(e.dst_port, HC_PORT);
     assert_eq!(e.service.as_deref(), Some("default/hc"), "{e:#?}");
     let ev = lines(&e.evidence);
-    assert!(ev.contains("the healthCheckNodePort of default/hc"), "{ev}");
+    assert_contains(&ev, "the healthCheckNodePort of default/hc");
     drop(lab);
 }
 
@@ -228,9 +222,9 @@ fn a_refused_ipv6_probe_from_azures_link_local_source_is_confirmed() {
     assert_eq!(e.dst, IpAddr::V6(v6::NODE_IP6));
     assert_eq!(e.drop_reason.as_deref(), Some("NO_SOCKET"));
     let ev = lines(&e.evidence);
-    assert!(
-        ev.contains("Azure's documented probe range fe80::1234:5678:9abc/128"),
-        "{ev}"
+    assert_contains(
+        &ev,
+        "Azure's documented probe range fe80::1234:5678:9abc/128",
     );
     drop(lab);
 }
