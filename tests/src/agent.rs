@@ -349,6 +349,15 @@ impl Agent {
         events[0].clone()
     }
 
+    /// A healthy twin's end: lets the agent settle for `settle`, then asserts it reported
+    /// nothing.
+    #[track_caller]
+    pub fn assert_reports_nothing_after(&self, settle: Duration) {
+        std::thread::sleep(settle);
+        let events = self.events();
+        assert!(events.is_empty(), "{events:#?}");
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.as_ref().map(|c| c.id()).unwrap_or(0)
     }
@@ -428,6 +437,17 @@ pub fn node_metric(addr: &str, name: &str) -> u64 {
         .map_or(0, |v| v as u64)
 }
 
+/// The value of the first sample of the `/metrics` served at `addr` in `ns` whose line starts
+/// with `prefix` (a name, or a name and the start of its labels); None when the page or the
+/// sample is missing, or the value is no `T`.
+pub fn metric_sample<T: std::str::FromStr>(ns: &str, addr: &str, prefix: &str) -> Option<T> {
+    let (_, text) = test_support::lab::http_get_in(ns, addr, "/metrics")?;
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
 /// Runs a command and returns stdout; panics with stderr on failure.
 pub fn sh(args: &[&str]) -> String {
     let out = Command::new(args[0])
@@ -440,6 +460,11 @@ pub fn sh(args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `ip -n ns ARGS...` through [`sh`].
+pub fn ip_in(ns: &str, args: &[&str]) -> String {
+    sh(&[&["ip", "-n", ns], args].concat())
 }
 
 /// [`sh`] inside the lab's node namespace (`ip netns exec`).

@@ -55,29 +55,36 @@ impl Svc {
     }
 }
 
-#[tonic::async_trait]
-impl LogsService for Svc {
-    async fn export(
-        &self,
-        request: tonic::Request<ExportLogsServiceRequest>,
-    ) -> Result<tonic::Response<ExportLogsServiceResponse>, tonic::Status> {
-        self.seen.logs.lock().unwrap().push(request.into_inner());
-        self.answer().await;
-        Ok(tonic::Response::new(ExportLogsServiceResponse::default()))
-    }
+/// One OTLP service of the receiver: each export is recorded in `seen.$field`, then answered
+/// as the mode says.
+macro_rules! export_service {
+    ($service:ident, $request:ident, $response:ident, $field:ident) => {
+        #[tonic::async_trait]
+        impl $service for Svc {
+            async fn export(
+                &self,
+                request: tonic::Request<$request>,
+            ) -> Result<tonic::Response<$response>, tonic::Status> {
+                self.seen.$field.lock().unwrap().push(request.into_inner());
+                self.answer().await;
+                Ok(tonic::Response::new($response::default()))
+            }
+        }
+    };
 }
 
-#[tonic::async_trait]
-impl MetricsService for Svc {
-    async fn export(
-        &self,
-        request: tonic::Request<ExportMetricsServiceRequest>,
-    ) -> Result<tonic::Response<ExportMetricsServiceResponse>, tonic::Status> {
-        self.seen.metrics.lock().unwrap().push(request.into_inner());
-        self.answer().await;
-        Ok(tonic::Response::new(ExportMetricsServiceResponse::default()))
-    }
-}
+export_service!(
+    LogsService,
+    ExportLogsServiceRequest,
+    ExportLogsServiceResponse,
+    logs
+);
+export_service!(
+    MetricsService,
+    ExportMetricsServiceRequest,
+    ExportMetricsServiceResponse,
+    metrics
+);
 
 /// The running receiver; stopped on drop (a hung answer is dropped with it).
 pub struct Receiver {

@@ -14,8 +14,8 @@ use probe_contract::{
     record::{KernelEvent, Packet},
 };
 use probe_tests::agent::{
-    Agent, is_local_source_drop, kernel_has_tcx, our_loaded_programs, our_tc_attachments,
-    our_tc_links, percpu_map_sum, require_root, sh, sh_in_node, wait_for,
+    Agent, assert_contains, ip_in, is_local_source_drop, kernel_has_tcx, our_loaded_programs,
+    our_tc_attachments, our_tc_links, percpu_map_sum, require_root, sh, sh_in_node, wait_for,
 };
 use serde_json::Value;
 use test_support::lab::{self, LabGuard, Outcome, Scenario, Variants};
@@ -219,16 +219,10 @@ fn address_changes_after_start_are_followed_and_kube_ipvs0_is_reattached() {
     let vip2 = std::net::Ipv4Addr::new(203, 0, 113, 20);
     let node_port = SocketAddrV4::new(lab::NODE_IP, lab::NODE_PORT);
     // The LB can send from the new VIP too.
-    sh(&[
-        "ip",
-        "-n",
+    ip_in(
         lab::NS_LB,
-        "addr",
-        "add",
-        &format!("{vip2}/32"),
-        "dev",
-        "lo",
-    ]);
+        &["addr", "add", &format!("{vip2}/32"), "dev", "lo"],
+    );
 
     let from_vip2 = |agent: &Agent| {
         agent
@@ -268,16 +262,10 @@ fn address_changes_after_start_are_followed_and_kube_ipvs0_is_reattached() {
     .expect("the agent logs its prefixes");
 
     // Added after start: matched on the next packet once synced.
-    sh(&[
-        "ip",
-        "-n",
+    ip_in(
         lab::NS_NODE,
-        "addr",
-        "add",
-        &format!("{vip2}/32"),
-        "dev",
-        lab::KUBE_IPVS0,
-    ]);
+        &["addr", "add", &format!("{vip2}/32"), "dev", lab::KUBE_IPVS0],
+    );
     synced_to(&mut agent, base + 1, "the new VIP synced");
     lab.connect(lab::NS_LB, Some(vip2), node_port).unwrap();
     wait_for("suspect from the new VIP", WAIT, || {
@@ -286,16 +274,10 @@ fn address_changes_after_start_are_followed_and_kube_ipvs0_is_reattached() {
     .unwrap_or_else(|| panic!("new VIP not matched: {:#?}", agent.records()));
 
     // Removed: no longer matched (the node now answers it like any other client).
-    sh(&[
-        "ip",
-        "-n",
+    ip_in(
         lab::NS_NODE,
-        "addr",
-        "del",
-        &format!("{vip2}/32"),
-        "dev",
-        lab::KUBE_IPVS0,
-    ]);
+        &["addr", "del", &format!("{vip2}/32"), "dev", lab::KUBE_IPVS0],
+    );
     synced_to(&mut agent, base, "the removed VIP synced");
     let before = from_vip2(&agent);
     let attempt = lab.connect(lab::NS_LB, Some(vip2), node_port).unwrap();
@@ -304,27 +286,21 @@ fn address_changes_after_start_are_followed_and_kube_ipvs0_is_reattached() {
     assert_eq!(from_vip2(&agent), before, "a removed VIP is still matched");
 
     // kube-proxy recreates kube-ipvs0: re-attached, its VIP matched again.
-    sh(&["ip", "-n", lab::NS_NODE, "link", "del", lab::KUBE_IPVS0]);
-    sh(&[
-        "ip",
-        "-n",
+    ip_in(lab::NS_NODE, &["link", "del", lab::KUBE_IPVS0]);
+    ip_in(
         lab::NS_NODE,
-        "link",
-        "add",
-        lab::KUBE_IPVS0,
-        "type",
-        "bridge",
-    ]);
-    sh(&[
-        "ip",
-        "-n",
+        &["link", "add", lab::KUBE_IPVS0, "type", "bridge"],
+    );
+    ip_in(
         lab::NS_NODE,
-        "addr",
-        "add",
-        &format!("{}/32", lab::VIP),
-        "dev",
-        lab::KUBE_IPVS0,
-    ]);
+        &[
+            "addr",
+            "add",
+            &format!("{}/32", lab::VIP),
+            "dev",
+            lab::KUBE_IPVS0,
+        ],
+    );
     wait_for("re-attached on the new kube-ipvs0", WAIT, || {
         (agent.count_log("attached iface=\"kube-ipvs0\"") >= 2).then_some(())
     })
@@ -418,7 +394,7 @@ fn clsact_fallback_sees_packets_and_leaves_nothing_behind() {
         filters.contains("clb_ingress") && filters.contains("clb_egress"),
         "{filters}"
     );
-    assert!(qdiscs.contains("clsact"), "{qdiscs}");
+    assert_contains(&qdiscs, "clsact");
     assert!(our_tc_links().is_empty(), "no tcx links in netlink mode");
     assert_eq!(
         lab.traffic(Scenario::HealthcheckBlackhole).unwrap(),
@@ -450,7 +426,7 @@ fn killed_then_adopted(args: &[&str]) -> Agent {
     let mut b = Agent::start(lab::NS_NODE, args);
     b.kill();
     let (filters, _) = tc_state(lab::NODE_NIC);
-    assert!(filters.contains("clb_ingress"), "{filters}");
+    assert_contains(&filters, "clb_ingress");
     let c = Agent::start(lab::NS_NODE, args);
     let (filters, _) = tc_state(lab::NODE_NIC);
     assert_eq!(
@@ -541,7 +517,7 @@ fn clsact_fallback_keeps_foreign_filters() {
     let (filters, qdiscs) = tc_state(lab::NODE_NIC);
     assert!(!filters.contains("clb_"), "filters left: {filters}");
     assert_foreign_filters_intact();
-    assert!(qdiscs.contains("clsact"), "{qdiscs}");
+    assert_contains(&qdiscs, "clsact");
     node_tc(&["qdisc", "del", "dev", lab::NODE_NIC, "clsact"]);
 }
 

@@ -10,7 +10,7 @@ use probe_contract::{
     evidence::{EvidenceBundle, EvidenceIndex, Hook},
 };
 use probe_tests::{
-    agent::{Agent, tempdir::TempDir, wait_for},
+    agent::{Agent, assert_contains, tempdir::TempDir, wait_for},
     capture::{packet_comments, tcpdump_read},
     kube_fixture::{KubeFixture, NODE_NAME, plugin_in_node},
     written::{clb_events, is},
@@ -154,10 +154,7 @@ fn a_confirmed_health_check_black_hole_has_its_packets_in_a_capture_tcpdump_read
     // Unknown loops and paths: clear 404s.
     let (status, body) = get_text(METRICS, "/evidence/0123456789abcdef");
     assert_eq!(status, 404);
-    assert!(
-        body.contains("no evidence for loop 0123456789abcdef"),
-        "{body}"
-    );
+    assert_contains(&body, "no evidence for loop 0123456789abcdef");
     assert_eq!(get(METRICS, "/evidence/x/y").0, 404);
 }
 
@@ -332,7 +329,7 @@ fn kubectl_evidence_writes_each_nodes_capture_through_the_api_servers_pod_proxy(
         readme.contains(&format!("{NODE_NAME}/: 1 loop(s)")),
         "{readme}"
     );
-    assert!(readme.contains("node-b: NOT WRITTEN"), "{readme}");
+    assert_contains(&readme, "node-b: NOT WRITTEN");
     let capture = node_dir.join("capture.pcapng");
     let packets = tcpdump_read(&capture);
     let flow = format!("IP {}.{} > ", event.src, event.src_port);

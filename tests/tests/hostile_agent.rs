@@ -21,7 +21,8 @@ use std::{
 };
 
 use probe_tests::agent::{
-    Agent, assert_nothing_attached, error_line, probe_command, stderr, tempdir::TempDir, wait_for,
+    Agent, assert_contains, assert_nothing_attached, error_line, probe_command, stderr,
+    tempdir::TempDir, wait_for,
 };
 use test_support::lab::{self, LabGuard, Scenario, Variants, in_netns};
 
@@ -137,7 +138,7 @@ fn a_lock_squatter_does_not_keep_the_agent_out_and_a_second_agent_is_still_refus
         // libtest prints the test's name on the same line first.
         .find(|l| l.contains("squatting @"))
         .expect("the squatter holds the lock");
-    assert!(said.contains("as uid 65534"), "{said}");
+    assert_contains(&said, "as uid 65534");
 
     let mut first = Agent::start(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
     assert_eq!(

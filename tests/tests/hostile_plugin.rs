@@ -12,8 +12,18 @@ use probe_tests::{
 };
 use serde_json::{Value, json};
 
+/// A bare API with the Node `node-a`, the node the agents' Events name.
 fn api(tag: &str) -> KubeFixture {
-    KubeFixture::bare(&format!("hostile-plugin-{tag}"))
+    let a = KubeFixture::bare(&format!("hostile-plugin-{tag}"));
+    a.apply(node("node-a"));
+    a
+}
+
+/// [`api`] with [`web`].
+fn api_with_web(tag: &str) -> KubeFixture {
+    let a = api(tag);
+    a.apply(web());
+    a
 }
 
 /// `shop/web`: an ETP Local LoadBalancer (the `etp-cluster` fix applies to it).
@@ -53,9 +63,7 @@ fn hairpin_event(name: &str, ns: &str, instance: &str) -> Value {
 /// nothing. The agents' own Event (the Service's namespace, a real Node) still confirms.
 #[test]
 fn a_forged_event_confirms_nothing_and_applies_nothing() {
-    let a = api("forged");
-    a.apply(node("node-a"));
-    a.apply(web());
+    let a = api_with_web("forged");
     a.apply(hairpin_event("clb-probe.forged.1", "tenant", "node-a"));
     a.apply(hairpin_event("clb-probe.forged.2", "shop", "node-z"));
     let out = a.run(&["fix", "-n", "shop", "web"]);
@@ -109,9 +117,7 @@ fn on_a_terminal(a: &KubeFixture, args: &[&str], answer: &str) -> (bool, String)
 /// carries the version it was listed at.
 #[test]
 fn apply_asks_and_only_yes_applies() {
-    let a = api("confirm");
-    a.apply(node("node-a"));
-    a.apply(web());
+    let a = api_with_web("confirm");
     a.apply(hairpin_event("clb-probe.node-a.1", "shop", "node-a"));
     let out = a.run(&["fix", "-n", "shop", "web"]);
     let listing = text(&out.stdout);
@@ -152,7 +158,6 @@ fn raw_controls(s: &str) -> usize {
 #[test]
 fn annotation_values_with_terminal_controls_are_printed_escaped() {
     let a = api("annotations");
-    a.apply(node("node-a"));
     let mut svc = web();
     // The AWS Load Balancer Controller's NLB: its own fixes are offered.
     svc["spec"]["loadBalancerClass"] = json!("service.k8s.aws/nlb");
@@ -308,9 +313,7 @@ fn run_within_data_limit(a: &KubeFixture, args: &[&str]) -> (bool, String, Strin
 /// `list events`); neither holds the others (the plugin runs with 128 MiB of data at most).
 #[test]
 fn a_hundred_thousand_other_events_are_neither_fetched_nor_held() {
-    let a = api("busy");
-    a.apply(node("node-a"));
-    a.apply(web());
+    let a = api_with_web("busy");
     for i in 0..100_000 {
         a.apply(other_event(i));
     }
@@ -359,7 +362,6 @@ fn a_hundred_thousand_other_events_are_neither_fetched_nor_held() {
 #[test]
 fn the_agents_events_are_read_page_by_page_in_the_namespace_given() {
     let a = api("pages");
-    a.apply(node("node-a"));
     for i in 0..1_100 {
         a.apply(hairpin_event(
             &format!("clb-probe.node-a.{i:04}"),

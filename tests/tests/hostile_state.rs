@@ -19,7 +19,7 @@ use std::{
 };
 
 use probe_tests::{
-    agent::{Agent, hex_bytes, node_metric, probe_bin, sh, text, wait_for},
+    agent::{Agent, assert_contains, hex_bytes, ip_in, node_metric, probe_bin, sh, text, wait_for},
     kernel_view::maps_held_by,
     kube_fixture::KubeFixture,
 };
@@ -158,17 +158,11 @@ fn a_full_address_set_says_what_the_kernel_holds() {
         u64::from(CAPACITY)
     );
     let text = metrics_text();
-    assert!(
-        text.contains("# HELP clbprobe_local_addresses_capacity"),
-        "{text}"
-    );
+    assert_contains(&text, "# HELP clbprobe_local_addresses_capacity");
     let warn = agent.count_log("address sets exceed --address-entries");
     assert_eq!(warn, 1, "one WARN for one shortfall");
     let (_, ready) = http_get_in(lab::NS_NODE, METRICS, "/readyz").expect("readyz");
-    assert!(
-        ready.contains("over --address-entries (256) are not watched"),
-        "{ready}"
-    );
+    assert_contains(&ready, "over --address-entries (256) are not watched");
 
     // Under capacity again: everything in, said once.
     vips("del", CAPACITY + 50);
@@ -264,18 +258,11 @@ fn probe_watch_prints_a_hostile_nic_name_escaped() {
     // CSI "clear screen" and an OSC retitle ended by BEL: 11 bytes, a valid interface name (a
     // bridge: this kernel has no dummy driver; any kind does).
     let name = "e\x1b[2J\x1b]0;x\x07";
-    sh(&[
-        "ip",
-        "-n",
+    ip_in(
         lab::NS_NODE,
-        "link",
-        "add",
-        "name",
-        name,
-        "type",
-        "bridge",
-    ]);
-    sh(&["ip", "-n", lab::NS_NODE, "link", "set", name, "up"]);
+        &["link", "add", "name", name, "type", "bridge"],
+    );
+    ip_in(lab::NS_NODE, &["link", "set", name, "up"]);
     let agent = Agent::start(lab::NS_NODE, &["--nic", lab::NODE_NIC, "--nic", name]);
     let out = Command::new(probe_bin())
         .args(["watch", "--once", "--socket"])
@@ -333,10 +320,7 @@ fn a_forged_event_is_printed_escaped_and_marked() {
         "raw control characters {:?} in {table:?}",
         raw_controls(&table)
     );
-    assert!(
-        table.contains("\\x1b[2J\\x1b[H\\x1b[32mALL CLEAR\\x1b[0m\\x07"),
-        "{table}"
-    );
+    assert_contains(&table, "\\x1b[2J\\x1b[H\\x1b[32mALL CLEAR\\x1b[0m\\x07");
     let lines: Vec<&str> = table.lines().collect();
     let forged = lines.iter().find(|l| l.contains("ALL CLEAR")).unwrap();
     assert!(forged.contains("\\u{9b}8m*"), "marked: {forged}");

@@ -11,7 +11,7 @@
 use std::{net::IpAddr, time::Duration};
 
 use probe_contract::{LoopbackEvent, LoopbackKind, Outcome as Fate, SnatState};
-use probe_tests::agent::{Agent, lines, require_root};
+use probe_tests::agent::{Agent, assert_contains, lines, require_root};
 use test_support::lab::{
     self, LabGuard, Variants,
     v6::{self, Scenario6},
@@ -32,7 +32,12 @@ fn dual_stack_lab() -> LabGuard {
     lab
 }
 
-fn run(scenario: Scenario6) -> Agent {
+/// Drives `scenario` with the agent on the node (the client's outcome must be the expected
+/// one), or None where `test` cannot run (not root: it says it skips).
+fn run(test: &str, scenario: Scenario6) -> Option<Agent> {
+    if !require_root(test) {
+        return None;
+    }
     let lab = dual_stack_lab();
     let agent = Agent::start(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
     let (outcome, expected) = lab.run6(scenario).expect("traffic");
@@ -40,16 +45,30 @@ fn run(scenario: Scenario6) -> Agent {
     std::thread::sleep(SETTLE);
     let _ = agent.events();
     drop(lab);
-    agent
+    Some(agent)
+}
+
+/// [`run`], then the one event of `kind`.
+fn confirmed(test: &str, scenario: Scenario6, kind: LoopbackKind) -> Option<LoopbackEvent> {
+    Some(run(test, scenario)?.only_event(kind, WAIT))
+}
+
+/// [`run`] for a twin: the agent reports nothing.
+fn silent(test: &str, scenario: Scenario6) {
+    if let Some(agent) = run(test, scenario) {
+        assert!(agent.events().is_empty(), "{:#?}", agent.events());
+    }
 }
 
 #[test]
 fn ipv6_healthcheck_blackhole_is_the_reply_dropped_locally_not_an_unserved_port() {
-    if !require_root("ipv6_healthcheck_blackhole") {
+    let Some(e) = confirmed(
+        "ipv6_healthcheck_blackhole",
+        Scenario6::HealthcheckBlackhole,
+        LoopbackKind::HealthcheckBlackhole,
+    ) else {
         return;
-    }
-    let agent = run(Scenario6::HealthcheckBlackhole);
-    let e = agent.only_event(LoopbackKind::HealthcheckBlackhole, WAIT);
+    };
     assert_eq!(e.src, IpAddr::V6(v6::VIP6));
     assert_eq!(e.vip, Some(IpAddr::V6(v6::VIP6)));
     assert_eq!(e.dst, IpAddr::V6(v6::NODE_IP6));
@@ -62,25 +81,19 @@ fn ipv6_healthcheck_blackhole_is_the_reply_dropped_locally_not_an_unserved_port(
         ev.contains(&format!("tc ingress on {}", lab::NODE_NIC)),
         "{ev}"
     );
-    assert!(ev.contains("IPv6 has no martian-source check"), "{ev}");
+    assert_contains(&ev, "IPv6 has no martian-source check");
 }
 
 #[test]
 fn ipv6_healthcheck_twin_with_unbound_vip_reports_nothing() {
-    if !require_root("ipv6_healthcheck_ok") {
-        return;
-    }
-    let agent = run(Scenario6::HealthcheckOk);
-    assert!(agent.events().is_empty(), "{:#?}", agent.events());
+    silent("ipv6_healthcheck_ok", Scenario6::HealthcheckOk);
 }
 
 #[test]
 fn ipv6_hairpin_is_confirmed() {
-    if !require_root("ipv6_hairpin") {
+    let Some(e) = confirmed("ipv6_hairpin", Scenario6::Hairpin, LoopbackKind::Hairpin) else {
         return;
-    }
-    let agent = run(Scenario6::Hairpin);
-    let e = agent.only_event(LoopbackKind::Hairpin, WAIT);
+    };
     assert_eq!(e.src, IpAddr::V6(v6::POD_A_IP6));
     assert_eq!(e.vip, Some(IpAddr::V6(v6::VIP6)));
     assert_eq!(e.vip_port, Some(lab::SERVICE_PORT));
@@ -91,11 +104,13 @@ fn ipv6_hairpin_is_confirmed() {
 
 #[test]
 fn ipv6_vip_port_unserved_is_confirmed() {
-    if !require_root("ipv6_vip_port_unserved") {
+    let Some(e) = confirmed(
+        "ipv6_vip_port_unserved",
+        Scenario6::VipPortUnserved,
+        LoopbackKind::VipPortUnserved,
+    ) else {
         return;
-    }
-    let agent = run(Scenario6::VipPortUnserved);
-    let e = agent.only_event(LoopbackKind::VipPortUnserved, WAIT);
+    };
     assert_eq!(e.src, IpAddr::V6(v6::POD_A_IP6));
     assert_eq!(e.vip, Some(IpAddr::V6(v6::VIP6)));
     assert_eq!(e.vip_port, Some(lab::VIP_UNSERVED_PORT));
@@ -105,11 +120,7 @@ fn ipv6_vip_port_unserved_is_confirmed() {
 
 #[test]
 fn ipv6_served_vip_port_reports_nothing() {
-    if !require_root("ipv6_vip_port_served") {
-        return;
-    }
-    let agent = run(Scenario6::VipPortServed);
-    assert!(agent.events().is_empty(), "{:#?}", agent.events());
+    silent("ipv6_vip_port_served", Scenario6::VipPortServed);
 }
 
 /// The JSON contract, `probe events`, `probe watch --once` and `/metrics` carry the IPv6 VIP

@@ -20,7 +20,7 @@ use probe_contract::{
     facts::{AddressOwner, Etp},
 };
 use probe_tests::{
-    agent::{Agent, lines, probe_bin, wait_for},
+    agent::{Agent, assert_contains, lines, probe_bin, wait_for},
     kube_fixture::{
         KubeFixture, assert_unprogrammed_port_named, lab_objects_with_unprogrammed_port,
     },
@@ -115,9 +115,9 @@ fn hairpin_and_healthcheck_blackhole_carry_pod_and_service_names() {
         evidence.contains(&format!("198.19.1.10 is pod {CLIENT_POD}")),
         "{evidence}"
     );
-    assert!(
-        evidence.contains("belongs to Service default/web (externalTrafficPolicy: Cluster"),
-        "{evidence}"
+    assert_contains(
+        &evidence,
+        "belongs to Service default/web (externalTrafficPolicy: Cluster",
     );
     assert_eq!(hairpin.facts.etp_api, Some(Etp::Cluster), "{hairpin:#?}");
 
@@ -384,10 +384,8 @@ fn a_service_added_after_a_410_relist_is_attributed() {
     let hairpin = event(&agent, LoopbackKind::Hairpin);
     assert_eq!(hairpin.client_pod.as_deref(), Some(CLIENT_POD));
     assert!(
-        hairpin
-            .remedy
-            .iter()
-            .any(|r| r.contains("call web.default.svc.cluster.local:80 (Service default/web)")),
+        lines(&hairpin.remedy)
+            .contains("call web.default.svc.cluster.local:80 (Service default/web)"),
         "{hairpin:#?}"
     );
     assert!(agent.stop().success());

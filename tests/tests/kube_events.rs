@@ -10,7 +10,7 @@ use std::{net::SocketAddrV4, time::Duration};
 use k8s_openapi::api::events::v1::Event;
 use probe_contract::LoopbackKind;
 use probe_tests::{
-    agent::{Agent, require_root, wait_for},
+    agent::{Agent, assert_contains, require_root, wait_for},
     kube_fixture::{KubeFixture, NODE_NAME},
     written::{clb_events, is},
 };
@@ -64,11 +64,7 @@ fn writes(api: &FakeApiServer) -> (usize, usize) {
 }
 
 fn metric(ns: &str, addr: &str, line_prefix: &str) -> Option<u64> {
-    let (_, body) = lab::http_get_in(ns, addr, "/metrics")?;
-    body.lines()
-        .find(|l| l.starts_with(line_prefix))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
+    probe_tests::agent::metric_sample(ns, addr, line_prefix)
 }
 
 #[test]
@@ -432,7 +428,7 @@ fn a_fixed_loop_is_resolved_with_proof_and_its_recurrence_is_a_regression() {
             && note.contains("source-NATed on this node"),
         "the proof quotes pod-a's masqueraded call by its 5-tuple: {note}"
     );
-    assert!(note.contains("No change to the Service was seen"), "{note}");
+    assert_contains(note, "No change to the Service was seen");
     assert_eq!(gauge("clbprobe_loopback_active", 0), Some(0));
     assert_eq!(gauge("clbprobe_loopback_resolutions_total", 1), Some(1));
     assert_eq!(s.agent.count_log("loop resolved"), 1);

@@ -18,7 +18,7 @@ use std::{
 
 use probe_contract::{LoopbackKind, Outcome as Fate};
 use probe_tests::{
-    agent::{Agent, lines, wait_for},
+    agent::{Agent, assert_contains, lines, wait_for},
     lab_check::lab_node_check,
 };
 use test_support::lab::{
@@ -31,6 +31,41 @@ const WAIT: Duration = Duration::from_secs(20);
 
 fn healthz() -> SocketAddrV4 {
     SocketAddrV4::new(lab::NODE_IP, HEALTHZ_PORT)
+}
+
+/// A test's lab with the GCE probe address on the LB's side, or None where it cannot run (not
+/// root: it says it skips). The address goes before the lab does.
+fn lab_with_the_gce_probe(test: &str) -> Option<GceProbeLab> {
+    let lab = LabGuard::for_test(test, &Variants::default())?;
+    add_probe_source(GCE_PROBE_IP).unwrap();
+    Some(GceProbeLab(lab))
+}
+
+/// The lab with [`GCE_PROBE_IP`] on the LB's side; removes it on drop.
+struct GceProbeLab(LabGuard);
+
+impl std::ops::Deref for GceProbeLab {
+    type Target = LabGuard;
+
+    fn deref(&self) -> &LabGuard {
+        &self.0
+    }
+}
+
+impl Drop for GceProbeLab {
+    fn drop(&mut self) {
+        let removed = remove_probe_source(GCE_PROBE_IP);
+        // A failed test already says why; only a passing one fails on its clean-up.
+        if !std::thread::panicking() {
+            removed.unwrap();
+        }
+    }
+}
+
+/// A listener on `port` on every address of the node (kube-proxy's healthz, a
+/// healthCheckNodePort's server).
+fn listen_on_the_node(port: u16) -> TcpListener {
+    lab::in_netns(lab::NS_NODE, || Ok(TcpListener::bind(("0.0.0.0", port))?)).unwrap()
 }
 
 /// Probes `to` from the GCE probe address, as the LB does every few seconds, until the agent
@@ -57,10 +92,9 @@ fn probe_until_reported(
 
 #[test]
 fn a_refused_healthz_probe_from_a_gce_range_is_confirmed() {
-    let Some(lab) = LabGuard::for_test("lb_probe_refused", &Variants::default()) else {
+    let Some(lab) = lab_with_the_gce_probe("lb_probe_refused") else {
         return;
     };
-    add_probe_source(GCE_PROBE_IP).unwrap();
     let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
     let e = probe_until_reported(&lab, &agent, healthz(), Outcome::Refused);
     assert_eq!(e.src, IpAddr::V4(GCE_PROBE_IP));
@@ -70,16 +104,12 @@ fn a_refused_healthz_probe_from_a_gce_range_is_confirmed() {
     assert_eq!(e.drop_reason.as_deref(), Some("NO_SOCKET"));
     assert_eq!(e.nic.as_deref(), Some(lab::NODE_NIC));
     let ev = lines(&e.evidence);
-    assert!(ev.contains("kube-proxy's healthz port"), "{ev}");
-    assert!(
-        ev.contains("Google Cloud's documented probe range 35.191.0.0/16"),
-        "{ev}"
-    );
+    assert_contains(&ev, "kube-proxy's healthz port");
+    assert_contains(&ev, "Google Cloud's documented probe range 35.191.0.0/16");
     let remedy = lines(&e.remedy);
     for needle in ["healthzBindAddress", "kubeProxyReplacementHealthzBindAddr"] {
         assert!(remedy.contains(needle), "{needle}: {remedy}");
     }
-    remove_probe_source(GCE_PROBE_IP).unwrap();
     drop(lab);
 }
 
@@ -87,14 +117,10 @@ fn a_refused_healthz_probe_from_a_gce_range_is_confirmed() {
 /// is reported.
 #[test]
 fn an_answered_healthz_probe_reports_nothing() {
-    let Some(lab) = LabGuard::for_test("lb_probe_twin", &Variants::default()) else {
+    let Some(lab) = lab_with_the_gce_probe("lb_probe_twin") else {
         return;
     };
-    add_probe_source(GCE_PROBE_IP).unwrap();
-    let healthz_server = lab::in_netns(lab::NS_NODE, || {
-        Ok(TcpListener::bind(("0.0.0.0", HEALTHZ_PORT))?)
-    })
-    .unwrap();
+    let healthz_server = listen_on_the_node(HEALTHZ_PORT);
     // kube-proxy's healthz answer, to the one probe.
     std::thread::spawn(move || {
         if let Ok((mut conn, _)) = healthz_server.accept() {
@@ -106,9 +132,7 @@ fn an_answered_healthz_probe_reports_nothing() {
         .connect(lab::NS_LB, Some(GCE_PROBE_IP), healthz())
         .unwrap();
     assert_eq!(probe.outcome, Outcome::Ok, "{probe:?}");
-    std::thread::sleep(SETTLE);
-    assert!(agent.events().is_empty(), "{:#?}", agent.events());
-    remove_probe_source(GCE_PROBE_IP).unwrap();
+    agent.assert_reports_nothing_after(SETTLE);
     drop(lab);
 }
 
@@ -117,14 +141,10 @@ fn an_answered_healthz_probe_reports_nothing() {
 /// remedy is to allow the range.
 #[test]
 fn a_firewalled_healthz_probe_is_confirmed_as_a_drop() {
-    let Some(lab) = LabGuard::for_test("lb_probe_firewall", &Variants::default()) else {
+    let Some(lab) = lab_with_the_gce_probe("lb_probe_firewall") else {
         return;
     };
-    add_probe_source(GCE_PROBE_IP).unwrap();
-    let _healthz = lab::in_netns(lab::NS_NODE, || {
-        Ok(TcpListener::bind(("0.0.0.0", HEALTHZ_PORT))?)
-    })
-    .unwrap();
+    let _healthz = listen_on_the_node(HEALTHZ_PORT);
     block_probe(Some(("35.191.0.0/16", HEALTHZ_PORT))).unwrap();
     let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
     let e = probe_until_reported(&lab, &agent, healthz(), Outcome::Timeout);
@@ -132,12 +152,8 @@ fn a_firewalled_healthz_probe_is_confirmed_as_a_drop() {
     assert_eq!(e.outcome, Fate::Dropped);
     assert_eq!(e.drop_reason.as_deref(), Some("NETFILTER_DROP"));
     let remedy = lines(&e.remedy);
-    assert!(
-        remedy.contains("allow TCP 10256 from 35.191.0.0/16"),
-        "{remedy}"
-    );
+    assert_contains(&remedy, "allow TCP 10256 from 35.191.0.0/16");
     block_probe(None).unwrap();
-    remove_probe_source(GCE_PROBE_IP).unwrap();
     drop(lab);
 }
 
@@ -159,13 +175,9 @@ const HC_PORT: u16 = 32000;
 #[test]
 fn a_refused_health_check_node_port_probe_names_its_service() {
     use probe_tests::kube_fixture::KubeFixture;
-    let Some(lab) = LabGuard::for_test(
-        "lb_probe_refused (healthCheckNodePort)",
-        &Variants::default(),
-    ) else {
+    let Some(lab) = lab_with_the_gce_probe("lb_probe_refused (healthCheckNodePort)") else {
         return;
     };
-    add_probe_source(GCE_PROBE_IP).unwrap();
     let api = KubeFixture::builder()
         .tag("lb-probe")
         .object(etp_local_service())
@@ -178,8 +190,7 @@ fn a_refused_health_check_node_port_probe_names_its_service() {
     assert_eq!(e.dst_port, HC_PORT);
     assert_eq!(e.service.as_deref(), Some("default/hc"), "{e:#?}");
     let ev = lines(&e.evidence);
-    assert!(ev.contains("the healthCheckNodePort of default/hc"), "{ev}");
-    remove_probe_source(GCE_PROBE_IP).unwrap();
+    assert_contains(&ev, "the healthCheckNodePort of default/hc");
     drop(lab);
 }
 
@@ -211,9 +222,9 @@ fn a_refused_ipv6_probe_from_azures_link_local_source_is_confirmed() {
     assert_eq!(e.dst, IpAddr::V6(v6::NODE_IP6));
     assert_eq!(e.drop_reason.as_deref(), Some("NO_SOCKET"));
     let ev = lines(&e.evidence);
-    assert!(
-        ev.contains("Azure's documented probe range fe80::1234:5678:9abc/128"),
-        "{ev}"
+    assert_contains(
+        &ev,
+        "Azure's documented probe range fe80::1234:5678:9abc/128",
     );
     drop(lab);
 }
@@ -246,10 +257,7 @@ fn check_names_an_unserved_health_check_node_port_and_its_twin_is_not() {
         named[0].kind.predicted(),
         Some(LoopbackKind::LbProbeRefused)
     );
-    let _served = lab::in_netns(lab::NS_NODE, || {
-        Ok(TcpListener::bind(("0.0.0.0", HC_PORT))?)
-    })
-    .unwrap();
+    let _served = listen_on_the_node(HC_PORT);
     let report = lab_node_check(&["--kubeconfig", api.kubeconfig()]).1;
     assert!(
         !report

@@ -17,7 +17,7 @@ use probe_contract::{
     Layer, LoopbackEvent, LoopbackKind, Outcome as Fate, Proto, SnatState, facts::AddressOwner,
     record::KernelEvent,
 };
-use probe_tests::agent::{Agent, dropped_as_local_source, lines, require_root};
+use probe_tests::agent::{Agent, assert_contains, dropped_as_local_source, lines, require_root};
 use test_support::lab::{self, LabGuard, Outcome, Scenario, Variants, http_get_in};
 
 /// Long enough for the hairpin's settle window and its conntrack answer.
@@ -682,32 +682,23 @@ fn self_loop_without_the_snat(e: &LoopbackEvent) {
         "dropped in the pod, not on a node interface: {e:#?}"
     );
     let evidence = lines(&e.evidence);
-    assert!(
-        evidence.contains("dropped in the pod's own network namespace"),
-        "{evidence}"
-    );
+    assert_contains(&evidence, "dropped in the pod's own network namespace");
     assert!(
         evidence.contains("orig 198.19.1.11:") && evidence.contains("-> 198.18.100.10:80/tcp"),
         "{evidence}"
     );
-    assert!(
-        evidence.contains("reply 198.19.1.11:8080 -> 198.19.1.11:"),
-        "{evidence}"
-    );
-    assert!(evidence.contains("no SRC_NAT"), "{evidence}");
-    assert!(evidence.contains("missing: the hairpin SNAT"), "{evidence}");
+    assert_contains(&evidence, "reply 198.19.1.11:8080 -> 198.19.1.11:");
+    assert_contains(&evidence, "no SRC_NAT");
+    assert_contains(&evidence, "missing: the hairpin SNAT");
     let remedy = lines(&e.remedy);
     if ipvs_mode() {
-        assert!(
-            evidence.contains("ipset KUBE-LOOP-BACK lacks 198.19.1.11,tcp:8080,198.19.1.11"),
-            "{evidence}"
+        assert_contains(
+            &evidence,
+            "ipset KUBE-LOOP-BACK lacks 198.19.1.11,tcp:8080,198.19.1.11",
         );
-        assert!(remedy.contains("KUBE-LOOP-BACK ipset entry"), "{remedy}");
+        assert_contains(&remedy, "KUBE-LOOP-BACK ipset entry");
     } else {
-        assert!(
-            evidence.contains("-s 198.19.1.11/32 -j KUBE-MARK-MASQ"),
-            "{evidence}"
-        );
+        assert_contains(&evidence, "-s 198.19.1.11/32 -j KUBE-MARK-MASQ");
     }
     assert!(!remedy.contains("hairpin-mode"), "{remedy}");
 }
@@ -724,7 +715,7 @@ fn self_loop_at_the_bridge_port(e: &LoopbackEvent) {
     let evidence = lines(&e.evidence);
     if ipvs_mode() {
         Is::Snat(SnatState::Yes).check(e);
-        assert!(evidence.contains("the call was masqueraded"), "{evidence}");
+        assert_contains(&evidence, "the call was masqueraded");
         assert!(
             evidence.contains(&format!(
                 "{}:{} -> {}:",
@@ -737,20 +728,11 @@ fn self_loop_at_the_bridge_port(e: &LoopbackEvent) {
     } else {
         Is::Snat(SnatState::No).check(e);
     }
-    assert!(
-        evidence.contains("port vpod-b of cbr0, hairpin_mode 0"),
-        "{evidence}"
-    );
-    assert!(
-        evidence.contains("bridge-nf-call-iptables = 1"),
-        "{evidence}"
-    );
-    assert!(
-        evidence.contains("missing: hairpin mode on cbr0 port vpod-b"),
-        "{evidence}"
-    );
+    assert_contains(&evidence, "port vpod-b of cbr0, hairpin_mode 0");
+    assert_contains(&evidence, "bridge-nf-call-iptables = 1");
+    assert_contains(&evidence, "missing: hairpin mode on cbr0 port vpod-b");
     let remedy = lines(&e.remedy);
-    assert!(remedy.contains("--hairpin-mode=hairpin-veth"), "{remedy}");
+    assert_contains(&remedy, "--hairpin-mode=hairpin-veth");
 }
 
 failures! {

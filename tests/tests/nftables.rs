@@ -10,7 +10,7 @@ use std::{net::IpAddr, process::Command, time::Duration};
 
 use probe_contract::{LoopbackKind, Outcome as Fate, SnatState};
 use probe_tests::agent::{
-    Agent, assert_pod_a_call_dropped_by_netfilter, lines, probe_bin, require_root,
+    Agent, assert_contains, assert_pod_a_call_dropped_by_netfilter, lines, probe_bin, require_root,
 };
 use serde_json::Value;
 use test_support::lab::{self, KubeProxyMode, LabGuard, Outcome, Scenario, Variants};
@@ -117,13 +117,13 @@ fn nftables_hairpin_is_confirmed_with_the_nftables_objects_as_evidence() {
     assert_eq!(e.outcome, Fate::Reset);
     assert_eq!(e.service.as_deref(), Some("default/web"));
     let ev = lines(&e.evidence);
-    assert!(
-        ev.contains("service table (kube-proxy nftables tables): NodePort 30080/tcp belongs to default/web:http"),
-        "{ev}"
+    assert_contains(
+        &ev,
+        "service table (kube-proxy nftables tables): NodePort 30080/tcp belongs to default/web:http",
     );
-    assert!(
-        ev.contains("nftables ip kube-proxy chain masquerading: masquerade fully-random"),
-        "{ev}"
+    assert_contains(
+        &ev,
+        "nftables ip kube-proxy chain masquerading: masquerade fully-random",
     );
 }
 
@@ -206,14 +206,11 @@ fn nftables_service_self_loop_without_the_hairpin_mark_is_confirmed_in_the_pod()
     assert_eq!(e.snat, SnatState::No);
     assert_eq!(e.nic, None);
     let ev = lines(&e.evidence);
-    assert!(
-        ev.contains("dropped in the pod's own network namespace"),
-        "{ev}"
-    );
-    assert!(ev.contains("no SRC_NAT"), "{ev}");
-    assert!(
-        ev.contains("nftables mode: `ip saddr 198.19.1.11 jump mark-for-masquerade`"),
-        "{ev}"
+    assert_contains(&ev, "dropped in the pod's own network namespace");
+    assert_contains(&ev, "no SRC_NAT");
+    assert_contains(
+        &ev,
+        "nftables mode: `ip saddr 198.19.1.11 jump mark-for-masquerade`",
     );
 }
 
@@ -230,10 +227,7 @@ fn nftables_service_self_loop_at_a_bridge_port_names_its_hairpin_mode() {
     assert_eq!(e.nic.as_deref(), Some("vpod-b"));
     assert_eq!(e.service.as_deref(), Some("default/web"));
     let ev = lines(&e.evidence);
-    assert!(
-        ev.contains("missing: hairpin mode on cbr0 port vpod-b"),
-        "{ev}"
-    );
+    assert_contains(&ev, "missing: hairpin mode on cbr0 port vpod-b");
 }
 
 #[test]
@@ -294,12 +288,9 @@ fn nftables_no_endpoint_drop_of_a_pods_call_is_confirmed_with_the_element() {
         ),
         "{ev}"
     );
-    assert!(
-        ev.contains("none of them on this node: 198.19.2.10:30080"),
-        "{ev}"
-    );
+    assert_contains(&ev, "none of them on this node: 198.19.2.10:30080");
     let remedy = lines(&e.remedy);
-    assert!(remedy.contains("kubernetes#132456"), "{remedy}");
+    assert_contains(&remedy, "kubernetes#132456");
     assert!(
         e.fixes.iter().any(|f| f.id == "kube-proxy-nftables-fix"),
         "{:?}",
@@ -320,8 +311,7 @@ fn nftables_no_endpoint_drop_twin_with_a_local_endpoint_reports_nothing() {
     let to = std::net::SocketAddrV4::new(lab::VIP, lab::VIP_NFT_ETP_LOCAL_PORT);
     let pod = lab.connect(lab::NS_POD_A, None, to).unwrap();
     assert_eq!(pod.outcome, Outcome::Ok, "{pod:?}");
-    std::thread::sleep(SETTLE);
-    assert!(agent.events().is_empty(), "{:#?}", agent.events());
+    agent.assert_reports_nothing_after(SETTLE);
     drop(lab);
 }
 

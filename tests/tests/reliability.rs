@@ -13,8 +13,8 @@ use std::{
 };
 
 use probe_tests::agent::{
-    Agent, assert_nothing_attached, error_line, our_tc_attachments, probe_bin, probe_command,
-    stderr, tempdir::TempDir, wait_for,
+    Agent, assert_contains, assert_nothing_attached, error_line, our_tc_attachments, probe_bin,
+    probe_command, stderr, tempdir::TempDir, wait_for,
 };
 use test_support::lab::{self, LabGuard, Variants, http_get_in, in_netns};
 
@@ -65,11 +65,7 @@ fn status_of(response: &str) -> Option<u16> {
 }
 
 fn metric(name: &str) -> Option<f64> {
-    let (_, text) = http_get_in(lab::NS_NODE, METRICS, "/metrics")?;
-    text.lines()
-        .find(|l| l.starts_with(name))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
+    probe_tests::agent::metric_sample(lab::NS_NODE, METRICS, name)
 }
 
 /// Defects 1 and 2: `/healthz` keeps answering while one client pipelines requests and never
@@ -278,7 +274,7 @@ fn the_socket_path_is_never_destroyed_or_hijacked() {
     let mut c = std::os::unix::net::UnixStream::connect(&live).expect("peer agent still serves");
     let mut first = String::new();
     BufReader::new(&mut c).read_line(&mut first).unwrap();
-    assert!(first.contains("\"snapshot\""), "{first}");
+    assert_contains(&first, "\"snapshot\"");
     assert!(peer_agent.stop().success());
 
     // A stale socket (a killed agent's): replaced, and removed at exit.
@@ -454,37 +450,22 @@ fn probe_events_into_a_closed_pipe_exits_quietly() {
     let listener = UnixListener::bind(&socket).unwrap();
     let server = std::thread::spawn(move || {
         let (mut s, _) = listener.accept().unwrap();
-        use probe_contract::{
-            LoopbackEvent, LoopbackKind, Message, Outcome, Proto, Snapshot, SnatState,
-        };
+        use probe_contract::{LoopbackEvent, LoopbackKind, Message, Outcome, Proto, Snapshot};
         let vip = "203.0.113.10".parse().unwrap();
         let event = |port: u16| LoopbackEvent {
-            kind: LoopbackKind::VipPortUnserved,
             key: format!("vip_port_unserved/203.0.113.10:{port}/tcp"),
-            src: "198.19.1.10".parse().unwrap(),
-            src_port: 40000,
-            dst: vip,
-            dst_port: port,
             vip: Some(vip),
             vip_port: Some(port),
-            proto: Proto::Tcp,
-            drop_reason: None,
-            drop_location: None,
-            snat: SnatState::Unknown,
-            outcome: Outcome::Refused,
             count: 1,
-            evidence: Vec::new(),
-            remedy: Vec::new(),
             first_seen_ns: 1,
             last_seen_ns: 1,
-            nic: None,
-            service: None,
-            layer: None,
-            client_pod: None,
-            node: None,
-            fixes: Vec::new(),
-            facts: Default::default(),
-            listener: None,
+            ..LoopbackEvent::between(
+                LoopbackKind::VipPortUnserved,
+                ("198.19.1.10".parse().unwrap(), 40000),
+                (vip, port),
+                Proto::Tcp,
+                Outcome::Refused,
+            )
         };
         let snapshot = Message::Snapshot {
             snapshot: Box::new(Snapshot {

@@ -20,7 +20,7 @@ use probe_contract::{
     verify::{Phase, VerifyOutcome},
 };
 use probe_tests::{
-    agent::{Agent, lines, wait_for},
+    agent::{Agent, assert_contains, lines, wait_for},
     kube_fixture::{KubeFixture, Listen, NODE_NAME, plugin_in_node},
 };
 use serde_json::{Value, json};
@@ -231,7 +231,7 @@ fn verify_confirms_a_loop_no_client_trips_and_is_clean_once_the_lb_guards_it() {
         )),
         "{table}"
     );
-    assert!(table.contains("not testable: *:"), "{table}");
+    assert_contains(&table, "not testable: *:");
     assert_eq!(
         metric("clbprobe_verify_requests_total{phase=\"done\"}"),
         Some(3)
@@ -338,7 +338,7 @@ fn fix_apply_verify_says_resolved_without_waiting_for_resolve_after() {
         "{stdout}\n{}",
         text(&fixed.stderr)
     );
-    assert!(stdout.contains("applied etp-cluster"), "{stdout}");
+    assert_contains(&stdout, "applied etp-cluster");
     assert!(
         stdout.contains(&format!(
             "resolved: every loop tested from its own client is clean on every node that had it ({NODE_NAME})"
@@ -387,7 +387,7 @@ fn an_lb_that_drops_the_nodes_calls_is_not_proven_and_fix_verify_does_not_resolv
         text(&fixed.stderr)
     );
     assert!(!stdout.contains("resolved: every"), "{stdout}");
-    assert!(stdout.contains("not proven resolved:"), "{stdout}");
+    assert_contains(&stdout, "not proven resolved:");
     assert!(
         stdout.contains(&format!(
             "node {NODE_NAME}: hairpin at {EDGE_TARGET} from node: not_proven"
@@ -573,10 +573,7 @@ fn an_agent_with_another_nodes_name_does_not_answer_its_requests() {
         "{}\n{stderr}",
         text(&out.stdout)
     );
-    assert!(
-        stderr.contains("no answer from node clb-peer within 8 s"),
-        "{stderr}"
-    );
+    assert_contains(&stderr, "no answer from node clb-peer within 8 s");
     assert_eq!(agent.count_log("verify: testing"), 0);
     assert!(agent.stop().success());
     drop(lab);
@@ -640,9 +637,9 @@ fn verify_errors_are_one_clear_line_and_exit_1() {
     let out = words("verify -n default web --node clb-node");
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(
-        stderr.contains("forbidden: cannot create loopbackverifications.clb-probe.io"),
-        "{stderr}"
+    assert_contains(
+        &stderr,
+        "forbidden: cannot create loopbackverifications.clb-probe.io",
     );
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     api.allow_all();
@@ -654,10 +651,7 @@ fn verify_errors_are_one_clear_line_and_exit_1() {
     let out = words("verify -n default web --node ghost --timeout 1");
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(
-        stderr.contains("no answer from node ghost within 1 s"),
-        "{stderr}"
-    );
+    assert_contains(&stderr, "no answer from node ghost within 1 s");
     assert!(
         api.objects("loopbackverifications").is_empty(),
         "the unanswered request is deleted"
@@ -711,7 +705,7 @@ fn requests_past_a_requesters_or_the_nodes_rate_and_a_flood_of_kinds_are_refused
         answer("kinds-flood")
     })
     .expect("the kinds flood answered");
-    assert!(why.contains("at most 16"), "{why}");
+    assert_contains(&why, "at most 16");
     // Then more requests than one requester may have tested in a minute, and more than the
     // node tests in a minute (each refused at once here: the Service does not exist, so the
     // minute holds them all): mallory's 4 more (she has 3 a minute, the kinds flood took one),
@@ -883,7 +877,7 @@ fn an_interrupted_verify_deletes_its_request() {
         let out = child.wait_with_output().expect("the plugin ends");
         let stderr = text(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{stderr}");
-        assert!(stderr.contains("interrupted"), "{stderr}");
+        assert_contains(&stderr, "interrupted");
         assert!(
             api.objects("loopbackverifications").is_empty(),
             "the interrupted request is deleted"

@@ -7,8 +7,8 @@ use probe_contract::facts::Etp;
 
 use super::{
     tests::{
-        MS, NODE, POD, S, assert_none_confirmed, corr_with, drop_ev, invariants, ip, only_report,
-        pkt, table,
+        MS, NODE, POD, S, assert_mentions, assert_none_confirmed, corr_with, drop_ev, invariants,
+        ip, only_report, pkt, table,
     },
     *,
 };
@@ -92,18 +92,18 @@ fn a_pods_call_dropped_by_the_no_endpoint_element_is_confirmed_with_the_rule() {
         if reason == DropReason::UNREPORTED {
             assert!(ev.contains("inferred from the drop site"), "{ev}");
         }
-        let remedy = e.remedy.join("\n");
-        for needle in [
-            "kubernetes#131765",
-            "kubernetes#132456",
-            "#133969",
-            "1.29 to 1.32",
-            "set externalTrafficPolicy: Cluster",
-            "an endpoint of Service default/web-local on every node",
-            "local-traffic detector",
-        ] {
-            assert!(remedy.contains(needle), "{needle}: {remedy}");
-        }
+        assert_mentions(
+            &e.remedy,
+            &[
+                "kubernetes#131765",
+                "kubernetes#132456",
+                "#133969",
+                "1.29 to 1.32",
+                "set externalTrafficPolicy: Cluster",
+                "an endpoint of Service default/web-local on every node",
+                "local-traffic detector",
+            ],
+        );
         assert_eq!(c.stats().confirmed.etp_local_drop, 1);
         invariants(&c);
     }
@@ -301,15 +301,16 @@ fn iptables_modes_drop_is_confirmed_with_the_external_services_rule() {
         "{ev}"
     );
     let remedy = e.remedy.join("\n");
-    for needle in [
-        "in iptables mode its filter chain KUBE-EXTERNAL-SERVICES",
-        "kube-proxy here has no local-traffic detector",
-        "Give kube-proxy a local-traffic detector",
-        "1.33.6, 1.34.2 and 1.35, kubernetes#134024",
-        "set externalTrafficPolicy: Cluster",
-    ] {
-        assert!(remedy.contains(needle), "{needle}: {remedy}");
-    }
+    assert_mentions(
+        &e.remedy,
+        &[
+            "in iptables mode its filter chain KUBE-EXTERNAL-SERVICES",
+            "kube-proxy here has no local-traffic detector",
+            "Give kube-proxy a local-traffic detector",
+            "1.33.6, 1.34.2 and 1.35, kubernetes#134024",
+            "set externalTrafficPolicy: Cluster",
+        ],
+    );
     assert!(!remedy.contains("no-endpoint-services"), "{remedy}");
     assert!(
         !remedy.contains("kubernetes#132456"),
@@ -362,11 +363,12 @@ fn an_interface_detector_that_misses_the_pod_is_named_with_the_interface() {
             && ev.contains(&format!("did not match the pod {POD}'s interface")),
         "{ev}"
     );
-    let remedy = e.remedy.join("\n");
-    assert!(remedy.contains("--pod-interface-name-prefix or --pod-bridge-interface must name the interface of the pod"), "{remedy}");
-    assert!(
-        remedy.contains("(the drop was seen on veth-pod-a)"),
-        "{remedy}"
+    assert_mentions(
+        &e.remedy,
+        &[
+            "--pod-interface-name-prefix or --pod-bridge-interface must name the interface of the pod",
+            "(the drop was seen on veth-pod-a)",
+        ],
     );
 }
 

@@ -5,7 +5,8 @@ use super::{
     tests::{
         CLIENT, EXT_VIP, LB_VIP, MS, NODE, POD, POD_B, S, corr, ct, drop_ev, egress,
         hairpin_to_settling, hairpin_to_settling_after_a_call_to_80, hairpin_without_egress,
-        has_line, hp, invariants, ip, local_source, only_query, only_report, pkt, queries, suspect,
+        has_line, hp, invariants, ip, local_source, node_to_itself, only_query, only_report, pkt,
+        queries, suspect,
     },
     *,
 };
@@ -219,7 +220,7 @@ fn one_failed_connect_counts_once() {
 fn node_sourced_loop_is_a_hairpin_with_its_own_remedy() {
     let mut c = corr();
     let t0 = 5 * S;
-    let p = pkt(NODE, 40100, NODE, 30080, Some(Tag::Node), Some(Tag::Node));
+    let p = node_to_itself(40100, 30080);
     let record = EgressRecord {
         src: ip(NODE),
         ..egress(40100, EXT_VIP, 8081, t0 - MS)

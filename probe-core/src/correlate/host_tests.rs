@@ -8,7 +8,7 @@ use probe_contract::facts::Announcer;
 use super::{
     tests::{
         EXT_VIP, LB_VIP, MS, NODE, POD, S, corr, ct, drop_ev, egress, has_line, invariants, ip,
-        local_source, only_query, only_report, pkt, queries, suspect,
+        local_source, node_to_itself, only_query, only_report, pkt, queries, suspect,
     },
     *,
 };
@@ -182,14 +182,7 @@ fn node_sourced_host_listener_hairpin_names_the_owner_of_the_node_address() {
         AddressOwner::interface("eth0"),
     )])));
     let t0 = 5 * S;
-    let p = pkt(
-        NODE,
-        40001,
-        NODE,
-        HOST_PORT,
-        Some(Tag::Node),
-        Some(Tag::Node),
-    );
+    let p = node_to_itself(40001, HOST_PORT);
     let (listener_id, egress_id) = host_suspect(&mut c, t0, &p);
     assert!(
         c.answer(Answer::Listener {

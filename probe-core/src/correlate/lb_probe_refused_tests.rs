@@ -4,7 +4,10 @@
 
 use super::{
     lb_probe_refused::{KUBE_PROXY_HEALTHZ_PORT, probe_source_of, watched_probe_ports},
-    tests::{NODE, S, drop_ev, invariants, ip, only_report, pkt, reports, table},
+    tests::{
+        NODE, S, assert_mentions, drop_ev, invariants, ip, node_to_itself, only_report, pkt,
+        reports, table,
+    },
     *,
 };
 use crate::state::HealthCheckPort;
@@ -43,21 +46,22 @@ fn a_refused_healthz_probe_from_gce_is_confirmed_with_its_range_and_remedy() {
     assert_eq!(e.outcome, probe_contract::Outcome::Refused);
     assert_eq!(e.vip, None);
     assert_eq!(e.service, None);
-    let ev = e.evidence.join("\n");
-    assert!(ev.contains("kube-proxy's healthz port"), "{ev}");
-    assert!(
-        ev.contains("Google Cloud's documented probe range 35.191.0.0/16"),
-        "{ev}"
+    assert_mentions(
+        &e.evidence,
+        &[
+            "kube-proxy's healthz port",
+            "Google Cloud's documented probe range 35.191.0.0/16",
+            "nothing listens there",
+        ],
     );
-    assert!(ev.contains("nothing listens there"), "{ev}");
-    let remedy = e.remedy.join("\n");
-    for needle in [
-        "healthzBindAddress",
-        "kubeProxyReplacementHealthzBindAddr",
-        "Google Cloud's probe range 35.191.0.0/16",
-    ] {
-        assert!(remedy.contains(needle), "{needle}: {remedy}");
-    }
+    assert_mentions(
+        &e.remedy,
+        &[
+            "healthzBindAddress",
+            "kubeProxyReplacementHealthzBindAddr",
+            "Google Cloud's probe range 35.191.0.0/16",
+        ],
+    );
     assert_eq!(c.stats().confirmed.lb_probe_refused, 1);
     invariants(&c);
 }
@@ -124,14 +128,7 @@ fn twins_stay_silent() {
     let other_port = probe(GCE_PROBE, 10250);
     let mut late_ack = probe(GCE_PROBE, KUBE_PROXY_HEALTHZ_PORT);
     late_ack.tcp_flags = probe_contract::record::tcp_flags::ACK;
-    let node_call = pkt(
-        NODE,
-        40000,
-        NODE,
-        KUBE_PROXY_HEALTHZ_PORT,
-        Some(Tag::Node),
-        Some(Tag::Node),
-    );
+    let node_call = node_to_itself(40000, KUBE_PROXY_HEALTHZ_PORT);
     for (i, p) in [other_port, late_ack, node_call].iter().enumerate() {
         let outs = c.ingest(no_socket(S + i as u64, p));
         assert!(reports(&outs).is_empty(), "{p:?}: {outs:?}");

@@ -6,7 +6,10 @@ use std::net::IpAddr;
 
 use probe_contract::Proto;
 
-use super::proxy_protocol::{ProxyProtocolTarget, confirm, targets};
+use super::{
+    proxy_protocol::{ProxyProtocolTarget, confirm, targets},
+    tests::has_line,
+};
 use crate::state::{ConntrackEntry, Tuple};
 
 fn ip(s: &str) -> IpAddr {
@@ -142,12 +145,7 @@ fn each_reset_call_is_one_occurrence_of_its_aggregate() {
         e.key,
         "proxy_protocol_short_circuit/203.0.113.10:9443->198.19.1.11:9443/tcp"
     );
-    assert!(
-        e.remedy
-            .iter()
-            .any(|r| r.contains("do-loadbalancer-hostname")),
-        "{e:#?}"
-    );
+    assert!(has_line(&e.remedy, "do-loadbalancer-hostname"), "{e:#?}");
     assert!(first[0].is_new);
     // The same entry in the next dump: already counted.
     assert!(reports(c.proxy_protocol(&[entry("CLOSE", true)], &t, 4_000_000_000)).is_empty());

@@ -4,8 +4,8 @@
 
 use super::{
     tests::{
-        MS, NODE, POD, S, assert_none_confirmed, corr_with, drop_ev, invariants, ip, only_report,
-        pkt, table,
+        MS, NODE, POD, S, assert_mentions, assert_none_confirmed, corr_with, drop_ev, invariants,
+        ip, only_report, pkt, table,
     },
     *,
 };
@@ -66,20 +66,20 @@ fn a_pods_call_from_outside_the_ranges_is_confirmed_with_the_firewall_entry() {
             "{ev}"
         );
         assert!(ev.contains(&format!("the caller {POD} is in none")), "{ev}");
-        let remedy = e.remedy.join("\n");
-        for needle in [
-            "kubernetes#109575",
-            "PR #122614",
-            "PR #110289",
-            "(192.0.2.0/24)",
-            &format!("the pod {POD}"),
-            "cluster DNS name or its ClusterIP",
-            "add the pod CIDR",
-            "security group",
-            "ipMode: Proxy",
-        ] {
-            assert!(remedy.contains(needle), "{needle}: {remedy}");
-        }
+        assert_mentions(
+            &e.remedy,
+            &[
+                "kubernetes#109575",
+                "PR #122614",
+                "PR #110289",
+                "(192.0.2.0/24)",
+                &format!("the pod {POD}"),
+                "cluster DNS name or its ClusterIP",
+                "add the pod CIDR",
+                "security group",
+                "ipMode: Proxy",
+            ],
+        );
         assert_eq!(c.stats().confirmed.source_ranges_drop, 1);
         invariants(&c);
     }
@@ -144,15 +144,16 @@ fn ipvs_mode_names_the_ipsets_and_the_service_from_the_table() {
         Some(probe_contract::facts::ProxyMode::Ipvs)
     );
     let ev = e.evidence.join("\n");
-    for needle in [
-        &format!("ipset KUBE-LOAD-BALANCER-FW has {LB_IP},tcp:{PORT}"),
-        "KUBE-SOURCE-RANGES-FIREWALL",
-        "ipset KUBE-LOAD-BALANCER-SOURCE-CIDR",
-        "source outside { 192.0.2.0/24 }",
-        "PR #110628",
-    ] {
-        assert!(ev.contains(needle), "{needle}: {ev}");
-    }
+    assert_mentions(
+        &e.evidence,
+        &[
+            &format!("ipset KUBE-LOAD-BALANCER-FW has {LB_IP},tcp:{PORT}"),
+            "KUBE-SOURCE-RANGES-FIREWALL",
+            "ipset KUBE-LOAD-BALANCER-SOURCE-CIDR",
+            "source outside { 192.0.2.0/24 }",
+            "PR #110628",
+        ],
+    );
     assert!(!ev.contains("firewall-ips"), "{ev}");
     assert!(e.remedy[0].contains("(192.0.2.0/24)"), "{:?}", e.remedy);
     invariants(&c);

@@ -3,21 +3,16 @@
 //! named from kube-proxy's REJECT rule "<svc> has no endpoints" and an entry still DNATed to
 //! its old endpoint is stale.
 
-use std::{collections::HashMap, net::IpAddr};
+use std::collections::HashMap;
 
 use probe_contract::Proto;
 
-use super::stale_udp::{confirm, dump_ips};
+use super::{
+    stale_udp::{confirm, dump_ips},
+    stale_udp_tests::{CLUSTER_IP, OLD, SENDER},
+    tests::{S, assert_mentions, ip},
+};
 use crate::state::{ConntrackEntry, NoEndpointReject, ServiceTable, Tuple};
-
-const SENDER: &str = "198.19.1.10";
-const CLUSTER_IP: &str = "10.96.0.50";
-const OLD: &str = "198.19.1.20";
-const S: u64 = 1_000_000_000;
-
-fn ip(s: &str) -> IpAddr {
-    s.parse().unwrap()
-}
 
 /// The statsd Service scaled to zero: only kube-proxy's REJECT rule names it.
 fn scaled_to_zero(proto: Proto) -> ServiceTable {
@@ -67,14 +62,14 @@ fn a_dnated_entry_to_a_service_kube_proxy_rejects_is_named_from_the_reject_rule(
     };
     assert_eq!(r.service, "monitoring/statsd:statsd");
     assert_eq!(r.sent_to, (ip(OLD), 8125));
-    let evidence = r.evidence.join("\n");
-    for want in [
-        "DNATed to 198.19.1.20:8125, which is no endpoint of it now",
-        "current endpoints: none",
-        "KUBE-SERVICES (filter) REJECTs 10.96.0.50:8125/udp: \"monitoring/statsd:statsd has no endpoints\"",
-    ] {
-        assert!(evidence.contains(want), "{want}: {evidence}");
-    }
+    assert_mentions(
+        &r.evidence,
+        &[
+            "DNATed to 198.19.1.20:8125, which is no endpoint of it now",
+            "current endpoints: none",
+            "KUBE-SERVICES (filter) REJECTs 10.96.0.50:8125/udp: \"monitoring/statsd:statsd has no endpoints\"",
+        ],
+    );
 }
 
 #[test]

@@ -3,25 +3,23 @@
 //! to the endpoint that was 198.19.1.20:8125 while the Service's endpoint is now
 //! 198.19.1.21:8125.
 
-use std::{collections::HashMap, net::IpAddr};
+use std::collections::HashMap;
 
 use probe_contract::{LoopbackKind, Proto};
 
 use super::{
     Correlator, CorrelatorConfig, Output,
     stale_udp::{confirm, delete_command, dump_ips},
+    tests::{S, assert_mentions, ip},
 };
 use crate::state::{ConntrackEntry, ServiceEntry, ServiceTable, Tuple};
 
-const SENDER: &str = "198.19.1.10";
-const CLUSTER_IP: &str = "10.96.0.50";
-const OLD: &str = "198.19.1.20";
+/// The statsd sender, its Service's ClusterIP, and the endpoint that was (also the scenario
+/// of `stale_udp_rejected_tests`).
+pub(super) const SENDER: &str = "198.19.1.10";
+pub(super) const CLUSTER_IP: &str = "10.96.0.50";
+pub(super) const OLD: &str = "198.19.1.20";
 const NEW: &str = "198.19.1.21";
-const S: u64 = 1_000_000_000;
-
-fn ip(s: &str) -> IpAddr {
-    s.parse().unwrap()
-}
 
 fn table(backends: &[&str]) -> ServiceTable {
     ServiceTable {
@@ -85,15 +83,15 @@ fn a_refreshed_unreplied_entry_to_a_gone_endpoint_is_confirmed_with_its_evidence
     assert_eq!((r.orig.src, r.orig.sport), (ip(SENDER), 40000));
     assert_eq!(r.sent_to, (ip(OLD), 8125));
     assert_eq!(r.service, "monitoring/statsd:statsd");
-    let evidence = r.evidence.join("\n");
-    for want in [
-        "198.19.1.10:40000 -> 10.96.0.50:8125 DNATed to 198.19.1.20:8125",
-        "UNREPLIED",
-        "current endpoints: 198.19.1.21:8125",
-        "from 29s to 30s",
-    ] {
-        assert!(evidence.contains(want), "{want}: {evidence}");
-    }
+    assert_mentions(
+        &r.evidence,
+        &[
+            "198.19.1.10:40000 -> 10.96.0.50:8125 DNATed to 198.19.1.20:8125",
+            "UNREPLIED",
+            "current endpoints: 198.19.1.21:8125",
+            "from 29s to 30s",
+        ],
+    );
 }
 
 #[test]
@@ -183,15 +181,15 @@ fn the_correlator_reports_an_entry_once_while_it_lives_and_again_after_it_was_de
     );
     assert_eq!((e.dst, e.dst_port), (ip(OLD), 8125));
     assert_eq!(e.service.as_deref(), Some("monitoring/statsd:statsd"));
-    let remedy = e.remedy.join("\n");
-    for want in [
-        "conntrack -D -p udp --orig-src 198.19.1.10 --orig-dst 10.96.0.50 --sport 40000 --dport 8125",
-        "kubernetes#139628",
-        "#139629",
-        "198.19.1.20:8125, which is no endpoint",
-    ] {
-        assert!(remedy.contains(want), "{want}: {remedy}");
-    }
+    assert_mentions(
+        &e.remedy,
+        &[
+            "conntrack -D -p udp --orig-src 198.19.1.10 --orig-dst 10.96.0.50 --sport 40000 --dport 8125",
+            "kubernetes#139628",
+            "#139629",
+            "198.19.1.20:8125, which is no endpoint",
+        ],
+    );
     assert!(
         c.stale_udp(&stale, 110 * S).is_empty(),
         "once while it lives"

@@ -47,6 +47,11 @@ fn hc(sport: u16) -> Packet {
     pkt(LB_VIP, sport, NODE, 30080, Some(Tag::Vip), Some(Tag::Node))
 }
 
+/// The node calling one of its own ports from its own address.
+pub(super) fn node_to_itself(sport: u16, dport: u16) -> Packet {
+    pkt(NODE, sport, NODE, dport, Some(Tag::Node), Some(Tag::Node))
+}
+
 pub(super) fn hp(sport: u16, dport: u16) -> Packet {
     pkt(POD, sport, NODE, dport, Some(Tag::Pod), Some(Tag::Node))
 }
@@ -222,6 +227,16 @@ pub(super) fn invariants(c: &Correlator) {
 
 pub(super) fn has_line(lines: &[String], needle: &str) -> bool {
     lines.iter().any(|l| l.contains(needle))
+}
+
+/// Every needle stands somewhere in `lines` (an event's evidence or remedy); a missing one is
+/// named with the whole text.
+#[track_caller]
+pub(super) fn assert_mentions(lines: &[String], needles: &[&str]) {
+    let text = lines.join("\n");
+    for needle in needles {
+        assert!(text.contains(needle), "{needle}: {text}");
+    }
 }
 
 pub(super) fn ct(orig: Tuple, snat: bool, state: Option<&str>) -> ConntrackEntry {
@@ -1015,7 +1030,7 @@ fn healthy_outside_client_through_nodeport() {
     );
     // A node-sourced suspect is a hairpin candidate (the node-sourced loop): without an
     // egress record of the node's own it confirms nothing.
-    let n = pkt(NODE, 1, NODE, 30080, Some(Tag::Node), Some(Tag::Node));
+    let n = node_to_itself(1, 30080);
     let q = only_query(&c.ingest(suspect(S + 3, &n)));
     assert!(
         c.answer(Answer::Egress {

@@ -341,9 +341,14 @@ mod tests {
 
     use super::*;
 
-    fn is_root() -> bool {
+    /// Whether the test can create BPF maps (root); it says it skips otherwise.
+    fn can_create_maps() -> bool {
         // SAFETY: geteuid has no preconditions.
-        unsafe { libc::geteuid() == 0 }
+        let root = unsafe { libc::geteuid() == 0 };
+        if !root {
+            eprintln!("skipped: needs root (creates BPF maps)");
+        }
+        root
     }
 
     fn source_key(addr: IpAddr) -> EgressSourceKey {
@@ -385,14 +390,30 @@ mod tests {
         }
     }
 
+    /// A source with more flows than its ring of 16 holds (see [`with_a_busy_source`]), and
+    /// another.
+    const BUSY: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 244, 1, 9));
+    const OTHER: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 244, 1, 10));
+
+    /// Real maps for 1,024 flows holding [`BUSY`]'s 40 flows: TCP ports 50,000 to 50,039,
+    /// recorded at 1 to 40 ns. None where the test cannot create maps.
+    fn with_a_busy_source() -> Option<EgressTable> {
+        if !can_create_maps() {
+            return None;
+        }
+        let mut table = real_table(1024, 64);
+        for port in 0..40u16 {
+            record(&mut table, BUSY, 50_000 + port, 6, u64::from(port) + 1);
+        }
+        Some(table)
+    }
+
     /// A full 65,536-entry table in real kernel maps (4,095 IPv4 pods and one IPv6 pod, 16
     /// flows each, TCP and UDP, some rings wrapped): the keyed look-up answers
     /// exactly what the walk of the whole table answers, for every sampled source.
     #[test]
-    #[allow(clippy::print_stdout, reason = "a test's diagnostics")]
     fn keyed_egress_lookup_answers_what_the_walk_answers() {
-        if !is_root() {
-            eprintln!("skipped: needs root (creates BPF maps)");
+        if !can_create_maps() {
             return;
         }
         let mut table = real_table(65_536, 8192);
@@ -433,26 +454,18 @@ mod tests {
     /// index with its latest 16 (each exactly as the walk reads it), never with another
     /// source's flows; a flow recorded twice (its port reused) is answered once, as it is now.
     #[test]
-    #[allow(clippy::print_stdout, reason = "a test's diagnostics")]
     fn keyed_egress_lookup_answers_a_busy_source_with_its_latest_flows() {
-        if !is_root() {
-            eprintln!("skipped: needs root (creates BPF maps)");
+        let Some(mut table) = with_a_busy_source() else {
             return;
-        }
-        let mut table = real_table(1024, 64);
-        let busy = IpAddr::V4(Ipv4Addr::new(10, 244, 1, 9));
-        let quiet = IpAddr::V4(Ipv4Addr::new(10, 244, 1, 10));
-        for port in 0..40u16 {
-            record(&mut table, busy, 50_000 + port, 6, u64::from(port) + 1);
-        }
-        record(&mut table, quiet, 50_001, 6, 100);
-        record(&mut table, quiet, 50_001, 6, 101);
-        let walk = table.by_source_walk(busy, |_| String::new());
-        let keyed = table.by_source(busy, |_| String::new());
+        };
+        record(&mut table, OTHER, 50_001, 6, 100);
+        record(&mut table, OTHER, 50_001, 6, 101);
+        let walk = table.by_source_walk(BUSY, |_| String::new());
+        let keyed = table.by_source(BUSY, |_| String::new());
         assert_eq!(walk.len(), 40);
         assert_eq!(keyed, walk[24..]);
-        let quiet_flows = table.by_source(quiet, |_| String::new());
-        assert_eq!(quiet_flows, table.by_source_walk(quiet, |_| String::new()));
+        let quiet_flows = table.by_source(OTHER, |_| String::new());
+        assert_eq!(quiet_flows, table.by_source_walk(OTHER, |_| String::new()));
         assert_eq!(quiet_flows.len(), 1);
         assert_eq!(quiet_flows[0].ts_ns, 101);
     }
@@ -462,29 +475,21 @@ mod tests {
     /// the index already names is answered once; a key the source never opened, or the same
     /// port of another protocol, adds nothing.
     #[test]
-    #[allow(clippy::print_stdout, reason = "a test's diagnostics")]
     fn a_carried_flow_key_is_answered_beyond_the_index() {
-        if !is_root() {
-            eprintln!("skipped: needs root (creates BPF maps)");
+        let Some(mut table) = with_a_busy_source() else {
             return;
-        }
-        let mut table = real_table(1024, 64);
-        let busy = IpAddr::V4(Ipv4Addr::new(10, 244, 1, 9));
-        let other = IpAddr::V4(Ipv4Addr::new(10, 244, 1, 10));
-        for port in 0..40u16 {
-            record(&mut table, busy, 50_000 + port, 6, u64::from(port) + 1);
-        }
-        record(&mut table, other, 50_000, 6, 100);
+        };
+        record(&mut table, OTHER, 50_000, 6, 100);
         let nic = |_: u32| String::new();
-        let walk = table.by_source_walk(busy, nic);
+        let walk = table.by_source_walk(BUSY, nic);
         let first = walk[0].clone();
         assert_eq!((first.sport, first.ts_ns), (50_000, 1));
-        let index = table.by_source(busy, nic);
+        let index = table.by_source(BUSY, nic);
         assert!(
             !index.contains(&first),
             "the index alone names the 1st flow"
         );
-        let exact = table.by_source_and_keys(busy, [(50_000, Proto::Tcp)], nic);
+        let exact = table.by_source_and_keys(BUSY, [(50_000, Proto::Tcp)], nic);
         let mut want = vec![first.clone()];
         want.extend(index.iter().cloned());
         assert_eq!(exact, want);
@@ -495,14 +500,14 @@ mod tests {
             (60_000, Proto::Tcp),
             (50_000, Proto::Udp),
         ];
-        assert_eq!(table.by_source_and_keys(busy, keys, nic), index);
+        assert_eq!(table.by_source_and_keys(BUSY, keys, nic), index);
         assert_eq!(
-            table.by_key(busy, 50_000, Proto::Tcp, nic),
+            table.by_key(BUSY, 50_000, Proto::Tcp, nic),
             Some(first.clone())
         );
         assert_eq!(
             table
-                .by_key(other, 50_000, Proto::Tcp, nic)
+                .by_key(OTHER, 50_000, Proto::Tcp, nic)
                 .map(|r| r.ts_ns),
             Some(100)
         );
@@ -521,10 +526,8 @@ mod tests {
     /// A full 65,536-entry table (256 pods x 256 ports) in a real kernel hash map: a pod's
     /// openers are answered exactly, in 17 syscalls or fewer (the per-entry walk took 131,072).
     #[test]
-    #[allow(clippy::print_stdout, reason = "a test's diagnostics")]
     fn full_egress_table_is_read_in_batches() {
-        if !is_root() {
-            eprintln!("skipped: needs root (creates a BPF map)");
+        if !can_create_maps() {
             return;
         }
         let mut map = BpfHashMap::<MapData, EgressKey, EgressValue>::create(65_536, 0)

@@ -15,9 +15,9 @@ use anyhow::{Context, Result, bail};
 
 use super::{
     Attempt, KubeProxyMode, NS_NODE, NS_POD_B, Outcome, POD_B_IP, VIP,
-    cmd::{restore_rules, run_detached},
+    cmd::restore_rules,
     in_netns, kube_proxy,
-    servers::{SERVER_TAG, wait_listening},
+    servers::{self, wait_listening},
 };
 
 /// The LB IP's port of `default/ingress:https`, and pod B's backend port behind it.
@@ -27,33 +27,6 @@ pub const PROXY_PROTOCOL_PORT: u16 = 9443;
 pub const PROXY_SVC_CHAIN: &str = "KUBE-SVC-VFINODUTLEJVTX55";
 pub const PROXY_EXT_CHAIN: &str = "KUBE-EXT-VFINODUTLEJVTX55";
 pub const PROXY_SEP_CHAIN: &str = "KUBE-SEP-JRP73NBZIZCMUVWG";
-
-/// The backend: reads the first bytes; a PROXY v1 line or the v2 signature gets an answer
-/// line, anything else a reset (SO_LINGER 0, then close), right after the client's first data.
-const PROXY_SERVER_PY: &str = r#"
-import socket, struct, sys, threading
-name, port = sys.argv[2], int(sys.argv[3])
-V2 = b"\r\n\r\n\x00\r\nQUIT\n"
-s = socket.socket(socket.AF_INET)
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("0.0.0.0", port))
-s.listen(128)
-def serve(c):
-    try:
-        c.settimeout(3)
-        first = c.recv(256)
-        if first.startswith(b"PROXY ") or first.startswith(V2):
-            c.sendall(("ok from %s\n" % name).encode())
-        else:
-            c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    except Exception:
-        pass
-    finally:
-        c.close()
-while True:
-    c, _ = s.accept()
-    threading.Thread(target=serve, args=(c,), daemon=True).start()
-"#;
 
 /// kube-proxy's iptables-mode rules for `default/ingress:https` (LB ingress VIP:9443 ->
 /// pod B:9443), as it writes them for an LB IP (the `loadbalancer IP` rule of KUBE-SERVICES,
@@ -85,22 +58,12 @@ pub fn serve_behind_lb() -> Result<()> {
     if kube_proxy::node_mode()? != KubeProxyMode::Iptables {
         bail!("the PROXY protocol backend's rules are written for kube-proxy's iptables mode");
     }
-    let port = PROXY_PROTOCOL_PORT.to_string();
-    let argv = [
-        "ip",
-        "netns",
-        "exec",
+    servers::start_proxy_protocol_server(
         NS_POD_B,
-        "setsid",
-        "-f",
-        "python3",
-        "-c",
-        PROXY_SERVER_PY,
-        SERVER_TAG,
+        PROXY_PROTOCOL_PORT,
         "pod-b proxy-protocol backend",
-        &port,
-    ];
-    run_detached(&argv).context("starting the PROXY protocol backend in pod B")?;
+    )
+    .context("starting the PROXY protocol backend in pod B")?;
     wait_listening(NS_POD_B, PROXY_PROTOCOL_PORT)?;
     restore_rules(NS_NODE, "iptables-restore", &rules())
         .context("kube-proxy's rules for default/ingress:https")?;

@@ -32,11 +32,7 @@ impl Outcome {
     }
 }
 
-impl fmt::Display for Outcome {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+super::variant::display_as_name!(Outcome);
 
 /// The failures and their healthy twins.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum)]
@@ -140,18 +136,6 @@ pub struct ScenarioSpec {
     pub what: &'static str,
 }
 
-/// All variants off.
-const OFF: Variants = Variants {
-    vip_bound: false,
-    rp_filter: false,
-    masquerade: false,
-    ipvs_filter: false,
-    peer_node: false,
-    vip_local_route: false,
-    vip_announced: false,
-    self_snat_missing: false,
-    bridge_pod: false,
-};
 /// Only the VIP bound.
 const BOUND: Variants = on(Variant::VipBound);
 const HOST_LISTENER: SocketAddrV4 = SocketAddrV4::new(VIP, VIP_HOST_LISTENER_PORT);
@@ -160,7 +144,7 @@ const NODEPORT: SocketAddrV4 = SocketAddrV4::new(NODE_IP, NODE_PORT);
 
 /// `v` on, every other variant off.
 const fn on(v: Variant) -> Variants {
-    OFF.with(v, true)
+    Variants::OFF.with(v, true)
 }
 
 /// The VIP bound and `v` on.
@@ -193,7 +177,7 @@ const ROWS: [Row; 32] = [
         scenario: Scenario::HealthcheckOk,
         name: "healthcheck-ok",
         spec: ScenarioSpec {
-            variants: OFF,
+            variants: Variants::OFF,
             from_ns: NS_LB,
             src: Some(VIP),
             dst: NODEPORT,
@@ -205,7 +189,7 @@ const ROWS: [Row; 32] = [
         scenario: Scenario::Hairpin,
         name: "hairpin",
         spec: ScenarioSpec {
-            variants: OFF,
+            variants: Variants::OFF,
             from_ns: NS_POD_A,
             src: None,
             dst: VIP80,
@@ -266,7 +250,7 @@ const ROWS: [Row; 32] = [
         scenario: Scenario::OutsideClient,
         name: "outside-client",
         spec: ScenarioSpec {
-            variants: OFF,
+            variants: Variants::OFF,
             from_ns: NS_CLIENT,
             src: None,
             dst: VIP80,
@@ -291,7 +275,7 @@ const ROWS: [Row; 32] = [
         scenario: Scenario::PodToPod,
         name: "pod-to-pod",
         spec: ScenarioSpec {
-            variants: OFF,
+            variants: Variants::OFF,
             from_ns: NS_POD_A,
             src: None,
             dst: SocketAddrV4::new(POD_B_IP, POD_PORT),
@@ -379,7 +363,7 @@ const ROWS: [Row; 32] = [
         scenario: Scenario::HairpinNodeSourced,
         name: "hairpin-node-sourced",
         spec: ScenarioSpec {
-            variants: OFF,
+            variants: Variants::OFF,
             from_ns: NS_NODE,
             src: None,
             dst: SocketAddrV4::new(VIP, VIP_NO_GUARD_PORT),
@@ -392,7 +376,7 @@ const ROWS: [Row; 32] = [
         scenario: Scenario::NodeToLbGuarded,
         name: "node-to-lb-guarded",
         spec: ScenarioSpec {
-            variants: OFF,
+            variants: Variants::OFF,
             from_ns: NS_NODE,
             src: None,
             dst: VIP80,
@@ -405,7 +389,7 @@ const ROWS: [Row; 32] = [
         scenario: Scenario::HairpinLbToPod,
         name: "hairpin-lb-to-pod",
         spec: ScenarioSpec {
-            variants: OFF,
+            variants: Variants::OFF,
             from_ns: NS_POD_A,
             src: None,
             dst: SocketAddrV4::new(VIP, VIP_TO_POD_PORT),
@@ -418,7 +402,7 @@ const ROWS: [Row; 32] = [
         scenario: Scenario::OutsideClientLbToPod,
         name: "outside-client-lb-to-pod",
         spec: ScenarioSpec {
-            variants: OFF,
+            variants: Variants::OFF,
             from_ns: NS_CLIENT,
             src: None,
             dst: SocketAddrV4::new(VIP, VIP_TO_POD_PORT),
@@ -430,7 +414,7 @@ const ROWS: [Row; 32] = [
         scenario: Scenario::HairpinUdp,
         name: "hairpin-udp",
         spec: ScenarioSpec {
-            variants: OFF,
+            variants: Variants::OFF,
             from_ns: NS_POD_A,
             src: None,
             dst: SocketAddrV4::new(VIP, VIP_UDP_PORT),
@@ -443,7 +427,7 @@ const ROWS: [Row; 32] = [
         scenario: Scenario::OutsideClientUdp,
         name: "outside-client-udp",
         spec: ScenarioSpec {
-            variants: OFF,
+            variants: Variants::OFF,
             from_ns: NS_CLIENT,
             src: None,
             dst: SocketAddrV4::new(VIP, VIP_UDP_PORT),
@@ -455,7 +439,7 @@ const ROWS: [Row; 32] = [
         scenario: Scenario::HairpinHostListener,
         name: "hairpin-host-listener",
         spec: ScenarioSpec {
-            variants: OFF,
+            variants: Variants::OFF,
             from_ns: NS_POD_A,
             src: None,
             dst: HOST_LISTENER,
@@ -469,7 +453,7 @@ const ROWS: [Row; 32] = [
         scenario: Scenario::HairpinHostListenerNodeSourced,
         name: "hairpin-host-listener-node-sourced",
         spec: ScenarioSpec {
-            variants: OFF,
+            variants: Variants::OFF,
             from_ns: NS_NODE,
             src: None,
             dst: HOST_LISTENER,
@@ -482,7 +466,7 @@ const ROWS: [Row; 32] = [
         scenario: Scenario::OutsideClientHostListener,
         name: "outside-client-host-listener",
         spec: ScenarioSpec {
-            variants: OFF,
+            variants: Variants::OFF,
             from_ns: NS_CLIENT,
             src: None,
             dst: HOST_LISTENER,
@@ -560,7 +544,7 @@ const ROWS: [Row; 32] = [
         scenario: Scenario::SelfLoopSnat,
         name: "self-loop-snat",
         spec: ScenarioSpec {
-            variants: OFF,
+            variants: Variants::OFF,
             from_ns: NS_POD_B,
             src: None,
             dst: SocketAddrV4::new(CLUSTER_IP, SERVICE_PORT),

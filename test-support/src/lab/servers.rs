@@ -29,10 +29,15 @@ pub const SERVERS: &[(&str, u16, &str)] = &[
 pub(crate) const SERVER_TAG: &str = "clb-lab-server";
 
 // A tiny threaded TCP server: reads one line, answers with its name, closes. With "6" as its
-// last argument it listens on IPv6 only (IPV6_V6ONLY), beside an IPv4 one on the same port.
+// third argument it listens on IPv6 only (IPV6_V6ONLY), beside an IPv4 one on the same port.
+// With "proxy" after that it requires a PROXY protocol header: a v1 line or the v2 signature
+// gets the answer, any other first bytes a reset (SO_LINGER 0, then close), as ingress-nginx
+// with `use-proxy-protocol` does ("broken header", kubernetes/ingress-nginx#9643).
 const SERVER_PY: &str = r#"
-import socket, sys, threading
-name, port, v6 = sys.argv[2], int(sys.argv[3]), sys.argv[4:] == ["6"]
+import socket, struct, sys, threading
+name, port, v6 = sys.argv[2], int(sys.argv[3]), sys.argv[4] == "6"
+proxy = sys.argv[5:] == ["proxy"]
+V2 = b"\r\n\r\n\x00\r\nQUIT\n"
 s = socket.socket(socket.AF_INET6 if v6 else socket.AF_INET)
 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 if v6:
@@ -42,8 +47,11 @@ s.listen(128)
 def serve(c):
     try:
         c.settimeout(3)
-        c.recv(256)
-        c.sendall(("ok from %s\n" % name).encode())
+        first = c.recv(256)
+        if not proxy or first.startswith(b"PROXY ") or first.startswith(V2):
+            c.sendall(("ok from %s\n" % name).encode())
+        else:
+            c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     except Exception:
         pass
     finally:
@@ -59,14 +67,27 @@ pub(super) fn start_server(ns: &str, port: u16, name: &str) -> Result<()> {
 
 /// The lab's TCP server on `port` in `ns`, IPv6-only when `v6`.
 pub(super) fn start_tcp_server(ns: &str, port: u16, name: &str, v6: bool) -> Result<()> {
+    spawn_tcp_server(ns, port, name, &[if v6 { "6" } else { "4" }])
+}
+
+/// The lab's TCP server on `port` in `ns` (IPv4) that answers only a connection opened with a
+/// PROXY protocol header, and resets the others.
+pub(super) fn start_proxy_protocol_server(ns: &str, port: u16, name: &str) -> Result<()> {
+    spawn_tcp_server(ns, port, name, &["4", "proxy"])
+}
+
+fn spawn_tcp_server(ns: &str, port: u16, name: &str, options: &[&str]) -> Result<()> {
     // `setsid -f` forks: the server is nobody's child here, lives on after the CLI exits, and is
     // found again by `ip netns pids` on `down`.
     let port = port.to_string();
-    let family = if v6 { "6" } else { "4" };
     let argv = [
-        "ip", "netns", "exec", ns, "setsid", "-f", "python3", "-c", SERVER_PY, SERVER_TAG, name,
-        &port, family,
-    ];
+        &[
+            "ip", "netns", "exec", ns, "setsid", "-f", "python3", "-c", SERVER_PY, SERVER_TAG,
+            name, &port,
+        ],
+        options,
+    ]
+    .concat();
     run_detached(&argv).with_context(|| format!("starting the server {name} in {ns}"))
 }
 

@@ -65,11 +65,19 @@ impl Variant {
     }
 }
 
-impl fmt::Display for Variant {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
+/// `Display` as the value's `name()`, for the lab's named enums.
+macro_rules! display_as_name {
+    ($($named:ty),*) => {$(
+        impl fmt::Display for $named {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.name())
+            }
+        }
+    )*};
 }
+pub(super) use display_as_name;
+
+display_as_name!(Variant);
 
 /// The state of every [`Variant`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,19 +98,25 @@ impl Default for Variants {
     fn default() -> Self {
         Variants {
             vip_bound: true,
-            rp_filter: false,
-            masquerade: false,
-            ipvs_filter: false,
-            peer_node: false,
-            vip_local_route: false,
-            vip_announced: false,
-            self_snat_missing: false,
-            bridge_pod: false,
+            ..Variants::OFF
         }
     }
 }
 
 impl Variants {
+    /// All variants off.
+    pub const OFF: Variants = Variants {
+        vip_bound: false,
+        rp_filter: false,
+        masquerade: false,
+        ipvs_filter: false,
+        peer_node: false,
+        vip_local_route: false,
+        vip_announced: false,
+        self_snat_missing: false,
+        bridge_pod: false,
+    };
+
     pub fn get(&self, v: Variant) -> bool {
         match v {
             Variant::VipBound => self.vip_bound,

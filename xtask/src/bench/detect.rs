@@ -50,6 +50,9 @@ struct Figures {
 
 const STAGES: [&str; 4] = ["dedup", "budget", "ringbuf", "queue"];
 
+/// A row of per-round figures quoted as their spread: its name, the figures, the digits shown.
+type SpreadRow = (&'static str, fn(&Figures) -> &[f64], usize);
+
 pub fn run(args: &BenchArgs, probe: &Path, work: &Path) -> Result<Vec<Table>> {
     let mut agents: Vec<(String, PathBuf)> = Vec::new();
     if let Some(base) = &args.baseline_agent {
@@ -249,32 +252,27 @@ fn table(args: &BenchArgs, agents: &[(String, PathBuf)], figures: &[Figures]) ->
         r.extend(cells);
         t.row(r);
     };
-    row("idle: median, ms", col(&|f| spread(&f.idle_median, 1)));
-    row("idle: p99, ms", col(&|f| spread(&f.idle_p99, 1)));
-    row(
-        "idle: confirmed / sent",
-        col(&|f| spread(&f.idle_confirmed, 3)),
-    );
-    row(
-        "under the flood: median, ms",
-        col(&|f| spread(&f.flood_median, 1)),
-    );
-    row(
-        "under the flood: p99, ms",
-        col(&|f| spread(&f.flood_p99, 1)),
-    );
-    row(
-        "under the flood: confirmed / sent",
-        col(&|f| spread(&f.flood_confirmed, 3)),
-    );
-    row(
-        "flood: agent CPU, % of a core (per second, all rounds)",
-        col(&|f| spread(&f.agent_cpu, 1)),
-    );
-    row(
-        "flood: sender packets/s (one core)",
-        col(&|f| spread(&f.sender_pps, 0)),
-    );
+    let spreads: [SpreadRow; 8] = [
+        ("idle: median, ms", |f| &f.idle_median, 1),
+        ("idle: p99, ms", |f| &f.idle_p99, 1),
+        ("idle: confirmed / sent", |f| &f.idle_confirmed, 3),
+        ("under the flood: median, ms", |f| &f.flood_median, 1),
+        ("under the flood: p99, ms", |f| &f.flood_p99, 1),
+        (
+            "under the flood: confirmed / sent",
+            |f| &f.flood_confirmed,
+            3,
+        ),
+        (
+            "flood: agent CPU, % of a core (per second, all rounds)",
+            |f| &f.agent_cpu,
+            1,
+        ),
+        ("flood: sender packets/s (one core)", |f| &f.sender_pps, 0),
+    ];
+    for (name, pick, digits) in spreads {
+        row(name, col(&|f| spread(pick(f), digits)));
+    }
     row(
         "flood: sender core, ns per packet",
         col(&|f| {

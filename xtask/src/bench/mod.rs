@@ -408,52 +408,46 @@ fn write(
 /// The agent the bench runs: the release build (what the DaemonSet runs) for figures; the
 /// smoke run (`--quick`, figures never read) takes the debug build the tests already made, so
 /// CI does not compile the workspace a third time (minutes on a cold machine).
+/// `CLB_BENCH_PROBE=<path>` runs a prebuilt one.
 fn build_agent(root: &Path, quick: bool) -> Result<PathBuf> {
-    // A before/after comparison runs a binary built elsewhere (e.g. the previous commit's).
-    if let Some(path) = std::env::var_os("CLB_BENCH_PROBE") {
-        eprintln!("bench: using CLB_BENCH_PROBE={}", path.to_string_lossy());
-        return Ok(PathBuf::from(path));
-    }
-    let profile = if quick { "debug" } else { "release" };
-    eprintln!("bench: cargo build ({profile}) -p clb-probe");
-    let mut build = crate::build::workspace_cargo(root, "build");
-    build.args(["--bin", "probe"]);
-    if !quick {
-        build.arg("--release");
-    }
-    let status = build.status().context("running cargo build")?;
-    if !status.success() {
-        bail!("building the {profile} agent failed ({status})");
-    }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"));
-    Ok(target.join(profile).join("probe"))
+    build_bin(root, quick, "probe", "CLB_BENCH_PROBE", "agent")
 }
 
 /// The plugin `--only fleet` times: the release build (debug for `--quick`), as the agent;
 /// `CLB_BENCH_PLUGIN=<path>` times a prebuilt one.
 fn build_plugin(root: &Path, quick: bool) -> Result<PathBuf> {
-    // As CLB_BENCH_PROBE: a plugin built elsewhere (e.g. the previous commit's).
-    if let Some(path) = std::env::var_os("CLB_BENCH_PLUGIN") {
-        eprintln!("bench: using CLB_BENCH_PLUGIN={}", path.to_string_lossy());
+    build_bin(
+        root,
+        quick,
+        "kubectl-clb_probe",
+        "CLB_BENCH_PLUGIN",
+        "plugin",
+    )
+}
+
+/// Builds the workspace binary `bin` (release, or debug for `--quick`) and returns its path;
+/// the path in the environment variable `prebuilt` instead, when set: a before/after
+/// comparison runs a binary built elsewhere (e.g. the previous commit's).
+fn build_bin(root: &Path, quick: bool, bin: &str, prebuilt: &str, what: &str) -> Result<PathBuf> {
+    if let Some(path) = std::env::var_os(prebuilt) {
+        eprintln!("bench: using {prebuilt}={}", path.to_string_lossy());
         return Ok(PathBuf::from(path));
     }
     let profile = if quick { "debug" } else { "release" };
-    eprintln!("bench: cargo build ({profile}) --bin kubectl-clb_probe");
+    eprintln!("bench: cargo build ({profile}) --bin {bin}");
     let mut build = crate::build::workspace_cargo(root, "build");
-    build.args(["--bin", "kubectl-clb_probe"]);
+    build.args(["--bin", bin]);
     if !quick {
         build.arg("--release");
     }
     let status = build.status().context("running cargo build")?;
     if !status.success() {
-        bail!("building the {profile} plugin failed ({status})");
+        bail!("building the {profile} {what} failed ({status})");
     }
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join("target"));
-    Ok(target.join(profile).join("kubectl-clb_probe"))
+    Ok(target.join(profile).join(bin))
 }
 
 fn read_sysctl(key: &str) -> Result<String> {
