@@ -52,6 +52,12 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // `cargo run` sets OUT_DIR for a package with a build script (xtask's, build.rs), and every
+    // cargo xtask starts would inherit it: ring's build script watches OUT_DIR, so ring, rustls,
+    // kube and the agent were compiled again whenever a plain `cargo build` and `cargo xtask
+    // demo`/`test` alternated (measured: the demo rebuilt them after `cargo build -p clb-probe`).
+    // SAFETY: the first thing main does, before any thread exists.
+    unsafe { std::env::remove_var("OUT_DIR") };
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Setup { toolchain_only } => if toolchain_only {
