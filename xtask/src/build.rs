@@ -7,7 +7,8 @@
 //! probe-user among them). Every host step (tests, the agent the tests start, the VM suite, the
 //! chaos and bench smokes) now names the same selection, [`WORKSPACE`], so the first build
 //! ([`host`]) leaves all the others nothing to compile. The demo is the exception: on a first
-//! run nothing is built yet, so it builds only the agent it runs (`-p clb-probe --bin probe`). The arm64 steps share
+//! run nothing is built yet, so it builds only the agent it runs, without OTLP (`-p clb-probe
+//! --bin probe --no-default-features`: `crate::demo::DEMO_AGENT`). The arm64 steps share
 //! [`ARM64_SELECTION`] the same way.
 
 use std::{

@@ -68,6 +68,10 @@ const DEMO_SOCKET: &str = "/run/clb-probe/demo.sock";
 /// by its healthy twin), so every kind the agent confirms is shown.
 const SCENARIOS: &[Scenario] = &Scenario::ALL;
 
+/// The demo's agent: the package and its features (docs/lab.md, "The first run: where the time
+/// goes"). xtask's Cargo.toml aligns its dependencies' features with this build's.
+pub const DEMO_AGENT: &[&str] = &["-p", "clb-probe", "--no-default-features"];
+
 /// `cargo xtask demo` options.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct DemoArgs {
@@ -125,10 +129,13 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
     trap_signals();
     let root = crate::workspace_root();
     eprintln!("demo: building the probe");
-    // Only what the demo runs: the agent (not the plugin, not xtask's other tools), so a first
-    // run compiles no more than it needs.
+    // Only what the demo runs: the agent (not the plugin, not xtask's other tools) without the
+    // OTLP exporter it never uses (the `otlp` feature: tonic, prost, OpenTelemetry), so a
+    // first run compiles no more than it needs.
     let status = crate::build::cargo()
-        .args(["build", "--quiet", "-p", "clb-probe", "--bin", "probe"])
+        .args(["build", "--quiet"])
+        .args(DEMO_AGENT)
+        .args(["--bin", "probe"])
         .current_dir(&root)
         .status()?;
     if !status.success() {
@@ -501,6 +508,10 @@ fn pretty(line: &str, verbose: bool) -> String {
         summary.to_string()
     }
 }
+
+#[cfg(test)]
+#[path = "demo_build_tests.rs"]
+mod build_tests;
 
 #[cfg(test)]
 mod tests {

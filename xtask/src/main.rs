@@ -51,7 +51,37 @@ enum Command {
     LabClient(lab_cmd::ClientArgs),
 }
 
+/// `cargo run` hands xtask its package's variables (CARGO_MANIFEST_DIR, CARGO_PKG_*, OUT_DIR
+/// with xtask's build script, ...), and every cargo xtask starts inherited them. ring's build
+/// script watches some (`rerun-if-env-changed`), so ring, rustls, kube and the agent were
+/// compiled again whenever a plain `cargo build` and `cargo xtask demo`/`test` alternated
+/// (measured: the demo's agent build took 100 s after `cargo build -p clb-probe
+/// --no-default-features`, cargo naming CARGO_MANIFEST_DIR). Cargo's own variables (CARGO,
+/// CARGO_HOME, CARGO_TARGET_DIR) stay.
+fn forget_cargo_run_env() {
+    const RUN_VARS: [&str; 6] = [
+        "OUT_DIR",
+        "CARGO_MANIFEST_DIR",
+        "CARGO_MANIFEST_PATH",
+        "CARGO_CRATE_NAME",
+        "CARGO_BIN_NAME",
+        "CARGO_PRIMARY_PACKAGE",
+    ];
+    let package_vars = std::env::vars_os()
+        .filter_map(|(k, _)| k.to_str().map(str::to_string))
+        .filter(|k| k.starts_with("CARGO_PKG_"));
+    for var in RUN_VARS
+        .map(String::from)
+        .into_iter()
+        .chain(package_vars.collect::<Vec<_>>())
+    {
+        // SAFETY: called first thing in main, before any thread exists.
+        unsafe { std::env::remove_var(var) };
+    }
+}
+
 fn main() -> ExitCode {
+    forget_cargo_run_env();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Setup { toolchain_only } => if toolchain_only {

@@ -31,6 +31,7 @@ pub mod command;
 pub mod confirm;
 pub mod evidence;
 pub mod fix;
+#[cfg(feature = "mcp")]
 pub mod mcp;
 pub mod query;
 pub mod undo;

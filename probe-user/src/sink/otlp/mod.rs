@@ -20,17 +20,31 @@
 //! Plain gRPC only (`http://`): the collector is a node-local agent or an in-cluster Service;
 //! TLS to it is not built in (the agent's only TLS stack is kube's, for the API server).
 //!
-//! Rooms: this file holds the configuration and what both signals share; [`logs`] the log
-//! records' queue and exporter, [`metrics`] the metric side.
+//! Built with the `otlp` cargo feature (on by default); without it (`cargo xtask demo`'s
+//! agent) the sink's types are empty ([`not_built`]) and `--otlp-endpoint` is refused by its
+//! parser ([`EndpointError::NotBuilt`]).
+//!
+//! Rooms: this file holds the configuration and what both signals share; `logs` the log
+//! records' queue and exporter, `metrics` the metric side.
 
+#[cfg(feature = "otlp")]
 mod logs;
+#[cfg(feature = "otlp")]
 mod metrics;
+#[cfg(not(feature = "otlp"))]
+mod not_built;
 
 use std::time::Duration;
 
+#[cfg(feature = "otlp")]
 pub use logs::{OtlpLogs, RESOLVED_EVENT_NAME, attributes, resolution_attributes};
+#[cfg(feature = "otlp")]
 pub use metrics::{Family, OtlpMetrics, PendingMetrics, parse_openmetrics};
+#[cfg(not(feature = "otlp"))]
+pub use not_built::{OtlpLogs, OtlpMetrics, PendingMetrics};
+#[cfg(feature = "otlp")]
 use opentelemetry::KeyValue;
+#[cfg(feature = "otlp")]
 use opentelemetry_sdk::Resource;
 
 /// Confirmed events waiting for the log exporter: confirmations are few and aggregated, so
@@ -67,6 +81,10 @@ pub enum EndpointError {
     NotHttp,
     #[error("no host: give http://HOST:PORT")]
     NoHost,
+    #[error(
+        "this agent was built without OTLP export (the `otlp` cargo feature, on by default; `cargo xtask demo` builds its agent without it): build it with default features"
+    )]
+    NotBuilt,
 }
 
 /// `--otlp-endpoint`'s parser: `http://HOST:PORT` (a path is allowed; `https` is not: TLS to
@@ -84,9 +102,13 @@ pub fn parse_endpoint(s: &str) -> Result<String, EndpointError> {
         Some(h) if !h.is_empty() => {}
         _ => return Err(EndpointError::NoHost),
     }
+    if !cfg!(feature = "otlp") {
+        return Err(EndpointError::NotBuilt);
+    }
     Ok(s.to_string())
 }
 
+#[cfg(feature = "otlp")]
 fn resource(node: &str) -> Resource {
     Resource::builder_empty()
         .with_attributes([
@@ -99,4 +121,6 @@ fn resource(node: &str) -> Resource {
 }
 
 #[cfg(test)]
+mod endpoint_tests;
+#[cfg(all(test, feature = "otlp"))]
 mod tests;
