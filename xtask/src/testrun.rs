@@ -315,6 +315,23 @@ impl Beside {
                     "warnings",
                 ]))
             });
+            // The demo's agent (README's first command) is built without default features
+            // (no OTLP): lint that build too, so the first command cannot rot unseen.
+            self.step(
+                "cargo clippy -D warnings (the demo's agent: clb-probe without default features)",
+                |_| {
+                    run_step(crate::build::cargo().current_dir(root).args([
+                        "clippy",
+                        "-p",
+                        "clb-probe",
+                        "--no-default-features",
+                        "--all-targets",
+                        "--",
+                        "-D",
+                        "warnings",
+                    ]))
+                },
+            );
             // The eBPF crate only builds for the BPF target, with the nightly.
             self.step(
                 "cargo clippy -D warnings (eBPF programs, bpfel-unknown-none)",
