@@ -90,7 +90,7 @@ pub fn run(args: &ChaosArgs) -> Result<()> {
     if !build.status()?.success() {
         bail!("building the probe failed");
     }
-    let probe = root.join("target").join(profile).join("probe");
+    let probe = crate::build::target_dir(&root).join(profile).join("probe");
     let work = std::env::temp_dir().join(format!("clb-chaos-{}", std::process::id()));
     std::fs::create_dir_all(&work)?;
     let result = rows(args, &root, &probe, &work);
