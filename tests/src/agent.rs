@@ -491,6 +491,31 @@ pub fn assert_contains(haystack: &str, needle: &str) {
     );
 }
 
+/// An IPVS-mode `source_ranges_drop` (issue #51, either family): `src`'s call to `vip` on the
+/// lab's service port, dropped by netfilter, every needle in its evidence. Returns the evidence.
+#[track_caller]
+pub fn assert_ipvs_source_ranges_drop(
+    e: &LoopbackEvent,
+    src: std::net::IpAddr,
+    vip: std::net::IpAddr,
+    needles: &[&str],
+) -> String {
+    assert_eq!(e.src, src);
+    assert_eq!(e.vip, Some(vip));
+    assert_eq!(e.vip_port, Some(test_support::lab::SERVICE_PORT));
+    assert_eq!(e.outcome, probe_contract::Outcome::Dropped);
+    assert_eq!(e.drop_reason.as_deref(), Some("NETFILTER_DROP"));
+    assert_eq!(
+        e.facts.proxy_mode,
+        Some(probe_contract::facts::ProxyMode::Ipvs)
+    );
+    let ev = lines(&e.evidence);
+    for needle in needles {
+        assert!(ev.contains(needle), "{needle}: {ev}");
+    }
+    ev
+}
+
 /// Panics if `haystack` contains `needle`, showing the haystack.
 #[track_caller]
 pub fn assert_lacks(haystack: &str, needle: &str) {

@@ -17,8 +17,8 @@ use probe_contract::{
 };
 use probe_tests::{
     agent::{
-        Agent, dropped_as_local_source, hex_bytes, lines, our_loaded_programs, our_tc_attachments,
-        probe_bin, require_root, sh, sh_in_node, wait_for,
+        Agent, assert_ipvs_source_ranges_drop, dropped_as_local_source, hex_bytes, lines,
+        our_loaded_programs, our_tc_attachments, probe_bin, require_root, sh, sh_in_node, wait_for,
     },
     kube_fixture::{
         KubeFixture, assert_unprogrammed_port_named, lab_objects_with_unprogrammed_port,
@@ -877,24 +877,17 @@ fn ipvs_mode_source_ranges_drop_is_confirmed_with_the_ipsets() {
     say!("ipvs-vm: source ranges without the pod CIDR: client {pod:?}");
     assert_eq!(pod.outcome, Outcome::Timeout, "{pod:?}");
     let e = agent.only_event(LoopbackKind::SourceRangesDrop, WAIT);
-    assert_eq!(e.src, IpAddr::V4(lab::POD_A_IP));
-    assert_eq!(e.vip, Some(IpAddr::V4(lab::VIP)));
-    assert_eq!(e.vip_port, Some(lab::SERVICE_PORT));
-    assert_eq!(e.outcome, Fate::Dropped);
-    assert_eq!(e.drop_reason.as_deref(), Some("NETFILTER_DROP"));
-    assert_eq!(
-        e.facts.proxy_mode,
-        Some(probe_contract::facts::ProxyMode::Ipvs)
+    let ev = assert_ipvs_source_ranges_drop(
+        &e,
+        IpAddr::V4(lab::POD_A_IP),
+        IpAddr::V4(lab::VIP),
+        &[
+            "ipset KUBE-LOAD-BALANCER-FW has 203.0.113.10,tcp:80",
+            "KUBE-SOURCE-RANGES-FIREWALL",
+            "source outside { 192.0.2.0/24, 198.51.100.0/24 }",
+            "the caller 198.19.1.10 is in none",
+        ],
     );
-    let ev = lines(&e.evidence);
-    for needle in [
-        "ipset KUBE-LOAD-BALANCER-FW has 203.0.113.10,tcp:80",
-        "KUBE-SOURCE-RANGES-FIREWALL",
-        "source outside { 192.0.2.0/24, 198.51.100.0/24 }",
-        "the caller 198.19.1.10 is in none",
-    ] {
-        assert!(ev.contains(needle), "{needle}: {ev}");
-    }
     say!("ipvs-vm: source ranges: confirmed source_ranges_drop ({ev})");
     source_ranges::set_ipvs_source_ranges(None).unwrap();
     drop(agent);

@@ -15,9 +15,9 @@ use std::{
     time::Duration,
 };
 
-use probe_contract::{LoopbackKind, Outcome as Fate, check::Kind as CheckKind};
+use probe_contract::{LoopbackKind, check::Kind as CheckKind};
 use probe_tests::{
-    agent::{Agent, lines, require_root},
+    agent::{Agent, assert_ipvs_source_ranges_drop, require_root},
     lab_check::lab_node_subjects,
 };
 use test_support::lab::{
@@ -89,26 +89,19 @@ fn ipvs_mode_ipv6_source_ranges_drop_is_confirmed_with_the_v6_ipsets() {
     say!("ipvs-vm: IPv6 source ranges without the pod range: client {pod:?}");
     assert_eq!(pod.outcome, Outcome::Timeout, "{pod:?}");
     let e = agent.only_event(LoopbackKind::SourceRangesDrop, WAIT);
-    assert_eq!(e.src, IpAddr::V6(v6::POD_A_IP6));
-    assert_eq!(e.vip, Some(IpAddr::V6(v6::VIP6)));
-    assert_eq!(e.vip_port, Some(lab::SERVICE_PORT));
-    assert_eq!(e.outcome, Fate::Dropped);
-    assert_eq!(e.drop_reason.as_deref(), Some("NETFILTER_DROP"));
-    assert_eq!(
-        e.facts.proxy_mode,
-        Some(probe_contract::facts::ProxyMode::Ipvs)
+    let ev = assert_ipvs_source_ranges_drop(
+        &e,
+        IpAddr::V6(v6::POD_A_IP6),
+        IpAddr::V6(v6::VIP6),
+        &[
+            "ip6tables, ipset",
+            "ipset KUBE-6-LOAD-BALANCER-FW has 2001:db8:113::10,tcp:80",
+            "KUBE-6-LOAD-BALANCER-SOURCE-CID (and KUBE-6-LOAD-BALANCER-SOURCE-IP)",
+            "KUBE-SOURCE-RANGES-FIREWALL",
+            "source outside { 2001:db8:51::/48 }",
+            "the caller 2001:db8:19:1::10 is in none",
+        ],
     );
-    let ev = lines(&e.evidence);
-    for needle in [
-        "ip6tables, ipset",
-        "ipset KUBE-6-LOAD-BALANCER-FW has 2001:db8:113::10,tcp:80",
-        "KUBE-6-LOAD-BALANCER-SOURCE-CID (and KUBE-6-LOAD-BALANCER-SOURCE-IP)",
-        "KUBE-SOURCE-RANGES-FIREWALL",
-        "source outside { 2001:db8:51::/48 }",
-        "the caller 2001:db8:19:1::10 is in none",
-    ] {
-        assert!(ev.contains(needle), "{needle}: {ev}");
-    }
     say!("ipvs-vm: IPv6 source ranges: confirmed source_ranges_drop ({ev})");
     source_ranges::set_ipvs_source_ranges_in(IpFamily::V6, None).unwrap();
     drop((agent, lab));
