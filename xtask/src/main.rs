@@ -67,13 +67,15 @@ fn forget_cargo_run_env() {
         "CARGO_BIN_NAME",
         "CARGO_PRIMARY_PACKAGE",
     ];
-    let package_vars = std::env::vars_os()
-        .filter_map(|(k, _)| k.to_str().map(str::to_string))
-        .filter(|k| k.starts_with("CARGO_PKG_"));
+    // `vars_os`: `vars` panics on a variable that is not UTF-8.
+    let package_vars: Vec<std::ffi::OsString> = std::env::vars_os()
+        .map(|(k, _)| k)
+        .filter(|k| k.to_str().is_some_and(|k| k.starts_with("CARGO_PKG_")))
+        .collect();
     for var in RUN_VARS
-        .map(String::from)
+        .map(std::ffi::OsString::from)
         .into_iter()
-        .chain(package_vars.collect::<Vec<_>>())
+        .chain(package_vars)
     {
         // SAFETY: called first thing in main, before any thread exists.
         unsafe { std::env::remove_var(var) };
