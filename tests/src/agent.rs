@@ -14,8 +14,8 @@ use serde_json::Value;
 
 // The kernel observer lives in its own file; the tests name it through `agent` as before.
 pub use crate::kernel_view::{
-    assert_nothing_attached, hex_bytes, kernel_has_tcx, our_loaded_programs, our_tc_attachments,
-    our_tc_links, percpu_map_sum,
+    assert_nothing_attached, hex_bytes, kernel_has_tcx, our_loaded_programs, our_map_dump,
+    our_tc_attachments, our_tc_links, percpu_map_sum,
 };
 
 /// The `probe` binary under test: `CLB_PROBE_BIN` (set by `cargo xtask test`), else the one

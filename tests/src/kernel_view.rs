@@ -70,10 +70,17 @@ fn program_netns(rodata: &[u8]) -> Option<u64> {
     Some(u64::from(u32::from_le_bytes(ino.try_into().ok()?)))
 }
 
-/// Loaded `clb_*` programs (id, name) of the tests' agents: those whose agent ran in one of
+/// A loaded `clb_*` program of the tests' agents: its id, name and the maps it uses.
+struct OurProgram {
+    id: u64,
+    name: String,
+    map_ids: Vec<u64>,
+}
+
+/// Loaded `clb_*` programs of the tests' agents: those whose agent ran in one of
 /// the lab's namespaces, or whose namespace cannot be told (counted: a leak is never
 /// missed). Another agent on the machine (a developer's, in its own namespace) is not ours.
-fn our_programs() -> Vec<(u64, String)> {
+fn our_programs() -> Vec<OurProgram> {
     let lab = lab_netns_inodes();
     let map_names: std::collections::HashMap<u64, String> = bpftool_json(&["map", "show"])
         .as_array()
@@ -97,12 +104,16 @@ fn our_programs() -> Vec<(u64, String)> {
         if !name.starts_with("clb_") {
             continue;
         }
-        let rodata = p
+        let map_ids: Vec<u64> = p
             .get("map_ids")
             .and_then(Value::as_array)
             .into_iter()
             .flatten()
             .filter_map(Value::as_u64)
+            .collect();
+        let rodata = map_ids
+            .iter()
+            .copied()
             .find(|m| map_names.get(m).is_some_and(|n| n.ends_with(".rodata")));
         let netns = rodata.and_then(|m| {
             *netns_of_map.entry(m).or_insert_with(|| {
@@ -111,7 +122,11 @@ fn our_programs() -> Vec<(u64, String)> {
             })
         });
         if netns.is_none_or(|ino| lab.contains(&ino)) {
-            ours.push((id, name.to_string()));
+            ours.push(OurProgram {
+                id,
+                name: name.to_string(),
+                map_ids,
+            });
         }
     }
     ours
@@ -124,7 +139,8 @@ fn our_programs() -> Vec<(u64, String)> {
 pub fn our_tc_links() -> Vec<String> {
     let ours: std::collections::HashMap<u64, String> = our_programs()
         .into_iter()
-        .filter(|(_, n)| n == "clb_ingress" || n == "clb_egress")
+        .filter(|p| p.name == "clb_ingress" || p.name == "clb_egress")
+        .map(|p| (p.id, p.name))
         .collect();
     bpftool_json(&["link", "show"])
         .as_array()
@@ -136,19 +152,32 @@ pub fn our_tc_links() -> Vec<String> {
 
 /// Our programs ([`our_programs`]) still loaded.
 pub fn our_loaded_programs() -> Vec<String> {
-    our_programs().into_iter().map(|(_, name)| name).collect()
+    our_programs().into_iter().map(|p| p.name).collect()
+}
+
+/// The entries of the tests' agents' maps named `map` (bpftool's JSON dump of each, joined),
+/// found through [`our_programs`]: a map of the same name another agent on the machine holds
+/// (a bench's, in its own namespace) is not read.
+pub fn our_map_dump(map: &str) -> Vec<Value> {
+    let ids: std::collections::BTreeSet<u64> =
+        our_programs().into_iter().flat_map(|p| p.map_ids).collect();
+    let mut entries = Vec::new();
+    for id in ids {
+        let info = bpftool_json(&["map", "show", "id", &id.to_string()]);
+        if info.get("name").and_then(Value::as_str) != Some(map) {
+            continue;
+        }
+        let dump = bpftool_json(&["map", "dump", "id", &id.to_string()]);
+        entries.extend(dump.as_array().into_iter().flatten().cloned());
+    }
+    entries
 }
 
 /// Sum of a per-CPU map's values for keys matching `pred`, read with bpftool
-/// (an observer independent of the agent).
+/// (an observer independent of the agent) from the tests' agents' maps ([`our_map_dump`]).
 pub fn percpu_map_sum(map: &str, pred: impl Fn(&[u8]) -> bool) -> u64 {
-    let out = Command::new("bpftool")
-        .args(["-j", "map", "dump", "name", map])
-        .output()
-        .expect("bpftool");
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
     let mut total = 0;
-    for entry in v.as_array().into_iter().flatten() {
+    for entry in &our_map_dump(map) {
         let key = hex_bytes(entry.get("key"));
         if !pred(&key) {
             continue;

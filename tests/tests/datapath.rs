@@ -17,7 +17,6 @@ use probe_tests::agent::{
     Agent, assert_contains, ip_in, is_local_source_drop, kernel_has_tcx, our_loaded_programs,
     our_tc_attachments, our_tc_links, percpu_map_sum, require_root, sh, sh_in_node, wait_for,
 };
-use serde_json::Value;
 use test_support::lab::{self, LabGuard, Outcome, Scenario, Variants};
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -136,15 +135,15 @@ fn hairpin_pod_source_is_evented_and_tied_to_the_pods_egress_record() {
     assert_eq!(packet.dport, lab::NODE_PORT);
     let sport = packet.sport;
     // The pod's SYN left the NIC un-SNATed: EGRESS_FLOWS has (pod, sport) -> VIP:80.
-    let dump = sh(&["bpftool", "-j", "map", "dump", "name", "EGRESS_FLOWS"]);
-    let entries: Value = serde_json::from_str(&dump).unwrap();
-    let found = entries.as_array().unwrap().iter().find(|e| {
+    let entries = probe_tests::agent::our_map_dump("EGRESS_FLOWS");
+    let found = entries.iter().find(|e| {
         let key = probe_tests::agent::hex_bytes(e.get("key"));
         key.len() >= 20
             && key[..4] == lab::POD_A_IP.octets()
             && u16::from_le_bytes([key[16], key[17]]) == sport
     });
-    let entry = found.unwrap_or_else(|| panic!("no egress record for {pod}:{sport} in {dump}"));
+    let entry =
+        found.unwrap_or_else(|| panic!("no egress record for {pod}:{sport} in {entries:?}"));
     let value = probe_tests::agent::hex_bytes(entry.get("value"));
     assert_eq!(value[..4], lab::VIP.octets(), "egress record's destination");
     assert_eq!(
