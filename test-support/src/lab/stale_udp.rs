@@ -10,7 +10,7 @@
 //! lab in IPVS mode, as an IPVS virtual service ([`write_ipvs`]).
 
 use std::{
-    net::{Ipv4Addr, SocketAddrV4, UdpSocket},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, UdpSocket},
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -273,16 +273,26 @@ pub struct Sender {
 
 impl Sender {
     pub fn start(source_port: u16, every: Duration) -> Result<Sender> {
+        let dst = SocketAddr::from(SocketAddrV4::new(STATSD_CLUSTER_IP, STATSD_PORT));
+        Sender::start_to(dst, source_port, every)
+    }
+
+    /// [`Sender::start`] to `dst`, an IPv4 or an IPv6 Service address (bound to the
+    /// unspecified address of its family).
+    pub fn start_to(dst: SocketAddr, source_port: u16, every: Duration) -> Result<Sender> {
+        let unspecified = match dst {
+            SocketAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            SocketAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+        };
         let bind = move || {
             in_netns(NS_POD_A, move || {
-                UdpSocket::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, source_port))
+                UdpSocket::bind(SocketAddr::new(unspecified, source_port))
                     .context("bind the sender")
             })
         };
         let first = bind()?;
         let stop = Arc::new(AtomicBool::new(false));
         let stopped = stop.clone();
-        let dst = SocketAddrV4::new(STATSD_CLUSTER_IP, STATSD_PORT);
         let thread = std::thread::spawn(move || {
             let mut sock = Some(first);
             while !stopped.load(Ordering::Relaxed) {
@@ -318,9 +328,21 @@ impl Drop for Sender {
 
 /// The node's conntrack entries to the ClusterIP, as `conntrack -L` prints them.
 pub fn entries() -> Result<String> {
+    entries_to(IpAddr::V4(STATSD_CLUSTER_IP))
+}
+
+/// The node's UDP conntrack entries to `service_ip` (with `-f ipv6` for an IPv6 one),
+/// as `conntrack -L` prints them.
+pub fn entries_to(service_ip: IpAddr) -> Result<String> {
+    let family: &[&str] = if service_ip.is_ipv6() {
+        &["-f", "ipv6"]
+    } else {
+        &[]
+    };
     let o = std::process::Command::new("ip")
-        .args(["netns", "exec", NS_NODE, "conntrack", "-L", "-p", "udp"])
-        .args(["--orig-dst", &STATSD_CLUSTER_IP.to_string()])
+        .args(["netns", "exec", NS_NODE, "conntrack", "-L"])
+        .args(family)
+        .args(["-p", "udp", "--orig-dst", &service_ip.to_string()])
         .output()
         .context("conntrack -L")?;
     Ok(String::from_utf8_lossy(&o.stdout).into_owned())
