@@ -231,17 +231,26 @@ pub fn move_endpoint() -> Result<()> {
     write_rules(NEW_ENDPOINT_PORT, false).context("moving the statsd Service's endpoint")
 }
 
+/// Scales the Service to zero in the node's kube-proxy mode: iptables (`scale_to_zero_iptables`)
+/// or IPVS (`scale_to_zero_ipvs`). The node's conntrack entries are left as they are.
+pub fn scale_to_zero() -> Result<()> {
+    match kube_proxy::node_mode()? {
+        KubeProxyMode::Iptables => scale_to_zero_iptables(),
+        KubeProxyMode::Ipvs => scale_to_zero_ipvs(),
+        mode => bail!(
+            "scale_to_zero writes kube-proxy's iptables- and IPVS-mode rules, not {}",
+            mode.name()
+        ),
+    }
+}
+
 /// Scales the Service to zero as kube-proxy's iptables mode writes it
 /// (`pkg/proxy/iptables/proxier.go`, `syncProxyRules`: no endpoints, "we will not generate
 /// any chains in the "nat" table for the service; only rules in the "filter" table rejecting
 /// incoming packets"): its `KUBE-SERVICES` nat rule and chains go, and the filter chain
 /// `KUBE-SERVICES` (jumped from `OUTPUT` and `FORWARD` for new connections) REJECTs its
-/// ClusterIP:port, "<svc> has no endpoints". The node's conntrack entries are left as they
-/// are. iptables mode only.
-pub fn scale_to_zero() -> Result<()> {
-    if kube_proxy::node_mode()? != KubeProxyMode::Iptables {
-        bail!("scale_to_zero writes kube-proxy's iptables-mode rules");
-    }
+/// ClusterIP:port, "<svc> has no endpoints".
+fn scale_to_zero_iptables() -> Result<()> {
     let nat = format!(
         "*nat\n\
          -D KUBE-SERVICES -d {STATSD_CLUSTER_IP}/32 -p udp -m comment --comment \"{STATSD_SERVICE} cluster IP\" -m udp --dport {STATSD_PORT} -j {SVC_CHAIN}\n\
@@ -262,6 +271,33 @@ pub fn scale_to_zero() -> Result<()> {
     restore_rules(NS_NODE, "iptables-restore", &filter)
         .context("the statsd Service's no-endpoints REJECT")?;
     Ok(())
+}
+
+/// Scales the Service to zero as kube-proxy's IPVS mode does (`pkg/proxy/ipvs/proxier.go`,
+/// `syncProxyRules`: `syncService` runs for every Service port, endpoints or not, so the
+/// virtual service and its ClusterIP on kube-ipvs0 stay; `syncEndpoint` hands each real
+/// server no longer an endpoint to `GracefulDeleteRS`, which deletes a UDP one at once,
+/// `pkg/proxy/ipvs/graceful_termination.go`, `deleteRsFunc`): the virtual service is left with
+/// no real server.
+fn scale_to_zero_ipvs() -> Result<()> {
+    let vs = SocketAddrV4::new(STATSD_CLUSTER_IP, STATSD_PORT).to_string();
+    let old = SocketAddrV4::new(POD_B_IP, OLD_ENDPOINT_PORT).to_string();
+    exec(NS_NODE, &["ipvsadm", "-d", "-u", &vs, "-r", &old]).map(drop)
+}
+
+/// IPVS mode: the Service scaled back up with a new endpoint, pod B:8126 (a new pod): kube-proxy
+/// adds it as the virtual service's real server (`syncEndpoint`, `AddRealServer`).
+pub fn scale_back_up_ipvs() -> Result<()> {
+    if kube_proxy::node_mode()? != KubeProxyMode::Ipvs {
+        bail!("scale_back_up_ipvs writes kube-proxy's IPVS-mode real server");
+    }
+    let vs = SocketAddrV4::new(STATSD_CLUSTER_IP, STATSD_PORT).to_string();
+    let new = SocketAddrV4::new(POD_B_IP, NEW_ENDPOINT_PORT).to_string();
+    exec(
+        NS_NODE,
+        &["ipvsadm", "-a", "-u", &vs, "-r", &new, "-m", "-w", "1"],
+    )
+    .map(drop)
 }
 
 /// A sender in pod A: one datagram to the ClusterIP every `every` from `source_port` (0: a
