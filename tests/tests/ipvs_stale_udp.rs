@@ -13,7 +13,12 @@
 //! - the real server deleted and a new one added (kube-proxy deletes a UDP real server at
 //!   once, `pkg/proxy/ipvs/graceful_termination.go`): the datagrams reach the new one;
 //! - the sender started before the virtual service existed: its conntrack entry stays
-//!   un-NATed, and the datagrams reach the endpoint anyway.
+//!   un-NATed, and the datagrams reach the endpoint anyway;
+//! - the Service scaled to zero and back (kubernetes#139628's own sequence): kube-proxy keeps
+//!   the virtual service with no real server (`pkg/proxy/ipvs/proxier.go`, `syncProxyRules`
+//!   syncs every Service port's virtual service, endpoints or not; `syncEndpoint` deletes each
+//!   gone real server, a UDP one at once), then adds the new endpoint's: the datagrams sent
+//!   meanwhile reach nobody, and once it is back they reach the new endpoint.
 //!
 //! Each test fails if the datagrams stop reaching the current endpoint, or if the agent
 //! reports `stale_udp_conntrack` (the un-NATed entry looks like iptables mode's shape).
@@ -44,6 +49,9 @@ const EVERY: Duration = Duration::from_millis(300);
 const QUIET: Duration = Duration::from_secs(22);
 /// Datagrams arriving, on a slow guest.
 const ARRIVE: Duration = Duration::from_secs(20);
+/// Each half of the time the Service stays at zero under the sender: one stale-UDP dump and
+/// more each.
+const ZERO: Duration = Duration::from_secs(6);
 
 fn in_vm(test: &str) -> bool {
     if std::env::var_os("CLB_VM").is_none() {
@@ -164,5 +172,47 @@ fn ipvs_mode_a_sender_started_before_the_virtual_service_reaches_it_and_nothing_
     // The shape's precondition held throughout: the same un-NATed entry carried them.
     let entries = stale_udp::entries().unwrap();
     assert!(entries.contains(&un_nated), "{entries}");
+    drop((sender, agent, lab));
+}
+
+/// Path (c), kubernetes#139628's sequence: the Service scaled to zero under the sender (the
+/// virtual service kept with no real server, as kube-proxy leaves it), then back up with a new
+/// endpoint (pod B:8126 added as the real server). While at zero no datagram reaches pod B;
+/// once back, the sender's next datagrams reach the new endpoint whatever conntrack kept from
+/// before; nothing is reported. Were IPVS to keep following a stale entry, no datagram would
+/// reach 8126 and the test fails.
+#[test]
+fn ipvs_mode_a_udp_service_scaled_to_zero_and_back_reaches_the_new_endpoint_and_nothing_is_reported()
+ {
+    if !in_vm("ipvs_mode_stale_udp_scaled_to_zero_and_back") {
+        return;
+    }
+    let (lab, agent) = ipvs_lab_and_agent();
+    stale_udp::serve_statsd().expect("the statsd Service and its sink");
+    let sender = stale_udp::Sender::start(SENDER_PORT, EVERY).expect("sender");
+    wait_delivered(OLD_ENDPOINT_PORT, 0);
+    show("on the first real server");
+    stale_udp::scale_to_zero().expect("scale the Service to zero");
+    // The sender goes on against the virtual service with no real server: a dump's period and
+    // more, so whatever the first datagrams after the delete do has happened.
+    std::thread::sleep(ZERO);
+    let at_zero = stale_udp::delivered(OLD_ENDPOINT_PORT).unwrap();
+    show("scaled to zero");
+    std::thread::sleep(ZERO);
+    assert_eq!(
+        stale_udp::delivered(OLD_ENDPOINT_PORT).unwrap(),
+        at_zero,
+        "the deleted real server still gets datagrams"
+    );
+    assert_eq!(stale_udp::delivered(NEW_ENDPOINT_PORT).unwrap(), 0);
+    stale_udp::scale_back_up_ipvs().expect("scale the Service back up");
+    let first_new = wait_delivered(NEW_ENDPOINT_PORT, 0);
+    show("scaled back up");
+    delivered_and_unreported(&agent, NEW_ENDPOINT_PORT, first_new);
+    assert_eq!(
+        stale_udp::delivered(OLD_ENDPOINT_PORT).unwrap(),
+        at_zero,
+        "the deleted real server got datagrams after the scale-up"
+    );
     drop((sender, agent, lab));
 }

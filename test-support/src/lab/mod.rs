@@ -29,6 +29,7 @@ mod scenario;
 pub mod servers;
 pub mod source_ranges;
 pub mod stale_udp;
+pub mod stale_udp6;
 mod status;
 pub(crate) mod switch;
 mod udp;

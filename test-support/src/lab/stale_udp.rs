@@ -10,7 +10,7 @@
 //! lab in IPVS mode, as an IPVS virtual service ([`write_ipvs`]).
 
 use std::{
-    net::{Ipv4Addr, SocketAddrV4, UdpSocket},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, UdpSocket},
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -231,17 +231,26 @@ pub fn move_endpoint() -> Result<()> {
     write_rules(NEW_ENDPOINT_PORT, false).context("moving the statsd Service's endpoint")
 }
 
+/// Scales the Service to zero in the node's kube-proxy mode: iptables (`scale_to_zero_iptables`)
+/// or IPVS (`scale_to_zero_ipvs`). The node's conntrack entries are left as they are.
+pub fn scale_to_zero() -> Result<()> {
+    match kube_proxy::node_mode()? {
+        KubeProxyMode::Iptables => scale_to_zero_iptables(),
+        KubeProxyMode::Ipvs => scale_to_zero_ipvs(),
+        mode => bail!(
+            "scale_to_zero writes kube-proxy's iptables- and IPVS-mode rules, not {}",
+            mode.name()
+        ),
+    }
+}
+
 /// Scales the Service to zero as kube-proxy's iptables mode writes it
 /// (`pkg/proxy/iptables/proxier.go`, `syncProxyRules`: no endpoints, "we will not generate
 /// any chains in the "nat" table for the service; only rules in the "filter" table rejecting
 /// incoming packets"): its `KUBE-SERVICES` nat rule and chains go, and the filter chain
 /// `KUBE-SERVICES` (jumped from `OUTPUT` and `FORWARD` for new connections) REJECTs its
-/// ClusterIP:port, "<svc> has no endpoints". The node's conntrack entries are left as they
-/// are. iptables mode only.
-pub fn scale_to_zero() -> Result<()> {
-    if kube_proxy::node_mode()? != KubeProxyMode::Iptables {
-        bail!("scale_to_zero writes kube-proxy's iptables-mode rules");
-    }
+/// ClusterIP:port, "<svc> has no endpoints".
+fn scale_to_zero_iptables() -> Result<()> {
     let nat = format!(
         "*nat\n\
          -D KUBE-SERVICES -d {STATSD_CLUSTER_IP}/32 -p udp -m comment --comment \"{STATSD_SERVICE} cluster IP\" -m udp --dport {STATSD_PORT} -j {SVC_CHAIN}\n\
@@ -264,6 +273,33 @@ pub fn scale_to_zero() -> Result<()> {
     Ok(())
 }
 
+/// Scales the Service to zero as kube-proxy's IPVS mode does (`pkg/proxy/ipvs/proxier.go`,
+/// `syncProxyRules`: `syncService` runs for every Service port, endpoints or not, so the
+/// virtual service and its ClusterIP on kube-ipvs0 stay; `syncEndpoint` hands each real
+/// server no longer an endpoint to `GracefulDeleteRS`, which deletes a UDP one at once,
+/// `pkg/proxy/ipvs/graceful_termination.go`, `deleteRsFunc`): the virtual service is left with
+/// no real server.
+fn scale_to_zero_ipvs() -> Result<()> {
+    let vs = SocketAddrV4::new(STATSD_CLUSTER_IP, STATSD_PORT).to_string();
+    let old = SocketAddrV4::new(POD_B_IP, OLD_ENDPOINT_PORT).to_string();
+    exec(NS_NODE, &["ipvsadm", "-d", "-u", &vs, "-r", &old]).map(drop)
+}
+
+/// IPVS mode: the Service scaled back up with a new endpoint, pod B:8126 (a new pod): kube-proxy
+/// adds it as the virtual service's real server (`syncEndpoint`, `AddRealServer`).
+pub fn scale_back_up_ipvs() -> Result<()> {
+    if kube_proxy::node_mode()? != KubeProxyMode::Ipvs {
+        bail!("scale_back_up_ipvs writes kube-proxy's IPVS-mode real server");
+    }
+    let vs = SocketAddrV4::new(STATSD_CLUSTER_IP, STATSD_PORT).to_string();
+    let new = SocketAddrV4::new(POD_B_IP, NEW_ENDPOINT_PORT).to_string();
+    exec(
+        NS_NODE,
+        &["ipvsadm", "-a", "-u", &vs, "-r", &new, "-m", "-w", "1"],
+    )
+    .map(drop)
+}
+
 /// A sender in pod A: one datagram to the ClusterIP every `every` from `source_port` (0: a
 /// new socket, so a new port, for each datagram), until dropped.
 pub struct Sender {
@@ -273,16 +309,26 @@ pub struct Sender {
 
 impl Sender {
     pub fn start(source_port: u16, every: Duration) -> Result<Sender> {
+        let dst = SocketAddr::from(SocketAddrV4::new(STATSD_CLUSTER_IP, STATSD_PORT));
+        Sender::start_to(dst, source_port, every)
+    }
+
+    /// [`Sender::start`] to `dst`, an IPv4 or an IPv6 Service address (bound to the
+    /// unspecified address of its family).
+    pub fn start_to(dst: SocketAddr, source_port: u16, every: Duration) -> Result<Sender> {
+        let unspecified = match dst {
+            SocketAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            SocketAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+        };
         let bind = move || {
             in_netns(NS_POD_A, move || {
-                UdpSocket::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, source_port))
+                UdpSocket::bind(SocketAddr::new(unspecified, source_port))
                     .context("bind the sender")
             })
         };
         let first = bind()?;
         let stop = Arc::new(AtomicBool::new(false));
         let stopped = stop.clone();
-        let dst = SocketAddrV4::new(STATSD_CLUSTER_IP, STATSD_PORT);
         let thread = std::thread::spawn(move || {
             let mut sock = Some(first);
             while !stopped.load(Ordering::Relaxed) {
@@ -318,9 +364,21 @@ impl Drop for Sender {
 
 /// The node's conntrack entries to the ClusterIP, as `conntrack -L` prints them.
 pub fn entries() -> Result<String> {
+    entries_to(IpAddr::V4(STATSD_CLUSTER_IP))
+}
+
+/// The node's UDP conntrack entries to `service_ip` (with `-f ipv6` for an IPv6 one),
+/// as `conntrack -L` prints them.
+pub fn entries_to(service_ip: IpAddr) -> Result<String> {
+    let family: &[&str] = if service_ip.is_ipv6() {
+        &["-f", "ipv6"]
+    } else {
+        &[]
+    };
     let o = std::process::Command::new("ip")
-        .args(["netns", "exec", NS_NODE, "conntrack", "-L", "-p", "udp"])
-        .args(["--orig-dst", &STATSD_CLUSTER_IP.to_string()])
+        .args(["netns", "exec", NS_NODE, "conntrack", "-L"])
+        .args(family)
+        .args(["-p", "udp", "--orig-dst", &service_ip.to_string()])
         .output()
         .context("conntrack -L")?;
     Ok(String::from_utf8_lossy(&o.stdout).into_owned())

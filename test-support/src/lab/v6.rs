@@ -1,5 +1,5 @@
 //! The dual-stack layer of the lab (iptables mode; IPVS mode without kube-proxy's ip6tables
-//! nat rules, [`Lab::serve_vip6_by_ipvs`]): IPv6 addresses from the documentation
+//! nat rules, [`Lab::serve_vip6_by_ipvs`]; nftables mode without them): IPv6 addresses from the documentation
 //! prefix 2001:db8::/32 on every namespace, the LB's and kube-proxy's rules in `ip6tables`,
 //! IPv6 servers beside the IPv4 ones, and the three failures driven over IPv6
 //! ([`Scenario6`]). Added to a lab that is up ([`Lab::add_ipv6`]); removed with it.
@@ -92,12 +92,19 @@ impl Scenario6 {
 impl Lab {
     /// Adds the dual-stack layer to the lab that is up, VIP6 not bound. In iptables mode with
     /// kube-proxy's ip6tables rules for `default/web`; in IPVS mode without them (IPVS serves
-    /// VIP6: [`Lab::serve_vip6_by_ipvs`]).
+    /// VIP6: [`Lab::serve_vip6_by_ipvs`]); in nftables mode without them too (a test writes its
+    /// Service into `ip6 kube-proxy`: [`super::stale_udp6`]).
     pub fn add_ipv6(&self) -> Result<()> {
         net::require_up()?;
         let mode = kube_proxy::node_mode()?;
-        if !matches!(mode, KubeProxyMode::Iptables | KubeProxyMode::Ipvs) {
-            bail!("the dual-stack lab variant is built for kube-proxy's iptables and IPVS modes");
+        if !matches!(
+            mode,
+            KubeProxyMode::Iptables | KubeProxyMode::Ipvs | KubeProxyMode::Nftables
+        ) {
+            bail!(
+                "the dual-stack lab variant is built for kube-proxy's iptables, IPVS and \
+                 nftables modes"
+            );
         }
         for ns in NAMESPACES {
             sysctl(

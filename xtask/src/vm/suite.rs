@@ -66,8 +66,9 @@ pub const THREE_KINDS_TEST: &str = "ipvs_mode_failures_are_confirmed_and_twins_a
 /// - 6.1 also runs IPVS mode with the API's table (issue #52): the per-question virtual-service
 ///   look-up (`IPVS_CMD_GET_SERVICE`) names a port the API serves and IPVS lacks.
 /// - on 5.10 and 6.12, issue #51's stale UDP shape in IPVS mode (ipvs_stale_udp.rs): real
-///   IPVS carries a fixed-port sender's datagrams to the current endpoint both ways in (the
-///   real server replaced; the sender older than the virtual service), nothing reported;
+///   IPVS carries a fixed-port sender's datagrams to the current endpoint every way in (the
+///   real server replaced; the sender older than the virtual service; the Service scaled to
+///   zero and back), nothing reported;
 ///   and its source-range shape over IPv6 (ipvs_source_ranges6.rs: the IPv6 proxier's
 ///   `KUBE-6-` ipsets and ip6tables chains), confirmed with its silent twin (5.10 names the
 ///   drop from its `nf_hook_slow` site, 6.12 from its reason).
@@ -150,11 +151,13 @@ const IPVS_SOURCE_RANGES6: &[&str] = &[
     "ipvs_mode_ipv6_source_ranges_with_the_pod_range_report_nothing",
 ];
 
-/// Issue #51's stale UDP shape in IPVS mode: both ways into it, the datagrams delivered and
-/// nothing reported.
+/// Issue #51's stale UDP shape in IPVS mode: each way into it (the real server replaced, the
+/// sender older than the virtual service, the Service scaled to zero and back), the datagrams
+/// delivered and nothing reported.
 const IPVS_STALE_UDP: &[&str] = &[
     "ipvs_mode_a_fixed_port_udp_sender_follows_the_real_server_change_and_nothing_is_reported",
     "ipvs_mode_a_sender_started_before_the_virtual_service_reaches_it_and_nothing_is_reported",
+    "ipvs_mode_a_udp_service_scaled_to_zero_and_back_reaches_the_new_endpoint_and_nothing_is_reported",
 ];
 
 /// Issue #51's source-range shape: a pod outside `loadBalancerSourceRanges` confirmed, the

@@ -1,0 +1,234 @@
+//! The stale UDP conntrack black hole over IPv6 (issue #51, shape 3; kubernetes#139628), on the
+//! dual-stack lab ([`super::Lab::add_ipv6`]): the statsd Service of [`super::stale_udp`] with
+//! an IPv6 ClusterIP, its endpoint pod B's IPv6 address at 8125, then moved to 8126 while
+//! nothing deletes the node's conntrack entry. Pod B's sink reads both ports and answers on the
+//! new one only: the entry to the gone endpoint stays UNREPLIED, the one to the current endpoint
+//! is replied (the twin).
+//!
+//! The rules are kube-proxy's IPv6 proxier's: in iptables mode `ip6tables` nat chains
+//! (`pkg/proxy/iptables/proxier.go`, one proxier per family), in nftables mode the table
+//! `ip6 kube-proxy` (`pkg/proxy/nftables/proxier.go`: the same table in the `ip6` family, with
+//! `ipv6_addr` sets and maps and `ip6 daddr` matches).
+
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+
+use anyhow::{Context, Result, bail};
+
+use super::{
+    KubeProxyMode, NS_NODE, NS_POD_B,
+    cmd::{restore_rules, run_detached, run_stdin},
+    kube_proxy,
+    nft::NFT_TABLE,
+    servers::SERVER_TAG,
+    stale_udp::{NEW_ENDPOINT_PORT, OLD_ENDPOINT_PORT, STATSD_PORT, STATSD_SERVICE},
+    v6::POD_B_IP6,
+};
+
+/// The Service's IPv6 ClusterIP (the dual-stack Service's second `clusterIPs` entry).
+pub const STATSD_CLUSTER_IP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x96, 0, 0, 0, 0, 0x30);
+
+/// The ClusterIP and port, as the sender calls it.
+pub fn statsd6() -> SocketAddr {
+    SocketAddr::new(IpAddr::V6(STATSD_CLUSTER_IP6), STATSD_PORT)
+}
+
+/// The IPv6 proxier's iptables chains for the Service (made-up hashes of kube-proxy's shape;
+/// each family's proxier hashes its own names).
+const SVC_CHAIN6: &str = "KUBE-SVC-CLBSTATSDUDP6812";
+const OLD_SEP_CHAIN6: &str = "KUBE-SEP-CLBSTATSD6EPOLD1";
+const NEW_SEP_CHAIN6: &str = "KUBE-SEP-CLBSTATSD6EPNEW1";
+
+/// Pod B's IPv6 sink: reads datagrams on the first port and answers none (the endpoint that
+/// goes away), answers each one on the second (the current endpoint).
+const SINK6_PY: &str = r#"
+import select, socket, sys
+socks = {}
+for port in sys.argv[2:4]:
+    s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    s.bind(("::", int(port)))
+    socks[s] = port == sys.argv[3]
+while True:
+    for s in select.select(list(socks), [], [])[0]:
+        data, peer = s.recvfrom(2048)
+        if socks[s]:
+            s.sendto(b"ok\n", peer)
+"#;
+
+/// The Service's `ip6tables` nat rules with its endpoint on pod B at `endpoint_port`, as the
+/// IPv6 proxier writes them (the `KUBE-SERVICES` rule once: `with_service_rule`; the SVC chain
+/// re-declared, so flushed).
+fn ip6tables_rules(endpoint_port: u16, with_service_rule: bool) -> String {
+    let sep = if endpoint_port == OLD_ENDPOINT_PORT {
+        OLD_SEP_CHAIN6
+    } else {
+        NEW_SEP_CHAIN6
+    };
+    let service_rule = if with_service_rule {
+        format!(
+            "-A KUBE-SERVICES -d {STATSD_CLUSTER_IP6}/128 -p udp -m comment --comment \"{STATSD_SERVICE} cluster IP\" -m udp --dport {STATSD_PORT} -j {SVC_CHAIN6}\n"
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        r#"*nat
+:{SVC_CHAIN6} - [0:0]
+:{sep} - [0:0]
+{service_rule}-A {SVC_CHAIN6} -m comment --comment "{STATSD_SERVICE} -> [{POD_B_IP6}]:{endpoint_port}" -j {sep}
+-A {sep} -s {POD_B_IP6}/128 -m comment --comment "{STATSD_SERVICE}" -j KUBE-MARK-MASQ
+-A {sep} -p udp -m comment --comment "{STATSD_SERVICE}" -m udp -j DNAT --to-destination [{POD_B_IP6}]:{endpoint_port}
+COMMIT
+"#
+    )
+}
+
+/// kube-proxy's nftables chains for the Service in `ip6 kube-proxy`
+/// (`pkg/proxy/nftables/proxier.go`, `hashAndTruncate`; `servicePortEndpointChainNameBase`
+/// writes an IPv6 endpoint's colons as dots): base32(sha256(name))[:8] of
+/// "monitoring/statsd/udp/statsd" and of it with "__2001.db8.19.1..11/<port>" appended.
+const NFT_SVC_CHAIN6: &str = "service-XTVCXYO3-monitoring/statsd/udp/statsd";
+const NFT_OLD_EP_CHAIN6: &str =
+    "endpoint-DGDHXOF5-monitoring/statsd/udp/statsd__2001.db8.19.1..11/8125";
+const NFT_NEW_EP_CHAIN6: &str =
+    "endpoint-YYZKF3Z5-monitoring/statsd/udp/statsd__2001.db8.19.1..11/8126";
+
+/// The table `ip6 kube-proxy` before any Service: kube-proxy's sets, maps, base chains and
+/// helpers (those of the lab's `ip` table, `nft.rs`, in the `ip6` family).
+const IP6_KUBE_PROXY_BASE: &str = r#"table ip6 kube-proxy {
+	comment "rules for kube-proxy"
+	set cluster-ips {
+		type ipv6_addr
+		comment "Active ClusterIPs"
+	}
+	set nodeport-ips {
+		type ipv6_addr
+		comment "IPs that accept NodePort traffic"
+	}
+	map no-endpoint-services {
+		type ipv6_addr . inet_proto . inet_service : verdict
+		comment "vmap to drop or reject packets to services with no endpoints"
+	}
+	map firewall-ips {
+		type ipv6_addr . inet_proto . inet_service : verdict
+		comment "destinations that are subject to LoadBalancerSourceRanges"
+	}
+	map service-ips {
+		type ipv6_addr . inet_proto . inet_service : verdict
+		comment "ClusterIP, ExternalIP and LoadBalancer IP traffic"
+	}
+	map service-nodeports {
+		type inet_proto . inet_service : verdict
+		comment "NodePort traffic"
+	}
+	chain filter-forward {
+		type filter hook forward priority -110; policy accept;
+		ct state new jump service-endpoints-check
+		ct state new jump cluster-ips-check
+	}
+	chain nat-prerouting {
+		type nat hook prerouting priority dstnat; policy accept;
+		jump services
+	}
+	chain nat-output {
+		type nat hook output priority -100; policy accept;
+		jump services
+	}
+	chain nat-postrouting {
+		type nat hook postrouting priority srcnat; policy accept;
+		jump masquerading
+	}
+	chain cluster-ips-check {
+		ip6 daddr @cluster-ips reject comment "Reject traffic to invalid ports of ClusterIPs"
+	}
+	chain service-endpoints-check {
+		ip6 daddr . meta l4proto . th dport vmap @no-endpoint-services
+	}
+	chain mark-for-masquerade {
+		meta mark set meta mark | 0x00004000
+	}
+	chain masquerading {
+		meta mark & 0x00004000 == 0x00000000 return
+		meta mark set meta mark ^ 0x00004000
+		masquerade fully-random
+	}
+	chain services {
+		ip6 daddr . meta l4proto . th dport vmap @service-ips
+		ip6 daddr @nodeport-ips meta l4proto . th dport vmap @service-nodeports
+	}
+}
+"#;
+
+/// The Service's chains in `ip6 kube-proxy` with its endpoint on pod B at `endpoint_port` (see
+/// `stale_udp`'s `nft_rules`: the same steps, IPv6); `first` also loads the table and adds the
+/// ClusterIP's `cluster-ips` and `service-ips` elements.
+fn nft6_rules(endpoint_port: u16, first: bool) -> String {
+    let t = NFT_TABLE;
+    let (svc, old, new) = (NFT_SVC_CHAIN6, NFT_OLD_EP_CHAIN6, NFT_NEW_EP_CHAIN6);
+    let ep = if endpoint_port == OLD_ENDPOINT_PORT {
+        old
+    } else {
+        new
+    };
+    let mut s = if first {
+        IP6_KUBE_PROXY_BASE.to_string()
+    } else {
+        String::new()
+    };
+    for c in [svc, ep] {
+        s += &format!("add chain ip6 {t} {c}\nflush chain ip6 {t} {c}\n");
+    }
+    s += &format!("add rule ip6 {t} {ep} ip6 saddr {POD_B_IP6} jump mark-for-masquerade\n");
+    s += &format!("add rule ip6 {t} {ep} meta l4proto udp dnat to [{POD_B_IP6}]:{endpoint_port}\n");
+    s += &format!("add rule ip6 {t} {svc} numgen random mod 1 vmap {{ 0 : goto {ep} }}\n");
+    if ep == new {
+        s += &format!("flush chain ip6 {t} {old}\n");
+    }
+    if first {
+        s += &format!("add element ip6 {t} cluster-ips {{ {STATSD_CLUSTER_IP6} }}\n");
+        s += &format!(
+            "add element ip6 {t} service-ips {{ {STATSD_CLUSTER_IP6} . udp . {STATSD_PORT} : goto {svc} }}\n"
+        );
+    }
+    s
+}
+
+/// Writes the Service's IPv6 rules in the node's kube-proxy mode (iptables or nftables).
+fn write_rules6(endpoint_port: u16, first: bool) -> Result<()> {
+    match kube_proxy::node_mode()? {
+        KubeProxyMode::Iptables => restore_rules(
+            NS_NODE,
+            "ip6tables-restore",
+            &ip6tables_rules(endpoint_port, first),
+        )
+        .map(drop),
+        KubeProxyMode::Nftables => run_stdin(
+            &["ip", "netns", "exec", NS_NODE, "nft", "-f", "-"],
+            &nft6_rules(endpoint_port, first),
+        )
+        .map(drop),
+        mode => bail!(
+            "the statsd Service's IPv6 rules are written for kube-proxy's iptables and nftables \
+             modes, not {}",
+            mode.name()
+        ),
+    }
+}
+
+/// Starts pod B's IPv6 sink (silent on 8125, answering on 8126) and writes the Service's IPv6
+/// rules with pod B:8125 as its endpoint. The dual-stack layer first; removed with the lab.
+pub fn serve_statsd6() -> Result<()> {
+    let (old, new) = (OLD_ENDPOINT_PORT.to_string(), NEW_ENDPOINT_PORT.to_string());
+    let argv = [
+        "ip", "netns", "exec", NS_POD_B, "setsid", "-f", "python3", "-c", SINK6_PY, SERVER_TAG,
+        &old, &new,
+    ];
+    run_detached(&argv).context("starting the IPv6 statsd sink in pod B")?;
+    write_rules6(OLD_ENDPOINT_PORT, true).context("kube-proxy's IPv6 rules for statsd")
+}
+
+/// Moves the Service's IPv6 endpoint to pod B:8126; the node's conntrack entries are left as
+/// they are.
+pub fn move_endpoint6() -> Result<()> {
+    write_rules6(NEW_ENDPOINT_PORT, false).context("moving the statsd Service's IPv6 endpoint")
+}
