@@ -124,7 +124,7 @@ impl IpFamily {
         }
     }
 
-    fn restore(self) -> &'static str {
+    pub(crate) fn restore(self) -> &'static str {
         match self {
             IpFamily::V4 => "iptables-restore",
             IpFamily::V6 => "ip6tables-restore",
@@ -148,7 +148,7 @@ impl IpFamily {
     }
 
     /// The LB IP as kube-proxy's rules match it.
-    fn lb_ip(self) -> String {
+    pub(crate) fn lb_ip(self) -> String {
         match self {
             IpFamily::V4 => format!("{VIP}/32"),
             IpFamily::V6 => format!("{VIP6}/128"),
@@ -207,7 +207,12 @@ fn iptables_firewall_jump(chain: &str) -> Vec<String> {
 
 /// Inserts `rule` (chain first) at position 1 of `table` unless it is there (`on`), or
 /// deletes every copy (`!on`).
-fn iptables_first(family: IpFamily, table: &str, rule: &[String], on: bool) -> Result<()> {
+pub(crate) fn iptables_first(
+    family: IpFamily,
+    table: &str,
+    rule: &[String],
+    on: bool,
+) -> Result<()> {
     let rule: Vec<&str> = rule.iter().map(String::as_str).collect();
     let with = |op: &'static str| {
         let mut a = vec![family.cmd(), "-w", "-t", table, op];
