@@ -78,7 +78,7 @@ pub fn ranges_from_netlink(
         if !drops {
             continue;
         }
-        let ranges = match saddr_match(&r.exprs) {
+        let ranges = match saddr_match(family, &r.exprs) {
             Some(SaddrMatch::NotInSet(set)) => {
                 intervals(&nft_netlink::set_elems(family, table, &set)?)
             }
@@ -98,9 +98,22 @@ enum SaddrMatch {
     NotEqual(SourceRange),
 }
 
+/// Where `family`'s source address sits in the network header: (offset, width).
+fn saddr_field(family: u8) -> (u32, usize) {
+    if family == super::changes::FAMILY_IP6 {
+        (8, 16)
+    } else {
+        (12, 4)
+    }
+}
+
 /// The rule's `saddr != ...` match: the source address loaded from the network header
-/// (offset 12 in IPv4, 8 in IPv6), then an inverted look-up or a not-equal compare.
-fn saddr_match(exprs: &[Expr]) -> Option<SaddrMatch> {
+/// (`family`'s [`saddr_field`]), then an inverted look-up or a not-equal compare. For one
+/// prefix nft loads only the prefix's whole bytes (`ip6 saddr != 2001:db8:51::/48`: 6 bytes
+/// at offset 8, then the compare; a bitwise mask only for a partial last byte), so a compare
+/// of fewer bytes than an address is the prefix those bytes start.
+fn saddr_match(family: u8, exprs: &[Expr]) -> Option<SaddrMatch> {
+    let (saddr_offset, width) = saddr_field(family);
     let mut saddr_reg = None;
     let mut mask: Option<&[u8]> = None;
     for e in exprs {
@@ -110,7 +123,7 @@ fn saddr_match(exprs: &[Expr]) -> Option<SaddrMatch> {
                 base: wire::NFT_PAYLOAD_NETWORK_HEADER,
                 offset,
                 len,
-            } if (*offset, *len) == (12, 4) || (*offset, *len) == (8, 16) => {
+            } if *offset == saddr_offset && (1..=width).contains(&(*len as usize)) => {
                 saddr_reg = Some(*dreg);
             }
             Expr::Bitwise { sreg, mask: m, .. } if Some(*sreg) == saddr_reg => {
@@ -127,20 +140,34 @@ fn saddr_match(exprs: &[Expr]) -> Option<SaddrMatch> {
             Expr::Cmp { sreg, op, data }
                 if Some(*sreg) == saddr_reg && *op == wire::NFT_CMP_NEQ =>
             {
-                let first = addr_of(data)?;
-                let last = match mask {
-                    Some(m) if m.len() == data.len() => {
-                        let ones: Vec<u8> = data.iter().zip(m).map(|(d, m)| d | !m).collect();
-                        addr_of(&ones)?
-                    }
-                    _ => first,
-                };
-                return Some(SaddrMatch::NotEqual(SourceRange { first, last }));
+                return prefix_of(data, mask, width).map(SaddrMatch::NotEqual);
             }
             _ => {}
         }
     }
     None
+}
+
+/// The range a not-equal compare of `data` (the loaded bytes, under `mask` if any) stands
+/// for: the bytes not loaded or masked off are free, from all zeros to all ones.
+fn prefix_of(data: &[u8], mask: Option<&[u8]>, width: usize) -> Option<SourceRange> {
+    if data.is_empty() || data.len() > width {
+        return None;
+    }
+    let mask = match mask {
+        Some(m) if m.len() == data.len() => m.to_vec(),
+        _ => vec![0xff; data.len()],
+    };
+    let mut first = vec![0u8; width];
+    let mut last = vec![0xffu8; width];
+    for (i, (d, m)) in data.iter().zip(&mask).enumerate() {
+        first[i] = d & m;
+        last[i] = d | !m;
+    }
+    Some(SourceRange {
+        first: addr_of(&first)?,
+        last: addr_of(&last)?,
+    })
 }
 
 fn addr_of(bytes: &[u8]) -> Option<IpAddr> {
@@ -250,6 +277,7 @@ fn json_range(v: &Value) -> Option<SourceRange> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::changes::{FAMILY_IP, FAMILY_IP6};
 
     fn elem(key: [u8; 4], end: bool) -> SetElem {
         SetElem {
@@ -370,9 +398,58 @@ mod tests {
                 data: vec![198, 19, 0, 0],
             },
         ];
-        let Some(SaddrMatch::NotEqual(r)) = saddr_match(&exprs) else {
+        let Some(SaddrMatch::NotEqual(r)) = saddr_match(FAMILY_IP, &exprs) else {
             panic!("not read");
         };
         assert_eq!(r.to_string(), "198.19.0.0/16");
+    }
+
+    /// One prefix on a byte boundary, as nft 1.x writes it (`nft --debug=netlink`): only the
+    /// prefix's bytes loaded, no mask. `ip6 saddr != { 2001:db8:51::/48 } drop` is a 6-byte
+    /// load at offset 8 (the lab's IPv6 firewall read no range from it: the call was dropped
+    /// and nothing confirmed), `ip saddr != { 192.0.2.0/24 } drop` a 3-byte load at 12; a
+    /// partial last byte keeps its mask (`192.0.16.0/20`).
+    #[test]
+    fn netlink_short_compare_is_the_prefix_of_its_bytes() {
+        let read = |family, offset, data: &[u8], mask: Option<&[u8]>| {
+            let len = data.len() as u32;
+            let mut exprs = vec![Expr::Payload {
+                dreg: 1,
+                base: wire::NFT_PAYLOAD_NETWORK_HEADER,
+                offset,
+                len,
+            }];
+            exprs.extend(mask.map(|m| Expr::Bitwise {
+                sreg: 1,
+                dreg: 1,
+                len,
+                mask: m.to_vec(),
+                xor: vec![0; m.len()],
+            }));
+            exprs.push(Expr::Cmp {
+                sreg: 1,
+                op: wire::NFT_CMP_NEQ,
+                data: data.to_vec(),
+            });
+            match saddr_match(family, &exprs) {
+                Some(SaddrMatch::NotEqual(r)) => r.to_string(),
+                _ => panic!("not read"),
+            }
+        };
+        let v6 = [0x20, 0x01, 0x0d, 0xb8, 0x00, 0x51];
+        assert_eq!(read(FAMILY_IP6, 8, &v6, None), "2001:db8:51::/48");
+        assert_eq!(read(FAMILY_IP, 12, &[192, 0, 2], None), "192.0.2.0/24");
+        assert_eq!(
+            read(FAMILY_IP, 12, &[192, 0, 16], Some(&[255, 255, 0xf0])),
+            "192.0.16.0/20"
+        );
+        // The IPv6 offset read in the ip table is not the source (TTL, protocol, checksum).
+        let ttl = [Expr::Payload {
+            dreg: 1,
+            base: wire::NFT_PAYLOAD_NETWORK_HEADER,
+            offset: 8,
+            len: 1,
+        }];
+        assert!(saddr_match(FAMILY_IP, &ttl).is_none());
     }
 }

@@ -14,36 +14,56 @@
 //!   call that was not short-circuited dies in `FORWARD`.
 //!
 //! The lab has one node: pod-b stands in for the cluster-wide endpoint (on another node in a
-//! real cluster), so a short-circuited call is answered. iptables mode only. Removed with the
-//! lab.
+//! real cluster), so a short-circuited call is answered. iptables mode only; IPv6 too
+//! ([`set_web_local_in`]: the same rules in `ip6tables` for the dual-stack layer's VIP6 and
+//! pod-b's IPv6 address, as the IPv6 proxier writes them). Removed with the lab.
 
 use anyhow::{Context, Result, bail};
 
 use super::{
-    KubeProxyMode, NS_NODE, POD_B_IP, POD_PORT, VIP, VIP_NFT_ETP_LOCAL_PORT,
-    cmd::{iptables, iptables_ok, restore_rules},
+    KubeProxyMode, NS_NODE, POD_B_IP, POD_PORT, VIP_NFT_ETP_LOCAL_PORT,
+    cmd::restore_rules,
     kube_proxy,
+    source_ranges::{IpFamily, iptables_first},
+    v6::POD_B_IP6,
 };
 
 /// kube-proxy's chains for `default/web-local:http` (its hashes: base32(sha256(
 /// "default/web-local:http" + "tcp"))[:16], the endpoint chain with "198.19.1.11:8080"
-/// appended).
+/// appended; over IPv6 with "[2001:db8:19:1::11]:8080").
 pub const WEB_LOCAL_EXT_CHAIN: &str = "KUBE-EXT-V7ZMVOA2AOW6ATRL";
 pub const WEB_LOCAL_SVC_CHAIN: &str = "KUBE-SVC-V7ZMVOA2AOW6ATRL";
 pub const WEB_LOCAL_SVL_CHAIN: &str = "KUBE-SVL-V7ZMVOA2AOW6ATRL";
 pub const WEB_LOCAL_SEP_CHAIN: &str = "KUBE-SEP-XVFLJOFK7NP3H3NA";
+pub const WEB_LOCAL_SEP_CHAIN6: &str = "KUBE-SEP-UC6Z3B4HCGZQBTJF";
 /// kube-proxy's filter chain of external and LB IPs without (local) endpoints.
 pub const EXTERNAL_SERVICES_CHAIN: &str = "KUBE-EXTERNAL-SERVICES";
 
+/// `family`'s endpoint chain and pod-b as its rules write it: (chain, `-s` host, DNAT target).
+fn endpoint(family: IpFamily) -> (&'static str, String, String) {
+    match family {
+        IpFamily::V4 => (
+            WEB_LOCAL_SEP_CHAIN,
+            format!("{POD_B_IP}/32"),
+            format!("{POD_B_IP}:{POD_PORT}"),
+        ),
+        IpFamily::V6 => (
+            WEB_LOCAL_SEP_CHAIN6,
+            format!("{POD_B_IP6}/128"),
+            format!("[{POD_B_IP6}]:{POD_PORT}"),
+        ),
+    }
+}
+
 /// The nat chains of `default/web-local`, with the pod short circuit matching `detector`
 /// (`-s <CIDR>`, `-i <interface>`) when kube-proxy has one.
-fn nat_rules(detector: Option<&str>) -> String {
-    let (ext, svc, svl, sep) = (
+fn nat_rules(family: IpFamily, detector: Option<&str>) -> String {
+    let (ext, svc, svl) = (
         WEB_LOCAL_EXT_CHAIN,
         WEB_LOCAL_SVC_CHAIN,
         WEB_LOCAL_SVL_CHAIN,
-        WEB_LOCAL_SEP_CHAIN,
     );
+    let (sep, pod_b_host, pod_b) = endpoint(family);
     let name = "default/web-local:http";
     let short_circuit = detector
         .map(|d| {
@@ -63,19 +83,19 @@ fn nat_rules(detector: Option<&str>) -> String {
          -A {ext} -m comment --comment \"masquerade LOCAL traffic for {name} external destinations\" -m addrtype --src-type LOCAL -j KUBE-MARK-MASQ\n\
          -A {ext} -m comment --comment \"route LOCAL traffic for {name} external destinations\" -m addrtype --src-type LOCAL -j {svc}\n\
          -A {ext} -j {svl}\n\
-         -A {svc} -m comment --comment \"{name} -> {POD_B_IP}:{POD_PORT}\" -j {sep}\n\
-         -A {sep} -s {POD_B_IP}/32 -m comment --comment \"{name}\" -j KUBE-MARK-MASQ\n\
-         -A {sep} -p tcp -m comment --comment \"{name}\" -m tcp -j DNAT --to-destination {POD_B_IP}:{POD_PORT}\n\
+         -A {svc} -m comment --comment \"{name} -> {pod_b}\" -j {sep}\n\
+         -A {sep} -s {pod_b_host} -m comment --comment \"{name}\" -j KUBE-MARK-MASQ\n\
+         -A {sep} -p tcp -m comment --comment \"{name}\" -m tcp -j DNAT --to-destination {pod_b}\n\
          COMMIT\n"
     )
 }
 
 /// The `KUBE-SERVICES` rule of the LB IP (`<svc> loadbalancer IP`).
-fn lb_rule() -> Vec<String> {
+fn lb_rule(family: IpFamily) -> Vec<String> {
     [
         "KUBE-SERVICES",
         "-d",
-        &format!("{VIP}/32"),
+        &family.lb_ip(),
         "-p",
         "tcp",
         "-m",
@@ -94,11 +114,12 @@ fn lb_rule() -> Vec<String> {
 }
 
 /// `KUBE-EXTERNAL-SERVICES` with the drop of the LB IP:port.
-fn filter_rules() -> String {
+fn filter_rules(family: IpFamily) -> String {
+    let lb_ip = family.lb_ip();
     format!(
         "*filter\n\
          :{EXTERNAL_SERVICES_CHAIN} - [0:0]\n\
-         -A {EXTERNAL_SERVICES_CHAIN} -d {VIP}/32 -p tcp -m comment --comment \"default/web-local:http has no local endpoints\" -m tcp --dport {VIP_NFT_ETP_LOCAL_PORT} -j DROP\n\
+         -A {EXTERNAL_SERVICES_CHAIN} -d {lb_ip} -p tcp -m comment --comment \"default/web-local:http has no local endpoints\" -m tcp --dport {VIP_NFT_ETP_LOCAL_PORT} -j DROP\n\
          COMMIT\n"
     )
 }
@@ -112,34 +133,27 @@ fn jump(chain: &str) -> Vec<String> {
     )
 }
 
-/// Inserts `rule` (chain first) at position 1 of `table` unless it is there.
-fn ensure_first(table: &str, rule: &[String]) -> Result<()> {
-    let rule: Vec<&str> = rule.iter().map(String::as_str).collect();
-    let mut check = vec!["-t", table, "-C"];
-    check.extend_from_slice(&rule);
-    if iptables_ok(NS_NODE, &check) {
-        return Ok(());
-    }
-    let mut insert = vec!["-t", table, "-I", rule[0], "1"];
-    insert.extend_from_slice(&rule[1..]);
-    iptables(NS_NODE, &insert).map(drop)
-}
-
 /// Writes kube-proxy's iptables rules of `default/web-local` without a local endpoint (see
 /// the module docs): with `detector` (`-s <CIDR>` or `-i <interface>`) the external chain's
 /// pod short circuit matches what it says; without, kube-proxy has no local-traffic detector.
 /// Written again, the chains are replaced.
 pub fn set_web_local(detector: Option<&str>) -> Result<()> {
+    set_web_local_in(IpFamily::V4, detector)
+}
+
+/// [`set_web_local`] in `family`'s rules (IPv6: `ip6tables`, [VIP6]:8445 to pod-b's IPv6
+/// address; the dual-stack layer added first).
+pub fn set_web_local_in(family: IpFamily, detector: Option<&str>) -> Result<()> {
     if kube_proxy::node_mode()? != KubeProxyMode::Iptables {
         bail!("default/web-local's iptables rules are written for kube-proxy's iptables mode");
     }
-    restore_rules(NS_NODE, "iptables-restore", &nat_rules(detector))
+    restore_rules(NS_NODE, family.restore(), &nat_rules(family, detector))
         .context("kube-proxy's nat chains of default/web-local")?;
-    ensure_first("nat", &lb_rule())?;
-    restore_rules(NS_NODE, "iptables-restore", &filter_rules())
+    iptables_first(family, "nat", &lb_rule(family), true)?;
+    restore_rules(NS_NODE, family.restore(), &filter_rules(family))
         .context("kube-proxy's KUBE-EXTERNAL-SERVICES")?;
     for chain in ["INPUT", "FORWARD"] {
-        ensure_first("filter", &jump(chain))?;
+        iptables_first(family, "filter", &jump(chain), true)?;
     }
     Ok(())
 }

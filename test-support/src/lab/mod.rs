@@ -24,6 +24,7 @@ pub mod lb_probe;
 mod mode;
 pub mod net;
 pub mod nft;
+pub mod nft6;
 pub mod proxy_protocol;
 mod scenario;
 pub mod servers;

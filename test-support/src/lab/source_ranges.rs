@@ -5,7 +5,8 @@
 //! as kube-proxy's own test output has it), and in that chain `ip saddr != { ranges } drop`.
 //! The lab's table already has `firewall-ips` and `firewall-check` (in `filter-prerouting` and
 //! `filter-output` at priority -110, before DNAT): a pod's call from outside the ranges dies
-//! there, before the short-circuit to pod-b (kubernetes#109575).
+//! there, before the short-circuit to pod-b (kubernetes#109575). IPv6: the same in the
+//! dual-stack layer's `ip6 kube-proxy` table ([`set_source_ranges_in`], VIP6).
 
 //!
 //! iptables mode ([`set_iptables_source_ranges`]; kubernetes PR #110289, 1.25;
@@ -30,12 +31,19 @@ pub const NFT_FIREWALL_CHAIN: &str = "firewall-SUSTUHLJ-default/web/tcp/http";
 /// kube-proxy's map of firewalled destinations.
 pub const NFT_FIREWALL_IPS: &str = "firewall-ips";
 
-fn key() -> String {
-    format!("{{ {VIP} . tcp . {SERVICE_PORT} }}")
+/// `default/web`'s LB IP:port as a key of `family`'s `firewall-ips`.
+fn key(family: IpFamily) -> String {
+    format!("{{ {} . tcp . {SERVICE_PORT} }}", family.lb_addr())
 }
 
-/// Whether `default/web`'s LB IP:port is an element of `firewall-ips`.
+/// Whether `default/web`'s LB IP:port is an element of `firewall-ips` (the `ip` table).
 pub fn firewalled() -> bool {
+    firewalled_in(IpFamily::V4)
+}
+
+/// Whether `default/web`'s LB IP:port (VIP6 in the `ip6` table) is an element of
+/// `family`'s `firewall-ips`.
+pub fn firewalled_in(family: IpFamily) -> bool {
     succeeds(&[
         "ip",
         "netns",
@@ -44,10 +52,10 @@ pub fn firewalled() -> bool {
         "nft",
         "get",
         "element",
-        "ip",
+        family.nft(),
         NFT_TABLE,
         NFT_FIREWALL_IPS,
-        &key(),
+        &key(family),
     ])
 }
 
@@ -55,29 +63,38 @@ pub fn firewalled() -> bool {
 /// element), or none (`None`: the element goes, the chain is flushed and kept, as kube-proxy
 /// keeps a chain a map element pointed at for a moment). Needs the lab in nftables mode.
 pub fn set_source_ranges(ranges: Option<&[&str]>) -> Result<()> {
-    if firewalled() {
+    set_source_ranges_in(IpFamily::V4, ranges)
+}
+
+/// [`set_source_ranges`] in `family`'s table: IPv6 is the `ip6 kube-proxy` table of the
+/// dual-stack layer (`Lab::add_ipv6` in nftables mode) with VIP6 and `ip6 saddr`, as the
+/// IPv6 proxier writes it (`pkg/proxy/nftables/proxier.go`: `ipX` is "ip6" in
+/// `syncProxyRules`' `ipX saddr != { ranges } drop`).
+pub fn set_source_ranges_in(family: IpFamily, ranges: Option<&[&str]>) -> Result<()> {
+    let (fam, t, c) = (family.nft(), NFT_TABLE, NFT_FIREWALL_CHAIN);
+    if firewalled_in(family) {
         exec(
             NS_NODE,
             &[
                 "nft",
                 "delete",
                 "element",
-                "ip",
-                NFT_TABLE,
+                fam,
+                t,
                 NFT_FIREWALL_IPS,
-                &key(),
+                &key(family),
             ],
         )?;
     }
-    let (t, c) = (NFT_TABLE, NFT_FIREWALL_CHAIN);
-    let mut script = format!("add chain ip {t} {c}\nflush chain ip {t} {c}\n");
+    let mut script = format!("add chain {fam} {t} {c}\nflush chain {fam} {t} {c}\n");
     if let Some(ranges) = ranges {
         script += &format!(
-            "add rule ip {t} {c} ip saddr != {{ {} }} drop\n",
+            "add rule {fam} {t} {c} {fam} saddr != {{ {} }} drop\n",
             ranges.join(", ")
         );
         script += &format!(
-            "add element ip {t} {NFT_FIREWALL_IPS} {{ {VIP} . tcp . {SERVICE_PORT} : goto {c} }}\n"
+            "add element {fam} {t} {NFT_FIREWALL_IPS} {{ {} . tcp . {SERVICE_PORT} : goto {c} }}\n",
+            family.lb_addr()
         );
     }
     run_stdin(&["ip", "netns", "exec", NS_NODE, "nft", "-f", "-"], &script)
@@ -107,15 +124,31 @@ impl IpFamily {
         }
     }
 
-    fn restore(self) -> &'static str {
+    pub(crate) fn restore(self) -> &'static str {
         match self {
             IpFamily::V4 => "iptables-restore",
             IpFamily::V6 => "ip6tables-restore",
         }
     }
 
+    /// kube-proxy's nftables table family (and its address match keyword).
+    fn nft(self) -> &'static str {
+        match self {
+            IpFamily::V4 => "ip",
+            IpFamily::V6 => "ip6",
+        }
+    }
+
+    /// The LB IP.
+    fn lb_addr(self) -> std::net::IpAddr {
+        match self {
+            IpFamily::V4 => VIP.into(),
+            IpFamily::V6 => VIP6.into(),
+        }
+    }
+
     /// The LB IP as kube-proxy's rules match it.
-    fn lb_ip(self) -> String {
+    pub(crate) fn lb_ip(self) -> String {
         match self {
             IpFamily::V4 => format!("{VIP}/32"),
             IpFamily::V6 => format!("{VIP6}/128"),
@@ -174,7 +207,12 @@ fn iptables_firewall_jump(chain: &str) -> Vec<String> {
 
 /// Inserts `rule` (chain first) at position 1 of `table` unless it is there (`on`), or
 /// deletes every copy (`!on`).
-fn iptables_first(family: IpFamily, table: &str, rule: &[String], on: bool) -> Result<()> {
+pub(crate) fn iptables_first(
+    family: IpFamily,
+    table: &str,
+    rule: &[String],
+    on: bool,
+) -> Result<()> {
     let rule: Vec<&str> = rule.iter().map(String::as_str).collect();
     let with = |op: &'static str| {
         let mut a = vec![family.cmd(), "-w", "-t", table, op];

@@ -93,75 +93,10 @@ const NFT_OLD_EP_CHAIN6: &str =
 const NFT_NEW_EP_CHAIN6: &str =
     "endpoint-YYZKF3Z5-monitoring/statsd/udp/statsd__2001.db8.19.1..11/8126";
 
-/// The table `ip6 kube-proxy` before any Service: kube-proxy's sets, maps, base chains and
-/// helpers (those of the lab's `ip` table, `nft.rs`, in the `ip6` family).
-const IP6_KUBE_PROXY_BASE: &str = r#"table ip6 kube-proxy {
-	comment "rules for kube-proxy"
-	set cluster-ips {
-		type ipv6_addr
-		comment "Active ClusterIPs"
-	}
-	set nodeport-ips {
-		type ipv6_addr
-		comment "IPs that accept NodePort traffic"
-	}
-	map no-endpoint-services {
-		type ipv6_addr . inet_proto . inet_service : verdict
-		comment "vmap to drop or reject packets to services with no endpoints"
-	}
-	map firewall-ips {
-		type ipv6_addr . inet_proto . inet_service : verdict
-		comment "destinations that are subject to LoadBalancerSourceRanges"
-	}
-	map service-ips {
-		type ipv6_addr . inet_proto . inet_service : verdict
-		comment "ClusterIP, ExternalIP and LoadBalancer IP traffic"
-	}
-	map service-nodeports {
-		type inet_proto . inet_service : verdict
-		comment "NodePort traffic"
-	}
-	chain filter-forward {
-		type filter hook forward priority -110; policy accept;
-		ct state new jump service-endpoints-check
-		ct state new jump cluster-ips-check
-	}
-	chain nat-prerouting {
-		type nat hook prerouting priority dstnat; policy accept;
-		jump services
-	}
-	chain nat-output {
-		type nat hook output priority -100; policy accept;
-		jump services
-	}
-	chain nat-postrouting {
-		type nat hook postrouting priority srcnat; policy accept;
-		jump masquerading
-	}
-	chain cluster-ips-check {
-		ip6 daddr @cluster-ips reject comment "Reject traffic to invalid ports of ClusterIPs"
-	}
-	chain service-endpoints-check {
-		ip6 daddr . meta l4proto . th dport vmap @no-endpoint-services
-	}
-	chain mark-for-masquerade {
-		meta mark set meta mark | 0x00004000
-	}
-	chain masquerading {
-		meta mark & 0x00004000 == 0x00000000 return
-		meta mark set meta mark ^ 0x00004000
-		masquerade fully-random
-	}
-	chain services {
-		ip6 daddr . meta l4proto . th dport vmap @service-ips
-		ip6 daddr @nodeport-ips meta l4proto . th dport vmap @service-nodeports
-	}
-}
-"#;
-
 /// The Service's chains in `ip6 kube-proxy` with its endpoint on pod B at `endpoint_port` (see
-/// `stale_udp`'s `nft_rules`: the same steps, IPv6); `first` also loads the table and adds the
-/// ClusterIP's `cluster-ips` and `service-ips` elements.
+/// `stale_udp`'s `nft_rules`: the same steps, IPv6), in the table the dual-stack layer loaded
+/// ([`super::nft6`]); `first` also adds the ClusterIP's `cluster-ips` and `service-ips`
+/// elements.
 fn nft6_rules(endpoint_port: u16, first: bool) -> String {
     let t = NFT_TABLE;
     let (svc, old, new) = (NFT_SVC_CHAIN6, NFT_OLD_EP_CHAIN6, NFT_NEW_EP_CHAIN6);
@@ -170,11 +105,7 @@ fn nft6_rules(endpoint_port: u16, first: bool) -> String {
     } else {
         new
     };
-    let mut s = if first {
-        IP6_KUBE_PROXY_BASE.to_string()
-    } else {
-        String::new()
-    };
+    let mut s = String::new();
     for c in [svc, ep] {
         s += &format!("add chain ip6 {t} {c}\nflush chain ip6 {t} {c}\n");
     }

@@ -1,5 +1,6 @@
 //! The dual-stack layer of the lab (iptables mode; IPVS mode without kube-proxy's ip6tables
-//! nat rules, [`Lab::serve_vip6_by_ipvs`]; nftables mode without them): IPv6 addresses from the documentation
+//! nat rules, [`Lab::serve_vip6_by_ipvs`]; nftables mode with kube-proxy's `ip6 kube-proxy`
+//! table, [`super::nft6`]): IPv6 addresses from the documentation
 //! prefix 2001:db8::/32 on every namespace, the LB's and kube-proxy's rules in `ip6tables`,
 //! IPv6 servers beside the IPv4 ones, and the three failures driven over IPv6
 //! ([`Scenario6`]). Added to a lab that is up ([`Lab::add_ipv6`]); removed with it.
@@ -92,15 +93,13 @@ impl Scenario6 {
 impl Lab {
     /// Adds the dual-stack layer to the lab that is up, VIP6 not bound. In iptables mode with
     /// kube-proxy's ip6tables rules for `default/web`; in IPVS mode without them (IPVS serves
-    /// VIP6: [`Lab::serve_vip6_by_ipvs`]); in nftables mode without them too (a test writes its
-    /// Service into `ip6 kube-proxy`: [`super::stale_udp6`]).
+    /// VIP6: [`Lab::serve_vip6_by_ipvs`]); in nftables mode with its `ip6 kube-proxy` table
+    /// ([VIP6]:80 short-circuited to pod-b, as `ipMode: VIP` has it; a test adds its own
+    /// Service's chains and elements to it, as [`super::stale_udp6`] does).
     pub fn add_ipv6(&self) -> Result<()> {
         net::require_up()?;
         let mode = kube_proxy::node_mode()?;
-        if !matches!(
-            mode,
-            KubeProxyMode::Iptables | KubeProxyMode::Ipvs | KubeProxyMode::Nftables
-        ) {
+        if mode == KubeProxyMode::Cilium {
             bail!(
                 "the dual-stack lab variant is built for kube-proxy's iptables, IPVS and \
                  nftables modes"
@@ -155,9 +154,13 @@ impl Lab {
         // As over IPv4, the LB knows the node's MAC statically (its checks come from VIP6).
         let mac = exec(NS_NODE, &["cat", "/sys/class/net/eth0/address"])?;
         neigh_permanent(NS_LB, "2001:db8:18::2", mac.trim(), "vnode")?;
-        if mode == KubeProxyMode::Iptables {
-            restore_rules(NS_NODE, "ip6tables-restore", &kube_proxy_rules6())
-                .context("loading kube-proxy's ip6tables rules into clb-node")?;
+        match mode {
+            KubeProxyMode::Iptables => {
+                restore_rules(NS_NODE, "ip6tables-restore", &kube_proxy_rules6())
+                    .context("loading kube-proxy's ip6tables rules into clb-node")?;
+            }
+            KubeProxyMode::Nftables => super::nft6::load6()?,
+            KubeProxyMode::Ipvs | KubeProxyMode::Cilium => {}
         }
         restore_rules(NS_LB, "ip6tables-restore", &lb_rules6())
             .context("loading the LB's ip6tables rules into clb-lb")?;
