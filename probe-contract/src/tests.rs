@@ -166,14 +166,7 @@ fn the_wire_spellings_are_the_documented_ones() {
 
 #[test]
 fn every_kind_has_a_reason_that_names_it_back() {
-    for kind in [
-        LoopbackKind::HealthcheckBlackhole,
-        LoopbackKind::Hairpin,
-        LoopbackKind::VipPortUnserved,
-        LoopbackKind::VipAsSource,
-        LoopbackKind::ServiceSelfLoop,
-        LoopbackKind::EtpLocalDrop,
-    ] {
+    for kind in LoopbackKind::ALL {
         assert_eq!(
             kube_event::kind_of_reason(kube_event::reason(kind)),
             Some(kind)
@@ -188,14 +181,7 @@ fn as_str_is_the_json_spelling() {
     fn same<T: serde::Serialize>(v: T, s: &str) {
         assert_eq!(serde_json::to_value(v).unwrap(), s);
     }
-    for k in [
-        LoopbackKind::HealthcheckBlackhole,
-        LoopbackKind::Hairpin,
-        LoopbackKind::VipPortUnserved,
-        LoopbackKind::VipAsSource,
-        LoopbackKind::ServiceSelfLoop,
-        LoopbackKind::EtpLocalDrop,
-    ] {
+    for k in LoopbackKind::ALL {
         same(k, k.as_str());
     }
     for o in [

@@ -14,6 +14,15 @@ use crate::{
     state::Tuple,
 };
 
+/// Panics unless some line of `lines` contains `needle`, showing every line.
+#[track_caller]
+pub fn assert_some_line_has(lines: &[String], needle: &str) {
+    assert!(
+        lines.iter().any(|l| l.contains(needle)),
+        "no line has {needle:?}: {lines:#?}"
+    );
+}
+
 /// [`hairpin`] of `service` (or none), counted once, with a remedy: the node report's and the
 /// resolution tracker's tests.
 pub fn hairpin_for(key: &str, service: Option<&str>) -> LoopbackEvent {

@@ -16,6 +16,27 @@ pub mod kubeapi;
 pub mod lab;
 pub mod tools;
 
+/// Runs `cmd` to its end and returns its output; panics with `what` and the command's stderr
+/// when it cannot start or exits unsuccessfully (a test's way to fail).
+pub fn run_ok(cmd: &mut std::process::Command, what: &str) -> std::process::Output {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(
+        out.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Panics unless `haystack` contains `needle`, showing the haystack.
+#[track_caller]
+pub fn assert_contains(haystack: &str, needle: &str) {
+    assert!(
+        haystack.contains(needle),
+        "{needle:?} is missing from:\n{haystack}"
+    );
+}
+
 /// The workspace root (test-support is one of its members).
 pub fn workspace_root() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))

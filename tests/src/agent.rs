@@ -11,6 +11,7 @@ use std::{
 
 use probe_contract::{LoopbackEvent, LoopbackKind, record::KernelEvent};
 use serde_json::Value;
+pub use test_support::assert_contains;
 
 // The kernel observer lives in its own file; the tests name it through `agent` as before.
 pub use crate::kernel_view::{
@@ -480,15 +481,6 @@ pub fn lines(lines: &[String]) -> String {
 /// Bytes (a command's output) as text.
 pub fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
-}
-
-/// Panics unless `haystack` contains `needle`, showing the haystack.
-#[track_caller]
-pub fn assert_contains(haystack: &str, needle: &str) {
-    assert!(
-        haystack.contains(needle),
-        "{needle:?} is missing from:\n{haystack}"
-    );
 }
 
 /// An IPVS-mode `source_ranges_drop` (issue #51, either family): `src`'s call to `vip` on the

@@ -1,34 +1,34 @@
 //! The house's boundaries, checked (issue #50): the pure core links no I/O crate, and the
 //! agent's readers and rules do not reach into the kubectl plugin's crate. No root.
 
-use std::{path::PathBuf, process::Command};
+use std::{
+    path::PathBuf,
+    process::{Command, Output},
+};
+
+use test_support::run_ok;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// `cargo --offline ARGS` in the workspace root; panics with its stderr when it fails.
+fn cargo(args: &[&str]) -> Output {
+    let cargo = option_env!("CARGO").unwrap_or("cargo");
+    let what = format!("cargo {}", args.join(" "));
+    run_ok(
+        Command::new(cargo)
+            .current_dir(root())
+            .args(&args[..1])
+            .arg("--offline")
+            .args(&args[1..]),
+        &what,
+    )
+}
+
 /// The crates in `package`'s normal dependency tree, by name.
 fn normal_dependencies(package: &str) -> Vec<String> {
-    let cargo = option_env!("CARGO").unwrap_or("cargo");
-    let out = Command::new(cargo)
-        .current_dir(root())
-        .args([
-            "tree",
-            "--offline",
-            "-e",
-            "normal",
-            "--prefix",
-            "none",
-            "-p",
-            package,
-        ])
-        .output()
-        .expect("cargo tree");
-    assert!(
-        out.status.success(),
-        "cargo tree -p {package}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = cargo(&["tree", "-e", "normal", "--prefix", "none", "-p", package]);
     let mut names: Vec<String> = String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|l| l.split_whitespace().next().map(String::from))
@@ -173,23 +173,7 @@ fn every_unsafe_in_the_ebpf_programs_says_why_it_is_sound() {
 /// names are what operators already filter logs on (`CLB_PROBE_LOG=clb_probe=debug`).
 #[test]
 fn every_package_is_named_as_its_library() {
-    let cargo = option_env!("CARGO").unwrap_or("cargo");
-    let out = Command::new(cargo)
-        .current_dir(root())
-        .args([
-            "metadata",
-            "--offline",
-            "--no-deps",
-            "--format-version",
-            "1",
-        ])
-        .output()
-        .expect("cargo metadata");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = cargo(&["metadata", "--no-deps", "--format-version", "1"]);
     let metadata: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let mut libraries = 0;
     let mut offenders = Vec::new();

@@ -32,6 +32,26 @@ const HTTP_CAP: usize = 1024;
 /// What makes this binary a helper process instead of a test run (see [`as_nobody`]).
 const HELPER_ENV: &str = "CLB_HOSTILE_HELPER";
 
+/// `cmd` starts under umask 000: what it creates gets only the modes it asks for.
+fn under_umask_000(cmd: &mut Command) {
+    // SAFETY: umask is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::umask(0);
+            Ok(())
+        })
+    };
+}
+
+/// The agent on the lab's node with its live view on `socket`, its stdout discarded.
+fn agent_on_socket(socket: &Path) -> Command {
+    let mut cmd = Agent::command(lab::NS_NODE);
+    cmd.args(["--nic", lab::NODE_NIC, "--socket"])
+        .arg(socket)
+        .stdout(Stdio::null());
+    cmd
+}
+
 /// Runs `probe` with `args` (in `netns` if given); None when it was still running after
 /// `limit` (then SIGKILLed: a defect here is an agent that blocks and ignores SIGTERM).
 fn probe_run(netns: Option<&str>, args: &[&str], limit: Duration, umask0: bool) -> Option<Output> {
@@ -41,13 +61,7 @@ fn probe_run(netns: Option<&str>, args: &[&str], limit: Duration, umask0: bool) 
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     if umask0 {
-        // SAFETY: umask is async-signal-safe.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::umask(0);
-                Ok(())
-            })
-        };
+        under_umask_000(&mut cmd);
     }
     let mut child = cmd.spawn().expect("run probe");
     let deadline = Instant::now() + limit;
@@ -353,10 +367,7 @@ fn the_live_view_survives_running_out_of_descriptors() {
     };
     let dir = TempDir::new("hostile-emfile");
     let socket = dir.path().join("probe.sock");
-    let mut cmd = Agent::command(lab::NS_NODE);
-    cmd.args(["--nic", lab::NODE_NIC, "--socket"])
-        .arg(&socket)
-        .stdout(Stdio::null());
+    let mut cmd = agent_on_socket(&socket);
     // SAFETY: setrlimit is async-signal-safe.
     unsafe {
         cmd.pre_exec(|| {
@@ -489,13 +500,7 @@ fn outputs_never_clobber_files() {
         .arg("--socket")
         .arg(&socket)
         .stdout(Stdio::null());
-    // SAFETY: umask is async-signal-safe.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::umask(0);
-            Ok(())
-        })
-    };
+    under_umask_000(&mut cmd);
     let mut agent = Agent::spawn(cmd, TempDir::new("hostile-outputs-agent"));
     agent.wait_log("attached and address sets loaded", Duration::from_secs(60));
     assert!(agent.stop().success());
@@ -556,17 +561,8 @@ fn the_live_view_socket_is_never_connectable_by_another_user() {
     .spawn()
     .expect("connector");
     for _ in 0..20 {
-        let mut cmd = Agent::command(lab::NS_NODE);
-        cmd.args(["--nic", lab::NODE_NIC, "--socket"])
-            .arg(&socket)
-            .stdout(Stdio::null());
-        // SAFETY: umask is async-signal-safe.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::umask(0);
-                Ok(())
-            })
-        };
+        let mut cmd = agent_on_socket(&socket);
+        under_umask_000(&mut cmd);
         let mut agent = Agent::spawn(cmd, TempDir::new("hostile-socket-agent"));
         agent.wait_log("attached and address sets loaded", Duration::from_secs(60));
         let mode = std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777;

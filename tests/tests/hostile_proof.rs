@@ -20,7 +20,10 @@ use probe_tests::{
     agent::{Agent, node_metric, wait_for},
     kube_fixture::KubeFixture,
 };
-use test_support::lab::{self, LabGuard, Scenario, Variants};
+use test_support::{
+    lab::{self, LabGuard, Scenario, Variants},
+    run_ok,
+};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -58,15 +61,11 @@ for i in range(count):
 "#;
 
 fn forge_self_syns(ns: &str, ip: &str, gw_mac: &str, port: u16, count: u32) {
-    let out = Command::new("ip")
-        .args(["netns", "exec", ns, "python3", "-c", FORGE_SYNS, ip, gw_mac])
-        .args([port.to_string(), count.to_string()])
-        .output()
-        .expect("python3");
-    assert!(
-        out.status.success(),
-        "forging failed: {}",
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        Command::new("ip")
+            .args(["netns", "exec", ns, "python3", "-c", FORGE_SYNS, ip, gw_mac])
+            .args([port.to_string(), count.to_string()]),
+        "forging failed",
     );
 }
 
@@ -138,16 +137,12 @@ c.send(b'x'); a.recv(1); a.send(b'y'); c.recv(1)
 "#;
 
 fn answered_connect_as_nobody(listen: &str, port: u16, from: &str) {
-    let out = Command::new("ip")
-        .args(["netns", "exec", lab::NS_NODE, "setpriv", "--reuid=65534"])
-        .args(["--regid=65534", "--clear-groups", "/usr/bin/python3", "-c"])
-        .args([ANSWERED_CONNECT, listen, &port.to_string(), from])
-        .output()
-        .expect("setpriv");
-    assert!(
-        out.status.success(),
-        "the unprivileged connect failed: {}",
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        Command::new("ip")
+            .args(["netns", "exec", lab::NS_NODE, "setpriv", "--reuid=65534"])
+            .args(["--regid=65534", "--clear-groups", "/usr/bin/python3", "-c"])
+            .args([ANSWERED_CONNECT, listen, &port.to_string(), from]),
+        "the unprivileged connect failed",
     );
 }
 

@@ -27,6 +27,16 @@ use test_support::{
 const METRICS: &str = "127.0.0.1:19971";
 /// The first write goes once the first `probe check` pass is done: seconds.
 const WAIT: Duration = Duration::from_secs(45);
+/// The flags of an agent that writes the node report and the condition, its metrics on
+/// [`METRICS`].
+const WRITES_ALL: [&str; 6] = [
+    "--node-report",
+    "on",
+    "--node-condition",
+    "on",
+    "--metrics-addr",
+    METRICS,
+];
 /// This agent's Pod, as the downward API names it.
 const POD_NAMESPACE: &str = "kube-system";
 
@@ -54,11 +64,13 @@ fn patches(api: &FakeApiServer, needle: &str) -> usize {
         .count()
 }
 
-/// The agent's Pod `name`, scheduled on `node`.
-fn pod(name: &str, node: &str) -> Value {
-    json!({"apiVersion": "v1", "kind": "Pod",
+/// The agent's Pod `name`, scheduled on `node`, and the environment the downward API gives
+/// the agent in it.
+fn agent_pod(name: &'static str, node: &str) -> (Value, [(&'static str, &'static str); 2]) {
+    let pod = json!({"apiVersion": "v1", "kind": "Pod",
         "metadata": {"namespace": POD_NAMESPACE, "name": name},
-        "spec": {"nodeName": node, "containers": [{"name": "probe", "image": "clb-probe"}]}})
+        "spec": {"nodeName": node, "containers": [{"name": "probe", "image": "clb-probe"}]}});
+    (pod, [("POD_NAME", name), ("POD_NAMESPACE", POD_NAMESPACE)])
 }
 
 /// E7: `nodes/status` patch forbidden. The agent runs with `--node-report-interval 1` (the
@@ -74,16 +86,7 @@ fn a_forbidden_node_status_is_counted_backed_off_and_never_rewrites_the_report()
     };
     let api = KubeFixture::builder().tag("hostile-report-e7").start();
     api.forbid("nodes", "patch");
-    let mut agent = api.start_agent(&[
-        "--node-report",
-        "on",
-        "--node-condition",
-        "on",
-        "--metrics-addr",
-        METRICS,
-        "--node-report-interval",
-        "1",
-    ]);
+    let mut agent = api.start_agent(&[&WRITES_ALL[..], &["--node-report-interval", "1"]].concat());
     wait_for("the first report", WAIT, || report_of(&api, NODE_NAME))
         .unwrap_or_else(|| panic!("no report written"));
     let condition_failed = "clbprobe_kube_writes_failed_total{object=\"condition\"}";
@@ -129,14 +132,11 @@ fn a_restart_keeps_the_conditions_transition_time() {
     let Some(_lab) = LabGuard::for_test("hostile_report_restart", &Variants::default()) else {
         return;
     };
+    let (pod, env) = agent_pod("clb-probe-here", NODE_NAME);
     let api = KubeFixture::builder()
         .tag("hostile-report-e13")
-        .object(pod("clb-probe-here", NODE_NAME))
+        .object(pod)
         .start();
-    let env = [
-        ("POD_NAME", "clb-probe-here"),
-        ("POD_NAMESPACE", POD_NAMESPACE),
-    ];
     let args = ["--node-report", "on", "--node-condition", "on"];
     let mut first = api.start_agent_with_env(&args, &env);
     let before = wait_for("the first agent's condition", WAIT, || {
@@ -173,16 +173,13 @@ fn an_agent_never_writes_another_nodes_report() {
     let Some(_lab) = LabGuard::for_test("hostile_report_node_name", &Variants::default()) else {
         return;
     };
+    let (pod, env) = agent_pod("clb-probe-a", "node-a");
     let api = KubeFixture::builder()
         .tag("hostile-report-e12")
         .object(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"}}))
         .object(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-b"}}))
-        .object(pod("clb-probe-a", "node-a"))
+        .object(pod)
         .start();
-    let env = [
-        ("POD_NAME", "clb-probe-a"),
-        ("POD_NAMESPACE", POD_NAMESPACE),
-    ];
     let _agent = never_writes_node_b(&api, &env, "pod_on_other_node", "E12");
     assert!(api.objects("loopbackreports").is_empty());
 }
@@ -213,18 +210,7 @@ fn never_writes_node_b(
     reason: &str,
     label: &str,
 ) -> Agent {
-    let mut agent = api.start_agent_as(
-        "node-b",
-        &[
-            "--node-report",
-            "on",
-            "--node-condition",
-            "on",
-            "--metrics-addr",
-            METRICS,
-        ],
-        env,
-    );
+    let mut agent = api.start_agent_as("node-b", &WRITES_ALL, env);
     let refused = format!("clbprobe_node_report_refused{{reason=\"{reason}\"}}");
     wait_for("a write to node-b or the refusal", WAIT, || {
         (report_of(api, "node-b").is_some() || node_metric(METRICS, &refused) == 1).then_some(())

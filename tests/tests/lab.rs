@@ -61,54 +61,36 @@ fn scenario(sc: Scenario, expected: Outcome, answered_by: Option<&str>) {
     assert_clean();
 }
 
-#[test]
-fn healthcheck_blackhole_times_out() {
-    scenario(Scenario::HealthcheckBlackhole, Outcome::Timeout, None);
+/// One test a scenario: its name, then the scenario, the outcome [`scenario`] expects and the
+/// server that answers (if one does).
+macro_rules! scenarios {
+    ($($name:ident: $scenario:ident, $outcome:ident, $answered_by:expr;)*) => {
+        $(
+            #[test]
+            fn $name() {
+                scenario(Scenario::$scenario, Outcome::$outcome, $answered_by);
+            }
+        )*
+    };
 }
 
-#[test]
-fn healthcheck_ok_when_vip_not_bound() {
-    scenario(Scenario::HealthcheckOk, Outcome::Ok, Some("pod-b"));
-}
-
-#[test]
-fn hairpin_times_out() {
-    scenario(Scenario::Hairpin, Outcome::Timeout, None);
-}
-
-#[test]
-fn hairpin_with_strict_rp_filter_times_out() {
-    scenario(Scenario::HairpinRpfilter, Outcome::Timeout, None);
-}
-
-#[test]
-fn hairpin_with_snat_reaches_the_peer() {
-    scenario(Scenario::HairpinSnat, Outcome::Ok, Some("peer node"));
-}
-
-#[test]
-fn vip_port_unserved_is_refused() {
-    scenario(Scenario::VipPortUnserved, Outcome::Refused, None);
-}
-
-#[test]
-fn vip_port_served_locally() {
-    scenario(Scenario::VipPortServed, Outcome::Ok, Some("pod-b"));
-}
-
-#[test]
-fn outside_client_ok() {
-    scenario(Scenario::OutsideClient, Outcome::Ok, Some("pod-b"));
-}
-
-#[test]
-fn outside_client_ok_with_vip_bound() {
-    scenario(Scenario::OutsideClientVipBound, Outcome::Ok, Some("pod-b"));
-}
-
-#[test]
-fn pod_to_pod_ok() {
-    scenario(Scenario::PodToPod, Outcome::Ok, Some("pod-b"));
+scenarios! {
+    healthcheck_blackhole_times_out: HealthcheckBlackhole, Timeout, None;
+    healthcheck_ok_when_vip_not_bound: HealthcheckOk, Ok, Some("pod-b");
+    hairpin_times_out: Hairpin, Timeout, None;
+    hairpin_with_strict_rp_filter_times_out: HairpinRpfilter, Timeout, None;
+    hairpin_with_snat_reaches_the_peer: HairpinSnat, Ok, Some("peer node");
+    vip_port_unserved_is_refused: VipPortUnserved, Refused, None;
+    vip_port_served_locally: VipPortServed, Ok, Some("pod-b");
+    outside_client_ok: OutsideClient, Ok, Some("pod-b");
+    outside_client_ok_with_vip_bound: OutsideClientVipBound, Ok, Some("pod-b");
+    pod_to_pod_ok: PodToPod, Ok, Some("pod-b");
+    vip_port_unserved_under_the_ipvs_access_filter_is_refused: VipPortUnservedFiltered, Refused, None;
+    vip_port_served_under_the_ipvs_access_filter: VipPortServedFiltered, Ok, Some("pod-b");
+    vip_as_source_from_the_peer_times_out: VipAsSource, Timeout, None;
+    snated_call_from_the_peer_reaches_pod_b: VipAsSourceSnat, Ok, Some("pod-b");
+    vip_as_source_from_the_node_times_out: VipAsSourceOut, Timeout, None;
+    etp_cluster_call_from_the_node_reaches_the_peer_pod: VipAsSourceOutCluster, Ok, Some("peer");
 }
 
 #[test]
@@ -259,36 +241,6 @@ fn host_nat_rules() -> String {
         .output()
         .unwrap();
     String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-#[test]
-fn vip_port_unserved_under_the_ipvs_access_filter_is_refused() {
-    scenario(Scenario::VipPortUnservedFiltered, Outcome::Refused, None);
-}
-
-#[test]
-fn vip_port_served_under_the_ipvs_access_filter() {
-    scenario(Scenario::VipPortServedFiltered, Outcome::Ok, Some("pod-b"));
-}
-
-#[test]
-fn vip_as_source_from_the_peer_times_out() {
-    scenario(Scenario::VipAsSource, Outcome::Timeout, None);
-}
-
-#[test]
-fn snated_call_from_the_peer_reaches_pod_b() {
-    scenario(Scenario::VipAsSourceSnat, Outcome::Ok, Some("pod-b"));
-}
-
-#[test]
-fn vip_as_source_from_the_node_times_out() {
-    scenario(Scenario::VipAsSourceOut, Outcome::Timeout, None);
-}
-
-#[test]
-fn etp_cluster_call_from_the_node_reaches_the_peer_pod() {
-    scenario(Scenario::VipAsSourceOutCluster, Outcome::Ok, Some("peer"));
 }
 
 /// The hairpin variants and their twins (issue 10, item 4), in one lab: each comes to its

@@ -62,6 +62,26 @@ fn unbound() -> Variants {
 /// The remedy on the LB's side: listener 8081 gets the guard listener 80 has (never back to
 /// the node the request came from; the peer node serves it instead).
 fn guard_listener_8081() {
+    node_calls_to_8081_at_the_lb(
+        "nat",
+        "CLB-LB-VIP",
+        &[
+            "-m",
+            "comment",
+            "--comment",
+            "listener 8081: never back to the source node",
+            "-j",
+            "DNAT",
+            "--to-destination",
+            "198.18.1.2:30080",
+        ],
+        "guarding listener 8081",
+    );
+}
+
+/// Inserts a rule into the LB's `table`/`chain` for TCP calls from the node's address to
+/// listener 8081, ending in `action`; `what` names it when iptables fails.
+fn node_calls_to_8081_at_the_lb(table: &str, chain: &str, action: &[&str], what: &str) {
     let status = Command::new("ip")
         .args([
             "netns",
@@ -69,28 +89,16 @@ fn guard_listener_8081() {
             lab::NS_LB,
             "iptables",
             "-t",
-            "nat",
+            table,
             "-I",
-            "CLB-LB-VIP",
+            chain,
         ])
-        .args([
-            "-s",
-            &lab::NODE_IP.to_string(),
-            "-p",
-            "tcp",
-            "--dport",
-            "8081",
-        ])
-        .args([
-            "-m",
-            "comment",
-            "--comment",
-            "listener 8081: never back to the source node",
-        ])
-        .args(["-j", "DNAT", "--to-destination", "198.18.1.2:30080"])
+        .args(["-s", &lab::NODE_IP.to_string()])
+        .args(["-p", "tcp", "--dport", "8081"])
+        .args(action)
         .status()
         .expect("iptables in the LB");
-    assert!(status.success(), "guarding listener 8081");
+    assert!(status.success(), "{what}");
 }
 
 fn text(b: &[u8]) -> String {
@@ -400,29 +408,12 @@ fn an_lb_that_drops_the_nodes_calls_is_not_proven_and_fix_verify_does_not_resolv
 
 /// The LB drops every TCP call from the node's address to listener 8081.
 fn drop_node_calls_at_the_lb() {
-    let status = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            lab::NS_LB,
-            "iptables",
-            "-t",
-            "raw",
-            "-I",
-            "PREROUTING",
-        ])
-        .args([
-            "-s",
-            &lab::NODE_IP.to_string(),
-            "-p",
-            "tcp",
-            "--dport",
-            "8081",
-        ])
-        .args(["-j", "DROP"])
-        .status()
-        .expect("iptables in the LB");
-    assert!(status.success(), "dropping the node's calls at the LB");
+    node_calls_to_8081_at_the_lb(
+        "raw",
+        "PREROUTING",
+        &["-j", "DROP"],
+        "dropping the node's calls at the LB",
+    );
 }
 
 /// Issue #49: the commonest loop, a pod calling its own LB, read "clean" from the node (the

@@ -8,24 +8,20 @@ use super::DEMO_AGENT;
 /// Each package (name and version) of `cargo tree <selection>` with the feature sets it is
 /// built with (normal and build dependencies: one set each side).
 fn feature_sets(selection: &[&str]) -> BTreeMap<String, BTreeSet<String>> {
-    let out = crate::build::cargo()
-        .args([
-            "tree",
-            "-e",
-            "normal,build",
-            "--prefix",
-            "none",
-            "--no-dedupe",
-        ])
-        .args(["-f", "{p}|{f}"])
-        .args(selection)
-        .current_dir(crate::workspace_root())
-        .output()
-        .expect("run cargo tree");
-    assert!(
-        out.status.success(),
-        "cargo tree {selection:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = test_support::run_ok(
+        crate::build::cargo()
+            .args([
+                "tree",
+                "-e",
+                "normal,build",
+                "--prefix",
+                "none",
+                "--no-dedupe",
+            ])
+            .args(["-f", "{p}|{f}"])
+            .args(selection)
+            .current_dir(crate::workspace_root()),
+        &format!("cargo tree {selection:?}"),
     );
     let mut sets: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for line in String::from_utf8_lossy(&out.stdout).lines() {

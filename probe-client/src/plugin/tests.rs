@@ -59,16 +59,10 @@ fn rows_are_clb_probes_events_newest_first_with_every_column() {
     let t = table(&rows, now);
     let lines: Vec<&str> = t.lines().collect();
     assert_eq!(lines.len(), 4, "{t}");
-    for col in [
-        "LAST SEEN",
-        "NODE",
-        "KIND",
-        "SERVICE",
-        "CLIENT POD",
-        "COUNT",
-    ] {
-        assert!(lines[0].contains(col), "{t}");
-    }
+    // Every column, in order, and nothing else in the header.
+    let header = lines[0].split_whitespace().collect::<Vec<_>>().join(" ");
+    let columns = "LAST SEEN NODE KIND SERVICE CLIENT POD COUNT";
+    assert_eq!(header, columns, "{t}");
     assert!(
         lines[1].starts_with("30m ") && lines[1].contains("node-c"),
         "{t}"

@@ -397,9 +397,8 @@ impl Correlator {
             .take(3)
         {
             evidence.push(format!(
-                "service table: {}/{} is a virtual service{} (the LB VIP is handled locally)",
-                sock(s.vip, s.port),
-                s.proto.as_str(),
+                "service table: {} is a virtual service{} (the LB VIP is handled locally)",
+                s.endpoint(),
                 s.service
                     .as_deref()
                     .map(|n| format!(" of {n}"))
@@ -429,17 +428,7 @@ impl Correlator {
             .services
             .iter()
             .filter(|s| s.vip == packet.dst)
-            .map(|s| {
-                format!(
-                    "{}/{}{}",
-                    s.port,
-                    s.proto.as_str(),
-                    s.service
-                        .as_deref()
-                        .map(|n| format!(" ({n})"))
-                        .unwrap_or_default()
-                )
-            })
+            .map(|s| format!("{}/{}{}", s.port, s.proto.as_str(), s.name_suffix()))
             .collect();
         if !served.is_empty() {
             evidence.push(format!(

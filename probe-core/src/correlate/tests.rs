@@ -1443,16 +1443,23 @@ fn flood_of_vip_suspects_and_drops_stays_bounded() {
     invariants(&c);
 }
 
+/// `p` after kube-proxy's NodePort DNAT: to the endpoint 10.244.1.5:8080, a pod.
+fn dnated_to_the_endpoint(p: Packet) -> Packet {
+    Packet {
+        dst: ip("10.244.1.5"),
+        dport: 8080,
+        dst_tag: Some(Tag::Pod),
+        ..p
+    }
+}
+
 /// As recorded in the lab on 6.18: the NodePort DNAT ran before the local-source drop, so the
 /// drop names the endpoint (a pod) while the suspect names the NodePort.
 #[test]
 fn blackhole_drop_after_nodeport_dnat_pairs_with_its_suspect_by_source() {
     let mut c = corr();
     let seen = hc(35787);
-    let mut dnated = seen.clone();
-    dnated.dst = ip("10.244.1.5");
-    dnated.dport = 8080;
-    dnated.dst_tag = Some(Tag::Pod);
+    let dnated = dnated_to_the_endpoint(seen.clone());
     assert!(c.ingest(suspect(S, &seen)).is_empty());
     let r = only_report(&c.ingest(local_source(S + 50_000, &dnated)));
     let e = &r.event;
@@ -1473,10 +1480,7 @@ fn blackhole_drop_after_nodeport_dnat_pairs_with_its_suspect_by_source() {
 fn a_drop_from_another_source_port_is_not_paired() {
     let mut c = corr();
     assert!(c.ingest(suspect(S, &hc(35787))).is_empty());
-    let mut other = hc(35788);
-    other.dst = ip("10.244.1.5");
-    other.dport = 8080;
-    other.dst_tag = Some(Tag::Pod);
+    let other = dnated_to_the_endpoint(hc(35788));
     let r = only_report(&c.ingest(local_source(S + 50_000, &other)));
     // Confirmed from the drop alone, with the destination the kernel saw: a VIP-source packet
     // to a pod is no health check (another node forwarded a call to the LB IP).
@@ -1491,10 +1495,7 @@ fn a_drop_from_another_source_port_is_not_paired() {
 fn a_retransmit_without_its_suspect_reuses_the_learned_dnat() {
     let mut c = corr();
     let seen = hc(35787);
-    let mut dnated = seen.clone();
-    dnated.dst = ip("10.244.1.5");
-    dnated.dport = 8080;
-    dnated.dst_tag = Some(Tag::Pod);
+    let dnated = dnated_to_the_endpoint(seen.clone());
     c.ingest(suspect(S, &seen));
     let first = only_report(&c.ingest(local_source(S + 50_000, &dnated)));
     // One second later the retransmit's drop arrives alone.

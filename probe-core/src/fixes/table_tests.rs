@@ -8,6 +8,7 @@ use probe_contract::{Layer, LoopbackKind, Proto, SnatState};
 use serde_json::json;
 
 use super::*;
+use crate::test_events::assert_some_line_has;
 
 /// A confirmed loop of `kind` on a Service read from the API: TCP port 80, Cluster policy, LB
 /// IP published with ipMode VIP, kube-proxy on the node and binding the IP, no annotations.
@@ -442,13 +443,7 @@ fn the_aws_per_port_attribute_is_patched_where_it_is_set() {
         "stickiness.enabled=true,preserve_client_ip.enabled=false"
     );
     assert!(patch.get(TG).is_none(), "{patch}");
-    assert!(
-        fix.side_effects
-            .iter()
-            .any(|s| s.contains("must send the PROXY header too")),
-        "{:?}",
-        fix.side_effects
-    );
+    assert_some_line_has(&fix.side_effects, "must send the PROXY header too");
 }
 
 /// Items 2 and 8: what the facts read shows as written.

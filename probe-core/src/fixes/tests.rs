@@ -4,6 +4,7 @@ use probe_contract::{Layer, LoopbackKind, Proto, SnatState};
 use serde_json::{Value, json};
 
 use super::*;
+use crate::test_events::assert_some_line_has;
 
 /// RFC 7386 merge patch.
 fn merge(target: &mut Value, patch: &Value) {
@@ -378,11 +379,8 @@ fn a_cut_annotation_value_gives_no_patch() {
         .find(|x| x.id == "aws-preserve-client-ip-off")
         .unwrap();
     assert_eq!((fix.patch, fix.undo, fix.service), (None, None, None));
-    assert!(
-        fix.preconditions
-            .iter()
-            .any(|p| p.contains("computes the patch from the whole Service")),
-        "{:?}",
-        fix.preconditions
+    assert_some_line_has(
+        &fix.preconditions,
+        "computes the patch from the whole Service",
     );
 }

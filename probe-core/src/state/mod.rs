@@ -57,6 +57,25 @@ pub struct ServiceEntry {
     pub backends: Vec<String>,
 }
 
+impl ServiceEntry {
+    /// `vip:port/proto`: how evidence and the dataplane read name a virtual service.
+    pub fn endpoint(&self) -> String {
+        format!(
+            "{}/{}",
+            probe_contract::sock(self.vip, self.port),
+            self.proto.as_str()
+        )
+    }
+
+    /// ` (namespace/name:port)` when the rules name the Service, else nothing.
+    pub fn name_suffix(&self) -> String {
+        self.service
+            .as_deref()
+            .map(|n| format!(" ({n})"))
+            .unwrap_or_default()
+    }
+}
+
 /// A NodePort, with whether `externalTrafficPolicy: Local` rules apply to it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodePortEntry {

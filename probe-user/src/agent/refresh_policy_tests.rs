@@ -106,6 +106,18 @@ fn after_first_read(api: bool, took: Duration) -> (RefreshPolicy, Instant) {
     (p, done)
 }
 
+/// Due at `due`: the policy waits a settle, then reads the whole table with every Service.
+#[track_caller]
+fn assert_settles_then_reads_everything(p: &mut RefreshPolicy, seen: Seen, due: Instant) {
+    assert_eq!(
+        p.next(seen, due),
+        Action::Wait {
+            until: due + SETTLE
+        }
+    );
+    assert_eq!(p.next(seen, due + SETTLE), READ_EVERYTHING);
+}
+
 #[test]
 fn a_change_after_a_quiet_spell_is_read_a_settle_later_and_only_what_it_named() {
     let (mut p, done) = after_first_read(false, ms(10));
@@ -184,13 +196,7 @@ fn a_failed_read_is_retried_whole_after_retry() {
     assert_eq!(p.next(NAMED, retry - ms(1)), Action::Wait { until: retry });
     // Due, as every signal, a settle later.
     p.step(Signal::Woke, retry);
-    assert_eq!(
-        p.next(NAMED, retry),
-        Action::Wait {
-            until: retry + SETTLE
-        }
-    );
-    assert_eq!(p.next(NAMED, retry + SETTLE), READ_EVERYTHING);
+    assert_settles_then_reads_everything(&mut p, NAMED, retry);
 }
 
 #[test]
@@ -290,13 +296,7 @@ fn without_the_apis_lists_a_start_that_read_no_services_reads_whole_after_api_wa
     );
     let late = t0 + API_WAIT;
     assert_eq!(p.next(empty, late), Action::ApiLate);
-    assert_eq!(
-        p.next(empty, late),
-        Action::Wait {
-            until: late + SETTLE
-        }
-    );
-    assert_eq!(p.next(empty, late + SETTLE), READ_EVERYTHING);
+    assert_settles_then_reads_everything(&mut p, empty, late);
 }
 
 #[test]

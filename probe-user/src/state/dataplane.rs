@@ -363,17 +363,9 @@ pub fn lookup(table: &ServiceTable, addr: IpAddr, port: u16, proto: Proto) -> Da
         Some(ServiceSource::Iptables) => "kube-proxy's iptables chain KUBE-SERVICES".to_string(),
         None => "the node's rules (no kube-proxy rules found)".to_string(),
     };
-    let found = table.serves(addr, port, proto).map(|s| {
-        format!(
-            "{}/{}{}",
-            sock(s.vip, s.port),
-            s.proto.as_str(),
-            s.service
-                .as_deref()
-                .map(|n| format!(" ({n})"))
-                .unwrap_or_default()
-        )
-    });
+    let found = table
+        .serves(addr, port, proto)
+        .map(|s| format!("{}{}", s.endpoint(), s.name_suffix()));
     DataplaneRead { read, found }
 }
 
@@ -381,6 +373,7 @@ pub fn lookup(table: &ServiceTable, addr: IpAddr, port: u16, proto: Proto) -> Da
 mod tests {
     use super::*;
     use crate::state::{
+        ServiceEntry,
         iptables::parse_iptables_save,
         test_netns::{Netns, root_with},
     };
@@ -389,6 +382,13 @@ mod tests {
         env!("CARGO_MANIFEST_DIR"),
         "/tests/data/iptables/lab-kube-proxy.rules"
     );
+
+    /// [`programmed`] for `s`'s VIP, port and protocol, read in `ns`'s first namespace.
+    fn programmed_in(ns: &Netns, source: ServiceSource, s: &ServiceEntry) -> DataplaneRead {
+        let (vip, port, proto) = (s.vip, s.port, s.proto);
+        ns.run_in(0, move || programmed(Some(source), vip, port, proto))
+            .unwrap()
+    }
 
     /// The dataplane's part beside the API's table, from the lab's kube-proxy rules in a
     /// scratch namespace: the same NodePorts and masquerade rules the whole-table reader finds,
@@ -469,16 +469,7 @@ mod tests {
         assert_eq!(held.firewall, fw.firewall);
 
         let served = whole.services.first().expect("a served VIP:port").clone();
-        let found = ns
-            .run_in(0, move || {
-                programmed(
-                    Some(ServiceSource::Iptables),
-                    served.vip,
-                    served.port,
-                    served.proto,
-                )
-            })
-            .unwrap();
+        let found = programmed_in(&ns, ServiceSource::Iptables, &served);
         assert!(found.read.contains("KUBE-SERVICES"), "{found:?}");
         assert!(
             found
@@ -487,12 +478,12 @@ mod tests {
                 .is_some_and(|r| r.contains("-A KUBE-SERVICES")),
             "{found:?}"
         );
-        let vip = served.vip;
-        let missing = ns
-            .run_in(0, move || {
-                programmed(Some(ServiceSource::Iptables), vip, 4, Proto::Tcp)
-            })
-            .unwrap();
+        let unserved = ServiceEntry {
+            port: 4,
+            proto: Proto::Tcp,
+            ..served
+        };
+        let missing = programmed_in(&ns, ServiceSource::Iptables, &unserved);
         assert_eq!(missing.found, None);
     }
 
@@ -614,26 +605,18 @@ mod tests {
             .find(|s| s.vip.is_ipv4())
             .expect("a served IPv4 VIP:port")
             .clone();
-        let found = ns
-            .run_in(0, move || {
-                programmed(
-                    Some(ServiceSource::Nftables),
-                    served.vip,
-                    served.port,
-                    served.proto,
-                )
-            })
-            .unwrap();
+        let found = programmed_in(&ns, ServiceSource::Nftables, &served);
         assert!(found.read.contains("service-ips"), "{found:?}");
         assert!(
             found.found.as_deref().is_some_and(|e| e.contains("goto ")),
             "{found:?}"
         );
-        let missing = ns
-            .run_in(0, move || {
-                programmed(Some(ServiceSource::Nftables), served.vip, 4, Proto::Tcp)
-            })
-            .unwrap();
+        let unserved = ServiceEntry {
+            port: 4,
+            proto: Proto::Tcp,
+            ..served
+        };
+        let missing = programmed_in(&ns, ServiceSource::Nftables, &unserved);
         assert_eq!(missing.found, None);
     }
 }

@@ -1,30 +1,25 @@
 //! Unit tests of `ipvs.rs`: the generic-netlink decoder on captured replies, bad input, and the
 //! service table read from a real network namespace.
 
-use std::{
-    path::{Path, PathBuf},
-    process::Command,
-};
+use std::{path::PathBuf, process::Command};
 
 use netlink_packet_core::{NlaBuffer, NlasIterator, ParseableParametrized};
 use netlink_packet_generic::GenlHeader;
 
 use super::{wire::*, *};
-use crate::state::test_netns::{Netns, sh};
-
-fn data_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/ipvs")
-}
+use crate::state::{
+    test_data::{data_bytes, data_file},
+    test_netns::{Netns, sh},
+};
 
 fn fixture(name: &str) -> Vec<u8> {
-    let p = data_dir().join(name);
-    std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+    data_bytes(&format!("ipvs/{name}"))
 }
 
 fn capture_fixture() -> Capture {
     let mut dests = Vec::new();
     for i in 0.. {
-        let p = data_dir().join(format!("dests-{i}.bin"));
+        let p = data_file(&format!("ipvs/dests-{i}.bin"));
         if !p.exists() {
             break;
         }
@@ -39,6 +34,18 @@ fn capture_fixture() -> Capture {
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
+}
+
+/// A virtual service by address (no firewall mark).
+fn by_address(af: u16, protocol: u16, addr: &str, port: u16, scheduler: &str) -> IpvsService {
+    IpvsService {
+        af,
+        protocol,
+        addr: Some(ip(addr)),
+        port,
+        fwmark: 0,
+        scheduler: scheduler.into(),
+    }
 }
 
 /// What the VM test below builds, and what the fixtures hold.
@@ -163,14 +170,7 @@ fn truncated_and_garbage_input() {
 
 #[test]
 fn request_encoding() {
-    let svc = IpvsService {
-        af: AF_INET,
-        protocol: 6,
-        addr: Some(ip("203.0.113.10")),
-        port: 80,
-        fwmark: 0,
-        scheduler: "rr".into(),
-    };
+    let svc = by_address(AF_INET, 6, "203.0.113.10", 80, "rr");
     let mut m = genl(IpvsMessage::get_dests(&svc), 0x20);
     m.finalize();
     let mut bytes = vec![0u8; m.buffer_len()];
@@ -235,14 +235,7 @@ fn request_encoding() {
 
 #[test]
 fn one_service_is_asked_for_with_the_same_key_as_its_real_servers() {
-    let svc = IpvsService {
-        af: AF_INET6,
-        protocol: 17,
-        addr: Some(ip("2001:db8::10")),
-        port: 53,
-        fwmark: 0,
-        scheduler: String::new(),
-    };
+    let svc = by_address(AF_INET6, 17, "2001:db8::10", 53, "");
     let one = IpvsMessage::get_service(&svc);
     let dests = IpvsMessage::get_dests(&svc);
     assert_eq!(one.cmd, IPVS_CMD_GET_SERVICE);
@@ -300,61 +293,26 @@ fn real_ipvs_in_a_namespace() {
         v.extend(args);
         sh(&v);
     }
-    let x = |args: &[&str]| {
+    // The virtual services (-A) and their real servers (-a), as ipvsadm takes them.
+    for rule in [
+        "-A -t 198.18.0.2:30080 -s rr",
+        "-a -t 198.18.0.2:30080 -r 198.19.1.11:8080 -m",
+        "-A -t 198.18.100.10:80 -s rr",
+        "-a -t 198.18.100.10:80 -r 198.19.1.11:8080 -m",
+        "-A -t 203.0.113.10:80 -s rr",
+        "-a -t 203.0.113.10:80 -r 198.19.1.11:8080 -m",
+        "-a -t 203.0.113.10:80 -r 198.19.1.12:8080 -m -w 3",
+        "-A -u 198.18.100.53:53 -s rr",
+        "-a -u 198.18.100.53:53 -r 198.19.1.11:53 -m",
+        "-A -t [2001:db8::10]:443 -s wrr",
+        "-a -t [2001:db8::10]:443 -r [2001:db8::11]:8443 -m",
+        "-A -f 7 -s rr",
+        "-a -f 7 -r 198.19.1.11 -g",
+    ] {
         let mut v = vec!["ip", "netns", "exec", ns.as_str(), "ipvsadm"];
-        v.extend_from_slice(args);
+        v.extend(rule.split_whitespace());
         sh(&v);
-    };
-    x(&["-A", "-t", "198.18.0.2:30080", "-s", "rr"]);
-    x(&[
-        "-a",
-        "-t",
-        "198.18.0.2:30080",
-        "-r",
-        "198.19.1.11:8080",
-        "-m",
-    ]);
-    x(&["-A", "-t", "198.18.100.10:80", "-s", "rr"]);
-    x(&[
-        "-a",
-        "-t",
-        "198.18.100.10:80",
-        "-r",
-        "198.19.1.11:8080",
-        "-m",
-    ]);
-    x(&["-A", "-t", "203.0.113.10:80", "-s", "rr"]);
-    x(&[
-        "-a",
-        "-t",
-        "203.0.113.10:80",
-        "-r",
-        "198.19.1.11:8080",
-        "-m",
-    ]);
-    x(&[
-        "-a",
-        "-t",
-        "203.0.113.10:80",
-        "-r",
-        "198.19.1.12:8080",
-        "-m",
-        "-w",
-        "3",
-    ]);
-    x(&["-A", "-u", "198.18.100.53:53", "-s", "rr"]);
-    x(&["-a", "-u", "198.18.100.53:53", "-r", "198.19.1.11:53", "-m"]);
-    x(&["-A", "-t", "[2001:db8::10]:443", "-s", "wrr"]);
-    x(&[
-        "-a",
-        "-t",
-        "[2001:db8::10]:443",
-        "-r",
-        "[2001:db8::11]:8443",
-        "-m",
-    ]);
-    x(&["-A", "-f", "7", "-s", "rr"]);
-    x(&["-a", "-f", "7", "-r", "198.19.1.11", "-g"]);
+    }
     let listing = String::from_utf8_lossy(
         &Command::new("ip")
             .args(["netns", "exec", &ns, "ipvsadm", "-Ln"])

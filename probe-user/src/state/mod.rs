@@ -189,4 +189,6 @@ pub fn add_ipvs_nodeports(table: &mut ServiceTable) {
 }
 
 #[cfg(test)]
+pub(crate) mod test_data;
+#[cfg(test)]
 pub(crate) mod test_netns;

@@ -125,13 +125,5 @@ pub fn root_with(tool: &str) -> bool {
 
 /// Runs `args` here (no namespace); panics with its stderr if it fails.
 pub fn sh(args: &[&str]) {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .expect("spawn");
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    test_support::run_ok(Command::new(args[0]).args(&args[1..]), &format!("{args:?}"));
 }

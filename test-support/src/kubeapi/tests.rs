@@ -529,19 +529,15 @@ fn kubectl_describe_lists_the_events_regarding_the_service_by_uid() {
     let dir = tempdir::Dir::new();
     let kubeconfig = dir.0.join("kubeconfig");
     api.write_kubeconfig(&kubeconfig).unwrap();
-    let out = std::process::Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(&kubeconfig)
-        .args(["describe", "service", "web"])
-        .env_remove("KUBECONFIG")
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = crate::run_ok(
+        std::process::Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .args(["describe", "service", "web"])
+            .env_remove("KUBECONFIG"),
+        "kubectl describe service web",
     );
+    let text = String::from_utf8_lossy(&out.stdout);
     let events = text.split("Events:").nth(1).unwrap_or_default();
     assert!(events.contains("LoopbackHairpin"), "{text}");
     assert!(events.contains("LoopbackHairpin note"), "{text}");

@@ -215,7 +215,8 @@ pub(super) fn datapath(
                         .as_deref()
                         .map(|b| vec![("CLB_PROBE_CAPTURE_BYTES", b)])
                         .unwrap_or_default();
-                    let agent = Agent::start_with(probe, work, METRICS_PORT, "warn", &env)?;
+                    let agent =
+                        Agent::start_in(net::NS_NODE, probe, work, METRICS_PORT, "warn", &env)?;
                     startups.push(agent.startup.as_secs_f64() * 1e3);
                     pause(Duration::from_secs(1))?;
                     idle_rss.push(tools::proc_usage(agent.pid())?.1 as f64 / 1024.0);

@@ -1,6 +1,9 @@
 use std::{collections::BTreeMap, time::Duration};
 
-use test_support::kubeapi::{Traffic, TrafficKey};
+use test_support::{
+    assert_contains,
+    kubeapi::{Traffic, TrafficKey},
+};
 
 use super::*;
 use crate::bench::fleet_tables;
@@ -132,32 +135,16 @@ fn the_sections_state_each_target_met_or_missed() {
     let mut summary = Vec::new();
     let load = fleet_tables::load_table(&fleet(1.0), &mut summary);
     // One report write a minute: 60/h, at the target.
-    assert!(
-        load.note.contains("60 writes/h (1.00 a minute): met"),
-        "{}",
-        load.note
-    );
+    assert_contains(&load.note, "60 writes/h (1.00 a minute): met");
     assert_eq!(load.rows.len(), 4 + 4);
     assert_eq!(load.rows[4][0], "fleet of 1000 agents, steady");
     assert_eq!(load.rows[4][3], "60000");
     let plugin = fleet_tables::plugin_table(&fleet(1.0), &mut summary);
-    assert!(
-        plugin.note.contains("1.00 s, 100 MiB: met"),
-        "{}",
-        plugin.note
-    );
-    assert!(
-        plugin.note.contains("1.0 agent write(s)"),
-        "{}",
-        plugin.note
-    );
-    assert!(
-        plugin.note.contains("2.0 plugin write(s)"),
-        "{}",
-        plugin.note
-    );
+    assert_contains(&plugin.note, "1.00 s, 100 MiB: met");
+    assert_contains(&plugin.note, "1.0 agent write(s)");
+    assert_contains(&plugin.note, "2.0 plugin write(s)");
     let slow = fleet_tables::plugin_table(&fleet(4.0), &mut summary);
-    assert!(slow.note.contains("missed"), "{}", slow.note);
+    assert_contains(&slow.note, "missed");
     assert!(
         summary
             .iter()

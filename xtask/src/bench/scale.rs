@@ -538,7 +538,7 @@ fn point(
         _ => "warn,clb_probe::agent::services=info",
     };
     let spawned = Instant::now();
-    let agent = Agent::start_with(probe, work, port, filter, &env)?;
+    let agent = Agent::start_in(net::NS_NODE, probe, work, port, filter, &env)?;
     let pid = agent.pid();
     let ready_ms = agent.startup.as_secs_f64() * 1e3;
     log.wait(n, 0.0)?;

@@ -134,27 +134,17 @@ pub struct Agent {
 
 impl Agent {
     pub fn start(probe: &Path, dir: &Path, metrics_port: u16) -> Result<Agent> {
-        Self::start_with(probe, dir, metrics_port, "warn", &[])
+        Self::start_with_log(probe, dir, metrics_port, "warn")
     }
 
     /// [`Agent::start`] with `CLB_PROBE_LOG` set to `log` (its stderr goes to `agent.log`).
     pub fn start_with_log(probe: &Path, dir: &Path, metrics_port: u16, log: &str) -> Result<Agent> {
-        Self::start_with(probe, dir, metrics_port, log, &[])
+        Self::start_in(net::NS_NODE, probe, dir, metrics_port, log, &[])
     }
 
-    /// The agent with `CLB_PROBE_LOG=log` and extra environment `env`.
-    pub fn start_with(
-        probe: &Path,
-        dir: &Path,
-        metrics_port: u16,
-        log: &str,
-        env: &[(&str, &str)],
-    ) -> Result<Agent> {
-        Self::start_in(net::NS_NODE, probe, dir, metrics_port, log, env)
-    }
-
-    /// [`start_with`](Self::start_with) in network namespace `netns`, which has the bench
-    /// node's NIC and `kube-ipvs0` by their names (the fleet's other nodes).
+    /// The agent in network namespace `netns` (the bench node's, [`net::NS_NODE`], or one of
+    /// the fleet's other nodes, which have its NIC and `kube-ipvs0` by their names), with
+    /// `CLB_PROBE_LOG=log` and extra environment `env`.
     pub fn start_in(
         netns: &str,
         probe: &Path,

@@ -97,6 +97,8 @@ impl LineTiming {
 
 #[cfg(test)]
 mod tests {
+    use test_support::assert_contains;
+
     use super::*;
 
     #[test]
@@ -135,10 +137,6 @@ mod tests {
             "{}",
             t.by_outcome
         );
-        assert!(
-            t.by_outcome.contains("no_reply: 1 lines"),
-            "{}",
-            t.by_outcome
-        );
+        assert_contains(&t.by_outcome, "no_reply: 1 lines");
     }
 }

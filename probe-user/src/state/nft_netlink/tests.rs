@@ -10,16 +10,12 @@ use std::{
 use super::{wire::*, *};
 use crate::state::{
     changes::{FAMILY_IP, FAMILY_IP6},
+    test_data::data_bytes,
     test_netns::Netns,
 };
 
-fn data_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/nft_netlink")
-}
-
 fn fixture(name: &str) -> Vec<u8> {
-    let p = data_dir().join(name);
-    std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+    data_bytes(&format!("nft_netlink/{name}"))
 }
 
 fn rules_of<'a>(rules: &'a [NftRule], chain: &str) -> Vec<&'a NftRule> {
