@@ -111,7 +111,7 @@ impl Correlator {
                 service: s.orig.dst,
                 service_port: s.orig.dport,
             };
-            let event = LoopbackEvent {
+            let mut event = LoopbackEvent {
                 key: key.to_string(),
                 vip: Some(s.orig.dst),
                 vip_port: Some(s.orig.dport),
@@ -127,6 +127,8 @@ impl Correlator {
                     Outcome::NoReply,
                 )
             };
+            // The mode is a fact of every kube-proxy kind (the remedy's versions are its).
+            event.facts.proxy_mode = self.services.source.map(super::remedy::proxy_mode);
             out.push(Output::Report(self.record(key, event, now_ns)));
         }
         out

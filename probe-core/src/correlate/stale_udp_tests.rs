@@ -5,14 +5,14 @@
 
 use std::collections::HashMap;
 
-use probe_contract::{LoopbackKind, Proto};
+use probe_contract::{LoopbackKind, Proto, facts::ProxyMode};
 
 use super::{
     Correlator, CorrelatorConfig, Output,
     stale_udp::{confirm, delete_command, dump_ips},
     tests::{S, assert_mentions, ip},
 };
-use crate::state::{ConntrackEntry, ServiceEntry, ServiceTable, Tuple};
+use crate::state::{ConntrackEntry, ServiceEntry, ServiceSource, ServiceTable, Tuple};
 
 /// The statsd sender, its Service's ClusterIP, and the endpoint that was (also the scenario
 /// of `stale_udp_rejected_tests`).
@@ -165,7 +165,10 @@ fn the_silent_twins() {
 #[test]
 fn the_correlator_reports_an_entry_once_while_it_lives_and_again_after_it_was_deleted() {
     let mut c = Correlator::new(CorrelatorConfig::default());
-    c.set_services(table(&[NEW]));
+    c.set_services(ServiceTable {
+        source: Some(ServiceSource::Iptables),
+        ..table(&[NEW])
+    });
     assert_eq!(c.stale_udp_dump_ips(), vec![ip(CLUSTER_IP)]);
     let stale = [entry(Proto::Udp, OLD, false, 30)];
     assert!(c.stale_udp(&stale, 100 * S).is_empty());
@@ -181,6 +184,11 @@ fn the_correlator_reports_an_entry_once_while_it_lives_and_again_after_it_was_de
     );
     assert_eq!((e.dst, e.dst_port), (ip(OLD), 8125));
     assert_eq!(e.service.as_deref(), Some("monitoring/statsd:statsd"));
+    assert_eq!(
+        e.facts.proxy_mode,
+        Some(ProxyMode::Iptables),
+        "the mode, as every kind's"
+    );
     assert_mentions(
         &e.remedy,
         &[
