@@ -11,6 +11,10 @@ use std::{
 use k8s_openapi::api::core::v1::{LoadBalancerIngress, Service};
 use probe_contract::Proto;
 
+#[path = "service_word.rs"]
+mod word;
+pub use word::ApiWord;
+
 /// Annotations that change how a provider's LB loops back (shown in remedies when set).
 pub const LOOPBACK_ANNOTATIONS: [&str; 5] = [
     // Tencent TKE: health checks from 100.64/10 and the VIP bound for in-cluster calls.
@@ -137,7 +141,7 @@ pub fn proxy_protocol(annotations: &BTreeMap<String, String>) -> Option<String> 
 pub struct ServicePort {
     pub name: Option<String>,
     /// `TCP`, `UDP`, `SCTP`.
-    pub protocol: String,
+    pub protocol: ApiWord,
     pub port: u16,
     pub node_port: Option<u16>,
 }
@@ -149,7 +153,7 @@ pub struct LbIngress {
     pub hostname: Option<String>,
     /// `VIP` (kube-proxy binds the IP on the node) or `Proxy` (it does not); None = unset
     /// (VIP behaviour).
-    pub ip_mode: Option<String>,
+    pub ip_mode: Option<ApiWord>,
 }
 
 /// Source ranges kept per Service (a tenant's list is bounded where it enters; past it the
@@ -166,13 +170,13 @@ pub struct ServiceFacts {
     /// `metadata.uid` (an Event's `regarding` names the object by it).
     pub uid: Option<String>,
     /// `ClusterIP`, `NodePort`, `LoadBalancer`, `ExternalName`.
-    pub service_type: String,
+    pub service_type: ApiWord,
     pub cluster_ips: Box<[IpAddr]>,
     pub external_ips: Box<[IpAddr]>,
     pub ingress: Box<[LbIngress]>,
     pub ports: Box<[ServicePort]>,
     /// `Cluster` or `Local` (None when unset: Cluster).
-    pub external_traffic_policy: Option<String>,
+    pub external_traffic_policy: Option<ApiWord>,
     pub health_check_node_port: Option<u16>,
     /// The [`LOOPBACK_ANNOTATIONS`] that are set, with their values (bounded in the agent's
     /// index, like `annotations`).
@@ -193,7 +197,7 @@ pub struct ServiceFacts {
     /// ([`bounded`]).
     pub annotations: BTreeMap<String, String>,
     /// `metadata.resourceVersion`: `kubectl clb-probe fix --apply` refuses a fix computed
-    /// from another version.
+    /// from another version. None in the agent's index ([`bounded`]): nothing there reads it.
     pub resource_version: Option<String>,
 }
 
@@ -293,18 +297,22 @@ pub fn bounded(mut service: ServiceFacts) -> ServiceFacts {
         service.annotations.retain(|k, _| keep.contains(k));
     }
     let field = |s: &mut String| *s = text(s, API_FIELD_MAX);
+    let word = |w: &mut ApiWord| *w = text(w, API_FIELD_MAX).into();
     for port in &mut service.ports {
         port.name.as_mut().map(field);
-        field(&mut port.protocol);
+        word(&mut port.protocol);
     }
     for ingress in &mut service.ingress {
         ingress.hostname.as_mut().map(field);
-        ingress.ip_mode.as_mut().map(field);
+        ingress.ip_mode.as_mut().map(word);
     }
     service.uid.as_mut().map(field);
     service.load_balancer_class.as_mut().map(field);
-    service.external_traffic_policy.as_mut().map(field);
-    field(&mut service.service_type);
+    service.external_traffic_policy.as_mut().map(word);
+    word(&mut service.service_type);
+    // Only the plugin's `fix --apply` reads it (`ServiceFacts::from_service`, not bounded);
+    // the agent's store would hold it per Service for nothing.
+    service.resource_version = None;
     service
 }
 
@@ -361,7 +369,7 @@ pub fn facts(
         .map(|i| LbIngress {
             ip: i.ip.as_deref().and_then(|ip| ip.parse().ok()),
             hostname: i.hostname.clone(),
-            ip_mode: i.ip_mode.clone(),
+            ip_mode: i.ip_mode.as_deref().map(ApiWord::from),
         })
         .collect();
     let ports = spec
@@ -371,7 +379,7 @@ pub fn facts(
         .filter_map(|p| {
             Some(ServicePort {
                 name: p.name,
-                protocol: p.protocol.unwrap_or_else(|| "TCP".into()),
+                protocol: p.protocol.map_or_else(|| "TCP".into(), ApiWord::from),
                 port: u16::try_from(p.port).ok()?,
                 node_port: p.node_port.and_then(|n| u16::try_from(n).ok()),
             })
@@ -393,12 +401,12 @@ pub fn facts(
         uid: service.metadata.uid.clone(),
         namespace,
         name,
-        service_type: spec.type_.unwrap_or_else(|| "ClusterIP".into()),
+        service_type: spec.type_.map_or_else(|| "ClusterIP".into(), ApiWord::from),
         cluster_ips: cluster_ips.into(),
         external_ips: ips(spec.external_ips).into(),
         ingress,
         ports,
-        external_traffic_policy: spec.external_traffic_policy,
+        external_traffic_policy: spec.external_traffic_policy.map(ApiWord::from),
         health_check_node_port: spec
             .health_check_node_port
             .and_then(|n| u16::try_from(n).ok()),

@@ -387,12 +387,13 @@ pub const ALL_KINDS: [LoopbackKind; LoopbackKind::ALL.len()] = LoopbackKind::ALL
 /// Pure.
 pub fn service_fields(s: &ServiceFacts) -> BTreeMap<String, String> {
     let mut f = BTreeMap::new();
-    f.insert("spec.type".to_string(), s.service_type.clone());
+    f.insert("spec.type".to_string(), s.service_type.to_string());
     f.insert(
         "spec.externalTrafficPolicy".to_string(),
         s.external_traffic_policy
-            .clone()
-            .unwrap_or_else(|| "Cluster".into()),
+            .as_deref()
+            .unwrap_or("Cluster")
+            .to_string(),
     );
     if let Some(class) = &s.load_balancer_class {
         f.insert("spec.loadBalancerClass".to_string(), class.clone());
@@ -400,7 +401,7 @@ pub fn service_fields(s: &ServiceFacts) -> BTreeMap<String, String> {
     for (i, ing) in s.ingress.iter().enumerate() {
         f.insert(
             format!("status.loadBalancer.ingress[{i}].ipMode"),
-            ing.ip_mode.clone().unwrap_or_else(|| "VIP".into()),
+            ing.ip_mode.as_deref().unwrap_or("VIP").to_string(),
         );
     }
     for (k, v) in &s.annotations {
