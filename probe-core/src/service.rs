@@ -11,7 +11,6 @@ use std::{
 use k8s_openapi::api::core::v1::{LoadBalancerIngress, Service};
 use probe_contract::Proto;
 
-#[path = "service_word.rs"]
 mod word;
 pub use word::ApiWord;
 
