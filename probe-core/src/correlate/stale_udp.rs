@@ -45,8 +45,10 @@
 //! connection whose real server is gone is expired under kube-proxy's `expire_nodest_conn=1`
 //! (kubernetes `pkg/proxy/ipvs/proxier.go`, `NewProxier`) together with its conntrack entry.
 //! So a sender that started before the virtual service keeps an un-NATed entry while its
-//! datagrams reach the endpoint, and one whose real server was deleted reaches the new one
-//! (measured on real IPVS, 5.10 and 6.12: `tests/tests/ipvs_stale_udp.rs`). With the table
+//! datagrams reach the endpoint, one whose real server was deleted reaches the new one, and
+//! one whose Service was scaled to zero and back (the virtual service kept with no real
+//! server: each datagram dropped, no entry left) reaches the new endpoint through a fresh
+//! entry (measured on real IPVS, 5.10 and 6.12: `tests/tests/ipvs_stale_udp.rs`). With the table
 //! from IPVS mode ([`ServiceSource::Ipvs`]) nothing is dumped and no entry is stale.
 
 use std::{
