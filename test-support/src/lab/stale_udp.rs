@@ -99,30 +99,55 @@ const NFT_NEW_EP_CHAIN: &str = "endpoint-YC6ZDBCE-monitoring/statsd/udp/statsd__
 /// (`with_service_ip`), the ClusterIP in `cluster-ips` and its `service-ips` element. The old
 /// endpoint's chain is flushed (kube-proxy deletes it in a later sync; nothing points at it).
 fn nft_rules(endpoint_port: u16, with_service_ip: bool) -> String {
-    let t = NFT_TABLE;
-    let (svc, old, new) = (NFT_SVC_CHAIN, NFT_OLD_EP_CHAIN, NFT_NEW_EP_CHAIN);
-    let ep = if endpoint_port == OLD_ENDPOINT_PORT {
-        old
-    } else {
-        new
+    let service = NftService {
+        family: "ip",
+        chains: [NFT_SVC_CHAIN, NFT_OLD_EP_CHAIN, NFT_NEW_EP_CHAIN],
+        pod_b: POD_B_IP.into(),
+        cluster_ip: STATSD_CLUSTER_IP.into(),
     };
-    let mut s = String::new();
-    for c in [svc, ep] {
-        s += &format!("add chain ip {t} {c}\nflush chain ip {t} {c}\n");
+    service.rules(endpoint_port, with_service_ip)
+}
+
+/// The statsd Service in one family's `kube-proxy` table: its chains (service, the old
+/// endpoint's, the new endpoint's), pod B's and the ClusterIP's addresses in that family.
+pub(super) struct NftService {
+    /// `ip` or `ip6`: the table's family, also the word of its address matches.
+    pub family: &'static str,
+    pub chains: [&'static str; 3],
+    pub pod_b: IpAddr,
+    pub cluster_ip: IpAddr,
+}
+
+impl NftService {
+    /// `nft -f` input for the steps of [`nft_rules`], in this family.
+    pub fn rules(&self, endpoint_port: u16, with_service_ip: bool) -> String {
+        let (t, f) = (NFT_TABLE, self.family);
+        let [svc, old, new] = self.chains;
+        let ep = if endpoint_port == OLD_ENDPOINT_PORT {
+            old
+        } else {
+            new
+        };
+        let mut s = String::new();
+        for c in [svc, ep] {
+            s += &format!("add chain {f} {t} {c}\nflush chain {f} {t} {c}\n");
+        }
+        let (pod_b, to) = (self.pod_b, SocketAddr::new(self.pod_b, endpoint_port));
+        s += &format!("add rule {f} {t} {ep} {f} saddr {pod_b} jump mark-for-masquerade\n");
+        s += &format!("add rule {f} {t} {ep} meta l4proto udp dnat to {to}\n");
+        s += &format!("add rule {f} {t} {svc} numgen random mod 1 vmap {{ 0 : goto {ep} }}\n");
+        if ep == new {
+            s += &format!("flush chain {f} {t} {old}\n");
+        }
+        if with_service_ip {
+            let ip = self.cluster_ip;
+            s += &format!("add element {f} {t} cluster-ips {{ {ip} }}\n");
+            s += &format!(
+                "add element {f} {t} service-ips {{ {ip} . udp . {STATSD_PORT} : goto {svc} }}\n"
+            );
+        }
+        s
     }
-    s += &format!("add rule ip {t} {ep} ip saddr {POD_B_IP} jump mark-for-masquerade\n");
-    s += &format!("add rule ip {t} {ep} meta l4proto udp dnat to {POD_B_IP}:{endpoint_port}\n");
-    s += &format!("add rule ip {t} {svc} numgen random mod 1 vmap {{ 0 : goto {ep} }}\n");
-    if ep == new {
-        s += &format!("flush chain ip {t} {old}\n");
-    }
-    if with_service_ip {
-        s += &format!("add element ip {t} cluster-ips {{ {STATSD_CLUSTER_IP} }}\n");
-        s += &format!(
-            "add element ip {t} service-ips {{ {STATSD_CLUSTER_IP} . udp . {STATSD_PORT} : goto {svc} }}\n"
-        );
-    }
-    s
 }
 
 /// The statsd Service in kube-proxy's IPVS mode (`pkg/proxy/ipvs/proxier.go`, `syncService`

@@ -18,9 +18,8 @@ use super::{
     KubeProxyMode, NS_NODE, NS_POD_B,
     cmd::{restore_rules, run_detached, run_stdin},
     kube_proxy,
-    nft::NFT_TABLE,
     servers::SERVER_TAG,
-    stale_udp::{NEW_ENDPOINT_PORT, OLD_ENDPOINT_PORT, STATSD_PORT, STATSD_SERVICE},
+    stale_udp::{NEW_ENDPOINT_PORT, NftService, OLD_ENDPOINT_PORT, STATSD_PORT, STATSD_SERVICE},
     v6::POD_B_IP6,
 };
 
@@ -93,35 +92,17 @@ const NFT_OLD_EP_CHAIN6: &str =
 const NFT_NEW_EP_CHAIN6: &str =
     "endpoint-YYZKF3Z5-monitoring/statsd/udp/statsd__2001.db8.19.1..11/8126";
 
-/// The Service's chains in `ip6 kube-proxy` with its endpoint on pod B at `endpoint_port` (see
-/// `stale_udp`'s `nft_rules`: the same steps, IPv6), in the table the dual-stack layer loaded
-/// ([`super::nft6`]); `first` also adds the ClusterIP's `cluster-ips` and `service-ips`
-/// elements.
+/// The Service's chains in `ip6 kube-proxy` with its endpoint on pod B at `endpoint_port`
+/// (`stale_udp`'s steps, IPv6), in the table the dual-stack layer loaded ([`super::nft6`]);
+/// `first` also adds the ClusterIP's `cluster-ips` and `service-ips` elements.
 fn nft6_rules(endpoint_port: u16, first: bool) -> String {
-    let t = NFT_TABLE;
-    let (svc, old, new) = (NFT_SVC_CHAIN6, NFT_OLD_EP_CHAIN6, NFT_NEW_EP_CHAIN6);
-    let ep = if endpoint_port == OLD_ENDPOINT_PORT {
-        old
-    } else {
-        new
+    let service = NftService {
+        family: "ip6",
+        chains: [NFT_SVC_CHAIN6, NFT_OLD_EP_CHAIN6, NFT_NEW_EP_CHAIN6],
+        pod_b: POD_B_IP6.into(),
+        cluster_ip: STATSD_CLUSTER_IP6.into(),
     };
-    let mut s = String::new();
-    for c in [svc, ep] {
-        s += &format!("add chain ip6 {t} {c}\nflush chain ip6 {t} {c}\n");
-    }
-    s += &format!("add rule ip6 {t} {ep} ip6 saddr {POD_B_IP6} jump mark-for-masquerade\n");
-    s += &format!("add rule ip6 {t} {ep} meta l4proto udp dnat to [{POD_B_IP6}]:{endpoint_port}\n");
-    s += &format!("add rule ip6 {t} {svc} numgen random mod 1 vmap {{ 0 : goto {ep} }}\n");
-    if ep == new {
-        s += &format!("flush chain ip6 {t} {old}\n");
-    }
-    if first {
-        s += &format!("add element ip6 {t} cluster-ips {{ {STATSD_CLUSTER_IP6} }}\n");
-        s += &format!(
-            "add element ip6 {t} service-ips {{ {STATSD_CLUSTER_IP6} . udp . {STATSD_PORT} : goto {svc} }}\n"
-        );
-    }
-    s
+    service.rules(endpoint_port, first)
 }
 
 /// Writes the Service's IPv6 rules in the node's kube-proxy mode (iptables or nftables).
