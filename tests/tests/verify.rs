@@ -875,3 +875,82 @@ fn an_interrupted_verify_deletes_its_request() {
         );
     }
 }
+
+/// Issue #52: a request costs the agent one API write, its answer (the mark that guards
+/// against a request that crashes the agent is a file beside its socket, not a `running`
+/// entry). Issue #49's guard still holds: a request the agent was killed while testing is
+/// answered `refused` by its restart, which does not test it again.
+#[test]
+fn an_answer_is_one_write_and_a_request_the_agent_died_testing_is_refused_by_its_restart() {
+    let Some(lab) = LabGuard::for_test("verify_mark", &unbound()) else {
+        return;
+    };
+    let api = KubeFixture::builder()
+        .object(edge_service("Cluster", "Proxy"))
+        .start();
+    // A socket path the test names, so the restart finds its predecessor's mark beside it.
+    let socket = api.dir().join("probe.sock");
+    let socket = socket.to_str().unwrap();
+    let mark = api.dir().join(format!("verify-testing.{NODE_NAME}"));
+    let agent_args = ["--kube-events", "off", "--socket", socket];
+    let mut agent = api.start_agent(&agent_args);
+    agent.wait_log("verify: answering requests as this node", WAIT);
+
+    let (_, v, stderr) = verify_json(&api);
+    assert_eq!(v.nodes[NODE_NAME].phase, Phase::Done, "{v:#?}\n{stderr}");
+    let status_writes = |api: &KubeFixture| {
+        api.requests()
+            .iter()
+            .filter(|r| r.method == "PATCH" && r.path.contains("loopbackverifications/"))
+            .filter(|r| r.path.split('?').next().unwrap_or("").ends_with("/status"))
+            .count()
+    };
+    assert_eq!(status_writes(&api), 1, "one write for one answer");
+    assert!(!mark.exists(), "an answered request leaves no mark");
+
+    // A request the agent is killed while testing (SIGKILL: no clean-up).
+    let plugin = Command::new("ip")
+        .args(["netns", "exec", lab::NS_NODE])
+        .arg(probe_tests::kube_fixture::plugin_bin())
+        .args(["--kubeconfig", api.kubeconfig()])
+        .args(["verify", "-n", "default", "edge", "--node", NODE_NAME])
+        .args(["--timeout", "90", "-o", "json"])
+        .env_remove("KUBECONFIG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run kubectl-clb_probe");
+    // The first request's test logged one line already: this is the second.
+    wait_for("the second request tested", WAIT, || {
+        (agent.count_log("verify: testing") == 2).then_some(())
+    })
+    .expect("the agent tests the second request");
+    agent.kill();
+    let marked = std::fs::read_to_string(&mark).expect("the killed agent's mark");
+    assert!(
+        marked.starts_with("verify-"),
+        "the mark names the request object: {marked:?}"
+    );
+    let mut restarted = api.start_agent(&agent_args);
+    restarted.wait_log("verify: answering requests as this node", WAIT);
+    let out = plugin.wait_with_output().expect("the plugin ends");
+    let stderr = text(&out.stderr);
+    let v: Verification = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not a verification ({e}): {}\n{stderr}", text(&out.stdout)));
+    let node = &v.nodes[NODE_NAME];
+    assert_eq!(node.phase, Phase::Refused, "{node:#?}\n{stderr}");
+    assert_contains(&node.message, "stopped while testing this request");
+    assert_ne!(
+        out.status.code(),
+        Some(0),
+        "a refused node is not resolved: {stderr}"
+    );
+    assert_eq!(
+        restarted.count_log("verify: testing"),
+        0,
+        "the restart does not test the request again"
+    );
+    assert!(!mark.exists(), "the mark is answered once and removed");
+    assert!(restarted.stop().success());
+    drop(lab);
+}

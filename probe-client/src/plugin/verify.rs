@@ -157,12 +157,15 @@ impl Verification {
             .collect()
     }
 
-    /// Whether any test got no answer (and so proves nothing either way).
+    /// Whether anything proves nothing either way: a test with no answer, or a node that
+    /// tested nothing (it refused, or is still running). A refusal is no test, so never
+    /// "nothing confirmed".
     pub fn not_proven(&self) -> bool {
         self.nodes.values().any(|n| {
-            n.results
-                .iter()
-                .any(|r| r.outcome == VerifyOutcome::NotProven)
+            n.phase != Phase::Done
+                || n.results
+                    .iter()
+                    .any(|r| r.outcome == VerifyOutcome::NotProven)
         })
     }
 
@@ -612,5 +615,23 @@ mod tests {
         );
         assert_eq!(verdict(&v, false), Verdict::Confirmed);
         assert_eq!(verdict(&v, true), Verdict::Confirmed);
+    }
+
+    /// A node that refused (its agent runs with --verify off, is rate-limited, or stopped
+    /// while testing) tested nothing: `verify` says not proven, never clean.
+    #[test]
+    fn a_refused_node_is_not_proven_not_clean() {
+        let mut v = Verification::default();
+        v.nodes.insert(
+            "a".into(),
+            NodeVerification {
+                phase: Phase::Refused,
+                message: "this agent runs with --verify off".into(),
+                ..Default::default()
+            },
+        );
+        assert!(v.not_proven());
+        assert_eq!(verdict(&v, false), Verdict::NotProven(Vec::new()));
+        assert!(matches!(verdict(&v, true), Verdict::NotProven(why) if why[0].contains("refused")));
     }
 }

@@ -16,6 +16,7 @@ mod refresh_policy;
 pub mod services;
 pub mod startup;
 pub mod verify;
+mod verify_mark;
 
 use std::{
     path::PathBuf,
@@ -742,10 +743,17 @@ async fn spawn_verify(
         }
         return Vec::new();
     };
+    let node = cfg.node_name.clone().unwrap_or_else(hub::node_name);
+    let mark = cfg
+        .socket
+        .as_deref()
+        .and_then(|socket| verify_mark::path_beside(socket, &node))
+        .map(verify_mark::TestingMark::at);
     let tester = verify::Tester {
-        node: cfg.node_name.clone().unwrap_or_else(hub::node_name),
+        node,
         shared: shared.clone(),
         index: index.clone(),
+        mark,
     };
     let mut tasks = Vec::new();
     match crate::kube::connect(source).await {

@@ -13,10 +13,11 @@
 //!
 //! From where (issue #49): the node's targets from the node; a pod's loop from inside that
 //! pod's network namespace (`state::netns`, a thread of its own per call), to the LB IP:port
-//! it looped through. A request is marked `running` in this node's entry before anything is
-//! planned, and an entry, once there, is never taken again: a request that crashed the agent
-//! is not retaken by its restart. An agent that is not the node it was named
-//! (`--node-name`, E12) answers nothing.
+//! it looped through. A request is marked as being tested before anything is planned (a file
+//! on the node, [`super::verify_mark`]; `running` in this node's entry where no file can be
+//! written), and an entry, once there, is never taken again: a request that crashed the agent
+//! is not retaken by its restart, which answers it `refused`. An agent that is not the node it
+//! was named (`--node-name`, E12) answers nothing.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -38,6 +39,7 @@ use probe_contract::{
 use tokio::sync::{broadcast, mpsc, watch};
 use tracing::{info, warn};
 
+use super::verify_mark::TestingMark;
 use crate::{
     hub::Shared,
     kube::index::Index,
@@ -67,6 +69,8 @@ pub struct Tester {
     pub node: String,
     pub shared: Shared,
     pub index: watch::Receiver<Arc<Index>>,
+    /// Where the request being tested is marked on the node (None: in the API instead).
+    pub mark: Option<TestingMark>,
 }
 
 /// A request taken from the watch.
@@ -107,9 +111,13 @@ pub async fn serve(
     }
     info!(node = %tester.node, "verify: answering requests as this node");
     let api: Api<DynamicObject> = Api::all_with(client, &api_resource());
+    let mut taken: HashSet<String> = HashSet::new();
+    if let Some(name) = tester.mark.as_ref().and_then(TestingMark::take_left_over) {
+        answer_left_over(&api, &tester.node, &name).await;
+        taken.insert(name);
+    }
     let (tx, rx) = mpsc::channel::<Request>(QUEUE);
     let worker = tokio::spawn(answer_requests(api.clone(), tester.clone(), allowed, rx));
-    let mut taken: HashSet<String> = HashSet::new();
     let mut failing = false;
     let mut events = std::pin::pin!(
         // This node's request objects only (H3): not every node's answers to every request.
@@ -194,9 +202,44 @@ fn take(object: &DynamicObject, tester: &Tester, taken: &HashSet<String>) -> Opt
     })
 }
 
-/// One request at a time: `running` written first (an entry, once written, is never taken
-/// again: a request that crashes the agent is not retaken by its restart), then planned,
-/// tested and answered.
+/// The request a previous agent of this node marked and never answered: it stopped (crashed,
+/// was killed or restarted) while testing it. Answered `refused`, one write, and not taken
+/// again, so a request that crashes the agent cannot crash it again.
+async fn answer_left_over(api: &Api<DynamicObject>, node: &str, name: &str) {
+    let now = now_rfc3339();
+    let entry = NodeVerification {
+        phase: Phase::Refused,
+        started_at: now.clone(),
+        finished_at: now,
+        message: "this node's agent stopped while testing this request (it crashed, was killed or restarted); the request is not tested again".to_owned(),
+        ..Default::default()
+    };
+    warn!(request = %name, "verify: the agent stopped while testing this request; answered refused, not taken again");
+    write(api, name, node, &entry).await;
+}
+
+/// Marks `request` as being tested before anything is planned (the crash guard): on the node
+/// when it can, else `running` in the API (one more write).
+async fn mark_testing(
+    api: &Api<DynamicObject>,
+    tester: &Tester,
+    request: &str,
+    entry: &NodeVerification,
+) {
+    if let Some(mark) = &tester.mark {
+        match mark.set(request) {
+            Ok(()) => return,
+            Err(e) => {
+                warn!(request = %request, error = %e, "verify: cannot mark the request on the node; marking it in the API")
+            }
+        }
+    }
+    write(api, request, &tester.node, entry).await;
+}
+
+/// One request at a time: marked first (an entry, once written, is never taken again, and a
+/// marked request is answered `refused` by a restart: a request that crashes the agent is not
+/// retaken), then planned, tested and answered.
 async fn answer_requests(
     api: Api<DynamicObject>,
     tester: Tester,
@@ -212,7 +255,7 @@ async fn answer_requests(
             ..Default::default()
         };
         let service = r.spec.service.key();
-        write(&api, &r.name, &tester.node, &entry).await;
+        mark_testing(&api, &tester, &r.name, &entry).await;
         let planned = if !allowed {
             Err(Refusal::Off)
         } else if let Err(limit) = limits.admit(&r.requester, Instant::now()) {
@@ -247,6 +290,9 @@ async fn answer_requests(
         tester.shared.test_traffic().count_request(entry.phase);
         info!(request = %r.name, %service, phase = entry.phase.as_str(), "verify: answered");
         write(&api, &r.name, &tester.node, &entry).await;
+        if let Some(mark) = &tester.mark {
+            mark.clear();
+        }
     }
 }
 
