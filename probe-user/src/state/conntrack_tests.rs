@@ -7,7 +7,7 @@ use netlink_packet_core::Nla;
 use probe_core::test_events::{DO_PP, LB, POD_A, POD_B, proxy_protocol_ingress};
 
 use super::*;
-use crate::state::test_netns::{Netns, root_with, sh};
+use crate::state::test_netns::{Netns, scratch_with, sh};
 
 /// The call's connection, masqueraded or not; not another call of the pod's, nor an
 /// answer from another port.
@@ -603,10 +603,9 @@ fn capture_ctnetlink_fixtures() {
 #[test]
 #[allow(clippy::print_stdout, reason = "a test's diagnostics")]
 fn the_kernel_s_entries_of_a_reset_and_an_answered_call_are_told_apart() {
-    if !root_with("conntrack") {
+    let Some(ns) = scratch_with("conntrack", "pp") else {
         return;
-    }
-    let ns = Netns::new("pp", &[""]);
+    };
     for (sport, state) in [("54084", "CLOSE"), ("54096", "TIME_WAIT")] {
         ns.exec(
             0,
