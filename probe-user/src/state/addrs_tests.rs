@@ -7,6 +7,18 @@ fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
+/// A unicast `proto kernel` route to `dst` out of `oif` in `table`, without a gateway.
+fn kernel_route(dst: &str, oif: u32, table: u32) -> RouteEntry {
+    RouteEntry {
+        dst: Prefix::parse(dst).unwrap(),
+        oif: Some(oif),
+        gateway: None,
+        table,
+        local: false,
+        protocol: 2,
+    }
+}
+
 /// Each of `addrs` looks up as `want` (a failure names the address).
 fn assert_tagged(sets: &AddressSets, want: Option<Tag>, addrs: &[&str]) {
     for a in addrs {
@@ -23,12 +35,8 @@ fn lab_node() -> NodeState {
     };
     let addr = |ifindex, a: &str, prefix_len| AddrEntry::plain(ifindex, ip(a), prefix_len);
     let route = |dst: &str, oif, gw: Option<&str>| RouteEntry {
-        dst: Prefix::parse(dst).unwrap(),
-        oif: Some(oif),
         gateway: gw.map(ip),
-        table: 254,
-        local: false,
-        protocol: 2,
+        ..kernel_route(dst, oif, 254)
     };
     NodeState {
         links: vec![
@@ -136,14 +144,7 @@ fn default_nics_by_node_shape() {
             });
         }
         for (dst, oif, table) in routes {
-            st.routes.push(RouteEntry {
-                dst: Prefix::parse(dst).unwrap(),
-                oif: Some(oif),
-                gateway: None,
-                table,
-                local: false,
-                protocol: 2,
-            });
+            st.routes.push(kernel_route(dst, oif, table));
         }
         let mut got: Vec<String> = classify(&st, &cfg())
             .nics
@@ -162,14 +163,7 @@ fn pods_come_from_the_main_table_only() {
     let mut st = lab_node();
     // A per-ENI table's route to a pod-facing veth (policy routing for the pod's replies)
     // must not tag anything beyond what main says.
-    st.routes.push(RouteEntry {
-        dst: Prefix::parse("198.19.9.0/24").unwrap(),
-        oif: Some(4),
-        gateway: None,
-        table: 2,
-        local: false,
-        protocol: 2,
-    });
+    st.routes.push(kernel_route("198.19.9.0/24", 4, 2));
     let sets = classify(&st, &cfg());
     assert_eq!(sets.lookup(ip("198.19.9.5")), None);
     assert_eq!(sets.lookup(ip("198.19.1.10")), Some(Tag::Pod));
@@ -191,14 +185,7 @@ fn vip_wins_over_node_and_node_over_pod() {
     // The same address on the NIC and on kube-ipvs0.
     st.addrs.push(AddrEntry::plain(2, ip("203.0.113.10"), 32));
     // A pod route covering a node address.
-    st.routes.push(RouteEntry {
-        dst: Prefix::parse("198.19.1.1/32").unwrap(),
-        oif: Some(4),
-        gateway: None,
-        table: 254,
-        local: false,
-        protocol: 2,
-    });
+    st.routes.push(kernel_route("198.19.1.1/32", 4, 254));
     let sets = classify(&st, &cfg());
     assert_eq!(sets.lookup(ip("203.0.113.10")), Some(Tag::Vip));
     assert_eq!(sets.lookup(ip("198.19.1.1")), Some(Tag::Node));
