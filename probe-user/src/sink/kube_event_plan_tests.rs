@@ -268,10 +268,10 @@ fn a_note_names_the_first_fix_and_the_command_that_applies_it() {
     );
     assert!(!n.contains("Remedy:"), "{n}");
     e.fixes.remove(0);
+    let n = note(&e);
     assert!(
-        note(&e).ends_with("Fix: call-by-service-name: change of call-by-service-name."),
-        "{}",
-        note(&e)
+        n.ends_with("Fix: call-by-service-name: change of call-by-service-name."),
+        "{n}"
     );
 }
 
