@@ -268,22 +268,38 @@ fn skip() -> bool {
 
 /// Inserts, in the namespace `ns` holds at `index`, the answered call 198.18.0.10:40000 ->
 /// 203.0.113.10:80/tcp masqueraded to 198.51.100.1, kept for `timeout` seconds.
+/// `conntrack -I` in namespace `index` of the entry `proto` `src`:`sport` -> `dst`:`dport`,
+/// then `rest` (its state, timeout, status and NAT).
+fn conntrack_insert(
+    ns: &Netns,
+    index: usize,
+    [proto, src, sport, dst, dport]: [&str; 5],
+    rest: &[&str],
+) {
+    let mut args = vec![
+        "conntrack",
+        "-I",
+        "-p",
+        proto,
+        "-s",
+        src,
+        "-d",
+        dst,
+        "--sport",
+        sport,
+        "--dport",
+        dport,
+    ];
+    args.extend_from_slice(rest);
+    ns.exec(index, &args);
+}
+
 fn insert_the_snatted_call(ns: &Netns, index: usize, timeout: &str) {
-    ns.exec(
+    conntrack_insert(
+        ns,
         index,
+        ["tcp", "198.18.0.10", "40000", "203.0.113.10", "80"],
         &[
-            "conntrack",
-            "-I",
-            "-p",
-            "tcp",
-            "-s",
-            "198.18.0.10",
-            "-d",
-            "203.0.113.10",
-            "--sport",
-            "40000",
-            "--dport",
-            "80",
             "--state",
             "ESTABLISHED",
             "--timeout",
@@ -355,26 +371,11 @@ fn filtered_dumps_are_filtered_by_the_kernel() {
     }
     let ns = Netns::new("ctf", &["node"]);
     let insert = |proto: &str, src: &str, sport: &str, dst: &str, dport: &str| {
-        let mut args = vec![
-            "conntrack",
-            "-I",
-            "-p",
-            proto,
-            "-s",
-            src,
-            "-d",
-            dst,
-            "--sport",
-            sport,
-            "--dport",
-            dport,
-            "--timeout",
-            "120",
-        ];
+        let mut rest = vec!["--timeout", "120"];
         if proto == "tcp" {
-            args.extend(["--state", "ESTABLISHED"]);
+            rest.extend(["--state", "ESTABLISHED"]);
         }
-        ns.exec(0, &args);
+        conntrack_insert(&ns, 0, [proto, src, sport, dst, dport], &rest);
     };
     // The wanted LB IP:port, the same IP on another port, another IP on the same port, UDP.
     insert("tcp", "198.18.0.10", "40000", "203.0.113.10", "443");
@@ -396,10 +397,9 @@ fn filtered_dumps_are_filtered_by_the_kernel() {
     };
     // The agent's self-call question: the caller's entries from its port.
     let from_client_port = OrigFilter {
-        src: Some(ip("198.18.0.10")),
         proto: Some(Proto::Tcp),
         sport: Some(40002),
-        ..OrigFilter::default()
+        ..from_client
     };
     let to_lb6 = OrigFilter {
         dst: Some(ip("2001:db8::10")),
@@ -539,40 +539,17 @@ fn capture_ctnetlink_fixtures() {
         assert!(client.success(), "client to {dst}:{port}");
     }
     insert_the_snatted_call(&ns, 1, "600");
-    ns.exec(
+    conntrack_insert(
+        &ns,
         1,
-        &[
-            "conntrack",
-            "-I",
-            "-p",
-            "udp",
-            "-s",
-            "198.18.0.11",
-            "-d",
-            "203.0.113.53",
-            "--sport",
-            "5353",
-            "--dport",
-            "53",
-            "--timeout",
-            "600",
-        ],
+        ["udp", "198.18.0.11", "5353", "203.0.113.53", "53"],
+        &["--timeout", "600"],
     );
-    ns.exec(
+    conntrack_insert(
+        &ns,
         1,
+        ["tcp", "2001:db8:1::10", "41000", "2001:db8:2::80", "443"],
         &[
-            "conntrack",
-            "-I",
-            "-p",
-            "tcp",
-            "-s",
-            "2001:db8:1::10",
-            "-d",
-            "2001:db8:2::80",
-            "--sport",
-            "41000",
-            "--dport",
-            "443",
             "--state",
             "SYN_RECV",
             "--timeout",
@@ -607,21 +584,11 @@ fn the_kernel_s_entries_of_a_reset_and_an_answered_call_are_told_apart() {
         return;
     };
     for (sport, state) in [("54084", "CLOSE"), ("54096", "TIME_WAIT")] {
-        ns.exec(
+        conntrack_insert(
+            &ns,
             0,
+            ["tcp", POD_A, sport, LB, "9443"],
             &[
-                "conntrack",
-                "-I",
-                "-p",
-                "tcp",
-                "-s",
-                POD_A,
-                "-d",
-                LB,
-                "--sport",
-                sport,
-                "--dport",
-                "9443",
                 "--state",
                 state,
                 "--timeout",
