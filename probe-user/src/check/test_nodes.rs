@@ -16,6 +16,7 @@ pub(super) fn ip(s: &str) -> IpAddr {
 
 /// Each of `parts` stands in `lines` joined (a finding's evidence or remedy); a failure names
 /// the part and shows the text.
+#[track_caller]
 pub(super) fn assert_holds(lines: &[String], parts: &[&str]) {
     let text = lines.join("\n");
     for part in parts {

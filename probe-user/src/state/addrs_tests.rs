@@ -20,6 +20,7 @@ fn kernel_route(dst: &str, oif: u32, table: u32) -> RouteEntry {
 }
 
 /// Each of `addrs` looks up as `want` (a failure names the address).
+#[track_caller]
 fn assert_tagged(sets: &AddressSets, want: Option<Tag>, addrs: &[&str]) {
     for a in addrs {
         assert_eq!(sets.lookup(ip(a)), want, "{a}");

@@ -55,6 +55,13 @@ fn t(src: &str, sport: u16, dst: &str, dport: u16, proto: Proto) -> Tuple {
     }
 }
 
+/// `e`'s original and reply tuples are `orig` and `reply`.
+#[track_caller]
+fn assert_tuples(e: &ConntrackEntry, orig: Tuple, reply: Tuple) {
+    assert_eq!(e.orig, orig);
+    assert_eq!(e.reply, reply);
+}
+
 fn fixture(name: &str) -> Vec<u8> {
     std::fs::read(format!("{DATA}{name}")).expect("fixture")
 }
@@ -107,13 +114,10 @@ fn parses_captured_v4_dump() {
         .iter()
         .find(|e| e.orig.proto == Proto::Udp)
         .expect("udp entry");
-    assert_eq!(
-        udp.orig,
-        t("198.18.0.11", 5353, "203.0.113.53", 53, Proto::Udp)
-    );
-    assert_eq!(
-        udp.reply,
-        t("203.0.113.53", 53, "198.18.0.11", 5353, Proto::Udp)
+    assert_tuples(
+        udp,
+        t("198.18.0.11", 5353, "203.0.113.53", 53, Proto::Udp),
+        t("203.0.113.53", 53, "198.18.0.11", 5353, Proto::Udp),
     );
     assert!(!udp.snat && !udp.dnat && !udp.seen_reply);
     assert_eq!(udp.tcp_state, None);
@@ -124,13 +128,10 @@ fn parses_captured_v6_dump() {
     let entries = parse_messages(&fixture("dump-v6.bin")).unwrap();
     assert_eq!(entries.len(), 1);
     let e = &entries[0];
-    assert_eq!(
-        e.orig,
-        t("2001:db8:1::10", 41000, "2001:db8:2::80", 443, Proto::Tcp)
-    );
-    assert_eq!(
-        e.reply,
-        t("2001:db8:2::80", 443, "2001:db8:1::1", 41000, Proto::Tcp)
+    assert_tuples(
+        e,
+        t("2001:db8:1::10", 41000, "2001:db8:2::80", 443, Proto::Tcp),
+        t("2001:db8:2::80", 443, "2001:db8:1::1", 41000, Proto::Tcp),
     );
     assert!(e.snat && e.seen_reply);
     assert_eq!(e.tcp_state.as_deref(), Some("SYN_RECV"));

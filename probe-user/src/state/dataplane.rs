@@ -397,6 +397,7 @@ mod tests {
 
     /// [`programmed`] in `ns` finds `served`: its read names `read_names`, its rule or element
     /// holds `found_holds`; the same VIP on an unserved port (4/TCP) finds nothing.
+    #[track_caller]
     fn assert_programmed(
         ns: &Netns,
         source: ServiceSource,
