@@ -170,15 +170,12 @@ impl Connection {
 
 /// Sends one request on a fresh socket of `protocol`: see [`Connection::request`] (and
 /// [`request_kept`] for look-ups that must not wait for the socket's close).
-pub fn request<T>(
+pub fn request(
     protocol: isize,
     op: &'static str,
-    msg: NetlinkMessage<T>,
+    msg: NetlinkMessage<impl NetlinkSerializable>,
     dump: bool,
-) -> Result<Vec<u8>, NetlinkError>
-where
-    T: NetlinkSerializable,
-{
+) -> Result<Vec<u8>, NetlinkError> {
     Connection::open(protocol, op)?.request(op, msg, dump)
 }
 
@@ -207,24 +204,16 @@ fn thread_netns() -> Option<u64> {
 /// `conntrack -G` in a loop beside an `iptables-restore`), a kept one none. A socket that
 /// failed (not a kernel refusal) is dropped and the request tried once more on a new one;
 /// replies to an abandoned request are skipped by sequence number.
-pub fn request_kept<T>(
+pub fn request_kept(
     protocol: isize,
     op: &'static str,
-    msg: NetlinkMessage<T>,
+    msg: NetlinkMessage<impl NetlinkSerializable + Clone>,
     dump: bool,
-) -> Result<Vec<u8>, NetlinkError>
-where
-    T: NetlinkSerializable + Clone,
-{
+) -> Result<Vec<u8>, NetlinkError> {
     let Some(ns) = thread_netns() else {
         return request(protocol, op, msg, dump);
     };
-    let kept = KEPT.with(|k| {
-        let mut k = k.borrow_mut();
-        let at = k.iter().position(|(p, n, _)| *p == protocol && *n == ns)?;
-        Some(k.swap_remove(at).2)
-    });
-    let (mut conn, fresh) = match kept {
+    let (mut conn, fresh) = match take_kept(protocol, ns) {
         Some(c) => (c, false),
         None => (Connection::open(protocol, op)?, true),
     };
@@ -235,10 +224,7 @@ where
         }
         other => other,
     };
-    if matches!(result, Ok(_) | Err(NetlinkError::Kernel { .. })) {
-        KEPT.with(|k| k.borrow_mut().push((protocol, ns, conn)));
-    }
-    result
+    keep_unless_failed(protocol, ns, conn, result)
 }
 
 /// Runs `f` on this thread's kept socket of `protocol` in the calling thread's network
@@ -253,16 +239,30 @@ pub fn with_kept<R>(
     let Some(ns) = thread_netns() else {
         return f(&mut Connection::open(protocol, op)?);
     };
-    let kept = KEPT.with(|k| {
-        let mut k = k.borrow_mut();
-        let at = k.iter().position(|(p, n, _)| *p == protocol && *n == ns)?;
-        Some(k.swap_remove(at).2)
-    });
-    let mut conn = match kept {
+    let mut conn = match take_kept(protocol, ns) {
         Some(c) => c,
         None => Connection::open(protocol, op)?,
     };
     let result = f(&mut conn);
+    keep_unless_failed(protocol, ns, conn, result)
+}
+
+/// This thread's kept socket of `protocol` in namespace `ns`, taken out while it is used.
+fn take_kept(protocol: isize, ns: u64) -> Option<Connection> {
+    KEPT.with(|k| {
+        let mut k = k.borrow_mut();
+        let at = k.iter().position(|(p, n, _)| *p == protocol && *n == ns)?;
+        Some(k.swap_remove(at).2)
+    })
+}
+
+/// Puts `conn` back unless `result` says the socket failed (a kernel refusal leaves it sound).
+fn keep_unless_failed<R>(
+    protocol: isize,
+    ns: u64,
+    conn: Connection,
+    result: Result<R, NetlinkError>,
+) -> Result<R, NetlinkError> {
     if matches!(result, Ok(_) | Err(NetlinkError::Kernel { .. })) {
         KEPT.with(|k| k.borrow_mut().push((protocol, ns, conn)));
     }

@@ -163,7 +163,8 @@ fn have(cmd: &str) -> bool {
     which(cmd).is_some()
 }
 
-fn run(cmd: &mut Command) -> anyhow::Result<()> {
+/// Runs `cmd` to its end; an error when it cannot start or fails.
+pub(crate) fn run(cmd: &mut Command) -> anyhow::Result<()> {
     let status = cmd
         .status()
         .with_context(|| format!("failed to start {cmd:?}"))?;
@@ -173,18 +174,45 @@ fn run(cmd: &mut Command) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs `cmd` to its end: its stdout, or an error with its stderr.
+/// Runs `cmd` to its end: its stdout, or an error with its exit status and stderr.
 pub(crate) fn output(cmd: &mut Command) -> anyhow::Result<String> {
     let out = cmd
         .output()
         .with_context(|| format!("failed to start {cmd:?}"))?;
     if !out.status.success() {
         bail!(
-            "{cmd:?} failed: {}",
+            "{cmd:?} failed ({}): {}",
+            out.status,
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Runs `cmd` with `input` on its standard input, its stdout discarded; an error with its exit
+/// status and stderr when it fails.
+pub(crate) fn feed(cmd: &mut Command, input: &str) -> anyhow::Result<()> {
+    use std::{io::Write as _, process::Stdio};
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("failed to start {cmd:?}"))?;
+    child
+        .stdin
+        .take()
+        .context("stdin")?
+        .write_all(input.as_bytes())?;
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
 }
 
 /// Installs Debian packages whose command is missing. `extra` adds (package, command) pairs

@@ -27,17 +27,6 @@ fn took(name: &str, start: std::time::Instant) {
     eprintln!("test: {name}: took {:.0} s", start.elapsed().as_secs_f64());
 }
 
-/// Runs `cmd`; an error when it fails.
-fn run_step(cmd: &mut Command) -> anyhow::Result<()> {
-    let status = cmd
-        .status()
-        .with_context(|| format!("failed to start {cmd:?}"))?;
-    if !status.success() {
-        bail!("{cmd:?} failed ({status})");
-    }
-    Ok(())
-}
-
 /// Totals over every `cargo test` run, for one closing line CI can read.
 #[derive(Debug, Default)]
 pub struct Totals {
@@ -189,7 +178,7 @@ fn stages(
         // `imports_granularity`), options only the nightly applies (issue #50). The nightly is
         // there already: the eBPF build needs it (setup adds its rustfmt).
         timed(clock, "cargo +nightly fmt --check", || {
-            run_step(
+            crate::setup::run(
                 Command::new("cargo")
                     .current_dir(root)
                     .args(["+nightly", "fmt", "--all", "--", "--check"]),
@@ -308,7 +297,7 @@ impl Beside {
         }
         if !args.no_lint {
             self.step("cargo clippy -D warnings (userspace, xtask, tests)", |_| {
-                run_step(crate::build::workspace_cargo(root, "clippy").args([
+                crate::setup::run(crate::build::workspace_cargo(root, "clippy").args([
                     "--all-targets",
                     "--",
                     "-D",
@@ -320,7 +309,7 @@ impl Beside {
             self.step(
                 "cargo clippy -D warnings (the demo's agent: clb-probe without default features)",
                 |_| {
-                    run_step(crate::build::cargo().current_dir(root).args([
+                    crate::setup::run(crate::build::cargo().current_dir(root).args([
                         "clippy",
                         "-p",
                         "clb-probe",
@@ -336,7 +325,7 @@ impl Beside {
             self.step(
                 "cargo clippy -D warnings (eBPF programs, bpfel-unknown-none)",
                 |_| {
-                    run_step(Command::new("cargo").current_dir(root).args([
+                    crate::setup::run(Command::new("cargo").current_dir(root).args([
                         "+nightly",
                         "clippy",
                         "-p",

@@ -4,11 +4,12 @@
 //! [`super::queries`], which answers off this loop.
 
 use std::{
+    net::IpAddr,
     sync::Arc,
     time::{Duration, Instant},
 };
 
-use probe_contract::{Confirmation, clock::monotonic_ns, record::KernelRecord};
+use probe_contract::{Confirmation, Proto, clock::monotonic_ns, record::KernelRecord};
 use tokio::{
     signal::unix::{Signal, SignalKind, signal},
     sync::{mpsc, watch},
@@ -159,21 +160,8 @@ fn look_for_proxy_protocol(l: &CorrelateLoop, tx: &mpsc::Sender<ProxyProtocolDum
         // were 5,000 dumps a round). Once per IP: two Services may name the same one, and an
         // entry read twice would be counted twice.
         let (ips, wanted) = crate::correlate::proxy_protocol::dump_plan(&targets);
-        let mut entries = Vec::new();
-        for ip in ips {
-            let filter = state::conntrack::OrigFilter {
-                dst: Some(ip),
-                proto: Some(probe_contract::Proto::Tcp),
-                ..Default::default()
-            };
-            match state::conntrack::dump_filtered(&filter) {
-                Ok(e) => entries.extend(
-                    e.into_iter()
-                        .filter(|e| wanted.contains(&(e.orig.dst, e.orig.dport))),
-                ),
-                Err(error) => debug!(%error, "conntrack dump for PROXY-protocol resets"),
-            }
-        }
+        let mut entries = dump_per_ip(ips, Proto::Tcp, "PROXY-protocol resets");
+        entries.retain(|e| wanted.contains(&(e.orig.dst, e.orig.dport)));
         let _ = tx.blocking_send((entries, targets));
     });
     true
@@ -196,21 +184,29 @@ fn look_for_stale_udp(correlator: &Correlator, tx: &mpsc::Sender<StaleUdpDump>) 
     let tx = tx.clone();
     tokio::task::spawn_blocking(move || {
         let at_ns = monotonic_ns();
-        let mut entries = Vec::new();
-        for ip in ips {
-            let filter = state::conntrack::OrigFilter {
-                dst: Some(ip),
-                proto: Some(probe_contract::Proto::Udp),
-                ..Default::default()
-            };
-            match state::conntrack::dump_filtered(&filter) {
-                Ok(e) => entries.extend(e),
-                Err(error) => debug!(%error, "conntrack dump for stale UDP entries"),
-            }
-        }
+        let entries = dump_per_ip(ips, Proto::Udp, "stale UDP entries");
         let _ = tx.blocking_send((entries, at_ns));
     });
     true
+}
+
+/// The `proto` entries whose original destination is one of `ips`, one kernel-filtered dump
+/// per IP (blocking). A failed dump proves nothing: it is said at debug level, naming
+/// `looking_for`, and the other IPs' entries stand.
+fn dump_per_ip(ips: Vec<IpAddr>, proto: Proto, looking_for: &str) -> Vec<state::ConntrackEntry> {
+    let mut entries = Vec::new();
+    for ip in ips {
+        let filter = state::conntrack::OrigFilter {
+            dst: Some(ip),
+            proto: Some(proto),
+            ..Default::default()
+        };
+        match state::conntrack::dump_filtered(&filter) {
+            Ok(e) => entries.extend(e),
+            Err(error) => debug!(%error, "conntrack dump for {looking_for}"),
+        }
+    }
+    entries
 }
 
 /// A stale UDP dump's entries, to the correlator.

@@ -114,6 +114,10 @@ mod tests {
         Duration::from_secs(n)
     }
 
+    fn started(lookup: Lookup, out: bool) -> Signal {
+        Signal::Started { lookup, out }
+    }
+
     #[test]
     fn each_look_up_is_due_its_interval_after_the_start_and_then_after_the_last_one() {
         let t0 = Instant::now();
@@ -121,22 +125,10 @@ mod tests {
         assert_eq!(t.step(Signal::Tick, t0), []);
         assert_eq!(t.step(Signal::Tick, t0 + s(3)), [Lookup::ProxyProtocol]);
         // Nothing to look up (no LB with PROXY protocol): asked again an interval later.
-        t.step(
-            Signal::Started {
-                lookup: Lookup::ProxyProtocol,
-                out: false,
-            },
-            t0 + s(3),
-        );
+        t.step(started(Lookup::ProxyProtocol, false), t0 + s(3));
         assert_eq!(t.step(Signal::Tick, t0 + s(5)), []);
         assert_eq!(t.step(Signal::Tick, t0 + s(6)), [Lookup::ProxyProtocol]);
-        t.step(
-            Signal::Started {
-                lookup: Lookup::ProxyProtocol,
-                out: false,
-            },
-            t0 + s(6),
-        );
+        t.step(started(Lookup::ProxyProtocol, false), t0 + s(6));
         // Both due on one tick: the proof first.
         assert_eq!(
             t.step(Signal::Tick, t0 + s(10)),
@@ -172,13 +164,7 @@ mod tests {
             t.step(Signal::Tick, t0 + s(5)),
             [Lookup::ProxyProtocol, Lookup::StaleUdp]
         );
-        t.step(
-            Signal::Started {
-                lookup: Lookup::StaleUdp,
-                out: true,
-            },
-            t0 + s(5),
-        );
+        t.step(started(Lookup::StaleUdp, true), t0 + s(5));
         assert_eq!(
             t.step(Signal::Tick, t0 + s(10)),
             [Lookup::Proof, Lookup::ProxyProtocol]

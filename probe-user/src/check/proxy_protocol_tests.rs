@@ -5,7 +5,7 @@ use probe_contract::check::{CheckReport, Finding, Kind, Severity};
 
 use super::{
     Inputs, rules, services,
-    test_nodes::{VIP, lab, pairs, unbind, web},
+    test_nodes::{VIP, assert_holds, lab, pairs, unbind, web},
 };
 use crate::state::ServiceSource;
 
@@ -100,18 +100,17 @@ fn the_finding_names_the_annotation_the_short_circuit_and_the_provider_s_hostnam
         .pop()
         .unwrap();
     assert!(f.summary.contains("shop/web"), "{}", f.summary);
-    let evidence = f.evidence.join("\n");
-    assert!(
-        evidence.contains("load-balancer.hetzner.cloud/uses-proxyprotocol: true"),
-        "{evidence}"
+    assert_holds(
+        &f.evidence,
+        &[
+            "load-balancer.hetzner.cloud/uses-proxyprotocol: true",
+            "iptables KUBE-SERVICES",
+            "ignores ipMode",
+        ],
     );
-    assert!(evidence.contains("iptables KUBE-SERVICES"), "{evidence}");
-    assert!(evidence.contains("ignores ipMode"), "{evidence}");
-    let remedy = f.remedy.join("\n");
-    assert!(remedy.contains("svc.cluster.local"), "{remedy}");
-    assert!(
-        remedy.contains("load-balancer.hetzner.cloud/hostname"),
-        "{remedy}"
+    assert_holds(
+        &f.remedy,
+        &["svc.cluster.local", "load-balancer.hetzner.cloud/hostname"],
     );
 }
 

@@ -14,6 +14,16 @@ pub(super) fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
+/// Each of `parts` stands in `lines` joined (a finding's evidence or remedy); a failure names
+/// the part and shows the text.
+#[track_caller]
+pub(super) fn assert_holds(lines: &[String], parts: &[&str]) {
+    let text = lines.join("\n");
+    for part in parts {
+        assert!(text.contains(part), "{part:?} not in:\n{text}");
+    }
+}
+
 pub(super) const VIP: &str = "203.0.113.10";
 /// `iptables-save -t nat` masquerade rule of every kube-proxy mode (as the reader keeps it).
 pub(super) const KUBE_MASQ: &str = "-A KUBE-POSTROUTING -m comment --comment \"kubernetes service traffic \

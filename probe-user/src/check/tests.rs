@@ -6,7 +6,9 @@ use probe_core::service::{LbIngress, ServiceFacts};
 
 use super::{
     Inputs, KernelView, attach_fixes, render, rules, services,
-    test_nodes::{KUBE_MASQ, POD_MASQ, VIP, ip, ipvs, lab, masquerade, pairs, unbind, web},
+    test_nodes::{
+        KUBE_MASQ, POD_MASQ, VIP, assert_holds, ip, ipvs, lab, masquerade, pairs, unbind, web,
+    },
 };
 use crate::state::{ServiceSource, ServiceTable, addrs::Prefix};
 
@@ -644,21 +646,19 @@ fn an_etp_local_lb_ip_in_no_endpoint_services_is_a_risk_and_its_twin_is_not() {
         .find(|f| f.kind == Kind::EtpLocalDrop)
         .unwrap();
     assert!(f.summary.contains("default/web-local"), "{}", f.summary);
-    let evidence = f.evidence.join("\n");
-    assert!(
-        evidence.contains(
+    assert_holds(
+        &f.evidence,
+        &[
             "map no-endpoint-services has the element 203.0.113.10 . tcp . 8445 comment \
-             \"default/web-local:http\" : drop"
-        ),
-        "{evidence}"
+             \"default/web-local:http\" : drop",
+            "198.19.2.10:30080",
+        ],
     );
-    assert!(evidence.contains("198.19.2.10:30080"), "{evidence}");
     let remedy = f.remedy.join("\n");
     assert!(remedy.starts_with("Cause: this node's pods"), "{remedy}");
-    assert!(remedy.contains("kubernetes#132456"), "{remedy}");
-    assert!(
-        remedy.contains("set externalTrafficPolicy: Cluster"),
-        "{remedy}"
+    assert_holds(
+        &f.remedy,
+        &["kubernetes#132456", "set externalTrafficPolicy: Cluster"],
     );
 }
 

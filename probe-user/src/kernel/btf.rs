@@ -246,15 +246,22 @@ fn strip_modifiers(btf: &Btf, mut ty: Type) -> Option<Type> {
 mod tests {
     use super::*;
 
+    /// This machine's kernel BTF, loaded; `None` where it has none (the test says it skips).
+    fn running_kernel_btf() -> Option<KernelBtf> {
+        if !Path::new(VMLINUX_BTF).exists() {
+            eprintln!("skipping: no {VMLINUX_BTF}");
+            return None;
+        }
+        Some(KernelBtf::load().expect("BTF"))
+    }
+
     /// Reads this machine's BTF: the fields the drop program needs exist and are sane.
     #[test]
     #[allow(clippy::print_stdout, reason = "a test's diagnostics")]
     fn reads_running_kernel_btf() {
-        if !Path::new(VMLINUX_BTF).exists() {
-            eprintln!("skipping: no {VMLINUX_BTF}");
+        let Some(k) = running_kernel_btf() else {
             return;
-        }
-        let k = KernelBtf::load().expect("BTF");
+        };
         let o = k.offsets;
         assert_eq!(o.valid, 1);
         // sk_buff.dev sits in the first cache line; head and network_header much later.
@@ -280,11 +287,9 @@ mod tests {
     #[test]
     #[allow(clippy::print_stdout, reason = "a test's diagnostics")]
     fn memfd_copy_reads_the_same_btf() {
-        if !Path::new(VMLINUX_BTF).exists() {
-            eprintln!("skipping: no {VMLINUX_BTF}");
+        let Some(direct) = running_kernel_btf() else {
             return;
-        }
-        let direct = KernelBtf::load().expect("BTF");
+        };
         let bytes = std::fs::read(VMLINUX_BTF).expect("reading BTF");
         let copy = memfd_with(&bytes).expect("memfd");
         let via = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&copy));

@@ -173,6 +173,15 @@ mod tests {
         }
     }
 
+    /// A record of `kind` and address `family`, the rest zero.
+    fn record(kind: u8, family: u8) -> PacketEvent {
+        PacketEvent {
+            kind,
+            family,
+            ..Default::default()
+        }
+    }
+
     #[test]
     fn decodes_a_drop_record() {
         let mut raw = PacketEvent {
@@ -216,10 +225,8 @@ mod tests {
     #[test]
     fn a_drop_in_another_namespace_is_foreign_and_names_no_interface() {
         let raw = PacketEvent {
-            kind: kind::DROP,
-            family: family::V4,
             netns: 4026532999,
-            ..Default::default()
+            ..record(kind::DROP, family::V4)
         };
         let ev = decoder().decode(&raw).unwrap();
         assert!(matches!(
@@ -252,10 +259,8 @@ mod tests {
         };
         assert!(decoder().decode(&raw).is_none());
         let raw = PacketEvent {
-            kind: kind::SUSPECT,
-            family: family::V6,
             ifindex: 7,
-            ..Default::default()
+            ..record(kind::SUSPECT, family::V6)
         };
         let ev = decoder().decode(&raw).unwrap();
         assert!(matches!(ev, KernelEvent::Suspect { ref nic, .. } if nic == "if7"));

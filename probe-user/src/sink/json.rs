@@ -260,6 +260,14 @@ mod tests {
         None
     }
 
+    /// [`wait_until`] the file at `path` reads `want`.
+    fn wait_for_text(path: &std::path::Path, want: &str) -> Option<String> {
+        wait_until(|| {
+            let t = std::fs::read_to_string(path).unwrap_or_default();
+            (t == want).then_some(t)
+        })
+    }
+
     fn scratch(tag: &str) -> std::path::PathBuf {
         let d = std::env::temp_dir().join(format!("clb-json-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
@@ -308,18 +316,12 @@ mod tests {
         drop(out);
         // The writer thread outlives its handle (a stalled output must not hold up the
         // agent's exit): wait for its line, or the next run's line could land first.
-        let first = wait_until(|| {
-            let t = std::fs::read_to_string(&p).unwrap_or_default();
-            (t == "1\n").then_some(t)
-        });
+        let first = wait_for_text(&p, "1\n");
         assert_eq!(first.as_deref(), Some("1\n"));
         let mut out = JsonLines::open(&p, "events", 1).unwrap();
         out.write(&2);
         drop(out);
-        let text = wait_until(|| {
-            let t = std::fs::read_to_string(&p).unwrap_or_default();
-            (t == "1\n2\n").then_some(t)
-        });
+        let text = wait_for_text(&p, "1\n2\n");
         assert_eq!(text.as_deref(), Some("1\n2\n"));
         let mode = std::fs::metadata(&p).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);

@@ -353,11 +353,8 @@ mod tests {
         let mut e = crate::test_events::hairpin("k");
         assert!(!note(&e).contains("canary"));
         e.facts.canary = true;
-        assert!(
-            note(&e).contains("Found by the agent's canary"),
-            "{}",
-            note(&e)
-        );
+        let n = note(&e);
+        assert!(n.contains("Found by the agent's canary"), "{n}");
     }
 
     /// E8: the note names the host process and, for the node's own call, the node (it said

@@ -29,6 +29,11 @@ fn wall(s: u64) -> SystemTime {
     SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000 + s)
 }
 
+/// `p` observes the hairpin `k1` at `count`, `t` s in (on both clocks).
+fn hairpin_k1(p: &mut EventPlanner, n: &Names, count: u64, t: u64) -> Result<Write, Held> {
+    p.observe(&ev(LoopbackKind::Hairpin, "k1", count), n, secs(t), wall(t))
+}
+
 fn names(service: &str, pod: &str) -> Names {
     Names {
         service: Some(service.to_string()),
@@ -41,7 +46,7 @@ fn names(service: &str, pod: &str) -> Names {
 fn first_report_creates_then_repeats_patch_the_series_at_most_once_a_minute() {
     let mut p = EventPlanner::new(PlanConfig::default(), NODE);
     let n = names("shop/web", "shop/client-0");
-    let w = p.observe(&ev(LoopbackKind::Hairpin, "k1", 1), &n, secs(0), wall(0));
+    let w = hairpin_k1(&mut p, &n, 1, 0);
     let Ok(Write::Create(doc)) = w else {
         panic!("{w:?}")
     };
@@ -65,12 +70,7 @@ fn first_report_creates_then_repeats_patch_the_series_at_most_once_a_minute() {
 
     // Repeats within the minute: held, not written.
     for (i, t) in [1, 10, 59].into_iter().enumerate() {
-        let r = p.observe(
-            &ev(LoopbackKind::Hairpin, "k1", 2 + i as u64),
-            &n,
-            secs(t),
-            wall(t),
-        );
+        let r = hairpin_k1(&mut p, &n, 2 + i as u64, t);
         assert_eq!(r, Err(Held::Throttled));
     }
     assert_eq!(p.pending(), 1);
@@ -88,20 +88,10 @@ fn first_report_creates_then_repeats_patch_the_series_at_most_once_a_minute() {
     assert_eq!(p.pending(), 0);
     assert!(p.due(secs(200)).is_empty(), "nothing new: nothing written");
     // Same count again: unchanged.
-    let r = p.observe(
-        &ev(LoopbackKind::Hairpin, "k1", 4),
-        &n,
-        secs(300),
-        wall(300),
-    );
+    let r = hairpin_k1(&mut p, &n, 4, 300);
     assert_eq!(r, Err(Held::Unchanged));
     // A new repeat after the window: patched at once.
-    let r = p.observe(
-        &ev(LoopbackKind::Hairpin, "k1", 5),
-        &n,
-        secs(301),
-        wall(301),
-    );
+    let r = hairpin_k1(&mut p, &n, 5, 301);
     assert!(matches!(r, Ok(Write::Patch(_))), "{r:?}");
 }
 
@@ -278,10 +268,10 @@ fn a_note_names_the_first_fix_and_the_command_that_applies_it() {
     );
     assert!(!n.contains("Remedy:"), "{n}");
     e.fixes.remove(0);
+    let n = note(&e);
     assert!(
-        note(&e).ends_with("Fix: call-by-service-name: change of call-by-service-name."),
-        "{}",
-        note(&e)
+        n.ends_with("Fix: call-by-service-name: change of call-by-service-name."),
+        "{n}"
     );
 }
 
@@ -345,9 +335,7 @@ fn a_resolution_is_a_normal_event_on_the_warnings_object_and_a_recurrence_a_new_
         service_uid: Some("uid-web".into()),
         ..names("shop/web", "shop/client-0")
     };
-    let Ok(Write::Create(warning)) =
-        p.observe(&ev(LoopbackKind::Hairpin, "k1", 3), &n, secs(0), wall(0))
-    else {
+    let Ok(Write::Create(warning)) = hairpin_k1(&mut p, &n, 3, 0) else {
         panic!("no create")
     };
     assert_eq!(warning.event_type, "Warning");
@@ -387,23 +375,13 @@ fn a_resolution_is_a_normal_event_on_the_warnings_object_and_a_recurrence_a_new_
         (Some("Normal"), Some("LoopbackResolved"))
     );
     // It recurs (the aggregate's count goes on at 4): a new Warning, counted from 1.
-    let Ok(Write::Create(again)) = p.observe(
-        &ev(LoopbackKind::Hairpin, "k1", 4),
-        &n,
-        secs(500),
-        wall(500),
-    ) else {
+    let Ok(Write::Create(again)) = hairpin_k1(&mut p, &n, 4, 500) else {
         panic!("no new Warning")
     };
     assert_ne!(again.name, warning.name);
     assert_ne!(again.name, done.name);
     assert_eq!(again.series, None);
-    let Ok(Write::Patch(repeat)) = p.observe(
-        &ev(LoopbackKind::Hairpin, "k1", 6),
-        &n,
-        secs(600),
-        wall(600),
-    ) else {
+    let Ok(Write::Patch(repeat)) = hairpin_k1(&mut p, &n, 6, 600) else {
         panic!("no patch")
     };
     assert_eq!(repeat.name, again.name);

@@ -7,6 +7,26 @@ fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
+/// A unicast `proto kernel` route to `dst` out of `oif` in `table`, without a gateway.
+fn kernel_route(dst: &str, oif: u32, table: u32) -> RouteEntry {
+    RouteEntry {
+        dst: Prefix::parse(dst).unwrap(),
+        oif: Some(oif),
+        gateway: None,
+        table,
+        local: false,
+        protocol: 2,
+    }
+}
+
+/// Each of `addrs` looks up as `want` (a failure names the address).
+#[track_caller]
+fn assert_tagged(sets: &AddressSets, want: Option<Tag>, addrs: &[&str]) {
+    for a in addrs {
+        assert_eq!(sets.lookup(ip(a)), want, "{a}");
+    }
+}
+
 /// The lab node: eth0 (NIC), kube-ipvs0 (VIP), two pod veths with /32 routes.
 fn lab_node() -> NodeState {
     let link = |index, name: &str, kind: Option<&str>| Link {
@@ -16,12 +36,8 @@ fn lab_node() -> NodeState {
     };
     let addr = |ifindex, a: &str, prefix_len| AddrEntry::plain(ifindex, ip(a), prefix_len);
     let route = |dst: &str, oif, gw: Option<&str>| RouteEntry {
-        dst: Prefix::parse(dst).unwrap(),
-        oif: Some(oif),
         gateway: gw.map(ip),
-        table: 254,
-        local: false,
-        protocol: 2,
+        ..kernel_route(dst, oif, 254)
     };
     NodeState {
         links: vec![
@@ -62,16 +78,11 @@ fn classifies_the_lab_node() {
     let sets = classify(&lab_node(), &cfg());
     assert_eq!(sets.nics, vec![("eth0".to_string(), 2)]);
     assert_eq!(sets.vip_iface, Some(("kube-ipvs0".to_string(), 3)));
-    assert_eq!(sets.lookup(ip("203.0.113.10")), Some(Tag::Vip));
-    assert_eq!(sets.lookup(ip("198.18.100.10")), Some(Tag::Vip));
-    assert_eq!(sets.lookup(ip("198.18.0.2")), Some(Tag::Node));
-    assert_eq!(sets.lookup(ip("198.19.1.1")), Some(Tag::Node));
-    assert_eq!(sets.lookup(ip("198.19.1.10")), Some(Tag::Pod));
-    assert_eq!(sets.lookup(ip("198.19.1.11")), Some(Tag::Pod));
+    assert_tagged(&sets, Some(Tag::Vip), &["203.0.113.10", "198.18.100.10"]);
+    assert_tagged(&sets, Some(Tag::Node), &["198.18.0.2", "198.19.1.1"]);
+    assert_tagged(&sets, Some(Tag::Pod), &["198.19.1.10", "198.19.1.11"]);
     // The NIC's subnet and the gateway are other hosts, not us.
-    assert_eq!(sets.lookup(ip("198.18.0.1")), None);
-    assert_eq!(sets.lookup(ip("198.51.100.10")), None);
-    assert_eq!(sets.lookup(ip("fe80::1")), None);
+    assert_tagged(&sets, None, &["198.18.0.1", "198.51.100.10", "fe80::1"]);
     assert_eq!(sets.count(Tag::Vip), 2);
     assert_eq!(sets.count(Tag::Pod), 2);
 }
@@ -134,14 +145,7 @@ fn default_nics_by_node_shape() {
             });
         }
         for (dst, oif, table) in routes {
-            st.routes.push(RouteEntry {
-                dst: Prefix::parse(dst).unwrap(),
-                oif: Some(oif),
-                gateway: None,
-                table,
-                local: false,
-                protocol: 2,
-            });
+            st.routes.push(kernel_route(dst, oif, table));
         }
         let mut got: Vec<String> = classify(&st, &cfg())
             .nics
@@ -160,14 +164,7 @@ fn pods_come_from_the_main_table_only() {
     let mut st = lab_node();
     // A per-ENI table's route to a pod-facing veth (policy routing for the pod's replies)
     // must not tag anything beyond what main says.
-    st.routes.push(RouteEntry {
-        dst: Prefix::parse("198.19.9.0/24").unwrap(),
-        oif: Some(4),
-        gateway: None,
-        table: 2,
-        local: false,
-        protocol: 2,
-    });
+    st.routes.push(kernel_route("198.19.9.0/24", 4, 2));
     let sets = classify(&st, &cfg());
     assert_eq!(sets.lookup(ip("198.19.9.5")), None);
     assert_eq!(sets.lookup(ip("198.19.1.10")), Some(Tag::Pod));
@@ -189,14 +186,7 @@ fn vip_wins_over_node_and_node_over_pod() {
     // The same address on the NIC and on kube-ipvs0.
     st.addrs.push(AddrEntry::plain(2, ip("203.0.113.10"), 32));
     // A pod route covering a node address.
-    st.routes.push(RouteEntry {
-        dst: Prefix::parse("198.19.1.1/32").unwrap(),
-        oif: Some(4),
-        gateway: None,
-        table: 254,
-        local: false,
-        protocol: 2,
-    });
+    st.routes.push(kernel_route("198.19.1.1/32", 4, 254));
     let sets = classify(&st, &cfg());
     assert_eq!(sets.lookup(ip("203.0.113.10")), Some(Tag::Vip));
     assert_eq!(sets.lookup(ip("198.19.1.1")), Some(Tag::Node));
@@ -295,13 +285,13 @@ fn local_routes_are_vips_and_every_local_address_has_an_owner() {
     // A VIP on the NIC with no mark: held like an announcer holds it, by whom is unknown.
     st.addrs.push(AddrEntry::plain(2, ip("198.18.0.50"), 32));
     let sets = classify(&st, &cfg());
-    assert_eq!(sets.lookup(ip("203.0.113.20")), Some(Tag::Vip));
-    assert_eq!(sets.lookup(ip("2001:db8::20")), Some(Tag::Vip));
-    assert_eq!(sets.lookup(ip("192.0.2.5")), Some(Tag::Vip));
-    assert_eq!(sets.lookup(ip("203.0.113.30")), None);
-    assert_eq!(sets.lookup(ip("127.0.0.2")), None);
-    assert_eq!(sets.lookup(ip("::1")), None);
-    assert_eq!(sets.lookup(ip("198.18.0.2")), Some(Tag::Node));
+    assert_tagged(
+        &sets,
+        Some(Tag::Vip),
+        &["203.0.113.20", "2001:db8::20", "192.0.2.5"],
+    );
+    assert_tagged(&sets, None, &["203.0.113.30", "127.0.0.2", "::1"]);
+    assert_tagged(&sets, Some(Tag::Node), &["198.18.0.2"]);
     let owner = |a: &str| sets.owner(ip(a)).map(|o| o.to_string());
     assert_eq!(
         owner("203.0.113.20").as_deref(),

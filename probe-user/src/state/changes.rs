@@ -434,6 +434,12 @@ mod tests {
     }
 
     /// An nf_tables message as the kernel multicasts it: header, nfgenmsg, string attributes.
+    /// [`nft_message`] naming a table and one object in it (a rule's chain, a set element's
+    /// set).
+    fn object_message(op: u8, family: u8, table: &str, object: &str) -> Vec<u8> {
+        nft_message(op, family, &[(ATTR_TABLE, table), (ATTR_OBJECT, object)])
+    }
+
     fn nft_message(op: u8, family: u8, attrs: &[(u16, &str)]) -> Vec<u8> {
         let mut m = vec![0u8; 20];
         m[4..6].copy_from_slice(&((NFNL_SUBSYS_NFTABLES << 8) | u16::from(op)).to_ne_bytes());
@@ -462,11 +468,7 @@ mod tests {
             (NFT_MSG_NEWRULE, "KUBE-SVC-A"),
             (NFT_MSG_NEWRULE, "KUBE-SEP-NEW"),
         ] {
-            batch.extend(nft_message(
-                op,
-                FAMILY_IP,
-                &[(ATTR_TABLE, "nat"), (ATTR_OBJECT, chain)],
-            ));
+            batch.extend(object_message(op, FAMILY_IP, "nat", chain));
         }
         batch.extend(nft_message(
             NFT_MSG_DELCHAIN,
@@ -474,16 +476,18 @@ mod tests {
             &[(ATTR_TABLE, "nat"), (ATTR_CHAIN_NAME, "KUBE-SEP-OLD")],
         ));
         // kube-proxy's nftables mode: a map element.
-        batch.extend(nft_message(
+        batch.extend(object_message(
             NFT_MSG_NEWSETELEM,
             FAMILY_IP,
-            &[(ATTR_TABLE, "kube-proxy"), (ATTR_OBJECT, "service-ips")],
+            "kube-proxy",
+            "service-ips",
         ));
         // The same chain name in ip6 is another table.
-        batch.extend(nft_message(
+        batch.extend(object_message(
             NFT_MSG_NEWRULE,
             FAMILY_IP6,
-            &[(ATTR_TABLE, "nat"), (ATTR_OBJECT, "KUBE-SERVICES")],
+            "nat",
+            "KUBE-SERVICES",
         ));
         let (touched, commit) = touched_by(&batch);
         assert!(!commit, "no generation message yet");
@@ -551,11 +555,7 @@ mod tests {
             "KUBE-SEP-B",
             "KUBE-SVC-A",
         ] {
-            batch.extend(nft_message(
-                NFT_MSG_NEWRULE,
-                FAMILY_IP,
-                &[(ATTR_TABLE, "nat"), (ATTR_OBJECT, chain)],
-            ));
+            batch.extend(object_message(NFT_MSG_NEWRULE, FAMILY_IP, "nat", chain));
         }
         let (touched, commit) = touched_by(&batch);
         assert!(!commit);
@@ -568,25 +568,23 @@ mod tests {
             other => panic!("{other:?}"),
         }
         // The same chain name in another family is another table, not a repeat.
-        let mut two = nft_message(
-            NFT_MSG_NEWRULE,
-            FAMILY_IP,
-            &[(ATTR_TABLE, "nat"), (ATTR_OBJECT, "KUBE-SERVICES")],
-        );
-        two.extend(nft_message(
+        let mut two = object_message(NFT_MSG_NEWRULE, FAMILY_IP, "nat", "KUBE-SERVICES");
+        two.extend(object_message(
             NFT_MSG_NEWRULE,
             FAMILY_IP6,
-            &[(ATTR_TABLE, "nat"), (ATTR_OBJECT, "KUBE-SERVICES")],
+            "nat",
+            "KUBE-SERVICES",
         ));
         assert_eq!(touched_by(&two).0.named(), 2);
         // More names than can be read one by one: everything, and the generation message at
         // the end of the buffer is still the commit.
         let mut full = Vec::new();
         for i in 0..=MAX_NAMED + 10 {
-            full.extend(nft_message(
+            full.extend(object_message(
                 NFT_MSG_NEWRULE,
                 FAMILY_IP,
-                &[(ATTR_TABLE, "nat"), (ATTR_OBJECT, &format!("KUBE-SEP-{i}"))],
+                "nat",
+                &format!("KUBE-SEP-{i}"),
             ));
         }
         full.extend(message(NEWGEN_TYPE));

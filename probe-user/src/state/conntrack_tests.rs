@@ -7,7 +7,7 @@ use netlink_packet_core::Nla;
 use probe_core::test_events::{DO_PP, LB, POD_A, POD_B, proxy_protocol_ingress};
 
 use super::*;
-use crate::state::test_netns::{Netns, root_with, sh};
+use crate::state::test_netns::{Netns, scratch_with, sh};
 
 /// The call's connection, masqueraded or not; not another call of the pod's, nor an
 /// answer from another port.
@@ -53,6 +53,13 @@ fn t(src: &str, sport: u16, dst: &str, dport: u16, proto: Proto) -> Tuple {
         dport,
         proto,
     }
+}
+
+/// `e`'s original and reply tuples are `orig` and `reply`.
+#[track_caller]
+fn assert_tuples(e: &ConntrackEntry, orig: Tuple, reply: Tuple) {
+    assert_eq!(e.orig, orig);
+    assert_eq!(e.reply, reply);
 }
 
 fn fixture(name: &str) -> Vec<u8> {
@@ -107,13 +114,10 @@ fn parses_captured_v4_dump() {
         .iter()
         .find(|e| e.orig.proto == Proto::Udp)
         .expect("udp entry");
-    assert_eq!(
-        udp.orig,
-        t("198.18.0.11", 5353, "203.0.113.53", 53, Proto::Udp)
-    );
-    assert_eq!(
-        udp.reply,
-        t("203.0.113.53", 53, "198.18.0.11", 5353, Proto::Udp)
+    assert_tuples(
+        udp,
+        t("198.18.0.11", 5353, "203.0.113.53", 53, Proto::Udp),
+        t("203.0.113.53", 53, "198.18.0.11", 5353, Proto::Udp),
     );
     assert!(!udp.snat && !udp.dnat && !udp.seen_reply);
     assert_eq!(udp.tcp_state, None);
@@ -124,13 +128,10 @@ fn parses_captured_v6_dump() {
     let entries = parse_messages(&fixture("dump-v6.bin")).unwrap();
     assert_eq!(entries.len(), 1);
     let e = &entries[0];
-    assert_eq!(
-        e.orig,
-        t("2001:db8:1::10", 41000, "2001:db8:2::80", 443, Proto::Tcp)
-    );
-    assert_eq!(
-        e.reply,
-        t("2001:db8:2::80", 443, "2001:db8:1::1", 41000, Proto::Tcp)
+    assert_tuples(
+        e,
+        t("2001:db8:1::10", 41000, "2001:db8:2::80", 443, Proto::Tcp),
+        t("2001:db8:2::80", 443, "2001:db8:1::1", 41000, Proto::Tcp),
     );
     assert!(e.snat && e.seen_reply);
     assert_eq!(e.tcp_state.as_deref(), Some("SYN_RECV"));
@@ -268,22 +269,38 @@ fn skip() -> bool {
 
 /// Inserts, in the namespace `ns` holds at `index`, the answered call 198.18.0.10:40000 ->
 /// 203.0.113.10:80/tcp masqueraded to 198.51.100.1, kept for `timeout` seconds.
+/// `conntrack -I` in namespace `index` of the entry `proto` `src`:`sport` -> `dst`:`dport`,
+/// then `rest` (its state, timeout, status and NAT).
+fn conntrack_insert(
+    ns: &Netns,
+    index: usize,
+    [proto, src, sport, dst, dport]: [&str; 5],
+    rest: &[&str],
+) {
+    let mut args = vec![
+        "conntrack",
+        "-I",
+        "-p",
+        proto,
+        "-s",
+        src,
+        "-d",
+        dst,
+        "--sport",
+        sport,
+        "--dport",
+        dport,
+    ];
+    args.extend_from_slice(rest);
+    ns.exec(index, &args);
+}
+
 fn insert_the_snatted_call(ns: &Netns, index: usize, timeout: &str) {
-    ns.exec(
+    conntrack_insert(
+        ns,
         index,
+        ["tcp", "198.18.0.10", "40000", "203.0.113.10", "80"],
         &[
-            "conntrack",
-            "-I",
-            "-p",
-            "tcp",
-            "-s",
-            "198.18.0.10",
-            "-d",
-            "203.0.113.10",
-            "--sport",
-            "40000",
-            "--dport",
-            "80",
             "--state",
             "ESTABLISHED",
             "--timeout",
@@ -355,26 +372,11 @@ fn filtered_dumps_are_filtered_by_the_kernel() {
     }
     let ns = Netns::new("ctf", &["node"]);
     let insert = |proto: &str, src: &str, sport: &str, dst: &str, dport: &str| {
-        let mut args = vec![
-            "conntrack",
-            "-I",
-            "-p",
-            proto,
-            "-s",
-            src,
-            "-d",
-            dst,
-            "--sport",
-            sport,
-            "--dport",
-            dport,
-            "--timeout",
-            "120",
-        ];
+        let mut rest = vec!["--timeout", "120"];
         if proto == "tcp" {
-            args.extend(["--state", "ESTABLISHED"]);
+            rest.extend(["--state", "ESTABLISHED"]);
         }
-        ns.exec(0, &args);
+        conntrack_insert(&ns, 0, [proto, src, sport, dst, dport], &rest);
     };
     // The wanted LB IP:port, the same IP on another port, another IP on the same port, UDP.
     insert("tcp", "198.18.0.10", "40000", "203.0.113.10", "443");
@@ -396,10 +398,9 @@ fn filtered_dumps_are_filtered_by_the_kernel() {
     };
     // The agent's self-call question: the caller's entries from its port.
     let from_client_port = OrigFilter {
-        src: Some(ip("198.18.0.10")),
         proto: Some(Proto::Tcp),
         sport: Some(40002),
-        ..OrigFilter::default()
+        ..from_client
     };
     let to_lb6 = OrigFilter {
         dst: Some(ip("2001:db8::10")),
@@ -539,40 +540,17 @@ fn capture_ctnetlink_fixtures() {
         assert!(client.success(), "client to {dst}:{port}");
     }
     insert_the_snatted_call(&ns, 1, "600");
-    ns.exec(
+    conntrack_insert(
+        &ns,
         1,
-        &[
-            "conntrack",
-            "-I",
-            "-p",
-            "udp",
-            "-s",
-            "198.18.0.11",
-            "-d",
-            "203.0.113.53",
-            "--sport",
-            "5353",
-            "--dport",
-            "53",
-            "--timeout",
-            "600",
-        ],
+        ["udp", "198.18.0.11", "5353", "203.0.113.53", "53"],
+        &["--timeout", "600"],
     );
-    ns.exec(
+    conntrack_insert(
+        &ns,
         1,
+        ["tcp", "2001:db8:1::10", "41000", "2001:db8:2::80", "443"],
         &[
-            "conntrack",
-            "-I",
-            "-p",
-            "tcp",
-            "-s",
-            "2001:db8:1::10",
-            "-d",
-            "2001:db8:2::80",
-            "--sport",
-            "41000",
-            "--dport",
-            "443",
             "--state",
             "SYN_RECV",
             "--timeout",
@@ -603,26 +581,15 @@ fn capture_ctnetlink_fixtures() {
 #[test]
 #[allow(clippy::print_stdout, reason = "a test's diagnostics")]
 fn the_kernel_s_entries_of_a_reset_and_an_answered_call_are_told_apart() {
-    if !root_with("conntrack") {
+    let Some(ns) = scratch_with("conntrack", "pp") else {
         return;
-    }
-    let ns = Netns::new("pp", &[""]);
+    };
     for (sport, state) in [("54084", "CLOSE"), ("54096", "TIME_WAIT")] {
-        ns.exec(
+        conntrack_insert(
+            &ns,
             0,
+            ["tcp", POD_A, sport, LB, "9443"],
             &[
-                "conntrack",
-                "-I",
-                "-p",
-                "tcp",
-                "-s",
-                POD_A,
-                "-d",
-                LB,
-                "--sport",
-                sport,
-                "--dport",
-                "9443",
                 "--state",
                 state,
                 "--timeout",

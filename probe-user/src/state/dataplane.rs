@@ -375,7 +375,7 @@ mod tests {
     use crate::state::{
         ServiceEntry,
         iptables::parse_iptables_save,
-        test_netns::{Netns, root_with},
+        test_netns::{Netns, root_with, scratch_with},
     };
 
     const RULES: &str = concat!(
@@ -388,6 +388,39 @@ mod tests {
         let (vip, port, proto) = (s.vip, s.port, s.proto);
         ns.run_in(0, move || programmed(Some(source), vip, port, proto))
             .unwrap()
+    }
+
+    /// [`read_facts`] of `touched` in `ns`'s first namespace.
+    fn facts_in(ns: &Netns, touched: Touched, source: ServiceSource) -> ServiceTable {
+        ns.run_in(0, move || read_facts(&touched, source)).unwrap()
+    }
+
+    /// [`programmed`] in `ns` finds `served`: its read names `read_names`, its rule or element
+    /// holds `found_holds`; the same VIP on an unserved port (4/TCP) finds nothing.
+    #[track_caller]
+    fn assert_programmed(
+        ns: &Netns,
+        source: ServiceSource,
+        served: ServiceEntry,
+        read_names: &str,
+        found_holds: &str,
+    ) {
+        let found = programmed_in(ns, source, &served);
+        assert!(found.read.contains(read_names), "{found:?}");
+        assert!(
+            found
+                .found
+                .as_deref()
+                .is_some_and(|r| r.contains(found_holds)),
+            "{found:?}"
+        );
+        let unserved = ServiceEntry {
+            port: 4,
+            proto: Proto::Tcp,
+            ..served
+        };
+        let missing = programmed_in(ns, source, &unserved);
+        assert_eq!(missing.found, None);
     }
 
     /// The dataplane's part beside the API's table, from the lab's kube-proxy rules in a
@@ -413,11 +446,7 @@ mod tests {
         let first = ns.run_in(0, first_read).unwrap();
         assert!(first.services.is_empty() && !first.nodeports.is_empty());
 
-        let facts = ns
-            .run_in(0, || {
-                read_facts(&Touched::everything(), ServiceSource::Iptables)
-            })
-            .unwrap();
+        let facts = facts_in(&ns, Touched::everything(), ServiceSource::Iptables);
         assert!(facts.services.is_empty());
         assert_eq!(facts.source, Some(ServiceSource::Iptables));
         assert_eq!(facts.nodeports, whole.nodeports);
@@ -426,14 +455,11 @@ mod tests {
         assert_eq!(facts.masquerade_rules.len(), 2, "{facts:#?}");
 
         // A commit naming only a Service's own chain changes nothing held.
-        let again = ns
-            .run_in(0, || {
-                read_facts(
-                    &Touched::naming(FAMILY_IP, "nat", ["KUBE-SVC-WEB"]),
-                    ServiceSource::Iptables,
-                )
-            })
-            .unwrap();
+        let again = facts_in(
+            &ns,
+            Touched::naming(FAMILY_IP, "nat", ["KUBE-SVC-WEB"]),
+            ServiceSource::Iptables,
+        );
         assert_eq!(again, facts);
         assert!(facts.firewall.is_empty());
 
@@ -448,43 +474,28 @@ mod tests {
              -A KUBE-PROXY-FIREWALL -m comment --comment \"ns5/svc5:p80 traffic not accepted by \
              KUBE-FW-NUKIZ6OKUXPJNT4C\" -m tcp -p tcp -d 5.6.7.8 --dport 80 -j DROP\nCOMMIT\n",
         );
-        let fw = ns
-            .run_in(0, || {
-                read_facts(
-                    &Touched::naming(FAMILY_IP, "filter", ["KUBE-PROXY-FIREWALL"]),
-                    ServiceSource::Iptables,
-                )
-            })
-            .unwrap();
+        let fw = facts_in(
+            &ns,
+            Touched::naming(FAMILY_IP, "filter", ["KUBE-PROXY-FIREWALL"]),
+            ServiceSource::Iptables,
+        );
         assert_eq!(fw.firewall.len(), 1, "{:?}", fw.firewall);
         assert_eq!(fw.firewall[0].allowed_text(), "203.0.113.0/25");
-        let held = ns
-            .run_in(0, || {
-                read_facts(
-                    &Touched::naming(FAMILY_IP, "nat", ["KUBE-SVC-WEB"]),
-                    ServiceSource::Iptables,
-                )
-            })
-            .unwrap();
+        let held = facts_in(
+            &ns,
+            Touched::naming(FAMILY_IP, "nat", ["KUBE-SVC-WEB"]),
+            ServiceSource::Iptables,
+        );
         assert_eq!(held.firewall, fw.firewall);
 
         let served = whole.services.first().expect("a served VIP:port").clone();
-        let found = programmed_in(&ns, ServiceSource::Iptables, &served);
-        assert!(found.read.contains("KUBE-SERVICES"), "{found:?}");
-        assert!(
-            found
-                .found
-                .as_deref()
-                .is_some_and(|r| r.contains("-A KUBE-SERVICES")),
-            "{found:?}"
+        assert_programmed(
+            &ns,
+            ServiceSource::Iptables,
+            served,
+            "KUBE-SERVICES",
+            "-A KUBE-SERVICES",
         );
-        let unserved = ServiceEntry {
-            port: 4,
-            proto: Proto::Tcp,
-            ..served
-        };
-        let missing = programmed_in(&ns, ServiceSource::Iptables, &unserved);
-        assert_eq!(missing.found, None);
     }
 
     /// kube-proxy's nftables mode: the NodePorts and masquerade rules the whole reader finds,
@@ -493,10 +504,9 @@ mod tests {
     #[test]
     #[allow(clippy::print_stdout, reason = "a test's diagnostics")]
     fn nftables_facts_and_one_port() {
-        if !root_with("nft") {
+        let Some(ns) = scratch_with("nft", "dataplane-nft") else {
             return;
-        }
-        let ns = Netns::new("dataplane-nft", &[""]);
+        };
         ns.exec(
             0,
             &[
@@ -528,11 +538,7 @@ mod tests {
         );
         assert_eq!(whole.firewall[0].service.as_deref(), Some("ns5/svc5:p80"));
         assert_eq!(ns.run_in(0, detect_mode), Some(ServiceSource::Nftables));
-        let facts = ns
-            .run_in(0, || {
-                read_facts(&Touched::everything(), ServiceSource::Nftables)
-            })
-            .unwrap();
+        let facts = facts_in(&ns, Touched::everything(), ServiceSource::Nftables);
         assert!(facts.services.is_empty());
         assert!(!facts.nodeports.is_empty());
         assert_eq!(facts.nodeports, whole.nodeports);
@@ -542,14 +548,11 @@ mod tests {
             facts.firewall, whole.firewall,
             "the firewall beside the API's table"
         );
-        let again = ns
-            .run_in(0, || {
-                read_facts(
-                    &Touched::naming(FAMILY_IP, nftables::TABLE, ["service-ips"]),
-                    ServiceSource::Nftables,
-                )
-            })
-            .unwrap();
+        let again = facts_in(
+            &ns,
+            Touched::naming(FAMILY_IP, nftables::TABLE, ["service-ips"]),
+            ServiceSource::Nftables,
+        );
         assert_eq!(again, facts);
 
         // Incremental: a commit re-reads the chains it names, the rest comes from the last
@@ -578,13 +581,11 @@ mod tests {
             ],
         );
         let read_naming = |name: &'static str| {
-            ns.run_in(0, move || {
-                read_facts(
-                    &Touched::naming(FAMILY_IP, nftables::TABLE, [name]),
-                    ServiceSource::Nftables,
-                )
-            })
-            .unwrap()
+            facts_in(
+                &ns,
+                Touched::naming(FAMILY_IP, nftables::TABLE, [name]),
+                ServiceSource::Nftables,
+            )
         };
         assert_eq!(
             local_31443(&read_naming(nftables::MASQUERADING)),
@@ -592,11 +593,7 @@ mod tests {
         );
         let named = read_naming(EXT);
         assert_eq!(local_31443(&named), Some(false));
-        let whole_again = ns
-            .run_in(0, || {
-                read_facts(&Touched::everything(), ServiceSource::Nftables)
-            })
-            .unwrap();
+        let whole_again = facts_in(&ns, Touched::everything(), ServiceSource::Nftables);
         assert_eq!(named, whole_again);
 
         let served = whole
@@ -605,18 +602,6 @@ mod tests {
             .find(|s| s.vip.is_ipv4())
             .expect("a served IPv4 VIP:port")
             .clone();
-        let found = programmed_in(&ns, ServiceSource::Nftables, &served);
-        assert!(found.read.contains("service-ips"), "{found:?}");
-        assert!(
-            found.found.as_deref().is_some_and(|e| e.contains("goto ")),
-            "{found:?}"
-        );
-        let unserved = ServiceEntry {
-            port: 4,
-            proto: Proto::Tcp,
-            ..served
-        };
-        let missing = programmed_in(&ns, ServiceSource::Nftables, &unserved);
-        assert_eq!(missing.found, None);
+        assert_programmed(&ns, ServiceSource::Nftables, served, "service-ips", "goto ");
     }
 }

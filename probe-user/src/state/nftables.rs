@@ -911,7 +911,7 @@ mod tests {
     use std::process::Command;
 
     use super::*;
-    use crate::state::test_netns::{Netns, root_with};
+    use crate::state::test_netns::{Netns, root_with, scratch_with};
 
     const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/nftables/");
 
@@ -1082,15 +1082,21 @@ mod tests {
         assert!(fixture("lab-ip.json").no_endpoint_drops.is_empty());
     }
 
+    /// A scratch namespace holding the dual-stack fixture ruleset (root and `nft` only).
+    fn etp_local_scratch(group: &str) -> Option<Netns> {
+        let ns = scratch_with("nft", group)?;
+        ns.exec(0, &["nft", "-f", &format!("{DATA}etp-local.nft")]);
+        Some(ns)
+    }
+
     /// `read_blocking` in a scratch namespace holding the dual-stack fixture ruleset (root and
     /// `nft` only): both families, merged.
     #[test]
     #[allow(clippy::print_stdout, reason = "a test's diagnostics")]
     fn read_in_namespace() {
-        if !root_with("nft") {
+        let Some(ns) = scratch_with("nft", "nft") else {
             return;
-        }
-        let ns = Netns::new("nft", &[""]);
+        };
         assert!(
             ns.run_in(0, read_blocking).unwrap().is_none(),
             "no tables: no table"
@@ -1162,11 +1168,9 @@ mod tests {
     #[test]
     #[allow(clippy::print_stdout, reason = "a test's diagnostics")]
     fn a_read_follows_the_generation() {
-        if !root_with("nft") {
+        let Some(ns) = etp_local_scratch("nftgen") else {
             return;
-        }
-        let ns = Netns::new("nftgen", &[""]);
-        ns.exec(0, &["nft", "-f", &format!("{DATA}etp-local.nft")]);
+        };
         let first = ns.run_in(0, read_blocking).unwrap().unwrap();
         ns.exec(
             0,
@@ -1192,11 +1196,9 @@ mod tests {
     #[test]
     #[allow(clippy::print_stdout, reason = "a test's diagnostics")]
     fn an_endpoint_chain_out_of_the_maps_is_no_backend() {
-        if !root_with("nft") {
+        let Some(ns) = etp_local_scratch("nftstray") else {
             return;
-        }
-        let ns = Netns::new("nftstray", &[""]);
-        ns.exec(0, &["nft", "-f", &format!("{DATA}etp-local.nft")]);
+        };
         let stray = "endpoint-ZZZZZZZZ-shop/api/tcp/https__10.244.9.9/8443";
         ns.exec(0, &["nft", "add", "chain", "ip", TABLE, stray]);
         ns.exec(

@@ -123,6 +123,12 @@ pub fn root_with(tool: &str) -> bool {
     true
 }
 
+/// One scratch namespace named by `group` when [`root_with`] `tool`; `None` (the test skips)
+/// otherwise.
+pub fn scratch_with(tool: &str, group: &str) -> Option<Netns> {
+    root_with(tool).then(|| Netns::new(group, &[""]))
+}
+
 /// Runs `args` here (no namespace); panics with its stderr if it fails.
 pub fn sh(args: &[&str]) {
     test_support::run_ok(Command::new(args[0]).args(&args[1..]), &format!("{args:?}"));

@@ -24,9 +24,8 @@
 //! measured. Plots (plotters, SVG) go to `benchmarks/scale-<mode>.svg`, linked from the section.
 
 use std::{
-    io::Write as _,
     path::Path,
-    process::{Command, Stdio},
+    process::Command,
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
@@ -237,27 +236,13 @@ fn apply_text(mode: Mode, n: usize, text: String) -> Result<()> {
         Mode::Nftables => &["nft", "-f", "-"],
         Mode::Ipvs => &["ipvsadm", "-R"],
     };
-    let mut child = Command::new("ip")
-        .args(["netns", "exec", net::NS_NODE])
-        .args(argv)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("running {argv:?}"))?;
-    child
-        .stdin
-        .take()
-        .context("stdin")?
-        .write_all(text.as_bytes())?;
-    let out = child.wait_with_output()?;
-    if !out.status.success() {
-        bail!(
-            "{argv:?} of {n} Services failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(())
+    crate::setup::feed(
+        Command::new("ip")
+            .args(["netns", "exec", net::NS_NODE])
+            .args(argv),
+        &text,
+    )
+    .with_context(|| format!("{argv:?} of {n} Services"))
 }
 
 /// The node address kube-proxy's IPVS mode puts NodePort virtual servers on.
@@ -267,26 +252,10 @@ fn node_ip() -> String {
 
 /// `ip -batch -` of `lines` in the node namespace.
 fn ip_batch(lines: &str) -> Result<()> {
-    let mut child = Command::new("ip")
-        .args(["-n", net::NS_NODE, "-batch", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("running ip -batch")?;
-    child
-        .stdin
-        .take()
-        .context("stdin")?
-        .write_all(lines.as_bytes())?;
-    let out = child.wait_with_output()?;
-    if !out.status.success() {
-        bail!(
-            "ip -batch failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(())
+    crate::setup::feed(
+        Command::new("ip").args(["-n", net::NS_NODE, "-batch", "-"]),
+        lines,
+    )
 }
 
 /// Removes what [`apply`] put in the node namespace (both modes).

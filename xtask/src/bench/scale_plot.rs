@@ -44,6 +44,14 @@ pub fn plot(points: &[Point], root: &Path) -> Result<Vec<(Mode, String)>> {
         let xmax = ps.iter().map(|p| p.services).max().unwrap_or(100) as f64 * 1.5;
         let xmin = ps.iter().map(|p| p.services).min().unwrap_or(100) as f64 / 1.5;
         type Series = (&'static str, Reader, fn(&Point) -> f64);
+        // One measure's curve for each reader.
+        let by_reader = |measure: fn(&Point) -> f64| -> Vec<Series> {
+            vec![
+                ("on change", Reader::Change, measure),
+                ("on change, with the API", Reader::Api, measure),
+                ("timer (old)", Reader::Timer, measure),
+            ]
+        };
         let panels_spec: [(&str, Vec<Series>); 4] = [
             (
                 "CPU, % of one core",
@@ -62,32 +70,10 @@ pub fn plot(points: &[Point], root: &Path) -> Result<Vec<(Mode, String)>> {
             ),
             (
                 "read latency, ms (median)",
-                vec![
-                    ("on change", Reader::Change, |p| median(&p.read_ms)),
-                    ("on change, with the API", Reader::Api, |p| {
-                        median(&p.read_ms)
-                    }),
-                    ("timer (old)", Reader::Timer, |p| median(&p.read_ms)),
-                ],
+                by_reader(|p| median(&p.read_ms)),
             ),
-            (
-                "freshness, ms (median)",
-                vec![
-                    ("on change", Reader::Change, |p| median(&p.fresh_ms)),
-                    ("on change, with the API", Reader::Api, |p| {
-                        median(&p.fresh_ms)
-                    }),
-                    ("timer (old)", Reader::Timer, |p| median(&p.fresh_ms)),
-                ],
-            ),
-            (
-                "RSS peak, MiB",
-                vec![
-                    ("on change", Reader::Change, |p| p.rss_mib),
-                    ("on change, with the API", Reader::Api, |p| p.rss_mib),
-                    ("timer (old)", Reader::Timer, |p| p.rss_mib),
-                ],
-            ),
+            ("freshness, ms (median)", by_reader(|p| median(&p.fresh_ms))),
+            ("RSS peak, MiB", by_reader(|p| p.rss_mib)),
         ];
         let colors = [BLUE, RED, GREEN, CYAN, MAGENTA, BLACK];
         for (panel, (caption, series)) in panels.iter().zip(panels_spec) {

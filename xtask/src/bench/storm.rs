@@ -18,17 +18,12 @@ fn storm(root: &Path, profile: &str, args: &[&str]) -> Result<serde_json::Value>
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| root.join("target"));
-    let out = std::process::Command::new(target.join(profile).join("examples/correlation_storm"))
-        .args(args)
-        .output()
-        .with_context(|| format!("running correlation_storm (built with {cargo:?})"))?;
-    if !out.status.success() {
-        bail!(
-            "correlation_storm failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    serde_json::from_slice(&out.stdout).context("correlation_storm's output")
+    let out = crate::setup::output(
+        std::process::Command::new(target.join(profile).join("examples/correlation_storm"))
+            .args(args),
+    )
+    .with_context(|| format!("running correlation_storm (built with {cargo:?})"))?;
+    serde_json::from_str(&out).context("correlation_storm's output")
 }
 
 /// Builds the example: release for figures; `--quick` (CI's smoke run) takes the debug build,
@@ -103,52 +98,33 @@ pub fn correlation_at_scale(
             spread(&field(one, key), digits),
         ]);
     };
-    row(
-        &mut t,
-        "egress match per suspect, median (µs)",
-        "keyed_us_median",
-        1,
-    );
-    row(
-        &mut t,
-        "egress match per suspect, p99 (µs)",
-        "keyed_us_p99",
-        1,
-    );
+    for (case, key) in [
+        ("egress match per suspect, median (µs)", "keyed_us_median"),
+        ("egress match per suspect, p99 (µs)", "keyed_us_p99"),
+    ] {
+        row(&mut t, case, key, 1);
+    }
     // The walk's match time is measured in every keyed run too: the "before" column's times
     // come from those rounds (the walk storm's own samples are fewer).
     let walk_med = field(&runs, "walk_us_median");
     let walk_p99 = field(&runs, "walk_us_p99");
     t.rows[0][2] = spread(&walk_med, 0);
     t.rows[1][2] = spread(&walk_p99, 0);
-    row(&mut t, "hairpin confirmations/s", "confirmations_per_s", 0);
-    row(
-        &mut t,
-        "correlation-loop CPU (% of one core)",
-        "loop_cpu_percent",
-        0,
-    );
-    row(&mut t, "max queue depth (of 4,096)", "max_queue_depth", 0);
-    row(
-        &mut t,
-        "events lost to a full queue",
-        "events_lost_queue_full",
-        0,
-    );
-    row(&mut t, "suspects sent", "suspects_sent", 0);
-    row(
-        &mut t,
-        "events processed (suspects + drops)",
-        "events_processed",
-        0,
-    );
-    row(&mut t, "hairpin confirmations", "hairpin_confirmations", 0);
-    row(
-        &mut t,
-        "suspects with no egress match (answer too late or none)",
-        "hairpin_no_egress",
-        0,
-    );
+    for (case, key) in [
+        ("hairpin confirmations/s", "confirmations_per_s"),
+        ("correlation-loop CPU (% of one core)", "loop_cpu_percent"),
+        ("max queue depth (of 4,096)", "max_queue_depth"),
+        ("events lost to a full queue", "events_lost_queue_full"),
+        ("suspects sent", "suspects_sent"),
+        ("events processed (suspects + drops)", "events_processed"),
+        ("hairpin confirmations", "hairpin_confirmations"),
+        (
+            "suspects with no egress match (answer too late or none)",
+            "hairpin_no_egress",
+        ),
+    ] {
+        row(&mut t, case, key, 0);
+    }
     summary.push((
         "egress match per suspect, full 65,536-entry table (keyed vs walk)".to_string(),
         format!(

@@ -8,7 +8,7 @@ use std::{
 use anyhow::Result;
 
 use super::{
-    observe::{iface_vips, kernel_vips, node_ip_batch},
+    observe::{iface_vips, kernel_vips_until, node_ip_batch},
     row::{METRICS_PORT, Row},
 };
 use crate::bench::{
@@ -54,14 +54,13 @@ pub(super) fn address_storm(probe: &Path, work: &Path, rate: usize, secs: u64) -
     let storm = start.elapsed();
     let cpu1 = proc_usage(pid)?.0;
     let want = iface_vips();
-    let mut got = None;
-    while last_change.elapsed() < Duration::from_secs(30) {
-        got = kernel_vips(pid);
-        if got.as_ref() == Some(&want) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let got = kernel_vips_until(
+        pid,
+        &want,
+        last_change,
+        Duration::from_secs(30),
+        Duration::from_millis(20),
+    );
     let settled = last_change.elapsed();
     let cpu_pct = (cpu1 - cpu0) as f64
         / crate::bench::tools::clock_ticks_per_sec() as f64

@@ -70,6 +70,11 @@ pub struct ChaosArgs {
     pub out: Option<PathBuf>,
 }
 
+/// A row's size: `small` for CI's `--quick` smoke run, else `full`.
+fn pick<T>(quick: bool, small: T, full: T) -> T {
+    if quick { small } else { full }
+}
+
 pub fn run(args: &ChaosArgs) -> Result<()> {
     crate::setup::ensure()?;
     if !crate::setup::is_root() {
@@ -183,44 +188,31 @@ fn rows(args: &ChaosArgs, _root: &Path, probe: &Path, work: &Path) -> Result<Vec
     }
     {
         let bench_net = BenchNet::up()?;
-        let rounds = if args.quick { 1 } else { 5 };
+        let quick = args.quick;
+        let rounds = pick(quick, 1, 5);
+        let (vips, burst) = pick(quick, (1_000, 250), (10_000, 1_000));
+        let storm_secs = pick(quick, 5, 30);
+        let churn_rounds = pick(quick, 5, 100);
+        let (clients, slow, secs) = pick(quick, (100, 50, 3), (1000, 300, 15));
+        let stall = Duration::from_secs(pick(quick, 2, 5));
+        let (live_clients, live_secs) = pick(quick, (200, 3), (1000, 15));
         rows.push(sigkill::sigkill_during_flood(
             &bench_net, probe, work, rounds,
         )?);
-        rows.push(vip_bursts::vip_bursts(
-            probe,
-            work,
-            if args.quick { 1_000 } else { 10_000 },
-            if args.quick { 250 } else { 1_000 },
-        )?);
+        rows.push(vip_bursts::vip_bursts(probe, work, vips, burst)?);
         rows.push(address_storm::address_storm(
-            probe,
-            work,
-            1_000,
-            if args.quick { 5 } else { 30 },
+            probe, work, 1_000, storm_secs,
         )?);
-        rows.push(vip_iface_churn::vip_iface_churn(
-            probe,
-            work,
-            if args.quick { 5 } else { 100 },
-        )?);
-        let (clients, slow, secs) = if args.quick {
-            (100, 50, 3)
-        } else {
-            (1000, 300, 15)
-        };
+        rows.push(vip_iface_churn::vip_iface_churn(probe, work, churn_rounds)?);
         rows.push(http_storm::http_storm(probe, work, clients, slow, secs)?);
         rows.push(reader_stalled::reader_stalled(
-            &bench_net,
-            probe,
-            work,
-            Duration::from_secs(if args.quick { 2 } else { 5 }),
+            &bench_net, probe, work, stall,
         )?);
         rows.push(live_view::live_view_clients(
             probe,
             work,
-            if args.quick { 200 } else { 1000 },
-            if args.quick { 3 } else { 15 },
+            live_clients,
+            live_secs,
         )?);
         rows.extend(capabilities::capabilities(probe, work)?);
         rows.push(scale::scale(probe, work, &scale::Scale::new(args.quick))?);

@@ -11,12 +11,51 @@ use std::{
 };
 
 use anyhow::Result;
-use probe_contract::{Message, NodeStatus};
+use probe_contract::{LoopbackEvent, LoopbackKind, Message, NodeStatus};
 
 use crate::bench::{
     net::{self},
     tools::Agent,
 };
+
+/// Whether `agent` writes a confirmed health-check black hole to `port` within `within`
+/// (its lines read every 20 ms).
+pub(super) fn blackhole_confirmed(agent: &Agent, port: u16, within: Duration) -> bool {
+    let t = Instant::now();
+    loop {
+        let seen = agent.events.lock().is_ok_and(|v| {
+            v.iter().any(|(_, l)| {
+                serde_json::from_str::<LoopbackEvent>(l).is_ok_and(|e| {
+                    e.kind == LoopbackKind::HealthcheckBlackhole && e.dst_port == port
+                })
+            })
+        });
+        if seen || t.elapsed() > within {
+            break seen;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The agent's VIP map ([`kernel_vips`] of `pid`) read every `poll` until it equals `want` or
+/// `within` has passed since `since`: the last map read (None: none read or readable).
+pub(super) fn kernel_vips_until(
+    pid: i32,
+    want: &BTreeSet<std::net::Ipv4Addr>,
+    since: Instant,
+    within: Duration,
+    poll: Duration,
+) -> Option<BTreeSet<std::net::Ipv4Addr>> {
+    let mut got = None;
+    while since.elapsed() < within {
+        got = kernel_vips(pid);
+        if got.as_ref() == Some(want) {
+            break;
+        }
+        std::thread::sleep(poll);
+    }
+    got
+}
 
 /// Ids of every BPF program loaded on the host (`bpftool prog show`).
 pub(super) fn loaded_ids() -> BTreeSet<u64> {

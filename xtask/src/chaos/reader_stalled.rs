@@ -6,10 +6,9 @@ use std::{
 };
 
 use anyhow::{Context as _, Result};
-use probe_contract::{LoopbackEvent, LoopbackKind};
 
 use super::{
-    observe::suspects_vip,
+    observe::{blackhole_confirmed, suspects_vip},
     row::{METRICS_PORT, Row},
 };
 use crate::bench::{
@@ -214,20 +213,7 @@ pub(super) fn reader_stalled(
         {
             return false;
         }
-        let t = Instant::now();
-        loop {
-            let seen = agent.events.lock().is_ok_and(|v| {
-                v.iter().any(|(_, l)| {
-                    serde_json::from_str::<LoopbackEvent>(l).is_ok_and(|e| {
-                        e.kind == LoopbackKind::HealthcheckBlackhole && e.dst_port == port
-                    })
-                })
-            });
-            if seen || t.elapsed() > Duration::from_secs(2) {
-                break seen;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        blackhole_confirmed(&agent, port, Duration::from_secs(2))
     });
     let recovered = recovered.elapsed();
     if !confirmed {

@@ -85,18 +85,11 @@ const REREAD_WAIT: Duration = Duration::from_secs(180);
 const CONNTRACK_MAX: &str = "net.netfilter.nf_conntrack_max";
 
 fn node(argv: &[&str]) -> Result<String> {
-    let out = Command::new("ip")
-        .args(["netns", "exec", net::NS_NODE])
-        .args(argv)
-        .output()
-        .with_context(|| format!("running {argv:?}"))?;
-    if !out.status.success() {
-        bail!(
-            "{argv:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    crate::setup::output(
+        Command::new("ip")
+            .args(["netns", "exec", net::NS_NODE])
+            .args(argv),
+    )
 }
 
 fn cluster_ip(i: usize) -> String {

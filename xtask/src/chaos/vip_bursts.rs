@@ -8,7 +8,7 @@ use std::{
 use anyhow::Result;
 
 use super::{
-    observe::{iface_vips, kernel_vips, node_ip_batch},
+    observe::{iface_vips, kernel_vips_until, node_ip_batch},
     row::{METRICS_PORT, Row},
 };
 use crate::bench::{
@@ -36,15 +36,15 @@ pub(super) fn vip_bursts(probe: &Path, work: &Path, count: usize, burst: usize) 
             node_ip_batch(&batch)?;
         }
         let bound = t.elapsed();
-        let (want, mut got) = (iface_vips(), None);
-        while t.elapsed() < Duration::from_secs(60) {
-            got = kernel_vips(pid);
-            if got.as_ref() == Some(&want) {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let got = got.unwrap_or_default();
+        let want = iface_vips();
+        let got = kernel_vips_until(
+            pid,
+            &want,
+            t,
+            Duration::from_secs(60),
+            Duration::from_millis(100),
+        )
+        .unwrap_or_default();
         if got != want {
             let missing: Vec<_> = want.difference(&got).take(5).collect();
             let extra: Vec<_> = got.difference(&want).take(5).collect();

@@ -7,10 +7,9 @@ use std::{
 };
 
 use anyhow::{Context as _, Result};
-use probe_contract::{LoopbackEvent, LoopbackKind};
 
 use super::{
-    observe::{live_status, node_ifindex, node_ip},
+    observe::{blackhole_confirmed, live_status, node_ifindex, node_ip},
     row::{METRICS_PORT, Row},
 };
 use crate::bench::{
@@ -57,20 +56,7 @@ pub(super) fn vip_iface_churn(probe: &Path, work: &Path, rounds: u16) -> Result<
         // Each round to its own NodePort: its own aggregate, so each confirmation is written.
         let port = 31000 + round;
         sender.syn(net::VIP, 42000 + round, net::NODE_IP, port)?;
-        let t = Instant::now();
-        let confirmed = loop {
-            let seen = agent.events.lock().is_ok_and(|v| {
-                v.iter().any(|(_, l)| {
-                    serde_json::from_str::<LoopbackEvent>(l).is_ok_and(|e| {
-                        e.kind == LoopbackKind::HealthcheckBlackhole && e.dst_port == port
-                    })
-                })
-            });
-            if seen || t.elapsed() > Duration::from_secs(5) {
-                break seen;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        let confirmed = blackhole_confirmed(&agent, port, Duration::from_secs(5));
         if !confirmed {
             missed.push(format!(
                 "round {round}: health check to :{port} not confirmed"

@@ -8,25 +8,13 @@ use std::{
     process::Command,
 };
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 
 pub(super) fn say(msg: &str) {
     eprintln!("vm: {msg}");
 }
 
-pub(super) fn output(cmd: &mut Command) -> anyhow::Result<String> {
-    let out = cmd
-        .output()
-        .with_context(|| format!("failed to start {cmd:?}"))?;
-    if !out.status.success() {
-        bail!(
-            "{cmd:?} failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
+pub(super) use crate::setup::output;
 
 /// `Candidate:` of `apt-cache policy <pkg>`; None when apt knows no candidate.
 pub fn parse_policy_candidate(policy: &str) -> Option<String> {

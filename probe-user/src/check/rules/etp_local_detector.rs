@@ -82,10 +82,7 @@ pub fn etp_local_detector_miss(inp: &Inputs) -> Vec<Finding> {
 fn finding(inp: &Inputs, d: &NoEndpointDrop, detector: Option<&str>, missed: &[Prefix]) -> Finding {
     let proto = d.proto.as_str();
     let at = sock(d.addr, d.port);
-    let svc = d
-        .service
-        .as_deref()
-        .map(|s| s.split(':').next().unwrap_or(s).to_string());
+    let svc = super::etp_local_drop::service_of(d);
     let svc_text = svc.as_deref().unwrap_or("its Service");
     let missed_text = missed
         .iter()

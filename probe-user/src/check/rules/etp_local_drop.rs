@@ -15,6 +15,13 @@ use probe_contract::{
 
 use crate::{check::Inputs, correlate::remedy};
 
+/// The dropping element's Service as `namespace/name` (its port name left off).
+pub(super) fn service_of(d: &crate::state::NoEndpointDrop) -> Option<String> {
+    d.service
+        .as_deref()
+        .map(|s| s.split(':').next().unwrap_or(s).to_string())
+}
+
 pub fn etp_local_drop(inp: &Inputs) -> Vec<Finding> {
     // iptables mode's `KUBE-EXTERNAL-SERVICES` drops (the same table field) reach a pod's call
     // only when kube-proxy's local-traffic detector misses the pod: judged against the node's
@@ -28,10 +35,7 @@ pub fn etp_local_drop(inp: &Inputs) -> Vec<Finding> {
         .map(|d| {
             let proto = d.proto.as_str();
             let at = sock(d.addr, d.port);
-            let service = d
-                .service
-                .as_deref()
-                .map(|s| s.split(':').next().unwrap_or(s).to_string());
+            let service = service_of(d);
             let target = inp.lb_targets.iter().find(|t| {
                 t.ip == d.addr && t.proto == d.proto && t.port.is_none_or(|p| p == d.port)
             });

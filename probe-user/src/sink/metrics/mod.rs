@@ -278,20 +278,8 @@ impl MetricsInput {
                 .iter()
                 .map(|(record, source, n)| (record.to_string(), source.to_string(), *n))
                 .collect(),
-            set_sizes: Tag::ALL
-                .iter()
-                .map(|t| {
-                    let n = snap.status.set_sizes.get(t.as_str()).copied().unwrap_or(0);
-                    (t.as_str().to_string(), n as u64)
-                })
-                .collect(),
-            addresses_left_out: Tag::ALL
-                .iter()
-                .map(|t| {
-                    let n = snap.status.left_out.get(t.as_str()).copied().unwrap_or(0);
-                    (t.as_str().to_string(), n as u64)
-                })
-                .collect(),
+            set_sizes: per_tag(&snap.status.set_sizes),
+            addresses_left_out: per_tag(&snap.status.left_out),
             address_capacity: u64::from(snap.status.address_capacity),
             drop_destinations_left_out: snap.status.drop_destinations_left_out as u64,
             attached_interfaces: snap.status.attached.len() as u64,
@@ -318,6 +306,17 @@ impl MetricsInput {
             verify_rate_limited: Vec::new(),
         }
     }
+}
+
+/// A count per address tag, every tag of [`Tag::ALL`] in its order (0 where `counts` has none).
+fn per_tag(counts: &BTreeMap<String, usize>) -> Vec<(String, u64)> {
+    Tag::ALL
+        .iter()
+        .map(|t| {
+            let n = counts.get(t.as_str()).copied().unwrap_or(0);
+            (t.as_str().to_string(), n as u64)
+        })
+        .collect()
 }
 
 /// Confirmed-event totals fed from the report broadcast by a task of their own (aborted by

@@ -21,6 +21,11 @@ fn row<const N: usize>(labels: [&String; N], value: u64) -> Row {
     (labels.into_iter().cloned().collect(), value)
 }
 
+/// A family's rows: one per item, made by `to_row`.
+fn rows<T>(items: impl IntoIterator<Item = T>, to_row: impl Fn(T) -> Row) -> Vec<Row> {
+    items.into_iter().map(to_row).collect()
+}
+
 /// Renders the exposition text (pure): every family of the contract's table, in its order.
 pub fn render(input: &MetricsInput) -> String {
     let mut reg = Registry::with_prefix(m::PREFIX);
@@ -57,29 +62,19 @@ fn labelled(input: &MetricsInput) -> Vec<(Family, Vec<Row>)> {
     vec![
         (
             m::LOOPBACK_EVENTS,
-            input
-                .events
-                .iter()
-                .map(|((k, v, p), n)| row([k, v, p], *n))
-                .collect(),
+            rows(&input.events, |((k, v, p), n)| row([k, v, p], *n)),
         ),
         (
             m::SUSPECT_PACKETS,
-            input
-                .suspects
-                .iter()
-                .map(|(nic, src, n)| row([nic, src], *n))
-                .collect(),
+            rows(&input.suspects, |(nic, src, n)| row([nic, src], *n)),
         ),
         (m::KERNEL_DROPS, pairs(&input.drops_by_reason)),
         (m::EVENTS_SUPPRESSED, pairs(&input.suppressed)),
         (
             m::EVENTS_BUDGET_SUPPRESSED,
-            input
-                .budget_suppressed_by_class
-                .iter()
-                .map(|(r, s, n)| row([r, s], *n))
-                .collect(),
+            rows(&input.budget_suppressed_by_class, |(r, s, n)| {
+                row([r, s], *n)
+            }),
         ),
         (m::LOCAL_ADDRESSES, pairs(&input.set_sizes)),
         (
@@ -89,51 +84,32 @@ fn labelled(input: &MetricsInput) -> Vec<(Family, Vec<Row>)> {
         (m::LOCAL_ADDRESS_OWNERS, pairs(&input.owner_counts)),
         (
             m::LOOPBACK_EVENTS_BY_OWNER,
-            input
-                .events_by_owner
-                .iter()
-                .map(|((k, o), n)| row([k, o], *n))
-                .collect(),
+            rows(&input.events_by_owner, |((k, o), n)| row([k, o], *n)),
         ),
         (m::BUILD_INFO, vec![row([&input.version, &input.kernel], 1)]),
         (
             m::CAPABILITY,
-            input
-                .capabilities
-                .iter()
-                .map(|(c, ok)| row([c], u64::from(*ok)))
-                .collect(),
+            rows(&input.capabilities, |(c, ok)| row([c], u64::from(*ok))),
         ),
         (m::KUBE_EVENT_WRITES, pairs(&input.kube_event_writes)),
         (m::KUBE_WRITES_FAILED, pairs(&input.kube_writes_failed)),
         (
             m::NODE_REPORT_REFUSED,
-            input
-                .node_report_refused
-                .iter()
-                .map(|r| row([r], 1))
-                .collect(),
+            rows(&input.node_report_refused, |r| row([r], 1)),
         ),
         (
             m::OUTPUT_LINES_LOST,
-            input.outputs.iter().map(|(o, n, _)| row([o], *n)).collect(),
+            rows(&input.outputs, |(o, n, _)| row([o], *n)),
         ),
         (
             m::OUTPUT_STALLED,
-            input
-                .outputs
-                .iter()
-                .map(|(o, _, now)| row([o], u64::from(*now)))
-                .collect(),
+            rows(&input.outputs, |(o, _, now)| row([o], u64::from(*now))),
         ),
         (
             m::OTLP_EXPORTED,
-            input.otlp.iter().map(|(s, e, _)| row([s], *e)).collect(),
+            rows(&input.otlp, |(s, e, _)| row([s], *e)),
         ),
-        (
-            m::OTLP_DROPPED,
-            input.otlp.iter().map(|(s, _, d)| row([s], *d)).collect(),
-        ),
+        (m::OTLP_DROPPED, rows(&input.otlp, |(s, _, d)| row([s], *d))),
         (m::LOOPBACK_ACTIVE, by_kind(&l.active)),
         (m::LOOPBACK_QUIET, by_kind(&l.quiet)),
         (m::LOOPBACK_RESOLUTIONS, by_kind(&l.resolutions)),

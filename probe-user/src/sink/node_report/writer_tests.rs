@@ -71,6 +71,15 @@ fn subscription(
     }
 }
 
+/// The PATCH requests the fake API received whose path holds `path_part`, in order.
+fn patches(f: &Fake, path_part: &str) -> Vec<test_support::kubeapi::Request> {
+    f.api
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "PATCH" && r.path.contains(path_part))
+        .collect()
+}
+
 fn report_of(f: &Fake, name: &str) -> Option<serde_json::Value> {
     f.api
         .objects("loopbackreports")
@@ -107,12 +116,7 @@ async fn the_report_is_named_after_the_node_owned_by_it_and_applied_to_status() 
     assert_eq!(obj["metadata"]["ownerReferences"][0]["uid"], node_uid);
     assert_eq!(obj["status"]["activeLoopCount"], 2);
     assert_eq!(obj["status"]["kubeProxyMode"], "ipvs");
-    let status_patches: Vec<_> = f
-        .api
-        .requests()
-        .into_iter()
-        .filter(|r| r.method == "PATCH" && r.path.contains("/loopbackreports/node-a/status"))
-        .collect();
+    let status_patches = patches(&f, "/loopbackreports/node-a/status");
     assert_eq!(status_patches.len(), 1);
     assert!(
         status_patches[0]
@@ -134,12 +138,7 @@ async fn the_report_is_named_after_the_node_owned_by_it_and_applied_to_status() 
         report_of(&f, "node-a").unwrap()["status"]["activeLoopCount"],
         0
     );
-    let object_patches = f
-        .api
-        .requests()
-        .iter()
-        .filter(|r| r.method == "PATCH" && r.path.contains("/loopbackreports/node-a?"))
-        .count();
+    let object_patches = patches(&f, "/loopbackreports/node-a?").len();
     assert_eq!(object_patches, 1, "created once");
 }
 
@@ -529,12 +528,7 @@ async fn nothing_is_written_before_the_first_check() {
         .await
         .expect("written once the check is in");
     assert_eq!(o["status"]["activeLoopCount"], 1);
-    let status_writes = f
-        .api
-        .requests()
-        .iter()
-        .filter(|r| r.method == "PATCH" && r.path.contains("/loopbackreports/node-a/status"))
-        .count();
+    let status_writes = patches(&f, "/loopbackreports/node-a/status").len();
     assert_eq!(status_writes, 1, "the first write already had the risk");
     drop(tx);
     task.await.unwrap();

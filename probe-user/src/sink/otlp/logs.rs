@@ -3,6 +3,7 @@
 //! batches, every loss counted.
 
 use std::{
+    net::IpAddr,
     sync::{Arc, atomic::Ordering},
     time::SystemTime,
 };
@@ -113,16 +114,27 @@ pub fn resolution_attributes(r: &LoopResolution, node: &str) -> Vec<(&'static st
         ("clb_probe.proof", list(&r.proof)),
         ("clb_probe.changed", list(&r.changed)),
     ];
-    if let Some(v) = &r.service {
+    push_service(&mut out, r.service.as_deref(), r.vip, r.vip_port);
+    out
+}
+
+/// The Service, VIP and port attributes a record has, in that order (absent facts left out).
+fn push_service(
+    out: &mut Vec<(&'static str, AnyValue)>,
+    service: Option<&str>,
+    vip: Option<IpAddr>,
+    vip_port: Option<u16>,
+) {
+    let s = |v: &str| AnyValue::String(v.to_string().into());
+    if let Some(v) = service {
         out.push(("clb_probe.service", s(v)));
     }
-    if let Some(v) = r.vip {
+    if let Some(v) = vip {
         out.push(("clb_probe.vip", s(&v.to_string())));
     }
-    if let Some(v) = r.vip_port {
+    if let Some(v) = vip_port {
         out.push(("clb_probe.vip_port", AnyValue::Int(i64::from(v))));
     }
-    out
 }
 
 /// The exporting task: a batch at a time, each with its deadline; one WARN when exports start
@@ -166,17 +178,17 @@ async fn export_logs(
                     failing = false;
                 }
             }
-            Ok(Err(e)) => {
+            failed => {
                 stats.logs_dropped.fetch_add(n, Ordering::Relaxed);
                 if !failing {
-                    warn!(error = %e, "exporting OTLP log records (lost records are counted in clbprobe_otlp_dropped_total)");
-                    failing = true;
-                }
-            }
-            Err(_) => {
-                stats.logs_dropped.fetch_add(n, Ordering::Relaxed);
-                if !failing {
-                    warn!(timeout = ?EXPORT_TIMEOUT, "exporting OTLP log records timed out (lost records are counted in clbprobe_otlp_dropped_total)");
+                    match failed {
+                        Ok(Err(e)) => {
+                            warn!(error = %e, "exporting OTLP log records (lost records are counted in clbprobe_otlp_dropped_total)");
+                        }
+                        _ => {
+                            warn!(timeout = ?EXPORT_TIMEOUT, "exporting OTLP log records timed out (lost records are counted in clbprobe_otlp_dropped_total)");
+                        }
+                    }
                     failing = true;
                 }
             }
@@ -200,15 +212,7 @@ pub fn attributes(e: &LoopbackEvent, node: &str) -> Vec<(&'static str, AnyValue)
             AnyValue::ListAny(Box::new(e.evidence.iter().map(|l| s(l)).collect())),
         ),
     ];
-    if let Some(v) = &e.service {
-        out.push(("clb_probe.service", s(v)));
-    }
-    if let Some(v) = e.vip {
-        out.push(("clb_probe.vip", s(&v.to_string())));
-    }
-    if let Some(v) = e.vip_port {
-        out.push(("clb_probe.vip_port", AnyValue::Int(i64::from(v))));
-    }
+    push_service(&mut out, e.service.as_deref(), e.vip, e.vip_port);
     if let Some(v) = &e.client_pod {
         out.push(("clb_probe.client_pod", s(v)));
     }
@@ -219,13 +223,23 @@ pub fn attributes(e: &LoopbackEvent, node: &str) -> Vec<(&'static str, AnyValue)
     out
 }
 
-fn fill_record(r: &mut opentelemetry_sdk::logs::SdkLogRecord, e: &LoopbackEvent, node: &str) {
+/// A record's event name, its timestamps (now) and its severity.
+fn stamp(
+    r: &mut opentelemetry_sdk::logs::SdkLogRecord,
+    event_name: &'static str,
+    severity: Severity,
+    severity_text: &'static str,
+) {
     let now = SystemTime::now();
-    r.set_event_name(EVENT_NAME);
+    r.set_event_name(event_name);
     r.set_timestamp(now);
     r.set_observed_timestamp(now);
-    r.set_severity_number(Severity::Warn);
-    r.set_severity_text("WARN");
+    r.set_severity_number(severity);
+    r.set_severity_text(severity_text);
+}
+
+fn fill_record(r: &mut opentelemetry_sdk::logs::SdkLogRecord, e: &LoopbackEvent, node: &str) {
+    stamp(r, EVENT_NAME, Severity::Warn, "WARN");
     let service = e
         .service
         .as_deref()
@@ -245,12 +259,7 @@ fn fill_record(r: &mut opentelemetry_sdk::logs::SdkLogRecord, e: &LoopbackEvent,
 }
 
 fn fill_resolved(r: &mut opentelemetry_sdk::logs::SdkLogRecord, res: &LoopResolution, node: &str) {
-    let now = SystemTime::now();
-    r.set_event_name(RESOLVED_EVENT_NAME);
-    r.set_timestamp(now);
-    r.set_observed_timestamp(now);
-    r.set_severity_number(Severity::Info);
-    r.set_severity_text("INFO");
+    stamp(r, RESOLVED_EVENT_NAME, Severity::Info, "INFO");
     r.set_body(AnyValue::String(
         format!(
             "loop resolved: {} {} after {} s",
