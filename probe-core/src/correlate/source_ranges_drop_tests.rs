@@ -2,10 +2,12 @@
 //! (or the node's) call to a LB IP whose Service sets `loadBalancerSourceRanges`, confirmed
 //! from the drop and the firewall entry in the service table; every twin stays silent.
 
+use probe_contract::facts::ProxyMode;
+
 use super::{
     tests::{
-        MS, NODE, POD, S, assert_mentions, assert_none_confirmed, corr_with, drop_ev, invariants,
-        ip, only_report, pkt, table,
+        MS, NODE, POD, S, assert_dropped_pod_call, assert_mentions, assert_none_confirmed,
+        corr_with, drop_ev, invariants, ip, only_report, pkt, table,
     },
     *,
 };
@@ -49,12 +51,13 @@ fn a_pods_call_from_outside_the_ranges_is_confirmed_with_the_firewall_entry() {
         let mut c = corr_with(fw_table(&["192.0.2.0/24"]));
         let r = only_report(&c.ingest(nf_drop(S, &call(POD, Tag::Pod, PORT), reason)));
         let e = &r.event;
-        assert_eq!(e.kind, LoopbackKind::SourceRangesDrop, "{reason}");
-        assert_eq!(e.key, format!("source_ranges_drop/{LB_IP}:{PORT}/tcp"));
-        assert_eq!(e.src, ip(POD));
-        assert_eq!(e.vip, Some(ip(LB_IP)));
-        assert_eq!(e.vip_port, Some(PORT));
-        assert_eq!(e.outcome, probe_contract::Outcome::Dropped);
+        assert_dropped_pod_call(
+            e,
+            LoopbackKind::SourceRangesDrop,
+            &format!("source_ranges_drop/{LB_IP}:{PORT}/tcp"),
+            (LB_IP, PORT),
+            reason,
+        );
         assert_eq!(e.service.as_deref(), Some("default/web"));
         let ev = e.evidence.join("\n");
         assert!(
@@ -96,10 +99,7 @@ fn iptables_mode_names_the_proxy_firewall_rule_and_its_fw_chain() {
     let r = only_report(&c.ingest(nf_drop(S, &call(POD, Tag::Pod, PORT), "NETFILTER_DROP")));
     let e = &r.event;
     assert_eq!(e.kind, LoopbackKind::SourceRangesDrop);
-    assert_eq!(
-        e.facts.proxy_mode,
-        Some(probe_contract::facts::ProxyMode::Iptables)
-    );
+    assert_eq!(e.facts.proxy_mode, Some(ProxyMode::Iptables));
     let ev = e.evidence.join("\n");
     assert!(
         ev.contains(&format!(
@@ -139,10 +139,7 @@ fn ipvs_mode_names_the_ipsets_and_the_service_from_the_table() {
     let e = &r.event;
     assert_eq!(e.kind, LoopbackKind::SourceRangesDrop);
     assert_eq!(e.service.as_deref(), Some("default/web"));
-    assert_eq!(
-        e.facts.proxy_mode,
-        Some(probe_contract::facts::ProxyMode::Ipvs)
-    );
+    assert_eq!(e.facts.proxy_mode, Some(ProxyMode::Ipvs));
     let ev = e.evidence.join("\n");
     assert_mentions(
         &e.evidence,

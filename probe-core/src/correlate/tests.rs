@@ -239,6 +239,25 @@ pub(super) fn assert_mentions(lines: &[String], needles: &[&str]) {
     }
 }
 
+/// What a kube-proxy drop of [`POD`]'s TCP call to `lb_ip:port` (`etp_local_drop`,
+/// `source_ranges_drop`) confirms: the kind, the key, the caller, the LB IP:port, dropped.
+/// `case` names the table row on a failure.
+#[track_caller]
+pub(super) fn assert_dropped_pod_call(
+    e: &LoopbackEvent,
+    kind: LoopbackKind,
+    key: &str,
+    (lb_ip, port): (&str, u16),
+    case: &str,
+) {
+    assert_eq!(e.kind, kind, "{case}");
+    assert_eq!(e.key, key, "{case}");
+    assert_eq!(e.src, ip(POD), "{case}");
+    assert_eq!(e.vip, Some(ip(lb_ip)), "{case}");
+    assert_eq!(e.vip_port, Some(port), "{case}");
+    assert_eq!(e.outcome, probe_contract::Outcome::Dropped, "{case}");
+}
+
 pub(super) fn ct(orig: Tuple, snat: bool, state: Option<&str>) -> ConntrackEntry {
     let reply = Tuple {
         src: orig.dst,

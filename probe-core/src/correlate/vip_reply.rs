@@ -14,13 +14,13 @@
 //!   this is counted as unmatched.
 
 use probe_contract::{
-    AggregateKey, LoopbackEvent, Outcome, Proto, SnatState, Tag,
+    LoopbackEvent, Outcome, Proto, SnatState, Tag,
     record::{Packet, tcp_flags},
 };
 
 use super::{
     Correlator, DropInfo, Output,
-    aggregate::NewEvent as _,
+    aggregate::{NewEvent as _, healthcheck_blackhole_key},
     drop_reason::is_no_socket,
     evidence::{drop_line, suspect_line},
     held::VipSuspect,
@@ -94,12 +94,7 @@ impl Correlator {
         let svc = self.nodeport_evidence(&check, &mut evidence);
         self.vip_served_evidence(check.src, &mut evidence);
         self.owner_evidence(check.src, &mut evidence);
-        let key = AggregateKey::HealthcheckBlackhole {
-            vip: check.src,
-            node: check.dst,
-            node_port: check.dport,
-            proto: check.proto,
-        };
+        let key = healthcheck_blackhole_key(&check);
         let event = LoopbackEvent {
             vip: Some(check.src),
             drop_reason: Some(info.reason.name.clone()),
