@@ -17,20 +17,30 @@ use crate::state::{FirewallEntry, ServiceSource, SourceRange};
 const LB_IP: &str = "203.0.113.10";
 const PORT: u16 = 80;
 
+/// The firewall entry of `lb`:PORT/tcp allowing `allowed`, naming no Service and no chain
+/// (as IPVS mode's sets read).
+fn fw_entry(lb: &str, allowed: &[&str]) -> FirewallEntry {
+    FirewallEntry {
+        addr: ip(lb),
+        proto: Proto::Tcp,
+        port: PORT,
+        service: None,
+        chain: None,
+        allowed: allowed
+            .iter()
+            .map(|r| SourceRange::parse(r).unwrap())
+            .collect(),
+    }
+}
+
 /// The nftables-mode table with the LB IP:port in `firewall-ips`, allowing `allowed`.
 fn fw_table(allowed: &[&str]) -> ServiceTable {
     let mut t = table();
     t.source = Some(ServiceSource::Nftables);
     t.firewall.push(FirewallEntry {
-        addr: ip(LB_IP),
-        proto: Proto::Tcp,
-        port: PORT,
         service: Some("default/web:http".into()),
         chain: Some("firewall-SUSTUHLJ-default/web/tcp/http".into()),
-        allowed: allowed
-            .iter()
-            .map(|r| SourceRange::parse(r).unwrap())
-            .collect(),
+        ..fw_entry(LB_IP, allowed)
     });
     t
 }
@@ -164,26 +174,20 @@ fn ipvs_mode_over_ipv6_names_the_ipv6_sets() {
     let (lb6, pod6) = ("2001:db8:113::10", "2001:db8:19:1::10");
     let mut t = table();
     t.source = Some(ServiceSource::Ipvs);
-    t.firewall.push(FirewallEntry {
-        addr: ip(lb6),
-        proto: Proto::Tcp,
-        port: PORT,
-        service: None,
-        chain: None,
-        allowed: vec![SourceRange::parse("2001:db8:51::/48").unwrap()],
-    });
+    t.firewall.push(fw_entry(lb6, &["2001:db8:51::/48"]));
     let mut c = corr_with(t);
     let call6 = pkt(pod6, 40000, lb6, PORT, Some(Tag::Pod), None);
     let r = only_report(&c.ingest(nf_drop(S, &call6, "NETFILTER_DROP")));
+    assert_mentions(
+        &r.event.evidence,
+        &[
+            "(ip6tables, ipset)",
+            &format!("ipset KUBE-6-LOAD-BALANCER-FW has {lb6},tcp:{PORT}"),
+            "ipset KUBE-6-LOAD-BALANCER-SOURCE-CID (and KUBE-6-LOAD-BALANCER-SOURCE-IP)",
+            "source outside { 2001:db8:51::/48 }",
+        ],
+    );
     let ev = r.event.evidence.join("\n");
-    for needle in [
-        "(ip6tables, ipset)",
-        &format!("ipset KUBE-6-LOAD-BALANCER-FW has {lb6},tcp:{PORT}"),
-        "ipset KUBE-6-LOAD-BALANCER-SOURCE-CID (and KUBE-6-LOAD-BALANCER-SOURCE-IP)",
-        "source outside { 2001:db8:51::/48 }",
-    ] {
-        assert!(ev.contains(needle), "{needle}: {ev}");
-    }
     assert!(!ev.contains(" KUBE-LOAD-BALANCER"), "{ev}");
     invariants(&c);
 }

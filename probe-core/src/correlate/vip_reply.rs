@@ -120,7 +120,7 @@ mod tests {
     use probe_contract::{LoopbackKind, record::DropReason};
 
     use super::{
-        super::{CorrelatorConfig, KernelEvent},
+        super::{CorrelatorConfig, KernelEvent, tests::assert_mentions},
         *,
     };
     use crate::state::{NodePortEntry, ServiceSource, ServiceTable};
@@ -236,12 +236,13 @@ mod tests {
         assert_eq!(e.drop_reason.as_deref(), Some("NO_SOCKET"));
         assert_eq!(e.outcome, Outcome::Dropped);
         assert_eq!(e.service.as_deref(), Some("default/web"));
-        let ev = e.evidence.join("\n");
-        assert!(ev.contains("tc ingress on eth0"), "{ev}");
-        assert!(ev.contains("IPv6 has no martian-source check"), "{ev}");
-        assert!(
-            ev.contains("service table (kube-proxy nftables tables): NodePort 30080/tcp"),
-            "{ev}"
+        assert_mentions(
+            &e.evidence,
+            &[
+                "tc ingress on eth0",
+                "IPv6 has no martian-source check",
+                "service table (kube-proxy nftables tables): NodePort 30080/tcp",
+            ],
         );
         assert_eq!(c.stats().confirmed.vip_port_unserved, 0);
         assert_eq!(c.stats().confirmed.healthcheck_blackhole, 1);
