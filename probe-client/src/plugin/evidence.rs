@@ -320,8 +320,7 @@ mod write_tests {
     /// from an agent never names a path outside its folder.
     #[test]
     fn files_are_new_never_through_a_link_and_ids_stay_in_their_folder() {
-        let base = std::env::temp_dir().join(format!("clb-evidence-write-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&base);
+        let base = tests::no_temp_dir("clb-evidence-write");
         create_private_dir(&base).unwrap();
         use std::os::unix::fs::PermissionsExt as _;
         assert_eq!(
@@ -361,10 +360,16 @@ mod write_tests {
 mod tests {
     use super::*;
 
+    /// `NAME-PID` in the temp directory, removed if a run before left it.
+    pub(super) fn no_temp_dir(name: &str) -> std::path::PathBuf {
+        let base = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        base
+    }
+
     #[test]
     fn a_non_empty_dir_is_refused_and_a_new_or_empty_one_is_fine() {
-        let base = std::env::temp_dir().join(format!("clb-evidence-dir-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&base);
+        let base = no_temp_dir("clb-evidence-dir");
         assert!(check_dir(&base).is_ok());
         std::fs::create_dir_all(&base).unwrap();
         assert!(check_dir(&base).is_ok());

@@ -586,33 +586,25 @@ mod tests {
             ..Default::default()
         };
         let mut v = Verification::default();
-        v.nodes.insert(
-            "a".into(),
-            node(vec![looped("hairpin", VerifyOutcome::Clean, pod)]),
-        );
+        // Node `name` answers with its one hairpin result.
+        let answer = |v: &mut Verification, name: &str, one| {
+            v.nodes.insert(name.into(), node(vec![one]));
+        };
+        answer(&mut v, "a", looped("hairpin", VerifyOutcome::Clean, pod));
         assert_eq!(verdict(&v, false), Verdict::Clean);
         assert_eq!(verdict(&v, true), Verdict::Clean);
-        v.nodes.insert(
-            "b".into(),
-            node(vec![result("hairpin", VerifyOutcome::Clean)]),
-        );
+        answer(&mut v, "b", result("hairpin", VerifyOutcome::Clean));
         assert_eq!(verdict(&v, false), Verdict::Clean);
         assert!(
             matches!(verdict(&v, true), Verdict::NotProven(why) if why[0].contains("node b")),
             "node b holds no loop to test: not proven resolved"
         );
-        v.nodes.insert(
-            "c".into(),
-            node(vec![result("hairpin", VerifyOutcome::NotProven)]),
-        );
+        answer(&mut v, "c", result("hairpin", VerifyOutcome::NotProven));
         assert_eq!(verdict(&v, false), Verdict::NotProven(Vec::new()));
         v.missing.push("d".into());
         assert_eq!(verdict(&v, false), Verdict::Unanswered);
         assert_eq!(verdict(&v, true), Verdict::Unanswered);
-        v.nodes.insert(
-            "e".into(),
-            node(vec![result("hairpin", VerifyOutcome::Confirmed)]),
-        );
+        answer(&mut v, "e", result("hairpin", VerifyOutcome::Confirmed));
         assert_eq!(verdict(&v, false), Verdict::Confirmed);
         assert_eq!(verdict(&v, true), Verdict::Confirmed);
     }

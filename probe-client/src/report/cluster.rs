@@ -540,37 +540,20 @@ mod tests {
             report("node-b", NOW, &[], &[]),
         ];
         let all = nodes(&["node-a", "node-b"]);
-        let by_svc = build(
-            &all,
-            &reports,
-            NOW,
-            &Filter {
-                service: Some("shop/other".into()),
-                node: None,
-            },
-        );
+        let filtered = |service: Option<&str>, node: Option<&str>| {
+            let filter = Filter {
+                service: service.map(Into::into),
+                node: node.map(Into::into),
+            };
+            build(&all, &reports, NOW, &filter)
+        };
+        let by_svc = filtered(Some("shop/other"), None);
         assert!(by_svc.nodes.is_empty());
         assert_eq!(by_svc.exit_code(), 0);
-        let b = build(
-            &all,
-            &reports,
-            NOW,
-            &Filter {
-                service: None,
-                node: Some("node-b".into()),
-            },
-        );
+        let b = filtered(None, Some("node-b"));
         assert_eq!(b.nodes.len(), 1);
         assert_eq!(b.exit_code(), 0);
-        let a = build(
-            &all,
-            &reports,
-            NOW,
-            &Filter {
-                service: Some("shop/web".into()),
-                node: None,
-            },
-        );
+        let a = filtered(Some("shop/web"), None);
         assert_eq!(a.nodes.len(), 1);
         assert_eq!(a.exit_code(), 1);
     }

@@ -47,6 +47,18 @@ impl NewEvent for LoopbackEvent {
     }
 }
 
+/// The aggregate of a health check from LB VIP `check.src` to this node's node port that
+/// was dropped (`blackhole.rs`, and a reply to the VIP that proves the check in
+/// `vip_reply.rs`).
+pub(super) fn healthcheck_blackhole_key(check: &Packet) -> AggregateKey {
+    AggregateKey::HealthcheckBlackhole {
+        vip: check.src,
+        node: check.dst,
+        node_port: check.dport,
+        proto: check.proto,
+    }
+}
+
 /// A call the kernel dropped (or refused) on its way to the frontend it was sent to (the
 /// packet's destination and port, an LB IP or VIP): [`NewEvent::new`] with the drop's
 /// reason, site and interface, the frontend as the event's VIP, `evidence` and the Service

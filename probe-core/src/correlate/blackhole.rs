@@ -8,7 +8,7 @@ use probe_contract::{
 
 use super::{
     Correlator, DropInfo, Output, RecentDrop,
-    aggregate::NewEvent as _,
+    aggregate::{NewEvent as _, healthcheck_blackhole_key},
     evidence::{
         drop_line, local_source_line, suspect_line, table_missing, unauthenticated_source_line,
     },
@@ -127,12 +127,7 @@ impl Correlator {
         }
         let mut lines = Vec::new();
         let svc = self.nodeport_evidence(packet, &mut lines);
-        let key = AggregateKey::HealthcheckBlackhole {
-            vip: packet.src,
-            node: packet.dst,
-            node_port: packet.dport,
-            proto: packet.proto,
-        };
+        let key = healthcheck_blackhole_key(packet);
         let event = LoopbackEvent {
             snat: SnatState::Unknown,
             service: svc,

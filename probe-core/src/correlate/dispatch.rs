@@ -109,15 +109,15 @@ impl Correlator {
             return;
         }
         // kube-proxy's source-range firewall runs before DNAT and before its other drops.
-        if self.is_source_ranges_drop(&packet, &info) {
-            self.confirm_source_ranges_drop(&packet, info, out);
+        if let Some(entry) = self.source_ranges_drop_entry(&packet, &info) {
+            self.confirm_source_ranges_drop(&packet, info, entry, out);
             return;
         }
         if self.ask_if_programmed(&packet, &info, out) {
             return;
         }
-        if self.is_etp_local_drop(&packet, &info) {
-            self.confirm_etp_local_drop(&packet, info, out);
+        if let Some(element) = self.etp_local_drop_element(&packet, &info) {
+            self.confirm_etp_local_drop(&packet, info, element, out);
             return;
         }
 

@@ -1,7 +1,12 @@
 //! Drop-reason and drop-site classification. Reason numbers differ between kernels, so
 //! everything here matches names (from the kernel's BTF) and symbols only.
 
-use probe_contract::{Tag, record::DropReason};
+use probe_contract::{
+    Tag,
+    record::{DropReason, Packet},
+};
+
+use super::DropInfo;
 
 /// Symbol prefixes of the IPv4 route-input path, where an older kernel drops a packet with a
 /// local (martian) source without a specific reason (Debian 6.1: `NOT_SPECIFIED` at
@@ -102,18 +107,13 @@ pub fn reason_from_site(
 
 /// A local pod's or the node's TCP or UDP call that netfilter dropped: what kube-proxy's own
 /// drops (`etp_local_drop`, `source_ranges_drop`) look like to the kernel.
-pub fn is_local_call_netfilter_drop(
-    src_tag: Option<Tag>,
-    proto: probe_contract::Proto,
-    reason: &DropReason,
-    location: Option<&str>,
-) -> bool {
-    matches!(src_tag, Some(Tag::Pod | Tag::Node))
+pub(super) fn is_local_call_netfilter_drop(packet: &Packet, info: &DropInfo) -> bool {
+    matches!(packet.src_tag, Some(Tag::Pod | Tag::Node))
         && matches!(
-            proto,
+            packet.proto,
             probe_contract::Proto::Tcp | probe_contract::Proto::Udp
         )
-        && is_netfilter_drop(reason, location)
+        && is_netfilter_drop(&info.reason, info.location.as_deref())
 }
 
 /// Netfilter dropped it: `NETFILTER_DROP`, or `NOT_SPECIFIED` at `nf_hook_slow` (kernels

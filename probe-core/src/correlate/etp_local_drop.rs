@@ -52,35 +52,31 @@ use super::{
 use crate::state::{NoEndpointDrop, PodShortCircuit, ServiceSource};
 
 impl Correlator {
-    /// A netfilter drop of a local pod's (or the node's) call to a no-endpoint drop of
-    /// kube-proxy's rules (a `no-endpoint-services` `drop` element, a `KUBE-EXTERNAL-SERVICES`
-    /// `DROP` rule).
-    pub(super) fn is_etp_local_drop(&self, packet: &Packet, info: &DropInfo) -> bool {
-        is_local_call_netfilter_drop(
-            packet.src_tag,
-            packet.proto,
-            &info.reason,
-            info.location.as_deref(),
-        ) && packet.dst_tag.is_none()
-            && self
-                .services
-                .no_endpoint_drop(packet.dst, packet.dport, packet.proto)
-                .is_some()
+    /// The no-endpoint drop of kube-proxy's rules (a `no-endpoint-services` `drop` element, a
+    /// `KUBE-EXTERNAL-SERVICES` `DROP` rule) that a local pod's (or the node's) call met when
+    /// netfilter dropped it; None for any other drop.
+    pub(super) fn etp_local_drop_element(
+        &self,
+        packet: &Packet,
+        info: &DropInfo,
+    ) -> Option<NoEndpointDrop> {
+        let local_call = is_local_call_netfilter_drop(packet, info) && packet.dst_tag.is_none();
+        local_call
+            .then(|| {
+                self.services
+                    .no_endpoint_drop(packet.dst, packet.dport, packet.proto)
+                    .cloned()
+            })
+            .flatten()
     }
 
     pub(super) fn confirm_etp_local_drop(
         &mut self,
         packet: &Packet,
         info: DropInfo,
+        element: NoEndpointDrop,
         out: &mut Vec<Output>,
     ) {
-        let Some(element) = self
-            .services
-            .no_endpoint_drop(packet.dst, packet.dport, packet.proto)
-            .cloned()
-        else {
-            return;
-        };
         let t = tuple_of(packet);
         let to = sock(packet.dst, packet.dport);
         let proto = packet.proto.as_str();

@@ -3,12 +3,12 @@
 //! confirmed from the drop (reason or site) and the drop in the service table, naming the
 //! local-traffic detector the pod missed in iptables mode; every twin stays silent.
 
-use probe_contract::facts::Etp;
+use probe_contract::facts::{Etp, ProxyMode};
 
 use super::{
     tests::{
-        MS, NODE, POD, S, assert_mentions, assert_none_confirmed, corr_with, drop_ev, invariants,
-        ip, only_report, pkt, table,
+        MS, NODE, POD, S, assert_dropped_pod_call, assert_mentions, assert_none_confirmed,
+        corr_with, drop_ev, invariants, ip, only_report, pkt, table,
     },
     *,
 };
@@ -68,12 +68,13 @@ fn a_pods_call_dropped_by_the_no_endpoint_element_is_confirmed_with_the_rule() {
         let mut c = corr_with(nft_table(true));
         let r = only_report(&c.ingest(nf_drop(S, &call(40000), reason)));
         let e = &r.event;
-        assert_eq!(e.kind, LoopbackKind::EtpLocalDrop, "{reason}");
-        assert_eq!(e.key, format!("etp_local_drop/{LB_IP}:{PORT}/tcp"));
-        assert_eq!(e.src, ip(POD));
-        assert_eq!(e.vip, Some(ip(LB_IP)));
-        assert_eq!(e.vip_port, Some(PORT));
-        assert_eq!(e.outcome, probe_contract::Outcome::Dropped);
+        assert_dropped_pod_call(
+            e,
+            LoopbackKind::EtpLocalDrop,
+            &format!("etp_local_drop/{LB_IP}:{PORT}/tcp"),
+            (LB_IP, PORT),
+            reason,
+        );
         assert_eq!(e.drop_reason.as_deref(), Some("NETFILTER_DROP"));
         assert_eq!(e.service.as_deref(), Some("default/web-local"));
         assert_eq!(e.facts.etp_rules, Some(Etp::Local));
@@ -283,10 +284,7 @@ fn iptables_modes_drop_is_confirmed_with_the_external_services_rule() {
     let e = confirmed_in(iptables_table(None));
     assert_eq!(e.kind, LoopbackKind::EtpLocalDrop);
     assert_eq!(e.service.as_deref(), Some("default/web-local"));
-    assert_eq!(
-        e.facts.proxy_mode,
-        Some(probe_contract::facts::ProxyMode::Iptables)
-    );
+    assert_eq!(e.facts.proxy_mode, Some(ProxyMode::Iptables));
     let ev = e.evidence.join("\n");
     assert!(
         ev.contains(&format!(
@@ -337,16 +335,18 @@ fn a_cidr_detector_that_misses_the_pod_is_named_with_the_pod() {
         )),
         "{ev}"
     );
-    let remedy = e.remedy.join("\n");
-    for needle in [
-        format!("Its detector here is `-s 198.19.0.0/16`, and it does not match the pod {POD}"),
-        "kubernetes#112820".into(),
-        format!("--cluster-cidr must cover {POD}"),
-        "--detect-local-mode InterfaceNamePrefix".into(),
-        "from 1.33.6, 1.34.2 and 1.35, kubernetes#134024".into(),
-    ] {
-        assert!(remedy.contains(&needle), "{needle}: {remedy}");
-    }
+    assert_mentions(
+        &e.remedy,
+        &[
+            &format!(
+                "Its detector here is `-s 198.19.0.0/16`, and it does not match the pod {POD}"
+            ),
+            "kubernetes#112820",
+            &format!("--cluster-cidr must cover {POD}"),
+            "--detect-local-mode InterfaceNamePrefix",
+            "from 1.33.6, 1.34.2 and 1.35, kubernetes#134024",
+        ],
+    );
     let cause = super::etp_local_drop::cause(&e);
     assert!(
         cause.contains("its local-traffic detector (-s 198.19.0.0/16) missed the pod"),

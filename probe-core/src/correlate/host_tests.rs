@@ -7,8 +7,9 @@ use probe_contract::facts::Announcer;
 
 use super::{
     tests::{
-        EXT_VIP, LB_VIP, MS, NODE, POD, S, corr, ct, drop_ev, egress, has_line, invariants, ip,
-        local_source, node_to_itself, only_query, only_report, pkt, queries, suspect,
+        EXT_VIP, LB_VIP, MS, NODE, POD, S, assert_mentions, corr, ct, drop_ev, egress, has_line,
+        invariants, ip, local_source, node_to_itself, only_query, only_report, pkt, queries,
+        suspect,
     },
     *,
 };
@@ -16,6 +17,18 @@ use crate::state::addrs::Prefix;
 
 /// The node's API server port: no NodePort of the test table.
 const HOST_PORT: u16 = 6443;
+
+/// `owner` makes `addr` local on this node (the owners map the node sync fills).
+fn own(c: &mut Correlator, addr: &str, owner: AddressOwner) {
+    c.set_owners(Arc::new(BTreeMap::from([(Prefix::host(ip(addr)), owner)])));
+}
+
+/// A VIP-sourced packet `p` seen (its suspect) and dropped as a local source: the
+/// confirmation.
+fn vip_sourced_confirmed(c: &mut Correlator, p: &Packet) -> Confirmation {
+    c.ingest(suspect(S, p));
+    only_report(&c.ingest(local_source(S + MS, p)))
+}
 
 fn apiserver() -> Listener {
     Listener {
@@ -110,27 +123,18 @@ fn host_listener_hairpin_is_confirmed_on_the_exact_layer_4_match_and_names_the_l
     assert_eq!((e.dst, e.dst_port), (ip(NODE), HOST_PORT));
     assert_eq!((e.vip, e.vip_port), (Some(ip(EXT_VIP)), Some(HOST_PORT)));
     assert_eq!(e.listener, Some(apiserver()));
-    assert!(
-        has_line(&e.evidence, "198.18.0.2:6443 is no NodePort"),
-        "{e:#?}"
-    );
-    assert!(
-        has_line(
-            &e.evidence,
+    assert_mentions(
+        &e.evidence,
+        &[
+            "198.18.0.2:6443 is no NodePort",
             "listener of 198.18.0.2:6443/tcp on this node: tcp socket 0.0.0.0:6443 of process \
-             kube-apiserver (pid 4242"
-        ),
-        "{e:#?}"
+             kube-apiserver (pid 4242",
+        ],
     );
-    assert!(e.remedy[0].starts_with("Cause: pod 198.18.1.5"), "{e:#?}");
-    assert!(
-        e.remedy[0].contains("host process kube-apiserver"),
-        "{e:#?}"
-    );
-    assert!(
-        has_line(&e.remedy, "externalTrafficPolicy does not apply"),
-        "{e:#?}"
-    );
+    let cause = &e.remedy[0];
+    assert!(cause.starts_with("Cause: pod 198.18.1.5"), "{e:#?}");
+    assert!(cause.contains("host process kube-apiserver"), "{e:#?}");
+    assert_mentions(&e.remedy, &["externalTrafficPolicy does not apply"]);
     assert!(!has_line(&e.remedy, "NodePort 6443"), "{e:#?}");
     assert_eq!(c.stats().confirmed.hairpin, 1);
     invariants(&c);
@@ -177,10 +181,7 @@ fn host_listener_takes_no_layer_7_match() {
 #[test]
 fn node_sourced_host_listener_hairpin_names_the_owner_of_the_node_address() {
     let mut c = corr();
-    c.set_owners(Arc::new(BTreeMap::from([(
-        Prefix::host(ip(NODE)),
-        AddressOwner::interface("eth0"),
-    )])));
+    own(&mut c, NODE, AddressOwner::interface("eth0"));
     let t0 = 5 * S;
     let p = node_to_itself(40001, HOST_PORT);
     let (listener_id, egress_id) = host_suspect(&mut c, t0, &p);
@@ -201,21 +202,15 @@ fn node_sourced_host_listener_hairpin_names_the_owner_of_the_node_address() {
     assert_eq!(e.src, ip(NODE));
     assert_eq!(e.outcome, Outcome::Dropped);
     assert_eq!(e.facts.owner, Some(AddressOwner::interface("eth0")));
-    assert!(
-        has_line(
-            &e.evidence,
-            "local address owner: 198.18.0.2 is local through an address on eth0"
-        ),
-        "{e:#?}"
+    assert_mentions(
+        &e.evidence,
+        &["local address owner: 198.18.0.2 is local through an address on eth0"],
     );
     assert!(
         e.remedy[0].starts_with("Cause: this node (198.18.0.2)"),
         "{e:#?}"
     );
-    assert!(
-        has_line(&e.remedy, "SNAT to the node IP does not avoid"),
-        "{e:#?}"
-    );
+    assert_mentions(&e.remedy, &["SNAT to the node IP does not avoid"]);
     invariants(&c);
 }
 
@@ -306,14 +301,10 @@ fn blackhole_remedy_follows_the_owner_of_the_vip() {
     for (what, owner, line, kube_ipvs0) in rows {
         let mut c = corr();
         if let Some(o) = &owner {
-            c.set_owners(Arc::new(BTreeMap::from([(
-                Prefix::host(ip(LB_VIP)),
-                o.clone(),
-            )])));
+            own(&mut c, LB_VIP, o.clone());
         }
         let p = pkt(LB_VIP, 50000, NODE, 30080, Some(Tag::Vip), Some(Tag::Node));
-        c.ingest(suspect(S, &p));
-        let r = only_report(&c.ingest(local_source(S + MS, &p)));
+        let r = vip_sourced_confirmed(&mut c, &p);
         let e = &r.event;
         assert_eq!(e.kind, LoopbackKind::HealthcheckBlackhole, "{what}");
         // Not in the owners map (a replay, or no node sync yet): a `vip` tag reads as bound
@@ -374,13 +365,9 @@ fn vip_as_source_through_an_announcer_s_vip_on_lo_names_the_announcer() {
         }),
     };
     let mut c = corr();
-    c.set_owners(Arc::new(BTreeMap::from([(
-        Prefix::host(ip(LB_VIP)),
-        owner.clone(),
-    )])));
+    own(&mut c, LB_VIP, owner.clone());
     let p = pkt(LB_VIP, 50000, POD, 8080, Some(Tag::Vip), Some(Tag::Pod));
-    c.ingest(suspect(S, &p));
-    let r = only_report(&c.ingest(local_source(S + MS, &p)));
+    let r = vip_sourced_confirmed(&mut c, &p);
     let e = &r.event;
     assert_eq!(e.kind, LoopbackKind::VipAsSource, "{e:#?}");
     assert_eq!(e.facts.owner, Some(owner), "{e:#?}");

@@ -3,7 +3,10 @@
 
 use super::{
     self_loop::{call_of, is_answer},
-    tests::{MS, S, corr, has_line, invariants, ip, only_query, only_report, pkt, reports},
+    tests::{
+        MS, S, assert_mentions, corr, has_line, invariants, ip, only_query, only_report, pkt,
+        reports,
+    },
     *,
 };
 use crate::state::BridgePort;
@@ -76,6 +79,12 @@ fn facts(loop_back_entry: Option<bool>, hairpin_mode: Option<bool>) -> SelfLoopF
     }
 }
 
+/// The look-up `q` answered with the conntrack entry of client port `sport` (not SNATed) and
+/// `f`: its one confirmation.
+fn confirmed_by(c: &mut Correlator, q: &Query, sport: u16, f: SelfLoopFacts) -> Confirmation {
+    only_report(&answer(c, q, Ok(Some(entry(sport, false))), f))
+}
+
 fn answer(
     c: &mut Correlator,
     q: &Query,
@@ -99,12 +108,7 @@ fn dead_in_the_pod_without_snat_names_the_service_and_the_missing_loop_back_entr
     assert_eq!((tuple.src, tuple.sport, tuple.dport), (ip(EP), 40000, 8080));
     assert_eq!(iface, &None, "a drop in the pod has no node interface");
     invariants(&c);
-    let r = only_report(&answer(
-        &mut c,
-        &q,
-        Ok(Some(entry(40000, false))),
-        facts(Some(false), None),
-    ));
+    let r = confirmed_by(&mut c, &q, 40000, facts(Some(false), None));
     let e = &r.event;
     assert_eq!(e.kind, LoopbackKind::ServiceSelfLoop);
     assert_eq!(
@@ -120,27 +124,16 @@ fn dead_in_the_pod_without_snat_names_the_service_and_the_missing_loop_back_entr
     assert_eq!((e.snat, e.outcome), (SnatState::No, Outcome::Dropped));
     assert_eq!(e.drop_reason.as_deref(), Some("IP_LOCAL_SOURCE"));
     assert_eq!(e.nic, None);
-    assert!(
-        has_line(&e.evidence, "dropped in the pod's own network namespace"),
-        "{e:#?}"
-    );
-    assert!(has_line(&e.evidence, "no SRC_NAT"), "{e:#?}");
-    assert!(
-        has_line(
-            &e.evidence,
-            "ipset KUBE-LOOP-BACK lacks 198.18.1.20,tcp:8080,198.18.1.20"
-        ),
-        "{e:#?}"
-    );
-    assert!(has_line(
+    assert_mentions(
         &e.evidence,
-        "missing: the hairpin SNAT; the KUBE-LOOP-BACK entry"
-    ));
-    assert!(
-        has_line(&e.remedy, "KUBE-LOOP-BACK ipset entry"),
-        "{:#?}",
-        e.remedy
+        &[
+            "dropped in the pod's own network namespace",
+            "no SRC_NAT",
+            "ipset KUBE-LOOP-BACK lacks 198.18.1.20,tcp:8080,198.18.1.20",
+            "missing: the hairpin SNAT; the KUBE-LOOP-BACK entry",
+        ],
     );
+    assert_mentions(&e.remedy, &["KUBE-LOOP-BACK ipset entry"]);
     assert!(!has_line(&e.remedy, "hairpin-mode"), "{:#?}", e.remedy);
     assert_eq!(c.stats().confirmed.service_self_loop, 1);
     invariants(&c);
@@ -164,22 +157,17 @@ fn dead_at_the_bridge_port_names_its_hairpin_mode_and_the_service_from_the_endpo
         (Some(ip(super::tests::LB_VIP)), Some(80))
     );
     assert_eq!(e.service.as_deref(), Some("default/web"));
-    assert!(has_line(&e.evidence, "before conntrack confirms"), "{e:#?}");
-    assert!(has_line(
+    assert_mentions(
         &e.evidence,
-        "is the endpoint of 192.0.2.10:80 (default/web:http)"
-    ));
-    assert!(has_line(&e.evidence, "port veth1 of cbr0, hairpin_mode 0"));
-    assert!(has_line(&e.evidence, "bridge-nf-call-iptables = 1"));
-    assert!(has_line(
-        &e.evidence,
-        "missing: hairpin mode on cbr0 port veth1"
-    ));
-    assert!(
-        has_line(&e.remedy, "--hairpin-mode=hairpin-veth"),
-        "{:#?}",
-        e.remedy
+        &[
+            "before conntrack confirms",
+            "is the endpoint of 192.0.2.10:80 (default/web:http)",
+            "port veth1 of cbr0, hairpin_mode 0",
+            "bridge-nf-call-iptables = 1",
+            "missing: hairpin mode on cbr0 port veth1",
+        ],
     );
+    assert_mentions(&e.remedy, &["--hairpin-mode=hairpin-veth"]);
     assert!(!has_line(&e.remedy, "KUBE-LOOP-BACK ipset entry"));
     invariants(&c);
 }
@@ -206,22 +194,12 @@ fn retransmits_fold_into_their_connect_and_a_new_connect_counts() {
     let q = only_query(&c.ingest(in_pod(S, 40003)));
     // A retransmit while the look-up is out, and one after the confirmation.
     assert!(c.ingest(in_pod(2 * S, 40003)).is_empty());
-    let r = only_report(&answer(
-        &mut c,
-        &q,
-        Ok(Some(entry(40003, false))),
-        facts(None, None),
-    ));
+    let r = confirmed_by(&mut c, &q, 40003, facts(None, None));
     assert_eq!(r.event.count, 1);
     assert!(c.ingest(in_pod(4 * S, 40003)).is_empty());
     assert_eq!(c.stats().self_loop_retransmits, 2);
     let q2 = only_query(&c.ingest(in_pod(5 * S, 40004)));
-    let r2 = only_report(&answer(
-        &mut c,
-        &q2,
-        Ok(Some(entry(40004, false))),
-        facts(None, None),
-    ));
+    let r2 = confirmed_by(&mut c, &q2, 40004, facts(None, None));
     assert_eq!(r2.event.count, 2);
     assert!(!r2.is_new);
     invariants(&c);
@@ -252,12 +230,7 @@ fn a_kernel_without_drop_reasons_is_judged_by_the_drop_site() {
         reason.code = 0;
     }
     let q = only_query(&c.ingest(ev));
-    let r = only_report(&answer(
-        &mut c,
-        &q,
-        Ok(Some(entry(40007, false))),
-        facts(Some(false), None),
-    ));
+    let r = confirmed_by(&mut c, &q, 40007, facts(Some(false), None));
     assert_eq!(r.event.kind, LoopbackKind::ServiceSelfLoop);
     assert_eq!(r.event.drop_reason.as_deref(), Some("IP_LOCAL_SOURCE"));
     assert!(has_line(&r.event.evidence, "inferred"), "{:#?}", r.event);
@@ -284,12 +257,7 @@ fn without_an_answer_a_pod_namespace_drop_confirms_nothing() {
     assert_eq!(c.stats().drops_unmatched, 1);
     assert_eq!(c.stats().confirmed.service_self_loop, 0);
     let q = only_query(&c.ingest(in_pod(2 * S + timeout, 40006)));
-    let r = only_report(&answer(
-        &mut c,
-        &q,
-        Ok(Some(entry(40006, false))),
-        facts(None, None),
-    ));
+    let r = confirmed_by(&mut c, &q, 40006, facts(None, None));
     assert_eq!(r.event.snat, SnatState::No);
     invariants(&c);
 }
@@ -320,12 +288,7 @@ fn a_failed_conntrack_look_up_confirms_only_at_a_bridge_port_with_its_evidence()
 fn an_unreadable_ipset_names_the_loop_back_entry_to_look_for() {
     let mut c = corr();
     let q = only_query(&c.ingest(in_pod(S, 40009)));
-    let r = only_report(&answer(
-        &mut c,
-        &q,
-        Ok(Some(entry(40009, false))),
-        facts(None, None),
-    ));
+    let r = confirmed_by(&mut c, &q, 40009, facts(None, None));
     assert!(
         has_line(
             &r.event.evidence,

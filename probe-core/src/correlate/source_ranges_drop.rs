@@ -39,36 +39,31 @@ use super::{
 use crate::state::{FirewallEntry, ServiceSource};
 
 impl Correlator {
-    /// A netfilter drop of a local pod's (or the node's) call to a firewall entry whose ranges
-    /// leave the caller out.
-    pub(super) fn is_source_ranges_drop(&self, packet: &Packet, info: &DropInfo) -> bool {
-        is_local_call_netfilter_drop(
-            packet.src_tag,
-            packet.proto,
-            &info.reason,
-            info.location.as_deref(),
-        ) && self
-            .services
+    /// The firewall entry whose ranges leave out a local pod's (or the node's) call that
+    /// netfilter dropped; None for any other drop.
+    pub(super) fn source_ranges_drop_entry(
+        &self,
+        packet: &Packet,
+        info: &DropInfo,
+    ) -> Option<FirewallEntry> {
+        if !is_local_call_netfilter_drop(packet, info) {
+            return None;
+        }
+        self.services
             .firewall_entry(packet.dst, packet.dport, packet.proto)
-            .is_some_and(|f| f.drops(packet.src))
+            .filter(|f| f.drops(packet.src))
+            .cloned()
     }
 
     pub(super) fn confirm_source_ranges_drop(
         &mut self,
         packet: &Packet,
         info: DropInfo,
+        entry: FirewallEntry,
         out: &mut Vec<Output>,
     ) {
-        let Some(entry) = self
-            .services
-            .firewall_entry(packet.dst, packet.dport, packet.proto)
-            .cloned()
-        else {
-            return;
-        };
-        let t = tuple_of(packet);
         let evidence = vec![
-            drop_line(&info, &t),
+            drop_line(&info, &tuple_of(packet)),
             firewall_rule_line(self.services.source, packet, &entry),
             format!(
                 "the caller {} is in none of the Service's loadBalancerSourceRanges",

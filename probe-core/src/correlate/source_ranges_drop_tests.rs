@@ -2,10 +2,12 @@
 //! (or the node's) call to a LB IP whose Service sets `loadBalancerSourceRanges`, confirmed
 //! from the drop and the firewall entry in the service table; every twin stays silent.
 
+use probe_contract::facts::ProxyMode;
+
 use super::{
     tests::{
-        MS, NODE, POD, S, assert_mentions, assert_none_confirmed, corr_with, drop_ev, invariants,
-        ip, only_report, pkt, table,
+        MS, NODE, POD, S, assert_dropped_pod_call, assert_mentions, assert_none_confirmed,
+        corr_with, drop_ev, invariants, ip, only_report, pkt, table,
     },
     *,
 };
@@ -15,20 +17,30 @@ use crate::state::{FirewallEntry, ServiceSource, SourceRange};
 const LB_IP: &str = "203.0.113.10";
 const PORT: u16 = 80;
 
+/// The firewall entry of `lb`:PORT/tcp allowing `allowed`, naming no Service and no chain
+/// (as IPVS mode's sets read).
+fn fw_entry(lb: &str, allowed: &[&str]) -> FirewallEntry {
+    FirewallEntry {
+        addr: ip(lb),
+        proto: Proto::Tcp,
+        port: PORT,
+        service: None,
+        chain: None,
+        allowed: allowed
+            .iter()
+            .map(|r| SourceRange::parse(r).unwrap())
+            .collect(),
+    }
+}
+
 /// The nftables-mode table with the LB IP:port in `firewall-ips`, allowing `allowed`.
 fn fw_table(allowed: &[&str]) -> ServiceTable {
     let mut t = table();
     t.source = Some(ServiceSource::Nftables);
     t.firewall.push(FirewallEntry {
-        addr: ip(LB_IP),
-        proto: Proto::Tcp,
-        port: PORT,
         service: Some("default/web:http".into()),
         chain: Some("firewall-SUSTUHLJ-default/web/tcp/http".into()),
-        allowed: allowed
-            .iter()
-            .map(|r| SourceRange::parse(r).unwrap())
-            .collect(),
+        ..fw_entry(LB_IP, allowed)
     });
     t
 }
@@ -49,12 +61,13 @@ fn a_pods_call_from_outside_the_ranges_is_confirmed_with_the_firewall_entry() {
         let mut c = corr_with(fw_table(&["192.0.2.0/24"]));
         let r = only_report(&c.ingest(nf_drop(S, &call(POD, Tag::Pod, PORT), reason)));
         let e = &r.event;
-        assert_eq!(e.kind, LoopbackKind::SourceRangesDrop, "{reason}");
-        assert_eq!(e.key, format!("source_ranges_drop/{LB_IP}:{PORT}/tcp"));
-        assert_eq!(e.src, ip(POD));
-        assert_eq!(e.vip, Some(ip(LB_IP)));
-        assert_eq!(e.vip_port, Some(PORT));
-        assert_eq!(e.outcome, probe_contract::Outcome::Dropped);
+        assert_dropped_pod_call(
+            e,
+            LoopbackKind::SourceRangesDrop,
+            &format!("source_ranges_drop/{LB_IP}:{PORT}/tcp"),
+            (LB_IP, PORT),
+            reason,
+        );
         assert_eq!(e.service.as_deref(), Some("default/web"));
         let ev = e.evidence.join("\n");
         assert!(
@@ -96,10 +109,7 @@ fn iptables_mode_names_the_proxy_firewall_rule_and_its_fw_chain() {
     let r = only_report(&c.ingest(nf_drop(S, &call(POD, Tag::Pod, PORT), "NETFILTER_DROP")));
     let e = &r.event;
     assert_eq!(e.kind, LoopbackKind::SourceRangesDrop);
-    assert_eq!(
-        e.facts.proxy_mode,
-        Some(probe_contract::facts::ProxyMode::Iptables)
-    );
+    assert_eq!(e.facts.proxy_mode, Some(ProxyMode::Iptables));
     let ev = e.evidence.join("\n");
     assert!(
         ev.contains(&format!(
@@ -139,10 +149,7 @@ fn ipvs_mode_names_the_ipsets_and_the_service_from_the_table() {
     let e = &r.event;
     assert_eq!(e.kind, LoopbackKind::SourceRangesDrop);
     assert_eq!(e.service.as_deref(), Some("default/web"));
-    assert_eq!(
-        e.facts.proxy_mode,
-        Some(probe_contract::facts::ProxyMode::Ipvs)
-    );
+    assert_eq!(e.facts.proxy_mode, Some(ProxyMode::Ipvs));
     let ev = e.evidence.join("\n");
     assert_mentions(
         &e.evidence,
@@ -167,26 +174,20 @@ fn ipvs_mode_over_ipv6_names_the_ipv6_sets() {
     let (lb6, pod6) = ("2001:db8:113::10", "2001:db8:19:1::10");
     let mut t = table();
     t.source = Some(ServiceSource::Ipvs);
-    t.firewall.push(FirewallEntry {
-        addr: ip(lb6),
-        proto: Proto::Tcp,
-        port: PORT,
-        service: None,
-        chain: None,
-        allowed: vec![SourceRange::parse("2001:db8:51::/48").unwrap()],
-    });
+    t.firewall.push(fw_entry(lb6, &["2001:db8:51::/48"]));
     let mut c = corr_with(t);
     let call6 = pkt(pod6, 40000, lb6, PORT, Some(Tag::Pod), None);
     let r = only_report(&c.ingest(nf_drop(S, &call6, "NETFILTER_DROP")));
+    assert_mentions(
+        &r.event.evidence,
+        &[
+            "(ip6tables, ipset)",
+            &format!("ipset KUBE-6-LOAD-BALANCER-FW has {lb6},tcp:{PORT}"),
+            "ipset KUBE-6-LOAD-BALANCER-SOURCE-CID (and KUBE-6-LOAD-BALANCER-SOURCE-IP)",
+            "source outside { 2001:db8:51::/48 }",
+        ],
+    );
     let ev = r.event.evidence.join("\n");
-    for needle in [
-        "(ip6tables, ipset)",
-        &format!("ipset KUBE-6-LOAD-BALANCER-FW has {lb6},tcp:{PORT}"),
-        "ipset KUBE-6-LOAD-BALANCER-SOURCE-CID (and KUBE-6-LOAD-BALANCER-SOURCE-IP)",
-        "source outside { 2001:db8:51::/48 }",
-    ] {
-        assert!(ev.contains(needle), "{needle}: {ev}");
-    }
     assert!(!ev.contains(" KUBE-LOAD-BALANCER"), "{ev}");
     invariants(&c);
 }

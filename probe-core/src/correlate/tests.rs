@@ -239,6 +239,33 @@ pub(super) fn assert_mentions(lines: &[String], needles: &[&str]) {
     }
 }
 
+/// What a kube-proxy drop of [`POD`]'s TCP call to `lb_ip:port` (`etp_local_drop`,
+/// `source_ranges_drop`) confirms: the kind, the key, the caller, the LB IP:port, dropped.
+/// `case` names the table row on a failure.
+#[track_caller]
+pub(super) fn assert_dropped_pod_call(
+    e: &LoopbackEvent,
+    kind: LoopbackKind,
+    key: &str,
+    (lb_ip, port): (&str, u16),
+    case: &str,
+) {
+    assert_eq!(e.kind, kind, "{case}");
+    assert_eq!(e.key, key, "{case}");
+    assert_eq!(e.src, ip(POD), "{case}");
+    assert_eq!(e.vip, Some(ip(lb_ip)), "{case}");
+    assert_eq!(e.vip_port, Some(port), "{case}");
+    assert_eq!(e.outcome, probe_contract::Outcome::Dropped, "{case}");
+}
+
+/// The one suspect folded into its confirmation: counted as confirming, none left pending.
+#[track_caller]
+pub(super) fn assert_suspect_folded(c: &Correlator) {
+    let s = c.stats();
+    assert_eq!((s.suspects_confirmed, s.pending_suspects), (1, 0));
+    invariants(c);
+}
+
 pub(super) fn ct(orig: Tuple, snat: bool, state: Option<&str>) -> ConntrackEntry {
     let reply = Tuple {
         src: orig.dst,
@@ -1469,11 +1496,11 @@ fn blackhole_drop_after_nodeport_dnat_pairs_with_its_suspect_by_source() {
         (ip(NODE), 30080),
         "the NodePort, not the endpoint"
     );
-    assert!(has_line(&e.evidence, "tc ingress on eth0"));
-    assert!(has_line(&e.evidence, "already DNATed to 10.244.1.5:8080"));
-    let s = c.stats();
-    assert_eq!((s.suspects_confirmed, s.pending_suspects), (1, 0));
-    invariants(&c);
+    assert_mentions(
+        &e.evidence,
+        &["tc ingress on eth0", "already DNATed to 10.244.1.5:8080"],
+    );
+    assert_suspect_folded(&c);
 }
 
 #[test]

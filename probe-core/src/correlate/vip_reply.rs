@@ -14,13 +14,13 @@
 //!   this is counted as unmatched.
 
 use probe_contract::{
-    AggregateKey, LoopbackEvent, Outcome, Proto, SnatState, Tag,
+    LoopbackEvent, Outcome, Proto, SnatState, Tag,
     record::{Packet, tcp_flags},
 };
 
 use super::{
     Correlator, DropInfo, Output,
-    aggregate::NewEvent as _,
+    aggregate::{NewEvent as _, healthcheck_blackhole_key},
     drop_reason::is_no_socket,
     evidence::{drop_line, suspect_line},
     held::VipSuspect,
@@ -94,12 +94,7 @@ impl Correlator {
         let svc = self.nodeport_evidence(&check, &mut evidence);
         self.vip_served_evidence(check.src, &mut evidence);
         self.owner_evidence(check.src, &mut evidence);
-        let key = AggregateKey::HealthcheckBlackhole {
-            vip: check.src,
-            node: check.dst,
-            node_port: check.dport,
-            proto: check.proto,
-        };
+        let key = healthcheck_blackhole_key(&check);
         let event = LoopbackEvent {
             vip: Some(check.src),
             drop_reason: Some(info.reason.name.clone()),
@@ -125,7 +120,7 @@ mod tests {
     use probe_contract::{LoopbackKind, record::DropReason};
 
     use super::{
-        super::{CorrelatorConfig, KernelEvent},
+        super::{CorrelatorConfig, KernelEvent, tests::assert_mentions},
         *,
     };
     use crate::state::{NodePortEntry, ServiceSource, ServiceTable};
@@ -241,12 +236,13 @@ mod tests {
         assert_eq!(e.drop_reason.as_deref(), Some("NO_SOCKET"));
         assert_eq!(e.outcome, Outcome::Dropped);
         assert_eq!(e.service.as_deref(), Some("default/web"));
-        let ev = e.evidence.join("\n");
-        assert!(ev.contains("tc ingress on eth0"), "{ev}");
-        assert!(ev.contains("IPv6 has no martian-source check"), "{ev}");
-        assert!(
-            ev.contains("service table (kube-proxy nftables tables): NodePort 30080/tcp"),
-            "{ev}"
+        assert_mentions(
+            &e.evidence,
+            &[
+                "tc ingress on eth0",
+                "IPv6 has no martian-source check",
+                "service table (kube-proxy nftables tables): NodePort 30080/tcp",
+            ],
         );
         assert_eq!(c.stats().confirmed.vip_port_unserved, 0);
         assert_eq!(c.stats().confirmed.healthcheck_blackhole, 1);

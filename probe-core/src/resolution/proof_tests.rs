@@ -230,58 +230,32 @@ fn a_loop_over_several_ports_of_its_service_is_proved_on_any_of_them() {
 #[test]
 fn a_local_users_connections_on_a_local_vip_prove_nothing() {
     let t = StateTimeouts::kernel_defaults();
+    // One entry, quiet for a minute; `vip_is_local`: the VIP is still an address of this node.
+    let find_one = |shape: &Shape, entry: &ConntrackEntry, vip_is_local: bool| {
+        find_on_node(shape, std::slice::from_ref(entry), 60_000, &t, vip_is_local)
+    };
     let checks_to_node = Shape::From {
         addr: ip(LB),
         to: BTreeSet::from([ip(NODE)]),
         from_outside: true,
     };
     let from_vip = bare(entry(LB, NODE, 45678, "TIME_WAIT", 115, true));
-    assert_eq!(
-        find_on_node(
-            &checks_to_node,
-            std::slice::from_ref(&from_vip),
-            60_000,
-            &t,
-            true
-        ),
-        None
-    );
-    assert!(find_on_node(&checks_to_node, &[from_vip], 60_000, &t, false).is_some());
+    assert_eq!(find_one(&checks_to_node, &from_vip, true), None);
+    assert!(find_one(&checks_to_node, &from_vip, false).is_some());
 
     // The node itself is one of the loop's clients (its own call looped).
     let shape = to_lb(&[NODE, POD], false);
     let own_listener = bare(entry(NODE, LB, 80, "TIME_WAIT", 115, true));
-    assert_eq!(
-        find_on_node(
-            &shape,
-            std::slice::from_ref(&own_listener),
-            60_000,
-            &t,
-            true
-        ),
-        None
-    );
+    assert_eq!(find_one(&shape, &own_listener, true), None);
     let mut vip_as_client = to_lb(&[LB, NODE], false);
     let from_the_vip = snat(entry(LB, LB, 80, "TIME_WAIT", 115, true));
-    assert_eq!(
-        find_on_node(
-            &vip_as_client,
-            std::slice::from_ref(&from_the_vip),
-            60_000,
-            &t,
-            false
-        ),
-        None
-    );
+    assert_eq!(find_one(&vip_as_client, &from_the_vip, false), None);
     vip_as_client.widen(&crate::test_events::hairpin("hairpin/a"));
-    assert_eq!(
-        find_on_node(&vip_as_client, &[from_the_vip], 60_000, &t, true),
-        None
-    );
+    assert_eq!(find_one(&vip_as_client, &from_the_vip, true), None);
     // Served through kube-proxy's DNAT to a backend: the path the loop broke, proof.
     let mut served = bare(entry(POD, LB, 80, "TIME_WAIT", 115, true));
     served.dnat = true;
     served.reply.src = ip(OTHER_POD);
     served.reply.sport = 8080;
-    assert!(find_on_node(&shape, &[served], 60_000, &t, true).is_some());
+    assert!(find_one(&shape, &served, true).is_some());
 }

@@ -97,12 +97,19 @@ fn a_loop_is_resolved_only_after_the_window_and_with_proof() {
     assert!(t.due(now + 10_000 * S).is_empty());
 }
 
-#[test]
-fn a_resolved_loop_that_recurs_is_a_regression_in_a_new_episode() {
+/// A tracker that saw `event(count)` (no Service fields) at `T0`, its look-up due a window
+/// later: the tracker and that time.
+fn due_after_one_confirmation(count: u64) -> (Tracker, i64) {
     let mut t = tracker();
-    t.observe(&event(3), None, T0);
+    t.observe(&event(count), None, T0);
     let now = T0 + W;
     assert_eq!(t.due(now).len(), 1);
+    (t, now)
+}
+
+#[test]
+fn a_resolved_loop_that_recurs_is_a_regression_in_a_new_episode() {
+    let (mut t, now) = due_after_one_confirmation(3);
     assert!(t.proved(LOOP, proof(), None, now).is_some());
     assert_eq!(
         t.observe(&event(4), None, now + 100 * S),
@@ -121,10 +128,7 @@ fn a_resolved_loop_that_recurs_is_a_regression_in_a_new_episode() {
 
 #[test]
 fn a_loop_confirmed_while_its_look_up_is_out_stays_active() {
-    let mut t = tracker();
-    t.observe(&event(1), None, T0);
-    let now = T0 + W;
-    assert_eq!(t.due(now).len(), 1);
+    let (mut t, now) = due_after_one_confirmation(1);
     assert_eq!(t.observe(&event(2), None, now + S), Observed::Repeat);
     assert_eq!(t.proved(LOOP, proof(), None, now + 2 * S), None);
     assert_eq!(t.lifecycle().active["hairpin"], 1);
@@ -253,12 +257,18 @@ fn look_up(
     proof::find(&due[0].shape, entries, due[0].quiet_for_ms, &timeouts)
 }
 
-#[test]
-fn a_loop_whose_other_clients_succeed_is_not_resolved_its_own_client_succeeding_is() {
+/// A tracker that saw the hairpin `event(1)` of an externalTrafficPolicy Local Service at
+/// `T0`, and the looping pod's address.
+fn tracking_a_local_hairpin() -> (Tracker, String) {
     let mut t = tracker();
     let looping = event(1);
-    let pod = looping.src.to_string();
     t.observe(&looping, Some(fields("Local")), T0);
+    (t, looping.src.to_string())
+}
+
+#[test]
+fn a_loop_whose_other_clients_succeed_is_not_resolved_its_own_client_succeeding_is() {
+    let (mut t, pod) = tracking_a_local_hairpin();
     let now = T0 + W;
     // The node's own call (the LB never sends it back) and another pod's, both answered and
     // masqueraded: the loop stays quiet, the gauge says so, nothing is counted.
@@ -302,10 +312,7 @@ fn answered_from_port(
 /// enough of them that a standing loop would have been confirmed again.
 #[test]
 fn a_hairpin_answered_by_the_lb_alone_is_resolved_only_by_enough_calls_never_by_a_change() {
-    let mut t = tracker();
-    let looping = event(1);
-    let pod = looping.src.to_string();
-    t.observe(&looping, Some(fields("Local")), T0);
+    let (mut t, pod) = tracking_a_local_hairpin();
     let now = T0 + W;
     // The looping pod's one call answered with no NAT here, after the Service changed: the
     // LB may have picked another node. Not proof.
