@@ -562,6 +562,9 @@ mod tests {
             },
         );
         assert!(v.not_resolved_because()[0].contains("refused"));
+        // A refused node tested nothing: `verify` says not proven, never clean.
+        assert!(v.not_proven());
+        assert_eq!(verdict(&v, false), Verdict::NotProven(Vec::new()));
     }
 
     #[test]
@@ -607,23 +610,5 @@ mod tests {
         answer(&mut v, "e", result("hairpin", VerifyOutcome::Confirmed));
         assert_eq!(verdict(&v, false), Verdict::Confirmed);
         assert_eq!(verdict(&v, true), Verdict::Confirmed);
-    }
-
-    /// A node that refused (its agent runs with --verify off, is rate-limited, or stopped
-    /// while testing) tested nothing: `verify` says not proven, never clean.
-    #[test]
-    fn a_refused_node_is_not_proven_not_clean() {
-        let mut v = Verification::default();
-        v.nodes.insert(
-            "a".into(),
-            NodeVerification {
-                phase: Phase::Refused,
-                message: "this agent runs with --verify off".into(),
-                ..Default::default()
-            },
-        );
-        assert!(v.not_proven());
-        assert_eq!(verdict(&v, false), Verdict::NotProven(Vec::new()));
-        assert!(matches!(verdict(&v, true), Verdict::NotProven(why) if why[0].contains("refused")));
     }
 }
