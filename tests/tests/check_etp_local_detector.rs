@@ -5,10 +5,10 @@
 //!
 //! Root only (prints a skip line otherwise). One at a time: they share the lab.
 
-use probe_contract::check::{Kind, Severity};
+use probe_contract::check::Kind;
 use probe_tests::{
     agent::{lines, require_root},
-    lab_check::lab_node_report,
+    lab_check::{lab_node_report, only_risk},
 };
 use test_support::lab::{self, LabGuard, etp_local};
 
@@ -23,17 +23,7 @@ fn a_detector_that_misses_the_pods_is_named_before_a_call_and_its_twin_is_not() 
     let detector = format!("-s {}", lab::PEER_POD_CIDR);
     etp_local::set_web_local(Some(&detector)).expect("default/web-local's rules");
     let json = lab_node_report();
-    let risks: Vec<_> = json
-        .findings
-        .iter()
-        .filter(|f| f.kind == Kind::EtpLocalDrop)
-        .collect();
-    assert_eq!(risks.len(), 1, "{json:#?}");
-    let f = risks[0];
-    assert_eq!(
-        (f.severity, f.subject.as_str()),
-        (Severity::Risk, subject.as_str())
-    );
+    let f = only_risk(&json, Kind::EtpLocalDrop, &subject);
     assert!(
         f.summary.contains(&format!("`{detector}`")) && f.summary.contains("198.19.1."),
         "{f:#?}"

@@ -270,13 +270,7 @@ fn clb_events(api: &KubeFixture) -> Vec<Value> {
 }
 
 fn node_condition(api: &KubeFixture) -> Option<Value> {
-    api.objects("nodes")
-        .into_iter()
-        .find(|n| n["metadata"]["name"] == NODE_NAME)?["status"]["conditions"]
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == "LoadBalancerLoopback")
-        .cloned()
+    api.node_condition(NODE_NAME, "LoadBalancerLoopback")
 }
 
 fn report(api: &KubeFixture) -> Option<Value> {

@@ -12,6 +12,7 @@ use probe_contract::LoopbackKind;
 use probe_tests::{
     agent::{Agent, assert_contains, require_root, wait_for},
     kube_fixture::{KubeFixture, NODE_NAME},
+    kube_names::Case,
     written::{clb_events, is},
 };
 use test_support::{
@@ -245,13 +246,25 @@ fn a_hairpin_event_regards_the_service_and_relates_the_client_pod() {
     );
 }
 
-fn case(
-    scenario: Scenario,
-    kind: LoopbackKind,
-    reason: &'static str,
-    client_pod: bool,
-) -> probe_tests::kube_names::Case {
-    probe_tests::kube_names::Case {
+/// [`probe_tests::kube_names::first_events_named_and_described`] as test `test` (root only).
+fn first_events_named(test: &str, mode: lab::KubeProxyMode, cases: &[Case]) {
+    if require_root(test) {
+        probe_tests::kube_names::first_events_named_and_described(mode, cases);
+    }
+}
+
+/// pod-a's hairpin: the kind every mode's run drives first.
+fn hairpin_case() -> Case {
+    case(
+        Scenario::Hairpin,
+        LoopbackKind::Hairpin,
+        "LoopbackHairpin",
+        true,
+    )
+}
+
+fn case(scenario: Scenario, kind: LoopbackKind, reason: &'static str, client_pod: bool) -> Case {
+    Case {
         scenario,
         kind,
         reason,
@@ -265,18 +278,11 @@ fn case(
 /// Event on the existing Service (name and uid), listed by `kubectl describe service web`.
 #[test]
 fn iptables_first_events_are_named_and_on_the_service() {
-    if !require_root("kube_names_iptables") {
-        return;
-    }
-    probe_tests::kube_names::first_events_named_and_described(
+    first_events_named(
+        "kube_names_iptables",
         lab::KubeProxyMode::Iptables,
         &[
-            case(
-                Scenario::Hairpin,
-                LoopbackKind::Hairpin,
-                "LoopbackHairpin",
-                true,
-            ),
+            hairpin_case(),
             case(
                 Scenario::HealthcheckBlackhole,
                 LoopbackKind::HealthcheckBlackhole,
@@ -302,17 +308,10 @@ fn iptables_first_events_are_named_and_on_the_service() {
 /// kube-proxy nftables mode (no LB IP is bound there: the hairpin is the kind that happens).
 #[test]
 fn nftables_first_events_are_named_and_on_the_service() {
-    if !require_root("kube_names_nftables") {
-        return;
-    }
-    probe_tests::kube_names::first_events_named_and_described(
+    first_events_named(
+        "kube_names_nftables",
         lab::KubeProxyMode::Nftables,
-        &[case(
-            Scenario::Hairpin,
-            LoopbackKind::Hairpin,
-            "LoopbackHairpin",
-            true,
-        )],
+        &[hairpin_case()],
     );
 }
 

@@ -90,22 +90,13 @@ fn wait_for_entry(what: &str, want: &[&str]) {
     );
 }
 
-/// The first `stale_udp_conntrack` event the agent writes, naming the statsd Service and
-/// pod B's first endpoint as the stale one.
+/// The first `stale_udp_conntrack` event: pod B's first endpoint, the statsd Service.
 fn stale_event_of_the_first_endpoint(agent: &Agent) -> LoopbackEvent {
-    let e = agent.first_event_of(LoopbackKind::StaleUdpConntrack, WAIT);
-    assert_eq!(
-        (e.dst, e.dst_port),
-        (IpAddr::V4(lab::POD_B_IP), stale_udp::OLD_ENDPOINT_PORT),
-        "{e:#?}"
-    );
-    assert!(
-        e.service
-            .as_deref()
-            .is_some_and(|s| s.starts_with(stale_udp::STATSD_SERVICE)),
-        "{e:#?}"
-    );
-    e
+    probe_tests::stale_udp::stale_event_of_the_first_endpoint(
+        agent,
+        IpAddr::V4(lab::POD_B_IP),
+        WAIT,
+    )
 }
 
 /// The remedy's line that deletes the sender's entry.
