@@ -7,6 +7,15 @@ use test_support::lab::stale_udp;
 
 use crate::agent::Agent;
 
+/// The `stale_udp_conntrack` events the agent has written so far.
+pub fn stale_events(agent: &Agent) -> Vec<LoopbackEvent> {
+    agent
+        .events()
+        .into_iter()
+        .filter(|e| e.kind == LoopbackKind::StaleUdpConntrack)
+        .collect()
+}
+
 /// The first `stale_udp_conntrack` event the agent writes within `wait`: it must name the
 /// statsd Service and pod B's first endpoint (`pod_b`, the old endpoint port) as the stale one.
 pub fn stale_event_of_the_first_endpoint(

@@ -26,10 +26,10 @@
 
 use std::time::Duration;
 
-use probe_contract::LoopbackKind;
 use probe_tests::{
     agent::{Agent, wait_for},
     say,
+    stale_udp::stale_events,
 };
 use test_support::lab::{
     self, KubeProxyMode, LabGuard, UpOptions, Variants,
@@ -56,14 +56,6 @@ fn ipvs_lab_and_agent() -> (LabGuard, Agent) {
     .expect("IPVS-mode lab up");
     let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
     (lab, agent)
-}
-
-fn stale_events(agent: &Agent) -> Vec<probe_contract::LoopbackEvent> {
-    agent
-        .events()
-        .into_iter()
-        .filter(|e| e.kind == LoopbackKind::StaleUdpConntrack)
-        .collect()
 }
 
 /// Waits until pod B has received more than `than` datagrams on `port`; the count then.

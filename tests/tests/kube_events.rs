@@ -8,7 +8,7 @@
 use std::{net::SocketAddrV4, time::Duration};
 
 use k8s_openapi::api::events::v1::Event;
-use probe_contract::LoopbackKind;
+use probe_contract::{LoopbackEvent, LoopbackKind};
 use probe_tests::{
     agent::{Agent, assert_contains, require_root, wait_for},
     kube_fixture::{KubeFixture, NODE_NAME},
@@ -27,6 +27,14 @@ struct Setup {
     agent: Agent,
     api: KubeFixture,
     lab: LabGuard,
+}
+
+impl Setup {
+    /// Drives `scenario` in the lab; the agent's first event of `kind` (it must come).
+    fn confirmed(&self, scenario: Scenario, kind: LoopbackKind) -> LoopbackEvent {
+        self.lab.traffic(scenario).expect("traffic");
+        self.agent.first_event_of(kind, WAIT)
+    }
 }
 
 /// Lab up, the fake API server in the node's namespace, the agent pointed at it; None where
@@ -73,12 +81,10 @@ fn a_confirmed_failure_is_one_event_whose_series_grows() {
     let Some(s) = setup("series", &[], Some("1000"), |_| {}) else {
         return;
     };
-    s.lab
-        .traffic(Scenario::HealthcheckBlackhole)
-        .expect("traffic");
-    let first = s
-        .agent
-        .first_event_of(LoopbackKind::HealthcheckBlackhole, WAIT);
+    let first = s.confirmed(
+        Scenario::HealthcheckBlackhole,
+        LoopbackKind::HealthcheckBlackhole,
+    );
     // Repeats, spread beyond the (shortened) per-aggregate window.
     std::thread::sleep(Duration::from_millis(1500));
     s.lab
@@ -168,13 +174,11 @@ fn denied_events_are_counted_once_logged_and_the_agent_keeps_confirming() {
     }) else {
         return;
     };
-    s.lab
-        .traffic(Scenario::HealthcheckBlackhole)
-        .expect("traffic");
-    s.agent
-        .first_event_of(LoopbackKind::HealthcheckBlackhole, WAIT);
-    s.lab.traffic(Scenario::VipPortUnserved).expect("traffic");
-    s.agent.first_event_of(LoopbackKind::VipPortUnserved, WAIT);
+    s.confirmed(
+        Scenario::HealthcheckBlackhole,
+        LoopbackKind::HealthcheckBlackhole,
+    );
+    s.confirmed(Scenario::VipPortUnserved, LoopbackKind::VipPortUnserved);
     let failed = wait_for("failed writes counted", WAIT, || {
         metric(
             lab::NS_NODE,
@@ -197,11 +201,10 @@ fn kube_events_off_writes_nothing() {
     let Some(s) = setup("off", &["--kube-events", "off"], None, |_| {}) else {
         return;
     };
-    s.lab
-        .traffic(Scenario::HealthcheckBlackhole)
-        .expect("traffic");
-    s.agent
-        .first_event_of(LoopbackKind::HealthcheckBlackhole, WAIT);
+    s.confirmed(
+        Scenario::HealthcheckBlackhole,
+        LoopbackKind::HealthcheckBlackhole,
+    );
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(writes(&s.api), (0, 0));
     assert!(clb_events(&s.api).is_empty());
@@ -212,8 +215,7 @@ fn a_hairpin_event_regards_the_service_and_relates_the_client_pod() {
     let Some(s) = setup("hairpin", &[], None, |_| {}) else {
         return;
     };
-    s.lab.traffic(Scenario::Hairpin).expect("traffic");
-    let confirmed = s.agent.first_event_of(LoopbackKind::Hairpin, WAIT);
+    let confirmed = s.confirmed(Scenario::Hairpin, LoopbackKind::Hairpin);
     let event = wait_for("the hairpin's Event", WAIT, || {
         clb_events(&s.api)
             .into_iter()
@@ -344,8 +346,7 @@ fn a_fixed_loop_is_resolved_with_proof_and_its_recurrence_is_a_regression() {
             .filter(|n| *n == want)
         })
     };
-    s.lab.traffic(Scenario::Hairpin).expect("traffic");
-    s.agent.first_event_of(LoopbackKind::Hairpin, WAIT);
+    s.confirmed(Scenario::Hairpin, LoopbackKind::Hairpin);
     let warning = wait_for("the hairpin's Warning", WAIT, || {
         clb_events(&s.api)
             .into_iter()

@@ -15,10 +15,9 @@
 
 use std::{net::IpAddr, time::Duration};
 
-use probe_contract::LoopbackKind;
 use probe_tests::{
     agent::{Agent, lines, wait_for},
-    stale_udp::stale_event_of_the_first_endpoint,
+    stale_udp::{stale_event_of_the_first_endpoint, stale_events},
 };
 use test_support::lab::{
     KubeProxyMode, LabGuard,
@@ -43,14 +42,6 @@ fn ipv6_iptables_mode_a_fixed_port_udp_sender_on_a_stale_dnat_is_confirmed_and_i
 fn ipv6_nftables_mode_a_fixed_port_udp_sender_on_a_stale_dnat_is_confirmed_and_its_twins_are_silent()
  {
     confirmed_with_silent_twins(KubeProxyMode::Nftables);
-}
-
-fn stale_events(agent: &Agent) -> usize {
-    agent
-        .events()
-        .iter()
-        .filter(|e| e.kind == LoopbackKind::StaleUdpConntrack)
-        .count()
 }
 
 /// The node's IPv6 entry to the ClusterIP once its text holds every one of `want` and none
@@ -91,7 +82,7 @@ fn confirmed_with_silent_twins(mode: KubeProxyMode) {
     let old = format!("sport={OLD_ENDPOINT_PORT}");
     wait_for_entry("the entry", &[&old, "[UNREPLIED]"], &[]);
     std::thread::sleep(QUIET);
-    assert_eq!(stale_events(&agent), 0, "{:#?}", agent.events());
+    assert_eq!(stale_events(&agent).len(), 0, "{:#?}", agent.events());
 
     // kube-proxy moves the endpoint; the entry stays, refreshed by every datagram.
     stale_udp6::move_endpoint6().expect("move the endpoint");
@@ -127,6 +118,11 @@ fn confirmed_with_silent_twins(mode: KubeProxyMode) {
     let new = format!("sport={NEW_ENDPOINT_PORT}");
     let entry = wait_for_entry("the new, replied entry", &[&new], &[&old, "[UNREPLIED]"]);
     std::thread::sleep(QUIET);
-    assert_eq!(stale_events(&agent), 1, "{:#?}\n{entry}", agent.events());
+    assert_eq!(
+        stale_events(&agent).len(),
+        1,
+        "{:#?}\n{entry}",
+        agent.events()
+    );
     drop((sender, agent, lab));
 }

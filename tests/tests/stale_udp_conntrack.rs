@@ -16,8 +16,8 @@
 
 use std::{net::IpAddr, time::Duration};
 
-use probe_contract::{LoopbackEvent, LoopbackKind};
-use probe_tests::agent::Agent;
+use probe_contract::LoopbackEvent;
+use probe_tests::{agent::Agent, stale_udp::stale_events};
 use test_support::lab::{self, KubeProxyMode, LabGuard, Variants, stale_udp};
 
 /// Two dumps (every 5 s) after the service table has the change, with room for a slow machine.
@@ -25,14 +25,6 @@ const WAIT: Duration = Duration::from_secs(40);
 /// How long a silent twin is watched: three dumps and more.
 const QUIET: Duration = Duration::from_secs(17);
 const EVERY: Duration = Duration::from_millis(300);
-
-fn stale_events(agent: &Agent) -> usize {
-    agent
-        .events()
-        .iter()
-        .filter(|e| e.kind == LoopbackKind::StaleUdpConntrack)
-        .count()
-}
 
 #[test]
 fn a_fixed_port_udp_sender_on_a_stale_dnat_is_confirmed_and_its_twins_are_silent() {
@@ -121,7 +113,7 @@ fn confirmed_with_silent_twins() {
     let old = format!("sport={}", stale_udp::OLD_ENDPOINT_PORT);
     wait_for_entry("the entry", &[&old, "[UNREPLIED]"]);
     std::thread::sleep(QUIET);
-    assert_eq!(stale_events(&agent), 0, "{:#?}", agent.events());
+    assert_eq!(stale_events(&agent).len(), 0, "{:#?}", agent.events());
 
     // kube-proxy moves the endpoint; the entry stays, refreshed by every datagram.
     stale_udp::move_endpoint().expect("move the endpoint");
@@ -159,7 +151,7 @@ fn confirmed_with_silent_twins() {
     // Twin: a sender whose source port changes with each datagram (its entries are new).
     let changing = stale_udp::Sender::start(0, EVERY).expect("changing-port sender");
     std::thread::sleep(QUIET);
-    assert_eq!(stale_events(&agent), 1, "{:#?}", agent.events());
+    assert_eq!(stale_events(&agent).len(), 1, "{:#?}", agent.events());
     drop((sender, changing, agent));
 }
 
@@ -183,6 +175,6 @@ fn scaled_to_zero_named_from_kube_proxys_reject_rule() {
     // Twin: the entry deleted, the next datagrams meet the REJECT (no DNAT): nothing more.
     stale_udp::run_in_node(&delete).expect("the remedy's conntrack -D");
     std::thread::sleep(QUIET);
-    assert_eq!(stale_events(&agent), 1, "{:#?}", agent.events());
+    assert_eq!(stale_events(&agent).len(), 1, "{:#?}", agent.events());
     drop((sender, agent));
 }
