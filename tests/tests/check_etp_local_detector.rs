@@ -7,17 +7,18 @@
 
 use probe_contract::check::Kind;
 use probe_tests::{
-    agent::{lines, require_root},
+    agent::lines,
     lab_check::{lab_node_report, only_risk},
 };
 use test_support::lab::{self, LabGuard, etp_local};
 
 #[test]
 fn a_detector_that_misses_the_pods_is_named_before_a_call_and_its_twin_is_not() {
-    if !require_root("probe check: iptables detector miss") {
+    let Some(lab) =
+        LabGuard::for_test_iptables_lb_ip_unbound("probe check: iptables detector miss")
+    else {
         return;
-    }
-    let lab = LabGuard::up_iptables_lb_ip_unbound().expect("lab up (iptables mode, LB IP unbound)");
+    };
     let subject = format!("{}:{}/tcp", lab::VIP, lab::VIP_NFT_ETP_LOCAL_PORT);
     // kube-proxy's ClusterCIDR detector holding only the peer node's pool: pod-a's range missed.
     let detector = format!("-s {}", lab::PEER_POD_CIDR);

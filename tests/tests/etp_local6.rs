@@ -12,7 +12,7 @@
 use std::{net::IpAddr, time::Duration};
 
 use probe_contract::{LoopbackEvent, LoopbackKind, Outcome as EventOutcome, facts::ProxyMode};
-use probe_tests::agent::{Agent, assert_contains, lines, require_root};
+use probe_tests::agent::{Agent, assert_contains, lines};
 use test_support::lab::{
     self, KubeProxyMode, LabGuard, Outcome, etp_local, nft6, source_ranges::IpFamily, v6,
 };
@@ -68,10 +68,11 @@ fn ipv6_nftables_no_endpoint_drop_is_confirmed_and_its_twin_is_silent() {
 
 #[test]
 fn ipv6_iptables_detector_miss_is_confirmed_and_its_twin_is_silent() {
-    if !require_root("ipv6_iptables_etp_local_detector_miss") {
+    let Some(lab) =
+        LabGuard::for_test_iptables_lb_ip_unbound("ipv6_iptables_etp_local_detector_miss")
+    else {
         return;
-    }
-    let lab = LabGuard::up_iptables_lb_ip_unbound().expect("lab up (iptables mode, LB IP unbound)");
+    };
     lab.add_ipv6().expect("dual-stack layer");
     // A second pod pool's range (kubernetes#112820): pod-a (2001:db8:19:1::10) is outside it.
     let detector = "-s 2001:db8:19:2::/64";

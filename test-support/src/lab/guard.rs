@@ -99,6 +99,13 @@ impl LabGuard {
         Ok(lab)
     }
 
+    /// [`LabGuard::up_iptables_lb_ip_unbound`] as a lab test's start ([`LabGuard::for_test`]).
+    pub fn for_test_iptables_lb_ip_unbound(test: &str) -> Option<LabGuard> {
+        super::require_root(test).then(|| {
+            LabGuard::up_iptables_lb_ip_unbound().expect("lab up (iptables mode, LB IP unbound)")
+        })
+    }
+
     /// [`LabGuard::up_with`] in an explicit kube-proxy mode.
     pub fn up_in(mode: KubeProxyMode, variants: &Variants, opts: &UpOptions) -> Result<LabGuard> {
         let lock = LabLock::acquire()?;
