@@ -229,33 +229,27 @@ pub fn web_local_dropped() -> bool {
     WEB_LOCAL.dropped()
 }
 
-/// One family's side of `default/web-local` (LB IP:8445, externalTrafficPolicy Local): the
-/// nft family of kube-proxy's table, the LB IP, the Service's chains and its two endpoints
-/// (pod-b, the local one; the other node's, the cluster-wide one without it).
+/// One family's side of `default/web-local` (LB IP:8445, externalTrafficPolicy Local): its LB
+/// IP and its two endpoints, each an `endpoint-` chain and an address (pod-b, the local one;
+/// the other node's, the cluster-wide one without it). The Service's own chains are named by
+/// a hash of "default/web-local/tcp/http": the same in both families.
 pub(crate) struct WebLocal {
-    /// `ip` or `ip6`: the table's family, also the keyword of its address matches.
-    pub family: &'static str,
     pub vip: IpAddr,
-    pub service_chain: &'static str,
-    pub external_chain: &'static str,
-    pub local_chain: &'static str,
-    pub pod_b_chain: &'static str,
-    pub remote_chain: &'static str,
-    pub pod_b: SocketAddr,
-    pub remote: SocketAddr,
+    pub pod_b: (&'static str, SocketAddr),
+    pub remote: (&'static str, SocketAddr),
 }
 
 /// The IPv4 side ([`super::nft6`] has the IPv6 one).
 const WEB_LOCAL: WebLocal = WebLocal {
-    family: "ip",
     vip: IpAddr::V4(VIP),
-    service_chain: NFT_WEB_LOCAL_SERVICE_CHAIN,
-    external_chain: NFT_WEB_LOCAL_EXTERNAL_CHAIN,
-    local_chain: NFT_WEB_LOCAL_LOCAL_CHAIN,
-    pod_b_chain: NFT_WEB_LOCAL_EP_POD_B,
-    remote_chain: NFT_WEB_LOCAL_EP_REMOTE,
-    pod_b: SocketAddr::new(IpAddr::V4(POD_B_IP), POD_PORT),
-    remote: SocketAddr::new(IpAddr::V4(PEER_POD_IP), NODE_PORT),
+    pod_b: (
+        NFT_WEB_LOCAL_EP_POD_B,
+        SocketAddr::new(IpAddr::V4(POD_B_IP), POD_PORT),
+    ),
+    remote: (
+        NFT_WEB_LOCAL_EP_REMOTE,
+        SocketAddr::new(IpAddr::V4(PEER_POD_IP), NODE_PORT),
+    ),
 };
 
 /// The rules of `default/web-local` (LB IP VIP:8445, externalTrafficPolicy Local, no
@@ -278,6 +272,12 @@ const WEB_LOCAL: WebLocal = WebLocal {
 /// too; after it they run at priority 0 (kubernetes#131765). The lab's table is the pre-fix
 /// one.
 impl WebLocal {
+    /// The nft family of kube-proxy's table for the LB IP (`ip`, `ip6`): also the keyword of
+    /// its address matches.
+    fn family(&self) -> &'static str {
+        if self.vip.is_ipv4() { "ip" } else { "ip6" }
+    }
+
     /// The LB IP:port's key in kube-proxy's maps.
     fn key(&self) -> String {
         format!("{{ {} . tcp . {VIP_NFT_ETP_LOCAL_PORT} }}", self.vip)
@@ -285,15 +285,18 @@ impl WebLocal {
 
     /// Whether the LB IP:port is a `drop` element of `no-endpoint-services`.
     pub(crate) fn dropped(&self) -> bool {
-        has_element_in(self.family, NFT_NO_ENDPOINT_SERVICES, &self.key())
+        has_element_in(self.family(), NFT_NO_ENDPOINT_SERVICES, &self.key())
     }
 
     /// The Service's chains as `nft -f` input, as kube-proxy writes them (above).
     fn rules(&self, local_endpoint: bool) -> String {
-        let (f, t) = (self.family, NFT_TABLE);
-        let (svc, ext, local) = (self.service_chain, self.external_chain, self.local_chain);
-        let (ep_b, ep_r) = (self.pod_b_chain, self.remote_chain);
-        let (pod_b, remote) = (self.pod_b, self.remote);
+        let (f, t) = (self.family(), NFT_TABLE);
+        let (svc, ext, local) = (
+            NFT_WEB_LOCAL_SERVICE_CHAIN,
+            NFT_WEB_LOCAL_EXTERNAL_CHAIN,
+            NFT_WEB_LOCAL_LOCAL_CHAIN,
+        );
+        let ((ep_b, pod_b), (ep_r, remote)) = (self.pod_b, self.remote);
         let mut s = String::new();
         for c in [svc, ext, local, ep_b, ep_r] {
             s += &format!("add chain {f} {t} {c}\nflush chain {f} {t} {c}\n");
@@ -334,7 +337,7 @@ impl WebLocal {
     /// for a moment after the element goes on kernels before 6.2 (kube-proxy's own comment in
     /// `syncProxyRules`).
     pub(crate) fn set(&self, local_endpoint: bool) -> Result<()> {
-        let (f, vip) = (self.family, self.vip);
+        let (f, vip) = (self.family(), self.vip);
         let key = self.key();
         for map in [SERVICE_IPS_MAP, NFT_NO_ENDPOINT_SERVICES] {
             if has_element_in(f, map, &key) {
@@ -347,8 +350,7 @@ impl WebLocal {
         )
         .with_context(|| format!("writing default/web-local's {f} chains"))?;
         let service_ip = format!(
-            "{{ {vip} . tcp . {VIP_NFT_ETP_LOCAL_PORT} : goto {} }}",
-            self.external_chain
+            "{{ {vip} . tcp . {VIP_NFT_ETP_LOCAL_PORT} : goto {NFT_WEB_LOCAL_EXTERNAL_CHAIN} }}"
         );
         change_element_in(f, "add", SERVICE_IPS_MAP, &service_ip)?;
         if !local_endpoint {

@@ -157,12 +157,9 @@ pub(crate) fn load6() -> Result<()> {
     .map(drop)
 }
 
-/// `default/web-local`'s IPv6 chains: kube-proxy's hashes of "default/web-local/tcp/http" (as
-/// in the `ip` table) and of its endpoints ("...__2001.db8.19.1..11/8080" on pod-b,
-/// "...__2001.db8.18.1..2/30080" on the other node).
-const WEB_LOCAL_SERVICE_CHAIN: &str = super::nft::NFT_WEB_LOCAL_SERVICE_CHAIN;
-const WEB_LOCAL_EXTERNAL_CHAIN: &str = super::nft::NFT_WEB_LOCAL_EXTERNAL_CHAIN;
-const WEB_LOCAL_LOCAL_CHAIN: &str = super::nft::NFT_WEB_LOCAL_LOCAL_CHAIN;
+/// `default/web-local`'s IPv6 endpoint chains: kube-proxy's hashes of its endpoints
+/// ("...__2001.db8.19.1..11/8080" on pod-b, "...__2001.db8.18.1..2/30080" on the other node;
+/// the Service's own chains are named as in the `ip` table).
 const WEB_LOCAL_EP_POD_B: &str =
     "endpoint-GANM2U7W-default/web-local/tcp/http__2001.db8.19.1..11/8080";
 const WEB_LOCAL_EP_REMOTE: &str =
@@ -173,15 +170,15 @@ const WEB_LOCAL_EP_REMOTE: &str =
 /// local`), no pod short circuit (no local-traffic detector), the `local-` chain only with a
 /// local endpoint (pod-b); else the cluster-wide endpoint is the other node's.
 const WEB_LOCAL6: WebLocal = WebLocal {
-    family: "ip6",
     vip: IpAddr::V6(VIP6),
-    service_chain: WEB_LOCAL_SERVICE_CHAIN,
-    external_chain: WEB_LOCAL_EXTERNAL_CHAIN,
-    local_chain: WEB_LOCAL_LOCAL_CHAIN,
-    pod_b_chain: WEB_LOCAL_EP_POD_B,
-    remote_chain: WEB_LOCAL_EP_REMOTE,
-    pod_b: SocketAddr::new(IpAddr::V6(POD_B_IP6), POD_PORT),
-    remote: SocketAddr::new(IpAddr::V6(PEER_IP6), NODE_PORT),
+    pod_b: (
+        WEB_LOCAL_EP_POD_B,
+        SocketAddr::new(IpAddr::V6(POD_B_IP6), POD_PORT),
+    ),
+    remote: (
+        WEB_LOCAL_EP_REMOTE,
+        SocketAddr::new(IpAddr::V6(PEER_IP6), NODE_PORT),
+    ),
 };
 
 /// Whether `default/web-local`'s [VIP6]:8445 is a `drop` element of the `ip6`
