@@ -28,21 +28,13 @@ const EVERY: Duration = Duration::from_millis(300);
 
 #[test]
 fn a_fixed_port_udp_sender_on_a_stale_dnat_is_confirmed_and_its_twins_are_silent() {
-    let Some(lab) = lab_serving_statsd(KubeProxyMode::Iptables) else {
-        return;
-    };
-    confirmed_with_silent_twins();
-    drop(lab);
+    in_lab_serving_statsd(KubeProxyMode::Iptables, confirmed_with_silent_twins);
 }
 
 #[test]
 fn in_nftables_mode_a_fixed_port_udp_sender_on_a_stale_dnat_is_confirmed_and_its_twins_are_silent()
 {
-    let Some(lab) = lab_serving_statsd(KubeProxyMode::Nftables) else {
-        return;
-    };
-    confirmed_with_silent_twins();
-    drop(lab);
+    in_lab_serving_statsd(KubeProxyMode::Nftables, confirmed_with_silent_twins);
 }
 
 /// kubernetes#139628 itself, in iptables mode: the Service scaled to zero leaves no nat chain,
@@ -51,11 +43,19 @@ fn in_nftables_mode_a_fixed_port_udp_sender_on_a_stale_dnat_is_confirmed_and_its
 /// `conntrack -D`, nothing more is reported.
 #[test]
 fn a_udp_service_scaled_to_zero_is_named_from_kube_proxys_reject_rule() {
-    let Some(lab) = lab_serving_statsd(KubeProxyMode::Iptables) else {
-        return;
-    };
-    scaled_to_zero_named_from_kube_proxys_reject_rule();
-    drop(lab);
+    in_lab_serving_statsd(
+        KubeProxyMode::Iptables,
+        scaled_to_zero_named_from_kube_proxys_reject_rule,
+    );
+}
+
+/// Runs `steps` in [`lab_serving_statsd`] (where the test can run), the lab kept until they
+/// end.
+fn in_lab_serving_statsd(mode: KubeProxyMode, steps: fn()) {
+    if let Some(lab) = lab_serving_statsd(mode) {
+        steps();
+        drop(lab);
+    }
 }
 
 /// The lab in `mode` with the statsd Service's rules (endpoint pod B:8125) and pod B's sink;
