@@ -79,6 +79,17 @@ pub fn follow_events(socket: &Path) -> (Child, mpsc::Receiver<String>) {
     (events, rx)
 }
 
+/// A child process killed (and reaped) on drop, also when the test panics: a test's helper
+/// server.
+pub struct KilledOnDrop(pub Child);
+
+impl Drop for KilledOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// The arm64 agent under test: `CLB_PROBE_ARM64_BIN`, else the cross-compiled debug build.
 pub fn probe_arm64_bin() -> PathBuf {
     std::env::var_os("CLB_PROBE_ARM64_BIN")

@@ -17,8 +17,9 @@ use probe_contract::{
 };
 use probe_tests::{
     agent::{
-        Agent, assert_ipvs_source_ranges_drop, dropped_as_local_source, hex_bytes, lines,
-        our_loaded_programs, our_tc_attachments, probe_bin, require_root, sh, sh_in_node, wait_for,
+        Agent, KilledOnDrop, assert_ipvs_source_ranges_drop, dropped_as_local_source, hex_bytes,
+        lines, our_loaded_programs, our_tc_attachments, probe_bin, require_root, sh, sh_in_node,
+        wait_for,
     },
     kube_fixture::{
         KubeFixture, assert_unprogrammed_port_named, lab_objects_with_unprogrammed_port,
@@ -697,7 +698,7 @@ fn ipvs_mode_as_nftables_prediction_matches_the_nftables_lab() {
 
 /// kube-proxy's `/proxyMode` (its metrics address, 127.0.0.1:10249) in the lab node,
 /// answering `mode`: kube-proxy saying which mode it runs. Stopped when dropped.
-struct ProxyModeAnswer(std::process::Child);
+struct ProxyModeAnswer(#[allow(dead_code)] KilledOnDrop);
 
 impl ProxyModeAnswer {
     fn start(mode: &str) -> ProxyModeAnswer {
@@ -718,7 +719,7 @@ impl ProxyModeAnswer {
             .args(["netns", "exec", lab::NS_NODE, "python3", "-c", &server])
             .spawn()
             .expect("python3");
-        let answer = ProxyModeAnswer(child);
+        let answer = ProxyModeAnswer(KilledOnDrop(child));
         wait_for("kube-proxy's /proxyMode stand-in", WAIT, || {
             let out = std::process::Command::new("ip")
                 .args([
@@ -735,13 +736,6 @@ impl ProxyModeAnswer {
         })
         .expect("/proxyMode listening");
         answer
-    }
-}
-
-impl Drop for ProxyModeAnswer {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
     }
 }
 
