@@ -230,26 +230,21 @@ pub fn web_local_dropped() -> bool {
 }
 
 /// One family's side of `default/web-local` (LB IP:8445, externalTrafficPolicy Local): its LB
-/// IP and its two endpoints, each an `endpoint-` chain and an address (pod-b, the local one;
-/// the other node's, the cluster-wide one without it). The Service's own chains are named by
-/// a hash of "default/web-local/tcp/http": the same in both families.
+/// IP and its two endpoints, each an `endpoint-` chain and an address: pod-b (the local one,
+/// on [`POD_PORT`]) and the other node's (the cluster-wide one without it, its NodePort
+/// [`NODE_PORT`]). The Service's own chains are named by a hash of
+/// "default/web-local/tcp/http": the same in both families.
 pub(crate) struct WebLocal {
     pub vip: IpAddr,
-    pub pod_b: (&'static str, SocketAddr),
-    pub remote: (&'static str, SocketAddr),
+    pub pod_b: (&'static str, IpAddr),
+    pub remote: (&'static str, IpAddr),
 }
 
 /// The IPv4 side ([`super::nft6`] has the IPv6 one).
 const WEB_LOCAL: WebLocal = WebLocal {
     vip: IpAddr::V4(VIP),
-    pod_b: (
-        NFT_WEB_LOCAL_EP_POD_B,
-        SocketAddr::new(IpAddr::V4(POD_B_IP), POD_PORT),
-    ),
-    remote: (
-        NFT_WEB_LOCAL_EP_REMOTE,
-        SocketAddr::new(IpAddr::V4(PEER_POD_IP), NODE_PORT),
-    ),
+    pod_b: (NFT_WEB_LOCAL_EP_POD_B, IpAddr::V4(POD_B_IP)),
+    remote: (NFT_WEB_LOCAL_EP_REMOTE, IpAddr::V4(PEER_POD_IP)),
 };
 
 /// The rules of `default/web-local` (LB IP VIP:8445, externalTrafficPolicy Local, no
@@ -296,7 +291,8 @@ impl WebLocal {
             NFT_WEB_LOCAL_EXTERNAL_CHAIN,
             NFT_WEB_LOCAL_LOCAL_CHAIN,
         );
-        let ((ep_b, pod_b), (ep_r, remote)) = (self.pod_b, self.remote);
+        let (ep_b, pod_b) = (self.pod_b.0, SocketAddr::new(self.pod_b.1, POD_PORT));
+        let (ep_r, remote) = (self.remote.0, SocketAddr::new(self.remote.1, NODE_PORT));
         let mut s = String::new();
         for c in [svc, ext, local, ep_b, ep_r] {
             s += &format!("add chain {f} {t} {c}\nflush chain {f} {t} {c}\n");

@@ -13,7 +13,7 @@
 //! `drop` element of the `ip6` `no-endpoint-services`, and the lab's kube-proxy has no
 //! local-traffic detector, so pod-a's call is never short-circuited.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 
 use anyhow::{Context, Result};
 
@@ -171,14 +171,8 @@ const WEB_LOCAL_EP_REMOTE: &str =
 /// local endpoint (pod-b); else the cluster-wide endpoint is the other node's.
 const WEB_LOCAL6: WebLocal = WebLocal {
     vip: IpAddr::V6(VIP6),
-    pod_b: (
-        WEB_LOCAL_EP_POD_B,
-        SocketAddr::new(IpAddr::V6(POD_B_IP6), POD_PORT),
-    ),
-    remote: (
-        WEB_LOCAL_EP_REMOTE,
-        SocketAddr::new(IpAddr::V6(PEER_IP6), NODE_PORT),
-    ),
+    pod_b: (WEB_LOCAL_EP_POD_B, IpAddr::V6(POD_B_IP6)),
+    remote: (WEB_LOCAL_EP_REMOTE, IpAddr::V6(PEER_IP6)),
 };
 
 /// Whether `default/web-local`'s [VIP6]:8445 is a `drop` element of the `ip6`
