@@ -58,6 +58,38 @@ pub fn probe_command(netns: Option<&str>, args: &[&str]) -> Command {
     cmd
 }
 
+/// `probe events --socket SOCKET` following the agent's live socket: the child and its
+/// stdout's lines as they come. It has had 300 ms to connect, so it follows from before the
+/// traffic that comes next.
+pub fn follow_events(socket: &Path) -> (Child, mpsc::Receiver<String>) {
+    let mut events = Command::new(probe_bin())
+        .args(["events", "--socket"])
+        .arg(socket)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("probe events");
+    let (tx, rx) = mpsc::channel();
+    let stdout = events.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    (events, rx)
+}
+
+/// A child process killed (and reaped) on drop, also when the test panics: a test's helper
+/// server.
+pub struct KilledOnDrop(pub Child);
+
+impl Drop for KilledOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// The arm64 agent under test: `CLB_PROBE_ARM64_BIN`, else the cross-compiled debug build.
 pub fn probe_arm64_bin() -> PathBuf {
     std::env::var_os("CLB_PROBE_ARM64_BIN")
@@ -556,4 +588,22 @@ pub fn assert_pod_a_call_dropped_by_netfilter(e: &LoopbackEvent, port: u16, serv
     assert_eq!(e.outcome, probe_contract::Outcome::Dropped);
     assert_eq!(e.drop_reason.as_deref(), Some("NETFILTER_DROP"));
     assert_eq!(e.service.as_deref(), Some(service));
+}
+
+/// What a `source_ranges_drop` of pod-a's call to `default/web` (ranges 192.0.2.0/24 and
+/// 198.51.100.0/24) says in every IPv4 mode beyond the mode's own rule: the caller is in none
+/// of the ranges, and the remedy names the ranges, the pod, the pod-CIDR advice and
+/// `upstream` (the mode's upstream references).
+pub fn assert_pod_a_outside_the_ranges(e: &LoopbackEvent, upstream: &[&str]) {
+    let ev = lines(&e.evidence);
+    assert!(ev.contains("the caller 198.19.1.10 is in none"), "{ev}");
+    let remedy = lines(&e.remedy);
+    let every_mode = [
+        "Service default/web sets loadBalancerSourceRanges (192.0.2.0/24, 198.51.100.0/24)",
+        "the pod 198.19.1.10",
+        "add the pod CIDR",
+    ];
+    for needle in every_mode.iter().chain(upstream) {
+        assert!(remedy.contains(needle), "{needle}: {remedy}");
+    }
 }

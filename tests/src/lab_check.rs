@@ -3,7 +3,7 @@
 
 use std::process::Command;
 
-use probe_contract::check::{CheckReport, Kind};
+use probe_contract::check::{CheckReport, Finding, Kind, Severity};
 use test_support::lab;
 
 use crate::agent::probe_bin;
@@ -44,4 +44,13 @@ pub fn lab_node_subjects(kind: Kind) -> Vec<String> {
         .filter(|f| f.kind == kind)
         .map(|f| f.subject)
         .collect()
+}
+
+/// The report's one finding of `kind`: asserts there is exactly one, a risk on `subject`.
+pub fn only_risk<'a>(report: &'a CheckReport, kind: Kind, subject: &str) -> &'a Finding {
+    let named: Vec<_> = report.findings.iter().filter(|f| f.kind == kind).collect();
+    assert_eq!(named.len(), 1, "{report:#?}");
+    let f = named[0];
+    assert_eq!((f.severity, f.subject.as_str()), (Severity::Risk, subject));
+    f
 }

@@ -6,6 +6,18 @@
 //! of their own and return errors, do not want (test-support's crate doc says more). Run
 //! through `cargo xtask test` (one test at a time: the tests share the lab's fixed namespaces).
 
+/// A line on the test's real stdout, not libtest's capture: the VM tier's tests show what
+/// they saw (each kernel's `ipvsadm -Ln`, each verdict) also when they pass.
+#[macro_export]
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, $($arg)*);
+        let _ = out.flush();
+    }};
+}
+
 pub mod agent;
 pub mod capture;
 pub mod cluster_objects;
@@ -15,5 +27,6 @@ pub mod kube_names;
 pub mod lab_check;
 pub mod otlp;
 pub mod readiness;
+pub mod stale_udp;
 pub mod trafgen;
 pub mod written;

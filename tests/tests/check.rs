@@ -567,11 +567,7 @@ fn a_kube_ipvs0_left_behind_after_the_switch_to_nftables_is_named() {
 /// LB IP:8445); with a local endpoint (no drop element) it is not.
 #[test]
 fn an_etp_local_lb_ip_kube_proxy_drops_is_named_and_its_twin_is_not() {
-    let Some(lab) = LabGuard::for_test_in(
-        "probe check on the lab",
-        KubeProxyMode::Nftables,
-        &Variants::default(),
-    ) else {
+    let Some(lab) = LabGuard::for_test_nftables("probe check on the lab") else {
         return;
     };
     let subject = format!("{}:{}/tcp", lab::VIP, lab::VIP_NFT_ETP_LOCAL_PORT);

@@ -5,35 +5,26 @@
 //!
 //! Root only (prints a skip line otherwise). One at a time: they share the lab.
 
-use probe_contract::check::{Kind, Severity};
+use probe_contract::check::Kind;
 use probe_tests::{
-    agent::{lines, require_root},
-    lab_check::lab_node_report,
+    agent::lines,
+    lab_check::{lab_node_report, only_risk},
 };
 use test_support::lab::{self, LabGuard, etp_local};
 
 #[test]
 fn a_detector_that_misses_the_pods_is_named_before_a_call_and_its_twin_is_not() {
-    if !require_root("probe check: iptables detector miss") {
+    let Some(lab) =
+        LabGuard::for_test_iptables_lb_ip_unbound("probe check: iptables detector miss")
+    else {
         return;
-    }
-    let lab = LabGuard::up_iptables_lb_ip_unbound().expect("lab up (iptables mode, LB IP unbound)");
+    };
     let subject = format!("{}:{}/tcp", lab::VIP, lab::VIP_NFT_ETP_LOCAL_PORT);
     // kube-proxy's ClusterCIDR detector holding only the peer node's pool: pod-a's range missed.
     let detector = format!("-s {}", lab::PEER_POD_CIDR);
     etp_local::set_web_local(Some(&detector)).expect("default/web-local's rules");
     let json = lab_node_report();
-    let risks: Vec<_> = json
-        .findings
-        .iter()
-        .filter(|f| f.kind == Kind::EtpLocalDrop)
-        .collect();
-    assert_eq!(risks.len(), 1, "{json:#?}");
-    let f = risks[0];
-    assert_eq!(
-        (f.severity, f.subject.as_str()),
-        (Severity::Risk, subject.as_str())
-    );
+    let f = only_risk(&json, Kind::EtpLocalDrop, &subject);
     assert!(
         f.summary.contains(&format!("`{detector}`")) && f.summary.contains("198.19.1."),
         "{f:#?}"

@@ -378,6 +378,22 @@ fn tc_state(dev: &str) -> (String, String) {
     (filters, qdiscs)
 }
 
+/// The agent on the node's NIC with the pre-6.6 attach path forced (cls_bpf under clsact).
+const NETLINK_TC: [&str; 4] = ["--nic", lab::NODE_NIC, "--tc-mode", "netlink"];
+
+/// The node NIC's qdiscs, once none of the agent's filters is left on it.
+fn qdiscs_without_our_filters() -> String {
+    let (filters, qdiscs) = tc_state(lab::NODE_NIC);
+    assert!(!filters.contains("clb_"), "filters left: {filters}");
+    qdiscs
+}
+
+/// Neither the agent's filters nor a clsact qdisc left on the node's NIC.
+fn assert_no_clsact_left() {
+    let qdiscs = qdiscs_without_our_filters();
+    assert!(!qdiscs.contains("clsact"), "qdisc left: {qdiscs}");
+}
+
 /// The pre-6.6 path, forced on this kernel: cls_bpf under a clsact qdisc the agent adds. It
 /// must still see packets, and leave neither filter nor qdisc behind, also after a SIGKILL
 /// followed by a restart.
@@ -386,7 +402,7 @@ fn clsact_fallback_sees_packets_and_leaves_nothing_behind() {
     let Some(lab) = LabGuard::for_test("clsact_fallback", &Variants::default()) else {
         return;
     };
-    let args = ["--nic", lab::NODE_NIC, "--tc-mode", "netlink"];
+    let args = NETLINK_TC;
     let mut a = Agent::start(lab::NS_NODE, &args);
     let (filters, qdiscs) = tc_state(lab::NODE_NIC);
     assert!(
@@ -405,17 +421,13 @@ fn clsact_fallback_sees_packets_and_leaves_nothing_behind() {
             .cloned()
     });
     assert!(a.stop().success());
-    let (filters, qdiscs) = tc_state(lab::NODE_NIC);
-    assert!(!filters.contains("clb_"), "filters left: {filters}");
-    assert!(!qdiscs.contains("clsact"), "qdisc left: {qdiscs}");
+    assert_no_clsact_left();
 
     // SIGKILL leaves cls_bpf filters (they are not tied to our fds), which the next agent
     // removes, adopting the orphaned qdisc, and cleans up at exit.
     let mut c = killed_then_adopted(&args);
     assert!(c.stop().success());
-    let (filters, qdiscs) = tc_state(lab::NODE_NIC);
-    assert!(!filters.contains("clb_"), "filters left: {filters}");
-    assert!(!qdiscs.contains("clsact"), "qdisc left: {qdiscs}");
+    assert_no_clsact_left();
 }
 
 /// An agent SIGKILLed (its cls_bpf filter stays: it is not tied to the agent's fds), then the
@@ -494,14 +506,13 @@ fn clsact_fallback_keeps_foreign_filters() {
     let Some(_lab) = LabGuard::for_test("clsact_foreign_filters", &Variants::default()) else {
         return;
     };
-    let args = ["--nic", lab::NODE_NIC, "--tc-mode", "netlink"];
+    let args = NETLINK_TC;
 
     // The agent adds the qdisc; another tool then adds filters to it.
     let mut a = Agent::start(lab::NS_NODE, &args);
     add_foreign_filters();
     assert!(a.stop().success());
-    let (filters, qdiscs) = tc_state(lab::NODE_NIC);
-    assert!(!filters.contains("clb_"), "filters left: {filters}");
+    let qdiscs = qdiscs_without_our_filters();
     assert_foreign_filters_intact();
     assert!(
         qdiscs.contains("clsact"),
@@ -513,8 +524,7 @@ fn clsact_fallback_keeps_foreign_filters() {
     let mut c = killed_then_adopted(&args);
     assert_foreign_filters_intact();
     assert!(c.stop().success());
-    let (filters, qdiscs) = tc_state(lab::NODE_NIC);
-    assert!(!filters.contains("clb_"), "filters left: {filters}");
+    let qdiscs = qdiscs_without_our_filters();
     assert_foreign_filters_intact();
     assert_contains(&qdiscs, "clsact");
     node_tc(&["qdisc", "del", "dev", lab::NODE_NIC, "clsact"]);

@@ -242,6 +242,17 @@ fn the_plain_manifests_are_the_chart_rendered() {
     );
 }
 
+/// The rendered file whose name contains `kind`, rewritten with `from` replaced by `to`.
+fn break_object<'a>(files: &'a [PathBuf], kind: &str, from: &str, to: &str) -> &'a PathBuf {
+    let file = files
+        .iter()
+        .find(|f| f.to_string_lossy().contains(kind))
+        .unwrap_or_else(|| panic!("no rendered {kind}"));
+    let text = std::fs::read_to_string(file).unwrap();
+    std::fs::write(file, text.replace(from, to)).unwrap();
+    file
+}
+
 #[test]
 fn a_broken_object_fails_its_schema() {
     if !chart_tools() {
@@ -253,20 +264,10 @@ fn a_broken_object_fails_its_schema() {
         &dir,
     )
     .unwrap();
-    let daemonset = files
-        .iter()
-        .find(|f| f.to_string_lossy().contains("DaemonSet"))
-        .unwrap();
-    let text = std::fs::read_to_string(daemonset).unwrap();
-    std::fs::write(daemonset, text.replace("\"containers\"", "\"containerz\"")).unwrap();
+    let daemonset = break_object(&files, "DaemonSet", "\"containers\"", "\"containerz\"");
     let (ok, out) = kubernetes_validate(std::slice::from_ref(daemonset));
     assert!(!ok, "a misspelt DaemonSet field passed:\n{out}");
-    let monitor = files
-        .iter()
-        .find(|f| f.to_string_lossy().contains("PodMonitor"))
-        .unwrap();
-    let text = std::fs::read_to_string(monitor).unwrap();
-    std::fs::write(monitor, text.replace("\"15s\"", "\"15 seconds\"")).unwrap();
+    let monitor = break_object(&files, "PodMonitor", "\"15s\"", "\"15 seconds\"");
     let err = chart::validate_prometheus_operator(std::slice::from_ref(monitor))
         .expect_err("a PodMonitor with a bad interval passed");
     assert!(format!("{err:#}").contains("interval"), "{err:#}");

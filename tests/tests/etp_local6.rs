@@ -9,15 +9,12 @@
 //!
 //! Root only (each test prints a skip line otherwise). One at a time: they share the lab.
 
-use std::{
-    net::{IpAddr, SocketAddr},
-    time::Duration,
-};
+use std::{net::IpAddr, time::Duration};
 
 use probe_contract::{LoopbackEvent, LoopbackKind, Outcome as EventOutcome, facts::ProxyMode};
-use probe_tests::agent::{Agent, assert_contains, lines, require_root};
+use probe_tests::agent::{Agent, assert_contains, lines};
 use test_support::lab::{
-    self, KubeProxyMode, LabGuard, Outcome, Variants, etp_local, nft6, source_ranges::IpFamily, v6,
+    self, KubeProxyMode, LabGuard, Outcome, etp_local, nft6, source_ranges::IpFamily, v6,
 };
 
 const SETTLE: Duration = Duration::from_secs(4);
@@ -25,11 +22,7 @@ const WAIT: Duration = Duration::from_secs(10);
 
 /// pod-a's IPv6 call to [VIP6]:8445.
 fn call() -> lab::Attempt {
-    let to = SocketAddr::new(IpAddr::V6(v6::VIP6), lab::VIP_NFT_ETP_LOCAL_PORT);
-    lab::in_netns(lab::NS_POD_A, || {
-        lab::connect_any(None, to, Duration::from_secs(2))
-    })
-    .unwrap()
+    v6::pod_a_call6(lab::VIP_NFT_ETP_LOCAL_PORT, Duration::from_secs(2)).unwrap()
 }
 
 /// What both modes' confirmations say of the call.
@@ -44,14 +37,11 @@ fn assert_pod_a_ipv6_call_dropped(e: &LoopbackEvent, mode: ProxyMode) {
 
 #[test]
 fn ipv6_nftables_no_endpoint_drop_is_confirmed_and_its_twin_is_silent() {
-    let Some(lab) = LabGuard::for_test_in(
-        "ipv6_nftables_etp_local_drop",
-        KubeProxyMode::Nftables,
-        &Variants::default(),
-    ) else {
+    let Some(lab) =
+        LabGuard::for_test_dual_stack("ipv6_nftables_etp_local_drop", KubeProxyMode::Nftables)
+    else {
         return;
     };
-    lab.add_ipv6().expect("dual-stack layer (nftables mode)");
     nft6::set_web_local6(false).unwrap();
     assert!(nft6::web_local6_dropped());
     let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
@@ -78,10 +68,11 @@ fn ipv6_nftables_no_endpoint_drop_is_confirmed_and_its_twin_is_silent() {
 
 #[test]
 fn ipv6_iptables_detector_miss_is_confirmed_and_its_twin_is_silent() {
-    if !require_root("ipv6_iptables_etp_local_detector_miss") {
+    let Some(lab) =
+        LabGuard::for_test_iptables_lb_ip_unbound("ipv6_iptables_etp_local_detector_miss")
+    else {
         return;
-    }
-    let lab = LabGuard::up_iptables_lb_ip_unbound().expect("lab up (iptables mode, LB IP unbound)");
+    };
     lab.add_ipv6().expect("dual-stack layer");
     // A second pod pool's range (kubernetes#112820): pod-a (2001:db8:19:1::10) is outside it.
     let detector = "-s 2001:db8:19:2::/64";

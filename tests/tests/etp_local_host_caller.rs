@@ -22,9 +22,9 @@ use std::{
 };
 
 use probe_contract::{LoopbackKind, Outcome as Fate, facts::SourceKind};
-use probe_tests::agent::{Agent, lines, require_root};
+use probe_tests::agent::{Agent, lines};
 use test_support::lab::{
-    self, KubeProxyMode, LabGuard, Outcome, Variants, etp_local,
+    self, LabGuard, Outcome, etp_local,
     source_ranges::{self, IpFamily},
 };
 
@@ -39,7 +39,7 @@ fn lb() -> SocketAddrV4 {
 /// The nftables-mode lab with `default/web-local` written (`local_endpoint`: pod-b is its
 /// endpoint, else only the other node's pod), the agent on its node.
 fn nftables_lab(test: &str, local_endpoint: bool) -> Option<(LabGuard, Agent)> {
-    let lab = LabGuard::for_test_in(test, KubeProxyMode::Nftables, &Variants::default())?;
+    let lab = LabGuard::for_test_nftables(test)?;
     lab.set_nft_web_local(local_endpoint).unwrap();
     let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
     Some((lab, agent))
@@ -112,10 +112,9 @@ fn nftables_nodes_own_call_with_a_local_endpoint_is_answered_and_reports_nothing
 /// node's call (routed to the cluster-wide endpoints by `--src-type LOCAL`), nothing reported.
 #[test]
 fn iptables_nodes_own_call_is_not_dropped_and_reports_nothing() {
-    if !require_root("iptables_host_caller") {
+    let Some(lab) = LabGuard::for_test_iptables_lb_ip_unbound("iptables_host_caller") else {
         return;
-    }
-    let lab = LabGuard::up_iptables_lb_ip_unbound().expect("lab up (iptables mode, LB IP unbound)");
+    };
     etp_local::set_web_local(None).expect("default/web-local's rules");
     let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
     let node = lab.connect(lab::NS_NODE, None, lb()).unwrap();
@@ -151,11 +150,7 @@ fn assert_nodes_source_ranges_drop(agent: &Agent) {
 /// `filter-output` (`firewall-check`) and is confirmed from the node.
 #[test]
 fn nftables_source_ranges_drop_of_the_nodes_own_call_is_confirmed_from_the_node() {
-    let Some(lab) = LabGuard::for_test_in(
-        "nftables_host_caller_ranges",
-        KubeProxyMode::Nftables,
-        &Variants::default(),
-    ) else {
+    let Some(lab) = LabGuard::for_test_nftables("nftables_host_caller_ranges") else {
         return;
     };
     source_ranges::set_source_ranges(Some(OUTSIDE)).unwrap();
@@ -172,10 +167,9 @@ fn nftables_source_ranges_drop_of_the_nodes_own_call_is_confirmed_from_the_node(
 /// node.
 #[test]
 fn iptables_source_ranges_drop_of_the_nodes_own_call_is_confirmed_from_the_node() {
-    if !require_root("iptables_host_caller_ranges") {
+    let Some(lab) = LabGuard::for_test_iptables_lb_ip_unbound("iptables_host_caller_ranges") else {
         return;
-    }
-    let lab = LabGuard::up_iptables_lb_ip_unbound().expect("lab up (iptables mode, LB IP unbound)");
+    };
     source_ranges::set_iptables_source_ranges(IpFamily::V4, Some(OUTSIDE))
         .expect("default/web's firewall");
     let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);

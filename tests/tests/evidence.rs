@@ -205,6 +205,17 @@ fn with_the_capture_off_the_loop_is_listed_without_packets() {
 }
 
 /// A Secret's `data` value (base64, as k8s-openapi writes it).
+/// `kubectl clb-probe evidence SERVICE -o DIR` run in the lab node: its output and stderr.
+fn evidence_into(
+    api: &KubeFixture,
+    service: &str,
+    dir: &std::path::Path,
+) -> (std::process::Output, String) {
+    let out = plugin_in_node(api, &["evidence", service, "-o", dir.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    (out, stderr)
+}
+
 fn base64_of(s: &str) -> serde_json::Value {
     serde_json::to_value(k8s_openapi::ByteString(s.as_bytes().to_vec())).unwrap()
 }
@@ -281,11 +292,7 @@ fn kubectl_evidence_writes_each_nodes_capture_through_the_api_servers_pod_proxy(
 
     let out_dir = dir.path().join("out");
     // No Secret yet: the plugin says the agents serve no evidence and how to turn it on.
-    let off = plugin_in_node(
-        &api,
-        &["evidence", &service, "-o", out_dir.to_str().unwrap()],
-    );
-    let stderr = String::from_utf8_lossy(&off.stderr);
+    let (off, stderr) = evidence_into(&api, &service, &out_dir);
     assert_eq!(off.status.code(), Some(1), "{stderr}");
     assert!(
         stderr.contains("clb-probe/clb-probe-evidence does not exist")
@@ -299,11 +306,7 @@ fn kubectl_evidence_writes_each_nodes_capture_through_the_api_servers_pod_proxy(
         "data": {"token": base64_of(TOKEN)},
     }));
     let out_dir = dir.path().join("out2");
-    let out = plugin_in_node(
-        &api,
-        &["evidence", &service, "-o", out_dir.to_str().unwrap()],
-    );
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let (out, stderr) = evidence_into(&api, &service, &out_dir);
     // node-b's agent does not answer: exit 1, named; this node's folder is written anyway.
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(
@@ -350,21 +353,14 @@ fn kubectl_evidence_writes_each_nodes_capture_through_the_api_servers_pod_proxy(
     assert_eq!(bundles[0].event.key, event.key);
 
     // DIR is not empty now: refused before anything is asked.
-    let again = plugin_in_node(
-        &api,
-        &["evidence", &service, "-o", out_dir.to_str().unwrap()],
-    );
+    let (again, stderr) = evidence_into(&api, &service, &out_dir);
     assert_eq!(again.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&again.stderr).contains("exists and is not empty"));
+    assert!(stderr.contains("exists and is not empty"));
 
     // Without pods/proxy: each node says which permission is missing.
     api.forbid("pods/proxy", "get");
     let denied_dir = dir.path().join("denied");
-    let denied = plugin_in_node(
-        &api,
-        &["evidence", &service, "-o", denied_dir.to_str().unwrap()],
-    );
-    let stderr = String::from_utf8_lossy(&denied.stderr);
+    let (denied, stderr) = evidence_into(&api, &service, &denied_dir);
     assert_eq!(denied.status.code(), Some(1), "{stderr}");
     assert!(
         stderr.contains("forbidden") && stderr.contains("pods/proxy"),

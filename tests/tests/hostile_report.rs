@@ -47,13 +47,7 @@ fn report_of(api: &FakeApiServer, node: &str) -> Option<Value> {
 }
 
 fn node_condition(api: &FakeApiServer, node: &str) -> Option<Value> {
-    api.objects("nodes")
-        .into_iter()
-        .find(|n| n["metadata"]["name"] == node)?["status"]["conditions"]
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == "LoadBalancerLoopback")
-        .cloned()
+    api.node_condition(node, "LoadBalancerLoopback")
 }
 
 /// PATCH requests whose path contains `needle`.

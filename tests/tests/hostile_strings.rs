@@ -13,13 +13,13 @@
 
 use std::{
     net::{IpAddr, SocketAddrV4},
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     time::Duration,
 };
 
 use probe_contract::{LoopbackEvent, LoopbackKind};
 use probe_tests::{
-    agent::{sh_in_node, wait_for},
+    agent::{KilledOnDrop, sh_in_node, wait_for},
     kube_fixture::{KubeFixture, NODE_NAME},
 };
 use serde_json::{Value, json};
@@ -192,7 +192,7 @@ const HOSTILE_NAME: &str = "\x1b[2J ALL CLEAR\x07";
 
 /// The host listener run by uid 65534 under [`HOSTILE_NAME`] (`prctl(PR_SET_NAME)`), killed on
 /// drop (the lab's teardown would kill it too: it lives in the node's namespace).
-struct HostileListener(Child);
+struct HostileListener(#[allow(dead_code)] KilledOnDrop);
 
 impl HostileListener {
     fn start() -> HostileListener {
@@ -218,21 +218,14 @@ while True:
             .stdin(Stdio::null())
             .spawn()
             .expect("start the hostile listener");
-        let listener = HostileListener(child);
-        let pid = listener.0.id();
+        let pid = child.id();
+        let listener = HostileListener(KilledOnDrop(child));
         wait_for("the hostile listener named and listening", WAIT, || {
             let comm = std::fs::read(format!("/proc/{pid}/comm")).ok()?;
             (comm.starts_with(HOSTILE_NAME.as_bytes()) && listening_pid().is_some()).then_some(())
         })
         .expect("the hostile listener up");
         listener
-    }
-}
-
-impl Drop for HostileListener {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
     }
 }
 
@@ -270,13 +263,7 @@ fn clb_events(api: &KubeFixture) -> Vec<Value> {
 }
 
 fn node_condition(api: &KubeFixture) -> Option<Value> {
-    api.objects("nodes")
-        .into_iter()
-        .find(|n| n["metadata"]["name"] == NODE_NAME)?["status"]["conditions"]
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == "LoadBalancerLoopback")
-        .cloned()
+    api.node_condition(NODE_NAME, "LoadBalancerLoopback")
 }
 
 fn report(api: &KubeFixture) -> Option<Value> {

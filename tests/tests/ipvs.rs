@@ -17,39 +17,22 @@ use probe_contract::{
 };
 use probe_tests::{
     agent::{
-        Agent, assert_ipvs_source_ranges_drop, dropped_as_local_source, hex_bytes, lines,
-        our_loaded_programs, our_tc_attachments, probe_bin, require_root, sh, sh_in_node, wait_for,
+        Agent, KilledOnDrop, assert_ipvs_source_ranges_drop, dropped_as_local_source, hex_bytes,
+        lines, our_loaded_programs, our_tc_attachments, probe_bin, require_root, sh, sh_in_node,
+        wait_for,
     },
     kube_fixture::{
         KubeFixture, assert_unprogrammed_port_named, lab_objects_with_unprogrammed_port,
     },
     lab_check::{lab_node_report, lab_node_subjects},
+    say,
 };
 use serde_json::{Value, json};
 use test_support::lab::{self, KubeProxyMode, LabGuard, Outcome, Scenario, UpOptions, Variants};
 
-/// A line on the test's real stdout, not libtest's capture: each kernel's run shows its
-/// `ipvsadm -Ln` and verdicts also when the tests pass (the agent's own log stays captured).
-macro_rules! say {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, $($arg)*);
-        let _ = out.flush();
-    }};
-}
-
 /// Long enough for the hairpin's settle window and its conntrack answer.
 const SETTLE: Duration = Duration::from_secs(4);
 const WAIT: Duration = Duration::from_secs(15);
-
-fn in_vm(test: &str) -> bool {
-    if std::env::var_os("CLB_VM").is_none() {
-        eprintln!("skipping {test}: VM tier only (real IPVS and dummy); run `cargo xtask vm-test`");
-        return false;
-    }
-    require_root(test)
-}
 
 /// On a kernel without IPVS or `dummy` (this machine's), the IPVS-mode lab refuses to start,
 /// says why and where to run it, and makes nothing.
@@ -302,7 +285,7 @@ fn left_behind() -> Vec<String> {
 /// (no virtual service for VIP:443), each confirmed once; every twin silent.
 #[test]
 fn ipvs_mode_failures_are_confirmed_and_twins_are_silent() {
-    if !in_vm("ipvs_mode_failures") {
+    if !lab::require_vm("ipvs_mode_failures") {
         return;
     }
     say!("ipvs-vm: kernel {}", sh(&["uname", "-r"]).trim());
@@ -402,7 +385,7 @@ fn ipvs_mode_failures_are_confirmed_and_twins_are_silent() {
 /// through, IPVS answers the pod straight from the node, the pod resets that answer.
 #[test]
 fn ipvs_mode_hairpin_is_confirmed() {
-    if !in_vm("ipvs_mode_hairpin") {
+    if !lab::require_vm("ipvs_mode_hairpin") {
         return;
     }
     let lab = ipvs_lab(&Variants::default());
@@ -432,7 +415,7 @@ fn ipvs_mode_hairpin_is_confirmed() {
 /// still confirmed as `vip_port_unserved`; the served port passes the filter.
 #[test]
 fn ipvs_mode_access_filter_unserved_port_is_confirmed() {
-    if !in_vm("ipvs_mode_access_filter") {
+    if !lab::require_vm("ipvs_mode_access_filter") {
         return;
     }
     let lab = ipvs_lab(&Scenario::VipPortUnservedFiltered.spec().variants);
@@ -464,7 +447,7 @@ fn ipvs_mode_access_filter_unserved_port_is_confirmed() {
 /// iptables-mode twin.
 #[test]
 fn ipvs_mode_a_port_the_api_serves_and_ipvs_lacks_is_named() {
-    if !in_vm("ipvs_mode_api_unprogrammed") {
+    if !lab::require_vm("ipvs_mode_api_unprogrammed") {
         return;
     }
     let lab = ipvs_lab(&Variants::default());
@@ -492,7 +475,7 @@ fn ipvs_mode_a_port_the_api_serves_and_ipvs_lacks_is_named() {
 /// `NOT_SPECIFIED` at the route-input site.
 #[test]
 fn ipvs_mode_hairpin_variants_are_confirmed_and_twins_are_silent() {
-    if !in_vm("ipvs_mode_hairpin_variants") {
+    if !lab::require_vm("ipvs_mode_hairpin_variants") {
         return;
     }
     let lab = ipvs_lab(&Variants::default());
@@ -539,7 +522,7 @@ fn ipvs_mode_hairpin_variants_are_confirmed_and_twins_are_silent() {
 /// NodePort of the agent's table (its `service table read` log line counts one more).
 #[test]
 fn ipvs_mode_virtual_service_added_is_read_without_a_timer_tick() {
-    if !in_vm("ipvs_mode_virtual_service_added") {
+    if !lab::require_vm("ipvs_mode_virtual_service_added") {
         return;
     }
     let lab = ipvs_lab(&Variants::default());
@@ -593,7 +576,7 @@ fn ipvs_mode_virtual_service_added_is_read_without_a_timer_tick() {
 /// fixture Services share the LB IP and IPVS names none, so its Event regards the Node.)
 #[test]
 fn ipvs_mode_first_events_are_named_and_on_the_service() {
-    if !in_vm("ipvs_mode_kube_names") {
+    if !lab::require_vm("ipvs_mode_kube_names") {
         return;
     }
     use probe_tests::kube_names::{Case, first_events_named_and_described};
@@ -626,7 +609,7 @@ fn ipvs_mode_first_events_are_named_and_on_the_service() {
 /// which the VM tier runs in IPVS mode.)
 #[test]
 fn ipvs_mode_service_self_loop_is_confirmed_and_twins_are_silent() {
-    if !in_vm("ipvs_mode_service_self_loop") {
+    if !lab::require_vm("ipvs_mode_service_self_loop") {
         return;
     }
     let lab = ipvs_lab(&Scenario::SelfLoop.spec().variants);
@@ -699,7 +682,7 @@ fn ipvs_mode_service_self_loop_is_confirmed_and_twins_are_silent() {
 /// hairpinning.
 #[test]
 fn ipvs_mode_as_nftables_prediction_matches_the_nftables_lab() {
-    if !in_vm("ipvs_mode_as_nftables_prediction") {
+    if !lab::require_vm("ipvs_mode_as_nftables_prediction") {
         return;
     }
     let r = probe_tests::readiness::predict_then_observe(KubeProxyMode::Ipvs);
@@ -715,7 +698,7 @@ fn ipvs_mode_as_nftables_prediction_matches_the_nftables_lab() {
 
 /// kube-proxy's `/proxyMode` (its metrics address, 127.0.0.1:10249) in the lab node,
 /// answering `mode`: kube-proxy saying which mode it runs. Stopped when dropped.
-struct ProxyModeAnswer(std::process::Child);
+struct ProxyModeAnswer(#[allow(dead_code)] KilledOnDrop);
 
 impl ProxyModeAnswer {
     fn start(mode: &str) -> ProxyModeAnswer {
@@ -736,7 +719,7 @@ impl ProxyModeAnswer {
             .args(["netns", "exec", lab::NS_NODE, "python3", "-c", &server])
             .spawn()
             .expect("python3");
-        let answer = ProxyModeAnswer(child);
+        let answer = ProxyModeAnswer(KilledOnDrop(child));
         wait_for("kube-proxy's /proxyMode stand-in", WAIT, || {
             let out = std::process::Command::new("ip")
                 .args([
@@ -756,13 +739,6 @@ impl ProxyModeAnswer {
     }
 }
 
-impl Drop for ProxyModeAnswer {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Issue 39 item 4 with real IPVS (the host has none): kube-proxy moved to nftables mode and
 /// IPVS mode's virtual services were left behind (no `--cleanup`). Read from the kernel's
 /// IPVS: while kube-proxy does not say its mode, both modes' state is named as ambiguous;
@@ -773,7 +749,7 @@ impl Drop for ProxyModeAnswer {
 #[test]
 fn ipvs_services_left_after_the_switch_to_nftables_are_named() {
     use probe_contract::check::{CheckReport, Kind, Severity};
-    if !in_vm("ipvs_services_left_after_the_switch") {
+    if !lab::require_vm("ipvs_services_left_after_the_switch") {
         return;
     }
     let lab = LabGuard::up_in(
@@ -860,7 +836,7 @@ fn ipvs_services_left_after_the_switch_to_nftables_are_named() {
 /// names the risk from the sets alone.
 #[test]
 fn ipvs_mode_source_ranges_drop_is_confirmed_with_the_ipsets() {
-    if !in_vm("ipvs_mode_source_ranges_drop") {
+    if !lab::require_vm("ipvs_mode_source_ranges_drop") {
         return;
     }
     use test_support::lab::source_ranges;
@@ -899,7 +875,7 @@ fn ipvs_mode_source_ranges_drop_is_confirmed_with_the_ipsets() {
 /// and `probe check` names no risk.
 #[test]
 fn ipvs_mode_source_ranges_with_the_pod_cidr_report_nothing() {
-    if !in_vm("ipvs_mode_source_ranges_twin") {
+    if !lab::require_vm("ipvs_mode_source_ranges_twin") {
         return;
     }
     use test_support::lab::source_ranges;

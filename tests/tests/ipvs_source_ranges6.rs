@@ -10,15 +10,13 @@
 //!
 //! Runs only inside `cargo xtask vm-test` (`CLB_VM` set; it prints a skip line elsewhere).
 
-use std::{
-    net::{IpAddr, SocketAddr},
-    time::Duration,
-};
+use std::{net::IpAddr, time::Duration};
 
 use probe_contract::{LoopbackKind, check::Kind as CheckKind};
 use probe_tests::{
-    agent::{Agent, assert_ipvs_source_ranges_drop, require_root},
+    agent::{Agent, assert_ipvs_source_ranges_drop},
     lab_check::lab_node_subjects,
+    say,
 };
 use test_support::lab::{
     self, KubeProxyMode, LabGuard, Outcome, UpOptions, Variants,
@@ -26,28 +24,10 @@ use test_support::lab::{
     v6,
 };
 
-/// A line on the test's real stdout (each kernel's run shows its verdicts when it passes too).
-macro_rules! say {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, $($arg)*);
-        let _ = out.flush();
-    }};
-}
-
 const SETTLE: Duration = Duration::from_secs(4);
 const WAIT: Duration = Duration::from_secs(15);
 /// Ranges that leave the lab's IPv6 pods (2001:db8:19::/48) and node out.
 const OUTSIDE: &[&str] = &["2001:db8:51::/48"];
-
-fn in_vm(test: &str) -> bool {
-    if std::env::var_os("CLB_VM").is_none() {
-        eprintln!("skipping {test}: VM tier only (real IPVS and dummy); run `cargo xtask vm-test`");
-        return false;
-    }
-    require_root(test)
-}
 
 /// The IPVS-mode lab with its dual-stack layer, [VIP6]:80 served by IPVS, `default/web`'s
 /// IPv6 firewall allowing `ranges`, and the agent on its node.
@@ -68,16 +48,12 @@ fn ipvs_lab6_with(ranges: &[&str]) -> (LabGuard, Agent) {
 
 /// Pod-a's IPv6 call to [VIP6]:80.
 fn pod_a_call() -> lab::Attempt {
-    let to = SocketAddr::new(IpAddr::V6(v6::VIP6), lab::SERVICE_PORT);
-    lab::in_netns(lab::NS_POD_A, || {
-        lab::connect_any(None, to, Duration::from_secs(3))
-    })
-    .unwrap()
+    v6::pod_a_call6(lab::SERVICE_PORT, Duration::from_secs(3)).unwrap()
 }
 
 #[test]
 fn ipvs_mode_ipv6_source_ranges_drop_is_confirmed_with_the_v6_ipsets() {
-    if !in_vm("ipvs_mode_ipv6_source_ranges_drop") {
+    if !lab::require_vm("ipvs_mode_ipv6_source_ranges_drop") {
         return;
     }
     let (lab, agent) = ipvs_lab6_with(OUTSIDE);
@@ -112,7 +88,7 @@ fn ipvs_mode_ipv6_source_ranges_drop_is_confirmed_with_the_v6_ipsets() {
 /// and `probe check` names no risk.
 #[test]
 fn ipvs_mode_ipv6_source_ranges_with_the_pod_range_report_nothing() {
-    if !in_vm("ipvs_mode_ipv6_source_ranges_twin") {
+    if !lab::require_vm("ipvs_mode_ipv6_source_ranges_twin") {
         return;
     }
     let (lab, agent) = ipvs_lab6_with(&["2001:db8:51::/48", v6::POD_CIDR6]);

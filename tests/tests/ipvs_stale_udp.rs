@@ -26,22 +26,15 @@
 
 use std::time::Duration;
 
-use probe_contract::LoopbackKind;
-use probe_tests::agent::{Agent, require_root, wait_for};
+use probe_tests::{
+    agent::{Agent, wait_for},
+    say,
+    stale_udp::stale_events,
+};
 use test_support::lab::{
     self, KubeProxyMode, LabGuard, UpOptions, Variants,
     stale_udp::{self, NEW_ENDPOINT_PORT, OLD_ENDPOINT_PORT, SENDER_PORT, STATSD_CLUSTER_IP},
 };
-
-/// A line on the test's real stdout (each kernel's run shows what it saw when it passes too).
-macro_rules! say {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, $($arg)*);
-        let _ = out.flush();
-    }};
-}
 
 const EVERY: Duration = Duration::from_millis(300);
 /// How long the agent is watched once the datagrams reach the endpoint: four stale-UDP dumps
@@ -53,14 +46,6 @@ const ARRIVE: Duration = Duration::from_secs(20);
 /// more each.
 const ZERO: Duration = Duration::from_secs(6);
 
-fn in_vm(test: &str) -> bool {
-    if std::env::var_os("CLB_VM").is_none() {
-        eprintln!("skipping {test}: VM tier only (real IPVS and dummy); run `cargo xtask vm-test`");
-        return false;
-    }
-    require_root(test)
-}
-
 /// The IPVS-mode lab with the agent on its node.
 fn ipvs_lab_and_agent() -> (LabGuard, Agent) {
     let lab = LabGuard::up_in(
@@ -71,14 +56,6 @@ fn ipvs_lab_and_agent() -> (LabGuard, Agent) {
     .expect("IPVS-mode lab up");
     let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
     (lab, agent)
-}
-
-fn stale_events(agent: &Agent) -> Vec<probe_contract::LoopbackEvent> {
-    agent
-        .events()
-        .into_iter()
-        .filter(|e| e.kind == LoopbackKind::StaleUdpConntrack)
-        .collect()
 }
 
 /// Waits until pod B has received more than `than` datagrams on `port`; the count then.
@@ -122,7 +99,7 @@ fn delivered_and_unreported(agent: &Agent, port: u16, before: u64) {
 /// is reported.
 #[test]
 fn ipvs_mode_a_fixed_port_udp_sender_follows_the_real_server_change_and_nothing_is_reported() {
-    if !in_vm("ipvs_mode_stale_udp_real_server_change") {
+    if !lab::require_vm("ipvs_mode_stale_udp_real_server_change") {
         return;
     }
     say!(
@@ -152,7 +129,7 @@ fn ipvs_mode_a_fixed_port_udp_sender_follows_the_real_server_change_and_nothing_
 /// datagram, yet the datagrams reach the endpoint (IPVS schedules them); nothing is reported.
 #[test]
 fn ipvs_mode_a_sender_started_before_the_virtual_service_reaches_it_and_nothing_is_reported() {
-    if !in_vm("ipvs_mode_stale_udp_before_the_service") {
+    if !lab::require_vm("ipvs_mode_stale_udp_before_the_service") {
         return;
     }
     let (lab, agent) = ipvs_lab_and_agent();
@@ -184,7 +161,7 @@ fn ipvs_mode_a_sender_started_before_the_virtual_service_reaches_it_and_nothing_
 #[test]
 fn ipvs_mode_a_udp_service_scaled_to_zero_and_back_reaches_the_new_endpoint_and_nothing_is_reported()
  {
-    if !in_vm("ipvs_mode_stale_udp_scaled_to_zero_and_back") {
+    if !lab::require_vm("ipvs_mode_stale_udp_scaled_to_zero_and_back") {
         return;
     }
     let (lab, agent) = ipvs_lab_and_agent();

@@ -7,20 +7,14 @@
 //!
 //! Root only (each test prints a skip line otherwise). One at a time: they share the lab.
 
-use std::{
-    io::{BufRead as _, BufReader},
-    net::IpAddr,
-    process::{Command, Stdio},
-    sync::mpsc,
-    time::Duration,
-};
+use std::{net::IpAddr, process::Command, time::Duration};
 
 use probe_contract::{
     LoopbackEvent, LoopbackKind,
     facts::{AddressOwner, Etp},
 };
 use probe_tests::{
-    agent::{Agent, assert_contains, lines, probe_bin, wait_for},
+    agent::{Agent, assert_contains, follow_events, lines, probe_bin, wait_for},
     kube_fixture::{
         KubeFixture, assert_unprogrammed_port_named, lab_objects_with_unprogrammed_port,
     },
@@ -68,20 +62,7 @@ fn hairpin_and_healthcheck_blackhole_carry_pod_and_service_names() {
     );
 
     // `probe events` follows the live socket from before the traffic.
-    let mut follower = Command::new(probe_bin())
-        .args(["events", "--socket"])
-        .arg(agent.dir.path().join("probe.sock"))
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("probe events");
-    let (tx, rx) = mpsc::channel();
-    let stdout = follower.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    std::thread::sleep(Duration::from_millis(300));
+    let (mut follower, rx) = follow_events(&agent.dir.path().join("probe.sock"));
 
     assert_eq!(lab.traffic(Scenario::Hairpin).unwrap(), Outcome::Timeout);
     assert_eq!(

@@ -8,10 +8,11 @@
 use std::{net::SocketAddrV4, time::Duration};
 
 use k8s_openapi::api::events::v1::Event;
-use probe_contract::LoopbackKind;
+use probe_contract::{LoopbackEvent, LoopbackKind};
 use probe_tests::{
     agent::{Agent, assert_contains, require_root, wait_for},
     kube_fixture::{KubeFixture, NODE_NAME},
+    kube_names::Case,
     written::{clb_events, is},
 };
 use test_support::{
@@ -26,6 +27,14 @@ struct Setup {
     agent: Agent,
     api: KubeFixture,
     lab: LabGuard,
+}
+
+impl Setup {
+    /// Drives `scenario` in the lab; the agent's first event of `kind` (it must come).
+    fn confirmed(&self, scenario: Scenario, kind: LoopbackKind) -> LoopbackEvent {
+        self.lab.traffic(scenario).expect("traffic");
+        self.agent.first_event_of(kind, WAIT)
+    }
 }
 
 /// Lab up, the fake API server in the node's namespace, the agent pointed at it; None where
@@ -72,12 +81,10 @@ fn a_confirmed_failure_is_one_event_whose_series_grows() {
     let Some(s) = setup("series", &[], Some("1000"), |_| {}) else {
         return;
     };
-    s.lab
-        .traffic(Scenario::HealthcheckBlackhole)
-        .expect("traffic");
-    let first = s
-        .agent
-        .first_event_of(LoopbackKind::HealthcheckBlackhole, WAIT);
+    let first = s.confirmed(
+        Scenario::HealthcheckBlackhole,
+        LoopbackKind::HealthcheckBlackhole,
+    );
     // Repeats, spread beyond the (shortened) per-aggregate window.
     std::thread::sleep(Duration::from_millis(1500));
     s.lab
@@ -167,13 +174,11 @@ fn denied_events_are_counted_once_logged_and_the_agent_keeps_confirming() {
     }) else {
         return;
     };
-    s.lab
-        .traffic(Scenario::HealthcheckBlackhole)
-        .expect("traffic");
-    s.agent
-        .first_event_of(LoopbackKind::HealthcheckBlackhole, WAIT);
-    s.lab.traffic(Scenario::VipPortUnserved).expect("traffic");
-    s.agent.first_event_of(LoopbackKind::VipPortUnserved, WAIT);
+    s.confirmed(
+        Scenario::HealthcheckBlackhole,
+        LoopbackKind::HealthcheckBlackhole,
+    );
+    s.confirmed(Scenario::VipPortUnserved, LoopbackKind::VipPortUnserved);
     let failed = wait_for("failed writes counted", WAIT, || {
         metric(
             lab::NS_NODE,
@@ -196,11 +201,10 @@ fn kube_events_off_writes_nothing() {
     let Some(s) = setup("off", &["--kube-events", "off"], None, |_| {}) else {
         return;
     };
-    s.lab
-        .traffic(Scenario::HealthcheckBlackhole)
-        .expect("traffic");
-    s.agent
-        .first_event_of(LoopbackKind::HealthcheckBlackhole, WAIT);
+    s.confirmed(
+        Scenario::HealthcheckBlackhole,
+        LoopbackKind::HealthcheckBlackhole,
+    );
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(writes(&s.api), (0, 0));
     assert!(clb_events(&s.api).is_empty());
@@ -211,8 +215,7 @@ fn a_hairpin_event_regards_the_service_and_relates_the_client_pod() {
     let Some(s) = setup("hairpin", &[], None, |_| {}) else {
         return;
     };
-    s.lab.traffic(Scenario::Hairpin).expect("traffic");
-    let confirmed = s.agent.first_event_of(LoopbackKind::Hairpin, WAIT);
+    let confirmed = s.confirmed(Scenario::Hairpin, LoopbackKind::Hairpin);
     let event = wait_for("the hairpin's Event", WAIT, || {
         clb_events(&s.api)
             .into_iter()
@@ -245,13 +248,25 @@ fn a_hairpin_event_regards_the_service_and_relates_the_client_pod() {
     );
 }
 
-fn case(
-    scenario: Scenario,
-    kind: LoopbackKind,
-    reason: &'static str,
-    client_pod: bool,
-) -> probe_tests::kube_names::Case {
-    probe_tests::kube_names::Case {
+/// [`probe_tests::kube_names::first_events_named_and_described`] as test `test` (root only).
+fn first_events_named(test: &str, mode: lab::KubeProxyMode, cases: &[Case]) {
+    if require_root(test) {
+        probe_tests::kube_names::first_events_named_and_described(mode, cases);
+    }
+}
+
+/// pod-a's hairpin: the kind every mode's run drives first.
+fn hairpin_case() -> Case {
+    case(
+        Scenario::Hairpin,
+        LoopbackKind::Hairpin,
+        "LoopbackHairpin",
+        true,
+    )
+}
+
+fn case(scenario: Scenario, kind: LoopbackKind, reason: &'static str, client_pod: bool) -> Case {
+    Case {
         scenario,
         kind,
         reason,
@@ -265,18 +280,11 @@ fn case(
 /// Event on the existing Service (name and uid), listed by `kubectl describe service web`.
 #[test]
 fn iptables_first_events_are_named_and_on_the_service() {
-    if !require_root("kube_names_iptables") {
-        return;
-    }
-    probe_tests::kube_names::first_events_named_and_described(
+    first_events_named(
+        "kube_names_iptables",
         lab::KubeProxyMode::Iptables,
         &[
-            case(
-                Scenario::Hairpin,
-                LoopbackKind::Hairpin,
-                "LoopbackHairpin",
-                true,
-            ),
+            hairpin_case(),
             case(
                 Scenario::HealthcheckBlackhole,
                 LoopbackKind::HealthcheckBlackhole,
@@ -302,17 +310,10 @@ fn iptables_first_events_are_named_and_on_the_service() {
 /// kube-proxy nftables mode (no LB IP is bound there: the hairpin is the kind that happens).
 #[test]
 fn nftables_first_events_are_named_and_on_the_service() {
-    if !require_root("kube_names_nftables") {
-        return;
-    }
-    probe_tests::kube_names::first_events_named_and_described(
+    first_events_named(
+        "kube_names_nftables",
         lab::KubeProxyMode::Nftables,
-        &[case(
-            Scenario::Hairpin,
-            LoopbackKind::Hairpin,
-            "LoopbackHairpin",
-            true,
-        )],
+        &[hairpin_case()],
     );
 }
 
@@ -345,8 +346,7 @@ fn a_fixed_loop_is_resolved_with_proof_and_its_recurrence_is_a_regression() {
             .filter(|n| *n == want)
         })
     };
-    s.lab.traffic(Scenario::Hairpin).expect("traffic");
-    s.agent.first_event_of(LoopbackKind::Hairpin, WAIT);
+    s.confirmed(Scenario::Hairpin, LoopbackKind::Hairpin);
     let warning = wait_for("the hairpin's Warning", WAIT, || {
         clb_events(&s.api)
             .into_iter()

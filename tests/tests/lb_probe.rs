@@ -199,14 +199,11 @@ fn a_refused_health_check_node_port_probe_names_its_service() {
 #[test]
 fn a_refused_ipv6_probe_from_azures_link_local_source_is_confirmed() {
     use test_support::lab::{lb_probe, v6};
-    let Some(lab) = LabGuard::for_test_in(
-        "lb_probe_refused (IPv6)",
-        lab::KubeProxyMode::Iptables,
-        &Variants::default(),
-    ) else {
+    let Some(lab) =
+        LabGuard::for_test_dual_stack("lb_probe_refused (IPv6)", lab::KubeProxyMode::Iptables)
+    else {
         return;
     };
-    lab.add_ipv6().expect("dual-stack layer");
     let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
     let e = wait_for("the refused IPv6 probe", WAIT, || {
         let outcome = lb_probe::probe6_from_link_local(v6::NODE_IP6, HEALTHZ_PORT).unwrap();

@@ -4,25 +4,21 @@
 //! answering a query for each kind.
 
 use std::{
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     time::Duration,
 };
 
-use probe_tests::agent::{Agent, tempdir::TempDir, wait_for};
+use probe_tests::agent::{Agent, KilledOnDrop, tempdir::TempDir, wait_for};
 use test_support::lab::{self, LabGuard, Outcome, Scenario, Variants, http_get_in};
 
 const METRICS: &str = "127.0.0.1:19966";
 const PROMETHEUS: &str = "127.0.0.1:19090";
 
 /// A Prometheus server, killed on drop.
-struct Prometheus(Child, #[allow(dead_code)] TempDir);
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+struct Prometheus(
+    #[allow(dead_code)] KilledOnDrop,
+    #[allow(dead_code)] TempDir,
+);
 
 fn start_prometheus(netns: &str) -> Option<Prometheus> {
     if Command::new("prometheus")
@@ -54,7 +50,7 @@ fn start_prometheus(netns: &str) -> Option<Prometheus> {
         .stderr(Stdio::null())
         .spawn()
         .expect("start prometheus");
-    Some(Prometheus(child, dir))
+    Some(Prometheus(KilledOnDrop(child), dir))
 }
 
 #[test]

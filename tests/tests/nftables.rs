@@ -24,7 +24,7 @@ fn lab_up() -> LabGuard {
 
 /// A test's nftables-mode lab, or None where it cannot run (not root: it says it skips).
 fn lab_for(test: &str) -> Option<LabGuard> {
-    LabGuard::for_test_in(test, KubeProxyMode::Nftables, &Variants::default())
+    LabGuard::for_test_nftables(test)
 }
 
 /// The nftables-mode lab with `variants` set.

@@ -51,6 +51,19 @@ fn json_events(agent: &Agent, kind: LoopbackKind) -> Vec<LoopbackEvent> {
     })
 }
 
+/// Drives pod-a's hairpin; the agent's hairpin JSON lines, the first naming pod-a.
+fn hairpin_named(lab: &LabGuard, agent: &Agent) -> Vec<LoopbackEvent> {
+    assert_eq!(lab.traffic(Scenario::Hairpin).unwrap(), Outcome::Timeout);
+    let lines = json_events(agent, LoopbackKind::Hairpin);
+    assert_eq!(
+        lines[0].client_pod.as_deref(),
+        Some(CLIENT_POD),
+        "{:#?}",
+        lines[0]
+    );
+    lines
+}
+
 /// What a record must say about its JSON line: every attribute from the event's own field,
 /// spelled as the line spells it (the record's attributes are OTLP's, read as JSON values).
 fn assert_record_matches(r: &Record, e: &LoopbackEvent) {
@@ -91,15 +104,8 @@ fn a_confirmed_hairpin_arrives_as_log_records_and_the_counters_as_metrics() {
     let receiver = Receiver::start_in_netns(lab::NS_NODE, Mode::Accept);
     let (_api, mut agent) = start(&receiver.endpoint());
 
-    assert_eq!(lab.traffic(Scenario::Hairpin).unwrap(), Outcome::Timeout);
-    let first = json_events(&agent, LoopbackKind::Hairpin);
+    let first = hairpin_named(&lab, &agent);
     // The attributes under test are all there to compare (attribution named them).
-    assert_eq!(
-        first[0].client_pod.as_deref(),
-        Some(CLIENT_POD),
-        "{:#?}",
-        first[0]
-    );
     assert!(first[0].service.is_some(), "{:#?}", first[0]);
     assert!(!first[0].fixes.is_empty(), "{:#?}", first[0]);
 
@@ -247,14 +253,7 @@ fn unreachable_receiver_costs_counted_drops(mode: Option<Mode>) {
         }
     };
     let (_api, mut agent) = start(&endpoint);
-    assert_eq!(lab.traffic(Scenario::Hairpin).unwrap(), Outcome::Timeout);
-    let lines = json_events(&agent, LoopbackKind::Hairpin);
-    assert_eq!(
-        lines[0].client_pod.as_deref(),
-        Some(CLIENT_POD),
-        "{:#?}",
-        lines[0]
-    );
+    hairpin_named(&lab, &agent);
     // The record of that line is lost, and counted (after the export's deadline when the
     // receiver hangs).
     let dropped = wait_for("the lost record counted", WAIT, || {

@@ -11,13 +11,10 @@
 
 use std::{net::IpAddr, process::Command, time::Duration};
 
-use probe_contract::{
-    LoopbackKind,
-    check::{Kind, Severity},
-};
+use probe_contract::{LoopbackKind, check::Kind};
 use probe_tests::{
     agent::{lines, require_root, wait_for},
-    lab_check::lab_node_check,
+    lab_check::{lab_node_check, only_risk},
 };
 use serde_json::{Value, json};
 use test_support::{
@@ -105,17 +102,7 @@ fn a_proxy_protocol_lb_short_circuited_resets_and_check_names_it_first() {
     let subject = format!("{}:{}/tcp", lab::VIP, proxy_protocol::PROXY_PROTOCOL_PORT);
     let (code, report) = lab_node_check(&["--kubeconfig", api.kubeconfig()]);
     assert_eq!(code, 1, "{report:#?}");
-    let named: Vec<_> = report
-        .findings
-        .iter()
-        .filter(|f| f.kind == Kind::ProxyProtocolShortCircuit)
-        .collect();
-    assert_eq!(named.len(), 1, "{report:#?}");
-    let f = named[0];
-    assert_eq!(
-        (f.severity, f.subject.as_str()),
-        (Severity::Risk, subject.as_str())
-    );
+    let f = only_risk(&report, Kind::ProxyProtocolShortCircuit, &subject);
     assert!(f.summary.contains("default/ingress"), "{f:#?}");
     assert!(
         f.evidence.iter().any(|e| e.contains(DO_PROXY_PROTOCOL)),

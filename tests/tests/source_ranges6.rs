@@ -8,15 +8,12 @@
 //!
 //! Root only (prints a skip line otherwise). One at a time: it shares the lab.
 
-use std::{
-    net::{IpAddr, SocketAddr},
-    time::Duration,
-};
+use std::{net::IpAddr, time::Duration};
 
 use probe_contract::{LoopbackKind, Outcome as EventOutcome, facts::ProxyMode};
 use probe_tests::agent::{Agent, lines};
 use test_support::lab::{
-    self, KubeProxyMode, LabGuard, Outcome, Variants,
+    self, KubeProxyMode, LabGuard, Outcome,
     source_ranges::{self, IpFamily},
     v6,
 };
@@ -28,23 +25,16 @@ const OUTSIDE: &str = "2001:db8:51::/48";
 
 /// pod-a's IPv6 call to [VIP6]:80.
 fn call() -> lab::Attempt {
-    let to = SocketAddr::new(IpAddr::V6(v6::VIP6), lab::SERVICE_PORT);
-    lab::in_netns(lab::NS_POD_A, || {
-        lab::connect_any(None, to, Duration::from_secs(2))
-    })
-    .unwrap()
+    v6::pod_a_call6(lab::SERVICE_PORT, Duration::from_secs(2)).unwrap()
 }
 
 #[test]
 fn ipv6_nftables_source_ranges_drop_is_confirmed_and_its_twin_is_silent() {
-    let Some(lab) = LabGuard::for_test_in(
-        "ipv6_nftables_source_ranges_drop",
-        KubeProxyMode::Nftables,
-        &Variants::default(),
-    ) else {
+    let Some(lab) =
+        LabGuard::for_test_dual_stack("ipv6_nftables_source_ranges_drop", KubeProxyMode::Nftables)
+    else {
         return;
     };
-    lab.add_ipv6().expect("dual-stack layer (nftables mode)");
     source_ranges::set_source_ranges_in(IpFamily::V6, Some(&[OUTSIDE])).unwrap();
     assert!(source_ranges::firewalled_in(IpFamily::V6));
     let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);

@@ -16,8 +16,8 @@
 
 use std::{net::IpAddr, time::Duration};
 
-use probe_contract::{LoopbackEvent, LoopbackKind};
-use probe_tests::agent::Agent;
+use probe_contract::LoopbackEvent;
+use probe_tests::{agent::Agent, stale_udp::stale_events};
 use test_support::lab::{self, KubeProxyMode, LabGuard, Variants, stale_udp};
 
 /// Two dumps (every 5 s) after the service table has the change, with room for a slow machine.
@@ -26,31 +26,15 @@ const WAIT: Duration = Duration::from_secs(40);
 const QUIET: Duration = Duration::from_secs(17);
 const EVERY: Duration = Duration::from_millis(300);
 
-fn stale_events(agent: &Agent) -> usize {
-    agent
-        .events()
-        .iter()
-        .filter(|e| e.kind == LoopbackKind::StaleUdpConntrack)
-        .count()
-}
-
 #[test]
 fn a_fixed_port_udp_sender_on_a_stale_dnat_is_confirmed_and_its_twins_are_silent() {
-    let Some(lab) = lab_serving_statsd(KubeProxyMode::Iptables) else {
-        return;
-    };
-    confirmed_with_silent_twins();
-    drop(lab);
+    in_lab_serving_statsd(KubeProxyMode::Iptables, confirmed_with_silent_twins);
 }
 
 #[test]
 fn in_nftables_mode_a_fixed_port_udp_sender_on_a_stale_dnat_is_confirmed_and_its_twins_are_silent()
 {
-    let Some(lab) = lab_serving_statsd(KubeProxyMode::Nftables) else {
-        return;
-    };
-    confirmed_with_silent_twins();
-    drop(lab);
+    in_lab_serving_statsd(KubeProxyMode::Nftables, confirmed_with_silent_twins);
 }
 
 /// kubernetes#139628 itself, in iptables mode: the Service scaled to zero leaves no nat chain,
@@ -59,11 +43,19 @@ fn in_nftables_mode_a_fixed_port_udp_sender_on_a_stale_dnat_is_confirmed_and_its
 /// `conntrack -D`, nothing more is reported.
 #[test]
 fn a_udp_service_scaled_to_zero_is_named_from_kube_proxys_reject_rule() {
-    let Some(lab) = lab_serving_statsd(KubeProxyMode::Iptables) else {
-        return;
-    };
-    scaled_to_zero_named_from_kube_proxys_reject_rule();
-    drop(lab);
+    in_lab_serving_statsd(
+        KubeProxyMode::Iptables,
+        scaled_to_zero_named_from_kube_proxys_reject_rule,
+    );
+}
+
+/// Runs `steps` in [`lab_serving_statsd`] (where the test can run), the lab kept until they
+/// end.
+fn in_lab_serving_statsd(mode: KubeProxyMode, steps: fn()) {
+    if let Some(lab) = lab_serving_statsd(mode) {
+        steps();
+        drop(lab);
+    }
 }
 
 /// The lab in `mode` with the statsd Service's rules (endpoint pod B:8125) and pod B's sink;
@@ -90,22 +82,13 @@ fn wait_for_entry(what: &str, want: &[&str]) {
     );
 }
 
-/// The first `stale_udp_conntrack` event the agent writes, naming the statsd Service and
-/// pod B's first endpoint as the stale one.
+/// The first `stale_udp_conntrack` event: pod B's first endpoint, the statsd Service.
 fn stale_event_of_the_first_endpoint(agent: &Agent) -> LoopbackEvent {
-    let e = agent.first_event_of(LoopbackKind::StaleUdpConntrack, WAIT);
-    assert_eq!(
-        (e.dst, e.dst_port),
-        (IpAddr::V4(lab::POD_B_IP), stale_udp::OLD_ENDPOINT_PORT),
-        "{e:#?}"
-    );
-    assert!(
-        e.service
-            .as_deref()
-            .is_some_and(|s| s.starts_with(stale_udp::STATSD_SERVICE)),
-        "{e:#?}"
-    );
-    e
+    probe_tests::stale_udp::stale_event_of_the_first_endpoint(
+        agent,
+        IpAddr::V4(lab::POD_B_IP),
+        WAIT,
+    )
 }
 
 /// The remedy's line that deletes the sender's entry.
@@ -130,7 +113,7 @@ fn confirmed_with_silent_twins() {
     let old = format!("sport={}", stale_udp::OLD_ENDPOINT_PORT);
     wait_for_entry("the entry", &[&old, "[UNREPLIED]"]);
     std::thread::sleep(QUIET);
-    assert_eq!(stale_events(&agent), 0, "{:#?}", agent.events());
+    assert_eq!(stale_events(&agent).len(), 0, "{:#?}", agent.events());
 
     // kube-proxy moves the endpoint; the entry stays, refreshed by every datagram.
     stale_udp::move_endpoint().expect("move the endpoint");
@@ -168,7 +151,7 @@ fn confirmed_with_silent_twins() {
     // Twin: a sender whose source port changes with each datagram (its entries are new).
     let changing = stale_udp::Sender::start(0, EVERY).expect("changing-port sender");
     std::thread::sleep(QUIET);
-    assert_eq!(stale_events(&agent), 1, "{:#?}", agent.events());
+    assert_eq!(stale_events(&agent).len(), 1, "{:#?}", agent.events());
     drop((sender, changing, agent));
 }
 
@@ -192,6 +175,6 @@ fn scaled_to_zero_named_from_kube_proxys_reject_rule() {
     // Twin: the entry deleted, the next datagrams meet the REJECT (no DNAT): nothing more.
     stale_udp::run_in_node(&delete).expect("the remedy's conntrack -D");
     std::thread::sleep(QUIET);
-    assert_eq!(stale_events(&agent), 1, "{:#?}", agent.events());
+    assert_eq!(stale_events(&agent).len(), 1, "{:#?}", agent.events());
     drop((sender, agent));
 }

@@ -2,13 +2,11 @@
 //! through a real terminal (tmux: send keys, capture the pane, assert what a person sees).
 
 use std::{
-    io::{BufRead as _, BufReader},
     process::{Command, Stdio},
-    sync::mpsc,
     time::Duration,
 };
 
-use probe_tests::agent::{Agent, probe_bin, wait_for};
+use probe_tests::agent::{Agent, follow_events, probe_bin, wait_for};
 use test_support::lab::{self, LabGuard, Outcome, Scenario, Variants};
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -66,19 +64,7 @@ fn events_watch_once_and_the_live_view_in_a_terminal() {
     );
 
     // `probe events` follows from before the traffic.
-    let mut events = Command::new(probe_bin())
-        .args(["events", "--socket", &socket_arg])
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("probe events");
-    let (tx, rx) = mpsc::channel();
-    let stdout = events.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    std::thread::sleep(Duration::from_millis(300));
+    let (mut events, rx) = follow_events(&socket);
     assert_eq!(
         lab.traffic(Scenario::HealthcheckBlackhole).unwrap(),
         Outcome::Timeout

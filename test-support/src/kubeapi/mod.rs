@@ -388,6 +388,17 @@ impl FakeApiServer {
         self.shared.store.lock().unwrap().objects(resource)
     }
 
+    /// Node `node`'s condition of type `condition` (`status.conditions[]`), if it has one.
+    pub fn node_condition(&self, node: &str, condition: &str) -> Option<Value> {
+        self.objects("nodes")
+            .into_iter()
+            .find(|n| n["metadata"]["name"] == node)?["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == condition)
+            .cloned()
+    }
+
     /// What every watch of `resource` (plural, e.g. `loopbackverifications`) sent so far.
     pub fn watch_sent(&self, resource: &str) -> WatchSent {
         self.shared

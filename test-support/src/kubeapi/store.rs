@@ -380,6 +380,23 @@ pub(crate) enum WriteMode {
 /// `status.conditions`, merge key `type`) is merged item by item on `type`; everything
 /// else as [`merge_patch`].
 pub(crate) fn strategic_merge_patch(target: &mut Value, patch: &Value) {
+    apply_patch(target, patch, PatchKind::Strategic);
+}
+
+/// RFC 7386 JSON merge patch.
+pub(crate) fn merge_patch(target: &mut Value, patch: &Value) {
+    apply_patch(target, patch, PatchKind::Merge);
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum PatchKind {
+    Strategic,
+    Merge,
+}
+
+/// Both patches: an object merges key by key (null removes), anything else replaces; only
+/// the strategic one merges lists of typed items on `type`.
+fn apply_patch(target: &mut Value, patch: &Value, kind: PatchKind) {
     let Some(patch) = patch.as_object() else {
         *target = patch.clone();
         return;
@@ -389,9 +406,10 @@ pub(crate) fn strategic_merge_patch(target: &mut Value, patch: &Value) {
     }
     let target = target.as_object_mut().expect("made an object above");
     for (key, value) in patch {
-        let by_type = value
-            .as_array()
-            .is_some_and(|items| items.iter().all(|i| i["type"].is_string()) && !items.is_empty());
+        let by_type = kind == PatchKind::Strategic
+            && value.as_array().is_some_and(|items| {
+                items.iter().all(|i| i["type"].is_string()) && !items.is_empty()
+            });
         if value.is_null() {
             target.remove(key);
         } else if by_type && target.get(key).is_some_and(Value::is_array) {
@@ -403,26 +421,11 @@ pub(crate) fn strategic_merge_patch(target: &mut Value, patch: &Value) {
                 }
             }
         } else {
-            strategic_merge_patch(target.entry(key.clone()).or_insert(Value::Null), value);
-        }
-    }
-}
-
-/// RFC 7386 JSON merge patch.
-pub(crate) fn merge_patch(target: &mut Value, patch: &Value) {
-    let Some(patch) = patch.as_object() else {
-        *target = patch.clone();
-        return;
-    };
-    if !target.is_object() {
-        *target = json!({});
-    }
-    let target = target.as_object_mut().expect("made an object above");
-    for (key, value) in patch {
-        if value.is_null() {
-            target.remove(key);
-        } else {
-            merge_patch(target.entry(key.clone()).or_insert(Value::Null), value);
+            apply_patch(
+                target.entry(key.clone()).or_insert(Value::Null),
+                value,
+                kind,
+            );
         }
     }
 }

@@ -168,6 +168,34 @@ pub(crate) fn iptables_ok(ns: &str, args: &[&str]) -> bool {
     succeeds(&argv)
 }
 
+/// Removes the lab chain `chain` of `table` in `ns` and every jump to it from `from` (the
+/// builtin chain) that carries `comment`: the jumps first, as iptables deletes no chain still
+/// referenced.
+pub(crate) fn remove_chain(
+    ns: &str,
+    table: &str,
+    from: &str,
+    comment: &str,
+    chain: &str,
+) -> Result<()> {
+    let jump = [
+        "-t",
+        table,
+        "-D",
+        from,
+        "-m",
+        "comment",
+        "--comment",
+        comment,
+        "-j",
+        chain,
+    ];
+    while iptables_ok(ns, &jump) {}
+    iptables(ns, &["-t", table, "-F", chain])?;
+    iptables(ns, &["-t", table, "-X", chain])?;
+    Ok(())
+}
+
 /// Loads `rules` into `ns` with `<tool> -w --noflush` (`iptables-restore` or
 /// `ip6tables-restore`): the chains it names are added to, the others left alone.
 pub(crate) fn restore_rules(ns: &str, tool: &str, rules: &str) -> Result<String> {

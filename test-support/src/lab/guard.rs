@@ -71,6 +71,21 @@ impl LabGuard {
         })
     }
 
+    /// [`LabGuard::for_test_in`] nftables mode with the default variants: the nftables tests'
+    /// start.
+    pub fn for_test_nftables(test: &str) -> Option<LabGuard> {
+        LabGuard::for_test_in(test, KubeProxyMode::Nftables, &Variants::default())
+    }
+
+    /// [`LabGuard::for_test_in`] with the default variants and the lab's IPv6 layer added (the
+    /// dual-stack lab; panics when it cannot be added).
+    pub fn for_test_dual_stack(test: &str, mode: KubeProxyMode) -> Option<LabGuard> {
+        let lab = LabGuard::for_test_in(test, mode, &Variants::default())?;
+        lab.add_ipv6()
+            .unwrap_or_else(|e| panic!("dual-stack layer ({} mode): {e:?}", mode.name()));
+        Some(lab)
+    }
+
     /// The lab in iptables mode with the LB IP bound nowhere on the node: kube-proxy's iptables
     /// mode binds none (the lab's `vip_bound` stands in for IPVS mode's kube-ipvs0 and for
     /// announcers), so a pod's call to it is forwarded through the rules.
@@ -82,6 +97,13 @@ impl LabGuard {
         let lab = LabGuard::up_in(KubeProxyMode::Iptables, &variants, &UpOptions::default())?;
         lab.set_all(&variants).context("the LB IP unbound")?;
         Ok(lab)
+    }
+
+    /// [`LabGuard::up_iptables_lb_ip_unbound`] as a lab test's start ([`LabGuard::for_test`]).
+    pub fn for_test_iptables_lb_ip_unbound(test: &str) -> Option<LabGuard> {
+        super::require_root(test).then(|| {
+            LabGuard::up_iptables_lb_ip_unbound().expect("lab up (iptables mode, LB IP unbound)")
+        })
     }
 
     /// [`LabGuard::up_with`] in an explicit kube-proxy mode.

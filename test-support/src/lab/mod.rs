@@ -181,6 +181,16 @@ pub fn require_root(test: &str) -> bool {
     false
 }
 
+/// True inside `cargo xtask vm-test` (`CLB_VM` set: real IPVS and `dummy`) as root; otherwise
+/// prints a skip line for the calling test.
+pub fn require_vm(test: &str) -> bool {
+    if std::env::var_os("CLB_VM").is_none() {
+        eprintln!("skipping {test}: VM tier only (real IPVS and dummy); run `cargo xtask vm-test`");
+        return false;
+    }
+    require_root(test)
+}
+
 /// A handle on the lab (the lab itself lives in the namespaces; this holds client settings).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lab {

@@ -9,6 +9,8 @@
 //! circuited). Off, it is left out, as kube-proxy does for `ipMode: Proxy` or a LB published
 //! as a hostname: in-cluster calls then really go to the LB.
 
+use std::net::{IpAddr, SocketAddr};
+
 use anyhow::{Context, Result};
 
 use super::{
@@ -185,11 +187,16 @@ pub(crate) fn set_lb_ip_short_circuited(on: bool) -> Result<()> {
     }
 }
 
-/// `nft <verb> element` (`add`, `delete`) of kube-proxy's table's `map`, in the node.
+/// `nft <verb> element` (`add`, `delete`) of kube-proxy's `ip` table's `map`, in the node.
 fn change_element(verb: &str, map: &str, element: &str) -> Result<()> {
+    change_element_in("ip", verb, map, element)
+}
+
+/// [`change_element`] in kube-proxy's table of nft family `family` (`ip`, `ip6`).
+fn change_element_in(family: &str, verb: &str, map: &str, element: &str) -> Result<()> {
     exec(
         NS_NODE,
-        &["nft", verb, "element", "ip", NFT_TABLE, map, element],
+        &["nft", verb, "element", family, NFT_TABLE, map, element],
     )
     .map(drop)
 }
@@ -206,20 +213,39 @@ const NFT_WEB_LOCAL_EP_REMOTE: &str =
 /// kube-proxy's map of destinations without (usable) endpoints.
 pub const NFT_NO_ENDPOINT_SERVICES: &str = "no-endpoint-services";
 
-fn web_local_key() -> String {
-    format!("{{ {VIP} . tcp . {VIP_NFT_ETP_LOCAL_PORT} }}")
+fn has_element(map: &str, key: &str) -> bool {
+    has_element_in("ip", map, key)
 }
 
-fn has_element(map: &str, key: &str) -> bool {
+/// Whether kube-proxy's table of nft family `family` has `key` in `map`.
+fn has_element_in(family: &str, map: &str, key: &str) -> bool {
     succeeds(&[
-        "ip", "netns", "exec", NS_NODE, "nft", "get", "element", "ip", NFT_TABLE, map, key,
+        "ip", "netns", "exec", NS_NODE, "nft", "get", "element", family, NFT_TABLE, map, key,
     ])
 }
 
 /// Whether `default/web-local`'s LB IP:port is a `drop` element of `no-endpoint-services`.
 pub fn web_local_dropped() -> bool {
-    has_element(NFT_NO_ENDPOINT_SERVICES, &web_local_key())
+    WEB_LOCAL.dropped()
 }
+
+/// One family's side of `default/web-local` (LB IP:8445, externalTrafficPolicy Local): its LB
+/// IP and its two endpoints, each an `endpoint-` chain and an address: pod-b (the local one,
+/// on [`POD_PORT`]) and the other node's (the cluster-wide one without it, its NodePort
+/// [`NODE_PORT`]). The Service's own chains are named by a hash of
+/// "default/web-local/tcp/http": the same in both families.
+pub(crate) struct WebLocal {
+    pub vip: IpAddr,
+    pub pod_b: (&'static str, IpAddr),
+    pub remote: (&'static str, IpAddr),
+}
+
+/// The IPv4 side ([`super::nft6`] has the IPv6 one).
+const WEB_LOCAL: WebLocal = WebLocal {
+    vip: IpAddr::V4(VIP),
+    pod_b: (NFT_WEB_LOCAL_EP_POD_B, IpAddr::V4(POD_B_IP)),
+    remote: (NFT_WEB_LOCAL_EP_REMOTE, IpAddr::V4(PEER_POD_IP)),
+};
 
 /// The rules of `default/web-local` (LB IP VIP:8445, externalTrafficPolicy Local, no
 /// ClusterIP rules: nothing here calls it) as kube-proxy's nftables proxier writes them
@@ -240,66 +266,102 @@ pub fn web_local_dropped() -> bool {
 /// at priority -110, before DNAT, so the node's own call to the LB IP dies in `filter-output`
 /// too; after it they run at priority 0 (kubernetes#131765). The lab's table is the pre-fix
 /// one.
-fn web_local_rules(local_endpoint: bool) -> String {
-    let t = NFT_TABLE;
-    let (svc, ext, local) = (
-        NFT_WEB_LOCAL_SERVICE_CHAIN,
-        NFT_WEB_LOCAL_EXTERNAL_CHAIN,
-        NFT_WEB_LOCAL_LOCAL_CHAIN,
-    );
-    let (ep_b, ep_r) = (NFT_WEB_LOCAL_EP_POD_B, NFT_WEB_LOCAL_EP_REMOTE);
-    let mut s = String::new();
-    for c in [svc, ext, local, ep_b, ep_r] {
-        s += &format!("add chain ip {t} {c}\nflush chain ip {t} {c}\n");
+impl WebLocal {
+    /// The nft family of kube-proxy's table for the LB IP (`ip`, `ip6`): also the keyword of
+    /// its address matches.
+    fn family(&self) -> &'static str {
+        if self.vip.is_ipv4() { "ip" } else { "ip6" }
     }
-    s += &format!("add rule ip {t} {ep_b} ip saddr {POD_B_IP} jump mark-for-masquerade\n");
-    s += &format!("add rule ip {t} {ep_b} meta l4proto tcp dnat to {POD_B_IP}:{POD_PORT}\n");
-    s += &format!("add rule ip {t} {ep_r} ip saddr {PEER_POD_IP} jump mark-for-masquerade\n");
-    s += &format!("add rule ip {t} {ep_r} meta l4proto tcp dnat to {PEER_POD_IP}:{NODE_PORT}\n");
-    // Cluster-wide endpoints: pod-b when it is the local one, else the other node's pod.
-    let cluster_ep = if local_endpoint { ep_b } else { ep_r };
-    s += &format!("add rule ip {t} {svc} numgen random mod 1 vmap {{ 0 : goto {cluster_ep} }}\n");
-    s += &format!(
-        "add rule ip {t} {ext} fib saddr type local jump mark-for-masquerade comment \"masquerade local traffic\"\n"
-    );
-    s += &format!(
-        "add rule ip {t} {ext} fib saddr type local goto {svc} comment \"short-circuit local traffic\"\n"
-    );
-    if local_endpoint {
-        s += &format!("add rule ip {t} {local} numgen random mod 1 vmap {{ 0 : goto {ep_b} }}\n");
-        s += &format!("add rule ip {t} {ext} goto {local}\n");
+
+    /// The LB IP:port's key in kube-proxy's maps.
+    fn key(&self) -> String {
+        format!("{{ {} . tcp . {VIP_NFT_ETP_LOCAL_PORT} }}", self.vip)
     }
-    s
+
+    /// Whether the LB IP:port is a `drop` element of `no-endpoint-services`.
+    pub(crate) fn dropped(&self) -> bool {
+        has_element_in(self.family(), NFT_NO_ENDPOINT_SERVICES, &self.key())
+    }
+
+    /// The Service's chains as `nft -f` input, as kube-proxy writes them (above).
+    fn rules(&self, local_endpoint: bool) -> String {
+        let (f, t) = (self.family(), NFT_TABLE);
+        let (svc, ext, local) = (
+            NFT_WEB_LOCAL_SERVICE_CHAIN,
+            NFT_WEB_LOCAL_EXTERNAL_CHAIN,
+            NFT_WEB_LOCAL_LOCAL_CHAIN,
+        );
+        let (ep_b, pod_b) = (self.pod_b.0, SocketAddr::new(self.pod_b.1, POD_PORT));
+        let (ep_r, remote) = (self.remote.0, SocketAddr::new(self.remote.1, NODE_PORT));
+        let mut s = String::new();
+        for c in [svc, ext, local, ep_b, ep_r] {
+            s += &format!("add chain {f} {t} {c}\nflush chain {f} {t} {c}\n");
+        }
+        s += &format!(
+            "add rule {f} {t} {ep_b} {f} saddr {} jump mark-for-masquerade\n",
+            pod_b.ip()
+        );
+        s += &format!("add rule {f} {t} {ep_b} meta l4proto tcp dnat to {pod_b}\n");
+        s += &format!(
+            "add rule {f} {t} {ep_r} {f} saddr {} jump mark-for-masquerade\n",
+            remote.ip()
+        );
+        s += &format!("add rule {f} {t} {ep_r} meta l4proto tcp dnat to {remote}\n");
+        // Cluster-wide endpoints: pod-b when it is the local one, else the other node's.
+        let cluster_ep = if local_endpoint { ep_b } else { ep_r };
+        s += &format!(
+            "add rule {f} {t} {svc} numgen random mod 1 vmap {{ 0 : goto {cluster_ep} }}\n"
+        );
+        s += &format!(
+            "add rule {f} {t} {ext} fib saddr type local jump mark-for-masquerade comment \"masquerade local traffic\"\n"
+        );
+        s += &format!(
+            "add rule {f} {t} {ext} fib saddr type local goto {svc} comment \"short-circuit local traffic\"\n"
+        );
+        if local_endpoint {
+            s += &format!(
+                "add rule {f} {t} {local} numgen random mod 1 vmap {{ 0 : goto {ep_b} }}\n"
+            );
+            s += &format!("add rule {f} {t} {ext} goto {local}\n");
+        }
+        s
+    }
+
+    /// Writes the Service: with `local_endpoint`, pod-b is its endpoint and pod-a's call is
+    /// answered; without, kube-proxy's `no-endpoint-services` drop element is in place. Chains
+    /// are flushed and rewritten, never deleted: a chain a map element pointed at stays busy
+    /// for a moment after the element goes on kernels before 6.2 (kube-proxy's own comment in
+    /// `syncProxyRules`).
+    pub(crate) fn set(&self, local_endpoint: bool) -> Result<()> {
+        let (f, vip) = (self.family(), self.vip);
+        let key = self.key();
+        for map in [SERVICE_IPS_MAP, NFT_NO_ENDPOINT_SERVICES] {
+            if has_element_in(f, map, &key) {
+                change_element_in(f, "delete", map, &key)?;
+            }
+        }
+        run_stdin(
+            &["ip", "netns", "exec", NS_NODE, "nft", "-f", "-"],
+            &self.rules(local_endpoint),
+        )
+        .with_context(|| format!("writing default/web-local's {f} chains"))?;
+        let service_ip = format!(
+            "{{ {vip} . tcp . {VIP_NFT_ETP_LOCAL_PORT} : goto {NFT_WEB_LOCAL_EXTERNAL_CHAIN} }}"
+        );
+        change_element_in(f, "add", SERVICE_IPS_MAP, &service_ip)?;
+        if !local_endpoint {
+            let drop = format!(
+                "{{ {vip} . tcp . {VIP_NFT_ETP_LOCAL_PORT} comment \"default/web-local:http\" : drop }}"
+            );
+            change_element_in(f, "add", NFT_NO_ENDPOINT_SERVICES, &drop)?;
+        }
+        Ok(())
+    }
 }
 
-/// Writes `default/web-local` (see [`web_local_rules`]): with `local_endpoint`, pod-b is its
-/// endpoint and pod-a's call is answered; without, kube-proxy's `no-endpoint-services` drop
-/// element is in place. Chains are flushed and rewritten, never deleted: a chain a map
-/// element pointed at stays busy for a moment after the element goes on kernels before 6.2
-/// (kube-proxy's own comment in `syncProxyRules`).
+/// Writes `default/web-local`'s IPv4 side ([`WebLocal::set`]).
 pub(crate) fn set_web_local(local_endpoint: bool) -> Result<()> {
-    let key = web_local_key();
-    for map in [SERVICE_IPS_MAP, NFT_NO_ENDPOINT_SERVICES] {
-        if has_element(map, &key) {
-            change_element("delete", map, &key)?;
-        }
-    }
-    run_stdin(
-        &["ip", "netns", "exec", NS_NODE, "nft", "-f", "-"],
-        &web_local_rules(local_endpoint),
-    )
-    .context("writing default/web-local's chains")?;
-    let service_ip = format!(
-        "{{ {VIP} . tcp . {VIP_NFT_ETP_LOCAL_PORT} : goto {NFT_WEB_LOCAL_EXTERNAL_CHAIN} }}"
-    );
-    change_element("add", SERVICE_IPS_MAP, &service_ip)?;
-    if !local_endpoint {
-        let drop = format!(
-            "{{ {VIP} . tcp . {VIP_NFT_ETP_LOCAL_PORT} comment \"default/web-local:http\" : drop }}"
-        );
-        change_element("add", NFT_NO_ENDPOINT_SERVICES, &drop)?;
-    }
-    Ok(())
+    WEB_LOCAL.set(local_endpoint)
 }
 
 const SERVICE_IPS_MAP: &str = "service-ips";

@@ -13,12 +13,14 @@
 //! `drop` element of the `ip6` `no-endpoint-services`, and the lab's kube-proxy has no
 //! local-traffic detector, so pod-a's call is never short-circuited.
 
+use std::net::IpAddr;
+
 use anyhow::{Context, Result};
 
 use super::{
-    NODE_PORT, NS_NODE, POD_PORT, SERVICE_PORT, VIP_NFT_ETP_LOCAL_PORT,
-    cmd::{exec, run_stdin, succeeds},
-    nft::{NFT_NO_ENDPOINT_SERVICES, NFT_TABLE},
+    NODE_PORT, NS_NODE, POD_PORT, SERVICE_PORT,
+    cmd::run_stdin,
+    nft::WebLocal,
     v6::{NODE_IP6, PEER_IP6, POD_B_IP6, VIP6},
 };
 
@@ -155,100 +157,33 @@ pub(crate) fn load6() -> Result<()> {
     .map(drop)
 }
 
-/// `default/web-local`'s IPv6 chains: kube-proxy's hashes of "default/web-local/tcp/http" (as
-/// in the `ip` table) and of its endpoints ("...__2001.db8.19.1..11/8080" on pod-b,
-/// "...__2001.db8.18.1..2/30080" on the other node).
-const WEB_LOCAL_SERVICE_CHAIN: &str = super::nft::NFT_WEB_LOCAL_SERVICE_CHAIN;
-const WEB_LOCAL_EXTERNAL_CHAIN: &str = super::nft::NFT_WEB_LOCAL_EXTERNAL_CHAIN;
-const WEB_LOCAL_LOCAL_CHAIN: &str = super::nft::NFT_WEB_LOCAL_LOCAL_CHAIN;
+/// `default/web-local`'s IPv6 endpoint chains: kube-proxy's hashes of its endpoints
+/// ("...__2001.db8.19.1..11/8080" on pod-b, "...__2001.db8.18.1..2/30080" on the other node;
+/// the Service's own chains are named as in the `ip` table).
 const WEB_LOCAL_EP_POD_B: &str =
     "endpoint-GANM2U7W-default/web-local/tcp/http__2001.db8.19.1..11/8080";
 const WEB_LOCAL_EP_REMOTE: &str =
     "endpoint-JJLQLVBM-default/web-local/tcp/http__2001.db8.18.1..2/30080";
 
-fn web_local_key6() -> String {
-    format!("{{ {VIP6} . tcp . {VIP_NFT_ETP_LOCAL_PORT} }}")
-}
-
-fn has_element6(map: &str, key: &str) -> bool {
-    succeeds(&[
-        "ip", "netns", "exec", NS_NODE, "nft", "get", "element", "ip6", NFT_TABLE, map, key,
-    ])
-}
-
-fn change_element6(verb: &str, map: &str, element: &str) -> Result<()> {
-    exec(
-        NS_NODE,
-        &["nft", verb, "element", "ip6", NFT_TABLE, map, element],
-    )
-    .map(drop)
-}
+/// The IPv6 side of `default/web-local`, written as [`super::nft`] writes the IPv4 side's
+/// (kube-proxy's `syncProxyRules`): the node's own traffic short-circuited (`fib saddr type
+/// local`), no pod short circuit (no local-traffic detector), the `local-` chain only with a
+/// local endpoint (pod-b); else the cluster-wide endpoint is the other node's.
+const WEB_LOCAL6: WebLocal = WebLocal {
+    vip: IpAddr::V6(VIP6),
+    pod_b: (WEB_LOCAL_EP_POD_B, IpAddr::V6(POD_B_IP6)),
+    remote: (WEB_LOCAL_EP_REMOTE, IpAddr::V6(PEER_IP6)),
+};
 
 /// Whether `default/web-local`'s [VIP6]:8445 is a `drop` element of the `ip6`
 /// `no-endpoint-services`.
 pub fn web_local6_dropped() -> bool {
-    has_element6(NFT_NO_ENDPOINT_SERVICES, &web_local_key6())
+    WEB_LOCAL6.dropped()
 }
 
-/// The chains of `default/web-local`'s IPv6 side, as [`super::nft`] writes the IPv4 side's
-/// (kube-proxy's `syncProxyRules`): the node's own traffic short-circuited (`fib saddr type
-/// local`), no pod short circuit (no local-traffic detector), the `local-` chain only with a
-/// local endpoint (pod-b); else the cluster-wide endpoint is the other node's.
-fn web_local_rules6(local_endpoint: bool) -> String {
-    let t = NFT_TABLE;
-    let (svc, ext, local) = (
-        WEB_LOCAL_SERVICE_CHAIN,
-        WEB_LOCAL_EXTERNAL_CHAIN,
-        WEB_LOCAL_LOCAL_CHAIN,
-    );
-    let (ep_b, ep_r) = (WEB_LOCAL_EP_POD_B, WEB_LOCAL_EP_REMOTE);
-    let mut s = String::new();
-    for c in [svc, ext, local, ep_b, ep_r] {
-        s += &format!("add chain ip6 {t} {c}\nflush chain ip6 {t} {c}\n");
-    }
-    s += &format!("add rule ip6 {t} {ep_b} ip6 saddr {POD_B_IP6} jump mark-for-masquerade\n");
-    s += &format!("add rule ip6 {t} {ep_b} meta l4proto tcp dnat to [{POD_B_IP6}]:{POD_PORT}\n");
-    s += &format!("add rule ip6 {t} {ep_r} ip6 saddr {PEER_IP6} jump mark-for-masquerade\n");
-    s += &format!("add rule ip6 {t} {ep_r} meta l4proto tcp dnat to [{PEER_IP6}]:{NODE_PORT}\n");
-    let cluster_ep = if local_endpoint { ep_b } else { ep_r };
-    s += &format!("add rule ip6 {t} {svc} numgen random mod 1 vmap {{ 0 : goto {cluster_ep} }}\n");
-    s += &format!(
-        "add rule ip6 {t} {ext} fib saddr type local jump mark-for-masquerade comment \"masquerade local traffic\"\n"
-    );
-    s += &format!(
-        "add rule ip6 {t} {ext} fib saddr type local goto {svc} comment \"short-circuit local traffic\"\n"
-    );
-    if local_endpoint {
-        s += &format!("add rule ip6 {t} {local} numgen random mod 1 vmap {{ 0 : goto {ep_b} }}\n");
-        s += &format!("add rule ip6 {t} {ext} goto {local}\n");
-    }
-    s
-}
-
-/// Writes `default/web-local`'s IPv6 side (see [`web_local_rules6`]): with `local_endpoint`
-/// pod-b is its endpoint and pod-a's call is answered; without, the `drop` element of
-/// `no-endpoint-services` is in place. Chains are flushed and rewritten, never deleted (as
-/// [`super::nft`] does).
+/// Writes `default/web-local`'s IPv6 side ([`WebLocal::set`]): with `local_endpoint` pod-b is
+/// its endpoint and pod-a's call is answered; without, the `drop` element of
+/// `no-endpoint-services` is in place.
 pub fn set_web_local6(local_endpoint: bool) -> Result<()> {
-    let key = web_local_key6();
-    for map in ["service-ips", NFT_NO_ENDPOINT_SERVICES] {
-        if has_element6(map, &key) {
-            change_element6("delete", map, &key)?;
-        }
-    }
-    run_stdin(
-        &["ip", "netns", "exec", NS_NODE, "nft", "-f", "-"],
-        &web_local_rules6(local_endpoint),
-    )
-    .context("writing default/web-local's ip6 chains")?;
-    let service_ip =
-        format!("{{ {VIP6} . tcp . {VIP_NFT_ETP_LOCAL_PORT} : goto {WEB_LOCAL_EXTERNAL_CHAIN} }}");
-    change_element6("add", "service-ips", &service_ip)?;
-    if !local_endpoint {
-        let drop = format!(
-            "{{ {VIP6} . tcp . {VIP_NFT_ETP_LOCAL_PORT} comment \"default/web-local:http\" : drop }}"
-        );
-        change_element6("add", NFT_NO_ENDPOINT_SERVICES, &drop)?;
-    }
-    Ok(())
+    WEB_LOCAL6.set(local_endpoint)
 }

@@ -62,28 +62,53 @@ while True:
 /// KUBE-SERVICES (once: `with_service_rule`), the SVC chain (re-declared: flushed) and the
 /// endpoint's SEP chain (kubernetes/kubernetes pkg/proxy/iptables/proxier.go).
 fn rules(endpoint_port: u16, with_service_rule: bool) -> String {
-    let sep = if endpoint_port == OLD_ENDPOINT_PORT {
-        OLD_SEP_CHAIN
-    } else {
-        NEW_SEP_CHAIN
+    let service = IptablesService {
+        chains: [SVC_CHAIN, OLD_SEP_CHAIN, NEW_SEP_CHAIN],
+        pod_b: POD_B_IP.into(),
+        cluster_ip: STATSD_CLUSTER_IP.into(),
     };
-    let service_rule = if with_service_rule {
+    service.rules(endpoint_port, with_service_rule)
+}
+
+/// The statsd Service in one family's iptables `nat` table (`iptables`, `ip6tables`): its
+/// chains (service, the old endpoint's, the new endpoint's), pod B's and the ClusterIP's
+/// addresses in that family.
+pub(super) struct IptablesService {
+    pub chains: [&'static str; 3],
+    pub pod_b: IpAddr,
+    pub cluster_ip: IpAddr,
+}
+
+impl IptablesService {
+    /// `iptables-restore` input for the steps of [`rules`], in this family.
+    pub fn rules(&self, endpoint_port: u16, with_service_rule: bool) -> String {
+        let [svc, old, new] = self.chains;
+        let sep = if endpoint_port == OLD_ENDPOINT_PORT {
+            old
+        } else {
+            new
+        };
+        let host = if self.pod_b.is_ipv4() { 32 } else { 128 };
+        let (cluster_ip, pod_b) = (self.cluster_ip, self.pod_b);
+        let to = SocketAddr::new(pod_b, endpoint_port);
+        let service_rule = if with_service_rule {
+            format!(
+                "-A KUBE-SERVICES -d {cluster_ip}/{host} -p udp -m comment --comment \"{STATSD_SERVICE} cluster IP\" -m udp --dport {STATSD_PORT} -j {svc}\n"
+            )
+        } else {
+            String::new()
+        };
         format!(
-            "-A KUBE-SERVICES -d {STATSD_CLUSTER_IP}/32 -p udp -m comment --comment \"{STATSD_SERVICE} cluster IP\" -m udp --dport {STATSD_PORT} -j {SVC_CHAIN}\n"
-        )
-    } else {
-        String::new()
-    };
-    format!(
-        r#"*nat
-:{SVC_CHAIN} - [0:0]
+            r#"*nat
+:{svc} - [0:0]
 :{sep} - [0:0]
-{service_rule}-A {SVC_CHAIN} -m comment --comment "{STATSD_SERVICE} -> {POD_B_IP}:{endpoint_port}" -j {sep}
--A {sep} -s {POD_B_IP}/32 -m comment --comment "{STATSD_SERVICE}" -j KUBE-MARK-MASQ
--A {sep} -p udp -m comment --comment "{STATSD_SERVICE}" -m udp -j DNAT --to-destination {POD_B_IP}:{endpoint_port}
+{service_rule}-A {svc} -m comment --comment "{STATSD_SERVICE} -> {to}" -j {sep}
+-A {sep} -s {pod_b}/{host} -m comment --comment "{STATSD_SERVICE}" -j KUBE-MARK-MASQ
+-A {sep} -p udp -m comment --comment "{STATSD_SERVICE}" -m udp -j DNAT --to-destination {to}
 COMMIT
 "#
-    )
+        )
+    }
 }
 
 /// kube-proxy's nftables chains for the Service (`pkg/proxy/nftables/proxier.go`,

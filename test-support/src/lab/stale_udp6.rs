@@ -19,7 +19,7 @@ use super::{
     cmd::{restore_rules, run_detached, run_stdin},
     kube_proxy,
     servers::SERVER_TAG,
-    stale_udp::{NEW_ENDPOINT_PORT, NftService, OLD_ENDPOINT_PORT, STATSD_PORT, STATSD_SERVICE},
+    stale_udp::{IptablesService, NEW_ENDPOINT_PORT, NftService, OLD_ENDPOINT_PORT, STATSD_PORT},
     v6::POD_B_IP6,
 };
 
@@ -58,28 +58,12 @@ while True:
 /// IPv6 proxier writes them (the `KUBE-SERVICES` rule once: `with_service_rule`; the SVC chain
 /// re-declared, so flushed).
 fn ip6tables_rules(endpoint_port: u16, with_service_rule: bool) -> String {
-    let sep = if endpoint_port == OLD_ENDPOINT_PORT {
-        OLD_SEP_CHAIN6
-    } else {
-        NEW_SEP_CHAIN6
+    let service = IptablesService {
+        chains: [SVC_CHAIN6, OLD_SEP_CHAIN6, NEW_SEP_CHAIN6],
+        pod_b: POD_B_IP6.into(),
+        cluster_ip: STATSD_CLUSTER_IP6.into(),
     };
-    let service_rule = if with_service_rule {
-        format!(
-            "-A KUBE-SERVICES -d {STATSD_CLUSTER_IP6}/128 -p udp -m comment --comment \"{STATSD_SERVICE} cluster IP\" -m udp --dport {STATSD_PORT} -j {SVC_CHAIN6}\n"
-        )
-    } else {
-        String::new()
-    };
-    format!(
-        r#"*nat
-:{SVC_CHAIN6} - [0:0]
-:{sep} - [0:0]
-{service_rule}-A {SVC_CHAIN6} -m comment --comment "{STATSD_SERVICE} -> [{POD_B_IP6}]:{endpoint_port}" -j {sep}
--A {sep} -s {POD_B_IP6}/128 -m comment --comment "{STATSD_SERVICE}" -j KUBE-MARK-MASQ
--A {sep} -p udp -m comment --comment "{STATSD_SERVICE}" -m udp -j DNAT --to-destination [{POD_B_IP6}]:{endpoint_port}
-COMMIT
-"#
-    )
+    service.rules(endpoint_port, with_service_rule)
 }
 
 /// kube-proxy's nftables chains for the Service in `ip6 kube-proxy`

@@ -7,7 +7,10 @@ use super::{
     MASQ_CHAIN, NODE_NIC, NODE_PORT, NS_LB, NS_NODE, NS_PEER, PEER_POD_CIDR, PEER_POD_IP, POD_B_IP,
     POD_CIDR, POD_GW_IP, POD_PORT, SERVICE_PORT, SocketAddrV4, VIP, VIP_ETP_CLUSTER_PORT,
     VIP_ETP_LOCAL_PORT, Variant, Variants,
-    cmd::{exec, ip, iptables, iptables_ok, restore_rules, run_stdin, sysctl, sysctl_read},
+    cmd::{
+        exec, ip, iptables, iptables_ok, remove_chain, restore_rules, run_stdin, sysctl,
+        sysctl_read,
+    },
     kube_proxy::{LB_SET, ipvs_has_service, ipvs_service, node_mode},
 };
 
@@ -421,6 +424,8 @@ fn set_port_hairpin(on: bool) -> Result<()> {
 
 /// kube-proxy's IPVS access filter chain (filter table).
 pub const IPVS_FILTER_CHAIN: &str = "KUBE-IPVS-FILTER";
+/// The comment on INPUT's jump to [`IPVS_FILTER_CHAIN`], as kube-proxy writes it.
+const IPVS_FILTER_JUMP: &str = "kubernetes ipvs access filter";
 
 /// The ipsets of the access filter that IPVS mode does not already have (destroyed when the
 /// variant goes off).
@@ -471,7 +476,7 @@ fn set_ipvs_filter(mode: KubeProxyMode, on: bool) -> Result<()> {
         let rules = format!(
             r#"*filter
 :{chain} - [0:0]
--A INPUT -m comment --comment "kubernetes ipvs access filter" -j {chain}
+-A INPUT -m comment --comment "{IPVS_FILTER_JUMP}" -j {chain}
 -A {chain} -m set --match-set {LB_SET} dst,dst -j RETURN
 -A {chain} -m set --match-set KUBE-CLUSTER-IP dst,dst -j RETURN
 -A {chain} -m set --match-set KUBE-EXTERNAL-IP dst,dst -j RETURN
@@ -486,21 +491,13 @@ COMMIT
             .context("loading the IPVS access filter rules")?;
     }
     if !on && present {
-        let jump = [
-            "-t",
+        remove_chain(
+            NS_NODE,
             "filter",
-            "-D",
             "INPUT",
-            "-m",
-            "comment",
-            "--comment",
-            "kubernetes ipvs access filter",
-            "-j",
+            IPVS_FILTER_JUMP,
             IPVS_FILTER_CHAIN,
-        ];
-        while iptables_ok(NS_NODE, &jump) {}
-        iptables(NS_NODE, &["-t", "filter", "-F", IPVS_FILTER_CHAIN])?;
-        iptables(NS_NODE, &["-t", "filter", "-X", IPVS_FILTER_CHAIN])?;
+        )?;
         let mut sets = IPVS_FILTER_SETS.to_vec();
         if mode == KubeProxyMode::Iptables {
             sets.extend_from_slice(IPVS_MODE_SETS);
@@ -516,6 +513,8 @@ COMMIT
 /// no local endpoint: forwarded unSNATed) and VIP:8444 (ETP Cluster: marked for kube-proxy's
 /// masquerade) to the pod on the peer.
 pub const ETP_CHAIN: &str = "CLB-LAB-ETP";
+/// The comment on nat OUTPUT's jump to [`ETP_CHAIN`].
+const ETP_JUMP: &str = "clb-lab: ETP services with their endpoint on the peer (variant peer-node)";
 
 /// The peer is a second node: it binds the VIP (on its `lo`) and hosts a pod
 /// ([`PEER_POD_IP`], answered by its NodePort server) that is the only endpoint of the node's
@@ -537,7 +536,7 @@ fn set_peer_node(on: bool) -> Result<()> {
         let rules = format!(
             r#"*nat
 :{ETP_CHAIN} - [0:0]
--A OUTPUT -m comment --comment "clb-lab: ETP services with their endpoint on the peer (variant peer-node)" -j {ETP_CHAIN}
+-A OUTPUT -m comment --comment "{ETP_JUMP}" -j {ETP_CHAIN}
 -A {ETP_CHAIN} -d {VIP}/32 -p tcp -m tcp --dport {VIP_ETP_CLUSTER_PORT} -m comment --comment "ETP Cluster: masquerade" -j KUBE-MARK-MASQ
 -A {ETP_CHAIN} -d {VIP}/32 -p tcp -m tcp --dport {VIP_ETP_LOCAL_PORT} -m comment --comment "ETP Local, no local endpoint" -j DNAT --to-destination {to}
 -A {ETP_CHAIN} -d {VIP}/32 -p tcp -m tcp --dport {VIP_ETP_CLUSTER_PORT} -m comment --comment "ETP Cluster" -j DNAT --to-destination {to}
@@ -550,21 +549,7 @@ COMMIT
         ip(NS_PEER, &["addr", "del", &vip, "dev", "lo"])?;
         ip(NS_PEER, &["addr", "del", &pod, "dev", "lo"])?;
         ip(NS_LB, &["route", "del", PEER_POD_CIDR])?;
-        let jump = [
-            "-t",
-            "nat",
-            "-D",
-            "OUTPUT",
-            "-m",
-            "comment",
-            "--comment",
-            "clb-lab: ETP services with their endpoint on the peer (variant peer-node)",
-            "-j",
-            ETP_CHAIN,
-        ];
-        while iptables_ok(NS_NODE, &jump) {}
-        iptables(NS_NODE, &["-t", "nat", "-F", ETP_CHAIN])?;
-        iptables(NS_NODE, &["-t", "nat", "-X", ETP_CHAIN])?;
+        remove_chain(NS_NODE, "nat", "OUTPUT", ETP_JUMP, ETP_CHAIN)?;
     }
     let v = u8::from(on);
     sysctl(

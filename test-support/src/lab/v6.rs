@@ -53,6 +53,12 @@ pub enum Scenario6 {
     VipPortServed,
 }
 
+/// Pod A's IPv6 call to the LB IP's `port` ([`VIP6`]), waiting `timeout` at most.
+pub fn pod_a_call6(port: u16, timeout: Duration) -> Result<client::Attempt> {
+    let to = SocketAddr::new(IpAddr::V6(VIP6), port);
+    in_netns(NS_POD_A, || client::connect_any(None, to, timeout))
+}
+
 impl Scenario6 {
     pub const ALL: [Scenario6; 5] = [
         Scenario6::HealthcheckBlackhole,
