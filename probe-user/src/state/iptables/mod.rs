@@ -333,6 +333,7 @@ fn read_nat_chains_with(family: u8, max_whole_chains: usize) -> Result<NatChains
         Ok(()) => {
             let mut chains = chains.into_inner();
             chains.sort_like_iptables_save();
+            chains.finish();
             Ok(chains)
         }
         Err(e) if e.is_absent() => Ok(NatChains::default()),
