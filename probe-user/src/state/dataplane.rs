@@ -81,7 +81,7 @@ fn read_family_chains(
             queue.push((NODEPORTS_ROOT.to_string(), true));
         }
         Some(names) => {
-            let held: BTreeSet<String> = chains.order().cloned().collect();
+            let held: BTreeSet<String> = chains.order().map(str::to_string).collect();
             for n in names {
                 if held.contains(n) || n == MASQUERADE_ROOT || n == NODEPORTS_ROOT {
                     queue.push((n.clone(), follows(n)));

@@ -30,7 +30,8 @@
 //! decoded back into the [`Rule`] the text parser makes (`nft_rules`), and [`NatChains`] builds
 //! the same table from either. What is held between reads is keyed by the ruleset generation
 //! (`NFT_MSG_GETGEN`): while no commit happened, a read costs one generation request and no
-//! dump. After a commit, only the chains it touched ([`super::changes::Touched`]) are dumped
+//! dump (the table is made again from the held chains: no copy of it is held beside them).
+//! After a commit, only the chains it touched ([`super::changes::Touched`]) are dumped
 //! again, one filtered dump each (kube-proxy >= 1.28 writes only the chains that changed,
 //! plus `KUBE-SERVICES` and `KUBE-NODEPORTS`). A full restore touches every chain: more than
 //! [`MAX_CHAIN_READS`] chains, or a chain count above 1/[`CHAIN_READ_SHARE`] of the table, is
@@ -208,16 +209,17 @@ struct NftRead {
     kube: bool,
 }
 
-/// What is held of one family between reads: its chains, the ruleset generation of the
+/// What is held of one family between reads: its chains and the ruleset generation of the
 /// whole dump they are (None once patched chain by chain: then only the commit messages say
-/// they are current, and a full read reads again), the table they make.
+/// they are current, and a full read reads again). Not the table they make: a copy of it
+/// held here was alive beside the one being made and the agent's own (BENCHMARKS 9k); a
+/// read that finds the chains current makes it again from them.
 struct Held {
     family: u8,
     /// The network namespace read (its inode): a process may read several (tests do).
     netns: u64,
     generation: Option<u32>,
     chains: NatChains,
-    table: ServiceTable,
 }
 
 /// Per family and network namespace; a full read (every `probe check`, the safety net)
@@ -272,10 +274,7 @@ fn read_nft_family(family: u8, touched: &Touched) -> Result<NftRead, IptablesErr
                 {
                     h.generation = None;
                     match reread_chains(family, &mut h.chains, names) {
-                        Ok(()) => {
-                            h.table = h.chains.table();
-                            true
-                        }
+                        Ok(()) => true,
                         // The held chains may be half patched: dropped, and the table read whole.
                         Err(e) => {
                             tracing::debug!(error = %e, "re-reading chains; reading the whole nat table");
@@ -287,12 +286,14 @@ fn read_nft_family(family: u8, touched: &Touched) -> Result<NftRead, IptablesErr
             };
         if fresh {
             let read = NftRead {
-                table: h.table.clone(),
+                table: h.chains.table(),
                 kube: h.chains.has_kube_chains(),
             };
             put_held(h);
             return Ok(read);
         }
+        // Dropped before the whole read: two copies of the chains are never alive together.
+        // A failed read leaves the caller's last table in use (the agent keeps it).
     }
     let chains = read_nat_chains(family)?;
     let table = chains.table();
@@ -303,7 +304,6 @@ fn read_nft_family(family: u8, touched: &Touched) -> Result<NftRead, IptablesErr
             netns,
             generation: Some(generation),
             chains,
-            table: table.clone(),
         });
     }
     Ok(NftRead { table, kube })
@@ -333,6 +333,7 @@ fn read_nat_chains_with(family: u8, max_whole_chains: usize) -> Result<NatChains
         Ok(()) => {
             let mut chains = chains.into_inner();
             chains.sort_like_iptables_save();
+            chains.finish();
             Ok(chains)
         }
         Err(e) if e.is_absent() => Ok(NatChains::default()),
@@ -380,14 +381,21 @@ fn reread_chains(
 ) -> Result<(), IptablesError> {
     for chain in names {
         count_dump();
-        let rules: Vec<Rule> = nft_netlink::rules_vec(family, "nat", Some(chain))?
-            .iter()
-            .map(|r| {
-                let mut rule = nft_rules::rule_from_nft(r, false);
+        // Decoded as they arrive: the dump's own rules collected first were ~1.5 KB each,
+        // 44 MB for the 30,000 of `KUBE-SERVICES` at a partial sync (BENCHMARKS 9k).
+        let rules = std::cell::RefCell::new(Vec::new());
+        nft_netlink::rules(
+            family,
+            "nat",
+            Some(chain),
+            &mut || rules.borrow_mut().clear(),
+            &mut |r| {
+                let mut rule = nft_rules::rule_from_nft(&r, false);
                 name_ipsets(&mut rule.text);
-                rule
-            })
-            .collect();
+                rules.borrow_mut().push(rule);
+            },
+        )?;
+        let rules = rules.into_inner();
         if rules.is_empty() {
             chains.remove(chain);
         } else {

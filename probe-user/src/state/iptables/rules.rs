@@ -5,6 +5,7 @@
 use std::{
     collections::{HashMap, HashSet},
     net::IpAddr,
+    sync::Arc,
 };
 
 use probe_contract::Proto;
@@ -321,39 +322,152 @@ pub fn parse_iptables_save(text: &str) -> ServiceTable {
     NatChains::parse(text).table()
 }
 
+/// The nat rules of a dump or listing, in its order (see [`parse_iptables_save`]).
+fn nat_rules(text: &str) -> impl Iterator<Item = Rule> + '_ {
+    // Rules outside a table header (`-S` output, grep excerpts) count as nat.
+    let mut in_nat = true;
+    text.lines().filter_map(move |raw| {
+        let line = strip_counters(raw.trim());
+        if let Some(table) = line.strip_prefix('*') {
+            in_nat = table.trim() == "nat";
+            return None;
+        }
+        if !in_nat || !line.starts_with("-A ") {
+            return None;
+        }
+        parse_rule(line)
+    })
+}
+
 /// A nat table's rules, chain by chain, so that one chain can be replaced by a re-read of that
 /// chain alone (one netlink dump of that chain, or `iptables -t nat -S CHAIN` text) and the table
 /// rebuilt without re-reading the rest.
+///
+/// Held as [`HeldRule`]s: 164,000 rules at 30,000 Services, where a [`Rule`] with its own
+/// chain name, comment and target was ~29 MiB of `Vec<Rule>` and most of the rest of the
+/// heap (BENCHMARKS 9g, 9k). Chain names are one `Arc<str>` each, shared by the map, the order
+/// and the rules that jump to the chain.
 #[derive(Debug, Default, Clone)]
 pub struct NatChains {
-    chains: HashMap<String, Vec<Rule>>,
+    chains: HashMap<Arc<str>, Vec<HeldRule>>,
     /// Chains in the order first seen: masquerade rules keep the dump's order.
-    pub(super) order: Vec<String>,
+    pub(super) order: Vec<Arc<str>>,
+    /// Targets that are no chain held (yet): `KUBE-MARK-MASQ`, `DNAT`, a chain whose rules
+    /// come later. Dropped when a read is complete ([`NatChains::finish`]).
+    names: HashSet<Arc<str>>,
+}
+
+/// A held nat rule: what the service table reads of it ([`build_table`], [`Chains`]), each
+/// part only on the rules that read it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldRule {
+    /// `-j` or `-g` target.
+    pub target: Option<Arc<str>>,
+    detail: Detail,
+    /// `-d` as a host address, when not negated: a VIP.
+    pub dst_host: Option<IpAddr>,
+    pub dport: Option<u16>,
+    pub proto: Option<Proto>,
+    /// `-m addrtype --src-type LOCAL`.
+    pub src_type_local: bool,
+    comment: CommentKind,
+}
+
+/// The one string a held rule keeps, by its kind (a rule is at most one of these).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Detail {
+    None,
+    /// `--to-destination` of a `DNAT` rule: a backend.
+    Destination(Box<str>),
+    /// The rule's text ([`keeps_text`]): a masquerade rule's evidence, a pod short circuit's
+    /// detector.
+    Text(Box<str>),
+    /// The Service its comment names, on `KUBE-SERVICES` and `KUBE-NODEPORTS` rules.
+    Service(Box<str>),
+}
+
+/// What is read of a comment besides a Service's name: which of kube-proxy's rules it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CommentKind {
+    Other,
+    PodShortCircuit,
+    MasqueradeLocal,
+    RouteLocal,
+}
+
+impl CommentKind {
+    fn of(comment: Option<&str>) -> CommentKind {
+        match comment {
+            Some(c) if c.starts_with(POD_SHORT_CIRCUIT) => CommentKind::PodShortCircuit,
+            Some(c) if c.starts_with(MASQUERADE_LOCAL) => CommentKind::MasqueradeLocal,
+            Some(c) if c.starts_with(ROUTE_LOCAL) => CommentKind::RouteLocal,
+            _ => CommentKind::Other,
+        }
+    }
+}
+
+/// The comments' heads of an external chain's rules for local traffic (externalTrafficPolicy
+/// Local: `Chains::local_only`).
+const MASQUERADE_LOCAL: &str = "masquerade LOCAL traffic";
+const ROUTE_LOCAL: &str = "route LOCAL traffic";
+
+impl HeldRule {
+    /// The held part of `rule`, a rule of `chain`; `name` shares the target's string.
+    fn of(mut rule: Rule, chain: &str, name: impl FnOnce(&str) -> Arc<str>) -> HeldRule {
+        let dnat = rule.target.as_deref() == Some("DNAT");
+        let detail = match rule.to_destination.take() {
+            Some(to) if dnat => Detail::Destination(to.into_boxed_str()),
+            _ if keeps_text(&rule) => Detail::Text(std::mem::take(&mut rule.text).into_boxed_str()),
+            _ if chain == "KUBE-SERVICES" || chain == "KUBE-NODEPORTS" => {
+                service_name(rule.comment.as_deref())
+                    .map_or(Detail::None, |s| Detail::Service(s.into_boxed_str()))
+            }
+            _ => Detail::None,
+        };
+        HeldRule {
+            target: rule.target.as_deref().map(name),
+            detail,
+            dst_host: rule
+                .dst
+                .as_deref()
+                .filter(|_| !rule.dst_negated)
+                .and_then(parse_host),
+            dport: rule.dport,
+            proto: parse_proto(rule.proto.as_deref()),
+            src_type_local: rule.src_type_local,
+            comment: CommentKind::of(rule.comment.as_deref()),
+        }
+    }
+
+    /// `--to-destination` of a `DNAT` rule.
+    pub fn destination(&self) -> Option<&str> {
+        match &self.detail {
+            Detail::Destination(d) => Some(d),
+            _ => None,
+        }
+    }
+
+    /// The rule's text, kept for masquerade rules and pod short circuits ("" for the others).
+    pub fn text(&self) -> &str {
+        match &self.detail {
+            Detail::Text(t) => t,
+            _ => "",
+        }
+    }
+
+    /// The Service a `KUBE-SERVICES` or `KUBE-NODEPORTS` rule's comment names.
+    pub fn service(&self) -> Option<&str> {
+        match &self.detail {
+            Detail::Service(s) => Some(s),
+            _ => None,
+        }
+    }
 }
 
 impl NatChains {
     /// The nat rules of a dump or listing (see [`parse_iptables_save`]).
     pub fn parse(text: &str) -> NatChains {
-        let mut held = NatChains::default();
-        // Rules outside a table header (`-S` output, grep excerpts) count as nat.
-        let mut in_nat = true;
-        for raw in text.lines() {
-            let line = strip_counters(raw.trim());
-            if line.is_empty() || line.starts_with('#') {
-                continue;
-            }
-            if let Some(table) = line.strip_prefix('*') {
-                in_nat = table.trim() == "nat";
-                continue;
-            }
-            if !in_nat || !line.starts_with("-A ") {
-                continue;
-            }
-            if let Some(rule) = parse_rule(line) {
-                held.push(rule);
-            }
-        }
-        held
+        NatChains::from_rules(nat_rules(text))
     }
 
     /// The chains of `rules` (decoded from nf_tables expressions, or parsed), in their order:
@@ -363,6 +477,7 @@ impl NatChains {
         for r in rules {
             held.push(r);
         }
+        held.finish();
         held
     }
 
@@ -372,15 +487,14 @@ impl NatChains {
     /// chains in creation order) then equals the table of the same rules' `iptables-save`.
     pub fn sort_like_iptables_save(&mut self) {
         const BUILTIN: [&str; 5] = ["PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"];
-        self.order.sort_by(|a, b| {
-            let rank = |c: &str| {
-                BUILTIN
-                    .iter()
-                    .position(|x| *x == c)
-                    .unwrap_or(BUILTIN.len())
-            };
-            rank(a).cmp(&rank(b)).then_with(|| a.cmp(b))
-        });
+        let rank = |c: &str| {
+            BUILTIN
+                .iter()
+                .position(|x| *x == c)
+                .unwrap_or(BUILTIN.len())
+        };
+        self.order
+            .sort_by(|a, b| rank(a).cmp(&rank(b)).then_with(|| a.cmp(b)));
     }
 
     /// Whether any chain is kube-proxy's (`KUBE-*`): a second backend matters only then.
@@ -388,41 +502,78 @@ impl NatChains {
         self.order.iter().any(|c| c.starts_with("KUBE-"))
     }
 
-    pub(super) fn push(&mut self, rule: Rule) {
-        match self.chains.get_mut(&rule.chain) {
-            Some(rules) => rules.push(rule),
-            None => {
-                self.order.push(rule.chain.clone());
-                self.chains.insert(rule.chain.clone(), vec![rule]);
-            }
+    /// The one string of `name`: the held chain's, else one of [`NatChains::names`].
+    fn name(
+        chains: &HashMap<Arc<str>, Vec<HeldRule>>,
+        names: &mut HashSet<Arc<str>>,
+        name: &str,
+    ) -> Arc<str> {
+        if let Some((held, _)) = chains.get_key_value(name) {
+            return held.clone();
         }
+        if let Some(held) = names.get(name) {
+            return held.clone();
+        }
+        let new: Arc<str> = Arc::from(name);
+        names.insert(new.clone());
+        new
+    }
+
+    pub(super) fn push(&mut self, mut rule: Rule) {
+        let chain = std::mem::take(&mut rule.chain);
+        if !self.chains.contains_key(chain.as_str()) {
+            let name = NatChains::name(&self.chains, &mut self.names, &chain);
+            self.names.remove(&*name);
+            self.order.push(name.clone());
+            self.chains.insert(name, Vec::new());
+        }
+        let held = HeldRule::of(rule, &chain, |t| {
+            NatChains::name(&self.chains, &mut self.names, t)
+        });
+        if let Some(rules) = self.chains.get_mut(chain.as_str()) {
+            rules.push(held);
+        }
+    }
+
+    /// A read is complete: each chain's rules take the room they need, no more (a chain of
+    /// 2-3 rules held room for 4), and the names' set is let go.
+    pub fn finish(&mut self) {
+        for rules in self.chains.values_mut() {
+            rules.shrink_to_fit();
+        }
+        self.names = HashSet::new();
     }
 
     /// Replaces `chain` with the rules of `listing` (`iptables -t nat -S chain`: only that
     /// chain's `-A` lines are taken).
     pub fn replace(&mut self, chain: &str, listing: &str) {
-        let rules: Vec<Rule> = NatChains::parse(listing)
-            .chains
-            .remove(chain)
-            .unwrap_or_default();
+        let rules: Vec<Rule> = nat_rules(listing).filter(|r| r.chain == chain).collect();
         self.replace_rules(chain, rules);
     }
 
     /// Replaces `chain` with `rules` (a re-read of that chain alone).
     pub fn replace_rules(&mut self, chain: &str, rules: Vec<Rule>) {
+        let mut held: Vec<HeldRule> = Vec::with_capacity(rules.len());
+        for r in rules {
+            held.push(HeldRule::of(r, chain, |t| {
+                NatChains::name(&self.chains, &mut self.names, t)
+            }));
+        }
         match self.chains.get_mut(chain) {
-            Some(held) => *held = rules,
+            Some(old) => *old = held,
             None => {
-                self.order.push(chain.to_string());
-                self.chains.insert(chain.to_string(), rules);
+                let name = NatChains::name(&self.chains, &mut self.names, chain);
+                self.order.push(name.clone());
+                self.chains.insert(name, held);
             }
         }
+        self.names = HashSet::new();
     }
 
     /// The chain is gone.
     pub fn remove(&mut self, chain: &str) {
         if self.chains.remove(chain).is_some() {
-            self.order.retain(|c| c != chain);
+            self.order.retain(|c| &**c != chain);
         }
     }
 
@@ -435,7 +586,7 @@ impl NatChains {
         self.chains.is_empty()
     }
 
-    pub(super) fn rules(&self, chain: &str) -> &[Rule] {
+    pub(super) fn rules(&self, chain: &str) -> &[HeldRule] {
         self.chains.get(chain).map(Vec::as_slice).unwrap_or(&[])
     }
 
@@ -598,7 +749,7 @@ pub(super) struct Chains<'a> {
 }
 
 impl<'a> Chains<'a> {
-    fn rules(&self, chain: &str) -> &'a [Rule] {
+    fn rules(&self, chain: &str) -> &'a [HeldRule] {
         self.held.rules(chain)
     }
 
@@ -627,10 +778,10 @@ impl<'a> Chains<'a> {
             return;
         }
         for r in self.rules(chain) {
-            if let Some(dest) = &r.to_destination
+            if let Some(dest) = r.destination()
                 && r.target.as_deref() == Some("DNAT")
             {
-                out.push(dest.clone());
+                out.push(dest.to_string());
             }
             if let Some(t) = &r.target
                 && (is_service_chain(t) || t.starts_with("KUBE-SEP-"))
@@ -655,16 +806,13 @@ impl<'a> Chains<'a> {
             return None;
         }
         self.rules(external).iter().find_map(|r| {
-            let pod = r
-                .comment
-                .as_deref()
-                .is_some_and(|c| c.starts_with(POD_SHORT_CIRCUIT));
+            let pod = r.comment == CommentKind::PodShortCircuit;
             let to_cluster = r
                 .target
                 .as_deref()
                 .is_some_and(|t| t.starts_with("KUBE-SVC-"));
             (pod && to_cluster)
-                .then(|| detector_of(&r.text))
+                .then(|| detector_of(r.text()))
                 .flatten()
                 .map(|d| (external.to_string(), d))
         })
@@ -682,10 +830,7 @@ impl<'a> Chains<'a> {
         let unconditional_masq = rules.iter().any(|r| {
             r.target.as_deref() == Some("KUBE-MARK-MASQ")
                 && !r.src_type_local
-                && !r
-                    .comment
-                    .as_deref()
-                    .is_some_and(|c| c.starts_with("masquerade LOCAL traffic"))
+                && r.comment != CommentKind::MasqueradeLocal
         });
         if unconditional_masq {
             return false;
@@ -696,9 +841,10 @@ impl<'a> Chains<'a> {
                 .is_some_and(|t| t.starts_with("KUBE-SVL-"))
         });
         let local_comments = rules.iter().any(|r| {
-            r.comment.as_deref().is_some_and(|c| {
-                c.starts_with("masquerade LOCAL traffic") || c.starts_with("route LOCAL traffic")
-            })
+            matches!(
+                r.comment,
+                CommentKind::MasqueradeLocal | CommentKind::RouteLocal
+            )
         });
         jumps_local || local_comments
     }
@@ -718,21 +864,17 @@ fn build_table(held: &NatChains) -> ServiceTable {
         let Some(target) = r.target.as_deref() else {
             continue;
         };
-        if !is_service_chain(target) || r.dst_negated {
+        if !is_service_chain(target) {
             continue;
         }
-        let (Some(vip), Some(port), Some(proto)) = (
-            r.dst.as_deref().and_then(parse_host),
-            r.dport,
-            parse_proto(r.proto.as_deref()),
-        ) else {
+        let (Some(vip), Some(port), Some(proto)) = (r.dst_host, r.dport, r.proto) else {
             continue;
         };
         let entry = ServiceEntry {
             vip,
             port,
             proto,
-            service: service_name(r.comment.as_deref()),
+            service: r.service().map(str::to_string),
             backends: chains.backends(target),
         };
         if let Some(detector) = chains.pod_short_circuit(target) {
@@ -757,13 +899,13 @@ fn build_table(held: &NatChains) -> ServiceTable {
         if !is_service_chain(target) {
             continue;
         }
-        let (Some(port), Some(proto)) = (r.dport, parse_proto(r.proto.as_deref())) else {
+        let (Some(port), Some(proto)) = (r.dport, r.proto) else {
             continue;
         };
         let entry = NodePortEntry {
             port,
             proto,
-            service: service_name(r.comment.as_deref()),
+            service: r.service().map(str::to_string),
             local_only: chains.local_only(target),
         };
         match table
@@ -782,8 +924,10 @@ fn build_table(held: &NatChains) -> ServiceTable {
     }
 
     for r in held.order.iter().flat_map(|c| held.rules(c)) {
-        if r.target.as_deref() == Some("MASQUERADE") && !table.masquerade_rules.contains(&r.text) {
-            table.masquerade_rules.push(r.text.clone());
+        if r.target.as_deref() == Some("MASQUERADE")
+            && !table.masquerade_rules.iter().any(|m| m == r.text())
+        {
+            table.masquerade_rules.push(r.text().to_string());
         }
     }
     table
@@ -816,8 +960,8 @@ fn merge_service(
 
 impl NatChains {
     /// The chains held, in the order first seen.
-    pub fn order(&self) -> impl Iterator<Item = &String> {
-        self.order.iter()
+    pub fn order(&self) -> impl Iterator<Item = &str> {
+        self.order.iter().map(|c| &**c)
     }
 
     /// Whether `chain` is held.

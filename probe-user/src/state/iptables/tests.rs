@@ -159,10 +159,10 @@ fn metallb_etp_local_with_counters() {
     assert!(chains.local_only("KUBE-EXT-W47NQ5DDJKUWFTVY"));
     assert!(!chains.local_only("KUBE-SVC-W47NQ5DDJKUWFTVY"));
     let masq = held
-        .order
-        .iter()
+        .order()
+        .filter(|c| c.starts_with("KUBE-EXT"))
         .flat_map(|c| held.rules(c))
-        .find(|r| r.target.as_deref() == Some("KUBE-MARK-MASQ") && r.chain.starts_with("KUBE-EXT"))
+        .find(|r| r.target.as_deref() == Some("KUBE-MARK-MASQ"))
         .unwrap();
     assert!(
         masq.src_type_local,
