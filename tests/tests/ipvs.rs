@@ -888,8 +888,7 @@ fn ipvs_mode_source_ranges_with_the_pod_cidr_report_nothing() {
     let pod = lab.connect(lab::NS_POD_A, None, to_lb).unwrap();
     say!("ipvs-vm: source ranges with the pod CIDR (twin): client {pod:?}");
     assert_eq!(pod.outcome, Outcome::Ok, "{pod:?}");
-    std::thread::sleep(SETTLE);
-    assert!(agent.events().is_empty(), "{:#?}", agent.events());
+    agent.assert_reports_nothing_after(SETTLE);
     source_ranges::set_ipvs_source_ranges(None).unwrap();
     drop(agent);
     drop(lab);
