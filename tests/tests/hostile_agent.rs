@@ -154,7 +154,7 @@ fn a_lock_squatter_does_not_keep_the_agent_out_and_a_second_agent_is_still_refus
         .expect("the squatter holds the lock");
     assert_contains(&said, "as uid 65534");
 
-    let mut first = Agent::start(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    let mut first = Agent::on_node_nic(&[]);
     assert_eq!(
         first.count_log("not an agent"),
         1,
@@ -210,10 +210,7 @@ fn healthz_answers_every_probe_through_a_flood_of_half_sent_requests() {
     let Some(_lab) = LabGuard::for_test("healthz_flood", &Variants::default()) else {
         return;
     };
-    let mut agent = Agent::start(
-        lab::NS_NODE,
-        &["--nic", lab::NODE_NIC, "--metrics-addr", METRICS],
-    );
+    let mut agent = Agent::on_node_nic(&["--metrics-addr", METRICS]);
     let stop = Arc::new(AtomicBool::new(false));
     let flood = {
         let stop = stop.clone();

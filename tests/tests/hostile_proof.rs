@@ -87,10 +87,7 @@ fn a_pod_forging_its_own_address_both_ways_confirms_no_self_loop() {
     else {
         return;
     };
-    let agent = Agent::start_with_table(
-        lab::NS_NODE,
-        &["--nic", lab::NODE_NIC, "--metrics-addr", METRICS],
-    );
+    let agent = Agent::on_node_nic_with_table(&["--metrics-addr", METRICS]);
     let gw = node_mac("vpod-b");
     forge_self_syns(
         lab::NS_POD_B,

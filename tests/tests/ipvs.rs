@@ -123,7 +123,7 @@ fn ipvs_lab(variants: &Variants) -> LabGuard {
 
 /// The agent on the lab's node, on its NIC, reading the service table.
 fn ipvs_agent() -> Agent {
-    Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC])
+    Agent::on_node_nic_with_table(&[])
 }
 
 impl<'a> Run<'a> {
@@ -526,10 +526,7 @@ fn ipvs_mode_virtual_service_added_is_read_without_a_timer_tick() {
         return;
     }
     let lab = ipvs_lab(&Variants::default());
-    let mut agent = Agent::start_with_table(
-        lab::NS_NODE,
-        &["--nic", lab::NODE_NIC, "--services-every", "3600"],
-    );
+    let mut agent = Agent::on_node_nic_with_table(&["--services-every", "3600"]);
     let count = |agent: &mut Agent| -> usize {
         agent.wait_log("source=Some(Ipvs)", WAIT);
         agent

@@ -42,7 +42,7 @@ fn ipvs_lab6_with(ranges: &[&str]) -> (LabGuard, Agent) {
     lab.serve_vip6_by_ipvs().expect("[VIP6]:80 served by IPVS");
     source_ranges::set_ipvs_source_ranges_in(IpFamily::V6, Some(ranges))
         .expect("default/web's IPv6 IPVS-mode firewall");
-    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    let agent = Agent::on_node_nic_with_table(&[]);
     (lab, agent)
 }
 

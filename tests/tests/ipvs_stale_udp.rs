@@ -54,7 +54,7 @@ fn ipvs_lab_and_agent() -> (LabGuard, Agent) {
         &UpOptions::default(),
     )
     .expect("IPVS-mode lab up");
-    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    let agent = Agent::on_node_nic_with_table(&[]);
     (lab, agent)
 }
 

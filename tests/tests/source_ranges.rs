@@ -38,7 +38,7 @@ fn source_ranges_drop_of_a_pods_call_is_confirmed_with_the_ranges() {
     };
     source_ranges::set_source_ranges(Some(OUTSIDE)).unwrap();
     assert!(source_ranges::firewalled());
-    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    let agent = Agent::on_node_nic_with_table(&[]);
     let pod = lab.connect(lab::NS_POD_A, None, to_lb()).unwrap();
     assert_eq!(pod.outcome, Outcome::Timeout, "{pod:?}");
     let e = agent.only_event(LoopbackKind::SourceRangesDrop, WAIT);
@@ -71,7 +71,7 @@ fn source_ranges_with_the_pod_cidr_report_nothing() {
     };
     source_ranges::set_source_ranges(Some(&["192.0.2.0/24", lab::POD_CIDR])).unwrap();
     assert!(source_ranges::firewalled());
-    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    let agent = Agent::on_node_nic_with_table(&[]);
     let pod = lab.connect(lab::NS_POD_A, None, to_lb()).unwrap();
     assert_eq!(pod.outcome, Outcome::Ok, "{pod:?}");
     agent.assert_reports_nothing_after(SETTLE);
