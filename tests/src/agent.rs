@@ -19,6 +19,17 @@ pub use crate::kernel_view::{
     our_tc_attachments, our_tc_links, percpu_map_sum,
 };
 
+/// `probe agent --nic lab::NODE_NIC` followed by `extra`: the command line of a one-shot run
+/// (one the test expects to refuse) in the lab's node, for [`probe_command`].
+pub fn agent_on_node_nic_args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    [&["agent"], &node_nic_args(extra)[..]].concat()
+}
+
+/// `--nic lab::NODE_NIC` followed by `extra`: the agent's arguments on the lab's node.
+fn node_nic_args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    [&["--nic", test_support::lab::NODE_NIC], extra].concat()
+}
+
 /// The `probe` binary under test: `CLB_PROBE_BIN` (set by `cargo xtask test`), else the one
 /// cargo built beside this test executable (`<target dir>/<profile>/probe`, the test being
 /// `<target dir>/<profile>/deps/<test>-<hash>`), so `CARGO_TARGET_DIR` is honoured.
@@ -157,6 +168,18 @@ impl Agent {
         Agent::start_with_env(netns, extra, &[])
     }
 
+    /// [`Agent::start`] for the lab's node: in `lab::NS_NODE` on its NIC (`--nic
+    /// lab::NODE_NIC`), plus `extra` arguments. Most lab tests watch that one NIC.
+    pub fn on_node_nic(extra: &[&str]) -> Agent {
+        Agent::start(test_support::lab::NS_NODE, &node_nic_args(extra))
+    }
+
+    /// [`Agent::on_node_nic`], then waits for the first service-table read (see
+    /// [`Agent::start_with_table`]).
+    pub fn on_node_nic_with_table(extra: &[&str]) -> Agent {
+        Agent::start_with_table(test_support::lab::NS_NODE, &node_nic_args(extra))
+    }
+
     /// [`Agent::start`], then waits for the agent's first service-table read. Readiness does
     /// not wait for the table (it fills in behind, issue #25), so a test that asserts
     /// service-table evidence must not drive traffic before the table is there.
@@ -185,9 +208,7 @@ impl Agent {
             )
             .envs(env.iter().copied())
             .stdout(Stdio::null());
-        let mut agent = Agent::spawn(cmd, dir);
-        agent.wait_log("attached and address sets loaded", Duration::from_secs(60));
-        agent
+        Agent::spawn_attached(cmd, dir)
     }
 
     /// `ip netns exec <netns> probe agent` with the tests' log filter, stdin closed: the start
@@ -228,6 +249,13 @@ impl Agent {
             log: Vec::new(),
             stdout,
         }
+    }
+
+    /// [`Agent::spawn`], then waits for the agent's ready line (attached, address sets loaded).
+    pub fn spawn_attached(cmd: Command, dir: tempdir::TempDir) -> Agent {
+        let mut agent = Agent::spawn(cmd, dir);
+        agent.wait_log("attached and address sets loaded", Duration::from_secs(60));
+        agent
     }
 
     /// Sends `signal` and returns the exit status (panics if it does not exit in 15 s).

@@ -28,10 +28,7 @@ fn a_suspect_burst_does_not_starve_the_drop_that_confirms_a_health_check() {
         return;
     }
     let lab = LabGuard::up(&Variants::default()).expect("lab up");
-    let agent = Agent::start(
-        lab::NS_NODE,
-        &["--nic", lab::NODE_NIC, "--metrics-addr", METRICS],
-    );
+    let agent = Agent::on_node_nic(&["--metrics-addr", METRICS]);
     let metric = |name: &str| node_metric(METRICS, name);
     let pod_suspects = "clbprobe_suspect_packets_total{nic=\"eth0\",source=\"pod\"}";
     let before = metric(pod_suspects);

@@ -6,7 +6,8 @@ use std::{
 };
 
 use probe_tests::agent::{
-    assert_nothing_attached, error_line, probe_bin, probe_command, require_root, stderr,
+    agent_on_node_nic_args, assert_nothing_attached, error_line, probe_bin, probe_command,
+    require_root, stderr,
 };
 use test_support::lab::{self, LabGuard, Variants};
 
@@ -119,15 +120,12 @@ fn metrics_port_in_use_fails_before_anything_is_attached() {
     let addr = format!("127.0.0.1:{port}");
     let o = probe_in(
         Some(lab::NS_NODE),
-        &[
-            "agent",
-            "--nic",
-            lab::NODE_NIC,
+        &agent_on_node_nic_args(&[
             "--metrics-addr",
             &addr,
             "--socket",
             "/tmp/clb-cli-test.sock",
-        ],
+        ]),
     );
     done_tx.send(()).unwrap();
     holder.join().unwrap();

@@ -22,7 +22,7 @@ use test_support::lab::{self, LabGuard, Outcome, Scenario, Variants};
 const WAIT: Duration = Duration::from_secs(10);
 
 fn agent() -> Agent {
-    Agent::start(lab::NS_NODE, &["--nic", lab::NODE_NIC])
+    Agent::on_node_nic(&[])
 }
 
 /// The record is a suspect (its NIC and packet), or None.
@@ -540,83 +540,24 @@ impl V6Pair {
     fn up() -> V6Pair {
         let _ = V6Pair::down();
         let pair = V6Pair;
-        for cmd in [
-            vec!["ip", "netns", "add", V6_A],
-            vec!["ip", "netns", "add", V6_B],
-            vec![
-                "ip", "-n", V6_A, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0",
-                "netns", V6_B,
-            ],
-            vec![
-                "ip",
-                "-n",
-                V6_A,
-                "link",
-                "add",
-                "kube-ipvs0",
-                "type",
-                "bridge",
-            ],
-            vec![
-                "ip",
-                "-n",
-                V6_A,
-                "addr",
-                "add",
-                "2001:db8::1/64",
-                "dev",
-                "eth0",
-                "nodad",
-            ],
-            vec![
-                "ip",
-                "-n",
-                V6_A,
-                "addr",
-                "add",
-                "2001:db8:ffff::10/128",
-                "dev",
-                "kube-ipvs0",
-                "nodad",
-            ],
-            vec!["ip", "-n", V6_A, "link", "set", "eth0", "up"],
-            vec!["ip", "-n", V6_A, "link", "set", "lo", "up"],
-            vec![
-                "ip",
-                "-n",
-                V6_A,
-                "route",
-                "add",
-                "default",
-                "via",
-                "2001:db8::2",
-            ],
-            vec![
-                "ip",
-                "-n",
-                V6_B,
-                "addr",
-                "add",
-                "2001:db8::2/64",
-                "dev",
-                "eth0",
-                "nodad",
-            ],
-            vec![
-                "ip",
-                "-n",
-                V6_B,
-                "addr",
-                "add",
-                "2001:db8:ffff::10/128",
-                "dev",
-                "lo",
-            ],
-            vec!["ip", "-n", V6_B, "link", "set", "eth0", "up"],
-            vec!["ip", "-n", V6_B, "link", "set", "lo", "up"],
-        ] {
-            sh(&cmd);
-        }
+        sh(&["ip", "netns", "add", V6_A]);
+        sh(&["ip", "netns", "add", V6_B]);
+        // `ip -n NS` with a command's words.
+        let ip = |ns: &str, words: &str| ip_in(ns, &words.split(' ').collect::<Vec<_>>());
+        ip(
+            V6_A,
+            &format!("link add eth0 type veth peer name eth0 netns {V6_B}"),
+        );
+        ip(V6_A, "link add kube-ipvs0 type bridge");
+        ip(V6_A, "addr add 2001:db8::1/64 dev eth0 nodad");
+        ip(V6_A, "addr add 2001:db8:ffff::10/128 dev kube-ipvs0 nodad");
+        ip(V6_A, "link set eth0 up");
+        ip(V6_A, "link set lo up");
+        ip(V6_A, "route add default via 2001:db8::2");
+        ip(V6_B, "addr add 2001:db8::2/64 dev eth0 nodad");
+        ip(V6_B, "addr add 2001:db8:ffff::10/128 dev lo");
+        ip(V6_B, "link set eth0 up");
+        ip(V6_B, "link set lo up");
         pair
     }
 

@@ -25,6 +25,15 @@ fn call() -> lab::Attempt {
     v6::pod_a_call6(lab::VIP_NFT_ETP_LOCAL_PORT, Duration::from_secs(2)).unwrap()
 }
 
+/// A fresh agent on the node (reading the rules as they are now), then pod-a's call, which
+/// must end `expected`.
+fn agent_then_call(expected: Outcome) -> Agent {
+    let agent = Agent::on_node_nic_with_table(&[]);
+    let pod = call();
+    assert_eq!(pod.outcome, expected, "{pod:?}");
+    agent
+}
+
 /// What both modes' confirmations say of the call.
 fn assert_pod_a_ipv6_call_dropped(e: &LoopbackEvent, mode: ProxyMode) {
     assert_eq!(e.src, IpAddr::V6(v6::POD_A_IP6));
@@ -44,9 +53,7 @@ fn ipv6_nftables_no_endpoint_drop_is_confirmed_and_its_twin_is_silent() {
     };
     nft6::set_web_local6(false).unwrap();
     assert!(nft6::web_local6_dropped());
-    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
-    let pod = call();
-    assert_eq!(pod.outcome, Outcome::Timeout, "{pod:?}");
+    let agent = agent_then_call(Outcome::Timeout);
     let e = agent.only_event(LoopbackKind::EtpLocalDrop, WAIT);
     assert_pod_a_ipv6_call_dropped(&e, ProxyMode::Nftables);
     assert_contains(
@@ -59,9 +66,7 @@ fn ipv6_nftables_no_endpoint_drop_is_confirmed_and_its_twin_is_silent() {
     // The twin: pod-b is a local endpoint, no drop element; a fresh agent.
     nft6::set_web_local6(true).unwrap();
     assert!(!nft6::web_local6_dropped());
-    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
-    let pod = call();
-    assert_eq!(pod.outcome, Outcome::Ok, "{pod:?}");
+    let agent = agent_then_call(Outcome::Ok);
     agent.assert_reports_nothing_after(SETTLE);
     drop(lab);
 }
@@ -77,9 +82,7 @@ fn ipv6_iptables_detector_miss_is_confirmed_and_its_twin_is_silent() {
     // A second pod pool's range (kubernetes#112820): pod-a (2001:db8:19:1::10) is outside it.
     let detector = "-s 2001:db8:19:2::/64";
     etp_local::set_web_local_in(IpFamily::V6, Some(detector)).unwrap();
-    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
-    let pod = call();
-    assert_eq!(pod.outcome, Outcome::Timeout, "{pod:?}");
+    let agent = agent_then_call(Outcome::Timeout);
     let e = agent.only_event(LoopbackKind::EtpLocalDrop, WAIT);
     assert_pod_a_ipv6_call_dropped(&e, ProxyMode::Iptables);
     let ev = lines(&e.evidence);
@@ -107,9 +110,7 @@ fn ipv6_iptables_detector_miss_is_confirmed_and_its_twin_is_silent() {
     // pod-b and answered; a fresh agent.
     let detector = format!("-s {}", v6::POD_CIDR6);
     etp_local::set_web_local_in(IpFamily::V6, Some(&detector)).unwrap();
-    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
-    let pod = call();
-    assert_eq!(pod.outcome, Outcome::Ok, "{pod:?}");
+    let agent = agent_then_call(Outcome::Ok);
     agent.assert_reports_nothing_after(SETTLE);
     drop(lab);
 }

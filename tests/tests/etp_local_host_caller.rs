@@ -22,7 +22,7 @@ use std::{
 };
 
 use probe_contract::{LoopbackKind, Outcome as Fate, facts::SourceKind};
-use probe_tests::agent::{Agent, lines};
+use probe_tests::agent::{Agent, assert_contains, lines};
 use test_support::lab::{
     self, LabGuard, Outcome, etp_local,
     source_ranges::{self, IpFamily},
@@ -36,12 +36,18 @@ fn lb() -> SocketAddrV4 {
     SocketAddrV4::new(lab::VIP, lab::VIP_NFT_ETP_LOCAL_PORT)
 }
 
+/// The node's own call to `default/web-local`'s LB IP:port; asserts its outcome.
+fn assert_nodes_call(lab: &LabGuard, expected: Outcome) {
+    let node = lab.connect(lab::NS_NODE, None, lb()).unwrap();
+    assert_eq!(node.outcome, expected, "{node:?}");
+}
+
 /// The nftables-mode lab with `default/web-local` written (`local_endpoint`: pod-b is its
 /// endpoint, else only the other node's pod), the agent on its node.
 fn nftables_lab(test: &str, local_endpoint: bool) -> Option<(LabGuard, Agent)> {
     let lab = LabGuard::for_test_nftables(test)?;
     lab.set_nft_web_local(local_endpoint).unwrap();
-    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    let agent = Agent::on_node_nic_with_table(&[]);
     Some((lab, agent))
 }
 
@@ -52,8 +58,7 @@ fn nftables_no_endpoint_drop_of_the_nodes_own_call_is_confirmed_as_a_host_caller
     let Some((lab, agent)) = nftables_lab("nftables_host_caller_drop", false) else {
         return;
     };
-    let node = lab.connect(lab::NS_NODE, None, lb()).unwrap();
-    assert_eq!(node.outcome, Outcome::Timeout, "{node:?}");
+    assert_nodes_call(&lab, Outcome::Timeout);
     let e = agent.only_event(LoopbackKind::EtpLocalDrop, WAIT);
     assert_eq!(e.src, IpAddr::V4(lab::NODE_IP));
     assert_eq!(e.facts.source, SourceKind::Node);
@@ -64,33 +69,26 @@ fn nftables_no_endpoint_drop_of_the_nodes_own_call_is_confirmed_as_a_host_caller
     assert_eq!(e.service.as_deref(), Some("default/web-local"));
     assert_eq!(e.nic, None);
     let ev = lines(&e.evidence);
-    assert!(
-        ev.contains(&format!(
+    assert_contains(
+        &ev,
+        &format!(
             "the caller is this node: {} is a node address and the packet came in on no \
              interface",
             lab::NODE_IP
-        )),
-        "{ev}"
-    );
-    assert!(
-        ev.contains(
-            "kube-proxy's filter-output checks no-endpoint-services before its nat-output DNAT"
         ),
-        "{ev}"
     );
-    assert!(
-        ev.contains(
-            "map no-endpoint-services has the element 203.0.113.10 . tcp . 8445 comment \
-             \"default/web-local:http\" : drop"
-        ),
-        "{ev}"
+    assert_contains(
+        &ev,
+        "kube-proxy's filter-output checks no-endpoint-services before its nat-output DNAT",
+    );
+    assert_contains(
+        &ev,
+        "map no-endpoint-services has the element 203.0.113.10 . tcp . 8445 comment \
+             \"default/web-local:http\" : drop",
     );
     let remedy = lines(&e.remedy);
-    assert!(
-        remedy.contains("a host-network caller on this node called"),
-        "{remedy}"
-    );
-    assert!(remedy.contains("kubernetes#132456"), "{remedy}");
+    assert_contains(&remedy, "a host-network caller on this node called");
+    assert_contains(&remedy, "kubernetes#132456");
     drop(lab);
 }
 
@@ -101,10 +99,8 @@ fn nftables_nodes_own_call_with_a_local_endpoint_is_answered_and_reports_nothing
     let Some((lab, agent)) = nftables_lab("nftables_host_caller_twin", true) else {
         return;
     };
-    let node = lab.connect(lab::NS_NODE, None, lb()).unwrap();
-    assert_eq!(node.outcome, Outcome::Ok, "{node:?}");
-    std::thread::sleep(SETTLE);
-    assert!(agent.events().is_empty(), "{:#?}", agent.events());
+    assert_nodes_call(&lab, Outcome::Ok);
+    agent.assert_reports_nothing_after(SETTLE);
     drop(lab);
 }
 
@@ -116,11 +112,9 @@ fn iptables_nodes_own_call_is_not_dropped_and_reports_nothing() {
         return;
     };
     etp_local::set_web_local(None).expect("default/web-local's rules");
-    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
-    let node = lab.connect(lab::NS_NODE, None, lb()).unwrap();
-    assert_eq!(node.outcome, Outcome::Ok, "{node:?}");
-    std::thread::sleep(SETTLE);
-    assert!(agent.events().is_empty(), "{:#?}", agent.events());
+    let agent = Agent::on_node_nic_with_table(&[]);
+    assert_nodes_call(&lab, Outcome::Ok);
+    agent.assert_reports_nothing_after(SETTLE);
     drop(lab);
 }
 
@@ -137,12 +131,9 @@ fn assert_nodes_source_ranges_drop(agent: &Agent) {
     assert_eq!(e.drop_reason.as_deref(), Some("NETFILTER_DROP"));
     assert_eq!(e.nic, None);
     let remedy = lines(&e.remedy);
-    assert!(
-        remedy.contains(&format!(
-            "a host-network caller on this node ({})",
-            lab::NODE_IP
-        )),
-        "{remedy}"
+    assert_contains(
+        &remedy,
+        &format!("a host-network caller on this node ({})", lab::NODE_IP),
     );
 }
 
@@ -154,7 +145,7 @@ fn nftables_source_ranges_drop_of_the_nodes_own_call_is_confirmed_from_the_node(
         return;
     };
     source_ranges::set_source_ranges(Some(OUTSIDE)).unwrap();
-    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    let agent = Agent::on_node_nic_with_table(&[]);
     let to = SocketAddrV4::new(lab::VIP, lab::SERVICE_PORT);
     let node = lab.connect(lab::NS_NODE, None, to).unwrap();
     assert_eq!(node.outcome, Outcome::Timeout, "{node:?}");
@@ -172,7 +163,7 @@ fn iptables_source_ranges_drop_of_the_nodes_own_call_is_confirmed_from_the_node(
     };
     source_ranges::set_iptables_source_ranges(IpFamily::V4, Some(OUTSIDE))
         .expect("default/web's firewall");
-    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    let agent = Agent::on_node_nic_with_table(&[]);
     let to = SocketAddrV4::new(lab::VIP, lab::SERVICE_PORT);
     let node = lab.connect(lab::NS_NODE, None, to).unwrap();
     assert_eq!(node.outcome, Outcome::Timeout, "{node:?}");

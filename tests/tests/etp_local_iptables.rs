@@ -22,14 +22,18 @@ const WAIT: Duration = Duration::from_secs(10);
 
 /// The lab in iptables mode with `default/web-local`'s rules (`detector`: the pod short
 /// circuit's match, None: kube-proxy without a detector), the agent on its node (reading
-/// the rules), and pod-a's call to the LB IP made.
-fn called(detector: Option<&str>) -> (LabGuard, Agent, lab::Attempt) {
+/// the rules), and pod-a's call to the LB IP made; None where `test` cannot run (not root:
+/// it says it skips).
+fn called(test: &str, detector: Option<&str>) -> Option<(LabGuard, Agent, lab::Attempt)> {
+    if !require_root(test) {
+        return None;
+    }
     let lab = LabGuard::up_iptables_lb_ip_unbound().expect("lab up (iptables mode, LB IP unbound)");
     etp_local::set_web_local(detector).expect("default/web-local's rules");
-    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    let agent = Agent::on_node_nic_with_table(&[]);
     let to = SocketAddrV4::new(lab::VIP, lab::VIP_NFT_ETP_LOCAL_PORT);
     let pod = lab.connect(lab::NS_POD_A, None, to).unwrap();
-    (lab, agent, pod)
+    Some((lab, agent, pod))
 }
 
 /// What every confirmed case says: the call, the drop, the iptables rule (not nftables'),
@@ -38,12 +42,10 @@ fn assert_iptables_drop(e: &probe_contract::LoopbackEvent) {
     assert_pod_a_call_dropped_by_netfilter(e, lab::VIP_NFT_ETP_LOCAL_PORT, "default/web-local");
     assert_eq!(e.facts.proxy_mode, Some(ProxyMode::Iptables));
     let ev = lines(&e.evidence);
-    assert!(
-        ev.contains(
-            "chain KUBE-EXTERNAL-SERVICES has -d 203.0.113.10/32 -p tcp --dport 8445 -m \
-             comment --comment \"default/web-local:http has no local endpoints\" -j DROP"
-        ),
-        "{ev}"
+    assert_contains(
+        &ev,
+        "chain KUBE-EXTERNAL-SERVICES has -d 203.0.113.10/32 -p tcp --dport 8445 -m \
+             comment --comment \"default/web-local:http has no local endpoints\" -j DROP",
     );
     assert!(!ev.contains("no-endpoint-services"), "{ev}");
     let remedy = lines(&e.remedy);
@@ -59,10 +61,9 @@ fn assert_iptables_drop(e: &probe_contract::LoopbackEvent) {
 /// detector.
 #[test]
 fn iptables_external_services_drop_of_a_pods_call_is_confirmed_with_the_rule() {
-    if !require_root("iptables_etp_local_drop") {
+    let Some((lab, agent, pod)) = called("iptables_etp_local_drop", None) else {
         return;
-    }
-    let (lab, agent, pod) = called(None);
+    };
     assert_eq!(pod.outcome, Outcome::Timeout, "{pod:?}");
     let e = agent.only_event(LoopbackKind::EtpLocalDrop, WAIT);
     assert_iptables_drop(&e);
@@ -78,37 +79,34 @@ fn iptables_external_services_drop_of_a_pods_call_is_confirmed_with_the_rule() {
 /// dropped and confirmed naming the detector and pod-a's address.
 #[test]
 fn iptables_detector_that_misses_the_pod_is_named_in_the_drop() {
-    if !require_root("iptables_etp_local_detector_miss") {
-        return;
-    }
     let detector = format!("-s {}", lab::PEER_POD_CIDR);
-    let (lab, agent, pod) = called(Some(&detector));
+    let Some((lab, agent, pod)) = called("iptables_etp_local_detector_miss", Some(&detector))
+    else {
+        return;
+    };
     assert_eq!(pod.outcome, Outcome::Timeout, "{pod:?}");
     let e = agent.only_event(LoopbackKind::EtpLocalDrop, WAIT);
     assert_iptables_drop(&e);
     let ev = lines(&e.evidence);
-    assert!(
-        ev.contains(&format!(
+    assert_contains(
+        &ev,
+        &format!(
             "kube-proxy's local-traffic detector `{detector}` (chain {}",
             etp_local::WEB_LOCAL_EXT_CHAIN
-        )),
-        "{ev}"
+        ),
     );
-    assert!(
-        ev.contains(&format!("the pod {} is outside it", lab::POD_A_IP)),
-        "{ev}"
-    );
+    assert_contains(&ev, &format!("the pod {} is outside it", lab::POD_A_IP));
     let remedy = lines(&e.remedy);
-    assert!(
-        remedy.contains(&format!(
+    assert_contains(
+        &remedy,
+        &format!(
             "Its detector here is `{detector}`, and it does not match the pod {}",
             lab::POD_A_IP
-        )),
-        "{remedy}"
+        ),
     );
-    assert!(
-        remedy.contains(&format!("--cluster-cidr must cover {}", lab::POD_A_IP)),
-        "{remedy}"
+    assert_contains(
+        &remedy,
+        &format!("--cluster-cidr must cover {}", lab::POD_A_IP),
     );
     assert_contains(&remedy, "1.33.6, 1.34.2 and 1.35");
     drop(lab);
@@ -118,11 +116,10 @@ fn iptables_detector_that_misses_the_pod_is_named_in_the_drop() {
 /// its call to the cluster-wide endpoints before the filter drop: answered, nothing reported.
 #[test]
 fn iptables_detector_that_matches_the_pod_short_circuits_it_and_reports_nothing() {
-    if !require_root("iptables_etp_local_twin") {
-        return;
-    }
     let detector = format!("-s {}", lab::CLUSTER_CIDR);
-    let (lab, agent, pod) = called(Some(&detector));
+    let Some((lab, agent, pod)) = called("iptables_etp_local_twin", Some(&detector)) else {
+        return;
+    };
     assert_eq!(pod.outcome, Outcome::Ok, "{pod:?}");
     agent.assert_reports_nothing_after(SETTLE);
     drop(lab);

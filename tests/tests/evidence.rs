@@ -21,11 +21,13 @@ const METRICS: &str = "127.0.0.1:19967";
 /// The token the agents get in a file (the chart: Secret clb-probe-evidence, mounted).
 const TOKEN: &str = "s3cret-evidence-token";
 
-/// The agent's `--evidence-token-file`, holding [`TOKEN`].
-fn token_file(dir: &TempDir) -> String {
+/// A scratch directory (`tag`) holding the agent's `--evidence-token-file` with [`TOKEN`], and
+/// that file's path.
+fn token_file(tag: &str) -> (TempDir, String) {
+    let dir = TempDir::new(tag);
     let path = dir.path().join("token");
     std::fs::write(&path, format!("{TOKEN}\n")).unwrap();
-    path.to_str().unwrap().to_owned()
+    (dir, path.to_str().unwrap().to_owned())
 }
 
 /// `GET path` with the token: (status, body).
@@ -70,8 +72,7 @@ fn a_confirmed_health_check_black_hole_has_its_packets_in_a_capture_tcpdump_read
     let Some(lab) = LabGuard::for_test("evidence", &Variants::default()) else {
         return;
     };
-    let dir = TempDir::new("evidence");
-    let token = token_file(&dir);
+    let (dir, token) = token_file("evidence");
     let (_agent, event) = agent_with_a_black_hole(&lab, &[], &token);
 
     // The loop is listed with packets that include its drop (the store takes them when the
@@ -171,10 +172,8 @@ fn without_a_token_evidence_is_off_until_its_file_appears() {
     let (_agent, _) = agent_with_a_black_hole(&lab, &[], later.to_str().unwrap());
     let (status, body) = get_text(METRICS, "/evidence");
     assert_eq!(status, 403, "{body}");
-    assert!(
-        body.contains("off") && body.contains("clb-probe-evidence"),
-        "{body}"
-    );
+    assert_contains(&body, "off");
+    assert_contains(&body, "clb-probe-evidence");
     std::fs::write(&later, TOKEN).unwrap();
     let (status, body) = get_text(METRICS, "/evidence");
     assert_eq!(status, 200, "{body}");
@@ -193,8 +192,7 @@ fn with_the_capture_off_the_loop_is_listed_without_packets() {
     let Some(lab) = LabGuard::for_test("evidence", &Variants::default()) else {
         return;
     };
-    let dir = TempDir::new("evidence-nocapture");
-    let token = token_file(&dir);
+    let (_dir, token) = token_file("evidence-nocapture");
     let (_agent, event) = agent_with_a_black_hole(&lab, &["--capture-bytes", "0"], &token);
     let listed = wait_for("the loop is listed", Duration::from_secs(10), || {
         index().loops.into_iter().find(|l| l.key == event.key)
@@ -251,8 +249,7 @@ fn kubectl_evidence_writes_each_nodes_capture_through_the_api_servers_pod_proxy(
     // A second node that reported the same Service, whose agent does not answer.
     api.apply(agent_pod("clb-probe-bbbbb", "node-b", "127.0.0.1", 1));
     let listen = format!("{node_ip}:{PORT}");
-    let dir = TempDir::new("evidence-out");
-    let token = token_file(&dir);
+    let (dir, token) = token_file("evidence-out");
     let agent = api.start_agent(&["--metrics-addr", &listen, "--evidence-token-file", &token]);
     assert_eq!(
         lab.traffic(Scenario::HealthcheckBlackhole).unwrap(),
@@ -309,10 +306,8 @@ fn kubectl_evidence_writes_each_nodes_capture_through_the_api_servers_pod_proxy(
     let (out, stderr) = evidence_into(&api, &service, &out_dir);
     // node-b's agent does not answer: exit 1, named; this node's folder is written anyway.
     assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(
-        stderr.contains("node-b") && stderr.contains("no evidence from node-b"),
-        "{stderr}"
-    );
+    assert_contains(&stderr, "node-b");
+    assert_contains(&stderr, "no evidence from node-b");
     let node_dir = out_dir.join(NODE_NAME);
     for file in [
         "capture.pcapng",
@@ -362,9 +357,7 @@ fn kubectl_evidence_writes_each_nodes_capture_through_the_api_servers_pod_proxy(
     let denied_dir = dir.path().join("denied");
     let (denied, stderr) = evidence_into(&api, &service, &denied_dir);
     assert_eq!(denied.status.code(), Some(1), "{stderr}");
-    assert!(
-        stderr.contains("forbidden") && stderr.contains("pods/proxy"),
-        "{stderr}"
-    );
+    assert_contains(&stderr, "forbidden");
+    assert_contains(&stderr, "pods/proxy");
     assert!(!denied_dir.join(NODE_NAME).exists());
 }

@@ -21,8 +21,8 @@ use std::{
 };
 
 use probe_tests::agent::{
-    Agent, assert_contains, assert_nothing_attached, error_line, probe_command, stderr,
-    tempdir::TempDir, wait_for,
+    Agent, agent_on_node_nic_args, assert_contains, assert_nothing_attached, error_line,
+    probe_command, stderr, tempdir::TempDir, wait_for,
 };
 use test_support::lab::{self, LabGuard, Scenario, Variants, in_netns};
 
@@ -154,7 +154,7 @@ fn a_lock_squatter_does_not_keep_the_agent_out_and_a_second_agent_is_still_refus
         .expect("the squatter holds the lock");
     assert_contains(&said, "as uid 65534");
 
-    let mut first = Agent::start(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    let mut first = Agent::on_node_nic(&[]);
     assert_eq!(
         first.count_log("not an agent"),
         1,
@@ -164,13 +164,7 @@ fn a_lock_squatter_does_not_keep_the_agent_out_and_a_second_agent_is_still_refus
     let sock = dir.path().join("second.sock");
     let o = probe_run(
         Some(lab::NS_NODE),
-        &[
-            "agent",
-            "--nic",
-            lab::NODE_NIC,
-            "--socket",
-            sock.to_str().unwrap(),
-        ],
+        &agent_on_node_nic_args(&["--socket", sock.to_str().unwrap()]),
         Duration::from_secs(30),
         false,
     )
@@ -216,10 +210,7 @@ fn healthz_answers_every_probe_through_a_flood_of_half_sent_requests() {
     let Some(_lab) = LabGuard::for_test("healthz_flood", &Variants::default()) else {
         return;
     };
-    let mut agent = Agent::start(
-        lab::NS_NODE,
-        &["--nic", lab::NODE_NIC, "--metrics-addr", METRICS],
-    );
+    let mut agent = Agent::on_node_nic(&["--metrics-addr", METRICS]);
     let stop = Arc::new(AtomicBool::new(false));
     let flood = {
         let stop = stop.clone();
@@ -306,8 +297,7 @@ fn an_output_nobody_reads_never_stops_detection_or_shutdown() {
         .arg(&socket)
         // The pipe is kept open and never read (Agent::stdout).
         .stdout(Stdio::piped());
-    let mut agent = Agent::spawn(cmd, dir);
-    agent.wait_log("attached and address sets loaded", Duration::from_secs(60));
+    let mut agent = Agent::spawn_attached(cmd, dir);
     lab.traffic(Scenario::VipPortUnserved).expect("traffic");
     in_netns(lab::NS_POD_A, || {
         for port in 20_000..20_000 + PORTS {
@@ -379,8 +369,7 @@ fn the_live_view_survives_running_out_of_descriptors() {
             Ok(())
         })
     };
-    let mut agent = Agent::spawn(cmd, dir);
-    agent.wait_log("attached and address sets loaded", Duration::from_secs(60));
+    let mut agent = Agent::spawn_attached(cmd, dir);
     let clients: Vec<_> = (0..400)
         .filter_map(|_| std::os::unix::net::UnixStream::connect(&socket).ok())
         .collect();
@@ -439,13 +428,7 @@ fn outputs_never_clobber_files() {
     // SAFETY: a valid C string.
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
     let socket = d.join("probe.sock");
-    let base = [
-        "agent",
-        "--nic",
-        lab::NODE_NIC,
-        "--socket",
-        socket.to_str().unwrap(),
-    ];
+    let base = agent_on_node_nic_args(&["--socket", socket.to_str().unwrap()]);
     for flag in ["--events", "--record"] {
         for (path, says) in [
             (&link, "symbolic link"),
@@ -501,8 +484,7 @@ fn outputs_never_clobber_files() {
         .arg(&socket)
         .stdout(Stdio::null());
     under_umask_000(&mut cmd);
-    let mut agent = Agent::spawn(cmd, TempDir::new("hostile-outputs-agent"));
-    agent.wait_log("attached and address sets loaded", Duration::from_secs(60));
+    let mut agent = Agent::spawn_attached(cmd, TempDir::new("hostile-outputs-agent"));
     assert!(agent.stop().success());
     assert_eq!(
         std::fs::read_to_string(&events).unwrap(),
@@ -563,8 +545,7 @@ fn the_live_view_socket_is_never_connectable_by_another_user() {
     for _ in 0..20 {
         let mut cmd = agent_on_socket(&socket);
         under_umask_000(&mut cmd);
-        let mut agent = Agent::spawn(cmd, TempDir::new("hostile-socket-agent"));
-        agent.wait_log("attached and address sets loaded", Duration::from_secs(60));
+        let mut agent = Agent::spawn_attached(cmd, TempDir::new("hostile-socket-agent"));
         let mode = std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
         assert!(agent.stop().success());

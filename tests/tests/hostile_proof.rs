@@ -87,10 +87,7 @@ fn a_pod_forging_its_own_address_both_ways_confirms_no_self_loop() {
     else {
         return;
     };
-    let agent = Agent::start_with_table(
-        lab::NS_NODE,
-        &["--nic", lab::NODE_NIC, "--metrics-addr", METRICS],
-    );
+    let agent = Agent::on_node_nic_with_table(&["--metrics-addr", METRICS]);
     let gw = node_mac("vpod-b");
     forge_self_syns(
         lab::NS_POD_B,
@@ -176,14 +173,13 @@ fn an_unprivileged_connect_from_the_vip_resolves_no_healthcheck_blackhole() {
     // Conntrack tells an entry's age to the second: the attack must look later than the loop.
     std::thread::sleep(Duration::from_secs(1));
     answered_connect_as_nobody(&node_addr, 45678, &lab::VIP.to_string());
-    let (ran, resolved, log) = after_two_lookups(agent, "healthcheck_blackhole");
+    assert_two_lookups_resolve_nothing(
+        agent,
+        "healthcheck_blackhole",
+        "a local user's connect from the VIP resolved the black hole",
+    );
     drop(api);
     drop(lab);
-    assert!(ran.is_some(), "no proof look-up ran:\n{log}");
-    assert_eq!(
-        resolved, 0,
-        "a local user's connect from the VIP resolved the black hole:\n{log}"
-    );
 }
 
 /// E3, one listen+connect on VIP:port: the node's own call to an unserved port of its local
@@ -217,19 +213,18 @@ fn an_unprivileged_listen_and_connect_on_the_vip_port_resolves_no_unserved_port(
     std::thread::sleep(Duration::from_secs(1));
     let vip = lab::VIP.to_string();
     answered_connect_as_nobody(&vip, PORT, &vip);
-    let (ran, resolved, log) = after_two_lookups(agent, "vip_port_unserved");
+    assert_two_lookups_resolve_nothing(
+        agent,
+        "vip_port_unserved",
+        "a local user's listen+connect on VIP:port resolved the unserved port",
+    );
     drop(api);
     drop(lab);
-    assert!(ran.is_some(), "no proof look-up ran:\n{log}");
-    assert_eq!(
-        resolved, 0,
-        "a local user's listen+connect on VIP:port resolved the unserved port:\n{log}"
-    );
 }
 
-/// Waits for two more proof look-ups of `kind` (None if they never ran), then stops the agent:
-/// whether they ran, how many loops it resolved, and its log.
-fn after_two_lookups(mut agent: Agent, kind: &str) -> (Option<()>, usize, String) {
+/// Waits for two more proof look-ups of `kind` and stops the agent; asserts they ran and
+/// resolved no loop (`attack_resolved` says what a resolution would mean).
+fn assert_two_lookups_resolve_nothing(mut agent: Agent, kind: &str, attack_resolved: &str) {
     let before = proof_lookups(&mut agent, kind);
     let ran = wait_for("two proof look-ups after the attack", WAIT, || {
         (proof_lookups(&mut agent, kind) >= before + 2).then_some(())
@@ -237,7 +232,8 @@ fn after_two_lookups(mut agent: Agent, kind: &str) -> (Option<()>, usize, String
     let resolved = agent.count_log("loop resolved");
     let log = agent.log_lines().join("\n");
     drop(agent);
-    (ran, resolved, log)
+    assert!(ran.is_some(), "no proof look-up ran:\n{log}");
+    assert_eq!(resolved, 0, "{attack_resolved}:\n{log}");
 }
 
 /// Issue #49, G4, the issue's own shape: `default/web` with two ports on the LB, :80 (the LB
@@ -314,12 +310,11 @@ fn a_service_change_and_another_clients_answered_calls_resolve_no_pods_hairpin()
         let attempt = lab.connect(lab::NS_NODE, None, web80).expect("connect");
         assert_eq!(attempt.outcome, lab::Outcome::Ok, "{attempt:?}");
     }
-    let (ran, resolved, log) = after_two_lookups(agent, "hairpin");
+    assert_two_lookups_resolve_nothing(
+        agent,
+        "hairpin",
+        "a Service change and the node's answered calls to :80 resolved the loop",
+    );
     drop(api);
     drop(lab);
-    assert!(ran.is_some(), "no proof look-up ran:\n{log}");
-    assert_eq!(
-        resolved, 0,
-        "a Service change and the node's answered calls to :80 resolved the loop:\n{log}"
-    );
 }

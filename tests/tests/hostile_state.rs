@@ -97,17 +97,12 @@ fn a_full_address_set_says_what_the_kernel_holds() {
         return;
     };
     const CAPACITY: u32 = 256; // the flag's minimum
-    let mut agent = Agent::start(
-        lab::NS_NODE,
-        &[
-            "--nic",
-            lab::NODE_NIC,
-            "--metrics-addr",
-            METRICS,
-            "--address-entries",
-            &CAPACITY.to_string(),
-        ],
-    );
+    let mut agent = Agent::on_node_nic(&[
+        "--metrics-addr",
+        METRICS,
+        "--address-entries",
+        &CAPACITY.to_string(),
+    ]);
     let vip_before = node_metric(METRICS, "clbprobe_local_addresses{set=\"vip\"}");
     // Host entries that are not VIPs (node addresses, pod /32 routes) go in first.
     let before = hosts_v4_by_tag(agent.pid());
@@ -263,7 +258,7 @@ fn probe_watch_prints_a_hostile_nic_name_escaped() {
         &["link", "add", "name", name, "type", "bridge"],
     );
     ip_in(lab::NS_NODE, &["link", "set", name, "up"]);
-    let agent = Agent::start(lab::NS_NODE, &["--nic", lab::NODE_NIC, "--nic", name]);
+    let agent = Agent::on_node_nic(&["--nic", name]);
     let out = Command::new(probe_bin())
         .args(["watch", "--once", "--socket"])
         .arg(agent.dir.path().join("probe.sock"))
@@ -400,10 +395,9 @@ fn watch_never_execs_into_a_labelled_tenant_pod() {
         "no agent: refused, not a tenant's pod: {}",
         text(&out.stdout)
     );
-    assert!(
-        text(&out.stderr).contains("no clb-probe agent pod on node node-a in namespace clb-probe"),
-        "{}",
-        text(&out.stderr)
+    assert_contains(
+        &text(&out.stderr),
+        "no clb-probe agent pod on node node-a in namespace clb-probe",
     );
     assert!(out.stdout.is_empty());
 

@@ -39,7 +39,7 @@ fn run(test: &str, scenario: Scenario6) -> Option<Agent> {
         return None;
     }
     let lab = dual_stack_lab();
-    let agent = Agent::start(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    let agent = Agent::on_node_nic(&[]);
     let (outcome, expected) = lab.run6(scenario).expect("traffic");
     assert_eq!(outcome, expected, "{scenario:?} over IPv6");
     std::thread::sleep(SETTLE);
@@ -139,17 +139,7 @@ fn ipv6_addresses_reach_events_watch_and_metrics_unchanged() {
     let lab = dual_stack_lab();
     let socket = std::env::temp_dir().join(format!("clb-ipv6-test-{}.sock", std::process::id()));
     let socket_arg = socket.to_str().unwrap().to_string();
-    let agent = Agent::start(
-        lab::NS_NODE,
-        &[
-            "--nic",
-            lab::NODE_NIC,
-            "--socket",
-            &socket_arg,
-            "--metrics-addr",
-            METRICS,
-        ],
-    );
+    let agent = Agent::on_node_nic(&["--socket", &socket_arg, "--metrics-addr", METRICS]);
     let (outcome, expected) = lab.run6(Scenario6::HealthcheckBlackhole).expect("traffic");
     assert_eq!(outcome, expected);
     let e = agent.only_event(LoopbackKind::HealthcheckBlackhole, WAIT);

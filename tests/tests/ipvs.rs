@@ -123,7 +123,7 @@ fn ipvs_lab(variants: &Variants) -> LabGuard {
 
 /// The agent on the lab's node, on its NIC, reading the service table.
 fn ipvs_agent() -> Agent {
-    Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC])
+    Agent::on_node_nic_with_table(&[])
 }
 
 impl<'a> Run<'a> {
@@ -526,10 +526,7 @@ fn ipvs_mode_virtual_service_added_is_read_without_a_timer_tick() {
         return;
     }
     let lab = ipvs_lab(&Variants::default());
-    let mut agent = Agent::start_with_table(
-        lab::NS_NODE,
-        &["--nic", lab::NODE_NIC, "--services-every", "3600"],
-    );
+    let mut agent = Agent::on_node_nic_with_table(&["--services-every", "3600"]);
     let count = |agent: &mut Agent| -> usize {
         agent.wait_log("source=Some(Ipvs)", WAIT);
         agent
@@ -888,8 +885,7 @@ fn ipvs_mode_source_ranges_with_the_pod_cidr_report_nothing() {
     let pod = lab.connect(lab::NS_POD_A, None, to_lb).unwrap();
     say!("ipvs-vm: source ranges with the pod CIDR (twin): client {pod:?}");
     assert_eq!(pod.outcome, Outcome::Ok, "{pod:?}");
-    std::thread::sleep(SETTLE);
-    assert!(agent.events().is_empty(), "{:#?}", agent.events());
+    agent.assert_reports_nothing_after(SETTLE);
     source_ranges::set_ipvs_source_ranges(None).unwrap();
     drop(agent);
     drop(lab);

@@ -42,7 +42,7 @@ fn ipvs_lab6_with(ranges: &[&str]) -> (LabGuard, Agent) {
     lab.serve_vip6_by_ipvs().expect("[VIP6]:80 served by IPVS");
     source_ranges::set_ipvs_source_ranges_in(IpFamily::V6, Some(ranges))
         .expect("default/web's IPv6 IPVS-mode firewall");
-    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    let agent = Agent::on_node_nic_with_table(&[]);
     (lab, agent)
 }
 
@@ -96,8 +96,7 @@ fn ipvs_mode_ipv6_source_ranges_with_the_pod_range_report_nothing() {
     let pod = pod_a_call();
     say!("ipvs-vm: IPv6 source ranges with the pod range (twin): client {pod:?}");
     assert_eq!(pod.outcome, Outcome::Ok, "{pod:?}");
-    std::thread::sleep(SETTLE);
-    assert!(agent.events().is_empty(), "{:#?}", agent.events());
+    agent.assert_reports_nothing_after(SETTLE);
     source_ranges::set_ipvs_source_ranges_in(IpFamily::V6, None).unwrap();
     drop((agent, lab));
 }

@@ -54,8 +54,19 @@ fn ipvs_lab_and_agent() -> (LabGuard, Agent) {
         &UpOptions::default(),
     )
     .expect("IPVS-mode lab up");
-    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    let agent = Agent::on_node_nic_with_table(&[]);
     (lab, agent)
+}
+
+/// The IPVS-mode lab and its agent, the statsd Service served and the sender's datagrams
+/// reaching its first real server.
+fn sending_to_the_first_real_server() -> (LabGuard, Agent, stale_udp::Sender) {
+    let (lab, agent) = ipvs_lab_and_agent();
+    stale_udp::serve_statsd().expect("the statsd Service and its sink");
+    let sender = stale_udp::Sender::start(SENDER_PORT, EVERY).expect("sender");
+    wait_delivered(OLD_ENDPOINT_PORT, 0);
+    show("on the first real server");
+    (lab, agent, sender)
 }
 
 /// Waits until pod B has received more than `than` datagrams on `port`; the count then.
@@ -106,11 +117,7 @@ fn ipvs_mode_a_fixed_port_udp_sender_follows_the_real_server_change_and_nothing_
         "ipvs-stale-udp: kernel {}",
         probe_tests::agent::sh(&["uname", "-r"]).trim()
     );
-    let (lab, agent) = ipvs_lab_and_agent();
-    stale_udp::serve_statsd().expect("the statsd Service and its sink");
-    let sender = stale_udp::Sender::start(SENDER_PORT, EVERY).expect("sender");
-    wait_delivered(OLD_ENDPOINT_PORT, 0);
-    show("on the first real server");
+    let (lab, agent, sender) = sending_to_the_first_real_server();
     stale_udp::move_endpoint().expect("move the endpoint");
     let first_new = wait_delivered(NEW_ENDPOINT_PORT, 0);
     let old_then = stale_udp::delivered(OLD_ENDPOINT_PORT).unwrap();
@@ -164,11 +171,7 @@ fn ipvs_mode_a_udp_service_scaled_to_zero_and_back_reaches_the_new_endpoint_and_
     if !lab::require_vm("ipvs_mode_stale_udp_scaled_to_zero_and_back") {
         return;
     }
-    let (lab, agent) = ipvs_lab_and_agent();
-    stale_udp::serve_statsd().expect("the statsd Service and its sink");
-    let sender = stale_udp::Sender::start(SENDER_PORT, EVERY).expect("sender");
-    wait_delivered(OLD_ENDPOINT_PORT, 0);
-    show("on the first real server");
+    let (lab, agent, sender) = sending_to_the_first_real_server();
     stale_udp::scale_to_zero().expect("scale the Service to zero");
     // The sender goes on against the virtual service with no real server: a dump's period and
     // more, so whatever the first datagrams after the delete do has happened.

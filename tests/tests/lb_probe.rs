@@ -95,7 +95,7 @@ fn a_refused_healthz_probe_from_a_gce_range_is_confirmed() {
     let Some(lab) = lab_with_the_gce_probe("lb_probe_refused") else {
         return;
     };
-    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    let agent = Agent::on_node_nic_with_table(&[]);
     let e = probe_until_reported(&lab, &agent, healthz(), Outcome::Refused);
     assert_eq!(e.src, IpAddr::V4(GCE_PROBE_IP));
     assert_eq!(e.dst, IpAddr::V4(lab::NODE_IP));
@@ -127,7 +127,7 @@ fn an_answered_healthz_probe_reports_nothing() {
             let _ = conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
         }
     });
-    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    let agent = Agent::on_node_nic_with_table(&[]);
     let probe = lab
         .connect(lab::NS_LB, Some(GCE_PROBE_IP), healthz())
         .unwrap();
@@ -146,7 +146,7 @@ fn a_firewalled_healthz_probe_is_confirmed_as_a_drop() {
     };
     let _healthz = listen_on_the_node(HEALTHZ_PORT);
     block_probe(Some(("35.191.0.0/16", HEALTHZ_PORT))).unwrap();
-    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    let agent = Agent::on_node_nic_with_table(&[]);
     let e = probe_until_reported(&lab, &agent, healthz(), Outcome::Timeout);
     assert_eq!(e.src, IpAddr::V4(GCE_PROBE_IP));
     assert_eq!(e.outcome, Fate::Dropped);
@@ -204,7 +204,7 @@ fn a_refused_ipv6_probe_from_azures_link_local_source_is_confirmed() {
     else {
         return;
     };
-    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    let agent = Agent::on_node_nic_with_table(&[]);
     let e = wait_for("the refused IPv6 probe", WAIT, || {
         let outcome = lb_probe::probe6_from_link_local(v6::NODE_IP6, HEALTHZ_PORT).unwrap();
         assert_eq!(outcome, "refused");

@@ -42,7 +42,7 @@ fn run(scenario: Scenario, up: Up) -> (Outcome, Agent) {
         Up::InVariants => scenario.spec().variants,
     };
     let lab = LabGuard::up(&variants).expect("lab up");
-    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    let agent = Agent::on_node_nic_with_table(&[]);
     let outcome = lab.traffic(scenario).expect("traffic");
     std::thread::sleep(SETTLE);
     // Keep the lab until the agent has had its say.
@@ -440,7 +440,7 @@ fn repeated_health_checks_aggregate_into_one_event() {
     let Some(lab) = LabGuard::for_test("repeated_health_checks", &Variants::default()) else {
         return;
     };
-    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    let agent = Agent::on_node_nic_with_table(&[]);
     for _ in 0..3 {
         assert_eq!(
             lab.traffic(Scenario::HealthcheckBlackhole).unwrap(),
@@ -626,10 +626,7 @@ fn a_failed_connect_and_its_retransmits_count_once() {
     let Some(lab) = LabGuard::for_test("hairpin_counts_once", &Variants::default()) else {
         return;
     };
-    let agent = Agent::start_with_table(
-        lab::NS_NODE,
-        &["--nic", lab::NODE_NIC, "--metrics-addr", METRICS],
-    );
+    let agent = Agent::on_node_nic_with_table(&["--metrics-addr", METRICS]);
     let outcome = lab.traffic(Scenario::HairpinRpfilter).expect("traffic");
     std::thread::sleep(SETTLE);
     let _ = agent.events();
@@ -778,7 +775,7 @@ fn healthy_twin_bridge_port_with_hairpin_mode_reports_nothing() {
         return;
     };
     lab.set_pod_b_hairpin_mode(true).expect("hairpin mode on");
-    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    let agent = Agent::on_node_nic_with_table(&[]);
     let spec = Scenario::SelfLoopBridge.spec();
     let attempt = lab
         .connect(spec.from_ns, spec.src, spec.dst)

@@ -11,7 +11,7 @@ use probe_tests::{
     agent::{Agent, probe_bin},
     kernel_view::maps_held_by,
 };
-use test_support::lab::{self, LabGuard, Variants};
+use test_support::lab::{LabGuard, Variants};
 
 /// (name, max_entries) of each BPF map process `pid` holds.
 fn maps_of(pid: u32) -> Vec<(String, u64)> {
@@ -39,27 +39,22 @@ fn map_capacities_follow_the_flags() {
         return;
     };
     let defaults = {
-        let agent = Agent::start(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+        let agent = Agent::on_node_nic(&[]);
         maps_of(agent.pid())
     };
     let sized = {
-        let agent = Agent::start(
-            lab::NS_NODE,
-            &[
-                "--nic",
-                lab::NODE_NIC,
-                "--egress-flows",
-                "4096",
-                "--address-entries",
-                "2048",
-                "--dedup-flows",
-                "512",
-                "--counter-keys",
-                "128",
-                "--ringbuf-kib",
-                "64",
-            ],
-        );
+        let agent = Agent::on_node_nic(&[
+            "--egress-flows",
+            "4096",
+            "--address-entries",
+            "2048",
+            "--dedup-flows",
+            "512",
+            "--counter-keys",
+            "128",
+            "--ringbuf-kib",
+            "64",
+        ]);
         maps_of(agent.pid())
     };
     for (name, default, asked) in [

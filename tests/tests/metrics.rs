@@ -58,10 +58,7 @@ fn failures_show_in_metrics_and_a_real_prometheus_scrapes_them() {
     let Some(lab) = LabGuard::for_test("metrics", &Variants::default()) else {
         return;
     };
-    let agent = Agent::start(
-        lab::NS_NODE,
-        &["--nic", lab::NODE_NIC, "--metrics-addr", METRICS],
-    );
+    let agent = Agent::on_node_nic(&["--metrics-addr", METRICS]);
     let (status, body) = http_get_in(lab::NS_NODE, METRICS, "/readyz").expect("readyz");
     assert_eq!((status, body.trim()), (200, "ready"));
     assert_eq!(

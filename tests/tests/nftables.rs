@@ -43,7 +43,7 @@ fn run(scenario: Scenario) -> Agent {
 /// Starts the agent on `lab`'s node, drives `scenario`, asserts the client's outcome, lets the
 /// agent settle and takes the lab down; the agent keeps running.
 fn drive(lab: LabGuard, scenario: Scenario) -> Agent {
-    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    let agent = Agent::on_node_nic_with_table(&[]);
     let report = lab.run(scenario).expect("traffic");
     assert_eq!(
         report.outcome(),
@@ -246,22 +246,24 @@ fn nftables_no_endpoint_drop_lab_reproduces_kube_proxys_drop_and_its_twin() {
     let Some(lab) = lab_for("nftables_no_endpoint_drop_lab") else {
         return;
     };
-    let to = std::net::SocketAddrV4::new(lab::VIP, lab::VIP_NFT_ETP_LOCAL_PORT);
     lab.set_nft_web_local(false).unwrap();
     assert!(lab::nft::web_local_dropped());
-    let pod = lab.connect(lab::NS_POD_A, None, to).unwrap();
-    assert_eq!(pod.outcome, Outcome::Timeout, "{pod:?}");
-    let node = lab.connect(lab::NS_NODE, None, to).unwrap();
-    assert_eq!(node.outcome, Outcome::Timeout, "{node:?}");
+    assert_call_to_web_local(&lab, lab::NS_POD_A, Outcome::Timeout);
+    assert_call_to_web_local(&lab, lab::NS_NODE, Outcome::Timeout);
     lab.set_nft_web_local(true).unwrap();
     assert!(!lab::nft::web_local_dropped());
-    let pod = lab.connect(lab::NS_POD_A, None, to).unwrap();
-    assert_eq!(pod.outcome, Outcome::Ok, "{pod:?}");
+    assert_call_to_web_local(&lab, lab::NS_POD_A, Outcome::Ok);
     // And back: the rewrite is idempotent in both directions.
     lab.set_nft_web_local(false).unwrap();
     assert!(lab::nft::web_local_dropped());
-    let pod = lab.connect(lab::NS_POD_A, None, to).unwrap();
-    assert_eq!(pod.outcome, Outcome::Timeout, "{pod:?}");
+    assert_call_to_web_local(&lab, lab::NS_POD_A, Outcome::Timeout);
+}
+
+/// A call from `netns` to `default/web-local`'s LB IP:port; asserts its outcome.
+fn assert_call_to_web_local(lab: &LabGuard, netns: &str, expected: Outcome) {
+    let to = std::net::SocketAddrV4::new(lab::VIP, lab::VIP_NFT_ETP_LOCAL_PORT);
+    let call = lab.connect(netns, None, to).unwrap();
+    assert_eq!(call.outcome, expected, "{netns}: {call:?}");
 }
 
 /// Issue 39 item 1: pod-a's call to `default/web-local`'s LB IP:8445 (ETP Local, no endpoint
@@ -274,19 +276,15 @@ fn nftables_no_endpoint_drop_of_a_pods_call_is_confirmed_with_the_element() {
         return;
     };
     lab.set_nft_web_local(false).unwrap();
-    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
-    let to = std::net::SocketAddrV4::new(lab::VIP, lab::VIP_NFT_ETP_LOCAL_PORT);
-    let pod = lab.connect(lab::NS_POD_A, None, to).unwrap();
-    assert_eq!(pod.outcome, Outcome::Timeout, "{pod:?}");
+    let agent = Agent::on_node_nic_with_table(&[]);
+    assert_call_to_web_local(&lab, lab::NS_POD_A, Outcome::Timeout);
     let e = agent.only_event(LoopbackKind::EtpLocalDrop, WAIT);
     assert_pod_a_call_dropped_by_netfilter(&e, lab::VIP_NFT_ETP_LOCAL_PORT, "default/web-local");
     let ev = lines(&e.evidence);
-    assert!(
-        ev.contains(
-            "map no-endpoint-services has the element 203.0.113.10 . tcp . 8445 comment \
-             \"default/web-local:http\" : drop"
-        ),
-        "{ev}"
+    assert_contains(
+        &ev,
+        "map no-endpoint-services has the element 203.0.113.10 . tcp . 8445 comment \
+             \"default/web-local:http\" : drop",
     );
     assert_contains(&ev, "none of them on this node: 198.19.2.10:30080");
     let remedy = lines(&e.remedy);
@@ -307,10 +305,8 @@ fn nftables_no_endpoint_drop_twin_with_a_local_endpoint_reports_nothing() {
         return;
     };
     lab.set_nft_web_local(true).unwrap();
-    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
-    let to = std::net::SocketAddrV4::new(lab::VIP, lab::VIP_NFT_ETP_LOCAL_PORT);
-    let pod = lab.connect(lab::NS_POD_A, None, to).unwrap();
-    assert_eq!(pod.outcome, Outcome::Ok, "{pod:?}");
+    let agent = Agent::on_node_nic_with_table(&[]);
+    assert_call_to_web_local(&lab, lab::NS_POD_A, Outcome::Ok);
     agent.assert_reports_nothing_after(SETTLE);
     drop(lab);
 }
@@ -402,12 +398,10 @@ fn nftables_no_endpoint_elements_past_the_watched_destinations_keep_lb_ips_and_a
     assert_eq!(left_out, Some((EXTRA + 1 - 256) as u64));
     let (status, readyz) = lab::http_get_in(lab::NS_NODE, METRICS, "/readyz").unwrap();
     assert_eq!(status, 200, "{readyz}");
-    assert!(
-        readyz.contains(
-            "45 of kube-proxy's drop destinations (no-endpoint drops and \
-                 loadBalancerSourceRanges firewall entries) over --address-entries (256)"
-        ),
-        "{readyz}"
+    assert_contains(
+        &readyz,
+        "45 of kube-proxy's drop destinations (no-endpoint drops and \
+                 loadBalancerSourceRanges firewall entries) over --address-entries (256)",
     );
     // The victim's LB IP was kept: its pod's dropped call is confirmed.
     let to = std::net::SocketAddrV4::new(lab::VIP, lab::VIP_NFT_ETP_LOCAL_PORT);

@@ -13,8 +13,8 @@ use std::{
 };
 
 use probe_tests::agent::{
-    Agent, assert_contains, assert_nothing_attached, error_line, our_tc_attachments, probe_bin,
-    probe_command, stderr, tempdir::TempDir, wait_for,
+    Agent, agent_on_node_nic_args, assert_contains, assert_nothing_attached, error_line,
+    our_tc_attachments, probe_bin, probe_command, stderr, tempdir::TempDir, wait_for,
 };
 use test_support::lab::{self, LabGuard, Variants, http_get_in, in_netns};
 
@@ -79,19 +79,14 @@ fn healthz_answers_through_misbehaving_clients_and_sigterm_ends_the_agent() {
     };
     let dir = TempDir::new("reliability-http");
     let socket = dir.path().join("probe.sock");
-    let mut agent = Agent::start(
-        lab::NS_NODE,
-        &[
-            "--nic",
-            lab::NODE_NIC,
-            "--metrics-addr",
-            METRICS,
-            "--socket",
-            socket.to_str().unwrap(),
-            "--pod-cidr",
-            lab::POD_CIDR,
-        ],
-    );
+    let mut agent = Agent::on_node_nic(&[
+        "--metrics-addr",
+        METRICS,
+        "--socket",
+        socket.to_str().unwrap(),
+        "--pod-cidr",
+        lab::POD_CIDR,
+    ]);
 
     // A pipelining client that stops reading: thousands of requests, none of the answers read.
     let pipeliner = in_netns(lab::NS_NODE, || {
@@ -160,15 +155,7 @@ fn a_second_agent_in_the_namespace_is_refused_naming_the_first() {
     };
     let dir = TempDir::new("reliability-second");
     let first_socket = dir.path().join("first.sock");
-    let mut first = Agent::start(
-        lab::NS_NODE,
-        &[
-            "--nic",
-            lab::NODE_NIC,
-            "--socket",
-            first_socket.to_str().unwrap(),
-        ],
-    );
+    let mut first = Agent::on_node_nic(&["--socket", first_socket.to_str().unwrap()]);
     let attached_before = {
         let mut a = our_tc_attachments();
         a.sort();
@@ -176,13 +163,7 @@ fn a_second_agent_in_the_namespace_is_refused_naming_the_first() {
     };
     for mode in [None, Some("netlink")] {
         let second_socket = dir.path().join("second.sock");
-        let mut args = vec![
-            "agent",
-            "--nic",
-            lab::NODE_NIC,
-            "--socket",
-            second_socket.to_str().unwrap(),
-        ];
+        let mut args = agent_on_node_nic_args(&["--socket", second_socket.to_str().unwrap()]);
         if let Some(mode) = mode {
             args.extend(["--tc-mode", mode]);
         }
@@ -227,13 +208,7 @@ fn the_socket_path_is_never_destroyed_or_hijacked() {
         let attached_before = our_tc_attachments();
         let o = probe_run(
             Some(lab::NS_NODE),
-            &[
-                "agent",
-                "--nic",
-                lab::NODE_NIC,
-                "--socket",
-                path.to_str().unwrap(),
-            ],
+            &agent_on_node_nic_args(&["--socket", path.to_str().unwrap()]),
             Duration::from_secs(20),
         );
         assert_eq!(
@@ -281,10 +256,7 @@ fn the_socket_path_is_never_destroyed_or_hijacked() {
     let stale = dir.path().join("stale.sock");
     drop(UnixListener::bind(&stale).unwrap());
     assert!(stale.exists());
-    let mut agent = Agent::start(
-        lab::NS_NODE,
-        &["--nic", lab::NODE_NIC, "--socket", stale.to_str().unwrap()],
-    );
+    let mut agent = Agent::on_node_nic(&["--socket", stale.to_str().unwrap()]);
     assert!(std::os::unix::net::UnixStream::connect(&stale).is_ok());
     assert!(agent.stop().success());
     assert!(!stale.exists());
@@ -345,21 +317,16 @@ fn an_absent_vip_interface_is_said_and_waited_for() {
         return;
     };
     let dir = TempDir::new("reliability-vip");
-    let mut agent = Agent::start(
-        lab::NS_NODE,
-        &[
-            "--nic",
-            lab::NODE_NIC,
-            "--vip-iface",
-            "clbvip9",
-            "--pod-cidr",
-            "198.18.0.0/24",
-            "--metrics-addr",
-            METRICS,
-            "--socket",
-            dir.path().join("probe.sock").to_str().unwrap(),
-        ],
-    );
+    let mut agent = Agent::on_node_nic(&[
+        "--vip-iface",
+        "clbvip9",
+        "--pod-cidr",
+        "198.18.0.0/24",
+        "--metrics-addr",
+        METRICS,
+        "--socket",
+        dir.path().join("probe.sock").to_str().unwrap(),
+    ]);
     assert_eq!(
         agent.count_log("VIP interface absent"),
         1,
@@ -417,15 +384,12 @@ fn unwritable_outputs_fail_before_the_kernel_is_touched() {
     for (flag, says) in [("--events", "--events"), ("--record", "--record")] {
         let o = probe_run(
             Some(lab::NS_NODE),
-            &[
-                "agent",
-                "--nic",
-                lab::NODE_NIC,
+            &agent_on_node_nic_args(&[
                 flag,
                 "/nonexistent-clb-dir/out.jsonl",
                 "--socket",
                 "/tmp/clb-reliability-outputs.sock",
-            ],
+            ]),
             Duration::from_secs(20),
         );
         assert_eq!(o.status.code(), Some(1), "{flag}: {}", stderr(&o));

@@ -26,10 +26,7 @@ fn node(args: &[&str]) {
 /// NodePorts, runs `change`, and waits for the table with one more.
 fn nodeport_added_is_seen(mode: KubeProxyMode, nodeports: usize, change: &[&str]) {
     let lab = LabGuard::up_in(mode, &Default::default(), &Default::default()).expect("lab up");
-    let mut agent = Agent::start(
-        lab::NS_NODE,
-        &["--nic", lab::NODE_NIC, "--services-every", "3600"],
-    );
+    let mut agent = Agent::on_node_nic(&["--services-every", "3600"]);
     agent.wait_log(&format!("nodeports={nodeports} "), WAIT);
     node(change);
     agent.wait_log(&format!("nodeports={} ", nodeports + 1), WAIT);

@@ -11,7 +11,8 @@ use std::{net::SocketAddrV4, time::Duration};
 
 use probe_contract::LoopbackKind;
 use probe_tests::agent::{
-    Agent, assert_pod_a_call_dropped_by_netfilter, assert_pod_a_outside_the_ranges, lines,
+    Agent, assert_contains, assert_pod_a_call_dropped_by_netfilter,
+    assert_pod_a_outside_the_ranges, lines,
 };
 use test_support::lab::{self, LabGuard, Outcome, source_ranges};
 
@@ -37,19 +38,17 @@ fn source_ranges_drop_of_a_pods_call_is_confirmed_with_the_ranges() {
     };
     source_ranges::set_source_ranges(Some(OUTSIDE)).unwrap();
     assert!(source_ranges::firewalled());
-    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    let agent = Agent::on_node_nic_with_table(&[]);
     let pod = lab.connect(lab::NS_POD_A, None, to_lb()).unwrap();
     assert_eq!(pod.outcome, Outcome::Timeout, "{pod:?}");
     let e = agent.only_event(LoopbackKind::SourceRangesDrop, WAIT);
     assert_pod_a_call_dropped_by_netfilter(&e, lab::SERVICE_PORT, "default/web");
     let ev = lines(&e.evidence);
-    assert!(
-        ev.contains(
-            "map firewall-ips has the element 203.0.113.10 . tcp . 80 of default/web:http, \
+    assert_contains(
+        &ev,
+        "map firewall-ips has the element 203.0.113.10 . tcp . 80 of default/web:http, \
              whose chain drops every \
-             new connection from a source outside { 192.0.2.0/24, 198.51.100.0/24 }"
-        ),
-        "{ev}"
+             new connection from a source outside { 192.0.2.0/24, 198.51.100.0/24 }",
     );
     assert_pod_a_outside_the_ranges(
         &e,
@@ -72,11 +71,10 @@ fn source_ranges_with_the_pod_cidr_report_nothing() {
     };
     source_ranges::set_source_ranges(Some(&["192.0.2.0/24", lab::POD_CIDR])).unwrap();
     assert!(source_ranges::firewalled());
-    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    let agent = Agent::on_node_nic_with_table(&[]);
     let pod = lab.connect(lab::NS_POD_A, None, to_lb()).unwrap();
     assert_eq!(pod.outcome, Outcome::Ok, "{pod:?}");
-    std::thread::sleep(SETTLE);
-    assert!(agent.events().is_empty(), "{:#?}", agent.events());
+    agent.assert_reports_nothing_after(SETTLE);
     source_ranges::set_source_ranges(None).unwrap();
     drop(lab);
 }

@@ -37,7 +37,7 @@ fn ipv6_nftables_source_ranges_drop_is_confirmed_and_its_twin_is_silent() {
     };
     source_ranges::set_source_ranges_in(IpFamily::V6, Some(&[OUTSIDE])).unwrap();
     assert!(source_ranges::firewalled_in(IpFamily::V6));
-    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    let agent = Agent::on_node_nic_with_table(&[]);
     let pod = call();
     assert_eq!(pod.outcome, Outcome::Timeout, "{pod:?}");
     let e = agent.only_event(LoopbackKind::SourceRangesDrop, WAIT);
@@ -72,7 +72,7 @@ fn ipv6_nftables_source_ranges_drop_is_confirmed_and_its_twin_is_silent() {
 
     // The twin, in the same lab: the pod range listed, a fresh agent.
     source_ranges::set_source_ranges_in(IpFamily::V6, Some(&[OUTSIDE, v6::POD_CIDR6])).unwrap();
-    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    let agent = Agent::on_node_nic_with_table(&[]);
     let pod = call();
     assert_eq!(pod.outcome, Outcome::Ok, "{pod:?}");
     agent.assert_reports_nothing_after(SETTLE);

@@ -17,8 +17,8 @@ use std::{
 use probe_contract::{LoopbackKind, check::Kind, facts::ProxyMode};
 use probe_tests::{
     agent::{
-        Agent, assert_pod_a_call_dropped_by_netfilter, assert_pod_a_outside_the_ranges, lines,
-        require_root,
+        Agent, assert_contains, assert_pod_a_call_dropped_by_netfilter,
+        assert_pod_a_outside_the_ranges, lines, require_root,
     },
     lab_check::lab_node_subjects,
 };
@@ -44,7 +44,7 @@ fn lab_with(family: IpFamily, ranges: &[&str]) -> (LabGuard, Agent) {
     source_ranges::set_iptables_source_ranges(family, Some(ranges))
         .expect("default/web's firewall");
     assert!(source_ranges::iptables_firewalled(family));
-    let agent = Agent::start_with_table(lab::NS_NODE, &["--nic", lab::NODE_NIC]);
+    let agent = Agent::on_node_nic_with_table(&[]);
     (lab, agent)
 }
 
@@ -69,18 +69,15 @@ fn iptables_source_ranges_drop_of_a_pods_call_is_confirmed_with_the_rule() {
     assert_pod_a_call_dropped_by_netfilter(&e, lab::SERVICE_PORT, "default/web");
     assert_eq!(e.facts.proxy_mode, Some(ProxyMode::Iptables));
     let ev = lines(&e.evidence);
-    assert!(
-        ev.contains(&format!(
+    assert_contains(
+        &ev,
+        &format!(
             "filter chain KUBE-PROXY-FIREWALL has -d 203.0.113.10/32 -p tcp --dport 80 -m \
              comment --comment \"default/web:http traffic not accepted by {fw}\" -j DROP",
             fw = source_ranges::IPT_FIREWALL_CHAIN
-        )),
-        "{ev}"
+        ),
     );
-    assert!(
-        ev.contains("source outside { 192.0.2.0/24, 198.51.100.0/24 }"),
-        "{ev}"
-    );
+    assert_contains(&ev, "source outside { 192.0.2.0/24, 198.51.100.0/24 }");
     assert!(!ev.contains("firewall-ips"), "{ev}");
     assert_pod_a_outside_the_ranges(&e, &["PR #110289"]);
     // The node's own call dies the same way, in OUTPUT (confirmed from the node in
@@ -102,8 +99,7 @@ fn iptables_source_ranges_with_the_pod_cidr_report_nothing() {
     assert!(lab_node_subjects(Kind::SourceRangesDrop).is_empty());
     let pod = lab.connect(lab::NS_POD_A, None, to_lb()).unwrap();
     assert_eq!(pod.outcome, Outcome::Ok, "{pod:?}");
-    std::thread::sleep(SETTLE);
-    assert!(agent.events().is_empty(), "{:#?}", agent.events());
+    agent.assert_reports_nothing_after(SETTLE);
     source_ranges::set_iptables_source_ranges(IpFamily::V4, None).unwrap();
     drop(lab);
 }
@@ -124,14 +120,12 @@ fn ipv6_iptables_source_ranges_drop_is_confirmed_and_its_twin_is_silent() {
     assert_eq!(e.vip, Some(IpAddr::V6(v6::VIP6)));
     assert_eq!(e.service.as_deref(), Some("default/web"));
     let ev = lines(&e.evidence);
-    assert!(
-        ev.contains(
-            "kube-proxy's iptables rules (ip6tables): filter chain KUBE-PROXY-FIREWALL has -d \
-             2001:db8:113::10/128 -p tcp --dport 80"
-        ),
-        "{ev}"
+    assert_contains(
+        &ev,
+        "kube-proxy's iptables rules (ip6tables): filter chain KUBE-PROXY-FIREWALL has -d \
+             2001:db8:113::10/128 -p tcp --dport 80",
     );
-    assert!(ev.contains("source outside { 2001:db8:51::/48 }"), "{ev}");
+    assert_contains(&ev, "source outside { 2001:db8:51::/48 }");
     drop(agent);
     source_ranges::set_iptables_source_ranges(IpFamily::V6, None).unwrap();
     drop(lab);
@@ -139,7 +133,6 @@ fn ipv6_iptables_source_ranges_drop_is_confirmed_and_its_twin_is_silent() {
     let (lab, agent) = lab_with(IpFamily::V6, &["2001:db8:51::/48", v6::POD_CIDR6]);
     let pod = call();
     assert_eq!(pod.outcome, Outcome::Ok, "{pod:?}");
-    std::thread::sleep(SETTLE);
-    assert!(agent.events().is_empty(), "{:#?}", agent.events());
+    agent.assert_reports_nothing_after(SETTLE);
     drop(lab);
 }

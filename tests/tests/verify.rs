@@ -233,11 +233,9 @@ fn verify_confirms_a_loop_no_client_trips_and_is_clean_once_the_lb_guards_it() {
     );
     let table = text(&out.stdout);
     assert!(out.status.success(), "{table}\n{}", text(&out.stderr));
-    assert!(
-        table.contains(&format!(
-            "{EDGE_TARGET}  from node:\n    clean: hairpin (the loop),"
-        )),
-        "{table}"
+    assert_contains(
+        &table,
+        &format!("{EDGE_TARGET}  from node:\n    clean: hairpin (the loop),"),
     );
     assert_contains(&table, "not testable: *:");
     assert_eq!(
@@ -347,17 +345,15 @@ fn fix_apply_verify_says_resolved_without_waiting_for_resolve_after() {
         text(&fixed.stderr)
     );
     assert_contains(&stdout, "applied etp-cluster");
-    assert!(
-        stdout.contains(&format!(
+    assert_contains(
+        &stdout,
+        &format!(
             "resolved: every loop tested from its own client is clean on every node that had it ({NODE_NAME})"
-        )),
-        "{stdout}"
+        ),
     );
-    assert!(
-        stdout.contains(&format!(
-            "{EDGE_TARGET}  from node:\n    clean: hairpin (the loop)"
-        )),
-        "{stdout}"
+    assert_contains(
+        &stdout,
+        &format!("{EDGE_TARGET}  from node:\n    clean: hairpin (the loop)"),
     );
     assert_eq!(
         agent.count_log("loop resolved"),
@@ -396,11 +392,9 @@ fn an_lb_that_drops_the_nodes_calls_is_not_proven_and_fix_verify_does_not_resolv
     );
     assert!(!stdout.contains("resolved: every"), "{stdout}");
     assert_contains(&stdout, "not proven resolved:");
-    assert!(
-        stdout.contains(&format!(
-            "node {NODE_NAME}: hairpin at {EDGE_TARGET} from node: not_proven"
-        )),
-        "{stdout}"
+    assert_contains(
+        &stdout,
+        &format!("node {NODE_NAME}: hairpin at {EDGE_TARGET} from node: not_proven"),
     );
     assert!(agent.stop().success());
     drop(lab);
@@ -500,11 +494,9 @@ fn a_pods_hairpin_is_tested_from_the_pod_and_a_fix_that_changes_nothing_is_not_r
         "{stdout}\n{}",
         text(&out.stderr)
     );
-    assert!(
-        stdout.contains(&format!(
-            "still looping on node {NODE_NAME}: hairpin at {web}"
-        )),
-        "{stdout}"
+    assert_contains(
+        &stdout,
+        &format!("still looping on node {NODE_NAME}: hairpin at {web}"),
     );
     assert!(!stdout.contains("resolved: every"), "{stdout}");
 
@@ -650,11 +642,7 @@ fn verify_errors_are_one_clear_line_and_exit_1() {
 
     let out = words("verify -n default web");
     assert_eq!(out.status.code(), Some(1));
-    assert!(
-        text(&out.stderr).contains("--node NODE"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert_contains(&text(&out.stderr), "--node NODE");
 }
 
 /// Hostile round 4 (issue #49): one requester could keep every node connecting, a request

@@ -24,11 +24,16 @@ fn metric(name: &str) -> u64 {
 }
 
 fn drop_records(agent: &Agent) -> u64 {
-    agent
-        .records()
-        .iter()
-        .filter(|r| matches!(r, KernelEvent::Drop { .. }))
-        .count() as u64
+    records_where(agent, |r| matches!(r, KernelEvent::Drop { .. }))
+}
+
+fn suspect_records(agent: &Agent) -> u64 {
+    records_where(agent, |r| matches!(r, KernelEvent::Suspect { .. }))
+}
+
+/// How many of the agent's kernel records `is` picks.
+fn records_where(agent: &Agent, is: impl Fn(&KernelEvent) -> bool) -> u64 {
+    agent.records().iter().filter(|r| is(r)).count() as u64
 }
 
 #[test]
@@ -40,10 +45,7 @@ fn confirming_records_wake_the_reader_within_budget_and_survive_a_flood() {
         return;
     }
     let lab = LabGuard::up(&Variants::default()).expect("lab up");
-    let agent = Agent::start(
-        lab::NS_NODE,
-        &["--nic", lab::NODE_NIC, "--metrics-addr", METRICS],
-    );
+    let agent = Agent::on_node_nic(&["--metrics-addr", METRICS]);
     let wakeups = "clbprobe_kernel_reader_wakeups_total";
     let past_budget = "clbprobe_kernel_reader_wakeups_suppressed_total";
 
@@ -99,12 +101,4 @@ fn confirming_records_wake_the_reader_within_budget_and_survive_a_flood() {
         metric(wakeups) > woken,
         "the blackhole's drop woke the reader"
     );
-}
-
-fn suspect_records(agent: &Agent) -> u64 {
-    agent
-        .records()
-        .iter()
-        .filter(|r| matches!(r, KernelEvent::Suspect { .. }))
-        .count() as u64
 }

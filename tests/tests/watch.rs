@@ -7,7 +7,7 @@ use std::{
 };
 
 use probe_tests::agent::{Agent, follow_events, probe_bin, wait_for};
-use test_support::lab::{self, LabGuard, Outcome, Scenario, Variants};
+use test_support::lab::{LabGuard, Outcome, Scenario, Variants};
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -58,10 +58,7 @@ fn events_watch_once_and_the_live_view_in_a_terminal() {
     };
     let socket = std::env::temp_dir().join(format!("clb-watch-test-{}.sock", std::process::id()));
     let socket_arg = socket.to_str().unwrap().to_string();
-    let _agent = Agent::start(
-        lab::NS_NODE,
-        &["--nic", lab::NODE_NIC, "--socket", &socket_arg],
-    );
+    let _agent = Agent::on_node_nic(&["--socket", &socket_arg]);
 
     // `probe events` follows from before the traffic.
     let (mut events, rx) = follow_events(&socket);
