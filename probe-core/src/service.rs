@@ -201,6 +201,30 @@ pub struct ServiceFacts {
 }
 
 impl ServiceFacts {
+    /// A Service of `service_type` with nothing else known: no addresses, ports, policies,
+    /// endpoints or annotations. The base the readers and tests complete with `..`, so each
+    /// says only what it knows.
+    pub fn named(namespace: &str, name: &str, service_type: &str) -> Self {
+        Self {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            uid: None,
+            service_type: service_type.into(),
+            cluster_ips: Box::default(),
+            external_ips: Box::default(),
+            ingress: Box::default(),
+            ports: Box::default(),
+            external_traffic_policy: None,
+            health_check_node_port: None,
+            loopback_annotations: BTreeMap::new(),
+            endpoints: Box::default(),
+            load_balancer_class: None,
+            load_balancer_source_ranges: Box::default(),
+            annotations: BTreeMap::new(),
+            resource_version: None,
+        }
+    }
+
     /// `namespace/name`.
     pub fn key(&self) -> String {
         format!("{}/{}", self.namespace, self.name)

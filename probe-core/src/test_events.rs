@@ -81,12 +81,7 @@ pub fn proxy_protocol_ingress(annotations: &[(&str, &str)], ip_mode: Option<&str
         node_port: None,
     };
     ServiceFacts {
-        namespace: "default".into(),
-        name: "ingress".into(),
-        uid: None,
-        service_type: "LoadBalancer".into(),
         cluster_ips: vec![ip("198.18.100.20")].into(),
-        external_ips: Box::default(),
         ingress: vec![LbIngress {
             ip: Some(ip(LB)),
             hostname: None,
@@ -94,17 +89,12 @@ pub fn proxy_protocol_ingress(annotations: &[(&str, &str)], ip_mode: Option<&str
         }]
         .into(),
         ports: vec![port(9443, "TCP"), port(53, "UDP")].into(),
-        external_traffic_policy: None,
-        health_check_node_port: None,
-        loopback_annotations: Default::default(),
         endpoints: vec![ip(POD_B)].into(),
-        load_balancer_class: None,
-        load_balancer_source_ranges: Box::default(),
         annotations: annotations
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
-        resource_version: None,
+        ..ServiceFacts::named("default", "ingress", "LoadBalancer")
     }
 }
 

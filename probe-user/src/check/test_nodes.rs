@@ -141,12 +141,7 @@ pub(super) fn web(etp_local: bool, ip_mode: Option<&str>) -> ServiceFacts {
         node_port: Some(node_port),
     };
     ServiceFacts {
-        namespace: "shop".into(),
-        name: "web".into(),
-        uid: None,
-        service_type: "LoadBalancer".into(),
         cluster_ips: vec![ip("198.18.100.10")].into(),
-        external_ips: Box::default(),
         ingress: vec![LbIngress {
             ip: Some(ip(VIP)),
             hostname: None,
@@ -156,12 +151,7 @@ pub(super) fn web(etp_local: bool, ip_mode: Option<&str>) -> ServiceFacts {
         ports: vec![port(80, 30080), port(443, 30443)].into(),
         external_traffic_policy: Some(if etp_local { "Local" } else { "Cluster" }.into()),
         health_check_node_port: etp_local.then_some(32000),
-        loopback_annotations: Default::default(),
-        endpoints: Box::default(),
-        load_balancer_class: None,
-        load_balancer_source_ranges: Box::default(),
-        annotations: Default::default(),
-        resource_version: None,
+        ..ServiceFacts::named("shop", "web", "LoadBalancer")
     }
 }
 

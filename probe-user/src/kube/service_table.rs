@@ -349,16 +349,12 @@ impl StoredService {
             Proto::Other(132) => "SCTP",
             _ => "TCP",
         };
+        let service_type = if proxy.external_policy_local {
+            "LoadBalancer"
+        } else {
+            "ClusterIP"
+        };
         let facts = ServiceFacts {
-            namespace: namespace.into(),
-            name: name.into(),
-            uid: None,
-            service_type: if proxy.external_policy_local {
-                "LoadBalancer"
-            } else {
-                "ClusterIP"
-            }
-            .into(),
             ports: proxy
                 .ports
                 .iter()
@@ -383,12 +379,8 @@ impl StoredService {
             external_traffic_policy: proxy.external_policy_local.then(|| "Local".into()),
             health_check_node_port: (proxy.health_check_node_port != 0)
                 .then_some(proxy.health_check_node_port),
-            loopback_annotations: Default::default(),
-            endpoints: Box::default(),
-            load_balancer_class: None,
-            load_balancer_source_ranges: Box::default(),
-            annotations: Default::default(),
-            resource_version: None,
+            // What kube-proxy's rules do not say (uid, endpoints, annotations, ...).
+            ..ServiceFacts::named(namespace, name, service_type)
         };
         StoredService {
             facts: Arc::new(facts),
