@@ -135,14 +135,21 @@ fn metric(line_prefix: &str) -> Option<u64> {
         .and_then(|v| v.parse().ok())
 }
 
-/// The lab with the LB IP unbound, the fake API with `default/edge` (externalTrafficPolicy
-/// Cluster, ipMode Proxy), and the agent (metrics on, no Events) once it logs `ready`.
-/// None where `test` cannot run (not root: it says it skips).
-fn edge_lab_with_agent(test: &str, ready: &str) -> Option<(LabGuard, KubeFixture, Agent)> {
+/// The lab with the LB IP unbound and the fake API with `default/edge` (externalTrafficPolicy
+/// Cluster, ipMode Proxy), no agent yet. None where `test` cannot run (not root).
+fn edge_lab(test: &str) -> Option<(LabGuard, KubeFixture)> {
     let lab = LabGuard::for_test(test, &unbound())?;
     let api = KubeFixture::builder()
         .object(edge_service("Cluster", "Proxy"))
         .start();
+    Some((lab, api))
+}
+
+/// The lab with the LB IP unbound, the fake API with `default/edge` (externalTrafficPolicy
+/// Cluster, ipMode Proxy), and the agent (metrics on, no Events) once it logs `ready`.
+/// None where `test` cannot run (not root: it says it skips).
+fn edge_lab_with_agent(test: &str, ready: &str) -> Option<(LabGuard, KubeFixture, Agent)> {
+    let (lab, api) = edge_lab(test)?;
     let mut agent = api.start_agent(&["--metrics-addr", METRICS, "--kube-events", "off"]);
     agent.wait_log(ready, WAIT);
     Some((lab, api, agent))
@@ -564,12 +571,9 @@ fn an_agent_with_another_nodes_name_does_not_answer_its_requests() {
 
 #[test]
 fn the_canary_confirms_a_loop_no_user_trips_and_labels_it() {
-    let Some(lab) = LabGuard::for_test("verify_canary", &unbound()) else {
+    let Some((lab, api)) = edge_lab("verify_canary") else {
         return;
     };
-    let api = KubeFixture::builder()
-        .object(edge_service("Cluster", "Proxy"))
-        .start();
     let mut agent = api.start_agent(&[
         "--metrics-addr",
         METRICS,
@@ -870,12 +874,9 @@ fn an_interrupted_verify_deletes_its_request() {
 /// answered `refused` by its restart, which does not test it again.
 #[test]
 fn an_answer_is_one_write_and_a_request_the_agent_died_testing_is_refused_by_its_restart() {
-    let Some(lab) = LabGuard::for_test("verify_mark", &unbound()) else {
+    let Some((lab, api)) = edge_lab("verify_mark") else {
         return;
     };
-    let api = KubeFixture::builder()
-        .object(edge_service("Cluster", "Proxy"))
-        .start();
     // A socket path the test names, so the restart finds its predecessor's mark beside it.
     let socket = api.dir().join("probe.sock");
     let socket = socket.to_str().unwrap();
