@@ -53,7 +53,10 @@ impl TestingMark {
     /// Marks `request` as being tested: written whole (a temporary file renamed over the
     /// mark), so a crash leaves the old mark or the new one, never half of one.
     pub fn set(&self, request: &str) -> io::Result<()> {
-        let tmp = self.path.with_extension("tmp");
+        // The mark's own name plus `.tmp` (not `with_extension`: a node name's last label
+        // would be taken for an extension, and two nodes' marks would share one file).
+        let mut tmp = self.path.clone().into_os_string();
+        tmp.push(".tmp");
         std::fs::write(&tmp, request)?;
         std::fs::rename(&tmp, &self.path)
     }
@@ -115,6 +118,10 @@ mod tests {
         let dir = Scratch::new("answered");
         let mark = mark_in(&dir);
         mark.set("clb-verify-abc12").unwrap();
+        // Two nodes' marks in one directory stay apart (names that differ in a last label).
+        let other = TestingMark::at(path_beside(&dir.path().join("probe.sock"), "node-b").unwrap());
+        other.set("clb-verify-zzz99").unwrap();
+        assert_eq!(other.take_left_over().as_deref(), Some("clb-verify-zzz99"));
         mark.clear();
         assert_eq!(mark.take_left_over(), None);
         assert_eq!(
