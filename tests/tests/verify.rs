@@ -101,6 +101,19 @@ fn node_calls_to_8081_at_the_lb(table: &str, chain: &str, action: &[&str], what:
     assert!(status.success(), "{what}");
 }
 
+/// The plugin started by `command` (the binary, or `ip netns exec` of it) with this API's
+/// kubeconfig and `args`, its output piped: for a test that acts while it waits.
+fn spawn_plugin(mut command: Command, api: &KubeFixture, args: &[&str]) -> std::process::Child {
+    command
+        .args(["--kubeconfig", api.kubeconfig()])
+        .args(args)
+        .env_remove("KUBECONFIG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run kubectl-clb_probe")
+}
+
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
@@ -834,9 +847,10 @@ fn an_agent_receives_only_its_own_nodes_request_and_answer() {
 fn an_interrupted_verify_deletes_its_request() {
     let api = lab_objects_api_on_the_host("verify-interrupted");
     for signal in [libc::SIGINT, libc::SIGTERM] {
-        let child = Command::new(probe_tests::kube_fixture::plugin_bin())
-            .args(["--kubeconfig", api.kubeconfig()])
-            .args([
+        let child = spawn_plugin(
+            Command::new(probe_tests::kube_fixture::plugin_bin()),
+            &api,
+            &[
                 "verify",
                 "-n",
                 "default",
@@ -845,12 +859,8 @@ fn an_interrupted_verify_deletes_its_request() {
                 "ghost",
                 "--timeout",
                 "60",
-            ])
-            .env_remove("KUBECONFIG")
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("run kubectl-clb_probe");
+            ],
+        );
         wait_for("the request created", WAIT, || {
             (!api.objects("loopbackverifications").is_empty()).then_some(())
         })
@@ -898,17 +908,26 @@ fn an_answer_is_one_write_and_a_request_the_agent_died_testing_is_refused_by_its
     assert!(!mark.exists(), "an answered request leaves no mark");
 
     // A request the agent is killed while testing (SIGKILL: no clean-up).
-    let plugin = Command::new("ip")
+    let mut in_node = Command::new("ip");
+    in_node
         .args(["netns", "exec", lab::NS_NODE])
-        .arg(probe_tests::kube_fixture::plugin_bin())
-        .args(["--kubeconfig", api.kubeconfig()])
-        .args(["verify", "-n", "default", "edge", "--node", NODE_NAME])
-        .args(["--timeout", "90", "-o", "json"])
-        .env_remove("KUBECONFIG")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run kubectl-clb_probe");
+        .arg(probe_tests::kube_fixture::plugin_bin());
+    let plugin = spawn_plugin(
+        in_node,
+        &api,
+        &[
+            "verify",
+            "-n",
+            "default",
+            "edge",
+            "--node",
+            NODE_NAME,
+            "--timeout",
+            "90",
+            "-o",
+            "json",
+        ],
+    );
     // The first request's test logged one line already: this is the second.
     wait_for("the second request tested", WAIT, || {
         (agent.count_log("verify: testing") == 2).then_some(())

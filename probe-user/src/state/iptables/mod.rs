@@ -372,6 +372,31 @@ fn name_ipsets(text: &mut String) {
     }
 }
 
+/// The rules of one chain (one filtered dump), decoded as they arrive, with their ipsets
+/// named; `keep_text`: each keeps its `iptables -S` text. Collecting the dump's own rules
+/// first cost ~1.5 KB a rule, 44 MB for the 30,000 of `KUBE-SERVICES` at 30,000 Services
+/// (BENCHMARKS 9k), at each partial sync and, with the API, at each question about a VIP:port.
+fn decoded_chain(
+    family: u8,
+    table: &str,
+    chain: &str,
+    keep_text: bool,
+) -> Result<Vec<Rule>, nft_netlink::NftNetlinkError> {
+    let rules = std::cell::RefCell::new(Vec::new());
+    nft_netlink::rules(
+        family,
+        table,
+        Some(chain),
+        &mut || rules.borrow_mut().clear(),
+        &mut |r| {
+            let mut rule = nft_rules::rule_from_nft(&r, keep_text);
+            name_ipsets(&mut rule.text);
+            rules.borrow_mut().push(rule);
+        },
+    )?;
+    Ok(rules.into_inner())
+}
+
 /// Re-reads each named chain (one filtered dump each); a chain without rules (or gone) is
 /// removed.
 fn reread_chains(
@@ -381,21 +406,7 @@ fn reread_chains(
 ) -> Result<(), IptablesError> {
     for chain in names {
         count_dump();
-        // Decoded as they arrive: the dump's own rules collected first were ~1.5 KB each,
-        // 44 MB for the 30,000 of `KUBE-SERVICES` at a partial sync (BENCHMARKS 9k).
-        let rules = std::cell::RefCell::new(Vec::new());
-        nft_netlink::rules(
-            family,
-            "nat",
-            Some(chain),
-            &mut || rules.borrow_mut().clear(),
-            &mut |r| {
-                let mut rule = nft_rules::rule_from_nft(&r, false);
-                name_ipsets(&mut rule.text);
-                rules.borrow_mut().push(rule);
-            },
-        )?;
-        let rules = rules.into_inner();
+        let rules = decoded_chain(family, "nat", chain, false)?;
         if rules.is_empty() {
             chains.remove(chain);
         } else {
@@ -428,23 +439,8 @@ pub fn read_chain(family: u8, table: &str, chain: &str) -> Result<Vec<Rule>, Ipt
         return Ok(hit.5.clone());
     }
     count_dump();
-    // Decoded as they arrive, as `reread_chains` does: the dump's own rules collected first
-    // were ~1.5 KB each, 44 MB for `KUBE-SERVICES` at 30,000 Services (BENCHMARKS 9k), held
-    // for each question about a VIP:port with the API too.
-    let decoded = std::cell::RefCell::new(Vec::new());
-    let read = nft_netlink::rules(
-        family,
-        table,
-        Some(chain),
-        &mut || decoded.borrow_mut().clear(),
-        &mut |r| {
-            let mut rule = nft_rules::rule_from_nft(&r, true);
-            name_ipsets(&mut rule.text);
-            decoded.borrow_mut().push(rule);
-        },
-    );
-    let rules: Vec<Rule> = match read {
-        Ok(()) => decoded.into_inner(),
+    let rules: Vec<Rule> = match decoded_chain(family, table, chain, true) {
+        Ok(rules) => rules,
         Err(e) if e.is_absent() => Vec::new(),
         Err(e) => return Err(e.into()),
     };
