@@ -116,8 +116,9 @@ pub fn read_services() -> anyhow::Result<ServiceTable> {
     read_services_after(&changes::Touched::everything())
 }
 
-/// [`read_services`], re-reading of the nf_tables-backed iptables rules only the chains
-/// `touched` names (see [`iptables`]'s docs).
+/// [`read_services`], re-reading of the nf_tables-backed iptables rules and of kube-proxy's
+/// nftables tables only the chains and maps `touched` names (see [`iptables`]'s and
+/// [`nftables`]'s docs).
 pub fn read_services_after(touched: &changes::Touched) -> anyhow::Result<ServiceTable> {
     let iptables = iptables::read_blocking_after(touched);
     let ipvs = ipvs::read()?;
@@ -142,7 +143,7 @@ pub fn read_services_after(touched: &changes::Touched) -> anyhow::Result<Service
             ipset::read_ipvs_sets(&mut table);
             Ok(table)
         }
-        (_, iptables) => match nftables::read_blocking() {
+        (_, iptables) => match nftables::read_blocking_after(touched) {
             // nftables mode: its services and NodePorts; masquerade rules from both (a CNI's
             // masquerade chain may still live in iptables).
             Ok(Some(mut nft)) if !nft.services.is_empty() || !nft.nodeports.is_empty() => {

@@ -27,15 +27,17 @@
 //!
 //! Service names come from the chain names (`default/web/tcp/http` -> `default/web:http`).
 //!
-//! [`read_blocking`] asks the kernel (per family one rule dump, three map dumps, and a dump of
-//! a service chain's anonymous endpoint map only where the chain names leave a doubt) and keeps
-//! what it read with the ruleset generation (`NFT_MSG_GETGEN`): while nothing was committed, a
-//! read costs one generation request. A node without kube-proxy's tables has no nftables
+//! [`read_blocking`] asks the kernel (per family one rule dump, four map dumps, and a dump of
+//! a service chain's anonymous endpoint map only where the chain names leave a doubt), folds
+//! each rule into what the table needs of its chain as it arrives, and keeps that with the
+//! ruleset generation (`NFT_MSG_GETGEN`): while nothing was committed, a read costs one
+//! generation request; after a commit, [`read_blocking_after`] reads again only the chains
+//! and maps the commit's messages named. A node without kube-proxy's tables has no nftables
 //! service table (`Ok(None)`): kube-proxy is then in another mode.
 
 use std::{
     borrow::Cow,
-    collections::{HashMap, HashSet},
+    collections::{BTreeSet, HashMap, HashSet},
     net::IpAddr,
     sync::Mutex,
 };
@@ -77,90 +79,236 @@ pub enum NftError {
 }
 
 /// kube-proxy's nftables tables of the calling thread's network namespace, merged over both
-/// families, or None when neither table exists. Read over netlink (see [`read_family`]) and
-/// kept with the ruleset generation: while no commit happened, a read costs one generation
-/// request. Blocking.
+/// families, or None when neither table exists: [`read_blocking_after`] with everything
+/// touched (a whole read, unless the ruleset generation is the one last read at). Blocking.
 pub fn read_blocking() -> Result<Option<ServiceTable>, NftError> {
-    /// (netns, generation, table): the last read.
-    static LAST: Mutex<Option<(u64, u32, Option<ServiceTable>)>> = Mutex::new(None);
+    read_blocking_after(&Touched::everything())
+}
+
+/// kube-proxy's nftables tables, merged over both families, or None when neither table
+/// exists. What is held of each family from the last read (its maps' elements and what the
+/// table needs of each chain, [`ChainFacts`]; not its rules, not the table they make) is
+/// used again: whole while the ruleset generation is the one it was read at or `touched`
+/// says nothing of the family's table, and with the chains and maps `touched` names read
+/// again (one filtered dump each) while they are few ([`iptables::MAX_CHAIN_READS`],
+/// [`iptables::CHAIN_READ_SHARE`]); else the family is read whole ([`read_family`]). A
+/// kube-proxy partial sync names the Services' chains and the maps it wrote: at 30,000
+/// Services a re-read of the whole table took seconds and ~250 MiB (BENCHMARKS 9m), the
+/// chains of one Service a few dumps. Blocking.
+pub fn read_blocking_after(touched: &Touched) -> Result<Option<ServiceTable>, NftError> {
+    let reuse = super::reuse_parses();
     let netns = nft_netlink::netns_id();
     let generation = nft_netlink::generation()?;
-    let reuse = super::reuse_parses();
-    if reuse
-        && let Ok(last) = LAST.lock()
-        && let Some((n, g, table)) = last.as_ref()
-        && *n == netns
-        && *g == generation
-    {
-        return Ok(table.clone());
-    }
     let mut table: Option<ServiceTable> = None;
     for family in [FAMILY_IP, FAMILY_IP6] {
-        let Some(parsed) = read_family(family)? else {
+        let last = if reuse {
+            take_held(family, netns)?
+        } else {
+            None
+        };
+        let Some(held) = HeldFamily::refresh(family, netns, generation, last, touched)? else {
             continue;
         };
+        let parsed = held.table();
+        if reuse {
+            put_held(held)?;
+        }
         match &mut table {
             Some(t) => iptables::merge(t, parsed),
             None => table = Some(parsed),
         }
     }
-    if reuse && let Ok(mut last) = LAST.lock() {
-        *last = Some((netns, generation, table.clone()));
-    }
     Ok(table)
 }
 
-/// kube-proxy's table of one family over netlink, None when there is none: one rule dump of
-/// the table, one element dump of each of `service-ips`, `service-nodeports` and
-/// `no-endpoint-services`, and the endpoint chains of each service chain's `numgen` map (by
-/// name where that is certain, else dumped), made into what [`parse_nft_json`] reads from JSON
-/// (`build_table`: the same table by construction).
+/// kube-proxy's table of one family over netlink, read whole, None when there is none: one
+/// rule dump of the table (chain by chain when large), each rule folded into its chain's
+/// [`ChainFacts`] as it arrives, one element dump of each of `service-ips`,
+/// `service-nodeports`, `no-endpoint-services` and `firewall-ips`, and the endpoint chains of
+/// each service chain's `numgen` map (by name where that is certain, else dumped), made into
+/// what [`parse_nft_json`] makes of JSON (`build_table`: the same table by construction).
 pub fn read_family(family: u8) -> Result<Option<ServiceTable>, NftError> {
-    let fam: &'static str = if family == FAMILY_IP6 { "ip6" } else { "ip" };
-    // A rule dump of a missing table is empty, not an error: asked first.
-    if !nft_netlink::table_exists(family, TABLE)? {
-        return Ok(None);
-    }
-    // Chain by chain when the table is large: the kernel's whole-table dump is quadratic.
-    let raw = match nft_netlink::table_rules_vec(family, TABLE) {
-        Ok(rules) => rules,
-        Err(e) if e.is_absent() => return Ok(None),
-        Err(e) => return Err(e.into()),
-    };
-    let elems = |set: &str, width: usize| -> Result<Vec<Elem<'static>>, NftError> {
-        match nft_netlink::set_elems(family, TABLE, set) {
-            // In key order, as `nft` lists them (the kernel's is its hash table's).
-            Ok(mut v) => Ok({
-                v.sort_by(|a, b| a.key.cmp(&b.key));
-                v
-            }
-            .iter()
-            .filter_map(|e| elem_from_netlink(e, family, width))
-            .collect()),
-            Err(e) if e.is_absent() => Ok(Vec::new()),
-            Err(e) => Err(e.into()),
-        }
-    };
-    let service_ips = elems(SERVICE_IPS, 3)?;
-    let nodeports = elems(SERVICE_NODEPORTS, 2)?;
-    let no_endpoint = elems(NO_ENDPOINT_SERVICES, 3)?;
-    let firewall = firewall_elems(&elems(FIREWALL_IPS, 3)?);
-    let ranges = nft_firewall::ranges_from_netlink(family, TABLE, &raw)?;
+    let generation = nft_netlink::generation()?;
+    Ok(HeldFamily::read_whole(family, nft_netlink::netns_id(), generation)?.map(|h| h.table()))
+}
 
-    let by_port = endpoint_chains_by_port(&raw);
-    let anonymous = anonymous_map_targets(family, &raw, &by_port)?;
-    let mut rules = Vec::with_capacity(raw.len());
-    for r in &raw {
-        rules.push(Rule {
-            chain: Cow::Owned(r.chain.clone()),
-            family: Cow::Borrowed(fam),
-            expr: facts_from_netlink(r, &anonymous),
-            comment: r.comment.clone().map(Cow::Owned),
-        });
+/// What is held of one family's table between reads: its maps' elements, its firewall and
+/// what the table needs of each chain. The ruleset generation is the one of the whole read
+/// it is (None once patched name by name: then only the commit messages say it is current).
+struct HeldFamily {
+    family: u8,
+    /// The network namespace read ([`nft_netlink::netns_id`]): a process may read several.
+    netns: u64,
+    generation: Option<u32>,
+    service_ips: Vec<Elem<'static>>,
+    nodeports: Vec<Elem<'static>>,
+    no_endpoint: Vec<Elem<'static>>,
+    firewall: Vec<probe_core::state::FirewallEntry>,
+    chains: Chains,
+}
+
+/// Per family and network namespace; a whole read replaces it.
+static HELD: Mutex<Vec<HeldFamily>> = Mutex::new(Vec::new());
+
+fn take_held(family: u8, netns: u64) -> Result<Option<HeldFamily>, NftError> {
+    let mut held = HELD.lock().map_err(|_| NftError::Poisoned)?;
+    Ok(held
+        .iter()
+        .position(|h| h.family == family && h.netns == netns)
+        .map(|i| held.swap_remove(i)))
+}
+
+fn put_held(h: HeldFamily) -> Result<(), NftError> {
+    let mut held = HELD.lock().map_err(|_| NftError::Poisoned)?;
+    held.retain(|o| !(o.family == h.family && o.netns == h.netns));
+    held.push(h);
+    Ok(())
+}
+
+impl HeldFamily {
+    /// `last` brought up to date (see [`read_blocking_after`]), or the family read whole;
+    /// None: the family has no kube-proxy table.
+    fn refresh(
+        family: u8,
+        netns: u64,
+        generation: u32,
+        last: Option<HeldFamily>,
+        touched: &Touched,
+    ) -> Result<Option<HeldFamily>, NftError> {
+        if let Some(mut last) = last {
+            if last.generation == Some(generation) {
+                return Ok(Some(last));
+            }
+            match touched.table(family, TABLE) {
+                TableChange::Untouched => return Ok(Some(last)),
+                TableChange::Named(names)
+                    if names.len() <= iptables::MAX_CHAIN_READS
+                        && names.len() * iptables::CHAIN_READ_SHARE
+                            <= last.chains.len().max(iptables::CHAIN_READ_SHARE) =>
+                {
+                    last.generation = None;
+                    match last.reread(names) {
+                        Ok(()) => return Ok(Some(last)),
+                        // Half patched: dropped (before the whole read: two copies of the
+                        // chains are never alive together), and the family read whole.
+                        Err(e) => tracing::debug!(
+                            error = %e,
+                            "re-reading kube-proxy's nftables chains; reading the table whole"
+                        ),
+                    }
+                }
+                _ => {}
+            }
+        }
+        Self::read_whole(family, netns, generation)
     }
-    let mut table = build_table(&service_ips, &nodeports, &no_endpoint, &rules);
-    table.firewall = nft_firewall::entries(&firewall, &ranges);
-    Ok(Some(table))
+
+    fn read_whole(family: u8, netns: u64, generation: u32) -> Result<Option<HeldFamily>, NftError> {
+        // A rule dump of a missing table is empty, not an error: asked first.
+        if !nft_netlink::table_exists(family, TABLE)? {
+            return Ok(None);
+        }
+        let fam = family_name(family);
+        let chains = std::cell::RefCell::new(Chains::default());
+        match nft_netlink::table_rules(
+            family,
+            TABLE,
+            nft_netlink::WHOLE_DUMP_MAX_CHAINS,
+            &mut || *chains.borrow_mut() = Chains::default(),
+            &mut |r| chains.borrow_mut().fold_netlink(fam, r),
+        ) {
+            Ok(()) => {}
+            Err(e) if e.is_absent() => return Ok(None),
+            Err(e) => return Err(e.into()),
+        }
+        let mut chains = chains.into_inner();
+        chains.resolve_maps(family, |_, _| true)?;
+        Ok(Some(HeldFamily {
+            family,
+            netns,
+            generation: Some(generation),
+            service_ips: map_elems(family, SERVICE_IPS, 3)?,
+            nodeports: map_elems(family, SERVICE_NODEPORTS, 2)?,
+            no_endpoint: map_elems(family, NO_ENDPOINT_SERVICES, 3)?,
+            firewall: read_firewall(family)?,
+            chains,
+        }))
+    }
+
+    /// Reads again what `names` (a commit's messages) name: a map's elements, a chain's rules
+    /// (gone when it has none), the firewall when its map or one of its chains is named; then
+    /// the anonymous maps of every chain whose endpoint chains or map may have changed.
+    fn reread(&mut self, names: &BTreeSet<String>) -> Result<(), NftError> {
+        let family = self.family;
+        let mut firewall = false;
+        // Port names (`ns/svc/proto/port`) whose endpoint chains came or went, anonymous maps
+        // named, and the chains read again: whose anonymous maps are resolved again.
+        let mut ports: HashSet<&str> = HashSet::new();
+        let mut sets: HashSet<&str> = HashSet::new();
+        let mut reread: HashSet<&str> = HashSet::new();
+        for name in names {
+            match name.as_str() {
+                SERVICE_IPS => self.service_ips = map_elems(family, SERVICE_IPS, 3)?,
+                SERVICE_NODEPORTS => self.nodeports = map_elems(family, SERVICE_NODEPORTS, 2)?,
+                NO_ENDPOINT_SERVICES => {
+                    self.no_endpoint = map_elems(family, NO_ENDPOINT_SERVICES, 3)?;
+                }
+                FIREWALL_IPS => firewall = true,
+                // nft's names of anonymous sets and maps (`__map%d`, `__set%d`); no chain's.
+                set if set.starts_with("__") => {
+                    sets.insert(set);
+                }
+                chain => {
+                    firewall |= nft_firewall::is_firewall_chain(chain);
+                    if let Some(port) = endpoint_port_name(chain) {
+                        ports.insert(port);
+                    }
+                    self.chains.reread(family, chain)?;
+                    reread.insert(chain);
+                }
+            }
+        }
+        if firewall {
+            self.firewall = read_firewall(family)?;
+        }
+        self.chains.resolve_maps(family, |chain, facts| {
+            reread.contains(chain)
+                || port_name(chain).is_some_and(|p| ports.contains(p))
+                || facts.maps.iter().any(|m| sets.contains(m.set.as_str()))
+        })
+    }
+
+    fn table(&self) -> ServiceTable {
+        let mut table = build_table(
+            &self.service_ips,
+            &self.nodeports,
+            &self.no_endpoint,
+            &self.chains,
+        );
+        table.firewall = self.firewall.clone();
+        table
+    }
+}
+
+/// nft's name of a family this reader reads.
+fn family_name(family: u8) -> &'static str {
+    if family == FAMILY_IP6 { "ip6" } else { "ip" }
+}
+
+/// The elements of one of kube-proxy's verdict maps (`width` 3: `addr . proto . port`, 2:
+/// `proto . port`), in key order as `nft` lists them (the kernel's is its hash table's); a
+/// missing map has none.
+fn map_elems(family: u8, set: &str, width: usize) -> Result<Vec<Elem<'static>>, NftError> {
+    match nft_netlink::set_elems(family, TABLE, set) {
+        Ok(mut v) => {
+            v.sort_by(|a, b| a.key.cmp(&b.key));
+            Ok(v.iter()
+                .filter_map(|e| elem_from_netlink(e, family, width))
+                .collect())
+        }
+        Err(e) if e.is_absent() => Ok(Vec::new()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// The `firewall-ips` elements that parsed whole.
@@ -179,74 +327,23 @@ fn firewall_elems(elems: &[Elem<'_>]) -> Vec<FirewallElem> {
         .collect()
 }
 
-/// The endpoint chains of each Service port, by the port's name in their chain names.
-fn endpoint_chains_by_port(raw: &[NftRule]) -> HashMap<&str, Vec<&str>> {
-    let mut by_port: HashMap<&str, Vec<&str>> = HashMap::new();
-    for r in raw {
-        if let Some(port_name) = r
-            .chain
-            .strip_prefix("endpoint-")
-            .and_then(|rest| rest.split_once('-'))
-            .and_then(|(_, name)| name.split_once("__"))
-            .map(|(port_name, _)| port_name)
-        {
-            let chains = by_port.entry(port_name).or_default();
-            if !chains.contains(&r.chain.as_str()) {
-                chains.push(&r.chain);
-            }
-        }
-    }
-    by_port
+/// The port name (`ns/svc/proto/port`) of a service, `local-` or `external-` chain
+/// (`service-<hash>-<port name>`), or of an endpoint chain with the endpoint after it.
+fn port_name(chain: &str) -> Option<&str> {
+    chain
+        .split_once('-')
+        .and_then(|(_, rest)| rest.split_once('-'))
+        .map(|(_, name)| name)
 }
 
-/// The anonymous verdict maps (`numgen random mod N vmap { 0 : goto endpoint-..., ... }`):
-/// their endpoint chains. kube-proxy names an endpoint's chain after its Service port
-/// (`endpoint-<hash>-<ns>/<name>/<proto>/<port>__<ip>/<port>` beside
-/// `service-<hash>-<ns>/<name>/<proto>/<port>`; kubernetes `pkg/proxy/nftables/proxier.go`,
-/// `servicePortEndpointChainNameBase`), and a map's N elements are N distinct endpoint chains
-/// of that port: when the port has exactly N such chains, they are the map's. Otherwise
-/// (a `local-` chain's subset, an endpoint's chain kept while it is out of the maps, a
-/// truncated name) the map is dumped. Dumping every map is not an option: the kernel finds a
-/// set by name in a list, so 10,000 of them took 5-7 s (measured here, 10,000 Services).
-fn anonymous_map_targets<'a>(
-    family: u8,
-    raw: &'a [NftRule],
-    by_port: &HashMap<&str, Vec<&str>>,
-) -> Result<HashMap<&'a str, Vec<String>>, NftError> {
-    let mut anonymous: HashMap<&str, Vec<String>> = HashMap::new();
-    for r in raw {
-        let port_name = r
-            .chain
-            .split_once('-')
-            .and_then(|(_, rest)| rest.split_once('-'))
-            .map(|(_, name)| name);
-        let mut modulus = None;
-        for e in &r.exprs {
-            match e {
-                Expr::Numgen { modulus: m, .. } => modulus = Some(*m as usize),
-                Expr::Lookup {
-                    set, dreg: Some(0), ..
-                } if set.starts_with("__") && !anonymous.contains_key(set.as_str()) => {
-                    let named = port_name
-                        .and_then(|p| by_port.get(p))
-                        .filter(|chains| Some(chains.len()) == modulus);
-                    let targets = match named {
-                        Some(chains) => chains.iter().map(|c| c.to_string()).collect(),
-                        None => nft_netlink::set_elems(family, TABLE, set)?
-                            .iter()
-                            .filter_map(|e| match &e.data {
-                                Some(Data::Verdict(v)) => v.target().map(str::to_string),
-                                _ => None,
-                            })
-                            .collect(),
-                    };
-                    anonymous.insert(set, targets);
-                }
-                _ => {}
-            }
-        }
-    }
-    Ok(anonymous)
+/// The port name of an endpoint chain
+/// (`endpoint-<hash>-<ns>/<name>/<proto>/<port>__<ip>/<port>`).
+fn endpoint_port_name(chain: &str) -> Option<&str> {
+    chain
+        .strip_prefix("endpoint-")
+        .and_then(|rest| rest.split_once('-'))
+        .and_then(|(_, name)| name.split_once("__"))
+        .map(|(port_name, _)| port_name)
 }
 
 /// A map element's key (`addr . proto . port`, or `proto . port` with `width` 2), each field
@@ -288,10 +385,9 @@ fn elem_from_netlink(e: &SetElem, family: u8, width: usize) -> Option<Elem<'stat
 
 /// What a rule's expressions say, as [`nft_json::exprs`] gathers it from JSON: one entry per
 /// statement-like expression (counters left out), so an unconditional `jump` is a rule of one.
-fn facts_from_netlink(
-    r: &NftRule,
-    anonymous: &HashMap<&str, Vec<String>>,
-) -> Vec<ExprFacts<'static>> {
+/// An anonymous verdict map's targets are not among them: [`Chains::fold_netlink`] notes the
+/// map, and [`Chains::resolve_maps`] finds its chains once the table's chain names are known.
+fn facts_from_netlink(r: &NftRule) -> Vec<ExprFacts<'static>> {
     let mut regs: HashMap<u32, &[u8]> = HashMap::new();
     let mut out = Vec::with_capacity(r.exprs.len());
     for e in &r.exprs {
@@ -332,15 +428,6 @@ fn facts_from_netlink(
                 }
             }
             Expr::Masq { flags, .. } => f.masquerade = Some(masquerade_flags(*flags)),
-            // A verdict map look-up: a named one (`@service-ips`) the maps above answer; an
-            // anonymous one (`numgen ... vmap { ... }`) holds a service chain's endpoints.
-            Expr::Lookup {
-                set, dreg: Some(0), ..
-            } => {
-                if let Some(targets) = anonymous.get(set.as_str()) {
-                    f.targets = targets.iter().map(|t| Cow::Owned(t.clone())).collect();
-                }
-            }
             _ => {}
         }
         out.push(f);
@@ -371,14 +458,6 @@ pub fn digest(text: &str, h: &mut std::hash::DefaultHasher) {
     rest.hash(h);
 }
 
-/// A rule of kube-proxy's table: its chain, family, comment and what its expressions say.
-struct Rule<'a> {
-    chain: Cow<'a, str>,
-    family: Cow<'a, str>,
-    expr: Vec<ExprFacts<'a>>,
-    comment: Option<Cow<'a, str>>,
-}
-
 /// Why `nft -j` text was not read.
 #[derive(Debug, thiserror::Error)]
 pub enum NftJsonError {
@@ -402,7 +481,7 @@ pub enum NftJsonError {
 /// shaped as kube-proxy writes it is skipped. Typed and borrowed ([`nft_json`]): no JSON tree.
 pub fn parse_nft_json(text: &str) -> Result<ServiceTable, NftJsonError> {
     let doc: nft_json::Doc<'_> = serde_json::from_str(text).map_err(NftJsonError::Doc)?;
-    let mut rules: Vec<Rule<'_>> = Vec::new();
+    let mut chains = Chains::default();
     let mut maps: HashMap<&str, Vec<(nft_json::ElemKey<'_>, nft_json::Verdict<'_>)>> =
         HashMap::new();
     let mut ranges = HashMap::new();
@@ -417,15 +496,16 @@ pub fn parse_nft_json(text: &str) -> Result<ServiceTable, NftJsonError> {
             {
                 ranges.insert(r.chain.to_string(), allowed);
             }
-            rules.push(Rule {
-                chain: r.chain.clone(),
-                family: r.family.clone().unwrap_or(Cow::Borrowed("ip")),
-                expr: nft_json::exprs(raw).map_err(|source| NftJsonError::Rule {
-                    chain: r.chain.to_string(),
-                    source,
-                })?,
-                comment: r.comment.clone(),
-            });
+            let expr = nft_json::exprs(raw).map_err(|source| NftJsonError::Rule {
+                chain: r.chain.to_string(),
+                source,
+            })?;
+            chains.fold(
+                r.family.as_deref().unwrap_or("ip"),
+                &r.chain,
+                &expr,
+                r.comment.as_deref(),
+            );
         } else if let Some(m) = &o.map {
             if m.table != TABLE
                 || !matches!(
@@ -475,7 +555,7 @@ pub fn parse_nft_json(text: &str) -> Result<ServiceTable, NftJsonError> {
         &elems(SERVICE_IPS, 3),
         &elems(SERVICE_NODEPORTS, 2),
         &elems(NO_ENDPOINT_SERVICES, 3),
-        &rules,
+        &chains,
     );
     table.firewall = nft_firewall::entries(&firewall_elems(&elems(FIREWALL_IPS, 3)), &ranges);
     Ok(table)
@@ -494,28 +574,13 @@ struct Elem<'a> {
     comment: Option<Cow<'a, str>>,
 }
 
-/// The service table of kube-proxy's maps and rules, however they were read: the JSON and the
-/// netlink reader make the same table by construction.
+/// The service table of kube-proxy's maps and chains, however they were read: the JSON and
+/// the netlink reader make the same table by construction.
 fn build_table(
     service_ips: &[Elem<'_>],
     nodeports: &[Elem<'_>],
     no_endpoint: &[Elem<'_>],
-    rules: &[Rule<'_>],
-) -> ServiceTable {
-    build_table_of(
-        service_ips,
-        nodeports,
-        no_endpoint,
-        Chains::new(rules.iter()),
-    )
-}
-
-/// [`build_table`] over rules already grouped by chain.
-fn build_table_of(
-    service_ips: &[Elem<'_>],
-    nodeports: &[Elem<'_>],
-    no_endpoint: &[Elem<'_>],
-    chains: Chains<'_, '_>,
+    chains: &Chains,
 ) -> ServiceTable {
     let mut table = ServiceTable {
         source: Some(ServiceSource::Nftables),
@@ -575,21 +640,9 @@ fn build_table_of(
         });
     }
 
-    for r in &chains.all {
-        if let Some(flags) = r.expr.iter().find_map(|e| e.masquerade.as_ref()) {
-            let flags: String = flags.iter().map(|f| format!(" {f}")).collect();
-            let text = format!(
-                "nftables {} {TABLE} chain {}: masquerade{flags}{}",
-                r.family,
-                r.chain,
-                r.comment
-                    .as_ref()
-                    .map(|c| format!(" comment \"{c}\""))
-                    .unwrap_or_default()
-            );
-            if !table.masquerade_rules.contains(&text) {
-                table.masquerade_rules.push(text);
-            }
+    for text in chains.masquerade_rules() {
+        if !table.masquerade_rules.contains(&text) {
+            table.masquerade_rules.push(text);
         }
     }
     table
@@ -627,24 +680,214 @@ pub(super) fn service_name(chain: &str) -> Option<String> {
     Some(format!("{ns}/{svc}:{port}"))
 }
 
-struct Chains<'r, 'a> {
-    by_name: HashMap<&'r str, Vec<&'r Rule<'a>>>,
-    /// Every rule, in the order given.
-    all: Vec<&'r Rule<'a>>,
+/// What the service table needs of one chain's rules, folded as each rule arrives (from JSON
+/// or netlink): the rules themselves are not kept. Holding them decoded cost ~1.5 KB a rule,
+/// ~250 MiB for the ~100,000 rules of 30,000 Services (BENCHMARKS 9m).
+#[derive(Debug, Default, Clone)]
+struct ChainFacts {
+    /// `dnat to` targets (`ip:port`, IPv6 `[ip]:port`).
+    dnats: Vec<String>,
+    /// The chains its rules `jump`/`goto`, directly or through an inline map, but
+    /// `mark-for-masquerade` (never a way to a backend).
+    targets: Vec<String>,
+    /// The anonymous verdict maps the netlink reader met (JSON lists their targets inline).
+    maps: Vec<AnonymousMap>,
+    /// A rule that is only `jump mark-for-masquerade`: an `external-` chain of
+    /// externalTrafficPolicy Cluster masquerades everything.
+    masquerades_all: bool,
+    /// A rule of the Local shape: a `local-` verdict, or kube-proxy's "masquerade local
+    /// traffic" or "short-circuit" comment.
+    local_rules: bool,
+    /// Its masquerade rules, as evidence text.
+    masquerades: Vec<String>,
 }
 
-impl<'r, 'a> Chains<'r, 'a> {
-    fn new(rules: impl IntoIterator<Item = &'r Rule<'a>>) -> Self {
-        let mut by_name: HashMap<&str, Vec<&Rule<'_>>> = HashMap::new();
-        let all: Vec<&Rule<'_>> = rules.into_iter().collect();
-        for &r in &all {
-            by_name.entry(r.chain.as_ref()).or_default().push(r);
+/// `numgen random mod N vmap __mapK`: the anonymous map, N, and the endpoint chains it goes
+/// to once [`Chains::resolve_maps`] has found them.
+#[derive(Debug, Clone)]
+struct AnonymousMap {
+    set: String,
+    modulus: Option<usize>,
+    targets: Vec<String>,
+}
+
+impl ChainFacts {
+    /// One rule of `chain` in `family` (`ip`, `ip6`): what its expressions say, its comment.
+    fn fold(&mut self, family: &str, chain: &str, expr: &[ExprFacts<'_>], comment: Option<&str>) {
+        if expr.len() == 1 && expr[0].verdict.as_deref() == Some(MARK_FOR_MASQUERADE) {
+            self.masquerades_all = true;
         }
-        Chains { by_name, all }
+        let local_comment = comment.is_some_and(|c| {
+            c.starts_with("masquerade local traffic") || c.starts_with("short-circuit")
+        });
+        let local_verdict = expr
+            .iter()
+            .filter_map(|e| e.verdict.as_deref())
+            .any(|t| t.starts_with("local-"));
+        self.local_rules |= local_comment || local_verdict;
+        for e in expr {
+            for (addr, port) in &e.dnats {
+                let dnat = match (addr.parse::<IpAddr>(), port) {
+                    (Ok(IpAddr::V6(a)), Some(p)) => format!("[{a}]:{p}"),
+                    (_, Some(p)) => format!("{addr}:{p}"),
+                    (_, None) => addr.to_string(),
+                };
+                if !self.dnats.contains(&dnat) {
+                    self.dnats.push(dnat);
+                }
+            }
+            for t in &e.targets {
+                if t != MARK_FOR_MASQUERADE && !self.targets.iter().any(|have| have == t) {
+                    self.targets.push(t.to_string());
+                }
+            }
+        }
+        if let Some(flags) = expr.iter().find_map(|e| e.masquerade.as_ref()) {
+            let flags: String = flags.iter().map(|f| format!(" {f}")).collect();
+            let comment = comment
+                .map(|c| format!(" comment \"{c}\""))
+                .unwrap_or_default();
+            self.masquerades.push(format!(
+                "nftables {family} {TABLE} chain {chain}: masquerade{flags}{comment}"
+            ));
+        }
+    }
+}
+
+/// The chains of one table (or of two families' JSON), by name.
+#[derive(Debug, Default)]
+struct Chains {
+    by_name: HashMap<String, ChainFacts>,
+}
+
+impl Chains {
+    fn len(&self) -> usize {
+        self.by_name.len()
     }
 
-    fn rules(&self, chain: &str) -> &[&'r Rule<'a>] {
-        self.by_name.get(chain).map(Vec::as_slice).unwrap_or(&[])
+    fn get(&self, chain: &str) -> Option<&ChainFacts> {
+        self.by_name.get(chain)
+    }
+
+    /// The facts of `chain`, made when it is new (a chain with no rule is never one here).
+    fn entry(&mut self, chain: &str) -> &mut ChainFacts {
+        self.by_name.entry(chain.to_owned()).or_default()
+    }
+
+    fn fold(&mut self, family: &str, chain: &str, expr: &[ExprFacts<'_>], comment: Option<&str>) {
+        self.entry(chain).fold(family, chain, expr, comment);
+    }
+
+    /// A rule as the netlink reader decodes it: its facts, and the anonymous verdict maps it
+    /// looks up with the `numgen` modulus before each.
+    fn fold_netlink(&mut self, family: &str, r: NftRule) {
+        let facts = self.entry(&r.chain);
+        facts.fold(
+            family,
+            &r.chain,
+            &facts_from_netlink(&r),
+            r.comment.as_deref(),
+        );
+        let mut modulus = None;
+        for e in &r.exprs {
+            match e {
+                Expr::Numgen { modulus: m, .. } => modulus = Some(*m as usize),
+                Expr::Lookup {
+                    set, dreg: Some(0), ..
+                } if set.starts_with("__") && !facts.maps.iter().any(|m| m.set == *set) => {
+                    facts.maps.push(AnonymousMap {
+                        set: set.clone(),
+                        modulus,
+                        targets: Vec::new(),
+                    });
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Reads `chain` of `family`'s table again (one filtered dump), folded as its rules
+    /// arrive; gone when it has none. Its anonymous maps wait for [`Chains::resolve_maps`].
+    fn reread(&mut self, family: u8, chain: &str) -> Result<(), NftError> {
+        let fam = family_name(family);
+        let read = std::cell::RefCell::new(Chains::default());
+        nft_netlink::rules(
+            family,
+            TABLE,
+            Some(chain),
+            &mut || *read.borrow_mut() = Chains::default(),
+            &mut |r| read.borrow_mut().fold_netlink(fam, r),
+        )?;
+        match read.into_inner().by_name.remove(chain) {
+            Some(facts) => self.by_name.insert(chain.to_string(), facts),
+            None => self.by_name.remove(chain),
+        };
+        Ok(())
+    }
+
+    /// The endpoint chains of the anonymous maps of each chain `which` picks. kube-proxy
+    /// names an endpoint's chain after its Service port
+    /// (`endpoint-<hash>-<ns>/<name>/<proto>/<port>__<ip>/<port>` beside
+    /// `service-<hash>-<ns>/<name>/<proto>/<port>`; kubernetes `pkg/proxy/nftables/proxier.go`,
+    /// `servicePortEndpointChainNameBase`), and a map's N elements are N distinct endpoint
+    /// chains of that port: when the port has exactly N such chains, they are the map's.
+    /// Otherwise (a `local-` chain's subset, an endpoint's chain kept while it is out of the
+    /// maps, a truncated name) the map is dumped. Dumping every map is not an option: the
+    /// kernel finds a set by name in a list, so 10,000 of them took 5-7 s (measured here,
+    /// 10,000 Services).
+    fn resolve_maps(
+        &mut self,
+        family: u8,
+        which: impl Fn(&str, &ChainFacts) -> bool,
+    ) -> Result<(), NftError> {
+        let picked: Vec<String> = self
+            .by_name
+            .iter()
+            .filter(|(name, facts)| !facts.maps.is_empty() && which(name, facts))
+            .map(|(name, _)| name.clone())
+            .collect();
+        if picked.is_empty() {
+            return Ok(());
+        }
+        let ports: HashSet<&str> = picked.iter().filter_map(|c| port_name(c)).collect();
+        let mut by_port: HashMap<&str, Vec<&str>> = HashMap::new();
+        for name in self.by_name.keys() {
+            if let Some(port) = endpoint_port_name(name).filter(|p| ports.contains(p)) {
+                by_port.entry(port).or_default().push(name);
+            }
+        }
+        let mut resolved: Vec<(&str, usize, Vec<String>)> = Vec::new();
+        for chain in &picked {
+            let Some(facts) = self.by_name.get(chain) else {
+                continue;
+            };
+            for (i, map) in facts.maps.iter().enumerate() {
+                let named = port_name(chain)
+                    .and_then(|p| by_port.get(p))
+                    .filter(|chains| Some(chains.len()) == map.modulus);
+                let targets = match named {
+                    Some(chains) => chains.iter().map(|c| c.to_string()).collect(),
+                    None => nft_netlink::set_elems(family, TABLE, &map.set)?
+                        .iter()
+                        .filter_map(|e| match &e.data {
+                            Some(Data::Verdict(v)) => v.target().map(str::to_string),
+                            _ => None,
+                        })
+                        .collect(),
+                };
+                resolved.push((chain, i, targets));
+            }
+        }
+        let resolved: Vec<(String, usize, Vec<String>)> = resolved
+            .into_iter()
+            .map(|(c, i, t)| (c.to_string(), i, t))
+            .collect();
+        for (chain, i, targets) in resolved {
+            if let Some(map) = self.by_name.get_mut(&chain).and_then(|f| f.maps.get_mut(i)) {
+                map.targets = targets;
+            }
+        }
+        Ok(())
     }
 
     /// `dnat to` targets reachable from `chain` (as `ip:port`, IPv6 as `[ip]:port`).
@@ -661,19 +904,13 @@ impl<'r, 'a> Chains<'r, 'a> {
         if chain == MARK_FOR_MASQUERADE || !seen.insert(chain) {
             return;
         }
-        for r in self.rules(chain) {
-            for e in &r.expr {
-                for (addr, port) in &e.dnats {
-                    out.push(match (addr.parse::<IpAddr>(), port) {
-                        (Ok(IpAddr::V6(a)), Some(p)) => format!("[{a}]:{p}"),
-                        (_, Some(p)) => format!("{addr}:{p}"),
-                        (_, None) => addr.to_string(),
-                    });
-                }
-                for t in &e.targets {
-                    self.collect(t, seen, out);
-                }
-            }
+        let Some(facts) = self.get(chain) else {
+            return;
+        };
+        out.extend(facts.dnats.iter().cloned());
+        let mapped = facts.maps.iter().flat_map(|m| &m.targets);
+        for t in facts.targets.iter().chain(mapped) {
+            self.collect(t, seen, out);
         }
     }
 
@@ -681,25 +918,33 @@ impl<'r, 'a> Chains<'r, 'a> {
     /// no unconditional masquerade, and the Local rules (a `local-` chain, or the
     /// "masquerade local traffic" short-circuit).
     fn local_only(&self, chain: &str) -> bool {
-        if !chain.starts_with("external-") {
-            return false;
-        }
-        let rules = self.rules(chain);
-        let unconditional_masq = rules.iter().any(|r| {
-            r.expr.len() == 1 && r.expr[0].verdict.as_deref() == Some(MARK_FOR_MASQUERADE)
-        });
-        if unconditional_masq {
-            return false;
-        }
-        rules.iter().any(|r| {
-            r.comment.as_deref().is_some_and(|c| {
-                c.starts_with("masquerade local traffic") || c.starts_with("short-circuit")
-            }) || r
-                .expr
-                .iter()
-                .filter_map(|e| e.verdict.as_deref())
-                .any(|t| t.starts_with("local-"))
-        })
+        chain.starts_with("external-")
+            && self
+                .get(chain)
+                .is_some_and(|f| !f.masquerades_all && f.local_rules)
+    }
+
+    /// Every masquerade rule's text, chain by chain in name order: the same chains give the
+    /// same list, read whole or in parts, from JSON or netlink.
+    fn masquerade_rules(&self) -> Vec<String> {
+        let mut with: Vec<(&String, &ChainFacts)> = self
+            .by_name
+            .iter()
+            .filter(|(_, f)| !f.masquerades.is_empty())
+            .collect();
+        with.sort_by(|a, b| a.0.cmp(b.0));
+        with.into_iter()
+            .flat_map(|(_, f)| f.masquerades.iter().cloned())
+            .collect()
+    }
+
+    /// Keeps the chains `keep` says.
+    fn retain(&mut self, keep: impl Fn(&str) -> bool) {
+        self.by_name.retain(|name, _| keep(name));
+    }
+
+    fn contains(&self, chain: &str) -> bool {
+        self.by_name.contains_key(chain)
     }
 }
 
@@ -756,7 +1001,7 @@ struct FamilyFacts {
     /// or a `firewall-` chain was touched: only the rules say what it drops (issue #51).
     firewall: Vec<probe_core::state::FirewallEntry>,
     /// The `external-` chains the map's elements go to, and `masquerading`.
-    chains: HashMap<String, Vec<Rule<'static>>>,
+    chains: Chains,
 }
 
 impl FamilyFacts {
@@ -773,23 +1018,14 @@ impl FamilyFacts {
                 FamilyFacts {
                     nodeports: Vec::new(),
                     firewall: Vec::new(),
-                    chains: HashMap::new(),
+                    chains: Chains::default(),
                 },
                 None,
             ),
         };
         let stale = |name: &str| named.is_none_or(|n| n.contains(name));
         if stale(SERVICE_NODEPORTS) {
-            facts.nodeports = match nft_netlink::set_elems(family, TABLE, SERVICE_NODEPORTS) {
-                Ok(mut v) => {
-                    v.sort_by(|a, b| a.key.cmp(&b.key));
-                    v.iter()
-                        .filter_map(|e| elem_from_netlink(e, family, 2))
-                        .collect()
-                }
-                Err(e) if e.is_absent() => Vec::new(),
-                Err(e) => return Err(e.into()),
-            };
+            facts.nodeports = map_elems(family, SERVICE_NODEPORTS, 2)?;
         }
         let firewall_touched = named.is_none_or(|n| {
             n.iter()
@@ -804,42 +1040,25 @@ impl FamilyFacts {
             .filter_map(|e| e.target.as_deref().map(str::to_string))
             .collect();
         wanted.insert(MASQUERADING.to_string());
-        facts.chains.retain(|name, _| wanted.contains(name));
-        let fam: &'static str = if family == FAMILY_IP6 { "ip6" } else { "ip" };
+        facts.chains.retain(|name| wanted.contains(name));
         // The external- and masquerading chains hold no endpoint map.
-        let no_maps: HashMap<&str, Vec<String>> = HashMap::new();
         for chain in wanted {
-            if facts.chains.contains_key(&chain) && !stale(&chain) {
+            if facts.chains.contains(&chain) && !stale(&chain) {
                 continue;
             }
-            let raw = match nft_netlink::rules_vec(family, TABLE, Some(&chain)) {
-                Ok(r) => r,
-                Err(e) if e.is_absent() => {
-                    facts.chains.remove(&chain);
-                    continue;
+            match facts.chains.reread(family, &chain) {
+                Ok(()) => {}
+                Err(NftError::Netlink(e)) if e.is_absent() => {
+                    facts.chains.retain(|name| name != chain);
                 }
-                Err(e) => return Err(e.into()),
-            };
-            let rules = raw
-                .iter()
-                .map(|r| Rule {
-                    chain: Cow::Owned(r.chain.clone()),
-                    family: Cow::Borrowed(fam),
-                    expr: facts_from_netlink(r, &no_maps),
-                    comment: r.comment.clone().map(Cow::Owned),
-                })
-                .collect();
-            facts.chains.insert(chain, rules);
+                Err(e) => return Err(e),
+            }
         }
         Ok(facts)
     }
 
     fn table(&self) -> ServiceTable {
-        // In chain-name order: the same rules give the same table, read whole or in parts.
-        let mut names: Vec<&String> = self.chains.keys().collect();
-        names.sort();
-        let rules = names.into_iter().flat_map(|n| self.chains[n].iter());
-        let mut table = build_table_of(&[], &self.nodeports, &[], Chains::new(rules));
+        let mut table = build_table(&[], &self.nodeports, &[], &self.chains);
         table.firewall = self.firewall.clone();
         table
     }
@@ -847,18 +1066,7 @@ impl FamilyFacts {
 
 /// One family's firewall: the `firewall-ips` elements and the rules of each element's chain.
 fn read_firewall(family: u8) -> Result<Vec<probe_core::state::FirewallEntry>, NftError> {
-    let elems = match nft_netlink::set_elems(family, TABLE, FIREWALL_IPS) {
-        Ok(mut v) => {
-            v.sort_by(|a, b| a.key.cmp(&b.key));
-            firewall_elems(
-                &v.iter()
-                    .filter_map(|e| elem_from_netlink(e, family, 3))
-                    .collect::<Vec<_>>(),
-            )
-        }
-        Err(e) if e.is_absent() => return Ok(Vec::new()),
-        Err(e) => return Err(e.into()),
-    };
+    let elems = firewall_elems(&map_elems(family, FIREWALL_IPS, 3)?);
     let mut rules = Vec::new();
     let chains: HashSet<&str> = elems.iter().map(|e| e.chain.as_str()).collect();
     for chain in chains {
@@ -1235,5 +1443,183 @@ mod tests {
                 .backends,
             ["10.244.1.5:8443", "10.244.2.9:8443"]
         );
+    }
+
+    /// Both families read whole, merged as `read_blocking` merges them (no held read).
+    fn whole_read() -> Option<ServiceTable> {
+        let mut table: Option<ServiceTable> = None;
+        for family in [FAMILY_IP, FAMILY_IP6] {
+            if let Some(parsed) = read_family(family).unwrap() {
+                match &mut table {
+                    Some(t) => iptables::merge(t, parsed),
+                    None => table = Some(parsed),
+                }
+            }
+        }
+        table
+    }
+
+    /// kube-proxy's partial syncs, each one `nft -f` transaction in a scratch namespace: the
+    /// chains and maps its commit's messages name (read off a real `NftWatch`) are read again
+    /// and the held rest kept, and the table equals a whole read after every kind of change: a
+    /// Service added, its endpoint moved, a stray endpoint chain beside a Service's own, an
+    /// `external-` chain rewritten from Local to Cluster, the Service removed (root, `nft`).
+    #[test]
+    #[allow(clippy::print_stdout, reason = "a test's diagnostics")]
+    fn a_partial_sync_is_read_in_parts_and_equals_a_whole_read() {
+        use crate::state::changes::NftWatch;
+        let Some(ns) = etp_local_scratch("nftpart") else {
+            return;
+        };
+        // Chains are read one by one only while few against the table
+        // (`iptables::CHAIN_READ_SHARE`): 200 more, as a large table has.
+        let pad: String = (0..200)
+            .map(|i| {
+                format!("add chain ip kube-proxy pad-{i}\nadd rule ip kube-proxy pad-{i} counter\n")
+            })
+            .collect();
+        ns.restore(0, &["nft", "-f", "-"], &pad);
+        let first = ns.run_in(0, read_blocking).unwrap().unwrap();
+        let mut watch = ns.run_in(0, NftWatch::open).unwrap();
+        let vip = ip("10.96.77.77");
+        let svc = "service-NEWSVC01-t/new/tcp/http";
+        let ep = |n: u8| format!("endpoint-NEWEP00{n}-t/new/tcp/http__10.244.9.{n}/80");
+        let endpoint = |n: u8| {
+            format!(
+                "add chain ip kube-proxy {e}\n\
+                 add rule ip kube-proxy {e} ip saddr 10.244.9.{n} jump mark-for-masquerade\n\
+                 add rule ip kube-proxy {e} meta l4proto tcp dnat to 10.244.9.{n}:80\n",
+                e = ep(n)
+            )
+        };
+        let syncs: Vec<(&str, String)> = vec![
+            (
+                "a Service added",
+                format!(
+                    "{}add chain ip kube-proxy {svc}\n\
+                     add rule ip kube-proxy {svc} numgen random mod 1 vmap {{ 0 : goto {} }}\n\
+                     add element ip kube-proxy service-ips {{ 10.96.77.77 . tcp . 80 : goto {svc} }}\n",
+                    endpoint(1),
+                    ep(1)
+                ),
+            ),
+            (
+                "its endpoint moved",
+                format!(
+                    "{}flush chain ip kube-proxy {svc}\n\
+                     add rule ip kube-proxy {svc} numgen random mod 1 vmap {{ 0 : goto {} }}\n\
+                     flush chain ip kube-proxy {e1}\ndelete chain ip kube-proxy {e1}\n",
+                    endpoint(2),
+                    ep(2),
+                    e1 = ep(1)
+                ),
+            ),
+            (
+                "a stray endpoint chain of another Service's port",
+                "add chain ip kube-proxy endpoint-ZZZZZZZZ-shop/api/tcp/https__10.244.7.7/8443\n\
+                 add rule ip kube-proxy endpoint-ZZZZZZZZ-shop/api/tcp/https__10.244.7.7/8443 \
+                 meta l4proto tcp dnat to 10.244.7.7:8443\n"
+                    .to_string(),
+            ),
+            (
+                "externalTrafficPolicy Local to Cluster",
+                "flush chain ip kube-proxy external-DZ3B7L2Q-shop/api/tcp/https\n\
+                 add rule ip kube-proxy external-DZ3B7L2Q-shop/api/tcp/https jump mark-for-masquerade\n\
+                 add rule ip kube-proxy external-DZ3B7L2Q-shop/api/tcp/https goto service-DZ3B7L2Q-shop/api/tcp/https\n"
+                    .to_string(),
+            ),
+            (
+                "the Service removed",
+                format!(
+                    "delete element ip kube-proxy service-ips {{ 10.96.77.77 . tcp . 80 }}\n\
+                     flush chain ip kube-proxy {svc}\ndelete chain ip kube-proxy {svc}\n\
+                     flush chain ip kube-proxy {e2}\ndelete chain ip kube-proxy {e2}\n",
+                    e2 = ep(2)
+                ),
+            ),
+        ];
+        let mut tables = Vec::new();
+        for (what, script) in &syncs {
+            ns.restore(0, &["nft", "-f", "-"], script);
+            let touched = watch.wait_commit().unwrap();
+            assert!(
+                !touched.is_everything() && touched.named() > 0,
+                "{what}: {touched:?}"
+            );
+            let held = ns
+                .run_in(0, move || read_blocking_after(&touched))
+                .unwrap()
+                .unwrap();
+            let whole = ns.run_in(0, whole_read);
+            assert_eq!(Some(&held), whole.as_ref(), "{what}");
+            tables.push(held);
+        }
+        let added = tables[0]
+            .serves(vip, 80, Proto::Tcp)
+            .expect("the new Service");
+        assert_eq!(added.service.as_deref(), Some("t/new:http"));
+        assert_eq!(added.backends, ["10.244.9.1:80"]);
+        let moved = tables[1].serves(vip, 80, Proto::Tcp).unwrap();
+        assert_eq!(moved.backends, ["10.244.9.2:80"]);
+        let api = |t: &ServiceTable| {
+            t.serves(ip("10.96.40.7"), 443, Proto::Tcp)
+                .unwrap()
+                .backends
+                .clone()
+        };
+        assert_eq!(api(&tables[2]), api(&first), "a stray chain is no backend");
+        let nodeport = |t: &ServiceTable| t.nodeport(31443, Proto::Tcp).unwrap().local_only;
+        assert!(nodeport(&tables[2]) && !nodeport(&tables[3]));
+        assert!(tables[4].serves(vip, 80, Proto::Tcp).is_none());
+    }
+
+    /// What no commit message named is not read again: a rule added to `masquerading` is not
+    /// seen while the read is told nothing, or told of another chain, and is seen once the read
+    /// is whole (root, `nft`).
+    #[test]
+    #[allow(clippy::print_stdout, reason = "a test's diagnostics")]
+    fn what_no_commit_named_is_not_read_again() {
+        let Some(ns) = etp_local_scratch("nftuntold") else {
+            return;
+        };
+        let before = ns.run_in(0, read_blocking).unwrap().unwrap();
+        ns.exec(
+            0,
+            &[
+                "nft",
+                "add",
+                "rule",
+                "ip",
+                TABLE,
+                MASQUERADING,
+                "masquerade",
+                "random",
+            ],
+        );
+        let seen = |t: &ServiceTable| {
+            t.masquerade_rules
+                .iter()
+                .any(|r| r.ends_with("masquerade random"))
+        };
+        let untold = ns
+            .run_in(0, || read_blocking_after(&Touched::default()))
+            .unwrap()
+            .unwrap();
+        assert_eq!(untold, before, "nothing touched: the held table, no read");
+        let other = ns
+            .run_in(0, || {
+                read_blocking_after(&Touched::naming(FAMILY_IP, TABLE, ["services"]))
+            })
+            .unwrap()
+            .unwrap();
+        assert!(!seen(&other), "{:?}", other.masquerade_rules);
+        let told = ns
+            .run_in(0, || {
+                read_blocking_after(&Touched::naming(FAMILY_IP, TABLE, [MASQUERADING]))
+            })
+            .unwrap()
+            .unwrap();
+        assert!(seen(&told), "{:?}", told.masquerade_rules);
+        assert_eq!(Some(told), ns.run_in(0, whole_read));
     }
 }
