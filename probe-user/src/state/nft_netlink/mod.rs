@@ -323,13 +323,6 @@ pub fn rules_vec(
     collect_rules(|on_reset, on_rule| rules(family, table, chain, on_reset, on_rule))
 }
 
-/// [`table_rules`] with [`WHOLE_DUMP_MAX_CHAINS`], collected.
-pub fn table_rules_vec(family: u8, table: &str) -> Result<Vec<NftRule>, NftNetlinkError> {
-    collect_rules(|on_reset, on_rule| {
-        table_rules(family, table, WHOLE_DUMP_MAX_CHAINS, on_reset, on_rule)
-    })
-}
-
 /// A read's rules in a `Vec`, emptied when the read starts again.
 fn collect_rules(
     read: impl FnOnce(&mut dyn FnMut(), &mut dyn FnMut(NftRule)) -> Result<(), NftNetlinkError>,
