@@ -280,16 +280,14 @@ pub fn programmed(
     match mode {
         Some(ServiceSource::Iptables) if nft_nat() => {
             let family = if addr.is_ipv6() { FAMILY_IP6 } else { FAMILY_IP };
-            let rules = iptables::read_chain(family, "nat", "KUBE-SERVICES")?;
+            let (rules, found) = iptables::find_in_chain(family, "nat", "KUBE-SERVICES", |r| {
+                r.is_for(addr, port, proto)
+            })?;
             Ok(DataplaneRead {
                 read: format!(
-                    "kube-proxy's iptables chain KUBE-SERVICES ({} rules, read over netlink)",
-                    rules.len()
+                    "kube-proxy's iptables chain KUBE-SERVICES ({rules} rules, read over netlink)"
                 ),
-                found: rules
-                    .iter()
-                    .find(|r| r.is_for(addr, port, proto))
-                    .map(|r| r.text.clone()),
+                found,
             })
         }
         Some(ServiceSource::Nftables) => {

@@ -461,6 +461,43 @@ pub fn read_chain(family: u8, table: &str, chain: &str) -> Result<Vec<Rule>, Ipt
     Ok(rules)
 }
 
+/// How many rules chain `chain` of an iptables-nft table has, and the `iptables -S` text of
+/// the first one `wanted` picks: one filtered dump, each rule decoded as it arrives and
+/// dropped (only the picked one is written out as text). For the per-question read of
+/// `KUBE-SERVICES`: [`read_chain`] would hold the whole chain with its text in its cache,
+/// ~16 MB at 30,000 Services, and clone it at each question. A missing table or chain has no
+/// rules. Blocking; works in the calling thread's network namespace.
+pub fn find_in_chain(
+    family: u8,
+    table: &str,
+    chain: &str,
+    wanted: impl Fn(&Rule) -> bool,
+) -> Result<(usize, Option<String>), IptablesError> {
+    // (rules seen, the picked one's text), started again when the dump is.
+    let seen = std::cell::RefCell::new((0usize, None::<String>));
+    count_dump();
+    let read = nft_netlink::rules(
+        family,
+        table,
+        Some(chain),
+        &mut || *seen.borrow_mut() = (0, None),
+        &mut |r| {
+            let mut seen = seen.borrow_mut();
+            seen.0 += 1;
+            if seen.1.is_none() && wanted(&nft_rules::rule_from_nft(&r, false)) {
+                let mut rule = nft_rules::rule_from_nft(&r, true);
+                name_ipsets(&mut rule.text);
+                seen.1 = Some(rule.text);
+            }
+        },
+    );
+    match read {
+        Ok(()) => Ok(seen.into_inner()),
+        Err(e) if e.is_absent() => Ok((0, None)),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Reads [`ACCESS_FILTER_CHAIN`] (one chain, not the whole filter table): over netlink on the
 /// nf_tables backend (generation-cached, [`read_chain`]), with `iptables -S` on the legacy
 /// one. A missing chain or a failed read is no filter.
