@@ -19,6 +19,10 @@ use crate::{
 };
 
 const WAIT: Duration = Duration::from_secs(20);
+/// How long the agent may take to read its first table of the lab's Services from the rules
+/// (after the API's held lists have kept it waiting, `API_WAIT`): the VM tier's emulated
+/// kernels took 48 s to start one agent on a loaded machine (CI run 41).
+const TABLE_WAIT: Duration = Duration::from_secs(240);
 
 /// A failure to drive, the kind it confirms and what its event must be named with.
 pub struct Case {
@@ -41,6 +45,18 @@ pub fn first_events_named_and_described(mode: KubeProxyMode, cases: &[Case]) {
     let api = KubeFixture::builder().tag("kube-names").start();
     api.hold_lists();
     let mut agent = api.start_agent(&[]);
+    // The first case is confirmed from the rules' table: waited for before its traffic, so a
+    // slow machine delays the test instead of failing it.
+    wait_for(
+        "a service table holding the lab's Services",
+        TABLE_WAIT,
+        || {
+            let tables = agent.count_log("service table read (");
+            let empty = agent.count_log(" services=0 ");
+            (tables > empty).then_some(())
+        },
+    )
+    .unwrap_or_else(|| panic!("no service table:\n{}", agent.log.join("\n")));
     let first = &cases[0];
     let _ = lab.traffic(first.scenario).expect("traffic");
     // Confirmed while the cache has no list yet: held (the log says so), or, without the
