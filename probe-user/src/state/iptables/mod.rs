@@ -464,8 +464,9 @@ pub fn read_chain(family: u8, table: &str, chain: &str) -> Result<Vec<Rule>, Ipt
 /// How many rules chain `chain` of an iptables-nft table has, and the `iptables -S` text of
 /// the first one `wanted` picks: one filtered dump, each rule decoded as it arrives and
 /// dropped (only the picked one is written out as text). For the per-question read of
-/// `KUBE-SERVICES`: [`read_chain`] would hold the whole chain with its text in its cache,
-/// ~16 MB at 30,000 Services, and clone it at each question. A missing table or chain has no
+/// `KUBE-SERVICES`: [`read_chain`] would hold the whole chain with its text in its cache
+/// (~16 MB at 30,000 Services by the rules' sizes; an estimate, not measured) and clone it at
+/// each question. A missing table or chain has no
 /// rules. Blocking; works in the calling thread's network namespace.
 pub fn find_in_chain(
     family: u8,
