@@ -856,7 +856,7 @@ impl Chains {
                 by_port.entry(port).or_default().push(name);
             }
         }
-        let mut resolved: Vec<(&str, usize, Vec<String>)> = Vec::new();
+        let mut resolved: Vec<(&String, usize, Vec<String>)> = Vec::new();
         for chain in &picked {
             let Some(facts) = self.by_name.get(chain) else {
                 continue;
@@ -878,12 +878,9 @@ impl Chains {
                 resolved.push((chain, i, targets));
             }
         }
-        let resolved: Vec<(String, usize, Vec<String>)> = resolved
-            .into_iter()
-            .map(|(c, i, t)| (c.to_string(), i, t))
-            .collect();
+        // `picked` is the chains' names apart from the map: no copy of them is needed here.
         for (chain, i, targets) in resolved {
-            if let Some(map) = self.by_name.get_mut(&chain).and_then(|f| f.maps.get_mut(i)) {
+            if let Some(map) = self.by_name.get_mut(chain).and_then(|f| f.maps.get_mut(i)) {
                 map.targets = targets;
             }
         }
