@@ -116,7 +116,7 @@ pub struct Boot {
     pub pkgs: PathBuf,
     /// Exported read-write as `results`.
     pub results: PathBuf,
-    pub memory: &'static str,
+    pub memory_mib: u32,
     pub cpus: u32,
     /// Niceness of the QEMU process and every thread it starts (0: as the caller).
     pub nice: i32,
@@ -160,7 +160,7 @@ pub fn qemu_args(boot: &Boot) -> Vec<String> {
     }
     for s in [
         "-m",
-        boot.memory,
+        &format!("{}M", boot.memory_mib),
         "-smp",
         &boot.cpus.to_string(),
         "-nographic",
@@ -346,7 +346,7 @@ mod tests {
             cmdline,
             pkgs: "/c/root".into(),
             results: "/r/results".into(),
-            memory: "1G",
+            memory_mib: 1024,
             cpus: 2,
             nice: 0,
             echo_prefix: "vm| ".into(),
@@ -361,7 +361,7 @@ mod tests {
         assert!(c.contains(" 8250.nr_uarts=1"));
         let boot = test_boot(Arch::Amd64, Accel::Tcg, "/c/vmlinuz", c);
         let a = qemu_args(&boot).join(" ");
-        assert!(a.starts_with("-accel tcg,thread=multi -cpu max -m 1G -smp 2 -nographic"));
+        assert!(a.starts_with("-accel tcg,thread=multi -cpu max -m 1024M -smp 2 -nographic"));
         assert!(a.contains(
             "-virtfs local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap"
         ));
@@ -386,7 +386,7 @@ mod tests {
         let boot = test_boot(Arch::Arm64, Accel::Kvm, "/c/Image", c);
         let a = qemu_args(&boot).join(" ");
         assert!(
-            a.starts_with("-machine virt -accel tcg,thread=multi -cpu cortex-a57 -m 1G -smp 2"),
+            a.starts_with("-machine virt -accel tcg,thread=multi -cpu cortex-a57 -m 1024M -smp 2"),
             "{a}"
         );
         assert!(a.contains("-kernel /c/Image -initrd /r/initramfs.cpio"));
