@@ -44,3 +44,50 @@ pub fn workspace_root() -> std::path::PathBuf {
         .expect("test-support lives in the workspace")
         .to_path_buf()
 }
+
+/// The environment variable that stretches every test deadline ([`patient`]).
+pub const PATIENCE_ENV: &str = "CLB_TEST_PATIENCE";
+
+/// How many times longer a deadline is allowed to be on this machine: `CLB_TEST_PATIENCE`
+/// (a number >= 1; 1 when unset or unreadable). The VM tier sets it for its guests, whose
+/// emulated CPU runs the same code 10-24x slower than the host (BENCHMARKS 9h) and slower still
+/// beside the host tests.
+pub fn patience() -> f64 {
+    patience_from(std::env::var(PATIENCE_ENV).ok().as_deref())
+}
+
+/// [`patience`] from the variable's value: never below 1 (a wait is never cut short).
+fn patience_from(value: Option<&str>) -> f64 {
+    value
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|f| f.is_finite() && *f >= 1.0)
+        .unwrap_or(1.0)
+}
+
+/// `deadline` stretched by [`patience`]. For the waits that end as soon as what they wait for
+/// happens (an event, a log line, a server listening), so a slow machine only waits longer and
+/// never changes a verdict. Not for the quiet windows a healthy twin is watched through
+/// (`assert_reports_nothing_after`): those are the scenario's length, not an upper bound, and a
+/// slower machine would only make them cost more.
+pub fn patient(deadline: std::time::Duration) -> std::time::Duration {
+    deadline.mul_f64(patience())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::patience_from;
+
+    #[test]
+    fn patience_stretches_and_never_shortens() {
+        assert_eq!(patience_from(None), 1.0);
+        assert_eq!(patience_from(Some("6")), 6.0);
+        assert_eq!(patience_from(Some(" 2.5\n")), 2.5);
+        for shorter_or_garbage in ["0.5", "0", "-3", "inf", "NaN", "six", ""] {
+            assert_eq!(
+                patience_from(Some(shorter_or_garbage)),
+                1.0,
+                "{shorter_or_garbage}"
+            );
+        }
+    }
+}

@@ -267,7 +267,9 @@ impl Agent {
     }
 
     /// Waits for a stderr line containing `needle`; panics with the log on timeout or exit.
+    /// `timeout` is stretched by the machine's patience (`test_support::patient`).
     pub fn wait_log(&mut self, needle: &str, timeout: Duration) {
+        let timeout = test_support::patient(timeout);
         let deadline = Instant::now() + timeout;
         if self.log.iter().any(|l| l.contains(needle)) {
             return;
@@ -441,6 +443,7 @@ impl Agent {
 }
 
 fn wait_exit(child: &mut Child, timeout: Duration) -> std::process::ExitStatus {
+    let timeout = test_support::patient(timeout);
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(s) = child.try_wait().unwrap() {
@@ -472,9 +475,10 @@ impl Drop for Agent {
     }
 }
 
-/// Polls `f` every 100 ms until Some or timeout.
+/// Polls `f` every 100 ms until Some or timeout, stretched by the machine's patience
+/// (`test_support::patient`: the VM tier's guests wait longer, a fast machine no less).
 pub fn wait_for<T>(_what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
-    let deadline = Instant::now() + timeout;
+    let deadline = Instant::now() + test_support::patient(timeout);
     loop {
         if let Some(v) = f() {
             return Some(v);

@@ -77,7 +77,7 @@ fn pids_in(ns: &str) -> Result<Vec<i32>> {
 /// Kills every process in `ns`, waits until they are gone, deletes the namespace.
 fn remove_namespace(ns: &str) -> Result<()> {
     let me = std::process::id() as i32;
-    let deadline = Instant::now() + Duration::from_secs(3);
+    let deadline = Instant::now() + crate::patient(Duration::from_secs(3));
     loop {
         let pids: Vec<i32> = pids_in(ns)?.into_iter().filter(|p| *p != me).collect();
         if pids.is_empty() {

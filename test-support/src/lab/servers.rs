@@ -111,13 +111,17 @@ pub(super) fn start_udp_server(ns: &str, port: u16, name: &str) -> Result<()> {
 }
 
 pub(super) fn wait_udp_bound(ns: &str, port: u16) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let wait = crate::patient(SERVER_START);
+    let deadline = Instant::now() + wait;
     while exec(ns, &["ss", "-Hlun", &format!("sport = :{port}")])?
         .trim()
         .is_empty()
     {
         if Instant::now() > deadline {
-            bail!("no UDP server on port {port} in {ns} 5 s after starting it");
+            bail!(
+                "no UDP server on port {port} in {ns} {} s after starting it",
+                wait.as_secs()
+            );
         }
         sleep(Duration::from_millis(50));
     }
@@ -131,15 +135,16 @@ pub fn listening(ns: &str, port: u16) -> Result<bool> {
 
 /// How long a started server may take to listen: python3's start-up under the VM tier's
 /// emulated CPU on a loaded machine took more than 5 s.
-const SERVER_START: Duration = Duration::from_secs(30);
+pub(super) const SERVER_START: Duration = Duration::from_secs(30);
 
 pub(super) fn wait_listening(ns: &str, port: u16) -> Result<()> {
-    let deadline = Instant::now() + SERVER_START;
+    let wait = crate::patient(SERVER_START);
+    let deadline = Instant::now() + wait;
     while !listening(ns, port)? {
         if Instant::now() > deadline {
             bail!(
                 "no server listens on port {port} in {ns} {} s after starting it",
-                SERVER_START.as_secs()
+                wait.as_secs()
             );
         }
         sleep(Duration::from_millis(50));

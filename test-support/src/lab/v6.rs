@@ -318,14 +318,18 @@ fn start_server6(ns: &str, port: u16) -> Result<()> {
 }
 
 fn wait_listening6(ns: &str, port: u16) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let wait = crate::patient(super::servers::SERVER_START);
+    let deadline = Instant::now() + wait;
     loop {
         let out = exec(ns, &["ss", "-H6ltn", &format!("sport = :{port}")])?;
         if !out.trim().is_empty() {
             return Ok(());
         }
         if Instant::now() > deadline {
-            bail!("no IPv6 server listens on port {port} in {ns} 5 s after starting it");
+            bail!(
+                "no IPv6 server listens on port {port} in {ns} {} s after starting it",
+                wait.as_secs()
+            );
         }
         std::thread::sleep(Duration::from_millis(50));
     }
