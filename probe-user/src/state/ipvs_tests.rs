@@ -326,6 +326,7 @@ fn real_ipvs_in_a_namespace() {
     let (cap, table, empty, enoent) = scratch.run_in(0, || {
         let cap = capture().unwrap().expect("IPVS present");
         let table = read().unwrap().expect("IPVS present");
+        let digest = services_digest().unwrap().expect("IPVS present");
         // An unknown family: the controller's ENOENT, raw (the helper would turn it
         // into an error).
         let mut sock = netlink_sys::Socket::new(NETLINK_GENERIC).unwrap();
@@ -376,11 +377,19 @@ fn real_ipvs_in_a_namespace() {
         // Empty table: flush, then dump again.
         sh(&["ipvsadm", "-C"]);
         let empty = capture().unwrap().expect("IPVS present");
-        (cap, table, empty, enoent)
+        assert_eq!(services_digest().unwrap(), Some(empty_digest()));
+        (cap, (table, digest), empty, enoent)
     });
+    let (table, digest) = table;
     let decoded = decode_capture(&cap).unwrap();
     check(&decoded);
     assert_eq!(table.services.len(), 5);
+    // The streamed read and digest (decoded as the replies arrive) are what the held replies
+    // give.
+    assert_eq!(table, table_from(&decoded));
+    let services: Vec<IpvsService> = decoded.iter().map(|(s, _)| s.clone()).collect();
+    assert_eq!(digest, digest_of(&services));
+    assert_ne!(digest, empty_digest());
     assert!(empty.dests.is_empty());
     assert!(parse_services(&empty.services).unwrap().is_empty());
     assert!(parse_family_id(&enoent).is_err());
