@@ -327,6 +327,10 @@ fn real_ipvs_in_a_namespace() {
         let cap = capture().unwrap().expect("IPVS present");
         let table = read().unwrap().expect("IPVS present");
         let digest = services_digest().unwrap().expect("IPVS present");
+        let mut listed = Vec::new();
+        for_each_virtual_service(|s| listed.push(s))
+            .unwrap()
+            .expect("IPVS present");
         // An unknown family: the controller's ENOENT, raw (the helper would turn it
         // into an error).
         let mut sock = netlink_sys::Socket::new(NETLINK_GENERIC).unwrap();
@@ -378,9 +382,9 @@ fn real_ipvs_in_a_namespace() {
         sh(&["ipvsadm", "-C"]);
         let empty = capture().unwrap().expect("IPVS present");
         assert_eq!(services_digest().unwrap(), Some(empty_digest()));
-        (cap, (table, digest), empty, enoent)
+        (cap, (table, digest, listed), empty, enoent)
     });
-    let (table, digest) = table;
+    let (table, digest, listed) = table;
     let decoded = decode_capture(&cap).unwrap();
     check(&decoded);
     assert_eq!(table.services.len(), 5);
@@ -389,6 +393,7 @@ fn real_ipvs_in_a_namespace() {
     assert_eq!(table, table_from(&decoded));
     let services: Vec<IpvsService> = decoded.iter().map(|(s, _)| s.clone()).collect();
     assert_eq!(digest, digest_of(&services));
+    assert_eq!(listed, services);
     assert_ne!(digest, empty_digest());
     assert!(empty.dests.is_empty());
     assert!(parse_services(&empty.services).unwrap().is_empty());
