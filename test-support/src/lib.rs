@@ -52,7 +52,7 @@ pub const PATIENCE_ENV: &str = "CLB_TEST_PATIENCE";
 /// (a number >= 1; 1 when unset or unreadable). The VM tier sets it for its guests, whose
 /// emulated CPU runs the same code 10-24x slower than the host (BENCHMARKS 9h) and slower still
 /// beside the host tests.
-pub fn patience() -> f64 {
+fn patience() -> f64 {
     patience_from(std::env::var(PATIENCE_ENV).ok().as_deref())
 }
 

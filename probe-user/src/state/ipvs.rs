@@ -70,7 +70,7 @@ fn say_absent(why: &str) {
 /// [`push_entry`] as [`table_from`]; the VM tier's `real_ipvs_in_a_namespace` holds the two
 /// equal on a real kernel.
 pub fn read() -> Result<Option<ServiceTable>, IpvsError> {
-    let Some((mut conn, family)) = open_family_or_say()? else {
+    let Some((mut conn, family)) = open_family(true)? else {
         return Ok(None);
     };
     let mut services = Vec::new();
@@ -213,7 +213,7 @@ pub fn capture() -> Result<Option<Capture>, IpvsError> {
 pub fn for_each_virtual_service(
     mut each: impl FnMut(IpvsService),
 ) -> Result<Option<()>, IpvsError> {
-    let Some((mut conn, family)) = open_family()? else {
+    let Some((mut conn, family)) = open_family(false)? else {
         return Ok(None);
     };
     for_each_decoded(
@@ -227,14 +227,9 @@ pub fn for_each_virtual_service(
 }
 
 /// A socket and the IPVS family id, or None without IPVS (never loading the module: see the
-/// module docs).
-fn open_family() -> Result<Option<(Connection, u16)>, IpvsError> {
-    Ok(open_family_reply(false)?.map(|(conn, _, family)| (conn, family)))
-}
-
-/// [`open_family`] for the table's reads: a node without IPVS is said once in the log.
-fn open_family_or_say() -> Result<Option<(Connection, u16)>, IpvsError> {
-    Ok(open_family_reply(true)?.map(|(conn, _, family)| (conn, family)))
+/// module docs); with `say` (the table's reads), why not is logged once.
+fn open_family(say: bool) -> Result<Option<(Connection, u16)>, IpvsError> {
+    Ok(open_family_reply(say)?.map(|(conn, _, family)| (conn, family)))
 }
 
 /// A socket, the controller's raw reply and the IPVS family id, or None without IPVS; with
@@ -278,7 +273,7 @@ pub enum Lookup {
 /// The virtual service `addr:port/proto`, asked for alone (`IPVS_CMD_GET_SERVICE` with its key,
 /// not a dump): the per-question read of issue #52, whose cost does not grow with the table.
 pub fn virtual_service(addr: IpAddr, port: u16, proto: Proto) -> Result<Lookup, IpvsError> {
-    let Some((mut conn, family)) = open_family()? else {
+    let Some((mut conn, family)) = open_family(false)? else {
         return Ok(Lookup::NoIpvs);
     };
     let key = IpvsService {

@@ -111,15 +111,21 @@ pub(super) fn start_udp_server(ns: &str, port: u16, name: &str) -> Result<()> {
 }
 
 pub(super) fn wait_udp_bound(ns: &str, port: u16) -> Result<()> {
+    wait_listed(ns, "-Hlun", port, "UDP server on")
+}
+
+/// Polls `ss <flags> sport = :port` in `ns` until it lists a socket, for at most
+/// [`SERVER_START`] stretched by the machine's patience; `what` names the server in the error.
+pub(super) fn wait_listed(ns: &str, flags: &str, port: u16, what: &str) -> Result<()> {
     let wait = crate::patient(SERVER_START);
     let deadline = Instant::now() + wait;
-    while exec(ns, &["ss", "-Hlun", &format!("sport = :{port}")])?
+    while exec(ns, &["ss", flags, &format!("sport = :{port}")])?
         .trim()
         .is_empty()
     {
         if Instant::now() > deadline {
             bail!(
-                "no UDP server on port {port} in {ns} {} s after starting it",
+                "no {what} port {port} in {ns} {} s after starting it",
                 wait.as_secs()
             );
         }
@@ -135,19 +141,8 @@ pub fn listening(ns: &str, port: u16) -> Result<bool> {
 
 /// How long a started server may take to listen: python3's start-up under the VM tier's
 /// emulated CPU on a loaded machine took more than 5 s.
-pub(super) const SERVER_START: Duration = Duration::from_secs(30);
+const SERVER_START: Duration = Duration::from_secs(30);
 
 pub(super) fn wait_listening(ns: &str, port: u16) -> Result<()> {
-    let wait = crate::patient(SERVER_START);
-    let deadline = Instant::now() + wait;
-    while !listening(ns, port)? {
-        if Instant::now() > deadline {
-            bail!(
-                "no server listens on port {port} in {ns} {} s after starting it",
-                wait.as_secs()
-            );
-        }
-        sleep(Duration::from_millis(50));
-    }
-    Ok(())
+    wait_listed(ns, "-Hltn", port, "server listens on")
 }

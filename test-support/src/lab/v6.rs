@@ -12,7 +12,7 @@
 
 use std::{
     net::{IpAddr, Ipv6Addr, SocketAddr},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use anyhow::{Context, Result, bail};
@@ -318,19 +318,5 @@ fn start_server6(ns: &str, port: u16) -> Result<()> {
 }
 
 fn wait_listening6(ns: &str, port: u16) -> Result<()> {
-    let wait = crate::patient(super::servers::SERVER_START);
-    let deadline = Instant::now() + wait;
-    loop {
-        let out = exec(ns, &["ss", "-H6ltn", &format!("sport = :{port}")])?;
-        if !out.trim().is_empty() {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "no IPv6 server listens on port {port} in {ns} {} s after starting it",
-                wait.as_secs()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    servers::wait_listed(ns, "-H6ltn", port, "IPv6 server listens on")
 }
